@@ -1,0 +1,87 @@
+//! Pre-allocated, page-aligned bounce buffers that any thread, including a SIGBUS handler,
+//! may borrow without allocating or locking.
+//!
+//! Buffers are allocated once when the pager is built and then only moved in and out of a
+//! lock-free queue as owned boxes, so taking one is a pop and returning it is a push. When
+//! more threads fault at once than there are buffers, the extra ones spin (with backoff)
+//! until one comes back; the pool is sized to the number of CPUs times a margin so that this
+//! only happens under extreme oversubscription.
+
+use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::Backoff;
+
+pub use crate::backend::AlignedPage;
+use crate::uffd::PAGE_SIZE;
+
+/// A borrowed buffer of `nr_pages` aligned pages, returned to its pool on drop.
+pub struct Bounce<'a> {
+    buf: Option<Box<[AlignedPage]>>,
+    pool: &'a BouncePool,
+}
+
+impl Bounce<'_> {
+    /// All pages of the buffer, for a backend read.
+    pub fn pages_mut(&mut self) -> &mut [AlignedPage] {
+        self.buf.as_mut().expect("present until drop")
+    }
+
+    pub fn page(&self, i: usize) -> &[u8; PAGE_SIZE] {
+        &self.buf.as_ref().expect("present until drop")[i].0
+    }
+}
+
+impl Drop for Bounce<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            // Cannot fail: the pool never holds more buffers than it was built with.
+            let _ = self.pool.free.push(b);
+        }
+    }
+}
+
+pub struct BouncePool {
+    free: ArrayQueue<Box<[AlignedPage]>>,
+}
+
+impl BouncePool {
+    pub fn new(nr_buffers: usize, pages_per_buffer: usize) -> BouncePool {
+        let free = ArrayQueue::new(nr_buffers.max(1));
+        for _ in 0..nr_buffers.max(1) {
+            let b = vec![AlignedPage([0; PAGE_SIZE]); pages_per_buffer.max(1)].into_boxed_slice();
+            let _ = free.push(b);
+        }
+        BouncePool { free }
+    }
+
+    /// Takes a buffer, waiting for one if all are lent out.
+    pub fn take(&self) -> Bounce<'_> {
+        let backoff = Backoff::new();
+        loop {
+            if let Some(b) = self.free.pop() {
+                return Bounce { buf: Some(b), pool: self };
+            }
+            backoff.snooze();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_come_back() {
+        let pool = BouncePool::new(2, 4);
+        {
+            let mut a = pool.take();
+            let b = pool.take();
+            assert_eq!(a.pages_mut().len(), 4);
+            assert_eq!(a.page(0).as_ptr() as usize % PAGE_SIZE, 0);
+            a.pages_mut()[3].0[0] = 7;
+            assert_eq!(a.page(3)[0], 7);
+            assert_eq!(b.page(1).as_ptr() as usize % PAGE_SIZE, 0);
+            assert!(pool.free.is_empty());
+        }
+        assert_eq!(pool.free.len(), 2);
+    }
+}

@@ -1,0 +1,76 @@
+//! The errors a user of the library can see. Each message says what went wrong and what to
+//! do about it.
+
+use std::io;
+
+use thiserror::Error;
+
+use crate::backend::BackendError;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error(
+        "cannot open a userfaultfd: the userfaultfd(2) system call said \"{syscall}\" and \
+         /dev/userfaultfd said \"{dev}\". Run as root, or grant access: \
+         `sysctl vm.unprivileged_userfaultfd=1` (signal mode needs no sysctl on Linux >= 5.11), \
+         give the process CAP_SYS_PTRACE, or make /dev/userfaultfd readable and writable by \
+         your user (e.g. a udev rule or `chmod 0666 /dev/userfaultfd`)"
+    )]
+    UserfaultfdDenied { syscall: io::Error, dev: io::Error },
+
+    #[error("this kernel has no userfaultfd ({source}); uswap needs Linux >= 6.8 built with CONFIG_USERFAULTFD=y")]
+    UserfaultfdUnsupported { source: io::Error },
+
+    #[error(
+        "kernel {release} lacks userfaultfd features uswap needs ({missing}); \
+         UFFDIO_MOVE arrived in Linux 6.8: run uswap on Linux >= 6.8"
+    )]
+    KernelTooOld { release: String, missing: String },
+
+    #[error("resident limit of {limit_bytes} bytes is below the minimum of {min_bytes} bytes; give the pager at least {min_bytes} bytes")]
+    LimitTooSmall { limit_bytes: u64, min_bytes: u64 },
+
+    #[error("cannot map a region of zero bytes; ask for at least one page ({page_size} bytes)")]
+    ZeroLengthMap { page_size: usize },
+
+    #[error("cannot map {len_bytes} bytes: a region holds at most {max_bytes} bytes; split it into several regions")]
+    MapTooLarge { len_bytes: u64, max_bytes: u64 },
+
+    #[error("all {max} region slots of this process are in use; drop regions you no longer need")]
+    TooManyRegions { max: usize },
+
+    #[error("no swap device configured; add one with PagerBuilder::device(DeviceConfig::ram(..))")]
+    NoDevice,
+
+    #[error("at most {max} swap devices per pager, {given} given")]
+    TooManyDevices { given: usize, max: usize },
+
+    #[error("swap device {name}: capacity of {capacity_bytes} bytes is below one cluster ({min_bytes} bytes); give it at least {min_bytes} bytes")]
+    DeviceTooSmall { name: String, capacity_bytes: u64, min_bytes: u64 },
+
+    #[error(
+        "cannot map {what} ({len_bytes} bytes): {source}; lower the size or raise the address-space limit (ulimit -v)"
+    )]
+    OutOfAddressSpace { what: String, len_bytes: u64, source: io::Error },
+
+    #[error(
+        "could not reclaim down to the new limit of {limit_bytes} bytes ({resident_bytes} bytes \
+         still resident): the swap devices are full. The limit is in place; add or enlarge a \
+         device, or free memory"
+    )]
+    LimitNotReached { resident_bytes: u64, limit_bytes: u64 },
+
+    #[error("{context}: {source}")]
+    Io { context: String, source: io::Error },
+
+    #[error("swap device failed: {0}")]
+    Backend(#[from] BackendError),
+}
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Error {
+        Error::Io { context: context.into(), source }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

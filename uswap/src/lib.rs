@@ -1,0 +1,56 @@
+//! uswap: a swap subsystem in user space.
+//!
+//! A [`Pager`] gives a process managed memory regions whose resident size is capped. Cold
+//! pages move out to swap devices (RAM today; a compressed pool and files later) and come back
+//! on first touch through userfaultfd, with the machinery the Linux swap subsystem grew for
+//! fast devices: per-cluster slot allocation with a per-CPU fast path, a swap cache sharded
+//! per cluster, batched moves, and a choice of fault delivery (handler threads, or the
+//! faulting thread itself in a SIGBUS handler).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), uswap::Error> {
+//! let pager = uswap::Pager::builder()
+//!     .resident_limit(256 << 20)                    // bytes of application pages in RAM
+//!     .fault_mode(uswap::FaultMode::Thread)         // or FaultMode::Signal
+//!     .device(uswap::DeviceConfig::ram(4 << 30))    // an uncompressed RAM swap device
+//!     .build()?;
+//! let mut region = pager.map(1 << 30)?;             // zero-filled, page-aligned, managed
+//! region.as_mut_slice()[12345] = 7;                 // any thread may touch any page
+//! let stats = pager.stats();                        // pswpin, pswpout, faults by kind, ...
+//! pager.set_resident_limit(128 << 20)?;             // takes effect at once
+//! drop(region);                                     // frees every slot it held
+//! # let _ = stats; Ok(()) }
+//! ```
+//!
+//! See `DESIGN.md` in the repository for the architecture and the measured cost of every
+//! userfaultfd operation, and `BENCHMARKS.md` for comparisons with the kernel's own swap.
+
+pub mod backend;
+mod bounce;
+mod error;
+mod fault;
+mod mapping;
+mod pager;
+mod reclaim;
+mod region;
+pub mod stats;
+mod swap;
+mod sync;
+mod uffd;
+
+pub use error::{Error, Result};
+pub use pager::{
+    BackgroundReclaim, DeviceConfig, FaultMode, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
+};
+pub use region::{PlainRegion, Region, MAX_REGION_BYTES};
+pub use stats::{DeviceStats, Histogram, LatencySummary, Stats};
+
+/// The page size uswap works in.
+pub const PAGE_SIZE: usize = uffd::PAGE_SIZE;
+
+/// Compile-time proof that the handles can cross threads.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Pager>();
+    assert_send_sync::<Region>();
+};

@@ -1,0 +1,365 @@
+//! The mapping layer: anonymous mappings owned by the engine and the few raw memory
+//! operations the engine performs on memory it owns (never on application pages).
+//!
+//! A [`Mapping`] is an `mmap` that is unmapped on drop. The engine uses them for application
+//! regions (whose contents it only ever moves with userfaultfd ioctls), for the staging area
+//! of the swap cache and for RAM device storage. Byte access to a mapping goes through the
+//! methods here, each of which states which pages the caller must own.
+//!
+//! Racy-but-owned access: the byte accessors below are safe functions, as in Firecracker's
+//! guest-memory layer. Their contract is logical ownership (the caller holds the page's busy
+//! bit or owns the slot); a caller that broke it would read torn data, never cause undefined
+//! behaviour in the engine's own Rust objects, because no Rust reference to mapped bytes
+//! outlives the call.
+//!
+//! Locking: none; a `Mapping` is an address range. Callers serialise access to individual
+//! pages with the page-table busy bit (see `region`) or slot ownership (see `swap`).
+//!
+//! [`registry`] is the process-wide table of managed mappings that the fault path searches
+//! by address.
+
+pub mod registry;
+
+use std::io;
+use std::sync::atomic::AtomicU64;
+
+use crate::uffd::PAGE_SIZE;
+
+/// An anonymous private mapping, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+/// How a mapping is set up.
+#[derive(Debug, Clone, Copy)]
+pub struct MapOptions {
+    /// `MADV_NOHUGEPAGE`: userfaultfd regions work page by page, and `UFFDIO_MOVE` must split
+    /// a transparent huge page before it can move one of its pages.
+    pub no_huge_pages: bool,
+    /// `MADV_DONTFORK`: `UFFDIO_MOVE` fails with EBUSY on pages a fork child shares, so
+    /// managed memory is not inherited by children.
+    pub dont_fork: bool,
+}
+
+impl Mapping {
+    /// Maps `len` bytes (rounded up to pages) of zero-filled anonymous memory, reserved lazily
+    /// (`MAP_NORESERVE`): nothing is committed until touched.
+    pub fn anonymous(len: usize, opts: MapOptions) -> io::Result<Mapping> {
+        let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        // SAFETY: a fresh anonymous mapping at an address the kernel chooses; it aliases
+        // nothing we own.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let m = Mapping { addr: p as usize, len };
+        if opts.no_huge_pages {
+            m.advise(0, len, libc::MADV_NOHUGEPAGE)?;
+        }
+        if opts.dont_fork {
+            m.advise(0, len, libc::MADV_DONTFORK)?;
+        }
+        Ok(m)
+    }
+
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn contains(&self, addr: usize) -> bool {
+        addr >= self.addr && addr < self.addr + self.len
+    }
+
+    fn check_range(&self, offset: usize, len: usize) {
+        assert!(
+            offset % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && offset + len <= self.len,
+            "range {offset:#x}+{len:#x} outside mapping of {:#x} bytes",
+            self.len
+        );
+    }
+
+    /// `madvise` on a page-aligned sub-range.
+    pub fn advise(&self, offset: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
+        self.check_range(offset, len);
+        // SAFETY: the range lies inside this mapping. The advice values the engine uses
+        // (NOHUGEPAGE, DONTFORK, DONTNEED, FREE) change residency, not validity.
+        let r = unsafe { libc::madvise((self.addr + offset) as *mut libc::c_void, len, advice) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Drops the pages of a sub-range (`MADV_DONTNEED`): they read back as zero, or fault
+    /// into userfaultfd if the mapping is registered. Async-signal-safe.
+    pub fn discard(&self, offset: usize, len: usize) -> io::Result<()> {
+        self.advise(offset, len, libc::MADV_DONTNEED)
+    }
+
+    /// Copies `dst.len()` bytes out of the mapping.
+    ///
+    /// The caller must own the pages it reads (no concurrent writer) and, if the mapping is
+    /// registered with userfaultfd, they must be populated (a missing page would fault into
+    /// the engine itself).
+    pub fn read(&self, offset: usize, dst: &mut [u8]) {
+        assert!(offset + dst.len() <= self.len);
+        // SAFETY: in bounds (checked above); the caller owns the pages (documented contract),
+        // so no data race; `dst` is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping((self.addr + offset) as *const u8, dst.as_mut_ptr(), dst.len()) };
+    }
+
+    /// Copies `src` into the mapping. Same ownership contract as [`Mapping::read`].
+    pub fn write(&self, offset: usize, src: &[u8]) {
+        assert!(offset + src.len() <= self.len);
+        // SAFETY: in bounds; the caller owns the destination pages; `src` is distinct memory.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), (self.addr + offset) as *mut u8, src.len()) };
+    }
+
+    /// Copies `len` bytes within or between mappings: from `self` at `offset` to `dst` at
+    /// `dst_offset`. The caller owns both ranges; they must not overlap.
+    pub fn copy_to(&self, offset: usize, dst: &Mapping, dst_offset: usize, len: usize) {
+        assert!(offset + len <= self.len && dst_offset + len <= dst.len);
+        // SAFETY: both ranges are in bounds; the caller owns both and guarantees they do not
+        // overlap (distinct slots / distinct staging pages).
+        unsafe {
+            std::ptr::copy_nonoverlapping((self.addr + offset) as *const u8, (dst.addr + dst_offset) as *mut u8, len)
+        };
+    }
+
+    /// A run of `nr_pages` pages starting at `offset`, to hand to a backend without creating
+    /// a reference to their bytes. Same ownership contract as [`Mapping::read`].
+    pub fn pages(&self, offset: usize, nr_pages: usize) -> PageRun<'_> {
+        self.check_range(offset, nr_pages * PAGE_SIZE);
+        PageRun { mapping: self, offset, nr_pages }
+    }
+
+    /// True if every byte of the page at `offset` is zero. Same ownership contract as
+    /// [`Mapping::read`].
+    pub fn page_is_zero(&self, offset: usize) -> bool {
+        self.check_range(offset, PAGE_SIZE);
+        // SAFETY: one page inside the mapping, owned by the caller; reading it as u64 words is
+        // aligned because the offset is page-aligned.
+        let words = unsafe { std::slice::from_raw_parts((self.addr + offset) as *const u64, PAGE_SIZE / 8) };
+        words.iter().all(|&w| w == 0)
+    }
+
+    /// Pages of `[offset, offset + len)` present in the page table (`mincore(2)`).
+    pub fn resident_pages(&self, offset: usize, len: usize) -> io::Result<usize> {
+        self.check_range(offset, len);
+        mincore_pages(self.addr + offset, len)
+    }
+}
+
+/// Consecutive pages of a [`Mapping`] that the engine owns for the duration of a backend
+/// call: the source of a device write.
+#[derive(Clone, Copy)]
+pub struct PageRun<'a> {
+    mapping: &'a Mapping,
+    offset: usize,
+    nr_pages: usize,
+}
+
+impl PageRun<'_> {
+    pub fn nr_pages(&self) -> usize {
+        self.nr_pages
+    }
+
+    pub fn len_bytes(&self) -> usize {
+        self.nr_pages * PAGE_SIZE
+    }
+
+    /// Address of the first byte, for handing to the kernel (io_uring, pwrite).
+    pub fn as_ptr(&self) -> *const u8 {
+        (self.mapping.addr + self.offset) as *const u8
+    }
+
+    /// Copies page `i` of the run into `dst` (one page long).
+    pub fn copy_page_to(&self, i: usize, dst: &mut [u8]) {
+        assert!(i < self.nr_pages && dst.len() == PAGE_SIZE);
+        self.mapping.read(self.offset + i * PAGE_SIZE, dst);
+    }
+
+    /// Copies the whole run into another mapping at `dst_offset`.
+    pub fn copy_to_mapping(&self, dst: &Mapping, dst_offset: usize) {
+        self.mapping.copy_to(self.offset, dst, dst_offset, self.len_bytes());
+    }
+
+    /// True if page `i` of the run is all zero.
+    pub fn page_is_zero(&self, i: usize) -> bool {
+        assert!(i < self.nr_pages);
+        self.mapping.page_is_zero(self.offset + i * PAGE_SIZE)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own the whole range; nothing refers to it after drop.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// An application region's memory. The engine never reads or writes these bytes: it only
+/// moves whole pages in and out with userfaultfd ioctls, which preserve their contents. So
+/// the borrow rules on this handle are the only aliasing rules that apply, and the slice
+/// accessors are sound.
+#[derive(Debug)]
+pub struct AppMapping(Mapping);
+
+impl AppMapping {
+    pub fn new(len: usize) -> io::Result<AppMapping> {
+        Mapping::anonymous(len, MapOptions { no_huge_pages: true, dont_fork: true }).map(AppMapping)
+    }
+
+    pub fn addr(&self) -> usize {
+        self.0.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+
+    pub fn resident_pages(&self, offset: usize, len: usize) -> io::Result<usize> {
+        self.0.resident_pages(offset, len)
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is valid for `len` bytes for the lifetime of `self`; the engine
+        // never creates references to it or writes it (see the type's doc), so a shared slice
+        // tied to `&self` aliases nothing mutable in Rust's model.
+        unsafe { std::slice::from_raw_parts(self.0.addr as *const u8, self.0.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only live reference.
+        unsafe { std::slice::from_raw_parts_mut(self.0.addr as *mut u8, self.0.len) }
+    }
+
+    pub fn as_atomic_u64s(&self) -> &[AtomicU64] {
+        // SAFETY: valid for `len` bytes (a multiple of 8), page-aligned, and every bit pattern
+        // is a valid AtomicU64; shared access through atomics is data-race free.
+        unsafe { std::slice::from_raw_parts(self.0.addr as *const AtomicU64, self.0.len / 8) }
+    }
+}
+
+/// A zero-initialised table of atomic words backed by its own anonymous mapping, so that a
+/// large table (one word per page of a terabyte region) costs memory only where it is used.
+pub struct AtomicTable {
+    map: Mapping,
+    len: usize,
+}
+
+impl AtomicTable {
+    pub fn new(len: usize) -> io::Result<AtomicTable> {
+        let map = Mapping::anonymous((len * 8).max(PAGE_SIZE), MapOptions { no_huge_pages: false, dont_fork: true })?;
+        Ok(AtomicTable { map, len })
+    }
+}
+
+impl std::ops::Deref for AtomicTable {
+    type Target = [AtomicU64];
+    fn deref(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping is at least `len * 8` bytes, page-aligned (so 8-aligned),
+        // zero-filled by the kernel (a valid AtomicU64), owned by `self` and never unmapped
+        // while `self` lives; all access goes through atomics.
+        unsafe { std::slice::from_raw_parts(self.map.addr() as *const AtomicU64, self.len) }
+    }
+}
+
+/// Pages of `[addr, addr + len)` present in the page table, counted with `mincore(2)` in
+/// chunks so the vector stays small. The range must be mapped (page-aligned).
+pub fn mincore_pages(addr: usize, len: usize) -> io::Result<usize> {
+    const CHUNK_PAGES: usize = 4096;
+    let mut vec = vec![0u8; CHUNK_PAGES];
+    let mut total = 0;
+    let mut off = 0;
+    while off < len {
+        let n = ((len - off) / PAGE_SIZE).min(CHUNK_PAGES);
+        // SAFETY: mincore only reads page tables and writes `n` bytes into `vec`, which has
+        // room for CHUNK_PAGES; an unmapped range gives ENOMEM, not undefined behaviour.
+        let r = unsafe { libc::mincore((addr + off) as *mut libc::c_void, n * PAGE_SIZE, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        total += vec[..n].iter().filter(|&&b| b & 1 != 0).count();
+        off += n * PAGE_SIZE;
+    }
+    Ok(total)
+}
+
+/// The CPU the calling thread runs on (`sched_getcpu`, a vDSO call; async-signal-safe).
+pub fn current_cpu() -> usize {
+    // SAFETY: no arguments, returns -1 on failure.
+    let c = unsafe { libc::sched_getcpu() };
+    if c < 0 {
+        0
+    } else {
+        c as usize
+    }
+}
+
+/// Number of CPUs the system is configured with (an upper bound for `current_cpu`).
+pub fn nr_cpus_configured() -> usize {
+    // SAFETY: sysconf has no memory effects.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    if n < 1 {
+        1
+    } else {
+        n as usize
+    }
+}
+
+/// The CPUs this thread may run on (its affinity mask), in ascending order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return (0..nr_cpus_configured()).collect();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Monotonic clock in nanoseconds (vDSO; async-signal-safe).
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

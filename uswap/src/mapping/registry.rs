@@ -1,0 +1,205 @@
+//! A fixed-size, lock-free-to-read table of managed mappings, searched by address.
+//!
+//! The signal-mode fault path must find the region that owns a faulting address without
+//! allocating or locking, and several pagers in one process share one SIGBUS handler, so
+//! the table is process-wide (a `static`). Readers protect the entry they use with a
+//! per-slot user count (a one-slot hazard pointer); removal clears the pointer, waits for the
+//! count to drain, and only then hands the `Arc` back to be dropped. Readers never clone or
+//! drop an `Arc`, so the last reference is never released inside a signal handler.
+//!
+//! Locking: `insert` and `remove` are serialised by a mutex (they run on `map` and `drop`,
+//! never on the fault path). `find` and `get` take no lock.
+//!
+//! Invariants: a slot's `start`, `end` and `gen` are written before its pointer is published
+//! and are stable while the pointer is non-null; a non-null pointer came from
+//! `Arc::into_raw` and stays valid while the slot's user count is non-zero.
+
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_utils::Backoff;
+
+struct Slot<T> {
+    start: AtomicUsize,
+    end: AtomicUsize,
+    gen: AtomicU32,
+    users: AtomicU32,
+    value: AtomicPtr<T>,
+}
+
+impl<T> Slot<T> {
+    const fn new() -> Self {
+        Slot {
+            start: AtomicUsize::new(0),
+            end: AtomicUsize::new(0),
+            gen: AtomicU32::new(0),
+            users: AtomicU32::new(0),
+            value: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+}
+
+pub struct Registry<T, const N: usize> {
+    slots: [Slot<T>; N],
+    /// Slots `0..high` have been used at least once: the scan bound of `find`.
+    high: AtomicUsize,
+    writers: Mutex<()>,
+}
+
+/// A reference to a registered value, valid while the guard lives.
+pub struct RegistryGuard<'a, T> {
+    slot: &'a Slot<T>,
+    value: &'a T,
+    pub index: usize,
+    pub gen: u32,
+}
+
+impl<T> std::ops::Deref for RegistryGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value
+    }
+}
+
+impl<T> Drop for RegistryGuard<'_, T> {
+    fn drop(&mut self) {
+        self.slot.users.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl<T, const N: usize> Default for Registry<T, N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T, const N: usize> Registry<T, N> {
+    pub const fn new() -> Self {
+        Registry { slots: [const { Slot::new() }; N], high: AtomicUsize::new(0), writers: Mutex::new(()) }
+    }
+
+    /// Registers `value` for addresses `[start, end)`. Returns its slot index and generation,
+    /// or `None` when all `N` slots are taken.
+    pub fn insert(&self, start: usize, end: usize, value: Arc<T>) -> Option<(usize, u32)> {
+        let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let idx = self.slots.iter().position(|s| s.value.load(Ordering::SeqCst).is_null())?;
+        let s = &self.slots[idx];
+        let gen = s.gen.load(Ordering::Relaxed).wrapping_add(1);
+        s.gen.store(gen, Ordering::Relaxed);
+        s.start.store(start, Ordering::Relaxed);
+        s.end.store(end, Ordering::Relaxed);
+        s.value.store(Arc::into_raw(value) as *mut T, Ordering::SeqCst);
+        self.high.fetch_max(idx + 1, Ordering::SeqCst);
+        Some((idx, gen))
+    }
+
+    /// Unregisters slot `idx`, waits until no reader uses it, and returns the value.
+    pub fn remove(&self, idx: usize) -> Option<Arc<T>> {
+        let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &self.slots[idx];
+        let p = s.value.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        if p.is_null() {
+            return None;
+        }
+        let backoff = Backoff::new();
+        while s.users.load(Ordering::SeqCst) != 0 {
+            backoff.snooze();
+        }
+        s.start.store(0, Ordering::Relaxed);
+        s.end.store(0, Ordering::Relaxed);
+        // SAFETY: `p` came from `Arc::into_raw` in `insert`, the slot no longer publishes it
+        // and no reader holds it (users drained after the swap), so we own that reference.
+        Some(unsafe { Arc::from_raw(p) })
+    }
+
+    fn acquire(&self, idx: usize) -> Option<RegistryGuard<'_, T>> {
+        let s = &self.slots[idx];
+        s.users.fetch_add(1, Ordering::SeqCst);
+        let p = s.value.load(Ordering::SeqCst);
+        if p.is_null() {
+            s.users.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        // SAFETY: `p` is non-null, so it came from `Arc::into_raw`; our increment of `users`
+        // happened before `remove` could observe zero, so the Arc stays alive until the guard
+        // decrements it.
+        let value = unsafe { &*p };
+        Some(RegistryGuard { slot: s, value, index: idx, gen: s.gen.load(Ordering::Acquire) })
+    }
+
+    /// The value registered for `addr`, if any. Lock-free and allocation-free.
+    pub fn find(&self, addr: usize) -> Option<RegistryGuard<'_, T>> {
+        let high = self.high.load(Ordering::Acquire);
+        for (idx, s) in self.slots[..high].iter().enumerate() {
+            if addr >= s.start.load(Ordering::Relaxed) && addr < s.end.load(Ordering::Relaxed) {
+                if let Some(g) = self.acquire(idx) {
+                    // Re-check under protection: the slot may have been reused meanwhile.
+                    if addr >= s.start.load(Ordering::Relaxed) && addr < s.end.load(Ordering::Relaxed) {
+                        return Some(g);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// The value in slot `idx` if its generation still matches `gen` in the bits of
+    /// `gen_mask` (callers that pack generations into few bits compare only those).
+    pub fn get(&self, idx: usize, gen: u32, gen_mask: u32) -> Option<RegistryGuard<'_, T>> {
+        if idx >= N {
+            return None;
+        }
+        let g = self.acquire(idx)?;
+        (g.gen & gen_mask == gen & gen_mask).then_some(g)
+    }
+
+    /// Calls `f` on every registered value (for scans that are not on the fault path).
+    pub fn for_each(&self, mut f: impl FnMut(&RegistryGuard<'_, T>)) {
+        let high = self.high.load(Ordering::Acquire);
+        for idx in 0..high {
+            if let Some(g) = self.acquire(idx) {
+                f(&g);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn find_get_remove() {
+        static R: Registry<String, 8> = Registry::new();
+        let (i, g) = R.insert(0x1000, 0x3000, Arc::new("a".to_string())).unwrap();
+        let (j, _) = R.insert(0x5000, 0x6000, Arc::new("b".to_string())).unwrap();
+        assert_ne!(i, j);
+        assert_eq!(R.find(0x2fff).map(|g| g.as_str().to_string()), Some("a".into()));
+        assert!(R.find(0x3000).is_none());
+        assert_eq!(R.get(i, g, u32::MAX).map(|g| g.len()), Some(1));
+        assert!(R.get(i, g + 1, u32::MAX).is_none());
+        let a = R.remove(i).unwrap();
+        assert_eq!(Arc::strong_count(&a), 1, "registry gave its reference back");
+        assert!(R.find(0x2000).is_none());
+        assert!(R.get(i, g, u32::MAX).is_none());
+        let (k, g2) = R.insert(0x9000, 0xa000, Arc::new("c".to_string())).unwrap();
+        assert_eq!(k, i, "slot reused");
+        assert_ne!(g2, g, "with a new generation");
+        let mut n = 0;
+        R.for_each(|_| n += 1);
+        assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn remove_waits_for_readers() {
+        static R: Registry<u64, 4> = Registry::new();
+        let (i, _) = R.insert(0x1000, 0x2000, Arc::new(7)).unwrap();
+        let g = R.find(0x1800).unwrap();
+        let t = std::thread::spawn(move || R.remove(i).map(|a| *a));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!t.is_finished(), "remove returned while a reader held the slot");
+        assert_eq!(*g, 7);
+        drop(g);
+        assert_eq!(t.join().unwrap(), Some(7));
+    }
+}

@@ -1,0 +1,506 @@
+//! The pager: configuration, the shared engine state, its threads, and the public handle.
+//!
+//! A [`Pager`] owns one userfaultfd, its swap devices, its reclaim queues and counters, a
+//! background reclaimer thread and, in thread mode, one fault-handler thread per CPU. Regions
+//! created by [`Pager::map`] are registered with its userfaultfd and counted against its
+//! resident limit. Several pagers may live in one process, in either mode.
+//!
+//! Ownership: `Pager` is a cheap handle (`Arc<PagerCore>`); every [`Region`] holds one, so the
+//! threads stop only when the last handle *and* the last region are gone. The threads
+//! themselves hold only `Arc<PagerShared>`, the state they work on.
+//!
+//! Locking: the shared state is atomics and lock-free queues; see `reclaim` for the
+//! accounting rules and `swap` for the allocator's locks. `threads` is a std mutex used only
+//! at start and shutdown.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crossbeam_queue::ArrayQueue;
+
+use crate::backend::ram::RamBackend;
+use crate::backend::Backend;
+use crate::bounce::BouncePool;
+use crate::error::{Error, Result};
+use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, AppMapping};
+use crate::region::{Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
+use crate::stats::{DeviceStats, PerCpuStats, Stats};
+use crate::swap::{SwapDevices, MAX_DEVICES, SWAPFILE_CLUSTER};
+use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
+use crate::{fault, reclaim};
+
+/// Pages moved out (and written back) per reclaim round: the kernel's `SWAP_CLUSTER_MAX`.
+pub const RECLAIM_BATCH_PAGES: usize = 32;
+/// The smallest resident limit a pager accepts.
+pub const MIN_LIMIT_BYTES: u64 = 256 * PAGE_SIZE as u64;
+
+/// How faults on managed regions reach the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FaultMode {
+    /// Handler threads read the userfaultfd, one pinned to each CPU so the wake-up stays on
+    /// the faulting CPU. Faults raised inside system calls (e.g. `read(2)` into a managed
+    /// buffer) work. The default.
+    #[default]
+    Thread,
+    /// `UFFD_FEATURE_SIGBUS`: the faulting thread serves its own fault in a SIGBUS handler.
+    /// Fastest (no cross-thread wake-up), but a system call that touches a page that is not
+    /// resident fails with `EFAULT` instead of waiting for it.
+    Signal,
+}
+
+/// When the background reclaimer works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackgroundReclaim {
+    /// Only while the application takes no faults (the default). While it faults, reclaim
+    /// runs in the faulting context: on VMs, `UFFDIO_MOVE` from another CPU interrupts the
+    /// faulting CPU with a TLB-shootdown IPI for every page moved (see README).
+    #[default]
+    WhenIdle,
+    /// Classic kswapd: woken at the high watermark, reclaims down to the low one whatever the
+    /// application does; faults reclaim only at the limit. Kept for comparison and for
+    /// machines where cross-CPU TLB flushes are cheap.
+    Always,
+}
+
+#[derive(Debug, Clone)]
+enum DeviceKind {
+    Ram { capacity_bytes: u64 },
+}
+
+/// A swap device to give a pager.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    kind: DeviceKind,
+    priority: i32,
+}
+
+impl DeviceConfig {
+    /// Uncompressed RAM storage of `capacity_bytes` (rounded down to whole 2 MiB clusters).
+    pub fn ram(capacity_bytes: u64) -> DeviceConfig {
+        DeviceConfig { kind: DeviceKind::Ram { capacity_bytes }, priority: 0 }
+    }
+
+    /// Devices with higher priority are used first; equal priorities take turns.
+    pub fn priority(mut self, priority: i32) -> DeviceConfig {
+        self.priority = priority;
+        self
+    }
+
+    fn name(&self) -> String {
+        match self.kind {
+            DeviceKind::Ram { .. } => "ram".into(),
+        }
+    }
+
+    fn open(&self) -> Result<Box<dyn Backend>> {
+        let cluster_bytes = (SWAPFILE_CLUSTER * PAGE_SIZE) as u64;
+        match self.kind {
+            DeviceKind::Ram { capacity_bytes } => {
+                let nr_clusters = capacity_bytes / cluster_bytes;
+                if nr_clusters == 0 {
+                    return Err(Error::DeviceTooSmall { name: self.name(), capacity_bytes, min_bytes: cluster_bytes });
+                }
+                let b = RamBackend::new(nr_clusters * SWAPFILE_CLUSTER as u64).map_err(|e| {
+                    Error::OutOfAddressSpace { what: "RAM swap device".into(), len_bytes: capacity_bytes, source: e }
+                })?;
+                Ok(Box::new(b))
+            }
+        }
+    }
+}
+
+/// Builds a [`Pager`].
+#[derive(Debug, Clone)]
+pub struct PagerBuilder {
+    limit_bytes: Option<u64>,
+    mode: FaultMode,
+    devices: Vec<DeviceConfig>,
+    handler_threads: Option<usize>,
+    pin_handlers: bool,
+    background_reclaim: BackgroundReclaim,
+}
+
+impl PagerBuilder {
+    /// Bytes of application pages the pager keeps in RAM (mapped plus staged in its swap
+    /// cache). Required.
+    pub fn resident_limit(mut self, bytes: u64) -> Self {
+        self.limit_bytes = Some(bytes);
+        self
+    }
+
+    pub fn fault_mode(mut self, mode: FaultMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Adds a swap device. Call several times for several devices.
+    pub fn device(mut self, device: DeviceConfig) -> Self {
+        self.devices.push(device);
+        self
+    }
+
+    /// Thread mode: number of fault-handler threads (default: one per CPU this process may
+    /// run on, each pinned to its CPU).
+    pub fn handler_threads(mut self, n: usize) -> Self {
+        self.handler_threads = Some(n.max(1));
+        self
+    }
+
+    /// Thread mode: pin handler `i` to the `i`-th CPU this process may run on (default true).
+    /// Pinned, the handler on the faulting CPU is the one that runs right after the faulting
+    /// thread blocks, so the wake-up stays on that CPU.
+    pub fn pin_handlers(mut self, pin: bool) -> Self {
+        self.pin_handlers = pin;
+        self
+    }
+
+    /// When the background reclaimer works (default [`BackgroundReclaim::WhenIdle`]).
+    pub fn background_reclaim(mut self, policy: BackgroundReclaim) -> Self {
+        self.background_reclaim = policy;
+        self
+    }
+
+    pub fn build(self) -> Result<Pager> {
+        let limit_bytes = self.limit_bytes.unwrap_or(0);
+        if limit_bytes < MIN_LIMIT_BYTES {
+            return Err(Error::LimitTooSmall { limit_bytes, min_bytes: MIN_LIMIT_BYTES });
+        }
+        if self.devices.is_empty() {
+            return Err(Error::NoDevice);
+        }
+        if self.devices.len() > MAX_DEVICES {
+            return Err(Error::TooManyDevices { given: self.devices.len(), max: MAX_DEVICES });
+        }
+        let uffd = open_uffd(self.mode)?;
+        let nr_cpus = nr_cpus_configured();
+        let mut backends = Vec::with_capacity(self.devices.len());
+        for d in &self.devices {
+            backends.push((d.priority, d.open()?));
+        }
+        let devices = SwapDevices::new(backends, nr_cpus).map_err(|e| Error::OutOfAddressSpace {
+            what: "swap staging area".into(),
+            len_bytes: 0,
+            source: e,
+        })?;
+        for d in devices.devices() {
+            uffd.register(d.staging.addr(), d.staging.len(), uffd::REGISTER_MODE_MISSING)
+                .map_err(|e| Error::io("registering the swap staging area with userfaultfd", e))?;
+        }
+        let limit_pages = (limit_bytes / PAGE_SIZE as u64) as usize;
+        // Room for every resident page twice over (stale entries linger until popped); a
+        // page that finds the queue full is counted and later found by a scan.
+        let queue_len = (4 * limit_pages).max(1 << 16);
+        let cpus = allowed_cpus();
+        let shared = Arc::new(PagerShared {
+            uffd,
+            mode: self.mode,
+            limit_pages: AtomicUsize::new(limit_pages),
+            resident_pages: AtomicUsize::new(0),
+            swapcache_pages: AtomicUsize::new(0),
+            devices,
+            active: ArrayQueue::new(queue_len),
+            inactive: ArrayQueue::new(queue_len),
+            stats: PerCpuStats::new(nr_cpus),
+            bounce: BouncePool::new(4 * nr_cpus.max(4), 1),
+            shutdown: AtomicBool::new(false),
+            background_reclaim: self.background_reclaim,
+            reclaimer: std::sync::OnceLock::new(),
+        });
+        let doorbell = Doorbell::new().map_err(|e| Error::io("creating the handler-thread doorbell (eventfd)", e))?;
+        let core = Arc::new(PagerCore {
+            shared: shared.clone(),
+            threads: Mutex::new(Vec::new()),
+            doorbell: Arc::new(doorbell),
+        });
+        {
+            let mut threads = core.threads.lock().unwrap_or_else(|e| e.into_inner());
+            let s = shared.clone();
+            let reclaimer = std::thread::Builder::new()
+                .name("uswap-reclaim".into())
+                .spawn(move || reclaim::background_reclaimer(&s))
+                .map_err(|e| Error::io("starting the reclaimer thread", e))?;
+            let _ = shared.reclaimer.set(reclaimer.thread().clone());
+            threads.push(reclaimer);
+            match self.mode {
+                FaultMode::Thread => {
+                    let n = self.handler_threads.unwrap_or(cpus.len().max(1));
+                    for i in 0..n {
+                        let s = shared.clone();
+                        let bell = core.doorbell.clone();
+                        // Pin handler i to the i-th allowed CPU (round robin when there are more
+                        // handlers than CPUs): a handler on the faulting CPU is woken locally.
+                        let cpu = if self.pin_handlers { cpus.get(i % cpus.len().max(1)).copied() } else { None };
+                        threads.push(
+                            std::thread::Builder::new()
+                                .name(format!("uswap-fault-{i}"))
+                                .spawn(move || fault::handler_thread(&s, &bell, cpu))
+                                .map_err(|e| Error::io("starting a fault-handler thread", e))?,
+                        );
+                    }
+                }
+                FaultMode::Signal => uffd::sigbus::install(fault::sigbus_fault)
+                    .map_err(|e| Error::io("installing the SIGBUS handler", e))?,
+            }
+        }
+        Ok(Pager { core })
+    }
+}
+
+fn open_uffd(mode: FaultMode) -> Result<Uffd> {
+    let mut features = uffd::FEATURE_MOVE;
+    if mode == FaultMode::Signal {
+        features |= uffd::FEATURE_SIGBUS;
+    }
+    // Signal mode only ever sees user-mode faults, so it may use UFFD_USER_MODE_ONLY, which
+    // unprivileged users get even with vm.unprivileged_userfaultfd=0.
+    Uffd::open(features, true, mode == FaultMode::Signal).map_err(|e| match e {
+        OpenError::Denied { syscall, dev } => Error::UserfaultfdDenied { syscall, dev },
+        OpenError::Unsupported(source) => Error::UserfaultfdUnsupported { source },
+        OpenError::MissingFeatures { wanted, available } => {
+            Error::KernelTooOld { release: uffd::kernel_release(), missing: feature_names(wanted & !available) }
+        }
+        OpenError::Other(e) => Error::io("userfaultfd handshake (UFFDIO_API)", e),
+    })
+}
+
+fn feature_names(bits: u64) -> String {
+    let names = [
+        (uffd::FEATURE_MOVE, "UFFD_FEATURE_MOVE"),
+        (uffd::FEATURE_SIGBUS, "UFFD_FEATURE_SIGBUS"),
+        (uffd::FEATURE_WP_ASYNC, "UFFD_FEATURE_WP_ASYNC"),
+    ];
+    let v: Vec<&str> = names.iter().filter(|(b, _)| bits & b != 0).map(|(_, n)| *n).collect();
+    if v.is_empty() {
+        format!("features {bits:#x}")
+    } else {
+        v.join(", ")
+    }
+}
+
+/// State shared by the pager's handle, its regions and its threads.
+pub(crate) struct PagerShared {
+    pub uffd: Uffd,
+    pub mode: FaultMode,
+    /// The resident limit, in pages.
+    pub limit_pages: AtomicUsize,
+    /// Pages charged against the limit: mapped in regions plus staged in the swap cache.
+    pub resident_pages: AtomicUsize,
+    /// Of those, pages staged in the swap cache.
+    pub swapcache_pages: AtomicUsize,
+    pub devices: SwapDevices,
+    /// Resident pages, oldest first (packed `PageRef`s).
+    pub active: ArrayQueue<u64>,
+    /// Staged pages waiting for writeback, oldest first.
+    pub inactive: ArrayQueue<u64>,
+    pub stats: PerCpuStats,
+    pub bounce: BouncePool,
+    pub shutdown: AtomicBool,
+    pub background_reclaim: BackgroundReclaim,
+    /// The background reclaimer, for waking it (`BackgroundReclaim::Always`).
+    pub reclaimer: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl PagerShared {
+    /// Releases everything a region holds. Called by `Region::drop` before it unmaps.
+    pub fn unmap_region(&self, reg_idx: usize, inner: &RegionInner) {
+        // After this no fault handler or reclaimer can reach the region, and none is inside
+        // it: every busy bit has been released.
+        let _ = REGIONS.remove(reg_idx);
+        let mut uncharge = 0usize;
+        let mut uncache = 0usize;
+        let mut to_free: Vec<u64> = Vec::new();
+        for page in 0..inner.nr_pages {
+            let pte = inner.load(page);
+            debug_assert!(!pte.busy(), "page {page} still busy after the region left the registry");
+            match pte.state() {
+                crate::region::PageState::Resident => uncharge += 1,
+                crate::region::PageState::Cached => {
+                    let e = pte.entry();
+                    let dev = self.devices.device(e);
+                    // Best effort: the staging page must be empty before its slot is reused, and
+                    // MADV_DONTNEED on our own mapping cannot fail for a valid range.
+                    let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
+                    dev.cache.clear(e.offset());
+                    to_free.push(e.bits());
+                    uncharge += 1;
+                    uncache += 1;
+                }
+                crate::region::PageState::Swapped => {
+                    let e = pte.entry();
+                    self.devices.device(e).cache.clear(e.offset());
+                    to_free.push(e.bits());
+                }
+                crate::region::PageState::None | crate::region::PageState::Zero => {}
+            }
+        }
+        self.swapcache_pages.fetch_sub(uncache, Ordering::AcqRel);
+        self.resident_pages.fetch_sub(uncharge, Ordering::AcqRel);
+        self.devices.free_now(&mut to_free);
+        self.devices.flush_frees();
+    }
+
+    pub fn is_shutdown(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+}
+
+struct PagerCore {
+    shared: Arc<PagerShared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    doorbell: Arc<Doorbell>,
+}
+
+impl Drop for PagerCore {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.doorbell.ring();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+/// A user-space swap engine: regions with a resident cap, paged through userfaultfd to its
+/// swap devices. `Send + Sync`; clone it freely (clones share the engine).
+#[derive(Clone)]
+pub struct Pager {
+    core: Arc<PagerCore>,
+}
+
+impl std::fmt::Debug for Pager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.core.shared;
+        f.debug_struct("Pager")
+            .field("mode", &s.mode)
+            .field("limit_pages", &s.limit_pages.load(Ordering::Relaxed))
+            .field("resident_pages", &s.resident_pages.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Pager {
+    pub fn builder() -> PagerBuilder {
+        PagerBuilder {
+            limit_bytes: None,
+            mode: FaultMode::default(),
+            devices: Vec::new(),
+            handler_threads: None,
+            pin_handlers: true,
+            background_reclaim: BackgroundReclaim::default(),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &PagerShared {
+        &self.core.shared
+    }
+
+    /// Maps a managed region of `len_bytes` (rounded up to whole pages), zero-filled.
+    pub fn map(&self, len_bytes: usize) -> Result<Region> {
+        if len_bytes == 0 {
+            return Err(Error::ZeroLengthMap { page_size: PAGE_SIZE });
+        }
+        let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        if len > MAX_REGION_BYTES {
+            return Err(Error::MapTooLarge { len_bytes: len_bytes as u64, max_bytes: MAX_REGION_BYTES as u64 });
+        }
+        let memory = AppMapping::new(len).map_err(|e| Error::OutOfAddressSpace {
+            what: "a managed region".into(),
+            len_bytes: len as u64,
+            source: e,
+        })?;
+        let shared = &self.core.shared;
+        shared
+            .uffd
+            .register(memory.addr(), len, uffd::REGISTER_MODE_MISSING)
+            .map_err(|e| Error::io("registering the region with userfaultfd", e))?;
+        let inner = Arc::new(
+            RegionInner::new(memory.addr(), len, self.core.shared.clone())
+                .map_err(|e| Error::io("allocating the region's page table", e))?,
+        );
+        let (idx, _gen) = REGIONS
+            .insert(memory.addr(), memory.addr() + len, inner.clone())
+            .ok_or(Error::TooManyRegions { max: MAX_REGIONS })?;
+        Ok(Region::new(memory, inner, idx, self.clone()))
+    }
+
+    /// A snapshot of the counters. Flushes the per-CPU batches of freed slots first, so the
+    /// per-device slot counts are exact at the moment of the call.
+    pub fn stats(&self) -> Stats {
+        let s = &self.core.shared;
+        s.devices.flush_frees();
+        let mut st = Stats::default();
+        s.stats.fill(&mut st);
+        st.resident_pages = s.resident_pages.load(Ordering::Acquire) as u64;
+        st.swapcache_pages = s.swapcache_pages.load(Ordering::Acquire) as u64;
+        st.limit_pages = s.limit_pages.load(Ordering::Acquire) as u64;
+        st.slots_leaked = s.devices.deferred_overflow();
+        st.devices = s
+            .devices
+            .devices()
+            .iter()
+            .map(|d| {
+                let c = d.allocator.cluster_counts();
+                DeviceStats {
+                    name: d.backend.name(),
+                    priority: d.priority,
+                    nr_slots: d.nr_slots(),
+                    slots_used: d.allocator.inuse_slots(),
+                    clusters_free: c.free + c.discard,
+                    clusters_nonfull: c.nonfull,
+                    clusters_full: c.full,
+                }
+            })
+            .collect();
+        st
+    }
+
+    /// The resident limit in bytes.
+    pub fn resident_limit(&self) -> u64 {
+        (self.core.shared.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64
+    }
+
+    /// Changes the resident limit. A lower limit takes effect at once: the caller reclaims
+    /// down to it before this returns. Fails (with the new limit in place) if the devices
+    /// are full and the pages cannot go anywhere.
+    pub fn set_resident_limit(&self, bytes: u64) -> Result<()> {
+        if bytes < MIN_LIMIT_BYTES {
+            return Err(Error::LimitTooSmall { limit_bytes: bytes, min_bytes: MIN_LIMIT_BYTES });
+        }
+        let s = &self.core.shared;
+        s.limit_pages.store((bytes / PAGE_SIZE as u64) as usize, Ordering::Release);
+        reclaim::reclaim_to_limit(s)
+    }
+
+    /// Application pages of this pager mapped in RAM right now (regions plus staged pages),
+    /// measured from the page tables with `mincore(2)`, not from the engine's counters.
+    /// Exact while no fault is being served; during faults a page in flight between a region
+    /// and the swap cache may be missed, never counted twice (staging is scanned first, and
+    /// pages only move staging → region on a fault).
+    pub fn measured_resident_pages(&self) -> std::io::Result<usize> {
+        let s: &PagerShared = &self.core.shared;
+        let mut total = 0;
+        for d in s.devices.devices() {
+            total += d.staging.resident_pages(0, d.staging.len())?;
+        }
+        let mut err = None;
+        REGIONS.for_each(|r| {
+            if std::ptr::eq(&*r.pager, s) {
+                match mincore_pages(r.start, r.nr_pages * PAGE_SIZE) {
+                    Ok(n) => total += n,
+                    Err(e) => err = Some(e),
+                }
+            }
+        });
+        match err {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
+    }
+
+    pub fn fault_mode(&self) -> FaultMode {
+        self.core.shared.mode
+    }
+}

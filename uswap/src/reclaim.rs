@@ -1,0 +1,540 @@
+//! Reclaim: the resident charge, watermarks, victim selection and the two-stage swap-out.
+//!
+//! Accounting. `resident_pages` counts application pages in RAM: mapped in a region or
+//! staged in the swap cache. A fault charges a page *before* mapping it, with a
+//! compare-and-swap that never takes the count above the limit; at the limit it reclaims
+//! directly first. Moving a page into the swap cache does not change the count; writing it
+//! back and dropping its staging page uncharges it. So the pages in RAM never exceed the
+//! limit, except when nothing at all can be reclaimed (every device full): then the charge
+//! goes through, is counted in `limit_overrun`, and no data is lost. The bound the tests
+//! check, with `mincore(2)` rather than the counters, is `limit + RECLAIM_BATCH_PAGES`,
+//! which leaves room for a change of implementation; this one stays at the limit.
+//!
+//! Victims. Resident pages sit in a FIFO (`active`) in the order they came in: oldest first.
+//! Reclaim moves the oldest out of their region with `UFFDIO_MOVE` into the staging pages of
+//! freshly allocated slots (batched: runs of consecutive pages with consecutive slots move
+//! with one ioctl), and queues them on `inactive`, the swap cache. A page that faults back
+//! from there is marked referenced and spared once when it next reaches the head of the
+//! FIFO (second chance). Pages leaving the swap cache are written to their slot in batches,
+//! their staging pages dropped, and uncharged. A page found all zero when staged keeps no
+//! slot (`swpout_zero`).
+//!
+//! Watermarks. With `gap = max(32 pages, limit / 64)`, `high = limit - gap` and
+//! `low = limit - 2 * gap`. A fault that takes the charge above `high` reclaims one batch in
+//! the faulting context (memcg's `memory.high`); a charge that would pass the limit reclaims
+//! until it fits (direct reclaim, counted in `allocstall`). The background reclaimer brings an
+//! idle pager from above `high` down to `low`, so a burst of faults after a pause starts with
+//! headroom. Reclaim keeps the swap cache near `max(64 pages, limit / 32)`.
+//!
+//! Locking: the queues are lock-free; pages are owned through their busy bits. A reclaim
+//! round holds at most [`MAX_REGIONS_PER_ROUND`] region guards and allocates nothing, so
+//! direct reclaim may run inside a SIGBUS handler (not on the lock-free route, which never
+//! reclaims).
+
+use std::sync::atomic::Ordering;
+
+use arrayvec::ArrayVec;
+
+use crate::backend::WriteReq;
+use crate::error::{Error, Result};
+use crate::fault::Route;
+use crate::mapping::registry::RegistryGuard;
+use crate::pager::{BackgroundReclaim, PagerShared, RECLAIM_BATCH_PAGES};
+use crate::region::{region_of, PageRef, PageState, Pte, RegionInner, REGIONS, REGION_GEN_MASK};
+use crate::stats::Counter;
+use crate::swap::SwapEntry;
+use crate::uffd::{RangeResult, PAGE_SIZE};
+
+const BATCH: usize = RECLAIM_BATCH_PAGES;
+/// Distinct regions one round may take victims from (their guards live on the stack).
+const MAX_REGIONS_PER_ROUND: usize = 4;
+/// Direct-reclaim rounds that free nothing before a charge gives up and overruns.
+const MAX_FRUITLESS_ROUNDS: usize = 16;
+
+/// `(high, low)` watermarks for a limit, in pages.
+pub(crate) fn watermarks(limit: usize) -> (usize, usize) {
+    let gap = BATCH.max(limit / 64);
+    (limit.saturating_sub(gap), limit.saturating_sub(2 * gap))
+}
+
+/// Pages the reclaimer keeps staged in the swap cache.
+pub(crate) fn swapcache_target(limit: usize) -> usize {
+    (2 * BATCH).max(limit / 32)
+}
+
+/// Charges `n` pages against the limit, reclaiming directly when at it (see the module doc).
+pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
+    let mut stalled = false;
+    let mut fruitless = 0;
+    loop {
+        let cur = p.resident_pages.load(Ordering::Acquire);
+        let limit = p.limit_pages.load(Ordering::Acquire);
+        if cur + n <= limit {
+            if p.resident_pages.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                break;
+            }
+            continue;
+        }
+        if route == Route::SignalLockFree || fruitless >= MAX_FRUITLESS_ROUNDS {
+            p.resident_pages.fetch_add(n, Ordering::AcqRel);
+            p.stats.inc(Counter::LimitOverrun);
+            break;
+        }
+        if !stalled {
+            p.stats.inc(Counter::Allocstall);
+            stalled = true;
+        }
+        if !reclaim_round(p, true).any() {
+            fruitless += 1;
+            if p.devices.is_full() {
+                // Nothing can go anywhere: keep the page, count the overrun.
+                fruitless = MAX_FRUITLESS_ROUNDS;
+            }
+            std::thread::yield_now();
+        }
+    }
+    if route != Route::SignalLockFree {
+        task_reclaim(p);
+    }
+}
+
+/// Above the high watermark the faulting thread reclaims one batch itself, as memcg does at
+/// `memory.high` (memcg has no kswapd: all its reclaim runs in the charging task). On these
+/// VMs that is also the cheap place: `UFFDIO_MOVE` flushes the TLB, and while another thread
+/// of the process runs on another CPU the flush is a synchronous IPI (9.7 µs instead of
+/// 1.05 µs per single-page move, see BENCHMARKS.md), so reclaim from a second CPU would slow
+/// every fault it overlaps with.
+fn task_reclaim(p: &PagerShared) {
+    let (high, _) = watermarks(p.limit_pages.load(Ordering::Relaxed));
+    if p.resident_pages.load(Ordering::Acquire) <= high {
+        return;
+    }
+    match p.background_reclaim {
+        BackgroundReclaim::WhenIdle => {
+            reclaim_round(p, true);
+        }
+        BackgroundReclaim::Always => {
+            // Thread::unpark is an atomic swap and, if the thread sleeps, a futex wake: no
+            // allocation, no lock, so it is safe in a signal handler.
+            if let Some(t) = p.reclaimer.get() {
+                t.unpark();
+            }
+        }
+    }
+}
+
+pub(crate) fn uncharge(p: &PagerShared, n: usize) {
+    let old = p.resident_pages.fetch_sub(n, Ordering::AcqRel);
+    debug_assert!(old >= n, "resident count underflow");
+}
+
+/// Queues a page that just became resident at the tail of the FIFO.
+pub(crate) fn lru_add(p: &PagerShared, r: PageRef) {
+    if p.active.push(r.pack()).is_err() {
+        p.stats.inc(Counter::LruOverflow);
+    }
+}
+
+fn requeue(p: &PagerShared, inactive: bool, r: PageRef) {
+    let q = if inactive { &p.inactive } else { &p.active };
+    if q.push(r.pack()).is_err() {
+        p.stats.inc(Counter::LruOverflow);
+    }
+}
+
+/// What a reclaim round achieved.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Progress {
+    /// Pages moved from regions into the swap cache.
+    pub moved: usize,
+    /// Pages uncharged: written back, or found zero.
+    pub uncharged: usize,
+}
+
+impl Progress {
+    pub fn any(self) -> bool {
+        self.moved + self.uncharged > 0
+    }
+}
+
+/// One round: top the swap cache up towards its target with the oldest resident pages,
+/// then, once it is at the target (or nothing more can be moved), write back its oldest
+/// batch.
+pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
+    let target = swapcache_target(p.limit_pages.load(Ordering::Acquire));
+    let mut progress = Progress::default();
+    if p.swapcache_pages.load(Ordering::Acquire) < target && !p.devices.is_full() {
+        let (moved, zero) = shrink_active(p, BATCH, direct);
+        progress.moved = moved;
+        progress.uncharged = zero;
+    }
+    if p.swapcache_pages.load(Ordering::Acquire) >= target || progress.moved == 0 {
+        progress.uncharged += shrink_inactive(p, BATCH);
+    }
+    progress
+}
+
+/// Reclaims until the charge is at or below the limit (after the limit was lowered).
+pub(crate) fn reclaim_to_limit(p: &PagerShared) -> Result<()> {
+    let mut fruitless = 0;
+    // Bounded by the number of charged pages: each fruitful round uncharges at least one.
+    while p.resident_pages.load(Ordering::Acquire) > p.limit_pages.load(Ordering::Acquire) {
+        if !reclaim_round(p, true).any() {
+            fruitless += 1;
+            if fruitless > MAX_FRUITLESS_ROUNDS {
+                return Err(Error::LimitNotReached {
+                    resident_bytes: (p.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64,
+                    limit_bytes: (p.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64,
+                });
+            }
+            std::thread::yield_now();
+        } else {
+            fruitless = 0;
+        }
+    }
+    p.devices.flush_frees();
+    Ok(())
+}
+
+/// The region guards a round works with, found by `PageRef`.
+struct Guards {
+    g: ArrayVec<RegistryGuard<'static, RegionInner>, MAX_REGIONS_PER_ROUND>,
+}
+
+impl Guards {
+    fn new() -> Guards {
+        Guards { g: ArrayVec::new() }
+    }
+
+    /// Index of the guard for `r`'s region, taking one if needed. `Err(true)`: no room for
+    /// another region this round; `Err(false)`: the region is gone (stale entry).
+    fn get(&mut self, p: &PagerShared, r: PageRef) -> Result<usize, bool> {
+        if let Some(i) = self.g.iter().position(|g| g.index == r.region_idx && g.gen & REGION_GEN_MASK == r.region_gen)
+        {
+            return Ok(i);
+        }
+        if self.g.is_full() {
+            return Err(true);
+        }
+        match region_of(r) {
+            Some(g) if std::ptr::eq(&*g.pager, p) && r.page < g.nr_pages => {
+                self.g.push(g);
+                Ok(self.g.len() - 1)
+            }
+            _ => Err(false),
+        }
+    }
+
+    fn page_ref(&self, gi: usize, page: usize, pte: Pte) -> PageRef {
+        PageRef { region_idx: self.g[gi].index, region_gen: self.g[gi].gen, page_gen: pte.gen(), page }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Victim {
+    gi: usize,
+    page: usize,
+    /// The page's word as we locked it (busy set).
+    pte: Pte,
+}
+
+/// Pops up to `nr` pages in `want` state from `queue`, skipping stale entries and giving
+/// referenced resident pages their second chance. The pages come back locked.
+fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut Guards) -> ArrayVec<Victim, BATCH> {
+    let queue = if inactive { &p.inactive } else { &p.active };
+    let want = if inactive { PageState::Cached } else { PageState::Resident };
+    let mut victims = ArrayVec::new();
+    let mut scanned = 0;
+    while victims.len() < nr.min(BATCH) && scanned < 4 * BATCH {
+        let Some(v) = queue.pop() else { break };
+        scanned += 1;
+        let r = PageRef::unpack(v);
+        let gi = match guards.get(p, r) {
+            Ok(gi) => gi,
+            Err(true) => {
+                requeue(p, inactive, r);
+                break;
+            }
+            Err(false) => continue,
+        };
+        let region = &guards.g[gi];
+        let pte = region.load(r.page);
+        if pte.state() != want || pte.gen() != r.page_gen {
+            continue; // the page moved on since it was queued
+        }
+        if pte.busy() {
+            requeue(p, inactive, r);
+            continue;
+        }
+        if !inactive && pte.referenced() {
+            let spared = pte.with_referenced(false);
+            if region.pte(r.page).compare_exchange(pte.0, spared.0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                p.stats.inc(Counter::Pgactivate);
+            }
+            requeue(p, inactive, r);
+            continue;
+        }
+        match region.try_lock(r.page, pte) {
+            Some(locked) => victims.push(Victim { gi, page: r.page, pte: locked }),
+            None => requeue(p, inactive, r),
+        }
+    }
+    victims
+}
+
+/// Moves up to `nr` of the oldest resident pages into the swap cache. Returns the pages
+/// moved, and of those the pages found all zero (uncharged at once).
+fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
+    let mut guards = Guards::new();
+    let mut victims = pop_victims(p, false, nr, &mut guards);
+    if victims.is_empty() {
+        if p.active.is_empty() {
+            refill_active_by_scan(p);
+        }
+        return (0, 0);
+    }
+    victims.sort_unstable_by_key(|v| (v.gi, v.page));
+    let n = victims.len();
+    let mut entries = [SwapEntry::new(0, 0); BATCH];
+    let got = p.devices.alloc(&mut entries[..n]);
+    if got < n {
+        // No room on any device: these pages stay resident, nothing is lost.
+        for v in &victims[got..] {
+            guards.g[v.gi].store(v.page, v.pte.unbusy());
+            requeue(p, false, guards.page_ref(v.gi, v.page, v.pte));
+        }
+        p.stats.add(Counter::SwapAllocFail, (n - got) as u64);
+        victims.truncate(got);
+    }
+    for (v, e) in victims.iter().zip(&entries) {
+        let owner = guards.page_ref(v.gi, v.page, v.pte).owner();
+        p.devices.device(*e).cache.set_owner(e.offset(), owner);
+    }
+
+    let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
+    let mut uncharged = 0;
+    let mut moved = 0u64;
+    let mut i = 0;
+    while i < victims.len() {
+        // A run: same region, consecutive pages, consecutive slots on one device.
+        let mut j = i + 1;
+        while j < victims.len()
+            && victims[j].gi == victims[i].gi
+            && victims[j].page == victims[j - 1].page + 1
+            && entries[j].device() == entries[j - 1].device()
+            && entries[j].offset() == entries[j - 1].offset() + 1
+        {
+            j += 1;
+        }
+        let region = &guards.g[victims[i].gi];
+        let dev = p.devices.device(entries[i]);
+        let mut k = i;
+        while k < j {
+            let len = (j - k) * PAGE_SIZE;
+            let r =
+                p.uffd.move_pages(dev.staging_addr(entries[k].offset()), region.page_addr(victims[k].page), len, false);
+            let done = r.done_bytes(len) / PAGE_SIZE;
+            for m in k..k + done {
+                let v = victims[m];
+                let e = entries[m];
+                if dev.staging.page_is_zero(e.offset() as usize * PAGE_SIZE) {
+                    // Nothing worth a slot: drop the staged page, remember "zero".
+                    let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
+                    dev.cache.clear(e.offset());
+                    to_free.push(e.bits());
+                    region.store(v.page, v.pte.next(PageState::Zero, None).with_referenced(false));
+                    uncharge(p, 1);
+                    uncharged += 1;
+                    p.stats.inc(Counter::SwpoutZero);
+                } else {
+                    debug_assert_eq!(dev.cache.lookup(e.offset()).map(|i| i.cached), Some(false));
+                    dev.cache.set_cached(e.offset(), true);
+                    p.swapcache_pages.fetch_add(1, Ordering::AcqRel);
+                    let new = v.pte.next(PageState::Cached, Some(e)).with_referenced(false);
+                    region.store(v.page, new);
+                    requeue(p, true, guards.page_ref(v.gi, v.page, new));
+                }
+                moved += 1;
+            }
+            k += done;
+            if let RangeResult::Partial { errno, .. } = r {
+                let v = victims[k];
+                let e = entries[k];
+                dev.cache.clear(e.offset());
+                if errno == libc::ENOENT {
+                    // Not mapped: the application discarded it, so it reads as zero.
+                    to_free.push(e.bits());
+                    region.store(v.page, v.pte.next(PageState::Zero, None).with_referenced(false));
+                    uncharge(p, 1);
+                    uncharged += 1;
+                } else {
+                    // Pinned, shared or otherwise refused: it stays where it is. A slot whose
+                    // staging page is unexpectedly occupied (EEXIST) is not reused.
+                    debug_assert_ne!(errno, libc::EEXIST, "staging page of slot {e:?} occupied");
+                    if errno != libc::EEXIST {
+                        to_free.push(e.bits());
+                    }
+                    region.store(v.page, v.pte.unbusy());
+                    requeue(p, false, guards.page_ref(v.gi, v.page, v.pte));
+                    p.stats.inc(Counter::MoveRefused);
+                }
+                k += 1;
+            }
+        }
+        i = j;
+    }
+    p.stats.add(if direct { Counter::PgstealDirect } else { Counter::PgstealBackground }, moved);
+    p.devices.free_now(&mut to_free);
+    (moved as usize, uncharged)
+}
+
+/// Writes back up to `nr` of the oldest staged pages. Returns the pages uncharged.
+fn shrink_inactive(p: &PagerShared, nr: usize) -> usize {
+    let mut guards = Guards::new();
+    let mut victims = pop_victims(p, true, nr, &mut guards);
+    if victims.is_empty() {
+        return 0;
+    }
+    victims.sort_unstable_by_key(|v| v.pte.entry());
+    let mut uncharged = 0;
+    let mut i = 0;
+    while i < victims.len() {
+        // One device per write call; runs of consecutive slots become one request each.
+        let dev_idx = victims[i].pte.entry().device();
+        let dev = &p.devices.devices()[dev_idx];
+        let mut end = i;
+        while end < victims.len() && victims[end].pte.entry().device() == dev_idx {
+            end += 1;
+        }
+        let mut runs: ArrayVec<(usize, usize), BATCH> = ArrayVec::new();
+        let mut reqs: ArrayVec<WriteReq<'_>, BATCH> = ArrayVec::new();
+        let mut s = i;
+        while s < end {
+            let mut t = s + 1;
+            while t < end && victims[t].pte.entry().offset() == victims[t - 1].pte.entry().offset() + 1 {
+                t += 1;
+            }
+            let first = victims[s].pte.entry().offset();
+            runs.push((s, t));
+            reqs.push(WriteReq::new(first, dev.staging.pages(first as usize * PAGE_SIZE, t - s)));
+            s = t;
+        }
+        dev.backend.write(&mut reqs);
+        for (req, &(s, t)) in reqs.iter().zip(&runs) {
+            if req.result.is_err() {
+                // The pages stay staged in RAM (still charged) and go round again.
+                for v in &victims[s..t] {
+                    guards.g[v.gi].store(v.page, v.pte.unbusy());
+                    requeue(p, true, guards.page_ref(v.gi, v.page, v.pte));
+                }
+                p.stats.add(Counter::SwpoutError, (t - s) as u64);
+                continue;
+            }
+            // The staging pages must be empty before the slots can be freed and reused,
+            // which may happen as soon as the pages are published as swapped.
+            let first = victims[s].pte.entry().offset() as usize;
+            let _ = dev.staging.discard(first * PAGE_SIZE, (t - s) * PAGE_SIZE);
+            for v in &victims[s..t] {
+                let e = v.pte.entry();
+                dev.cache.set_cached(e.offset(), false);
+                guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(e)));
+            }
+            let n = t - s;
+            p.swapcache_pages.fetch_sub(n, Ordering::AcqRel);
+            uncharge(p, n);
+            uncharged += n;
+            p.stats.add(Counter::Pswpout, n as u64);
+        }
+        i = end;
+    }
+    uncharged
+}
+
+/// Re-queues resident pages that have no queue entry (the queue overflowed at some point).
+fn refill_active_by_scan(p: &PagerShared) {
+    let resident = p.resident_pages.load(Ordering::Acquire);
+    let staged = p.swapcache_pages.load(Ordering::Acquire);
+    if resident <= staged {
+        return;
+    }
+    let budget = p.active.capacity() / 2;
+    let mut pushed = 0;
+    REGIONS.for_each(|g| {
+        if !std::ptr::eq(&*g.pager, p) {
+            return;
+        }
+        for page in 0..g.nr_pages {
+            if pushed >= budget {
+                return;
+            }
+            let pte = g.load(page);
+            if pte.state() == PageState::Resident && !pte.busy() {
+                let r = PageRef { region_idx: g.index, region_gen: g.gen, page_gen: pte.gen(), page };
+                if p.active.push(r.pack()).is_ok() {
+                    pushed += 1;
+                }
+            }
+        }
+    });
+}
+
+/// How often the background reclaimer looks at the pager.
+pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The background reclaimer. With [`BackgroundReclaim::WhenIdle`]: every
+/// [`BACKGROUND_PERIOD`], if the charge is above the high watermark and the application took
+/// no fault during the last period, reclaims towards the low watermark, stopping as soon as
+/// faults resume. While the application faults, reclaim runs in its own context (see
+/// `task_reclaim`), so the two never contend for the page tables, and the fault path never
+/// pays for waking this thread. With [`BackgroundReclaim::Always`]: woken by the fault that
+/// crosses the high watermark, reclaims down to the low one.
+pub(crate) fn background_reclaimer(p: &PagerShared) {
+    let mut last_faults = p.stats.sum(Counter::Pgfault);
+    while !p.is_shutdown() {
+        std::thread::park_timeout(BACKGROUND_PERIOD);
+        let faults = p.stats.sum(Counter::Pgfault);
+        let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always;
+        last_faults = faults;
+        p.devices.run_discards();
+        if !idle {
+            continue;
+        }
+        let (high, low) = watermarks(p.limit_pages.load(Ordering::Acquire));
+        if p.resident_pages.load(Ordering::Acquire) <= high {
+            continue;
+        }
+        let mut fruitless = 0;
+        // Bounded by the charge: each fruitful round uncharges pages; stops when the
+        // application faults again (it then reclaims for itself) or nothing is reclaimable.
+        while p.resident_pages.load(Ordering::Acquire) > low && !p.is_shutdown() {
+            if !reclaim_round(p, false).any() {
+                fruitless += 1;
+                if fruitless > MAX_FRUITLESS_ROUNDS {
+                    break;
+                }
+                std::thread::yield_now();
+            } else {
+                fruitless = 0;
+            }
+            if p.background_reclaim == BackgroundReclaim::WhenIdle && p.stats.sum(Counter::Pgfault) != last_faults {
+                break;
+            }
+        }
+        p.devices.flush_frees();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watermarks_are_ordered_and_a_batch_apart_at_least() {
+        for limit in [256usize, 1000, 65536, 1 << 20] {
+            let (high, low) = watermarks(limit);
+            assert!(low < high && high < limit, "limit {limit}: {low} {high}");
+            assert!(limit - high >= BATCH);
+            assert!(swapcache_target(limit) >= 2 * BATCH);
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! Managed regions (the VMA of uswap): the application mapping, its page table and the
+//! process-wide registry that the fault path searches by address.
+//!
+//! The page table has one atomic word per page ([`Pte`]): a state, a busy bit, a referenced
+//! bit, a generation and, for pages on a device or in the swap cache, the swap entry. Every
+//! transition is a compare-and-swap; whoever sets the busy bit owns the page until it clears
+//! it, and only the owner may move the page's contents or change its state. There is no
+//! lock on the fault path.
+//!
+//! Page states and who moves between them:
+//!
+//! ```text
+//!   NONE ──fault──► RESIDENT ──reclaim: UFFDIO_MOVE out──► CACHED ──writeback──► SWAPPED
+//!   ZERO ──fault──►    ▲  ▲                                   │                      │
+//!     ▲                │  └──────fault: UFFDIO_MOVE back──────┘                      │
+//!     │                └───────────────fault: read device, UFFDIO_COPY───────────────┘
+//!     └── reclaim found the page all zero (no slot kept)
+//! ```
+//!
+//! The generation changes whenever a page enters RESIDENT or CACHED; reclaim queues carry it
+//! so a stale queue entry (the page moved on since) is recognised and skipped.
+//!
+//! Invariants: a page is mapped in the region iff its state is RESIDENT (outside a busy
+//! section); a CACHED page's contents are at its entry's staging address; the region's memory
+//! is never read or written by the engine, only moved by ioctls.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::mapping::registry::{Registry, RegistryGuard};
+use crate::mapping::{AppMapping, AtomicTable};
+use crate::pager::{Pager, PagerShared};
+use crate::swap::SwapEntry;
+use crate::uffd::PAGE_SIZE;
+
+/// Regions that may exist at once in one process, over all pagers.
+pub const MAX_REGIONS: usize = 4096;
+/// Largest region: page indices must fit in 32 bits of a reclaim-queue entry.
+pub const MAX_REGION_BYTES: usize = (1usize << 32) * PAGE_SIZE;
+
+/// Every managed region of the process, for the fault path and reclaim.
+pub(crate) static REGIONS: Registry<RegionInner, MAX_REGIONS> = Registry::new();
+
+// ---------------------------------------------------------------------------------------
+// Page-table entries
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PageState {
+    /// Never touched: reads as zero, owns nothing.
+    None = 0,
+    /// Known to be zero (found so at swap-out): owns nothing.
+    Zero = 1,
+    /// Mapped in the region.
+    Resident = 2,
+    /// Staged in the swap cache: unmapped, contents at the entry's staging page.
+    Cached = 3,
+    /// On a device at its swap entry.
+    Swapped = 4,
+}
+
+const STATE_MASK: u64 = 0x7;
+const BUSY: u64 = 1 << 3;
+const REFERENCED: u64 = 1 << 4;
+const GEN_SHIFT: u32 = 8;
+const GEN_MASK: u64 = 0xff << GEN_SHIFT;
+const ENTRY_SHIFT: u32 = 16;
+
+/// One page-table word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pte(pub u64);
+
+impl Pte {
+    pub fn state(self) -> PageState {
+        match self.0 & STATE_MASK {
+            0 => PageState::None,
+            1 => PageState::Zero,
+            2 => PageState::Resident,
+            3 => PageState::Cached,
+            4 => PageState::Swapped,
+            s => unreachable!("corrupt page-table state {s}"),
+        }
+    }
+    pub fn busy(self) -> bool {
+        self.0 & BUSY != 0
+    }
+    pub fn referenced(self) -> bool {
+        self.0 & REFERENCED != 0
+    }
+    pub fn gen(self) -> u8 {
+        ((self.0 & GEN_MASK) >> GEN_SHIFT) as u8
+    }
+    pub fn entry(self) -> SwapEntry {
+        SwapEntry::from_bits(self.0 >> ENTRY_SHIFT)
+    }
+    pub fn with_busy(self) -> Pte {
+        Pte(self.0 | BUSY)
+    }
+    pub fn with_referenced(self, r: bool) -> Pte {
+        Pte(if r { self.0 | REFERENCED } else { self.0 & !REFERENCED })
+    }
+    /// A new, not-busy word in `state`, with the next generation and `entry` (if any).
+    /// The referenced bit is carried over.
+    pub fn next(self, state: PageState, entry: Option<SwapEntry>) -> Pte {
+        let gen = self.gen().wrapping_add(1) as u64;
+        Pte(state as u64 | (self.0 & REFERENCED) | (gen << GEN_SHIFT) | entry.map_or(0, |e| e.bits() << ENTRY_SHIFT))
+    }
+    /// The same word with the busy bit cleared and nothing else changed.
+    pub fn unbusy(self) -> Pte {
+        Pte(self.0 & !BUSY)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// References to pages from reclaim queues and the swap cache
+// ---------------------------------------------------------------------------------------
+
+const REF_IDX_BITS: u32 = 12;
+const REF_GEN_BITS: u32 = 12;
+pub(crate) const REGION_GEN_MASK: u32 = (1 << REF_GEN_BITS) - 1;
+const _: () = assert!(MAX_REGIONS <= 1 << REF_IDX_BITS);
+
+/// A page named by registry slot, region generation, page generation and page index: the
+/// entries of the reclaim queues (64 bits, so they fit a lock-free queue of words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PageRef {
+    pub region_idx: usize,
+    pub region_gen: u32,
+    pub page_gen: u8,
+    pub page: usize,
+}
+
+impl PageRef {
+    pub fn pack(self) -> u64 {
+        (self.region_idx as u64) << 52
+            | ((self.region_gen & REGION_GEN_MASK) as u64) << 40
+            | (self.page_gen as u64) << 32
+            | self.page as u64
+    }
+    pub fn unpack(v: u64) -> PageRef {
+        PageRef {
+            region_idx: (v >> 52) as usize,
+            region_gen: ((v >> 40) & REGION_GEN_MASK as u64) as u32,
+            page_gen: (v >> 32) as u8,
+            page: (v & 0xffff_ffff) as usize,
+        }
+    }
+    /// The swap-cache owner value (reverse map) of this page: like `pack` without the page
+    /// generation, plus one so it is never zero.
+    pub fn owner(self) -> u64 {
+        ((self.region_idx as u64) << 44 | ((self.region_gen & REGION_GEN_MASK) as u64) << 32 | self.page as u64) + 1
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Regions
+// ---------------------------------------------------------------------------------------
+
+/// The engine's view of a region: address range, page table and owning pager.
+pub(crate) struct RegionInner {
+    pub start: usize,
+    pub nr_pages: usize,
+    pub ptes: AtomicTable,
+    pub pager: Arc<PagerShared>,
+}
+
+impl RegionInner {
+    pub fn new(start: usize, len: usize, pager: Arc<PagerShared>) -> std::io::Result<RegionInner> {
+        let nr_pages = len / PAGE_SIZE;
+        Ok(RegionInner { start, nr_pages, ptes: AtomicTable::new(nr_pages)?, pager })
+    }
+
+    #[inline]
+    pub fn pte(&self, page: usize) -> &AtomicU64 {
+        &self.ptes[page]
+    }
+
+    #[inline]
+    pub fn load(&self, page: usize) -> Pte {
+        Pte(self.ptes[page].load(Ordering::Acquire))
+    }
+
+    /// Tries to take ownership of a page in the given observed state. Returns the word as it
+    /// was (with busy set) on success.
+    #[inline]
+    pub fn try_lock(&self, page: usize, seen: Pte) -> Option<Pte> {
+        if seen.busy() {
+            return None;
+        }
+        self.ptes[page]
+            .compare_exchange(seen.0, seen.with_busy().0, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| seen.with_busy())
+    }
+
+    /// Publishes a page's new word, ending ownership.
+    #[inline]
+    pub fn store(&self, page: usize, pte: Pte) {
+        debug_assert!(!pte.busy());
+        self.ptes[page].store(pte.0, Ordering::Release);
+    }
+
+    #[inline]
+    pub fn page_addr(&self, page: usize) -> usize {
+        self.start + page * PAGE_SIZE
+    }
+}
+
+/// A managed mapping: zero-filled at first, page-aligned, its resident pages counted against
+/// its pager's limit. Pages are brought back on first touch, from any thread.
+///
+/// Dropping the region unmaps it and frees every swap slot and swap-cache page it held.
+pub struct Region {
+    memory: AppMapping,
+    inner: Arc<RegionInner>,
+    reg_idx: usize,
+    // Keeps the pager's threads alive while the region exists, even if every `Pager` handle
+    // was dropped first.
+    pager: Pager,
+}
+
+impl Region {
+    pub(crate) fn new(memory: AppMapping, inner: Arc<RegionInner>, reg_idx: usize, pager: Pager) -> Region {
+        Region { memory, inner, reg_idx, pager }
+    }
+
+    /// First byte of the region.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.memory.addr() as *mut u8
+    }
+
+    /// Length in bytes (a whole number of pages).
+    pub fn len(&self) -> usize {
+        self.memory.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty()
+    }
+
+    /// The region as a byte slice. Touching a page that is not resident brings it back
+    /// transparently (in signal mode only from user code: a system call given this slice
+    /// gets EFAULT on a page that is not resident).
+    pub fn as_slice(&self) -> &[u8] {
+        self.memory.as_slice()
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.memory.as_mut_slice()
+    }
+
+    /// The region as 64-bit atomic words, for threads that share it (mixing this with
+    /// `as_slice` on the same bytes at the same time is a data race, as for any memory).
+    pub fn as_atomic_u64s(&self) -> &[std::sync::atomic::AtomicU64] {
+        self.memory.as_atomic_u64s()
+    }
+
+    /// Pages of this region mapped in the process page table right now, measured with
+    /// `mincore(2)` (independent of the engine's own counters).
+    pub fn mapped_pages(&self) -> std::io::Result<usize> {
+        self.memory.resident_pages(0, self.memory.len())
+    }
+
+    /// Like [`Region::mapped_pages`] for the pages overlapping `[offset, offset + len)`.
+    pub fn mapped_pages_in(&self, offset: usize, len: usize) -> std::io::Result<usize> {
+        let start = offset / PAGE_SIZE * PAGE_SIZE;
+        let end = (offset + len).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        if end > self.memory.len() || len == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        self.memory.resident_pages(start, end - start)
+    }
+
+    /// The pager this region belongs to.
+    pub fn pager(&self) -> &Pager {
+        &self.pager
+    }
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("addr", &format_args!("{:#x}", self.memory.addr()))
+            .field("len", &self.memory.len())
+            .finish()
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.pager.shared().unmap_region(self.reg_idx, &self.inner);
+        // `memory` is unmapped when the fields drop, after the engine let go of the region.
+    }
+}
+
+/// An ordinary anonymous mapping with the same accessors as [`Region`] but no pager behind
+/// it: the kernel manages its pages (and swaps them, if the system swaps). For baselines
+/// that must run the same code as a managed region.
+#[derive(Debug)]
+pub struct PlainRegion {
+    memory: AppMapping,
+}
+
+impl PlainRegion {
+    pub fn new(len_bytes: usize) -> crate::Result<PlainRegion> {
+        let len = len_bytes.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        AppMapping::new(len).map(|memory| PlainRegion { memory }).map_err(|e| crate::Error::OutOfAddressSpace {
+            what: "a plain region".into(),
+            len_bytes: len as u64,
+            source: e,
+        })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.memory.addr() as *mut u8
+    }
+
+    pub fn len(&self) -> usize {
+        self.memory.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        self.memory.as_slice()
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.memory.as_mut_slice()
+    }
+
+    pub fn as_atomic_u64s(&self) -> &[std::sync::atomic::AtomicU64] {
+        self.memory.as_atomic_u64s()
+    }
+}
+
+/// Looks a region up by a `PageRef` (reclaim queues, swap-cache owners).
+pub(crate) fn region_of(r: PageRef) -> Option<RegistryGuard<'static, RegionInner>> {
+    REGIONS.get(r.region_idx, r.region_gen, REGION_GEN_MASK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pte_transitions_keep_fields() {
+        let p = Pte(0);
+        assert_eq!(p.state(), PageState::None);
+        let e = SwapEntry::new(3, 12345);
+        let q = p.next(PageState::Cached, Some(e));
+        assert_eq!(q.state(), PageState::Cached);
+        assert_eq!(q.entry(), e);
+        assert_eq!(q.gen(), 1);
+        assert!(!q.busy());
+        let r = q.with_referenced(true).with_busy();
+        assert!(r.busy() && r.referenced());
+        let s = r.next(PageState::Resident, None);
+        assert!(s.referenced() && !s.busy());
+        assert_eq!(s.gen(), 2);
+        assert_eq!(s.unbusy(), s);
+        let mut g = Pte(0);
+        for _ in 0..300 {
+            g = g.next(PageState::Resident, None);
+        }
+        assert_eq!(g.gen(), (300 % 256) as u8, "generation wraps");
+    }
+
+    #[test]
+    fn page_refs_round_trip() {
+        let r = PageRef { region_idx: 4095, region_gen: 0xabc, page_gen: 0x7f, page: 0xffff_fffe };
+        assert_eq!(PageRef::unpack(r.pack()), r);
+        assert!(r.owner() < 1 << crate::swap::swap_cache::OWNER_BITS);
+        assert_ne!(r.owner(), 0);
+    }
+}

@@ -1,0 +1,456 @@
+//! The slot allocator of one swap device: clusters of 512 slots, per-cluster locks, and a
+//! per-CPU current cluster as the allocation fast path.
+//!
+//! This is the allocator of `mm/swapfile.c` after the 2024–2025 rework ("mm, swap: rework of
+//! swap allocator locks", "use percpu cluster as allocation fast path"):
+//!
+//! * Slots are grouped in clusters of [`SWAPFILE_CLUSTER`]. Each cluster has its own lock,
+//!   guarding its in-use bitmap and count (`swap_map` and `ci->count` in the kernel).
+//! * The device keeps free / nonfull / full / discard lists of clusters under one lock that
+//!   guards *list membership only*, never slot state.
+//! * Each CPU owns a current cluster, taken off every list, and allocates from it under its
+//!   per-CPU lock and the cluster lock, without touching the device lock. CPUs start in
+//!   different clusters, spread over the device, so they do not meet in the same cluster
+//!   (and swap-cache shard) — the problem "percpu cluster_next" (2020) fixed.
+//! * A cluster that becomes empty goes to the discard list; its storage is discarded (the
+//!   device may return memory or punch a hole) before it returns to the free list, so a
+//!   discard never races with a new allocation in the same cluster.
+//!
+//! Lock order: per-CPU lock → cluster lock → device list lock. A thread that holds its
+//! per-CPU lock may only `try_lock` another CPU's (to steal its cluster when the lists are
+//! empty), so two CPUs never wait on each other.
+//!
+//! Invariants: a cluster is on exactly one list or owned by exactly one CPU, or being
+//! discarded (on neither, briefly); `count` equals the number of set bits of `map`; a cluster
+//! on the nonfull list has `count < 512`, on the full list `count == 512`, on the free and
+//! discard lists `count == 0`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crossbeam_utils::CachePadded;
+
+use crate::sync::SpinLock;
+
+/// Slots per cluster (`SWAPFILE_CLUSTER`).
+pub const SWAPFILE_CLUSTER: usize = 512;
+const MAP_WORDS: usize = SWAPFILE_CLUSTER / 64;
+const NIL: u32 = u32::MAX;
+
+/// Slot state of one cluster, under the cluster lock.
+struct Cluster {
+    count: u16,
+    map: [u64; MAP_WORDS],
+    /// Where the owner's next scan starts, so consecutive allocations get consecutive slots.
+    next: u16,
+}
+
+impl Cluster {
+    /// Sets up to `out.len()` free bits, writing their cluster-relative indices; returns how
+    /// many. Scans from the hint, wrapping once.
+    fn alloc_bits(&mut self, base: u64, out: &mut [u64]) -> usize {
+        let mut got = 0;
+        let mut i = self.next as usize;
+        let mut scanned = 0;
+        while got < out.len() && scanned < SWAPFILE_CLUSTER && (self.count as usize) < SWAPFILE_CLUSTER {
+            let (w, b) = (i / 64, i % 64);
+            if self.map[w] & (1 << b) == 0 {
+                self.map[w] |= 1 << b;
+                self.count += 1;
+                out[got] = base + i as u64;
+                got += 1;
+            }
+            i = (i + 1) % SWAPFILE_CLUSTER;
+            scanned += 1;
+        }
+        self.next = i as u16;
+        got
+    }
+
+    fn free_bit(&mut self, i: usize) {
+        let (w, b) = (i / 64, i % 64);
+        assert!(self.map[w] & (1 << b) != 0, "swap slot {i} of its cluster freed twice");
+        self.map[w] &= !(1 << b);
+        self.count -= 1;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ListId {
+    Free = 0,
+    Nonfull = 1,
+    Full = 2,
+    Discard = 3,
+    /// A CPU's current cluster, or a cluster being discarded: on no list.
+    Off = 4,
+}
+const NR_LISTS: usize = 4;
+
+#[derive(Clone, Copy)]
+struct Node {
+    prev: u32,
+    next: u32,
+    list: ListId,
+}
+
+#[derive(Clone, Copy)]
+struct ListHead {
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+/// List membership of every cluster, under the device list lock.
+struct ClusterLists {
+    nodes: Vec<Node>,
+    lists: [ListHead; NR_LISTS],
+}
+
+impl ClusterLists {
+    fn unlink(&mut self, ci: u32) {
+        let n = self.nodes[ci as usize];
+        if n.list == ListId::Off {
+            return;
+        }
+        let l = &mut self.lists[n.list as usize];
+        if n.prev == NIL {
+            l.head = n.next;
+        } else {
+            self.nodes[n.prev as usize].next = n.next;
+        }
+        let l = &mut self.lists[n.list as usize];
+        if n.next == NIL {
+            l.tail = n.prev;
+        } else {
+            self.nodes[n.next as usize].prev = n.prev;
+        }
+        self.lists[n.list as usize].len -= 1;
+        self.nodes[ci as usize] = Node { prev: NIL, next: NIL, list: ListId::Off };
+    }
+
+    /// Moves a cluster to the tail of `to` (or off all lists).
+    fn move_to(&mut self, ci: u32, to: ListId) {
+        self.unlink(ci);
+        if to == ListId::Off {
+            return;
+        }
+        let tail = self.lists[to as usize].tail;
+        self.nodes[ci as usize] = Node { prev: tail, next: NIL, list: to };
+        if tail == NIL {
+            self.lists[to as usize].head = ci;
+        } else {
+            self.nodes[tail as usize].next = ci;
+        }
+        let l = &mut self.lists[to as usize];
+        l.tail = ci;
+        l.len += 1;
+    }
+
+    fn pop(&mut self, from: ListId) -> Option<u32> {
+        let h = self.lists[from as usize].head;
+        if h == NIL {
+            return None;
+        }
+        self.unlink(h);
+        Some(h)
+    }
+
+    fn list_of(&self, ci: u32) -> ListId {
+        self.nodes[ci as usize].list
+    }
+}
+
+/// Cluster counts by list, for stats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClusterCounts {
+    pub free: u64,
+    pub nonfull: u64,
+    pub full: u64,
+    pub discard: u64,
+}
+
+pub struct ClusterAllocator {
+    nr_clusters: u32,
+    clusters: Box<[CachePadded<SpinLock<Cluster>>]>,
+    lists: SpinLock<ClusterLists>,
+    /// Each CPU's current cluster (`percpu_swap_cluster`).
+    percpu: Box<[CachePadded<SpinLock<Option<u32>>>]>,
+    inuse_slots: AtomicU64,
+}
+
+impl ClusterAllocator {
+    /// An allocator for `nr_clusters` clusters shared by `nr_cpus` CPUs.
+    pub fn new(nr_clusters: u32, nr_cpus: usize) -> ClusterAllocator {
+        assert!(nr_clusters > 0 && nr_clusters < NIL);
+        let nr_cpus = nr_cpus.max(1);
+        let clusters = (0..nr_clusters)
+            .map(|_| CachePadded::new(SpinLock::new(Cluster { count: 0, map: [0; MAP_WORDS], next: 0 })))
+            .collect();
+        let mut lists = ClusterLists {
+            nodes: vec![Node { prev: NIL, next: NIL, list: ListId::Off }; nr_clusters as usize],
+            lists: [ListHead { head: NIL, tail: NIL, len: 0 }; NR_LISTS],
+        };
+        // CPUs start in different clusters, spread evenly over the device.
+        let mut owned = vec![None; nr_cpus];
+        if nr_clusters as usize >= nr_cpus {
+            for (cpu, o) in owned.iter_mut().enumerate() {
+                *o = Some((cpu as u64 * nr_clusters as u64 / nr_cpus as u64) as u32);
+            }
+        }
+        for ci in 0..nr_clusters {
+            if !owned.contains(&Some(ci)) {
+                lists.move_to(ci, ListId::Free);
+            }
+        }
+        ClusterAllocator {
+            nr_clusters,
+            clusters,
+            lists: SpinLock::new(lists),
+            percpu: owned.into_iter().map(|o| CachePadded::new(SpinLock::new(o))).collect(),
+            inuse_slots: AtomicU64::new(0),
+        }
+    }
+
+    pub fn nr_slots(&self) -> u64 {
+        self.nr_clusters as u64 * SWAPFILE_CLUSTER as u64
+    }
+
+    pub fn inuse_slots(&self) -> u64 {
+        self.inuse_slots.load(Ordering::Relaxed)
+    }
+
+    /// Allocates up to `out.len()` slots for `cpu`, writing their offsets; returns how many
+    /// (fewer only when the device is full). Slots come from the CPU's current cluster, so a
+    /// batch is mostly contiguous. `discard` is run on clusters that must be discarded before
+    /// they can be reused, if nothing else is free.
+    pub fn alloc(&self, cpu: usize, out: &mut [u64], discard: &dyn Fn(u32)) -> usize {
+        let cpu = cpu % self.percpu.len();
+        let mut pc = self.percpu[cpu].lock();
+        let mut got = 0;
+        while got < out.len() {
+            let ci = match *pc {
+                Some(ci) => ci,
+                None => match self.take_cluster(cpu, discard) {
+                    Some(ci) => {
+                        *pc = Some(ci);
+                        ci
+                    }
+                    None => break,
+                },
+            };
+            let mut c = self.clusters[ci as usize].lock();
+            got += c.alloc_bits(ci as u64 * SWAPFILE_CLUSTER as u64, &mut out[got..]);
+            if c.count as usize == SWAPFILE_CLUSTER {
+                // Full: give it up to the full list; frees will bring it back to nonfull.
+                self.lists.lock().move_to(ci, ListId::Full);
+                *pc = None;
+            }
+        }
+        self.inuse_slots.fetch_add(got as u64, Ordering::Relaxed);
+        got
+    }
+
+    /// A cluster for a CPU whose current one is full: nonfull first (keeps the free ones for
+    /// contiguous allocation), then free, then one waiting for discard, then another CPU's.
+    fn take_cluster(&self, cpu: usize, discard: &dyn Fn(u32)) -> Option<u32> {
+        {
+            let mut lists = self.lists.lock();
+            if let Some(ci) = lists.pop(ListId::Nonfull).or_else(|| lists.pop(ListId::Free)) {
+                return Some(ci);
+            }
+        }
+        if self.run_discards(discard) > 0 {
+            if let Some(ci) = self.lists.lock().pop(ListId::Free) {
+                return Some(ci);
+            }
+        }
+        // Lists are empty: other CPUs' current clusters may still have room.
+        for other in (0..self.percpu.len()).filter(|&o| o != cpu) {
+            if let Some(mut g) = self.percpu[other].try_lock() {
+                if let Some(ci) = g.take() {
+                    return Some(ci);
+                }
+            }
+        }
+        None
+    }
+
+    /// Frees slots (any order; sorted input takes each cluster lock once per run).
+    pub fn free(&self, offsets: &[u64]) {
+        let mut i = 0;
+        while i < offsets.len() {
+            let ci = (offsets[i] / SWAPFILE_CLUSTER as u64) as u32;
+            assert!(ci < self.nr_clusters, "swap slot {} beyond device", offsets[i]);
+            let mut c = self.clusters[ci as usize].lock();
+            let old = c.count as usize;
+            while i < offsets.len() && offsets[i] / SWAPFILE_CLUSTER as u64 == ci as u64 {
+                c.free_bit((offsets[i] % SWAPFILE_CLUSTER as u64) as usize);
+                self.inuse_slots.fetch_sub(1, Ordering::Relaxed);
+                i += 1;
+            }
+            let new = c.count as usize;
+            if new == 0 || (old == SWAPFILE_CLUSTER && new < SWAPFILE_CLUSTER) {
+                let mut lists = self.lists.lock();
+                match lists.list_of(ci) {
+                    // Owned by a CPU (or being discarded): its owner keeps it.
+                    ListId::Off => {}
+                    _ if new == 0 => lists.move_to(ci, ListId::Discard),
+                    _ => lists.move_to(ci, ListId::Nonfull),
+                }
+            }
+        }
+    }
+
+    /// Discards clusters waiting on the discard list and returns them to the free list.
+    /// Returns how many.
+    pub fn run_discards(&self, discard: &dyn Fn(u32)) -> usize {
+        let mut n = 0;
+        // Bounded by the number of clusters: each is discarded at most once per call.
+        for _ in 0..self.nr_clusters {
+            let Some(ci) = self.lists.lock().pop(ListId::Discard) else {
+                break;
+            };
+            discard(ci);
+            let mut c = self.clusters[ci as usize].lock();
+            c.next = 0;
+            let mut lists = self.lists.lock();
+            // A cluster off all lists cannot have gained slots (only owners allocate).
+            debug_assert_eq!(c.count, 0);
+            lists.move_to(ci, ListId::Free);
+            n += 1;
+        }
+        n
+    }
+
+    pub fn cluster_counts(&self) -> ClusterCounts {
+        let l = self.lists.lock();
+        ClusterCounts {
+            free: l.lists[ListId::Free as usize].len as u64,
+            nonfull: l.lists[ListId::Nonfull as usize].len as u64,
+            full: l.lists[ListId::Full as usize].len as u64,
+            discard: l.lists[ListId::Discard as usize].len as u64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::sync::Arc;
+
+    fn no_discard(_: u32) {}
+
+    #[test]
+    fn cpus_start_in_different_clusters_and_batches_are_contiguous() {
+        let a = ClusterAllocator::new(8, 2);
+        let mut s0 = [0u64; 16];
+        let mut s1 = [0u64; 16];
+        assert_eq!(a.alloc(0, &mut s0, &no_discard), 16);
+        assert_eq!(a.alloc(1, &mut s1, &no_discard), 16);
+        assert_ne!(s0[0] / 512, s1[0] / 512, "CPUs share a starting cluster");
+        assert!(s0.windows(2).all(|w| w[1] == w[0] + 1));
+        assert_eq!(a.inuse_slots(), 32);
+    }
+
+    #[test]
+    fn full_device_and_list_transitions() {
+        let a = ClusterAllocator::new(2, 1);
+        let mut all = vec![0u64; 1024];
+        assert_eq!(a.alloc(0, &mut all, &no_discard), 1024);
+        let mut more = [0u64; 1];
+        assert_eq!(a.alloc(0, &mut more, &no_discard), 0, "full device hands out nothing");
+        assert_eq!(a.cluster_counts().full, 2);
+        a.free(&all[..1]);
+        let c = a.cluster_counts();
+        assert_eq!((c.full, c.nonfull), (1, 1));
+        a.free(&all[1..512]);
+        assert_eq!(a.cluster_counts().discard, 1);
+        let discarded = std::sync::Mutex::new(vec![]);
+        assert_eq!(a.run_discards(&|ci| discarded.lock().unwrap().push(ci)), 1);
+        assert_eq!(discarded.lock().unwrap().len(), 1);
+        assert_eq!(a.cluster_counts().free, 1);
+        assert_eq!(a.inuse_slots(), 512);
+    }
+
+    #[test]
+    fn lists_stay_consistent_under_random_alloc_free() {
+        let a = ClusterAllocator::new(16, 3);
+        let mut live: Vec<u64> = vec![];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for round in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x % 3 != 0 {
+                let mut buf = [0u64; 37];
+                let n = a.alloc(round % 3, &mut buf, &no_discard);
+                live.extend_from_slice(&buf[..n]);
+            } else if !live.is_empty() {
+                let k = (x as usize / 3) % live.len().min(50) + 1;
+                let mut batch: Vec<u64> = (0..k).map(|j| live.swap_remove((x as usize + j) % live.len())).collect();
+                batch.sort_unstable();
+                a.free(&batch);
+            }
+            a.run_discards(&no_discard);
+            let set: HashSet<_> = live.iter().collect();
+            assert_eq!(set.len(), live.len(), "slot handed out twice");
+            assert_eq!(a.inuse_slots(), live.len() as u64);
+            let c = a.cluster_counts();
+            assert!(c.free + c.nonfull + c.full + c.discard <= 16);
+        }
+    }
+
+    #[test]
+    fn hammered_from_threads_never_hands_out_a_slot_twice_and_loses_none() {
+        const NR_CLUSTERS: u32 = 64;
+        let a = Arc::new(ClusterAllocator::new(NR_CLUSTERS, 4));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let a = a.clone();
+                std::thread::spawn(move || {
+                    let mut mine: Vec<u64> = vec![];
+                    let mut all_seen = 0u64;
+                    for round in 0..3000 {
+                        let mut buf = [0u64; 24];
+                        let n = a.alloc((t + round) % 4, &mut buf, &no_discard);
+                        mine.extend_from_slice(&buf[..n]);
+                        all_seen += n as u64;
+                        if mine.len() > 2000 || round % 5 == 0 {
+                            let k = mine.len() / 2;
+                            let mut batch: Vec<u64> = mine.drain(..k).collect();
+                            batch.sort_unstable();
+                            a.free(&batch);
+                        }
+                        if round % 97 == 0 {
+                            a.run_discards(&no_discard);
+                        }
+                    }
+                    (mine, all_seen)
+                })
+            })
+            .collect();
+        let mut live = HashSet::new();
+        for t in threads {
+            let (mine, seen) = t.join().unwrap();
+            assert!(seen > 0);
+            for s in mine {
+                assert!(live.insert(s), "slot {s} held by two threads");
+            }
+        }
+        assert_eq!(a.inuse_slots(), live.len() as u64, "in-use count drifted");
+        // Free everything that is still held and check every slot can be allocated again.
+        let mut v: Vec<u64> = live.into_iter().collect();
+        v.sort_unstable();
+        a.free(&v);
+        a.run_discards(&no_discard);
+        assert_eq!(a.inuse_slots(), 0);
+        let mut all = vec![0u64; NR_CLUSTERS as usize * 512];
+        let mut got = 0;
+        for cpu in 0..4 {
+            got += a.alloc(cpu, &mut all[got..], &no_discard);
+        }
+        assert_eq!(got, NR_CLUSTERS as usize * 512, "slots were lost");
+        let set: HashSet<_> = all.iter().collect();
+        assert_eq!(set.len(), all.len());
+    }
+}

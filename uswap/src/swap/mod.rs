@@ -1,0 +1,350 @@
+//! Swap devices: entries, priorities, the cluster allocator, the swap cache and the staging
+//! area, and batched slot frees.
+//!
+//! A pager has one or more devices, ordered by priority (highest first). Allocation tries
+//! each priority group in turn; inside a group the devices take turns, one allocation batch
+//! each (swapon(2) priorities, round robin among equals). Each device has:
+//!
+//! * a [`Backend`] that stores page contents;
+//! * a [`ClusterAllocator`] for its slots;
+//! * a [`SwapCache`] table (owner and "staged" bit per slot);
+//! * a staging area: an engine-only mapping registered with the pager's userfaultfd, one page
+//!   per slot. `UFFDIO_MOVE` only moves into an area registered with the same descriptor, so
+//!   reclaim moves a victim to `staging + slot * PAGE_SIZE`, and a fault on a staged page
+//!   moves it straight back.
+//!
+//! Frees are batched per CPU (the free half of the kernel's old swap slot cache) and flushed
+//! sorted, so a batch takes each cluster lock once. The signal-mode fault path, when its
+//! thread already holds an engine lock, frees through a lock-free queue instead, drained by
+//! the next flush.
+//!
+//! Locking: a per-CPU free-batch lock is never held while taking another lock (the batch is
+//! copied out first). Allocator locks: see `cluster_allocator`.
+
+pub mod cluster_allocator;
+pub mod entry;
+pub mod swap_cache;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::CachePadded;
+
+pub use cluster_allocator::{ClusterAllocator, SWAPFILE_CLUSTER};
+pub use entry::{SwapEntry, MAX_DEVICES};
+pub use swap_cache::SwapCache;
+
+use crate::backend::Backend;
+use crate::mapping::{current_cpu, MapOptions, Mapping};
+use crate::sync::SpinLock;
+use crate::uffd::PAGE_SIZE;
+
+/// Frees collected per CPU before the allocator is touched.
+pub const FREE_BATCH: usize = 64;
+/// Room for frees made on the lock-free route between two flushes.
+const DEFERRED_FREES: usize = 4096;
+
+pub struct SwapDevice {
+    pub index: usize,
+    pub priority: i32,
+    pub backend: Box<dyn Backend>,
+    pub allocator: ClusterAllocator,
+    pub cache: SwapCache,
+    pub staging: Mapping,
+}
+
+impl SwapDevice {
+    fn new(index: usize, priority: i32, backend: Box<dyn Backend>, nr_cpus: usize) -> std::io::Result<SwapDevice> {
+        let nr_clusters = (backend.nr_slots() / SWAPFILE_CLUSTER as u64) as u32;
+        let staging = Mapping::anonymous(
+            nr_clusters as usize * SWAPFILE_CLUSTER * PAGE_SIZE,
+            MapOptions { no_huge_pages: true, dont_fork: true },
+        )?;
+        Ok(SwapDevice {
+            index,
+            priority,
+            allocator: ClusterAllocator::new(nr_clusters, nr_cpus),
+            cache: SwapCache::new(nr_clusters),
+            backend,
+            staging,
+        })
+    }
+
+    pub fn nr_slots(&self) -> u64 {
+        self.allocator.nr_slots()
+    }
+
+    /// Address of the staging page of slot `offset`.
+    pub fn staging_addr(&self, offset: u64) -> usize {
+        self.staging.addr() + offset as usize * PAGE_SIZE
+    }
+
+    fn discard_cluster(&self, ci: u32) {
+        self.backend.discard(ci as u64 * SWAPFILE_CLUSTER as u64, SWAPFILE_CLUSTER as u64);
+    }
+
+    /// Runs pending cluster discards (called from the background reclaimer).
+    pub fn run_discards(&self) -> usize {
+        self.allocator.run_discards(&|ci| self.discard_cluster(ci))
+    }
+}
+
+struct PriorityGroup {
+    start: usize,
+    end: usize,
+    next: AtomicUsize,
+}
+
+struct FreeBatch {
+    len: usize,
+    entries: [u64; FREE_BATCH],
+}
+
+pub struct SwapDevices {
+    devices: Vec<SwapDevice>,
+    groups: Vec<PriorityGroup>,
+    free_batches: Box<[CachePadded<SpinLock<FreeBatch>>]>,
+    deferred: ArrayQueue<u64>,
+    /// Frees dropped because the deferred queue was full (a slot leak, counted).
+    deferred_overflow: AtomicU64,
+    /// Set when an allocation came up short with every free batch flushed; cleared by the
+    /// next free. Lets reclaim skip hopeless rounds while the devices are full.
+    full: AtomicBool,
+}
+
+impl SwapDevices {
+    /// Builds devices from `(priority, backend)` pairs, in any order.
+    pub fn new(mut backends: Vec<(i32, Box<dyn Backend>)>, nr_cpus: usize) -> std::io::Result<SwapDevices> {
+        assert!(!backends.is_empty() && backends.len() <= MAX_DEVICES);
+        // Highest priority first; stable, so equal priorities keep their configured order.
+        backends.sort_by_key(|(prio, _)| std::cmp::Reverse(*prio));
+        let mut devices = Vec::with_capacity(backends.len());
+        for (i, (prio, b)) in backends.into_iter().enumerate() {
+            devices.push(SwapDevice::new(i, prio, b, nr_cpus)?);
+        }
+        let mut groups: Vec<PriorityGroup> = vec![];
+        for (i, d) in devices.iter().enumerate() {
+            match groups.last_mut() {
+                Some(g) if devices[g.start].priority == d.priority => g.end = i + 1,
+                _ => groups.push(PriorityGroup { start: i, end: i + 1, next: AtomicUsize::new(0) }),
+            }
+        }
+        Ok(SwapDevices {
+            devices,
+            groups,
+            free_batches: (0..nr_cpus.max(1))
+                .map(|_| CachePadded::new(SpinLock::new(FreeBatch { len: 0, entries: [0; FREE_BATCH] })))
+                .collect(),
+            deferred: ArrayQueue::new(DEFERRED_FREES),
+            deferred_overflow: AtomicU64::new(0),
+            full: AtomicBool::new(false),
+        })
+    }
+
+    pub fn devices(&self) -> &[SwapDevice] {
+        &self.devices
+    }
+
+    #[inline]
+    pub fn device(&self, entry: SwapEntry) -> &SwapDevice {
+        &self.devices[entry.device()]
+    }
+
+    /// Allocates up to `out.len()` slots, highest priority first, equal priorities in turn.
+    /// Returns how many were allocated (fewer only when every device is full, counting slots
+    /// waiting in free batches as free).
+    pub fn alloc(&self, out: &mut [SwapEntry]) -> usize {
+        let mut got = self.alloc_once(out);
+        if got < out.len() {
+            self.flush_frees();
+            got += self.alloc_once(&mut out[got..]);
+            if got < out.len() {
+                self.full.store(true, Ordering::Relaxed);
+            }
+        }
+        got
+    }
+
+    /// True while the last allocation found every device full and nothing was freed since.
+    pub fn is_full(&self) -> bool {
+        self.full.load(Ordering::Relaxed)
+    }
+
+    fn alloc_once(&self, out: &mut [SwapEntry]) -> usize {
+        let cpu = current_cpu();
+        let mut got = 0;
+        let mut offsets = [0u64; 64];
+        for g in &self.groups {
+            let n = g.end - g.start;
+            let first = g.next.fetch_add(1, Ordering::Relaxed) % n;
+            for k in 0..n {
+                let dev = &self.devices[g.start + (first + k) % n];
+                while got < out.len() {
+                    let want = (out.len() - got).min(offsets.len());
+                    let m = dev.allocator.alloc(cpu, &mut offsets[..want], &|ci| dev.discard_cluster(ci));
+                    for (o, off) in out[got..got + m].iter_mut().zip(&offsets[..m]) {
+                        *o = SwapEntry::new(dev.index, *off);
+                    }
+                    got += m;
+                    if m < want {
+                        break; // this device is full
+                    }
+                }
+                if got == out.len() {
+                    return got;
+                }
+            }
+        }
+        got
+    }
+
+    /// Frees a slot whose page no longer needs it. Batched per CPU. With `lock_free`, takes
+    /// no lock at all (for a signal handler whose thread already holds an engine lock).
+    pub fn free(&self, entry: SwapEntry, lock_free: bool) {
+        self.device(entry).cache.clear(entry.offset());
+        if self.full.load(Ordering::Relaxed) {
+            self.full.store(false, Ordering::Relaxed);
+        }
+        if lock_free {
+            if self.deferred.push(entry.bits()).is_err() {
+                self.deferred_overflow.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        let mut out = [0u64; FREE_BATCH];
+        let n = {
+            let mut b = self.free_batches[current_cpu() % self.free_batches.len()].lock();
+            let len = b.len;
+            b.entries[len] = entry.bits();
+            b.len += 1;
+            if b.len < FREE_BATCH {
+                return;
+            }
+            out.copy_from_slice(&b.entries);
+            b.len = 0;
+            FREE_BATCH
+        };
+        self.free_now(&mut out[..n]);
+    }
+
+    /// Frees many slots at once (region teardown, reclaim batches): sorted, each cluster lock
+    /// taken once per run. The caller has already cleared their swap-cache entries.
+    pub fn free_now(&self, entries: &mut [u64]) {
+        if !entries.is_empty() && self.full.load(Ordering::Relaxed) {
+            self.full.store(false, Ordering::Relaxed);
+        }
+        entries.sort_unstable();
+        let mut i = 0;
+        while i < entries.len() {
+            let dev = SwapEntry::from_bits(entries[i]).device();
+            let mut j = i;
+            let mut offsets = [0u64; FREE_BATCH];
+            let mut n = 0;
+            while j < entries.len() && SwapEntry::from_bits(entries[j]).device() == dev && n < FREE_BATCH {
+                offsets[n] = SwapEntry::from_bits(entries[j]).offset();
+                n += 1;
+                j += 1;
+            }
+            self.devices[dev].allocator.free(&offsets[..n]);
+            i = j;
+        }
+    }
+
+    /// Empties every per-CPU free batch and the deferred queue, so slot counts are exact.
+    pub fn flush_frees(&self) {
+        for b in self.free_batches.iter() {
+            let mut out = [0u64; FREE_BATCH];
+            let n = {
+                let mut g = b.lock();
+                let n = g.len;
+                out[..n].copy_from_slice(&g.entries[..n]);
+                g.len = 0;
+                n
+            };
+            self.free_now(&mut out[..n]);
+        }
+        loop {
+            let mut out = [0u64; FREE_BATCH];
+            let mut n = 0;
+            while n < FREE_BATCH {
+                match self.deferred.pop() {
+                    Some(e) => {
+                        out[n] = e;
+                        n += 1;
+                    }
+                    None => break,
+                }
+            }
+            if n == 0 {
+                break;
+            }
+            self.free_now(&mut out[..n]);
+        }
+    }
+
+    /// Slots leaked because the lock-free free queue was full (reported in stats).
+    pub fn deferred_overflow(&self) -> u64 {
+        self.deferred_overflow.load(Ordering::Relaxed)
+    }
+
+    pub fn run_discards(&self) {
+        for d in &self.devices {
+            d.run_discards();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ram::RamBackend;
+
+    fn ram(nr_slots: u64) -> Box<dyn Backend> {
+        Box::new(RamBackend::new(nr_slots).unwrap())
+    }
+
+    #[test]
+    fn priorities_first_then_equal_devices_take_turns() {
+        let d = SwapDevices::new(vec![(0, ram(1024)), (5, ram(1024)), (0, ram(1024))], 1).unwrap();
+        assert_eq!(d.devices()[0].priority, 5);
+        let mut e = [SwapEntry::new(0, 0); 16];
+        assert_eq!(d.alloc(&mut e), 16);
+        assert!(e.iter().all(|e| e.device() == 0), "highest priority first");
+        // Fill the high-priority device, then batches alternate between the two others.
+        let mut rest = vec![SwapEntry::new(0, 0); 1024 - 16];
+        assert_eq!(d.alloc(&mut rest), 1024 - 16);
+        let mut a = [SwapEntry::new(0, 0); 8];
+        let mut b = [SwapEntry::new(0, 0); 8];
+        d.alloc(&mut a);
+        d.alloc(&mut b);
+        assert!(a.iter().all(|e| e.device() == a[0].device()));
+        assert!(b.iter().all(|e| e.device() == b[0].device()));
+        assert_ne!(a[0].device(), b[0].device(), "equal priorities take turns");
+        assert!(a[0].device() >= 1 && b[0].device() >= 1);
+    }
+
+    #[test]
+    fn batched_frees_are_exact_after_flush() {
+        let d = SwapDevices::new(vec![(0, ram(2048))], 2).unwrap();
+        let mut e = vec![SwapEntry::new(0, 0); 100];
+        assert_eq!(d.alloc(&mut e), 100);
+        for (i, x) in e.iter().enumerate() {
+            d.free(*x, i % 10 == 0);
+        }
+        assert!(d.devices()[0].allocator.inuse_slots() > 0, "frees are batched");
+        d.flush_frees();
+        assert_eq!(d.devices()[0].allocator.inuse_slots(), 0);
+        assert_eq!(d.deferred_overflow(), 0);
+    }
+
+    #[test]
+    fn spills_to_lower_priority_when_full() {
+        let d = SwapDevices::new(vec![(10, ram(512)), (1, ram(1024))], 1).unwrap();
+        let mut e = vec![SwapEntry::new(0, 0); 700];
+        assert_eq!(d.alloc(&mut e), 700);
+        assert_eq!(e.iter().filter(|e| e.device() == 0).count(), 512);
+        assert_eq!(e.iter().filter(|e| e.device() == 1).count(), 188);
+        let mut more = vec![SwapEntry::new(0, 0); 1000];
+        assert_eq!(d.alloc(&mut more), 1024 - 188, "allocation stops when every device is full");
+    }
+}

@@ -1,0 +1,130 @@
+//! A spin lock that is safe to take in a signal handler, and the per-thread count of engine
+//! locks held that lets the signal-mode fault path know when it must not take any.
+//!
+//! Why not `std::sync::Mutex` or `parking_lot`: in signal mode the fault path runs inside a
+//! SIGBUS handler on the application's thread. `parking_lot` allocates per-thread parking
+//! data lazily; a futex mutex would be fine but gains nothing for critical sections that are
+//! a few dozen instructions long. Every critical section guarded by a [`SpinLock`] is short
+//! and bounded (no system call, no allocation, no other lock except where a module's header
+//! states the nesting order).
+//!
+//! The lock-depth counter: a signal handler of the application (say SIGALRM) may touch
+//! managed memory while its thread is inside an engine call that holds a spin lock. The
+//! nested SIGBUS must then not take any engine lock, or the thread would wait on itself.
+//! [`locks_held_by_this_thread`] tells the fault path to take its lock-free route.
+
+use std::cell::Cell;
+use std::ops::{Deref, DerefMut};
+
+thread_local! {
+    // const-initialised and without a destructor: plain TLS slots, no lazy registration.
+    static LOCK_DEPTH: Cell<u32> = const { Cell::new(0) };
+    static SPINS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Number of [`SpinLock`]s the calling thread holds right now.
+pub fn locks_held_by_this_thread() -> u32 {
+    LOCK_DEPTH.with(|d| d.get())
+}
+
+/// Spin with a pause instruction; every 64th round give the CPU away (`sched_yield`, which
+/// is async-signal-safe), since on a small VM the holder may be waiting for our vCPU.
+pub struct Relax;
+
+impl spin::RelaxStrategy for Relax {
+    fn relax() {
+        let n = SPINS.with(|s| {
+            let n = s.get().wrapping_add(1);
+            s.set(n);
+            n
+        });
+        if n % 64 == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// A spin lock that keeps the per-thread lock depth.
+pub struct SpinLock<T>(spin::mutex::SpinMutex<T, Relax>);
+
+impl<T> SpinLock<T> {
+    pub const fn new(value: T) -> Self {
+        SpinLock(spin::mutex::SpinMutex::new(value))
+    }
+
+    pub fn lock(&self) -> SpinGuard<'_, T> {
+        let g = self.0.lock();
+        LOCK_DEPTH.with(|d| d.set(d.get() + 1));
+        SpinGuard { guard: Some(g) }
+    }
+
+    pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
+        let g = self.0.try_lock()?;
+        LOCK_DEPTH.with(|d| d.set(d.get() + 1));
+        Some(SpinGuard { guard: Some(g) })
+    }
+}
+
+pub struct SpinGuard<'a, T> {
+    // An Option only so that Drop can release the lock *before* lowering the depth: a signal
+    // arriving in between must still see the lock as held by this thread.
+    guard: Option<spin::mutex::SpinMutexGuard<'a, T>>,
+}
+
+impl<T> Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.guard.as_ref().expect("guard is Some until drop")
+    }
+}
+
+impl<T> DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.guard.as_mut().expect("guard is Some until drop")
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        LOCK_DEPTH.with(|d| d.set(d.get() - 1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn counts_nested_locks_and_excludes_other_threads() {
+        let a = SpinLock::new(0u32);
+        let b = SpinLock::new(0u32);
+        assert_eq!(locks_held_by_this_thread(), 0);
+        {
+            let _ga = a.lock();
+            let _gb = b.lock();
+            assert_eq!(locks_held_by_this_thread(), 2);
+            assert!(a.try_lock().is_none());
+        }
+        assert_eq!(locks_held_by_this_thread(), 0);
+
+        let counter = Arc::new(SpinLock::new(0u64));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let c = counter.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        *c.lock() += 1;
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(*counter.lock(), 40_000);
+    }
+}

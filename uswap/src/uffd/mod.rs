@@ -1,0 +1,401 @@
+//! The userfaultfd layer: the kernel ABI, the handshake and the ioctls.
+//!
+//! Everything here is a thin, typed wrapper over one system call. The Debian headers on our
+//! machines predate `UFFDIO_MOVE` (Linux 6.8), so the ABI is written out here from
+//! `include/uapi/linux/userfaultfd.h` rather than generated.
+//!
+//! Locking: none. A [`Uffd`] is a file descriptor; every method is a single ioctl that the
+//! kernel serialises itself, so it may be called from any thread and from a signal handler
+//! (no allocation, no lock, `errno` is read immediately after the call).
+//!
+//! Invariants: a [`Uffd`] has completed the `UFFDIO_API` handshake with the features it was
+//! opened for before any other ioctl is issued on it.
+
+pub mod sigbus;
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+pub const PAGE_SIZE: usize = 4096;
+
+const UFFDIO: u32 = 0xAA;
+const UFFD_API: u64 = 0xAA;
+
+const fn ioc(dir: u32, nr: u32, size: usize) -> libc::c_ulong {
+    ((dir << 30) | ((size as u32) << 16) | (UFFDIO << 8) | nr) as libc::c_ulong
+}
+const IOC_WRITE: u32 = 1;
+const IOC_READ: u32 = 2;
+const fn iowr(nr: u32, size: usize) -> libc::c_ulong {
+    ioc(IOC_READ | IOC_WRITE, nr, size)
+}
+const fn ior(nr: u32, size: usize) -> libc::c_ulong {
+    ioc(IOC_READ, nr, size)
+}
+
+// Feature bits (uapi `UFFD_FEATURE_*`).
+pub const FEATURE_SIGBUS: u64 = 1 << 7;
+pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
+pub const FEATURE_MOVE: u64 = 1 << 16;
+
+pub const REGISTER_MODE_MISSING: u64 = 1 << 0;
+
+const COPY_MODE_DONTWAKE: u64 = 1 << 0;
+const COPY_MODE_WP: u64 = 1 << 1;
+const ZEROPAGE_MODE_DONTWAKE: u64 = 1 << 0;
+const MOVE_MODE_DONTWAKE: u64 = 1 << 0;
+
+pub const EVENT_PAGEFAULT: u8 = 0x12;
+pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+
+/// `UFFD_USER_MODE_ONLY`: only faults from user mode are delivered. Allowed to unprivileged
+/// users when `vm.unprivileged_userfaultfd` is 0, which is enough for signal mode.
+const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+/// `USERFAULTFD_IOC_NEW` on `/dev/userfaultfd` (Linux 6.1).
+const USERFAULTFD_IOC_NEW: libc::c_ulong = (UFFDIO << 8) as libc::c_ulong;
+
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+#[repr(C)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+#[repr(C)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    zeropage: i64,
+}
+#[repr(C)]
+struct UffdioMove {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    moved: i64,
+}
+
+const UFFDIO_API: libc::c_ulong = iowr(0x3F, std::mem::size_of::<UffdioApi>());
+const UFFDIO_REGISTER: libc::c_ulong = iowr(0x00, std::mem::size_of::<UffdioRegister>());
+const UFFDIO_WAKE: libc::c_ulong = ior(0x02, std::mem::size_of::<UffdioRange>());
+const UFFDIO_COPY: libc::c_ulong = iowr(0x03, std::mem::size_of::<UffdioCopy>());
+const UFFDIO_ZEROPAGE: libc::c_ulong = iowr(0x04, std::mem::size_of::<UffdioZeropage>());
+const UFFDIO_MOVE: libc::c_ulong = iowr(0x05, std::mem::size_of::<UffdioMove>());
+
+/// A message read from the descriptor (`struct uffd_msg`, 32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct UffdMsg {
+    pub event: u8,
+    reserved1: u8,
+    reserved2: u16,
+    reserved3: u32,
+    /// `arg.pagefault.flags` for `EVENT_PAGEFAULT`.
+    pub pf_flags: u64,
+    /// `arg.pagefault.address`.
+    pub pf_address: u64,
+    pub pf_ptid: u32,
+    reserved4: u32,
+}
+const _: () = assert!(std::mem::size_of::<UffdMsg>() == 32);
+
+/// Why the descriptor could not be opened: the caller turns this into a user-facing error.
+#[derive(Debug)]
+pub enum OpenError {
+    /// Neither the system call nor `/dev/userfaultfd` was allowed.
+    Denied {
+        syscall: io::Error,
+        dev: io::Error,
+    },
+    /// The kernel has no userfaultfd at all.
+    Unsupported(io::Error),
+    /// The handshake failed or lacks a feature we need.
+    MissingFeatures {
+        wanted: u64,
+        available: u64,
+    },
+    Other(io::Error),
+}
+
+/// An open, handshaken userfaultfd.
+#[derive(Debug)]
+pub struct Uffd {
+    fd: OwnedFd,
+}
+
+/// Outcome of a range ioctl that may stop part-way (`COPY`, `ZEROPAGE`, `MOVE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeResult {
+    /// The whole range was handled.
+    Done,
+    /// `done_bytes` were handled, then the ioctl failed with `errno`.
+    Partial { done_bytes: usize, errno: i32 },
+}
+
+impl RangeResult {
+    pub fn done_bytes(self, len: usize) -> usize {
+        match self {
+            RangeResult::Done => len,
+            RangeResult::Partial { done_bytes, .. } => done_bytes,
+        }
+    }
+}
+
+fn raw_userfaultfd(flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: userfaultfd(2) takes an int of flags and returns a new descriptor or -1; it does
+    // not touch our memory.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn dev_userfaultfd(flags: libc::c_int) -> io::Result<OwnedFd> {
+    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd")?;
+    // SAFETY: USERFAULTFD_IOC_NEW takes the userfaultfd flags by value and returns a new fd.
+    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW, flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn open_fd(flags: libc::c_int, user_mode_only_ok: bool) -> Result<OwnedFd, OpenError> {
+    let syscall_err = match raw_userfaultfd(flags) {
+        Ok(fd) => return Ok(fd),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => return Err(OpenError::Unsupported(e)),
+        Err(e) => e,
+    };
+    if user_mode_only_ok && syscall_err.raw_os_error() == Some(libc::EPERM) {
+        if let Ok(fd) = raw_userfaultfd(flags | UFFD_USER_MODE_ONLY) {
+            return Ok(fd);
+        }
+    }
+    match dev_userfaultfd(flags) {
+        Ok(fd) => Ok(fd),
+        Err(dev) => Err(OpenError::Denied { syscall: syscall_err, dev }),
+    }
+}
+
+fn api_handshake(fd: &OwnedFd, features: u64) -> io::Result<u64> {
+    let mut api = UffdioApi { api: UFFD_API, features, ioctls: 0 };
+    // SAFETY: UFFDIO_API reads and writes exactly one `struct uffdio_api`, which `api` is.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(api.features)
+}
+
+impl Uffd {
+    /// The features this kernel offers, probed on a throwaway descriptor (the handshake can
+    /// only be done once per descriptor).
+    pub fn probe_features(user_mode_only_ok: bool) -> Result<u64, OpenError> {
+        let fd = open_fd(libc::O_CLOEXEC, user_mode_only_ok)?;
+        api_handshake(&fd, 0).map_err(OpenError::Other)
+    }
+
+    /// Opens a descriptor and completes the handshake asking for `features`.
+    pub fn open(features: u64, nonblocking: bool, user_mode_only_ok: bool) -> Result<Uffd, OpenError> {
+        let available = Self::probe_features(user_mode_only_ok)?;
+        if available & features != features {
+            return Err(OpenError::MissingFeatures { wanted: features, available });
+        }
+        let flags = libc::O_CLOEXEC | if nonblocking { libc::O_NONBLOCK } else { 0 };
+        let fd = open_fd(flags, user_mode_only_ok)?;
+        api_handshake(&fd, features).map_err(OpenError::Other)?;
+        Ok(Uffd { fd })
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Registers `[start, start + len)` in `mode` (`REGISTER_MODE_*`).
+    pub fn register(&self, start: usize, len: usize, mode: u64) -> io::Result<()> {
+        let mut reg = UffdioRegister { range: UffdioRange { start: start as u64, len: len as u64 }, mode, ioctls: 0 };
+        // SAFETY: UFFDIO_REGISTER reads and writes one `struct uffdio_register`. Registering a
+        // range changes how faults in it are delivered, never its contents.
+        let r = unsafe { libc::ioctl(self.raw_fd(), UFFDIO_REGISTER, &mut reg) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Wakes threads blocked on faults in the range (after a fault was resolved by someone
+    /// else, or with a `DONTWAKE` operation).
+    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
+        let range = UffdioRange { start: start as u64, len: len as u64 };
+        // SAFETY: UFFDIO_WAKE reads one `struct uffdio_range`.
+        let r = unsafe { libc::ioctl(self.raw_fd(), UFFDIO_WAKE, &range) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Retries an ioctl on `EAGAIN` (the kernel asks for it while mappings change under a
+    /// non-cooperative event) and turns its result into a [`RangeResult`].
+    #[inline]
+    fn range_ioctl(len: usize, mut f: impl FnMut(usize) -> (i32, i64)) -> RangeResult {
+        let mut done = 0usize;
+        // Bounded: each EAGAIN round either makes progress or is a transient mapping change.
+        for _ in 0..1000 {
+            let (r, progress) = f(done);
+            let errno = if r < 0 { io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) } else { 0 };
+            if progress > 0 {
+                done += progress as usize;
+            }
+            if r == 0 || done >= len {
+                return RangeResult::Done;
+            }
+            if errno != libc::EAGAIN {
+                return RangeResult::Partial { done_bytes: done, errno };
+            }
+        }
+        RangeResult::Partial { done_bytes: done, errno: libc::EAGAIN }
+    }
+
+    /// Maps a copy of `len` bytes at `src` at `dst` (`UFFDIO_COPY`). `src` may be any readable
+    /// memory that is not registered with this descriptor.
+    pub fn copy(&self, dst: usize, src: *const u8, len: usize, wake: bool, write_protect: bool) -> RangeResult {
+        let mode = if wake { 0 } else { COPY_MODE_DONTWAKE } | if write_protect { COPY_MODE_WP } else { 0 };
+        Self::range_ioctl(len, |done| {
+            let mut c = UffdioCopy {
+                dst: (dst + done) as u64,
+                src: src as u64 + done as u64,
+                len: (len - done) as u64,
+                mode,
+                copy: 0,
+            };
+            // SAFETY: UFFDIO_COPY reads and writes one `struct uffdio_copy`; the kernel reads
+            // `len` bytes at `src` with copy_from_user, so a bad `src` gives EFAULT, never UB.
+            let r = unsafe { libc::ioctl(self.raw_fd(), UFFDIO_COPY, &mut c) };
+            (r, c.copy)
+        })
+    }
+
+    /// Maps the shared zero page over `[dst, dst + len)` (`UFFDIO_ZEROPAGE`).
+    pub fn zeropage(&self, dst: usize, len: usize, wake: bool) -> RangeResult {
+        let mode = if wake { 0 } else { ZEROPAGE_MODE_DONTWAKE };
+        Self::range_ioctl(len, |done| {
+            let mut z = UffdioZeropage {
+                range: UffdioRange { start: (dst + done) as u64, len: (len - done) as u64 },
+                mode,
+                zeropage: 0,
+            };
+            // SAFETY: UFFDIO_ZEROPAGE reads and writes one `struct uffdio_zeropage`.
+            let r = unsafe { libc::ioctl(self.raw_fd(), UFFDIO_ZEROPAGE, &mut z) };
+            (r, z.zeropage)
+        })
+    }
+
+    /// Moves the pages mapped at `[src, src + len)` to `dst` without copying (`UFFDIO_MOVE`).
+    /// `dst` must be registered with this descriptor and unmapped; `src` must be fully mapped.
+    pub fn move_pages(&self, dst: usize, src: usize, len: usize, wake: bool) -> RangeResult {
+        let mode = if wake { 0 } else { MOVE_MODE_DONTWAKE };
+        Self::range_ioctl(len, |done| {
+            let mut m = UffdioMove {
+                dst: (dst + done) as u64,
+                src: (src + done) as u64,
+                len: (len - done) as u64,
+                mode,
+                moved: 0,
+            };
+            // SAFETY: UFFDIO_MOVE reads and writes one `struct uffdio_move`. It remaps page
+            // table entries atomically; content is preserved, nothing in our address space is
+            // freed or aliased.
+            let r = unsafe { libc::ioctl(self.raw_fd(), UFFDIO_MOVE, &mut m) };
+            (r, m.moved)
+        })
+    }
+
+    /// Reads up to `msgs.len()` messages. Returns how many were read; 0 when the descriptor is
+    /// non-blocking and nothing is pending.
+    pub fn read_msgs(&self, msgs: &mut [UffdMsg]) -> io::Result<usize> {
+        let bytes = std::mem::size_of_val(msgs);
+        // SAFETY: `msgs` is a writable buffer of `bytes` bytes of plain-old-data messages.
+        let r = unsafe { libc::read(self.raw_fd(), msgs.as_mut_ptr().cast(), bytes) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(r as usize / std::mem::size_of::<UffdMsg>())
+    }
+}
+
+/// The kernel release string (`uname -r`), for error messages.
+pub fn kernel_release() -> String {
+    // SAFETY: `utsname` is plain data; uname fills it and NUL-terminates every field.
+    unsafe {
+        let mut u: libc::utsname = std::mem::zeroed();
+        if libc::uname(&mut u) != 0 {
+            return "unknown".into();
+        }
+        std::ffi::CStr::from_ptr(u.release.as_ptr()).to_string_lossy().into_owned()
+    }
+}
+
+/// An eventfd that wakes handler threads blocked in [`poll_fault_or_doorbell`] (shutdown).
+#[derive(Debug)]
+pub struct Doorbell {
+    fd: OwnedFd,
+}
+
+impl Doorbell {
+    pub fn new() -> io::Result<Doorbell> {
+        // SAFETY: eventfd(2) returns a new descriptor or -1; no memory is touched.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor owned by nobody else.
+        Ok(Doorbell { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Makes every current and future poll on the doorbell return.
+    pub fn ring(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// Blocks until the userfaultfd has a message or the doorbell rang. Returns true if the
+/// doorbell rang.
+pub fn poll_fault_or_doorbell(uffd: &Uffd, bell: &Doorbell) -> bool {
+    let mut fds = [
+        libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: bell.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: poll reads and writes the two pollfd structures we own.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+    r > 0 && fds[1].revents != 0
+}

@@ -1,0 +1,125 @@
+//! Process-wide SIGBUS plumbing for signal mode (`UFFD_FEATURE_SIGBUS`).
+//!
+//! With `UFFD_FEATURE_SIGBUS` the kernel does not queue a message for a missing page: it sends
+//! SIGBUS to the faulting thread, which resolves its own fault inside the handler and returns
+//! to retry the access. One handler serves every signal-mode pager in the process; it asks the
+//! fault layer (through the function given to [`install`]) whether the address is managed and
+//! otherwise passes the signal on to whatever handler was installed before, so the program's
+//! own SIGBUS behaviour (and Rust's stack-overflow guard) is untouched.
+//!
+//! Locking: none. The previous `sigaction` is written once, before our handler is installed,
+//! and only read afterwards. Everything the handler does is async-signal-safe: it reads
+//! `errno` and restores it, calls the registered function and, if that declines, the previous
+//! handler.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Once;
+
+/// Resolves a fault at `addr`; `is_write` is the hardware's write bit where the architecture
+/// reports it. Returns false if the address is not one we manage.
+pub type FaultFn = fn(addr: usize, is_write: bool) -> bool;
+
+static INSTALL: Once = Once::new();
+static FAULT_FN: AtomicUsize = AtomicUsize::new(0);
+
+struct OldAction(UnsafeCell<std::mem::MaybeUninit<libc::sigaction>>);
+// SAFETY: written once inside `INSTALL.call_once`, before the handler that reads it can run;
+// read-only afterwards.
+unsafe impl Sync for OldAction {}
+static OLD_ACTION: OldAction = OldAction(UnsafeCell::new(std::mem::MaybeUninit::zeroed()));
+
+/// Installs the process-wide SIGBUS handler (once) and routes managed faults to `f`.
+pub fn install(f: FaultFn) -> std::io::Result<()> {
+    FAULT_FN.store(f as usize, Ordering::Release);
+    let mut result = Ok(());
+    INSTALL.call_once(|| {
+        // SAFETY: `sigaction` structures are plain data. We save the old action into its
+        // static before installing ours, so the handler never sees it half-written.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigbus as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            let old = (*OLD_ACTION.0.get()).as_mut_ptr();
+            if libc::sigaction(libc::SIGBUS, std::ptr::null(), old) != 0 {
+                result = Err(std::io::Error::last_os_error());
+                return;
+            }
+            if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
+                result = Err(std::io::Error::last_os_error());
+            }
+        }
+    });
+    result
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn is_write_fault(uctx: *mut libc::c_void) -> bool {
+    // The page-fault error code's bit 1 is "write access" (Intel SDM vol. 3, 4.7).
+    // SAFETY: the kernel passes a valid `ucontext_t` to an SA_SIGINFO handler.
+    let err = unsafe { (*(uctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize] };
+    err & 2 != 0
+}
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+fn is_write_fault(_uctx: *mut libc::c_void) -> bool {
+    // Unknown: assume a write, which maps a private zero-filled page (always correct).
+    true
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    // SAFETY: __errno_location returns this thread's errno slot; the ioctls we make while
+    // resolving the fault may change it and the interrupted code must not see that.
+    let errno_slot = unsafe { libc::__errno_location() };
+    // SAFETY: see above; the slot is valid for the thread's lifetime.
+    let saved_errno = unsafe { *errno_slot };
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    let f = FAULT_FN.load(Ordering::Acquire);
+    // si_code > 0 means the kernel raised it for a fault (BUS_ADRERR for userfaultfd); a
+    // SIGBUS sent with kill(2) or sigqueue(3) is never ours.
+    let handled = code > 0 && f != 0 && {
+        // SAFETY: FAULT_FN only ever holds a `FaultFn` stored by `install`.
+        let f: FaultFn = unsafe { std::mem::transmute::<usize, FaultFn>(f) };
+        f(addr, is_write_fault(uctx))
+    };
+    if !handled {
+        chain(sig, info, uctx);
+    }
+    // SAFETY: restoring the value saved on entry.
+    unsafe { *errno_slot = saved_errno };
+}
+
+/// Passes a SIGBUS we do not manage to the handler that was installed before ours.
+fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    // SAFETY: OLD_ACTION was fully written before this handler was installed.
+    let old = unsafe { (*OLD_ACTION.0.get()).assume_init_ref() };
+    let handler = old.sa_sigaction;
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        // Restore the default action and let it happen: for a fault, returning re-executes the
+        // access, which now raises SIGBUS with the default (fatal) action, as without us. An
+        // ignored SIGBUS from a fault cannot be ignored either: the kernel forces the default.
+        // SAFETY: plain sigaction/raise calls, both async-signal-safe.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+            if (*info).si_code <= 0 && handler == libc::SIG_DFL {
+                // Sent by a process: it will not recur on return, so deliver it again.
+                libc::raise(sig);
+            }
+        }
+        return;
+    }
+    if old.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: with SA_SIGINFO, sa_sigaction is a three-argument handler.
+        let h: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(handler) };
+        h(sig, info, uctx);
+    } else {
+        // SAFETY: without SA_SIGINFO, sa_sigaction holds a one-argument sa_handler.
+        let h: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+        h(sig);
+    }
+}
