@@ -54,7 +54,7 @@ fn bench_writes_the_json_keys_and_verifies_every_access() {
 fn bad_input_is_refused_with_a_reason() {
     let cases: [(&[&str], &str); 4] = [
         (&["bench", "--wss", "8MiB", "--limit", "16MiB"], "larger than --wss"),
-        (&["bench", "--wss", "12XB"], "unknown unit"),
+        (&["bench", "--wss", "12XB"], "unknown size unit"),
         (&["bench", "--wss", "8MiB", "--limit", "4KiB"], "below the minimum"),
         (&["bench", "--read-pct", "150"], "150"),
     ];

@@ -42,6 +42,9 @@ pub enum Error {
     #[error("no swap device configured; add one with PagerBuilder::device(DeviceConfig::ram(..))")]
     NoDevice,
 
+    #[error("bad device {spec:?}: {why}")]
+    BadDeviceSpec { spec: String, why: String },
+
     #[error("at most {max} swap devices per pager, {given} given")]
     TooManyDevices { given: usize, max: usize },
 

@@ -40,7 +40,7 @@ mod uffd;
 
 pub use error::{Error, Result};
 pub use pager::{
-    BackgroundReclaim, DeviceConfig, FaultMode, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
+    parse_size, BackgroundReclaim, DeviceConfig, FaultMode, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };
 pub use region::{PlainRegion, Region, MAX_REGION_BYTES};
 pub use stats::{DeviceStats, Histogram, LatencySummary, Stats};

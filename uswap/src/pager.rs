@@ -87,6 +87,32 @@ impl DeviceConfig {
         self
     }
 
+    /// Parses a device list as the `uswap` command takes it: comma-separated devices, highest
+    /// priority first (each gets a lower priority than the one before). Forms:
+    /// `ram` or `ram:SIZE`. `default_capacity_bytes` is the size of a device given without one.
+    /// Sizes take `KiB`, `MiB`, `GiB`, `TiB` (or `K`, `M`, `G`, `T`), or plain bytes.
+    pub fn parse_list(spec: &str, default_capacity_bytes: u64) -> Result<Vec<DeviceConfig>> {
+        let mut out = Vec::new();
+        for (i, item) in spec.split(',').map(str::trim).enumerate() {
+            let bad = |why: String| Error::BadDeviceSpec { spec: item.to_string(), why };
+            let (kind, rest) = match item.split_once(':') {
+                Some((k, r)) => (k, Some(r)),
+                None => (item, None),
+            };
+            let capacity = match rest {
+                Some(r) => parse_size(r).map_err(bad)?,
+                None => default_capacity_bytes,
+            };
+            let dev = match kind {
+                "ram" => DeviceConfig::ram(capacity),
+                "" => return Err(bad("empty device name".into())),
+                other => return Err(bad(format!("unknown device kind {other:?}; known: ram"))),
+            };
+            out.push(dev.priority(-(i as i32)));
+        }
+        Ok(out)
+    }
+
     fn name(&self) -> String {
         match self.kind {
             DeviceKind::Ram { .. } => "ram".into(),
@@ -108,6 +134,27 @@ impl DeviceConfig {
             }
         }
     }
+}
+
+/// Parses `256MiB`, `1GiB`, `4096`, `1.5G`: binary units (`KiB`..`TiB` and `K`..`T`), or bytes.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "T" | "TiB" => 1 << 40,
+        u => return Err(format!("unknown size unit {u:?} (use B, KiB, MiB, GiB, TiB, e.g. 256MiB)")),
+    };
+    let v: f64 = num.parse().map_err(|_| format!("{num:?} is not a number (e.g. 256MiB)"))?;
+    let bytes = v * mult as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+        return Err(format!("size {s:?} is out of range"));
+    }
+    Ok(bytes.round() as u64)
 }
 
 /// Builds a [`Pager`].

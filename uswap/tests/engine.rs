@@ -363,3 +363,18 @@ fn regions_and_pagers_are_shared_across_threads() {
         check_page(region.as_atomic_u64s(), i, 4);
     }
 }
+
+#[test]
+fn device_lists_parse_in_priority_order() {
+    let d = DeviceConfig::parse_list("ram:64MiB, ram", 32 * MIB).unwrap();
+    assert_eq!(d.len(), 2);
+    let p = Pager::builder().resident_limit(MIB).device(d[0].clone()).device(d[1].clone()).build().unwrap();
+    let st = p.stats();
+    assert_eq!(st.devices[0].nr_slots, 64 * MIB / PAGE_SIZE as u64, "first listed = highest priority");
+    assert_eq!(st.devices[1].nr_slots, 32 * MIB / PAGE_SIZE as u64);
+    assert!(st.devices[0].priority > st.devices[1].priority);
+    for bad in ["floppy", "ram:12XB", "", "ram:"] {
+        let e = DeviceConfig::parse_list(bad, MIB).unwrap_err();
+        assert!(matches!(e, Error::BadDeviceSpec { .. }), "{bad}: {e}");
+    }
+}

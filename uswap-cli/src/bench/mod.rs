@@ -34,13 +34,6 @@ pub enum BackgroundArg {
     Always,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceArg {
-    /// Uncompressed RAM.
-    Ram,
-}
-
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Access pattern after the fill.
@@ -74,10 +67,10 @@ pub struct BenchArgs {
     /// or `always` (classic kswapd, from the high to the low watermark).
     #[arg(long, value_enum, default_value_t = BackgroundArg::Idle)]
     pub background_reclaim: BackgroundArg,
-    /// Swap device.
-    #[arg(long, value_enum, default_value_t = DeviceArg::Ram)]
-    pub device: DeviceArg,
-    /// Device capacity (default: the working set plus 32MiB).
+    /// Swap devices, highest priority first: `ram` or `ram:SIZE`, comma-separated.
+    #[arg(long, default_value = "ram")]
+    pub device: String,
+    /// Capacity of a device given without a size (default: the working set plus 32MiB).
     #[arg(long, value_parser = parse_size)]
     pub device_size: Option<u64>,
     /// What each access checks (`full` also checks every page once at the end).
@@ -107,7 +100,7 @@ pub struct BenchResult {
     pub workload: String,
     pub pattern: Pattern,
     pub fault_mode: FaultModeArg,
-    pub device: DeviceArg,
+    pub device: String,
     pub wss_bytes: u64,
     pub limit_bytes: u64,
     pub threads: u64,
@@ -145,13 +138,9 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult, BenchError> {
         return Err(BenchError::LimitAboveWss { limit: format_size(args.limit), wss: format_size(args.wss) });
     }
     let device_bytes = args.device_size.unwrap_or(args.wss + (32 << 20));
-    let device = match args.device {
-        DeviceArg::Ram => uswap::DeviceConfig::ram(device_bytes),
-    };
     let mut builder = uswap::Pager::builder()
         .resident_limit(args.limit)
         .fault_mode(args.fault_mode.into())
-        .device(device)
         .pin_handlers(!args.unpinned_handlers)
         .background_reclaim(match args.background_reclaim {
             BackgroundArg::Idle => uswap::BackgroundReclaim::WhenIdle,
@@ -159,6 +148,9 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult, BenchError> {
         });
     if let Some(n) = args.handler_threads {
         builder = builder.handler_threads(n);
+    }
+    for d in uswap::DeviceConfig::parse_list(&args.device, device_bytes)? {
+        builder = builder.device(d);
     }
     let pager = builder.build()?;
     let region = pager.map(args.wss as usize)?;
@@ -186,7 +178,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult, BenchError> {
         workload: "memtouch".into(),
         pattern: args.pattern,
         fault_mode: args.fault_mode,
-        device: args.device,
+        device: args.device.clone(),
         wss_bytes: args.wss,
         limit_bytes: args.limit,
         threads: args.threads,
