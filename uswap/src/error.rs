@@ -42,6 +42,9 @@ pub enum Error {
     #[error("no swap device configured; add one with PagerBuilder::device(DeviceConfig::ram(..))")]
     NoDevice,
 
+    #[error("swap device {name}: {why}")]
+    Device { name: String, why: String },
+
     #[error("bad device {spec:?}: {why}")]
     BadDeviceSpec { spec: String, why: String },
 

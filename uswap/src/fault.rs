@@ -20,18 +20,22 @@
 //!
 //! Locking: none of its own; ownership of a page is its busy bit (see `region`).
 
+use arrayvec::ArrayVec;
 use crossbeam_utils::Backoff;
 
 use crate::mapping::{now_ns, pin_current_thread};
-use crate::pager::{FaultMode, PagerShared};
+use crate::pager::{FaultMode, PageErrorKind, PagerShared};
+use crate::readahead::MAX_WINDOW_PAGES;
 use crate::reclaim;
-use crate::region::{PageRef, PageState, RegionInner, REGIONS};
+use crate::region::{PageRef, PageState, Pte, RegionInner, REGIONS};
 use crate::stats::Counter;
 use crate::sync::locks_held_by_this_thread;
 use crate::uffd::{self, Doorbell, RangeResult, UffdMsg, PAGE_SIZE};
 
-/// A page of zeros, the source of `UFFDIO_COPY` for first writes.
-static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
+/// Zeros, the source of `UFFDIO_COPY` for first writes (a fault-around window's worth).
+#[repr(C, align(4096))]
+struct ZeroPages([u8; MAX_WINDOW_PAGES * PAGE_SIZE]);
+static ZERO_PAGES: ZeroPages = ZeroPages([0; MAX_WINDOW_PAGES * PAGE_SIZE]);
 
 /// How the fault reached us; decides waking and which locks may be taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +60,9 @@ impl Route {
 /// Why a fault could not be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FaultError {
-    /// The device read failed repeatedly; the page is still on the device.
-    DeviceRead,
+    /// The device read failed, or returned data that failed its checksum, on every attempt;
+    /// the page is still on the device.
+    Device(PageErrorKind),
     /// An ioctl failed with this errno.
     Ioctl(i32),
 }
@@ -90,21 +95,54 @@ pub(crate) fn serve_fault(
         };
         match pte.state() {
             PageState::None | PageState::Zero => {
-                reclaim::charge(pager, 1, route);
-                let r = if write {
-                    pager.uffd.copy(page_addr, ZERO_PAGE.as_ptr(), PAGE_SIZE, route.wake(), false)
+                // Fault-around: a sequential stream of first touches brings its next pages
+                // in with the same ioctl (never-touched or known-zero neighbours only).
+                let want = if route.lock_free() {
+                    1
                 } else {
-                    pager.uffd.zeropage(page_addr, PAGE_SIZE, route.wake())
+                    region.streams.window_at(page, MAX_WINDOW_PAGES.min(region.nr_pages - page))
                 };
-                if let RangeResult::Partial { errno, .. } = r {
-                    reclaim::uncharge(pager, 1);
-                    region.store(page, locked.unbusy());
-                    break Err(FaultError::Ioctl(errno));
+                let mut locks: ArrayVec<Pte, MAX_WINDOW_PAGES> = ArrayVec::new();
+                locks.push(locked);
+                while locks.len() < want {
+                    let q = page + locks.len();
+                    let pq = region.load(q);
+                    if !matches!(pq.state(), PageState::None | PageState::Zero) {
+                        break;
+                    }
+                    match region.try_lock(q, pq) {
+                        Some(l) => locks.push(l),
+                        None => break,
+                    }
                 }
-                let new = locked.next(PageState::Resident, None);
-                region.store(page, new);
-                reclaim::lru_add(pager, page_ref(reg_idx, reg_gen, page, new.gen()));
+                let n = locks.len();
+                if n < want {
+                    region.streams.brought_in(page, n);
+                }
+                reclaim::charge(pager, n, route);
+                let len = n * PAGE_SIZE;
+                let r = if write {
+                    pager.uffd.copy(page_addr, ZERO_PAGES.0.as_ptr(), len, route.wake(), false)
+                } else {
+                    pager.uffd.zeropage(page_addr, len, route.wake())
+                };
+                let done = r.done_bytes(len) / PAGE_SIZE;
+                for (k, l) in locks.iter().enumerate().skip(done) {
+                    region.store(page + k, l.unbusy());
+                }
+                reclaim::uncharge(pager, n - done);
+                if let RangeResult::Partial { errno, .. } = r {
+                    if done == 0 {
+                        break Err(FaultError::Ioctl(errno));
+                    }
+                }
+                for (k, l) in locks.iter().enumerate().take(done) {
+                    let new = l.next(PageState::Resident, None);
+                    region.store(page + k, new);
+                    reclaim::lru_add(pager, page_ref(reg_idx, reg_gen, page + k, new.gen()));
+                }
                 pager.stats.inc(Counter::PgfaultZero);
+                pager.stats.add(Counter::ZeroFillAround, done as u64 - 1);
                 break Ok(());
             }
             PageState::Resident => {
@@ -185,24 +223,37 @@ fn read_into_region(
     route: Route,
 ) -> Result<(), FaultError> {
     let dev = pager.devices.device(e);
-    if let Some(src) = dev.backend.page_ptr(e.offset()) {
-        return match pager.uffd.copy(page_addr, src, PAGE_SIZE, route.wake(), false) {
-            RangeResult::Done => Ok(()),
-            RangeResult::Partial { errno, .. } => Err(FaultError::Ioctl(errno)),
-        };
-    }
-    let mut buf = pager.bounce.take();
-    for _ in 0..READ_ATTEMPTS {
-        let mut req = [crate::backend::ReadReq::new(e.offset(), &mut buf.pages_mut()[..1])];
-        dev.backend.read(&mut req);
-        if req[0].result.is_ok() {
-            return match pager.uffd.copy(page_addr, buf.page(0).as_ptr(), PAGE_SIZE, route.wake(), false) {
+    if dev.checksums.is_none() {
+        if let Some(src) = dev.backend.page_ptr(e.offset()) {
+            return match pager.uffd.copy(page_addr, src, PAGE_SIZE, route.wake(), false) {
                 RangeResult::Done => Ok(()),
                 RangeResult::Partial { errno, .. } => Err(FaultError::Ioctl(errno)),
             };
         }
     }
-    Err(FaultError::DeviceRead)
+    let mut buf = pager.bounce.take();
+    let mut kind = PageErrorKind::ReadFailed;
+    for _ in 0..READ_ATTEMPTS {
+        let mut req = [crate::backend::ReadReq::new(e.offset(), &mut buf.pages_mut()[..1])];
+        dev.backend.read(&mut req);
+        if req[0].result.is_err() {
+            kind = PageErrorKind::ReadFailed;
+            pager.record_error(page_addr, e, kind);
+            continue;
+        }
+        if !dev.checksum_ok(e.offset(), buf.page(0)) {
+            // Never map a page that does not match what was written: read it again.
+            kind = PageErrorKind::ChecksumMismatch;
+            pager.stats.inc(Counter::ChecksumError);
+            pager.record_error(page_addr, e, kind);
+            continue;
+        }
+        return match pager.uffd.copy(page_addr, buf.page(0).as_ptr(), PAGE_SIZE, route.wake(), false) {
+            RangeResult::Done => Ok(()),
+            RangeResult::Partial { errno, .. } => Err(FaultError::Ioctl(errno)),
+        };
+    }
+    Err(FaultError::Device(kind))
 }
 
 fn page_ref(region_idx: usize, region_gen: u32, page: usize, page_gen: u8) -> PageRef {
@@ -226,6 +277,7 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
             return true;
         }
     }
+    uffd::sigbus::report_lost_page(addr);
     false
 }
 
@@ -258,6 +310,13 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                             ok = true;
                             break;
                         }
+                    }
+                    if !ok {
+                        // The page cannot be brought back: the faulting thread gets SIGBUS, as
+                        // it would from the kernel for an unreadable swap page.
+                        uffd::sigbus::report_lost_page(addr);
+                        uffd::sigbus::signal_thread(m.pf_ptid);
+                        continue;
                     }
                     ok
                 }

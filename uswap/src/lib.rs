@@ -27,10 +27,12 @@
 
 pub mod backend;
 mod bounce;
+mod device;
 mod error;
 mod fault;
 mod mapping;
 mod pager;
+mod readahead;
 mod reclaim;
 mod region;
 pub mod stats;
@@ -38,9 +40,12 @@ mod swap;
 mod sync;
 mod uffd;
 
+pub use backend::failing::FaultInjection;
+pub use backend::zpool::{Compressor, Incompressible};
+pub use device::{parse_size, DeviceConfig};
 pub use error::{Error, Result};
 pub use pager::{
-    parse_size, BackgroundReclaim, DeviceConfig, FaultMode, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
+    BackgroundReclaim, FaultMode, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };
 pub use region::{PlainRegion, Region, MAX_REGION_BYTES};
 pub use stats::{DeviceStats, Histogram, LatencySummary, Stats};

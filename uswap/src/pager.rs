@@ -19,14 +19,13 @@ use std::thread::JoinHandle;
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::backend::ram::RamBackend;
-use crate::backend::Backend;
 use crate::bounce::BouncePool;
+use crate::device::DeviceConfig;
 use crate::error::{Error, Result};
 use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, AppMapping};
 use crate::region::{Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
-use crate::swap::{SwapDevices, MAX_DEVICES, SWAPFILE_CLUSTER};
+use crate::swap::{DeviceSpec, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
 use crate::{fault, reclaim};
 
@@ -61,100 +60,6 @@ pub enum BackgroundReclaim {
     /// application does; faults reclaim only at the limit. Kept for comparison and for
     /// machines where cross-CPU TLB flushes are cheap.
     Always,
-}
-
-#[derive(Debug, Clone)]
-enum DeviceKind {
-    Ram { capacity_bytes: u64 },
-}
-
-/// A swap device to give a pager.
-#[derive(Debug, Clone)]
-pub struct DeviceConfig {
-    kind: DeviceKind,
-    priority: i32,
-}
-
-impl DeviceConfig {
-    /// Uncompressed RAM storage of `capacity_bytes` (rounded down to whole 2 MiB clusters).
-    pub fn ram(capacity_bytes: u64) -> DeviceConfig {
-        DeviceConfig { kind: DeviceKind::Ram { capacity_bytes }, priority: 0 }
-    }
-
-    /// Devices with higher priority are used first; equal priorities take turns.
-    pub fn priority(mut self, priority: i32) -> DeviceConfig {
-        self.priority = priority;
-        self
-    }
-
-    /// Parses a device list as the `uswap` command takes it: comma-separated devices, highest
-    /// priority first (each gets a lower priority than the one before). Forms:
-    /// `ram` or `ram:SIZE`. `default_capacity_bytes` is the size of a device given without one.
-    /// Sizes take `KiB`, `MiB`, `GiB`, `TiB` (or `K`, `M`, `G`, `T`), or plain bytes.
-    pub fn parse_list(spec: &str, default_capacity_bytes: u64) -> Result<Vec<DeviceConfig>> {
-        let mut out = Vec::new();
-        for (i, item) in spec.split(',').map(str::trim).enumerate() {
-            let bad = |why: String| Error::BadDeviceSpec { spec: item.to_string(), why };
-            let (kind, rest) = match item.split_once(':') {
-                Some((k, r)) => (k, Some(r)),
-                None => (item, None),
-            };
-            let capacity = match rest {
-                Some(r) => parse_size(r).map_err(bad)?,
-                None => default_capacity_bytes,
-            };
-            let dev = match kind {
-                "ram" => DeviceConfig::ram(capacity),
-                "" => return Err(bad("empty device name".into())),
-                other => return Err(bad(format!("unknown device kind {other:?}; known: ram"))),
-            };
-            out.push(dev.priority(-(i as i32)));
-        }
-        Ok(out)
-    }
-
-    fn name(&self) -> String {
-        match self.kind {
-            DeviceKind::Ram { .. } => "ram".into(),
-        }
-    }
-
-    fn open(&self) -> Result<Box<dyn Backend>> {
-        let cluster_bytes = (SWAPFILE_CLUSTER * PAGE_SIZE) as u64;
-        match self.kind {
-            DeviceKind::Ram { capacity_bytes } => {
-                let nr_clusters = capacity_bytes / cluster_bytes;
-                if nr_clusters == 0 {
-                    return Err(Error::DeviceTooSmall { name: self.name(), capacity_bytes, min_bytes: cluster_bytes });
-                }
-                let b = RamBackend::new(nr_clusters * SWAPFILE_CLUSTER as u64).map_err(|e| {
-                    Error::OutOfAddressSpace { what: "RAM swap device".into(), len_bytes: capacity_bytes, source: e }
-                })?;
-                Ok(Box::new(b))
-            }
-        }
-    }
-}
-
-/// Parses `256MiB`, `1GiB`, `4096`, `1.5G`: binary units (`KiB`..`TiB` and `K`..`T`), or bytes.
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        "T" | "TiB" => 1 << 40,
-        u => return Err(format!("unknown size unit {u:?} (use B, KiB, MiB, GiB, TiB, e.g. 256MiB)")),
-    };
-    let v: f64 = num.parse().map_err(|_| format!("{num:?} is not a number (e.g. 256MiB)"))?;
-    let bytes = v * mult as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
-        return Err(format!("size {s:?} is out of range"));
-    }
-    Ok(bytes.round() as u64)
 }
 
 /// Builds a [`Pager`].
@@ -223,7 +128,11 @@ impl PagerBuilder {
         let nr_cpus = nr_cpus_configured();
         let mut backends = Vec::with_capacity(self.devices.len());
         for d in &self.devices {
-            backends.push((d.priority, d.open()?));
+            backends.push(DeviceSpec {
+                priority: d.priority_value(),
+                backend: d.open()?,
+                checksum: d.checksum_enabled(),
+            });
         }
         let devices = SwapDevices::new(backends, nr_cpus).map_err(|e| Error::OutOfAddressSpace {
             what: "swap staging area".into(),
@@ -252,6 +161,7 @@ impl PagerBuilder {
             bounce: BouncePool::new(4 * nr_cpus.max(4), 1),
             shutdown: AtomicBool::new(false),
             background_reclaim: self.background_reclaim,
+            errors: ArrayQueue::new(ERROR_LOG_LEN),
             reclaimer: std::sync::OnceLock::new(),
         });
         let doorbell = Doorbell::new().map_err(|e| Error::io("creating the handler-thread doorbell (eventfd)", e))?;
@@ -295,10 +205,12 @@ impl PagerBuilder {
 }
 
 fn open_uffd(mode: FaultMode) -> Result<Uffd> {
-    let mut features = uffd::FEATURE_MOVE;
-    if mode == FaultMode::Signal {
-        features |= uffd::FEATURE_SIGBUS;
-    }
+    let features = uffd::FEATURE_MOVE
+        | match mode {
+            FaultMode::Signal => uffd::FEATURE_SIGBUS,
+            // The faulting thread's id, to deliver SIGBUS to it if its page is lost.
+            FaultMode::Thread => uffd::FEATURE_THREAD_ID,
+        };
     // Signal mode only ever sees user-mode faults, so it may use UFFD_USER_MODE_ONLY, which
     // unprivileged users get even with vm.unprivileged_userfaultfd=0.
     Uffd::open(features, true, mode == FaultMode::Signal).map_err(|e| match e {
@@ -325,6 +237,38 @@ fn feature_names(bits: u64) -> String {
     }
 }
 
+/// What went wrong with a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageErrorKind {
+    /// The device failed to read it.
+    ReadFailed,
+    /// The device returned data that did not match the page's checksum.
+    ChecksumMismatch,
+}
+
+/// A page the engine failed to bring back on one attempt (it retries; `Stats` counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageError {
+    /// Address of the page in its region.
+    pub addr: usize,
+    pub device: usize,
+    pub slot: u64,
+    pub kind: PageErrorKind,
+}
+
+impl std::fmt::Display for PageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.kind {
+            PageErrorKind::ReadFailed => "device read failed",
+            PageErrorKind::ChecksumMismatch => "checksum mismatch",
+        };
+        write!(f, "page {:#x} (device {} slot {}): {what}", self.addr, self.device, self.slot)
+    }
+}
+
+/// Recent page errors kept for `Pager::recent_errors`.
+const ERROR_LOG_LEN: usize = 64;
+
 /// State shared by the pager's handle, its regions and its threads.
 pub(crate) struct PagerShared {
     pub uffd: Uffd,
@@ -344,6 +288,8 @@ pub(crate) struct PagerShared {
     pub bounce: BouncePool,
     pub shutdown: AtomicBool,
     pub background_reclaim: BackgroundReclaim,
+    /// The most recent page errors (oldest dropped first).
+    pub errors: ArrayQueue<PageError>,
     /// The background reclaimer, for waking it (`BackgroundReclaim::Always`).
     pub reclaimer: std::sync::OnceLock<std::thread::Thread>,
 }
@@ -385,6 +331,15 @@ impl PagerShared {
         self.resident_pages.fetch_sub(uncharge, Ordering::AcqRel);
         self.devices.free_now(&mut to_free);
         self.devices.flush_frees();
+    }
+
+    /// Logs a page error (lock-free; the oldest entry goes when the log is full).
+    pub fn record_error(&self, addr: usize, e: crate::swap::SwapEntry, kind: PageErrorKind) {
+        let err = PageError { addr, device: e.device(), slot: e.offset(), kind };
+        if let Err(err) = self.errors.push(err) {
+            let _ = self.errors.pop();
+            let _ = self.errors.push(err);
+        }
     }
 
     pub fn is_shutdown(&self) -> bool {
@@ -498,6 +453,7 @@ impl Pager {
                     clusters_free: c.free + c.discard,
                     clusters_nonfull: c.nonfull,
                     clusters_full: c.full,
+                    backend: d.backend.stats(),
                 }
             })
             .collect();
@@ -545,6 +501,20 @@ impl Pager {
             Some(e) => Err(e),
             None => Ok(total),
         }
+    }
+
+    /// The most recent page errors (failed reads, checksum mismatches), oldest first. The
+    /// engine retries each; a page that fails every attempt ends in SIGBUS for its thread.
+    pub fn recent_errors(&self) -> Vec<PageError> {
+        let q = &self.core.shared.errors;
+        let mut v = Vec::with_capacity(q.len());
+        while let Some(e) = q.pop() {
+            v.push(e);
+        }
+        for e in &v {
+            let _ = q.push(*e);
+        }
+        v
     }
 
     pub fn fault_mode(&self) -> FaultMode {

@@ -35,7 +35,7 @@ use std::sync::atomic::Ordering;
 
 use arrayvec::ArrayVec;
 
-use crate::backend::WriteReq;
+use crate::backend::{AlignedPage, BackendError, WriteReq};
 use crate::error::{Error, Result};
 use crate::fault::Route;
 use crate::mapping::registry::RegistryGuard;
@@ -389,6 +389,11 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
 }
 
 /// Writes back up to `nr` of the oldest staged pages. Returns the pages uncharged.
+///
+/// Each page goes first to its own slot. A device may decline a page (a pool at its cap,
+/// or an incompressible page it passes on): the page then gets a slot on another device and
+/// is written there, in priority order. A page that no device takes, or whose write fails,
+/// stays staged in RAM (still charged) and is retried in a later round.
 fn shrink_inactive(p: &PagerShared, nr: usize) -> usize {
     let mut guards = Guards::new();
     let mut victims = pop_victims(p, true, nr, &mut guards);
@@ -396,48 +401,136 @@ fn shrink_inactive(p: &PagerShared, nr: usize) -> usize {
         return 0;
     }
     victims.sort_unstable_by_key(|v| v.pte.entry());
+    // Where each victim goes: its own slot first.
+    let mut targets: ArrayVec<SwapEntry, BATCH> = victims.iter().map(|v| v.pte.entry()).collect();
+    let mut pending: ArrayVec<usize, BATCH> = (0..victims.len()).collect();
+    let mut excluded = 0u64;
+    let mut uncharged = 0;
+    let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
+    // Bounded by the number of devices: each round excludes the devices that declined.
+    while !pending.is_empty() {
+        let mut rejected: ArrayVec<usize, BATCH> = ArrayVec::new();
+        uncharged += write_runs(p, &guards, &victims, &targets, &pending, &mut rejected, &mut to_free);
+        if rejected.is_empty() {
+            break;
+        }
+        for &i in &rejected {
+            let t = targets[i];
+            excluded |= 1 << t.device();
+            if t != victims[i].pte.entry() {
+                to_free.push(t.bits());
+            }
+        }
+        let mut fresh = [SwapEntry::new(0, 0); BATCH];
+        let got = p.devices.alloc_excluding_mask(excluded, &mut fresh[..rejected.len()]);
+        p.stats.add(Counter::SwpoutSpilled, got as u64);
+        for (k, &i) in rejected.iter().enumerate() {
+            if k < got {
+                targets[i] = fresh[k];
+            } else {
+                // No other device has room: the page stays staged.
+                let v = &victims[i];
+                guards.g[v.gi].store(v.page, v.pte.unbusy());
+                requeue(p, true, guards.page_ref(v.gi, v.page, v.pte));
+                p.stats.inc(Counter::SwapAllocFail);
+            }
+        }
+        pending.clear();
+        pending.extend(rejected.iter().copied().take(got));
+    }
+    p.devices.free_now(&mut to_free);
+    uncharged
+}
+
+/// Writes the `pending` victims to their `targets`, in runs (consecutive staging pages to
+/// consecutive slots of one device), and finishes the written ones. Victims their device
+/// declined go to `rejected`; other failures stay staged. Returns the pages uncharged.
+fn write_runs(
+    p: &PagerShared,
+    guards: &Guards,
+    victims: &[Victim],
+    targets: &[SwapEntry],
+    pending: &[usize],
+    rejected: &mut ArrayVec<usize, BATCH>,
+    to_free: &mut ArrayVec<u64, BATCH>,
+) -> usize {
     let mut uncharged = 0;
     let mut i = 0;
-    while i < victims.len() {
-        // One device per write call; runs of consecutive slots become one request each.
-        let dev_idx = victims[i].pte.entry().device();
-        let dev = &p.devices.devices()[dev_idx];
+    while i < pending.len() {
+        // One write call per target device.
+        let tdev = targets[pending[i]].device();
+        let dev = &p.devices.devices()[tdev];
         let mut end = i;
-        while end < victims.len() && victims[end].pte.entry().device() == dev_idx {
+        while end < pending.len() && targets[pending[end]].device() == tdev {
             end += 1;
         }
         let mut runs: ArrayVec<(usize, usize), BATCH> = ArrayVec::new();
         let mut reqs: ArrayVec<WriteReq<'_>, BATCH> = ArrayVec::new();
+        let mut crcs = [0u32; BATCH];
         let mut s = i;
         while s < end {
+            let src = |k: usize| victims[pending[k]].pte.entry();
             let mut t = s + 1;
-            while t < end && victims[t].pte.entry().offset() == victims[t - 1].pte.entry().offset() + 1 {
+            while t < end
+                && targets[pending[t]].offset() == targets[pending[t - 1]].offset() + 1
+                && src(t).device() == src(t - 1).device()
+                && src(t).offset() == src(t - 1).offset() + 1
+            {
                 t += 1;
             }
-            let first = victims[s].pte.entry().offset();
+            let sdev = p.devices.device(src(s));
+            if dev.checksums.is_some() {
+                for (k, crc) in crcs.iter_mut().enumerate().take(t).skip(s) {
+                    *crc = sdev.staging.page_crc32c(src(k).offset() as usize * PAGE_SIZE);
+                }
+            }
             runs.push((s, t));
-            reqs.push(WriteReq::new(first, dev.staging.pages(first as usize * PAGE_SIZE, t - s)));
+            reqs.push(WriteReq::new(
+                targets[pending[s]].offset(),
+                sdev.staging.pages(src(s).offset() as usize * PAGE_SIZE, t - s),
+            ));
             s = t;
         }
         dev.backend.write(&mut reqs);
         for (req, &(s, t)) in reqs.iter().zip(&runs) {
-            if req.result.is_err() {
-                // The pages stay staged in RAM (still charged) and go round again.
-                for v in &victims[s..t] {
-                    guards.g[v.gi].store(v.page, v.pte.unbusy());
-                    requeue(p, true, guards.page_ref(v.gi, v.page, v.pte));
+            match &req.result {
+                Ok(()) => {}
+                Err(BackendError::Rejected { .. }) => {
+                    rejected.extend(pending[s..t].iter().copied());
+                    continue;
                 }
-                p.stats.add(Counter::SwpoutError, (t - s) as u64);
-                continue;
+                Err(_) => {
+                    // The pages stay staged in RAM (still charged) and go round again.
+                    for &k in &pending[s..t] {
+                        let v = &victims[k];
+                        guards.g[v.gi].store(v.page, v.pte.unbusy());
+                        requeue(p, true, guards.page_ref(v.gi, v.page, v.pte));
+                        if targets[k] != v.pte.entry() {
+                            to_free.push(targets[k].bits());
+                        }
+                    }
+                    p.stats.add(Counter::SwpoutError, (t - s) as u64);
+                    continue;
+                }
             }
-            // The staging pages must be empty before the slots can be freed and reused,
+            // The staging pages must be empty before their slots can be freed and reused,
             // which may happen as soon as the pages are published as swapped.
-            let first = victims[s].pte.entry().offset() as usize;
-            let _ = dev.staging.discard(first * PAGE_SIZE, (t - s) * PAGE_SIZE);
-            for v in &victims[s..t] {
-                let e = v.pte.entry();
-                dev.cache.set_cached(e.offset(), false);
-                guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(e)));
+            let first = victims[pending[s]].pte.entry();
+            let sdev = p.devices.device(first);
+            let _ = sdev.staging.discard(first.offset() as usize * PAGE_SIZE, (t - s) * PAGE_SIZE);
+            for k in s..t {
+                let v = &victims[pending[k]];
+                let (old, new) = (v.pte.entry(), targets[pending[k]]);
+                dev.set_checksum(new.offset(), crcs[k]);
+                if new == old {
+                    sdev.cache.set_cached(old.offset(), false);
+                } else {
+                    // Written elsewhere: the old slot held only the staging page.
+                    sdev.cache.clear(old.offset());
+                    to_free.push(old.bits());
+                    dev.cache.set_owner(new.offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
+                }
+                guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(new)));
             }
             let n = t - s;
             p.swapcache_pages.fetch_sub(n, Ordering::AcqRel);
@@ -478,6 +571,105 @@ fn refill_active_by_scan(p: &PagerShared) {
     });
 }
 
+/// Moves pages from devices that want room (a pool above its accept threshold) to the next
+/// tier: reads them (checking their checksum), writes them to a device of lower priority, and
+/// repoints their page-table words. Touches no page table of the process, so it costs the
+/// application's CPU nothing (no TLB flush) and runs even while the application faults.
+/// `buf` holds `BATCH` pages. Returns the pages moved.
+pub(crate) fn device_writeback(p: &PagerShared, buf: &mut [AlignedPage]) -> usize {
+    let mut moved = 0;
+    for dev in p.devices.devices() {
+        let mut slots = [0u64; BATCH];
+        let n = dev.backend.writeback_candidates(&mut slots);
+        if n == 0 {
+            continue;
+        }
+        let mut guards = Guards::new();
+        let mut victims: ArrayVec<Victim, BATCH> = ArrayVec::new();
+        for &slot in &slots[..n] {
+            let Some(info) = dev.cache.lookup(slot) else { continue };
+            let r = PageRef::from_owner(info.owner);
+            let Ok(gi) = guards.get(p, r) else { continue };
+            let pte = guards.g[gi].load(r.page);
+            let own = crate::swap::SwapEntry::new(dev.index, slot);
+            if pte.state() != PageState::Swapped || pte.entry() != own {
+                continue; // freed or moved since it was queued
+            }
+            if let Some(locked) = guards.g[gi].try_lock(r.page, pte) {
+                victims.push(Victim { gi, page: r.page, pte: locked });
+            }
+        }
+        if victims.is_empty() {
+            continue;
+        }
+        // Read the pages; a page that does not read back cleanly stays where it is.
+        let mut ok = [false; BATCH];
+        for (k, v) in victims.iter().enumerate() {
+            let e = v.pte.entry();
+            let mut req = [crate::backend::ReadReq::new(e.offset(), &mut buf[k..k + 1])];
+            dev.backend.read(&mut req);
+            ok[k] = req[0].result.is_ok() && dev.checksum_ok(e.offset(), &buf[k].0);
+            if !ok[k] {
+                let addr = guards.g[v.gi].page_addr(v.page);
+                p.record_error(addr, e, crate::pager::PageErrorKind::ReadFailed);
+            }
+        }
+        // Slots on devices of lower priority only: writeback goes down the tiers.
+        let mask =
+            p.devices.devices().iter().filter(|d| d.priority >= dev.priority).fold(0u64, |m, d| m | 1 << d.index);
+        let mut targets = [crate::swap::SwapEntry::new(0, 0); BATCH];
+        let want = victims.len();
+        let got = p.devices.alloc_excluding_mask(mask, &mut targets[..want]);
+        let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
+        let mut k = 0;
+        while k < want {
+            let mut t = k + 1;
+            while t < got
+                && ok[t] == ok[k]
+                && targets[t].device() == targets[k].device()
+                && targets[t].offset() == targets[t - 1].offset() + 1
+            {
+                t += 1;
+            }
+            if k >= got || !ok[k] {
+                // No lower tier has room, or the page did not read back: leave it.
+                for v in &victims[k..t.max(k + 1)] {
+                    guards.g[v.gi].store(v.page, v.pte.unbusy());
+                }
+                if k < got {
+                    for e in &targets[k..t] {
+                        to_free.push(e.bits());
+                    }
+                }
+                k = t.max(k + 1);
+                continue;
+            }
+            let tdev = p.devices.device(targets[k]);
+            let mut req = [WriteReq::new(targets[k].offset(), crate::mapping::PageRun::from_pages(&buf[k..t]))];
+            tdev.backend.write(&mut req);
+            for j in k..t {
+                let v = &victims[j];
+                if req[0].result.is_ok() {
+                    tdev.set_checksum(targets[j].offset(), crc32c::crc32c(&buf[j].0));
+                    tdev.cache.set_owner(targets[j].offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
+                    guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(targets[j])));
+                    dev.cache.clear(v.pte.entry().offset());
+                    to_free.push(v.pte.entry().bits());
+                    moved += 1;
+                } else {
+                    guards.g[v.gi].store(v.page, v.pte.unbusy());
+                    to_free.push(targets[j].bits());
+                    p.stats.inc(Counter::SwpoutError);
+                }
+            }
+            k = t;
+        }
+        p.devices.free_now(&mut to_free);
+    }
+    p.stats.add(Counter::Writeback, moved as u64);
+    moved
+}
+
 /// How often the background reclaimer looks at the pager.
 pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
 
@@ -490,8 +682,15 @@ pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::f
 /// crosses the high watermark, reclaims down to the low one.
 pub(crate) fn background_reclaimer(p: &PagerShared) {
     let mut last_faults = p.stats.sum(Counter::Pgfault);
+    let mut writeback_buf = vec![AlignedPage([0; PAGE_SIZE]); BATCH];
     while !p.is_shutdown() {
         std::thread::park_timeout(BACKGROUND_PERIOD);
+        // Tiers first: a full pool would otherwise send every new page past itself. Bounded:
+        // stops when no device wants room or nothing can move.
+        while !p.is_shutdown() && device_writeback(p, &mut writeback_buf) > 0 {}
+        for d in p.devices.devices() {
+            d.backend.prepare();
+        }
         let faults = p.stats.sum(Counter::Pgfault);
         let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always;
         last_faults = faults;

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use crate::mapping::registry::{Registry, RegistryGuard};
 use crate::mapping::{AppMapping, AtomicTable};
 use crate::pager::{Pager, PagerShared};
+use crate::readahead::FaultStreams;
 use crate::swap::SwapEntry;
 use crate::uffd::PAGE_SIZE;
 
@@ -150,6 +151,17 @@ impl PageRef {
     pub fn owner(self) -> u64 {
         ((self.region_idx as u64) << 44 | ((self.region_gen & REGION_GEN_MASK) as u64) << 32 | self.page as u64) + 1
     }
+
+    /// The page an owner value names (page generation unknown: 0).
+    pub fn from_owner(v: u64) -> PageRef {
+        let v = v - 1;
+        PageRef {
+            region_idx: (v >> 44) as usize,
+            region_gen: ((v >> 32) & REGION_GEN_MASK as u64) as u32,
+            page_gen: 0,
+            page: (v & 0xffff_ffff) as usize,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -162,12 +174,14 @@ pub(crate) struct RegionInner {
     pub nr_pages: usize,
     pub ptes: AtomicTable,
     pub pager: Arc<PagerShared>,
+    /// Sequential fault streams, for fault-around.
+    pub streams: FaultStreams,
 }
 
 impl RegionInner {
     pub fn new(start: usize, len: usize, pager: Arc<PagerShared>) -> std::io::Result<RegionInner> {
         let nr_pages = len / PAGE_SIZE;
-        Ok(RegionInner { start, nr_pages, ptes: AtomicTable::new(nr_pages)?, pager })
+        Ok(RegionInner { start, nr_pages, ptes: AtomicTable::new(nr_pages)?, pager, streams: FaultStreams::new() })
     }
 
     #[inline]
@@ -373,6 +387,7 @@ mod tests {
         let r = PageRef { region_idx: 4095, region_gen: 0xabc, page_gen: 0x7f, page: 0xffff_fffe };
         assert_eq!(PageRef::unpack(r.pack()), r);
         assert!(r.owner() < 1 << crate::swap::swap_cache::OWNER_BITS);
-        assert_ne!(r.owner(), 0);
+        let o = PageRef::from_owner(r.owner());
+        assert_eq!((o.region_idx, o.region_gen, o.page), (r.region_idx, r.region_gen, r.page));
     }
 }

@@ -62,9 +62,17 @@ pub(crate) enum Counter {
     MoveRefused,
     /// Device writes that failed; the pages stayed staged in RAM and will be retried.
     SwpoutError,
+    /// Pages a device declined (pool full, incompressible) written to another device.
+    SwpoutSpilled,
+    /// Pages moved from a device to a lower tier (zswap's `zswpwb`).
+    Writeback,
+    /// Device reads whose data did not match the page's checksum.
+    ChecksumError,
+    /// Never-touched pages mapped ahead by a zero-fill fault (fault-around).
+    ZeroFillAround,
 }
 
-const NR_COUNTERS: usize = Counter::SwpoutError as usize + 1;
+const NR_COUNTERS: usize = Counter::ZeroFillAround as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -311,6 +319,8 @@ pub struct DeviceStats {
     pub clusters_free: u64,
     pub clusters_nonfull: u64,
     pub clusters_full: u64,
+    /// The device's own counters (the compressed pool's, zswap-style), if it keeps any.
+    pub backend: Option<crate::backend::BackendStats>,
 }
 
 /// A snapshot of a pager's counters. Counter names follow `/proc/vmstat` where one exists.
@@ -320,6 +330,9 @@ pub struct Stats {
     pub pgfault: u64,
     /// Zero-fill faults (page never touched, or known to be zero).
     pub pgfault_zero: u64,
+    /// Never-touched pages mapped ahead by zero-fill faults of a sequential stream (fault-
+    /// around); they took no fault of their own.
+    pub zero_fill_around: u64,
     /// Swap-cache hits: the page was staged in RAM and moved back without a copy.
     pub pgfault_swapcache: u64,
     /// Faults that read a device.
@@ -356,6 +369,13 @@ pub struct Stats {
     pub move_refused: u64,
     /// Device writes that failed; the pages stayed staged in RAM and are retried later.
     pub swpout_error: u64,
+    /// Pages a device declined (pool full, incompressible) and another device took.
+    pub swpout_spilled: u64,
+    /// Pages moved from a device to the next tier (zswap's `zswpwb`).
+    pub writeback: u64,
+    /// Device reads whose data did not match the page's checksum (the page was not mapped;
+    /// see `Pager::recent_errors`).
+    pub checksum_errors: u64,
     /// Slots that could not be freed (the lock-free free queue was full): leaked, never
     /// reused. Should stay 0.
     pub slots_leaked: u64,
@@ -396,6 +416,10 @@ impl PerCpuStats {
         s.lru_overflow = self.sum(LruOverflow);
         s.move_refused = self.sum(MoveRefused);
         s.swpout_error = self.sum(SwpoutError);
+        s.swpout_spilled = self.sum(SwpoutSpilled);
+        s.writeback = self.sum(Writeback);
+        s.checksum_errors = self.sum(ChecksumError);
+        s.zero_fill_around = self.sum(ZeroFillAround);
         s.fault_latency_us = self.fault_latency().summary_us();
     }
 }

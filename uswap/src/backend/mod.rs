@@ -14,7 +14,9 @@
 //!   through each request's `result`; never panic.
 //! * A failed write must leave the slot's previous contents (if any) readable.
 
+pub mod failing;
 pub mod ram;
+pub mod zpool;
 
 use std::io;
 
@@ -32,6 +34,54 @@ pub enum BackendError {
     OutOfRange { slot: u64, nr_slots: u64 },
     #[error("injected failure on slot {slot}")]
     Injected { slot: u64 },
+    #[error("slot {slot} holds no page (read of a slot never written)")]
+    Empty { slot: u64 },
+    #[error("slot {slot}: stored data does not decompress to a page")]
+    Corrupt { slot: u64 },
+    /// The device declines to store the page (it goes to the next device instead).
+    #[error("slot {slot}: device declined the page ({reason})")]
+    Rejected { slot: u64, reason: RejectReason },
+}
+
+/// Why a device declined a page (zswap's reject counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The pool is at its size cap (or has not yet drained below its accept threshold).
+    PoolFull,
+    /// The page did not compress below the threshold and the device passes such pages on.
+    Incompressible,
+}
+
+impl std::fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RejectReason::PoolFull => "pool full",
+            RejectReason::Incompressible => "incompressible",
+        })
+    }
+}
+
+/// Counters a device may report (the compressed pool reports zswap's).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct BackendStats {
+    /// Bytes of memory the device holds (pool footprint), if it lives in RAM.
+    pub pool_bytes: u64,
+    /// Pages stored.
+    pub stored_pages: u64,
+    /// Of those, pages filled with one repeated word, stored as that word alone.
+    pub same_filled_pages: u64,
+    /// Of those, pages that did not compress and were stored as they are.
+    pub incompressible_pages: u64,
+    /// Bytes of compressed data (before size-class rounding).
+    pub compressed_bytes: u64,
+    /// Stored pages per byte of pool: `stored_pages * PAGE_SIZE / pool_bytes`.
+    pub compression_ratio: f64,
+    pub reject_pool_full: u64,
+    pub reject_incompressible: u64,
+    /// Writes refused because no memory was left for the object.
+    pub reject_alloc_fail: u64,
+    /// Discards that failed (hole punching unsupported, ...); nothing is lost.
+    pub discard_errors: u64,
 }
 
 /// Write the pages of `data` to consecutive slots starting at `slot`. The pages are staged
@@ -92,6 +142,34 @@ pub trait Backend: Send + Sync {
     /// The slots `[slot, slot + nr)` hold nothing the engine needs any more: the backend may
     /// drop their storage (return memory, punch a hole).
     fn discard(&self, _slot: u64, _nr: u64) {}
+
+    /// Slot `slot` was freed: drop whatever the device keeps for it (`zswap_invalidate`).
+    /// Called for every freed slot, before the slot can be allocated again. Must not block on
+    /// a lock the caller could hold (it may run on the signal-mode fault path).
+    fn invalidate(&self, _slot: u64) {}
+
+    /// False while the device takes no new pages (a pool at its cap): allocation then skips
+    /// it and pages go to the next device.
+    fn accepting(&self) -> bool {
+        true
+    }
+
+    /// Slots whose pages should move to a lower tier, oldest first, when the device wants
+    /// room (a pool above its accept threshold). Writes up to `out.len()`; returns how many.
+    fn writeback_candidates(&self, _out: &mut [u64]) -> usize {
+        0
+    }
+
+    /// Called now and then from the background thread: a chance to get ready for upcoming
+    /// writes off the fault path (the pool populates arena memory ahead of use, so that the
+    /// kernel's zeroing of fresh pages is not paid during reclaim). Must not change the page
+    /// tables of existing mappings in a way that needs a TLB flush.
+    fn prepare(&self) {}
+
+    /// The device's own counters, if it keeps any.
+    fn stats(&self) -> Option<BackendStats> {
+        None
+    }
 
     /// Where slot `slot`'s page can be read in place, if the backend keeps pages uncompressed
     /// in this address space; lets the fault path hand it straight to `UFFDIO_COPY` with no

@@ -101,7 +101,7 @@ impl Mapping {
     pub fn advise(&self, offset: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
         self.check_range(offset, len);
         // SAFETY: the range lies inside this mapping. The advice values the engine uses
-        // (NOHUGEPAGE, DONTFORK, DONTNEED, FREE) change residency, not validity.
+        // (NOHUGEPAGE, DONTFORK, DONTNEED, POPULATE_WRITE) change residency, not validity.
         let r = unsafe { libc::madvise((self.addr + offset) as *mut libc::c_void, len, advice) };
         if r != 0 {
             return Err(io::Error::last_os_error());
@@ -149,7 +149,7 @@ impl Mapping {
     /// a reference to their bytes. Same ownership contract as [`Mapping::read`].
     pub fn pages(&self, offset: usize, nr_pages: usize) -> PageRun<'_> {
         self.check_range(offset, nr_pages * PAGE_SIZE);
-        PageRun { mapping: self, offset, nr_pages }
+        PageRun { addr: self.addr + offset, nr_pages, _owner: std::marker::PhantomData }
     }
 
     /// True if every byte of the page at `offset` is zero. Same ownership contract as
@@ -162,6 +162,14 @@ impl Mapping {
         words.iter().all(|&w| w == 0)
     }
 
+    /// crc32c of the page at `offset`. Same ownership contract as [`Mapping::read`].
+    pub fn page_crc32c(&self, offset: usize) -> u32 {
+        self.check_range(offset, PAGE_SIZE);
+        // SAFETY: one page inside the mapping, owned by the caller for the duration (no
+        // concurrent writer); the slice does not outlive this call.
+        crc32c::crc32c(unsafe { std::slice::from_raw_parts((self.addr + offset) as *const u8, PAGE_SIZE) })
+    }
+
     /// Pages of `[offset, offset + len)` present in the page table (`mincore(2)`).
     pub fn resident_pages(&self, offset: usize, len: usize) -> io::Result<usize> {
         self.check_range(offset, len);
@@ -169,13 +177,27 @@ impl Mapping {
     }
 }
 
-/// Consecutive pages of a [`Mapping`] that the engine owns for the duration of a backend
-/// call: the source of a device write.
+/// Consecutive pages that the engine owns for the duration of a backend call: the source of
+/// a device write. Either staged pages of a [`Mapping`] or a buffer of aligned pages.
 #[derive(Clone, Copy)]
 pub struct PageRun<'a> {
-    mapping: &'a Mapping,
-    offset: usize,
+    addr: usize,
     nr_pages: usize,
+    _owner: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl<'a> PageRun<'a> {
+    /// A run over pages of an ordinary buffer.
+    pub fn from_pages(pages: &'a [crate::backend::AlignedPage]) -> PageRun<'a> {
+        PageRun { addr: pages.as_ptr() as usize, nr_pages: pages.len(), _owner: std::marker::PhantomData }
+    }
+
+    fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        assert!(offset + dst.len() <= self.len_bytes());
+        // SAFETY: in bounds of the run, which is valid for 'a (a borrowed buffer, or a
+        // mapping range the caller owns by contract); `dst` is distinct memory.
+        unsafe { std::ptr::copy_nonoverlapping((self.addr + offset) as *const u8, dst.as_mut_ptr(), dst.len()) };
+    }
 }
 
 impl PageRun<'_> {
@@ -189,24 +211,23 @@ impl PageRun<'_> {
 
     /// Address of the first byte, for handing to the kernel (io_uring, pwrite).
     pub fn as_ptr(&self) -> *const u8 {
-        (self.mapping.addr + self.offset) as *const u8
+        self.addr as *const u8
     }
 
     /// Copies page `i` of the run into `dst` (one page long).
     pub fn copy_page_to(&self, i: usize, dst: &mut [u8]) {
         assert!(i < self.nr_pages && dst.len() == PAGE_SIZE);
-        self.mapping.read(self.offset + i * PAGE_SIZE, dst);
+        self.read_at(i * PAGE_SIZE, dst);
     }
 
     /// Copies the whole run into another mapping at `dst_offset`.
     pub fn copy_to_mapping(&self, dst: &Mapping, dst_offset: usize) {
-        self.mapping.copy_to(self.offset, dst, dst_offset, self.len_bytes());
-    }
-
-    /// True if page `i` of the run is all zero.
-    pub fn page_is_zero(&self, i: usize) -> bool {
-        assert!(i < self.nr_pages);
-        self.mapping.page_is_zero(self.offset + i * PAGE_SIZE)
+        assert!(dst_offset + self.len_bytes() <= dst.len);
+        // SAFETY: both ranges are in bounds; the destination belongs to the caller (a device
+        // slot it owns) and cannot overlap the run (distinct mappings or buffers).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.addr as *const u8, (dst.addr + dst_offset) as *mut u8, self.len_bytes())
+        };
     }
 }
 

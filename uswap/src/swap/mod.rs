@@ -35,7 +35,7 @@ pub use entry::{SwapEntry, MAX_DEVICES};
 pub use swap_cache::SwapCache;
 
 use crate::backend::Backend;
-use crate::mapping::{current_cpu, MapOptions, Mapping};
+use crate::mapping::{current_cpu, AtomicTable, MapOptions, Mapping};
 use crate::sync::SpinLock;
 use crate::uffd::PAGE_SIZE;
 
@@ -44,6 +44,14 @@ pub const FREE_BATCH: usize = 64;
 /// Room for frees made on the lock-free route between two flushes.
 const DEFERRED_FREES: usize = 4096;
 
+/// What a pager gives the swap layer for one device.
+pub struct DeviceSpec {
+    pub priority: i32,
+    pub backend: Box<dyn Backend>,
+    /// Keep and check a crc32c per page.
+    pub checksum: bool,
+}
+
 pub struct SwapDevice {
     pub index: usize,
     pub priority: i32,
@@ -51,10 +59,13 @@ pub struct SwapDevice {
     pub allocator: ClusterAllocator,
     pub cache: SwapCache,
     pub staging: Mapping,
+    /// crc32c of each slot's page (low 32 bits), when checksums are on.
+    pub checksums: Option<AtomicTable>,
 }
 
 impl SwapDevice {
-    fn new(index: usize, priority: i32, backend: Box<dyn Backend>, nr_cpus: usize) -> std::io::Result<SwapDevice> {
+    fn new(index: usize, spec: DeviceSpec, nr_cpus: usize) -> std::io::Result<SwapDevice> {
+        let DeviceSpec { priority, backend, checksum } = spec;
         let nr_clusters = (backend.nr_slots() / SWAPFILE_CLUSTER as u64) as u32;
         let staging = Mapping::anonymous(
             nr_clusters as usize * SWAPFILE_CLUSTER * PAGE_SIZE,
@@ -65,9 +76,25 @@ impl SwapDevice {
             priority,
             allocator: ClusterAllocator::new(nr_clusters, nr_cpus),
             cache: SwapCache::new(nr_clusters),
+            checksums: if checksum { Some(AtomicTable::new(nr_clusters as usize * SWAPFILE_CLUSTER)?) } else { None },
             backend,
             staging,
         })
+    }
+
+    /// Records the checksum of the page written to `offset`.
+    pub fn set_checksum(&self, offset: u64, crc: u32) {
+        if let Some(t) = &self.checksums {
+            t[offset as usize].store(crc as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// True if `page` matches the checksum recorded for `offset` (or checksums are off).
+    pub fn checksum_ok(&self, offset: u64, page: &[u8]) -> bool {
+        match &self.checksums {
+            Some(t) => t[offset as usize].load(Ordering::Relaxed) as u32 == crc32c::crc32c(page),
+            None => true,
+        }
     }
 
     pub fn nr_slots(&self) -> u64 {
@@ -113,14 +140,14 @@ pub struct SwapDevices {
 }
 
 impl SwapDevices {
-    /// Builds devices from `(priority, backend)` pairs, in any order.
-    pub fn new(mut backends: Vec<(i32, Box<dyn Backend>)>, nr_cpus: usize) -> std::io::Result<SwapDevices> {
+    /// Builds devices from their specs, in any order.
+    pub fn new(mut backends: Vec<DeviceSpec>, nr_cpus: usize) -> std::io::Result<SwapDevices> {
         assert!(!backends.is_empty() && backends.len() <= MAX_DEVICES);
         // Highest priority first; stable, so equal priorities keep their configured order.
-        backends.sort_by_key(|(prio, _)| std::cmp::Reverse(*prio));
+        backends.sort_by_key(|d| std::cmp::Reverse(d.priority));
         let mut devices = Vec::with_capacity(backends.len());
-        for (i, (prio, b)) in backends.into_iter().enumerate() {
-            devices.push(SwapDevice::new(i, prio, b, nr_cpus)?);
+        for (i, spec) in backends.into_iter().enumerate() {
+            devices.push(SwapDevice::new(i, spec, nr_cpus)?);
         }
         let mut groups: Vec<PriorityGroup> = vec![];
         for (i, d) in devices.iter().enumerate() {
@@ -154,10 +181,16 @@ impl SwapDevices {
     /// Returns how many were allocated (fewer only when every device is full, counting slots
     /// waiting in free batches as free).
     pub fn alloc(&self, out: &mut [SwapEntry]) -> usize {
-        let mut got = self.alloc_once(out);
+        self.alloc_excluding_mask(0, out)
+    }
+
+    /// As [`SwapDevices::alloc`], never on the devices whose bit is set in `exclude` (devices
+    /// that declined a page).
+    pub fn alloc_excluding_mask(&self, exclude: u64, out: &mut [SwapEntry]) -> usize {
+        let mut got = self.alloc_once(exclude, out);
         if got < out.len() {
             self.flush_frees();
-            got += self.alloc_once(&mut out[got..]);
+            got += self.alloc_once(exclude, &mut out[got..]);
             if got < out.len() {
                 self.full.store(true, Ordering::Relaxed);
             }
@@ -170,7 +203,7 @@ impl SwapDevices {
         self.full.load(Ordering::Relaxed)
     }
 
-    fn alloc_once(&self, out: &mut [SwapEntry]) -> usize {
+    fn alloc_once(&self, exclude: u64, out: &mut [SwapEntry]) -> usize {
         let cpu = current_cpu();
         let mut got = 0;
         let mut offsets = [0u64; 64];
@@ -179,6 +212,9 @@ impl SwapDevices {
             let first = g.next.fetch_add(1, Ordering::Relaxed) % n;
             for k in 0..n {
                 let dev = &self.devices[g.start + (first + k) % n];
+                if exclude & (1 << dev.index) != 0 || !dev.backend.accepting() {
+                    continue;
+                }
                 while got < out.len() {
                     let want = (out.len() - got).min(offsets.len());
                     let m = dev.allocator.alloc(cpu, &mut offsets[..want], &|ci| dev.discard_cluster(ci));
@@ -242,6 +278,8 @@ impl SwapDevices {
             let mut n = 0;
             while j < entries.len() && SwapEntry::from_bits(entries[j]).device() == dev && n < FREE_BATCH {
                 offsets[n] = SwapEntry::from_bits(entries[j]).offset();
+                // The device drops what it keeps for the slot before the slot can be reused.
+                self.devices[dev].backend.invalidate(offsets[n]);
                 n += 1;
                 j += 1;
             }
@@ -303,9 +341,13 @@ mod tests {
         Box::new(RamBackend::new(nr_slots).unwrap())
     }
 
+    fn specs(v: Vec<(i32, Box<dyn Backend>)>) -> Vec<DeviceSpec> {
+        v.into_iter().map(|(priority, backend)| DeviceSpec { priority, backend, checksum: false }).collect()
+    }
+
     #[test]
     fn priorities_first_then_equal_devices_take_turns() {
-        let d = SwapDevices::new(vec![(0, ram(1024)), (5, ram(1024)), (0, ram(1024))], 1).unwrap();
+        let d = SwapDevices::new(specs(vec![(0, ram(1024)), (5, ram(1024)), (0, ram(1024))]), 1).unwrap();
         assert_eq!(d.devices()[0].priority, 5);
         let mut e = [SwapEntry::new(0, 0); 16];
         assert_eq!(d.alloc(&mut e), 16);
@@ -325,7 +367,7 @@ mod tests {
 
     #[test]
     fn batched_frees_are_exact_after_flush() {
-        let d = SwapDevices::new(vec![(0, ram(2048))], 2).unwrap();
+        let d = SwapDevices::new(specs(vec![(0, ram(2048))]), 2).unwrap();
         let mut e = vec![SwapEntry::new(0, 0); 100];
         assert_eq!(d.alloc(&mut e), 100);
         for (i, x) in e.iter().enumerate() {
@@ -339,7 +381,7 @@ mod tests {
 
     #[test]
     fn spills_to_lower_priority_when_full() {
-        let d = SwapDevices::new(vec![(10, ram(512)), (1, ram(1024))], 1).unwrap();
+        let d = SwapDevices::new(specs(vec![(10, ram(512)), (1, ram(1024))]), 1).unwrap();
         let mut e = vec![SwapEntry::new(0, 0); 700];
         assert_eq!(d.alloc(&mut e), 700);
         assert_eq!(e.iter().filter(|e| e.device() == 0).count(), 512);

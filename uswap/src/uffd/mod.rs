@@ -35,6 +35,7 @@ const fn ior(nr: u32, size: usize) -> libc::c_ulong {
 
 // Feature bits (uapi `UFFD_FEATURE_*`).
 pub const FEATURE_SIGBUS: u64 = 1 << 7;
+pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
 pub const FEATURE_MOVE: u64 = 1 << 16;
 

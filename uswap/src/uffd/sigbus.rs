@@ -123,3 +123,32 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) 
         h(sig);
     }
 }
+
+/// Writes "uswap: page 0x… could not be brought back …" to stderr without allocating (for
+/// the moment before SIGBUS is delivered).
+pub fn report_lost_page(addr: usize) {
+    let mut buf = [0u8; 160];
+    let mut n = 0;
+    let mut put = |bytes: &[u8]| {
+        let k = bytes.len().min(buf.len() - n);
+        buf[n..n + k].copy_from_slice(&bytes[..k]);
+        n += k;
+    };
+    put(b"uswap: page 0x");
+    let mut hex = [0u8; 16];
+    for (i, h) in hex.iter_mut().enumerate() {
+        let d = (addr >> ((15 - i) * 4)) & 0xf;
+        *h = b"0123456789abcdef"[d];
+    }
+    put(&hex);
+    put(b" could not be brought back from its swap device (read error or checksum mismatch); delivering SIGBUS\n");
+    // SAFETY: write(2) of a buffer we own to stderr; async-signal-safe.
+    unsafe { libc::write(2, buf.as_ptr().cast(), n) };
+}
+
+/// Sends SIGBUS to thread `tid` of this process (thread mode: the thread waiting on a page
+/// that cannot be brought back).
+pub fn signal_thread(tid: u32) {
+    // SAFETY: tgkill(2) with our own pid; a stale tid at worst yields ESRCH.
+    unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::pid_t, libc::SIGBUS) };
+}

@@ -1,0 +1,824 @@
+//! The compressed RAM pool: zswap's role, in front of slower devices.
+//!
+//! Each slot holds one of: nothing; a page filled with one repeated 64-bit word (zeros
+//! included), stored as that word alone; a compressed page (lz4 by default, zstd as an
+//! option); or, for a page that does not compress below the threshold, the page as it is
+//! (or nothing: with [`Incompressible::Reject`] the device declines it and the engine sends
+//! it to the next device).
+//!
+//! Compressed objects live in an arena carved into 64 KiB chunks; each chunk serves one size
+//! class (multiples of 32 bytes up to a page). A class keeps a list of its chunks that have
+//! room; a chunk that empties goes back to the arena for any class. The pool's footprint is
+//! the chunks in use; at `cap_bytes` it stops accepting pages until it drains below
+//! `accept_threshold_percent` of the cap (zswap's hysteresis), and meanwhile offers its
+//! oldest slots for writeback to the next device.
+//!
+//! Locking: one spin lock per size class guards its chunks' metadata and free lists; the
+//! arena lock guards the list of free chunks and nests inside a class lock. Slot entries are
+//! atomics written only by the slot's owner (the engine never writes a slot twice without
+//! invalidating it, nor reads one while writing it). Compression contexts and scratch
+//! buffers come from lock-free pools filled at start-up, so nothing allocates on any path
+//! and every path is safe in a SIGBUS handler.
+//!
+//! Invariants: a chunk is free (class `NO_CLASS`), or belongs to one class and is on that
+//! class's partial list iff `0 < inuse < objects_per_chunk`; `chunks_in_use` counts the
+//! chunks that belong to a class.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use crossbeam_queue::ArrayQueue;
+
+use super::{Backend, BackendError, BackendStats, ReadReq, RejectReason, WriteReq};
+use crate::mapping::{nr_cpus_configured, AtomicTable, MapOptions, Mapping};
+use crate::sync::SpinLock;
+use crate::uffd::PAGE_SIZE;
+
+/// Granularity of size classes.
+const CLASS_BYTES: usize = 32;
+const NR_CLASSES: usize = PAGE_SIZE / CLASS_BYTES;
+/// Arena unit handed to a size class.
+pub const CHUNK_BYTES: usize = 64 << 10;
+const NIL: u32 = u32::MAX;
+/// Arena populated ahead of the first never-used chunk by `prepare` (32 MiB).
+const PREPARE_AHEAD_CHUNKS: u32 = 512;
+const NO_OBJ: u64 = 0xffff;
+const NO_CLASS: u64 = 0xff;
+/// Scratch per operation: lz4 wants room for its worst case (a little over a page).
+const SCRATCH_BYTES: usize = 2 * PAGE_SIZE;
+
+/// A page-aligned scratch buffer for one compression or decompression.
+#[repr(C, align(4096))]
+struct Scratch([u8; SCRATCH_BYTES]);
+
+/// How pages are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compressor {
+    /// lz4 (`lz4_flex`): the fastest; the default, as in zswap.
+    Lz4,
+    /// zstd at the given level: smaller, slower.
+    Zstd { level: i32 },
+}
+
+/// What to do with a page that does not compress below the threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Incompressible {
+    /// Keep it uncompressed in the pool (zswap since 6.17).
+    StoreRaw,
+    /// Decline it: the engine writes it to the next device.
+    Reject,
+}
+
+/// Configuration of a compressed pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZpoolConfig {
+    /// Memory the pool may use for compressed data (its footprint in chunks).
+    pub cap_bytes: u64,
+    /// Pages the pool can index (its slots).
+    pub nr_slots: u64,
+    pub compressor: Compressor,
+    pub incompressible: Incompressible,
+    /// A page compressing to this many bytes or more counts as incompressible.
+    pub incompressible_threshold_bytes: usize,
+    /// After reaching the cap, accept pages again below this percentage of it.
+    pub accept_threshold_percent: u8,
+}
+
+impl ZpoolConfig {
+    pub fn new(cap_bytes: u64, nr_slots: u64) -> ZpoolConfig {
+        ZpoolConfig {
+            cap_bytes,
+            nr_slots,
+            compressor: Compressor::Lz4,
+            incompressible: Incompressible::StoreRaw,
+            incompressible_threshold_bytes: PAGE_SIZE - PAGE_SIZE / 8,
+            accept_threshold_percent: 90,
+        }
+    }
+}
+
+// Slot entry, word 0: kind | length << 2 | object << 16. Word 1: the repeated word.
+const KIND_EMPTY: u64 = 0;
+const KIND_SAME: u64 = 1;
+const KIND_COMPRESSED: u64 = 2;
+const KIND_RAW: u64 = 3;
+
+fn entry(kind: u64, len: usize, chunk: u32, obj: u64) -> u64 {
+    kind | (len as u64) << 2 | (obj << 16) | (chunk as u64) << 28
+}
+fn entry_kind(e: u64) -> u64 {
+    e & 3
+}
+fn entry_len(e: u64) -> usize {
+    ((e >> 2) & 0x1fff) as usize
+}
+fn entry_obj(e: u64) -> u64 {
+    (e >> 16) & 0xfff
+}
+fn entry_chunk(e: u64) -> u32 {
+    (e >> 28) as u32
+}
+
+fn class_of(len: usize) -> usize {
+    len.div_ceil(CLASS_BYTES).max(1) - 1
+}
+fn class_size(c: usize) -> usize {
+    (c + 1) * CLASS_BYTES
+}
+fn objects_per_chunk(c: usize) -> u64 {
+    (CHUNK_BYTES / class_size(c)) as u64
+}
+
+// Chunk metadata word: class | inuse << 8 | free_head << 24 | next_unused << 40.
+fn meta(class: u64, inuse: u64, free_head: u64, next_unused: u64) -> u64 {
+    class | inuse << 8 | free_head << 24 | next_unused << 40
+}
+fn meta_class(m: u64) -> u64 {
+    m & 0xff
+}
+fn meta_inuse(m: u64) -> u64 {
+    (m >> 8) & 0xffff
+}
+fn meta_free_head(m: u64) -> u64 {
+    (m >> 24) & 0xffff
+}
+fn meta_next_unused(m: u64) -> u64 {
+    (m >> 40) & 0xffff
+}
+
+struct ClassState {
+    /// First chunk of this class with room, linked through `links`.
+    partial_head: u32,
+}
+
+struct ArenaState {
+    /// Free chunks, linked through `links` (next half).
+    free_head: u32,
+    /// Chunks never used yet start here.
+    next_fresh: u32,
+}
+
+/// A compression context for zstd, warmed at start-up so using it never allocates.
+struct ZstdCtx {
+    c: zstd_safe::CCtx<'static>,
+    d: zstd_safe::DCtx<'static>,
+}
+
+pub struct ZpoolBackend {
+    cfg: ZpoolConfig,
+    /// Two words per slot (see `entry`).
+    slots: AtomicTable,
+    arena: Mapping,
+    nr_chunks: u32,
+    /// Per chunk: metadata word and list links (prev << 32 | next).
+    chunk_meta: Box<[AtomicU64]>,
+    chunk_links: Box<[AtomicU64]>,
+    classes: Box<[SpinLock<ClassState>]>,
+    free_chunks: SpinLock<ArenaState>,
+    /// Scratch buffers, two per operation, taken and returned without locks.
+    scratch: ArrayQueue<Box<Scratch>>,
+    zstd: ArrayQueue<Box<ZstdCtx>>,
+    /// Stored slots in store order, for writeback (entries may be stale; readers check).
+    lru: ArrayQueue<u64>,
+    full: AtomicBool,
+    /// Copy of `ArenaState::next_fresh`, readable without the lock.
+    fresh_hint: AtomicU32,
+    /// Chunks `0..populated` have been populated by `prepare`.
+    populated: AtomicU32,
+    chunks_in_use: AtomicU64,
+    stored_pages: AtomicU64,
+    same_filled: AtomicU64,
+    incompressible: AtomicU64,
+    compressed_bytes: AtomicU64,
+    reject_pool_full: AtomicU64,
+    reject_incompressible: AtomicU64,
+    reject_alloc_fail: AtomicU64,
+}
+
+/// Why the pool could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum ZpoolError {
+    #[error("compressed pool cap of {cap_bytes} bytes is below one chunk ({min_bytes} bytes)")]
+    CapTooSmall { cap_bytes: u64, min_bytes: u64 },
+    #[error("cannot map the compressed pool's arena ({bytes} bytes): {source}")]
+    Map { bytes: u64, source: std::io::Error },
+    #[error("zstd level {level} is out of range (1..=22)")]
+    ZstdLevel { level: i32 },
+    #[error("cannot set up a zstd context: {what}")]
+    Zstd { what: String },
+}
+
+impl ZpoolBackend {
+    pub fn new(cfg: ZpoolConfig) -> Result<ZpoolBackend, ZpoolError> {
+        if cfg.cap_bytes < CHUNK_BYTES as u64 {
+            return Err(ZpoolError::CapTooSmall { cap_bytes: cfg.cap_bytes, min_bytes: CHUNK_BYTES as u64 });
+        }
+        // Room for the cap plus one partly used chunk per size class.
+        let nr_chunks = (cfg.cap_bytes as usize).div_ceil(CHUNK_BYTES) + NR_CLASSES;
+        let arena_bytes = nr_chunks * CHUNK_BYTES;
+        let map_err = |source| ZpoolError::Map { bytes: arena_bytes as u64, source };
+        let arena =
+            Mapping::anonymous(arena_bytes, MapOptions { no_huge_pages: true, dont_fork: true }).map_err(map_err)?;
+        let slots = AtomicTable::new(2 * cfg.nr_slots as usize).map_err(map_err)?;
+        let nr_cpus = nr_cpus_configured().max(1);
+        let nr_ctx = 4 * nr_cpus.max(4);
+        let zstd = ArrayQueue::new(nr_ctx);
+        if let Compressor::Zstd { level } = cfg.compressor {
+            if !(1..=22).contains(&level) {
+                return Err(ZpoolError::ZstdLevel { level });
+            }
+            for _ in 0..nr_ctx {
+                let mut ctx = ZstdCtx { c: zstd_safe::CCtx::create(), d: zstd_safe::DCtx::create() };
+                // Warm up: the first compression sizes the context's workspace.
+                let page = [0x5au8; PAGE_SIZE];
+                let mut out = [0u8; 2 * PAGE_SIZE];
+                let n = ctx
+                    .c
+                    .compress(&mut out[..], &page[..], level)
+                    .map_err(|e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() })?;
+                let mut back = [0u8; PAGE_SIZE];
+                ctx.d
+                    .decompress(&mut back[..], &out[..n])
+                    .map_err(|e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() })?;
+                let _ = zstd.push(Box::new(ctx));
+            }
+        }
+        Ok(ZpoolBackend {
+            slots,
+            arena,
+            nr_chunks: nr_chunks as u32,
+            chunk_meta: (0..nr_chunks).map(|_| AtomicU64::new(meta(NO_CLASS, 0, NO_OBJ, 0))).collect(),
+            chunk_links: (0..nr_chunks).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            classes: (0..NR_CLASSES).map(|_| SpinLock::new(ClassState { partial_head: NIL })).collect(),
+            free_chunks: SpinLock::new(ArenaState { free_head: NIL, next_fresh: 0 }),
+            scratch: {
+                let q = ArrayQueue::new(2 * nr_ctx);
+                for _ in 0..2 * nr_ctx {
+                    let _ = q.push(Box::new(Scratch([0; SCRATCH_BYTES])));
+                }
+                q
+            },
+            zstd,
+            lru: ArrayQueue::new((cfg.nr_slots as usize).max(1024)),
+            full: AtomicBool::new(false),
+            fresh_hint: AtomicU32::new(0),
+            populated: AtomicU32::new(0),
+            chunks_in_use: AtomicU64::new(0),
+            stored_pages: AtomicU64::new(0),
+            same_filled: AtomicU64::new(0),
+            incompressible: AtomicU64::new(0),
+            compressed_bytes: AtomicU64::new(0),
+            reject_pool_full: AtomicU64::new(0),
+            reject_incompressible: AtomicU64::new(0),
+            reject_alloc_fail: AtomicU64::new(0),
+            cfg,
+        })
+    }
+
+    /// Bytes of arena the pool uses (chunks in use).
+    pub fn pool_bytes(&self) -> u64 {
+        self.chunks_in_use.load(Ordering::Relaxed) * CHUNK_BYTES as u64
+    }
+
+    fn accept_limit_bytes(&self) -> u64 {
+        self.cfg.cap_bytes * self.cfg.accept_threshold_percent as u64 / 100
+    }
+
+    /// Updates the full flag: set at the cap, cleared below the accept threshold.
+    fn update_full(&self) {
+        let bytes = self.pool_bytes();
+        if bytes >= self.cfg.cap_bytes {
+            self.full.store(true, Ordering::Relaxed);
+        } else if bytes < self.accept_limit_bytes() {
+            self.full.store(false, Ordering::Relaxed);
+        }
+    }
+
+    fn obj_offset(chunk: u32, class: usize, obj: u64) -> usize {
+        chunk as usize * CHUNK_BYTES + obj as usize * class_size(class)
+    }
+
+    fn links(&self, chunk: u32) -> (u32, u32) {
+        let l = self.chunk_links[chunk as usize].load(Ordering::Relaxed);
+        ((l >> 32) as u32, l as u32)
+    }
+
+    fn set_links(&self, chunk: u32, prev: u32, next: u32) {
+        self.chunk_links[chunk as usize].store((prev as u64) << 32 | next as u64, Ordering::Relaxed);
+    }
+
+    /// Pushes `chunk` at the head of its class's partial list (class lock held).
+    fn partial_push(&self, cls: &mut ClassState, chunk: u32) {
+        let head = cls.partial_head;
+        self.set_links(chunk, NIL, head);
+        if head != NIL {
+            let (_, hn) = self.links(head);
+            self.set_links(head, chunk, hn);
+        }
+        cls.partial_head = chunk;
+    }
+
+    /// Unlinks `chunk` from its class's partial list (class lock held).
+    fn partial_unlink(&self, cls: &mut ClassState, chunk: u32) {
+        let (prev, next) = self.links(chunk);
+        if prev == NIL {
+            cls.partial_head = next;
+        } else {
+            let (pp, _) = self.links(prev);
+            self.set_links(prev, pp, next);
+        }
+        if next != NIL {
+            let (_, nn) = self.links(next);
+            self.set_links(next, prev, nn);
+        }
+        self.set_links(chunk, NIL, NIL);
+    }
+
+    /// Allocates an object of class `c`: returns (chunk, object index).
+    fn alloc_object(&self, c: usize) -> Option<(u32, u64)> {
+        let mut cls = self.classes[c].lock();
+        let chunk = if cls.partial_head != NIL {
+            cls.partial_head
+        } else {
+            let ch = {
+                let mut a = self.free_chunks.lock();
+                if a.free_head != NIL {
+                    let ch = a.free_head;
+                    a.free_head = self.links(ch).1;
+                    ch
+                } else if a.next_fresh < self.nr_chunks {
+                    a.next_fresh += 1;
+                    self.fresh_hint.store(a.next_fresh, Ordering::Relaxed);
+                    a.next_fresh - 1
+                } else {
+                    return None;
+                }
+            };
+            self.chunks_in_use.fetch_add(1, Ordering::Relaxed);
+            self.chunk_meta[ch as usize].store(meta(c as u64, 0, NO_OBJ, 0), Ordering::Relaxed);
+            self.partial_push(&mut cls, ch);
+            ch
+        };
+        let m = self.chunk_meta[chunk as usize].load(Ordering::Relaxed);
+        debug_assert_eq!(meta_class(m), c as u64);
+        let (obj, free_head, next_unused) = if meta_free_head(m) != NO_OBJ {
+            let obj = meta_free_head(m);
+            let mut link = [0u8; 2];
+            self.arena.read(Self::obj_offset(chunk, c, obj), &mut link);
+            (obj, u16::from_ne_bytes(link) as u64, meta_next_unused(m))
+        } else {
+            let obj = meta_next_unused(m);
+            (obj, NO_OBJ, obj + 1)
+        };
+        let inuse = meta_inuse(m) + 1;
+        if inuse == objects_per_chunk(c) {
+            self.partial_unlink(&mut cls, chunk);
+        }
+        self.chunk_meta[chunk as usize].store(meta(c as u64, inuse, free_head, next_unused), Ordering::Relaxed);
+        Some((chunk, obj))
+    }
+
+    fn free_object(&self, chunk: u32, obj: u64) {
+        let c = meta_class(self.chunk_meta[chunk as usize].load(Ordering::Relaxed)) as usize;
+        assert!(c < NR_CLASSES, "object freed in a free chunk {chunk}");
+        let mut cls = self.classes[c].lock();
+        let m = self.chunk_meta[chunk as usize].load(Ordering::Relaxed);
+        let inuse = meta_inuse(m);
+        assert!(inuse > 0, "chunk {chunk}: object freed twice");
+        let was_full = inuse == objects_per_chunk(c);
+        self.arena.write(Self::obj_offset(chunk, c, obj), &(meta_free_head(m) as u16).to_ne_bytes());
+        let inuse = inuse - 1;
+        if inuse == 0 {
+            if !was_full {
+                self.partial_unlink(&mut cls, chunk);
+            }
+            self.chunk_meta[chunk as usize].store(meta(NO_CLASS, 0, NO_OBJ, 0), Ordering::Relaxed);
+            let mut a = self.free_chunks.lock();
+            self.set_links(chunk, NIL, a.free_head);
+            a.free_head = chunk;
+            self.chunks_in_use.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            if was_full {
+                self.partial_push(&mut cls, chunk);
+            }
+            self.chunk_meta[chunk as usize].store(meta(c as u64, inuse, obj, meta_next_unused(m)), Ordering::Relaxed);
+        }
+    }
+
+    /// Compresses `src` into `dst`; returns the compressed length, or None if it did not
+    /// fit (which counts as incompressible).
+    fn compress(&self, src: &[u8], dst: &mut [u8]) -> Option<usize> {
+        match self.cfg.compressor {
+            Compressor::Lz4 => lz4_flex::block::compress_into(src, dst).ok(),
+            Compressor::Zstd { level } => {
+                let mut ctx = self.take_zstd();
+                let r = ctx.c.compress(dst, src, level).ok();
+                let _ = self.zstd.push(ctx);
+                r
+            }
+        }
+    }
+
+    fn decompress(&self, src: &[u8], dst: &mut [u8]) -> bool {
+        match self.cfg.compressor {
+            Compressor::Lz4 => matches!(lz4_flex::block::decompress_into(src, dst), Ok(PAGE_SIZE)),
+            Compressor::Zstd { .. } => {
+                let mut ctx = self.take_zstd();
+                let r = ctx.d.decompress(dst, src);
+                let _ = self.zstd.push(ctx);
+                r == Ok(PAGE_SIZE)
+            }
+        }
+    }
+
+    fn take_scratch(&self) -> Box<Scratch> {
+        let backoff = crossbeam_utils::Backoff::new();
+        loop {
+            if let Some(s) = self.scratch.pop() {
+                return s;
+            }
+            backoff.snooze();
+        }
+    }
+
+    fn take_zstd(&self) -> Box<ZstdCtx> {
+        let backoff = crossbeam_utils::Backoff::new();
+        loop {
+            if let Some(c) = self.zstd.pop() {
+                return c;
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Stores one page into `slot`. On rejection nothing is stored.
+    fn store_page(&self, slot: u64, page: &[u8], scratch: &mut [u8]) -> Result<(), BackendError> {
+        let e = &self.slots[2 * slot as usize];
+        debug_assert_eq!(e.load(Ordering::Relaxed), KIND_EMPTY, "slot {slot} written twice");
+        let first = u64::from_ne_bytes(page[..8].try_into().expect("8 bytes"));
+        if page.chunks_exact(8).all(|w| w == first.to_ne_bytes()) {
+            self.slots[2 * slot as usize + 1].store(first, Ordering::Relaxed);
+            e.store(entry(KIND_SAME, 0, 0, 0), Ordering::Release);
+            self.same_filled.fetch_add(1, Ordering::Relaxed);
+            self.stored_pages.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        if self.full.load(Ordering::Relaxed) {
+            self.reject_pool_full.fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::Rejected { slot, reason: RejectReason::PoolFull });
+        }
+        let (kind, data): (u64, &[u8]) = match self.compress(page, scratch) {
+            Some(n) if n < self.cfg.incompressible_threshold_bytes => (KIND_COMPRESSED, &scratch[..n]),
+            _ => match self.cfg.incompressible {
+                Incompressible::StoreRaw => (KIND_RAW, page),
+                Incompressible::Reject => {
+                    self.reject_incompressible.fetch_add(1, Ordering::Relaxed);
+                    return Err(BackendError::Rejected { slot, reason: RejectReason::Incompressible });
+                }
+            },
+        };
+        let c = class_of(data.len());
+        let Some((chunk, obj)) = self.alloc_object(c) else {
+            self.reject_alloc_fail.fetch_add(1, Ordering::Relaxed);
+            self.full.store(true, Ordering::Relaxed);
+            return Err(BackendError::Rejected { slot, reason: RejectReason::PoolFull });
+        };
+        self.arena.write(Self::obj_offset(chunk, c, obj), data);
+        e.store(entry(kind, data.len(), chunk, obj), Ordering::Release);
+        if kind == KIND_RAW {
+            self.incompressible.fetch_add(1, Ordering::Relaxed);
+        }
+        self.compressed_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.stored_pages.fetch_add(1, Ordering::Relaxed);
+        if self.lru.push(slot).is_err() {
+            // The writeback queue only orders writeback; a slot missing from it stays in the
+            // pool until freed.
+        }
+        self.update_full();
+        Ok(())
+    }
+
+    fn load_page(&self, slot: u64, dst: &mut [u8; PAGE_SIZE], scratch: &mut [u8]) -> Result<(), BackendError> {
+        let e = self.slots[2 * slot as usize].load(Ordering::Acquire);
+        match entry_kind(e) {
+            KIND_SAME => {
+                let w = self.slots[2 * slot as usize + 1].load(Ordering::Relaxed).to_ne_bytes();
+                for d in dst.chunks_exact_mut(8) {
+                    d.copy_from_slice(&w);
+                }
+                Ok(())
+            }
+            KIND_RAW => {
+                self.arena.read(Self::obj_offset(entry_chunk(e), PAGE_SIZE / CLASS_BYTES - 1, entry_obj(e)), dst);
+                Ok(())
+            }
+            KIND_COMPRESSED => {
+                let len = entry_len(e);
+                let off = Self::obj_offset(entry_chunk(e), class_of(len), entry_obj(e));
+                self.arena.read(off, &mut scratch[..len]);
+                if self.decompress(&scratch[..len], dst) {
+                    Ok(())
+                } else {
+                    Err(BackendError::Corrupt { slot })
+                }
+            }
+            _ => Err(BackendError::Empty { slot }),
+        }
+    }
+
+    fn check(&self, slot: u64, nr: u64) -> Result<(), BackendError> {
+        if slot + nr > self.cfg.nr_slots {
+            return Err(BackendError::OutOfRange { slot: slot + nr - 1, nr_slots: self.cfg.nr_slots });
+        }
+        Ok(())
+    }
+}
+
+impl Backend for ZpoolBackend {
+    fn name(&self) -> String {
+        match self.cfg.compressor {
+            Compressor::Lz4 => "zpool(lz4)".into(),
+            Compressor::Zstd { level } => format!("zpool(zstd-{level})"),
+        }
+    }
+
+    fn nr_slots(&self) -> u64 {
+        self.cfg.nr_slots
+    }
+
+    fn write(&self, reqs: &mut [WriteReq<'_>]) {
+        let mut page_buf = self.take_scratch();
+        let mut out_buf = self.take_scratch();
+        for r in reqs {
+            r.result = self.check(r.slot, r.nr_pages());
+            if r.result.is_err() {
+                continue;
+            }
+            for i in 0..r.nr_pages() {
+                let page = &mut page_buf.0[..PAGE_SIZE];
+                r.data.copy_page_to(i as usize, page);
+                if let Err(e) = self.store_page(r.slot + i, page, &mut out_buf.0) {
+                    // All or nothing per request: undo the pages already stored.
+                    for j in 0..i {
+                        self.invalidate(r.slot + j);
+                    }
+                    r.result = Err(e);
+                    break;
+                }
+            }
+        }
+        let _ = self.scratch.push(page_buf);
+        let _ = self.scratch.push(out_buf);
+    }
+
+    fn read(&self, reqs: &mut [ReadReq<'_>]) {
+        let mut scratch = self.take_scratch();
+        for r in reqs {
+            r.result = self.check(r.slot, r.nr_pages());
+            if r.result.is_err() {
+                continue;
+            }
+            for (i, page) in r.buf.iter_mut().enumerate() {
+                if let Err(e) = self.load_page(r.slot + i as u64, &mut page.0, &mut scratch.0) {
+                    r.result = Err(e);
+                    break;
+                }
+            }
+        }
+        let _ = self.scratch.push(scratch);
+    }
+
+    fn invalidate(&self, slot: u64) {
+        if slot >= self.cfg.nr_slots {
+            return;
+        }
+        let e = self.slots[2 * slot as usize].swap(KIND_EMPTY, Ordering::AcqRel);
+        match entry_kind(e) {
+            KIND_EMPTY => return,
+            KIND_SAME => {
+                self.same_filled.fetch_sub(1, Ordering::Relaxed);
+            }
+            kind => {
+                if kind == KIND_RAW {
+                    self.incompressible.fetch_sub(1, Ordering::Relaxed);
+                }
+                self.compressed_bytes.fetch_sub(entry_len(e) as u64, Ordering::Relaxed);
+                self.free_object(entry_chunk(e), entry_obj(e));
+                self.update_full();
+            }
+        }
+        self.stored_pages.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn accepting(&self) -> bool {
+        !self.full.load(Ordering::Relaxed)
+    }
+
+    fn prepare(&self) {
+        let from = self.populated.load(Ordering::Relaxed);
+        let to = (self.fresh_hint.load(Ordering::Relaxed) + PREPARE_AHEAD_CHUNKS).min(self.nr_chunks);
+        if to > from {
+            let (off, len) = (from as usize * CHUNK_BYTES, (to - from) as usize * CHUNK_BYTES);
+            // Best effort: without it the same pages are populated on first use.
+            let _ = self.arena.advise(off, len, libc::MADV_POPULATE_WRITE);
+            self.populated.store(to, Ordering::Relaxed);
+        }
+    }
+
+    fn writeback_candidates(&self, out: &mut [u64]) -> usize {
+        if self.pool_bytes() < self.accept_limit_bytes() {
+            return 0;
+        }
+        let mut n = 0;
+        while n < out.len() {
+            let Some(slot) = self.lru.pop() else { break };
+            // Stale entries (freed since) are skipped; same-filled pages cost nothing here.
+            let kind = entry_kind(self.slots[2 * slot as usize].load(Ordering::Acquire));
+            if kind == KIND_COMPRESSED || kind == KIND_RAW {
+                out[n] = slot;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn stats(&self) -> Option<BackendStats> {
+        let pool_bytes = self.pool_bytes();
+        let stored = self.stored_pages.load(Ordering::Relaxed);
+        Some(BackendStats {
+            pool_bytes,
+            stored_pages: stored,
+            same_filled_pages: self.same_filled.load(Ordering::Relaxed),
+            incompressible_pages: self.incompressible.load(Ordering::Relaxed),
+            compressed_bytes: self.compressed_bytes.load(Ordering::Relaxed),
+            compression_ratio: if pool_bytes == 0 {
+                0.0
+            } else {
+                (stored * PAGE_SIZE as u64) as f64 / pool_bytes as f64
+            },
+            reject_pool_full: self.reject_pool_full.load(Ordering::Relaxed),
+            reject_incompressible: self.reject_incompressible.load(Ordering::Relaxed),
+            reject_alloc_fail: self.reject_alloc_fail.load(Ordering::Relaxed),
+            discard_errors: 0,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::AlignedPage;
+    use crate::mapping::PageRun;
+
+    fn page_of(kind: u32, seed: u64) -> AlignedPage {
+        let mut p = AlignedPage([0; PAGE_SIZE]);
+        let mut x = seed | 1;
+        for (k, w) in p.0.chunks_exact_mut(8).enumerate() {
+            let v = match kind {
+                0 => 0,                            // zero page
+                1 => 0xdead_beef_0000_0000 | seed, // one repeated word
+                2 if k < 128 => {
+                    // compressible: quarter random
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                }
+                2 => 0,
+                _ => {
+                    // incompressible
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                }
+            };
+            w.copy_from_slice(&v.to_ne_bytes());
+        }
+        p
+    }
+
+    fn store(z: &ZpoolBackend, slot: u64, p: &AlignedPage) -> Result<(), BackendError> {
+        let pages = std::slice::from_ref(p);
+        let mut req = [WriteReq::new(slot, PageRun::from_pages(pages))];
+        z.write(&mut req);
+        std::mem::replace(&mut req[0].result, Ok(()))
+    }
+
+    fn load(z: &ZpoolBackend, slot: u64) -> Result<AlignedPage, BackendError> {
+        let mut buf = [AlignedPage([0xaa; PAGE_SIZE])];
+        let mut req = [ReadReq::new(slot, &mut buf)];
+        z.read(&mut req);
+        std::mem::replace(&mut req[0].result, Ok(())).map(|_| buf[0])
+    }
+
+    #[test]
+    fn every_kind_of_page_round_trips_and_is_counted() {
+        for compressor in [Compressor::Lz4, Compressor::Zstd { level: 3 }] {
+            let mut cfg = ZpoolConfig::new(8 << 20, 4096);
+            cfg.compressor = compressor;
+            let z = ZpoolBackend::new(cfg).unwrap();
+            let pages: Vec<AlignedPage> = (0..400).map(|i| page_of(i % 4, i as u64 + 1)).collect();
+            for (i, p) in pages.iter().enumerate() {
+                store(&z, i as u64, p).unwrap();
+            }
+            for (i, p) in pages.iter().enumerate() {
+                assert_eq!(load(&z, i as u64).unwrap().0, p.0, "slot {i} with {compressor:?}");
+            }
+            let st = z.stats().unwrap();
+            assert_eq!(st.stored_pages, 400);
+            assert_eq!(st.same_filled_pages, 200);
+            assert_eq!(st.incompressible_pages, 100);
+            assert!(st.compression_ratio > 1.0, "{st:?}");
+            for i in 0..400 {
+                z.invalidate(i);
+            }
+            let st = z.stats().unwrap();
+            assert_eq!((st.stored_pages, st.pool_bytes, st.compressed_bytes), (0, 0, 0), "{st:?}");
+            assert!(matches!(load(&z, 3), Err(BackendError::Empty { slot: 3 })));
+        }
+    }
+
+    #[test]
+    fn cap_with_hysteresis_and_writeback_candidates_oldest_first() {
+        let z = ZpoolBackend::new(ZpoolConfig::new(1 << 20, 8192)).unwrap();
+        let mut stored = 0u64;
+        loop {
+            match store(&z, stored, &page_of(3, stored + 7)) {
+                Ok(()) => stored += 1,
+                Err(BackendError::Rejected { reason: RejectReason::PoolFull, .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+            assert!(stored < 8192, "the cap never bit");
+        }
+        assert!(!z.accepting());
+        assert!(z.pool_bytes() >= 1 << 20 && z.pool_bytes() <= (1 << 20) + CHUNK_BYTES as u64);
+        // Same-filled pages cost nothing and are still taken.
+        store(&z, stored, &page_of(0, 0)).unwrap();
+        let mut out = [0u64; 8];
+        assert_eq!(z.writeback_candidates(&mut out), 8);
+        assert_eq!(out, [0, 1, 2, 3, 4, 5, 6, 7], "oldest first");
+        // Drain below the accept threshold (90 %): accepting again.
+        let mut freed = 0;
+        while !z.accepting() {
+            z.invalidate(freed);
+            freed += 1;
+        }
+        assert!(z.pool_bytes() < (1 << 20) * 9 / 10);
+        store(&z, stored + 1, &page_of(3, 99)).unwrap();
+        assert_eq!(load(&z, stored + 1).unwrap().0, page_of(3, 99).0);
+    }
+
+    #[test]
+    fn incompressible_pages_can_be_passed_on() {
+        let mut cfg = ZpoolConfig::new(4 << 20, 1024);
+        cfg.incompressible = Incompressible::Reject;
+        let z = ZpoolBackend::new(cfg).unwrap();
+        let e = store(&z, 5, &page_of(3, 1)).unwrap_err();
+        assert!(matches!(e, BackendError::Rejected { slot: 5, reason: RejectReason::Incompressible }), "{e}");
+        assert!(matches!(load(&z, 5), Err(BackendError::Empty { .. })), "a rejected page leaves nothing");
+        store(&z, 6, &page_of(2, 1)).unwrap();
+        assert_eq!(z.stats().unwrap().reject_incompressible, 1);
+    }
+
+    #[test]
+    fn a_failed_page_in_a_run_stores_nothing_of_the_run() {
+        let mut cfg = ZpoolConfig::new(4 << 20, 1024);
+        cfg.incompressible = Incompressible::Reject;
+        let z = ZpoolBackend::new(cfg).unwrap();
+        let run = [page_of(2, 1), page_of(2, 2), page_of(3, 3)];
+        let mut req = [WriteReq::new(10, PageRun::from_pages(&run))];
+        z.write(&mut req);
+        assert!(req[0].result.is_err());
+        assert_eq!(z.stats().unwrap().stored_pages, 0);
+        assert_eq!(z.pool_bytes(), 0);
+    }
+
+    #[test]
+    fn concurrent_stores_and_invalidations_on_distinct_slots() {
+        let z = std::sync::Arc::new(ZpoolBackend::new(ZpoolConfig::new(32 << 20, 16384)).unwrap());
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let z = z.clone();
+                std::thread::spawn(move || {
+                    for round in 0..5u64 {
+                        for i in 0..500u64 {
+                            let slot = t * 4096 + i;
+                            store(&z, slot, &page_of(((i + round) % 4) as u32, slot * 31 + round)).unwrap();
+                        }
+                        for i in 0..500u64 {
+                            let slot = t * 4096 + i;
+                            let want = page_of(((i + round) % 4) as u32, slot * 31 + round);
+                            assert_eq!(load(&z, slot).unwrap().0, want.0);
+                            z.invalidate(slot);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let st = z.stats().unwrap();
+        assert_eq!((st.stored_pages, st.pool_bytes), (0, 0), "{st:?}");
+    }
+}

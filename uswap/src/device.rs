@@ -1,0 +1,249 @@
+//! Swap device configuration: what a pager is given, how the `uswap` command spells it, and
+//! how a configuration becomes a [`Backend`].
+//!
+//! Kinds: `ram` (uncompressed pages in memory), `zpool` (compressed pool with a memory cap,
+//! written back to the next device when full), and later `file`. Any device can be wrapped
+//! in fault injection for tests, and can keep a per-page checksum that is checked on every
+//! read (on by default for devices outside memory).
+
+use crate::backend::failing::{FailingBackend, FaultInjection};
+use crate::backend::ram::RamBackend;
+use crate::backend::zpool::{Compressor, Incompressible, ZpoolBackend, ZpoolConfig};
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::swap::SWAPFILE_CLUSTER;
+use crate::uffd::PAGE_SIZE;
+
+const CLUSTER_BYTES: u64 = (SWAPFILE_CLUSTER * PAGE_SIZE) as u64;
+
+#[derive(Debug, Clone)]
+enum DeviceKind {
+    Ram { capacity_bytes: u64 },
+    Zpool { cap_bytes: u64, capacity_bytes: Option<u64>, zpool: ZpoolOptions },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ZpoolOptions {
+    compressor: Compressor,
+    incompressible: Incompressible,
+    accept_threshold_percent: u8,
+}
+
+/// A swap device to give a pager.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    kind: DeviceKind,
+    priority: i32,
+    checksum: Option<bool>,
+    fault_injection: Option<FaultInjection>,
+}
+
+impl DeviceConfig {
+    fn new(kind: DeviceKind) -> DeviceConfig {
+        DeviceConfig { kind, priority: 0, checksum: None, fault_injection: None }
+    }
+
+    /// Uncompressed RAM storage of `capacity_bytes` (rounded down to whole 2 MiB clusters).
+    pub fn ram(capacity_bytes: u64) -> DeviceConfig {
+        DeviceConfig::new(DeviceKind::Ram { capacity_bytes })
+    }
+
+    /// A compressed RAM pool using at most `cap_bytes` of memory (lz4; pages filled with one
+    /// repeated word stored as that word; incompressible pages stored as they are). It
+    /// indexes four times its cap in pages unless [`DeviceConfig::capacity`] says otherwise.
+    /// When full it stops taking pages until it drains below 90 % of the cap, and its oldest
+    /// pages are written back to the next device.
+    pub fn zpool(cap_bytes: u64) -> DeviceConfig {
+        DeviceConfig::new(DeviceKind::Zpool {
+            cap_bytes,
+            capacity_bytes: None,
+            zpool: ZpoolOptions {
+                compressor: Compressor::Lz4,
+                incompressible: Incompressible::StoreRaw,
+                accept_threshold_percent: 90,
+            },
+        })
+    }
+
+    /// Devices with higher priority are used first; equal priorities take turns.
+    pub fn priority(mut self, priority: i32) -> DeviceConfig {
+        self.priority = priority;
+        self
+    }
+
+    /// Pages the device can index, in bytes of uncompressed data (for the pool, which
+    /// otherwise indexes four times its cap; for other kinds, the size).
+    pub fn capacity(mut self, bytes: u64) -> DeviceConfig {
+        match &mut self.kind {
+            DeviceKind::Ram { capacity_bytes } => *capacity_bytes = bytes,
+            DeviceKind::Zpool { capacity_bytes, .. } => *capacity_bytes = Some(bytes),
+        }
+        self
+    }
+
+    /// The pool's compressor (ignored by other kinds).
+    pub fn compressor(mut self, c: Compressor) -> DeviceConfig {
+        if let DeviceKind::Zpool { zpool, .. } = &mut self.kind {
+            zpool.compressor = c;
+        }
+        self
+    }
+
+    /// What the pool does with pages that do not compress (ignored by other kinds).
+    pub fn incompressible(mut self, i: Incompressible) -> DeviceConfig {
+        if let DeviceKind::Zpool { zpool, .. } = &mut self.kind {
+            zpool.incompressible = i;
+        }
+        self
+    }
+
+    /// After filling up, the pool takes pages again below this percentage of its cap.
+    pub fn accept_threshold_percent(mut self, percent: u8) -> DeviceConfig {
+        if let DeviceKind::Zpool { zpool, .. } = &mut self.kind {
+            zpool.accept_threshold_percent = percent.clamp(1, 100);
+        }
+        self
+    }
+
+    /// Keep a crc32c of every page written and check it on every read: a mismatch is
+    /// counted, reported with the page's address, and the page is never mapped.
+    pub fn checksum(mut self, on: bool) -> DeviceConfig {
+        self.checksum = Some(on);
+        self
+    }
+
+    /// Make the device fail on purpose (tests).
+    pub fn inject_faults(mut self, f: FaultInjection) -> DeviceConfig {
+        self.fault_injection = Some(f);
+        self
+    }
+
+    /// Parses a device list as the `uswap` command takes it: comma-separated devices, highest
+    /// priority first (each gets a lower priority than the one before). Forms:
+    ///
+    /// * `ram` or `ram:SIZE`;
+    /// * `zpool` followed by options separated by `:` in any order: a size (the memory cap),
+    ///   `lz4`, `zstd` or `zstd-LEVEL`, `raw` or `reject` (incompressible pages).
+    ///
+    /// `default_capacity_bytes` is the size of a device given without one. Sizes take `KiB`,
+    /// `MiB`, `GiB`, `TiB` (or `K`, `M`, `G`, `T`), or plain bytes.
+    pub fn parse_list(spec: &str, default_capacity_bytes: u64) -> Result<Vec<DeviceConfig>> {
+        let mut out = Vec::new();
+        for (i, item) in spec.split(',').map(str::trim).enumerate() {
+            let bad = |why: String| Error::BadDeviceSpec { spec: item.to_string(), why };
+            let mut parts = item.split(':');
+            let kind = parts.next().unwrap_or("");
+            let opts: Vec<&str> = parts.collect();
+            let dev = match kind {
+                "ram" => match opts.as_slice() {
+                    [] => DeviceConfig::ram(default_capacity_bytes),
+                    [size] => DeviceConfig::ram(parse_size(size).map_err(bad)?),
+                    _ => return Err(bad("expected ram or ram:SIZE".into())),
+                },
+                "zpool" => {
+                    let mut cap = None;
+                    let mut d = DeviceConfig::zpool(0);
+                    for o in opts {
+                        d = match o {
+                            "lz4" => d.compressor(Compressor::Lz4),
+                            "zstd" => d.compressor(Compressor::Zstd { level: 3 }),
+                            "raw" => d.incompressible(Incompressible::StoreRaw),
+                            "reject" => d.incompressible(Incompressible::Reject),
+                            z if z.starts_with("zstd-") => {
+                                let level = z[5..].parse().map_err(|_| bad(format!("bad zstd level in {z:?}")))?;
+                                d.compressor(Compressor::Zstd { level })
+                            }
+                            size => {
+                                cap = Some(parse_size(size).map_err(|e| {
+                                    bad(format!("{e}; zpool options are a size, lz4, zstd, zstd-LEVEL, raw, reject"))
+                                })?);
+                                d
+                            }
+                        };
+                    }
+                    let cap = cap.unwrap_or(default_capacity_bytes);
+                    if let DeviceKind::Zpool { cap_bytes, .. } = &mut d.kind {
+                        *cap_bytes = cap;
+                    }
+                    d.capacity((4 * cap).max(default_capacity_bytes))
+                }
+                "" => return Err(bad("empty device name".into())),
+                other => return Err(bad(format!("unknown device kind {other:?}; known: ram, zpool"))),
+            };
+            out.push(dev.priority(-(i as i32)));
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn priority_value(&self) -> i32 {
+        self.priority
+    }
+
+    fn name(&self) -> &'static str {
+        match self.kind {
+            DeviceKind::Ram { .. } => "ram",
+            DeviceKind::Zpool { .. } => "zpool",
+        }
+    }
+
+    /// Whether pages on this device carry a checksum.
+    pub(crate) fn checksum_enabled(&self) -> bool {
+        self.checksum.unwrap_or(false)
+    }
+
+    fn whole_clusters(&self, capacity_bytes: u64) -> Result<u64> {
+        let nr_clusters = capacity_bytes / CLUSTER_BYTES;
+        if nr_clusters == 0 {
+            return Err(Error::DeviceTooSmall { name: self.name().into(), capacity_bytes, min_bytes: CLUSTER_BYTES });
+        }
+        Ok(nr_clusters * SWAPFILE_CLUSTER as u64)
+    }
+
+    pub(crate) fn open(&self) -> Result<Box<dyn Backend>> {
+        let backend: Box<dyn Backend> = match &self.kind {
+            DeviceKind::Ram { capacity_bytes } => {
+                let nr_slots = self.whole_clusters(*capacity_bytes)?;
+                Box::new(RamBackend::new(nr_slots).map_err(|e| Error::OutOfAddressSpace {
+                    what: "RAM swap device".into(),
+                    len_bytes: *capacity_bytes,
+                    source: e,
+                })?)
+            }
+            DeviceKind::Zpool { cap_bytes, capacity_bytes, zpool } => {
+                let nr_slots = self.whole_clusters(capacity_bytes.unwrap_or(4 * cap_bytes))?;
+                let mut cfg = ZpoolConfig::new(*cap_bytes, nr_slots);
+                cfg.compressor = zpool.compressor;
+                cfg.incompressible = zpool.incompressible;
+                cfg.accept_threshold_percent = zpool.accept_threshold_percent;
+                Box::new(
+                    ZpoolBackend::new(cfg).map_err(|e| Error::Device { name: "zpool".into(), why: e.to_string() })?,
+                )
+            }
+        };
+        Ok(match self.fault_injection {
+            Some(f) => Box::new(FailingBackend::new(backend, f)),
+            None => backend,
+        })
+    }
+}
+
+/// Parses `256MiB`, `1GiB`, `4096`, `1.5G`: binary units (`KiB`..`TiB` and `K`..`T`), or bytes.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "T" | "TiB" => 1 << 40,
+        u => return Err(format!("unknown size unit {u:?} (use B, KiB, MiB, GiB, TiB, e.g. 256MiB)")),
+    };
+    let v: f64 = num.parse().map_err(|_| format!("{num:?} is not a number (e.g. 256MiB)"))?;
+    let bytes = v * mult as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+        return Err(format!("size {s:?} is out of range"));
+    }
+    Ok(bytes.round() as u64)
+}
