@@ -361,7 +361,9 @@ pub struct Stats {
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
     pub fault_lock_free: u64,
-    /// Fault-ins that failed (device read error) and were retried.
+    /// Fault-service attempts that failed (every read of the page failed or failed its
+    /// checksum). The fault is attempted again; only a page that fails every attempt ends in
+    /// SIGBUS for its thread, as in the kernel.
     pub fault_error: u64,
     /// Resident pages the reclaim queue had no room for (found later by a scan).
     pub lru_overflow: u64,

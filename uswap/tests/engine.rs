@@ -6,45 +6,8 @@ use std::sync::{Arc, Barrier};
 
 use uswap::{DeviceConfig, Error, FaultMode, Pager, PAGE_SIZE, RECLAIM_BATCH_PAGES};
 
-const MIB: u64 = 1 << 20;
-const WORDS: usize = PAGE_SIZE / 8;
-
-fn pager(mode: FaultMode, limit: u64, device: u64) -> Pager {
-    Pager::builder().resident_limit(limit).fault_mode(mode).device(DeviceConfig::ram(device)).build().expect("pager")
-}
-
-/// Word `k` of page `i` at version `v`: every byte of a page depends on all three.
-fn word(i: usize, v: u64, k: usize) -> u64 {
-    let mut z =
-        (i as u64) << 32 ^ v.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z ^ (z >> 27)
-}
-
-fn write_page(w: &[AtomicU64], i: usize, v: u64) {
-    for k in 0..WORDS {
-        w[i * WORDS + k].store(word(i, v, k), Ordering::Relaxed);
-    }
-}
-
-/// Panics with the first differing word; version 0 means "never written", i.e. all zero.
-fn check_page(w: &[AtomicU64], i: usize, v: u64) {
-    for k in 0..WORDS {
-        let got = w[i * WORDS + k].load(Ordering::Relaxed);
-        let want = if v == 0 { 0 } else { word(i, v, k) };
-        assert_eq!(got, want, "page {i} word {k} (version {v})");
-    }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+mod common;
+use common::*;
 
 /// Threads doing random reads and writes over a region 4x the limit, each on its own pages
 /// (page i belongs to thread i % threads), verifying every byte of every page they read

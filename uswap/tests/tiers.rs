@@ -1,0 +1,223 @@
+//! Tiers and failures: the compressed pool in front of another device, writeback and spill
+//! between them, checksums, and fault injection. Every byte read is verified; a failure may
+//! slow the engine down or keep pages in RAM, never change what the application reads.
+
+use uswap::{DeviceConfig, FaultInjection, FaultMode, Incompressible, Pager, Stats, PAGE_SIZE};
+
+mod common;
+use common::*;
+
+fn build(mode: FaultMode, limit: u64, devices: Vec<DeviceConfig>) -> Pager {
+    let mut b = Pager::builder().resident_limit(limit).fault_mode(mode);
+    for d in devices {
+        b = b.device(d);
+    }
+    b.build().expect("pager")
+}
+
+/// Writes every page of a region 4x the limit, then random reads and rewrites from two
+/// threads on disjoint pages, then checks every page. Returns the final stats.
+fn churn(p: &Pager, region_bytes: u64, rounds: usize) -> Stats {
+    let region = p.map(region_bytes as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    for i in 0..nr_pages {
+        write_page(words, i, 1);
+    }
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            s.spawn(move || {
+                let mine: Vec<usize> = (t..nr_pages).step_by(2).collect();
+                let mut version = vec![1u64; mine.len()];
+                let mut rng = Rng(0xfeed + t as u64);
+                for _ in 0..rounds {
+                    let j = (rng.next() % mine.len() as u64) as usize;
+                    check_page(words, mine[j], version[j]);
+                    if rng.next() % 4 == 0 {
+                        version[j] += 1;
+                        write_page(words, mine[j], version[j]);
+                    }
+                }
+                for (j, &i) in mine.iter().enumerate() {
+                    check_page(words, i, version[j]);
+                }
+            });
+        }
+    });
+    p.stats()
+}
+
+#[test]
+fn compressed_pool_alone_in_both_modes() {
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = build(mode, 2 * MIB, vec![DeviceConfig::zpool(32 * MIB)]);
+        let st = churn(&p, 8 * MIB, 4000);
+        let pool = st.devices[0].backend.clone().expect("the pool reports its counters");
+        assert!(st.pswpout > 0 && st.pswpin > 0, "{st:?}");
+        assert!(pool.stored_pages > 0 && pool.incompressible_pages > 0, "{pool:?}");
+        assert!(pool.compressed_bytes < pool.stored_pages * PAGE_SIZE as u64, "even pages compress: {pool:?}");
+        assert_eq!((st.fault_error, st.limit_overrun, st.slots_leaked), (0, 0, 0), "{st:?}");
+    }
+}
+
+#[test]
+fn a_full_pool_writes_its_oldest_pages_back_to_the_next_device() {
+    let cap = 2 * MIB;
+    let p = build(
+        FaultMode::Signal,
+        2 * MIB,
+        vec![DeviceConfig::zpool(cap).priority(10), DeviceConfig::ram(64 * MIB).checksum(true)],
+    );
+    let region = p.map(24 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    for i in 0..nr_pages {
+        write_page(words, i, 3);
+    }
+    // The background reclaimer moves pages down while the pool is above its threshold.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while p.stats().writeback == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    for i in 0..nr_pages {
+        check_page(words, i, 3);
+    }
+    let st = p.stats();
+    let pool = st.devices[0].backend.clone().unwrap();
+    assert!(st.writeback > 0, "nothing was written back: {st:?}");
+    assert!(pool.pool_bytes <= cap + 64 * 1024, "the pool kept to its cap: {pool:?}");
+    assert!(pool.reject_pool_full > 0 || st.devices[1].slots_used > 0, "{st:?}");
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+}
+
+#[test]
+fn incompressible_pages_pass_to_the_next_device() {
+    let p = build(
+        FaultMode::Thread,
+        MIB,
+        vec![
+            DeviceConfig::zpool(16 * MIB).incompressible(Incompressible::Reject).priority(1),
+            DeviceConfig::ram(32 * MIB),
+        ],
+    );
+    let st = churn(&p, 8 * MIB, 2000);
+    let pool = st.devices[0].backend.clone().unwrap();
+    assert!(pool.reject_incompressible > 0, "{pool:?}");
+    assert_eq!(pool.incompressible_pages, 0, "{pool:?}");
+    assert!(st.swpout_spilled > 0 && st.devices[1].slots_used > 0, "{st:?}");
+}
+
+#[test]
+fn failed_writes_keep_pages_in_ram_and_lose_nothing() {
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let f = FaultInjection { write_error_rate: 0.25, seed: 7, ..Default::default() };
+        let p = build(mode, 2 * MIB, vec![DeviceConfig::ram(32 * MIB).inject_faults(f)]);
+        let st = churn(&p, 8 * MIB, 4000);
+        assert!(st.swpout_error > 0, "{st:?}");
+        assert!(st.pswpout > 0, "most writes still succeed: {st:?}");
+        assert_eq!(st.fault_error, 0, "{st:?}");
+    }
+}
+
+#[test]
+fn failed_reads_are_retried_and_reported_with_the_page_address() {
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let f = FaultInjection { read_error_rate: 0.2, seed: 11, ..Default::default() };
+        let p = build(mode, 2 * MIB, vec![DeviceConfig::zpool(64 * MIB).inject_faults(f)]);
+        let region = p.map(8 * MIB as usize).unwrap();
+        let words = region.as_atomic_u64s();
+        let pages = region.len() / PAGE_SIZE;
+        for v in 1..=3 {
+            for i in 0..pages {
+                write_page(words, i, v);
+            }
+            for i in 0..pages {
+                check_page(words, i, v);
+            }
+        }
+        let errors = p.recent_errors();
+        assert!(!errors.is_empty(), "failed reads are reported");
+        let base = region.as_ptr() as usize;
+        for e in &errors {
+            assert!(e.addr >= base && e.addr < base + region.len() && e.addr % PAGE_SIZE == 0, "{e}");
+            assert!(e.to_string().contains("device read failed"), "{e}");
+        }
+        // Every page read back exactly (checked above), however many attempts it took.
+    }
+}
+
+#[test]
+fn checksums_catch_corruption_and_the_page_is_read_again() {
+    let f = FaultInjection { corrupt_rate: 0.1, seed: 3, ..Default::default() };
+    let p = build(FaultMode::Signal, 2 * MIB, vec![DeviceConfig::ram(32 * MIB).checksum(true).inject_faults(f)]);
+    let st = churn(&p, 8 * MIB, 4000);
+    assert!(st.checksum_errors > 0, "{st:?}");
+    assert!(p.recent_errors().iter().any(|e| e.to_string().contains("checksum mismatch")));
+}
+
+#[test]
+fn a_long_random_run_with_every_failure_injected_reads_back_exactly() {
+    let f = FaultInjection { read_error_rate: 0.05, write_error_rate: 0.1, corrupt_rate: 0.05, seed: 5 };
+    let p = build(
+        FaultMode::Signal,
+        2 * MIB,
+        vec![
+            DeviceConfig::zpool(4 * MIB).checksum(true).inject_faults(f).priority(2),
+            DeviceConfig::ram(64 * MIB).checksum(true).inject_faults(FaultInjection { seed: 9, ..f }),
+        ],
+    );
+    let st = churn(&p, 16 * MIB, 20_000);
+    assert!(st.swpout_error > 0 && st.checksum_errors > 0, "{st:?}");
+    assert!(st.writeback > 0 || st.swpout_spilled > 0, "both tiers were used: {st:?}");
+}
+
+#[test]
+fn a_full_device_spills_to_the_next_one() {
+    let p = build(FaultMode::Thread, MIB, vec![DeviceConfig::ram(2 * MIB).priority(5), DeviceConfig::ram(32 * MIB)]);
+    let region = p.map(12 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let pages = region.len() / PAGE_SIZE;
+    for i in 0..pages {
+        write_page(words, i, 4);
+    }
+    let st = p.stats();
+    assert_eq!(st.devices[0].slots_used, st.devices[0].nr_slots, "the first device filled: {st:?}");
+    assert!(st.devices[1].slots_used > 0, "{st:?}");
+    assert_eq!((st.limit_overrun, st.swap_alloc_fail), (0, 0), "{st:?}");
+    for i in 0..pages {
+        check_page(words, i, 4);
+    }
+}
+
+/// A page that cannot be read back ends in SIGBUS for the thread that needs it, with its
+/// address on stderr. Run in a child process (this test binary, re-executed), since the
+/// child must die.
+#[test]
+fn a_page_that_cannot_be_read_ends_in_sigbus_with_its_address() {
+    if let Ok(mode) = std::env::var("USWAP_TEST_LOST_PAGE") {
+        let mode = if mode == "signal" { FaultMode::Signal } else { FaultMode::Thread };
+        let f = FaultInjection { read_error_rate: 1.0, seed: 1, ..Default::default() };
+        let p = build(mode, MIB, vec![DeviceConfig::ram(32 * MIB).inject_faults(f)]);
+        let region = p.map(8 * MIB as usize).unwrap();
+        let words = region.as_atomic_u64s();
+        for i in 0..region.len() / PAGE_SIZE {
+            write_page(words, i, 1);
+        }
+        eprintln!("page0={:#x}", region.as_ptr() as usize);
+        check_page(words, 0, 1); // swapped out, unreadable: must not return
+        std::process::exit(0);
+    }
+    for mode in ["thread", "signal"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "a_page_that_cannot_be_read_ends_in_sigbus_with_its_address", "--nocapture"])
+            .env("USWAP_TEST_LOST_PAGE", mode)
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{mode}: {:?}", out.status);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let page0 = err.lines().find_map(|l| l.strip_prefix("page0=")).expect("child printed the page address");
+        let page0 = usize::from_str_radix(page0.trim_start_matches("0x"), 16).unwrap();
+        assert!(err.contains(&format!("uswap: page {page0:#018x}")), "{mode}: {err}");
+    }
+}
