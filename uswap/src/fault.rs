@@ -115,11 +115,15 @@ pub(crate) fn serve_fault(
                         None => break,
                     }
                 }
+                let charged = reclaim::charge_up_to(pager, locks.len(), route);
+                for (k, l) in locks.iter().enumerate().skip(charged) {
+                    region.store(page + k, l.unbusy());
+                }
+                locks.truncate(charged);
                 let n = locks.len();
                 if n < want {
                     region.streams.brought_in(page, n);
                 }
-                reclaim::charge(pager, n, route);
                 let len = n * PAGE_SIZE;
                 let r = if write {
                     pager.uffd.copy(page_addr, ZERO_PAGES.0.as_ptr(), len, route.wake(), false)

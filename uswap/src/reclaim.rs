@@ -48,6 +48,9 @@ use crate::uffd::{RangeResult, PAGE_SIZE};
 const BATCH: usize = RECLAIM_BATCH_PAGES;
 /// Distinct regions one round may take victims from (their guards live on the stack).
 const MAX_REGIONS_PER_ROUND: usize = 4;
+/// Stale queue entries one round may drop (bounds a round's work; stale entries cost a load
+/// and a compare each).
+const MAX_STALE_PER_ROUND: usize = 64 * BATCH;
 /// Direct-reclaim rounds that free nothing before a charge gives up and overruns.
 const MAX_FRUITLESS_ROUNDS: usize = 16;
 
@@ -121,6 +124,26 @@ fn task_reclaim(p: &PagerShared) {
             }
         }
     }
+}
+
+/// Charges as many of `n` pages as fit under the limit without reclaiming, at least one
+/// (charged with [`charge`], reclaiming if needed). Returns how many were charged. For
+/// fault-around: at the limit the window shrinks instead of forcing reclaim for pages
+/// nobody asked for yet.
+pub(crate) fn charge_up_to(p: &PagerShared, n: usize, route: Route) -> usize {
+    if n > 1 {
+        let cur = p.resident_pages.load(Ordering::Acquire);
+        let limit = p.limit_pages.load(Ordering::Acquire);
+        let fit = limit.saturating_sub(cur).min(n);
+        if fit > 1 && p.resident_pages.compare_exchange(cur, cur + fit, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if route != Route::SignalLockFree {
+                task_reclaim(p);
+            }
+            return fit;
+        }
+    }
+    charge(p, 1, route);
+    1
 }
 
 pub(crate) fn uncharge(p: &PagerShared, n: usize) {
@@ -244,10 +267,13 @@ fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut Guards) 
     let queue = if inactive { &p.inactive } else { &p.active };
     let want = if inactive { PageState::Cached } else { PageState::Resident };
     let mut victims = ArrayVec::new();
+    // Stale entries (pages that moved on since they were queued) are dropped as they are
+    // found, cheaply, and do not count against the scan; entries put back (busy, spared)
+    // do, so a round ends even when every page is in use.
     let mut scanned = 0;
-    while victims.len() < nr.min(BATCH) && scanned < 4 * BATCH {
+    let mut stale = 0;
+    while victims.len() < nr.min(BATCH) && scanned < 4 * BATCH && stale < MAX_STALE_PER_ROUND {
         let Some(v) = queue.pop() else { break };
-        scanned += 1;
         let r = PageRef::unpack(v);
         let gi = match guards.get(p, r) {
             Ok(gi) => gi,
@@ -255,13 +281,18 @@ fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut Guards) 
                 requeue(p, inactive, r);
                 break;
             }
-            Err(false) => continue,
+            Err(false) => {
+                stale += 1;
+                continue;
+            }
         };
         let region = &guards.g[gi];
         let pte = region.load(r.page);
         if pte.state() != want || pte.gen() != r.page_gen {
+            stale += 1;
             continue; // the page moved on since it was queued
         }
+        scanned += 1;
         if pte.busy() {
             requeue(p, inactive, r);
             continue;

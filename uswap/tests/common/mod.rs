@@ -50,3 +50,21 @@ impl Rng {
         self.0
     }
 }
+
+/// Stats once the pager is quiet: the idle-time background reclaimer may still be moving
+/// pages, and a snapshot is not atomic across counters, so read until two agree.
+pub fn quiet_stats(p: &Pager) -> uswap::Stats {
+    let mut prev = p.stats();
+    for _ in 0..200 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let next = p.stats();
+        let key = |s: &uswap::Stats| {
+            (s.resident_pages, s.swapcache_pages, s.devices.iter().map(|d| d.slots_used).sum::<u64>())
+        };
+        if key(&next) == key(&prev) {
+            return next;
+        }
+        prev = next;
+    }
+    prev
+}
