@@ -149,6 +149,23 @@ pub(crate) fn serve_fault(
                 pager.stats.add(Counter::ZeroFillAround, done as u64 - 1);
                 break Ok(());
             }
+            PageState::Resident if pte.clean() => {
+                // The first write to a clean page (a write-protect fault): it is dirty now and
+                // its slot's copy goes stale. (In signal mode the SIGBUS may also be a missing
+                // fault on a clean page the application discarded: then the retried access
+                // faults again and is served as below.)
+                let r = pager.uffd.writeprotect(page_addr, PAGE_SIZE, false, route.wake());
+                pager.devices.free(pte.entry(), route.lock_free());
+                region.store(page, locked.dirtied());
+                pager.clean_pages.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                pager.stats.inc(Counter::PgfaultWp);
+                if let Err(e) = r {
+                    if e.raw_os_error() != Some(libc::ENOENT) {
+                        break Err(FaultError::Ioctl(e.raw_os_error().unwrap_or(libc::EIO)));
+                    }
+                }
+                break Ok(());
+            }
             PageState::Resident => {
                 // Either another thread mapped it after our fault was raised, or the
                 // application discarded it (MADV_DONTNEED), which reads back as zeros.
@@ -187,7 +204,10 @@ pub(crate) fn serve_fault(
             PageState::Swapped => {
                 let e = pte.entry();
                 reclaim::charge(pager, 1, route);
-                match read_into_region(pager, e, page_addr, route) {
+                // Brought in for a read, the page stays clean: mapped write-protected, it keeps
+                // its slot, and reclaim can drop it again without writing it.
+                let keep_slot = !write;
+                match read_into_region(pager, e, page_addr, route, keep_slot) {
                     Ok(()) => {}
                     Err(err) => {
                         reclaim::uncharge(pager, 1);
@@ -195,8 +215,14 @@ pub(crate) fn serve_fault(
                         break Err(err);
                     }
                 }
-                pager.devices.free(e, route.lock_free());
-                let new = locked.next(PageState::Resident, None).with_referenced(false);
+                let new = if keep_slot {
+                    pager.clean_pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    locked.next(PageState::Resident, Some(e)).with_clean()
+                } else {
+                    pager.devices.free(e, route.lock_free());
+                    locked.next(PageState::Resident, None)
+                };
+                let new = new.with_referenced(false);
                 region.store(page, new);
                 reclaim::lru_add(pager, page_ref(reg_idx, reg_gen, page, new.gen()));
                 pager.stats.inc(Counter::Pgmajfault);
@@ -225,11 +251,12 @@ fn read_into_region(
     e: crate::swap::SwapEntry,
     page_addr: usize,
     route: Route,
+    write_protect: bool,
 ) -> Result<(), FaultError> {
     let dev = pager.devices.device(e);
     if dev.checksums.is_none() {
         if let Some(src) = dev.backend.page_ptr(e.offset()) {
-            return match pager.uffd.copy(page_addr, src, PAGE_SIZE, route.wake(), false) {
+            return match pager.uffd.copy(page_addr, src, PAGE_SIZE, route.wake(), write_protect) {
                 RangeResult::Done => Ok(()),
                 RangeResult::Partial { errno, .. } => Err(FaultError::Ioctl(errno)),
             };
@@ -252,7 +279,7 @@ fn read_into_region(
             pager.record_error(page_addr, e, kind);
             continue;
         }
-        return match pager.uffd.copy(page_addr, buf.page(0).as_ptr(), PAGE_SIZE, route.wake(), false) {
+        return match pager.uffd.copy(page_addr, buf.page(0).as_ptr(), PAGE_SIZE, route.wake(), write_protect) {
             RangeResult::Done => Ok(()),
             RangeResult::Partial { errno, .. } => Err(FaultError::Ioctl(errno)),
         };

@@ -140,7 +140,8 @@ impl PagerBuilder {
             source: e,
         })?;
         for d in devices.devices() {
-            uffd.register(d.staging.addr(), d.staging.len(), uffd::REGISTER_MODE_MISSING)
+            // Same modes as regions: UFFDIO_MOVE needs both sides to have the same protection.
+            uffd.register(d.staging.addr(), d.staging.len(), REGISTER_MODES)
                 .map_err(|e| Error::io("registering the swap staging area with userfaultfd", e))?;
         }
         let limit_pages = (limit_bytes / PAGE_SIZE as u64) as usize;
@@ -154,6 +155,7 @@ impl PagerBuilder {
             limit_pages: AtomicUsize::new(limit_pages),
             resident_pages: AtomicUsize::new(0),
             swapcache_pages: AtomicUsize::new(0),
+            clean_pages: AtomicUsize::new(0),
             devices,
             active: ArrayQueue::new(queue_len),
             inactive: ArrayQueue::new(queue_len),
@@ -269,6 +271,10 @@ impl std::fmt::Display for PageError {
 /// Recent page errors kept for `Pager::recent_errors`.
 const ERROR_LOG_LEN: usize = 64;
 
+/// Regions and staging areas take missing-page faults and write-protect faults (the first
+/// write to a clean page).
+const REGISTER_MODES: u64 = uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP;
+
 /// State shared by the pager's handle, its regions and its threads.
 pub(crate) struct PagerShared {
     pub uffd: Uffd,
@@ -279,6 +285,8 @@ pub(crate) struct PagerShared {
     pub resident_pages: AtomicUsize,
     /// Of those, pages staged in the swap cache.
     pub swapcache_pages: AtomicUsize,
+    /// Resident pages that are clean (their slot still holds them).
+    pub clean_pages: AtomicUsize,
     pub devices: SwapDevices,
     /// Resident pages, oldest first (packed `PageRef`s).
     pub active: ArrayQueue<u64>,
@@ -307,7 +315,15 @@ impl PagerShared {
             let pte = inner.load(page);
             debug_assert!(!pte.busy(), "page {page} still busy after the region left the registry");
             match pte.state() {
-                crate::region::PageState::Resident => uncharge += 1,
+                crate::region::PageState::Resident => {
+                    uncharge += 1;
+                    if pte.clean() {
+                        self.clean_pages.fetch_sub(1, Ordering::Relaxed);
+                        let e = pte.entry();
+                        self.devices.device(e).cache.clear(e.offset());
+                        to_free.push(e.bits());
+                    }
+                }
                 crate::region::PageState::Cached => {
                     let e = pte.entry();
                     let dev = self.devices.device(e);
@@ -416,7 +432,7 @@ impl Pager {
         let shared = &self.core.shared;
         shared
             .uffd
-            .register(memory.addr(), len, uffd::REGISTER_MODE_MISSING)
+            .register(memory.addr(), len, REGISTER_MODES)
             .map_err(|e| Error::io("registering the region with userfaultfd", e))?;
         let inner = Arc::new(
             RegionInner::new(memory.addr(), len, self.core.shared.clone())
@@ -437,6 +453,7 @@ impl Pager {
         s.stats.fill(&mut st);
         st.resident_pages = s.resident_pages.load(Ordering::Acquire) as u64;
         st.swapcache_pages = s.swapcache_pages.load(Ordering::Acquire) as u64;
+        st.clean_pages = s.clean_pages.load(Ordering::Acquire) as u64;
         st.limit_pages = s.limit_pages.load(Ordering::Acquire) as u64;
         st.slots_leaked = s.devices.deferred_overflow();
         st.devices = s

@@ -38,6 +38,7 @@ use arrayvec::ArrayVec;
 use crate::backend::{AlignedPage, BackendError, WriteReq};
 use crate::error::{Error, Result};
 use crate::fault::Route;
+use crate::mapping::discard_region_pages;
 use crate::mapping::registry::RegistryGuard;
 use crate::pager::{BackgroundReclaim, PagerShared, RECLAIM_BATCH_PAGES};
 use crate::region::{region_of, PageRef, PageState, Pte, RegionInner, REGIONS, REGION_GEN_MASK};
@@ -325,6 +326,45 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
         return (0, 0);
     }
     victims.sort_unstable_by_key(|v| (v.gi, v.page));
+    // Clean pages need no slot and no write: drop them (runs of consecutive pages with one
+    // call); their slot still holds them.
+    let mut dropped = 0;
+    let mut i = 0;
+    while i < victims.len() {
+        if !victims[i].pte.clean() {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < victims.len()
+            && victims[j].pte.clean()
+            && victims[j].gi == victims[i].gi
+            && victims[j].page == victims[j - 1].page + 1
+        {
+            j += 1;
+        }
+        let region = &guards.g[victims[i].gi];
+        let ok = discard_region_pages(region.page_addr(victims[i].page), (j - i) * PAGE_SIZE).is_ok();
+        for v in &victims[i..j] {
+            if ok {
+                region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
+            } else {
+                region.store(v.page, v.pte.unbusy());
+                requeue(p, false, guards.page_ref(v.gi, v.page, v.pte));
+            }
+        }
+        if ok {
+            uncharge(p, j - i);
+            p.clean_pages.fetch_sub(j - i, Ordering::Relaxed);
+            dropped += j - i;
+        }
+        i = j;
+    }
+    p.stats.add(Counter::SwpoutClean, dropped as u64);
+    victims.retain(|v| !v.pte.clean());
+    if victims.is_empty() {
+        return (dropped, dropped);
+    }
     let n = victims.len();
     let mut entries = [SwapEntry::new(0, 0); BATCH];
     let got = p.devices.alloc(&mut entries[..n]);
@@ -416,7 +456,7 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
     }
     p.stats.add(if direct { Counter::PgstealDirect } else { Counter::PgstealBackground }, moved);
     p.devices.free_now(&mut to_free);
-    (moved as usize, uncharged)
+    (moved as usize + dropped, uncharged + dropped)
 }
 
 /// Writes back up to `nr` of the oldest staged pages. Returns the pages uncharged.

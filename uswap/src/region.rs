@@ -20,9 +20,15 @@
 //! The generation changes whenever a page enters RESIDENT or CACHED; reclaim queues carry it
 //! so a stale queue entry (the page moved on since) is recognised and skipped.
 //!
+//! A RESIDENT page may be *clean*: read back from a device and not written since. It is
+//! mapped write-protected and keeps its slot; its first write takes a write-protect fault
+//! that unprotects it and frees the slot, and reclaim drops a page still clean without
+//! writing it (the kernel's clean swap-cache pages).
+//!
 //! Invariants: a page is mapped in the region iff its state is RESIDENT (outside a busy
-//! section); a CACHED page's contents are at its entry's staging address; the region's memory
-//! is never read or written by the engine, only moved by ioctls.
+//! section); a CACHED page's contents are at its entry's staging address; a clean page is
+//! write-protected and its slot holds its contents; the region's memory is never read or
+//! written by the engine, only moved by ioctls (and a clean page dropped).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -63,6 +69,9 @@ pub(crate) enum PageState {
 const STATE_MASK: u64 = 0x7;
 const BUSY: u64 = 1 << 3;
 const REFERENCED: u64 = 1 << 4;
+/// Resident, write-protected, unchanged since it was read from its slot, which it keeps:
+/// reclaim can drop it without writing it.
+const CLEAN: u64 = 1 << 5;
 const GEN_SHIFT: u32 = 8;
 const GEN_MASK: u64 = 0xff << GEN_SHIFT;
 const ENTRY_SHIFT: u32 = 16;
@@ -88,6 +97,9 @@ impl Pte {
     pub fn referenced(self) -> bool {
         self.0 & REFERENCED != 0
     }
+    pub fn clean(self) -> bool {
+        self.0 & CLEAN != 0
+    }
     pub fn gen(self) -> u8 {
         ((self.0 & GEN_MASK) >> GEN_SHIFT) as u8
     }
@@ -100,8 +112,18 @@ impl Pte {
     pub fn with_referenced(self, r: bool) -> Pte {
         Pte(if r { self.0 | REFERENCED } else { self.0 & !REFERENCED })
     }
+    /// Marks a resident page clean (it keeps the slot `entry()` names).
+    pub fn with_clean(self) -> Pte {
+        debug_assert_eq!(self.state(), PageState::Resident);
+        Pte(self.0 | CLEAN)
+    }
+    /// A clean page that was written: not busy, not clean, no slot; same generation, so its
+    /// reclaim-queue entry stays valid.
+    pub fn dirtied(self) -> Pte {
+        Pte(self.0 & (STATE_MASK | REFERENCED | GEN_MASK))
+    }
     /// A new, not-busy word in `state`, with the next generation and `entry` (if any).
-    /// The referenced bit is carried over.
+    /// The referenced bit is carried over; the clean bit is not.
     pub fn next(self, state: PageState, entry: Option<SwapEntry>) -> Pte {
         let gen = self.gen().wrapping_add(1) as u64;
         Pte(state as u64 | (self.0 & REFERENCED) | (gen << GEN_SHIFT) | entry.map_or(0, |e| e.bits() << ENTRY_SHIFT))
@@ -371,8 +393,12 @@ mod tests {
         assert!(!q.busy());
         let r = q.with_referenced(true).with_busy();
         assert!(r.busy() && r.referenced());
+        let s = r.next(PageState::Resident, Some(e)).with_clean();
+        assert!(s.referenced() && !s.busy() && s.clean());
+        let d = s.with_busy().dirtied();
+        assert!(!d.clean() && !d.busy() && d.referenced() && d.gen() == s.gen() && d.entry().bits() == 0);
         let s = r.next(PageState::Resident, None);
-        assert!(s.referenced() && !s.busy());
+        assert!(s.referenced() && !s.busy() && !s.clean());
         assert_eq!(s.gen(), 2);
         assert_eq!(s.unbusy(), s);
         let mut g = Pte(0);

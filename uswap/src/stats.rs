@@ -70,9 +70,13 @@ pub(crate) enum Counter {
     ChecksumError,
     /// Never-touched pages mapped ahead by a zero-fill fault (fault-around).
     ZeroFillAround,
+    /// First writes to clean pages (write-protect faults): the slot's copy went stale.
+    PgfaultWp,
+    /// Clean pages reclaim dropped without writing (their slot still held them).
+    SwpoutClean,
 }
 
-const NR_COUNTERS: usize = Counter::ZeroFillAround as usize + 1;
+const NR_COUNTERS: usize = Counter::SwpoutClean as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -337,10 +341,15 @@ pub struct Stats {
     pub pgfault_swapcache: u64,
     /// Faults that read a device.
     pub pgmajfault: u64,
+    /// Write-protect faults: the first write to a clean page (one read back from a device
+    /// and not written since); its slot is freed.
+    pub pgfault_wp: u64,
     /// Pages read from devices.
     pub pswpin: u64,
     /// Pages written to devices.
     pub pswpout: u64,
+    /// Clean pages reclaim dropped without writing them: their slot still held them.
+    pub swpout_clean: u64,
     /// Pages found all-zero at swap-out (kept as "known zero", no slot).
     pub swpout_zero: u64,
     /// Pages moved out of regions by the background reclaimer / by direct reclaim.
@@ -385,6 +394,9 @@ pub struct Stats {
     pub resident_pages: u64,
     /// Of those, pages staged in the swap cache (unmapped, contents in RAM).
     pub swapcache_pages: u64,
+    /// Of the resident pages, clean ones: read back from a device and not written since, so
+    /// their slot still holds them (the kernel's `SwapCached`).
+    pub clean_pages: u64,
     /// The resident limit, in pages.
     pub limit_pages: u64,
     /// Per device, in priority order.
@@ -422,6 +434,8 @@ impl PerCpuStats {
         s.writeback = self.sum(Writeback);
         s.checksum_errors = self.sum(ChecksumError);
         s.zero_fill_around = self.sum(ZeroFillAround);
+        s.pgfault_wp = self.sum(PgfaultWp);
+        s.swpout_clean = self.sum(SwpoutClean);
         s.fault_latency_us = self.fault_latency().summary_us();
     }
 }

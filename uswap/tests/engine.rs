@@ -241,8 +241,8 @@ fn full_device_keeps_pages_resident_and_loses_nothing() {
         let st = quiet_stats(&p);
         assert!(st.swap_alloc_fail > 0, "{st:?}");
         assert!(st.limit_overrun > 0, "{st:?}");
-        // Every page is either on the device or still in RAM: overrun, not loss.
-        assert_eq!(st.devices[0].slots_used + st.resident_pages, pages as u64, "{st:?}");
+        // Every page is on the device, in RAM, or both (clean): overrun, not loss.
+        assert_eq!(st.devices[0].slots_used + st.resident_pages - st.clean_pages, pages as u64, "{st:?}");
         assert!(st.resident_pages > st.limit_pages, "{st:?}");
         assert!(st.devices[0].slots_used + 1 >= st.devices[0].nr_slots, "the device filled up: {st:?}");
     }
@@ -338,4 +338,85 @@ fn device_lists_parse_in_priority_order() {
         let e = DeviceConfig::parse_list(bad, MIB).unwrap_err();
         assert!(matches!(e, Error::BadDeviceSpec { .. }), "{bad}: {e}");
     }
+}
+
+/// A page read back from a device and not written since keeps its slot: reclaim drops it
+/// without writing it again; its first write takes a write-protect fault and frees the slot.
+fn clean_pages_keep_their_slot(mode: FaultMode) {
+    let p = pager(mode, MIB, 32 * MIB);
+    let mut region = p.map(8 * MIB as usize).unwrap();
+    let pages = region.len() / PAGE_SIZE;
+    {
+        let w = region.as_atomic_u64s();
+        for i in 0..pages {
+            write_page(w, i, 1);
+        }
+        // Read every page back twice: the second pass swaps each in clean and drops it again.
+        for _ in 0..2 {
+            for i in 0..pages {
+                check_page(w, i, 1);
+            }
+        }
+    }
+    let st = quiet_stats(&p);
+    assert!(st.swpout_clean as usize >= pages / 2, "{st:?}");
+    assert!(st.clean_pages > 0, "{st:?}");
+    // Written pages go out once; re-reading them wrote nothing more.
+    assert!(st.pswpout < pages as u64 + 512, "clean pages were written again: {st:?}");
+    let (before, wp_before) = (st.pswpout, st.pgfault_wp);
+    {
+        // A few pages read back (clean, and resident: they fit under the limit), then written.
+        let w = region.as_atomic_u64s();
+        let few = 64;
+        for i in 0..few {
+            check_page(w, i, 1);
+        }
+        assert!(p.stats().clean_pages >= few as u64);
+        for i in 0..few {
+            write_page(w, i, 2);
+        }
+        let st = p.stats();
+        assert!(st.pgfault_wp >= wp_before + few as u64, "first writes to clean pages fault: {st:?}");
+        for i in 0..pages {
+            write_page(w, i, 2);
+        }
+        for i in 0..pages {
+            check_page(w, i, 2);
+        }
+    }
+    let st = quiet_stats(&p);
+    assert!(st.pswpout > before, "written pages are written again: {st:?}");
+    if mode == FaultMode::Thread {
+        // The kernel writing into a clean page (read(2) into it) takes the same fault.
+        use std::io::{Read, Write};
+        let page = (pages - 1) * PAGE_SIZE;
+        for i in 0..pages {
+            check_page(region.as_atomic_u64s(), i, 2);
+        }
+        let mut f = tempfile_with(&[0x5a; PAGE_SIZE]);
+        f.read_exact(&mut region.as_mut_slice()[page..page + PAGE_SIZE]).unwrap();
+        assert!(region.as_slice()[page..page + PAGE_SIZE].iter().all(|&b| b == 0x5a));
+        let _ = f.flush();
+    }
+}
+
+fn tempfile_with(bytes: &[u8]) -> std::fs::File {
+    use std::io::{Seek, Write};
+    let path =
+        std::env::temp_dir().join(format!("uswap-clean-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    f.write_all(bytes).unwrap();
+    f.rewind().unwrap();
+    f
+}
+
+#[test]
+fn thread_mode_clean_pages_keep_their_slot() {
+    clean_pages_keep_their_slot(FaultMode::Thread);
+}
+
+#[test]
+fn signal_mode_clean_pages_keep_their_slot() {
+    clean_pages_keep_their_slot(FaultMode::Signal);
 }

@@ -309,6 +309,20 @@ impl std::ops::Deref for AtomicTable {
     }
 }
 
+/// Drops the pages of `[addr, addr + len)` of a managed region (`MADV_DONTNEED`): used only
+/// for clean pages whose contents are safe on a device, while the engine owns them (busy),
+/// so the next access faults them back. Async-signal-safe.
+pub fn discard_region_pages(addr: usize, len: usize) -> io::Result<()> {
+    debug_assert!(addr % PAGE_SIZE == 0 && len % PAGE_SIZE == 0);
+    // SAFETY: the range belongs to a registered region the caller keeps mapped (it holds the
+    // region's registry guard); DONTNEED changes residency only, and the engine keeps a copy.
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Pages of `[addr, addr + len)` present in the page table, counted with `mincore(2)` in
 /// chunks so the vector stays small. The range must be mapped (page-aligned).
 pub fn mincore_pages(addr: usize, len: usize) -> io::Result<usize> {

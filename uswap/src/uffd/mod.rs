@@ -40,11 +40,14 @@ pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
 pub const FEATURE_MOVE: u64 = 1 << 16;
 
 pub const REGISTER_MODE_MISSING: u64 = 1 << 0;
+pub const REGISTER_MODE_WP: u64 = 1 << 1;
 
 const COPY_MODE_DONTWAKE: u64 = 1 << 0;
 const COPY_MODE_WP: u64 = 1 << 1;
 const ZEROPAGE_MODE_DONTWAKE: u64 = 1 << 0;
 const MOVE_MODE_DONTWAKE: u64 = 1 << 0;
+const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+const WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
 
 pub const EVENT_PAGEFAULT: u8 = 0x12;
 pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
@@ -88,6 +91,11 @@ struct UffdioZeropage {
     zeropage: i64,
 }
 #[repr(C)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+#[repr(C)]
 struct UffdioMove {
     dst: u64,
     src: u64,
@@ -102,6 +110,7 @@ const UFFDIO_WAKE: libc::c_ulong = ior(0x02, std::mem::size_of::<UffdioRange>())
 const UFFDIO_COPY: libc::c_ulong = iowr(0x03, std::mem::size_of::<UffdioCopy>());
 const UFFDIO_ZEROPAGE: libc::c_ulong = iowr(0x04, std::mem::size_of::<UffdioZeropage>());
 const UFFDIO_MOVE: libc::c_ulong = iowr(0x05, std::mem::size_of::<UffdioMove>());
+const UFFDIO_WRITEPROTECT: libc::c_ulong = iowr(0x06, std::mem::size_of::<UffdioWriteprotect>());
 
 /// A message read from the descriptor (`struct uffd_msg`, 32 bytes).
 #[repr(C)]
@@ -333,6 +342,23 @@ impl Uffd {
             let r = unsafe { libc::ioctl(self.raw_fd(), UFFDIO_MOVE, &mut m) };
             (r, m.moved)
         })
+    }
+
+    /// Sets or clears userfaultfd write protection on a range (clearing it wakes threads
+    /// waiting on write-protect faults there, unless `wake` is false).
+    pub fn writeprotect(&self, start: usize, len: usize, protect: bool, wake: bool) -> io::Result<()> {
+        let mut mode = if protect { WRITEPROTECT_MODE_WP } else { 0 };
+        if !wake {
+            mode |= WRITEPROTECT_MODE_DONTWAKE;
+        }
+        let wp = UffdioWriteprotect { range: UffdioRange { start: start as u64, len: len as u64 }, mode };
+        // SAFETY: UFFDIO_WRITEPROTECT reads one `struct uffdio_writeprotect`; it changes page
+        // permissions, never contents.
+        let r = unsafe { libc::ioctl(self.raw_fd(), UFFDIO_WRITEPROTECT, &wp) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Reads up to `msgs.len()` messages. Returns how many were read; 0 when the descriptor is
