@@ -14,6 +14,7 @@
 //!   through each request's `result`; never panic.
 //! * A failed write must leave the slot's previous contents (if any) readable.
 
+pub mod file;
 pub mod ram;
 
 use std::io;
