@@ -1114,3 +1114,891 @@ impl Backend for FileBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::AlignedPage;
+    use super::*;
+    use crate::mapping::{MapOptions, Mapping};
+    use crate::sync::SpinLock;
+    use arrayvec::ArrayVec;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Barrier};
+
+    /// Counts heap operations per thread, so a test can prove a code path allocates nothing
+    /// while other tests run in parallel on other threads.
+    mod alloc_count {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            // const, no destructor: usable from inside the allocator.
+            static OPS: Cell<u64> = const { Cell::new(0) };
+        }
+
+        fn bump() {
+            let _ = OPS.try_with(|c| c.set(c.get() + 1));
+        }
+
+        /// Allocations, reallocations and frees made by the calling thread so far.
+        pub fn this_thread() -> u64 {
+            OPS.try_with(|c| c.get()).unwrap_or(0)
+        }
+
+        pub struct Counting;
+
+        // SAFETY: forwards every call unchanged to the system allocator.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                bump();
+                // SAFETY: same contract as ours.
+                unsafe { System.alloc(layout) }
+            }
+            unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+                bump();
+                // SAFETY: same contract as ours.
+                unsafe { System.alloc_zeroed(layout) }
+            }
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                bump();
+                // SAFETY: same contract as ours.
+                unsafe { System.dealloc(ptr, layout) }
+            }
+            unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+                bump();
+                // SAFETY: same contract as ours.
+                unsafe { System.realloc(ptr, layout, new_size) }
+            }
+        }
+
+        #[global_allocator]
+        static COUNTING: Counting = Counting;
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    /// A fresh directory under the temporary directory (ext4 on these machines), removed
+    /// with its contents on drop.
+    struct TestDir(PathBuf);
+
+    impl TestDir {
+        fn new(tag: &str) -> TestDir {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "uswap-file-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            fs::create_dir(&p).unwrap();
+            TestDir(p)
+        }
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TestDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn opts(queue_depth: u32, rings: usize) -> FileOptions {
+        FileOptions { queue_depth, rings, ..FileOptions::default() }
+    }
+
+    /// xorshift64*: deterministic randomness without a dependency.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn shuffle<T>(&mut self, v: &mut [T]) {
+            for i in (1..v.len()).rev() {
+                v.swap(i, self.below(i as u64 + 1) as usize);
+            }
+        }
+    }
+
+    /// The contents of `slot` at generation `gen`: every byte depends on both and on its
+    /// position, so a page read from the wrong slot, generation or offset is caught.
+    fn page_bytes(slot: u64, gen: u64) -> [u8; PAGE_SIZE] {
+        let mut p = [0u8; PAGE_SIZE];
+        for (k, w) in p.chunks_exact_mut(8).enumerate() {
+            let mut z = slot << 32
+                ^ gen.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ (k as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            w.copy_from_slice(&(z ^ (z >> 27)).to_le_bytes());
+        }
+        p
+    }
+
+    /// A staging area holding, at page `slot`, the contents of `slot` at generation `gen`.
+    fn staging(nr_slots: u64) -> Mapping {
+        Mapping::anonymous(nr_slots as usize * PAGE_SIZE, MapOptions { no_huge_pages: true, dont_fork: false }).unwrap()
+    }
+
+    fn stage(src: &Mapping, slot: u64, nr: u64, gen: u64) {
+        for s in slot..slot + nr {
+            src.write(s as usize * PAGE_SIZE, &page_bytes(s, gen));
+        }
+    }
+
+    fn zero_pages(n: usize) -> Vec<AlignedPage> {
+        vec![AlignedPage([0; PAGE_SIZE]); n]
+    }
+
+    /// Random non-overlapping runs `(first slot, pages)` covering part of `[lo, hi)`.
+    fn random_runs(rng: &mut Rng, lo: u64, hi: u64, max_run: u64) -> Vec<(u64, u64)> {
+        let mut runs = Vec::new();
+        let mut s = lo + rng.below(4);
+        while s < hi {
+            let n = (1 + rng.below(max_run)).min(hi - s);
+            runs.push((s, n));
+            s += n + rng.below(4);
+        }
+        runs
+    }
+
+    /// Writes `runs` (at generation `gens[i]`) in one call; every result must be Ok.
+    fn write_runs(b: &FileBackend, src: &Mapping, runs: &[(u64, u64)], gens: &[u64]) {
+        for (&(s, n), &g) in runs.iter().zip(gens) {
+            stage(src, s, n, g);
+        }
+        let mut reqs: Vec<WriteReq<'_>> =
+            runs.iter().map(|&(s, n)| WriteReq::new(s, src.pages(s as usize * PAGE_SIZE, n as usize))).collect();
+        b.write(&mut reqs);
+        for r in &reqs {
+            if let Err(e) = &r.result {
+                panic!("write of slot {} failed: {e}", r.slot);
+            }
+        }
+    }
+
+    /// Reads `runs` in one call and checks every byte against generation `gens[i]`.
+    fn read_and_verify(b: &FileBackend, runs: &[(u64, u64)], gens: &[u64]) {
+        let total: u64 = runs.iter().map(|r| r.1).sum();
+        let mut buf = zero_pages(total as usize);
+        let mut reqs = Vec::new();
+        let mut rest = &mut buf[..];
+        for &(s, n) in runs {
+            let (head, tail) = rest.split_at_mut(n as usize);
+            reqs.push(ReadReq::new(s, head));
+            rest = tail;
+        }
+        b.read(&mut reqs);
+        for r in &reqs {
+            if let Err(e) = &r.result {
+                panic!("read of slot {} failed: {e}", r.slot);
+            }
+        }
+        drop(reqs);
+        let mut off = 0;
+        for (&(s, n), &g) in runs.iter().zip(gens) {
+            for i in 0..n {
+                assert!(buf[off].0 == page_bytes(s + i, g), "slot {} (generation {g}) read back wrong", s + i);
+                off += 1;
+            }
+        }
+    }
+
+    /// Many random runs, written and read back in random batches of up to 40 requests (ten
+    /// times the queue depth of 4), twice with overwrites; every byte checked.
+    fn round_trip(options: FileOptions, seed: u64) -> FileStats {
+        let dir = TestDir::new("rt");
+        let b = FileBackend::open(dir.path(), 8 * MIB, options).unwrap();
+        let nr = b.nr_slots();
+        assert_eq!(nr, 2048);
+        let src = staging(nr);
+        let mut rng = Rng(seed);
+        let runs = random_runs(&mut rng, 0, nr, 40);
+        let mut gen = vec![0u64; runs.len()];
+        for round in 1..=3u64 {
+            // Overwrite a random half of the runs (all of them the first time).
+            let mut order: Vec<usize> = (0..runs.len()).filter(|_| round == 1 || rng.below(2) == 0).collect();
+            rng.shuffle(&mut order);
+            for batch in order.chunks(1 + rng.below(40) as usize) {
+                let rs: Vec<_> = batch.iter().map(|&i| runs[i]).collect();
+                let gs: Vec<_> = batch.iter().map(|&i| round * 1000 + i as u64).collect();
+                write_runs(&b, &src, &rs, &gs);
+                for &i in batch {
+                    gen[i] = round * 1000 + i as u64;
+                }
+            }
+            let mut order: Vec<usize> = (0..runs.len()).collect();
+            rng.shuffle(&mut order);
+            let mut i = 0;
+            while i < order.len() {
+                let k = (1 + rng.below(40) as usize).min(order.len() - i);
+                let rs: Vec<_> = order[i..i + k].iter().map(|&j| runs[j]).collect();
+                let gs: Vec<_> = order[i..i + k].iter().map(|&j| gen[j]).collect();
+                read_and_verify(&b, &rs, &gs);
+                i += k;
+            }
+        }
+        b.stats()
+    }
+
+    #[test]
+    fn round_trip_through_io_uring_with_batches_beyond_the_queue_depth() {
+        let st = round_trip(opts(4, 1), 0x1234_5678);
+        assert!(st.ring_calls > 0);
+        assert_eq!(st.sync_calls, 0, "one thread, one free ring: every call should use it");
+    }
+
+    #[test]
+    fn round_trip_through_the_syscall_fallback() {
+        let st = round_trip(opts(4, 0), 0x8765_4321);
+        assert_eq!(st.ring_calls, 0);
+        assert!(st.sync_calls > 0);
+    }
+
+    #[test]
+    fn concurrent_readers_and_writers_on_disjoint_slots() {
+        let dir = TestDir::new("conc");
+        let b = Arc::new(FileBackend::open(dir.path(), 8 * MIB, opts(8, 2)).unwrap());
+        let nr_threads = 4u64;
+        let per = b.nr_slots() / nr_threads;
+        let iters = 60;
+        let threads: Vec<_> = (0..nr_threads)
+            .map(|t| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    let src = staging(b.nr_slots());
+                    let mut rng = Rng(0x9E37 + t);
+                    for it in 0..iters {
+                        let runs = random_runs(&mut rng, t * per, (t + 1) * per, 24);
+                        let k = 1 + rng.below(runs.len() as u64) as usize;
+                        let start = rng.below((runs.len() - k + 1) as u64) as usize;
+                        let rs = &runs[start..start + k];
+                        let gs: Vec<u64> = (0..k as u64).map(|i| it * 100 + i).collect();
+                        write_runs(&b, &src, rs, &gs);
+                        read_and_verify(&b, rs, &gs);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let st = b.stats();
+        assert_eq!(st.ring_calls + st.sync_calls, nr_threads * iters * 2);
+    }
+
+    #[test]
+    fn busy_ring_and_held_engine_lock_fall_back_to_syscalls() {
+        let dir = TestDir::new("busy");
+        let b = Arc::new(FileBackend::open(dir.path(), 2 * MIB, opts(4, 1)).unwrap());
+        let src = staging(b.nr_slots());
+        let runs = [(3, 5), (20, 1), (100, 32)];
+
+        // Another thread holds the only ring: reads and writes go around it, at once.
+        let held = Arc::new(Barrier::new(2));
+        let release = Arc::new(Barrier::new(2));
+        let holder = {
+            let (b, held, release) = (b.clone(), held.clone(), release.clone());
+            std::thread::spawn(move || {
+                let _g = b.rings[0].try_lock().expect("ring free");
+                held.wait();
+                release.wait();
+            })
+        };
+        held.wait();
+        let before = b.stats();
+        write_runs(&b, &src, &runs, &[1, 2, 3]);
+        read_and_verify(&b, &runs, &[1, 2, 3]);
+        let after = b.stats();
+        assert_eq!(after.sync_calls - before.sync_calls, 2);
+        assert_eq!(after.ring_calls, before.ring_calls);
+        release.wait();
+        holder.join().unwrap();
+
+        // This thread holds an engine lock (as if a signal interrupted engine code): the
+        // ring is free, but it must not be used.
+        let engine_lock = SpinLock::new(());
+        let g = engine_lock.lock();
+        read_and_verify(&b, &runs, &[1, 2, 3]);
+        drop(g);
+        let st = b.stats();
+        assert_eq!(st.sync_calls - after.sync_calls, 1);
+        assert_eq!(st.ring_calls, after.ring_calls);
+
+        // And with nothing held the ring is used again.
+        read_and_verify(&b, &runs, &[1, 2, 3]);
+        assert_eq!(b.stats().ring_calls, st.ring_calls + 1);
+    }
+
+    #[test]
+    fn no_allocation_on_the_read_and_write_paths() {
+        let dir = TestDir::new("alloc");
+        let b = Arc::new(FileBackend::open(dir.path(), 2 * MIB, opts(4, 1)).unwrap());
+        let src = staging(b.nr_slots());
+        stage(&src, 0, 64, 7);
+        let mut buf = zero_pages(64);
+        let engine_lock = SpinLock::new(());
+        let (held, release) = (Arc::new(Barrier::new(2)), Arc::new(AtomicBool::new(false)));
+
+        // Everything below runs once to warm up (the ring's first use, lazily initialised
+        // thread-locals), then again under the allocation counter.
+        let pass = |b: &FileBackend, buf: &mut [AlignedPage], hold_engine_lock: bool| {
+            // Ten two-page writes and reads: more than the queue depth of 4.
+            let mut w: ArrayVec<WriteReq<'_>, 10> =
+                (0..10).map(|i| WriteReq::new(i * 4, src.pages(i as usize * 4 * PAGE_SIZE, 2))).collect();
+            let g = hold_engine_lock.then(|| engine_lock.lock());
+            b.write(&mut w);
+            drop(g);
+            assert!(w.iter().all(|r| r.result.is_ok()));
+            let mut r: ArrayVec<ReadReq<'_>, 10> =
+                buf.chunks_mut(2).take(10).enumerate().map(|(i, c)| ReadReq::new(i as u64 * 4, c)).collect();
+            let g = hold_engine_lock.then(|| engine_lock.lock());
+            b.read(&mut r);
+            drop(g);
+            assert!(r.iter().all(|r| r.result.is_ok()));
+            drop(r);
+            // An out-of-range request fails without allocating either.
+            let mut r = [ReadReq::new(b.nr_slots() - 1, &mut buf[..2])];
+            b.read(&mut r);
+            assert!(matches!(r[0].result, Err(BackendError::OutOfRange { .. })));
+        };
+        pass(&b, &mut buf, false);
+        pass(&b, &mut buf, true);
+
+        let go = Arc::new(Barrier::new(2));
+        let holder = {
+            let (b, go, held, release) = (b.clone(), go.clone(), held.clone(), release.clone());
+            std::thread::spawn(move || {
+                go.wait();
+                let _g = b.rings[0].try_lock().expect("ring free");
+                held.wait();
+                while !release.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+            })
+        };
+        let before_stats = b.stats();
+        let before = alloc_count::this_thread();
+        pass(&b, &mut buf, false); // io_uring
+        pass(&b, &mut buf, true); // engine lock held: syscalls
+        go.wait(); // (Barrier::wait does not allocate)
+        held.wait();
+        pass(&b, &mut buf, false); // ring busy: syscalls
+        let allocs = alloc_count::this_thread() - before;
+        release.store(true, Ordering::Release);
+        holder.join().unwrap();
+        assert_eq!(allocs, 0, "the read/write paths allocated or freed {allocs} times");
+        let st = b.stats();
+        // (The out-of-range reads need no I/O and take neither route.)
+        assert_eq!(st.ring_calls - before_stats.ring_calls, 2);
+        assert_eq!(st.sync_calls - before_stats.sync_calls, 4);
+        for (i, p) in buf.iter().take(20).enumerate() {
+            let slot = (i / 2 * 4 + i % 2) as u64;
+            assert!(p.0 == page_bytes(slot, 7), "slot {slot}");
+        }
+    }
+
+    #[test]
+    fn a_ring_the_kernel_refuses_is_given_up_and_the_call_still_succeeds() {
+        let dir = TestDir::new("poison");
+        let b = FileBackend::open(dir.path(), 2 * MIB, opts(4, 1)).unwrap();
+        // Make the ring's descriptor number refer to /dev/null: io_uring_enter then fails
+        // with an error that is neither EINTR nor EAGAIN, with the first round still queued.
+        let null = fs::File::open("/dev/null").unwrap();
+        {
+            let ring = b.rings[0].try_lock().unwrap();
+            // SAFETY: replaces the ring's descriptor number with /dev/null. The ring's
+            // memory stays mapped (the mappings keep the io_uring alive) and the IoUring
+            // closes the number on drop, which then closes /dev/null: nothing dangles.
+            assert!(unsafe { libc::dup2(null.as_raw_fd(), ring.uring.as_raw_fd()) } >= 0);
+        }
+        let src = staging(b.nr_slots());
+        let runs: Vec<(u64, u64)> = (0..10).map(|i| (i * 8, 1 + i % 3)).collect();
+        let gens: Vec<u64> = (0..10).collect();
+        write_runs(&b, &src, &runs, &gens); // 10 requests: rounds of 4, the first one refused
+        let st = b.stats();
+        assert_eq!((st.ring_calls, st.rings_poisoned), (1, 1));
+        assert!(b.rings[0].try_lock().unwrap().poisoned);
+        // The poisoned ring is never used again: later calls use the system calls.
+        read_and_verify(&b, &runs, &gens);
+        assert_eq!(b.stats().sync_calls, 1);
+        assert_eq!(b.stats().ring_calls, 1);
+    }
+
+    #[test]
+    fn empty_requests_succeed_without_io() {
+        let dir = TestDir::new("empty");
+        for rings in [1, 0] {
+            let b = FileBackend::open(dir.path(), 2 * MIB, opts(4, rings)).unwrap();
+            let src = staging(b.nr_slots());
+            stage(&src, 7, 1, 3);
+            let mut w = [WriteReq::new(5, src.pages(0, 0)), WriteReq::new(7, src.pages(7 * PAGE_SIZE, 1))];
+            b.write(&mut w);
+            assert!(w.iter().all(|r| r.result.is_ok()));
+            let mut buf = zero_pages(1);
+            // (ReadReq::new refuses an empty buffer in debug builds; the engine never makes one.)
+            let mut r = [ReadReq { slot: 9, buf: &mut [], result: Ok(()) }, ReadReq::new(7, &mut buf)];
+            b.read(&mut r);
+            assert!(r.iter().all(|r| r.result.is_ok()));
+            assert!(buf[0].0 == page_bytes(7, 3));
+        }
+    }
+
+    fn blocks(path_or_fd: &OwnedFd) -> u64 {
+        fstat(path_or_fd.as_raw_fd()).unwrap().st_blocks as u64
+    }
+
+    #[test]
+    fn discard_punches_a_hole_that_reads_back_as_zero() {
+        for preallocate in [true, false] {
+            let dir = TestDir::new("discard");
+            let b = FileBackend::open(dir.path(), 4 * MIB, FileOptions { preallocate, ..opts(8, 1) }).unwrap();
+            let cluster = SWAPFILE_CLUSTER as u64;
+            let src = staging(b.nr_slots());
+            let runs: Vec<(u64, u64)> = (0..2 * cluster / 32).map(|i| (i * 32, 32)).collect();
+            let gens = vec![5; runs.len()];
+            write_runs(&b, &src, &runs, &gens);
+            let full = blocks(&b.file);
+            assert!(full >= 2 * CLUSTER_BYTES / 512, "written file holds {full} blocks of 512 bytes");
+            b.discard(cluster, cluster);
+            let after = blocks(&b.file);
+            assert!(
+                full - after >= CLUSTER_BYTES / 512,
+                "discard of one cluster freed only {} blocks (preallocate {preallocate})",
+                full - after
+            );
+            assert_eq!(fstat(b.file.as_raw_fd()).unwrap().st_size as u64, 4 * MIB, "the size is kept");
+            let mut buf = zero_pages(cluster as usize);
+            buf.iter_mut().for_each(|p| p.0.fill(0xAA));
+            let mut r = [ReadReq::new(cluster, &mut buf)];
+            b.read(&mut r);
+            assert!(r[0].result.is_ok());
+            assert!(buf.iter().all(|p| p.0.iter().all(|&x| x == 0)), "a discarded slot reads back zero");
+            // The other cluster is untouched.
+            read_and_verify(&b, &runs[..runs.len() / 2], &gens[..runs.len() / 2]);
+            assert_eq!(b.discard_errors(), 0);
+            b.discard(2 * cluster - 1, 2);
+            b.discard(u64::MAX, 2);
+            assert_eq!(b.discard_errors(), 2, "out-of-range discards are counted, not performed");
+            assert_eq!(b.stats().discards, 3);
+        }
+    }
+
+    fn assert_private_and_unlinked(fd: &OwnedFd, dir: &Path) {
+        let st = fstat(fd.as_raw_fd()).unwrap();
+        assert_eq!(st.st_mode & 0o7777, 0o600, "mode {:o}", st.st_mode & 0o7777);
+        assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFREG);
+        assert_eq!(st.st_nlink, 0, "the file has a name somewhere");
+        assert_eq!(fs::read_dir(dir).unwrap().count(), 0, "the directory is not empty");
+        let link = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        assert!(link.to_string_lossy().ends_with(" (deleted)"), "/proc/self/fd shows {link:?}");
+    }
+
+    #[test]
+    fn anonymous_files_are_0600_and_leave_no_directory_entry() {
+        let dir = TestDir::new("anon");
+        // A umask that would normally leave group and others some access.
+        // SAFETY: umask only changes the process's file-creation mask.
+        let old = unsafe { libc::umask(0o002) };
+        let b = FileBackend::open(dir.path(), 2 * MIB, FileOptions::default());
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        let b = b.unwrap();
+        assert!(b.is_anonymous() && !b.is_block_device());
+        assert_eq!(b.name(), format!("file:{}", dir.path().display()));
+        assert_private_and_unlinked(&b.file, dir.path());
+        // O_DIRECT is on.
+        // SAFETY: F_GETFL takes no pointer.
+        assert_ne!(unsafe { libc::fcntl(b.file.as_raw_fd(), libc::F_GETFL) } & libc::O_DIRECT, 0);
+        drop(b);
+
+        // The fallback for filesystems without O_TMPFILE: created 0600, unlinked at once.
+        let fd = create_anonymous(dir.path(), false).unwrap();
+        assert_private_and_unlinked(&fd, dir.path());
+    }
+
+    #[test]
+    fn existing_files_are_extended_never_shrunk_and_locked() {
+        let dir = TestDir::new("exist");
+        let path = dir.path().join("swapfile");
+        fs::write(&path, vec![1u8; MIB as usize]).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+        let b = FileBackend::open(&path, 4 * MIB + 12345, opts(4, 1)).unwrap();
+        assert!(!b.is_anonymous());
+        assert_eq!(b.nr_slots(), 2 * SWAPFILE_CLUSTER as u64, "capacity rounds down to whole clusters");
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.len(), 4 * MIB, "extended to the capacity");
+        assert_eq!(meta.mode() & 0o777, 0o640, "an existing file keeps its mode");
+        // A second device on the same file is refused while the first one lives.
+        let e = FileBackend::open(&path, 2 * MIB, opts(4, 1)).err().unwrap();
+        assert!(matches!(e, FileDeviceError::Busy { .. }), "{e}");
+        assert!(e.to_string().contains(path.to_str().unwrap()), "{e}");
+        let src = staging(b.nr_slots());
+        write_runs(&b, &src, &[(0, 3), (1020, 4)], &[1, 2]);
+        read_and_verify(&b, &[(0, 3), (1020, 4)], &[1, 2]);
+        drop(b);
+
+        // A longer file is used in part, never truncated.
+        let big = dir.path().join("big");
+        fs::write(&big, vec![0u8; 10 * MIB as usize]).unwrap();
+        let b = FileBackend::open(&big, 4 * MIB, FileOptions { preallocate: false, ..opts(4, 1) }).unwrap();
+        assert_eq!(b.nr_slots(), 1024);
+        assert_eq!(fs::metadata(&big).unwrap().len(), 10 * MIB);
+        drop(b);
+        // A short file without preallocation is extended sparse.
+        let sparse = dir.path().join("sparse");
+        fs::write(&sparse, b"").unwrap();
+        let b = FileBackend::open(&sparse, 4 * MIB, FileOptions { preallocate: false, ..opts(4, 1) }).unwrap();
+        let meta = fs::metadata(&sparse).unwrap();
+        assert_eq!(meta.len(), 4 * MIB);
+        assert!(meta.blocks() < 64, "{} blocks allocated", meta.blocks());
+        drop(b);
+    }
+
+    #[test]
+    fn a_closed_device_can_be_reopened_at_once() {
+        let dir = TestDir::new("reopen");
+        let path = dir.path().join("swapfile");
+        fs::write(&path, b"").unwrap();
+        for _ in 0..20 {
+            let b = FileBackend::open(&path, 2 * MIB, opts(4, 2)).unwrap();
+            let src = staging(b.nr_slots());
+            write_runs(&b, &src, &[(1, 2)], &[1]);
+        }
+        let backing = dir.path().join("backing");
+        fs::write(&backing, vec![0u8; 2 * MIB as usize]).unwrap();
+        let Some(lo) = attach_loop(&backing) else {
+            eprintln!("skipped the block device part: no loop device available here");
+            return;
+        };
+        for _ in 0..20 {
+            let b = FileBackend::open(&lo.path, 2 * MIB, opts(4, 2)).unwrap();
+            let src = staging(b.nr_slots());
+            write_runs(&b, &src, &[(1, 2)], &[1]);
+        }
+    }
+
+    #[test]
+    fn short_reads_are_continued_and_end_of_file_names_the_slot() {
+        let dir = TestDir::new("short");
+        let path = dir.path().join("swapfile");
+        fs::write(&path, b"").unwrap();
+        for rings in [1, 0] {
+            let b = FileBackend::open(&path, 2 * MIB, FileOptions { preallocate: false, ..opts(4, rings) }).unwrap();
+            let src = staging(b.nr_slots());
+            write_runs(&b, &src, &[(500, 12)], &[9]);
+            // Someone cuts the file short behind our back: 2 of the 4 pages of the last
+            // request are past the end.
+            fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(510 * PAGE_SIZE as u64).unwrap();
+            let mut buf = zero_pages(8);
+            let (a, c) = buf.split_at_mut(4);
+            let mut r = [ReadReq::new(500, a), ReadReq::new(508, c)];
+            b.read(&mut r);
+            assert!(r[0].result.is_ok());
+            match &r[1].result {
+                Err(BackendError::Io { slot: 510, source }) => {
+                    assert_eq!(source.kind(), io::ErrorKind::UnexpectedEof)
+                }
+                other => panic!("expected an I/O error on slot 510, got {other:?}"),
+            }
+            assert!(b.stats().short_transfers >= 1);
+            assert!(buf[..4].iter().enumerate().all(|(i, p)| p.0 == page_bytes(500 + i as u64, 9)));
+            assert!(buf[4..6].iter().enumerate().all(|(i, p)| p.0 == page_bytes(508 + i as u64, 9)));
+            drop(b);
+            fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+        }
+    }
+
+    fn open_err(path: &Path, capacity: u64, options: FileOptions) -> FileDeviceError {
+        let e = FileBackend::open(path, capacity, options).err().expect("open should fail");
+        let msg = e.to_string();
+        assert!(msg.contains(&*path.to_string_lossy()), "message does not name the path: {msg}");
+        e
+    }
+
+    #[test]
+    fn open_errors_name_the_path_and_say_what_to_do() {
+        let dir = TestDir::new("err");
+        let missing = dir.path().join("no/such/dir");
+        let e = open_err(&missing, 4 * MIB, FileOptions::default());
+        assert!(matches!(e, FileDeviceError::NotFound { .. }), "{e}");
+        assert!(e.to_string().contains("give an existing directory"), "{e}");
+
+        let e = open_err(dir.path(), MIB, FileOptions::default());
+        assert!(
+            matches!(e, FileDeviceError::TooSmall { capacity_bytes, min_bytes, .. }
+            if capacity_bytes == MIB && min_bytes == CLUSTER_BYTES),
+            "{e}"
+        );
+        assert!(e.to_string().contains("give it at least 2097152 bytes"), "{e}");
+
+        let e = open_err(Path::new("/dev/null"), 4 * MIB, FileOptions::default());
+        assert!(matches!(e, FileDeviceError::UnsupportedFileType { kind: "a character device", .. }), "{e}");
+
+        let e = open_err(dir.path(), 4 * MIB, opts(0, 1));
+        assert!(matches!(e, FileDeviceError::BadQueueDepth { .. }), "{e}");
+        let e = open_err(dir.path(), 4 * MIB, opts(MAX_QUEUE_DEPTH + 1, 1));
+        assert!(matches!(e, FileDeviceError::BadQueueDepth { .. }), "{e}");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0, "a failed open leaves nothing behind");
+    }
+
+    /// Runs `f` on a thread whose filesystem uid is `nobody` (root's file capabilities
+    /// dropped with it). `None` if that is not possible (not root).
+    fn as_nobody<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        std::thread::spawn(move || {
+            // SAFETY: setfsuid is a per-thread system call (glibc does not broadcast it);
+            // this thread ends right after `f`.
+            unsafe { libc::setfsuid(65534) };
+            // SAFETY: -1 is an invalid uid: the call only reports the current fsuid.
+            (unsafe { libc::setfsuid(u32::MAX) } == 65534).then(f)
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[test]
+    fn permission_denied_names_the_path() {
+        let dir = TestDir::new("perm");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let file = dir.path().join("root-only");
+        fs::write(&file, b"").unwrap();
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+        let (d, f) = (dir.path().to_owned(), file.clone());
+        // SAFETY: getuid has no memory effects.
+        let root = unsafe { libc::getuid() } == 0;
+        let errs = as_nobody(move || {
+            let precondition = fs::File::open(&f).map_err(|e| e.kind());
+            (
+                precondition,
+                FileBackend::open(&d, 4 * MIB, opts(4, 1)).err(),
+                FileBackend::open(&f, 4 * MIB, opts(4, 1)).err(),
+            )
+        });
+        let Some((Err(io::ErrorKind::PermissionDenied), dir_err, file_err)) = errs else {
+            assert!(!root, "as root, dropping to fsuid nobody should deny access");
+            eprintln!("skipped: cannot drop privileges here (not root)");
+            return;
+        };
+        for (e, path) in [(dir_err.unwrap(), dir.path()), (file_err.unwrap(), file.as_path())] {
+            assert!(matches!(e, FileDeviceError::PermissionDenied { .. }), "{e}");
+            assert!(e.to_string().contains(path.to_str().unwrap()), "{e}");
+        }
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "nothing created");
+    }
+
+    #[test]
+    fn filesystems_without_direct_io_are_refused_with_advice() {
+        // ramfs has no O_DIRECT (tmpfs has it since Linux 6.6). Mount one in a private mount
+        // namespace of a helper thread, so that nothing is visible outside it and the mount
+        // goes away with the thread.
+        let dir = TestDir::new("ramfs");
+        let d = dir.path().to_owned();
+        let r = std::thread::spawn(move || {
+            let cdir = CString::new(d.as_os_str().as_bytes()).unwrap();
+            // SAFETY: unshare and mount take NUL-terminated strings that outlive the calls;
+            // the namespace is private to this thread (CLONE_NEWNS implies CLONE_FS).
+            unsafe {
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return None;
+                }
+                let root = c"/";
+                if libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return None;
+                }
+                if libc::mount(c"none".as_ptr(), cdir.as_ptr(), c"ramfs".as_ptr(), 0, std::ptr::null()) != 0 {
+                    return None;
+                }
+            }
+            let in_dir = open_err(&d, 4 * MIB, FileOptions::default());
+            let file = d.join("swapfile");
+            fs::write(&file, b"").unwrap();
+            let on_file = open_err(&file, 4 * MIB, FileOptions { preallocate: false, ..FileOptions::default() });
+            Some((in_dir, on_file))
+        })
+        .join()
+        .unwrap();
+        let Some((in_dir, on_file)) = r else {
+            eprintln!("skipped: cannot mount a ramfs in a private namespace here");
+            return;
+        };
+        for e in [in_dir, on_file] {
+            assert!(matches!(e, FileDeviceError::DirectIoUnsupported { .. }), "{e}");
+            assert!(e.to_string().contains("ext4"), "{e}");
+        }
+    }
+
+    /// A loop device over a file of `len` bytes, detached automatically when its last
+    /// descriptor closes (LO_FLAGS_AUTOCLEAR), so that a crashed test leaks nothing.
+    struct Loop {
+        _fd: fs::File,
+        path: PathBuf,
+    }
+
+    #[repr(C)]
+    struct LoopInfo64 {
+        device: u64,
+        inode: u64,
+        rdevice: u64,
+        offset: u64,
+        sizelimit: u64,
+        number: u32,
+        encrypt_type: u32,
+        encrypt_key_size: u32,
+        flags: u32,
+        file_name: [u8; 64],
+        crypt_name: [u8; 64],
+        encrypt_key: [u8; 32],
+        init: [u64; 2],
+    }
+
+    #[repr(C)]
+    struct LoopConfig {
+        fd: u32,
+        block_size: u32,
+        info: LoopInfo64,
+        reserved: [u64; 8],
+    }
+
+    const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+    const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+    const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+    fn attach_loop(backing: &Path) -> Option<Loop> {
+        let ctl = fs::File::open("/dev/loop-control").ok()?;
+        let file = fs::OpenOptions::new().read(true).write(true).open(backing).ok()?;
+        for _ in 0..10 {
+            // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number.
+            let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) };
+            if n < 0 {
+                return None;
+            }
+            let path = PathBuf::from(format!("/dev/loop{n}"));
+            let dev = fs::OpenOptions::new().read(true).write(true).open(&path).ok()?;
+            // SAFETY: plain data, all zeroes is a valid value.
+            let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
+            cfg.fd = file.as_raw_fd() as u32;
+            cfg.info.flags = LO_FLAGS_AUTOCLEAR;
+            // SAFETY: LOOP_CONFIGURE reads one loop_config, which `cfg` is (same layout).
+            if unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &cfg as *const LoopConfig) } == 0 {
+                return Some(Loop { _fd: dev, path });
+            }
+            // EBUSY: someone else took it in between; try the next free one.
+        }
+        None
+    }
+
+    #[test]
+    fn block_device_round_trip_size_check_and_discard() {
+        let dir = TestDir::new("blk");
+        let backing = dir.path().join("backing");
+        fs::write(&backing, b"").unwrap();
+        fs::OpenOptions::new().write(true).open(&backing).unwrap().set_len(4 * MIB).unwrap();
+        let Some(lo) = attach_loop(&backing) else {
+            eprintln!("skipped: no loop device available here (needs root and /dev/loop-control)");
+            return;
+        };
+        let e = open_err(&lo.path, 8 * MIB, FileOptions::default());
+        assert!(
+            matches!(e, FileDeviceError::LargerThanDevice { capacity_bytes, device_bytes, .. }
+                if capacity_bytes == 8 * MIB && device_bytes == 4 * MIB),
+            "{e}"
+        );
+        assert!(e.to_string().contains("give at most 4194304 bytes"), "{e}");
+        let b = FileBackend::open(&lo.path, 4 * MIB, opts(8, 1)).unwrap();
+        assert!(b.is_block_device());
+        assert_eq!(b.nr_slots(), 1024);
+        // Opened exclusively: a second device on it is refused.
+        let e = open_err(&lo.path, 4 * MIB, FileOptions::default());
+        assert!(matches!(e, FileDeviceError::Busy { .. }), "{e}");
+        let src = staging(b.nr_slots());
+        let runs: Vec<(u64, u64)> = (0..32).map(|i| (i * 32, 32)).collect();
+        let gens: Vec<u64> = (0..32).collect();
+        write_runs(&b, &src, &runs, &gens);
+        read_and_verify(&b, &runs, &gens);
+        b.discard(512, 512);
+        assert_eq!(b.discard_errors(), 0, "BLKDISCARD on a loop device");
+        read_and_verify(&b, &runs[..16], &gens[..16]);
+    }
+
+    /// Rough throughput figures (not a test): `cargo test --release -p uswap -- --ignored
+    /// --nocapture bench_file_backend`.
+    #[test]
+    #[ignore]
+    fn bench_file_backend() {
+        let dir = TestDir::new("bench");
+        let capacity = 64 * MIB;
+        for rings in [1, 0] {
+            let b = FileBackend::open(dir.path(), capacity, opts(64, rings)).unwrap();
+            let nr = b.nr_slots();
+            let src = staging(nr);
+            // Write everything once, so that later writes overwrite allocated, written blocks.
+            let all: Vec<(u64, u64)> = (0..nr / 32).map(|i| (i * 32, 32)).collect();
+            for c in all.chunks(64) {
+                write_runs(&b, &src, c, &vec![0; c.len()]);
+            }
+            let mut rng = Rng(42);
+            let secs = 0.7;
+            let label = if rings > 0 { "io_uring qd 64" } else { "pread/pwrite  " };
+            let run = |what: &str, pages_per_call: u64, f: &mut dyn FnMut()| {
+                let t = std::time::Instant::now();
+                let mut calls = 0u64;
+                while t.elapsed().as_secs_f64() < secs {
+                    f();
+                    calls += 1;
+                }
+                let el = t.elapsed().as_secs_f64();
+                println!(
+                    "{label} {what:<38} {:>9.0} pages/s  ({:.1} us per call)",
+                    (calls * pages_per_call) as f64 / el,
+                    el * 1e6 / calls as f64
+                );
+            };
+            run("write: 1 request of 32 pages", 32, &mut || {
+                let s = rng.below(nr / 32) * 32;
+                let mut w = [WriteReq::new(s, src.pages(s as usize * PAGE_SIZE, 32))];
+                b.write(&mut w);
+                assert!(w[0].result.is_ok());
+            });
+            run("write: 32 requests of 1 page (random)", 32, &mut || {
+                let mut w: ArrayVec<WriteReq<'_>, 32> = (0..32)
+                    .map(|_| {
+                        let s = rng.below(nr);
+                        WriteReq::new(s, src.pages(s as usize * PAGE_SIZE, 1))
+                    })
+                    .collect();
+                // (Random slots may repeat within a batch; harmless for a benchmark.)
+                b.write(&mut w);
+            });
+            let mut buf = zero_pages(32);
+            run("read: 1 page (random)", 1, &mut || {
+                let mut r = [ReadReq::new(rng.below(nr), &mut buf[..1])];
+                b.read(&mut r);
+                assert!(r[0].result.is_ok());
+            });
+            run("read: 32 requests of 1 page (random)", 32, &mut || {
+                let mut r: ArrayVec<ReadReq<'_>, 32> =
+                    buf.chunks_mut(1).map(|c| ReadReq::new(rng.below(nr), c)).collect();
+                b.read(&mut r);
+            });
+            run("read: 1 request of 32 pages", 32, &mut || {
+                let mut r = [ReadReq::new(rng.below(nr / 32) * 32, &mut buf[..])];
+                b.read(&mut r);
+                assert!(r[0].result.is_ok());
+            });
+        }
+    }
+}
