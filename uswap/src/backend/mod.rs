@@ -15,6 +15,7 @@
 //! * A failed write must leave the slot's previous contents (if any) readable.
 
 pub mod failing;
+pub mod file;
 pub mod ram;
 pub mod zpool;
 
