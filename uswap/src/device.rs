@@ -2,11 +2,15 @@
 //! how a configuration becomes a [`Backend`].
 //!
 //! Kinds: `ram` (uncompressed pages in memory), `zpool` (compressed pool with a memory cap,
-//! written back to the next device when full), and later `file`. Any device can be wrapped
+//! written back to the next device when full), and `file` (a file or block device, O_DIRECT
+//! through io_uring). Any device can be wrapped
 //! in fault injection for tests, and can keep a per-page checksum that is checked on every
 //! read (on by default for devices outside memory).
 
+use std::path::PathBuf;
+
 use crate::backend::failing::{FailingBackend, FaultInjection};
+use crate::backend::file::{FileBackend, FileOptions};
 use crate::backend::ram::RamBackend;
 use crate::backend::zpool::{Compressor, Incompressible, ZpoolBackend, ZpoolConfig};
 use crate::backend::Backend;
@@ -20,6 +24,7 @@ const CLUSTER_BYTES: u64 = (SWAPFILE_CLUSTER * PAGE_SIZE) as u64;
 enum DeviceKind {
     Ram { capacity_bytes: u64 },
     Zpool { cap_bytes: u64, capacity_bytes: Option<u64>, zpool: ZpoolOptions },
+    File { path: PathBuf, capacity_bytes: u64, queue_depth: u32 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +70,22 @@ impl DeviceConfig {
         })
     }
 
+    /// A file device: `path` is a directory (uswap creates an anonymous 0600 file in it,
+    /// unlinked at once, so nothing is left behind), a regular file, or a block device. I/O
+    /// is `O_DIRECT` through io_uring; freed clusters are punched out. Pages carry a crc32c
+    /// checked on every read, unless [`DeviceConfig::checksum`] turns it off.
+    pub fn file(path: impl Into<PathBuf>, capacity_bytes: u64) -> DeviceConfig {
+        DeviceConfig::new(DeviceKind::File { path: path.into(), capacity_bytes, queue_depth: 64 })
+    }
+
+    /// io_uring queue depth of a file device (ignored by other kinds).
+    pub fn queue_depth(mut self, depth: u32) -> DeviceConfig {
+        if let DeviceKind::File { queue_depth, .. } = &mut self.kind {
+            *queue_depth = depth;
+        }
+        self
+    }
+
     /// Devices with higher priority are used first; equal priorities take turns.
     pub fn priority(mut self, priority: i32) -> DeviceConfig {
         self.priority = priority;
@@ -75,7 +96,7 @@ impl DeviceConfig {
     /// otherwise indexes four times its cap; for other kinds, the size).
     pub fn capacity(mut self, bytes: u64) -> DeviceConfig {
         match &mut self.kind {
-            DeviceKind::Ram { capacity_bytes } => *capacity_bytes = bytes,
+            DeviceKind::Ram { capacity_bytes } | DeviceKind::File { capacity_bytes, .. } => *capacity_bytes = bytes,
             DeviceKind::Zpool { capacity_bytes, .. } => *capacity_bytes = Some(bytes),
         }
         self
@@ -123,7 +144,8 @@ impl DeviceConfig {
     ///
     /// * `ram` or `ram:SIZE`;
     /// * `zpool` followed by options separated by `:` in any order: a size (the memory cap),
-    ///   `lz4`, `zstd` or `zstd-LEVEL`, `raw` or `reject` (incompressible pages).
+    ///   `lz4`, `zstd` or `zstd-LEVEL`, `raw` or `reject` (incompressible pages);
+    /// * `file:PATH` or `file:PATH:SIZE` (a path containing `:` must be followed by a size).
     ///
     /// `default_capacity_bytes` is the size of a device given without one. Sizes take `KiB`,
     /// `MiB`, `GiB`, `TiB` (or `K`, `M`, `G`, `T`), or plain bytes.
@@ -131,6 +153,17 @@ impl DeviceConfig {
         let mut out = Vec::new();
         for (i, item) in spec.split(',').map(str::trim).enumerate() {
             let bad = |why: String| Error::BadDeviceSpec { spec: item.to_string(), why };
+            if let Some(rest) = item.strip_prefix("file:") {
+                let (path, size) = match rest.rsplit_once(':') {
+                    Some((p, sz)) if parse_size(sz).is_ok() => (p, parse_size(sz).map_err(bad)?),
+                    _ => (rest, default_capacity_bytes),
+                };
+                if path.is_empty() {
+                    return Err(bad("file needs a path: file:PATH[:SIZE]".into()));
+                }
+                out.push(DeviceConfig::file(path, size).priority(-(i as i32)));
+                continue;
+            }
             let mut parts = item.split(':');
             let kind = parts.next().unwrap_or("");
             let opts: Vec<&str> = parts.collect();
@@ -168,7 +201,7 @@ impl DeviceConfig {
                     d.capacity((4 * cap).max(default_capacity_bytes))
                 }
                 "" => return Err(bad("empty device name".into())),
-                other => return Err(bad(format!("unknown device kind {other:?}; known: ram, zpool"))),
+                other => return Err(bad(format!("unknown device kind {other:?}; known: ram, zpool, file"))),
             };
             out.push(dev.priority(-(i as i32)));
         }
@@ -183,12 +216,14 @@ impl DeviceConfig {
         match self.kind {
             DeviceKind::Ram { .. } => "ram",
             DeviceKind::Zpool { .. } => "zpool",
+            DeviceKind::File { .. } => "file",
         }
     }
 
-    /// Whether pages on this device carry a checksum.
+    /// Whether pages on this device carry a checksum: by default only on devices outside
+    /// memory, where corruption is a real possibility.
     pub(crate) fn checksum_enabled(&self) -> bool {
-        self.checksum.unwrap_or(false)
+        self.checksum.unwrap_or(matches!(self.kind, DeviceKind::File { .. }))
     }
 
     fn whole_clusters(&self, capacity_bytes: u64) -> Result<u64> {
@@ -218,6 +253,10 @@ impl DeviceConfig {
                 Box::new(
                     ZpoolBackend::new(cfg).map_err(|e| Error::Device { name: "zpool".into(), why: e.to_string() })?,
                 )
+            }
+            DeviceKind::File { path, capacity_bytes, queue_depth } => {
+                let opts = FileOptions { queue_depth: *queue_depth, ..FileOptions::default() };
+                Box::new(FileBackend::open(path, *capacity_bytes, opts)?)
             }
         };
         Ok(match self.fault_injection {

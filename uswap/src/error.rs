@@ -71,6 +71,9 @@ pub enum Error {
 
     #[error("swap device failed: {0}")]
     Backend(#[from] BackendError),
+
+    #[error(transparent)]
+    FileDevice(#[from] crate::backend::file::FileDeviceError),
 }
 
 impl Error {

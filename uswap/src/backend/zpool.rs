@@ -35,10 +35,16 @@ use crate::uffd::PAGE_SIZE;
 
 /// Granularity of size classes.
 const CLASS_BYTES: usize = 32;
-const NR_CLASSES: usize = PAGE_SIZE / CLASS_BYTES;
+/// Each object starts with the number of the slot that owns it (4 bytes), so a chunk's live
+/// objects can be found for writeback: an object is live iff its slot's entry points at it.
+const OBJ_HEADER: usize = 4;
+/// Classes up to a page plus the header.
+const NR_CLASSES: usize = (PAGE_SIZE + OBJ_HEADER).div_ceil(CLASS_BYTES);
 /// Arena unit handed to a size class.
 pub const CHUNK_BYTES: usize = 64 << 10;
 const NIL: u32 = u32::MAX;
+/// Chunks writeback looks at from its clock hand to pick the sparsest.
+const WRITEBACK_LOOKAHEAD_CHUNKS: u32 = 16;
 /// Arena populated ahead of the first never-used chunk by `prepare` (32 MiB).
 const PREPARE_AHEAD_CHUNKS: u32 = 512;
 const NO_OBJ: u64 = 0xffff;
@@ -177,8 +183,9 @@ pub struct ZpoolBackend {
     /// Scratch buffers, two per operation, taken and returned without locks.
     scratch: ArrayQueue<Box<Scratch>>,
     zstd: ArrayQueue<Box<ZstdCtx>>,
-    /// Stored slots in store order, for writeback (entries may be stale; readers check).
-    lru: ArrayQueue<u64>,
+    /// Clock hand over chunks for writeback: chunks are shed whole, in index order (roughly
+    /// allocation order), so writeback always returns memory.
+    writeback_hand: AtomicU32,
     full: AtomicBool,
     /// Copy of `ArenaState::next_fresh`, readable without the lock.
     fresh_hint: AtomicU32,
@@ -258,7 +265,7 @@ impl ZpoolBackend {
                 q
             },
             zstd,
-            lru: ArrayQueue::new((cfg.nr_slots as usize).max(1024)),
+            writeback_hand: AtomicU32::new(0),
             full: AtomicBool::new(false),
             fresh_hint: AtomicU32::new(0),
             populated: AtomicU32::new(0),
@@ -476,23 +483,21 @@ impl ZpoolBackend {
                 }
             },
         };
-        let c = class_of(data.len());
+        let c = class_of(OBJ_HEADER + data.len());
         let Some((chunk, obj)) = self.alloc_object(c) else {
             self.reject_alloc_fail.fetch_add(1, Ordering::Relaxed);
             self.full.store(true, Ordering::Relaxed);
             return Err(BackendError::Rejected { slot, reason: RejectReason::PoolFull });
         };
-        self.arena.write(Self::obj_offset(chunk, c, obj), data);
+        let off = Self::obj_offset(chunk, c, obj);
+        self.arena.write(off, &(slot as u32).to_ne_bytes());
+        self.arena.write(off + OBJ_HEADER, data);
         e.store(entry(kind, data.len(), chunk, obj), Ordering::Release);
         if kind == KIND_RAW {
             self.incompressible.fetch_add(1, Ordering::Relaxed);
         }
         self.compressed_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.stored_pages.fetch_add(1, Ordering::Relaxed);
-        if self.lru.push(slot).is_err() {
-            // The writeback queue only orders writeback; a slot missing from it stays in the
-            // pool until freed.
-        }
         self.update_full();
         Ok(())
     }
@@ -508,13 +513,14 @@ impl ZpoolBackend {
                 Ok(())
             }
             KIND_RAW => {
-                self.arena.read(Self::obj_offset(entry_chunk(e), PAGE_SIZE / CLASS_BYTES - 1, entry_obj(e)), dst);
+                let off = Self::obj_offset(entry_chunk(e), class_of(OBJ_HEADER + PAGE_SIZE), entry_obj(e));
+                self.arena.read(off + OBJ_HEADER, dst);
                 Ok(())
             }
             KIND_COMPRESSED => {
                 let len = entry_len(e);
-                let off = Self::obj_offset(entry_chunk(e), class_of(len), entry_obj(e));
-                self.arena.read(off, &mut scratch[..len]);
+                let off = Self::obj_offset(entry_chunk(e), class_of(OBJ_HEADER + len), entry_obj(e));
+                self.arena.read(off + OBJ_HEADER, &mut scratch[..len]);
                 if self.decompress(&scratch[..len], dst) {
                     Ok(())
                 } else {
@@ -628,17 +634,60 @@ impl Backend for ZpoolBackend {
         if self.pool_bytes() < self.accept_limit_bytes() {
             return 0;
         }
-        let mut n = 0;
-        while n < out.len() {
-            let Some(slot) = self.lru.pop() else { break };
-            // Stale entries (freed since) are skipped; same-filled pages cost nothing here.
-            let kind = entry_kind(self.slots[2 * slot as usize].load(Ordering::Acquire));
-            if kind == KIND_COMPRESSED || kind == KIND_RAW {
-                out[n] = slot;
-                n += 1;
+        // A chunk to shed: of the next chunks in use on the clock, the one with the fewest
+        // live objects for its size (most memory back per page written). Every live object
+        // in it goes, so the chunk empties and returns its memory: no compaction needed.
+        // Bounded by one turn of the clock.
+        for _ in 0..self.nr_chunks {
+            let hand = self.writeback_hand.load(Ordering::Relaxed);
+            let mut best: Option<(u32, u64)> = None;
+            for k in 0..WRITEBACK_LOOKAHEAD_CHUNKS.min(self.nr_chunks) {
+                let ch = (hand + k) % self.nr_chunks;
+                let m = self.chunk_meta[ch as usize].load(Ordering::Relaxed);
+                if meta_class(m) == NO_CLASS || meta_inuse(m) == 0 {
+                    continue;
+                }
+                // Live fraction in 1/1024ths.
+                let fill = meta_inuse(m) * 1024 / objects_per_chunk(meta_class(m) as usize);
+                if best.is_none_or(|(_, f)| fill < f) {
+                    best = Some((ch, fill));
+                }
+            }
+            let Some((chunk, _)) = best else {
+                self.writeback_hand.fetch_add(WRITEBACK_LOOKAHEAD_CHUNKS, Ordering::Relaxed);
+                continue;
+            };
+            let m = self.chunk_meta[chunk as usize].load(Ordering::Relaxed);
+            let c = meta_class(m);
+            let c = c as usize;
+            let mut n = 0;
+            for obj in 0..meta_next_unused(m) {
+                if n == out.len() {
+                    break;
+                }
+                let mut hdr = [0u8; OBJ_HEADER];
+                self.arena.read(Self::obj_offset(chunk, c, obj), &mut hdr);
+                let slot = u32::from_ne_bytes(hdr) as u64;
+                if slot >= self.cfg.nr_slots {
+                    continue;
+                }
+                let e = self.slots[2 * slot as usize].load(Ordering::Acquire);
+                let kind = entry_kind(e);
+                if (kind == KIND_COMPRESSED || kind == KIND_RAW) && entry_chunk(e) == chunk && entry_obj(e) == obj {
+                    out[n] = slot;
+                    n += 1;
+                }
+            }
+            // The clock moves on once the window's first chunk is done with (the chosen chunk
+            // may hold more than one batch; it stays the sparsest until emptied).
+            if n < out.len() && chunk == hand % self.nr_chunks {
+                self.writeback_hand.fetch_add(1, Ordering::Relaxed);
+            }
+            if n > 0 {
+                return n;
             }
         }
-        n
+        0
     }
 
     fn stats(&self) -> Option<BackendStats> {
@@ -739,7 +788,7 @@ mod tests {
     }
 
     #[test]
-    fn cap_with_hysteresis_and_writeback_candidates_oldest_first() {
+    fn cap_with_hysteresis_and_writeback_sheds_whole_chunks() {
         let z = ZpoolBackend::new(ZpoolConfig::new(1 << 20, 8192)).unwrap();
         let mut stored = 0u64;
         loop {
@@ -754,9 +803,16 @@ mod tests {
         assert!(z.pool_bytes() >= 1 << 20 && z.pool_bytes() <= (1 << 20) + CHUNK_BYTES as u64);
         // Same-filled pages cost nothing and are still taken.
         store(&z, stored, &page_of(0, 0)).unwrap();
-        let mut out = [0u64; 8];
-        assert_eq!(z.writeback_candidates(&mut out), 8);
-        assert_eq!(out, [0, 1, 2, 3, 4, 5, 6, 7], "oldest first");
+        let mut out = [0u64; 64];
+        let n = z.writeback_candidates(&mut out);
+        assert!(n > 0 && n <= 15, "one chunk of page-sized objects at a time: {n}");
+        assert!(out[..n].iter().all(|&s| s < stored), "{:?}", &out[..n]);
+        // Writing them back (invalidating) empties that chunk: memory is returned.
+        let before = z.pool_bytes();
+        for &slot in &out[..n] {
+            z.invalidate(slot);
+        }
+        assert_eq!(z.pool_bytes(), before - CHUNK_BYTES as u64);
         // Drain below the accept threshold (90 %): accepting again.
         let mut freed = 0;
         while !z.accepting() {
