@@ -25,6 +25,7 @@ impl Bounce<'_> {
         self.buf.as_mut().expect("present until drop")
     }
 
+    #[cfg(test)]
     pub fn page(&self, i: usize) -> &[u8; PAGE_SIZE] {
         &self.buf.as_ref().expect("present until drop")[i].0
     }

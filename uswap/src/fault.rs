@@ -5,8 +5,11 @@
 //! * never touched / known zero → `UFFDIO_ZEROPAGE` for a read, `UFFDIO_COPY` of a zero page
 //!   for a write (saves the copy-on-write fault that would follow a zero-page mapping);
 //! * staged in the swap cache → `UFFDIO_MOVE` back from the staging page: no copy;
-//! * on a device → read the slot (in place for the RAM device, else into a bounce buffer)
-//!   and `UFFDIO_COPY` it in.
+//! * on a device → `swapin`: read the slot with its readahead window (in place for the RAM
+//!   device, else into a bounce buffer) and `UFFDIO_COPY` them in.
+//!
+//! First touches of a sequential stream map the never-touched pages of their window too
+//! (fault-around, the user-space analogue of the kernel's multi-size anonymous THP).
 //!
 //! Thread mode: [`handler_thread`]s, one pinned to each CPU, poll the userfaultfd. The
 //! kernel wakes every waiter; the handler on the faulting CPU runs as soon as the faulting
@@ -29,6 +32,7 @@ use crate::readahead::MAX_WINDOW_PAGES;
 use crate::reclaim;
 use crate::region::{PageRef, PageState, Pte, RegionInner, REGIONS};
 use crate::stats::Counter;
+use crate::swapin::{swap_in, Fault, READ_ATTEMPTS};
 use crate::sync::locks_held_by_this_thread;
 use crate::uffd::{self, Doorbell, RangeResult, UffdMsg, PAGE_SIZE};
 
@@ -49,10 +53,10 @@ pub(crate) enum Route {
 }
 
 impl Route {
-    fn wake(self) -> bool {
+    pub(crate) fn wake(self) -> bool {
         self == Route::Thread
     }
-    fn lock_free(self) -> bool {
+    pub(crate) fn lock_free(self) -> bool {
         self == Route::SignalLockFree
     }
 }
@@ -95,59 +99,7 @@ pub(crate) fn serve_fault(
         };
         match pte.state() {
             PageState::None | PageState::Zero => {
-                // Fault-around: a sequential stream of first touches brings its next pages
-                // in with the same ioctl (never-touched or known-zero neighbours only).
-                let want = if route.lock_free() {
-                    1
-                } else {
-                    region.streams.window_at(page, MAX_WINDOW_PAGES.min(region.nr_pages - page))
-                };
-                let mut locks: ArrayVec<Pte, MAX_WINDOW_PAGES> = ArrayVec::new();
-                locks.push(locked);
-                while locks.len() < want {
-                    let q = page + locks.len();
-                    let pq = region.load(q);
-                    if !matches!(pq.state(), PageState::None | PageState::Zero) {
-                        break;
-                    }
-                    match region.try_lock(q, pq) {
-                        Some(l) => locks.push(l),
-                        None => break,
-                    }
-                }
-                let charged = reclaim::charge_up_to(pager, locks.len(), route);
-                for (k, l) in locks.iter().enumerate().skip(charged) {
-                    region.store(page + k, l.unbusy());
-                }
-                locks.truncate(charged);
-                let n = locks.len();
-                if n < want {
-                    region.streams.brought_in(page, n);
-                }
-                let len = n * PAGE_SIZE;
-                let r = if write {
-                    pager.uffd.copy(page_addr, ZERO_PAGES.0.as_ptr(), len, route.wake(), false)
-                } else {
-                    pager.uffd.zeropage(page_addr, len, route.wake())
-                };
-                let done = r.done_bytes(len) / PAGE_SIZE;
-                for (k, l) in locks.iter().enumerate().skip(done) {
-                    region.store(page + k, l.unbusy());
-                }
-                reclaim::uncharge(pager, n - done);
-                if let RangeResult::Partial { errno, .. } = r {
-                    if done == 0 {
-                        break Err(FaultError::Ioctl(errno));
-                    }
-                }
-                for (k, l) in locks.iter().enumerate().take(done) {
-                    let new = l.next(PageState::Resident, None);
-                    region.store(page + k, new);
-                    reclaim::lru_add(pager, page_ref(reg_idx, reg_gen, page + k, new.gen()));
-                }
-                pager.stats.inc(Counter::PgfaultZero);
-                pager.stats.add(Counter::ZeroFillAround, done as u64 - 1);
-                break Ok(());
+                break zero_fill(pager, region, reg_idx, reg_gen, page, locked, write, route)
             }
             PageState::Resident if pte.clean() => {
                 // The first write to a clean page (a write-protect fault): it is dirty now and
@@ -159,6 +111,10 @@ pub(crate) fn serve_fault(
                 region.store(page, locked.dirtied());
                 pager.clean_pages.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 pager.stats.inc(Counter::PgfaultWp);
+                if pte.readahead() {
+                    // Written: a read-ahead page the application used.
+                    pager.stats.inc(Counter::SwapRaHit);
+                }
                 if let Err(e) = r {
                     if e.raw_os_error() != Some(libc::ENOENT) {
                         break Err(FaultError::Ioctl(e.raw_os_error().unwrap_or(libc::EIO)));
@@ -202,32 +158,8 @@ pub(crate) fn serve_fault(
                 break Ok(());
             }
             PageState::Swapped => {
-                let e = pte.entry();
-                reclaim::charge(pager, 1, route);
-                // Brought in for a read, the page stays clean: mapped write-protected, it keeps
-                // its slot, and reclaim can drop it again without writing it.
-                let keep_slot = !write;
-                match read_into_region(pager, e, page_addr, route, keep_slot) {
-                    Ok(()) => {}
-                    Err(err) => {
-                        reclaim::uncharge(pager, 1);
-                        region.store(page, locked.unbusy());
-                        break Err(err);
-                    }
-                }
-                let new = if keep_slot {
-                    pager.clean_pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    locked.next(PageState::Resident, Some(e)).with_clean()
-                } else {
-                    pager.devices.free(e, route.lock_free());
-                    locked.next(PageState::Resident, None)
-                };
-                let new = new.with_referenced(false);
-                region.store(page, new);
-                reclaim::lru_add(pager, page_ref(reg_idx, reg_gen, page, new.gen()));
-                pager.stats.inc(Counter::Pgmajfault);
-                pager.stats.inc(Counter::Pswpin);
-                break Ok(());
+                let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
+                break swap_in(pager, &f);
             }
         }
     };
@@ -242,49 +174,80 @@ pub(crate) fn serve_fault(
     result
 }
 
-/// Attempts per device read before the fault is reported as failed.
-const READ_ATTEMPTS: usize = 3;
-
-/// Reads the page at `e` and maps it at `page_addr`.
-fn read_into_region(
+/// First touch of a never-touched (or known-zero) page: maps zero pages for it and, when its
+/// stream is sequential, for the never-touched pages of its window (fault-around), in runs
+/// of consecutive pages with one ioctl each.
+#[allow(clippy::too_many_arguments)]
+fn zero_fill(
     pager: &PagerShared,
-    e: crate::swap::SwapEntry,
-    page_addr: usize,
+    region: &RegionInner,
+    reg_idx: usize,
+    reg_gen: u32,
+    page: usize,
+    locked: Pte,
+    write: bool,
     route: Route,
-    write_protect: bool,
 ) -> Result<(), FaultError> {
-    let dev = pager.devices.device(e);
-    if dev.checksums.is_none() {
-        if let Some(src) = dev.backend.page_ptr(e.offset()) {
-            return match pager.uffd.copy(page_addr, src, PAGE_SIZE, route.wake(), write_protect) {
-                RangeResult::Done => Ok(()),
-                RangeResult::Partial { errno, .. } => Err(FaultError::Ioctl(errno)),
-            };
+    let max = if route.lock_free() { 1 } else { pager.readahead_max_pages };
+    let pred = region.streams.advance(page, region.nr_pages, max);
+    let mut pages: ArrayVec<(usize, Pte), MAX_WINDOW_PAGES> = ArrayVec::new();
+    for q in pred.window.start..pred.window.end() {
+        if q == page {
+            pages.push((q, locked));
+            continue;
+        }
+        let pq = region.load(q);
+        if matches!(pq.state(), PageState::None | PageState::Zero) {
+            if let Some(l) = region.try_lock(q, pq) {
+                pages.push((q, l));
+            }
         }
     }
-    let mut buf = pager.bounce.take();
-    let mut kind = PageErrorKind::ReadFailed;
-    for _ in 0..READ_ATTEMPTS {
-        let mut req = [crate::backend::ReadReq::new(e.offset(), &mut buf.pages_mut()[..1])];
-        dev.backend.read(&mut req);
-        if req[0].result.is_err() {
-            kind = PageErrorKind::ReadFailed;
-            pager.record_error(page_addr, e, kind);
-            continue;
+    // Charged like one fault's worth of pages, reclaiming if need be: the window only grows
+    // while the stream keeps using what it brought in.
+    reclaim::charge(pager, pages.len(), route);
+    let mut mapped = 0;
+    let mut faulting_done = false;
+    let mut i = 0;
+    while i < pages.len() {
+        let mut j = i + 1;
+        while j < pages.len() && pages[j].0 == pages[j - 1].0 + 1 {
+            j += 1;
         }
-        if !dev.checksum_ok(e.offset(), buf.page(0)) {
-            // Never map a page that does not match what was written: read it again.
-            kind = PageErrorKind::ChecksumMismatch;
-            pager.stats.inc(Counter::ChecksumError);
-            pager.record_error(page_addr, e, kind);
-            continue;
-        }
-        return match pager.uffd.copy(page_addr, buf.page(0).as_ptr(), PAGE_SIZE, route.wake(), write_protect) {
-            RangeResult::Done => Ok(()),
-            RangeResult::Partial { errno, .. } => Err(FaultError::Ioctl(errno)),
+        let len = (j - i) * PAGE_SIZE;
+        let addr = region.page_addr(pages[i].0);
+        let r = if write {
+            pager.uffd.copy(addr, ZERO_PAGES.0.as_ptr(), len, route.wake(), false)
+        } else {
+            pager.uffd.zeropage(addr, len, route.wake())
         };
+        let done = r.done_bytes(len) / PAGE_SIZE;
+        for (k, &(q, l)) in pages[i..j].iter().enumerate() {
+            if k < done {
+                let new = l.next(PageState::Resident, None);
+                region.store(q, new);
+                reclaim::lru_add(pager, page_ref(reg_idx, reg_gen, q, new.gen()));
+                faulting_done |= q == page;
+                mapped += 1;
+            } else {
+                region.store(q, l.unbusy());
+            }
+        }
+        i = j;
+        if let RangeResult::Partial { errno, .. } = r {
+            if !faulting_done && pages[..i].iter().any(|&(q, _)| q == page) {
+                reclaim::uncharge(pager, pages.len() - mapped);
+                for &(q, l) in &pages[i..] {
+                    region.store(q, l.unbusy());
+                }
+                return Err(FaultError::Ioctl(errno));
+            }
+        }
     }
-    Err(FaultError::Device(kind))
+    reclaim::uncharge(pager, pages.len() - mapped);
+    pager.stats.inc(Counter::PgfaultZero);
+    pager.stats.add(Counter::ZeroFillAround, mapped.saturating_sub(1) as u64);
+    Ok(())
 }
 
 fn page_ref(region_idx: usize, region_gen: u32, page: usize, page_gen: u8) -> PageRef {

@@ -37,6 +37,7 @@ mod reclaim;
 mod region;
 pub mod stats;
 mod swap;
+mod swapin;
 mod sync;
 mod uffd;
 
@@ -47,8 +48,10 @@ pub use error::{Error, Result};
 pub use pager::{
     BackgroundReclaim, FaultMode, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };
+pub use readahead::Advice;
 pub use region::{PlainRegion, Region, MAX_REGION_BYTES};
 pub use stats::{DeviceStats, Histogram, LatencySummary, Stats};
+pub use swap::ReadaheadPolicy;
 
 /// The page size uswap works in.
 pub const PAGE_SIZE: usize = uffd::PAGE_SIZE;

@@ -23,6 +23,7 @@ use crate::bounce::BouncePool;
 use crate::device::DeviceConfig;
 use crate::error::{Error, Result};
 use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, AppMapping};
+use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
 use crate::region::{Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
 use crate::swap::{DeviceSpec, SwapDevices, MAX_DEVICES};
@@ -71,6 +72,8 @@ pub struct PagerBuilder {
     handler_threads: Option<usize>,
     pin_handlers: bool,
     background_reclaim: BackgroundReclaim,
+    readahead: bool,
+    readahead_max_pages: usize,
 }
 
 impl PagerBuilder {
@@ -107,6 +110,20 @@ impl PagerBuilder {
         self
     }
 
+    /// Readahead on swap-in (default on). [`Pager::set_readahead`] changes it at run time;
+    /// [`crate::Region::advise`] tunes it per region.
+    pub fn readahead(mut self, on: bool) -> Self {
+        self.readahead = on;
+        self
+    }
+
+    /// Largest readahead window, in pages (default 32, at most 128). First-touch fault-around
+    /// uses the same maximum.
+    pub fn readahead_max_pages(mut self, pages: usize) -> Self {
+        self.readahead_max_pages = pages.clamp(1, MAX_WINDOW_PAGES);
+        self
+    }
+
     /// When the background reclaimer works (default [`BackgroundReclaim::WhenIdle`]).
     pub fn background_reclaim(mut self, policy: BackgroundReclaim) -> Self {
         self.background_reclaim = policy;
@@ -132,6 +149,8 @@ impl PagerBuilder {
                 priority: d.priority_value(),
                 backend: d.open()?,
                 checksum: d.checksum_enabled(),
+                readahead: d.readahead_policy(),
+                clean_readahead: d.clean_readahead_enabled(),
             });
         }
         let devices = SwapDevices::new(backends, nr_cpus).map_err(|e| Error::OutOfAddressSpace {
@@ -160,7 +179,10 @@ impl PagerBuilder {
             active: ArrayQueue::new(queue_len),
             inactive: ArrayQueue::new(queue_len),
             stats: PerCpuStats::new(nr_cpus),
-            bounce: BouncePool::new(4 * nr_cpus.max(4), 1),
+            // Each buffer holds a readahead window.
+            bounce: BouncePool::new(4 * nr_cpus.max(4), self.readahead_max_pages),
+            readahead: AtomicBool::new(self.readahead),
+            readahead_max_pages: self.readahead_max_pages,
             shutdown: AtomicBool::new(false),
             background_reclaim: self.background_reclaim,
             errors: ArrayQueue::new(ERROR_LOG_LEN),
@@ -294,6 +316,9 @@ pub(crate) struct PagerShared {
     pub inactive: ArrayQueue<u64>,
     pub stats: PerCpuStats,
     pub bounce: BouncePool,
+    /// The global readahead switch.
+    pub readahead: AtomicBool,
+    pub readahead_max_pages: usize,
     pub shutdown: AtomicBool,
     pub background_reclaim: BackgroundReclaim,
     /// The most recent page errors (oldest dropped first).
@@ -408,6 +433,8 @@ impl Pager {
             handler_threads: None,
             pin_handlers: true,
             background_reclaim: BackgroundReclaim::default(),
+            readahead: true,
+            readahead_max_pages: DEFAULT_MAX_WINDOW_PAGES,
         }
     }
 
@@ -532,6 +559,11 @@ impl Pager {
             let _ = q.push(*e);
         }
         v
+    }
+
+    /// Turns readahead on or off for every region of this pager.
+    pub fn set_readahead(&self, on: bool) {
+        self.core.shared.readahead.store(on, Ordering::Relaxed);
     }
 
     pub fn fault_mode(&self) -> FaultMode {

@@ -1,34 +1,124 @@
-//! Per-region fault locality: detects sequential streams of faults and sizes the window of
-//! pages a fault brings in at once.
+//! Readahead: per-region (VMA-style) windows of pages brought in by one fault.
 //!
-//! A fault costs 5–80 µs here (DESIGN.md), so bringing many pages per fault is the biggest
-//! lever on throughput. This module keeps, per region, a few recent streams (last page and
-//! window), so that several threads scanning different parts of a region are each seen as
-//! sequential. A fault that continues a stream doubles its window (up to the maximum); one
-//! that does not starts a new stream with a window of one page.
+//! A fault costs 5–80 µs here (DESIGN.md), so a fault that brings in many pages is the
+//! biggest lever on throughput. Each region keeps a few recent *streams* (the kernel keeps
+//! one per VMA; several let threads scanning different parts of a region, or a sequential
+//! scan mixed with random faults, be told apart). For a fault at page `p` a stream gives the
+//! window of pages to bring in with it:
 //!
-//! Used for first-touch faults (fault-around of never-touched pages, the user-space analogue
-//! of the kernel's multi-size anonymous THP).
+//! * **size**, after the kernel's `__swapin_nr_pages`: `hits + 2` rounded up to a power of two
+//!   (at least 4) when the stream's last window was used; 2 when the fault is adjacent to the
+//!   stream's last page; otherwise 1. Never more than the maximum, and never less than half
+//!   the previous window, so it shrinks gradually when read-ahead pages go unused;
+//! * **placement**: forward from `p` when the fault follows the stream's last window,
+//!   backward when it precedes it, centred on `p` otherwise; clamped to the region.
 //!
-//! Locking: none. Stream slots are atomics updated racily: two threads racing on one slot
+//! Where this differs from the kernel, and why: the kernel stages read-ahead pages in the
+//! swap cache, and a later fault that finds one there is a *hit*. Here read-ahead pages are
+//! mapped at once, because a fault costs microseconds in user space (see README): a page
+//! that was read ahead and used never faults. So a stream's window counts as *used* when the
+//! stream's next fault lands just past it — the application ran over those pages — and its
+//! read-ahead pages are counted as hits then. A write to a read-ahead page (its first write
+//! takes a write-protect fault) also counts it. A read-ahead page evicted before either is
+//! counted as dropped unused. The window then grows on the same evidence the kernel uses.
+//!
+//! Used both for swap-in (pages read from a device) and for first-touch fault-around
+//! (never-touched pages mapped as zero pages).
+//!
+//! Locking: none. Streams are atomic words updated racily: two threads racing on one stream
 //! at worst mis-size a window, which costs performance, never correctness.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// Streams tracked per region.
-const NR_STREAMS: usize = 4;
-/// Largest window, in pages (one reclaim batch: the pages come in with one ioctl).
-pub const MAX_WINDOW_PAGES: usize = 32;
+const NR_STREAMS: usize = 8;
+/// Largest window the engine supports, in pages.
+pub const MAX_WINDOW_PAGES: usize = 128;
+/// Default maximum window (one reclaim batch).
+pub const DEFAULT_MAX_WINDOW_PAGES: usize = 32;
 
-/// One stream: `last_page + 1` is where it continues; `window` its current size.
-struct Stream {
-    /// (last_page << 8) | window; 0 means unused.
-    word: AtomicU64,
+/// How a region is expected to be accessed (`madvise` advice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Advice {
+    /// Adapt the window to what the faults show (the default).
+    #[default]
+    Normal,
+    /// Expect sequential access: always read ahead the maximum window, forward.
+    Sequential,
+    /// Expect random access: no readahead.
+    Random,
 }
 
+impl Advice {
+    fn to_u8(self) -> u8 {
+        self as u8
+    }
+    fn from_u8(v: u8) -> Advice {
+        match v {
+            1 => Advice::Sequential,
+            2 => Advice::Random,
+            _ => Advice::Normal,
+        }
+    }
+}
+
+/// A range of pages of a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub start: usize,
+    pub len: usize,
+}
+
+impl Window {
+    pub fn end(self) -> usize {
+        self.start + self.len
+    }
+    pub fn contains(self, page: usize) -> bool {
+        page >= self.start && page < self.end()
+    }
+}
+
+/// What a stream says about a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prediction {
+    /// Pages to bring in (contains the faulting page).
+    pub window: Window,
+    /// The stream's previous window when this fault shows it was run over: its read-ahead
+    /// pages were used.
+    pub passed: Option<Window>,
+}
+
+// A stream word: start (32 bits) | len (8 bits) << 32 | dir (2 bits) << 40 | valid << 42.
+const DIR_NONE: u64 = 0;
+const DIR_FORWARD: u64 = 1;
+const DIR_BACKWARD: u64 = 2;
+const VALID: u64 = 1 << 42;
+
+fn pack(start: usize, len: usize, dir: u64) -> u64 {
+    (start as u64 & 0xffff_ffff) | ((len.min(255) as u64) << 32) | (dir << 40) | VALID
+}
+fn unpack(w: u64) -> (usize, usize, u64) {
+    ((w & 0xffff_ffff) as usize, ((w >> 32) & 0xff) as usize, (w >> 40) & 3)
+}
+
+/// The kernel's `__swapin_nr_pages` size rule (see the module doc).
+pub fn window_size(hits: usize, adjacent: bool, prev_window: usize, max: usize) -> usize {
+    let mut pages = hits + 2;
+    if pages == 2 {
+        if !adjacent {
+            pages = 1;
+        }
+    } else {
+        pages = pages.next_power_of_two().max(4);
+    }
+    pages.min(max).max((prev_window / 2).min(max)).max(1)
+}
+
+/// The streams of one region, and its advice.
 pub struct FaultStreams {
-    streams: [Stream; NR_STREAMS],
+    streams: [AtomicU64; NR_STREAMS],
     next_victim: AtomicUsize,
+    advice: AtomicU8,
 }
 
 impl Default for FaultStreams {
@@ -40,38 +130,106 @@ impl Default for FaultStreams {
 impl FaultStreams {
     pub fn new() -> FaultStreams {
         FaultStreams {
-            streams: std::array::from_fn(|_| Stream { word: AtomicU64::new(0) }),
+            streams: std::array::from_fn(|_| AtomicU64::new(0)),
             next_victim: AtomicUsize::new(0),
+            advice: AtomicU8::new(Advice::Normal.to_u8()),
         }
     }
 
-    /// A fault at `page`: returns how many pages, starting at `page`, to bring in (at most
-    /// `max`), and records the stream.
-    pub fn window_at(&self, page: usize, max: usize) -> usize {
+    pub fn advise(&self, a: Advice) {
+        self.advice.store(a.to_u8(), Ordering::Relaxed);
+    }
+
+    pub fn advice(&self) -> Advice {
+        Advice::from_u8(self.advice.load(Ordering::Relaxed))
+    }
+
+    /// The window for a fault at `page` in a region of `nr_pages`, at most `max` pages.
+    pub fn predict(&self, page: usize, nr_pages: usize, max: usize) -> Prediction {
         let max = max.clamp(1, MAX_WINDOW_PAGES);
-        for s in &self.streams {
-            let w = s.word.load(Ordering::Relaxed);
-            if w != 0 && (w >> 8) as usize + 1 == page {
-                let window = ((w & 0xff) as usize * 2).clamp(1, max);
-                s.word.store(((page + window - 1) as u64) << 8 | window as u64, Ordering::Relaxed);
-                return window;
+        let clamp = |start: isize, len: usize| {
+            let start = start.clamp(0, nr_pages.saturating_sub(len) as isize) as usize;
+            Window { start, len: len.min(nr_pages - start) }
+        };
+        match self.advice() {
+            Advice::Random => return Prediction { window: Window { start: page, len: 1 }, passed: None },
+            Advice::Sequential => {
+                return Prediction { window: Window { start: page, len: max.min(nr_pages - page) }, passed: None }
             }
+            Advice::Normal => {}
         }
-        let i = self.next_victim.fetch_add(1, Ordering::Relaxed) % NR_STREAMS;
-        self.streams[i].word.store((page as u64) << 8 | 1, Ordering::Relaxed);
-        1
+        for s in &self.streams {
+            let w = s.load(Ordering::Relaxed);
+            if w & VALID == 0 {
+                continue;
+            }
+            let (start, len, dir) = unpack(w);
+            let prev = Window { start, len };
+            // The fault continues the stream: just past its window, forward or backward.
+            let forward = page == prev.end() && dir != DIR_BACKWARD;
+            let backward = page + 1 == prev.start && dir != DIR_FORWARD;
+            // Or it is next to the stream's only page (direction not known yet).
+            let adjacent = len == 1 && (page == start + 1 || page + 1 == start);
+            if !(forward || backward || adjacent) {
+                continue;
+            }
+            let hits = if forward || backward { len - 1 } else { 0 };
+            let size = window_size(hits, true, len, max);
+            let go_back = backward || (adjacent && page + 1 == start);
+            let window =
+                if go_back { clamp(page as isize - size as isize + 1, size) } else { clamp(page as isize, size) };
+            let passed = (hits > 0).then_some(prev);
+            return Prediction { window, passed };
+        }
+        Prediction { window: Window { start: page, len: 1 }, passed: None }
     }
 
-    /// The window actually brought in was `n` pages (neighbours may have been resident):
-    /// the stream continues after them.
-    pub fn brought_in(&self, page: usize, n: usize) {
+    /// Predicts the window for a fault at `page` and records it at once, before the pages
+    /// are brought in: the faulting thread runs again as soon as its own page is mapped,
+    /// and its next fault (perhaps served by another thread) must find the stream moved on.
+    pub fn advance(&self, page: usize, nr_pages: usize, max: usize) -> Prediction {
+        let p = self.predict(page, nr_pages, max);
+        self.record(page, p.window);
+        p
+    }
+
+    /// Records the window brought in for a fault at `page`.
+    pub fn record(&self, page: usize, window: Window) {
+        debug_assert!(window.contains(page));
+        let dir = if window.len == 1 {
+            DIR_NONE
+        } else if window.start == page {
+            DIR_FORWARD
+        } else if window.end() == page + 1 {
+            DIR_BACKWARD
+        } else {
+            DIR_NONE
+        };
+        let word = pack(window.start, window.len, dir);
+        // Update the stream this fault continued, if any.
         for s in &self.streams {
-            let w = s.word.load(Ordering::Relaxed);
-            if w != 0 && w >> 8 >= page as u64 && (w >> 8) < (page + MAX_WINDOW_PAGES) as u64 {
-                s.word.store(((page + n.max(1) - 1) as u64) << 8 | (w & 0xff), Ordering::Relaxed);
+            let w = s.load(Ordering::Relaxed);
+            if w & VALID == 0 {
+                continue;
+            }
+            let (start, len, _) = unpack(w);
+            let prev = Window { start, len };
+            if page == prev.end() || page + 1 == prev.start || (len == 1 && page.abs_diff(start) == 1) {
+                s.store(word, Ordering::Relaxed);
                 return;
             }
         }
+        // A new stream: take an idle slot (a single-page, direction-less stream) so that an
+        // established stream is not pushed out by random faults; round robin if all are busy.
+        for s in &self.streams {
+            let w = s.load(Ordering::Relaxed);
+            if w & VALID == 0 || unpack(w).1 <= 1 {
+                s.store(word, Ordering::Relaxed);
+                return;
+            }
+        }
+        let i = self.next_victim.fetch_add(1, Ordering::Relaxed) % NR_STREAMS;
+        self.streams[i].store(word, Ordering::Relaxed);
     }
 }
 
@@ -79,45 +237,108 @@ impl FaultStreams {
 mod tests {
     use super::*;
 
+    const N: usize = 1 << 20;
+
+    fn fault(s: &FaultStreams, page: usize, max: usize) -> Prediction {
+        s.advance(page, N, max)
+    }
+
     #[test]
-    fn a_sequential_stream_doubles_its_window_up_to_the_maximum() {
+    fn size_follows_swapin_nr_pages() {
+        assert_eq!(window_size(0, false, 0, 32), 1, "no hits, not adjacent");
+        assert_eq!(window_size(0, true, 0, 32), 2, "adjacent");
+        assert_eq!(window_size(1, true, 2, 32), 4);
+        assert_eq!(window_size(3, true, 4, 32), 8);
+        assert_eq!(window_size(7, true, 8, 32), 16);
+        assert_eq!(window_size(100, true, 32, 32), 32, "clamped to the maximum");
+        assert_eq!(window_size(0, false, 32, 32), 16, "shrinks by half at most");
+    }
+
+    #[test]
+    fn a_forward_scan_grows_to_the_maximum_and_reports_its_hits() {
+        let s = FaultStreams::new();
+        let mut page = 1000;
+        let mut sizes = vec![];
+        let mut hits = 0;
+        for _ in 0..9 {
+            let p = fault(&s, page, 32);
+            assert_eq!(p.window.start, page, "forward windows start at the fault");
+            hits += p.passed.map_or(0, |w| w.len - 1);
+            sizes.push(p.window.len);
+            page = p.window.end();
+        }
+        assert_eq!(sizes, [1, 2, 4, 8, 16, 32, 32, 32, 32]);
+        let read_ahead: usize = sizes[..8].iter().map(|n| n - 1).sum();
+        assert_eq!(hits, read_ahead, "every page read ahead (but the last window's) was run over");
+    }
+
+    #[test]
+    fn a_backward_scan_places_windows_below_the_fault() {
+        let s = FaultStreams::new();
+        let mut page = 5000;
+        let mut last = 0;
+        for _ in 0..7 {
+            let p = fault(&s, page, 16);
+            assert_eq!(p.window.end(), page + 1, "backward windows end at the fault");
+            last = p.window.len;
+            page = p.window.start - 1;
+        }
+        assert_eq!(last, 16);
+    }
+
+    #[test]
+    fn random_faults_get_one_page_and_do_not_evict_a_stream() {
         let s = FaultStreams::new();
         let mut page = 100;
-        let mut windows = vec![];
-        for _ in 0..8 {
-            let w = s.window_at(page, MAX_WINDOW_PAGES);
-            windows.push(w);
-            page += w;
+        for _ in 0..6 {
+            page = fault(&s, page, 32).window.end();
         }
-        assert_eq!(windows, [1, 2, 4, 8, 16, 32, 32, 32]);
+        let mut x = 0x1234_5678u64;
+        for _ in 0..50 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let p = fault(&s, (x % (N as u64)) as usize, 32);
+            assert_eq!(p.window.len, 1);
+        }
+        let p = fault(&s, page, 32);
+        assert_eq!(p.window.len, 32, "the sequential stream survived the random faults");
+        assert!(p.passed.is_some());
     }
 
     #[test]
-    fn random_faults_get_one_page_and_streams_are_kept_apart() {
+    fn a_fault_elsewhere_after_a_window_shrinks_gradually() {
         let s = FaultStreams::new();
-        for p in [5, 900, 77, 4000, 13] {
-            assert_eq!(s.window_at(p, MAX_WINDOW_PAGES), 1);
+        let mut page = 0;
+        for _ in 0..7 {
+            page = fault(&s, page, 32).window.end();
         }
-        // Two interleaved sequential streams both grow.
-        let (mut a, mut b) = (10_000, 50_000);
-        let mut last = (0, 0);
-        for _ in 0..5 {
-            let wa = s.window_at(a, MAX_WINDOW_PAGES);
-            a += wa;
-            let wb = s.window_at(b, MAX_WINDOW_PAGES);
-            b += wb;
-            last = (wa, wb);
-        }
-        assert_eq!(last, (16, 16));
+        // Not the next page: the stream is not continued; a new one starts at one page.
+        assert_eq!(fault(&s, page + 10, 32).window.len, 1);
     }
 
     #[test]
-    fn windows_respect_the_caller_maximum_and_actual_progress() {
+    fn windows_are_clamped_to_the_region_and_advice_overrides() {
         let s = FaultStreams::new();
-        assert_eq!(s.window_at(0, 4), 1);
-        assert_eq!(s.window_at(1, 4), 2);
-        // Only one of the two pages could be brought in: the stream continues after it.
-        s.brought_in(1, 1);
-        assert_eq!(s.window_at(2, 4), 4);
+        let p = s.predict(N - 3, N, 32);
+        assert!(p.window.end() <= N);
+        s.advise(Advice::Sequential);
+        assert_eq!(s.predict(10, N, 32).window, Window { start: 10, len: 32 });
+        assert_eq!(s.predict(N - 5, N, 32).window, Window { start: N - 5, len: 5 });
+        s.advise(Advice::Random);
+        for page in 0..5 {
+            assert_eq!(fault(&s, page, 32).window.len, 1, "a sequential run gets no readahead");
+        }
+    }
+
+    #[test]
+    fn centred_windows_stay_inside_the_region() {
+        let s = FaultStreams::new();
+        // Establish a stream, then continue it backwards from near the start of the region.
+        let p = fault(&s, 3, 32);
+        assert_eq!(p.window, Window { start: 3, len: 1 });
+        let p = fault(&s, 2, 32);
+        assert_eq!(p.window.end(), 3);
+        assert!(p.window.start <= 2);
     }
 }

@@ -39,16 +39,13 @@ use crate::backend::{AlignedPage, BackendError, WriteReq};
 use crate::error::{Error, Result};
 use crate::fault::Route;
 use crate::mapping::discard_region_pages;
-use crate::mapping::registry::RegistryGuard;
 use crate::pager::{BackgroundReclaim, PagerShared, RECLAIM_BATCH_PAGES};
-use crate::region::{region_of, PageRef, PageState, Pte, RegionInner, REGIONS, REGION_GEN_MASK};
+use crate::region::{PageRef, PageState, Pte, RegionSet, REGIONS};
 use crate::stats::Counter;
 use crate::swap::SwapEntry;
 use crate::uffd::{RangeResult, PAGE_SIZE};
 
 const BATCH: usize = RECLAIM_BATCH_PAGES;
-/// Distinct regions one round may take victims from (their guards live on the stack).
-const MAX_REGIONS_PER_ROUND: usize = 4;
 /// Stale queue entries one round may drop (bounds a round's work; stale entries cost a load
 /// and a compare each).
 const MAX_STALE_PER_ROUND: usize = 64 * BATCH;
@@ -127,26 +124,6 @@ fn task_reclaim(p: &PagerShared) {
     }
 }
 
-/// Charges as many of `n` pages as fit under the limit without reclaiming, at least one
-/// (charged with [`charge`], reclaiming if needed). Returns how many were charged. For
-/// fault-around: at the limit the window shrinks instead of forcing reclaim for pages
-/// nobody asked for yet.
-pub(crate) fn charge_up_to(p: &PagerShared, n: usize, route: Route) -> usize {
-    if n > 1 {
-        let cur = p.resident_pages.load(Ordering::Acquire);
-        let limit = p.limit_pages.load(Ordering::Acquire);
-        let fit = limit.saturating_sub(cur).min(n);
-        if fit > 1 && p.resident_pages.compare_exchange(cur, cur + fit, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            if route != Route::SignalLockFree {
-                task_reclaim(p);
-            }
-            return fit;
-        }
-    }
-    charge(p, 1, route);
-    1
-}
-
 pub(crate) fn uncharge(p: &PagerShared, n: usize) {
     let old = p.resident_pages.fetch_sub(n, Ordering::AcqRel);
     debug_assert!(old >= n, "resident count underflow");
@@ -220,40 +197,6 @@ pub(crate) fn reclaim_to_limit(p: &PagerShared) -> Result<()> {
     Ok(())
 }
 
-/// The region guards a round works with, found by `PageRef`.
-struct Guards {
-    g: ArrayVec<RegistryGuard<'static, RegionInner>, MAX_REGIONS_PER_ROUND>,
-}
-
-impl Guards {
-    fn new() -> Guards {
-        Guards { g: ArrayVec::new() }
-    }
-
-    /// Index of the guard for `r`'s region, taking one if needed. `Err(true)`: no room for
-    /// another region this round; `Err(false)`: the region is gone (stale entry).
-    fn get(&mut self, p: &PagerShared, r: PageRef) -> Result<usize, bool> {
-        if let Some(i) = self.g.iter().position(|g| g.index == r.region_idx && g.gen & REGION_GEN_MASK == r.region_gen)
-        {
-            return Ok(i);
-        }
-        if self.g.is_full() {
-            return Err(true);
-        }
-        match region_of(r) {
-            Some(g) if std::ptr::eq(&*g.pager, p) && r.page < g.nr_pages => {
-                self.g.push(g);
-                Ok(self.g.len() - 1)
-            }
-            _ => Err(false),
-        }
-    }
-
-    fn page_ref(&self, gi: usize, page: usize, pte: Pte) -> PageRef {
-        PageRef { region_idx: self.g[gi].index, region_gen: self.g[gi].gen, page_gen: pte.gen(), page }
-    }
-}
-
 #[derive(Clone, Copy)]
 struct Victim {
     gi: usize,
@@ -264,7 +207,7 @@ struct Victim {
 
 /// Pops up to `nr` pages in `want` state from `queue`, skipping stale entries and giving
 /// referenced resident pages their second chance. The pages come back locked.
-fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut Guards) -> ArrayVec<Victim, BATCH> {
+fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSet) -> ArrayVec<Victim, BATCH> {
     let queue = if inactive { &p.inactive } else { &p.active };
     let want = if inactive { PageState::Cached } else { PageState::Resident };
     let mut victims = ArrayVec::new();
@@ -317,7 +260,7 @@ fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut Guards) 
 /// Moves up to `nr` of the oldest resident pages into the swap cache. Returns the pages
 /// moved, and of those the pages found all zero (uncharged at once).
 fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
-    let mut guards = Guards::new();
+    let mut guards = RegionSet::new();
     let mut victims = pop_victims(p, false, nr, &mut guards);
     if victims.is_empty() {
         if p.active.is_empty() {
@@ -356,6 +299,7 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
         if ok {
             uncharge(p, j - i);
             p.clean_pages.fetch_sub(j - i, Ordering::Relaxed);
+            p.stats.add(Counter::SwapRaUnused, victims[i..j].iter().filter(|v| v.pte.readahead()).count() as u64);
             dropped += j - i;
         }
         i = j;
@@ -408,6 +352,9 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
             for m in k..k + done {
                 let v = victims[m];
                 let e = entries[m];
+                if v.pte.readahead() {
+                    p.stats.inc(Counter::SwapRaUnused);
+                }
                 if dev.staging.page_is_zero(e.offset() as usize * PAGE_SIZE) {
                     // Nothing worth a slot: drop the staged page, remember "zero".
                     let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
@@ -466,7 +413,7 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
 /// is written there, in priority order. A page that no device takes, or whose write fails,
 /// stays staged in RAM (still charged) and is retried in a later round.
 fn shrink_inactive(p: &PagerShared, nr: usize) -> usize {
-    let mut guards = Guards::new();
+    let mut guards = RegionSet::new();
     let mut victims = pop_victims(p, true, nr, &mut guards);
     if victims.is_empty() {
         return 0;
@@ -518,7 +465,7 @@ fn shrink_inactive(p: &PagerShared, nr: usize) -> usize {
 /// declined go to `rejected`; other failures stay staged. Returns the pages uncharged.
 fn write_runs(
     p: &PagerShared,
-    guards: &Guards,
+    guards: &RegionSet,
     victims: &[Victim],
     targets: &[SwapEntry],
     pending: &[usize],
@@ -655,7 +602,7 @@ pub(crate) fn device_writeback(p: &PagerShared, buf: &mut [AlignedPage]) -> usiz
         if n == 0 {
             continue;
         }
-        let mut guards = Guards::new();
+        let mut guards = RegionSet::new();
         let mut victims: ArrayVec<Victim, BATCH> = ArrayVec::new();
         for &slot in &slots[..n] {
             let Some(info) = dev.cache.lookup(slot) else { continue };

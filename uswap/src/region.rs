@@ -31,12 +31,14 @@
 //! written by the engine, only moved by ioctls (and a clean page dropped).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrayvec::ArrayVec;
 use std::sync::Arc;
 
 use crate::mapping::registry::{Registry, RegistryGuard};
 use crate::mapping::{AppMapping, AtomicTable};
 use crate::pager::{Pager, PagerShared};
-use crate::readahead::FaultStreams;
+use crate::readahead::{Advice, FaultStreams};
 use crate::swap::SwapEntry;
 use crate::uffd::PAGE_SIZE;
 
@@ -72,6 +74,8 @@ const REFERENCED: u64 = 1 << 4;
 /// Resident, write-protected, unchanged since it was read from its slot, which it keeps:
 /// reclaim can drop it without writing it.
 const CLEAN: u64 = 1 << 5;
+/// Mapped by readahead and not yet known to be used (see `readahead`).
+const READAHEAD: u64 = 1 << 6;
 const GEN_SHIFT: u32 = 8;
 const GEN_MASK: u64 = 0xff << GEN_SHIFT;
 const ENTRY_SHIFT: u32 = 16;
@@ -99,6 +103,17 @@ impl Pte {
     }
     pub fn clean(self) -> bool {
         self.0 & CLEAN != 0
+    }
+    pub fn readahead(self) -> bool {
+        self.0 & READAHEAD != 0
+    }
+    /// Marks a page mapped by readahead.
+    pub fn with_readahead(self) -> Pte {
+        Pte(self.0 | READAHEAD)
+    }
+    /// The same word without the readahead mark (the page was used).
+    pub fn without_readahead(self) -> Pte {
+        Pte(self.0 & !READAHEAD)
     }
     pub fn gen(self) -> u8 {
         ((self.0 & GEN_MASK) >> GEN_SHIFT) as u8
@@ -196,7 +211,7 @@ pub(crate) struct RegionInner {
     pub nr_pages: usize,
     pub ptes: AtomicTable,
     pub pager: Arc<PagerShared>,
-    /// Sequential fault streams, for fault-around.
+    /// Fault streams and access advice, for readahead and fault-around.
     pub streams: FaultStreams,
 }
 
@@ -307,6 +322,13 @@ impl Region {
         self.memory.resident_pages(start, end - start)
     }
 
+    /// Tells the engine how the region will be accessed (like `madvise`): `Sequential` always
+    /// reads ahead the maximum window, `Random` never reads ahead, `Normal` (the default)
+    /// adapts the window to the faults it sees.
+    pub fn advise(&self, advice: Advice) {
+        self.inner.streams.advise(advice);
+    }
+
     /// The pager this region belongs to.
     pub fn pager(&self) -> &Pager {
         &self.pager
@@ -369,6 +391,45 @@ impl PlainRegion {
 
     pub fn as_atomic_u64s(&self) -> &[std::sync::atomic::AtomicU64] {
         self.memory.as_atomic_u64s()
+    }
+}
+
+/// Distinct regions one reclaim round or one readahead window may touch (their guards live
+/// on the stack).
+pub(crate) const MAX_REGIONS_PER_SET: usize = 4;
+
+/// The region guards one operation holds, found by `PageRef` (reclaim queues, swap-cache
+/// owners). Holding a guard keeps the region's engine state alive and its memory mapped.
+pub(crate) struct RegionSet {
+    pub g: ArrayVec<RegistryGuard<'static, RegionInner>, MAX_REGIONS_PER_SET>,
+}
+
+impl RegionSet {
+    pub fn new() -> RegionSet {
+        RegionSet { g: ArrayVec::new() }
+    }
+
+    /// Index of the guard for `r`'s region, taking one if needed. `Err(true)`: no room for
+    /// another region this round; `Err(false)`: the region is gone (stale entry).
+    pub fn get(&mut self, p: &PagerShared, r: PageRef) -> Result<usize, bool> {
+        if let Some(i) = self.g.iter().position(|g| g.index == r.region_idx && g.gen & REGION_GEN_MASK == r.region_gen)
+        {
+            return Ok(i);
+        }
+        if self.g.is_full() {
+            return Err(true);
+        }
+        match region_of(r) {
+            Some(g) if std::ptr::eq(&*g.pager, p) && r.page < g.nr_pages => {
+                self.g.push(g);
+                Ok(self.g.len() - 1)
+            }
+            _ => Err(false),
+        }
+    }
+
+    pub fn page_ref(&self, gi: usize, page: usize, pte: Pte) -> PageRef {
+        PageRef { region_idx: self.g[gi].index, region_gen: self.g[gi].gen, page_gen: pte.gen(), page }
     }
 }
 

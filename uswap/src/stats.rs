@@ -46,9 +46,9 @@ pub(crate) enum Counter {
     SwapAllocFail,
     /// Charges that went above the resident limit because nothing could be reclaimed.
     LimitOverrun,
-    /// Pages read ahead (issue: readahead), kernel meaning.
+    /// Pages read ahead: read from a device and mapped along with a faulting page.
     SwapRa,
-    /// Read-ahead pages later used by the application.
+    /// Read-ahead pages the application used (see `readahead` for how use is detected).
     SwapRaHit,
     /// Faults that found the page already resolved by another thread.
     FaultRaced,
@@ -74,9 +74,11 @@ pub(crate) enum Counter {
     PgfaultWp,
     /// Clean pages reclaim dropped without writing (their slot still held them).
     SwpoutClean,
+    /// Read-ahead pages evicted before they were known to be used.
+    SwapRaUnused,
 }
 
-const NR_COUNTERS: usize = Counter::SwpoutClean as usize + 1;
+const NR_COUNTERS: usize = Counter::SwapRaUnused as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -363,9 +365,16 @@ pub struct Stats {
     pub swap_alloc_fail: u64,
     /// Charges that exceeded the limit because nothing could be reclaimed (devices full).
     pub limit_overrun: u64,
-    /// Pages read ahead, and read-ahead pages the application used (kernel meaning).
+    /// Pages read ahead: read from a device and mapped along with the page that faulted
+    /// (the kernel's `swap_ra`).
     pub swap_ra: u64,
+    /// Read-ahead pages the application used (the kernel's `swap_ra_hit`). Read-ahead pages
+    /// are mapped at once, so use is detected rather than seen as a fault: the page's stream
+    /// faulted next just past it (the application ran over it), or the application wrote it.
     pub swap_ra_hit: u64,
+    /// Read-ahead pages evicted before they were known to be used. `swap_ra` minus these two
+    /// is the read-ahead pages still resident and undecided.
+    pub swap_ra_unused: u64,
     /// Faults that found their page already resolved by a racing thread.
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
@@ -424,6 +433,7 @@ impl PerCpuStats {
         s.limit_overrun = self.sum(LimitOverrun);
         s.swap_ra = self.sum(SwapRa);
         s.swap_ra_hit = self.sum(SwapRaHit);
+        s.swap_ra_unused = self.sum(SwapRaUnused);
         s.fault_raced = self.sum(FaultRaced);
         s.fault_lock_free = self.sum(FaultLockFree);
         s.fault_error = self.sum(FaultError);

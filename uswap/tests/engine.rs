@@ -345,6 +345,9 @@ fn device_lists_parse_in_priority_order() {
 fn clean_pages_keep_their_slot(mode: FaultMode) {
     let p = pager(mode, MIB, 32 * MIB);
     let mut region = p.map(8 * MIB as usize).unwrap();
+    // One fault per page: readahead (whose pages come in writable on a RAM device) is tested
+    // in tests/readahead.rs.
+    region.advise(uswap::Advice::Random);
     let pages = region.len() / PAGE_SIZE;
     {
         let w = region.as_atomic_u64s();

@@ -36,6 +36,7 @@ pub use swap_cache::SwapCache;
 
 use crate::backend::Backend;
 use crate::mapping::{current_cpu, AtomicTable, MapOptions, Mapping};
+use crate::readahead::FaultStreams;
 use crate::sync::SpinLock;
 use crate::uffd::PAGE_SIZE;
 
@@ -44,12 +45,28 @@ pub const FREE_BATCH: usize = 64;
 /// Room for frees made on the lock-free route between two flushes.
 const DEFERRED_FREES: usize = 4096;
 
+/// How a device chooses the pages to read ahead with a faulting one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadaheadPolicy {
+    /// Neighbouring pages of the faulting address, per region (the kernel's VMA readahead,
+    /// 2017): follows the application's access pattern. The default.
+    #[default]
+    Vma,
+    /// Neighbouring slots on the device, whichever pages own them (the kernel's policy before
+    /// 2017): for rotating or high-latency devices, where one large read beats many small
+    /// ones and slot order follows eviction order.
+    Cluster,
+}
+
 /// What a pager gives the swap layer for one device.
 pub struct DeviceSpec {
     pub priority: i32,
     pub backend: Box<dyn Backend>,
     /// Keep and check a crc32c per page.
     pub checksum: bool,
+    pub readahead: ReadaheadPolicy,
+    /// Map read-ahead pages clean (write-protected, keeping their slot).
+    pub clean_readahead: bool,
 }
 
 pub struct SwapDevice {
@@ -61,11 +78,16 @@ pub struct SwapDevice {
     pub staging: Mapping,
     /// crc32c of each slot's page (low 32 bits), when checksums are on.
     pub checksums: Option<AtomicTable>,
+    pub readahead: ReadaheadPolicy,
+    /// Read-ahead pages come in clean (see `swapin::keep_clean`).
+    pub clean_readahead: bool,
+    /// Streams over slot numbers, for cluster readahead.
+    pub cluster_streams: FaultStreams,
 }
 
 impl SwapDevice {
     fn new(index: usize, spec: DeviceSpec, nr_cpus: usize) -> std::io::Result<SwapDevice> {
-        let DeviceSpec { priority, backend, checksum } = spec;
+        let DeviceSpec { priority, backend, checksum, readahead, clean_readahead } = spec;
         let nr_clusters = (backend.nr_slots() / SWAPFILE_CLUSTER as u64) as u32;
         let staging = Mapping::anonymous(
             nr_clusters as usize * SWAPFILE_CLUSTER * PAGE_SIZE,
@@ -79,6 +101,9 @@ impl SwapDevice {
             checksums: if checksum { Some(AtomicTable::new(nr_clusters as usize * SWAPFILE_CLUSTER)?) } else { None },
             backend,
             staging,
+            readahead,
+            clean_readahead,
+            cluster_streams: FaultStreams::new(),
         })
     }
 
@@ -342,7 +367,15 @@ mod tests {
     }
 
     fn specs(v: Vec<(i32, Box<dyn Backend>)>) -> Vec<DeviceSpec> {
-        v.into_iter().map(|(priority, backend)| DeviceSpec { priority, backend, checksum: false }).collect()
+        v.into_iter()
+            .map(|(priority, backend)| DeviceSpec {
+                priority,
+                backend,
+                checksum: false,
+                readahead: ReadaheadPolicy::Vma,
+                clean_readahead: false,
+            })
+            .collect()
     }
 
     #[test]

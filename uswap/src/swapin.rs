@@ -1,0 +1,404 @@
+//! Swap-in: brings a swapped-out page back from its device together with the pages its
+//! readahead window adds, in as few device reads and ioctls as possible.
+//!
+//! The window comes from the faulting region's streams (VMA-style readahead, by virtual
+//! address) or, for a device configured for cluster readahead, from the device's streams over
+//! slot numbers (the pre-2017 kernel policy: neighbouring slots, whichever pages own them).
+//! Only pages that are on a device and not busy are read (the 2016 "skip readahead for
+//! unreferenced slots"). The pages are read in runs of consecutive slots — one request per
+//! run, one `read` call (one io_uring submission) per device — and mapped in runs of
+//! consecutive addresses, one `UFFDIO_COPY` per run. Read-ahead pages are mapped
+//! write-protected and keep their slot (they are clean), and carry the readahead mark until
+//! their use is detected (see `readahead`).
+//!
+//! Locking: none of its own. Every page of the window is owned through its busy bit for the
+//! whole operation; the pages of other regions (cluster readahead) through their registry
+//! guards. A page already busy is simply left out.
+
+use std::sync::atomic::Ordering;
+
+use arrayvec::ArrayVec;
+
+use crate::backend::ReadReq;
+use crate::fault::{FaultError, Route};
+use crate::pager::{PageErrorKind, PagerShared};
+use crate::readahead::{Window, MAX_WINDOW_PAGES};
+use crate::reclaim;
+use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet};
+use crate::stats::Counter;
+use crate::swap::{ReadaheadPolicy, SwapEntry};
+use crate::uffd::{RangeResult, PAGE_SIZE};
+
+/// Attempts per device read before the fault is reported as failed.
+pub(crate) const READ_ATTEMPTS: usize = 3;
+
+/// A page taking part in one swap-in.
+#[derive(Clone, Copy)]
+struct Item {
+    /// `None`: the faulting region; `Some(i)`: guard `i` of the set (cluster readahead).
+    gi: Option<usize>,
+    page: usize,
+    /// The page's word as locked (busy set).
+    pte: Pte,
+    /// The faulting page itself.
+    faulting: bool,
+    /// Read back and checked: it will be mapped.
+    ok: bool,
+}
+
+impl Item {
+    fn entry(&self) -> SwapEntry {
+        self.pte.entry()
+    }
+}
+
+/// The fault being served.
+pub(crate) struct Fault<'a> {
+    pub region: &'a RegionInner,
+    pub reg_idx: usize,
+    pub reg_gen: u32,
+    pub page: usize,
+    /// The faulting page, locked, in state SWAPPED.
+    pub locked: Pte,
+    pub write: bool,
+    pub route: Route,
+}
+
+impl Fault<'_> {
+    fn region<'s>(&'s self, set: &'s RegionSet, gi: Option<usize>) -> &'s RegionInner {
+        match gi {
+            None => self.region,
+            Some(i) => &set.g[i],
+        }
+    }
+
+    fn page_ref(&self, set: &RegionSet, it: &Item, pte: Pte) -> PageRef {
+        match it.gi {
+            None => PageRef { region_idx: self.reg_idx, region_gen: self.reg_gen, page_gen: pte.gen(), page: it.page },
+            Some(i) => set.page_ref(i, it.page, pte),
+        }
+    }
+}
+
+/// Brings the faulting page back, with its readahead window.
+pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+    let e = f.locked.entry();
+    let dev = pager.devices.device(e);
+    let readahead = !f.route.lock_free() && pager.readahead.load(Ordering::Relaxed);
+    let max = if readahead { pager.readahead_max_pages } else { 1 };
+    let mut set = RegionSet::new();
+    let mut items: ArrayVec<Item, MAX_WINDOW_PAGES> = ArrayVec::new();
+    items.push(Item { gi: None, page: f.page, pte: f.locked, faulting: true, ok: false });
+
+    match dev.readahead {
+        ReadaheadPolicy::Vma => {
+            let pred = f.region.streams.advance(f.page, f.region.nr_pages, max);
+            if let Some(passed) = pred.passed {
+                count_hits_in_region(pager, f.region, passed, f.page);
+            }
+            for q in (pred.window.start..pred.window.end()).filter(|&q| q != f.page) {
+                let pte = f.region.load(q);
+                if pte.state() == PageState::Swapped && !pte.busy() {
+                    if let Some(l) = f.region.try_lock(q, pte) {
+                        items.push(Item { gi: None, page: q, pte: l, faulting: false, ok: false });
+                    }
+                }
+            }
+        }
+        ReadaheadPolicy::Cluster => {
+            let pred = dev.cluster_streams.advance(e.offset() as usize, dev.nr_slots() as usize, max);
+            if let Some(passed) = pred.passed {
+                count_hits_by_slot(pager, e.device(), passed);
+            }
+            for slot in (pred.window.start..pred.window.end()).filter(|&s| s as u64 != e.offset()) {
+                let Some(info) = dev.cache.lookup(slot as u64) else { continue };
+                let r = PageRef::from_owner(info.owner);
+                let Ok(gi) = set.get(pager, r) else { continue };
+                let region = &set.g[gi];
+                let pte = region.load(r.page);
+                let own = SwapEntry::new(e.device(), slot as u64);
+                if pte.state() == PageState::Swapped && pte.entry() == own && !pte.busy() {
+                    if let Some(l) = region.try_lock(r.page, pte) {
+                        items.push(Item { gi: Some(gi), page: r.page, pte: l, faulting: false, ok: false });
+                    }
+                }
+            }
+        }
+    }
+
+    // Read-ahead pages are charged like the faulting page, reclaiming if need be (the kernel
+    // charges its read-ahead pages to the memory cgroup too): the window only grows on
+    // evidence that read-ahead pages are used.
+    reclaim::charge(pager, items.len(), f.route);
+
+    // Read in slot order: runs of consecutive slots on one device are one request each.
+    items.sort_unstable_by_key(|it| it.entry());
+    let mut buf = pager.bounce.take();
+    read_items(pager, f, &set, &mut items, buf.pages_mut());
+
+    let faulting_ok = items.iter().any(|it| it.faulting && it.ok);
+    if !faulting_ok {
+        // Nothing is mapped: every page goes back as it was.
+        for it in &items {
+            f.region(&set, it.gi).store(it.page, it.pte.unbusy());
+        }
+        reclaim::uncharge(pager, items.len());
+        return Err(FaultError::Device(PageErrorKind::ReadFailed));
+    }
+
+    // Map in runs of consecutive addresses with consecutive buffer pages and one protection.
+    let mut mapped = 0;
+    let mut failed_ioctl = None;
+    let mut i = 0;
+    while i < items.len() {
+        if !items[i].ok {
+            i += 1;
+            continue;
+        }
+        // Kept clean (write-protected, slot kept): the faulting page on a read; read-ahead
+        // pages only on devices that ask for it (see `DeviceConfig::clean_readahead`).
+        let wp = |it: &Item| keep_clean(pager, f, it);
+        let mut j = i + 1;
+        while j < items.len()
+            && items[j].ok
+            && items[j].gi == items[i].gi
+            && items[j].page == items[j - 1].page + 1
+            && wp(&items[j]) == wp(&items[i])
+            && source_contiguous(pager, &items[j - 1], &items[j])
+        {
+            j += 1;
+        }
+        let region = f.region(&set, items[i].gi);
+        let len = (j - i) * PAGE_SIZE;
+        let src = source_of(pager, &items[i], buf.pages_mut(), i);
+        let r = pager.uffd.copy(region.page_addr(items[i].page), src, len, f.route.wake(), wp(&items[i]));
+        let done = r.done_bytes(len) / PAGE_SIZE;
+        if let RangeResult::Partial { errno, .. } = r {
+            failed_ioctl = Some(errno);
+            for it in &mut items[i + done..j] {
+                it.ok = false;
+            }
+        }
+        mapped += done;
+        i = j;
+    }
+
+    // Publish: mapped pages become resident; the others go back as they were.
+    let mut nr_ra = 0;
+    let mut unmapped = 0;
+    for it in &items {
+        let region = f.region(&set, it.gi);
+        if !it.ok {
+            region.store(it.page, it.pte.unbusy());
+            unmapped += 1;
+            continue;
+        }
+        let new = if !keep_clean(pager, f, it) {
+            pager.devices.free(it.entry(), f.route.lock_free());
+            it.pte.next(PageState::Resident, None)
+        } else {
+            // Clean: mapped write-protected, it keeps its slot.
+            pager.clean_pages.fetch_add(1, Ordering::Relaxed);
+            it.pte.next(PageState::Resident, Some(it.entry())).with_clean()
+        };
+        let new = if it.faulting {
+            new
+        } else {
+            nr_ra += 1;
+            new.with_readahead()
+        };
+        let new = new.with_referenced(false);
+        region.store(it.page, new);
+        reclaim::lru_add(pager, f.page_ref(&set, it, new));
+    }
+    reclaim::uncharge(pager, unmapped);
+    if let Some(errno) = failed_ioctl {
+        if !items.iter().any(|it| it.faulting && it.ok) {
+            return Err(FaultError::Ioctl(errno));
+        }
+    }
+    pager.stats.inc(Counter::Pgmajfault);
+    pager.stats.add(Counter::Pswpin, mapped as u64);
+    pager.stats.add(Counter::SwapRa, nr_ra);
+    Ok(())
+}
+
+/// Whether a page comes in clean: write-protected, keeping its slot, so that reclaim can drop
+/// it without writing it, at the price of a write-protect fault on its first write. Worth it
+/// for the faulting page of a read (usually evicted untouched, and never paying the fault),
+/// and for read-ahead pages of devices where a write costs I/O.
+fn keep_clean(pager: &PagerShared, f: &Fault<'_>, it: &Item) -> bool {
+    if it.faulting {
+        !f.write
+    } else {
+        // Cluster readahead finds its pages through their slots' owners, so they keep them.
+        let dev = pager.devices.device(it.entry());
+        dev.clean_readahead || dev.readahead == ReadaheadPolicy::Cluster
+    }
+}
+
+/// True if the data of item `b` follows the data of item `a` (the next item) in its source:
+/// the bounce buffer, where item `i` is page `i`; or a device read in place, where the slots
+/// must be consecutive.
+fn source_contiguous(pager: &PagerShared, a: &Item, b: &Item) -> bool {
+    match (in_place(pager, a.entry()), in_place(pager, b.entry())) {
+        (true, true) => b.entry().device() == a.entry().device() && b.entry().offset() == a.entry().offset() + 1,
+        (false, false) => true,
+        _ => false,
+    }
+}
+
+/// Whether pages of this entry's device are copied straight from the device's memory.
+fn in_place(pager: &PagerShared, e: SwapEntry) -> bool {
+    let dev = pager.devices.device(e);
+    dev.checksums.is_none() && dev.backend.page_ptr(e.offset()).is_some()
+}
+
+/// Where the data of item `i` is: the device's memory, or page `i` of the buffer.
+fn source_of(pager: &PagerShared, it: &Item, buf: &[crate::backend::AlignedPage], i: usize) -> *const u8 {
+    match pager.devices.device(it.entry()).backend.page_ptr(it.entry().offset()) {
+        Some(p) if in_place(pager, it.entry()) => p,
+        _ => buf[i].0.as_ptr(),
+    }
+}
+
+/// Reads every item not read in place into `buf[i]` (item `i`, items sorted by entry),
+/// checking checksums, and marks the items read correctly.
+fn read_items(
+    pager: &PagerShared,
+    f: &Fault<'_>,
+    set: &RegionSet,
+    items: &mut [Item],
+    buf: &mut [crate::backend::AlignedPage],
+) {
+    let mut attempts_left = READ_ATTEMPTS;
+    // Bounded: each round either marks every item, or spends one attempt on the failures.
+    loop {
+        let mut i = 0;
+        while i < items.len() {
+            let e = items[i].entry();
+            if items[i].ok {
+                i += 1;
+                continue;
+            }
+            if in_place(pager, e) {
+                items[i].ok = true;
+                i += 1;
+                continue;
+            }
+            // All unread items of this device, as runs of consecutive slots.
+            let dev = pager.devices.device(e);
+            let mut end = i;
+            while end < items.len() && items[end].entry().device() == e.device() {
+                end += 1;
+            }
+            let mut runs: ArrayVec<(usize, usize), MAX_WINDOW_PAGES> = ArrayVec::new();
+            let mut s = i;
+            while s < end {
+                if items[s].ok {
+                    s += 1;
+                    continue;
+                }
+                let mut t = s + 1;
+                while t < end && !items[t].ok && items[t].entry().offset() == items[t - 1].entry().offset() + 1 {
+                    t += 1;
+                }
+                runs.push((s, t));
+                s = t;
+            }
+            {
+                let mut reqs: ArrayVec<ReadReq<'_>, MAX_WINDOW_PAGES> = ArrayVec::new();
+                let mut rest: &mut [crate::backend::AlignedPage] = &mut buf[i..end];
+                let mut at = i;
+                for &(s, t) in &runs {
+                    let (_, tail) = rest.split_at_mut(s - at);
+                    let (run, tail) = tail.split_at_mut(t - s);
+                    reqs.push(ReadReq::new(items[s].entry().offset(), run));
+                    rest = tail;
+                    at = t;
+                }
+                dev.backend.read(&mut reqs);
+                for (req, &(s, t)) in reqs.iter().zip(&runs) {
+                    if req.result.is_ok() {
+                        for it in &mut items[s..t] {
+                            it.ok = true;
+                        }
+                    } else {
+                        let it = &items[s];
+                        let addr = f.region(set, it.gi).page_addr(it.page);
+                        pager.record_error(addr, it.entry(), PageErrorKind::ReadFailed);
+                    }
+                }
+            }
+            for k in i..end {
+                if items[k].ok && !dev.checksum_ok(items[k].entry().offset(), &buf[k].0) {
+                    // Never map a page that does not match what was written.
+                    items[k].ok = false;
+                    pager.stats.inc(Counter::ChecksumError);
+                    let addr = f.region(set, items[k].gi).page_addr(items[k].page);
+                    pager.record_error(addr, items[k].entry(), PageErrorKind::ChecksumMismatch);
+                }
+            }
+            i = end;
+        }
+        let faulting_ok = items.iter().any(|it| it.faulting && it.ok);
+        attempts_left -= 1;
+        if faulting_ok || attempts_left == 0 {
+            return;
+        }
+    }
+}
+
+/// The stream ran over `w` in `region`: its read-ahead pages were used.
+fn count_hits_in_region(pager: &PagerShared, region: &RegionInner, w: Window, faulting: usize) {
+    let mut hits = 0;
+    for q in (w.start..w.end()).filter(|&q| q != faulting && q < region.nr_pages) {
+        if clear_readahead_mark(region, q) {
+            hits += 1;
+        }
+    }
+    pager.stats.add(Counter::SwapRaHit, hits);
+}
+
+/// Cluster readahead: the stream ran over slots `w` of device `dev`.
+fn count_hits_by_slot(pager: &PagerShared, dev: usize, w: Window) {
+    let d = &pager.devices.devices()[dev];
+    let mut set = RegionSet::new();
+    let mut hits = 0;
+    for slot in w.start..w.end() {
+        let Some(info) = d.cache.lookup(slot as u64) else { continue };
+        let r = PageRef::from_owner(info.owner);
+        if let Ok(gi) = set.get(pager, r) {
+            if clear_readahead_mark(&set.g[gi], r.page) {
+                hits += 1;
+            }
+        }
+    }
+    pager.stats.add(Counter::SwapRaHit, hits);
+}
+
+/// Clears the readahead mark of a resident page; true if it had one (a hit). A busy page is
+/// waited for: it is usually the window the previous fault is still publishing (the faulting
+/// thread runs on as soon as its own page is mapped).
+pub(crate) fn clear_readahead_mark(region: &RegionInner, page: usize) -> bool {
+    let backoff = crossbeam_utils::Backoff::new();
+    // Bounded: a busy owner finishes a short critical section; other changes end the loop.
+    for _ in 0..1024 {
+        let pte = region.load(page);
+        if pte.busy() {
+            backoff.snooze();
+            continue;
+        }
+        if pte.state() != PageState::Resident || !pte.readahead() {
+            return false;
+        }
+        if region
+            .pte(page)
+            .compare_exchange(pte.0, pte.without_readahead().0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return true;
+        }
+    }
+    false
+}

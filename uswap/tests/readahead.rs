@@ -1,0 +1,142 @@
+//! Readahead against the real kernel: a sequential scan of swapped-out pages takes one
+//! fault per window, random faults read nothing ahead, advice and the global switch work,
+//! and every byte read is verified.
+
+use uswap::{Advice, DeviceConfig, FaultMode, Pager, ReadaheadPolicy, PAGE_SIZE};
+
+mod common;
+use common::*;
+
+const WINDOW: usize = 32;
+
+fn build(mode: FaultMode, device: DeviceConfig) -> Pager {
+    Pager::builder()
+        .resident_limit(2 * MIB)
+        .fault_mode(mode)
+        .readahead_max_pages(WINDOW)
+        .device(device)
+        .build()
+        .unwrap()
+}
+
+/// Fills a 16 MiB region (8x the limit), so that its first pages are on the device, then
+/// reads `pages` pages in order from page 0 and returns (stats delta of major faults,
+/// swap_ra, swap_ra_hit).
+fn sequential_scan(p: &Pager, region: &uswap::Region, pages: usize) -> (u64, u64, u64) {
+    let w = region.as_atomic_u64s();
+    for i in 0..region.len() / PAGE_SIZE {
+        write_page(w, i, 1);
+    }
+    let before = quiet_stats(p);
+    for i in 0..pages {
+        check_page(w, i, 1);
+    }
+    let after = p.stats();
+    (after.pgmajfault - before.pgmajfault, after.swap_ra - before.swap_ra, after.swap_ra_hit - before.swap_ra_hit)
+}
+
+#[test]
+fn a_sequential_scan_takes_at_most_one_fault_per_window() {
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        for device in [DeviceConfig::ram(64 * MIB), DeviceConfig::zpool(64 * MIB)] {
+            let p = build(mode, device);
+            let region = p.map(16 * MIB as usize).unwrap();
+            let pages = 8 * MIB as usize / PAGE_SIZE; // all swapped out by the fill
+            let (majflt, ra, hit) = sequential_scan(&p, &region, pages);
+            // The window grows 1, 2, 4, 8, 16, 32: six faults cover the first 63 pages.
+            let bound = (pages - 63).div_ceil(WINDOW) as u64 + 6;
+            assert!(majflt <= bound, "{mode:?}: {majflt} major faults for {pages} pages (bound {bound})");
+            assert!(ra >= (pages as u64) * 9 / 10, "{mode:?}: read ahead {ra} of {pages}");
+            // The last window is not run over yet when the scan stops.
+            let decided = ra - (WINDOW as u64 - 1);
+            assert!(hit * 100 >= decided * 99, "{mode:?}: hit {hit} of {ra} read ahead");
+        }
+    }
+}
+
+#[test]
+fn a_backward_scan_reads_ahead_backwards() {
+    let p = build(FaultMode::Signal, DeviceConfig::ram(64 * MIB));
+    let region = p.map(16 * MIB as usize).unwrap();
+    let w = region.as_atomic_u64s();
+    for i in 0..region.len() / PAGE_SIZE {
+        write_page(w, i, 2);
+    }
+    let before = quiet_stats(&p);
+    let pages = 8 * MIB as usize / PAGE_SIZE;
+    for i in (0..pages).rev() {
+        check_page(w, i, 2);
+    }
+    let st = p.stats();
+    let majflt = st.pgmajfault - before.pgmajfault;
+    assert!(majflt <= (pages / WINDOW) as u64 + 8, "{majflt} major faults backwards");
+    assert!(st.swap_ra_hit - before.swap_ra_hit > 0);
+}
+
+#[test]
+fn random_faults_read_almost_nothing_ahead() {
+    let p = build(FaultMode::Signal, DeviceConfig::ram(64 * MIB));
+    let region = p.map(16 * MIB as usize).unwrap();
+    let w = region.as_atomic_u64s();
+    let pages = region.len() / PAGE_SIZE;
+    for i in 0..pages {
+        write_page(w, i, 3);
+    }
+    let before = quiet_stats(&p);
+    let mut rng = Rng(77);
+    for _ in 0..3000 {
+        let i = (rng.next() % pages as u64) as usize;
+        check_page(w, i, 3);
+    }
+    let st = p.stats();
+    let (majflt, ra) = (st.pgmajfault - before.pgmajfault, st.swap_ra - before.swap_ra);
+    assert!(majflt > 1000, "{majflt}");
+    assert!(ra * 20 < majflt, "random faults read {ra} pages ahead for {majflt} faults");
+}
+
+#[test]
+fn advice_and_the_global_switch() {
+    let p = build(FaultMode::Thread, DeviceConfig::ram(64 * MIB));
+    let region = p.map(16 * MIB as usize).unwrap();
+    // Random advice: a sequential scan reads nothing ahead.
+    region.advise(Advice::Random);
+    let (majflt, ra, _) = sequential_scan(&p, &region, 1024);
+    assert_eq!(ra, 0);
+    assert!(majflt >= 1000, "one fault per page: {majflt}");
+    // Sequential advice: full windows from the first fault.
+    let region = p.map(16 * MIB as usize).unwrap();
+    region.advise(Advice::Sequential);
+    let (majflt, ra, _) = sequential_scan(&p, &region, 1024);
+    assert!(majflt <= 1024 / WINDOW as u64 + 1, "{majflt}");
+    assert!(ra >= 1024 * 9 / 10, "{ra}");
+    // Off: nothing read ahead, whatever the advice.
+    p.set_readahead(false);
+    let (majflt, ra, _) = sequential_scan(&p, &region, 1024);
+    assert_eq!(ra, 0);
+    assert!(majflt >= 1000, "one fault per page without readahead: {majflt}");
+}
+
+#[test]
+fn cluster_readahead_reads_neighbouring_slots() {
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = build(mode, DeviceConfig::ram(64 * MIB).readahead(ReadaheadPolicy::Cluster));
+        let region = p.map(16 * MIB as usize).unwrap();
+        // Pages were evicted in address order, one batch of consecutive slots at a time, so
+        // slot order mostly follows address order; batches from the two CPUs' clusters
+        // interleave, which is why the kernel moved to readahead by address in 2017.
+        let pages = 8 * MIB as usize / PAGE_SIZE;
+        let (majflt, ra, hit) = sequential_scan(&p, &region, pages);
+        assert!(majflt <= (pages / 8) as u64, "{mode:?}: {majflt} major faults for {pages} pages");
+        assert!(hit * 100 >= ra * 90, "{mode:?}: hit {hit} of {ra}");
+    }
+}
+
+#[test]
+fn read_ahead_pages_of_file_devices_come_in_clean() {
+    let p = build(FaultMode::Signal, DeviceConfig::file(std::env::temp_dir(), 64 * MIB));
+    let region = p.map(16 * MIB as usize).unwrap();
+    let (_, ra, _) = sequential_scan(&p, &region, 2048);
+    assert!(ra > 1500);
+    let st = p.stats();
+    assert!(st.clean_pages > 256, "read-ahead pages keep their slot on a file device: {st:?}");
+}
