@@ -1,6 +1,7 @@
 //! The `uswap` command.
 
 mod bench;
+mod report;
 mod size;
 
 use std::process::ExitCode;
@@ -19,6 +20,9 @@ enum Command {
     /// Run a workload over uswap and the kernel's swap, side by side; report throughput,
     /// latency, counters and ratios.
     Bench(Box<bench::BenchArgs>),
+    /// Run the standard suite (every workload, every engine) and rewrite the generated parts
+    /// of BENCHMARKS.md: machine, commands, tables, plots. Needs root for the kernel engines.
+    Report(report::ReportArgs),
     /// A workload process of `uswap bench` (internal).
     #[command(name = "__workload", hide = true)]
     Workload {
@@ -32,6 +36,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench(args) => bench::main(&args),
+        Command::Report(args) => report::main(&args),
         Command::Workload { spec } => bench::worker::child_main(&spec),
     }
 }

@@ -270,6 +270,54 @@ fn workloads_report_every_engine_and_side() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn report_rewrites_only_the_generated_blocks() {
+    let dir = tmpdir("report");
+    let md = dir.join("BENCHMARKS.md");
+    let begin =
+        |id: &str| format!("<!-- BEGIN GENERATED {id}: written by `uswap report`, edit outside the markers -->");
+    let end = |id: &str| format!("<!-- END GENERATED {id} -->");
+    std::fs::write(
+        &md,
+        format!(
+            "# Benchmarks\n\nHand-written intro.\n\n## Engine core\n\n{}\nold figures\n{}\n\nReading: kept.\n\n## Design\n\nAlso kept.\n",
+            begin("engine-core"),
+            end("engine-core")
+        ),
+    )
+    .unwrap();
+    let (list, _) = run_ok(&["report", "--list"]);
+    assert!(list.lines().count() >= 6 && list.contains("combined: uswap bench --workload combined"), "{list}");
+    run_ok(&[
+        "report",
+        "--out",
+        md.to_str().unwrap(),
+        "--only",
+        "engine-core,combined",
+        "--engines",
+        "uswap-signal,ram",
+        "--shrink",
+        "64",
+        "--runs",
+        "1",
+    ]);
+    let doc = std::fs::read_to_string(&md).unwrap();
+    for kept in ["Hand-written intro.", "Reading: kept.", "## Design\n\nAlso kept."] {
+        assert!(doc.contains(kept), "{kept:?} lost:\n{doc}");
+    }
+    assert!(!doc.contains("old figures"), "{doc}");
+    assert!(doc.contains("**Machine:**") && doc.contains(&begin("machine")), "{doc}");
+    assert!(doc.contains("sudo uswap bench --workload memtouch --pattern random --wss 16MiB"), "{doc}");
+    assert!(doc.contains("| uswap-signal | seq |"), "combined appended with its sides:\n{doc}");
+    assert_eq!(doc.matches(&begin("combined")).count(), 1);
+    assert!(doc.find("Reading: kept.").unwrap() < doc.find(&begin("combined")).unwrap(), "new sections go last");
+    for f in ["engine-core-latency-cdf.svg", "engine-core-throughput.svg", "combined-throughput.svg"] {
+        assert!(dir.join("docs/bench").join(f).exists(), "{f}");
+        assert!(doc.contains(&format!("(docs/bench/{f})")) || f.contains("combined-throughput"), "{f} linked");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 // ---------------------------------------------------------------------------------------
 // Kernel engines: root, zram, a memory controller; they change the machine's swap.
 // ---------------------------------------------------------------------------------------

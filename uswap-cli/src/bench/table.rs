@@ -1,5 +1,6 @@
 //! The results table: one row per engine (and side), with ratio columns against a baseline
-//! engine (`kernel-zram` unless `--baseline` says otherwise), as text for the terminal.
+//! engine (`kernel-zram` unless `--baseline` says otherwise), as text for the terminal and
+//! as Markdown for BENCHMARKS.md.
 
 use super::results::EngineResult;
 use super::workload::{LatencyUnit, Side};
@@ -147,6 +148,16 @@ impl Table {
         }
         out
     }
+
+    pub fn to_markdown(&self) -> String {
+        let mut out = format!("| {} |\n", self.headers.join(" | "));
+        let seps: Vec<&str> = self.numeric.iter().map(|&n| if n { "---:" } else { "---" }).collect();
+        out += &format!("|{}|\n", seps.join("|"));
+        for r in &self.rows {
+            out += &format!("| {} |\n", r.join(" | "));
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -162,12 +173,13 @@ mod tests {
     }
 
     #[test]
-    fn text_has_one_row_per_result_and_aligned_numbers() {
+    fn markdown_has_one_row_per_result_and_aligned_numbers() {
         let t = Table {
             headers: vec!["engine".into(), "acc/s".into()],
             rows: vec![vec!["ram".into(), "1,000".into()], vec!["kernel-zram".into(), "10".into()]],
             numeric: vec![false, true],
         };
+        assert_eq!(t.to_markdown(), "| engine | acc/s |\n|---|---:|\n| ram | 1,000 |\n| kernel-zram | 10 |\n");
         assert_eq!(t.to_text(), "engine       acc/s\nram          1,000\nkernel-zram     10\n");
     }
 }
