@@ -127,7 +127,7 @@ pub fn latency_cdf(results: &[EngineResult], title: &str) -> String {
     let _ = writeln!(
         s,
         "<rect x=\"{LEFT}\" y=\"{TOP}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#333\"/>\n\
-         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">latency per access (µs, log scale)</text>\n\
+         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">latency (µs, log scale; per access, per page on sequential sides)</text>\n\
          <text x=\"16\" y=\"{:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1})\">accesses at or below</text>",
         LEFT + pw / 2.0,
         H - 12.0,
