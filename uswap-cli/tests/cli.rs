@@ -430,6 +430,7 @@ fn kernel_engines_run_side_by_side_and_leave_no_trace() {
                 assert!(v["stats"][k].is_u64(), "{k}: {v}");
             }
             assert!(v["stats"]["pswpout"].as_u64().unwrap() > 0, "the kernel swapped: {v}");
+            assert!(v["swapout_mb_per_sec"].as_f64().unwrap() > 0.0, "{v}");
             assert_eq!(v["limit_bytes"], 48 << 20);
         }
     }

@@ -123,6 +123,10 @@ pub struct EngineResult {
     pub latency_us: LatencyUs,
     /// swap_ra_hit / swap_ra, in percent; None when nothing was read ahead.
     pub ra_hit_pct: Option<f64>,
+    /// Pages swapped in and out (pswpin, pswpout) in MB/s over the fill and access phases
+    /// of the median run (the seeds' swap-in/swap-out throughput).
+    pub swapin_mb_per_sec: Option<f64>,
+    pub swapout_mb_per_sec: Option<f64>,
     pub verify_errors: u64,
     pub verify_error_samples: Vec<String>,
     /// Attempts the kernel's OOM killer ended (and that were run again), over all runs.
@@ -189,6 +193,13 @@ pub fn summarize(engine: &Engine, runs: &[EngineRun], ctx: &Context) -> Vec<Engi
             let stats = runs[m].stats.clone();
             let ra = stats.get("swap_ra").and_then(serde_json::Value::as_u64).unwrap_or(0);
             let ra_hit = stats.get("swap_ra_hit").and_then(serde_json::Value::as_u64).unwrap_or(0);
+            let window = runs[m].fill_seconds + mid.seconds;
+            let swap_rate = |key: &str| {
+                stats
+                    .get(key)
+                    .and_then(serde_json::Value::as_u64)
+                    .map(|p| (p * uswap::PAGE_SIZE as u64) as f64 / 1e6 / window.max(1e-9))
+            };
             let (fault_mode, device) = match &engine.kind {
                 EngineKind::Uswap { mode, .. } => (Some(*mode), runs[m].device.clone()),
                 _ => (None, runs[m].device.clone()),
@@ -225,6 +236,8 @@ pub fn summarize(engine: &Engine, runs: &[EngineRun], ctx: &Context) -> Vec<Engi
                     max: pct(|l| l.max),
                 },
                 ra_hit_pct: (ra > 0).then(|| 100.0 * ra_hit as f64 / ra as f64),
+                swapin_mb_per_sec: swap_rate("pswpin"),
+                swapout_mb_per_sec: swap_rate("pswpout"),
                 verify_errors: sides.iter().map(|x| x.verify_errors).sum(),
                 verify_error_samples: errors,
                 oom_kills: runs.iter().map(|r| r.oom_kills).sum(),
@@ -299,6 +312,9 @@ mod tests {
         // Median of the runs' p50 (1, 3, 2 µs, each within the histogram's 6.25 %).
         assert!((r.latency_us.p50 - 2.0).abs() < 0.13, "{}", r.latency_us.p50);
         assert_eq!(r.ra_hit_pct, Some(75.0));
+        // 11 pages in over 1 s of fill and 1 s of access.
+        assert_eq!(r.swapin_mb_per_sec, Some(11.0 * 4096.0 / 1e6 / 2.0));
+        assert_eq!(r.swapout_mb_per_sec, None, "no pswpout counter given");
         assert_eq!(r.pattern, "uniform");
         assert_eq!(r.limit_bytes, Some(1 << 28));
         assert_eq!(r.fill_mb_per_sec, 100.0);
