@@ -110,7 +110,11 @@ impl Memcg {
         match h {
             Hierarchy::V2 { .. } => {
                 write(&cg.dir.join("memory.max"), &limit_bytes.to_string(), "setting the cgroup's memory.max")?;
-                write(&cg.dir.join("memory.swap.max"), "max", "letting the cgroup swap (memory.swap.max)")?;
+                // Unlimited by default; the file is absent without swap accounting.
+                let swap_max = cg.dir.join("memory.swap.max");
+                if swap_max.exists() {
+                    write(&swap_max, "max", "letting the cgroup swap (memory.swap.max)")?;
+                }
             }
             Hierarchy::V1 { .. } => {
                 write(

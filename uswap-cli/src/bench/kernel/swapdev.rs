@@ -32,15 +32,20 @@ fn sys_write(path: &str, value: &str, what: &str) -> Result<(), BenchError> {
 
 /// Checks that zram0 exists, is unused and offers lz4.
 pub fn check_zram() -> Result<(), BenchError> {
-    if !Path::new(ZRAM_SYS).exists() {
+    check_zram_at(Path::new(ZRAM_SYS))
+}
+
+/// [`check_zram`] on the sysfs directory `sys` of a zram device.
+pub fn check_zram_at(sys: &Path) -> Result<(), BenchError> {
+    if !sys.exists() {
         return Err(BenchError::ZramMissing);
     }
-    let algos = std::fs::read_to_string(format!("{ZRAM_SYS}/comp_algorithm")).unwrap_or_default();
+    let algos = std::fs::read_to_string(sys.join("comp_algorithm")).unwrap_or_default();
     if !algos.split_whitespace().any(|a| a.trim_matches(|c| c == '[' || c == ']') == "lz4") {
         return Err(BenchError::ZramNoLz4 { available: algos.trim().to_string() });
     }
     let disksize: u64 =
-        std::fs::read_to_string(format!("{ZRAM_SYS}/disksize")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        std::fs::read_to_string(sys.join("disksize")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
     if disksize != 0 {
         return Err(BenchError::ZramBusy { disksize });
     }
@@ -181,6 +186,24 @@ pub fn file_off(path: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zram_problems_are_named() {
+        let dir = std::env::temp_dir().join(format!("uswap-zram-test-{}", std::process::id()));
+        let e = check_zram_at(&dir).unwrap_err().to_string();
+        assert!(e.contains("/sys/block/zram0, which does not exist") && e.contains("modprobe zram"), "{e}");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("comp_algorithm"), "[lzo-rle] lzo lz4hc\n").unwrap();
+        std::fs::write(dir.join("disksize"), "0\n").unwrap();
+        let e = check_zram_at(&dir).unwrap_err().to_string();
+        assert!(e.contains("cannot compress with lz4 (it offers: [lzo-rle] lzo lz4hc)"), "{e}");
+        std::fs::write(dir.join("comp_algorithm"), "lzo-rle [lz4]\n").unwrap();
+        assert!(check_zram_at(&dir).is_ok());
+        std::fs::write(dir.join("disksize"), "1073741824\n").unwrap();
+        let e = check_zram_at(&dir).unwrap_err().to_string();
+        assert!(e.contains("/dev/zram0 is in use (disksize 1073741824 bytes)"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn proc_swaps_lists_devices() {
