@@ -46,7 +46,7 @@ pub const SUITE: &[Entry] = &[
     Entry {
         id: "combined",
         title: "combined (seed 001): a sequential stream and a random worker at once",
-        args: "--workload combined --pattern random --seq-streams 1 --threads 1 --wss 1GiB --limit 256MiB --accesses 500000",
+        args: "--workload combined --pattern random --read-pct 0 --seq-streams 1 --threads 1 --wss 1GiB --limit 256MiB --accesses 500000",
     },
 ];
 
