@@ -1,6 +1,7 @@
 //! The `uswap` command.
 
 mod bench;
+mod report;
 mod size;
 
 use std::process::ExitCode;
@@ -16,26 +17,26 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a workload over a managed region and report throughput, latency and counters.
-    Bench(bench::BenchArgs),
+    /// Run a workload over uswap and the kernel's swap, side by side; report throughput,
+    /// latency, counters and ratios.
+    Bench(Box<bench::BenchArgs>),
+    /// Run the standard suite (every workload, every engine) and rewrite the generated parts
+    /// of BENCHMARKS.md: machine, commands, tables, plots. Needs root for the kernel engines.
+    Report(report::ReportArgs),
+    /// A workload process of `uswap bench` (internal).
+    #[command(name = "__workload", hide = true)]
+    Workload {
+        /// The workload, as JSON.
+        #[arg(long)]
+        spec: String,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Bench(args) => match bench::run(&args) {
-            Ok(r) => {
-                bench::print_summary(&r);
-                if r.verify_errors > 0 {
-                    eprintln!("uswap bench: {} accesses read wrong data", r.verify_errors);
-                    return ExitCode::from(3);
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("uswap bench: {e}");
-                ExitCode::from(2)
-            }
-        },
+        Command::Bench(args) => bench::main(&args),
+        Command::Report(args) => report::main(&args),
+        Command::Workload { spec } => bench::worker::child_main(&spec),
     }
 }

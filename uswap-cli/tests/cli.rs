@@ -1,37 +1,104 @@
-//! Drives the real `uswap` binary.
+//! Drives the real `uswap` binary: the uswap engines and `ram` everywhere the tests run;
+//! the kernel engines (zram, swap file, memory cgroup) where the tests run as root with
+//! zram and a memory controller, which CI does. Tests that cannot run say so on stderr.
 
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 fn uswap() -> Command {
     Command::new(env!("CARGO_BIN_EXE_uswap"))
 }
 
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("uswap-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run_ok(args: &[&str]) -> (String, String) {
+    let out = uswap().args(args).output().unwrap();
+    let (o, e) = (String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string());
+    assert!(out.status.success(), "{args:?} failed ({}):\n{o}\n{e}", out.status);
+    (o, e)
+}
+
+fn json(path: &Path) -> Vec<Value> {
+    let v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    v.as_array().expect("--json writes an array").clone()
+}
+
+/// The keys of «Engine core», in every object.
+fn assert_engine_core_keys(v: &Value) {
+    for key in [
+        "engine",
+        "workload",
+        "pattern",
+        "accesses",
+        "seconds",
+        "accesses_per_sec",
+        "fill_mb_per_sec",
+        "verify_errors",
+        "stats",
+        "latency_us",
+        "latency_histogram",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    for p in ["p50", "p90", "p99", "p999"] {
+        assert!(v["latency_us"][p].as_f64().unwrap() > 0.0, "{v}");
+    }
+    assert_eq!(v["verify_errors"], 0, "{v}");
+    assert!(v["accesses_per_sec"].as_f64().unwrap() > 0.0 && v["fill_mb_per_sec"].as_f64().unwrap() > 0.0);
+    // The pmbench histogram holds every timed step.
+    let hist: u64 = v["latency_histogram"].as_array().unwrap().iter().map(|b| b["count"].as_u64().unwrap()).sum();
+    let subs: u64 = v["latency_histogram"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b["sub_buckets"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()))
+        .sum();
+    assert_eq!(hist, subs, "sub-buckets add up to their bucket: {v}");
+    if v["latency_unit"] == "access" {
+        // Every run's accesses (each run makes the same number).
+        assert_eq!(hist, v["accesses"].as_u64().unwrap() * v["runs"].as_u64().unwrap(), "{v}");
+    }
+}
+
 #[test]
 fn bench_writes_the_json_keys_and_verifies_every_access() {
     for mode in ["thread", "signal"] {
-        let dir = std::env::temp_dir().join(format!("uswap-cli-{}-{mode}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let json = dir.join("out.json");
-        let out = uswap()
-            .args(["bench", "--wss", "32MiB", "--limit", "8MiB", "--accesses", "20000", "--threads", "2"])
-            .args(["--fault-mode", mode, "--verify", "full", "--json"])
-            .arg(&json)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let dir = tmpdir(mode);
+        let json_path = dir.join("out.json");
+        let (stdout, _) = run_ok(&[
+            "bench",
+            "--wss",
+            "32MiB",
+            "--limit",
+            "8MiB",
+            "--accesses",
+            "20000",
+            "--threads",
+            "2",
+            "--fault-mode",
+            mode,
+            "--verify",
+            "full",
+            "--json",
+            json_path.to_str().unwrap(),
+        ]);
         assert!(stdout.contains("acc/s"), "{stdout}");
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-        for key in
-            ["accesses", "seconds", "accesses_per_sec", "fill_mb_per_sec", "verify_errors", "stats", "latency_us"]
-        {
-            assert!(v.get(key).is_some(), "missing {key}: {v}");
-        }
-        for p in ["p50", "p90", "p99", "p999"] {
-            assert!(v["latency_us"][p].as_f64().unwrap() > 0.0, "{v}");
-        }
+        assert!(stdout.contains(&format!("uswap-{mode} ")), "one row for the engine: {stdout}");
+        let all = json(&json_path);
+        assert_eq!(all.len(), 1, "one engine, one object");
+        let v = &all[0];
+        assert_engine_core_keys(v);
+        assert_eq!(v["engine"], format!("uswap-{mode}"));
+        assert_eq!((v["workload"].as_str(), v["pattern"].as_str()), (Some("memtouch"), Some("random")));
         assert_eq!(v["accesses"], 20000);
-        assert_eq!(v["verify_errors"], 0);
         let stats = &v["stats"];
         for key in [
             "pswpin",
@@ -52,16 +119,447 @@ fn bench_writes_the_json_keys_and_verifies_every_access() {
 
 #[test]
 fn bad_input_is_refused_with_a_reason() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: &[(&[&str], &str)] = &[
         (&["bench", "--wss", "8MiB", "--limit", "16MiB"], "larger than --wss"),
         (&["bench", "--wss", "12XB"], "unknown size unit"),
+        (&["bench", "--limit", "lots"], "cannot parse size"),
+        (&["bench", "--kernel-swap-size", "1.2.3G"], "cannot parse size"),
         (&["bench", "--wss", "8MiB", "--limit", "4KiB"], "below the minimum"),
         (&["bench", "--read-pct", "150"], "150"),
+        (&["bench", "--engines", "uswap-signal,zswap"], "unknown engine \"zswap\"; known engines"),
+        (&["bench", "--engines", "ram,ram"], "named twice"),
+        (&["bench", "--engines", "ram", "--fault-mode", "signal"], "name the mode in the engine"),
+        (&["bench", "--engines", "ram", "--wss", "8MiB", "--limit", "9MiB"], "no error: ram has no limit"),
+        (&["bench", "--engines", "ram,kernel-zram", "--wss", "8MiB", "--limit", "9MiB"], "larger than --wss"),
+        (
+            &["bench", "--engines", "kernel-zram", "--wss", "64MiB", "--limit", "4MiB"],
+            "too small for the kernel engines",
+        ),
+        (&["bench", "--procs", "2"], "--procs applies to --workload usemem"),
+        (&["bench", "--workload", "combined", "--pattern", "seq"], "random workers' pattern"),
+        (&["bench", "--workload", "combined", "--wss", "32KiB", "--limit", "16KiB"], "at least 16 pages"),
+        (&["bench", "--engines", "ram", "--baseline", "kernel-zram"], "not one of --engines"),
+        (&["bench", "--workload", "usemem", "--procs", "64", "--limit", "32MiB"], "splits --limit"),
+        (&["bench", "--engines", "uswap-signal@disk"], "unknown device kind"),
     ];
     for (args, needle) in cases {
-        let out = uswap().args(args).output().unwrap();
-        assert!(!out.status.success(), "{args:?} succeeded");
+        let out = uswap().args(*args).args(["--accesses", "1000"]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
+        if needle.starts_with("no error") {
+            assert!(out.status.success(), "{args:?}: {err}");
+            continue;
+        }
+        assert!(!out.status.success(), "{args:?} succeeded");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn workloads_report_every_engine_and_side() {
+    let dir = tmpdir("workloads");
+    let j = dir.join("w.json");
+    let p = j.to_str().unwrap();
+    let common = ["--wss", "32MiB", "--limit", "8MiB", "--verify", "full", "--json", p];
+    // usemem in two processes (each its own pager) and in threads.
+    run_ok(
+        &[
+            &["bench", "--workload", "usemem", "--pattern", "seq", "--procs", "2", "--accesses", "2000000"][..],
+            &["--engines", "uswap-signal,uswap-thread,ram"],
+            &common,
+        ]
+        .concat(),
+    );
+    let all = json(&j);
+    assert_eq!(
+        all.iter().map(|v| v["engine"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["uswap-signal", "uswap-thread", "ram"]
+    );
+    for v in &all {
+        assert_engine_core_keys(v);
+        assert_eq!((v["procs"].as_u64(), v["latency_unit"].as_str()), (Some(2), Some("page")));
+        assert_eq!(v["accesses"], 2_000_000, "word accesses of both processes");
+        assert!(v["mb_per_sec"].as_f64().unwrap() > 0.0);
+    }
+    assert!(all[0]["stats"]["pswpout"].as_u64().unwrap() > 0, "both pagers swapped");
+    assert_eq!(all[0]["stats"]["per_process"].as_array().unwrap().len(), 2);
+    assert!(all[2]["limit_bytes"].is_null(), "ram has no limit");
+    // pmbench zipf, with the histogram printed as pmbench does.
+    let (out, _) = run_ok(
+        &[
+            &[
+                "bench",
+                "--workload",
+                "pmbench",
+                "--pattern",
+                "zipf",
+                "--zipf-skew",
+                "1.2",
+                "--accesses",
+                "30000",
+                "--histogram",
+            ][..],
+            &["--engines", "uswap-thread,ram"],
+            &common,
+        ]
+        .concat(),
+    );
+    assert!(out.contains("latency histogram of uswap-thread") && out.contains(" ns: "), "{out}");
+    let all = json(&j);
+    assert_eq!(all.len(), 2);
+    for v in &all {
+        assert_engine_core_keys(v);
+        assert_eq!(v["pattern"], "zipf");
+    }
+    run_ok(
+        &[
+            &["bench", "--workload", "pmbench", "--pattern", "normal", "--accesses", "30000"][..],
+            &["--engines", "uswap-signal"],
+            &common,
+        ]
+        .concat(),
+    );
+    assert_eq!(json(&j)[0]["pattern"], "normal");
+    // combined: both sides, for each engine, with two runs.
+    let plots = dir.join("plots");
+    let (out, _) = run_ok(
+        &[
+            &[
+                "bench",
+                "--workload",
+                "combined",
+                "--accesses",
+                "20000",
+                "--runs",
+                "2",
+                "--plot",
+                plots.to_str().unwrap(),
+            ][..],
+            &["--engines", "uswap-signal,ram", "--baseline", "ram"],
+            &common,
+        ]
+        .concat(),
+    );
+    assert!(out.contains("×ram") && out.contains("random") && out.contains("seq"), "{out}");
+    let all = json(&j);
+    let rows: Vec<(&str, &str, &str)> = all
+        .iter()
+        .map(|v| (v["engine"].as_str().unwrap(), v["side"].as_str().unwrap(), v["pattern"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("uswap-signal", "seq", "seq"),
+            ("uswap-signal", "random", "random"),
+            ("ram", "seq", "seq"),
+            ("ram", "random", "random")
+        ]
+    );
+    for v in &all {
+        assert_engine_core_keys(v);
+        assert_eq!(v["runs_accesses_per_sec"].as_array().unwrap().len(), 2);
+    }
+    assert_eq!(all[1]["accesses"], 20000);
+    assert!(all[0]["accesses"].as_u64().unwrap() > 0, "the stream ran alongside");
+    for f in ["latency-cdf.svg", "throughput.svg"] {
+        let svg = std::fs::read_to_string(plots.join(f)).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{f}");
+        assert!(svg.contains("uswap-signal (random)") && svg.contains("ram (seq)"), "{f} names every series");
+    }
+    let cdf = std::fs::read_to_string(plots.join("latency-cdf.svg")).unwrap();
+    assert_eq!(cdf.matches("<polyline").count(), 4, "one line per engine and side");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn report_rewrites_only_the_generated_blocks() {
+    let dir = tmpdir("report");
+    let md = dir.join("BENCHMARKS.md");
+    let begin =
+        |id: &str| format!("<!-- BEGIN GENERATED {id}: written by `uswap report`, edit outside the markers -->");
+    let end = |id: &str| format!("<!-- END GENERATED {id} -->");
+    std::fs::write(
+        &md,
+        format!(
+            "# Benchmarks\n\nHand-written intro.\n\n## Engine core\n\n{}\nold figures\n{}\n\nReading: kept.\n\n## Design\n\nAlso kept.\n",
+            begin("engine-core"),
+            end("engine-core")
+        ),
+    )
+    .unwrap();
+    let (list, _) = run_ok(&["report", "--list"]);
+    assert!(list.lines().count() >= 6 && list.contains("combined: uswap bench --workload combined"), "{list}");
+    run_ok(&[
+        "report",
+        "--out",
+        md.to_str().unwrap(),
+        "--only",
+        "engine-core,combined",
+        "--engines",
+        "uswap-signal,ram",
+        "--shrink",
+        "64",
+        "--runs",
+        "1",
+    ]);
+    let doc = std::fs::read_to_string(&md).unwrap();
+    for kept in ["Hand-written intro.", "Reading: kept.", "## Design\n\nAlso kept."] {
+        assert!(doc.contains(kept), "{kept:?} lost:\n{doc}");
+    }
+    assert!(!doc.contains("old figures"), "{doc}");
+    assert!(doc.contains("**Machine:**") && doc.contains(&begin("machine")), "{doc}");
+    assert!(doc.contains("sudo uswap bench --workload memtouch --pattern random --wss 16MiB"), "{doc}");
+    assert!(doc.contains("| uswap-signal | seq |"), "combined appended with its sides:\n{doc}");
+    assert_eq!(doc.matches(&begin("combined")).count(), 1);
+    assert!(doc.find("Reading: kept.").unwrap() < doc.find(&begin("combined")).unwrap(), "new sections go last");
+    for f in ["engine-core-latency-cdf.svg", "engine-core-throughput.svg", "combined-throughput.svg"] {
+        assert!(dir.join("docs/bench").join(f).exists(), "{f}");
+        assert!(doc.contains(&format!("(docs/bench/{f})")) || f.contains("combined-throughput"), "{f} linked");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernel engines: root, zram, a memory controller; they change the machine's swap.
+// ---------------------------------------------------------------------------------------
+
+/// One kernel-engine test at a time in this process (others wait on the bench's own lock).
+static KERNEL: Mutex<()> = Mutex::new(());
+
+fn kernel_unavailable() -> Option<String> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new("/sys/block/zram0").exists() {
+        return Some("no /sys/block/zram0 (modprobe zram)".into());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let v1 = mounts.lines().any(|l| l.contains(" - cgroup ") && l.contains("memory"));
+    let v2 = mounts.lines().filter(|l| l.contains(" - cgroup2 ")).any(|l| {
+        let mnt = l.split(' ').nth(4).unwrap_or("");
+        std::fs::read_to_string(Path::new(mnt).join("cgroup.controllers")).is_ok_and(|c| c.contains("memory"))
+    });
+    if !v1 && !v2 {
+        return Some("no memory cgroup controller".into());
+    }
+    let swaps = swaps();
+    if !swaps.is_empty() {
+        // Someone else's (a bench would refuse to run; these tests check it does elsewhere).
+        return Some(format!("the machine already has swap in use: {swaps:?}"));
+    }
+    None
+}
+
+macro_rules! kernel_test {
+    () => {{
+        let guard = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = kernel_unavailable() {
+            eprintln!("SKIPPED (kernel engines need root, zram, a memory controller, swap off): {why}");
+            return;
+        }
+        guard
+    }};
+}
+
+fn swaps() -> Vec<String> {
+    std::fs::read_to_string("/proc/swaps").unwrap().lines().skip(1).map(str::to_string).collect()
+}
+
+fn cgroup_dirs(pid: u32) -> Vec<PathBuf> {
+    ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .iter()
+        .map(|r| Path::new(r).join(format!("uswap-bench-{pid}")))
+        .collect()
+}
+
+/// What the issue asks: no swap active, no cgroup, no swap file, zram reset.
+fn assert_machine_as_found(pid: u32) {
+    assert_eq!(swaps(), Vec::<String>::new(), "swap left on");
+    for d in cgroup_dirs(pid) {
+        assert!(!d.exists(), "cgroup {} left", d.display());
+    }
+    let file = PathBuf::from(format!("/var/tmp/uswap-bench-{pid}.swap"));
+    assert!(!file.exists(), "{} left", file.display());
+    assert_eq!(std::fs::read_to_string("/sys/block/zram0/disksize").unwrap().trim(), "0", "zram0 not reset");
+}
+
+/// Waits until bench `pid` has its workload running in its cgroup, with swap on.
+fn wait_until_running(pid: u32, child: &mut std::process::Child) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let running = cgroup_dirs(pid)
+            .iter()
+            .any(|d| std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty()));
+        if running && !swaps().is_empty() {
+            // Let it get into the fill and access phases.
+            std::thread::sleep(Duration::from_millis(1500));
+            return;
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("bench ended early: {st}");
+        }
+        assert!(Instant::now() < deadline, "bench {pid} never started its kernel engine");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn kernel_engines_run_side_by_side_and_leave_no_trace() {
+    let _g = kernel_test!();
+    let dir = tmpdir("kernel");
+    let j = dir.join("k.json");
+    let child = uswap()
+        .args(["bench", "--workload", "combined", "--wss", "64MiB", "--limit", "48MiB", "--accesses", "30000"])
+        .args(["--engines", "uswap-signal,kernel-zram,kernel-file,ram", "--verify", "full", "--wait-lock"])
+        .args(["--json", j.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{o}\n{e}");
+    assert!(o.contains("×zram"), "ratio columns against kernel-zram: {o}");
+    let all = json(&j);
+    assert_eq!(all.len(), 8, "four engines, two sides each");
+    for v in &all {
+        assert_engine_core_keys(v);
+        if v["engine"].as_str().unwrap().starts_with("kernel-") {
+            for k in ["pswpin", "pswpout", "swap_ra", "swap_ra_hit"] {
+                assert!(v["stats"][k].is_u64(), "{k}: {v}");
+            }
+            assert!(v["stats"]["pswpout"].as_u64().unwrap() > 0, "the kernel swapped: {v}");
+            assert!(v["swapout_mb_per_sec"].as_f64().unwrap() > 0.0, "{v}");
+            assert_eq!(v["limit_bytes"], 48 << 20);
+        }
+    }
+    let zram = all.iter().find(|v| v["engine"] == "kernel-zram").unwrap();
+    assert_eq!(zram["device"], "/dev/zram0 (lz4)");
+    assert_machine_as_found(pid);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_interrupted_kernel_run_cleans_up() {
+    let _g = kernel_test!();
+    for engine in ["kernel-file", "kernel-zram"] {
+        let mut child = uswap()
+            .args(["bench", "--wss", "64MiB", "--limit", "48MiB", "--accesses", "1000000000", "--wait-lock"])
+            .args(["--engines", engine])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        wait_until_running(pid, &mut child);
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        let out: Output = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(130), "{engine}: {err}");
+        assert!(err.contains("interrupted; everything it had set up is cleaned up"), "{err}");
+        assert_machine_as_found(pid);
+        assert_eq!(std::fs::read_to_string("/run/lock/uswap-bench.lock").unwrap(), "", "the lock's record is empty");
+    }
+}
+
+#[test]
+fn a_killed_run_is_cleaned_up_by_the_next() {
+    let _g = kernel_test!();
+    let mut child = uswap()
+        .args(["bench", "--wss", "64MiB", "--limit", "48MiB", "--accesses", "1000000000", "--wait-lock"])
+        .args(["--engines", "kernel-file"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    wait_until_running(pid, &mut child);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(swaps().len(), 1, "SIGKILL leaves the swap file on");
+    let record = std::fs::read_to_string("/run/lock/uswap-bench.lock").unwrap();
+    assert!(record.contains(&format!("uswap-bench-{pid}.swap")), "{record}");
+    // The next run (without kernel engines failing) finds the record and undoes it.
+    let out = uswap()
+        .args([
+            "bench",
+            "--wss",
+            "32MiB",
+            "--limit",
+            "16MiB",
+            "--accesses",
+            "2000",
+            "--engines",
+            "kernel-zram",
+            "--wait-lock",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains(&format!("a uswap bench (pid {pid}) died without cleaning up")), "{err}");
+    assert!(err.contains("swapoff and removed") && err.contains("removed cgroup"), "{err}");
+    assert_machine_as_found(pid);
+}
+
+#[test]
+fn kernel_engines_refuse_clearly() {
+    let _g = kernel_test!();
+    let bench = ["bench", "--wss", "32MiB", "--limit", "16MiB", "--accesses", "2000", "--engines", "kernel-zram,ram"];
+    // Not root.
+    let exe = env!("CARGO_BIN_EXE_uswap");
+    let out =
+        Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", exe]).args(bench).output();
+    match out {
+        Ok(out) if !String::from_utf8_lossy(&out.stderr).contains("Permission denied") => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success());
+            assert!(err.contains("kernel engines (kernel-zram) need root") && err.contains("sudo"), "{err}");
+        }
+        _ => eprintln!("SKIPPED the not-root case: cannot run the binary as nobody"),
+    }
+    // Another bench holds the lock.
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open("/run/lock/uswap-bench.lock")
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    // Wait our turn like a bench would, then hold it.
+    // SAFETY: flock on our descriptor.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let out = uswap().args(bench).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("another uswap bench holds /run/lock/uswap-bench.lock") && err.contains("--wait-lock"),
+        "{err}"
+    );
+    // With --wait-lock it waits, then runs.
+    let waiter = uswap()
+        .args(bench)
+        .arg("--wait-lock")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    // Swap already in use: refused once the lock is free (a second swap file of ours).
+    let f = PathBuf::from(format!("/var/tmp/uswap-cli-test-{}.swap", std::process::id()));
+    drop(lock);
+    let out = waiter.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("waiting for it"));
+    let sh = |c: &str| assert!(Command::new("sh").arg("-c").arg(c).status().unwrap().success(), "{c}");
+    sh(&format!("fallocate -l 16M {0} && chmod 600 {0} && mkswap {0} >/dev/null && swapon {0}", f.display()));
+    let out = uswap().args(bench).arg("--wait-lock").output().unwrap();
+    sh(&format!("swapoff {0} && rm -f {0}", f.display()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("already has swap in use") && err.contains(&f.display().to_string()), "{err}");
+    assert_eq!(swaps(), Vec::<String>::new());
 }

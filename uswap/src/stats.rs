@@ -166,6 +166,12 @@ impl Histogram {
         self.counts[bucket_of(value_ns)] += 1;
     }
 
+    /// Records `n` values of `value_ns` at once (rebuilding a histogram from its buckets, e.g.
+    /// one another process reported).
+    pub fn record_n(&mut self, value_ns: u64, n: u64) {
+        self.counts[bucket_of(value_ns)] += n;
+    }
+
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
             *a += b;
@@ -492,5 +498,18 @@ mod tests {
         assert_eq!(s.sum(Counter::Pswpout), 7);
         s.record_fault_latency(5_000);
         assert_eq!(s.fault_latency().count(), 1);
+    }
+
+    #[test]
+    fn record_n_rebuilds_a_histogram_from_its_buckets() {
+        let mut h = Histogram::new();
+        for v in [3u64, 17, 17, 1000, 123_456, 9_999_999] {
+            h.record(v);
+        }
+        let mut rebuilt = Histogram::new();
+        for (lo, _, count) in h.buckets() {
+            rebuilt.record_n(lo, count);
+        }
+        assert_eq!(rebuilt, h);
     }
 }

@@ -1,17 +1,40 @@
-//! `uswap bench`: one workload over a managed region, with a readable summary and a JSON
-//! record.
+//! `uswap bench`: the seeds' workloads over uswap and, side by side in the same sitting,
+//! over the kernel's own swap; a table with ratios, JSON, plots.
+//!
+//! The pieces: [`workload`] (what runs, written once), [`engine`] (the names `--engines`
+//! takes), [`worker`] (running a workload in this process or in workload processes),
+//! [`kernel`] (the kernel engines' swap devices, memory cgroups and lock), [`results`]
+//! (medians over runs), [`table`], [`plot`], [`progress`], [`interrupt`] (Ctrl-C). This
+//! file parses the flags, checks them, and runs the engines one after another, `--runs`
+//! times, interleaved.
 
+pub mod engine;
+pub mod error;
+pub mod histogram;
+pub mod interrupt;
+pub mod kernel;
+pub mod plot;
+pub mod progress;
+pub mod results;
+pub mod table;
+pub mod worker;
 pub mod workload;
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::size::{format_size, parse_size};
-use workload::{AccessConfig, Pattern, Verify};
+use engine::{Engine, EngineKind};
+use error::BenchError;
+use kernel::KernelSitting;
+use results::{Context, EngineResult, EngineRun};
+use worker::{Memory, NoHooks, UswapConfig, WorkerSpec};
+use workload::{Control, Pattern, Progress, Verify, Workload, WorkloadSpec};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FaultModeArg {
     Thread,
@@ -27,221 +50,465 @@ impl From<FaultModeArg> for uswap::FaultMode {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackgroundArg {
     Idle,
     Always,
 }
 
+/// The smallest `--limit` the kernel engines take: the workload process's own memory
+/// (stacks, heap) is charged to the cgroup too.
+pub const KERNEL_MIN_LIMIT_BYTES: u64 = 8 << 20;
+/// Pages a `combined` run needs at least.
+pub const COMBINED_MIN_PAGES: u64 = 16;
+
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Access pattern after the fill.
+    /// The workload: memtouch (shared/probe/memtouch.c), usemem (vm-scalability), pmbench,
+    /// combined (seed 001: sequential streams with random workers in the background).
+    #[arg(long, value_enum, default_value_t = Workload::Memtouch)]
+    pub workload: Workload,
+    /// Engines to compare, comma-separated, run one after another: uswap-signal,
+    /// uswap-thread (optionally @DEVICES with `+` between devices), kernel-zram,
+    /// kernel-file (root), ram. Default: the uswap engine of --fault-mode.
+    #[arg(long)]
+    pub engines: Option<String>,
+    /// Access pattern after the fill: random (alias uniform), seq, zipf, normal.
     #[arg(long, value_enum, default_value_t = Pattern::Random)]
     pub pattern: Pattern,
     /// Working-set size (e.g. 256MiB, 1GiB).
     #[arg(long, value_parser = parse_size, default_value = "256MiB")]
     pub wss: u64,
-    /// Resident limit of the pager.
+    /// Resident limit: uswap's pager limit, the kernel engines' memory cgroup limit.
     #[arg(long, value_parser = parse_size, default_value = "64MiB")]
     pub limit: u64,
-    /// Number of timed accesses after the fill (split over the threads).
+    /// Number of timed accesses after the fill, split over the threads and processes
+    /// (usemem: word accesses; combined: the random workers' accesses).
     #[arg(long, default_value_t = 200_000)]
     pub accesses: u64,
-    /// Percentage of accesses that only read (the rest increment a counter word).
+    /// Percentage of accesses that only read (the rest write).
     #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub read_pct: u32,
-    /// Application threads.
+    /// Application threads (combined: random workers).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub threads: u64,
-    /// How faults reach the engine.
-    #[arg(long, value_enum, default_value_t = FaultModeArg::Thread)]
-    pub fault_mode: FaultModeArg,
+    /// usemem: processes, each with its own share of --wss (and, for uswap, of --limit);
+    /// the kernel engines put them all in the one cgroup.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub procs: u64,
+    /// combined: sequential streams rewriting their range.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub seq_streams: u64,
+    /// zipf pattern: the exponent (0 is uniform; larger is more skewed).
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf_skew: f64,
+    /// normal pattern: the standard deviation, as a fraction of the range.
+    #[arg(long, default_value_t = 0.125)]
+    pub normal_sd: f64,
+    /// How faults reach uswap when --engines is not given (the engine is then uswap-MODE).
+    #[arg(long, value_enum)]
+    pub fault_mode: Option<FaultModeArg>,
     /// Thread mode: fault-handler threads (default: one per CPU).
     #[arg(long)]
     pub handler_threads: Option<usize>,
     /// Thread mode: leave handler threads unpinned instead of one per CPU.
     #[arg(long)]
     pub unpinned_handlers: bool,
-    /// When the background reclaimer works: `idle` (only while no faults arrive; the default)
-    /// or `always` (classic kswapd, from the high to the low watermark).
+    /// When uswap's background reclaimer works: `idle` (only while no faults arrive; the
+    /// default) or `always` (classic kswapd, from the high to the low watermark).
     #[arg(long, value_enum, default_value_t = BackgroundArg::Idle)]
     pub background_reclaim: BackgroundArg,
-    /// Swap devices, highest priority first: `ram` or `ram:SIZE`, comma-separated.
+    /// uswap's swap devices, highest priority first, comma-separated (`ram`, `ram:SIZE`, and
+    /// whatever `uswap::DeviceConfig::parse_list` knows).
     #[arg(long, default_value = "ram")]
     pub device: String,
-    /// Capacity of a device given without a size (default: the working set plus 32MiB).
+    /// Capacity of a uswap device given without a size (default: the working set plus 32MiB).
     #[arg(long, value_parser = parse_size)]
     pub device_size: Option<u64>,
+    /// Size of the kernel engines' swap (zram disksize, swap file size); default: the
+    /// working set plus 64MiB.
+    #[arg(long, value_parser = parse_size)]
+    pub kernel_swap_size: Option<u64>,
+    /// Where kernel-file creates its swap file (ext4 or xfs).
+    #[arg(long, default_value = "/var/tmp")]
+    pub swap_file_dir: PathBuf,
     /// What each access checks (`full` also checks every page once at the end).
     #[arg(long, value_enum, default_value_t = Verify::Index)]
     pub verify: Verify,
-    /// Seed of the access stream.
+    /// Runs of every engine, interleaved (engine A, B, C, A, B, C, ...); figures are medians.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub runs: u64,
+    /// The engine the ratio columns divide by (default: kernel-zram, when it runs).
+    #[arg(long)]
+    pub baseline: Option<String>,
+    /// Seed of the access streams.
     #[arg(long, default_value_t = 88172645463325252)]
     pub seed: u64,
-    /// Write the result as JSON to this file.
+    /// Write the results as JSON (an array: one object per engine, and per side for combined).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write a latency CDF and a throughput chart (SVG) into this directory.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Print each engine's latency histogram as pmbench does (log2 buckets, 16 sub-buckets).
+    #[arg(long)]
+    pub histogram: bool,
+    /// Wait for another uswap bench using the kernel engines instead of refusing to run.
+    #[arg(long)]
+    pub wait_lock: bool,
+    /// Kernel engines: times a run the kernel's OOM killer ends is run again (each one is
+    /// counted in the results as `oom_kills`).
+    #[arg(long, default_value_t = 2)]
+    pub oom_retries: u64,
 }
 
-#[derive(Debug, Serialize)]
-pub struct LatencyUs {
-    pub p50: f64,
-    pub p90: f64,
-    pub p99: f64,
-    pub p999: f64,
-    pub mean: f64,
-    pub max: f64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct BenchResult {
-    pub engine: String,
-    pub workload: String,
-    pub pattern: Pattern,
-    pub fault_mode: FaultModeArg,
-    pub device: String,
-    pub wss_bytes: u64,
-    pub limit_bytes: u64,
-    pub threads: u64,
-    pub read_pct: u32,
-    pub accesses: u64,
-    pub seconds: f64,
-    pub accesses_per_sec: f64,
-    pub fill_seconds: f64,
-    pub fill_mb_per_sec: f64,
-    pub latency_us: LatencyUs,
-    pub verify_errors: u64,
-    pub verify_error_samples: Vec<String>,
-    pub stats: uswap::Stats,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    #[error(
-        "--limit {limit} is larger than --wss {wss}: nothing would be swapped; give a limit below the working set"
-    )]
-    LimitAboveWss { limit: String, wss: String },
-    #[error("--wss must be at least one page ({page} bytes)")]
-    WssTooSmall { page: usize },
-    #[error(transparent)]
-    Engine(#[from] uswap::Error),
-    #[error("writing {path}: {source}")]
-    Json { path: PathBuf, source: std::io::Error },
-}
-
-pub fn run(args: &BenchArgs) -> Result<BenchResult, BenchError> {
-    if args.wss < uswap::PAGE_SIZE as u64 {
-        return Err(BenchError::WssTooSmall { page: uswap::PAGE_SIZE });
+/// The engines of an invocation.
+pub fn engines_of(args: &BenchArgs) -> Result<Vec<Engine>, BenchError> {
+    match (&args.engines, args.fault_mode) {
+        (Some(_), Some(_)) => Err(BenchError::FaultModeWithEngines),
+        (Some(list), None) => Engine::parse_list(list),
+        (None, mode) => {
+            let mode = mode.unwrap_or(FaultModeArg::Thread);
+            Engine::parse(&format!("uswap-{}", serde_plain(&mode))).map(|e| vec![e])
+        }
     }
-    if args.limit > args.wss {
+}
+
+/// The baseline of the ratio columns.
+pub fn baseline_of(args: &BenchArgs, engines: &[Engine]) -> Result<Option<String>, BenchError> {
+    match &args.baseline {
+        Some(b) if engines.iter().any(|e| &e.name == b) => Ok(Some(b.clone())),
+        Some(b) => Err(BenchError::BaselineMissing { baseline: b.clone() }),
+        None => Ok(engines.iter().find(|e| e.name == "kernel-zram").map(|e| e.name.clone())),
+    }
+}
+
+/// Refuses what cannot run, before anything is set up.
+pub fn validate(args: &BenchArgs, engines: &[Engine]) -> Result<(), BenchError> {
+    let page = uswap::PAGE_SIZE as u64;
+    let pages = args.wss / page;
+    let min_pages = match args.workload {
+        Workload::Combined => COMBINED_MIN_PAGES.max(2 * (args.threads + args.seq_streams)),
+        Workload::Usemem => args.threads * args.procs,
+        _ => args.procs,
+    };
+    if pages < min_pages {
+        return Err(BenchError::WssTooSmall { min_pages, min_bytes: min_pages * page });
+    }
+    if args.procs > 1 && args.workload != Workload::Usemem {
+        return Err(BenchError::ProcsNeedUsemem);
+    }
+    if args.workload == Workload::Combined && args.pattern == Pattern::Seq {
+        return Err(BenchError::CombinedSeqPattern);
+    }
+    if engines.iter().any(Engine::is_limited) && args.limit > args.wss {
         return Err(BenchError::LimitAboveWss { limit: format_size(args.limit), wss: format_size(args.wss) });
     }
-    let device_bytes = args.device_size.unwrap_or(args.wss + (32 << 20));
-    let mut builder = uswap::Pager::builder()
-        .resident_limit(args.limit)
-        .fault_mode(args.fault_mode.into())
-        .pin_handlers(!args.unpinned_handlers)
-        .background_reclaim(match args.background_reclaim {
-            BackgroundArg::Idle => uswap::BackgroundReclaim::WhenIdle,
-            BackgroundArg::Always => uswap::BackgroundReclaim::Always,
+    if engines.iter().any(|e| matches!(e.kind, EngineKind::Uswap { .. })) {
+        let each = args.limit / args.procs;
+        if each < uswap::MIN_LIMIT_BYTES {
+            if args.procs == 1 {
+                return Err(uswap::Error::LimitTooSmall { limit_bytes: each, min_bytes: uswap::MIN_LIMIT_BYTES }.into());
+            }
+            return Err(BenchError::ProcsSplitTooSmall {
+                procs: args.procs,
+                what: "limit",
+                each: format_size(each),
+                min: format_size(uswap::MIN_LIMIT_BYTES),
+            });
+        }
+    }
+    if engines.iter().any(Engine::is_kernel) && args.limit < KERNEL_MIN_LIMIT_BYTES {
+        return Err(BenchError::KernelLimitTooSmall {
+            limit: format_size(args.limit),
+            min: format_size(KERNEL_MIN_LIMIT_BYTES),
         });
-    if let Some(n) = args.handler_threads {
-        builder = builder.handler_threads(n);
     }
-    for d in uswap::DeviceConfig::parse_list(&args.device, device_bytes)? {
-        builder = builder.device(d);
-    }
-    let pager = builder.build()?;
-    let region = pager.map(args.wss as usize)?;
-    let words = region.as_atomic_u64s();
-    let fill_seconds = workload::fill(words, args.threads as usize);
-    let cfg = AccessConfig {
-        pattern: args.pattern,
-        accesses: args.accesses,
-        read_pct: args.read_pct,
-        threads: args.threads as usize,
-        verify: args.verify,
-        seed: args.seed,
-    };
-    let mut r = workload::access(words, &cfg);
-    if args.verify == Verify::Full {
-        // A last pass over every page: nothing written may have been lost anywhere.
-        let (bad, errors) = workload::verify_all(words);
-        r.verify_errors += bad;
-        r.errors.extend(errors);
-    }
-    let stats = pager.stats();
-    let lat = r.latency.summary_us();
-    let result = BenchResult {
-        engine: format!("uswap-{}", serde_plain(&args.fault_mode)),
-        workload: "memtouch".into(),
-        pattern: args.pattern,
-        fault_mode: args.fault_mode,
-        device: args.device.clone(),
-        wss_bytes: args.wss,
-        limit_bytes: args.limit,
-        threads: args.threads,
-        read_pct: args.read_pct,
-        accesses: r.accesses,
-        seconds: r.seconds,
-        accesses_per_sec: r.accesses as f64 / r.seconds.max(1e-9),
-        fill_seconds,
-        fill_mb_per_sec: args.wss as f64 / 1e6 / fill_seconds.max(1e-9),
-        latency_us: LatencyUs {
-            p50: lat.p50,
-            p90: lat.p90,
-            p99: lat.p99,
-            p999: lat.p999,
-            mean: lat.mean,
-            max: lat.max,
-        },
-        verify_errors: r.verify_errors,
-        verify_error_samples: r.errors,
-        stats,
-    };
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&result).expect("plain data serialises");
-        std::fs::write(path, text + "\n").map_err(|source| BenchError::Json { path: path.clone(), source })?;
-    }
-    Ok(result)
+    baseline_of(args, engines)?;
+    Ok(())
 }
 
 fn serde_plain<T: Serialize>(v: &T) -> String {
     serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
-pub fn print_summary(r: &BenchResult) {
-    let s = &r.stats;
-    println!(
-        "{} memtouch {}: wss {} limit {} threads {} read {}%",
-        r.engine,
-        serde_plain(&r.pattern),
-        format_size(r.wss_bytes),
-        format_size(r.limit_bytes),
-        r.threads,
-        r.read_pct
-    );
-    println!("  fill     {:>10.1} MB/s   ({:.2} s)", r.fill_mb_per_sec, r.fill_seconds);
-    println!("  access   {:>10.0} acc/s  ({} in {:.2} s)", r.accesses_per_sec, r.accesses, r.seconds);
-    println!(
-        "  latency  p50 {:.2} us  p90 {:.2} us  p99 {:.2} us  p99.9 {:.2} us",
-        r.latency_us.p50, r.latency_us.p90, r.latency_us.p99, r.latency_us.p999
-    );
-    println!("  verify   {} errors", r.verify_errors);
-    println!(
-        "  faults   {} (zero {}, swap cache {}, device {})  pswpin {}  pswpout {}",
-        s.pgfault, s.pgfault_zero, s.pgfault_swapcache, s.pgmajfault, s.pswpin, s.pswpout
-    );
-    println!(
-        "  reclaim  background {}  direct {} (stalls {})  second chances {}  zero {}",
-        s.pgsteal_background, s.pgsteal_direct, s.allocstall, s.pgactivate, s.swpout_zero
-    );
-    println!(
-        "  fault service p50 {:.2} us  p99 {:.2} us;  resident {} pages, swap cache {}",
-        s.fault_latency_us.p50, s.fault_latency_us.p99, s.resident_pages, s.swapcache_pages
-    );
-    for e in &r.verify_error_samples {
-        println!("  ERROR {e}");
+/// State that outlives one invocation of [`run`] (a report runs several): the kernel
+/// engines' lock and checks, taken once.
+#[derive(Default)]
+pub struct Sitting {
+    pub kernel: Option<KernelSitting>,
+}
+
+/// The workload as one process runs it (its share of the accesses, its own seed).
+fn spec_for(args: &BenchArgs, proc_idx: u64) -> WorkloadSpec {
+    let procs = args.procs;
+    WorkloadSpec {
+        workload: args.workload,
+        pattern: args.pattern,
+        accesses: args.accesses / procs + u64::from(proc_idx < args.accesses % procs),
+        read_pct: args.read_pct,
+        threads: args.threads as usize,
+        seq_streams: args.seq_streams as usize,
+        verify: args.verify,
+        seed: args.seed ^ proc_idx.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        zipf_skew: args.zipf_skew,
+        normal_sd: args.normal_sd,
     }
+}
+
+/// Bytes of working set of each process.
+fn wss_each(args: &BenchArgs) -> u64 {
+    let page = uswap::PAGE_SIZE as u64;
+    (args.wss / args.procs / page).max(1) * page
+}
+
+fn uswap_config(args: &BenchArgs, mode: FaultModeArg, devices: &Option<String>) -> UswapConfig {
+    UswapConfig {
+        fault_mode: mode,
+        devices: devices.clone().unwrap_or_else(|| args.device.clone()),
+        device_bytes: args.device_size.unwrap_or(wss_each(args) + (32 << 20)),
+        limit_bytes: args.limit / args.procs,
+        handler_threads: args.handler_threads,
+        pin_handlers: !args.unpinned_handlers,
+        background: args.background_reclaim,
+    }
+}
+
+/// One run of one engine.
+fn run_engine(
+    args: &BenchArgs,
+    engine: &Engine,
+    sitting: &mut Sitting,
+    progress: &Progress,
+) -> Result<EngineRun, BenchError> {
+    let specs = |memory: Memory, cgroup_procs: Option<PathBuf>| -> Vec<WorkerSpec> {
+        (0..args.procs)
+            .map(|i| WorkerSpec {
+                memory: memory.clone(),
+                wss_bytes: wss_each(args),
+                workload: spec_for(args, i),
+                cgroup_procs: cgroup_procs.clone(),
+            })
+            .collect()
+    };
+    let no_oom = || 0;
+    match &engine.kind {
+        EngineKind::Uswap { mode, devices } => {
+            let cfg = uswap_config(args, *mode, devices);
+            let device = Some(cfg.devices.clone());
+            let specs = specs(Memory::Uswap(cfg), None);
+            let reports = if args.procs == 1 {
+                let ctl = Control { progress, stop: interrupt::flag() };
+                vec![worker::run_worker(&specs[0], ctl, &mut NoHooks)?]
+            } else {
+                worker::run_processes(&engine.name, &specs, progress, &no_oom)?
+            };
+            Ok(EngineRun::merge(reports, device))
+        }
+        EngineKind::Ram => {
+            let before = kernel::vmstat::Vmstat::read();
+            let reports = worker::run_processes(&engine.name, &specs(Memory::Plain, None), progress, &no_oom)?;
+            let mut run = EngineRun::merge(reports, None);
+            run.stats = kernel::vmstat::Vmstat::read().delta(&before);
+            Ok(run)
+        }
+        EngineKind::Kernel(kind) => {
+            let sitting = sitting.kernel.as_mut().expect("the kernel sitting is opened before kernel engines run");
+            let swap_bytes = args.kernel_swap_size.unwrap_or(args.wss + (64 << 20));
+            let run = sitting.start(*kind, swap_bytes, args.limit, &args.swap_file_dir)?;
+            let specs = specs(Memory::Plain, run.procs_path());
+            let device = match kind {
+                engine::KernelSwap::Zram => format!("{} (lz4)", run.device()),
+                engine::KernelSwap::File => run.device(),
+            };
+            let before = kernel::vmstat::Vmstat::read();
+            let reports = worker::run_processes(&engine.name, &specs, progress, &|| run.oom_kills());
+            let after = kernel::vmstat::Vmstat::read();
+            let reports = match reports {
+                Ok(r) => r,
+                Err(e) => {
+                    drop(run); // tears down, printing any problem
+                    return Err(e);
+                }
+            };
+            run.finish()?;
+            let mut r = EngineRun::merge(reports, Some(device));
+            r.stats = after.delta(&before);
+            Ok(r)
+        }
+    }
+}
+
+/// Runs every engine `--runs` times, interleaved, and summarises.
+pub fn run(args: &BenchArgs, sitting: &mut Sitting) -> Result<Vec<EngineResult>, BenchError> {
+    let engines = engines_of(args)?;
+    validate(args, &engines)?;
+    let kernel_engines: Vec<&Engine> = engines.iter().filter(|e| e.is_kernel()).collect();
+    if !kernel_engines.is_empty() && sitting.kernel.is_none() {
+        sitting.kernel = Some(KernelSitting::open(&kernel_engines, args.wait_lock)?);
+    }
+    let bar = progress::Bar::new();
+    let mut runs: Vec<Vec<EngineRun>> = vec![vec![]; engines.len()];
+    for r in 0..args.runs {
+        for (e, engine) in engines.iter().enumerate() {
+            if interrupt::interrupted() {
+                bar.finish();
+                return Err(BenchError::Interrupted);
+            }
+            let label =
+                if args.runs > 1 { format!("{} {}/{}", engine.name, r + 1, args.runs) } else { engine.name.clone() };
+            let mut oom_kills = 0;
+            let mut run = loop {
+                let progress = Progress::default();
+                match bar.follow(&label, &progress, || run_engine(args, engine, sitting, &progress)) {
+                    Ok(run) => break run,
+                    Err(BenchError::OomKilled { .. }) if oom_kills < args.oom_retries => {
+                        oom_kills += 1;
+                        bar.println(&format!("{label}: the kernel's OOM killer ended the workload; running it again"));
+                    }
+                    Err(BenchError::OomKilled { engine, .. }) => {
+                        bar.finish();
+                        return Err(BenchError::OomKilled { engine, attempts: oom_kills + 1 });
+                    }
+                    Err(e) => {
+                        bar.finish();
+                        return Err(e);
+                    }
+                }
+            };
+            run.oom_kills = oom_kills;
+            for s in &run.sides {
+                bar.println(&format!(
+                    "{label}: {} acc/s, fill {:.0} MB/s, p50 {:.2} µs, {} verify errors",
+                    table::thousands(s.accesses as f64 / s.seconds.max(1e-9)),
+                    run.fill_bytes as f64 / 1e6 / run.fill_seconds.max(1e-9),
+                    s.latency.summary_us().p50,
+                    s.verify_errors
+                ));
+            }
+            runs[e].push(run);
+        }
+    }
+    bar.finish();
+    let spec = spec_for(args, 0);
+    let ctx = Context { spec: &spec, wss_bytes: args.wss, limit_bytes: args.limit, procs: args.procs };
+    Ok(engines.iter().zip(&runs).flat_map(|(e, r)| results::summarize(e, r, &ctx)).collect())
+}
+
+/// What a run is, in a few words (plot titles).
+pub fn title(args: &BenchArgs) -> String {
+    let w = serde_plain(&args.workload);
+    match args.workload {
+        Workload::Combined => format!("{w}: sequential streams + {} workers", args.pattern.name(args.workload)),
+        _ => format!("{w} {}", args.pattern.name(args.workload)),
+    }
+}
+
+/// Counters worth a line per engine under the table.
+fn counters_line(r: &EngineResult) -> String {
+    const KEYS: [&str; 12] = [
+        "pgfault",
+        "pgfault_zero",
+        "pgfault_swapcache",
+        "pgmajfault",
+        "pswpin",
+        "pswpout",
+        "swap_ra",
+        "swap_ra_hit",
+        "pgsteal_direct",
+        "pgsteal_background",
+        "pgsteal_kswapd",
+        "allocstall",
+    ];
+    let parts: Vec<String> =
+        KEYS.iter().filter_map(|k| r.stats.get(*k).and_then(|v| v.as_u64()).map(|v| format!("{k} {v}"))).collect();
+    format!("  {}: {}", r.engine, if parts.is_empty() { "-".into() } else { parts.join(", ") })
+}
+
+/// Prints the table and what goes with it.
+pub fn print(args: &BenchArgs, results: &[EngineResult], baseline: Option<&str>) {
+    let first = &results[0];
+    println!(
+        "uswap bench: {} {}, wss {}, limit {}, threads {}{}, read {}%, {} run{}",
+        serde_plain(&first.workload),
+        args.pattern.name(args.workload),
+        format_size(args.wss),
+        format_size(args.limit),
+        args.threads,
+        if args.procs > 1 { format!(", procs {}", args.procs) } else { String::new() },
+        args.read_pct,
+        args.runs,
+        if args.runs > 1 { "s (medians)" } else { "" }
+    );
+    print!("{}", table::build(results, baseline).to_text());
+    match baseline {
+        Some(b) => println!("ratios: engine / {b} (above 1: faster than {b})"),
+        None => println!("(no ratios: add kernel-zram to --engines, or give --baseline)"),
+    }
+    for r in results.iter().filter(|r| r.oom_kills > 0 && r.side != workload::Side::Random) {
+        println!("note: {}: the kernel's OOM killer ended {} attempt(s), run again", r.engine, r.oom_kills);
+    }
+    println!("counters (median run):");
+    for r in results.iter().filter(|r| r.side != workload::Side::Random) {
+        println!("{}", counters_line(r));
+    }
+    for r in results {
+        for e in &r.verify_error_samples {
+            println!("  ERROR {}: {e}", plot::label(r));
+        }
+        if args.histogram {
+            println!("latency histogram of {} (per {:?}):", plot::label(r), r.latency_unit);
+            print!("{}", histogram::format_pmbench(&r.latency_histogram));
+        }
+    }
+}
+
+/// `uswap bench`.
+pub fn main(args: &BenchArgs) -> ExitCode {
+    if let Err(e) = interrupt::install() {
+        eprintln!("uswap bench: cannot catch Ctrl-C ({e}); an interrupted run may leave swap on");
+    }
+    let mut sitting = Sitting::default();
+    let result = run(args, &mut sitting);
+    drop(sitting);
+    let results = match result {
+        Ok(r) => r,
+        Err(BenchError::Interrupted) => {
+            eprintln!("uswap bench: interrupted; everything it had set up is cleaned up");
+            return ExitCode::from(130);
+        }
+        Err(e) => {
+            eprintln!("uswap bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let baseline = engines_of(args).ok().and_then(|e| baseline_of(args, &e).ok().flatten());
+    print(args, &results, baseline.as_deref());
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&results).expect("plain data serialises");
+        if let Err(source) = std::fs::write(path, text + "\n") {
+            eprintln!("uswap bench: {}", BenchError::Write { path: path.clone(), source });
+            return ExitCode::from(2);
+        }
+    }
+    if let Some(dir) = &args.plot {
+        match plot::write(dir, "", &results, &title(args)) {
+            Ok(paths) => {
+                for p in paths {
+                    println!("plot: {}", p.display());
+                }
+            }
+            Err(e) => {
+                eprintln!("uswap bench: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let errors: u64 = results.iter().map(|r| r.verify_errors).sum();
+    if errors > 0 {
+        eprintln!("uswap bench: {errors} accesses read wrong data");
+        return ExitCode::from(3);
+    }
+    ExitCode::SUCCESS
 }

@@ -1,0 +1,117 @@
+//! The engines `uswap bench` compares, by the names `--engines` takes:
+//!
+//! - `uswap-signal`, `uswap-thread`: uswap in that fault mode, on the devices of `--device`,
+//!   or on its own devices with `uswap-MODE@DEVICES` (devices separated by `+`, since `,`
+//!   separates engines: `uswap-signal@ram:2GiB`);
+//! - `kernel-zram`, `kernel-file`: the kernel's swap to zram (lz4) or to a swap file, with
+//!   the workload process in a memory cgroup limited to `--limit` (root only);
+//! - `ram`: an ordinary mapping and no limit: the upper bound.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::error::BenchError;
+use super::FaultModeArg;
+
+/// The kernel's swap device kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelSwap {
+    Zram,
+    File,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineKind {
+    /// `devices`: `None` for the `--device` list.
+    Uswap {
+        mode: FaultModeArg,
+        devices: Option<String>,
+    },
+    Kernel(KernelSwap),
+    Ram,
+}
+
+/// An engine as named on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Engine {
+    pub name: String,
+    pub kind: EngineKind,
+}
+
+pub const KNOWN: &str =
+    "uswap-signal, uswap-thread (optionally @DEVICES, e.g. uswap-signal@ram:2GiB), kernel-zram, kernel-file, ram";
+
+impl Engine {
+    pub fn parse(name: &str) -> Result<Engine, BenchError> {
+        let name = name.trim();
+        let bad = || BenchError::UnknownEngine { name: name.to_string() };
+        let (base, devices) = match name.split_once('@') {
+            Some((b, d)) if !d.is_empty() => (b, Some(d.replace('+', ","))),
+            Some(_) => return Err(bad()),
+            None => (name, None),
+        };
+        let kind = match (base, &devices) {
+            ("uswap-signal", _) => EngineKind::Uswap { mode: FaultModeArg::Signal, devices },
+            ("uswap-thread", _) => EngineKind::Uswap { mode: FaultModeArg::Thread, devices },
+            ("kernel-zram", None) => EngineKind::Kernel(KernelSwap::Zram),
+            ("kernel-file", None) => EngineKind::Kernel(KernelSwap::File),
+            ("ram", None) => EngineKind::Ram,
+            _ => return Err(bad()),
+        };
+        Ok(Engine { name: name.to_string(), kind })
+    }
+
+    /// A comma-separated list, each engine once.
+    pub fn parse_list(list: &str) -> Result<Vec<Engine>, BenchError> {
+        let mut out: Vec<Engine> = vec![];
+        for item in list.split(',').filter(|s| !s.trim().is_empty()) {
+            let e = Engine::parse(item)?;
+            if out.iter().any(|o| o.name == e.name) {
+                return Err(BenchError::DuplicateEngine { name: e.name });
+            }
+            out.push(e);
+        }
+        if out.is_empty() {
+            return Err(BenchError::NoEngines);
+        }
+        Ok(out)
+    }
+
+    pub fn is_kernel(&self) -> bool {
+        matches!(self.kind, EngineKind::Kernel(_))
+    }
+
+    /// Whether the engine keeps the working set under `--limit`.
+    pub fn is_limited(&self) -> bool {
+        !matches!(self.kind, EngineKind::Ram)
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_bad_ones_are_refused() {
+        let e = Engine::parse_list("uswap-signal, uswap-thread@ram:1GiB+ram,kernel-zram,kernel-file,ram").unwrap();
+        assert_eq!(e.len(), 5);
+        assert_eq!(e[0].kind, EngineKind::Uswap { mode: FaultModeArg::Signal, devices: None });
+        assert_eq!(e[1].kind, EngineKind::Uswap { mode: FaultModeArg::Thread, devices: Some("ram:1GiB,ram".into()) });
+        assert_eq!(e[1].name, "uswap-thread@ram:1GiB+ram");
+        assert!(e[2].is_kernel() && e[3].is_kernel() && !e[4].is_limited());
+        for bad in ["uswap", "kernel-zram@ram", "uswap-signal@", "zram"] {
+            let err = Engine::parse_list(bad).unwrap_err().to_string();
+            assert!(err.contains("known engines"), "{bad}: {err}");
+        }
+        assert!(Engine::parse_list("ram,ram").unwrap_err().to_string().contains("twice"));
+        assert!(Engine::parse_list(" , ").is_err());
+    }
+}
