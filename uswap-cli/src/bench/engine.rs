@@ -2,7 +2,8 @@
 //!
 //! - `uswap-signal`, `uswap-thread`: uswap in that fault mode, on the devices of `--device`,
 //!   or on its own devices with `uswap-MODE@DEVICES` (devices separated by `+`, since `,`
-//!   separates engines: `uswap-signal@ram:2GiB`);
+//!   separates engines: `uswap-signal@ram:2GiB`); `uswap-MODE/ra-off` (or `/ra-on`) overrides
+//!   `--readahead` for that engine, so one run can put readahead on and off side by side;
 //! - `kernel-zram`, `kernel-file`: the kernel's swap to zram (lz4) or to a swap file, with
 //!   the workload process in a memory cgroup limited to `--limit` (root only);
 //! - `ram`: an ordinary mapping and no limit: the upper bound.
@@ -28,6 +29,8 @@ pub enum EngineKind {
     Uswap {
         mode: FaultModeArg,
         devices: Option<String>,
+        /// `None`: as `--readahead` says.
+        readahead: Option<bool>,
     },
     Kernel(KernelSwap),
     Ram,
@@ -40,8 +43,8 @@ pub struct Engine {
     pub kind: EngineKind,
 }
 
-pub const KNOWN: &str =
-    "uswap-signal, uswap-thread (optionally @DEVICES, e.g. uswap-signal@ram:2GiB), kernel-zram, kernel-file, ram";
+pub const KNOWN: &str = "uswap-signal, uswap-thread (optionally /ra-off or /ra-on, and @DEVICES, e.g. \
+     uswap-signal/ra-off@ram:2GiB), kernel-zram, kernel-file, ram";
 
 impl Engine {
     pub fn parse(name: &str) -> Result<Engine, BenchError> {
@@ -52,9 +55,15 @@ impl Engine {
             Some(_) => return Err(bad()),
             None => (name, None),
         };
+        let (base, readahead) = match base.split_once('/') {
+            Some((b, "ra-off")) => (b, Some(false)),
+            Some((b, "ra-on")) => (b, Some(true)),
+            Some(_) => return Err(bad()),
+            None => (base, None),
+        };
         let kind = match (base, &devices) {
-            ("uswap-signal", _) => EngineKind::Uswap { mode: FaultModeArg::Signal, devices },
-            ("uswap-thread", _) => EngineKind::Uswap { mode: FaultModeArg::Thread, devices },
+            ("uswap-signal", _) => EngineKind::Uswap { mode: FaultModeArg::Signal, devices, readahead },
+            ("uswap-thread", _) => EngineKind::Uswap { mode: FaultModeArg::Thread, devices, readahead },
             ("kernel-zram", None) => EngineKind::Kernel(KernelSwap::Zram),
             ("kernel-file", None) => EngineKind::Kernel(KernelSwap::File),
             ("ram", None) => EngineKind::Ram,
@@ -103,11 +112,19 @@ mod tests {
     fn names_parse_and_bad_ones_are_refused() {
         let e = Engine::parse_list("uswap-signal, uswap-thread@ram:1GiB+ram,kernel-zram,kernel-file,ram").unwrap();
         assert_eq!(e.len(), 5);
-        assert_eq!(e[0].kind, EngineKind::Uswap { mode: FaultModeArg::Signal, devices: None });
-        assert_eq!(e[1].kind, EngineKind::Uswap { mode: FaultModeArg::Thread, devices: Some("ram:1GiB,ram".into()) });
+        assert_eq!(e[0].kind, EngineKind::Uswap { mode: FaultModeArg::Signal, devices: None, readahead: None });
+        assert_eq!(
+            e[1].kind,
+            EngineKind::Uswap { mode: FaultModeArg::Thread, devices: Some("ram:1GiB,ram".into()), readahead: None }
+        );
+        let r = Engine::parse("uswap-signal/ra-off@zpool").unwrap();
+        assert_eq!(
+            r.kind,
+            EngineKind::Uswap { mode: FaultModeArg::Signal, devices: Some("zpool".into()), readahead: Some(false) }
+        );
         assert_eq!(e[1].name, "uswap-thread@ram:1GiB+ram");
         assert!(e[2].is_kernel() && e[3].is_kernel() && !e[4].is_limited());
-        for bad in ["uswap", "kernel-zram@ram", "uswap-signal@", "zram"] {
+        for bad in ["uswap", "kernel-zram@ram", "uswap-signal@", "zram", "uswap-signal/ra"] {
             let err = Engine::parse_list(bad).unwrap_err().to_string();
             assert!(err.contains("known engines"), "{bad}: {err}");
         }

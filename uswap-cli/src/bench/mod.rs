@@ -52,6 +52,13 @@ impl From<FaultModeArg> for uswap::FaultMode {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum BackgroundArg {
     Idle,
     Always,
@@ -119,8 +126,15 @@ pub struct BenchArgs {
     /// default) or `always` (classic kswapd, from the high to the low watermark).
     #[arg(long, value_enum, default_value_t = BackgroundArg::Idle)]
     pub background_reclaim: BackgroundArg,
-    /// uswap's swap devices, highest priority first, comma-separated (`ram`, `ram:SIZE`, and
-    /// whatever `uswap::DeviceConfig::parse_list` knows).
+    /// uswap's readahead (an engine named `uswap-MODE/ra-off` or `/ra-on` overrides it).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub readahead: OnOff,
+    /// uswap's largest readahead window, in pages (1..=128; default 32).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=128))]
+    pub readahead_max_pages: Option<u64>,
+    /// uswap's swap devices, highest priority first, comma-separated: `ram[:SIZE]`,
+    /// `zpool[:CAP][:lz4|zstd|zstd-N][:raw|reject]`, `file:PATH[:SIZE]` (a directory gets an
+    /// anonymous file), each optionally ending in `:cluster` (cluster readahead).
     #[arg(long, default_value = "ram")]
     pub device: String,
     /// Capacity of a uswap device given without a size (default: the working set plus 32MiB).
@@ -272,6 +286,8 @@ fn uswap_config(args: &BenchArgs, mode: FaultModeArg, devices: &Option<String>) 
         handler_threads: args.handler_threads,
         pin_handlers: !args.unpinned_handlers,
         background: args.background_reclaim,
+        readahead: args.readahead == OnOff::On,
+        readahead_max_pages: args.readahead_max_pages,
     }
 }
 
@@ -294,8 +310,11 @@ fn run_engine(
     };
     let no_oom = || 0;
     match &engine.kind {
-        EngineKind::Uswap { mode, devices } => {
-            let cfg = uswap_config(args, *mode, devices);
+        EngineKind::Uswap { mode, devices, readahead } => {
+            let mut cfg = uswap_config(args, *mode, devices);
+            if let Some(on) = readahead {
+                cfg.readahead = *on;
+            }
             let device = Some(cfg.devices.clone());
             let specs = specs(Memory::Uswap(cfg), None);
             let reports = if args.procs == 1 {

@@ -47,6 +47,16 @@ pub struct UswapConfig {
     pub handler_threads: Option<usize>,
     pub pin_handlers: bool,
     pub background: BackgroundArg,
+    /// Readahead on swap-in.
+    #[serde(default = "default_true")]
+    pub readahead: bool,
+    /// Largest readahead window in pages (`None`: the library's default).
+    #[serde(default)]
+    pub readahead_max_pages: Option<u64>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 impl UswapConfig {
@@ -61,6 +71,10 @@ impl UswapConfig {
             });
         if let Some(n) = self.handler_threads {
             b = b.handler_threads(n);
+        }
+        b = b.readahead(self.readahead);
+        if let Some(n) = self.readahead_max_pages {
+            b = b.readahead_max_pages(n as usize);
         }
         for d in uswap::DeviceConfig::parse_list(&self.devices, self.device_bytes)? {
             b = b.device(d);

@@ -302,7 +302,8 @@ mod tests {
             let engines = bench::engines_of(&args).unwrap();
             bench::validate(&args, &engines).unwrap_or_else(|err| panic!("{}: {err}", e.id));
             assert_eq!(args.runs, 3);
-            assert!(engines.iter().any(|x| x.name == "kernel-zram"), "{}: ratios need kernel-zram", e.id);
+            let baseline = args.baseline.clone().unwrap_or_else(|| "kernel-zram".into());
+            assert!(engines.iter().any(|x| x.name == baseline), "{}: ratios need their baseline {baseline}", e.id);
         }
         let ids: std::collections::HashSet<_> = SUITE.iter().map(|e| e.id).collect();
         assert_eq!(ids.len(), SUITE.len(), "ids are unique");

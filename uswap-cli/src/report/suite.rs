@@ -48,6 +48,36 @@ pub const SUITE: &[Entry] = &[
         title: "combined (seed 001): a sequential stream and a random worker at once",
         args: "--workload combined --pattern random --read-pct 0 --seq-streams 1 --threads 1 --wss 1GiB --limit 256MiB --accesses 500000",
     },
+    Entry {
+        id: "tiers-pool",
+        title: "Tiers: the compressed pool (and pool + file) against zram, random access",
+        args: "--workload memtouch --pattern random --wss 1GiB --limit 256MiB --accesses 500000 \
+               --engines kernel-zram,uswap-signal@zpool,uswap-thread@zpool,uswap-signal@zpool:128MiB+file:/var/tmp:4GiB",
+    },
+    Entry {
+        id: "file-random",
+        title: "Tiers: the file device against the kernel's swap file on the same disk, random access",
+        args: "--workload memtouch --pattern random --wss 1GiB --limit 256MiB --accesses 200000 \
+               --engines kernel-file,uswap-signal@file:/var/tmp,uswap-thread@file:/var/tmp --baseline kernel-file",
+    },
+    Entry {
+        id: "file-seq",
+        title: "Readahead: the file device against the kernel's swap file, sequential re-read",
+        args: "--workload memtouch --pattern seq --wss 1GiB --limit 256MiB --accesses 524288 \
+               --engines kernel-file,uswap-signal@file:/var/tmp,uswap-thread@file:/var/tmp --baseline kernel-file",
+    },
+    Entry {
+        id: "readahead-seq",
+        title: "Readahead: sequential re-read of a swapped-out 1 GiB region, 256 MiB limit",
+        args: "--workload memtouch --pattern seq --wss 1GiB --limit 256MiB --accesses 524288 \
+               --engines kernel-zram,uswap-signal,uswap-thread,uswap-signal@zpool,uswap-thread@zpool",
+    },
+    Entry {
+        id: "readahead-random",
+        title: "Readahead: uniform random access with readahead on and off",
+        args: "--workload memtouch --pattern random --wss 1GiB --limit 256MiB --accesses 500000 \
+               --engines kernel-zram,uswap-signal,uswap-signal/ra-off,uswap-thread,uswap-thread/ra-off",
+    },
 ];
 
 impl Entry {
