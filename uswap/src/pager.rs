@@ -483,6 +483,7 @@ impl Pager {
         st.clean_pages = s.clean_pages.load(Ordering::Acquire) as u64;
         st.limit_pages = s.limit_pages.load(Ordering::Acquire) as u64;
         st.slots_leaked = s.devices.deferred_overflow();
+        st.uffd_move_misreports = s.uffd.move_misreports();
         st.devices = s
             .devices
             .devices()

@@ -405,6 +405,9 @@ pub struct Stats {
     /// Slots that could not be freed (the lock-free free queue was full): leaked, never
     /// reused. Should stay 0.
     pub slots_leaked: u64,
+    /// `UFFDIO_MOVE` calls that moved a page but reported it as failed (a Linux 6.18 bug in
+    /// batched moves; the engine checks the page tables and carries on). Informational.
+    pub uffd_move_misreports: u64,
     /// Application pages in RAM that count against the limit: mapped plus staged.
     pub resident_pages: u64,
     /// Of those, pages staged in the swap cache (unmapped, contents in RAM).
