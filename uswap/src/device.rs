@@ -43,6 +43,7 @@ pub struct DeviceConfig {
     fault_injection: Option<FaultInjection>,
     readahead: ReadaheadPolicy,
     clean_readahead: Option<bool>,
+    async_readahead: bool,
 }
 
 impl DeviceConfig {
@@ -54,6 +55,7 @@ impl DeviceConfig {
             fault_injection: None,
             readahead: ReadaheadPolicy::Vma,
             clean_readahead: None,
+            async_readahead: true,
         }
     }
 
@@ -163,6 +165,19 @@ impl DeviceConfig {
 
     pub(crate) fn clean_readahead_enabled(&self) -> bool {
         self.clean_readahead.unwrap_or(matches!(self.kind, DeviceKind::File { .. }))
+    }
+
+    /// Asynchronous readahead (default on): the next windows of a sequential stream are read
+    /// while the application works through the current one (see
+    /// [`crate::PagerBuilder::readahead_async_windows`]). Only devices whose reads take long
+    /// enough to overlap offer it (file devices); elsewhere the setting does nothing.
+    pub fn async_readahead(mut self, on: bool) -> DeviceConfig {
+        self.async_readahead = on;
+        self
+    }
+
+    pub(crate) fn async_readahead_enabled(&self) -> bool {
+        self.async_readahead
     }
 
     /// Make the device fail on purpose (tests).

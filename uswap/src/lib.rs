@@ -25,6 +25,7 @@
 //! See `DESIGN.md` in the repository for the architecture and the measured cost of every
 //! userfaultfd operation, and `BENCHMARKS.md` for comparisons with the kernel's own swap.
 
+mod async_readahead;
 pub mod backend;
 mod bounce;
 mod device;
@@ -41,6 +42,7 @@ mod swapin;
 mod sync;
 mod uffd;
 
+pub use async_readahead::{DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
 pub use backend::failing::FaultInjection;
 pub use backend::zpool::{Compressor, Incompressible};
 pub use device::{parse_size, DeviceConfig};

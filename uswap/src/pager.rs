@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_queue::ArrayQueue;
 
+use crate::async_readahead::{AsyncReadahead, DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
 use crate::bounce::BouncePool;
 use crate::device::DeviceConfig;
 use crate::error::{Error, Result};
@@ -74,6 +75,7 @@ pub struct PagerBuilder {
     background_reclaim: BackgroundReclaim,
     readahead: bool,
     readahead_max_pages: usize,
+    readahead_async_windows: usize,
 }
 
 impl PagerBuilder {
@@ -124,6 +126,15 @@ impl PagerBuilder {
         self
     }
 
+    /// Windows a sequential stream keeps in flight on devices that read asynchronously (file
+    /// devices; see [`DeviceConfig::async_readahead`]): while the application works through
+    /// one window, the next `windows` are being read. Default 2, at most 4; 0 turns
+    /// asynchronous readahead off.
+    pub fn readahead_async_windows(mut self, windows: usize) -> Self {
+        self.readahead_async_windows = windows.min(MAX_ASYNC_WINDOWS);
+        self
+    }
+
     /// When the background reclaimer works (default [`BackgroundReclaim::WhenIdle`]).
     pub fn background_reclaim(mut self, policy: BackgroundReclaim) -> Self {
         self.background_reclaim = policy;
@@ -144,6 +155,7 @@ impl PagerBuilder {
         let uffd = open_uffd(self.mode)?;
         let nr_cpus = nr_cpus_configured();
         let mut backends = Vec::with_capacity(self.devices.len());
+        let mut async_readers = Vec::with_capacity(self.devices.len());
         for d in &self.devices {
             backends.push(DeviceSpec {
                 priority: d.priority_value(),
@@ -152,6 +164,7 @@ impl PagerBuilder {
                 readahead: d.readahead_policy(),
                 clean_readahead: d.clean_readahead_enabled(),
             });
+            async_readers.push(d.async_readahead_enabled());
         }
         let devices = SwapDevices::new(backends, nr_cpus).map_err(|e| Error::OutOfAddressSpace {
             what: "swap staging area".into(),
@@ -163,6 +176,12 @@ impl PagerBuilder {
             uffd.register(d.staging.addr(), d.staging.len(), REGISTER_MODES)
                 .map_err(|e| Error::io("registering the swap staging area with userfaultfd", e))?;
         }
+        let async_ra = AsyncReadahead::new(
+            self.readahead_async_windows,
+            self.readahead_max_pages,
+            |d| async_readers[d].then(|| devices.devices()[d].backend.async_reader(self.readahead_max_pages)).flatten(),
+            devices.devices().len(),
+        );
         let limit_pages = (limit_bytes / PAGE_SIZE as u64) as usize;
         // Room for every resident page twice over (stale entries linger until popped); a
         // page that finds the queue full is counted and later found by a scan.
@@ -183,6 +202,7 @@ impl PagerBuilder {
             bounce: BouncePool::new(4 * nr_cpus.max(4), self.readahead_max_pages),
             readahead: AtomicBool::new(self.readahead),
             readahead_max_pages: self.readahead_max_pages,
+            async_ra,
             shutdown: AtomicBool::new(false),
             background_reclaim: self.background_reclaim,
             errors: ArrayQueue::new(ERROR_LOG_LEN),
@@ -319,6 +339,8 @@ pub(crate) struct PagerShared {
     /// The global readahead switch.
     pub readahead: AtomicBool,
     pub readahead_max_pages: usize,
+    /// Asynchronous readahead contexts (none when no device reads asynchronously).
+    pub async_ra: AsyncReadahead,
     pub shutdown: AtomicBool,
     pub background_reclaim: BackgroundReclaim,
     /// The most recent page errors (oldest dropped first).
@@ -333,6 +355,7 @@ impl PagerShared {
         // After this no fault handler or reclaimer can reach the region, and none is inside
         // it: every busy bit has been released.
         let _ = REGIONS.remove(reg_idx);
+        self.async_ra.forget_region(self, reg_idx);
         let mut uncharge = 0usize;
         let mut uncache = 0usize;
         let mut to_free: Vec<u64> = Vec::new();
@@ -435,6 +458,7 @@ impl Pager {
             background_reclaim: BackgroundReclaim::default(),
             readahead: true,
             readahead_max_pages: DEFAULT_MAX_WINDOW_PAGES,
+            readahead_async_windows: DEFAULT_ASYNC_WINDOWS,
         }
     }
 

@@ -23,7 +23,9 @@
 //! counted as dropped unused. The window then grows on the same evidence the kernel uses.
 //!
 //! Used both for swap-in (pages read from a device) and for first-touch fault-around
-//! (never-touched pages mapped as zero pages).
+//! (never-touched pages mapped as zero pages). On devices slow enough to overlap (files), a
+//! stream whose window has reached the maximum also has its next windows read while the
+//! application works through this one (`async_readahead`).
 //!
 //! Locking: none. Streams are atomic words updated racily: two threads racing on one stream
 //! at worst mis-size a window, which costs performance, never correctness.

@@ -25,6 +25,10 @@
 //! that unprotects it and frees the slot, and reclaim drops a page still clean without
 //! writing it (the kernel's clean swap-cache pages).
 //!
+//! A SWAPPED page may carry the *async-read* hint: an asynchronous readahead was started
+//! for its slot and its data may be waiting in a buffer (see `async_readahead`). It changes
+//! nothing else: the slot still holds the page, and whoever locks the page may read the slot.
+//!
 //! Invariants: a page is mapped in the region iff its state is RESIDENT (outside a busy
 //! section); a CACHED page's contents are at its entry's staging address; a clean page is
 //! write-protected and its slot holds its contents; the region's memory is never read or
@@ -76,6 +80,9 @@ const REFERENCED: u64 = 1 << 4;
 const CLEAN: u64 = 1 << 5;
 /// Mapped by readahead and not yet known to be used (see `readahead`).
 const READAHEAD: u64 = 1 << 6;
+/// A SWAPPED page whose slot an asynchronous readahead may have read into a buffer (see
+/// `async_readahead`). A hint only: the page is SWAPPED in every respect.
+const ASYNC_READ: u64 = 1 << 7;
 const GEN_SHIFT: u32 = 8;
 const GEN_MASK: u64 = 0xff << GEN_SHIFT;
 const ENTRY_SHIFT: u32 = 16;
@@ -110,6 +117,17 @@ impl Pte {
     /// Marks a page mapped by readahead.
     pub fn with_readahead(self) -> Pte {
         Pte(self.0 | READAHEAD)
+    }
+    /// Whether an asynchronous readahead may hold the page's data (a SWAPPED page).
+    pub fn async_read(self) -> bool {
+        self.0 & ASYNC_READ != 0
+    }
+    pub fn with_async_read(self) -> Pte {
+        debug_assert_eq!(self.state(), PageState::Swapped);
+        Pte(self.0 | ASYNC_READ)
+    }
+    pub fn without_async_read(self) -> Pte {
+        Pte(self.0 & !ASYNC_READ)
     }
     /// The same word without the readahead mark (the page was used).
     pub fn without_readahead(self) -> Pte {

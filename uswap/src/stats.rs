@@ -76,9 +76,18 @@ pub(crate) enum Counter {
     SwpoutClean,
     /// Read-ahead pages evicted before they were known to be used.
     SwapRaUnused,
+    /// Pages whose asynchronous readahead was started.
+    SwapRaAsyncStarted,
+    /// Pages mapped from an asynchronous readahead.
+    SwapRaAsync,
+    /// Pages read asynchronously and never mapped from the buffer (not faulted in time, read
+    /// failed, region gone).
+    SwapRaAsyncDropped,
+    /// Faults that found their asynchronous readahead still in flight and waited for it.
+    SwapRaAsyncWait,
 }
 
-const NR_COUNTERS: usize = Counter::SwapRaUnused as usize + 1;
+const NR_COUNTERS: usize = Counter::SwapRaAsyncWait as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -381,6 +390,17 @@ pub struct Stats {
     /// Read-ahead pages evicted before they were known to be used. `swap_ra` minus these two
     /// is the read-ahead pages still resident and undecided.
     pub swap_ra_unused: u64,
+    /// Pages whose asynchronous readahead was started: while the application worked through
+    /// one window, the next windows of its stream were already being read (file devices).
+    pub swap_ra_async_started: u64,
+    /// Of those, pages mapped from the readahead buffer (each also counts in `swap_ra`; the
+    /// first page of an asynchronous window, which takes the fault, also in `swap_ra_hit`).
+    pub swap_ra_async: u64,
+    /// Of those, pages never mapped from the buffer: not faulted in before the buffer was
+    /// needed again, the read failed, or the region went away. Their slot still holds them.
+    pub swap_ra_async_dropped: u64,
+    /// Faults that found their asynchronous readahead still in flight and waited for it.
+    pub swap_ra_async_wait: u64,
     /// Faults that found their page already resolved by a racing thread.
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
@@ -443,6 +463,10 @@ impl PerCpuStats {
         s.swap_ra = self.sum(SwapRa);
         s.swap_ra_hit = self.sum(SwapRaHit);
         s.swap_ra_unused = self.sum(SwapRaUnused);
+        s.swap_ra_async_started = self.sum(SwapRaAsyncStarted);
+        s.swap_ra_async = self.sum(SwapRaAsync);
+        s.swap_ra_async_dropped = self.sum(SwapRaAsyncDropped);
+        s.swap_ra_async_wait = self.sum(SwapRaAsyncWait);
         s.fault_raced = self.sum(FaultRaced);
         s.fault_lock_free = self.sum(FaultLockFree);
         s.fault_error = self.sum(FaultError);

@@ -11,14 +11,21 @@
 //! write-protected and keep their slot (they are clean), and carry the readahead mark until
 //! their use is detected (see `readahead`).
 //!
-//! Locking: none of its own. Every page of the window is owned through its busy bit for the
-//! whole operation; the pages of other regions (cluster readahead) through their registry
-//! guards. A page already busy is simply left out.
+//! Pages an asynchronous readahead already read (see `async_readahead`) are mapped straight
+//! from its buffer; the next windows of a sequential stream are started on the way out.
+//!
+//! Locking: every page of the window is owned through its busy bit for the whole operation;
+//! the pages of other regions (cluster readahead) through their registry guards. A page
+//! already busy is simply left out. When the faulting page was read asynchronously, only the
+//! pages listed in the same context are taken from a buffer; that context is locked from the
+//! moment its buffer is read until the pages are mapped, after the charge (which may
+//! reclaim, and so write) and the other reads, so that none of those runs under it.
 
 use std::sync::atomic::Ordering;
 
 use arrayvec::ArrayVec;
 
+use crate::async_readahead::ContextIo;
 use crate::backend::ReadReq;
 use crate::fault::{FaultError, Route};
 use crate::pager::{PageErrorKind, PagerShared};
@@ -27,6 +34,7 @@ use crate::reclaim;
 use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet};
 use crate::stats::Counter;
 use crate::swap::{ReadaheadPolicy, SwapEntry};
+use crate::sync::SpinGuard;
 use crate::uffd::{RangeResult, PAGE_SIZE};
 
 /// Attempts per device read before the fault is reported as failed.
@@ -44,13 +52,26 @@ struct Item {
     faulting: bool,
     /// Read back and checked: it will be mapped.
     ok: bool,
+    /// Where its data is once `ok`.
+    src: *const u8,
+    /// Its buffer page in the locked asynchronous-readahead context, if listed there.
+    listed: Option<usize>,
+    /// Its data came from an asynchronous read.
+    from_async: bool,
 }
 
 impl Item {
+    fn new(gi: Option<usize>, page: usize, pte: Pte, faulting: bool, listed: Option<usize>) -> Item {
+        Item { gi, page, pte, faulting, ok: false, src: std::ptr::null(), listed, from_async: false }
+    }
+
     fn entry(&self) -> SwapEntry {
         self.pte.entry()
     }
 }
+
+/// The asynchronous-readahead context locked for this swap-in: its index and guard.
+type HeldContext<'a> = Option<(usize, SpinGuard<'a, ContextIo>)>;
 
 /// The fault being served.
 pub(crate) struct Fault<'a> {
@@ -72,6 +93,11 @@ impl Fault<'_> {
         }
     }
 
+    /// The reverse-map owner of page `page` of the faulting region.
+    fn owner(&self, page: usize) -> u64 {
+        PageRef { region_idx: self.reg_idx, region_gen: self.reg_gen, page_gen: 0, page }.owner()
+    }
+
     fn page_ref(&self, set: &RegionSet, it: &Item, pte: Pte) -> PageRef {
         match it.gi {
             None => PageRef { region_idx: self.reg_idx, region_gen: self.reg_gen, page_gen: pte.gen(), page: it.page },
@@ -86,22 +112,47 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     let dev = pager.devices.device(e);
     let readahead = !f.route.lock_free() && pager.readahead.load(Ordering::Relaxed);
     let max = if readahead { pager.readahead_max_pages } else { 1 };
+    let ara = &pager.async_ra;
+    // The faulting page may have been read already: find the context that holds it (its
+    // lock is taken only once the other reads and the charge are done, so that those do not
+    // run under it).
+    let mut async_ctx = None;
+    if f.locked.async_read() {
+        let own = f.owner(f.page);
+        if f.route.lock_free() {
+            // No lock may be taken here: throw that data away and read the slot.
+            ara.forget_page(pager, own, e);
+        } else {
+            async_ctx = ara.find(own, e).map(|l| l.ctx);
+        }
+    }
+    let listed_in_held =
+        |page: usize, pte: Pte| -> Option<usize> { ara.context(async_ctx?).index_of(f.owner(page), pte.entry()) };
     let mut set = RegionSet::new();
     let mut items: ArrayVec<Item, MAX_WINDOW_PAGES> = ArrayVec::new();
-    items.push(Item { gi: None, page: f.page, pte: f.locked, faulting: true, ok: false });
+    items.push(Item::new(None, f.page, f.locked, true, listed_in_held(f.page, f.locked)));
 
+    let mut vma_window = None;
     match dev.readahead {
         ReadaheadPolicy::Vma => {
             let pred = f.region.streams.advance(f.page, f.region.nr_pages, max);
             if let Some(passed) = pred.passed {
                 count_hits_in_region(pager, f.region, passed, f.page);
             }
+            vma_window = Some(pred.window);
             for q in (pred.window.start..pred.window.end()).filter(|&q| q != f.page) {
                 let pte = f.region.load(q);
-                if pte.state() == PageState::Swapped && !pte.busy() {
-                    if let Some(l) = f.region.try_lock(q, pte) {
-                        items.push(Item { gi: None, page: q, pte: l, faulting: false, ok: false });
-                    }
+                if pte.state() != PageState::Swapped || pte.busy() {
+                    continue;
+                }
+                // A page read asynchronously is taken only from the context we hold; others
+                // wait for their own fault, which will find their data.
+                let listed = listed_in_held(q, pte);
+                if pte.async_read() && listed.is_none() {
+                    continue;
+                }
+                if let Some(l) = f.region.try_lock(q, pte) {
+                    items.push(Item::new(None, q, l, false, listed));
                 }
             }
         }
@@ -117,9 +168,9 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
                 let region = &set.g[gi];
                 let pte = region.load(r.page);
                 let own = SwapEntry::new(e.device(), slot as u64);
-                if pte.state() == PageState::Swapped && pte.entry() == own && !pte.busy() {
+                if pte.state() == PageState::Swapped && pte.entry() == own && !pte.busy() && !pte.async_read() {
                     if let Some(l) = region.try_lock(r.page, pte) {
-                        items.push(Item { gi: Some(gi), page: r.page, pte: l, faulting: false, ok: false });
+                        items.push(Item::new(Some(gi), r.page, l, false, None));
                     }
                 }
             }
@@ -134,15 +185,28 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     // Read in slot order: runs of consecutive slots on one device are one request each.
     items.sort_unstable_by_key(|it| it.entry());
     let mut buf = pager.bounce.take();
+    // Pages not read ahead first (no lock held), then those in the context's buffer; any of
+    // those whose data is not there after all is read like the others, under the lock.
     read_items(pager, f, &set, &mut items, buf.pages_mut());
+    let mut held: HeldContext<'_> = None;
+    if let Some(ctx) = async_ctx.filter(|_| items.iter().any(|it| it.listed.is_some())) {
+        let mut io = ara.context(ctx).io.lock();
+        take_async(pager, f, ctx, &mut io, &mut items);
+        held = Some((ctx, io));
+        if items.iter().any(|it| !it.ok) {
+            read_items(pager, f, &set, &mut items, buf.pages_mut());
+        }
+    }
 
     let faulting_ok = items.iter().any(|it| it.faulting && it.ok);
     if !faulting_ok {
-        // Nothing is mapped: every page goes back as it was.
+        // Nothing is mapped: every page goes back as it was (its slot still holds it).
         for it in &items {
             f.region(&set, it.gi).store(it.page, it.pte.unbusy());
         }
         reclaim::uncharge(pager, items.len());
+        let taken = items.iter().filter(|it| it.from_async).count();
+        pager.stats.add(Counter::SwapRaAsyncDropped, taken as u64);
         return Err(FaultError::Device(PageErrorKind::ReadFailed));
     }
 
@@ -164,14 +228,13 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
             && items[j].gi == items[i].gi
             && items[j].page == items[j - 1].page + 1
             && wp(&items[j]) == wp(&items[i])
-            && source_contiguous(pager, &items[j - 1], &items[j])
+            && items[j].src == items[j - 1].src.wrapping_add(PAGE_SIZE)
         {
             j += 1;
         }
         let region = f.region(&set, items[i].gi);
         let len = (j - i) * PAGE_SIZE;
-        let src = source_of(pager, &items[i], buf.pages_mut(), i);
-        let r = pager.uffd.copy(region.page_addr(items[i].page), src, len, f.route.wake(), wp(&items[i]));
+        let r = pager.uffd.copy(region.page_addr(items[i].page), items[i].src, len, f.route.wake(), wp(&items[i]));
         let done = r.done_bytes(len) / PAGE_SIZE;
         if let RangeResult::Partial { errno, .. } = r {
             failed_ioctl = Some(errno);
@@ -185,12 +248,16 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
 
     // Publish: mapped pages become resident; the others go back as they were.
     let mut nr_ra = 0;
+    let mut nr_async = 0;
     let mut unmapped = 0;
     for it in &items {
         let region = f.region(&set, it.gi);
         if !it.ok {
             region.store(it.page, it.pte.unbusy());
             unmapped += 1;
+            if it.from_async {
+                pager.stats.inc(Counter::SwapRaAsyncDropped);
+            }
             continue;
         }
         let new = if !keep_clean(pager, f, it) {
@@ -201,7 +268,14 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
             pager.clean_pages.fetch_add(1, Ordering::Relaxed);
             it.pte.next(PageState::Resident, Some(it.entry())).with_clean()
         };
+        nr_async += u64::from(it.from_async);
         let new = if it.faulting {
+            if it.from_async {
+                // Read ahead (asynchronously) and now used: the kernel's swap-cache hit on a
+                // read-ahead page.
+                pager.stats.inc(Counter::SwapRa);
+                pager.stats.inc(Counter::SwapRaHit);
+            }
             new
         } else {
             nr_ra += 1;
@@ -220,7 +294,49 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     pager.stats.inc(Counter::Pgmajfault);
     pager.stats.add(Counter::Pswpin, mapped as u64);
     pager.stats.add(Counter::SwapRa, nr_ra);
+    pager.stats.add(Counter::SwapRaAsync, nr_async);
+    drop(held);
+    if let Some(w) = vma_window.filter(|_| readahead) {
+        ara.start_after(pager, f.region, (f.reg_idx, f.reg_gen), f.page, w);
+    }
     Ok(())
+}
+
+/// Takes the data of the items listed in the held asynchronous-readahead context from its
+/// buffer (waiting for its reads if need be), checking checksums. Items whose data is not
+/// there (the read failed, the listing was claimed meanwhile) are left for `read_items`.
+fn take_async(pager: &PagerShared, f: &Fault<'_>, ctx: usize, io: &mut ContextIo, items: &mut [Item]) {
+    if !items.iter().any(|it| it.listed.is_some()) {
+        return;
+    }
+    if io.wait() {
+        pager.stats.inc(Counter::SwapRaAsyncWait);
+    }
+    let c = pager.async_ra.context(ctx);
+    for it in items.iter_mut() {
+        let Some(i) = it.listed.take() else { continue };
+        let e = it.entry();
+        let own = f.owner(it.page);
+        if !(c.listed_at(i, own, e) && c.claim(i, own)) {
+            continue;
+        }
+        let dev = pager.devices.device(e);
+        let data = io.page(i).filter(|_| io.page_ok(i));
+        let Some(data) = data else {
+            pager.record_error(f.region.page_addr(it.page), e, PageErrorKind::ReadFailed);
+            pager.stats.inc(Counter::SwapRaAsyncDropped);
+            continue;
+        };
+        if !dev.checksum_ok(e.offset(), data) {
+            pager.stats.inc(Counter::ChecksumError);
+            pager.stats.inc(Counter::SwapRaAsyncDropped);
+            pager.record_error(f.region.page_addr(it.page), e, PageErrorKind::ChecksumMismatch);
+            continue;
+        }
+        it.ok = true;
+        it.src = data.as_ptr();
+        it.from_async = true;
+    }
 }
 
 /// Whether a page comes in clean: write-protected, keeping its slot, so that reclaim can drop
@@ -237,29 +353,15 @@ fn keep_clean(pager: &PagerShared, f: &Fault<'_>, it: &Item) -> bool {
     }
 }
 
-/// True if the data of item `b` follows the data of item `a` (the next item) in its source:
-/// the bounce buffer, where item `i` is page `i`; or a device read in place, where the slots
-/// must be consecutive.
-fn source_contiguous(pager: &PagerShared, a: &Item, b: &Item) -> bool {
-    match (in_place(pager, a.entry()), in_place(pager, b.entry())) {
-        (true, true) => b.entry().device() == a.entry().device() && b.entry().offset() == a.entry().offset() + 1,
-        (false, false) => true,
-        _ => false,
-    }
-}
-
 /// Whether pages of this entry's device are copied straight from the device's memory.
 fn in_place(pager: &PagerShared, e: SwapEntry) -> bool {
     let dev = pager.devices.device(e);
     dev.checksums.is_none() && dev.backend.page_ptr(e.offset()).is_some()
 }
 
-/// Where the data of item `i` is: the device's memory, or page `i` of the buffer.
-fn source_of(pager: &PagerShared, it: &Item, buf: &[crate::backend::AlignedPage], i: usize) -> *const u8 {
-    match pager.devices.device(it.entry()).backend.page_ptr(it.entry().offset()) {
-        Some(p) if in_place(pager, it.entry()) => p,
-        _ => buf[i].0.as_ptr(),
-    }
+/// The device's own copy of an entry's page (an in-place device).
+fn dev_page_ptr(pager: &PagerShared, e: SwapEntry) -> *const u8 {
+    pager.devices.device(e).backend.page_ptr(e.offset()).unwrap_or(std::ptr::null())
 }
 
 /// Reads every item not read in place into `buf[i]` (item `i`, items sorted by entry),
@@ -277,12 +379,13 @@ fn read_items(
         let mut i = 0;
         while i < items.len() {
             let e = items[i].entry();
-            if items[i].ok {
+            if items[i].ok || items[i].listed.is_some() {
                 i += 1;
                 continue;
             }
             if in_place(pager, e) {
                 items[i].ok = true;
+                items[i].src = dev_page_ptr(pager, e);
                 i += 1;
                 continue;
             }
@@ -293,14 +396,17 @@ fn read_items(
                 end += 1;
             }
             let mut runs: ArrayVec<(usize, usize), MAX_WINDOW_PAGES> = ArrayVec::new();
+            // Items read into `buf` by this round (others were read before, or elsewhere).
+            let mut fresh = [false; MAX_WINDOW_PAGES];
             let mut s = i;
+            let unread = |it: &Item| !it.ok && it.listed.is_none();
             while s < end {
-                if items[s].ok {
+                if !unread(&items[s]) {
                     s += 1;
                     continue;
                 }
                 let mut t = s + 1;
-                while t < end && !items[t].ok && items[t].entry().offset() == items[t - 1].entry().offset() + 1 {
+                while t < end && unread(&items[t]) && items[t].entry().offset() == items[t - 1].entry().offset() + 1 {
                     t += 1;
                 }
                 runs.push((s, t));
@@ -323,6 +429,7 @@ fn read_items(
                         for it in &mut items[s..t] {
                             it.ok = true;
                         }
+                        fresh[s..t].fill(true);
                     } else {
                         let it = &items[s];
                         let addr = f.region(set, it.gi).page_addr(it.page);
@@ -330,8 +437,9 @@ fn read_items(
                     }
                 }
             }
-            for k in i..end {
-                if items[k].ok && !dev.checksum_ok(items[k].entry().offset(), &buf[k].0) {
+            for k in (i..end).filter(|&k| fresh[k]) {
+                items[k].src = buf[k].0.as_ptr();
+                if !dev.checksum_ok(items[k].entry().offset(), &buf[k].0) {
                     // Never map a page that does not match what was written.
                     items[k].ok = false;
                     pager.stats.inc(Counter::ChecksumError);
@@ -342,8 +450,9 @@ fn read_items(
             i = end;
         }
         let faulting_ok = items.iter().any(|it| it.faulting && it.ok);
+        let unread = items.iter().any(|it| !it.ok && it.listed.is_none());
         attempts_left -= 1;
-        if faulting_ok || attempts_left == 0 {
+        if faulting_ok || !unread || attempts_left == 0 {
             return;
         }
     }

@@ -140,3 +140,158 @@ fn read_ahead_pages_of_file_devices_come_in_clean() {
     let st = p.stats();
     assert!(st.clean_pages > 256, "read-ahead pages keep their slot on a file device: {st:?}");
 }
+
+fn file_pager(mode: FaultMode, windows: usize, device: DeviceConfig) -> Pager {
+    Pager::builder()
+        .resident_limit(2 * MIB)
+        .fault_mode(mode)
+        .readahead_max_pages(WINDOW)
+        .readahead_async_windows(windows)
+        .device(device)
+        .build()
+        .unwrap()
+}
+
+fn file_device() -> DeviceConfig {
+    DeviceConfig::file(std::env::temp_dir(), 64 * MIB)
+}
+
+/// Every page read asynchronously is accounted for once its region is gone: mapped from the
+/// buffer or dropped.
+fn assert_async_accounted(st: &uswap::Stats) {
+    assert_eq!(
+        st.swap_ra_async_started,
+        st.swap_ra_async + st.swap_ra_async_dropped,
+        "started = mapped + dropped: {st:?}"
+    );
+}
+
+#[test]
+fn sequential_scans_of_a_file_device_are_read_ahead_asynchronously() {
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = file_pager(mode, 2, file_device());
+        let region = p.map(16 * MIB as usize).unwrap();
+        let pages = 8 * MIB as usize / PAGE_SIZE;
+        let before = quiet_stats(&p);
+        let (majflt, ra, hit) = sequential_scan(&p, &region, pages);
+        let st = p.stats();
+        let started = st.swap_ra_async_started - before.swap_ra_async_started;
+        let mapped = st.swap_ra_async - before.swap_ra_async;
+        assert!(mapped >= pages as u64 * 8 / 10, "{mode:?}: {mapped} of {pages} pages came from asynchronous reads");
+        assert!(started >= mapped, "{mode:?}: {st:?}");
+        // Faults on pages already read asynchronously still count as major faults: about one
+        // per window. A fault that lands inside an asynchronous window (a thread-mode race)
+        // splits it in two, hence a little slack.
+        let bound = (pages - 63).div_ceil(WINDOW) as u64 + 6 + 8;
+        assert!(majflt <= bound, "{mode:?}: {majflt} major faults for {pages} pages (bound {bound})");
+        let decided = ra - (WINDOW as u64 - 1);
+        assert!(hit * 100 >= decided * 99, "{mode:?}: hit {hit} of {ra} read ahead");
+        drop(region);
+        assert_async_accounted(&p.stats());
+
+        // Off: the same scan reads nothing asynchronously.
+        let p = file_pager(mode, 0, file_device());
+        let region = p.map(16 * MIB as usize).unwrap();
+        let (_, ra, _) = sequential_scan(&p, &region, pages);
+        assert!(ra >= pages as u64 * 9 / 10);
+        assert_eq!(p.stats().swap_ra_async_started, 0);
+    }
+}
+
+/// Streams that stop half-way, turn round or jump, with writes in between: windows read
+/// asynchronously and never used are dropped, and every byte read is right.
+#[test]
+fn abandoned_streams_and_writes_lose_nothing() {
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = file_pager(mode, 2, file_device());
+        let region = p.map(16 * MIB as usize).unwrap();
+        let w = region.as_atomic_u64s();
+        let pages = region.len() / PAGE_SIZE;
+        let mut version = vec![1u64; pages];
+        for (i, v) in version.iter().enumerate() {
+            write_page(w, i, *v);
+        }
+        let mut rng = Rng(0x5eed ^ mode as u64);
+        for _ in 0..60 {
+            let start = (rng.next() % pages as u64) as usize;
+            let len = 16 + (rng.next() % 300) as usize;
+            let backward = rng.next() % 4 == 0;
+            for k in 0..len.min(pages) {
+                let i = if backward { (start + pages - k) % pages } else { (start + k) % pages };
+                check_page(w, i, version[i]);
+                if rng.next() % 5 == 0 {
+                    version[i] += 1;
+                    write_page(w, i, version[i]);
+                }
+            }
+        }
+        for (i, v) in version.iter().enumerate() {
+            check_page(w, i, *v);
+        }
+        let st = p.stats();
+        assert!(st.swap_ra_async > 0, "{mode:?}: {st:?}");
+        drop(region);
+        let st = p.stats();
+        assert!(st.swap_ra_async_dropped > 0, "{mode:?}: abandoned windows are dropped: {st:?}");
+        assert_async_accounted(&st);
+    }
+}
+
+#[test]
+fn failed_and_corrupted_asynchronous_reads_are_read_again() {
+    let f = uswap::FaultInjection { read_error_rate: 0.1, corrupt_rate: 0.1, seed: 13, ..Default::default() };
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = file_pager(mode, 2, file_device().inject_faults(f));
+        let region = p.map(16 * MIB as usize).unwrap();
+        let w = region.as_atomic_u64s();
+        let pages = region.len() / PAGE_SIZE;
+        for v in 1..=3 {
+            for i in 0..pages {
+                write_page(w, i, v);
+            }
+            for i in 0..pages {
+                check_page(w, i, v);
+            }
+        }
+        let st = p.stats();
+        assert!(st.swap_ra_async > 0 && st.checksum_errors > 0, "{mode:?}: {st:?}");
+        let base = region.as_ptr() as usize;
+        let errors = p.recent_errors();
+        assert!(!errors.is_empty(), "{mode:?}");
+        for e in &errors {
+            assert!(e.addr >= base && e.addr < base + region.len(), "{mode:?}: {e}");
+        }
+        drop(region);
+        assert_async_accounted(&p.stats());
+    }
+}
+
+#[test]
+fn threads_scanning_one_region_share_the_readers() {
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = file_pager(mode, 2, file_device());
+        let region = p.map(16 * MIB as usize).unwrap();
+        let w = region.as_atomic_u64s();
+        let pages = region.len() / PAGE_SIZE;
+        for i in 0..pages {
+            write_page(w, i, 1);
+        }
+        // Four threads, each scanning its quarter twice, forward then backward.
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                s.spawn(move || {
+                    let (lo, hi) = (t * pages / 4, (t + 1) * pages / 4);
+                    for i in lo..hi {
+                        check_page(w, i, 1);
+                    }
+                    for i in (lo..hi).rev() {
+                        check_page(w, i, 1);
+                    }
+                });
+            }
+        });
+        assert!(p.stats().swap_ra_async > 0, "{mode:?}");
+        drop(region);
+        assert_async_accounted(&p.stats());
+    }
+}

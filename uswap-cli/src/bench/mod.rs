@@ -132,6 +132,9 @@ pub struct BenchArgs {
     /// uswap's largest readahead window, in pages (1..=128; default 32).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=128))]
     pub readahead_max_pages: Option<u64>,
+    /// Windows uswap reads ahead asynchronously on file devices (0..=4; 0 is off; default 2).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=4))]
+    pub readahead_async: Option<u64>,
     /// uswap's swap devices, highest priority first, comma-separated: `ram[:SIZE]`,
     /// `zpool[:CAP][:lz4|zstd|zstd-N][:raw|reject]`, `file:PATH[:SIZE]` (a directory gets an
     /// anonymous file), each optionally ending in `:cluster` (cluster readahead).
@@ -288,6 +291,7 @@ fn uswap_config(args: &BenchArgs, mode: FaultModeArg, devices: &Option<String>) 
         background: args.background_reclaim,
         readahead: args.readahead == OnOff::On,
         readahead_max_pages: args.readahead_max_pages,
+        readahead_async_windows: args.readahead_async,
     }
 }
 

@@ -53,6 +53,9 @@ pub struct UswapConfig {
     /// Largest readahead window in pages (`None`: the library's default).
     #[serde(default)]
     pub readahead_max_pages: Option<u64>,
+    /// Windows read ahead asynchronously (`None`: the library's default).
+    #[serde(default)]
+    pub readahead_async_windows: Option<u64>,
 }
 
 fn default_true() -> bool {
@@ -75,6 +78,9 @@ impl UswapConfig {
         b = b.readahead(self.readahead);
         if let Some(n) = self.readahead_max_pages {
             b = b.readahead_max_pages(n as usize);
+        }
+        if let Some(n) = self.readahead_async_windows {
+            b = b.readahead_async_windows(n as usize);
         }
         for d in uswap::DeviceConfig::parse_list(&self.devices, self.device_bytes)? {
             b = b.device(d);

@@ -13,6 +13,9 @@
 //!   lock that a thread could hold while being interrupted by that signal. Report failures
 //!   through each request's `result`; never panic.
 //! * A failed write must leave the slot's previous contents (if any) readable.
+//! * An [`AsyncReader`] may still be reading a slot when the engine frees it and writes it
+//!   again: the engine then throws that read's data away unused, so a device only has to
+//!   make sure such a race cannot corrupt the *write* (true of any file or block device).
 
 pub mod failing;
 pub mod file;
@@ -126,6 +129,40 @@ impl<'a> ReadReq<'a> {
     }
 }
 
+/// One run of an asynchronous read: `nr_pages` consecutive slots from `slot`, into the
+/// reader's buffer from page `first_page` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncRun {
+    pub slot: u64,
+    pub first_page: usize,
+    pub nr_pages: usize,
+}
+
+/// A queue and a buffer of their own for asynchronous readahead, on a device where a read
+/// takes long enough to be worth overlapping with the application's work (a file or block
+/// device). The reader owns its buffer and hands it out only when nothing is in flight, so
+/// the kernel never writes memory the engine is looking at.
+///
+/// Like [`Backend::read`], every method may run inside a SIGBUS handler: no allocation, no
+/// lock, failures reported through results.
+pub trait AsyncReader: Send {
+    /// Pages the buffer holds.
+    fn capacity_pages(&self) -> usize;
+    /// Starts reading `runs` (each inside the device and inside the buffer, at most
+    /// [`Self::capacity_pages`] runs) and returns at once. False if nothing was started: reads
+    /// still in flight, a run out of range, or the queue refused them.
+    fn start(&mut self, runs: &[AsyncRun]) -> bool;
+    /// Whether reads started are not yet waited for.
+    fn in_flight(&self) -> bool;
+    /// Waits until every read started has finished (completing short reads synchronously)
+    /// and sets `results[i]` for run `i` of the last `start`.
+    fn wait(&mut self, results: &mut [Result<(), BackendError>]);
+    /// The buffer, or `None` while reads are in flight.
+    fn pages(&self) -> Option<&[AlignedPage]>;
+    /// The buffer for changing it (fault injection), or `None` while reads are in flight.
+    fn pages_mut(&mut self) -> Option<&mut [AlignedPage]>;
+}
+
 /// Page storage behind a swap device.
 pub trait Backend: Send + Sync {
     /// Short name for stats and messages (`ram`, `zpool`, `file:/path`).
@@ -169,6 +206,12 @@ pub trait Backend: Send + Sync {
 
     /// The device's own counters, if it keeps any.
     fn stats(&self) -> Option<BackendStats> {
+        None
+    }
+
+    /// A reader for asynchronous readahead with a buffer of `nr_pages`, if reads on this
+    /// device are slow enough to overlap (see [`AsyncReader`]). Called at start-up only.
+    fn async_reader(&self, _nr_pages: usize) -> Option<Box<dyn AsyncReader>> {
         None
     }
 

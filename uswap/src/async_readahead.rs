@@ -1,0 +1,360 @@
+//! Asynchronous readahead: while the application works through the window a fault just
+//! brought in, the next windows of its stream are already being read (the kernel's async
+//! readahead, which starts the next window's I/O when the application reaches the
+//! `PG_readahead` page of the current one).
+//!
+//! Why: on a file device a window of 32 pages takes about 150-250 µs to read and the
+//! application about as long to work through it, so doing both at once nearly halves the
+//! time per window of a sequential scan (see BENCHMARKS.md). Devices in memory gain nothing
+//! (their "read" is a copy or a decompression on the CPU the application would use) and get
+//! no readers.
+//!
+//! How: each device with an [`AsyncReader`] has a few *contexts*, each a reader (its own
+//! io_uring and buffer) plus a *listing* saying which page each buffer page was read for. At
+//! the end of a swap-in whose window showed a sequential stream, [`AsyncReadahead::start_after`]
+//! locks the swapped pages of the next window(s), lists them in a free context, starts the
+//! reads, and marks the pages with the async-read hint. A later fault on such a page finds
+//! its context, waits for the reads if they are still in flight, and maps the listed pages
+//! of its window straight from the context's buffer ([`crate::swapin`]).
+//!
+//! Claims: a listing entry names a page and the swap entry that was read. Whoever takes the
+//! data (or throws it away) first *claims* the entry by swapping it to 0, and must hold the
+//! page's busy bit while doing so; only a claim made while also holding the context's lock
+//! may use the buffer. So a page's data is used at most once, only by its owner, and only
+//! while the buffer cannot be reused. A page is only listed by a starter holding its busy
+//! bit, so a listing entry names a page that has stayed SWAPPED at that entry ever since:
+//! every transition of the page either claims its entry (swap-in) or takes place after its
+//! region left the registry ([`AsyncReadahead::forget_region`] clears those), or moves it to
+//! another slot (tier writeback), which the consumer sees as an entry mismatch.
+//!
+//! Locking: each context's `io` is a [`SpinLock`] held while starting, waiting for and
+//! mapping from its reads (up to a device read, ~250 µs), and never together with another
+//! context's lock. A thread that holds one only try-locks pages, so a fault that holds a
+//! page and waits for the context cannot deadlock with it. The lock-free fault route never
+//! takes a context lock: it claims its page's entry (throwing the data away) and reads the
+//! slot itself. Listings are atomics, read without the lock.
+//!
+//! Memory: `CONTEXTS_PER_DEVICE` buffers of one maximum window each, allocated at start-up
+//! and not charged to the resident limit (like the bounce buffers); pages are charged when
+//! they are mapped.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use arrayvec::ArrayVec;
+
+use crate::backend::{AsyncReader, AsyncRun, BackendError};
+use crate::pager::PagerShared;
+use crate::readahead::{Window, MAX_WINDOW_PAGES};
+use crate::region::{PageRef, PageState, RegionInner, RegionSet};
+use crate::stats::Counter;
+use crate::swap::SwapEntry;
+use crate::sync::SpinLock;
+
+/// Contexts (readers) per device with asynchronous readahead.
+pub const CONTEXTS_PER_DEVICE: usize = 8;
+/// Most windows a stream may have in flight ahead of the one it works on.
+pub const MAX_ASYNC_WINDOWS: usize = 4;
+/// Windows read ahead asynchronously by default.
+pub const DEFAULT_ASYNC_WINDOWS: usize = 2;
+
+/// One reader and the listing of what its buffer holds.
+pub(crate) struct Context {
+    device: usize,
+    pub io: SpinLock<ContextIo>,
+    /// Per buffer page: the owner (`PageRef::owner`) of the page read into it, or 0.
+    owner: Box<[AtomicU64]>,
+    /// Per buffer page: the swap entry read into it (bits).
+    entry: Box<[AtomicU64]>,
+}
+
+pub(crate) struct ContextIo {
+    reader: Box<dyn AsyncReader>,
+    runs: ArrayVec<AsyncRun, MAX_WINDOW_PAGES>,
+    results: Box<[Result<(), BackendError>]>,
+    /// `results` hold the outcome of the last start.
+    waited: bool,
+}
+
+impl ContextIo {
+    /// Waits for the reads if they are still in flight; true if it had to wait.
+    pub fn wait(&mut self) -> bool {
+        if self.waited {
+            return false;
+        }
+        let in_flight = self.reader.in_flight();
+        self.reader.wait(&mut self.results);
+        self.waited = true;
+        in_flight
+    }
+
+    /// Whether buffer page `i` was read correctly (after [`ContextIo::wait`]).
+    pub fn page_ok(&self, i: usize) -> bool {
+        self.waited
+            && self
+                .runs
+                .iter()
+                .zip(self.results.iter())
+                .any(|(r, res)| i >= r.first_page && i < r.first_page + r.nr_pages && res.is_ok())
+    }
+
+    /// Buffer page `i`, if no read is in flight.
+    pub fn page(&self, i: usize) -> Option<&[u8]> {
+        self.reader.pages().and_then(|p| p.get(i)).map(|p| &p.0[..])
+    }
+}
+
+/// Where a page's asynchronously read data is: context `ctx`, buffer page `idx`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Listed {
+    pub ctx: usize,
+    pub idx: usize,
+}
+
+/// The asynchronous readahead contexts of a pager.
+pub(crate) struct AsyncReadahead {
+    contexts: Box<[Context]>,
+    /// Windows a sequential stream keeps in flight ahead of the one it works on (0: off).
+    windows: usize,
+    /// The largest readahead window: only a stream whose window has grown to it (it has
+    /// shown itself sequential for several windows) reads ahead asynchronously, and its
+    /// asynchronous windows are the same size, so they line up with the windows its faults
+    /// will ask for.
+    window_pages: usize,
+    next: AtomicUsize,
+}
+
+impl AsyncReadahead {
+    /// Contexts for each device whose `reader` gives one (called per device index; `None`:
+    /// no asynchronous readahead on that device).
+    pub fn new(
+        windows: usize,
+        window_pages: usize,
+        mut reader: impl FnMut(usize) -> Option<Box<dyn AsyncReader>>,
+        nr_devices: usize,
+    ) -> AsyncReadahead {
+        let mut contexts = Vec::new();
+        if windows > 0 {
+            for device in 0..nr_devices {
+                for _ in 0..CONTEXTS_PER_DEVICE {
+                    let Some(r) = reader(device) else { break };
+                    let n = r.capacity_pages().min(window_pages);
+                    contexts.push(Context {
+                        device,
+                        io: SpinLock::new(ContextIo {
+                            reader: r,
+                            runs: ArrayVec::new(),
+                            results: (0..n).map(|_| Ok(())).collect(),
+                            waited: true,
+                        }),
+                        owner: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                        entry: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                    });
+                }
+            }
+        }
+        AsyncReadahead {
+            contexts: contexts.into_boxed_slice(),
+            windows: windows.min(MAX_ASYNC_WINDOWS),
+            window_pages,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn context(&self, ctx: usize) -> &Context {
+        &self.contexts[ctx]
+    }
+
+    /// Finds the listing of page `owner` read from `entry` (no lock).
+    pub fn find(&self, owner: u64, entry: SwapEntry) -> Option<Listed> {
+        for (ctx, c) in self.contexts.iter().enumerate() {
+            if c.device != entry.device() {
+                continue;
+            }
+            if let Some(idx) = c.find(owner, entry) {
+                return Some(Listed { ctx, idx });
+            }
+        }
+        None
+    }
+
+    /// Throws away the listing of a page the caller holds (busy) and will read itself.
+    /// Lock-free.
+    pub fn forget_page(&self, p: &PagerShared, owner: u64, entry: SwapEntry) {
+        if let Some(l) = self.find(owner, entry) {
+            if self.contexts[l.ctx].claim(l.idx, owner) {
+                p.stats.inc(Counter::SwapRaAsyncDropped);
+            }
+        }
+    }
+
+    /// Clears every listing of a region that left the registry (its pages are gone; reads
+    /// still in flight land in buffers nobody will map from). Lock-free.
+    pub fn forget_region(&self, p: &PagerShared, reg_idx: usize) {
+        let mut dropped = 0;
+        for c in self.contexts.iter() {
+            for (i, o) in c.owner.iter().enumerate() {
+                let v = o.load(Ordering::Acquire);
+                if v != 0 && PageRef::from_owner(v).region_idx == reg_idx && c.claim(i, v) {
+                    dropped += 1;
+                }
+            }
+        }
+        p.stats.add(Counter::SwapRaAsyncDropped, dropped);
+    }
+
+    /// After a swap-in with window `w` on the faulting `region`, starts reading the next
+    /// windows of its stream if it is sequential (forward or backward, with a window of the
+    /// maximum size). Pages already in flight, resident or busy are left out.
+    pub fn start_after(
+        &self,
+        p: &PagerShared,
+        region: &RegionInner,
+        (reg_idx, reg_gen): (usize, u32),
+        faulting: usize,
+        w: Window,
+    ) {
+        if self.windows == 0 || w.len < self.window_pages {
+            return;
+        }
+        let forward = w.start == faulting;
+        let backward = w.end() == faulting + 1;
+        if forward == backward {
+            return; // centred (or a single page): not a stream
+        }
+        for k in 1..=self.windows {
+            let next = if forward {
+                let start = w.end() + (k - 1) * w.len;
+                if start >= region.nr_pages {
+                    return;
+                }
+                Window { start, len: w.len.min(region.nr_pages - start) }
+            } else {
+                let Some(start) = w.start.checked_sub(k * w.len) else { return };
+                Window { start, len: w.len }
+            };
+            self.start(p, region, (reg_idx, reg_gen), next);
+        }
+    }
+
+    /// Starts an asynchronous read of the swapped pages of `w` (those on the device of its
+    /// first such page) into a free context.
+    fn start(&self, p: &PagerShared, region: &RegionInner, (reg_idx, reg_gen): (usize, u32), w: Window) {
+        // Cheap check first: anything to read, and on which device?
+        let Some(device) = (w.start..w.end()).find_map(|q| {
+            let pte = region.load(q);
+            (pte.state() == PageState::Swapped && !pte.async_read() && !pte.busy()).then(|| pte.entry().device())
+        }) else {
+            return;
+        };
+        // A free context of that device: round robin, never waiting for one.
+        let n = self.contexts.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let Some((ctx, mut io)) = (0..n).map(|k| (first + k) % n).find_map(|i| {
+            let c = &self.contexts[i];
+            if c.device != device {
+                return None;
+            }
+            c.io.try_lock().map(|g| (i, g))
+        }) else {
+            return;
+        };
+        let c = &self.contexts[ctx];
+        self.retire(p, c, &mut io);
+
+        // Lock the pages and list them in slot order, so that runs of consecutive slots land
+        // in consecutive buffer pages.
+        let cap = c.owner.len();
+        let mut pages: ArrayVec<(SwapEntry, usize, crate::region::Pte), MAX_WINDOW_PAGES> = ArrayVec::new();
+        for q in w.start..w.end() {
+            if pages.len() == cap {
+                break;
+            }
+            let pte = region.load(q);
+            if pte.state() != PageState::Swapped || pte.async_read() || pte.entry().device() != device {
+                continue;
+            }
+            if let Some(locked) = region.try_lock(q, pte) {
+                pages.push((pte.entry(), q, locked));
+            }
+        }
+        if pages.is_empty() {
+            return;
+        }
+        pages.sort_unstable_by_key(|&(e, _, _)| e);
+        io.runs.clear();
+        for (i, &(e, q, locked)) in pages.iter().enumerate() {
+            let owner = PageRef { region_idx: reg_idx, region_gen: reg_gen, page_gen: locked.gen(), page: q }.owner();
+            c.entry[i].store(e.bits(), Ordering::Relaxed);
+            c.owner[i].store(owner, Ordering::Release);
+            match io.runs.last_mut() {
+                Some(r) if r.slot + r.nr_pages as u64 == e.offset() => r.nr_pages += 1,
+                _ => io.runs.push(AsyncRun { slot: e.offset(), first_page: i, nr_pages: 1 }),
+            }
+        }
+        let runs = io.runs.clone();
+        let started = io.reader.start(&runs);
+        io.waited = !started;
+        if !started {
+            io.runs.clear();
+        }
+        for (i, &(_, q, locked)) in pages.iter().enumerate() {
+            if started {
+                region.store(q, locked.with_async_read().unbusy());
+            } else {
+                c.owner[i].store(0, Ordering::Release);
+                region.store(q, locked.unbusy());
+            }
+        }
+        if started {
+            p.stats.add(Counter::SwapRaAsyncStarted, pages.len() as u64);
+        }
+    }
+
+    /// Makes a context reusable: waits for its reads, throws away what nobody claimed, and
+    /// takes the async-read hint off those pages when they can be locked at once.
+    fn retire(&self, p: &PagerShared, c: &Context, io: &mut ContextIo) {
+        io.wait();
+        let mut set = RegionSet::new();
+        let mut dropped = 0;
+        for i in 0..c.owner.len() {
+            let owner = c.owner[i].load(Ordering::Acquire);
+            if owner == 0 || !c.claim(i, owner) {
+                continue;
+            }
+            dropped += 1;
+            let r = PageRef::from_owner(owner);
+            let Ok(gi) = set.get(p, r) else { continue };
+            let region = &set.g[gi];
+            let pte = region.load(r.page);
+            let entry = SwapEntry::from_bits(c.entry[i].load(Ordering::Relaxed));
+            if pte.state() == PageState::Swapped && pte.async_read() && pte.entry() == entry {
+                if let Some(locked) = region.try_lock(r.page, pte) {
+                    region.store(r.page, locked.without_async_read().unbusy());
+                }
+            }
+        }
+        p.stats.add(Counter::SwapRaAsyncDropped, dropped);
+    }
+}
+
+impl Context {
+    fn find(&self, owner: u64, entry: SwapEntry) -> Option<usize> {
+        (0..self.owner.len()).find(|&i| self.listed_at(i, owner, entry))
+    }
+
+    /// Whether buffer page `i` is listed for `owner` read from `entry` (no lock).
+    pub fn listed_at(&self, i: usize, owner: u64, entry: SwapEntry) -> bool {
+        self.owner.get(i).is_some_and(|o| o.load(Ordering::Acquire) == owner)
+            && self.entry[i].load(Ordering::Relaxed) == entry.bits()
+    }
+
+    /// Buffer page index listing `owner` at `entry`, if any (no lock).
+    pub fn index_of(&self, owner: u64, entry: SwapEntry) -> Option<usize> {
+        self.find(owner, entry)
+    }
+
+    /// Claims listing entry `i` for `owner`: true for exactly one caller.
+    pub fn claim(&self, i: usize, owner: u64) -> bool {
+        self.owner[i].compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+}
