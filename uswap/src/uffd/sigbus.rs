@@ -7,6 +7,10 @@
 //! otherwise passes the signal on to whatever handler was installed before, so the program's
 //! own SIGBUS behaviour (and Rust's stack-overflow guard) is untouched.
 //!
+//! Every other signal is blocked while the handler runs, as the kernel defers signals until
+//! its own page fault is done: an application signal handler cannot interrupt a fault
+//! half-served and touch the page that fault holds.
+//!
 //! Locking: none. The previous `sigaction` is written once, before our handler is installed,
 //! and only read afterwards. Everything the handler does is async-signal-safe: it reads
 //! `errno` and restores it, calls the registered function and, if that declines, the previous
@@ -40,7 +44,7 @@ pub fn install(f: FaultFn) -> std::io::Result<()> {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_sigbus as *const () as usize;
             sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigfillset(&mut sa.sa_mask);
             let old = (*OLD_ACTION.0.get()).as_mut_ptr();
             if libc::sigaction(libc::SIGBUS, std::ptr::null(), old) != 0 {
                 result = Err(std::io::Error::last_os_error());
