@@ -24,7 +24,7 @@ const CLUSTER_BYTES: u64 = (SWAPFILE_CLUSTER * PAGE_SIZE) as u64;
 enum DeviceKind {
     Ram { capacity_bytes: u64 },
     Zpool { cap_bytes: u64, capacity_bytes: Option<u64>, zpool: ZpoolOptions },
-    File { path: PathBuf, capacity_bytes: u64, queue_depth: u32 },
+    File { path: PathBuf, capacity_bytes: u64, queue_depth: u32, poll_us: u32 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +43,7 @@ pub struct DeviceConfig {
     fault_injection: Option<FaultInjection>,
     readahead: ReadaheadPolicy,
     clean_readahead: Option<bool>,
-    async_readahead: bool,
+    async_reads: bool,
 }
 
 impl DeviceConfig {
@@ -55,7 +55,7 @@ impl DeviceConfig {
             fault_injection: None,
             readahead: ReadaheadPolicy::Vma,
             clean_readahead: None,
-            async_readahead: true,
+            async_reads: true,
         }
     }
 
@@ -86,13 +86,29 @@ impl DeviceConfig {
     /// is `O_DIRECT` through io_uring; freed clusters are punched out. Pages carry a crc32c
     /// checked on every read, unless [`DeviceConfig::checksum`] turns it off.
     pub fn file(path: impl Into<PathBuf>, capacity_bytes: u64) -> DeviceConfig {
-        DeviceConfig::new(DeviceKind::File { path: path.into(), capacity_bytes, queue_depth: 64 })
+        DeviceConfig::new(DeviceKind::File {
+            path: path.into(),
+            capacity_bytes,
+            queue_depth: 64,
+            poll_us: crate::backend::file::DEFAULT_POLL_US,
+        })
     }
 
     /// io_uring queue depth of a file device (ignored by other kinds).
     pub fn queue_depth(mut self, depth: u32) -> DeviceConfig {
         if let DeviceKind::File { queue_depth, .. } = &mut self.kind {
             *queue_depth = depth;
+        }
+        self
+    }
+
+    /// How long a file device's reads and writes poll for their completions before the
+    /// thread sleeps, in microseconds (default 100; 0: always sleep). Polling saves the
+    /// 10-20 µs a vCPU takes to wake up (BENCHMARKS.md) at the price of a busy CPU while the
+    /// device works. Ignored by other kinds.
+    pub fn poll_us(mut self, us: u32) -> DeviceConfig {
+        if let DeviceKind::File { poll_us, .. } = &mut self.kind {
+            *poll_us = us;
         }
         self
     }
@@ -167,17 +183,18 @@ impl DeviceConfig {
         self.clean_readahead.unwrap_or(matches!(self.kind, DeviceKind::File { .. }))
     }
 
-    /// Asynchronous readahead (default on): the next windows of a sequential stream are read
-    /// while the application works through the current one (see
-    /// [`crate::PagerBuilder::readahead_async_windows`]). Only devices whose reads take long
-    /// enough to overlap offer it (file devices); elsewhere the setting does nothing.
-    pub fn async_readahead(mut self, on: bool) -> DeviceConfig {
-        self.async_readahead = on;
+    /// Asynchronous reads (default on), where the device is slow enough for them to pay
+    /// (file devices; elsewhere the setting does nothing): the next windows of a sequential
+    /// stream are read while the application works through the current one (see
+    /// [`crate::PagerBuilder::readahead_async_windows`]). Off: every read waits for the
+    /// device.
+    pub fn async_reads(mut self, on: bool) -> DeviceConfig {
+        self.async_reads = on;
         self
     }
 
-    pub(crate) fn async_readahead_enabled(&self) -> bool {
-        self.async_readahead
+    pub(crate) fn async_reads_enabled(&self) -> bool {
+        self.async_reads
     }
 
     /// Make the device fail on purpose (tests).
@@ -309,8 +326,8 @@ impl DeviceConfig {
                     ZpoolBackend::new(cfg).map_err(|e| Error::Device { name: "zpool".into(), why: e.to_string() })?,
                 )
             }
-            DeviceKind::File { path, capacity_bytes, queue_depth } => {
-                let opts = FileOptions { queue_depth: *queue_depth, ..FileOptions::default() };
+            DeviceKind::File { path, capacity_bytes, queue_depth, poll_us } => {
+                let opts = FileOptions { queue_depth: *queue_depth, poll_us: *poll_us, ..FileOptions::default() };
                 Box::new(FileBackend::open(path, *capacity_bytes, opts)?)
             }
         };

@@ -127,7 +127,7 @@ impl PagerBuilder {
     }
 
     /// Windows a sequential stream keeps in flight on devices that read asynchronously (file
-    /// devices; see [`DeviceConfig::async_readahead`]): while the application works through
+    /// devices; see [`DeviceConfig::async_reads`]): while the application works through
     /// one window, the next `windows` are being read. Default 2, at most 4; 0 turns
     /// asynchronous readahead off.
     pub fn readahead_async_windows(mut self, windows: usize) -> Self {
@@ -164,7 +164,7 @@ impl PagerBuilder {
                 readahead: d.readahead_policy(),
                 clean_readahead: d.clean_readahead_enabled(),
             });
-            async_readers.push(d.async_readahead_enabled());
+            async_readers.push(d.async_reads_enabled());
         }
         let devices = SwapDevices::new(backends, nr_cpus).map_err(|e| Error::OutOfAddressSpace {
             what: "swap staging area".into(),
