@@ -80,7 +80,7 @@ pub fn build(results: &[EngineResult], baseline: Option<&str>) -> Table {
     if baseline.is_some() {
         cols.push((format!("fill ×{bname}"), true));
     }
-    for c in ["p50 µs", "p99 µs", "pswpin", "pswpout", "ra hit", "errors"] {
+    for c in ["p50 µs", "p99 µs", "pswpin", "pswpout", "majflt", "ra hit", "errors"] {
         cols.push((c.into(), true));
     }
     let mut rows = vec![];
@@ -106,6 +106,9 @@ pub fn build(results: &[EngineResult], baseline: Option<&str>) -> Table {
         row.push(micros(r.latency_us.p99));
         row.push(stat(r, "pswpin"));
         row.push(stat(r, "pswpout"));
+        // Faults that waited for a device read (uswap) or for swap I/O (the kernel), over
+        // the whole run: readahead's effect in one number.
+        row.push(stat(r, "pgmajfault"));
         row.push(r.ra_hit_pct.map_or("-".into(), |p| format!("{p:.0} %")));
         row.push(r.verify_errors.to_string());
         rows.push(row);
