@@ -118,6 +118,51 @@ fn bench_writes_the_json_keys_and_verifies_every_access() {
 }
 
 #[test]
+fn file_devices_run_from_the_command_line_with_their_flags() {
+    // Each engine gets its own anonymous file in `dir`; polling off and readahead windows
+    // read asynchronously, so both waiting paths run. Every page is checked at the end.
+    let dir = tmpdir("file-device");
+    let j = dir.join("f.json");
+    let engines = format!("uswap-signal@file:{d},uswap-thread@file:{d}", d = dir.display());
+    run_ok(&[
+        "bench",
+        "--pattern",
+        "seq",
+        "--wss",
+        "32MiB",
+        "--limit",
+        "8MiB",
+        "--accesses",
+        "16384",
+        "--engines",
+        &engines,
+        "--file-poll-us",
+        "0",
+        "--readahead-async",
+        "2",
+        "--verify",
+        "full",
+        "--json",
+        j.to_str().unwrap(),
+    ]);
+    let all = json(&j);
+    assert_eq!(all.len(), 2);
+    for v in &all {
+        assert_eq!(v["verify_errors"], 0, "{v}");
+        let st = &v["stats"];
+        assert_eq!(st["devices"][0]["name"], format!("file:{}", dir.display()), "{st}");
+        assert!(st["swap_ra_async"].as_u64().unwrap() > 0, "windows were read asynchronously: {st}");
+        assert!(st["pswpin"].as_u64().unwrap() > 0 && st["pswpout"].as_u64().unwrap() > 0, "{st}");
+        assert!(st["swap_ra"].as_u64().unwrap() > 0, "a sequential re-read reads ahead: {st}");
+        assert_eq!(st["checksum_errors"], 0, "{st}");
+    }
+    let out = uswap().args(["bench", "--file-poll-us", "100001"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--file-poll-us"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn bad_input_is_refused_with_a_reason() {
     let cases: &[(&[&str], &str)] = &[
         (&["bench", "--wss", "8MiB", "--limit", "16MiB"], "larger than --wss"),

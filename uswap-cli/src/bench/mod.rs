@@ -135,6 +135,10 @@ pub struct BenchArgs {
     /// Windows uswap reads ahead asynchronously on file devices (0..=4; 0 is off; default 2).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=4))]
     pub readahead_async: Option<u64>,
+    /// How long uswap's file devices poll for a completion before sleeping, in microseconds
+    /// (default 100; 0: always sleep).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub file_poll_us: Option<u32>,
     /// uswap's swap devices, highest priority first, comma-separated: `ram[:SIZE]`,
     /// `zpool[:CAP][:lz4|zstd|zstd-N][:raw|reject]`, `file:PATH[:SIZE]` (a directory gets an
     /// anonymous file), each optionally ending in `:cluster` (cluster readahead).
@@ -292,6 +296,7 @@ fn uswap_config(args: &BenchArgs, mode: FaultModeArg, devices: &Option<String>) 
         readahead: args.readahead == OnOff::On,
         readahead_max_pages: args.readahead_max_pages,
         readahead_async_windows: args.readahead_async,
+        file_poll_us: args.file_poll_us,
     }
 }
 

@@ -56,6 +56,9 @@ pub struct UswapConfig {
     /// Windows read ahead asynchronously (`None`: the library's default).
     #[serde(default)]
     pub readahead_async_windows: Option<u64>,
+    /// Completion polling of file devices, in microseconds (`None`: the library's default).
+    #[serde(default)]
+    pub file_poll_us: Option<u32>,
 }
 
 fn default_true() -> bool {
@@ -82,7 +85,10 @@ impl UswapConfig {
         if let Some(n) = self.readahead_async_windows {
             b = b.readahead_async_windows(n as usize);
         }
-        for d in uswap::DeviceConfig::parse_list(&self.devices, self.device_bytes)? {
+        for mut d in uswap::DeviceConfig::parse_list(&self.devices, self.device_bytes)? {
+            if let Some(us) = self.file_poll_us {
+                d = d.poll_us(us);
+            }
             b = b.device(d);
         }
         Ok(b.build()?)
