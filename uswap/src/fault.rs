@@ -226,7 +226,12 @@ fn zero_fill(
             if k < done {
                 let new = l.next(PageState::Resident, None);
                 region.store(q, new);
-                reclaim::lru_add(pager, page_ref(reg_idx, reg_gen, q, new.gen()));
+                let r = page_ref(reg_idx, reg_gen, q, new.gen());
+                if reclaim::is_streamed(q == page, pages.len()) {
+                    reclaim::lru_add_streamed(pager, r);
+                } else {
+                    reclaim::lru_add(pager, r);
+                }
                 faulting_done |= q == page;
                 mapped += 1;
             } else {

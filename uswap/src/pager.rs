@@ -196,6 +196,8 @@ impl PagerBuilder {
             clean_pages: AtomicUsize::new(0),
             devices,
             active: ArrayQueue::new(queue_len),
+            streamed: ArrayQueue::new(queue_len),
+            streamed_rounds_left: AtomicUsize::new(0),
             inactive: ArrayQueue::new(queue_len),
             stats: PerCpuStats::new(nr_cpus),
             // Each buffer holds a readahead window.
@@ -332,6 +334,12 @@ pub(crate) struct PagerShared {
     pub devices: SwapDevices,
     /// Resident pages, oldest first (packed `PageRef`s).
     pub active: ArrayQueue<u64>,
+    /// Resident pages a stream brought in (read ahead, or faulted around on first touch),
+    /// oldest first: used once, so reclaimed before `active` (see `reclaim`).
+    pub streamed: ArrayQueue<u64>,
+    /// Reclaim rounds left during which `streamed` keeps its reserve: reset by every page
+    /// queued there, counted down by every round (see `reclaim::streamed_reserve`).
+    pub streamed_rounds_left: AtomicUsize,
     /// Staged pages waiting for writeback, oldest first.
     pub inactive: ArrayQueue<u64>,
     pub stats: PerCpuStats,

@@ -11,11 +11,16 @@
 //! which leaves room for a change of implementation; this one stays at the limit.
 //!
 //! Victims. Resident pages sit in a FIFO (`active`) in the order they came in: oldest first.
-//! Reclaim moves the oldest out of their region with `UFFDIO_MOVE` into the staging pages of
+//! Pages a stream brought in (a readahead window, a first-touch fault-around) sit in a FIFO
+//! of their own (`streamed`) that reclaim takes first, down to a reserve for the windows
+//! streams are working through (`limit / 16`): the kernel's use-once rule, which
+//! keeps a sequential scan from pushing out the pages of everything else (user space sees
+//! no accessed bits, so whether a page was used again is not known; that it came in as part
+//! of a stream is). Reclaim moves the oldest out of their region with `UFFDIO_MOVE` into the staging pages of
 //! freshly allocated slots (batched: runs of consecutive pages with consecutive slots move
 //! with one ioctl), and queues them on `inactive`, the swap cache. A page that faults back
-//! from there is marked referenced and spared once when it next reaches the head of the
-//! FIFO (second chance). Pages leaving the swap cache are written to their slot in batches,
+//! from there is marked referenced and spared once when it next reaches the head of a
+//! FIFO (second chance; a streamed page spared so moves to `active`). Pages leaving the swap cache are written to their slot in batches,
 //! their staging pages dropped, and uncharged. A page found all zero when staged keeps no
 //! slot (`swpout_zero`).
 //!
@@ -136,10 +141,61 @@ pub(crate) fn lru_add(p: &PagerShared, r: PageRef) {
     }
 }
 
-fn requeue(p: &PagerShared, inactive: bool, r: PageRef) {
-    let q = if inactive { &p.inactive } else { &p.active };
-    if q.push(r.pack()).is_err() {
-        p.stats.inc(Counter::LruOverflow);
+/// Queues a page a stream brought in at the tail of the use-once FIFO (the other FIFO if
+/// that one is full).
+pub(crate) fn lru_add_streamed(p: &PagerShared, r: PageRef) {
+    // A load first: the common case writes nothing, so CPUs do not bounce the line.
+    if p.streamed_rounds_left.load(Ordering::Relaxed) < STREAMED_RESERVE_ROUNDS {
+        p.streamed_rounds_left.store(STREAMED_RESERVE_ROUNDS, Ordering::Relaxed);
+    }
+    if let Err(v) = p.streamed.push(r.pack()) {
+        if p.active.push(v).is_err() {
+            p.stats.inc(Counter::LruOverflow);
+        }
+    }
+}
+
+/// Reclaim rounds a reserve outlives the last page queued as a stream's.
+const STREAMED_RESERVE_ROUNDS: usize = 64;
+
+/// Pages of the use-once FIFO that reclaim leaves alone while it can take others: `limit /
+/// 16`, at least four maximum windows, while streams are running (a page was queued there
+/// within the last `STREAMED_RESERVE_ROUNDS` rounds); afterwards none, so the last pages of
+/// a finished stream do not sit in memory while everything else is reclaimed.
+fn streamed_reserve(p: &PagerShared) -> usize {
+    let left = p.streamed_rounds_left.load(Ordering::Relaxed);
+    if left == 0 {
+        return 0;
+    }
+    // Racy on purpose: a lost decrement only keeps the reserve a round longer.
+    p.streamed_rounds_left.store(left - 1, Ordering::Relaxed);
+    (p.limit_pages.load(Ordering::Relaxed) / 16).max(4 * p.readahead_max_pages)
+}
+
+/// Whether the pages of a swap-in or fault-around of `nr_pages` (the faulting page among
+/// them) count as a stream's: its readahead pages always; the faulting page too once the
+/// window shows a stream (the size rule gives 4 pages or more only after hits).
+pub(crate) fn is_streamed(faulting: bool, nr_pages: usize) -> bool {
+    !faulting || nr_pages >= 4
+}
+
+/// Where a popped page goes back to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    Active,
+    Streamed,
+    Inactive,
+}
+
+fn requeue(p: &PagerShared, q: Queue, r: PageRef) {
+    match q {
+        Queue::Streamed => lru_add_streamed(p, r),
+        Queue::Active | Queue::Inactive => {
+            let queue = if q == Queue::Inactive { &p.inactive } else { &p.active };
+            if queue.push(r.pack()).is_err() {
+                p.stats.inc(Counter::LruOverflow);
+            }
+        }
     }
 }
 
@@ -208,8 +264,23 @@ struct Victim {
 /// Pops up to `nr` pages in `want` state from `queue`, skipping stale entries and giving
 /// referenced resident pages their second chance. The pages come back locked.
 fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSet) -> ArrayVec<Victim, BATCH> {
-    let queue = if inactive { &p.inactive } else { &p.active };
     let want = if inactive { PageState::Cached } else { PageState::Resident };
+    // Resident victims come from the use-once FIFO while it holds more than its reserve:
+    // the windows streams are working through right now, which must not go before they are
+    // used (a stream's next fault would read them again).
+    let reserve = if inactive { 0 } else { streamed_reserve(p) };
+    let pop = || -> Option<(u64, Queue)> {
+        if inactive {
+            return p.inactive.pop().map(|v| (v, Queue::Inactive));
+        }
+        let streamed = || p.streamed.pop().map(|v| (v, Queue::Streamed));
+        let active = || p.active.pop().map(|v| (v, Queue::Active));
+        if p.streamed.len() > reserve {
+            streamed().or_else(active)
+        } else {
+            active().or_else(streamed)
+        }
+    };
     let mut victims = ArrayVec::new();
     // Stale entries (pages that moved on since they were queued) are dropped as they are
     // found, cheaply, and do not count against the scan; entries put back (busy, spared)
@@ -217,12 +288,12 @@ fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSe
     let mut scanned = 0;
     let mut stale = 0;
     while victims.len() < nr.min(BATCH) && scanned < 4 * BATCH && stale < MAX_STALE_PER_ROUND {
-        let Some(v) = queue.pop() else { break };
+        let Some((v, from)) = pop() else { break };
         let r = PageRef::unpack(v);
         let gi = match guards.get(p, r) {
             Ok(gi) => gi,
             Err(true) => {
-                requeue(p, inactive, r);
+                requeue(p, from, r);
                 break;
             }
             Err(false) => {
@@ -238,7 +309,7 @@ fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSe
         }
         scanned += 1;
         if pte.busy() {
-            requeue(p, inactive, r);
+            requeue(p, from, r);
             continue;
         }
         if !inactive && pte.referenced() {
@@ -246,12 +317,13 @@ fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSe
             if region.pte(r.page).compare_exchange(pte.0, spared.0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 p.stats.inc(Counter::Pgactivate);
             }
-            requeue(p, inactive, r);
+            // Used again: no longer use-once.
+            requeue(p, Queue::Active, r);
             continue;
         }
         match region.try_lock(r.page, pte) {
             Some(locked) => victims.push(Victim { gi, page: r.page, pte: locked }),
-            None => requeue(p, inactive, r),
+            None => requeue(p, from, r),
         }
     }
     victims
@@ -263,7 +335,7 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
     let mut guards = RegionSet::new();
     let mut victims = pop_victims(p, false, nr, &mut guards);
     if victims.is_empty() {
-        if p.active.is_empty() {
+        if p.active.is_empty() && p.streamed.is_empty() {
             refill_active_by_scan(p);
         }
         return (0, 0);
@@ -293,7 +365,7 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
                 region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
             } else {
                 region.store(v.page, v.pte.unbusy());
-                requeue(p, false, guards.page_ref(v.gi, v.page, v.pte));
+                requeue(p, Queue::Active, guards.page_ref(v.gi, v.page, v.pte));
             }
         }
         if ok {
@@ -316,7 +388,7 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
         // No room on any device: these pages stay resident, nothing is lost.
         for v in &victims[got..] {
             guards.g[v.gi].store(v.page, v.pte.unbusy());
-            requeue(p, false, guards.page_ref(v.gi, v.page, v.pte));
+            requeue(p, Queue::Active, guards.page_ref(v.gi, v.page, v.pte));
         }
         p.stats.add(Counter::SwapAllocFail, (n - got) as u64);
         victims.truncate(got);
@@ -370,7 +442,7 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
                     p.swapcache_pages.fetch_add(1, Ordering::AcqRel);
                     let new = v.pte.next(PageState::Cached, Some(e)).with_referenced(false);
                     region.store(v.page, new);
-                    requeue(p, true, guards.page_ref(v.gi, v.page, new));
+                    requeue(p, Queue::Inactive, guards.page_ref(v.gi, v.page, new));
                 }
                 moved += 1;
             }
@@ -393,7 +465,7 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
                         to_free.push(e.bits());
                     }
                     region.store(v.page, v.pte.unbusy());
-                    requeue(p, false, guards.page_ref(v.gi, v.page, v.pte));
+                    requeue(p, Queue::Active, guards.page_ref(v.gi, v.page, v.pte));
                     p.stats.inc(Counter::MoveRefused);
                 }
                 k += 1;
@@ -449,7 +521,7 @@ fn shrink_inactive(p: &PagerShared, nr: usize) -> usize {
                 // No other device has room: the page stays staged.
                 let v = &victims[i];
                 guards.g[v.gi].store(v.page, v.pte.unbusy());
-                requeue(p, true, guards.page_ref(v.gi, v.page, v.pte));
+                requeue(p, Queue::Inactive, guards.page_ref(v.gi, v.page, v.pte));
                 p.stats.inc(Counter::SwapAllocFail);
             }
         }
@@ -522,7 +594,7 @@ fn write_runs(
                     for &k in &pending[s..t] {
                         let v = &victims[k];
                         guards.g[v.gi].store(v.page, v.pte.unbusy());
-                        requeue(p, true, guards.page_ref(v.gi, v.page, v.pte));
+                        requeue(p, Queue::Inactive, guards.page_ref(v.gi, v.page, v.pte));
                         if targets[k] != v.pte.entry() {
                             to_free.push(targets[k].bits());
                         }

@@ -283,7 +283,11 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         };
         let new = new.with_referenced(false);
         region.store(it.page, new);
-        reclaim::lru_add(pager, f.page_ref(&set, it, new));
+        if reclaim::is_streamed(it.faulting, items.len()) {
+            reclaim::lru_add_streamed(pager, f.page_ref(&set, it, new));
+        } else {
+            reclaim::lru_add(pager, f.page_ref(&set, it, new));
+        }
     }
     reclaim::uncharge(pager, unmapped);
     if let Some(errno) = failed_ioctl {

@@ -138,8 +138,11 @@ fn dropping_a_region_returns_every_slot_and_cache_page() {
     }
 }
 
-/// Fills `region` past the limit so that page 0 is swapped out (FIFO reclaim).
+/// Fills `region` past the limit so that page 0 is swapped out (FIFO reclaim: with random
+/// advice no fault maps pages around it, so no page counts as a stream's, which reclaim
+/// would take first).
 fn push_page0_out(region: &uswap::Region, limit_pages: usize) {
+    region.advise(uswap::Advice::Random);
     let w = region.as_atomic_u64s();
     for i in 0..region.len() / PAGE_SIZE {
         write_page(w, i, 1);

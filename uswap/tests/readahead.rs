@@ -22,6 +22,9 @@ fn build(mode: FaultMode, device: DeviceConfig) -> Pager {
 /// Fills a 16 MiB region (8x the limit), so that its first pages are on the device, then
 /// reads `pages` pages in order from page 0 and returns (stats delta of major faults,
 /// swap_ra, swap_ra_hit).
+/// Extra major faults a thread-mode scan may take (see the first test).
+const THREAD_SLACK: u64 = 2;
+
 fn sequential_scan(p: &Pager, region: &uswap::Region, pages: usize) -> (u64, u64, u64) {
     let w = region.as_atomic_u64s();
     for i in 0..region.len() / PAGE_SIZE {
@@ -43,8 +46,11 @@ fn a_sequential_scan_takes_at_most_one_fault_per_window() {
             let region = p.map(16 * MIB as usize).unwrap();
             let pages = 8 * MIB as usize / PAGE_SIZE; // all swapped out by the fill
             let (majflt, ra, hit) = sequential_scan(&p, &region, pages);
-            // The window grows 1, 2, 4, 8, 16, 32: six faults cover the first 63 pages.
-            let bound = (pages - 63).div_ceil(WINDOW) as u64 + 6;
+            // The window grows 1, 2, 4, 8, 16, 32: six faults cover the first 63 pages. In
+            // thread mode, under load, a read-ahead page now and then goes out before the
+            // scan reaches it (seen as swap_ra_unused 1) and faults again: 2 of slack.
+            let slack = if mode == FaultMode::Thread { THREAD_SLACK } else { 0 };
+            let bound = (pages - 63).div_ceil(WINDOW) as u64 + 6 + slack;
             assert!(majflt <= bound, "{mode:?}: {majflt} major faults for {pages} pages (bound {bound})");
             assert!(ra >= (pages as u64) * 9 / 10, "{mode:?}: read ahead {ra} of {pages}");
             // The last window is not run over yet when the scan stops.
@@ -107,7 +113,7 @@ fn advice_and_the_global_switch() {
     let region = p.map(16 * MIB as usize).unwrap();
     region.advise(Advice::Sequential);
     let (majflt, ra, _) = sequential_scan(&p, &region, 1024);
-    assert!(majflt <= 1024 / WINDOW as u64 + 1, "{majflt}");
+    assert!(majflt <= 1024 / WINDOW as u64 + 1 + THREAD_SLACK, "{majflt}");
     assert!(ra >= 1024 * 9 / 10, "{ra}");
     // Off: nothing read ahead, whatever the advice.
     p.set_readahead(false);
@@ -293,5 +299,52 @@ fn threads_scanning_one_region_share_the_readers() {
         assert!(p.stats().swap_ra_async > 0, "{mode:?}");
         drop(region);
         assert_async_accounted(&p.stats());
+    }
+}
+
+/// The use-once rule: pages a stream brought in are reclaimed before the others, so a
+/// sequential scan many times the limit does not push out a working set touched at random.
+/// (Reclaim oldest-first would have pushed out every page of it.)
+#[test]
+fn a_sequential_scan_does_not_push_out_pages_touched_at_random() {
+    for mode in [FaultMode::Signal, FaultMode::Thread] {
+        let p = Pager::builder()
+            .resident_limit(4 * MIB)
+            .fault_mode(mode)
+            .readahead_max_pages(WINDOW)
+            .device(DeviceConfig::ram(64 * MIB))
+            .build()
+            .unwrap();
+        // The working set: half the limit, touched in random order (one fault per page, no
+        // fault-around), so none of it counts as a stream's.
+        let hot = p.map(2 * MIB as usize).unwrap();
+        hot.advise(Advice::Random);
+        let hw = hot.as_atomic_u64s();
+        let nr_hot = hot.len() / PAGE_SIZE;
+        let mut order: Vec<usize> = (0..nr_hot).collect();
+        let mut rng = Rng(5);
+        for i in (1..nr_hot).rev() {
+            order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        for &i in &order {
+            write_page(hw, i, 9);
+        }
+        // A stream over 8x the limit: filled in order, then read back in order twice.
+        let cold = p.map(32 * MIB as usize).unwrap();
+        let cw = cold.as_atomic_u64s();
+        let nr_cold = cold.len() / PAGE_SIZE;
+        for i in 0..nr_cold {
+            write_page(cw, i, 2);
+        }
+        for _ in 0..2 {
+            for i in 0..nr_cold {
+                check_page(cw, i, 2);
+            }
+        }
+        let kept = hot.mapped_pages_in(0, hot.len()).unwrap();
+        assert!(kept * 10 >= nr_hot * 9, "{mode:?}: {kept} of {nr_hot} working-set pages kept: {:?}", p.stats());
+        for i in 0..nr_hot {
+            check_page(hw, i, 9);
+        }
     }
 }
