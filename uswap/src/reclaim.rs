@@ -13,16 +13,17 @@
 //! Victims. Resident pages sit in a FIFO (`active`) in the order they came in: oldest first.
 //! Pages a stream brought in (a readahead window, a first-touch fault-around) sit in a FIFO
 //! of their own (`streamed`) that reclaim takes first, down to a reserve for the windows
-//! streams are working through (`limit / 16`): the kernel's use-once rule, which
-//! keeps a sequential scan from pushing out the pages of everything else (user space sees
-//! no accessed bits, so whether a page was used again is not known; that it came in as part
-//! of a stream is). Reclaim moves the oldest out of their region with `UFFDIO_MOVE` into the staging pages of
-//! freshly allocated slots (batched: runs of consecutive pages with consecutive slots move
-//! with one ioctl), and queues them on `inactive`, the swap cache. A page that faults back
-//! from there is marked referenced and spared once when it next reaches the head of a
-//! FIFO (second chance; a streamed page spared so moves to `active`). Pages leaving the swap cache are written to their slot in batches,
-//! their staging pages dropped, and uncharged. A page found all zero when staged keeps no
-//! slot (`swpout_zero`).
+//! streams are working through (`limit / 16`, while streams run): the kernel's use-once
+//! rule, which keeps a sequential scan from pushing out the pages of everything else. User
+//! space sees no accessed bits, so whether a page was used again is not known; that it came
+//! in as part of a stream is. Reclaim moves the oldest out of their region with
+//! `UFFDIO_MOVE` into the staging pages of freshly allocated slots (batched: runs of
+//! consecutive pages with consecutive slots move with one ioctl), and queues them on
+//! `inactive`, the swap cache. A page that faults back from there is marked referenced and
+//! spared once when it next reaches the head of a FIFO (second chance; a streamed page so
+//! spared moves to `active`). Pages leaving the swap cache are written to their slot in
+//! batches, their staging pages dropped, and uncharged. A page found all zero when staged
+//! keeps no slot (`swpout_zero`).
 //!
 //! Watermarks. With `gap = max(32 pages, limit / 64)`, `high = limit - gap` and
 //! `low = limit - 2 * gap`. A fault that takes the charge above `high` reclaims one batch in
