@@ -226,12 +226,7 @@ fn zero_fill(
             if k < done {
                 let new = l.next(PageState::Resident, None);
                 region.store(q, new);
-                let r = page_ref(reg_idx, reg_gen, q, new.gen());
-                if reclaim::is_streamed(q == page, pages.len()) {
-                    reclaim::lru_add_streamed(pager, r);
-                } else {
-                    reclaim::lru_add(pager, r);
-                }
+                reclaim::lru_add_mapped(pager, page_ref(reg_idx, reg_gen, q, new.gen()), q == page, pages.len());
                 faulting_done |= q == page;
                 mapped += 1;
             } else {

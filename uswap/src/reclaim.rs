@@ -173,11 +173,16 @@ fn streamed_reserve(p: &PagerShared) -> usize {
     (p.limit_pages.load(Ordering::Relaxed) / 16).max(4 * p.readahead_max_pages)
 }
 
-/// Whether the pages of a swap-in or fault-around of `nr_pages` (the faulting page among
-/// them) count as a stream's: its readahead pages always; the faulting page too once the
-/// window shows a stream (the size rule gives 4 pages or more only after hits).
-pub(crate) fn is_streamed(faulting: bool, nr_pages: usize) -> bool {
-    !faulting || nr_pages >= 4
+/// Queues a page a swap-in or fault-around of `nr_pages` (the faulting page among them)
+/// just mapped. A stream's pages go on the use-once FIFO: its readahead pages always, the
+/// faulting page too once the window shows a stream (the size rule gives 4 pages or more
+/// only after hits). Others go on `active`.
+pub(crate) fn lru_add_mapped(p: &PagerShared, r: PageRef, faulting: bool, nr_pages: usize) {
+    if !faulting || nr_pages >= 4 {
+        lru_add_streamed(p, r);
+    } else {
+        lru_add(p, r);
+    }
 }
 
 /// Where a popped page goes back to.
@@ -191,9 +196,9 @@ enum Queue {
 fn requeue(p: &PagerShared, q: Queue, r: PageRef) {
     match q {
         Queue::Streamed => lru_add_streamed(p, r),
-        Queue::Active | Queue::Inactive => {
-            let queue = if q == Queue::Inactive { &p.inactive } else { &p.active };
-            if queue.push(r.pack()).is_err() {
+        Queue::Active => lru_add(p, r),
+        Queue::Inactive => {
+            if p.inactive.push(r.pack()).is_err() {
                 p.stats.inc(Counter::LruOverflow);
             }
         }

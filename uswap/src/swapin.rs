@@ -283,11 +283,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         };
         let new = new.with_referenced(false);
         region.store(it.page, new);
-        if reclaim::is_streamed(it.faulting, items.len()) {
-            reclaim::lru_add_streamed(pager, f.page_ref(&set, it, new));
-        } else {
-            reclaim::lru_add(pager, f.page_ref(&set, it, new));
-        }
+        reclaim::lru_add_mapped(pager, f.page_ref(&set, it, new), it.faulting, items.len());
     }
     reclaim::uncharge(pager, unmapped);
     if let Some(errno) = failed_ioctl {

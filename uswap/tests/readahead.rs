@@ -249,16 +249,7 @@ fn failed_and_corrupted_asynchronous_reads_are_read_again() {
     for mode in [FaultMode::Thread, FaultMode::Signal] {
         let p = file_pager(mode, 2, file_device().inject_faults(f));
         let region = p.map(16 * MIB as usize).unwrap();
-        let w = region.as_atomic_u64s();
-        let pages = region.len() / PAGE_SIZE;
-        for v in 1..=3 {
-            for i in 0..pages {
-                write_page(w, i, v);
-            }
-            for i in 0..pages {
-                check_page(w, i, v);
-            }
-        }
+        rewrite_and_check(region.as_atomic_u64s(), 3);
         let st = p.stats();
         assert!(st.swap_ra_async > 0 && st.checksum_errors > 0, "{mode:?}: {st:?}");
         let base = region.as_ptr() as usize;

@@ -125,16 +125,7 @@ fn failed_reads_are_retried_and_reported_with_the_page_address() {
         let f = FaultInjection { read_error_rate: 0.2, seed: 11, ..Default::default() };
         let p = build(mode, 2 * MIB, vec![DeviceConfig::zpool(64 * MIB).inject_faults(f)]);
         let region = p.map(8 * MIB as usize).unwrap();
-        let words = region.as_atomic_u64s();
-        let pages = region.len() / PAGE_SIZE;
-        for v in 1..=3 {
-            for i in 0..pages {
-                write_page(words, i, v);
-            }
-            for i in 0..pages {
-                check_page(words, i, v);
-            }
-        }
+        rewrite_and_check(region.as_atomic_u64s(), 3);
         let errors = p.recent_errors();
         assert!(!errors.is_empty(), "failed reads are reported");
         let base = region.as_ptr() as usize;

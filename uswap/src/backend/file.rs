@@ -127,6 +127,26 @@ pub struct FileOptions {
 /// of a 128 KiB one.
 pub const DEFAULT_POLL_US: u32 = 100;
 
+/// One wait's hybrid polling (see [`FileOptions::poll_us`]): until the budget is spent each
+/// round asks `io_uring_enter` for no completions (it returns at once, having run the
+/// completion work); after that a round sleeps for all it waits for.
+#[derive(Clone, Copy)]
+struct PollBudget {
+    /// When polling stops; 0: it never started (no budget, and no clock read).
+    until_ns: u64,
+}
+
+impl PollBudget {
+    fn start(poll_ns: u64) -> PollBudget {
+        PollBudget { until_ns: if poll_ns == 0 { 0 } else { now_ns() + poll_ns } }
+    }
+
+    /// Whether this round polls.
+    fn polling(self) -> bool {
+        self.until_ns != 0 && now_ns() < self.until_ns
+    }
+}
+
 impl Default for FileOptions {
     fn default() -> Self {
         FileOptions {
@@ -927,12 +947,10 @@ impl FileBackend {
         let mut outstanding = 0usize;
         let mut nr_carried = 0;
         let mut stalls = 0;
-        let poll_until = now_ns() + self.poll_ns;
+        let budget = PollBudget::start(self.poll_ns);
         while unsubmitted > 0 || outstanding > 0 {
             let want = (unsubmitted + outstanding) as u32;
-            // Hybrid polling: ask for nothing (the call returns at once, having run the
-            // completion work) until the budget is spent, then sleep for all of it.
-            let polling = self.poll_ns > 0 && now_ns() < poll_until;
+            let polling = budget.polling();
             let min_complete = if polling { 0 } else { want };
             // SAFETY: no signal mask argument (a null pointer of size 0); the queued entries
             // are valid (see `run_ring`).
@@ -1255,7 +1273,7 @@ impl FileAsyncReader {
     /// Reaps completions until nothing is in flight.
     fn wait_all(&mut self) {
         let mut stalls = 0;
-        let poll_until = now_ns() + self.poll_ns;
+        let budget = PollBudget::start(self.poll_ns);
         while self.in_flight > 0 {
             let mut reaped = 0;
             // Collect first: finishing a run needs `&mut self`.
@@ -1284,8 +1302,7 @@ impl FileAsyncReader {
                 stalls = 0;
                 continue;
             }
-            // Hybrid polling, as in `FileBackend::complete_round`.
-            let polling = self.poll_ns > 0 && now_ns() < poll_until;
+            let polling = budget.polling();
             let min_complete = if polling { 0 } else { self.in_flight as u32 };
             // SAFETY: nothing to submit, no signal mask.
             let r = unsafe {

@@ -41,6 +41,19 @@ pub fn check_page(w: &[AtomicU64], i: usize, v: u64) {
     }
 }
 
+/// `rounds` times: writes every page of `w` with the next version, then checks every page.
+pub fn rewrite_and_check(w: &[AtomicU64], rounds: u64) {
+    let pages = w.len() / WORDS;
+    for v in 1..=rounds {
+        for i in 0..pages {
+            write_page(w, i, v);
+        }
+        for i in 0..pages {
+            check_page(w, i, v);
+        }
+    }
+}
+
 pub struct Rng(pub u64);
 impl Rng {
     pub fn next(&mut self) -> u64 {
