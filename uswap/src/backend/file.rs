@@ -1118,7 +1118,7 @@ impl Backend for FileBackend {
     }
 
     fn discard(&self, slot: u64, nr: u64) {
-        if nr == 0 || std::env::var_os("NODISCARD").is_some() {
+        if nr == 0 {
             return;
         }
         bump(&self.counters.discards);

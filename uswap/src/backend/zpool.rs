@@ -56,6 +56,19 @@ const SCRATCH_BYTES: usize = 2 * PAGE_SIZE;
 #[repr(C, align(4096))]
 struct Scratch([u8; SCRATCH_BYTES]);
 
+/// Everything one write or read needs, taken from the pool as one object: taking two
+/// buffers one after the other could deadlock once every thread holds one and waits for a
+/// second.
+struct Workspace {
+    /// The page being compressed (a copy: the source may be a bounce page in use).
+    page: Scratch,
+    /// Compressed bytes, written or read.
+    out: Scratch,
+    /// lz4's hash table (8 KiB): `compress_into` would allocate and free one per page,
+    /// which a SIGBUS handler must not do.
+    lz4: lz4_flex::block::CompressTable,
+}
+
 /// How pages are compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compressor {
@@ -180,8 +193,8 @@ pub struct ZpoolBackend {
     chunk_links: Box<[AtomicU64]>,
     classes: Box<[SpinLock<ClassState>]>,
     free_chunks: SpinLock<ArenaState>,
-    /// Scratch buffers, two per operation, taken and returned without locks.
-    scratch: ArrayQueue<Box<Scratch>>,
+    /// Workspaces, one per operation, taken and returned without locks.
+    scratch: ArrayQueue<Box<Workspace>>,
     zstd: ArrayQueue<Box<ZstdCtx>>,
     /// Clock hand over chunks for writeback: chunks are shed whole, in index order (roughly
     /// allocation order), so writeback always returns memory.
@@ -212,6 +225,19 @@ pub enum ZpoolError {
     ZstdLevel { level: i32 },
     #[error("cannot set up a zstd context: {what}")]
     Zstd { what: String },
+}
+
+/// Takes an object from a pool filled at start-up, waiting while every one is in use. The
+/// pools hold `4 * max(CPUs, 4)` objects, each held for one page's (de)compression with no
+/// lock and no system call, so a wait ends when another thread finishes its page.
+fn take_from<T>(q: &ArrayQueue<T>) -> T {
+    let backoff = crossbeam_utils::Backoff::new();
+    loop {
+        if let Some(x) = q.pop() {
+            return x;
+        }
+        backoff.snooze();
+    }
 }
 
 impl ZpoolBackend {
@@ -258,9 +284,14 @@ impl ZpoolBackend {
             classes: (0..NR_CLASSES).map(|_| SpinLock::new(ClassState { partial_head: NIL })).collect(),
             free_chunks: SpinLock::new(ArenaState { free_head: NIL, next_fresh: 0 }),
             scratch: {
-                let q = ArrayQueue::new(2 * nr_ctx);
-                for _ in 0..2 * nr_ctx {
-                    let _ = q.push(Box::new(Scratch([0; SCRATCH_BYTES])));
+                let q = ArrayQueue::new(nr_ctx);
+                for _ in 0..nr_ctx {
+                    let _ = q.push(Box::new(Workspace {
+                        page: Scratch([0; SCRATCH_BYTES]),
+                        out: Scratch([0; SCRATCH_BYTES]),
+                        // Small: 16-bit entries, enough for inputs under 64 KiB (a page).
+                        lz4: lz4_flex::block::CompressTable::small(),
+                    }));
                 }
                 q
             },
@@ -413,11 +444,11 @@ impl ZpoolBackend {
 
     /// Compresses `src` into `dst`; returns the compressed length, or None if it did not
     /// fit (which counts as incompressible).
-    fn compress(&self, src: &[u8], dst: &mut [u8]) -> Option<usize> {
+    fn compress(&self, src: &[u8], dst: &mut [u8], lz4: &mut lz4_flex::block::CompressTable) -> Option<usize> {
         match self.cfg.compressor {
-            Compressor::Lz4 => lz4_flex::block::compress_into(src, dst).ok(),
+            Compressor::Lz4 => lz4_flex::block::compress_into_with_table(src, dst, lz4).ok(),
             Compressor::Zstd { level } => {
-                let mut ctx = self.take_zstd();
+                let mut ctx = take_from(&self.zstd);
                 let r = ctx.c.compress(dst, src, level).ok();
                 let _ = self.zstd.push(ctx);
                 r
@@ -429,7 +460,7 @@ impl ZpoolBackend {
         match self.cfg.compressor {
             Compressor::Lz4 => matches!(lz4_flex::block::decompress_into(src, dst), Ok(PAGE_SIZE)),
             Compressor::Zstd { .. } => {
-                let mut ctx = self.take_zstd();
+                let mut ctx = take_from(&self.zstd);
                 let r = ctx.d.decompress(dst, src);
                 let _ = self.zstd.push(ctx);
                 r == Ok(PAGE_SIZE)
@@ -437,28 +468,14 @@ impl ZpoolBackend {
         }
     }
 
-    fn take_scratch(&self) -> Box<Scratch> {
-        let backoff = crossbeam_utils::Backoff::new();
-        loop {
-            if let Some(s) = self.scratch.pop() {
-                return s;
-            }
-            backoff.snooze();
-        }
-    }
-
-    fn take_zstd(&self) -> Box<ZstdCtx> {
-        let backoff = crossbeam_utils::Backoff::new();
-        loop {
-            if let Some(c) = self.zstd.pop() {
-                return c;
-            }
-            backoff.snooze();
-        }
-    }
-
     /// Stores one page into `slot`. On rejection nothing is stored.
-    fn store_page(&self, slot: u64, page: &[u8], scratch: &mut [u8]) -> Result<(), BackendError> {
+    fn store_page(
+        &self,
+        slot: u64,
+        page: &[u8],
+        scratch: &mut [u8],
+        lz4: &mut lz4_flex::block::CompressTable,
+    ) -> Result<(), BackendError> {
         let e = &self.slots[2 * slot as usize];
         debug_assert_eq!(e.load(Ordering::Relaxed), KIND_EMPTY, "slot {slot} written twice");
         let first = u64::from_ne_bytes(page[..8].try_into().expect("8 bytes"));
@@ -473,7 +490,7 @@ impl ZpoolBackend {
             self.reject_pool_full.fetch_add(1, Ordering::Relaxed);
             return Err(BackendError::Rejected { slot, reason: RejectReason::PoolFull });
         }
-        let (kind, data): (u64, &[u8]) = match self.compress(page, scratch) {
+        let (kind, data): (u64, &[u8]) = match self.compress(page, scratch, lz4) {
             Some(n) if n < self.cfg.incompressible_threshold_bytes => (KIND_COMPRESSED, &scratch[..n]),
             _ => match self.cfg.incompressible {
                 Incompressible::StoreRaw => (KIND_RAW, page),
@@ -552,8 +569,8 @@ impl Backend for ZpoolBackend {
     }
 
     fn write(&self, reqs: &mut [WriteReq<'_>]) {
-        let mut page_buf = self.take_scratch();
-        let mut out_buf = self.take_scratch();
+        let mut ws = take_from(&self.scratch);
+        let Workspace { page: page_buf, out: out_buf, lz4 } = &mut *ws;
         for r in reqs {
             r.result = self.check(r.slot, r.nr_pages());
             if r.result.is_err() {
@@ -562,7 +579,7 @@ impl Backend for ZpoolBackend {
             for i in 0..r.nr_pages() {
                 let page = &mut page_buf.0[..PAGE_SIZE];
                 r.data.copy_page_to(i as usize, page);
-                if let Err(e) = self.store_page(r.slot + i, page, &mut out_buf.0) {
+                if let Err(e) = self.store_page(r.slot + i, page, &mut out_buf.0, lz4) {
                     // All or nothing per request: undo the pages already stored.
                     for j in 0..i {
                         self.invalidate(r.slot + j);
@@ -572,25 +589,24 @@ impl Backend for ZpoolBackend {
                 }
             }
         }
-        let _ = self.scratch.push(page_buf);
-        let _ = self.scratch.push(out_buf);
+        let _ = self.scratch.push(ws);
     }
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
-        let mut scratch = self.take_scratch();
+        let mut ws = take_from(&self.scratch);
         for r in reqs {
             r.result = self.check(r.slot, r.nr_pages());
             if r.result.is_err() {
                 continue;
             }
             for (i, page) in r.buf.iter_mut().enumerate() {
-                if let Err(e) = self.load_page(r.slot + i as u64, &mut page.0, &mut scratch.0) {
+                if let Err(e) = self.load_page(r.slot + i as u64, &mut page.0, &mut ws.out.0) {
                     r.result = Err(e);
                     break;
                 }
             }
         }
-        let _ = self.scratch.push(scratch);
+        let _ = self.scratch.push(ws);
     }
 
     fn invalidate(&self, slot: u64) {
