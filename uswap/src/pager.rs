@@ -530,6 +530,7 @@ impl Pager {
                     clusters_free: c.free + c.discard,
                     clusters_nonfull: c.nonfull,
                     clusters_full: c.full,
+                    clusters_discarded: c.discarded,
                     backend: d.backend.stats(),
                 }
             })

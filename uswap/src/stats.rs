@@ -340,6 +340,8 @@ pub struct DeviceStats {
     pub clusters_free: u64,
     pub clusters_nonfull: u64,
     pub clusters_full: u64,
+    /// Clusters discarded (storage returned) before reuse, since the pager started.
+    pub clusters_discarded: u64,
     /// The device's own counters (the compressed pool's, zswap-style), if it keeps any.
     pub backend: Option<crate::backend::BackendStats>,
 }

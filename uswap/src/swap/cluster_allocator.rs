@@ -176,6 +176,8 @@ pub struct ClusterCounts {
     pub nonfull: u64,
     pub full: u64,
     pub discard: u64,
+    /// Clusters discarded since the device was set up.
+    pub discarded: u64,
 }
 
 pub struct ClusterAllocator {
@@ -185,6 +187,7 @@ pub struct ClusterAllocator {
     /// Each CPU's current cluster (`percpu_swap_cluster`).
     percpu: Box<[CachePadded<SpinLock<Option<u32>>>]>,
     inuse_slots: AtomicU64,
+    discarded: AtomicU64,
 }
 
 impl ClusterAllocator {
@@ -217,6 +220,7 @@ impl ClusterAllocator {
             lists: SpinLock::new(lists),
             percpu: owned.into_iter().map(|o| CachePadded::new(SpinLock::new(o))).collect(),
             inuse_slots: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
         }
     }
 
@@ -336,6 +340,7 @@ impl ClusterAllocator {
                 break;
             };
             discard(ci);
+            self.discarded.fetch_add(1, Ordering::Relaxed);
             let mut c = self.clusters[ci as usize].lock();
             c.next = 0;
             let mut lists = self.lists.lock();
@@ -354,6 +359,7 @@ impl ClusterAllocator {
             nonfull: l.lists[ListId::Nonfull as usize].len as u64,
             full: l.lists[ListId::Full as usize].len as u64,
             discard: l.lists[ListId::Discard as usize].len as u64,
+            discarded: self.discarded.load(Ordering::Relaxed),
         }
     }
 }
