@@ -69,7 +69,16 @@ pub(crate) enum FaultError {
     Device(PageErrorKind),
     /// An ioctl failed with this errno.
     Ioctl(i32),
+    /// The page stayed busy past `BUSY_WAIT_LIMIT_NS`: its owner is not making progress
+    /// (most likely the faulting thread itself, interrupted while it owned the page).
+    BusyTimeout,
 }
+
+/// How long a fault waits for another owner of its page before failing. Owners hold a
+/// page for one device operation (a batch write to a file device under load: milliseconds);
+/// ten seconds is beyond any legitimate wait, and a fault that fails ends in SIGBUS with
+/// the page's address, where waiting would hang the thread forever.
+const BUSY_WAIT_LIMIT_NS: u64 = if cfg!(test) { 200_000_000 } else { 10_000_000_000 };
 
 /// Serves a missing-page fault at `addr` (any address in the page). `reg_idx`/`reg_gen`
 /// name the region in the registry (for the reclaim queues).
@@ -87,10 +96,16 @@ pub(crate) fn serve_fault(
     let page_addr = region.page_addr(page);
     let backoff = Backoff::new();
     // Bounded: each round either takes ownership of the page, or waits for the current owner
-    // (another fault, or reclaim) to finish a short critical section.
+    // (another fault, or reclaim) to finish a short critical section; a wait past
+    // BUSY_WAIT_LIMIT_NS fails the fault (counted, recorded) rather than hang.
     let result = loop {
         let pte = region.load(page);
         if pte.busy() {
+            if backoff.is_completed() && now_ns().saturating_sub(t0) > BUSY_WAIT_LIMIT_NS {
+                pager.stats.inc(Counter::FaultBusyTimeout);
+                pager.record_error(page_addr, pte.entry(), PageErrorKind::BusyTimeout);
+                break Err(FaultError::BusyTimeout);
+            }
             backoff.snooze();
             continue;
         }
@@ -265,10 +280,12 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     }
     let route = if locks_held_by_this_thread() > 0 { Route::SignalLockFree } else { Route::Signal };
     // Bounded retries of transient failures; a page that cannot be brought back ends in
-    // SIGBUS, as in the kernel.
+    // SIGBUS, as in the kernel. A busy timeout is not transient: no retry.
     for _ in 0..READ_ATTEMPTS {
-        if serve_fault(&g, g.index, g.gen, addr, is_write, route).is_ok() {
-            return true;
+        match serve_fault(&g, g.index, g.gen, addr, is_write, route) {
+            Ok(()) => return true,
+            Err(FaultError::BusyTimeout) => break,
+            Err(_) => {}
         }
     }
     uffd::sigbus::report_lost_page(addr);
@@ -300,9 +317,13 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                 Some(g) if std::ptr::eq(&*g.pager, pager) => {
                     let mut ok = false;
                     for _ in 0..READ_ATTEMPTS {
-                        if serve_fault(&g, g.index, g.gen, addr, write, Route::Thread).is_ok() {
-                            ok = true;
-                            break;
+                        match serve_fault(&g, g.index, g.gen, addr, write, Route::Thread) {
+                            Ok(()) => {
+                                ok = true;
+                                break;
+                            }
+                            Err(FaultError::BusyTimeout) => break,
+                            Err(_) => {}
                         }
                     }
                     if !ok {
@@ -327,5 +348,44 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                 let _ = pager.uffd.wake(addr, PAGE_SIZE);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DeviceConfig, Pager};
+
+    /// A fault on a page whose busy bit its owner never clears (here: held by the test, as
+    /// an interrupted thread would hold it) fails after the bound, counted and recorded,
+    /// instead of spinning forever.
+    #[test]
+    fn a_fault_on_a_page_busy_forever_fails_after_the_bound() {
+        let p = Pager::builder()
+            .resident_limit(4 << 20)
+            .fault_mode(FaultMode::Signal)
+            .device(DeviceConfig::ram(16 << 20))
+            .build()
+            .unwrap();
+        let region = p.map(16 * PAGE_SIZE).unwrap();
+        region.as_atomic_u64s()[0].store(7, std::sync::atomic::Ordering::Relaxed);
+        let addr = region.as_ptr() as usize;
+        let g = REGIONS.find(addr).expect("the region is registered");
+        let locked = g.try_lock(0, g.load(0)).expect("page 0 is not busy");
+        let t0 = std::time::Instant::now();
+        let r = serve_fault(&g, g.index, g.gen, addr, false, Route::Signal);
+        let waited = t0.elapsed();
+        assert_eq!(r, Err(FaultError::BusyTimeout));
+        assert!(waited.as_nanos() as u64 >= BUSY_WAIT_LIMIT_NS, "gave up after {waited:?}");
+        g.store(0, locked.unbusy());
+        drop(g);
+        let st = p.stats();
+        assert_eq!(st.fault_busy_timeout, 1, "{st:?}");
+        let errors = p.recent_errors();
+        assert!(
+            errors.iter().any(|e| e.addr == addr && e.kind == crate::PageErrorKind::BusyTimeout),
+            "recorded: {errors:?}"
+        );
+        assert_eq!(region.as_atomic_u64s()[0].load(std::sync::atomic::Ordering::Relaxed), 7);
     }
 }

@@ -290,6 +290,8 @@ pub enum PageErrorKind {
     ReadFailed,
     /// The device returned data that did not match the page's checksum.
     ChecksumMismatch,
+    /// The fault waited too long for the page's busy bit (its owner never finished).
+    BusyTimeout,
 }
 
 /// A page the engine failed to bring back on one attempt (it retries; `Stats` counts).
@@ -307,6 +309,7 @@ impl std::fmt::Display for PageError {
         let what = match self.kind {
             PageErrorKind::ReadFailed => "device read failed",
             PageErrorKind::ChecksumMismatch => "checksum mismatch",
+            PageErrorKind::BusyTimeout => "gave up waiting for the page's owner",
         };
         write!(f, "page {:#x} (device {} slot {}): {what}", self.addr, self.device, self.slot)
     }
@@ -488,6 +491,7 @@ impl Pager {
             len_bytes: len as u64,
             source: e,
         })?;
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let shared = &self.core.shared;
         shared
             .uffd
@@ -506,6 +510,7 @@ impl Pager {
     /// A snapshot of the counters. Flushes the per-CPU batches of freed slots first, so the
     /// per-device slot counts are exact at the moment of the call.
     pub fn stats(&self) -> Stats {
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = &self.core.shared;
         s.devices.flush_frees();
         let mut st = Stats::default();
@@ -550,6 +555,7 @@ impl Pager {
         if bytes < MIN_LIMIT_BYTES {
             return Err(Error::LimitTooSmall { limit_bytes: bytes, min_bytes: MIN_LIMIT_BYTES });
         }
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = &self.core.shared;
         s.limit_pages.store((bytes / PAGE_SIZE as u64) as usize, Ordering::Release);
         reclaim::reclaim_to_limit(s)

@@ -364,6 +364,7 @@ impl std::fmt::Debug for Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
         self.pager.shared().unmap_region(self.reg_idx, &self.inner);
         // `memory` is unmapped when the fields drop, after the engine let go of the region.
     }

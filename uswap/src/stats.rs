@@ -85,9 +85,11 @@ pub(crate) enum Counter {
     SwapRaAsyncDropped,
     /// Faults that found their asynchronous readahead still in flight and waited for it.
     SwapRaAsyncWait,
+    /// Faults that gave up waiting for a page's busy bit (see `fault::BUSY_WAIT_LIMIT_NS`).
+    FaultBusyTimeout,
 }
 
-const NR_COUNTERS: usize = Counter::SwapRaAsyncWait as usize + 1;
+const NR_COUNTERS: usize = Counter::FaultBusyTimeout as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -407,6 +409,11 @@ pub struct Stats {
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
     pub fault_lock_free: u64,
+    /// Faults that waited longer than the bound for a page another owner held busy and
+    /// failed instead of hanging (each also in `Pager::recent_errors`). Nonzero means a
+    /// thread faulted on a page its own interrupted code owned, which the engine prevents by
+    /// blocking signals in its calls; see README.
+    pub fault_busy_timeout: u64,
     /// Fault-service attempts that failed (every read of the page failed or failed its
     /// checksum). The fault is attempted again; only a page that fails every attempt ends in
     /// SIGBUS for its thread, as in the kernel.
@@ -471,6 +478,7 @@ impl PerCpuStats {
         s.swap_ra_async_wait = self.sum(SwapRaAsyncWait);
         s.fault_raced = self.sum(FaultRaced);
         s.fault_lock_free = self.sum(FaultLockFree);
+        s.fault_busy_timeout = self.sum(FaultBusyTimeout);
         s.fault_error = self.sum(FaultError);
         s.lru_overflow = self.sum(LruOverflow);
         s.move_refused = self.sum(MoveRefused);

@@ -459,6 +459,45 @@ impl Doorbell {
     }
 }
 
+/// While alive, the calling thread's asynchronous signals are blocked (all but the
+/// synchronous SIGBUS, SIGSEGV, SIGILL, SIGFPE, SIGTRAP and SIGSYS); the previous mask comes
+/// back on drop. Engine calls that hold busy bits or spin locks in the application's thread
+/// (`set_resident_limit`, `map`, `stats`, a region's drop) take one, so that an application
+/// signal handler never runs, and faults on a managed page, while its own thread owns what
+/// that fault needs: in signal mode the nested fault would wait for its own thread; in
+/// thread mode the handler thread would wait for the interrupted thread, which waits for
+/// the handler thread. Two `rt_sigprocmask` calls (well under a microsecond), cheap next to
+/// those calls. Signals sent meanwhile stay pending and run when the call returns.
+pub struct AsyncSignalsBlocked {
+    old: libc::sigset_t,
+    /// Not `Send`: the mask belongs to the thread that made the guard.
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl AsyncSignalsBlocked {
+    pub fn new() -> AsyncSignalsBlocked {
+        // SAFETY: sigset_t is plain data; the calls fill and read sets we own, and
+        // pthread_sigmask changes only the calling thread's mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut set);
+            for sig in [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS] {
+                libc::sigdelset(&mut set, sig);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            AsyncSignalsBlocked { old, _thread: std::marker::PhantomData }
+        }
+    }
+}
+
+impl Drop for AsyncSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `new` saved, on the same thread (the guard is not Send).
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
+}
+
 /// Blocks until the userfaultfd has a message or the doorbell rang. Returns true if the
 /// doorbell rang.
 pub fn poll_fault_or_doorbell(uffd: &Uffd, bell: &Doorbell) -> bool {
