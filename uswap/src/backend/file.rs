@@ -37,6 +37,7 @@
 //!
 //! # Locking rules
 //!
+//! (The ring locks' place in the engine's lock hierarchy: `crate::sync`.)
 //! `read` may run inside a SIGBUS handler on an application thread (signal mode), and
 //! `read`/`write` run concurrently on several threads. So the read/write path allocates
 //! nothing and never waits for a lock:

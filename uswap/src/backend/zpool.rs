@@ -13,8 +13,9 @@
 //! `accept_threshold_percent` of the cap (zswap's hysteresis), and meanwhile offers its
 //! oldest slots for writeback to the next device.
 //!
-//! Locking: one spin lock per size class guards its chunks' metadata and free lists; the
-//! arena lock guards the list of free chunks and nests inside a class lock. Slot entries are
+//! Locking (in the hierarchy of `crate::sync`): one spin lock per size class guards its
+//! chunks' metadata and free lists; the arena lock guards the list of free chunks and nests
+//! inside a class lock. Slot entries are
 //! atomics written only by the slot's owner (the engine never writes a slot twice without
 //! invalidating it, nor reads one while writing it). Compression contexts and scratch
 //! buffers come from lock-free pools filled at start-up, so nothing allocates on any path

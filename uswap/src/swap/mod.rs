@@ -19,7 +19,8 @@
 //! the next flush.
 //!
 //! Locking: a per-CPU free-batch lock is never held while taking another lock (the batch is
-//! copied out first). Allocator locks: see `cluster_allocator`.
+//! copied out first). Allocator locks: see `cluster_allocator`; the whole hierarchy:
+//! `crate::sync`.
 
 pub mod cluster_allocator;
 pub mod entry;
