@@ -73,6 +73,9 @@ pub(crate) fn swapcache_target(limit: usize) -> usize {
 pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
     let mut stalled = false;
     let mut fruitless = 0;
+    // Terminates: a failed compare-exchange means another thread changed the charge (its
+    // progress); a reclaim round either uncharges pages or counts towards
+    // MAX_FRUITLESS_ROUNDS, after which the charge is forced (LimitOverrun).
     loop {
         let cur = p.resident_pages.load(Ordering::Acquire);
         let limit = p.limit_pages.load(Ordering::Acquire);

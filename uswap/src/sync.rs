@@ -70,6 +70,10 @@ pub fn locks_held_by_this_thread() -> u32 {
 
 /// Spin with a pause instruction; every 64th round give the CPU away (`sched_yield`, which
 /// is async-signal-safe), since on a small VM the holder may be waiting for our vCPU.
+///
+/// A wait for a [`SpinLock`] ends because of the hierarchy above: a holder takes only lower
+/// locks, never waits for a higher one, and is never interrupted by a handler that takes
+/// the same lock (the lock-free route, `uffd::AsyncSignalsBlocked`).
 pub struct Relax;
 
 impl spin::RelaxStrategy for Relax {

@@ -102,6 +102,9 @@ impl<T, const N: usize> Registry<T, N> {
             return None;
         }
         let backoff = Backoff::new();
+        // Terminates: the slot no longer publishes the region, so no new user arrives; each
+        // current user is a fault or reclaim round that ends without waiting on this thread
+        // (which blocks its asynchronous signals for the call, see `AsyncSignalsBlocked`).
         while s.users.load(Ordering::SeqCst) != 0 {
             backoff.snooze();
         }

@@ -327,7 +327,9 @@ impl SwapDevices {
             };
             self.free_now(&mut out[..n]);
         }
-        loop {
+        // Bounded: the queue holds at most DEFERRED_FREES entries, so that many batches (and
+        // one more) empty it even while lock-free faults keep adding to it.
+        for _ in 0..=DEFERRED_FREES.div_ceil(FREE_BATCH) {
             let mut out = [0u64; FREE_BATCH];
             let mut n = 0;
             while n < FREE_BATCH {
