@@ -102,6 +102,11 @@ fn run(mode: FaultMode) {
             p.set_resident_limit(MIB).expect("shrink");
             phase.store(2, Ordering::Relaxed);
             p.set_resident_limit(4 * MIB).expect("raise");
+            // The other engine calls that take locks in the caller, under the same signals.
+            let scratch = p.map(64 << 10).expect("map");
+            scratch.as_atomic_u64s()[0].store(1, Ordering::Relaxed);
+            drop(scratch);
+            assert_eq!(p.stats().fault_busy_timeout, 0);
             phase.store(3, Ordering::Relaxed);
             // Bring pages back dirty (same contents) so the next shrink writes them out,
             // holding their busy bits while the device works.
