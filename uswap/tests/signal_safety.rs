@@ -307,6 +307,15 @@ fn the_detector_counts_an_allocation_made_in_a_handler() {
         (C_ANY.with(|c| c.get()) - c0) as i64 - (RUST_ANY.with(|c| c.get()) - rust0) as i64
     });
     assert!(c_only >= 2 * 16, "zstd's context allocations were seen: {c_only}");
+    // The premise: uswap's own SIGBUS handler runs with SIGBUS blocked.
+    let _p = signal_pager(MIB, vec![DeviceConfig::ram(4 * MIB)]);
+    // SAFETY: reads the current SIGBUS disposition into a struct we own.
+    let (masked, nodefer) = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut sa), 0);
+        (libc::sigismember(&sa.sa_mask, libc::SIGBUS) == 1, sa.sa_flags & libc::SA_NODEFER != 0)
+    };
+    assert!(masked || !nodefer, "uswap's SIGBUS handler must run with SIGBUS blocked for this detector");
 }
 
 #[test]
