@@ -23,7 +23,7 @@ use crate::async_readahead::{AsyncReadahead, DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WI
 use crate::bounce::BouncePool;
 use crate::device::DeviceConfig;
 use crate::error::{Error, Result};
-use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, AppMapping};
+use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, spawn_engine_thread, AppMapping};
 use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
 use crate::region::{Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
@@ -219,9 +219,7 @@ impl PagerBuilder {
         {
             let mut threads = core.threads.lock().unwrap_or_else(|e| e.into_inner());
             let s = shared.clone();
-            let reclaimer = std::thread::Builder::new()
-                .name("uswap-reclaim".into())
-                .spawn(move || reclaim::background_reclaimer(&s))
+            let reclaimer = spawn_engine_thread("uswap-reclaim".into(), move || reclaim::background_reclaimer(&s))
                 .map_err(|e| Error::io("starting the reclaimer thread", e))?;
             let _ = shared.reclaimer.set(reclaimer.thread().clone());
             threads.push(reclaimer);
@@ -235,10 +233,10 @@ impl PagerBuilder {
                         // handlers than CPUs): a handler on the faulting CPU is woken locally.
                         let cpu = if self.pin_handlers { cpus.get(i % cpus.len().max(1)).copied() } else { None };
                         threads.push(
-                            std::thread::Builder::new()
-                                .name(format!("uswap-fault-{i}"))
-                                .spawn(move || fault::handler_thread(&s, &bell, cpu))
-                                .map_err(|e| Error::io("starting a fault-handler thread", e))?,
+                            spawn_engine_thread(format!("uswap-fault-{i}"), move || {
+                                fault::handler_thread(&s, &bell, cpu)
+                            })
+                            .map_err(|e| Error::io("starting a fault-handler thread", e))?,
                         );
                     }
                 }

@@ -391,6 +391,42 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Signals an engine thread keeps unblocked: those the kernel raises synchronously for the
+/// thread's own faults (blocking them would not stop them, it would kill the process).
+const SYNCHRONOUS_SIGNALS: [libc::c_int; 5] = [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP];
+
+/// Starts an engine thread (fault handler, reclaimer) with every asynchronous signal blocked
+/// for its whole life. A process-directed signal (`kill(getpid())`, `setitimer`, a terminal's
+/// SIGINT) then goes to an application thread: an application handler that touches managed
+/// memory on an engine thread would wait for the engine itself (thread mode: the handler
+/// threads sleep in the fault they are meant to serve), and one that runs on top of engine
+/// code would see the engine's state half-changed. The mask is set in the spawning thread
+/// around the `clone`, so the new thread has it from its first instruction.
+pub fn spawn_engine_thread<F>(name: String, f: F) -> io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    // SAFETY: sigset_t is plain data; sigfillset/sigdelset/pthread_sigmask only read and
+    // write the two sets we own and the calling thread's mask, which is restored below.
+    let old = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for s in SYNCHRONOUS_SIGNALS {
+            libc::sigdelset(&mut set, s);
+        }
+        let r = libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        old
+    };
+    let spawned = std::thread::Builder::new().name(name).spawn(f);
+    // SAFETY: restores the caller's own mask, saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    spawned
+}
+
 /// Monotonic clock in nanoseconds (vDSO; async-signal-safe).
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
