@@ -91,8 +91,8 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_size, default_value = "64MiB")]
     pub limit: u64,
     /// Number of timed accesses after the fill, split over the threads and processes
-    /// (usemem: word accesses; combined: the random workers' accesses).
-    #[arg(long, default_value_t = 200_000)]
+    /// (usemem: word accesses; combined: the random workers' accesses); 0..=10^12.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(0..=MAX_ACCESSES))]
     pub accesses: u64,
     /// Percentage of accesses that only read (the rest write).
     #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(0..=100))]
@@ -107,18 +107,18 @@ pub struct BenchArgs {
     /// combined: sequential streams rewriting their range.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub seq_streams: u64,
-    /// zipf pattern: the exponent (0 is uniform; larger is more skewed).
-    #[arg(long, default_value_t = 0.99)]
+    /// zipf pattern: the exponent, 0..=100 (0 is uniform; larger is more skewed).
+    #[arg(long, default_value_t = 0.99, value_parser = parse_zipf_skew, allow_negative_numbers = true)]
     pub zipf_skew: f64,
-    /// normal pattern: the standard deviation, as a fraction of the range.
-    #[arg(long, default_value_t = 0.125)]
+    /// normal pattern: the standard deviation, as a fraction of the range (above 0, at most 100).
+    #[arg(long, default_value_t = 0.125, value_parser = parse_normal_sd, allow_negative_numbers = true)]
     pub normal_sd: f64,
     /// How faults reach uswap when --engines is not given (the engine is then uswap-MODE).
     #[arg(long, value_enum)]
     pub fault_mode: Option<FaultModeArg>,
-    /// Thread mode: fault-handler threads (default: one per CPU).
-    #[arg(long)]
-    pub handler_threads: Option<usize>,
+    /// Thread mode: fault-handler threads, 1..=1024 (default: one per CPU).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub handler_threads: Option<u64>,
     /// Thread mode: leave handler threads unpinned instead of one per CPU.
     #[arg(long)]
     pub unpinned_handlers: bool,
@@ -178,10 +178,46 @@ pub struct BenchArgs {
     /// Wait for another uswap bench using the kernel engines instead of refusing to run.
     #[arg(long)]
     pub wait_lock: bool,
-    /// Kernel engines: times a run the kernel's OOM killer ends is run again (each one is
-    /// counted in the results as `oom_kills`).
-    #[arg(long, default_value_t = 2)]
+    /// Kernel engines: times a run the kernel's OOM killer ends is run again, 0..=100 (each
+    /// one is counted in the results as `oom_kills`).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(0..=100))]
     pub oom_retries: u64,
+}
+
+/// The most `--accesses` a run takes (days of accesses at a microsecond each).
+pub const MAX_ACCESSES: u64 = 1_000_000_000_000;
+/// The largest `--zipf-skew`: from about 50 on, every draw is the hottest page anyway.
+pub const MAX_ZIPF_SKEW: f64 = 100.0;
+/// The largest `--normal-sd` (a fraction of the range; far above 1 the pattern is uniform).
+pub const MAX_NORMAL_SD: f64 = 100.0;
+
+/// A finite float; NaN and infinities would make the samplers spin or collapse.
+fn parse_finite(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(_) => Err("not a finite number".into()),
+        Err(e) => Err(format!("not a number ({e})")),
+    }
+}
+
+/// `--zipf-skew`: a finite exponent in `0..=MAX_ZIPF_SKEW`.
+fn parse_zipf_skew(s: &str) -> Result<f64, String> {
+    let range = format!("give a number from 0 to {MAX_ZIPF_SKEW} (0 is uniform)");
+    match parse_finite(s) {
+        Ok(v) if (0.0..=MAX_ZIPF_SKEW).contains(&v) => Ok(v),
+        Ok(_) => Err(format!("out of range; {range}")),
+        Err(why) => Err(format!("{why}; {range}")),
+    }
+}
+
+/// `--normal-sd`: a finite fraction of the range, above 0 and at most `MAX_NORMAL_SD`.
+fn parse_normal_sd(s: &str) -> Result<f64, String> {
+    let range = format!("give a fraction of the range above 0 and at most {MAX_NORMAL_SD} (e.g. 0.125)");
+    match parse_finite(s) {
+        Ok(v) if v > 0.0 && v <= MAX_NORMAL_SD => Ok(v),
+        Ok(_) => Err(format!("out of range; {range}")),
+        Err(why) => Err(format!("{why}; {range}")),
+    }
 }
 
 /// The engines of an invocation.
@@ -290,7 +326,7 @@ fn uswap_config(args: &BenchArgs, mode: FaultModeArg, devices: &Option<String>) 
         devices: devices.clone().unwrap_or_else(|| args.device.clone()),
         device_bytes: args.device_size.unwrap_or(wss_each(args) + (32 << 20)),
         limit_bytes: args.limit / args.procs,
-        handler_threads: args.handler_threads,
+        handler_threads: args.handler_threads.map(|n| n as usize),
         pin_handlers: !args.unpinned_handlers,
         background: args.background_reclaim,
         readahead: args.readahead == OnOff::On,
