@@ -270,6 +270,25 @@ fn numeric_flags_out_of_range_are_refused_at_parse_time() {
 }
 
 #[test]
+fn a_working_set_larger_than_memory_is_refused_before_it_starts() {
+    // Before, the run was started and the kernel's OOM killer ended it half-way.
+    for engines in ["uswap-thread", "uswap-signal@ram", "ram"] {
+        let args = ["bench", "--wss", "1TiB", "--limit", "64MiB", "--accesses", "1000", "--engines", engines];
+        let out = run_with_timeout(&args, Duration::from_secs(60));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{engines}: {err}");
+        assert!(err.contains("1024.0 GiB of memory") && err.contains("GiB available"), "{engines}: {err}");
+        assert!(err.contains("MemAvailable") && err.contains("give a smaller --wss"), "{engines}: {err}");
+    }
+    // A resident limit larger than memory, on a device outside memory.
+    let args = ["bench", "--wss", "1TiB", "--limit", "900GiB", "--accesses", "1000", "--device", "file:/var/tmp"];
+    let out = run_with_timeout(&args, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--limit 900GiB resident") && err.contains("or --limit"), "{err}");
+}
+
+#[test]
 fn workloads_report_every_engine_and_side() {
     let dir = tmpdir("workloads");
     let j = dir.join("w.json");

@@ -283,7 +283,96 @@ pub fn validate(args: &BenchArgs, engines: &[Engine]) -> Result<(), BenchError> 
         });
     }
     baseline_of(args, engines)?;
+    for e in engines {
+        check_fits(args, e, &Meminfo::read())?;
+    }
     Ok(())
+}
+
+/// What `/proc/meminfo` says is free, in bytes (0 where it cannot be read: then nothing fits
+/// and the message says so by its numbers).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Meminfo {
+    pub available_bytes: u64,
+}
+
+impl Meminfo {
+    pub fn read() -> Meminfo {
+        let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let kib = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Meminfo { available_bytes: kib("MemAvailable") * 1024 }
+    }
+}
+
+/// Memory the swapped-out part of a uswap engine's working set takes: all of it on `ram`
+/// devices, up to the cap on `zpool` devices (compressed), none on `file` devices, and
+/// whatever no device has room for stays resident. A device list that does not parse is
+/// left to the engine to refuse.
+fn device_memory_bytes(devices: &str, swapped_bytes: u64, default_device_bytes: u64) -> u64 {
+    let mut left = swapped_bytes;
+    let mut memory = 0u64;
+    for item in devices.split(',').map(str::trim) {
+        let size = item.split(':').skip(1).find_map(|t| parse_size(t).ok()).unwrap_or(default_device_bytes);
+        // (pages it indexes, memory it may use), in bytes.
+        let (capacity, memory_cap) = match item.split(':').next() {
+            Some("ram") => (size, size),
+            Some("zpool") => (size.saturating_mul(4).max(default_device_bytes), size),
+            Some("file") => (size, 0),
+            _ => (0, 0),
+        };
+        let stored = left.min(capacity);
+        memory = memory.saturating_add(stored.min(memory_cap));
+        left -= stored;
+    }
+    memory.saturating_add(left)
+}
+
+/// `25769803776` → `24.0 GiB`.
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Refuses a run that cannot fit in this machine's memory before it starts, rather than
+/// letting the kernel's OOM killer end it half-way.
+fn check_fits(args: &BenchArgs, engine: &Engine, mem: &Meminfo) -> Result<(), BenchError> {
+    let avail = mem.available_bytes;
+    let (need, what, hint) = match &engine.kind {
+        EngineKind::Uswap { devices, .. } => {
+            let cfg = uswap_config(args, FaultModeArg::Thread, devices);
+            let swapped = args.wss.saturating_sub(args.limit);
+            let on_devices = device_memory_bytes(&cfg.devices, swapped, cfg.device_bytes);
+            let what = format!(
+                "--limit {} resident plus {} of swapped pages held in memory (devices {})",
+                format_size(args.limit),
+                gib(on_devices),
+                cfg.devices
+            );
+            (args.limit.saturating_add(on_devices), what, " or --limit, or a file device (--device file:/var/tmp)")
+        }
+        EngineKind::Ram => (args.wss, format!("--wss {} in RAM", format_size(args.wss)), ""),
+        EngineKind::Kernel(kind) => {
+            // zram keeps what it swaps in RAM: only a swap file adds room.
+            let swap = match kind {
+                engine::KernelSwap::File => args.kernel_swap_size.unwrap_or(args.wss + (64 << 20)),
+                engine::KernelSwap::Zram => 0,
+            };
+            let what = format!("--wss {} (with {} of swap)", format_size(args.wss), format_size(swap));
+            (args.wss.saturating_sub(swap), what, " or a larger --kernel-swap-size")
+        }
+    };
+    if need <= avail {
+        return Ok(());
+    }
+    Err(BenchError::WontFit {
+        engine: engine.name.clone(),
+        detail: format!("{what} needs {} of memory, but this machine has {} available", gib(need), gib(avail)),
+        hint,
+    })
 }
 
 fn serde_plain<T: Serialize>(v: &T) -> String {
