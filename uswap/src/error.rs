@@ -33,7 +33,7 @@ pub enum Error {
     #[error("cannot map a region of zero bytes; ask for at least one page ({page_size} bytes)")]
     ZeroLengthMap { page_size: usize },
 
-    #[error("cannot map {len_bytes} bytes: a region holds at most {max_bytes} bytes; split it into several regions")]
+    #[error("cannot map {len_bytes} bytes: a region holds at most {max_bytes} bytes (MAX_REGION_BYTES); split it into several regions")]
     MapTooLarge { len_bytes: u64, max_bytes: u64 },
 
     #[error("all {max} region slots of this process are in use; drop regions you no longer need")]

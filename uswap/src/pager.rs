@@ -475,15 +475,19 @@ impl Pager {
         &self.core.shared
     }
 
-    /// Maps a managed region of `len_bytes` (rounded up to whole pages), zero-filled.
+    /// Maps a managed region of `len_bytes` (rounded up to whole pages), zero-filled. Zero
+    /// bytes and more than [`MAX_REGION_BYTES`] are refused.
     pub fn map(&self, len_bytes: usize) -> Result<Region> {
         if len_bytes == 0 {
             return Err(Error::ZeroLengthMap { page_size: PAGE_SIZE });
         }
-        let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        if len > MAX_REGION_BYTES {
+        // Checked before rounding: rounding a size near usize::MAX up to whole pages would
+        // overflow. MAX_REGION_BYTES is whole pages, so the rounded size stays within it.
+        const { assert!(MAX_REGION_BYTES % PAGE_SIZE == 0) };
+        if len_bytes > MAX_REGION_BYTES {
             return Err(Error::MapTooLarge { len_bytes: len_bytes as u64, max_bytes: MAX_REGION_BYTES as u64 });
         }
+        let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let memory = AppMapping::new(len).map_err(|e| Error::OutOfAddressSpace {
             what: "a managed region".into(),
             len_bytes: len as u64,

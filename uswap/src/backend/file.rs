@@ -11,9 +11,15 @@
 //! * an existing **regular file**: used as it is. It is never shrunk or truncated; if it is
 //!   shorter than the capacity it is extended (allocated with `fallocate`, or sparse with
 //!   `ftruncate` when [`FileOptions::preallocate`] is off); if it is longer, only the first
-//!   `capacity` bytes are used and the rest is left alone. Its owner and mode are the user's
-//!   business: swapped memory lands in it, readable by whoever may read the file. It is
-//!   locked (`flock(LOCK_EX)`) so that two devices cannot share it.
+//!   `capacity` bytes are used and the rest is left alone. Swapped memory lands in it, so a
+//!   file that its group or other users may read or write is refused
+//!   ([`FileDeviceError::OthersMayAccess`], which says to `chmod 600` it). It is locked
+//!   (`flock(LOCK_EX)`) so that two devices cannot share it. When the device is dropped,
+//!   the range it used is punched out (or, where the filesystem cannot punch holes,
+//!   overwritten with zeros): the file is kept, the swapped memory is not.
+//! * a path that does not exist, in an existing directory: uswap creates a regular file
+//!   there, mode 0600 (`O_CREAT | O_EXCL | O_NOFOLLOW`), and treats it as above; it is kept
+//!   after the device is dropped, emptied.
 //! * a **block device**: opened exclusively (`O_EXCL`: not while mounted or in use), never
 //!   resized; a capacity larger than the device is an error.
 //!
@@ -164,10 +170,19 @@ impl Default for FileOptions {
 pub enum FileDeviceError {
     #[error(
         "swap device {}: no such file or directory; give an existing directory (uswap creates \
-         an anonymous swap file in it), an existing regular file, or a block device",
+         an anonymous swap file in it), a file in an existing directory (uswap creates it, mode \
+         0600), an existing regular file, or a block device",
         .path.display()
     )]
     NotFound { path: PathBuf },
+
+    #[error(
+        "swap device {}: mode {mode:04o} lets other users read or write the swapped-out memory \
+         it would hold; run `chmod 600 {}`, or give a directory (uswap creates a private \
+         anonymous swap file in it)",
+        .path.display(), .path.display()
+    )]
+    OthersMayAccess { path: PathBuf, mode: u32 },
 
     #[error(
         "swap device {}: permission denied ({source}); run as a user that may read and write \
@@ -469,6 +484,98 @@ fn size_file(fd: RawFd, path: &Path, len: u64, preallocate: bool) -> Result<(), 
     Ok(())
 }
 
+/// Opens the regular file `path` for a device of `len` bytes, or with `create` creates it
+/// (mode 0600; it must not exist). Refuses a file its group or others may read or write,
+/// locks it, sizes it. A file created here is removed again if a later step fails.
+fn open_regular(path: &Path, create: bool, len: u64, preallocate: bool) -> Result<OwnedFd, FileDeviceError> {
+    let cpath = cstring(path)?;
+    let fd = if create {
+        let flags = libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_RDWR;
+        sys_open(&cpath, flags, 0o600).map_err(|e| open_error(path, "creating the swap file", e))?
+    } else {
+        sys_open(&cpath, libc::O_RDWR | libc::O_DIRECT, 0).map_err(|e| match e.raw_os_error() {
+            Some(libc::EINVAL) => FileDeviceError::DirectIoUnsupported { path: path.to_owned(), source: e },
+            _ => open_error(path, "opening the swap file", e),
+        })?
+    };
+    let setup = || -> Result<(), FileDeviceError> {
+        if create {
+            // Exactly 0600 whatever the umask (which can only have removed bits).
+            // SAFETY: plain system call on an open descriptor.
+            if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
+                return Err(open_error(path, "fchmod of the swap file", io::Error::last_os_error()));
+            }
+            set_direct(fd.as_raw_fd(), path)?;
+        } else {
+            // The mode of what was opened (fstat), not of what the path named a moment ago.
+            let st = fstat(fd.as_raw_fd()).map_err(|e| open_error(path, "fstat", e))?;
+            let mode = st.st_mode & 0o7777;
+            if mode & 0o066 != 0 {
+                return Err(FileDeviceError::OthersMayAccess { path: path.to_owned(), mode });
+            }
+        }
+        // SAFETY: plain system call on an open descriptor.
+        if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EWOULDBLOCK) => FileDeviceError::Busy { path: path.to_owned() },
+                _ => FileDeviceError::Io { path: path.to_owned(), what: "locking the swap file", source: e },
+            });
+        }
+        size_file(fd.as_raw_fd(), path, len, preallocate)
+    };
+    match setup() {
+        Ok(()) => Ok(fd),
+        Err(e) => {
+            if create {
+                // A failed open leaves nothing behind.
+                // SAFETY: `cpath` is NUL-terminated and outlives the call.
+                unsafe { libc::unlink(cpath.as_ptr()) };
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Deallocates `len` bytes at `off` of a regular file: they read back as zero.
+fn punch_hole(fd: RawFd, off: u64, len: u64) -> io::Result<()> {
+    loop {
+        // SAFETY: plain system call on an open descriptor; KEEP_SIZE leaves the size alone.
+        let flags = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        if unsafe { libc::fallocate(fd, flags, off as libc::off_t, len as libc::off_t) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Overwrites the first `len` bytes (whole pages) of an `O_DIRECT` file with zeros: for
+/// filesystems that cannot punch holes.
+fn write_zeros(fd: RawFd, len: u64) -> io::Result<()> {
+    const CHUNK_PAGES: usize = 256;
+    let zeros = vec![AlignedPage([0; PAGE_SIZE]); CHUNK_PAGES];
+    let mut off = 0u64;
+    while off < len {
+        let n = (len - off).min((CHUNK_PAGES * PAGE_SIZE) as u64) as usize;
+        // SAFETY: `zeros` is page-aligned (as O_DIRECT wants) and valid for `n` bytes.
+        let r = unsafe { libc::pwrite(fd, zeros.as_ptr().cast(), n, off as libc::off_t) };
+        match r {
+            r if r > 0 => off += r as u64,
+            0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Turns `O_DIRECT` on for a descriptor opened without it.
 fn set_direct(fd: RawFd, path: &Path) -> Result<(), FileDeviceError> {
     // SAFETY: F_GETFL/F_SETFL take and return plain integers.
@@ -583,9 +690,13 @@ impl FileBackend {
         let nr_slots = capacity_bytes / CLUSTER_BYTES * SWAPFILE_CLUSTER as u64;
         let len = nr_slots * PAGE_SIZE as u64;
 
-        let meta = fs::metadata(path).map_err(|e| open_error(path, "stat", e))?;
-        let ft = meta.file_type();
-        let (file, kind, anonymous) = if ft.is_dir() {
+        let ft = match fs::metadata(path) {
+            Ok(meta) => Some(meta.file_type()),
+            // Created below, if its directory exists (the README promises a 0600 file).
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(open_error(path, "stat", e)),
+        };
+        let (file, kind, anonymous) = if ft.is_some_and(|ft| ft.is_dir()) {
             let fd = create_anonymous(path, true)?;
             // Exactly 0600 whatever the umask (which can only have removed bits).
             // SAFETY: plain system call on an open descriptor.
@@ -595,23 +706,9 @@ impl FileBackend {
             set_direct(fd.as_raw_fd(), path)?;
             size_file(fd.as_raw_fd(), path, len, options.preallocate)?;
             (fd, Kind::File, true)
-        } else if ft.is_file() {
-            let cpath = cstring(path)?;
-            let fd = sys_open(&cpath, libc::O_RDWR | libc::O_DIRECT, 0).map_err(|e| match e.raw_os_error() {
-                Some(libc::EINVAL) => FileDeviceError::DirectIoUnsupported { path: path.to_owned(), source: e },
-                _ => open_error(path, "opening the swap file", e),
-            })?;
-            // SAFETY: plain system call on an open descriptor.
-            if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                let e = io::Error::last_os_error();
-                return Err(match e.raw_os_error() {
-                    Some(libc::EWOULDBLOCK) => FileDeviceError::Busy { path: path.to_owned() },
-                    _ => FileDeviceError::Io { path: path.to_owned(), what: "locking the swap file", source: e },
-                });
-            }
-            size_file(fd.as_raw_fd(), path, len, options.preallocate)?;
-            (fd, Kind::File, false)
-        } else if ft.is_block_device() {
+        } else if ft.is_none_or(|ft| ft.is_file()) {
+            (open_regular(path, ft.is_none(), len, options.preallocate)?, Kind::File, false)
+        } else if ft.is_some_and(|ft| ft.is_block_device()) {
             let cpath = cstring(path)?;
             let fd = sys_open(&cpath, libc::O_RDWR | libc::O_DIRECT | libc::O_EXCL, 0)
                 .map_err(|e| open_error(path, "opening the block device", e))?;
@@ -637,14 +734,11 @@ impl FileBackend {
             }
             (fd, Kind::BlockDevice, false)
         } else {
-            let kind = if ft.is_char_device() {
-                "a character device"
-            } else if ft.is_fifo() {
-                "a FIFO"
-            } else if ft.is_socket() {
-                "a socket"
-            } else {
-                "an unknown kind of file"
+            let kind = match ft {
+                Some(ft) if ft.is_char_device() => "a character device",
+                Some(ft) if ft.is_fifo() => "a FIFO",
+                Some(ft) if ft.is_socket() => "a socket",
+                _ => "an unknown kind of file",
             };
             return Err(FileDeviceError::UnsupportedFileType { path: path.to_owned(), kind });
         };
@@ -1089,8 +1183,33 @@ impl Drop for FileBackend {
             }
         }
         if self.kind == Kind::File && !self.anonymous {
+            // Before unlocking, so that the next user of the file finds it empty.
+            self.scrub();
             // SAFETY: plain system call on our open descriptor.
             unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+        }
+    }
+}
+
+impl FileBackend {
+    /// Empties a file the user keeps of the swapped memory in it: punches out the whole range
+    /// the device used, or, where the filesystem cannot punch holes, overwrites it with
+    /// zeros. Discards while the engine runs do not suffice: they cover whole clusters that
+    /// came free and were taken off the discard list by the background reclaimer, so the
+    /// clusters still waiting at shutdown, the clusters CPUs were allocating from, and freed
+    /// slots of partly used clusters kept their data (up to a few clusters after a clean
+    /// exit, depending on when the reclaimer last ran).
+    fn scrub(&self) {
+        let len = self.nr_slots * PAGE_SIZE as u64;
+        let fd = self.file.as_raw_fd();
+        let Err(punch) = punch_hole(fd, 0, len) else { return };
+        if let Err(e) = write_zeros(fd, len) {
+            // Nothing to return an error to from a drop, and the user must know.
+            eprintln!(
+                "uswap: swap device {}: could not erase the swap file on close (punching a hole: \
+                 {punch}; writing zeros: {e}); it may still hold swapped-out memory: delete it",
+                self.path.display()
+            );
         }
     }
 }
@@ -1445,7 +1564,7 @@ mod tests {
     use crate::mapping::{MapOptions, Mapping};
     use crate::sync::SpinLock;
     use arrayvec::ArrayVec;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     use std::sync::atomic::AtomicUsize;
     use std::sync::{Arc, Barrier};
 
@@ -1525,6 +1644,12 @@ mod tests {
         fn drop(&mut self) {
             let _ = fs::remove_dir_all(&self.0);
         }
+    }
+
+    /// A file only its owner may read and write, as a regular-file device must be.
+    fn write_private(path: &Path, bytes: &[u8]) {
+        fs::write(path, bytes).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600)).unwrap();
     }
 
     fn opts(queue_depth: u32, rings: usize) -> FileOptions {
@@ -2000,17 +2125,46 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_file_is_emptied_on_drop_by_punching_or_by_writing_zeros() {
+        let dir = TestDir::new("scrub");
+        let path = dir.path().join("kept");
+        write_private(&path, b"");
+        let b = FileBackend::open(&path, 4 * MIB, opts(4, 1)).unwrap();
+        let src = staging(b.nr_slots());
+        // Slots in both clusters; none discarded.
+        write_runs(&b, &src, &[(0, 3), (700, 5), (1023, 1)], &[1, 2, 3]);
+        drop(b);
+        let bytes = fs::read(&path).unwrap();
+        assert_eq!(bytes.len() as u64, 4 * MIB, "the file keeps its size");
+        assert!(bytes.iter().all(|&x| x == 0), "punched out on drop");
+        assert!(fs::metadata(&path).unwrap().blocks() < 64, "and deallocated");
+
+        // The fallback where holes cannot be punched: zeros over the whole range, not past it.
+        fs::write(&path, vec![0xa5u8; 3 * MIB as usize]).unwrap();
+        let f = fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
+        write_zeros(f.as_raw_fd(), 2 * MIB + PAGE_SIZE as u64).unwrap();
+        let bytes = fs::read(&path).unwrap();
+        let cut = 2 * MIB as usize + PAGE_SIZE;
+        assert!(bytes[..cut].iter().all(|&x| x == 0), "zeroed");
+        assert!(bytes[cut..].iter().all(|&x| x == 0xa5), "bytes past the device are left alone");
+    }
+
+    #[test]
     fn existing_files_are_extended_never_shrunk_and_locked() {
         let dir = TestDir::new("exist");
         let path = dir.path().join("swapfile");
         fs::write(&path, vec![1u8; MIB as usize]).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+        let e = FileBackend::open(&path, 4 * MIB + 12345, opts(4, 1)).err().unwrap();
+        assert!(matches!(e, FileDeviceError::OthersMayAccess { mode: 0o640, .. }), "{e}");
+        assert_eq!(fs::metadata(&path).unwrap().len(), MIB, "a refused file is left as it was");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o400 | 0o200)).unwrap();
         let b = FileBackend::open(&path, 4 * MIB + 12345, opts(4, 1)).unwrap();
         assert!(!b.is_anonymous());
         assert_eq!(b.nr_slots(), 2 * SWAPFILE_CLUSTER as u64, "capacity rounds down to whole clusters");
         let meta = fs::metadata(&path).unwrap();
         assert_eq!(meta.len(), 4 * MIB, "extended to the capacity");
-        assert_eq!(meta.mode() & 0o777, 0o640, "an existing file keeps its mode");
+        assert_eq!(meta.mode() & 0o777, 0o600, "an existing file keeps its mode");
         // A second device on the same file is refused while the first one lives.
         let e = FileBackend::open(&path, 2 * MIB, opts(4, 1)).err().unwrap();
         assert!(matches!(e, FileDeviceError::Busy { .. }), "{e}");
@@ -2022,14 +2176,14 @@ mod tests {
 
         // A longer file is used in part, never truncated.
         let big = dir.path().join("big");
-        fs::write(&big, vec![0u8; 10 * MIB as usize]).unwrap();
+        write_private(&big, &vec![0u8; 10 * MIB as usize]);
         let b = FileBackend::open(&big, 4 * MIB, FileOptions { preallocate: false, ..opts(4, 1) }).unwrap();
         assert_eq!(b.nr_slots(), 1024);
         assert_eq!(fs::metadata(&big).unwrap().len(), 10 * MIB);
         drop(b);
         // A short file without preallocation is extended sparse.
         let sparse = dir.path().join("sparse");
-        fs::write(&sparse, b"").unwrap();
+        write_private(&sparse, b"");
         let b = FileBackend::open(&sparse, 4 * MIB, FileOptions { preallocate: false, ..opts(4, 1) }).unwrap();
         let meta = fs::metadata(&sparse).unwrap();
         assert_eq!(meta.len(), 4 * MIB);
@@ -2041,7 +2195,7 @@ mod tests {
     fn a_closed_device_can_be_reopened_at_once() {
         let dir = TestDir::new("reopen");
         let path = dir.path().join("swapfile");
-        fs::write(&path, b"").unwrap();
+        write_private(&path, b"");
         for _ in 0..20 {
             let b = FileBackend::open(&path, 2 * MIB, opts(4, 2)).unwrap();
             let src = staging(b.nr_slots());
@@ -2064,7 +2218,7 @@ mod tests {
     fn short_reads_are_continued_and_end_of_file_names_the_slot() {
         let dir = TestDir::new("short");
         let path = dir.path().join("swapfile");
-        fs::write(&path, b"").unwrap();
+        write_private(&path, b"");
         for rings in [1, 0] {
             let b = FileBackend::open(&path, 2 * MIB, FileOptions { preallocate: false, ..opts(4, rings) }).unwrap();
             let src = staging(b.nr_slots());
