@@ -46,7 +46,10 @@ pub enum FaultMode {
     Thread,
     /// `UFFD_FEATURE_SIGBUS`: the faulting thread serves its own fault in a SIGBUS handler.
     /// Fastest (no cross-thread wake-up), but a system call that touches a page that is not
-    /// resident fails with `EFAULT` instead of waiting for it.
+    /// resident fails with `EFAULT` instead of waiting for it (a datagram socket loses the
+    /// datagram), threads that touch managed memory must not block SIGBUS and need 128 KiB of
+    /// stack, and a SIGBUS handler must be installed before the pager. See README, "The two
+    /// fault modes".
     Signal,
 }
 

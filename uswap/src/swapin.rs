@@ -7,7 +7,7 @@
 //! Only pages that are on a device and not busy are read (the 2016 "skip readahead for
 //! unreferenced slots"). The pages are read in runs of consecutive slots — one request per
 //! run, one `read` call (one io_uring submission) per device — and mapped in runs of
-//! consecutive addresses, one `UFFDIO_COPY` per run. Read-ahead pages are mapped
+//! consecutive addresses, one `UFFDIO_COPY` per run. In thread mode, read-ahead pages are mapped
 //! write-protected and keep their slot (they are clean), and carry the readahead mark until
 //! their use is detected (see `readahead`).
 //!
