@@ -133,7 +133,11 @@ fn cluster_readahead_reads_neighbouring_slots() {
         let pages = 8 * MIB as usize / PAGE_SIZE;
         let (majflt, ra, hit) = sequential_scan(&p, &region, pages);
         assert!(majflt <= (pages / 8) as u64, "{mode:?}: {majflt} major faults for {pages} pages");
-        assert!(hit * 100 >= ra * 90, "{mode:?}: hit {hit} of {ra}");
+        // Hits are found through the slots' owners; signal mode frees the slots of the pages
+        // it brings back (they come back writable), so it cannot see them (README, Readahead).
+        if mode == FaultMode::Thread {
+            assert!(hit * 100 >= ra * 90, "{mode:?}: hit {hit} of {ra}");
+        }
     }
 }
 
