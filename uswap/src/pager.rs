@@ -46,7 +46,10 @@ pub enum FaultMode {
     Thread,
     /// `UFFD_FEATURE_SIGBUS`: the faulting thread serves its own fault in a SIGBUS handler.
     /// Fastest (no cross-thread wake-up), but a system call that touches a page that is not
-    /// resident fails with `EFAULT` instead of waiting for it.
+    /// resident fails with `EFAULT` instead of waiting for it (a datagram socket loses the
+    /// datagram), threads that touch managed memory must not block SIGBUS and need 128 KiB of
+    /// stack, and a SIGBUS handler must be installed before the pager. See README, "The two
+    /// fault modes".
     Signal,
 }
 
@@ -152,6 +155,11 @@ impl PagerBuilder {
         if self.devices.len() > MAX_DEVICES {
             return Err(Error::TooManyDevices { given: self.devices.len(), max: MAX_DEVICES });
         }
+        if self.mode == FaultMode::Signal {
+            // Before anything is started: a signal-mode pager this thread cannot use, or whose
+            // faults would not reach uswap, is an error now rather than a killed process later.
+            check_signal_delivery()?;
+        }
         let uffd = open_uffd(self.mode)?;
         let nr_cpus = nr_cpus_configured();
         let mut backends = Vec::with_capacity(self.devices.len());
@@ -246,6 +254,19 @@ impl PagerBuilder {
         }
         Ok(Pager { core })
     }
+}
+
+/// Signal mode's two preconditions (see [`Pager::check_signal_delivery`]).
+fn check_signal_delivery() -> Result<()> {
+    if uffd::sigbus::installed()
+        && !uffd::sigbus::handler_is_ours().map_err(|e| Error::io("reading the SIGBUS action", e))?
+    {
+        return Err(Error::SigbusHandlerReplaced);
+    }
+    if uffd::sigbus::blocked_in_this_thread() {
+        return Err(Error::SigbusBlocked);
+    }
+    Ok(())
 }
 
 fn open_uffd(mode: FaultMode) -> Result<Uffd> {
@@ -477,7 +498,17 @@ impl Pager {
 
     /// Maps a managed region of `len_bytes` (rounded up to whole pages), zero-filled. Zero
     /// bytes and more than [`MAX_REGION_BYTES`] are refused.
+    ///
+    /// Signal mode: fails with [`Error::SigbusHandlerReplaced`] if the process's SIGBUS
+    /// handler is no longer uswap's. Faults are served on the faulting thread's stack, which
+    /// needs room for the handler below the deepest frame that touches managed memory (see
+    /// README, "The two fault modes").
     pub fn map(&self, len_bytes: usize) -> Result<Region> {
+        if self.core.shared.mode == FaultMode::Signal
+            && !uffd::sigbus::handler_is_ours().map_err(|e| Error::io("reading the SIGBUS action", e))?
+        {
+            return Err(Error::SigbusHandlerReplaced);
+        }
         if len_bytes == 0 {
             return Err(Error::ZeroLengthMap { page_size: PAGE_SIZE });
         }
@@ -606,6 +637,18 @@ impl Pager {
     /// Turns readahead on or off for every region of this pager.
     pub fn set_readahead(&self, on: bool) {
         self.core.shared.readahead.store(on, Ordering::Relaxed);
+    }
+
+    /// Signal mode: whether faults on managed pages taken by the calling thread can be served.
+    /// Fails with [`Error::SigbusHandlerReplaced`] if SIGBUS was given another handler after
+    /// the pager was built, and with [`Error::SigbusBlocked`] if this thread blocks SIGBUS
+    /// (a fault would kill the process). Call it from threads you create with their own
+    /// signal masks. Always `Ok` in thread mode, which has neither limit.
+    pub fn check_signal_delivery(&self) -> Result<()> {
+        match self.core.shared.mode {
+            FaultMode::Thread => Ok(()),
+            FaultMode::Signal => check_signal_delivery(),
+        }
     }
 
     pub fn fault_mode(&self) -> FaultMode {

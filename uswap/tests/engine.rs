@@ -451,7 +451,26 @@ fn thread_mode_clean_pages_keep_their_slot() {
     clean_pages_keep_their_slot(FaultMode::Thread);
 }
 
+/// Signal mode keeps no page clean: the kernel could not write a write-protected page
+/// (`read(2)` into it failed with EFAULT), so every page comes back writable, frees its
+/// slot, and is written again when evicted.
 #[test]
-fn signal_mode_clean_pages_keep_their_slot() {
-    clean_pages_keep_their_slot(FaultMode::Signal);
+fn signal_mode_pages_come_back_writable() {
+    let p = pager(FaultMode::Signal, MIB, 32 * MIB);
+    let region = p.map(8 * MIB as usize).unwrap();
+    region.advise(uswap::Advice::Random);
+    let pages = region.len() / PAGE_SIZE;
+    let w = region.as_atomic_u64s();
+    for i in 0..pages {
+        write_page(w, i, 1);
+    }
+    for _ in 0..2 {
+        for i in 0..pages {
+            check_page(w, i, 1);
+        }
+    }
+    let st = quiet_stats(&p);
+    assert!(st.pswpin >= pages as u64, "{st:?}");
+    assert_eq!((st.clean_pages, st.swpout_clean, st.pgfault_wp), (0, 0, 0), "{st:?}");
+    assert!(st.pswpout >= pages as u64 + pages as u64 / 2, "pages read back are written again: {st:?}");
 }
