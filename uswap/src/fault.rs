@@ -67,8 +67,10 @@ pub(crate) enum FaultError {
     /// The device read failed, or returned data that failed its checksum, on every attempt;
     /// the page is still on the device.
     Device(PageErrorKind),
-    /// An ioctl failed with this errno.
+    /// An ioctl failed with this errno (`EAGAIN`: an event is pending; try again).
     Ioctl(i32),
+    /// The address is not the region's any more (the application unmapped or moved it).
+    Gone,
 }
 
 /// Serves a missing-page fault at `addr` (any address in the page). `reg_idx`/`reg_gen`
@@ -83,7 +85,9 @@ pub(crate) fn serve_fault(
 ) -> Result<(), FaultError> {
     let t0 = now_ns();
     let pager = &*region.pager;
-    let page = (addr - region.start) / PAGE_SIZE;
+    let Some(page) = region.page_of(addr) else {
+        return Err(FaultError::Gone);
+    };
     let page_addr = region.page_addr(page);
     let backoff = Backoff::new();
     // Bounded: each round either takes ownership of the page, or waits for the current owner
@@ -107,6 +111,11 @@ pub(crate) fn serve_fault(
                 // fault on a clean page the application discarded: then the retried access
                 // faults again and is served as below.)
                 let r = pager.uffd.writeprotect(page_addr, PAGE_SIZE, false, route.wake());
+                if r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN)) {
+                    // An event is pending: nothing changed, the write faults again.
+                    region.store(page, locked.unbusy());
+                    break Err(FaultError::Ioctl(libc::EAGAIN));
+                }
                 pager.devices.free(pte.entry(), route.lock_free());
                 region.store(page, locked.dirtied());
                 pager.clean_pages.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -142,7 +151,17 @@ pub(crate) fn serve_fault(
             PageState::Cached => {
                 let e = pte.entry();
                 let dev = pager.devices.device(e);
-                let r = pager.uffd.move_pages(page_addr, dev.staging_addr(e.offset()), PAGE_SIZE, route.wake());
+                let staged = dev.staging_addr(e.offset());
+                let mut r = pager.uffd.move_pages(page_addr, staged, PAGE_SIZE, route.wake());
+                if r == (RangeResult::Partial { done_bytes: 0, errno: libc::EINVAL }) {
+                    // UFFDIO_MOVE needs equal protections on both sides: the application made
+                    // the region read-only (mprotect). Copy the staged page, then drop it.
+                    r = pager.uffd.copy(page_addr, staged as *const u8, PAGE_SIZE, route.wake(), false);
+                    if r == RangeResult::Done {
+                        let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
+                        pager.stats.inc(Counter::PgfaultSwapcacheCopy);
+                    }
+                }
                 if let RangeResult::Partial { errno, .. } = r {
                     region.store(page, locked.unbusy());
                     break Err(FaultError::Ioctl(errno));
@@ -160,6 +179,10 @@ pub(crate) fn serve_fault(
             PageState::Swapped => {
                 let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
                 break swap_in(pager, &f);
+            }
+            PageState::Gone => {
+                region.store(page, locked.unbusy());
+                break Err(FaultError::Gone);
             }
         }
     };
@@ -258,6 +281,12 @@ fn page_ref(region_idx: usize, region_gen: u32, page: usize, page_gen: u8) -> Pa
 /// signal-mode region. Async-signal-safe.
 pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     let Some(g) = REGIONS.find(addr) else {
+        // A region being moved (mremap) is found again once its event is applied: retry the
+        // access rather than pass the signal on.
+        if crate::events::in_flight() {
+            std::thread::yield_now();
+            return true;
+        }
         return false;
     };
     if g.pager.mode != FaultMode::Signal {
@@ -267,8 +296,17 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     // Bounded retries of transient failures; a page that cannot be brought back ends in
     // SIGBUS, as in the kernel.
     for _ in 0..READ_ATTEMPTS {
-        if serve_fault(&g, g.index, g.gen, addr, is_write, route).is_ok() {
-            return true;
+        match serve_fault(&g, g.index, g.gen, addr, is_write, route) {
+            Ok(()) => return true,
+            // Not the region's any more: not uswap's fault.
+            Err(FaultError::Gone) => return false,
+            // An event is being delivered (the kernel refuses ioctls until it is read): the
+            // access faults again once it is.
+            Err(FaultError::Ioctl(libc::EAGAIN)) => {
+                std::thread::yield_now();
+                return true;
+            }
+            Err(_) => {}
         }
     }
     uffd::sigbus::report_lost_page(addr);
@@ -292,6 +330,7 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
         }
         for m in &msgs[..n] {
             if m.event != uffd::EVENT_PAGEFAULT {
+                crate::events::handle_event(pager, m);
                 continue;
             }
             let addr = m.pf_address as usize & !(PAGE_SIZE - 1);
@@ -300,9 +339,19 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                 Some(g) if std::ptr::eq(&*g.pager, pager) => {
                     let mut ok = false;
                     for _ in 0..READ_ATTEMPTS {
-                        if serve_fault(&g, g.index, g.gen, addr, write, Route::Thread).is_ok() {
-                            ok = true;
-                            break;
+                        match serve_fault(&g, g.index, g.gen, addr, write, Route::Thread) {
+                            // Gone: the thread faults again and meets whatever is there now;
+                            // EAGAIN: an event is pending, and the thread faults again after it.
+                            Ok(()) => {
+                                ok = true;
+                                break;
+                            }
+                            Err(FaultError::Gone) | Err(FaultError::Ioctl(libc::EAGAIN)) => {
+                                let _ = pager.uffd.wake(addr, PAGE_SIZE);
+                                ok = true;
+                                break;
+                            }
+                            Err(_) => {}
                         }
                     }
                     if !ok {
