@@ -213,6 +213,11 @@ fn remap(p: &PagerShared, from: usize, to: usize, len: usize) {
 
 /// A partial move: pages `[first, last)` of `r` now live at `dst`; brings the ones that are
 /// not in place (staged or swapped) there, and lets the range go.
+///
+/// Known open problem: in signal mode every `UFFDIO_COPY` here fails with `EAGAIN` (the
+/// kernel's "mappings changing" mark stays set while the application's thread retries its
+/// SIGBUS), so each page waits out `copy_in`'s second and is then lost. Thread mode works
+/// (`thread_mode_mremap_part_of_a_region`).
 fn take_out(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usize) {
     let mut buf = p.bounce.take();
     for page in first..last {
@@ -223,7 +228,7 @@ fn take_out(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usiz
             let e = pte.entry();
             let dev = p.devices.device(e);
             let res = match pte.state() {
-                PageState::Cached => p.uffd.copy(at, dev.staging_addr(e.offset()) as *const u8, PAGE_SIZE, true, false),
+                PageState::Cached => copy_in(p, at, dev.staging_addr(e.offset()) as *const u8),
                 PageState::Swapped => {
                     let pages = &mut buf.pages_mut()[..1];
                     let mut req = [ReadReq::new(e.offset(), pages)];
@@ -231,7 +236,7 @@ fn take_out(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usiz
                     let ok = req[0].result.is_ok();
                     let data = &buf.pages_mut()[0].0;
                     if ok && dev.checksum_ok(e.offset(), data) {
-                        p.uffd.copy(at, data.as_ptr(), PAGE_SIZE, true, false)
+                        copy_in(p, at, data.as_ptr())
                     } else {
                         p.record_error(at, e, PageErrorKind::ReadFailed);
                         RangeResult::Partial { done_bytes: 0, errno: libc::EIO }
@@ -249,4 +254,20 @@ fn take_out(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usiz
     }
     drop(buf);
     release(p, r, first, last, PageState::Gone);
+}
+
+/// Maps a copy of one page at `at`. The thread that moved the range clears the kernel's
+/// "mappings changing" mark only once it runs again after the event was read; until then
+/// the ioctl fails with `EAGAIN`, so it is retried, yielding, for up to a second.
+fn copy_in(p: &PagerShared, at: usize, src: *const u8) -> RangeResult {
+    let deadline = crate::mapping::now_ns() + 1_000_000_000;
+    loop {
+        let r = p.uffd.copy(at, src, PAGE_SIZE, true, false);
+        match r {
+            RangeResult::Partial { errno: libc::EAGAIN, .. } if crate::mapping::now_ns() < deadline => {
+                std::thread::yield_now();
+            }
+            _ => return r,
+        }
+    }
 }
