@@ -67,11 +67,13 @@ pub(crate) enum FaultError {
     /// The device read failed, or returned data that failed its checksum, on every attempt;
     /// the page is still on the device.
     Device(PageErrorKind),
-    /// An ioctl failed with this errno.
+    /// An ioctl failed with this errno (`EAGAIN`: an event is pending; try again).
     Ioctl(i32),
     /// The page stayed busy past `BUSY_WAIT_LIMIT_NS`: its owner is not making progress
     /// (most likely the faulting thread itself, interrupted while it owned the page).
     BusyTimeout,
+    /// The address is not the region's any more (the application unmapped or moved it).
+    Gone,
 }
 
 /// How long a fault waits for another owner of its page before failing. Owners hold a
@@ -92,7 +94,9 @@ pub(crate) fn serve_fault(
 ) -> Result<(), FaultError> {
     let t0 = now_ns();
     let pager = &*region.pager;
-    let page = (addr - region.start) / PAGE_SIZE;
+    let Some(page) = region.page_of(addr) else {
+        return Err(FaultError::Gone);
+    };
     let page_addr = region.page_addr(page);
     let backoff = Backoff::new();
     // Bounded: each round either takes ownership of the page, or waits for the current owner
@@ -122,6 +126,11 @@ pub(crate) fn serve_fault(
                 // fault on a clean page the application discarded: then the retried access
                 // faults again and is served as below.)
                 let r = pager.uffd.writeprotect(page_addr, PAGE_SIZE, false, route.wake());
+                if r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN)) {
+                    // An event is pending: nothing changed, the write faults again.
+                    region.store(page, locked.unbusy());
+                    break Err(FaultError::Ioctl(libc::EAGAIN));
+                }
                 pager.devices.free(pte.entry(), route.lock_free());
                 region.store(page, locked.dirtied());
                 pager.clean_pages.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -157,7 +166,17 @@ pub(crate) fn serve_fault(
             PageState::Cached => {
                 let e = pte.entry();
                 let dev = pager.devices.device(e);
-                let r = pager.uffd.move_pages(page_addr, dev.staging_addr(e.offset()), PAGE_SIZE, route.wake());
+                let staged = dev.staging_addr(e.offset());
+                let mut r = pager.uffd.move_pages(page_addr, staged, PAGE_SIZE, route.wake());
+                if r == (RangeResult::Partial { done_bytes: 0, errno: libc::EINVAL }) {
+                    // UFFDIO_MOVE needs equal protections on both sides: the application made
+                    // the region read-only (mprotect). Copy the staged page, then drop it.
+                    r = pager.uffd.copy(page_addr, staged as *const u8, PAGE_SIZE, route.wake(), false);
+                    if r == RangeResult::Done {
+                        let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
+                        pager.stats.inc(Counter::PgfaultSwapcacheCopy);
+                    }
+                }
                 if let RangeResult::Partial { errno, .. } = r {
                     region.store(page, locked.unbusy());
                     break Err(FaultError::Ioctl(errno));
@@ -175,6 +194,10 @@ pub(crate) fn serve_fault(
             PageState::Swapped => {
                 let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
                 break swap_in(pager, &f);
+            }
+            PageState::Gone => {
+                region.store(page, locked.unbusy());
+                break Err(FaultError::Gone);
             }
         }
     };
@@ -273,6 +296,12 @@ fn page_ref(region_idx: usize, region_gen: u32, page: usize, page_gen: u8) -> Pa
 /// signal-mode region. Async-signal-safe.
 pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     let Some(g) = REGIONS.find(addr) else {
+        // A region being moved (mremap) is found again once its event is applied: retry the
+        // access rather than pass the signal on.
+        if crate::events::in_flight() {
+            std::thread::yield_now();
+            return true;
+        }
         return false;
     };
     if g.pager.mode != FaultMode::Signal {
@@ -285,6 +314,14 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
         match serve_fault(&g, g.index, g.gen, addr, is_write, route) {
             Ok(()) => return true,
             Err(FaultError::BusyTimeout) => break,
+            // Not the region's any more: not uswap's fault.
+            Err(FaultError::Gone) => return false,
+            // An event is being delivered (the kernel refuses ioctls until it is read): the
+            // access faults again once it is.
+            Err(FaultError::Ioctl(libc::EAGAIN)) => {
+                std::thread::yield_now();
+                return true;
+            }
             Err(_) => {}
         }
     }
@@ -309,6 +346,7 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
         }
         for m in &msgs[..n] {
             if m.event != uffd::EVENT_PAGEFAULT {
+                crate::events::handle_event(pager, m);
                 continue;
             }
             let addr = m.pf_address as usize & !(PAGE_SIZE - 1);
@@ -323,6 +361,13 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                                 break;
                             }
                             Err(FaultError::BusyTimeout) => break,
+                            // Gone: the thread faults again and meets whatever is there now;
+                            // EAGAIN: an event is pending, and the thread faults again after it.
+                            Err(FaultError::Gone) | Err(FaultError::Ioctl(libc::EAGAIN)) => {
+                                let _ = pager.uffd.wake(addr, PAGE_SIZE);
+                                ok = true;
+                                break;
+                            }
                             Err(_) => {}
                         }
                     }

@@ -29,7 +29,7 @@ use crate::region::{Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS}
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
 use crate::swap::{DeviceSpec, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
-use crate::{fault, reclaim};
+use crate::{events, fault, reclaim};
 
 /// Pages moved out (and written back) per reclaim round: the kernel's `SWAP_CLUSTER_MAX`.
 pub const RECLAIM_BATCH_PAGES: usize = 32;
@@ -179,9 +179,17 @@ impl PagerBuilder {
             len_bytes: 0,
             source: e,
         })?;
+        // The staging area is registered with a descriptor of its own, which asks for no
+        // events: the engine discards staging pages all the time, and on the regions'
+        // descriptor each discard would be a REMOVE event that blocks the discarding thread
+        // until it is read (see `events`). `UFFDIO_MOVE` needs only its destination
+        // registered with the descriptor it is issued on: moves out go through this one,
+        // moves back through the regions'.
+        let staging_uffd = open_staging_uffd()?;
         for d in devices.devices() {
             // Same modes as regions: UFFDIO_MOVE needs both sides to have the same protection.
-            uffd.register(d.staging.addr(), d.staging.len(), REGISTER_MODES)
+            staging_uffd
+                .register(d.staging.addr(), d.staging.len(), REGISTER_MODES)
                 .map_err(|e| Error::io("registering the swap staging area with userfaultfd", e))?;
         }
         let async_ra = AsyncReadahead::new(
@@ -197,6 +205,7 @@ impl PagerBuilder {
         let cpus = allowed_cpus();
         let shared = Arc::new(PagerShared {
             uffd,
+            staging_uffd,
             mode: self.mode,
             limit_pages: AtomicUsize::new(limit_pages),
             resident_pages: AtomicUsize::new(0),
@@ -248,8 +257,18 @@ impl PagerBuilder {
                         );
                     }
                 }
-                FaultMode::Signal => uffd::sigbus::install(fault::sigbus_fault)
-                    .map_err(|e| Error::io("installing the SIGBUS handler", e))?,
+                FaultMode::Signal => {
+                    uffd::sigbus::install(fault::sigbus_fault)
+                        .map_err(|e| Error::io("installing the SIGBUS handler", e))?;
+                    // Faults come as signals, but munmap/mremap/madvise events still come as
+                    // messages, and the thread that caused one waits until it is read.
+                    let s = shared.clone();
+                    let bell = core.doorbell.clone();
+                    threads.push(
+                        spawn_engine_thread("uswap-events".into(), move || events::event_thread(&s, &bell))
+                            .map_err(|e| Error::io("starting the event thread", e))?,
+                    );
+                }
             }
         }
         Ok(Pager { core })
@@ -270,7 +289,12 @@ fn check_signal_delivery() -> Result<()> {
 }
 
 fn open_uffd(mode: FaultMode) -> Result<Uffd> {
+    // What the application does to a region (munmap, mremap, MADV_DONTNEED) reaches the
+    // engine as events (see `events`).
     let features = uffd::FEATURE_MOVE
+        | uffd::FEATURE_EVENT_UNMAP
+        | uffd::FEATURE_EVENT_REMAP
+        | uffd::FEATURE_EVENT_REMOVE
         | match mode {
             FaultMode::Signal => uffd::FEATURE_SIGBUS,
             // The faulting thread's id, to deliver SIGBUS to it if its page is lost.
@@ -278,14 +302,24 @@ fn open_uffd(mode: FaultMode) -> Result<Uffd> {
         };
     // Signal mode only ever sees user-mode faults, so it may use UFFD_USER_MODE_ONLY, which
     // unprivileged users get even with vm.unprivileged_userfaultfd=0.
-    Uffd::open(features, true, mode == FaultMode::Signal).map_err(|e| match e {
+    Uffd::open(features, true, mode == FaultMode::Signal).map_err(open_error)
+}
+
+/// The staging area's descriptor: no events; SIGBUS, so that an engine bug touching an empty
+/// staging page fails loudly instead of waiting for a reader that never comes.
+fn open_staging_uffd() -> Result<Uffd> {
+    Uffd::open(uffd::FEATURE_MOVE | uffd::FEATURE_SIGBUS, true, true).map_err(open_error)
+}
+
+fn open_error(e: OpenError) -> Error {
+    match e {
         OpenError::Denied { syscall, dev } => Error::UserfaultfdDenied { syscall, dev },
         OpenError::Unsupported(source) => Error::UserfaultfdUnsupported { source },
         OpenError::MissingFeatures { wanted, available } => {
             Error::KernelTooOld { release: uffd::kernel_release(), missing: feature_names(wanted & !available) }
         }
         OpenError::Other(e) => Error::io("userfaultfd handshake (UFFDIO_API)", e),
-    })
+    }
 }
 
 fn feature_names(bits: u64) -> String {
@@ -293,6 +327,9 @@ fn feature_names(bits: u64) -> String {
         (uffd::FEATURE_MOVE, "UFFD_FEATURE_MOVE"),
         (uffd::FEATURE_SIGBUS, "UFFD_FEATURE_SIGBUS"),
         (uffd::FEATURE_WP_ASYNC, "UFFD_FEATURE_WP_ASYNC"),
+        (uffd::FEATURE_EVENT_UNMAP, "UFFD_FEATURE_EVENT_UNMAP"),
+        (uffd::FEATURE_EVENT_REMAP, "UFFD_FEATURE_EVENT_REMAP"),
+        (uffd::FEATURE_EVENT_REMOVE, "UFFD_FEATURE_EVENT_REMOVE"),
     ];
     let v: Vec<&str> = names.iter().filter(|(b, _)| bits & b != 0).map(|(_, n)| *n).collect();
     if v.is_empty() {
@@ -343,7 +380,10 @@ const REGISTER_MODES: u64 = uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP
 
 /// State shared by the pager's handle, its regions and its threads.
 pub(crate) struct PagerShared {
+    /// The regions' descriptor: faults, events, and every ioctl whose destination is a region.
     pub uffd: Uffd,
+    /// The staging area's descriptor (no events): moves out of regions into the swap cache.
+    pub staging_uffd: Uffd,
     pub mode: FaultMode,
     /// The resident limit, in pages.
     pub limit_pages: AtomicUsize,
@@ -389,6 +429,9 @@ impl PagerShared {
         let mut uncharge = 0usize;
         let mut uncache = 0usize;
         let mut to_free: Vec<u64> = Vec::new();
+        // Runs of pages still the region's: only those are unregistered and unmapped (a
+        // range the application unmapped may hold another mapping by now).
+        let live = inner.live_runs();
         for page in 0..inner.nr_pages {
             let pte = inner.load(page);
             debug_assert!(!pte.busy(), "page {page} still busy after the region left the registry");
@@ -418,13 +461,20 @@ impl PagerShared {
                     self.devices.device(e).cache.clear(e.offset());
                     to_free.push(e.bits());
                 }
-                crate::region::PageState::None | crate::region::PageState::Zero => {}
+                crate::region::PageState::None | crate::region::PageState::Zero | crate::region::PageState::Gone => {}
             }
         }
         self.swapcache_pages.fetch_sub(uncache, Ordering::AcqRel);
         self.resident_pages.fetch_sub(uncharge, Ordering::AcqRel);
         self.devices.free_now(&mut to_free);
         self.devices.flush_frees();
+        for (first, end) in live {
+            let (addr, len) = (inner.page_addr(first), (end - first) * PAGE_SIZE);
+            // Unregistered first: the engine's own munmap must send no UNMAP event (its
+            // thread would wait for the event to be read, and it is not the application's).
+            let _ = self.uffd.unregister(addr, len);
+            crate::mapping::unmap_app_range(addr, len);
+        }
     }
 
     /// Logs a page error (lock-free; the oldest entry goes when the log is full).
@@ -530,14 +580,17 @@ impl Pager {
             .uffd
             .register(memory.addr(), len, REGISTER_MODES)
             .map_err(|e| Error::io("registering the region with userfaultfd", e))?;
+        let addr = memory.addr();
         let inner = Arc::new(
-            RegionInner::new(memory.addr(), len, self.core.shared.clone())
+            RegionInner::new(memory, self.core.shared.clone())
                 .map_err(|e| Error::io("allocating the region's page table", e))?,
         );
-        let (idx, _gen) = REGIONS
-            .insert(memory.addr(), memory.addr() + len, inner.clone())
-            .ok_or(Error::TooManyRegions { max: MAX_REGIONS })?;
-        Ok(Region::new(memory, inner, idx, self.clone()))
+        let Some((idx, _gen)) = REGIONS.insert(addr, addr + len, inner.clone()) else {
+            let _ = shared.uffd.unregister(addr, len);
+            crate::mapping::unmap_app_range(addr, len);
+            return Err(Error::TooManyRegions { max: MAX_REGIONS });
+        };
+        Ok(Region::new(inner, idx, self.clone()))
     }
 
     /// A snapshot of the counters. Flushes the per-CPU batches of freed slots first, so the
@@ -608,9 +661,12 @@ impl Pager {
         let mut err = None;
         REGIONS.for_each(|r| {
             if std::ptr::eq(&*r.pager, s) {
-                match mincore_pages(r.start, r.nr_pages * PAGE_SIZE) {
-                    Ok(n) => total += n,
-                    Err(e) => err = Some(e),
+                // Pages the application unmapped are not the region's any more.
+                for (first, end) in r.live_runs() {
+                    match mincore_pages(r.page_addr(first), (end - first) * PAGE_SIZE) {
+                        Ok(n) => total += n,
+                        Err(e) => err = Some(e),
+                    }
                 }
             }
         });

@@ -87,9 +87,18 @@ pub(crate) enum Counter {
     SwapRaAsyncWait,
     /// Faults that gave up waiting for a page's busy bit (see `fault::BUSY_WAIT_LIMIT_NS`).
     FaultBusyTimeout,
+    /// `munmap` events: the application unmapped part of a region (see `events`).
+    UffdUnmap,
+    /// `mremap` events: the application moved a region, or part of one.
+    UffdRemap,
+    /// `MADV_DONTNEED`/`MADV_REMOVE` events: the application discarded part of a region.
+    UffdRemove,
+    /// Swap-cache hits on read-only memory, copied back (`UFFDIO_MOVE` needs equal
+    /// protections on both sides).
+    PgfaultSwapcacheCopy,
 }
 
-const NR_COUNTERS: usize = Counter::FaultBusyTimeout as usize + 1;
+const NR_COUNTERS: usize = Counter::PgfaultSwapcacheCopy as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -405,6 +414,16 @@ pub struct Stats {
     pub swap_ra_async_dropped: u64,
     /// Faults that found their asynchronous readahead still in flight and waited for it.
     pub swap_ra_async_wait: u64,
+    /// Application `munmap`s over regions (userfaultfd `UNMAP` events): those pages are gone,
+    /// their swap space freed, and the engine never touches those addresses again.
+    pub uffd_unmap: u64,
+    /// Application `mremap`s of regions (`REMAP` events).
+    pub uffd_remap: u64,
+    /// Application `MADV_DONTNEED`/`MADV_REMOVE` over regions (`REMOVE` events): those pages
+    /// read zero afterwards, their swap space freed.
+    pub uffd_remove: u64,
+    /// Swap-cache hits on read-only (`mprotect`) memory, served by copying the staged page.
+    pub pgfault_swapcache_copy: u64,
     /// Faults that found their page already resolved by a racing thread.
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
@@ -476,6 +495,10 @@ impl PerCpuStats {
         s.swap_ra_async = self.sum(SwapRaAsync);
         s.swap_ra_async_dropped = self.sum(SwapRaAsyncDropped);
         s.swap_ra_async_wait = self.sum(SwapRaAsyncWait);
+        s.uffd_unmap = self.sum(UffdUnmap);
+        s.uffd_remap = self.sum(UffdRemap);
+        s.uffd_remove = self.sum(UffdRemove);
+        s.pgfault_swapcache_copy = self.sum(PgfaultSwapcacheCopy);
         s.fault_raced = self.sum(FaultRaced);
         s.fault_lock_free = self.sum(FaultLockFree);
         s.fault_busy_timeout = self.sum(FaultBusyTimeout);

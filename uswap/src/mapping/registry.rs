@@ -115,6 +115,20 @@ impl<T, const N: usize> Registry<T, N> {
         Some(unsafe { Arc::from_raw(p) })
     }
 
+    /// Moves slot `idx` to `[start, end)` (its value moved: `update` tells it so, first).
+    /// Readers see the old or the new range, and re-check what they find.
+    pub fn set_range(&self, idx: usize, start: usize, end: usize, update: impl FnOnce(&T)) {
+        let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(g) = self.acquire(idx) else { return };
+        update(&g);
+        let s = &self.slots[idx];
+        // A window where the slot matches nothing is harmless (a fault finds no region and is
+        // retried); one where it matches a wrong range is not: clear it first.
+        s.end.store(0, Ordering::SeqCst);
+        s.start.store(start, Ordering::SeqCst);
+        s.end.store(end, Ordering::SeqCst);
+    }
+
     fn acquire(&self, idx: usize) -> Option<RegistryGuard<'_, T>> {
         let s = &self.slots[idx];
         s.users.fetch_add(1, Ordering::SeqCst);
