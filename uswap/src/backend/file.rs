@@ -540,8 +540,8 @@ fn open_regular(path: &Path, create: bool, len: u64, preallocate: bool) -> Resul
 /// Deallocates `len` bytes at `off` of a regular file: they read back as zero.
 fn punch_hole(fd: RawFd, off: u64, len: u64) -> io::Result<()> {
     loop {
-        // SAFETY: plain system call on an open descriptor; KEEP_SIZE leaves the size alone.
         let flags = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: plain system call on an open descriptor; KEEP_SIZE leaves the size alone.
         if unsafe { libc::fallocate(fd, flags, off as libc::off_t, len as libc::off_t) } == 0 {
             return Ok(());
         }
