@@ -24,8 +24,9 @@ fn sigbus_handler_replaced_after_the_pager_is_detected() {
     p.check_signal_delivery().expect("uswap's handler is in place");
 
     // The program installs its own SIGBUS handler, without chaining.
-    // SAFETY: a zeroed sigaction with a one-argument handler; the old one is saved to restore.
+    // SAFETY: sigaction is plain data; all zeros is a valid value.
     let mut uswap_action: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a zeroed sigaction with a one-argument handler; the old one is saved to restore.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = app_handler as *const () as usize;
