@@ -267,7 +267,12 @@ fn scenario(what: &str, p: &Pager, region_bytes: u64, random_accesses: usize) ->
     assert!(st.pswpout > 0 && st.pswpin > 0, "{what}: pages went out and came back: {st:?}");
     assert!(st.pgsteal_direct > 0, "{what}: direct reclaim ran in the handler: {st:?}");
     assert!(st.pgfault_swapcache > 0, "{what}: swap-cache hits: {st:?}");
-    assert!(st.swap_ra > 0 && st.swap_ra_hit > 0, "{what}: readahead: {st:?}");
+    assert!(st.swap_ra > 0, "{what}: readahead: {st:?}");
+    // Cluster readahead finds its hits through slot owners, and signal mode frees a slot
+    // when it brings the page back, so it sees none (README, "Readahead").
+    if !what.contains("cluster readahead") {
+        assert!(st.swap_ra_hit > 0, "{what}: readahead hits: {st:?}");
+    }
     assert_eq!(st.fault_error, 0, "{what}: {st:?}");
     st
 }
@@ -357,10 +362,10 @@ fn file_device_with_async_readahead() {
 fn nearly_full_file_device_discards_clusters_with_cluster_readahead() {
     // 4 clusters (8 MiB) for up to 6.5 MiB of swapped pages.
     let p = signal_pager(2 * MIB, vec![DeviceConfig::file("/var/tmp", 8 * MIB).readahead(ReadaheadPolicy::Cluster)]);
-    scenario("nearly full file, first region", &p, 15 * MIB / 2, 2000);
+    scenario("nearly full file (cluster readahead), first region", &p, 15 * MIB / 2, 2000);
     // The first region's clusters wait for discard: the second region's swap-outs (in the
     // handler) find no other cluster and discard them.
-    let st = scenario("nearly full file, second region", &p, 15 * MIB / 2, 2000);
+    let st = scenario("nearly full file (cluster readahead), second region", &p, 15 * MIB / 2, 2000);
     assert!(st.devices[0].clusters_discarded > 0, "clusters were discarded: {st:?}");
 }
 
