@@ -67,6 +67,14 @@ pub enum Error {
     LimitNotReached { resident_bytes: u64, limit_bytes: u64 },
 
     #[error(
+        "could not reclaim down to the new limit of {limit_bytes} bytes ({resident_bytes} bytes \
+         still resident) within {waited_ms} ms: every page reclaim found was busy (in a fault or \
+         a device write) while other threads kept faulting. The limit is in place and faults \
+         keep to it; call again once the other threads are quieter"
+    )]
+    LimitBusy { resident_bytes: u64, limit_bytes: u64, waited_ms: u64 },
+
+    #[error(
         "signal mode: this thread blocks SIGBUS, so a fault on a managed page in it would kill \
          the process (the kernel forces a blocked SIGBUS to its default action). Unblock SIGBUS \
          (pthread_sigmask) in every thread that touches managed memory and keep it out of the \

@@ -635,8 +635,10 @@ impl Pager {
     }
 
     /// Changes the resident limit. A lower limit takes effect at once: the caller reclaims
-    /// down to it before this returns. Fails (with the new limit in place) if the devices
-    /// are full and the pages cannot go anywhere.
+    /// down to it before this returns. Fails (with the new limit in place) with
+    /// [`Error::LimitNotReached`] if the devices are full and the pages cannot go anywhere,
+    /// or [`Error::LimitBusy`] if for 2 s every page reclaim found was busy in other
+    /// threads' faults or device writes.
     pub fn set_resident_limit(&self, bytes: u64) -> Result<()> {
         if bytes < MIN_LIMIT_BYTES {
             return Err(Error::LimitTooSmall { limit_bytes: bytes, min_bytes: MIN_LIMIT_BYTES });

@@ -242,24 +242,44 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
 /// Reclaims until the charge is at or below the limit (after the limit was lowered).
 pub(crate) fn reclaim_to_limit(p: &PagerShared) -> Result<()> {
     let mut fruitless = 0;
-    // Bounded by the number of charged pages: each fruitful round uncharges at least one.
+    let mut backoff_us = 50u64;
+    let mut busy_since: Option<std::time::Instant> = None;
+    // Bounded by the number of charged pages (each fruitful round uncharges at least one)
+    // and, while rounds find nothing, by `LIMIT_BUSY_WAIT`.
     while p.resident_pages.load(Ordering::Acquire) > p.limit_pages.load(Ordering::Acquire) {
-        if !reclaim_round(p, true).any() {
-            fruitless += 1;
-            if fruitless > MAX_FRUITLESS_ROUNDS {
-                return Err(Error::LimitNotReached {
-                    resident_bytes: (p.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64,
-                    limit_bytes: (p.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64,
-                });
-            }
-            std::thread::yield_now();
-        } else {
+        if reclaim_round(p, true).any() {
             fruitless = 0;
+            backoff_us = 50;
+            busy_since = None;
+            continue;
         }
+        fruitless += 1;
+        if fruitless <= MAX_FRUITLESS_ROUNDS {
+            std::thread::yield_now();
+            continue;
+        }
+        let resident_bytes = (p.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
+        let limit_bytes = (p.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
+        if p.devices.is_full() {
+            return Err(Error::LimitNotReached { resident_bytes, limit_bytes });
+        }
+        // Rounds that find nothing while the devices have room: the victims are busy in
+        // faults or device writes of other threads. That is no reason to give up yet.
+        let since = *busy_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() > LIMIT_BUSY_WAIT {
+            let waited_ms = since.elapsed().as_millis() as u64;
+            return Err(Error::LimitBusy { resident_bytes, limit_bytes, waited_ms });
+        }
+        std::thread::sleep(std::time::Duration::from_micros(backoff_us));
+        backoff_us = (backoff_us * 2).min(2_000);
     }
     p.devices.flush_frees();
     Ok(())
 }
+
+/// How long `set_resident_limit` keeps trying while every victim it finds is busy and the
+/// devices have room, before it reports [`Error::LimitBusy`].
+const LIMIT_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Clone, Copy)]
 struct Victim {

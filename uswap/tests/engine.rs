@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
-use uswap::{DeviceConfig, Error, FaultMode, Pager, PAGE_SIZE, RECLAIM_BATCH_PAGES};
+use uswap::{DeviceConfig, Error, FaultMode, Pager, MIN_LIMIT_BYTES, PAGE_SIZE, RECLAIM_BATCH_PAGES};
 
 mod common;
 use common::*;
@@ -473,4 +473,65 @@ fn signal_mode_pages_come_back_writable() {
     assert!(st.pswpin >= pages as u64, "{st:?}");
     assert_eq!((st.clean_pages, st.swpout_clean, st.pgfault_wp), (0, 0, 0), "{st:?}");
     assert!(st.pswpout >= pages as u64 + pages as u64 / 2, "pages read back are written again: {st:?}");
+}
+
+/// `set_resident_limit` while other threads fault: rounds that find every victim busy (in a
+/// fault, or being written) are not a full device. Only a full device may be reported as one.
+fn shrinking_under_faults_is_not_a_full_device(mode: FaultMode) {
+    // A file device: its writes keep victims busy for a while.
+    let p = Pager::builder()
+        .resident_limit(8 * MIB)
+        .fault_mode(mode)
+        .device(DeviceConfig::file("/var/tmp", 256 * MIB))
+        .build()
+        .expect("pager");
+    let region = p.map(32 * MIB as usize).unwrap();
+    let nr_pages = region.len() / PAGE_SIZE;
+    let words = region.as_atomic_u64s();
+    let threads = 4;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let errors: Vec<String> = std::thread::scope(|s| {
+        for t in 0..threads {
+            let stop = &stop;
+            s.spawn(move || {
+                let mine: Vec<usize> = (t..nr_pages).step_by(threads).collect();
+                let mut version = vec![0u64; mine.len()];
+                let mut rng = Rng(0x51ab_0000 + t as u64);
+                while !stop.load(Ordering::Relaxed) {
+                    let j = (rng.next() % mine.len() as u64) as usize;
+                    check_page(words, mine[j], version[j]);
+                    version[j] += 1;
+                    write_page(words, mine[j], version[j]);
+                }
+                for (j, &i) in mine.iter().enumerate() {
+                    check_page(words, i, version[j]);
+                }
+            });
+        }
+        let mut errors = Vec::new();
+        let t0 = std::time::Instant::now();
+        let mut k = 0u64;
+        while t0.elapsed() < std::time::Duration::from_secs(4) {
+            let limit = if k % 2 == 0 { MIN_LIMIT_BYTES } else { 8 * MIB };
+            if let Err(e) = p.set_resident_limit(limit) {
+                errors.push(format!("limit {limit}: {e}"));
+            }
+            k += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        errors
+    });
+    let st = p.stats();
+    assert!(errors.is_empty(), "{} of the limit changes failed, first: {}; {st:?}", errors.len(), errors[0]);
+    assert!(st.pswpout > 0 && st.pswpin > 0, "the run must swap: {st:?}");
+}
+
+#[test]
+fn thread_mode_shrinking_under_faults_is_not_a_full_device() {
+    shrinking_under_faults_is_not_a_full_device(FaultMode::Thread);
+}
+
+#[test]
+fn signal_mode_shrinking_under_faults_is_not_a_full_device() {
+    shrinking_under_faults_is_not_a_full_device(FaultMode::Signal);
 }
