@@ -221,9 +221,10 @@ fn remap(p: &PagerShared, from: usize, to: usize, len: usize) {
 fn take_out(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usize) {
     let mut buf = p.bounce.take();
     for page in first..last {
-        let pte = r.load(page);
+        // Locked before its state is read: a reclaim round that owns the page may be moving
+        // it into the swap cache right now, and its state says so only once it lets go.
+        let pte = lock_page(r, page);
         if matches!(pte.state(), PageState::Cached | PageState::Swapped) {
-            let pte = lock_page(r, page);
             let at = dst + (page - first) * PAGE_SIZE;
             let e = pte.entry();
             let dev = p.devices.device(e);
@@ -249,8 +250,8 @@ fn take_out(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usiz
                     p.stats.inc(Counter::FaultError);
                 }
             }
-            r.store(page, pte.unbusy());
         }
+        r.store(page, pte.unbusy());
     }
     drop(buf);
     release(p, r, first, last, PageState::Gone);

