@@ -134,7 +134,7 @@ fn task_reclaim(p: &PagerShared) {
 
 pub(crate) fn uncharge(p: &PagerShared, n: usize) {
     let old = p.resident_pages.fetch_sub(n, Ordering::AcqRel);
-    debug_assert!(old >= n, "resident count underflow");
+    assert!(old >= n, "uswap invariant: resident charge underflow ({old} - {n}): an uncharge without its charge");
 }
 
 /// Queues a page that just became resident at the tail of the FIFO.

@@ -310,6 +310,13 @@ impl RegionInner {
     #[inline]
     pub fn store(&self, page: usize, pte: Pte) {
         debug_assert!(!pte.busy());
+        // Only the owner (the busy bit's holder) changes a page: a store over a word that is
+        // not busy would overwrite another thread's transition. One load, kept in release.
+        let was = Pte(self.ptes[page].load(Ordering::Relaxed));
+        assert!(
+            was.busy(),
+            "uswap invariant: page {page} changed by a thread that does not own it ({was:?} -> {pte:?})"
+        );
         self.ptes[page].store(pte.0, Ordering::Release);
     }
 

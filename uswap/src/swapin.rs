@@ -184,6 +184,11 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
 
     // Read in slot order: runs of consecutive slots on one device are one request each.
     items.sort_unstable_by_key(|it| it.entry());
+    // The window holds each slot once (each page was locked once, and a slot has one owner).
+    assert!(
+        items.windows(2).all(|w| w[0].entry() < w[1].entry()),
+        "uswap invariant: a swap-in window lists a slot twice"
+    );
     let mut buf = pager.bounce.take();
     // Pages not read ahead first (no lock held), then those in the context's buffer; any of
     // those whose data is not there after all is read like the others, under the lock.

@@ -65,6 +65,7 @@ impl Cluster {
             scanned += 1;
         }
         self.next = i as u16;
+        self.check_count();
         got
     }
 
@@ -73,6 +74,13 @@ impl Cluster {
         assert!(self.map[w] & (1 << b) != 0, "swap slot {i} of its cluster freed twice");
         self.map[w] &= !(1 << b);
         self.count -= 1;
+        self.check_count();
+    }
+
+    /// A cluster's count is the number of bits set in its map (8 popcounts: kept in release).
+    fn check_count(&self) {
+        let bits: u32 = self.map.iter().map(|w| w.count_ones()).sum();
+        assert_eq!(self.count as u32, bits, "uswap invariant: a cluster's count disagrees with its bitmap");
     }
 }
 
