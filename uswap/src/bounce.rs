@@ -8,9 +8,9 @@
 //! only happens under extreme oversubscription.
 
 use crossbeam_queue::ArrayQueue;
-use crossbeam_utils::Backoff;
 
 pub use crate::backend::AlignedPage;
+use crate::sync::pop_spinning;
 use crate::uffd::PAGE_SIZE;
 
 /// A borrowed buffer of `nr_pages` aligned pages, returned to its pool on drop.
@@ -56,13 +56,7 @@ impl BouncePool {
 
     /// Takes a buffer, waiting for one if all are lent out.
     pub fn take(&self) -> Bounce<'_> {
-        let backoff = Backoff::new();
-        loop {
-            if let Some(b) = self.free.pop() {
-                return Bounce { buf: Some(b), pool: self };
-            }
-            backoff.snooze();
-        }
+        Bounce { buf: Some(pop_spinning(&self.free)), pool: self }
     }
 }
 

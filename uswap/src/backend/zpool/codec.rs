@@ -2,14 +2,15 @@
 //! scratch buffer, and back.
 //!
 //! Locking: compression contexts and scratch buffers come from lock-free pools filled at
-//! start-up; taking one spins until one is free. So nothing allocates and no lock is taken,
-//! and every path is safe in a SIGBUS handler.
+//! start-up; taking one spins until one is free ([`pop_spinning`]). So nothing allocates and
+//! no lock is taken, and every path is safe in a SIGBUS handler.
 //!
 //! Invariants: a zstd context is warmed at start-up (the first compression sizes its
 //! workspace), so using it never allocates; a scratch buffer holds lz4's worst case for a
 //! page.
 
 use super::{Compressor, ZpoolBackend};
+use crate::sync::pop_spinning;
 use crate::uffd::PAGE_SIZE;
 
 /// Scratch per operation: lz4 wants room for its worst case (a little over a page).
@@ -53,22 +54,10 @@ impl ZpoolBackend {
     }
 
     pub(super) fn take_scratch(&self) -> Box<Scratch> {
-        let backoff = crossbeam_utils::Backoff::new();
-        loop {
-            if let Some(s) = self.scratch.pop() {
-                return s;
-            }
-            backoff.snooze();
-        }
+        pop_spinning(&self.scratch)
     }
 
     fn take_zstd(&self) -> Box<ZstdCtx> {
-        let backoff = crossbeam_utils::Backoff::new();
-        loop {
-            if let Some(c) = self.zstd.pop() {
-                return c;
-            }
-            backoff.snooze();
-        }
+        pop_spinning(&self.zstd)
     }
 }
