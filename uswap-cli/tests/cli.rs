@@ -199,6 +199,95 @@ fn bad_input_is_refused_with_a_reason() {
     }
 }
 
+/// Runs `uswap ARGS` with stdout and stderr read to the end, killing it after `limit`: a run
+/// that does not end is a failure naming the arguments, not a hung test.
+fn run_with_timeout(args: &[&str], limit: Duration) -> Output {
+    use std::io::Read;
+    let mut child =
+        uswap().args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut pipes = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let readers = (
+        std::thread::spawn(move || {
+            let mut b = vec![];
+            pipes.0.read_to_end(&mut b).map(|_| b)
+        }),
+        std::thread::spawn(move || {
+            let mut b = vec![];
+            pipes.1.read_to_end(&mut b).map(|_| b)
+        }),
+    );
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() >= deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("uswap {args:?} still running after {limit:?}: stuck instead of refusing its input");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output { status, stdout: readers.0.join().unwrap().unwrap(), stderr: readers.1.join().unwrap().unwrap() }
+}
+
+#[test]
+fn numeric_flags_out_of_range_are_refused_at_parse_time() {
+    // Each must end at once with clap's usage error (status 2) naming the flag and the
+    // range it takes; before, a NaN or infinite skew made the zipf sampler spin forever.
+    let cases: &[(&[&str], &str)] = &[
+        (&["--pattern", "zipf", "--zipf-skew", "nan"], "from 0 to 100"),
+        (&["--pattern", "zipf", "--zipf-skew", "inf"], "from 0 to 100"),
+        (&["--pattern", "zipf", "--zipf-skew", "-1"], "from 0 to 100"),
+        (&["--pattern", "zipf", "--zipf-skew", "101"], "from 0 to 100"),
+        (&["--pattern", "normal", "--normal-sd", "-1"], "above 0 and at most 100"),
+        (&["--pattern", "normal", "--normal-sd", "nan"], "above 0 and at most 100"),
+        (&["--pattern", "normal", "--normal-sd", "0"], "above 0 and at most 100"),
+        (&["--pattern", "normal", "--normal-sd", "inf"], "above 0 and at most 100"),
+        (&["--handler-threads", "0"], "1..=1024"),
+        (&["--accesses", "2000000000000"], "0..=1000000000000"),
+        (&["--oom-retries", "1000"], "0..=100"),
+        (&["--threads", "0"], "1..=1024"),
+        (&["--runs", "0"], "1..=100"),
+    ];
+    for (flags, needle) in cases {
+        let mut args = vec!["bench", "--wss", "16MiB", "--limit", "4MiB"];
+        args.extend_from_slice(flags);
+        let out = run_with_timeout(&args, Duration::from_secs(60));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        let flag = flags[flags.len() - 2];
+        assert!(err.contains(flag) && err.contains(needle), "{flags:?} should name {flag} and {needle:?}: {err}");
+    }
+    // The edges of each range are taken.
+    for flags in [["--zipf-skew", "0"], ["--zipf-skew", "100"], ["--normal-sd", "100"]] {
+        let pattern = if flags[0] == "--zipf-skew" { "zipf" } else { "normal" };
+        let mut args = vec!["bench", "--wss", "16MiB", "--limit", "4MiB", "--accesses", "2000", "--pattern", pattern];
+        args.extend_from_slice(&flags);
+        let out = run_with_timeout(&args, Duration::from_secs(120));
+        assert!(out.status.success(), "{flags:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn a_working_set_larger_than_memory_is_refused_before_it_starts() {
+    // Before, the run was started and the kernel's OOM killer ended it half-way.
+    for engines in ["uswap-thread", "uswap-signal@ram", "ram"] {
+        let args = ["bench", "--wss", "1TiB", "--limit", "64MiB", "--accesses", "1000", "--engines", engines];
+        let out = run_with_timeout(&args, Duration::from_secs(60));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{engines}: {err}");
+        assert!(err.contains("1024.0 GiB of memory") && err.contains("GiB available"), "{engines}: {err}");
+        assert!(err.contains("MemAvailable") && err.contains("give a smaller --wss"), "{engines}: {err}");
+    }
+    // A resident limit larger than memory, on a device outside memory.
+    let args = ["bench", "--wss", "1TiB", "--limit", "900GiB", "--accesses", "1000", "--device", "file:/var/tmp"];
+    let out = run_with_timeout(&args, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--limit 900GiB resident") && err.contains("or --limit"), "{err}");
+}
+
 #[test]
 fn workloads_report_every_engine_and_side() {
     let dir = tmpdir("workloads");

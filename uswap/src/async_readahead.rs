@@ -27,9 +27,9 @@
 //! region left the registry ([`AsyncReadahead::forget_region`] clears those), or moves it to
 //! another slot (tier writeback), which the consumer sees as an entry mismatch.
 //!
-//! Locking: each context's `io` is a [`SpinLock`] held while starting, waiting for and
-//! mapping from its reads (up to a device read, ~250 µs), and never together with another
-//! context's lock. A thread that holds one only try-locks pages, so a fault that holds a
+//! Locking (its place in the hierarchy, and why it may be held across reads: `crate::sync`):
+//! each context's `io` is a [`SpinLock`] held while starting, waiting for and mapping from
+//! its reads (up to a device read, ~250 µs), and never together with another context's lock. A thread that holds one only try-locks pages, so a fault that holds a
 //! page and waits for the context cannot deadlock with it. The lock-free fault route never
 //! takes a context lock: it claims its page's entry (throwing the data away) and reads the
 //! slot itself. Listings are atomics, read without the lock.

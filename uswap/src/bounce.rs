@@ -56,6 +56,10 @@ impl BouncePool {
 
     /// Takes a buffer, waiting for one if all are lent out.
     pub fn take(&self) -> Bounce<'_> {
+        // Terminates: a buffer is lent for one swap-in, which waits on nothing a waiter here
+        // holds (the lender owns its pages' busy bits and takes only lower locks, see the
+        // hierarchy in `crate::sync`), and no application signal handler runs on a lender
+        // (SIGBUS handler: full mask; engine calls: `uffd::AsyncSignalsBlocked`).
         Bounce { buf: Some(pop_spinning(&self.free)), pool: self }
     }
 }

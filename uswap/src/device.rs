@@ -82,9 +82,11 @@ impl DeviceConfig {
     }
 
     /// A file device: `path` is a directory (uswap creates an anonymous 0600 file in it,
-    /// unlinked at once, so nothing is left behind), a regular file, or a block device. I/O
-    /// is `O_DIRECT` through io_uring; freed clusters are punched out. Pages carry a crc32c
-    /// checked on every read, unless [`DeviceConfig::checksum`] turns it off.
+    /// unlinked at once, so nothing is left behind), a regular file only its owner may read
+    /// and write (a path that does not exist is created, mode 0600; the file is kept, and
+    /// emptied when the device is dropped), or a block device. I/O is `O_DIRECT` through
+    /// io_uring; freed clusters are punched out. Pages carry a crc32c checked on every read,
+    /// unless [`DeviceConfig::checksum`] turns it off.
     pub fn file(path: impl Into<PathBuf>, capacity_bytes: u64) -> DeviceConfig {
         DeviceConfig::new(DeviceKind::File {
             path: path.into(),

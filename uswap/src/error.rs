@@ -33,7 +33,7 @@ pub enum Error {
     #[error("cannot map a region of zero bytes; ask for at least one page ({page_size} bytes)")]
     ZeroLengthMap { page_size: usize },
 
-    #[error("cannot map {len_bytes} bytes: a region holds at most {max_bytes} bytes; split it into several regions")]
+    #[error("cannot map {len_bytes} bytes: a region holds at most {max_bytes} bytes (MAX_REGION_BYTES); split it into several regions")]
     MapTooLarge { len_bytes: u64, max_bytes: u64 },
 
     #[error("all {max} region slots of this process are in use; drop regions you no longer need")]
@@ -65,6 +65,23 @@ pub enum Error {
          device, or free memory"
     )]
     LimitNotReached { resident_bytes: u64, limit_bytes: u64 },
+
+    #[error(
+        "signal mode: this thread blocks SIGBUS, so a fault on a managed page in it would kill \
+         the process (the kernel forces a blocked SIGBUS to its default action). Unblock SIGBUS \
+         (pthread_sigmask) in every thread that touches managed memory and keep it out of the \
+         sa_mask of signal handlers that do, or use FaultMode::Thread (the default)"
+    )]
+    SigbusBlocked,
+
+    #[error(
+        "signal mode: the process's SIGBUS handler is no longer uswap's (SIGBUS was given a new \
+         handler after the first signal-mode pager was built), so faults on managed pages would \
+         reach that handler instead of being served. Install your SIGBUS handler before building \
+         the first signal-mode pager (uswap passes it every SIGBUS that is not for a managed \
+         page), or use FaultMode::Thread (the default)"
+    )]
+    SigbusHandlerReplaced,
 
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },

@@ -67,9 +67,20 @@ pub(crate) enum FaultError {
     /// The device read failed, or returned data that failed its checksum, on every attempt;
     /// the page is still on the device.
     Device(PageErrorKind),
-    /// An ioctl failed with this errno.
+    /// An ioctl failed with this errno (`EAGAIN`: an event is pending; try again).
     Ioctl(i32),
+    /// The page stayed busy past `BUSY_WAIT_LIMIT_NS`: its owner is not making progress
+    /// (most likely the faulting thread itself, interrupted while it owned the page).
+    BusyTimeout,
+    /// The address is not the region's any more (the application unmapped or moved it).
+    Gone,
 }
+
+/// How long a fault waits for another owner of its page before failing. Owners hold a
+/// page for one device operation (a batch write to a file device under load: milliseconds);
+/// ten seconds is beyond any legitimate wait, and a fault that fails ends in SIGBUS with
+/// the page's address, where waiting would hang the thread forever.
+const BUSY_WAIT_LIMIT_NS: u64 = if cfg!(test) { 200_000_000 } else { 10_000_000_000 };
 
 /// Serves a missing-page fault at `addr` (any address in the page). `reg_idx`/`reg_gen`
 /// name the region in the registry (for the reclaim queues).
@@ -83,14 +94,22 @@ pub(crate) fn serve_fault(
 ) -> Result<(), FaultError> {
     let t0 = now_ns();
     let pager = &*region.pager;
-    let page = (addr - region.start) / PAGE_SIZE;
+    let Some(page) = region.page_of(addr) else {
+        return Err(FaultError::Gone);
+    };
     let page_addr = region.page_addr(page);
     let backoff = Backoff::new();
     // Bounded: each round either takes ownership of the page, or waits for the current owner
-    // (another fault, or reclaim) to finish a short critical section.
+    // (another fault, or reclaim) to finish a short critical section; a wait past
+    // BUSY_WAIT_LIMIT_NS fails the fault (counted, recorded) rather than hang.
     let result = loop {
         let pte = region.load(page);
         if pte.busy() {
+            if backoff.is_completed() && now_ns().saturating_sub(t0) > BUSY_WAIT_LIMIT_NS {
+                pager.stats.inc(Counter::FaultBusyTimeout);
+                pager.record_error(page_addr, pte.entry(), PageErrorKind::BusyTimeout);
+                break Err(FaultError::BusyTimeout);
+            }
             backoff.snooze();
             continue;
         }
@@ -107,6 +126,11 @@ pub(crate) fn serve_fault(
                 // fault on a clean page the application discarded: then the retried access
                 // faults again and is served as below.)
                 let r = pager.uffd.writeprotect(page_addr, PAGE_SIZE, false, route.wake());
+                if r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN)) {
+                    // An event is pending: nothing changed, the write faults again.
+                    region.store(page, locked.unbusy());
+                    break Err(FaultError::Ioctl(libc::EAGAIN));
+                }
                 pager.devices.free(pte.entry(), route.lock_free());
                 region.store(page, locked.dirtied());
                 pager.clean_pages.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -142,7 +166,17 @@ pub(crate) fn serve_fault(
             PageState::Cached => {
                 let e = pte.entry();
                 let dev = pager.devices.device(e);
-                let r = pager.uffd.move_pages(page_addr, dev.staging_addr(e.offset()), PAGE_SIZE, route.wake());
+                let staged = dev.staging_addr(e.offset());
+                let mut r = pager.uffd.move_pages(page_addr, staged, PAGE_SIZE, route.wake());
+                if r == (RangeResult::Partial { done_bytes: 0, errno: libc::EINVAL }) {
+                    // UFFDIO_MOVE needs equal protections on both sides: the application made
+                    // the region read-only (mprotect). Copy the staged page, then drop it.
+                    r = pager.uffd.copy(page_addr, staged as *const u8, PAGE_SIZE, route.wake(), false);
+                    if r == RangeResult::Done {
+                        let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
+                        pager.stats.inc(Counter::PgfaultSwapcacheCopy);
+                    }
+                }
                 if let RangeResult::Partial { errno, .. } = r {
                     region.store(page, locked.unbusy());
                     break Err(FaultError::Ioctl(errno));
@@ -160,6 +194,10 @@ pub(crate) fn serve_fault(
             PageState::Swapped => {
                 let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
                 break swap_in(pager, &f);
+            }
+            PageState::Gone => {
+                region.store(page, locked.unbusy());
+                break Err(FaultError::Gone);
             }
         }
     };
@@ -258,6 +296,12 @@ fn page_ref(region_idx: usize, region_gen: u32, page: usize, page_gen: u8) -> Pa
 /// signal-mode region. Async-signal-safe.
 pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     let Some(g) = REGIONS.find(addr) else {
+        // A region being moved (mremap) is found again once its event is applied: retry the
+        // access rather than pass the signal on.
+        if crate::events::in_flight() {
+            std::thread::yield_now();
+            return true;
+        }
         return false;
     };
     if g.pager.mode != FaultMode::Signal {
@@ -265,10 +309,20 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     }
     let route = if locks_held_by_this_thread() > 0 { Route::SignalLockFree } else { Route::Signal };
     // Bounded retries of transient failures; a page that cannot be brought back ends in
-    // SIGBUS, as in the kernel.
+    // SIGBUS, as in the kernel. A busy timeout is not transient: no retry.
     for _ in 0..READ_ATTEMPTS {
-        if serve_fault(&g, g.index, g.gen, addr, is_write, route).is_ok() {
-            return true;
+        match serve_fault(&g, g.index, g.gen, addr, is_write, route) {
+            Ok(()) => return true,
+            Err(FaultError::BusyTimeout) => break,
+            // Not the region's any more: not uswap's fault.
+            Err(FaultError::Gone) => return false,
+            // An event is being delivered (the kernel refuses ioctls until it is read): the
+            // access faults again once it is.
+            Err(FaultError::Ioctl(libc::EAGAIN)) => {
+                std::thread::yield_now();
+                return true;
+            }
+            Err(_) => {}
         }
     }
     uffd::sigbus::report_lost_page(addr);
@@ -292,6 +346,7 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
         }
         for m in &msgs[..n] {
             if m.event != uffd::EVENT_PAGEFAULT {
+                crate::events::handle_event(pager, m);
                 continue;
             }
             let addr = m.pf_address as usize & !(PAGE_SIZE - 1);
@@ -300,9 +355,20 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                 Some(g) if std::ptr::eq(&*g.pager, pager) => {
                     let mut ok = false;
                     for _ in 0..READ_ATTEMPTS {
-                        if serve_fault(&g, g.index, g.gen, addr, write, Route::Thread).is_ok() {
-                            ok = true;
-                            break;
+                        match serve_fault(&g, g.index, g.gen, addr, write, Route::Thread) {
+                            Ok(()) => {
+                                ok = true;
+                                break;
+                            }
+                            Err(FaultError::BusyTimeout) => break,
+                            // Gone: the thread faults again and meets whatever is there now;
+                            // EAGAIN: an event is pending, and the thread faults again after it.
+                            Err(FaultError::Gone) | Err(FaultError::Ioctl(libc::EAGAIN)) => {
+                                let _ = pager.uffd.wake(addr, PAGE_SIZE);
+                                ok = true;
+                                break;
+                            }
+                            Err(_) => {}
                         }
                     }
                     if !ok {
@@ -327,5 +393,44 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                 let _ = pager.uffd.wake(addr, PAGE_SIZE);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DeviceConfig, Pager};
+
+    /// A fault on a page whose busy bit its owner never clears (here: held by the test, as
+    /// an interrupted thread would hold it) fails after the bound, counted and recorded,
+    /// instead of spinning forever.
+    #[test]
+    fn a_fault_on_a_page_busy_forever_fails_after_the_bound() {
+        let p = Pager::builder()
+            .resident_limit(4 << 20)
+            .fault_mode(FaultMode::Signal)
+            .device(DeviceConfig::ram(16 << 20))
+            .build()
+            .unwrap();
+        let region = p.map(16 * PAGE_SIZE).unwrap();
+        region.as_atomic_u64s()[0].store(7, std::sync::atomic::Ordering::Relaxed);
+        let addr = region.as_ptr() as usize;
+        let g = REGIONS.find(addr).expect("the region is registered");
+        let locked = g.try_lock(0, g.load(0)).expect("page 0 is not busy");
+        let t0 = std::time::Instant::now();
+        let r = serve_fault(&g, g.index, g.gen, addr, false, Route::Signal);
+        let waited = t0.elapsed();
+        assert_eq!(r, Err(FaultError::BusyTimeout));
+        assert!(waited.as_nanos() as u64 >= BUSY_WAIT_LIMIT_NS, "gave up after {waited:?}");
+        g.store(0, locked.unbusy());
+        drop(g);
+        let st = p.stats();
+        assert_eq!(st.fault_busy_timeout, 1, "{st:?}");
+        let errors = p.recent_errors();
+        assert!(
+            errors.iter().any(|e| e.addr == addr && e.kind == crate::PageErrorKind::BusyTimeout),
+            "recorded: {errors:?}"
+        );
+        assert_eq!(region.as_atomic_u64s()[0].load(std::sync::atomic::Ordering::Relaxed), 7);
     }
 }

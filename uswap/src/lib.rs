@@ -30,6 +30,7 @@ pub mod backend;
 mod bounce;
 mod device;
 mod error;
+mod events;
 mod fault;
 mod mapping;
 mod pager;

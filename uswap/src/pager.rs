@@ -23,13 +23,13 @@ use crate::async_readahead::{AsyncReadahead, DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WI
 use crate::bounce::BouncePool;
 use crate::device::DeviceConfig;
 use crate::error::{Error, Result};
-use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, AppMapping};
+use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, spawn_engine_thread, AppMapping};
 use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
 use crate::region::{Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
 use crate::swap::{DeviceSpec, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
-use crate::{fault, reclaim};
+use crate::{events, fault, reclaim};
 
 /// Pages moved out (and written back) per reclaim round: the kernel's `SWAP_CLUSTER_MAX`.
 pub const RECLAIM_BATCH_PAGES: usize = 32;
@@ -46,7 +46,10 @@ pub enum FaultMode {
     Thread,
     /// `UFFD_FEATURE_SIGBUS`: the faulting thread serves its own fault in a SIGBUS handler.
     /// Fastest (no cross-thread wake-up), but a system call that touches a page that is not
-    /// resident fails with `EFAULT` instead of waiting for it.
+    /// resident fails with `EFAULT` instead of waiting for it (a datagram socket loses the
+    /// datagram), threads that touch managed memory must not block SIGBUS and need 128 KiB of
+    /// stack, and a SIGBUS handler must be installed before the pager. See README, "The two
+    /// fault modes".
     Signal,
 }
 
@@ -152,6 +155,11 @@ impl PagerBuilder {
         if self.devices.len() > MAX_DEVICES {
             return Err(Error::TooManyDevices { given: self.devices.len(), max: MAX_DEVICES });
         }
+        if self.mode == FaultMode::Signal {
+            // Before anything is started: a signal-mode pager this thread cannot use, or whose
+            // faults would not reach uswap, is an error now rather than a killed process later.
+            check_signal_delivery()?;
+        }
         let uffd = open_uffd(self.mode)?;
         let nr_cpus = nr_cpus_configured();
         let mut backends = Vec::with_capacity(self.devices.len());
@@ -171,9 +179,17 @@ impl PagerBuilder {
             len_bytes: 0,
             source: e,
         })?;
+        // The staging area is registered with a descriptor of its own, which asks for no
+        // events: the engine discards staging pages all the time, and on the regions'
+        // descriptor each discard would be a REMOVE event that blocks the discarding thread
+        // until it is read (see `events`). `UFFDIO_MOVE` needs only its destination
+        // registered with the descriptor it is issued on: moves out go through this one,
+        // moves back through the regions'.
+        let staging_uffd = open_staging_uffd()?;
         for d in devices.devices() {
             // Same modes as regions: UFFDIO_MOVE needs both sides to have the same protection.
-            uffd.register(d.staging.addr(), d.staging.len(), REGISTER_MODES)
+            staging_uffd
+                .register(d.staging.addr(), d.staging.len(), REGISTER_MODES)
                 .map_err(|e| Error::io("registering the swap staging area with userfaultfd", e))?;
         }
         let async_ra = AsyncReadahead::new(
@@ -189,6 +205,7 @@ impl PagerBuilder {
         let cpus = allowed_cpus();
         let shared = Arc::new(PagerShared {
             uffd,
+            staging_uffd,
             mode: self.mode,
             limit_pages: AtomicUsize::new(limit_pages),
             resident_pages: AtomicUsize::new(0),
@@ -219,9 +236,7 @@ impl PagerBuilder {
         {
             let mut threads = core.threads.lock().unwrap_or_else(|e| e.into_inner());
             let s = shared.clone();
-            let reclaimer = std::thread::Builder::new()
-                .name("uswap-reclaim".into())
-                .spawn(move || reclaim::background_reclaimer(&s))
+            let reclaimer = spawn_engine_thread("uswap-reclaim".into(), move || reclaim::background_reclaimer(&s))
                 .map_err(|e| Error::io("starting the reclaimer thread", e))?;
             let _ = shared.reclaimer.set(reclaimer.thread().clone());
             threads.push(reclaimer);
@@ -235,23 +250,51 @@ impl PagerBuilder {
                         // handlers than CPUs): a handler on the faulting CPU is woken locally.
                         let cpu = if self.pin_handlers { cpus.get(i % cpus.len().max(1)).copied() } else { None };
                         threads.push(
-                            std::thread::Builder::new()
-                                .name(format!("uswap-fault-{i}"))
-                                .spawn(move || fault::handler_thread(&s, &bell, cpu))
-                                .map_err(|e| Error::io("starting a fault-handler thread", e))?,
+                            spawn_engine_thread(format!("uswap-fault-{i}"), move || {
+                                fault::handler_thread(&s, &bell, cpu)
+                            })
+                            .map_err(|e| Error::io("starting a fault-handler thread", e))?,
                         );
                     }
                 }
-                FaultMode::Signal => uffd::sigbus::install(fault::sigbus_fault)
-                    .map_err(|e| Error::io("installing the SIGBUS handler", e))?,
+                FaultMode::Signal => {
+                    uffd::sigbus::install(fault::sigbus_fault)
+                        .map_err(|e| Error::io("installing the SIGBUS handler", e))?;
+                    // Faults come as signals, but munmap/mremap/madvise events still come as
+                    // messages, and the thread that caused one waits until it is read.
+                    let s = shared.clone();
+                    let bell = core.doorbell.clone();
+                    threads.push(
+                        spawn_engine_thread("uswap-events".into(), move || events::event_thread(&s, &bell))
+                            .map_err(|e| Error::io("starting the event thread", e))?,
+                    );
+                }
             }
         }
         Ok(Pager { core })
     }
 }
 
+/// Signal mode's two preconditions (see [`Pager::check_signal_delivery`]).
+fn check_signal_delivery() -> Result<()> {
+    if uffd::sigbus::installed()
+        && !uffd::sigbus::handler_is_ours().map_err(|e| Error::io("reading the SIGBUS action", e))?
+    {
+        return Err(Error::SigbusHandlerReplaced);
+    }
+    if uffd::sigbus::blocked_in_this_thread() {
+        return Err(Error::SigbusBlocked);
+    }
+    Ok(())
+}
+
 fn open_uffd(mode: FaultMode) -> Result<Uffd> {
+    // What the application does to a region (munmap, mremap, MADV_DONTNEED) reaches the
+    // engine as events (see `events`).
     let features = uffd::FEATURE_MOVE
+        | uffd::FEATURE_EVENT_UNMAP
+        | uffd::FEATURE_EVENT_REMAP
+        | uffd::FEATURE_EVENT_REMOVE
         | match mode {
             FaultMode::Signal => uffd::FEATURE_SIGBUS,
             // The faulting thread's id, to deliver SIGBUS to it if its page is lost.
@@ -259,14 +302,24 @@ fn open_uffd(mode: FaultMode) -> Result<Uffd> {
         };
     // Signal mode only ever sees user-mode faults, so it may use UFFD_USER_MODE_ONLY, which
     // unprivileged users get even with vm.unprivileged_userfaultfd=0.
-    Uffd::open(features, true, mode == FaultMode::Signal).map_err(|e| match e {
+    Uffd::open(features, true, mode == FaultMode::Signal).map_err(open_error)
+}
+
+/// The staging area's descriptor: no events; SIGBUS, so that an engine bug touching an empty
+/// staging page fails loudly instead of waiting for a reader that never comes.
+fn open_staging_uffd() -> Result<Uffd> {
+    Uffd::open(uffd::FEATURE_MOVE | uffd::FEATURE_SIGBUS, true, true).map_err(open_error)
+}
+
+fn open_error(e: OpenError) -> Error {
+    match e {
         OpenError::Denied { syscall, dev } => Error::UserfaultfdDenied { syscall, dev },
         OpenError::Unsupported(source) => Error::UserfaultfdUnsupported { source },
         OpenError::MissingFeatures { wanted, available } => {
             Error::KernelTooOld { release: uffd::kernel_release(), missing: feature_names(wanted & !available) }
         }
         OpenError::Other(e) => Error::io("userfaultfd handshake (UFFDIO_API)", e),
-    })
+    }
 }
 
 fn feature_names(bits: u64) -> String {
@@ -274,6 +327,9 @@ fn feature_names(bits: u64) -> String {
         (uffd::FEATURE_MOVE, "UFFD_FEATURE_MOVE"),
         (uffd::FEATURE_SIGBUS, "UFFD_FEATURE_SIGBUS"),
         (uffd::FEATURE_WP_ASYNC, "UFFD_FEATURE_WP_ASYNC"),
+        (uffd::FEATURE_EVENT_UNMAP, "UFFD_FEATURE_EVENT_UNMAP"),
+        (uffd::FEATURE_EVENT_REMAP, "UFFD_FEATURE_EVENT_REMAP"),
+        (uffd::FEATURE_EVENT_REMOVE, "UFFD_FEATURE_EVENT_REMOVE"),
     ];
     let v: Vec<&str> = names.iter().filter(|(b, _)| bits & b != 0).map(|(_, n)| *n).collect();
     if v.is_empty() {
@@ -290,6 +346,8 @@ pub enum PageErrorKind {
     ReadFailed,
     /// The device returned data that did not match the page's checksum.
     ChecksumMismatch,
+    /// The fault waited too long for the page's busy bit (its owner never finished).
+    BusyTimeout,
 }
 
 /// A page the engine failed to bring back on one attempt (it retries; `Stats` counts).
@@ -307,6 +365,7 @@ impl std::fmt::Display for PageError {
         let what = match self.kind {
             PageErrorKind::ReadFailed => "device read failed",
             PageErrorKind::ChecksumMismatch => "checksum mismatch",
+            PageErrorKind::BusyTimeout => "gave up waiting for the page's owner",
         };
         write!(f, "page {:#x} (device {} slot {}): {what}", self.addr, self.device, self.slot)
     }
@@ -321,7 +380,10 @@ const REGISTER_MODES: u64 = uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP
 
 /// State shared by the pager's handle, its regions and its threads.
 pub(crate) struct PagerShared {
+    /// The regions' descriptor: faults, events, and every ioctl whose destination is a region.
     pub uffd: Uffd,
+    /// The staging area's descriptor (no events): moves out of regions into the swap cache.
+    pub staging_uffd: Uffd,
     pub mode: FaultMode,
     /// The resident limit, in pages.
     pub limit_pages: AtomicUsize,
@@ -367,6 +429,9 @@ impl PagerShared {
         let mut uncharge = 0usize;
         let mut uncache = 0usize;
         let mut to_free: Vec<u64> = Vec::new();
+        // Runs of pages still the region's: only those are unregistered and unmapped (a
+        // range the application unmapped may hold another mapping by now).
+        let live = inner.live_runs();
         for page in 0..inner.nr_pages {
             let pte = inner.load(page);
             debug_assert!(!pte.busy(), "page {page} still busy after the region left the registry");
@@ -396,13 +461,20 @@ impl PagerShared {
                     self.devices.device(e).cache.clear(e.offset());
                     to_free.push(e.bits());
                 }
-                crate::region::PageState::None | crate::region::PageState::Zero => {}
+                crate::region::PageState::None | crate::region::PageState::Zero | crate::region::PageState::Gone => {}
             }
         }
         self.swapcache_pages.fetch_sub(uncache, Ordering::AcqRel);
         self.resident_pages.fetch_sub(uncharge, Ordering::AcqRel);
         self.devices.free_now(&mut to_free);
         self.devices.flush_frees();
+        for (first, end) in live {
+            let (addr, len) = (inner.page_addr(first), (end - first) * PAGE_SIZE);
+            // Unregistered first: the engine's own munmap must send no UNMAP event (its
+            // thread would wait for the event to be read, and it is not the application's).
+            let _ = self.uffd.unregister(addr, len);
+            crate::mapping::unmap_app_range(addr, len);
+        }
     }
 
     /// Logs a page error (lock-free; the oldest entry goes when the log is full).
@@ -474,38 +546,57 @@ impl Pager {
         &self.core.shared
     }
 
-    /// Maps a managed region of `len_bytes` (rounded up to whole pages), zero-filled.
+    /// Maps a managed region of `len_bytes` (rounded up to whole pages), zero-filled. Zero
+    /// bytes and more than [`MAX_REGION_BYTES`] are refused.
+    ///
+    /// Signal mode: fails with [`Error::SigbusHandlerReplaced`] if the process's SIGBUS
+    /// handler is no longer uswap's. Faults are served on the faulting thread's stack, which
+    /// needs room for the handler below the deepest frame that touches managed memory (see
+    /// README, "The two fault modes").
     pub fn map(&self, len_bytes: usize) -> Result<Region> {
+        if self.core.shared.mode == FaultMode::Signal
+            && !uffd::sigbus::handler_is_ours().map_err(|e| Error::io("reading the SIGBUS action", e))?
+        {
+            return Err(Error::SigbusHandlerReplaced);
+        }
         if len_bytes == 0 {
             return Err(Error::ZeroLengthMap { page_size: PAGE_SIZE });
         }
-        let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        if len > MAX_REGION_BYTES {
+        // Checked before rounding: rounding a size near usize::MAX up to whole pages would
+        // overflow. MAX_REGION_BYTES is whole pages, so the rounded size stays within it.
+        const { assert!(MAX_REGION_BYTES % PAGE_SIZE == 0) };
+        if len_bytes > MAX_REGION_BYTES {
             return Err(Error::MapTooLarge { len_bytes: len_bytes as u64, max_bytes: MAX_REGION_BYTES as u64 });
         }
+        let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let memory = AppMapping::new(len).map_err(|e| Error::OutOfAddressSpace {
             what: "a managed region".into(),
             len_bytes: len as u64,
             source: e,
         })?;
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let shared = &self.core.shared;
         shared
             .uffd
             .register(memory.addr(), len, REGISTER_MODES)
             .map_err(|e| Error::io("registering the region with userfaultfd", e))?;
+        let addr = memory.addr();
         let inner = Arc::new(
-            RegionInner::new(memory.addr(), len, self.core.shared.clone())
+            RegionInner::new(memory, self.core.shared.clone())
                 .map_err(|e| Error::io("allocating the region's page table", e))?,
         );
-        let (idx, _gen) = REGIONS
-            .insert(memory.addr(), memory.addr() + len, inner.clone())
-            .ok_or(Error::TooManyRegions { max: MAX_REGIONS })?;
-        Ok(Region::new(memory, inner, idx, self.clone()))
+        let Some((idx, _gen)) = REGIONS.insert(addr, addr + len, inner.clone()) else {
+            let _ = shared.uffd.unregister(addr, len);
+            crate::mapping::unmap_app_range(addr, len);
+            return Err(Error::TooManyRegions { max: MAX_REGIONS });
+        };
+        Ok(Region::new(inner, idx, self.clone()))
     }
 
     /// A snapshot of the counters. Flushes the per-CPU batches of freed slots first, so the
     /// per-device slot counts are exact at the moment of the call.
     pub fn stats(&self) -> Stats {
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = &self.core.shared;
         s.devices.flush_frees();
         let mut st = Stats::default();
@@ -530,6 +621,7 @@ impl Pager {
                     clusters_free: c.free + c.discard,
                     clusters_nonfull: c.nonfull,
                     clusters_full: c.full,
+                    clusters_discarded: c.discarded,
                     backend: d.backend.stats(),
                 }
             })
@@ -549,6 +641,7 @@ impl Pager {
         if bytes < MIN_LIMIT_BYTES {
             return Err(Error::LimitTooSmall { limit_bytes: bytes, min_bytes: MIN_LIMIT_BYTES });
         }
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = &self.core.shared;
         s.limit_pages.store((bytes / PAGE_SIZE as u64) as usize, Ordering::Release);
         reclaim::reclaim_to_limit(s)
@@ -568,9 +661,12 @@ impl Pager {
         let mut err = None;
         REGIONS.for_each(|r| {
             if std::ptr::eq(&*r.pager, s) {
-                match mincore_pages(r.start, r.nr_pages * PAGE_SIZE) {
-                    Ok(n) => total += n,
-                    Err(e) => err = Some(e),
+                // Pages the application unmapped are not the region's any more.
+                for (first, end) in r.live_runs() {
+                    match mincore_pages(r.page_addr(first), (end - first) * PAGE_SIZE) {
+                        Ok(n) => total += n,
+                        Err(e) => err = Some(e),
+                    }
                 }
             }
         });
@@ -597,6 +693,18 @@ impl Pager {
     /// Turns readahead on or off for every region of this pager.
     pub fn set_readahead(&self, on: bool) {
         self.core.shared.readahead.store(on, Ordering::Relaxed);
+    }
+
+    /// Signal mode: whether faults on managed pages taken by the calling thread can be served.
+    /// Fails with [`Error::SigbusHandlerReplaced`] if SIGBUS was given another handler after
+    /// the pager was built, and with [`Error::SigbusBlocked`] if this thread blocks SIGBUS
+    /// (a fault would kill the process). Call it from threads you create with their own
+    /// signal masks. Always `Ok` in thread mode, which has neither limit.
+    pub fn check_signal_delivery(&self) -> Result<()> {
+        match self.core.shared.mode {
+            FaultMode::Thread => Ok(()),
+            FaultMode::Signal => check_signal_delivery(),
+        }
     }
 
     pub fn fault_mode(&self) -> FaultMode {

@@ -44,7 +44,6 @@ use arrayvec::ArrayVec;
 use crate::backend::{AlignedPage, BackendError, WriteReq};
 use crate::error::{Error, Result};
 use crate::fault::Route;
-use crate::mapping::discard_region_pages;
 use crate::pager::{BackgroundReclaim, PagerShared, RECLAIM_BATCH_PAGES};
 use crate::region::{PageRef, PageState, Pte, RegionSet, REGIONS};
 use crate::stats::Counter;
@@ -73,6 +72,9 @@ pub(crate) fn swapcache_target(limit: usize) -> usize {
 pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
     let mut stalled = false;
     let mut fruitless = 0;
+    // Terminates: a failed compare-exchange means another thread changed the charge (its
+    // progress); a reclaim round either uncharges pages or counts towards
+    // MAX_FRUITLESS_ROUNDS, after which the charge is forced (LimitOverrun).
     loop {
         let cur = p.resident_pages.load(Ordering::Acquire);
         let limit = p.limit_pages.load(Ordering::Acquire);
@@ -347,8 +349,10 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
         return (0, 0);
     }
     victims.sort_unstable_by_key(|v| (v.gi, v.page));
-    // Clean pages need no slot and no write: drop them (runs of consecutive pages with one
-    // call); their slot still holds them.
+    // Clean pages need no write: their slot still holds them. They leave the region as dirty
+    // pages do, into their own slot's staging page, which is then dropped: `MADV_DONTNEED`
+    // on the region itself would send a REMOVE event (see `events`). Runs of consecutive
+    // pages with consecutive slots move with one call.
     let mut dropped = 0;
     let mut i = 0;
     while i < victims.len() {
@@ -356,30 +360,43 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
             i += 1;
             continue;
         }
+        let e = |k: usize| victims[k].pte.entry();
         let mut j = i + 1;
         while j < victims.len()
             && victims[j].pte.clean()
             && victims[j].gi == victims[i].gi
             && victims[j].page == victims[j - 1].page + 1
+            && e(j).device() == e(i).device()
+            && e(j).offset() == e(j - 1).offset() + 1
         {
             j += 1;
         }
         let region = &guards.g[victims[i].gi];
-        let ok = discard_region_pages(region.page_addr(victims[i].page), (j - i) * PAGE_SIZE).is_ok();
-        for v in &victims[i..j] {
-            if ok {
+        let dev = p.devices.device(e(i));
+        let len = (j - i) * PAGE_SIZE;
+        let r =
+            p.staging_uffd.move_pages(dev.staging_addr(e(i).offset()), region.page_addr(victims[i].page), len, false);
+        let done = r.done_bytes(len) / PAGE_SIZE;
+        if done > 0 {
+            let _ = dev.staging.discard(e(i).offset() as usize * PAGE_SIZE, done * PAGE_SIZE);
+        }
+        for (k, v) in victims[i..j].iter().enumerate() {
+            if k < done {
                 region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
             } else {
+                // Refused (read-only after mprotect, or gone: an event settles it) or not
+                // tried: stays resident and clean.
                 region.store(v.page, v.pte.unbusy());
                 requeue(p, Queue::Active, guards.page_ref(v.gi, v.page, v.pte));
             }
         }
-        if ok {
-            uncharge(p, j - i);
-            p.clean_pages.fetch_sub(j - i, Ordering::Relaxed);
-            p.stats.add(Counter::SwapRaUnused, victims[i..j].iter().filter(|v| v.pte.readahead()).count() as u64);
-            dropped += j - i;
+        if done < j - i {
+            p.stats.inc(Counter::MoveRefused);
         }
+        uncharge(p, done);
+        p.clean_pages.fetch_sub(done, Ordering::Relaxed);
+        p.stats.add(Counter::SwapRaUnused, victims[i..i + done].iter().filter(|v| v.pte.readahead()).count() as u64);
+        dropped += done;
         i = j;
     }
     p.stats.add(Counter::SwpoutClean, dropped as u64);
@@ -424,8 +441,13 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
         let mut k = i;
         while k < j {
             let len = (j - k) * PAGE_SIZE;
-            let r =
-                p.uffd.move_pages(dev.staging_addr(entries[k].offset()), region.page_addr(victims[k].page), len, false);
+            // Through the staging area's descriptor: the destination is registered there.
+            let r = p.staging_uffd.move_pages(
+                dev.staging_addr(entries[k].offset()),
+                region.page_addr(victims[k].page),
+                len,
+                false,
+            );
             let done = r.done_bytes(len) / PAGE_SIZE;
             for m in k..k + done {
                 let v = victims[m];
@@ -458,11 +480,13 @@ fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
                 let e = entries[k];
                 dev.cache.clear(e.offset());
                 if errno == libc::ENOENT {
-                    // Not mapped: the application discarded it, so it reads as zero.
+                    // Not there: the application unmapped, moved or discarded it, and the event
+                    // that says which settles the page (see `events`). Until then it stays as
+                    // it is: turning it into a zero page would lose a page that `mremap` moved.
                     to_free.push(e.bits());
-                    region.store(v.page, v.pte.next(PageState::Zero, None).with_referenced(false));
-                    uncharge(p, 1);
-                    uncharged += 1;
+                    region.store(v.page, v.pte.unbusy());
+                    requeue(p, Queue::Active, guards.page_ref(v.gi, v.page, v.pte));
+                    p.stats.inc(Counter::MoveRefused);
                 } else {
                     // Pinned, shared or otherwise refused: it stays where it is. A slot whose
                     // staging page is unexpectedly occupied (EEXIST) is not reused.

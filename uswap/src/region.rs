@@ -70,6 +70,9 @@ pub(crate) enum PageState {
     Cached = 3,
     /// On a device at its swap entry.
     Swapped = 4,
+    /// No longer the region's: the application unmapped it (or moved it out with a partial
+    /// `mremap`). Owns nothing; the engine never touches the address again (see `events`).
+    Gone = 5,
 }
 
 const STATE_MASK: u64 = 0x7;
@@ -99,6 +102,7 @@ impl Pte {
             2 => PageState::Resident,
             3 => PageState::Cached,
             4 => PageState::Swapped,
+            5 => PageState::Gone,
             s => unreachable!("corrupt page-table state {s}"),
         }
     }
@@ -225,7 +229,10 @@ impl PageRef {
 
 /// The engine's view of a region: address range, page table and owning pager.
 pub(crate) struct RegionInner {
-    pub start: usize,
+    /// The application's memory: never unmapped by dropping this (`unmap_region` unmaps
+    /// what is still the region's). Its address changes when the application moves the
+    /// whole region (`mremap`).
+    memory: std::mem::ManuallyDrop<AppMapping>,
     pub nr_pages: usize,
     pub ptes: AtomicTable,
     pub pager: Arc<PagerShared>,
@@ -234,9 +241,46 @@ pub(crate) struct RegionInner {
 }
 
 impl RegionInner {
-    pub fn new(start: usize, len: usize, pager: Arc<PagerShared>) -> std::io::Result<RegionInner> {
-        let nr_pages = len / PAGE_SIZE;
-        Ok(RegionInner { start, nr_pages, ptes: AtomicTable::new(nr_pages)?, pager, streams: FaultStreams::new() })
+    pub fn new(memory: AppMapping, pager: Arc<PagerShared>) -> std::io::Result<RegionInner> {
+        let nr_pages = memory.len() / PAGE_SIZE;
+        Ok(RegionInner {
+            memory: std::mem::ManuallyDrop::new(memory),
+            nr_pages,
+            ptes: AtomicTable::new(nr_pages)?,
+            pager,
+            streams: FaultStreams::new(),
+        })
+    }
+
+    #[inline]
+    pub fn start(&self) -> usize {
+        self.memory.addr()
+    }
+
+    /// The region moved (a whole-region `mremap`).
+    pub fn set_start(&self, start: usize) {
+        self.memory.set_addr(start);
+    }
+
+    /// Runs `[first, end)` of pages that are still the region's (not `Gone`).
+    pub fn live_runs(&self) -> Vec<(usize, usize)> {
+        let mut live: Vec<(usize, usize)> = Vec::new();
+        for page in 0..self.nr_pages {
+            if self.load(page).state() != PageState::Gone {
+                match live.last_mut() {
+                    Some((_, end)) if *end == page => *end = page + 1,
+                    _ => live.push((page, page + 1)),
+                }
+            }
+        }
+        live
+    }
+
+    /// The page `addr` falls in, if it is inside the region.
+    #[inline]
+    pub fn page_of(&self, addr: usize) -> Option<usize> {
+        let page = addr.checked_sub(self.start())? / PAGE_SIZE;
+        (page < self.nr_pages).then_some(page)
     }
 
     #[inline]
@@ -271,7 +315,7 @@ impl RegionInner {
 
     #[inline]
     pub fn page_addr(&self, page: usize) -> usize {
-        self.start + page * PAGE_SIZE
+        self.start() + page * PAGE_SIZE
     }
 }
 
@@ -280,7 +324,6 @@ impl RegionInner {
 ///
 /// Dropping the region unmaps it and frees every swap slot and swap-cache page it held.
 pub struct Region {
-    memory: AppMapping,
     inner: Arc<RegionInner>,
     reg_idx: usize,
     // Keeps the pager's threads alive while the region exists, even if every `Pager` handle
@@ -289,55 +332,61 @@ pub struct Region {
 }
 
 impl Region {
-    pub(crate) fn new(memory: AppMapping, inner: Arc<RegionInner>, reg_idx: usize, pager: Pager) -> Region {
-        Region { memory, inner, reg_idx, pager }
+    pub(crate) fn new(inner: Arc<RegionInner>, reg_idx: usize, pager: Pager) -> Region {
+        Region { inner, reg_idx, pager }
+    }
+
+    /// The memory, where it is now (the application may have moved it with `mremap`).
+    fn memory(&self) -> &AppMapping {
+        &self.inner.memory
     }
 
     /// First byte of the region.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.memory.addr() as *mut u8
+        self.memory().addr() as *mut u8
     }
 
     /// Length in bytes (a whole number of pages).
     pub fn len(&self) -> usize {
-        self.memory.len()
+        self.memory().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.memory.is_empty()
+        self.memory().is_empty()
     }
 
     /// The region as a byte slice. Touching a page that is not resident brings it back
     /// transparently (in signal mode only from user code: a system call given this slice
     /// gets EFAULT on a page that is not resident).
     pub fn as_slice(&self) -> &[u8] {
-        self.memory.as_slice()
+        self.memory().as_slice()
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.memory.as_mut_slice()
+        // `&mut self`: no other slice of this region lives (the inner state never makes one).
+        self.inner.memory.as_mut_slice_shared()
     }
 
     /// The region as 64-bit atomic words, for threads that share it (mixing this with
     /// `as_slice` on the same bytes at the same time is a data race, as for any memory).
     pub fn as_atomic_u64s(&self) -> &[std::sync::atomic::AtomicU64] {
-        self.memory.as_atomic_u64s()
+        self.memory().as_atomic_u64s()
     }
 
     /// Pages of this region mapped in the process page table right now, measured with
     /// `mincore(2)` (independent of the engine's own counters).
     pub fn mapped_pages(&self) -> std::io::Result<usize> {
-        self.memory.resident_pages(0, self.memory.len())
+        self.memory().resident_pages(0, self.memory().len())
     }
 
     /// Like [`Region::mapped_pages`] for the pages overlapping `[offset, offset + len)`.
     pub fn mapped_pages_in(&self, offset: usize, len: usize) -> std::io::Result<usize> {
         let start = offset / PAGE_SIZE * PAGE_SIZE;
         let end = (offset + len).div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        if end > self.memory.len() || len == 0 {
+        if end > self.memory().len() || len == 0 {
             return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
         }
-        self.memory.resident_pages(start, end - start)
+        self.memory().resident_pages(start, end - start)
     }
 
     /// Tells the engine how the region will be accessed (like `madvise`): `Sequential` always
@@ -356,16 +405,17 @@ impl Region {
 impl std::fmt::Debug for Region {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Region")
-            .field("addr", &format_args!("{:#x}", self.memory.addr()))
-            .field("len", &self.memory.len())
+            .field("addr", &format_args!("{:#x}", self.memory().addr()))
+            .field("len", &self.memory().len())
             .finish()
     }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        // Unmaps what is still the region's, after the engine let go of it.
         self.pager.shared().unmap_region(self.reg_idx, &self.inner);
-        // `memory` is unmapped when the fields drop, after the engine let go of the region.
     }
 }
 

@@ -85,9 +85,20 @@ pub(crate) enum Counter {
     SwapRaAsyncDropped,
     /// Faults that found their asynchronous readahead still in flight and waited for it.
     SwapRaAsyncWait,
+    /// Faults that gave up waiting for a page's busy bit (see `fault::BUSY_WAIT_LIMIT_NS`).
+    FaultBusyTimeout,
+    /// `munmap` events: the application unmapped part of a region (see `events`).
+    UffdUnmap,
+    /// `mremap` events: the application moved a region, or part of one.
+    UffdRemap,
+    /// `MADV_DONTNEED`/`MADV_REMOVE` events: the application discarded part of a region.
+    UffdRemove,
+    /// Swap-cache hits on read-only memory, copied back (`UFFDIO_MOVE` needs equal
+    /// protections on both sides).
+    PgfaultSwapcacheCopy,
 }
 
-const NR_COUNTERS: usize = Counter::SwapRaAsyncWait as usize + 1;
+const NR_COUNTERS: usize = Counter::PgfaultSwapcacheCopy as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -340,6 +351,8 @@ pub struct DeviceStats {
     pub clusters_free: u64,
     pub clusters_nonfull: u64,
     pub clusters_full: u64,
+    /// Clusters discarded (storage returned) before reuse, since the pager started.
+    pub clusters_discarded: u64,
     /// The device's own counters (the compressed pool's, zswap-style), if it keeps any.
     pub backend: Option<crate::backend::BackendStats>,
 }
@@ -401,10 +414,25 @@ pub struct Stats {
     pub swap_ra_async_dropped: u64,
     /// Faults that found their asynchronous readahead still in flight and waited for it.
     pub swap_ra_async_wait: u64,
+    /// Application `munmap`s over regions (userfaultfd `UNMAP` events): those pages are gone,
+    /// their swap space freed, and the engine never touches those addresses again.
+    pub uffd_unmap: u64,
+    /// Application `mremap`s of regions (`REMAP` events).
+    pub uffd_remap: u64,
+    /// Application `MADV_DONTNEED`/`MADV_REMOVE` over regions (`REMOVE` events): those pages
+    /// read zero afterwards, their swap space freed.
+    pub uffd_remove: u64,
+    /// Swap-cache hits on read-only (`mprotect`) memory, served by copying the staged page.
+    pub pgfault_swapcache_copy: u64,
     /// Faults that found their page already resolved by a racing thread.
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
     pub fault_lock_free: u64,
+    /// Faults that waited longer than the bound for a page another owner held busy and
+    /// failed instead of hanging (each also in `Pager::recent_errors`). Nonzero means a
+    /// thread faulted on a page its own interrupted code owned, which the engine prevents by
+    /// blocking signals in its calls; see README.
+    pub fault_busy_timeout: u64,
     /// Fault-service attempts that failed (every read of the page failed or failed its
     /// checksum). The fault is attempted again; only a page that fails every attempt ends in
     /// SIGBUS for its thread, as in the kernel.
@@ -467,8 +495,13 @@ impl PerCpuStats {
         s.swap_ra_async = self.sum(SwapRaAsync);
         s.swap_ra_async_dropped = self.sum(SwapRaAsyncDropped);
         s.swap_ra_async_wait = self.sum(SwapRaAsyncWait);
+        s.uffd_unmap = self.sum(UffdUnmap);
+        s.uffd_remap = self.sum(UffdRemap);
+        s.uffd_remove = self.sum(UffdRemove);
+        s.pgfault_swapcache_copy = self.sum(PgfaultSwapcacheCopy);
         s.fault_raced = self.sum(FaultRaced);
         s.fault_lock_free = self.sum(FaultLockFree);
+        s.fault_busy_timeout = self.sum(FaultBusyTimeout);
         s.fault_error = self.sum(FaultError);
         s.lru_overflow = self.sum(LruOverflow);
         s.move_refused = self.sum(MoveRefused);

@@ -7,7 +7,7 @@
 //! Only pages that are on a device and not busy are read (the 2016 "skip readahead for
 //! unreferenced slots"). The pages are read in runs of consecutive slots — one request per
 //! run, one `read` call (one io_uring submission) per device — and mapped in runs of
-//! consecutive addresses, one `UFFDIO_COPY` per run. Read-ahead pages are mapped
+//! consecutive addresses, one `UFFDIO_COPY` per run. In thread mode, read-ahead pages are mapped
 //! write-protected and keep their slot (they are clean), and carry the readahead mark until
 //! their use is detected (see `readahead`).
 //!
@@ -28,7 +28,7 @@ use arrayvec::ArrayVec;
 use crate::async_readahead::ContextIo;
 use crate::backend::ReadReq;
 use crate::fault::{FaultError, Route};
-use crate::pager::{PageErrorKind, PagerShared};
+use crate::pager::{FaultMode, PageErrorKind, PagerShared};
 use crate::readahead::{Window, MAX_WINDOW_PAGES};
 use crate::reclaim;
 use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet};
@@ -343,7 +343,15 @@ fn take_async(pager: &PagerShared, f: &Fault<'_>, ctx: usize, io: &mut ContextIo
 /// it without writing it, at the price of a write-protect fault on its first write. Worth it
 /// for the faulting page of a read (usually evicted untouched, and never paying the fault),
 /// and for read-ahead pages of devices where a write costs I/O.
+///
+/// Never in signal mode: there a write-protected page cannot be written by the kernel (a
+/// `read(2)` into it fails with `EFAULT`, as its write-protect fault would need a SIGBUS the
+/// kernel does not send for its own accesses), so a page the thread has just touched must be
+/// mapped writable.
 fn keep_clean(pager: &PagerShared, f: &Fault<'_>, it: &Item) -> bool {
+    if pager.mode == FaultMode::Signal {
+        return false;
+    }
     if it.faulting {
         !f.write
     } else {

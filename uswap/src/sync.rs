@@ -5,15 +5,56 @@
 //! SIGBUS handler on the application's thread. `parking_lot` allocates per-thread parking
 //! data lazily; a futex mutex would be fine but gains nothing for critical sections that are
 //! a few dozen instructions long. Every critical section guarded by a [`SpinLock`] is short
-//! and bounded (no system call, no allocation, no other lock except where a module's header
-//! states the nesting order).
+//! and bounded, allocates nothing, and nests only as the hierarchy below says.
+//!
+//! # The lock hierarchy (the one place it is written)
+//!
+//! Every lock of the engine, outermost first. A thread holding one may take only locks
+//! further down the list, and only in the order given; "try" means it may only `try_lock`
+//! (and does something else on failure), so it never waits.
+//!
+//! 1. **Page busy bits** (`region::Pte`, one per page): ownership of a page, taken by a
+//!    compare-and-swap. Faults, reclaim and the async-readahead starter hold them; a holder
+//!    may take further busy bits only with `try_lock`. The only waits on a busy bit are a
+//!    fault waiting for its own page while holding nothing else (bounded:
+//!    `fault::BUSY_WAIT_LIMIT_NS`, counted in `fault_busy_timeout`). May be held across
+//!    system calls and device I/O.
+//! 2. **Async-readahead context lock** (`async_readahead::Context::io`, a [`SpinLock`]):
+//!    held while starting, waiting for and mapping from a context's reads, and across
+//!    `SwapDevices::free` of the pages it maps (which takes 5). Never two at once. Taken
+//!    with `lock` only by a fault that owns its page (1) and wants that context's data, and
+//!    with "try" by the starter; its holder only try-locks pages. **Exception to the no
+//!    system call rule**: held across the context's reads (io_uring, ~250 µs on a file
+//!    device), because the waiter needs exactly that data; never taken on the lock-free
+//!    fault route.
+//! 3. **File-device ring locks** (`backend::file`, one [`SpinLock`] per io_uring): "try"
+//!    only, never waited on (a caller that finds every ring busy, or holds any engine lock,
+//!    uses `pread`/`pwrite`). **Exception to the no system call rule**: held across
+//!    `io_uring_enter`; harmless since nobody spins behind it.
+//! 4. **Compressed pool**: a size class's lock, then the arena (free chunks) lock.
+//!    Leaves: nothing else is taken under them; no system call.
+//! 5. **Swap slots**: the per-CPU free batch lock (`swap::SwapDevices`), a leaf released
+//!    before its batch is freed; then, for allocation and frees, the per-CPU cluster lock
+//!    (its holder may "try" other CPUs' per-CPU locks) → a cluster lock → the device's list
+//!    lock (`swap::cluster_allocator`). No system call: a cluster's discard runs after the
+//!    per-CPU lock is dropped.
+//! 6. **`std::sync::Mutex`es**, never on a fault path: the region registry's writer lock
+//!    (`mapping::registry`, `Pager::map` and a region's drop; released before anything
+//!    else is taken) and the pager's thread list (build and drop).
+//!
+//! Under every [`SpinLock`]: no allocation, no blocking on anything but a lower lock, and no
+//! system call except the two exceptions above (and `sched_yield` while *waiting*, see
+//! [`Relax`]). In signal mode a fault taken by a thread that holds any [`SpinLock`] takes
+//! none ([`locks_held_by_this_thread`], the lock-free route), and engine calls made by the
+//! application that hold busy bits or locks block its asynchronous signals
+//! (`uffd::AsyncSignalsBlocked`), so no signal handler runs, and faults, on top of them.
 //!
 //! The lock-depth counter: a signal handler of the application (say SIGALRM) may touch
 //! managed memory while its thread is inside an engine call that holds a spin lock. The
 //! nested SIGBUS must then not take any engine lock, or the thread would wait on itself.
 //! [`locks_held_by_this_thread`] tells the fault path to take its lock-free route.
 //!
-//! Pools of pre-allocated objects (bounce buffers, the compressed pool's scratch buffers and
+//! Pools of pre-allocated objects (bounce buffers, the compressed pool's workspaces and
 //! zstd contexts) lend them without a lock: [`pop_spinning`] takes one from a lock-free
 //! queue, spinning with backoff while all are lent out, and the borrower pushes it back.
 
@@ -36,6 +77,10 @@ pub fn locks_held_by_this_thread() -> u32 {
 
 /// Spin with a pause instruction; every 64th round give the CPU away (`sched_yield`, which
 /// is async-signal-safe), since on a small VM the holder may be waiting for our vCPU.
+///
+/// A wait for a [`SpinLock`] ends because of the hierarchy above: a holder takes only lower
+/// locks, never waits for a higher one, and is never interrupted by a handler that takes
+/// the same lock (the lock-free route, `uffd::AsyncSignalsBlocked`).
 pub struct Relax;
 
 impl spin::RelaxStrategy for Relax {

@@ -291,6 +291,32 @@ fn bad_input_gives_errors_that_say_what_to_do() {
 }
 
 #[test]
+fn map_sizes_near_the_top_of_usize_are_refused_with_their_size() {
+    // Rounding a size near usize::MAX up to whole pages overflowed: a panic with overflow
+    // checks, and without them a wrapped length of 0 and an error about "0 bytes".
+    let p = pager(FaultMode::Thread, 8 * MIB, 8 * MIB);
+    let max = uswap::MAX_REGION_BYTES;
+    for len in [usize::MAX, usize::MAX - PAGE_SIZE + 2, usize::MAX / 2 + 1, max + 1] {
+        let e = p.map(len).unwrap_err();
+        match &e {
+            Error::MapTooLarge { len_bytes, max_bytes } => {
+                assert_eq!((*len_bytes, *max_bytes), (len as u64, max as u64), "{e}");
+            }
+            other => panic!("map({len}): {other}"),
+        }
+        let msg = e.to_string();
+        assert!(msg.contains(&len.to_string()) && msg.contains(&max.to_string()), "{msg}");
+        assert!(msg.contains("MAX_REGION_BYTES"), "{msg}");
+    }
+    // Sizes that are not whole pages are rounded up, as documented.
+    for (len, want) in [(1, PAGE_SIZE), (PAGE_SIZE, PAGE_SIZE), (PAGE_SIZE + 1, 2 * PAGE_SIZE)] {
+        let r = p.map(len).unwrap();
+        assert_eq!(r.len(), want, "map({len})");
+        r.as_slice()[want - 1..].iter().for_each(|b| assert_eq!(*b, 0));
+    }
+}
+
+#[test]
 fn a_region_outlives_its_pager_handle() {
     let p = pager(FaultMode::Thread, MIB, 16 * MIB);
     let region = p.map(4 * MIB as usize).unwrap();
@@ -425,7 +451,26 @@ fn thread_mode_clean_pages_keep_their_slot() {
     clean_pages_keep_their_slot(FaultMode::Thread);
 }
 
+/// Signal mode keeps no page clean: the kernel could not write a write-protected page
+/// (`read(2)` into it failed with EFAULT), so every page comes back writable, frees its
+/// slot, and is written again when evicted.
 #[test]
-fn signal_mode_clean_pages_keep_their_slot() {
-    clean_pages_keep_their_slot(FaultMode::Signal);
+fn signal_mode_pages_come_back_writable() {
+    let p = pager(FaultMode::Signal, MIB, 32 * MIB);
+    let region = p.map(8 * MIB as usize).unwrap();
+    region.advise(uswap::Advice::Random);
+    let pages = region.len() / PAGE_SIZE;
+    let w = region.as_atomic_u64s();
+    for i in 0..pages {
+        write_page(w, i, 1);
+    }
+    for _ in 0..2 {
+        for i in 0..pages {
+            check_page(w, i, 1);
+        }
+    }
+    let st = quiet_stats(&p);
+    assert!(st.pswpin >= pages as u64, "{st:?}");
+    assert_eq!((st.clean_pages, st.swpout_clean, st.pgfault_wp), (0, 0, 0), "{st:?}");
+    assert!(st.pswpout >= pages as u64 + pages as u64 / 2, "pages read back are written again: {st:?}");
 }

@@ -22,6 +22,9 @@ pub enum BenchError {
     )]
     KernelLimitTooSmall { limit: String, min: String },
 
+    #[error("engine {engine}: {detail} (MemAvailable in /proc/meminfo); give a smaller --wss{hint}")]
+    WontFit { engine: String, detail: String, hint: &'static str },
+
     #[error("--procs applies to --workload usemem only; for the other workloads use --threads")]
     ProcsNeedUsemem,
 

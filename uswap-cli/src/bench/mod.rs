@@ -91,8 +91,8 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_size, default_value = "64MiB")]
     pub limit: u64,
     /// Number of timed accesses after the fill, split over the threads and processes
-    /// (usemem: word accesses; combined: the random workers' accesses).
-    #[arg(long, default_value_t = 200_000)]
+    /// (usemem: word accesses; combined: the random workers' accesses); 0..=10^12.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(0..=MAX_ACCESSES))]
     pub accesses: u64,
     /// Percentage of accesses that only read (the rest write).
     #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(0..=100))]
@@ -107,18 +107,18 @@ pub struct BenchArgs {
     /// combined: sequential streams rewriting their range.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub seq_streams: u64,
-    /// zipf pattern: the exponent (0 is uniform; larger is more skewed).
-    #[arg(long, default_value_t = 0.99)]
+    /// zipf pattern: the exponent, 0..=100 (0 is uniform; larger is more skewed).
+    #[arg(long, default_value_t = 0.99, value_parser = parse_zipf_skew, allow_negative_numbers = true)]
     pub zipf_skew: f64,
-    /// normal pattern: the standard deviation, as a fraction of the range.
-    #[arg(long, default_value_t = 0.125)]
+    /// normal pattern: the standard deviation, as a fraction of the range (above 0, at most 100).
+    #[arg(long, default_value_t = 0.125, value_parser = parse_normal_sd, allow_negative_numbers = true)]
     pub normal_sd: f64,
     /// How faults reach uswap when --engines is not given (the engine is then uswap-MODE).
     #[arg(long, value_enum)]
     pub fault_mode: Option<FaultModeArg>,
-    /// Thread mode: fault-handler threads (default: one per CPU).
-    #[arg(long)]
-    pub handler_threads: Option<usize>,
+    /// Thread mode: fault-handler threads, 1..=1024 (default: one per CPU).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub handler_threads: Option<u64>,
     /// Thread mode: leave handler threads unpinned instead of one per CPU.
     #[arg(long)]
     pub unpinned_handlers: bool,
@@ -178,10 +178,46 @@ pub struct BenchArgs {
     /// Wait for another uswap bench using the kernel engines instead of refusing to run.
     #[arg(long)]
     pub wait_lock: bool,
-    /// Kernel engines: times a run the kernel's OOM killer ends is run again (each one is
-    /// counted in the results as `oom_kills`).
-    #[arg(long, default_value_t = 2)]
+    /// Kernel engines: times a run the kernel's OOM killer ends is run again, 0..=100 (each
+    /// one is counted in the results as `oom_kills`).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(0..=100))]
     pub oom_retries: u64,
+}
+
+/// The most `--accesses` a run takes (days of accesses at a microsecond each).
+pub const MAX_ACCESSES: u64 = 1_000_000_000_000;
+/// The largest `--zipf-skew`: from about 50 on, every draw is the hottest page anyway.
+pub const MAX_ZIPF_SKEW: f64 = 100.0;
+/// The largest `--normal-sd` (a fraction of the range; far above 1 the pattern is uniform).
+pub const MAX_NORMAL_SD: f64 = 100.0;
+
+/// A finite float; NaN and infinities would make the samplers spin or collapse.
+fn parse_finite(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(_) => Err("not a finite number".into()),
+        Err(e) => Err(format!("not a number ({e})")),
+    }
+}
+
+/// `--zipf-skew`: a finite exponent in `0..=MAX_ZIPF_SKEW`.
+fn parse_zipf_skew(s: &str) -> Result<f64, String> {
+    let range = format!("give a number from 0 to {MAX_ZIPF_SKEW} (0 is uniform)");
+    match parse_finite(s) {
+        Ok(v) if (0.0..=MAX_ZIPF_SKEW).contains(&v) => Ok(v),
+        Ok(_) => Err(format!("out of range; {range}")),
+        Err(why) => Err(format!("{why}; {range}")),
+    }
+}
+
+/// `--normal-sd`: a finite fraction of the range, above 0 and at most `MAX_NORMAL_SD`.
+fn parse_normal_sd(s: &str) -> Result<f64, String> {
+    let range = format!("give a fraction of the range above 0 and at most {MAX_NORMAL_SD} (e.g. 0.125)");
+    match parse_finite(s) {
+        Ok(v) if v > 0.0 && v <= MAX_NORMAL_SD => Ok(v),
+        Ok(_) => Err(format!("out of range; {range}")),
+        Err(why) => Err(format!("{why}; {range}")),
+    }
 }
 
 /// The engines of an invocation.
@@ -247,7 +283,96 @@ pub fn validate(args: &BenchArgs, engines: &[Engine]) -> Result<(), BenchError> 
         });
     }
     baseline_of(args, engines)?;
+    for e in engines {
+        check_fits(args, e, &Meminfo::read())?;
+    }
     Ok(())
+}
+
+/// What `/proc/meminfo` says is free, in bytes (0 where it cannot be read: then nothing fits
+/// and the message says so by its numbers).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Meminfo {
+    pub available_bytes: u64,
+}
+
+impl Meminfo {
+    pub fn read() -> Meminfo {
+        let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let kib = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Meminfo { available_bytes: kib("MemAvailable") * 1024 }
+    }
+}
+
+/// Memory the swapped-out part of a uswap engine's working set takes: all of it on `ram`
+/// devices, up to the cap on `zpool` devices (compressed), none on `file` devices, and
+/// whatever no device has room for stays resident. A device list that does not parse is
+/// left to the engine to refuse.
+fn device_memory_bytes(devices: &str, swapped_bytes: u64, default_device_bytes: u64) -> u64 {
+    let mut left = swapped_bytes;
+    let mut memory = 0u64;
+    for item in devices.split(',').map(str::trim) {
+        let size = item.split(':').skip(1).find_map(|t| parse_size(t).ok()).unwrap_or(default_device_bytes);
+        // (pages it indexes, memory it may use), in bytes.
+        let (capacity, memory_cap) = match item.split(':').next() {
+            Some("ram") => (size, size),
+            Some("zpool") => (size.saturating_mul(4).max(default_device_bytes), size),
+            Some("file") => (size, 0),
+            _ => (0, 0),
+        };
+        let stored = left.min(capacity);
+        memory = memory.saturating_add(stored.min(memory_cap));
+        left -= stored;
+    }
+    memory.saturating_add(left)
+}
+
+/// `25769803776` → `24.0 GiB`.
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Refuses a run that cannot fit in this machine's memory before it starts, rather than
+/// letting the kernel's OOM killer end it half-way.
+fn check_fits(args: &BenchArgs, engine: &Engine, mem: &Meminfo) -> Result<(), BenchError> {
+    let avail = mem.available_bytes;
+    let (need, what, hint) = match &engine.kind {
+        EngineKind::Uswap { devices, .. } => {
+            let cfg = uswap_config(args, FaultModeArg::Thread, devices);
+            let swapped = args.wss.saturating_sub(args.limit);
+            let on_devices = device_memory_bytes(&cfg.devices, swapped, cfg.device_bytes);
+            let what = format!(
+                "--limit {} resident plus {} of swapped pages held in memory (devices {})",
+                format_size(args.limit),
+                gib(on_devices),
+                cfg.devices
+            );
+            (args.limit.saturating_add(on_devices), what, " or --limit, or a file device (--device file:/var/tmp)")
+        }
+        EngineKind::Ram => (args.wss, format!("--wss {} in RAM", format_size(args.wss)), ""),
+        EngineKind::Kernel(kind) => {
+            // zram keeps what it swaps in RAM: only a swap file adds room.
+            let swap = match kind {
+                engine::KernelSwap::File => args.kernel_swap_size.unwrap_or(args.wss + (64 << 20)),
+                engine::KernelSwap::Zram => 0,
+            };
+            let what = format!("--wss {} (with {} of swap)", format_size(args.wss), format_size(swap));
+            (args.wss.saturating_sub(swap), what, " or a larger --kernel-swap-size")
+        }
+    };
+    if need <= avail {
+        return Ok(());
+    }
+    Err(BenchError::WontFit {
+        engine: engine.name.clone(),
+        detail: format!("{what} needs {} of memory, but this machine has {} available", gib(need), gib(avail)),
+        hint,
+    })
 }
 
 fn serde_plain<T: Serialize>(v: &T) -> String {
@@ -290,7 +415,7 @@ fn uswap_config(args: &BenchArgs, mode: FaultModeArg, devices: &Option<String>) 
         devices: devices.clone().unwrap_or_else(|| args.device.clone()),
         device_bytes: args.device_size.unwrap_or(wss_each(args) + (32 << 20)),
         limit_bytes: args.limit / args.procs,
-        handler_threads: args.handler_threads,
+        handler_threads: args.handler_threads.map(|n| n as usize),
         pin_handlers: !args.unpinned_handlers,
         background: args.background_reclaim,
         readahead: args.readahead == OnOff::On,

@@ -241,48 +241,84 @@ impl Drop for Mapping {
 /// An application region's memory. The engine never reads or writes these bytes: it only
 /// moves whole pages in and out with userfaultfd ioctls, which preserve their contents. So
 /// the borrow rules on this handle are the only aliasing rules that apply, and the slice
-/// accessors are sound.
+/// accessors are sound. The address follows the memory when the application moves it
+/// (`mremap`); dropping the handle unmaps `[addr, addr + len)`, so a managed region keeps
+/// its handle in a `ManuallyDrop` and unmaps only what is still its own
+/// ([`unmap_app_range`]).
 #[derive(Debug)]
-pub struct AppMapping(Mapping);
+pub struct AppMapping {
+    addr: std::sync::atomic::AtomicUsize,
+    len: usize,
+}
 
 impl AppMapping {
     pub fn new(len: usize) -> io::Result<AppMapping> {
-        Mapping::anonymous(len, MapOptions { no_huge_pages: true, dont_fork: true }).map(AppMapping)
+        let m = Mapping::anonymous(len, MapOptions { no_huge_pages: true, dont_fork: true })?;
+        let (addr, len) = (m.addr, m.len);
+        std::mem::forget(m);
+        Ok(AppMapping { addr: std::sync::atomic::AtomicUsize::new(addr), len })
     }
 
     pub fn addr(&self) -> usize {
-        self.0.addr
+        self.addr.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The application moved the memory to `addr` (same length).
+    pub fn set_addr(&self, addr: usize) {
+        self.addr.store(addr, std::sync::atomic::Ordering::Release);
     }
 
     pub fn len(&self) -> usize {
-        self.0.len
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.len == 0
+        self.len == 0
     }
 
     pub fn resident_pages(&self, offset: usize, len: usize) -> io::Result<usize> {
-        self.0.resident_pages(offset, len)
+        assert!(offset % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && offset + len <= self.len);
+        mincore_pages(self.addr() + offset, len)
     }
 
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the mapping is valid for `len` bytes for the lifetime of `self`; the engine
         // never creates references to it or writes it (see the type's doc), so a shared slice
         // tied to `&self` aliases nothing mutable in Rust's model.
-        unsafe { std::slice::from_raw_parts(self.0.addr as *const u8, self.0.len) }
+        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len) }
+    }
+
+    /// A mutable slice from a shared handle: the caller guarantees no other slice of this
+    /// memory lives (a `Region` hands it out from `&mut self`; the engine makes none).
+    #[allow(clippy::mut_from_ref)]
+    pub fn as_mut_slice_shared(&self) -> &mut [u8] {
+        // SAFETY: as `as_slice`, and the caller holds the only live reference (see above).
+        unsafe { std::slice::from_raw_parts_mut(self.addr() as *mut u8, self.len) }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` makes this the only live reference.
-        unsafe { std::slice::from_raw_parts_mut(self.0.addr as *mut u8, self.0.len) }
+        self.as_mut_slice_shared()
     }
 
     pub fn as_atomic_u64s(&self) -> &[AtomicU64] {
         // SAFETY: valid for `len` bytes (a multiple of 8), page-aligned, and every bit pattern
         // is a valid AtomicU64; shared access through atomics is data-race free.
-        unsafe { std::slice::from_raw_parts(self.0.addr as *const AtomicU64, self.0.len / 8) }
+        unsafe { std::slice::from_raw_parts(self.addr() as *const AtomicU64, self.len / 8) }
     }
+}
+
+impl Drop for AppMapping {
+    fn drop(&mut self) {
+        unmap_app_range(self.addr(), self.len);
+    }
+}
+
+/// Unmaps `[addr, addr + len)` of application memory the engine owns (a plain region, or the
+/// parts of a managed region that are still its own, unregistered first).
+pub fn unmap_app_range(addr: usize, len: usize) {
+    // SAFETY: the caller owns the range (it is still the region's, not the application's
+    // other memory); no Rust reference to it outlives this call.
+    unsafe { libc::munmap(addr as *mut libc::c_void, len) };
 }
 
 /// A zero-initialised table of atomic words backed by its own anonymous mapping, so that a
@@ -307,20 +343,6 @@ impl std::ops::Deref for AtomicTable {
         // while `self` lives; all access goes through atomics.
         unsafe { std::slice::from_raw_parts(self.map.addr() as *const AtomicU64, self.len) }
     }
-}
-
-/// Drops the pages of `[addr, addr + len)` of a managed region (`MADV_DONTNEED`): used only
-/// for clean pages whose contents are safe on a device, while the engine owns them (busy),
-/// so the next access faults them back. Async-signal-safe.
-pub fn discard_region_pages(addr: usize, len: usize) -> io::Result<()> {
-    debug_assert!(addr % PAGE_SIZE == 0 && len % PAGE_SIZE == 0);
-    // SAFETY: the range belongs to a registered region the caller keeps mapped (it holds the
-    // region's registry guard); DONTNEED changes residency only, and the engine keeps a copy.
-    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Pages of `[addr, addr + len)` present in the page table, counted with `mincore(2)` in
@@ -389,6 +411,42 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Signals an engine thread keeps unblocked: those the kernel raises synchronously for the
+/// thread's own faults (blocking them would not stop them, it would kill the process).
+const SYNCHRONOUS_SIGNALS: [libc::c_int; 5] = [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP];
+
+/// Starts an engine thread (fault handler, reclaimer) with every asynchronous signal blocked
+/// for its whole life. A process-directed signal (`kill(getpid())`, `setitimer`, a terminal's
+/// SIGINT) then goes to an application thread: an application handler that touches managed
+/// memory on an engine thread would wait for the engine itself (thread mode: the handler
+/// threads sleep in the fault they are meant to serve), and one that runs on top of engine
+/// code would see the engine's state half-changed. The mask is set in the spawning thread
+/// around the `clone`, so the new thread has it from its first instruction.
+pub fn spawn_engine_thread<F>(name: String, f: F) -> io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    // SAFETY: sigset_t is plain data; sigfillset/sigdelset/pthread_sigmask only read and
+    // write the two sets we own and the calling thread's mask, which is restored below.
+    let old = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for s in SYNCHRONOUS_SIGNALS {
+            libc::sigdelset(&mut set, s);
+        }
+        let r = libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        old
+    };
+    let spawned = std::thread::Builder::new().name(name).spawn(f);
+    // SAFETY: restores the caller's own mask, saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    spawned
 }
 
 /// Monotonic clock in nanoseconds (vDSO; async-signal-safe).

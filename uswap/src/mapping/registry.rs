@@ -102,6 +102,9 @@ impl<T, const N: usize> Registry<T, N> {
             return None;
         }
         let backoff = Backoff::new();
+        // Terminates: the slot no longer publishes the region, so no new user arrives; each
+        // current user is a fault or reclaim round that ends without waiting on this thread
+        // (which blocks its asynchronous signals for the call, see `AsyncSignalsBlocked`).
         while s.users.load(Ordering::SeqCst) != 0 {
             backoff.snooze();
         }
@@ -110,6 +113,20 @@ impl<T, const N: usize> Registry<T, N> {
         // SAFETY: `p` came from `Arc::into_raw` in `insert`, the slot no longer publishes it
         // and no reader holds it (users drained after the swap), so we own that reference.
         Some(unsafe { Arc::from_raw(p) })
+    }
+
+    /// Moves slot `idx` to `[start, end)` (its value moved: `update` tells it so, first).
+    /// Readers see the old or the new range, and re-check what they find.
+    pub fn set_range(&self, idx: usize, start: usize, end: usize, update: impl FnOnce(&T)) {
+        let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(g) = self.acquire(idx) else { return };
+        update(&g);
+        let s = &self.slots[idx];
+        // A window where the slot matches nothing is harmless (a fault finds no region and is
+        // retried); one where it matches a wrong range is not: clear it first.
+        s.end.store(0, Ordering::SeqCst);
+        s.start.store(start, Ordering::SeqCst);
+        s.end.store(end, Ordering::SeqCst);
     }
 
     fn acquire(&self, idx: usize) -> Option<RegistryGuard<'_, T>> {

@@ -16,9 +16,11 @@
 //!   device may return memory or punch a hole) before it returns to the free list, so a
 //!   discard never races with a new allocation in the same cluster.
 //!
-//! Lock order: per-CPU lock → cluster lock → device list lock. A thread that holds its
-//! per-CPU lock may only `try_lock` another CPU's (to steal its cluster when the lists are
-//! empty), so two CPUs never wait on each other.
+//! Lock order: per-CPU lock → cluster lock → device list lock (see the hierarchy in
+//! `crate::sync`). A thread that holds its per-CPU lock may only `try_lock` another CPU's
+//! (to steal its cluster when the lists are empty), so two CPUs never wait on each other.
+//! The discard (a system call on file devices) runs with none of these locks held: `alloc`
+//! drops its per-CPU lock, discards, and takes it again.
 //!
 //! Invariants: a cluster is on exactly one list or owned by exactly one CPU, or being
 //! discarded (on neither, briefly); `count` equals the number of set bits of `map`; a cluster
@@ -159,6 +161,14 @@ impl ClusterLists {
     }
 }
 
+/// What `take_cluster` found.
+enum Take {
+    Cluster(u32),
+    /// Only clusters waiting for discard: discard them (with no lock held) and try again.
+    Discard,
+    None,
+}
+
 /// Cluster counts by list, for stats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClusterCounts {
@@ -166,6 +176,8 @@ pub struct ClusterCounts {
     pub nonfull: u64,
     pub full: u64,
     pub discard: u64,
+    /// Clusters discarded since the device was set up.
+    pub discarded: u64,
 }
 
 pub struct ClusterAllocator {
@@ -175,6 +187,7 @@ pub struct ClusterAllocator {
     /// Each CPU's current cluster (`percpu_swap_cluster`).
     percpu: Box<[CachePadded<SpinLock<Option<u32>>>]>,
     inuse_slots: AtomicU64,
+    discarded: AtomicU64,
 }
 
 impl ClusterAllocator {
@@ -207,6 +220,7 @@ impl ClusterAllocator {
             lists: SpinLock::new(lists),
             percpu: owned.into_iter().map(|o| CachePadded::new(SpinLock::new(o))).collect(),
             inuse_slots: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
         }
     }
 
@@ -224,54 +238,70 @@ impl ClusterAllocator {
     /// they can be reused, if nothing else is free.
     pub fn alloc(&self, cpu: usize, out: &mut [u64], discard: &dyn Fn(u32)) -> usize {
         let cpu = cpu % self.percpu.len();
-        let mut pc = self.percpu[cpu].lock();
         let mut got = 0;
-        while got < out.len() {
-            let ci = match *pc {
-                Some(ci) => ci,
-                None => match self.take_cluster(cpu, discard) {
-                    Some(ci) => {
-                        *pc = Some(ci);
-                        ci
-                    }
-                    None => break,
-                },
-            };
-            let mut c = self.clusters[ci as usize].lock();
-            got += c.alloc_bits(ci as u64 * SWAPFILE_CLUSTER as u64, &mut out[got..]);
-            if c.count as usize == SWAPFILE_CLUSTER {
-                // Full: give it up to the full list; frees will bring it back to nonfull.
-                self.lists.lock().move_to(ci, ListId::Full);
-                *pc = None;
+        // At most two rounds: the second only after a discard freed clusters, and it
+        // discards no more.
+        let mut may_discard = true;
+        loop {
+            let mut pc = self.percpu[cpu].lock();
+            let mut wants_discard = false;
+            while got < out.len() {
+                let ci = match *pc {
+                    Some(ci) => ci,
+                    None => match self.take_cluster(cpu, may_discard) {
+                        Take::Cluster(ci) => {
+                            *pc = Some(ci);
+                            ci
+                        }
+                        Take::Discard => {
+                            wants_discard = true;
+                            break;
+                        }
+                        Take::None => break,
+                    },
+                };
+                let mut c = self.clusters[ci as usize].lock();
+                got += c.alloc_bits(ci as u64 * SWAPFILE_CLUSTER as u64, &mut out[got..]);
+                if c.count as usize == SWAPFILE_CLUSTER {
+                    // Full: give it up to the full list; frees will bring it back to nonfull.
+                    self.lists.lock().move_to(ci, ListId::Full);
+                    *pc = None;
+                }
             }
+            drop(pc);
+            if !wants_discard {
+                break;
+            }
+            // Discarding is a system call on file devices: never under the per-CPU lock.
+            may_discard = false;
+            self.run_discards(discard);
         }
         self.inuse_slots.fetch_add(got as u64, Ordering::Relaxed);
         got
     }
 
     /// A cluster for a CPU whose current one is full: nonfull first (keeps the free ones for
-    /// contiguous allocation), then free, then one waiting for discard, then another CPU's.
-    fn take_cluster(&self, cpu: usize, discard: &dyn Fn(u32)) -> Option<u32> {
+    /// contiguous allocation), then free, then (if `may_discard`) one waiting for discard,
+    /// which the caller discards after dropping its per-CPU lock, then another CPU's.
+    fn take_cluster(&self, cpu: usize, may_discard: bool) -> Take {
         {
             let mut lists = self.lists.lock();
             if let Some(ci) = lists.pop(ListId::Nonfull).or_else(|| lists.pop(ListId::Free)) {
-                return Some(ci);
+                return Take::Cluster(ci);
             }
-        }
-        if self.run_discards(discard) > 0 {
-            if let Some(ci) = self.lists.lock().pop(ListId::Free) {
-                return Some(ci);
+            if may_discard && lists.lists[ListId::Discard as usize].len > 0 {
+                return Take::Discard;
             }
         }
         // Lists are empty: other CPUs' current clusters may still have room.
         for other in (0..self.percpu.len()).filter(|&o| o != cpu) {
             if let Some(mut g) = self.percpu[other].try_lock() {
                 if let Some(ci) = g.take() {
-                    return Some(ci);
+                    return Take::Cluster(ci);
                 }
             }
         }
-        None
+        Take::None
     }
 
     /// Frees slots (any order; sorted input takes each cluster lock once per run).
@@ -310,6 +340,7 @@ impl ClusterAllocator {
                 break;
             };
             discard(ci);
+            self.discarded.fetch_add(1, Ordering::Relaxed);
             let mut c = self.clusters[ci as usize].lock();
             c.next = 0;
             let mut lists = self.lists.lock();
@@ -328,6 +359,7 @@ impl ClusterAllocator {
             nonfull: l.lists[ListId::Nonfull as usize].len as u64,
             full: l.lists[ListId::Full as usize].len as u64,
             discard: l.lists[ListId::Discard as usize].len as u64,
+            discarded: self.discarded.load(Ordering::Relaxed),
         }
     }
 }
@@ -339,6 +371,27 @@ mod tests {
     use std::sync::Arc;
 
     fn no_discard(_: u32) {}
+
+    /// The discard is a system call on file devices; the lock hierarchy (`crate::sync`)
+    /// forbids one under a spin lock, so an allocation that needs a discarded cluster must
+    /// run the discard with no engine lock held.
+    #[test]
+    fn discards_run_with_no_lock_held() {
+        let a = ClusterAllocator::new(2, 1);
+        let mut all = vec![0u64; 1024];
+        assert_eq!(a.alloc(0, &mut all, &no_discard), 1024);
+        a.free(&all);
+        assert_eq!(a.cluster_counts().discard, 2, "both clusters wait for discard");
+        let locks_seen = std::sync::Mutex::new(vec![]);
+        let mut one = [0u64; 1];
+        let n = a.alloc(0, &mut one, &|ci| {
+            locks_seen.lock().unwrap().push((ci, crate::sync::locks_held_by_this_thread()));
+        });
+        assert_eq!(n, 1, "the discarded clusters are reused");
+        let seen = locks_seen.into_inner().unwrap();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen.iter().all(|&(_, locks)| locks == 0), "discard ran under an engine lock: {seen:?}");
+    }
 
     #[test]
     fn cpus_start_in_different_clusters_and_batches_are_contiguous() {

@@ -19,7 +19,8 @@
 //! the next flush.
 //!
 //! Locking: a per-CPU free-batch lock is never held while taking another lock (the batch is
-//! copied out first). Allocator locks: see `cluster_allocator`.
+//! copied out first). Allocator locks: see `cluster_allocator`; the whole hierarchy:
+//! `crate::sync`.
 
 pub mod cluster_allocator;
 pub mod entry;
@@ -326,7 +327,9 @@ impl SwapDevices {
             };
             self.free_now(&mut out[..n]);
         }
-        loop {
+        // Bounded: the queue holds at most DEFERRED_FREES entries, so that many batches (and
+        // one more) empty it even while lock-free faults keep adding to it.
+        for _ in 0..=DEFERRED_FREES.div_ceil(FREE_BATCH) {
             let mut out = [0u64; FREE_BATCH];
             let mut n = 0;
             while n < FREE_BATCH {

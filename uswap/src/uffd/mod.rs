@@ -35,6 +35,14 @@ const fn ior(nr: u32, size: usize) -> libc::c_ulong {
 }
 
 // Feature bits (uapi `UFFD_FEATURE_*`).
+/// The application moved part of a registered range (`mremap`): `UFFD_EVENT_REMAP`.
+pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
+/// The application discarded part of a registered range (`MADV_DONTNEED`, `MADV_REMOVE`):
+/// `UFFD_EVENT_REMOVE`, sent before the pages are zapped.
+pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
+/// The application unmapped part of a registered range (`munmap`, `MAP_FIXED` over it, a
+/// shrinking `mremap`): `UFFD_EVENT_UNMAP`, sent after the unmap.
+pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
 pub const FEATURE_SIGBUS: u64 = 1 << 7;
 pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
@@ -51,6 +59,9 @@ const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 const WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
 
 pub const EVENT_PAGEFAULT: u8 = 0x12;
+pub const EVENT_REMAP: u8 = 0x14;
+pub const EVENT_REMOVE: u8 = 0x15;
+pub const EVENT_UNMAP: u8 = 0x16;
 pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
 
 /// `UFFD_USER_MODE_ONLY`: only faults from user mode are delivered. Allowed to unprivileged
@@ -107,6 +118,7 @@ struct UffdioMove {
 
 const UFFDIO_API: libc::c_ulong = iowr(0x3F, std::mem::size_of::<UffdioApi>());
 const UFFDIO_REGISTER: libc::c_ulong = iowr(0x00, std::mem::size_of::<UffdioRegister>());
+const UFFDIO_UNREGISTER: libc::c_ulong = ior(0x01, std::mem::size_of::<UffdioRange>());
 const UFFDIO_WAKE: libc::c_ulong = ior(0x02, std::mem::size_of::<UffdioRange>());
 const UFFDIO_COPY: libc::c_ulong = iowr(0x03, std::mem::size_of::<UffdioCopy>());
 const UFFDIO_ZEROPAGE: libc::c_ulong = iowr(0x04, std::mem::size_of::<UffdioZeropage>());
@@ -129,6 +141,22 @@ pub struct UffdMsg {
     reserved4: u32,
 }
 const _: () = assert!(std::mem::size_of::<UffdMsg>() == 32);
+
+impl UffdMsg {
+    /// `arg.remap` of an `EVENT_REMAP`: `(from, to, len)`.
+    pub fn remap(&self) -> (usize, usize, usize) {
+        (
+            self.pf_flags as usize,
+            self.pf_address as usize,
+            (self.pf_ptid as u64 | (self.reserved4 as u64) << 32) as usize,
+        )
+    }
+
+    /// `arg.remove` of an `EVENT_REMOVE` or `EVENT_UNMAP`: `[start, end)`.
+    pub fn range(&self) -> (usize, usize) {
+        (self.pf_flags as usize, self.pf_address as usize)
+    }
+}
 
 /// Why the descriptor could not be opened: the caller turns this into a user-facing error.
 #[derive(Debug)]
@@ -264,6 +292,19 @@ impl Uffd {
         // SAFETY: UFFDIO_REGISTER reads and writes one `struct uffdio_register`. Registering a
         // range changes how faults in it are delivered, never its contents.
         let r = unsafe { libc::ioctl(self.raw_fd(), UFFDIO_REGISTER, &mut reg) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Unregisters `[start, start + len)`: faults there are the kernel's again, and unmapping
+    /// it sends no event.
+    pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
+        let range = UffdioRange { start: start as u64, len: len as u64 };
+        // SAFETY: UFFDIO_UNREGISTER reads one `struct uffdio_range`; it changes how faults in
+        // the range are delivered, never its contents.
+        let r = unsafe { libc::ioctl(self.raw_fd(), UFFDIO_UNREGISTER, &range) };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -456,6 +497,45 @@ impl Doorbell {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our eventfd.
         unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// While alive, the calling thread's asynchronous signals are blocked (all but the
+/// synchronous SIGBUS, SIGSEGV, SIGILL, SIGFPE, SIGTRAP and SIGSYS); the previous mask comes
+/// back on drop. Engine calls that hold busy bits or spin locks in the application's thread
+/// (`set_resident_limit`, `map`, `stats`, a region's drop) take one, so that an application
+/// signal handler never runs, and faults on a managed page, while its own thread owns what
+/// that fault needs: in signal mode the nested fault would wait for its own thread; in
+/// thread mode the handler thread would wait for the interrupted thread, which waits for
+/// the handler thread. Two `rt_sigprocmask` calls (well under a microsecond), cheap next to
+/// those calls. Signals sent meanwhile stay pending and run when the call returns.
+pub struct AsyncSignalsBlocked {
+    old: libc::sigset_t,
+    /// Not `Send`: the mask belongs to the thread that made the guard.
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl AsyncSignalsBlocked {
+    pub fn new() -> AsyncSignalsBlocked {
+        // SAFETY: sigset_t is plain data; the calls fill and read sets we own, and
+        // pthread_sigmask changes only the calling thread's mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut set);
+            for sig in [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS] {
+                libc::sigdelset(&mut set, sig);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            AsyncSignalsBlocked { old, _thread: std::marker::PhantomData }
+        }
+    }
+}
+
+impl Drop for AsyncSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `new` saved, on the same thread (the guard is not Send).
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
     }
 }
 

@@ -58,6 +58,38 @@ pub fn install(f: FaultFn) -> std::io::Result<()> {
     result
 }
 
+/// Whether the process's SIGBUS action is still uswap's handler. False before [`install`],
+/// and after the program replaced it (`sigaction`/`signal` for SIGBUS after the first
+/// signal-mode pager): faults on managed pages then reach the program's handler.
+pub fn handler_is_ours() -> std::io::Result<bool> {
+    // SAFETY: sigaction with a null new action only reads the current one into ours.
+    let current = unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        cur.sa_sigaction
+    };
+    Ok(current == on_sigbus as *const () as usize)
+}
+
+/// Whether uswap's handler was ever installed in this process.
+pub fn installed() -> bool {
+    INSTALL.is_completed()
+}
+
+/// Whether the calling thread blocks SIGBUS. A fault the kernel raises in such a thread
+/// cannot be handled: `force_sig_fault` resets a blocked SIGBUS to its default action
+/// (kernel/signal.c, `force_sig_info_to_task`) and the process dies.
+pub fn blocked_in_this_thread() -> bool {
+    // SAFETY: pthread_sigmask with a null new set only reads this thread's mask into ours.
+    unsafe {
+        let mut cur: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur) == 0
+            && libc::sigismember(&cur, libc::SIGBUS) == 1
+    }
+}
+
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 fn is_write_fault(uctx: *mut libc::c_void) -> bool {
     // The page-fault error code's bit 1 is "write access" (Intel SDM vol. 3, 4.7).

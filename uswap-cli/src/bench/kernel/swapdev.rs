@@ -120,8 +120,9 @@ pub fn swap_file_path(dir: &Path) -> PathBuf {
 /// Checks that `dir` has room for a swap file of `bytes` (plus 256 MiB to spare).
 pub fn check_space(dir: &Path, bytes: u64) -> Result<(), BenchError> {
     let c = cpath(dir);
-    // SAFETY: statvfs into a zeroed struct we own.
+    // SAFETY: `statvfs` is plain data, for which all-zero bytes are a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; `st` is ours to fill.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return Err(BenchError::system(
             "checking free space for the swap file (give --swap-file-dir an existing directory)",

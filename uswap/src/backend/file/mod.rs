@@ -8,8 +8,8 @@
 //! * `ring.rs`: reads and writes, through the io_uring rings or the system calls;
 //! * `async_reader.rs`: [`FileAsyncReader`], asynchronous readahead with a ring and a buffer
 //!   of its own;
-//! * this module: the type, its counters and errors, `Drop`, and the [`Backend`] impl with
-//!   `discard`.
+//! * this module: the type, its counters and errors, `Drop` (which empties a regular file
+//!   the user keeps: `scrub`), and the [`Backend`] impl with `discard`.
 //!
 //! `discard` punches a hole (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`) in a file, or
 //! issues `BLKDISCARD` on a block device. Best effort: failures are counted
@@ -19,6 +19,7 @@
 //!
 //! # Locking rules
 //!
+//! (The ring locks' place in the engine's lock hierarchy: `crate::sync`.)
 //! `read` may run inside a SIGBUS handler on an application thread (signal mode), and
 //! `read`/`write` run concurrently on several threads. So the read/write path allocates
 //! nothing and never waits for a lock (how: see `ring.rs`).
@@ -32,7 +33,7 @@
 //!   exclusive claim must not outlive the backend.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -59,10 +60,19 @@ pub use open::{FileOptions, CLUSTER_BYTES, DEFAULT_POLL_US, MAX_QUEUE_DEPTH};
 pub enum FileDeviceError {
     #[error(
         "swap device {}: no such file or directory; give an existing directory (uswap creates \
-         an anonymous swap file in it), an existing regular file, or a block device",
+         an anonymous swap file in it), a file in an existing directory (uswap creates it, mode \
+         0600), an existing regular file, or a block device",
         .path.display()
     )]
     NotFound { path: PathBuf },
+
+    #[error(
+        "swap device {}: mode {mode:04o} lets other users read or write the swapped-out memory \
+         it would hold; run `chmod 600 {}`, or give a directory (uswap creates a private \
+         anonymous swap file in it)",
+        .path.display(), .path.display()
+    )]
+    OthersMayAccess { path: PathBuf, mode: u32 },
 
     #[error(
         "swap device {}: permission denied ({source}); run as a user that may read and write \
@@ -277,10 +287,74 @@ impl Drop for FileBackend {
             }
         }
         if self.kind == Kind::File && !self.anonymous {
+            // Before unlocking, so that the next user of the file finds it empty.
+            self.scrub();
             // SAFETY: plain system call on our open descriptor.
             unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
         }
     }
+}
+
+impl FileBackend {
+    /// Empties a file the user keeps of the swapped memory in it: punches out the whole range
+    /// the device used, or, where the filesystem cannot punch holes, overwrites it with
+    /// zeros. Discards while the engine runs do not suffice: they cover whole clusters that
+    /// came free and were taken off the discard list by the background reclaimer, so the
+    /// clusters still waiting at shutdown, the clusters CPUs were allocating from, and freed
+    /// slots of partly used clusters kept their data (up to a few clusters after a clean
+    /// exit, depending on when the reclaimer last ran).
+    fn scrub(&self) {
+        let len = self.nr_slots * PAGE_SIZE as u64;
+        let fd = self.file.as_raw_fd();
+        let Err(punch) = punch_hole(fd, 0, len) else { return };
+        if let Err(e) = write_zeros(fd, len) {
+            // Nothing to return an error to from a drop, and the user must know.
+            eprintln!(
+                "uswap: swap device {}: could not erase the swap file on close (punching a hole: \
+                 {punch}; writing zeros: {e}); it may still hold swapped-out memory: delete it",
+                self.path.display()
+            );
+        }
+    }
+}
+
+/// Deallocates `len` bytes at `off` of a regular file: they read back as zero.
+fn punch_hole(fd: RawFd, off: u64, len: u64) -> io::Result<()> {
+    loop {
+        let flags = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: plain system call on an open descriptor; KEEP_SIZE leaves the size alone.
+        if unsafe { libc::fallocate(fd, flags, off as libc::off_t, len as libc::off_t) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Overwrites the first `len` bytes (whole pages) of an `O_DIRECT` file with zeros: for
+/// filesystems that cannot punch holes.
+fn write_zeros(fd: RawFd, len: u64) -> io::Result<()> {
+    const CHUNK_PAGES: usize = 256;
+    let zeros = vec![AlignedPage([0; PAGE_SIZE]); CHUNK_PAGES];
+    let mut off = 0u64;
+    while off < len {
+        let n = (len - off).min((CHUNK_PAGES * PAGE_SIZE) as u64) as usize;
+        // SAFETY: `zeros` is page-aligned (as O_DIRECT wants) and valid for `n` bytes.
+        let r = unsafe { libc::pwrite(fd, zeros.as_ptr().cast(), n, off as libc::off_t) };
+        match r {
+            r if r > 0 => off += r as u64,
+            0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Backend for FileBackend {
@@ -307,7 +381,7 @@ impl Backend for FileBackend {
     }
 
     fn discard(&self, slot: u64, nr: u64) {
-        if nr == 0 || std::env::var_os("NODISCARD").is_some() {
+        if nr == 0 {
             return;
         }
         bump(&self.counters.discards);

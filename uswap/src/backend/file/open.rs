@@ -2,7 +2,8 @@
 //!
 //! # Job
 //!
-//! [`FileBackend::open`] takes a directory, an existing regular file or a block device:
+//! [`FileBackend::open`] takes a directory, a regular file (existing, or created) or a block
+//! device:
 //! * a **directory**: uswap creates an anonymous swap file in it, mode 0600, never linked
 //!   into the directory (`O_TMPFILE | O_EXCL`; where the filesystem has no `O_TMPFILE`, a
 //!   file created 0600 with `O_EXCL` and unlinked at once). No other user can open it, and
@@ -10,9 +11,15 @@
 //! * an existing **regular file**: used as it is. It is never shrunk or truncated; if it is
 //!   shorter than the capacity it is extended (allocated with `fallocate`, or sparse with
 //!   `ftruncate` when [`FileOptions::preallocate`] is off); if it is longer, only the first
-//!   `capacity` bytes are used and the rest is left alone. Its owner and mode are the user's
-//!   business: swapped memory lands in it, readable by whoever may read the file. It is
-//!   locked (`flock(LOCK_EX)`) so that two devices cannot share it.
+//!   `capacity` bytes are used and the rest is left alone. Swapped memory lands in it, so a
+//!   file that its group or other users may read or write is refused
+//!   ([`FileDeviceError::OthersMayAccess`], which says to `chmod 600` it). It is locked
+//!   (`flock(LOCK_EX)`) so that two devices cannot share it. When the device is dropped,
+//!   the range it used is punched out (or, where the filesystem cannot punch holes,
+//!   overwritten with zeros): the file is kept, the swapped memory is not.
+//! * a path that does not exist, in an existing directory: uswap creates a regular file
+//!   there, mode 0600 (`O_CREAT | O_EXCL | O_NOFOLLOW`), and treats it as above; it is kept
+//!   after the device is dropped, emptied.
 //! * a **block device**: opened exclusively (`O_EXCL`: not while mounted or in use), never
 //!   resized; a capacity larger than the device is an error.
 //!
@@ -225,6 +232,59 @@ fn size_file(fd: RawFd, path: &Path, len: u64, preallocate: bool) -> Result<(), 
     Ok(())
 }
 
+/// Opens the regular file `path` for a device of `len` bytes, or with `create` creates it
+/// (mode 0600; it must not exist). Refuses a file its group or others may read or write,
+/// locks it, sizes it. A file created here is removed again if a later step fails.
+fn open_regular(path: &Path, create: bool, len: u64, preallocate: bool) -> Result<OwnedFd, FileDeviceError> {
+    let cpath = cstring(path)?;
+    let fd = if create {
+        let flags = libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_RDWR;
+        sys_open(&cpath, flags, 0o600).map_err(|e| open_error(path, "creating the swap file", e))?
+    } else {
+        sys_open(&cpath, libc::O_RDWR | libc::O_DIRECT, 0).map_err(|e| match e.raw_os_error() {
+            Some(libc::EINVAL) => FileDeviceError::DirectIoUnsupported { path: path.to_owned(), source: e },
+            _ => open_error(path, "opening the swap file", e),
+        })?
+    };
+    let setup = || -> Result<(), FileDeviceError> {
+        if create {
+            // Exactly 0600 whatever the umask (which can only have removed bits).
+            // SAFETY: plain system call on an open descriptor.
+            if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
+                return Err(open_error(path, "fchmod of the swap file", io::Error::last_os_error()));
+            }
+            set_direct(fd.as_raw_fd(), path)?;
+        } else {
+            // The mode of what was opened (fstat), not of what the path named a moment ago.
+            let st = fstat(fd.as_raw_fd()).map_err(|e| open_error(path, "fstat", e))?;
+            let mode = st.st_mode & 0o7777;
+            if mode & 0o066 != 0 {
+                return Err(FileDeviceError::OthersMayAccess { path: path.to_owned(), mode });
+            }
+        }
+        // SAFETY: plain system call on an open descriptor.
+        if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EWOULDBLOCK) => FileDeviceError::Busy { path: path.to_owned() },
+                _ => FileDeviceError::Io { path: path.to_owned(), what: "locking the swap file", source: e },
+            });
+        }
+        size_file(fd.as_raw_fd(), path, len, preallocate)
+    };
+    match setup() {
+        Ok(()) => Ok(fd),
+        Err(e) => {
+            if create {
+                // A failed open leaves nothing behind.
+                // SAFETY: `cpath` is NUL-terminated and outlives the call.
+                unsafe { libc::unlink(cpath.as_ptr()) };
+            }
+            Err(e)
+        }
+    }
+}
+
 /// Turns `O_DIRECT` on for a descriptor opened without it.
 fn set_direct(fd: RawFd, path: &Path) -> Result<(), FileDeviceError> {
     // SAFETY: F_GETFL/F_SETFL take and return plain integers.
@@ -263,9 +323,13 @@ impl FileBackend {
         let nr_slots = capacity_bytes / CLUSTER_BYTES * SWAPFILE_CLUSTER as u64;
         let len = nr_slots * PAGE_SIZE as u64;
 
-        let meta = fs::metadata(path).map_err(|e| open_error(path, "stat", e))?;
-        let ft = meta.file_type();
-        let (file, kind, anonymous) = if ft.is_dir() {
+        let ft = match fs::metadata(path) {
+            Ok(meta) => Some(meta.file_type()),
+            // Created below, if its directory exists (the README promises a 0600 file).
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(open_error(path, "stat", e)),
+        };
+        let (file, kind, anonymous) = if ft.is_some_and(|ft| ft.is_dir()) {
             let fd = create_anonymous(path, true)?;
             // Exactly 0600 whatever the umask (which can only have removed bits).
             // SAFETY: plain system call on an open descriptor.
@@ -275,23 +339,9 @@ impl FileBackend {
             set_direct(fd.as_raw_fd(), path)?;
             size_file(fd.as_raw_fd(), path, len, options.preallocate)?;
             (fd, Kind::File, true)
-        } else if ft.is_file() {
-            let cpath = cstring(path)?;
-            let fd = sys_open(&cpath, libc::O_RDWR | libc::O_DIRECT, 0).map_err(|e| match e.raw_os_error() {
-                Some(libc::EINVAL) => FileDeviceError::DirectIoUnsupported { path: path.to_owned(), source: e },
-                _ => open_error(path, "opening the swap file", e),
-            })?;
-            // SAFETY: plain system call on an open descriptor.
-            if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                let e = io::Error::last_os_error();
-                return Err(match e.raw_os_error() {
-                    Some(libc::EWOULDBLOCK) => FileDeviceError::Busy { path: path.to_owned() },
-                    _ => FileDeviceError::Io { path: path.to_owned(), what: "locking the swap file", source: e },
-                });
-            }
-            size_file(fd.as_raw_fd(), path, len, options.preallocate)?;
-            (fd, Kind::File, false)
-        } else if ft.is_block_device() {
+        } else if ft.is_none_or(|ft| ft.is_file()) {
+            (open_regular(path, ft.is_none(), len, options.preallocate)?, Kind::File, false)
+        } else if ft.is_some_and(|ft| ft.is_block_device()) {
             let cpath = cstring(path)?;
             let fd = sys_open(&cpath, libc::O_RDWR | libc::O_DIRECT | libc::O_EXCL, 0)
                 .map_err(|e| open_error(path, "opening the block device", e))?;
@@ -317,14 +367,11 @@ impl FileBackend {
             }
             (fd, Kind::BlockDevice, false)
         } else {
-            let kind = if ft.is_char_device() {
-                "a character device"
-            } else if ft.is_fifo() {
-                "a FIFO"
-            } else if ft.is_socket() {
-                "a socket"
-            } else {
-                "an unknown kind of file"
+            let kind = match ft {
+                Some(ft) if ft.is_char_device() => "a character device",
+                Some(ft) if ft.is_fifo() => "a FIFO",
+                Some(ft) if ft.is_socket() => "a socket",
+                _ => "an unknown kind of file",
             };
             return Err(FileDeviceError::UnsupportedFileType { path: path.to_owned(), kind });
         };
@@ -373,7 +420,7 @@ impl FileBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{open_err, opts, read_and_verify, staging, write_runs, TestDir, MIB};
+    use super::super::tests::{open_err, opts, read_and_verify, staging, write_private, write_runs, TestDir, MIB};
     use super::*;
     use crate::backend::Backend;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -417,12 +464,16 @@ mod tests {
         let path = dir.path().join("swapfile");
         fs::write(&path, vec![1u8; MIB as usize]).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+        let e = FileBackend::open(&path, 4 * MIB + 12345, opts(4, 1)).err().unwrap();
+        assert!(matches!(e, FileDeviceError::OthersMayAccess { mode: 0o640, .. }), "{e}");
+        assert_eq!(fs::metadata(&path).unwrap().len(), MIB, "a refused file is left as it was");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o400 | 0o200)).unwrap();
         let b = FileBackend::open(&path, 4 * MIB + 12345, opts(4, 1)).unwrap();
         assert!(!b.is_anonymous());
         assert_eq!(b.nr_slots(), 2 * SWAPFILE_CLUSTER as u64, "capacity rounds down to whole clusters");
         let meta = fs::metadata(&path).unwrap();
         assert_eq!(meta.len(), 4 * MIB, "extended to the capacity");
-        assert_eq!(meta.mode() & 0o777, 0o640, "an existing file keeps its mode");
+        assert_eq!(meta.mode() & 0o777, 0o600, "an existing file keeps its mode");
         // A second device on the same file is refused while the first one lives.
         let e = FileBackend::open(&path, 2 * MIB, opts(4, 1)).err().unwrap();
         assert!(matches!(e, FileDeviceError::Busy { .. }), "{e}");
@@ -434,14 +485,14 @@ mod tests {
 
         // A longer file is used in part, never truncated.
         let big = dir.path().join("big");
-        fs::write(&big, vec![0u8; 10 * MIB as usize]).unwrap();
+        write_private(&big, &vec![0u8; 10 * MIB as usize]);
         let b = FileBackend::open(&big, 4 * MIB, FileOptions { preallocate: false, ..opts(4, 1) }).unwrap();
         assert_eq!(b.nr_slots(), 1024);
         assert_eq!(fs::metadata(&big).unwrap().len(), 10 * MIB);
         drop(b);
         // A short file without preallocation is extended sparse.
         let sparse = dir.path().join("sparse");
-        fs::write(&sparse, b"").unwrap();
+        write_private(&sparse, b"");
         let b = FileBackend::open(&sparse, 4 * MIB, FileOptions { preallocate: false, ..opts(4, 1) }).unwrap();
         let meta = fs::metadata(&sparse).unwrap();
         assert_eq!(meta.len(), 4 * MIB);

@@ -525,7 +525,8 @@ impl FileBackend {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{
-        opts, page_bytes, random_runs, read_and_verify, stage, staging, write_runs, zero_pages, Rng, TestDir, MIB,
+        opts, page_bytes, random_runs, read_and_verify, stage, staging, write_private, write_runs, zero_pages, Rng,
+        TestDir, MIB,
     };
     use super::*;
     use crate::backend::file::{FileOptions, FileStats};
@@ -841,7 +842,7 @@ mod tests {
     fn short_reads_are_continued_and_end_of_file_names_the_slot() {
         let dir = TestDir::new("short");
         let path = dir.path().join("swapfile");
-        fs::write(&path, b"").unwrap();
+        write_private(&path, b"");
         for rings in [1, 0] {
             let b = FileBackend::open(&path, 2 * MIB, FileOptions { preallocate: false, ..opts(4, rings) }).unwrap();
             let src = staging(b.nr_slots());

@@ -8,6 +8,7 @@ use crate::swap::SWAPFILE_CLUSTER;
 use arrayvec::ArrayVec;
 use open::fstat;
 use std::fs;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::sync::atomic::AtomicUsize;
 
 pub(super) const MIB: u64 = 1 << 20;
@@ -36,6 +37,12 @@ impl Drop for TestDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
     }
+}
+
+/// A file only its owner may read and write, as a regular-file device must be.
+pub(super) fn write_private(path: &Path, bytes: &[u8]) {
+    fs::write(path, bytes).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 pub(super) fn opts(queue_depth: u32, rings: usize) -> FileOptions {
@@ -185,10 +192,35 @@ fn discard_punches_a_hole_that_reads_back_as_zero() {
 }
 
 #[test]
+fn a_kept_file_is_emptied_on_drop_by_punching_or_by_writing_zeros() {
+    let dir = TestDir::new("scrub");
+    let path = dir.path().join("kept");
+    write_private(&path, b"");
+    let b = FileBackend::open(&path, 4 * MIB, opts(4, 1)).unwrap();
+    let src = staging(b.nr_slots());
+    // Slots in both clusters; none discarded.
+    write_runs(&b, &src, &[(0, 3), (700, 5), (1023, 1)], &[1, 2, 3]);
+    drop(b);
+    let bytes = fs::read(&path).unwrap();
+    assert_eq!(bytes.len() as u64, 4 * MIB, "the file keeps its size");
+    assert!(bytes.iter().all(|&x| x == 0), "punched out on drop");
+    assert!(fs::metadata(&path).unwrap().blocks() < 64, "and deallocated");
+
+    // The fallback where holes cannot be punched: zeros over the whole range, not past it.
+    fs::write(&path, vec![0xa5u8; 3 * MIB as usize]).unwrap();
+    let f = fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
+    write_zeros(f.as_raw_fd(), 2 * MIB + PAGE_SIZE as u64).unwrap();
+    let bytes = fs::read(&path).unwrap();
+    let cut = 2 * MIB as usize + PAGE_SIZE;
+    assert!(bytes[..cut].iter().all(|&x| x == 0), "zeroed");
+    assert!(bytes[cut..].iter().all(|&x| x == 0xa5), "bytes past the device are left alone");
+}
+
+#[test]
 fn a_closed_device_can_be_reopened_at_once() {
     let dir = TestDir::new("reopen");
     let path = dir.path().join("swapfile");
-    fs::write(&path, b"").unwrap();
+    write_private(&path, b"");
     for _ in 0..20 {
         let b = FileBackend::open(&path, 2 * MIB, opts(4, 2)).unwrap();
         let src = staging(b.nr_slots());

@@ -10,8 +10,9 @@
 //! sheds whole chunks instead of compaction differ enough that the kernel's name would
 //! mislead.
 //!
-//! Locking: one spin lock per size class guards its chunks' metadata and free lists; the
-//! arena lock guards the list of free chunks and nests inside a class lock.
+//! Locking (in the hierarchy of `crate::sync`): one spin lock per size class guards its
+//! chunks' metadata and free lists; the arena lock guards the list of free chunks and nests
+//! inside a class lock.
 //!
 //! Invariants: a chunk is free (class `NO_CLASS`), or belongs to one class and is on that
 //! class's partial list iff `0 < inuse < objects_per_chunk`; `chunks_in_use` counts the

@@ -12,12 +12,13 @@
 //!
 //! Parts: `allocator.rs` places compressed objects in the arena (chunks and size classes)
 //! and encodes slot entries; `codec.rs` compresses and decompresses (lz4, zstd) with
-//! pre-allocated contexts and scratch buffers; this module holds [`ZpoolBackend`], its
+//! pre-allocated contexts and workspaces; this module holds [`ZpoolBackend`], its
 //! configuration, the cap, and the [`Backend`] impl.
 //!
-//! Locking: slot entries are atomics written only by the slot's owner (the engine never
-//! writes a slot twice without invalidating it, nor reads one while writing it). The
-//! allocator's locks are described in `allocator.rs`; the codecs take none. Nothing
+//! Locking (in the hierarchy of `crate::sync`): slot entries are atomics written only by the
+//! slot's owner (the engine never writes a slot twice without invalidating it, nor reads
+//! one while writing it). The allocator's locks are described in `allocator.rs`; the codecs
+//! take none. Nothing
 //! allocates on any path and every path is safe in a SIGBUS handler.
 //!
 //! Invariants: an object is live iff its slot's entry points at it (each object starts with
@@ -36,7 +37,7 @@ use allocator::{
     objects_per_chunk, ArenaState, ClassState, KIND_COMPRESSED, KIND_EMPTY, KIND_RAW, KIND_SAME, NIL, NO_CLASS, NO_OBJ,
     NR_CLASSES, OBJ_HEADER,
 };
-use codec::{Scratch, ZstdCtx, SCRATCH_BYTES};
+use codec::{Scratch, Workspace, ZstdCtx, SCRATCH_BYTES};
 
 mod allocator;
 mod codec;
@@ -105,8 +106,8 @@ pub struct ZpoolBackend {
     chunk_links: Box<[AtomicU64]>,
     classes: Box<[SpinLock<ClassState>]>,
     free_chunks: SpinLock<ArenaState>,
-    /// Scratch buffers, two per operation, taken and returned without locks.
-    scratch: ArrayQueue<Box<Scratch>>,
+    /// Workspaces, one per operation, taken and returned without locks.
+    scratch: ArrayQueue<Box<Workspace>>,
     zstd: ArrayQueue<Box<ZstdCtx>>,
     /// Clock hand over chunks for writeback: chunks are shed whole, in index order (roughly
     /// allocation order), so writeback always returns memory.
@@ -183,9 +184,14 @@ impl ZpoolBackend {
             classes: (0..NR_CLASSES).map(|_| SpinLock::new(ClassState { partial_head: NIL })).collect(),
             free_chunks: SpinLock::new(ArenaState { free_head: NIL, next_fresh: 0 }),
             scratch: {
-                let q = ArrayQueue::new(2 * nr_ctx);
-                for _ in 0..2 * nr_ctx {
-                    let _ = q.push(Box::new(Scratch([0; SCRATCH_BYTES])));
+                let q = ArrayQueue::new(nr_ctx);
+                for _ in 0..nr_ctx {
+                    let _ = q.push(Box::new(Workspace {
+                        page: Scratch([0; SCRATCH_BYTES]),
+                        out: Scratch([0; SCRATCH_BYTES]),
+                        // Small: 16-bit entries, enough for inputs under 64 KiB (a page).
+                        lz4: lz4_flex::block::CompressTable::small(),
+                    }));
                 }
                 q
             },
@@ -226,7 +232,13 @@ impl ZpoolBackend {
     }
 
     /// Stores one page into `slot`. On rejection nothing is stored.
-    fn store_page(&self, slot: u64, page: &[u8], scratch: &mut [u8]) -> Result<(), BackendError> {
+    fn store_page(
+        &self,
+        slot: u64,
+        page: &[u8],
+        scratch: &mut [u8],
+        lz4: &mut lz4_flex::block::CompressTable,
+    ) -> Result<(), BackendError> {
         let e = &self.slots[2 * slot as usize];
         debug_assert_eq!(e.load(Ordering::Relaxed), KIND_EMPTY, "slot {slot} written twice");
         let first = u64::from_ne_bytes(page[..8].try_into().expect("8 bytes"));
@@ -241,7 +253,7 @@ impl ZpoolBackend {
             self.reject_pool_full.fetch_add(1, Ordering::Relaxed);
             return Err(BackendError::Rejected { slot, reason: RejectReason::PoolFull });
         }
-        let (kind, data): (u64, &[u8]) = match self.compress(page, scratch) {
+        let (kind, data): (u64, &[u8]) = match self.compress(page, scratch, lz4) {
             Some(n) if n < self.cfg.incompressible_threshold_bytes => (KIND_COMPRESSED, &scratch[..n]),
             _ => match self.cfg.incompressible {
                 Incompressible::StoreRaw => (KIND_RAW, page),
@@ -320,8 +332,8 @@ impl Backend for ZpoolBackend {
     }
 
     fn write(&self, reqs: &mut [WriteReq<'_>]) {
-        let mut page_buf = self.take_scratch();
-        let mut out_buf = self.take_scratch();
+        let mut ws = self.take_workspace();
+        let Workspace { page: page_buf, out: out_buf, lz4 } = &mut *ws;
         for r in reqs {
             r.result = self.check(r.slot, r.nr_pages());
             if r.result.is_err() {
@@ -330,7 +342,7 @@ impl Backend for ZpoolBackend {
             for i in 0..r.nr_pages() {
                 let page = &mut page_buf.0[..PAGE_SIZE];
                 r.data.copy_page_to(i as usize, page);
-                if let Err(e) = self.store_page(r.slot + i, page, &mut out_buf.0) {
+                if let Err(e) = self.store_page(r.slot + i, page, &mut out_buf.0, lz4) {
                     // All or nothing per request: undo the pages already stored.
                     for j in 0..i {
                         self.invalidate(r.slot + j);
@@ -340,25 +352,24 @@ impl Backend for ZpoolBackend {
                 }
             }
         }
-        let _ = self.scratch.push(page_buf);
-        let _ = self.scratch.push(out_buf);
+        let _ = self.scratch.push(ws);
     }
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
-        let mut scratch = self.take_scratch();
+        let mut ws = self.take_workspace();
         for r in reqs {
             r.result = self.check(r.slot, r.nr_pages());
             if r.result.is_err() {
                 continue;
             }
             for (i, page) in r.buf.iter_mut().enumerate() {
-                if let Err(e) = self.load_page(r.slot + i as u64, &mut page.0, &mut scratch.0) {
+                if let Err(e) = self.load_page(r.slot + i as u64, &mut page.0, &mut ws.out.0) {
                     r.result = Err(e);
                     break;
                 }
             }
         }
-        let _ = self.scratch.push(scratch);
+        let _ = self.scratch.push(ws);
     }
 
     fn invalidate(&self, slot: u64) {

@@ -1,0 +1,138 @@
+//! A regular file as the swap device: who may read it, what happens to a path that does not
+//! exist, and what is left in a file the user keeps once the pager is gone.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use uswap::backend::file::FileDeviceError;
+use uswap::{DeviceConfig, Error, FaultMode, Pager, PAGE_SIZE};
+
+mod common;
+use common::*;
+
+/// A fresh directory under the temporary directory (ext4 here: O_DIRECT and hole punching),
+/// removed with its contents on drop.
+struct TestDir(PathBuf);
+
+impl TestDir {
+    fn new(tag: &str) -> TestDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "uswap-filedev-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir(&p).unwrap();
+        TestDir(p)
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn build(mode: FaultMode, path: &Path, bytes: u64) -> Result<Pager, Error> {
+    Pager::builder().resident_limit(2 * MIB).fault_mode(mode).device(DeviceConfig::file(path, bytes)).build()
+}
+
+/// Pages of `path` holding any non-zero byte (the whole file is read).
+fn nonzero_pages(path: &Path) -> Vec<u64> {
+    let bytes = fs::read(path).unwrap();
+    bytes.chunks(PAGE_SIZE).enumerate().filter(|(_, p)| p.iter().any(|&b| b != 0)).map(|(i, _)| i as u64).collect()
+}
+
+#[test]
+fn a_file_other_users_may_read_is_refused_with_the_chmod_to_run() {
+    let dir = TestDir::new("mode");
+    let path = dir.0.join("swapfile");
+    for mode in [0o644, 0o640, 0o604, 0o620, 0o602] {
+        fs::write(&path, b"").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+        let e = build(FaultMode::Thread, &path, 8 * MIB).expect_err("a readable swap file must be refused");
+        match &e {
+            Error::FileDevice(FileDeviceError::OthersMayAccess { mode: m, .. }) => assert_eq!(*m, mode, "{e}"),
+            other => panic!("mode {mode:o}: {other}"),
+        }
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("chmod 600 {}", path.display())), "{msg}");
+        assert!(msg.contains(&format!("{mode:04o}")), "{msg}");
+        assert_eq!(fs::metadata(&path).unwrap().len(), 0, "a refused file is not touched");
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, mode, "nor its mode");
+    }
+    // What the message says to do works.
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    let p = build(FaultMode::Thread, &path, 8 * MIB).unwrap();
+    let r = p.map(4 * MIB as usize).unwrap();
+    rewrite_and_check(r.as_atomic_u64s(), 2);
+    assert!(p.stats().pswpout > 0);
+}
+
+#[test]
+fn a_path_that_does_not_exist_is_created_with_mode_0600() {
+    let dir = TestDir::new("create");
+    let path = dir.0.join("new-swapfile");
+    let p = build(FaultMode::Signal, &path, 8 * MIB).unwrap();
+    let meta = fs::metadata(&path).expect("the swap file is created at the path given");
+    assert!(meta.is_file());
+    assert_eq!(meta.mode() & 0o7777, 0o600, "only its owner may read it");
+    assert_eq!(meta.len(), 8 * MIB, "sized to the capacity");
+    let r = p.map(4 * MIB as usize).unwrap();
+    rewrite_and_check(r.as_atomic_u64s(), 2);
+    assert!(p.stats().pswpout > 0);
+    // A missing directory on the way is still an error that says what to give.
+    let e = build(FaultMode::Thread, &dir.0.join("no/such/dir/swapfile"), 8 * MIB).expect_err("no parent directory");
+    assert!(matches!(e, Error::FileDevice(FileDeviceError::NotFound { .. })), "{e}");
+    assert!(e.to_string().contains("existing directory"), "{e}");
+}
+
+/// Swaps a region of 4x the limit through a kept file, with rewrites (so slots are freed
+/// while the pager runs), then drops region and pager and reads the whole file.
+fn kept_file_is_scrubbed(mode: FaultMode) {
+    let dir = TestDir::new("scrub");
+    let path = dir.0.join("kept");
+    fs::write(&path, b"").unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    let p = build(mode, &path, 32 * MIB).unwrap();
+    let r = p.map(8 * MIB as usize).unwrap();
+    let words = r.as_atomic_u64s();
+    let pages = r.len() / PAGE_SIZE;
+    for i in 0..pages {
+        write_page(words, i, 1);
+    }
+    let mut rng = Rng(0x5eed);
+    for _ in 0..4000 {
+        let i = (rng.next() % pages as u64) as usize;
+        write_page(words, i, 2);
+        check_page(words, i, 2);
+    }
+    let st = p.stats();
+    assert!(st.pswpout > 1000, "the workload swapped: {st:?}");
+    assert!(!nonzero_pages(&path).is_empty(), "swapped pages are in the file while the pager runs");
+    drop(r);
+    drop(p);
+    let left = nonzero_pages(&path);
+    assert!(
+        left.is_empty(),
+        "{mode:?}: {} pages of swapped data left in the kept file after the pager was dropped (first: {:?})",
+        left.len(),
+        &left[..left.len().min(8)]
+    );
+    assert_eq!(fs::metadata(&path).unwrap().len(), 32 * MIB, "the file keeps its size");
+    // The lock is gone with the device: the file can be used again at once.
+    let p = build(mode, &path, 32 * MIB).unwrap();
+    drop(p);
+}
+
+#[test]
+fn a_kept_swap_file_holds_no_swapped_data_after_the_pager_is_dropped_thread_mode() {
+    kept_file_is_scrubbed(FaultMode::Thread);
+}
+
+#[test]
+fn a_kept_swap_file_holds_no_swapped_data_after_the_pager_is_dropped_signal_mode() {
+    kept_file_is_scrubbed(FaultMode::Signal);
+}
