@@ -8,9 +8,9 @@
 //! only happens under extreme oversubscription.
 
 use crossbeam_queue::ArrayQueue;
-use crossbeam_utils::Backoff;
 
 pub use crate::backend::AlignedPage;
+use crate::sync::pop_spinning;
 use crate::uffd::PAGE_SIZE;
 
 /// A borrowed buffer of `nr_pages` aligned pages, returned to its pool on drop.
@@ -56,17 +56,11 @@ impl BouncePool {
 
     /// Takes a buffer, waiting for one if all are lent out.
     pub fn take(&self) -> Bounce<'_> {
-        let backoff = Backoff::new();
         // Terminates: a buffer is lent for one swap-in, which waits on nothing a waiter here
         // holds (the lender owns its pages' busy bits and takes only lower locks, see the
         // hierarchy in `crate::sync`), and no application signal handler runs on a lender
         // (SIGBUS handler: full mask; engine calls: `uffd::AsyncSignalsBlocked`).
-        loop {
-            if let Some(b) = self.free.pop() {
-                return Bounce { buf: Some(b), pool: self };
-            }
-            backoff.snooze();
-        }
+        Bounce { buf: Some(pop_spinning(&self.free)), pool: self }
     }
 }
 

@@ -53,9 +53,16 @@
 //! managed memory while its thread is inside an engine call that holds a spin lock. The
 //! nested SIGBUS must then not take any engine lock, or the thread would wait on itself.
 //! [`locks_held_by_this_thread`] tells the fault path to take its lock-free route.
+//!
+//! Pools of pre-allocated objects (bounce buffers, the compressed pool's workspaces and
+//! zstd contexts) lend them without a lock: [`pop_spinning`] takes one from a lock-free
+//! queue, spinning with backoff while all are lent out, and the borrower pushes it back.
 
 use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
+
+use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::Backoff;
 
 thread_local! {
     // const-initialised and without a destructor: plain TLS slots, no lazy registration.
@@ -88,6 +95,19 @@ impl spin::RelaxStrategy for Relax {
         } else {
             std::hint::spin_loop();
         }
+    }
+}
+
+/// Takes an object from a pool of pre-allocated ones, spinning (with backoff) until one is
+/// given back if all are lent out. Takes no lock and allocates nothing: a SIGBUS handler may
+/// call it.
+pub fn pop_spinning<T>(pool: &ArrayQueue<T>) -> T {
+    let backoff = Backoff::new();
+    loop {
+        if let Some(x) = pool.pop() {
+            return x;
+        }
+        backoff.snooze();
     }
 }
 
@@ -171,5 +191,32 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(*counter.lock(), 40_000);
+    }
+
+    #[test]
+    fn pop_spinning_waits_until_an_object_is_given_back() {
+        let pool = Arc::new(ArrayQueue::new(1));
+        pool.push(7u32).unwrap();
+        // The borrower takes the one object, then spins on the empty pool until this thread
+        // pushes another. It runs on its own thread so that a hang fails the test here.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let borrower = {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                for _ in 0..2 {
+                    tx.send(pop_spinning(&pool)).unwrap();
+                }
+            })
+        };
+        let timeout = std::time::Duration::from_secs(10);
+        let first = rx.recv_timeout(timeout).expect("stuck in pop_spinning on a pool holding an object");
+        assert_eq!(first, 7);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(rx.try_recv().is_err(), "took an object from an empty pool");
+        pool.push(9).unwrap();
+        let second = rx.recv_timeout(timeout).expect("stuck in pop_spinning: the object given back was not taken");
+        assert_eq!(second, 9);
+        borrower.join().unwrap();
+        assert!(pool.is_empty());
     }
 }

@@ -6,24 +6,23 @@
 //! (or nothing: with [`Incompressible::Reject`] the device declines it and the engine sends
 //! it to the next device).
 //!
-//! Compressed objects live in an arena carved into 64 KiB chunks; each chunk serves one size
-//! class (multiples of 32 bytes up to a page). A class keeps a list of its chunks that have
-//! room; a chunk that empties goes back to the arena for any class. The pool's footprint is
-//! the chunks in use; at `cap_bytes` it stops accepting pages until it drains below
-//! `accept_threshold_percent` of the cap (zswap's hysteresis), and meanwhile offers its
-//! oldest slots for writeback to the next device.
+//! The pool's footprint is the chunks in use; at `cap_bytes` it stops accepting pages until
+//! it drains below `accept_threshold_percent` of the cap (zswap's hysteresis), and meanwhile
+//! offers its oldest slots for writeback to the next device.
 //!
-//! Locking (in the hierarchy of `crate::sync`): one spin lock per size class guards its
-//! chunks' metadata and free lists; the arena lock guards the list of free chunks and nests
-//! inside a class lock. Slot entries are
-//! atomics written only by the slot's owner (the engine never writes a slot twice without
-//! invalidating it, nor reads one while writing it). Compression contexts and scratch
-//! buffers come from lock-free pools filled at start-up, so nothing allocates on any path
-//! and every path is safe in a SIGBUS handler.
+//! Parts: `allocator.rs` places compressed objects in the arena (chunks and size classes)
+//! and encodes slot entries; `codec.rs` compresses and decompresses (lz4, zstd) with
+//! pre-allocated contexts and workspaces; this module holds [`ZpoolBackend`], its
+//! configuration, the cap, and the [`Backend`] impl.
 //!
-//! Invariants: a chunk is free (class `NO_CLASS`), or belongs to one class and is on that
-//! class's partial list iff `0 < inuse < objects_per_chunk`; `chunks_in_use` counts the
-//! chunks that belong to a class.
+//! Locking (in the hierarchy of `crate::sync`): slot entries are atomics written only by the
+//! slot's owner (the engine never writes a slot twice without invalidating it, nor reads
+//! one while writing it). The allocator's locks are described in `allocator.rs`; the codecs
+//! take none. Nothing
+//! allocates on any path and every path is safe in a SIGBUS handler.
+//!
+//! Invariants: an object is live iff its slot's entry points at it (each object starts with
+//! the number of the slot that owns it, so writeback finds a chunk's live objects).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -33,42 +32,22 @@ use super::{Backend, BackendError, BackendStats, ReadReq, RejectReason, WriteReq
 use crate::mapping::{nr_cpus_configured, AtomicTable, MapOptions, Mapping};
 use crate::sync::SpinLock;
 use crate::uffd::PAGE_SIZE;
+use allocator::{
+    class_of, entry, entry_chunk, entry_kind, entry_len, entry_obj, meta, meta_class, meta_inuse, meta_next_unused,
+    objects_per_chunk, ArenaState, ClassState, KIND_COMPRESSED, KIND_EMPTY, KIND_RAW, KIND_SAME, NIL, NO_CLASS, NO_OBJ,
+    NR_CLASSES, OBJ_HEADER,
+};
+use codec::{Scratch, Workspace, ZstdCtx, SCRATCH_BYTES};
 
-/// Granularity of size classes.
-const CLASS_BYTES: usize = 32;
-/// Each object starts with the number of the slot that owns it (4 bytes), so a chunk's live
-/// objects can be found for writeback: an object is live iff its slot's entry points at it.
-const OBJ_HEADER: usize = 4;
-/// Classes up to a page plus the header.
-const NR_CLASSES: usize = (PAGE_SIZE + OBJ_HEADER).div_ceil(CLASS_BYTES);
-/// Arena unit handed to a size class.
-pub const CHUNK_BYTES: usize = 64 << 10;
-const NIL: u32 = u32::MAX;
+mod allocator;
+mod codec;
+
+pub use allocator::CHUNK_BYTES;
+
 /// Chunks writeback looks at from its clock hand to pick the sparsest.
 const WRITEBACK_LOOKAHEAD_CHUNKS: u32 = 16;
 /// Arena populated ahead of the first never-used chunk by `prepare` (32 MiB).
 const PREPARE_AHEAD_CHUNKS: u32 = 512;
-const NO_OBJ: u64 = 0xffff;
-const NO_CLASS: u64 = 0xff;
-/// Scratch per operation: lz4 wants room for its worst case (a little over a page).
-const SCRATCH_BYTES: usize = 2 * PAGE_SIZE;
-
-/// A page-aligned scratch buffer for one compression or decompression.
-#[repr(C, align(4096))]
-struct Scratch([u8; SCRATCH_BYTES]);
-
-/// Everything one write or read needs, taken from the pool as one object: taking two
-/// buffers one after the other could deadlock once every thread holds one and waits for a
-/// second.
-struct Workspace {
-    /// The page being compressed (a copy: the source may be a bounce page in use).
-    page: Scratch,
-    /// Compressed bytes, written or read.
-    out: Scratch,
-    /// lz4's hash table (8 KiB): `compress_into` would allocate and free one per page,
-    /// which a SIGBUS handler must not do.
-    lz4: lz4_flex::block::CompressTable,
-}
 
 /// How pages are compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,73 +95,6 @@ impl ZpoolConfig {
     }
 }
 
-// Slot entry, word 0: kind | length << 2 | object << 16. Word 1: the repeated word.
-const KIND_EMPTY: u64 = 0;
-const KIND_SAME: u64 = 1;
-const KIND_COMPRESSED: u64 = 2;
-const KIND_RAW: u64 = 3;
-
-fn entry(kind: u64, len: usize, chunk: u32, obj: u64) -> u64 {
-    kind | (len as u64) << 2 | (obj << 16) | (chunk as u64) << 28
-}
-fn entry_kind(e: u64) -> u64 {
-    e & 3
-}
-fn entry_len(e: u64) -> usize {
-    ((e >> 2) & 0x1fff) as usize
-}
-fn entry_obj(e: u64) -> u64 {
-    (e >> 16) & 0xfff
-}
-fn entry_chunk(e: u64) -> u32 {
-    (e >> 28) as u32
-}
-
-fn class_of(len: usize) -> usize {
-    len.div_ceil(CLASS_BYTES).max(1) - 1
-}
-fn class_size(c: usize) -> usize {
-    (c + 1) * CLASS_BYTES
-}
-fn objects_per_chunk(c: usize) -> u64 {
-    (CHUNK_BYTES / class_size(c)) as u64
-}
-
-// Chunk metadata word: class | inuse << 8 | free_head << 24 | next_unused << 40.
-fn meta(class: u64, inuse: u64, free_head: u64, next_unused: u64) -> u64 {
-    class | inuse << 8 | free_head << 24 | next_unused << 40
-}
-fn meta_class(m: u64) -> u64 {
-    m & 0xff
-}
-fn meta_inuse(m: u64) -> u64 {
-    (m >> 8) & 0xffff
-}
-fn meta_free_head(m: u64) -> u64 {
-    (m >> 24) & 0xffff
-}
-fn meta_next_unused(m: u64) -> u64 {
-    (m >> 40) & 0xffff
-}
-
-struct ClassState {
-    /// First chunk of this class with room, linked through `links`.
-    partial_head: u32,
-}
-
-struct ArenaState {
-    /// Free chunks, linked through `links` (next half).
-    free_head: u32,
-    /// Chunks never used yet start here.
-    next_fresh: u32,
-}
-
-/// A compression context for zstd, warmed at start-up so using it never allocates.
-struct ZstdCtx {
-    c: zstd_safe::CCtx<'static>,
-    d: zstd_safe::DCtx<'static>,
-}
-
 pub struct ZpoolBackend {
     cfg: ZpoolConfig,
     /// Two words per slot (see `entry`).
@@ -226,19 +138,6 @@ pub enum ZpoolError {
     ZstdLevel { level: i32 },
     #[error("cannot set up a zstd context: {what}")]
     Zstd { what: String },
-}
-
-/// Takes an object from a pool filled at start-up, waiting while every one is in use. The
-/// pools hold `4 * max(CPUs, 4)` objects, each held for one page's (de)compression with no
-/// lock and no system call, so a wait ends when another thread finishes its page.
-fn take_from<T>(q: &ArrayQueue<T>) -> T {
-    let backoff = crossbeam_utils::Backoff::new();
-    loop {
-        if let Some(x) = q.pop() {
-            return x;
-        }
-        backoff.snooze();
-    }
 }
 
 impl ZpoolBackend {
@@ -329,143 +228,6 @@ impl ZpoolBackend {
             self.full.store(true, Ordering::Relaxed);
         } else if bytes < self.accept_limit_bytes() {
             self.full.store(false, Ordering::Relaxed);
-        }
-    }
-
-    fn obj_offset(chunk: u32, class: usize, obj: u64) -> usize {
-        chunk as usize * CHUNK_BYTES + obj as usize * class_size(class)
-    }
-
-    fn links(&self, chunk: u32) -> (u32, u32) {
-        let l = self.chunk_links[chunk as usize].load(Ordering::Relaxed);
-        ((l >> 32) as u32, l as u32)
-    }
-
-    fn set_links(&self, chunk: u32, prev: u32, next: u32) {
-        self.chunk_links[chunk as usize].store((prev as u64) << 32 | next as u64, Ordering::Relaxed);
-    }
-
-    /// Pushes `chunk` at the head of its class's partial list (class lock held).
-    fn partial_push(&self, cls: &mut ClassState, chunk: u32) {
-        let head = cls.partial_head;
-        self.set_links(chunk, NIL, head);
-        if head != NIL {
-            let (_, hn) = self.links(head);
-            self.set_links(head, chunk, hn);
-        }
-        cls.partial_head = chunk;
-    }
-
-    /// Unlinks `chunk` from its class's partial list (class lock held).
-    fn partial_unlink(&self, cls: &mut ClassState, chunk: u32) {
-        let (prev, next) = self.links(chunk);
-        if prev == NIL {
-            cls.partial_head = next;
-        } else {
-            let (pp, _) = self.links(prev);
-            self.set_links(prev, pp, next);
-        }
-        if next != NIL {
-            let (_, nn) = self.links(next);
-            self.set_links(next, prev, nn);
-        }
-        self.set_links(chunk, NIL, NIL);
-    }
-
-    /// Allocates an object of class `c`: returns (chunk, object index).
-    fn alloc_object(&self, c: usize) -> Option<(u32, u64)> {
-        let mut cls = self.classes[c].lock();
-        let chunk = if cls.partial_head != NIL {
-            cls.partial_head
-        } else {
-            let ch = {
-                let mut a = self.free_chunks.lock();
-                if a.free_head != NIL {
-                    let ch = a.free_head;
-                    a.free_head = self.links(ch).1;
-                    ch
-                } else if a.next_fresh < self.nr_chunks {
-                    a.next_fresh += 1;
-                    self.fresh_hint.store(a.next_fresh, Ordering::Relaxed);
-                    a.next_fresh - 1
-                } else {
-                    return None;
-                }
-            };
-            self.chunks_in_use.fetch_add(1, Ordering::Relaxed);
-            self.chunk_meta[ch as usize].store(meta(c as u64, 0, NO_OBJ, 0), Ordering::Relaxed);
-            self.partial_push(&mut cls, ch);
-            ch
-        };
-        let m = self.chunk_meta[chunk as usize].load(Ordering::Relaxed);
-        debug_assert_eq!(meta_class(m), c as u64);
-        let (obj, free_head, next_unused) = if meta_free_head(m) != NO_OBJ {
-            let obj = meta_free_head(m);
-            let mut link = [0u8; 2];
-            self.arena.read(Self::obj_offset(chunk, c, obj), &mut link);
-            (obj, u16::from_ne_bytes(link) as u64, meta_next_unused(m))
-        } else {
-            let obj = meta_next_unused(m);
-            (obj, NO_OBJ, obj + 1)
-        };
-        let inuse = meta_inuse(m) + 1;
-        if inuse == objects_per_chunk(c) {
-            self.partial_unlink(&mut cls, chunk);
-        }
-        self.chunk_meta[chunk as usize].store(meta(c as u64, inuse, free_head, next_unused), Ordering::Relaxed);
-        Some((chunk, obj))
-    }
-
-    fn free_object(&self, chunk: u32, obj: u64) {
-        let c = meta_class(self.chunk_meta[chunk as usize].load(Ordering::Relaxed)) as usize;
-        assert!(c < NR_CLASSES, "object freed in a free chunk {chunk}");
-        let mut cls = self.classes[c].lock();
-        let m = self.chunk_meta[chunk as usize].load(Ordering::Relaxed);
-        let inuse = meta_inuse(m);
-        assert!(inuse > 0, "chunk {chunk}: object freed twice");
-        let was_full = inuse == objects_per_chunk(c);
-        self.arena.write(Self::obj_offset(chunk, c, obj), &(meta_free_head(m) as u16).to_ne_bytes());
-        let inuse = inuse - 1;
-        if inuse == 0 {
-            if !was_full {
-                self.partial_unlink(&mut cls, chunk);
-            }
-            self.chunk_meta[chunk as usize].store(meta(NO_CLASS, 0, NO_OBJ, 0), Ordering::Relaxed);
-            let mut a = self.free_chunks.lock();
-            self.set_links(chunk, NIL, a.free_head);
-            a.free_head = chunk;
-            self.chunks_in_use.fetch_sub(1, Ordering::Relaxed);
-        } else {
-            if was_full {
-                self.partial_push(&mut cls, chunk);
-            }
-            self.chunk_meta[chunk as usize].store(meta(c as u64, inuse, obj, meta_next_unused(m)), Ordering::Relaxed);
-        }
-    }
-
-    /// Compresses `src` into `dst`; returns the compressed length, or None if it did not
-    /// fit (which counts as incompressible).
-    fn compress(&self, src: &[u8], dst: &mut [u8], lz4: &mut lz4_flex::block::CompressTable) -> Option<usize> {
-        match self.cfg.compressor {
-            Compressor::Lz4 => lz4_flex::block::compress_into_with_table(src, dst, lz4).ok(),
-            Compressor::Zstd { level } => {
-                let mut ctx = take_from(&self.zstd);
-                let r = ctx.c.compress(dst, src, level).ok();
-                let _ = self.zstd.push(ctx);
-                r
-            }
-        }
-    }
-
-    fn decompress(&self, src: &[u8], dst: &mut [u8]) -> bool {
-        match self.cfg.compressor {
-            Compressor::Lz4 => matches!(lz4_flex::block::decompress_into(src, dst), Ok(PAGE_SIZE)),
-            Compressor::Zstd { .. } => {
-                let mut ctx = take_from(&self.zstd);
-                let r = ctx.d.decompress(dst, src);
-                let _ = self.zstd.push(ctx);
-                r == Ok(PAGE_SIZE)
-            }
         }
     }
 
@@ -570,7 +332,7 @@ impl Backend for ZpoolBackend {
     }
 
     fn write(&self, reqs: &mut [WriteReq<'_>]) {
-        let mut ws = take_from(&self.scratch);
+        let mut ws = self.take_workspace();
         let Workspace { page: page_buf, out: out_buf, lz4 } = &mut *ws;
         for r in reqs {
             r.result = self.check(r.slot, r.nr_pages());
@@ -594,7 +356,7 @@ impl Backend for ZpoolBackend {
     }
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
-        let mut ws = take_from(&self.scratch);
+        let mut ws = self.take_workspace();
         for r in reqs {
             r.result = self.check(r.slot, r.nr_pages());
             if r.result.is_err() {

@@ -1,0 +1,211 @@
+//! The compressed pool's object allocator: where each compressed page lives in the arena.
+//!
+//! Compressed objects live in an arena carved into 64 KiB chunks; each chunk serves one size
+//! class (multiples of 32 bytes up to a page). A class keeps a list of its chunks that have
+//! room; a chunk that empties goes back to the arena for any class. Also here: the encoding
+//! of a slot's entry (kind, length, chunk, object) and of a chunk's metadata word.
+//!
+//! Named for its job rather than after the kernel's zsmalloc: it shares zsmalloc's size
+//! classes, but its chunks, its single list of partial chunks per class, and writeback that
+//! sheds whole chunks instead of compaction differ enough that the kernel's name would
+//! mislead.
+//!
+//! Locking (in the hierarchy of `crate::sync`): one spin lock per size class guards its
+//! chunks' metadata and free lists; the arena lock guards the list of free chunks and nests
+//! inside a class lock.
+//!
+//! Invariants: a chunk is free (class `NO_CLASS`), or belongs to one class and is on that
+//! class's partial list iff `0 < inuse < objects_per_chunk`; `chunks_in_use` counts the
+//! chunks that belong to a class.
+
+use std::sync::atomic::Ordering;
+
+use super::ZpoolBackend;
+use crate::uffd::PAGE_SIZE;
+
+/// Granularity of size classes.
+const CLASS_BYTES: usize = 32;
+/// Each object starts with the number of the slot that owns it (4 bytes), so a chunk's live
+/// objects can be found for writeback: an object is live iff its slot's entry points at it.
+pub(super) const OBJ_HEADER: usize = 4;
+/// Classes up to a page plus the header.
+pub(super) const NR_CLASSES: usize = (PAGE_SIZE + OBJ_HEADER).div_ceil(CLASS_BYTES);
+/// Arena unit handed to a size class.
+pub const CHUNK_BYTES: usize = 64 << 10;
+pub(super) const NIL: u32 = u32::MAX;
+pub(super) const NO_OBJ: u64 = 0xffff;
+pub(super) const NO_CLASS: u64 = 0xff;
+
+// Slot entry, word 0: kind | length << 2 | object << 16. Word 1: the repeated word.
+pub(super) const KIND_EMPTY: u64 = 0;
+pub(super) const KIND_SAME: u64 = 1;
+pub(super) const KIND_COMPRESSED: u64 = 2;
+pub(super) const KIND_RAW: u64 = 3;
+
+pub(super) fn entry(kind: u64, len: usize, chunk: u32, obj: u64) -> u64 {
+    kind | (len as u64) << 2 | (obj << 16) | (chunk as u64) << 28
+}
+pub(super) fn entry_kind(e: u64) -> u64 {
+    e & 3
+}
+pub(super) fn entry_len(e: u64) -> usize {
+    ((e >> 2) & 0x1fff) as usize
+}
+pub(super) fn entry_obj(e: u64) -> u64 {
+    (e >> 16) & 0xfff
+}
+pub(super) fn entry_chunk(e: u64) -> u32 {
+    (e >> 28) as u32
+}
+
+pub(super) fn class_of(len: usize) -> usize {
+    len.div_ceil(CLASS_BYTES).max(1) - 1
+}
+fn class_size(c: usize) -> usize {
+    (c + 1) * CLASS_BYTES
+}
+pub(super) fn objects_per_chunk(c: usize) -> u64 {
+    (CHUNK_BYTES / class_size(c)) as u64
+}
+
+// Chunk metadata word: class | inuse << 8 | free_head << 24 | next_unused << 40.
+pub(super) fn meta(class: u64, inuse: u64, free_head: u64, next_unused: u64) -> u64 {
+    class | inuse << 8 | free_head << 24 | next_unused << 40
+}
+pub(super) fn meta_class(m: u64) -> u64 {
+    m & 0xff
+}
+pub(super) fn meta_inuse(m: u64) -> u64 {
+    (m >> 8) & 0xffff
+}
+fn meta_free_head(m: u64) -> u64 {
+    (m >> 24) & 0xffff
+}
+pub(super) fn meta_next_unused(m: u64) -> u64 {
+    (m >> 40) & 0xffff
+}
+
+pub(super) struct ClassState {
+    /// First chunk of this class with room, linked through `links`.
+    pub(super) partial_head: u32,
+}
+
+pub(super) struct ArenaState {
+    /// Free chunks, linked through `links` (next half).
+    pub(super) free_head: u32,
+    /// Chunks never used yet start here.
+    pub(super) next_fresh: u32,
+}
+
+impl ZpoolBackend {
+    pub(super) fn obj_offset(chunk: u32, class: usize, obj: u64) -> usize {
+        chunk as usize * CHUNK_BYTES + obj as usize * class_size(class)
+    }
+
+    fn links(&self, chunk: u32) -> (u32, u32) {
+        let l = self.chunk_links[chunk as usize].load(Ordering::Relaxed);
+        ((l >> 32) as u32, l as u32)
+    }
+
+    fn set_links(&self, chunk: u32, prev: u32, next: u32) {
+        self.chunk_links[chunk as usize].store((prev as u64) << 32 | next as u64, Ordering::Relaxed);
+    }
+
+    /// Pushes `chunk` at the head of its class's partial list (class lock held).
+    fn partial_push(&self, cls: &mut ClassState, chunk: u32) {
+        let head = cls.partial_head;
+        self.set_links(chunk, NIL, head);
+        if head != NIL {
+            let (_, hn) = self.links(head);
+            self.set_links(head, chunk, hn);
+        }
+        cls.partial_head = chunk;
+    }
+
+    /// Unlinks `chunk` from its class's partial list (class lock held).
+    fn partial_unlink(&self, cls: &mut ClassState, chunk: u32) {
+        let (prev, next) = self.links(chunk);
+        if prev == NIL {
+            cls.partial_head = next;
+        } else {
+            let (pp, _) = self.links(prev);
+            self.set_links(prev, pp, next);
+        }
+        if next != NIL {
+            let (_, nn) = self.links(next);
+            self.set_links(next, prev, nn);
+        }
+        self.set_links(chunk, NIL, NIL);
+    }
+
+    /// Allocates an object of class `c`: returns (chunk, object index).
+    pub(super) fn alloc_object(&self, c: usize) -> Option<(u32, u64)> {
+        let mut cls = self.classes[c].lock();
+        let chunk = if cls.partial_head != NIL {
+            cls.partial_head
+        } else {
+            let ch = {
+                let mut a = self.free_chunks.lock();
+                if a.free_head != NIL {
+                    let ch = a.free_head;
+                    a.free_head = self.links(ch).1;
+                    ch
+                } else if a.next_fresh < self.nr_chunks {
+                    a.next_fresh += 1;
+                    self.fresh_hint.store(a.next_fresh, Ordering::Relaxed);
+                    a.next_fresh - 1
+                } else {
+                    return None;
+                }
+            };
+            self.chunks_in_use.fetch_add(1, Ordering::Relaxed);
+            self.chunk_meta[ch as usize].store(meta(c as u64, 0, NO_OBJ, 0), Ordering::Relaxed);
+            self.partial_push(&mut cls, ch);
+            ch
+        };
+        let m = self.chunk_meta[chunk as usize].load(Ordering::Relaxed);
+        debug_assert_eq!(meta_class(m), c as u64);
+        let (obj, free_head, next_unused) = if meta_free_head(m) != NO_OBJ {
+            let obj = meta_free_head(m);
+            let mut link = [0u8; 2];
+            self.arena.read(Self::obj_offset(chunk, c, obj), &mut link);
+            (obj, u16::from_ne_bytes(link) as u64, meta_next_unused(m))
+        } else {
+            let obj = meta_next_unused(m);
+            (obj, NO_OBJ, obj + 1)
+        };
+        let inuse = meta_inuse(m) + 1;
+        if inuse == objects_per_chunk(c) {
+            self.partial_unlink(&mut cls, chunk);
+        }
+        self.chunk_meta[chunk as usize].store(meta(c as u64, inuse, free_head, next_unused), Ordering::Relaxed);
+        Some((chunk, obj))
+    }
+
+    pub(super) fn free_object(&self, chunk: u32, obj: u64) {
+        let c = meta_class(self.chunk_meta[chunk as usize].load(Ordering::Relaxed)) as usize;
+        assert!(c < NR_CLASSES, "object freed in a free chunk {chunk}");
+        let mut cls = self.classes[c].lock();
+        let m = self.chunk_meta[chunk as usize].load(Ordering::Relaxed);
+        let inuse = meta_inuse(m);
+        assert!(inuse > 0, "chunk {chunk}: object freed twice");
+        let was_full = inuse == objects_per_chunk(c);
+        self.arena.write(Self::obj_offset(chunk, c, obj), &(meta_free_head(m) as u16).to_ne_bytes());
+        let inuse = inuse - 1;
+        if inuse == 0 {
+            if !was_full {
+                self.partial_unlink(&mut cls, chunk);
+            }
+            self.chunk_meta[chunk as usize].store(meta(NO_CLASS, 0, NO_OBJ, 0), Ordering::Relaxed);
+            let mut a = self.free_chunks.lock();
+            self.set_links(chunk, NIL, a.free_head);
+            a.free_head = chunk;
+            self.chunks_in_use.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            if was_full {
+                self.partial_push(&mut cls, chunk);
+            }
+            self.chunk_meta[chunk as usize].store(meta(c as u64, inuse, obj, meta_next_unused(m)), Ordering::Relaxed);
+        }
+    }
+}

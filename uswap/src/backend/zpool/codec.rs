@@ -1,0 +1,86 @@
+//! The compressed pool's codecs: a page compressed with lz4 (`lz4_flex`) or zstd into a
+//! scratch buffer, and back.
+//!
+//! Locking: compression contexts and workspaces (scratch buffers and lz4's hash table) come
+//! from lock-free pools filled at start-up; taking one spins until one is free
+//! ([`pop_spinning`]). So nothing allocates and no lock is taken, and every path is safe in
+//! a SIGBUS handler.
+//!
+//! Invariants: a zstd context is warmed at start-up (the first compression sizes its
+//! workspace), so using it never allocates; a scratch buffer holds lz4's worst case for a
+//! page; an operation takes one [`Workspace`], never two buffers one after the other.
+
+use super::{Compressor, ZpoolBackend};
+use crate::sync::pop_spinning;
+use crate::uffd::PAGE_SIZE;
+
+/// Scratch per operation: lz4 wants room for its worst case (a little over a page).
+pub(super) const SCRATCH_BYTES: usize = 2 * PAGE_SIZE;
+
+/// A page-aligned scratch buffer for one compression or decompression.
+#[repr(C, align(4096))]
+pub(super) struct Scratch(pub(super) [u8; SCRATCH_BYTES]);
+
+/// Everything one write or read needs, taken from the pool as one object: taking two
+/// buffers one after the other could deadlock once every thread holds one and waits for a
+/// second.
+pub(super) struct Workspace {
+    /// The page being compressed (a copy: the source may be a bounce page in use).
+    pub(super) page: Scratch,
+    /// Compressed bytes, written or read.
+    pub(super) out: Scratch,
+    /// lz4's hash table (8 KiB): `compress_into` would allocate and free one per page,
+    /// which a SIGBUS handler must not do.
+    pub(super) lz4: lz4_flex::block::CompressTable,
+}
+
+/// A compression context for zstd, warmed at start-up so using it never allocates.
+pub(super) struct ZstdCtx {
+    pub(super) c: zstd_safe::CCtx<'static>,
+    pub(super) d: zstd_safe::DCtx<'static>,
+}
+
+impl ZpoolBackend {
+    /// Compresses `src` into `dst`; returns the compressed length, or None if it did not
+    /// fit (which counts as incompressible).
+    pub(super) fn compress(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        lz4: &mut lz4_flex::block::CompressTable,
+    ) -> Option<usize> {
+        match self.cfg.compressor {
+            Compressor::Lz4 => lz4_flex::block::compress_into_with_table(src, dst, lz4).ok(),
+            Compressor::Zstd { level } => {
+                let mut ctx = self.take_zstd();
+                let r = ctx.c.compress(dst, src, level).ok();
+                let _ = self.zstd.push(ctx);
+                r
+            }
+        }
+    }
+
+    pub(super) fn decompress(&self, src: &[u8], dst: &mut [u8]) -> bool {
+        match self.cfg.compressor {
+            Compressor::Lz4 => matches!(lz4_flex::block::decompress_into(src, dst), Ok(PAGE_SIZE)),
+            Compressor::Zstd { .. } => {
+                let mut ctx = self.take_zstd();
+                let r = ctx.d.decompress(dst, src);
+                let _ = self.zstd.push(ctx);
+                r == Ok(PAGE_SIZE)
+            }
+        }
+    }
+
+    /// Takes a workspace, waiting while every one is in use. The pools (workspaces, zstd
+    /// contexts) hold `4 * max(CPUs, 4)` objects, each held for one page's (de)compression
+    /// with no lock and no system call, so a wait ends when another thread finishes its page.
+    pub(super) fn take_workspace(&self) -> Box<Workspace> {
+        pop_spinning(&self.scratch)
+    }
+
+    /// Takes a zstd context, waiting while every one is in use (see [`Self::take_workspace`]).
+    fn take_zstd(&self) -> Box<ZstdCtx> {
+        pop_spinning(&self.zstd)
+    }
+}
