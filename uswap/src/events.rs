@@ -46,7 +46,7 @@ use crossbeam_utils::Backoff;
 
 use crate::backend::ReadReq;
 use crate::mapping::registry::RegistryGuard;
-use crate::pager::{PageErrorKind, PagerShared};
+use crate::pager::{PageErrorKind, PagerShared, Released};
 use crate::region::{PageRef, PageState, Pte, RegionInner, REGIONS};
 
 type Guard<'a> = RegistryGuard<'a, RegionInner>;
@@ -137,54 +137,23 @@ fn lock_page(r: &RegionInner, page: usize) -> Pte {
 /// Drops everything pages `[first, last)` own (slot, swap-cache page, charge) and leaves
 /// them in state `to`: `Zero` (discarded: they read zero) or `Gone` (unmapped).
 fn release(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, to: PageState) {
-    let mut to_free: Vec<u64> = Vec::new();
-    let (mut uncharge, mut uncache, mut unclean) = (0, 0, 0);
+    let mut released = Released::default();
     for page in first..last {
         let pte = lock_page(r, page);
-        match pte.state() {
-            PageState::Gone => {
-                r.store(page, pte.unbusy());
-                continue;
-            }
-            PageState::Resident => {
-                uncharge += 1;
-                if pte.clean() {
-                    unclean += 1;
-                    let e = pte.entry();
-                    p.devices.device(e).cache.clear(e.offset());
-                    to_free.push(e.bits());
-                }
-            }
-            PageState::Cached => {
-                let e = pte.entry();
-                let dev = p.devices.device(e);
-                // The staging page must be empty before its slot is reused.
-                let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
-                dev.cache.clear(e.offset());
-                to_free.push(e.bits());
-                uncharge += 1;
-                uncache += 1;
-            }
-            PageState::Swapped => {
-                let e = pte.entry();
-                if pte.async_read() {
-                    // Its slot is freed: a later owner of the slot must never be served the
-                    // data an asynchronous readahead read for this page.
-                    let owner = PageRef { region_idx: r.index, region_gen: r.gen, page_gen: 0, page }.owner();
-                    p.async_ra.forget_page(p, owner, e);
-                }
-                p.devices.device(e).cache.clear(e.offset());
-                to_free.push(e.bits());
-            }
-            PageState::None | PageState::Zero => {}
+        if pte.state() == PageState::Gone {
+            r.store(page, pte.unbusy());
+            continue;
         }
+        if pte.state() == PageState::Swapped && pte.async_read() {
+            // Its slot is freed: a later owner of the slot must never be served the data an
+            // asynchronous readahead read for this page.
+            let owner = PageRef { region_idx: r.index, region_gen: r.gen, page_gen: 0, page }.owner();
+            p.async_ra.forget_page(p, owner, pte.entry());
+        }
+        p.release_page(pte, &mut released);
         r.store(page, pte.next(to, None).with_referenced(false));
     }
-    p.clean_pages.fetch_sub(unclean, Ordering::Relaxed);
-    p.swapcache_pages.fetch_sub(uncache, Ordering::AcqRel);
-    p.resident_pages.fetch_sub(uncharge, Ordering::AcqRel);
-    p.devices.free_now(&mut to_free);
-    p.devices.flush_frees();
+    p.apply_released(released);
 }
 
 /// An `mremap` that moved `[from, from + len)` to `to`.

@@ -25,7 +25,7 @@ use crate::device::DeviceConfig;
 use crate::error::{Error, Result};
 use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, spawn_engine_thread, AppMapping};
 use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
-use crate::region::{Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
+use crate::region::{PageState, Pte, Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
 use crate::swap::{DeviceSpec, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
@@ -419,55 +419,76 @@ pub(crate) struct PagerShared {
     pub reclaimer: std::sync::OnceLock<std::thread::Thread>,
 }
 
+/// What [`PagerShared::release_page`] gave back, for [`PagerShared::apply_released`] to
+/// settle in one go: the slots to free and the counts to drop.
+#[derive(Default)]
+pub(crate) struct Released {
+    to_free: Vec<u64>,
+    uncharge: usize,
+    uncache: usize,
+    unclean: usize,
+}
+
 impl PagerShared {
+    /// Lets go of what page `pte` holds besides its mapping (the caller owns the page, or
+    /// the page can no longer be reached): the slot of a clean, staged or swapped page, the
+    /// staging page of a staged one, and its charge if it is in RAM.
+    pub fn release_page(&self, pte: Pte, rel: &mut Released) {
+        match pte.state() {
+            PageState::Resident => {
+                rel.uncharge += 1;
+                if pte.clean() {
+                    rel.unclean += 1;
+                    let e = pte.entry();
+                    self.devices.device(e).cache.clear(e.offset());
+                    rel.to_free.push(e.bits());
+                }
+            }
+            PageState::Cached => {
+                let e = pte.entry();
+                let dev = self.devices.device(e);
+                // Best effort: the staging page must be empty before its slot is reused, and
+                // MADV_DONTNEED on our own mapping cannot fail for a valid range.
+                let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
+                dev.cache.clear(e.offset());
+                rel.to_free.push(e.bits());
+                rel.uncharge += 1;
+                rel.uncache += 1;
+            }
+            PageState::Swapped => {
+                let e = pte.entry();
+                self.devices.device(e).cache.clear(e.offset());
+                rel.to_free.push(e.bits());
+            }
+            PageState::None | PageState::Zero | PageState::Gone => {}
+        }
+    }
+
+    /// Settles what [`PagerShared::release_page`] collected: counters, then slot frees.
+    pub fn apply_released(&self, mut rel: Released) {
+        self.clean_pages.fetch_sub(rel.unclean, Ordering::Relaxed);
+        self.swapcache_pages.fetch_sub(rel.uncache, Ordering::AcqRel);
+        self.resident_pages.fetch_sub(rel.uncharge, Ordering::AcqRel);
+        self.devices.free_now(&mut rel.to_free);
+        self.devices.flush_frees();
+    }
+
     /// Releases everything a region holds. Called by `Region::drop` before it unmaps.
     pub fn unmap_region(&self, reg_idx: usize, inner: &RegionInner) {
         // After this no fault handler or reclaimer can reach the region, and none is inside
         // it: every busy bit has been released.
         let _ = REGIONS.remove(reg_idx);
         self.async_ra.forget_region(self, reg_idx);
-        let mut uncharge = 0usize;
-        let mut uncache = 0usize;
-        let mut to_free: Vec<u64> = Vec::new();
+        let mut released = Released::default();
         // Runs of pages still the region's: only those are unregistered and unmapped (a
         // range the application unmapped may hold another mapping by now).
         let live = inner.live_runs();
         for page in 0..inner.nr_pages {
             let pte = inner.load(page);
             debug_assert!(!pte.busy(), "page {page} still busy after the region left the registry");
-            match pte.state() {
-                crate::region::PageState::Resident => {
-                    uncharge += 1;
-                    if pte.clean() {
-                        self.clean_pages.fetch_sub(1, Ordering::Relaxed);
-                        let e = pte.entry();
-                        self.devices.device(e).cache.clear(e.offset());
-                        to_free.push(e.bits());
-                    }
-                }
-                crate::region::PageState::Cached => {
-                    let e = pte.entry();
-                    let dev = self.devices.device(e);
-                    // Best effort: the staging page must be empty before its slot is reused, and
-                    // MADV_DONTNEED on our own mapping cannot fail for a valid range.
-                    let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
-                    dev.cache.clear(e.offset());
-                    to_free.push(e.bits());
-                    uncharge += 1;
-                    uncache += 1;
-                }
-                crate::region::PageState::Swapped => {
-                    let e = pte.entry();
-                    self.devices.device(e).cache.clear(e.offset());
-                    to_free.push(e.bits());
-                }
-                crate::region::PageState::None | crate::region::PageState::Zero | crate::region::PageState::Gone => {}
-            }
+            self.release_page(pte, &mut released);
         }
-        self.swapcache_pages.fetch_sub(uncache, Ordering::AcqRel);
-        self.resident_pages.fetch_sub(uncharge, Ordering::AcqRel);
-        self.devices.free_now(&mut to_free);
-        self.devices.flush_frees();
+        self.apply_released(released);
         for (first, end) in live {
             let (addr, len) = (inner.page_addr(first), (end - first) * PAGE_SIZE);
             // Unregistered first: the engine's own munmap must send no UNMAP event (its
