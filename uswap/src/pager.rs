@@ -275,13 +275,19 @@ impl PagerBuilder {
     }
 }
 
-/// Signal mode's two preconditions (see [`Pager::check_signal_delivery`]).
-fn check_signal_delivery() -> Result<()> {
+/// Once uswap's SIGBUS handler is installed, it must still be the process's.
+fn check_sigbus_handler() -> Result<()> {
     if uffd::sigbus::installed()
         && !uffd::sigbus::handler_is_ours().map_err(|e| Error::io("reading the SIGBUS action", e))?
     {
         return Err(Error::SigbusHandlerReplaced);
     }
+    Ok(())
+}
+
+/// Signal mode's two preconditions (see [`Pager::check_signal_delivery`]).
+fn check_signal_delivery() -> Result<()> {
+    check_sigbus_handler()?;
     if uffd::sigbus::blocked_in_this_thread() {
         return Err(Error::SigbusBlocked);
     }
@@ -575,10 +581,8 @@ impl Pager {
     /// needs room for the handler below the deepest frame that touches managed memory (see
     /// README, "The two fault modes").
     pub fn map(&self, len_bytes: usize) -> Result<Region> {
-        if self.core.shared.mode == FaultMode::Signal
-            && !uffd::sigbus::handler_is_ours().map_err(|e| Error::io("reading the SIGBUS action", e))?
-        {
-            return Err(Error::SigbusHandlerReplaced);
+        if self.core.shared.mode == FaultMode::Signal {
+            check_sigbus_handler()?;
         }
         if len_bytes == 0 {
             return Err(Error::ZeroLengthMap { page_size: PAGE_SIZE });
