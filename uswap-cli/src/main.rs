@@ -2,6 +2,7 @@
 
 mod bench;
 mod report;
+mod run;
 mod size;
 
 use std::process::ExitCode;
@@ -23,6 +24,9 @@ enum Command {
     /// Run the standard suite (every workload, every engine) and rewrite the generated parts
     /// of BENCHMARKS.md: machine, commands, tables, plots. Needs root for the kernel engines.
     Report(report::ReportArgs),
+    /// Run an unmodified program with its anonymous memory (heap and large mmaps) paged by
+    /// uswap under a resident limit shared by every process it starts.
+    Run(run::RunArgs),
     /// A workload process of `uswap bench` (internal).
     #[command(name = "__workload", hide = true)]
     Workload {
@@ -37,6 +41,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Bench(args) => bench::main(&args),
         Command::Report(args) => report::main(&args),
+        Command::Run(args) => run::main(&args),
         Command::Workload { spec } => bench::worker::child_main(&spec),
     }
 }

@@ -59,6 +59,14 @@ impl DeviceConfig {
         }
     }
 
+    /// Bytes of pages the device can hold (its slots; for a pool, uncompressed bytes).
+    pub fn capacity_bytes(&self) -> u64 {
+        match &self.kind {
+            DeviceKind::Ram { capacity_bytes } | DeviceKind::File { capacity_bytes, .. } => *capacity_bytes,
+            DeviceKind::Zpool { cap_bytes, capacity_bytes, .. } => capacity_bytes.unwrap_or(4 * cap_bytes),
+        }
+    }
+
     /// Uncompressed RAM storage of `capacity_bytes` (rounded down to whole 2 MiB clusters).
     pub fn ram(capacity_bytes: u64) -> DeviceConfig {
         DeviceConfig::new(DeviceKind::Ram { capacity_bytes })

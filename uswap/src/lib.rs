@@ -48,6 +48,7 @@ pub use backend::failing::FaultInjection;
 pub use backend::zpool::{Compressor, Incompressible};
 pub use device::{parse_size, DeviceConfig};
 pub use error::{Error, Result};
+pub use mapping::{is_engine_thread, spawn_engine_thread};
 pub use pager::{
     BackgroundReclaim, FaultMode, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };

@@ -209,6 +209,7 @@ impl PagerBuilder {
             mode: self.mode,
             limit_pages: AtomicUsize::new(limit_pages),
             resident_pages: AtomicUsize::new(0),
+            resident_peak_pages: AtomicUsize::new(0),
             swapcache_pages: AtomicUsize::new(0),
             clean_pages: AtomicUsize::new(0),
             devices,
@@ -395,6 +396,8 @@ pub(crate) struct PagerShared {
     pub limit_pages: AtomicUsize,
     /// Pages charged against the limit: mapped in regions plus staged in the swap cache.
     pub resident_pages: AtomicUsize,
+    /// The most `resident_pages` has been (the memcg's `memory.peak`).
+    pub resident_peak_pages: AtomicUsize,
     /// Of those, pages staged in the swap cache.
     pub swapcache_pages: AtomicUsize,
     /// Resident pages that are clean (their slot still holds them).
@@ -627,6 +630,7 @@ impl Pager {
         let mut st = Stats::default();
         s.stats.fill(&mut st);
         st.resident_pages = s.resident_pages.load(Ordering::Acquire) as u64;
+        st.resident_peak_pages = s.resident_peak_pages.load(Ordering::Relaxed) as u64;
         st.swapcache_pages = s.swapcache_pages.load(Ordering::Acquire) as u64;
         st.clean_pages = s.clean_pages.load(Ordering::Acquire) as u64;
         st.limit_pages = s.limit_pages.load(Ordering::Acquire) as u64;

@@ -80,12 +80,14 @@ pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
         let limit = p.limit_pages.load(Ordering::Acquire);
         if cur + n <= limit {
             if p.resident_pages.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                note_peak(p, cur + n);
                 break;
             }
             continue;
         }
         if route == Route::SignalLockFree || fruitless >= MAX_FRUITLESS_ROUNDS {
-            p.resident_pages.fetch_add(n, Ordering::AcqRel);
+            let now = p.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
+            note_peak(p, now);
             p.stats.inc(Counter::LimitOverrun);
             break;
         }
@@ -104,6 +106,14 @@ pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
     }
     if route != Route::SignalLockFree {
         task_reclaim(p);
+    }
+}
+
+/// Records a new high of the charge (`Stats::resident_peak_pages`). The load first keeps the
+/// common case (no new peak) a read of a shared line, not a write.
+fn note_peak(p: &PagerShared, resident: usize) {
+    if resident > p.resident_peak_pages.load(Ordering::Relaxed) {
+        p.resident_peak_pages.fetch_max(resident, Ordering::Relaxed);
     }
 }
 

@@ -458,6 +458,8 @@ pub struct Stats {
     pub uffd_move_misreports: u64,
     /// Application pages in RAM that count against the limit: mapped plus staged.
     pub resident_pages: u64,
+    /// The most application pages that were resident at once since the pager started.
+    pub resident_peak_pages: u64,
     /// Of those, pages staged in the swap cache (unmapped, contents in RAM).
     pub swapcache_pages: u64,
     /// Of the resident pages, clean ones: read back from a device and not written since, so

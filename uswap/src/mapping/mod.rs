@@ -417,6 +417,20 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
 /// thread's own faults (blocking them would not stop them, it would kill the process).
 const SYNCHRONOUS_SIGNALS: [libc::c_int; 5] = [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP];
 
+thread_local! {
+    /// Set for the life of every thread [`spawn_engine_thread`] starts (no destructor, no
+    /// allocation: reading it is safe anywhere, an interposed `malloc` included).
+    static ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is one of uswap's engine threads (fault handlers, reclaimer,
+/// event reader). An allocator that serves the application from managed memory must serve
+/// these threads from ordinary memory: an engine thread that touched a swapped-out page
+/// would wait for itself.
+pub fn is_engine_thread() -> bool {
+    ENGINE_THREAD.with(|t| t.get())
+}
+
 /// Starts an engine thread (fault handler, reclaimer) with every asynchronous signal blocked
 /// for its whole life. A process-directed signal (`kill(getpid())`, `setitimer`, a terminal's
 /// SIGINT) then goes to an application thread: an application handler that touches managed
@@ -443,7 +457,10 @@ where
         }
         old
     };
-    let spawned = std::thread::Builder::new().name(name).spawn(f);
+    let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        ENGINE_THREAD.with(|t| t.set(true));
+        f()
+    });
     // SAFETY: restores the caller's own mask, saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     spawned

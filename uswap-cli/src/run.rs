@@ -1,0 +1,348 @@
+//! `uswap run`: an unmodified program, with its anonymous memory paged by uswap under a limit.
+//!
+//! The program is started with `libuswap_preload.so` in `LD_PRELOAD` and its configuration in
+//! `USWAP_*` variables (see the library's `config` module); every process it starts inherits
+//! both, so children exec'd by it are managed too. Each process writes its final counters
+//! into a private directory; when the program ends, `uswap run` sums them (`--stats-json`,
+//! or one line on stderr) and exits with the program's status (128+N for a signal N).
+//!
+//! What cannot work is refused before the program starts, with exit status 2: a program that
+//! is not found or not executable, a statically linked one (it never loads a preloaded
+//! library), a missing preload library.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+
+use crate::bench::FaultModeArg;
+use crate::size::{format_size, parse_size};
+
+/// The preload library's file name, looked for next to the `uswap` binary.
+pub const PRELOAD_LIB: &str = "libuswap_preload.so";
+/// Overrides where the preload library is.
+pub const ENV_PRELOAD_LIB: &str = "USWAP_PRELOAD_LIB";
+
+/// Exit status for "uswap could not run the program as asked".
+const EXIT_CANNOT_RUN: u8 = 2;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Resident limit for the program and every process it starts.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub limit: u64,
+    /// Swap devices, as for `uswap bench --device` (default: a compressed pool).
+    #[arg(long, default_value = "zpool")]
+    pub device: String,
+    /// How faults are served: handler threads (system calls on managed memory work as
+    /// without uswap) or the faulting thread in a SIGBUS handler (faster; system calls that
+    /// touch a swapped-out page fail with EFAULT).
+    #[arg(long, value_enum, default_value = "thread")]
+    pub fault_mode: FaultModeArg,
+    /// Anonymous mappings smaller than this stay ordinary memory (the heap is always managed).
+    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
+    pub min_size: u64,
+    /// Write the summed counters as JSON here when the program ends.
+    #[arg(long)]
+    pub stats_json: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}: command not found on PATH")]
+    NotFound(String),
+    #[error("{path}: cannot run it: {why}")]
+    NotRunnable { path: PathBuf, why: String },
+    #[error(
+        "{0}: statically linked; uswap run manages a program through a preloaded library, which a static \
+         program never loads. Link it dynamically, or use the uswap library (or its C API) in the program"
+    )]
+    Static(PathBuf),
+    #[error(
+        "cannot find {PRELOAD_LIB} next to {exe} (build it with `cargo build --release`, which puts both in \
+         target/release), nor at ${ENV_PRELOAD_LIB}"
+    )]
+    NoPreload { exe: PathBuf },
+    #[error("cannot make a directory for the counters: {0}")]
+    StatsDir(std::io::Error),
+    #[error("cannot start {path}: {source}")]
+    Spawn { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {path}: {source}")]
+    WriteStats { path: PathBuf, source: std::io::Error },
+}
+
+pub fn main(args: &RunArgs) -> ExitCode {
+    match run(args) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("uswap run: {e}");
+            ExitCode::from(EXIT_CANNOT_RUN)
+        }
+    }
+}
+
+/// Finds `name` as execvp would: a path if it has a slash, else the first executable file
+/// on PATH.
+pub fn find_program(name: &std::ffi::OsStr) -> Result<PathBuf, RunError> {
+    let p = Path::new(name);
+    if name.as_encoded_bytes().contains(&b'/') {
+        return Ok(p.to_path_buf());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    for dir in std::env::split_paths(&path) {
+        let cand = dir.join(p);
+        if is_executable_file(&cand) {
+            return Ok(cand);
+        }
+    }
+    Err(RunError::NotFound(name.to_string_lossy().into_owned()))
+}
+
+fn is_executable_file(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+/// How the kernel would start `path`: an ELF with a dynamic loader is fine; a script is
+/// judged by its interpreter (one level, and `/usr/bin/env NAME`); a static ELF is refused.
+pub fn check_runnable(path: &Path, depth: u32) -> Result<(), RunError> {
+    let not_runnable = |why: String| RunError::NotRunnable { path: path.to_path_buf(), why };
+    if !is_executable_file(path) {
+        return Err(not_runnable("not an executable file".into()));
+    }
+    let mut head = vec![0u8; 4096];
+    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| not_runnable(e.to_string()))?;
+    head.truncate(n);
+    if head.starts_with(b"#!") {
+        if depth > 2 {
+            return Err(not_runnable("too many levels of script interpreters".into()));
+        }
+        let line = head[2..].split(|&b| b == b'\n').next().unwrap_or(&[]);
+        let line = String::from_utf8_lossy(line);
+        let mut words = line.split_whitespace();
+        let interp = words.next().ok_or_else(|| not_runnable("empty #! line".into()))?;
+        let interp = PathBuf::from(interp);
+        if interp.file_name().is_some_and(|f| f == "env") {
+            if let Some(prog) = words.find(|w| !w.starts_with('-')) {
+                return check_runnable(&find_program(prog.as_ref())?, depth + 1);
+            }
+        }
+        return check_runnable(&interp, depth + 1);
+    }
+    match elf_has_interpreter(&head) {
+        Some(true) => Ok(()),
+        Some(false) => Err(RunError::Static(path.to_path_buf())),
+        None => Err(not_runnable("not an ELF executable or a #! script".into())),
+    }
+}
+
+/// Whether a 64-bit little-endian ELF has a `PT_INTERP` program header (is dynamically
+/// linked); `None` if it is not such an ELF or its headers lie beyond `head`.
+fn elf_has_interpreter(head: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    if head.len() < 64 || &head[..4] != b"\x7fELF" || head[4] != 2 || head[5] != 1 {
+        return None;
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([head[o], head[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(head[32..40].try_into().ok()?) as usize;
+    let (phentsize, phnum) = (u16_at(54), u16_at(56));
+    let end = phoff.checked_add(phentsize.checked_mul(phnum)?)?;
+    if phentsize < 4 || end > head.len() {
+        return None;
+    }
+    Some((0..phnum).any(|i| {
+        let o = phoff + i * phentsize;
+        u32::from_le_bytes([head[o], head[o + 1], head[o + 2], head[o + 3]]) == PT_INTERP
+    }))
+}
+
+/// The preload library: `$USWAP_PRELOAD_LIB`, or next to this executable.
+pub fn find_preload() -> Result<PathBuf, RunError> {
+    if let Some(p) = std::env::var_os(ENV_PRELOAD_LIB) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("uswap"));
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    // Test binaries live one level down, in target/<profile>/deps.
+    for cand in [dir.join(PRELOAD_LIB), dir.join("..").join(PRELOAD_LIB)] {
+        if cand.is_file() {
+            return Ok(cand);
+        }
+    }
+    Err(RunError::NoPreload { exe })
+}
+
+fn make_stats_dir() -> Result<PathBuf, RunError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    for i in 0..100u32 {
+        let dir = base.join(format!("uswap-run.{}.{i}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(RunError::StatsDir(e)),
+        }
+    }
+    Err(RunError::StatsDir(std::io::Error::other("100 names taken")))
+}
+
+fn run(args: &RunArgs) -> Result<u8, RunError> {
+    let name = &args.command[0];
+    let path = find_program(name)?;
+    check_runnable(&path, 0)?;
+    let preload = find_preload()?;
+    if !preload.is_file() {
+        return Err(RunError::NoPreload { exe: preload });
+    }
+    let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
+    let stats_dir = make_stats_dir()?;
+    let mut ld_preload = OsString::from(&preload);
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        ld_preload.push(":");
+        ld_preload.push(old);
+    }
+    let mut cmd = std::process::Command::new(&path);
+    cmd.arg0(name)
+        .args(&args.command[1..])
+        .env("LD_PRELOAD", ld_preload)
+        .env("USWAP_LIMIT", args.limit.to_string())
+        .env("USWAP_DEVICE", &args.device)
+        .env("USWAP_FAULT_MODE", if args.fault_mode == FaultModeArg::Signal { "signal" } else { "thread" })
+        .env("USWAP_MIN_SIZE", args.min_size.to_string())
+        .env("USWAP_STATS_DIR", &stats_dir)
+        .env_remove("USWAP_DISABLE");
+    let mut child = cmd.spawn().map_err(|source| RunError::Spawn { path: path.clone(), source })?;
+    // A terminal's Ctrl-C goes to the whole foreground group: the program decides what to do
+    // with it, and we wait for it to finish (as `time` does). Ignored only after the spawn:
+    // an ignored signal stays ignored across exec.
+    let _ignored = IgnoreTerminalSignals::new();
+    let status = loop {
+        match child.wait() {
+            Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(source) => return Err(RunError::Spawn { path, source }),
+        }
+    };
+    let code = match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
+        (None, None) => 1,
+    };
+    let summary = summarize(&stats_dir, args.limit);
+    let _ = std::fs::remove_dir_all(&stats_dir);
+    match &args.stats_json {
+        Some(p) => {
+            let text = serde_json::to_string_pretty(&summary).unwrap_or_default();
+            std::fs::write(p, text + "\n").map_err(|source| RunError::WriteStats { path: p.clone(), source })?;
+        }
+        None => eprintln!("{}", summary_line(&summary)),
+    }
+    Ok(code)
+}
+
+/// SIGINT and SIGQUIT ignored while it lives (restored on drop).
+struct IgnoreTerminalSignals {
+    old: [libc::sighandler_t; 2],
+}
+
+impl IgnoreTerminalSignals {
+    fn new() -> Self {
+        // SAFETY: signal(2) with SIG_IGN installs no handler code; the old dispositions are
+        // restored on drop.
+        let old = unsafe { [libc::signal(libc::SIGINT, libc::SIG_IGN), libc::signal(libc::SIGQUIT, libc::SIG_IGN)] };
+        IgnoreTerminalSignals { old }
+    }
+}
+
+impl Drop for IgnoreTerminalSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the dispositions saved in `new`.
+        unsafe {
+            libc::signal(libc::SIGINT, self.old[0]);
+            libc::signal(libc::SIGQUIT, self.old[1]);
+        }
+    }
+}
+
+/// Counters whose sum over processes means nothing (gauges of the last state, limits).
+const NOT_SUMMED: &[&str] = &["limit_pages", "pid"];
+
+/// Sums the per-process records into the tree's counters.
+fn summarize(dir: &Path, limit_bytes: u64) -> serde_json::Value {
+    let mut sum = serde_json::Map::new();
+    let mut processes = 0u64;
+    let mut resident_peak_pages = 0u64;
+    let mut managed_peak_pages = 0u64;
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    for e in entries {
+        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+        let Ok(serde_json::Value::Object(rec)) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        processes += 1;
+        for (k, v) in rec {
+            if NOT_SUMMED.contains(&k.as_str()) {
+                continue;
+            }
+            if let Some(n) = v.as_u64() {
+                let cur = sum.get(&k).and_then(|c| c.as_u64()).unwrap_or(0);
+                sum.insert(k.clone(), (cur + n).into());
+                if k == "resident_peak_pages" {
+                    resident_peak_pages += n;
+                }
+                if k == "managed_peak_pages" {
+                    managed_peak_pages += n;
+                }
+            }
+        }
+    }
+    let page = uswap::PAGE_SIZE as u64;
+    sum.insert("processes".into(), processes.into());
+    sum.insert("limit_bytes".into(), limit_bytes.into());
+    sum.insert("resident_peak_bytes".into(), (resident_peak_pages * page).into());
+    sum.insert("managed_peak_bytes".into(), (managed_peak_pages * page).into());
+    serde_json::Value::Object(sum)
+}
+
+fn summary_line(s: &serde_json::Value) -> String {
+    let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    format!(
+        "uswap run: {} process(es), limit {}, resident peak {}, managed peak {}, pswpin {}, pswpout {}, \
+         major faults {}",
+        g("processes"),
+        format_size(g("limit_bytes")),
+        format_size(g("resident_peak_bytes")),
+        format_size(g("managed_peak_bytes")),
+        g("pswpin"),
+        g("pswpout"),
+        g("pgmajfault"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_and_static_elves_are_told_apart() {
+        let dynamic = find_program("sh".as_ref()).expect("sh on PATH");
+        check_runnable(&dynamic, 0).expect("/bin/sh is dynamically linked");
+        let mut head = std::fs::read(&dynamic).expect("read sh");
+        head.truncate(4096);
+        assert_eq!(elf_has_interpreter(&head), Some(true));
+        assert_eq!(elf_has_interpreter(b"#!/bin/sh\n"), None);
+    }
+
+    #[test]
+    fn a_missing_program_is_named() {
+        let e = find_program("no-such-program-uswap".as_ref()).unwrap_err().to_string();
+        assert!(e.contains("no-such-program-uswap") && e.contains("not found"), "{e}");
+    }
+}

@@ -1,0 +1,304 @@
+//! The program's heap: `malloc` and its family, served by mimalloc from one managed region.
+//!
+//! glibc's malloc reaches the kernel through internal calls (`__mmap`, `brk`) that no symbol
+//! interposition sees, so managing its memory means replacing it. mimalloc is given the
+//! managed region as its arenas (`mi_manage_os_memory_ex`) and told never to ask the OS for
+//! more (`disallow_os_alloc`): every block the program allocates lies in the region, and
+//! when mimalloc gives pages back (`MADV_DONTNEED` on a purge) the engine sees the
+//! `UFFD_EVENT_REMOVE` and frees their slots.
+//!
+//! Who is served from where (the routing rule, [`managed_caller`]): application threads get
+//! the managed heap once it is up; uswap's engine threads, this library's own code (the
+//! thread-local [`Guard`]) and anything before start-up get the C library's malloc
+//! (`real`). `free` and friends route by address: a block in the arena goes back to mimalloc
+//! whichever thread frees it.
+//!
+//! mimalloc caps one arena at 16 GiB: the region is handed over in [`ARENA_CHUNK_BYTES`]
+//! pieces, so the largest single allocation is 16 GiB.
+
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libmimalloc_sys as mi;
+
+/// mimalloc 3's option numbers (its `mi_option_t`), where the Rust bindings lack a name.
+const MI_OPTION_DISALLOW_OS_ALLOC: mi::mi_option_t = 17;
+const MI_OPTION_ALLOW_LARGE_OS_PAGES: mi::mi_option_t = 6;
+const MI_OPTION_RESERVE_OS_MEMORY: mi::mi_option_t = 9;
+const MI_OPTION_ARENA_RESERVE: mi::mi_option_t = 23;
+
+extern "C" {
+    /// `bool mi_manage_os_memory_ex(void* start, size_t size, bool is_committed, bool
+    /// is_pinned, bool is_zero, int numa_node, bool exclusive, mi_arena_id_t* arena_id)`.
+    fn mi_manage_os_memory_ex(
+        start: *mut c_void,
+        size: usize,
+        is_committed: bool,
+        is_pinned: bool,
+        is_zero: bool,
+        numa_node: i32,
+        exclusive: bool,
+        arena_id: *mut *mut c_void,
+    ) -> bool;
+}
+
+use crate::real;
+
+/// Bytes of the region handed to mimalloc per arena (its maximum arena size).
+pub const ARENA_CHUNK_BYTES: usize = 8 << 30;
+
+static ARENA_START: AtomicUsize = AtomicUsize::new(0);
+static ARENA_END: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Depth of this library's own code on this thread (no destructor, no allocation).
+    static IN_USWAP: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Marks the calling thread as running uswap's own code for its lifetime: its allocations
+/// and mappings are ordinary memory, and the interposed calls pass straight through.
+pub struct Guard(());
+
+impl Guard {
+    pub fn enter() -> Guard {
+        IN_USWAP.with(|d| d.set(d.get() + 1));
+        Guard(())
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        IN_USWAP.with(|d| d.set(d.get() - 1));
+    }
+}
+
+/// Whether this library's own code is running on the calling thread.
+pub fn in_uswap() -> bool {
+    IN_USWAP.with(|d| d.get() > 0)
+}
+
+/// Whether the calling thread's allocations belong in the managed heap.
+#[inline]
+pub fn managed_caller() -> bool {
+    ARENA_END.load(Ordering::Acquire) != 0 && !in_uswap() && !uswap::is_engine_thread()
+}
+
+#[inline]
+pub fn in_arena(p: *mut c_void) -> bool {
+    let a = p as usize;
+    a >= ARENA_START.load(Ordering::Acquire) && a < ARENA_END.load(Ordering::Acquire)
+}
+
+/// Hands `[start, start + len)` (a managed region, zero-filled on first touch) to mimalloc as
+/// its only memory and turns routing on. Called once, by the constructor.
+pub fn start(start: usize, len: usize) -> Result<(), String> {
+    // SAFETY: option setters take plain integers; they run before any mimalloc allocation
+    // (routing is still off, so nothing has called into mimalloc yet).
+    unsafe {
+        mi::mi_option_set(MI_OPTION_DISALLOW_OS_ALLOC, 1);
+        // The region is ours to page: no huge pages, no eager OS reservations.
+        mi::mi_option_set(MI_OPTION_ALLOW_LARGE_OS_PAGES, 0);
+        mi::mi_option_set(MI_OPTION_RESERVE_OS_MEMORY, 0);
+        mi::mi_option_set(MI_OPTION_ARENA_RESERVE, 0);
+    }
+    let mut off = 0;
+    while off < len {
+        let chunk = (len - off).min(ARENA_CHUNK_BYTES);
+        let mut id: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the range is mapped, readable and writable for the pager's lifetime (the
+        // whole process: it is never unmapped) and no one else uses it; is_committed because
+        // touching it is enough to use it (userfaultfd fills it), is_zero because it reads as
+        // zero until written.
+        let ok = unsafe {
+            mi_manage_os_memory_ex((start + off) as *mut c_void, chunk, true, false, true, -1, false, &mut id)
+        };
+        if !ok {
+            return Err(format!("mimalloc refused the managed region at {:#x} (+{off}, {chunk} bytes)", start));
+        }
+        off += chunk;
+    }
+    ARENA_START.store(start, Ordering::Release);
+    ARENA_END.store(start + len, Ordering::Release);
+    Ok(())
+}
+
+/// glibc's `realloc(p, 0)` frees and returns null; programs rely on it.
+const REALLOC_ZERO_FREES: bool = true;
+
+#[no_mangle]
+pub extern "C" fn malloc(size: usize) -> *mut c_void {
+    if managed_caller() {
+        // SAFETY: mimalloc's malloc; any size is valid.
+        unsafe { mi::mi_malloc(size) }
+    } else {
+        real::malloc(size)
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    if managed_caller() {
+        // SAFETY: mimalloc's calloc checks the product for overflow.
+        unsafe { mi::mi_calloc(n, size) }
+    } else {
+        real::calloc(n, size)
+    }
+}
+
+#[no_mangle]
+/// # Safety
+/// As the C function of this name: the pointer comes from this allocator (or is null).
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    if in_arena(p) {
+        // SAFETY: every pointer in the arena was returned by mimalloc (module invariant).
+        unsafe { mi::mi_free(p) }
+    } else {
+        // SAFETY: not in the arena, so the C library's or the bootstrap area's.
+        unsafe { real::free(p) }
+    }
+}
+
+/// `cfree` is an old alias some programs still call.
+#[no_mangle]
+/// # Safety
+/// As the C function of this name: the pointer comes from this allocator (or is null).
+pub unsafe extern "C" fn cfree(p: *mut c_void) {
+    // SAFETY: the caller's contract is free's.
+    unsafe { free(p) }
+}
+
+#[no_mangle]
+/// # Safety
+/// As the C function of this name: the pointer comes from this allocator (or is null).
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        return malloc(size);
+    }
+    if size == 0 && REALLOC_ZERO_FREES {
+        // SAFETY: `p` is a live block of this allocator (the caller's contract).
+        unsafe { free(p) };
+        return std::ptr::null_mut();
+    }
+    match (in_arena(p), managed_caller()) {
+        // SAFETY: `p` is mimalloc's.
+        (true, true) => unsafe { mi::mi_realloc(p, size) },
+        // SAFETY: `p` is the C library's (not in the arena).
+        (false, false) => unsafe { real::realloc(p, size) },
+        // A block moves between heaps: allocate on the caller's side, copy, free the old one.
+        (from_arena, _) => {
+            let old_size = if from_arena {
+                // SAFETY: `p` is mimalloc's.
+                unsafe { mi::mi_usable_size(p) }
+            } else {
+                // SAFETY: `p` is the C library's.
+                unsafe { real::usable_size(p) }
+            };
+            let n = malloc(size);
+            if !n.is_null() {
+                // SAFETY: `p` is valid for old_size bytes, `n` for size; distinct blocks; `p`
+                // is freed once, by the allocator it came from.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, old_size.min(size));
+                    free(p);
+                }
+            }
+            n
+        }
+    }
+}
+
+#[no_mangle]
+/// # Safety
+/// As the C function of this name: the pointer comes from this allocator (or is null).
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: the caller's contract is realloc's.
+        Some(total) => unsafe { realloc(p, total) },
+        None => {
+            set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+fn aligned(align: usize, size: usize) -> *mut c_void {
+    if managed_caller() {
+        // SAFETY: mimalloc's aligned malloc; `align` is a power of two (checked by callers).
+        unsafe { mi::mi_malloc_aligned(size, align) }
+    } else {
+        real::memalign(align, size)
+    }
+}
+
+#[no_mangle]
+/// # Safety
+/// As the C function of this name: the pointer comes from this allocator (or is null).
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    if !align.is_power_of_two() || align % std::mem::size_of::<*mut c_void>() != 0 {
+        return libc::EINVAL;
+    }
+    if out.is_null() {
+        return libc::EINVAL;
+    }
+    let p = aligned(align, size);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: `out` is the caller's non-null result pointer.
+    unsafe { *out = p };
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    memalign(align, size)
+}
+
+#[no_mangle]
+pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    aligned(align, size)
+}
+
+#[no_mangle]
+pub extern "C" fn valloc(size: usize) -> *mut c_void {
+    aligned(uswap::PAGE_SIZE, size)
+}
+
+#[no_mangle]
+pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    match size.checked_next_multiple_of(uswap::PAGE_SIZE) {
+        Some(rounded) => aligned(uswap::PAGE_SIZE, rounded.max(uswap::PAGE_SIZE)),
+        None => {
+            set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+#[no_mangle]
+/// # Safety
+/// As the C function of this name: the pointer comes from this allocator (or is null).
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        0
+    } else if in_arena(p) {
+        // SAFETY: `p` is mimalloc's.
+        unsafe { mi::mi_usable_size(p) }
+    } else {
+        // SAFETY: not in the arena, so the C library's or the bootstrap area's.
+        unsafe { real::usable_size(p) }
+    }
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns the calling thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}

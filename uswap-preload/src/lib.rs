@@ -1,0 +1,78 @@
+//! `libuswap_preload.so`: the library `uswap run` preloads into an unmodified program so
+//! that uswap pages its memory.
+//!
+//! At load (an ELF constructor, before the program's `main`) it builds a [`uswap::Pager`]
+//! from the environment `uswap run` sets ([`config`]), maps one large managed region for the
+//! heap and hands it to mimalloc ([`heap`]), and starts managing the program's large
+//! anonymous `mmap`s ([`mmap`]). At exit it writes the pager's counters where `uswap run`
+//! collects them ([`report`]). A process started by exec loads it again (the environment is
+//! inherited) and gets a pager of its own.
+//!
+//! The engine and this library allocate only from the C library's malloc ([`real`]), never
+//! from the memory they manage; `heap::Guard` marks this library's own code on a thread.
+//!
+//! If the pager cannot be built (no userfaultfd, a bad device list), the process stops with
+//! a message and exit status 2 rather than run unmanaged: a budget that silently does not
+//! apply is worse than none.
+
+pub mod config;
+pub mod heap;
+pub mod mmap;
+pub mod real;
+pub mod report;
+
+#[global_allocator]
+static ALLOCATOR: real::LibcAllocator = real::LibcAllocator;
+
+use std::sync::OnceLock;
+
+/// The process's pager, built once by the constructor and never dropped (the heap lives in
+/// its region until the process ends).
+static PAGER: OnceLock<&'static uswap::Pager> = OnceLock::new();
+
+/// The process's pager, once started.
+pub fn pager() -> Option<&'static uswap::Pager> {
+    PAGER.get().copied()
+}
+
+fn start() -> Result<(), String> {
+    let _g = heap::Guard::enter();
+    let cfg = config::Config::from_env()?;
+    let pager = cfg.builder().build().map_err(|e| format!("cannot start the pager: {e}"))?;
+    let pager: &'static uswap::Pager = Box::leak(Box::new(pager));
+    let heap_region = pager
+        .map(cfg.heap_bytes)
+        .map_err(|e| format!("cannot map the managed heap ({} bytes): {e}", cfg.heap_bytes))?;
+    let (start, len) = (heap_region.as_ptr() as usize, heap_region.len());
+    // The heap region lives as long as the process.
+    std::mem::forget(heap_region);
+    heap::start(start, len)?;
+    mmap::start(pager, cfg.min_size_bytes);
+    report::start(cfg.stats_dir.clone());
+    let _ = PAGER.set(pager);
+    Ok(())
+}
+
+extern "C" fn init() {
+    if std::env::var_os(config::ENV_DISABLE).is_some() {
+        return;
+    }
+    if let Err(e) = start() {
+        let msg = format!("uswap: cannot manage this process ({}): {e}\n", std::process::id());
+        real::fatal(msg.as_bytes());
+    }
+}
+
+extern "C" fn fini() {
+    report::write_final();
+}
+
+/// Runs `init` when the library is loaded, before the program's `main`.
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+/// Runs `fini` at `exit()` (not at `_exit()` or a fatal signal; see `report`).
+#[used]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = fini;

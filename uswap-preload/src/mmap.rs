@@ -1,0 +1,238 @@
+//! The program's own anonymous mappings: `mmap`, `munmap` and `mremap`, interposed.
+//!
+//! A request for private, anonymous, readable and writable memory of at least `--min-size`
+//! bytes, with no address asked for, becomes a managed region (`Pager::map`). Everything else
+//! passes straight to the kernel: file and shared mappings, `MAP_FIXED` and address hints,
+//! `PROT_EXEC` and `PROT_NONE` reservations, stacks (`MAP_STACK`, `MAP_GROWSDOWN`, and thread
+//! stacks, which glibc maps with internal calls no interposition sees), huge pages.
+//!
+//! The table of managed mappings is one mutex over a vector reserved at start-up (never
+//! grown: [`MAX_MAPPINGS`] entries, the engine's own region limit minus the heap). The lock
+//! is taken only by these three calls; a region is dropped outside it. `munmap` of a whole
+//! managed mapping drops its region (its slots are freed at once); `munmap` of a part goes
+//! to the kernel, whose `UFFD_EVENT_UNMAP` the engine handles. `mremap` of a managed mapping
+//! is done here, by copying into a new managed mapping: the kernel's partial `mremap` of a
+//! registered range is the one path where the engine can still lose track of pages (see
+//! README), and growing in place is something the kernel may refuse anyway.
+
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use crate::heap::{in_uswap, Guard};
+use crate::real;
+
+/// At most this many managed mappings at once; more are ordinary memory (counted).
+pub const MAX_MAPPINGS: usize = 4000;
+
+struct Entry {
+    start: usize,
+    len: usize,
+    /// Held for its drop: unmapping the region frees its slots.
+    _region: uswap::Region,
+}
+
+static TABLE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+struct Config {
+    pager: &'static uswap::Pager,
+    min_size_bytes: usize,
+}
+
+static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
+
+/// Mappings left ordinary because the table was full or the pager refused them.
+pub static UNMANAGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub fn start(pager: &'static uswap::Pager, min_size_bytes: usize) {
+    TABLE.lock().unwrap_or_else(|e| e.into_inner()).reserve_exact(MAX_MAPPINGS);
+    let _ = CONFIG.set(Config { pager, min_size_bytes });
+}
+
+/// Bytes currently managed through `mmap` (the heap's region not included).
+pub fn managed_bytes() -> usize {
+    TABLE.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|e| e.len).sum()
+}
+
+fn page_round_up(n: usize) -> Option<usize> {
+    n.checked_next_multiple_of(uswap::PAGE_SIZE)
+}
+
+fn manageable(addr: *mut c_void, len: usize, prot: i32, flags: i32, cfg: &Config) -> bool {
+    let excluded = libc::MAP_SHARED
+        | libc::MAP_SHARED_VALIDATE
+        | libc::MAP_FIXED
+        | libc::MAP_FIXED_NOREPLACE
+        | libc::MAP_STACK
+        | libc::MAP_GROWSDOWN
+        | libc::MAP_HUGETLB;
+    addr.is_null()
+        && flags & libc::MAP_ANONYMOUS != 0
+        && flags & libc::MAP_PRIVATE != 0
+        && flags & excluded == 0
+        && prot == libc::PROT_READ | libc::PROT_WRITE
+        && len >= cfg.min_size_bytes
+        && len > 0
+}
+
+/// Maps a managed region of `len` bytes, or `None` to fall back to an ordinary mapping.
+fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
+    let len = page_round_up(len)?;
+    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    if table.len() >= MAX_MAPPINGS {
+        UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return None;
+    }
+    match cfg.pager.map(len) {
+        Ok(region) => {
+            let start = region.as_ptr() as usize;
+            table.push(Entry { start, len, _region: region });
+            Some(start as *mut c_void)
+        }
+        Err(_) => {
+            UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
+    if !in_uswap() && !uswap::is_engine_thread() {
+        if let Some(cfg) = CONFIG.get() {
+            if manageable(addr, len, prot, flags, cfg) {
+                let _g = Guard::enter();
+                if let Some(p) = map_managed(cfg, len) {
+                    return p;
+                }
+            }
+        }
+    }
+    real::sys_mmap(addr, len, prot, flags, fd, off)
+}
+
+#[no_mangle]
+pub extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    fd: i32,
+    off: libc::off_t,
+) -> *mut c_void {
+    mmap(addr, len, prot, flags, fd, off)
+}
+
+/// Removes and returns the managed entries inside `[start, end)`; reports whether any entry
+/// only partly overlaps it.
+fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
+    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut partial = false;
+    let mut taken = Vec::new();
+    let mut i = 0;
+    while i < table.len() {
+        let e = &table[i];
+        let (es, ee) = (e.start, e.start + e.len);
+        if es >= start && ee <= end {
+            taken.push(table.swap_remove(i));
+            continue;
+        }
+        if es < end && start < ee {
+            partial = true;
+        }
+        i += 1;
+    }
+    (taken, partial)
+}
+
+fn overlaps_managed(start: usize, end: usize) -> bool {
+    TABLE.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|e| e.start < end && start < e.start + e.len)
+}
+
+#[no_mangle]
+pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
+    if in_uswap() || uswap::is_engine_thread() || CONFIG.get().is_none() {
+        return real::sys_munmap(addr, len);
+    }
+    let _g = Guard::enter();
+    let start = addr as usize;
+    let Some(end) = page_round_up(len).and_then(|l| start.checked_add(l)) else {
+        return real::sys_munmap(addr, len);
+    };
+    if start % uswap::PAGE_SIZE != 0 || len == 0 || !overlaps_managed(start, end) {
+        return real::sys_munmap(addr, len);
+    }
+    let (covered, partial) = take_covered(start, end);
+    let whole_entries: usize = covered.iter().map(|e| e.len).sum();
+    // Dropping a region unmaps what is still its own and frees its slots.
+    drop(covered);
+    if partial || whole_entries != end - start {
+        // The rest of the range: parts of other managed mappings (the engine handles the
+        // kernel's UNMAP event for them) and ordinary memory.
+        return real::sys_munmap(addr, len);
+    }
+    0
+}
+
+/// `mremap(old, old_len, new_len, flags, ...)`. The fifth argument is variadic in C; on the
+/// x86-64 and AArch64 Linux ABIs a variadic pointer argument travels in the same register as
+/// a fixed one, so declaring it fixed reads the caller's value when it passed one
+/// (`MREMAP_FIXED`/`MREMAP_DONTUNMAP`) and is ignored otherwise.
+#[no_mangle]
+pub extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: i32,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    if in_uswap() || uswap::is_engine_thread() || CONFIG.get().is_none() {
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    }
+    let _g = Guard::enter();
+    let start = old as usize;
+    let (Some(old_len_r), Some(new_len_r)) = (page_round_up(old_len), page_round_up(new_len)) else {
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    };
+    let Some(end) = start.checked_add(old_len_r) else {
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    };
+    if start % uswap::PAGE_SIZE != 0 || old_len == 0 || !overlaps_managed(start, end) {
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    }
+    let special = libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
+    if flags & special != 0 || new_len == 0 {
+        // Not supported on managed memory: fail as the kernel does for what it cannot do.
+        set_errno(libc::EINVAL);
+        return libc::MAP_FAILED;
+    }
+    if new_len_r <= old_len_r {
+        // Shrink in place: the tail goes (the engine handles the UNMAP event).
+        if new_len_r < old_len_r && real::sys_munmap((start + new_len_r) as *mut c_void, old_len_r - new_len_r) != 0 {
+            return libc::MAP_FAILED;
+        }
+        return old;
+    }
+    if flags & libc::MREMAP_MAYMOVE == 0 {
+        // Growing in place is never attempted on managed memory; the kernel may refuse it
+        // too, and callers must handle that.
+        set_errno(libc::ENOMEM);
+        return libc::MAP_FAILED;
+    }
+    let Some(cfg) = CONFIG.get() else { return libc::MAP_FAILED };
+    let Some(new) = map_managed(cfg, new_len_r) else {
+        set_errno(libc::ENOMEM);
+        return libc::MAP_FAILED;
+    };
+    // SAFETY: `old` is mapped for old_len bytes (the caller's contract, as for mremap) and
+    // `new` is a fresh mapping of new_len_r > old_len bytes; they cannot overlap. Reading old
+    // pages faults them in through the engine; writing new ones faults them in zero-filled.
+    unsafe { std::ptr::copy_nonoverlapping(old as *const u8, new as *mut u8, old_len) };
+    drop(_g);
+    munmap(old, old_len);
+    new
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns the calling thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}

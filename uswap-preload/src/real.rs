@@ -1,0 +1,278 @@
+//! The C library's own allocator and memory system calls, for everything that must not live in
+//! managed memory: uswap's engine (its threads would wait on themselves if their data were
+//! swapped out), this library's tables, and allocations made before the managed heap exists.
+//!
+//! glibc 2.34+ no longer exports `__libc_malloc`, so the functions are found with
+//! `dlsym(RTLD_NEXT, ..)` on first use. `dlsym` may itself allocate (its error buffer): those
+//! nested calls are served from a small static bootstrap area, which is never freed (a few
+//! hundred bytes in practice; [`BOOTSTRAP_BYTES`] bounds it and running out is fatal with a
+//! message). Memory system calls go straight to the kernel with `syscall(2)`: the library
+//! interposes `mmap`, `munmap` and `mremap`, and must not call itself.
+//!
+//! Invariant: a pointer is from the bootstrap area, from the C library's malloc, or from the
+//! managed heap (`heap::in_arena`); `free` tells them apart by address.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+type FreeFn = unsafe extern "C" fn(*mut c_void);
+type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+type MemalignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+type UsableFn = unsafe extern "C" fn(*mut c_void) -> usize;
+
+static MALLOC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static FREE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static CALLOC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static REALLOC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static MEMALIGN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static USABLE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// 0: not resolved; 1: resolving (nested calls use the bootstrap area); 2: resolved.
+static STATE: AtomicUsize = AtomicUsize::new(0);
+
+const BOOTSTRAP_BYTES: usize = 64 << 10;
+#[repr(C, align(64))]
+struct Bootstrap([u8; BOOTSTRAP_BYTES]);
+static mut BOOTSTRAP: Bootstrap = Bootstrap([0; BOOTSTRAP_BYTES]);
+static BOOTSTRAP_USED: AtomicUsize = AtomicUsize::new(0);
+
+fn bootstrap_base() -> usize {
+    std::ptr::addr_of!(BOOTSTRAP) as usize
+}
+
+/// Whether `p` came from the bootstrap area (never freed).
+pub fn is_bootstrap(p: *mut c_void) -> bool {
+    let a = p as usize;
+    a >= bootstrap_base() && a < bootstrap_base() + BOOTSTRAP_BYTES
+}
+
+/// Size of a bootstrap allocation (stored in the 16 bytes before it).
+pub fn bootstrap_size(p: *mut c_void) -> usize {
+    // SAFETY: `p` is a bootstrap allocation (caller checked `is_bootstrap`), whose 16-byte
+    // header holds its size.
+    unsafe { *((p as usize - 16) as *const usize) }
+}
+
+fn bootstrap_alloc(size: usize, align: usize) -> *mut c_void {
+    let align = align.max(16);
+    let mut used = BOOTSTRAP_USED.load(Ordering::Relaxed);
+    loop {
+        let start = (bootstrap_base() + used + 16).next_multiple_of(align);
+        let end = start + size;
+        if end > bootstrap_base() + BOOTSTRAP_BYTES {
+            fatal(b"uswap: the bootstrap allocator ran out (64 KiB before libc's malloc was found)\n");
+        }
+        match BOOTSTRAP_USED.compare_exchange(used, end - bootstrap_base(), Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => {
+                // SAFETY: [start - 16, end) lies in BOOTSTRAP and was just reserved for us alone.
+                unsafe { *((start - 16) as *mut usize) = size };
+                return start as *mut c_void;
+            }
+            Err(u) => used = u,
+        }
+    }
+}
+
+/// Writes `msg` to stderr and exits with status 2 (the status `uswap run` uses for "could not
+/// manage the program"). Allocation-free.
+pub fn fatal(msg: &[u8]) -> ! {
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is valid for its length.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::_exit(2)
+    }
+}
+
+fn resolve() -> bool {
+    match STATE.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {}
+        Err(2) => return true,
+        Err(_) => {
+            // Another thread is resolving, or this one is (nested in dlsym): the caller falls
+            // back to the bootstrap area. Other threads wait for the resolution instead.
+            return false;
+        }
+    }
+    let names: [(&[u8], &AtomicPtr<c_void>); 6] = [
+        (b"malloc\0", &MALLOC),
+        (b"free\0", &FREE),
+        (b"calloc\0", &CALLOC),
+        (b"realloc\0", &REALLOC),
+        (b"memalign\0", &MEMALIGN),
+        (b"malloc_usable_size\0", &USABLE),
+    ];
+    for (name, slot) in names {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; it returns the next
+        // definition after this library (the C library's) or null.
+        let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) };
+        if f.is_null() {
+            fatal(b"uswap: the C library's malloc was not found (dlsym RTLD_NEXT)\n");
+        }
+        slot.store(f, Ordering::Release);
+    }
+    STATE.store(2, Ordering::Release);
+    true
+}
+
+fn ready() -> bool {
+    if STATE.load(Ordering::Acquire) == 2 {
+        return true;
+    }
+    resolve()
+}
+
+macro_rules! real_fn {
+    ($slot:ident, $ty:ty) => {{
+        let p = $slot.load(Ordering::Acquire);
+        // SAFETY: only called after `ready()`: the slot holds the C library's function of
+        // this type, found by dlsym.
+        #[allow(unused_unsafe)]
+        let f = unsafe { std::mem::transmute::<*mut c_void, $ty>(p) };
+        f
+    }};
+}
+
+pub fn malloc(size: usize) -> *mut c_void {
+    if !ready() {
+        return bootstrap_alloc(size, 16);
+    }
+    // SAFETY: the C library's malloc.
+    unsafe { real_fn!(MALLOC, MallocFn)(size) }
+}
+
+pub fn calloc(n: usize, size: usize) -> *mut c_void {
+    if !ready() {
+        // The bootstrap area is static, hence zeroed, and never reused.
+        return match n.checked_mul(size) {
+            Some(total) => bootstrap_alloc(total, 16),
+            None => std::ptr::null_mut(),
+        };
+    }
+    // SAFETY: the C library's calloc.
+    unsafe { real_fn!(CALLOC, CallocFn)(n, size) }
+}
+
+pub fn memalign(align: usize, size: usize) -> *mut c_void {
+    if !ready() {
+        return bootstrap_alloc(size, align);
+    }
+    // SAFETY: the C library's memalign.
+    unsafe { real_fn!(MEMALIGN, MemalignFn)(align, size) }
+}
+
+/// Frees a C-library (or bootstrap) pointer.
+/// # Safety
+/// `p` is null or a live block from the C library's malloc or the bootstrap area.
+pub unsafe fn free(p: *mut c_void) {
+    if p.is_null() || is_bootstrap(p) {
+        return;
+    }
+    // A non-bootstrap pointer exists only once resolution finished.
+    // SAFETY: `p` came from the C library's malloc family (see the module invariant).
+    unsafe { real_fn!(FREE, FreeFn)(p) }
+}
+
+/// Reallocates a C-library (or bootstrap) pointer within the C library's heap.
+/// # Safety
+/// `p` is null or a live block from the C library's malloc or the bootstrap area.
+pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        return malloc(size);
+    }
+    if is_bootstrap(p) {
+        // SAFETY: `is_bootstrap` checked; the header holds the size.
+        let n = malloc(size);
+        if !n.is_null() {
+            // SAFETY: both are valid for the smaller of the two sizes and do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, bootstrap_size(p).min(size)) };
+        }
+        return n;
+    }
+    // SAFETY: `p` came from the C library's malloc family.
+    unsafe { real_fn!(REALLOC, ReallocFn)(p, size) }
+}
+
+/// # Safety
+/// `p` is null or a live block from the C library's malloc or the bootstrap area.
+pub unsafe fn usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    if is_bootstrap(p) {
+        return bootstrap_size(p);
+    }
+    // SAFETY: `p` came from the C library's malloc family.
+    unsafe { real_fn!(USABLE, UsableFn)(p) }
+}
+
+/// The allocator of this library's Rust code (and so of the uswap engine inside it): the C
+/// library's malloc, never the managed heap.
+pub struct LibcAllocator;
+
+// SAFETY: every method forwards to the C library's allocator with a size and alignment it
+// honours (memalign for alignments above malloc's 16 bytes); pointers are returned to the same
+// allocator they came from.
+unsafe impl std::alloc::GlobalAlloc for LibcAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.align() <= 16 {
+            malloc(layout.size()).cast()
+        } else {
+            memalign(layout.align(), layout.size()).cast()
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.align() <= 16 {
+            calloc(1, layout.size()).cast()
+        } else {
+            let p = memalign(layout.align(), layout.size());
+            if !p.is_null() {
+                // SAFETY: `p` is valid for `layout.size()` bytes.
+                unsafe { std::ptr::write_bytes(p as *mut u8, 0, layout.size()) };
+            }
+            p.cast()
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from this allocator (GlobalAlloc's contract).
+        unsafe { free(ptr.cast()) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        if layout.align() <= 16 {
+            // SAFETY: `ptr` came from this allocator (GlobalAlloc's contract).
+            return unsafe { realloc(ptr.cast(), new_size).cast() };
+        }
+        let n = memalign(layout.align(), new_size);
+        if !n.is_null() {
+            // SAFETY: both are valid for the smaller size and distinct allocations.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr, n as *mut u8, layout.size().min(new_size));
+                free(ptr.cast());
+            }
+        }
+        n.cast()
+    }
+}
+
+/// Raw `mmap(2)`, bypassing this library's own `mmap`.
+pub fn sys_mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> *mut c_void {
+    // SAFETY: the mmap system call; the kernel validates every argument.
+    unsafe { libc::syscall(libc::SYS_mmap, addr as usize, len, prot, flags, fd, off) as *mut c_void }
+}
+
+/// Raw `munmap(2)`.
+pub fn sys_munmap(addr: *mut c_void, len: usize) -> i32 {
+    // SAFETY: the munmap system call; the kernel validates the range. Unmapping memory the
+    // caller still uses is the caller's contract, as for munmap itself.
+    unsafe { libc::syscall(libc::SYS_munmap, addr as usize, len) as i32 }
+}
+
+/// Raw `mremap(2)`.
+pub fn sys_mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: i32, new_addr: *mut c_void) -> *mut c_void {
+    // SAFETY: the mremap system call; the kernel validates every argument.
+    unsafe { libc::syscall(libc::SYS_mremap, old as usize, old_len, new_len, flags, new_addr as usize) as *mut c_void }
+}

@@ -1,0 +1,63 @@
+//! The counters a process leaves for `uswap run`: at `exit()`, the pager's [`uswap::Stats`]
+//! as JSON in `$USWAP_STATS_DIR/<pid>.json` (a process replaced by exec leaves none: its
+//! pager never ran long enough to matter, or its counters would be lost with the image).
+//! A process killed by a signal or ending with `_exit` writes nothing at exit; a thread
+//! rewrites the file every [`PUBLISH_INTERVAL_MS`] so that its counters survive up to the
+//! last interval.
+//!
+//! `managed_peak_pages` counts pages that hold the program's data: mapped, or stored on a
+//! device (a staged page counts once, by its slot). It is sampled at each publication.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use crate::heap::Guard;
+
+pub const PUBLISH_INTERVAL_MS: u64 = 200;
+
+static DIR: OnceLock<PathBuf> = OnceLock::new();
+
+/// The most pages the program kept under management (resident or on a device), sampled at
+/// every publication: an approximation from below, unlike the engine's exact resident peak.
+static MANAGED_PEAK_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub fn start(dir: Option<PathBuf>) {
+    let Some(dir) = dir else { return };
+    let _ = DIR.set(dir);
+    let _ = uswap::spawn_engine_thread("uswap-report".into(), || loop {
+        std::thread::sleep(std::time::Duration::from_millis(PUBLISH_INTERVAL_MS));
+        write();
+    });
+}
+
+/// The record a process leaves: its pager's counters and what this library adds.
+fn record() -> Option<serde_json::Value> {
+    let pager = crate::pager()?;
+    let stats = pager.stats();
+    let stored_pages: u64 = stats.devices.iter().map(|d| d.slots_used).sum();
+    let managed = stats.resident_pages - stats.swapcache_pages.min(stats.resident_pages) + stored_pages;
+    let managed_peak = MANAGED_PEAK_PAGES.fetch_max(managed, std::sync::atomic::Ordering::Relaxed).max(managed);
+    let mut v = serde_json::to_value(&stats).ok()?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert("managed_peak_pages".into(), managed_peak.into());
+        o.insert("pid".into(), std::process::id().into());
+        o.insert("mmap_managed_bytes".into(), (crate::mmap::managed_bytes() as u64).into());
+        o.insert("mmap_unmanaged".into(), crate::mmap::UNMANAGED.load(std::sync::atomic::Ordering::Relaxed).into());
+    }
+    Some(v)
+}
+
+fn write() {
+    let _g = Guard::enter();
+    let (Some(dir), Some(rec)) = (DIR.get(), record()) else { return };
+    let pid = std::process::id();
+    let tmp = dir.join(format!(".{pid}.json.tmp"));
+    let dst = dir.join(format!("{pid}.json"));
+    if std::fs::write(&tmp, rec.to_string()).is_ok() {
+        let _ = std::fs::rename(&tmp, &dst);
+    }
+}
+
+pub fn write_final() {
+    write();
+}
