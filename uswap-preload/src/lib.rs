@@ -16,6 +16,7 @@
 //! apply is worse than none.
 
 pub mod config;
+pub mod fork;
 pub mod heap;
 pub mod mmap;
 pub mod real;
@@ -30,15 +31,18 @@ use std::sync::OnceLock;
 /// its region until the process ends).
 static PAGER: OnceLock<&'static uswap::Pager> = OnceLock::new();
 
-/// The process's pager, once started.
+/// The process's pager, once started; none in a fork child (see [`fork`]).
 pub fn pager() -> Option<&'static uswap::Pager> {
+    if fork::is_forked_child() {
+        return None;
+    }
     PAGER.get().copied()
 }
 
 fn start() -> Result<(), String> {
     let _g = heap::Guard::enter();
     let cfg = config::Config::from_env()?;
-    let pager = cfg.builder().build().map_err(|e| format!("cannot start the pager: {e}"))?;
+    let pager = cfg.builder().regions_survive_fork(true).build().map_err(|e| format!("cannot start the pager: {e}"))?;
     let pager: &'static uswap::Pager = Box::leak(Box::new(pager));
     let heap_region = pager
         .map(cfg.heap_bytes)
@@ -50,6 +54,7 @@ fn start() -> Result<(), String> {
     mmap::start(pager, cfg.min_size_bytes);
     report::start(cfg.stats_dir.clone());
     let _ = PAGER.set(pager);
+    fork::start()?;
     Ok(())
 }
 

@@ -40,6 +40,15 @@ struct Config {
 
 static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
 
+/// The configuration while this process is managed: none before start-up and in a fork
+/// child (whose mappings are all ordinary; see `fork`).
+fn config() -> Option<&'static Config> {
+    if crate::fork::is_forked_child() {
+        return None;
+    }
+    CONFIG.get()
+}
+
 /// Mappings left ordinary because the table was full or the pager refused them.
 pub static UNMANAGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -98,7 +107,7 @@ fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
 #[no_mangle]
 pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
     if !in_uswap() && !uswap::is_engine_thread() {
-        if let Some(cfg) = CONFIG.get() {
+        if let Some(cfg) = config() {
             if manageable(addr, len, prot, flags, cfg) {
                 let _g = Guard::enter();
                 if let Some(p) = map_managed(cfg, len) {
@@ -150,7 +159,7 @@ fn overlaps_managed(start: usize, end: usize) -> bool {
 
 #[no_mangle]
 pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
-    if in_uswap() || uswap::is_engine_thread() || CONFIG.get().is_none() {
+    if in_uswap() || uswap::is_engine_thread() || config().is_none() {
         return real::sys_munmap(addr, len);
     }
     let _g = Guard::enter();
@@ -185,7 +194,7 @@ pub extern "C" fn mremap(
     flags: i32,
     new_addr: *mut c_void,
 ) -> *mut c_void {
-    if in_uswap() || uswap::is_engine_thread() || CONFIG.get().is_none() {
+    if in_uswap() || uswap::is_engine_thread() || config().is_none() {
         return real::sys_mremap(old, old_len, new_len, flags, new_addr);
     }
     let _g = Guard::enter();
@@ -218,7 +227,7 @@ pub extern "C" fn mremap(
         set_errno(libc::ENOMEM);
         return libc::MAP_FAILED;
     }
-    let Some(cfg) = CONFIG.get() else { return libc::MAP_FAILED };
+    let Some(cfg) = config() else { return libc::MAP_FAILED };
     let Some(new) = map_managed(cfg, new_len_r) else {
         set_errno(libc::ENOMEM);
         return libc::MAP_FAILED;

@@ -79,6 +79,7 @@ pub struct PagerBuilder {
     readahead: bool,
     readahead_max_pages: usize,
     readahead_async_windows: usize,
+    regions_survive_fork: bool,
 }
 
 impl PagerBuilder {
@@ -141,6 +142,16 @@ impl PagerBuilder {
     /// When the background reclaimer works (default [`BackgroundReclaim::WhenIdle`]).
     pub fn background_reclaim(mut self, policy: BackgroundReclaim) -> Self {
         self.background_reclaim = policy;
+        self
+    }
+
+    /// Whether a child made by `fork()` inherits the regions (default: no, they are
+    /// `MADV_DONTFORK` and absent in the child). With `true`, call [`Pager::prepare_fork`]
+    /// before every fork (from a `pthread_atfork` prepare handler): the child then gets
+    /// every page's contents, as ordinary memory that is no longer managed (its page tables
+    /// are not the pager's).
+    pub fn regions_survive_fork(mut self, on: bool) -> Self {
+        self.regions_survive_fork = on;
         self
     }
 
@@ -210,6 +221,8 @@ impl PagerBuilder {
             limit_pages: AtomicUsize::new(limit_pages),
             resident_pages: AtomicUsize::new(0),
             resident_peak_pages: AtomicUsize::new(0),
+            reclaim_held: AtomicBool::new(false),
+            regions_survive_fork: self.regions_survive_fork,
             swapcache_pages: AtomicUsize::new(0),
             clean_pages: AtomicUsize::new(0),
             devices,
@@ -398,6 +411,11 @@ pub(crate) struct PagerShared {
     pub resident_pages: AtomicUsize,
     /// The most `resident_pages` has been (the memcg's `memory.peak`).
     pub resident_peak_pages: AtomicUsize,
+    /// Set while [`Pager::prepare_fork`] brings every page in: charges never wait and no
+    /// reclaim runs, so nothing goes out again before the fork copies it.
+    pub reclaim_held: AtomicBool,
+    /// Regions are inherited by fork (see [`PagerBuilder::regions_survive_fork`]).
+    pub regions_survive_fork: bool,
     /// Of those, pages staged in the swap cache.
     pub swapcache_pages: AtomicUsize,
     /// Resident pages that are clean (their slot still holds them).
@@ -546,6 +564,27 @@ pub struct Pager {
     core: Arc<PagerCore>,
 }
 
+/// Bound on [`Pager::prepare_fork`]'s passes over the page tables.
+const MAX_FORK_PASSES: usize = 8;
+
+/// Returned by [`Pager::prepare_fork`]: reclaim stays held while it lives.
+#[must_use = "dropping the hold at once lets reclaim take pages out before the fork"]
+pub struct ForkHold {
+    pager: Pager,
+}
+
+impl Drop for ForkHold {
+    fn drop(&mut self) {
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        let s = &self.pager.core.shared;
+        s.reclaim_held.store(false, Ordering::Release);
+        // Back under the limit. Pages the child still shares (copy-on-write) cannot be
+        // moved out until it writes them or exits: they stay resident and count as
+        // move_refused, and the limit is met again once the child lets go.
+        let _ = reclaim::reclaim_to_limit(s);
+    }
+}
+
 impl std::fmt::Debug for Pager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = &self.core.shared;
@@ -569,6 +608,7 @@ impl Pager {
             readahead: true,
             readahead_max_pages: DEFAULT_MAX_WINDOW_PAGES,
             readahead_async_windows: DEFAULT_ASYNC_WINDOWS,
+            regions_survive_fork: false,
         }
     }
 
@@ -597,10 +637,8 @@ impl Pager {
             return Err(Error::MapTooLarge { len_bytes: len_bytes as u64, max_bytes: MAX_REGION_BYTES as u64 });
         }
         let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let memory = AppMapping::new(len).map_err(|e| Error::OutOfAddressSpace {
-            what: "a managed region".into(),
-            len_bytes: len as u64,
-            source: e,
+        let memory = AppMapping::with_fork(len, self.core.shared.regions_survive_fork).map_err(|e| {
+            Error::OutOfAddressSpace { what: "a managed region".into(), len_bytes: len as u64, source: e }
         })?;
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let shared = &self.core.shared;
@@ -676,6 +714,51 @@ impl Pager {
         let s = &self.core.shared;
         s.limit_pages.store((bytes / PAGE_SIZE as u64) as usize, Ordering::Release);
         reclaim::reclaim_to_limit(s)
+    }
+
+    /// Readies the regions for a `fork()` that copies them: holds reclaim and brings every
+    /// page that is out (staged or on a device) back into its region, so the child's copy
+    /// has every byte. Until the returned [`ForkHold`] is dropped (in the parent, right
+    /// after the fork) the pager may exceed its limit; dropping it reclaims back down.
+    /// Must run on an application thread (it takes the faults itself), with no other
+    /// thread unmapping regions at the same time. Needs
+    /// [`PagerBuilder::regions_survive_fork`]; without it the child gets no regions at all.
+    ///
+    /// Costs a scan of every region's page table, skipped when nothing is out.
+    pub fn prepare_fork(&self) -> ForkHold {
+        let s = &self.core.shared;
+        s.reclaim_held.store(true, Ordering::Release);
+        // A reclaim round already under way when the hold was set may still take pages out
+        // behind the first pass: passes repeat until one finds nothing to bring in (rounds
+        // are short and no new one starts, so the second pass normally ends it).
+        for _pass in 0..MAX_FORK_PASSES {
+            let anything_out = s.swapcache_pages.load(Ordering::Acquire) > 0
+                || s.devices.devices().iter().any(|d| d.allocator.inuse_slots() > 0);
+            if !anything_out {
+                break;
+            }
+            let mut brought_in = 0usize;
+            REGIONS.for_each(|r| {
+                if !std::ptr::eq(&*r.pager, &**s) {
+                    return;
+                }
+                for (first, end) in r.live_runs() {
+                    for page in first..end {
+                        if matches!(r.load(page).state(), PageState::Cached | PageState::Swapped) {
+                            // SAFETY: the page lies in a live run of a registered region
+                            // (mapped; the caller promises no concurrent unmap); a read
+                            // takes the fault that brings it in and changes nothing.
+                            unsafe { std::ptr::read_volatile(r.page_addr(page) as *const u8) };
+                            brought_in += 1;
+                        }
+                    }
+                }
+            });
+            if brought_in == 0 {
+                break;
+            }
+        }
+        ForkHold { pager: self.clone() }
     }
 
     /// Application pages of this pager mapped in RAM right now (regions plus staged pages),

@@ -85,6 +85,12 @@ pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
             }
             continue;
         }
+        if p.reclaim_held.load(Ordering::Acquire) {
+            // Pager::prepare_fork: every page comes in before the fork; none may go out.
+            let now = p.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
+            note_peak(p, now);
+            return;
+        }
         if route == Route::SignalLockFree || fruitless >= MAX_FRUITLESS_ROUNDS {
             let now = p.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
             note_peak(p, now);
@@ -124,6 +130,9 @@ fn note_peak(p: &PagerShared, resident: usize) {
 /// 1.05 µs per single-page move, see BENCHMARKS.md), so reclaim from a second CPU would slow
 /// every fault it overlaps with.
 fn task_reclaim(p: &PagerShared) {
+    if p.reclaim_held.load(Ordering::Acquire) {
+        return;
+    }
     let (high, _) = watermarks(p.limit_pages.load(Ordering::Relaxed));
     if p.resident_pages.load(Ordering::Acquire) <= high {
         return;
@@ -845,7 +854,7 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always;
         last_faults = faults;
         p.devices.run_discards();
-        if !idle {
+        if !idle || p.reclaim_held.load(Ordering::Acquire) {
             continue;
         }
         let (high, low) = watermarks(p.limit_pages.load(Ordering::Acquire));
@@ -855,7 +864,10 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         let mut fruitless = 0;
         // Bounded by the charge: each fruitful round uncharges pages; stops when the
         // application faults again (it then reclaims for itself) or nothing is reclaimable.
-        while p.resident_pages.load(Ordering::Acquire) > low && !p.is_shutdown() {
+        while p.resident_pages.load(Ordering::Acquire) > low
+            && !p.is_shutdown()
+            && !p.reclaim_held.load(Ordering::Acquire)
+        {
             if !reclaim_round(p, false).any() {
                 fruitless += 1;
                 if fruitless > MAX_FRUITLESS_ROUNDS {

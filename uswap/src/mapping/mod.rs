@@ -253,7 +253,13 @@ pub struct AppMapping {
 
 impl AppMapping {
     pub fn new(len: usize) -> io::Result<AppMapping> {
-        let m = Mapping::anonymous(len, MapOptions { no_huge_pages: true, dont_fork: true })?;
+        AppMapping::with_fork(len, false)
+    }
+
+    /// A mapping a forked child inherits (`inherit`) or does not (`MADV_DONTFORK`: the child
+    /// gets no mapping rather than one whose swapped-out pages read as zeros).
+    pub fn with_fork(len: usize, inherit: bool) -> io::Result<AppMapping> {
+        let m = Mapping::anonymous(len, MapOptions { no_huge_pages: true, dont_fork: !inherit })?;
         let (addr, len) = (m.addr, m.len);
         std::mem::forget(m);
         Ok(AppMapping { addr: std::sync::atomic::AtomicUsize::new(addr), len })
