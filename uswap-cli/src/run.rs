@@ -202,6 +202,10 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     }
     let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
     let stats_dir = make_stats_dir()?;
+    // One budget for the whole tree: every process's pager charges this segment too.
+    let segment =
+        uswap::shared_charge::ChargeSegment::create(&stats_dir.join(uswap::shared_charge::SEGMENT_FILE), args.limit)
+            .map_err(RunError::StatsDir)?;
     let mut ld_preload = OsString::from(&preload);
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         ld_preload.push(":");
@@ -234,7 +238,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
         (None, None) => 1,
     };
-    let summary = summarize(&stats_dir, args.limit);
+    let summary = summarize(&stats_dir, args.limit, segment.resident_peak_pages() as u64);
     let _ = std::fs::remove_dir_all(&stats_dir);
     match &args.stats_json {
         Some(p) => {
@@ -274,13 +278,15 @@ impl Drop for IgnoreTerminalSignals {
 const NOT_SUMMED: &[&str] = &["limit_pages", "pid"];
 
 /// Sums the per-process records into the tree's counters.
-fn summarize(dir: &Path, limit_bytes: u64) -> serde_json::Value {
+fn summarize(dir: &Path, limit_bytes: u64, tree_peak_pages: u64) -> serde_json::Value {
     let mut sum = serde_json::Map::new();
     let mut processes = 0u64;
-    let mut resident_peak_pages = 0u64;
     let mut managed_peak_pages = 0u64;
     let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
     for e in entries {
+        if !e.file_name().to_string_lossy().ends_with(".json") {
+            continue;
+        }
         let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
         let Ok(serde_json::Value::Object(rec)) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
         if e.file_name().to_string_lossy().starts_with('.') {
@@ -294,9 +300,6 @@ fn summarize(dir: &Path, limit_bytes: u64) -> serde_json::Value {
             if let Some(n) = v.as_u64() {
                 let cur = sum.get(&k).and_then(|c| c.as_u64()).unwrap_or(0);
                 sum.insert(k.clone(), (cur + n).into());
-                if k == "resident_peak_pages" {
-                    resident_peak_pages += n;
-                }
                 if k == "managed_peak_pages" {
                     managed_peak_pages += n;
                 }
@@ -306,7 +309,9 @@ fn summarize(dir: &Path, limit_bytes: u64) -> serde_json::Value {
     let page = uswap::PAGE_SIZE as u64;
     sum.insert("processes".into(), processes.into());
     sum.insert("limit_bytes".into(), limit_bytes.into());
-    sum.insert("resident_peak_bytes".into(), (resident_peak_pages * page).into());
+    // The tree's peak: the most pages resident at once over all processes together (the
+    // per-process resident_peak_pages summed above is an upper bound of it).
+    sum.insert("resident_peak_bytes".into(), (tree_peak_pages * page).into());
     sum.insert("managed_peak_bytes".into(), (managed_peak_pages * page).into());
     serde_json::Value::Object(sum)
 }

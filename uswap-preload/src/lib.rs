@@ -31,6 +31,14 @@ use std::sync::OnceLock;
 /// its region until the process ends).
 static PAGER: OnceLock<&'static uswap::Pager> = OnceLock::new();
 
+/// The charge shared with the other processes of the `uswap run` tree, if any.
+static SEGMENT: OnceLock<uswap::shared_charge::ChargeSegment> = OnceLock::new();
+
+/// The shared charge segment, if this process is under one.
+pub fn segment() -> Option<&'static uswap::shared_charge::ChargeSegment> {
+    SEGMENT.get()
+}
+
 /// The process's pager, once started; none in a fork child (see [`fork`]).
 pub fn pager() -> Option<&'static uswap::Pager> {
     if fork::is_forked_child() {
@@ -42,7 +50,21 @@ pub fn pager() -> Option<&'static uswap::Pager> {
 fn start() -> Result<(), String> {
     let _g = heap::Guard::enter();
     let cfg = config::Config::from_env()?;
-    let pager = cfg.builder().regions_survive_fork(true).build().map_err(|e| format!("cannot start the pager: {e}"))?;
+    let mut builder = cfg.builder().regions_survive_fork(true);
+    if let Some(dir) = &cfg.stats_dir {
+        let path = dir.join(uswap::shared_charge::SEGMENT_FILE);
+        if path.exists() {
+            let seg = uswap::shared_charge::ChargeSegment::open(&path)
+                .map_err(|e| format!("cannot open the shared charge {}: {e}", path.display()))?;
+            seg.sweep_dead();
+            match seg.claim(std::process::id()) {
+                Some(own) => builder = builder.shared_charge(seg.charge(), own),
+                None => report::note_unshared(),
+            }
+            let _ = SEGMENT.set(seg);
+        }
+    }
+    let pager = builder.build().map_err(|e| format!("cannot start the pager: {e}"))?;
     let pager: &'static uswap::Pager = Box::leak(Box::new(pager));
     let heap_region = pager
         .map(cfg.heap_bytes)

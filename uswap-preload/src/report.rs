@@ -26,8 +26,23 @@ pub fn start(dir: Option<PathBuf>) {
     let _ = DIR.set(dir);
     let _ = uswap::spawn_engine_thread("uswap-report".into(), || loop {
         std::thread::sleep(std::time::Duration::from_millis(PUBLISH_INTERVAL_MS));
+        if crate::fork::is_forked_child() {
+            return;
+        }
+        if let Some(seg) = crate::segment() {
+            // Charges of processes that died without giving them back.
+            seg.sweep_dead();
+        }
         write();
     });
+}
+
+/// Processes that found every slot of the shared charge taken and run under their own
+/// limit only (reported in their record).
+static UNSHARED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn note_unshared() {
+    UNSHARED.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The record a process leaves: its pager's counters and what this library adds.
@@ -41,6 +56,7 @@ fn record() -> Option<serde_json::Value> {
     if let Some(o) = v.as_object_mut() {
         o.insert("managed_peak_pages".into(), managed_peak.into());
         o.insert("pid".into(), std::process::id().into());
+        o.insert("outside_shared_charge".into(), u64::from(UNSHARED.load(std::sync::atomic::Ordering::Relaxed)).into());
         o.insert("mmap_managed_bytes".into(), (crate::mmap::managed_bytes() as u64).into());
         o.insert("mmap_unmanaged".into(), crate::mmap::UNMANAGED.load(std::sync::atomic::Ordering::Relaxed).into());
     }

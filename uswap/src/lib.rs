@@ -37,6 +37,7 @@ mod pager;
 mod readahead;
 mod reclaim;
 mod region;
+pub mod shared_charge;
 pub mod stats;
 mod swap;
 mod swapin;
@@ -50,8 +51,8 @@ pub use device::{parse_size, DeviceConfig};
 pub use error::{Error, Result};
 pub use mapping::{is_engine_thread, spawn_engine_thread};
 pub use pager::{
-    BackgroundReclaim, FaultMode, ForkHold, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES,
-    RECLAIM_BATCH_PAGES,
+    BackgroundReclaim, FaultMode, ForkHold, PageError, PageErrorKind, Pager, PagerBuilder, SharedCharge,
+    MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };
 pub use readahead::Advice;
 pub use region::{PlainRegion, Region, MAX_REGION_BYTES};

@@ -80,6 +80,7 @@ pub struct PagerBuilder {
     readahead_max_pages: usize,
     readahead_async_windows: usize,
     regions_survive_fork: bool,
+    shared_charge: Option<(&'static SharedCharge, &'static AtomicUsize)>,
 }
 
 impl PagerBuilder {
@@ -155,6 +156,17 @@ impl PagerBuilder {
         self
     }
 
+    /// Puts the pager under a limit it shares with others, in this process or in others
+    /// through shared memory: a page is charged only while `tree` stays within its
+    /// `limit_pages`, and every pager under it reclaims its own pages in the background
+    /// when `tree` is above its high watermark. The pager's own charge (its resident pages)
+    /// is kept in `own_pages`, so that whoever outlives the process can give it back to
+    /// `tree` if it dies without doing so. The pager's own limit still applies too.
+    pub fn shared_charge(mut self, tree: &'static SharedCharge, own_pages: &'static AtomicUsize) -> Self {
+        self.shared_charge = Some((tree, own_pages));
+        self
+    }
+
     pub fn build(self) -> Result<Pager> {
         let limit_bytes = self.limit_bytes.unwrap_or(0);
         if limit_bytes < MIN_LIMIT_BYTES {
@@ -219,7 +231,11 @@ impl PagerBuilder {
             staging_uffd,
             mode: self.mode,
             limit_pages: AtomicUsize::new(limit_pages),
-            resident_pages: AtomicUsize::new(0),
+            resident_pages: match self.shared_charge {
+                Some((_, own)) => ChargeCell::Shared(own),
+                None => ChargeCell::Own(AtomicUsize::new(0)),
+            },
+            shared_charge: self.shared_charge.map(|(t, _)| t),
             resident_peak_pages: AtomicUsize::new(0),
             reclaim_held: AtomicBool::new(false),
             regions_survive_fork: self.regions_survive_fork,
@@ -408,7 +424,9 @@ pub(crate) struct PagerShared {
     /// The resident limit, in pages.
     pub limit_pages: AtomicUsize,
     /// Pages charged against the limit: mapped in regions plus staged in the swap cache.
-    pub resident_pages: AtomicUsize,
+    pub resident_pages: ChargeCell,
+    /// The charge this pager shares with others (several processes under one limit), if any.
+    pub shared_charge: Option<&'static SharedCharge>,
     /// The most `resident_pages` has been (the memcg's `memory.peak`).
     pub resident_peak_pages: AtomicUsize,
     /// Set while [`Pager::prepare_fork`] brings every page in: charges never wait and no
@@ -495,6 +513,7 @@ impl PagerShared {
     pub fn apply_released(&self, mut rel: Released) {
         self.clean_pages.fetch_sub(rel.unclean, Ordering::Relaxed);
         self.swapcache_pages.fetch_sub(rel.uncache, Ordering::AcqRel);
+        reclaim::shared_sub(self, rel.uncharge);
         self.resident_pages.fetch_sub(rel.uncharge, Ordering::AcqRel);
         self.devices.free_now(&mut rel.to_free);
         self.devices.flush_frees();
@@ -564,6 +583,35 @@ pub struct Pager {
     core: Arc<PagerCore>,
 }
 
+/// A resident charge several pagers share (see [`PagerBuilder::shared_charge`]): plain
+/// atomics in a `#[repr(C)]` block, so that it can live in memory shared between processes.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SharedCharge {
+    /// Pages charged by all the pagers together.
+    pub resident_pages: AtomicUsize,
+    /// Their common limit, in pages.
+    pub limit_pages: AtomicUsize,
+    /// The most `resident_pages` has been.
+    pub resident_peak_pages: AtomicUsize,
+}
+
+/// A pager's own charge: its own counter, or one in memory it shares with others.
+pub(crate) enum ChargeCell {
+    Own(AtomicUsize),
+    Shared(&'static AtomicUsize),
+}
+
+impl std::ops::Deref for ChargeCell {
+    type Target = AtomicUsize;
+    fn deref(&self) -> &AtomicUsize {
+        match self {
+            ChargeCell::Own(a) => a,
+            ChargeCell::Shared(a) => a,
+        }
+    }
+}
+
 /// Bound on [`Pager::prepare_fork`]'s passes over the page tables.
 const MAX_FORK_PASSES: usize = 8;
 
@@ -609,6 +657,7 @@ impl Pager {
             readahead_max_pages: DEFAULT_MAX_WINDOW_PAGES,
             readahead_async_windows: DEFAULT_ASYNC_WINDOWS,
             regions_survive_fork: false,
+            shared_charge: None,
         }
     }
 

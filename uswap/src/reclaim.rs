@@ -78,8 +78,9 @@ pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
     loop {
         let cur = p.resident_pages.load(Ordering::Acquire);
         let limit = p.limit_pages.load(Ordering::Acquire);
-        if cur + n <= limit {
+        if cur + n <= limit && shared_room(p, n) {
             if p.resident_pages.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                shared_add(p, n);
                 note_peak(p, cur + n);
                 break;
             }
@@ -88,11 +89,13 @@ pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
         if p.reclaim_held.load(Ordering::Acquire) {
             // Pager::prepare_fork: every page comes in before the fork; none may go out.
             let now = p.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
+            shared_add(p, n);
             note_peak(p, now);
             return;
         }
         if route == Route::SignalLockFree || fruitless >= MAX_FRUITLESS_ROUNDS {
             let now = p.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
+            shared_add(p, n);
             note_peak(p, now);
             p.stats.inc(Counter::LimitOverrun);
             break;
@@ -115,6 +118,45 @@ pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
     }
 }
 
+/// Whether `n` more pages fit under the shared charge, if the pager has one. Read without a
+/// lock: pagers that charge at the same moment may each see the same room, so the shared
+/// charge can pass its limit by at most one charge (`n` pages, a readahead window at most)
+/// per thread charging at once, and reclaim brings it back.
+fn shared_room(p: &PagerShared, n: usize) -> bool {
+    match p.shared_charge {
+        None => true,
+        Some(t) => t.resident_pages.load(Ordering::Acquire) + n <= t.limit_pages.load(Ordering::Acquire),
+    }
+}
+
+fn shared_add(p: &PagerShared, n: usize) {
+    if let Some(t) = p.shared_charge {
+        let now = t.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
+        if now > t.resident_peak_pages.load(Ordering::Relaxed) {
+            t.resident_peak_pages.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+}
+
+pub(crate) fn shared_sub(p: &PagerShared, n: usize) {
+    if let Some(t) = p.shared_charge {
+        t.resident_pages.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// Whether the shared charge, if any, is above its high (`low == false`) or low watermark:
+/// then every pager under it reclaims its own pages in the background, as a memcg reclaims
+/// from all its tasks' memory.
+fn shared_above(p: &PagerShared, low: bool) -> bool {
+    match p.shared_charge {
+        None => false,
+        Some(t) => {
+            let (high, lowmark) = watermarks(t.limit_pages.load(Ordering::Acquire));
+            t.resident_pages.load(Ordering::Acquire) > if low { lowmark } else { high }
+        }
+    }
+}
+
 /// Records a new high of the charge (`Stats::resident_peak_pages`). The load first keeps the
 /// common case (no new peak) a read of a shared line, not a write.
 fn note_peak(p: &PagerShared, resident: usize) {
@@ -134,7 +176,7 @@ fn task_reclaim(p: &PagerShared) {
         return;
     }
     let (high, _) = watermarks(p.limit_pages.load(Ordering::Relaxed));
-    if p.resident_pages.load(Ordering::Acquire) <= high {
+    if p.resident_pages.load(Ordering::Acquire) <= high && !shared_above(p, false) {
         return;
     }
     match p.background_reclaim {
@@ -152,6 +194,7 @@ fn task_reclaim(p: &PagerShared) {
 }
 
 pub(crate) fn uncharge(p: &PagerShared, n: usize) {
+    shared_sub(p, n);
     let old = p.resident_pages.fetch_sub(n, Ordering::AcqRel);
     assert!(old >= n, "uswap invariant: resident charge underflow ({old} - {n}): an uncharge without its charge");
 }
@@ -851,20 +894,21 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
             d.backend.prepare();
         }
         let faults = p.stats.sum(Counter::Pgfault);
-        let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always;
+        // Pressure on a shared charge comes from other pagers: reclaim whatever this one does.
+        let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always || shared_above(p, false);
         last_faults = faults;
         p.devices.run_discards();
         if !idle || p.reclaim_held.load(Ordering::Acquire) {
             continue;
         }
         let (high, low) = watermarks(p.limit_pages.load(Ordering::Acquire));
-        if p.resident_pages.load(Ordering::Acquire) <= high {
+        if p.resident_pages.load(Ordering::Acquire) <= high && !shared_above(p, false) {
             continue;
         }
         let mut fruitless = 0;
         // Bounded by the charge: each fruitful round uncharges pages; stops when the
         // application faults again (it then reclaims for itself) or nothing is reclaimable.
-        while p.resident_pages.load(Ordering::Acquire) > low
+        while (p.resident_pages.load(Ordering::Acquire) > low || shared_above(p, true))
             && !p.is_shutdown()
             && !p.reclaim_held.load(Ordering::Acquire)
         {

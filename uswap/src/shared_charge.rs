@@ -1,0 +1,157 @@
+//! One resident limit for several processes: a charge in a shared file.
+//!
+//! `uswap run` gives a program and everything it starts one budget, as a memory cgroup
+//! does. Each process has its own pager (page tables and userfaultfd are per process), so
+//! the budget is a [`SharedCharge`] that every pager charges as well as its own counter
+//! ([`PagerBuilder::shared_charge`](crate::PagerBuilder::shared_charge)): a page comes in
+//! only while the sum stays within the limit, and above the high watermark every pager
+//! reclaims its own pages in the background. Reclaim stays per process: a pager cannot move
+//! another process's pages, so a process that faults while the others hold the budget waits
+//! for their reclaimers (memcg would reclaim the others' pages itself).
+//!
+//! The segment is a file mapped `MAP_SHARED` by every process: a header, the charge, and a
+//! table of [`MAX_PROCESSES`] slots, one per live pager, holding its pid and its own charge.
+//! A process that dies without giving its charge back (killed, or replaced by exec) is found
+//! by pid: an exec'd image claims its own pid's old slot and returns the old charge; a
+//! dead pid's slot is returned by [`ChargeSegment::sweep_dead`], which every process runs
+//! at start and periodically. All fields are atomics; there is no lock.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::pager::SharedCharge;
+
+/// The segment's file name in a `uswap run` directory (`USWAP_STATS_DIR`).
+pub const SEGMENT_FILE: &str = "charge";
+
+/// Processes that can hold a slot at once; more run under their own limit only.
+pub const MAX_PROCESSES: usize = 4096;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
+const VERSION: u64 = 1;
+
+#[repr(C)]
+struct Slot {
+    /// 0: free.
+    pid: AtomicU64,
+    own_pages: AtomicUsize,
+}
+
+#[repr(C)]
+struct Segment {
+    magic: AtomicU64,
+    version: AtomicU64,
+    charge: SharedCharge,
+    slots: [Slot; MAX_PROCESSES],
+}
+
+/// A mapped charge segment. Mapped for the life of the process (pagers hold `'static`
+/// references into it), so it is never unmapped.
+pub struct ChargeSegment {
+    seg: &'static Segment,
+}
+
+fn map(path: &Path, create_limit_bytes: Option<u64>) -> io::Result<&'static Segment> {
+    let mut opts = OpenOptions::new();
+    opts.read(true).write(true).mode(0o600);
+    if create_limit_bytes.is_some() {
+        opts.create_new(true);
+    }
+    let f = opts.open(path)?;
+    let len = std::mem::size_of::<Segment>();
+    if create_limit_bytes.is_some() {
+        f.set_len(len as u64)?;
+    } else if f.metadata()?.len() < len as u64 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "charge segment too short"));
+    }
+    // SAFETY: maps `len` bytes of the file shared; the kernel picks the address. The mapping
+    // is never unmapped, so the 'static reference below stays valid; every field of
+    // Segment is an atomic, valid for any bytes (a new file reads as zeros).
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: see above: a live, suitably aligned (page-aligned) mapping of a Segment.
+    Ok(unsafe { &*(p as *const Segment) })
+}
+
+impl ChargeSegment {
+    /// Creates the segment file (it must not exist) with the common limit.
+    pub fn create(path: &Path, limit_bytes: u64) -> io::Result<ChargeSegment> {
+        let seg = map(path, Some(limit_bytes))?;
+        seg.charge.limit_pages.store((limit_bytes / crate::PAGE_SIZE as u64) as usize, Ordering::Release);
+        seg.version.store(VERSION, Ordering::Release);
+        seg.magic.store(MAGIC, Ordering::Release);
+        Ok(ChargeSegment { seg })
+    }
+
+    /// Opens a segment another process created.
+    pub fn open(path: &Path) -> io::Result<ChargeSegment> {
+        let seg = map(path, None)?;
+        if seg.magic.load(Ordering::Acquire) != MAGIC || seg.version.load(Ordering::Acquire) != VERSION {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a uswap charge segment (or another version)"));
+        }
+        Ok(ChargeSegment { seg })
+    }
+
+    pub fn charge(&self) -> &'static SharedCharge {
+        &self.seg.charge
+    }
+
+    /// The most pages resident at once over all the processes.
+    pub fn resident_peak_pages(&self) -> usize {
+        self.seg.charge.resident_peak_pages.load(Ordering::Acquire)
+    }
+
+    /// Gives a slot's charge back and frees it.
+    fn release(&self, slot: &Slot) {
+        let own = slot.own_pages.swap(0, Ordering::AcqRel);
+        self.seg.charge.resident_pages.fetch_sub(own, Ordering::AcqRel);
+    }
+
+    /// A slot for process `pid`'s own charge. A slot already holding `pid` is what an
+    /// earlier image of this process left before it exec'd: its charge is given back and
+    /// the slot reused. `None` when every slot is taken.
+    pub fn claim(&self, pid: u32) -> Option<&'static AtomicUsize> {
+        let pid = pid as u64;
+        for s in &self.seg.slots {
+            if s.pid.load(Ordering::Acquire) == pid {
+                self.release(s);
+                return Some(&s.own_pages);
+            }
+        }
+        for s in &self.seg.slots {
+            if s.pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                return Some(&s.own_pages);
+            }
+        }
+        None
+    }
+
+    /// Returns the charge of processes that died holding a slot (killed, or ended with
+    /// `_exit`); returns how many slots it freed.
+    pub fn sweep_dead(&self) -> usize {
+        let mut freed = 0;
+        for s in &self.seg.slots {
+            let pid = s.pid.load(Ordering::Acquire);
+            if pid == 0 {
+                continue;
+            }
+            // SAFETY: kill with signal 0 only checks that the process exists.
+            let gone = unsafe { libc::kill(pid as libc::pid_t, 0) } != 0
+                && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone && s.pid.compare_exchange(pid, u64::MAX, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                self.release(s);
+                s.pid.store(0, Ordering::Release);
+                freed += 1;
+            }
+        }
+        freed
+    }
+}
