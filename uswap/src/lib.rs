@@ -38,6 +38,7 @@ mod readahead;
 mod reclaim;
 mod region;
 pub mod stats;
+pub mod stats_server;
 mod swap;
 mod swapin;
 mod sync;
@@ -53,7 +54,7 @@ pub use pager::{
 };
 pub use readahead::Advice;
 pub use region::{PlainRegion, Region, MAX_REGION_BYTES};
-pub use stats::{DeviceStats, Histogram, LatencySummary, Stats};
+pub use stats::{DeviceStats, Histogram, LatencySummary, PublishStats, Stats};
 pub use swap::ReadaheadPolicy;
 
 /// The page size uswap works in.
