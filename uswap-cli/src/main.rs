@@ -3,6 +3,7 @@
 mod bench;
 mod report;
 mod size;
+mod stat;
 
 use std::process::ExitCode;
 
@@ -23,6 +24,9 @@ enum Command {
     /// Run the standard suite (every workload, every engine) and rewrite the generated parts
     /// of BENCHMARKS.md: machine, commands, tables, plots. Needs root for the kernel engines.
     Report(report::ReportArgs),
+    /// Print the live counters of the uswap pagers of a running process (its user or root
+    /// only): once, or every --interval; as a table, --json or --prometheus.
+    Stat(stat::StatArgs),
     /// A workload process of `uswap bench` (internal).
     #[command(name = "__workload", hide = true)]
     Workload {
@@ -37,6 +41,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Bench(args) => bench::main(&args),
         Command::Report(args) => report::main(&args),
+        Command::Stat(args) => stat::main(&args),
         Command::Workload { spec } => bench::worker::child_main(&spec),
     }
 }
