@@ -182,7 +182,13 @@ fn server_loop(listener: &UnixListener, stop: RawFd, counters: &Counters, name: 
         }
         let stream = match listener.accept() {
             Ok((s, _)) => s,
-            Err(_) => continue,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
+            // Out of descriptors or memory: the client stays queued, so poll would wake at
+            // once again; wait a little instead of spinning.
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
         };
         match peer_cred(&stream) {
             Ok(cred) if cred.uid == my_uid || cred.uid == 0 => {}
@@ -203,11 +209,17 @@ fn server_loop(listener: &UnixListener, stop: RawFd, counters: &Counters, name: 
 }
 
 /// Sends `buf` with `MSG_NOSIGNAL` (a peer that left must not raise SIGPIPE in a process
-/// that may not ignore it), each send bounded by `timeout`.
+/// that may not ignore it), all of it within `timeout` (a peer reading a byte at a time
+/// cannot hold the server longer).
 fn send_all(stream: &UnixStream, mut buf: &[u8], timeout: Duration) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
     stream.set_nonblocking(false)?;
-    stream.set_write_timeout(Some(timeout))?;
     while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
         // SAFETY: sends from a live slice of buf.len() bytes on a socket we own.
         let n = unsafe { libc::send(stream.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
         if n < 0 {
@@ -346,5 +358,21 @@ mod tests {
         assert_eq!(again.kind(), io::ErrorKind::AddrInUse);
         drop(server);
         assert!(matches!(query(&name, Duration::from_secs(5)), Err(QueryError::Gone { .. })));
+    }
+
+    #[test]
+    fn clients_that_never_read_do_not_hold_up_the_next() {
+        let name = format!("uswap-test.{}.{}", std::process::id(), line!());
+        let server = serve(&name, || Stats { pswpin: 7, ..Stats::default() }).unwrap();
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        // Connected and never read: each answer is sent (into the socket buffer) and closed.
+        let idle: Vec<UnixStream> = (0..8).map(|_| UnixStream::connect_addr(&addr).unwrap()).collect();
+        let t0 = std::time::Instant::now();
+        let got = query(&name, Duration::from_secs(10)).unwrap();
+        assert_eq!(got.pswpin, 7);
+        assert!(t0.elapsed() < SEND_TIMEOUT, "waited {:?} behind idle clients", t0.elapsed());
+        assert_eq!(got.publish.queries, 9, "the idle clients were answered first");
+        drop(idle);
+        assert_eq!(server.publish_stats().send_errors, 0);
     }
 }
