@@ -320,6 +320,8 @@ pub fn query(name: &str, timeout: Duration) -> Result<Stats, QueryError> {
     if let Err(source) = (&mut stream).take(MAX_ANSWER_BYTES).read_to_end(&mut doc) {
         return Err(match source.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => QueryError::Timeout { name: name.into(), timeout },
+            // The listener closed with our connection still queued: the pager went away.
+            io::ErrorKind::ConnectionReset => QueryError::Gone { name: name.into() },
             _ => QueryError::Read { name: name.into(), source },
         });
     }

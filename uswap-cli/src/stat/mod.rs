@@ -111,8 +111,8 @@ fn process_exists(pid: u32) -> bool {
     !matches!(state, Some("Z" | "X") | None)
 }
 
-/// Reads every pager of `pid`. A socket that vanished between the listing and the query is
-/// a pager dropped meanwhile: skipped.
+/// Reads every pager of `pid`. A socket that vanished between the listing and the end of the
+/// query is a pager dropped meanwhile: skipped.
 fn query_round(pid: u32, timeout: Duration) -> Result<Round, StatError> {
     let names = stats_server::socket_names(pid).map_err(|source| StatError::ListSockets { pid, source })?;
     let mut pagers = Vec::with_capacity(names.len());
@@ -123,7 +123,15 @@ fn query_round(pid: u32, timeout: Duration) -> Result<Round, StatError> {
                 pagers.push(PagerStats { socket, pager, stats });
             }
             Err(QueryError::Gone { .. }) => {}
-            Err(source) => return Err(StatError::Query { pid, source }),
+            Err(source) => {
+                // A pager that went away while answering (its process exiting) is gone, not
+                // an error; the socket is unlisted by then.
+                let listed =
+                    stats_server::socket_names(pid).map_err(|source| StatError::ListSockets { pid, source })?;
+                if listed.contains(&socket) {
+                    return Err(StatError::Query { pid, source });
+                }
+            }
         }
     }
     if !pagers.is_empty() {
