@@ -4,6 +4,7 @@ mod bench;
 mod report;
 mod run;
 mod size;
+mod stat;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,9 @@ enum Command {
     /// Run an unmodified program with its anonymous memory (heap and large mmaps) paged by
     /// uswap under a resident limit shared by every process it starts.
     Run(run::RunArgs),
+    /// Print the live counters of the uswap pagers of a running process (its user or root
+    /// only): once, or every --interval; as a table, --json or --prometheus.
+    Stat(stat::StatArgs),
     /// A workload process of `uswap bench` (internal).
     #[command(name = "__workload", hide = true)]
     Workload {
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::main(&args),
         Command::Report(args) => report::main(&args),
         Command::Run(args) => run::main(&args),
+        Command::Stat(args) => stat::main(&args),
         Command::Workload { spec } => bench::worker::child_main(&spec),
     }
 }

@@ -39,6 +39,7 @@ mod reclaim;
 mod region;
 pub mod shared_charge;
 pub mod stats;
+pub mod stats_server;
 mod swap;
 mod swapin;
 mod sync;
@@ -56,7 +57,7 @@ pub use pager::{
 };
 pub use readahead::Advice;
 pub use region::{PlainRegion, Region, MAX_REGION_BYTES};
-pub use stats::{DeviceStats, Histogram, LatencySummary, Stats};
+pub use stats::{DeviceStats, Histogram, LatencySummary, PublishStats, Stats};
 pub use swap::ReadaheadPolicy;
 
 /// The page size uswap works in.

@@ -81,6 +81,7 @@ pub struct PagerBuilder {
     readahead_async_windows: usize,
     regions_survive_fork: bool,
     shared_charge: Option<(&'static SharedCharge, &'static AtomicUsize)>,
+    publish_stats: bool,
 }
 
 impl PagerBuilder {
@@ -137,6 +138,15 @@ impl PagerBuilder {
     /// asynchronous readahead off.
     pub fn readahead_async_windows(mut self, windows: usize) -> Self {
         self.readahead_async_windows = windows.min(MAX_ASYNC_WINDOWS);
+        self
+    }
+
+    /// Serve the pager's counters to `uswap stat` on the abstract unix socket
+    /// `uswap.<pid>.<n>` (default true; see [`crate::stats_server`]). Only the process's
+    /// user and root get an answer. A socket that cannot be set up is reported in
+    /// `Stats::publish.error`; the pager works without it.
+    pub fn publish_stats(mut self, on: bool) -> Self {
+        self.publish_stats = on;
         self
     }
 
@@ -258,10 +268,22 @@ impl PagerBuilder {
             reclaimer: std::sync::OnceLock::new(),
         });
         let doorbell = Doorbell::new().map_err(|e| Error::io("creating the handler-thread doorbell (eventfd)", e))?;
+        let publish = if self.publish_stats {
+            let name = crate::stats_server::next_socket_name();
+            let s = shared.clone();
+            // No flush of the per-CPU free batches: they are the fault path's (module doc).
+            match crate::stats_server::serve(&name, move || s.snapshot(false)) {
+                Ok(server) => Publish::Serving(server),
+                Err(e) => Publish::Failed(format!("cannot serve the counters on @{name}: {e}")),
+            }
+        } else {
+            Publish::Off
+        };
         let core = Arc::new(PagerCore {
             shared: shared.clone(),
             threads: Mutex::new(Vec::new()),
             doorbell: Arc::new(doorbell),
+            publish,
         });
         {
             let mut threads = core.threads.lock().unwrap_or_else(|e| e.into_inner());
@@ -556,16 +578,64 @@ impl PagerShared {
     pub fn is_shutdown(&self) -> bool {
         self.shutdown.load(Ordering::Acquire)
     }
+
+    /// A snapshot of the counters (without `publish`). `flush` first empties the per-CPU
+    /// batches of freed slots, so the per-device slot counts are exact; the caller blocks
+    /// asynchronous signals (it takes spin locks the fault path takes).
+    pub fn snapshot(&self, flush: bool) -> Stats {
+        if flush {
+            self.devices.flush_frees();
+        }
+        let mut st = Stats::default();
+        self.stats.fill(&mut st);
+        st.resident_pages = self.resident_pages.load(Ordering::Acquire) as u64;
+        st.resident_peak_pages = self.resident_peak_pages.load(Ordering::Relaxed) as u64;
+        st.swapcache_pages = self.swapcache_pages.load(Ordering::Acquire) as u64;
+        st.clean_pages = self.clean_pages.load(Ordering::Acquire) as u64;
+        st.limit_pages = self.limit_pages.load(Ordering::Acquire) as u64;
+        st.slots_leaked = self.devices.deferred_overflow();
+        st.uffd_move_misreports = self.uffd.move_misreports();
+        st.devices = self
+            .devices
+            .devices()
+            .iter()
+            .map(|d| {
+                let c = d.allocator.cluster_counts();
+                DeviceStats {
+                    name: d.backend.name(),
+                    priority: d.priority,
+                    nr_slots: d.nr_slots(),
+                    slots_used: d.allocator.inuse_slots(),
+                    clusters_free: c.free + c.discard,
+                    clusters_nonfull: c.nonfull,
+                    clusters_full: c.full,
+                    clusters_discarded: c.discarded,
+                    backend: d.backend.stats(),
+                }
+            })
+            .collect();
+        st
+    }
+}
+
+/// Whether and where the pager's counters are published.
+enum Publish {
+    Off,
+    Serving(crate::stats_server::StatsServer),
+    Failed(String),
 }
 
 struct PagerCore {
     shared: Arc<PagerShared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     doorbell: Arc<Doorbell>,
+    publish: Publish,
 }
 
 impl Drop for PagerCore {
     fn drop(&mut self) {
+        // First: the socket goes with its thread, and no snapshot runs during the teardown.
+        self.publish = Publish::Off;
         self.shared.shutdown.store(true, Ordering::Release);
         self.doorbell.ring();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
@@ -658,6 +728,7 @@ impl Pager {
             readahead_async_windows: DEFAULT_ASYNC_WINDOWS,
             regions_survive_fork: false,
             shared_charge: None,
+            publish_stats: true,
         }
     }
 
@@ -712,37 +783,22 @@ impl Pager {
     /// per-device slot counts are exact at the moment of the call.
     pub fn stats(&self) -> Stats {
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
-        let s = &self.core.shared;
-        s.devices.flush_frees();
-        let mut st = Stats::default();
-        s.stats.fill(&mut st);
-        st.resident_pages = s.resident_pages.load(Ordering::Acquire) as u64;
-        st.resident_peak_pages = s.resident_peak_pages.load(Ordering::Relaxed) as u64;
-        st.swapcache_pages = s.swapcache_pages.load(Ordering::Acquire) as u64;
-        st.clean_pages = s.clean_pages.load(Ordering::Acquire) as u64;
-        st.limit_pages = s.limit_pages.load(Ordering::Acquire) as u64;
-        st.slots_leaked = s.devices.deferred_overflow();
-        st.uffd_move_misreports = s.uffd.move_misreports();
-        st.devices = s
-            .devices
-            .devices()
-            .iter()
-            .map(|d| {
-                let c = d.allocator.cluster_counts();
-                DeviceStats {
-                    name: d.backend.name(),
-                    priority: d.priority,
-                    nr_slots: d.nr_slots(),
-                    slots_used: d.allocator.inuse_slots(),
-                    clusters_free: c.free + c.discard,
-                    clusters_nonfull: c.nonfull,
-                    clusters_full: c.full,
-                    clusters_discarded: c.discarded,
-                    backend: d.backend.stats(),
-                }
-            })
-            .collect();
+        let mut st = self.core.shared.snapshot(true);
+        st.publish = match &self.core.publish {
+            Publish::Off => Default::default(),
+            Publish::Serving(server) => server.publish_stats(),
+            Publish::Failed(error) => crate::stats::PublishStats { error: Some(error.clone()), ..Default::default() },
+        };
         st
+    }
+
+    /// The abstract unix socket this pager's counters are served on (`uswap.<pid>.<n>`, see
+    /// [`crate::stats_server`]); `None` when publishing is off or failed.
+    pub fn stats_socket(&self) -> Option<&str> {
+        match &self.core.publish {
+            Publish::Serving(server) => Some(server.name()),
+            _ => None,
+        }
     }
 
     /// The resident limit in bytes.

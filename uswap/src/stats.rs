@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::mapping::current_cpu;
 
@@ -264,7 +264,8 @@ impl Histogram {
 }
 
 /// Percentiles of a latency histogram, in microseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LatencySummary {
     pub count: u64,
     pub mean: f64,
@@ -338,7 +339,8 @@ impl PerCpuStats {
 }
 
 /// Per-device figures in a [`Stats`] snapshot.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct DeviceStats {
     /// What the device is (`ram`, ...), as configured.
     pub name: String,
@@ -358,7 +360,11 @@ pub struct DeviceStats {
 }
 
 /// A snapshot of a pager's counters. Counter names follow `/proc/vmstat` where one exists.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+///
+/// Serializes to JSON (what a pager's stats socket answers, see [`crate::stats_server`]) and
+/// back; fields missing from a document (one from an older or newer uswap) read as zero.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Stats {
     /// Faults served, all kinds.
     pub pgfault: u64,
@@ -471,6 +477,132 @@ pub struct Stats {
     pub devices: Vec<DeviceStats>,
     /// Fault service time (from entering the engine to the page being mapped), microseconds.
     pub fault_latency_us: LatencySummary,
+    /// How these counters are published for `uswap stat` (see [`crate::stats_server`]).
+    pub publish: PublishStats,
+}
+
+/// The stats socket's own figures (see [`crate::stats_server`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PublishStats {
+    /// The abstract unix socket the counters are served on (`uswap.<pid>.<n>`), if any.
+    pub socket: Option<String>,
+    /// Why they are not published, if binding the socket failed (the pager runs on).
+    pub error: Option<String>,
+    /// Queries answered.
+    pub queries: u64,
+    /// Connections closed without an answer: the peer was neither this process's user nor
+    /// root.
+    pub peers_refused: u64,
+    /// Answers not delivered: the peer did not read them within the send timeout, or left.
+    pub send_errors: u64,
+}
+
+impl Stats {
+    /// Adds `other`'s figures to these, for the sum of several pagers: counters and page
+    /// counts (limit included) are summed; devices with the same name are merged (their
+    /// figures summed, the compression ratio recomputed) and others appended; fault latency
+    /// counts and means are combined exactly, its percentiles and maximum are the largest
+    /// of the two (an upper bound: percentiles of a sum cannot be had from summaries).
+    pub fn add(&mut self, other: &Stats) {
+        macro_rules! sum {
+            ($($field:ident),* $(,)?) => { $( self.$field += other.$field; )* };
+        }
+        sum!(
+            pgfault,
+            pgfault_zero,
+            zero_fill_around,
+            pgfault_swapcache,
+            pgmajfault,
+            pgfault_wp,
+            pswpin,
+            pswpout,
+            swpout_clean,
+            swpout_zero,
+            pgsteal_background,
+            pgsteal_direct,
+            pgactivate,
+            allocstall,
+            swap_alloc_fail,
+            limit_overrun,
+            swap_ra,
+            swap_ra_hit,
+            swap_ra_unused,
+            swap_ra_async_started,
+            swap_ra_async,
+            swap_ra_async_dropped,
+            swap_ra_async_wait,
+            uffd_unmap,
+            uffd_remap,
+            uffd_remove,
+            pgfault_swapcache_copy,
+            fault_raced,
+            fault_lock_free,
+            fault_busy_timeout,
+            fault_error,
+            lru_overflow,
+            move_refused,
+            swpout_error,
+            swpout_spilled,
+            writeback,
+            checksum_errors,
+            slots_leaked,
+            uffd_move_misreports,
+            resident_pages,
+            swapcache_pages,
+            clean_pages,
+            limit_pages,
+        );
+        for d in &other.devices {
+            match self.devices.iter_mut().find(|mine| mine.name == d.name) {
+                Some(mine) => mine.add(d),
+                None => self.devices.push(d.clone()),
+            }
+        }
+        let (a, b) = (&mut self.fault_latency_us, &other.fault_latency_us);
+        let count = a.count + b.count;
+        a.mean = if count == 0 { 0.0 } else { (a.mean * a.count as f64 + b.mean * b.count as f64) / count as f64 };
+        a.count = count;
+        a.p50 = a.p50.max(b.p50);
+        a.p90 = a.p90.max(b.p90);
+        a.p99 = a.p99.max(b.p99);
+        a.p999 = a.p999.max(b.p999);
+        a.max = a.max.max(b.max);
+        self.publish.queries += other.publish.queries;
+        self.publish.peers_refused += other.publish.peers_refused;
+        self.publish.send_errors += other.publish.send_errors;
+    }
+}
+
+impl DeviceStats {
+    fn add(&mut self, other: &DeviceStats) {
+        self.nr_slots += other.nr_slots;
+        self.slots_used += other.slots_used;
+        self.clusters_free += other.clusters_free;
+        self.clusters_nonfull += other.clusters_nonfull;
+        self.clusters_full += other.clusters_full;
+        self.clusters_discarded += other.clusters_discarded;
+        match (&mut self.backend, &other.backend) {
+            (Some(a), Some(b)) => {
+                a.pool_bytes += b.pool_bytes;
+                a.stored_pages += b.stored_pages;
+                a.same_filled_pages += b.same_filled_pages;
+                a.incompressible_pages += b.incompressible_pages;
+                a.compressed_bytes += b.compressed_bytes;
+                a.compression_ratio = if a.pool_bytes == 0 {
+                    0.0
+                } else {
+                    (a.stored_pages * crate::PAGE_SIZE as u64) as f64 / a.pool_bytes as f64
+                };
+                a.reject_pool_full += b.reject_pool_full;
+                a.reject_incompressible += b.reject_incompressible;
+                a.reject_alloc_fail += b.reject_alloc_fail;
+                a.discard_errors += b.discard_errors;
+            }
+            (None, Some(b)) => self.backend = Some(b.clone()),
+            (_, None) => {}
+        }
+    }
 }
 
 impl PerCpuStats {
@@ -573,5 +705,55 @@ mod tests {
             rebuilt.record_n(lo, count);
         }
         assert_eq!(rebuilt, h);
+    }
+
+    #[test]
+    fn add_sums_every_counter_and_merges_devices_by_name() {
+        // Every top-level number set to 1: a counter added to `add` later cannot be forgotten.
+        let mut ones = serde_json::to_value(Stats::default()).unwrap();
+        let nr_numbers = {
+            let obj = ones.as_object_mut().unwrap();
+            let mut n = 0;
+            for v in obj.values_mut() {
+                if v.is_u64() {
+                    *v = 1.into();
+                    n += 1;
+                }
+            }
+            n
+        };
+        assert!(nr_numbers >= 40, "{nr_numbers} numeric fields");
+        let mut a: Stats = serde_json::from_value(ones).unwrap();
+        let dev = |name: &str, used, stored| DeviceStats {
+            name: name.into(),
+            nr_slots: 1000,
+            slots_used: used,
+            backend: Some(crate::backend::BackendStats {
+                pool_bytes: 4096,
+                stored_pages: stored,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        a.devices = vec![dev("zpool", 10, 2)];
+        a.fault_latency_us = LatencySummary { count: 1, mean: 10.0, p50: 10.0, max: 10.0, ..Default::default() };
+        let mut b = a.clone();
+        b.devices = vec![dev("zpool", 5, 4), dev("ram", 7, 0)];
+        b.fault_latency_us = LatencySummary { count: 3, mean: 2.0, p50: 2.0, max: 30.0, ..Default::default() };
+        a.add(&b);
+        let sum = serde_json::to_value(&a).unwrap();
+        for (k, v) in sum.as_object().unwrap() {
+            if v.is_u64() {
+                assert_eq!(v.as_u64(), Some(2), "{k} not summed");
+            }
+        }
+        assert_eq!(a.devices.len(), 2);
+        assert_eq!((a.devices[0].name.as_str(), a.devices[0].nr_slots, a.devices[0].slots_used), ("zpool", 2000, 15));
+        let pool = a.devices[0].backend.as_ref().unwrap();
+        assert_eq!((pool.pool_bytes, pool.stored_pages), (8192, 6));
+        assert_eq!(pool.compression_ratio, 3.0);
+        assert_eq!((a.devices[1].name.as_str(), a.devices[1].slots_used), ("ram", 7));
+        let l = a.fault_latency_us;
+        assert_eq!((l.count, l.mean, l.p50, l.max), (4, 4.0, 10.0, 30.0));
     }
 }

@@ -66,7 +66,8 @@ impl std::fmt::Display for RejectReason {
 }
 
 /// Counters a device may report (the compressed pool reports zswap's).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct BackendStats {
     /// Bytes of memory the device holds (pool footprint), if it lives in RAM.
     pub pool_bytes: u64,
