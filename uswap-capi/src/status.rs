@@ -169,13 +169,13 @@ pub(crate) fn describe(code: c_int) -> &'static CStr {
     };
     match status {
         USWAP_OK => c"success",
-        USWAP_EINVAL => c"invalid argument (null pointer, unknown handle, value out of range or refused configuration)",
+        USWAP_EINVAL => c"invalid argument",
         USWAP_EPERM => c"not permitted to open a userfaultfd",
         USWAP_ENOTSUP => c"the kernel lacks userfaultfd or UFFDIO_MOVE (Linux >= 6.8 needed)",
         USWAP_ENOMEM => c"out of address space or region slots",
         USWAP_EDEVICE => c"a swap device could not be opened or failed",
         USWAP_ENOSPC => c"the swap devices are full (the new limit is in place)",
-        USWAP_EBUSY => c"busy: regions still mapped, or every page busy (the new limit is in place)",
+        USWAP_EBUSY => c"busy",
         USWAP_ESIGNAL => c"signal mode cannot serve faults: SIGBUS blocked or its handler replaced",
         USWAP_EIO => c"a system call failed",
         USWAP_EPANIC => c"internal error in uswap (a bug; please report uswap_last_error())",
