@@ -422,10 +422,13 @@ int uswap_config_set_readahead(struct uswap_config *config, int enabled);
 int uswap_pager_new(const struct uswap_config *config, struct uswap_pager **pager_out);
 
 /**
- * Destroys a pager: stops its threads and releases its devices. Refuses, with `USWAP_EBUSY`
- * and the pager left as it was, while any region of the pager is still mapped: unmap each
- * with `uswap_unmap` first. A call in progress on the pager in another thread finishes
- * first; afterwards the handle is refused (`USWAP_EINVAL`) by every function.
+ * Destroys a pager: stops its threads and releases its devices (a regular file given as a
+ * device is emptied here, so a program that exits without destroying its pagers leaves
+ * swapped pages in such a file). Refuses, with `USWAP_EBUSY` and the pager left as it was,
+ * while any region of the pager is still mapped: unmap each with `uswap_unmap` first. A
+ * call on the pager already running in another thread completes normally, and the pager is
+ * released when it returns. Afterwards the handle is refused (`USWAP_EINVAL`) by every
+ * function.
  *
  * Errors: `USWAP_EINVAL` if `pager` is NULL or not live, `USWAP_EBUSY` as above.
  */
