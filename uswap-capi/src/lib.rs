@@ -1,0 +1,732 @@
+//! The C ABI of uswap: `libuswap.so` and `include/uswap.h` (generated from this crate by
+//! cbindgen; `gen-header.sh` regenerates it, a test checks it is current).
+//!
+//! The API is handles and status codes. A configuration (`uswap_config`) is filled in and
+//! given to `uswap_pager_new`; the pager (`uswap_pager`) maps regions (`uswap_region`) whose
+//! memory C uses directly. Every fallible function returns an `int`: 0 (`USWAP_OK`) or a
+//! negative `USWAP_E*` code, with `uswap_last_error()` describing the failure. Handles are
+//! table keys, never dereferenced (see `handles`), so a stale, NULL or wrong-kind handle is
+//! `USWAP_EINVAL`, not a crash. No panic crosses the boundary (see `status::guard`).
+//!
+//! Locking: only the handle tables' mutexes, never held across engine work. Calls are not
+//! async-signal-safe (they take those mutexes and allocate); the memory of a region is, like
+//! any memory. Invariant: a pager is destroyed only once no region of it is mapped.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod handles;
+mod stats;
+mod status;
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use engine::{DeviceConfig, FaultMode, Pager, PagerBuilder, Region, MIN_LIMIT_BYTES};
+
+use crate::handles::{id_of, to_handle, Table};
+pub use crate::stats::uswap_stats;
+pub use crate::status::uswap_status;
+use crate::status::{guard, Failure};
+
+/// How faults on managed memory reach uswap; for `uswap_config_set_fault_mode`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum uswap_fault_mode {
+    /// Handler threads read the userfaultfd (the default). Faults raised inside system calls
+    /// (`read(2)` into a managed buffer) are served.
+    USWAP_FAULT_MODE_THREAD = 0,
+    /// The faulting thread serves its own fault in a SIGBUS handler: faster, with limits
+    /// (README, "The two fault modes"): system calls on pages that are not resident fail with
+    /// `EFAULT`, threads touching managed memory must not block SIGBUS and need 128 KiB of
+    /// stack, and a program's own SIGBUS handler must be installed before the first pager.
+    USWAP_FAULT_MODE_SIGNAL = 1,
+}
+
+/// A pager configuration (opaque). Made by `uswap_config_new`, freed by `uswap_config_free`.
+#[allow(non_camel_case_types)]
+pub struct uswap_config {
+    _opaque: [u8; 0],
+}
+
+/// A pager (opaque): a resident limit, swap devices and the threads that serve faults. Made
+/// by `uswap_pager_new`, destroyed by `uswap_pager_destroy` once its regions are unmapped.
+#[allow(non_camel_case_types)]
+pub struct uswap_pager {
+    _opaque: [u8; 0],
+}
+
+/// A managed region (opaque). Made by `uswap_map`, freed by `uswap_unmap`.
+#[allow(non_camel_case_types)]
+pub struct uswap_region {
+    _opaque: [u8; 0],
+}
+
+/// What a configuration holds until a pager is made from it.
+#[derive(Debug, Clone)]
+struct Settings {
+    limit_bytes: Option<u64>,
+    devices: Option<Vec<DeviceConfig>>,
+    mode: FaultMode,
+    handler_threads: Option<usize>,
+    readahead: bool,
+}
+
+struct RegionEntry {
+    region: Region,
+    pager_id: usize,
+}
+
+static CONFIGS: Table<std::sync::Mutex<Settings>> = Table::new("configuration");
+static PAGERS: Table<Pager> = Table::new("pager");
+static REGIONS: Table<RegionEntry> = Table::new("region");
+
+/// Stores a handle in `*out`, which the caller checked is not NULL.
+///
+/// # Safety
+///
+/// `out` must be valid for a write of one pointer.
+unsafe fn put<T>(out: *mut *mut T, handle: *mut T) {
+    // SAFETY: the caller's contract.
+    unsafe { out.write_unaligned(handle) }
+}
+
+/// Fails unless `p` is non-NULL; `what` names the argument in the message.
+fn non_null<T>(p: *const T, function: &str, what: &str) -> Result<(), Failure> {
+    if p.is_null() {
+        return Err(Failure::null(function, what));
+    }
+    Ok(())
+}
+
+fn with_settings(
+    config: *mut uswap_config,
+    function: &str,
+    change: impl FnOnce(&mut Settings) -> Result<(), Failure>,
+) -> Result<(), Failure> {
+    let entry = CONFIGS.get(id_of(config), function, "config")?;
+    let mut settings = entry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    change(&mut settings)
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------
+
+/// The message of the most recent failed uswap call on the calling thread: what went wrong
+/// and what to do about it. Never NULL; an empty string if no call on this thread has failed.
+/// Successful calls leave it as it is (like `errno`). The string stays valid until the next
+/// failing uswap call on the same thread; copy it to keep it longer.
+#[no_mangle]
+pub extern "C" fn uswap_last_error() -> *const c_char {
+    status::last_error_ptr()
+}
+
+/// A fixed description of a status code (`USWAP_OK`, `USWAP_EINVAL`, ...), or "unknown uswap
+/// status code". Never NULL; the string is static. `uswap_last_error()` says more about a
+/// particular failure.
+#[no_mangle]
+pub extern "C" fn uswap_strerror(code: c_int) -> *const c_char {
+    status::describe(code).as_ptr()
+}
+
+// ---------------------------------------------------------------------------------------
+// Configuration
+// ---------------------------------------------------------------------------------------
+
+/// Makes a configuration with the defaults: thread fault mode, one handler thread per CPU,
+/// readahead on, and no resident limit or devices (both must be set before
+/// `uswap_pager_new`). Stores its handle in `*config_out` (NULL on failure).
+///
+/// Errors: `USWAP_EINVAL` if `config_out` is NULL.
+///
+/// # Safety
+///
+/// `config_out` must be NULL or valid for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn uswap_config_new(config_out: *mut *mut uswap_config) -> c_int {
+    guard(|| {
+        non_null(config_out, "uswap_config_new", "config_out")?;
+        let id = CONFIGS.insert(std::sync::Mutex::new(Settings {
+            limit_bytes: None,
+            devices: None,
+            mode: FaultMode::Thread,
+            handler_threads: None,
+            readahead: true,
+        }));
+        // SAFETY: checked non-NULL above; the caller's contract makes it writable.
+        unsafe { put(config_out, to_handle(id)) };
+        Ok(())
+    })
+}
+
+/// Frees a configuration. Pagers made from it are not affected. Afterwards the handle is
+/// refused (`USWAP_EINVAL`) by every function.
+///
+/// Errors: `USWAP_EINVAL` if `config` is NULL or not a live configuration.
+#[no_mangle]
+pub extern "C" fn uswap_config_free(config: *mut uswap_config) -> c_int {
+    guard(|| {
+        let id = id_of(config);
+        CONFIGS.check(id, "uswap_config_free", "config")?;
+        let removed = CONFIGS.lock().remove(&id);
+        removed.map(drop).ok_or_else(|| CONFIGS.unknown(id, "uswap_config_free", "config"))
+    })
+}
+
+/// Sets the resident limit: bytes of application pages the pager keeps in RAM (mapped plus
+/// staged in its swap cache). Required.
+///
+/// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `limit_bytes` is below the
+/// minimum (256 pages, 1 MiB with 4 KiB pages; the message gives it).
+#[no_mangle]
+pub extern "C" fn uswap_config_set_resident_limit(config: *mut uswap_config, limit_bytes: u64) -> c_int {
+    guard(|| {
+        with_settings(config, "uswap_config_set_resident_limit", |s| {
+            if limit_bytes < MIN_LIMIT_BYTES {
+                return Err(engine::Error::LimitTooSmall { limit_bytes, min_bytes: MIN_LIMIT_BYTES }.into());
+            }
+            s.limit_bytes = Some(limit_bytes);
+            Ok(())
+        })
+    })
+}
+
+/// Sets the swap devices from a device list, the syntax of `uswap bench --device`:
+/// comma-separated devices, highest priority first, each `ram[:SIZE]`,
+/// `zpool[:SIZE][:lz4|zstd|zstd-LEVEL][:raw|reject]` or `file:PATH[:SIZE]`, any of them
+/// ending in `:cluster` for cluster readahead. Sizes take `KiB`, `MiB`, `GiB`, `TiB` (or
+/// `K`, `M`, `G`, `T`) or plain bytes; a device given without a size gets
+/// `default_capacity_bytes`. Example: `"zpool:64MiB,file:/var/tmp:4GiB"`. Replaces any
+/// list set before. Required.
+///
+/// Errors: `USWAP_EINVAL` if an argument is NULL, `config` is not live, or the list does not
+/// parse (the message names the bad device and why). Devices are opened, and so their paths
+/// and sizes checked, by `uswap_pager_new`.
+///
+/// # Safety
+///
+/// `devices` must be NULL or a NUL-terminated string, readable for the duration of the call.
+#[no_mangle]
+pub unsafe extern "C" fn uswap_config_set_devices(
+    config: *mut uswap_config,
+    devices: *const c_char,
+    default_capacity_bytes: u64,
+) -> c_int {
+    guard(|| {
+        const FUNCTION: &str = "uswap_config_set_devices";
+        CONFIGS.check(id_of(config), FUNCTION, "config")?;
+        non_null(devices, FUNCTION, "devices")?;
+        // SAFETY: non-NULL (checked), NUL-terminated and readable by the caller's contract;
+        // the CStr is used only within this call.
+        let spec = unsafe { CStr::from_ptr(devices) };
+        let spec =
+            spec.to_str().map_err(|e| Failure::invalid(format!("{FUNCTION}: the device list is not UTF-8 ({e})")))?;
+        let list = DeviceConfig::parse_list(spec, default_capacity_bytes)?;
+        with_settings(config, FUNCTION, |s| {
+            s.devices = Some(list);
+            Ok(())
+        })
+    })
+}
+
+/// Sets the fault mode: `USWAP_FAULT_MODE_THREAD` (the default) or `USWAP_FAULT_MODE_SIGNAL`
+/// (a `uswap_fault_mode` value, passed as an `int`).
+///
+/// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `mode` is neither value.
+#[no_mangle]
+pub extern "C" fn uswap_config_set_fault_mode(config: *mut uswap_config, mode: c_int) -> c_int {
+    guard(|| {
+        let mode = match mode {
+            m if m == uswap_fault_mode::USWAP_FAULT_MODE_THREAD as c_int => FaultMode::Thread,
+            m if m == uswap_fault_mode::USWAP_FAULT_MODE_SIGNAL as c_int => FaultMode::Signal,
+            other => {
+                return Err(Failure::invalid(format!(
+                    "uswap_config_set_fault_mode: mode {other} is not a fault mode; pass USWAP_FAULT_MODE_THREAD \
+                     (0) or USWAP_FAULT_MODE_SIGNAL (1)"
+                )))
+            }
+        };
+        with_settings(config, "uswap_config_set_fault_mode", |s| {
+            s.mode = mode;
+            Ok(())
+        })
+    })
+}
+
+/// Thread mode: the number of fault-handler threads (default: one per CPU the process may
+/// run on, each pinned to its CPU). Ignored in signal mode.
+///
+/// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `nr_threads` is 0.
+#[no_mangle]
+pub extern "C" fn uswap_config_set_handler_threads(config: *mut uswap_config, nr_threads: u32) -> c_int {
+    guard(|| {
+        if nr_threads == 0 {
+            return Err(Failure::invalid(
+                "uswap_config_set_handler_threads: 0 handler threads cannot serve faults; pass at least 1, or do \
+                 not call it for one per CPU",
+            ));
+        }
+        with_settings(config, "uswap_config_set_handler_threads", |s| {
+            s.handler_threads = Some(nr_threads as usize);
+            Ok(())
+        })
+    })
+}
+
+/// Readahead on swap-in: 1 on (the default), 0 off.
+///
+/// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `enabled` is neither 0 nor 1.
+#[no_mangle]
+pub extern "C" fn uswap_config_set_readahead(config: *mut uswap_config, enabled: c_int) -> c_int {
+    guard(|| {
+        let on = match enabled {
+            0 => false,
+            1 => true,
+            other => {
+                return Err(Failure::invalid(format!(
+                    "uswap_config_set_readahead: enabled is {other}; pass 1 (on) or 0 (off)"
+                )))
+            }
+        };
+        with_settings(config, "uswap_config_set_readahead", |s| {
+            s.readahead = on;
+            Ok(())
+        })
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Pager
+// ---------------------------------------------------------------------------------------
+
+/// Creates a pager from a configuration (which stays the caller's: it may be changed or freed
+/// afterwards without affecting the pager). Stores its handle in `*pager_out` (NULL on
+/// failure). This opens the userfaultfd and the swap devices and starts the pager's threads.
+///
+/// Signal mode: call it from a thread that does not block SIGBUS, after installing any SIGBUS
+/// handler of the program's own (uswap passes it every SIGBUS that is not for managed memory).
+///
+/// Errors: `USWAP_EINVAL` (NULL argument, configuration not live, no resident limit or no
+/// devices set, a device too small), `USWAP_EPERM` (no permission to open a userfaultfd),
+/// `USWAP_ENOTSUP` (kernel too old), `USWAP_EDEVICE` (a device could not be opened),
+/// `USWAP_ENOMEM`, `USWAP_ESIGNAL`, `USWAP_EIO`.
+///
+/// # Safety
+///
+/// `pager_out` must be NULL or valid for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn uswap_pager_new(config: *const uswap_config, pager_out: *mut *mut uswap_pager) -> c_int {
+    guard(|| {
+        const FUNCTION: &str = "uswap_pager_new";
+        non_null(pager_out, FUNCTION, "pager_out")?;
+        // SAFETY: checked non-NULL; writable by the caller's contract. NULL until success.
+        unsafe { put(pager_out, std::ptr::null_mut()) };
+        let entry = CONFIGS.get(id_of(config), FUNCTION, "config")?;
+        let settings = entry.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let limit_bytes = settings.limit_bytes.ok_or_else(|| {
+            Failure::invalid(format!(
+                "{FUNCTION}: the configuration has no resident limit; set one with uswap_config_set_resident_limit"
+            ))
+        })?;
+        let devices = settings.devices.ok_or_else(|| {
+            Failure::invalid(format!(
+                "{FUNCTION}: the configuration has no swap device; set them with uswap_config_set_devices (e.g. \
+                 \"ram:1GiB\")"
+            ))
+        })?;
+        let mut builder: PagerBuilder =
+            Pager::builder().resident_limit(limit_bytes).fault_mode(settings.mode).readahead(settings.readahead);
+        if let Some(n) = settings.handler_threads {
+            builder = builder.handler_threads(n);
+        }
+        for d in devices {
+            builder = builder.device(d);
+        }
+        let pager = builder.build()?;
+        let id = PAGERS.insert(pager);
+        // SAFETY: as above.
+        unsafe { put(pager_out, to_handle(id)) };
+        Ok(())
+    })
+}
+
+/// Destroys a pager: stops its threads and releases its devices (a regular file given as a
+/// device is emptied here, so a program that exits without destroying its pagers leaves
+/// swapped pages in such a file). Refuses, with `USWAP_EBUSY` and the pager left as it was,
+/// while any region of the pager is still mapped: unmap each with `uswap_unmap` first. A
+/// call on the pager already running in another thread completes normally, and the pager is
+/// released when it returns. Afterwards the handle is refused (`USWAP_EINVAL`) by every
+/// function.
+///
+/// Errors: `USWAP_EINVAL` if `pager` is NULL or not live, `USWAP_EBUSY` as above.
+#[no_mangle]
+pub extern "C" fn uswap_pager_destroy(pager: *mut uswap_pager) -> c_int {
+    guard(|| {
+        const FUNCTION: &str = "uswap_pager_destroy";
+        let id = id_of(pager);
+        PAGERS.check(id, FUNCTION, "pager")?;
+        let removed = {
+            let mut pagers = PAGERS.lock();
+            if !pagers.contains_key(&id) {
+                return Err(PAGERS.unknown(id, FUNCTION, "pager"));
+            }
+            let mapped = REGIONS.lock().values().filter(|r| r.pager_id == id).count();
+            if mapped > 0 {
+                return Err(Failure::new(
+                    uswap_status::USWAP_EBUSY,
+                    format!(
+                        "{FUNCTION}: {mapped} region(s) of this pager are still mapped; unmap each with uswap_unmap, \
+                         then destroy the pager (it was left as it was)"
+                    ),
+                ));
+            }
+            pagers.remove(&id)
+        };
+        // Dropped outside the locks: the last handle joins the pager's threads.
+        drop(removed);
+        Ok(())
+    })
+}
+
+/// Changes the resident limit. A lower limit takes effect at once: the call reclaims down to
+/// it before returning.
+///
+/// Errors: `USWAP_EINVAL` (NULL or dead `pager`, limit below the minimum; nothing changed),
+/// `USWAP_ENOSPC` (the devices are full; the new limit is in place), `USWAP_EBUSY` (every
+/// page reclaim found was busy for 2 s; the new limit is in place, call again later).
+#[no_mangle]
+pub extern "C" fn uswap_set_resident_limit(pager: *mut uswap_pager, limit_bytes: u64) -> c_int {
+    guard(|| {
+        let pager = PAGERS.get(id_of(pager), "uswap_set_resident_limit", "pager")?;
+        pager.set_resident_limit(limit_bytes)?;
+        Ok(())
+    })
+}
+
+/// Reads the pager's counters into `*stats`. Set `stats->size = sizeof(uswap_stats)` first:
+/// uswap fills that many bytes (whole fields, at most its own size) and writes back in
+/// `stats->size` how many it filled, so programs built against an older or newer header
+/// work with this library.
+///
+/// Errors: `USWAP_EINVAL` if an argument is NULL, `pager` is not live, `stats` is not aligned
+/// for `uint64_t`, or `stats->size` is below 8.
+///
+/// # Safety
+///
+/// `stats` must be NULL or point to memory readable and writable for `stats->size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn uswap_get_stats(pager: *mut uswap_pager, stats: *mut uswap_stats) -> c_int {
+    guard(|| {
+        const FUNCTION: &str = "uswap_get_stats";
+        non_null(stats, FUNCTION, "stats")?;
+        if !stats.cast::<u64>().is_aligned() {
+            return Err(Failure::invalid(format!("{FUNCTION}: stats is not aligned for uint64_t")));
+        }
+        // SAFETY: non-NULL and aligned (checked); the caller's contract makes at least the
+        // `size` field readable (it says how much is).
+        let caller_size = unsafe { stats.cast::<u64>().read() };
+        let Some(n) = stats::filled_bytes(caller_size) else {
+            return Err(Failure::invalid(format!(
+                "{FUNCTION}: stats->size is {caller_size}; set it to sizeof(uswap_stats) before the call"
+            )));
+        };
+        let pager = PAGERS.get(id_of(pager), FUNCTION, "pager")?;
+        let mut snapshot = uswap_stats::from_engine(&pager.stats());
+        snapshot.size = n as u64;
+        // SAFETY: `n` is at most both the caller's size (writable by contract) and ours; the
+        // snapshot is plain `u64`s with no padding, and the two do not overlap (one is ours).
+        unsafe { std::ptr::copy_nonoverlapping((&raw const snapshot).cast::<u8>(), stats.cast::<u8>(), n) };
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Regions
+// ---------------------------------------------------------------------------------------
+
+/// Maps a managed region of `len_bytes` (rounded up to whole pages), zero-filled and
+/// page-aligned, and stores its handle in `*region_out` (NULL on failure). Its memory
+/// (`uswap_region_addr`, `uswap_region_len`) may be read and written by any thread until
+/// `uswap_unmap`; pages come back from swap on first touch.
+///
+/// Errors: `USWAP_EINVAL` (NULL argument, `pager` not live, `len_bytes` 0 or above the
+/// maximum region size), `USWAP_ENOMEM` (out of address space or region slots),
+/// `USWAP_ESIGNAL` (signal mode: the SIGBUS handler was replaced), `USWAP_EIO`.
+///
+/// # Safety
+///
+/// `region_out` must be NULL or valid for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn uswap_map(
+    pager: *mut uswap_pager,
+    len_bytes: usize,
+    region_out: *mut *mut uswap_region,
+) -> c_int {
+    guard(|| {
+        const FUNCTION: &str = "uswap_map";
+        non_null(region_out, FUNCTION, "region_out")?;
+        // SAFETY: checked non-NULL; writable by the caller's contract. NULL until success.
+        unsafe { put(region_out, std::ptr::null_mut()) };
+        let pager_id = id_of(pager);
+        let engine_pager = PAGERS.get(pager_id, FUNCTION, "pager")?;
+        let region = engine_pager.map(len_bytes)?;
+        let id = {
+            let pagers = PAGERS.lock();
+            if !pagers.contains_key(&pager_id) {
+                // Destroyed by another thread while this one mapped: the region goes with it.
+                drop(pagers);
+                drop(region);
+                return Err(PAGERS.unknown(pager_id, FUNCTION, "pager"));
+            }
+            Table::insert_locked(&mut REGIONS.lock(), RegionEntry { region, pager_id })
+        };
+        // SAFETY: as above.
+        unsafe { put(region_out, to_handle(id)) };
+        Ok(())
+    })
+}
+
+/// Unmaps a region: its memory is unmapped as by `munmap` (the addresses may be reused by
+/// later mappings) and every swap slot and cache page it held is freed. Afterwards the handle
+/// is refused (`USWAP_EINVAL`) by every function. Stop every thread's use of the memory
+/// first.
+///
+/// Errors: `USWAP_EINVAL` if `region` is NULL or not live.
+#[no_mangle]
+pub extern "C" fn uswap_unmap(region: *mut uswap_region) -> c_int {
+    guard(|| {
+        let id = id_of(region);
+        REGIONS.check(id, "uswap_unmap", "region")?;
+        let removed = REGIONS.lock().remove(&id);
+        // Dropped outside the lock: unmapping frees the region's slots and pages.
+        removed.map(drop).ok_or_else(|| REGIONS.unknown(id, "uswap_unmap", "region"))
+    })
+}
+
+/// Stores the address of the region's first byte in `*addr_out`. It is fixed for the life
+/// of the region (unless the program moves it with `mremap`, which uswap follows).
+///
+/// Errors: `USWAP_EINVAL` if an argument is NULL or `region` is not live.
+///
+/// # Safety
+///
+/// `addr_out` must be NULL or valid for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn uswap_region_addr(region: *const uswap_region, addr_out: *mut *mut c_void) -> c_int {
+    guard(|| {
+        non_null(addr_out, "uswap_region_addr", "addr_out")?;
+        let entry = REGIONS.get(id_of(region), "uswap_region_addr", "region")?;
+        // SAFETY: checked non-NULL; writable by the caller's contract.
+        unsafe { addr_out.write_unaligned(entry.region.as_ptr().cast::<c_void>()) };
+        Ok(())
+    })
+}
+
+/// Stores the region's length in bytes (a whole number of pages) in `*len_bytes_out`.
+///
+/// Errors: `USWAP_EINVAL` if an argument is NULL or `region` is not live.
+///
+/// # Safety
+///
+/// `len_bytes_out` must be NULL or valid for writing one `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn uswap_region_len(region: *const uswap_region, len_bytes_out: *mut usize) -> c_int {
+    guard(|| {
+        non_null(len_bytes_out, "uswap_region_len", "len_bytes_out")?;
+        let entry = REGIONS.get(id_of(region), "uswap_region_len", "region")?;
+        // SAFETY: checked non-NULL; writable by the caller's contract.
+        unsafe { len_bytes_out.write_unaligned(entry.region.len()) };
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The exported functions called as C would call them, against the real kernel.
+
+    use super::*;
+    use crate::status::uswap_status::*;
+
+    fn last_error() -> String {
+        // SAFETY: uswap_last_error never returns NULL, and the string lives until the next
+        // failing call on this thread, after this read.
+        unsafe { CStr::from_ptr(uswap_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    /// Asserts `status` is `expected` and the message contains `needle`.
+    fn assert_fails(status: c_int, expected: uswap_status, needle: &str) {
+        assert_eq!(status, expected as c_int, "message: {}", last_error());
+        let msg = last_error();
+        assert!(msg.contains(needle), "{needle:?} not in {msg:?}");
+    }
+
+    fn config(limit_bytes: u64, devices: &CStr) -> *mut uswap_config {
+        let mut cfg = std::ptr::null_mut();
+        // SAFETY: &mut cfg is a valid out pointer; devices is NUL-terminated.
+        unsafe {
+            assert_eq!(uswap_config_new(&mut cfg), 0);
+            assert_eq!(uswap_config_set_devices(cfg, devices.as_ptr(), 16 << 20), 0, "{}", last_error());
+        }
+        assert_eq!(uswap_config_set_resident_limit(cfg, limit_bytes), 0);
+        cfg
+    }
+
+    #[test]
+    fn null_pointers_are_einval_with_the_argument_named() {
+        // SAFETY: NULL is allowed for every pointer argument of every call below.
+        unsafe {
+            assert_fails(uswap_config_new(std::ptr::null_mut()), USWAP_EINVAL, "uswap_config_new: config_out is NULL");
+            assert_fails(uswap_config_free(std::ptr::null_mut()), USWAP_EINVAL, "config is NULL");
+            assert_fails(
+                uswap_config_set_resident_limit(std::ptr::null_mut(), 1 << 30),
+                USWAP_EINVAL,
+                "config is NULL",
+            );
+            let cfg = config(8 << 20, c"ram");
+            assert_fails(uswap_config_set_devices(cfg, std::ptr::null(), 0), USWAP_EINVAL, "devices is NULL");
+            assert_fails(uswap_pager_new(cfg, std::ptr::null_mut()), USWAP_EINVAL, "pager_out is NULL");
+            let mut pager = std::ptr::dangling_mut();
+            assert_fails(uswap_pager_new(std::ptr::null(), &mut pager), USWAP_EINVAL, "config is NULL");
+            assert!(pager.is_null(), "the out pointer is NULL after a failure");
+            assert_fails(
+                uswap_map(std::ptr::null_mut(), 4096, std::ptr::null_mut()),
+                USWAP_EINVAL,
+                "region_out is NULL",
+            );
+            let mut region = std::ptr::null_mut();
+            assert_fails(uswap_map(std::ptr::null_mut(), 4096, &mut region), USWAP_EINVAL, "pager is NULL");
+            assert_fails(uswap_unmap(std::ptr::null_mut()), USWAP_EINVAL, "region is NULL");
+            assert_fails(uswap_get_stats(std::ptr::null_mut(), std::ptr::null_mut()), USWAP_EINVAL, "stats is NULL");
+            assert_fails(
+                uswap_region_len(std::ptr::null(), std::ptr::null_mut()),
+                USWAP_EINVAL,
+                "len_bytes_out is NULL",
+            );
+            assert_eq!(uswap_config_free(cfg), 0);
+        }
+    }
+
+    #[test]
+    fn bad_values_are_einval_and_say_what_to_pass() {
+        let cfg = config(8 << 20, c"ram");
+        assert_fails(uswap_config_set_resident_limit(cfg, 4096), USWAP_EINVAL, "give the pager at least");
+        assert_fails(uswap_config_set_fault_mode(cfg, 2), USWAP_EINVAL, "USWAP_FAULT_MODE_SIGNAL (1)");
+        assert_fails(uswap_config_set_handler_threads(cfg, 0), USWAP_EINVAL, "pass at least 1");
+        assert_fails(uswap_config_set_readahead(cfg, 2), USWAP_EINVAL, "pass 1 (on) or 0 (off)");
+        // SAFETY: a NUL-terminated string; the rest are valid handles or values.
+        unsafe {
+            assert_fails(
+                uswap_config_set_devices(cfg, c"ram:lots".as_ptr(), 0),
+                USWAP_EINVAL,
+                "bad device \"ram:lots\"",
+            );
+            assert_fails(uswap_config_set_devices(cfg, c"\xff".as_ptr(), 0), USWAP_EINVAL, "not UTF-8");
+        }
+        assert_eq!(uswap_config_set_handler_threads(cfg, 1), 0);
+        assert_eq!(uswap_config_set_readahead(cfg, 0), 0);
+        assert_eq!(uswap_config_free(cfg), 0);
+    }
+
+    #[test]
+    fn a_configuration_without_limit_or_devices_says_which_call_is_missing() {
+        let mut cfg = std::ptr::null_mut();
+        let mut pager = std::ptr::null_mut();
+        // SAFETY: valid out pointers and a NUL-terminated string.
+        unsafe {
+            assert_eq!(uswap_config_new(&mut cfg), 0);
+            assert_fails(uswap_pager_new(cfg, &mut pager), USWAP_EINVAL, "uswap_config_set_resident_limit");
+            assert_eq!(uswap_config_set_resident_limit(cfg, 8 << 20), 0);
+            assert_fails(uswap_pager_new(cfg, &mut pager), USWAP_EINVAL, "uswap_config_set_devices");
+            assert_eq!(uswap_config_set_devices(cfg, c"ram:4KiB".as_ptr(), 0), 0);
+            assert_fails(uswap_pager_new(cfg, &mut pager), USWAP_EINVAL, "below one cluster");
+        }
+        assert!(pager.is_null());
+        assert_eq!(uswap_config_free(cfg), 0);
+    }
+
+    #[test]
+    fn stale_and_wrong_kind_handles_are_refused_not_dereferenced() {
+        let cfg = config(8 << 20, c"ram:16MiB");
+        let mut pager = std::ptr::null_mut();
+        let mut region = std::ptr::null_mut();
+        let mut len = 0usize;
+        // SAFETY: valid out pointers; the handles are uswap's (or deliberately wrong, which
+        // the API must refuse without dereferencing them).
+        unsafe {
+            assert_eq!(uswap_pager_new(cfg, &mut pager), 0, "{}", last_error());
+            assert_eq!(uswap_config_free(cfg), 0);
+            assert_fails(uswap_config_free(cfg), USWAP_EINVAL, "is not a live uswap configuration");
+            assert_eq!(uswap_map(pager, 10_000, &mut region), 0, "{}", last_error());
+            assert_eq!(uswap_region_len(region, &mut len), 0);
+            assert_eq!(len, 12_288, "rounded up to whole pages");
+            assert_fails(uswap_pager_destroy(region.cast()), USWAP_EINVAL, "is not a live uswap pager");
+            assert_fails(uswap_unmap(pager.cast()), USWAP_EINVAL, "is not a live uswap region");
+            assert_fails(uswap_pager_destroy(pager), USWAP_EBUSY, "1 region(s) of this pager are still mapped");
+            assert_eq!(uswap_unmap(region), 0);
+            assert_fails(uswap_region_len(region, &mut len), USWAP_EINVAL, "already freed");
+            assert_eq!(uswap_pager_destroy(pager), 0);
+            assert_fails(uswap_map(pager, 4096, &mut region), USWAP_EINVAL, "is not a live uswap pager");
+            assert!(region.is_null());
+            let forged: *mut uswap_pager = std::ptr::without_provenance_mut(0xdead_beef);
+            assert_fails(uswap_set_resident_limit(forged, 8 << 20), USWAP_EINVAL, "never returned by uswap");
+        }
+    }
+
+    #[test]
+    fn stats_fill_only_what_the_caller_says_it_has() {
+        let cfg = config(8 << 20, c"ram:16MiB");
+        let mut pager = std::ptr::null_mut();
+        let mut region = std::ptr::null_mut();
+        let mut addr = std::ptr::null_mut();
+        // SAFETY: valid out pointers; the region's memory is written within its length.
+        unsafe {
+            assert_eq!(uswap_pager_new(cfg, &mut pager), 0, "{}", last_error());
+            assert_eq!(uswap_map(pager, 1 << 20, &mut region), 0, "{}", last_error());
+            assert_eq!(uswap_region_addr(region, &mut addr), 0);
+            std::ptr::write_bytes(addr.cast::<u8>(), 7, 1 << 20);
+        }
+        const MARK: u64 = 0x5555_5555_5555_5555;
+        let old_caller = |size: u64| {
+            let mut s = [MARK; 4];
+            s[0] = size;
+            // SAFETY: `s` is aligned for u64 and holds `size` bytes or more (size <= 32).
+            let status = unsafe { uswap_get_stats(pager, s.as_mut_ptr().cast()) };
+            (status, s)
+        };
+        // A caller whose struct is two fields long gets two, and nothing past them is written.
+        let (status, s) = old_caller(20);
+        assert_eq!(status, 0);
+        assert_eq!(s, [16, engine::PAGE_SIZE as u64, MARK, MARK]);
+        let (status, s) = old_caller(32);
+        assert_eq!(status, 0);
+        assert_eq!(s[0], 32);
+        assert_eq!(s[2], 256 * engine::PAGE_SIZE as u64, "resident_bytes after touching 1 MiB");
+        assert_eq!(s[3], 8 << 20, "limit_bytes");
+        assert_fails(old_caller(4).0, USWAP_EINVAL, "set it to sizeof(uswap_stats)");
+        // A newer caller with a longer struct: we fill ours and say so.
+        let mut big = [MARK; 128];
+        big[0] = 1024;
+        // SAFETY: 1024 bytes, aligned.
+        assert_eq!(unsafe { uswap_get_stats(pager, big.as_mut_ptr().cast()) }, 0);
+        let ours = std::mem::size_of::<uswap_stats>();
+        assert_eq!(big[0] as usize, ours);
+        assert_eq!(big[ours / 8], MARK, "nothing past our struct is written");
+        // A handler thread counts a fault after it has mapped the page and woken the faulting
+        // thread, so the counters may lag the memset by a moment: wait for them, bounded.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let full = loop {
+            let mut full = uswap_stats { size: ours as u64, ..Default::default() };
+            // SAFETY: a whole uswap_stats.
+            assert_eq!(unsafe { uswap_get_stats(pager, &mut full) }, 0);
+            if full.pgfault_zero + full.zero_fill_around == 256 || std::time::Instant::now() > deadline {
+                break full;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(full.resident_pages, 256);
+        assert_eq!(full.pgfault_zero + full.zero_fill_around, 256, "every page zero-filled once, within 5 s");
+        assert_eq!(uswap_unmap(region), 0);
+        assert_eq!(uswap_pager_destroy(pager), 0);
+        assert_eq!(uswap_config_free(cfg), 0);
+    }
+}

@@ -1,0 +1,272 @@
+//! The counters as a C struct that can grow without breaking the ABI.
+//!
+//! `uswap_stats` starts with its size. The caller sets `size` to the `sizeof` it was compiled
+//! with; uswap fills that many bytes (whole fields, at most its own size) and writes back how
+//! many it filled. A program built against an older header gets the fields it knows; one
+//! built against a newer header than the library it runs with sees, in `size`, which fields
+//! were filled. Fields are only ever added at the end, and all are `uint64_t`, so there is no
+//! padding and every field's offset is fixed.
+//!
+//! No locks and no invariants beyond the layout; the values are one `Pager::stats` snapshot.
+
+use engine::Stats;
+
+/// A snapshot of a pager's counters, filled by `uswap_get_stats`. Counter names follow
+/// `/proc/vmstat` where the kernel has one. Fields are only ever added at the end.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct uswap_stats {
+    /// Set to `sizeof(uswap_stats)` before calling `uswap_get_stats`; on return, the number of
+    /// bytes uswap filled (fields past it were left as they were).
+    pub size: u64,
+    /// The page size uswap works in, in bytes.
+    pub page_size_bytes: u64,
+    /// Bytes of application pages in RAM that count against the limit (`resident_pages` times
+    /// the page size).
+    pub resident_bytes: u64,
+    /// The resident limit in bytes (`limit_pages` times the page size).
+    pub limit_bytes: u64,
+    /// Faults served, all kinds.
+    pub pgfault: u64,
+    /// Zero-fill faults (page never touched, or known to be zero).
+    pub pgfault_zero: u64,
+    /// Never-touched pages mapped ahead by zero-fill faults of a sequential stream (fault-around);
+    /// they took no fault of their own.
+    pub zero_fill_around: u64,
+    /// Swap-cache hits: the page was staged in RAM and moved back without a copy.
+    pub pgfault_swapcache: u64,
+    /// Faults that read a device.
+    pub pgmajfault: u64,
+    /// Write-protect faults: the first write to a clean page (read back from a device and not
+    /// written since); its slot is freed.
+    pub pgfault_wp: u64,
+    /// Pages read from devices.
+    pub pswpin: u64,
+    /// Pages written to devices.
+    pub pswpout: u64,
+    /// Clean pages reclaim dropped without writing them: their slot still held them.
+    pub swpout_clean: u64,
+    /// Pages found all-zero at swap-out (kept as "known zero", no slot).
+    pub swpout_zero: u64,
+    /// Pages moved out of regions by the background reclaimer.
+    pub pgsteal_background: u64,
+    /// Pages moved out of regions by direct reclaim (in the faulting thread).
+    pub pgsteal_direct: u64,
+    /// Victims given a second chance because they had faulted back from the swap cache.
+    pub pgactivate: u64,
+    /// Allocations that had to reclaim directly because the limit was reached.
+    pub allocstall: u64,
+    /// Swap-outs that found no free slot: the page stayed resident, nothing was lost.
+    pub swap_alloc_fail: u64,
+    /// Charges that exceeded the limit because nothing could be reclaimed (devices full).
+    pub limit_overrun: u64,
+    /// Pages read ahead: read from a device and mapped along with the page that faulted.
+    pub swap_ra: u64,
+    /// Read-ahead pages the application used.
+    pub swap_ra_hit: u64,
+    /// Read-ahead pages evicted before they were known to be used.
+    pub swap_ra_unused: u64,
+    /// Pages whose asynchronous readahead was started (file devices).
+    pub swap_ra_async_started: u64,
+    /// Of those, pages mapped from the readahead buffer.
+    pub swap_ra_async: u64,
+    /// Of those, pages never mapped from the buffer.
+    pub swap_ra_async_dropped: u64,
+    /// Faults that found their asynchronous readahead still in flight and waited for it.
+    pub swap_ra_async_wait: u64,
+    /// Application `munmap`s over regions: those pages are gone, their swap space freed.
+    pub uffd_unmap: u64,
+    /// Application `mremap`s of regions.
+    pub uffd_remap: u64,
+    /// Application `MADV_DONTNEED`/`MADV_REMOVE` over regions: those pages read zero afterwards.
+    pub uffd_remove: u64,
+    /// Swap-cache hits on read-only (`mprotect`) memory, served by copying the staged page.
+    pub pgfault_swapcache_copy: u64,
+    /// Faults that found their page already resolved by a racing thread.
+    pub fault_raced: u64,
+    /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
+    pub fault_lock_free: u64,
+    /// Faults that waited longer than the bound for a busy page and failed (SIGBUS) instead of
+    /// hanging.
+    pub fault_busy_timeout: u64,
+    /// Fault-service attempts that failed (device read or checksum); the fault is attempted again.
+    pub fault_error: u64,
+    /// Resident pages the reclaim queue had no room for (found later by a scan).
+    pub lru_overflow: u64,
+    /// Pages `UFFDIO_MOVE` refused to move out (pinned or shared); they stayed resident.
+    pub move_refused: u64,
+    /// Device writes that failed; the pages stayed staged in RAM and are retried later.
+    pub swpout_error: u64,
+    /// Pages a device declined (pool full, incompressible) and another device took.
+    pub swpout_spilled: u64,
+    /// Pages moved from a device to the next tier (zswap's `zswpwb`).
+    pub writeback: u64,
+    /// Device reads whose data did not match the page's checksum (the page was not mapped).
+    pub checksum_errors: u64,
+    /// Slots that could not be freed and are never reused. Should stay 0.
+    pub slots_leaked: u64,
+    /// `UFFDIO_MOVE` calls that moved a page but reported failure (a Linux 6.18 bug the engine
+    /// works around). Informational.
+    pub uffd_move_misreports: u64,
+    /// Application pages in RAM that count against the limit: mapped plus staged.
+    pub resident_pages: u64,
+    /// Of those, pages staged in the swap cache (unmapped, contents in RAM).
+    pub swapcache_pages: u64,
+    /// Of the resident pages, clean ones: their slot still holds them (the kernel's `SwapCached`).
+    pub clean_pages: u64,
+    /// The resident limit, in pages.
+    pub limit_pages: u64,
+    /// The most pages that were resident at once since the pager started.
+    pub resident_peak_pages: u64,
+}
+
+impl uswap_stats {
+    /// The C struct for an engine snapshot, `size` set to the full size.
+    pub(crate) fn from_engine(s: &Stats) -> uswap_stats {
+        // Exhaustive on purpose: a counter added to the engine does not compile until it is
+        // either added here (at the end of the struct) or named as left out.
+        let Stats {
+            pgfault,
+            pgfault_zero,
+            zero_fill_around,
+            pgfault_swapcache,
+            pgmajfault,
+            pgfault_wp,
+            pswpin,
+            pswpout,
+            swpout_clean,
+            swpout_zero,
+            pgsteal_background,
+            pgsteal_direct,
+            pgactivate,
+            allocstall,
+            swap_alloc_fail,
+            limit_overrun,
+            swap_ra,
+            swap_ra_hit,
+            swap_ra_unused,
+            swap_ra_async_started,
+            swap_ra_async,
+            swap_ra_async_dropped,
+            swap_ra_async_wait,
+            uffd_unmap,
+            uffd_remap,
+            uffd_remove,
+            pgfault_swapcache_copy,
+            fault_raced,
+            fault_lock_free,
+            fault_busy_timeout,
+            fault_error,
+            lru_overflow,
+            move_refused,
+            swpout_error,
+            swpout_spilled,
+            writeback,
+            checksum_errors,
+            slots_leaked,
+            uffd_move_misreports,
+            resident_pages,
+            swapcache_pages,
+            clean_pages,
+            limit_pages,
+            resident_peak_pages,
+            devices: _,
+            fault_latency_us: _,
+            publish: _,
+        } = s;
+        let page_size_bytes = engine::PAGE_SIZE as u64;
+        uswap_stats {
+            size: std::mem::size_of::<uswap_stats>() as u64,
+            page_size_bytes,
+            resident_bytes: resident_pages * page_size_bytes,
+            limit_bytes: limit_pages * page_size_bytes,
+            pgfault: *pgfault,
+            pgfault_zero: *pgfault_zero,
+            zero_fill_around: *zero_fill_around,
+            pgfault_swapcache: *pgfault_swapcache,
+            pgmajfault: *pgmajfault,
+            pgfault_wp: *pgfault_wp,
+            pswpin: *pswpin,
+            pswpout: *pswpout,
+            swpout_clean: *swpout_clean,
+            swpout_zero: *swpout_zero,
+            pgsteal_background: *pgsteal_background,
+            pgsteal_direct: *pgsteal_direct,
+            pgactivate: *pgactivate,
+            allocstall: *allocstall,
+            swap_alloc_fail: *swap_alloc_fail,
+            limit_overrun: *limit_overrun,
+            swap_ra: *swap_ra,
+            swap_ra_hit: *swap_ra_hit,
+            swap_ra_unused: *swap_ra_unused,
+            swap_ra_async_started: *swap_ra_async_started,
+            swap_ra_async: *swap_ra_async,
+            swap_ra_async_dropped: *swap_ra_async_dropped,
+            swap_ra_async_wait: *swap_ra_async_wait,
+            uffd_unmap: *uffd_unmap,
+            uffd_remap: *uffd_remap,
+            uffd_remove: *uffd_remove,
+            pgfault_swapcache_copy: *pgfault_swapcache_copy,
+            fault_raced: *fault_raced,
+            fault_lock_free: *fault_lock_free,
+            fault_busy_timeout: *fault_busy_timeout,
+            fault_error: *fault_error,
+            lru_overflow: *lru_overflow,
+            move_refused: *move_refused,
+            swpout_error: *swpout_error,
+            swpout_spilled: *swpout_spilled,
+            writeback: *writeback,
+            checksum_errors: *checksum_errors,
+            slots_leaked: *slots_leaked,
+            uffd_move_misreports: *uffd_move_misreports,
+            resident_pages: *resident_pages,
+            swapcache_pages: *swapcache_pages,
+            clean_pages: *clean_pages,
+            limit_pages: *limit_pages,
+            resident_peak_pages: *resident_peak_pages,
+        }
+    }
+}
+
+/// Bytes of `uswap_stats` to fill for a caller that says its struct is `caller_size` bytes:
+/// whole fields only, at most ours. `None` if not even `size` fits.
+pub(crate) fn filled_bytes(caller_size: u64) -> Option<usize> {
+    const FIELD: u64 = std::mem::size_of::<u64>() as u64;
+    let ours = std::mem::size_of::<uswap_stats>() as u64;
+    let n = caller_size.min(ours) / FIELD * FIELD;
+    (n >= FIELD).then_some(n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_struct_is_all_u64_with_size_first() {
+        assert_eq!(std::mem::offset_of!(uswap_stats, size), 0);
+        assert_eq!(std::mem::size_of::<uswap_stats>() % 8, 0);
+        assert_eq!(std::mem::align_of::<uswap_stats>(), 8);
+    }
+
+    #[test]
+    fn filled_bytes_takes_whole_fields_up_to_the_smaller_size() {
+        let ours = std::mem::size_of::<uswap_stats>();
+        assert_eq!(filled_bytes(0), None);
+        assert_eq!(filled_bytes(7), None);
+        assert_eq!(filled_bytes(8), Some(8));
+        assert_eq!(filled_bytes(20), Some(16));
+        assert_eq!(filled_bytes(ours as u64), Some(ours));
+        assert_eq!(filled_bytes(ours as u64 + 64), Some(ours), "a newer caller gets what we have");
+    }
+
+    #[test]
+    fn bytes_and_pages_agree() {
+        let s = Stats { resident_pages: 3, limit_pages: 5, pswpout: 7, ..Stats::default() };
+        let c = uswap_stats::from_engine(&s);
+        assert_eq!(c.resident_bytes, 3 * engine::PAGE_SIZE as u64);
+        assert_eq!(c.limit_bytes, 5 * engine::PAGE_SIZE as u64);
+        assert_eq!((c.pswpout, c.resident_pages, c.limit_pages), (7, 3, 5));
+        assert_eq!(c.size as usize, std::mem::size_of::<uswap_stats>());
+    }
+}
