@@ -311,6 +311,14 @@ typedef struct uswap_stats {
      * The most pages that were resident at once since the pager started.
      */
     uint64_t resident_peak_pages;
+    /**
+     * Pages a partial `mremap` moved out of a region, copied into place.
+     */
+    uint64_t remap_copied;
+    /**
+     * Of `limit_overrun`, charges forced over the limit because every victim stayed busy.
+     */
+    uint64_t limit_overrun_busy;
 } uswap_stats;
 
 #ifdef __cplusplus

@@ -119,6 +119,10 @@ pub struct uswap_stats {
     pub limit_pages: u64,
     /// The most pages that were resident at once since the pager started.
     pub resident_peak_pages: u64,
+    /// Pages a partial `mremap` moved out of a region, copied into place.
+    pub remap_copied: u64,
+    /// Of `limit_overrun`, charges forced over the limit because every victim stayed busy.
+    pub limit_overrun_busy: u64,
 }
 
 impl uswap_stats {
@@ -171,6 +175,8 @@ impl uswap_stats {
             clean_pages,
             limit_pages,
             resident_peak_pages,
+            remap_copied,
+            limit_overrun_busy,
             devices: _,
             fault_latency_us: _,
             publish: _,
@@ -225,6 +231,8 @@ impl uswap_stats {
             clean_pages: *clean_pages,
             limit_pages: *limit_pages,
             resident_peak_pages: *resident_peak_pages,
+            remap_copied: *remap_copied,
+            limit_overrun_busy: *limit_overrun_busy,
         }
     }
 }

@@ -9,12 +9,37 @@
 //! * `REMOVE` (`MADV_DONTNEED`, `MADV_FREE`, `MADV_REMOVE`; sent before the kernel zaps the
 //!   pages): the pages read zero afterwards, as Linux zero-fills. Swapped and staged pages
 //!   lose their slots; resident ones their charge.
-//! * `REMAP` (`mremap` that moves): a move of the whole region moves the region (its address
-//!   and its registry entry); the engine goes on paging it at the new address. A move of
-//!   part of a region takes that part out of uswap's management: every page of it that is
-//!   not in place (staged or swapped) is copied into place at the new address, the new range
-//!   is unregistered (it is ordinary memory from then on, not counted against the limit) and
-//!   the old pages are `Gone`.
+//! * `REMAP` (`mremap` that moves; sent after the move, and followed by an `UNMAP` of the
+//!   old range): a move of the whole region moves the region (its address and its registry
+//!   entry); the engine goes on paging it at the new address. A move of part of a region
+//!   takes that part out of uswap's management: it becomes ordinary, fully populated memory.
+//!   Why not a managed region of its own: nothing owns it (no `Region` handle says when it
+//!   is freed), and an application that moves part of a region (a shim's `realloc`) means
+//!   to own that memory. Its pages are detached at once, under the reader lock (each
+//!   becomes `Gone` in the region, so the `UNMAP` of the old range that follows frees
+//!   nothing); those not in place (staged or swapped) are then copied to the new address
+//!   ([`run_take_outs`]), and the new range is unregistered. What `mremap` grew the part
+//!   (or a whole region) by is unregistered too: zero memory the engine never owned.
+//!
+//! Why the copies wait: the kernel refuses every fill ioctl (`EAGAIN`) from the moment
+//! `mremap` starts until the thread that called it has seen both events read and runs
+//! again. Copying inside the `REMAP` handler therefore waited on the very `UNMAP` it kept
+//! from being read (signal mode: pages lost after a timeout), or, with several handler
+//! threads (thread mode), raced another handler applying that `UNMAP`, which freed the
+//! slots and staging pages of pages not yet copied (about one run in 20 found a moved page
+//! zero). Now events are applied in the order they were read (one reader at a time,
+//! [`EventState::reader`]), detaching never waits on an event, and the copies are retried
+//! after each read until they succeed. Meanwhile a fault on the moved part waits: in thread
+//! mode its handler leaves it for the copy (or the unregistering) to wake; in signal mode
+//! the handler retries while [`in_flight`] says a take-out is pending.
+//!
+//! Growing in place (`mremap` without a move, into free address space after a region)
+//! sends no event: the grown pages are registered memory no page table describes. Thread
+//! mode serves them as zero pages (ordinary memory, not counted against the limit). In
+//! signal mode the SIGBUS is passed on (the process dies of it unless it has its own
+//! handler): the handler cannot tell which userfaultfd a SIGBUS came from, and a fill
+//! ioctl works through any descriptor of the process, so serving it could fill memory
+//! another userfaultfd user owns.
 //!
 //! The thread that caused an event waits in the kernel until the event is *read*, and is
 //! released by that read, before the engine has acted on it. So there is a window between
@@ -23,7 +48,7 @@
 //! * reclaim moves pages out through the staging area's descriptor; a page that is not there
 //!   any more (`ENOENT`) stays as it is for the event to settle, never turns into a zero page;
 //! * in signal mode, a SIGBUS at an address no region claims while an event is being handled
-//!   is retried rather than passed on (a whole-region `mremap` not yet applied);
+//!   (or a moved part is being copied in) is retried rather than passed on;
 //! * residual: a reclaim round that locked a page before an `UNMAP` and moves it after the
 //!   application has mapped new memory at that address *and* touched it, all before the
 //!   event thread marked the page `Gone`, moves that new page into the swap cache. The
@@ -35,31 +60,60 @@
 //! none (clean pages leave a region by `UFFDIO_MOVE` into their slot's staging page, not by
 //! `MADV_DONTNEED` on the region).
 //!
-//! Locking: every page is taken through its busy bit. An owner never waits for an event to
-//! be read (reclaim's moves and discards go through the staging descriptor, which has no
-//! events; an ioctl on the regions' descriptor that meets a pending event fails with
-//! `EAGAIN`, and the fault is retried), so waiting for a busy bit here ends.
+//! Locking: the reader lock ([`EventState::reader`]) is outermost; under it, every page is
+//! taken through its busy bit, then the take-out list's lock. An owner of a busy bit never
+//! waits for an event to be read nor for the reader lock (reclaim's moves and discards go
+//! through the staging descriptor, which has no events; an ioctl on the regions' descriptor
+//! that meets a pending event fails with `EAGAIN`, and the fault is retried), so waiting
+//! for a busy bit here ends. [`run_take_outs`] holds the take-out list's lock (never waited
+//! for by a fault) and no busy bit. Pages waiting in the take-out list own their slot,
+//! staging page and charge, as they did in the region, until their copy is done.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use crossbeam_utils::Backoff;
 
-use crate::backend::ReadReq;
+use crate::backend::{AlignedPage, ReadReq};
 use crate::mapping::registry::RegistryGuard;
-use crate::pager::{PageErrorKind, PagerShared, Released};
+use crate::pager::{FaultMode, PageErrorKind, PagerShared, Released};
 use crate::region::{PageRef, PageState, Pte, RegionInner, REGIONS};
 
 type Guard<'a> = RegistryGuard<'a, RegionInner>;
 use crate::stats::Counter;
+use crate::swapin::READ_ATTEMPTS;
 use crate::uffd::{self, Doorbell, RangeResult, UffdMsg, PAGE_SIZE};
 
 /// Event reads in progress, over all pagers: set before the read that releases the
 /// application's thread, cleared once the event is applied (see `fault::sigbus_fault`).
 static EVENTS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether some pager is reading or applying an event right now.
+/// Ranges moved out of regions whose pages are still being copied into place, over all
+/// pagers (see [`run_take_outs`]).
+static TAKE_OUT_RANGES: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether some pager is reading or applying an event right now, or still copying the
+/// pages of a part moved out of a region into place: a signal-mode fault at an address no
+/// region claims is then retried rather than passed on.
 pub(crate) fn in_flight() -> bool {
-    EVENTS_IN_FLIGHT.load(Ordering::Acquire) > 0
+    EVENTS_IN_FLIGHT.load(Ordering::Acquire) > 0 || TAKE_OUT_RANGES.load(Ordering::Acquire) > 0
+}
+
+/// Reads up to `msgs.len()` messages and applies the events among them, in order, under
+/// the reader lock (see [`EventState::reader`]). Returns how many messages were read;
+/// faults among them are the caller's.
+pub(crate) fn read_and_apply(p: &PagerShared, msgs: &mut [UffdMsg]) -> usize {
+    let _reader = p.events.reader.lock().unwrap_or_else(|e| e.into_inner());
+    EVENTS_IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+    // EAGAIN reads as 0; EINTR is the only other error a valid descriptor gives.
+    let n = p.uffd.read_msgs(msgs).unwrap_or(0);
+    for m in &msgs[..n] {
+        if m.event != uffd::EVENT_PAGEFAULT {
+            handle_event(p, m);
+        }
+    }
+    EVENTS_IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    n
 }
 
 /// Signal mode: reads the regions' descriptor for events (faults come as signals) until the
@@ -67,29 +121,26 @@ pub(crate) fn in_flight() -> bool {
 pub(crate) fn event_thread(p: &PagerShared, bell: &Doorbell) {
     let mut msgs = [UffdMsg::default(); 16];
     while !p.is_shutdown() {
-        EVENTS_IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
-        // EAGAIN reads as 0; EINTR is the only other error a valid descriptor gives.
-        let n = p.uffd.read_msgs(&mut msgs).unwrap_or(0);
-        for m in &msgs[..n] {
-            handle_event(p, m);
-        }
-        EVENTS_IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        let n = read_and_apply(p, &mut msgs);
+        let pending = run_take_outs(p);
         if n == 0 {
-            uffd::poll_fault_or_doorbell(&p.uffd, bell);
+            uffd::poll_fault_or_doorbell_for(&p.uffd, bell, if pending { TAKE_OUT_POLL_MS } else { -1 });
         }
     }
 }
 
-/// Applies one non-fault message (thread mode's handlers call this too).
-pub(crate) fn handle_event(p: &PagerShared, m: &UffdMsg) {
+/// Applies one non-fault message.
+fn handle_event(p: &PagerShared, m: &UffdMsg) {
     match m.event {
         uffd::EVENT_UNMAP => {
             let (start, end) = m.range();
+            p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(p, start, end, true);
             for_each_overlap(p, start, end, |r, first, last| release(p, r, first, last, PageState::Gone));
             p.stats.inc(Counter::UffdUnmap);
         }
         uffd::EVENT_REMOVE => {
             let (start, end) = m.range();
+            p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(p, start, end, false);
             for_each_overlap(p, start, end, |r, first, last| release(p, r, first, last, PageState::Zero));
             p.stats.inc(Counter::UffdRemove);
         }
@@ -156,8 +207,12 @@ fn release(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, to: PageSt
     p.apply_released(released);
 }
 
-/// An `mremap` that moved `[from, from + len)` to `to`.
+/// An `mremap` that moved `[from, from + len)` to `to` (`len` is the old length: a grown
+/// mapping is longer at `to`).
 fn remap(p: &PagerShared, from: usize, to: usize, len: usize) {
+    let mut take_outs = p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner());
+    // Memory moved on again before its pages were copied in: the copies follow it.
+    take_outs.remap(from, to, len);
     let mut whole = None;
     REGIONS.for_each(|g| {
         if std::ptr::eq(&*g.pager, p) && g.start() == from && g.nr_pages * PAGE_SIZE == len {
@@ -167,77 +222,273 @@ fn remap(p: &PagerShared, from: usize, to: usize, len: usize) {
     if let Some(idx) = whole {
         // The page table moved with the pages: only the address changes.
         REGIONS.set_range(idx, to, to + len, |r| r.set_start(to));
-        return;
+    } else {
+        let mut moved_out = false;
+        for_each_overlap(p, from, from + len, |r, first, last| {
+            detach(p, r, first, last, to + (r.page_addr(first) - from), &mut take_outs);
+            moved_out = true;
+        });
+        if !moved_out {
+            return;
+        }
+        // Ordinary memory from now on, once the pages detached above are in place.
+        take_outs.ranges.push((to, to + len));
     }
-    let mut moved_out = false;
-    for_each_overlap(p, from, from + len, |r, first, last| {
-        take_out(p, r, first, last, to + (r.page_addr(first) - from));
-        moved_out = true;
-    });
-    if moved_out {
-        // Ordinary memory from now on: faults there are the kernel's.
-        let _ = p.uffd.unregister(to, len);
+    // A grown mapping: the part past the old length is new, zero memory the engine knows
+    // nothing of; it is let go of with the rest (for a whole region, on its own).
+    if let Some(end) = grown_end(p, to + len, &take_outs) {
+        take_outs.ranges.push((to + len, end));
     }
+    take_outs.publish(&p.events);
 }
 
-/// A partial move: pages `[first, last)` of `r` now live at `dst`; brings the ones that are
-/// not in place (staged or swapped) there, and lets the range go.
-///
-/// Known open problem: in signal mode every `UFFDIO_COPY` here fails with `EAGAIN` (the
-/// kernel's "mappings changing" mark stays set while the application's thread retries its
-/// SIGBUS), so each page waits out `copy_in`'s second and is then lost. Thread mode works
-/// (`thread_mode_mremap_part_of_a_region`).
-fn take_out(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usize) {
-    let mut buf = p.bounce.take();
+/// A partial move: pages `[first, last)` of `r` now live at `dst`. Each becomes `Gone` in
+/// the region at once, so the `UNMAP` of the old range that the kernel sends next finds
+/// nothing to free; those not in place (staged or swapped) keep their slot, staging page
+/// and charge in `take_outs` until [`run_take_outs`] has copied them to their new address.
+fn detach(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usize, take_outs: &mut TakeOuts) {
+    let mut released = Released::default();
     for page in first..last {
         // Locked before its state is read: a reclaim round that owns the page may be moving
         // it into the swap cache right now, and its state says so only once it lets go.
         let pte = lock_page(r, page);
-        if matches!(pte.state(), PageState::Cached | PageState::Swapped) {
-            let at = dst + (page - first) * PAGE_SIZE;
-            let e = pte.entry();
-            let dev = p.devices.device(e);
-            let res = match pte.state() {
-                PageState::Cached => copy_in(p, at, dev.staging_addr(e.offset()) as *const u8),
-                PageState::Swapped => {
-                    let pages = &mut buf.pages_mut()[..1];
-                    let mut req = [ReadReq::new(e.offset(), pages)];
-                    dev.backend.read(&mut req);
-                    let ok = req[0].result.is_ok();
-                    let data = &buf.pages_mut()[0].0;
-                    if ok && dev.checksum_ok(e.offset(), data) {
-                        copy_in(p, at, data.as_ptr())
-                    } else {
-                        p.record_error(at, e, PageErrorKind::ReadFailed);
-                        RangeResult::Partial { done_bytes: 0, errno: libc::EIO }
-                    }
+        let gone = pte.next(PageState::Gone, None).with_referenced(false);
+        match pte.state() {
+            PageState::Cached | PageState::Swapped => {
+                if pte.state() == PageState::Swapped && pte.async_read() {
+                    // Read again from the device by the copy: no asynchronous read may serve
+                    // the slot once it is freed.
+                    let owner = PageRef { region_idx: r.index, region_gen: r.gen, page_gen: 0, page }.owner();
+                    p.async_ra.forget_page(p, owner, pte.entry());
                 }
-                _ => RangeResult::Done,
-            };
-            if let RangeResult::Partial { errno, .. } = res {
-                if errno != libc::EEXIST {
-                    p.stats.inc(Counter::FaultError);
-                }
+                take_outs.pages.push(TakeOut { dst: dst + (page - first) * PAGE_SIZE, pte: pte.unbusy() });
             }
+            // In place at `dst` already (moved with the page tables), or zero.
+            _ => p.release_page(pte, &mut released),
         }
-        r.store(page, pte.unbusy());
+        r.store(page, gone);
     }
-    drop(buf);
-    release(p, r, first, last, PageState::Gone);
+    p.apply_released(released);
 }
 
-/// Maps a copy of one page at `at`. The thread that moved the range clears the kernel's
-/// "mappings changing" mark only once it runs again after the event was read; until then
-/// the ioctl fails with `EAGAIN`, so it is retried, yielding, for up to a second.
-fn copy_in(p: &PagerShared, at: usize, src: *const u8) -> RangeResult {
-    let deadline = crate::mapping::now_ns() + 1_000_000_000;
-    loop {
-        let r = p.uffd.copy(at, src, PAGE_SIZE, true, false);
-        match r {
-            RangeResult::Partial { errno: libc::EAGAIN, .. } if crate::mapping::now_ns() < deadline => {
-                std::thread::yield_now();
-            }
-            _ => return r,
+/// Where the mapping that holds `addr - 1` ends, if it goes on past `addr`: the kernel
+/// grew it (`mremap` to a larger size). Clipped at the next address the engine manages,
+/// since the kernel may have merged the new mapping with a region's. Read from
+/// `/proc/self/maps`; events are rare, and this runs on an engine thread.
+fn grown_end(p: &PagerShared, addr: usize, take_outs: &TakeOuts) -> Option<usize> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let end = maps.lines().find_map(|line| {
+        let range = line.split_whitespace().next()?;
+        let (s, e) = range.split_once('-')?;
+        let (s, e) = (usize::from_str_radix(s, 16).ok()?, usize::from_str_radix(e, 16).ok()?);
+        (s < addr && addr < e).then_some(e)
+    })?;
+    let mut clip = end;
+    REGIONS.for_each(|g| {
+        if std::ptr::eq(&*g.pager, p) && g.start() >= addr {
+            clip = clip.min(g.start());
+        }
+    });
+    for &(s, _) in &take_outs.ranges {
+        if s >= addr {
+            clip = clip.min(s);
         }
     }
+    (clip > addr).then_some(clip)
+}
+
+/// One page of a part moved out of a region, not yet copied to its new address.
+struct TakeOut {
+    /// Its new address.
+    dst: usize,
+    /// Its page-table word when it was detached (`Cached` or `Swapped`; not busy): what it
+    /// owns (slot, staging page, charge) until it is copied.
+    pte: Pte,
+}
+
+/// Parts moved out of regions that are still being copied into place (see
+/// [`run_take_outs`]).
+#[derive(Default)]
+pub(crate) struct TakeOuts {
+    pages: Vec<TakeOut>,
+    /// Address ranges to unregister once no page of theirs is pending: the moved parts, and
+    /// what `mremap` grew.
+    ranges: Vec<(usize, usize)>,
+    /// When the oldest pending page was detached (for the bound).
+    since_ns: u64,
+}
+
+impl TakeOuts {
+    /// Publishes how many ranges are pending (read without the lock by the fault paths).
+    fn publish(&mut self, ev: &EventState) {
+        if self.ranges.is_empty() {
+            self.since_ns = 0;
+        } else if self.since_ns == 0 {
+            self.since_ns = crate::mapping::now_ns();
+        }
+        let old = ev.pending_ranges.swap(self.ranges.len(), Ordering::AcqRel);
+        let new = self.ranges.len();
+        if new > old {
+            TAKE_OUT_RANGES.fetch_add(new - old, Ordering::AcqRel);
+        } else {
+            TAKE_OUT_RANGES.fetch_sub(old - new, Ordering::AcqRel);
+        }
+    }
+
+    /// `[from, from + len)` moved to `to`: pending pages and ranges inside it move along.
+    fn remap(&mut self, from: usize, to: usize, len: usize) {
+        let end = from + len;
+        let moved = |a: usize| a.wrapping_sub(from).wrapping_add(to);
+        for t in &mut self.pages {
+            if (from..end).contains(&t.dst) {
+                t.dst = moved(t.dst);
+            }
+        }
+        let mut out = Vec::with_capacity(self.ranges.len() + 2);
+        for &(s, e) in &self.ranges {
+            let (is, ie) = (s.max(from), e.min(end));
+            if is >= ie {
+                out.push((s, e));
+                continue;
+            }
+            if s < is {
+                out.push((s, is));
+            }
+            out.push((moved(is), moved(ie)));
+            if ie < e {
+                out.push((ie, e));
+            }
+        }
+        self.ranges = out;
+    }
+
+    /// The application unmapped (`unmap`) or discarded `[start, end)`: pending pages there
+    /// are let go of (they read zero, or are gone); an unmapped range needs no unregistering.
+    fn drop_range(&mut self, p: &PagerShared, start: usize, end: usize, unmap: bool) {
+        let mut released = Released::default();
+        self.pages.retain(|t| {
+            let inside = (start..end).contains(&t.dst);
+            if inside {
+                p.release_page(t.pte, &mut released);
+            }
+            !inside
+        });
+        p.apply_released(released);
+        if unmap {
+            let mut out = Vec::with_capacity(self.ranges.len() + 1);
+            for &(s, e) in &self.ranges {
+                if s < start.min(e) {
+                    out.push((s, start.min(e)));
+                }
+                if end.max(s) < e {
+                    out.push((end.max(s), e));
+                }
+            }
+            self.ranges = out;
+        }
+        self.publish(&p.events);
+    }
+}
+
+/// How long pages of a moved part may wait for their copy (`UFFDIO_COPY` keeps failing
+/// with `EAGAIN` while an event is pending) before they are given up on, counted in
+/// `fault_error`. Every event is read within microseconds, so this bound is never reached
+/// unless the kernel misbehaves; it keeps a fault on the moved part from retrying forever.
+const TAKE_OUT_LIMIT_NS: u64 = 10_000_000_000;
+
+/// How long a reader polls before trying pending copies again: the `EAGAIN` ends when the
+/// thread that called `mremap` runs again, which sends no message.
+pub(crate) const TAKE_OUT_POLL_MS: i32 = 1;
+
+/// Per-pager event state.
+#[derive(Default)]
+pub(crate) struct EventState {
+    /// Held across a read of the descriptor and the application of the events read: with
+    /// several readers (thread mode), events are applied in the order the kernel sent them.
+    /// An `mremap` sends `REMAP` then `UNMAP` of the old range; applied the other way round,
+    /// the `UNMAP` would free pages the move still has to copy. Outermost in the lock
+    /// hierarchy (`crate::sync`): its holder waits for page busy bits, no owner of a busy bit
+    /// ever waits for it.
+    pub reader: Mutex<()>,
+    /// Parts moved out of regions still being copied into place. Taken under `reader` and
+    /// by [`run_take_outs`] (which holds no busy bit), never on the signal-mode fault path.
+    take_outs: Mutex<TakeOuts>,
+    /// `take_outs.ranges.len()`, readable without the lock.
+    pending_ranges: AtomicUsize,
+}
+
+/// Whether `addr` lies in a part moved out of a region that is not yet ordinary memory (a
+/// fault there waits for its copy, or for the range to be unregistered, which wakes it).
+pub(crate) fn is_pending(p: &PagerShared, addr: usize) -> bool {
+    if p.events.pending_ranges.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let t = p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner());
+    t.ranges.iter().any(|&(s, e)| (s..e).contains(&addr))
+}
+
+/// Copies the pending pages of moved parts to their new addresses and unregisters the
+/// ranges that have nothing pending left. Returns whether anything is still pending (then
+/// call again after reading the descriptor: a copy fails with `EAGAIN` until the event
+/// that blocks it has been read and its thread has run). Never waits: if another reader
+/// runs it right now, returns at once.
+pub(crate) fn run_take_outs(p: &PagerShared) -> bool {
+    if p.events.pending_ranges.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let Ok(mut t) = p.events.take_outs.try_lock() else {
+        return true;
+    };
+    let expired = crate::mapping::now_ns().saturating_sub(t.since_ns) > TAKE_OUT_LIMIT_NS;
+    let mut buf = p.bounce.take();
+    let mut released = Released::default();
+    // Bounded by the pending pages: each round removes one, or stops at an EAGAIN.
+    while let Some(&TakeOut { dst, pte }) = t.pages.last() {
+        let r = copy_page(p, dst, pte, &mut buf.pages_mut()[0]);
+        match r {
+            RangeResult::Partial { errno: libc::EAGAIN, .. } if !expired => break,
+            RangeResult::Done => p.stats.inc(Counter::RemapCopied),
+            // Something is there already: the application's (it cannot be ours).
+            RangeResult::Partial { errno: libc::EEXIST, .. } => {}
+            RangeResult::Partial { .. } => {
+                p.stats.inc(Counter::FaultError);
+                p.record_error(dst, pte.entry(), PageErrorKind::ReadFailed);
+            }
+        }
+        t.pages.pop();
+        p.release_page(pte, &mut released);
+    }
+    drop(buf);
+    p.apply_released(released);
+    if t.pages.is_empty() {
+        for (s, e) in std::mem::take(&mut t.ranges) {
+            // Wakes whatever still waits there: it faults again on ordinary memory. Fails
+            // only where the application unmapped the range meanwhile.
+            let _ = p.uffd.unregister(s, e - s);
+        }
+    }
+    t.publish(&p.events);
+    !t.ranges.is_empty()
+}
+
+/// Maps a copy of the page `pte` holds (staged or swapped) at `dst`: one attempt, `EAGAIN`
+/// left to the caller. A swapped page is read (and its checksum checked) up to
+/// `READ_ATTEMPTS` times; one that never reads back is reported as `EIO`.
+fn copy_page(p: &PagerShared, dst: usize, pte: Pte, buf: &mut AlignedPage) -> RangeResult {
+    let e = pte.entry();
+    let dev = p.devices.device(e);
+    let wake = p.mode == FaultMode::Thread;
+    if pte.state() == PageState::Cached {
+        return p.uffd.copy(dst, dev.staging_addr(e.offset()) as *const u8, PAGE_SIZE, wake, false);
+    }
+    for _ in 0..READ_ATTEMPTS {
+        let mut req = [ReadReq::new(e.offset(), std::slice::from_mut(buf))];
+        dev.backend.read(&mut req);
+        let ok = req[0].result.is_ok();
+        if ok && dev.checksum_ok(e.offset(), &buf.0) {
+            p.stats.inc(Counter::Pswpin);
+            return p.uffd.copy(dst, buf.0.as_ptr(), PAGE_SIZE, wake, false);
+        }
+    }
+    RangeResult::Partial { done_bytes: 0, errno: libc::EIO }
 }

@@ -29,12 +29,12 @@ use crossbeam_utils::Backoff;
 use crate::mapping::{now_ns, pin_current_thread};
 use crate::pager::{FaultMode, PageErrorKind, PagerShared};
 use crate::readahead::MAX_WINDOW_PAGES;
-use crate::reclaim;
 use crate::region::{PageRef, PageState, Pte, RegionInner, REGIONS};
 use crate::stats::Counter;
 use crate::swapin::{swap_in, Fault, READ_ATTEMPTS};
 use crate::sync::locks_held_by_this_thread;
 use crate::uffd::{self, Doorbell, RangeResult, UffdMsg, PAGE_SIZE};
+use crate::{events, reclaim};
 
 /// Zeros, the source of `UFFDIO_COPY` for first writes (a fault-around window's worth).
 #[repr(C, align(4096))]
@@ -205,7 +205,8 @@ pub(crate) fn serve_fault(
     if route.lock_free() {
         pager.stats.inc(Counter::FaultLockFree);
     }
-    if result.is_err() {
+    // Gone loses nothing: the address is not the region's any more.
+    if result.is_err() && result != Err(FaultError::Gone) {
         pager.stats.inc(Counter::FaultError);
     }
     pager.stats.record_fault_latency(now_ns().saturating_sub(t0));
@@ -298,7 +299,7 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     let Some(g) = REGIONS.find(addr) else {
         // A region being moved (mremap) is found again once its event is applied: retry the
         // access rather than pass the signal on.
-        if crate::events::in_flight() {
+        if events::in_flight() {
             std::thread::yield_now();
             return true;
         }
@@ -314,7 +315,9 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
         match serve_fault(&g, g.index, g.gen, addr, is_write, route) {
             Ok(()) => return true,
             Err(FaultError::BusyTimeout) => break,
-            // Not the region's any more: not uswap's fault.
+            // Not the region's any more: not uswap's fault. (Memory the application grew back
+            // over it in place is not served here: nothing tells which userfaultfd a SIGBUS
+            // came from, and `UFFDIO_ZEROPAGE` works through any descriptor of the process.)
             Err(FaultError::Gone) => return false,
             // An event is being delivered (the kernel refuses ioctls until it is read): the
             // access faults again once it is.
@@ -338,15 +341,17 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
     }
     let mut msgs = [UffdMsg::default(); 16];
     while !pager.is_shutdown() {
-        // EAGAIN reads as 0; EINTR is the only other error a valid descriptor gives: poll again.
-        let n = pager.uffd.read_msgs(&mut msgs).unwrap_or(0);
+        // Events (munmap, mremap, madvise) among the messages are applied here, in the order
+        // the kernel sent them, before any fault read after them is served.
+        let n = events::read_and_apply(pager, &mut msgs);
+        let pending = events::run_take_outs(pager);
         if n == 0 {
-            uffd::poll_fault_or_doorbell(&pager.uffd, doorbell);
+            let timeout_ms = if pending { events::TAKE_OUT_POLL_MS } else { -1 };
+            uffd::poll_fault_or_doorbell_for(&pager.uffd, doorbell, timeout_ms);
             continue;
         }
         for m in &msgs[..n] {
             if m.event != uffd::EVENT_PAGEFAULT {
-                crate::events::handle_event(pager, m);
                 continue;
             }
             let addr = m.pf_address as usize & !(PAGE_SIZE - 1);
@@ -361,9 +366,17 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                                 break;
                             }
                             Err(FaultError::BusyTimeout) => break,
-                            // Gone: the thread faults again and meets whatever is there now;
+                            // Gone: memory mremap grew back in place gets a zero page; else
+                            // the thread faults again and meets whatever is there now.
+                            Err(FaultError::Gone) => {
+                                if pager.uffd.zeropage(addr, PAGE_SIZE, true) != RangeResult::Done {
+                                    let _ = pager.uffd.wake(addr, PAGE_SIZE);
+                                }
+                                ok = true;
+                                break;
+                            }
                             // EAGAIN: an event is pending, and the thread faults again after it.
-                            Err(FaultError::Gone) | Err(FaultError::Ioctl(libc::EAGAIN)) => {
+                            Err(FaultError::Ioctl(libc::EAGAIN)) => {
                                 let _ = pager.uffd.wake(addr, PAGE_SIZE);
                                 ok = true;
                                 break;
@@ -379,6 +392,17 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                         continue;
                     }
                     ok
+                }
+                // A part of a region moved away by mremap, its pages still being copied
+                // in: the copy wakes the thread, or the range's unregistering does.
+                None if events::is_pending(pager, addr) => continue,
+                // Registered memory no region claims: what mremap grew a region by in
+                // place (no event tells of it). Ordinary anonymous memory: zero.
+                None => {
+                    if pager.uffd.zeropage(addr, PAGE_SIZE, true) == RangeResult::Done {
+                        continue;
+                    }
+                    false
                 }
                 _ => false,
             };

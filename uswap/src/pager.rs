@@ -266,6 +266,7 @@ impl PagerBuilder {
             background_reclaim: self.background_reclaim,
             errors: ArrayQueue::new(ERROR_LOG_LEN),
             reclaimer: std::sync::OnceLock::new(),
+            events: events::EventState::default(),
         });
         let doorbell = Doorbell::new().map_err(|e| Error::io("creating the handler-thread doorbell (eventfd)", e))?;
         let publish = if self.publish_stats {
@@ -484,6 +485,8 @@ pub(crate) struct PagerShared {
     pub errors: ArrayQueue<PageError>,
     /// The background reclaimer, for waking it (`BackgroundReclaim::Always`).
     pub reclaimer: std::sync::OnceLock<std::thread::Thread>,
+    /// Event ordering and the parts of regions `mremap` moved out (see `events`).
+    pub events: events::EventState,
 }
 
 /// What [`PagerShared::release_page`] gave back, for [`PagerShared::apply_released`] to

@@ -54,7 +54,8 @@ const BATCH: usize = RECLAIM_BATCH_PAGES;
 /// Stale queue entries one round may drop (bounds a round's work; stale entries cost a load
 /// and a compare each).
 const MAX_STALE_PER_ROUND: usize = 64 * BATCH;
-/// Direct-reclaim rounds that free nothing before a charge gives up and overruns.
+/// Direct-reclaim rounds that free nothing before a charge (or `reclaim_to_limit`) stops
+/// yielding and starts sleeping between rounds.
 const MAX_FRUITLESS_ROUNDS: usize = 16;
 
 /// `(high, low)` watermarks for a limit, in pages.
@@ -68,13 +69,52 @@ pub(crate) fn swapcache_target(limit: usize) -> usize {
     (2 * BATCH).max(limit / 32)
 }
 
+/// How long a charge waits, in all, for room while every victim it finds is busy in other
+/// threads' faults and device writes (the devices have room) before it charges over the
+/// limit (`limit_overrun_busy`). Well below `fault::BUSY_WAIT_LIMIT_NS` (10 s): the waiting
+/// thread owns its faulting page, and another thread faulting on that page waits for it.
+pub(crate) const CHARGE_WAIT_LIMIT_NS: u64 = 250_000_000;
+/// How long a charge waits while no thread makes any progress at all (nothing written
+/// back, dropped or found zero anywhere) before it gives up sooner.
+const CHARGE_STALL_LIMIT_NS: u64 = 100_000_000;
+/// First and longest sleep between fruitless rounds of a charge.
+const CHARGE_BACKOFF_MIN_NS: u64 = 20_000;
+const CHARGE_BACKOFF_MAX_NS: u64 = 1_000_000;
+
+/// Pages uncharged by reclaim so far, over every thread: written back, dropped clean, or
+/// found zero. What a waiting charge measures others' progress by.
+fn reclaim_progress(p: &PagerShared) -> u64 {
+    p.stats.sum(Counter::Pswpout) + p.stats.sum(Counter::SwpoutClean) + p.stats.sum(Counter::SwpoutZero)
+}
+
+/// Sleeps `ns` with `nanosleep(2)`, which is async-signal-safe and allocates nothing (a
+/// charge may run in a SIGBUS handler).
+fn nap(ns: u64) {
+    let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as _ };
+    // SAFETY: nanosleep reads `ts` and writes nothing (no remainder pointer); an early
+    // wake-up by a signal only shortens the nap.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
 /// Charges `n` pages against the limit, reclaiming directly when at it (see the module doc).
+///
+/// While its reclaim rounds find nothing (every victim busy in other threads' faults and
+/// writes, which happens with many more faulting threads than CPUs on a slow device), it
+/// yields for `MAX_FRUITLESS_ROUNDS` rounds, then sleeps with an exponential back-off and
+/// tries again, for up to `CHARGE_WAIT_LIMIT_NS`, or `CHARGE_STALL_LIMIT_NS` during which no
+/// thread reclaimed anything. Only then, or at once when every device is full or on the
+/// lock-free route (which may not reclaim), does it charge over the limit: counted in
+/// `limit_overrun` (and `limit_overrun_busy` when the devices had room). Nothing is lost;
+/// reclaim takes the extra pages later.
 pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
     let mut stalled = false;
     let mut fruitless = 0;
+    let mut backoff_ns = CHARGE_BACKOFF_MIN_NS;
+    // (when the waiting began, when progress was last seen, the progress then)
+    let mut waiting: Option<(u64, u64, u64)> = None;
     // Terminates: a failed compare-exchange means another thread changed the charge (its
-    // progress); a reclaim round either uncharges pages or counts towards
-    // MAX_FRUITLESS_ROUNDS, after which the charge is forced (LimitOverrun).
+    // progress); a fruitful round resets nothing but the back-off and uncharges pages;
+    // fruitless rounds sleep, and the wait is bounded by CHARGE_WAIT_LIMIT_NS in all.
     loop {
         let cur = p.resident_pages.load(Ordering::Acquire);
         let limit = p.limit_pages.load(Ordering::Acquire);
@@ -88,15 +128,11 @@ pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
         }
         if p.reclaim_held.load(Ordering::Acquire) {
             // Pager::prepare_fork: every page comes in before the fork; none may go out.
-            let now = p.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
-            shared_add(p, n);
-            note_peak(p, now);
+            force_charge(p, n);
             return;
         }
-        if route == Route::SignalLockFree || fruitless >= MAX_FRUITLESS_ROUNDS {
-            let now = p.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
-            shared_add(p, n);
-            note_peak(p, now);
+        if route == Route::SignalLockFree {
+            force_charge(p, n);
             p.stats.inc(Counter::LimitOverrun);
             break;
         }
@@ -104,18 +140,49 @@ pub(crate) fn charge(p: &PagerShared, n: usize, route: Route) {
             p.stats.inc(Counter::Allocstall);
             stalled = true;
         }
-        if !reclaim_round(p, true).any() {
-            fruitless += 1;
-            if p.devices.is_full() {
-                // Nothing can go anywhere: keep the page, count the overrun.
-                fruitless = MAX_FRUITLESS_ROUNDS;
-            }
-            std::thread::yield_now();
+        if reclaim_round(p, true).any() {
+            fruitless = 0;
+            backoff_ns = CHARGE_BACKOFF_MIN_NS;
+            continue;
         }
+        if p.devices.is_full() {
+            // Nothing can go anywhere: keep the page, count the overrun.
+            force_charge(p, n);
+            p.stats.inc(Counter::LimitOverrun);
+            break;
+        }
+        fruitless += 1;
+        if fruitless <= MAX_FRUITLESS_ROUNDS {
+            std::thread::yield_now();
+            continue;
+        }
+        // The victims are busy in other threads' writes: sleep, so that they get the CPU to
+        // finish them, rather than spin or give up.
+        let now = crate::mapping::now_ns();
+        let progress = reclaim_progress(p);
+        let (since, last_seen, seen) = waiting.get_or_insert((now, now, progress));
+        if progress != *seen {
+            (*last_seen, *seen) = (now, progress);
+        }
+        if now - *since > CHARGE_WAIT_LIMIT_NS || now - *last_seen > CHARGE_STALL_LIMIT_NS {
+            force_charge(p, n);
+            p.stats.inc(Counter::LimitOverrun);
+            p.stats.inc(Counter::LimitOverrunBusy);
+            break;
+        }
+        nap(backoff_ns);
+        backoff_ns = (backoff_ns * 2).min(CHARGE_BACKOFF_MAX_NS);
     }
     if route != Route::SignalLockFree {
         task_reclaim(p);
     }
+}
+
+/// Charges `n` pages whatever the limit (the callers count why).
+fn force_charge(p: &PagerShared, n: usize) {
+    let now = p.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
+    shared_add(p, n);
+    note_peak(p, now);
 }
 
 /// Whether `n` more pages fit under the shared charge, if the pager has one. Read without a

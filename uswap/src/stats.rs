@@ -96,9 +96,16 @@ pub(crate) enum Counter {
     /// Swap-cache hits on read-only memory, copied back (`UFFDIO_MOVE` needs equal
     /// protections on both sides).
     PgfaultSwapcacheCopy,
+    /// Pages of a part moved out of a region by `mremap` that were not in place (staged or
+    /// swapped) and were copied to the new address (see `events`).
+    RemapCopied,
+    /// Charges that went above the resident limit while the devices had room: every victim
+    /// stayed busy in other threads' faults and writes past `reclaim::CHARGE_WAIT_LIMIT_NS`
+    /// (also counted in `LimitOverrun`).
+    LimitOverrunBusy,
 }
 
-const NR_COUNTERS: usize = Counter::PgfaultSwapcacheCopy as usize + 1;
+const NR_COUNTERS: usize = Counter::LimitOverrunBusy as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -430,6 +437,14 @@ pub struct Stats {
     pub uffd_remove: u64,
     /// Swap-cache hits on read-only (`mprotect`) memory, served by copying the staged page.
     pub pgfault_swapcache_copy: u64,
+    /// Pages of a part of a region moved away by `mremap` that were staged or swapped out
+    /// and were copied into place at the new address (that part is ordinary memory since).
+    pub remap_copied: u64,
+    /// Of `limit_overrun`, the charges that went over the limit although the devices had
+    /// room: every page reclaim found stayed busy in other threads' faults and device writes
+    /// for the whole bounded wait (`reclaim::charge`). Nothing is lost; the pages stay
+    /// resident until reclaim takes them.
+    pub limit_overrun_busy: u64,
     /// Faults that found their page already resolved by a racing thread.
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
@@ -633,6 +648,8 @@ impl PerCpuStats {
         s.uffd_remap = self.sum(UffdRemap);
         s.uffd_remove = self.sum(UffdRemove);
         s.pgfault_swapcache_copy = self.sum(PgfaultSwapcacheCopy);
+        s.remap_copied = self.sum(RemapCopied);
+        s.limit_overrun_busy = self.sum(LimitOverrunBusy);
         s.fault_raced = self.sum(FaultRaced);
         s.fault_lock_free = self.sum(FaultLockFree);
         s.fault_busy_timeout = self.sum(FaultBusyTimeout);

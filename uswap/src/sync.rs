@@ -13,6 +13,12 @@
 //! further down the list, and only in the order given; "try" means it may only `try_lock`
 //! (and does something else on failure), so it never waits.
 //!
+//! 0. **Event reader lock** (`events::EventState::reader`, a std mutex, engine threads only):
+//!    held across a read of the regions' userfaultfd and the application of the events it
+//!    returned, so that events are applied in the order the kernel sent them. Its holder
+//!    waits for page busy bits (1) and takes the take-out list's std mutex (a leaf, held by
+//!    `events::run_take_outs` across device reads and ioctls that never wait on an event);
+//!    no owner of a busy bit ever waits for either.
 //! 1. **Page busy bits** (`region::Pte`, one per page): ownership of a page, taken by a
 //!    compare-and-swap. Faults, reclaim and the async-readahead starter hold them; a holder
 //!    may take further busy bits only with `try_lock`. The only waits on a busy bit are a

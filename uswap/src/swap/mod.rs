@@ -160,8 +160,11 @@ pub struct SwapDevices {
     deferred: ArrayQueue<u64>,
     /// Frees dropped because the deferred queue was full (a slot leak, counted).
     deferred_overflow: AtomicU64,
-    /// Set when an allocation came up short with every free batch flushed; cleared by the
-    /// next free. Lets reclaim skip hopeless rounds while the devices are full.
+    /// Set when an allocation came up short with every free batch flushed *and* no device
+    /// it could use has a free slot left; cleared by the next free. Lets reclaim skip
+    /// hopeless rounds, and a charge overrun at once, while the devices are full. (An
+    /// allocation also comes up short while the free slots sit in clusters other CPUs hold
+    /// or that wait for their discard: that is contention, not a full device.)
     full: AtomicBool,
 }
 
@@ -217,7 +220,7 @@ impl SwapDevices {
         if got < out.len() {
             self.flush_frees();
             got += self.alloc_once(exclude, &mut out[got..]);
-            if got < out.len() {
+            if got < out.len() && self.no_free_slot(exclude) {
                 self.full.store(true, Ordering::Relaxed);
             }
         }
@@ -227,6 +230,13 @@ impl SwapDevices {
     /// True while the last allocation found every device full and nothing was freed since.
     pub fn is_full(&self) -> bool {
         self.full.load(Ordering::Relaxed)
+    }
+
+    /// Whether every device not in `exclude` declines new pages or has every slot in use.
+    fn no_free_slot(&self, exclude: u64) -> bool {
+        self.devices.iter().all(|d| {
+            exclude & (1 << d.index) != 0 || !d.backend.accepting() || d.allocator.inuse_slots() >= d.nr_slots()
+        })
     }
 
     fn alloc_once(&self, exclude: u64, out: &mut [SwapEntry]) -> usize {

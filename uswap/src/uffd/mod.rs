@@ -475,7 +475,7 @@ pub fn kernel_release() -> String {
     }
 }
 
-/// An eventfd that wakes handler threads blocked in [`poll_fault_or_doorbell`] (shutdown).
+/// An eventfd that wakes handler threads blocked in [`poll_fault_or_doorbell_for`] (shutdown).
 #[derive(Debug)]
 pub struct Doorbell {
     fd: OwnedFd,
@@ -539,15 +539,15 @@ impl Drop for AsyncSignalsBlocked {
     }
 }
 
-/// Blocks until the userfaultfd has a message or the doorbell rang. Returns true if the
-/// doorbell rang.
-pub fn poll_fault_or_doorbell(uffd: &Uffd, bell: &Doorbell) -> bool {
+/// Blocks until the userfaultfd has a message or the doorbell rang, for at most
+/// `timeout_ms` (-1: no limit). Returns true if the doorbell rang.
+pub fn poll_fault_or_doorbell_for(uffd: &Uffd, bell: &Doorbell, timeout_ms: i32) -> bool {
     let mut fds = [
         libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: bell.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
     ];
     // SAFETY: poll reads and writes the two pollfd structures we own.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
     r > 0 && fds[1].revents != 0
 }
 
