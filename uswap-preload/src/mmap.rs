@@ -11,9 +11,10 @@
 //! is taken only by these three calls; a region is dropped outside it. `munmap` of a whole
 //! managed mapping drops its region (its slots are freed at once); `munmap` of a part goes
 //! to the kernel, whose `UFFD_EVENT_UNMAP` the engine handles. `mremap` of a managed mapping
-//! is done here, by copying into a new managed mapping: the kernel's partial `mremap` of a
-//! registered range is the one path where the engine can still lose track of pages (see
-//! README), and growing in place is something the kernel may refuse anyway.
+//! is done here, by copying into a new managed mapping: the kernel's `mremap` of part of a
+//! region leaves the moved part as ordinary memory (the engine copies its pages into place
+//! and lets it go, see `uswap/src/events.rs`), which would take it out of the budget; and
+//! growing in place is something the kernel may refuse anyway.
 
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -67,16 +68,14 @@ fn page_round_up(n: usize) -> Option<usize> {
 }
 
 fn manageable(addr: *mut c_void, len: usize, prot: i32, flags: i32, cfg: &Config) -> bool {
-    let excluded = libc::MAP_SHARED
-        | libc::MAP_SHARED_VALIDATE
-        | libc::MAP_FIXED
-        | libc::MAP_FIXED_NOREPLACE
-        | libc::MAP_STACK
-        | libc::MAP_GROWSDOWN
-        | libc::MAP_HUGETLB;
+    // The mapping type is a 4-bit field (MAP_SHARED_VALIDATE = MAP_SHARED | MAP_PRIVATE),
+    // not flags: compare it whole.
+    const MAP_TYPE: i32 = 0x0f;
+    let excluded =
+        libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_STACK | libc::MAP_GROWSDOWN | libc::MAP_HUGETLB;
     addr.is_null()
         && flags & libc::MAP_ANONYMOUS != 0
-        && flags & libc::MAP_PRIVATE != 0
+        && flags & MAP_TYPE == libc::MAP_PRIVATE
         && flags & excluded == 0
         && prot == libc::PROT_READ | libc::PROT_WRITE
         && len >= cfg.min_size_bytes
