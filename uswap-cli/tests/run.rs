@@ -18,7 +18,7 @@ const LIMIT_MIB: u64 = 16;
 const WSS_MIB: u64 = 4 * LIMIT_MIB;
 /// The documented slack over the limit: a charge racing others under the shared charge may
 /// pass it by one readahead window (128 KiB) per thread faulting at that moment.
-const SLACK_BYTES: u64 = 8 * 128 << 10;
+const SLACK_BYTES: u64 = 8 * (128 << 10);
 
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("uswap-run-test-{}-{name}", std::process::id()));
@@ -193,7 +193,7 @@ fn sort_with_a_buffer_larger_than_the_limit() {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
         let mut x: u64 = 0x2545F4914F6CDD1D;
         // About 3x the limit of text, sorted in one in-memory buffer (-S) 4x the limit.
-        for i in 0..(3 * LIMIT_MIB << 20) / 28 {
+        for i in 0..((3 * LIMIT_MIB) << 20) / 28 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
