@@ -32,6 +32,7 @@ mod device;
 mod error;
 mod events;
 mod fault;
+mod lru;
 mod mapping;
 mod pager;
 mod readahead;

@@ -23,6 +23,7 @@ use crate::async_readahead::{AsyncReadahead, DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WI
 use crate::bounce::BouncePool;
 use crate::device::DeviceConfig;
 use crate::error::{Error, Result};
+use crate::lru::LruQueue;
 use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, spawn_engine_thread, AppMapping};
 use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
 use crate::region::{PageState, Pte, Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
@@ -235,6 +236,14 @@ impl PagerBuilder {
         // Room for every resident page twice over (stale entries linger until popped); a
         // page that finds the queue full is counted and later found by a scan.
         let queue_len = (4 * limit_pages).max(1 << 16);
+        let lru = || {
+            LruQueue::new(queue_len).map_err(|e| Error::OutOfAddressSpace {
+                what: "a reclaim queue".into(),
+                len_bytes: (queue_len * 16) as u64,
+                source: e,
+            })
+        };
+        let (active, streamed, inactive) = (lru()?, lru()?, lru()?);
         let cpus = allowed_cpus();
         let shared = Arc::new(PagerShared {
             uffd,
@@ -252,10 +261,10 @@ impl PagerBuilder {
             swapcache_pages: AtomicUsize::new(0),
             clean_pages: AtomicUsize::new(0),
             devices,
-            active: ArrayQueue::new(queue_len),
-            streamed: ArrayQueue::new(queue_len),
+            active,
+            streamed,
             streamed_rounds_left: AtomicUsize::new(0),
-            inactive: ArrayQueue::new(queue_len),
+            inactive,
             stats: PerCpuStats::new(nr_cpus),
             // Each buffer holds a readahead window.
             bounce: BouncePool::new(4 * nr_cpus.max(4), self.readahead_max_pages),
@@ -463,15 +472,15 @@ pub(crate) struct PagerShared {
     pub clean_pages: AtomicUsize,
     pub devices: SwapDevices,
     /// Resident pages, oldest first (packed `PageRef`s).
-    pub active: ArrayQueue<u64>,
+    pub active: LruQueue,
     /// Resident pages a stream brought in (read ahead, or faulted around on first touch),
     /// oldest first: used once, so reclaimed before `active` (see `reclaim`).
-    pub streamed: ArrayQueue<u64>,
+    pub streamed: LruQueue,
     /// Reclaim rounds left during which `streamed` keeps its reserve: reset by every page
     /// queued there, counted down by every round (see `reclaim::streamed_reserve`).
     pub streamed_rounds_left: AtomicUsize,
     /// Staged pages waiting for writeback, oldest first.
-    pub inactive: ArrayQueue<u64>,
+    pub inactive: LruQueue,
     pub stats: PerCpuStats,
     pub bounce: BouncePool,
     /// The global readahead switch.

@@ -567,6 +567,9 @@ impl Stats {
             swapcache_pages,
             clean_pages,
             limit_pages,
+            resident_peak_pages,
+            remap_copied,
+            limit_overrun_busy,
         );
         for d in &other.devices {
             match self.devices.iter_mut().find(|mine| mine.name == d.name) {

@@ -19,7 +19,8 @@ use uswap::Stats;
 use super::{Format, PagerStats};
 
 /// Top-level fields of `Stats` that are levels, not running counts.
-const GAUGES: [&str; 4] = ["resident_pages", "swapcache_pages", "clean_pages", "limit_pages"];
+/// resident_peak_pages only rises, but it is a level (a high-water mark), not a count of events.
+const GAUGES: [&str; 5] = ["resident_pages", "swapcache_pages", "clean_pages", "limit_pages", "resident_peak_pages"];
 
 /// Fields of a device (and of its backend) that are levels; the rest count events.
 const DEVICE_GAUGES: [&str; 11] = [
@@ -55,6 +56,8 @@ fn help(field: &str) -> Option<&'static str> {
         "allocstall" => "Allocations that reclaimed directly at the limit.",
         "swap_alloc_fail" => "Swap-outs that found no free slot (page stayed resident).",
         "limit_overrun" => "Charges that went above the resident limit.",
+        "limit_overrun_busy" => "Of those, charges forced over because every victim stayed busy.",
+        "remap_copied" => "Pages a partial mremap moved out of a region, copied into place.",
         "swap_ra" => "Pages read ahead.",
         "swap_ra_hit" => "Read-ahead pages the application used.",
         "swap_ra_unused" => "Read-ahead pages evicted unused.",
@@ -82,6 +85,7 @@ fn help(field: &str) -> Option<&'static str> {
         "swapcache_pages" => "Resident pages staged in the swap cache.",
         "clean_pages" => "Resident pages whose slot still holds them.",
         "limit_pages" => "The resident limit, in pages.",
+        "resident_peak_pages" => "The most application pages resident at once since the pager started.",
         "priority" => "Device priority (higher is used first).",
         "nr_slots" => "Slots (pages) the device can hold.",
         "slots_used" => "Slots allocated.",

@@ -98,7 +98,7 @@ impl SwapDevice {
             index,
             priority,
             allocator: ClusterAllocator::new(nr_clusters, nr_cpus),
-            cache: SwapCache::new(nr_clusters),
+            cache: SwapCache::new(nr_clusters)?,
             checksums: if checksum { Some(AtomicTable::new(nr_clusters as usize * SWAPFILE_CLUSTER)?) } else { None },
             backend,
             staging,

@@ -16,18 +16,19 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::cluster_allocator::SWAPFILE_CLUSTER;
+use crate::mapping::AtomicTable;
 
 /// Bit of an entry meaning "contents staged in RAM" (`SWAP_HAS_CACHE`).
 const HAS_CACHE: u64 = 1 << 63;
 /// Bits of the opaque owner value.
 pub const OWNER_BITS: u32 = 62;
 
-struct ClusterTable {
-    slots: Box<[AtomicU64]>,
-}
-
+/// One word per slot, cluster after cluster (`SWAPFILE_CLUSTER` words per cluster), in a
+/// mapping that reads as zero until used: a device sized for tens of GiB costs memory only
+/// for the clusters it has used (one boxed table per cluster, written at start-up, cost a
+/// 48 GiB pool 100 MB and 50 ms in every process).
 pub struct SwapCache {
-    tables: Box<[ClusterTable]>,
+    slots: AtomicTable,
 }
 
 /// What the table says about a slot.
@@ -40,18 +41,13 @@ pub struct SlotInfo {
 }
 
 impl SwapCache {
-    pub fn new(nr_clusters: u32) -> SwapCache {
-        SwapCache {
-            tables: (0..nr_clusters)
-                .map(|_| ClusterTable { slots: (0..SWAPFILE_CLUSTER).map(|_| AtomicU64::new(0)).collect() })
-                .collect(),
-        }
+    pub fn new(nr_clusters: u32) -> std::io::Result<SwapCache> {
+        Ok(SwapCache { slots: AtomicTable::new(nr_clusters as usize * SWAPFILE_CLUSTER)? })
     }
 
     #[inline]
     fn slot(&self, offset: u64) -> &AtomicU64 {
-        let ci = offset as usize / SWAPFILE_CLUSTER;
-        &self.tables[ci].slots[offset as usize % SWAPFILE_CLUSTER]
+        &self.slots[offset as usize]
     }
 
     /// Records the owner of a freshly allocated slot (not cached yet).
@@ -86,7 +82,7 @@ mod tests {
 
     #[test]
     fn records_owner_and_presence() {
-        let c = SwapCache::new(2);
+        let c = SwapCache::new(2).unwrap();
         assert_eq!(c.lookup(700), None);
         c.set_owner(700, 42);
         assert_eq!(c.lookup(700), Some(SlotInfo { owner: 42, cached: false }));
