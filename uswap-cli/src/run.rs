@@ -222,6 +222,14 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         .env("USWAP_STATS_DIR", &stats_dir)
         .env_remove("USWAP_DISABLE");
     let mut child = cmd.spawn().map_err(|source| RunError::Spawn { path: path.clone(), source })?;
+    // `uswap stat <this pid>` shows the tree's counters, summed from what every process
+    // publishes (each also answers for itself under its own pid). Best effort: the program
+    // runs the same without it.
+    let tree_dir = stats_dir.clone();
+    let _tree_stats =
+        uswap::stats_server::serve(&uswap::stats_server::next_socket_name(), move || tree_stats(&tree_dir))
+            .map_err(|e| eprintln!("uswap run: the tree's counters will not be served to `uswap stat`: {e}"))
+            .ok();
     // A terminal's Ctrl-C goes to the whole foreground group: the program decides what to do
     // with it, and we wait for it to finish (as `time` does). Ignored only after the spawn:
     // an ignored signal stays ignored across exec.
@@ -248,6 +256,22 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         None => eprintln!("{}", summary_line(&summary)),
     }
     Ok(code)
+}
+
+/// The tree's counters now: every process's last record (rewritten every 200 ms) added up.
+fn tree_stats(dir: &Path) -> uswap::Stats {
+    let mut sum = uswap::Stats::default();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || !name.ends_with(".json") {
+            continue;
+        }
+        if let Some(s) = std::fs::read(e.path()).ok().and_then(|b| serde_json::from_slice::<uswap::Stats>(&b).ok()) {
+            sum.add(&s);
+        }
+    }
+    sum
 }
 
 /// SIGINT and SIGQUIT ignored while it lives (restored on drop).

@@ -1,9 +1,9 @@
 //! The counters a process leaves for `uswap run`: at `exit()`, the pager's [`uswap::Stats`]
 //! as JSON in `$USWAP_STATS_DIR/<pid>.json` (a process replaced by exec leaves none: its
 //! pager never ran long enough to matter, or its counters would be lost with the image).
-//! A process killed by a signal or ending with `_exit` writes nothing at exit; a thread
-//! rewrites the file every [`PUBLISH_INTERVAL_MS`] so that its counters survive up to the
-//! last interval.
+//! `_exit` and `_Exit` are interposed to write it too. A process killed by a signal writes
+//! nothing at exit; a thread rewrites the file every [`PUBLISH_INTERVAL_MS`] so that its
+//! counters survive up to the last interval.
 //!
 //! `managed_peak_pages` counts pages that hold the program's data: mapped, or stored on a
 //! device (a staged page counts once, by its slot). It is sampled at each publication.
@@ -22,6 +22,7 @@ static DIR: OnceLock<PathBuf> = OnceLock::new();
 static MANAGED_PEAK_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 pub fn start(dir: Option<PathBuf>) {
+    START_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     let Some(dir) = dir else { return };
     let _ = DIR.set(dir);
     let _ = uswap::spawn_engine_thread("uswap-report".into(), || loop {
@@ -74,6 +75,27 @@ fn write() {
     }
 }
 
+/// The pid the library started in: a `vfork` child (same memory, no atfork handlers) has
+/// another, and must not write the parent's pager's record as its own.
+static START_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 pub fn write_final() {
-    write();
+    if START_PID.load(std::sync::atomic::Ordering::Relaxed) == std::process::id() {
+        write();
+    }
+}
+
+/// `_exit` and `_Exit`, interposed: shells (dash) and many programs end with them, skipping
+/// `exit()`'s destructors, and their counters would be lost.
+#[no_mangle]
+pub extern "C" fn _exit(status: i32) -> ! {
+    write_final();
+    // SAFETY: exit_group ends the process; it does not return.
+    unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    unreachable!("exit_group returned")
+}
+
+#[no_mangle]
+pub extern "C" fn _Exit(status: i32) -> ! {
+    _exit(status)
 }
