@@ -173,17 +173,16 @@ fn fork_child_reads_the_parents_memory_as_it_was() {
     let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
     // Thread mode only: in signal mode the parent's final printf can be lost (its stdio
     // buffer's page may be out when exit() writes it: EFAULT, see README).
-    for mode in ["thread"] {
-        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
-        let expect = plain(&prog);
-        assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
-        assert_eq!(o.stdout, expect.stdout, "{mode}: child or parent read different bytes");
-        assert!(counter(&v, "pswpout") > 0, "{v}");
-        // The documented cost of fork: the parent's pages come back in first, so the peak is
-        // up to the whole working set (see README, "fork").
-        let peak = counter(&v, "resident_peak_bytes");
-        assert!(peak <= ((WSS_MIB + LIMIT_MIB) << 20) + SLACK_BYTES, "{mode}: peak {peak}: {v}");
-    }
+    let mode = "thread";
+    let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+    let expect = plain(&prog);
+    assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout, expect.stdout, "{mode}: child or parent read different bytes");
+    assert!(counter(&v, "pswpout") > 0, "{v}");
+    // The documented cost of fork: the parent's pages come back in first, so the peak is
+    // up to the whole working set (see README, "fork").
+    let peak = counter(&v, "resident_peak_bytes");
+    assert!(peak <= ((WSS_MIB + LIMIT_MIB) << 20) + SLACK_BYTES, "{mode}: peak {peak}: {v}");
 }
 
 #[test]
