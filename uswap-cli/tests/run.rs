@@ -446,3 +446,63 @@ fn bench_command_refuses_what_it_cannot_run() {
         _ => eprintln!("SKIPPED the not-root case: cannot run the binary as nobody"),
     }
 }
+
+/// Pids of processes whose command line is exactly `argv`.
+fn pids_running(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+#[test]
+fn bench_command_interrupted_kills_the_program_and_cleans_up() {
+    use std::io::Read;
+    let mut engines = vec!["ram"];
+    match kernel_unavailable() {
+        None => engines.push("kernel-zram"),
+        Some(why) => eprintln!("SKIPPED the kernel engine (it needs root, zram, a memory controller, swap off): {why}"),
+    }
+    // A sleep no one else runs, so that finding it finds ours.
+    let secs = format!("{}.{}", 300, std::process::id());
+    for engine in engines {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_uswap"))
+            .args(["bench", "--command", &format!("sleep {secs}"), "--engines", engine, "--wait-lock"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while pids_running(&["sleep", &secs]).is_empty() {
+            assert!(Instant::now() < deadline, "{engine}: the program never started");
+            assert!(child.try_wait().unwrap().is_none(), "{engine}: the bench ended before its program started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() >= deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("{engine}: the bench did not stop within 60 s of SIGINT");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert_eq!(status.code(), Some(130), "{engine}: {err}");
+        assert!(err.contains("interrupted; everything it had set up is cleaned up"), "{engine}: {err}");
+        assert_eq!(pids_running(&["sleep", &secs]), Vec::<u32>::new(), "{engine}: the program outlived the bench");
+        if engine.starts_with("kernel-") {
+            let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
+            assert_eq!(swaps.lines().count(), 1, "swap left on: {swaps}");
+        }
+    }
+}
