@@ -97,7 +97,7 @@ struct Outcome {
 
 /// One engine's run, with its counters.
 #[derive(Debug, Clone)]
-struct EngineRun {
+struct CommandRun {
     outcome: Outcome,
     device: Option<String>,
     pgmajfault: Option<u64>,
@@ -116,9 +116,8 @@ struct Digest {
 }
 
 fn digest(mut r: impl Read) -> std::io::Result<Digest> {
-    // SipHash with fixed keys: the same bytes give the same hash within this process.
-    #[allow(deprecated)]
-    let mut h = std::hash::SipHasher::new();
+    // `DefaultHasher::new` has fixed keys: the same bytes give the same hash every time.
+    let mut h = std::hash::DefaultHasher::new();
     let (mut bytes, mut head) = (0u64, vec![]);
     let mut buf = vec![0u8; 64 << 10];
     loop {
@@ -351,7 +350,7 @@ fn u64_of(v: &Value, k: &str) -> Option<u64> {
 }
 
 /// One run of the program under one engine.
-fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<EngineRun, BenchError> {
+fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<CommandRun, BenchError> {
     let args = plan.args;
     match &engine.kind {
         EngineKind::Uswap { mode, devices, .. } => {
@@ -365,7 +364,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Eng
             let mut launch = Launch::prepare(&plan.argv, &cfg)?;
             let outcome = spawn_timed(&engine.name, &mut launch.command, None)?;
             let stats = launch.summary();
-            Ok(EngineRun {
+            Ok(CommandRun {
                 device: Some(device),
                 pgmajfault: u64_of(&stats, "pgmajfault"),
                 pswpin: u64_of(&stats, "pswpin"),
@@ -379,7 +378,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Eng
             let before = Vmstat::read();
             let outcome = spawn_timed(&engine.name, &mut plan.plain_command(), None)?;
             let stats = Vmstat::read().delta(&before);
-            Ok(EngineRun {
+            Ok(CommandRun {
                 device: None,
                 pgmajfault: Some(outcome.majflt),
                 pswpin: None,
@@ -407,7 +406,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Eng
             if oom > 0 && !outcome.status.success() {
                 return Err(BenchError::OomKilled { engine: engine.name.clone(), attempts: 1 });
             }
-            Ok(EngineRun {
+            Ok(CommandRun {
                 device: Some(device),
                 pgmajfault: pgmajfault.or(Some(outcome.majflt)),
                 pswpin: u64_of(&stats, "pswpin"),
@@ -432,7 +431,7 @@ pub fn run(args: &BenchArgs, command: &str, sitting: &mut Sitting) -> Result<Vec
     // zram's disksize is only an upper bound; half the RAM is what `uswap run`'s zpool gets.
     let swap_bytes = args.kernel_swap_size.unwrap_or_else(|| (Meminfo::read().total_bytes / 2).max(64 << 20));
     let plan = Plan { args, argv, path, swap_bytes };
-    let mut runs: Vec<Vec<EngineRun>> = vec![vec![]; engines.len()];
+    let mut runs: Vec<Vec<CommandRun>> = vec![vec![]; engines.len()];
     let mut oom_kills = vec![0u64; engines.len()];
     let mut reference: Option<(String, Digest)> = None;
     for r in 0..args.runs {
