@@ -26,6 +26,9 @@ pub const PRELOAD_LIB: &str = "libuswap_preload.so";
 /// Overrides where the preload library is.
 pub const ENV_PRELOAD_LIB: &str = "USWAP_PRELOAD_LIB";
 
+/// `--min-size`'s default, in bytes (as the preload library's own default).
+pub const DEFAULT_MIN_SIZE_BYTES: u64 = 64 << 10;
+
 /// Exit status for "uswap could not run the program as asked".
 const EXIT_CANNOT_RUN: u8 = 2;
 
@@ -192,40 +195,97 @@ fn make_stats_dir() -> Result<PathBuf, RunError> {
     Err(RunError::StatsDir(std::io::Error::other("100 names taken")))
 }
 
+/// A program ready to start under uswap: its command, with the preload library and the
+/// configuration in its environment, and the directory its processes write their counters
+/// into (removed on drop). `uswap run` and `uswap bench --command` both start programs this way.
+pub struct Launch {
+    /// The program and its environment; the caller adds stdio, a process group, and spawns it.
+    pub command: std::process::Command,
+    /// Where the program was found.
+    pub path: PathBuf,
+    stats_dir: PathBuf,
+    segment: uswap::shared_charge::ChargeSegment,
+    limit_bytes: u64,
+}
+
+/// How `uswap run` manages a program.
+#[derive(Debug, Clone)]
+pub struct LaunchConfig {
+    pub limit_bytes: u64,
+    pub device: String,
+    pub fault_mode: FaultModeArg,
+    pub min_size_bytes: u64,
+}
+
+impl Launch {
+    /// Checks that `argv` can be run under uswap (found, dynamically linked, the preload
+    /// library present) and prepares it; nothing is started yet.
+    pub fn prepare(argv: &[OsString], cfg: &LaunchConfig) -> Result<Launch, RunError> {
+        let name = &argv[0];
+        let path = find_program(name)?;
+        check_runnable(&path, 0)?;
+        let preload = find_preload()?;
+        if !preload.is_file() {
+            return Err(RunError::NoPreload { exe: preload });
+        }
+        let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
+        let stats_dir = make_stats_dir()?;
+        // One budget for the whole tree: every process's pager charges this segment too.
+        let segment = match uswap::shared_charge::ChargeSegment::create(
+            &stats_dir.join(uswap::shared_charge::SEGMENT_FILE),
+            cfg.limit_bytes,
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&stats_dir);
+                return Err(RunError::StatsDir(e));
+            }
+        };
+        let mut ld_preload = OsString::from(&preload);
+        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+            ld_preload.push(":");
+            ld_preload.push(old);
+        }
+        let mut command = std::process::Command::new(&path);
+        command
+            .arg0(name)
+            .args(&argv[1..])
+            .env("LD_PRELOAD", ld_preload)
+            .env("USWAP_LIMIT", cfg.limit_bytes.to_string())
+            .env("USWAP_DEVICE", &cfg.device)
+            .env("USWAP_FAULT_MODE", if cfg.fault_mode == FaultModeArg::Signal { "signal" } else { "thread" })
+            .env("USWAP_MIN_SIZE", cfg.min_size_bytes.to_string())
+            .env("USWAP_STATS_DIR", &stats_dir)
+            .env_remove("USWAP_DISABLE");
+        Ok(Launch { command, path, stats_dir, segment, limit_bytes: cfg.limit_bytes })
+    }
+
+    /// The counters of every process of the program, summed (call once it has ended).
+    pub fn summary(&self) -> serde_json::Value {
+        summarize(&self.stats_dir, self.limit_bytes, self.segment.resident_peak_pages() as u64)
+    }
+}
+
+impl Drop for Launch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.stats_dir);
+    }
+}
+
 fn run(args: &RunArgs) -> Result<u8, RunError> {
-    let name = &args.command[0];
-    let path = find_program(name)?;
-    check_runnable(&path, 0)?;
-    let preload = find_preload()?;
-    if !preload.is_file() {
-        return Err(RunError::NoPreload { exe: preload });
-    }
-    let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
-    let stats_dir = make_stats_dir()?;
-    // One budget for the whole tree: every process's pager charges this segment too.
-    let segment =
-        uswap::shared_charge::ChargeSegment::create(&stats_dir.join(uswap::shared_charge::SEGMENT_FILE), args.limit)
-            .map_err(RunError::StatsDir)?;
-    let mut ld_preload = OsString::from(&preload);
-    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
-        ld_preload.push(":");
-        ld_preload.push(old);
-    }
-    let mut cmd = std::process::Command::new(&path);
-    cmd.arg0(name)
-        .args(&args.command[1..])
-        .env("LD_PRELOAD", ld_preload)
-        .env("USWAP_LIMIT", args.limit.to_string())
-        .env("USWAP_DEVICE", &args.device)
-        .env("USWAP_FAULT_MODE", if args.fault_mode == FaultModeArg::Signal { "signal" } else { "thread" })
-        .env("USWAP_MIN_SIZE", args.min_size.to_string())
-        .env("USWAP_STATS_DIR", &stats_dir)
-        .env_remove("USWAP_DISABLE");
-    let mut child = cmd.spawn().map_err(|source| RunError::Spawn { path: path.clone(), source })?;
+    let cfg = LaunchConfig {
+        limit_bytes: args.limit,
+        device: args.device.clone(),
+        fault_mode: args.fault_mode,
+        min_size_bytes: args.min_size,
+    };
+    let mut launch = Launch::prepare(&args.command, &cfg)?;
+    let path = launch.path.clone();
+    let mut child = launch.command.spawn().map_err(|source| RunError::Spawn { path: path.clone(), source })?;
     // `uswap stat <this pid>` shows the tree's counters, summed from what every process
     // publishes (each also answers for itself under its own pid). Best effort: the program
     // runs the same without it.
-    let tree_dir = stats_dir.clone();
+    let tree_dir = launch.stats_dir.clone();
     let _tree_stats =
         uswap::stats_server::serve(&uswap::stats_server::next_socket_name(), move || tree_stats(&tree_dir))
             .map_err(|e| eprintln!("uswap run: the tree's counters will not be served to `uswap stat`: {e}"))
@@ -246,8 +306,8 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
         (None, None) => 1,
     };
-    let summary = summarize(&stats_dir, args.limit, segment.resident_peak_pages() as u64);
-    let _ = std::fs::remove_dir_all(&stats_dir);
+    let summary = launch.summary();
+    drop(launch);
     match &args.stats_json {
         Some(p) => {
             let text = serde_json::to_string_pretty(&summary).unwrap_or_default();

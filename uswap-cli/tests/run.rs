@@ -4,6 +4,10 @@
 //! output is compared byte for byte with a run without uswap, and the summed counters must
 //! show paging (`pswpout > 0`) within the limit plus the documented slack.
 //!
+//! `uswap bench --command` runs one of them under several engines (the kernel ones where the
+//! tests run as root with zram, else they say SKIPPED) and must report every engine, the same
+//! output everywhere, and paging; a program whose output changes between runs is an error.
+//!
 //! Every child runs in its own process group under a timeout; a timeout kills the group and
 //! fails naming the command.
 
@@ -276,4 +280,232 @@ fn programs_that_cannot_be_managed_are_refused_with_status_2() {
     }
     let (o, _) = uswap_run(LIMIT_MIB, &[], &[text.to_str().unwrap()], &dir);
     assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+// ---------------------------------------------------------------------------------------
+// `uswap bench --command`: the same program under several engines, timed and compared.
+// ---------------------------------------------------------------------------------------
+
+/// Why the kernel engines cannot run here (they need root, zram, a memory controller and
+/// no swap in use), or `None`.
+fn kernel_unavailable() -> Option<String> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new("/sys/block/zram0").exists() {
+        return Some("no /sys/block/zram0 (modprobe zram)".into());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let v1 = mounts.lines().any(|l| l.contains(" - cgroup ") && l.contains("memory"));
+    let v2 = mounts.lines().filter(|l| l.contains(" - cgroup2 ")).any(|l| {
+        let mnt = l.split(' ').nth(4).unwrap_or("");
+        std::fs::read_to_string(Path::new(mnt).join("cgroup.controllers")).is_ok_and(|c| c.contains("memory"))
+    });
+    if !v1 && !v2 {
+        return Some("no memory cgroup controller".into());
+    }
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    let active: Vec<&str> = swaps.lines().skip(1).collect();
+    if !active.is_empty() {
+        return Some(format!("the machine already has swap in use: {active:?}"));
+    }
+    None
+}
+
+fn bench_command(args: &[&str], dir: &Path) -> (Output, Vec<Value>) {
+    let json = dir.join("bench.json");
+    let _ = std::fs::remove_file(&json);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    cmd.env("USWAP_PRELOAD_LIB", preload()).arg("bench").args(args).arg("--json").arg(&json);
+    let out = run_timed(&mut cmd, Duration::from_secs(540));
+    let v = std::fs::read(&json)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default();
+    (out, v)
+}
+
+#[test]
+fn bench_command_times_one_program_under_every_engine() {
+    let dir = tmpdir("bench-command");
+    let p = compile("seqstream", &dir, &[]);
+    let program = [p.to_str().unwrap(), &WSS_MIB.to_string(), "1"];
+    let expect = plain(&program).stdout;
+    let mut engines = vec!["uswap-thread", "uswap-signal", "ram"];
+    match kernel_unavailable() {
+        None => engines.extend(["kernel-zram", "kernel-file"]),
+        Some(why) => {
+            eprintln!("SKIPPED the kernel engines (they need root, zram, a memory controller, swap off): {why}")
+        }
+    }
+    let list = engines.join(",");
+    let command = format!("{} {} 1", p.display(), WSS_MIB);
+    let limit = format!("{LIMIT_MIB}MiB");
+    let (out, all) = bench_command(
+        &["--command", &command, "--engines", &list, "--limit", &limit, "--runs", "2", "--wait-lock"],
+        &dir,
+    );
+    let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{}\n{o}\n{e}", out.status);
+    assert!(o.contains(&format!("the same {} bytes under every engine and run", expect.len())), "{o}");
+    assert_eq!(all.len(), engines.len(), "one object per engine: {all:?}");
+    let zram = engines.contains(&"kernel-zram");
+    for (v, name) in all.iter().zip(&engines) {
+        assert_eq!(v["engine"], *name, "{v}");
+        assert!(o.lines().any(|l| l.starts_with(name)), "a row for {name}: {o}");
+        assert_eq!(v["runs"], 2, "{v}");
+        let walls = v["runs_wall_seconds"].as_array().unwrap();
+        assert_eq!(walls.len(), 2, "{v}");
+        assert!(walls.iter().all(|w| w.as_f64().unwrap() > 0.0), "{v}");
+        let median = v["wall_seconds"].as_f64().unwrap();
+        let (a, b) = (walls[0].as_f64().unwrap(), walls[1].as_f64().unwrap());
+        assert!((median - (a + b) / 2.0).abs() < 1e-9, "the median of two runs is their mean: {v}");
+        assert_eq!(v["stdout_identical"], true, "{v}");
+        assert_eq!(v["stdout_bytes"], expect.len() as u64, "{v}");
+        assert!(v["rss_peak_bytes"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(v["speed_vs_baseline"].is_f64(), zram, "ratios only against kernel-zram: {v}");
+        let charged = v["charged_peak_bytes"].as_u64();
+        if name.starts_with("uswap-") {
+            assert_eq!(v["device"], "zpool", "the default device of a command bench: {v}");
+            assert!(v["pswpout"].as_u64().unwrap() > 0, "{name} paged: {v}");
+            assert!(v["pgmajfault"].is_u64(), "{v}");
+            let peak = charged.unwrap();
+            assert!(peak > 0 && peak <= (LIMIT_MIB << 20) + SLACK_BYTES, "{name} within the limit: {v}");
+        } else if name.starts_with("kernel-") {
+            assert!(v["pswpout"].as_u64().unwrap() > 0, "{name} swapped: {v}");
+            assert!(charged.unwrap() <= LIMIT_MIB << 20, "the cgroup's peak within its limit: {v}");
+            assert_eq!(v["limit_bytes"], LIMIT_MIB << 20);
+        } else {
+            assert!(v["pswpout"].is_null() && v["limit_bytes"].is_null() && charged.is_none(), "{v}");
+            assert!(v["rss_peak_bytes"].as_u64().unwrap() >= WSS_MIB << 20, "ram holds it all: {v}");
+        }
+    }
+    if zram {
+        let z = all.iter().find(|v| v["engine"] == "kernel-zram").unwrap();
+        assert_eq!(z["speed_vs_baseline"], 1.0, "{z}");
+        assert_eq!(z["device"], "/dev/zram0 (lz4)");
+        assert!(o.contains("×zram"), "{o}");
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
+        assert_eq!(swaps.lines().count(), 1, "swap left on: {swaps}");
+        assert_eq!(std::fs::read_to_string("/sys/block/zram0/disksize").unwrap().trim(), "0", "zram0 not reset");
+    }
+}
+
+#[test]
+fn bench_command_reports_output_that_differs_between_engines() {
+    let dir = tmpdir("bench-differs");
+    // The shell's pid is new in every run: the bench must stop and name the engines.
+    let (out, all) = bench_command(&["--command", "sh -c 'echo pid $$'", "--engines", "ram,uswap-thread"], &dir);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{e}");
+    assert!(e.contains("the program's output differs between ram 1/1 and uswap-thread 1/1"), "{e}");
+    assert!(e.contains("line 1 is \"pid "), "where it differs: {e}");
+    assert!(all.is_empty(), "no results written for a run that failed: {all:?}");
+}
+
+#[test]
+fn bench_command_refuses_what_it_cannot_run() {
+    let dir = tmpdir("bench-refuse");
+    let cases: [(&[&str], &str); 5] = [
+        (&["--command", "sort 'unclosed"], "--command \"sort 'unclosed\""),
+        (&["--command", "  "], "names no program"),
+        (&["--command", "no-such-program-uswap", "--engines", "ram"], "not found"),
+        (&["--command", "true", "--engines", "uswap-signal/ra-off"], "no readahead switch"),
+        (&["--command", "sh -c 'exit 5'", "--engines", "ram"], "the program exited with status 5"),
+    ];
+    for (args, want) in cases {
+        let (out, _) = bench_command(args, &dir);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains(want), "{args:?}: {e}");
+    }
+    // Without root the kernel engines are refused as the workload benches refuse them.
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        let (out, _) = bench_command(&["--command", "true", "--engines", "kernel-zram,ram"], &dir);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{e}");
+        assert!(e.contains("kernel engines (kernel-zram) need root") && e.contains("sudo"), "{e}");
+        return;
+    }
+    if !Path::new("/usr/bin/setpriv").is_file() {
+        eprintln!("SKIPPED the not-root case: no /usr/bin/setpriv to run the binary as nobody");
+        return;
+    }
+    let o = run_timed(
+        Command::new("/usr/bin/setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_uswap")])
+            .args(["bench", "--command", "true", "--engines", "kernel-zram,ram"]),
+        Duration::from_secs(60),
+    );
+    match o {
+        o if !String::from_utf8_lossy(&o.stderr).contains("Permission denied") => {
+            let e = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{e}");
+            assert!(e.contains("kernel engines (kernel-zram) need root") && e.contains("sudo"), "{e}");
+        }
+        _ => eprintln!("SKIPPED the not-root case: cannot run the binary as nobody"),
+    }
+}
+
+/// Pids of processes whose command line is exactly `argv`.
+fn pids_running(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+#[test]
+fn bench_command_interrupted_kills_the_program_and_cleans_up() {
+    use std::io::Read;
+    let mut engines = vec!["ram"];
+    match kernel_unavailable() {
+        None => engines.push("kernel-zram"),
+        Some(why) => eprintln!("SKIPPED the kernel engine (it needs root, zram, a memory controller, swap off): {why}"),
+    }
+    // A sleep no one else runs, so that finding it finds ours.
+    let secs = format!("{}.{}", 300, std::process::id());
+    for engine in engines {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_uswap"))
+            .args(["bench", "--command", &format!("sleep {secs}"), "--engines", engine, "--wait-lock"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while pids_running(&["sleep", &secs]).is_empty() {
+            assert!(Instant::now() < deadline, "{engine}: the program never started");
+            assert!(child.try_wait().unwrap().is_none(), "{engine}: the bench ended before its program started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() >= deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("{engine}: the bench did not stop within 60 s of SIGINT");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert_eq!(status.code(), Some(130), "{engine}: {err}");
+        assert!(err.contains("interrupted; everything it had set up is cleaned up"), "{engine}: {err}");
+        assert_eq!(pids_running(&["sleep", &secs]), Vec::<u32>::new(), "{engine}: the program outlived the bench");
+        if engine.starts_with("kernel-") {
+            let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
+            assert_eq!(swaps.lines().count(), 1, "swap left on: {swaps}");
+        }
+    }
 }

@@ -134,6 +134,33 @@ pub enum BenchError {
     #[error("interrupted")]
     Interrupted,
 
+    #[error("--command {command:?}: {why}; give the program and its arguments as a shell would, e.g. --command \"sort -S 1G input.txt\"")]
+    CommandSyntax { command: String, why: String },
+
+    #[error(
+        "engine {engine} cannot run a --command: {why}; leave it out of --engines (or drop the /ra-off, /ra-on \
+         suffix)"
+    )]
+    CommandEngine { engine: String, why: &'static str },
+
+    #[error(transparent)]
+    Launch(#[from] crate::run::RunError),
+
+    #[error("engine {engine}: the program {status}{stderr}")]
+    ProgramFailed { engine: String, status: String, stderr: String },
+
+    #[error(
+        "the program's output differs between {first} and {second}: {detail}. Its stdout must not depend on the \
+         engine (print no pids, times or addresses); fix the program, or send what varies to stderr"
+    )]
+    OutputDiffers { first: String, second: String, detail: String },
+
+    #[error(
+        "engine {engine}: the program ended but processes it started still hold its stdout after {seconds} s; \
+         they were killed. Make it wait for its children"
+    )]
+    StrayProcesses { engine: String, seconds: u64 },
+
     #[error(transparent)]
     Engine(#[from] uswap::Error),
 

@@ -8,6 +8,7 @@
 //! file parses the flags, checks them, and runs the engines one after another, `--runs`
 //! times, interleaved.
 
+pub mod command;
 pub mod engine;
 pub mod error;
 pub mod histogram;
@@ -141,9 +142,10 @@ pub struct BenchArgs {
     pub file_poll_us: Option<u32>,
     /// uswap's swap devices, highest priority first, comma-separated: `ram[:SIZE]`,
     /// `zpool[:CAP][:lz4|zstd|zstd-N][:raw|reject]`, `file:PATH[:SIZE]` (a directory gets an
-    /// anonymous file), each optionally ending in `:cluster` (cluster readahead).
-    #[arg(long, default_value = "ram")]
-    pub device: String,
+    /// anonymous file), each optionally ending in `:cluster` (cluster readahead). Default:
+    /// `ram`; with --command, `zpool` (the like-for-like match of kernel-zram).
+    #[arg(long)]
+    pub device: Option<String>,
     /// Capacity of a uswap device given without a size (default: the working set plus 32MiB).
     #[arg(long, value_parser = parse_size)]
     pub device_size: Option<u64>,
@@ -182,6 +184,12 @@ pub struct BenchArgs {
     /// one is counted in the results as `oom_kills`).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(0..=100))]
     pub oom_retries: u64,
+    /// Time this unmodified program under each engine instead of a workload: "CMD ARGS",
+    /// split as a shell would (quotes, backslashes) but run without one. uswap engines run it
+    /// as `uswap run` does; the kernel engines in their memory cgroup; `ram` plainly. Its
+    /// stdout must be the same under every engine. The workload flags do not apply.
+    #[arg(long, value_name = "CMD ARGS")]
+    pub command: Option<String>,
 }
 
 /// The most `--accesses` a run takes (days of accesses at a microsecond each).
@@ -294,6 +302,7 @@ pub fn validate(args: &BenchArgs, engines: &[Engine]) -> Result<(), BenchError> 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Meminfo {
     pub available_bytes: u64,
+    pub total_bytes: u64,
 }
 
 impl Meminfo {
@@ -305,7 +314,7 @@ impl Meminfo {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
                 .unwrap_or(0)
         };
-        Meminfo { available_bytes: kib("MemAvailable") * 1024 }
+        Meminfo { available_bytes: kib("MemAvailable") * 1024, total_bytes: kib("MemTotal") * 1024 }
     }
 }
 
@@ -412,7 +421,7 @@ fn wss_each(args: &BenchArgs) -> u64 {
 fn uswap_config(args: &BenchArgs, mode: FaultModeArg, devices: &Option<String>) -> UswapConfig {
     UswapConfig {
         fault_mode: mode,
-        devices: devices.clone().unwrap_or_else(|| args.device.clone()),
+        devices: devices.clone().or_else(|| args.device.clone()).unwrap_or_else(|| "ram".into()),
         device_bytes: args.device_size.unwrap_or(wss_each(args) + (32 << 20)),
         limit_bytes: args.limit / args.procs,
         handler_threads: args.handler_threads.map(|n| n as usize),
@@ -621,6 +630,9 @@ pub fn print(args: &BenchArgs, results: &[EngineResult], baseline: Option<&str>)
 pub fn main(args: &BenchArgs) -> ExitCode {
     if let Err(e) = interrupt::install() {
         eprintln!("uswap bench: cannot catch Ctrl-C ({e}); an interrupted run may leave swap on");
+    }
+    if let Some(cmd) = &args.command {
+        return command::main(args, cmd);
     }
     let mut sitting = Sitting::default();
     let result = run(args, &mut sitting);

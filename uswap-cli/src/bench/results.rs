@@ -149,7 +149,7 @@ pub struct Context<'a> {
     pub procs: u64,
 }
 
-fn median(v: &[f64]) -> f64 {
+pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     match s.len() {
@@ -160,7 +160,7 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// Index of the run whose value is the median (the lower middle one for an even count).
-fn median_index(v: &[f64]) -> usize {
+pub fn median_index(v: &[f64]) -> usize {
     let mut idx: Vec<usize> = (0..v.len()).collect();
     idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
     idx[(v.len().max(1) - 1) / 2]

@@ -292,7 +292,7 @@ impl Drop for Procs {
     }
 }
 
-fn describe(status: ExitStatus) -> String {
+pub fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(c), _) => format!("exited with status {c}"),
         (None, Some(9)) => "was killed by SIGKILL".to_string(),

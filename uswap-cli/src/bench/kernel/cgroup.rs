@@ -141,6 +141,19 @@ impl Memcg {
             .unwrap_or(0)
     }
 
+    /// A counter of the cgroup's `memory.stat` (`pgmajfault`, ...), for its own processes.
+    pub fn stat(&self, key: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(self.dir.join("memory.stat")).ok()?;
+        text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    /// The most memory charged to the cgroup at once so far (its resident pages and page
+    /// cache): `memory.max_usage_in_bytes` (v1) or `memory.peak` (v2, Linux 5.19 on).
+    pub fn peak_bytes(&self) -> Option<u64> {
+        let file = if self.version == 2 { "memory.peak" } else { "memory.max_usage_in_bytes" };
+        std::fs::read_to_string(self.dir.join(file)).ok()?.trim().parse().ok()
+    }
+
     /// Kills whatever is left in the cgroup, then removes it.
     pub fn remove(&mut self) -> Result<(), String> {
         if self.removed {

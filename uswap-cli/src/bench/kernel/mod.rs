@@ -124,6 +124,16 @@ impl KernelRun<'_> {
         self.memcg.as_ref().map_or(0, Memcg::oom_kills)
     }
 
+    /// A counter of the run's cgroup `memory.stat`.
+    pub fn memcg_stat(&self, key: &str) -> Option<u64> {
+        self.memcg.as_ref()?.stat(key)
+    }
+
+    /// The run's cgroup's peak charge (see [`Memcg::peak_bytes`]).
+    pub fn memcg_peak_bytes(&self) -> Option<u64> {
+        self.memcg.as_ref()?.peak_bytes()
+    }
+
     /// The swap device, as `/proc/swaps` names it.
     pub fn device(&self) -> String {
         match (&self.kind, &self.swap_file) {
