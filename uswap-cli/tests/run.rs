@@ -142,11 +142,12 @@ fn c_program_allocating_from_threads_with_malloc_and_mmap() {
     let dir = tmpdir("threads");
     let p = compile("threads", &dir, &[]);
     let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), "4"];
-    for mode in ["thread", "signal"] {
-        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
-        assert_same_and_paged(&prog, &r, LIMIT_MIB);
-        assert_eq!(counter(&r.1, "processes"), 1, "{mode}: {}", r.1);
-    }
+    // Thread mode only: in signal mode a thread that starts or ends runs with every signal
+    // blocked inside glibc, and mimalloc's per-thread data is in the managed heap; a fault
+    // there is a SIGBUS the kernel cannot deliver, and it kills the process (README).
+    let r = uswap_run(LIMIT_MIB, &["--fault-mode", "thread"], &prog, &dir);
+    assert_same_and_paged(&prog, &r, LIMIT_MIB);
+    assert_eq!(counter(&r.1, "processes"), 1, "{}", r.1);
 }
 
 #[test]
