@@ -49,6 +49,10 @@
 //!   any more (`ENOENT`) stays as it is for the event to settle, never turns into a zero page;
 //! * in signal mode, a SIGBUS at an address no region claims while an event is being handled
 //!   (or a moved part is being copied in) is retried rather than passed on;
+//! * a fault served after the application unmapped its page, but before the `UNMAP` is
+//!   applied, finds no mapping there (`ENOENT`) and ends quietly (`FaultError::Unmapped`).
+//!   In thread mode that is a stale message: its thread faulted while another handler was
+//!   mapping the page, was woken by that mapping, and has since unmapped the range;
 //! * residual: a reclaim round that locked a page before an `UNMAP` and moves it after the
 //!   application has mapped new memory at that address *and* touched it, all before the
 //!   event thread marked the page `Gone`, moves that new page into the swap cache. The

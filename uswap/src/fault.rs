@@ -74,6 +74,10 @@ pub(crate) enum FaultError {
     BusyTimeout,
     /// The address is not the region's any more (the application unmapped or moved it).
     Gone,
+    /// The page was mapped for a racing fault, and by the time this (stale) fault was
+    /// served the application had unmapped it: no mapping is registered there any more
+    /// (`ENOENT`), and the `UNMAP` event that says so is not applied yet. Nothing is lost.
+    Unmapped,
 }
 
 /// How long a fault waits for another owner of its page before failing. Owners hold a
@@ -149,6 +153,10 @@ pub(crate) fn serve_fault(
             PageState::Resident => {
                 // Either another thread mapped it after our fault was raised, or the
                 // application discarded it (MADV_DONTNEED), which reads back as zeros.
+                // In thread mode the first case is common: a swap-in maps its faulting page
+                // (waking the thread) before its readahead pages, the thread faults on one of
+                // those meanwhile, and the message of that fault, still read by another
+                // handler, is served after the page is mapped, while its thread runs on.
                 let r = pager.uffd.zeropage(page_addr, PAGE_SIZE, route.wake());
                 region.store(page, locked.unbusy());
                 match r {
@@ -159,6 +167,12 @@ pub(crate) fn serve_fault(
                         }
                         pager.stats.inc(Counter::FaultRaced);
                     }
+                    // One page, so no registered mapping at this address (the range of a fill
+                    // ioctl lies in one registered mapping or it fails with ENOENT): the
+                    // application unmapped the page since it was mapped for the racing fault.
+                    // Not a lost page: a SIGBUS here used to hit a thread that had read the
+                    // page and moved on, e.g. into that very munmap.
+                    RangeResult::Partial { errno: libc::ENOENT, .. } => break Err(FaultError::Unmapped),
                     RangeResult::Partial { errno, .. } => break Err(FaultError::Ioctl(errno)),
                 }
                 break Ok(());
@@ -168,7 +182,9 @@ pub(crate) fn serve_fault(
                 let dev = pager.devices.device(e);
                 let staged = dev.staging_addr(e.offset());
                 let mut r = pager.uffd.move_pages(page_addr, staged, PAGE_SIZE, route.wake());
+                let mut copied = false;
                 if r == (RangeResult::Partial { done_bytes: 0, errno: libc::EINVAL }) {
+                    copied = true;
                     // UFFDIO_MOVE needs equal protections on both sides: the application made
                     // the region read-only (mprotect). Copy the staged page, then drop it.
                     r = pager.uffd.copy(page_addr, staged as *const u8, PAGE_SIZE, route.wake(), false);
@@ -179,6 +195,12 @@ pub(crate) fn serve_fault(
                 }
                 if let RangeResult::Partial { errno, .. } = r {
                     region.store(page, locked.unbusy());
+                    // ENOENT: no mapping at the page any more (a stale fault, as above), or,
+                    // from the move only, no staged page to move (the engine broke its own
+                    // rule: reported as a failure). A copy checks the destination first.
+                    if errno == libc::ENOENT && (copied || crate::mapping::page_present(staged)) {
+                        break Err(FaultError::Unmapped);
+                    }
                     break Err(FaultError::Ioctl(errno));
                 }
                 dev.cache.set_cached(e.offset(), false);
@@ -205,8 +227,10 @@ pub(crate) fn serve_fault(
     if route.lock_free() {
         pager.stats.inc(Counter::FaultLockFree);
     }
-    // Gone loses nothing: the address is not the region's any more.
-    if result.is_err() && result != Err(FaultError::Gone) {
+    // Gone and Unmapped lose nothing: the address is not the region's any more.
+    if result == Err(FaultError::Unmapped) {
+        pager.stats.inc(Counter::FaultRaced);
+    } else if result.is_err() && result != Err(FaultError::Gone) {
         pager.stats.inc(Counter::FaultError);
     }
     pager.stats.record_fault_latency(now_ns().saturating_sub(t0));
@@ -319,6 +343,12 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
             // over it in place is not served here: nothing tells which userfaultfd a SIGBUS
             // came from, and `UFFDIO_ZEROPAGE` works through any descriptor of the process.)
             Err(FaultError::Gone) => return false,
+            // Unmapped by another thread: the access, retried, meets whatever is there now
+            // (SIGSEGV where nothing is, as without uswap).
+            Err(FaultError::Unmapped) => {
+                std::thread::yield_now();
+                return true;
+            }
             // An event is being delivered (the kernel refuses ioctls until it is read): the
             // access faults again once it is.
             Err(FaultError::Ioctl(libc::EAGAIN)) => {
@@ -376,7 +406,9 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                                 break;
                             }
                             // EAGAIN: an event is pending, and the thread faults again after it.
-                            Err(FaultError::Ioctl(libc::EAGAIN)) => {
+                            // Unmapped: the message was stale; a thread still waiting there (it
+                            // cannot be this fault's) faults again and meets what is there now.
+                            Err(FaultError::Ioctl(libc::EAGAIN)) | Err(FaultError::Unmapped) => {
                                 let _ = pager.uffd.wake(addr, PAGE_SIZE);
                                 ok = true;
                                 break;

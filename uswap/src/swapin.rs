@@ -218,6 +218,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     // Map in runs of consecutive addresses with consecutive buffer pages and one protection.
     let mut mapped = 0;
     let mut failed_ioctl = None;
+    let mut faulting_errno = None;
     let mut i = 0;
     while i < items.len() {
         if !items[i].ok {
@@ -244,11 +245,33 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         if let RangeResult::Partial { errno, .. } = r {
             failed_ioctl = Some(errno);
             for it in &mut items[i + done..j] {
+                if it.faulting {
+                    faulting_errno = Some(errno);
+                }
                 it.ok = false;
             }
         }
         mapped += done;
         i = j;
+    }
+
+    // ENOENT: the run was not inside one registered mapping. Whether the faulting page has
+    // none (a stale fault on a page the application unmapped since, see
+    // `fault::FaultError::Unmapped`) or only other pages of its run (the mapping was split
+    // meanwhile), a copy of that page alone tells, and serves it in the second case.
+    let mut gone_from_under = false;
+    if faulting_errno == Some(libc::ENOENT) {
+        if let Some(k) = items.iter().position(|it| it.faulting) {
+            let it = &items[k];
+            let wp = keep_clean(pager, f, it);
+            match pager.uffd.copy(f.region.page_addr(it.page), it.src, PAGE_SIZE, f.route.wake(), wp) {
+                RangeResult::Done => {
+                    items[k].ok = true;
+                    mapped += 1;
+                }
+                RangeResult::Partial { errno, .. } => gone_from_under = errno == libc::ENOENT,
+            }
+        }
     }
 
     // Publish: mapped pages become resident; the others go back as they were.
@@ -293,7 +316,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     reclaim::uncharge(pager, unmapped);
     if let Some(errno) = failed_ioctl {
         if !items.iter().any(|it| it.faulting && it.ok) {
-            return Err(FaultError::Ioctl(errno));
+            return Err(if gone_from_under { FaultError::Unmapped } else { FaultError::Ioctl(errno) });
         }
     }
     pager.stats.inc(Counter::Pgmajfault);

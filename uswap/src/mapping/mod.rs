@@ -351,6 +351,16 @@ impl std::ops::Deref for AtomicTable {
     }
 }
 
+/// Whether the page at `addr` (page-aligned, in a mapping) is present in the page table.
+/// Allocates nothing: safe in a signal handler.
+pub fn page_present(addr: usize) -> bool {
+    let mut v = 0u8;
+    // SAFETY: mincore reads page tables and writes one byte, into `v`, for a one-page range;
+    // an unmapped address gives ENOMEM, not undefined behaviour.
+    let r = unsafe { libc::mincore(addr as *mut libc::c_void, PAGE_SIZE, &mut v) };
+    r == 0 && v & 1 != 0
+}
+
 /// Pages of `[addr, addr + len)` present in the page table, counted with `mincore(2)` in
 /// chunks so the vector stays small. The range must be mapped (page-aligned).
 pub fn mincore_pages(addr: usize, len: usize) -> io::Result<usize> {
