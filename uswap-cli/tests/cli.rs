@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+use common::{kernel_unavailable, swaps};
+
 fn uswap() -> Command {
     Command::new(env!("CARGO_BIN_EXE_uswap"))
 }
@@ -459,31 +462,6 @@ fn report_rewrites_only_the_generated_blocks() {
 /// One kernel-engine test at a time in this process (others wait on the bench's own lock).
 static KERNEL: Mutex<()> = Mutex::new(());
 
-fn kernel_unavailable() -> Option<String> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    if !Path::new("/sys/block/zram0").exists() {
-        return Some("no /sys/block/zram0 (modprobe zram)".into());
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let v1 = mounts.lines().any(|l| l.contains(" - cgroup ") && l.contains("memory"));
-    let v2 = mounts.lines().filter(|l| l.contains(" - cgroup2 ")).any(|l| {
-        let mnt = l.split(' ').nth(4).unwrap_or("");
-        std::fs::read_to_string(Path::new(mnt).join("cgroup.controllers")).is_ok_and(|c| c.contains("memory"))
-    });
-    if !v1 && !v2 {
-        return Some("no memory cgroup controller".into());
-    }
-    let swaps = swaps();
-    if !swaps.is_empty() {
-        // Someone else's (a bench would refuse to run; these tests check it does elsewhere).
-        return Some(format!("the machine already has swap in use: {swaps:?}"));
-    }
-    None
-}
-
 macro_rules! kernel_test {
     () => {{
         let guard = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
@@ -493,10 +471,6 @@ macro_rules! kernel_test {
         }
         guard
     }};
-}
-
-fn swaps() -> Vec<String> {
-    std::fs::read_to_string("/proc/swaps").unwrap().lines().skip(1).map(str::to_string).collect()
 }
 
 fn cgroup_dirs(pid: u32) -> Vec<PathBuf> {

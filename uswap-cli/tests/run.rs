@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+use common::kernel_unavailable;
+
 const LIMIT_MIB: u64 = 16;
 /// Working sets are this many times the limit.
 const WSS_MIB: u64 = 4 * LIMIT_MIB;
@@ -286,33 +289,6 @@ fn programs_that_cannot_be_managed_are_refused_with_status_2() {
 // ---------------------------------------------------------------------------------------
 // `uswap bench --command`: the same program under several engines, timed and compared.
 // ---------------------------------------------------------------------------------------
-
-/// Why the kernel engines cannot run here (they need root, zram, a memory controller and
-/// no swap in use), or `None`.
-fn kernel_unavailable() -> Option<String> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    if !Path::new("/sys/block/zram0").exists() {
-        return Some("no /sys/block/zram0 (modprobe zram)".into());
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let v1 = mounts.lines().any(|l| l.contains(" - cgroup ") && l.contains("memory"));
-    let v2 = mounts.lines().filter(|l| l.contains(" - cgroup2 ")).any(|l| {
-        let mnt = l.split(' ').nth(4).unwrap_or("");
-        std::fs::read_to_string(Path::new(mnt).join("cgroup.controllers")).is_ok_and(|c| c.contains("memory"))
-    });
-    if !v1 && !v2 {
-        return Some("no memory cgroup controller".into());
-    }
-    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-    let active: Vec<&str> = swaps.lines().skip(1).collect();
-    if !active.is_empty() {
-        return Some(format!("the machine already has swap in use: {active:?}"));
-    }
-    None
-}
 
 fn bench_command(args: &[&str], dir: &Path) -> (Output, Vec<Value>) {
     let json = dir.join("bench.json");
