@@ -53,11 +53,12 @@ pub use device::{parse_size, DeviceConfig};
 pub use error::{Error, Result};
 pub use mapping::{is_engine_thread, spawn_engine_thread};
 pub use pager::{
-    BackgroundReclaim, FaultMode, ForkHold, PageError, PageErrorKind, Pager, PagerBuilder, SharedCharge,
-    MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
+    BackgroundReclaim, FaultMode, ForkHold, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES,
+    RECLAIM_BATCH_PAGES,
 };
 pub use readahead::Advice;
 pub use region::{PlainRegion, Region, MAX_REGION_BYTES};
+pub use shared_charge::SharedCharge;
 pub use stats::{DeviceStats, Histogram, LatencySummary, PublishStats, Stats};
 pub use swap::ReadaheadPolicy;
 

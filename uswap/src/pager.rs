@@ -27,6 +27,7 @@ use crate::lru::LruQueue;
 use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, spawn_engine_thread, AppMapping};
 use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
 use crate::region::{PageState, Pte, Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
+use crate::shared_charge::{ChargeCell, SharedCharge};
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
 use crate::swap::{DeviceSpec, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
@@ -663,35 +664,6 @@ impl Drop for PagerCore {
 #[derive(Clone)]
 pub struct Pager {
     core: Arc<PagerCore>,
-}
-
-/// A resident charge several pagers share (see [`PagerBuilder::shared_charge`]): plain
-/// atomics in a `#[repr(C)]` block, so that it can live in memory shared between processes.
-#[repr(C)]
-#[derive(Debug, Default)]
-pub struct SharedCharge {
-    /// Pages charged by all the pagers together.
-    pub resident_pages: AtomicUsize,
-    /// Their common limit, in pages.
-    pub limit_pages: AtomicUsize,
-    /// The most `resident_pages` has been.
-    pub resident_peak_pages: AtomicUsize,
-}
-
-/// A pager's own charge: its own counter, or one in memory it shares with others.
-pub(crate) enum ChargeCell {
-    Own(AtomicUsize),
-    Shared(&'static AtomicUsize),
-}
-
-impl std::ops::Deref for ChargeCell {
-    type Target = AtomicUsize;
-    fn deref(&self) -> &AtomicUsize {
-        match self {
-            ChargeCell::Own(a) => a,
-            ChargeCell::Shared(a) => a,
-        }
-    }
 }
 
 /// Bound on [`Pager::prepare_fork`]'s passes over the page tables.

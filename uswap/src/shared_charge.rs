@@ -23,7 +23,34 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::pager::SharedCharge;
+/// A resident charge several pagers share (see [`PagerBuilder::shared_charge`]): plain
+/// atomics in a `#[repr(C)]` block, so that it can live in memory shared between processes.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SharedCharge {
+    /// Pages charged by all the pagers together.
+    pub resident_pages: AtomicUsize,
+    /// Their common limit, in pages.
+    pub limit_pages: AtomicUsize,
+    /// The most `resident_pages` has been.
+    pub resident_peak_pages: AtomicUsize,
+}
+
+/// A pager's own charge: its own counter, or one in memory it shares with others.
+pub(crate) enum ChargeCell {
+    Own(AtomicUsize),
+    Shared(&'static AtomicUsize),
+}
+
+impl std::ops::Deref for ChargeCell {
+    type Target = AtomicUsize;
+    fn deref(&self) -> &AtomicUsize {
+        match self {
+            ChargeCell::Own(a) => a,
+            ChargeCell::Shared(a) => a,
+        }
+    }
+}
 
 /// The segment's file name in a `uswap run` directory (`USWAP_STATS_DIR`).
 pub const SEGMENT_FILE: &str = "charge";
