@@ -353,7 +353,8 @@ impl Progress {
 
 /// One round: top the swap cache up towards its target with the oldest resident pages,
 /// then, once it is at the target (or nothing more can be moved), write back its oldest
-/// batch.
+/// batch. A direct round that finds every staged page busy stages and writes a batch of its
+/// own over the target (see below).
 pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
     let target = swapcache_target(p.limit_pages.load(Ordering::Acquire));
     let mut progress = Progress::default();
@@ -364,6 +365,20 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
     }
     if p.swapcache_pages.load(Ordering::Acquire) >= target || progress.moved == 0 {
         progress.uncharged += shrink_inactive(p, BATCH);
+    }
+    if direct && !progress.any() && !p.devices.is_full() {
+        // Every staged page is busy in other threads' writes (many more faulting threads
+        // than CPUs, a slow device): stage a batch of our own over the target and write it
+        // back, rather than wait for theirs, as the kernel's direct reclaim starts writeback
+        // of more pages while earlier ones are still under it. The swap cache then exceeds
+        // its target by at most one batch per thread reclaiming at that moment; later
+        // rounds stop topping it up until it is back under.
+        let (moved, zero) = shrink_active(p, BATCH, direct);
+        progress.moved += moved;
+        progress.uncharged += zero;
+        if moved > zero {
+            progress.uncharged += shrink_inactive(p, BATCH);
+        }
     }
     progress
 }
