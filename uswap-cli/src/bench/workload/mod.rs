@@ -381,32 +381,10 @@ fn shared_pages(words: &[AtomicU64], spec: &WorkloadSpec, ctl: Control, word_acc
             .map(|t| {
                 s.spawn(move || {
                     let n = share(spec.accesses, threads, t);
-                    let mut rng = Rng::new(thread_seed(spec.seed, t));
                     // Sequential threads start spread over the working set.
                     let start = t as u64 * nr_pages / threads as u64;
-                    let mut g = PageGen::new(spec.pattern, 0, nr_pages, start, spec.zipf_skew, spec.normal_sd);
-                    let mut tally = Tally::default();
-                    let mut j = 0;
-                    while j < n && !ctl.stopped() {
-                        let end = (j + CHUNK).min(n);
-                        for _ in j..end {
-                            let i = g.next(&mut rng);
-                            let write = rng.below(100) >= spec.read_pct as u64;
-                            let (lo, hi) = if word_access {
-                                let k = rng.below(PAGE_WORDS as u64) as usize;
-                                (k, k + 1)
-                            } else {
-                                (0, 0)
-                            };
-                            let a = Instant::now();
-                            let e = touch(page(words, i), i, lo, hi, write, spec.verify);
-                            tally.record(elapsed_ns(a), 1, write, e);
-                        }
-                        ctl.progress.add(end - j);
-                        j = end;
-                    }
-                    tally.end = Some(Instant::now());
-                    tally
+                    let g = PageGen::new(spec.pattern, 0, nr_pages, start, spec.zipf_skew, spec.normal_sd);
+                    page_accesses(words, spec, ctl, t, n, g, word_access)
                 })
             })
             .collect();
@@ -418,6 +396,44 @@ fn shared_pages(words: &[AtomicU64], spec: &WorkloadSpec, ctl: Control, word_acc
         r.bytes = r.accesses * 8;
     }
     r
+}
+
+/// The access loop of thread `t` of memtouch, pmbench and the random side of combined: `n`
+/// timed accesses to pages drawn from `g`, each a read or (`100 - read_pct` % of them) a
+/// write, of one word chosen at random in the page (`word_access`) or of the index word only.
+/// Looks at the stop flag and reports progress every `CHUNK` accesses.
+fn page_accesses(
+    words: &[AtomicU64],
+    spec: &WorkloadSpec,
+    ctl: Control,
+    t: usize,
+    n: u64,
+    mut g: PageGen,
+    word_access: bool,
+) -> Tally {
+    let mut rng = Rng::new(thread_seed(spec.seed, t));
+    let mut tally = Tally::default();
+    let mut j = 0;
+    while j < n && !ctl.stopped() {
+        let end = (j + CHUNK).min(n);
+        for _ in j..end {
+            let i = g.next(&mut rng);
+            let write = rng.below(100) >= spec.read_pct as u64;
+            let (lo, hi) = if word_access {
+                let k = rng.below(PAGE_WORDS as u64) as usize;
+                (k, k + 1)
+            } else {
+                (0, 0)
+            };
+            let a = Instant::now();
+            let e = touch(page(words, i), i, lo, hi, write, spec.verify);
+            tally.record(elapsed_ns(a), 1, write, e);
+        }
+        ctl.progress.add(end - j);
+        j = end;
+    }
+    tally.end = Some(Instant::now());
+    tally
 }
 
 /// usemem: each thread owns a slice; sequential threads read or write every word of a page
@@ -515,24 +531,8 @@ fn combined(words: &[AtomicU64], spec: &WorkloadSpec, ctl: Control) -> Vec<SideR
             .map(|t| {
                 s.spawn(move || {
                     let n = share(spec.accesses, workers, t);
-                    let mut rng = Rng::new(thread_seed(spec.seed, t));
-                    let mut g = PageGen::new(spec.pattern, split, nr_pages, split, spec.zipf_skew, spec.normal_sd);
-                    let mut tally = Tally::default();
-                    let mut j = 0;
-                    while j < n && !ctl.stopped() {
-                        let end = (j + CHUNK).min(n);
-                        for _ in j..end {
-                            let i = g.next(&mut rng);
-                            let write = rng.below(100) >= spec.read_pct as u64;
-                            let k = rng.below(PAGE_WORDS as u64) as usize;
-                            let a = Instant::now();
-                            let e = touch(page(words, i), i, k, k + 1, write, spec.verify);
-                            tally.record(elapsed_ns(a), 1, write, e);
-                        }
-                        ctl.progress.add(end - j);
-                        j = end;
-                    }
-                    tally.end = Some(Instant::now());
+                    let g = PageGen::new(spec.pattern, split, nr_pages, split, spec.zipf_skew, spec.normal_sd);
+                    let tally = page_accesses(words, spec, ctl, t, n, g, true);
                     random_left.fetch_sub(1, Ordering::Release);
                     tally
                 })
