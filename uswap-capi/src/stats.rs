@@ -125,12 +125,25 @@ pub struct uswap_stats {
     pub limit_overrun_busy: u64,
 }
 
+/// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
+/// fields of both structs, copied as they are; `left_out` are the engine's fields the C struct
+/// does not carry; `derived` are the C struct's own fields, computed from the copied ones.
+/// Exhaustive on purpose: a counter added to the engine does not compile until it is listed
+/// here (after adding it at the end of the struct) or named as left out, and a field added
+/// to the struct does not compile until it is copied or derived.
+macro_rules! from_stats {
+    ($s:expr; copied: $($c:ident),* $(,)?; left_out: $($l:ident),* $(,)?; derived: $($d:ident: $v:expr),* $(,)?) => {{
+        let Stats { $($c,)* $($l: _,)* } = $s;
+        uswap_stats { $($c: *$c,)* $($d: $v,)* }
+    }};
+}
+
 impl uswap_stats {
     /// The C struct for an engine snapshot, `size` set to the full size.
     pub(crate) fn from_engine(s: &Stats) -> uswap_stats {
-        // Exhaustive on purpose: a counter added to the engine does not compile until it is
-        // either added here (at the end of the struct) or named as left out.
-        let Stats {
+        let page_size_bytes = engine::PAGE_SIZE as u64;
+        from_stats!(s;
+        copied:
             pgfault,
             pgfault_zero,
             zero_fill_around,
@@ -176,64 +189,14 @@ impl uswap_stats {
             limit_pages,
             resident_peak_pages,
             remap_copied,
-            limit_overrun_busy,
-            devices: _,
-            fault_latency_us: _,
-            publish: _,
-        } = s;
-        let page_size_bytes = engine::PAGE_SIZE as u64;
-        uswap_stats {
+            limit_overrun_busy;
+        left_out: devices, fault_latency_us, publish;
+        derived:
             size: std::mem::size_of::<uswap_stats>() as u64,
-            page_size_bytes,
+            page_size_bytes: page_size_bytes,
             resident_bytes: resident_pages * page_size_bytes,
             limit_bytes: limit_pages * page_size_bytes,
-            pgfault: *pgfault,
-            pgfault_zero: *pgfault_zero,
-            zero_fill_around: *zero_fill_around,
-            pgfault_swapcache: *pgfault_swapcache,
-            pgmajfault: *pgmajfault,
-            pgfault_wp: *pgfault_wp,
-            pswpin: *pswpin,
-            pswpout: *pswpout,
-            swpout_clean: *swpout_clean,
-            swpout_zero: *swpout_zero,
-            pgsteal_background: *pgsteal_background,
-            pgsteal_direct: *pgsteal_direct,
-            pgactivate: *pgactivate,
-            allocstall: *allocstall,
-            swap_alloc_fail: *swap_alloc_fail,
-            limit_overrun: *limit_overrun,
-            swap_ra: *swap_ra,
-            swap_ra_hit: *swap_ra_hit,
-            swap_ra_unused: *swap_ra_unused,
-            swap_ra_async_started: *swap_ra_async_started,
-            swap_ra_async: *swap_ra_async,
-            swap_ra_async_dropped: *swap_ra_async_dropped,
-            swap_ra_async_wait: *swap_ra_async_wait,
-            uffd_unmap: *uffd_unmap,
-            uffd_remap: *uffd_remap,
-            uffd_remove: *uffd_remove,
-            pgfault_swapcache_copy: *pgfault_swapcache_copy,
-            fault_raced: *fault_raced,
-            fault_lock_free: *fault_lock_free,
-            fault_busy_timeout: *fault_busy_timeout,
-            fault_error: *fault_error,
-            lru_overflow: *lru_overflow,
-            move_refused: *move_refused,
-            swpout_error: *swpout_error,
-            swpout_spilled: *swpout_spilled,
-            writeback: *writeback,
-            checksum_errors: *checksum_errors,
-            slots_leaked: *slots_leaked,
-            uffd_move_misreports: *uffd_move_misreports,
-            resident_pages: *resident_pages,
-            swapcache_pages: *swapcache_pages,
-            clean_pages: *clean_pages,
-            limit_pages: *limit_pages,
-            resident_peak_pages: *resident_peak_pages,
-            remap_copied: *remap_copied,
-            limit_overrun_busy: *limit_overrun_busy,
-        }
+        )
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::{kernel_unavailable, swaps};
+use common::{kernel_unavailable, run_timed, swaps};
 
 fn uswap() -> Command {
     Command::new(env!("CARGO_BIN_EXE_uswap"))
@@ -202,36 +202,10 @@ fn bad_input_is_refused_with_a_reason() {
     }
 }
 
-/// Runs `uswap ARGS` with stdout and stderr read to the end, killing it after `limit`: a run
-/// that does not end is a failure naming the arguments, not a hung test.
+/// Runs `uswap ARGS` under [`run_timed`]: a run that does not end (stuck instead of refusing
+/// its input) is a failure naming the arguments, not a hung test.
 fn run_with_timeout(args: &[&str], limit: Duration) -> Output {
-    use std::io::Read;
-    let mut child =
-        uswap().args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
-    let mut pipes = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let readers = (
-        std::thread::spawn(move || {
-            let mut b = vec![];
-            pipes.0.read_to_end(&mut b).map(|_| b)
-        }),
-        std::thread::spawn(move || {
-            let mut b = vec![];
-            pipes.1.read_to_end(&mut b).map(|_| b)
-        }),
-    );
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() >= deadline {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("uswap {args:?} still running after {limit:?}: stuck instead of refusing its input");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output { status, stdout: readers.0.join().unwrap().unwrap(), stderr: readers.1.join().unwrap().unwrap() }
+    run_timed(uswap().args(args), limit)
 }
 
 #[test]

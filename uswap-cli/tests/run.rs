@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::kernel_unavailable;
+use common::{kernel_unavailable, run_timed};
 
 const LIMIT_MIB: u64 = 16;
 /// Working sets are this many times the limit.
@@ -40,44 +40,6 @@ fn preload() -> PathBuf {
     let p = exe.parent().unwrap().join("libuswap_preload.so");
     assert!(p.is_file(), "{} missing: cargo should have built it for the tests", p.display());
     p
-}
-
-/// Runs `cmd` to completion in its own process group, killing the group after `limit`.
-fn run_timed(cmd: &mut Command, limit: Duration) -> Output {
-    use std::io::Read;
-    use std::os::unix::process::CommandExt;
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    let mut pipes = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let out = std::thread::spawn(move || {
-        let mut b = vec![];
-        pipes.0.read_to_end(&mut b).map(|_| b)
-    });
-    let err = std::thread::spawn(move || {
-        let mut b = vec![];
-        pipes.1.read_to_end(&mut b).map(|_| b)
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() >= deadline {
-            // SAFETY: kill(2) on the child's own process group.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            child.wait().unwrap();
-            let e = err.join().unwrap().unwrap_or_default();
-            panic!("{what} still running after {limit:?}; stderr:\n{}", String::from_utf8_lossy(&e));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output { status, stdout: out.join().unwrap().unwrap(), stderr: err.join().unwrap().unwrap() }
 }
 
 /// Compiles tests/programs/NAME.c into `dir`.

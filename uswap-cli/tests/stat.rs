@@ -13,6 +13,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use uswap::{DeviceConfig, FaultMode, Pager, PAGE_SIZE};
 
+// The kernel-engine helpers there are for the bench tests, not these.
+#[allow(dead_code)]
+mod common;
+use common::{run_timed, run_timed_with};
+
 const LIMIT_BYTES: u64 = 1 << 20;
 const HELPER_READY: Duration = Duration::from_secs(60);
 const STAT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -123,48 +128,10 @@ fn uswap() -> Command {
     Command::new(env!("CARGO_BIN_EXE_uswap"))
 }
 
-/// Runs `cmd` to completion, failing the test if it takes longer than `timeout`; `during` is
-/// called with the child's pid once it runs.
-fn run_with_timeout(mut cmd: Command, timeout: Duration, during: impl FnOnce(u32)) -> Output {
-    let what = format!("{cmd:?}");
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawning uswap");
-    let pid = child.id();
-    let mut pipes = [
-        child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
-        child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
-    ];
-    let readers: Vec<_> = pipes
-        .iter_mut()
-        .map(|p| {
-            let mut p = p.take().unwrap();
-            std::thread::spawn(move || {
-                let mut v = Vec::new();
-                let _ = p.read_to_end(&mut v);
-                v
-            })
-        })
-        .collect();
-    during(pid);
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {timeout:?}: stuck querying the pager");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut out = readers.into_iter().map(|r| r.join().unwrap());
-    Output { status, stdout: out.next().unwrap(), stderr: out.next().unwrap() }
-}
-
 fn stat(args: &[&str]) -> Output {
     let mut cmd = uswap();
     cmd.arg("stat").args(args);
-    run_with_timeout(cmd, STAT_TIMEOUT, |_| {})
+    run_timed(&mut cmd, STAT_TIMEOUT)
 }
 
 fn text(b: &[u8]) -> String {
@@ -312,7 +279,7 @@ fn stat_interval_ends_with_a_note_when_the_process_exits() {
     // Reap the helper as soon as it exits, so that its pid is gone rather than a zombie.
     let reaper = std::thread::scope(|scope| {
         let waiter = scope.spawn(|| h.wait(Duration::from_secs(30)));
-        let out = run_with_timeout(cmd, STAT_TIMEOUT, |_| {});
+        let out = run_timed(&mut cmd, STAT_TIMEOUT);
         waiter.join().unwrap();
         out
     });
@@ -333,7 +300,7 @@ fn stat_interval_stops_on_ctrl_c_with_status_0() {
     let h = Helper::start("thread", None);
     let mut cmd = uswap();
     cmd.args(["stat", "--interval", "0.2", &h.pid.to_string()]);
-    let out = run_with_timeout(cmd, STAT_TIMEOUT, |pid| {
+    let out = run_timed_with(&mut cmd, STAT_TIMEOUT, |pid| {
         std::thread::sleep(Duration::from_millis(700));
         // SAFETY: kill(2) sends a signal to our own child; no memory is involved.
         assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
@@ -379,7 +346,7 @@ fn stat_refuses_other_users() {
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut cmd = Command::new(&bin);
     cmd.args(["stat", &pid]).uid(65534).gid(65534);
-    let out = run_with_timeout(cmd, STAT_TIMEOUT, |_| {});
+    let out = run_timed(&mut cmd, STAT_TIMEOUT);
     let _ = std::fs::remove_dir_all(&dir);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

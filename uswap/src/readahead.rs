@@ -146,6 +146,18 @@ impl FaultStreams {
         Advice::from_u8(self.advice.load(Ordering::Relaxed))
     }
 
+    /// The streams in use, each with its slot, its last window and its direction (read once
+    /// each, racily: see the module's locking rules).
+    fn live_streams(&self) -> impl Iterator<Item = (&AtomicU64, Window, u64)> + '_ {
+        self.streams.iter().filter_map(|s| {
+            let w = s.load(Ordering::Relaxed);
+            (w & VALID != 0).then(|| {
+                let (start, len, dir) = unpack(w);
+                (s, Window { start, len }, dir)
+            })
+        })
+    }
+
     /// The window for a fault at `page` in a region of `nr_pages`, at most `max` pages.
     pub fn predict(&self, page: usize, nr_pages: usize, max: usize) -> Prediction {
         let max = max.clamp(1, MAX_WINDOW_PAGES);
@@ -160,24 +172,18 @@ impl FaultStreams {
             }
             Advice::Normal => {}
         }
-        for s in &self.streams {
-            let w = s.load(Ordering::Relaxed);
-            if w & VALID == 0 {
-                continue;
-            }
-            let (start, len, dir) = unpack(w);
-            let prev = Window { start, len };
+        for (_, prev, dir) in self.live_streams() {
             // The fault continues the stream: just past its window, forward or backward.
             let forward = page == prev.end() && dir != DIR_BACKWARD;
             let backward = page + 1 == prev.start && dir != DIR_FORWARD;
             // Or it is next to the stream's only page (direction not known yet).
-            let adjacent = len == 1 && (page == start + 1 || page + 1 == start);
+            let adjacent = prev.len == 1 && (page == prev.start + 1 || page + 1 == prev.start);
             if !(forward || backward || adjacent) {
                 continue;
             }
-            let hits = if forward || backward { len - 1 } else { 0 };
-            let size = window_size(hits, true, len, max);
-            let go_back = backward || (adjacent && page + 1 == start);
+            let hits = if forward || backward { prev.len - 1 } else { 0 };
+            let size = window_size(hits, true, prev.len, max);
+            let go_back = backward || (adjacent && page + 1 == prev.start);
             let window =
                 if go_back { clamp(page as isize - size as isize + 1, size) } else { clamp(page as isize, size) };
             let passed = (hits > 0).then_some(prev);
@@ -209,14 +215,8 @@ impl FaultStreams {
         };
         let word = pack(window.start, window.len, dir);
         // Update the stream this fault continued, if any.
-        for s in &self.streams {
-            let w = s.load(Ordering::Relaxed);
-            if w & VALID == 0 {
-                continue;
-            }
-            let (start, len, _) = unpack(w);
-            let prev = Window { start, len };
-            if page == prev.end() || page + 1 == prev.start || (len == 1 && page.abs_diff(start) == 1) {
+        for (s, prev, _) in self.live_streams() {
+            if page == prev.end() || page + 1 == prev.start || (prev.len == 1 && page.abs_diff(prev.start) == 1) {
                 s.store(word, Ordering::Relaxed);
                 return;
             }

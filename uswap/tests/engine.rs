@@ -99,15 +99,11 @@ fn never_written_pages_take_no_slot(mode: FaultMode) {
     assert!(st.devices[0].slots_used > 0 && st.pswpout > 0, "{st:?}");
 }
 
-#[test]
-fn thread_mode_never_written_pages_take_no_slot() {
-    never_written_pages_take_no_slot(FaultMode::Thread);
-}
-
-#[test]
-fn signal_mode_never_written_pages_take_no_slot() {
-    never_written_pages_take_no_slot(FaultMode::Signal);
-}
+in_both_modes!(
+    never_written_pages_take_no_slot() =>
+    thread_mode_never_written_pages_take_no_slot,
+    signal_mode_never_written_pages_take_no_slot
+);
 
 #[test]
 fn dropping_a_region_returns_every_slot_and_cache_page() {
@@ -369,28 +365,33 @@ fn device_lists_parse_in_priority_order() {
     }
 }
 
-/// A page read back from a device and not written since keeps its slot: reclaim drops it
-/// without writing it again; its first write takes a write-protect fault and frees the slot.
-fn clean_pages_keep_their_slot(mode: FaultMode) {
+/// A pager with a 1 MiB limit and an 8 MiB region of it, every page written (version 1) and
+/// then read back twice: in thread mode the second pass swaps each page in clean and drops
+/// it again. One fault per page: readahead (whose pages come in writable on a RAM device)
+/// is tested in tests/readahead.rs. Returns the stats once the pager is quiet.
+fn written_then_read_twice(mode: FaultMode) -> (Pager, uswap::Region, uswap::Stats) {
     let p = pager(mode, MIB, 32 * MIB);
-    let mut region = p.map(8 * MIB as usize).unwrap();
-    // One fault per page: readahead (whose pages come in writable on a RAM device) is tested
-    // in tests/readahead.rs.
+    let region = p.map(8 * MIB as usize).unwrap();
     region.advise(uswap::Advice::Random);
     let pages = region.len() / PAGE_SIZE;
-    {
-        let w = region.as_atomic_u64s();
+    let w = region.as_atomic_u64s();
+    for i in 0..pages {
+        write_page(w, i, 1);
+    }
+    for _ in 0..2 {
         for i in 0..pages {
-            write_page(w, i, 1);
-        }
-        // Read every page back twice: the second pass swaps each in clean and drops it again.
-        for _ in 0..2 {
-            for i in 0..pages {
-                check_page(w, i, 1);
-            }
+            check_page(w, i, 1);
         }
     }
     let st = quiet_stats(&p);
+    (p, region, st)
+}
+
+/// A page read back from a device and not written since keeps its slot: reclaim drops it
+/// without writing it again; its first write takes a write-protect fault and frees the slot.
+fn clean_pages_keep_their_slot(mode: FaultMode) {
+    let (p, mut region, st) = written_then_read_twice(mode);
+    let pages = region.len() / PAGE_SIZE;
     assert!(st.swpout_clean as usize >= pages / 2, "{st:?}");
     assert!(st.clean_pages > 0, "{st:?}");
     // Written pages go out once; re-reading them wrote nothing more.
@@ -456,20 +457,8 @@ fn thread_mode_clean_pages_keep_their_slot() {
 /// slot, and is written again when evicted.
 #[test]
 fn signal_mode_pages_come_back_writable() {
-    let p = pager(FaultMode::Signal, MIB, 32 * MIB);
-    let region = p.map(8 * MIB as usize).unwrap();
-    region.advise(uswap::Advice::Random);
+    let (_p, region, st) = written_then_read_twice(FaultMode::Signal);
     let pages = region.len() / PAGE_SIZE;
-    let w = region.as_atomic_u64s();
-    for i in 0..pages {
-        write_page(w, i, 1);
-    }
-    for _ in 0..2 {
-        for i in 0..pages {
-            check_page(w, i, 1);
-        }
-    }
-    let st = quiet_stats(&p);
     assert!(st.pswpin >= pages as u64, "{st:?}");
     assert_eq!((st.clean_pages, st.swpout_clean, st.pgfault_wp), (0, 0, 0), "{st:?}");
     assert!(st.pswpout >= pages as u64 + pages as u64 / 2, "pages read back are written again: {st:?}");
@@ -526,12 +515,8 @@ fn shrinking_under_faults_is_not_a_full_device(mode: FaultMode) {
     assert!(st.pswpout > 0 && st.pswpin > 0, "the run must swap: {st:?}");
 }
 
-#[test]
-fn thread_mode_shrinking_under_faults_is_not_a_full_device() {
-    shrinking_under_faults_is_not_a_full_device(FaultMode::Thread);
-}
-
-#[test]
-fn signal_mode_shrinking_under_faults_is_not_a_full_device() {
-    shrinking_under_faults_is_not_a_full_device(FaultMode::Signal);
-}
+in_both_modes!(
+    shrinking_under_faults_is_not_a_full_device() =>
+    thread_mode_shrinking_under_faults_is_not_a_full_device,
+    signal_mode_shrinking_under_faults_is_not_a_full_device
+);

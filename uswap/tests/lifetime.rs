@@ -98,6 +98,32 @@ fn damaged_pages(w: &[AtomicU64], tag: u64) -> usize {
         .count()
 }
 
+/// A region of `REGION_PAGES` pages (four times the limit) with every page written at
+/// version 1, in order: the first pages are swapped out by the time it returns.
+fn filled_region(p: &Pager) -> uswap::Region {
+    let region = p.map(REGION_PAGES * PAGE_SIZE).unwrap();
+    let w = region.as_atomic_u64s();
+    for i in 0..REGION_PAGES {
+        write_page(w, i, 1);
+    }
+    region
+}
+
+/// Pressure on `pages` of `w` (at version 1): each is checked and rewritten twice (versions
+/// 2 and 3), which with more pages than the limit pushes them out again and again, then
+/// each is checked at version 3.
+fn rewrite_twice(w: &[AtomicU64], pages: impl Iterator<Item = usize> + Clone) {
+    for v in 2..=3 {
+        for i in pages.clone() {
+            check_page(w, i, v - 1);
+            write_page(w, i, v);
+        }
+    }
+    for i in pages {
+        check_page(w, i, 3);
+    }
+}
+
 fn slots_used(p: &Pager) -> u64 {
     p.stats().devices.iter().map(|d| d.slots_used).sum()
 }
@@ -108,12 +134,9 @@ fn slots_used(p: &Pager) -> u64 {
 fn munmap_then_mmap_in_the_hole(mode: FaultMode) {
     let _w = Watchdog::new("munmap_then_mmap_in_the_hole", 120);
     let p = new_pager(mode);
-    let region = p.map(REGION_PAGES * PAGE_SIZE).unwrap();
+    let region = filled_region(&p);
     let base = region.as_ptr() as usize;
     let w = region.as_atomic_u64s();
-    for i in 0..REGION_PAGES {
-        write_page(w, i, 1);
-    }
     // The hole: pages [256, 512), resident ones and swapped ones both (the last 256 written
     // are resident).
     let (hole, hole_pages) = (256, 256);
@@ -123,15 +146,7 @@ fn munmap_then_mmap_in_the_hole(mode: FaultMode) {
     fill_plain(plain, 7);
     // Pressure: the rest of the region, written twice, pushes everything out again and again.
     let live = |i: usize| !(hole..hole + hole_pages).contains(&i);
-    for v in 2..=3 {
-        for i in (0..REGION_PAGES).filter(|&i| live(i)) {
-            check_page(w, i, v - 1);
-            write_page(w, i, v);
-        }
-    }
-    for i in (0..REGION_PAGES).filter(|&i| live(i)) {
-        check_page(w, i, 3);
-    }
+    rewrite_twice(w, (0..REGION_PAGES).filter(|&i| live(i)));
     assert_eq!(damaged_pages(plain, 7), 0, "reclaim wrote into a mapping that is not the region's");
     let st = p.stats();
     assert!(st.pswpout > 0, "the run must swap: {st:?}");
@@ -142,15 +157,11 @@ fn munmap_then_mmap_in_the_hole(mode: FaultMode) {
     unmap(hole_addr, hole_pages);
 }
 
-#[test]
-fn thread_mode_munmap_then_mmap_in_the_hole() {
-    munmap_then_mmap_in_the_hole(FaultMode::Thread);
-}
-
-#[test]
-fn signal_mode_munmap_then_mmap_in_the_hole() {
-    munmap_then_mmap_in_the_hole(FaultMode::Signal);
-}
+in_both_modes!(
+    munmap_then_mmap_in_the_hole() =>
+    thread_mode_munmap_then_mmap_in_the_hole,
+    signal_mode_munmap_then_mmap_in_the_hole
+);
 
 /// A reserved, inaccessible range of `pages` pages, for `MREMAP_FIXED` to land on.
 fn reserve(pages: usize) -> usize {
@@ -175,14 +186,8 @@ fn reserve(pages: usize) -> usize {
 fn mremap_whole_region(mode: FaultMode) {
     let _w = Watchdog::new("mremap_whole_region", 120);
     let p = new_pager(mode);
-    let region = p.map(REGION_PAGES * PAGE_SIZE).unwrap();
+    let region = filled_region(&p);
     let old = region.as_ptr() as usize;
-    {
-        let w = region.as_atomic_u64s();
-        for i in 0..REGION_PAGES {
-            write_page(w, i, 1);
-        }
-    }
     let before = p.stats();
     assert!(before.pswpout > 0, "pages must be out: {before:?}");
     let new = reserve(REGION_PAGES);
@@ -222,26 +227,19 @@ fn mremap_whole_region(mode: FaultMode) {
     unmap(old, REGION_PAGES);
 }
 
-#[test]
-fn thread_mode_mremap_whole_region() {
-    mremap_whole_region(FaultMode::Thread);
-}
-
-#[test]
-fn signal_mode_mremap_whole_region() {
-    mremap_whole_region(FaultMode::Signal);
-}
+in_both_modes!(
+    mremap_whole_region() =>
+    thread_mode_mremap_whole_region,
+    signal_mode_mremap_whole_region
+);
 
 /// (c) `madvise(MADV_DONTNEED)` over a region with swapped, cached and resident pages: every
 /// page reads zero afterwards, as Linux zero-fills, and no slot or swap-cache page is kept.
 fn dontneed_reads_zero(mode: FaultMode) {
     let _w = Watchdog::new("dontneed_reads_zero", 120);
     let p = new_pager(mode);
-    let region = p.map(REGION_PAGES * PAGE_SIZE).unwrap();
+    let region = filled_region(&p);
     let w = region.as_atomic_u64s();
-    for i in 0..REGION_PAGES {
-        write_page(w, i, 1);
-    }
     let st = quiet_stats(&p);
     assert!(st.swapcache_pages > 0 && st.pswpout > 0 && st.resident_pages > st.swapcache_pages, "{st:?}");
     // SAFETY: the region's memory, discarded as an application would.
@@ -260,26 +258,19 @@ fn dontneed_reads_zero(mode: FaultMode) {
     assert_eq!(st.fault_error, 0, "{st:?}");
 }
 
-#[test]
-fn thread_mode_dontneed_reads_zero() {
-    dontneed_reads_zero(FaultMode::Thread);
-}
-
-#[test]
-fn signal_mode_dontneed_reads_zero() {
-    dontneed_reads_zero(FaultMode::Signal);
-}
+in_both_modes!(
+    dontneed_reads_zero() =>
+    thread_mode_dontneed_reads_zero,
+    signal_mode_dontneed_reads_zero
+);
 
 /// (d) `mprotect(PROT_READ)` over a region with pages in the swap cache: every page reads
 /// back right (none raises SIGBUS); back to read-write, paging goes on.
 fn mprotect_read_only(mode: FaultMode) {
     let _w = Watchdog::new("mprotect_read_only", 120);
     let p = new_pager(mode);
-    let region = p.map(REGION_PAGES * PAGE_SIZE).unwrap();
+    let region = filled_region(&p);
     let w = region.as_atomic_u64s();
-    for i in 0..REGION_PAGES {
-        write_page(w, i, 1);
-    }
     let st = quiet_stats(&p);
     assert!(st.swapcache_pages > 0, "{st:?}");
     let protect = |prot| {
@@ -305,15 +296,11 @@ fn mprotect_read_only(mode: FaultMode) {
     assert!(st.pgfault_swapcache > 0, "{st:?}");
 }
 
-#[test]
-fn thread_mode_mprotect_read_only() {
-    mprotect_read_only(FaultMode::Thread);
-}
-
-#[test]
-fn signal_mode_mprotect_read_only() {
-    mprotect_read_only(FaultMode::Signal);
-}
+in_both_modes!(
+    mprotect_read_only() =>
+    thread_mode_mprotect_read_only,
+    signal_mode_mprotect_read_only
+);
 
 /// Moves pages `[old, old + old_pages)` to `new` (a reservation of at least `new_pages`),
 /// resized to `new_pages`.
@@ -421,37 +408,26 @@ fn mremap_part_of_a_region(mode: FaultMode, grow_pages: usize) {
     unmap(new, new_pages);
 }
 
-#[test]
-fn thread_mode_mremap_part_of_a_region() {
-    mremap_part_of_a_region(FaultMode::Thread, 0);
-}
+in_both_modes!(
+    mremap_part_of_a_region(0) =>
+    thread_mode_mremap_part_of_a_region,
+    signal_mode_mremap_part_of_a_region
+);
 
-#[test]
-fn signal_mode_mremap_part_of_a_region() {
-    mremap_part_of_a_region(FaultMode::Signal, 0);
-}
-
-#[test]
-fn thread_mode_mremap_part_of_a_region_to_a_larger_size() {
-    mremap_part_of_a_region(FaultMode::Thread, 64);
-}
-
-#[test]
-fn signal_mode_mremap_part_of_a_region_to_a_larger_size() {
-    mremap_part_of_a_region(FaultMode::Signal, 64);
-}
+in_both_modes!(
+    mremap_part_of_a_region(64) =>
+    thread_mode_mremap_part_of_a_region_to_a_larger_size,
+    signal_mode_mremap_part_of_a_region_to_a_larger_size
+);
 
 /// (f) `mremap` that shrinks a region in place: the tail is gone (its swap space freed),
 /// the rest keeps paging, and memory mapped where the tail was is never touched.
 fn mremap_shrinks_a_region_in_place(mode: FaultMode) {
     let _w = Watchdog::new("mremap_shrinks_a_region_in_place", 120);
     let p = new_pager(mode);
-    let region = p.map(REGION_PAGES * PAGE_SIZE).unwrap();
+    let region = filled_region(&p);
     let base = region.as_ptr() as usize;
     let w = region.as_atomic_u64s();
-    for i in 0..REGION_PAGES {
-        write_page(w, i, 1);
-    }
     let keep = REGION_PAGES / 2;
     mremap_in_place(base, REGION_PAGES, keep);
     let tail = base + keep * PAGE_SIZE;
@@ -461,15 +437,7 @@ fn mremap_shrinks_a_region_in_place(mode: FaultMode) {
     assert!(st.uffd_unmap >= 1, "{st:?}");
     // The tail's slots are free: what is left in use is at most the kept half.
     assert!(slots_used(&p) <= keep as u64, "{} slots in use: {st:?}", slots_used(&p));
-    for v in 2..=3 {
-        for i in 0..keep {
-            check_page(w, i, v - 1);
-            write_page(w, i, v);
-        }
-    }
-    for i in 0..keep {
-        check_page(w, i, 3);
-    }
+    rewrite_twice(w, 0..keep);
     assert_eq!(damaged_pages(plain, 13), 0, "reclaim wrote into the mapping where the tail was");
     drop(region);
     assert_eq!(damaged_pages(plain, 13), 0, "dropping the region touched the mapping where the tail was");
@@ -478,15 +446,11 @@ fn mremap_shrinks_a_region_in_place(mode: FaultMode) {
     unmap(tail, REGION_PAGES - keep);
 }
 
-#[test]
-fn thread_mode_mremap_shrinks_a_region_in_place() {
-    mremap_shrinks_a_region_in_place(FaultMode::Thread);
-}
-
-#[test]
-fn signal_mode_mremap_shrinks_a_region_in_place() {
-    mremap_shrinks_a_region_in_place(FaultMode::Signal);
-}
+in_both_modes!(
+    mremap_shrinks_a_region_in_place() =>
+    thread_mode_mremap_shrinks_a_region_in_place,
+    signal_mode_mremap_shrinks_a_region_in_place
+);
 
 /// (g) Thread mode: a region shrunk and then grown back in place (the kernel sends no event
 /// for a growth in place): the kept part keeps every byte and keeps paging, the grown part
@@ -495,12 +459,9 @@ fn signal_mode_mremap_shrinks_a_region_in_place() {
 fn thread_mode_mremap_grows_a_region_in_place() {
     let _w = Watchdog::new("thread_mode_mremap_grows_a_region_in_place", 120);
     let p = new_pager(FaultMode::Thread);
-    let region = p.map(REGION_PAGES * PAGE_SIZE).unwrap();
+    let region = filled_region(&p);
     let base = region.as_ptr() as usize;
     let w = region.as_atomic_u64s();
-    for i in 0..REGION_PAGES {
-        write_page(w, i, 1);
-    }
     let keep = REGION_PAGES / 2;
     let grown = REGION_PAGES - keep;
     mremap_in_place(base, REGION_PAGES, keep);
@@ -512,15 +473,7 @@ fn thread_mode_mremap_grows_a_region_in_place() {
     for i in 0..grown {
         write_page(tail, i, 7);
     }
-    for v in 2..=3 {
-        for i in 0..keep {
-            check_page(w, i, v - 1);
-            write_page(w, i, v);
-        }
-    }
-    for i in 0..keep {
-        check_page(w, i, 3);
-    }
+    rewrite_twice(w, 0..keep);
     for i in 0..grown {
         check_page(tail, i, 7);
     }

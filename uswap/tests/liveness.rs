@@ -242,25 +242,17 @@ fn signal_handler_reads_managed_pages(mode: FaultMode, source: Source) {
     assert_eq!((st.fault_error, st.slots_leaked), (0, 0), "{st:?}");
 }
 
-#[test]
-fn thread_mode_sigalrm_handler_at_10khz_reading_managed_pages() {
-    signal_handler_reads_managed_pages(FaultMode::Thread, Source::Timer);
-}
+in_both_modes!(
+    signal_handler_reads_managed_pages(Source::Timer) =>
+    thread_mode_sigalrm_handler_at_10khz_reading_managed_pages,
+    signal_mode_sigalrm_handler_at_10khz_reading_managed_pages
+);
 
-#[test]
-fn signal_mode_sigalrm_handler_at_10khz_reading_managed_pages() {
-    signal_handler_reads_managed_pages(FaultMode::Signal, Source::Timer);
-}
-
-#[test]
-fn thread_mode_process_directed_signals_reading_managed_pages() {
-    signal_handler_reads_managed_pages(FaultMode::Thread, Source::Kill);
-}
-
-#[test]
-fn signal_mode_process_directed_signals_reading_managed_pages() {
-    signal_handler_reads_managed_pages(FaultMode::Signal, Source::Kill);
-}
+in_both_modes!(
+    signal_handler_reads_managed_pages(Source::Kill) =>
+    thread_mode_process_directed_signals_reading_managed_pages,
+    signal_mode_process_directed_signals_reading_managed_pages
+);
 
 /// 64 threads in signal mode on a file device: every charge stays within the limit, so the
 /// resident bound holds without overruns while devices have room.

@@ -2,6 +2,8 @@
 //! fault per window, random faults read nothing ahead, advice and the global switch work,
 //! and every byte read is verified.
 
+use std::sync::atomic::AtomicU64;
+
 use uswap::{Advice, DeviceConfig, FaultMode, Pager, ReadaheadPolicy, PAGE_SIZE};
 
 mod common;
@@ -212,42 +214,53 @@ fn sequential_scans_of_a_file_device_are_read_ahead_asynchronously() {
     }
 }
 
+/// Fills a 16 MiB region of a file pager with asynchronous readahead (two windows) with
+/// version 1 of every page, runs `scan(words, pages)` over it, and checks that the scan used
+/// asynchronous reads and, once the region is gone, that every page read asynchronously is
+/// accounted for. Returns the pager's stats then.
+fn async_scan(mode: FaultMode, scan: impl FnOnce(&[AtomicU64], usize)) -> uswap::Stats {
+    let p = file_pager(mode, 2, file_device());
+    let region = p.map(16 * MIB as usize).unwrap();
+    let w = region.as_atomic_u64s();
+    let pages = region.len() / PAGE_SIZE;
+    for i in 0..pages {
+        write_page(w, i, 1);
+    }
+    scan(w, pages);
+    let st = p.stats();
+    assert!(st.swap_ra_async > 0, "{mode:?}: {st:?}");
+    drop(region);
+    let st = p.stats();
+    assert_async_accounted(&st);
+    st
+}
+
 /// Streams that stop half-way, turn round or jump, with writes in between: windows read
 /// asynchronously and never used are dropped, and every byte read is right.
 #[test]
 fn abandoned_streams_and_writes_lose_nothing() {
     for mode in [FaultMode::Thread, FaultMode::Signal] {
-        let p = file_pager(mode, 2, file_device());
-        let region = p.map(16 * MIB as usize).unwrap();
-        let w = region.as_atomic_u64s();
-        let pages = region.len() / PAGE_SIZE;
-        let mut version = vec![1u64; pages];
-        for (i, v) in version.iter().enumerate() {
-            write_page(w, i, *v);
-        }
-        let mut rng = Rng(0x5eed ^ mode as u64);
-        for _ in 0..60 {
-            let start = (rng.next() % pages as u64) as usize;
-            let len = 16 + (rng.next() % 300) as usize;
-            let backward = rng.next() % 4 == 0;
-            for k in 0..len.min(pages) {
-                let i = if backward { (start + pages - k) % pages } else { (start + k) % pages };
-                check_page(w, i, version[i]);
-                if rng.next() % 5 == 0 {
-                    version[i] += 1;
-                    write_page(w, i, version[i]);
+        let st = async_scan(mode, |w, pages| {
+            let mut version = vec![1u64; pages];
+            let mut rng = Rng(0x5eed ^ mode as u64);
+            for _ in 0..60 {
+                let start = (rng.next() % pages as u64) as usize;
+                let len = 16 + (rng.next() % 300) as usize;
+                let backward = rng.next() % 4 == 0;
+                for k in 0..len.min(pages) {
+                    let i = if backward { (start + pages - k) % pages } else { (start + k) % pages };
+                    check_page(w, i, version[i]);
+                    if rng.next() % 5 == 0 {
+                        version[i] += 1;
+                        write_page(w, i, version[i]);
+                    }
                 }
             }
-        }
-        for (i, v) in version.iter().enumerate() {
-            check_page(w, i, *v);
-        }
-        let st = p.stats();
-        assert!(st.swap_ra_async > 0, "{mode:?}: {st:?}");
-        drop(region);
-        let st = p.stats();
+            for (i, v) in version.iter().enumerate() {
+                check_page(w, i, *v);
+            }
+        });
         assert!(st.swap_ra_async_dropped > 0, "{mode:?}: abandoned windows are dropped: {st:?}");
-        assert_async_accounted(&st);
     }
 }
 
@@ -274,30 +287,22 @@ fn failed_and_corrupted_asynchronous_reads_are_read_again() {
 #[test]
 fn threads_scanning_one_region_share_the_readers() {
     for mode in [FaultMode::Thread, FaultMode::Signal] {
-        let p = file_pager(mode, 2, file_device());
-        let region = p.map(16 * MIB as usize).unwrap();
-        let w = region.as_atomic_u64s();
-        let pages = region.len() / PAGE_SIZE;
-        for i in 0..pages {
-            write_page(w, i, 1);
-        }
-        // Four threads, each scanning its quarter twice, forward then backward.
-        std::thread::scope(|s| {
-            for t in 0..4 {
-                s.spawn(move || {
-                    let (lo, hi) = (t * pages / 4, (t + 1) * pages / 4);
-                    for i in lo..hi {
-                        check_page(w, i, 1);
-                    }
-                    for i in (lo..hi).rev() {
-                        check_page(w, i, 1);
-                    }
-                });
-            }
+        async_scan(mode, |w, pages| {
+            // Four threads, each scanning its quarter twice, forward then backward.
+            std::thread::scope(|s| {
+                for t in 0..4 {
+                    s.spawn(move || {
+                        let (lo, hi) = (t * pages / 4, (t + 1) * pages / 4);
+                        for i in lo..hi {
+                            check_page(w, i, 1);
+                        }
+                        for i in (lo..hi).rev() {
+                            check_page(w, i, 1);
+                        }
+                    });
+                }
+            });
         });
-        assert!(p.stats().swap_ra_async > 0, "{mode:?}");
-        drop(region);
-        assert_async_accounted(&p.stats());
     }
 }
 

@@ -100,15 +100,11 @@ fn socket_answers_with_the_pagers_counters(mode: FaultMode) {
     assert!(matches!(stats_server::query(&name, QUERY_TIMEOUT), Err(QueryError::Gone { .. })));
 }
 
-#[test]
-fn thread_mode_socket_answers_with_the_pagers_counters_and_goes_with_it() {
-    socket_answers_with_the_pagers_counters(FaultMode::Thread);
-}
-
-#[test]
-fn signal_mode_socket_answers_with_the_pagers_counters_and_goes_with_it() {
-    socket_answers_with_the_pagers_counters(FaultMode::Signal);
-}
+in_both_modes!(
+    socket_answers_with_the_pagers_counters() =>
+    thread_mode_socket_answers_with_the_pagers_counters_and_goes_with_it,
+    signal_mode_socket_answers_with_the_pagers_counters_and_goes_with_it
+);
 
 #[test]
 fn every_pager_of_a_process_has_its_own_socket() {

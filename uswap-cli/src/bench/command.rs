@@ -33,7 +33,9 @@ use super::kernel::vmstat::Vmstat;
 use super::kernel::KernelSitting;
 use super::results::{median, median_index};
 use super::table::{thousands, Table};
-use super::{baseline_of, engines_of, interrupt, BenchArgs, Meminfo, Sitting, KERNEL_MIN_LIMIT_BYTES};
+use super::{
+    baseline_of, engines_of, failure_exit, interrupt, write_json, BenchArgs, Meminfo, Sitting, KERNEL_MIN_LIMIT_BYTES,
+};
 use crate::run::{Launch, LaunchConfig};
 use crate::size::format_size;
 
@@ -596,28 +598,13 @@ pub fn main(args: &BenchArgs, command: &str) -> ExitCode {
     drop(sitting);
     let results = match result {
         Ok(r) => r,
-        Err(BenchError::Interrupted) => {
-            eprintln!("uswap bench: interrupted; everything it had set up is cleaned up");
-            return ExitCode::from(130);
-        }
-        Err(e @ BenchError::OutputDiffers { .. }) => {
-            eprintln!("uswap bench: {e}");
-            return ExitCode::from(3);
-        }
-        Err(e) => {
-            eprintln!("uswap bench: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return failure_exit(e),
     };
     print(args, &results);
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&results).expect("plain data serialises");
-        if let Err(source) = std::fs::write(path, text + "\n") {
-            eprintln!("uswap bench: {}", BenchError::Write { path: path.clone(), source });
-            return ExitCode::from(2);
-        }
+    match write_json(args, &results) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => failure_exit(e),
     }
-    ExitCode::SUCCESS
 }
 
 #[cfg(test)]

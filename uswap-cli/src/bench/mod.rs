@@ -626,6 +626,33 @@ pub fn print(args: &BenchArgs, results: &[EngineResult], baseline: Option<&str>)
     }
 }
 
+/// Says why `uswap bench` failed and returns its exit status: 130 interrupted (everything
+/// set up is cleaned up by then), 3 the runs' outputs differed (a wrong result, as a read of
+/// wrong data is), 2 anything else.
+fn failure_exit(e: BenchError) -> ExitCode {
+    match e {
+        BenchError::Interrupted => {
+            eprintln!("uswap bench: interrupted; everything it had set up is cleaned up");
+            ExitCode::from(130)
+        }
+        e @ BenchError::OutputDiffers { .. } => {
+            eprintln!("uswap bench: {e}");
+            ExitCode::from(3)
+        }
+        e => {
+            eprintln!("uswap bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Writes `results` to `--json`'s file, when it is given.
+fn write_json(args: &BenchArgs, results: &impl Serialize) -> Result<(), BenchError> {
+    let Some(path) = &args.json else { return Ok(()) };
+    let text = serde_json::to_string_pretty(results).expect("plain data serialises");
+    std::fs::write(path, text + "\n").map_err(|source| BenchError::Write { path: path.clone(), source })
+}
+
 /// `uswap bench`.
 pub fn main(args: &BenchArgs) -> ExitCode {
     if let Err(e) = interrupt::install() {
@@ -639,23 +666,12 @@ pub fn main(args: &BenchArgs) -> ExitCode {
     drop(sitting);
     let results = match result {
         Ok(r) => r,
-        Err(BenchError::Interrupted) => {
-            eprintln!("uswap bench: interrupted; everything it had set up is cleaned up");
-            return ExitCode::from(130);
-        }
-        Err(e) => {
-            eprintln!("uswap bench: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return failure_exit(e),
     };
     let baseline = engines_of(args).ok().and_then(|e| baseline_of(args, &e).ok().flatten());
     print(args, &results, baseline.as_deref());
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&results).expect("plain data serialises");
-        if let Err(source) = std::fs::write(path, text + "\n") {
-            eprintln!("uswap bench: {}", BenchError::Write { path: path.clone(), source });
-            return ExitCode::from(2);
-        }
+    if let Err(e) = write_json(args, &results) {
+        return failure_exit(e);
     }
     if let Some(dir) = &args.plot {
         match plot::write(dir, "", &results, &title(args)) {

@@ -1,6 +1,10 @@
 //! Helpers shared by the CLI's integration tests.
 
+use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// Why the kernel engines cannot run here (they need root, zram, a memory controller and
 /// no swap in use), or `None`.
@@ -32,4 +36,49 @@ pub fn kernel_unavailable() -> Option<String> {
 /// Active swap areas (`/proc/swaps` without its header).
 pub fn swaps() -> Vec<String> {
     std::fs::read_to_string("/proc/swaps").unwrap().lines().skip(1).map(str::to_string).collect()
+}
+
+/// Runs `cmd` to completion in its own process group, stdin closed, stdout and stderr read
+/// to the end. A command still running after `limit` has its group killed and fails the
+/// test, naming the command and showing its stderr.
+pub fn run_timed(cmd: &mut Command, limit: Duration) -> Output {
+    run_timed_with(cmd, limit, |_| {})
+}
+
+/// [`run_timed`], calling `during` with the child's pid once it runs (to signal it, or to
+/// act while it runs).
+pub fn run_timed_with(cmd: &mut Command, limit: Duration, during: impl FnOnce(u32)) -> Output {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let mut pipes = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = std::thread::spawn(move || {
+        let mut b = vec![];
+        pipes.0.read_to_end(&mut b).map(|_| b)
+    });
+    let err = std::thread::spawn(move || {
+        let mut b = vec![];
+        pipes.1.read_to_end(&mut b).map(|_| b)
+    });
+    during(child.id());
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: kill(2) on the child's own process group; no memory is involved.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            child.wait().unwrap();
+            let e = err.join().unwrap().unwrap_or_default();
+            panic!("{what} still running after {limit:?}; stderr:\n{}", String::from_utf8_lossy(&e));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output { status, stdout: out.join().unwrap().unwrap(), stderr: err.join().unwrap().unwrap() }
 }

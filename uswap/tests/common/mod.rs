@@ -81,3 +81,24 @@ pub fn quiet_stats(p: &Pager) -> uswap::Stats {
     }
     prev
 }
+
+/// Two `#[test]`s running one scenario, one in each fault mode, under the names given:
+/// `in_both_modes!(scenario(args) => thread_mode_name, signal_mode_name);` calls
+/// `scenario(FaultMode::Thread, args)` and `scenario(FaultMode::Signal, args)`.
+// (Not every test binary that shares this module uses it, as with the functions above.)
+#[allow(unused_macros)]
+macro_rules! in_both_modes {
+    ($scenario:ident($($arg:expr),*) => $thread:ident, $signal:ident) => {
+        #[test]
+        fn $thread() {
+            $scenario(FaultMode::Thread $(, $arg)*);
+        }
+
+        #[test]
+        fn $signal() {
+            $scenario(FaultMode::Signal $(, $arg)*);
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use in_both_modes;

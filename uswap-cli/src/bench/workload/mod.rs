@@ -376,41 +376,12 @@ fn shared_pages(words: &[AtomicU64], spec: &WorkloadSpec, ctl: Control, word_acc
     let nr_pages = (words.len() / PAGE_WORDS) as u64;
     let threads = spec.threads.max(1);
     let t0 = Instant::now();
-    let parts = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || {
-                    let n = share(spec.accesses, threads, t);
-                    let mut rng = Rng::new(thread_seed(spec.seed, t));
-                    // Sequential threads start spread over the working set.
-                    let start = t as u64 * nr_pages / threads as u64;
-                    let mut g = PageGen::new(spec.pattern, 0, nr_pages, start, spec.zipf_skew, spec.normal_sd);
-                    let mut tally = Tally::default();
-                    let mut j = 0;
-                    while j < n && !ctl.stopped() {
-                        let end = (j + CHUNK).min(n);
-                        for _ in j..end {
-                            let i = g.next(&mut rng);
-                            let write = rng.below(100) >= spec.read_pct as u64;
-                            let (lo, hi) = if word_access {
-                                let k = rng.below(PAGE_WORDS as u64) as usize;
-                                (k, k + 1)
-                            } else {
-                                (0, 0)
-                            };
-                            let a = Instant::now();
-                            let e = touch(page(words, i), i, lo, hi, write, spec.verify);
-                            tally.record(elapsed_ns(a), 1, write, e);
-                        }
-                        ctl.progress.add(end - j);
-                        j = end;
-                    }
-                    tally.end = Some(Instant::now());
-                    tally
-                })
-            })
-            .collect();
-        join_all(handles)
+    let parts = on_threads(threads, |t| {
+        let n = share(spec.accesses, threads, t);
+        // Sequential threads start spread over the working set.
+        let start = t as u64 * nr_pages / threads as u64;
+        let g = PageGen::new(spec.pattern, 0, nr_pages, start, spec.zipf_skew, spec.normal_sd);
+        page_accesses(words, spec, ctl, t, n, g, word_access)
     });
     let mut r = Tally::report(parts, Side::All, spec.pattern, LatencyUnit::Access, t0);
     if !word_access {
@@ -420,6 +391,44 @@ fn shared_pages(words: &[AtomicU64], spec: &WorkloadSpec, ctl: Control, word_acc
     r
 }
 
+/// The access loop of thread `t` of memtouch, pmbench and the random side of combined: `n`
+/// timed accesses to pages drawn from `g`, each a read or (`100 - read_pct` % of them) a
+/// write, of one word chosen at random in the page (`word_access`) or of the index word only.
+/// Looks at the stop flag and reports progress every `CHUNK` accesses.
+fn page_accesses(
+    words: &[AtomicU64],
+    spec: &WorkloadSpec,
+    ctl: Control,
+    t: usize,
+    n: u64,
+    mut g: PageGen,
+    word_access: bool,
+) -> Tally {
+    let mut rng = Rng::new(thread_seed(spec.seed, t));
+    let mut tally = Tally::default();
+    let mut j = 0;
+    while j < n && !ctl.stopped() {
+        let end = (j + CHUNK).min(n);
+        for _ in j..end {
+            let i = g.next(&mut rng);
+            let write = rng.below(100) >= spec.read_pct as u64;
+            let (lo, hi) = if word_access {
+                let k = rng.below(PAGE_WORDS as u64) as usize;
+                (k, k + 1)
+            } else {
+                (0, 0)
+            };
+            let a = Instant::now();
+            let e = touch(page(words, i), i, lo, hi, write, spec.verify);
+            tally.record(elapsed_ns(a), 1, write, e);
+        }
+        ctl.progress.add(end - j);
+        j = end;
+    }
+    tally.end = Some(Instant::now());
+    tally
+}
+
 /// usemem: each thread owns a slice; sequential threads read or write every word of a page
 /// in turn (one timed step per page), others one word of a page chosen by the pattern.
 fn usemem(words: &[AtomicU64], spec: &WorkloadSpec, ctl: Control) -> SideReport {
@@ -427,47 +436,40 @@ fn usemem(words: &[AtomicU64], spec: &WorkloadSpec, ctl: Control) -> SideReport 
     let threads = spec.threads.max(1);
     let seq = spec.pattern == Pattern::Seq;
     let t0 = Instant::now();
-    let parts = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || {
-                    let n = share(spec.accesses, threads, t);
-                    let (lo, hi) = slice(nr_pages, threads, t);
-                    let mut rng = Rng::new(thread_seed(spec.seed, t));
-                    let mut g = PageGen::new(spec.pattern, lo, hi.max(lo + 1), lo, spec.zipf_skew, spec.normal_sd);
-                    let mut tally = Tally::default();
-                    let mut done = 0;
-                    let mut since_check = 0;
-                    while done < n {
-                        if since_check >= CHUNK * 8 {
-                            ctl.progress.add(since_check);
-                            since_check = 0;
-                            if ctl.stopped() {
-                                break;
-                            }
-                        }
-                        let i = g.next(&mut rng);
-                        let write = rng.below(100) >= spec.read_pct as u64;
-                        let (wlo, whi) = if seq {
-                            (0, (n - done).min(PAGE_WORDS as u64) as usize)
-                        } else {
-                            let k = rng.below(PAGE_WORDS as u64) as usize;
-                            (k, k + 1)
-                        };
-                        let a = Instant::now();
-                        let e = touch(page(words, i), i, wlo, whi, write, spec.verify);
-                        let nw = (whi - wlo) as u64;
-                        tally.record(elapsed_ns(a), nw, write, e);
-                        done += nw;
-                        since_check += nw;
-                    }
-                    ctl.progress.add(since_check);
-                    tally.end = Some(Instant::now());
-                    tally
-                })
-            })
-            .collect();
-        join_all(handles)
+    let parts = on_threads(threads, |t| {
+        let n = share(spec.accesses, threads, t);
+        let (lo, hi) = slice(nr_pages, threads, t);
+        let mut rng = Rng::new(thread_seed(spec.seed, t));
+        let mut g = PageGen::new(spec.pattern, lo, hi.max(lo + 1), lo, spec.zipf_skew, spec.normal_sd);
+        let mut tally = Tally::default();
+        let mut done = 0;
+        let mut since_check = 0;
+        while done < n {
+            if since_check >= CHUNK * 8 {
+                ctl.progress.add(since_check);
+                since_check = 0;
+                if ctl.stopped() {
+                    break;
+                }
+            }
+            let i = g.next(&mut rng);
+            let write = rng.below(100) >= spec.read_pct as u64;
+            let (wlo, whi) = if seq {
+                (0, (n - done).min(PAGE_WORDS as u64) as usize)
+            } else {
+                let k = rng.below(PAGE_WORDS as u64) as usize;
+                (k, k + 1)
+            };
+            let a = Instant::now();
+            let e = touch(page(words, i), i, wlo, whi, write, spec.verify);
+            let nw = (whi - wlo) as u64;
+            tally.record(elapsed_ns(a), nw, write, e);
+            done += nw;
+            since_check += nw;
+        }
+        ctl.progress.add(since_check);
+        tally.end = Some(Instant::now());
+        tally
     });
     let unit = if seq { LatencyUnit::Page } else { LatencyUnit::Access };
     Tally::report(parts, Side::All, spec.pattern, unit, t0)
@@ -515,24 +517,8 @@ fn combined(words: &[AtomicU64], spec: &WorkloadSpec, ctl: Control) -> Vec<SideR
             .map(|t| {
                 s.spawn(move || {
                     let n = share(spec.accesses, workers, t);
-                    let mut rng = Rng::new(thread_seed(spec.seed, t));
-                    let mut g = PageGen::new(spec.pattern, split, nr_pages, split, spec.zipf_skew, spec.normal_sd);
-                    let mut tally = Tally::default();
-                    let mut j = 0;
-                    while j < n && !ctl.stopped() {
-                        let end = (j + CHUNK).min(n);
-                        for _ in j..end {
-                            let i = g.next(&mut rng);
-                            let write = rng.below(100) >= spec.read_pct as u64;
-                            let k = rng.below(PAGE_WORDS as u64) as usize;
-                            let a = Instant::now();
-                            let e = touch(page(words, i), i, k, k + 1, write, spec.verify);
-                            tally.record(elapsed_ns(a), 1, write, e);
-                        }
-                        ctl.progress.add(end - j);
-                        j = end;
-                    }
-                    tally.end = Some(Instant::now());
+                    let g = PageGen::new(spec.pattern, split, nr_pages, split, spec.zipf_skew, spec.normal_sd);
+                    let tally = page_accesses(words, spec, ctl, t, n, g, true);
                     random_left.fetch_sub(1, Ordering::Release);
                     tally
                 })
@@ -544,6 +530,13 @@ fn combined(words: &[AtomicU64], spec: &WorkloadSpec, ctl: Control) -> Vec<SideR
         Tally::report(seq_parts, Side::Seq, Pattern::Seq, LatencyUnit::Page, t0),
         Tally::report(random_parts, Side::Random, spec.pattern, LatencyUnit::Access, t0),
     ]
+}
+
+/// Runs `f(t)` on `threads` threads at once, `t` from 0, and returns their tallies in that
+/// order.
+fn on_threads(threads: usize, f: impl Fn(usize) -> Tally + Sync) -> Vec<Tally> {
+    let f = &f;
+    std::thread::scope(|s| join_all((0..threads).map(|t| s.spawn(move || f(t))).collect()))
 }
 
 fn join_all(handles: Vec<std::thread::ScopedJoinHandle<'_, Tally>>) -> Vec<Tally> {
