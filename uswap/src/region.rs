@@ -548,7 +548,7 @@ mod tests {
     fn page_refs_round_trip() {
         let r = PageRef { region_idx: 4095, region_gen: 0xabc, page_gen: 0x7f, page: 0xffff_fffe };
         assert_eq!(PageRef::unpack(r.pack()), r);
-        assert!(r.owner() < 1 << crate::swap::swap_cache::OWNER_BITS);
+        assert!(r.owner() < 1 << crate::swap::swap_table::OWNER_BITS);
         let o = PageRef::from_owner(r.owner());
         assert_eq!((o.region_idx, o.region_gen, o.page), (r.region_idx, r.region_gen, r.page));
     }
