@@ -86,3 +86,62 @@ impl SwapCache {
         self.inactive.pop()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ram::RamBackend;
+    use crate::mapping::{MapOptions, Mapping};
+    use crate::swap::{DeviceSpec, ReadaheadPolicy, SwapDevices, SwapEntry};
+    use crate::uffd::{FEATURE_MOVE, FEATURE_SIGBUS, PAGE_SIZE, REGISTER_MODE_MISSING};
+
+    /// A page moved in lies at its slot's staging address; staging marks its slot and counts
+    /// it; a swap-cache hit or an uncount takes it out of the count again; the queue gives
+    /// back what was pushed, oldest first.
+    #[test]
+    fn staged_pages_are_where_their_slot_says_marked_and_counted() {
+        let spec = DeviceSpec {
+            priority: 0,
+            backend: Box::new(RamBackend::new(1024).unwrap()),
+            checksum: false,
+            readahead: ReadaheadPolicy::Vma,
+            clean_readahead: false,
+        };
+        let devices = SwapDevices::new(vec![spec], 1).unwrap();
+        let dev = &devices.devices()[0];
+        let uffd = Uffd::open(FEATURE_MOVE | FEATURE_SIGBUS, true, true).expect("userfaultfd with UFFD_FEATURE_MOVE");
+        uffd.register(dev.staging.addr(), dev.staging.len(), REGISTER_MODE_MISSING).unwrap();
+        let src = Mapping::anonymous(2 * PAGE_SIZE, MapOptions { no_huge_pages: true, dont_fork: true }).unwrap();
+        // SAFETY: both pages of `src` are ours and not registered yet, so writing them is plain.
+        unsafe {
+            std::ptr::write_bytes(src.addr() as *mut u8, 0xa5, PAGE_SIZE);
+            std::ptr::write_bytes((src.addr() + PAGE_SIZE) as *mut u8, 0x5a, PAGE_SIZE);
+        }
+        uffd.register(src.addr(), src.len(), REGISTER_MODE_MISSING).unwrap();
+        let cache = SwapCache::new(uffd, LruQueue::new(64).unwrap());
+
+        let mut e = [SwapEntry::new(0, 0); 2];
+        assert_eq!(devices.alloc(&mut e), 2);
+        assert_eq!(e[1].offset(), e[0].offset() + 1, "a fresh device hands out consecutive slots");
+        assert_eq!(cache.move_in(dev, e[0].offset(), src.addr(), 2 * PAGE_SIZE), RangeResult::Done);
+        for (k, (e, byte)) in e.iter().zip([0xa5u8, 0x5a]).enumerate() {
+            dev.table.set_owner(e.offset(), 40 + k as u64);
+            cache.insert(dev, e.offset());
+            assert_eq!(dev.table.lookup(e.offset()).map(|i| (i.owner, i.cached)), Some((40 + k as u64, true)));
+            let mut staged = [0u8; PAGE_SIZE];
+            dev.staging.read(e.offset() as usize * PAGE_SIZE, &mut staged);
+            assert!(staged.iter().all(|&b| b == byte), "slot {} holds its page", e.offset());
+            assert!(!crate::mapping::page_present(src.addr() + k * PAGE_SIZE), "moved, not copied");
+            cache.push(100 + k as u64).unwrap();
+        }
+        assert_eq!(cache.nr_pages(), 2);
+        assert_eq!((cache.pop(), cache.pop(), cache.pop()), (Some(100), Some(101), None));
+
+        cache.remove(dev, e[0].offset());
+        assert_eq!(dev.table.lookup(e[0].offset()).map(|i| i.cached), Some(false));
+        assert_eq!(cache.nr_pages(), 1);
+        dev.table.clear(e[1].offset());
+        cache.uncount(1);
+        assert_eq!(cache.nr_pages(), 0);
+    }
+}
