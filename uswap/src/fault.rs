@@ -203,13 +203,12 @@ pub(crate) fn serve_fault(
                     }
                     break Err(FaultError::Ioctl(errno));
                 }
-                dev.cache.set_cached(e.offset(), false);
-                pager.swapcache_pages.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                pager.swap_cache.remove(dev, e.offset());
                 pager.devices.free(e, route.lock_free());
                 // Referenced: it came back from the swap cache, so reclaim spares it once.
                 let new = locked.next(PageState::Resident, None).with_referenced(true);
                 region.store(page, new);
-                reclaim::lru_add(pager, page_ref(reg_idx, reg_gen, page, new.gen()));
+                pager.lru.add(page_ref(reg_idx, reg_gen, page, new.gen()), &pager.stats);
                 pager.stats.inc(Counter::PgfaultSwapcache);
                 break Ok(());
             }
@@ -268,7 +267,7 @@ fn zero_fill(
     }
     // Charged like one fault's worth of pages, reclaiming if need be: the window only grows
     // while the stream keeps using what it brought in.
-    reclaim::charge(pager, pages.len(), route);
+    reclaim::charge(pager, pages.len(), route.lock_free());
     let mut mapped = 0;
     let mut faulting_done = false;
     let mut i = 0;
@@ -289,7 +288,7 @@ fn zero_fill(
             if k < done {
                 let new = l.next(PageState::Resident, None);
                 region.store(q, new);
-                reclaim::lru_add_mapped(pager, page_ref(reg_idx, reg_gen, q, new.gen()), q == page, pages.len());
+                pager.lru.add_mapped(page_ref(reg_idx, reg_gen, q, new.gen()), q == page, pages.len(), &pager.stats);
                 faulting_done |= q == page;
                 mapped += 1;
             } else {

@@ -38,6 +38,7 @@ mod pager;
 mod readahead;
 mod reclaim;
 mod region;
+mod region_handle;
 pub mod shared_charge;
 pub mod stats;
 pub mod stats_server;
@@ -57,7 +58,8 @@ pub use pager::{
     RECLAIM_BATCH_PAGES,
 };
 pub use readahead::Advice;
-pub use region::{PlainRegion, Region, MAX_REGION_BYTES};
+pub use region::MAX_REGION_BYTES;
+pub use region_handle::{PlainRegion, Region};
 pub use shared_charge::SharedCharge;
 pub use stats::{DeviceStats, Histogram, LatencySummary, PublishStats, Stats};
 pub use swap::ReadaheadPolicy;

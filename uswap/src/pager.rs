@@ -26,10 +26,12 @@ use crate::error::{Error, Result};
 use crate::lru::LruQueue;
 use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, spawn_engine_thread, AppMapping};
 use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
-use crate::region::{PageState, Pte, Region, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
+use crate::reclaim::lru::Lru;
+use crate::region::{PageState, Pte, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
+use crate::region_handle::Region;
 use crate::shared_charge::{ChargeCell, SharedCharge};
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
-use crate::swap::{DeviceSpec, SwapDevices, MAX_DEVICES};
+use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
 use crate::{events, fault, reclaim};
 
@@ -214,12 +216,8 @@ impl PagerBuilder {
             len_bytes: 0,
             source: e,
         })?;
-        // The staging area is registered with a descriptor of its own, which asks for no
-        // events: the engine discards staging pages all the time, and on the regions'
-        // descriptor each discard would be a REMOVE event that blocks the discarding thread
-        // until it is read (see `events`). `UFFDIO_MOVE` needs only its destination
-        // registered with the descriptor it is issued on: moves out go through this one,
-        // moves back through the regions'.
+        // The staging areas are registered with the swap cache's own descriptor, which asks
+        // for no events (see `swap::swap_cache` for why).
         let staging_uffd = open_staging_uffd()?;
         for d in devices.devices() {
             // Same modes as regions: UFFDIO_MOVE needs both sides to have the same protection.
@@ -244,11 +242,11 @@ impl PagerBuilder {
                 source: e,
             })
         };
-        let (active, streamed, inactive) = (lru()?, lru()?, lru()?);
+        let lru_lists = Lru::new(lru()?, lru()?);
+        let swap_cache = SwapCache::new(staging_uffd, lru()?);
         let cpus = allowed_cpus();
         let shared = Arc::new(PagerShared {
             uffd,
-            staging_uffd,
             mode: self.mode,
             limit_pages: AtomicUsize::new(limit_pages),
             resident_pages: match self.shared_charge {
@@ -259,13 +257,10 @@ impl PagerBuilder {
             resident_peak_pages: AtomicUsize::new(0),
             reclaim_held: AtomicBool::new(false),
             regions_survive_fork: self.regions_survive_fork,
-            swapcache_pages: AtomicUsize::new(0),
             clean_pages: AtomicUsize::new(0),
             devices,
-            active,
-            streamed,
-            streamed_rounds_left: AtomicUsize::new(0),
-            inactive,
+            lru: lru_lists,
+            swap_cache,
             stats: PerCpuStats::new(nr_cpus),
             // Each buffer holds a readahead window.
             bounce: BouncePool::new(4 * nr_cpus.max(4), self.readahead_max_pages),
@@ -451,8 +446,6 @@ const REGISTER_MODES: u64 = uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP
 pub(crate) struct PagerShared {
     /// The regions' descriptor: faults, events, and every ioctl whose destination is a region.
     pub uffd: Uffd,
-    /// The staging area's descriptor (no events): moves out of regions into the swap cache.
-    pub staging_uffd: Uffd,
     pub mode: FaultMode,
     /// The resident limit, in pages.
     pub limit_pages: AtomicUsize,
@@ -467,21 +460,13 @@ pub(crate) struct PagerShared {
     pub reclaim_held: AtomicBool,
     /// Regions are inherited by fork (see [`PagerBuilder::regions_survive_fork`]).
     pub regions_survive_fork: bool,
-    /// Of those, pages staged in the swap cache.
-    pub swapcache_pages: AtomicUsize,
     /// Resident pages that are clean (their slot still holds them).
     pub clean_pages: AtomicUsize,
     pub devices: SwapDevices,
-    /// Resident pages, oldest first (packed `PageRef`s).
-    pub active: LruQueue,
-    /// Resident pages a stream brought in (read ahead, or faulted around on first touch),
-    /// oldest first: used once, so reclaimed before `active` (see `reclaim`).
-    pub streamed: LruQueue,
-    /// Reclaim rounds left during which `streamed` keeps its reserve: reset by every page
-    /// queued there, counted down by every round (see `reclaim::streamed_reserve`).
-    pub streamed_rounds_left: AtomicUsize,
-    /// Staged pages waiting for writeback, oldest first.
-    pub inactive: LruQueue,
+    /// Resident pages, oldest first: reclaim's victims (see `reclaim::lru`).
+    pub lru: Lru,
+    /// Pages staged in RAM on their way to a device, counted in `resident_pages` too.
+    pub swap_cache: SwapCache,
     pub stats: PerCpuStats,
     pub bounce: BouncePool,
     /// The global readahead switch.
@@ -520,7 +505,7 @@ impl PagerShared {
                 if pte.clean() {
                     rel.unclean += 1;
                     let e = pte.entry();
-                    self.devices.device(e).cache.clear(e.offset());
+                    self.devices.device(e).table.clear(e.offset());
                     rel.to_free.push(e.bits());
                 }
             }
@@ -530,14 +515,14 @@ impl PagerShared {
                 // Best effort: the staging page must be empty before its slot is reused, and
                 // MADV_DONTNEED on our own mapping cannot fail for a valid range.
                 let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
-                dev.cache.clear(e.offset());
+                dev.table.clear(e.offset());
                 rel.to_free.push(e.bits());
                 rel.uncharge += 1;
                 rel.uncache += 1;
             }
             PageState::Swapped => {
                 let e = pte.entry();
-                self.devices.device(e).cache.clear(e.offset());
+                self.devices.device(e).table.clear(e.offset());
                 rel.to_free.push(e.bits());
             }
             PageState::None | PageState::Zero | PageState::Gone => {}
@@ -547,7 +532,7 @@ impl PagerShared {
     /// Settles what [`PagerShared::release_page`] collected: counters, then slot frees.
     pub fn apply_released(&self, mut rel: Released) {
         self.clean_pages.fetch_sub(rel.unclean, Ordering::Relaxed);
-        self.swapcache_pages.fetch_sub(rel.uncache, Ordering::AcqRel);
+        self.swap_cache.uncount(rel.uncache);
         reclaim::shared_sub(self, rel.uncharge);
         self.resident_pages.fetch_sub(rel.uncharge, Ordering::AcqRel);
         self.devices.free_now(&mut rel.to_free);
@@ -603,7 +588,7 @@ impl PagerShared {
         self.stats.fill(&mut st);
         st.resident_pages = self.resident_pages.load(Ordering::Acquire) as u64;
         st.resident_peak_pages = self.resident_peak_pages.load(Ordering::Relaxed) as u64;
-        st.swapcache_pages = self.swapcache_pages.load(Ordering::Acquire) as u64;
+        st.swapcache_pages = self.swap_cache.nr_pages() as u64;
         st.clean_pages = self.clean_pages.load(Ordering::Acquire) as u64;
         st.limit_pages = self.limit_pages.load(Ordering::Acquire) as u64;
         st.slots_leaked = self.devices.deferred_overflow();
@@ -821,8 +806,8 @@ impl Pager {
         // behind the first pass: passes repeat until one finds nothing to bring in (rounds
         // are short and no new one starts, so the second pass normally ends it).
         for _pass in 0..MAX_FORK_PASSES {
-            let anything_out = s.swapcache_pages.load(Ordering::Acquire) > 0
-                || s.devices.devices().iter().any(|d| d.allocator.inuse_slots() > 0);
+            let anything_out =
+                s.swap_cache.nr_pages() > 0 || s.devices.devices().iter().any(|d| d.allocator.inuse_slots() > 0);
             if !anything_out {
                 break;
             }

@@ -100,8 +100,8 @@ pub(crate) enum Counter {
     /// swapped) and were copied to the new address (see `events`).
     RemapCopied,
     /// Charges that went above the resident limit while the devices had room: every victim
-    /// stayed busy in other threads' faults and writes past `reclaim::CHARGE_WAIT_LIMIT_NS`
-    /// (also counted in `LimitOverrun`).
+    /// stayed busy in other threads' faults and writes past
+    /// `reclaim::charge::CHARGE_WAIT_LIMIT_NS` (also counted in `LimitOverrun`).
     LimitOverrunBusy,
 }
 

@@ -162,7 +162,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
                 count_hits_by_slot(pager, e.device(), passed);
             }
             for slot in (pred.window.start..pred.window.end()).filter(|&s| s as u64 != e.offset()) {
-                let Some(info) = dev.cache.lookup(slot as u64) else { continue };
+                let Some(info) = dev.table.lookup(slot as u64) else { continue };
                 let r = PageRef::from_owner(info.owner);
                 let Ok(gi) = set.get(pager, r) else { continue };
                 let region = &set.g[gi];
@@ -180,7 +180,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     // Read-ahead pages are charged like the faulting page, reclaiming if need be (the kernel
     // charges its read-ahead pages to the memory cgroup too): the window only grows on
     // evidence that read-ahead pages are used.
-    reclaim::charge(pager, items.len(), f.route);
+    reclaim::charge(pager, items.len(), f.route.lock_free());
 
     // Read in slot order: runs of consecutive slots on one device are one request each.
     items.sort_unstable_by_key(|it| it.entry());
@@ -311,7 +311,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         };
         let new = new.with_referenced(false);
         region.store(it.page, new);
-        reclaim::lru_add_mapped(pager, f.page_ref(&set, it, new), it.faulting, items.len());
+        pager.lru.add_mapped(f.page_ref(&set, it, new), it.faulting, items.len(), &pager.stats);
     }
     reclaim::uncharge(pager, unmapped);
     if let Some(errno) = failed_ioctl {
@@ -511,7 +511,7 @@ fn count_hits_by_slot(pager: &PagerShared, dev: usize, w: Window) {
     let mut set = RegionSet::new();
     let mut hits = 0;
     for slot in w.start..w.end() {
-        let Some(info) = d.cache.lookup(slot as u64) else { continue };
+        let Some(info) = d.table.lookup(slot as u64) else { continue };
         let r = PageRef::from_owner(info.owner);
         if let Ok(gi) = set.get(pager, r) {
             if clear_readahead_mark(&set.g[gi], r.page) {

@@ -1,5 +1,5 @@
-//! Swap devices: entries, priorities, the cluster allocator, the swap cache and the staging
-//! area, and batched slot frees.
+//! Swap devices: entries, priorities, the cluster allocator, the swap table and the staging
+//! area, the swap cache, and batched slot frees.
 //!
 //! A pager has one or more devices, ordered by priority (highest first). Allocation tries
 //! each priority group in turn; inside a group the devices take turns, one allocation batch
@@ -7,11 +7,14 @@
 //!
 //! * a [`Backend`] that stores page contents;
 //! * a [`ClusterAllocator`] for its slots;
-//! * a [`SwapCache`] table (owner and "staged" bit per slot);
-//! * a staging area: an engine-only mapping registered with the pager's userfaultfd, one page
-//!   per slot. `UFFDIO_MOVE` only moves into an area registered with the same descriptor, so
-//!   reclaim moves a victim to `staging + slot * PAGE_SIZE`, and a fault on a staged page
-//!   moves it straight back.
+//! * a [`SwapTable`] (owner and "staged" bit per slot);
+//! * a staging area: an engine-only mapping registered with the swap cache's userfaultfd, one
+//!   page per slot. `UFFDIO_MOVE` only moves into an area registered with the descriptor it
+//!   is issued on, so reclaim moves a victim to `staging + slot * PAGE_SIZE`, and a fault on
+//!   a staged page moves it straight back.
+//!
+//! The [`SwapCache`] is the pager's view of the pages staged on all its devices: their
+//! count, the queue they wait on for writeback, and the staging areas' descriptor.
 //!
 //! Frees are batched per CPU (the free half of the kernel's old swap slot cache) and flushed
 //! sorted, so a batch takes each cluster lock once. The signal-mode fault path, when its
@@ -25,6 +28,7 @@
 pub mod cluster_allocator;
 pub mod entry;
 pub mod swap_cache;
+pub mod swap_table;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -34,6 +38,7 @@ use crossbeam_utils::CachePadded;
 pub use cluster_allocator::{ClusterAllocator, SWAPFILE_CLUSTER};
 pub use entry::{SwapEntry, MAX_DEVICES};
 pub use swap_cache::SwapCache;
+pub use swap_table::SwapTable;
 
 use crate::backend::Backend;
 use crate::mapping::{current_cpu, AtomicTable, MapOptions, Mapping};
@@ -75,7 +80,8 @@ pub struct SwapDevice {
     pub priority: i32,
     pub backend: Box<dyn Backend>,
     pub allocator: ClusterAllocator,
-    pub cache: SwapCache,
+    /// Owner and "staged" bit of each slot.
+    pub table: SwapTable,
     pub staging: Mapping,
     /// crc32c of each slot's page (low 32 bits), when checksums are on.
     pub checksums: Option<AtomicTable>,
@@ -98,7 +104,7 @@ impl SwapDevice {
             index,
             priority,
             allocator: ClusterAllocator::new(nr_clusters, nr_cpus),
-            cache: SwapCache::new(nr_clusters)?,
+            table: SwapTable::new(nr_clusters)?,
             checksums: if checksum { Some(AtomicTable::new(nr_clusters as usize * SWAPFILE_CLUSTER)?) } else { None },
             backend,
             staging,
@@ -273,7 +279,7 @@ impl SwapDevices {
     /// Frees a slot whose page no longer needs it. Batched per CPU. With `lock_free`, takes
     /// no lock at all (for a signal handler whose thread already holds an engine lock).
     pub fn free(&self, entry: SwapEntry, lock_free: bool) {
-        self.device(entry).cache.clear(entry.offset());
+        self.device(entry).table.clear(entry.offset());
         if self.full.load(Ordering::Relaxed) {
             self.full.store(false, Ordering::Relaxed);
         }
@@ -300,7 +306,7 @@ impl SwapDevices {
     }
 
     /// Frees many slots at once (region teardown, reclaim batches): sorted, each cluster lock
-    /// taken once per run. The caller has already cleared their swap-cache entries.
+    /// taken once per run. The caller has already cleared their swap-table entries.
     pub fn free_now(&self, entries: &mut [u64]) {
         if !entries.is_empty() && self.full.load(Ordering::Relaxed) {
             self.full.store(false, Ordering::Relaxed);

@@ -1,96 +1,147 @@
-//! The swap cache of one device: a table per cluster, indexed by slot, saying which page owns
-//! the slot and whether its contents are staged in RAM.
+//! The swap cache: application pages staged in RAM between their region and their device.
 //!
-//! This is the kernel's per-cluster swap table (2025), which replaced the swap cache radix
-//! tree that had been split into 64 MB trunks (2016) to cut lock contention. Here a staged
-//! page lives at a fixed address derived from its swap entry (the device's staging area,
-//! slot `n` at `n * PAGE_SIZE`), so "finding a page by swap entry" is arithmetic and the table
-//! only needs to record presence and the reverse map (slot → owning page), which cluster
-//! readahead uses.
+//! Reclaim moves a page out of its region (`UFFDIO_MOVE`, no copy) into the staging page of
+//! a freshly allocated slot (slot `n` of a device at `staging + n * PAGE_SIZE`), where it
+//! waits, still charged, until reclaim writes it back; a fault on it meanwhile moves it
+//! straight back (a swap-cache hit). [`SwapCache`] is what the pager knows of its staged
+//! pages as a whole: how many there are, the queue they wait on for writeback (oldest
+//! first), and the descriptor every staging area is registered with. What each slot holds
+//! (its owner, whether it is staged) stays in its device's [`super::SwapTable`], and each staging
+//! area stays with its device: both are sized and indexed by the device's slots.
 //!
-//! Locking: none; every entry is an atomic word. An entry is written only by the thread that
-//! owns the slot (it allocated it, or holds the owning page's busy bit), so plain stores
-//! suffice; lookups from other threads are racy hints that callers re-validate against the
-//! page table.
+//! Why the staging areas have a descriptor of their own, which asks for no events: the
+//! engine discards staging pages all the time, and on the regions' descriptor each discard
+//! would be a REMOVE event that blocks the discarding thread until it is read (see
+//! `events`). `UFFDIO_MOVE` needs only its destination registered with the descriptor it is
+//! issued on: moves out go through this one, moves back through the regions'.
+//!
+//! Locking: none; the count is an atomic and the queue lock-free. Invariants: a page is
+//! counted from the moment its slot's table entry is marked staged ([`SwapCache::insert`])
+//! until the mark goes (faulted back, written back, or released with its region); a counted
+//! page's contents are at its entry's staging address. The queue may also hold stale
+//! entries (pages that left since), which whoever pops them recognises by generation.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::cluster_allocator::SWAPFILE_CLUSTER;
-use crate::mapping::AtomicTable;
+use super::SwapDevice;
+use crate::lru::LruQueue;
+use crate::uffd::{RangeResult, Uffd};
 
-/// Bit of an entry meaning "contents staged in RAM" (`SWAP_HAS_CACHE`).
-const HAS_CACHE: u64 = 1 << 63;
-/// Bits of the opaque owner value.
-pub const OWNER_BITS: u32 = 62;
-
-/// One word per slot, cluster after cluster (`SWAPFILE_CLUSTER` words per cluster), in a
-/// mapping that reads as zero until used: a device sized for tens of GiB costs memory only
-/// for the clusters it has used (one boxed table per cluster, written at start-up, cost a
-/// 48 GiB pool 100 MB and 50 ms in every process).
 pub struct SwapCache {
-    slots: AtomicTable,
-}
-
-/// What the table says about a slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotInfo {
-    /// Opaque owner (the region layer's reverse-map value); never 0 for an owned slot.
-    pub owner: u64,
-    /// Contents staged in RAM (in the swap cache).
-    pub cached: bool,
+    /// The staging areas' descriptor (no events).
+    uffd: Uffd,
+    /// Staged pages waiting for writeback, oldest first (packed page references).
+    inactive: LruQueue,
+    /// Pages staged, over every device.
+    nr_pages: AtomicUsize,
 }
 
 impl SwapCache {
-    pub fn new(nr_clusters: u32) -> std::io::Result<SwapCache> {
-        Ok(SwapCache { slots: AtomicTable::new(nr_clusters as usize * SWAPFILE_CLUSTER)? })
+    /// An empty swap cache whose staging areas are (or will be) registered with `uffd`.
+    pub fn new(uffd: Uffd, inactive: LruQueue) -> SwapCache {
+        SwapCache { uffd, inactive, nr_pages: AtomicUsize::new(0) }
     }
 
-    #[inline]
-    fn slot(&self, offset: u64) -> &AtomicU64 {
-        &self.slots[offset as usize]
+    /// Moves `len_bytes` of a region at `src` into the staging pages of `dev` from slot
+    /// `offset` on, through the staging descriptor (the destination is registered there).
+    pub fn move_in(&self, dev: &SwapDevice, offset: u64, src: usize, len_bytes: usize) -> RangeResult {
+        self.uffd.move_pages(dev.staging_addr(offset), src, len_bytes, false)
     }
 
-    /// Records the owner of a freshly allocated slot (not cached yet).
-    pub fn set_owner(&self, offset: u64, owner: u64) {
-        debug_assert!(owner != 0 && owner < 1 << OWNER_BITS);
-        self.slot(offset).store(owner, Ordering::Release);
+    /// Pages staged right now.
+    pub fn nr_pages(&self) -> usize {
+        self.nr_pages.load(Ordering::Acquire)
     }
 
-    pub fn set_cached(&self, offset: u64, cached: bool) {
-        let s = self.slot(offset);
-        if cached {
-            s.fetch_or(HAS_CACHE, Ordering::AcqRel);
-        } else {
-            s.fetch_and(!HAS_CACHE, Ordering::AcqRel);
-        }
+    /// The page just moved into the staging page of slot `offset` of `dev` is staged: marks
+    /// its slot and counts it. The caller queues it with [`SwapCache::push`] once its page
+    /// table word says so (a reclaimer popping it earlier would take it for stale).
+    pub fn insert(&self, dev: &SwapDevice, offset: u64) {
+        debug_assert_eq!(dev.table.lookup(offset).map(|i| i.cached), Some(false));
+        dev.table.set_cached(offset, true);
+        self.nr_pages.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Forgets a slot that is being freed.
-    pub fn clear(&self, offset: u64) {
-        self.slot(offset).store(0, Ordering::Release);
+    /// The staged page of slot `offset` of `dev` went back to its region (a swap-cache hit):
+    /// unmarks and uncounts it. The caller frees the slot.
+    pub fn remove(&self, dev: &SwapDevice, offset: u64) {
+        dev.table.set_cached(offset, false);
+        self.nr_pages.fetch_sub(1, Ordering::AcqRel);
     }
 
-    pub fn lookup(&self, offset: u64) -> Option<SlotInfo> {
-        let v = self.slot(offset).load(Ordering::Acquire);
-        (v != 0).then_some(SlotInfo { owner: v & !HAS_CACHE, cached: v & HAS_CACHE != 0 })
+    /// `n` staged pages left by another way (written back, or released with their region),
+    /// their slots' marks already cleared.
+    pub fn uncount(&self, n: usize) {
+        self.nr_pages.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Queues a staged page (packed page reference) for writeback; gives it back if the queue
+    /// is full.
+    pub fn push(&self, page: u64) -> Result<(), u64> {
+        self.inactive.push(page)
+    }
+
+    /// The oldest queued page, if any.
+    pub fn pop(&self) -> Option<u64> {
+        self.inactive.pop()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::ram::RamBackend;
+    use crate::mapping::{MapOptions, Mapping};
+    use crate::swap::{DeviceSpec, ReadaheadPolicy, SwapDevices, SwapEntry};
+    use crate::uffd::{FEATURE_MOVE, FEATURE_SIGBUS, PAGE_SIZE, REGISTER_MODE_MISSING};
 
+    /// A page moved in lies at its slot's staging address; staging marks its slot and counts
+    /// it; a swap-cache hit or an uncount takes it out of the count again; the queue gives
+    /// back what was pushed, oldest first.
     #[test]
-    fn records_owner_and_presence() {
-        let c = SwapCache::new(2).unwrap();
-        assert_eq!(c.lookup(700), None);
-        c.set_owner(700, 42);
-        assert_eq!(c.lookup(700), Some(SlotInfo { owner: 42, cached: false }));
-        c.set_cached(700, true);
-        assert_eq!(c.lookup(700), Some(SlotInfo { owner: 42, cached: true }));
-        c.set_cached(700, false);
-        assert_eq!(c.lookup(700).map(|i| i.cached), Some(false));
-        c.clear(700);
-        assert_eq!(c.lookup(700), None);
+    fn staged_pages_are_where_their_slot_says_marked_and_counted() {
+        let spec = DeviceSpec {
+            priority: 0,
+            backend: Box::new(RamBackend::new(1024).unwrap()),
+            checksum: false,
+            readahead: ReadaheadPolicy::Vma,
+            clean_readahead: false,
+        };
+        let devices = SwapDevices::new(vec![spec], 1).unwrap();
+        let dev = &devices.devices()[0];
+        let uffd = Uffd::open(FEATURE_MOVE | FEATURE_SIGBUS, true, true).expect("userfaultfd with UFFD_FEATURE_MOVE");
+        uffd.register(dev.staging.addr(), dev.staging.len(), REGISTER_MODE_MISSING).unwrap();
+        let src = Mapping::anonymous(2 * PAGE_SIZE, MapOptions { no_huge_pages: true, dont_fork: true }).unwrap();
+        // SAFETY: both pages of `src` are ours and not registered yet, so writing them is plain.
+        unsafe {
+            std::ptr::write_bytes(src.addr() as *mut u8, 0xa5, PAGE_SIZE);
+            std::ptr::write_bytes((src.addr() + PAGE_SIZE) as *mut u8, 0x5a, PAGE_SIZE);
+        }
+        uffd.register(src.addr(), src.len(), REGISTER_MODE_MISSING).unwrap();
+        let cache = SwapCache::new(uffd, LruQueue::new(64).unwrap());
+
+        let mut e = [SwapEntry::new(0, 0); 2];
+        assert_eq!(devices.alloc(&mut e), 2);
+        assert_eq!(e[1].offset(), e[0].offset() + 1, "a fresh device hands out consecutive slots");
+        assert_eq!(cache.move_in(dev, e[0].offset(), src.addr(), 2 * PAGE_SIZE), RangeResult::Done);
+        for (k, (e, byte)) in e.iter().zip([0xa5u8, 0x5a]).enumerate() {
+            dev.table.set_owner(e.offset(), 40 + k as u64);
+            cache.insert(dev, e.offset());
+            assert_eq!(dev.table.lookup(e.offset()).map(|i| (i.owner, i.cached)), Some((40 + k as u64, true)));
+            let mut staged = [0u8; PAGE_SIZE];
+            dev.staging.read(e.offset() as usize * PAGE_SIZE, &mut staged);
+            assert!(staged.iter().all(|&b| b == byte), "slot {} holds its page", e.offset());
+            assert!(!crate::mapping::page_present(src.addr() + k * PAGE_SIZE), "moved, not copied");
+            cache.push(100 + k as u64).unwrap();
+        }
+        assert_eq!(cache.nr_pages(), 2);
+        assert_eq!((cache.pop(), cache.pop(), cache.pop()), (Some(100), Some(101), None));
+
+        cache.remove(dev, e[0].offset());
+        assert_eq!(dev.table.lookup(e[0].offset()).map(|i| i.cached), Some(false));
+        assert_eq!(cache.nr_pages(), 1);
+        dev.table.clear(e[1].offset());
+        cache.uncount(1);
+        assert_eq!(cache.nr_pages(), 0);
     }
 }

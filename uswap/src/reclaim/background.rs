@@ -1,0 +1,74 @@
+//! The background reclaimer: one thread per pager that reclaims while the application does
+//! not, and moves pages down the device tiers.
+//!
+//! Locking: it takes no lock of its own; it reclaims in the same rounds as a faulting thread
+//! (`super::reclaim_round`), and stops at once while `Pager::prepare_fork` holds reclaim.
+//! Invariant: every loop it runs is bounded (by the charge, by the pages that can move, or
+//! by a count of fruitless rounds), so shutdown is seen within a period.
+
+use std::sync::atomic::Ordering;
+
+use super::charge::{shared_above, watermarks};
+use super::writeback::device_writeback;
+use super::{reclaim_round, BATCH, MAX_FRUITLESS_ROUNDS};
+use crate::backend::AlignedPage;
+use crate::pager::{BackgroundReclaim, PagerShared};
+use crate::stats::Counter;
+use crate::uffd::PAGE_SIZE;
+
+/// How often the background reclaimer looks at the pager.
+pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The background reclaimer. With [`BackgroundReclaim::WhenIdle`]: every
+/// [`BACKGROUND_PERIOD`], if the charge is above the high watermark and the application took
+/// no fault during the last period, reclaims towards the low watermark, stopping as soon as
+/// faults resume. While the application faults, reclaim runs in its own context (see
+/// `task_reclaim`), so the two never contend for the page tables, and the fault path never
+/// pays for waking this thread. With [`BackgroundReclaim::Always`]: woken by the fault that
+/// crosses the high watermark, reclaims down to the low one.
+pub(crate) fn background_reclaimer(p: &PagerShared) {
+    let mut last_faults = p.stats.sum(Counter::Pgfault);
+    let mut writeback_buf = vec![AlignedPage([0; PAGE_SIZE]); BATCH];
+    while !p.is_shutdown() {
+        std::thread::park_timeout(BACKGROUND_PERIOD);
+        // Tiers first: a full pool would otherwise send every new page past itself. Bounded:
+        // stops when no device wants room or nothing can move.
+        while !p.is_shutdown() && device_writeback(p, &mut writeback_buf) > 0 {}
+        for d in p.devices.devices() {
+            d.backend.prepare();
+        }
+        let faults = p.stats.sum(Counter::Pgfault);
+        // Pressure on a shared charge comes from other pagers: reclaim whatever this one does.
+        let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always || shared_above(p, false);
+        last_faults = faults;
+        p.devices.run_discards();
+        if !idle || p.reclaim_held.load(Ordering::Acquire) {
+            continue;
+        }
+        let (high, low) = watermarks(p.limit_pages.load(Ordering::Acquire));
+        if p.resident_pages.load(Ordering::Acquire) <= high && !shared_above(p, false) {
+            continue;
+        }
+        let mut fruitless = 0;
+        // Bounded by the charge: each fruitful round uncharges pages; stops when the
+        // application faults again (it then reclaims for itself) or nothing is reclaimable.
+        while (p.resident_pages.load(Ordering::Acquire) > low || shared_above(p, true))
+            && !p.is_shutdown()
+            && !p.reclaim_held.load(Ordering::Acquire)
+        {
+            if !reclaim_round(p, false).any() {
+                fruitless += 1;
+                if fruitless > MAX_FRUITLESS_ROUNDS {
+                    break;
+                }
+                std::thread::yield_now();
+            } else {
+                fruitless = 0;
+            }
+            if p.background_reclaim == BackgroundReclaim::WhenIdle && p.stats.sum(Counter::Pgfault) != last_faults {
+                break;
+            }
+        }
+        p.devices.flush_frees();
+    }
+}

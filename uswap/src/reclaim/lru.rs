@@ -1,0 +1,153 @@
+//! The LRU: the resident pages reclaim picks its victims from, oldest first.
+//!
+//! Resident pages sit in a FIFO (`active`) in the order they came in. Pages a stream brought
+//! in (a readahead window, a first-touch fault-around) sit in a FIFO of their own
+//! (`streamed`) that reclaim takes first, down to a reserve for the windows streams are
+//! working through (`limit / 16`, while streams run): the kernel's use-once rule, which keeps
+//! a sequential scan from pushing out the pages of everything else. User space sees no
+//! accessed bits, so whether a page was used again is not known; that it came in as part of
+//! a stream is. A page that faults back from the swap cache is marked referenced and spared
+//! once when it next reaches the head of a FIFO (second chance, in `swapout`; a streamed page
+//! so spared moves to `active`). Staged pages wait on the swap cache's own queue
+//! (`crate::swap::SwapCache`), not here.
+//!
+//! Locking: none; the FIFOs are lock-free rings ([`LruQueue`]) that allocate nothing, so a
+//! SIGBUS handler may queue a page. Invariants: an entry is a packed [`PageRef`] with the
+//! page's generation when queued, so an entry left behind by a page that moved on since is
+//! recognised (and dropped) when popped; a resident page has at most one live entry, or
+//! none after a full FIFO refused it (counted in `lru_overflow`, and found again by
+//! [`refill_active_by_scan`]).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::lru::LruQueue;
+use crate::pager::PagerShared;
+use crate::region::{PageRef, PageState, REGIONS};
+use crate::stats::{Counter, PerCpuStats};
+
+/// Which FIFO a page was popped from (and may go back to).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum List {
+    Active,
+    Streamed,
+}
+
+pub(crate) struct Lru {
+    /// Resident pages, oldest first (packed `PageRef`s).
+    active: LruQueue,
+    /// Resident pages a stream brought in (read ahead, or faulted around on first touch),
+    /// oldest first: used once, so reclaimed before `active`.
+    streamed: LruQueue,
+    /// Reclaim rounds left during which `streamed` keeps its reserve: reset by every page
+    /// queued there, counted down by every round (see [`Lru::streamed_reserve`]).
+    streamed_rounds_left: AtomicUsize,
+}
+
+/// Reclaim rounds a reserve outlives the last page queued as a stream's.
+const STREAMED_RESERVE_ROUNDS: usize = 64;
+
+impl Lru {
+    pub fn new(active: LruQueue, streamed: LruQueue) -> Lru {
+        Lru { active, streamed, streamed_rounds_left: AtomicUsize::new(0) }
+    }
+
+    /// Queues a page that just became resident at the tail of the FIFO.
+    pub fn add(&self, r: PageRef, stats: &PerCpuStats) {
+        if self.active.push(r.pack()).is_err() {
+            stats.inc(Counter::LruOverflow);
+        }
+    }
+
+    /// Queues a page a stream brought in at the tail of the use-once FIFO (the other FIFO if
+    /// that one is full).
+    pub fn add_streamed(&self, r: PageRef, stats: &PerCpuStats) {
+        // A load first: the common case writes nothing, so CPUs do not bounce the line.
+        if self.streamed_rounds_left.load(Ordering::Relaxed) < STREAMED_RESERVE_ROUNDS {
+            self.streamed_rounds_left.store(STREAMED_RESERVE_ROUNDS, Ordering::Relaxed);
+        }
+        if let Err(v) = self.streamed.push(r.pack()) {
+            if self.active.push(v).is_err() {
+                stats.inc(Counter::LruOverflow);
+            }
+        }
+    }
+
+    /// Queues a page a swap-in or fault-around of `nr_pages` (the faulting page among them)
+    /// just mapped. A stream's pages go on the use-once FIFO: its readahead pages always, the
+    /// faulting page too once the window shows a stream (the size rule gives 4 pages or more
+    /// only after hits). Others go on `active`.
+    pub fn add_mapped(&self, r: PageRef, faulting: bool, nr_pages: usize, stats: &PerCpuStats) {
+        if !faulting || nr_pages >= 4 {
+            self.add_streamed(r, stats);
+        } else {
+            self.add(r, stats);
+        }
+    }
+
+    /// Puts a popped page back on the FIFO it came from (busy, or not taken this round).
+    pub fn requeue(&self, list: List, r: PageRef, stats: &PerCpuStats) {
+        match list {
+            List::Streamed => self.add_streamed(r, stats),
+            List::Active => self.add(r, stats),
+        }
+    }
+
+    /// Pages of the use-once FIFO that reclaim leaves alone while it can take others: `limit
+    /// / 16`, at least four maximum windows, while streams are running (a page was queued
+    /// there within the last `STREAMED_RESERVE_ROUNDS` rounds); afterwards none, so the last
+    /// pages of a finished stream do not sit in memory while everything else is reclaimed.
+    /// Called once per round: counts the round.
+    pub fn streamed_reserve(&self, limit_pages: usize, readahead_max_pages: usize) -> usize {
+        let left = self.streamed_rounds_left.load(Ordering::Relaxed);
+        if left == 0 {
+            return 0;
+        }
+        // Racy on purpose: a lost decrement only keeps the reserve a round longer.
+        self.streamed_rounds_left.store(left - 1, Ordering::Relaxed);
+        (limit_pages / 16).max(4 * readahead_max_pages)
+    }
+
+    /// The oldest page of the use-once FIFO while it holds more than `reserve`, else of
+    /// `active`; either, if the other is empty.
+    pub fn pop(&self, reserve: usize) -> Option<(u64, List)> {
+        let streamed = || self.streamed.pop().map(|v| (v, List::Streamed));
+        let active = || self.active.pop().map(|v| (v, List::Active));
+        if self.streamed.len() > reserve {
+            streamed().or_else(active)
+        } else {
+            active().or_else(streamed)
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.active.is_empty() && self.streamed.is_empty()
+    }
+}
+
+/// Re-queues resident pages that have no queue entry (the queue overflowed at some point).
+pub(super) fn refill_active_by_scan(p: &PagerShared) {
+    let resident = p.resident_pages.load(Ordering::Acquire);
+    let staged = p.swap_cache.nr_pages();
+    if resident <= staged {
+        return;
+    }
+    let budget = p.lru.active.capacity() / 2;
+    let mut pushed = 0;
+    REGIONS.for_each(|g| {
+        if !std::ptr::eq(&*g.pager, p) {
+            return;
+        }
+        for page in 0..g.nr_pages {
+            if pushed >= budget {
+                return;
+            }
+            let pte = g.load(page);
+            if pte.state() == PageState::Resident && !pte.busy() {
+                let r = PageRef { region_idx: g.index, region_gen: g.gen, page_gen: pte.gen(), page };
+                if p.lru.active.push(r.pack()).is_ok() {
+                    pushed += 1;
+                }
+            }
+        }
+    });
+}

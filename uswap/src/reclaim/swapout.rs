@@ -1,0 +1,449 @@
+//! Swap-out, in two stages: resident pages into the swap cache, staged pages to a device.
+//!
+//! Stage one ([`shrink_active`]) takes the oldest resident pages off the LRU (`super::lru`)
+//! and moves them out of their region with `UFFDIO_MOVE` into the staging pages of freshly
+//! allocated slots (batched: runs of consecutive pages with consecutive slots move with one
+//! ioctl); they are then staged in the swap cache (`crate::swap::SwapCache`) and queued for
+//! writeback. A page found all zero when staged keeps no slot (`swpout_zero`); a clean page
+//! (its slot still holds it) is dropped without a write (`swpout_clean`). Stage two
+//! ([`shrink_inactive`]) writes the oldest staged pages to their slots in batches, drops
+//! their staging pages and uncharges them; a page its device declines is written to another
+//! device, in priority order (`swpout_spilled`). A page that faults back from the swap cache
+//! meanwhile is marked referenced and spared once when it next reaches the head of a FIFO
+//! (second chance, in [`pop_victims`]).
+//!
+//! Locking: the queues are lock-free; a victim is owned through its busy bit from the moment
+//! it is popped until its new page-table word is stored. A round holds at most
+//! `MAX_REGIONS_PER_SET` region guards and allocates nothing (it may run in a SIGBUS
+//! handler). Invariants: a page leaves the charge only once its contents are on a device
+//! (written, or clean), or known zero; a page whose write fails stays staged and charged,
+//! and goes round again; a slot's staging page is empty before the slot can be reused.
+
+use std::sync::atomic::Ordering;
+
+use arrayvec::ArrayVec;
+
+use super::charge::uncharge;
+use super::lru::{refill_active_by_scan, List};
+use super::BATCH;
+use crate::backend::{BackendError, WriteReq};
+use crate::pager::PagerShared;
+use crate::region::{PageRef, PageState, Pte, RegionSet};
+use crate::stats::Counter;
+use crate::swap::SwapEntry;
+use crate::uffd::{RangeResult, PAGE_SIZE};
+
+/// Stale queue entries one round may drop (bounds a round's work; stale entries cost a load
+/// and a compare each).
+const MAX_STALE_PER_ROUND: usize = 64 * BATCH;
+
+/// Where a popped page goes back to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    Lru(List),
+    SwapCache,
+}
+
+fn requeue(p: &PagerShared, q: Queue, r: PageRef) {
+    match q {
+        Queue::Lru(list) => p.lru.requeue(list, r, &p.stats),
+        Queue::SwapCache => requeue_staged(p, r),
+    }
+}
+
+/// Queues a staged page (again) for writeback.
+fn requeue_staged(p: &PagerShared, r: PageRef) {
+    if p.swap_cache.push(r.pack()).is_err() {
+        p.stats.inc(Counter::LruOverflow);
+    }
+}
+
+/// A page a round owns (its busy bit set), in the round's region guards.
+#[derive(Clone, Copy)]
+pub(super) struct Victim {
+    /// Its region's index in the round's `RegionSet`.
+    pub gi: usize,
+    pub page: usize,
+    /// The page's word as we locked it (busy set).
+    pub pte: Pte,
+}
+
+/// Pops up to `nr` pages in `want` state from `queue`, skipping stale entries and giving
+/// referenced resident pages their second chance. The pages come back locked.
+fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSet) -> ArrayVec<Victim, BATCH> {
+    let want = if inactive { PageState::Cached } else { PageState::Resident };
+    // Resident victims come from the use-once FIFO while it holds more than its reserve:
+    // the windows streams are working through right now, which must not go before they are
+    // used (a stream's next fault would read them again).
+    let reserve =
+        if inactive { 0 } else { p.lru.streamed_reserve(p.limit_pages.load(Ordering::Relaxed), p.readahead_max_pages) };
+    let pop = || -> Option<(u64, Queue)> {
+        if inactive {
+            return p.swap_cache.pop().map(|v| (v, Queue::SwapCache));
+        }
+        p.lru.pop(reserve).map(|(v, list)| (v, Queue::Lru(list)))
+    };
+    let mut victims = ArrayVec::new();
+    // Stale entries (pages that moved on since they were queued) are dropped as they are
+    // found, cheaply, and do not count against the scan; entries put back (busy, spared)
+    // do, so a round ends even when every page is in use.
+    let mut scanned = 0;
+    let mut stale = 0;
+    while victims.len() < nr.min(BATCH) && scanned < 4 * BATCH && stale < MAX_STALE_PER_ROUND {
+        let Some((v, from)) = pop() else { break };
+        let r = PageRef::unpack(v);
+        let gi = match guards.get(p, r) {
+            Ok(gi) => gi,
+            Err(true) => {
+                requeue(p, from, r);
+                break;
+            }
+            Err(false) => {
+                stale += 1;
+                continue;
+            }
+        };
+        let region = &guards.g[gi];
+        let pte = region.load(r.page);
+        if pte.state() != want || pte.gen() != r.page_gen {
+            stale += 1;
+            continue; // the page moved on since it was queued
+        }
+        scanned += 1;
+        if pte.busy() {
+            requeue(p, from, r);
+            continue;
+        }
+        if !inactive && pte.referenced() {
+            let spared = pte.with_referenced(false);
+            if region.pte(r.page).compare_exchange(pte.0, spared.0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                p.stats.inc(Counter::Pgactivate);
+            }
+            // Used again: no longer use-once.
+            p.lru.add(r, &p.stats);
+            continue;
+        }
+        match region.try_lock(r.page, pte) {
+            Some(locked) => victims.push(Victim { gi, page: r.page, pte: locked }),
+            None => requeue(p, from, r),
+        }
+    }
+    victims
+}
+
+/// Moves up to `nr` of the oldest resident pages into the swap cache. Returns the pages
+/// moved, and of those the pages found all zero (uncharged at once).
+pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
+    let mut guards = RegionSet::new();
+    let mut victims = pop_victims(p, false, nr, &mut guards);
+    if victims.is_empty() {
+        if p.lru.is_empty() {
+            refill_active_by_scan(p);
+        }
+        return (0, 0);
+    }
+    victims.sort_unstable_by_key(|v| (v.gi, v.page));
+    // Clean pages need no write: their slot still holds them. They leave the region as dirty
+    // pages do, into their own slot's staging page, which is then dropped: `MADV_DONTNEED`
+    // on the region itself would send a REMOVE event (see `events`). Runs of consecutive
+    // pages with consecutive slots move with one call.
+    let mut dropped = 0;
+    let mut i = 0;
+    while i < victims.len() {
+        if !victims[i].pte.clean() {
+            i += 1;
+            continue;
+        }
+        let e = |k: usize| victims[k].pte.entry();
+        let mut j = i + 1;
+        while j < victims.len()
+            && victims[j].pte.clean()
+            && victims[j].gi == victims[i].gi
+            && victims[j].page == victims[j - 1].page + 1
+            && e(j).device() == e(i).device()
+            && e(j).offset() == e(j - 1).offset() + 1
+        {
+            j += 1;
+        }
+        let region = &guards.g[victims[i].gi];
+        let dev = p.devices.device(e(i));
+        let len = (j - i) * PAGE_SIZE;
+        let r = p.swap_cache.move_in(dev, e(i).offset(), region.page_addr(victims[i].page), len);
+        let done = r.done_bytes(len) / PAGE_SIZE;
+        if done > 0 {
+            let _ = dev.staging.discard(e(i).offset() as usize * PAGE_SIZE, done * PAGE_SIZE);
+        }
+        for (k, v) in victims[i..j].iter().enumerate() {
+            if k < done {
+                region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
+            } else {
+                // Refused (read-only after mprotect, or gone: an event settles it) or not
+                // tried: stays resident and clean.
+                region.store(v.page, v.pte.unbusy());
+                p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
+            }
+        }
+        if done < j - i {
+            p.stats.inc(Counter::MoveRefused);
+        }
+        uncharge(p, done);
+        p.clean_pages.fetch_sub(done, Ordering::Relaxed);
+        p.stats.add(Counter::SwapRaUnused, victims[i..i + done].iter().filter(|v| v.pte.readahead()).count() as u64);
+        dropped += done;
+        i = j;
+    }
+    p.stats.add(Counter::SwpoutClean, dropped as u64);
+    victims.retain(|v| !v.pte.clean());
+    if victims.is_empty() {
+        return (dropped, dropped);
+    }
+    let n = victims.len();
+    let mut entries = [SwapEntry::new(0, 0); BATCH];
+    let got = p.devices.alloc(&mut entries[..n]);
+    if got < n {
+        // No room on any device: these pages stay resident, nothing is lost.
+        for v in &victims[got..] {
+            guards.g[v.gi].store(v.page, v.pte.unbusy());
+            p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
+        }
+        p.stats.add(Counter::SwapAllocFail, (n - got) as u64);
+        victims.truncate(got);
+    }
+    for (v, e) in victims.iter().zip(&entries) {
+        let owner = guards.page_ref(v.gi, v.page, v.pte).owner();
+        p.devices.device(*e).table.set_owner(e.offset(), owner);
+    }
+
+    let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
+    let mut uncharged = 0;
+    let mut moved = 0u64;
+    let mut i = 0;
+    while i < victims.len() {
+        // A run: same region, consecutive pages, consecutive slots on one device.
+        let mut j = i + 1;
+        while j < victims.len()
+            && victims[j].gi == victims[i].gi
+            && victims[j].page == victims[j - 1].page + 1
+            && entries[j].device() == entries[j - 1].device()
+            && entries[j].offset() == entries[j - 1].offset() + 1
+        {
+            j += 1;
+        }
+        let region = &guards.g[victims[i].gi];
+        let dev = p.devices.device(entries[i]);
+        let mut k = i;
+        while k < j {
+            let len = (j - k) * PAGE_SIZE;
+            let r = p.swap_cache.move_in(dev, entries[k].offset(), region.page_addr(victims[k].page), len);
+            let done = r.done_bytes(len) / PAGE_SIZE;
+            for m in k..k + done {
+                let v = victims[m];
+                let e = entries[m];
+                if v.pte.readahead() {
+                    p.stats.inc(Counter::SwapRaUnused);
+                }
+                if dev.staging.page_is_zero(e.offset() as usize * PAGE_SIZE) {
+                    // Nothing worth a slot: drop the staged page, remember "zero".
+                    let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
+                    dev.table.clear(e.offset());
+                    to_free.push(e.bits());
+                    region.store(v.page, v.pte.next(PageState::Zero, None).with_referenced(false));
+                    uncharge(p, 1);
+                    uncharged += 1;
+                    p.stats.inc(Counter::SwpoutZero);
+                } else {
+                    p.swap_cache.insert(dev, e.offset());
+                    let new = v.pte.next(PageState::Cached, Some(e)).with_referenced(false);
+                    region.store(v.page, new);
+                    requeue_staged(p, guards.page_ref(v.gi, v.page, new));
+                }
+                moved += 1;
+            }
+            k += done;
+            if let RangeResult::Partial { errno, .. } = r {
+                let v = victims[k];
+                let e = entries[k];
+                dev.table.clear(e.offset());
+                if errno == libc::ENOENT {
+                    // Not there: the application unmapped, moved or discarded it, and the event
+                    // that says which settles the page (see `events`). Until then it stays as
+                    // it is: turning it into a zero page would lose a page that `mremap` moved.
+                    to_free.push(e.bits());
+                    region.store(v.page, v.pte.unbusy());
+                    p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
+                    p.stats.inc(Counter::MoveRefused);
+                } else {
+                    // Pinned, shared or otherwise refused: it stays where it is. A slot whose
+                    // staging page is unexpectedly occupied (EEXIST) is not reused.
+                    debug_assert_ne!(errno, libc::EEXIST, "staging page of slot {e:?} occupied");
+                    if errno != libc::EEXIST {
+                        to_free.push(e.bits());
+                    }
+                    region.store(v.page, v.pte.unbusy());
+                    p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
+                    p.stats.inc(Counter::MoveRefused);
+                }
+                k += 1;
+            }
+        }
+        i = j;
+    }
+    p.stats.add(if direct { Counter::PgstealDirect } else { Counter::PgstealBackground }, moved);
+    p.devices.free_now(&mut to_free);
+    (moved as usize + dropped, uncharged + dropped)
+}
+
+/// Writes back up to `nr` of the oldest staged pages. Returns the pages uncharged.
+///
+/// Each page goes first to its own slot. A device may decline a page (a pool at its cap,
+/// or an incompressible page it passes on): the page then gets a slot on another device and
+/// is written there, in priority order. A page that no device takes, or whose write fails,
+/// stays staged in RAM (still charged) and is retried in a later round.
+pub(super) fn shrink_inactive(p: &PagerShared, nr: usize) -> usize {
+    let mut guards = RegionSet::new();
+    let mut victims = pop_victims(p, true, nr, &mut guards);
+    if victims.is_empty() {
+        return 0;
+    }
+    victims.sort_unstable_by_key(|v| v.pte.entry());
+    // Where each victim goes: its own slot first.
+    let mut targets: ArrayVec<SwapEntry, BATCH> = victims.iter().map(|v| v.pte.entry()).collect();
+    let mut pending: ArrayVec<usize, BATCH> = (0..victims.len()).collect();
+    let mut excluded = 0u64;
+    let mut uncharged = 0;
+    let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
+    // Bounded by the number of devices: each round excludes the devices that declined.
+    while !pending.is_empty() {
+        let mut rejected: ArrayVec<usize, BATCH> = ArrayVec::new();
+        uncharged += write_runs(p, &guards, &victims, &targets, &pending, &mut rejected, &mut to_free);
+        if rejected.is_empty() {
+            break;
+        }
+        for &i in &rejected {
+            let t = targets[i];
+            excluded |= 1 << t.device();
+            if t != victims[i].pte.entry() {
+                to_free.push(t.bits());
+            }
+        }
+        let mut fresh = [SwapEntry::new(0, 0); BATCH];
+        let got = p.devices.alloc_excluding_mask(excluded, &mut fresh[..rejected.len()]);
+        p.stats.add(Counter::SwpoutSpilled, got as u64);
+        for (k, &i) in rejected.iter().enumerate() {
+            if k < got {
+                targets[i] = fresh[k];
+            } else {
+                // No other device has room: the page stays staged.
+                let v = &victims[i];
+                guards.g[v.gi].store(v.page, v.pte.unbusy());
+                requeue_staged(p, guards.page_ref(v.gi, v.page, v.pte));
+                p.stats.inc(Counter::SwapAllocFail);
+            }
+        }
+        pending.clear();
+        pending.extend(rejected.iter().copied().take(got));
+    }
+    p.devices.free_now(&mut to_free);
+    uncharged
+}
+
+/// Writes the `pending` victims to their `targets`, in runs (consecutive staging pages to
+/// consecutive slots of one device), and finishes the written ones. Victims their device
+/// declined go to `rejected`; other failures stay staged. Returns the pages uncharged.
+fn write_runs(
+    p: &PagerShared,
+    guards: &RegionSet,
+    victims: &[Victim],
+    targets: &[SwapEntry],
+    pending: &[usize],
+    rejected: &mut ArrayVec<usize, BATCH>,
+    to_free: &mut ArrayVec<u64, BATCH>,
+) -> usize {
+    let mut uncharged = 0;
+    let mut i = 0;
+    while i < pending.len() {
+        // One write call per target device.
+        let tdev = targets[pending[i]].device();
+        let dev = &p.devices.devices()[tdev];
+        let mut end = i;
+        while end < pending.len() && targets[pending[end]].device() == tdev {
+            end += 1;
+        }
+        let mut runs: ArrayVec<(usize, usize), BATCH> = ArrayVec::new();
+        let mut reqs: ArrayVec<WriteReq<'_>, BATCH> = ArrayVec::new();
+        let mut crcs = [0u32; BATCH];
+        let mut s = i;
+        while s < end {
+            let src = |k: usize| victims[pending[k]].pte.entry();
+            let mut t = s + 1;
+            while t < end
+                && targets[pending[t]].offset() == targets[pending[t - 1]].offset() + 1
+                && src(t).device() == src(t - 1).device()
+                && src(t).offset() == src(t - 1).offset() + 1
+            {
+                t += 1;
+            }
+            let sdev = p.devices.device(src(s));
+            if dev.checksums.is_some() {
+                for (k, crc) in crcs.iter_mut().enumerate().take(t).skip(s) {
+                    *crc = sdev.staging.page_crc32c(src(k).offset() as usize * PAGE_SIZE);
+                }
+            }
+            runs.push((s, t));
+            reqs.push(WriteReq::new(
+                targets[pending[s]].offset(),
+                sdev.staging.pages(src(s).offset() as usize * PAGE_SIZE, t - s),
+            ));
+            s = t;
+        }
+        dev.backend.write(&mut reqs);
+        for (req, &(s, t)) in reqs.iter().zip(&runs) {
+            match &req.result {
+                Ok(()) => {}
+                Err(BackendError::Rejected { .. }) => {
+                    rejected.extend(pending[s..t].iter().copied());
+                    continue;
+                }
+                Err(_) => {
+                    // The pages stay staged in RAM (still charged) and go round again.
+                    for &k in &pending[s..t] {
+                        let v = &victims[k];
+                        guards.g[v.gi].store(v.page, v.pte.unbusy());
+                        requeue_staged(p, guards.page_ref(v.gi, v.page, v.pte));
+                        if targets[k] != v.pte.entry() {
+                            to_free.push(targets[k].bits());
+                        }
+                    }
+                    p.stats.add(Counter::SwpoutError, (t - s) as u64);
+                    continue;
+                }
+            }
+            // The staging pages must be empty before their slots can be freed and reused,
+            // which may happen as soon as the pages are published as swapped.
+            let first = victims[pending[s]].pte.entry();
+            let sdev = p.devices.device(first);
+            let _ = sdev.staging.discard(first.offset() as usize * PAGE_SIZE, (t - s) * PAGE_SIZE);
+            for k in s..t {
+                let v = &victims[pending[k]];
+                let (old, new) = (v.pte.entry(), targets[pending[k]]);
+                dev.set_checksum(new.offset(), crcs[k]);
+                if new == old {
+                    sdev.table.set_cached(old.offset(), false);
+                } else {
+                    // Written elsewhere: the old slot held only the staging page.
+                    sdev.table.clear(old.offset());
+                    to_free.push(old.bits());
+                    dev.table.set_owner(new.offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
+                }
+                guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(new)));
+            }
+            let n = t - s;
+            p.swap_cache.uncount(n);
+            uncharge(p, n);
+            uncharged += n;
+            p.stats.add(Counter::Pswpout, n as u64);
+        }
+        i = end;
+    }
+    uncharged
+}

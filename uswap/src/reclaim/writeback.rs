@@ -1,0 +1,120 @@
+//! Tier writeback: pages moved from a device that wants room to a device of lower priority.
+//!
+//! A pool above its accept threshold offers the slots it would rather lose
+//! (`Backend::writeback_candidates`); the background reclaimer reads those pages back
+//! (checking their checksum), writes them a tier down, and repoints their page-table words.
+//! It touches no page table of the process, so it costs the application's CPU nothing (no
+//! TLB flush) and runs even while the application faults.
+//!
+//! Locking: a page is owned through its busy bit while it moves; its new slot is published
+//! (owner, checksum) before its page-table word names it, and its old slot is freed only
+//! after. Invariants: writeback only goes down the tiers; a page that does not read back
+//! cleanly, or finds no room below, stays where it was.
+
+use arrayvec::ArrayVec;
+
+use super::swapout::Victim;
+use super::BATCH;
+use crate::backend::{AlignedPage, WriteReq};
+use crate::pager::PagerShared;
+use crate::region::{PageRef, PageState, RegionSet};
+use crate::stats::Counter;
+
+/// Moves pages from devices that want room (a pool above its accept threshold) to the next
+/// tier: reads them (checking their checksum), writes them to a device of lower priority, and
+/// repoints their page-table words. Touches no page table of the process, so it costs the
+/// application's CPU nothing (no TLB flush) and runs even while the application faults.
+/// `buf` holds `BATCH` pages. Returns the pages moved.
+pub(crate) fn device_writeback(p: &PagerShared, buf: &mut [AlignedPage]) -> usize {
+    let mut moved = 0;
+    for dev in p.devices.devices() {
+        let mut slots = [0u64; BATCH];
+        let n = dev.backend.writeback_candidates(&mut slots);
+        if n == 0 {
+            continue;
+        }
+        let mut guards = RegionSet::new();
+        let mut victims: ArrayVec<Victim, BATCH> = ArrayVec::new();
+        for &slot in &slots[..n] {
+            let Some(info) = dev.table.lookup(slot) else { continue };
+            let r = PageRef::from_owner(info.owner);
+            let Ok(gi) = guards.get(p, r) else { continue };
+            let pte = guards.g[gi].load(r.page);
+            let own = crate::swap::SwapEntry::new(dev.index, slot);
+            if pte.state() != PageState::Swapped || pte.entry() != own {
+                continue; // freed or moved since it was queued
+            }
+            if let Some(locked) = guards.g[gi].try_lock(r.page, pte) {
+                victims.push(Victim { gi, page: r.page, pte: locked });
+            }
+        }
+        if victims.is_empty() {
+            continue;
+        }
+        // Read the pages; a page that does not read back cleanly stays where it is.
+        let mut ok = [false; BATCH];
+        for (k, v) in victims.iter().enumerate() {
+            let e = v.pte.entry();
+            let mut req = [crate::backend::ReadReq::new(e.offset(), &mut buf[k..k + 1])];
+            dev.backend.read(&mut req);
+            ok[k] = req[0].result.is_ok() && dev.checksum_ok(e.offset(), &buf[k].0);
+            if !ok[k] {
+                let addr = guards.g[v.gi].page_addr(v.page);
+                p.record_error(addr, e, crate::pager::PageErrorKind::ReadFailed);
+            }
+        }
+        // Slots on devices of lower priority only: writeback goes down the tiers.
+        let mask =
+            p.devices.devices().iter().filter(|d| d.priority >= dev.priority).fold(0u64, |m, d| m | 1 << d.index);
+        let mut targets = [crate::swap::SwapEntry::new(0, 0); BATCH];
+        let want = victims.len();
+        let got = p.devices.alloc_excluding_mask(mask, &mut targets[..want]);
+        let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
+        let mut k = 0;
+        while k < want {
+            let mut t = k + 1;
+            while t < got
+                && ok[t] == ok[k]
+                && targets[t].device() == targets[k].device()
+                && targets[t].offset() == targets[t - 1].offset() + 1
+            {
+                t += 1;
+            }
+            if k >= got || !ok[k] {
+                // No lower tier has room, or the page did not read back: leave it.
+                for v in &victims[k..t.max(k + 1)] {
+                    guards.g[v.gi].store(v.page, v.pte.unbusy());
+                }
+                if k < got {
+                    for e in &targets[k..t] {
+                        to_free.push(e.bits());
+                    }
+                }
+                k = t.max(k + 1);
+                continue;
+            }
+            let tdev = p.devices.device(targets[k]);
+            let mut req = [WriteReq::new(targets[k].offset(), crate::mapping::PageRun::from_pages(&buf[k..t]))];
+            tdev.backend.write(&mut req);
+            for j in k..t {
+                let v = &victims[j];
+                if req[0].result.is_ok() {
+                    tdev.set_checksum(targets[j].offset(), crc32c::crc32c(&buf[j].0));
+                    tdev.table.set_owner(targets[j].offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
+                    guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(targets[j])));
+                    dev.table.clear(v.pte.entry().offset());
+                    to_free.push(v.pte.entry().bits());
+                    moved += 1;
+                } else {
+                    guards.g[v.gi].store(v.page, v.pte.unbusy());
+                    to_free.push(targets[j].bits());
+                    p.stats.inc(Counter::SwpoutError);
+                }
+            }
+            k = t;
+        }
+        p.devices.free_now(&mut to_free);
+    }
+    p.stats.add(Counter::Writeback, moved as u64);
+    moved
+}

@@ -1,0 +1,162 @@
+//! The application's region types: [`Region`], a managed mapping, and [`PlainRegion`], an
+//! ordinary one with the same accessors (for baselines).
+//!
+//! A `Region` is the handle [`Pager::map`] returns: the engine's view of the region (page
+//! table, registry entry) is `crate::region`, which knows nothing of the public `Pager`;
+//! this module ties the two handles together (a region keeps its pager's threads alive,
+//! and tells which pager it belongs to).
+//!
+//! Locking: none of its own. Invariants: the engine lets go of a region (every slot and
+//! staged page freed, see `PagerShared::unmap_region`) before its memory is unmapped, and
+//! the pager's threads outlive every region of the pager.
+
+use std::sync::Arc;
+
+use crate::mapping::AppMapping;
+use crate::pager::Pager;
+use crate::readahead::Advice;
+use crate::region::RegionInner;
+use crate::uffd::PAGE_SIZE;
+
+/// A managed mapping: zero-filled at first, page-aligned, its resident pages counted against
+/// its pager's limit. Pages are brought back on first touch, from any thread.
+///
+/// Dropping the region unmaps it and frees every swap slot and swap-cache page it held.
+pub struct Region {
+    inner: Arc<RegionInner>,
+    reg_idx: usize,
+    // Keeps the pager's threads alive while the region exists, even if every `Pager` handle
+    // was dropped first.
+    pager: Pager,
+}
+
+impl Region {
+    pub(crate) fn new(inner: Arc<RegionInner>, reg_idx: usize, pager: Pager) -> Region {
+        Region { inner, reg_idx, pager }
+    }
+
+    /// The memory, where it is now (the application may have moved it with `mremap`).
+    fn memory(&self) -> &AppMapping {
+        self.inner.memory()
+    }
+
+    /// First byte of the region.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.memory().addr() as *mut u8
+    }
+
+    /// Length in bytes (a whole number of pages).
+    pub fn len(&self) -> usize {
+        self.memory().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.memory().is_empty()
+    }
+
+    /// The region as a byte slice. Touching a page that is not resident brings it back
+    /// transparently (in signal mode only from user code: a system call given this slice
+    /// gets EFAULT on a page that is not resident).
+    pub fn as_slice(&self) -> &[u8] {
+        self.memory().as_slice()
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // `&mut self`: no other slice of this region lives (the inner state never makes one).
+        self.inner.memory().as_mut_slice_shared()
+    }
+
+    /// The region as 64-bit atomic words, for threads that share it (mixing this with
+    /// `as_slice` on the same bytes at the same time is a data race, as for any memory).
+    pub fn as_atomic_u64s(&self) -> &[std::sync::atomic::AtomicU64] {
+        self.memory().as_atomic_u64s()
+    }
+
+    /// Pages of this region mapped in the process page table right now, measured with
+    /// `mincore(2)` (independent of the engine's own counters).
+    pub fn mapped_pages(&self) -> std::io::Result<usize> {
+        self.memory().resident_pages(0, self.memory().len())
+    }
+
+    /// Like [`Region::mapped_pages`] for the pages overlapping `[offset, offset + len)`.
+    pub fn mapped_pages_in(&self, offset: usize, len: usize) -> std::io::Result<usize> {
+        let start = offset / PAGE_SIZE * PAGE_SIZE;
+        let end = (offset + len).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        if end > self.memory().len() || len == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        self.memory().resident_pages(start, end - start)
+    }
+
+    /// Tells the engine how the region will be accessed (like `madvise`): `Sequential` always
+    /// reads ahead the maximum window, `Random` never reads ahead, `Normal` (the default)
+    /// adapts the window to the faults it sees.
+    pub fn advise(&self, advice: Advice) {
+        self.inner.streams.advise(advice);
+    }
+
+    /// The pager this region belongs to.
+    pub fn pager(&self) -> &Pager {
+        &self.pager
+    }
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("addr", &format_args!("{:#x}", self.memory().addr()))
+            .field("len", &self.memory().len())
+            .finish()
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        // Unmaps what is still the region's, after the engine let go of it.
+        self.pager.shared().unmap_region(self.reg_idx, &self.inner);
+    }
+}
+
+/// An ordinary anonymous mapping with the same accessors as [`Region`] but no pager behind
+/// it: the kernel manages its pages (and swaps them, if the system swaps). For baselines
+/// that must run the same code as a managed region.
+#[derive(Debug)]
+pub struct PlainRegion {
+    memory: AppMapping,
+}
+
+impl PlainRegion {
+    pub fn new(len_bytes: usize) -> crate::Result<PlainRegion> {
+        let len = len_bytes.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        AppMapping::new(len).map(|memory| PlainRegion { memory }).map_err(|e| crate::Error::OutOfAddressSpace {
+            what: "a plain region".into(),
+            len_bytes: len as u64,
+            source: e,
+        })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.memory.addr() as *mut u8
+    }
+
+    pub fn len(&self) -> usize {
+        self.memory.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        self.memory.as_slice()
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.memory.as_mut_slice()
+    }
+
+    pub fn as_atomic_u64s(&self) -> &[std::sync::atomic::AtomicU64] {
+        self.memory.as_atomic_u64s()
+    }
+}
