@@ -80,6 +80,25 @@ pub(crate) enum FaultError {
     Unmapped,
 }
 
+impl FaultError {
+    /// The end of the line `report_lost_page` writes before SIGBUS: why the page could not
+    /// be brought back and where its contents are. A static string: the signal-mode path
+    /// allocates nothing.
+    pub(crate) fn why_lost(self) -> &'static str {
+        match self {
+            FaultError::Device(PageErrorKind::ChecksumMismatch) => {
+                "read back from its swap device with a checksum mismatch on every attempt; its slot is kept"
+            }
+            FaultError::Device(_) => "could not be read from its swap device (I/O error on every attempt); its slot is kept",
+            FaultError::BusyTimeout => {
+                "stayed busy for 10 s: its owner made no progress (most likely this very thread, interrupted while it owned the page); its contents are kept"
+            }
+            FaultError::Ioctl(_) => "could not be mapped (a userfaultfd ioctl failed on every attempt); its contents are kept",
+            FaultError::Gone | FaultError::Unmapped => "is no longer part of a managed region",
+        }
+    }
+}
+
 /// How long a fault waits for another owner of its page before failing. Owners hold a
 /// page for one device operation (a batch write to a file device under load: milliseconds);
 /// ten seconds is beyond any legitimate wait, and a fault that fails ends in SIGBUS with
@@ -334,10 +353,14 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     let route = if locks_held_by_this_thread() > 0 { Route::SignalLockFree } else { Route::Signal };
     // Bounded retries of transient failures; a page that cannot be brought back ends in
     // SIGBUS, as in the kernel. A busy timeout is not transient: no retry.
+    let mut last = FaultError::BusyTimeout;
     for _ in 0..READ_ATTEMPTS {
         match serve_fault(&g, g.index, g.gen, addr, is_write, route) {
             Ok(()) => return true,
-            Err(FaultError::BusyTimeout) => break,
+            Err(FaultError::BusyTimeout) => {
+                last = FaultError::BusyTimeout;
+                break;
+            }
             // Not the region's any more: not uswap's fault. (Memory the application grew back
             // over it in place is not served here: nothing tells which userfaultfd a SIGBUS
             // came from, and `UFFDIO_ZEROPAGE` works through any descriptor of the process.)
@@ -354,10 +377,10 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
                 std::thread::yield_now();
                 return true;
             }
-            Err(_) => {}
+            Err(e) => last = e,
         }
     }
-    uffd::sigbus::report_lost_page(addr);
+    uffd::sigbus::report_lost_page(addr, last.why_lost());
     false
 }
 
@@ -388,13 +411,17 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
             let served = match REGIONS.find(addr) {
                 Some(g) if std::ptr::eq(&*g.pager, pager) => {
                     let mut ok = false;
+                    let mut last = FaultError::BusyTimeout;
                     for _ in 0..READ_ATTEMPTS {
                         match serve_fault(&g, g.index, g.gen, addr, write, Route::Thread) {
                             Ok(()) => {
                                 ok = true;
                                 break;
                             }
-                            Err(FaultError::BusyTimeout) => break,
+                            Err(FaultError::BusyTimeout) => {
+                                last = FaultError::BusyTimeout;
+                                break;
+                            }
                             // Gone: memory mremap grew back in place gets a zero page; else
                             // the thread faults again and meets whatever is there now.
                             Err(FaultError::Gone) => {
@@ -412,13 +439,13 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                                 ok = true;
                                 break;
                             }
-                            Err(_) => {}
+                            Err(e) => last = e,
                         }
                     }
                     if !ok {
                         // The page cannot be brought back: the faulting thread gets SIGBUS, as
                         // it would from the kernel for an unreadable swap page.
-                        uffd::sigbus::report_lost_page(addr);
+                        uffd::sigbus::report_lost_page(addr, last.why_lost());
                         uffd::sigbus::signal_thread(m.pf_ptid);
                         continue;
                     }

@@ -213,5 +213,10 @@ fn a_page_that_cannot_be_read_ends_in_sigbus_with_its_address() {
         let page0 = err.lines().find_map(|l| l.strip_prefix("page0=")).expect("child printed the page address");
         let page0 = usize::from_str_radix(page0.trim_start_matches("0x"), 16).unwrap();
         assert!(err.contains(&format!("uswap: page {page0:#018x}")), "{mode}: {err}");
+        // The line says what failed (a read error here, not a checksum or a busy page).
+        assert!(
+            err.contains("could not be read from its swap device (I/O error on every attempt); its slot is kept; delivering SIGBUS"),
+            "{mode}: {err}"
+        );
     }
 }

@@ -160,10 +160,11 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) 
     }
 }
 
-/// Writes "uswap: page 0x… could not be brought back …" to stderr without allocating (for
-/// the moment before SIGBUS is delivered).
-pub fn report_lost_page(addr: usize) {
-    let mut buf = [0u8; 160];
+/// Writes "uswap: page 0x… <why>; delivering SIGBUS" to stderr without allocating (for the
+/// moment before SIGBUS is delivered). `why` says what failed (`FaultError::why_lost`);
+/// `Pager::recent_errors` and the `fault_error` counter keep the details.
+pub fn report_lost_page(addr: usize, why: &str) {
+    let mut buf = [0u8; 256];
     let mut n = 0;
     let mut put = |bytes: &[u8]| {
         let k = bytes.len().min(buf.len() - n);
@@ -177,7 +178,9 @@ pub fn report_lost_page(addr: usize) {
         *h = b"0123456789abcdef"[d];
     }
     put(&hex);
-    put(b" could not be brought back from its swap device (read error or checksum mismatch); delivering SIGBUS\n");
+    put(b" ");
+    put(why.as_bytes());
+    put(b"; delivering SIGBUS\n");
     // SAFETY: write(2) of a buffer we own to stderr; async-signal-safe.
     unsafe { libc::write(2, buf.as_ptr().cast(), n) };
 }
