@@ -321,7 +321,10 @@ fn zero_fill(
                 for &(q, l) in &pages[i..] {
                     region.store(q, l.unbusy());
                 }
-                return Err(FaultError::Ioctl(errno));
+                // ENOENT: no registered mapping at the faulting page any more; the
+                // application unmapped it while this fault waited (a stale fault, as in
+                // `serve_fault`'s resident case). Nothing was there to lose.
+                return Err(if errno == libc::ENOENT { FaultError::Unmapped } else { FaultError::Ioctl(errno) });
             }
         }
     }
