@@ -155,6 +155,28 @@ fn fork_child_reads_the_parents_memory_as_it_was() {
     assert!(peak <= ((WSS_MIB + LIMIT_MIB) << 20) + SLACK_BYTES, "{mode}: peak {peak}: {v}");
 }
 
+/// fork without exec, and both go on: while the child lives (and shares the parent's pages
+/// copy-on-write, which cannot be moved out of the parent), the parent allocates and fills as
+/// much again. Its faults charge over the limit at once instead of waiting for pages that
+/// cannot go (each used to wait out the reclaim back-off, 100 ms, ending in
+/// `limit_overrun_busy`; Python's multiprocessing pool stalled for minutes that way).
+#[test]
+fn fork_child_alive_while_the_parent_allocates_more() {
+    let dir = tmpdir("forklive");
+    let p = compile("forklive", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
+    let t0 = std::time::Instant::now();
+    let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", "thread"], &prog, &dir);
+    let took = t0.elapsed();
+    let expect = plain(&prog);
+    assert!(o.status.success(), "{}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout, expect.stdout, "child or parent read different bytes");
+    assert!(counter(&v, "pswpout") > 0, "{v}");
+    assert_eq!(counter(&v, "limit_overrun_busy"), 0, "faults waited for pages shared with the child: {v}");
+    assert!(counter(&v, "move_refused") > 0, "the parent's pages were never shared with the child? {v}");
+    assert!(took < Duration::from_secs(120), "took {took:?}: {v}");
+}
+
 #[test]
 fn sort_with_a_buffer_larger_than_the_limit() {
     let dir = tmpdir("sort");
@@ -210,6 +232,36 @@ fn python_numpy_sums_an_array_four_times_the_limit() {
     let prog = [py.to_str().unwrap(), "-c", script.as_str()];
     let r = uswap_run(LIMIT_MIB, &[], &prog, &dir);
     assert_same_and_paged(&prog, &r, LIMIT_MIB);
+}
+
+/// Python's multiprocessing pool (fork without exec): the workers hash the parent's data,
+/// which they share with it copy-on-write, while the parent's threads go on faulting. This
+/// stalled for minutes before a charge stopped waiting for pages shared with a child.
+#[test]
+fn python_multiprocessing_pool_hashes_data_four_times_the_limit() {
+    let dir = tmpdir("mppool");
+    let script = format!(
+        "import hashlib, multiprocessing as mp\n\
+         data = [bytes([i % 251]) * 65536 for i in range({n})]\n\
+         def work(k):\n\
+         \x20   h = hashlib.sha256()\n\
+         \x20   for j in range(k, len(data), 4):\n\
+         \x20       h.update(data[j])\n\
+         \x20   return h.hexdigest()\n\
+         if __name__ == '__main__':\n\
+         \x20   with mp.get_context('fork').Pool(4) as p:\n\
+         \x20       print(p.map(work, range(4)))\n",
+        n = (WSS_MIB << 20) / 65536
+    );
+    let script_path = dir.join("mppool.py");
+    std::fs::write(&script_path, script).unwrap();
+    let prog = ["python3", script_path.to_str().unwrap()];
+    let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", "thread"], &prog, &dir);
+    let expect = plain(&prog);
+    assert!(o.status.success(), "{}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout, expect.stdout, "the workers hashed different bytes");
+    assert!(counter(&v, "pswpout") > 0, "{v}");
+    assert_eq!(counter(&v, "limit_overrun_busy"), 0, "faults waited for pages shared with the workers: {v}");
 }
 
 #[test]

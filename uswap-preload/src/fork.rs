@@ -9,7 +9,8 @@
 //! mappings are ordinary, and its pages are counted by the kernel, not by uswap. The parent
 //! drops the hold and reclaims back to its limit; pages it still shares copy-on-write with
 //! the child cannot be moved out until the child writes them or exits (they count as
-//! `move_refused`). A child that execs starts a pager of its own.
+//! `move_refused`; the parent's faults charge over the limit rather than wait for them). A
+//! child that execs starts a pager of its own.
 //!
 //! Cost: the fork waits for every swapped-out page to come in (a scan of the page tables,
 //! skipped when nothing is out), and the parent may exceed its limit until the child lets

@@ -68,8 +68,9 @@ fn nap(ns: u64) {
 /// writes, which happens with many more faulting threads than CPUs on a slow device), it
 /// yields for `MAX_FRUITLESS_ROUNDS` rounds, then sleeps with an exponential back-off and
 /// tries again, for up to `CHARGE_WAIT_LIMIT_NS`, or `CHARGE_STALL_LIMIT_NS` during which no
-/// thread reclaimed anything. Only then, or at once when every device is full or on the
-/// lock-free route (which may not reclaim), does it charge over the limit: counted in
+/// thread reclaimed anything. Only then, or at once when every device is full, when the
+/// round's victims were refused (shared with a fork child: see below), or on the lock-free
+/// route (which may not reclaim), does it charge over the limit: counted in
 /// `limit_overrun` (and `limit_overrun_busy` when the devices had room). Nothing is lost;
 /// reclaim takes the extra pages later. `lock_free`: the caller may take no lock (signal
 /// mode, its thread interrupted inside the engine).
@@ -107,10 +108,22 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
             p.stats.inc(Counter::Allocstall);
             stalled = true;
         }
-        if reclaim_round(p, true).any() {
+        let round = reclaim_round(p, true);
+        if round.any() {
             fruitless = 0;
             backoff_ns = CHARGE_BACKOFF_MIN_NS;
             continue;
+        }
+        if round.refused > 0 {
+            // The victims were refused, not busy: pages shared copy-on-write with a fork
+            // child (or pinned, or made read-only) stay where they are however long this
+            // waits, and while they are shared they cost the same RAM whether this process
+            // maps them or not. Charge over the limit at once (`limit_overrun`, with
+            // `move_refused` saying why) rather than make every fault wait out the back-off:
+            // after a fork, a parent's faults took 100 ms each until its children exited.
+            force_charge(p, n);
+            p.stats.inc(Counter::LimitOverrun);
+            break;
         }
         if p.devices.is_full() {
             // Nothing can go anywhere: keep the page, count the overrun.

@@ -55,6 +55,8 @@ pub(crate) struct Progress {
     pub moved: usize,
     /// Pages uncharged: written back, or found zero.
     pub uncharged: usize,
+    /// Victims the kernel refused to move (see `swapout::Shrunk::refused`).
+    pub refused: usize,
 }
 
 impl Progress {
@@ -71,9 +73,10 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
     let target = swapcache_target(p.limit_pages.load(Ordering::Acquire));
     let mut progress = Progress::default();
     if p.swap_cache.nr_pages() < target && !p.devices.is_full() {
-        let (moved, zero) = shrink_active(p, BATCH, direct);
-        progress.moved = moved;
-        progress.uncharged = zero;
+        let s = shrink_active(p, BATCH, direct);
+        progress.moved = s.moved;
+        progress.uncharged = s.uncharged;
+        progress.refused = s.refused;
     }
     if p.swap_cache.nr_pages() >= target || progress.moved == 0 {
         progress.uncharged += shrink_inactive(p, BATCH);
@@ -85,10 +88,11 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
         // of more pages while earlier ones are still under it. The swap cache then exceeds
         // its target by at most one batch per thread reclaiming at that moment; later
         // rounds stop topping it up until it is back under.
-        let (moved, zero) = shrink_active(p, BATCH, direct);
-        progress.moved += moved;
-        progress.uncharged += zero;
-        if moved > zero {
+        let s = shrink_active(p, BATCH, direct);
+        progress.moved += s.moved;
+        progress.uncharged += s.uncharged;
+        progress.refused += s.refused;
+        if s.moved > s.uncharged {
             progress.uncharged += shrink_inactive(p, BATCH);
         }
     }

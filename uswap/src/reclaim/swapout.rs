@@ -133,14 +133,14 @@ fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSe
 
 /// Moves up to `nr` of the oldest resident pages into the swap cache. Returns the pages
 /// moved, and of those the pages found all zero (uncharged at once).
-pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize, usize) {
+pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk {
     let mut guards = RegionSet::new();
     let mut victims = pop_victims(p, false, nr, &mut guards);
     if victims.is_empty() {
         if p.lru.is_empty() {
             refill_active_by_scan(p);
         }
-        return (0, 0);
+        return Shrunk::default();
     }
     victims.sort_unstable_by_key(|v| (v.gi, v.page));
     // Clean pages need no write: their slot still holds them. They leave the region as dirty
@@ -148,6 +148,7 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize,
     // on the region itself would send a REMOVE event (see `events`). Runs of consecutive
     // pages with consecutive slots move with one call.
     let mut dropped = 0;
+    let mut refused = 0;
     let mut i = 0;
     while i < victims.len() {
         if !victims[i].pte.clean() {
@@ -185,6 +186,7 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize,
         }
         if done < j - i {
             p.stats.inc(Counter::MoveRefused);
+            refused += j - i - done;
         }
         uncharge(p, done);
         p.clean_pages.fetch_sub(done, Ordering::Relaxed);
@@ -195,7 +197,7 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize,
     p.stats.add(Counter::SwpoutClean, dropped as u64);
     victims.retain(|v| !v.pte.clean());
     if victims.is_empty() {
-        return (dropped, dropped);
+        return Shrunk { moved: dropped, uncharged: dropped, refused };
     }
     let n = victims.len();
     let mut entries = [SwapEntry::new(0, 0); BATCH];
@@ -282,6 +284,7 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize,
                     region.store(v.page, v.pte.unbusy());
                     p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
                     p.stats.inc(Counter::MoveRefused);
+                    refused += 1;
                 }
                 k += 1;
             }
@@ -290,7 +293,21 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> (usize,
     }
     p.stats.add(if direct { Counter::PgstealDirect } else { Counter::PgstealBackground }, moved);
     p.devices.free_now(&mut to_free);
-    (moved as usize + dropped, uncharged + dropped)
+    Shrunk { moved: moved as usize + dropped, uncharged: uncharged + dropped, refused }
+}
+
+/// What `shrink_active` did with its victims.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Shrunk {
+    /// Pages that left their region (into the swap cache, or dropped clean or zero).
+    pub moved: usize,
+    /// Of those, pages uncharged at once (clean or zero).
+    pub uncharged: usize,
+    /// Pages the kernel refused to move for a reason waiting does not cure: shared with
+    /// a fork child (copy-on-write), pinned, or protected differently from the staging
+    /// area (`mprotect`). Pages found unmapped (`ENOENT`, an event settles them) are not
+    /// counted.
+    pub refused: usize,
 }
 
 /// Writes back up to `nr` of the oldest staged pages. Returns the pages uncharged.
