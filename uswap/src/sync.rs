@@ -27,7 +27,9 @@
 //!    system calls and device I/O.
 //! 2. **Async-readahead context lock** (`async_readahead::Context::io`, a [`SpinLock`]):
 //!    held while starting, waiting for and mapping from a context's reads, and across
-//!    `SwapDevices::free` of the pages it maps (which takes 5). Never two at once. Taken
+//!    `SwapDevices::free` of the pages it maps (which takes 5, and 4 too: the per-CPU free
+//!    batch it may flush holds slots of any device, a compressed pool's among them, whose
+//!    `invalidate` takes that pool's locks). Never two at once. Taken
 //!    with `lock` only by a fault that owns its page (1) and wants that context's data, and
 //!    with "try" by the starter; its holder only try-locks pages. **Exception to the no
 //!    system call rule**: held across the context's reads (io_uring, ~250 µs on a file
@@ -48,6 +50,17 @@
 //!    (`mapping::registry`, `Pager::map` and a region's drop; released before anything
 //!    else is taken) and the pager's thread list (build and drop).
 //!
+//! **The order is asserted.** Every [`SpinLock`] has a [`LockClass`], one per lock of levels
+//! 2 to 5 in the order listed (async-readahead context, file-device ring, size class, arena,
+//! per-CPU free batch, per-CPU cluster, cluster, device list). Each thread keeps a count of
+//! the locks it holds per class; [`SpinLock::lock`] panics, in release builds too, with
+//! "uswap invariant: lock order: taking X while holding Y" if the thread holds a lock of the
+//! same class or a later one, since waiting there is how a deadlock starts. `try_lock` never
+//! waits and so may take any class ("try" above); it is counted like a held lock. Levels 0,
+//! 1 and 6 are not `SpinLock`s and are not checked. The unit tests in this module check the
+//! check; every other test of the crate runs with it on, so `cargo test -p uswap` passing is
+//! the evidence that the engine keeps this order on the paths those tests take.
+//!
 //! Under every [`SpinLock`]: no allocation, no blocking on anything but a lower lock, and no
 //! system call except the two exceptions above (and `sched_yield` while *waiting*, see
 //! [`Relax`]). In signal mode a fault taken by a thread that holds any [`SpinLock`] takes
@@ -55,10 +68,14 @@
 //! application that hold busy bits or locks block its asynchronous signals
 //! (`uffd::AsyncSignalsBlocked`), so no signal handler runs, and faults, on top of them.
 //!
-//! The lock-depth counter: a signal handler of the application (say SIGALRM) may touch
+//! The per-thread count: a signal handler of the application (say SIGALRM) may touch
 //! managed memory while its thread is inside an engine call that holds a spin lock. The
 //! nested SIGBUS must then not take any engine lock, or the thread would wait on itself.
-//! [`locks_held_by_this_thread`] tells the fault path to take its lock-free route.
+//! [`locks_held_by_this_thread`] (the sum of the per-class counts) tells the fault path to
+//! take its lock-free route. A lock is counted from before its wait until after its release,
+//! so a signal arriving while the thread waits for a lock, or just after it let one go, sees
+//! it as held. A handler taking the ordinary route starts from a count of zero and leaves it
+//! there, so the check never sees an interrupted thread's locks from inside a handler.
 //!
 //! Pools of pre-allocated objects (bounce buffers, the compressed pool's workspaces and
 //! zstd contexts) lend them without a lock: [`pop_spinning`] takes one from a lock-free
