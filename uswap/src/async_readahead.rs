@@ -48,7 +48,7 @@ use crate::readahead::{Window, MAX_WINDOW_PAGES};
 use crate::region::{PageRef, PageState, RegionInner, RegionSet};
 use crate::stats::Counter;
 use crate::swap::SwapEntry;
-use crate::sync::SpinLock;
+use crate::sync::{LockClass, SpinLock};
 
 /// Contexts (readers) per device with asynchronous readahead.
 pub const CONTEXTS_PER_DEVICE: usize = 8;
@@ -140,12 +140,15 @@ impl AsyncReadahead {
                     let n = r.capacity_pages().min(window_pages);
                     contexts.push(Context {
                         device,
-                        io: SpinLock::new(ContextIo {
-                            reader: r,
-                            runs: ArrayVec::new(),
-                            results: (0..n).map(|_| Ok(())).collect(),
-                            waited: true,
-                        }),
+                        io: SpinLock::new(
+                            LockClass::AsyncReadaheadContext,
+                            ContextIo {
+                                reader: r,
+                                runs: ArrayVec::new(),
+                                results: (0..n).map(|_| Ok(())).collect(),
+                                waited: true,
+                            },
+                        ),
                         owner: (0..n).map(|_| AtomicU64::new(0)).collect(),
                         entry: (0..n).map(|_| AtomicU64::new(0)).collect(),
                     });

@@ -27,7 +27,9 @@
 //!    system calls and device I/O.
 //! 2. **Async-readahead context lock** (`async_readahead::Context::io`, a [`SpinLock`]):
 //!    held while starting, waiting for and mapping from a context's reads, and across
-//!    `SwapDevices::free` of the pages it maps (which takes 5). Never two at once. Taken
+//!    `SwapDevices::free` of the pages it maps (which takes 5, and 4 too: the per-CPU free
+//!    batch it may flush holds slots of any device, a compressed pool's among them, whose
+//!    `invalidate` takes that pool's locks). Never two at once. Taken
 //!    with `lock` only by a fault that owns its page (1) and wants that context's data, and
 //!    with "try" by the starter; its holder only try-locks pages. **Exception to the no
 //!    system call rule**: held across the context's reads (io_uring, ~250 µs on a file
@@ -48,6 +50,17 @@
 //!    (`mapping::registry`, `Pager::map` and a region's drop; released before anything
 //!    else is taken) and the pager's thread list (build and drop).
 //!
+//! **The order is asserted.** Every [`SpinLock`] has a [`LockClass`], one per lock of levels
+//! 2 to 5 in the order listed (async-readahead context, file-device ring, size class, arena,
+//! per-CPU free batch, per-CPU cluster, cluster, device list). Each thread keeps a count of
+//! the locks it holds per class; [`SpinLock::lock`] panics, in release builds too, with
+//! "uswap invariant: lock order: taking X while holding Y" if the thread holds a lock of the
+//! same class or a later one, since waiting there is how a deadlock starts. `try_lock` never
+//! waits and so may take any class ("try" above); it is counted like a held lock. Levels 0,
+//! 1 and 6 are not `SpinLock`s and are not checked. The unit tests in this module check the
+//! check; every other test of the crate runs with it on, so `cargo test -p uswap` passing is
+//! the evidence that the engine keeps this order on the paths those tests take.
+//!
 //! Under every [`SpinLock`]: no allocation, no blocking on anything but a lower lock, and no
 //! system call except the two exceptions above (and `sched_yield` while *waiting*, see
 //! [`Relax`]). In signal mode a fault taken by a thread that holds any [`SpinLock`] takes
@@ -55,30 +68,113 @@
 //! application that hold busy bits or locks block its asynchronous signals
 //! (`uffd::AsyncSignalsBlocked`), so no signal handler runs, and faults, on top of them.
 //!
-//! The lock-depth counter: a signal handler of the application (say SIGALRM) may touch
+//! The per-thread count: a signal handler of the application (say SIGALRM) may touch
 //! managed memory while its thread is inside an engine call that holds a spin lock. The
 //! nested SIGBUS must then not take any engine lock, or the thread would wait on itself.
-//! [`locks_held_by_this_thread`] tells the fault path to take its lock-free route.
+//! [`locks_held_by_this_thread`] (the sum of the per-class counts) tells the fault path to
+//! take its lock-free route. A lock is counted from before its wait until after its release,
+//! so a signal arriving while the thread waits for a lock, or just after it let one go, sees
+//! it as held. A handler taking the ordinary route starts from a count of zero and leaves it
+//! there, so the check never sees an interrupted thread's locks from inside a handler.
 //!
 //! Pools of pre-allocated objects (bounce buffers, the compressed pool's workspaces and
 //! zstd contexts) lend them without a lock: [`pop_spinning`] takes one from a lock-free
 //! queue, spinning with backoff while all are lent out, and the borrower pushes it back.
 
 use std::cell::Cell;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::Backoff;
 
+/// The class of a [`SpinLock`]: its place in the lock hierarchy above (levels 2 to 5),
+/// outermost first. A thread may `lock` only a class later than every class it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum LockClass {
+    /// 2: `async_readahead::Context::io`.
+    AsyncReadaheadContext = 0,
+    /// 3: one io_uring of a file device (`backend::file`); only ever try-locked.
+    FileRing,
+    /// 4: a compressed pool's size class (`backend::zpool`).
+    ZpoolSizeClass,
+    /// 4: a compressed pool's arena of free chunks (`backend::zpool`).
+    ZpoolArena,
+    /// 5: a per-CPU batch of slots waiting to be freed (`swap::SwapDevices`).
+    SwapFreeBatch,
+    /// 5: a CPU's current cluster (`swap::cluster_allocator`).
+    SwapPerCpuCluster,
+    /// 5: one cluster's allocation bitmap (`swap::cluster_allocator`).
+    SwapCluster,
+    /// 5: a device's cluster lists (`swap::cluster_allocator`).
+    SwapDeviceLists,
+}
+
+/// Bits per class in the per-thread count of locks held: a thread may hold up to 255 locks
+/// of one class (only `try_lock` takes a second one of a class).
+const CLASS_BITS: u32 = 8;
+const CLASS_MASK: u64 = (1 << CLASS_BITS) - 1;
+const _: () = assert!((LockClass::SwapDeviceLists as u32 + 1) * CLASS_BITS <= u64::BITS);
+
+impl LockClass {
+    const ALL: [LockClass; 8] = [
+        LockClass::AsyncReadaheadContext,
+        LockClass::FileRing,
+        LockClass::ZpoolSizeClass,
+        LockClass::ZpoolArena,
+        LockClass::SwapFreeBatch,
+        LockClass::SwapPerCpuCluster,
+        LockClass::SwapCluster,
+        LockClass::SwapDeviceLists,
+    ];
+
+    /// The name the lock hierarchy above gives it, for the violation message.
+    pub const fn name(self) -> &'static str {
+        match self {
+            LockClass::AsyncReadaheadContext => "the async-readahead context lock",
+            LockClass::FileRing => "a file-device ring lock",
+            LockClass::ZpoolSizeClass => "a compressed-pool size class lock",
+            LockClass::ZpoolArena => "the compressed-pool arena lock",
+            LockClass::SwapFreeBatch => "a swap-slot per-CPU free batch lock",
+            LockClass::SwapPerCpuCluster => "a per-CPU cluster lock",
+            LockClass::SwapCluster => "a cluster lock",
+            LockClass::SwapDeviceLists => "a device list lock",
+        }
+    }
+
+    /// What one lock of this class adds to the per-thread count ([`HELD`]).
+    const fn unit(self) -> u64 {
+        1 << (self as u32 * CLASS_BITS)
+    }
+
+    /// The latest class with a lock in `held` (a non-zero count), for the violation message.
+    fn latest_held(held: u64) -> LockClass {
+        let mut latest = LockClass::AsyncReadaheadContext;
+        for c in LockClass::ALL {
+            if held & (CLASS_MASK * c.unit()) != 0 {
+                latest = c;
+            }
+        }
+        latest
+    }
+}
+
 thread_local! {
-    // const-initialised and without a destructor: plain TLS slots, no lazy registration.
-    static LOCK_DEPTH: Cell<u32> = const { Cell::new(0) };
+    // const-initialised and without a destructor: plain TLS slots, no lazy registration, so a
+    // SIGBUS handler may use them.
+    //
+    // HELD: the calling thread's count of SpinLocks held (or being waited for) per class,
+    // CLASS_BITS bits per class, class 0 in the lowest bits, so "a lock of this class or a
+    // later one" is one mask.
+    static HELD: Cell<u64> = const { Cell::new(0) };
     static SPINS: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Number of [`SpinLock`]s the calling thread holds right now.
+/// Number of [`SpinLock`]s the calling thread holds right now (or is waiting for in
+/// [`SpinLock::lock`]: a signal arriving while it waits must not take engine locks either).
 pub fn locks_held_by_this_thread() -> u32 {
-    LOCK_DEPTH.with(|d| d.get())
+    HELD.with(|h| h.get().to_le_bytes().iter().map(|&n| n as u32).sum())
 }
 
 /// Spin with a pause instruction; every 64th round give the CPU away (`sched_yield`, which
@@ -117,31 +213,69 @@ pub fn pop_spinning<T>(pool: &ArrayQueue<T>) -> T {
     }
 }
 
-/// A spin lock that keeps the per-thread lock depth.
-pub struct SpinLock<T>(spin::mutex::SpinMutex<T, Relax>);
+/// A spin lock of a [`LockClass`] that keeps the per-thread count of locks held and asserts
+/// the lock hierarchy on every blocking [`lock`](SpinLock::lock).
+pub struct SpinLock<T> {
+    lock: spin::mutex::SpinMutex<T, Relax>,
+    class: LockClass,
+}
 
 impl<T> SpinLock<T> {
-    pub const fn new(value: T) -> Self {
-        SpinLock(spin::mutex::SpinMutex::new(value))
+    pub const fn new(class: LockClass, value: T) -> Self {
+        SpinLock { lock: spin::mutex::SpinMutex::new(value), class }
     }
 
+    /// Waits for the lock. Panics (in release builds too) if this thread holds a lock of the
+    /// same class or a later one: waiting there could deadlock, the hierarchy forbids it.
     pub fn lock(&self) -> SpinGuard<'_, T> {
-        let g = self.0.lock();
-        LOCK_DEPTH.with(|d| d.set(d.get() + 1));
-        SpinGuard { guard: Some(g) }
+        let unit = self.class.unit();
+        HELD.with(|h| {
+            let held = h.get();
+            // `unit.wrapping_neg()` is every bit from this class's up: this class and later.
+            assert!(
+                held & unit.wrapping_neg() == 0,
+                "uswap invariant: lock order: taking {} while holding {}; see sync.rs's lock hierarchy",
+                self.class.name(),
+                LockClass::latest_held(held).name()
+            );
+            // Counted before waiting: a signal arriving during the wait takes the lock-free
+            // route as if the lock were held.
+            h.set(held + unit);
+        });
+        SpinGuard { guard: Some(self.lock.lock()), unit, _same_thread: PhantomData }
     }
 
+    /// Takes the lock if it is free, never waiting, so any class may be tried whatever the
+    /// thread holds (the hierarchy's "try"); the hold counts like a [`lock`](SpinLock::lock).
     pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
-        let g = self.0.try_lock()?;
-        LOCK_DEPTH.with(|d| d.set(d.get() + 1));
-        Some(SpinGuard { guard: Some(g) })
+        let unit = self.class.unit();
+        HELD.with(|h| {
+            let held = h.get();
+            assert!(
+                held & (CLASS_MASK * unit) != CLASS_MASK * unit,
+                "uswap invariant: lock order: more than {CLASS_MASK} of {} held by one thread",
+                self.class.name()
+            );
+            h.set(held + unit);
+        });
+        match self.lock.try_lock() {
+            Some(g) => Some(SpinGuard { guard: Some(g), unit, _same_thread: PhantomData }),
+            None => {
+                HELD.with(|h| h.set(h.get() - unit));
+                None
+            }
+        }
     }
 }
 
 pub struct SpinGuard<'a, T> {
-    // An Option only so that Drop can release the lock *before* lowering the depth: a signal
+    // An Option only so that Drop can release the lock *before* lowering the count: a signal
     // arriving in between must still see the lock as held by this thread.
     guard: Option<spin::mutex::SpinMutexGuard<'a, T>>,
+    // What the lock added to HELD (its class's unit).
+    unit: u64,
+    // Not Send: dropped on another thread, it would lower that thread's count.
+    _same_thread: PhantomData<*const ()>,
 }
 
 impl<T> Deref for SpinGuard<'_, T> {
@@ -160,7 +294,7 @@ impl<T> DerefMut for SpinGuard<'_, T> {
 impl<T> Drop for SpinGuard<'_, T> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        LOCK_DEPTH.with(|d| d.set(d.get() - 1));
+        HELD.with(|h| h.set(h.get() - self.unit));
     }
 }
 
@@ -171,18 +305,19 @@ mod tests {
 
     #[test]
     fn counts_nested_locks_and_excludes_other_threads() {
-        let a = SpinLock::new(0u32);
-        let b = SpinLock::new(0u32);
+        let a = SpinLock::new(LockClass::SwapPerCpuCluster, 0u32);
+        let b = SpinLock::new(LockClass::SwapCluster, 0u32);
         assert_eq!(locks_held_by_this_thread(), 0);
         {
             let _ga = a.lock();
             let _gb = b.lock();
             assert_eq!(locks_held_by_this_thread(), 2);
             assert!(a.try_lock().is_none());
+            assert_eq!(locks_held_by_this_thread(), 2, "a failed try_lock left a count behind");
         }
         assert_eq!(locks_held_by_this_thread(), 0);
 
-        let counter = Arc::new(SpinLock::new(0u64));
+        let counter = Arc::new(SpinLock::new(LockClass::SwapDeviceLists, 0u64));
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 let c = counter.clone();
@@ -190,13 +325,109 @@ mod tests {
                     for _ in 0..10_000 {
                         *c.lock() += 1;
                     }
+                    locks_held_by_this_thread()
                 })
             })
             .collect();
         for t in threads {
-            t.join().unwrap();
+            assert_eq!(t.join().unwrap(), 0);
         }
         assert_eq!(*counter.lock(), 40_000);
+    }
+
+    #[test]
+    fn every_class_taken_in_hierarchy_order_nests() {
+        let locks: Vec<SpinLock<u8>> = LockClass::ALL.iter().map(|&c| SpinLock::new(c, c as u8)).collect();
+        assert!(LockClass::ALL.windows(2).all(|w| w[0] < w[1]), "LockClass::ALL out of order");
+        let mut guards = Vec::new();
+        for (i, l) in locks.iter().enumerate() {
+            let g = l.lock();
+            assert_eq!(*g, i as u8);
+            guards.push(g);
+            assert_eq!(locks_held_by_this_thread(), i as u32 + 1);
+        }
+        assert_eq!(HELD.with(|h| h.get()), 0x0101_0101_0101_0101, "one lock of each class");
+        // Released in any order (not only innermost first), the counts stay exact.
+        guards.swap(0, 5);
+        while let Some(g) = guards.pop() {
+            drop(g);
+            assert_eq!(locks_held_by_this_thread(), guards.len() as u32);
+        }
+        assert_eq!(HELD.with(|h| h.get()), 0);
+        // And after a release, an earlier class may be waited for again.
+        let _g = locks[7].lock();
+        drop(_g);
+        let _g0 = locks[0].lock();
+    }
+
+    #[test]
+    #[should_panic(
+        expected = "uswap invariant: lock order: taking a per-CPU cluster lock while holding a cluster lock; see sync.rs's lock hierarchy"
+    )]
+    fn waiting_for_an_earlier_class_while_holding_a_later_one_panics() {
+        let percpu = SpinLock::new(LockClass::SwapPerCpuCluster, ());
+        let cluster = SpinLock::new(LockClass::SwapCluster, ());
+        let _c = cluster.lock();
+        // Free, so without the check this would not even wait: the order alone is the bug.
+        let _p = percpu.lock();
+    }
+
+    #[test]
+    #[should_panic(
+        expected = "uswap invariant: lock order: taking a compressed-pool size class lock while holding a compressed-pool size class lock; see sync.rs's lock hierarchy"
+    )]
+    fn waiting_for_a_second_lock_of_a_held_class_panics() {
+        let a = SpinLock::new(LockClass::ZpoolSizeClass, ());
+        let b = SpinLock::new(LockClass::ZpoolSizeClass, ());
+        let _a = a.lock();
+        let _b = b.lock();
+    }
+
+    #[test]
+    fn try_lock_takes_any_class_and_counts_it() {
+        let own = SpinLock::new(LockClass::SwapPerCpuCluster, 1u32);
+        let others: Vec<_> = (2..5u32).map(|v| SpinLock::new(LockClass::SwapPerCpuCluster, v)).collect();
+        let lists = SpinLock::new(LockClass::SwapDeviceLists, 9u32);
+        let ring = SpinLock::new(LockClass::FileRing, 0u32);
+        let _own = own.lock();
+        let _lists = lists.lock();
+        // Same class and earlier classes are tried, never waited for: allowed.
+        let tried: Vec<_> = others.iter().map(|l| l.try_lock().expect("free lock")).collect();
+        assert_eq!(tried.iter().map(|g| **g).sum::<u32>(), 2 + 3 + 4);
+        let _ring = ring.try_lock().expect("free lock");
+        assert_eq!(locks_held_by_this_thread(), 6);
+        let held = HELD.with(|h| h.get());
+        assert_eq!((held / LockClass::SwapPerCpuCluster.unit()) & CLASS_MASK, 4);
+        assert_eq!((held / LockClass::FileRing.unit()) & CLASS_MASK, 1);
+        // A held one fails and counts nothing.
+        assert!(others[0].try_lock().is_none());
+        assert_eq!(locks_held_by_this_thread(), 6);
+        drop(tried);
+        assert_eq!(locks_held_by_this_thread(), 3);
+    }
+
+    #[test]
+    fn another_thread_holding_the_lock_is_waited_for() {
+        // The count is per thread: a lock of a class this thread does not hold is waited for
+        // while another thread holds it.
+        let l = Arc::new(SpinLock::new(LockClass::SwapCluster, 0u32));
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                let mut g = l.lock();
+                held_tx.send(()).unwrap();
+                release_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("never told to release");
+                *g = 7;
+            })
+        };
+        held_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("holder stuck taking a free lock");
+        assert_eq!(locks_held_by_this_thread(), 0);
+        release_tx.send(()).unwrap();
+        assert_eq!(*l.lock(), 7);
+        holder.join().unwrap();
+        assert_eq!(locks_held_by_this_thread(), 0);
     }
 
     #[test]

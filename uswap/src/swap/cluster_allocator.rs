@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::SpinLock;
+use crate::sync::{LockClass, SpinLock};
 
 /// Slots per cluster (`SWAPFILE_CLUSTER`).
 pub const SWAPFILE_CLUSTER: usize = 512;
@@ -204,7 +204,12 @@ impl ClusterAllocator {
         assert!(nr_clusters > 0 && nr_clusters < NIL);
         let nr_cpus = nr_cpus.max(1);
         let clusters = (0..nr_clusters)
-            .map(|_| CachePadded::new(SpinLock::new(Cluster { count: 0, map: [0; MAP_WORDS], next: 0 })))
+            .map(|_| {
+                CachePadded::new(SpinLock::new(
+                    LockClass::SwapCluster,
+                    Cluster { count: 0, map: [0; MAP_WORDS], next: 0 },
+                ))
+            })
             .collect();
         let mut lists = ClusterLists {
             nodes: vec![Node { prev: NIL, next: NIL, list: ListId::Off }; nr_clusters as usize],
@@ -225,8 +230,11 @@ impl ClusterAllocator {
         ClusterAllocator {
             nr_clusters,
             clusters,
-            lists: SpinLock::new(lists),
-            percpu: owned.into_iter().map(|o| CachePadded::new(SpinLock::new(o))).collect(),
+            lists: SpinLock::new(LockClass::SwapDeviceLists, lists),
+            percpu: owned
+                .into_iter()
+                .map(|o| CachePadded::new(SpinLock::new(LockClass::SwapPerCpuCluster, o)))
+                .collect(),
             inuse_slots: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
         }

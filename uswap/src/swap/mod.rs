@@ -43,7 +43,7 @@ pub use swap_table::SwapTable;
 use crate::backend::Backend;
 use crate::mapping::{current_cpu, AtomicTable, MapOptions, Mapping};
 use crate::readahead::FaultStreams;
-use crate::sync::SpinLock;
+use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
 
 /// Frees collected per CPU before the allocator is touched.
@@ -195,7 +195,12 @@ impl SwapDevices {
             devices,
             groups,
             free_batches: (0..nr_cpus.max(1))
-                .map(|_| CachePadded::new(SpinLock::new(FreeBatch { len: 0, entries: [0; FREE_BATCH] })))
+                .map(|_| {
+                    CachePadded::new(SpinLock::new(
+                        LockClass::SwapFreeBatch,
+                        FreeBatch { len: 0, entries: [0; FREE_BATCH] },
+                    ))
+                })
                 .collect(),
             deferred: ArrayQueue::new(DEFERRED_FREES),
             deferred_overflow: AtomicU64::new(0),

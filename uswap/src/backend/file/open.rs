@@ -54,7 +54,7 @@ use super::ring::new_ring;
 use super::{Counters, FileBackend, FileDeviceError, Kind};
 use crate::mapping::nr_cpus_configured;
 use crate::swap::SWAPFILE_CLUSTER;
-use crate::sync::SpinLock;
+use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
 
 /// Bytes in one cluster: the smallest capacity, and the unit capacities are rounded down to.
@@ -393,7 +393,7 @@ impl FileBackend {
         let mut ring_error = None;
         for _ in 0..options.rings {
             match new_ring(file.as_raw_fd(), options.queue_depth) {
-                Ok(r) => rings.push(CachePadded::new(SpinLock::new(r))),
+                Ok(r) => rings.push(CachePadded::new(SpinLock::new(LockClass::FileRing, r))),
                 Err(e) => {
                     // io_uring disabled (sysctl kernel.io_uring_disabled, seccomp) or out of
                     // locked memory: serve everything with system calls; say why on request.

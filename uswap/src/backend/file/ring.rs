@@ -531,7 +531,7 @@ mod tests {
     use super::*;
     use crate::backend::file::{FileOptions, FileStats};
     use crate::backend::{AlignedPage, Backend};
-    use crate::sync::SpinLock;
+    use crate::sync::{LockClass, SpinLock};
     use arrayvec::ArrayVec;
     use std::fs;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -711,7 +711,7 @@ mod tests {
 
         // This thread holds an engine lock (as if a signal interrupted engine code): the
         // ring is free, but it must not be used.
-        let engine_lock = SpinLock::new(());
+        let engine_lock = SpinLock::new(LockClass::AsyncReadaheadContext, ());
         let g = engine_lock.lock();
         read_and_verify(&b, &runs, &[1, 2, 3]);
         drop(g);
@@ -731,7 +731,7 @@ mod tests {
         let src = staging(b.nr_slots());
         stage(&src, 0, 64, 7);
         let mut buf = zero_pages(64);
-        let engine_lock = SpinLock::new(());
+        let engine_lock = SpinLock::new(LockClass::AsyncReadaheadContext, ());
         let (held, release) = (Arc::new(Barrier::new(2)), Arc::new(AtomicBool::new(false)));
 
         // Everything below runs once to warm up (the ring's first use, lazily initialised

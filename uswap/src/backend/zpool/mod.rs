@@ -30,7 +30,7 @@ use crossbeam_queue::ArrayQueue;
 
 use super::{Backend, BackendError, BackendStats, ReadReq, RejectReason, WriteReq};
 use crate::mapping::{nr_cpus_configured, AtomicTable, MapOptions, Mapping};
-use crate::sync::SpinLock;
+use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
 use allocator::{
     class_of, entry, entry_chunk, entry_kind, entry_len, entry_obj, meta, meta_class, meta_inuse, meta_next_unused,
@@ -181,8 +181,10 @@ impl ZpoolBackend {
             nr_chunks: nr_chunks as u32,
             chunk_meta: (0..nr_chunks).map(|_| AtomicU64::new(meta(NO_CLASS, 0, NO_OBJ, 0))).collect(),
             chunk_links: (0..nr_chunks).map(|_| AtomicU64::new(u64::MAX)).collect(),
-            classes: (0..NR_CLASSES).map(|_| SpinLock::new(ClassState { partial_head: NIL })).collect(),
-            free_chunks: SpinLock::new(ArenaState { free_head: NIL, next_fresh: 0 }),
+            classes: (0..NR_CLASSES)
+                .map(|_| SpinLock::new(LockClass::ZpoolSizeClass, ClassState { partial_head: NIL }))
+                .collect(),
+            free_chunks: SpinLock::new(LockClass::ZpoolArena, ArenaState { free_head: NIL, next_fresh: 0 }),
             scratch: {
                 let q = ArrayQueue::new(nr_ctx);
                 for _ in 0..nr_ctx {
