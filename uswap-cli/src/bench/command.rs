@@ -444,8 +444,12 @@ pub fn run(args: &BenchArgs, command: &str, sitting: &mut Sitting) -> Result<Vec
             let label = format!("{} {}/{}", engine.name, r + 1, args.runs);
             let mut attempts = 0;
             let run = loop {
+                let tlb_before = super::kernel::interrupts::tlb_shootdowns();
                 match run_engine(&plan, engine, sitting) {
-                    Ok(run) => break run,
+                    Ok(mut run) => {
+                        super::kernel::interrupts::record_since(&mut run.stats, tlb_before);
+                        break run;
+                    }
                     Err(BenchError::OomKilled { .. }) if attempts < args.oom_retries => {
                         attempts += 1;
                         eprintln!("{label}: the kernel's OOM killer ended the program; running it again");
@@ -549,7 +553,7 @@ pub fn table(results: &[CommandResult]) -> Table {
     if baseline.is_some() {
         cols.push((format!("×{bname}"), true));
     }
-    for c in ["majflt", "pswpout", "RSS peak", "charged peak"] {
+    for c in ["majflt", "pswpout", "TLB/majflt", "RSS peak", "charged peak"] {
         cols.push((c.into(), true));
     }
     let rows = results
@@ -562,6 +566,7 @@ pub fn table(results: &[CommandResult]) -> Table {
             }
             row.push(opt_count(r.pgmajfault));
             row.push(opt_count(r.pswpout));
+            row.push(super::kernel::interrupts::per_major_fault(&r.stats).map_or("-".into(), |x| format!("{x:.2}")));
             row.push(mib(r.rss_peak_bytes));
             row.push(r.charged_peak_bytes.map_or("-".into(), mib));
             row
@@ -585,6 +590,7 @@ pub fn print(args: &BenchArgs, results: &[CommandResult]) {
         Some(b) => println!("×: {b}'s wall time / the engine's (above 1: faster than {b})"),
         None => println!("(no ratios: add kernel-zram to --engines, or give --baseline)"),
     }
+    println!("TLB/majflt: TLB shootdowns (/proc/interrupts, machine-wide) per major fault of the median run");
     println!("output: the same {} bytes under every engine and run", first.stdout_bytes);
     for r in results.iter().filter(|r| r.oom_kills > 0) {
         println!("note: {}: the kernel's OOM killer ended {} attempt(s), run again", r.engine, r.oom_kills);

@@ -523,8 +523,12 @@ pub fn run(args: &BenchArgs, sitting: &mut Sitting) -> Result<Vec<EngineResult>,
             let mut oom_kills = 0;
             let mut run = loop {
                 let progress = Progress::default();
+                let tlb_before = kernel::interrupts::tlb_shootdowns();
                 match bar.follow(&label, &progress, || run_engine(args, engine, sitting, &progress)) {
-                    Ok(run) => break run,
+                    Ok(mut run) => {
+                        kernel::interrupts::record_since(&mut run.stats, tlb_before);
+                        break run;
+                    }
                     Err(BenchError::OomKilled { .. }) if oom_kills < args.oom_retries => {
                         oom_kills += 1;
                         bar.println(&format!("{label}: the kernel's OOM killer ended the workload; running it again"));
@@ -583,8 +587,14 @@ fn counters_line(r: &EngineResult) -> String {
         "pgsteal_kswapd",
         "allocstall",
     ];
-    let parts: Vec<String> =
+    let mut parts: Vec<String> =
         KEYS.iter().filter_map(|k| r.stats.get(*k).and_then(|v| v.as_u64()).map(|v| format!("{k} {v}"))).collect();
+    if let Some(tlb) = r.stats.get("tlb_shootdowns").and_then(|v| v.as_u64()) {
+        parts.push(format!("tlb_shootdowns {tlb}"));
+    }
+    if let Some(x) = kernel::interrupts::per_major_fault(&r.stats) {
+        parts.push(format!("tlb_shootdowns/pgmajfault {x:.2}"));
+    }
     format!("  {}: {}", r.engine, if parts.is_empty() { "-".into() } else { parts.join(", ") })
 }
 

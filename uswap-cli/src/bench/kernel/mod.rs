@@ -6,6 +6,7 @@
 //! file; the next run cleans up after it.
 
 pub mod cgroup;
+pub mod interrupts;
 pub mod lock;
 pub mod swapdev;
 pub mod vmstat;
