@@ -396,6 +396,27 @@ fn bench_command_reports_output_that_differs_between_engines() {
     assert!(all.is_empty(), "no results written for a run that failed: {all:?}");
 }
 
+/// An engine under which the program fails is reported and left out; the others are still
+/// compared, and the exit status (2) says that one failed.
+#[test]
+fn bench_command_goes_on_without_an_engine_whose_program_fails() {
+    let dir = tmpdir("bench-goon");
+    let cmd = r#"sh -c '[ "$USWAP_FAULT_MODE" = signal ] && { echo failing on purpose >&2; exit 9; }; echo same'"#;
+    let (out, json) =
+        bench_command(&["--command", cmd, "--engines", "ram,uswap-signal,uswap-thread", "--runs", "2"], &dir);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("ram ") || l.starts_with("uswap-")).collect();
+    assert_eq!(rows.len(), 2, "ram and uswap-thread in the table, not uswap-signal:\n{stdout}");
+    assert!(rows[1].starts_with("uswap-thread "), "{stdout}");
+    assert!(stdout.contains("failed, so not in the table (why: on stderr): uswap-signal"), "{stdout}");
+    assert!(stderr.contains("engine uswap-signal: the program exited with status 9"), "{stderr}");
+    assert!(stderr.contains("failing on purpose"), "its last words: {stderr}");
+    assert_eq!(stderr.matches("uswap-signal 2/2").count(), 0, "a failed engine is not run again: {stderr}");
+    let engines: Vec<&str> = json.iter().filter_map(|r| r["engine"].as_str()).collect();
+    assert_eq!(engines, ["ram", "uswap-thread"], "--json has the engines that ran");
+}
+
 #[test]
 fn bench_command_refuses_what_it_cannot_run() {
     let dir = tmpdir("bench-refuse");

@@ -421,8 +421,16 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
     }
 }
 
-/// Runs every engine `--runs` times, interleaved, checking the outputs agree.
-pub fn run(args: &BenchArgs, command: &str, sitting: &mut Sitting) -> Result<Vec<CommandResult>, BenchError> {
+/// Runs every engine `--runs` times, interleaved, checking the outputs agree. An engine
+/// under which the program fails (a non-zero exit, a signal) is dropped from later runs and
+/// its error returned beside the others' results, so one failing engine (signal mode's
+/// `EFAULT` on a buffered write, say) does not hide the comparison of the rest; only when
+/// every engine failed is the run an error.
+pub fn run(
+    args: &BenchArgs,
+    command: &str,
+    sitting: &mut Sitting,
+) -> Result<(Vec<CommandResult>, Vec<BenchError>), BenchError> {
     let argv = parse_command(command)?;
     let engines = engines_of(args)?;
     let path = validate(args, &engines, &argv)?;
@@ -436,10 +444,14 @@ pub fn run(args: &BenchArgs, command: &str, sitting: &mut Sitting) -> Result<Vec
     let mut runs: Vec<Vec<CommandRun>> = vec![vec![]; engines.len()];
     let mut oom_kills = vec![0u64; engines.len()];
     let mut reference: Option<(String, Digest)> = None;
+    let mut failed: Vec<Option<BenchError>> = engines.iter().map(|_| None).collect();
     for r in 0..args.runs {
         for (e, engine) in engines.iter().enumerate() {
             if interrupt::interrupted() {
                 return Err(BenchError::Interrupted);
+            }
+            if failed[e].is_some() {
+                continue;
             }
             let label = format!("{} {}/{}", engine.name, r + 1, args.runs);
             let mut attempts = 0;
@@ -468,11 +480,14 @@ pub fn run(args: &BenchArgs, command: &str, sitting: &mut Sitting) -> Result<Vec
                 } else {
                     format!("; its last words:\n{}", o.stderr_tail)
                 };
-                return Err(BenchError::ProgramFailed {
+                let err = BenchError::ProgramFailed {
                     engine: engine.name.clone(),
                     status: super::worker::describe(o.status),
                     stderr,
-                });
+                };
+                eprintln!("{label}: {err}\n{label}: going on without {}", engine.name);
+                failed[e] = Some(err);
+                continue;
             }
             match &reference {
                 None => reference = Some((label.clone(), o.stdout.clone())),
@@ -494,16 +509,26 @@ pub fn run(args: &BenchArgs, command: &str, sitting: &mut Sitting) -> Result<Vec
             runs[e].push(run);
         }
     }
+    let failures: Vec<BenchError> = failed.into_iter().flatten().collect();
+    if failures.len() == engines.len() {
+        // Every engine failed: nothing to compare. The first engine's error says why.
+        return Err(failures.into_iter().next().expect("at least one engine"));
+    }
     let baseline = baseline_of(args, &engines)?;
     let walls: Vec<Vec<f64>> = runs.iter().map(|r| r.iter().map(|x| x.outcome.wall_seconds).collect()).collect();
-    let base_wall =
-        baseline.as_ref().and_then(|b| engines.iter().position(|e| &e.name == b)).map(|i| median(&walls[i]));
+    // No ratios against a baseline engine that failed.
+    let base_wall = baseline
+        .as_ref()
+        .and_then(|b| engines.iter().position(|e| &e.name == b))
+        .filter(|&i| !walls[i].is_empty())
+        .map(|i| median(&walls[i]));
     let command: Vec<String> = plan.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-    Ok(engines
+    let results = engines
         .iter()
         .zip(runs)
         .zip(walls)
         .zip(oom_kills)
+        .filter(|((_, runs), _)| !runs.is_empty())
         .map(|(((engine, runs), walls), oom_kills)| {
             let m = &runs[median_index(&walls)];
             let wall = median(&walls);
@@ -528,7 +553,8 @@ pub fn run(args: &BenchArgs, command: &str, sitting: &mut Sitting) -> Result<Vec
                 stats: m.stats.clone(),
             }
         })
-        .collect())
+        .collect();
+    Ok((results, failures))
 }
 
 fn opt_count(v: Option<u64>) -> String {
@@ -602,14 +628,32 @@ pub fn main(args: &BenchArgs, command: &str) -> ExitCode {
     let mut sitting = Sitting::default();
     let result = run(args, command, &mut sitting);
     drop(sitting);
-    let results = match result {
+    let (results, failures) = match result {
         Ok(r) => r,
         Err(e) => return failure_exit(e),
     };
     print(args, &results);
-    match write_json(args, &results) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => failure_exit(e),
+    if let Err(e) = write_json(args, &results) {
+        return failure_exit(e);
+    }
+    // The engines that failed, after the others' table; the exit status says it (2).
+    let failed: Vec<&str> = failures
+        .iter()
+        .map(|e| match e {
+            BenchError::ProgramFailed { engine, .. } => engine.as_str(),
+            _ => "?",
+        })
+        .collect();
+    if !failed.is_empty() {
+        println!("failed, so not in the table (why: on stderr): {}", failed.join(", "));
+    }
+    for e in &failures {
+        eprintln!("uswap bench: {e}");
+    }
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
     }
 }
 
