@@ -4,7 +4,8 @@
 //! At load (an ELF constructor, before the program's `main`) it builds a [`uswap::Pager`]
 //! from the environment `uswap run` sets ([`config`]), maps one large managed region for the
 //! heap and hands it to mimalloc ([`heap`]), and starts managing the program's large
-//! anonymous `mmap`s ([`mmap`]). At exit it writes the pager's counters where `uswap run`
+//! anonymous `mmap`s ([`mmap`]); what glibc allocates for a new thread stays out of the
+//! managed heap ([`threads`]). At exit it writes the pager's counters where `uswap run`
 //! collects them ([`report`]). A process started by exec loads it again (the environment is
 //! inherited) and gets a pager of its own.
 //!
@@ -21,6 +22,7 @@ pub mod heap;
 pub mod mmap;
 pub mod real;
 pub mod report;
+pub mod threads;
 
 #[global_allocator]
 static ALLOCATOR: real::LibcAllocator = real::LibcAllocator;

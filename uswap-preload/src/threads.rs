@@ -1,0 +1,68 @@
+//! Thread creation: what the C library allocates for a new thread comes from its own malloc,
+//! never from the managed heap.
+//!
+//! Why: inside `pthread_create` the dynamic linker allocates the new thread's dynamic thread
+//! vector (DTV) with `malloc`, on the creating thread; from an application thread that is the
+//! managed heap, whose pages reclaim may move out. `__tls_get_addr` reads the DTV on every
+//! access to a shared library's thread-locals, uswap's own among them, and in signal mode it
+//! does so inside the SIGBUS handler, where a fault on a swapped-out DTV page cannot be
+//! delivered (SIGBUS is blocked in its own handler, so the kernel kills the process): a
+//! four-thread program died that way about once in ten runs (the core showed the second
+//! SIGBUS in `__tls_get_addr` under `uswap::sync`'s lock-depth thread-local). In thread mode
+//! the same fault is served, but it is a swap-in the program never asked for.
+//!
+//! So `pthread_create` runs the C library's with this thread marked as uswap's own code
+//! (`heap::Guard`): everything it allocates comes from the C library's malloc, and a later
+//! `realloc` of the DTV (a module with thread-locals loaded by `dlopen`) stays there, since
+//! `realloc` routes by address. Stacks are the C library's own mappings and never managed.
+//! Not covered: a thread-local block of a `dlopen`ed module allocated lazily by
+//! `__tls_get_addr` on the thread's first use (it is read by that module's code, which
+//! faults like any application access).
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use crate::heap;
+
+type StartRoutine = extern "C" fn(*mut c_void) -> *mut c_void;
+type PthreadCreateFn = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    Option<StartRoutine>,
+    *mut c_void,
+) -> libc::c_int;
+
+static REAL_PTHREAD_CREATE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+fn real_pthread_create() -> PthreadCreateFn {
+    let mut p = REAL_PTHREAD_CREATE.load(Ordering::Acquire);
+    if p.is_null() {
+        let _g = heap::Guard::enter();
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name: the C library's
+        // pthread_create (its default version), the next definition after this library.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) };
+        if p.is_null() {
+            crate::real::fatal(b"uswap: the C library's pthread_create was not found (dlsym RTLD_NEXT)\n");
+        }
+        REAL_PTHREAD_CREATE.store(p, Ordering::Release);
+    }
+    // SAFETY: `p` is the C library's pthread_create, of this type.
+    unsafe { std::mem::transmute::<*mut c_void, PthreadCreateFn>(p) }
+}
+
+/// `pthread_create(3)`, the C library's, with its allocations kept out of the managed heap.
+///
+/// # Safety
+/// As `pthread_create(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: Option<StartRoutine>,
+    arg: *mut c_void,
+) -> libc::c_int {
+    let real = real_pthread_create();
+    let _g = heap::Guard::enter();
+    // SAFETY: the caller's arguments, passed on unchanged to the C library's function.
+    unsafe { real(thread, attr, start, arg) }
+}
