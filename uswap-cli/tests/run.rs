@@ -126,6 +126,24 @@ fn c_program_allocating_from_threads_with_malloc_and_mmap() {
     }
 }
 
+/// A program's own signal masks and handlers (a thread blocking every signal, SIGBUS handlers
+/// installed with `sigaction` and `signal`, a handler with a full `sa_mask`, `sigprocmask` of
+/// everything) do not turn faults into crashes in either mode, and a real bus error still
+/// reaches the program's own SIGBUS handler. Signal mode died with SIGBUS (status 135) at
+/// the first step before `uswap-preload/src/signals.rs`.
+#[test]
+fn program_signal_masks_and_sigbus_handlers_in_both_modes() {
+    let dir = tmpdir("sigmasks");
+    let p = compile("sigmasks", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
+    for mode in ["signal", "thread"] {
+        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        assert!(r.0.status.success(), "{mode}: {}\n{}", r.0.status, String::from_utf8_lossy(&r.0.stderr));
+        assert!(String::from_utf8_lossy(&r.0.stdout).ends_with("own SIGBUS handler: a real bus error\n"), "{mode}");
+        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+    }
+}
+
 #[test]
 fn realloc_growth_keeps_every_byte() {
     let dir = tmpdir("grow");

@@ -22,6 +22,7 @@ pub mod heap;
 pub mod mmap;
 pub mod real;
 pub mod report;
+pub mod signals;
 pub mod threads;
 
 #[global_allocator]
@@ -79,6 +80,9 @@ fn start() -> Result<(), String> {
     report::start(cfg.stats_dir.clone());
     let _ = PAGER.set(pager);
     fork::start()?;
+    if cfg.fault_mode == uswap::FaultMode::Signal {
+        signals::start();
+    }
     Ok(())
 }
 

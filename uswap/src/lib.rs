@@ -53,6 +53,12 @@ pub use backend::zpool::{Compressor, Incompressible};
 pub use device::{parse_size, DeviceConfig};
 pub use error::{Error, Result};
 pub use mapping::{is_engine_thread, spawn_engine_thread};
+
+/// Signal mode's SIGBUS handler, for a library that interposes the program's signal calls
+/// (`uswap run`'s): see [`sigbus::replace_chained`].
+pub mod sigbus {
+    pub use crate::uffd::sigbus::{in_handler, replace_chained};
+}
 pub use pager::{
     BackgroundReclaim, FaultMode, ForkHold, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES,
     RECLAIM_BATCH_PAGES,

@@ -11,13 +11,15 @@
 //! its own page fault is done: an application signal handler cannot interrupt a fault
 //! half-served and touch the page that fault holds.
 //!
-//! Locking: none. The previous `sigaction` is written once, before our handler is installed,
-//! and only read afterwards. Everything the handler does is async-signal-safe: it reads
+//! Locking: the chained action (the one installed before ours, or one a `sigaction`
+//! interposer put there since: [`replace_chained`]) is read by the handler under a sequence
+//! counter it never waits on for long; writers, rare (a program installing its own SIGBUS
+//! handler), take a spin flag among themselves. Everything the handler does is async-signal-safe: it reads
 //! `errno` and restores it, calls the registered function and, if that declines, the previous
 //! handler.
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::{Cell, UnsafeCell};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Once;
 
 /// Resolves a fault at `addr`; `is_write` is the hardware's write bit where the architecture
@@ -26,10 +28,29 @@ pub type FaultFn = fn(addr: usize, is_write: bool) -> bool;
 
 static INSTALL: Once = Once::new();
 static FAULT_FN: AtomicUsize = AtomicUsize::new(0);
+/// Sequence counter of `OLD_ACTION`: odd while a writer is changing it.
+static CHAIN_SEQ: AtomicU32 = AtomicU32::new(0);
+/// Held by the one writer of `OLD_ACTION` at a time.
+static CHAIN_WRITER: AtomicBool = AtomicBool::new(false);
+/// Rounds a reader of `OLD_ACTION` retries while a writer is at work before it takes the
+/// default action instead (the writer may be this very thread, interrupted).
+const CHAIN_READ_ROUNDS: u32 = 10_000;
+
+thread_local! {
+    /// Depth of uswap's SIGBUS handler on this thread (const, no destructor: a plain TLS slot).
+    static IN_HANDLER: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether uswap's SIGBUS handler is running on this thread (its own `sigaction` calls, to
+/// restore the default action for a fault it does not manage, must reach the C library).
+pub fn in_handler() -> bool {
+    IN_HANDLER.with(|d| d.get() > 0)
+}
 
 struct OldAction(UnsafeCell<std::mem::MaybeUninit<libc::sigaction>>);
-// SAFETY: written once inside `INSTALL.call_once`, before the handler that reads it can run;
-// read-only afterwards.
+// SAFETY: written inside `INSTALL.call_once`, before the handler that reads it can run, and
+// afterwards only by `replace_chained`, one writer at a time (`CHAIN_WRITER`) under the
+// sequence counter `CHAIN_SEQ`, which every reader checks around its copy.
 unsafe impl Sync for OldAction {}
 static OLD_ACTION: OldAction = OldAction(UnsafeCell::new(std::mem::MaybeUninit::zeroed()));
 
@@ -105,6 +126,12 @@ fn is_write_fault(_uctx: *mut libc::c_void) -> bool {
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    IN_HANDLER.with(|d| d.set(d.get() + 1));
+    on_sigbus_inner(sig, info, uctx);
+    IN_HANDLER.with(|d| d.set(d.get() - 1));
+}
+
+fn on_sigbus_inner(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
     // SAFETY: __errno_location returns this thread's errno slot; the ioctls we make while
     // resolving the fault may change it and the interrupted code must not see that.
     let errno_slot = unsafe { libc::__errno_location() };
@@ -129,8 +156,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
 
 /// Passes a SIGBUS we do not manage to the handler that was installed before ours.
 fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
-    // SAFETY: OLD_ACTION was fully written before this handler was installed.
-    let old = unsafe { (*OLD_ACTION.0.get()).assume_init_ref() };
+    let old = chained_action();
     let handler = old.sa_sigaction;
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
         // Restore the default action and let it happen: for a fault, returning re-executes the
@@ -158,6 +184,58 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) 
         let h: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
         h(sig);
     }
+}
+
+/// A consistent copy of the chained action; the default action if a writer stays mid-way
+/// for `CHAIN_READ_ROUNDS` rounds (it can only be this thread, interrupted inside
+/// [`replace_chained`] by a fault uswap does not manage). Allocation-free, never blocks.
+fn chained_action() -> libc::sigaction {
+    for _ in 0..CHAIN_READ_ROUNDS {
+        let before = CHAIN_SEQ.load(Ordering::Acquire);
+        if before & 1 == 0 {
+            // SAFETY: OLD_ACTION is initialised (by `install`, before this handler could
+            // run); a copy torn by a concurrent writer is detected by the counter below and
+            // thrown away, and `sigaction` is plain data, valid for any bit pattern.
+            let copy = unsafe { std::ptr::read_volatile((*OLD_ACTION.0.get()).as_ptr()) };
+            fence(Ordering::Acquire);
+            if CHAIN_SEQ.load(Ordering::Relaxed) == before {
+                return copy;
+            }
+        }
+        std::hint::spin_loop();
+    }
+    // SAFETY: an all-zero sigaction is SIG_DFL with no flags.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Makes `new` the action that SIGBUS signals uswap does not manage are passed to, and
+/// returns the one it replaces (what the program would have got back from `sigaction` had
+/// uswap's handler not been there). For a `sigaction` interposer (`uswap run`'s library): a
+/// program that installs a SIGBUS handler of its own after the pager keeps uswap's in place,
+/// and its own gets every SIGBUS that is not a managed page's fault. `None` only reads.
+/// Does nothing but return the default action before [`install`].
+pub fn replace_chained(new: Option<&libc::sigaction>) -> libc::sigaction {
+    if !installed() {
+        // SAFETY: an all-zero sigaction is SIG_DFL with no flags.
+        return unsafe { std::mem::zeroed() };
+    }
+    // Copied before the counter goes odd: the caller's struct may be in managed memory,
+    // and a fault while the counter is odd would make this thread's own handler wait.
+    let new = new.copied();
+    while CHAIN_WRITER.swap(true, Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    let old = chained_action();
+    if let Some(new) = new {
+        CHAIN_SEQ.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        // SAFETY: the one writer (CHAIN_WRITER held); readers check CHAIN_SEQ around their
+        // copy and retry if it changed.
+        unsafe { std::ptr::write_volatile((*OLD_ACTION.0.get()).as_mut_ptr(), new) };
+        CHAIN_SEQ.fetch_add(1, Ordering::Release);
+    }
+    CHAIN_WRITER.store(false, Ordering::Release);
+    old
 }
 
 /// Writes "uswap: page 0x… <why>; delivering SIGBUS" to stderr without allocating (for the
