@@ -103,9 +103,12 @@ pub(crate) enum Counter {
     /// stayed busy in other threads' faults and writes past
     /// `reclaim::charge::CHARGE_WAIT_LIMIT_NS` (also counted in `LimitOverrun`).
     LimitOverrunBusy,
+    /// Operations that gave up waiting for a pooled bounce buffer: every one stayed lent out
+    /// past `sync::POOL_WAIT_LIMIT_NS` (the fault or take-out failed instead of hanging).
+    PoolWaitTimeout,
 }
 
-const NR_COUNTERS: usize = Counter::LimitOverrunBusy as usize + 1;
+const NR_COUNTERS: usize = Counter::PoolWaitTimeout as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -445,6 +448,11 @@ pub struct Stats {
     /// for the whole bounded wait (`reclaim::charge`). Nothing is lost; the pages stay
     /// resident until reclaim takes them.
     pub limit_overrun_busy: u64,
+    /// Operations that gave up after waiting `sync::POOL_WAIT_LIMIT_NS` (10 s) for a bounce
+    /// buffer, every one of them lent out to threads that made no progress: a fault that
+    /// ends in SIGBUS (its page kept on its device), or an mremap take-out tried again
+    /// later. Should stay 0; nonzero means a device read hung or threads were starved.
+    pub pool_wait_timeout: u64,
     /// Faults that found their page already resolved by a racing thread.
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
@@ -570,6 +578,7 @@ impl Stats {
             resident_peak_pages,
             remap_copied,
             limit_overrun_busy,
+            pool_wait_timeout,
         );
         for d in &other.devices {
             match self.devices.iter_mut().find(|mine| mine.name == d.name) {
@@ -653,6 +662,7 @@ impl PerCpuStats {
         s.pgfault_swapcache_copy = self.sum(PgfaultSwapcacheCopy);
         s.remap_copied = self.sum(RemapCopied);
         s.limit_overrun_busy = self.sum(LimitOverrunBusy);
+        s.pool_wait_timeout = self.sum(PoolWaitTimeout);
         s.fault_raced = self.sum(FaultRaced);
         s.fault_lock_free = self.sum(FaultLockFree);
         s.fault_busy_timeout = self.sum(FaultBusyTimeout);

@@ -237,18 +237,23 @@ impl AsyncReader for FileAsyncReader {
         }
         let mut submitted = 0;
         let mut retries = 0;
+        // Bounded: every round submits something or spends one of MAX_RETRIES (a submit that
+        // takes nothing is a stall like EAGAIN; it would otherwise repeat for ever).
         while submitted < runs.len() {
             match self.uring.submit() {
-                Ok(n) => submitted += n,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {
-                    retries += 1;
-                    if retries > MAX_RETRIES {
-                        break;
-                    }
-                    std::thread::yield_now();
+                Ok(n) if n > 0 => {
+                    submitted += n;
+                    continue;
                 }
+                Ok(_) => {} // Took nothing: a stall, like EAGAIN.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
                 Err(_) => break,
             }
+            retries += 1;
+            if retries > MAX_RETRIES {
+                break;
+            }
+            std::thread::yield_now();
         }
         self.in_flight = submitted;
         if submitted < runs.len() {
