@@ -44,7 +44,8 @@ pub(crate) enum Counter {
     Allocstall,
     /// Swap-outs that found no free slot on any device; the page stayed resident.
     SwapAllocFail,
-    /// Charges that went above the resident limit because nothing could be reclaimed.
+    /// Charges that went above the resident limit because nothing could be reclaimed (or the
+    /// room reclaim made kept going to other charges) within `reclaim::charge`'s bounds.
     LimitOverrun,
     /// Pages read ahead: read from a device and mapped along with a faulting page.
     SwapRa,
@@ -407,7 +408,9 @@ pub struct Stats {
     pub allocstall: u64,
     /// Swap-outs that found no free slot: the page stayed resident, nothing was lost.
     pub swap_alloc_fail: u64,
-    /// Charges that exceeded the limit because nothing could be reclaimed (devices full).
+    /// Charges that exceeded the limit because nothing could be reclaimed (devices full,
+    /// victims busy or refused) or, rarely, because the room this thread's reclaim made kept
+    /// going to other threads' charges for the whole bounded wait.
     pub limit_overrun: u64,
     /// Pages read ahead: read from a device and mapped along with the page that faulted
     /// (the kernel's `swap_ra`).
