@@ -319,6 +319,10 @@ typedef struct uswap_stats {
      * Of `limit_overrun`, charges forced over the limit because every victim stayed busy.
      */
     uint64_t limit_overrun_busy;
+    /**
+     * Faults or take-outs that gave up waiting 10 s for a bounce buffer (should stay 0).
+     */
+    uint64_t pool_wait_timeout;
 } uswap_stats;
 
 #ifdef __cplusplus

@@ -123,6 +123,8 @@ pub struct uswap_stats {
     pub remap_copied: u64,
     /// Of `limit_overrun`, charges forced over the limit because every victim stayed busy.
     pub limit_overrun_busy: u64,
+    /// Faults or take-outs that gave up waiting 10 s for a bounce buffer (should stay 0).
+    pub pool_wait_timeout: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -189,7 +191,8 @@ impl uswap_stats {
             limit_pages,
             resident_peak_pages,
             remap_copied,
-            limit_overrun_busy;
+            limit_overrun_busy,
+            pool_wait_timeout;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

@@ -5,12 +5,13 @@
 //! lock-free queue as owned boxes, so taking one is a pop and returning it is a push. When
 //! more threads fault at once than there are buffers, the extra ones spin (with backoff)
 //! until one comes back; the pool is sized to the number of CPUs times a margin so that this
-//! only happens under extreme oversubscription.
+//! only happens under extreme oversubscription. A wait past `sync::POOL_WAIT_LIMIT_NS` gives
+//! up: the caller fails its operation and counts it in `pool_wait_timeout`.
 
 use crossbeam_queue::ArrayQueue;
 
 pub use crate::backend::AlignedPage;
-use crate::sync::pop_spinning;
+use crate::sync::{pop_spinning, POOL_WAIT_LIMIT_NS};
 use crate::uffd::PAGE_SIZE;
 
 /// A borrowed buffer of `nr_pages` aligned pages, returned to its pool on drop.
@@ -54,13 +55,15 @@ impl BouncePool {
         BouncePool { free }
     }
 
-    /// Takes a buffer, waiting for one if all are lent out.
-    pub fn take(&self) -> Bounce<'_> {
-        // Terminates: a buffer is lent for one swap-in, which waits on nothing a waiter here
+    /// Takes a buffer, waiting for one if all are lent out; None if none came back within
+    /// `sync::POOL_WAIT_LIMIT_NS` (the caller fails and counts `Counter::PoolWaitTimeout`).
+    pub fn take(&self) -> Option<Bounce<'_>> {
+        // A wait ends: a buffer is lent for one swap-in, which waits on nothing a waiter here
         // holds (the lender owns its pages' busy bits and takes only lower locks, see the
         // hierarchy in `crate::sync`), and no application signal handler runs on a lender
-        // (SIGBUS handler: full mask; engine calls: `uffd::AsyncSignalsBlocked`).
-        Bounce { buf: Some(pop_spinning(&self.free)), pool: self }
+        // (SIGBUS handler: full mask; engine calls: `uffd::AsyncSignalsBlocked`). But a
+        // lender's device read may hang (a dead disk), so the wait is bounded all the same.
+        Some(Bounce { buf: Some(pop_spinning(&self.free, POOL_WAIT_LIMIT_NS)?), pool: self })
     }
 }
 
@@ -72,15 +75,20 @@ mod tests {
     fn buffers_are_aligned_and_come_back() {
         let pool = BouncePool::new(2, 4);
         {
-            let mut a = pool.take();
-            let b = pool.take();
+            let mut a = pool.take().expect("a free buffer");
+            let b = pool.take().expect("a free buffer");
             assert_eq!(a.pages_mut().len(), 4);
             assert_eq!(a.page(0).as_ptr() as usize % PAGE_SIZE, 0);
             a.pages_mut()[3].0[0] = 7;
             assert_eq!(a.page(3)[0], 7);
             assert_eq!(b.page(1).as_ptr() as usize % PAGE_SIZE, 0);
             assert!(pool.free.is_empty());
+            // Both lent out and never given back while this waits: it gives up.
+            let t0 = std::time::Instant::now();
+            assert!(pool.take().is_none(), "took a buffer from an empty pool");
+            assert!(t0.elapsed().as_nanos() as u64 >= POOL_WAIT_LIMIT_NS);
         }
         assert_eq!(pool.free.len(), 2);
+        assert!(pool.take().is_some());
     }
 }

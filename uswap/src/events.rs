@@ -176,6 +176,8 @@ fn for_each_overlap(p: &PagerShared, start: usize, end: usize, mut f: impl FnMut
 /// never waits for an event to be read: see the module doc).
 fn lock_page(r: &RegionInner, page: usize) -> Pte {
     let backoff = Backoff::new();
+    // Not time-bounded, on purpose: the event must be applied, and the owner holds the page
+    // for one device operation and never waits for this reader (lock hierarchy level 0).
     loop {
         let pte = r.load(page);
         if let Some(l) = r.try_lock(page, pte) {
@@ -434,8 +436,8 @@ pub(crate) fn is_pending(p: &PagerShared, addr: usize) -> bool {
 /// Copies the pending pages of moved parts to their new addresses and unregisters the
 /// ranges that have nothing pending left. Returns whether anything is still pending (then
 /// call again after reading the descriptor: a copy fails with `EAGAIN` until the event
-/// that blocks it has been read and its thread has run). Never waits: if another reader
-/// runs it right now, returns at once.
+/// that blocks it has been read and its thread has run). Never waits for another reader: if
+/// one runs it right now, returns at once (a wait for a bounce buffer is bounded, see `bounce`).
 pub(crate) fn run_take_outs(p: &PagerShared) -> bool {
     if p.events.pending_ranges.load(Ordering::Acquire) == 0 {
         return false;
@@ -444,7 +446,12 @@ pub(crate) fn run_take_outs(p: &PagerShared) -> bool {
         return true;
     };
     let expired = crate::mapping::now_ns().saturating_sub(t.since_ns) > TAKE_OUT_LIMIT_NS;
-    let mut buf = p.bounce.take();
+    let Some(mut buf) = p.bounce.take() else {
+        // Every bounce buffer stayed lent out past the bound: nothing was taken out; the
+        // caller tries again after `TAKE_OUT_POLL_MS` (`t` stays as it was).
+        p.stats.inc(Counter::PoolWaitTimeout);
+        return true;
+    };
     let mut released = Released::default();
     // Bounded by the pending pages: each round removes one, or stops at an EAGAIN.
     while let Some(&TakeOut { dst, pte }) = t.pages.last() {

@@ -72,6 +72,9 @@ pub(crate) enum FaultError {
     /// The page stayed busy past `BUSY_WAIT_LIMIT_NS`: its owner is not making progress
     /// (most likely the faulting thread itself, interrupted while it owned the page).
     BusyTimeout,
+    /// No bounce buffer came free within `sync::POOL_WAIT_LIMIT_NS`: every one stayed lent
+    /// to threads that made no progress (a hung device read). The page is still on its device.
+    PoolTimeout,
     /// The address is not the region's any more (the application unmapped or moved it).
     Gone,
     /// The page was mapped for a racing fault, and by the time this (stale) fault was
@@ -92,6 +95,9 @@ impl FaultError {
             FaultError::Device(_) => "could not be read from its swap device (I/O error on every attempt); its slot is kept",
             FaultError::BusyTimeout => {
                 "stayed busy for 10 s: its owner made no progress (most likely this very thread, interrupted while it owned the page); its contents are kept"
+            }
+            FaultError::PoolTimeout => {
+                "could not be read: no bounce buffer came free for 10 s (every one held by a thread that made no progress, e.g. a hung device read); its slot is kept"
             }
             FaultError::Ioctl(_) => "could not be mapped (a userfaultfd ioctl failed on every attempt); its contents are kept",
             FaultError::Gone | FaultError::Unmapped => "is no longer part of a managed region",
@@ -355,13 +361,14 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     }
     let route = if locks_held_by_this_thread() > 0 { Route::SignalLockFree } else { Route::Signal };
     // Bounded retries of transient failures; a page that cannot be brought back ends in
-    // SIGBUS, as in the kernel. A busy timeout is not transient: no retry.
+    // SIGBUS, as in the kernel. A busy or pool timeout is not transient (it took 10 s): no
+    // retry.
     let mut last = FaultError::BusyTimeout;
     for _ in 0..READ_ATTEMPTS {
         match serve_fault(&g, g.index, g.gen, addr, is_write, route) {
             Ok(()) => return true,
-            Err(FaultError::BusyTimeout) => {
-                last = FaultError::BusyTimeout;
+            Err(e @ (FaultError::BusyTimeout | FaultError::PoolTimeout)) => {
+                last = e;
                 break;
             }
             // Not the region's any more: not uswap's fault. (Memory the application grew back
@@ -421,8 +428,8 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                                 ok = true;
                                 break;
                             }
-                            Err(FaultError::BusyTimeout) => {
-                                last = FaultError::BusyTimeout;
+                            Err(e @ (FaultError::BusyTimeout | FaultError::PoolTimeout)) => {
+                                last = e;
                                 break;
                             }
                             // Gone: memory mremap grew back in place gets a zero page; else

@@ -57,6 +57,8 @@ impl LruQueue {
     /// Appends `v`; gives it back if the queue is full.
     pub fn push(&self, v: u64) -> Result<(), u64> {
         let mut pos = self.tail.load(Ordering::Relaxed);
+        // Lock-free: a round repeats only because another push moved the tail (its progress);
+        // a slot whose pop is unfinished makes this return Err, never wait.
         loop {
             let i = pos & self.mask;
             let dif = self.seq(i).wrapping_sub(pos) as isize;
@@ -80,6 +82,8 @@ impl LruQueue {
     /// Takes the oldest entry, if any.
     pub fn pop(&self) -> Option<u64> {
         let mut pos = self.head.load(Ordering::Relaxed);
+        // Lock-free: a round repeats only because another pop moved the head (its progress);
+        // a slot whose push is unfinished makes this return None, never wait.
         loop {
             let i = pos & self.mask;
             let dif = self.seq(i).wrapping_sub(pos.wrapping_add(1)) as isize;

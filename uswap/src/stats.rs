@@ -44,7 +44,8 @@ pub(crate) enum Counter {
     Allocstall,
     /// Swap-outs that found no free slot on any device; the page stayed resident.
     SwapAllocFail,
-    /// Charges that went above the resident limit because nothing could be reclaimed.
+    /// Charges that went above the resident limit because nothing could be reclaimed (or the
+    /// room reclaim made kept going to other charges) within `reclaim::charge`'s bounds.
     LimitOverrun,
     /// Pages read ahead: read from a device and mapped along with a faulting page.
     SwapRa,
@@ -103,9 +104,12 @@ pub(crate) enum Counter {
     /// stayed busy in other threads' faults and writes past
     /// `reclaim::charge::CHARGE_WAIT_LIMIT_NS` (also counted in `LimitOverrun`).
     LimitOverrunBusy,
+    /// Operations that gave up waiting for a pooled bounce buffer: every one stayed lent out
+    /// past `sync::POOL_WAIT_LIMIT_NS` (the fault or take-out failed instead of hanging).
+    PoolWaitTimeout,
 }
 
-const NR_COUNTERS: usize = Counter::LimitOverrunBusy as usize + 1;
+const NR_COUNTERS: usize = Counter::PoolWaitTimeout as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -404,7 +408,9 @@ pub struct Stats {
     pub allocstall: u64,
     /// Swap-outs that found no free slot: the page stayed resident, nothing was lost.
     pub swap_alloc_fail: u64,
-    /// Charges that exceeded the limit because nothing could be reclaimed (devices full).
+    /// Charges that exceeded the limit because nothing could be reclaimed (devices full,
+    /// victims busy or refused) or, rarely, because the room this thread's reclaim made kept
+    /// going to other threads' charges for the whole bounded wait.
     pub limit_overrun: u64,
     /// Pages read ahead: read from a device and mapped along with the page that faulted
     /// (the kernel's `swap_ra`).
@@ -445,6 +451,11 @@ pub struct Stats {
     /// for the whole bounded wait (`reclaim::charge`). Nothing is lost; the pages stay
     /// resident until reclaim takes them.
     pub limit_overrun_busy: u64,
+    /// Operations that gave up after waiting `sync::POOL_WAIT_LIMIT_NS` (10 s) for a bounce
+    /// buffer, every one of them lent out to threads that made no progress: a fault that
+    /// ends in SIGBUS (its page kept on its device), or an mremap take-out tried again
+    /// later. Should stay 0; nonzero means a device read hung or threads were starved.
+    pub pool_wait_timeout: u64,
     /// Faults that found their page already resolved by a racing thread.
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
@@ -570,6 +581,7 @@ impl Stats {
             resident_peak_pages,
             remap_copied,
             limit_overrun_busy,
+            pool_wait_timeout,
         );
         for d in &other.devices {
             match self.devices.iter_mut().find(|mine| mine.name == d.name) {
@@ -653,6 +665,7 @@ impl PerCpuStats {
         s.pgfault_swapcache_copy = self.sum(PgfaultSwapcacheCopy);
         s.remap_copied = self.sum(RemapCopied);
         s.limit_overrun_busy = self.sum(LimitOverrunBusy);
+        s.pool_wait_timeout = self.sum(PoolWaitTimeout);
         s.fault_raced = self.sum(FaultRaced);
         s.fault_lock_free = self.sum(FaultLockFree);
         s.fault_busy_timeout = self.sum(FaultBusyTimeout);

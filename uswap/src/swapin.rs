@@ -189,7 +189,16 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         items.windows(2).all(|w| w[0].entry() < w[1].entry()),
         "uswap invariant: a swap-in window lists a slot twice"
     );
-    let mut buf = pager.bounce.take();
+    let Some(mut buf) = pager.bounce.take() else {
+        // Every bounce buffer stayed lent out past the bound: nothing was read, every page
+        // goes back as it was (its slot still holds it), and the fault fails rather than hang.
+        for it in &items {
+            f.region(&set, it.gi).store(it.page, it.pte.unbusy());
+        }
+        reclaim::uncharge(pager, items.len());
+        pager.stats.inc(Counter::PoolWaitTimeout);
+        return Err(FaultError::PoolTimeout);
+    };
     // Pages not read ahead first (no lock held), then those in the context's buffer; any of
     // those whose data is not there after all is read like the others, under the lock.
     read_items(pager, f, &set, &mut items, buf.pages_mut());

@@ -79,7 +79,8 @@
 //!
 //! Pools of pre-allocated objects (bounce buffers, the compressed pool's workspaces and
 //! zstd contexts) lend them without a lock: [`pop_spinning`] takes one from a lock-free
-//! queue, spinning with backoff while all are lent out, and the borrower pushes it back.
+//! queue, spinning with backoff while all are lent out (for up to [`POOL_WAIT_LIMIT_NS`], then
+//! the caller fails its operation), and the borrower pushes it back.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -200,14 +201,27 @@ impl spin::RelaxStrategy for Relax {
     }
 }
 
+/// How long [`pop_spinning`] waits for an object to come back before giving up. Lenders
+/// hold an object for one page's (de)compression or one swap-in's device read; ten seconds
+/// (as `fault::BUSY_WAIT_LIMIT_NS`) is beyond any legitimate wait, and a caller that gives
+/// up fails its operation (counted) where waiting would hang its thread for good.
+pub const POOL_WAIT_LIMIT_NS: u64 = if cfg!(test) { 200_000_000 } else { 10_000_000_000 };
+
 /// Takes an object from a pool of pre-allocated ones, spinning (with backoff) until one is
-/// given back if all are lent out. Takes no lock and allocates nothing: a SIGBUS handler may
-/// call it.
-pub fn pop_spinning<T>(pool: &ArrayQueue<T>) -> T {
+/// given back if all are lent out, for up to `limit_ns`; None when none came back in time
+/// (the caller fails its operation and counts it). Takes no lock and allocates nothing
+/// (`clock_gettime` is async-signal-safe): a SIGBUS handler may call it.
+pub fn pop_spinning<T>(pool: &ArrayQueue<T>, limit_ns: u64) -> Option<T> {
     let backoff = Backoff::new();
+    let mut since: Option<u64> = None;
     loop {
         if let Some(x) = pool.pop() {
-            return x;
+            return Some(x);
+        }
+        // The clock is read only once the pool was found empty: the common case costs a pop.
+        let now = crate::mapping::now_ns();
+        if now.saturating_sub(*since.get_or_insert(now)) > limit_ns {
+            return None;
         }
         backoff.snooze();
     }
@@ -441,19 +455,44 @@ mod tests {
             let pool = pool.clone();
             std::thread::spawn(move || {
                 for _ in 0..2 {
-                    tx.send(pop_spinning(&pool)).unwrap();
+                    tx.send(pop_spinning(&pool, POOL_WAIT_LIMIT_NS * 50)).unwrap();
                 }
             })
         };
         let timeout = std::time::Duration::from_secs(10);
         let first = rx.recv_timeout(timeout).expect("stuck in pop_spinning on a pool holding an object");
-        assert_eq!(first, 7);
+        assert_eq!(first, Some(7));
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(rx.try_recv().is_err(), "took an object from an empty pool");
         pool.push(9).unwrap();
         let second = rx.recv_timeout(timeout).expect("stuck in pop_spinning: the object given back was not taken");
-        assert_eq!(second, 9);
+        assert_eq!(second, Some(9));
         borrower.join().unwrap();
         assert!(pool.is_empty());
+    }
+
+    /// A pool whose objects never come back (every lender stuck) makes the borrower give up
+    /// after the bound instead of spinning forever.
+    #[test]
+    fn pop_spinning_gives_up_on_a_pool_exhausted_past_the_bound() {
+        let pool: Arc<ArrayQueue<u32>> = Arc::new(ArrayQueue::new(1));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let borrower = {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                let t0 = std::time::Instant::now();
+                let r = pop_spinning(&pool, POOL_WAIT_LIMIT_NS);
+                tx.send((r, t0.elapsed())).unwrap();
+            })
+        };
+        let (r, waited) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("stuck in pop_spinning on a pool exhausted for good: the wait has no bound");
+        assert_eq!(r, None);
+        assert!(waited.as_nanos() as u64 >= POOL_WAIT_LIMIT_NS, "gave up after {waited:?}");
+        borrower.join().unwrap();
+        // An object given back later is still there for the next borrower.
+        pool.push(3).unwrap();
+        assert_eq!(pop_spinning(&pool, POOL_WAIT_LIMIT_NS), Some(3));
     }
 }

@@ -362,14 +362,17 @@ pub fn page_present(addr: usize) -> bool {
 }
 
 /// Pages of `[addr, addr + len)` present in the page table, counted with `mincore(2)` in
-/// chunks so the vector stays small. The range must be mapped (page-aligned).
+/// chunks so the vector stays small. The range must be mapped, `addr` page-aligned; a
+/// partial last page counts as a page.
 pub fn mincore_pages(addr: usize, len: usize) -> io::Result<usize> {
     const CHUNK_PAGES: usize = 4096;
     let mut vec = vec![0u8; CHUNK_PAGES];
     let mut total = 0;
     let mut off = 0;
+    // Bounded: each round moves `off` on by at least a page (a partial last page included;
+    // rounding down made a `len` that was not whole pages spin for ever on n = 0).
     while off < len {
-        let n = ((len - off) / PAGE_SIZE).min(CHUNK_PAGES);
+        let n = (len - off).div_ceil(PAGE_SIZE).min(CHUNK_PAGES);
         // SAFETY: mincore only reads page tables and writes `n` bytes into `vec`, which has
         // room for CHUNK_PAGES; an unmapped range gives ENOMEM, not undefined behaviour.
         let r = unsafe { libc::mincore((addr + off) as *mut libc::c_void, n * PAGE_SIZE, vec.as_mut_ptr()) };
@@ -488,4 +491,26 @@ pub fn now_ns() -> u64 {
     // SAFETY: clock_gettime writes one timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A length that is not whole pages counts its partial last page, and ends: rounding it
+    /// down used to leave a round of zero pages that never moved on.
+    #[test]
+    fn mincore_of_a_partial_page_counts_it_and_ends() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut pages = vec![crate::backend::AlignedPage([0; PAGE_SIZE]); 2];
+            pages[0].0[0] = 1;
+            pages[1].0[0] = 1;
+            let addr = pages.as_ptr() as usize;
+            let r = (mincore_pages(addr, 100).ok(), mincore_pages(addr, PAGE_SIZE + 1).ok());
+            tx.send(r).unwrap();
+        });
+        let r = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("stuck in mincore_pages on a partial page");
+        assert_eq!(r, (Some(1), Some(2)));
+    }
 }

@@ -68,9 +68,11 @@ fn nap(ns: u64) {
 /// writes, which happens with many more faulting threads than CPUs on a slow device), it
 /// yields for `MAX_FRUITLESS_ROUNDS` rounds, then sleeps with an exponential back-off and
 /// tries again, for up to `CHARGE_WAIT_LIMIT_NS`, or `CHARGE_STALL_LIMIT_NS` during which no
-/// thread reclaimed anything. Only then, or at once when every device is full, when the
-/// round's victims were refused (shared with a fork child: see below), or on the lock-free
-/// route (which may not reclaim), does it charge over the limit: counted in
+/// thread reclaimed anything. Only then, when its rounds did reclaim but other threads'
+/// charges took the room first for `CHARGE_WAIT_LIMIT_NS` in all (starvation), at once when
+/// every device is full, when the round's victims were refused (shared with a fork child:
+/// see below), or on the lock-free route (which may not reclaim), does it charge over the
+/// limit: counted in
 /// `limit_overrun` (and `limit_overrun_busy` when the devices had room). Nothing is lost;
 /// reclaim takes the extra pages later. `lock_free`: the caller may take no lock (signal
 /// mode, its thread interrupted inside the engine).
@@ -80,9 +82,12 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
     let mut backoff_ns = CHARGE_BACKOFF_MIN_NS;
     // (when the waiting began, when progress was last seen, the progress then)
     let mut waiting: Option<(u64, u64, u64)> = None;
+    // When the first reclaim round began: fruitful rounds whose room other threads' charges
+    // keep taking first are bounded by CHARGE_WAIT_LIMIT_NS all told, like fruitless ones.
+    let mut reclaim_since_ns = 0;
     // Terminates: a failed compare-exchange means another thread changed the charge (its
-    // progress); a fruitful round resets nothing but the back-off and uncharges pages;
-    // fruitless rounds sleep, and the wait is bounded by CHARGE_WAIT_LIMIT_NS in all.
+    // progress); a fruitful round uncharges pages, and fruitless rounds sleep; reclaiming
+    // is bounded by CHARGE_WAIT_LIMIT_NS in all, fruitful or not.
     loop {
         let cur = p.resident_pages.load(Ordering::Acquire);
         let limit = p.limit_pages.load(Ordering::Acquire);
@@ -107,11 +112,19 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
         if !stalled {
             p.stats.inc(Counter::Allocstall);
             stalled = true;
+            reclaim_since_ns = crate::mapping::now_ns();
         }
         let round = reclaim_round(p, true);
         if round.any() {
             fruitless = 0;
             backoff_ns = CHARGE_BACKOFF_MIN_NS;
+            if crate::mapping::now_ns().saturating_sub(reclaim_since_ns) > CHARGE_WAIT_LIMIT_NS {
+                // Reclaim works, but the room it makes keeps going to other charges: stop
+                // reclaiming for them and charge over the limit (counted), as below.
+                force_charge(p, n);
+                p.stats.inc(Counter::LimitOverrun);
+                break;
+            }
             continue;
         }
         if round.refused > 0 {

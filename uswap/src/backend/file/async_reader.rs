@@ -96,6 +96,7 @@ impl FileAsyncReader {
         let run = self.runs[i];
         let total = self.run_bytes(i);
         let mut retries = 0;
+        // Bounded: each round reads something (done grows) or spends one of MAX_RETRIES.
         while self.done[i] < total {
             let done = self.done[i];
             let at = run.first_page * PAGE_SIZE + done as usize;
@@ -134,6 +135,8 @@ impl FileAsyncReader {
     fn wait_all(&mut self) {
         let mut stalls = 0;
         let budget = PollBudget::start(self.poll_ns);
+        // Bounded: MAX_STALLS failed waits in a row give the buffer up (leaked, the reader
+        // broken) rather than wait on for completions that may never come.
         while self.in_flight > 0 {
             let mut reaped = 0;
             // Collect first: finishing a run needs `&mut self`.
@@ -237,18 +240,23 @@ impl AsyncReader for FileAsyncReader {
         }
         let mut submitted = 0;
         let mut retries = 0;
+        // Bounded: every round submits something or spends one of MAX_RETRIES (a submit that
+        // takes nothing is a stall like EAGAIN; it would otherwise repeat for ever).
         while submitted < runs.len() {
             match self.uring.submit() {
-                Ok(n) => submitted += n,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {
-                    retries += 1;
-                    if retries > MAX_RETRIES {
-                        break;
-                    }
-                    std::thread::yield_now();
+                Ok(n) if n > 0 => {
+                    submitted += n;
+                    continue;
                 }
+                Ok(_) => {} // Took nothing: a stall, like EAGAIN.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
                 Err(_) => break,
             }
+            retries += 1;
+            if retries > MAX_RETRIES {
+                break;
+            }
+            std::thread::yield_now();
         }
         self.in_flight = submitted;
         if submitted < runs.len() {

@@ -320,6 +320,7 @@ impl FileBackend {
 
 /// Deallocates `len` bytes at `off` of a regular file: they read back as zero.
 fn punch_hole(fd: RawFd, off: u64, len: u64) -> io::Result<()> {
+    // Bounded: only EINTR repeats, and each one is a signal delivered to this thread.
     loop {
         let flags = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         // SAFETY: plain system call on an open descriptor; KEEP_SIZE leaves the size alone.
@@ -339,6 +340,7 @@ fn write_zeros(fd: RawFd, len: u64) -> io::Result<()> {
     const CHUNK_PAGES: usize = 256;
     let zeros = vec![AlignedPage([0; PAGE_SIZE]); CHUNK_PAGES];
     let mut off = 0u64;
+    // Bounded: each round writes something (off grows) or is an EINTR (a signal delivered).
     while off < len {
         let n = (len - off).min((CHUNK_PAGES * PAGE_SIZE) as u64) as usize;
         // SAFETY: `zeros` is page-aligned (as O_DIRECT wants) and valid for `n` bytes.
@@ -393,6 +395,7 @@ impl Backend for FileBackend {
         let off = slot * PAGE_SIZE as u64;
         let len = nr * PAGE_SIZE as u64;
         let fd = self.file.as_raw_fd();
+        // Bounded: only EINTR repeats, and each one is a signal delivered to this thread.
         loop {
             let r = match self.kind {
                 // SAFETY: plain system call on an open descriptor; the range is inside the

@@ -123,6 +123,7 @@ fn open_error(path: &Path, what: &'static str, e: io::Error) -> FileDeviceError 
 }
 
 fn sys_open(path: &CString, flags: i32, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    // Bounded: only EINTR repeats, and each one is a signal delivered to this thread.
     loop {
         // SAFETY: `path` is a NUL-terminated string that outlives the call; open has no other
         // memory effects.
@@ -195,6 +196,7 @@ fn create_anonymous(dir: &Path, try_tmpfile: bool) -> Result<OwnedFd, FileDevice
 /// Sizes a regular file to at least `len` bytes; never shrinks it.
 fn size_file(fd: RawFd, path: &Path, len: u64, preallocate: bool) -> Result<(), FileDeviceError> {
     if preallocate {
+        // Bounded: only EINTR repeats, and each one is a signal delivered to this thread.
         loop {
             // SAFETY: plain system call on an open descriptor. Mode 0 allocates blocks and
             // extends the size when `len` is past the end; it never shrinks or changes data.

@@ -279,6 +279,8 @@ impl FileBackend {
         let total = reqs.bytes(i);
         let base = reqs.addr(i);
         let offset = reqs.slot(i) * PAGE_SIZE as u64;
+        // Bounded: each round transfers bytes (op.done grows to total) or spends one of the
+        // op's MAX_RETRIES (counted in `retries`); anything else fails the request.
         loop {
             let len = (total - op.done).min(MAX_IO_BYTES) as usize;
             // SAFETY: `base + done .. + len` lies inside request i's buffer (`done < total`,
@@ -338,6 +340,8 @@ impl FileBackend {
         let n = reqs.count();
         let mut next_req = 0;
         let mut nr_carried = 0;
+        // Bounded: an operation is carried over only after a short transfer (progress) or a
+        // retry (at most MAX_RETRIES each, see `step`), and new requests are finite.
         loop {
             // Fill the round: carried-over operations first, then new requests.
             let mut k = 0;
@@ -396,6 +400,11 @@ impl FileBackend {
         let mut nr_carried = 0;
         let mut stalls = 0;
         let budget = PollBudget::start(self.poll_ns);
+        // Submitting is bounded by MAX_STALLS (then the ring is poisoned, `rings_poisoned`).
+        // Waiting for submitted operations has no bound on purpose: the kernel owns the
+        // caller's buffers until it completes them, so this cannot return before it does
+        // (unlike `FileAsyncReader`, which can leak its own buffer); an I/O that never
+        // completes hangs here as it would hang a kernel page fault.
         while unsubmitted > 0 || outstanding > 0 {
             let want = (unsubmitted + outstanding) as u32;
             let polling = budget.polling();
@@ -467,6 +476,7 @@ impl FileBackend {
         outstanding: &mut usize,
         nr_carried: &mut usize,
     ) {
+        // Not bounded, on purpose: see `complete_round` (the kernel owns the buffers).
         while *outstanding > 0 {
             // SAFETY: to_submit is 0, so nothing queued is submitted; no signal mask.
             let r = unsafe {

@@ -3,15 +3,17 @@
 //!
 //! Locking: compression contexts and workspaces (scratch buffers and lz4's hash table) come
 //! from lock-free pools filled at start-up; taking one spins until one is free
-//! ([`pop_spinning`]). So nothing allocates and no lock is taken, and every path is safe in
-//! a SIGBUS handler.
+//! ([`pop_spinning`]), for at most `sync::POOL_WAIT_LIMIT_NS`, after which the operation
+//! fails (a write: pages stay staged, `swpout_error`; a read: a failed attempt,
+//! `fault_error`). So nothing allocates and no lock is taken, and every path is safe in a
+//! SIGBUS handler.
 //!
 //! Invariants: a zstd context is warmed at start-up (the first compression sizes its
 //! workspace), so using it never allocates; a scratch buffer holds lz4's worst case for a
 //! page; an operation takes one [`Workspace`], never two buffers one after the other.
 
 use super::{Compressor, ZpoolBackend};
-use crate::sync::pop_spinning;
+use crate::sync::{pop_spinning, POOL_WAIT_LIMIT_NS};
 use crate::uffd::PAGE_SIZE;
 
 /// Scratch per operation: lz4 wants room for its worst case (a little over a page).
@@ -52,7 +54,9 @@ impl ZpoolBackend {
         match self.cfg.compressor {
             Compressor::Lz4 => lz4_flex::block::compress_into_with_table(src, dst, lz4).ok(),
             Compressor::Zstd { level } => {
-                let mut ctx = self.take_zstd();
+                // (None cannot happen, see `take_zstd`; were it to, the page is stored as it
+                // is, or passed on, like an incompressible one.)
+                let mut ctx = self.take_zstd()?;
                 let r = ctx.c.compress(dst, src, level).ok();
                 let _ = self.zstd.push(ctx);
                 r
@@ -64,7 +68,9 @@ impl ZpoolBackend {
         match self.cfg.compressor {
             Compressor::Lz4 => matches!(lz4_flex::block::decompress_into(src, dst), Ok(PAGE_SIZE)),
             Compressor::Zstd { .. } => {
-                let mut ctx = self.take_zstd();
+                let Some(mut ctx) = self.take_zstd() else {
+                    return false; // Cannot happen, see `take_zstd`: a failed read, retried.
+                };
                 let r = ctx.d.decompress(dst, src);
                 let _ = self.zstd.push(ctx);
                 r == Ok(PAGE_SIZE)
@@ -72,15 +78,18 @@ impl ZpoolBackend {
         }
     }
 
-    /// Takes a workspace, waiting while every one is in use. The pools (workspaces, zstd
-    /// contexts) hold `4 * max(CPUs, 4)` objects, each held for one page's (de)compression
-    /// with no lock and no system call, so a wait ends when another thread finishes its page.
-    pub(super) fn take_workspace(&self) -> Box<Workspace> {
-        pop_spinning(&self.scratch)
+    /// Takes a workspace, waiting while every one is in use; None past
+    /// `sync::POOL_WAIT_LIMIT_NS`. The pools (workspaces, zstd contexts) hold
+    /// `4 * max(CPUs, 4)` objects, each held for one call's (de)compression with no lock and
+    /// no system call, so a wait ends when another thread finishes; the bound is for a
+    /// holder that never runs again.
+    pub(super) fn take_workspace(&self) -> Option<Box<Workspace>> {
+        pop_spinning(&self.scratch, POOL_WAIT_LIMIT_NS)
     }
 
-    /// Takes a zstd context, waiting while every one is in use (see [`Self::take_workspace`]).
-    fn take_zstd(&self) -> Box<ZstdCtx> {
-        pop_spinning(&self.zstd)
+    /// Takes a zstd context. Never waits in fact: there are as many contexts as workspaces
+    /// and one is taken only by a holder of a workspace, one at a time.
+    fn take_zstd(&self) -> Option<Box<ZstdCtx>> {
+        pop_spinning(&self.zstd, POOL_WAIT_LIMIT_NS)
     }
 }

@@ -321,6 +321,12 @@ impl ZpoolBackend {
     }
 }
 
+/// The error of an operation that found no workspace free within `sync::POOL_WAIT_LIMIT_NS`
+/// (`ETIMEDOUT`; `from_raw_os_error` allocates nothing, as a SIGBUS handler needs).
+fn workspace_timeout(slot: u64) -> BackendError {
+    BackendError::Io { slot, source: std::io::Error::from_raw_os_error(libc::ETIMEDOUT) }
+}
+
 impl Backend for ZpoolBackend {
     fn name(&self) -> String {
         match self.cfg.compressor {
@@ -334,7 +340,13 @@ impl Backend for ZpoolBackend {
     }
 
     fn write(&self, reqs: &mut [WriteReq<'_>]) {
-        let mut ws = self.take_workspace();
+        let Some(mut ws) = self.take_workspace() else {
+            // Nothing stored: the engine keeps the pages staged and writes them later.
+            for r in reqs {
+                r.result = Err(workspace_timeout(r.slot));
+            }
+            return;
+        };
         let Workspace { page: page_buf, out: out_buf, lz4 } = &mut *ws;
         for r in reqs {
             r.result = self.check(r.slot, r.nr_pages());
@@ -358,7 +370,13 @@ impl Backend for ZpoolBackend {
     }
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
-        let mut ws = self.take_workspace();
+        let Some(mut ws) = self.take_workspace() else {
+            // Nothing read: the engine counts a failed attempt and tries again.
+            for r in reqs {
+                r.result = Err(workspace_timeout(r.slot));
+            }
+            return;
+        };
         for r in reqs {
             r.result = self.check(r.slot, r.nr_pages());
             if r.result.is_err() {
