@@ -185,8 +185,10 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
             }
         }
         if done < j - i {
+            // One page refused (the first not moved); the rest of its run was not tried and
+            // goes back on the LRU.
             p.stats.inc(Counter::MoveRefused);
-            refused += j - i - done;
+            refused += 1;
         }
         uncharge(p, done);
         p.clean_pages.fetch_sub(done, Ordering::Relaxed);
