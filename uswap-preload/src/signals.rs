@@ -87,15 +87,8 @@ pub unsafe extern "C" fn sigprocmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    // SAFETY: the C library's sigprocmask, found by dlsym.
-    let real = unsafe { std::mem::transmute::<*mut c_void, MaskFn>(next(&SIGPROCMASK, c"sigprocmask")) };
-    // SAFETY: `set` as the caller passed it (null or valid); `copy` lives until the call.
-    unsafe {
-        // SAFETY: all-zero is a valid (empty) sigset_t.
-        let mut copy: libc::sigset_t = std::mem::zeroed();
-        let set = if how != libc::SIG_UNBLOCK && applies() { without_sigbus(set, &mut copy) } else { set };
-        real(how, set, old)
-    }
+    // SAFETY: the C library's sigprocmask, found by dlsym; the caller's arguments.
+    unsafe { set_mask(next(&SIGPROCMASK, c"sigprocmask"), how, set, old) }
 }
 
 /// # Safety
@@ -106,12 +99,27 @@ pub unsafe extern "C" fn pthread_sigmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    // SAFETY: the C library's pthread_sigmask, found by dlsym.
-    let real = unsafe { std::mem::transmute::<*mut c_void, MaskFn>(next(&PTHREAD_SIGMASK, c"pthread_sigmask")) };
-    // SAFETY: as in `sigprocmask`.
+    // SAFETY: the C library's pthread_sigmask, found by dlsym; the caller's arguments.
+    unsafe { set_mask(next(&PTHREAD_SIGMASK, c"pthread_sigmask"), how, set, old) }
+}
+
+/// Calls `real` (the C library's `sigprocmask` or `pthread_sigmask`) with `set` less SIGBUS
+/// when the rules apply and the call blocks or sets.
+///
+/// # Safety
+/// `real` is one of those two functions; the other arguments are as the caller got them.
+unsafe fn set_mask(
+    real: *mut c_void,
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
+    // SAFETY: both functions have this type (the caller's contract).
+    let real = unsafe { std::mem::transmute::<*mut c_void, MaskFn>(real) };
+    // SAFETY: all-zero is a valid (empty) sigset_t.
+    let mut copy: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is null or valid (the caller's contract); `copy` lives until the call.
     unsafe {
-        // SAFETY: all-zero is a valid (empty) sigset_t.
-        let mut copy: libc::sigset_t = std::mem::zeroed();
         let set = if how != libc::SIG_UNBLOCK && applies() { without_sigbus(set, &mut copy) } else { set };
         real(how, set, old)
     }
