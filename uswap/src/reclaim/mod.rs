@@ -72,7 +72,8 @@ impl Progress {
 pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
     let target = swapcache_target(p.limit_pages.load(Ordering::Acquire));
     let mut progress = Progress::default();
-    if p.swap_cache.nr_pages() < target && !p.devices.is_full() {
+    let topped_up = p.swap_cache.nr_pages() < target && !p.devices.is_full();
+    if topped_up {
         let s = shrink_active(p, BATCH, direct);
         progress.moved = s.moved;
         progress.uncharged = s.uncharged;
@@ -81,9 +82,10 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
     if p.swap_cache.nr_pages() >= target || progress.moved == 0 {
         progress.uncharged += shrink_inactive(p, BATCH);
     }
-    if direct && !progress.any() && !p.devices.is_full() {
-        // Every staged page is busy in other threads' writes (many more faulting threads
-        // than CPUs, a slow device): stage a batch of our own over the target and write it
+    if direct && !topped_up && !progress.any() && !p.devices.is_full() {
+        // The cache is at its target and every staged page is busy in other threads' writes
+        // (many more faulting threads than CPUs, a slow device): stage a batch of our own
+        // over the target and write it
         // back, rather than wait for theirs, as the kernel's direct reclaim starts writeback
         // of more pages while earlier ones are still under it. The swap cache then exceeds
         // its target by at most one batch per thread reclaiming at that moment; later
