@@ -75,6 +75,25 @@ fn bootstrap_alloc(size: usize, align: usize) -> *mut c_void {
     }
 }
 
+/// The C library's function `name` (the next definition after this library, its default
+/// version), looked up once and kept in `slot`. For interposed functions that pass on to the
+/// C library's (`threads`, `signals`); the malloc family has its own bootstrap (`resolve`).
+/// A C library without it ends the process (status 2, as `fatal`).
+pub fn next_symbol(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> *mut c_void {
+    let mut p = slot.load(Ordering::Acquire);
+    if p.is_null() {
+        // dlsym may allocate: from the C library's malloc, never the managed heap.
+        let _g = crate::heap::Guard::enter();
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+        if p.is_null() {
+            fatal(b"uswap: a function of the C library was not found (dlsym RTLD_NEXT)\n");
+        }
+        slot.store(p, Ordering::Release);
+    }
+    p
+}
+
 /// Writes `msg` to stderr and exits with status 2 (the status `uswap run` uses for "could not
 /// manage the program"). Allocation-free.
 pub fn fatal(msg: &[u8]) -> ! {

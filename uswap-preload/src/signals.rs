@@ -39,21 +39,6 @@ fn applies() -> bool {
         && !crate::fork::is_forked_child()
 }
 
-/// The C library's function `name`, found once.
-fn next(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> *mut c_void {
-    let mut p = slot.load(Ordering::Acquire);
-    if p.is_null() {
-        let _g = heap::Guard::enter();
-        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name.
-        p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
-        if p.is_null() {
-            crate::real::fatal(b"uswap: a signal function of the C library was not found (dlsym RTLD_NEXT)\n");
-        }
-        slot.store(p, Ordering::Release);
-    }
-    p
-}
-
 /// `set` without SIGBUS if it has it (a copy), else `set` itself.
 ///
 /// # Safety
@@ -88,7 +73,7 @@ pub unsafe extern "C" fn sigprocmask(
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
     // SAFETY: the C library's sigprocmask, found by dlsym; the caller's arguments.
-    unsafe { set_mask(next(&SIGPROCMASK, c"sigprocmask"), how, set, old) }
+    unsafe { set_mask(crate::real::next_symbol(&SIGPROCMASK, c"sigprocmask"), how, set, old) }
 }
 
 /// # Safety
@@ -100,7 +85,7 @@ pub unsafe extern "C" fn pthread_sigmask(
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
     // SAFETY: the C library's pthread_sigmask, found by dlsym; the caller's arguments.
-    unsafe { set_mask(next(&PTHREAD_SIGMASK, c"pthread_sigmask"), how, set, old) }
+    unsafe { set_mask(crate::real::next_symbol(&PTHREAD_SIGMASK, c"pthread_sigmask"), how, set, old) }
 }
 
 /// Calls `real` (the C library's `sigprocmask` or `pthread_sigmask`) with `set` less SIGBUS
@@ -134,7 +119,8 @@ pub unsafe extern "C" fn sigaction(
     old: *mut libc::sigaction,
 ) -> libc::c_int {
     // SAFETY: the C library's sigaction, found by dlsym.
-    let real = unsafe { std::mem::transmute::<*mut c_void, ActionFn>(next(&SIGACTION, c"sigaction")) };
+    let real =
+        unsafe { std::mem::transmute::<*mut c_void, ActionFn>(crate::real::next_symbol(&SIGACTION, c"sigaction")) };
     if !applies() {
         // SAFETY: the caller's arguments, unchanged.
         return unsafe { real(sig, act, old) };
@@ -172,7 +158,7 @@ pub unsafe extern "C" fn sigaction(
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     // SAFETY: the C library's signal, found by dlsym.
-    let real = unsafe { std::mem::transmute::<*mut c_void, SignalFn>(next(&SIGNAL, c"signal")) };
+    let real = unsafe { std::mem::transmute::<*mut c_void, SignalFn>(crate::real::next_symbol(&SIGNAL, c"signal")) };
     if sig != libc::SIGBUS || !applies() {
         // SAFETY: the caller's arguments, unchanged.
         return unsafe { real(sig, handler) };

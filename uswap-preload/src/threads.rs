@@ -20,7 +20,7 @@
 //! faults like any application access).
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::AtomicPtr;
 
 use crate::heap;
 
@@ -35,17 +35,7 @@ type PthreadCreateFn = unsafe extern "C" fn(
 static REAL_PTHREAD_CREATE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 fn real_pthread_create() -> PthreadCreateFn {
-    let mut p = REAL_PTHREAD_CREATE.load(Ordering::Acquire);
-    if p.is_null() {
-        let _g = heap::Guard::enter();
-        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name: the C library's
-        // pthread_create (its default version), the next definition after this library.
-        p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) };
-        if p.is_null() {
-            crate::real::fatal(b"uswap: the C library's pthread_create was not found (dlsym RTLD_NEXT)\n");
-        }
-        REAL_PTHREAD_CREATE.store(p, Ordering::Release);
-    }
+    let p = crate::real::next_symbol(&REAL_PTHREAD_CREATE, c"pthread_create");
     // SAFETY: `p` is the C library's pthread_create, of this type.
     unsafe { std::mem::transmute::<*mut c_void, PthreadCreateFn>(p) }
 }
