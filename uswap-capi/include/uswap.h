@@ -323,6 +323,11 @@ typedef struct uswap_stats {
      * Faults or take-outs that gave up waiting 10 s for a bounce buffer (should stay 0).
      */
     uint64_t pool_wait_timeout;
+    /**
+     * Pages a fork child shared copy-on-write, made exclusive again (copied, as a write
+     * would) so that reclaim could move them out.
+     */
+    uint64_t cow_broken;
 } uswap_stats;
 
 #ifdef __cplusplus

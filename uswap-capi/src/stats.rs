@@ -125,6 +125,9 @@ pub struct uswap_stats {
     pub limit_overrun_busy: u64,
     /// Faults or take-outs that gave up waiting 10 s for a bounce buffer (should stay 0).
     pub pool_wait_timeout: u64,
+    /// Pages a fork child shared copy-on-write, made exclusive again (copied, as a write
+    /// would) so that reclaim could move them out.
+    pub cow_broken: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -192,7 +195,8 @@ impl uswap_stats {
             resident_peak_pages,
             remap_copied,
             limit_overrun_busy,
-            pool_wait_timeout;
+            pool_wait_timeout,
+            cow_broken;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

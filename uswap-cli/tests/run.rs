@@ -203,6 +203,8 @@ fn fork_child_alive_while_the_parent_allocates_more() {
     assert!(counter(&v, "pswpout") > 0, "{v}");
     assert_eq!(counter(&v, "limit_overrun_busy"), 0, "faults waited for pages shared with the child: {v}");
     assert!(counter(&v, "move_refused") > 0, "the parent's pages were never shared with the child? {v}");
+    // ... and, refused, they were made exclusive again and went out (see `reclaim::cow`).
+    assert!(counter(&v, "cow_broken") > 0, "{v}");
     assert!(took < Duration::from_secs(120), "took {took:?}: {v}");
 }
 

@@ -7,14 +7,15 @@
 //! child inherits the regions fully populated and unregistered, and from then on runs
 //! unmanaged: its heap stays in the same range (mimalloc's state is copied with it), new
 //! mappings are ordinary, and its pages are counted by the kernel, not by uswap. The parent
-//! drops the hold and reclaims back to its limit; pages it still shares copy-on-write with
-//! the child cannot be moved out until the child writes them or exits (they count as
-//! `move_refused`; the parent's faults charge over the limit rather than wait for them). A
-//! child that execs starts a pager of its own.
+//! drops the hold and reclaims back to its limit; the pages it shares copy-on-write with the
+//! child are refused by `UFFDIO_MOVE` once (`move_refused`; the parent's faults charge over
+//! the limit rather than wait for them), then made exclusive by the engine's background
+//! reclaimer and moved out (`cow_broken`, see the engine's `reclaim::cow`). A child that
+//! execs starts a pager of its own.
 //!
 //! Cost: the fork waits for every swapped-out page to come in (a scan of the page tables,
-//! skipped when nothing is out), and the parent may exceed its limit until the child lets
-//! go of the shared pages.
+//! skipped when nothing is out), and the parent may exceed its limit for a few background
+//! periods after it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;

@@ -134,6 +134,16 @@ pub(crate) fn serve_fault(
     let result = loop {
         let pte = region.load(page);
         if pte.busy() {
+            if route == Route::Thread && reclaim::cow::claim_for_fault(pager, page_addr) {
+                // The background reclaimer owns the page and is making it exclusive; it may be
+                // waiting for this very fault (see `reclaim::cow`). A missing page there was
+                // discarded by the application: zeros. A present one (a write-protect fault
+                // raised before the page was unprotected) only needs its thread woken.
+                if pager.uffd.zeropage(page_addr, PAGE_SIZE, true) != RangeResult::Done {
+                    let _ = pager.uffd.wake(page_addr, PAGE_SIZE);
+                }
+                break Ok(());
+            }
             if backoff.is_completed() && now_ns().saturating_sub(t0) > BUSY_WAIT_LIMIT_NS {
                 pager.stats.inc(Counter::FaultBusyTimeout);
                 pager.record_error(page_addr, pte.entry(), PageErrorKind::BusyTimeout);

@@ -271,6 +271,7 @@ impl PagerBuilder {
             background_reclaim: self.background_reclaim,
             errors: ArrayQueue::new(ERROR_LOG_LEN),
             reclaimer: std::sync::OnceLock::new(),
+            cow: reclaim::cow::CowBreak::new(),
             events: events::EventState::default(),
         });
         let doorbell = Doorbell::new().map_err(|e| Error::io("creating the handler-thread doorbell (eventfd)", e))?;
@@ -478,8 +479,11 @@ pub(crate) struct PagerShared {
     pub background_reclaim: BackgroundReclaim,
     /// The most recent page errors (oldest dropped first).
     pub errors: ArrayQueue<PageError>,
-    /// The background reclaimer, for waking it (`BackgroundReclaim::Always`).
+    /// The background reclaimer, for waking it (`BackgroundReclaim::Always`, and pages to
+    /// make exclusive after a fork).
     pub reclaimer: std::sync::OnceLock<std::thread::Thread>,
+    /// Pages a fork shares, waiting to be made exclusive (see `reclaim::cow`).
+    pub cow: reclaim::cow::CowBreak,
     /// Event ordering and the parts of regions `mremap` moved out (see `events`).
     pub events: events::EventState,
 }
@@ -577,6 +581,11 @@ impl PagerShared {
         self.shutdown.load(Ordering::Acquire)
     }
 
+    /// Whether the threads that fault sleep until an ioctl wakes them (thread mode).
+    pub fn mode_wakes(&self) -> bool {
+        self.mode == FaultMode::Thread
+    }
+
     /// A snapshot of the counters (without `publish`). `flush` first empties the per-CPU
     /// batches of freed slots, so the per-device slot counts are exact; the caller blocks
     /// asynchronous signals (it takes spin locks the fault path takes).
@@ -665,9 +674,9 @@ impl Drop for ForkHold {
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = &self.pager.core.shared;
         s.reclaim_held.store(false, Ordering::Release);
-        // Back under the limit. Pages the child still shares (copy-on-write) cannot be
-        // moved out until it writes them or exits: they stay resident and count as
-        // move_refused, and the limit is met again once the child lets go.
+        // Back under the limit. Pages the child shares (copy-on-write) are refused here
+        // (move_refused) and made exclusive by the background reclaimer (`reclaim::cow`),
+        // whose next rounds move them out.
         let _ = reclaim::reclaim_to_limit(s);
     }
 }

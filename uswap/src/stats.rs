@@ -61,6 +61,9 @@ pub(crate) enum Counter {
     LruOverflow,
     /// A `UFFDIO_MOVE` out of a region refused a page (e.g. pinned); it stayed resident.
     MoveRefused,
+    /// A page a fork shared made exclusive again, so that reclaim can move it (see
+    /// `reclaim::cow`).
+    CowBroken,
     /// Device writes that failed; the pages stayed staged in RAM and will be retried.
     SwpoutError,
     /// Pages a device declined (pool full, incompressible) written to another device.
@@ -473,6 +476,9 @@ pub struct Stats {
     pub lru_overflow: u64,
     /// Pages `UFFDIO_MOVE` refused to move out (pinned or shared); they stayed resident.
     pub move_refused: u64,
+    /// Pages refused because a fork child shared them, made exclusive again (copied for
+    /// this process, as a write would) so that reclaim could move them out.
+    pub cow_broken: u64,
     /// Device writes that failed; the pages stayed staged in RAM and are retried later.
     pub swpout_error: u64,
     /// Pages a device declined (pool full, incompressible) and another device took.
@@ -568,6 +574,7 @@ impl Stats {
             fault_error,
             lru_overflow,
             move_refused,
+            cow_broken,
             swpout_error,
             swpout_spilled,
             writeback,
@@ -672,6 +679,7 @@ impl PerCpuStats {
         s.fault_error = self.sum(FaultError);
         s.lru_overflow = self.sum(LruOverflow);
         s.move_refused = self.sum(MoveRefused);
+        s.cow_broken = self.sum(CowBroken);
         s.swpout_error = self.sum(SwpoutError);
         s.swpout_spilled = self.sum(SwpoutSpilled);
         s.writeback = self.sum(Writeback);

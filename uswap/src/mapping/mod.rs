@@ -351,6 +351,20 @@ impl std::ops::Deref for AtomicTable {
     }
 }
 
+/// Makes the page at `addr` (page-aligned) writable and exclusive to this process
+/// (`MADV_POPULATE_WRITE`): a page it shares copy-on-write with a fork child is copied, as
+/// a write fault would, without changing a byte of it. A page that is missing is faulted in
+/// like any access (into userfaultfd, if the range is registered). Async-signal-safe.
+pub fn populate_write(addr: usize) -> io::Result<()> {
+    // SAFETY: madvise checks the range itself (ENOMEM if unmapped); POPULATE_WRITE faults
+    // pages in for writing and never changes their contents or the mapping.
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, PAGE_SIZE, libc::MADV_POPULATE_WRITE) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Whether the page at `addr` (page-aligned, in a mapping) is present in the page table.
 /// Allocates nothing: safe in a signal handler.
 pub fn page_present(addr: usize) -> bool {

@@ -9,6 +9,7 @@
 use std::sync::atomic::Ordering;
 
 use super::charge::{shared_above, watermarks};
+use super::cow;
 use super::writeback::device_writeback;
 use super::{reclaim_round, BATCH, MAX_FRUITLESS_ROUNDS};
 use crate::backend::AlignedPage;
@@ -31,6 +32,8 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
     let mut writeback_buf = vec![AlignedPage([0; PAGE_SIZE]); BATCH];
     while !p.is_shutdown() {
         std::thread::park_timeout(BACKGROUND_PERIOD);
+        // Whatever the application does: faulting threads cannot do it (see `cow`).
+        cow::break_queued(p);
         // Tiers first: a full pool would otherwise send every new page past itself. Bounded:
         // stops when no device wants room or nothing can move.
         while !p.is_shutdown() && device_writeback(p, &mut writeback_buf) > 0 {}

@@ -8,6 +8,7 @@
 //! * [`swapout`]: the two stages of a swap-out, resident pages into the swap cache
 //!   (`crate::swap::SwapCache`), then staged pages to their devices;
 //! * [`writeback`]: pages moved from one device to the next tier down;
+//! * [`cow`]: pages a fork shares, made exclusive again so that they can be moved out;
 //! * [`background`]: the background reclaimer thread.
 //!
 //! This module holds what ties them together: a reclaim round and the loop that brings the
@@ -24,6 +25,7 @@
 
 pub(crate) mod background;
 pub(crate) mod charge;
+pub(crate) mod cow;
 pub(crate) mod lru;
 pub(crate) mod swapout;
 pub(crate) mod writeback;

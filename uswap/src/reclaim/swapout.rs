@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 use arrayvec::ArrayVec;
 
 use super::charge::uncharge;
+use super::cow;
 use super::lru::{refill_active_by_scan, List};
 use super::BATCH;
 use crate::backend::{BackendError, WriteReq};
@@ -189,6 +190,10 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
             // goes back on the LRU.
             p.stats.inc(Counter::MoveRefused);
             refused += 1;
+            if matches!(r, RangeResult::Partial { errno: libc::EBUSY, .. }) {
+                let v = victims[i + done];
+                cow::queue(p, guards.page_ref(v.gi, v.page, v.pte));
+            }
         }
         uncharge(p, done);
         p.clean_pages.fetch_sub(done, Ordering::Relaxed);
@@ -287,6 +292,10 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
                     p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
                     p.stats.inc(Counter::MoveRefused);
                     refused += 1;
+                    if errno == libc::EBUSY {
+                        // Shared with a fork child (or pinned): see `cow`.
+                        cow::queue(p, guards.page_ref(v.gi, v.page, v.pte));
+                    }
                 }
                 k += 1;
             }

@@ -1,0 +1,126 @@
+//! Pages a fork shares: made exclusive again so that reclaim can move them out.
+//!
+//! After `fork()` every private page of the parent is shared copy-on-write with the child,
+//! and stays marked so (not `PageAnonExclusive`) until the parent writes it, even after the
+//! child exits. `UFFDIO_MOVE` refuses such a page (`EBUSY`), so a parent that forks (Redis'
+//! BGSAVE, Python's `multiprocessing`) could not get back under its limit. The kernel's own
+//! reclaim unmaps a shared page from one process through its reverse map; user space cannot,
+//! so this does what a write would do, without writing: `MADV_POPULATE_WRITE` copies the page
+//! for this process (or, once the child has gone, just marks it exclusive), and the next
+//! reclaim round moves it out like any other page. The copy costs a page of RAM for a moment,
+//! until that round; nothing else changes.
+//!
+//! Swap-out queues the pages it was refused with `EBUSY` ([`queue`]); the background
+//! reclaimer breaks them ([`break_queued`]) one at a time, owning only that page while it
+//! does. It is the only caller: `MADV_POPULATE_WRITE` on a page that the application
+//! discarded at that very moment (`MADV_DONTNEED` racing with reclaim) faults into the
+//! engine. In signal mode that fault fails the call (`EFAULT`); in thread mode it waits for a
+//! handler thread, which must not wait for the page in turn: it sees the page's address in
+//! [`CowBreak::addr`], claims it, and maps zeros, which is what the discard asked for
+//! ([`claim_for_fault`]). A handler thread could not break pages itself: its own faulting
+//! page, held busy, may be the one another handler waits on.
+//!
+//! Pinned pages are refused with `EBUSY` too; populating them changes nothing (they are
+//! exclusive already), and they are refused again (`move_refused`).
+//!
+//! Locking: none; the page is owned through its busy bit, the address slot is one atomic.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crossbeam_queue::ArrayQueue;
+
+use crate::mapping::populate_write;
+use crate::pager::PagerShared;
+use crate::region::{PageRef, PageState, RegionSet};
+use crate::stats::Counter;
+use crate::uffd::PAGE_SIZE;
+
+/// Refused pages waiting to be made exclusive; a page that finds it full stays on the LRU
+/// and is queued when a later round is refused it again.
+const QUEUE_LEN: usize = 4096;
+/// Pages one call of [`break_queued`] handles (bounds the background period).
+const MAX_PER_CALL: usize = 1024;
+/// The low bit of [`CowBreak::addr`]: a handler thread claimed the page (see module doc).
+const CLAIMED: usize = 1;
+
+/// The queue of pages to break and the one being broken.
+pub(crate) struct CowBreak {
+    queue: ArrayQueue<u64>,
+    /// The page-aligned address being populated right now, `| CLAIMED` once a handler thread
+    /// mapped it; 0 when none.
+    addr: AtomicUsize,
+}
+
+impl CowBreak {
+    pub fn new() -> CowBreak {
+        CowBreak { queue: ArrayQueue::new(QUEUE_LEN), addr: AtomicUsize::new(0) }
+    }
+}
+
+/// Queues a page `UFFDIO_MOVE` refused with `EBUSY` (shared with a fork child, or pinned).
+/// Lock-free, allocation-free.
+pub(crate) fn queue(p: &PagerShared, r: PageRef) {
+    if p.cow.queue.push(r.pack()).is_err() {
+        return;
+    }
+    if let Some(t) = p.reclaimer.get() {
+        t.unpark();
+    }
+}
+
+/// Thread mode: a handler thread serving a fault on `page_addr` while the background
+/// reclaimer populates that page takes it over, so that neither waits for the other. Returns
+/// true when it did: the caller then maps a zero page there (a missing fault on a page
+/// reclaim owns means the application discarded it) or, for a write-protect fault, only
+/// wakes the thread.
+pub(crate) fn claim_for_fault(p: &PagerShared, page_addr: usize) -> bool {
+    p.cow.addr.compare_exchange(page_addr, page_addr | CLAIMED, Ordering::AcqRel, Ordering::Acquire).is_ok()
+}
+
+/// Makes the queued pages exclusive, one at a time. Returns how many it populated.
+pub(crate) fn break_queued(p: &PagerShared) -> usize {
+    let mut broken = 0;
+    for _ in 0..MAX_PER_CALL {
+        if p.reclaim_held.load(Ordering::Acquire) || p.is_shutdown() {
+            break;
+        }
+        let Some(v) = p.cow.queue.pop() else { break };
+        let r = PageRef::unpack(v);
+        let mut guards = RegionSet::new();
+        let Ok(gi) = guards.get(p, r) else { continue };
+        let region = &guards.g[gi];
+        let pte = region.load(r.page);
+        if pte.state() != PageState::Resident || pte.gen() != r.page_gen {
+            continue; // it moved on (written, freed, or taken out after all)
+        }
+        let Some(locked) = region.try_lock(r.page, pte) else { continue };
+        let addr = region.page_addr(r.page);
+        let mut new = locked.unbusy();
+        if locked.clean() {
+            // Write-protected so that its slot's copy stays valid; populating it for writing
+            // would fault into the engine. It becomes an ordinary dirty page, as on its first
+            // write.
+            if p.uffd.writeprotect(addr, PAGE_SIZE, false, p.mode_wakes()).is_err() {
+                region.store(r.page, new);
+                continue;
+            }
+            p.devices.free(pte.entry(), false);
+            p.clean_pages.fetch_sub(1, Ordering::Relaxed);
+            new = locked.dirtied();
+        }
+        p.cow.addr.store(addr, Ordering::Release);
+        let populated = populate_write(addr);
+        let claimed = p.cow.addr.swap(0, Ordering::AcqRel) & CLAIMED != 0;
+        region.store(r.page, new);
+        if p.mode_wakes() {
+            // A write-protect fault on the page while we owned it was woken without being
+            // served: it retries now.
+            let _ = p.uffd.wake(addr, PAGE_SIZE);
+        }
+        if populated.is_ok() && !claimed {
+            p.stats.inc(Counter::CowBroken);
+            broken += 1;
+        }
+    }
+    broken
+}

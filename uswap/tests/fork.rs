@@ -1,0 +1,171 @@
+//! fork() without exec: the parent keeps paging within its limit while a child shares its
+//! pages copy-on-write, and the child reads every byte as it was at the fork.
+//!
+//! After a fork the kernel refuses to move a shared page (`UFFDIO_MOVE` gives `EBUSY`), even
+//! once the child has gone, until the parent writes it; pages the parent only reads stayed
+//! resident for ever and the parent sat above its limit. Every byte is verified, in the
+//! parent and in the child; the work runs under a time bound that fails with the counters.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use uswap::{DeviceConfig, FaultMode, Pager, PAGE_SIZE};
+
+mod common;
+use common::*;
+
+const LIMIT: u64 = 8 * MIB;
+const WSS: u64 = 4 * LIMIT;
+/// What a pager may hold above its limit once it is quiet: its swap cache's batches in flight.
+const SLACK_PAGES: u64 = 1024;
+const BOUND: Duration = Duration::from_secs(120);
+
+/// Whether page `i` holds version `v`. Allocates nothing and never panics: the fork child of
+/// a multi-threaded process may only do async-signal-safe work.
+fn page_is(w: &[AtomicU64], i: usize, v: u64) -> bool {
+    (0..WORDS).all(|k| w[i * WORDS + k].load(Ordering::Relaxed) == word(i, v, k))
+}
+
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two new descriptors into `fds`, which we then own.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe: {}", std::io::Error::last_os_error());
+    // SAFETY: both are fresh descriptors nobody else owns.
+    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// Reads one byte, waiting at most `timeout`; None on timeout or end of file.
+fn read_byte(fd: &OwnedFd, timeout: Duration) -> Option<u8> {
+    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) } != 1 {
+        return None;
+    }
+    let mut b = 0u8;
+    // SAFETY: reads at most one byte into `b`.
+    (unsafe { libc::read(fd.as_raw_fd(), (&mut b as *mut u8).cast(), 1) } == 1).then_some(b)
+}
+
+fn write_byte(fd: &OwnedFd, b: u8) {
+    // SAFETY: writes one byte from `b`; async-signal-safe.
+    unsafe { libc::write(fd.as_raw_fd(), (&b as *const u8).cast(), 1) };
+}
+
+/// Waits (bounded) until the pager is back at or under its limit plus the slack.
+fn settles_under_limit(p: &Pager) -> uswap::Stats {
+    let t0 = Instant::now();
+    loop {
+        let s = p.stats();
+        if s.resident_pages <= s.limit_pages + SLACK_PAGES || t0.elapsed() > Duration::from_secs(20) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn parent_pages_out_while_the_child_shares_them(mode: FaultMode) {
+    let pager = Pager::builder()
+        .resident_limit(LIMIT)
+        .fault_mode(mode)
+        .device(DeviceConfig::ram(2 * WSS))
+        .regions_survive_fork(true)
+        .build()
+        .expect("pager");
+    let mut region = pager.map(WSS as usize).expect("map");
+    let pages = WSS as usize / PAGE_SIZE;
+    let w = region_words(&mut region);
+    for i in 0..pages {
+        write_page(w, i, 1);
+    }
+    assert!(pager.stats().pswpout > 0, "nothing went out before the fork");
+
+    let (ready_r, ready_w) = pipe();
+    let (go_r, go_w) = pipe();
+    let hold = pager.prepare_fork();
+    // SAFETY: the child only reads memory and calls async-signal-safe functions (poll,
+    // read, write, _exit) before it exits; it never returns into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let first = (0..pages).all(|i| page_is(w, i, 1));
+        write_byte(&ready_w, first as u8);
+        // The parent rewrites half its pages and pages out meanwhile.
+        let go = read_byte(&go_r, BOUND).is_some();
+        let again = go && (0..pages).all(|i| page_is(w, i, 1));
+        write_byte(&ready_w, again as u8);
+        // SAFETY: ends the child without running the parent's destructors or atexit.
+        unsafe { libc::_exit(0) };
+    }
+    drop(hold);
+    let child_ok = read_byte(&ready_r, BOUND);
+    let kill = |why: &str| -> ! {
+        // SAFETY: kills and reaps our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        panic!("{mode:?}: {why}: {:?}", pager.stats());
+    };
+    if child_ok != Some(1) {
+        kill("the child read other bytes than the parent's at the fork");
+    }
+
+    // The child is alive and shares every page. Half are rewritten (copied by the write),
+    // half only read: those stay shared, and must still go out.
+    for i in 0..pages / 2 {
+        write_page(w, i, 2);
+    }
+    let mut rng = Rng(0x5EED);
+    for _ in 0..pages {
+        let i = rng.next() as usize % pages;
+        if !page_is(w, i, if i < pages / 2 { 2 } else { 1 }) {
+            kill(&format!("parent: page {i} wrong while the child lives"));
+        }
+    }
+    let s = settles_under_limit(&pager);
+    if s.resident_pages > s.limit_pages + SLACK_PAGES {
+        kill("the parent stayed above its limit while the child shared its pages");
+    }
+    write_byte(&go_w, 1);
+    let child_again = read_byte(&ready_r, BOUND);
+    if child_again != Some(1) {
+        kill("the child's copy changed after the parent's writes and swap-outs");
+    }
+    let mut status = 0;
+    // SAFETY: reaps our own child, which has answered and is exiting.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+
+    // The child has gone; the parent's pages are all its own again, every byte as written.
+    for i in 0..pages {
+        check_page(w, i, if i < pages / 2 { 2 } else { 1 });
+    }
+    let s = settles_under_limit(&pager);
+    assert!(s.resident_pages <= s.limit_pages + SLACK_PAGES, "{mode:?}: above the limit after the child: {s:?}");
+    assert!(s.move_refused > 0, "{mode:?}: no page was ever refused, so nothing was shared: {s:?}");
+    assert!(s.cow_broken > 0, "{mode:?}: {s:?}");
+    assert_eq!(s.fault_error + s.fault_busy_timeout, 0, "{mode:?}: {s:?}");
+}
+
+fn region_words(region: &mut uswap::Region) -> &[AtomicU64] {
+    let b = region.as_mut_slice();
+    // SAFETY: the region is page-aligned (so 8-aligned) and borrowed for the slice's
+    // lifetime; all access goes through atomics.
+    unsafe { std::slice::from_raw_parts(b.as_mut_ptr() as *const AtomicU64, b.len() / 8) }
+}
+
+fn bounded(mode: FaultMode) {
+    let worker = std::thread::spawn(move || parent_pages_out_while_the_child_shares_them(mode));
+    let t0 = Instant::now();
+    while !worker.is_finished() {
+        assert!(t0.elapsed() < BOUND, "{mode:?}: fork scenario still running after {BOUND:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Err(e) = worker.join() {
+        std::panic::resume_unwind(e);
+    }
+}
+
+in_both_modes!(bounded() => thread_mode_parent_pages_out_while_a_fork_child_shares_its_pages,
+    signal_mode_parent_pages_out_while_a_fork_child_shares_its_pages);
