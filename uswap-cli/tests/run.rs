@@ -208,6 +208,18 @@ fn fork_child_alive_while_the_parent_allocates_more() {
     assert!(took < Duration::from_secs(120), "took {took:?}: {v}");
 }
 
+/// Blocks larger than the heap's first arena (256 MiB), than mimalloc's default largest
+/// arena object (2 GiB; a 3 GiB malloc used to fail) and than its largest arena (16 GiB;
+/// a managed mapping of its own), through malloc, calloc, realloc both ways and free.
+#[test]
+fn blocks_larger_than_an_arena_allocate_as_with_glibc() {
+    let dir = tmpdir("bigalloc");
+    let p = compile("bigalloc", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
+    let r = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+    assert_same_and_paged(&prog, &r, LIMIT_MIB);
+}
+
 #[test]
 fn sort_with_a_buffer_larger_than_the_limit() {
     let dir = tmpdir("sort");

@@ -13,8 +13,9 @@
 //! (`real`). `free` and friends route by address: a block in the arena goes back to mimalloc
 //! whichever thread frees it.
 //!
-//! mimalloc caps one arena at 16 GiB: the region is handed over in [`ARENA_CHUNK_BYTES`]
-//! pieces, so the largest single allocation is 16 GiB.
+//! mimalloc caps one arena at 16 GiB, so the largest single allocation is a little under
+//! 16 GiB ([`MAX_ARENA_BYTES`]). The region is handed over in pieces as the heap grows ([`grow`], on an allocation mimalloc could not place), doubling
+//! from [`FIRST_ARENA_BYTES`].
 
 use std::cell::Cell;
 use std::ffi::c_void;
@@ -27,6 +28,7 @@ const MI_OPTION_DISALLOW_OS_ALLOC: mi::mi_option_t = 17;
 const MI_OPTION_ALLOW_LARGE_OS_PAGES: mi::mi_option_t = 6;
 const MI_OPTION_RESERVE_OS_MEMORY: mi::mi_option_t = 9;
 const MI_OPTION_ARENA_RESERVE: mi::mi_option_t = 23;
+const MI_OPTION_ARENA_MAX_OBJECT_SIZE: mi::mi_option_t = 45;
 
 extern "C" {
     /// `bool mi_manage_os_memory_ex(void* start, size_t size, bool is_committed, bool
@@ -45,8 +47,11 @@ extern "C" {
 
 use crate::real;
 
-/// Bytes of the region handed to mimalloc per arena (its maximum arena size).
+/// The most bytes of the region handed to mimalloc at once while the heap grows.
 pub const ARENA_CHUNK_BYTES: usize = 8 << 30;
+/// mimalloc's largest arena (`MI_ARENA_MAX_SIZE`); an allocation larger than
+/// [`ARENA_CHUNK_BYTES`] gets an arena of up to this size.
+pub const MAX_ARENA_BYTES: usize = 16 << 30;
 
 static ARENA_START: AtomicUsize = AtomicUsize::new(0);
 static ARENA_END: AtomicUsize = AtomicUsize::new(0);
@@ -91,7 +96,9 @@ pub fn in_arena(p: *mut c_void) -> bool {
 }
 
 /// Hands `[start, start + len)` (a managed region, zero-filled on first touch) to mimalloc as
-/// its only memory and turns routing on. Called once, by the constructor.
+/// its only memory and turns routing on. Called once, by the constructor. Only the first
+/// [`FIRST_ARENA_BYTES`] become an arena now; the rest follows as allocations need it
+/// ([`grow`]).
 pub fn start(start: usize, len: usize) -> Result<(), String> {
     // SAFETY: option setters take plain integers; they run before any mimalloc allocation
     // (routing is still off, so nothing has called into mimalloc yet).
@@ -101,26 +108,112 @@ pub fn start(start: usize, len: usize) -> Result<(), String> {
         mi::mi_option_set(MI_OPTION_ALLOW_LARGE_OS_PAGES, 0);
         mi::mi_option_set(MI_OPTION_RESERVE_OS_MEMORY, 0);
         mi::mi_option_set(MI_OPTION_ARENA_RESERVE, 0);
+        // Objects above this (2 GiB by default) go to the OS, which is disallowed: a 3 GiB
+        // malloc failed. In KiB; mimalloc clamps it to its largest arena less its metadata.
+        mi::mi_option_set(MI_OPTION_ARENA_MAX_OBJECT_SIZE, (MAX_ARENA_BYTES >> 10) as std::ffi::c_long);
     }
-    let mut off = 0;
-    while off < len {
-        let chunk = (len - off).min(ARENA_CHUNK_BYTES);
-        let mut id: *mut c_void = std::ptr::null_mut();
-        // SAFETY: the range is mapped, readable and writable for the pager's lifetime (the
-        // whole process: it is never unmapped) and no one else uses it; is_committed because
-        // touching it is enough to use it (userfaultfd fills it), is_zero because it reads as
-        // zero until written.
-        let ok = unsafe {
-            mi_manage_os_memory_ex((start + off) as *mut c_void, chunk, true, false, true, -1, false, &mut id)
-        };
-        if !ok {
-            return Err(format!("mimalloc refused the managed region at {:#x} (+{off}, {chunk} bytes)", start));
-        }
-        off += chunk;
-    }
+    REGION_LEN.store(len, Ordering::Release);
+    let first = len.min(FIRST_ARENA_BYTES);
+    add_arena(start, 0, first)?;
+    HANDED_BYTES.store(first, Ordering::Release);
     ARENA_START.store(start, Ordering::Release);
     ARENA_END.store(start + len, Ordering::Release);
     Ok(())
+}
+
+/// The first arena. mimalloc initialises an arena's bitmaps on its first pages, which fault
+/// into the engine one by one: handing it the whole region at start cost a short process
+/// (a shell's `/bin/true`) 10 ms for the default devices' 50 GiB heap.
+pub const FIRST_ARENA_BYTES: usize = 256 << 20;
+/// Bytes of the region, and of it the bytes handed to mimalloc so far (a prefix).
+static REGION_LEN: AtomicUsize = AtomicUsize::new(0);
+static HANDED_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Serialises [`grow`] (taken only when an allocation found every arena full).
+static GROW: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn add_arena(start: usize, off: usize, len: usize) -> Result<(), String> {
+    let mut id: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the range is mapped, readable and writable for the pager's lifetime (the whole
+    // process: it is never unmapped) and no one else uses it; is_committed because touching
+    // it is enough to use it (userfaultfd fills it), is_zero because it reads as zero until
+    // written.
+    let ok =
+        unsafe { mi_manage_os_memory_ex((start + off) as *mut c_void, len, true, false, true, -1, false, &mut id) };
+    if !ok {
+        return Err(format!("mimalloc refused the managed region at {start:#x} (+{off}, {len} bytes)"));
+    }
+    Ok(())
+}
+
+/// An allocation failed with `handed_seen` bytes handed to mimalloc: hands it the next piece
+/// of the region, as large as all handed so far (so the heap doubles), at most
+/// [`ARENA_CHUNK_BYTES`], and at least `want` bytes with room for the arena's metadata (up to
+/// [`MAX_ARENA_BYTES`]). Returns whether the caller should try again: another thread may
+/// have grown the heap meanwhile, or there was more to hand; false once the region is all
+/// handed (the allocation then fails, as the program's malloc would).
+fn grow(handed_seen: usize, want: usize) -> bool {
+    let _g = GROW.lock().unwrap_or_else(|e| e.into_inner());
+    let handed = HANDED_BYTES.load(Ordering::Acquire);
+    if handed != handed_seen {
+        return true;
+    }
+    let left = REGION_LEN.load(Ordering::Acquire) - handed;
+    if left == 0 {
+        return false;
+    }
+    let for_want = want.saturating_add(FIRST_ARENA_BYTES).next_multiple_of(FIRST_ARENA_BYTES).min(MAX_ARENA_BYTES);
+    let len = handed.min(ARENA_CHUNK_BYTES).max(for_want).min(left);
+    let _uswap = Guard::enter();
+    if add_arena(ARENA_START.load(Ordering::Acquire), handed, len).is_err() {
+        return false;
+    }
+    HANDED_BYTES.store(handed + len, Ordering::Release);
+    true
+}
+
+/// Runs a mimalloc allocation of `size` bytes, growing the heap while it fails and the
+/// region has more. Bounded: each retry follows a growth of the handed prefix, which is
+/// finite. A block no arena can hold (larger than mimalloc's largest arena) becomes a
+/// managed mapping of its own ([`huge`]).
+#[inline]
+fn mi_alloc(size: usize, alloc: impl Fn() -> *mut c_void) -> *mut c_void {
+    if size > HUGE_MIN_BYTES {
+        return huge(size);
+    }
+    loop {
+        let seen = HANDED_BYTES.load(Ordering::Acquire);
+        let p = alloc();
+        if !p.is_null() || !grow(seen, size) {
+            return p;
+        }
+    }
+}
+
+/// Blocks above this are managed mappings of their own, not heap blocks: mimalloc cannot
+/// place a block larger than its largest arena (less the arena's metadata).
+const HUGE_MIN_BYTES: usize = MAX_ARENA_BYTES - (64 << 20);
+
+/// A block of `size` bytes in a managed mapping of its own (page-aligned, zero-filled): the
+/// program's `malloc` of 20 GiB must not fail where glibc's would succeed. `free`, `realloc`
+/// and `malloc_usable_size` find it by its start ([`huge_len`]).
+fn huge(size: usize) -> *mut c_void {
+    match crate::mmap::map_for_heap(size) {
+        Some(p) => p,
+        None => {
+            set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// The length of `p`'s block if it is a [`huge`] one. Outside the arena and page-aligned
+/// first (a lock and a table search only then: glibc's blocks are never page-aligned).
+fn huge_len(p: *mut c_void) -> Option<usize> {
+    let a = p as usize;
+    if in_arena(p) || a % uswap::PAGE_SIZE != 0 {
+        return None;
+    }
+    crate::mmap::managed_len(a)
 }
 
 /// glibc's `realloc(p, 0)` frees and returns null; programs rely on it.
@@ -130,7 +223,7 @@ const REALLOC_ZERO_FREES: bool = true;
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
     if managed_caller() {
         // SAFETY: mimalloc's malloc; any size is valid.
-        unsafe { mi::mi_malloc(size) }
+        mi_alloc(size, || unsafe { mi::mi_malloc(size) })
     } else {
         real::malloc(size)
     }
@@ -140,7 +233,7 @@ pub extern "C" fn malloc(size: usize) -> *mut c_void {
 pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     if managed_caller() {
         // SAFETY: mimalloc's calloc checks the product for overflow.
-        unsafe { mi::mi_calloc(n, size) }
+        mi_alloc(n.saturating_mul(size), || unsafe { mi::mi_calloc(n, size) })
     } else {
         real::calloc(n, size)
     }
@@ -156,6 +249,8 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     if in_arena(p) {
         // SAFETY: every pointer in the arena was returned by mimalloc (module invariant).
         unsafe { mi::mi_free(p) }
+    } else if let Some(len) = huge_len(p) {
+        crate::mmap::munmap(p, len);
     } else {
         // SAFETY: not in the arena, so the C library's or the bootstrap area's.
         unsafe { real::free(p) }
@@ -183,14 +278,17 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         unsafe { free(p) };
         return std::ptr::null_mut();
     }
-    match (in_arena(p), managed_caller()) {
+    let huge_block = huge_len(p).is_some();
+    match (in_arena(p), managed_caller() && !huge_block && size <= HUGE_MIN_BYTES) {
         // SAFETY: `p` is mimalloc's.
-        (true, true) => unsafe { mi::mi_realloc(p, size) },
-        // SAFETY: `p` is the C library's (not in the arena).
-        (false, false) => unsafe { real::realloc(p, size) },
+        (true, true) => mi_alloc(size, || unsafe { mi::mi_realloc(p, size) }),
+        // SAFETY: `p` is the C library's (not in the arena, not a huge block).
+        (false, false) if !huge_block => unsafe { real::realloc(p, size) },
         // A block moves between heaps: allocate on the caller's side, copy, free the old one.
         (from_arena, _) => {
-            let old_size = if from_arena {
+            let old_size = if let Some(len) = huge_len(p) {
+                len
+            } else if from_arena {
                 // SAFETY: `p` is mimalloc's.
                 unsafe { mi::mi_usable_size(p) }
             } else {
@@ -227,8 +325,13 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 
 fn aligned(align: usize, size: usize) -> *mut c_void {
     if managed_caller() {
+        if size > HUGE_MIN_BYTES && align > uswap::PAGE_SIZE {
+            // A huge block is a mapping of its own, aligned to a page only.
+            set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        }
         // SAFETY: mimalloc's aligned malloc; `align` is a power of two (checked by callers).
-        unsafe { mi::mi_malloc_aligned(size, align) }
+        mi_alloc(size, || unsafe { mi::mi_malloc_aligned(size, align) })
     } else {
         real::memalign(align, size)
     }
@@ -292,6 +395,8 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     } else if in_arena(p) {
         // SAFETY: `p` is mimalloc's.
         unsafe { mi::mi_usable_size(p) }
+    } else if let Some(len) = huge_len(p) {
+        len
     } else {
         // SAFETY: not in the arena, so the C library's or the bootstrap area's.
         unsafe { real::usable_size(p) }

@@ -103,6 +103,19 @@ fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
     }
 }
 
+/// A managed mapping of `len` bytes for the heap's largest blocks (see `heap::huge`), or
+/// `None` when this process is not managed or the pager refuses it.
+pub fn map_for_heap(len: usize) -> Option<*mut c_void> {
+    let cfg = config()?;
+    let _g = Guard::enter();
+    map_managed(cfg, len)
+}
+
+/// The length of the managed mapping that starts exactly at `start`, if there is one.
+pub fn managed_len(start: usize) -> Option<usize> {
+    TABLE.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|e| e.start == start).map(|e| e.len)
+}
+
 #[no_mangle]
 pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
     if !in_uswap() && !uswap::is_engine_thread() {

@@ -103,12 +103,12 @@ impl ZpoolBackend {
     }
 
     fn links(&self, chunk: u32) -> (u32, u32) {
-        let l = self.chunk_links[chunk as usize].load(Ordering::Relaxed);
+        let l = self.chunk_links.load(chunk as usize, Ordering::Relaxed);
         ((l >> 32) as u32, l as u32)
     }
 
     fn set_links(&self, chunk: u32, prev: u32, next: u32) {
-        self.chunk_links[chunk as usize].store((prev as u64) << 32 | next as u64, Ordering::Relaxed);
+        self.chunk_links.store(chunk as usize, (prev as u64) << 32 | next as u64, Ordering::Relaxed);
     }
 
     /// Pushes `chunk` at the head of its class's partial list (class lock held).
@@ -159,11 +159,11 @@ impl ZpoolBackend {
                 }
             };
             self.chunks_in_use.fetch_add(1, Ordering::Relaxed);
-            self.chunk_meta[ch as usize].store(meta(c as u64, 0, NO_OBJ, 0), Ordering::Relaxed);
+            self.chunk_meta.store(ch as usize, meta(c as u64, 0, NO_OBJ, 0), Ordering::Relaxed);
             self.partial_push(&mut cls, ch);
             ch
         };
-        let m = self.chunk_meta[chunk as usize].load(Ordering::Relaxed);
+        let m = self.chunk_meta.load(chunk as usize, Ordering::Relaxed);
         debug_assert_eq!(meta_class(m), c as u64);
         let (obj, free_head, next_unused) = if meta_free_head(m) != NO_OBJ {
             let obj = meta_free_head(m);
@@ -178,15 +178,15 @@ impl ZpoolBackend {
         if inuse == objects_per_chunk(c) {
             self.partial_unlink(&mut cls, chunk);
         }
-        self.chunk_meta[chunk as usize].store(meta(c as u64, inuse, free_head, next_unused), Ordering::Relaxed);
+        self.chunk_meta.store(chunk as usize, meta(c as u64, inuse, free_head, next_unused), Ordering::Relaxed);
         Some((chunk, obj))
     }
 
     pub(super) fn free_object(&self, chunk: u32, obj: u64) {
-        let c = meta_class(self.chunk_meta[chunk as usize].load(Ordering::Relaxed)) as usize;
+        let c = meta_class(self.chunk_meta.load(chunk as usize, Ordering::Relaxed)) as usize;
         assert!(c < NR_CLASSES, "object freed in a free chunk {chunk}");
         let mut cls = self.classes[c].lock();
-        let m = self.chunk_meta[chunk as usize].load(Ordering::Relaxed);
+        let m = self.chunk_meta.load(chunk as usize, Ordering::Relaxed);
         let inuse = meta_inuse(m);
         assert!(inuse > 0, "chunk {chunk}: object freed twice");
         let was_full = inuse == objects_per_chunk(c);
@@ -196,7 +196,7 @@ impl ZpoolBackend {
             if !was_full {
                 self.partial_unlink(&mut cls, chunk);
             }
-            self.chunk_meta[chunk as usize].store(meta(NO_CLASS, 0, NO_OBJ, 0), Ordering::Relaxed);
+            self.chunk_meta.store(chunk as usize, meta(NO_CLASS, 0, NO_OBJ, 0), Ordering::Relaxed);
             let mut a = self.free_chunks.lock();
             self.set_links(chunk, NIL, a.free_head);
             a.free_head = chunk;
@@ -205,7 +205,7 @@ impl ZpoolBackend {
             if was_full {
                 self.partial_push(&mut cls, chunk);
             }
-            self.chunk_meta[chunk as usize].store(meta(c as u64, inuse, obj, meta_next_unused(m)), Ordering::Relaxed);
+            self.chunk_meta.store(chunk as usize, meta(c as u64, inuse, obj, meta_next_unused(m)), Ordering::Relaxed);
         }
     }
 }

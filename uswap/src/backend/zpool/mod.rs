@@ -46,8 +46,13 @@ pub use allocator::CHUNK_BYTES;
 
 /// Chunks writeback looks at from its clock hand to pick the sparsest.
 const WRITEBACK_LOOKAHEAD_CHUNKS: u32 = 16;
-/// Arena populated ahead of the first never-used chunk by `prepare` (32 MiB).
+/// Most of the arena populated ahead of the first never-used chunk by `prepare` (32 MiB).
+/// The lead grows with use, from [`PREPARE_AHEAD_MIN_CHUNKS`] to this: a pool that stores
+/// nothing populates nothing (a short-lived process under `uswap run` paid 32 MiB of RAM and
+/// 26 ms of page zeroing for a pool it never used).
 const PREPARE_AHEAD_CHUNKS: u32 = 512;
+/// The lead once the pool holds anything (1 MiB).
+const PREPARE_AHEAD_MIN_CHUNKS: u32 = 16;
 
 /// How pages are compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,8 +107,8 @@ pub struct ZpoolBackend {
     arena: Mapping,
     nr_chunks: u32,
     /// Per chunk: metadata word and list links (prev << 32 | next).
-    chunk_meta: Box<[AtomicU64]>,
-    chunk_links: Box<[AtomicU64]>,
+    chunk_meta: LazyWords,
+    chunk_links: LazyWords,
     classes: Box<[SpinLock<ClassState>]>,
     free_chunks: SpinLock<ArenaState>,
     /// Workspaces, one per operation, taken and returned without locks.
@@ -138,6 +143,31 @@ pub enum ZpoolError {
     ZstdLevel { level: i32 },
     #[error("cannot set up a zstd context: {what}")]
     Zstd { what: String },
+}
+
+/// Per-chunk words that read as `init` until written, in lazily zero-filled memory (each
+/// word is kept XORed with `init`): a pool sized for a large cap costs no RAM and no start-up
+/// time for the chunks it never uses (filled eagerly, the tables of the default pool, half
+/// the RAM, took 3 MiB and most of a short process's start under `uswap run`).
+struct LazyWords {
+    words: AtomicTable,
+    init: u64,
+}
+
+impl LazyWords {
+    fn new(len: usize, init: u64) -> std::io::Result<LazyWords> {
+        Ok(LazyWords { words: AtomicTable::new(len)?, init })
+    }
+
+    #[inline]
+    fn load(&self, i: usize, order: Ordering) -> u64 {
+        self.words[i].load(order) ^ self.init
+    }
+
+    #[inline]
+    fn store(&self, i: usize, v: u64, order: Ordering) {
+        self.words[i].store(v ^ self.init, order)
+    }
 }
 
 impl ZpoolBackend {
@@ -179,8 +209,8 @@ impl ZpoolBackend {
             slots,
             arena,
             nr_chunks: nr_chunks as u32,
-            chunk_meta: (0..nr_chunks).map(|_| AtomicU64::new(meta(NO_CLASS, 0, NO_OBJ, 0))).collect(),
-            chunk_links: (0..nr_chunks).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            chunk_meta: LazyWords::new(nr_chunks, meta(NO_CLASS, 0, NO_OBJ, 0)).map_err(map_err)?,
+            chunk_links: LazyWords::new(nr_chunks, u64::MAX).map_err(map_err)?,
             classes: (0..NR_CLASSES)
                 .map(|_| SpinLock::new(LockClass::ZpoolSizeClass, ClassState { partial_head: NIL }))
                 .collect(),
@@ -419,8 +449,13 @@ impl Backend for ZpoolBackend {
     }
 
     fn prepare(&self) {
+        if self.stored_pages.load(Ordering::Relaxed) == 0 && self.populated.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let from = self.populated.load(Ordering::Relaxed);
-        let to = (self.fresh_hint.load(Ordering::Relaxed) + PREPARE_AHEAD_CHUNKS).min(self.nr_chunks);
+        let fresh = self.fresh_hint.load(Ordering::Relaxed);
+        let ahead = fresh.clamp(PREPARE_AHEAD_MIN_CHUNKS, PREPARE_AHEAD_CHUNKS);
+        let to = (fresh + ahead).min(self.nr_chunks);
         if to > from {
             let (off, len) = (from as usize * CHUNK_BYTES, (to - from) as usize * CHUNK_BYTES);
             // Best effort: without it the same pages are populated on first use.
@@ -442,7 +477,7 @@ impl Backend for ZpoolBackend {
             let mut best: Option<(u32, u64)> = None;
             for k in 0..WRITEBACK_LOOKAHEAD_CHUNKS.min(self.nr_chunks) {
                 let ch = (hand + k) % self.nr_chunks;
-                let m = self.chunk_meta[ch as usize].load(Ordering::Relaxed);
+                let m = self.chunk_meta.load(ch as usize, Ordering::Relaxed);
                 if meta_class(m) == NO_CLASS || meta_inuse(m) == 0 {
                     continue;
                 }
@@ -456,7 +491,7 @@ impl Backend for ZpoolBackend {
                 self.writeback_hand.fetch_add(WRITEBACK_LOOKAHEAD_CHUNKS, Ordering::Relaxed);
                 continue;
             };
-            let m = self.chunk_meta[chunk as usize].load(Ordering::Relaxed);
+            let m = self.chunk_meta.load(chunk as usize, Ordering::Relaxed);
             let c = meta_class(m);
             let c = c as usize;
             let mut n = 0;
