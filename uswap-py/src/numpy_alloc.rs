@@ -32,6 +32,7 @@ use std::ffi::{c_char, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::ThreadId;
 
 use pyo3::exceptions::{PyImportError, PyRuntimeError};
 use pyo3::ffi;
@@ -115,7 +116,7 @@ impl ManagedHeap {
     }
 
     fn alloc(&self, size: usize, zeroed: bool) -> *mut c_void {
-        if size >= self.threshold_bytes {
+        if size >= self.threshold_bytes && size > 0 {
             if let Some(p) = self.map(size) {
                 return p;
             }
@@ -315,13 +316,14 @@ pub struct NumpyAllocator {
     counters: Arc<Counters>,
     /// Our handler capsule, made on first entry.
     capsule: Option<Py<PyAny>>,
-    /// The handlers that were current at each (nested) entry, innermost last.
-    previous: Vec<Py<PyAny>>,
+    /// Per thread, the handlers that were current at each (nested) entry, innermost last:
+    /// the handler is per thread, so one thread's exit must not restore another's.
+    previous: HashMap<ThreadId, Vec<Py<PyAny>>>,
 }
 
 impl NumpyAllocator {
     pub fn new(pager: uswap::Pager, threshold_bytes: usize, counters: Arc<Counters>) -> NumpyAllocator {
-        NumpyAllocator { pager, threshold_bytes, counters, capsule: None, previous: Vec::new() }
+        NumpyAllocator { pager, threshold_bytes, counters, capsule: None, previous: HashMap::new() }
     }
 }
 
@@ -358,7 +360,7 @@ impl NumpyAllocator {
             }
         };
         let old = swap_handler(py, set, &capsule)?;
-        slf.previous.push(old);
+        slf.previous.entry(std::thread::current().id()).or_default().push(old);
         Ok(slf)
     }
 
@@ -369,9 +371,14 @@ impl NumpyAllocator {
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        let Some(old) = self.previous.pop() else {
-            return Err(PyRuntimeError::new_err("NumpyAllocator.__exit__ without a matching __enter__"));
+        let thread = std::thread::current().id();
+        let stack = self.previous.get_mut(&thread);
+        let Some(old) = stack.and_then(Vec::pop) else {
+            return Err(PyRuntimeError::new_err("NumpyAllocator.__exit__ without a matching __enter__ on this thread"));
         };
+        if self.previous.get(&thread).is_some_and(Vec::is_empty) {
+            self.previous.remove(&thread);
+        }
         let set = numpy_set_handler(py)?;
         swap_handler(py, set, &old)?;
         Ok(false)

@@ -279,6 +279,29 @@ def test_nested_and_per_thread_handlers(pager):
     c[:] = 3
     assert a.sum() == 2 * MiB and b.sum() == 4 * MiB and c.sum() == 6 * MiB
 
+    # One allocator entered by two threads whose blocks interleave: each exit restores its
+    # own thread's handler.
+    shared = pager.numpy()
+    inside, done, names = threading.Event(), threading.Event(), []
+
+    def second():
+        with shared:
+            names.append(handler_name())
+            inside.set()
+            assert done.wait(30), "the main thread did not leave its block"
+        names.append(handler_name())
+
+    t = threading.Thread(target=second)
+    t.start()
+    assert inside.wait(30), "the second thread did not enter"
+    with shared:
+        names.append(handler_name())
+    names.append(handler_name())
+    done.set()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert names == ["uswap", "uswap", outside, outside], names
+
 
 README_SUBSTITUTIONS = [
     ('limit="2GiB"', 'limit="8MiB"'),
