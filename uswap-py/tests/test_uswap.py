@@ -333,3 +333,25 @@ def test_the_readme_example_runs_as_written_at_a_smaller_size():
     assert out.returncode == 0, out.stderr
     assert out.stdout.rstrip().endswith("example ok"), out.stdout
     assert "'pswpout'" in out.stdout, "the example prints the counters"
+
+
+def test_signal_mode_serves_numpy_in_several_threads():
+    """Signal mode: the faulting thread serves its fault (pytest's faulthandler installed its
+    SIGBUS handler first; uswap passes it what is not a managed page)."""
+    pager = uswap.Pager(limit=4 * MiB, devices="zpool:64MiB", fault_mode="signal")
+    assert pager.fault_mode == "signal"
+    region = pager.map(16 * MiB)
+    a = np.frombuffer(region, dtype=np.uint32)
+    a[:] = np.arange(a.size, dtype=np.uint32)
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(np.array_equal(a, np.arange(a.size, dtype=np.uint32))))
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive(), "a thread is stuck on a signal-mode fault"
+    assert results == [True, True, True]
+    assert pager.stats()["pswpout"] > 0 and pager.stats()["pswpin"] > 0
