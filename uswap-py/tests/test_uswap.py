@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -355,3 +356,38 @@ def test_signal_mode_serves_numpy_in_several_threads():
         assert not t.is_alive(), "a thread is stuck on a signal-mode fault"
     assert results == [True, True, True]
     assert pager.stats()["pswpout"] > 0 and pager.stats()["pswpin"] > 0
+
+
+def test_set_limit_releases_the_gil_while_it_reclaims():
+    """With a 10 s switch interval the interpreter never takes the GIL from a thread that
+    holds it; another thread can run during set_limit only if set_limit lets go of it."""
+    pager = uswap.Pager(limit=64 * MiB, devices="ram:128MiB")
+    region = pager.map(48 * MiB)
+    a = np.frombuffer(region, dtype=np.uint64)
+    a[:] = np.arange(a.size, dtype=np.uint64)
+    samples, stop, started = [], threading.Event(), threading.Event()
+
+    def ticker():
+        started.set()
+        while not stop.is_set():
+            samples.append(time.monotonic())
+            time.sleep(0.0002)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(10)
+    try:
+        t = threading.Thread(target=ticker)
+        t.start()
+        assert started.wait(30)
+        t0 = time.monotonic()
+        pager.set_limit("2MiB")
+        t1 = time.monotonic()
+        stop.set()
+    finally:
+        sys.setswitchinterval(old)
+    t.join(timeout=30)
+    assert not t.is_alive()
+    during = [s for s in samples if t0 < s < t1]
+    assert pager.stats()["resident_pages"] * uswap.PAGE_SIZE <= 2 * MiB
+    assert len(during) >= 3, f"the other thread ran {len(during)} times in {1e3 * (t1 - t0):.1f} ms of set_limit"
+    assert np.array_equal(a, np.arange(a.size, dtype=np.uint64))
