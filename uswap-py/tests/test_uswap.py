@@ -391,3 +391,17 @@ def test_set_limit_releases_the_gil_while_it_reclaims():
     assert pager.stats()["resident_pages"] * uswap.PAGE_SIZE <= 2 * MiB
     assert len(during) >= 3, f"the other thread ran {len(during)} times in {1e3 * (t1 - t0):.1f} ms of set_limit"
     assert np.array_equal(a, np.arange(a.size, dtype=np.uint64))
+
+
+def test_blocks_the_engine_refuses_fall_back_to_malloc_and_are_counted(pager):
+    """A process has 4096 region slots; numpy blocks past them go to malloc, still correct."""
+    with pager.numpy(threshold=uswap.PAGE_SIZE):
+        arrays = [np.full(1024, i, dtype=np.int64) for i in range(4200)]  # 8 KiB each
+    st = pager.stats()
+    assert st["numpy_fallbacks"] > 0, st
+    assert st["numpy_blocks"] + st["numpy_fallbacks"] == 4200
+    assert all(int(a[0]) == i and int(a[-1]) == i for i, a in enumerate(arrays))
+    del arrays
+    gc.collect()
+    st = pager.stats()
+    assert st["numpy_blocks"] == 0 and st["resident_pages"] == 0, st
