@@ -1,0 +1,123 @@
+"""Type stubs for uswap's native module (re-exported by ``uswap``)."""
+
+from types import TracebackType
+from typing import Any, Dict, Literal, Optional, Type, Union
+
+Size = Union[int, str]
+"""A size: an int of bytes, or a string such as ``"2GiB"``, ``"512MiB"``, ``"1.5G"``."""
+
+PAGE_SIZE: int
+"""The page size uswap works in, in bytes."""
+MIN_LIMIT_BYTES: int
+"""The smallest resident limit a pager accepts, in bytes."""
+DEFAULT_NUMPY_THRESHOLD: int
+"""Default smallest numpy block placed in managed memory by ``Pager.numpy()`` (1 MiB)."""
+
+class Error(Exception):
+    """Base class of every uswap error; the message is the engine's."""
+
+class UserfaultfdError(Error):
+    """userfaultfd cannot be used: no permission, or the kernel lacks it or UFFDIO_MOVE."""
+
+class InvalidArgumentError(Error):
+    """A size or device list that does not parse, a limit below the minimum, a zero size."""
+
+class OutOfMemoryError(Error):
+    """Out of address space, or every region slot of the process (4096) is in use."""
+
+class DeviceError(Error):
+    """A swap device could not be opened, or failed."""
+
+class LimitError(Error):
+    """A lower limit could not be reached (devices full, pages busy); it is in place anyway."""
+
+class SignalModeError(Error):
+    """Signal fault mode cannot serve faults: SIGBUS blocked or its handler replaced."""
+
+class IoError(Error):
+    """A system call failed."""
+
+class Region:
+    """A managed memory region, zero-filled at first, paged by its pager.
+
+    Supports the buffer protocol (writable, zero-copy). Unmapped when the object and every
+    view of it are gone, or by ``release()``, which raises ``BufferError`` while views exist.
+    """
+
+    def release(self) -> None:
+        """Unmaps the region now; raises ``BufferError`` while views of it are exported."""
+    def __enter__(self) -> "Region": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int) -> memoryview: ...
+    @property
+    def nbytes(self) -> int:
+        """Length in bytes (whole pages)."""
+    @property
+    def released(self) -> bool:
+        """Whether ``release()`` was called."""
+    @property
+    def address(self) -> int:
+        """Address of the first byte; ``ValueError`` once released."""
+    def mapped_pages(self) -> int:
+        """Pages of the region in RAM now, measured with ``mincore(2)``."""
+
+class NumpyAllocator:
+    """Context manager from ``Pager.numpy()``: numpy array data goes to managed memory inside.
+
+    Applies to the thread (and asyncio task) that enters it. Arrays allocated inside stay
+    valid after the block and are freed through the pager when numpy frees them.
+    """
+
+    def __enter__(self) -> "NumpyAllocator": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+    @property
+    def threshold(self) -> int:
+        """The smallest block, in bytes, placed in managed memory."""
+
+class Pager:
+    """A user-space swap engine: managed memory capped at ``limit`` resident bytes.
+
+    ``devices`` is a comma-separated list, highest priority first: ``ram[:SIZE]``,
+    ``zpool[:SIZE][:lz4|zstd|zstd-LEVEL][:raw|reject]``, ``file:PATH[:SIZE]``; a device
+    without a size gets ``device_size`` (default: half the RAM). ``fault_mode`` is
+    ``"thread"`` (default) or ``"signal"``.
+    """
+
+    def __init__(
+        self,
+        limit: Size,
+        devices: str = "zpool",
+        fault_mode: Literal["thread", "signal"] = "thread",
+        *,
+        device_size: Optional[Size] = None,
+        handler_threads: Optional[int] = None,
+        readahead: bool = True,
+    ) -> None: ...
+    def map(self, size: Size) -> Region:
+        """Maps a zero-filled managed region of ``size`` bytes (rounded up to pages)."""
+    def numpy(self, threshold: Optional[Size] = None) -> NumpyAllocator:
+        """Context manager putting numpy arrays of at least ``threshold`` bytes (default 1 MiB) in managed memory."""
+    def stats(self) -> Dict[str, Any]:
+        """The counters, under the names ``uswap bench`` and ``uswap stat`` use, plus ``numpy_*``."""
+    def set_limit(self, limit: Size) -> None:
+        """Changes the resident limit; a lower one is reached before this returns."""
+    @property
+    def limit(self) -> int:
+        """The resident limit in bytes."""
+    @property
+    def fault_mode(self) -> Literal["thread", "signal"]:
+        """``"thread"`` or ``"signal"``."""
+    @property
+    def stats_socket(self) -> Optional[str]:
+        """The abstract unix socket ``uswap stat`` reads, or None."""

@@ -1,0 +1,256 @@
+//! The `uswap` Python package's native module (`uswap._uswap`): pagers, regions that export
+//! the buffer protocol, and a numpy data-memory handler (NEP 49), over the engine crate.
+//!
+//! Python objects wrap engine handles: a `Pager` holds a `uswap::Pager` (a cheap, shared
+//! handle), a `Region` holds a `uswap::Region`, which itself keeps its pager's engine alive,
+//! so a pager outlives its regions whatever order Python frees them in. The GIL is released
+//! around engine work that can take long (building a pager, mapping, releasing a region,
+//! lowering the limit); faults never need it, since in thread mode they are served by the
+//! engine's own threads.
+//!
+//! Locking: none of its own beyond what each module states (`numpy_alloc`'s block table).
+//! Invariant: engine errors reach Python only as `uswap.Error` subclasses carrying the
+//! engine's message (`errors`).
+
+mod errors;
+mod numpy_alloc;
+mod region;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString};
+
+use crate::errors::{to_py, InvalidArgumentError};
+use crate::numpy_alloc::{Counters, NumpyAllocator, DEFAULT_THRESHOLD_BYTES};
+use crate::region::PyRegion;
+
+/// A size argument: an int of bytes, or a string such as `"2GiB"`, `"512MiB"`, `"1.5G"`.
+fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    if value.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(InvalidArgumentError::new_err(format!(
+            "{what}: expected a size (an int or a string such as \"2GiB\"), got a bool"
+        )));
+    }
+    if let Ok(s) = value.cast::<PyString>() {
+        let s = s.to_str()?;
+        return uswap::parse_size(s).map_err(|e| InvalidArgumentError::new_err(format!("{what} {s:?}: {e}")));
+    }
+    if let Ok(n) = value.extract::<i128>() {
+        return u64::try_from(n).map_err(|_| {
+            InvalidArgumentError::new_err(format!("{what}: {n} bytes is out of range (0 to {} bytes)", u64::MAX))
+        });
+    }
+    Err(InvalidArgumentError::new_err(format!(
+        "{what}: expected a size (an int of bytes or a string such as \"2GiB\"), got {}",
+        value.get_type().name()?
+    )))
+}
+
+/// Physical memory, from /proc/meminfo (4 GiB if it cannot be read).
+fn mem_total_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+            })
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(4 << 30)
+}
+
+/// A user-space swap engine: managed memory whose resident size is capped at `limit`,
+/// paged through userfaultfd to the swap devices `devices`.
+///
+/// `limit` and sizes everywhere are ints (bytes) or strings such as `"2GiB"`. `devices` is
+/// a comma-separated list, highest priority first, as `uswap bench --device` takes it:
+/// `ram[:SIZE]`, `zpool[:SIZE][:lz4|zstd|zstd-LEVEL][:raw|reject]`, `file:PATH[:SIZE]`
+/// (PATH a directory, a file or a block device). A device given without a size gets
+/// `device_size` (default: half the machine's RAM, as `uswap run`). `fault_mode` is
+/// `"thread"` (default; faults inside system calls are served, which numpy and BLAS need) or
+/// `"signal"`.
+#[pyclass(module = "uswap", name = "Pager", frozen)]
+struct PyPager {
+    pager: uswap::Pager,
+    numpy: Arc<Counters>,
+}
+
+fn fault_mode_name(mode: uswap::FaultMode) -> &'static str {
+    match mode {
+        uswap::FaultMode::Thread => "thread",
+        uswap::FaultMode::Signal => "signal",
+    }
+}
+
+#[pymethods]
+impl PyPager {
+    #[new]
+    #[pyo3(signature = (limit, devices = "zpool", fault_mode = "thread", *, device_size = None, handler_threads = None, readahead = true))]
+    fn new(
+        py: Python<'_>,
+        limit: &Bound<'_, PyAny>,
+        devices: &str,
+        fault_mode: &str,
+        device_size: Option<&Bound<'_, PyAny>>,
+        handler_threads: Option<usize>,
+        readahead: bool,
+    ) -> PyResult<PyPager> {
+        let limit_bytes = size_arg(limit, "limit")?;
+        let device_bytes = match device_size {
+            Some(v) => size_arg(v, "device_size")?,
+            None => (mem_total_bytes() / 2).max(64 << 20),
+        };
+        let mode = match fault_mode {
+            "thread" => uswap::FaultMode::Thread,
+            "signal" => uswap::FaultMode::Signal,
+            other => {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "fault_mode {other:?}: expected \"thread\" (the default) or \"signal\""
+                )))
+            }
+        };
+        if handler_threads == Some(0) {
+            return Err(InvalidArgumentError::new_err(
+                "handler_threads=0 cannot serve faults; pass at least 1, or None for one per CPU",
+            ));
+        }
+        let list = uswap::DeviceConfig::parse_list(devices, device_bytes).map_err(to_py)?;
+        let mut builder = uswap::Pager::builder().resident_limit(limit_bytes).fault_mode(mode).readahead(readahead);
+        if let Some(n) = handler_threads {
+            builder = builder.handler_threads(n);
+        }
+        for d in list {
+            builder = builder.device(d);
+        }
+        // Opening file devices and starting the threads takes a while.
+        let pager = py.detach(move || builder.build()).map_err(to_py)?;
+        Ok(PyPager { pager, numpy: Arc::new(Counters::default()) })
+    }
+
+    /// Maps a managed region of `size` bytes (rounded up to whole pages), zero-filled. The
+    /// region supports the buffer protocol (writable, zero-copy: `memoryview(r)`,
+    /// `np.frombuffer(r, dtype=...)`) and is unmapped when it and every view of it are gone,
+    /// or by `release()`.
+    fn map(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<PyRegion> {
+        let bytes = size_arg(size, "size")?;
+        let len = usize::try_from(bytes).map_err(|_| {
+            InvalidArgumentError::new_err(format!("size: {bytes} bytes does not fit this machine's address space"))
+        })?;
+        let pager = &self.pager;
+        let region = py.detach(|| pager.map(len)).map_err(to_py)?;
+        Ok(PyRegion::new(region))
+    }
+
+    /// A context manager that puts numpy's array data in managed memory while it is active:
+    /// `with pager.numpy(): b = np.zeros(...)`. Arrays of at least `threshold` bytes (default
+    /// 1 MiB) get a region each; smaller ones use the C library's malloc. Arrays stay valid
+    /// after the block and are freed through the pager when numpy frees them. Applies to the
+    /// thread (and asyncio task) that enters it. Needs numpy >= 1.22, imported on entry.
+    #[pyo3(signature = (threshold = None))]
+    fn numpy(&self, threshold: Option<&Bound<'_, PyAny>>) -> PyResult<NumpyAllocator> {
+        let threshold_bytes = match threshold {
+            Some(t) => usize::try_from(size_arg(t, "threshold")?).unwrap_or(usize::MAX),
+            None => DEFAULT_THRESHOLD_BYTES,
+        };
+        Ok(NumpyAllocator::new(self.pager.clone(), threshold_bytes, self.numpy.clone()))
+    }
+
+    /// The pager's counters as a dict, under the names `uswap bench` and `uswap stat` use
+    /// (`pswpin`, `pswpout`, `pgfault`, `resident_pages`, `limit_pages`, `devices`, ...),
+    /// plus the numpy handler's: `numpy_blocks` and `numpy_bytes` (in managed memory now),
+    /// `numpy_allocs` (ever), `numpy_fallbacks` (large blocks the engine refused, served by
+    /// malloc).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.pager.stats();
+        let value = serde_json::to_value(&stats)
+            .map_err(|e| errors::IoError::new_err(format!("cannot serialize the counters: {e}")))?;
+        let obj = json_to_py(py, &value)?;
+        let dict = obj.cast_into::<PyDict>()?;
+        let c = &self.numpy;
+        dict.set_item("numpy_blocks", c.blocks.load(Ordering::Relaxed))?;
+        dict.set_item("numpy_bytes", c.bytes.load(Ordering::Relaxed))?;
+        dict.set_item("numpy_allocs", c.allocs.load(Ordering::Relaxed))?;
+        dict.set_item("numpy_fallbacks", c.fallbacks.load(Ordering::Relaxed))?;
+        Ok(dict)
+    }
+
+    /// Changes the resident limit (an int or a string such as `"1GiB"`). A lower limit takes
+    /// effect at once: pages are swapped out before this returns (the GIL is released
+    /// meanwhile). Raises `uswap.LimitError` if the devices are full or every page stays
+    /// busy; the new limit is in place all the same.
+    fn set_limit(&self, py: Python<'_>, limit: &Bound<'_, PyAny>) -> PyResult<()> {
+        let bytes = size_arg(limit, "limit")?;
+        let pager = &self.pager;
+        py.detach(|| pager.set_resident_limit(bytes)).map_err(to_py)
+    }
+
+    /// The resident limit in bytes.
+    #[getter]
+    fn limit(&self) -> u64 {
+        self.pager.resident_limit()
+    }
+
+    /// `"thread"` or `"signal"`.
+    #[getter]
+    fn fault_mode(&self) -> &'static str {
+        fault_mode_name(self.pager.fault_mode())
+    }
+
+    /// The abstract unix socket `uswap stat` reads this pager's counters from, or None.
+    #[getter]
+    fn stats_socket(&self) -> Option<String> {
+        self.pager.stats_socket().map(str::to_string)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<uswap.Pager limit={} bytes fault_mode={:?}>",
+            self.pager.resident_limit(),
+            fault_mode_name(self.pager.fault_mode())
+        )
+    }
+}
+
+/// A JSON value (the engine's serialized counters) as Python objects.
+fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => pyo3::types::PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+            (Some(u), _, _) => u.into_pyobject(py)?.into_any(),
+            (None, Some(i), _) => i.into_pyobject(py)?.into_any(),
+            (None, None, f) => f.unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
+        },
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(json_to_py(py, item)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, item) in map {
+                dict.set_item(k, json_to_py(py, item)?)?;
+            }
+            dict.into_any()
+        }
+    })
+}
+
+/// The native module; `uswap/__init__.py` re-exports it.
+#[pymodule]
+fn _uswap(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<PyPager>()?;
+    m.add_class::<PyRegion>()?;
+    m.add_class::<NumpyAllocator>()?;
+    m.add("PAGE_SIZE", uswap::PAGE_SIZE)?;
+    m.add("MIN_LIMIT_BYTES", uswap::MIN_LIMIT_BYTES)?;
+    m.add("DEFAULT_NUMPY_THRESHOLD", DEFAULT_THRESHOLD_BYTES)?;
+    Ok(())
+}

@@ -1,0 +1,392 @@
+//! `pager.numpy()`: a NEP 49 data-memory handler that puts numpy's array data in managed
+//! memory.
+//!
+//! numpy asks its *current handler* (a capsule named `mem_handler` holding a
+//! `PyDataMem_Handler`, set per thread and per asyncio task through a context variable by
+//! `PyDataMem_SetHandler`) for the data of every array it creates, and remembers in each
+//! array which handler allocated it, so the array is freed through the same handler whenever
+//! it dies, inside the `with` block or long after. Our handler:
+//!
+//! * serves a block of at least `threshold_bytes` as a region of its own (`Pager::map`):
+//!   zero-filled without being touched (`np.zeros` costs nothing until written), freed with
+//!   all its swap slots the moment numpy frees the array;
+//! * serves smaller blocks, and large ones the engine refuses (out of region slots or
+//!   address space; counted in `numpy_fallbacks`), with the C library's `malloc`, as numpy's
+//!   default handler does;
+//! * on `realloc`, moves a block between the two when its new size crosses the threshold
+//!   (numpy grows arrays this way in `np.fromiter` and `np.loadtxt`).
+//!
+//! numpy's C API is reached at run time through its `_ARRAY_API` capsule, so numpy is needed
+//! only by `pager.numpy()`, and any numpy >= 1.22 (the first with NEP 49) works.
+//!
+//! Locking: `blocks` (a std mutex) is held only to insert, find or remove an entry, never
+//! across engine work or a copy. The handler's functions may be called from any thread, with
+//! or without the GIL, and touch no Python object. Invariants: a pointer is in `blocks` iff
+//! it is the start of a live region this handler mapped for numpy; every other non-null
+//! pointer the handler is given came from the C library's allocator. The capsule owns the
+//! handler (and so the regions and a pager handle); numpy keeps the capsule alive while any
+//! array allocated through it lives.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_uint, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::ThreadId;
+
+use pyo3::exceptions::{PyImportError, PyRuntimeError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+/// Default smallest block served from managed memory: below it, an array is too small to
+/// matter to the budget and a region of its own would cost more (a mapping, a registration
+/// and a slot of the process's 4096 regions) than it saves.
+pub const DEFAULT_THRESHOLD_BYTES: usize = 1 << 20;
+
+/// numpy's capsule name for data-memory handlers (NEP 49).
+const HANDLER_CAPSULE_NAME: &CStr = c"mem_handler";
+/// Indices in numpy's C-API table (`__multiarray_api.h`, stable across numpy 1.22 to 2.x).
+const API_GET_FEATURE_VERSION: usize = 211;
+const API_SET_HANDLER: usize = 304;
+/// `NPY_1_22_API_VERSION`: the first C-API feature version with `PyDataMem_SetHandler`.
+const NPY_1_22_API_VERSION: c_uint = 0x0f;
+
+/// numpy's `PyDataMemAllocator` (version 1).
+#[repr(C)]
+struct DataMemAllocator {
+    ctx: *mut c_void,
+    malloc: unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void,
+    calloc: unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void,
+    realloc: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> *mut c_void,
+    free: unsafe extern "C" fn(*mut c_void, *mut c_void, usize),
+}
+
+/// numpy's `PyDataMem_Handler`.
+#[repr(C)]
+struct DataMemHandler {
+    name: [c_char; 127],
+    version: u8,
+    allocator: DataMemAllocator,
+}
+
+/// Counters of a pager's numpy handlers (all of them), reported by `pager.stats()`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Blocks in managed memory now.
+    pub blocks: AtomicU64,
+    /// Their bytes (whole pages).
+    pub bytes: AtomicU64,
+    /// Blocks ever placed in managed memory.
+    pub allocs: AtomicU64,
+    /// Blocks at or above the threshold that the engine refused (out of region slots or
+    /// address space) and the C library's malloc served instead.
+    pub fallbacks: AtomicU64,
+}
+
+/// The state behind one handler: where its managed blocks are.
+struct ManagedHeap {
+    pager: uswap::Pager,
+    threshold_bytes: usize,
+    blocks: Mutex<HashMap<usize, uswap::Region>>,
+    counters: Arc<Counters>,
+}
+
+impl ManagedHeap {
+    fn blocks(&self) -> std::sync::MutexGuard<'_, HashMap<usize, uswap::Region>> {
+        // Every change under the lock is one insert or remove: a panic cannot leave it torn.
+        self.blocks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A managed block of `size` bytes (zero-filled), or `None` if the engine refused one.
+    fn map(&self, size: usize) -> Option<*mut c_void> {
+        match self.pager.map(size) {
+            Ok(region) => {
+                let p = region.as_ptr();
+                self.counters.blocks.fetch_add(1, Ordering::Relaxed);
+                self.counters.bytes.fetch_add(region.len() as u64, Ordering::Relaxed);
+                self.counters.allocs.fetch_add(1, Ordering::Relaxed);
+                self.blocks().insert(p as usize, region);
+                Some(p.cast())
+            }
+            Err(_) => {
+                self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    fn alloc(&self, size: usize, zeroed: bool) -> *mut c_void {
+        if size >= self.threshold_bytes && size > 0 {
+            if let Some(p) = self.map(size) {
+                return p;
+            }
+        }
+        let size = size.max(1);
+        if zeroed {
+            // SAFETY: plain C library allocation; the block is this handler's to hand out.
+            unsafe { libc::calloc(1, size) }
+        } else {
+            // SAFETY: as above.
+            unsafe { libc::malloc(size) }
+        }
+    }
+
+    /// Length of the managed block at `p`, if `p` is one.
+    fn managed_len(&self, p: *mut c_void) -> Option<usize> {
+        self.blocks().get(&(p as usize)).map(uswap::Region::len)
+    }
+
+    /// Frees `p`, a block of this handler (or null).
+    fn free(&self, p: *mut c_void) {
+        if p.is_null() {
+            return;
+        }
+        let region = self.blocks().remove(&(p as usize));
+        match region {
+            Some(region) => {
+                self.counters.blocks.fetch_sub(1, Ordering::Relaxed);
+                self.counters.bytes.fetch_sub(region.len() as u64, Ordering::Relaxed);
+                // Unmapped outside the lock: it frees the region's slots.
+                drop(region);
+            }
+            // SAFETY: not managed, so the C library's (module invariant).
+            None => unsafe { libc::free(p) },
+        }
+    }
+
+    fn realloc(&self, p: *mut c_void, new_size: usize) -> *mut c_void {
+        if p.is_null() {
+            return self.alloc(new_size, false);
+        }
+        let new_size = new_size.max(1);
+        let old_size = match self.managed_len(p) {
+            // Shrinking by less than half stays in place (the region keeps its pages).
+            Some(len) if new_size <= len && new_size > len / 2 => return p,
+            Some(len) => len,
+            // SAFETY: not managed, so a live block of the C library's (module invariant).
+            None if new_size < self.threshold_bytes => return unsafe { libc::realloc(p, new_size) },
+            // SAFETY: as above.
+            None => unsafe { libc::malloc_usable_size(p) },
+        };
+        let n = self.alloc(new_size, false);
+        if n.is_null() {
+            return n; // the old block stays valid, as realloc(3) leaves it
+        }
+        // SAFETY: `p` is valid for `old_size` bytes (a whole region, or the C library's usable
+        // size), `n` for `new_size`; they are distinct live blocks. Reading a managed block
+        // may fault pages back in, which the engine serves on any thread.
+        unsafe { std::ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, old_size.min(new_size)) };
+        self.free(p);
+        n
+    }
+}
+
+/// Runs `f`, turning a panic into `fallback`: no unwinding may cross into numpy.
+fn no_unwind<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+/// # Safety
+///
+/// `ctx` is the `ManagedHeap` of a live handler (numpy passes back the ctx we gave it, and
+/// holds the capsule that owns it while it calls).
+unsafe fn heap<'a>(ctx: *mut c_void) -> &'a ManagedHeap {
+    // SAFETY: the caller's contract.
+    unsafe { &*(ctx as *const ManagedHeap) }
+}
+
+unsafe extern "C" fn handler_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: numpy passes the ctx of the handler it calls.
+    no_unwind(std::ptr::null_mut(), || unsafe { heap(ctx) }.alloc(size, false))
+}
+
+unsafe extern "C" fn handler_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
+    no_unwind(std::ptr::null_mut(), || match nelem.checked_mul(elsize) {
+        // SAFETY: as handler_malloc.
+        Some(size) => unsafe { heap(ctx) }.alloc(size, true),
+        None => std::ptr::null_mut(),
+    })
+}
+
+unsafe extern "C" fn handler_realloc(ctx: *mut c_void, p: *mut c_void, new_size: usize) -> *mut c_void {
+    // SAFETY: as handler_malloc; `p` is null or a block of this handler (numpy frees and
+    // reallocates an array's data through the handler that allocated it).
+    no_unwind(std::ptr::null_mut(), || unsafe { heap(ctx) }.realloc(p, new_size))
+}
+
+unsafe extern "C" fn handler_free(ctx: *mut c_void, p: *mut c_void, _size: usize) {
+    // SAFETY: as handler_realloc.
+    no_unwind((), || unsafe { heap(ctx) }.free(p))
+}
+
+/// What the capsule owns: the handler numpy reads, then the state its ctx points to.
+#[repr(C)]
+struct HandlerBox {
+    handler: DataMemHandler,
+    heap: ManagedHeap,
+}
+
+unsafe extern "C" fn destroy_handler(capsule: *mut ffi::PyObject) {
+    // SAFETY: called once by Python when the capsule dies; its pointer is the Box made in
+    // `new_handler_capsule`, and nothing uses the handler afterwards (numpy holds the capsule
+    // while any array it allocated lives, and the context variable holds it while current).
+    unsafe {
+        let p = ffi::PyCapsule_GetPointer(capsule, HANDLER_CAPSULE_NAME.as_ptr());
+        if !p.is_null() {
+            drop(Box::from_raw(p as *mut HandlerBox));
+        }
+    }
+}
+
+fn new_handler_capsule(py: Python<'_>, heap: ManagedHeap) -> PyResult<Py<PyAny>> {
+    let mut name = [0 as c_char; 127];
+    for (dst, src) in name.iter_mut().zip(c"uswap".to_bytes()) {
+        *dst = *src as c_char;
+    }
+    let raw = Box::into_raw(Box::new(HandlerBox {
+        handler: DataMemHandler {
+            name,
+            version: 1,
+            allocator: DataMemAllocator {
+                ctx: std::ptr::null_mut(),
+                malloc: handler_malloc,
+                calloc: handler_calloc,
+                realloc: handler_realloc,
+                free: handler_free,
+            },
+        },
+        heap,
+    }));
+    // SAFETY: `raw` is the live, unaliased box just made; the ctx numpy passes back points
+    // into it, which stays put until the capsule frees it.
+    unsafe { (*raw).handler.allocator.ctx = (&raw mut (*raw).heap).cast() };
+    // SAFETY: `raw` is a live HandlerBox whose first field is the handler numpy reads; the
+    // capsule owns it from here and `destroy_handler` frees it.
+    let capsule = unsafe { ffi::PyCapsule_New(raw.cast(), HANDLER_CAPSULE_NAME.as_ptr(), Some(destroy_handler)) };
+    if capsule.is_null() {
+        // SAFETY: the capsule was not made, so the box is still ours.
+        drop(unsafe { Box::from_raw(raw) });
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: PyCapsule_New returned a new reference.
+    Ok(unsafe { Bound::from_owned_ptr(py, capsule) }.unbind())
+}
+
+type SetHandlerFn = unsafe extern "C" fn(*mut ffi::PyObject) -> *mut ffi::PyObject;
+
+/// numpy's `PyDataMem_SetHandler`, importing numpy if needed.
+fn numpy_set_handler(py: Python<'_>) -> PyResult<SetHandlerFn> {
+    let module = py
+        .import("numpy._core._multiarray_umath")
+        .or_else(|_| py.import("numpy.core._multiarray_umath"))
+        .map_err(|e| PyImportError::new_err(format!("pager.numpy() needs numpy >= 1.22 (pip install numpy): {e}")))?;
+    let api = module.getattr("_ARRAY_API")?;
+    // SAFETY: `api` is a live object; PyCapsule_GetPointer checks that it is a capsule with
+    // no name (numpy's) and sets an exception otherwise.
+    let table = unsafe { ffi::PyCapsule_GetPointer(api.as_ptr(), std::ptr::null()) } as *const *const c_void;
+    if table.is_null() {
+        return Err(PyErr::take(py).unwrap_or_else(|| PyRuntimeError::new_err("numpy's _ARRAY_API is empty")));
+    }
+    // SAFETY: numpy's C-API table lives as long as numpy (never unloaded); entry 211 has been
+    // `unsigned int PyArray_GetNDArrayCFeatureVersion(void)` since numpy 1.4.
+    let feature_version = unsafe {
+        let f: unsafe extern "C" fn() -> c_uint = std::mem::transmute(*table.add(API_GET_FEATURE_VERSION));
+        f()
+    };
+    if feature_version < NPY_1_22_API_VERSION {
+        return Err(PyImportError::new_err(format!(
+            "pager.numpy() needs numpy >= 1.22 (NEP 49 data-memory handlers); this numpy's C API is version \
+             {feature_version:#x}: pip install -U numpy"
+        )));
+    }
+    // SAFETY: with feature version >= 1.22, entry 304 is `PyObject *PyDataMem_SetHandler(PyObject *)`.
+    Ok(unsafe { std::mem::transmute::<*const c_void, SetHandlerFn>(*table.add(API_SET_HANDLER)) })
+}
+
+/// Makes numpy's array data go to managed memory inside a `with` block.
+///
+/// Entering installs the handler for the current thread (and asyncio task); leaving puts
+/// back the one that was current. Arrays allocated inside keep living in managed memory
+/// after the block, and are freed through the pager whenever numpy frees them. Blocks of
+/// at least `threshold` bytes are managed; smaller ones use the C library's malloc.
+#[pyclass(module = "uswap", name = "NumpyAllocator")]
+pub struct NumpyAllocator {
+    pager: uswap::Pager,
+    threshold_bytes: usize,
+    counters: Arc<Counters>,
+    /// Our handler capsule, made on first entry.
+    capsule: Option<Py<PyAny>>,
+    /// Per thread, the handlers that were current at each (nested) entry, innermost last:
+    /// the handler is per thread, so one thread's exit must not restore another's.
+    previous: HashMap<ThreadId, Vec<Py<PyAny>>>,
+}
+
+impl NumpyAllocator {
+    pub fn new(pager: uswap::Pager, threshold_bytes: usize, counters: Arc<Counters>) -> NumpyAllocator {
+        NumpyAllocator { pager, threshold_bytes, counters, capsule: None, previous: HashMap::new() }
+    }
+}
+
+/// Calls `set` with `handler` and returns the handler it replaced.
+fn swap_handler(py: Python<'_>, set: SetHandlerFn, handler: &Py<PyAny>) -> PyResult<Py<PyAny>> {
+    // SAFETY: `handler` is a live `mem_handler` capsule (ours, or one numpy returned); the
+    // GIL is held; SetHandler returns a new reference to the previous handler, or NULL with
+    // an exception set.
+    let old = unsafe { set(handler.as_ptr()) };
+    if old.is_null() {
+        return Err(PyErr::take(py).unwrap_or_else(|| PyRuntimeError::new_err("PyDataMem_SetHandler failed")));
+    }
+    // SAFETY: a new reference (see above).
+    Ok(unsafe { Bound::from_owned_ptr(py, old) }.unbind())
+}
+
+#[pymethods]
+impl NumpyAllocator {
+    fn __enter__(mut slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
+        let py = slf.py();
+        let set = numpy_set_handler(py)?;
+        let capsule = match &slf.capsule {
+            Some(c) => c.clone_ref(py),
+            None => {
+                let heap = ManagedHeap {
+                    pager: slf.pager.clone(),
+                    threshold_bytes: slf.threshold_bytes,
+                    blocks: Mutex::new(HashMap::new()),
+                    counters: slf.counters.clone(),
+                };
+                let c = new_handler_capsule(py, heap)?;
+                slf.capsule = Some(c.clone_ref(py));
+                c
+            }
+        };
+        let old = swap_handler(py, set, &capsule)?;
+        slf.previous.entry(std::thread::current().id()).or_default().push(old);
+        Ok(slf)
+    }
+
+    fn __exit__(
+        &mut self,
+        py: Python<'_>,
+        _exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let thread = std::thread::current().id();
+        let stack = self.previous.get_mut(&thread);
+        let Some(old) = stack.and_then(Vec::pop) else {
+            return Err(PyRuntimeError::new_err("NumpyAllocator.__exit__ without a matching __enter__ on this thread"));
+        };
+        if self.previous.get(&thread).is_some_and(Vec::is_empty) {
+            self.previous.remove(&thread);
+        }
+        let set = numpy_set_handler(py)?;
+        swap_handler(py, set, &old)?;
+        Ok(false)
+    }
+
+    /// The smallest block, in bytes, placed in managed memory.
+    #[getter]
+    fn threshold(&self) -> usize {
+        self.threshold_bytes
+    }
+}

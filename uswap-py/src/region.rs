@@ -1,0 +1,145 @@
+//! `uswap.Region`: a managed region as a Python object exporting the buffer protocol.
+//!
+//! Views (memoryviews, numpy arrays made with `np.frombuffer`) point straight into the
+//! region's memory, so the region must stay mapped while any view exists. Each exported
+//! buffer holds a reference to the Python object (the buffer's `obj`), so the object, and with
+//! it the mapping, lives until the last view is released: dropping every reference unmaps
+//! the region. `release()` unmaps it at once and refuses, with `BufferError`, while views are
+//! exported, as `memoryview.release()` and `mmap.close()` do.
+//!
+//! Locking: the object is only touched with the GIL held (or Python's per-object lock on a
+//! free-threaded build); `exports` is atomic because `__releasebuffer__` takes `&self`.
+//! Invariants: `region` is `Some` while the object is open; `exports` counts buffers handed
+//! out and not yet released, and `release()` only unmaps when it is zero.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+/// A managed memory region, zero-filled at first, paged by its pager.
+#[pyclass(module = "uswap", name = "Region")]
+pub struct PyRegion {
+    region: Option<uswap::Region>,
+    exports: AtomicUsize,
+    len_bytes: usize,
+}
+
+impl PyRegion {
+    pub fn new(region: uswap::Region) -> PyRegion {
+        let len_bytes = region.len();
+        PyRegion { region: Some(region), exports: AtomicUsize::new(0), len_bytes }
+    }
+
+    fn open(&self) -> PyResult<&uswap::Region> {
+        self.region.as_ref().ok_or_else(|| PyValueError::new_err("operation on a released uswap.Region"))
+    }
+}
+
+#[pymethods]
+impl PyRegion {
+    /// # Safety
+    ///
+    /// `view` is the `Py_buffer` Python asks us to fill (valid for writes, per the protocol).
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let (ptr, len) = {
+            let this = slf.borrow();
+            let Some(region) = this.region.as_ref() else {
+                return Err(PyBufferError::new_err("cannot export a released uswap.Region"));
+            };
+            (region.as_ptr(), region.len())
+        };
+        let len = isize::try_from(len).map_err(|_| PyBufferError::new_err("region too large for a buffer"))?;
+        // SAFETY: `view` is valid per the protocol; `ptr` is `len` mapped, writable bytes that
+        // stay mapped while the buffer lives, because FillInfo stores a new reference to the
+        // object in `view.obj` and the object unmaps only when it is dropped or released,
+        // which `release` refuses while `exports` (incremented below) is nonzero.
+        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr.cast(), len, 0, flags) };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        slf.borrow().exports.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// # Safety
+    ///
+    /// Called by Python once per buffer `__getbuffer__` filled.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
+        self.exports.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Unmaps the region now: its memory and swap space are freed. Raises `BufferError`
+    /// while views of it are exported (delete the numpy arrays and memoryviews first).
+    /// Releasing twice is allowed. Without it, the region is unmapped when the object and
+    /// every view of it are gone.
+    fn release(&mut self, py: Python<'_>) -> PyResult<()> {
+        let n = self.exports.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(PyBufferError::new_err(format!(
+                "cannot release a uswap.Region with {n} exported buffer(s): numpy arrays or memoryviews still \
+                 point into it; delete them (or call memoryview.release()) first"
+            )));
+        }
+        if let Some(region) = self.region.take() {
+            // Freeing a large region's swap slots takes a while; other threads may run.
+            py.detach(move || drop(region));
+        }
+        Ok(())
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyResult<PyRef<'_, Self>> {
+        slf.open()?;
+        Ok(slf)
+    }
+
+    /// Releases the region (see `release`); raises `BufferError` if views remain.
+    fn __exit__(
+        &mut self,
+        py: Python<'_>,
+        _exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        self.release(py)?;
+        Ok(false)
+    }
+
+    /// Length in bytes (the size asked for, rounded up to whole pages).
+    fn __len__(&self) -> usize {
+        self.len_bytes
+    }
+
+    /// Length in bytes (the size asked for, rounded up to whole pages).
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.len_bytes
+    }
+
+    /// Whether `release()` was called.
+    #[getter]
+    fn released(&self) -> bool {
+        self.region.is_none()
+    }
+
+    /// Address of the first byte (for ctypes and C extensions); raises `ValueError` once
+    /// released.
+    #[getter]
+    fn address(&self) -> PyResult<usize> {
+        Ok(self.open()?.as_ptr() as usize)
+    }
+
+    /// Pages of the region in RAM right now, measured with `mincore(2)`.
+    fn mapped_pages(&self) -> PyResult<usize> {
+        self.open()?.mapped_pages().map_err(|e| crate::errors::IoError::new_err(format!("mincore: {e}")))
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.region {
+            Some(r) => format!("<uswap.Region {} bytes at {:#x}>", self.len_bytes, r.as_ptr() as usize),
+            None => format!("<uswap.Region {} bytes, released>", self.len_bytes),
+        }
+    }
+}

@@ -1,0 +1,407 @@
+"""uswap's Python package against the real engine: real userfaultfd, real files, real threads.
+
+Every test checks contents or counters. Sizes are tens of MiB with budgets of 8-16 MiB, so
+the data is several times the budget and really swaps.
+"""
+
+import gc
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import uswap
+
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parents[2]
+
+
+def handler_name():
+    """The name of numpy's current data-memory handler (NEP 49)."""
+    try:
+        from numpy._core.multiarray import get_handler_name
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import get_handler_name
+    return get_handler_name()
+
+
+def managed_workload(n):
+    """Sequential integer work, a sort, a small random gather and a matrix product over
+    arrays of n elements: exact (or nearly, for the product), so results compare equal."""
+    x = (np.arange(n, dtype=np.int64) * 2654435761) % (1 << 31)
+    y = (x * 3 + 7) % 1000003
+    z = np.cumsum(np.sort(y))
+    g = y[x[: 1 << 14] % n]  # random reads: each may fault a page back in
+    side = 1024
+    m = (x[: side * side].reshape(side, side) % 1000).astype(np.float64)
+    prod = m @ m.T
+    return z, g, prod
+
+
+def test_numpy_computation_over_4x_the_limit_matches_plain_numpy_and_swaps():
+    limit = 8 * MiB
+    n = 4 * MiB  # int64: 32 MiB per array, 4x the limit, several arrays at once
+    expect_z, expect_g, expect_prod = managed_workload(n)
+    pager = uswap.Pager(limit=limit, devices="zpool:512MiB", fault_mode="thread")
+    with pager.numpy():
+        assert handler_name() == "uswap"
+        z, g, prod = managed_workload(n)
+        during = pager.stats()
+    assert handler_name() != "uswap", "the previous handler is back after the block"
+    assert np.array_equal(z, expect_z)
+    assert np.array_equal(g, expect_g)
+    assert np.allclose(prod, expect_prod, rtol=1e-12, atol=0)
+    st = pager.stats()
+    assert st["pswpout"] * uswap.PAGE_SIZE > 4 * n * 8, st
+    assert st["numpy_allocs"] >= 6, st
+    assert st["numpy_blocks"] == 2, "z and prod live in managed memory (g is below the threshold)"
+    assert during["numpy_bytes"] == n * 8 + 8 * MiB, "z and prod, whole pages"
+    assert st["resident_peak_pages"] * uswap.PAGE_SIZE <= limit + 4 * MiB, st
+    del z, g, prod
+    gc.collect()
+    st = pager.stats()
+    assert st["numpy_blocks"] == 0 and st["numpy_bytes"] == 0, st
+    assert st["resident_pages"] == 0, "freed arrays leave nothing resident"
+    assert sum(d["slots_used"] for d in st["devices"]) == 0, "freed arrays leave no swap slots"
+
+
+def test_region_viewed_by_numpy_is_read_and_written_from_several_threads(pager):
+    region = pager.map(32 * MiB)  # 4x the 8 MiB budget
+    a = np.frombuffer(region, dtype=np.uint64)
+    assert a.ctypes.data == region.address, "zero-copy: the array is the region's memory"
+    assert not a.any(), "a new region reads as zero"
+    nr_threads = 4
+    stripe = a.size // nr_threads
+    barrier = threading.Barrier(nr_threads, timeout=60)
+    errors = []
+
+    def work(t):
+        try:
+            part = a[t * stripe : (t + 1) * stripe]
+            idx = np.arange(t * stripe, (t + 1) * stripe, dtype=np.uint64)
+            for rnd in range(3):
+                part[:] = idx * np.uint64(2654435761) + np.uint64(rnd)
+                assert np.array_equal(part, idx * np.uint64(2654435761) + np.uint64(rnd))
+            barrier.wait()
+            # Read the neighbour's stripe, written by another thread and paged out meanwhile.
+            u = (t + 1) % nr_threads
+            idx = np.arange(u * stripe, (u + 1) * stripe, dtype=np.uint64)
+            other = a[u * stripe : (u + 1) * stripe]
+            assert np.array_equal(other, idx * np.uint64(2654435761) + np.uint64(2))
+        except Exception as e:  # reported below, with the thread's number
+            errors.append((t, repr(e)))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(nr_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+        assert not th.is_alive(), "a thread is stuck touching the region (no progress in 120 s)"
+    assert not errors, errors
+    idx = np.arange(a.size, dtype=np.uint64)
+    assert np.array_equal(a, idx * np.uint64(2654435761) + np.uint64(2)), "every word, after all threads"
+    st = pager.stats()
+    assert st["pswpout"] > 0 and st["pswpin"] > 0, st
+
+
+def test_np_save_and_load_of_managed_arrays_round_trip(pager, tmp_path):
+    n = 4 * MiB  # 32 MiB of int64, 4x the budget
+    path = tmp_path / "a.npy"
+    with pager.numpy():
+        a = np.arange(n, dtype=np.int64) * 7 + 3
+        np.save(path, a)  # write(2) from managed memory, much of it swapped out
+        b = np.load(path)  # read(2) into managed memory
+    assert pager.stats()["numpy_blocks"] == 2
+    assert np.array_equal(b, np.arange(n, dtype=np.int64) * 7 + 3)
+    assert path.stat().st_size >= n * 8
+    # A region viewed by numpy goes through the same system calls.
+    region = pager.map(n * 8)
+    view = np.frombuffer(region, dtype=np.int64)
+    view[:] = b[::-1]
+    np.save(tmp_path / "r.npy", view)
+    assert np.array_equal(np.load(tmp_path / "r.npy"), np.arange(n, dtype=np.int64)[::-1] * 7 + 3)
+    with open(path, "rb") as f:
+        f.seek(128)  # past the .npy header, the array's bytes
+        got = f.readinto(memoryview(region)[: n * 8])
+    assert got == n * 8
+    assert np.array_equal(view, a), "readinto straight into the region"
+    assert pager.stats()["pswpout"] > 0
+
+
+def test_releasing_a_region_with_live_views_raises_and_the_last_view_unmaps_it(pager):
+    region = pager.map(4 * MiB)
+    arr = np.frombuffer(region, dtype=np.uint8)
+    arr[:] = 0xA5
+    mv = memoryview(region)
+    with pytest.raises(BufferError, match="2 exported buffer"):
+        region.release()
+    mv.release()
+    with pytest.raises(BufferError, match="1 exported buffer"):
+        region.release()
+    assert (arr == 0xA5).all(), "a refused release leaves the memory as it was"
+    # Dropping the region object keeps it mapped while the array lives.
+    del region
+    gc.collect()
+    arr[::4096] = 7
+    assert (arr[::4096] == 7).all() and (arr[1::4096] == 0xA5).all()
+    assert pager.stats()["resident_pages"] > 0
+    del arr
+    gc.collect()
+    assert pager.stats()["resident_pages"] == 0, "the last view unmapped the region"
+    # An explicit release with no views unmaps at once; the object then refuses exports.
+    r2 = pager.map(MiB)
+    memoryview(r2)[:4] = b"abcd"
+    assert bytes(memoryview(r2)[:4]) == b"abcd"
+    r2.release()
+    assert r2.released
+    with pytest.raises(BufferError, match="released"):
+        memoryview(r2)
+    r2.release()  # twice is allowed
+    with pager.map(MiB) as r3:
+        assert len(r3) == MiB
+    assert r3.released
+    assert pager.stats()["resident_pages"] == 0
+
+
+def test_bad_sizes_raise_uswap_errors_with_the_engines_message(pager):
+    cases = [
+        (lambda: uswap.Pager(limit="2XB"), 'unknown size unit "XB"'),
+        (lambda: uswap.Pager(limit="1.2.3GiB"), "is not a number"),
+        (lambda: uswap.Pager(limit=-1), "out of range"),
+        (lambda: uswap.Pager(limit="1KiB"), "below the minimum of 1048576 bytes"),
+        (lambda: uswap.Pager(limit=8 * MiB, devices="tape"), 'unknown device kind "tape"'),
+        (lambda: uswap.Pager(limit=8 * MiB, devices="ram:1KiB"), "below one cluster"),
+        (lambda: uswap.Pager(limit=8 * MiB, fault_mode="poll"), 'fault_mode "poll"'),
+        (lambda: pager.map(0), "cannot map a region of zero bytes"),
+        (lambda: pager.map("1.5ZiB"), 'unknown size unit "ZiB"'),
+        (lambda: pager.map(1 << 62), "MAX_REGION_BYTES"),
+        (lambda: pager.set_limit("12"), "below the minimum"),
+        (lambda: pager.numpy(threshold=[1]), "expected a size"),
+    ]
+    for call, message in cases:
+        with pytest.raises(uswap.InvalidArgumentError) as info:
+            call()
+        assert isinstance(info.value, uswap.Error)
+        assert message in str(info.value), (message, str(info.value))
+    assert pager.limit == 8 * MiB, "a refused limit leaves the old one"
+    with pytest.raises(uswap.DeviceError, match="swap device"):
+        uswap.Pager(limit=8 * MiB, devices="file:/proc/no/such/dir:64MiB")
+
+
+def test_unavailable_userfaultfd_raises_uswap_error():
+    """As an unprivileged user with vm.unprivileged_userfaultfd=0 and a root-only
+    /dev/userfaultfd, the kernel refuses both ways of opening a userfaultfd."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run the child as an unprivileged user")
+    if Path("/proc/sys/vm/unprivileged_userfaultfd").read_text().strip() != "0":
+        pytest.skip("vm.unprivileged_userfaultfd=1: every user may open a userfaultfd")
+    dev = Path("/dev/userfaultfd")
+    if dev.exists() and dev.stat().st_mode & 0o006:
+        pytest.skip("/dev/userfaultfd is open to every user")
+    child = textwrap.dedent(
+        """
+        import os, uswap
+        os.setgroups([])
+        os.setresgid(65534, 65534, 65534)
+        os.setresuid(65534, 65534, 65534)  # drops every capability
+        try:
+            uswap.Pager(limit="8MiB", devices="ram:64MiB", fault_mode="thread")
+        except uswap.UserfaultfdError as e:
+            print("UserfaultfdError", isinstance(e, uswap.Error), e)
+        else:
+            print("no error")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("UserfaultfdError True cannot open a userfaultfd"), out.stdout + out.stderr
+    assert "vm.unprivileged_userfaultfd=1" in out.stdout, "the message says how to grant access"
+
+
+def test_stats_use_the_bench_counter_names_and_set_limit_applies_at_once(pager):
+    st = pager.stats()
+    for name in ["pgfault", "pgmajfault", "pswpin", "pswpout", "resident_pages", "limit_pages", "swpout_zero"]:
+        assert isinstance(st[name], int), name
+    assert st["limit_pages"] * uswap.PAGE_SIZE == pager.limit == 8 * MiB
+    assert [d["name"].split("(")[0] for d in st["devices"]] == ["zpool"], st["devices"]
+    region = pager.map(8 * MiB)
+    a = np.frombuffer(region, dtype=np.uint32)
+    a[:] = np.arange(a.size, dtype=np.uint32)  # fills the whole budget
+    pager.set_limit("2MiB")
+    st = pager.stats()
+    assert pager.limit == 2 * MiB and st["limit_pages"] * uswap.PAGE_SIZE == 2 * MiB
+    assert st["resident_pages"] * uswap.PAGE_SIZE <= 2 * MiB, "the lower limit was reached before set_limit returned"
+    assert st["pswpout"] > 0
+    assert np.array_equal(a, np.arange(a.size, dtype=np.uint32))
+
+
+def test_arrays_outlive_the_block_and_the_pager_object():
+    pager = uswap.Pager(limit=8 * MiB, devices="zpool:128MiB")
+    with pager.numpy(threshold="64KiB") as h:
+        assert h.threshold == 64 << 10
+        big = np.full(4 * MiB, 3, dtype=np.int64)  # 32 MiB
+        small = np.ones(100)  # below the threshold: the C library's malloc
+        grown = np.fromiter((i * 5 for i in range(300_000)), dtype=np.int64)  # realloc'd past the threshold
+    assert pager.stats()["numpy_blocks"] == 2, "big and grown are managed, small is not"
+    del pager
+    gc.collect()
+    big += 1  # the engine lives on for the arrays it holds
+    assert (big == 4).all()
+    assert small.sum() == 100
+    assert np.array_equal(grown, np.arange(300_000, dtype=np.int64) * 5)
+    del big, grown, small
+    gc.collect()
+
+
+def test_nested_and_per_thread_handlers(pager):
+    other = uswap.Pager(limit=8 * MiB, devices="ram:64MiB")
+    outside = handler_name()
+    seen = []
+    with pager.numpy():
+        a = np.zeros(2 * MiB)
+        with other.numpy():
+            b = np.zeros(2 * MiB)
+            t = threading.Thread(target=lambda: seen.append(handler_name()))
+            t.start()
+            t.join(timeout=30)
+        c = np.zeros(2 * MiB)
+    assert seen == [outside], "another thread keeps its own handler"
+    assert handler_name() == outside
+    assert pager.stats()["numpy_blocks"] == 2 and other.stats()["numpy_blocks"] == 1
+    a[:] = 1
+    b[:] = 2
+    c[:] = 3
+    assert a.sum() == 2 * MiB and b.sum() == 4 * MiB and c.sum() == 6 * MiB
+
+    # One allocator entered by two threads whose blocks interleave: each exit restores its
+    # own thread's handler.
+    shared = pager.numpy()
+    inside, done, names = threading.Event(), threading.Event(), []
+
+    def second():
+        with shared:
+            names.append(handler_name())
+            inside.set()
+            assert done.wait(30), "the main thread did not leave its block"
+        names.append(handler_name())
+
+    t = threading.Thread(target=second)
+    t.start()
+    assert inside.wait(30), "the second thread did not enter"
+    with shared:
+        names.append(handler_name())
+    names.append(handler_name())
+    done.set()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert names == ["uswap", "uswap", outside, outside], names
+
+
+README_SUBSTITUTIONS = [
+    ('limit="2GiB"', 'limit="8MiB"'),
+    ('devices="zpool,file:/var/tmp"', 'devices="zpool:64MiB,file:/var/tmp:64MiB"'),
+    ("pager.map(8 << 30)", "pager.map(32 << 20)"),
+    ("np.zeros((50_000, 20_000))", "np.zeros((500, 20_000))"),
+    ('pager.set_limit("1GiB")', 'pager.set_limit("4MiB")'),
+]
+
+
+def test_the_readme_example_runs_as_written_at_a_smaller_size():
+    readme = (REPO / "README.md").read_text()
+    m = re.search(r"<!-- python-example -->\n```python\n(.*?)```", readme, re.S)
+    assert m, "README.md has no Python example after <!-- python-example -->"
+    code = m.group(1)
+    for old, new in README_SUBSTITUTIONS:
+        assert old in code, f"the README example changed: {old!r} not found"
+        code = code.replace(old, new)
+    code += textwrap.dedent(
+        """
+        assert c.shape == (500,) and not c.any()
+        assert a.size == (32 << 20) // 8 and not a.any()
+        st = pager.stats()
+        assert st["limit_pages"] * uswap.PAGE_SIZE == 4 << 20 and st["numpy_blocks"] == 1
+        print("example ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip().endswith("example ok"), out.stdout
+    assert "'pswpout'" in out.stdout, "the example prints the counters"
+
+
+def test_signal_mode_serves_numpy_in_several_threads():
+    """Signal mode: the faulting thread serves its fault (pytest's faulthandler installed its
+    SIGBUS handler first; uswap passes it what is not a managed page)."""
+    pager = uswap.Pager(limit=4 * MiB, devices="zpool:64MiB", fault_mode="signal")
+    assert pager.fault_mode == "signal"
+    region = pager.map(16 * MiB)
+    a = np.frombuffer(region, dtype=np.uint32)
+    a[:] = np.arange(a.size, dtype=np.uint32)
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(np.array_equal(a, np.arange(a.size, dtype=np.uint32))))
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive(), "a thread is stuck on a signal-mode fault"
+    assert results == [True, True, True]
+    assert pager.stats()["pswpout"] > 0 and pager.stats()["pswpin"] > 0
+
+
+def test_set_limit_releases_the_gil_while_it_reclaims():
+    """With a 10 s switch interval the interpreter never takes the GIL from a thread that
+    holds it; another thread can run during set_limit only if set_limit lets go of it."""
+    pager = uswap.Pager(limit=64 * MiB, devices="ram:128MiB")
+    region = pager.map(48 * MiB)
+    a = np.frombuffer(region, dtype=np.uint64)
+    a[:] = np.arange(a.size, dtype=np.uint64)
+    samples, stop, started = [], threading.Event(), threading.Event()
+
+    def ticker():
+        started.set()
+        while not stop.is_set():
+            samples.append(time.monotonic())
+            time.sleep(0.0002)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(10)
+    try:
+        t = threading.Thread(target=ticker)
+        t.start()
+        assert started.wait(30)
+        t0 = time.monotonic()
+        pager.set_limit("2MiB")
+        t1 = time.monotonic()
+        stop.set()
+    finally:
+        sys.setswitchinterval(old)
+    t.join(timeout=30)
+    assert not t.is_alive()
+    during = [s for s in samples if t0 < s < t1]
+    assert pager.stats()["resident_pages"] * uswap.PAGE_SIZE <= 2 * MiB
+    assert len(during) >= 3, f"the other thread ran {len(during)} times in {1e3 * (t1 - t0):.1f} ms of set_limit"
+    assert np.array_equal(a, np.arange(a.size, dtype=np.uint64))
+
+
+def test_blocks_the_engine_refuses_fall_back_to_malloc_and_are_counted(pager):
+    """A process has 4096 region slots; numpy blocks past them go to malloc, still correct."""
+    with pager.numpy(threshold=uswap.PAGE_SIZE):
+        arrays = [np.full(1024, i, dtype=np.int64) for i in range(4200)]  # 8 KiB each
+    st = pager.stats()
+    assert st["numpy_fallbacks"] > 0, st
+    assert st["numpy_blocks"] + st["numpy_fallbacks"] == 4200
+    assert all(int(a[0]) == i and int(a[-1]) == i for i, a in enumerate(arrays))
+    del arrays
+    gc.collect()
+    st = pager.stats()
+    assert st["numpy_blocks"] == 0 and st["resident_pages"] == 0, st
