@@ -351,6 +351,56 @@ impl std::ops::Deref for AtomicTable {
     }
 }
 
+/// An array of `T` in lazily zero-filled memory: a large array (one entry per cluster of a
+/// terabyte device) costs memory and start-up time only where entries are written. Every
+/// entry starts as all-zero bytes, which must be a valid `T` (the constructor's contract);
+/// an entry is given its real initial value with [`ZeroedArray::init`] before first use.
+/// Entries are never dropped: `T` may not need dropping.
+pub struct ZeroedArray<T> {
+    map: Mapping,
+    len: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+// SAFETY: the array owns its entries as a `Box<[T]>` would; sharing it shares `&T`s.
+unsafe impl<T: Send> Send for ZeroedArray<T> {}
+// SAFETY: as above: `&ZeroedArray<T>` only hands out `&T` (and `init`, whose caller excludes
+// every other access to the entry).
+unsafe impl<T: Sync> Sync for ZeroedArray<T> {}
+
+impl<T> ZeroedArray<T> {
+    /// # Safety
+    /// All-zero bytes must be a valid value of `T`.
+    pub unsafe fn new(len: usize) -> io::Result<ZeroedArray<T>> {
+        const { assert!(std::mem::align_of::<T>() <= PAGE_SIZE && !std::mem::needs_drop::<T>()) };
+        let bytes = (len * std::mem::size_of::<T>()).max(PAGE_SIZE);
+        let map = Mapping::anonymous(bytes, MapOptions { no_huge_pages: false, dont_fork: true })?;
+        Ok(ZeroedArray { map, len, _t: std::marker::PhantomData })
+    }
+
+    /// Writes entry `i`'s initial value over its zero bytes (which need no drop).
+    ///
+    /// # Safety
+    /// No reference to entry `i` may exist, and no other thread may access it, until this
+    /// returns; the entry must not have been given a value that needs dropping.
+    pub unsafe fn init(&self, i: usize, value: T) {
+        assert!(i < self.len, "entry {i} of {}", self.len);
+        // SAFETY: in bounds (checked), aligned (page-aligned base, T-sized stride); the caller
+        // guarantees exclusive access to the entry and that nothing there needs dropping.
+        unsafe { std::ptr::write((self.map.addr() as *mut T).add(i), value) };
+    }
+}
+
+impl<T> std::ops::Deref for ZeroedArray<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: the mapping holds `len` entries, page-aligned, each a valid `T` (zero bytes
+        // are one, by the constructor's contract, or `init` wrote one); owned by `self` and
+        // never unmapped while it lives.
+        unsafe { std::slice::from_raw_parts(self.map.addr() as *const T, self.len) }
+    }
+}
+
 /// Makes the page at `addr` (page-aligned) writable and exclusive to this process
 /// (`MADV_POPULATE_WRITE`): a page it shares copy-on-write with a fork child is copied, as
 /// a write fault would, without changing a byte of it. A page that is missing is faulted in

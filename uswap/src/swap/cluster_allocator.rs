@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
+use crate::mapping::ZeroedArray;
 use crate::sync::{LockClass, SpinLock};
 
 /// Slots per cluster (`SWAPFILE_CLUSTER`).
@@ -110,9 +111,17 @@ struct ListHead {
 }
 
 /// List membership of every cluster, under the device list lock.
+///
+/// Clusters from `next_fresh` on that no CPU started in have never been used: they are free,
+/// on no list, and their state in `ClusterAllocator::clusters` is still zero bytes (see
+/// [`ClusterLists::pop_fresh`]). Keeping them off the free list means a device sized for
+/// terabytes costs nothing at start-up for clusters it has not used.
 struct ClusterLists {
     nodes: Vec<Node>,
     lists: [ListHead; NR_LISTS],
+    next_fresh: u32,
+    /// The clusters CPUs started in (few, sorted): used from the start, never fresh.
+    started_in: Vec<u32>,
 }
 
 impl ClusterLists {
@@ -167,6 +176,24 @@ impl ClusterLists {
     fn list_of(&self, ci: u32) -> ListId {
         self.nodes[ci as usize].list
     }
+
+    /// A never-used cluster, if any is left. The caller initialises its state before
+    /// anyone else can reach it (it was on no list and no CPU's).
+    fn pop_fresh(&mut self, nr_clusters: u32) -> Option<u32> {
+        while self.next_fresh < nr_clusters && self.started_in.binary_search(&self.next_fresh).is_ok() {
+            self.next_fresh += 1;
+        }
+        (self.next_fresh < nr_clusters).then(|| {
+            self.next_fresh += 1;
+            self.next_fresh - 1
+        })
+    }
+
+    /// Never-used clusters left.
+    fn nr_fresh(&self, nr_clusters: u32) -> u32 {
+        let started_ahead = self.started_in.iter().filter(|&&ci| ci >= self.next_fresh).count() as u32;
+        nr_clusters - self.next_fresh - started_ahead
+    }
 }
 
 /// What `take_cluster` found.
@@ -190,7 +217,8 @@ pub struct ClusterCounts {
 
 pub struct ClusterAllocator {
     nr_clusters: u32,
-    clusters: Box<[CachePadded<SpinLock<Cluster>>]>,
+    /// Each cluster's state; zero bytes until the cluster is first used (see `ClusterLists`).
+    clusters: ZeroedArray<CachePadded<SpinLock<Cluster>>>,
     lists: SpinLock<ClusterLists>,
     /// Each CPU's current cluster (`percpu_swap_cluster`).
     percpu: Box<[CachePadded<SpinLock<Option<u32>>>]>,
@@ -199,22 +227,15 @@ pub struct ClusterAllocator {
 }
 
 impl ClusterAllocator {
-    /// An allocator for `nr_clusters` clusters shared by `nr_cpus` CPUs.
-    pub fn new(nr_clusters: u32, nr_cpus: usize) -> ClusterAllocator {
+    /// An allocator for `nr_clusters` clusters shared by `nr_cpus` CPUs. Fails only if the
+    /// address space for the cluster table cannot be reserved.
+    pub fn new(nr_clusters: u32, nr_cpus: usize) -> std::io::Result<ClusterAllocator> {
         assert!(nr_clusters > 0 && nr_clusters < NIL);
         let nr_cpus = nr_cpus.max(1);
-        let clusters = (0..nr_clusters)
-            .map(|_| {
-                CachePadded::new(SpinLock::new(
-                    LockClass::SwapCluster,
-                    Cluster { count: 0, map: [0; MAP_WORDS], next: 0 },
-                ))
-            })
-            .collect();
-        let mut lists = ClusterLists {
-            nodes: vec![Node { prev: NIL, next: NIL, list: ListId::Off }; nr_clusters as usize],
-            lists: [ListHead { head: NIL, tail: NIL, len: 0 }; NR_LISTS],
-        };
+        // SAFETY: zero bytes are a valid CachePadded<SpinLock<Cluster>> (an unlocked spin
+        // lock, an empty cluster, LockClass 0); each entry is given its own class by
+        // `init_cluster` before any lock of it is taken.
+        let clusters = unsafe { ZeroedArray::new(nr_clusters as usize)? };
         // CPUs start in different clusters, spread evenly over the device.
         let mut owned = vec![None; nr_cpus];
         if nr_clusters as usize >= nr_cpus {
@@ -222,22 +243,37 @@ impl ClusterAllocator {
                 *o = Some((cpu as u64 * nr_clusters as u64 / nr_cpus as u64) as u32);
             }
         }
-        for ci in 0..nr_clusters {
-            if !owned.contains(&Some(ci)) {
-                lists.move_to(ci, ListId::Free);
-            }
-        }
-        ClusterAllocator {
+        let mut started_in: Vec<u32> = owned.iter().flatten().copied().collect();
+        started_in.sort_unstable();
+        let lists = ClusterLists {
+            nodes: vec![Node { prev: NIL, next: NIL, list: ListId::Off }; nr_clusters as usize],
+            lists: [ListHead { head: NIL, tail: NIL, len: 0 }; NR_LISTS],
+            next_fresh: 0,
+            started_in,
+        };
+        let a = ClusterAllocator {
             nr_clusters,
             clusters,
             lists: SpinLock::new(LockClass::SwapDeviceLists, lists),
-            percpu: owned
-                .into_iter()
-                .map(|o| CachePadded::new(SpinLock::new(LockClass::SwapPerCpuCluster, o)))
-                .collect(),
+            percpu: owned.iter().map(|&o| CachePadded::new(SpinLock::new(LockClass::SwapPerCpuCluster, o))).collect(),
             inuse_slots: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
+        };
+        for &ci in owned.iter().flatten() {
+            // SAFETY: the allocator is not shared yet.
+            unsafe { a.init_cluster(ci) };
         }
+        Ok(a)
+    }
+
+    /// Gives never-used cluster `ci` its initial state.
+    ///
+    /// # Safety
+    /// Nothing else may reach the cluster meanwhile: it is on no list and no CPU's.
+    unsafe fn init_cluster(&self, ci: u32) {
+        let empty = Cluster { count: 0, map: [0; MAP_WORDS], next: 0 };
+        // SAFETY: the caller's contract; a cluster has nothing to drop.
+        unsafe { self.clusters.init(ci as usize, CachePadded::new(SpinLock::new(LockClass::SwapCluster, empty))) };
     }
 
     pub fn nr_slots(&self) -> u64 {
@@ -303,6 +339,12 @@ impl ClusterAllocator {
         {
             let mut lists = self.lists.lock();
             if let Some(ci) = lists.pop(ListId::Nonfull).or_else(|| lists.pop(ListId::Free)) {
+                return Take::Cluster(ci);
+            }
+            if let Some(ci) = lists.pop_fresh(self.nr_clusters) {
+                // SAFETY: fresh: on no list and no CPU's, and we hold the lists lock, so no
+                // other thread can pop it.
+                unsafe { self.init_cluster(ci) };
                 return Take::Cluster(ci);
             }
             if may_discard && lists.lists[ListId::Discard as usize].len > 0 {
@@ -371,7 +413,7 @@ impl ClusterAllocator {
     pub fn cluster_counts(&self) -> ClusterCounts {
         let l = self.lists.lock();
         ClusterCounts {
-            free: l.lists[ListId::Free as usize].len as u64,
+            free: l.lists[ListId::Free as usize].len as u64 + l.nr_fresh(self.nr_clusters) as u64,
             nonfull: l.lists[ListId::Nonfull as usize].len as u64,
             full: l.lists[ListId::Full as usize].len as u64,
             discard: l.lists[ListId::Discard as usize].len as u64,
@@ -393,7 +435,7 @@ mod tests {
     /// run the discard with no engine lock held.
     #[test]
     fn discards_run_with_no_lock_held() {
-        let a = ClusterAllocator::new(2, 1);
+        let a = ClusterAllocator::new(2, 1).unwrap();
         let mut all = vec![0u64; 1024];
         assert_eq!(a.alloc(0, &mut all, &no_discard), 1024);
         a.free(&all);
@@ -411,7 +453,7 @@ mod tests {
 
     #[test]
     fn cpus_start_in_different_clusters_and_batches_are_contiguous() {
-        let a = ClusterAllocator::new(8, 2);
+        let a = ClusterAllocator::new(8, 2).unwrap();
         let mut s0 = [0u64; 16];
         let mut s1 = [0u64; 16];
         assert_eq!(a.alloc(0, &mut s0, &no_discard), 16);
@@ -423,7 +465,7 @@ mod tests {
 
     #[test]
     fn full_device_and_list_transitions() {
-        let a = ClusterAllocator::new(2, 1);
+        let a = ClusterAllocator::new(2, 1).unwrap();
         let mut all = vec![0u64; 1024];
         assert_eq!(a.alloc(0, &mut all, &no_discard), 1024);
         let mut more = [0u64; 1];
@@ -443,7 +485,7 @@ mod tests {
 
     #[test]
     fn lists_stay_consistent_under_random_alloc_free() {
-        let a = ClusterAllocator::new(16, 3);
+        let a = ClusterAllocator::new(16, 3).unwrap();
         let mut live: Vec<u64> = vec![];
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         for round in 0..2000 {
@@ -472,7 +514,7 @@ mod tests {
     #[test]
     fn hammered_from_threads_never_hands_out_a_slot_twice_and_loses_none() {
         const NR_CLUSTERS: u32 = 64;
-        let a = Arc::new(ClusterAllocator::new(NR_CLUSTERS, 4));
+        let a = Arc::new(ClusterAllocator::new(NR_CLUSTERS, 4).unwrap());
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 let a = a.clone();

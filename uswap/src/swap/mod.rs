@@ -103,7 +103,7 @@ impl SwapDevice {
         Ok(SwapDevice {
             index,
             priority,
-            allocator: ClusterAllocator::new(nr_clusters, nr_cpus),
+            allocator: ClusterAllocator::new(nr_clusters, nr_cpus)?,
             table: SwapTable::new(nr_clusters)?,
             checksums: if checksum { Some(AtomicTable::new(nr_clusters as usize * SWAPFILE_CLUSTER)?) } else { None },
             backend,
