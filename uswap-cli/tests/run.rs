@@ -220,6 +220,30 @@ fn blocks_larger_than_an_arena_allocate_as_with_glibc() {
     assert_same_and_paged(&prog, &r, LIMIT_MIB);
 }
 
+/// fork without exec, and the child pages too: it gets a pager of its own (re-armed in the
+/// fork's child handler), writes half of what it inherited (each first write a
+/// write-protect fault that charges the page to it) and allocates and fills as much again;
+/// both processes leave their counters, and both page. In both modes.
+#[test]
+fn fork_child_gets_a_pager_of_its_own_and_pages_too() {
+    let dir = tmpdir("forkpage");
+    let p = compile("forkpage", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
+    let expect = plain(&prog);
+    for mode in ["thread", "signal"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.stdout, expect.stdout, "{mode}: child or parent read different bytes");
+        assert_eq!(counter(&v, "processes"), 2, "{mode}: the child left no record of its own pager: {v}");
+        let half_pages = (WSS_MIB << 20) / 2 / 4096;
+        assert!(counter(&v, "pgfault_wp") >= half_pages, "{mode}: the child's writes to what it inherited: {v}");
+        // Each process paged its working set of 4x the limit: more than one would alone.
+        assert!(counter(&v, "pswpout") > 2 * (WSS_MIB << 20) / 4096, "{mode}: {v}");
+        let peak = counter(&v, "resident_peak_bytes");
+        assert!(peak <= ((WSS_MIB + LIMIT_MIB) << 20) + SLACK_BYTES, "{mode}: peak {peak}: {v}");
+    }
+}
+
 #[test]
 fn sort_with_a_buffer_larger_than_the_limit() {
     let dir = tmpdir("sort");

@@ -1,29 +1,50 @@
-//! `fork()` without exec: the child gets a copy of every byte, as ordinary memory.
+//! `fork()` without exec: the child gets a copy of every byte and a pager of its own.
 //!
 //! The pager lives in the parent: its handler threads, its devices (the compressed pool is
 //! `MADV_DONTFORK`) and its userfaultfd do not cross a fork, and a registered range whose
 //! pages are out would read as zeros in the child. So the prepare handler (`pthread_atfork`)
-//! brings every page that is out back in and holds reclaim (`Pager::prepare_fork`); the
-//! child inherits the regions fully populated and unregistered, and from then on runs
-//! unmanaged: its heap stays in the same range (mimalloc's state is copied with it), new
-//! mappings are ordinary, and its pages are counted by the kernel, not by uswap. The parent
-//! drops the hold and reclaims back to its limit; the pages it shares copy-on-write with the
-//! child are refused by `UFFDIO_MOVE` once (`move_refused`; the parent's faults charge over
-//! the limit rather than wait for them), then made exclusive by the engine's background
-//! reclaimer and moved out (`cow_broken`, see the engine's `reclaim::cow`). A child that
-//! execs starts a pager of its own.
+//! brings every page that is out back in and holds reclaim (`Pager::prepare_fork`), with the
+//! table of managed mappings locked so that no thread is inside it at the fork.
+//!
+//! The child handler, which runs while the child has one thread, re-arms it
+//! (`ForkHold::rearm_in_child`): a pager of its own, built from the same configuration and
+//! charged to the same shared budget (a slot of its own in the `uswap run` tree's charge),
+//! takes over every region at the same address, the heap's included; the heap's mimalloc
+//! state came with the copy. The pages the child inherited stay mapped, shared with the
+//! parent and charged to it (as a memory cgroup charges a shared page once), until the child
+//! writes one: that write charges it to the child, whose reclaim can then page it out. What
+//! the child allocates or touches anew is paged as in any process. It leaves its own record
+//! for `uswap run`. If the re-arm fails (no userfaultfd left, say), the child says so on
+//! stderr and runs unmanaged, every byte still there.
+//!
+//! The parent drops the hold and reclaims back to its limit; the pages it shares
+//! copy-on-write with the child are refused by `UFFDIO_MOVE` once (`move_refused`; its
+//! faults charge over the limit rather than wait for them), then made exclusive by the
+//! engine's background reclaimer and moved out (`cow_broken`, see the engine's
+//! `reclaim::cow`). A child that execs starts a pager of its own.
 //!
 //! Cost: the fork waits for every swapped-out page to come in (a scan of the page tables,
 //! skipped when nothing is out), and the parent may exceed its limit for a few background
-//! periods after it.
+//! periods after it; the child pays for a pager's start (a few milliseconds).
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
-static HOLD: Mutex<Option<uswap::ForkHold>> = Mutex::new(None);
+/// What the prepare handler holds across the fork; the parent and child handlers run on the
+/// same thread, so a thread-local carries it (the hold is not `Send`).
+struct Held {
+    pager: uswap::ForkHold,
+    table: crate::mmap::TableHold,
+}
+
+thread_local! {
+    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+}
+
 static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
 
-/// Whether this process is a fork child of a managed one (and so unmanaged itself).
+/// Whether this process is a fork child of a managed one that could not get a pager of its
+/// own (and so runs unmanaged).
 pub fn is_forked_child() -> bool {
     FORKED_CHILD.load(Ordering::Relaxed)
 }
@@ -33,22 +54,53 @@ extern "C" fn prepare() {
         return;
     }
     let Some(pager) = crate::pager() else { return };
-    let hold = pager.prepare_fork();
-    *HOLD.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
+    let _g = crate::heap::Guard::enter();
+    // The table first: a thread mapping a region holds it while the pager registers.
+    let table = crate::mmap::hold_for_fork();
+    let pager = pager.prepare_fork();
+    HELD.with(|h| *h.borrow_mut() = Some(Held { pager, table }));
 }
 
 extern "C" fn parent() {
-    let hold = HOLD.lock().unwrap_or_else(|e| e.into_inner()).take();
-    drop(hold);
+    let held = HELD.with(|h| h.borrow_mut().take());
+    drop(held);
 }
 
 extern "C" fn child() {
-    FORKED_CHILD.store(true, Ordering::Relaxed);
-    // The hold belongs to the parent's pager, whose threads do not exist here: forget it
-    // (dropping it would run reclaim on a pager that cannot serve faults).
-    if let Some(hold) = HOLD.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        std::mem::forget(hold);
+    let Some(held) = HELD.with(|h| h.borrow_mut().take()) else { return };
+    let _g = crate::heap::Guard::enter();
+    if let Err(e) = rearm(held) {
+        FORKED_CHILD.store(true, Ordering::Relaxed);
+        let msg = format!("uswap: fork child {} runs unmanaged (every byte kept): {e}\n", std::process::id());
+        crate::real::write_stderr(msg.as_bytes());
     }
+}
+
+/// Gives the child a pager of its own and its regions (see the module doc).
+fn rearm(held: Held) -> Result<(), String> {
+    let Held { pager: hold, table } = held;
+    let Some(cfg) = crate::config() else {
+        std::mem::forget(hold);
+        return Err("no configuration".into());
+    };
+    let mut builder = cfg.builder();
+    if let Some(seg) = crate::segment() {
+        match seg.claim(std::process::id()) {
+            Some(own) => builder = builder.shared_charge(seg.charge(), own),
+            None => crate::report::note_unshared(),
+        }
+    }
+    let (pager, mut regions) = hold.rearm_in_child(builder).map_err(|e| e.to_string())?;
+    // The heap's region: kept for the life of the process, as in the parent.
+    if let Some(k) = regions.iter().position(|(start, _)| *start == crate::heap::arena_start()) {
+        std::mem::forget(regions.swap_remove(k));
+    }
+    table.rearm(&mut regions);
+    // Regions no table entry claimed (none expected): kept mapped, never unmapped.
+    std::mem::forget(regions);
+    crate::set_pager(pager);
+    crate::report::start_in_fork_child();
+    Ok(())
 }
 
 pub fn start() -> Result<(), String> {

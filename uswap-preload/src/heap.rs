@@ -89,6 +89,11 @@ pub fn managed_caller() -> bool {
     ARENA_END.load(Ordering::Acquire) != 0 && !in_uswap() && !uswap::is_engine_thread()
 }
 
+/// The first byte of the heap's region (0 before start-up).
+pub fn arena_start() -> usize {
+    ARENA_START.load(Ordering::Acquire)
+}
+
 #[inline]
 pub fn in_arena(p: *mut c_void) -> bool {
     let a = p as usize;

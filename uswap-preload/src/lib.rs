@@ -28,11 +28,26 @@ pub mod threads;
 #[global_allocator]
 static ALLOCATOR: real::LibcAllocator = real::LibcAllocator;
 
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
-/// The process's pager, built once by the constructor and never dropped (the heap lives in
-/// its region until the process ends).
-static PAGER: OnceLock<&'static uswap::Pager> = OnceLock::new();
+/// The process's pager, built by the constructor (or, in a fork child, by `fork`'s re-arm)
+/// and never dropped (the heap lives in its region until the process ends): a leaked box.
+static PAGER: AtomicPtr<uswap::Pager> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The configuration the pager was built from, for a fork child's pager.
+static CONFIG: OnceLock<config::Config> = OnceLock::new();
+
+pub fn config() -> Option<&'static config::Config> {
+    CONFIG.get()
+}
+
+/// Makes `pager` the process's pager for good (leaked: never dropped).
+pub(crate) fn set_pager(pager: uswap::Pager) -> &'static uswap::Pager {
+    let p: &'static uswap::Pager = Box::leak(Box::new(pager));
+    PAGER.store(p as *const uswap::Pager as *mut uswap::Pager, Ordering::Release);
+    p
+}
 
 /// The charge shared with the other processes of the `uswap run` tree, if any.
 static SEGMENT: OnceLock<uswap::shared_charge::ChargeSegment> = OnceLock::new();
@@ -42,12 +57,15 @@ pub fn segment() -> Option<&'static uswap::shared_charge::ChargeSegment> {
     SEGMENT.get()
 }
 
-/// The process's pager, once started; none in a fork child (see [`fork`]).
+/// The process's pager, once started; none in a fork child that could not get one of its
+/// own (see [`fork`]).
 pub fn pager() -> Option<&'static uswap::Pager> {
     if fork::is_forked_child() {
         return None;
     }
-    PAGER.get().copied()
+    let p = PAGER.load(Ordering::Acquire);
+    // SAFETY: non-null only once `set_pager` stored a leaked box, which lives for ever.
+    (!p.is_null()).then(|| unsafe { &*p })
 }
 
 fn start() -> Result<(), String> {
@@ -68,6 +86,7 @@ fn start() -> Result<(), String> {
         }
     }
     let pager = builder.build().map_err(|e| format!("cannot start the pager: {e}"))?;
+    // Not yet the process's pager (`pager()` stays None until start-up is done).
     let pager: &'static uswap::Pager = Box::leak(Box::new(pager));
     let heap_region = pager
         .map(cfg.heap_bytes)
@@ -76,11 +95,13 @@ fn start() -> Result<(), String> {
     // The heap region lives as long as the process.
     std::mem::forget(heap_region);
     heap::start(start, len)?;
-    mmap::start(pager, cfg.min_size_bytes);
+    mmap::start(cfg.min_size_bytes);
     report::start(cfg.stats_dir.clone());
-    let _ = PAGER.set(pager);
+    PAGER.store(pager as *const uswap::Pager as *mut uswap::Pager, Ordering::Release);
+    let signal_mode = cfg.fault_mode == uswap::FaultMode::Signal;
+    let _ = CONFIG.set(cfg);
     fork::start()?;
-    if cfg.fault_mode == uswap::FaultMode::Signal {
+    if signal_mode {
         signals::start();
     }
     Ok(())

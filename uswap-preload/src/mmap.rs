@@ -39,23 +39,53 @@ struct Config {
     min_size_bytes: usize,
 }
 
-static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
+static MIN_SIZE_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
 
 /// The configuration while this process is managed: none before start-up and in a fork
-/// child (whose mappings are all ordinary; see `fork`).
-fn config() -> Option<&'static Config> {
-    if crate::fork::is_forked_child() {
+/// child that could not get a pager of its own (whose mappings are all ordinary; see
+/// `fork`).
+fn config() -> Option<Config> {
+    let min_size_bytes = MIN_SIZE_BYTES.load(std::sync::atomic::Ordering::Acquire);
+    if min_size_bytes == usize::MAX {
         return None;
     }
-    CONFIG.get()
+    Some(Config { pager: crate::pager()?, min_size_bytes })
 }
 
 /// Mappings left ordinary because the table was full or the pager refused them.
 pub static UNMANAGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-pub fn start(pager: &'static uswap::Pager, min_size_bytes: usize) {
+pub fn start(min_size_bytes: usize) {
     TABLE.lock().unwrap_or_else(|e| e.into_inner()).reserve_exact(MAX_MAPPINGS);
-    let _ = CONFIG.set(Config { pager, min_size_bytes });
+    MIN_SIZE_BYTES.store(min_size_bytes, std::sync::atomic::Ordering::Release);
+}
+
+/// The table, locked across a `fork` (from the prepare handler to the parent's and the
+/// child's): no thread is inside it when the child is made, and the child re-arms it.
+pub struct TableHold(std::sync::MutexGuard<'static, Vec<Entry>>);
+
+pub fn hold_for_fork() -> TableHold {
+    TableHold(TABLE.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+impl TableHold {
+    /// In a fork child: each managed mapping takes its re-armed region (matched by start);
+    /// the parent's handles are forgotten, never dropped (their pager is the parent's). A
+    /// mapping without a new region leaves the table and stays ordinary memory.
+    pub fn rearm(mut self, regions: &mut Vec<(usize, uswap::Region)>) {
+        let table = &mut self.0;
+        let mut i = 0;
+        while i < table.len() {
+            match regions.iter().position(|(start, _)| *start == table[i].start) {
+                Some(k) => {
+                    let (_, region) = regions.swap_remove(k);
+                    std::mem::forget(std::mem::replace(&mut table[i]._region, region));
+                    i += 1;
+                }
+                None => std::mem::forget(table.swap_remove(i)),
+            }
+        }
+    }
 }
 
 /// Bytes currently managed through `mmap` (the heap's region not included).
@@ -108,7 +138,7 @@ fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
 pub fn map_for_heap(len: usize) -> Option<*mut c_void> {
     let cfg = config()?;
     let _g = Guard::enter();
-    map_managed(cfg, len)
+    map_managed(&cfg, len)
 }
 
 /// The length of the managed mapping that starts exactly at `start`, if there is one.
@@ -120,9 +150,9 @@ pub fn managed_len(start: usize) -> Option<usize> {
 pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
     if !in_uswap() && !uswap::is_engine_thread() {
         if let Some(cfg) = config() {
-            if manageable(addr, len, prot, flags, cfg) {
+            if manageable(addr, len, prot, flags, &cfg) {
                 let _g = Guard::enter();
-                if let Some(p) = map_managed(cfg, len) {
+                if let Some(p) = map_managed(&cfg, len) {
                     return p;
                 }
             }
@@ -240,7 +270,7 @@ pub extern "C" fn mremap(
         return libc::MAP_FAILED;
     }
     let Some(cfg) = config() else { return libc::MAP_FAILED };
-    let Some(new) = map_managed(cfg, new_len_r) else {
+    let Some(new) = map_managed(&cfg, new_len_r) else {
         set_errno(libc::ENOMEM);
         return libc::MAP_FAILED;
     };

@@ -96,6 +96,12 @@ pub fn next_symbol(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> *mut c_vo
 
 /// Writes `msg` to stderr and exits with status 2 (the status `uswap run` uses for "could not
 /// manage the program"). Allocation-free.
+/// Writes `msg` to standard error, best effort (async-signal-safe, no allocation).
+pub fn write_stderr(msg: &[u8]) {
+    // SAFETY: write(2) is async-signal-safe; the buffer is valid for its length.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
 pub fn fatal(msg: &[u8]) -> ! {
     // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is valid for its length.
     unsafe {

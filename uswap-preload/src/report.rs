@@ -25,6 +25,20 @@ pub fn start(dir: Option<PathBuf>) {
     START_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     let Some(dir) = dir else { return };
     let _ = DIR.set(dir);
+    spawn_publisher();
+}
+
+/// A fork child with a pager of its own (see `fork`) leaves a record of its own: under its
+/// pid, from a publisher thread of its own (the parent's is not in the child).
+pub fn start_in_fork_child() {
+    START_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
+    MANAGED_PEAK_PAGES.store(0, std::sync::atomic::Ordering::Relaxed);
+    if DIR.get().is_some() {
+        spawn_publisher();
+    }
+}
+
+fn spawn_publisher() {
     let _ = uswap::spawn_engine_thread("uswap-report".into(), || loop {
         std::thread::sleep(std::time::Duration::from_millis(PUBLISH_INTERVAL_MS));
         if crate::fork::is_forked_child() {

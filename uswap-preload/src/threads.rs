@@ -40,6 +40,25 @@ fn real_pthread_create() -> PthreadCreateFn {
     unsafe { std::mem::transmute::<*mut c_void, PthreadCreateFn>(p) }
 }
 
+/// A thread uswap creates for itself, and what it runs.
+struct UswapThread {
+    start: StartRoutine,
+    arg: *mut c_void,
+}
+
+/// The start of a thread uswap creates (an engine thread): marked as uswap's own code from
+/// its first instruction, before the Rust runtime's thread set-up allocates (its thread-exit
+/// registration calls `calloc`). That allocation used to come from the managed heap, whose
+/// pages in a re-armed fork child are write-protected until charged: the new fault-handler
+/// threads faulted there themselves and waited for a handler for good.
+extern "C" fn uswap_thread_start(p: *mut c_void) -> *mut c_void {
+    // SAFETY: `p` is the box `pthread_create` leaked for this thread, handed over once.
+    let t = unsafe { Box::from_raw(p.cast::<UswapThread>()) };
+    // For the thread's whole life.
+    std::mem::forget(heap::Guard::enter());
+    (t.start)(t.arg)
+}
+
 /// `pthread_create(3)`, the C library's, with its allocations kept out of the managed heap.
 ///
 /// # Safety
@@ -52,7 +71,18 @@ pub unsafe extern "C" fn pthread_create(
     arg: *mut c_void,
 ) -> libc::c_int {
     let real = real_pthread_create();
+    let ours = heap::in_uswap() || uswap::is_engine_thread();
     let _g = heap::Guard::enter();
+    if let (true, Some(start)) = (ours, start) {
+        let t = Box::into_raw(Box::new(UswapThread { start, arg }));
+        // SAFETY: the caller's thread and attributes; the start routine takes the box.
+        let r = unsafe { real(thread, attr, Some(uswap_thread_start), t.cast()) };
+        if r != 0 {
+            // SAFETY: not handed to a thread: ours to free.
+            drop(unsafe { Box::from_raw(t) });
+        }
+        return r;
+    }
     // SAFETY: the caller's arguments, passed on unchanged to the C library's function.
     unsafe { real(thread, attr, start, arg) }
 }

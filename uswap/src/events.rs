@@ -194,6 +194,9 @@ fn lock_page(r: &RegionInner, page: usize) -> Pte {
 /// Drops everything pages `[first, last)` own (slot, swap-cache page, charge) and leaves
 /// them in state `to`: `Zero` (discarded: they read zero) or `Gone` (unmapped).
 fn release(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, to: PageState) {
+    if to == PageState::Gone {
+        r.note_gone();
+    }
     let mut released = Released::default();
     for page in first..last {
         let pte = lock_page(r, page);
@@ -253,6 +256,7 @@ fn remap(p: &PagerShared, from: usize, to: usize, len: usize) {
 /// nothing to free; those not in place (staged or swapped) keep their slot, staging page
 /// and charge in `take_outs` until [`run_take_outs`] has copied them to their new address.
 fn detach(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usize, take_outs: &mut TakeOuts) {
+    r.note_gone();
     let mut released = Released::default();
     for page in first..last {
         // Locked before its state is read: a reclaim round that owns the page may be moving

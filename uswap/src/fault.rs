@@ -126,6 +126,7 @@ pub(crate) fn serve_fault(
     let Some(page) = region.page_of(addr) else {
         return Err(FaultError::Gone);
     };
+    region.note_touched(page);
     let page_addr = region.page_addr(page);
     let backoff = Backoff::new();
     // Bounded: each round either takes ownership of the page, or waits for the current owner
@@ -251,6 +252,26 @@ pub(crate) fn serve_fault(
                 let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
                 break swap_in(pager, &f);
             }
+            PageState::Inherited => {
+                // A re-armed fork child's first write to a page it shares with its parent (or,
+                // missing, a page the application discarded: then the access faults again and
+                // is served as a resident page that is not there, with zeros). From now on the
+                // page is this process's own: charged, on the LRU, writable (the kernel makes
+                // the copy when the write is retried).
+                reclaim::charge(pager, 1, route.lock_free());
+                let r = pager.uffd.writeprotect(page_addr, PAGE_SIZE, false, route.wake());
+                if r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN)) {
+                    // An event is pending: nothing changed, the write faults again.
+                    reclaim::uncharge(pager, 1);
+                    region.store(page, locked.unbusy());
+                    break Err(FaultError::Ioctl(libc::EAGAIN));
+                }
+                let new = locked.next(PageState::Resident, None);
+                region.store(page, new);
+                pager.lru.add(page_ref(reg_idx, reg_gen, page, new.gen()), &pager.stats);
+                pager.stats.inc(Counter::PgfaultWp);
+                break Ok(());
+            }
             PageState::Gone => {
                 region.store(page, locked.unbusy());
                 break Err(FaultError::Gone);
@@ -337,6 +358,9 @@ fn zero_fill(
                 for &(q, l) in &pages[i..] {
                     region.store(q, l.unbusy());
                 }
+                if errno == libc::EEXIST {
+                    return take_present_page(pager, region, reg_idx, reg_gen, page, route);
+                }
                 // ENOENT: no registered mapping at the faulting page any more; the
                 // application unmapped it while this fault waited (a stale fault, as in
                 // `serve_fault`'s resident case). Nothing was there to lose.
@@ -347,6 +371,46 @@ fn zero_fill(
     reclaim::uncharge(pager, pages.len() - mapped);
     pager.stats.inc(Counter::PgfaultZero);
     pager.stats.add(Counter::ZeroFillAround, mapped.saturating_sub(1) as u64);
+    Ok(())
+}
+
+/// A fault on a page the engine holds for gone or zero that is mapped after all: the
+/// application freed it with `MADV_FREE`, which sends the same REMOVE event as
+/// `MADV_DONTNEED` but leaves the page in place until the kernel needs the memory (and, for
+/// a page shared with a fork child, for good). The fault is a write to it while it was
+/// write-protected (a clean page, or one a fork child inherited): the page is taken as
+/// resident (charged, on the LRU) and made writable. Its contents are whatever `MADV_FREE`
+/// left, as without uswap.
+fn take_present_page(
+    pager: &PagerShared,
+    region: &RegionInner,
+    reg_idx: usize,
+    reg_gen: u32,
+    page: usize,
+    route: Route,
+) -> Result<(), FaultError> {
+    let pte = region.load(page);
+    let Some(locked) =
+        matches!(pte.state(), PageState::None | PageState::Zero).then(|| region.try_lock(page, pte)).flatten()
+    else {
+        // It changed meanwhile: the access faults again and meets what is there now.
+        return Err(FaultError::Ioctl(libc::EAGAIN));
+    };
+    let addr = region.page_addr(page);
+    reclaim::charge(pager, 1, route.lock_free());
+    match pager.uffd.writeprotect(addr, PAGE_SIZE, false, route.wake()) {
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+            reclaim::uncharge(pager, 1);
+            region.store(page, locked.unbusy());
+            return Err(FaultError::Ioctl(libc::EAGAIN));
+        }
+        // ENOENT: gone meanwhile after all; it is resident-and-missing now, served as zeros.
+        _ => {}
+    }
+    let new = locked.next(PageState::Resident, None);
+    region.store(page, new);
+    pager.lru.add(page_ref(reg_idx, reg_gen, page, new.gen()), &pager.stats);
+    pager.stats.inc(Counter::PgfaultWp);
     Ok(())
 }
 

@@ -35,7 +35,7 @@
 //! write-protected and its slot holds its contents; the region's memory is never read or
 //! written by the engine, only moved by ioctls (and a clean page dropped).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use arrayvec::ArrayVec;
 use std::sync::Arc;
@@ -74,6 +74,11 @@ pub(crate) enum PageState {
     /// No longer the region's: the application unmapped it (or moved it out with a partial
     /// `mremap`). Owns nothing; the engine never touches the address again (see `events`).
     Gone = 5,
+    /// Mapped, and inherited at a fork from the parent (a re-armed fork child, see
+    /// `Pager::prepare_fork`): shared copy-on-write with it, write-protected, not charged
+    /// (the parent's charge covers it, as a memory cgroup charges a shared page once) and
+    /// not on the LRU. Its first write charges it and makes it `Resident`.
+    Inherited = 6,
 }
 
 const STATE_MASK: u64 = 0x7;
@@ -104,6 +109,7 @@ impl Pte {
             3 => PageState::Cached,
             4 => PageState::Swapped,
             5 => PageState::Gone,
+            6 => PageState::Inherited,
             s => unreachable!("corrupt page-table state {s}"),
         }
     }
@@ -239,9 +245,35 @@ pub(crate) struct RegionInner {
     pub pager: Arc<PagerShared>,
     /// Fault streams and access advice, for readahead and fault-around.
     pub streams: FaultStreams,
+    /// Pages from here on have never been mapped by the engine (nor inherited): a fork child
+    /// adopting the region looks for mapped pages only below it, instead of across a heap
+    /// region of tens of gigabytes it mostly never touched (see [`RegionInner::note_touched`]).
+    touched_end: AtomicUsize,
+    /// Set before any page becomes `Gone` (the application unmapped part of the region):
+    /// until then every page is the region's, and [`RegionInner::live_runs`] needs no scan.
+    any_gone: std::sync::atomic::AtomicBool,
 }
 
+/// Pages a fault may map beyond its own (a fault-around or readahead window, and the
+/// asynchronous windows read ahead of it), for [`RegionInner::note_touched`].
+const TOUCH_AHEAD_PAGES: usize = 4 * crate::readahead::MAX_WINDOW_PAGES;
+
 impl RegionInner {
+    /// A fault on `page` may map pages up to [`TOUCH_AHEAD_PAGES`] past it. A load on the
+    /// fault path, and a store only when the region's touched part grows.
+    #[inline]
+    pub fn note_touched(&self, page: usize) {
+        let end = (page + 1 + TOUCH_AHEAD_PAGES).min(self.nr_pages);
+        if end > self.touched_end.load(Ordering::Relaxed) {
+            self.touched_end.fetch_max(end, Ordering::Relaxed);
+        }
+    }
+
+    /// Pages `[0, touched_end)` may have been mapped; none beyond.
+    pub fn touched_end(&self) -> usize {
+        self.touched_end.load(Ordering::Acquire)
+    }
+
     pub fn new(memory: AppMapping, pager: Arc<PagerShared>) -> std::io::Result<RegionInner> {
         let nr_pages = memory.len() / PAGE_SIZE;
         Ok(RegionInner {
@@ -250,6 +282,8 @@ impl RegionInner {
             ptes: AtomicTable::new(nr_pages)?,
             pager,
             streams: FaultStreams::new(),
+            touched_end: AtomicUsize::new(0),
+            any_gone: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -268,8 +302,17 @@ impl RegionInner {
         self.memory.set_addr(start);
     }
 
-    /// Runs `[first, end)` of pages that are still the region's (not `Gone`).
+    /// Some pages are about to become `Gone`: called before their words are stored.
+    pub fn note_gone(&self) {
+        self.any_gone.store(true, Ordering::Release);
+    }
+
+    /// Runs `[first, end)` of pages that are still the region's (not `Gone`). A scan of the
+    /// page table only once part of the region was unmapped.
     pub fn live_runs(&self) -> Vec<(usize, usize)> {
+        if !self.any_gone.load(Ordering::Acquire) {
+            return vec![(0, self.nr_pages)];
+        }
         let mut live: Vec<(usize, usize)> = Vec::new();
         for page in 0..self.nr_pages {
             if self.load(page).state() != PageState::Gone {

@@ -452,6 +452,39 @@ fn thread_mode_clean_pages_keep_their_slot() {
     clean_pages_keep_their_slot(FaultMode::Thread);
 }
 
+/// `MADV_FREE` sends the same REMOVE event as `MADV_DONTNEED` but leaves the pages in place
+/// until the kernel needs the memory. A clean page (write-protected) freed that way and then
+/// written faulted into the engine as a page it held for gone; mapping a zero page there
+/// failed (EEXIST) on every attempt and the thread got SIGBUS. Now the page is taken as
+/// resident and made writable, with the contents the write left.
+#[test]
+fn thread_mode_writes_to_clean_pages_after_madv_free() {
+    let (p, region, _) = written_then_read_twice(FaultMode::Thread);
+    let pages = region.len() / PAGE_SIZE;
+    let w = region.as_atomic_u64s();
+    let few = 64;
+    for i in 0..few {
+        check_page(w, i, 1);
+    }
+    assert!(p.stats().clean_pages >= few as u64 / 2, "pages read back are clean: {:?}", p.stats());
+    // SAFETY: MADV_FREE on the region's own first pages; they stay mapped (or read as zero
+    // once the kernel takes them), which is what the checks below allow.
+    let r = unsafe { libc::madvise(region.as_ptr().cast(), few * PAGE_SIZE, libc::MADV_FREE) };
+    assert_eq!(r, 0, "madvise: {}", std::io::Error::last_os_error());
+    for i in 0..few {
+        write_page(w, i, 3);
+    }
+    for i in 0..few {
+        check_page(w, i, 3);
+    }
+    for i in few..pages {
+        check_page(w, i, 1);
+    }
+    let st = quiet_stats(&p);
+    assert_eq!(st.fault_error, 0, "{st:?}");
+    assert!(st.uffd_remove >= 1, "the MADV_FREE reached the engine: {st:?}");
+}
+
 /// Signal mode keeps no page clean: the kernel could not write a write-protected page
 /// (`read(2)` into it failed with EFAULT), so every page comes back writable, frees its
 /// slot, and is written again when evicted.

@@ -1,5 +1,6 @@
 //! fork() without exec: the parent keeps paging within its limit while a child shares its
-//! pages copy-on-write, and the child reads every byte as it was at the fork.
+//! pages copy-on-write, the child reads every byte as it was at the fork, and a child that
+//! re-arms (`ForkHold::rearm_in_child`) pages too, under a limit of its own.
 //!
 //! After a fork the kernel refuses to move a shared page (`UFFDIO_MOVE` gives `EBUSY`), even
 //! once the child has gone, until the parent writes it; pages the parent only reads stayed
@@ -169,3 +170,127 @@ fn bounded(mode: FaultMode) {
 
 in_both_modes!(bounded() => thread_mode_parent_pages_out_while_a_fork_child_shares_its_pages,
     signal_mode_parent_pages_out_while_a_fork_child_shares_its_pages);
+
+/// What the re-armed child found, one bit per check, sent back in one byte.
+const CHILD_REARMED: u8 = 1;
+const CHILD_READ_INHERITED: u8 = 2;
+const CHILD_WROTE_INHERITED: u8 = 4;
+const CHILD_NEW_REGION: u8 = 8;
+const CHILD_PAGED_OUT: u8 = 16;
+const CHILD_WITHIN_LIMIT: u8 = 32;
+const CHILD_ALL: u8 = 63;
+
+/// The child's side: re-arms, checks what it inherited, writes all of it (its first writes
+/// charge the pages, which then page out under the child's own limit), and pages a new
+/// region 4x its limit. Returns the checks passed; never panics (a fork child of the test
+/// harness must not unwind into it).
+fn child_rearms_and_pages(mode: FaultMode, hold: uswap::ForkHold, pages: usize, start: usize) -> u8 {
+    let builder = Pager::builder().resident_limit(LIMIT).fault_mode(mode).device(DeviceConfig::ram(4 * WSS));
+    let (pager, regions) = match hold.rearm_in_child(builder) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{mode:?}: the child could not re-arm: {e}");
+            return 0;
+        }
+    };
+    let mut ok = CHILD_REARMED;
+    let Some((_, region)) = regions.iter().find(|(s, _)| *s == start) else { return ok };
+    let w = region.as_atomic_u64s();
+    if (0..pages).all(|i| page_is(w, i, 1)) {
+        ok |= CHILD_READ_INHERITED;
+    }
+    for i in 0..pages {
+        for k in 0..WORDS {
+            w[i * WORDS + k].store(word(i, 3, k), Ordering::Relaxed);
+        }
+    }
+    if (0..pages).all(|i| page_is(w, i, 3)) {
+        ok |= CHILD_WROTE_INHERITED;
+    }
+    if let Ok(fresh) = pager.map(WSS as usize) {
+        let f = fresh.as_atomic_u64s();
+        for i in 0..pages {
+            for k in 0..WORDS {
+                f[i * WORDS + k].store(word(i, 4, k), Ordering::Relaxed);
+            }
+        }
+        if (0..pages).all(|i| page_is(f, i, 4)) && (0..pages).all(|i| page_is(w, i, 3)) {
+            ok |= CHILD_NEW_REGION;
+        }
+        std::mem::forget(fresh);
+    }
+    let s = pager.stats();
+    if s.pswpout > 0 {
+        ok |= CHILD_PAGED_OUT;
+    }
+    if s.resident_pages <= s.limit_pages + SLACK_PAGES {
+        ok |= CHILD_WITHIN_LIMIT;
+    }
+    std::mem::forget(regions);
+    ok
+}
+
+fn fork_child_rearms_and_both_page(mode: FaultMode) {
+    let pager = Pager::builder()
+        .resident_limit(LIMIT)
+        .fault_mode(mode)
+        .device(DeviceConfig::ram(2 * WSS))
+        .regions_survive_fork(true)
+        .build()
+        .expect("pager");
+    let mut region = pager.map(WSS as usize).expect("map");
+    let start = region.as_ptr() as usize;
+    let pages = WSS as usize / PAGE_SIZE;
+    let w = region_words(&mut region);
+    for i in 0..pages {
+        write_page(w, i, 1);
+    }
+    let (ready_r, ready_w) = pipe();
+    let hold = pager.prepare_fork();
+    // SAFETY: the child re-arms and pages without returning into the test harness; it ends
+    // with _exit. (Its allocations use the C library's malloc, which is fork-safe.)
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let ok = child_rearms_and_pages(mode, hold, pages, start);
+        write_byte(&ready_w, ok);
+        // SAFETY: ends the child without running the parent's destructors or atexit.
+        unsafe { libc::_exit(0) };
+    }
+    drop(hold);
+    // The parent goes on paging meanwhile.
+    for i in 0..pages / 2 {
+        write_page(w, i, 2);
+    }
+    for i in 0..pages {
+        check_page(w, i, if i < pages / 2 { 2 } else { 1 });
+    }
+    let got = read_byte(&ready_r, BOUND);
+    let mut status = 0;
+    // SAFETY: reaps our own child (killed first if it never answered).
+    unsafe {
+        if got.is_none() {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        libc::waitpid(pid, &mut status, 0);
+    }
+    let got = got.unwrap_or_else(|| panic!("{mode:?}: the re-armed child never answered: {:?}", pager.stats()));
+    assert_eq!(got, CHILD_ALL, "{mode:?}: child checks passed {got:#b} of {CHILD_ALL:#b} (bits: rearmed, read, wrote, new region, paged out, within limit)");
+    let s = settles_under_limit(&pager);
+    assert!(s.resident_pages <= s.limit_pages + SLACK_PAGES, "{mode:?}: {s:?}");
+}
+
+fn bounded_rearm(mode: FaultMode) {
+    let worker = std::thread::spawn(move || fork_child_rearms_and_both_page(mode));
+    let t0 = Instant::now();
+    while !worker.is_finished() {
+        assert!(t0.elapsed() < BOUND, "{mode:?}: re-arm scenario still running after {BOUND:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Err(e) = worker.join() {
+        std::panic::resume_unwind(e);
+    }
+}
+
+in_both_modes!(bounded_rearm() => thread_mode_fork_child_rearms_and_both_page,
+    signal_mode_fork_child_rearms_and_both_page);

@@ -256,6 +256,13 @@ impl AppMapping {
         AppMapping::with_fork(len, false)
     }
 
+    /// Memory already mapped at `[addr, addr + len)` (page-aligned), which the handle now
+    /// owns: a fork child adopting the regions it inherited.
+    pub fn existing(addr: usize, len: usize) -> AppMapping {
+        debug_assert!(addr % PAGE_SIZE == 0 && len % PAGE_SIZE == 0);
+        AppMapping { addr: std::sync::atomic::AtomicUsize::new(addr), len }
+    }
+
     /// A mapping a forked child inherits (`inherit`) or does not (`MADV_DONTFORK`: the child
     /// gets no mapping rather than one whose swapped-out pages read as zeros).
     pub fn with_fork(len: usize, inherit: bool) -> io::Result<AppMapping> {
@@ -423,6 +430,32 @@ pub fn page_present(addr: usize) -> bool {
     // an unmapped address gives ENOMEM, not undefined behaviour.
     let r = unsafe { libc::mincore(addr as *mut libc::c_void, PAGE_SIZE, &mut v) };
     r == 0 && v & 1 != 0
+}
+
+/// Calls `f(page)` for each page of `[addr, addr + nr_pages * PAGE_SIZE)` present in the
+/// page table (`mincore(2)`, in chunks). The range must be mapped, `addr` page-aligned.
+pub fn for_each_present_page(addr: usize, nr_pages: usize, mut f: impl FnMut(usize)) -> io::Result<()> {
+    const CHUNK_PAGES: usize = 4096;
+    let mut vec = vec![0u8; CHUNK_PAGES];
+    let mut first = 0;
+    // Bounded: each round moves `first` on by at least one page.
+    while first < nr_pages {
+        let n = (nr_pages - first).min(CHUNK_PAGES);
+        // SAFETY: mincore only reads page tables and writes `n` bytes into `vec`, which has
+        // room for CHUNK_PAGES; an unmapped range gives ENOMEM, not undefined behaviour.
+        let r =
+            unsafe { libc::mincore((addr + first * PAGE_SIZE) as *mut libc::c_void, n * PAGE_SIZE, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for (i, b) in vec[..n].iter().enumerate() {
+            if b & 1 != 0 {
+                f(first + i);
+            }
+        }
+        first += n;
+    }
+    Ok(())
 }
 
 /// Pages of `[addr, addr + len)` present in the page table, counted with `mincore(2)` in

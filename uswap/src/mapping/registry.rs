@@ -170,6 +170,28 @@ impl<T, const N: usize> Registry<T, N> {
         (g.gen & gen_mask == gen & gen_mask).then_some(g)
     }
 
+    /// Holds off `insert`, `remove` and `set_range` until the guard drops: across a `fork`,
+    /// so that the regions do not change between their recording and the fork, and the
+    /// child's copy of the lock is not left held by a thread it does not have.
+    pub fn lock_writers(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.writers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// In a fork child, before anything else reads the registry: lets go of every entry
+    /// without dropping it. The entries are the parent's; their values may refer to threads
+    /// and descriptors the child does not have, so they are leaked, never dropped. The
+    /// caller holds the writer lock (`lock_writers`, taken before the fork).
+    pub fn forget_all_in_fork_child(&self) {
+        let high = self.high.load(Ordering::Acquire);
+        for s in &self.slots[..high] {
+            s.end.store(0, Ordering::SeqCst);
+            s.start.store(0, Ordering::SeqCst);
+            s.value.store(std::ptr::null_mut(), Ordering::SeqCst);
+            // Readers that held it were the parent's other threads, which the child lacks.
+            s.users.store(0, Ordering::SeqCst);
+        }
+    }
+
     /// Calls `f` on every registered value (for scans that are not on the fault path).
     pub fn for_each(&self, mut f: impl FnMut(&RegistryGuard<'_, T>)) {
         let high = self.high.load(Ordering::Acquire);

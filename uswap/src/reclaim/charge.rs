@@ -71,7 +71,8 @@ fn nap(ns: u64) {
 /// thread reclaimed anything. Only then, when its rounds did reclaim but other threads'
 /// charges took the room first for `CHARGE_WAIT_LIMIT_NS` in all (starvation), at once when
 /// every device is full, when the round's victims were refused (shared with a fork child:
-/// see below), or on the lock-free route (which may not reclaim), does it charge over the
+/// see below), when only the shared limit is reached and this pager has nothing to reclaim,
+/// or on the lock-free route (which may not reclaim), does it charge over the
 /// limit: counted in
 /// `limit_overrun` (and `limit_overrun_busy` when the devices had room). Nothing is lost;
 /// reclaim takes the extra pages later. `lock_free`: the caller may take no lock (signal
@@ -140,6 +141,14 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
         }
         if p.devices.is_full() {
             // Nothing can go anywhere: keep the page, count the overrun.
+            force_charge(p, n);
+            p.stats.inc(Counter::LimitOverrun);
+            break;
+        }
+        if cur + n <= limit && p.lru.is_empty() && p.swap_cache.nr_pages() == 0 {
+            // Within our own limit, over the shared one, and nothing of ours to reclaim (a
+            // re-armed fork child whose pages are all still its parent's): waiting cannot be
+            // cured here, the other pagers reclaim theirs in the background. Over at once.
             force_charge(p, n);
             p.stats.inc(Counter::LimitOverrun);
             break;
