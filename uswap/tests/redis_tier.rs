@@ -121,3 +121,238 @@ fn zpool_then_redis(mode: FaultMode) {
 }
 
 in_both_modes!(zpool_then_redis() => zpool_then_redis_thread_mode, zpool_then_redis_signal_mode);
+
+/// Runs this test binary again as a child running `test` with `env`, under a deadline.
+fn run_child(test: &str, env: &[(&str, String)], limit: Duration) -> std::process::Output {
+    use std::io::Read;
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            panic!("child {test} still running after {limit:?}; its stderr:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = std::process::Output { status, stdout: vec![], stderr: vec![] };
+    child.stdout.take().unwrap().read_to_end(&mut out.stdout).unwrap();
+    child.stderr.take().unwrap().read_to_end(&mut out.stderr).unwrap();
+    out
+}
+
+/// In a child: prints every page error the pager records, as it is recorded (the thread
+/// that needs a lost page dies of SIGBUS, taking the process with it).
+fn print_errors_until_death(p: &'static Pager) {
+    std::thread::spawn(move || {
+        let mut seen = 0;
+        loop {
+            let errs = p.recent_errors();
+            for e in errs.iter().skip(seen) {
+                let name = &p.stats().devices[e.device].name;
+                eprintln!("recorded: {e} on {name}");
+            }
+            seen = errs.len();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+}
+
+fn mode_name(mode: FaultMode) -> &'static str {
+    match mode {
+        FaultMode::Signal => "signal",
+        _ => "thread",
+    }
+}
+
+/// The child of the two tests below: fills a region through a Redis device only, runs
+/// `damage` (kills the store, corrupts a key), checks every page still mapped, then touches
+/// the pages in order until one cannot be brought back.
+fn child_fill_damage_touch(mode: FaultMode, dev: DeviceConfig, damage: impl FnOnce(&Pager)) -> ! {
+    let p: &'static Pager = Box::leak(Box::new(build(mode, 2 * MIB, vec![dev])));
+    let region = p.map(8 * MIB as usize).unwrap();
+    region.advise(uswap::Advice::Random);
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    for i in 0..nr_pages {
+        write_page(words, i, 1);
+    }
+    let _ = quiet_stats(p);
+    damage(p);
+    print_errors_until_death(p);
+    let mut mapped = 0;
+    for i in 0..nr_pages {
+        if region.mapped_pages_in(i * PAGE_SIZE, PAGE_SIZE).unwrap() == 1 {
+            check_page(words, i, 1);
+            mapped += 1;
+        }
+    }
+    eprintln!("verified {mapped} mapped pages");
+    for i in 0..nr_pages {
+        eprintln!("touching page {i} at {:#x}", region.as_ptr() as usize + i * PAGE_SIZE);
+        check_page(words, i, 1);
+    }
+    eprintln!("all pages read back");
+    std::process::exit(0);
+}
+
+/// Asserts the child died of SIGBUS on a page it was touching, after a recorded error of
+/// `kind` naming the device and a slot, with the mapped pages verified; returns its stderr.
+fn assert_sigbus_with_recorded_error(out: &std::process::Output, kind: &str) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{:?}; stderr:\n{err}", out.status);
+    let verified: usize = err
+        .lines()
+        .find_map(|l| l.strip_prefix("verified ")?.strip_suffix(" mapped pages")?.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(verified > 64, "pages in RAM kept working: {err}");
+    let touched = err.lines().filter_map(|l| l.split(" at 0x").nth(1)).last().expect("touched a page");
+    assert!(err.contains(&format!("uswap: page 0x{:0>16}", touched)), "SIGBUS reported for the page: {err}");
+    let recorded = err.lines().find(|l| l.starts_with("recorded: ")).unwrap_or_else(|| panic!("{err}"));
+    assert!(recorded.contains("(device 0 slot ") && recorded.contains(kind), "{recorded}");
+    assert!(recorded.contains("on redis://127.0.0.1:"), "{recorded}");
+    assert!(!err.contains("all pages read back") && !err.contains("panicked"), "no wrong data: {err}");
+    err
+}
+
+/// A store with no replica, killed: the pages it held fail with SIGBUS and a recorded error
+/// naming the device and the slot; pages in RAM keep working; nothing reads back wrong.
+fn lost_store(mode: FaultMode) {
+    let test = format!("a_killed_store_without_replica_fails_its_pages_with_sigbus_{}_mode", mode_name(mode));
+    if let Ok(seeds) = std::env::var("USWAP_REDIS_SEEDS") {
+        let pid: i32 = std::env::var("USWAP_REDIS_PID").unwrap().parse().unwrap();
+        let mut o = RedisOptions::new(vec![seeds.clone()]);
+        o.failover_timeout_ms = 300;
+        let dev = DeviceConfig::redis(vec![seeds], 64 * MIB).redis_options(o);
+        child_fill_damage_touch(mode, dev, |_| {
+            // SAFETY: kill(2) of the server process the parent started for this child.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+        });
+    }
+    let Some(r) = servers(1, 0, &[]) else { return };
+    let env = [("USWAP_REDIS_SEEDS", r.addr(0)), ("USWAP_REDIS_PID", r.pid(0).unwrap().to_string())];
+    let out = run_child(&test, &env, Duration::from_secs(120));
+    let err = assert_sigbus_with_recorded_error(&out, "device read failed");
+    assert!(err.contains("lost the primary"), "the device said why: {err}");
+}
+
+#[test]
+fn a_killed_store_without_replica_fails_its_pages_with_sigbus_thread_mode() {
+    lost_store(FaultMode::Thread);
+}
+
+#[test]
+fn a_killed_store_without_replica_fails_its_pages_with_sigbus_signal_mode() {
+    lost_store(FaultMode::Signal);
+}
+
+/// A value replaced from outside (another page's valid value, or garbage with encryption
+/// off) fails its check: a checksum error, recorded and counted; the page is never mapped.
+fn corrupted(mode: FaultMode, encrypt: bool) {
+    let test = format!(
+        "a_page_corrupted_in_the_store_is_detected_{}_{}_mode",
+        if encrypt { "encrypted" } else { "clear" },
+        mode_name(mode)
+    );
+    if let Ok(seeds) = std::env::var("USWAP_REDIS_SEEDS") {
+        let mut o = RedisOptions::new(vec![seeds.clone()]);
+        o.encrypt = encrypt;
+        let dev = DeviceConfig::redis(vec![seeds.clone()], 64 * MIB).redis_options(o);
+        child_fill_damage_touch(mode, dev, |_| {
+            let mut keys = redis_keys(&seeds);
+            keys.sort();
+            assert!(keys.len() > 64, "{}", keys.len());
+            for k in keys.iter().step_by(16) {
+                if encrypt {
+                    // A valid sealed value, of another slot: authentication binds the slot.
+                    let other = match redis_cmd(&seeds, &["GET", &keys[keys.len() - 1]]) {
+                        redis::Value::BulkString(b) => b,
+                        v => panic!("{v:?}"),
+                    };
+                    let client = redis::Client::open(format!("redis://{seeds}/")).unwrap();
+                    let mut con = client.get_connection().unwrap();
+                    redis::cmd("SET").arg(k).arg(other).query::<()>(&mut con).unwrap();
+                } else {
+                    redis_cmd(&seeds, &["SET", k, "not a page"]);
+                }
+            }
+        });
+    }
+    let Some(r) = servers(1, 0, &[]) else { return };
+    let out = run_child(&test, &[("USWAP_REDIS_SEEDS", r.addr(0))], Duration::from_secs(120));
+    assert_sigbus_with_recorded_error(&out, "checksum mismatch");
+}
+
+#[test]
+fn a_page_corrupted_in_the_store_is_detected_encrypted_signal_mode() {
+    corrupted(FaultMode::Signal, true);
+}
+
+#[test]
+fn a_page_corrupted_in_the_store_is_detected_clear_thread_mode() {
+    corrupted(FaultMode::Thread, false);
+}
+
+#[test]
+fn a_store_that_evicts_is_refused_at_start_saying_why() {
+    let Some(r) = servers(1, 0, &["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]) else { return };
+    let err = Pager::builder()
+        .resident_limit(2 * MIB)
+        .device(DeviceConfig::parse_list(&r.url(0), 64 * MIB).unwrap().remove(0))
+        .build()
+        .err()
+        .expect("refused");
+    let msg = err.to_string();
+    assert!(msg.contains("maxmemory-policy is allkeys-lru") && msg.contains("noeviction"), "{msg}");
+    assert!(msg.contains("evicted pages would be lost"), "{msg}");
+}
+
+#[test]
+fn replicas_the_primary_does_not_have_are_refused_at_start() {
+    let Some(r) = servers(1, 1, &[]) else { return };
+    let dev = DeviceConfig::parse_list(&format!("{}?replicas=2", r.url(0)), 64 * MIB).unwrap().remove(0);
+    let msg = Pager::builder().resident_limit(2 * MIB).device(dev).build().err().expect("refused").to_string();
+    assert!(msg.contains("replicas=2 but the primary has 1 connected replica"), "{msg}");
+}
+
+/// A full store (`maxmemory` reached under `noeviction`) declines pages: they go to the next
+/// device, counted, and nothing is lost.
+#[test]
+fn a_full_store_spills_to_the_next_device_and_counts() {
+    let Some(r) = servers(1, 0, &["--maxmemory", "6mb"]) else { return };
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = build(mode, 2 * MIB, vec![redis_dev(&r, 64 * MIB, |_| {}).priority(10), DeviceConfig::ram(64 * MIB)]);
+        let st = churn(&p, 24 * MIB, 4000, || {});
+        let dev = st.devices[0].backend.clone().unwrap();
+        assert!(dev.reject_pool_full > 0, "the store said it was full: {dev:?}");
+        assert!(dev.stored_pages > 0 || st.devices[0].slots_used > 0 || st.pswpin > 0, "{st:?}");
+        assert!(st.swpout_spilled > 0 && st.devices[1].slots_used > 0, "pages went to the next device: {st:?}");
+        assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+    }
+}
+
+/// Alone, a full store keeps the pages it declines in RAM (counted as writes without a
+/// slot), and every page reads back.
+#[test]
+fn a_full_store_alone_keeps_pages_resident_and_counts() {
+    let Some(r) = servers(1, 0, &["--maxmemory", "4mb"]) else { return };
+    let p = build(FaultMode::Signal, 4 * MIB, vec![redis_dev(&r, 64 * MIB, |_| {})]);
+    let st = churn(&p, 8 * MIB, 2000, || {});
+    let dev = st.devices[0].backend.clone().unwrap();
+    assert!(dev.reject_pool_full > 0, "{dev:?}");
+    assert!(st.swap_alloc_fail > 0 || st.swpout_error > 0, "pages stayed in RAM: {st:?}");
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+}

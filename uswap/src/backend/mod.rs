@@ -95,6 +95,11 @@ pub struct BackendStats {
     pub reject_alloc_fail: u64,
     /// Discards that failed (hole punching unsupported, ...); nothing is lost.
     pub discard_errors: u64,
+    /// Times a remote device switched to another primary (the Redis tier's failovers).
+    pub failovers: u64,
+    /// Pages a remote device could not find or could not check (read errors it reported:
+    /// missing after a failover, or a value failing its authentication).
+    pub remote_read_errors: u64,
 }
 
 /// Write the pages of `data` to consecutive slots starting at `slot`. The pages are staged

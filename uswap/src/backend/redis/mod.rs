@@ -508,6 +508,8 @@ impl Backend for RedisBackend {
             compressed_bytes: s.stored_pages * self.sh.sealer.value_bytes() as u64,
             reject_pool_full: s.rejected_full,
             discard_errors: s.delete_errors,
+            failovers: s.failovers,
+            remote_read_errors: s.missing_pages + s.corrupt_pages,
             ..BackendStats::default()
         })
     }
