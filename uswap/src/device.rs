@@ -328,7 +328,9 @@ impl DeviceConfig {
                 }
                 "" => return Err(bad("empty device name".into())),
                 other => {
-                    return Err(bad(format!("unknown device kind {other:?}; known: ram, zpool, file, redis://HOST:PORT")))
+                    return Err(bad(format!(
+                        "unknown device kind {other:?}; known: ram, zpool, file, redis://HOST:PORT"
+                    )))
                 }
             };
             out.push(dev.priority(-(i as i32)).readahead(policy));

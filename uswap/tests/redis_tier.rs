@@ -97,11 +97,7 @@ fn churn(p: &Pager, region_bytes: u64, rounds: usize, before_unmap: impl FnOnce(
 
 fn zpool_then_redis(mode: FaultMode) {
     let Some(r) = servers(1, 0, &[]) else { return };
-    let p = build(
-        mode,
-        16 * MIB,
-        vec![DeviceConfig::zpool(4 * MIB).priority(10), redis_dev(&r, 256 * MIB, |_| {})],
-    );
+    let p = build(mode, 16 * MIB, vec![DeviceConfig::zpool(4 * MIB).priority(10), redis_dev(&r, 256 * MIB, |_| {})]);
     let mut keys_while_mapped = 0;
     let st = churn(&p, 64 * MIB, 20_000, || keys_while_mapped = redis_keys(&r.addr(0)).len());
     let dev = st.devices[1].backend.clone().expect("the redis device reports its counters");
@@ -369,7 +365,8 @@ fn info_field(addr: &str, field: &str) -> Option<String> {
 /// What an operator (or Sentinel) does after the primary died: promotes the replica that
 /// received the most (`REPLICAOF NO ONE`), and makes the others its replicas. Returns it.
 fn promote_most_up_to_date(r: &LocalRedis, alive: &[usize]) -> usize {
-    let offset = |k: usize| -> u64 { info_field(&r.addr(k), "slave_repl_offset").and_then(|v| v.parse().ok()).unwrap_or(0) };
+    let offset =
+        |k: usize| -> u64 { info_field(&r.addr(k), "slave_repl_offset").and_then(|v| v.parse().ok()).unwrap_or(0) };
     let best = *alive.iter().max_by_key(|&&k| offset(k)).unwrap();
     redis_cmd(&r.addr(best), &["REPLICAOF", "NO", "ONE"]);
     let port = r.addr(best).rsplit_once(':').unwrap().1.to_string();

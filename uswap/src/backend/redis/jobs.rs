@@ -41,9 +41,15 @@ pub const DONE: u32 = 4;
 pub enum Work {
     None,
     /// `Backend::read`: `n` requests.
-    Read { reqs: *mut ReadReq<'static>, n: usize },
+    Read {
+        reqs: *mut ReadReq<'static>,
+        n: usize,
+    },
     /// `Backend::write`: `n` requests.
-    Write { reqs: *mut WriteReq<'static>, n: usize },
+    Write {
+        reqs: *mut WriteReq<'static>,
+        n: usize,
+    },
     /// An asynchronous read: `n` runs into `buf`, results into `results`.
     AsyncRead {
         runs: *const crate::backend::AsyncRun,
@@ -78,7 +84,9 @@ pub struct Jobs {
 impl Jobs {
     pub fn new(nr_jobs: usize) -> Jobs {
         Jobs {
-            jobs: (0..nr_jobs).map(|_| Job { state: AtomicU32::new(FREE), work: UnsafeCell::new(Work::None) }).collect(),
+            jobs: (0..nr_jobs)
+                .map(|_| Job { state: AtomicU32::new(FREE), work: UnsafeCell::new(Work::None) })
+                .collect(),
             queue: ArrayQueue::new(nr_jobs.max(1)),
             doorbell: AtomicU32::new(0),
         }
@@ -88,7 +96,11 @@ impl Jobs {
     pub fn claim(&self, hint: usize) -> Option<u32> {
         let n = self.jobs.len();
         (0..n).map(|k| (hint + k) % n).find_map(|i| {
-            self.jobs[i].state.compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| i as u32)
+            self.jobs[i]
+                .state
+                .compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+                .ok()
+                .map(|_| i as u32)
         })
     }
 

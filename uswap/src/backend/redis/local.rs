@@ -6,8 +6,9 @@
 //!
 //! Runs `redis-server` (found on `PATH`) with no persistence (`save ""`, no AOF), bound to
 //! 127.0.0.1, `maxmemory-policy noeviction`; waits until every server answers and every
-//! replica's link is up. Servers get `PR_SET_PDEATHSIG`: they die with the process that
-//! started them even if it is killed outright.
+//! replica's link is up. Servers get `PR_SET_PDEATHSIG`: they die with the thread that
+//! started them even if the process is killed outright, and a process group of their own (a
+//! terminal's Ctrl-C reaches the program, which kills them once it has cleaned up).
 //!
 //! # Locking rules
 //!
@@ -39,7 +40,12 @@ pub struct LocalRedis {
 
 /// Whether `redis-server` can be run.
 pub fn redis_server_available() -> bool {
-    Command::new("redis-server").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn free_port() -> io::Result<u16> {
@@ -84,15 +90,21 @@ impl LocalRedis {
             cmd.args(["--replicaof", "127.0.0.1", &p.to_string()]);
         }
         cmd.args(extra).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        // Its own process group: a terminal's Ctrl-C goes to the program that started it,
+        // which stops the servers itself once its cleanup is done.
+        // SAFETY: prctl and setpgid are async-signal-safe and touch no memory of the parent.
         unsafe {
             cmd.pre_exec(|| {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                libc::setpgid(0, 0);
                 Ok(())
             })
         };
         let child = cmd.spawn().map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot run redis-server ({e}); install it (apt-get install redis-server)"))
+            io::Error::new(
+                e.kind(),
+                format!("cannot run redis-server ({e}); install it (apt-get install redis-server)"),
+            )
         })?;
         self.servers.push(Server { port, child: Some(child) });
         Ok(port)

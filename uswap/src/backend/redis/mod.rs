@@ -274,7 +274,9 @@ impl RedisBackend {
                     found = Some((i, inf));
                     break;
                 }
-                Ok(inf) => why.push(format!("{addr} is a {}", info_field(&inf, "role").unwrap_or("server of unknown role"))),
+                Ok(inf) => {
+                    why.push(format!("{addr} is a {}", info_field(&inf, "role").unwrap_or("server of unknown role")))
+                }
                 Err(e) => why.push(format!("{addr}: {e}")),
             }
         }
@@ -425,7 +427,10 @@ impl RedisBackend {
         }
         let addr = &sh.seeds[sh.primary.load(Ordering::Acquire)];
         let Ok(mut con) = connect(addr, sh.connect_timeout(), sh.io_timeout()) else {
-            eprintln!("uswap: {}: could not connect to delete this pager's keys ({}*); delete them by hand", sh.name, sh.prefix);
+            eprintln!(
+                "uswap: {}: could not connect to delete this pager's keys ({}*); delete them by hand",
+                sh.name, sh.prefix
+            );
             return;
         };
         let deadline = now_ns() + sh.failover_timeout_ns.max(1_000_000_000);
@@ -447,7 +452,10 @@ impl RedisBackend {
                 break;
             }
         }
-        eprintln!("uswap: {}: could not delete all of this pager's keys ({}*); delete them by hand", sh.name, sh.prefix);
+        eprintln!(
+            "uswap: {}: could not delete all of this pager's keys ({}*); delete them by hand",
+            sh.name, sh.prefix
+        );
     }
 }
 
@@ -467,7 +475,8 @@ impl Backend for RedisBackend {
         let work = Work::Write { reqs: reqs.as_mut_ptr().cast(), n: reqs.len() };
         if !self.call(work) {
             for r in reqs.iter_mut() {
-                r.result = Err(BackendError::Remote { slot: r.slot, why: "every request slot of the device stayed busy" });
+                r.result =
+                    Err(BackendError::Remote { slot: r.slot, why: "every request slot of the device stayed busy" });
             }
         }
     }
@@ -479,7 +488,8 @@ impl Backend for RedisBackend {
         let work = Work::Read { reqs: reqs.as_mut_ptr().cast(), n: reqs.len() };
         if !self.call(work) {
             for r in reqs.iter_mut() {
-                r.result = Err(BackendError::Remote { slot: r.slot, why: "every request slot of the device stayed busy" });
+                r.result =
+                    Err(BackendError::Remote { slot: r.slot, why: "every request slot of the device stayed busy" });
             }
         }
     }

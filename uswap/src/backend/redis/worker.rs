@@ -36,7 +36,7 @@ use redis::{Connection, RedisError};
 
 use super::jobs::{futex_wait, Work};
 use super::{Shared, MAX_DELETE_BATCH};
-use crate::backend::{AlignedPage, BackendError, RejectReason, ReadReq, WriteReq};
+use crate::backend::{AlignedPage, BackendError, ReadReq, RejectReason, WriteReq};
 use crate::mapping::now_ns;
 use crate::uffd::PAGE_SIZE;
 
@@ -199,10 +199,7 @@ impl Worker {
         if sh.failovers_noted.swap(true, Ordering::AcqRel) {
             // Another thread already said so for this episode.
         } else {
-            sh.note(format!(
-                "lost the primary {} ({cause}); looking for the primary among the seeds",
-                sh.seeds[old]
-            ));
+            sh.note(format!("lost the primary {} ({cause}); looking for the primary among the seeds", sh.seeds[old]));
         }
         let short = Duration::from_millis(250);
         // Bounded by the deadline (each connect and INFO has a timeout).
@@ -256,19 +253,18 @@ impl Worker {
             return;
         }
         let deadline = now_ns() + sh.failover_timeout_ns;
-        let values = match self.round_trip(deadline, |con| {
-            redis::cmd("MGET").arg(&keys).query::<Vec<Option<Vec<u8>>>>(con)
-        }) {
-            Ok(v) if v.len() == keys.len() => v,
-            Ok(_) | Err(Failure::Refused) | Err(Failure::Full) => {
-                fail_items(items, &wanted, "the primary answered the read with an error");
-                return;
-            }
-            Err(Failure::Unavailable) => {
-                fail_items(items, &wanted, "no primary among the seeds answered within the failover timeout");
-                return;
-            }
-        };
+        let values =
+            match self.round_trip(deadline, |con| redis::cmd("MGET").arg(&keys).query::<Vec<Option<Vec<u8>>>>(con)) {
+                Ok(v) if v.len() == keys.len() => v,
+                Ok(_) | Err(Failure::Refused) | Err(Failure::Full) => {
+                    fail_items(items, &wanted, "the primary answered the read with an error");
+                    return;
+                }
+                Err(Failure::Unavailable) => {
+                    fail_items(items, &wanted, "no primary among the seeds answered within the failover timeout");
+                    return;
+                }
+            };
         sh.counters.reads.fetch_add(1, Ordering::Relaxed);
         for (&(k, p, generation), value) in wanted.iter().zip(values) {
             let (slot, pages, res) = &mut items[k];
@@ -300,7 +296,10 @@ impl Worker {
         let mut nonces = vec![0u8; 24 * nr_pages];
         if sh.sealer.encrypted() && getrandom::fill(&mut nonces).is_err() {
             for r in reqs.iter_mut() {
-                r.result = Err(BackendError::Remote { slot: r.slot, why: "no random numbers for the nonces (getrandom failed)" });
+                r.result = Err(BackendError::Remote {
+                    slot: r.slot,
+                    why: "no random numbers for the nonces (getrandom failed)",
+                });
             }
             return;
         }
