@@ -464,3 +464,41 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     }
     Ok(bytes.round() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_urls_parse_with_their_options_and_bad_ones_say_why() {
+        let d = DeviceConfig::parse_list(
+            "zpool:4MiB, redis://10.0.0.1:6379;db2:6380?replicas=1&size=1GiB&encrypt=off&failover_ms=500&wait_ms=200",
+            64 << 20,
+        )
+        .unwrap();
+        assert_eq!(d.len(), 2);
+        let o = d[1].redis_opts().expect("a redis device");
+        assert_eq!(o.seeds, vec!["10.0.0.1:6379".to_string(), "db2:6380".to_string()]);
+        assert_eq!((o.replicas, o.encrypt, o.failover_timeout_ms, o.wait_timeout_ms), (1, false, 500, 200));
+        assert_eq!(d[1].capacity_bytes(), 1 << 30);
+        assert!(d[1].checksum_enabled() && d[1].clean_readahead_enabled());
+        assert!(d[0].priority_value() > d[1].priority_value());
+        let plain = &DeviceConfig::parse_list("redis://127.0.0.1:1:cluster", 64 << 20).unwrap()[0];
+        assert_eq!(plain.redis_opts().unwrap().seeds, vec!["127.0.0.1:1".to_string()]);
+        assert!(plain.redis_opts().unwrap().encrypt, "encrypted unless encrypt=off");
+        assert_eq!(plain.readahead_policy(), ReadaheadPolicy::Cluster);
+        for (bad, why) in [
+            ("redis://127.0.0.1", "needs a port"),
+            ("redis://127.0.0.1:0", "port in 1..=65535"),
+            ("redis://:6379", "not HOST:PORT"),
+            ("redis://h:1?replicas=x", "replicas=\"x\": not a whole number"),
+            ("redis://h:1?encrypt=no", "use on or off"),
+            ("redis://h:1?size=1XB", "unknown size unit"),
+            ("redis://h:1?replica=1", "unknown option \"replica\"; redis options: replicas=N"),
+            ("redis://h:1?replicas", "needs a value"),
+        ] {
+            let e = DeviceConfig::parse_list(bad, 64 << 20).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+}

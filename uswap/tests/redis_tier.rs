@@ -149,19 +149,47 @@ fn run_child(test: &str, env: &[(&str, String)], limit: Duration) -> std::proces
     out
 }
 
-/// In a child: prints every page error the pager records, as it is recorded (the thread
-/// that needs a lost page dies of SIGBUS, taking the process with it).
-fn print_errors_until_death(p: &'static Pager) {
+static LOST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The child's SIGBUS handler, installed before the pager (uswap passes it the SIGBUS of a
+/// page it cannot bring back): the thread that needs the lost page waits here while
+/// [`report_errors_then_die`] prints what the pager recorded.
+extern "C" fn on_lost_page(_sig: libc::c_int) {
+    LOST.store(true, std::sync::atomic::Ordering::SeqCst);
+    loop {
+        // SAFETY: pause(2) is async-signal-safe; the thread waits for the process to die.
+        unsafe { libc::pause() };
+    }
+}
+
+fn install_lost_page_handler() {
+    // SAFETY: installing a plain handler with a zeroed, then filled, sigaction.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_lost_page as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+/// In a child: once a page was lost, prints every page error the pager recorded, with the
+/// device's name, then dies of SIGBUS as the thread would have without the handler.
+fn report_errors_then_die(p: &'static Pager) {
     std::thread::spawn(move || {
-        let mut seen = 0;
-        loop {
-            let errs = p.recent_errors();
-            for e in errs.iter().skip(seen) {
-                let name = &p.stats().devices[e.device].name;
-                eprintln!("recorded: {e} on {name}");
-            }
-            seen = errs.len();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !LOST.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "no page was lost");
             std::thread::sleep(Duration::from_millis(5));
+        }
+        let names: Vec<String> = p.stats().devices.iter().map(|d| d.name.clone()).collect();
+        for e in p.recent_errors() {
+            eprintln!("recorded: {e} on {}", names[e.device]);
+        }
+        eprintln!("checksum_errors={}", p.stats().checksum_errors);
+        // SAFETY: default action back, then SIGBUS to the process: it dies of it.
+        unsafe {
+            libc::signal(libc::SIGBUS, libc::SIG_DFL);
+            libc::kill(libc::getpid(), libc::SIGBUS);
         }
     });
 }
@@ -177,6 +205,7 @@ fn mode_name(mode: FaultMode) -> &'static str {
 /// `damage` (kills the store, corrupts a key), checks every page still mapped, then touches
 /// the pages in order until one cannot be brought back.
 fn child_fill_damage_touch(mode: FaultMode, dev: DeviceConfig, damage: impl FnOnce(&Pager)) -> ! {
+    install_lost_page_handler();
     let p: &'static Pager = Box::leak(Box::new(build(mode, 2 * MIB, vec![dev])));
     let region = p.map(8 * MIB as usize).unwrap();
     region.advise(uswap::Advice::Random);
@@ -187,7 +216,7 @@ fn child_fill_damage_touch(mode: FaultMode, dev: DeviceConfig, damage: impl FnOn
     }
     let _ = quiet_stats(p);
     damage(p);
-    print_errors_until_death(p);
+    report_errors_then_die(p);
     let mut mapped = 0;
     for i in 0..nr_pages {
         if region.mapped_pages_in(i * PAGE_SIZE, PAGE_SIZE).unwrap() == 1 {
@@ -215,7 +244,7 @@ fn assert_sigbus_with_recorded_error(out: &std::process::Output, kind: &str) -> 
         .find_map(|l| l.strip_prefix("verified ")?.strip_suffix(" mapped pages")?.parse().ok())
         .unwrap_or_else(|| panic!("{err}"));
     assert!(verified > 64, "pages in RAM kept working: {err}");
-    let touched = err.lines().filter_map(|l| l.split(" at 0x").nth(1)).last().expect("touched a page");
+    let touched = err.lines().filter_map(|l| l.split(" at 0x").nth(1)).next_back().expect("touched a page");
     assert!(err.contains(&format!("uswap: page 0x{:0>16}", touched)), "SIGBUS reported for the page: {err}");
     let recorded = err.lines().find(|l| l.starts_with("recorded: ")).unwrap_or_else(|| panic!("{err}"));
     assert!(recorded.contains("(device 0 slot ") && recorded.contains(kind), "{recorded}");
@@ -289,7 +318,9 @@ fn corrupted(mode: FaultMode, encrypt: bool) {
     }
     let Some(r) = servers(1, 0, &[]) else { return };
     let out = run_child(&test, &[("USWAP_REDIS_SEEDS", r.addr(0))], Duration::from_secs(120));
-    assert_sigbus_with_recorded_error(&out, "checksum mismatch");
+    let err = assert_sigbus_with_recorded_error(&out, "checksum mismatch");
+    let counted = err.lines().find_map(|l| l.strip_prefix("checksum_errors=")?.parse::<u64>().ok());
+    assert!(counted.is_some_and(|n| n > 0), "counted as checksum errors: {err}");
 }
 
 #[test]
@@ -309,8 +340,7 @@ fn a_store_that_evicts_is_refused_at_start_saying_why() {
         .resident_limit(2 * MIB)
         .device(DeviceConfig::parse_list(&r.url(0), 64 * MIB).unwrap().remove(0))
         .build()
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     let msg = err.to_string();
     assert!(msg.contains("maxmemory-policy is allkeys-lru") && msg.contains("noeviction"), "{msg}");
     assert!(msg.contains("evicted pages would be lost"), "{msg}");
@@ -320,7 +350,7 @@ fn a_store_that_evicts_is_refused_at_start_saying_why() {
 fn replicas_the_primary_does_not_have_are_refused_at_start() {
     let Some(r) = servers(1, 1, &[]) else { return };
     let dev = DeviceConfig::parse_list(&format!("{}?replicas=2", r.url(0)), 64 * MIB).unwrap().remove(0);
-    let msg = Pager::builder().resident_limit(2 * MIB).device(dev).build().err().expect("refused").to_string();
+    let msg = Pager::builder().resident_limit(2 * MIB).device(dev).build().expect_err("refused").to_string();
     assert!(msg.contains("replicas=2 but the primary has 1 connected replica"), "{msg}");
 }
 
