@@ -94,7 +94,12 @@ impl Worker {
         loop {
             let bell = sh.jobs.doorbell.load(Ordering::Acquire);
             if let Some((i, work)) = sh.jobs.take() {
-                self.execute(work);
+                // A bug here must not leave a caller waiting forever: its requests fail.
+                let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(work)));
+                if done.is_err() {
+                    self.con = None;
+                    fail_work(work);
+                }
                 sh.jobs.finish(i);
                 continue;
             }
@@ -133,11 +138,9 @@ impl Worker {
                 let mut rest: &mut [AlignedPage] = buf;
                 let mut at = 0;
                 let mut items = Vec::with_capacity(n);
-                let mut ok = true;
                 for (run, res) in runs.iter().zip(results.iter_mut()) {
                     // `start` checked that runs are sorted, disjoint and inside the buffer.
                     if run.first_page < at || run.first_page + run.nr_pages > at + rest.len() {
-                        ok = false;
                         *res = Err(BackendError::OutOfRange { slot: run.slot, nr_slots: self.sh.nr_slots });
                         continue;
                     }
@@ -147,7 +150,6 @@ impl Worker {
                     at = run.first_page + run.nr_pages;
                     items.push((run.slot, pages, res));
                 }
-                let _ = ok;
                 self.read(&mut items);
             }
             Work::Write { reqs, n } => {
@@ -403,6 +405,34 @@ impl Worker {
                 Ok(_) => sh.counters.deletes.fetch_add(keys.len() as u64, Ordering::Relaxed),
                 Err(_) => sh.counters.delete_errors.fetch_add(keys.len() as u64, Ordering::Relaxed),
             };
+        }
+    }
+}
+
+/// Fails every request of `work` (after a panic in the device thread).
+fn fail_work(work: Work) {
+    let why = "the device thread failed (a bug; its panic message is on stderr)";
+    match work {
+        Work::None => {}
+        Work::Read { reqs, n } => {
+            // SAFETY: as in `execute`: the caller's requests are ours until the job is DONE.
+            for r in unsafe { std::slice::from_raw_parts_mut(reqs, n) } {
+                r.result = Err(BackendError::Remote { slot: r.slot, why });
+            }
+        }
+        Work::Write { reqs, n } => {
+            // SAFETY: as above.
+            for r in unsafe { std::slice::from_raw_parts_mut(reqs, n) } {
+                r.result = Err(BackendError::Remote { slot: r.slot, why });
+            }
+        }
+        Work::AsyncRead { runs, n, results, .. } => {
+            // SAFETY: as in `execute`: the reader's runs and results are ours until DONE.
+            let (runs, results) =
+                unsafe { (std::slice::from_raw_parts(runs, n), std::slice::from_raw_parts_mut(results, n)) };
+            for (run, r) in runs.iter().zip(results) {
+                *r = Err(BackendError::Remote { slot: run.slot, why });
+            }
         }
     }
 }
