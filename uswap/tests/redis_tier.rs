@@ -475,3 +475,33 @@ fn primary_killed_twice(mode: FaultMode) {
 }
 
 in_both_modes!(primary_killed_twice() => a_primary_killed_twice_loses_nothing_thread_mode, a_primary_killed_twice_loses_nothing_signal_mode);
+
+#[test]
+fn a_redis_cluster_node_is_refused_at_start_saying_why() {
+    let Some(r) = servers(1, 0, &["--cluster-enabled", "yes"]) else { return };
+    let dev = DeviceConfig::parse_list(&r.url(0), 64 * MIB).unwrap().remove(0);
+    let msg = Pager::builder().resident_limit(2 * MIB).device(dev).build().expect_err("refused").to_string();
+    assert!(msg.contains("is a Redis Cluster node") && msg.contains("standalone primary"), "{msg}");
+}
+
+/// With `key=FILE` (64 hex digits), every byte reads back through the key from the file; a
+/// file that holds no key is refused saying what it must hold. (That a value sealed by
+/// another pager fails, key shared or not, is `codec.rs`'s unit test.)
+#[test]
+fn pages_encrypted_with_a_key_from_a_file_read_back() {
+    let Some(r) = servers(1, 0, &[]) else { return };
+    let dir = std::env::temp_dir().join(format!("uswap-redis-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("key");
+    std::fs::write(&key, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n").unwrap();
+    let url = format!("{}?key={}", r.url(0), key.display());
+    let p = build(FaultMode::Thread, 2 * MIB, DeviceConfig::parse_list(&url, 64 * MIB).unwrap());
+    let st = churn(&p, 8 * MIB, 2000, || {});
+    assert!(st.pswpin > 0 && st.devices[0].backend.clone().unwrap().stored_pages > 0, "{st:?}");
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+    std::fs::write(&key, "short").unwrap();
+    let bad = DeviceConfig::parse_list(&url, 64 * MIB).unwrap().remove(0);
+    let msg = Pager::builder().resident_limit(2 * MIB).device(bad).build().expect_err("refused").to_string();
+    assert!(msg.contains("holds 5 bytes; it must hold the 32-byte key"), "{msg}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
