@@ -433,10 +433,11 @@ fn parse_redis(rest: &str, default_capacity_bytes: u64) -> std::result::Result<D
             "failover_ms" => opts.failover_timeout_ms = num(v)?,
             "wait_ms" => opts.wait_timeout_ms = num(v)?,
             "connections" => opts.connections = num(v)?.clamp(1, 64) as usize,
+            "poll_us" => opts.poll_us = num(v)?.min(100_000) as u32,
             _ => {
                 return Err(format!(
                     "unknown option {k:?}; redis options: replicas=N, size=SIZE, encrypt=off, key=FILE, \
-                     failover_ms=MS, wait_ms=MS, connections=N"
+                     failover_ms=MS, wait_ms=MS, connections=N, poll_us=US"
                 ))
             }
         }

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crossbeam_queue::ArrayQueue;
 
 use crate::backend::{AlignedPage, BackendError, ReadReq, WriteReq};
+use crate::mapping::now_ns;
 
 pub const FREE: u32 = 0;
 pub const CLAIMED: u32 = 1;
@@ -116,6 +117,11 @@ impl Jobs {
         futex_wake(&self.doorbell, 1);
     }
 
+    /// Whether a job is waiting to be taken.
+    pub fn pending(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
     /// Takes a posted job (a device thread); its work is then the taker's.
     pub fn take(&self) -> Option<(u32, Work)> {
         let i = self.queue.pop()?;
@@ -135,9 +141,20 @@ impl Jobs {
         futex_wake(&job.state, 1);
     }
 
-    /// Waits until job `i` is done, then frees it. Async-signal-safe.
-    pub fn wait_and_free(&self, i: u32) {
+    /// Waits until job `i` is done, then frees it: polls for up to `poll_ns` (a round trip
+    /// to a store on a nearby machine takes tens of microseconds, about what a sleeping
+    /// thread takes to wake up), then sleeps. Async-signal-safe.
+    pub fn wait_and_free(&self, i: u32, poll_ns: u64) {
         let job = &self.jobs[i as usize];
+        if poll_ns > 0 {
+            let until = now_ns() + poll_ns;
+            // Bounded by the polling budget.
+            while job.state.load(Ordering::Acquire) != DONE && now_ns() < until {
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+            }
+        }
         // Bounded: the device thread's work is bounded in time (module invariants); the
         // timeout only guards against a lost wake-up.
         loop {

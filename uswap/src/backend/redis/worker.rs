@@ -110,6 +110,19 @@ impl Worker {
             if sh.shutdown.load(Ordering::Acquire) {
                 return;
             }
+            // Poll a little before sleeping: faults come in bursts, and a sleeping thread
+            // takes tens of microseconds to wake.
+            if sh.poll_ns > 0 {
+                let until = now_ns() + sh.poll_ns;
+                while !sh.jobs.pending() && now_ns() < until {
+                    for _ in 0..64 {
+                        std::hint::spin_loop();
+                    }
+                }
+                if sh.jobs.pending() {
+                    continue;
+                }
+            }
             futex_wait(&sh.jobs.doorbell, bell, 50_000_000);
         }
     }
