@@ -434,10 +434,12 @@ fn parse_redis(rest: &str, default_capacity_bytes: u64) -> std::result::Result<D
             "wait_ms" => opts.wait_timeout_ms = num(v)?,
             "connections" => opts.connections = num(v)?.clamp(1, 64) as usize,
             "poll_us" => opts.poll_us = num(v)?.min(100_000) as u32,
+            "session" if crate::backend::redis::valid_session(v) => opts.session = Some(v.to_string()),
+            "session" => return Err(format!("session={v:?}: use 1 to 64 letters, digits, - or _")),
             _ => {
                 return Err(format!(
                     "unknown option {k:?}; redis options: replicas=N, size=SIZE, encrypt=off, key=FILE, \
-                     failover_ms=MS, wait_ms=MS, connections=N, poll_us=US"
+                     failover_ms=MS, wait_ms=MS, connections=N, poll_us=US, session=NAME"
                 ))
             }
         }

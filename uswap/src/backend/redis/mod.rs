@@ -91,6 +91,10 @@ pub struct RedisOptions {
     /// spare; on a 2-vCPU machine shared with a local `redis-server` it costs more than it
     /// saves (random 4 KiB faults: 12,078 accesses/s at 0, 9,593 at 50, 4,942 at 200).
     pub poll_us: u32,
+    /// A name shared by the pagers of one run (`uswap run` gives every process it starts
+    /// the same): keys are then `uswap:SESSION.ID:...`, and [`delete_session`] removes every
+    /// key of the run once it has ended, whether or not its processes dropped their pagers.
+    pub session: Option<String>,
 }
 
 impl RedisOptions {
@@ -104,6 +108,7 @@ impl RedisOptions {
             failover_timeout_ms: 10_000,
             connections: 4,
             poll_us: 0,
+            session: None,
         }
     }
 }
@@ -312,7 +317,11 @@ impl RedisBackend {
         let mut id = [0u8; 8];
         getrandom::fill(&mut id)
             .map_err(|e| RedisDeviceError::Io { what: "random key prefix", source: std::io::Error::other(e) })?;
-        let prefix = format!("uswap:{}:", id.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let prefix = match &opts.session {
+            Some(session) => format!("uswap:{session}.{id}:"),
+            None => format!("uswap:{id}:"),
+        };
         let sh = Arc::new(Shared {
             name: format!("redis://{seeds_str}"),
             seeds: opts.seeds.clone(),
@@ -395,6 +404,71 @@ impl RedisBackend {
     }
 }
 
+/// A fresh session name for [`RedisOptions::session`]: 16 random hex digits.
+pub fn new_session_id() -> std::io::Result<String> {
+    let mut id = [0u8; 8];
+    getrandom::fill(&mut id).map_err(std::io::Error::other)?;
+    Ok(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Whether `name` may be a session name (it becomes part of keys and of a SCAN pattern).
+pub fn valid_session(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Deletes every key of session `session` from the primary among `seeds` (after the run
+/// ended: its processes may have exited without dropping their pagers). Returns the keys
+/// deleted.
+pub fn delete_session(seeds: &[String], session: &str) -> Result<u64, String> {
+    if !valid_session(session) {
+        return Err(format!("{session:?} is not a session name"));
+    }
+    let timeout = Duration::from_millis(2000);
+    let mut why = Vec::new();
+    for addr in seeds {
+        let mut con = match connect(addr, timeout, timeout) {
+            Ok(c) => c,
+            Err(e) => {
+                why.push(format!("{addr}: {e}"));
+                continue;
+            }
+        };
+        match info(&mut con, "replication") {
+            Ok(i) if info_field(&i, "role") == Some("master") => {}
+            Ok(_) => continue,
+            Err(e) => {
+                why.push(format!("{addr}: {e}"));
+                continue;
+            }
+        }
+        return scan_delete(&mut con, &format!("uswap:{session}.*"), now_ns() + 30_000_000_000)
+            .ok_or_else(|| format!("{addr}: deleting keys failed or took over 30 s"));
+    }
+    Err(format!("no seed is a reachable primary ({})", why.join("; ")))
+}
+
+/// Deletes the keys matching `pattern` (SCAN + DEL) until `deadline_ns`; `None` if it could
+/// not finish.
+fn scan_delete(con: &mut redis::Connection, pattern: &str, deadline_ns: u64) -> Option<u64> {
+    let mut cursor: u64 = 0;
+    let mut deleted = 0;
+    // Bounded by the deadline and by SCAN's cursor returning to 0.
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) =
+            redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).query(con).ok()?;
+        if !keys.is_empty() {
+            deleted += redis::cmd("DEL").arg(&keys).query::<u64>(con).ok()?;
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Some(deleted);
+        }
+        if now_ns() >= deadline_ns {
+            return None;
+        }
+    }
+}
+
 /// Claims a job, waiting (nanosleep: async-signal-safe) up to the failover timeout.
 fn claim(sh: &Shared) -> Option<u32> {
     let hint = crate::mapping::current_cpu() * 7;
@@ -442,23 +516,8 @@ impl RedisBackend {
             return;
         };
         let deadline = now_ns() + sh.failover_timeout_ns.max(1_000_000_000);
-        let pattern = format!("{}*", sh.prefix);
-        let mut cursor: u64 = 0;
-        // Bounded by the deadline and by SCAN's cursor returning to 0.
-        loop {
-            let r: Result<(u64, Vec<Vec<u8>>), _> =
-                redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).query(&mut con);
-            let Ok((next, keys)) = r else { break };
-            if !keys.is_empty() && redis::cmd("DEL").arg(&keys).query::<i64>(&mut con).is_err() {
-                break;
-            }
-            cursor = next;
-            if cursor == 0 {
-                return;
-            }
-            if now_ns() >= deadline {
-                break;
-            }
+        if scan_delete(&mut con, &format!("{}*", sh.prefix), deadline).is_some() {
+            return;
         }
         eprintln!(
             "uswap: {}: could not delete all of this pager's keys ({}*); delete them by hand",
