@@ -499,6 +499,7 @@ mod tests {
             ("redis://h:1?size=1XB", "unknown size unit"),
             ("redis://h:1?replica=1", "unknown option \"replica\"; redis options: replicas=N"),
             ("redis://h:1?replicas", "needs a value"),
+            ("redis://h:1?session=a.b", "use 1 to 64 letters, digits, - or _"),
         ] {
             let e = DeviceConfig::parse_list(bad, 64 << 20).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");

@@ -505,3 +505,36 @@ fn pages_encrypted_with_a_key_from_a_file_read_back() {
     assert!(msg.contains("holds 5 bytes; it must hold the 32-byte key"), "{msg}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `replicas=1` with the only replica gone: no write batch is acknowledged (`WAIT` says 0),
+/// so none counts as written; the pages stay in RAM (over the limit if need be) and every
+/// byte reads back.
+#[test]
+fn unacknowledged_writes_keep_their_pages_in_ram() {
+    let Some(mut r) = servers(1, 1, &[]) else { return };
+    let dev = redis_dev(&r, 64 * MIB, |o| {
+        o.replicas = 1;
+        o.wait_timeout_ms = 50;
+    });
+    let p = build(FaultMode::Signal, 2 * MIB, vec![dev]);
+    let region = p.map(8 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    for i in 0..nr_pages {
+        write_page(words, i, 1);
+    }
+    let before = quiet_stats(&p);
+    assert!(before.pswpout > 0, "written while the replica was there: {before:?}");
+    r.kill(1);
+    for i in 0..nr_pages {
+        check_page(words, i, 1);
+        write_page(words, i, 2);
+    }
+    for i in 0..nr_pages {
+        check_page(words, i, 2);
+    }
+    let st = quiet_stats(&p);
+    assert!(st.swpout_error > before.swpout_error, "writes were not acknowledged: {st:?}");
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+    drop(region);
+}

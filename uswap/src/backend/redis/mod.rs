@@ -67,6 +67,9 @@ const DELETE_QUEUE: usize = 1 << 16;
 const NR_JOBS: usize = 256;
 /// After the store answers `OOM`, the device takes no pages for this long.
 const FULL_BACKOFF_NS: u64 = 200_000_000;
+/// After a write failed otherwise (replicas did not acknowledge it, no primary answered),
+/// the device takes no pages for this long.
+const FAILED_WRITE_BACKOFF_NS: u64 = 1_000_000_000;
 
 /// Options of a Redis device (see [`crate::DeviceConfig::redis`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,7 +202,7 @@ struct Shared {
     primary: AtomicUsize,
     failovers: AtomicU64,
     failovers_noted: AtomicBool,
-    full_until_ns: AtomicU64,
+    declining_until_ns: AtomicU64,
     replicas: u32,
     wait_timeout_ms: u64,
     failover_timeout_ns: u64,
@@ -336,7 +339,7 @@ impl RedisBackend {
             primary: AtomicUsize::new(primary),
             failovers: AtomicU64::new(0),
             failovers_noted: AtomicBool::new(false),
-            full_until_ns: AtomicU64::new(0),
+            declining_until_ns: AtomicU64::new(0),
             replicas: opts.replicas,
             wait_timeout_ms: opts.wait_timeout_ms,
             failover_timeout_ns: opts.failover_timeout_ms.saturating_mul(1_000_000),
@@ -575,7 +578,7 @@ impl Backend for RedisBackend {
     }
 
     fn accepting(&self) -> bool {
-        now_ns() >= self.sh.full_until_ns.load(Ordering::Acquire)
+        now_ns() >= self.sh.declining_until_ns.load(Ordering::Acquire)
     }
 
     fn stats(&self) -> Option<BackendStats> {

@@ -392,10 +392,16 @@ impl Worker {
                         Err(why) => BackendError::Remote { slot: r.slot, why },
                     });
                 }
-                if how.is_ok() {
+                // Either way the device takes no pages for a while: they go to the next
+                // device or stay in RAM at once, instead of every reclaim waiting out the
+                // same refusal (a `WAIT` timeout, or a failover deadline) again.
+                let backoff_ns = if how.is_ok() {
                     sh.counters.reject_full.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-                    sh.full_until_ns.store(now_ns() + super::FULL_BACKOFF_NS, Ordering::Release);
-                }
+                    super::FULL_BACKOFF_NS
+                } else {
+                    super::FAILED_WRITE_BACKOFF_NS
+                };
+                sh.declining_until_ns.store(now_ns() + backoff_ns, Ordering::Release);
             }
         }
     }
