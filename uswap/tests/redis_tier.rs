@@ -433,17 +433,31 @@ fn primary_killed_twice(mode: FaultMode) {
     let progress = AtomicUsize::new(0);
     let rounds = 6000;
     let mut version = vec![1u64; nr_pages];
+    let failovers = || p.stats().devices[0].backend.as_ref().map_or(0, |b| b.failovers);
+    // From the kill to the device following the promoted replica (the promotion, 50 ms
+    // after the kill, included).
+    let followed_within = |killed: Instant, n: u64, what: &str| {
+        while failovers() < n {
+            assert!(killed.elapsed() < Duration::from_secs(30), "the device never followed the {what} promotion");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        eprintln!("{what} failover: the device followed the new primary {:?} after the kill", killed.elapsed());
+    };
     std::thread::scope(|s| {
         let killer = s.spawn(|| {
             wait_progress(&progress, nr_pages / 2, "the first kill");
             r.kill(0);
+            let killed = Instant::now();
             std::thread::sleep(Duration::from_millis(50));
             let a = promote_most_up_to_date(&r, &[1, 2, 3]);
+            followed_within(killed, 1, "first");
             wait_progress(&progress, nr_pages + rounds / 3, "the second kill");
             r.kill(a);
+            let killed = Instant::now();
             std::thread::sleep(Duration::from_millis(50));
             let rest: Vec<usize> = [1, 2, 3].into_iter().filter(|&k| k != a).collect();
             promote_most_up_to_date(&r, &rest);
+            followed_within(killed, 2, "second");
         });
         // Swap-out: the fill pushes pages to the store while the first primary dies.
         for i in 0..nr_pages {
