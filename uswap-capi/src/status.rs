@@ -91,7 +91,7 @@ impl From<engine::Error> for Failure {
             | TooManyDevices { .. }
             | DeviceTooSmall { .. } => USWAP_EINVAL,
             TooManyRegions { .. } | OutOfAddressSpace { .. } => USWAP_ENOMEM,
-            Device { .. } | Backend(_) | FileDevice(_) => USWAP_EDEVICE,
+            Device { .. } | Backend(_) | FileDevice(_) | RedisDevice(_) => USWAP_EDEVICE,
             LimitNotReached { .. } => USWAP_ENOSPC,
             LimitBusy { .. } => USWAP_EBUSY,
             SigbusBlocked | SigbusHandlerReplaced => USWAP_ESIGNAL,

@@ -74,6 +74,8 @@ pub enum RunError {
     NoPreload { exe: PathBuf },
     #[error("cannot make a directory for the counters: {0}")]
     StatsDir(std::io::Error),
+    #[error("cannot draw a random session name for the Redis devices (getrandom): {0}")]
+    RedisSession(std::io::Error),
     #[error("cannot start {path}: {source}")]
     Spawn { path: PathBuf, source: std::io::Error },
     #[error("cannot write {path}: {source}")]
@@ -206,6 +208,30 @@ pub struct Launch {
     stats_dir: PathBuf,
     segment: uswap::shared_charge::ChargeSegment,
     limit_bytes: u64,
+    /// Each Redis device's seeds and the session its keys are under, deleted on drop.
+    redis_sessions: Vec<(Vec<String>, String)>,
+}
+
+/// Gives every Redis device of a device list the session `session`: every process of the
+/// program then keys its pages under it, and the run deletes them all once the program has
+/// ended (a process that exits does not drop its pager).
+fn with_redis_session(devices: &str, session: &str) -> String {
+    let items: Vec<String> = devices
+        .split(',')
+        .map(|item| {
+            let t = item.trim();
+            if !t.starts_with("redis://") {
+                return item.to_string();
+            }
+            let (body, suffix) = match t.strip_suffix(":cluster") {
+                Some(b) => (b, ":cluster"),
+                None => (t, ""),
+            };
+            let sep = if body.contains('?') { '&' } else { '?' };
+            format!("{body}{sep}session={session}{suffix}")
+        })
+        .collect();
+    items.join(",")
 }
 
 /// How `uswap run` manages a program.
@@ -246,18 +272,30 @@ impl Launch {
             ld_preload.push(":");
             ld_preload.push(old);
         }
+        // Redis devices: one session for the run, so that its keys can be deleted after it.
+        let mut device = cfg.device.clone();
+        let mut redis_sessions = Vec::new();
+        if device.split(',').any(|d| d.trim().starts_with("redis://")) {
+            let session = uswap::backend::redis::new_session_id().map_err(RunError::RedisSession)?;
+            device = with_redis_session(&device, &session);
+            for d in uswap::DeviceConfig::parse_list(&device, 1 << 30).unwrap_or_default() {
+                if let Some(o) = d.redis_opts() {
+                    redis_sessions.push((o.seeds.clone(), session.clone()));
+                }
+            }
+        }
         let mut command = std::process::Command::new(&path);
         command
             .arg0(name)
             .args(&argv[1..])
             .env("LD_PRELOAD", ld_preload)
             .env("USWAP_LIMIT", cfg.limit_bytes.to_string())
-            .env("USWAP_DEVICE", &cfg.device)
+            .env("USWAP_DEVICE", &device)
             .env("USWAP_FAULT_MODE", if cfg.fault_mode == FaultModeArg::Signal { "signal" } else { "thread" })
             .env("USWAP_MIN_SIZE", cfg.min_size_bytes.to_string())
             .env("USWAP_STATS_DIR", &stats_dir)
             .env_remove("USWAP_DISABLE");
-        Ok(Launch { command, path, stats_dir, segment, limit_bytes: cfg.limit_bytes })
+        Ok(Launch { command, path, stats_dir, segment, limit_bytes: cfg.limit_bytes, redis_sessions })
     }
 
     /// The counters of every process of the program, summed (call once it has ended).
@@ -269,6 +307,15 @@ impl Launch {
 impl Drop for Launch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.stats_dir);
+        for (seeds, session) in &self.redis_sessions {
+            if let Err(e) = uswap::backend::redis::delete_session(seeds, session) {
+                eprintln!(
+                    "uswap run: could not delete the program's pages from redis://{}: {e}; delete the keys \
+                     uswap:{session}.* by hand",
+                    seeds.join(";")
+                );
+            }
+        }
     }
 }
 

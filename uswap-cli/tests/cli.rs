@@ -645,3 +645,96 @@ fn kernel_engines_refuse_clearly() {
     assert!(err.contains("already has swap in use") && err.contains(&f.display().to_string()), "{err}");
     assert_eq!(swaps(), Vec::<String>::new());
 }
+
+/// The `HOST:PORT`s of the servers `--redis-local` said it started (stderr), and their
+/// directory.
+fn local_redis_of(stderr: &str) -> (Vec<String>, PathBuf) {
+    let line =
+        stderr.lines().find_map(|l| l.strip_prefix("uswap bench: local Redis: ")).unwrap_or_else(|| panic!("{stderr}"));
+    let (urls, dir) = line.split_once(" (logs in ").unwrap();
+    let addrs =
+        urls.split(", ").flat_map(|u| u.trim_start_matches("redis://").split(';')).map(str::to_string).collect();
+    (addrs, PathBuf::from(dir.trim_end_matches(')')))
+}
+
+/// Every server is gone (nothing listens on its port) and its directory removed.
+fn assert_local_redis_gone(stderr: &str) {
+    let (addrs, dir) = local_redis_of(stderr);
+    assert!(addrs.len() >= 2, "{addrs:?}");
+    for a in &addrs {
+        let addr: std::net::SocketAddr = a.parse().unwrap();
+        let refused = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err();
+        assert!(refused, "redis-server on {a} still runs after the bench ended");
+    }
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
+fn redis_server_missing() -> bool {
+    let missing = Command::new("redis-server").arg("--version").output().is_err();
+    if missing {
+        eprintln!("SKIPPED: redis-server is not installed (apt-get install redis-server)");
+    }
+    missing
+}
+
+#[test]
+fn the_redis_tier_runs_from_bench_on_local_servers_that_bench_stops() {
+    if redis_server_missing() {
+        return;
+    }
+    let dir = tmpdir("redis");
+    let j = dir.join("r.json");
+    let engines = "uswap-signal@redis://local?replicas=1,uswap-thread@zpool:4MiB+redis://local?encrypt=off";
+    let out = run_timed(
+        uswap()
+            .args(["bench", "--redis-local", "1x1", "--engines", engines, "--wss", "32MiB", "--limit", "8MiB"])
+            .args(["--accesses", "16384", "--verify", "full", "--json", j.to_str().unwrap()]),
+        Duration::from_secs(300),
+    );
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    let all = json(&j);
+    assert_eq!(all.len(), 2);
+    for v in &all {
+        assert_eq!(v["verify_errors"], 0, "{v}");
+        let st = &v["stats"];
+        let redis = st["devices"].as_array().unwrap().last().unwrap();
+        assert!(redis["name"].as_str().unwrap().starts_with("redis://127.0.0.1:"), "{st}");
+        assert!(st["pswpin"].as_u64().unwrap() > 0 && st["pswpout"].as_u64().unwrap() > 0, "{st}");
+        assert_eq!((st["checksum_errors"].as_u64(), st["fault_error"].as_u64()), (Some(0), Some(0)), "{st}");
+    }
+    assert_local_redis_gone(&err);
+
+    // Ctrl-C: the run stops, cleans up, and the servers are killed.
+    let out = common::run_timed_with(
+        uswap().args(["bench", "--redis-local", "1x1", "--engines", "uswap-signal@redis://local"]).args([
+            "--wss",
+            "64MiB",
+            "--limit",
+            "8MiB",
+            "--accesses",
+            "1000000000",
+        ]),
+        Duration::from_secs(120),
+        |pid| {
+            std::thread::sleep(Duration::from_millis(2500));
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        },
+    );
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert_local_redis_gone(&err);
+
+    for (args, needle) in [
+        (&["--engines", "uswap-signal@redis://local"][..], "names redis://local but --redis-local is not given"),
+        (&["--engines", "uswap-signal@redis://127.0.0.1"][..], "needs a port"),
+        (&["--engines", "uswap-signal@redis://127.0.0.1:6379?replica=1"][..], "unknown option \"replica\""),
+        (&["--redis-local", "2y3"][..], "--redis-local \"2y3\""),
+    ] {
+        let out = run_timed(uswap().arg("bench").args(args).args(["--accesses", "1000"]), Duration::from_secs(60));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -588,3 +588,38 @@ fn bench_command_interrupted_kills_the_program_and_cleans_up() {
         }
     }
 }
+
+/// A program paging to a Redis store (a real `redis-server` on 127.0.0.1): same output as
+/// without uswap, in both fault modes, and once it has ended none of its keys are left in
+/// the store (its processes exit without dropping their pagers; `uswap run` deletes the
+/// run's session).
+#[test]
+fn a_program_pages_to_redis_and_leaves_no_key_behind() {
+    use uswap::backend::redis::{redis_server_available, LocalRedis};
+    if !redis_server_available() {
+        eprintln!("SKIPPED: redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    let redis = LocalRedis::start(1, 0, &[]).expect("a local redis-server starts");
+    let dir = tmpdir("redis");
+    let p = compile("threads", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), "4"];
+    let device = format!("{}?size=256MiB", redis.url(0));
+    // DBSIZE as an inline command; the answer is `:N`.
+    let keys = || -> u64 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(redis.addr(0)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"DBSIZE\r\n").unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap();
+        let answer = String::from_utf8_lossy(&buf[..n]).to_string();
+        answer.trim().strip_prefix(':').and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("DBSIZE: {answer:?}"))
+    };
+    for mode in ["thread", "signal"] {
+        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--device", &device], &prog, &dir);
+        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+        assert_eq!(counter(&r.1, "fault_error"), 0, "{}", r.1);
+        assert_eq!(keys(), 0, "{mode}: the run's keys were deleted after it");
+    }
+}

@@ -60,7 +60,7 @@ pub fn to_py(e: uswap::Error) -> PyErr {
         | TooManyDevices { .. }
         | DeviceTooSmall { .. } => InvalidArgumentError::new_err(msg),
         TooManyRegions { .. } | OutOfAddressSpace { .. } => OutOfMemoryError::new_err(msg),
-        Device { .. } | Backend(_) | FileDevice(_) => DeviceError::new_err(msg),
+        Device { .. } | Backend(_) | FileDevice(_) | RedisDevice(_) => DeviceError::new_err(msg),
         LimitNotReached { .. } | LimitBusy { .. } => LimitError::new_err(msg),
         SigbusBlocked | SigbusHandlerReplaced => SignalModeError::new_err(msg),
         Io { .. } => IoError::new_err(msg),

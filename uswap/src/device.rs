@@ -2,8 +2,9 @@
 //! how a configuration becomes a [`Backend`].
 //!
 //! Kinds: `ram` (uncompressed pages in memory), `zpool` (compressed pool with a memory cap,
-//! written back to the next device when full), and `file` (a file or block device, O_DIRECT
-//! through io_uring). Any device can be wrapped
+//! written back to the next device when full), `file` (a file or block device, O_DIRECT
+//! through io_uring), and `redis` (a Redis primary with replicas, pages encrypted). Any
+//! device can be wrapped
 //! in fault injection for tests, and can keep a per-page checksum that is checked on every
 //! read (on by default for devices outside memory).
 
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 use crate::backend::failing::{FailingBackend, FaultInjection};
 use crate::backend::file::{FileBackend, FileOptions};
 use crate::backend::ram::RamBackend;
+use crate::backend::redis::{RedisBackend, RedisOptions};
 use crate::backend::zpool::{Compressor, Incompressible, ZpoolBackend, ZpoolConfig};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -25,6 +27,7 @@ enum DeviceKind {
     Ram { capacity_bytes: u64 },
     Zpool { cap_bytes: u64, capacity_bytes: Option<u64>, zpool: ZpoolOptions },
     File { path: PathBuf, capacity_bytes: u64, queue_depth: u32, poll_us: u32 },
+    Redis { opts: RedisOptions, capacity_bytes: u64 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -62,7 +65,9 @@ impl DeviceConfig {
     /// Bytes of pages the device can hold (its slots; for a pool, uncompressed bytes).
     pub fn capacity_bytes(&self) -> u64 {
         match &self.kind {
-            DeviceKind::Ram { capacity_bytes } | DeviceKind::File { capacity_bytes, .. } => *capacity_bytes,
+            DeviceKind::Ram { capacity_bytes }
+            | DeviceKind::File { capacity_bytes, .. }
+            | DeviceKind::Redis { capacity_bytes, .. } => *capacity_bytes,
             DeviceKind::Zpool { cap_bytes, capacity_bytes, .. } => capacity_bytes.unwrap_or(4 * cap_bytes),
         }
     }
@@ -104,6 +109,36 @@ impl DeviceConfig {
         })
     }
 
+    /// A Redis device: pages in the primary among `seeds` (`HOST:PORT`, the primary and its
+    /// replicas in any order), up to `capacity_bytes` of pages. Each page is stored under a
+    /// key with a prefix random per pager, encrypted and authenticated (XChaCha20-Poly1305,
+    /// a key generated per pager and kept in memory) unless [`DeviceConfig::redis_options`]
+    /// says otherwise. The server must use `maxmemory-policy noeviction` (a full store
+    /// declines pages: they stay in RAM or go to the next device); Redis Cluster is refused.
+    /// When the primary fails, requests look for the seed that says it is the new primary
+    /// (after a Sentinel or operator promotion) for up to 10 s, then fail: a read then ends
+    /// in SIGBUS for the thread that needs the page, never in wrong data.
+    pub fn redis(seeds: Vec<String>, capacity_bytes: u64) -> DeviceConfig {
+        DeviceConfig::new(DeviceKind::Redis { opts: RedisOptions::new(seeds), capacity_bytes })
+    }
+
+    /// All options of a Redis device (replicas, encryption, timeouts); ignored by other
+    /// kinds.
+    pub fn redis_options(mut self, o: RedisOptions) -> DeviceConfig {
+        if let DeviceKind::Redis { opts, .. } = &mut self.kind {
+            *opts = o;
+        }
+        self
+    }
+
+    /// The options of a Redis device, if this is one.
+    pub fn redis_opts(&self) -> Option<&RedisOptions> {
+        match &self.kind {
+            DeviceKind::Redis { opts, .. } => Some(opts),
+            _ => None,
+        }
+    }
+
     /// io_uring queue depth of a file device (ignored by other kinds).
     pub fn queue_depth(mut self, depth: u32) -> DeviceConfig {
         if let DeviceKind::File { queue_depth, .. } = &mut self.kind {
@@ -133,7 +168,9 @@ impl DeviceConfig {
     /// otherwise indexes four times its cap; for other kinds, the size).
     pub fn capacity(mut self, bytes: u64) -> DeviceConfig {
         match &mut self.kind {
-            DeviceKind::Ram { capacity_bytes } | DeviceKind::File { capacity_bytes, .. } => *capacity_bytes = bytes,
+            DeviceKind::Ram { capacity_bytes }
+            | DeviceKind::File { capacity_bytes, .. }
+            | DeviceKind::Redis { capacity_bytes, .. } => *capacity_bytes = bytes,
             DeviceKind::Zpool { capacity_bytes, .. } => *capacity_bytes = Some(bytes),
         }
         self
@@ -190,7 +227,7 @@ impl DeviceConfig {
     }
 
     pub(crate) fn clean_readahead_enabled(&self) -> bool {
-        self.clean_readahead.unwrap_or(matches!(self.kind, DeviceKind::File { .. }))
+        self.clean_readahead.unwrap_or(matches!(self.kind, DeviceKind::File { .. } | DeviceKind::Redis { .. }))
     }
 
     /// Asynchronous reads (default on), where the device is slow enough for them to pay
@@ -219,7 +256,9 @@ impl DeviceConfig {
     /// * `ram` or `ram:SIZE`;
     /// * `zpool` followed by options separated by `:` in any order: a size (the memory cap),
     ///   `lz4`, `zstd` or `zstd-LEVEL`, `raw` or `reject` (incompressible pages);
-    /// * `file:PATH` or `file:PATH:SIZE` (a path containing `:` must be followed by a size).
+    /// * `file:PATH` or `file:PATH:SIZE` (a path containing `:` must be followed by a size);
+    /// * `redis://HOST:PORT[;HOST:PORT...][?replicas=N&size=SIZE&encrypt=off&key=FILE&failover_ms=MS&wait_ms=MS]`
+    ///   (`;` between seeds, since `,` and `+` separate devices and engines).
     ///
     /// Any device may end in `:cluster` for cluster readahead (neighbouring slots) instead of
     /// the default readahead by address.
@@ -235,6 +274,11 @@ impl DeviceConfig {
                 None => (item, false),
             };
             let policy = if cluster { ReadaheadPolicy::Cluster } else { ReadaheadPolicy::Vma };
+            if let Some(rest) = item.strip_prefix("redis://") {
+                let dev = parse_redis(rest, default_capacity_bytes).map_err(bad)?;
+                out.push(dev.priority(-(i as i32)).readahead(policy));
+                continue;
+            }
             if let Some(rest) = item.strip_prefix("file:") {
                 let (path, size) = match rest.rsplit_once(':') {
                     Some((p, sz)) if parse_size(sz).is_ok() => (p, parse_size(sz).map_err(bad)?),
@@ -283,7 +327,11 @@ impl DeviceConfig {
                     d.capacity((4 * cap).max(default_capacity_bytes))
                 }
                 "" => return Err(bad("empty device name".into())),
-                other => return Err(bad(format!("unknown device kind {other:?}; known: ram, zpool, file"))),
+                other => {
+                    return Err(bad(format!(
+                        "unknown device kind {other:?}; known: ram, zpool, file, redis://HOST:PORT"
+                    )))
+                }
             };
             out.push(dev.priority(-(i as i32)).readahead(policy));
         }
@@ -299,13 +347,14 @@ impl DeviceConfig {
             DeviceKind::Ram { .. } => "ram",
             DeviceKind::Zpool { .. } => "zpool",
             DeviceKind::File { .. } => "file",
+            DeviceKind::Redis { .. } => "redis",
         }
     }
 
     /// Whether pages on this device carry a checksum: by default only on devices outside
     /// memory, where corruption is a real possibility.
     pub(crate) fn checksum_enabled(&self) -> bool {
-        self.checksum.unwrap_or(matches!(self.kind, DeviceKind::File { .. }))
+        self.checksum.unwrap_or(matches!(self.kind, DeviceKind::File { .. } | DeviceKind::Redis { .. }))
     }
 
     fn whole_clusters(&self, capacity_bytes: u64) -> Result<u64> {
@@ -340,12 +389,62 @@ impl DeviceConfig {
                 let opts = FileOptions { queue_depth: *queue_depth, poll_us: *poll_us, ..FileOptions::default() };
                 Box::new(FileBackend::open(path, *capacity_bytes, opts)?)
             }
+            DeviceKind::Redis { opts, capacity_bytes } => {
+                let nr_slots = self.whole_clusters(*capacity_bytes)?;
+                Box::new(RedisBackend::open(opts, nr_slots)?)
+            }
         };
         Ok(match self.fault_injection {
             Some(f) => Box::new(FailingBackend::new(backend, f)),
             None => backend,
         })
     }
+}
+
+/// Parses what follows `redis://` in a device list.
+fn parse_redis(rest: &str, default_capacity_bytes: u64) -> std::result::Result<DeviceConfig, String> {
+    let (addrs, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut seeds = Vec::new();
+    for a in addrs.split(';').map(str::trim) {
+        let Some((host, port)) = a.rsplit_once(':') else {
+            return Err(format!("seed {a:?} needs a port: HOST:PORT, e.g. redis://127.0.0.1:6379"));
+        };
+        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!("seed {a:?} is not HOST:PORT with a port in 1..=65535"));
+        }
+        seeds.push(a.to_string());
+    }
+    let mut opts = RedisOptions::new(seeds);
+    let mut size = default_capacity_bytes;
+    for kv in query.split('&').filter(|s| !s.is_empty()) {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("option {kv:?} needs a value (NAME=VALUE)"))?;
+        let num = |v: &str| v.parse::<u64>().map_err(|_| format!("{k}={v:?}: not a whole number"));
+        match k {
+            "replicas" => opts.replicas = num(v)? as u32,
+            "size" => size = parse_size(v)?,
+            "encrypt" => {
+                opts.encrypt = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(format!("encrypt={v:?}: use on or off")),
+                }
+            }
+            "key" => opts.key_file = Some(PathBuf::from(v)),
+            "failover_ms" => opts.failover_timeout_ms = num(v)?,
+            "wait_ms" => opts.wait_timeout_ms = num(v)?,
+            "connections" => opts.connections = num(v)?.clamp(1, 64) as usize,
+            "poll_us" => opts.poll_us = num(v)?.min(100_000) as u32,
+            "session" if crate::backend::redis::valid_session(v) => opts.session = Some(v.to_string()),
+            "session" => return Err(format!("session={v:?}: use 1 to 64 letters, digits, - or _")),
+            _ => {
+                return Err(format!(
+                    "unknown option {k:?}; redis options: replicas=N, size=SIZE, encrypt=off, key=FILE, \
+                     failover_ms=MS, wait_ms=MS, connections=N, poll_us=US, session=NAME"
+                ))
+            }
+        }
+    }
+    Ok(DeviceConfig::redis(Vec::new(), size).redis_options(opts))
 }
 
 /// Parses `256MiB`, `1GiB`, `4096`, `1.5G`: binary units (`KiB`..`TiB` and `K`..`T`), or bytes.
@@ -367,4 +466,43 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         return Err(format!("size {s:?} is out of range"));
     }
     Ok(bytes.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_urls_parse_with_their_options_and_bad_ones_say_why() {
+        let d = DeviceConfig::parse_list(
+            "zpool:4MiB, redis://10.0.0.1:6379;db2:6380?replicas=1&size=1GiB&encrypt=off&failover_ms=500&wait_ms=200",
+            64 << 20,
+        )
+        .unwrap();
+        assert_eq!(d.len(), 2);
+        let o = d[1].redis_opts().expect("a redis device");
+        assert_eq!(o.seeds, vec!["10.0.0.1:6379".to_string(), "db2:6380".to_string()]);
+        assert_eq!((o.replicas, o.encrypt, o.failover_timeout_ms, o.wait_timeout_ms), (1, false, 500, 200));
+        assert_eq!(d[1].capacity_bytes(), 1 << 30);
+        assert!(d[1].checksum_enabled() && d[1].clean_readahead_enabled());
+        assert!(d[0].priority_value() > d[1].priority_value());
+        let plain = &DeviceConfig::parse_list("redis://127.0.0.1:1:cluster", 64 << 20).unwrap()[0];
+        assert_eq!(plain.redis_opts().unwrap().seeds, vec!["127.0.0.1:1".to_string()]);
+        assert!(plain.redis_opts().unwrap().encrypt, "encrypted unless encrypt=off");
+        assert_eq!(plain.readahead_policy(), ReadaheadPolicy::Cluster);
+        for (bad, why) in [
+            ("redis://127.0.0.1", "needs a port"),
+            ("redis://127.0.0.1:0", "port in 1..=65535"),
+            ("redis://:6379", "not HOST:PORT"),
+            ("redis://h:1?replicas=x", "replicas=\"x\": not a whole number"),
+            ("redis://h:1?encrypt=no", "use on or off"),
+            ("redis://h:1?size=1XB", "unknown size unit"),
+            ("redis://h:1?replica=1", "unknown option \"replica\"; redis options: replicas=N"),
+            ("redis://h:1?replicas", "needs a value"),
+            ("redis://h:1?session=a.b", "use 1 to 64 letters, digits, - or _"),
+        ] {
+            let e = DeviceConfig::parse_list(bad, 64 << 20).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
 }

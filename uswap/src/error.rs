@@ -99,6 +99,9 @@ pub enum Error {
 
     #[error(transparent)]
     FileDevice(#[from] crate::backend::file::FileDeviceError),
+
+    #[error(transparent)]
+    RedisDevice(#[from] crate::backend::redis::RedisDeviceError),
 }
 
 impl Error {

@@ -49,6 +49,7 @@ mod uffd;
 
 pub use async_readahead::{DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
 pub use backend::failing::FaultInjection;
+pub use backend::redis::RedisOptions;
 pub use backend::zpool::{Compressor, Incompressible};
 pub use device::{parse_size, DeviceConfig};
 pub use error::{Error, Result};

@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use arrayvec::ArrayVec;
 
 use crate::async_readahead::ContextIo;
-use crate::backend::ReadReq;
+use crate::backend::{BackendError, ReadReq};
 use crate::fault::{FaultError, Route};
 use crate::pager::{FaultMode, PageErrorKind, PagerShared};
 use crate::readahead::{Window, MAX_WINDOW_PAGES};
@@ -478,7 +478,15 @@ fn read_items(
                     } else {
                         let it = &items[s];
                         let addr = f.region(set, it.gi).page_addr(it.page);
-                        pager.record_error(addr, it.entry(), PageErrorKind::ReadFailed);
+                        // A device that checks its own data (the Redis tier's authenticated
+                        // values) reports a mismatch as Corrupt: a checksum error like ours.
+                        let kind = if matches!(req.result, Err(BackendError::Corrupt { .. })) {
+                            pager.stats.inc(Counter::ChecksumError);
+                            PageErrorKind::ChecksumMismatch
+                        } else {
+                            PageErrorKind::ReadFailed
+                        };
+                        pager.record_error(addr, it.entry(), kind);
                     }
                 }
             }

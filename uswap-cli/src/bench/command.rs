@@ -432,7 +432,8 @@ pub fn run(
     sitting: &mut Sitting,
 ) -> Result<(Vec<CommandResult>, Vec<BenchError>), BenchError> {
     let argv = parse_command(command)?;
-    let engines = engines_of(args)?;
+    let mut engines = engines_of(args)?;
+    let args = &super::with_local_redis(args, &mut engines, sitting)?;
     let path = validate(args, &engines, &argv)?;
     let kernel_engines: Vec<&Engine> = engines.iter().filter(|e| e.is_kernel()).collect();
     if !kernel_engines.is_empty() && sitting.kernel.is_none() {

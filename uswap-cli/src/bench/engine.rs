@@ -123,6 +123,9 @@ mod tests {
             EngineKind::Uswap { mode: FaultModeArg::Signal, devices: Some("zpool".into()), readahead: Some(false) }
         );
         assert_eq!(e[1].name, "uswap-thread@ram:1GiB+ram");
+        let r = Engine::parse("uswap-signal@zpool+redis://127.0.0.1:6379;127.0.0.1:6380?replicas=1").unwrap();
+        let devices = Some("zpool,redis://127.0.0.1:6379;127.0.0.1:6380?replicas=1".into());
+        assert_eq!(r.kind, EngineKind::Uswap { mode: FaultModeArg::Signal, devices, readahead: None });
         assert!(e[2].is_kernel() && e[3].is_kernel() && !e[4].is_limited());
         for bad in ["uswap", "kernel-zram@ram", "uswap-signal@", "zram", "uswap-signal/ra"] {
             let err = Engine::parse_list(bad).unwrap_err().to_string();

@@ -134,6 +134,20 @@ pub enum BenchError {
     #[error("interrupted")]
     Interrupted,
 
+    #[error(
+        "--redis-local {given:?}: {why}; give N primaries and M replicas each as N or NxM, e.g. --redis-local 1x1"
+    )]
+    RedisLocalSyntax { given: String, why: String },
+
+    #[error("{what} names redis://local but --redis-local is not given; add --redis-local 1 (or 1x1), or give the store's address")]
+    RedisLocalMissing { what: String },
+
+    #[error("redis://local{index} names primary {index}, but --redis-local started {primaries}; use local0..local{last}", last = .primaries - 1)]
+    RedisLocalIndex { index: usize, primaries: usize },
+
+    #[error("--redis-local: starting local Redis servers failed: {source}")]
+    RedisLocal { source: io::Error },
+
     #[error("--command {command:?}: {why}; give the program and its arguments as a shell would, e.g. --command \"sort -S 1G input.txt\"")]
     CommandSyntax { command: String, why: String },
 

@@ -144,8 +144,17 @@ pub struct BenchArgs {
     /// `zpool[:CAP][:lz4|zstd|zstd-N][:raw|reject]`, `file:PATH[:SIZE]` (a directory gets an
     /// anonymous file), each optionally ending in `:cluster` (cluster readahead). Default:
     /// `ram`; with --command, `zpool` (the like-for-like match of kernel-zram).
+    ///
+    /// `redis://HOST:PORT[;HOST:PORT...][?replicas=N&size=SIZE&encrypt=off]` pages to a Redis
+    /// primary (seeds separated by `;`); `redis://local` (or `redis://localK`) is the K-th
+    /// primary --redis-local started, with its replicas as seeds.
     #[arg(long)]
     pub device: Option<String>,
+    /// Start N local Redis primaries with M replicas each (`N` or `NxM`, e.g. `1x1`) on free
+    /// 127.0.0.1 ports, in a temporary directory, for devices named `redis://local`; they are
+    /// killed when the bench ends, Ctrl-C included. Needs `redis-server` on PATH.
+    #[arg(long, value_name = "N[xM]")]
+    pub redis_local: Option<String>,
     /// Capacity of a uswap device given without a size (default: the working set plus 32MiB).
     #[arg(long, value_parser = parse_size)]
     pub device_size: Option<u64>,
@@ -326,6 +335,20 @@ fn device_memory_bytes(devices: &str, swapped_bytes: u64, default_device_bytes: 
     let mut left = swapped_bytes;
     let mut memory = 0u64;
     for item in devices.split(',').map(str::trim) {
+        if let Some(rest) = item.strip_prefix("redis://") {
+            // Pages in a store on this machine take its memory; on another, none of ours.
+            let local = rest.split(';').all(|a| a.starts_with("127.") || a.starts_with("localhost:"));
+            let size = rest
+                .split_once("size=")
+                .and_then(|(_, v)| parse_size(v.split('&').next().unwrap_or("")).ok())
+                .unwrap_or(default_device_bytes);
+            let stored = left.min(size);
+            if local {
+                memory = memory.saturating_add(stored);
+            }
+            left -= stored;
+            continue;
+        }
         let size = item.split(':').skip(1).find_map(|t| parse_size(t).ok()).unwrap_or(default_device_bytes);
         // (pages it indexes, memory it may use), in bytes.
         let (capacity, memory_cap) = match item.split(':').next() {
@@ -393,6 +416,82 @@ fn serde_plain<T: Serialize>(v: &T) -> String {
 #[derive(Default)]
 pub struct Sitting {
     pub kernel: Option<KernelSitting>,
+    /// `--redis-local`'s servers, killed when the sitting ends.
+    pub redis: Option<uswap::backend::redis::LocalRedis>,
+}
+
+/// `--redis-local N[xM]` → (N, M).
+pub fn parse_redis_local(s: &str) -> Result<(usize, usize), BenchError> {
+    let bad = |why: &str| BenchError::RedisLocalSyntax { given: s.to_string(), why: why.to_string() };
+    let (n, m) = s.split_once('x').unwrap_or((s, "0"));
+    let n: usize = n.trim().parse().map_err(|_| bad("N is not a whole number"))?;
+    let m: usize = m.trim().parse().map_err(|_| bad("M is not a whole number"))?;
+    if !(1..=16).contains(&n) || m > 8 {
+        return Err(bad("N must be 1..=16 and M 0..=8"));
+    }
+    Ok((n, m))
+}
+
+/// Replaces `redis://local` and `redis://localK` in a device list with the addresses of
+/// `--redis-local`'s primary K and its replicas.
+pub fn resolve_redis_local(
+    devices: &str,
+    local: Option<&uswap::backend::redis::LocalRedis>,
+    what: &str,
+    primaries: usize,
+) -> Result<String, BenchError> {
+    let mut out = Vec::new();
+    for item in devices.split(',') {
+        let Some(rest) = item.trim().strip_prefix("redis://local") else {
+            out.push(item.to_string());
+            continue;
+        };
+        let Some(local) = local else { return Err(BenchError::RedisLocalMissing { what: what.to_string() }) };
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let index: usize = rest[..digits].parse().unwrap_or(0);
+        if index >= primaries {
+            return Err(BenchError::RedisLocalIndex { index, primaries });
+        }
+        out.push(format!("{}{}", local.url(index), &rest[digits..]));
+    }
+    Ok(out.join(","))
+}
+
+/// Starts `--redis-local`'s servers (once per sitting) and resolves `redis://local` in the
+/// engines' device lists and in `--device`.
+pub(crate) fn with_local_redis(
+    args: &BenchArgs,
+    engines: &mut [Engine],
+    sitting: &mut Sitting,
+) -> Result<BenchArgs, BenchError> {
+    let mut args = args.clone();
+    let primaries = match &args.redis_local {
+        Some(spec) => {
+            let (n, m) = parse_redis_local(spec)?;
+            if sitting.redis.is_none() {
+                let local = uswap::backend::redis::LocalRedis::start(n, m, &[])
+                    .map_err(|source| BenchError::RedisLocal { source })?;
+                eprintln!(
+                    "uswap bench: local Redis: {} (logs in {})",
+                    (0..n).map(|k| local.url(k)).collect::<Vec<_>>().join(", "),
+                    local.dir().display()
+                );
+                sitting.redis = Some(local);
+            }
+            n
+        }
+        None => 0,
+    };
+    let local = sitting.redis.as_ref();
+    if let Some(d) = &args.device {
+        args.device = Some(resolve_redis_local(d, local, "--device", primaries)?);
+    }
+    for e in engines.iter_mut() {
+        if let EngineKind::Uswap { devices: Some(d), .. } = &mut e.kind {
+            *d = resolve_redis_local(d, local, &format!("engine {}", e.name), primaries)?;
+        }
+    }
+    Ok(args)
 }
 
 /// The workload as one process runs it (its share of the accesses, its own seed).
@@ -504,7 +603,8 @@ fn run_engine(
 
 /// Runs every engine `--runs` times, interleaved, and summarises.
 pub fn run(args: &BenchArgs, sitting: &mut Sitting) -> Result<Vec<EngineResult>, BenchError> {
-    let engines = engines_of(args)?;
+    let mut engines = engines_of(args)?;
+    let args = &with_local_redis(args, &mut engines, sitting)?;
     validate(args, &engines)?;
     let kernel_engines: Vec<&Engine> = engines.iter().filter(|e| e.is_kernel()).collect();
     if !kernel_engines.is_empty() && sitting.kernel.is_none() {

@@ -105,6 +105,8 @@ fn help(field: &str) -> Option<&'static str> {
         "reject_incompressible" => "Writes refused: incompressible.",
         "reject_alloc_fail" => "Writes refused: no memory for the object.",
         "discard_errors" => "Discards that failed.",
+        "failovers" => "Times a remote device followed a new primary.",
+        "remote_read_errors" => "Pages a remote device could not find or authenticate.",
         "queries" => "Queries the stats socket answered.",
         "peers_refused" => "Stats socket connections refused (peer neither the user nor root).",
         "send_errors" => "Stats socket answers not delivered.",

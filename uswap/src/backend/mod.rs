@@ -20,6 +20,7 @@
 pub mod failing;
 pub mod file;
 pub mod ram;
+pub mod redis;
 pub mod zpool;
 
 use std::io;
@@ -40,8 +41,15 @@ pub enum BackendError {
     Injected { slot: u64 },
     #[error("slot {slot} holds no page (read of a slot never written)")]
     Empty { slot: u64 },
-    #[error("slot {slot}: stored data does not decompress to a page")]
+    /// The stored data failed its check: it does not decompress to a page, or its checksum
+    /// or authentication tag does not match (the engine counts it as a checksum error).
+    #[error("slot {slot}: stored data failed its check (does not decompress, or checksum mismatch)")]
     Corrupt { slot: u64 },
+    /// A remote store could not serve the request (no primary reachable in time, replicas
+    /// not acknowledging a write, a page missing after a failover). The reason is static
+    /// text: errors are dropped on the signal-mode fault path, which must not free memory.
+    #[error("slot {slot}: {why}")]
+    Remote { slot: u64, why: &'static str },
     /// The device declines to store the page (it goes to the next device instead).
     #[error("slot {slot}: device declined the page ({reason})")]
     Rejected { slot: u64, reason: RejectReason },
@@ -87,6 +95,11 @@ pub struct BackendStats {
     pub reject_alloc_fail: u64,
     /// Discards that failed (hole punching unsupported, ...); nothing is lost.
     pub discard_errors: u64,
+    /// Times a remote device switched to another primary (the Redis tier's failovers).
+    pub failovers: u64,
+    /// Pages a remote device could not find or could not check (read errors it reported:
+    /// missing after a failover, or a value failing its authentication).
+    pub remote_read_errors: u64,
 }
 
 /// Write the pages of `data` to consecutive slots starting at `slot`. The pages are staged

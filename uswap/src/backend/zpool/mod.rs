@@ -541,7 +541,7 @@ impl Backend for ZpoolBackend {
             reject_pool_full: self.reject_pool_full.load(Ordering::Relaxed),
             reject_incompressible: self.reject_incompressible.load(Ordering::Relaxed),
             reject_alloc_fail: self.reject_alloc_fail.load(Ordering::Relaxed),
-            discard_errors: 0,
+            ..BackendStats::default()
         })
     }
 }

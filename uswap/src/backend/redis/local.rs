@@ -1,0 +1,199 @@
+//! Local Redis servers for measurements and tests: [`LocalRedis`] starts N primaries with M
+//! replicas each on free 127.0.0.1 ports, in a temporary directory, and kills them all when
+//! dropped.
+//!
+//! # Job
+//!
+//! Runs `redis-server` (found on `PATH`) with no persistence (`save ""`, no AOF), bound to
+//! 127.0.0.1, `maxmemory-policy noeviction`; waits until every server answers and every
+//! replica's link is up. Servers get `PR_SET_PDEATHSIG`: they die with the thread that
+//! started them even if the process is killed outright, and a process group of their own (a
+//! terminal's Ctrl-C reaches the program, which kills them once it has cleaned up).
+//!
+//! # Locking rules
+//!
+//! None (owned by one thread).
+//!
+//! # Invariants
+//!
+//! Every child started is killed and reaped on drop, and the directory removed.
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::worker::{connect, info, info_field};
+
+struct Server {
+    port: u16,
+    child: Option<Child>,
+}
+
+/// Local Redis servers; see the module documentation.
+pub struct LocalRedis {
+    dir: PathBuf,
+    servers: Vec<Server>,
+    replicas_per_primary: usize,
+}
+
+/// Whether `redis-server` can be run.
+pub fn redis_server_available() -> bool {
+    Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn free_port() -> io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn not_ready(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, what)
+}
+
+impl LocalRedis {
+    /// Starts `primaries` primaries, each with `replicas_per_primary` replicas. `extra` are
+    /// more `redis-server` options for every server (e.g. `["--maxmemory", "8mb"]`).
+    pub fn start(primaries: usize, replicas_per_primary: usize, extra: &[&str]) -> io::Result<LocalRedis> {
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("uswap-redis-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let mut me = LocalRedis { dir, servers: Vec::new(), replicas_per_primary };
+        for _ in 0..primaries {
+            let p = me.spawn(None, extra)?;
+            for _ in 0..replicas_per_primary {
+                me.spawn(Some(p), extra)?;
+            }
+        }
+        me.wait_ready(Duration::from_secs(20))?;
+        Ok(me)
+    }
+
+    fn spawn(&mut self, primary: Option<u16>, extra: &[&str]) -> io::Result<u16> {
+        let port = free_port()?;
+        let sdir = self.dir.join(port.to_string());
+        std::fs::create_dir_all(&sdir)?;
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--protected-mode", "no", "--daemonize", "no", "--maxmemory-policy", "noeviction"])
+            .arg("--dir")
+            .arg(&sdir)
+            .arg("--logfile")
+            .arg(sdir.join("log"));
+        if let Some(p) = primary {
+            cmd.args(["--replicaof", "127.0.0.1", &p.to_string()]);
+        }
+        cmd.args(extra).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        // Its own process group: a terminal's Ctrl-C goes to the program that started it,
+        // which stops the servers itself once its cleanup is done.
+        // SAFETY: prctl and setpgid are async-signal-safe and touch no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                libc::setpgid(0, 0);
+                Ok(())
+            })
+        };
+        let child = cmd.spawn().map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot run redis-server ({e}); install it (apt-get install redis-server)"),
+            )
+        })?;
+        self.servers.push(Server { port, child: Some(child) });
+        Ok(port)
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> io::Result<()> {
+        let until = Instant::now() + limit;
+        let short = Duration::from_millis(200);
+        for k in 0..self.servers.len() {
+            let addr = self.addr(k);
+            let is_replica = k % (self.replicas_per_primary + 1) != 0;
+            // Bounded by `until`.
+            loop {
+                if let Some(Ok(Some(status))) = self.servers[k].child.as_mut().map(|c| c.try_wait()) {
+                    return Err(io::Error::other(format!(
+                        "redis-server on {addr} exited ({status}); see {}",
+                        self.dir.join(self.servers[k].port.to_string()).join("log").display()
+                    )));
+                }
+                let ok = connect(&addr, short, short)
+                    .and_then(|mut c| info(&mut c, "replication"))
+                    .is_ok_and(|i| !is_replica || info_field(&i, "master_link_status") == Some("up"));
+                if ok {
+                    break;
+                }
+                if Instant::now() > until {
+                    return Err(not_ready(format!("redis-server on {addr} not ready within {limit:?}")));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
+    }
+
+    /// `127.0.0.1:PORT` of server `k` (servers are numbered primary, its replicas, next
+    /// primary, ...).
+    pub fn addr(&self, k: usize) -> String {
+        format!("127.0.0.1:{}", self.servers[k].port)
+    }
+
+    /// Number of servers.
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Server index of primary `p`'s first server (the primary itself).
+    pub fn primary_index(&self, p: usize) -> usize {
+        p * (self.replicas_per_primary + 1)
+    }
+
+    /// The seeds of primary `p` (it and its replicas), as a device list names them.
+    pub fn seeds(&self, p: usize) -> Vec<String> {
+        let first = self.primary_index(p);
+        (first..first + self.replicas_per_primary + 1).map(|k| self.addr(k)).collect()
+    }
+
+    /// `redis://SEED;SEED...` for primary `p`.
+    pub fn url(&self, p: usize) -> String {
+        format!("redis://{}", self.seeds(p).join(";"))
+    }
+
+    /// Process id of server `k`, while it runs.
+    pub fn pid(&self, k: usize) -> Option<u32> {
+        self.servers[k].child.as_ref().map(Child::id)
+    }
+
+    /// Kills server `k` with SIGKILL and reaps it.
+    pub fn kill(&mut self, k: usize) {
+        if let Some(mut c) = self.servers[k].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The temporary directory holding the servers' logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for LocalRedis {
+    fn drop(&mut self) {
+        for k in 0..self.servers.len() {
+            self.kill(k);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

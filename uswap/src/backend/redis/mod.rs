@@ -1,0 +1,695 @@
+//! The Redis tier: pages in a Redis primary (standalone, with replicas), so that a pager
+//! can swap beyond one machine's RAM and disk and survive losing a node.
+//!
+//! # Job
+//!
+//! [`RedisBackend`] stores slot `n`'s page under the key `uswap:PREFIX:n:GEN`, where PREFIX is
+//! random per pager (two pagers, or two machines, can share a store) and GEN the write's
+//! generation (unique per write: an older version of a slot, say on a replica that missed
+//! the last write, is never read by mistake). Values are sealed by `codec.rs`: encrypted and
+//! authenticated (XChaCha20-Poly1305, key per pager in memory or from a file), or in clear
+//! with a crc32c. Every read checks its value; a mismatch is a checksum error.
+//!
+//! * `jobs.rs`: how callers hand requests to the device threads without allocating or
+//!   locking (the read path may run in a SIGBUS handler);
+//! * `worker.rs`: the device threads: one round trip per batch (`MGET` per readahead window,
+//!   `MSET` + `WAIT` per write batch), failover to the seed that says it is the primary, and
+//!   batched deletes of freed keys;
+//! * `local.rs`: [`LocalRedis`], local servers for `uswap bench --redis-local` and tests;
+//! * this module: options, start-up checks (refuses `maxmemory-policy` other than
+//!   `noeviction`, Redis Cluster, too few replicas), the [`Backend`] impl and the
+//!   [`AsyncReader`].
+//!
+//! # Locking rules
+//!
+//! None on the caller side: `read`, `write`, `invalidate` and the asynchronous reader use
+//! atomics, lock-free queues and futexes only, and allocate nothing (see `jobs.rs`). The
+//! device threads own their connections.
+//!
+//! # Invariants
+//!
+//! * `gens[slot]` is 0 for a slot holding nothing, else the generation of its only readable
+//!   key. It changes only after a write succeeded (including `WAIT` with `replicas=N`) and on
+//!   `invalidate`; the key it replaced is queued for deletion.
+//! * A failed write leaves `gens[slot]` as it was, so the slot's previous page stays
+//!   readable, and the engine keeps the pages it tried to write.
+//! * Drop stops the threads (each finishes its job first), then deletes every key of this
+//!   pager from the store.
+
+mod codec;
+mod jobs;
+mod local;
+mod worker;
+
+pub use local::{redis_server_available, LocalRedis};
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+use thiserror::Error;
+
+use self::codec::Sealer;
+use self::jobs::{Jobs, Work};
+use self::worker::{connect, info, info_field, Worker};
+use super::{AlignedPage, AsyncReader, AsyncRun, Backend, BackendError, BackendStats, ReadReq, WriteReq};
+use crate::mapping::now_ns;
+use crate::uffd::PAGE_SIZE;
+
+/// Keys deleted with one `DEL`.
+const MAX_DELETE_BATCH: usize = 1024;
+/// Freed keys waiting for deletion; beyond that, keys are left in the store (counted).
+const DELETE_QUEUE: usize = 1 << 16;
+/// Requests in flight at once (callers beyond wait for a free one).
+const NR_JOBS: usize = 256;
+/// After the store answers `OOM`, the device takes no pages for this long.
+const FULL_BACKOFF_NS: u64 = 200_000_000;
+/// After a write failed otherwise (replicas did not acknowledge it, no primary answered),
+/// the device takes no pages for this long.
+const FAILED_WRITE_BACKOFF_NS: u64 = 1_000_000_000;
+
+/// Options of a Redis device (see [`crate::DeviceConfig::redis`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Seeds, `HOST:PORT`: the primary and its replicas, in any order.
+    pub seeds: Vec<String>,
+    /// A write batch counts as written once this many replicas acknowledged it (`WAIT`).
+    pub replicas: u32,
+    /// How long `WAIT` waits for the replicas, in milliseconds.
+    pub wait_timeout_ms: u64,
+    /// Encrypt pages (XChaCha20-Poly1305). Off: clear pages with a crc32c.
+    pub encrypt: bool,
+    /// A file holding the 32-byte key (raw, or 64 hex digits); `None`: a random key per
+    /// pager, kept only in memory.
+    pub key_file: Option<PathBuf>,
+    /// How long a request keeps looking for a primary before it fails, in milliseconds.
+    pub failover_timeout_ms: u64,
+    /// Device threads, each with its own connection.
+    pub connections: usize,
+    /// How long callers and device threads poll for each other before sleeping, in
+    /// microseconds (default 0: always sleep). Polling saves wake-ups where cores are to
+    /// spare; on a 2-vCPU machine shared with a local `redis-server` it costs more than it
+    /// saves (random 4 KiB faults: 12,078 accesses/s at 0, 9,593 at 50, 4,942 at 200).
+    pub poll_us: u32,
+    /// A name shared by the pagers of one run (`uswap run` gives every process it starts
+    /// the same): keys are then `uswap:SESSION.ID:...`, and [`delete_session`] removes every
+    /// key of the run once it has ended, whether or not its processes dropped their pagers.
+    pub session: Option<String>,
+}
+
+impl RedisOptions {
+    pub fn new(seeds: Vec<String>) -> RedisOptions {
+        RedisOptions {
+            seeds,
+            replicas: 0,
+            wait_timeout_ms: 1000,
+            encrypt: true,
+            key_file: None,
+            failover_timeout_ms: 10_000,
+            connections: 4,
+            poll_us: 0,
+            session: None,
+        }
+    }
+}
+
+/// Why a Redis device could not start. Each message names the store and says what to do.
+#[derive(Debug, Error)]
+pub enum RedisDeviceError {
+    #[error("redis device: no seed address given; give HOST:PORT, e.g. redis://127.0.0.1:6379")]
+    NoSeeds,
+    #[error(
+        "redis device {seeds}: no seed is a reachable primary ({why}); start the server, check \
+         the addresses, or promote a replica (REPLICAOF NO ONE)"
+    )]
+    NoPrimary { seeds: String, why: String },
+    #[error(
+        "redis device {addr}: maxmemory-policy is {policy}, which evicts keys when the store is \
+         full: evicted pages would be lost. Set `maxmemory-policy noeviction` (CONFIG SET \
+         maxmemory-policy noeviction, or in redis.conf): a full store then declines pages, which \
+         stay in RAM or go to the next device"
+    )]
+    Evicting { addr: String, policy: String },
+    #[error(
+        "redis device {addr}: the server is a Redis Cluster node; uswap's Redis tier supports a \
+         standalone primary with replicas only. Use a standalone server (cluster-enabled no)"
+    )]
+    Cluster { addr: String },
+    #[error(
+        "redis device {addr}: replicas={wanted} but the primary has {connected} connected \
+         replica(s): no write could ever be acknowledged. Start the replicas (and wait for them \
+         to connect), or lower replicas="
+    )]
+    TooFewReplicas { addr: String, wanted: u32, connected: u32 },
+    #[error("redis device: key file {}: {why}", .path.display())]
+    KeyFile { path: PathBuf, why: String },
+    #[error("redis device: {what}: {source}")]
+    Io { what: &'static str, source: std::io::Error },
+}
+
+#[derive(Default)]
+struct Counters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    stored_pages: AtomicU64,
+    missing: AtomicU64,
+    corrupt: AtomicU64,
+    wait_short: AtomicU64,
+    reject_full: AtomicU64,
+    deletes: AtomicU64,
+    delete_errors: AtomicU64,
+}
+
+/// Counters of a Redis device (monotonic unless said otherwise).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedisStats {
+    /// Read round trips (`MGET`s) and write round trips (`MSET`s) that succeeded.
+    pub reads: u64,
+    pub writes: u64,
+    /// Pages stored now.
+    pub stored_pages: u64,
+    /// Reads of a key the store did not have (lost in a failover).
+    pub missing_pages: u64,
+    /// Values that failed their check (authentication tag or crc32c).
+    pub corrupt_pages: u64,
+    /// Write batches not acknowledged by enough replicas in time.
+    pub wait_short: u64,
+    /// Pages declined because the store was full (`OOM`).
+    pub rejected_full: u64,
+    /// Keys deleted, and keys that could not be deleted.
+    pub deleted_keys: u64,
+    pub delete_errors: u64,
+    /// Times the device switched to another primary.
+    pub failovers: u64,
+}
+
+/// State shared by the backend, its threads and its asynchronous readers.
+struct Shared {
+    name: String,
+    seeds: Vec<String>,
+    prefix: String,
+    sealer: Sealer,
+    jobs: Jobs,
+    nr_slots: u64,
+    gens: Box<[AtomicU64]>,
+    next_gen: AtomicU64,
+    deletes: ArrayQueue<(u64, u64)>,
+    shutdown: AtomicBool,
+    /// Seed index of the primary.
+    primary: AtomicUsize,
+    failovers: AtomicU64,
+    failovers_noted: AtomicBool,
+    declining_until_ns: AtomicU64,
+    replicas: u32,
+    wait_timeout_ms: u64,
+    failover_timeout_ns: u64,
+    poll_ns: u64,
+    counters: Counters,
+    /// The last thing the device threads had to say (failovers, errors), also on stderr.
+    last_note: Mutex<String>,
+}
+
+impl Shared {
+    fn key(&self, slot: u64, generation: u64) -> String {
+        format!("{}{slot}:{generation}", self.prefix)
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(1000)
+    }
+
+    fn io_timeout(&self) -> Duration {
+        Duration::from_millis(2000 + self.wait_timeout_ms)
+    }
+
+    /// Queues a key no read will ask for again. Lock-free, no allocation.
+    fn delete_later(&self, slot: u64, generation: u64) {
+        if self.deletes.push((slot, generation)).is_err() {
+            self.counters.delete_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Device threads only.
+    fn note(&self, what: String) {
+        eprintln!("uswap: {}: {what}", self.name);
+        if let Ok(mut n) = self.last_note.lock() {
+            *n = what;
+        }
+    }
+}
+
+/// A swap device in Redis. See the module documentation.
+pub struct RedisBackend {
+    sh: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn read_key(path: &std::path::Path) -> Result<[u8; 32], RedisDeviceError> {
+    let bad = |why: String| RedisDeviceError::KeyFile { path: path.to_path_buf(), why };
+    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    if bytes.len() == 32 {
+        let mut k = [0u8; 32];
+        k.copy_from_slice(&bytes);
+        return Ok(k);
+    }
+    let text = std::str::from_utf8(&bytes).map(str::trim).unwrap_or("");
+    if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let mut k = [0u8; 32];
+        for (i, byte) in k.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).unwrap_or(0);
+        }
+        return Ok(k);
+    }
+    Err(bad(format!(
+        "holds {} bytes; it must hold the 32-byte key, raw or as 64 hex digits (e.g. `head -c 32 /dev/urandom > FILE`)",
+        bytes.len()
+    )))
+}
+
+impl RedisBackend {
+    /// Connects to the seeds, checks the primary, and starts the device threads.
+    pub fn open(opts: &RedisOptions, nr_slots: u64) -> Result<RedisBackend, RedisDeviceError> {
+        if opts.seeds.is_empty() {
+            return Err(RedisDeviceError::NoSeeds);
+        }
+        let seeds_str = opts.seeds.join(";");
+        let timeout = Duration::from_millis(2000);
+        let mut why = Vec::new();
+        let mut found = None;
+        for (i, addr) in opts.seeds.iter().enumerate() {
+            let inf = connect(addr, timeout, timeout).and_then(|mut c| info(&mut c, "everything"));
+            match inf {
+                Ok(inf) if info_field(&inf, "cluster_enabled") == Some("1") => {
+                    return Err(RedisDeviceError::Cluster { addr: addr.clone() })
+                }
+                Ok(inf) if info_field(&inf, "role") == Some("master") => {
+                    found = Some((i, inf));
+                    break;
+                }
+                Ok(inf) => {
+                    why.push(format!("{addr} is a {}", info_field(&inf, "role").unwrap_or("server of unknown role")))
+                }
+                Err(e) => why.push(format!("{addr}: {e}")),
+            }
+        }
+        let Some((primary, inf)) = found else {
+            return Err(RedisDeviceError::NoPrimary { seeds: seeds_str, why: why.join("; ") });
+        };
+        let addr = opts.seeds[primary].clone();
+        let policy = info_field(&inf, "maxmemory_policy").unwrap_or("unknown").to_string();
+        if policy != "noeviction" {
+            return Err(RedisDeviceError::Evicting { addr, policy });
+        }
+        let connected: u32 = info_field(&inf, "connected_slaves").and_then(|v| v.parse().ok()).unwrap_or(0);
+        if connected < opts.replicas {
+            return Err(RedisDeviceError::TooFewReplicas { addr, wanted: opts.replicas, connected });
+        }
+        let key = match (&opts.key_file, opts.encrypt) {
+            (_, false) => None,
+            (Some(path), true) => Some(read_key(path)?),
+            (None, true) => {
+                let mut k = [0u8; 32];
+                getrandom::fill(&mut k)
+                    .map_err(|e| RedisDeviceError::Io { what: "random key", source: std::io::Error::other(e) })?;
+                Some(k)
+            }
+        };
+        let mut id = [0u8; 8];
+        getrandom::fill(&mut id)
+            .map_err(|e| RedisDeviceError::Io { what: "random key prefix", source: std::io::Error::other(e) })?;
+        let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let prefix = match &opts.session {
+            Some(session) => format!("uswap:{session}.{id}:"),
+            None => format!("uswap:{id}:"),
+        };
+        let sh = Arc::new(Shared {
+            name: format!("redis://{seeds_str}"),
+            seeds: opts.seeds.clone(),
+            sealer: Sealer::new(key, prefix.as_bytes()),
+            prefix,
+            jobs: Jobs::new(NR_JOBS),
+            nr_slots,
+            gens: (0..nr_slots).map(|_| AtomicU64::new(0)).collect(),
+            next_gen: AtomicU64::new(1),
+            deletes: ArrayQueue::new(DELETE_QUEUE),
+            shutdown: AtomicBool::new(false),
+            primary: AtomicUsize::new(primary),
+            failovers: AtomicU64::new(0),
+            failovers_noted: AtomicBool::new(false),
+            declining_until_ns: AtomicU64::new(0),
+            replicas: opts.replicas,
+            wait_timeout_ms: opts.wait_timeout_ms,
+            failover_timeout_ns: opts.failover_timeout_ms.saturating_mul(1_000_000),
+            poll_ns: u64::from(opts.poll_us) * 1000,
+            counters: Counters::default(),
+            last_note: Mutex::new(String::new()),
+        });
+        let mut threads = Vec::new();
+        for i in 0..opts.connections.max(1) {
+            let w = Worker::new(Arc::clone(&sh));
+            // An engine thread: signals blocked, and served by ordinary memory where an
+            // allocator serves the application from managed memory (the threads allocate).
+            let t = crate::mapping::spawn_engine_thread(format!("uswap-redis-{i}"), move || w.run())
+                .map_err(|e| RedisDeviceError::Io { what: "starting a device thread", source: e });
+            match t {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    let _ = RedisBackend { sh, threads };
+                    return Err(e);
+                }
+            }
+        }
+        Ok(RedisBackend { sh, threads })
+    }
+
+    /// The prefix of every key of this device (`uswap:PREFIX:`).
+    pub fn key_prefix(&self) -> &str {
+        &self.sh.prefix
+    }
+
+    /// The address of the primary the device talks to now.
+    pub fn primary(&self) -> &str {
+        &self.sh.seeds[self.sh.primary.load(Ordering::Acquire)]
+    }
+
+    /// What the device threads last reported (a failover, an error), or "".
+    pub fn last_note(&self) -> String {
+        self.sh.last_note.lock().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    pub fn redis_stats(&self) -> RedisStats {
+        let c = &self.sh.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RedisStats {
+            reads: l(&c.reads),
+            writes: l(&c.writes),
+            stored_pages: l(&c.stored_pages),
+            missing_pages: l(&c.missing),
+            corrupt_pages: l(&c.corrupt),
+            wait_short: l(&c.wait_short),
+            rejected_full: l(&c.reject_full),
+            deleted_keys: l(&c.deletes),
+            delete_errors: l(&c.delete_errors),
+            failovers: self.sh.failovers.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Posts `work` and waits for it; false if no job came free within the failover timeout.
+    /// Async-signal-safe.
+    fn call(&self, work: Work) -> bool {
+        let Some(i) = claim(&self.sh) else { return false };
+        self.sh.jobs.post(i, work);
+        self.sh.jobs.wait_and_free(i, self.sh.poll_ns);
+        true
+    }
+}
+
+/// A fresh session name for [`RedisOptions::session`]: 16 random hex digits.
+pub fn new_session_id() -> std::io::Result<String> {
+    let mut id = [0u8; 8];
+    getrandom::fill(&mut id).map_err(std::io::Error::other)?;
+    Ok(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Whether `name` may be a session name (it becomes part of keys and of a SCAN pattern).
+pub fn valid_session(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Deletes every key of session `session` from the primary among `seeds` (after the run
+/// ended: its processes may have exited without dropping their pagers). Returns the keys
+/// deleted.
+pub fn delete_session(seeds: &[String], session: &str) -> Result<u64, String> {
+    if !valid_session(session) {
+        return Err(format!("{session:?} is not a session name"));
+    }
+    let timeout = Duration::from_millis(2000);
+    let mut why = Vec::new();
+    for addr in seeds {
+        let mut con = match connect(addr, timeout, timeout) {
+            Ok(c) => c,
+            Err(e) => {
+                why.push(format!("{addr}: {e}"));
+                continue;
+            }
+        };
+        match info(&mut con, "replication") {
+            Ok(i) if info_field(&i, "role") == Some("master") => {}
+            Ok(_) => continue,
+            Err(e) => {
+                why.push(format!("{addr}: {e}"));
+                continue;
+            }
+        }
+        return scan_delete(&mut con, &format!("uswap:{session}.*"), now_ns() + 30_000_000_000)
+            .ok_or_else(|| format!("{addr}: deleting keys failed or took over 30 s"));
+    }
+    Err(format!("no seed is a reachable primary ({})", why.join("; ")))
+}
+
+/// Deletes the keys matching `pattern` (SCAN + DEL) until `deadline_ns`; `None` if it could
+/// not finish.
+fn scan_delete(con: &mut redis::Connection, pattern: &str, deadline_ns: u64) -> Option<u64> {
+    let mut cursor: u64 = 0;
+    let mut deleted = 0;
+    // Bounded by the deadline and by SCAN's cursor returning to 0.
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) =
+            redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).query(con).ok()?;
+        if !keys.is_empty() {
+            deleted += redis::cmd("DEL").arg(&keys).query::<u64>(con).ok()?;
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Some(deleted);
+        }
+        if now_ns() >= deadline_ns {
+            return None;
+        }
+    }
+}
+
+/// Claims a job, waiting (nanosleep: async-signal-safe) up to the failover timeout.
+fn claim(sh: &Shared) -> Option<u32> {
+    let hint = crate::mapping::current_cpu() * 7;
+    let deadline = now_ns() + sh.failover_timeout_ns;
+    // Bounded by the deadline.
+    loop {
+        if let Some(i) = sh.jobs.claim(hint) {
+            return Some(i);
+        }
+        if now_ns() >= deadline {
+            return None;
+        }
+        let ts = libc::timespec { tv_sec: 0, tv_nsec: 100_000 };
+        // SAFETY: nanosleep reads one timespec; a null remainder is allowed.
+        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+    }
+}
+
+impl Drop for RedisBackend {
+    fn drop(&mut self) {
+        self.sh.shutdown.store(true, Ordering::Release);
+        self.sh.jobs.doorbell.fetch_add(1, Ordering::Release);
+        jobs::futex_wake(&self.sh.jobs.doorbell, i32::MAX);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.delete_all();
+    }
+}
+
+impl RedisBackend {
+    /// Deletes every key of this pager (SCAN + DEL), within the failover timeout. Best
+    /// effort: the store may be gone.
+    fn delete_all(&self) {
+        let sh = &self.sh;
+        if sh.counters.writes.load(Ordering::Relaxed) == 0 && sh.counters.wait_short.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let addr = &sh.seeds[sh.primary.load(Ordering::Acquire)];
+        let Ok(mut con) = connect(addr, sh.connect_timeout(), sh.io_timeout()) else {
+            eprintln!(
+                "uswap: {}: could not connect to delete this pager's keys ({}*); delete them by hand",
+                sh.name, sh.prefix
+            );
+            return;
+        };
+        let deadline = now_ns() + sh.failover_timeout_ns.max(1_000_000_000);
+        if scan_delete(&mut con, &format!("{}*", sh.prefix), deadline).is_some() {
+            return;
+        }
+        eprintln!(
+            "uswap: {}: could not delete all of this pager's keys ({}*); delete them by hand",
+            sh.name, sh.prefix
+        );
+    }
+}
+
+impl Backend for RedisBackend {
+    fn name(&self) -> String {
+        self.sh.name.clone()
+    }
+
+    fn nr_slots(&self) -> u64 {
+        self.sh.nr_slots
+    }
+
+    fn write(&self, reqs: &mut [WriteReq<'_>]) {
+        if reqs.is_empty() {
+            return;
+        }
+        let work = Work::Write { reqs: reqs.as_mut_ptr().cast(), n: reqs.len() };
+        if !self.call(work) {
+            for r in reqs.iter_mut() {
+                r.result =
+                    Err(BackendError::Remote { slot: r.slot, why: "every request slot of the device stayed busy" });
+            }
+        }
+    }
+
+    fn read(&self, reqs: &mut [ReadReq<'_>]) {
+        if reqs.is_empty() {
+            return;
+        }
+        let work = Work::Read { reqs: reqs.as_mut_ptr().cast(), n: reqs.len() };
+        if !self.call(work) {
+            for r in reqs.iter_mut() {
+                r.result =
+                    Err(BackendError::Remote { slot: r.slot, why: "every request slot of the device stayed busy" });
+            }
+        }
+    }
+
+    fn invalidate(&self, slot: u64) {
+        let Some(g) = self.sh.gens.get(slot as usize) else { return };
+        let old = g.swap(0, Ordering::AcqRel);
+        if old != 0 {
+            self.sh.counters.stored_pages.fetch_sub(1, Ordering::Relaxed);
+            self.sh.delete_later(slot, old);
+            if self.sh.deletes.len() >= MAX_DELETE_BATCH {
+                self.sh.jobs.doorbell.fetch_add(1, Ordering::Release);
+                jobs::futex_wake(&self.sh.jobs.doorbell, 1);
+            }
+        }
+    }
+
+    fn accepting(&self) -> bool {
+        now_ns() >= self.sh.declining_until_ns.load(Ordering::Acquire)
+    }
+
+    fn stats(&self) -> Option<BackendStats> {
+        let s = self.redis_stats();
+        Some(BackendStats {
+            stored_pages: s.stored_pages,
+            compressed_bytes: s.stored_pages * self.sh.sealer.value_bytes() as u64,
+            reject_pool_full: s.rejected_full,
+            discard_errors: s.delete_errors,
+            failovers: s.failovers,
+            remote_read_errors: s.missing_pages + s.corrupt_pages,
+            ..BackendStats::default()
+        })
+    }
+
+    fn async_reader(&self, nr_pages: usize) -> Option<Box<dyn AsyncReader>> {
+        let nr_pages = nr_pages.max(1);
+        Some(Box::new(RedisAsyncReader {
+            sh: Arc::clone(&self.sh),
+            buf: vec![AlignedPage([0; PAGE_SIZE]); nr_pages].into_boxed_slice(),
+            runs: vec![AsyncRun { slot: 0, first_page: 0, nr_pages: 0 }; nr_pages].into_boxed_slice(),
+            results: (0..nr_pages).map(|_| Ok(())).collect(),
+            nr_runs: 0,
+            job: None,
+        }))
+    }
+}
+
+/// Asynchronous readahead on the Redis device: one `MGET` of the window's runs, done by a
+/// device thread into a buffer of the reader's own while the application works.
+///
+/// Soundness: a device thread writes into `buf`, `runs` and `results` only while `job` is
+/// `Some` (posted and not yet waited for); every accessor refuses while it is, and `Drop`
+/// waits for it.
+pub struct RedisAsyncReader {
+    sh: Arc<Shared>,
+    buf: Box<[AlignedPage]>,
+    runs: Box<[AsyncRun]>,
+    results: Box<[Result<(), BackendError>]>,
+    nr_runs: usize,
+    job: Option<u32>,
+}
+
+impl AsyncReader for RedisAsyncReader {
+    fn capacity_pages(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn start(&mut self, runs: &[AsyncRun]) -> bool {
+        let stopping = self.sh.shutdown.load(Ordering::Acquire);
+        if stopping || self.job.is_some() || runs.is_empty() || runs.len() > self.runs.len() {
+            return false;
+        }
+        let mut end = 0;
+        for r in runs {
+            let in_dev = r.slot.checked_add(r.nr_pages as u64).is_some_and(|e| e <= self.sh.nr_slots);
+            if r.nr_pages == 0 || r.first_page < end || r.first_page + r.nr_pages > self.buf.len() || !in_dev {
+                return false;
+            }
+            end = r.first_page + r.nr_pages;
+        }
+        let Some(i) = self.sh.jobs.claim(crate::mapping::current_cpu() * 7) else { return false };
+        self.runs[..runs.len()].copy_from_slice(runs);
+        self.nr_runs = runs.len();
+        for r in self.results[..runs.len()].iter_mut() {
+            *r = Ok(());
+        }
+        self.job = Some(i);
+        self.sh.jobs.post(
+            i,
+            Work::AsyncRead {
+                runs: self.runs.as_ptr(),
+                n: runs.len(),
+                buf: self.buf.as_mut_ptr(),
+                buf_pages: self.buf.len(),
+                results: self.results.as_mut_ptr(),
+            },
+        );
+        true
+    }
+
+    fn in_flight(&self) -> bool {
+        self.job.is_some()
+    }
+
+    fn wait(&mut self, results: &mut [Result<(), BackendError>]) {
+        if let Some(i) = self.job.take() {
+            self.sh.jobs.wait_and_free(i, self.sh.poll_ns);
+        }
+        for (out, r) in results.iter_mut().zip(self.results[..self.nr_runs].iter_mut()) {
+            *out = std::mem::replace(r, Ok(()));
+        }
+    }
+
+    fn pages(&self) -> Option<&[AlignedPage]> {
+        self.job.is_none().then_some(&self.buf[..])
+    }
+
+    fn pages_mut(&mut self) -> Option<&mut [AlignedPage]> {
+        if self.job.is_none() {
+            Some(&mut self.buf[..])
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for RedisAsyncReader {
+    fn drop(&mut self) {
+        if let Some(i) = self.job.take() {
+            self.sh.jobs.wait_and_free(i, 0);
+        }
+    }
+}
