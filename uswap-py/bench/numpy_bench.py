@@ -90,6 +90,12 @@ def main(argv=None):
     ap.add_argument("--accesses", type=int, default=1_000_000, help="gather: reads (default 1e6)")
     ap.add_argument("--batch", type=int, default=65536, help="gather: reads per numpy call")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--checksum-only",
+        action="store_true",
+        help="print only the checksum on stdout and the JSON line on stderr (for `uswap bench --command`, "
+        "which requires the same stdout under every engine)",
+    )
     args = ap.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
@@ -110,8 +116,13 @@ def main(argv=None):
         out["fault_latency_us"] = st["fault_latency_us"]
     else:
         out.update(run())
-    json.dump(out, sys.stdout)
-    print()
+    if args.checksum_only:
+        print(f"checksum {out['checksum']!r}")
+        json.dump(out, sys.stderr)
+        print(file=sys.stderr)
+    else:
+        json.dump(out, sys.stdout)
+        print()
 
 
 if __name__ == "__main__":
