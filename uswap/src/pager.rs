@@ -712,7 +712,9 @@ impl ForkHold {
     /// for [`Pager::map`]).
     ///
     /// The parent's pager in the child is left alone, never dropped (its threads exist only
-    /// in the parent). On error the child keeps every byte, as ordinary memory.
+    /// in the parent). So are the regions of any other pager of the process: the child's
+    /// registry lets go of all of them, and only this pager's are adopted. On error the child
+    /// keeps every byte, as ordinary memory.
     pub fn rearm_in_child(mut self, builder: PagerBuilder) -> Result<(Pager, Vec<(usize, Region)>)> {
         let regions = std::mem::take(&mut self.regions);
         let writers = self.writers.take();
@@ -864,6 +866,11 @@ impl Pager {
     /// Must run on an application thread (it takes the faults itself), with no other
     /// thread unmapping regions at the same time. Needs
     /// [`PagerBuilder::regions_survive_fork`]; without it the child gets no regions at all.
+    ///
+    /// The hold also locks the process's region registry (so that the regions the child
+    /// inherits are the ones it records): while it lives, no region of any pager may be
+    /// mapped, dropped or moved, on any thread; fork at once and drop it (or, in the child,
+    /// hand it to [`ForkHold::rearm_in_child`]).
     ///
     /// Costs a scan of every region's page table, skipped when nothing is out.
     pub fn prepare_fork(&self) -> ForkHold {
