@@ -32,6 +32,7 @@ mod device;
 mod error;
 mod events;
 mod fault;
+mod fork;
 mod lru;
 mod mapping;
 mod pager;
@@ -60,9 +61,9 @@ pub use mapping::{is_engine_thread, spawn_engine_thread};
 pub mod sigbus {
     pub use crate::uffd::sigbus::{in_handler, replace_chained};
 }
+pub use fork::ForkHold;
 pub use pager::{
-    BackgroundReclaim, FaultMode, ForkHold, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES,
-    RECLAIM_BATCH_PAGES,
+    BackgroundReclaim, FaultMode, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };
 pub use readahead::Advice;
 pub use region::MAX_REGION_BYTES;
