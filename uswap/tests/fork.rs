@@ -156,11 +156,13 @@ fn region_words(region: &mut uswap::Region) -> &[AtomicU64] {
     unsafe { std::slice::from_raw_parts(b.as_mut_ptr() as *const AtomicU64, b.len() / 8) }
 }
 
-fn bounded(mode: FaultMode) {
-    let worker = std::thread::spawn(move || parent_pages_out_while_the_child_shares_them(mode));
+/// Runs `scenario` on a thread of its own, failing if it is still running after [`BOUND`]
+/// (a hung fork scenario would otherwise hang the test binary).
+fn bounded(mode: FaultMode, what: &str, scenario: fn(FaultMode)) {
+    let worker = std::thread::spawn(move || scenario(mode));
     let t0 = Instant::now();
     while !worker.is_finished() {
-        assert!(t0.elapsed() < BOUND, "{mode:?}: fork scenario still running after {BOUND:?}");
+        assert!(t0.elapsed() < BOUND, "{mode:?}: {what} scenario still running after {BOUND:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
     if let Err(e) = worker.join() {
@@ -168,7 +170,11 @@ fn bounded(mode: FaultMode) {
     }
 }
 
-in_both_modes!(bounded() => thread_mode_parent_pages_out_while_a_fork_child_shares_its_pages,
+fn bounded_shared(mode: FaultMode) {
+    bounded(mode, "fork", parent_pages_out_while_the_child_shares_them);
+}
+
+in_both_modes!(bounded_shared() => thread_mode_parent_pages_out_while_a_fork_child_shares_its_pages,
     signal_mode_parent_pages_out_while_a_fork_child_shares_its_pages);
 
 /// What the re-armed child found, one bit per check, sent back in one byte.
@@ -281,15 +287,7 @@ fn fork_child_rearms_and_both_page(mode: FaultMode) {
 }
 
 fn bounded_rearm(mode: FaultMode) {
-    let worker = std::thread::spawn(move || fork_child_rearms_and_both_page(mode));
-    let t0 = Instant::now();
-    while !worker.is_finished() {
-        assert!(t0.elapsed() < BOUND, "{mode:?}: re-arm scenario still running after {BOUND:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if let Err(e) = worker.join() {
-        std::panic::resume_unwind(e);
-    }
+    bounded(mode, "re-arm", fork_child_rearms_and_both_page);
 }
 
 in_both_modes!(bounded_rearm() => thread_mode_fork_child_rearms_and_both_page,

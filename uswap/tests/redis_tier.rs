@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use uswap::backend::redis::{redis_server_available, LocalRedis, RedisOptions};
-use uswap::{DeviceConfig, FaultMode, Pager, Stats, PAGE_SIZE};
+use uswap::{DeviceConfig, FaultMode, Pager, PAGE_SIZE};
 
 mod common;
 use common::*;
@@ -59,40 +59,6 @@ fn redis_keys(addr: &str) -> Vec<String> {
             .collect(),
         other => panic!("{other:?}"),
     }
-}
-
-/// Writes every page, then random reads and rewrites from two threads on disjoint pages
-/// for `rounds`, then checks every page. Calls `before_unmap` while the region still
-/// exists, and returns the stats from then.
-fn churn(p: &Pager, region_bytes: u64, rounds: usize, before_unmap: impl FnOnce()) -> Stats {
-    let region = p.map(region_bytes as usize).unwrap();
-    let words = region.as_atomic_u64s();
-    let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
-    std::thread::scope(|s| {
-        for t in 0..2 {
-            s.spawn(move || {
-                let mine: Vec<usize> = (t..nr_pages).step_by(2).collect();
-                let mut version = vec![1u64; mine.len()];
-                let mut rng = Rng(0xfeed + t as u64);
-                for _ in 0..rounds {
-                    let j = (rng.next() % mine.len() as u64) as usize;
-                    check_page(words, mine[j], version[j]);
-                    if rng.next() % 4 == 0 {
-                        version[j] += 1;
-                        write_page(words, mine[j], version[j]);
-                    }
-                }
-                for (j, &i) in mine.iter().enumerate() {
-                    check_page(words, i, version[j]);
-                }
-            });
-        }
-    });
-    before_unmap();
-    p.stats()
 }
 
 fn zpool_then_redis(mode: FaultMode) {

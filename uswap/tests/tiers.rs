@@ -2,7 +2,7 @@
 //! between them, checksums, and fault injection. Every byte read is verified; a failure may
 //! slow the engine down or keep pages in RAM, never change what the application reads.
 
-use uswap::{DeviceConfig, FaultInjection, FaultMode, Incompressible, Pager, Stats, PAGE_SIZE};
+use uswap::{DeviceConfig, FaultInjection, FaultMode, Incompressible, Pager, PAGE_SIZE};
 
 mod common;
 use common::*;
@@ -15,43 +15,11 @@ fn build(mode: FaultMode, limit: u64, devices: Vec<DeviceConfig>) -> Pager {
     b.build().expect("pager")
 }
 
-/// Writes every page of a region 4x the limit, then random reads and rewrites from two
-/// threads on disjoint pages, then checks every page. Returns the final stats.
-fn churn(p: &Pager, region_bytes: u64, rounds: usize) -> Stats {
-    let region = p.map(region_bytes as usize).unwrap();
-    let words = region.as_atomic_u64s();
-    let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
-    std::thread::scope(|s| {
-        for t in 0..2 {
-            s.spawn(move || {
-                let mine: Vec<usize> = (t..nr_pages).step_by(2).collect();
-                let mut version = vec![1u64; mine.len()];
-                let mut rng = Rng(0xfeed + t as u64);
-                for _ in 0..rounds {
-                    let j = (rng.next() % mine.len() as u64) as usize;
-                    check_page(words, mine[j], version[j]);
-                    if rng.next() % 4 == 0 {
-                        version[j] += 1;
-                        write_page(words, mine[j], version[j]);
-                    }
-                }
-                for (j, &i) in mine.iter().enumerate() {
-                    check_page(words, i, version[j]);
-                }
-            });
-        }
-    });
-    p.stats()
-}
-
 #[test]
 fn compressed_pool_alone_in_both_modes() {
     for mode in [FaultMode::Thread, FaultMode::Signal] {
         let p = build(mode, 2 * MIB, vec![DeviceConfig::zpool(32 * MIB)]);
-        let st = churn(&p, 8 * MIB, 4000);
+        let st = churn(&p, 8 * MIB, 4000, || {});
         let pool = st.devices[0].backend.clone().expect("the pool reports its counters");
         assert!(st.pswpout > 0 && st.pswpin > 0, "{st:?}");
         assert!(pool.stored_pages > 0 && pool.incompressible_pages > 0, "{pool:?}");
@@ -100,7 +68,7 @@ fn incompressible_pages_pass_to_the_next_device() {
             DeviceConfig::ram(32 * MIB),
         ],
     );
-    let st = churn(&p, 8 * MIB, 2000);
+    let st = churn(&p, 8 * MIB, 2000, || {});
     let pool = st.devices[0].backend.clone().unwrap();
     assert!(pool.reject_incompressible > 0, "{pool:?}");
     assert_eq!(pool.incompressible_pages, 0, "{pool:?}");
@@ -112,7 +80,7 @@ fn failed_writes_keep_pages_in_ram_and_lose_nothing() {
     for mode in [FaultMode::Thread, FaultMode::Signal] {
         let f = FaultInjection { write_error_rate: 0.25, seed: 7, ..Default::default() };
         let p = build(mode, 2 * MIB, vec![DeviceConfig::ram(32 * MIB).inject_faults(f)]);
-        let st = churn(&p, 8 * MIB, 4000);
+        let st = churn(&p, 8 * MIB, 4000, || {});
         assert!(st.swpout_error > 0, "{st:?}");
         assert!(st.pswpout > 0, "most writes still succeed: {st:?}");
         assert_eq!(st.fault_error, 0, "{st:?}");
@@ -141,7 +109,7 @@ fn failed_reads_are_retried_and_reported_with_the_page_address() {
 fn checksums_catch_corruption_and_the_page_is_read_again() {
     let f = FaultInjection { corrupt_rate: 0.1, seed: 3, ..Default::default() };
     let p = build(FaultMode::Signal, 2 * MIB, vec![DeviceConfig::ram(32 * MIB).checksum(true).inject_faults(f)]);
-    let st = churn(&p, 8 * MIB, 4000);
+    let st = churn(&p, 8 * MIB, 4000, || {});
     assert!(st.checksum_errors > 0, "{st:?}");
     assert!(p.recent_errors().iter().any(|e| e.to_string().contains("checksum mismatch")));
 }
@@ -157,7 +125,7 @@ fn a_long_random_run_with_every_failure_injected_reads_back_exactly() {
             DeviceConfig::ram(64 * MIB).checksum(true).inject_faults(FaultInjection { seed: 9, ..f }),
         ],
     );
-    let st = churn(&p, 16 * MIB, 20_000);
+    let st = churn(&p, 16 * MIB, 20_000, || {});
     assert!(st.swpout_error > 0 && st.checksum_errors > 0, "{st:?}");
     assert!(st.writeback > 0 || st.swpout_spilled > 0, "both tiers were used: {st:?}");
 }
