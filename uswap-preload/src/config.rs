@@ -44,23 +44,10 @@ fn size_var(name: &str, default: u64) -> Result<u64, String> {
     }
 }
 
-/// Physical memory, from /proc/meminfo.
-pub fn mem_total_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-            })
-        })
-        .map(|kib| kib * 1024)
-        .unwrap_or(4 << 30)
-}
-
 impl Config {
     pub fn from_env() -> Result<Config, String> {
         let limit_bytes = size_var(ENV_LIMIT, 1 << 30)?;
-        let default_capacity = (mem_total_bytes() / 2).max(64 << 20);
+        let default_capacity = DeviceConfig::default_capacity_bytes();
         let spec = std::env::var(ENV_DEVICE).unwrap_or_else(|_| "zpool".into());
         let devices = DeviceConfig::parse_list(&spec, default_capacity).map_err(|e| format!("{ENV_DEVICE}: {e}"))?;
         let fault_mode = match std::env::var(ENV_FAULT_MODE).as_deref() {

@@ -48,19 +48,6 @@ fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     )))
 }
 
-/// Physical memory, from /proc/meminfo (4 GiB if it cannot be read).
-fn mem_total_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-            })
-        })
-        .map(|kib| kib * 1024)
-        .unwrap_or(4 << 30)
-}
-
 /// A user-space swap engine: managed memory whose resident size is capped at `limit`,
 /// paged through userfaultfd to the swap devices `devices`.
 ///
@@ -100,7 +87,7 @@ impl PyPager {
         let limit_bytes = size_arg(limit, "limit")?;
         let device_bytes = match device_size {
             Some(v) => size_arg(v, "device_size")?,
-            None => (mem_total_bytes() / 2).max(64 << 20),
+            None => uswap::DeviceConfig::default_capacity_bytes(),
         };
         let mode = match fault_mode {
             "thread" => uswap::FaultMode::Thread,

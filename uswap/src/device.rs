@@ -250,6 +250,22 @@ impl DeviceConfig {
         self
     }
 
+    /// The size a device given without one gets when a process is managed from outside
+    /// (`uswap run`, the Python package): half the machine's RAM (`MemTotal` in
+    /// `/proc/meminfo`; 4 GiB when it cannot be read), at least 64 MiB.
+    pub fn default_capacity_bytes() -> u64 {
+        let mem_total_bytes = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| {
+                    l.strip_prefix("MemTotal:")
+                        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+                })
+            })
+            .map_or(4 << 30, |kib| kib * 1024);
+        (mem_total_bytes / 2).max(64 << 20)
+    }
+
     /// Parses a device list as the `uswap` command takes it: comma-separated devices, highest
     /// priority first (each gets a lower priority than the one before). Forms:
     ///
