@@ -1,7 +1,13 @@
 /* fork without exec, and the child pages too: fills MIB of heap, forks; the child checks
  * every byte it inherited, rewrites half of it, then allocates and fills as much again
  * and checks all of it, and exits; the parent meanwhile rewrites the other half of its own
- * copy and checks it. Each prints a checksum. Usage: forkpage MIB */
+ * copy and checks it. Each prints a checksum. Usage: forkpage MIB
+ *
+ * stdout is unbuffered, so printf formats on the stack: in signal mode a write(2) from a
+ * heap page that is swapped out fails with EFAULT (README, "Signals and system calls"), and
+ * here the parent's stdio buffer lands on a heap page that was resident at the fork, so
+ * refused by the first swap-out, made exclusive and moved out right after printf filled it
+ * (one run in four lost the parent's line). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +30,7 @@ static uint64_t check(const uint64_t *a, size_t from, size_t to, uint64_t gen, c
 
 int main(int argc, char **argv) {
     size_t bytes = (argc > 1 ? strtoul(argv[1], 0, 10) : 64) << 20, words = bytes / 8;
+    setvbuf(stdout, NULL, _IONBF, 0);
     uint64_t *a = malloc(bytes);
     if (!a) { perror("malloc"); return 1; }
     for (size_t i = 0; i < words; i++) a[i] = pattern(i, 0);
