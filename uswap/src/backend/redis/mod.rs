@@ -7,7 +7,7 @@
 //! random per pager (two pagers, or two machines, can share a store) and GEN the write's
 //! generation (unique per write: an older version of a slot, say on a replica that missed
 //! the last write, is never read by mistake). Values are sealed by `codec.rs`: encrypted and
-//! authenticated (XChaCha20-Poly1305, key per pager in memory or from a file), or in clear
+//! authenticated (AES-256-GCM, key per pager in memory or derived from a file's), or in clear
 //! with a crc32c. Every read checks its value; a mismatch is a checksum error.
 //!
 //! * `jobs.rs`: how callers hand requests to the device threads without allocating or
@@ -80,7 +80,7 @@ pub struct RedisOptions {
     pub replicas: u32,
     /// How long `WAIT` waits for the replicas, in milliseconds.
     pub wait_timeout_ms: u64,
-    /// Encrypt pages (XChaCha20-Poly1305). Off: clear pages with a crc32c.
+    /// Encrypt pages (AES-256-GCM). Off: clear pages with a crc32c.
     pub encrypt: bool,
     /// A file holding the 32-byte key (raw, or 64 hex digits); `None`: a random key per
     /// pager, kept only in memory.
@@ -148,6 +148,8 @@ pub enum RedisDeviceError {
     KeyFile { path: PathBuf, why: String },
     #[error("redis device: {what}: {source}")]
     Io { what: &'static str, source: std::io::Error },
+    #[error("redis device: cannot set up the page encryption: {0}")]
+    Sealer(#[from] codec::SealerError),
 }
 
 #[derive(Default)]
@@ -325,10 +327,14 @@ impl RedisBackend {
             Some(session) => format!("uswap:{session}.{id}:"),
             None => format!("uswap:{id}:"),
         };
+        let mut salt = [0u8; codec::SALT_BYTES];
+        getrandom::fill(&mut salt)
+            .map_err(|e| RedisDeviceError::Io { what: "random key salt", source: std::io::Error::other(e) })?;
+        let sealer = Sealer::new(key, &salt, prefix.as_bytes())?;
         let sh = Arc::new(Shared {
             name: format!("redis://{seeds_str}"),
             seeds: opts.seeds.clone(),
-            sealer: Sealer::new(key, prefix.as_bytes()),
+            sealer,
             prefix,
             jobs: Jobs::new(NR_JOBS),
             nr_slots,

@@ -308,22 +308,11 @@ impl Worker {
     fn write(&mut self, reqs: &mut [WriteReq<'_>]) {
         let sh = Arc::clone(&self.sh);
         let nr_pages: usize = reqs.iter().map(|r| r.data.nr_pages()).sum();
-        let mut nonces = vec![0u8; 24 * nr_pages];
-        if sh.sealer.encrypted() && getrandom::fill(&mut nonces).is_err() {
-            for r in reqs.iter_mut() {
-                r.result = Err(BackendError::Remote {
-                    slot: r.slot,
-                    why: "no random numbers for the nonces (getrandom failed)",
-                });
-            }
-            return;
-        }
         let mut mset = redis::cmd("MSET");
         // (slot, generation) of each page written, in order.
         let mut written = Vec::with_capacity(nr_pages);
         let mut value = Vec::with_capacity(sh.sealer.value_bytes());
         let mut page = vec![0u8; PAGE_SIZE];
-        let mut n = 0;
         for r in reqs.iter_mut() {
             let nr = r.data.nr_pages() as u64;
             if r.slot.checked_add(nr).is_none_or(|e| e > sh.nr_slots) {
@@ -336,11 +325,10 @@ impl Worker {
                 let generation = sh.next_gen.fetch_add(1, Ordering::Relaxed);
                 r.data.copy_page_to(p as usize, &mut page);
                 value.clear();
-                let nonce: &[u8; 24] = nonces[24 * n..24 * n + 24].try_into().unwrap_or(&[0; 24]);
-                sh.sealer.seal(s, generation, &page, nonce, &mut value);
+                // Each generation is sealed once: it is the value's nonce (see `codec`).
+                sh.sealer.seal(s, generation, &page, &mut value);
                 mset.arg(sh.key(s, generation)).arg(&value[..]);
                 written.push((s, generation));
-                n += 1;
             }
         }
         if written.is_empty() {
