@@ -60,10 +60,15 @@ pub enum FaultMode {
 /// When the background reclaimer works.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackgroundReclaim {
-    /// Only while the application takes no faults (the default). While it faults, reclaim
-    /// runs in the faulting context: on VMs, `UFFDIO_MOVE` from another CPU interrupts the
-    /// faulting CPU with a TLB-shootdown IPI for every page moved (see README).
+    /// The default: [`Always`](Self::Always) when a device is remote
+    /// (`Backend::remote`: every write a network round trip, which the faulting thread
+    /// should not wait for), [`WhenIdle`](Self::WhenIdle) otherwise. Resolved when the pager
+    /// is built.
     #[default]
+    Auto,
+    /// Only while the application takes no faults. While it faults, reclaim runs in the
+    /// faulting context: on VMs, `UFFDIO_MOVE` from another CPU interrupts the faulting CPU
+    /// with a TLB-shootdown IPI for every page moved (see README).
     WhenIdle,
     /// Classic kswapd: woken at the high watermark, reclaims down to the low one whatever the
     /// application does; faults reclaim only at the limit. Kept for comparison and for
@@ -154,7 +159,7 @@ impl PagerBuilder {
         self
     }
 
-    /// When the background reclaimer works (default [`BackgroundReclaim::WhenIdle`]).
+    /// When the background reclaimer works (default [`BackgroundReclaim::Auto`]).
     pub fn background_reclaim(mut self, policy: BackgroundReclaim) -> Self {
         self.background_reclaim = policy;
         self
@@ -211,6 +216,11 @@ impl PagerBuilder {
             });
             async_readers.push(d.async_reads_enabled());
         }
+        let background_reclaim = match self.background_reclaim {
+            BackgroundReclaim::Auto if backends.iter().any(|b| b.backend.remote()) => BackgroundReclaim::Always,
+            BackgroundReclaim::Auto => BackgroundReclaim::WhenIdle,
+            policy => policy,
+        };
         let devices = SwapDevices::new(backends, nr_cpus).map_err(|e| Error::OutOfAddressSpace {
             what: "swap staging area".into(),
             len_bytes: 0,
@@ -268,7 +278,7 @@ impl PagerBuilder {
             readahead_max_pages: self.readahead_max_pages,
             async_ra,
             shutdown: AtomicBool::new(false),
-            background_reclaim: self.background_reclaim,
+            background_reclaim,
             errors: ArrayQueue::new(ERROR_LOG_LEN),
             reclaimer: std::sync::OnceLock::new(),
             cow: reclaim::cow::CowBreak::new(),
@@ -846,5 +856,11 @@ impl Pager {
 
     pub fn fault_mode(&self) -> FaultMode {
         self.core.shared.mode
+    }
+
+    /// When this pager's background reclaimer works: the builder's policy, with
+    /// [`BackgroundReclaim::Auto`] resolved for its devices (never `Auto`).
+    pub fn background_reclaim(&self) -> BackgroundReclaim {
+        self.core.shared.background_reclaim
     }
 }

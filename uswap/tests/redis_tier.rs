@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use uswap::backend::redis::{redis_server_available, LocalRedis, RedisOptions};
-use uswap::{DeviceConfig, FaultMode, Pager, PAGE_SIZE};
+use uswap::{BackgroundReclaim, DeviceConfig, FaultMode, Pager, PAGE_SIZE};
 
 mod common;
 use common::*;
@@ -35,6 +35,24 @@ fn build(mode: FaultMode, limit: u64, devices: Vec<DeviceConfig>) -> Pager {
         b = b.device(d);
     }
     b.build().expect("pager")
+}
+
+/// `BackgroundReclaim::Auto` (the default) picks `Always` only with a remote device, and a
+/// policy given explicitly is kept.
+#[test]
+fn background_reclaim_auto_is_always_only_with_a_remote_device() {
+    let Some(r) = servers(1, 0, &[]) else { return };
+    let local = build(FaultMode::Thread, 16 * MIB, vec![DeviceConfig::zpool(4 * MIB)]);
+    assert_eq!(local.background_reclaim(), BackgroundReclaim::WhenIdle);
+    let remote = build(FaultMode::Thread, 16 * MIB, vec![redis_dev(&r, 64 * MIB, |_| {})]);
+    assert_eq!(remote.background_reclaim(), BackgroundReclaim::Always);
+    let chosen = Pager::builder()
+        .resident_limit(16 * MIB)
+        .background_reclaim(BackgroundReclaim::WhenIdle)
+        .device(redis_dev(&r, 64 * MIB, |_| {}))
+        .build()
+        .expect("pager");
+    assert_eq!(chosen.background_reclaim(), BackgroundReclaim::WhenIdle);
 }
 
 fn redis_cmd(addr: &str, args: &[&str]) -> redis::Value {
@@ -64,6 +82,8 @@ fn redis_keys(addr: &str) -> Vec<String> {
 fn zpool_then_redis(mode: FaultMode) {
     let Some(r) = servers(1, 0, &[]) else { return };
     let p = build(mode, 16 * MIB, vec![DeviceConfig::zpool(4 * MIB).priority(10), redis_dev(&r, 256 * MIB, |_| {})]);
+    // A remote device: the background reclaimer writes, not the faulting thread (`Auto`).
+    assert_eq!(p.background_reclaim(), BackgroundReclaim::Always);
     let mut keys_while_mapped = 0;
     let st = churn(&p, 64 * MIB, 20_000, || keys_while_mapped = redis_keys(&r.addr(0)).len());
     let dev = st.devices[1].backend.clone().expect("the redis device reports its counters");

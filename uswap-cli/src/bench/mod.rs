@@ -61,6 +61,7 @@ pub enum OnOff {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackgroundArg {
+    Auto,
     Idle,
     Always,
 }
@@ -123,9 +124,10 @@ pub struct BenchArgs {
     /// Thread mode: leave handler threads unpinned instead of one per CPU.
     #[arg(long)]
     pub unpinned_handlers: bool,
-    /// When uswap's background reclaimer works: `idle` (only while no faults arrive; the
-    /// default) or `always` (classic kswapd, from the high to the low watermark).
-    #[arg(long, value_enum, default_value_t = BackgroundArg::Idle)]
+    /// When uswap's background reclaimer works: `idle` (only while no faults arrive),
+    /// `always` (classic kswapd, from the high to the low watermark) or `auto` (the default:
+    /// `always` with a remote device, Redis, `idle` otherwise).
+    #[arg(long, value_enum, default_value_t = BackgroundArg::Auto)]
     pub background_reclaim: BackgroundArg,
     /// uswap's readahead (an engine named `uswap-MODE/ra-off` or `/ra-on` overrides it).
     #[arg(long, value_enum, default_value_t = OnOff::On)]

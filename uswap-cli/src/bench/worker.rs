@@ -72,6 +72,7 @@ impl UswapConfig {
             .fault_mode(self.fault_mode.into())
             .pin_handlers(self.pin_handlers)
             .background_reclaim(match self.background {
+                BackgroundArg::Auto => uswap::BackgroundReclaim::Auto,
                 BackgroundArg::Idle => uswap::BackgroundReclaim::WhenIdle,
                 BackgroundArg::Always => uswap::BackgroundReclaim::Always,
             });

@@ -151,6 +151,10 @@ impl Backend for FailingBackend {
         self.inner.nr_slots()
     }
 
+    fn remote(&self) -> bool {
+        self.inner.remote()
+    }
+
     fn write(&self, reqs: &mut [WriteReq<'_>]) {
         self.inner.write(reqs);
         for r in reqs.iter_mut().filter(|r| r.result.is_ok()) {

@@ -223,6 +223,14 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// Whether pages leave the machine: every write is a network round trip (a `MSET` and a
+    /// replica's acknowledgement, hundreds of µs). A pager with such a device reclaims from
+    /// its background thread by default (`BackgroundReclaim::Auto`), so that the faulting
+    /// thread does not wait for those writes (BENCHMARKS.md, "The Redis tier").
+    fn remote(&self) -> bool {
+        false
+    }
+
     /// A reader for asynchronous readahead with a buffer of `nr_pages`, if reads on this
     /// device are slow enough to overlap (see [`AsyncReader`]). Called at start-up only.
     fn async_reader(&self, _nr_pages: usize) -> Option<Box<dyn AsyncReader>> {

@@ -249,7 +249,8 @@ fn task_reclaim(p: &PagerShared) {
         return;
     }
     match p.background_reclaim {
-        BackgroundReclaim::WhenIdle => {
+        // `Auto` is resolved when the pager is built; never stored.
+        BackgroundReclaim::WhenIdle | BackgroundReclaim::Auto => {
             reclaim_round(p, true);
         }
         BackgroundReclaim::Always => {

@@ -544,6 +544,10 @@ impl Backend for RedisBackend {
         self.sh.nr_slots
     }
 
+    fn remote(&self) -> bool {
+        true
+    }
+
     fn write(&self, reqs: &mut [WriteReq<'_>]) {
         if reqs.is_empty() {
             return;
