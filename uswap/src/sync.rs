@@ -35,10 +35,13 @@
 //!    system call rule**: held across the context's reads (io_uring, ~250 µs on a file
 //!    device), because the waiter needs exactly that data; never taken on the lock-free
 //!    fault route.
-//! 3. **File-device ring locks** (`backend::file`, one [`SpinLock`] per io_uring): "try"
-//!    only, never waited on (a caller that finds every ring busy, or holds any engine lock,
-//!    uses `pread`/`pwrite`). **Exception to the no system call rule**: held across
-//!    `io_uring_enter`; harmless since nobody spins behind it.
+//! 3. **Device I/O channel locks**: one [`SpinLock`] per io_uring of a file device
+//!    (`backend::file`) and per direct-read connection of a Redis device
+//!    (`backend::redis::direct`). "Try" only, never waited on (a caller that finds every
+//!    ring busy, or holds any engine lock, uses `pread`/`pwrite`; one that finds every
+//!    connection busy hands its read to a device thread). **Exception to the no system call
+//!    rule**: held across `io_uring_enter`, and a connection's `write` and `read`s; harmless
+//!    since nobody spins behind them.
 //! 4. **Compressed pool**: a size class's lock, then the arena (free chunks) lock.
 //!    Leaves: nothing else is taken under them; no system call.
 //! 5. **Swap slots**: the per-CPU free batch lock (`swap::SwapDevices`), a leaf released
@@ -51,7 +54,7 @@
 //!    else is taken) and the pager's thread list (build and drop).
 //!
 //! **The order is asserted.** Every [`SpinLock`] has a [`LockClass`], one per lock of levels
-//! 2 to 5 in the order listed (async-readahead context, file-device ring, size class, arena,
+//! 2 to 5 in the order listed (async-readahead context, device I/O channel, size class, arena,
 //! per-CPU free batch, per-CPU cluster, cluster, device list). Each thread keeps a count of
 //! the locks it holds per class; [`SpinLock::lock`] panics, in release builds too, with
 //! "uswap invariant: lock order: taking X while holding Y" if the thread holds a lock of the
@@ -96,8 +99,10 @@ use crossbeam_utils::Backoff;
 pub enum LockClass {
     /// 2: `async_readahead::Context::io`.
     AsyncReadaheadContext = 0,
-    /// 3: one io_uring of a file device (`backend::file`); only ever try-locked.
-    FileRing,
+    /// 3: one I/O channel of a device: an io_uring of a file device (`backend::file`), a
+    /// direct-read connection of a Redis device (`backend::redis::direct`); only ever
+    /// try-locked.
+    DeviceChannel,
     /// 4: a compressed pool's size class (`backend::zpool`).
     ZpoolSizeClass,
     /// 4: a compressed pool's arena of free chunks (`backend::zpool`).
@@ -121,7 +126,7 @@ const _: () = assert!((LockClass::SwapDeviceLists as u32 + 1) * CLASS_BITS <= u6
 impl LockClass {
     const ALL: [LockClass; 8] = [
         LockClass::AsyncReadaheadContext,
-        LockClass::FileRing,
+        LockClass::DeviceChannel,
         LockClass::ZpoolSizeClass,
         LockClass::ZpoolArena,
         LockClass::SwapFreeBatch,
@@ -134,7 +139,7 @@ impl LockClass {
     pub const fn name(self) -> &'static str {
         match self {
             LockClass::AsyncReadaheadContext => "the async-readahead context lock",
-            LockClass::FileRing => "a file-device ring lock",
+            LockClass::DeviceChannel => "a device I/O channel lock (file-device ring, Redis connection)",
             LockClass::ZpoolSizeClass => "a compressed-pool size class lock",
             LockClass::ZpoolArena => "the compressed-pool arena lock",
             LockClass::SwapFreeBatch => "a swap-slot per-CPU free batch lock",
@@ -402,7 +407,7 @@ mod tests {
         let own = SpinLock::new(LockClass::SwapPerCpuCluster, 1u32);
         let others: Vec<_> = (2..5u32).map(|v| SpinLock::new(LockClass::SwapPerCpuCluster, v)).collect();
         let lists = SpinLock::new(LockClass::SwapDeviceLists, 9u32);
-        let ring = SpinLock::new(LockClass::FileRing, 0u32);
+        let ring = SpinLock::new(LockClass::DeviceChannel, 0u32);
         let _own = own.lock();
         let _lists = lists.lock();
         // Same class and earlier classes are tried, never waited for: allowed.
@@ -412,7 +417,7 @@ mod tests {
         assert_eq!(locks_held_by_this_thread(), 6);
         let held = HELD.with(|h| h.get());
         assert_eq!((held / LockClass::SwapPerCpuCluster.unit()) & CLASS_MASK, 4);
-        assert_eq!((held / LockClass::FileRing.unit()) & CLASS_MASK, 1);
+        assert_eq!((held / LockClass::DeviceChannel.unit()) & CLASS_MASK, 1);
         // A held one fails and counts nothing.
         assert!(others[0].try_lock().is_none());
         assert_eq!(locks_held_by_this_thread(), 6);

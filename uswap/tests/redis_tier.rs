@@ -538,3 +538,61 @@ fn unacknowledged_writes_keep_their_pages_in_ram() {
     assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
     drop(region);
 }
+
+/// Reads are made by the calling thread on a connection of its own (`direct.rs`), every
+/// byte checked; after the primary dies, those connections are stale and reads go through
+/// the device threads, which follow the promoted replica; then the calling thread reads
+/// directly again, from the new primary.
+#[test]
+fn reads_go_direct_and_follow_a_failover() {
+    use uswap::backend::redis::RedisBackend;
+    use uswap::backend::{AlignedPage, Backend, ReadReq, WriteReq};
+    let Some(mut r) = servers(1, 1, &[]) else { return };
+    let mut opts = RedisOptions::new(r.seeds(0));
+    opts.replicas = 1;
+    let dev = RedisBackend::open(&opts, 256).expect("device");
+    const N: usize = 64;
+    let pattern = |i: usize| {
+        let mut p = AlignedPage([0; PAGE_SIZE]);
+        for (k, b) in p.0.iter_mut().enumerate() {
+            *b = (k as u8).wrapping_mul(7) ^ (i as u8).wrapping_add(1);
+        }
+        p
+    };
+    let pages: Vec<AlignedPage> = (0..N).map(pattern).collect();
+    let mut w = [WriteReq::new(10, uswap::backend::PageRun::from_pages(&pages))];
+    dev.write(&mut w);
+    assert!(w[0].result.is_ok(), "{:?}", w[0].result);
+    let read_all = |what: &str| {
+        for window in 0..N / 32 {
+            let mut buf = vec![AlignedPage([0; PAGE_SIZE]); 32];
+            let (a, b) = buf.split_at_mut(8);
+            let mut reqs = [ReadReq::new(10 + 32 * window as u64, a), ReadReq::new(18 + 32 * window as u64, b)];
+            dev.read(&mut reqs);
+            for q in &reqs {
+                assert!(q.result.is_ok(), "{what}: {:?}", q.result);
+            }
+            for (k, p) in buf.iter().enumerate() {
+                assert!(p.0 == pattern(32 * window + k).0, "{what}: page {} read back wrong", 32 * window + k);
+            }
+        }
+    };
+    read_all("before the failover");
+    let s = dev.redis_stats();
+    assert_eq!(s.direct_reads, (N / 32) as u64, "every window read by the calling thread: {s:?}");
+    r.kill(r.primary_index(0));
+    let alive: Vec<usize> = (0..r.len()).filter(|&k| r.pid(k).is_some()).collect();
+    promote_most_up_to_date(&r, &alive);
+    read_all("right after the failover");
+    let after = dev.redis_stats();
+    assert_eq!(after.direct_reads, s.direct_reads, "a connection to the dead primary was used: {after:?}");
+    assert!(after.failovers >= 1, "{after:?}");
+    // The device threads make the connections again (at most every 200 ms).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dev.redis_stats().direct_reads == after.direct_reads {
+        assert!(Instant::now() < deadline, "reads never went direct again: {:?}", dev.redis_stats());
+        std::thread::sleep(Duration::from_millis(50));
+        read_all("later");
+    }
+    assert_eq!(dev.redis_stats().corrupt_pages + dev.redis_stats().missing_pages, 0);
+}

@@ -27,7 +27,7 @@ use std::io;
 
 use thiserror::Error;
 
-use crate::mapping::PageRun;
+pub use crate::mapping::PageRun;
 use crate::uffd::PAGE_SIZE;
 
 /// A failed backend operation, with the slot it concerns.

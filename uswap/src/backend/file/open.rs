@@ -395,7 +395,7 @@ impl FileBackend {
         let mut ring_error = None;
         for _ in 0..options.rings {
             match new_ring(file.as_raw_fd(), options.queue_depth) {
-                Ok(r) => rings.push(CachePadded::new(SpinLock::new(LockClass::FileRing, r))),
+                Ok(r) => rings.push(CachePadded::new(SpinLock::new(LockClass::DeviceChannel, r))),
                 Err(e) => {
                     // io_uring disabled (sysctl kernel.io_uring_disabled, seccomp) or out of
                     // locked memory: serve everything with system calls; say why on request.

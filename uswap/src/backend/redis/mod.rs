@@ -10,6 +10,8 @@
 //! authenticated (AES-256-GCM, key per pager in memory or derived from a file's), or in clear
 //! with a crc32c. Every read checks its value; a mismatch is a checksum error.
 //!
+//! * `direct.rs`: reads by the faulting thread itself, on a connection it try-locks (no
+//!   hand-off; anything unexpected goes to the device threads);
 //! * `jobs.rs`: how callers hand requests to the device threads without allocating or
 //!   locking (the read path may run in a SIGBUS handler);
 //! * `worker.rs`: the device threads: one round trip per batch (`MGET` per readahead window,
@@ -22,9 +24,10 @@
 //!
 //! # Locking rules
 //!
-//! None on the caller side: `read`, `write`, `invalidate` and the asynchronous reader use
-//! atomics, lock-free queues and futexes only, and allocate nothing (see `jobs.rs`). The
-//! device threads own their connections.
+//! On the caller side `read`, `write`, `invalidate` and the asynchronous reader use atomics,
+//! lock-free queues and futexes, and allocate nothing (see `jobs.rs`); `read` first
+//! try-locks a direct connection (`direct.rs`, the only lock). The device threads own their
+//! connections.
 //!
 //! # Invariants
 //!
@@ -37,6 +40,7 @@
 //!   pager from the store.
 
 mod codec;
+mod direct;
 mod jobs;
 mod local;
 mod worker;
@@ -163,6 +167,7 @@ struct Counters {
     reject_full: AtomicU64,
     deletes: AtomicU64,
     delete_errors: AtomicU64,
+    direct_reads: AtomicU64,
 }
 
 /// Counters of a Redis device (monotonic unless said otherwise).
@@ -170,6 +175,8 @@ struct Counters {
 pub struct RedisStats {
     /// Read round trips (`MGET`s) and write round trips (`MSET`s) that succeeded.
     pub reads: u64,
+    /// Of `reads`, those the faulting thread made itself (`direct.rs`).
+    pub direct_reads: u64,
     pub writes: u64,
     /// Pages stored now.
     pub stored_pages: u64,
@@ -210,6 +217,8 @@ struct Shared {
     failover_timeout_ns: u64,
     poll_ns: u64,
     counters: Counters,
+    /// Connections for reads by the faulting threads.
+    direct: direct::Direct,
     /// The last thing the device threads had to say (failovers, errors), also on stderr.
     last_note: Mutex<String>,
 }
@@ -351,8 +360,10 @@ impl RedisBackend {
             failover_timeout_ns: opts.failover_timeout_ms.saturating_mul(1_000_000),
             poll_ns: u64::from(opts.poll_us) * 1000,
             counters: Counters::default(),
+            direct: direct::Direct::new(),
             last_note: Mutex::new(String::new()),
         });
+        sh.direct.maintain(&sh, true);
         let mut threads = Vec::new();
         for i in 0..opts.connections.max(1) {
             let w = Worker::new(Arc::clone(&sh));
@@ -391,6 +402,7 @@ impl RedisBackend {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RedisStats {
             reads: l(&c.reads),
+            direct_reads: l(&c.direct_reads),
             writes: l(&c.writes),
             stored_pages: l(&c.stored_pages),
             missing_pages: l(&c.missing),
@@ -562,7 +574,7 @@ impl Backend for RedisBackend {
     }
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
-        if reqs.is_empty() {
+        if reqs.is_empty() || self.sh.direct.read(&self.sh, reqs) {
             return;
         }
         let work = Work::Read { reqs: reqs.as_mut_ptr().cast(), n: reqs.len() };

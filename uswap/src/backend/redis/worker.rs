@@ -92,6 +92,7 @@ impl Worker {
     pub(super) fn run(mut self) {
         let sh = Arc::clone(&self.sh);
         loop {
+            sh.direct.maintain(&sh, false);
             let bell = sh.jobs.doorbell.load(Ordering::Acquire);
             if let Some((i, work)) = sh.jobs.take() {
                 // A bug here must not leave a caller waiting forever: its requests fail.

@@ -1,0 +1,445 @@
+//! Reads by the faulting thread itself: a readahead window's `MGET` on a connection of the
+//! device's, without the hand-off to a device thread.
+//!
+//! # Job
+//!
+//! Through a device thread a read costs two cross-CPU wake-ups on top of Redis's own round
+//! trip: the fault wakes the thread, the thread wakes the fault. On these VMs (a woken vCPU
+//! leaves `hlt`) that was a third of a random fault's 56 µs (BENCHMARKS.md, "The Redis
+//! tier"). [`Direct::read`] does the round trip on the faulting thread: it try-locks one of
+//! [`DIRECT_CONNECTIONS`] connections to the primary, writes `MGET` with the keys formatted
+//! in place, reads the reply until it is whole and opens each value into its page.
+//!
+//! It speaks RESP by hand rather than through the `redis` crate because the crate allocates,
+//! and this runs inside a SIGBUS handler in signal mode: each connection's command and reply
+//! buffers are allocated when it is made, and the only calls are `write`, `read` and `close`,
+//! which are async-signal-safe. The protocol needed is small: one command, whose reply is an
+//! array of bulk strings or nulls.
+//!
+//! Anything unexpected (no free connection, a connection to a former primary, an error
+//! reply, a timeout, a reply that does not parse or does not fit) gives the read back to the
+//! device threads (`read` returns false), which follow failovers and report errors. A
+//! connection that failed is closed, since its stream may be out of step, and marked for a
+//! device thread to make again ([`Direct::maintain`]).
+//!
+//! # Locking rules
+//!
+//! Each connection is a [`SpinLock`] of class `DeviceChannel` (`crate::sync`), only ever
+//! try-locked, and held across its `write` and `read`s (the class's exception to the no
+//! system call rule): a reader that finds every connection busy uses the device threads.
+//!
+//! # Invariants
+//!
+//! * A connection in the table is in step: no reply is pending on it. A round trip that did
+//!   not end with a whole reply closes it.
+//! * A connection is used only while it is to the current primary (`Shared::primary`).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use super::codec::VALUE_BYTES;
+use super::Shared;
+use crate::backend::{BackendError, ReadReq};
+use crate::mapping::now_ns;
+use crate::readahead::MAX_WINDOW_PAGES;
+use crate::sync::{LockClass, SpinLock};
+
+/// Connections for reads by faulting threads (more threads than this at once use the
+/// device threads).
+pub const DIRECT_CONNECTIONS: usize = 4;
+/// The longest key: `uswap:` + a session (at most 64) + `.` + 16 hex digits + `:` (the
+/// prefix) + two decimal u64s and a `:`.
+const MAX_KEY_BYTES: usize = 88 + 2 * 20 + 1;
+/// Room for one key in a command: `$LEN\r\nKEY\r\n`.
+const KEY_ARG_BYTES: usize = MAX_KEY_BYTES + 8;
+/// Room for one value in a reply: `$LEN\r\nVALUE\r\n`.
+const VALUE_REPLY_BYTES: usize = VALUE_BYTES + 16;
+/// How often device threads try to make missing connections again.
+const RECONNECT_PERIOD_NS: u64 = 200_000_000;
+
+struct Conn {
+    /// The seed index it is connected to, and the stream; `None` after a failure.
+    stream: Option<(usize, TcpStream)>,
+    cmd: Box<[u8]>,
+    reply: Box<[u8]>,
+}
+
+pub(super) struct Direct {
+    conns: Box<[CachePadded<SpinLock<Conn>>]>,
+    /// Some connection is missing or to a former primary.
+    stale: AtomicBool,
+    /// When a device thread last tried to make connections ([`now_ns`]).
+    last_try_ns: AtomicU64,
+}
+
+/// How a reply parses so far.
+#[derive(Debug, PartialEq, Eq)]
+enum Parse {
+    /// Whole: this many bytes.
+    Done(usize),
+    /// Not yet whole.
+    More,
+    /// Not an array of `n` bulk strings or nulls of at most the expected size (an error
+    /// reply among them).
+    Bad,
+}
+
+impl Direct {
+    pub(super) fn new() -> Direct {
+        let conns = (0..DIRECT_CONNECTIONS)
+            .map(|_| {
+                CachePadded::new(SpinLock::new(
+                    LockClass::DeviceChannel,
+                    Conn {
+                        stream: None,
+                        cmd: vec![0u8; 32 + MAX_WINDOW_PAGES * KEY_ARG_BYTES].into_boxed_slice(),
+                        reply: vec![0u8; 32 + MAX_WINDOW_PAGES * VALUE_REPLY_BYTES].into_boxed_slice(),
+                    },
+                ))
+            })
+            .collect();
+        Direct { conns, stale: AtomicBool::new(true), last_try_ns: AtomicU64::new(0) }
+    }
+
+    /// Makes the missing connections (or those to a former primary) to the current primary.
+    /// Device threads only (it allocates); at most every [`RECONNECT_PERIOD_NS`] unless
+    /// `now`.
+    pub(super) fn maintain(&self, sh: &Shared, now: bool) {
+        if !self.stale.load(Ordering::Acquire) {
+            return;
+        }
+        let t = now_ns();
+        let last = self.last_try_ns.load(Ordering::Relaxed);
+        if !now && t < last + RECONNECT_PERIOD_NS {
+            return;
+        }
+        if self.last_try_ns.compare_exchange(last, t, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            return; // another device thread is at it
+        }
+        let primary = sh.primary.load(Ordering::Acquire);
+        let mut all = true;
+        for c in self.conns.iter() {
+            let Some(mut c) = c.try_lock() else { continue };
+            if matches!(&c.stream, Some((seed, _)) if *seed == primary) {
+                continue;
+            }
+            c.stream = connect(&sh.seeds[primary], sh.io_timeout()).map(|s| (primary, s));
+            all &= c.stream.is_some();
+        }
+        if all && sh.primary.load(Ordering::Acquire) == primary {
+            self.stale.store(false, Ordering::Release);
+        }
+    }
+
+    /// Reads `reqs` on the calling thread. True if it did (each request's `result` set, as the
+    /// device threads would set it); false if the device threads should (nothing changed).
+    /// Async-signal-safe: no allocation, only `write`, `read` and `close`.
+    pub(super) fn read(&self, sh: &Shared, reqs: &mut [ReadReq<'_>]) -> bool {
+        let mut gens = [0u64; MAX_WINDOW_PAGES];
+        let mut n = 0;
+        for r in reqs.iter() {
+            let nr = r.buf.len();
+            if n + nr > MAX_WINDOW_PAGES || r.slot.checked_add(nr as u64).is_none_or(|e| e > sh.nr_slots) {
+                return false;
+            }
+            for p in 0..nr {
+                let generation = sh.gens[(r.slot + p as u64) as usize].load(Ordering::Acquire);
+                if generation == 0 {
+                    return false; // the device threads say which slot is empty
+                }
+                gens[n] = generation;
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return false;
+        }
+        let primary = sh.primary.load(Ordering::Acquire);
+        for c in self.conns.iter() {
+            let Some(mut c) = c.try_lock() else { continue };
+            match &c.stream {
+                Some((seed, _)) if *seed == primary => {}
+                Some(_) => {
+                    c.stream = None;
+                    self.stale.store(true, Ordering::Release);
+                    continue;
+                }
+                None => continue,
+            }
+            let conn = &mut *c;
+            let done = round_trip(sh, conn, reqs, &gens[..n]);
+            if !done {
+                conn.stream = None;
+                self.stale.store(true, Ordering::Release);
+            }
+            return done;
+        }
+        false
+    }
+}
+
+/// Connects to `addr` for direct reads: no Nagle, socket timeouts (a timed-out read gives
+/// the request back).
+fn connect(addr: &str, io_timeout: Duration) -> Option<TcpStream> {
+    let sa = addr.to_socket_addrs().ok()?.next()?;
+    let s = TcpStream::connect_timeout(&sa, Duration::from_millis(250)).ok()?;
+    s.set_nodelay(true).ok()?;
+    s.set_read_timeout(Some(io_timeout)).ok()?;
+    s.set_write_timeout(Some(io_timeout)).ok()?;
+    Some(s)
+}
+
+/// One `MGET` of the pages of `reqs` (generations `gens`, in order) on `conn`, which is in
+/// step. True if a whole reply came and every request's result is set.
+fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u64]) -> bool {
+    let Some((_, stream)) = conn.stream.as_mut() else { return false };
+    let Some(cmd_len) = mget_command(&mut conn.cmd, sh.prefix.as_bytes(), reqs, gens) else { return false };
+    if stream.write_all(&conn.cmd[..cmd_len]).is_err() {
+        return false;
+    }
+    let value_len = sh.sealer.value_bytes();
+    let mut len = 0;
+    // Bounded: each pass reads at least one byte into the fixed buffer or fails.
+    let whole = loop {
+        match parse_mget(&conn.reply[..len], gens.len(), value_len, |_, _| {}) {
+            Parse::Done(l) => break l,
+            Parse::Bad => return false,
+            Parse::More if len == conn.reply.len() => return false,
+            Parse::More => {}
+        }
+        match stream.read(&mut conn.reply[len..]) {
+            Ok(0) => return false,
+            Ok(got) => len += got,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    };
+    if whole != len {
+        return false; // more than the reply: out of step
+    }
+    // Where each value goes: (request, page in request, generation).
+    let mut at = [(0u32, 0u32); MAX_WINDOW_PAGES];
+    let mut i = 0;
+    for (k, r) in reqs.iter_mut().enumerate() {
+        r.result = Ok(());
+        for p in 0..r.buf.len() {
+            at[i] = (k as u32, p as u32);
+            i += 1;
+        }
+    }
+    parse_mget(&conn.reply[..len], gens.len(), value_len, |i, value| {
+        let (k, p) = (at[i].0 as usize, at[i].1 as usize);
+        let r = &mut reqs[k];
+        if r.result.is_err() {
+            return;
+        }
+        let slot = r.slot + p as u64;
+        match value {
+            None => {
+                sh.counters.missing.fetch_add(1, Ordering::Relaxed);
+                r.result = Err(BackendError::Remote {
+                    slot,
+                    why: "the page is missing from the store (lost with a primary that had no up-to-date replica)",
+                });
+            }
+            Some(v) => {
+                if sh.sealer.open(slot, gens[i], v, &mut r.buf[p].0).is_err() {
+                    sh.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+                    r.result = Err(BackendError::Corrupt { slot });
+                }
+            }
+        }
+    });
+    sh.counters.reads.fetch_add(1, Ordering::Relaxed);
+    sh.counters.direct_reads.fetch_add(1, Ordering::Relaxed);
+    true
+}
+
+/// Writes `*N\r\n$4\r\nMGET\r\n` and one `$LEN\r\nKEY\r\n` per page into `buf`; the length,
+/// or None if it does not fit.
+fn mget_command(buf: &mut [u8], prefix: &[u8], reqs: &[ReadReq<'_>], gens: &[u64]) -> Option<usize> {
+    let mut w = Cursor { buf, at: 0 };
+    w.put(b"*")?;
+    w.decimal(gens.len() as u64 + 1)?;
+    w.put(b"\r\n$4\r\nMGET\r\n")?;
+    let mut i = 0;
+    for r in reqs {
+        for p in 0..r.buf.len() as u64 {
+            let (slot, generation) = (r.slot + p, gens[i]);
+            let key_len = prefix.len() + decimal_len(slot) + 1 + decimal_len(generation);
+            w.put(b"$")?;
+            w.decimal(key_len as u64)?;
+            w.put(b"\r\n")?;
+            w.put(prefix)?;
+            w.decimal(slot)?;
+            w.put(b":")?;
+            w.decimal(generation)?;
+            w.put(b"\r\n")?;
+            i += 1;
+        }
+    }
+    Some(w.at)
+}
+
+struct Cursor<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn put(&mut self, bytes: &[u8]) -> Option<()> {
+        let end = self.at.checked_add(bytes.len()).filter(|&e| e <= self.buf.len())?;
+        self.buf[self.at..end].copy_from_slice(bytes);
+        self.at = end;
+        Some(())
+    }
+
+    fn decimal(&mut self, v: u64) -> Option<()> {
+        let mut digits = [0u8; 20];
+        let n = decimal_len(v);
+        let mut x = v;
+        for d in digits[..n].iter_mut().rev() {
+            *d = b'0' + (x % 10) as u8;
+            x /= 10;
+        }
+        self.put(&digits[..n])
+    }
+}
+
+fn decimal_len(v: u64) -> usize {
+    v.checked_ilog10().map_or(1, |l| l as usize + 1)
+}
+
+/// Parses an `MGET` reply of `n` values, each a bulk string of exactly `value_len` bytes or
+/// a null, calling `each(i, value)` for every value once the reply is whole (nothing is
+/// called otherwise).
+fn parse_mget(buf: &[u8], n: usize, value_len: usize, mut each: impl FnMut(usize, Option<&[u8]>)) -> Parse {
+    // First pass checks, second calls: `each` sees nothing of a reply that is not whole.
+    for call in [false, true] {
+        let mut at = match line(buf, 0, b'*') {
+            Line::Int(count, next) if count == n as i64 => next,
+            Line::Int(..) | Line::Bad => return Parse::Bad,
+            Line::More => return Parse::More,
+        };
+        for i in 0..n {
+            match line(buf, at, b'$') {
+                Line::Int(-1, next) => {
+                    if call {
+                        each(i, None);
+                    }
+                    at = next;
+                }
+                Line::Int(l, next) if l == value_len as i64 => {
+                    let end = next + value_len;
+                    if buf.len() < end + 2 {
+                        return Parse::More;
+                    }
+                    if &buf[end..end + 2] != b"\r\n" {
+                        return Parse::Bad;
+                    }
+                    if call {
+                        each(i, Some(&buf[next..end]));
+                    }
+                    at = end + 2;
+                }
+                // A value of another size is no page of ours: let the device threads say so.
+                Line::Int(..) | Line::Bad => return Parse::Bad,
+                Line::More => return Parse::More,
+            }
+        }
+        if call {
+            return Parse::Done(at);
+        }
+    }
+    Parse::Bad
+}
+
+enum Line {
+    /// The integer and where the next line starts.
+    Int(i64, usize),
+    More,
+    /// Another type than `kind` (an error reply), or not a number.
+    Bad,
+}
+
+/// Reads a `KIND<integer>\r\n` line at `at`.
+fn line(buf: &[u8], at: usize, kind: u8) -> Line {
+    let Some(&first) = buf.get(at) else { return Line::More };
+    if first != kind {
+        return Line::Bad;
+    }
+    let mut i = at + 1;
+    let neg = buf.get(i) == Some(&b'-');
+    if neg {
+        i += 1;
+    }
+    let start = i;
+    let mut v: i64 = 0;
+    // Bounded: 19 digits at most.
+    while let Some(&b) = buf.get(i) {
+        if !b.is_ascii_digit() || i - start >= 19 {
+            break;
+        }
+        v = v * 10 + i64::from(b - b'0');
+        i += 1;
+    }
+    match (buf.get(i), buf.get(i + 1)) {
+        (None, _) | (Some(b'\r'), None) => Line::More,
+        (Some(b'\r'), Some(b'\n')) if i > start => Line::Int(if neg { -v } else { v }, i + 2),
+        _ => Line::Bad,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(buf: &[u8], n: usize, len: usize) -> (Parse, Vec<Option<Vec<u8>>>) {
+        let mut out = Vec::new();
+        let p = parse_mget(buf, n, len, |i, v| {
+            assert_eq!(i, out.len());
+            out.push(v.map(<[u8]>::to_vec));
+        });
+        (p, out)
+    }
+
+    #[test]
+    fn mget_replies_parse_only_when_whole_and_as_asked() {
+        let reply = b"*3\r\n$3\r\nabc\r\n$-1\r\n$3\r\nxyz\r\n";
+        let (p, v) = collect(reply, 3, 3);
+        assert_eq!(p, Parse::Done(reply.len()));
+        assert_eq!(v, vec![Some(b"abc".to_vec()), None, Some(b"xyz".to_vec())]);
+        // Every proper prefix wants more, and calls nothing.
+        for cut in 0..reply.len() {
+            let (p, v) = collect(&reply[..cut], 3, 3);
+            assert_eq!(p, Parse::More, "cut at {cut}");
+            assert!(v.is_empty());
+        }
+        // Another count, another value size, an error reply, a broken terminator: refused.
+        assert_eq!(collect(reply, 2, 3).0, Parse::Bad);
+        assert_eq!(collect(reply, 3, 4).0, Parse::Bad);
+        assert_eq!(collect(b"-READONLY You can't write\r\n", 3, 3).0, Parse::Bad);
+        assert_eq!(collect(b"*1\r\n$3\r\nabcXY", 1, 3).0, Parse::Bad);
+        assert_eq!(collect(b"*1\r\n$x\r\n", 1, 3).0, Parse::Bad);
+    }
+
+    #[test]
+    fn mget_commands_name_every_key_and_refuse_what_does_not_fit() {
+        let mut pages = vec![crate::backend::AlignedPage([0; crate::uffd::PAGE_SIZE]); 3];
+        let (a, b) = pages.split_at_mut(2);
+        let reqs = [ReadReq::new(9, a), ReadReq::new(100, b)];
+        let mut buf = vec![0u8; 256];
+        let n = mget_command(&mut buf, b"uswap:ab:", &reqs, &[7, 12345, 1]).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&buf[..n]).unwrap(),
+            "*4\r\n$4\r\nMGET\r\n$12\r\nuswap:ab:9:7\r\n$17\r\nuswap:ab:10:12345\r\n$14\r\nuswap:ab:100:1\r\n"
+        );
+        assert!(mget_command(&mut buf[..40], b"uswap:ab:", &reqs, &[7, 12345, 1]).is_none());
+        assert_eq!(decimal_len(0), 1);
+        assert_eq!(decimal_len(u64::MAX), 20);
+    }
+}
