@@ -111,7 +111,7 @@ impl DeviceConfig {
 
     /// A Redis device: pages in the primary among `seeds` (`HOST:PORT`, the primary and its
     /// replicas in any order), up to `capacity_bytes` of pages. Each page is stored under a
-    /// key with a prefix random per pager, encrypted and authenticated (XChaCha20-Poly1305,
+    /// key with a prefix random per pager, encrypted and authenticated (AES-256-GCM,
     /// a key generated per pager and kept in memory) unless [`DeviceConfig::redis_options`]
     /// says otherwise. The server must use `maxmemory-policy noeviction` (a full store
     /// declines pages: they stay in RAM or go to the next device); Redis Cluster is refused.
