@@ -185,6 +185,15 @@ fn entry_block(
     notes.push("latency per access (per page on sequential sides)".into());
     notes.push("errors: accesses that read wrong data, all runs".into());
     s += &format!("{}.", notes.join("; "));
+    // TLB shootdowns (`/proc/interrupts`, the whole machine) per major fault, median run:
+    // the cost of every `UFFDIO_MOVE` flush on a machine with more CPUs.
+    let shootdowns: Vec<String> = results
+        .iter()
+        .filter_map(|r| bench::kernel::interrupts::per_major_fault(&r.stats).map(|x| format!("{} {x:.2}", r.engine)))
+        .collect();
+    if !shootdowns.is_empty() {
+        s += &format!(" TLB shootdowns per major fault: {}.", shootdowns.join(", "));
+    }
     for r in results.iter().filter(|r| r.oom_kills > 0 && r.side != bench::workload::Side::Random) {
         s += &format!(
             " The kernel's OOM killer ended {} attempt(s) of {}, which were run again.",

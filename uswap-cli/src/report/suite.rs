@@ -73,6 +73,24 @@ pub const SUITE: &[Entry] = &[
                --engines kernel-zram,uswap-signal,uswap-thread,uswap-signal@zpool,uswap-thread@zpool",
     },
     Entry {
+        id: "threads-2",
+        title: "Threads: 2 application threads, random over the pool",
+        args: "--workload memtouch --pattern random --threads 2 --wss 1GiB --limit 256MiB --accesses 500000 \
+               --engines kernel-zram,uswap-signal@zpool,uswap-thread@zpool",
+    },
+    Entry {
+        id: "threads-8",
+        title: "Threads: 8 application threads on the 2 vCPUs, random over the pool",
+        args: "--workload memtouch --pattern random --threads 8 --wss 1GiB --limit 256MiB --accesses 500000 \
+               --engines kernel-zram,uswap-signal@zpool,uswap-thread@zpool",
+    },
+    Entry {
+        id: "threads-32",
+        title: "Threads: 32 application threads on the 2 vCPUs, random over the pool",
+        args: "--workload memtouch --pattern random --threads 32 --wss 1GiB --limit 256MiB --accesses 500000 \
+               --engines kernel-zram,uswap-signal@zpool,uswap-thread@zpool",
+    },
+    Entry {
         id: "readahead-random",
         title: "Readahead: uniform random access with readahead on and off",
         args: "--workload memtouch --pattern random --wss 1GiB --limit 256MiB --accesses 500000 \
