@@ -317,7 +317,15 @@ fn run_stack_workload(devices: Vec<DeviceConfig>) -> (uswap::Stats, usize) {
 #[test]
 fn signal_handler_stack_use_is_within_the_documented_bound() {
     let mut worst = 0;
-    for (name, devices) in stack_configs() {
+    let mut configs = stack_configs();
+    // The Redis device's faults read on the faulting thread (`backend/redis/direct.rs`).
+    let redis = uswap::backend::redis::redis_server_available()
+        .then(|| uswap::backend::redis::LocalRedis::start(1, 0, &[]).expect("local redis server starts"));
+    match &redis {
+        Some(r) => configs.push(("redis", vec![DeviceConfig::redis(r.seeds(0), 32 * MIB)])),
+        None => eprintln!("SKIPPED the redis device: redis-server is not installed"),
+    }
+    for (name, devices) in configs {
         let used = std::thread::Builder::new()
             .stack_size(1 << 20)
             .spawn(move || {

@@ -187,10 +187,16 @@ fn entry_block(
     s += &format!("{}.", notes.join("; "));
     // TLB shootdowns (`/proc/interrupts`, the whole machine) per major fault, median run:
     // the cost of every `UFFDIO_MOVE` flush on a machine with more CPUs.
-    let shootdowns: Vec<String> = results
-        .iter()
-        .filter_map(|r| bench::kernel::interrupts::per_major_fault(&r.stats).map(|x| format!("{} {x:.2}", r.engine)))
-        .collect();
+    // (A combined run has a row per side of one engine, with the same counters: named once.)
+    let mut shootdowns: Vec<String> = vec![];
+    for (i, r) in results.iter().enumerate() {
+        if results[..i].iter().any(|o| o.engine == r.engine) {
+            continue;
+        }
+        if let Some(x) = bench::kernel::interrupts::per_major_fault(&r.stats) {
+            shootdowns.push(format!("{} {x:.2}", r.engine));
+        }
+    }
     if !shootdowns.is_empty() {
         s += &format!(" TLB shootdowns per major fault: {}.", shootdowns.join(", "));
     }
