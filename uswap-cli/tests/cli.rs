@@ -429,6 +429,35 @@ fn report_rewrites_only_the_generated_blocks() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An entry whose bench fails (here: a file device in a directory that does not exist) keeps
+/// its section's earlier figures, and the report goes on to the next entry; the exit status
+/// says something failed, and which entries to run again.
+#[test]
+fn report_goes_on_past_an_entry_that_fails() {
+    let dir = tmpdir("report-fails");
+    let md = dir.join("BENCHMARKS.md");
+    let block = "<!-- BEGIN GENERATED engine-core: written by `uswap report`, edit outside the markers -->\nold figures\n<!-- END GENERATED engine-core -->";
+    std::fs::write(&md, format!("# Benchmarks\n\n## Engine core\n\n{block}\n")).unwrap();
+    let out = uswap()
+        .args(["report", "--out", md.to_str().unwrap(), "--only", "engine-core,readahead-random"])
+        .args(["--engines", "uswap-signal@file:/nonexistent-uswap-dir/swap", "--shrink", "64", "--runs", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for id in ["engine-core", "readahead-random"] {
+        assert!(
+            err.contains(&format!("suite entry {id}: swap device /nonexistent-uswap-dir/swap")),
+            "{id} not tried:\n{err}"
+        );
+    }
+    assert!(err.contains("rerun them with --only engine-core,readahead-random"), "{err}");
+    let doc = std::fs::read_to_string(&md).unwrap();
+    assert!(doc.contains(block), "the failed entry's figures were not kept:\n{doc}");
+    assert!(doc.contains("**Machine:**"), "{doc}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 // ---------------------------------------------------------------------------------------
 // Kernel engines: root, zram, a memory controller; they change the machine's swap.
 // ---------------------------------------------------------------------------------------

@@ -57,6 +57,10 @@ pub enum ReportError {
     Bench { id: String, source: BenchError },
     #[error("{path}: {source}; give --out a writable Markdown file")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "entries that failed kept their earlier figures: {ids}; rerun them with --only {ids} (each failure is above)"
+    )]
+    Failed { ids: String },
 }
 
 /// Parses `uswap bench` flags the way the command line does.
@@ -258,10 +262,25 @@ fn run(r: &ReportArgs) -> Result<(), ReportError> {
     doc = replace_block(&doc, "machine", "", &machine.join("\n\n"));
     write_doc(&r.out, &doc)?;
     let mut sitting = Sitting::default();
+    let mut failed: Vec<&str> = vec![];
     for (e, shown, args) in &planned {
         println!("== {}: uswap bench {shown}", e.id);
-        let results =
-            bench::run(args, &mut sitting).map_err(|source| ReportError::Bench { id: e.id.to_string(), source })?;
+        let results = match bench::run(args, &mut sitting) {
+            Ok(results) => results,
+            Err(BenchError::Interrupted) => {
+                return Err(ReportError::Bench { id: e.id.to_string(), source: BenchError::Interrupted })
+            }
+            // One entry that fails (the kernel's OOM killer ending a kernel engine's workload
+            // more often than --oom-retries allows, say) does not cost the rest of the suite.
+            Err(source) => {
+                eprintln!(
+                    "uswap report: {}; its section keeps its earlier figures",
+                    ReportError::Bench { id: e.id.to_string(), source }
+                );
+                failed.push(e.id);
+                continue;
+            }
+        };
         let engines = bench::engines_of(args).map_err(|source| ReportError::Bench { id: e.id.to_string(), source })?;
         let baseline = bench::baseline_of(args, &engines).ok().flatten();
         print!("{}", table::build(&results, baseline.as_deref()).to_text());
@@ -272,6 +291,9 @@ fn run(r: &ReportArgs) -> Result<(), ReportError> {
         write_doc(&r.out, &doc)?;
     }
     println!("wrote {} and plots in {}", r.out.display(), plots_dir.display());
+    if !failed.is_empty() {
+        return Err(ReportError::Failed { ids: failed.join(",") });
+    }
     Ok(())
 }
 
