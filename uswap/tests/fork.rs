@@ -65,14 +65,19 @@ fn settles_under_limit(p: &Pager) -> uswap::Stats {
     }
 }
 
-fn parent_pages_out_while_the_child_shares_them(mode: FaultMode) {
-    let pager = Pager::builder()
+/// A pager of `LIMIT` on a RAM device, whose regions a fork child inherits.
+fn forking_pager(mode: FaultMode) -> Pager {
+    Pager::builder()
         .resident_limit(LIMIT)
         .fault_mode(mode)
         .device(DeviceConfig::ram(2 * WSS))
         .regions_survive_fork(true)
         .build()
-        .expect("pager");
+        .expect("pager")
+}
+
+fn parent_pages_out_while_the_child_shares_them(mode: FaultMode) {
+    let pager = forking_pager(mode);
     let mut region = pager.map(WSS as usize).expect("map");
     let pages = WSS as usize / PAGE_SIZE;
     let w = region_words(&mut region);
@@ -237,13 +242,7 @@ fn child_rearms_and_pages(mode: FaultMode, hold: uswap::ForkHold, pages: usize, 
 }
 
 fn fork_child_rearms_and_both_page(mode: FaultMode) {
-    let pager = Pager::builder()
-        .resident_limit(LIMIT)
-        .fault_mode(mode)
-        .device(DeviceConfig::ram(2 * WSS))
-        .regions_survive_fork(true)
-        .build()
-        .expect("pager");
+    let pager = forking_pager(mode);
     let mut region = pager.map(WSS as usize).expect("map");
     let start = region.as_ptr() as usize;
     let pages = WSS as usize / PAGE_SIZE;
