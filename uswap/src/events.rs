@@ -48,7 +48,8 @@
 //! * reclaim moves pages out through the staging area's descriptor; a page that is not there
 //!   any more (`ENOENT`) stays as it is for the event to settle, never turns into a zero page;
 //! * in signal mode, a SIGBUS at an address no region claims while an event is being handled
-//!   (or a moved part is being copied in) is retried rather than passed on;
+//!   (or a moved part is being copied in) is retried rather than passed on; so is, once, one
+//!   raised just before a moved part was unregistered and handled just after;
 //! * a fault served after the application unmapped its page, but before the `UNMAP` is
 //!   applied, finds no mapping there (`ENOENT`) and ends quietly (`FaultError::Unmapped`).
 //!   In thread mode that is a stale message: its thread faulted while another handler was

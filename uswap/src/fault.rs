@@ -23,6 +23,8 @@
 //!
 //! Locking: none of its own; ownership of a page is its busy bit (see `region`).
 
+use std::cell::Cell;
+
 use arrayvec::ArrayVec;
 use crossbeam_utils::Backoff;
 
@@ -418,6 +420,13 @@ fn page_ref(region_idx: usize, region_gen: u32, page: usize, page_gen: u8) -> Pa
     PageRef { region_idx, region_gen, page_gen, page }
 }
 
+thread_local! {
+    /// The address of this thread's last SIGBUS that no region claimed and that was retried
+    /// once (0: none). A const-initialised `Cell` has no destructor and no lazy
+    /// initialisation: a plain TLS slot, safe to use in a signal handler.
+    static UNCLAIMED_FAULT_ADDR: Cell<usize> = const { Cell::new(0) };
+}
+
 /// The SIGBUS entry point (see `uffd::sigbus`): serves the fault if `addr` belongs to a
 /// signal-mode region. Async-signal-safe.
 pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
@@ -428,8 +437,18 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
             std::thread::yield_now();
             return true;
         }
+        // The fault may have been raised before the last pending part moved out of a region
+        // was unregistered, and is handled after (`in_flight` has just turned false): the
+        // access, retried once, finds ordinary memory. A SIGBUS that is not uswap's comes
+        // back at the same address and is passed on then.
+        if UNCLAIMED_FAULT_ADDR.replace(addr) != addr {
+            std::thread::yield_now();
+            return true;
+        }
+        UNCLAIMED_FAULT_ADDR.set(0);
         return false;
     };
+    UNCLAIMED_FAULT_ADDR.set(0);
     if g.pager.mode != FaultMode::Signal {
         return false;
     }
