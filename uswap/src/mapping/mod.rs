@@ -25,6 +25,98 @@ use std::sync::atomic::AtomicU64;
 
 use crate::uffd::PAGE_SIZE;
 
+/// Ranges of engine-owned mappings to drop (`MADV_DONTNEED`) together.
+///
+/// Why: each `madvise` that drops a page of this process flushes the TLB of every other CPU
+/// running one of its threads (an IPI each). Staging pages leave the swap cache one run of
+/// consecutive slots at a time, and under random access a run is mostly one page long, so
+/// dropping them one call per run cost about one shootdown per major fault with two
+/// application threads. `process_madvise(PIDFD_SELF_THREAD, …)` drops a whole batch with
+/// one flush (Linux 6.13 allows any advice on the caller's own process; 6.15 added the
+/// sentinel, which names the caller's own memory even in a fork child). Where the kernel
+/// refuses it, the ranges are dropped one `madvise` each, as before.
+///
+/// The batch must be flushed before the pages it names may be reused (the caller's rule,
+/// as for `discard`); dropping it flushes what is left. Allocation-free: a fixed array on
+/// the caller's stack, usable in a SIGBUS handler.
+pub struct DiscardBatch<const N: usize> {
+    ranges: arrayvec::ArrayVec<(*mut libc::c_void, usize), N>,
+}
+
+/// `PIDFD_SELF_THREAD` (include/uapi/linux/pidfd.h): the calling thread, whose memory is
+/// the process's.
+const PIDFD_SELF_THREAD: libc::c_int = -10000;
+
+/// Whether `process_madvise` on ourselves works here: 0 not tried yet, 1 yes, 2 no.
+static PROCESS_MADVISE_SELF: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+impl<const N: usize> Default for DiscardBatch<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> DiscardBatch<N> {
+    pub const fn new() -> Self {
+        DiscardBatch { ranges: arrayvec::ArrayVec::new_const() }
+    }
+
+    /// Drops every range added so far (one TLB flush where the kernel allows it).
+    pub fn flush(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.ranges.is_empty() {
+            return;
+        }
+        let total: usize = self.ranges.iter().map(|r| r.1).sum();
+        if self.ranges.len() > 1 && PROCESS_MADVISE_SELF.load(Ordering::Relaxed) != 2 {
+            let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; N];
+            for (v, &(base, len)) in iov.iter_mut().zip(&self.ranges) {
+                *v = libc::iovec { iov_base: base, iov_len: len };
+            }
+            // SAFETY: every range lies inside a mapping the engine owns (`discard_later`
+            // checked it) and names pages the caller owns and may drop, as for `discard`;
+            // `iov` holds `ranges.len()` valid entries. The kernel reads the array only.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_process_madvise,
+                    PIDFD_SELF_THREAD,
+                    iov.as_ptr(),
+                    self.ranges.len(),
+                    libc::MADV_DONTNEED,
+                    0,
+                )
+            };
+            if r >= 0 && r as usize == total {
+                PROCESS_MADVISE_SELF.store(1, Ordering::Relaxed);
+                self.ranges.clear();
+                return;
+            }
+            let refused = r < 0
+                && matches!(
+                    io::Error::last_os_error().raw_os_error(),
+                    Some(libc::EBADF | libc::EINVAL | libc::ENOSYS | libc::EPERM | libc::ESRCH)
+                );
+            if refused && PROCESS_MADVISE_SELF.load(Ordering::Relaxed) == 0 {
+                // Refused by an older kernel (no sentinel, or no MADV_DONTNEED there): never
+                // tried again. A partial drop or another failure falls back for this batch
+                // only; dropping a range twice is harmless.
+                PROCESS_MADVISE_SELF.store(2, Ordering::Relaxed);
+            }
+        }
+        for &(base, len) in &self.ranges {
+            // SAFETY: as above; one range per call.
+            unsafe { libc::madvise(base, len, libc::MADV_DONTNEED) };
+        }
+        self.ranges.clear();
+    }
+}
+
+impl<const N: usize> Drop for DiscardBatch<N> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// An anonymous private mapping, unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
@@ -113,6 +205,16 @@ impl Mapping {
     /// into userfaultfd if the mapping is registered. Async-signal-safe.
     pub fn discard(&self, offset: usize, len: usize) -> io::Result<()> {
         self.advise(offset, len, libc::MADV_DONTNEED)
+    }
+
+    /// Adds `[offset, offset + len)` to `batch`, to be dropped like [`Mapping::discard`] when
+    /// the batch is flushed (at once if the batch is full).
+    pub fn discard_later<const N: usize>(&self, batch: &mut DiscardBatch<N>, offset: usize, len: usize) {
+        self.check_range(offset, len);
+        if batch.ranges.is_full() {
+            batch.flush();
+        }
+        batch.ranges.push(((self.addr + offset) as *mut libc::c_void, len));
     }
 
     /// Copies `dst.len()` bytes out of the mapping.
@@ -593,6 +695,51 @@ pub fn now_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch drops exactly the ranges it was given, over more ranges than it holds (a
+    /// full batch is flushed on the next add), and on this kernel through one
+    /// `process_madvise` per flush.
+    #[test]
+    fn discard_batch_drops_its_ranges_and_nothing_else() {
+        const NR_PAGES: usize = 96;
+        let m = Mapping::anonymous(NR_PAGES * PAGE_SIZE, MapOptions { no_huge_pages: true, dont_fork: false }).unwrap();
+        for i in 0..NR_PAGES {
+            m.write(i * PAGE_SIZE, &[i as u8 + 1; PAGE_SIZE]);
+        }
+        // Every third page, the last of them with its neighbour: 32 ranges through a batch of 8.
+        let dropped = |i: usize| i % 3 == 0 || i == 94;
+        let mut batch = DiscardBatch::<8>::new();
+        let mut i = 0;
+        let mut nr_ranges = 0;
+        while i < NR_PAGES {
+            if dropped(i) {
+                let len = if dropped(i + 1) { 2 } else { 1 };
+                m.discard_later(&mut batch, i * PAGE_SIZE, len * PAGE_SIZE);
+                nr_ranges += 1;
+                i += len;
+            } else {
+                i += 1;
+            }
+        }
+        assert_eq!(nr_ranges, 32);
+        drop(batch);
+        let mut buf = [0u8; PAGE_SIZE];
+        for i in 0..NR_PAGES {
+            m.read(i * PAGE_SIZE, &mut buf);
+            let want = if dropped(i) { 0 } else { i as u8 + 1 };
+            assert!(buf.iter().all(|&b| b == want), "page {i}: want {want}, found {}", buf[0]);
+        }
+        let kernel_has_it = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .ok()
+            .and_then(|r| {
+                let mut v = r.trim().split(['.', '-']).map(|x| x.parse::<u32>().unwrap_or(0));
+                Some((v.next()?, v.next()?))
+            })
+            .is_some_and(|v| v >= (6, 15));
+        if kernel_has_it {
+            assert_eq!(PROCESS_MADVISE_SELF.load(std::sync::atomic::Ordering::Relaxed), 1, "process_madvise fell back");
+        }
+    }
 
     /// A length that is not whole pages counts its partial last page, and ends: rounding it
     /// down used to leave a round of zero pages that never moved on.

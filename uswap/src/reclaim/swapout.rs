@@ -28,6 +28,7 @@ use super::cow;
 use super::lru::{refill_active_by_scan, List};
 use super::BATCH;
 use crate::backend::{BackendError, WriteReq};
+use crate::mapping::DiscardBatch;
 use crate::pager::PagerShared;
 use crate::region::{PageRef, PageState, Pte, RegionSet};
 use crate::stats::Counter;
@@ -150,6 +151,11 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
     // pages with consecutive slots move with one call.
     let mut dropped = 0;
     let mut refused = 0;
+    // Moved first, every run; their staging pages are then dropped with one TLB flush (see
+    // `DiscardBatch`), and only then are the pages published as swapped: a page that faults
+    // back and leaves again must find its slot's staging page empty.
+    let mut clean_runs: ArrayVec<(usize, usize, usize, RangeResult), BATCH> = ArrayVec::new();
+    let mut discards = DiscardBatch::<BATCH>::new();
     let mut i = 0;
     while i < victims.len() {
         if !victims[i].pte.clean() {
@@ -173,8 +179,14 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
         let r = p.swap_cache.move_in(dev, e(i).offset(), region.page_addr(victims[i].page), len);
         let done = r.done_bytes(len) / PAGE_SIZE;
         if done > 0 {
-            let _ = dev.staging.discard(e(i).offset() as usize * PAGE_SIZE, done * PAGE_SIZE);
+            dev.staging.discard_later(&mut discards, e(i).offset() as usize * PAGE_SIZE, done * PAGE_SIZE);
         }
+        clean_runs.push((i, j, done, r));
+        i = j;
+    }
+    discards.flush();
+    for &(i, j, done, r) in &clean_runs {
+        let region = &guards.g[victims[i].gi];
         for (k, v) in victims[i..j].iter().enumerate() {
             if k < done {
                 region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
@@ -199,7 +211,6 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
         p.clean_pages.fetch_sub(done, Ordering::Relaxed);
         p.stats.add(Counter::SwapRaUnused, victims[i..i + done].iter().filter(|v| v.pte.readahead()).count() as u64);
         dropped += done;
-        i = j;
     }
     p.stats.add(Counter::SwpoutClean, dropped as u64);
     victims.retain(|v| !v.pte.clean());
@@ -425,6 +436,18 @@ fn write_runs(
             s = t;
         }
         dev.backend.write(&mut reqs);
+        // The staging pages must be empty before their slots can be freed and reused, which
+        // may happen as soon as the pages are published as swapped: all written runs are
+        // dropped first, with one TLB flush for the batch (see `DiscardBatch`).
+        let mut discards = DiscardBatch::<BATCH>::new();
+        for (req, &(s, t)) in reqs.iter().zip(&runs) {
+            if req.result.is_ok() {
+                let first = victims[pending[s]].pte.entry();
+                let sdev = p.devices.device(first);
+                sdev.staging.discard_later(&mut discards, first.offset() as usize * PAGE_SIZE, (t - s) * PAGE_SIZE);
+            }
+        }
+        discards.flush();
         for (req, &(s, t)) in reqs.iter().zip(&runs) {
             match &req.result {
                 Ok(()) => {}
@@ -446,11 +469,7 @@ fn write_runs(
                     continue;
                 }
             }
-            // The staging pages must be empty before their slots can be freed and reused,
-            // which may happen as soon as the pages are published as swapped.
-            let first = victims[pending[s]].pte.entry();
-            let sdev = p.devices.device(first);
-            let _ = sdev.staging.discard(first.offset() as usize * PAGE_SIZE, (t - s) * PAGE_SIZE);
+            let sdev = p.devices.device(victims[pending[s]].pte.entry());
             for k in s..t {
                 let v = &victims[pending[k]];
                 let (old, new) = (v.pte.entry(), targets[pending[k]]);
