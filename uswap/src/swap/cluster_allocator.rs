@@ -70,6 +70,40 @@ impl Cluster {
         got
     }
 
+    /// Sets `out.len()` consecutive free bits, the first such run from the hint (wrapping
+    /// once, never across the cluster's end), writing their indices; false if there is none.
+    fn alloc_run(&mut self, base: u64, out: &mut [u64]) -> bool {
+        let len = out.len();
+        if len == 0 || len > SWAPFILE_CLUSTER - self.count as usize {
+            return false;
+        }
+        let is_free = |i: usize| self.map[i / 64] & (1 << (i % 64)) == 0;
+        let hint = self.next as usize;
+        let starts_end = SWAPFILE_CLUSTER - len + 1;
+        // Bounded: each failed start moves past the taken bit it found, so each pass ends
+        // within `SWAPFILE_CLUSTER` starts.
+        for (lo, hi) in [(hint, starts_end), (0, hint.min(starts_end))] {
+            let mut start = lo;
+            while start < hi {
+                match (start..start + len).find(|&i| !is_free(i)) {
+                    Some(taken) => start = taken + 1,
+                    None => {
+                        for (k, o) in out.iter_mut().enumerate() {
+                            let i = start + k;
+                            self.map[i / 64] |= 1 << (i % 64);
+                            *o = base + i as u64;
+                        }
+                        self.count += len as u16;
+                        self.next = ((start + len) % SWAPFILE_CLUSTER) as u16;
+                        self.check_count();
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+
     fn free_bit(&mut self, i: usize) {
         let (w, b) = (i / 64, i % 64);
         assert!(self.map[w] & (1 << b) != 0, "swap slot {i} of its cluster freed twice");
@@ -332,6 +366,58 @@ impl ClusterAllocator {
         got
     }
 
+    /// Allocates `out.len()` consecutive slots for `cpu`: from its current cluster if that has
+    /// such a run free, else from an empty cluster (free, or never used) that becomes its
+    /// current one, as the kernel's allocator takes a free cluster for a large folio's
+    /// entries; the old current cluster goes back to the nonfull list. False when there is
+    /// no empty cluster either (nothing allocated: the caller falls back to [`Self::alloc`]).
+    pub fn alloc_run(&self, cpu: usize, out: &mut [u64]) -> bool {
+        let cpu = cpu % self.percpu.len();
+        if out.is_empty() || out.len() > SWAPFILE_CLUSTER {
+            return false;
+        }
+        let mut pc = self.percpu[cpu].lock();
+        let mut tried_current = false;
+        // At most two rounds: the current cluster, then an empty one (which has the run).
+        loop {
+            let ci = match *pc {
+                Some(ci) if !tried_current => ci,
+                _ => {
+                    let empty = {
+                        let mut lists = self.lists.lock();
+                        lists.pop(ListId::Free).or_else(|| {
+                            let ci = lists.pop_fresh(self.nr_clusters)?;
+                            // SAFETY: fresh: on no list and no CPU's, and we hold the lists
+                            // lock, so no other thread can pop it.
+                            unsafe { self.init_cluster(ci) };
+                            Some(ci)
+                        })
+                    };
+                    let Some(ci) = empty else { return false };
+                    if let Some(old) = pc.replace(ci) {
+                        self.lists.lock().move_to(old, ListId::Nonfull);
+                    }
+                    ci
+                }
+            };
+            let mut c = self.clusters[ci as usize].lock();
+            if c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out) {
+                if c.count as usize == SWAPFILE_CLUSTER {
+                    self.lists.lock().move_to(ci, ListId::Full);
+                    *pc = None;
+                }
+                break;
+            }
+            if tried_current {
+                return false;
+            }
+            tried_current = true;
+        }
+        drop(pc);
+        self.inuse_slots.fetch_add(out.len() as u64, Ordering::Relaxed);
+        true
+    }
+
     /// A cluster for a CPU whose current one is full: nonfull first (keeps the free ones for
     /// contiguous allocation), then free, then (if `may_discard`) one waiting for discard,
     /// which the caller discards after dropping its per-CPU lock, then another CPU's.
@@ -481,6 +567,57 @@ mod tests {
         assert_eq!(discarded.lock().unwrap().len(), 1);
         assert_eq!(a.cluster_counts().free, 1);
         assert_eq!(a.inuse_slots(), 512);
+    }
+
+    /// A run comes out consecutive: from the CPU's cluster while it has the run free (first
+    /// fit from the hint), else from an empty cluster that becomes the CPU's; with no run and
+    /// no empty cluster, nothing is allocated.
+    #[test]
+    fn runs_are_consecutive_and_take_an_empty_cluster_when_needed() {
+        let a = ClusterAllocator::new(3, 1).unwrap();
+        let mut first = vec![0u64; 512];
+        assert_eq!(a.alloc(0, &mut first, &no_discard), 512);
+        // Fragment it: every other slot free, plus one run of 4 at slots 100..104 (the CPU's
+        // next cluster is the second one: the first went full).
+        let mut second = vec![0u64; 256];
+        assert_eq!(a.alloc(0, &mut second, &no_discard), 256);
+        let base = second[0];
+        let mut rest = vec![0u64; 256];
+        assert_eq!(a.alloc(0, &mut rest, &no_discard), 256);
+        let mut freed: Vec<u64> =
+            (0..512u64).filter(|i| i % 2 == 1 || (100..104).contains(i)).map(|i| base + i).collect();
+        freed.sort_unstable();
+        freed.dedup();
+        a.free(&freed);
+        let consecutive = |r: &[u64]| r.windows(2).all(|w| w[1] == w[0] + 1);
+        // The fully used cluster went to the full list, so the CPU has none: the run comes
+        // from the empty third cluster.
+        let mut run = [0u64; 3];
+        assert!(a.alloc_run(0, &mut run));
+        assert!(consecutive(&run), "{run:?}");
+        assert_eq!(run[0] / SWAPFILE_CLUSTER as u64, 2, "from the empty cluster: {run:?}");
+        // Its current cluster (the third) has room for more runs.
+        let mut run2 = [0u64; 8];
+        assert!(a.alloc_run(0, &mut run2));
+        assert_eq!(run2[0], run[2] + 1);
+        let used = 512 + 512 - freed.len() as u64 + 11;
+        assert_eq!(a.inuse_slots(), used);
+        // Fill the third cluster with singles, so that no empty cluster is left.
+        let mut fill = vec![0u64; 512 - 11];
+        assert_eq!(a.alloc(0, &mut fill, &no_discard), 512 - 11);
+        // The second cluster (nonfull) is taken for singles now; its only run of 4 or more
+        // (slots 99..104: 99 is odd, so free too) is found.
+        let mut single = [0u64; 1];
+        assert_eq!(a.alloc(0, &mut single, &no_discard), 1);
+        assert_eq!(single[0] / SWAPFILE_CLUSTER as u64, 1);
+        let mut four = [0u64; 4];
+        assert!(a.alloc_run(0, &mut four));
+        assert!(consecutive(&four) && four[0] >= base + 99 && four[3] < base + 104, "{four:?} (base {base})");
+        // No run of 2 is left anywhere, and no empty cluster: nothing allocated.
+        let before = a.inuse_slots();
+        let mut two = [0u64; 2];
+        assert!(!a.alloc_run(0, &mut two));
+        assert_eq!(a.inuse_slots(), before);
     }
 
     #[test]

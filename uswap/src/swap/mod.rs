@@ -224,6 +224,29 @@ impl SwapDevices {
         self.alloc_excluding_mask(0, out)
     }
 
+    /// As [`SwapDevices::alloc`], but consecutive slots on one device where the first
+    /// device that takes pages has such a run free in this CPU's cluster; otherwise whatever
+    /// `alloc` finds. Returns how many were allocated.
+    pub fn alloc_run(&self, out: &mut [SwapEntry]) -> usize {
+        let mut offsets = [0u64; 64];
+        if out.len() <= offsets.len() {
+            let first = self
+                .groups
+                .iter()
+                .find_map(|g| (g.start..g.end).map(|i| &self.devices[i]).find(|d| d.backend.accepting()));
+            if let Some(dev) = first {
+                let offsets = &mut offsets[..out.len()];
+                if dev.allocator.alloc_run(current_cpu(), offsets) {
+                    for (o, off) in out.iter_mut().zip(offsets.iter()) {
+                        *o = SwapEntry::new(dev.index, *off);
+                    }
+                    return out.len();
+                }
+            }
+        }
+        self.alloc(out)
+    }
+
     /// As [`SwapDevices::alloc`], never on the devices whose bit is set in `exclude` (devices
     /// that declined a page).
     pub fn alloc_excluding_mask(&self, exclude: u64, out: &mut [SwapEntry]) -> usize {
