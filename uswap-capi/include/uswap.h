@@ -328,6 +328,11 @@ typedef struct uswap_stats {
      * would) so that reclaim could move them out.
      */
     uint64_t cow_broken;
+    /**
+     * Dirty resident pages that left with a victim next to them, in one run (one TLB flush
+     * for the run).
+     */
+    uint64_t swpout_neighbours;
 } uswap_stats;
 
 #ifdef __cplusplus

@@ -128,6 +128,9 @@ pub struct uswap_stats {
     /// Pages a fork child shared copy-on-write, made exclusive again (copied, as a write
     /// would) so that reclaim could move them out.
     pub cow_broken: u64,
+    /// Dirty resident pages that left with a victim next to them, in one run (one TLB flush
+    /// for the run).
+    pub swpout_neighbours: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -196,7 +199,8 @@ impl uswap_stats {
             remap_copied,
             limit_overrun_busy,
             pool_wait_timeout,
-            cow_broken;
+            cow_broken,
+            swpout_neighbours;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

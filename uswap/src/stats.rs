@@ -110,9 +110,12 @@ pub(crate) enum Counter {
     /// Operations that gave up waiting for a pooled bounce buffer: every one stayed lent out
     /// past `sync::POOL_WAIT_LIMIT_NS` (the fault or take-out failed instead of hanging).
     PoolWaitTimeout,
+    /// Dirty resident pages that left with a victim next to them, in one run (see
+    /// `reclaim::swapout::take_resident_neighbours`).
+    SwpoutNeighbours,
 }
 
-const NR_COUNTERS: usize = Counter::PoolWaitTimeout as usize + 1;
+const NR_COUNTERS: usize = Counter::SwpoutNeighbours as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -479,6 +482,9 @@ pub struct Stats {
     /// Pages refused because a fork child shared them, made exclusive again (copied for
     /// this process, as a write would) so that reclaim could move them out.
     pub cow_broken: u64,
+    /// Dirty resident pages that left with a victim next to them (in its aligned 64 KiB
+    /// block), in one run: one `UFFDIO_MOVE` and one TLB flush for all of them.
+    pub swpout_neighbours: u64,
     /// Device writes that failed; the pages stayed staged in RAM and are retried later.
     pub swpout_error: u64,
     /// Pages a device declined (pool full, incompressible) and another device took.
@@ -575,6 +581,7 @@ impl Stats {
             lru_overflow,
             move_refused,
             cow_broken,
+            swpout_neighbours,
             swpout_error,
             swpout_spilled,
             writeback,
@@ -682,6 +689,7 @@ impl PerCpuStats {
         s.lru_overflow = self.sum(LruOverflow);
         s.move_refused = self.sum(MoveRefused);
         s.cow_broken = self.sum(CowBroken);
+        s.swpout_neighbours = self.sum(SwpoutNeighbours);
         s.swpout_error = self.sum(SwpoutError);
         s.swpout_spilled = self.sum(SwpoutSpilled);
         s.writeback = self.sum(Writeback);

@@ -74,6 +74,43 @@ fn signal_mode_random_rw_three_threads_every_byte_verified() {
     random_rw_verified(FaultMode::Signal, 3);
 }
 
+/// A victim's dirty resident neighbours (its aligned 64 KiB block) leave with it, in one
+/// run: after a sequential write of four times the limit, most pages moved out went as a
+/// neighbour, and every byte reads back, through a second pass that rewrites every third
+/// page and a third that checks them all.
+fn dirty_neighbours_leave_with_their_victim(mode: FaultMode) {
+    let p = pager(mode, MIB, 32 * MIB);
+    let region = p.map(4 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    for i in 0..nr_pages {
+        write_page(words, i, 1);
+    }
+    let st = quiet_stats(&p);
+    let moved_out = st.pswpout + st.swapcache_pages + st.swpout_zero;
+    assert!(moved_out as usize >= nr_pages / 2, "{st:?}");
+    assert!(
+        st.swpout_neighbours * 2 >= moved_out,
+        "{} of {moved_out} pages left as a victim's neighbour: {st:?}",
+        st.swpout_neighbours
+    );
+    for i in (0..nr_pages).step_by(3) {
+        check_page(words, i, 1);
+        write_page(words, i, 2);
+    }
+    for i in 0..nr_pages {
+        check_page(words, i, if i % 3 == 0 { 2 } else { 1 });
+    }
+    let st = quiet_stats(&p);
+    assert_eq!((st.fault_error, st.slots_leaked, st.limit_overrun), (0, 0, 0), "{st:?}");
+}
+
+in_both_modes!(
+    dirty_neighbours_leave_with_their_victim() =>
+    thread_mode_dirty_neighbours_leave_with_their_victim,
+    signal_mode_dirty_neighbours_leave_with_their_victim
+);
+
 fn never_written_pages_take_no_slot(mode: FaultMode) {
     let p = pager(mode, MIB, 16 * MIB);
     let region = p.map(8 * MIB as usize).unwrap();

@@ -77,6 +77,7 @@ fn help(field: &str) -> Option<&'static str> {
         "lru_overflow" => "Resident pages the reclaim queue had no room for.",
         "move_refused" => "Pages UFFDIO_MOVE refused to move out.",
         "cow_broken" => "Pages a fork child shared, made exclusive again so they could move out.",
+        "swpout_neighbours" => "Dirty resident pages that left with a victim next to them, in one move.",
         "swpout_error" => "Device writes that failed (pages kept in RAM, retried).",
         "swpout_spilled" => "Pages a device declined that another device took.",
         "writeback" => "Pages moved from a device to the next tier.",

@@ -1,10 +1,13 @@
 //! Swap-out, in two stages: resident pages into the swap cache, staged pages to a device.
 //!
-//! Stage one ([`shrink_active`]) takes the oldest resident pages off the LRU (`super::lru`)
-//! and moves them out of their region with `UFFDIO_MOVE` into the staging pages of freshly
-//! allocated slots (batched: runs of consecutive pages with consecutive slots move with one
-//! ioctl); they are then staged in the swap cache (`crate::swap::SwapCache`) and queued for
-//! writeback. A page found all zero when staged keeps no slot (`swpout_zero`); a clean page
+//! Stage one ([`shrink_active`]) takes the oldest resident pages off the LRU (`super::lru`),
+//! each dirty one with its dirty resident neighbours in its aligned 64 KiB block (as a large
+//! folio leaves in the kernel: one TLB flush for the run, `swpout_neighbours`), and moves
+//! them out of their region with `UFFDIO_MOVE` into the staging pages of freshly allocated
+//! slots (batched: runs of consecutive pages get consecutive slots where the allocator has
+//! them, and move with one ioctl); they are then staged in the swap cache
+//! (`crate::swap::SwapCache`) and queued for writeback. Staging pages are dropped a round
+//! at a time, with one `process_madvise` (`crate::mapping::DiscardBatch`). A page found all zero when staged keeps no slot (`swpout_zero`); a clean page
 //! (its slot still holds it) is dropped without a write (`swpout_clean`). Stage two
 //! ([`shrink_inactive`]) writes the oldest staged pages to their slots in batches, drops
 //! their staging pages and uncharges them; a page its device declines is written to another
@@ -129,7 +132,9 @@ fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSe
             Some(locked) => {
                 victims.push(Victim { gi, page: r.page, pte: locked });
                 if !inactive && !locked.clean() {
+                    let before = victims.len();
                     take_resident_neighbours(guards, gi, r.page, nr.min(BATCH), &mut victims);
+                    p.stats.add(Counter::SwpoutNeighbours, (victims.len() - before) as u64);
                 }
             }
             None => requeue(p, from, r),
