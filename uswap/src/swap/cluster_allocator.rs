@@ -34,6 +34,10 @@ use crossbeam_utils::CachePadded;
 use crate::mapping::ZeroedArray;
 use crate::sync::{LockClass, SpinLock};
 
+/// Nonfull clusters [`ClusterAllocator::alloc_run`] looks at for a run before it takes an
+/// empty one.
+const RUN_SEARCH_NONFULL: usize = 4;
+
 /// Slots per cluster (`SWAPFILE_CLUSTER`).
 pub const SWAPFILE_CLUSTER: usize = 512;
 const MAP_WORDS: usize = SWAPFILE_CLUSTER / 64;
@@ -367,55 +371,70 @@ impl ClusterAllocator {
     }
 
     /// Allocates `out.len()` consecutive slots for `cpu`: from its current cluster if that has
-    /// such a run free, else from an empty cluster (free, or never used) that becomes its
-    /// current one, as the kernel's allocator takes a free cluster for a large folio's
-    /// entries; the old current cluster goes back to the nonfull list. False when there is
-    /// no empty cluster either (nothing allocated: the caller falls back to [`Self::alloc`]).
+    /// such a run free, else from the first of up to [`RUN_SEARCH_NONFULL`] nonfull clusters
+    /// that has one, else from an empty cluster (free, or never used), as the kernel's
+    /// allocator takes a free cluster for a large folio's entries. The cluster the run came
+    /// from becomes the CPU's current one (the old one goes back to the nonfull list).
+    /// Nonfull clusters come first because they are already in use: an empty cluster's
+    /// storage was discarded (a RAM device faults every page of it in again, a file device
+    /// allocates its blocks again), and sequential streams, which need long runs, free
+    /// whole stretches of the clusters they came from. False when no cluster tried has the
+    /// run (nothing allocated: the caller falls back to [`Self::alloc`]).
     pub fn alloc_run(&self, cpu: usize, out: &mut [u64]) -> bool {
         let cpu = cpu % self.percpu.len();
         if out.is_empty() || out.len() > SWAPFILE_CLUSTER {
             return false;
         }
         let mut pc = self.percpu[cpu].lock();
-        let mut tried_current = false;
-        // At most two rounds: the current cluster, then an empty one (which has the run).
-        loop {
-            let ci = match *pc {
-                Some(ci) if !tried_current => ci,
-                _ => {
-                    let empty = {
-                        let mut lists = self.lists.lock();
-                        lists.pop(ListId::Free).or_else(|| {
-                            let ci = lists.pop_fresh(self.nr_clusters)?;
-                            // SAFETY: fresh: on no list and no CPU's, and we hold the lists
-                            // lock, so no other thread can pop it.
-                            unsafe { self.init_cluster(ci) };
-                            Some(ci)
-                        })
-                    };
-                    let Some(ci) = empty else { return false };
-                    if let Some(old) = pc.replace(ci) {
-                        self.lists.lock().move_to(old, ListId::Nonfull);
-                    }
-                    ci
-                }
-            };
+        if let Some(ci) = *pc {
             let mut c = self.clusters[ci as usize].lock();
             if c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out) {
                 if c.count as usize == SWAPFILE_CLUSTER {
                     self.lists.lock().move_to(ci, ListId::Full);
                     *pc = None;
                 }
-                break;
+                drop(c);
+                drop(pc);
+                self.inuse_slots.fetch_add(out.len() as u64, Ordering::Relaxed);
+                return true;
             }
-            if tried_current {
-                return false;
-            }
-            tried_current = true;
         }
-        drop(pc);
-        self.inuse_slots.fetch_add(out.len() as u64, Ordering::Relaxed);
-        true
+        // Bounded: RUN_SEARCH_NONFULL nonfull clusters, then one empty one.
+        for attempt in 0..=RUN_SEARCH_NONFULL {
+            let candidate = {
+                let mut lists = self.lists.lock();
+                let nonfull = if attempt < RUN_SEARCH_NONFULL { lists.pop(ListId::Nonfull) } else { None };
+                nonfull.or_else(|| lists.pop(ListId::Free)).or_else(|| {
+                    let ci = lists.pop_fresh(self.nr_clusters)?;
+                    // SAFETY: fresh: on no list and no CPU's, and we hold the lists lock, so
+                    // no other thread can pop it.
+                    unsafe { self.init_cluster(ci) };
+                    Some(ci)
+                })
+            };
+            let Some(ci) = candidate else { return false };
+            let mut c = self.clusters[ci as usize].lock();
+            if !c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out) {
+                // No such run here (it came from the nonfull list: an empty cluster has any
+                // run): back to the list's tail.
+                let to = if c.count == 0 { ListId::Free } else { ListId::Nonfull };
+                self.lists.lock().move_to(ci, to);
+                continue;
+            }
+            let full = c.count as usize == SWAPFILE_CLUSTER;
+            drop(c);
+            let mut lists = self.lists.lock();
+            if full {
+                lists.move_to(ci, ListId::Full);
+            } else if let Some(old) = pc.replace(ci) {
+                lists.move_to(old, ListId::Nonfull);
+            }
+            drop(lists);
+            drop(pc);
+            self.inuse_slots.fetch_add(out.len() as u64, Ordering::Relaxed);
+            return true;
+        }
+        false
     }
 
     /// A cluster for a CPU whose current one is full: nonfull first (keeps the free ones for
@@ -569,55 +588,46 @@ mod tests {
         assert_eq!(a.inuse_slots(), 512);
     }
 
-    /// A run comes out consecutive: from the CPU's cluster while it has the run free (first
-    /// fit from the hint), else from an empty cluster that becomes the CPU's; with no run and
-    /// no empty cluster, nothing is allocated.
+    /// A run comes out consecutive: from the CPU's cluster if it has the run free, else from
+    /// a nonfull cluster that has it (which becomes the CPU's), else from an empty cluster;
+    /// with none of these, nothing is allocated.
     #[test]
-    fn runs_are_consecutive_and_take_an_empty_cluster_when_needed() {
+    fn runs_are_consecutive_from_the_first_cluster_that_has_them() {
         let a = ClusterAllocator::new(3, 1).unwrap();
+        let consecutive = |r: &[u64]| r.windows(2).all(|w| w[1] == w[0] + 1);
+        let cluster_of = |slot: u64| slot / SWAPFILE_CLUSTER as u64;
+        // Cluster 0 full; cluster 1 full, then every odd slot freed and 100..104: its only
+        // run longer than one slot is 99..104 (99 and 103 are odd). Cluster 2 never used.
         let mut first = vec![0u64; 512];
         assert_eq!(a.alloc(0, &mut first, &no_discard), 512);
-        // Fragment it: every other slot free, plus one run of 4 at slots 100..104 (the CPU's
-        // next cluster is the second one: the first went full).
-        let mut second = vec![0u64; 256];
-        assert_eq!(a.alloc(0, &mut second, &no_discard), 256);
+        let mut second = vec![0u64; 512];
+        assert_eq!(a.alloc(0, &mut second, &no_discard), 512);
         let base = second[0];
-        let mut rest = vec![0u64; 256];
-        assert_eq!(a.alloc(0, &mut rest, &no_discard), 256);
-        let mut freed: Vec<u64> =
-            (0..512u64).filter(|i| i % 2 == 1 || (100..104).contains(i)).map(|i| base + i).collect();
-        freed.sort_unstable();
-        freed.dedup();
+        assert_eq!(cluster_of(base), 1);
+        let freed: Vec<u64> = (0..512u64).filter(|i| i % 2 == 1 || (100..104).contains(i)).map(|i| base + i).collect();
         a.free(&freed);
-        let consecutive = |r: &[u64]| r.windows(2).all(|w| w[1] == w[0] + 1);
-        // The fully used cluster went to the full list, so the CPU has none: the run comes
-        // from the empty third cluster.
-        let mut run = [0u64; 3];
-        assert!(a.alloc_run(0, &mut run));
-        assert!(consecutive(&run), "{run:?}");
-        assert_eq!(run[0] / SWAPFILE_CLUSTER as u64, 2, "from the empty cluster: {run:?}");
-        // Its current cluster (the third) has room for more runs.
-        let mut run2 = [0u64; 8];
-        assert!(a.alloc_run(0, &mut run2));
-        assert_eq!(run2[0], run[2] + 1);
-        let used = 512 + 512 - freed.len() as u64 + 11;
-        assert_eq!(a.inuse_slots(), used);
-        // Fill the third cluster with singles, so that no empty cluster is left.
-        let mut fill = vec![0u64; 512 - 11];
-        assert_eq!(a.alloc(0, &mut fill, &no_discard), 512 - 11);
-        // The second cluster (nonfull) is taken for singles now; its only run of 4 or more
-        // (slots 99..104: 99 is odd, so free too) is found.
-        let mut single = [0u64; 1];
-        assert_eq!(a.alloc(0, &mut single, &no_discard), 1);
-        assert_eq!(single[0] / SWAPFILE_CLUSTER as u64, 1);
+        assert_eq!(a.cluster_counts().nonfull, 1);
+        // The CPU has no current cluster (both went full): the nonfull one has the run.
         let mut four = [0u64; 4];
         assert!(a.alloc_run(0, &mut four));
         assert!(consecutive(&four) && four[0] >= base + 99 && four[3] < base + 104, "{four:?} (base {base})");
-        // No run of 2 is left anywhere, and no empty cluster: nothing allocated.
-        let before = a.inuse_slots();
+        // No run of 2 is left there: the empty cluster gives it, and becomes the CPU's.
         let mut two = [0u64; 2];
+        assert!(a.alloc_run(0, &mut two));
+        assert!(consecutive(&two) && cluster_of(two[0]) == 2, "{two:?}");
+        let mut more = [0u64; 8];
+        assert!(a.alloc_run(0, &mut more));
+        assert_eq!(more[0], two[1] + 1, "the next run follows in the CPU's new cluster");
+        assert_eq!(a.inuse_slots(), 1024 - freed.len() as u64 + 14);
+        // Fill cluster 2: then no cluster has a run of 2 and none is empty.
+        let mut fill = vec![0u64; 512 - 10];
+        assert_eq!(a.alloc(0, &mut fill, &no_discard), 512 - 10);
+        assert!(fill.iter().all(|&s| cluster_of(s) == 2), "singles come from the CPU's cluster first");
+        let before = a.inuse_slots();
         assert!(!a.alloc_run(0, &mut two));
-        assert_eq!(a.inuse_slots(), before);
+        assert_eq!(a.inuse_slots(), before, "a failed run allocates nothing");
+        let c = a.cluster_counts();
+        assert_eq!((c.full, c.nonfull, c.free), (2, 1, 0), "the lists are as they were");
     }
 
     #[test]
