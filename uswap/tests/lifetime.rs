@@ -84,6 +84,39 @@ fn unmap(addr: usize, pages: usize) {
     assert_eq!(r, 0, "munmap: {}", std::io::Error::last_os_error());
 }
 
+/// Replaces `[addr, addr + pages)` (memory the test owns) with an inaccessible reservation.
+fn reserve_at(addr: usize, pages: usize) {
+    // SAFETY: MAP_FIXED over a range the test owns and no longer uses.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            pages * PAGE_SIZE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(p as usize, addr, "mmap over {addr:#x}: {}", std::io::Error::last_os_error());
+}
+
+/// An ordinary read-write mapping of `pages` pages over the test's own reservation at `addr`.
+fn map_over(addr: usize, pages: usize) -> usize {
+    // SAFETY: MAP_FIXED over a reservation the test made (`reserve_at`) and owns.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            pages * PAGE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(p as usize, addr, "mmap over {addr:#x}: {}", std::io::Error::last_os_error());
+    addr
+}
+
 /// Fills an ordinary mapping with a pattern of its own (version 1000 + tag).
 fn fill_plain(w: &[AtomicU64], tag: u64) {
     for i in 0..w.len() / WORDS {
@@ -128,9 +161,10 @@ fn slots_used(p: &Pager) -> u64 {
     p.stats().devices.iter().map(|d| d.slots_used).sum()
 }
 
-/// (a) `munmap` of part of a region, an ordinary mapping in the hole, then pressure: the
-/// ordinary mapping keeps every byte, the rest of the region too, and dropping the region
-/// leaves the mapping in the hole alone.
+/// (a) Part of a region unmapped (by a mapping put over it: the kernel sends the UNMAP event
+/// a `munmap` sends), an ordinary mapping in the hole, then pressure: the ordinary mapping
+/// keeps every byte, the rest of the region too, and dropping the region leaves the mapping
+/// in the hole alone.
 fn munmap_then_mmap_in_the_hole(mode: FaultMode) {
     let _w = Watchdog::new("munmap_then_mmap_in_the_hole", 120);
     let p = new_pager(mode);
@@ -141,8 +175,11 @@ fn munmap_then_mmap_in_the_hole(mode: FaultMode) {
     // are resident).
     let (hole, hole_pages) = (256, 256);
     let hole_addr = base + hole * PAGE_SIZE;
-    unmap(hole_addr, hole_pages);
-    let plain = words_at(map_at(hole_addr, hole_pages), hole_pages);
+    // Unmapped by a PROT_NONE mapping put over it (the kernel unmaps the region's pages and
+    // sends the same UNMAP event as for munmap), which keeps the address ours: after a bare
+    // munmap, another test's mmap could take the hole before the mapping below.
+    reserve_at(hole_addr, hole_pages);
+    let plain = words_at(map_over(hole_addr, hole_pages), hole_pages);
     fill_plain(plain, 7);
     // Pressure: the rest of the region, written twice, pushes everything out again and again.
     let live = |i: usize| !(hole..hole + hole_pages).contains(&i);
