@@ -45,6 +45,11 @@ pub struct ReportArgs {
     /// Wait for another uswap bench using the kernel engines instead of refusing to run.
     #[arg(long)]
     pub wait_lock: bool,
+    /// Passed to every entry's `uswap bench`: times a kernel engine's run that the kernel's
+    /// OOM killer ends is run again (bench's default otherwise). Shown in the commands
+    /// BENCHMARKS.md records.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub oom_retries: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +98,9 @@ pub fn entry_tokens(entry: &Entry, r: &ReportArgs) -> Vec<String> {
         i += 1;
     }
     t.extend(["--runs".to_string(), r.runs.to_string()]);
+    if let Some(n) = r.oom_retries {
+        t.extend(["--oom-retries".to_string(), n.to_string()]);
+    }
     t
 }
 
@@ -352,6 +360,10 @@ mod tests {
         let t = entry_tokens(&SUITE[0], &r).join(" ");
         assert!(t.contains("--wss 16MiB --limit 8MiB --accesses 7812"), "{t}");
         assert!(t.ends_with("--engines ram --runs 1"), "{t}");
+        let r = report_args(&["--oom-retries", "10"]);
+        let t = entry_tokens(&SUITE[0], &r);
+        assert!(t.join(" ").ends_with("--runs 3 --oom-retries 10"), "{t:?}");
+        assert_eq!(BenchLine::try_parse_from(&t).unwrap().args.oom_retries, 10);
     }
 
     #[test]
