@@ -7,8 +7,9 @@
 //! slots (batched: runs of consecutive pages get consecutive slots where the allocator has
 //! them, and move with one ioctl); they are then staged in the swap cache
 //! (`crate::swap::SwapCache`) and queued for writeback. Staging pages are dropped a round
-//! at a time, with one `process_madvise` (`crate::mapping::DiscardBatch`). A page found all zero when staged keeps no slot (`swpout_zero`); a clean page
-//! (its slot still holds it) is dropped without a write (`swpout_clean`). Stage two
+//! at a time, with one `process_madvise` (`crate::mapping::DiscardBatch`). A page found all
+//! zero when staged keeps no slot (`swpout_zero`); a clean page (its slot still holds it)
+//! is dropped without a write (`swpout_clean`). Stage two
 //! ([`shrink_inactive`]) writes the oldest staged pages to their slots in batches, drops
 //! their staging pages and uncharges them; a page its device declines is written to another
 //! device, in priority order (`swpout_spilled`). A page that faults back from the swap cache

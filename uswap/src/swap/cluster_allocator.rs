@@ -416,25 +416,33 @@ impl ClusterAllocator {
             let mut c = self.clusters[ci as usize].lock();
             if !c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out) {
                 // No such run here (it came from the nonfull list: an empty cluster has any
-                // run): back to the list's tail.
-                let to = if c.count == 0 { ListId::Free } else { ListId::Nonfull };
-                self.lists.lock().move_to(ci, to);
+                // run): back to a list's tail.
+                drop(c);
+                self.release_owned(ci);
                 continue;
             }
             let full = c.count as usize == SWAPFILE_CLUSTER;
             drop(c);
-            let mut lists = self.lists.lock();
             if full {
-                lists.move_to(ci, ListId::Full);
+                self.lists.lock().move_to(ci, ListId::Full);
             } else if let Some(old) = pc.replace(ci) {
-                lists.move_to(old, ListId::Nonfull);
+                self.release_owned(old);
             }
-            drop(lists);
             drop(pc);
             self.inuse_slots.fetch_add(out.len() as u64, Ordering::Relaxed);
             return true;
         }
         false
+    }
+
+    /// Puts a cluster this thread took off the lists back on the one its count says: the
+    /// discard list if frees emptied it meanwhile, else the nonfull list. Under its cluster
+    /// lock, so that a concurrent `free` (which leaves clusters that are on no list alone)
+    /// cannot empty it between the check and the move.
+    fn release_owned(&self, ci: u32) {
+        let c = self.clusters[ci as usize].lock();
+        let to = if c.count == 0 { ListId::Discard } else { ListId::Nonfull };
+        self.lists.lock().move_to(ci, to);
     }
 
     /// A cluster for a CPU whose current one is full: nonfull first (keeps the free ones for
@@ -639,7 +647,15 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            if x % 3 != 0 {
+            if x % 3 == 1 && x % 5 == 0 {
+                // Runs too, through every path: the CPU's cluster, nonfull ones, empty ones.
+                let mut buf = [0u64; 16];
+                let len = (x as usize >> 8) % 16 + 1;
+                if a.alloc_run(round % 3, &mut buf[..len]) {
+                    assert!(buf[..len].windows(2).all(|w| w[1] == w[0] + 1), "run not consecutive: {:?}", &buf[..len]);
+                    live.extend_from_slice(&buf[..len]);
+                }
+            } else if x % 3 != 0 {
                 let mut buf = [0u64; 37];
                 let n = a.alloc(round % 3, &mut buf, &no_discard);
                 live.extend_from_slice(&buf[..n]);

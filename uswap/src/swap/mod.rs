@@ -224,16 +224,18 @@ impl SwapDevices {
         self.alloc_excluding_mask(0, out)
     }
 
-    /// As [`SwapDevices::alloc`], but consecutive slots on one device where the first
-    /// device that takes pages has such a run free in this CPU's cluster; otherwise whatever
-    /// `alloc` finds. Returns how many were allocated.
+    /// As [`SwapDevices::alloc`], but consecutive slots on one device: on the device `alloc`
+    /// would start with (highest priority, equal priorities in turn), if one of the clusters
+    /// `ClusterAllocator::alloc_run` looks at has such a run free; otherwise whatever `alloc`
+    /// finds. Returns how many were allocated.
     pub fn alloc_run(&self, out: &mut [SwapEntry]) -> usize {
         let mut offsets = [0u64; 64];
         if out.len() <= offsets.len() {
-            let first = self
-                .groups
-                .iter()
-                .find_map(|g| (g.start..g.end).map(|i| &self.devices[i]).find(|d| d.backend.accepting()));
+            let first = self.groups.iter().find_map(|g| {
+                let n = g.end - g.start;
+                let start = g.next.fetch_add(1, Ordering::Relaxed) % n;
+                (0..n).map(|k| &self.devices[g.start + (start + k) % n]).find(|d| d.backend.accepting())
+            });
             if let Some(dev) = first {
                 let offsets = &mut offsets[..out.len()];
                 if dev.allocator.alloc_run(current_cpu(), offsets) {
