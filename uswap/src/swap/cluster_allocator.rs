@@ -404,13 +404,7 @@ impl ClusterAllocator {
             let candidate = {
                 let mut lists = self.lists.lock();
                 let nonfull = if attempt < RUN_SEARCH_NONFULL { lists.pop(ListId::Nonfull) } else { None };
-                nonfull.or_else(|| lists.pop(ListId::Free)).or_else(|| {
-                    let ci = lists.pop_fresh(self.nr_clusters)?;
-                    // SAFETY: fresh: on no list and no CPU's, and we hold the lists lock, so
-                    // no other thread can pop it.
-                    unsafe { self.init_cluster(ci) };
-                    Some(ci)
-                })
+                nonfull.or_else(|| self.pop_empty(&mut lists))
             };
             let Some(ci) = candidate else { return false };
             let mut c = self.clusters[ci as usize].lock();
@@ -435,6 +429,17 @@ impl ClusterAllocator {
         false
     }
 
+    /// An empty cluster off the lists: a free one, else a never-used one (initialised here).
+    fn pop_empty(&self, lists: &mut ClusterLists) -> Option<u32> {
+        lists.pop(ListId::Free).or_else(|| {
+            let ci = lists.pop_fresh(self.nr_clusters)?;
+            // SAFETY: fresh: on no list and no CPU's, and the caller holds the lists lock
+            // (`lists` is borrowed from its guard), so no other thread can pop it.
+            unsafe { self.init_cluster(ci) };
+            Some(ci)
+        })
+    }
+
     /// Puts a cluster this thread took off the lists back on the one its count says: the
     /// discard list if frees emptied it meanwhile, else the nonfull list. Under its cluster
     /// lock, so that a concurrent `free` (which leaves clusters that are on no list alone)
@@ -451,13 +456,7 @@ impl ClusterAllocator {
     fn take_cluster(&self, cpu: usize, may_discard: bool) -> Take {
         {
             let mut lists = self.lists.lock();
-            if let Some(ci) = lists.pop(ListId::Nonfull).or_else(|| lists.pop(ListId::Free)) {
-                return Take::Cluster(ci);
-            }
-            if let Some(ci) = lists.pop_fresh(self.nr_clusters) {
-                // SAFETY: fresh: on no list and no CPU's, and we hold the lists lock, so no
-                // other thread can pop it.
-                unsafe { self.init_cluster(ci) };
+            if let Some(ci) = lists.pop(ListId::Nonfull).or_else(|| self.pop_empty(&mut lists)) {
                 return Take::Cluster(ci);
             }
             if may_discard && lists.lists[ListId::Discard as usize].len > 0 {
