@@ -60,22 +60,28 @@ fn words_at<'a>(addr: usize, pages: usize) -> &'a [AtomicU64] {
     unsafe { std::slice::from_raw_parts(addr as *const AtomicU64, pages * PAGE_SIZE / 8) }
 }
 
-/// An ordinary anonymous mapping of `pages` pages exactly at `addr` (which must be free).
-fn map_at(addr: usize, pages: usize) -> usize {
-    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; it fails instead.
+/// An anonymous mapping of `pages` pages at exactly `addr`, with `prot` and `MAP_PRIVATE |
+/// MAP_ANONYMOUS | flags` (`flags` holds `MAP_FIXED` or `MAP_FIXED_NOREPLACE`).
+fn mmap_at(addr: usize, pages: usize, prot: libc::c_int, flags: libc::c_int) -> usize {
+    // SAFETY: the callers own `[addr, addr + pages)` or ask for it free
+    // (MAP_FIXED_NOREPLACE fails rather than replace a mapping).
     let p = unsafe {
         libc::mmap(
             addr as *mut libc::c_void,
             pages * PAGE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
             -1,
             0,
         )
     };
-    assert_ne!(p, libc::MAP_FAILED, "mmap at {addr:#x}: {}", std::io::Error::last_os_error());
-    assert_eq!(p as usize, addr, "the kernel placed the mapping elsewhere");
+    assert_eq!(p as usize, addr, "mmap at {addr:#x}: {}", std::io::Error::last_os_error());
     addr
+}
+
+/// An ordinary anonymous mapping of `pages` pages exactly at `addr` (which must be free).
+fn map_at(addr: usize, pages: usize) -> usize {
+    mmap_at(addr, pages, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_FIXED_NOREPLACE)
 }
 
 fn unmap(addr: usize, pages: usize) {
@@ -86,35 +92,12 @@ fn unmap(addr: usize, pages: usize) {
 
 /// Replaces `[addr, addr + pages)` (memory the test owns) with an inaccessible reservation.
 fn reserve_at(addr: usize, pages: usize) {
-    // SAFETY: MAP_FIXED over a range the test owns and no longer uses.
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut libc::c_void,
-            pages * PAGE_SIZE,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    assert_eq!(p as usize, addr, "mmap over {addr:#x}: {}", std::io::Error::last_os_error());
+    mmap_at(addr, pages, libc::PROT_NONE, libc::MAP_NORESERVE | libc::MAP_FIXED);
 }
 
 /// An ordinary read-write mapping of `pages` pages over the test's own reservation at `addr`.
 fn map_over(addr: usize, pages: usize) -> usize {
-    // SAFETY: MAP_FIXED over a reservation the test made (`reserve_at`) and owns.
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut libc::c_void,
-            pages * PAGE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    assert_eq!(p as usize, addr, "mmap over {addr:#x}: {}", std::io::Error::last_os_error());
-    addr
+    mmap_at(addr, pages, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_FIXED)
 }
 
 /// Fills an ordinary mapping with a pattern of its own (version 1000 + tag).
