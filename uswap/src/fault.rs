@@ -11,10 +11,10 @@
 //! First touches of a sequential stream map the never-touched pages of their window too
 //! (fault-around, the user-space analogue of the kernel's multi-size anonymous THP).
 //!
-//! Thread mode: [`handler_thread`]s, one pinned to each CPU, poll the userfaultfd. The
-//! kernel wakes every waiter; the handler on the faulting CPU runs as soon as the faulting
-//! thread sleeps, so the wake-up is local (8 µs instead of 81 µs cross-CPU on these VMs, see
-//! DESIGN.md and BENCHMARKS.md). Faults raised in system calls arrive here too.
+//! Thread mode: [`handler_thread`]s, one pinned to each CPU. Only the active ones poll the
+//! userfaultfd (the kernel wakes every poller for each fault); `handler_pool` decides which
+//! are active, and whether a handler spins for the next fault instead of sleeping. Faults
+//! raised in system calls arrive here too.
 //!
 //! Signal mode: [`sigbus_fault`] runs in the faulting thread's SIGBUS handler. It allocates
 //! nothing and takes no lock the thread could already hold: if the thread was interrupted
@@ -28,6 +28,7 @@ use std::cell::Cell;
 use arrayvec::ArrayVec;
 use crossbeam_utils::Backoff;
 
+use crate::handler_pool::{thread_last_cpu, HandlerPool, WakeTally, BACKLOG_FAULTS, SPIN_AFTER_FAULT_NS};
 use crate::mapping::{now_ns, pin_current_thread};
 use crate::pager::{FaultMode, PageErrorKind, PagerShared};
 use crate::readahead::MAX_WINDOW_PAGES;
@@ -489,21 +490,60 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
 
 /// Thread mode: one of the handler threads. Reads fault messages and serves them until the
 /// pager shuts down.
-pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Option<usize>) {
+pub(crate) fn handler_thread(
+    pager: &PagerShared,
+    doorbell: &Doorbell,
+    pool: &HandlerPool,
+    me: usize,
+    cpu: Option<usize>,
+) {
     if let Some(cpu) = cpu {
         // Best effort: unpinned, the handler still works, only the wake-up may be remote.
         let _ = pin_current_thread(cpu);
     }
+    pool.register(me);
     let mut msgs = [UffdMsg::default(); 16];
+    let mut tally = WakeTally::default();
+    // Whether the last poll said the descriptor had a message (the read after it judges the
+    // wake-up: useful if it found one, useless if another handler was first).
+    let mut woke_for_message = false;
+    // Until then the handler polls the descriptor without sleeping (`WakeTally::saw_fault`).
+    let mut spin_until_ns = 0;
     while !pager.is_shutdown() {
+        if !pool.is_active(me) {
+            pool.wait_dormant(me, || pager.is_shutdown());
+            tally.reset();
+            woke_for_message = false;
+            continue;
+        }
         // Events (munmap, mremap, madvise) among the messages are applied here, in the order
         // the kernel sent them, before any fault read after them is served.
         let n = events::read_and_apply(pager, &mut msgs);
         let pending = events::run_take_outs(pager);
+        let retire = std::mem::take(&mut woke_for_message) && tally.woke(n > 0);
+        if retire && n == 0 && pool.try_retire(me) {
+            continue;
+        }
+        if n == 0 && now_ns() < spin_until_ns {
+            std::hint::spin_loop();
+            continue;
+        }
         if n == 0 {
             let timeout_ms = if pending { events::TAKE_OUT_POLL_MS } else { -1 };
-            uffd::poll_fault_or_doorbell_for(&pager.uffd, doorbell, timeout_ms);
+            woke_for_message = uffd::poll_fault_or_doorbell_for(&pager.uffd, doorbell, timeout_ms);
             continue;
+        }
+        let mut faults = msgs[..n].iter().filter(|m| m.event == uffd::EVENT_PAGEFAULT);
+        let nr_faults = faults.clone().count();
+        if nr_faults >= BACKLOG_FAULTS {
+            pool.add_for_backlog();
+        } else if pool.nr_active() == 1 && tally.served_alone(nr_faults as u32) && !tally.may_spin() {
+            // A spinning handler serves from the other CPU by design: steering it to the
+            // faulting thread's CPU would make the two compete for it.
+            if let Some(cpu) = faults.next().and_then(|m| thread_last_cpu(m.pf_ptid)) {
+                // Served first anyway: the new handler polls only after its wake-up.
+                pool.steer_to(me, cpu);
+            }
         }
         for m in &msgs[..n] {
             if m.event != uffd::EVENT_PAGEFAULT {
@@ -577,6 +617,16 @@ pub(crate) fn handler_thread(pager: &PagerShared, doorbell: &Doorbell, cpu: Opti
                 }
                 let _ = pager.uffd.wake(addr, PAGE_SIZE);
             }
+        }
+        for m in msgs[..n].iter().filter(|m| m.event == uffd::EVENT_PAGEFAULT) {
+            tally.saw_fault(m.pf_ptid, pool.nr_active(), pool.nr_cpus());
+        }
+        if tally.may_spin() {
+            spin_until_ns = now_ns() + SPIN_AFTER_FAULT_NS;
+        }
+        // Retiring with messages in hand waits until they are served.
+        if retire {
+            pool.try_retire(me);
         }
     }
 }

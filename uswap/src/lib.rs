@@ -33,6 +33,7 @@ mod error;
 mod events;
 mod fault;
 mod fork;
+mod handler_pool;
 mod lru;
 mod mapping;
 mod pager;

@@ -312,15 +312,19 @@ impl PagerBuilder {
             match self.mode {
                 FaultMode::Thread => {
                     let n = self.handler_threads.unwrap_or(cpus.len().max(1));
-                    for i in 0..n {
+                    // Pin handler i to the i-th allowed CPU (round robin when there are more
+                    // handlers than CPUs): a handler on the faulting CPU is woken locally.
+                    let handler_cpus: Vec<Option<usize>> = (0..n)
+                        .map(|i| if self.pin_handlers { cpus.get(i % cpus.len().max(1)).copied() } else { None })
+                        .collect();
+                    let pool = Arc::new(crate::handler_pool::HandlerPool::new(handler_cpus.clone(), cpus.len()));
+                    for (i, cpu) in handler_cpus.into_iter().enumerate() {
                         let s = shared.clone();
                         let bell = core.doorbell.clone();
-                        // Pin handler i to the i-th allowed CPU (round robin when there are more
-                        // handlers than CPUs): a handler on the faulting CPU is woken locally.
-                        let cpu = if self.pin_handlers { cpus.get(i % cpus.len().max(1)).copied() } else { None };
+                        let pool = pool.clone();
                         threads.push(
                             spawn_engine_thread(format!("uswap-fault-{i}"), move || {
-                                fault::handler_thread(&s, &bell, cpu)
+                                fault::handler_thread(&s, &bell, &pool, i, cpu)
                             })
                             .map_err(|e| Error::io("starting a fault-handler thread", e))?,
                         );

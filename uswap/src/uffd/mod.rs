@@ -540,7 +540,7 @@ impl Drop for AsyncSignalsBlocked {
 }
 
 /// Blocks until the userfaultfd has a message or the doorbell rang, for at most
-/// `timeout_ms` (-1: no limit). Returns true if the doorbell rang.
+/// `timeout_ms` (-1: no limit). Returns true if the userfaultfd has a message to read.
 pub fn poll_fault_or_doorbell_for(uffd: &Uffd, bell: &Doorbell, timeout_ms: i32) -> bool {
     let mut fds = [
         libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
@@ -548,7 +548,7 @@ pub fn poll_fault_or_doorbell_for(uffd: &Uffd, bell: &Doorbell, timeout_ms: i32)
     ];
     // SAFETY: poll reads and writes the two pollfd structures we own.
     let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
-    r > 0 && fds[1].revents != 0
+    r > 0 && fds[0].revents & libc::POLLIN != 0
 }
 
 #[cfg(test)]

@@ -1,0 +1,382 @@
+//! Thread mode: which fault-handler threads wait on the userfaultfd.
+//!
+//! The kernel wakes every thread polling a userfaultfd for each fault (`handle_userfault`
+//! wakes `fd_wqh` non-exclusively). With a handler pinned to each CPU, the one on the
+//! faulting thread's CPU runs as soon as that thread blocks and takes the message; every
+//! other handler wakes for nothing. In these VMs that wake-up of another vCPU is an IPI the
+//! faulting CPU pays on its fault path, and the woken handler preempts whatever ran there.
+//! With one application thread that useless wake-up cost a quarter of the throughput.
+//!
+//! So only *active* handlers poll the descriptor; the others are *dormant* (parked). Three
+//! rules move handlers between the two sets, all decided by the handlers themselves:
+//!
+//! * **Retire:** a handler that found nothing to read after more than
+//!   [`RETIRE_USELESS_PER_WINDOW`] of its last [`WAKE_WINDOW`] wake-ups (another, closer
+//!   handler was always first) goes dormant, unless it is the last active one.
+//! * **Backlog:** a handler that reads [`BACKLOG_FAULTS`] or more faults at once (the active
+//!   handlers do not keep up: on a machine with many CPUs and many faulting threads) wakes a
+//!   dormant one.
+//! * **Steer:** every [`PROBE_EVERY_FAULTS`] faults, a lone active handler looks up the CPU
+//!   the faulting thread last ran on (`/proc`, a few microseconds). If that is not its own,
+//!   it wakes the handler pinned there and retires: the hand-off becomes CPU-local (the
+//!   faulting thread blocks, its CPU's handler runs, the copy wakes the thread where it
+//!   sleeps) and costs no IPI. Left to race, the handler on the *other*, idle CPU wins:
+//!   it is woken first and needs no context switch.
+//!
+//! Invariants: at least one handler is active (a handler retires only by a compare-and-swap
+//! of the active count from above one), and a handler's `active` flag changes only under
+//! that count's accounting (set with an increment, cleared with a decrement). Lock-free:
+//! atomics and `park`/`unpark`; a dormant handler also wakes at shutdown (`Pager`'s drop
+//! unparks every engine thread).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::thread::Thread;
+use std::time::Duration;
+
+/// Wake-ups a handler judges itself over.
+pub(crate) const WAKE_WINDOW: u32 = 64;
+/// More useless wake-ups than this in a window, and the handler retires.
+pub(crate) const RETIRE_USELESS_PER_WINDOW: u32 = WAKE_WINDOW * 2 / 5;
+/// Faults read at once that make a handler wake a dormant one.
+pub(crate) const BACKLOG_FAULTS: usize = 4;
+/// How often a lone active handler checks that it runs where the faults come from, in
+/// faults served.
+pub(crate) const PROBE_EVERY_FAULTS: u32 = 4096;
+/// A dormant handler checks for shutdown at least this often (an unpark can only be lost to
+/// a bug, but a bounded sleep makes such a bug slow, not a hang).
+const DORMANT_PARK: Duration = Duration::from_millis(100);
+
+/// The thread-mode handlers' active set. One per pager.
+pub(crate) struct HandlerPool {
+    active: Box<[AtomicBool]>,
+    threads: Box<[OnceLock<Thread>]>,
+    /// The CPU each handler is pinned to, if it is.
+    cpus: Box<[Option<usize>]>,
+    /// CPUs the process may run on.
+    nr_cpus: usize,
+    nr_active: AtomicUsize,
+    /// Where the next search for a dormant handler starts (round robin).
+    next_wake: AtomicUsize,
+}
+
+impl HandlerPool {
+    /// `cpus[i]`: where handler `i` is pinned, if it is; `nr_cpus`: CPUs the process may
+    /// run on.
+    pub(crate) fn new(cpus: Vec<Option<usize>>, nr_cpus: usize) -> HandlerPool {
+        let mut cpus = cpus;
+        if cpus.is_empty() {
+            cpus.push(None);
+        }
+        let n = cpus.len();
+        HandlerPool {
+            // Handler 0 alone at first: the rules add and move handlers as faults come.
+            active: (0..n).map(|i| AtomicBool::new(i == 0)).collect(),
+            threads: (0..n).map(|_| OnceLock::new()).collect(),
+            cpus: cpus.into_boxed_slice(),
+            nr_cpus: nr_cpus.max(1),
+            nr_active: AtomicUsize::new(1),
+            next_wake: AtomicUsize::new(0),
+        }
+    }
+
+    /// Called by handler `me` once, on its own thread, before it serves anything.
+    pub(crate) fn register(&self, me: usize) {
+        let _ = self.threads[me].set(std::thread::current());
+    }
+
+    pub(crate) fn is_active(&self, me: usize) -> bool {
+        self.active[me].load(Ordering::Acquire)
+    }
+
+    pub(crate) fn nr_cpus(&self) -> usize {
+        self.nr_cpus
+    }
+
+    pub(crate) fn nr_active(&self) -> usize {
+        self.nr_active.load(Ordering::Acquire)
+    }
+
+    /// Handler `me` goes dormant, unless it is the last active one. Returns whether it did.
+    pub(crate) fn try_retire(&self, me: usize) -> bool {
+        let mut n = self.nr_active.load(Ordering::Acquire);
+        while n > 1 {
+            match self.nr_active.compare_exchange_weak(n, n - 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    self.active[me].store(false, Ordering::Release);
+                    return true;
+                }
+                Err(now) => n = now,
+            }
+        }
+        false
+    }
+
+    /// On a backlog: makes one dormant handler active and wakes it, unless half the CPUs
+    /// serve faults already. Returns whether it did.
+    pub(crate) fn add_for_backlog(&self) -> bool {
+        if self.nr_active() >= self.max_active_for_backlog() {
+            return false;
+        }
+        self.wake_one()
+    }
+
+    /// The most handlers backlogs make active: half the CPUs, the other half for the
+    /// application (at least one). On 2 vCPUs a second active handler lost to one at 2, 8
+    /// and 32 faulting threads (each of its `UFFDIO_MOVE`s then flushes a CPU busy with the
+    /// process; BENCHMARKS.md, "Handler placement").
+    fn max_active_for_backlog(&self) -> usize {
+        (self.nr_cpus / 2).max(1)
+    }
+
+    /// Makes one dormant handler active and wakes it. Returns whether there was one.
+    pub(crate) fn wake_one(&self) -> bool {
+        let n = self.active.len();
+        let start = self.next_wake.fetch_add(1, Ordering::Relaxed);
+        for k in 0..n {
+            let i = (start + k) % n;
+            if self.active[i].compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                self.nr_active.fetch_add(1, Ordering::AcqRel);
+                if let Some(t) = self.threads[i].get() {
+                    t.unpark();
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Hands handler `me`'s work to a dormant handler pinned to `cpu` (where the faulting
+    /// threads run) and retires `me`. Returns whether it did: not if `me` runs there already,
+    /// no handler is pinned there, or that one is active already.
+    pub(crate) fn steer_to(&self, me: usize, cpu: usize) -> bool {
+        if self.cpus[me] == Some(cpu) {
+            return false;
+        }
+        let Some(to) = self.cpus.iter().position(|c| *c == Some(cpu)) else {
+            return false;
+        };
+        if self.active[to].compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return false;
+        }
+        self.nr_active.fetch_add(1, Ordering::AcqRel);
+        if let Some(t) = self.threads[to].get() {
+            t.unpark();
+        }
+        self.try_retire(me)
+    }
+
+    /// Handler `me`, dormant, sleeps until it is made active or `stop` says to return.
+    pub(crate) fn wait_dormant(&self, me: usize, stop: impl Fn() -> bool) {
+        while !self.is_active(me) && !stop() {
+            std::thread::park_timeout(DORMANT_PARK);
+        }
+    }
+}
+
+/// The CPU thread `tid` of this process last ran on (`/proc/self/task/TID/stat`, field
+/// 39), or None if it cannot be read (the thread exited). For a thread asleep in a fault,
+/// where it will most likely run again: a thread woken from another CPU stays where it was
+/// while its CPU is idle.
+pub(crate) fn thread_last_cpu(tid: u32) -> Option<usize> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // Field 2, the command, is in parentheses and may hold spaces; field 3 follows it.
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_ascii_whitespace().nth(39 - 3)?.parse().ok()
+}
+
+/// Faults over which a handler counts the threads faulting, for the spin rule.
+pub(crate) const THREADS_WINDOW_FAULTS: u32 = 256;
+/// How long a handler polls the descriptor without sleeping after serving a fault, when a
+/// CPU is to spare. About three times the gap between two faults of a thread that does
+/// nothing else: a thread that computes longer between faults finds the handler asleep.
+pub(crate) const SPIN_AFTER_FAULT_NS: u64 = 20_000;
+/// Distinct faulting threads a window remembers (more count as "many").
+const MAX_THREADS_SEEN: usize = 8;
+
+/// One handler's view of its own wake-ups and of the threads whose faults it serves.
+#[derive(Default)]
+pub(crate) struct WakeTally {
+    wakes: u32,
+    useless: u32,
+    served_alone: u32,
+    window_faults: u32,
+    threads_seen: arrayvec::ArrayVec<u32, MAX_THREADS_SEEN>,
+    /// The decision of the last full window: few enough faulting threads that a handler
+    /// may spin (see [`WakeTally::saw_fault`]).
+    spin: bool,
+}
+
+impl WakeTally {
+    /// Records a fault of thread `tid`. At the end of each window decides whether this
+    /// handler may spin after a fault: only if the threads that faulted in the window, with
+    /// the active handlers, fit on the `nr_cpus` CPUs. A handler that sleeps in `poll` is woken
+    /// by an IPI to its idle vCPU, which the faulting CPU pays and the host wakes slowly; one
+    /// that spins is found at once, but takes a CPU an application thread may want.
+    pub(crate) fn saw_fault(&mut self, tid: u32, nr_active: usize, nr_cpus: usize) {
+        if !self.threads_seen.contains(&tid) {
+            let _ = self.threads_seen.try_push(tid);
+        }
+        self.window_faults += 1;
+        if self.window_faults < THREADS_WINDOW_FAULTS {
+            return;
+        }
+        let nr_threads = if self.threads_seen.is_full() { usize::MAX / 2 } else { self.threads_seen.len() };
+        self.spin = nr_threads + nr_active <= nr_cpus;
+        self.window_faults = 0;
+        self.threads_seen.clear();
+    }
+
+    /// Whether to spin after serving a fault (the last window's decision).
+    pub(crate) fn may_spin(&self) -> bool {
+        self.spin
+    }
+
+    /// Records a wake-up from `poll`; `useful` if the read after it found a message. Returns
+    /// true at the end of a window with too many useless wake-ups: time to retire.
+    pub(crate) fn woke(&mut self, useful: bool) -> bool {
+        self.wakes += 1;
+        self.useless += u32::from(!useful);
+        if self.wakes < WAKE_WINDOW {
+            return false;
+        }
+        let retire = self.useless > RETIRE_USELESS_PER_WINDOW;
+        self.wakes = 0;
+        self.useless = 0;
+        retire
+    }
+
+    /// Records `faults` served while the only active handler. Returns true every
+    /// [`PROBE_EVERY_FAULTS`]: time to check where the faults come from.
+    pub(crate) fn served_alone(&mut self, faults: u32) -> bool {
+        self.served_alone += faults;
+        if self.served_alone < PROBE_EVERY_FAULTS {
+            return false;
+        }
+        self.served_alone = 0;
+        true
+    }
+
+    /// Starts a fresh window (after a state change).
+    pub(crate) fn reset(&mut self) {
+        *self = WakeTally::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handler_0_starts_alone_and_never_retires_alone() {
+        let p = HandlerPool::new(vec![Some(0), Some(1), Some(2)], 3);
+        assert_eq!(p.nr_active(), 1);
+        assert!(p.is_active(0) && !p.is_active(1) && !p.is_active(2));
+        assert!(!p.try_retire(0), "handler 0 is the last active one");
+        assert!(p.wake_one() && p.wake_one());
+        assert!(p.try_retire(0) && p.try_retire(2));
+        assert!(!p.try_retire(1), "handler 1 is the last active one");
+        assert_eq!(p.nr_active(), 1);
+        assert!(p.is_active(1) && !p.is_active(0) && !p.is_active(2));
+    }
+
+    #[test]
+    fn wake_one_activates_each_dormant_handler_once() {
+        let p = HandlerPool::new(vec![Some(0), Some(1), Some(2)], 3);
+        assert!(p.wake_one());
+        assert!(p.wake_one());
+        assert!(!p.wake_one(), "all three are active");
+        assert_eq!(p.nr_active(), 3);
+        assert!((0..3).all(|i| p.is_active(i)));
+    }
+
+    #[test]
+    fn backlogs_activate_at_most_half_the_cpus() {
+        let p = HandlerPool::new((0..8).map(Some).collect(), 8);
+        let added = (0..8).filter(|_| p.add_for_backlog()).count();
+        assert_eq!((added, p.nr_active()), (3, 4));
+        // Two CPUs: one handler, whatever the backlog.
+        let p = HandlerPool::new(vec![Some(0), Some(1)], 2);
+        assert!(!p.add_for_backlog());
+        assert_eq!(p.nr_active(), 1);
+    }
+
+    #[test]
+    fn steering_hands_over_to_the_handler_on_that_cpu() {
+        let p = HandlerPool::new(vec![Some(0), Some(1), Some(2)], 3);
+        assert!(!p.steer_to(0, 0), "already there");
+        assert!(!p.steer_to(0, 7), "no handler on CPU 7");
+        assert!(p.steer_to(0, 2));
+        assert!(!p.is_active(0) && p.is_active(2) && !p.is_active(1));
+        assert_eq!(p.nr_active(), 1);
+        // Onto an active handler: nothing changes.
+        assert!(p.wake_one() && p.wake_one());
+        assert!(!p.steer_to(0, 2));
+        assert_eq!(p.nr_active(), 3);
+    }
+
+    #[test]
+    fn a_window_of_mostly_useless_wakes_says_retire() {
+        let mut t = WakeTally::default();
+        // A quarter useless: keep polling.
+        assert!(!(0..WAKE_WINDOW).any(|i| t.woke(i % 4 != 0)));
+        // Half useless (two handlers each first for half the faults): one should go.
+        assert_eq!((0..WAKE_WINDOW).filter(|i| t.woke(i % 2 == 0)).count(), 1);
+        // All useless: retire exactly at the window's end.
+        let said: Vec<bool> = (0..WAKE_WINDOW).map(|_| t.woke(false)).collect();
+        assert_eq!(said.iter().filter(|r| **r).count(), 1);
+        assert!(said[WAKE_WINDOW as usize - 1]);
+    }
+
+    #[test]
+    fn a_threads_cpu_is_one_it_may_run_on() {
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::gettid() } as u32;
+        let cpu = thread_last_cpu(tid).expect("this thread's stat");
+        // SAFETY: sched_getcpu has no arguments.
+        let now = unsafe { libc::sched_getcpu() };
+        let ncpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(cpu < 4096 && (now < 0 || (now as usize) < 4096), "cpu {cpu}, now {now}, {ncpus} CPUs");
+        assert_eq!(thread_last_cpu(u32::MAX), None);
+    }
+
+    #[test]
+    fn spinning_needs_a_cpu_to_spare() {
+        let mut t = WakeTally::default();
+        assert!(!t.may_spin(), "no decision before a full window");
+        // One thread faulting, one handler, two CPUs: spin.
+        (0..THREADS_WINDOW_FAULTS).for_each(|_| t.saw_fault(7, 1, 2));
+        assert!(t.may_spin());
+        // Two threads: no CPU left over.
+        (0..THREADS_WINDOW_FAULTS).for_each(|i| t.saw_fault(7 + i % 2, 1, 2));
+        assert!(!t.may_spin());
+        // Many threads on many CPUs: more than the window remembers count as too many.
+        (0..THREADS_WINDOW_FAULTS).for_each(|i| t.saw_fault(i, 1, 64));
+        assert!(!t.may_spin());
+        (0..THREADS_WINDOW_FAULTS).for_each(|i| t.saw_fault(i % 4, 2, 64));
+        assert!(t.may_spin());
+    }
+
+    #[test]
+    fn a_lone_handler_probes_every_period() {
+        let mut t = WakeTally::default();
+        let probes = (0..3 * PROBE_EVERY_FAULTS).filter(|_| t.served_alone(1)).count();
+        assert_eq!(probes, 3);
+    }
+
+    #[test]
+    fn a_dormant_handler_returns_when_woken() {
+        let p = std::sync::Arc::new(HandlerPool::new(vec![Some(0), Some(1)], 2));
+        assert!(!p.is_active(1));
+        let q = p.clone();
+        let h = std::thread::spawn(move || {
+            q.register(1);
+            q.wait_dormant(1, || false);
+            q.is_active(1)
+        });
+        // Whether or not the thread registered yet, the flag is what it waits on.
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(p.wake_one());
+        assert!(h.join().expect("dormant handler thread"), "woken handler is active");
+    }
+}
