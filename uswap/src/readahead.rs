@@ -221,17 +221,19 @@ impl FaultStreams {
                 return;
             }
         }
-        // A new stream: take an idle slot (a single-page, direction-less stream) so that an
-        // established stream is not pushed out by random faults; round robin if all are busy.
-        for s in &self.streams {
-            let w = s.load(Ordering::Relaxed);
-            if w & VALID == 0 || unpack(w).1 <= 1 {
-                s.store(word, Ordering::Relaxed);
-                return;
-            }
+        // A new stream: an unused slot, else an idle one (a single-page, direction-less
+        // stream) so that an established stream is not pushed out by random faults, else any.
+        // Idle and busy slots are taken round robin: always taking the first idle slot let
+        // each new stream replace the one before, so threads starting their scans at once
+        // (one handler serving their faults in turn) never got past one page.
+        if let Some(s) = self.streams.iter().find(|s| s.load(Ordering::Relaxed) & VALID == 0) {
+            s.store(word, Ordering::Relaxed);
+            return;
         }
-        let i = self.next_victim.fetch_add(1, Ordering::Relaxed) % NR_STREAMS;
-        self.streams[i].store(word, Ordering::Relaxed);
+        let start = self.next_victim.fetch_add(1, Ordering::Relaxed);
+        let slot = |k: usize| &self.streams[(start + k) % NR_STREAMS];
+        let idle = (0..NR_STREAMS).map(slot).find(|s| unpack(s.load(Ordering::Relaxed)).1 <= 1);
+        idle.unwrap_or_else(|| slot(0)).store(word, Ordering::Relaxed);
     }
 }
 
@@ -306,6 +308,29 @@ mod tests {
         let p = fault(&s, page, 32);
         assert_eq!(p.window.len, 32, "the sequential stream survived the random faults");
         assert!(p.passed.is_some());
+    }
+
+    /// Four threads starting their scans at once, their faults served in turn: each stream's
+    /// second fault must still find its first, though every slot is in use.
+    #[test]
+    fn interleaved_new_streams_do_not_push_each_other_out() {
+        let s = FaultStreams::new();
+        // Every slot taken: one established stream, the rest single pages.
+        let mut page = 0;
+        for _ in 0..6 {
+            page = fault(&s, page, 32).window.end();
+        }
+        for k in 0..NR_STREAMS {
+            fault(&s, 10_000 + 100 * k, 32);
+        }
+        let starts = [20_000, 22_000, 24_000, 26_000];
+        for start in starts {
+            assert_eq!(fault(&s, start, 32).window.len, 1);
+        }
+        for start in starts {
+            assert_eq!(fault(&s, start + 1, 32).window.len, 2, "stream at {start} continued");
+        }
+        assert_eq!(fault(&s, page, 32).window.len, 32, "the established stream survived");
     }
 
     #[test]
