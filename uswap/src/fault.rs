@@ -507,13 +507,15 @@ pub(crate) fn handler_thread(
     // Whether the last poll said the descriptor had a message (the read after it judges the
     // wake-up: useful if it found one, useless if another handler was first).
     let mut woke_for_message = false;
-    // Until then the handler polls the descriptor without sleeping (`WakeTally::saw_fault`).
-    let mut spin_until_ns = 0;
+    // While set, the handler polls the descriptor without sleeping, until then
+    // (`WakeTally::may_spin`).
+    let mut spin_until_ns = None;
     while !pager.is_shutdown() {
         if !pool.is_active(me) {
             pool.wait_dormant(me, || pager.is_shutdown());
             tally.reset();
             woke_for_message = false;
+            spin_until_ns = None;
             continue;
         }
         // Events (munmap, mremap, madvise) among the messages are applied here, in the order
@@ -524,9 +526,13 @@ pub(crate) fn handler_thread(
         if retire && n == 0 && pool.try_retire(me) {
             continue;
         }
-        if n == 0 && now_ns() < spin_until_ns {
-            std::hint::spin_loop();
-            continue;
+        if let Some(until_ns) = spin_until_ns {
+            if n == 0 && now_ns() < until_ns {
+                std::hint::spin_loop();
+                continue;
+            }
+            tally.spun(n > 0);
+            spin_until_ns = None;
         }
         if n == 0 {
             let timeout_ms = if pending { events::TAKE_OUT_POLL_MS } else { -1 };
@@ -618,11 +624,9 @@ pub(crate) fn handler_thread(
                 let _ = pager.uffd.wake(addr, PAGE_SIZE);
             }
         }
-        for m in msgs[..n].iter().filter(|m| m.event == uffd::EVENT_PAGEFAULT) {
-            tally.saw_fault(m.pf_ptid, pool.nr_active(), pool.nr_cpus());
-        }
+        tally.served(nr_faults as u32);
         if tally.may_spin() {
-            spin_until_ns = now_ns() + SPIN_AFTER_FAULT_NS;
+            spin_until_ns = Some(now_ns() + SPIN_AFTER_FAULT_NS);
         }
         // Retiring with messages in hand waits until they are served.
         if retire {
