@@ -113,15 +113,17 @@ impl PagerBuilder {
     }
 
     /// Thread mode: number of fault-handler threads (default: one per CPU this process may
-    /// run on, each pinned to its CPU).
+    /// run on, each pinned to its CPU). Not all of them serve at once: one starts, a backlog
+    /// adds others (up to half the CPUs), and a handler whose wake-ups find nothing goes back
+    /// to sleep (see README, "The two fault modes").
     pub fn handler_threads(mut self, n: usize) -> Self {
         self.handler_threads = Some(n.max(1));
         self
     }
 
     /// Thread mode: pin handler `i` to the `i`-th CPU this process may run on (default true).
-    /// Pinned, the handler on the faulting CPU is the one that runs right after the faulting
-    /// thread blocks, so the wake-up stays on that CPU.
+    /// Pinned, a handler can be chosen by CPU: a lone serving handler hands over to the one
+    /// pinned where the faulting thread runs, so that the hand-off stays on that CPU.
     pub fn pin_handlers(mut self, pin: bool) -> Self {
         self.pin_handlers = pin;
         self
