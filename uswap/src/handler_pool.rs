@@ -337,15 +337,20 @@ mod tests {
     }
 
     #[test]
-    fn a_threads_cpu_is_one_it_may_run_on() {
-        // SAFETY: gettid has no arguments and cannot fail.
-        let tid = unsafe { libc::gettid() } as u32;
-        let cpu = thread_last_cpu(tid).expect("this thread's stat");
-        // SAFETY: sched_getcpu has no arguments.
-        let now = unsafe { libc::sched_getcpu() };
-        let ncpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert!(cpu < 4096 && (now < 0 || (now as usize) < 4096), "cpu {cpu}, now {now}, {ncpus} CPUs");
-        assert_eq!(thread_last_cpu(u32::MAX), None);
+    fn a_thread_pinned_to_a_cpu_is_found_there() {
+        // On a thread of its own: the pinning must not outlive the test.
+        std::thread::spawn(|| {
+            // SAFETY: sched_getcpu has no arguments.
+            let cpu = unsafe { libc::sched_getcpu() };
+            assert!(cpu >= 0, "sched_getcpu");
+            crate::mapping::pin_current_thread(cpu as usize).expect("pinning to the current CPU");
+            // SAFETY: gettid has no arguments and cannot fail.
+            let tid = unsafe { libc::gettid() } as u32;
+            assert_eq!(thread_last_cpu(tid), Some(cpu as usize));
+            assert_eq!(thread_last_cpu(u32::MAX), None, "no such thread");
+        })
+        .join()
+        .expect("test thread");
     }
 
     #[test]
