@@ -28,7 +28,9 @@ use std::cell::Cell;
 use arrayvec::ArrayVec;
 use crossbeam_utils::Backoff;
 
-use crate::handler_pool::{thread_last_cpu, HandlerPool, WakeTally, BACKLOG_FAULTS, SPIN_AFTER_FAULT_NS};
+use crate::handler_pool::{
+    thread_last_cpu, HandlerPool, WakeTally, BACKLOG_FAULTS, HELPER_WINDOW_PAGES, SPIN_AFTER_FAULT_NS,
+};
 use crate::mapping::{now_ns, pin_current_thread};
 use crate::pager::{FaultMode, PageErrorKind, PagerShared};
 use crate::readahead::MAX_WINDOW_PAGES;
@@ -43,6 +45,18 @@ use crate::{events, reclaim};
 #[repr(C, align(4096))]
 struct ZeroPages([u8; MAX_WINDOW_PAGES * PAGE_SIZE]);
 static ZERO_PAGES: ZeroPages = ZeroPages([0; MAX_WINDOW_PAGES * PAGE_SIZE]);
+
+thread_local! {
+    /// The most pages one fault's service mapped since the handler last reset it (a
+    /// readahead or fault-around window), for `handler_pool`'s help rule. Const-initialised,
+    /// no destructor: writing it from the SIGBUS handler is safe too.
+    static WINDOW_PAGES: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Records that a fault's service maps `nr_pages` at once.
+pub(crate) fn note_window(nr_pages: usize) {
+    WINDOW_PAGES.with(|w| w.set(w.get().max(nr_pages)));
+}
 
 /// How the fault reached us; decides waking and which locks may be taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,6 +338,7 @@ fn zero_fill(
             }
         }
     }
+    note_window(pages.len());
     // Charged like one fault's worth of pages, reclaiming if need be: the window only grows
     // while the stream keeps using what it brought in.
     reclaim::charge(pager, pages.len(), route.lock_free());
@@ -510,10 +525,15 @@ pub(crate) fn handler_thread(
     // While set, the handler polls the descriptor without sleeping, until then
     // (`WakeTally::may_spin`).
     let mut spin_until_ns = None;
+    // The thread whose fault in the last batch mapped a window, if one did (the help rule).
+    let mut window_tid = None;
     while !pager.is_shutdown() {
         if !pool.is_active(me) {
             pool.wait_dormant(me, || pager.is_shutdown());
             tally.reset();
+            if pool.take_helper(me) {
+                tally.start_helping();
+            }
             woke_for_message = false;
             spin_until_ns = None;
             continue;
@@ -543,6 +563,8 @@ pub(crate) fn handler_thread(
         let nr_faults = faults.clone().count();
         if nr_faults >= BACKLOG_FAULTS {
             pool.add_for_backlog();
+        } else if std::mem::take(&mut window_tid).is_some_and(|t| faults.clone().any(|m| m.pf_ptid != t)) {
+            pool.wake_helper();
         } else if pool.nr_active() == 1 && tally.served_alone(nr_faults as u32) && !tally.may_spin() {
             // A spinning handler serves from the other CPU by design: steering it to the
             // faulting thread's CPU would make the two compete for it.
@@ -557,6 +579,7 @@ pub(crate) fn handler_thread(
             }
             let addr = m.pf_address as usize & !(PAGE_SIZE - 1);
             let write = m.pf_flags & uffd::PAGEFAULT_FLAG_WRITE != 0;
+            WINDOW_PAGES.with(|w| w.set(0));
             let served = match REGIONS.find(addr) {
                 Some(g) if std::ptr::eq(&*g.pager, pager) => {
                     let mut ok = false;
@@ -564,6 +587,9 @@ pub(crate) fn handler_thread(
                     for _ in 0..READ_ATTEMPTS {
                         match serve_fault(&g, g.index, g.gen, addr, write, Route::Thread) {
                             Ok(()) => {
+                                if WINDOW_PAGES.with(Cell::get) >= HELPER_WINDOW_PAGES {
+                                    window_tid = Some(m.pf_ptid);
+                                }
                                 ok = true;
                                 break;
                             }
@@ -624,12 +650,12 @@ pub(crate) fn handler_thread(
                 let _ = pager.uffd.wake(addr, PAGE_SIZE);
             }
         }
-        tally.served(nr_faults as u32);
+        let helped_enough = tally.served(nr_faults as u32);
         if tally.may_spin() {
             spin_until_ns = Some(now_ns() + SPIN_AFTER_FAULT_NS);
         }
         // Retiring with messages in hand waits until they are served.
-        if retire {
+        if retire || helped_enough {
             pool.try_retire(me);
         }
     }

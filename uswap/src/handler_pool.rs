@@ -9,7 +9,7 @@
 //! CPU running the process. One handler did better than two at 2, 8 and 32 faulting threads.
 //!
 //! So only *active* handlers poll the descriptor; the others are *dormant* (parked).
-//! Handler 0 starts alone; four rules, each applied by a handler to itself, do the rest:
+//! Handler 0 starts alone; five rules, each applied by a handler to itself, do the rest:
 //!
 //! * **Retire:** a handler that found nothing to read after more than
 //!   [`RETIRE_USELESS_PER_WINDOW`] of its last [`WAKE_WINDOW`] wake-ups (another handler
@@ -17,6 +17,12 @@
 //! * **Backlog:** a handler that reads [`BACKLOG_FAULTS`] or more faults at once (the active
 //!   ones do not keep up) wakes a dormant one, up to half the CPUs
 //!   ([`HandlerPool::add_for_backlog`]): for machines with many CPUs, unmeasured here.
+//! * **Help:** a handler that served a stream's window (at least [`HELPER_WINDOW_PAGES`]
+//!   pages) and then reads a fault of another thread wakes a dormant handler as a helper
+//!   for [`HELPER_FAULTS`] faults: a random fault should not wait behind a stream's
+//!   32-page windows. A reclaim round is as long, but is not a window, and a thread's own
+//!   next fault did not wait behind its window: both tried as triggers, both cost more
+//!   than they gave (BENCHMARKS.md, the combined workload's reading).
 //! * **Steer:** every [`PROBE_EVERY_FAULTS`] faults, a lone active handler that is not
 //!   spinning looks up the CPU the faulting thread last ran on (`/proc`, 5-20 µs). If that
 //!   is not its own, it wakes the handler pinned there and retires.
@@ -50,6 +56,11 @@ pub(crate) const BACKLOG_FAULTS: usize = 4;
 /// How often a lone active handler checks that it runs where the faults come from, in
 /// faults served.
 pub(crate) const PROBE_EVERY_FAULTS: u32 = 4096;
+/// A fault whose service mapped this many pages or more (a stream's readahead or
+/// fault-around window) makes faults of other threads read after it wake a helper.
+pub(crate) const HELPER_WINDOW_PAGES: usize = 8;
+/// Faults a helper serves before it retires.
+pub(crate) const HELPER_FAULTS: u32 = 64;
 /// A dormant handler checks for shutdown at least this often (an unpark can only be lost to
 /// a bug, but a bounded sleep makes such a bug slow, not a hang).
 const DORMANT_PARK: Duration = Duration::from_millis(100);
@@ -57,6 +68,8 @@ const DORMANT_PARK: Duration = Duration::from_millis(100);
 /// The thread-mode handlers' active set. One per pager.
 pub(crate) struct HandlerPool {
     active: Box<[AtomicBool]>,
+    /// Set for a handler woken as a helper ([`HandlerPool::wake_helper`]), taken by it.
+    helper: Box<[AtomicBool]>,
     threads: Box<[OnceLock<Thread>]>,
     /// The CPU each handler is pinned to, if it is.
     cpus: Box<[Option<usize>]>,
@@ -79,6 +92,7 @@ impl HandlerPool {
         HandlerPool {
             // Handler 0 alone at first: the rules add and move handlers as faults come.
             active: (0..n).map(|i| AtomicBool::new(i == 0)).collect(),
+            helper: (0..n).map(|_| AtomicBool::new(false)).collect(),
             threads: (0..n).map(|_| OnceLock::new()).collect(),
             cpus: cpus.into_boxed_slice(),
             nr_cpus: nr_cpus.max(1),
@@ -132,13 +146,30 @@ impl HandlerPool {
         (self.nr_cpus / 2).max(1)
     }
 
+    /// After a stream's window was served while another thread's fault waited: wakes a
+    /// dormant handler as a helper, which serves [`HELPER_FAULTS`] faults and retires
+    /// (whatever the CPU count: a few faults' help, not a second permanent poller).
+    pub(crate) fn wake_helper(&self) -> bool {
+        self.wake(true)
+    }
+
+    /// Whether handler `me` was woken as a helper (once per wake-up).
+    pub(crate) fn take_helper(&self, me: usize) -> bool {
+        self.helper[me].swap(false, Ordering::AcqRel)
+    }
+
     /// Makes one dormant handler active and wakes it. Returns whether there was one.
     pub(crate) fn wake_one(&self) -> bool {
+        self.wake(false)
+    }
+
+    fn wake(&self, as_helper: bool) -> bool {
         let n = self.active.len();
         let start = self.next_wake.fetch_add(1, Ordering::Relaxed);
         for k in 0..n {
             let i = (start + k) % n;
             if self.active[i].compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                self.helper[i].store(as_helper, Ordering::Release);
                 self.nr_active.fetch_add(1, Ordering::AcqRel);
                 if let Some(t) = self.threads[i].get() {
                     t.unpark();
@@ -208,6 +239,8 @@ pub(crate) struct WakeTally {
     spin_hits: u32,
     /// Faults left to serve without spinning (after a window of failed spins).
     spin_off_faults: u32,
+    /// Woken as a helper: faults left to serve before retiring (0: not a helper).
+    helper_faults_left: u32,
 }
 
 impl WakeTally {
@@ -235,9 +268,20 @@ impl WakeTally {
         self.spin_hits = 0;
     }
 
-    /// Records `faults` served (the spin back-off counts them).
-    pub(crate) fn served(&mut self, faults: u32) {
+    /// Records `faults` served (the spin back-off and a helper's allowance count them).
+    /// Returns true when a helper has served its allowance: time to retire.
+    pub(crate) fn served(&mut self, faults: u32) -> bool {
         self.spin_off_faults = self.spin_off_faults.saturating_sub(faults);
+        if self.helper_faults_left == 0 {
+            return false;
+        }
+        self.helper_faults_left = self.helper_faults_left.saturating_sub(faults.max(1));
+        self.helper_faults_left == 0
+    }
+
+    /// Starts a helper's allowance of [`HELPER_FAULTS`].
+    pub(crate) fn start_helping(&mut self) {
+        self.helper_faults_left = HELPER_FAULTS;
     }
 
     /// Records a wake-up from `poll`; `useful` if the read after it found a message. Returns
@@ -307,6 +351,21 @@ mod tests {
         let p = HandlerPool::new(vec![Some(0), Some(1)], 2);
         assert!(!p.add_for_backlog());
         assert_eq!(p.nr_active(), 1);
+    }
+
+    #[test]
+    fn a_helper_is_told_once_and_retires_after_its_allowance() {
+        let p = HandlerPool::new(vec![Some(0), Some(1)], 2);
+        assert!(!p.add_for_backlog(), "two CPUs: no second handler for a backlog");
+        assert!(p.wake_helper(), "but one to help after a window");
+        assert!(p.take_helper(1) && !p.take_helper(1));
+        assert!(!p.wake_helper(), "both active");
+        let mut t = WakeTally::default();
+        assert!(!t.served(1), "not a helper: never told to retire");
+        t.start_helping();
+        assert!(!t.served(HELPER_FAULTS - 1));
+        assert!(t.served(1));
+        assert!(!t.served(1), "once");
     }
 
     #[test]

@@ -177,6 +177,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         }
     }
 
+    crate::fault::note_window(items.len());
     // Read-ahead pages are charged like the faulting page, reclaiming if need be (the kernel
     // charges its read-ahead pages to the memory cgroup too): the window only grows on
     // evidence that read-ahead pages are used.
