@@ -166,18 +166,20 @@ impl HandlerPool {
     fn wake(&self, as_helper: bool) -> bool {
         let n = self.active.len();
         let start = self.next_wake.fetch_add(1, Ordering::Relaxed);
-        for k in 0..n {
-            let i = (start + k) % n;
-            if self.active[i].compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                self.helper[i].store(as_helper, Ordering::Release);
-                self.nr_active.fetch_add(1, Ordering::AcqRel);
-                if let Some(t) = self.threads[i].get() {
-                    t.unpark();
-                }
-                return true;
-            }
+        (0..n).any(|k| self.activate((start + k) % n, as_helper))
+    }
+
+    /// Makes handler `i` active and wakes it, if it was dormant. Returns whether it was.
+    fn activate(&self, i: usize, as_helper: bool) -> bool {
+        if self.active[i].compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return false;
         }
-        false
+        self.helper[i].store(as_helper, Ordering::Release);
+        self.nr_active.fetch_add(1, Ordering::AcqRel);
+        if let Some(t) = self.threads[i].get() {
+            t.unpark();
+        }
+        true
     }
 
     /// Hands handler `me`'s work to a dormant handler pinned to `cpu` (where the faulting
@@ -190,14 +192,7 @@ impl HandlerPool {
         let Some(to) = self.cpus.iter().position(|c| *c == Some(cpu)) else {
             return false;
         };
-        if self.active[to].compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            return false;
-        }
-        self.nr_active.fetch_add(1, Ordering::AcqRel);
-        if let Some(t) = self.threads[to].get() {
-            t.unpark();
-        }
-        self.try_retire(me)
+        self.activate(to, false) && self.try_retire(me)
     }
 
     /// Handler `me`, dormant, sleeps until it is made active or `stop` says to return.
