@@ -247,6 +247,15 @@ mod tests {
         s.advance(page, N, max)
     }
 
+    /// Faults `nr_faults` times on a forward scan from `page`, each just past the last
+    /// window (windows of up to 32 pages). Returns the page after the last window.
+    fn scan_forward(s: &FaultStreams, mut page: usize, nr_faults: usize) -> usize {
+        for _ in 0..nr_faults {
+            page = fault(s, page, 32).window.end();
+        }
+        page
+    }
+
     #[test]
     fn size_follows_swapin_nr_pages() {
         assert_eq!(window_size(0, false, 0, 32), 1, "no hits, not adjacent");
@@ -293,10 +302,7 @@ mod tests {
     #[test]
     fn random_faults_get_one_page_and_do_not_evict_a_stream() {
         let s = FaultStreams::new();
-        let mut page = 100;
-        for _ in 0..6 {
-            page = fault(&s, page, 32).window.end();
-        }
+        let page = scan_forward(&s, 100, 6);
         let mut x = 0x1234_5678u64;
         for _ in 0..50 {
             x ^= x << 13;
@@ -316,10 +322,7 @@ mod tests {
     fn interleaved_new_streams_do_not_push_each_other_out() {
         let s = FaultStreams::new();
         // Every slot taken: one established stream, the rest single pages.
-        let mut page = 0;
-        for _ in 0..6 {
-            page = fault(&s, page, 32).window.end();
-        }
+        let page = scan_forward(&s, 0, 6);
         for k in 0..NR_STREAMS {
             fault(&s, 10_000 + 100 * k, 32);
         }
@@ -336,10 +339,7 @@ mod tests {
     #[test]
     fn a_fault_elsewhere_after_a_window_shrinks_gradually() {
         let s = FaultStreams::new();
-        let mut page = 0;
-        for _ in 0..7 {
-            page = fault(&s, page, 32).window.end();
-        }
+        let page = scan_forward(&s, 0, 7);
         // Not the next page: the stream is not continued; a new one starts at one page.
         assert_eq!(fault(&s, page + 10, 32).window.len, 1);
     }
