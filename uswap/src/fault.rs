@@ -30,6 +30,7 @@ use crossbeam_utils::Backoff;
 
 use crate::handler_pool::{
     thread_last_cpu, HandlerPool, WakeTally, BACKLOG_FAULTS, HELPER_WINDOW_PAGES, SPIN_AFTER_FAULT_NS,
+    SPIN_ROUNDS_PER_YIELD, SPIN_YIELD_TAKEN_NS,
 };
 use crate::mapping::{now_ns, pin_current_thread};
 use crate::pager::{FaultMode, PageErrorKind, PagerShared};
@@ -525,17 +526,22 @@ pub(crate) fn handler_thread(
     // While set, the handler polls the descriptor without sleeping, until then
     // (`WakeTally::may_spin`).
     let mut spin_until_ns = None;
+    let mut spin_rounds = 0u32;
     // The thread whose fault in the last batch mapped a window, if one did (the help rule).
     let mut window_tid = None;
     while !pager.is_shutdown() {
         if !pool.is_active(me) {
             pool.wait_dormant(me, || pager.is_shutdown());
             tally.reset();
-            if pool.take_helper(me) {
-                tally.start_helping();
-            }
             woke_for_message = false;
             spin_until_ns = None;
+        }
+        // Taken whether or not the handler slept: one that retired and was woken again as a
+        // helper before it looked must still leave after its allowance, or two stay active.
+        if pool.take_helper(me) {
+            tally.start_helping();
+        }
+        if !pool.is_active(me) {
             continue;
         }
         // Events (munmap, mremap, madvise) among the messages are applied here, in the order
@@ -548,7 +554,19 @@ pub(crate) fn handler_thread(
         }
         if let Some(until_ns) = spin_until_ns {
             if n == 0 && now_ns() < until_ns {
-                std::hint::spin_loop();
+                spin_rounds = spin_rounds.wrapping_add(1);
+                if spin_rounds % SPIN_ROUNDS_PER_YIELD != 0 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let before_ns = now_ns();
+                std::thread::yield_now();
+                if now_ns() - before_ns < SPIN_YIELD_TAKEN_NS {
+                    continue;
+                }
+                // Another thread had the CPU: spinning here takes its time.
+                tally.spun(false);
+                spin_until_ns = None;
                 continue;
             }
             tally.spun(n > 0);
