@@ -333,6 +333,26 @@ typedef struct uswap_stats {
      * for the run).
      */
     uint64_t swpout_neighbours;
+    /**
+     * Thread mode: fault handlers that went dormant (see README, "The two fault modes").
+     */
+    uint64_t handler_retire;
+    /**
+     * Thread mode: dormant handlers woken because one read 4 or more faults at once.
+     */
+    uint64_t handler_backlog;
+    /**
+     * Thread mode: dormant handlers woken to help while a stream's window was served.
+     */
+    uint64_t handler_help;
+    /**
+     * Thread mode: hand-overs to the handler pinned where the faulting thread last ran.
+     */
+    uint64_t handler_steer;
+    /**
+     * Thread mode: times a handler stopped spinning for its next fault for a while.
+     */
+    uint64_t handler_spin_off;
 } uswap_stats;
 
 #ifdef __cplusplus

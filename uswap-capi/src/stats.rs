@@ -131,6 +131,16 @@ pub struct uswap_stats {
     /// Dirty resident pages that left with a victim next to them, in one run (one TLB flush
     /// for the run).
     pub swpout_neighbours: u64,
+    /// Thread mode: fault handlers that went dormant (see README, "The two fault modes").
+    pub handler_retire: u64,
+    /// Thread mode: dormant handlers woken because one read 4 or more faults at once.
+    pub handler_backlog: u64,
+    /// Thread mode: dormant handlers woken to help while a stream's window was served.
+    pub handler_help: u64,
+    /// Thread mode: hand-overs to the handler pinned where the faulting thread last ran.
+    pub handler_steer: u64,
+    /// Thread mode: times a handler stopped spinning for its next fault for a while.
+    pub handler_spin_off: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -200,7 +210,12 @@ impl uswap_stats {
             limit_overrun_busy,
             pool_wait_timeout,
             cow_broken,
-            swpout_neighbours;
+            swpout_neighbours,
+            handler_retire,
+            handler_backlog,
+            handler_help,
+            handler_steer,
+            handler_spin_off;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

@@ -550,6 +550,7 @@ pub(crate) fn handler_thread(
         let pending = events::run_take_outs(pager);
         let retire = std::mem::take(&mut woke_for_message) && tally.woke(n > 0);
         if retire && n == 0 && pool.try_retire(me) {
+            pager.stats.inc(Counter::HandlerRetire);
             continue;
         }
         if let Some(until_ns) = spin_until_ns {
@@ -565,11 +566,15 @@ pub(crate) fn handler_thread(
                     continue;
                 }
                 // Another thread had the CPU: spinning here takes its time.
-                tally.spun(false);
+                if tally.spun(false) {
+                    pager.stats.inc(Counter::HandlerSpinOff);
+                }
                 spin_until_ns = None;
                 continue;
             }
-            tally.spun(n > 0);
+            if tally.spun(n > 0) {
+                pager.stats.inc(Counter::HandlerSpinOff);
+            }
             spin_until_ns = None;
         }
         if n == 0 {
@@ -580,15 +585,21 @@ pub(crate) fn handler_thread(
         let mut faults = msgs[..n].iter().filter(|m| m.event == uffd::EVENT_PAGEFAULT);
         let nr_faults = faults.clone().count();
         if nr_faults >= BACKLOG_FAULTS {
-            pool.add_for_backlog();
+            if pool.add_for_backlog() {
+                pager.stats.inc(Counter::HandlerBacklog);
+            }
         } else if std::mem::take(&mut window_tid).is_some_and(|t| faults.clone().any(|m| m.pf_ptid != t)) {
-            pool.wake_helper();
+            if pool.wake_helper() {
+                pager.stats.inc(Counter::HandlerHelp);
+            }
         } else if pool.nr_active() == 1 && tally.served_alone(nr_faults as u32) && !tally.may_spin() {
             // A spinning handler serves from the other CPU by design: steering it to the
             // faulting thread's CPU would make the two compete for it.
             if let Some(cpu) = faults.next().and_then(|m| thread_last_cpu(m.pf_ptid)) {
                 // Served first anyway: the new handler polls only after its wake-up.
-                pool.steer_to(me, cpu);
+                if pool.steer_to(me, cpu) {
+                    pager.stats.inc(Counter::HandlerSteer);
+                }
             }
         }
         for m in &msgs[..n] {
@@ -673,8 +684,8 @@ pub(crate) fn handler_thread(
             spin_until_ns = Some(now_ns() + SPIN_AFTER_FAULT_NS);
         }
         // Retiring with messages in hand waits until they are served.
-        if retire || helped_enough {
-            pool.try_retire(me);
+        if (retire || helped_enough) && pool.try_retire(me) {
+            pager.stats.inc(Counter::HandlerRetire);
         }
     }
 }

@@ -260,18 +260,21 @@ impl WakeTally {
     }
 
     /// Records whether a spin found a fault before [`SPIN_AFTER_FAULT_NS`] ran out. At the end
-    /// of a window with fewer hits than misses, spinning stops for [`SPIN_BACKOFF_FAULTS`].
-    pub(crate) fn spun(&mut self, hit: bool) {
+    /// of a window with fewer hits than misses, spinning stops for [`SPIN_BACKOFF_FAULTS`]:
+    /// returns true then.
+    pub(crate) fn spun(&mut self, hit: bool) -> bool {
         self.spins += 1;
         self.spin_hits += u32::from(hit);
         if self.spins < SPIN_WINDOW {
-            return;
+            return false;
         }
-        if self.spin_hits * 2 < self.spins {
+        let stop = self.spin_hits * 2 < self.spins;
+        if stop {
             self.spin_off_faults = SPIN_BACKOFF_FAULTS;
         }
         self.spins = 0;
         self.spin_hits = 0;
+        stop
     }
 
     /// Records `faults` served (the spin back-off and a helper's allowance count them).
@@ -423,10 +426,12 @@ mod tests {
         let mut t = WakeTally::default();
         assert!(t.may_spin());
         // Half the spins found a fault: go on.
-        (0..SPIN_WINDOW).for_each(|i| t.spun(i % 2 == 0));
+        assert_eq!((0..SPIN_WINDOW).filter(|i| t.spun(i % 2 == 0)).count(), 0);
         assert!(t.may_spin());
-        // Fewer: stop for the back-off, counted in faults served.
-        (0..SPIN_WINDOW).for_each(|i| t.spun(i % 4 == 0));
+        // Fewer: stop for the back-off (said once, at the window's end), counted in faults
+        // served.
+        let stops: Vec<u32> = (0..SPIN_WINDOW).filter(|i| t.spun(i % 4 == 0)).collect();
+        assert_eq!(stops, [SPIN_WINDOW - 1]);
         assert!(!t.may_spin());
         t.served(SPIN_BACKOFF_FAULTS - 1);
         assert!(!t.may_spin());

@@ -113,9 +113,20 @@ pub(crate) enum Counter {
     /// Dirty resident pages that left with a victim next to them, in one run (see
     /// `reclaim::swapout::take_resident_neighbours`).
     SwpoutNeighbours,
+    /// Thread mode: handlers that went dormant (see `handler_pool`).
+    HandlerRetire,
+    /// Thread mode: dormant handlers woken for a backlog of faults.
+    HandlerBacklog,
+    /// Thread mode: dormant handlers woken to help while a stream's window was served.
+    HandlerHelp,
+    /// Thread mode: hand-overs to the handler on the faulting thread's CPU.
+    HandlerSteer,
+    /// Thread mode: windows of spins that stopped spinning (mostly misses, or the CPU was
+    /// wanted by another thread).
+    HandlerSpinOff,
 }
 
-const NR_COUNTERS: usize = Counter::SwpoutNeighbours as usize + 1;
+const NR_COUNTERS: usize = Counter::HandlerSpinOff as usize + 1;
 
 // ---------------------------------------------------------------------------------------
 // Histogram
@@ -485,6 +496,22 @@ pub struct Stats {
     /// Dirty resident pages that left with a victim next to them (in its aligned 64 KiB
     /// block), in one run: one `UFFDIO_MOVE` and one TLB flush for all of them.
     pub swpout_neighbours: u64,
+    /// Thread mode: handler threads that stopped waiting on the userfaultfd and went
+    /// dormant: most of their wake-ups found another handler had been first, a helper's 64
+    /// faults were served, or a handler handed over to another (`handler_steer`). See
+    /// `uswap/src/handler_pool.rs` and README, "The two fault modes".
+    pub handler_retire: u64,
+    /// Thread mode: dormant handlers woken because one read 4 or more faults at once.
+    pub handler_backlog: u64,
+    /// Thread mode: dormant handlers woken as helpers, after a stream's window was served
+    /// while another thread's fault waited.
+    pub handler_help: u64,
+    /// Thread mode: hand-overs from a lone handler to the one pinned on the CPU where the
+    /// faulting thread last ran.
+    pub handler_steer: u64,
+    /// Thread mode: times a handler stopped spinning for the next fault for a while (its
+    /// spins mostly found nothing, or another thread wanted its CPU).
+    pub handler_spin_off: u64,
     /// Device writes that failed; the pages stayed staged in RAM and are retried later.
     pub swpout_error: u64,
     /// Pages a device declined (pool full, incompressible) and another device took.
@@ -582,6 +609,11 @@ impl Stats {
             move_refused,
             cow_broken,
             swpout_neighbours,
+            handler_retire,
+            handler_backlog,
+            handler_help,
+            handler_steer,
+            handler_spin_off,
             swpout_error,
             swpout_spilled,
             writeback,
@@ -690,6 +722,11 @@ impl PerCpuStats {
         s.move_refused = self.sum(MoveRefused);
         s.cow_broken = self.sum(CowBroken);
         s.swpout_neighbours = self.sum(SwpoutNeighbours);
+        s.handler_retire = self.sum(HandlerRetire);
+        s.handler_backlog = self.sum(HandlerBacklog);
+        s.handler_help = self.sum(HandlerHelp);
+        s.handler_steer = self.sum(HandlerSteer);
+        s.handler_spin_off = self.sum(HandlerSpinOff);
         s.swpout_error = self.sum(SwpoutError);
         s.swpout_spilled = self.sum(SwpoutSpilled);
         s.writeback = self.sum(Writeback);
