@@ -76,26 +76,18 @@ impl Failure {
 
 impl From<engine::Error> for Failure {
     fn from(e: engine::Error) -> Failure {
-        use engine::Error::*;
+        use engine::ErrorKind::*;
         use uswap_status::*;
-        // Exhaustive on purpose: a new engine error must be given a code here, not fall into
-        // a catch-all.
-        let status = match &e {
-            UserfaultfdDenied { .. } => USWAP_EPERM,
-            UserfaultfdUnsupported { .. } | KernelTooOld { .. } => USWAP_ENOTSUP,
-            LimitTooSmall { .. }
-            | ZeroLengthMap { .. }
-            | MapTooLarge { .. }
-            | NoDevice
-            | BadDeviceSpec { .. }
-            | TooManyDevices { .. }
-            | DeviceTooSmall { .. } => USWAP_EINVAL,
-            TooManyRegions { .. } | OutOfAddressSpace { .. } => USWAP_ENOMEM,
-            Device { .. } | Backend(_) | FileDevice(_) | RedisDevice(_) => USWAP_EDEVICE,
-            LimitNotReached { .. } => USWAP_ENOSPC,
-            LimitBusy { .. } => USWAP_EBUSY,
-            SigbusBlocked | SigbusHandlerReplaced => USWAP_ESIGNAL,
-            Io { .. } => USWAP_EIO,
+        let status = match e.kind() {
+            Permission => USWAP_EPERM,
+            Unsupported => USWAP_ENOTSUP,
+            InvalidArgument => USWAP_EINVAL,
+            OutOfMemory => USWAP_ENOMEM,
+            Device => USWAP_EDEVICE,
+            LimitNotReached => USWAP_ENOSPC,
+            LimitBusy => USWAP_EBUSY,
+            Signal => USWAP_ESIGNAL,
+            Io => USWAP_EIO,
         };
         Failure::new(status, e.to_string())
     }
@@ -201,6 +193,22 @@ mod tests {
         let code = guard(|| std::panic::panic_any(17u32));
         assert_eq!(code, uswap_status::USWAP_EPANIC as c_int);
         assert!(last_error().contains("a panic without a message"));
+    }
+
+    #[test]
+    fn engine_errors_become_the_status_of_their_kind() {
+        let cases = [
+            (engine::Error::NoDevice, uswap_status::USWAP_EINVAL),
+            (engine::Error::TooManyRegions { max: 4096 }, uswap_status::USWAP_ENOMEM),
+            (engine::Error::LimitNotReached { resident_bytes: 2, limit_bytes: 1 }, uswap_status::USWAP_ENOSPC),
+            (engine::Error::LimitBusy { resident_bytes: 2, limit_bytes: 1, waited_ms: 5 }, uswap_status::USWAP_EBUSY),
+            (engine::Error::SigbusHandlerReplaced, uswap_status::USWAP_ESIGNAL),
+        ];
+        for (e, status) in cases {
+            let msg = e.to_string();
+            assert_eq!(guard(|| Err(Failure::from(e))), status as c_int, "{msg}");
+            assert_eq!(last_error(), msg);
+        }
     }
 
     #[test]

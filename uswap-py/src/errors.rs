@@ -46,24 +46,16 @@ create_exception!(uswap, IoError, Error, "A system call failed; the message name
 
 /// The Python exception for an engine error, with the engine's message.
 pub fn to_py(e: uswap::Error) -> PyErr {
-    use uswap::Error::*;
+    use uswap::ErrorKind::*;
     let msg = e.to_string();
-    match e {
-        UserfaultfdDenied { .. } | UserfaultfdUnsupported { .. } | KernelTooOld { .. } => {
-            UserfaultfdError::new_err(msg)
-        }
-        LimitTooSmall { .. }
-        | ZeroLengthMap { .. }
-        | MapTooLarge { .. }
-        | NoDevice
-        | BadDeviceSpec { .. }
-        | TooManyDevices { .. }
-        | DeviceTooSmall { .. } => InvalidArgumentError::new_err(msg),
-        TooManyRegions { .. } | OutOfAddressSpace { .. } => OutOfMemoryError::new_err(msg),
-        Device { .. } | Backend(_) | FileDevice(_) | RedisDevice(_) => DeviceError::new_err(msg),
-        LimitNotReached { .. } | LimitBusy { .. } => LimitError::new_err(msg),
-        SigbusBlocked | SigbusHandlerReplaced => SignalModeError::new_err(msg),
-        Io { .. } => IoError::new_err(msg),
+    match e.kind() {
+        Permission | Unsupported => UserfaultfdError::new_err(msg),
+        InvalidArgument => InvalidArgumentError::new_err(msg),
+        OutOfMemory => OutOfMemoryError::new_err(msg),
+        Device => DeviceError::new_err(msg),
+        LimitNotReached | LimitBusy => LimitError::new_err(msg),
+        Signal => SignalModeError::new_err(msg),
+        Io => IoError::new_err(msg),
     }
 }
 

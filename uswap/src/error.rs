@@ -104,10 +104,84 @@ pub enum Error {
     RedisDevice(#[from] crate::backend::redis::RedisDeviceError),
 }
 
+/// What kind of failure an [`Error`] is, for callers that act on the kind rather than the
+/// message: the C ABI's status codes and the Python package's exception classes are both
+/// chosen from it, so the two cannot classify an error differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The process may not open a userfaultfd (see the message for the ways to allow it).
+    Permission,
+    /// The kernel has no userfaultfd, or lacks a feature uswap needs.
+    Unsupported,
+    /// An argument or a configuration is invalid; the message says which and what is allowed.
+    InvalidArgument,
+    /// No room: region slots or address space ran out.
+    OutOfMemory,
+    /// A swap device failed, or could not be set up.
+    Device,
+    /// A lowered resident limit could not be reached (pages stayed in use).
+    LimitNotReached,
+    /// The resident limit is being changed by another caller.
+    LimitBusy,
+    /// Signal fault mode cannot serve faults (SIGBUS blocked, or its handler replaced).
+    Signal,
+    /// A system call failed.
+    Io,
+}
+
 impl Error {
     pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Error {
         Error::Io { context: context.into(), source }
     }
+
+    /// This error's kind.
+    pub fn kind(&self) -> ErrorKind {
+        use Error::*;
+        // Exhaustive on purpose: a new error must be given a kind here, not fall into a
+        // catch-all.
+        match self {
+            UserfaultfdDenied { .. } => ErrorKind::Permission,
+            UserfaultfdUnsupported { .. } | KernelTooOld { .. } => ErrorKind::Unsupported,
+            LimitTooSmall { .. }
+            | ZeroLengthMap { .. }
+            | MapTooLarge { .. }
+            | NoDevice
+            | BadDeviceSpec { .. }
+            | TooManyDevices { .. }
+            | DeviceTooSmall { .. } => ErrorKind::InvalidArgument,
+            TooManyRegions { .. } | OutOfAddressSpace { .. } => ErrorKind::OutOfMemory,
+            Device { .. } | Backend(_) | FileDevice(_) | RedisDevice(_) => ErrorKind::Device,
+            LimitNotReached { .. } => ErrorKind::LimitNotReached,
+            LimitBusy { .. } => ErrorKind::LimitBusy,
+            SigbusBlocked | SigbusHandlerReplaced => ErrorKind::Signal,
+            Io { .. } => ErrorKind::Io,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_has_the_kind_callers_act_on() {
+        let denied = || io::Error::from_raw_os_error(libc::EPERM);
+        let cases = [
+            (Error::UserfaultfdDenied { syscall: denied(), dev: denied() }, ErrorKind::Permission),
+            (Error::KernelTooOld { release: "6.1".into(), missing: "UFFDIO_MOVE".into() }, ErrorKind::Unsupported),
+            (Error::LimitTooSmall { limit_bytes: 4096, min_bytes: 1 << 20 }, ErrorKind::InvalidArgument),
+            (Error::NoDevice, ErrorKind::InvalidArgument),
+            (Error::TooManyRegions { max: 4096 }, ErrorKind::OutOfMemory),
+            (Error::Device { name: "file".into(), why: "full".into() }, ErrorKind::Device),
+            (Error::LimitNotReached { resident_bytes: 2, limit_bytes: 1 }, ErrorKind::LimitNotReached),
+            (Error::LimitBusy { resident_bytes: 2, limit_bytes: 1, waited_ms: 5 }, ErrorKind::LimitBusy),
+            (Error::SigbusBlocked, ErrorKind::Signal),
+            (Error::io("mmap", io::Error::from_raw_os_error(libc::ENOMEM)), ErrorKind::Io),
+        ];
+        for (e, kind) in cases {
+            assert_eq!(e.kind(), kind, "{e}");
+        }
+    }
+}

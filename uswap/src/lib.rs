@@ -54,7 +54,7 @@ pub use backend::failing::FaultInjection;
 pub use backend::redis::RedisOptions;
 pub use backend::zpool::{Compressor, Incompressible};
 pub use device::{parse_size, DeviceConfig};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use mapping::{is_engine_thread, spawn_engine_thread};
 
 /// Signal mode's SIGBUS handler, for a library that interposes the program's signal calls
