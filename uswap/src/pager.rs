@@ -60,10 +60,11 @@ pub enum FaultMode {
 /// When the background reclaimer works.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackgroundReclaim {
-    /// The default: [`Always`](Self::Always) when a device is remote
-    /// (`Backend::remote`: every write a network round trip, which the faulting thread
-    /// should not wait for), [`WhenIdle`](Self::WhenIdle) otherwise. Resolved when the pager
-    /// is built.
+    /// The default: [`Always`](Self::Always) when a device's writes are slow
+    /// (`Backend::slow_writes`: the file device, a disk write; the Redis tier, a network
+    /// round trip; the faulting thread should not wait for either),
+    /// [`WhenIdle`](Self::WhenIdle) otherwise (RAM and the compressed pool). Resolved when the
+    /// pager is built.
     #[default]
     Auto,
     /// Only while the application takes no faults. While it faults, reclaim runs in the
@@ -219,7 +220,7 @@ impl PagerBuilder {
             async_readers.push(d.async_reads_enabled());
         }
         let background_reclaim = match self.background_reclaim {
-            BackgroundReclaim::Auto if backends.iter().any(|b| b.backend.remote()) => BackgroundReclaim::Always,
+            BackgroundReclaim::Auto if backends.iter().any(|b| b.backend.slow_writes()) => BackgroundReclaim::Always,
             BackgroundReclaim::Auto => BackgroundReclaim::WhenIdle,
             policy => policy,
         };

@@ -37,10 +37,10 @@ fn build(mode: FaultMode, limit: u64, devices: Vec<DeviceConfig>) -> Pager {
     b.build().expect("pager")
 }
 
-/// `BackgroundReclaim::Auto` (the default) picks `Always` only with a remote device, and a
-/// policy given explicitly is kept.
+/// `BackgroundReclaim::Auto` (the default) picks `Always` with a remote device (as with a
+/// file device, see `tiers.rs`), and a policy given explicitly is kept.
 #[test]
-fn background_reclaim_auto_is_always_only_with_a_remote_device() {
+fn background_reclaim_auto_is_always_with_a_remote_device() {
     let Some(r) = servers(1, 0, &[]) else { return };
     let local = build(FaultMode::Thread, 16 * MIB, vec![DeviceConfig::zpool(4 * MIB)]);
     assert_eq!(local.background_reclaim(), BackgroundReclaim::WhenIdle);

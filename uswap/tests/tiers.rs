@@ -2,7 +2,7 @@
 //! between them, checksums, and fault injection. Every byte read is verified; a failure may
 //! slow the engine down or keep pages in RAM, never change what the application reads.
 
-use uswap::{DeviceConfig, FaultInjection, FaultMode, Incompressible, Pager, PAGE_SIZE};
+use uswap::{BackgroundReclaim, DeviceConfig, FaultInjection, FaultMode, Incompressible, Pager, PAGE_SIZE};
 
 mod common;
 use common::*;
@@ -13,6 +13,34 @@ fn build(mode: FaultMode, limit: u64, devices: Vec<DeviceConfig>) -> Pager {
         b = b.device(d);
     }
     b.build().expect("pager")
+}
+
+/// `BackgroundReclaim::Auto` (the default) reclaims in the background, kswapd-style, as
+/// soon as one device's writes are slow (a file on a disk here; the Redis tier in
+/// `redis_tier.rs`), and only while the application is idle with RAM and the pool.
+#[test]
+fn background_reclaim_auto_is_always_with_a_slow_device() {
+    let dir = std::env::temp_dir();
+    for (devices, want) in [
+        (vec![DeviceConfig::ram(16 * MIB)], BackgroundReclaim::WhenIdle),
+        (vec![DeviceConfig::zpool(16 * MIB)], BackgroundReclaim::WhenIdle),
+        (vec![DeviceConfig::file(&dir, 16 * MIB)], BackgroundReclaim::Always),
+        (
+            vec![DeviceConfig::zpool(4 * MIB).priority(10), DeviceConfig::file(&dir, 16 * MIB)],
+            BackgroundReclaim::Always,
+        ),
+    ] {
+        let names: Vec<String> = devices.iter().map(|d| format!("{d:?}")).collect();
+        let p = build(FaultMode::Thread, 4 * MIB, devices);
+        assert_eq!(p.background_reclaim(), want, "{names:?}");
+    }
+    let chosen = Pager::builder()
+        .resident_limit(4 * MIB)
+        .background_reclaim(BackgroundReclaim::WhenIdle)
+        .device(DeviceConfig::file(&dir, 16 * MIB))
+        .build()
+        .expect("pager");
+    assert_eq!(chosen.background_reclaim(), BackgroundReclaim::WhenIdle, "a policy given explicitly is kept");
 }
 
 #[test]

@@ -126,7 +126,7 @@ pub struct BenchArgs {
     pub unpinned_handlers: bool,
     /// When uswap's background reclaimer works: `idle` (only while no faults arrive),
     /// `always` (classic kswapd, from the high to the low watermark) or `auto` (the default:
-    /// `always` with a remote device, Redis, `idle` otherwise).
+    /// `always` with a file or Redis device, whose writes are slow; `idle` otherwise).
     #[arg(long, value_enum, default_value_t = BackgroundArg::Auto)]
     pub background_reclaim: BackgroundArg,
     /// uswap's readahead (an engine named `uswap-MODE/ra-off` or `/ra-on` overrides it).

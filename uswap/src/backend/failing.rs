@@ -151,8 +151,8 @@ impl Backend for FailingBackend {
         self.inner.nr_slots()
     }
 
-    fn remote(&self) -> bool {
-        self.inner.remote()
+    fn slow_writes(&self) -> bool {
+        self.inner.slow_writes()
     }
 
     fn write(&self, reqs: &mut [WriteReq<'_>]) {

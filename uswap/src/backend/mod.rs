@@ -223,11 +223,13 @@ pub trait Backend: Send + Sync {
         None
     }
 
-    /// Whether pages leave the machine: every write is a network round trip (a `MSET` and a
-    /// replica's acknowledgement, hundreds of µs). A pager with such a device reclaims from
-    /// its background thread by default (`BackgroundReclaim::Auto`), so that the faulting
-    /// thread does not wait for those writes (BENCHMARKS.md, "The Redis tier").
-    fn remote(&self) -> bool {
+    /// Whether a write waits for something much slower than memory: a disk (the file
+    /// device's `O_DIRECT` writes) or the network (the Redis tier's `MSET` and a replica's
+    /// acknowledgement, hundreds of µs). A pager with such a device reclaims from its
+    /// background thread by default (`BackgroundReclaim::Auto`), so that the faulting thread
+    /// does not wait for those writes (BENCHMARKS.md, "The Redis tier" and "Background
+    /// reclaim for slow devices").
+    fn slow_writes(&self) -> bool {
         false
     }
 

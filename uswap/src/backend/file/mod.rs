@@ -372,6 +372,10 @@ impl Backend for FileBackend {
         self.submit(reqs);
     }
 
+    fn slow_writes(&self) -> bool {
+        true
+    }
+
     fn async_reader(&self, nr_pages: usize) -> Option<Box<dyn AsyncReader>> {
         FileAsyncReader::new(self.file.as_raw_fd(), self.nr_slots, nr_pages, self.poll_ns)
             .ok()

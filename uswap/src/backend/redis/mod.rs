@@ -556,7 +556,7 @@ impl Backend for RedisBackend {
         self.sh.nr_slots
     }
 
-    fn remote(&self) -> bool {
+    fn slow_writes(&self) -> bool {
         true
     }
 
