@@ -72,8 +72,9 @@ pub enum BackgroundReclaim {
     /// with a TLB-shootdown IPI for every page moved (see README).
     WhenIdle,
     /// Classic kswapd: woken at the high watermark, reclaims down to the low one whatever the
-    /// application does; faults reclaim only at the limit. Kept for comparison and for
-    /// machines where cross-CPU TLB flushes are cheap.
+    /// application does; faults reclaim only at the limit. What [`Auto`](Self::Auto) picks
+    /// for a device with slow writes; otherwise for comparison and for machines where
+    /// cross-CPU TLB flushes are cheap.
     Always,
 }
 
