@@ -353,6 +353,15 @@ typedef struct uswap_stats {
      * Thread mode: times a handler stopped spinning for its next fault for a while.
      */
     uint64_t handler_spin_off;
+    /**
+     * The process's anonymous memory that no pager manages, in bytes, as last measured
+     * (`uswap run`'s library measures it every second; 0 when nothing measures it).
+     */
+    uint64_t unmanaged_bytes;
+    /**
+     * The most of it measured at once.
+     */
+    uint64_t unmanaged_peak_bytes;
 } uswap_stats;
 
 #ifdef __cplusplus

@@ -141,6 +141,11 @@ pub struct uswap_stats {
     pub handler_steer: u64,
     /// Thread mode: times a handler stopped spinning for its next fault for a while.
     pub handler_spin_off: u64,
+    /// The process's anonymous memory that no pager manages, in bytes, as last measured
+    /// (`uswap run`'s library measures it every second; 0 when nothing measures it).
+    pub unmanaged_bytes: u64,
+    /// The most of it measured at once.
+    pub unmanaged_peak_bytes: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -215,7 +220,9 @@ impl uswap_stats {
             handler_backlog,
             handler_help,
             handler_steer,
-            handler_spin_off;
+            handler_spin_off,
+            unmanaged_bytes,
+            unmanaged_peak_bytes;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

@@ -51,6 +51,10 @@ pub struct RunArgs {
     /// Write the summed counters as JSON here when the program ends.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
+    /// Fail (exit status 2, the tree killed) as soon as the tree's anonymous memory that uswap
+    /// does not manage passes 10 % of the limit. Without it, that is reported on exit.
+    #[arg(long)]
+    pub strict: bool,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -341,7 +345,23 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // with it, and we wait for it to finish (as `time` does). Ignored only after the spawn:
     // an ignored signal stays ignored across exec.
     let _ignored = IgnoreTerminalSignals::new();
+    let unmanaged_limit = args.limit / UNMANAGED_SHARE_DIVISOR;
     let status = loop {
+        if args.strict {
+            let now = unmanaged_now(&launch.stats_dir);
+            if now.bytes > unmanaged_limit {
+                eprintln!("uswap run: --strict: {}", unmanaged_message(&now, args.limit, "now"));
+                kill_tree(&mut child, &launch.stats_dir);
+                return Ok(2);
+            }
+            match child.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(STRICT_POLL_MS)),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => return Err(RunError::Spawn { path, source }),
+            }
+            continue;
+        }
         match child.wait() {
             Ok(s) => break s,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -353,8 +373,12 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
         (None, None) => 1,
     };
-    let summary = launch.summary();
+    let mut summary = launch.summary();
+    let unmanaged = unmanaged_now(&launch.stats_dir);
     drop(launch);
+    if let serde_json::Value::Object(m) = &mut summary {
+        m.insert("rss_peak_bytes".into(), children_rss_peak_bytes().into());
+    }
     match &args.stats_json {
         Some(p) => {
             let text = serde_json::to_string_pretty(&summary).unwrap_or_default();
@@ -362,7 +386,100 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         }
         None => eprintln!("{}", summary_line(&summary)),
     }
+    // Said whether or not the counters went to a file: a limit that did not hold.
+    let peak = summary.get("unmanaged_peak_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
+    if peak > unmanaged_limit {
+        let at_peak = Unmanaged { bytes: peak, ..unmanaged };
+        eprintln!("uswap run: {}", unmanaged_message(&at_peak, args.limit, "at its peak"));
+        if args.strict {
+            return Ok(2);
+        }
+    }
     Ok(code)
+}
+
+/// The tree's unmanaged memory is reported once it passes 1/10 of the limit.
+const UNMANAGED_SHARE_DIVISOR: u64 = 10;
+/// How often `--strict` reads the tree's records (each process rewrites its own every 200
+/// ms and measures its memory every second).
+const STRICT_POLL_MS: u64 = 200;
+
+/// The tree's memory that uswap does not manage, from the processes' last records: the
+/// total, and the largest mappings with the reason each is not managed.
+#[derive(Debug, Default)]
+struct Unmanaged {
+    bytes: u64,
+    /// (process, address, bytes, why)
+    largest: Vec<(u64, String, u64, String)>,
+}
+
+fn unmanaged_now(dir: &Path) -> Unmanaged {
+    let mut u = Unmanaged::default();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        if name.to_string_lossy().starts_with('.') || !name.to_string_lossy().ends_with(".json") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+        let Ok(rec) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
+        let pid = rec.get("pid").and_then(|v| v.as_u64()).unwrap_or(0);
+        u.bytes += rec.get("unmanaged_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
+        for m in rec.get("unmanaged_largest").and_then(|v| v.as_array()).into_iter().flatten() {
+            let field = |k: &str| m.get(k).cloned().unwrap_or_default();
+            let addr = field("addr").as_str().unwrap_or("?").to_string();
+            let why = field("why").as_str().unwrap_or("?").to_string();
+            u.largest.push((pid, addr, field("bytes").as_u64().unwrap_or(0), why));
+        }
+    }
+    u.largest.sort_by_key(|m| std::cmp::Reverse(m.2));
+    u.largest.truncate(4);
+    u
+}
+
+fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> String {
+    let mut msg = format!(
+        "the limit of {} does not hold for {} of anonymous memory uswap does not manage ({}, {} % of the limit)",
+        format_size(limit_bytes),
+        format_size(u.bytes),
+        when,
+        u.bytes * 100 / limit_bytes.max(1)
+    );
+    if !u.largest.is_empty() {
+        msg.push_str("; the largest:");
+    }
+    for (pid, addr, bytes, why) in &u.largest {
+        msg.push_str(&format!("\n  process {pid}, mapping at {addr}: {}, {why}", format_size(*bytes)));
+    }
+    msg
+}
+
+/// `--strict` gave up on the program: every process of the tree that left a record, then
+/// the program itself, are killed, and the program reaped.
+fn kill_tree(child: &mut std::process::Child, dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_string_lossy().strip_suffix(".json").and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: kill(2) sends a signal; a pid that is gone gives ESRCH.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The largest resident set of any process of the tree that has been waited for (the
+/// program, and what it waited for in turn), as the kernel measured it: `getrusage`'s
+/// `ru_maxrss` of the children, in bytes. Measured from outside the engine: it includes
+/// what uswap does not manage (program text, file mappings, the compressed pool).
+fn children_rss_peak_bytes() -> u64 {
+    // SAFETY: rusage is plain data; getrusage writes one.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_CHILDREN is always valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
+        return 0;
+    }
+    ru.ru_maxrss.max(0) as u64 * 1024
 }
 
 /// The tree's counters now: every process's last record (rewritten every 200 ms) added up.
@@ -450,12 +567,13 @@ fn summarize(dir: &Path, limit_bytes: u64, tree_peak_pages: u64) -> serde_json::
 fn summary_line(s: &serde_json::Value) -> String {
     let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
     format!(
-        "uswap run: {} process(es), limit {}, resident peak {}, managed peak {}, pswpin {}, pswpout {}, \
-         major faults {}",
+        "uswap run: {} process(es), limit {}, resident peak {}, managed peak {}, unmanaged peak {}, pswpin {}, \
+         pswpout {}, major faults {}",
         g("processes"),
         format_size(g("limit_bytes")),
         format_size(g("resident_peak_bytes")),
         format_size(g("managed_peak_bytes")),
+        format_size(g("unmanaged_peak_bytes")),
         g("pswpin"),
         g("pswpout"),
         g("pgmajfault"),

@@ -623,3 +623,155 @@ fn a_program_pages_to_redis_and_leaves_no_key_behind() {
         assert_eq!(keys(), 0, "{mode}: the run's keys were deleted after it");
     }
 }
+
+/// A daemon-style program closes (or `dup2`s `/dev/null` over) every descriptor above 2 at
+/// start, in each of the ways programs do, then allocates 4x the limit: the pager's
+/// descriptors survive, so the budget holds and every byte comes back. Before, thread mode
+/// ran to the end with nothing paged (the closed userfaultfd had unregistered the heap) and
+/// signal mode died of SIGBUS.
+#[test]
+fn daemons_that_close_every_descriptor_keep_their_budget() {
+    let dir = tmpdir("daemon");
+    let p = compile("daemon", &dir, &[]);
+    for mode in ["thread", "signal"] {
+        for how in ["close_range", "closefrom", "close_loop", "dup2", "syscall"] {
+            let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), how];
+            let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+            assert_same_and_paged(&prog, &r, LIMIT_MIB);
+            assert_eq!(counter(&r.1, "processes"), 1, "{mode} {how}: {}", r.1);
+        }
+    }
+}
+
+/// What runtimes do with reserved address space (tests/programs/reserve.c): a `PROT_NONE`
+/// reservation committed by `mmap(MAP_FIXED)` and by `mprotect`, uncommitted and
+/// recommitted (zeros), `mremap(MREMAP_FIXED)` onto it and `MREMAP_DONTUNMAP`, every byte
+/// checked by the program, all of it managed (4x the limit paged).
+#[test]
+fn reservations_commits_and_mremap_behave_as_without_uswap() {
+    let dir = tmpdir("reserve");
+    let p = compile("reserve", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &(2 * LIMIT_MIB).to_string()];
+    for mode in ["thread", "signal"] {
+        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+        assert!(counter(&r.1, "pswpout") > ((2 * LIMIT_MIB) << 20) / 4096, "{mode}: {}", r.1);
+    }
+}
+
+/// Whether `tool` runs here. Missing, it fails the test in CI (`.ci/run` installs it) and
+/// says SKIPPED elsewhere.
+fn have(tool: &str, why: &str) -> bool {
+    let found = Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok();
+    if !found {
+        assert!(std::env::var_os("CI").is_none(), "{tool} is missing in CI: .ci/run installs it ({why})");
+        eprintln!("SKIPPED: {tool} is not installed ({why})");
+    }
+    found
+}
+
+/// The program's largest resident set as the kernel measured it (`rss_peak_bytes`,
+/// `getrusage` of `uswap run`'s children): text, file mappings and all.
+fn rss_peak(v: &Value) -> u64 {
+    counter(v, "rss_peak_bytes")
+}
+
+/// Runs `prog` with a working set 4x the limit under `uswap run` on a file device (so that
+/// swapped pages are not in the process, as the compressed pool would be) and checks it as
+/// [`assert_same_and_paged`] does, and its peak RSS from outside: within the limit plus what
+/// the same program keeps with almost no data (`small`, its code, file mappings and the
+/// memory uswap does not manage), plus 32 MiB of margin for the runtime's own growth.
+fn assert_runtime_paged(prog: &[&str], small: &[&str], dir: &Path, limit_mib: u64) {
+    let device = format!("file:{}:1GiB", dir.display());
+    let opts = ["--device", device.as_str()];
+    let base = uswap_run(limit_mib, &opts, small, dir);
+    assert!(base.0.status.success(), "{small:?}: {}\n{}", base.0.status, String::from_utf8_lossy(&base.0.stderr));
+    let r = uswap_run(limit_mib, &opts, prog, dir);
+    assert_same_and_paged(prog, &r, limit_mib);
+    let (peak, base_peak) = (rss_peak(&r.1), rss_peak(&base.1));
+    assert!(
+        peak <= (limit_mib << 20) + base_peak + (32 << 20),
+        "{prog:?}: peak RSS {peak} over the limit plus the runtime's own {base_peak}: {}",
+        r.1
+    );
+}
+
+/// HotSpot reserves its heap with `mmap(PROT_NONE)` and commits it with `mmap(MAP_FIXED)`;
+/// before reservations were managed, a heap 5x the limit ran entirely in RAM. G1 and
+/// Parallel, with and without `-XX:+AlwaysPreTouch`.
+#[test]
+fn java_heap_is_paged_under_every_collector() {
+    if !have("javac", "Debian: apt-get install openjdk-17-jdk-headless") {
+        return;
+    }
+    let dir = tmpdir("java");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/Heap.java");
+    let o = run_timed(Command::new("javac").arg("-d").arg(&dir).arg(&src), Duration::from_secs(120));
+    assert!(o.status.success(), "javac failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    let cp = dir.to_str().unwrap();
+    let limit_mib = 64;
+    let data = (4 * limit_mib).to_string();
+    for gc in ["-XX:+UseG1GC", "-XX:+UseParallelGC"] {
+        for touch in ["-XX:-AlwaysPreTouch", "-XX:+AlwaysPreTouch"] {
+            let java =
+                |mib: &str| ["java", "-Xmx640m", "-Xms320m", gc, touch, "-cp", cp, "Heap", mib].map(String::from);
+            let (prog, small) = (java(&data), java("1"));
+            let prog: Vec<&str> = prog.iter().map(String::as_str).collect();
+            let small: Vec<&str> = small.iter().map(String::as_str).collect();
+            assert_runtime_paged(&prog, &small, &dir, limit_mib);
+        }
+    }
+}
+
+/// V8 reserves a cage for its heap and commits pages in it with `mprotect`; Buffers live
+/// outside it. Both are paged.
+#[test]
+fn node_heap_and_buffers_are_paged() {
+    if !have("node", "Debian: apt-get install nodejs") {
+        return;
+    }
+    let dir = tmpdir("node");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/heap.js");
+    let limit_mib = 64;
+    let data = (2 * limit_mib).to_string();
+    let prog = ["node", "--max-old-space-size=2048", script.to_str().unwrap(), data.as_str()];
+    let small = ["node", "--max-old-space-size=2048", script.to_str().unwrap(), "1"];
+    assert_runtime_paged(&prog, &small, &dir, limit_mib);
+}
+
+/// Shared anonymous memory is not paged (README: userfaultfd's shmem support is not used):
+/// it is measured as unmanaged, and a tree whose unmanaged memory passes 10 % of the limit
+/// is told so on exit, naming the mapping and why; `--strict` ends it with status 2 as soon
+/// as it is measured, without waiting for the program.
+#[test]
+fn unmanaged_memory_is_reported_and_strict_fails_early() {
+    let dir = tmpdir("shared");
+    let p = compile("shared", &dir, &[]);
+    let data = WSS_MIB.to_string();
+    let prog = [p.to_str().unwrap(), data.as_str(), "1"];
+    let (o, v) = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+    assert!(o.status.success(), "{}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&plain(&prog).stdout));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("does not hold") && err.contains("shared memory"), "no report on stderr:\n{err}");
+    assert!(counter(&v, "unmanaged_peak_bytes") >= WSS_MIB << 20, "{v}");
+    let slow = [p.to_str().unwrap(), data.as_str(), "60"];
+    let t0 = Instant::now();
+    let (o, _) = uswap_run(LIMIT_MIB, &["--strict"], &slow, &dir);
+    assert_eq!(o.status.code(), Some(2), "--strict: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert!(t0.elapsed() < Duration::from_secs(20), "--strict waited {:?} for the program", t0.elapsed());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--strict"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A program whose memory is all managed reports next to no unmanaged memory (uswap's own
+/// memory is not counted as the program's), and `--strict` lets it finish.
+#[test]
+fn managed_programs_report_little_unmanaged_memory_and_pass_strict() {
+    let dir = tmpdir("strictok");
+    let p = compile("reserve", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &(2 * LIMIT_MIB).to_string()];
+    let r = uswap_run(LIMIT_MIB, &["--strict"], &prog, &dir);
+    assert_same_and_paged(&prog, &r, LIMIT_MIB);
+    let unmanaged = counter(&r.1, "unmanaged_peak_bytes");
+    assert!(unmanaged < (LIMIT_MIB << 20) / 10, "unmanaged peak {unmanaged}: {}", r.1);
+}

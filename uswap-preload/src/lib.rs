@@ -17,6 +17,7 @@
 //! apply is worse than none.
 
 pub mod config;
+pub mod fds;
 pub mod fork;
 pub mod heap;
 pub mod mmap;
@@ -24,6 +25,7 @@ pub mod real;
 pub mod report;
 pub mod signals;
 pub mod threads;
+pub mod unmanaged;
 
 #[global_allocator]
 static ALLOCATOR: real::LibcAllocator = real::LibcAllocator;
@@ -70,6 +72,15 @@ pub fn pager() -> Option<&'static uswap::Pager> {
 
 fn start() -> Result<(), String> {
     let _g = heap::Guard::enter();
+    // The C library's malloc serves only uswap from now on (the program's goes to the
+    // managed heap): one arena, and blocks up to 32 MiB from the brk heap rather than
+    // mappings of their own, so that uswap's own memory is the `[heap]` a report of the
+    // program's unmanaged memory leaves out (`unmanaged`).
+    // SAFETY: mallopt only sets glibc malloc tunables.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+    }
     let cfg = config::Config::from_env()?;
     let mut builder = cfg.builder().regions_survive_fork(true);
     if let Some(dir) = &cfg.stats_dir {

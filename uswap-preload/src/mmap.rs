@@ -1,20 +1,34 @@
 //! The program's own anonymous mappings: `mmap`, `munmap` and `mremap`, interposed.
 //!
-//! A request for private, anonymous, readable and writable memory of at least `--min-size`
-//! bytes, with no address asked for, becomes a managed region (`Pager::map`). Everything else
-//! passes straight to the kernel: file and shared mappings, `MAP_FIXED` and address hints,
-//! `PROT_EXEC` and `PROT_NONE` reservations, stacks (`MAP_STACK`, `MAP_GROWSDOWN`, and thread
-//! stacks, which glibc maps with internal calls no interposition sees), huge pages.
+//! Every private anonymous mapping that is not executable, not a stack and not huge-page
+//! memory is managed once it is at least `--min-size` bytes, however the program asks for
+//! it ([`plan`]):
+//! * read-write with no address asked for: a region the engine maps (`Pager::map`);
+//! * anything else (a `PROT_NONE` reservation, an address hint, `MAP_FIXED_NOREPLACE`,
+//!   `MAP_POPULATE`): the kernel maps it as asked and the pager takes it over
+//!   (`Pager::adopt`). A reservation's pages are paged once the program makes them
+//!   accessible, with `mprotect` (the registration survives it) or with `mmap(MAP_FIXED)`;
+//! * fresh anonymous memory mapped `MAP_FIXED` over managed memory, whatever its size (a
+//!   runtime committing or uncommitting part of its reservation): the kernel replaces the
+//!   pages (its `UNMAP` event frees what they held) and they become the region's again,
+//!   reading zero (`Region::adopt_range`).
+//!
+//! Everything else passes straight to the kernel: file and shared mappings, executable
+//! memory (reclaim moves pages into read-write staging pages, and the kernel moves only
+//! between equal protections), stacks (`MAP_STACK`, `MAP_GROWSDOWN`, and thread stacks,
+//! which glibc maps with internal calls no interposition sees), huge pages, and small
+//! mappings.
 //!
 //! The table of managed mappings is one mutex over a vector reserved at start-up (never
 //! grown: [`MAX_MAPPINGS`] entries, the engine's own region limit minus the heap). The lock
 //! is taken only by these three calls; a region is dropped outside it. `munmap` of a whole
 //! managed mapping drops its region (its slots are freed at once); `munmap` of a part goes
-//! to the kernel, whose `UFFD_EVENT_UNMAP` the engine handles. `mremap` of a managed mapping
-//! is done here, by copying into a new managed mapping: the kernel's `mremap` of part of a
-//! region leaves the moved part as ordinary memory (the engine copies its pages into place
-//! and lets it go, see `uswap/src/events.rs`), which would take it out of the budget; and
-//! growing in place is something the kernel may refuse anyway.
+//! to the kernel, whose `UFFD_EVENT_UNMAP` the engine handles, and a mapping left with no
+//! page of its own is dropped (its addresses may be handed out again). `mremap` of managed
+//! memory is done here, by mapping the new place through the same rules and copying ([`mremap`]).
+//! The kernel's `mremap` of part of a region would leave the moved part as ordinary memory
+//! (the engine copies its pages into place and lets it go, see `uswap/src/events.rs`),
+//! which would take it out of the budget.
 
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -97,19 +111,46 @@ fn page_round_up(n: usize) -> Option<usize> {
     n.checked_next_multiple_of(uswap::PAGE_SIZE)
 }
 
-fn manageable(addr: *mut c_void, len: usize, prot: i32, flags: i32, cfg: &Config) -> bool {
+/// What the interposed `mmap` does with a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// A fresh managed region, placed by the engine (`Pager::map`).
+    Map,
+    /// The kernel maps it as asked, then the pager takes the result over: a reservation
+    /// (`PROT_NONE`), memory at an address the program chose, or fresh memory over managed
+    /// memory (`MAP_FIXED`), which becomes that region's again.
+    MapThenAdopt,
+    /// Passed to the kernel and left alone.
+    Plain,
+}
+
+fn plan(addr: *mut c_void, len: usize, prot: i32, flags: i32, cfg: &Config) -> Plan {
     // The mapping type is a 4-bit field (MAP_SHARED_VALIDATE = MAP_SHARED | MAP_PRIVATE),
     // not flags: compare it whole.
     const MAP_TYPE: i32 = 0x0f;
-    let excluded =
-        libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_STACK | libc::MAP_GROWSDOWN | libc::MAP_HUGETLB;
-    addr.is_null()
-        && flags & libc::MAP_ANONYMOUS != 0
+    let never = libc::MAP_STACK | libc::MAP_GROWSDOWN | libc::MAP_HUGETLB;
+    // Executable memory is left alone: reclaim moves pages into read-write staging pages,
+    // and the kernel moves only between mappings of equal protection.
+    let anonymous_private = flags & libc::MAP_ANONYMOUS != 0
         && flags & MAP_TYPE == libc::MAP_PRIVATE
-        && flags & excluded == 0
-        && prot == libc::PROT_READ | libc::PROT_WRITE
-        && len >= cfg.min_size_bytes
-        && len > 0
+        && flags & never == 0
+        && prot & libc::PROT_EXEC == 0
+        && len > 0;
+    if !anonymous_private {
+        return Plan::Plain;
+    }
+    let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
+    if addr.is_null() && !fixed && prot == libc::PROT_READ | libc::PROT_WRITE && len >= cfg.min_size_bytes {
+        return Plan::Map;
+    }
+    let over_managed = flags & libc::MAP_FIXED != 0
+        && page_round_up(len)
+            .and_then(|l| (addr as usize).checked_add(l))
+            .is_some_and(|end| overlaps_managed(addr as usize, end));
+    if len >= cfg.min_size_bytes || over_managed {
+        return Plan::MapThenAdopt;
+    }
+    Plan::Plain
 }
 
 /// Maps a managed region of `len` bytes, or `None` to fall back to an ordinary mapping.
@@ -133,6 +174,40 @@ fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
     }
 }
 
+/// The kernel mapped `[start, start + len)` as the program asked (anonymous, private, not
+/// executable): fresh memory over managed memory becomes those regions' pages again, and
+/// anything else of at least `--min-size` becomes a region of its own. What the pager
+/// refuses stays the program's ordinary memory (counted).
+fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
+    let Some(len) = page_round_up(len) else { return };
+    let end = start + len;
+    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut covered = 0;
+    if fixed {
+        for e in table.iter().filter(|e| e.start < end && start < e.start + e.len) {
+            covered += end.min(e.start + e.len) - start.max(e.start);
+            if e._region.adopt_range(start, len).is_err() {
+                UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+    if covered > 0 {
+        // Parts outside every region stay ordinary (a program mapping across the end of a
+        // region it reserved).
+        return;
+    }
+    if table.len() >= MAX_MAPPINGS || len < cfg.min_size_bytes {
+        UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return;
+    }
+    match cfg.pager.adopt(start, len) {
+        Ok(region) => table.push(Entry { start, len, _region: region }),
+        Err(_) => {
+            UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 /// A managed mapping of `len` bytes for the heap's largest blocks (see `heap::huge`), or
 /// `None` when this process is not managed or the pager refuses it.
 pub fn map_for_heap(len: usize) -> Option<*mut c_void> {
@@ -146,16 +221,32 @@ pub fn managed_len(start: usize) -> Option<usize> {
     TABLE.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|e| e.start == start).map(|e| e.len)
 }
 
+/// `mmap` for a managed process, on the program's behalf (the caller holds a [`Guard`]).
+fn map(cfg: &Config, addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
+    match plan(addr, len, prot, flags, cfg) {
+        Plan::Map => {
+            if let Some(p) = map_managed(cfg, len) {
+                return p;
+            }
+        }
+        Plan::MapThenAdopt => {
+            let p = real::sys_mmap(addr, len, prot, flags, fd, off);
+            if p != libc::MAP_FAILED {
+                adopt(cfg, p as usize, len, flags & libc::MAP_FIXED != 0);
+            }
+            return p;
+        }
+        Plan::Plain => {}
+    }
+    real::sys_mmap(addr, len, prot, flags, fd, off)
+}
+
 #[no_mangle]
 pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
     if !in_uswap() && !uswap::is_engine_thread() {
         if let Some(cfg) = config() {
-            if manageable(addr, len, prot, flags, &cfg) {
-                let _g = Guard::enter();
-                if let Some(p) = map_managed(&cfg, len) {
-                    return p;
-                }
-            }
+            let _g = Guard::enter();
+            return map(&cfg, addr, len, prot, flags, fd, off);
         }
     }
     real::sys_mmap(addr, len, prot, flags, fd, off)
@@ -195,6 +286,27 @@ fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
     (taken, partial)
 }
 
+/// Drops the entries overlapping `[start, end)` that have no page left (the program
+/// unmapped them piece by piece): their address range may be handed out again, and must
+/// not still look managed.
+fn drop_emptied(start: usize, end: usize) {
+    let emptied: Vec<Entry> = {
+        let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < table.len() {
+            let e = &table[i];
+            if e.start < end && start < e.start + e.len && !e._region.has_live_pages() {
+                out.push(table.swap_remove(i));
+                continue;
+            }
+            i += 1;
+        }
+        out
+    };
+    drop(emptied);
+}
+
 fn overlaps_managed(start: usize, end: usize) -> bool {
     TABLE.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|e| e.start < end && start < e.start + e.len)
 }
@@ -205,6 +317,11 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
         return real::sys_munmap(addr, len);
     }
     let _g = Guard::enter();
+    unmap(addr, len)
+}
+
+/// `munmap` for a managed process, on the program's behalf (the caller holds a [`Guard`]).
+fn unmap(addr: *mut c_void, len: usize) -> i32 {
     let start = addr as usize;
     let Some(end) = page_round_up(len).and_then(|l| start.checked_add(l)) else {
         return real::sys_munmap(addr, len);
@@ -219,7 +336,11 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
     if partial || whole_entries != end - start {
         // The rest of the range: parts of other managed mappings (the engine handles the
         // kernel's UNMAP event for them) and ordinary memory.
-        return real::sys_munmap(addr, len);
+        let r = real::sys_munmap(addr, len);
+        if partial {
+            drop_emptied(start, end);
+        }
+        return r;
     }
     0
 }
@@ -228,6 +349,13 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
 /// x86-64 and AArch64 Linux ABIs a variadic pointer argument travels in the same register as
 /// a fixed one, so declaring it fixed reads the caller's value when it passed one
 /// (`MREMAP_FIXED`/`MREMAP_DONTUNMAP`) and is ignored otherwise.
+///
+/// On managed memory the move is done here, as the kernel would do it, in managed memory:
+/// the new place is mapped through [`map`] (a new region, or pages of the region it lands
+/// in: `MREMAP_FIXED` onto a reservation), the contents are copied (each page comes in
+/// through the engine and goes out again under the limit), and the old range is unmapped
+/// or, with `MREMAP_DONTUNMAP`, emptied (it reads zero). The kernel's own `mremap` of part
+/// of a region would leave the moved part unmanaged (see `uswap/src/events.rs`).
 #[no_mangle]
 pub extern "C" fn mremap(
     old: *mut c_void,
@@ -236,9 +364,12 @@ pub extern "C" fn mremap(
     flags: i32,
     new_addr: *mut c_void,
 ) -> *mut c_void {
-    if in_uswap() || uswap::is_engine_thread() || config().is_none() {
+    if in_uswap() || uswap::is_engine_thread() {
         return real::sys_mremap(old, old_len, new_len, flags, new_addr);
     }
+    let Some(cfg) = config() else {
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    };
     let _g = Guard::enter();
     let start = old as usize;
     let (Some(old_len_r), Some(new_len_r)) = (page_round_up(old_len), page_round_up(new_len)) else {
@@ -250,37 +381,83 @@ pub extern "C" fn mremap(
     if start % uswap::PAGE_SIZE != 0 || old_len == 0 || !overlaps_managed(start, end) {
         return real::sys_mremap(old, old_len, new_len, flags, new_addr);
     }
-    let special = libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
-    if flags & special != 0 || new_len == 0 {
-        // Not supported on managed memory: fail as the kernel does for what it cannot do.
-        set_errno(libc::EINVAL);
-        return libc::MAP_FAILED;
-    }
-    if new_len_r <= old_len_r {
-        // Shrink in place: the tail goes (the engine handles the UNMAP event).
-        if new_len_r < old_len_r && real::sys_munmap((start + new_len_r) as *mut c_void, old_len_r - new_len_r) != 0 {
-            return libc::MAP_FAILED;
+    match remap_managed(&cfg, start, old_len_r, new_len_r, flags, new_addr as usize) {
+        Ok(p) => p as *mut c_void,
+        Err(errno) => {
+            set_errno(errno);
+            libc::MAP_FAILED
         }
-        return old;
     }
-    if flags & libc::MREMAP_MAYMOVE == 0 {
-        // Growing in place is never attempted on managed memory; the kernel may refuse it
-        // too, and callers must handle that.
-        set_errno(libc::ENOMEM);
-        return libc::MAP_FAILED;
+}
+
+/// [`mremap`] of managed memory: `Ok(new address)` or `Err(errno)`, with the kernel's
+/// checks and errors.
+fn remap_managed(
+    cfg: &Config,
+    start: usize,
+    old_len: usize,
+    new_len: usize,
+    flags: i32,
+    dst: usize,
+) -> Result<usize, i32> {
+    let known = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
+    let may_move = flags & libc::MREMAP_MAYMOVE != 0;
+    let fixed = flags & libc::MREMAP_FIXED != 0;
+    let dont_unmap = flags & libc::MREMAP_DONTUNMAP != 0;
+    if flags & !known != 0 || new_len == 0 || ((fixed || dont_unmap) && !may_move) || (dont_unmap && new_len != old_len)
+    {
+        return Err(libc::EINVAL);
     }
-    let Some(cfg) = config() else { return libc::MAP_FAILED };
-    let Some(new) = map_managed(&cfg, new_len_r) else {
-        set_errno(libc::ENOMEM);
-        return libc::MAP_FAILED;
+    if fixed && (dst % uswap::PAGE_SIZE != 0 || (dst < start + old_len && start < dst.saturating_add(new_len))) {
+        return Err(libc::EINVAL);
+    }
+    if !fixed && !dont_unmap && new_len <= old_len {
+        // Shrink in place: the tail goes (the engine handles the UNMAP event).
+        if new_len < old_len && unmap((start + new_len) as *mut c_void, old_len - new_len) != 0 {
+            return Err(errno());
+        }
+        return Ok(start);
+    }
+    if !may_move {
+        // Grow in place where the address space after it is free, as the kernel would.
+        let tail = (start + old_len) as *mut c_void;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+        let p = map(cfg, tail, new_len - old_len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
+        if p == libc::MAP_FAILED || p != tail {
+            if p != libc::MAP_FAILED {
+                // An old kernel took the address as a hint only.
+                unmap(p, new_len - old_len);
+            }
+            return Err(libc::ENOMEM);
+        }
+        return Ok(start);
+    }
+    let (hint, map_flags) = if fixed {
+        (dst as *mut c_void, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED)
+    } else {
+        (std::ptr::null_mut(), libc::MAP_PRIVATE | libc::MAP_ANONYMOUS)
     };
-    // SAFETY: `old` is mapped for old_len bytes (the caller's contract, as for mremap) and
-    // `new` is a fresh mapping of new_len_r > old_len bytes; they cannot overlap. Reading old
-    // pages faults them in through the engine; writing new ones faults them in zero-filled.
-    unsafe { std::ptr::copy_nonoverlapping(old as *const u8, new as *mut u8, old_len) };
-    drop(_g);
-    munmap(old, old_len);
-    new
+    let new = map(cfg, hint, new_len, libc::PROT_READ | libc::PROT_WRITE, map_flags, -1, 0);
+    if new == libc::MAP_FAILED {
+        return Err(errno());
+    }
+    // SAFETY: `start` is mapped for old_len bytes (the caller's contract, as for mremap) and
+    // `new` is a fresh mapping of new_len bytes that does not overlap it (checked above for
+    // MREMAP_FIXED; a fresh mapping otherwise). Reading old pages faults them in through the
+    // engine; writing new ones faults them in zero-filled.
+    unsafe { std::ptr::copy_nonoverlapping(start as *const u8, new as *mut u8, old_len.min(new_len)) };
+    if dont_unmap {
+        // The old range stays mapped and reads zero, as after the kernel's DONTUNMAP.
+        // SAFETY: the range is the program's own managed memory, which it gave up by moving.
+        unsafe { libc::madvise(start as *mut c_void, old_len, libc::MADV_DONTNEED) };
+    } else {
+        unmap(start as *mut c_void, old_len);
+    }
+    Ok(new as usize)
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
 }
 
 fn set_errno(e: i32) {

@@ -39,10 +39,15 @@ pub fn start_in_fork_child() {
 }
 
 fn spawn_publisher() {
-    let _ = uswap::spawn_engine_thread("uswap-report".into(), || loop {
+    let mut tick = 0u64;
+    let _ = uswap::spawn_engine_thread("uswap-report".into(), move || loop {
         std::thread::sleep(std::time::Duration::from_millis(PUBLISH_INTERVAL_MS));
         if crate::fork::is_forked_child() {
             return;
+        }
+        tick += 1;
+        if tick % MEASURE_EVERY_TICKS == 0 {
+            measure_unmanaged();
         }
         if let Some(seg) = crate::segment() {
             // Charges of processes that died without giving them back.
@@ -50,6 +55,22 @@ fn spawn_publisher() {
         }
         write();
     });
+}
+
+/// The unmanaged memory is measured every this many records (once a second).
+const MEASURE_EVERY_TICKS: u64 = 5;
+
+/// The largest unmanaged mappings of the last measurement, for the record.
+static UNMANAGED_LARGEST: std::sync::Mutex<Vec<crate::unmanaged::Mapping>> = std::sync::Mutex::new(Vec::new());
+
+/// Measures the process's unmanaged memory (see `unmanaged`) and publishes it in the
+/// pager's counters.
+fn measure_unmanaged() {
+    let min_size = crate::config().map_or(64 << 10, |c| c.min_size_bytes);
+    if let Some(u) = crate::unmanaged::measure(min_size) {
+        uswap::stats::note_unmanaged(u.bytes);
+        *UNMANAGED_LARGEST.lock().unwrap_or_else(|e| e.into_inner()) = u.largest;
+    }
 }
 
 /// Processes that found every slot of the shared charge taken and run under their own
@@ -74,6 +95,13 @@ fn record() -> Option<serde_json::Value> {
         o.insert("outside_shared_charge".into(), u64::from(UNSHARED.load(std::sync::atomic::Ordering::Relaxed)).into());
         o.insert("mmap_managed_bytes".into(), (crate::mmap::managed_bytes() as u64).into());
         o.insert("mmap_unmanaged".into(), crate::mmap::UNMANAGED.load(std::sync::atomic::Ordering::Relaxed).into());
+        let largest: Vec<serde_json::Value> = UNMANAGED_LARGEST
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|m| serde_json::json!({"addr": format!("{:#x}", m.start), "len": m.len, "bytes": m.bytes, "why": m.why}))
+            .collect();
+        o.insert("unmanaged_largest".into(), largest.into());
     }
     Some(v)
 }
@@ -95,6 +123,9 @@ static START_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::n
 
 pub fn write_final() {
     if START_PID.load(std::sync::atomic::Ordering::Relaxed) == std::process::id() {
+        // A program shorter than a measuring interval is measured once, here.
+        let _g = Guard::enter();
+        measure_unmanaged();
         write();
     }
 }

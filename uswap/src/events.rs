@@ -175,7 +175,7 @@ fn for_each_overlap(p: &PagerShared, start: usize, end: usize, mut f: impl FnMut
 
 /// Takes ownership of a page, waiting for its current owner (a fault or reclaim, which
 /// never waits for an event to be read: see the module doc).
-fn lock_page(r: &RegionInner, page: usize) -> Pte {
+pub(crate) fn lock_page(r: &RegionInner, page: usize) -> Pte {
     let backoff = Backoff::new();
     // Not time-bounded, on purpose: the event must be applied, and the owner holds the page
     // for one device operation and never waits for this reader (lock hierarchy level 0).

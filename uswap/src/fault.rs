@@ -345,10 +345,15 @@ fn zero_fill(
     reclaim::charge(pager, pages.len(), route.lock_free());
     let mut mapped = 0;
     let mut faulting_done = false;
+    // Set once a run met the end of a mapping (ENOENT: a fill ioctl's range must lie in one
+    // mapping): the region holds several once the application `mprotect`ed or re-mapped
+    // parts of it (a reservation it commits piece by piece). The rest goes page by page.
+    let mut one_by_one = false;
     let mut i = 0;
+    // Bounded: every round moves `i` on by at least one page.
     while i < pages.len() {
         let mut j = i + 1;
-        while j < pages.len() && pages[j].0 == pages[j - 1].0 + 1 {
+        while !one_by_one && j < pages.len() && pages[j].0 == pages[j - 1].0 + 1 {
             j += 1;
         }
         let len = (j - i) * PAGE_SIZE;
@@ -359,6 +364,13 @@ fn zero_fill(
             pager.uffd.zeropage(addr, len, route.wake())
         };
         let done = r.done_bytes(len) / PAGE_SIZE;
+        let crossed = j - i - done > 1 && matches!(r, RangeResult::Partial { errno: libc::ENOENT, .. });
+        if crossed {
+            // The run crossed into another mapping: what is left of it goes page by page
+            // (the next round starts at the first page not mapped).
+            j = i + done;
+            one_by_one = true;
+        }
         for (k, &(q, l)) in pages[i..j].iter().enumerate() {
             if k < done {
                 let new = l.next(PageState::Resident, None);
@@ -371,6 +383,9 @@ fn zero_fill(
             }
         }
         i = j;
+        if crossed {
+            continue;
+        }
         if let RangeResult::Partial { errno, .. } = r {
             if !faulting_done && pages[..i].iter().any(|&(q, _)| q == page) {
                 reclaim::uncharge(pager, pages.len() - mapped);

@@ -213,7 +213,7 @@ impl Pager {
             REGIONS.insert(r.start, r.start + len, inner.clone()).ok_or(Error::TooManyRegions { max: MAX_REGIONS })
         });
         inner.note_touched(r.touched_end.saturating_sub(1));
-        let (idx, _gen) = match inserted {
+        let slot = match inserted {
             Ok(slot) => slot,
             Err(e) => {
                 // Back to ordinary memory (unregistering also lifts the write protection).
@@ -223,6 +223,6 @@ impl Pager {
                 return Err(e);
             }
         };
-        Ok(Region::new(inner, idx, self.clone()))
+        Ok(Region::new(inner, slot, self.clone()))
     }
 }

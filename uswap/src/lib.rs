@@ -25,6 +25,7 @@
 //! See `DESIGN.md` in the repository for the architecture and the measured cost of every
 //! userfaultfd operation, and `BENCHMARKS.md` for comparisons with the kernel's own swap.
 
+mod adopt;
 mod async_readahead;
 pub mod backend;
 mod bounce;
@@ -32,6 +33,7 @@ mod device;
 mod error;
 mod events;
 mod fault;
+pub mod fd;
 mod fork;
 mod handler_pool;
 mod lru;
@@ -72,6 +74,34 @@ pub use region_handle::{PlainRegion, Region};
 pub use shared_charge::SharedCharge;
 pub use stats::{DeviceStats, Histogram, LatencySummary, PublishStats, Stats};
 pub use swap::ReadaheadPolicy;
+
+/// Who owns the memory of an address range of this process, for tools that account for it
+/// (`uswap run`'s report of unmanaged memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryOwner {
+    /// Part of a managed region: paged under a pager's limit.
+    Managed,
+    /// The engine's own memory: swap-cache staging, RAM devices, page tables, queues.
+    Engine,
+    /// Neither: the program's memory that no pager manages.
+    Other,
+}
+
+/// Who owns `[start, end)` (see [`MemoryOwner`]); a range that overlaps a managed region
+/// is `Managed`. Scans the region registry and the engine's mappings: not for hot paths.
+pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
+    let mut managed = false;
+    region::REGIONS.for_each(|r| {
+        managed |= r.start() < end && start < r.start() + r.nr_pages * PAGE_SIZE;
+    });
+    if managed {
+        MemoryOwner::Managed
+    } else if mapping::is_engine_memory(start, end) {
+        MemoryOwner::Engine
+    } else {
+        MemoryOwner::Other
+    }
+}
 
 /// The page size uswap works in.
 pub const PAGE_SIZE: usize = uffd::PAGE_SIZE;

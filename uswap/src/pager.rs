@@ -353,7 +353,7 @@ impl PagerBuilder {
 }
 
 /// Once uswap's SIGBUS handler is installed, it must still be the process's.
-fn check_sigbus_handler() -> Result<()> {
+pub(crate) fn check_sigbus_handler() -> Result<()> {
     if uffd::sigbus::installed()
         && !uffd::sigbus::handler_is_ours().map_err(|e| Error::io("reading the SIGBUS action", e))?
     {
@@ -619,6 +619,7 @@ impl PagerShared {
         st.swapcache_pages = self.swap_cache.nr_pages() as u64;
         st.clean_pages = self.clean_pages.load(Ordering::Acquire) as u64;
         st.limit_pages = self.limit_pages.load(Ordering::Acquire) as u64;
+        (st.unmanaged_bytes, st.unmanaged_peak_bytes) = crate::stats::unmanaged();
         st.slots_leaked = self.devices.deferred_overflow();
         st.uffd_move_misreports = self.uffd.move_misreports();
         st.devices = self
@@ -752,12 +753,12 @@ impl Pager {
             RegionInner::new(memory, self.core.shared.clone())
                 .map_err(|e| Error::io("allocating the region's page table", e))?,
         );
-        let Some((idx, _gen)) = REGIONS.insert(addr, addr + len, inner.clone()) else {
+        let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {
             let _ = shared.uffd.unregister(addr, len);
             crate::mapping::unmap_app_range(addr, len);
             return Err(Error::TooManyRegions { max: MAX_REGIONS });
         };
-        Ok(Region::new(inner, idx, self.clone()))
+        Ok(Region::new(inner, slot, self.clone()))
     }
 
     /// A snapshot of the counters. Flushes the per-CPU batches of freed slots first, so the

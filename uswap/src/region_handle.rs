@@ -25,14 +25,27 @@ use crate::uffd::PAGE_SIZE;
 pub struct Region {
     inner: Arc<RegionInner>,
     reg_idx: usize,
+    /// The registry slot's generation when the region was inserted (reclaim-queue entries
+    /// name the region by slot and generation).
+    reg_gen: u32,
     // Keeps the pager's threads alive while the region exists, even if every `Pager` handle
     // was dropped first.
     pager: Pager,
 }
 
 impl Region {
-    pub(crate) fn new(inner: Arc<RegionInner>, reg_idx: usize, pager: Pager) -> Region {
-        Region { inner, reg_idx, pager }
+    pub(crate) fn new(inner: Arc<RegionInner>, (reg_idx, reg_gen): (usize, u32), pager: Pager) -> Region {
+        Region { inner, reg_idx, reg_gen, pager }
+    }
+
+    /// The engine's view of the region.
+    pub(crate) fn inner(&self) -> &RegionInner {
+        &self.inner
+    }
+
+    /// The region's registry slot and its generation.
+    pub(crate) fn registry_slot(&self) -> (usize, u32) {
+        (self.reg_idx, self.reg_gen)
     }
 
     /// The memory, where it is now (the application may have moved it with `mremap`).
@@ -98,6 +111,15 @@ impl Region {
     /// The pager this region belongs to.
     pub fn pager(&self) -> &Pager {
         &self.pager
+    }
+
+    /// Whether any page is still the region's: false once the application unmapped every
+    /// page of it (in pieces, `munmap` or `MAP_FIXED` over it). Waits until the events the
+    /// kernel has sent so far are applied, so that an `munmap` that returned is counted.
+    pub fn has_live_pages(&self) -> bool {
+        let shared = self.pager.shared();
+        let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
+        !self.inner.live_runs().is_empty()
     }
 }
 

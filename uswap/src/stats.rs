@@ -538,6 +538,13 @@ pub struct Stats {
     pub clean_pages: u64,
     /// The resident limit, in pages.
     pub limit_pages: u64,
+    /// The process's anonymous memory that no pager manages (and that is not the engine's
+    /// own), in bytes, as last measured by whoever measures it ([`note_unmanaged`]; `uswap
+    /// run`'s library does, from `/proc/self/smaps`, every second). Process-wide: every
+    /// pager of the process reports the same figure.
+    pub unmanaged_bytes: u64,
+    /// The most of it measured at once.
+    pub unmanaged_peak_bytes: u64,
     /// Per device, in priority order.
     pub devices: Vec<DeviceStats>,
     /// Fault service time (from entering the engine to the page being mapped), microseconds.
@@ -561,6 +568,25 @@ pub struct PublishStats {
     pub peers_refused: u64,
     /// Answers not delivered: the peer did not read them within the send timeout, or left.
     pub send_errors: u64,
+}
+
+/// The process's unmanaged memory, last measured and at its peak (see
+/// [`Stats::unmanaged_bytes`]).
+static UNMANAGED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static UNMANAGED_PEAK_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Records a measurement of the process's anonymous memory that no pager manages; every
+/// pager's counters report it from then on.
+pub fn note_unmanaged(bytes: u64) {
+    use std::sync::atomic::Ordering;
+    UNMANAGED_BYTES.store(bytes, Ordering::Relaxed);
+    UNMANAGED_PEAK_BYTES.fetch_max(bytes, Ordering::Relaxed);
+}
+
+/// The last and the peak measurement recorded with [`note_unmanaged`].
+pub(crate) fn unmanaged() -> (u64, u64) {
+    use std::sync::atomic::Ordering;
+    (UNMANAGED_BYTES.load(Ordering::Relaxed), UNMANAGED_PEAK_BYTES.load(Ordering::Relaxed))
 }
 
 impl Stats {
@@ -625,6 +651,8 @@ impl Stats {
             clean_pages,
             limit_pages,
             resident_peak_pages,
+            unmanaged_bytes,
+            unmanaged_peak_bytes,
             remap_copied,
             limit_overrun_busy,
             pool_wait_timeout,

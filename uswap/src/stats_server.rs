@@ -134,6 +134,8 @@ where
     F: Fn() -> Stats + Send + 'static,
 {
     let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
+    // Out of the program's way, like every descriptor of the engine (see `crate::fd`).
+    let listener = UnixListener::from(crate::fd::relocate(OwnedFd::from(listener)));
     // Non-blocking: poll said a client is there, but it may have gone before accept.
     listener.set_nonblocking(true)?;
     // SAFETY: eventfd(2) returns a new descriptor or -1; no memory is touched.
@@ -142,12 +144,15 @@ where
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor owned by nobody else.
-    let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+    let stop = Arc::new(crate::fd::relocate(unsafe { OwnedFd::from_raw_fd(fd) }));
+    let kept = [crate::fd::keep(listener.as_raw_fd()), crate::fd::keep(stop.as_raw_fd())];
     let counters = Arc::new(Counters::default());
     let thread = {
         let (stop, counters, name) = (stop.clone(), counters.clone(), name.to_string());
         crate::mapping::spawn_engine_thread("uswap-stats".into(), move || {
-            server_loop(&listener, stop.as_raw_fd(), &counters, &name, &snapshot)
+            server_loop(&listener, stop.as_raw_fd(), &counters, &name, &snapshot);
+            // Unregistered before the listener and the eventfd close.
+            drop(kept);
         })?
     };
     Ok(StatsServer { name: name.to_string(), counters, stop, thread: Some(thread) })

@@ -20,7 +20,15 @@ use super::{Format, PagerStats};
 
 /// Top-level fields of `Stats` that are levels, not running counts.
 /// resident_peak_pages only rises, but it is a level (a high-water mark), not a count of events.
-const GAUGES: [&str; 5] = ["resident_pages", "swapcache_pages", "clean_pages", "limit_pages", "resident_peak_pages"];
+const GAUGES: [&str; 7] = [
+    "resident_pages",
+    "swapcache_pages",
+    "clean_pages",
+    "limit_pages",
+    "resident_peak_pages",
+    "unmanaged_bytes",
+    "unmanaged_peak_bytes",
+];
 
 /// Fields of a device (and of its backend) that are levels; the rest count events.
 const DEVICE_GAUGES: [&str; 11] = [
@@ -94,6 +102,8 @@ fn help(field: &str) -> Option<&'static str> {
         "swapcache_pages" => "Resident pages staged in the swap cache.",
         "clean_pages" => "Resident pages whose slot still holds them.",
         "limit_pages" => "The resident limit, in pages.",
+        "unmanaged_bytes" => "The process's anonymous memory no pager manages, last measured.",
+        "unmanaged_peak_bytes" => "The most anonymous memory no pager managed at once.",
         "priority" => "Device priority (higher is used first).",
         "nr_slots" => "Slots (pages) the device can hold.",
         "slots_used" => "Slots allocated.",

@@ -21,7 +21,7 @@
 pub mod registry;
 
 use std::io;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 
 use crate::uffd::PAGE_SIZE;
 
@@ -117,6 +117,47 @@ impl<const N: usize> Drop for DiscardBatch<N> {
     }
 }
 
+/// Address ranges of the engine's own mappings (`[start, end)`, 0 when free): the staging
+/// areas, RAM devices, page tables and queues, so that a scan of the process's memory can
+/// tell the engine's from the program's ([`is_engine_memory`]). Lock-free: slots are taken
+/// by a compare-and-swap of `start`, scanned up to [`ENGINE_RANGES_HIGH`].
+const MAX_ENGINE_RANGES: usize = 16384;
+static ENGINE_RANGES: [(AtomicUsize, AtomicUsize); MAX_ENGINE_RANGES] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_ENGINE_RANGES];
+static ENGINE_RANGES_HIGH: AtomicUsize = AtomicUsize::new(0);
+
+/// Records `[addr, addr + len)` as the engine's (best effort: a full table only makes a
+/// scan count the range as the program's).
+fn note_engine_range(addr: usize, len: usize) {
+    use std::sync::atomic::Ordering;
+    for (i, (start, end)) in ENGINE_RANGES.iter().enumerate() {
+        if start.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            end.store(addr + len, Ordering::Release);
+            ENGINE_RANGES_HIGH.fetch_max(i + 1, Ordering::AcqRel);
+            return;
+        }
+    }
+}
+
+fn forget_engine_range(addr: usize) {
+    use std::sync::atomic::Ordering;
+    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
+    if let Some((start, end)) = ENGINE_RANGES[..high].iter().find(|(s, _)| s.load(Ordering::Acquire) == addr) {
+        end.store(0, Ordering::Release);
+        start.store(0, Ordering::Release);
+    }
+}
+
+/// Whether `[start, end)` overlaps one of the engine's own mappings.
+pub fn is_engine_memory(start: usize, end: usize) -> bool {
+    use std::sync::atomic::Ordering;
+    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
+    ENGINE_RANGES[..high].iter().any(|(s, e)| {
+        let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
+        s != 0 && s < end && start < e
+    })
+}
+
 /// An anonymous private mapping, unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
@@ -156,6 +197,7 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         let m = Mapping { addr: p as usize, len };
+        note_engine_range(m.addr, len);
         if opts.no_huge_pages {
             m.advise(0, len, libc::MADV_NOHUGEPAGE)?;
         }
@@ -335,6 +377,7 @@ impl PageRun<'_> {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        forget_engine_range(self.addr);
         // SAFETY: we own the whole range; nothing refers to it after drop.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
     }
@@ -370,6 +413,8 @@ impl AppMapping {
     pub fn with_fork(len: usize, inherit: bool) -> io::Result<AppMapping> {
         let m = Mapping::anonymous(len, MapOptions { no_huge_pages: true, dont_fork: !inherit })?;
         let (addr, len) = (m.addr, m.len);
+        // The application's memory from now on, not the engine's.
+        forget_engine_range(addr);
         std::mem::forget(m);
         Ok(AppMapping { addr: std::sync::atomic::AtomicUsize::new(addr), len })
     }
@@ -677,11 +722,36 @@ where
     };
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
         ENGINE_THREAD.with(|t| t.set(true));
-        f()
+        // The thread's stack is the engine's memory, not the program's (see
+        // `is_engine_memory`).
+        let stack = current_thread_stack();
+        if let Some((addr, len)) = stack {
+            note_engine_range(addr, len);
+        }
+        f();
+        if let Some((addr, _)) = stack {
+            forget_engine_range(addr);
+        }
     });
     // SAFETY: restores the caller's own mask, saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     spawned
+}
+
+/// The calling thread's stack, `(lowest address, length)`, as the C library placed it.
+fn current_thread_stack() -> Option<(usize, usize)> {
+    // SAFETY: pthread_attr_t is plain data that pthread_getattr_np initialises; the
+    // attribute object is destroyed after its stack is read.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let (mut addr, mut len) = (std::ptr::null_mut(), 0usize);
+        let r = libc::pthread_attr_getstack(&attr, &mut addr, &mut len);
+        libc::pthread_attr_destroy(&mut attr);
+        (r == 0).then_some((addr as usize, len))
+    }
 }
 
 /// Monotonic clock in nanoseconds (vDSO; async-signal-safe).

@@ -179,6 +179,8 @@ pub enum OpenError {
 /// An open, handshaken userfaultfd.
 #[derive(Debug)]
 pub struct Uffd {
+    /// Registered while `fd` is open (declared first: dropped first, see `crate::fd`).
+    _kept: crate::fd::Kept,
     fd: OwnedFd,
     /// `UFFDIO_MOVE` calls that reported a page as not moved although it was (see
     /// [`Uffd::move_pages`]).
@@ -277,9 +279,9 @@ impl Uffd {
             return Err(OpenError::MissingFeatures { wanted: features, available });
         }
         let flags = libc::O_CLOEXEC | if nonblocking { libc::O_NONBLOCK } else { 0 };
-        let fd = open_fd(flags, user_mode_only_ok)?;
+        let fd = crate::fd::relocate(open_fd(flags, user_mode_only_ok)?);
         api_handshake(&fd, features).map_err(OpenError::Other)?;
-        Ok(Uffd { fd, move_misreports: AtomicU64::new(0) })
+        Ok(Uffd { _kept: crate::fd::keep(fd.as_raw_fd()), fd, move_misreports: AtomicU64::new(0) })
     }
 
     pub fn raw_fd(&self) -> RawFd {
@@ -478,6 +480,8 @@ pub fn kernel_release() -> String {
 /// An eventfd that wakes handler threads blocked in [`poll_fault_or_doorbell_for`] (shutdown).
 #[derive(Debug)]
 pub struct Doorbell {
+    /// Registered while `fd` is open (declared first: dropped first, see `crate::fd`).
+    _kept: crate::fd::Kept,
     fd: OwnedFd,
 }
 
@@ -489,7 +493,8 @@ impl Doorbell {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: a fresh descriptor owned by nobody else.
-        Ok(Doorbell { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        let fd = crate::fd::relocate(unsafe { OwnedFd::from_raw_fd(fd) });
+        Ok(Doorbell { _kept: crate::fd::keep(fd.as_raw_fd()), fd })
     }
 
     /// Makes every current and future poll on the doorbell return.

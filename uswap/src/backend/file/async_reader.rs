@@ -37,6 +37,8 @@ use crate::uffd::PAGE_SIZE;
 /// refusing `io_uring_enter` [`MAX_STALLS`] times in a row) the buffer is leaked rather than
 /// freed under a read, and the reader refuses all further work.
 pub struct FileAsyncReader {
+    /// `uring` and `file` registered as the engine's (see `crate::fd`); dropped first.
+    _kept: [crate::fd::Kept; 2],
     uring: IoUring,
     file: OwnedFd,
     nr_slots: u64,
@@ -61,7 +63,7 @@ impl FileAsyncReader {
     pub(super) fn new(fd: RawFd, nr_slots: u64, nr_pages: usize, poll_ns: u64) -> io::Result<FileAsyncReader> {
         let nr_pages = nr_pages.max(1);
         // SAFETY: F_DUPFD_CLOEXEC on our open descriptor returns a new descriptor we own.
-        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, crate::fd::fd_base()) };
         if dup < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -73,6 +75,7 @@ impl FileAsyncReader {
             Err(e) => return Err(e),
         };
         Ok(FileAsyncReader {
+            _kept: [crate::fd::keep(uring.as_raw_fd()), crate::fd::keep(file.as_raw_fd())],
             uring,
             file,
             nr_slots,

@@ -204,6 +204,8 @@ enum Kind {
 
 /// A swap device on a file or block device. See the module documentation.
 pub struct FileBackend {
+    /// `file` registered as the engine's (see `crate::fd`); dropped before it closes.
+    _kept: crate::fd::Kept,
     // Dropped first: the rings go before the file they refer to.
     rings: Box<[CachePadded<SpinLock<Ring>>]>,
     file: OwnedFd,

@@ -130,7 +130,7 @@ fn sys_open(path: &CString, flags: i32, mode: libc::mode_t) -> io::Result<OwnedF
         let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
         if fd >= 0 {
             // SAFETY: a fresh descriptor that nothing else owns.
-            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+            return Ok(crate::fd::relocate(unsafe { OwnedFd::from_raw_fd(fd) }));
         }
         let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EINTR) {
@@ -405,6 +405,7 @@ impl FileBackend {
             }
         }
         Ok(FileBackend {
+            _kept: crate::fd::keep(file.as_raw_fd()),
             rings: rings.into_boxed_slice(),
             file,
             path: path.to_owned(),

@@ -97,6 +97,8 @@ struct Op {
 
 /// One io_uring instance and its pre-allocated bookkeeping.
 pub(super) struct Ring {
+    /// The ring's descriptor registered as the engine's (see `crate::fd`); dropped first.
+    _kept: crate::fd::Kept,
     pub(super) uring: IoUring,
     /// The file is registered with the ring as fixed file 0 (saves a file lookup per I/O).
     pub(super) fixed_file: bool,
@@ -119,6 +121,7 @@ pub(super) fn new_ring(fd: RawFd, queue_depth: u32) -> io::Result<Ring> {
     let fixed_file = uring.submitter().register_files(&[fd]).is_ok();
     let qd = queue_depth as usize;
     Ok(Ring {
+        _kept: crate::fd::keep(uring.as_raw_fd()),
         uring,
         fixed_file,
         poisoned: false,

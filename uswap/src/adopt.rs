@@ -1,0 +1,177 @@
+//! Memory the application mapped itself, taken over by a pager: [`Pager::adopt`] makes an
+//! existing anonymous private mapping a region, and [`Region::adopt_range`] gives a region
+//! back the pages the application replaced with fresh anonymous memory (`mmap(MAP_FIXED)`
+//! over them).
+//!
+//! Why: runtimes reserve address space first and commit it later. HotSpot reserves its heap
+//! with `mmap(PROT_NONE)` (at an address it picks, for compressed pointers) and commits and
+//! uncommits parts of it with `mmap(MAP_FIXED)`; V8 reserves a 4 GiB cage and commits with
+//! `mprotect`; QEMU reserves guest RAM and maps it `MAP_FIXED` inside. A region the engine
+//! mapped itself ([`Pager::map`]) cannot be placed or shaped like that, so `uswap run`
+//! lets the kernel do exactly what the program asked and takes the result over.
+//!
+//! What the kernel keeps across these calls: a registration survives `mprotect` (a
+//! `PROT_NONE` part is simply never faulted on; made writable, it faults into the engine).
+//! `mmap(MAP_FIXED)` over registered memory replaces the mapping: the engine gets an
+//! `UNMAP` event for the old pages (they become `Gone`, their slots freed, see `events`),
+//! and the new mapping is not registered. `adopt_range` registers it and makes those pages
+//! the region's again, never touched (zero).
+//!
+//! Locking: `adopt_range` takes the event reader lock (`events::EventState::reader`,
+//! outermost), so that the `UNMAP` the kernel sent for the replaced pages, which was read
+//! before the application's `mmap` returned, has also been applied; under it each page is
+//! taken through its busy bit. Invariant: a page becomes the region's again (`None`) only
+//! while unregistered or `Gone`, and before its range is registered, so no fault can see
+//! it half-adopted.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::mapping::{for_each_present_page, AppMapping};
+use crate::pager::{Pager, PagerShared, Released, REGISTER_MODES};
+use crate::reclaim;
+use crate::region::{PageRef, PageState, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
+use crate::region_handle::Region;
+use crate::uffd::PAGE_SIZE;
+
+impl Pager {
+    /// Takes over `[addr, addr + len_bytes)`, an anonymous private mapping the caller made
+    /// (any protection, `PROT_NONE` included; any placement): it becomes a managed region,
+    /// as if [`Pager::map`] had made it. Pages already present (`MAP_POPULATE`, or touched
+    /// before) are charged and paged like the others; the rest read zero. Dropping the
+    /// region unmaps the range.
+    ///
+    /// Fails with an [`Error::Io`] when the range is not one the kernel lets userfaultfd
+    /// manage (not mapped, file-backed, shared, already registered), and like `map` for a
+    /// size of zero, one too large, or too many regions.
+    pub fn adopt(&self, addr: usize, len_bytes: usize) -> Result<Region> {
+        if self.fault_mode() == crate::FaultMode::Signal {
+            crate::pager::check_sigbus_handler()?;
+        }
+        if len_bytes == 0 {
+            return Err(Error::ZeroLengthMap { page_size: PAGE_SIZE });
+        }
+        if len_bytes > MAX_REGION_BYTES {
+            return Err(Error::MapTooLarge { len_bytes: len_bytes as u64, max_bytes: MAX_REGION_BYTES as u64 });
+        }
+        if addr % PAGE_SIZE != 0 {
+            return Err(Error::io(
+                "adopting a mapping",
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{addr:#x} is not page-aligned")),
+            ));
+        }
+        let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        let shared = self.shared_arc();
+        prepare_range(shared, addr, len)?;
+        let inner = Arc::new(
+            RegionInner::new(AppMapping::existing(addr, len), shared.clone())
+                .map_err(|e| Error::io("allocating the region's page table", e))?,
+        );
+        let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {
+            let _ = shared.uffd.unregister(addr, len);
+            return Err(Error::TooManyRegions { max: MAX_REGIONS });
+        };
+        // Wrapped first: on error, dropping the handle lets the range go again (unmapped,
+        // as the caller asked the pager to own it).
+        let region = Region::new(inner, slot, self.clone());
+        charge_present(shared, region.inner(), slot, 0, region.inner().nr_pages)?;
+        Ok(region)
+    }
+}
+
+impl Region {
+    /// The application replaced the pages of `[addr, addr + len_bytes)` (clipped to the
+    /// region) with a fresh anonymous private mapping (`mmap(MAP_FIXED)`): they are the
+    /// region's again. The kernel's `UNMAP` event has freed what they held; they read zero
+    /// (or, present already, are charged as resident). A no-op outside the region.
+    pub fn adopt_range(&self, addr: usize, len_bytes: usize) -> Result<()> {
+        let inner = self.inner();
+        let start = addr.max(inner.start());
+        let end = addr.saturating_add(len_bytes).min(inner.start() + inner.nr_pages * PAGE_SIZE);
+        if start >= end {
+            return Ok(());
+        }
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        let shared = self.pager().shared_arc();
+        let (first, last) = ((start - inner.start()) / PAGE_SIZE, (end - inner.start()).div_ceil(PAGE_SIZE));
+        {
+            // The UNMAP for the replaced pages was read before the application's mmap
+            // returned; under the reader lock it has been applied too (module doc).
+            let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
+            let mut released = Released::default();
+            for page in first..last {
+                let pte = crate::events::lock_page(inner, page);
+                // Normally `Gone`. Anything else was not unmapped after all (a mapping the
+                // kernel refused to replace partly): it keeps nothing and reads zero, as
+                // the new mapping does.
+                shared.release_page(pte, &mut released);
+                inner.store(page, pte.next(PageState::None, None).with_referenced(false));
+            }
+            shared.apply_released(released);
+        }
+        let (addr, len) = (inner.page_addr(first), (last - first) * PAGE_SIZE);
+        prepare_range(shared, addr, len)?;
+        charge_present(shared, inner, self.registry_slot(), first, last)
+    }
+}
+
+/// Readies a range the application mapped for paging: no transparent huge pages (a move
+/// would split them), not inherited by a fork child unless the pager's regions are, and
+/// registered with the pager's userfaultfd.
+fn prepare_range(shared: &PagerShared, addr: usize, len: usize) -> Result<()> {
+    let advise = |advice: libc::c_int, what: &str| -> Result<()> {
+        // SAFETY: madvise checks the range itself (ENOMEM when unmapped); these advices
+        // change how the kernel treats the range, never its contents.
+        if unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) } != 0 {
+            return Err(Error::io(format!("adopting {addr:#x}+{len:#x}: {what}"), std::io::Error::last_os_error()));
+        }
+        Ok(())
+    };
+    advise(libc::MADV_NOHUGEPAGE, "madvise(MADV_NOHUGEPAGE)")?;
+    if !shared.regions_survive_fork {
+        advise(libc::MADV_DONTFORK, "madvise(MADV_DONTFORK)")?;
+    }
+    shared.uffd.register(addr, len, REGISTER_MODES).map_err(|e| {
+        Error::io(
+            format!(
+                "registering {addr:#x}+{len:#x} with userfaultfd (only anonymous private memory that no \
+                 other userfaultfd manages can be adopted)"
+            ),
+            e,
+        )
+    })
+}
+
+/// Pages of `[first, last)` already present (populated by the kernel before the range was
+/// registered) become resident: charged, on the LRU. The rest stay never-touched.
+fn charge_present(
+    shared: &PagerShared,
+    inner: &RegionInner,
+    (idx, gen): (usize, u32),
+    first: usize,
+    last: usize,
+) -> Result<()> {
+    let mut present = Vec::new();
+    for_each_present_page(inner.page_addr(first), last - first, |i| present.push(first + i))
+        .map_err(|e| Error::io("reading which adopted pages are mapped (mincore)", e))?;
+    if present.is_empty() {
+        return Ok(());
+    }
+    reclaim::charge(shared, present.len(), false);
+    for &page in &present {
+        let pte = crate::events::lock_page(inner, page);
+        if pte.state() != PageState::None {
+            // Faulted in since the scan (it was missing then, or the application discarded
+            // it): that fault charged it.
+            inner.store(page, pte.unbusy());
+            reclaim::uncharge(shared, 1);
+            continue;
+        }
+        let new = pte.next(PageState::Resident, None);
+        inner.store(page, new);
+        inner.note_touched(page);
+        shared.lru.add(PageRef { region_idx: idx, region_gen: gen, page_gen: new.gen(), page }, &shared.stats);
+    }
+    Ok(())
+}
