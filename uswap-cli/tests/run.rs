@@ -645,7 +645,8 @@ fn daemons_that_close_every_descriptor_keep_their_budget() {
 
 /// What runtimes do with reserved address space (tests/programs/reserve.c): a `PROT_NONE`
 /// reservation committed by `mmap(MAP_FIXED)` and by `mprotect`, uncommitted and
-/// recommitted (zeros), `mremap(MREMAP_FIXED)` onto it and `MREMAP_DONTUNMAP`, every byte
+/// recommitted (zeros), `mremap(MREMAP_FIXED)` onto it and `MREMAP_DONTUNMAP`, and a
+/// swapped-out mapping made executable (its pages put back, then let go of), every byte
 /// checked by the program, all of it managed (4x the limit paged).
 #[test]
 fn reservations_commits_and_mremap_behave_as_without_uswap() {
@@ -768,10 +769,105 @@ fn unmanaged_memory_is_reported_and_strict_fails_early() {
 #[test]
 fn managed_programs_report_little_unmanaged_memory_and_pass_strict() {
     let dir = tmpdir("strictok");
-    let p = compile("reserve", &dir, &[]);
-    let prog = [p.to_str().unwrap(), &(2 * LIMIT_MIB).to_string()];
+    let p = compile("daemon", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), "close_range"];
     let r = uswap_run(LIMIT_MIB, &["--strict"], &prog, &dir);
     assert_same_and_paged(&prog, &r, LIMIT_MIB);
     let unmanaged = counter(&r.1, "unmanaged_peak_bytes");
     assert!(unmanaged < (LIMIT_MIB << 20) / 10, "unmanaged peak {unmanaged}: {}", r.1);
+}
+
+/// A `newc` cpio archive (what the kernel unpacks as an initramfs) holding `/init` (the
+/// file at `init`, executable) and an empty `/proc`.
+fn initramfs(init: &Path, out: &Path) {
+    fn entry(buf: &mut Vec<u8>, ino: u32, name: &str, mode: u32, data: &[u8]) {
+        let fields = [ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, 0, 0, name.len() as u32 + 1, 0];
+        buf.extend_from_slice(b"070701");
+        for f in fields {
+            buf.extend_from_slice(format!("{f:08x}").as_bytes());
+        }
+        buf.extend_from_slice(name.as_bytes());
+        buf.push(0);
+        buf.resize(buf.len().next_multiple_of(4), 0);
+        buf.extend_from_slice(data);
+        buf.resize(buf.len().next_multiple_of(4), 0);
+    }
+    let mut buf = Vec::new();
+    entry(&mut buf, 1, "init", 0o100755, &std::fs::read(init).unwrap());
+    entry(&mut buf, 2, "proc", 0o040755, &[]);
+    entry(&mut buf, 0, "TRAILER!!!", 0, &[]);
+    std::fs::write(out, buf).unwrap();
+}
+
+/// QEMU with TCG boots Debian's kernel with a small initramfs the test builds, whose
+/// `/init` (tests/programs/guestmem.c) writes and verifies 4x the limit in the guest. QEMU
+/// reserves guest RAM and maps it `MAP_FIXED` inside the reservation: before reservations
+/// were managed it ran entirely in RAM. Thread mode: QEMU reads its firmware into guest RAM
+/// with `read(2)`, which signal mode cannot serve on a page that is not resident.
+#[test]
+fn qemu_guest_ram_is_paged() {
+    if !have("qemu-system-x86_64", "Debian: apt-get install qemu-system-x86") {
+        return;
+    }
+    let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-")))
+        .filter(|p| std::fs::File::open(p).is_ok())
+        .collect();
+    kernels.sort();
+    let Some(kernel) = kernels.pop() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no readable /boot/vmlinuz-* in CI: .ci/run installs linux-image-amd64"
+        );
+        eprintln!("SKIPPED: no readable /boot/vmlinuz-* (Debian: apt-get install linux-image-amd64)");
+        return;
+    };
+    let dir = tmpdir("qemu");
+    let init = compile("guestmem", &dir, &["-static"]);
+    let cpio = dir.join("init.cpio");
+    initramfs(&init, &cpio);
+    let limit_mib = 64;
+    let qemu = |mib: u64| -> Vec<String> {
+        let append = format!("console=ttyS0 quiet panic=-1 rdinit=/init guestmem.mib={mib}");
+        let args = ["qemu-system-x86_64", "-accel", "tcg", "-m", "512M", "-nographic", "-no-reboot", "-kernel"];
+        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        v.extend([
+            kernel.display().to_string(),
+            "-initrd".into(),
+            cpio.display().to_string(),
+            "-append".into(),
+            append,
+        ]);
+        v
+    };
+    let guest_line = |o: &Output| -> String {
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        out.find("guestmem: ").map(|i| out[i..].lines().next().unwrap_or("").to_string()).unwrap_or_default()
+    };
+    let (big, small) = (qemu(4 * limit_mib), qemu(1));
+    let big: Vec<&str> = big.iter().map(String::as_str).collect();
+    let small: Vec<&str> = small.iter().map(String::as_str).collect();
+    let expect = guest_line(&plain(&big));
+    assert!(expect.contains("verified"), "the guest without uswap: {expect:?}");
+    let device = format!("file:{}:1GiB", dir.display());
+    let opts = ["--device", device.as_str()];
+    let base = uswap_run(limit_mib, &opts, &small, &dir);
+    let (o, v) = uswap_run(limit_mib, &opts, &big, &dir);
+    assert!(o.status.success(), "qemu under uswap run: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert_eq!(guest_line(&o), expect, "the guest's output differs under uswap run");
+    assert!(counter(&v, "pswpout") > ((2 * limit_mib) << 20) / 4096, "guest RAM was not paged: {v}");
+    let peak = counter(&v, "resident_peak_bytes");
+    assert!(peak <= (limit_mib << 20) + SLACK_BYTES, "resident peak {peak}: {v}");
+    // The TCG code buffer (mapped read-write, then made executable) was let go of, not left
+    // for reclaim to be refused on every round (240,000 refusals before).
+    assert!(counter(&v, "move_refused") < 10_000, "{v}");
+    let (rss, base_rss) = (rss_peak(&v), rss_peak(&base.1));
+    assert!(
+        rss <= (limit_mib << 20) + base_rss + (32 << 20),
+        "peak RSS {rss} over the limit plus QEMU's own {base_rss}: {v}"
+    );
 }

@@ -330,19 +330,16 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
         return real::sys_munmap(addr, len);
     }
     let (covered, partial) = take_covered(start, end);
-    let whole_entries: usize = covered.iter().map(|e| e.len).sum();
     // Dropping a region unmaps what is still its own and frees its slots.
     drop(covered);
-    if partial || whole_entries != end - start {
-        // The rest of the range: parts of other managed mappings (the engine handles the
-        // kernel's UNMAP event for them) and ordinary memory.
-        let r = real::sys_munmap(addr, len);
-        if partial {
-            drop_emptied(start, end);
-        }
-        return r;
+    // The rest of the range: parts of other managed mappings (the engine handles the
+    // kernel's UNMAP event for them), parts of the dropped regions that were no longer
+    // theirs (let go of, or mapped over), and ordinary memory.
+    let r = real::sys_munmap(addr, len);
+    if partial {
+        drop_emptied(start, end);
     }
-    0
+    r
 }
 
 /// `mremap(old, old_len, new_len, flags, ...)`. The fifth argument is variadic in C; on the
@@ -448,12 +445,59 @@ fn remap_managed(
     unsafe { std::ptr::copy_nonoverlapping(start as *const u8, new as *mut u8, old_len.min(new_len)) };
     if dont_unmap {
         // The old range stays mapped and reads zero, as after the kernel's DONTUNMAP.
-        // SAFETY: the range is the program's own managed memory, which it gave up by moving.
-        unsafe { libc::madvise(start as *mut c_void, old_len, libc::MADV_DONTNEED) };
+        real::sys_madvise(start as *mut c_void, old_len, libc::MADV_DONTNEED);
     } else {
         unmap(start as *mut c_void, old_len);
     }
     Ok(new as usize)
+}
+
+/// `mprotect`: managed memory made executable (a JIT's code buffer, mapped read-write and
+/// then made executable) is let go of first (`Pager::unmanage`: its pages come back into
+/// place and it becomes ordinary memory, reported as unmanaged): the kernel moves pages
+/// only between mappings of equal protection, so reclaim could never move it out again,
+/// and met a refusal per page per round (QEMU's 1 GiB TCG buffer: hundreds of thousands).
+#[no_mangle]
+pub extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: i32) -> i32 {
+    unmanage_if_executable(addr, len, prot);
+    real::sys_mprotect(addr, len, prot)
+}
+
+/// `pkey_mprotect`, as [`mprotect`].
+#[no_mangle]
+pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: i32, pkey: i32) -> i32 {
+    unmanage_if_executable(addr, len, prot);
+    // SAFETY: the pkey_mprotect system call; the kernel validates every argument.
+    unsafe { libc::syscall(libc::SYS_pkey_mprotect, addr as usize, len, prot, pkey) as i32 }
+}
+
+fn unmanage_if_executable(addr: *mut c_void, len: usize, prot: i32) {
+    if prot & libc::PROT_EXEC == 0 || in_uswap() || uswap::is_engine_thread() {
+        return;
+    }
+    let Some(cfg) = config() else { return };
+    let _g = Guard::enter();
+    // Failing, the memory stays managed (and its pages refused by reclaim, counted).
+    let _ = cfg.pager.unmanage(addr as usize, len);
+}
+
+/// `madvise`: what asks the kernel to change how managed memory is paged is left out, with
+/// success: `MADV_HUGEPAGE` (regions are paged in 4 KiB pages; a huge page collapsed in
+/// one must be split before any of its pages can move out) and `MADV_MERGEABLE` (pages KSM
+/// merged are shared, and the kernel refuses to move them). QEMU asks for both on guest
+/// RAM: before, reclaim met hundreds of thousands of refusals and the limit did not hold.
+/// Everything else goes to the kernel (`MADV_DONTNEED` and the like reach the engine as
+/// events).
+#[no_mangle]
+pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
+    let paging_advice = advice == libc::MADV_HUGEPAGE || advice == libc::MADV_MERGEABLE;
+    if paging_advice && !in_uswap() && !uswap::is_engine_thread() && config().is_some() {
+        let start = addr as usize;
+        if page_round_up(len).and_then(|l| start.checked_add(l)).is_some_and(|end| overlaps_managed(start, end)) {
+            return 0;
+        }
+    }
+    real::sys_madvise(addr, len, advice)
 }
 
 fn errno() -> i32 {

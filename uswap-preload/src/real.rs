@@ -296,6 +296,20 @@ pub fn sys_munmap(addr: *mut c_void, len: usize) -> i32 {
     unsafe { libc::syscall(libc::SYS_munmap, addr as usize, len) as i32 }
 }
 
+/// Raw `mprotect(2)`.
+pub fn sys_mprotect(addr: *mut c_void, len: usize, prot: i32) -> i32 {
+    // SAFETY: the mprotect system call; the kernel validates the range. What the new
+    // protection means for the caller's memory is the caller's contract, as for mprotect.
+    unsafe { libc::syscall(libc::SYS_mprotect, addr as usize, len, prot) as i32 }
+}
+
+/// Raw `madvise(2)`.
+pub fn sys_madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
+    // SAFETY: the madvise system call; the kernel validates the range. What the advice does
+    // to the caller's memory is the caller's contract, as for madvise itself.
+    unsafe { libc::syscall(libc::SYS_madvise, addr as usize, len, advice) as i32 }
+}
+
 /// Raw `mremap(2)`.
 pub fn sys_mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: i32, new_addr: *mut c_void) -> *mut c_void {
     // SAFETY: the mremap system call; the kernel validates every argument.

@@ -32,7 +32,7 @@ use crate::pager::{Pager, PagerShared, Released, REGISTER_MODES};
 use crate::reclaim;
 use crate::region::{PageRef, PageState, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
 use crate::region_handle::Region;
-use crate::uffd::PAGE_SIZE;
+use crate::uffd::{RangeResult, PAGE_SIZE};
 
 impl Pager {
     /// Takes over `[addr, addr + len_bytes)`, an anonymous private mapping the caller made
@@ -175,3 +175,92 @@ fn charge_present(
     }
     Ok(())
 }
+
+impl Pager {
+    /// Lets go of `[addr, addr + len_bytes)` in this pager's regions, for good: every page
+    /// that is out (staged or on a device) is copied back into place, and the range becomes
+    /// the program's ordinary memory, uncharged and unregistered, its slots freed. For memory
+    /// the program is about to make executable (`mprotect(PROT_EXEC)`: a JIT's code buffer),
+    /// which reclaim could never move out again (the kernel moves pages only between
+    /// mappings of equal protection). Pages that cannot be read back are counted in
+    /// `fault_error` and recorded (`Pager::recent_errors`); they read zero.
+    pub fn unmanage(&self, addr: usize, len_bytes: usize) -> Result<()> {
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        let shared: &PagerShared = self.shared();
+        let end = addr.saturating_add(len_bytes);
+        let mut result = Ok(());
+        REGIONS.for_each(|r| {
+            if !std::ptr::eq(&*r.pager, shared) {
+                return;
+            }
+            let (rs, re) = (r.start(), r.start() + r.nr_pages * PAGE_SIZE);
+            let (s, e) = (addr.max(rs), end.min(re));
+            if s < e && result.is_ok() {
+                result = unmanage_pages(shared, r, (s - rs) / PAGE_SIZE, (e - rs).div_ceil(PAGE_SIZE));
+            }
+        });
+        result
+    }
+}
+
+/// [`Pager::unmanage`] for pages `[first, last)` of one region. Every page is held (busy)
+/// from before its contents are put back until the range is unregistered: a fault there
+/// meanwhile waits, then meets ordinary memory.
+fn unmanage_pages(shared: &PagerShared, r: &RegionInner, first: usize, last: usize) -> Result<()> {
+    // Events first (the module doc's ordering), and no event can change the range while
+    // its pages are put back.
+    let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut buf) = shared.bounce.take() else {
+        return Err(Error::io(
+            "taking pages out of management",
+            std::io::Error::new(std::io::ErrorKind::WouldBlock, "every bounce buffer stayed lent out"),
+        ));
+    };
+    let mut held = Vec::with_capacity(last - first);
+    for page in first..last {
+        let pte = crate::events::lock_page(r, page);
+        if matches!(pte.state(), PageState::Cached | PageState::Swapped) {
+            put_back(shared, r, page, pte, &mut buf.pages_mut()[0]);
+        }
+        held.push(pte);
+    }
+    drop(buf);
+    let (addr, len) = (r.page_addr(first), (last - first) * PAGE_SIZE);
+    // Fails only for a range the application unmapped meanwhile: nothing left to let go of.
+    let _ = shared.uffd.unregister(addr, len);
+    r.note_gone();
+    let mut released = Released::default();
+    for (page, pte) in (first..last).zip(held) {
+        shared.release_page(pte, &mut released);
+        r.store(page, pte.next(PageState::Gone, None).with_referenced(false));
+    }
+    shared.apply_released(released);
+    Ok(())
+}
+
+/// Copies the contents of a staged or swapped page (held busy) into its place in the
+/// region, retrying while an event keeps the kernel from filling (`EAGAIN`).
+fn put_back(
+    shared: &PagerShared,
+    r: &RegionInner,
+    page: usize,
+    pte: crate::region::Pte,
+    buf: &mut crate::backend::AlignedPage,
+) {
+    let addr = r.page_addr(page);
+    // Bounded: an EAGAIN lasts until a pending event is read, which the reader lock held
+    // here does not prevent for long (the kernel's own event queue); give up after a while.
+    for _ in 0..PUT_BACK_ATTEMPTS {
+        match crate::events::copy_page(shared, addr, pte, buf) {
+            // EEXIST: something is mapped there already (the application's own).
+            RangeResult::Done | RangeResult::Partial { errno: libc::EEXIST, .. } => return,
+            RangeResult::Partial { errno: libc::EAGAIN, .. } => std::thread::yield_now(),
+            RangeResult::Partial { .. } => break,
+        }
+    }
+    shared.stats.inc(crate::stats::Counter::FaultError);
+    shared.record_error(addr, pte.entry(), crate::pager::PageErrorKind::ReadFailed);
+}
+
+/// Tries of [`put_back`] while the kernel answers `EAGAIN`.
+const PUT_BACK_ATTEMPTS: usize = 10_000;

@@ -490,7 +490,7 @@ pub(crate) fn run_take_outs(p: &PagerShared) -> bool {
 /// Maps a copy of the page `pte` holds (staged or swapped) at `dst`: one attempt, `EAGAIN`
 /// left to the caller. A swapped page is read (and its checksum checked) up to
 /// `READ_ATTEMPTS` times; one that never reads back is reported as `EIO`.
-fn copy_page(p: &PagerShared, dst: usize, pte: Pte, buf: &mut AlignedPage) -> RangeResult {
+pub(crate) fn copy_page(p: &PagerShared, dst: usize, pte: Pte, buf: &mut AlignedPage) -> RangeResult {
     let e = pte.entry();
     let dev = p.devices.device(e);
     let wake = p.mode == FaultMode::Thread;

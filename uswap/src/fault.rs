@@ -496,10 +496,13 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
                 last = e;
                 break;
             }
-            // Not the region's any more: not uswap's fault. (Memory the application grew back
-            // over it in place is not served here: nothing tells which userfaultfd a SIGBUS
-            // came from, and `UFFDIO_ZEROPAGE` works through any descriptor of the process.)
-            Err(FaultError::Gone) => return false,
+            // Not the region's any more: not uswap's fault, unless it was raised just before
+            // the page was let go of (`Pager::unmanage` unregisters the range once its pages
+            // are in place): the access, retried once, meets ordinary memory. (Memory the
+            // application grew back over it in place is not served here: nothing tells which
+            // userfaultfd a SIGBUS came from, and `UFFDIO_ZEROPAGE` works through any
+            // descriptor of the process.)
+            Err(FaultError::Gone) => return UNCLAIMED_FAULT_ADDR.replace(addr) != addr,
             // Unmapped by another thread: the access, retried, meets whatever is there now
             // (SIGSEGV where nothing is, as without uswap).
             Err(FaultError::Unmapped) => {

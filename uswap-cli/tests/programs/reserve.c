@@ -2,7 +2,8 @@
 // reserve MIB*2 MiB with PROT_NONE, commit the first half with mmap(MAP_FIXED) and the
 // rest with mprotect, fill both, uncommit a part with mmap(MAP_FIXED, PROT_NONE) and
 // recommit it (it must read zero), move a filled mapping onto the reservation with
-// mremap(MREMAP_FIXED), and move one with MREMAP_DONTUNMAP (the old range reads zero).
+// mremap(MREMAP_FIXED), move one with MREMAP_DONTUNMAP (the old range reads zero), and
+// make a filled mapping executable (a JIT's code buffer) once it was swapped out.
 // Prints a checksum. Usage: reserve MIB
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -24,6 +25,10 @@ static void zeros(const uint64_t *p, size_t words, const char *what) { for (size
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     size_t half = (size_t)atol(argv[1]) << 20, words = half / 8, page = 4096;
+    size_t code_len = 4 << 20;
+    uint64_t *code = mmap(0, code_len, RW, ANON, -1, 0);
+    CHECK(code != MAP_FAILED, "mmap the code buffer");
+    fill(code, code_len / 8, 5);
     char *res = mmap(0, 2 * half, PROT_NONE, ANON | MAP_NORESERVE, -1, 0);
     CHECK(res != MAP_FAILED, "reserve");
     // Commit by MAP_FIXED (HotSpot, QEMU) and by mprotect (V8).
@@ -54,7 +59,11 @@ int main(int argc, char **argv) {
     sum += check(n, words, 4, "moved with MREMAP_DONTUNMAP");
     zeros(d, words, "left behind by MREMAP_DONTUNMAP");
     d[5] = 77; CHECK(d[5] == 77, "the old range stays writable");
-    // Grow in place, then shrink.
+    // The code buffer, swapped out by now, made executable: every byte still there.
+    CHECK(mprotect(code, code_len, RW | PROT_EXEC) == 0, "mprotect the code buffer executable");
+    sum += check(code, code_len / 8, 5, "code buffer made executable");
+    code[7] = 7; CHECK(code[7] == 7, "the code buffer stays writable");
+    CHECK(munmap(code, code_len) == 0, "munmap the code buffer");
     CHECK(munmap(res, 2 * half) == 0, "munmap the reservation");
     printf("checksum %016llx\n", (unsigned long long)sum);
     (void)page;
