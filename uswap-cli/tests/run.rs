@@ -178,10 +178,11 @@ fn fork_child_reads_the_parents_memory_as_it_was() {
     assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
     assert_eq!(o.stdout, expect.stdout, "{mode}: child or parent read different bytes");
     assert!(counter(&v, "pswpout") > 0, "{v}");
-    // The documented cost of fork: the parent's pages come back in first, so the peak is
-    // up to the whole working set (see README, "fork").
+    // The fork brings nothing in from the pool (the child reads the pages that were out
+    // from its copy of it): the bound is the limit, plus the parent's resident pages the
+    // child shares while it lives (README, "fork"). It used to be the whole working set.
     let peak = counter(&v, "resident_peak_bytes");
-    assert!(peak <= ((WSS_MIB + LIMIT_MIB) << 20) + SLACK_BYTES, "{mode}: peak {peak}: {v}");
+    assert!(peak <= ((2 * LIMIT_MIB) << 20) + SLACK_BYTES, "{mode}: peak {peak}: {v}");
 }
 
 /// fork without exec, and both go on: while the child lives (and shares the parent's pages
@@ -235,12 +236,17 @@ fn fork_child_gets_a_pager_of_its_own_and_pages_too() {
         assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
         assert_eq!(o.stdout, expect.stdout, "{mode}: child or parent read different bytes");
         assert_eq!(counter(&v, "processes"), 2, "{mode}: the child left no record of its own pager: {v}");
-        let half_pages = (WSS_MIB << 20) / 2 / 4096;
-        assert!(counter(&v, "pgfault_wp") >= half_pages, "{mode}: the child's writes to what it inherited: {v}");
+        // The child touched all it inherited: a page resident at the fork takes a
+        // write-protect fault on its first write, one that was out is read from the child's
+        // copy of the parent's pool (a major fault).
+        let pages = (WSS_MIB << 20) / 4096;
+        assert!(counter(&v, "pgfault_wp") + counter(&v, "pswpin") >= pages, "{mode}: {v}");
         // Each process paged its working set of 4x the limit: more than one would alone.
         assert!(counter(&v, "pswpout") > 2 * (WSS_MIB << 20) / 4096, "{mode}: {v}");
+        // Nothing came in for the fork: within the limit plus the parent's resident pages
+        // the child shares (README, "fork"); the whole working set before.
         let peak = counter(&v, "resident_peak_bytes");
-        assert!(peak <= ((WSS_MIB + LIMIT_MIB) << 20) + SLACK_BYTES, "{mode}: peak {peak}: {v}");
+        assert!(peak <= ((2 * LIMIT_MIB) << 20) + SLACK_BYTES, "{mode}: peak {peak}: {v}");
     }
 }
 
@@ -870,4 +876,27 @@ fn qemu_guest_ram_is_paged() {
         rss <= (limit_mib << 20) + base_rss + (32 << 20),
         "peak RSS {rss} over the limit plus QEMU's own {base_rss}: {v}"
     );
+}
+
+/// fork without exec, three times: a working set 4x the limit, children that each read and
+/// check all of it while the parent rewrites and checks its own copy. The fork brings
+/// nothing in from the pool (each child reads what was out from its copy of the parent's
+/// pool), so the tree's resident peak stays within the limit plus the parent's resident
+/// pages the children share (measured: 1.4-1.9x the limit), instead of the whole working
+/// set per fork (4.1x before). Both modes.
+#[test]
+fn fork_children_read_all_of_it_within_the_budget() {
+    let dir = tmpdir("forkreaders");
+    let p = compile("forkreaders", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), "3"];
+    let expect = plain(&prog);
+    for mode in ["thread", "signal"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.stdout, expect.stdout, "{mode}: a child or the parent read different bytes");
+        assert_eq!(counter(&v, "processes"), 4, "{mode}: {v}");
+        assert!(counter(&v, "pswpout") > 0, "{mode}: {v}");
+        let peak = counter(&v, "resident_peak_bytes");
+        assert!(peak <= ((5 * LIMIT_MIB) << 20) / 2 + SLACK_BYTES, "{mode}: peak {peak}: {v}");
+    }
 }

@@ -1,10 +1,12 @@
 //! `fork()` without exec: the child gets a copy of every byte and a pager of its own.
 //!
-//! The pager lives in the parent: its handler threads, its devices (the compressed pool is
-//! `MADV_DONTFORK`) and its userfaultfd do not cross a fork, and a registered range whose
-//! pages are out would read as zeros in the child. So the prepare handler (`pthread_atfork`)
-//! brings every page that is out back in and holds reclaim (`Pager::prepare_fork`), with the
-//! table of managed mappings locked so that no thread is inside it at the fork.
+//! The pager lives in the parent: its handler threads and its userfaultfd do not cross a
+//! fork, and a registered range whose pages are out would read as zeros in a child that
+//! nothing serves. So the prepare handler (`pthread_atfork`) holds reclaim and readies the
+//! engine for a child that re-arms (`Pager::prepare_fork_to_rearm`): pages out on a memory
+//! device stay out, and the child inherits the engine's memory to read them from; the rest
+//! comes back in. The table of managed mappings is locked so that no thread is inside it at
+//! the fork.
 //!
 //! The child handler, which runs while the child has one thread, re-arms it
 //! (`ForkHold::rearm_in_child`): a pager of its own, built from the same configuration and
@@ -14,8 +16,10 @@
 //! parent and charged to it (as a memory cgroup charges a shared page once), until the child
 //! writes one: that write charges it to the child, whose reclaim can then page it out. What
 //! the child allocates or touches anew is paged as in any process. It leaves its own record
-//! for `uswap run`. If the re-arm fails (no userfaultfd left, say), the child says so on
-//! stderr and runs unmanaged, every byte still there.
+//! for `uswap run`. The pages that were out at the fork it reads on first touch from its
+//! copy of the parent's device. If the re-arm fails (no userfaultfd left, say), the child
+//! says so on stderr and runs unmanaged, every byte still there (those pages are written in
+//! place from its copy of the device).
 //!
 //! The parent drops the hold and reclaims back to its limit; the pages it shares
 //! copy-on-write with the child are refused by `UFFDIO_MOVE` once (`move_refused`; its
@@ -23,9 +27,11 @@
 //! engine's background reclaimer and moved out (`cow_broken`, see the engine's
 //! `reclaim::cow`). A child that execs starts a pager of its own.
 //!
-//! Cost: the fork waits for every swapped-out page to come in (a scan of the page tables,
-//! skipped when nothing is out), and the parent may exceed its limit for a few background
-//! periods after it; the child pays for a pager's start (a few milliseconds).
+//! Cost: the fork scans the page tables of what was ever touched and waits for staged
+//! pages and pages on file or Redis devices to come in; the engine's memory is shared
+//! copy-on-write with the child while it lives; the parent may exceed its limit by the
+//! resident pages the child shares; the child pays for a pager's start (a few
+//! milliseconds).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,7 +63,7 @@ extern "C" fn prepare() {
     let _g = crate::heap::Guard::enter();
     // The table first: a thread mapping a region holds it while the pager registers.
     let table = crate::mmap::hold_for_fork();
-    let pager = pager.prepare_fork();
+    let pager = pager.prepare_fork_to_rearm();
     HELD.with(|h| *h.borrow_mut() = Some(Held { pager, table }));
 }
 

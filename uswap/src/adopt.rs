@@ -219,7 +219,7 @@ fn unmanage_pages(shared: &PagerShared, r: &RegionInner, first: usize, last: usi
     let mut held = Vec::with_capacity(last - first);
     for page in first..last {
         let pte = crate::events::lock_page(r, page);
-        if matches!(pte.state(), PageState::Cached | PageState::Swapped) {
+        if matches!(pte.state(), PageState::Cached | PageState::Swapped | PageState::Parent) {
             put_back(shared, r, page, pte, &mut buf.pages_mut()[0]);
         }
         held.push(pte);

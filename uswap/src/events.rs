@@ -265,7 +265,7 @@ fn detach(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usize,
         let pte = lock_page(r, page);
         let gone = pte.next(PageState::Gone, None).with_referenced(false);
         match pte.state() {
-            PageState::Cached | PageState::Swapped => {
+            PageState::Cached | PageState::Swapped | PageState::Parent => {
                 if pte.state() == PageState::Swapped && pte.async_read() {
                     // Read again from the device by the copy: no asynchronous read may serve
                     // the slot once it is freed.
@@ -487,6 +487,51 @@ pub(crate) fn run_take_outs(p: &PagerShared) -> bool {
     !t.ranges.is_empty()
 }
 
+/// Reads the page at `entry` of the parent's device (a fork child's `PageState::Parent`
+/// page, see `PagerShared::parent`) into a bounce buffer, checks it, and hands it to `map`.
+/// Up to `READ_ATTEMPTS` reads; `Err` when none read back, or no buffer came free.
+/// Allocation- and lock-free: the fault path of signal mode calls it.
+pub(crate) fn read_from_parent(
+    p: &PagerShared,
+    entry: crate::swap::SwapEntry,
+    map: impl FnOnce(&[u8]) -> RangeResult,
+) -> Result<RangeResult, crate::fault::FaultError> {
+    use crate::fault::FaultError;
+    let Some(parent) = p.parent.get() else {
+        // Only a re-armed fork child has `Parent` pages, and it has the parent's state.
+        return Err(FaultError::Device(PageErrorKind::ReadFailed));
+    };
+    let Some(mut buf) = p.bounce.take() else {
+        p.stats.inc(Counter::PoolWaitTimeout);
+        return Err(FaultError::PoolTimeout);
+    };
+    let page = &mut buf.pages_mut()[0];
+    read_checked(parent.devices.device(entry), entry.offset(), page).map_err(FaultError::Device)?;
+    Ok(map(&page.0))
+}
+
+/// Reads slot `offset` of `dev` into `page` and checks it, up to `READ_ATTEMPTS` times.
+/// Allocation- and lock-free where the device's reads are.
+pub(crate) fn read_checked(
+    dev: &crate::swap::SwapDevice,
+    offset: u64,
+    page: &mut AlignedPage,
+) -> Result<(), PageErrorKind> {
+    let mut why = PageErrorKind::ReadFailed;
+    for _ in 0..READ_ATTEMPTS {
+        let mut req = [ReadReq::new(offset, std::slice::from_mut(page))];
+        dev.backend.read(&mut req);
+        if req[0].result.is_err() {
+            continue;
+        }
+        if dev.checksum_ok(offset, &page.0) {
+            return Ok(());
+        }
+        why = PageErrorKind::ChecksumMismatch;
+    }
+    Err(why)
+}
+
 /// Maps a copy of the page `pte` holds (staged or swapped) at `dst`: one attempt, `EAGAIN`
 /// left to the caller. A swapped page is read (and its checksum checked) up to
 /// `READ_ATTEMPTS` times; one that never reads back is reported as `EIO`.
@@ -494,17 +539,16 @@ pub(crate) fn copy_page(p: &PagerShared, dst: usize, pte: Pte, buf: &mut Aligned
     let e = pte.entry();
     let dev = p.devices.device(e);
     let wake = p.mode == FaultMode::Thread;
+    if pte.state() == PageState::Parent {
+        let copied = read_from_parent(p, e, |data| p.uffd.copy(dst, data.as_ptr(), PAGE_SIZE, wake, false));
+        return copied.unwrap_or(RangeResult::Partial { done_bytes: 0, errno: libc::EIO });
+    }
     if pte.state() == PageState::Cached {
         return p.uffd.copy(dst, dev.staging_addr(e.offset()) as *const u8, PAGE_SIZE, wake, false);
     }
-    for _ in 0..READ_ATTEMPTS {
-        let mut req = [ReadReq::new(e.offset(), std::slice::from_mut(buf))];
-        dev.backend.read(&mut req);
-        let ok = req[0].result.is_ok();
-        if ok && dev.checksum_ok(e.offset(), &buf.0) {
-            p.stats.inc(Counter::Pswpin);
-            return p.uffd.copy(dst, buf.0.as_ptr(), PAGE_SIZE, wake, false);
-        }
+    if read_checked(dev, e.offset(), buf).is_err() {
+        return RangeResult::Partial { done_bytes: 0, errno: libc::EIO };
     }
-    RangeResult::Partial { done_bytes: 0, errno: libc::EIO }
+    p.stats.inc(Counter::Pswpin);
+    p.uffd.copy(dst, buf.0.as_ptr(), PAGE_SIZE, wake, false)
 }

@@ -35,7 +35,7 @@ use crate::handler_pool::{
 use crate::mapping::{now_ns, pin_current_thread};
 use crate::pager::{FaultMode, PageErrorKind, PagerShared};
 use crate::readahead::MAX_WINDOW_PAGES;
-use crate::region::{PageRef, PageState, Pte, RegionInner, REGIONS};
+use crate::region::{region_owning, PageRef, PageState, Pte, RegionInner};
 use crate::stats::Counter;
 use crate::swapin::{swap_in, Fault, READ_ATTEMPTS};
 use crate::sync::locks_held_by_this_thread;
@@ -290,6 +290,7 @@ pub(crate) fn serve_fault(
                 pager.stats.inc(Counter::PgfaultWp);
                 break Ok(());
             }
+            PageState::Parent => break parent_in(pager, region, reg_idx, reg_gen, page, locked, route),
             PageState::Gone => {
                 region.store(page, locked.unbusy());
                 break Err(FaultError::Gone);
@@ -448,6 +449,59 @@ fn take_present_page(
     Ok(())
 }
 
+/// A fork child's first touch of a page that was out at the fork (`PageState::Parent`):
+/// read from the parent's device as the child inherited it, mapped, charged to the child
+/// and on its LRU from now on (the child's reclaim sends it to its own devices). One page:
+/// no readahead across the parent's slots.
+#[allow(clippy::too_many_arguments)]
+fn parent_in(
+    pager: &PagerShared,
+    region: &RegionInner,
+    reg_idx: usize,
+    reg_gen: u32,
+    page: usize,
+    locked: Pte,
+    route: Route,
+) -> Result<(), FaultError> {
+    let addr = region.page_addr(page);
+    let entry = locked.entry();
+    let read = events::read_from_parent(pager, entry, |data| {
+        reclaim::charge(pager, 1, route.lock_free());
+        let r = pager.uffd.copy(addr, data.as_ptr(), PAGE_SIZE, route.wake(), false);
+        if r != RangeResult::Done {
+            reclaim::uncharge(pager, 1);
+        }
+        r
+    });
+    match read {
+        Ok(RangeResult::Done) => {
+            let new = locked.next(PageState::Resident, None);
+            region.store(page, new);
+            pager.lru.add(page_ref(reg_idx, reg_gen, page, new.gen()), &pager.stats);
+            pager.stats.inc(Counter::Pgmajfault);
+            pager.stats.inc(Counter::Pswpin);
+            Ok(())
+        }
+        Ok(RangeResult::Partial { errno, .. }) => {
+            region.store(page, locked.unbusy());
+            // ENOENT: unmapped while this fault waited (see `serve_fault`'s resident case).
+            Err(if errno == libc::ENOENT { FaultError::Unmapped } else { FaultError::Ioctl(errno) })
+        }
+        Err(e) => {
+            region.store(page, locked.unbusy());
+            pager.record_error(
+                addr,
+                entry,
+                match e {
+                    FaultError::Device(kind) => kind,
+                    _ => PageErrorKind::ReadFailed,
+                },
+            );
+            Err(e)
+        }
+    }
+}
+
 fn page_ref(region_idx: usize, region_gen: u32, page: usize, page_gen: u8) -> PageRef {
     PageRef { region_idx, region_gen, page_gen, page }
 }
@@ -462,7 +516,7 @@ thread_local! {
 /// The SIGBUS entry point (see `uffd::sigbus`): serves the fault if `addr` belongs to a
 /// signal-mode region. Async-signal-safe.
 pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
-    let Some(g) = REGIONS.find(addr) else {
+    let Some(g) = region_owning(addr) else {
         // A region being moved (mremap) is found again once its event is applied: retry the
         // access rather than pass the signal on.
         if events::in_flight() {
@@ -480,8 +534,8 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
         UNCLAIMED_FAULT_ADDR.set(0);
         return false;
     };
-    UNCLAIMED_FAULT_ADDR.set(0);
     if g.pager.mode != FaultMode::Signal {
+        UNCLAIMED_FAULT_ADDR.set(0);
         return false;
     }
     let route = if locks_held_by_this_thread() > 0 { Route::SignalLockFree } else { Route::Signal };
@@ -491,7 +545,10 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     let mut last = FaultError::BusyTimeout;
     for _ in 0..READ_ATTEMPTS {
         match serve_fault(&g, g.index, g.gen, addr, is_write, route) {
-            Ok(()) => return true,
+            Ok(()) => {
+                UNCLAIMED_FAULT_ADDR.set(0);
+                return true;
+            }
             Err(e @ (FaultError::BusyTimeout | FaultError::PoolTimeout)) => {
                 last = e;
                 break;
@@ -502,7 +559,13 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
             // application grew back over it in place is not served here: nothing tells which
             // userfaultfd a SIGBUS came from, and `UFFDIO_ZEROPAGE` works through any
             // descriptor of the process.)
-            Err(FaultError::Gone) => return UNCLAIMED_FAULT_ADDR.replace(addr) != addr,
+            Err(FaultError::Gone) => {
+                if UNCLAIMED_FAULT_ADDR.replace(addr) != addr {
+                    return true;
+                }
+                UNCLAIMED_FAULT_ADDR.set(0);
+                return false;
+            }
             // Unmapped by another thread: the access, retried, meets whatever is there now
             // (SIGSEGV where nothing is, as without uswap).
             Err(FaultError::Unmapped) => {
@@ -627,7 +690,7 @@ pub(crate) fn handler_thread(
             let addr = m.pf_address as usize & !(PAGE_SIZE - 1);
             let write = m.pf_flags & uffd::PAGEFAULT_FLAG_WRITE != 0;
             WINDOW_PAGES.with(|w| w.set(0));
-            let served = match REGIONS.find(addr) {
+            let served = match region_owning(addr) {
                 Some(g) if std::ptr::eq(&*g.pager, pager) => {
                     let mut ok = false;
                     let mut last = FaultError::BusyTimeout;
@@ -727,7 +790,7 @@ mod tests {
         let region = p.map(16 * PAGE_SIZE).unwrap();
         region.as_atomic_u64s()[0].store(7, std::sync::atomic::Ordering::Relaxed);
         let addr = region.as_ptr() as usize;
-        let g = REGIONS.find(addr).expect("the region is registered");
+        let g = region_owning(addr).expect("the region is registered");
         let locked = g.try_lock(0, g.load(0)).expect("page 0 is not busy");
         let t0 = std::time::Instant::now();
         let r = serve_fault(&g, g.index, g.gen, addr, false, Route::Signal);

@@ -1,12 +1,19 @@
 //! `fork()` of a process with managed regions: the parent's side ([`Pager::prepare_fork`],
 //! [`ForkHold`]) and the child's ([`ForkHold::rearm_in_child`]).
 //!
-//! A pager's devices, threads and userfaultfd do not cross a fork. Before it, the parent
-//! brings every page that is out back into its region and holds reclaim, so the child's copy
-//! has every byte; it also records its regions and locks the region registry until the fork
-//! is done. After it, the child may build a pager of its own that takes the regions over at
-//! the same addresses: the pages it inherited stay mapped, shared copy-on-write with the
-//! parent and charged to it (`PageState::Inherited`) until the child writes them.
+//! A pager's threads and userfaultfd do not cross a fork; the memory of its devices can. Before
+//! the fork the parent holds reclaim and waits for the rounds under way, so that no page is
+//! half moved; brings back in what the child could not read where it is (staged pages, pages
+//! on a file or Redis device); records its regions and which pages are out on a memory
+//! device (RAM, the compressed pool); makes those devices' memory inherited by the child
+//! (copy-on-write, `MADV_DOFORK` for the fork's duration); and locks the region registry
+//! until the fork is done. A fork so brings in nothing that is out on a memory device,
+//! however large. After it, the child may build a pager of its own that takes the regions
+//! over at the same addresses: the pages it inherited stay mapped, shared copy-on-write with
+//! the parent and charged to it (`PageState::Inherited`) until the child writes them, and
+//! the pages that were out are read on first touch from the child's copy of the parent's
+//! device (`PageState::Parent`), then charged to the child. Each process frees slots in its
+//! own copy of a device: the kernel's copy-on-write keeps the other's.
 //!
 //! Locking: the hold keeps the region registry's writer lock (`Registry::lock_writers`)
 //! from the recording of the regions until it is dropped (parent) or handed to
@@ -23,9 +30,6 @@ use crate::reclaim;
 use crate::region::{PageState, Pte, RegionInner, MAX_REGIONS, REGIONS};
 use crate::region_handle::Region;
 use crate::uffd::PAGE_SIZE;
-
-/// Bound on [`Pager::prepare_fork`]'s passes over the page tables.
-const MAX_FORK_PASSES: usize = 8;
 
 /// Returned by [`Pager::prepare_fork`]: reclaim stays held while it lives. In the parent,
 /// drop it right after the fork; in the child, either forget it (the child runs unmanaged)
@@ -49,11 +53,20 @@ struct InheritedRegion {
     live: Vec<(usize, usize)>,
     /// No page from here on was ever mapped (see `RegionInner::note_touched`).
     touched_end: usize,
+    /// Pages out at the fork on a device the child inherits (a memory device), and their
+    /// entries: the child reads them from its copy of that device (`PageState::Parent`).
+    swapped: Vec<(usize, crate::swap::SwapEntry)>,
 }
 
 impl Drop for ForkHold {
     fn drop(&mut self) {
         drop(self.writers.take());
+        // The parent's devices are its own again at the next fork.
+        for d in self.pager.shared().devices.devices() {
+            if d.backend.inheritable() {
+                d.set_inherited(false);
+            }
+        }
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = self.pager.shared();
         s.reclaim_held.store(false, Ordering::Release);
@@ -81,19 +94,30 @@ impl ForkHold {
     pub fn rearm_in_child(mut self, builder: PagerBuilder) -> Result<(Pager, Vec<(usize, Region)>)> {
         let regions = std::mem::take(&mut self.regions);
         let writers = self.writers.take();
+        let parent = self.pager.shared_arc().clone();
         // Not dropped: that would run reclaim on the parent's pager, which has no threads here.
         std::mem::forget(self);
         REGIONS.forget_all_in_fork_child();
         drop(writers);
-        let pager = builder.regions_survive_fork(true).build()?;
+        let pager = match builder.regions_survive_fork(true).build() {
+            Ok(pager) => pager,
+            Err(e) => {
+                restore_parent_pages(&parent, &regions);
+                return Err(e);
+            }
+        };
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        // The pages that were out at the fork are read from the parent's memory devices,
+        // as this process inherited them. (Set before any region is adopted.)
+        let _ = pager.shared().parent.set(parent.clone());
         let mut adopted = Vec::with_capacity(regions.len());
-        for r in &regions {
+        for (k, r) in regions.iter().enumerate() {
             match pager.adopt_inherited(r) {
                 Ok(region) => adopted.push((r.start, region)),
                 Err(e) => {
                     // Dropping what was adopted would unmap it: keep it, served by the new
-                    // pager; the rest stays ordinary memory.
+                    // pager; the rest stays ordinary memory, with every byte.
+                    restore_parent_pages(&parent, &regions[k..]);
                     std::mem::forget(adopted);
                     std::mem::forget(pager);
                     return Err(e);
@@ -101,6 +125,30 @@ impl ForkHold {
             }
         }
         Ok((pager, adopted))
+    }
+}
+
+/// A child that could not re-arm runs unmanaged: its regions are ordinary memory (the
+/// parent's registrations do not cross a fork), where the pages that were out at the fork
+/// read zero. Each is written in place from the child's copy of the parent's device, so
+/// that every byte is there. A page that cannot be read is reported on stderr.
+fn restore_parent_pages(parent: &crate::pager::PagerShared, regions: &[InheritedRegion]) {
+    let mut page = crate::backend::AlignedPage([0; PAGE_SIZE]);
+    for r in regions {
+        for &(i, entry) in &r.swapped {
+            let addr = r.start + i * PAGE_SIZE;
+            if crate::events::read_checked(parent.devices.device(entry), entry.offset(), &mut page).is_err() {
+                let msg =
+                    format!("uswap: fork child: the page at {addr:#x} could not be read from the parent's device\n");
+                // SAFETY: writes a buffer we own to stderr.
+                unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+                continue;
+            }
+            // SAFETY: the page lies in a live run of a region the child inherited, which is
+            // ordinary anonymous memory of this process now (no userfaultfd registration
+            // crosses a fork) and mapped; the child has one thread, so nothing else writes it.
+            unsafe { std::ptr::copy_nonoverlapping(page.0.as_ptr(), addr as *mut u8, PAGE_SIZE) };
+        }
     }
 }
 
@@ -118,52 +166,78 @@ impl Pager {
     /// mapped, dropped or moved, on any thread; fork at once and drop it (or, in the child,
     /// hand it to [`ForkHold::rearm_in_child`]).
     ///
-    /// Costs a scan of every region's page table, skipped when nothing is out.
+    /// Costs a scan of the part of every region's page table that was ever touched.
     pub fn prepare_fork(&self) -> ForkHold {
+        self.prepare(false)
+    }
+
+    /// [`Pager::prepare_fork`] for a fork whose child calls [`ForkHold::rearm_in_child`]
+    /// (as `uswap run`'s library does): pages out on a memory device (RAM, the compressed
+    /// pool) stay out, and the child reads them from its copy of the device, so the fork
+    /// brings in only what the child could not read where it is (staged pages, pages on a
+    /// file or Redis device). A child that does not re-arm would read zeros where those
+    /// pages are: use `prepare_fork` for it.
+    pub fn prepare_fork_to_rearm(&self) -> ForkHold {
+        self.prepare(true)
+    }
+
+    fn prepare(&self, leave_memory_devices_out: bool) -> ForkHold {
         let s = self.shared();
-        s.reclaim_held.store(true, Ordering::Release);
-        // A reclaim round already under way when the hold was set may still take pages out
-        // behind the first pass: passes repeat until one finds nothing to bring in (rounds
-        // are short and no new one starts, so the second pass normally ends it).
-        for _pass in 0..MAX_FORK_PASSES {
-            let anything_out =
-                s.swap_cache.nr_pages() > 0 || s.devices.devices().iter().any(|d| d.allocator.inuse_slots() > 0);
-            if !anything_out {
-                break;
+        s.reclaim_held.store(true, Ordering::SeqCst);
+        // No page is half moved out when the child's copy is taken.
+        reclaim::InFlight::wait_none(s);
+        let inheritable: Vec<bool> =
+            s.devices.devices().iter().map(|d| leave_memory_devices_out && d.backend.inheritable()).collect();
+        let stays_out = |pte: Pte| pte.state() == PageState::Swapped && inheritable[pte.entry().device()];
+        // What the child could not read where it is comes back in: staged pages (the swap
+        // cache lives in the parent's staging area), pages on devices that are not memory,
+        // and pages this process still reads from its own parent. Reclaim is held and no
+        // round runs, so one pass brings everything in; faults only bring pages in.
+        REGIONS.for_each(|r| {
+            if !std::ptr::eq(&*r.pager, s) {
+                return;
             }
-            let mut brought_in = 0usize;
-            REGIONS.for_each(|r| {
-                if !std::ptr::eq(&*r.pager, s) {
-                    return;
-                }
-                for (first, end) in r.live_runs() {
-                    for page in first..end {
-                        if matches!(r.load(page).state(), PageState::Cached | PageState::Swapped) {
-                            // SAFETY: the page lies in a live run of a registered region
-                            // (mapped; the caller promises no concurrent unmap); a read
-                            // takes the fault that brings it in and changes nothing.
-                            unsafe { std::ptr::read_volatile(r.page_addr(page) as *const u8) };
-                            brought_in += 1;
-                        }
+            for (first, end) in r.live_runs() {
+                for page in first..end.min(r.touched_end()) {
+                    let pte = r.load(page);
+                    if matches!(pte.state(), PageState::Cached | PageState::Swapped | PageState::Parent)
+                        && !stays_out(pte)
+                    {
+                        // SAFETY: the page lies in a live run of a registered region
+                        // (mapped; the caller promises no concurrent unmap); a read takes
+                        // the fault that brings it in and changes nothing.
+                        unsafe { std::ptr::read_volatile(r.page_addr(page) as *const u8) };
                     }
                 }
-            });
-            if brought_in == 0 {
-                break;
             }
-        }
+        });
         let writers = REGIONS.lock_writers();
         let mut regions = Vec::new();
         REGIONS.for_each(|r| {
-            if std::ptr::eq(&*r.pager, s) {
-                regions.push(InheritedRegion {
-                    start: r.start(),
-                    nr_pages: r.nr_pages,
-                    live: r.live_runs(),
-                    touched_end: r.touched_end(),
-                });
+            if !std::ptr::eq(&*r.pager, s) {
+                return;
             }
+            let (live, touched_end) = (r.live_runs(), r.touched_end());
+            let mut swapped = Vec::new();
+            for &(first, end) in &live {
+                for page in first..end.min(touched_end) {
+                    let pte = r.load(page);
+                    if stays_out(pte) {
+                        swapped.push((page, pte.entry()));
+                    }
+                }
+            }
+            regions.push(InheritedRegion { start: r.start(), nr_pages: r.nr_pages, live, touched_end, swapped });
         });
+        // The memory devices' pages, and what they are found by, go to the child
+        // copy-on-write (the parent makes them its own again when the hold drops). Only
+        // theirs: the swap cache's staging pages, shared with a child, could not be moved
+        // back into a region (`UFFDIO_MOVE` refuses shared pages), in any pager.
+        for (d, &inherit) in s.devices.devices().iter().zip(&inheritable) {
+            if inherit {
+                d.set_inherited(true);
+            }
+        }
         ForkHold { pager: self.clone(), regions, writers: Some(writers) }
     }
 
@@ -210,6 +284,13 @@ impl Pager {
         }
         (next..r.nr_pages).for_each(|page| set(page, PageState::Gone));
         let inserted = adopt_runs(&mut registered).and_then(|()| {
+            // Out at the fork (and not mapped since: a fault in the parent may have brought
+            // one in just before it): read from the parent's device on first touch.
+            for &(page, entry) in &r.swapped {
+                if inner.load(page).state() != PageState::Inherited {
+                    inner.pte(page).store(Pte(0).next(PageState::Parent, Some(entry)).0, Ordering::Relaxed);
+                }
+            }
             REGIONS.insert(r.start, r.start + len, inner.clone()).ok_or(Error::TooManyRegions { max: MAX_REGIONS })
         });
         inner.note_touched(r.touched_end.saturating_sub(1));

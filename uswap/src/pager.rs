@@ -270,6 +270,8 @@ impl PagerBuilder {
             shared_charge: self.shared_charge.map(|(t, _)| t),
             resident_peak_pages: AtomicUsize::new(0),
             reclaim_held: AtomicBool::new(false),
+            reclaim_in_flight: AtomicUsize::new(0),
+            parent: std::sync::OnceLock::new(),
             regions_survive_fork: self.regions_survive_fork,
             clean_pages: AtomicUsize::new(0),
             devices,
@@ -477,6 +479,14 @@ pub(crate) struct PagerShared {
     /// Set while [`Pager::prepare_fork`] brings every page in: charges never wait and no
     /// reclaim runs, so nothing goes out again before the fork copies it.
     pub reclaim_held: AtomicBool,
+    /// Reclaim rounds and device writebacks under way (see `reclaim::InFlight`): the fork
+    /// waits for them to end once `reclaim_held` is set, so that no page is half moved
+    /// when the child's copy of the engine's state is taken.
+    pub reclaim_in_flight: AtomicUsize,
+    /// In a re-armed fork child: the parent's engine state as the child inherited it, whose
+    /// memory devices hold the pages that were out at the fork (`PageState::Parent`). Only
+    /// their reads are used: the parent's threads and locks are not the child's.
+    pub parent: std::sync::OnceLock<Arc<PagerShared>>,
     /// Regions are inherited by fork (see [`PagerBuilder::regions_survive_fork`]).
     pub regions_survive_fork: bool,
     /// Resident pages that are clean (their slot still holds them).
@@ -547,8 +557,9 @@ impl PagerShared {
                 self.devices.device(e).table.clear(e.offset());
                 rel.to_free.push(e.bits());
             }
-            // An inherited page is the parent's charge, not ours.
-            PageState::None | PageState::Zero | PageState::Gone | PageState::Inherited => {}
+            // An inherited page is the parent's charge, not ours; a page still in the
+            // parent's device holds nothing of ours.
+            PageState::None | PageState::Zero | PageState::Gone | PageState::Inherited | PageState::Parent => {}
         }
     }
 

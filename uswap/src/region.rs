@@ -79,6 +79,12 @@ pub(crate) enum PageState {
     /// (the parent's charge covers it, as a memory cgroup charges a shared page once) and
     /// not on the LRU. Its first write charges it and makes it `Resident`.
     Inherited = 6,
+    /// Out at the fork (a re-armed fork child, see `Pager::prepare_fork`): its contents are
+    /// at the entry's slot of the *parent's* device, in the copy of that device's memory the
+    /// child inherited (copy-on-write; only memory devices are inherited). Not charged, not
+    /// on the LRU, owns no slot of this pager's: its first touch reads it from there,
+    /// charges it and makes it `Resident`.
+    Parent = 7,
 }
 
 const STATE_MASK: u64 = 0x7;
@@ -110,7 +116,7 @@ impl Pte {
             4 => PageState::Swapped,
             5 => PageState::Gone,
             6 => PageState::Inherited,
-            s => unreachable!("corrupt page-table state {s}"),
+            _ => PageState::Parent,
         }
     }
     pub fn busy(self) -> bool {
@@ -412,6 +418,14 @@ impl RegionSet {
     pub fn page_ref(&self, gi: usize, page: usize, pte: Pte) -> PageRef {
         PageRef { region_idx: self.g[gi].index, region_gen: self.g[gi].gen, page_gen: pte.gen(), page }
     }
+}
+
+/// The region that owns the page at `addr`, for the fault paths. Regions may overlap: the
+/// application unmapped part of one and something new was mapped there (a grown mapping, a
+/// new reservation placed in the hole). The page belongs to the region where it is not
+/// `Gone`; only if every region there has it `Gone` is that one returned.
+pub(crate) fn region_owning(addr: usize) -> Option<RegistryGuard<'static, RegionInner>> {
+    REGIONS.find_preferring(addr, |r| r.page_of(addr).is_some_and(|page| r.load(page).state() != PageState::Gone))
 }
 
 /// Looks a region up by a `PageRef` (reclaim queues, swap-cache owners).

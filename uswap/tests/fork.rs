@@ -242,7 +242,25 @@ fn child_rearms_and_pages(mode: FaultMode, hold: uswap::ForkHold, pages: usize, 
 }
 
 fn fork_child_rearms_and_both_page(mode: FaultMode) {
-    let pager = forking_pager(mode);
+    rearm_with(mode, forking_pager(mode), false);
+}
+
+/// `rearm` through `prepare_fork_to_rearm`: the fork brings nothing in from the device,
+/// and the child reads what was out there from its copy of the parent's device (RAM, or
+/// the compressed pool).
+fn fork_child_reads_what_was_out_from_the_parents_device(mode: FaultMode) {
+    rearm_with(mode, forking_pager(mode), true);
+    let pool = Pager::builder()
+        .resident_limit(LIMIT)
+        .fault_mode(mode)
+        .device(DeviceConfig::zpool(2 * WSS))
+        .regions_survive_fork(true)
+        .build()
+        .expect("pager");
+    rearm_with(mode, pool, true);
+}
+
+fn rearm_with(mode: FaultMode, pager: Pager, leave_out: bool) {
     let mut region = pager.map(WSS as usize).expect("map");
     let start = region.as_ptr() as usize;
     let pages = WSS as usize / PAGE_SIZE;
@@ -251,7 +269,14 @@ fn fork_child_rearms_and_both_page(mode: FaultMode) {
         write_page(w, i, 1);
     }
     let (ready_r, ready_w) = pipe();
-    let hold = pager.prepare_fork();
+    let before = pager.stats();
+    let hold = if leave_out { pager.prepare_fork_to_rearm() } else { pager.prepare_fork() };
+    if leave_out {
+        // Nothing came in from the device for the fork: the child reads it there.
+        let after = pager.stats();
+        assert_eq!(after.pswpin, before.pswpin, "{mode:?}: the fork read pages back: {after:?}");
+        assert!(after.resident_pages <= after.limit_pages + SLACK_PAGES, "{mode:?}: {after:?}");
+    }
     // SAFETY: the child re-arms and pages without returning into the test harness; it ends
     // with _exit. (Its allocations use the C library's malloc, which is fork-safe.)
     let pid = unsafe { libc::fork() };
@@ -291,3 +316,10 @@ fn bounded_rearm(mode: FaultMode) {
 
 in_both_modes!(bounded_rearm() => thread_mode_fork_child_rearms_and_both_page,
     signal_mode_fork_child_rearms_and_both_page);
+
+fn bounded_rearm_leaving_out(mode: FaultMode) {
+    bounded(mode, "re-arm, pages left out", fork_child_reads_what_was_out_from_the_parents_device);
+}
+
+in_both_modes!(bounded_rearm_leaving_out() => thread_mode_fork_child_reads_what_was_out_from_the_parents_device,
+    signal_mode_fork_child_reads_what_was_out_from_the_parents_device);

@@ -3,7 +3,8 @@
 // rest with mprotect, fill both, uncommit a part with mmap(MAP_FIXED, PROT_NONE) and
 // recommit it (it must read zero), move a filled mapping onto the reservation with
 // mremap(MREMAP_FIXED), move one with MREMAP_DONTUNMAP (the old range reads zero), and
-// make a filled mapping executable (a JIT's code buffer) once it was swapped out.
+// grow a mapping in place, and make a filled mapping executable (a JIT's code buffer) once
+// it was swapped out.
 // Prints a checksum. Usage: reserve MIB
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -59,6 +60,16 @@ int main(int argc, char **argv) {
     sum += check(n, words, 4, "moved with MREMAP_DONTUNMAP");
     zeros(d, words, "left behind by MREMAP_DONTUNMAP");
     d[5] = 77; CHECK(d[5] == 77, "the old range stays writable");
+    // Grow in place (no MREMAP_MAYMOVE) into address space freed just after a mapping.
+    uint64_t *g = mmap(0, 2 * half, RW, ANON, -1, 0);
+    CHECK(g != MAP_FAILED, "mmap to grow");
+    CHECK(munmap((char *)g + half, half) == 0, "free the space after it");
+    fill(g, words, 6);
+    CHECK(mremap(g, half, 2 * half, 0) == g, "mremap grows in place");
+    zeros(g + words, words, "grown part");
+    fill(g + words, words, 7);
+    sum += check(g, words, 6, "grown in place, old part") + check(g + words, words, 7, "grown in place, new part");
+    CHECK(munmap(g, 2 * half) == 0, "munmap the grown mapping");
     // The code buffer, swapped out by now, made executable: every byte still there.
     CHECK(mprotect(code, code_len, RW | PROT_EXEC) == 0, "mprotect the code buffer executable");
     sum += check(code, code_len / 8, 5, "code buffer made executable");

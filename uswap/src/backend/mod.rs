@@ -208,6 +208,20 @@ pub trait Backend: Send + Sync {
 
     /// Slots whose pages should move to a lower tier, oldest first, when the device wants
     /// room (a pool above its accept threshold). Writes up to `out.len()`; returns how many.
+    /// Whether a fork child may read this device's pages from its copy of the process's
+    /// memory (a RAM device, the compressed pool): its contents live only in memory the
+    /// child inherits copy-on-write, and its reads take no lock (a lock held by another
+    /// thread at the fork would never be released in the child). Devices whose pages live
+    /// elsewhere (a file, Redis) are not: their pages come back in before a fork.
+    fn inheritable(&self) -> bool {
+        false
+    }
+
+    /// For an [`inheritable`](Backend::inheritable) device: whether a fork child gets a
+    /// copy-on-write copy of the memory its reads use (around a fork, see
+    /// `Pager::prepare_fork_to_rearm`; off again in the parent after it).
+    fn set_inherited(&self, _inherit: bool) {}
+
     fn writeback_candidates(&self, _out: &mut [u64]) -> usize {
         0
     }

@@ -66,6 +66,15 @@ impl Backend for RamBackend {
         }
     }
 
+    /// Pages live in the process's memory and reads take no lock (see the trait).
+    fn inheritable(&self) -> bool {
+        true
+    }
+
+    fn set_inherited(&self, inherit: bool) {
+        self.storage.set_inherited(inherit);
+    }
+
     fn page_ptr(&self, slot: u64) -> Option<*const u8> {
         (slot < self.nr_slots).then(|| (self.storage.addr() + slot as usize * PAGE_SIZE) as *const u8)
     }

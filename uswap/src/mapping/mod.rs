@@ -243,6 +243,14 @@ impl Mapping {
         Ok(())
     }
 
+    /// Whether a fork child gets a copy-on-write copy of the mapping (`MADV_DOFORK`) or none
+    /// (`MADV_DONTFORK`): around a fork whose child reads a memory device's pages from its
+    /// copy (`Pager::prepare_fork_to_rearm`). Cannot fail for a whole mapping the engine
+    /// owns; a failure would only leave the flag as it was.
+    pub fn set_inherited(&self, inherit: bool) {
+        let _ = self.advise(0, self.len, if inherit { libc::MADV_DOFORK } else { libc::MADV_DONTFORK });
+    }
+
     /// Drops the pages of a sub-range (`MADV_DONTNEED`): they read back as zero, or fault
     /// into userfaultfd if the mapping is registered. Async-signal-safe.
     pub fn discard(&self, offset: usize, len: usize) -> io::Result<()> {
@@ -492,6 +500,13 @@ impl AtomicTable {
     pub fn new(len: usize) -> io::Result<AtomicTable> {
         let map = Mapping::anonymous((len * 8).max(PAGE_SIZE), MapOptions { no_huge_pages: false, dont_fork: true })?;
         Ok(AtomicTable { map, len })
+    }
+}
+
+impl AtomicTable {
+    /// Whether a fork child gets a copy of the table (see [`Mapping::set_inherited`]).
+    pub fn set_inherited(&self, inherit: bool) {
+        self.map.set_inherited(inherit);
     }
 }
 

@@ -8,7 +8,7 @@
 //! drop an `Arc`, so the last reference is never released inside a signal handler.
 //!
 //! Locking: `insert` and `remove` are serialised by a mutex (they run on `map` and `drop`,
-//! never on the fault path). `find` and `get` take no lock.
+//! never on the fault path). `find_preferring` and `get` take no lock.
 //!
 //! Invariants: a slot's `start`, `end` and `gen` are written before its pointer is published
 //! and are stable while the pointer is non-null; a non-null pointer came from
@@ -41,7 +41,7 @@ impl<T> Slot<T> {
 
 pub struct Registry<T, const N: usize> {
     slots: [Slot<T>; N],
-    /// Slots `0..high` have been used at least once: the scan bound of `find`.
+    /// Slots `0..high` have been used at least once: the scan bound of `find_preferring`.
     high: AtomicUsize,
     writers: Mutex<()>,
 }
@@ -144,20 +144,26 @@ impl<T, const N: usize> Registry<T, N> {
         Some(RegistryGuard { slot: s, value, index: idx, gen: s.gen.load(Ordering::Acquire) })
     }
 
-    /// The value registered for `addr`, if any. Lock-free and allocation-free.
-    pub fn find(&self, addr: usize) -> Option<RegistryGuard<'_, T>> {
+    /// The first value registered for `addr` that `pred` accepts, if any; else the first
+    /// registered for `addr` at all. For ranges that overlap (a new mapping placed where an
+    /// older one lost part of its range). Lock-free and allocation-free.
+    pub fn find_preferring(&self, addr: usize, pred: impl Fn(&T) -> bool) -> Option<RegistryGuard<'_, T>> {
         let high = self.high.load(Ordering::Acquire);
+        let mut first = None;
         for (idx, s) in self.slots[..high].iter().enumerate() {
             if addr >= s.start.load(Ordering::Relaxed) && addr < s.end.load(Ordering::Relaxed) {
                 if let Some(g) = self.acquire(idx) {
                     // Re-check under protection: the slot may have been reused meanwhile.
                     if addr >= s.start.load(Ordering::Relaxed) && addr < s.end.load(Ordering::Relaxed) {
-                        return Some(g);
+                        if pred(&g) {
+                            return Some(g);
+                        }
+                        first.get_or_insert(g);
                     }
                 }
             }
         }
-        None
+        first
     }
 
     /// The value in slot `idx` if its generation still matches `gen` in the bits of
@@ -213,13 +219,13 @@ mod tests {
         let (i, g) = R.insert(0x1000, 0x3000, Arc::new("a".to_string())).unwrap();
         let (j, _) = R.insert(0x5000, 0x6000, Arc::new("b".to_string())).unwrap();
         assert_ne!(i, j);
-        assert_eq!(R.find(0x2fff).map(|g| g.as_str().to_string()), Some("a".into()));
-        assert!(R.find(0x3000).is_none());
+        assert_eq!(R.find_preferring(0x2fff, |_| true).map(|g| g.as_str().to_string()), Some("a".into()));
+        assert!(R.find_preferring(0x3000, |_| true).is_none());
         assert_eq!(R.get(i, g, u32::MAX).map(|g| g.len()), Some(1));
         assert!(R.get(i, g + 1, u32::MAX).is_none());
         let a = R.remove(i).unwrap();
         assert_eq!(Arc::strong_count(&a), 1, "registry gave its reference back");
-        assert!(R.find(0x2000).is_none());
+        assert!(R.find_preferring(0x2000, |_| true).is_none());
         assert!(R.get(i, g, u32::MAX).is_none());
         let (k, g2) = R.insert(0x9000, 0xa000, Arc::new("c".to_string())).unwrap();
         assert_eq!(k, i, "slot reused");
@@ -229,11 +235,25 @@ mod tests {
         assert_eq!(n, 2);
     }
 
+    /// Overlapping ranges: the first the predicate accepts, else the first at all.
+    #[test]
+    fn find_preferring_skips_what_the_predicate_refuses() {
+        static R: Registry<String, 4> = Registry::new();
+        R.insert(0x1000, 0x9000, Arc::new("old".to_string())).unwrap();
+        R.insert(0x4000, 0x6000, Arc::new("new".to_string())).unwrap();
+        let found = |addr, want: &str| R.find_preferring(addr, |v| v == want).map(|g| g.as_str().to_string());
+        assert_eq!(found(0x5000, "new").as_deref(), Some("new"));
+        assert_eq!(found(0x5000, "old").as_deref(), Some("old"));
+        assert_eq!(found(0x5000, "none").as_deref(), Some("old"), "no match: the first registered");
+        assert_eq!(found(0x2000, "new").as_deref(), Some("old"));
+        assert!(found(0x9000, "old").is_none());
+    }
+
     #[test]
     fn remove_waits_for_readers() {
         static R: Registry<u64, 4> = Registry::new();
         let (i, _) = R.insert(0x1000, 0x2000, Arc::new(7)).unwrap();
-        let g = R.find(0x1800).unwrap();
+        let g = R.find_preferring(0x1800, |_| true).unwrap();
         let t = std::thread::spawn(move || R.remove(i).map(|a| *a));
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!t.is_finished(), "remove returned while a reader held the slot");

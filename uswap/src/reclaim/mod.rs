@@ -72,6 +72,9 @@ impl Progress {
 /// batch. A direct round that finds every staged page busy stages and writes a batch of its
 /// own over the target (see below).
 pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
+    let Some(_in_flight) = InFlight::enter(p) else {
+        return Progress::default();
+    };
     let target = swapcache_target(p.limit_pages.load(Ordering::Acquire));
     let mut progress = Progress::default();
     let topped_up = p.swap_cache.nr_pages() < target && !p.devices.is_full();
@@ -101,6 +104,39 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
         }
     }
     progress
+}
+
+/// A reclaim round or a device writeback under way, counted in `reclaim_in_flight` while
+/// it lives. None starts while reclaim is held (`Pager::prepare_fork`), which waits for the
+/// ones under way to end ([`InFlight::wait_none`]).
+pub(crate) struct InFlight<'a>(&'a PagerShared);
+
+impl<'a> InFlight<'a> {
+    pub fn enter(p: &'a PagerShared) -> Option<InFlight<'a>> {
+        // Counted before the hold is read, and the hold set before the count is read (both
+        // SeqCst): a round either sees the hold, or is seen by the waiter.
+        p.reclaim_in_flight.fetch_add(1, Ordering::SeqCst);
+        if p.reclaim_held.load(Ordering::SeqCst) {
+            p.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(InFlight(p))
+    }
+
+    /// With reclaim held: waits until no round or writeback is under way. Bounded: rounds
+    /// and writebacks are short and none starts while the hold is set.
+    pub fn wait_none(p: &PagerShared) {
+        debug_assert!(p.reclaim_held.load(Ordering::SeqCst));
+        while p.reclaim_in_flight.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Reclaims until the charge is at or below the limit (after the limit was lowered).

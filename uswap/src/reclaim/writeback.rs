@@ -26,6 +26,9 @@ use crate::stats::Counter;
 /// application's CPU nothing (no TLB flush) and runs even while the application faults.
 /// `buf` holds `BATCH` pages. Returns the pages moved.
 pub(crate) fn device_writeback(p: &PagerShared, buf: &mut [AlignedPage]) -> usize {
+    let Some(_in_flight) = super::InFlight::enter(p) else {
+        return 0;
+    };
     let mut moved = 0;
     for dev in p.devices.devices() {
         let mut slots = [0u64; BATCH];

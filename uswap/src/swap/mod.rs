@@ -121,6 +121,15 @@ impl SwapDevice {
         }
     }
 
+    /// Whether a fork child gets a copy of what reading this device's pages needs (its
+    /// backend's memory and the checksums): see `Backend::set_inherited`.
+    pub fn set_inherited(&self, inherit: bool) {
+        self.backend.set_inherited(inherit);
+        if let Some(t) = &self.checksums {
+            t.set_inherited(inherit);
+        }
+    }
+
     /// True if `page` matches the checksum recorded for `offset` (or checksums are off).
     pub fn checksum_ok(&self, offset: u64, page: &[u8]) -> bool {
         match &self.checksums {

@@ -369,6 +369,17 @@ impl Backend for ZpoolBackend {
         self.cfg.nr_slots
     }
 
+    /// Pages live in the process's memory and reads take no lock (see the trait).
+    fn inheritable(&self) -> bool {
+        true
+    }
+
+    /// A read uses the slot words and the arena (and workspaces, on the heap).
+    fn set_inherited(&self, inherit: bool) {
+        self.slots.set_inherited(inherit);
+        self.arena.set_inherited(inherit);
+    }
+
     fn write(&self, reqs: &mut [WriteReq<'_>]) {
         let Some(mut ws) = self.take_workspace() else {
             // Nothing stored: the engine keeps the pages staged and writes them later.
