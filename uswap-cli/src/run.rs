@@ -453,16 +453,24 @@ fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> String {
     msg
 }
 
-/// `--strict` gave up on the program: every process of the tree that left a record, then
+/// `--strict` gave up on the program: every process of the tree that left a record and is
+/// still in our process group (a record's pid may since belong to another process), then
 /// the program itself, are killed, and the program reaped.
 fn kill_tree(child: &mut std::process::Child, dir: &Path) {
+    // SAFETY: getpgid only reads a process's group id.
+    let our_group = unsafe { libc::getpgid(0) };
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = e.file_name();
         let Some(pid) = name.to_string_lossy().strip_suffix(".json").and_then(|p| p.parse::<i32>().ok()) else {
             continue;
         };
-        // SAFETY: kill(2) sends a signal; a pid that is gone gives ESRCH.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // SAFETY: getpgid reads a group id (ESRCH for a pid that is gone); kill(2) sends a
+        // signal to a process of our own group.
+        unsafe {
+            if libc::getpgid(pid) == our_group {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
     }
     let _ = child.kill();
     let _ = child.wait();

@@ -182,16 +182,16 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
     let Some(len) = page_round_up(len) else { return };
     let end = start + len;
     let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-    let mut covered = 0;
+    let mut over_managed = false;
     if fixed {
         for e in table.iter().filter(|e| e.start < end && start < e.start + e.len) {
-            covered += end.min(e.start + e.len) - start.max(e.start);
+            over_managed = true;
             if e._region.adopt_range(start, len).is_err() {
                 UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
     }
-    if covered > 0 {
+    if over_managed {
         // Parts outside every region stay ordinary (a program mapping across the end of a
         // region it reserved).
         return;

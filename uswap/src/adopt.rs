@@ -63,20 +63,17 @@ impl Pager {
         let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let shared = self.shared_arc();
+        let inner = RegionInner::new(AppMapping::existing(addr, len), shared.clone())
+            .map_err(|e| Error::io("allocating the region's page table", e))?;
+        let inner = Arc::new(inner);
         prepare_range(shared, addr, len)?;
-        let inner = Arc::new(
-            RegionInner::new(AppMapping::existing(addr, len), shared.clone())
-                .map_err(|e| Error::io("allocating the region's page table", e))?,
-        );
         let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {
+            // Back to the caller's ordinary memory, as it was.
             let _ = shared.uffd.unregister(addr, len);
             return Err(Error::TooManyRegions { max: MAX_REGIONS });
         };
-        // Wrapped first: on error, dropping the handle lets the range go again (unmapped,
-        // as the caller asked the pager to own it).
-        let region = Region::new(inner, slot, self.clone());
-        charge_present(shared, region.inner(), slot, 0, region.inner().nr_pages)?;
-        Ok(region)
+        charge_present(shared, &inner, slot, 0, inner.nr_pages);
+        Ok(Region::new(inner, slot, self.clone()))
     }
 }
 
@@ -111,8 +108,17 @@ impl Region {
             shared.apply_released(released);
         }
         let (addr, len) = (inner.page_addr(first), (last - first) * PAGE_SIZE);
-        prepare_range(shared, addr, len)?;
-        charge_present(shared, inner, self.registry_slot(), first, last)
+        if let Err(e) = prepare_range(shared, addr, len) {
+            // Not the region's after all: the program's ordinary memory, never touched by
+            // the engine (nor unmapped with the region).
+            for page in first..last {
+                let pte = crate::events::lock_page(inner, page);
+                inner.store(page, pte.next(PageState::Gone, None));
+            }
+            return Err(e);
+        }
+        charge_present(shared, inner, self.registry_slot(), first, last);
+        Ok(())
     }
 }
 
@@ -144,19 +150,14 @@ fn prepare_range(shared: &PagerShared, addr: usize, len: usize) -> Result<()> {
 }
 
 /// Pages of `[first, last)` already present (populated by the kernel before the range was
-/// registered) become resident: charged, on the LRU. The rest stay never-touched.
-fn charge_present(
-    shared: &PagerShared,
-    inner: &RegionInner,
-    (idx, gen): (usize, u32),
-    first: usize,
-    last: usize,
-) -> Result<()> {
+/// registered) become resident: charged, on the LRU. The rest stay never-touched. (`mincore`
+/// cannot fail on a range just registered, which is mapped; if it did, the pages it did not
+/// report would stay uncharged, not lost.)
+fn charge_present(shared: &PagerShared, inner: &RegionInner, (idx, gen): (usize, u32), first: usize, last: usize) {
     let mut present = Vec::new();
-    for_each_present_page(inner.page_addr(first), last - first, |i| present.push(first + i))
-        .map_err(|e| Error::io("reading which adopted pages are mapped (mincore)", e))?;
+    let _ = for_each_present_page(inner.page_addr(first), last - first, |i| present.push(first + i));
     if present.is_empty() {
-        return Ok(());
+        return;
     }
     reclaim::charge(shared, present.len(), false);
     for &page in &present {
@@ -173,7 +174,6 @@ fn charge_present(
         inner.note_touched(page);
         shared.lru.add(PageRef { region_idx: idx, region_gen: gen, page_gen: new.gen(), page }, &shared.stats);
     }
-    Ok(())
 }
 
 impl Pager {

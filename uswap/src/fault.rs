@@ -290,7 +290,10 @@ pub(crate) fn serve_fault(
                 pager.stats.inc(Counter::PgfaultWp);
                 break Ok(());
             }
-            PageState::Parent => break parent_in(pager, region, reg_idx, reg_gen, page, locked, route),
+            PageState::Parent => {
+                let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
+                break parent_in(pager, &f);
+            }
             PageState::Gone => {
                 region.store(page, locked.unbusy());
                 break Err(FaultError::Gone);
@@ -453,16 +456,9 @@ fn take_present_page(
 /// read from the parent's device as the child inherited it, mapped, charged to the child
 /// and on its LRU from now on (the child's reclaim sends it to its own devices). One page:
 /// no readahead across the parent's slots.
-#[allow(clippy::too_many_arguments)]
-fn parent_in(
-    pager: &PagerShared,
-    region: &RegionInner,
-    reg_idx: usize,
-    reg_gen: u32,
-    page: usize,
-    locked: Pte,
-    route: Route,
-) -> Result<(), FaultError> {
+fn parent_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+    let Fault { region, reg_idx, reg_gen, page, locked, route, .. } = *f;
+    debug_assert_eq!(locked.state(), PageState::Parent);
     let addr = region.page_addr(page);
     let entry = locked.entry();
     let read = events::read_from_parent(pager, entry, |data| {
