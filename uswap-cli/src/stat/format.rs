@@ -336,6 +336,13 @@ fn table(
             s.swapcache_pages,
             s.clean_pages
         );
+        let page = uswap::PAGE_SIZE as u64;
+        let _ = writeln!(
+            out,
+            "  unmanaged {} now, {} at peak (the process's anonymous memory no pager manages)",
+            mib(s.unmanaged_bytes / page),
+            mib(s.unmanaged_peak_bytes / page)
+        );
         let l = &s.fault_latency_us;
         let _ = writeln!(
             out,
