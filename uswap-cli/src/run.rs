@@ -415,12 +415,8 @@ struct Unmanaged {
 
 fn unmanaged_now(dir: &Path) -> Unmanaged {
     let mut u = Unmanaged::default();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = e.file_name();
-        if name.to_string_lossy().starts_with('.') || !name.to_string_lossy().ends_with(".json") {
-            continue;
-        }
-        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+    for path in record_paths(dir) {
+        let Ok(text) = std::fs::read_to_string(path) else { continue };
         let Ok(rec) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
         let pid = rec.get("pid").and_then(|v| v.as_u64()).unwrap_or(0);
         u.bytes += rec.get("unmanaged_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
@@ -459,9 +455,8 @@ fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> String {
 fn kill_tree(child: &mut std::process::Child, dir: &Path) {
     // SAFETY: getpgid only reads a process's group id.
     let our_group = unsafe { libc::getpgid(0) };
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = e.file_name();
-        let Some(pid) = name.to_string_lossy().strip_suffix(".json").and_then(|p| p.parse::<i32>().ok()) else {
+    for path in record_paths(dir) {
+        let Some(pid) = path.file_stem().and_then(|s| s.to_str()).and_then(|p| p.parse::<i32>().ok()) else {
             continue;
         };
         // SAFETY: getpgid reads a group id (ESRCH for a pid that is gone); kill(2) sends a
@@ -490,16 +485,20 @@ fn children_rss_peak_bytes() -> u64 {
     ru.ru_maxrss.max(0) as u64 * 1024
 }
 
+/// The records the processes of the tree write in `dir` (`<pid>.json`; `.<pid>.json.tmp`,
+/// a record being rewritten, is left out).
+fn record_paths(dir: &Path) -> impl Iterator<Item = PathBuf> {
+    std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        !name.starts_with('.') && name.ends_with(".json")
+    })
+}
+
 /// The tree's counters now: every process's last record (rewritten every 200 ms) added up.
 fn tree_stats(dir: &Path) -> uswap::Stats {
     let mut sum = uswap::Stats::default();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || !name.ends_with(".json") {
-            continue;
-        }
-        if let Some(s) = std::fs::read(e.path()).ok().and_then(|b| serde_json::from_slice::<uswap::Stats>(&b).ok()) {
+    for path in record_paths(dir) {
+        if let Some(s) = std::fs::read(path).ok().and_then(|b| serde_json::from_slice::<uswap::Stats>(&b).ok()) {
             sum.add(&s);
         }
     }
@@ -538,16 +537,9 @@ fn summarize(dir: &Path, limit_bytes: u64, tree_peak_pages: u64) -> serde_json::
     let mut sum = serde_json::Map::new();
     let mut processes = 0u64;
     let mut managed_peak_pages = 0u64;
-    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
-    for e in entries {
-        if !e.file_name().to_string_lossy().ends_with(".json") {
-            continue;
-        }
-        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+    for path in record_paths(dir) {
+        let Ok(text) = std::fs::read_to_string(path) else { continue };
         let Ok(serde_json::Value::Object(rec)) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
-        if e.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
         processes += 1;
         for (k, v) in rec {
             if NOT_SUMMED.contains(&k.as_str()) {

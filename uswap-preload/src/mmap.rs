@@ -153,12 +153,17 @@ fn plan(addr: *mut c_void, len: usize, prot: i32, flags: i32, cfg: &Config) -> P
     Plan::Plain
 }
 
+/// A mapping stays ordinary memory: the table was full or the pager refused it.
+fn count_unmanaged() {
+    UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Maps a managed region of `len` bytes, or `None` to fall back to an ordinary mapping.
 fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
     let len = page_round_up(len)?;
     let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     if table.len() >= MAX_MAPPINGS {
-        UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        count_unmanaged();
         return None;
     }
     match cfg.pager.map(len) {
@@ -168,7 +173,7 @@ fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
             Some(start as *mut c_void)
         }
         Err(_) => {
-            UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            count_unmanaged();
             None
         }
     }
@@ -187,7 +192,7 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
         for e in table.iter().filter(|e| e.start < end && start < e.start + e.len) {
             over_managed = true;
             if e._region.adopt_range(start, len).is_err() {
-                UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                count_unmanaged();
             }
         }
     }
@@ -197,13 +202,13 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
         return;
     }
     if table.len() >= MAX_MAPPINGS || len < cfg.min_size_bytes {
-        UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        count_unmanaged();
         return;
     }
     match cfg.pager.adopt(start, len) {
         Ok(region) => table.push(Entry { start, len, _region: region }),
         Err(_) => {
-            UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            count_unmanaged();
         }
     }
 }
@@ -264,25 +269,32 @@ pub extern "C" fn mmap64(
     mmap(addr, len, prot, flags, fd, off)
 }
 
+/// Removes and returns the entries for which `take` holds (dropped by the caller, outside
+/// the table's lock: dropping a region unmaps it).
+fn take_entries(mut take: impl FnMut(&Entry) -> bool) -> Vec<Entry> {
+    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut taken = Vec::new();
+    let mut i = 0;
+    // Bounded: every round removes an entry or moves past one.
+    while i < table.len() {
+        if take(&table[i]) {
+            taken.push(table.swap_remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    taken
+}
+
 /// Removes and returns the managed entries inside `[start, end)`; reports whether any entry
 /// only partly overlaps it.
 fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
-    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     let mut partial = false;
-    let mut taken = Vec::new();
-    let mut i = 0;
-    while i < table.len() {
-        let e = &table[i];
+    let taken = take_entries(|e| {
         let (es, ee) = (e.start, e.start + e.len);
-        if es >= start && ee <= end {
-            taken.push(table.swap_remove(i));
-            continue;
-        }
-        if es < end && start < ee {
-            partial = true;
-        }
-        i += 1;
-    }
+        partial |= es < end && start < ee && !(es >= start && ee <= end);
+        es >= start && ee <= end
+    });
     (taken, partial)
 }
 
@@ -290,21 +302,7 @@ fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
 /// unmapped them piece by piece): their address range may be handed out again, and must
 /// not still look managed.
 fn drop_emptied(start: usize, end: usize) {
-    let emptied: Vec<Entry> = {
-        let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::new();
-        let mut i = 0;
-        while i < table.len() {
-            let e = &table[i];
-            if e.start < end && start < e.start + e.len && !e._region.has_live_pages() {
-                out.push(table.swap_remove(i));
-                continue;
-            }
-            i += 1;
-        }
-        out
-    };
-    drop(emptied);
+    drop(take_entries(|e| e.start < end && start < e.start + e.len && !e._region.has_live_pages()));
 }
 
 fn overlaps_managed(start: usize, end: usize) -> bool {

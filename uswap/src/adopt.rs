@@ -187,16 +187,10 @@ impl Pager {
     pub fn unmanage(&self, addr: usize, len_bytes: usize) -> Result<()> {
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let shared: &PagerShared = self.shared();
-        let end = addr.saturating_add(len_bytes);
         let mut result = Ok(());
-        REGIONS.for_each(|r| {
-            if !std::ptr::eq(&*r.pager, shared) {
-                return;
-            }
-            let (rs, re) = (r.start(), r.start() + r.nr_pages * PAGE_SIZE);
-            let (s, e) = (addr.max(rs), end.min(re));
-            if s < e && result.is_ok() {
-                result = unmanage_pages(shared, r, (s - rs) / PAGE_SIZE, (e - rs).div_ceil(PAGE_SIZE));
+        crate::events::for_each_overlap(shared, addr, addr.saturating_add(len_bytes), |r, first, last| {
+            if result.is_ok() {
+                result = unmanage_pages(shared, r, first, last);
             }
         });
         result

@@ -160,7 +160,7 @@ fn handle_event(p: &PagerShared, m: &UffdMsg) {
 
 /// Calls `f(region, first_page, end_page)` for the pages of each of this pager's regions
 /// inside `[start, end)`.
-fn for_each_overlap(p: &PagerShared, start: usize, end: usize, mut f: impl FnMut(&Guard<'_>, usize, usize)) {
+pub(crate) fn for_each_overlap(p: &PagerShared, start: usize, end: usize, mut f: impl FnMut(&Guard<'_>, usize, usize)) {
     REGIONS.for_each(|g| {
         if !std::ptr::eq(&*g.pager, p) {
             return;
