@@ -362,6 +362,18 @@ typedef struct uswap_stats {
      * The most of it measured at once.
      */
     uint64_t unmanaged_peak_bytes;
+    /**
+     * Signal mode: system calls whose managed memory was made ready before the call.
+     */
+    uint64_t syscall_prepared;
+    /**
+     * Of those, calls that still failed with `EFAULT` and were made again.
+     */
+    uint64_t syscall_efault_retried;
+    /**
+     * Calls on managed memory whose `EFAULT` reached the program. Should stay 0.
+     */
+    uint64_t syscall_efault;
 } uswap_stats;
 
 #ifdef __cplusplus

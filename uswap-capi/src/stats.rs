@@ -146,6 +146,12 @@ pub struct uswap_stats {
     pub unmanaged_bytes: u64,
     /// The most of it measured at once.
     pub unmanaged_peak_bytes: u64,
+    /// Signal mode: system calls whose managed memory was made ready before the call.
+    pub syscall_prepared: u64,
+    /// Of those, calls that still failed with `EFAULT` and were made again.
+    pub syscall_efault_retried: u64,
+    /// Calls on managed memory whose `EFAULT` reached the program. Should stay 0.
+    pub syscall_efault: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -222,7 +228,10 @@ impl uswap_stats {
             handler_steer,
             handler_spin_off,
             unmanaged_bytes,
-            unmanaged_peak_bytes;
+            unmanaged_peak_bytes,
+            syscall_prepared,
+            syscall_efault_retried,
+            syscall_efault;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

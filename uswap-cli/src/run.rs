@@ -40,9 +40,10 @@ pub struct RunArgs {
     /// Swap devices, as for `uswap bench --device` (default: a compressed pool).
     #[arg(long, default_value = "zpool")]
     pub device: String,
-    /// How faults are served: handler threads (system calls on managed memory work as
-    /// without uswap) or the faulting thread in a SIGBUS handler (faster; system calls that
-    /// touch a swapped-out page fail with EFAULT).
+    /// How faults are served: handler threads, or the faulting thread in a SIGBUS handler
+    /// (faster; the C library's system calls bring in the managed memory they touch first,
+    /// memory the kernel touches outside a call, io_uring's or a KVM guest's, needs thread
+    /// mode).
     #[arg(long, value_enum, default_value = "thread")]
     pub fault_mode: FaultModeArg,
     /// Anonymous mappings smaller than this stay ordinary memory (the heap is always managed).

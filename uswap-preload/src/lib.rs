@@ -24,6 +24,7 @@ pub mod mmap;
 pub mod real;
 pub mod report;
 pub mod signals;
+pub mod syscalls;
 pub mod threads;
 pub mod unmanaged;
 
@@ -82,6 +83,20 @@ fn start() -> Result<(), String> {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
     }
     let cfg = config::Config::from_env()?;
+    if cfg.fault_mode == uswap::FaultMode::Signal {
+        // SAFETY: the library's constructor: the process has one thread.
+        let r = unsafe { syscalls::start() }.map_err(|e| format!("cannot route system calls through uswap: {e}"))?;
+        if r.patched < r.sites {
+            // Said once per process: a call made from one of them on memory that is out
+            // fails with EFAULT (counted in syscall_efault only if it went through uswap).
+            eprintln!(
+                "uswap: {} of {} system call instructions of the C library could not be routed through uswap (signal mode); \
+                 a call made from one of them on managed memory that is out fails with EFAULT: use --fault-mode thread if the program misbehaves",
+                r.sites - r.patched,
+                r.sites
+            );
+        }
+    }
     let mut builder = cfg.builder().regions_survive_fork(true);
     if let Some(dir) = &cfg.stats_dir {
         let path = dir.join(uswap::shared_charge::SEGMENT_FILE);

@@ -581,6 +581,51 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     false
 }
 
+/// Signal mode, before a system call reads (`write` false) or writes `[addr, addr + len)`:
+/// brings in every page of a signal-mode region there that the kernel could not access, as
+/// the faulting thread's SIGBUS handler would (a fault the kernel raises itself is not a
+/// signal but `EFAULT`). A page is ready when it is mapped, and for a write not
+/// write-protected. Returns whether any page of the range belongs to a signal-mode region
+/// (only then can an `EFAULT` be uswap's). Allocation-free; takes no lock the thread holds.
+pub(crate) fn prepare_user_access(addr: usize, len: usize, write: bool) -> bool {
+    let end = addr.saturating_add(len);
+    let mut page_addr = addr & !(PAGE_SIZE - 1);
+    let mut managed = false;
+    // Bounded: one step per page of the range, or a jump to the end of a region's range.
+    while page_addr < end {
+        let Some(g) = region_owning(page_addr) else {
+            page_addr += PAGE_SIZE;
+            continue;
+        };
+        if g.pager.mode != FaultMode::Signal {
+            page_addr = g.start() + g.nr_pages * PAGE_SIZE;
+            continue;
+        }
+        managed = true;
+        let region_end = (g.start() + g.nr_pages * PAGE_SIZE).min(end);
+        while page_addr < region_end {
+            if let Some(page) = g.page_of(page_addr) {
+                if !ready_for_kernel(g.load(page), write) {
+                    sigbus_fault(page_addr, write);
+                }
+            }
+            page_addr += PAGE_SIZE;
+        }
+    }
+    managed
+}
+
+/// Whether the kernel can access a page in this state without a fault uswap must serve.
+fn ready_for_kernel(pte: Pte, write: bool) -> bool {
+    match pte.state() {
+        PageState::Resident => !(write && pte.clean()),
+        PageState::Inherited => !write,
+        // Not the region's: whatever is there now is not uswap's to bring in.
+        PageState::Gone => true,
+        PageState::None | PageState::Zero | PageState::Cached | PageState::Swapped | PageState::Parent => false,
+    }
+}
+
 /// Thread mode: one of the handler threads. Reads fault messages and serves them until the
 /// pager shuts down.
 pub(crate) fn handler_thread(

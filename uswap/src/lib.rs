@@ -57,7 +57,7 @@ pub use backend::redis::RedisOptions;
 pub use backend::zpool::{Compressor, Incompressible};
 pub use device::{parse_size, DeviceConfig};
 pub use error::{Error, ErrorKind, Result};
-pub use mapping::{is_engine_thread, spawn_engine_thread};
+pub use mapping::{is_engine_thread, note_engine_memory, spawn_engine_thread};
 
 /// Signal mode's SIGBUS handler, for a library that interposes the program's signal calls
 /// (`uswap run`'s): see [`sigbus::replace_chained`].
@@ -101,6 +101,16 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
     } else {
         MemoryOwner::Other
     }
+}
+
+/// Signal mode: makes `[addr, addr + len)` ready for a system call that reads it (`write`
+/// false) or writes it, by bringing in the pages of signal-mode regions there. In signal mode
+/// the kernel cannot wait for a page the way a faulting thread can, so a system call that
+/// touches a page that is out fails with `EFAULT`; `uswap run`'s preload library calls this
+/// before each such call. Returns whether any of the range is managed in signal mode. Safe
+/// to call from a signal handler; allocates nothing.
+pub fn prepare_user_access(addr: usize, len: usize, write: bool) -> bool {
+    fault::prepare_user_access(addr, len, write)
 }
 
 /// The page size uswap works in.

@@ -51,7 +51,8 @@ pub enum FaultMode {
     /// `UFFD_FEATURE_SIGBUS`: the faulting thread serves its own fault in a SIGBUS handler.
     /// Fastest (no cross-thread wake-up), but a system call that touches a page that is not
     /// resident fails with `EFAULT` instead of waiting for it (a datagram socket loses the
-    /// datagram), threads that touch managed memory must not block SIGBUS and need 128 KiB of
+    /// datagram) unless [`crate::prepare_user_access`] brought it in first (`uswap run`'s
+    /// library does, for every call of the C library), threads that touch managed memory must not block SIGBUS and need 128 KiB of
     /// stack, and a SIGBUS handler must be installed before the pager. See README, "The two
     /// fault modes".
     Signal,
@@ -631,6 +632,7 @@ impl PagerShared {
         st.clean_pages = self.clean_pages.load(Ordering::Acquire) as u64;
         st.limit_pages = self.limit_pages.load(Ordering::Acquire) as u64;
         (st.unmanaged_bytes, st.unmanaged_peak_bytes) = crate::stats::unmanaged();
+        [st.syscall_prepared, st.syscall_efault_retried, st.syscall_efault] = crate::stats::syscall_events();
         st.slots_leaked = self.devices.deferred_overflow();
         st.uffd_move_misreports = self.uffd.move_misreports();
         st.devices = self

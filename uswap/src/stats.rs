@@ -545,6 +545,15 @@ pub struct Stats {
     pub unmanaged_bytes: u64,
     /// The most of it measured at once.
     pub unmanaged_peak_bytes: u64,
+    /// Signal mode: system calls whose memory was partly managed and made ready before the
+    /// call (see [`crate::prepare_user_access`]). Process-wide, as the two below.
+    pub syscall_prepared: u64,
+    /// Of those, calls that still failed with `EFAULT` and were made again (a page taken
+    /// out again before the call, a structure larger than assumed).
+    pub syscall_efault_retried: u64,
+    /// Calls on managed memory whose `EFAULT` reached the program after every retry. Should
+    /// stay 0: anything else is a call whose memory the rules did not cover.
+    pub syscall_efault: u64,
     /// Per device, in priority order.
     pub devices: Vec<DeviceStats>,
     /// Fault service time (from entering the engine to the page being mapped), microseconds.
@@ -581,6 +590,30 @@ pub fn note_unmanaged(bytes: u64) {
     use std::sync::atomic::Ordering;
     UNMANAGED_BYTES.store(bytes, Ordering::Relaxed);
     UNMANAGED_PEAK_BYTES.fetch_max(bytes, Ordering::Relaxed);
+}
+
+/// What happened to a system call on managed memory in signal mode (see
+/// [`Stats::syscall_prepared`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyscallEvent {
+    /// Its memory was made ready before the call.
+    Prepared,
+    /// It failed with `EFAULT` and was made again.
+    EfaultRetried,
+    /// Its `EFAULT` reached the program.
+    Efault,
+}
+
+static SYSCALL_EVENTS: [std::sync::atomic::AtomicU64; 3] = [const { std::sync::atomic::AtomicU64::new(0) }; 3];
+
+/// Counts a system call event; async-signal-safe.
+pub fn note_syscall(event: SyscallEvent) {
+    SYSCALL_EVENTS[event as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The counts recorded with [`note_syscall`], in [`SyscallEvent`] order.
+pub(crate) fn syscall_events() -> [u64; 3] {
+    SYSCALL_EVENTS.each_ref().map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// The last and the peak measurement recorded with [`note_unmanaged`].
@@ -653,6 +686,9 @@ impl Stats {
             resident_peak_pages,
             unmanaged_bytes,
             unmanaged_peak_bytes,
+            syscall_prepared,
+            syscall_efault_retried,
+            syscall_efault,
             remap_copied,
             limit_overrun_busy,
             pool_wait_timeout,

@@ -139,6 +139,13 @@ fn note_engine_range(addr: usize, len: usize) {
     }
 }
 
+/// Records `[addr, addr + len)` as memory uswap itself made or changed (outside the engine:
+/// the preload library's rewritten code), so that a report of the program's unmanaged memory
+/// leaves it out.
+pub fn note_engine_memory(addr: usize, len: usize) {
+    note_engine_range(addr, len);
+}
+
 fn forget_engine_range(addr: usize) {
     use std::sync::atomic::Ordering;
     let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);

@@ -1,0 +1,444 @@
+//! Rewriting the C library's `syscall` instructions so that each one goes through
+//! [`super::entry`] first (the approach of syscall_intercept, which ExtMem builds on).
+//!
+//! For every `syscall` instruction in the C library's code, a *window* of whole instructions
+//! around it, at least the 5 bytes of a `jmp rel32`, is replaced by a jump to a trampoline of
+//! its own, mapped within ±2 GiB of the library. The trampoline runs the window's other
+//! instructions, relocated (iced-x86's block encoder fixes RIP-relative operands and
+//! branches), and in place of the `syscall` a short dispatch:
+//!
+//! ```text
+//!     movzwl %ax, %ecx              ; the system call's number (rcx and r11 are the
+//!     movabs $CLASS, %r11           ;   instruction's own scratch registers)
+//!     movzbl (%r11,%rcx), %ecx      ; does it take memory the kernel will touch?
+//!     jrcxz  plain                  ; no flags read or written on the way
+//!     lea    -128(%rsp), %rsp       ; yes: below the red zone, call the slow path, which
+//!     movabs $SLOW, %rcx            ;   saves every other register, makes the memory
+//!     call   *%rcx                  ;   ready, and makes the call
+//!     lea    128(%rsp), %rsp
+//!     jmp    after
+//! plain:
+//!     syscall                       ; no stack touched: clone, vfork and rt_sigreturn
+//! after:                            ;   behave as in place
+//! ```
+//!
+//! A window never contains a branch target other than its first byte (targets of every
+//! direct branch and call in the code are collected first); its instructions before the
+//! `syscall` are plain ones, and only its last may be a branch or a return. The bytes of a
+//! window after the jump are `int3`, so a jump into them that the scan could not see (an
+//! indirect one) stops the program rather than run something else.
+//!
+//! The patch is made once, at start-up, before any thread but the first exists; the code
+//! pages are made writable for the moment it takes and executable again after.
+
+use std::ffi::{c_void, CStr};
+
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionBlock,
+};
+
+use crate::real::{sys_mmap, sys_mprotect};
+
+/// The most instructions a window takes on either side of its `syscall`.
+const MAX_SIDE_INSTRUCTIONS: usize = 3;
+/// The bytes of a `jmp rel32`.
+const JMP_BYTES: usize = 5;
+/// Room for one trampoline: the displaced instructions (up to 2 × 3 × 15 bytes, re-encoded
+/// longer at worst), the dispatch and the jump back.
+const TRAMPOLINE_BYTES: usize = 192;
+/// How far (bytes) from the code trampolines may be: a `jmp rel32` reaches ±2 GiB.
+const REACH_BYTES: usize = 1 << 30;
+
+/// What the patch did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PatchReport {
+    /// `syscall` instructions found in the library's code.
+    pub sites: usize,
+    /// Of those, the ones now going through the dispatch.
+    pub patched: usize,
+}
+
+/// One executable segment of a loaded object: `[start, start + len)`.
+#[derive(Clone, Copy)]
+struct Segment {
+    start: usize,
+    len: usize,
+}
+
+/// The executable segments of the loaded object whose file name ends with `name`.
+fn executable_segments(name: &[u8]) -> Vec<Segment> {
+    struct Search<'a> {
+        name: &'a [u8],
+        found: Vec<Segment>,
+    }
+    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info for the call, and `data` is the
+        // `Search` handed to it below.
+        let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
+        if info.dlpi_name.is_null() {
+            return 0;
+        }
+        // SAFETY: a NUL-terminated name owned by the dynamic linker.
+        let path = unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes();
+        if !path.ends_with(search.name) {
+            return 0;
+        }
+        for i in 0..info.dlpi_phnum as usize {
+            // SAFETY: `dlpi_phdr` has `dlpi_phnum` entries.
+            let ph = unsafe { &*info.dlpi_phdr.add(i) };
+            if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0 {
+                let start = info.dlpi_addr as usize + ph.p_vaddr as usize;
+                search.found.push(Segment { start, len: ph.p_memsz as usize });
+            }
+        }
+        1
+    }
+    let mut search = Search { name, found: Vec::new() };
+    // SAFETY: `visit` matches the callback type and only reads what it is given.
+    unsafe { libc::dl_iterate_phdr(Some(visit), &mut search as *mut Search as *mut c_void) };
+    search.found
+}
+
+/// A `syscall` instruction and the plain instructions just before it.
+struct Site {
+    /// Up to [`MAX_SIDE_INSTRUCTIONS`] instructions before the `syscall`, oldest first.
+    before: Vec<Instruction>,
+    syscall: Instruction,
+}
+
+/// One linear pass over `seg`: every branch target and every `syscall` site.
+fn scan(seg: Segment) -> (Vec<u64>, Vec<Site>) {
+    // SAFETY: an executable segment of a loaded object: mapped and readable for its length.
+    let code = unsafe { std::slice::from_raw_parts(seg.start as *const u8, seg.len) };
+    let mut decoder = Decoder::with_ip(64, code, seg.start as u64, DecoderOptions::NONE);
+    let mut targets = Vec::new();
+    let mut sites = Vec::new();
+    let mut recent: Vec<Instruction> = Vec::with_capacity(MAX_SIDE_INSTRUCTIONS + 1);
+    let mut ins = Instruction::default();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut ins);
+        if matches!(
+            ins.flow_control(),
+            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch | FlowControl::Call
+        ) && ins.near_branch_target() != 0
+        {
+            targets.push(ins.near_branch_target());
+        }
+        if ins.code() == Code::Syscall {
+            sites.push(Site { before: recent.clone(), syscall: ins });
+            recent.clear();
+            continue;
+        }
+        if ins.flow_control() != FlowControl::Next || ins.is_invalid() {
+            recent.clear();
+            continue;
+        }
+        if recent.len() == MAX_SIDE_INSTRUCTIONS {
+            recent.remove(0);
+        }
+        recent.push(ins);
+    }
+    targets.sort_unstable();
+    targets.dedup();
+    (targets, sites)
+}
+
+/// A chosen window: `before` + `syscall` + `after`, from `start` for `len` bytes.
+struct Window {
+    start: u64,
+    len: usize,
+    before: Vec<Instruction>,
+    after: Vec<Instruction>,
+}
+
+/// Up to [`MAX_SIDE_INSTRUCTIONS`] instructions after `site`'s `syscall`, stopping after the
+/// first that is not plain.
+fn following(seg: Segment, site: &Site) -> Vec<Instruction> {
+    let from = site.syscall.next_ip() as usize;
+    let end = seg.start + seg.len;
+    // SAFETY: inside the segment, as `scan` read it.
+    let code = unsafe { std::slice::from_raw_parts(from as *const u8, end - from) };
+    let mut decoder = Decoder::with_ip(64, code, from as u64, DecoderOptions::NONE);
+    let mut out = Vec::new();
+    while decoder.can_decode() && out.len() < MAX_SIDE_INSTRUCTIONS {
+        let ins = decoder.decode();
+        if ins.is_invalid() || ins.code() == Code::Syscall || ins.flow_control() == FlowControl::Call {
+            break;
+        }
+        let last = ins.flow_control() != FlowControl::Next;
+        out.push(ins);
+        if last {
+            break;
+        }
+    }
+    out
+}
+
+/// The smallest window around `site` that holds a `jmp rel32` and has no branch target
+/// inside it after its first byte.
+fn choose_window(seg: Segment, site: &Site, targets: &[u64]) -> Option<Window> {
+    let is_target = |ip: u64| targets.binary_search(&ip).is_ok();
+    let after_all = following(seg, site);
+    let mut best: Option<(usize, usize)> = None;
+    for nb in 0..=site.before.len() {
+        for na in 0..=after_all.len() {
+            let before = &site.before[site.before.len() - nb..];
+            let after = &after_all[..na];
+            // Only the last instruction of the window may leave it.
+            if after[..na.saturating_sub(1)].iter().any(|i| i.flow_control() != FlowControl::Next) {
+                continue;
+            }
+            let len: usize = before.iter().map(|i| i.len()).sum::<usize>()
+                + site.syscall.len()
+                + after.iter().map(|i| i.len()).sum::<usize>();
+            if len < JMP_BYTES {
+                continue;
+            }
+            let inner =
+                before.iter().skip(1).chain(std::iter::once(&site.syscall).skip(usize::from(nb == 0))).chain(after);
+            if inner.map(|i| i.ip()).any(is_target) {
+                continue;
+            }
+            if best.is_none_or(|(b, a)| nb + na < b + a) {
+                best = Some((nb, na));
+            }
+        }
+    }
+    let (nb, na) = best?;
+    let before = site.before[site.before.len() - nb..].to_vec();
+    let after = after_all[..na].to_vec();
+    let start = before.first().map_or(site.syscall.ip(), |i| i.ip());
+    let end = after.last().map_or(site.syscall.next_ip(), |i| i.next_ip());
+    Some(Window { start, len: (end - start) as usize, before, after })
+}
+
+/// Re-encodes `instrs` to run from `rip`.
+fn relocate(instrs: &[Instruction], rip: u64) -> Option<Vec<u8>> {
+    if instrs.is_empty() {
+        return Some(Vec::new());
+    }
+    let block = InstructionBlock::new(instrs, rip);
+    BlockEncoder::encode(64, block, BlockEncoderOptions::NONE).ok().map(|r| r.code_buffer)
+}
+
+/// The dispatch in place of the `syscall` (see the module's comment); position-independent.
+fn dispatch_bytes(class_table: u64, slow_entry: u64) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64);
+    b.extend_from_slice(&[0x0f, 0xb7, 0xc8]); // movzwl %ax,%ecx
+    b.extend_from_slice(&[0x49, 0xbb]); // movabs $class_table,%r11
+    b.extend_from_slice(&class_table.to_le_bytes());
+    b.extend_from_slice(&[0x41, 0x0f, 0xb6, 0x0c, 0x0b]); // movzbl (%r11,%rcx,1),%ecx
+    let slow: Vec<u8> = {
+        let mut s = Vec::new();
+        s.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]); // lea -0x80(%rsp),%rsp
+        s.extend_from_slice(&[0x48, 0xb9]); // movabs $slow_entry,%rcx
+        s.extend_from_slice(&slow_entry.to_le_bytes());
+        s.extend_from_slice(&[0xff, 0xd1]); // call *%rcx
+        s.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x80, 0x00, 0x00, 0x00]); // lea 0x80(%rsp),%rsp
+        s.extend_from_slice(&[0xeb, 0x02]); // jmp over the syscall
+        s
+    };
+    b.push(0xe3); // jrcxz plain
+    b.push(slow.len() as u8);
+    b.extend_from_slice(&slow);
+    b.extend_from_slice(&[0x0f, 0x05]); // plain: syscall
+    b
+}
+
+/// A trampoline for `w`, to be placed at `at`.
+fn trampoline(w: &Window, at: u64, class_table: u64, slow_entry: u64) -> Option<Vec<u8>> {
+    let mut code = relocate(&w.before, at)?;
+    code.extend_from_slice(&dispatch_bytes(class_table, slow_entry));
+    let after_at = at + code.len() as u64;
+    code.extend_from_slice(&relocate(&w.after, after_at)?);
+    // Back to the first byte after the window (unreached if it ended in a branch).
+    let back = w.start + w.len as u64;
+    let from = at + code.len() as u64 + JMP_BYTES as u64;
+    let rel = i32::try_from(back as i64 - from as i64).ok()?;
+    code.push(0xe9);
+    code.extend_from_slice(&rel.to_le_bytes());
+    (code.len() <= TRAMPOLINE_BYTES).then_some(code)
+}
+
+/// Maps `len` bytes for trampolines within [`REACH_BYTES`] of `[lo, hi)`: in the free gap
+/// nearest to it that `/proc/self/maps` shows (the kernel's own choice for a hint that is
+/// taken is the top of the address space, out of reach).
+fn map_near(lo: usize, hi: usize, len: usize) -> Option<usize> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let mut ranges: Vec<(usize, usize)> = maps
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?))
+        })
+        .collect();
+    ranges.sort_unstable();
+    // Candidates: just below each mapping and just above it, keeping a page free on each side.
+    let page = uswap::PAGE_SIZE;
+    let free = |at: usize| ranges.iter().all(|&(s, e)| at + len + page <= s || e + page <= at);
+    let mut candidates: Vec<usize> = ranges
+        .iter()
+        .flat_map(|&(s, e)| [s.checked_sub(len + page), Some(e + page)])
+        .flatten()
+        .filter(|&at| at >= 1 << 20 && at.abs_diff(lo).max((at + len).abs_diff(hi)) < REACH_BYTES && free(at))
+        .collect();
+    candidates.sort_unstable_by_key(|&at| at.abs_diff(lo));
+    // Bounded by the candidates; a gap taken meanwhile (another thread: none at start-up)
+    // only moves on to the next.
+    for at in candidates {
+        let p = sys_mmap(
+            at as *mut c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        );
+        if p != libc::MAP_FAILED {
+            return Some(p as usize);
+        }
+    }
+    None
+}
+
+/// Writes `bytes` at `at` in code that is executable and read-only: made writable for the
+/// moment (and executable all along: this very code may live on the same pages).
+///
+/// # Safety
+/// No other thread runs; `at..at + bytes.len()` is code whose old bytes nothing executes
+/// until the write is done.
+unsafe fn write_code(at: usize, bytes: &[u8]) -> Result<(), String> {
+    let page = uswap::PAGE_SIZE;
+    let first = at & !(page - 1);
+    let len = (at + bytes.len()).next_multiple_of(page) - first;
+    let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+    if sys_mprotect(first as *mut c_void, len, rwx) != 0 {
+        return Err(format!("cannot make the C library's code writable: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the range is mapped and now writable (above); the caller's contract says
+    // nothing runs it meanwhile.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len()) };
+    if sys_mprotect(first as *mut c_void, len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
+        return Err(format!("cannot make the C library's code read-only again: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Sends every `syscall` instruction of the C library (`libc.so.6`) through the dispatch.
+///
+/// # Safety
+/// Called once, while the process has one thread.
+pub unsafe fn patch_c_library(class_table: u64, slow_entry: u64) -> Result<PatchReport, String> {
+    let segments = executable_segments(b"/libc.so.6");
+    if segments.is_empty() {
+        return Err("the C library (libc.so.6) is not loaded: a static program?".into());
+    }
+    let mut report = PatchReport::default();
+    for seg in segments {
+        // SAFETY: the caller's contract; the segment is the C library's code.
+        let (sites, patched) = unsafe { patch_segment(seg, class_table, slow_entry)? };
+        // Both the code and its trampolines are uswap's doing: not the program's unmanaged
+        // memory (`crate::unmanaged`).
+        uswap::note_engine_memory(seg.start, seg.len);
+        report.sites += sites;
+        report.patched += patched;
+    }
+    Ok(report)
+}
+
+/// Sends the `syscall` instructions of `seg` through the dispatch: (sites found, patched).
+///
+/// # Safety
+/// No other thread runs; `seg` is mapped code.
+unsafe fn patch_segment(seg: Segment, class_table: u64, slow_entry: u64) -> Result<(usize, usize), String> {
+    let (targets, sites) = scan(seg);
+    let windows: Vec<Window> = sites.iter().filter_map(|s| choose_window(seg, s, &targets)).collect();
+    let area_len = (windows.len() * TRAMPOLINE_BYTES).next_multiple_of(uswap::PAGE_SIZE);
+    if area_len == 0 {
+        return Ok((sites.len(), 0));
+    }
+    let area =
+        map_near(seg.start, seg.start + seg.len, area_len).ok_or("no room for trampolines within 1 GiB of the code")?;
+    uswap::note_engine_memory(area, area_len);
+    let mut jumps = Vec::with_capacity(windows.len());
+    for (i, w) in windows.iter().enumerate() {
+        let at = area + i * TRAMPOLINE_BYTES;
+        let Some(code) = trampoline(w, at as u64, class_table, slow_entry) else { continue };
+        // SAFETY: the area is ours, mapped read-write above, TRAMPOLINE_BYTES a slot.
+        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, code.len()) };
+        let rel = (at as i64 - (w.start as i64 + JMP_BYTES as i64)) as i32;
+        let mut jump = vec![0xcc; w.len];
+        jump[0] = 0xe9;
+        jump[1..JMP_BYTES].copy_from_slice(&rel.to_le_bytes());
+        jumps.push((w.start as usize, jump));
+    }
+    if sys_mprotect(area as *mut c_void, area_len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
+        return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
+    }
+    for (at, jump) in &jumps {
+        // SAFETY: one thread (the caller's contract); the window is this segment's code.
+        unsafe { write_code(*at, jump)? };
+    }
+    Ok((sites.len(), jumps.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Maps `code` read-write-execute; returns its segment.
+    fn map_code(code: &[u8]) -> Segment {
+        let len = uswap::PAGE_SIZE;
+        let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+        let p = sys_mmap(std::ptr::null_mut(), len, rwx, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: a fresh private mapping of one page; `code` is smaller.
+        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len()) };
+        Segment { start: p as usize, len: code.len() }
+    }
+
+    /// `mov $39, %eax; syscall; ret` (getpid) and `mov $0, %eax; syscall; ret` (read):
+    /// windows, then the patched code run, fast path and slow path.
+    #[test]
+    fn patched_calls_return_what_the_kernel_returns() {
+        const GETPID: &[u8] = &[0xb8, 39, 0, 0, 0, 0x0f, 0x05, 0xc3];
+        const READ: &[u8] = &[0xb8, 0, 0, 0, 0, 0x0f, 0x05, 0xc3];
+        let mut code = GETPID.to_vec();
+        code.extend_from_slice(READ);
+        let seg = map_code(&code);
+        let (targets, sites) = scan(seg);
+        assert_eq!(sites.len(), 2);
+        let w = choose_window(seg, &sites[0], &targets).expect("a window");
+        assert_eq!((w.start, w.len), (seg.start as u64, 7), "mov + syscall: the smallest window");
+        // SAFETY: this test's own code, run by no other thread.
+        let (found, patched) = unsafe {
+            patch_segment(seg, super::super::table::CLASS.as_ptr() as u64, super::super::entry::slow_entry())
+        }
+        .unwrap();
+        assert_eq!((found, patched), (2, 2));
+        // SAFETY: the bytes are code following the C calling convention (arguments unused
+        // by getpid; read's are rdi, rsi, rdx as for a call).
+        let getpid: extern "C" fn() -> i64 = unsafe { std::mem::transmute(seg.start) };
+        // SAFETY: as above.
+        let read: extern "C" fn(i32, *mut u8, usize) -> i64 = unsafe { std::mem::transmute(seg.start + GETPID.len()) };
+        assert_eq!(getpid(), std::process::id() as i64);
+        let f = std::fs::File::open("/dev/zero").unwrap();
+        let mut buf = vec![7u8; 100];
+        use std::os::fd::AsRawFd;
+        assert_eq!(read(f.as_raw_fd(), buf.as_mut_ptr(), 100), 100);
+        assert!(buf.iter().all(|&b| b == 0));
+        assert_eq!(read(-1, buf.as_mut_ptr(), 100), -(libc::EBADF as i64));
+    }
+
+    /// A branch to the `syscall` itself: the window may not start before it.
+    #[test]
+    fn a_window_never_has_a_branch_target_inside() {
+        // mov $39,%eax; syscall; cmp $-4095,%rax; jae -> syscall (a retry loop); ret
+        const LOOP: &[u8] = &[0xb8, 39, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73, 0xf6, 0xc3];
+        let seg = map_code(LOOP);
+        let (targets, sites) = scan(seg);
+        assert_eq!(targets, vec![seg.start as u64 + 5]);
+        let w = choose_window(seg, &sites[0], &targets).expect("a window");
+        assert_eq!((w.start, w.len), (seg.start as u64 + 5, 8), "syscall + cmp, from the branch target");
+    }
+}

@@ -1,0 +1,165 @@
+//! Which memory each system call makes the kernel read or write, for [`super::entry`].
+//!
+//! The class table is indexed by the low 16 bits of the call's number (the dispatch reads
+//! it without touching the flags, see `patch`): 0 means the call takes no memory the kernel
+//! reads or writes through a pointer and goes straight to the kernel. Every other call goes
+//! to the slow path, which looks its rule up here. A call with no rule of its own is
+//! [`Rule::Generic`]: each argument that points into managed memory gets a few hundred
+//! bytes made ready for writing, which covers the structures such calls take (`stat`,
+//! `timespec`, a path, a futex word).
+
+use libc::c_long;
+
+/// How a system call's arguments name the memory it touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// No memory through pointers: straight to the kernel.
+    Plain,
+    /// Argument `ptr` points to `len` bytes (argument `len` times `scale`), which the kernel
+    /// writes (`write`) or reads.
+    Buf { ptr: u8, len: u8, scale: u16, write: bool },
+    /// Argument `iov` is an array of argument `cnt` `struct iovec`s.
+    Iov { iov: u8, cnt: u8, write: bool },
+    /// Argument `msg` is a `struct msghdr`.
+    Msg { msg: u8, write: bool },
+    /// Argument `vec` is an array of argument `cnt` `struct mmsghdr`s.
+    MMsg { vec: u8, cnt: u8, write: bool },
+    /// `execve`-like: arguments `argv` and `envp` are NULL-terminated arrays of strings.
+    Exec { path: u8, argv: u8, envp: u8 },
+    /// Any argument that points into managed memory: see the module's comment.
+    Generic,
+}
+
+const fn buf(ptr: u8, len: u8, write: bool) -> Rule {
+    Rule::Buf { ptr, len, scale: 1, write }
+}
+
+/// The rule for system call `nr`.
+pub fn rule(nr: c_long) -> Rule {
+    match nr {
+        libc::SYS_read
+        | libc::SYS_pread64
+        | libc::SYS_recvfrom
+        | libc::SYS_getdents64
+        | libc::SYS_getdents
+        | libc::SYS_readlink => buf(1, 2, true),
+        libc::SYS_write | libc::SYS_pwrite64 | libc::SYS_sendto => buf(1, 2, false),
+        libc::SYS_readlinkat => buf(2, 3, true),
+        libc::SYS_getrandom | libc::SYS_getcwd => buf(0, 1, true),
+        libc::SYS_epoll_wait | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {
+            Rule::Buf { ptr: 1, len: 2, scale: 12, write: true }
+        }
+        libc::SYS_poll | libc::SYS_ppoll => Rule::Buf { ptr: 0, len: 1, scale: 8, write: true },
+        libc::SYS_readv | libc::SYS_preadv | libc::SYS_preadv2 => Rule::Iov { iov: 1, cnt: 2, write: true },
+        libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2 | libc::SYS_vmsplice => {
+            Rule::Iov { iov: 1, cnt: 2, write: false }
+        }
+        libc::SYS_recvmsg => Rule::Msg { msg: 1, write: true },
+        libc::SYS_sendmsg => Rule::Msg { msg: 1, write: false },
+        libc::SYS_recvmmsg => Rule::MMsg { vec: 1, cnt: 2, write: true },
+        libc::SYS_sendmmsg => Rule::MMsg { vec: 1, cnt: 2, write: false },
+        libc::SYS_execve => Rule::Exec { path: 0, argv: 1, envp: 2 },
+        libc::SYS_execveat => Rule::Exec { path: 1, argv: 2, envp: 3 },
+        n if is_plain(n) => Rule::Plain,
+        _ => Rule::Generic,
+    }
+}
+
+/// Calls that take no pointer the kernel follows. The clone family and `rt_sigreturn` must be
+/// here: they may not run on a stack the dispatch has pushed to (see `patch`).
+const fn is_plain(nr: c_long) -> bool {
+    matches!(
+        nr,
+        libc::SYS_close
+            | libc::SYS_lseek
+            | libc::SYS_mmap
+            | libc::SYS_mprotect
+            | libc::SYS_munmap
+            | libc::SYS_brk
+            | libc::SYS_rt_sigreturn
+            | libc::SYS_sched_yield
+            | libc::SYS_mremap
+            | libc::SYS_msync
+            | libc::SYS_madvise
+            | libc::SYS_dup
+            | libc::SYS_dup2
+            | libc::SYS_dup3
+            | libc::SYS_pause
+            | libc::SYS_alarm
+            | libc::SYS_getpid
+            | libc::SYS_socket
+            | libc::SYS_shutdown
+            | libc::SYS_listen
+            | libc::SYS_clone
+            | libc::SYS_clone3
+            | libc::SYS_fork
+            | libc::SYS_vfork
+            | libc::SYS_exit
+            | libc::SYS_exit_group
+            | libc::SYS_kill
+            | libc::SYS_tkill
+            | libc::SYS_tgkill
+            | libc::SYS_flock
+            | libc::SYS_fsync
+            | libc::SYS_fdatasync
+            | libc::SYS_ftruncate
+            | libc::SYS_fallocate
+            | libc::SYS_fchdir
+            | libc::SYS_fchmod
+            | libc::SYS_fchown
+            | libc::SYS_umask
+            | libc::SYS_getuid
+            | libc::SYS_getgid
+            | libc::SYS_geteuid
+            | libc::SYS_getegid
+            | libc::SYS_setuid
+            | libc::SYS_setgid
+            | libc::SYS_setpgid
+            | libc::SYS_getppid
+            | libc::SYS_getpgrp
+            | libc::SYS_setsid
+            | libc::SYS_getpgid
+            | libc::SYS_getsid
+            | libc::SYS_gettid
+            | libc::SYS_getpriority
+            | libc::SYS_setpriority
+            | libc::SYS_mlock
+            | libc::SYS_munlock
+            | libc::SYS_mlockall
+            | libc::SYS_munlockall
+            | libc::SYS_eventfd
+            | libc::SYS_eventfd2
+            | libc::SYS_epoll_create
+            | libc::SYS_epoll_create1
+            | libc::SYS_timerfd_create
+            | libc::SYS_inotify_init
+            | libc::SYS_inotify_init1
+            | libc::SYS_inotify_rm_watch
+            | libc::SYS_syncfs
+            | libc::SYS_sync
+            | libc::SYS_tee
+            | libc::SYS_sync_file_range
+            | libc::SYS_userfaultfd
+            | libc::SYS_membarrier
+            | libc::SYS_close_range
+            | libc::SYS_pidfd_open
+            | libc::SYS_set_tid_address
+            | libc::SYS_unshare
+            | libc::SYS_setns
+            | libc::SYS_personality
+    )
+}
+
+/// The dispatch's table: 0 where a call goes straight to the kernel, 1 where it goes to the
+/// slow path. Built at compile time.
+pub static CLASS: [u8; 1 << 16] = {
+    let mut t = [1u8; 1 << 16];
+    let mut nr = 0;
+    while nr < t.len() {
+        if is_plain(nr as c_long) {
+            t[nr] = 0;
+        }
+        nr += 1;
+    }
+    t
+};
