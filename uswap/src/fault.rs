@@ -585,12 +585,14 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
 /// brings in every page of a signal-mode region there that the kernel could not access, as
 /// the faulting thread's SIGBUS handler would (a fault the kernel raises itself is not a
 /// signal but `EFAULT`). A page is ready when it is mapped, and for a write not
-/// write-protected. Returns whether any page of the range belongs to a signal-mode region
-/// (only then can an `EFAULT` be uswap's). Allocation-free; takes no lock the thread holds.
-pub(crate) fn prepare_user_access(addr: usize, len: usize, write: bool) -> bool {
+/// write-protected. Returns `None` if no page of the range belongs to a signal-mode region,
+/// else how many pages had to be brought in (an `EFAULT` after a preparation that brought
+/// nothing in is not uswap's). Allocation-free; takes no lock the thread holds.
+pub(crate) fn prepare_user_access(addr: usize, len: usize, write: bool) -> Option<usize> {
     let end = addr.saturating_add(len);
     let mut page_addr = addr & !(PAGE_SIZE - 1);
     let mut managed = false;
+    let mut nr_brought_in = 0;
     // Bounded: one step per page of the range, or a jump to the end of a region's range.
     while page_addr < end {
         let Some(g) = region_owning(page_addr) else {
@@ -605,18 +607,45 @@ pub(crate) fn prepare_user_access(addr: usize, len: usize, write: bool) -> bool 
         let region_end = (g.start() + g.nr_pages * PAGE_SIZE).min(end);
         while page_addr < region_end {
             if let Some(page) = g.page_of(page_addr) {
-                if !ready_for_kernel(g.load(page), write) {
+                let pte = g.load(page);
+                if !ready_for_kernel(pte, write) {
                     sigbus_fault(page_addr, write);
+                    nr_brought_in += 1;
                 }
+                mark_used_by_kernel(&g, page);
             }
             page_addr += PAGE_SIZE;
         }
     }
-    managed
+    managed.then_some(nr_brought_in)
 }
 
-/// Whether the kernel can access a page in this state without a fault uswap must serve.
+/// A page a system call is about to use: referenced, so that reclaim spares it (as a victim
+/// once, and as the neighbour of one) until the call has used it, and no longer read ahead
+/// and unused (the call is its use). Best effort: a page that changed meanwhile is left.
+fn mark_used_by_kernel(region: &RegionInner, page: usize) {
+    let pte = region.load(page);
+    if pte.state() != PageState::Resident || pte.busy() || (pte.referenced() && !pte.readahead()) {
+        return;
+    }
+    let used = pte.with_referenced(true).without_readahead();
+    let swapped = region.pte(page).compare_exchange(
+        pte.0,
+        used.0,
+        std::sync::atomic::Ordering::AcqRel,
+        std::sync::atomic::Ordering::Acquire,
+    );
+    if swapped.is_ok() && pte.readahead() {
+        region.pager.stats.inc(Counter::SwapRaHit);
+    }
+}
+
+/// Whether the kernel can access a page in this state without a fault uswap must serve. A
+/// busy page is not: reclaim may be taking it out (the fault path waits for it).
 fn ready_for_kernel(pte: Pte, write: bool) -> bool {
+    if pte.busy() {
+        return false;
+    }
     match pte.state() {
         PageState::Resident => !(write && pte.clean()),
         PageState::Inherited => !write,

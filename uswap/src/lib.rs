@@ -107,9 +107,11 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
 /// false) or writes it, by bringing in the pages of signal-mode regions there. In signal mode
 /// the kernel cannot wait for a page the way a faulting thread can, so a system call that
 /// touches a page that is out fails with `EFAULT`; `uswap run`'s preload library calls this
-/// before each such call. Returns whether any of the range is managed in signal mode. Safe
-/// to call from a signal handler; allocates nothing.
-pub fn prepare_user_access(addr: usize, len: usize, write: bool) -> bool {
+/// before each such call. Returns `None` if none of the range is managed in signal mode,
+/// else the number of pages it had to bring in: a call that fails with `EFAULT` after a
+/// preparation that brought nothing in did not fail because of uswap. Safe to call from a
+/// signal handler; allocates nothing.
+pub fn prepare_user_access(addr: usize, len: usize, write: bool) -> Option<usize> {
     fault::prepare_user_access(addr, len, write)
 }
 

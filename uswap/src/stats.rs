@@ -611,6 +611,24 @@ pub fn note_syscall(event: SyscallEvent) {
     SYSCALL_EVENTS[event as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Pages taken out of regions by reclaim, process-wide, ever: a system call that met
+/// `EFAULT` compares it before and after preparing its memory again (see
+/// [`crate::prepare_user_access`]).
+static TAKEN_OUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Records that reclaim took `nr_pages` out of regions (after the moves).
+pub(crate) fn note_taken_out(nr_pages: u64) {
+    if nr_pages != 0 {
+        TAKEN_OUT.fetch_add(nr_pages, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Pages taken out of regions since the process started: unchanged across a preparation
+/// and a system call, no page it prepared can have gone out meanwhile.
+pub fn taken_out_seq() -> u64 {
+    TAKEN_OUT.load(std::sync::atomic::Ordering::Acquire)
+}
+
 /// The counts recorded with [`note_syscall`], in [`SyscallEvent`] order.
 pub(crate) fn syscall_events() -> [u64; 3] {
     SYSCALL_EVENTS.each_ref().map(|c| c.load(std::sync::atomic::Ordering::Relaxed))

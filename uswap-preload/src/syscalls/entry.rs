@@ -11,9 +11,11 @@
 //! [`slow`] applies the call's [`Rule`]: every byte of managed memory the kernel will read or
 //! write is brought in first (`uswap::prepare_user_access`), as a fault in the thread itself
 //! would. Only then is the call made. If it still fails with `EFAULT` while it touched
-//! managed memory (a page was taken out again between the two, or a structure was larger
-//! than the generic rule assumes), the memory is made ready again and the call repeated, a
-//! bounded number of times; what the program finally sees is counted (`syscall_efault`).
+//! managed memory, the memory is made ready again and the call made again, a bounded number
+//! of times, unless no page was taken out of any region since the last preparation and that
+//! one found nothing out: then the `EFAULT` is not uswap's and goes back as it is. An
+//! `EFAULT` after which pages had to be brought in, and that the program finally sees, is
+//! counted (`syscall_efault`) and said once.
 //!
 //! Runs on the program's thread, maybe inside its signal handler: allocates nothing, takes
 //! no lock. Structures the kernel follows (iovec arrays, `msghdr`, `argv`) are read with
@@ -23,6 +25,7 @@
 use std::arch::global_asm;
 use std::cell::Cell;
 
+use arrayvec::ArrayVec;
 use libc::c_long;
 
 use super::table::{rule, Rule};
@@ -116,11 +119,28 @@ pub struct SavedRegs {
 
 /// Times a call is made again after an `EFAULT` on managed memory.
 const EFAULT_RETRIES: usize = 3;
-/// Bytes made ready behind a pointer argument under [`Rule::Generic`], and on a retry.
-const GENERIC_BYTES: [usize; EFAULT_RETRIES + 1] = [256, 4096, 65536, 65536];
+/// Bytes made ready behind a pointer argument under [`Rule::Generic`]: the structures such
+/// calls take are smaller (`struct stat` is 144 bytes, a path at most 4096).
+const GENERIC_BYTES: u64 = 4096;
 /// The most iovecs (or messages) whose buffers are made ready one by one; beyond it, the
 /// rest are left to the retry (the kernel's own `UIO_MAXIOV` is 1024).
 const MAX_VECS: usize = 1024;
+
+/// What making a call's memory ready found.
+#[derive(Debug, Default, Clone, Copy)]
+struct Prepared {
+    /// Some of the memory is managed in signal mode.
+    managed: bool,
+    /// Pages that were out and had to be brought in.
+    nr_brought_in: usize,
+}
+
+impl std::ops::BitOr for Prepared {
+    type Output = Prepared;
+    fn bitor(self, o: Prepared) -> Prepared {
+        Prepared { managed: self.managed | o.managed, nr_brought_in: self.nr_brought_in + o.nr_brought_in }
+    }
+}
 
 thread_local! {
     /// Depth of slow paths on this thread: system calls made while one prepares memory (the
@@ -130,10 +150,13 @@ thread_local! {
 }
 
 /// Makes system call `nr` with `args`, directly.
-fn raw(nr: c_long, a: [u64; 6]) -> c_long {
+///
+/// # Safety
+/// The call is one the program made itself (what it does to memory is its contract), or
+/// one that writes only memory the caller owns.
+unsafe fn raw(nr: c_long, a: [u64; 6]) -> c_long {
     let ret: c_long;
-    // SAFETY: the program's own system call with its own arguments, as it would have made
-    // it; `syscall` changes only rax, rcx and r11.
+    // SAFETY: the caller's contract; `syscall` changes only rax, rcx and r11.
     unsafe {
         std::arch::asm!(
             "syscall",
@@ -153,7 +176,7 @@ fn read_user<T: Copy>(addr: u64) -> Option<T> {
     }
     let mut out = std::mem::MaybeUninit::<T>::uninit();
     let len = std::mem::size_of::<T>();
-    if uswap::prepare_user_access(addr as usize, len, false) {
+    if uswap::prepare_user_access(addr as usize, len, false).is_some() {
         // Managed, and now in place.
         // SAFETY: the range is a managed region's, mapped readable (just made ready);
         // read_unaligned makes no alignment assumption.
@@ -164,75 +187,82 @@ fn read_user<T: Copy>(addr: u64) -> Option<T> {
     // SAFETY: process_vm_readv on this process itself: the kernel copies `len` bytes into
     // `out` or fails; the iovecs are valid for the call.
     let pid = unsafe { libc::getpid() } as u64;
-    let n = raw(libc::SYS_process_vm_readv, [pid, &local as *const _ as u64, 1, &remote as *const _ as u64, 1, 0]);
+    // SAFETY: writes only `out`, ours, through `local`.
+    let n = unsafe {
+        raw(libc::SYS_process_vm_readv, [pid, &local as *const _ as u64, 1, &remote as *const _ as u64, 1, 0])
+    };
     // SAFETY: the kernel wrote all `len` bytes when it says so.
     (n == len as c_long).then(|| unsafe { out.assume_init() })
 }
 
-/// Makes `[ptr, ptr + len)` ready; whether any of it is managed.
-fn ready(ptr: u64, len: u64, write: bool) -> bool {
+/// Makes `[ptr, ptr + len)` ready.
+fn ready(ptr: u64, len: u64, write: bool) -> Prepared {
     // Below the lowest address a mapping may have (`vm.mmap_min_addr`), or past the user
     // half: not a pointer to memory of the program's (a descriptor, a length, a flag).
     const LOWEST: u64 = 1 << 16;
     const USER_END: u64 = 1 << 47;
-    (LOWEST..USER_END).contains(&ptr) && len != 0 && uswap::prepare_user_access(ptr as usize, len as usize, write)
+    if !(LOWEST..USER_END).contains(&ptr) || len == 0 {
+        return Prepared::default();
+    }
+    match uswap::prepare_user_access(ptr as usize, len as usize, write) {
+        Some(nr_brought_in) => Prepared { managed: true, nr_brought_in },
+        None => Prepared::default(),
+    }
 }
 
 /// Makes the buffers of `cnt` iovecs at `iov` ready.
-fn ready_iov(iov: u64, cnt: u64, write: bool) -> bool {
-    let mut managed = false;
+fn ready_iov(iov: u64, cnt: u64, write: bool) -> Prepared {
+    let mut managed = Prepared::default();
     for i in 0..cnt.min(MAX_VECS as u64) {
         let Some(v) = read_user::<libc::iovec>(iov + i * std::mem::size_of::<libc::iovec>() as u64) else { break };
-        managed |= ready(v.iov_base as u64, v.iov_len as u64, write);
+        managed = managed | ready(v.iov_base as u64, v.iov_len as u64, write);
     }
     managed
 }
 
 /// Makes what a `msghdr` at `msg` names ready: address, buffers, control data.
-fn ready_msg(msg: u64, write: bool) -> bool {
-    let Some(m) = read_user::<libc::msghdr>(msg) else { return false };
-    let mut managed = ready(m.msg_name as u64, m.msg_namelen as u64, write);
-    managed |= ready_iov(m.msg_iov as u64, m.msg_iovlen as u64, write);
-    managed |= ready(m.msg_control as u64, m.msg_controllen as u64, write);
+fn ready_msg(msg: u64, write: bool) -> Prepared {
+    let Some(m) = read_user::<libc::msghdr>(msg) else { return Prepared::default() };
+    let managed = ready(m.msg_name as u64, m.msg_namelen as u64, write)
+        | ready_iov(m.msg_iov as u64, m.msg_iovlen as u64, write)
+        | ready(m.msg_control as u64, m.msg_controllen as u64, write);
     // The kernel writes back the lengths (recvmsg) into the header itself.
     managed | ready(msg, std::mem::size_of::<libc::msghdr>() as u64, write)
 }
 
 /// Makes a NUL-terminated array of strings at `arr` ready (for `execve`).
-fn ready_strings(arr: u64, generic: usize) -> bool {
-    let mut managed = false;
+fn ready_strings(arr: u64) -> Prepared {
+    let mut managed = Prepared::default();
     for i in 0..(1u64 << 16) {
         let Some(p) = read_user::<u64>(arr + 8 * i) else { break };
         if p == 0 {
             break;
         }
-        managed |= ready(p, generic as u64, false);
+        managed = managed | ready(p, GENERIC_BYTES, false);
     }
     managed
 }
 
-/// Makes the memory of a call ready by its rule; whether any of it is managed.
-fn prepare(r: Rule, a: &[u64; 6], generic: usize) -> bool {
+/// Makes the memory of a call ready by its rule.
+fn prepare(r: Rule, a: &[u64; 6]) -> Prepared {
     let arg = |i: u8| a[i as usize];
     match r {
-        Rule::Plain => false,
+        Rule::Plain => Prepared::default(),
         Rule::Buf { ptr, len, scale, write } => ready(arg(ptr), arg(len).saturating_mul(scale as u64), write),
         Rule::Iov { iov, cnt, write } => ready_iov(arg(iov), arg(cnt), write),
         Rule::Msg { msg, write } => ready_msg(arg(msg), write),
         Rule::MMsg { vec, cnt, write } => {
             let size = std::mem::size_of::<libc::mmsghdr>() as u64;
-            let mut managed = false;
+            let mut managed = Prepared::default();
             for i in 0..arg(cnt).min(MAX_VECS as u64) {
-                managed |= ready_msg(arg(vec) + i * size, write);
+                managed = managed | ready_msg(arg(vec) + i * size, write);
             }
             managed
         }
         Rule::Exec { path, argv, envp } => {
-            ready(arg(path), generic as u64, false)
-                | ready_strings(arg(argv), generic)
-                | ready_strings(arg(envp), generic)
+            ready(arg(path), GENERIC_BYTES, false) | ready_strings(arg(argv)) | ready_strings(arg(envp))
         }
-        Rule::Generic => a.iter().fold(false, |m, &p| m | ready(p, generic as u64, true)),
+        Rule::Generic => a.iter().fold(Prepared::default(), |m, &p| m | ready(p, GENERIC_BYTES, true)),
     }
 }
 
@@ -241,35 +271,109 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let nr = regs.nr as c_long;
     let a = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
     if DEPTH.get() > 0 || uswap::is_engine_thread() || uswap::sigbus::in_handler() {
-        return raw(nr, a);
+        // SAFETY: the program's own call.
+        return unsafe { raw(nr, a) };
     }
     let r = rule(nr);
-    let mut managed = prepare_once(r, &a, GENERIC_BYTES[0]);
-    if managed {
+    let mut seq = uswap::stats::taken_out_seq();
+    let first = prepare_once(r, &a);
+    if first.managed {
         uswap::stats::note_syscall(uswap::stats::SyscallEvent::Prepared);
     }
-    let mut ret = raw(nr, a);
-    // Bounded: EFAULT_RETRIES more calls at most.
-    for generic in &GENERIC_BYTES[1..] {
-        if ret != -(libc::EFAULT as c_long) || !managed {
-            break;
-        }
-        uswap::stats::note_syscall(uswap::stats::SyscallEvent::EfaultRetried);
-        managed = prepare_once(r, &a, *generic);
-        ret = raw(nr, a);
+    // SAFETY: the program's own call.
+    let mut ret = unsafe { raw(nr, a) };
+    let efault = -(libc::EFAULT as c_long);
+    if !first.managed {
+        return ret;
     }
-    if ret == -(libc::EFAULT as c_long) && managed {
+    // Bounded: EFAULT_RETRIES more calls at most. If nothing was taken out since the last
+    // preparation and nothing is out now, the EFAULT is not uswap's (a bad pointer of the
+    // program's, or an argument the call does not use that happens to point into managed
+    // memory): it goes back as it is.
+    let mut ours = false;
+    for _ in 0..EFAULT_RETRIES {
+        if ret != efault {
+            return ret;
+        }
+        let seq_now = uswap::stats::taken_out_seq();
+        let again = prepare_once(r, &a);
+        if again.nr_brought_in == 0 && seq_now == seq {
+            return ret;
+        }
+        ours |= again.nr_brought_in > 0;
+        seq = seq_now;
+        uswap::stats::note_syscall(uswap::stats::SyscallEvent::EfaultRetried);
+        // SAFETY: the program's own call, made again.
+        ret = unsafe { raw(nr, a) };
+    }
+    if ret == efault && ours {
         uswap::stats::note_syscall(uswap::stats::SyscallEvent::Efault);
+        say_efault_once(nr, &a);
     }
     ret
+}
+
+/// Says on stderr, once per process, which call's `EFAULT` on managed memory reached the
+/// program. Allocation-free: the line is built in a buffer on the stack.
+fn say_efault_once(nr: c_long, a: &[u64; 6]) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let mut line = [0u8; 256];
+    let mut len = 0;
+    let mut put = |bytes: &[u8]| {
+        let n = bytes.len().min(line.len() - len);
+        line[len..len + n].copy_from_slice(&bytes[..n]);
+        len += n;
+    };
+    put(b"uswap: system call ");
+    put(&decimal(nr as u64));
+    put(b" failed with EFAULT on managed memory after every retry (signal mode; counted in syscall_efault), arguments");
+    for v in a {
+        put(b" ");
+        put(&hex(*v));
+    }
+    put(b"\n");
+    // SAFETY: write(2) reads only `line`, ours.
+    unsafe { raw(libc::SYS_write, [2, line.as_ptr() as u64, len as u64, 0, 0, 0]) };
+}
+
+/// `v` in decimal.
+fn decimal(v: u64) -> ArrayVec<u8, 24> {
+    digits(v, 10)
+}
+
+/// `v` as `0x...` in hexadecimal.
+fn hex(v: u64) -> ArrayVec<u8, 24> {
+    let mut d = ArrayVec::new();
+    d.extend(*b"0x");
+    d.extend(digits(v, 16));
+    d
+}
+
+/// `v`'s digits in `base` (at most 16), most significant first.
+fn digits(mut v: u64, base: u64) -> ArrayVec<u8, 24> {
+    let mut d: ArrayVec<u8, 24> = ArrayVec::new();
+    // Bounded: 64 digits at most in base 2, 20 in base 10 (24 slots).
+    loop {
+        d.push(b"0123456789abcdef"[(v % base) as usize]);
+        v /= base;
+        if v == 0 {
+            break;
+        }
+    }
+    d.reverse();
+    d
 }
 
 /// [`prepare`], with this thread's own system calls meanwhile (the engine's, serving the
 /// faults) sent straight to the kernel. The call itself is made outside: a signal handler
 /// that runs while it blocks has its calls prepared as usual.
-fn prepare_once(r: Rule, a: &[u64; 6], generic: usize) -> bool {
+fn prepare_once(r: Rule, a: &[u64; 6]) -> Prepared {
     DEPTH.set(DEPTH.get() + 1);
-    let managed = prepare(r, a, generic);
+    let managed = prepare(r, a);
     DEPTH.set(DEPTH.get() - 1);
     managed
 }

@@ -4,8 +4,8 @@
 //! it without touching the flags, see `patch`): 0 means the call takes no memory the kernel
 //! reads or writes through a pointer and goes straight to the kernel. Every other call goes
 //! to the slow path, which looks its rule up here. A call with no rule of its own is
-//! [`Rule::Generic`]: each argument that points into managed memory gets a few hundred
-//! bytes made ready for writing, which covers the structures such calls take (`stat`,
+//! [`Rule::Generic`]: each argument that points into managed memory gets the 4096 bytes
+//! behind it made ready for writing, which covers the structures such calls take (`stat`,
 //! `timespec`, a path, a futex word).
 
 use libc::c_long;
@@ -26,7 +26,7 @@ pub enum Rule {
     MMsg { vec: u8, cnt: u8, write: bool },
     /// `execve`-like: arguments `argv` and `envp` are NULL-terminated arrays of strings.
     Exec { path: u8, argv: u8, envp: u8 },
-    /// Any argument that points into managed memory: see the module's comment.
+    /// Every argument that points into managed memory: see the module's comment.
     Generic,
 }
 

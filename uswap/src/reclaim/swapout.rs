@@ -394,6 +394,7 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
         i = j;
     }
     p.stats.add(if direct { Counter::PgstealDirect } else { Counter::PgstealBackground }, moved);
+    crate::stats::note_taken_out(moved + dropped as u64);
     p.devices.free_now(&mut to_free);
     Shrunk { moved: moved as usize + dropped, uncharged: uncharged + dropped, refused }
 }
