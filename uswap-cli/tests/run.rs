@@ -978,3 +978,58 @@ fn shells_and_python_run_in_signal_mode() {
     assert!(counter(&v, "pswpout") > 0, "{v}");
     assert_eq!(counter(&v, "syscall_efault"), 0, "{v}");
 }
+
+/// Signal mode needs no privilege: its userfaultfd handles user-mode faults only
+/// (`UFFD_USER_MODE_ONLY`, which the kernel allows every user), and the faults system calls
+/// take are the preload library's to serve. As an ordinary user (nobody, when the tests run
+/// as root), with no sysctl and no permission on `/dev/userfaultfd`, a program whose system
+/// calls read and write memory that is out runs within the limit and every byte checks.
+#[test]
+fn signal_mode_runs_as_an_ordinary_user() {
+    let dir = tmpdir("unprivileged");
+    // Everything the user runs or writes lives in one directory it may use.
+    let p = compile("syscalls", &dir, &[]);
+    let uswap = dir.join("uswap");
+    let lib = dir.join("libuswap_preload.so");
+    std::fs::copy(env!("CARGO_BIN_EXE_uswap"), &uswap).unwrap();
+    std::fs::copy(preload(), &lib).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for f in [&dir, &p, &uswap, &lib] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let stats = dir.join("stats-unprivileged.json");
+    let args: Vec<String> =
+        [uswap.to_str().unwrap(), "run", "--limit", &format!("{LIMIT_MIB}MiB"), "--fault-mode", "signal"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--stats-json".into(), stats.display().to_string(), "--".into()])
+            .chain([p.display().to_string(), WSS_MIB.to_string(), dir.display().to_string()])
+            .collect();
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut cmd = if root {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).args(&args);
+        c
+    } else {
+        let mut c = Command::new(&args[0]);
+        c.args(&args[1..]);
+        c
+    };
+    cmd.env("USWAP_PRELOAD_LIB", &lib).current_dir(&dir);
+    let o = run_timed(&mut cmd, Duration::from_secs(300));
+    assert!(
+        o.status.success(),
+        "as uid 65534: {}\n{}{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("ok "), "{}", String::from_utf8_lossy(&o.stdout));
+    let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let v = v.get("stats").cloned().unwrap_or(v);
+    assert!(counter(&v, "pswpout") > 0, "{v}");
+    assert_eq!(counter(&v, "syscall_efault"), 0, "{v}");
+    let peak = counter(&v, "resident_peak_bytes");
+    assert!(peak <= (LIMIT_MIB << 20) + SLACK_BYTES, "resident peak {peak}: {v}");
+}
