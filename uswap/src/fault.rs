@@ -2,8 +2,11 @@
 //!
 //! [`serve_fault`] brings one missing page into a region, whatever delivered the fault:
 //!
-//! * never touched / known zero → `UFFDIO_ZEROPAGE` for a read, `UFFDIO_COPY` of a zero page
-//!   for a write (saves the copy-on-write fault that would follow a zero-page mapping);
+//! * never touched / known zero → for a read, `UFFDIO_ZEROPAGE` and `UFFDIO_WRITEPROTECT`:
+//!   the kernel's zero page, `Shared`, neither charged nor a reclaim victim until its first
+//!   write (a write-protect fault) charges it, as the kernel charges nothing for a read of
+//!   anonymous memory never written; for a write, `UFFDIO_COPY` of a zero page (saves the
+//!   copy-on-write fault that would follow a zero-page mapping);
 //! * staged in the swap cache → `UFFDIO_MOVE` back from the staging page: no copy;
 //! * on a device → `swapin`: read the slot with its readahead window (in place for the RAM
 //!   device, else into a bounce buffer) and `UFFDIO_COPY` them in.
@@ -270,7 +273,7 @@ pub(crate) fn serve_fault(
                 let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
                 break swap_in(pager, &f);
             }
-            PageState::Inherited => {
+            PageState::Shared => {
                 // A re-armed fork child's first write to a page it shares with its parent (or,
                 // missing, a page the application discarded: then the access faults again and
                 // is served as a resident page that is not there, with zeros). From now on the
@@ -344,9 +347,13 @@ fn zero_fill(
         }
     }
     note_window(pages.len());
+    // A read maps the kernel's zero page, write-protected: shared, no memory of its own, so
+    // neither charged nor a reclaim victim until its first write (see `PageState::Shared`).
+    let shared_zero = !write && zero_pages_shared(pager);
     // Charged like one fault's worth of pages, reclaiming if need be: the window only grows
     // while the stream keeps using what it brought in.
-    reclaim::charge(pager, pages.len(), route.lock_free());
+    let nr_charged = if shared_zero { 0 } else { pages.len() };
+    reclaim::charge(pager, nr_charged, route.lock_free());
     let mut mapped = 0;
     let mut faulting_done = false;
     // Set once a run met the end of a mapping (ENOENT: a fill ioctl's range must lie in one
@@ -365,9 +372,14 @@ fn zero_fill(
         let r = if write {
             pager.uffd.copy(addr, ZERO_PAGES.0.as_ptr(), len, route.wake(), false)
         } else {
-            pager.uffd.zeropage(addr, len, route.wake())
+            pager.uffd.zeropage(addr, len, route.wake() && !shared_zero)
         };
         let done = r.done_bytes(len) / PAGE_SIZE;
+        // The zero pages mapped, write-protected now; pages the protection missed are
+        // charged and kept as resident ones. (A write by another thread between the two
+        // ioctls copies the zero page before it is protected: that page stays shared and
+        // uncharged until its next write. Its contents are safe either way.)
+        let protected = shared_zero && protect_zero_pages(pager, addr, done, route);
         let crossed = j - i - done > 1 && matches!(r, RangeResult::Partial { errno: libc::ENOENT, .. });
         if crossed {
             // The run crossed into another mapping: what is left of it goes page by page
@@ -375,8 +387,14 @@ fn zero_fill(
             j = i + done;
             one_by_one = true;
         }
+        if shared_zero && !protected && done > 0 {
+            reclaim::charge(pager, done, route.lock_free());
+        }
         for (k, &(q, l)) in pages[i..j].iter().enumerate() {
-            if k < done {
+            if k < done && protected {
+                region.store(q, l.next(PageState::Shared, None));
+                faulting_done |= q == page;
+            } else if k < done {
                 let new = l.next(PageState::Resident, None);
                 region.store(q, new);
                 pager.lru.add_mapped(page_ref(reg_idx, reg_gen, q, new.gen()), q == page, pages.len(), &pager.stats);
@@ -392,7 +410,7 @@ fn zero_fill(
         }
         if let RangeResult::Partial { errno, .. } = r {
             if !faulting_done && pages[..i].iter().any(|&(q, _)| q == page) {
-                reclaim::uncharge(pager, pages.len() - mapped);
+                reclaim::uncharge(pager, nr_charged.saturating_sub(mapped));
                 for &(q, l) in &pages[i..] {
                     region.store(q, l.unbusy());
                 }
@@ -406,10 +424,36 @@ fn zero_fill(
             }
         }
     }
-    reclaim::uncharge(pager, pages.len() - mapped);
+    reclaim::uncharge(pager, nr_charged.saturating_sub(mapped));
     pager.stats.inc(Counter::PgfaultZero);
     pager.stats.add(Counter::ZeroFillAround, mapped.saturating_sub(1) as u64);
     Ok(())
+}
+
+/// Whether a read of a never-written page maps the shared zero page, write-protected and
+/// uncharged: in thread mode, where a kernel write to it waits for its write-protect fault
+/// like any other. Not in signal mode: there a kernel write to a write-protected page fails,
+/// and not only in system calls (which `prepare_user_access` covers) but also when the
+/// kernel writes a signal frame onto a managed stack (QEMU's coroutine stacks: a read fault's
+/// fault-around had mapped pages below the stack pointer as protected zero pages, and the
+/// next signal's frame could not be written: SIGSEGV).
+fn zero_pages_shared(pager: &PagerShared) -> bool {
+    pager.mode == FaultMode::Thread
+}
+
+/// Write-protects `nr_pages` zero pages just mapped at `addr` (waking the faulting thread in
+/// thread mode). False if the protection failed: they must then be charged.
+fn protect_zero_pages(pager: &PagerShared, addr: usize, nr_pages: usize, route: Route) -> bool {
+    if nr_pages == 0 {
+        return true;
+    }
+    // UFFDIO_WRITEPROTECT wakes nobody when it protects (and refuses DONTWAKE then): the
+    // faulting thread is woken separately.
+    let r = pager.uffd.writeprotect(addr, nr_pages * PAGE_SIZE, true, true);
+    if route.wake() {
+        let _ = pager.uffd.wake(addr, nr_pages * PAGE_SIZE);
+    }
+    r.is_ok()
 }
 
 /// A fault on a page the engine holds for gone or zero that is mapped after all: the
@@ -648,7 +692,7 @@ fn ready_for_kernel(pte: Pte, write: bool) -> bool {
     }
     match pte.state() {
         PageState::Resident => !(write && pte.clean()),
-        PageState::Inherited => !write,
+        PageState::Shared => !write,
         // Not the region's: whatever is there now is not uswap's to bring in.
         PageState::Gone => true,
         PageState::None | PageState::Zero | PageState::Cached | PageState::Swapped | PageState::Parent => false,

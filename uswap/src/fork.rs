@@ -10,7 +10,7 @@
 //! until the fork is done. A fork so brings in nothing that is out on a memory device,
 //! however large. After it, the child may build a pager of its own that takes the regions
 //! over at the same addresses: the pages it inherited stay mapped, shared copy-on-write with
-//! the parent and charged to it (`PageState::Inherited`) until the child writes them, and
+//! the parent and charged to it (`PageState::Shared`) until the child writes them, and
 //! the pages that were out are read on first touch from the child's copy of the parent's
 //! device (`PageState::Parent`), then charged to the child. Each process frees slots in its
 //! own copy of a device: the kernel's copy-on-write keeps the other's.
@@ -82,7 +82,7 @@ impl ForkHold {
     /// child has one thread): builds a pager from `builder` and gives it every region the
     /// parent's pager had, at the same addresses, so that the child goes on paging. The
     /// pages the child inherited stay mapped and shared with the parent, uncharged, until
-    /// the child writes them ([`PageState::Inherited`]); what it touches anew, and what it
+    /// the child writes them ([`PageState::Shared`]); what it touches anew, and what it
     /// writes, it pays for and pages out under its own limit. Returns the pager and, for
     /// each region, its start and its new handle (dropping a handle unmaps the region, as
     /// for [`Pager::map`]).
@@ -242,7 +242,7 @@ impl Pager {
     }
 
     /// Takes over, in a fork child, a region inherited from the parent: its pages stay where
-    /// they are, shared with the parent until written ([`PageState::Inherited`]); pages the
+    /// they are, shared with the parent until written ([`PageState::Shared`]); pages the
     /// application unmapped stay out.
     fn adopt_inherited(&self, r: &InheritedRegion) -> Result<Region> {
         let len = r.nr_pages * PAGE_SIZE;
@@ -259,14 +259,14 @@ impl Pager {
                 let (addr, run_len) = (r.start + first * PAGE_SIZE, (end - first) * PAGE_SIZE);
                 // Only where the parent ever mapped pages: a heap region is mostly untouched.
                 let scan_pages = end.min(r.touched_end).saturating_sub(first);
-                crate::mapping::for_each_present_page(addr, scan_pages, |i| set(first + i, PageState::Inherited))
+                crate::mapping::for_each_present_page(addr, scan_pages, |i| set(first + i, PageState::Shared))
                     .map_err(|e| Error::io("reading which inherited pages are mapped (mincore)", e))?;
                 shared
                     .uffd
                     .register(addr, run_len, REGISTER_MODES)
                     .map_err(|e| Error::io("registering an inherited region with userfaultfd", e))?;
                 registered.push((addr, run_len));
-                // Written pages must be charged first (see `PageState::Inherited`). (With
+                // Written pages must be charged first (see `PageState::Shared`). (With
                 // "don't wake" the kernel refuses to protect: EINVAL. Nothing waits here.)
                 shared
                     .uffd
@@ -287,7 +287,7 @@ impl Pager {
             // Out at the fork (and not mapped since: a fault in the parent may have brought
             // one in just before it): read from the parent's device on first touch.
             for &(page, entry) in &r.swapped {
-                if inner.load(page).state() != PageState::Inherited {
+                if inner.load(page).state() != PageState::Shared {
                     inner.pte(page).store(Pte(0).next(PageState::Parent, Some(entry)).0, Ordering::Relaxed);
                 }
             }

@@ -24,7 +24,7 @@ use crate::bounce::BouncePool;
 use crate::device::DeviceConfig;
 use crate::error::{Error, Result};
 use crate::lru::LruQueue;
-use crate::mapping::{allowed_cpus, mincore_pages, nr_cpus_configured, spawn_engine_thread, AppMapping};
+use crate::mapping::{allowed_cpus, mincore_pages_where, nr_cpus_configured, spawn_engine_thread, AppMapping};
 use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
 use crate::reclaim::lru::Lru;
 use crate::region::{PageState, Pte, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
@@ -560,7 +560,7 @@ impl PagerShared {
             }
             // An inherited page is the parent's charge, not ours; a page still in the
             // parent's device holds nothing of ours.
-            PageState::None | PageState::Zero | PageState::Gone | PageState::Inherited | PageState::Parent => {}
+            PageState::None | PageState::Zero | PageState::Gone | PageState::Shared | PageState::Parent => {}
         }
     }
 
@@ -817,7 +817,9 @@ impl Pager {
     }
 
     /// Application pages of this pager mapped in RAM right now (regions plus staged pages),
-    /// measured from the page tables with `mincore(2)`, not from the engine's counters.
+    /// measured from the page tables with `mincore(2)`, not from the engine's counters, less
+    /// the pages mapped shared and uncharged (`PageState::Shared`: the kernel's zero page
+    /// for a read of memory never written, a fork parent's page).
     /// Exact while no fault is being served; during faults a page in flight between a region
     /// and the swap cache may be missed, never counted twice (staging is scanned first, and
     /// pages only move staging → region on a fault).
@@ -832,7 +834,9 @@ impl Pager {
             if std::ptr::eq(&*r.pager, s) {
                 // Pages the application unmapped are not the region's any more.
                 for (first, end) in r.live_runs() {
-                    match mincore_pages(r.page_addr(first), (end - first) * PAGE_SIZE) {
+                    // Shared pages (the zero page, a fork parent's) hold no memory of ours.
+                    let own = |i: usize| r.load(first + i).state() != PageState::Shared;
+                    match mincore_pages_where(r.page_addr(first), (end - first) * PAGE_SIZE, own) {
                         Ok(n) => total += n,
                         Err(e) => err = Some(e),
                     }

@@ -74,11 +74,13 @@ pub(crate) enum PageState {
     /// No longer the region's: the application unmapped it (or moved it out with a partial
     /// `mremap`). Owns nothing; the engine never touches the address again (see `events`).
     Gone = 5,
-    /// Mapped, and inherited at a fork from the parent (a re-armed fork child, see
-    /// `Pager::prepare_fork`): shared copy-on-write with it, write-protected, not charged
-    /// (the parent's charge covers it, as a memory cgroup charges a shared page once) and
-    /// not on the LRU. Its first write charges it and makes it `Resident`.
-    Inherited = 6,
+    /// Mapped write-protected and shared, so not charged and not on the LRU; its first write
+    /// charges it and makes it `Resident`. Either the kernel's zero page, mapped for a read
+    /// of a page never written (it costs no memory, as in the kernel), or a page inherited at
+    /// a fork from the parent (a re-armed fork child, see `Pager::prepare_fork`): shared
+    /// copy-on-write with it, the parent's charge covering it, as a memory cgroup charges a
+    /// shared page once.
+    Shared = 6,
     /// Out at the fork (a re-armed fork child, see `Pager::prepare_fork`): its contents are
     /// at the entry's slot of the *parent's* device, in the copy of that device's memory the
     /// child inherited (copy-on-write; only memory devices are inherited). Not charged, not
@@ -115,7 +117,7 @@ impl Pte {
             3 => PageState::Cached,
             4 => PageState::Swapped,
             5 => PageState::Gone,
-            6 => PageState::Inherited,
+            6 => PageState::Shared,
             _ => PageState::Parent,
         }
     }

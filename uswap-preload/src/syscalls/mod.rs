@@ -12,7 +12,8 @@
 //!
 //! Not covered: `syscall` instructions outside the C library (a program or library that
 //! makes its own, statically linked code), and memory the kernel touches outside any call
-//! (io_uring, AIO, a KVM guest's RAM): those stay in thread mode.
+//! (io_uring, AIO, a KVM guest's RAM, a signal frame written onto a managed stack such as
+//! a coroutine's): those stay in thread mode.
 
 mod entry;
 mod patch;

@@ -631,6 +631,11 @@ pub fn for_each_present_page(addr: usize, nr_pages: usize, mut f: impl FnMut(usi
 /// chunks so the vector stays small. The range must be mapped, `addr` page-aligned; a
 /// partial last page counts as a page.
 pub fn mincore_pages(addr: usize, len: usize) -> io::Result<usize> {
+    mincore_pages_where(addr, len, |_| true)
+}
+
+/// As [`mincore_pages`], counting only the pages whose index from `addr` `counted` accepts.
+pub fn mincore_pages_where(addr: usize, len: usize, counted: impl Fn(usize) -> bool) -> io::Result<usize> {
     const CHUNK_PAGES: usize = 4096;
     let mut vec = vec![0u8; CHUNK_PAGES];
     let mut total = 0;
@@ -645,7 +650,8 @@ pub fn mincore_pages(addr: usize, len: usize) -> io::Result<usize> {
         if r != 0 {
             return Err(io::Error::last_os_error());
         }
-        total += vec[..n].iter().filter(|&&b| b & 1 != 0).count();
+        let first = off / PAGE_SIZE;
+        total += vec[..n].iter().enumerate().filter(|&(i, &b)| b & 1 != 0 && counted(first + i)).count();
         off += n * PAGE_SIZE;
     }
     Ok(total)
