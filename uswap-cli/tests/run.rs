@@ -1059,3 +1059,34 @@ fn reads_of_never_written_memory_are_not_charged() {
         assert_same_and_paged(&then_written, &r, LIMIT_MIB);
     }
 }
+
+/// Signal mode, two processes under one limit: CPython writing records to a pipe while a
+/// neighbour fills memory. The locale data CPython's `setlocale` allocates used to live in
+/// the managed heap and be swapped out at once (the neighbour needed the room); a thread
+/// starting then reads it before it unblocks its signals (`uswap-preload/src/locale.rs`),
+/// and the process died of SIGBUS in about half the runs. Every run must finish, and every
+/// byte go through the pipe.
+#[test]
+fn signal_mode_threads_start_while_the_locale_data_is_out() {
+    if !have("python3", "CPython under a neighbour's memory pressure") {
+        return;
+    }
+    let dir = tmpdir("locale");
+    let hog =
+        "b = [bytearray(1 << 20) for _ in range(96)]\nfor r in range(20):\n    for x in b:\n        x[r * 100] = 1\n";
+    let gen = "import sys\nv = 'x' * 4096\nfor i in range(30000):\n    sys.stdout.write('%08d %s\\n' % (i, v))\n";
+    let script = format!("python3 -c {} & python3 -c {} | cksum; wait", shell_quote(hog), shell_quote(gen));
+    let prog = ["sh", "-c", script.as_str()];
+    let expect = plain(&prog);
+    for round in 0..4 {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", "signal"], &prog, &dir);
+        assert!(o.status.success(), "run {round}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.stdout, expect.stdout, "run {round}: bytes lost or changed in the pipe");
+        assert_eq!(counter(&v, "syscall_efault"), 0, "{v}");
+    }
+}
+
+/// `s` quoted for `sh`.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}

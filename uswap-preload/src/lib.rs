@@ -20,6 +20,7 @@ pub mod config;
 pub mod fds;
 pub mod fork;
 pub mod heap;
+pub mod locale;
 pub mod mmap;
 pub mod real;
 pub mod report;

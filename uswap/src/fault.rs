@@ -38,7 +38,7 @@ use crate::handler_pool::{
 use crate::mapping::{now_ns, pin_current_thread};
 use crate::pager::{FaultMode, PageErrorKind, PagerShared};
 use crate::readahead::MAX_WINDOW_PAGES;
-use crate::region::{region_owning, PageRef, PageState, Pte, RegionInner};
+use crate::region::{region_owning, PageRef, PageState, Pte, RegionInner, REGIONS};
 use crate::stats::Counter;
 use crate::swapin::{swap_in, Fault, READ_ATTEMPTS};
 use crate::sync::locks_held_by_this_thread;
@@ -637,10 +637,14 @@ pub(crate) fn prepare_user_access(addr: usize, len: usize, write: bool) -> Optio
     let mut page_addr = addr & !(PAGE_SIZE - 1);
     let mut managed = false;
     let mut nr_brought_in = 0;
-    // Bounded: one step per page of the range, or a jump to the end of a region's range.
+    // Bounded: one step per page of a region in the range, or a jump to the end of a
+    // region's range or to the next region's start.
     while page_addr < end {
         let Some(g) = region_owning(page_addr) else {
-            page_addr += PAGE_SIZE;
+            match REGIONS.next_start_after(page_addr) {
+                Some(next) => page_addr = next,
+                None => break,
+            }
             continue;
         };
         if g.pager.mode != FaultMode::Signal {

@@ -166,6 +166,18 @@ impl<T, const N: usize> Registry<T, N> {
         first
     }
 
+    /// The lowest start of a registered range above `addr` (a hint: ranges change under
+    /// it), so that a walk over addresses can skip what no range covers. Lock-free.
+    pub fn next_start_after(&self, addr: usize) -> Option<usize> {
+        let high = self.high.load(Ordering::Acquire);
+        self.slots[..high]
+            .iter()
+            .filter(|s| s.end.load(Ordering::Relaxed) != 0)
+            .map(|s| s.start.load(Ordering::Relaxed))
+            .filter(|&start| start > addr)
+            .min()
+    }
+
     /// The value in slot `idx` if its generation still matches `gen` in the bits of
     /// `gen_mask` (callers that pack generations into few bits compare only those).
     pub fn get(&self, idx: usize, gen: u32, gen_mask: u32) -> Option<RegistryGuard<'_, T>> {
@@ -247,6 +259,19 @@ mod tests {
         assert_eq!(found(0x5000, "none").as_deref(), Some("old"), "no match: the first registered");
         assert_eq!(found(0x2000, "new").as_deref(), Some("old"));
         assert!(found(0x9000, "old").is_none());
+    }
+
+    /// The next start above an address, for walks that skip unregistered addresses.
+    #[test]
+    fn next_start_after_skips_to_the_next_range() {
+        static R: Registry<u8, 4> = Registry::new();
+        R.insert(0x5000, 0x6000, Arc::new(1)).unwrap();
+        let (i, _) = R.insert(0x9000, 0xa000, Arc::new(2)).unwrap();
+        assert_eq!(R.next_start_after(0x1000), Some(0x5000));
+        assert_eq!(R.next_start_after(0x5000), Some(0x9000));
+        assert_eq!(R.next_start_after(0x9000), None);
+        R.remove(i);
+        assert_eq!(R.next_start_after(0x5000), None, "a removed range is not a next start");
     }
 
     #[test]

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Runs unmodified programs under uswap and under the kernel's swap, same limit, same
+sitting, and writes the "Real programs" section of BENCHMARKS.md (Markdown, on stdout or
+--out). Each program runs under `uswap bench --command` with the engines uswap-thread (the
+default mode), uswap-signal, kernel-zram and kernel-file, interleaved, --runs times, and
+the figures are medians.
+
+Needs root (the kernel engines use a memory cgroup and zram or a swap file, and need the
+system's swap to be off), redis-server/redis-benchmark, sqlite3 and python3. pmbench and
+usemem are built from source trees given with --pmbench and --usemem (they are not in
+Debian); without them those rows are left out and the section says so.
+
+    sudo bench/real-programs/run.py --runs 3 --pmbench ~/src/pmbench --usemem ~/src/vm-scalability
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+ENGINES = "uswap-thread,uswap-signal,kernel-zram,kernel-file"
+
+
+def programs(args):
+    """(name, command, limit) for every program to run."""
+    py = shlex.quote(sys.executable)
+    rows = [
+        ("redis-server + redis-benchmark GET (150k x 4 KiB values)", f"sh {HERE}/redis.sh 150000 200000", "192MiB"),
+        ("CPython: a dict of 1.5M records, 150k probes", f"{py} {HERE}/dict_job.py", "160MiB"),
+        ("sqlite3 :memory:, indexes, a join and a sort", f"sh -c 'sqlite3 < {HERE}/sqlite.sql'", "128MiB"),
+        ("GNU sort -S 600M of 3M lines", f"bash {HERE}/sort.sh", "160MiB"),
+    ]
+    if args.pmbench:
+        pm = os.path.join(args.pmbench, "pmbench")
+        rows.append(("pmbench -m 1024 -s 1024 -r 80 -j 1, 20 s (uniform)",
+                     f"bash {HERE}/pmbench.sh {pm} 20 -m 1024 -s 1024 -r 80 -j 1", "256MiB"))
+    if args.usemem:
+        um = os.path.join(args.usemem, "usemem")
+        rows.append(("usemem --init-time -O -y -x -R -n 2 (800 MiB)", f"{um} --init-time -O -y -x -R -n 2 400m", "384MiB"))
+    return rows
+
+
+def run_one(uswap, cmd, limit, runs, engines):
+    """Runs `cmd` under every engine; (status, table, stderr, JSON rows, seconds, rates):
+    rates are what a fixed-time program (pmbench.sh) logged, per engine."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    with tempfile.NamedTemporaryFile(suffix=".log", delete=False) as f:
+        rate_log = f.name
+    os.environ["REAL_PROGRAMS_LOG"] = rate_log
+    argv = [uswap, "bench", "--command", cmd, "--limit", limit, "--engines", engines, "--runs", str(runs),
+            "--json", out, "--oom-retries", "10"]
+    t0 = time.time()
+    p = subprocess.run(argv, capture_output=True, text=True)
+    took = time.time() - t0
+    table = p.stdout.strip()
+    try:
+        with open(out) as f:
+            rows = json.load(f)
+    except (OSError, ValueError):
+        rows = []
+    os.unlink(out)
+    rates = {}
+    with open(rate_log) as f:
+        for line in f:
+            engine, rate = line.split()
+            rates.setdefault(engine, []).append(float(rate))
+    os.unlink(rate_log)
+    return p.returncode, table, p.stderr.strip(), rows, took, rates
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def ra_hit(row):
+    s = row.get("stats") or {}
+    ra, hit = s.get("swap_ra", 0), s.get("swap_ra_hit", 0)
+    return f"{100 * hit / ra:.0f} %" if ra else "-"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--engines", default=ENGINES)
+    ap.add_argument("--pmbench", help="a built pmbench source tree")
+    ap.add_argument("--usemem", help="a built vm-scalability source tree (usemem)")
+    ap.add_argument("--uswap", default=os.path.join(ROOT, "target", "release", "uswap"))
+    ap.add_argument("--only", help="run only programs whose name contains this")
+    ap.add_argument("--out", help="write the Markdown here instead of stdout")
+    args = ap.parse_args()
+    if not os.access(args.uswap, os.X_OK):
+        sys.exit(f"{args.uswap}: not built (cargo build --release)")
+    lines = ["## Real programs", ""]
+    kernel = os.uname().release
+    lines.append(f"`bench/real-programs/run.py --runs {args.runs}` on {time.strftime('%Y-%m-%d')}, Linux {kernel}, "
+                 f"{os.cpu_count()} CPUs. Engines: {args.engines} (`uswap-*` on the default device `zpool`, "
+                 "the like-for-like match of `kernel-zram`). Medians of the runs; `×zram` is kernel-zram's wall "
+                 "time over the engine's (above 1: faster). `ra hit` is read-ahead pages used over pages read ahead "
+                 "(uswap's `swap_ra_hit/swap_ra`, the kernel's from /proc/vmstat).")
+    lines.append("")
+    if not args.pmbench or not args.usemem:
+        lines.append("Left out this time: " + ", ".join(n for n, v in (("pmbench", args.pmbench), ("usemem", args.usemem)) if not v)
+                     + " (give their built source trees with --pmbench/--usemem).")
+        lines.append("")
+    lines.append("| program | limit | engine | wall s | ×zram | major faults | pswpout | ra hit | RSS peak MiB |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    details = []
+    rate_lines = []
+    for name, cmd, limit in programs(args):
+        if args.only and args.only not in name:
+            continue
+        print(f"running: {name}", file=sys.stderr)
+        rc, table, err, rows, took, rates = run_one(args.uswap, cmd, limit, args.runs, args.engines)
+        if rates:
+            base = median(rates.get("kernel-zram", [0])) or None
+            for engine, xs in rates.items():
+                m = median(xs)
+                ratio = f"{m / base:.2f}" if base else "-"
+                rate_lines.append(f"| {name} | {limit} | {engine} | {m:,.0f} | {ratio} | {len(xs)} |")
+        for r in rows:
+            speed = r.get("speed_vs_baseline")
+            lines.append(f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | "
+                         f"{speed:.2f} | {r.get('pgmajfault', 0)} | {r.get('pswpout', 0)} | {ra_hit(r)} | "
+                         f"{(r.get('rss_peak_bytes') or 0) / 2**20:.0f} |" if speed is not None else
+                         f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | - | - | - | - | - |")
+        details.append(f"`{cmd}` (exit {rc}, {took:.0f} s):\n\n```text\n{table}\n```")
+        if rc != 0:
+            details.append(f"stderr:\n\n```text\n{err[-2000:]}\n```")
+    lines.append("")
+    if rate_lines:
+        lines.append("Fixed-time programs (pmbench) by their own rate, median accesses per second "
+                     "(`×zram`: over kernel-zram's; the wall times above are the fixed duration plus set-up):")
+        lines.append("")
+        lines.append("| program | limit | engine | accesses/s | ×zram | runs |")
+        lines.append("|---|---|---|---|---|---|")
+        lines.extend(rate_lines)
+        lines.append("")
+    lines.extend(details)
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()
