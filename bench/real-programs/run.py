@@ -31,7 +31,7 @@ def programs(args):
     py = shlex.quote(sys.executable)
     rows = [
         ("redis-server + redis-benchmark GET (150k x 4 KiB values)", f"sh {HERE}/redis.sh 150000 200000", "192MiB"),
-        ("CPython: a dict of 1.5M records, 150k probes", f"{py} {HERE}/dict_job.py", "160MiB"),
+        ("CPython: a dict of 1M records, 100k probes", f"{py} {HERE}/dict_job.py", "128MiB"),
         ("sqlite3 :memory:, indexes, a join and a sort", f"sh -c 'sqlite3 < {HERE}/sqlite.sql'", "128MiB"),
         ("GNU sort -S 600M of 3M lines", f"bash {HERE}/sort.sh", "160MiB"),
     ]

@@ -12,8 +12,10 @@
 //! write is brought in first (`uswap::prepare_user_access`), as a fault in the thread itself
 //! would. Only then is the call made. If it still fails with `EFAULT` while it touched
 //! managed memory, the memory is made ready again and the call made again, a bounded number
-//! of times, unless no page was taken out of any region since the last preparation and that
-//! one found nothing out: then the `EFAULT` is not uswap's and goes back as it is. An
+//! of times (the last ones for the first page of the buffer only, where the call may do
+//! less than asked: see [`shrunk`]), unless no page was taken out of any region since the
+//! last preparation and that one found nothing out: then the `EFAULT` is not uswap's and
+//! goes back as it is. An
 //! `EFAULT` after which pages had to be brought in, and that the program finally sees, is
 //! counted (`syscall_efault`) and said once.
 //!
@@ -118,7 +120,12 @@ pub struct SavedRegs {
 }
 
 /// Times a call is made again after an `EFAULT` on managed memory.
-const EFAULT_RETRIES: usize = 3;
+const EFAULT_RETRIES: usize = 8;
+/// From this retry on, a call that may legally do less than asked (see [`shrunk`]) is made
+/// for the first page of its buffer only: under a limit so tight that reclaim takes the
+/// buffer's pages out again while the rest are brought in, the whole buffer is never in at
+/// once (the kernel, faulting page by page as it copies, never needs it to be).
+const SHRINK_FROM_RETRY: usize = 4;
 /// Bytes made ready behind a pointer argument under [`Rule::Generic`]: the structures such
 /// calls take are smaller (`struct stat` is 144 bytes, a path at most 4096).
 const GENERIC_BYTES: u64 = 4096;
@@ -291,9 +298,13 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     // program's, or an argument the call does not use that happens to point into managed
     // memory): it goes back as it is.
     let mut ours = false;
-    for _ in 0..EFAULT_RETRIES {
+    let mut a = a;
+    for retry in 0..EFAULT_RETRIES {
         if ret != efault {
             return ret;
+        }
+        if retry == SHRINK_FROM_RETRY {
+            a = shrunk(nr, a);
         }
         let seq_now = uswap::stats::taken_out_seq();
         let again = prepare_once(r, &a);
@@ -311,6 +322,30 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
         say_efault_once(nr, &a);
     }
     ret
+}
+
+/// `a` with the buffer of a call that may return less than asked cut to the rest of its
+/// first page (at least 512 bytes, for one directory entry): `getdents`, `getdents64`
+/// (fewer entries), `pread64` and `read` of a regular file (a short read). Any other call
+/// is left whole: a datagram cut short would be lost.
+fn shrunk(nr: c_long, mut a: [u64; 6]) -> [u64; 6] {
+    let page = uswap::PAGE_SIZE as u64;
+    let first_page = |ptr: u64, len: u64| len.min((page - ptr % page).max(512));
+    match nr {
+        libc::SYS_getdents | libc::SYS_getdents64 | libc::SYS_pread64 => a[2] = first_page(a[1], a[2]),
+        libc::SYS_read if is_regular_file(a[0]) => a[2] = first_page(a[1], a[2]),
+        _ => {}
+    }
+    a
+}
+
+/// Whether descriptor `fd` is a regular file.
+fn is_regular_file(fd: u64) -> bool {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes one `struct stat` into `st`, ours.
+    let r = unsafe { raw(libc::SYS_fstat, [fd, st.as_mut_ptr() as u64, 0, 0, 0, 0]) };
+    // SAFETY: the kernel filled it when it returned 0.
+    r == 0 && unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFREG
 }
 
 /// Says on stderr, once per process, which call's `EFAULT` on managed memory reached the
