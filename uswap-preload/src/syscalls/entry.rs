@@ -15,9 +15,8 @@
 //! of times (the last ones for the first page of the buffer only, where the call may do
 //! less than asked: see [`shrunk`]), unless no page was taken out of any region since the
 //! last preparation and that one found nothing out: then the `EFAULT` is not uswap's and
-//! goes back as it is. An
-//! `EFAULT` after which pages had to be brought in, and that the program finally sees, is
-//! counted (`syscall_efault`) and said once.
+//! goes back as it is. An `EFAULT` after which pages had to be brought in, and that the
+//! program finally sees, is counted (`syscall_efault`) and said once.
 //!
 //! Runs on the program's thread, maybe inside its signal handler: allocates nothing, takes
 //! no lock. Structures the kernel follows (iovec arrays, `msghdr`, `argv`) are read with
