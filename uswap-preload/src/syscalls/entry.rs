@@ -26,7 +26,6 @@
 use std::arch::global_asm;
 use std::cell::Cell;
 
-use arrayvec::ArrayVec;
 use libc::c_long;
 
 use super::table::{rule, Rule};
@@ -348,58 +347,21 @@ fn is_regular_file(fd: u64) -> bool {
 }
 
 /// Says on stderr, once per process, which call's `EFAULT` on managed memory reached the
-/// program. Allocation-free: the line is built in a buffer on the stack.
+/// program. Allocation-free.
 fn say_efault_once(nr: c_long, a: &[u64; 6]) {
     use std::sync::atomic::{AtomicBool, Ordering};
     static SAID: AtomicBool = AtomicBool::new(false);
     if SAID.swap(true, Ordering::Relaxed) {
         return;
     }
-    let mut line = [0u8; 256];
-    let mut len = 0;
-    let mut put = |bytes: &[u8]| {
-        let n = bytes.len().min(line.len() - len);
-        line[len..len + n].copy_from_slice(&bytes[..n]);
-        len += n;
-    };
-    put(b"uswap: system call ");
-    put(&decimal(nr as u64));
-    put(b" failed with EFAULT on managed memory after every retry (signal mode; counted in syscall_efault), arguments");
-    for v in a {
-        put(b" ");
-        put(&hex(*v));
+    let mut line = uswap::sigbus::StderrLine::default();
+    line.put(b"uswap: system call ").put_number(nr as u64, 10, 1).put(
+        b" failed with EFAULT on managed memory after every retry (signal mode; counted in syscall_efault), arguments",
+    );
+    for &v in a {
+        line.put(b" 0x").put_number(v, 16, 1);
     }
-    put(b"\n");
-    // SAFETY: write(2) reads only `line`, ours.
-    unsafe { raw(libc::SYS_write, [2, line.as_ptr() as u64, len as u64, 0, 0, 0]) };
-}
-
-/// `v` in decimal.
-fn decimal(v: u64) -> ArrayVec<u8, 24> {
-    digits(v, 10)
-}
-
-/// `v` as `0x...` in hexadecimal.
-fn hex(v: u64) -> ArrayVec<u8, 24> {
-    let mut d = ArrayVec::new();
-    d.extend(*b"0x");
-    d.extend(digits(v, 16));
-    d
-}
-
-/// `v`'s digits in `base` (at most 16), most significant first.
-fn digits(mut v: u64, base: u64) -> ArrayVec<u8, 24> {
-    let mut d: ArrayVec<u8, 24> = ArrayVec::new();
-    // Bounded: 64 digits at most in base 2, 20 in base 10 (24 slots).
-    loop {
-        d.push(b"0123456789abcdef"[(v % base) as usize]);
-        v /= base;
-        if v == 0 {
-            break;
-        }
-    }
-    d.reverse();
-    d
+    line.put(b"\n").write();
 }
 
 /// [`prepare`], with this thread's own system calls meanwhile (the engine's, serving the

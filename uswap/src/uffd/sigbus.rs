@@ -238,29 +238,60 @@ pub fn replace_chained(new: Option<&libc::sigaction>) -> libc::sigaction {
     old
 }
 
+/// A line for stderr built without allocating (a buffer on the stack), for messages written
+/// from a signal handler or the system-call path. Longer lines are cut at 256 bytes.
+pub struct StderrLine {
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl Default for StderrLine {
+    fn default() -> Self {
+        StderrLine { buf: [0; 256], len: 0 }
+    }
+}
+
+impl StderrLine {
+    /// Appends `bytes` (what does not fit is dropped).
+    pub fn put(&mut self, bytes: &[u8]) -> &mut Self {
+        let k = bytes.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + k].copy_from_slice(&bytes[..k]);
+        self.len += k;
+        self
+    }
+
+    /// Appends `v` in `base` (10 or 16), with at least `min_digits` digits.
+    pub fn put_number(&mut self, mut v: u64, base: u64, min_digits: usize) -> &mut Self {
+        debug_assert!(base == 10 || base == 16);
+        let mut digits = [b'0'; 20];
+        let mut n = 0;
+        // Bounded: 20 digits at most (u64 in base 10).
+        while (v > 0 || n < min_digits) && n < digits.len() {
+            digits[digits.len() - 1 - n] = b"0123456789abcdef"[(v % base) as usize];
+            v /= base;
+            n += 1;
+        }
+        self.put(&digits[digits.len() - n.max(1)..])
+    }
+
+    /// Writes the line to stderr; async-signal-safe.
+    pub fn write(&self) {
+        // SAFETY: write(2) of a buffer we own to stderr; async-signal-safe.
+        unsafe { libc::write(2, self.buf.as_ptr().cast(), self.len) };
+    }
+}
+
 /// Writes "uswap: page 0x… <why>; delivering SIGBUS" to stderr without allocating (for the
 /// moment before SIGBUS is delivered). `why` says what failed (`FaultError::why_lost`);
 /// `Pager::recent_errors` and the `fault_error` counter keep the details.
 pub fn report_lost_page(addr: usize, why: &str) {
-    let mut buf = [0u8; 256];
-    let mut n = 0;
-    let mut put = |bytes: &[u8]| {
-        let k = bytes.len().min(buf.len() - n);
-        buf[n..n + k].copy_from_slice(&bytes[..k]);
-        n += k;
-    };
-    put(b"uswap: page 0x");
-    let mut hex = [0u8; 16];
-    for (i, h) in hex.iter_mut().enumerate() {
-        let d = (addr >> ((15 - i) * 4)) & 0xf;
-        *h = b"0123456789abcdef"[d];
-    }
-    put(&hex);
-    put(b" ");
-    put(why.as_bytes());
-    put(b"; delivering SIGBUS\n");
-    // SAFETY: write(2) of a buffer we own to stderr; async-signal-safe.
-    unsafe { libc::write(2, buf.as_ptr().cast(), n) };
+    StderrLine::default()
+        .put(b"uswap: page 0x")
+        .put_number(addr as u64, 16, 16)
+        .put(b" ")
+        .put(why.as_bytes())
+        .put(b"; delivering SIGBUS\n")
+        .write();
 }
 
 /// Sends SIGBUS to thread `tid` of this process (thread mode: the thread waiting on a page
@@ -268,4 +299,22 @@ pub fn report_lost_page(addr: usize, why: &str) {
 pub fn signal_thread(tid: u32) {
     // SAFETY: tgkill(2) with our own pid; a stale tid at worst yields ESRCH.
     unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::pid_t, libc::SIGBUS) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StderrLine;
+
+    /// Numbers padded and not, in both bases; a line too long is cut, not overrun.
+    #[test]
+    fn stderr_lines_format_numbers_and_stop_at_their_buffer() {
+        let mut l = StderrLine::default();
+        l.put(b"a ").put_number(0, 10, 1).put(b" ").put_number(1234, 10, 1).put(b" 0x");
+        l.put_number(0xbeef, 16, 1).put(b" ").put_number(0x7f00_1000, 16, 16).put(b" ").put_number(u64::MAX, 10, 1);
+        assert_eq!(&l.buf[..l.len], b"a 0 1234 0xbeef 000000007f001000 18446744073709551615");
+        for _ in 0..100 {
+            l.put(b"0123456789");
+        }
+        assert_eq!(l.len, l.buf.len());
+    }
 }
