@@ -38,7 +38,7 @@ use crate::handler_pool::{
 use crate::mapping::{now_ns, pin_current_thread};
 use crate::pager::{FaultMode, PageErrorKind, PagerShared};
 use crate::readahead::MAX_WINDOW_PAGES;
-use crate::region::{region_owning, PageRef, PageState, Pte, RegionInner, REGIONS};
+use crate::region::{region_owning, PageRef, PageState, Pte, RegionInner};
 use crate::stats::Counter;
 use crate::swapin::{swap_in, Fault, READ_ATTEMPTS};
 use crate::sync::locks_held_by_this_thread;
@@ -623,84 +623,6 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
     }
     uffd::sigbus::report_lost_page(addr, last.why_lost());
     false
-}
-
-/// Signal mode, before a system call reads (`write` false) or writes `[addr, addr + len)`:
-/// brings in every page of a signal-mode region there that the kernel could not access, as
-/// the faulting thread's SIGBUS handler would (a fault the kernel raises itself is not a
-/// signal but `EFAULT`). A page is ready when it is mapped, and for a write not
-/// write-protected. Returns `None` if no page of the range belongs to a signal-mode region,
-/// else how many pages had to be brought in (an `EFAULT` after a preparation that brought
-/// nothing in is not uswap's). Allocation-free; takes no lock the thread holds.
-pub(crate) fn prepare_user_access(addr: usize, len: usize, write: bool) -> Option<usize> {
-    let end = addr.saturating_add(len);
-    let mut page_addr = addr & !(PAGE_SIZE - 1);
-    let mut managed = false;
-    let mut nr_brought_in = 0;
-    // Bounded: one step per page of a region in the range, or a jump to the end of a
-    // region's range or to the next region's start.
-    while page_addr < end {
-        let Some(g) = region_owning(page_addr) else {
-            match REGIONS.next_start_after(page_addr) {
-                Some(next) => page_addr = next,
-                None => break,
-            }
-            continue;
-        };
-        if g.pager.mode != FaultMode::Signal {
-            page_addr = g.start() + g.nr_pages * PAGE_SIZE;
-            continue;
-        }
-        managed = true;
-        let region_end = (g.start() + g.nr_pages * PAGE_SIZE).min(end);
-        while page_addr < region_end {
-            if let Some(page) = g.page_of(page_addr) {
-                let pte = g.load(page);
-                if !ready_for_kernel(pte, write) {
-                    sigbus_fault(page_addr, write);
-                    nr_brought_in += 1;
-                }
-                mark_used_by_kernel(&g, page);
-            }
-            page_addr += PAGE_SIZE;
-        }
-    }
-    managed.then_some(nr_brought_in)
-}
-
-/// A page a system call is about to use: referenced, so that reclaim spares it (as a victim
-/// once, and as the neighbour of one) until the call has used it, and no longer read ahead
-/// and unused (the call is its use). Best effort: a page that changed meanwhile is left.
-fn mark_used_by_kernel(region: &RegionInner, page: usize) {
-    let pte = region.load(page);
-    if pte.state() != PageState::Resident || pte.busy() || (pte.referenced() && !pte.readahead()) {
-        return;
-    }
-    let used = pte.with_referenced(true).without_readahead();
-    let swapped = region.pte(page).compare_exchange(
-        pte.0,
-        used.0,
-        std::sync::atomic::Ordering::AcqRel,
-        std::sync::atomic::Ordering::Acquire,
-    );
-    if swapped.is_ok() && pte.readahead() {
-        region.pager.stats.inc(Counter::SwapRaHit);
-    }
-}
-
-/// Whether the kernel can access a page in this state without a fault uswap must serve. A
-/// busy page is not: reclaim may be taking it out (the fault path waits for it).
-fn ready_for_kernel(pte: Pte, write: bool) -> bool {
-    if pte.busy() {
-        return false;
-    }
-    match pte.state() {
-        PageState::Resident => !(write && pte.clean()),
-        PageState::Shared => !write,
-        // Not the region's: whatever is there now is not uswap's to bring in.
-        PageState::Gone => true,
-        PageState::None | PageState::Zero | PageState::Cached | PageState::Swapped | PageState::Parent => false,
-    }
 }
 
 /// Thread mode: one of the handler threads. Reads fault messages and serves them until the

@@ -50,6 +50,7 @@ mod swap;
 mod swapin;
 mod sync;
 mod uffd;
+mod user_access;
 
 pub use async_readahead::{DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
 pub use backend::failing::FaultInjection;
@@ -112,7 +113,7 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
 /// preparation that brought nothing in did not fail because of uswap. Safe to call from a
 /// signal handler; allocates nothing.
 pub fn prepare_user_access(addr: usize, len: usize, write: bool) -> Option<usize> {
-    fault::prepare_user_access(addr, len, write)
+    user_access::prepare_user_access(addr, len, write)
 }
 
 /// The page size uswap works in.
