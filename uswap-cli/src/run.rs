@@ -539,8 +539,20 @@ fn summarize(dir: &Path, limit_bytes: u64, tree_peak_pages: u64) -> serde_json::
     let mut processes = 0u64;
     let mut managed_peak_pages = 0u64;
     for path in record_paths(dir) {
-        let Ok(text) = std::fs::read_to_string(path) else { continue };
-        let Ok(serde_json::Value::Object(rec)) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
+        let rec = std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).map_err(|e| e.to_string()));
+        let rec = match rec {
+            Ok(serde_json::Value::Object(rec)) => rec,
+            Ok(_) => {
+                eprintln!("uswap run: {} is not a record of counters; its process is left out", path.display());
+                continue;
+            }
+            Err(e) => {
+                eprintln!("uswap run: the record {} could not be read ({e}); its process is left out", path.display());
+                continue;
+            }
+        };
         processes += 1;
         for (k, v) in rec {
             if NOT_SUMMED.contains(&k.as_str()) {

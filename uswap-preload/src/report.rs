@@ -45,6 +45,9 @@ fn spawn_publisher() {
         if crate::fork::is_forked_child() {
             return;
         }
+        if FINAL_WRITTEN.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         tick += 1;
         if tick % MEASURE_EVERY_TICKS == 0 {
             measure_unmanaged();
@@ -53,7 +56,7 @@ fn spawn_publisher() {
             // Charges of processes that died without giving them back.
             seg.sweep_dead();
         }
-        write();
+        write(false);
     });
 }
 
@@ -106,13 +109,27 @@ fn record() -> Option<serde_json::Value> {
     Some(v)
 }
 
-fn write() {
+/// Set once the exit path wrote the last record: the publisher writes no more after it.
+static FINAL_WRITTEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes the record whole, then renames it into place. Each writing thread has a scratch
+/// file of its own: the publisher and the exit path may write at the same moment, and two
+/// writers of one scratch file (each truncating it) could leave a tail of the longer
+/// record after the shorter, which no JSON parser takes. Once the exit path has written
+/// (`last`), the publisher's record, older, is not renamed over it.
+fn write(last: bool) {
     let _g = Guard::enter();
     let (Some(dir), Some(rec)) = (DIR.get(), record()) else { return };
     let pid = std::process::id();
-    let tmp = dir.join(format!(".{pid}.json.tmp"));
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let tmp = dir.join(format!(".{pid}.{tid}.json.tmp"));
     let dst = dir.join(format!("{pid}.json"));
     if std::fs::write(&tmp, rec.to_string()).is_ok() {
+        if !last && FINAL_WRITTEN.load(std::sync::atomic::Ordering::Acquire) {
+            let _ = std::fs::remove_file(&tmp);
+            return;
+        }
         let _ = std::fs::rename(&tmp, &dst);
     }
 }
@@ -126,7 +143,8 @@ pub fn write_final() {
         // A program shorter than a measuring interval is measured once, here.
         let _g = Guard::enter();
         measure_unmanaged();
-        write();
+        FINAL_WRITTEN.store(true, std::sync::atomic::Ordering::Release);
+        write(true);
     }
 }
 
