@@ -374,6 +374,11 @@ typedef struct uswap_stats {
      * Calls on managed memory whose `EFAULT` reached the program. Should stay 0.
      */
     uint64_t syscall_efault;
+    /**
+     * Signal mode: faults that waited past the bound for read events to be applied.
+     * Should stay 0.
+     */
+    uint64_t fault_event_wait_timeout;
 } uswap_stats;
 
 #ifdef __cplusplus

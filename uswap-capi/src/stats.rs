@@ -152,6 +152,9 @@ pub struct uswap_stats {
     pub syscall_efault_retried: u64,
     /// Calls on managed memory whose `EFAULT` reached the program. Should stay 0.
     pub syscall_efault: u64,
+    /// Signal mode: faults that waited past the bound for read events to be applied.
+    /// Should stay 0.
+    pub fault_event_wait_timeout: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -231,7 +234,8 @@ impl uswap_stats {
             unmanaged_peak_bytes,
             syscall_prepared,
             syscall_efault_retried,
-            syscall_efault;
+            syscall_efault,
+            fault_event_wait_timeout;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

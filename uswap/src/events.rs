@@ -104,6 +104,47 @@ pub(crate) fn in_flight() -> bool {
     EVENTS_IN_FLIGHT.load(Ordering::Acquire) > 0 || TAKE_OUT_RANGES.load(Ordering::Acquire) > 0
 }
 
+/// The longest a signal-mode fault waits in [`wait_until_applied`] before it goes on.
+const APPLY_WAIT_LIMIT_NS: u64 = 1_000_000_000;
+
+/// Signal mode: waits until every event that has been read is applied, before a fault is
+/// served or a system call's memory is made ready. Returns false if it gave up (counted).
+///
+/// Why: the read of an event releases the application's thread before the engine applies
+/// it. In thread mode a fault raised after that comes as a message behind the event, and is
+/// read (under the reader lock) only once the event is applied. A SIGBUS is served at once.
+/// After `madvise(MADV_DONTNEED)` returned, an allocator (mimalloc purging a page, then
+/// handing it out again) could write the page, and reclaim could move it to the swap cache,
+/// all before the `REMOVE` was applied; applying it then freed the slot holding the new
+/// data and left the page reading zero (a CPython process writing a pipe under memory
+/// pressure lost bytes about one run in five). Waiting here puts each fault after the
+/// events its thread has seen, as thread mode does.
+///
+/// Bounded: the event thread applies an event with page locks only, and an owner of a page
+/// lock never waits for an event. But a program's signal handler that faults on the
+/// thread that holds a page lock (in the engine, under `prepare_user_access`) would wait
+/// here for an event that waits for that lock: after [`APPLY_WAIT_LIMIT_NS`] the fault
+/// goes on as it did before this wait existed (and meets the busy page's own bound).
+pub(crate) fn wait_until_applied(p: &PagerShared) -> bool {
+    if EVENTS_IN_FLIGHT.load(Ordering::Acquire) == 0 {
+        return true;
+    }
+    let t0 = crate::mapping::now_ns();
+    let backoff = Backoff::new();
+    while EVENTS_IN_FLIGHT.load(Ordering::Acquire) > 0 {
+        if backoff.is_completed() {
+            if crate::mapping::now_ns().saturating_sub(t0) > APPLY_WAIT_LIMIT_NS {
+                p.stats.inc(Counter::FaultEventWaitTimeout);
+                return false;
+            }
+            std::thread::yield_now();
+        } else {
+            backoff.snooze();
+        }
+    }
+    true
+}
+
 /// Reads up to `msgs.len()` messages and applies the events among them, in order, under
 /// the reader lock (see [`EventState::reader`]). Returns how many messages were read;
 /// faults among them are the caller's.

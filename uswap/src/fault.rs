@@ -578,6 +578,8 @@ pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
         UNCLAIMED_FAULT_ADDR.set(0);
         return false;
     }
+    // After the events this thread has seen (its own `madvise`, `munmap`, `mremap`).
+    events::wait_until_applied(&g.pager);
     let route = if locks_held_by_this_thread() > 0 { Route::SignalLockFree } else { Route::Signal };
     // Bounded retries of transient failures; a page that cannot be brought back ends in
     // SIGBUS, as in the kernel. A busy or pool timeout is not transient (it took 10 s): no

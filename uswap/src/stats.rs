@@ -91,6 +91,9 @@ pub(crate) enum Counter {
     SwapRaAsyncWait,
     /// Faults that gave up waiting for a page's busy bit (see `fault::BUSY_WAIT_LIMIT_NS`).
     FaultBusyTimeout,
+    /// Signal-mode faults that gave up waiting for read events to be applied (see
+    /// `events::wait_until_applied`).
+    FaultEventWaitTimeout,
     /// `munmap` events: the application unmapped part of a region (see `events`).
     UffdUnmap,
     /// `mremap` events: the application moved a region, or part of one.
@@ -482,6 +485,10 @@ pub struct Stats {
     /// thread faulted on a page its own interrupted code owned, which the engine prevents by
     /// blocking signals in its calls; see README.
     pub fault_busy_timeout: u64,
+    /// Signal mode: faults and system calls that waited past the bound (1 s) for the events
+    /// already read (`munmap`, `madvise`, `mremap`) to be applied, and went on without.
+    /// Should stay 0; see `events::wait_until_applied`.
+    pub fault_event_wait_timeout: u64,
     /// Fault-service attempts that failed (every read of the page failed or failed its
     /// checksum). The fault is attempted again; only a page that fails every attempt ends in
     /// SIGBUS for its thread, as in the kernel.
@@ -681,6 +688,7 @@ impl Stats {
             fault_raced,
             fault_lock_free,
             fault_busy_timeout,
+            fault_event_wait_timeout,
             fault_error,
             lru_overflow,
             move_refused,
@@ -799,6 +807,7 @@ impl PerCpuStats {
         s.fault_raced = self.sum(FaultRaced);
         s.fault_lock_free = self.sum(FaultLockFree);
         s.fault_busy_timeout = self.sum(FaultBusyTimeout);
+        s.fault_event_wait_timeout = self.sum(FaultEventWaitTimeout);
         s.fault_error = self.sum(FaultError);
         s.lru_overflow = self.sum(LruOverflow);
         s.move_refused = self.sum(MoveRefused);

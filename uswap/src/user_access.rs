@@ -41,6 +41,11 @@ pub(crate) fn prepare_user_access(addr: usize, len: usize, write: bool) -> Optio
             page_addr = g.start() + g.nr_pages * PAGE_SIZE;
             continue;
         }
+        if !managed {
+            // The page-table words read below must say what the events this thread has
+            // seen (its own `madvise`) made of them; see `events::wait_until_applied`.
+            crate::events::wait_until_applied(&g.pager);
+        }
         managed = true;
         let region_end = (g.start() + g.nr_pages * PAGE_SIZE).min(end);
         while page_addr < region_end {
