@@ -155,6 +155,9 @@ pub struct uswap_stats {
     /// Signal mode: faults that waited past the bound for read events to be applied.
     /// Should stay 0.
     pub fault_event_wait_timeout: u64,
+    /// Signal mode: transfers that stopped short at a page reclaim took out during the
+    /// call, continued for the rest.
+    pub syscall_continued: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -235,7 +238,8 @@ impl uswap_stats {
             syscall_prepared,
             syscall_efault_retried,
             syscall_efault,
-            fault_event_wait_timeout;
+            fault_event_wait_timeout,
+            syscall_continued;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

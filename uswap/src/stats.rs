@@ -561,6 +561,11 @@ pub struct Stats {
     /// Calls on managed memory whose `EFAULT` reached the program after every retry. Should
     /// stay 0: anything else is a call whose memory the rules did not cover.
     pub syscall_efault: u64,
+    /// Calls that transfer bytes (`write`, `read` of a file, their vector and positioned
+    /// forms) that stopped short because reclaim took a page of their buffer out during the
+    /// call, and were continued for the rest, as the kernel would have (see the preload's
+    /// `syscalls::complete`).
+    pub syscall_continued: u64,
     /// Per device, in priority order.
     pub devices: Vec<DeviceStats>,
     /// Fault service time (from entering the engine to the page being mapped), microseconds.
@@ -609,9 +614,12 @@ pub enum SyscallEvent {
     EfaultRetried,
     /// Its `EFAULT` reached the program.
     Efault,
+    /// It stopped short at a page reclaim took out during the call, and was continued
+    /// for the rest.
+    Continued,
 }
 
-static SYSCALL_EVENTS: [std::sync::atomic::AtomicU64; 3] = [const { std::sync::atomic::AtomicU64::new(0) }; 3];
+static SYSCALL_EVENTS: [std::sync::atomic::AtomicU64; 4] = [const { std::sync::atomic::AtomicU64::new(0) }; 4];
 
 /// Counts a system call event; async-signal-safe.
 pub fn note_syscall(event: SyscallEvent) {
@@ -637,7 +645,7 @@ pub fn taken_out_seq() -> u64 {
 }
 
 /// The counts recorded with [`note_syscall`], in [`SyscallEvent`] order.
-pub(crate) fn syscall_events() -> [u64; 3] {
+pub(crate) fn syscall_events() -> [u64; 4] {
     SYSCALL_EVENTS.each_ref().map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
 }
 
@@ -715,6 +723,7 @@ impl Stats {
             syscall_prepared,
             syscall_efault_retried,
             syscall_efault,
+            syscall_continued,
             remap_copied,
             limit_overrun_busy,
             pool_wait_timeout,

@@ -107,6 +107,7 @@ fn help(field: &str) -> Option<&'static str> {
         "unmanaged_peak_bytes" => "The most anonymous memory no pager managed at once.",
         "syscall_prepared" => "Signal mode: system calls whose managed memory was brought in before the call.",
         "syscall_efault_retried" => "Signal mode: of those, calls that met EFAULT anyway and were made again.",
+        "syscall_continued" => "Signal mode: transfers cut short by reclaim during the call, continued for the rest.",
         "syscall_efault" => "Signal mode: calls on managed memory whose EFAULT reached the program (should be 0).",
         "priority" => "Device priority (higher is used first).",
         "nr_slots" => "Slots (pages) the device can hold.",

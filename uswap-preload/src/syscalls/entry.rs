@@ -9,14 +9,17 @@
 //! an inline `syscall`, and [`slow`] changes neither the x87 control word nor `MXCSR`.
 //!
 //! [`slow`] applies the call's [`Rule`]: every byte of managed memory the kernel will read or
-//! write is brought in first (`uswap::prepare_user_access`), as a fault in the thread itself
-//! would. Only then is the call made. If it still fails with `EFAULT` while it touched
-//! managed memory, the memory is made ready again and the call made again, a bounded number
-//! of times (the last ones for the first page of the buffer only, where the call may do
-//! less than asked: see [`shrunk`]), unless no page was taken out of any region since the
-//! last preparation and that one found nothing out: then the `EFAULT` is not uswap's and
-//! goes back as it is. An `EFAULT` after which pages had to be brought in, and that the
-//! program finally sees, is counted (`syscall_efault`) and said once.
+//! write is brought in first (`uswap::prepare_user_access`; a buffer's first page last, as
+//! the kernel starts there), as a fault in the thread itself would. Only then is the call
+//! made. If it still fails with `EFAULT` while it touched managed memory, the memory is
+//! made ready again and the call made again, a bounded number of times (the last ones cut
+//! to the first page of the buffer where the call may do less than asked: see [`shrunk`]),
+//! unless no page was taken out of any region since the last preparation and that one
+//! found nothing out: then the `EFAULT` is not uswap's and goes back as it is. Reads and
+//! writes of data (see [`super::complete`]) are made again once at their whole size, then
+//! in windows ([`in_windows`]), and one that came back short while reclaim ran is continued
+//! for the rest. An `EFAULT` after which pages had to be brought in, and that the program
+//! finally sees, is counted (`syscall_efault`) and said once.
 //!
 //! Runs on the program's thread, maybe inside its signal handler: allocates nothing, takes
 //! no lock. Structures the kernel follows (iovec arrays, `msghdr`, `argv`) are read with
@@ -28,6 +31,8 @@ use std::cell::Cell;
 
 use libc::c_long;
 
+use super::complete::{self, Iovs, Transfer};
+use super::raw::{raw, read_user};
 use super::table::{rule, Rule};
 
 global_asm!(
@@ -154,52 +159,6 @@ thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Makes system call `nr` with `args`, directly.
-///
-/// # Safety
-/// The call is one the program made itself (what it does to memory is its contract), or
-/// one that writes only memory the caller owns.
-unsafe fn raw(nr: c_long, a: [u64; 6]) -> c_long {
-    let ret: c_long;
-    // SAFETY: the caller's contract; `syscall` changes only rax, rcx and r11.
-    unsafe {
-        std::arch::asm!(
-            "syscall",
-            inlateout("rax") nr => ret,
-            in("rdi") a[0], in("rsi") a[1], in("rdx") a[2], in("r10") a[3], in("r8") a[4], in("r9") a[5],
-            lateout("rcx") _, lateout("r11") _,
-            options(nostack),
-        );
-    }
-    ret
-}
-
-/// Reads a `T` at `addr` without trusting it: `None` where the kernel could not.
-fn read_user<T: Copy>(addr: u64) -> Option<T> {
-    if addr == 0 {
-        return None;
-    }
-    let mut out = std::mem::MaybeUninit::<T>::uninit();
-    let len = std::mem::size_of::<T>();
-    if uswap::prepare_user_access(addr as usize, len, false).is_some() {
-        // Managed, and now in place.
-        // SAFETY: the range is a managed region's, mapped readable (just made ready);
-        // read_unaligned makes no alignment assumption.
-        return Some(unsafe { std::ptr::read_unaligned(addr as *const T) });
-    }
-    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: len };
-    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
-    // SAFETY: process_vm_readv on this process itself: the kernel copies `len` bytes into
-    // `out` or fails; the iovecs are valid for the call.
-    let pid = unsafe { libc::getpid() } as u64;
-    // SAFETY: writes only `out`, ours, through `local`.
-    let n = unsafe {
-        raw(libc::SYS_process_vm_readv, [pid, &local as *const _ as u64, 1, &remote as *const _ as u64, 1, 0])
-    };
-    // SAFETY: the kernel wrote all `len` bytes when it says so.
-    (n == len as c_long).then(|| unsafe { out.assume_init() })
-}
-
 /// Makes `[ptr, ptr + len)` ready.
 fn ready(ptr: u64, len: u64, write: bool) -> Prepared {
     // Below the lowest address a mapping may have (`vm.mmap_min_addr`), or past the user
@@ -209,10 +168,21 @@ fn ready(ptr: u64, len: u64, write: bool) -> Prepared {
     if !(LOWEST..USER_END).contains(&ptr) || len == 0 {
         return Prepared::default();
     }
-    match uswap::prepare_user_access(ptr as usize, len as usize, write) {
-        Some(nr_brought_in) => Prepared { managed: true, nr_brought_in },
-        None => Prepared::default(),
+    // The rest of the buffer first, its first page last: the kernel starts there (and an
+    // `epoll_wait` or a short `read` never goes further), and under pressure reclaim takes
+    // the pages brought in first out first.
+    let page = uswap::PAGE_SIZE as u64;
+    let head = len.min(page - ptr % page);
+    let mut prepared = Prepared::default();
+    for (start, bytes) in [(ptr + head, len - head), (ptr, head)] {
+        if bytes == 0 {
+            continue;
+        }
+        if let Some(nr_brought_in) = uswap::prepare_user_access(start as usize, bytes as usize, write) {
+            prepared = prepared | Prepared { managed: true, nr_brought_in };
+        }
     }
+    prepared
 }
 
 /// Makes the buffers of `cnt` iovecs at `iov` ready.
@@ -280,6 +250,42 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
         return unsafe { raw(nr, a) };
     }
     let r = rule(nr);
+    // A transfer is made again once at its whole size; then it goes in windows.
+    let transfer = complete::is_transfer(nr);
+    let made = make_prepared(nr, r, a, if transfer { 1 } else { EFAULT_RETRIES });
+    let efault = -(libc::EFAULT as c_long);
+    let needs_more = if made.ret > 0 { made.maybe_cut } else { made.ret == efault && made.ours };
+    if !made.managed || !needs_more {
+        return made.ret;
+    }
+    let made = match Transfer::of(nr, &a) {
+        Some(t) if !(t.once && made.ret > 0) => in_windows(nr, r, &a, &t, made),
+        Some(_) => made,
+        None if made.ret == efault => make_prepared(nr, r, a, EFAULT_RETRIES),
+        None => made,
+    };
+    if made.ret == efault && made.ours {
+        uswap::stats::note_syscall(uswap::stats::SyscallEvent::Efault);
+        say_efault_once(nr, &a);
+    }
+    made.ret
+}
+
+/// What a call made by [`make_prepared`] gave.
+#[derive(Clone, Copy)]
+struct Made {
+    ret: c_long,
+    /// Some of its memory is managed.
+    managed: bool,
+    /// A short count may be uswap's doing: pages were taken out while it ran.
+    maybe_cut: bool,
+    /// Its `EFAULT` is uswap's: pages had to be brought in again for a retry.
+    ours: bool,
+}
+
+/// Makes the call with its memory made ready first, and again, up to `retries` times,
+/// after an `EFAULT` of uswap's.
+fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
     let mut seq = uswap::stats::taken_out_seq();
     let first = prepare_once(r, &a);
     if first.managed {
@@ -288,18 +294,18 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     // SAFETY: the program's own call.
     let mut ret = unsafe { raw(nr, a) };
     let efault = -(libc::EFAULT as c_long);
+    let mut made = Made { ret, managed: first.managed, maybe_cut: false, ours: false };
     if !first.managed {
-        return ret;
+        return made;
     }
-    // Bounded: EFAULT_RETRIES more calls at most. If nothing was taken out since the last
+    // Bounded: `retries` more calls at most. If nothing was taken out since the last
     // preparation and nothing is out now, the EFAULT is not uswap's (a bad pointer of the
     // program's, or an argument the call does not use that happens to point into managed
     // memory): it goes back as it is.
-    let mut ours = false;
     let mut a = a;
-    for retry in 0..EFAULT_RETRIES {
+    for retry in 0..retries {
         if ret != efault {
-            return ret;
+            break;
         }
         if retry == SHRINK_FROM_RETRY {
             a = shrunk(nr, a);
@@ -307,43 +313,79 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
         let seq_now = uswap::stats::taken_out_seq();
         let again = prepare_once(r, &a);
         if again.nr_brought_in == 0 && seq_now == seq {
-            return ret;
+            break;
         }
-        ours |= again.nr_brought_in > 0;
+        made.ours |= again.nr_brought_in > 0;
         seq = seq_now;
         uswap::stats::note_syscall(uswap::stats::SyscallEvent::EfaultRetried);
         // SAFETY: the program's own call, made again.
         ret = unsafe { raw(nr, a) };
     }
-    if ret == efault && ours {
-        uswap::stats::note_syscall(uswap::stats::SyscallEvent::Efault);
-        say_efault_once(nr, &a);
-    }
-    ret
+    made.ret = ret;
+    made.maybe_cut = uswap::stats::taken_out_seq() != seq;
+    made
 }
 
-/// `a` with the buffer of a call that may return less than asked cut to the rest of its
-/// first page (at least 512 bytes, for one directory entry): `getdents`, `getdents64`
-/// (fewer entries), `pread64` and `read` of a regular file (a short read). Any other call
-/// is left whole: a datagram cut short would be lost.
+/// A transfer that came back short while reclaim ran, or whose buffer was never in whole
+/// at once (`EFAULT` at its whole size), made for the rest as the kernel would have gone on
+/// (see [`super::complete`]): in windows of its buffer, halved while one fails with
+/// `EFAULT` (down to one page; only on byte streams). Returns the last call's result if
+/// nothing was transferred, else the bytes transferred before the end or an error.
+fn in_windows(nr: c_long, r: Rule, a: &[u64; 6], t: &Transfer, first: Made) -> Made {
+    let page = uswap::PAGE_SIZE as u64;
+    let efault = -(libc::EFAULT as c_long);
+    let mut done_bytes = 0u64;
+    let mut window_bytes = t.total_bytes;
+    let mut asked_bytes = t.total_bytes;
+    let mut splittable = None;
+    let mut iovs = Iovs::new();
+    let mut last = first;
+    // Bounded: every call transfers a byte or more, or halves the window.
+    let max_calls = 2 * t.total_bytes.div_ceil(page) + 64;
+    for _ in 0..max_calls {
+        if last.ret > 0 {
+            done_bytes += last.ret as u64;
+            let short = (last.ret as u64) < asked_bytes;
+            if t.once || done_bytes >= t.total_bytes || (short && !last.maybe_cut) {
+                break;
+            }
+        } else if last.ret == efault && last.ours && window_bytes > page {
+            if !*splittable.get_or_insert_with(|| t.splittable(a[0])) {
+                return make_prepared(nr, r, *a, EFAULT_RETRIES);
+            }
+            window_bytes = (window_bytes / 2).max(page);
+        } else {
+            break;
+        }
+        asked_bytes = window_bytes.min(t.total_bytes - done_bytes);
+        let args = t.window(a, done_bytes, asked_bytes, &mut iovs);
+        uswap::stats::note_syscall(uswap::stats::SyscallEvent::Continued);
+        // At one page, the last size, the full retries.
+        last = make_prepared(nr, r, args, if window_bytes <= page { EFAULT_RETRIES } else { 1 });
+    }
+    if done_bytes > 0 {
+        last.ret = done_bytes as c_long;
+    }
+    last
+}
+
+/// `a` with the buffer of a call that may legally do less than asked cut to what fits the
+/// rest of its first page: `getdents` and `getdents64` return fewer entries (at least 512
+/// bytes, for one), `epoll_wait` and its variants fewer events (at least one), and the
+/// program calls again for the rest. (Reads and writes of data are made in windows
+/// instead, see [`in_windows`].)
 fn shrunk(nr: c_long, mut a: [u64; 6]) -> [u64; 6] {
     let page = uswap::PAGE_SIZE as u64;
-    let first_page = |ptr: u64, len: u64| len.min((page - ptr % page).max(512));
+    let in_first_page = page - a[1] % page;
     match nr {
-        libc::SYS_getdents | libc::SYS_getdents64 | libc::SYS_pread64 => a[2] = first_page(a[1], a[2]),
-        libc::SYS_read if is_regular_file(a[0]) => a[2] = first_page(a[1], a[2]),
+        libc::SYS_getdents | libc::SYS_getdents64 => a[2] = a[2].min(in_first_page.max(512)),
+        libc::SYS_epoll_wait | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {
+            let event_bytes = std::mem::size_of::<libc::epoll_event>() as u64;
+            a[2] = a[2].min((in_first_page / event_bytes).max(1));
+        }
         _ => {}
     }
     a
-}
-
-/// Whether descriptor `fd` is a regular file.
-fn is_regular_file(fd: u64) -> bool {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat writes one `struct stat` into `st`, ours.
-    let r = unsafe { raw(libc::SYS_fstat, [fd, st.as_mut_ptr() as u64, 0, 0, 0, 0]) };
-    // SAFETY: the kernel filled it when it returned 0.
-    r == 0 && unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFREG
 }
 
 /// Says on stderr, once per process, which call's `EFAULT` on managed memory reached the

@@ -15,8 +15,10 @@
 //! (io_uring, AIO, a KVM guest's RAM, a signal frame written onto a managed stack such as
 //! a coroutine's): those stay in thread mode.
 
+mod complete;
 mod entry;
 mod patch;
+mod raw;
 mod table;
 
 pub use patch::PatchReport;

@@ -1,0 +1,59 @@
+//! The slow path's two ways to the kernel: a system call made directly, and a read of the
+//! program's memory that a bad pointer cannot crash.
+
+use libc::c_long;
+
+/// Makes system call `nr` with `args`, directly.
+///
+/// # Safety
+/// The call is one the program made itself (what it does to memory is its contract), or
+/// one that writes only memory the caller owns.
+pub(super) unsafe fn raw(nr: c_long, a: [u64; 6]) -> c_long {
+    let ret: c_long;
+    // SAFETY: the caller's contract; `syscall` changes only rax, rcx and r11.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") nr => ret,
+            in("rdi") a[0], in("rsi") a[1], in("rdx") a[2], in("r10") a[3], in("r8") a[4], in("r9") a[5],
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+/// Reads a `T` at `addr` without trusting it: `None` where the kernel could not.
+pub(super) fn read_user<T: Copy>(addr: u64) -> Option<T> {
+    if addr == 0 {
+        return None;
+    }
+    let mut out = std::mem::MaybeUninit::<T>::uninit();
+    let len = std::mem::size_of::<T>();
+    if uswap::prepare_user_access(addr as usize, len, false).is_some() {
+        // Managed, and now in place.
+        // SAFETY: the range is a managed region's, mapped readable (just made ready);
+        // read_unaligned makes no alignment assumption.
+        return Some(unsafe { std::ptr::read_unaligned(addr as *const T) });
+    }
+    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: len };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
+    // SAFETY: process_vm_readv on this process itself: the kernel copies `len` bytes into
+    // `out` or fails; the iovecs are valid for the call.
+    let pid = unsafe { libc::getpid() } as u64;
+    // SAFETY: writes only `out`, ours, through `local`.
+    let n = unsafe {
+        raw(libc::SYS_process_vm_readv, [pid, &local as *const _ as u64, 1, &remote as *const _ as u64, 1, 0])
+    };
+    // SAFETY: the kernel wrote all `len` bytes when it says so.
+    (n == len as c_long).then(|| unsafe { out.assume_init() })
+}
+
+/// Whether descriptor `fd` is a regular file.
+pub(super) fn is_regular_file(fd: u64) -> bool {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes one `struct stat` into `st`, ours.
+    let r = unsafe { raw(libc::SYS_fstat, [fd, st.as_mut_ptr() as u64, 0, 0, 0, 0]) };
+    // SAFETY: the kernel filled it when it returned 0.
+    r == 0 && unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFREG
+}
