@@ -379,6 +379,11 @@ typedef struct uswap_stats {
      * Should stay 0.
      */
     uint64_t fault_event_wait_timeout;
+    /**
+     * Signal mode: transfers that stopped short at a page reclaim took out during the
+     * call, continued for the rest.
+     */
+    uint64_t syscall_continued;
 } uswap_stats;
 
 #ifdef __cplusplus

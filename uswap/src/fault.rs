@@ -554,8 +554,14 @@ thread_local! {
 }
 
 /// The SIGBUS entry point (see `uffd::sigbus`): serves the fault if `addr` belongs to a
-/// signal-mode region. Async-signal-safe.
+/// signal-mode region, on a stack of the handler's pool rather than the faulting thread's
+/// (`mapping::handler_stack`: threads with small stacks). Async-signal-safe.
 pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
+    crate::mapping::handler_stack::run(|| sigbus_fault_here(addr, is_write))
+}
+
+/// [`sigbus_fault`], on the stack it runs on.
+fn sigbus_fault_here(addr: usize, is_write: bool) -> bool {
     let Some(g) = region_owning(addr) else {
         // A region being moved (mremap) is found again once its event is applied: retry the
         // access rather than pass the signal on.

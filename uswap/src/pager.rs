@@ -338,6 +338,8 @@ impl PagerBuilder {
                     }
                 }
                 FaultMode::Signal => {
+                    // Stacks for the handler's work (see `mapping::handler_stack`).
+                    crate::mapping::handler_stack::reserve();
                     uffd::sigbus::install(fault::sigbus_fault)
                         .map_err(|e| Error::io("installing the SIGBUS handler", e))?;
                     // Faults come as signals, but munmap/mremap/madvise events still come as

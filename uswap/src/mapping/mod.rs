@@ -18,6 +18,7 @@
 //! [`registry`] is the process-wide table of managed mappings that the fault path searches
 //! by address.
 
+pub mod handler_stack;
 pub mod registry;
 
 use std::io;
