@@ -384,6 +384,11 @@ typedef struct uswap_stats {
      * call, continued for the rest.
      */
     uint64_t syscall_continued;
+    /**
+     * Signal mode: calls that set up memory the kernel touches on its own later (io_uring,
+     * AIO, KVM guest RAM in managed memory). Such programs belong in thread mode.
+     */
+    uint64_t syscall_async_kernel_access;
 } uswap_stats;
 
 #ifdef __cplusplus

@@ -158,6 +158,9 @@ pub struct uswap_stats {
     /// Signal mode: transfers that stopped short at a page reclaim took out during the
     /// call, continued for the rest.
     pub syscall_continued: u64,
+    /// Signal mode: calls that set up memory the kernel touches on its own later (io_uring,
+    /// AIO, KVM guest RAM in managed memory). Such programs belong in thread mode.
+    pub syscall_async_kernel_access: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -239,7 +242,8 @@ impl uswap_stats {
             syscall_efault_retried,
             syscall_efault,
             fault_event_wait_timeout,
-            syscall_continued;
+            syscall_continued,
+            syscall_async_kernel_access;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

@@ -1122,6 +1122,37 @@ fn blocking_writes_and_file_reads_are_whole_under_pressure() {
     }
 }
 
+/// io_uring, Linux AIO and a KVM guest's RAM make the kernel touch memory on its own,
+/// outside any system call signal mode can prepare: in signal mode each is counted and said
+/// once on stderr, with the way out (thread mode); in thread mode, where the kernel waits for
+/// a fault wherever it takes it, nothing is said.
+#[test]
+fn asynchronous_kernel_access_in_signal_mode_is_said() {
+    let dir = tmpdir("asyncio");
+    let p = compile("asyncio", &dir, &[]);
+    let prog = [p.to_str().unwrap()];
+    let expect = plain(&prog);
+    let kvm = String::from_utf8_lossy(&expect.stdout).contains("\nkvm");
+    if !kvm {
+        eprintln!("SKIPPED the KVM memory region: /dev/kvm cannot be opened here");
+    }
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {}\n{stderr}", o.status);
+        assert_eq!(o.stdout, expect.stdout, "{mode}");
+        let said = stderr.matches("run this program with --fault-mode thread").count();
+        let counted = counter(&v, "syscall_async_kernel_access");
+        if mode == "signal" {
+            assert_eq!(said, 1, "said once:\n{stderr}");
+            assert!(stderr.contains("uswap: io_uring in signal mode"), "{stderr}");
+            assert_eq!(counted, 2 + u64::from(kvm), "io_uring, AIO and the KVM region: {v}");
+        } else {
+            assert_eq!((said, counted), (0, 0), "thread mode:\n{stderr}\n{v}");
+        }
+    }
+}
+
 /// `s` quoted for `sh`.
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))

@@ -634,8 +634,13 @@ impl PagerShared {
         st.clean_pages = self.clean_pages.load(Ordering::Acquire) as u64;
         st.limit_pages = self.limit_pages.load(Ordering::Acquire) as u64;
         (st.unmanaged_bytes, st.unmanaged_peak_bytes) = crate::stats::unmanaged();
-        [st.syscall_prepared, st.syscall_efault_retried, st.syscall_efault, st.syscall_continued] =
-            crate::stats::syscall_events();
+        [
+            st.syscall_prepared,
+            st.syscall_efault_retried,
+            st.syscall_efault,
+            st.syscall_continued,
+            st.syscall_async_kernel_access,
+        ] = crate::stats::syscall_events();
         st.slots_leaked = self.devices.deferred_overflow();
         st.uffd_move_misreports = self.uffd.move_misreports();
         st.devices = self

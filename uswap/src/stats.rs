@@ -566,6 +566,11 @@ pub struct Stats {
     /// call, and were continued for the rest, as the kernel would have (see the preload's
     /// `syscalls::complete`).
     pub syscall_continued: u64,
+    /// Signal mode: calls that set up memory the kernel reads or writes on its own, outside
+    /// any call the preload can prepare (`io_uring_setup`, `io_setup`, a KVM memory region in
+    /// managed memory): its accesses to pages that are out fail. Said once on stderr; such
+    /// programs belong in thread mode.
+    pub syscall_async_kernel_access: u64,
     /// Per device, in priority order.
     pub devices: Vec<DeviceStats>,
     /// Fault service time (from entering the engine to the page being mapped), microseconds.
@@ -617,9 +622,12 @@ pub enum SyscallEvent {
     /// It stopped short at a page reclaim took out during the call, and was continued
     /// for the rest.
     Continued,
+    /// It set up memory the kernel reads or writes on its own later, outside any call
+    /// (io_uring, AIO, a KVM guest's RAM in managed memory).
+    AsyncKernelAccess,
 }
 
-static SYSCALL_EVENTS: [std::sync::atomic::AtomicU64; 4] = [const { std::sync::atomic::AtomicU64::new(0) }; 4];
+static SYSCALL_EVENTS: [std::sync::atomic::AtomicU64; 5] = [const { std::sync::atomic::AtomicU64::new(0) }; 5];
 
 /// Counts a system call event; async-signal-safe.
 pub fn note_syscall(event: SyscallEvent) {
@@ -645,7 +653,7 @@ pub fn taken_out_seq() -> u64 {
 }
 
 /// The counts recorded with [`note_syscall`], in [`SyscallEvent`] order.
-pub(crate) fn syscall_events() -> [u64; 4] {
+pub(crate) fn syscall_events() -> [u64; 5] {
     SYSCALL_EVENTS.each_ref().map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
 }
 
@@ -724,6 +732,7 @@ impl Stats {
             syscall_efault_retried,
             syscall_efault,
             syscall_continued,
+            syscall_async_kernel_access,
             remap_copied,
             limit_overrun_busy,
             pool_wait_timeout,

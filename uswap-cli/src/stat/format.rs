@@ -108,6 +108,7 @@ fn help(field: &str) -> Option<&'static str> {
         "syscall_prepared" => "Signal mode: system calls whose managed memory was brought in before the call.",
         "syscall_efault_retried" => "Signal mode: of those, calls that met EFAULT anyway and were made again.",
         "syscall_continued" => "Signal mode: transfers cut short by reclaim during the call, continued for the rest.",
+        "syscall_async_kernel_access" => "Signal mode: io_uring/AIO/KVM set up over managed memory (use thread mode).",
         "syscall_efault" => "Signal mode: calls on managed memory whose EFAULT reached the program (should be 0).",
         "priority" => "Device priority (higher is used first).",
         "nr_slots" => "Slots (pages) the device can hold.",

@@ -249,6 +249,7 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
         // SAFETY: the program's own call.
         return unsafe { raw(nr, a) };
     }
+    note_async_kernel_access(nr, &a);
     let r = rule(nr);
     // A transfer is made again once at its whole size; then it goes in windows.
     let transfer = complete::is_transfer(nr);
@@ -386,6 +387,55 @@ fn shrunk(nr: c_long, mut a: [u64; 6]) -> [u64; 6] {
         _ => {}
     }
     a
+}
+
+/// `KVM_SET_USER_MEMORY_REGION` and `KVM_SET_USER_MEMORY_REGION2` (`_IOW(KVMIO, 0x46, ...)`
+/// and `_IOW(KVMIO, 0x49, ...)`).
+const KVM_SET_USER_MEMORY_REGIONS: [u64; 2] = [0x4020_ae46, 0x40a0_ae49];
+
+/// The head of `struct kvm_userspace_memory_region` (and of its `2` form).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KvmMemoryRegion {
+    slot: u32,
+    flags: u32,
+    guest_phys_addr: u64,
+    memory_size: u64,
+    userspace_addr: u64,
+}
+
+/// Counts, and says once, a call that sets up memory the kernel reads or writes on its own
+/// later, outside any call this path could prepare: an io_uring or AIO context (its reads
+/// and writes complete asynchronously, into buffers that may be out by then, and fail with
+/// `EFAULT` in their completions), or a KVM guest's RAM in managed memory (the guest's
+/// accesses fail). Such programs belong in thread mode, where the kernel waits for a fault
+/// wherever it takes it.
+fn note_async_kernel_access(nr: c_long, a: &[u64; 6]) {
+    let what: &[u8] = match nr {
+        libc::SYS_io_uring_setup => b"io_uring",
+        libc::SYS_io_setup => b"Linux AIO",
+        libc::SYS_ioctl if KVM_SET_USER_MEMORY_REGIONS.contains(&a[1]) => {
+            let Some(r) = read_user::<KvmMemoryRegion>(a[2]) else { return };
+            let end = r.userspace_addr.saturating_add(r.memory_size) as usize;
+            if uswap::memory_owner(r.userspace_addr as usize, end) != uswap::MemoryOwner::Managed {
+                return;
+            }
+            b"a KVM guest's RAM in managed memory"
+        }
+        _ => return,
+    };
+    uswap::stats::note_syscall(uswap::stats::SyscallEvent::AsyncKernelAccess);
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let mut line = uswap::sigbus::StderrLine::default();
+    line.put(b"uswap: ").put(what).put(
+        b" in signal mode: the kernel's own later accesses to managed pages that are out fail; \
+          run this program with --fault-mode thread\n",
+    );
+    line.write();
 }
 
 /// Says on stderr, once per process, which call's `EFAULT` on managed memory reached the
