@@ -40,12 +40,13 @@ pub struct RunArgs {
     /// Swap devices, as for `uswap bench --device` (default: a compressed pool).
     #[arg(long, default_value = "zpool")]
     pub device: String,
-    /// How faults are served: handler threads, or the faulting thread in a SIGBUS handler
-    /// (faster; the C library's system calls bring in the managed memory they touch first,
-    /// memory the kernel touches outside a call, io_uring's or a KVM guest's, needs thread
-    /// mode).
-    #[arg(long, value_enum, default_value = "thread")]
-    pub fault_mode: FaultModeArg,
+    /// How faults are served: by the faulting thread in a SIGBUS handler (`signal`, faster;
+    /// the C library's system calls bring in the managed memory they touch first), by handler
+    /// threads (`thread`: memory the kernel touches outside a call, io_uring's or a KVM
+    /// guest's, needs it), or `auto`: signal, except for processes that link libaio or
+    /// liburing, or are QEMU with KVM (said on stderr).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub fault_mode: RunFaultMode,
     /// Anonymous mappings smaller than this stay ordinary memory (the heap is always managed).
     #[arg(long, default_value = "64KiB", value_parser = parse_size)]
     pub min_size: u64,
@@ -239,12 +240,43 @@ fn with_redis_session(devices: &str, session: &str) -> String {
     items.join(",")
 }
 
+/// `uswap run --fault-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RunFaultMode {
+    /// Signal mode, unless the process needs thread mode (decided in each process).
+    Auto,
+    /// Handler threads serve every fault; the kernel waits for a fault wherever it takes it.
+    Thread,
+    /// The faulting thread serves its own fault, in a SIGBUS handler.
+    Signal,
+}
+
+impl RunFaultMode {
+    /// The value of `USWAP_FAULT_MODE` that the preload library reads.
+    fn env_value(self) -> &'static str {
+        match self {
+            RunFaultMode::Auto => "auto",
+            RunFaultMode::Thread => "thread",
+            RunFaultMode::Signal => "signal",
+        }
+    }
+}
+
+impl From<FaultModeArg> for RunFaultMode {
+    fn from(m: FaultModeArg) -> Self {
+        match m {
+            FaultModeArg::Thread => RunFaultMode::Thread,
+            FaultModeArg::Signal => RunFaultMode::Signal,
+        }
+    }
+}
+
 /// How `uswap run` manages a program.
 #[derive(Debug, Clone)]
 pub struct LaunchConfig {
     pub limit_bytes: u64,
     pub device: String,
-    pub fault_mode: FaultModeArg,
+    pub fault_mode: RunFaultMode,
     pub min_size_bytes: u64,
 }
 
@@ -296,7 +328,7 @@ impl Launch {
             .env("LD_PRELOAD", ld_preload)
             .env("USWAP_LIMIT", cfg.limit_bytes.to_string())
             .env("USWAP_DEVICE", &device)
-            .env("USWAP_FAULT_MODE", if cfg.fault_mode == FaultModeArg::Signal { "signal" } else { "thread" })
+            .env("USWAP_FAULT_MODE", cfg.fault_mode.env_value())
             .env("USWAP_MIN_SIZE", cfg.min_size_bytes.to_string())
             .env("USWAP_STATS_DIR", &stats_dir)
             .env_remove("USWAP_DISABLE");

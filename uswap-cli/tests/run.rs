@@ -1153,6 +1153,40 @@ fn asynchronous_kernel_access_in_signal_mode_is_said() {
     }
 }
 
+/// `--fault-mode auto`, the default, runs a process in thread mode when it links an
+/// asynchronous I/O library (its reads complete into its buffers on the kernel's own time),
+/// and says so; a process that does not is in signal mode (so io_uring set up by hand is
+/// said as in signal mode).
+#[test]
+fn auto_mode_picks_thread_mode_for_programs_linking_asynchronous_io() {
+    let dir = tmpdir("automode");
+    let libdir = Path::new("/usr/lib/x86_64-linux-gnu");
+    let lib = ["liburing.so.2", "libaio.so.1"].into_iter().find(|l| libdir.join(l).exists());
+    let Some(lib) = lib else {
+        panic!("neither liburing.so.2 nor libaio.so.1 is installed (qemu-system-x86 brings both): install liburing2")
+    };
+    let linked = compile("asyncio", &dir, &["-Wl,--no-as-needed", &format!("-l:{lib}")]);
+    let linked_bin = dir.join("asyncio-linked");
+    std::fs::rename(&linked, &linked_bin).unwrap();
+    let plain_bin = compile("asyncio", &dir, &[]);
+    for (bin, thread) in [(&linked_bin, true), (&plain_bin, false)] {
+        let prog = [bin.to_str().unwrap()];
+        let (o, v) = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{}: {}\n{stderr}", prog[0], o.status);
+        let counted = counter(&v, "syscall_async_kernel_access");
+        if thread {
+            let said = format!("runs in thread mode: it links {}", lib.split(".so").next().unwrap());
+            assert!(stderr.contains(&said), "said which mode and why:\n{stderr}");
+            assert_eq!(counted, 0, "thread mode: {v}");
+        } else {
+            assert!(!stderr.contains("runs in thread mode"), "{stderr}");
+            assert!(stderr.contains("uswap: io_uring in signal mode"), "signal mode:\n{stderr}");
+            assert!(counted >= 2, "{v}");
+        }
+    }
+}
+
 /// `s` quoted for `sh`.
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))

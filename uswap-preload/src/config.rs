@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `USWAP_LIMIT` | resident limit, a size (`512MiB`) | 1 GiB |
 //! | `USWAP_DEVICE` | device list, as `uswap bench --device` | `zpool` of half the RAM |
-//! | `USWAP_FAULT_MODE` | `thread` or `signal` | `thread` |
+//! | `USWAP_FAULT_MODE` | `auto`, `thread` or `signal` (see [`resolve_auto`]) | `thread` |
 //! | `USWAP_MIN_SIZE` | smallest `mmap` managed | 64 KiB |
 //! | `USWAP_STATS_DIR` | where each process writes its final counters | none |
 //! | `USWAP_DISABLE` | set: the library does nothing | unset |
@@ -53,7 +53,8 @@ impl Config {
         let fault_mode = match std::env::var(ENV_FAULT_MODE).as_deref() {
             Ok("thread") | Err(_) => FaultMode::Thread,
             Ok("signal") => FaultMode::Signal,
-            Ok(other) => return Err(format!("{ENV_FAULT_MODE}={other:?}: expected thread or signal")),
+            Ok("auto") => resolve_auto(),
+            Ok(other) => return Err(format!("{ENV_FAULT_MODE}={other:?}: expected auto, thread or signal")),
         };
         let min_size_bytes = size_var(ENV_MIN_SIZE, 64 << 10)? as usize;
         let stats_dir = std::env::var_os(ENV_STATS_DIR).map(Into::into);
@@ -70,4 +71,66 @@ impl Config {
         }
         b
     }
+}
+
+/// `auto`: signal mode (the faulting thread serves its own fault: faster), unless this
+/// process gets the kernel to touch its memory on its own, outside any system call signal
+/// mode can prepare: then thread mode, said once on stderr. Told by what the process is
+/// made of, before it runs: it links `libaio` or `liburing` (asynchronous I/O into its
+/// buffers), or it is QEMU asked for KVM (a guest's RAM). What this misses (a program making
+/// `io_uring_setup` itself) is still said and counted when it happens
+/// (`syscall_async_kernel_access`).
+fn resolve_auto() -> FaultMode {
+    let why = if let Some(lib) = loaded_async_io_library() {
+        format!("it links {lib}")
+    } else if qemu_with_kvm() {
+        "it is QEMU with KVM".to_string()
+    } else {
+        return FaultMode::Signal;
+    };
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+    let exe = comm.trim_end();
+    eprintln!(
+        "uswap: {exe} (process {}) runs in thread mode: {why}, and the kernel's own accesses to managed memory need it",
+        std::process::id()
+    );
+    FaultMode::Thread
+}
+
+/// The name of a loaded asynchronous I/O library (`libaio`, `liburing`), if one is.
+fn loaded_async_io_library() -> Option<&'static str> {
+    const LIBS: [&str; 2] = ["libaio.so", "liburing.so"];
+    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info for the call, and `data` is the
+        // `Option<usize>` handed to it below.
+        let (info, found) = unsafe { (&*info, &mut *(data as *mut Option<usize>)) };
+        if info.dlpi_name.is_null() {
+            return 0;
+        }
+        // SAFETY: a non-null dlpi_name is a NUL-terminated string for the call.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
+        let file = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
+        match LIBS.iter().position(|lib| file.starts_with(lib.as_bytes())) {
+            Some(i) => {
+                *found = Some(i);
+                1
+            }
+            None => 0,
+        }
+    }
+    let mut found: Option<usize> = None;
+    // SAFETY: `visit` matches dl_iterate_phdr's callback type and only reads the info it is
+    // given; `found` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), &mut found as *mut Option<usize> as *mut libc::c_void) };
+    found.map(|i| LIBS[i])
+}
+
+/// Whether this process is `qemu-system-*` with KVM asked for (`-enable-kvm`, `-accel kvm`,
+/// `accel=kvm`).
+fn qemu_with_kvm() -> bool {
+    let Ok(cmdline) = std::fs::read("/proc/self/cmdline") else { return false };
+    let mut args = cmdline.split(|&b| b == 0);
+    let exe = args.next().unwrap_or_default();
+    let file = exe.rsplit(|&b| b == b'/').next().unwrap_or(exe);
+    file.starts_with(b"qemu-system") && args.any(|a| a.windows(3).any(|w| w == b"kvm"))
 }

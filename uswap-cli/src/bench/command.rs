@@ -360,7 +360,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
             let cfg = LaunchConfig {
                 limit_bytes: args.limit,
                 device: device.clone(),
-                fault_mode: *mode,
+                fault_mode: (*mode).into(),
                 min_size_bytes: crate::run::DEFAULT_MIN_SIZE_BYTES,
             };
             let mut launch = Launch::prepare(&plan.argv, &cfg)?;
