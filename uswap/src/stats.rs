@@ -561,9 +561,10 @@ pub struct Stats {
     /// Calls on managed memory whose `EFAULT` reached the program after every retry. Should
     /// stay 0: anything else is a call whose memory the rules did not cover.
     pub syscall_efault: u64,
-    /// Calls that transfer bytes (`write`, `read` of a file, their vector and positioned
-    /// forms) that stopped short because reclaim took a page of their buffer out during the
-    /// call, and were continued for the rest, as the kernel would have (see the preload's
+    /// Calls made again for part of a transfer (`write`, `read` of a file, their vector and
+    /// positioned forms): the rest of one that stopped short because reclaim took a page of
+    /// its buffer out during the call, or a window of a buffer too large to be in whole at
+    /// once; as the kernel, faulting page by page, would have gone on (see the preload's
     /// `syscalls::complete`).
     pub syscall_continued: u64,
     /// Signal mode: calls that set up memory the kernel reads or writes on its own, outside
