@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Runs unmodified programs under uswap and under the kernel's swap, same limit, same
 sitting, and writes the "Real programs" section of BENCHMARKS.md (Markdown, on stdout or
---out). Each program runs under `uswap bench --command` with the engines uswap-thread (the
-default mode), uswap-signal, kernel-zram and kernel-file, interleaved, --runs times, and
-the figures are medians.
+--out). Each program runs under `uswap bench --command` with the engines uswap-signal (what
+`uswap run --fault-mode auto`, the default, picks for a program that links neither libaio
+nor liburing), uswap-thread, kernel-zram and kernel-file, interleaved, --runs times, and the
+figures are medians.
 
 Needs root (the kernel engines use a memory cgroup and zram or a swap file, and need the
 system's swap to be off), redis-server/redis-benchmark, sqlite3 and python3. pmbench and
