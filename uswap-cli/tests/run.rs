@@ -1035,10 +1035,10 @@ fn signal_mode_runs_as_an_ordinary_user() {
 }
 
 /// A read of memory never written maps the kernel's zero page: nothing charged, nothing to
-/// evict, as under the kernel's own accounting (thread mode; signal mode charges them, see
-/// README). A read-only sweep of 4x the limit, twice, heap and mmap, leaves the resident
-/// peak near 0 and swaps nothing out; writes afterwards are charged and paged as usual, and
-/// every byte reads back right, in both modes.
+/// evict, as under the kernel's own accounting, in both modes (signal mode without
+/// fault-around, see `fault::zero_fill`). A read-only sweep of 4x the limit, twice, heap and
+/// mmap, leaves the resident peak near 0 and swaps nothing out; writes afterwards are charged
+/// and paged as usual, and every byte reads back right.
 #[test]
 fn reads_of_never_written_memory_are_not_charged() {
     let dir = tmpdir("readzero");
@@ -1049,11 +1049,9 @@ fn reads_of_never_written_memory_are_not_charged() {
         let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &read_only, &dir);
         assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
         assert!(counter(&v, "pgfault_zero") > 1000, "{mode}: {v}");
-        if mode == "thread" {
-            let peak = counter(&v, "resident_peak_bytes");
-            assert!(peak < 1 << 20, "{mode}: reading zeros charged {peak} bytes: {v}");
-            assert_eq!(counter(&v, "pswpout") + counter(&v, "swpout_zero"), 0, "{mode}: zero pages were evicted: {v}");
-        }
+        let peak = counter(&v, "resident_peak_bytes");
+        assert!(peak < 1 << 20, "{mode}: reading zeros charged {peak} bytes: {v}");
+        assert_eq!(counter(&v, "pswpout") + counter(&v, "swpout_zero"), 0, "{mode}: zero pages were evicted: {v}");
         let then_written = [p.to_str().unwrap(), wss.as_str()];
         let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &then_written, &dir);
         assert_same_and_paged(&then_written, &r, LIMIT_MIB);

@@ -16,7 +16,8 @@
 //! a message and exit status 2 rather than run unmanaged: a budget that silently does not
 //! apply is worse than none.
 
-pub mod config;
+pub mod altstack;
+mod config;
 pub mod fds;
 pub mod fork;
 pub mod heap;
@@ -87,6 +88,10 @@ fn start() -> Result<(), String> {
     if cfg.fault_mode == uswap::FaultMode::Signal {
         // SAFETY: the library's constructor: the process has one thread.
         let r = unsafe { syscalls::start() }.map_err(|e| format!("cannot route system calls through uswap: {e}"))?;
+        if r.patched == r.sites {
+            // With the alternate signal stacks every thread gets (see `altstack`).
+            uswap::sigbus::note_system_calls_routed();
+        }
         if r.patched < r.sites {
             // Said once per process: a call made from one of them on memory that is out
             // fails with EFAULT (counted in syscall_efault only if it went through uswap).
@@ -130,6 +135,7 @@ fn start() -> Result<(), String> {
     fork::start()?;
     if signal_mode {
         signals::start();
+        altstack::install_on_this_thread();
     }
     Ok(())
 }

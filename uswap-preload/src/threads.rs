@@ -40,7 +40,8 @@ fn real_pthread_create() -> PthreadCreateFn {
     unsafe { std::mem::transmute::<*mut c_void, PthreadCreateFn>(p) }
 }
 
-/// A thread uswap creates for itself, and what it runs.
+/// A thread and what it runs (one uswap creates for itself, or, in signal mode, one of the
+/// program's).
 struct UswapThread {
     start: StartRoutine,
     arg: *mut c_void,
@@ -57,6 +58,21 @@ extern "C" fn uswap_thread_start(p: *mut c_void) -> *mut c_void {
     // For the thread's whole life.
     std::mem::forget(heap::Guard::enter());
     (t.start)(t.arg)
+}
+
+/// The start of an application thread in signal mode: its alternate signal stack first
+/// (see `altstack`), then the program's start routine.
+extern "C" fn app_thread_start(p: *mut c_void) -> *mut c_void {
+    // SAFETY: `p` is the box `pthread_create` leaked for this thread, handed over once.
+    let t = unsafe { Box::from_raw(p.cast::<UswapThread>()) };
+    let (start, arg) = (t.start, t.arg);
+    {
+        // The box and the thread-local's exit registration are the C library's malloc's.
+        let _g = heap::Guard::enter();
+        drop(t);
+        crate::altstack::install_on_this_thread();
+    }
+    start(arg)
 }
 
 /// `pthread_create(3)`, the C library's, with its allocations kept out of the managed heap.
@@ -77,6 +93,17 @@ pub unsafe extern "C" fn pthread_create(
         let t = Box::into_raw(Box::new(UswapThread { start, arg }));
         // SAFETY: the caller's thread and attributes; the start routine takes the box.
         let r = unsafe { real(thread, attr, Some(uswap_thread_start), t.cast()) };
+        if r != 0 {
+            // SAFETY: not handed to a thread: ours to free.
+            drop(unsafe { Box::from_raw(t) });
+        }
+        return r;
+    }
+    let signal_mode = crate::config().is_some_and(|c| c.fault_mode == uswap::FaultMode::Signal);
+    if let (true, Some(start)) = (signal_mode, start) {
+        let t = Box::into_raw(Box::new(UswapThread { start, arg }));
+        // SAFETY: the caller's thread and attributes; the start routine takes the box.
+        let r = unsafe { real(thread, attr, Some(app_thread_start), t.cast()) };
         if r != 0 {
             // SAFETY: not handed to a thread: ours to free.
             drop(unsafe { Box::from_raw(t) });

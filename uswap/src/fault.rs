@@ -331,7 +331,20 @@ fn zero_fill(
     write: bool,
     route: Route,
 ) -> Result<(), FaultError> {
-    let max = if route.lock_free() { 1 } else { pager.readahead_max_pages };
+    // A read maps the kernel's zero page, write-protected: shared, no memory of its own, so
+    // neither charged nor a reclaim victim until its first write (see `PageState::Shared`).
+    // In thread mode a kernel write to it waits for its write-protect fault like any other.
+    // In signal mode it fails instead. System calls make their pages writable first
+    // (`prepare_user_access`), and uswap's SIGBUS frames go to each thread's alternate
+    // stack, where `uswap run`'s library sets them up (`system_calls_routed`); through the
+    // library API neither holds, and zero pages are charged. What stays: the program's own
+    // signal frames on a stack in managed memory (QEMU's coroutines). Fault-around of a read
+    // mapped pages below such a stack pointer as protected zero pages, and the next signal's
+    // frame could not be written (SIGSEGV). So in signal mode a read fault shares the
+    // faulting page alone (a stack page is written before it is read), and maps no others.
+    let shared_zero = !write && (pager.mode == FaultMode::Thread || uffd::sigbus::system_calls_routed());
+    let one_page = route.lock_free() || (shared_zero && pager.mode == FaultMode::Signal);
+    let max = if one_page { 1 } else { pager.readahead_max_pages };
     let pred = region.streams.advance(page, region.nr_pages, max);
     let mut pages: ArrayVec<(usize, Pte), MAX_WINDOW_PAGES> = ArrayVec::new();
     for q in pred.window.start..pred.window.end() {
@@ -347,9 +360,6 @@ fn zero_fill(
         }
     }
     note_window(pages.len());
-    // A read maps the kernel's zero page, write-protected: shared, no memory of its own, so
-    // neither charged nor a reclaim victim until its first write (see `PageState::Shared`).
-    let shared_zero = !write && zero_pages_shared(pager);
     // Charged like one fault's worth of pages, reclaiming if need be: the window only grows
     // while the stream keeps using what it brought in.
     let nr_charged = if shared_zero { 0 } else { pages.len() };
@@ -428,17 +438,6 @@ fn zero_fill(
     pager.stats.inc(Counter::PgfaultZero);
     pager.stats.add(Counter::ZeroFillAround, mapped.saturating_sub(1) as u64);
     Ok(())
-}
-
-/// Whether a read of a never-written page maps the shared zero page, write-protected and
-/// uncharged: in thread mode, where a kernel write to it waits for its write-protect fault
-/// like any other. Not in signal mode: there a kernel write to a write-protected page fails,
-/// and not only in system calls (which `prepare_user_access` covers) but also when the
-/// kernel writes a signal frame onto a managed stack (QEMU's coroutine stacks: a read fault's
-/// fault-around had mapped pages below the stack pointer as protected zero pages, and the
-/// next signal's frame could not be written: SIGSEGV).
-fn zero_pages_shared(pager: &PagerShared) -> bool {
-    pager.mode == FaultMode::Thread
 }
 
 /// Write-protects `nr_pages` zero pages just mapped at `addr` (waking the faulting thread in

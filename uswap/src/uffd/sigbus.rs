@@ -41,6 +41,23 @@ thread_local! {
     static IN_HANDLER: Cell<u32> = const { Cell::new(0) };
 }
 
+/// Set once every system call of the process's C library goes through
+/// `prepare_user_access` first and every thread has an alternate signal stack (`uswap run`'s
+/// library does both): the kernel then meets no write-protected managed page in a call nor
+/// when it writes uswap's SIGBUS frames, and signal mode may map a never-written page that
+/// is read as the shared zero page, write-protected (see `fault::zero_fill`).
+static SYSTEM_CALLS_ROUTED: AtomicBool = AtomicBool::new(false);
+
+/// Declares what [`SYSTEM_CALLS_ROUTED`] says. Irrevocable.
+pub fn note_system_calls_routed() {
+    SYSTEM_CALLS_ROUTED.store(true, Ordering::Release);
+}
+
+/// Whether [`note_system_calls_routed`] was called.
+pub fn system_calls_routed() -> bool {
+    SYSTEM_CALLS_ROUTED.load(Ordering::Acquire)
+}
+
 /// Whether uswap's SIGBUS handler is running on this thread (its own `sigaction` calls, to
 /// restore the default action for a fault it does not manage, must reach the C library).
 pub fn in_handler() -> bool {
@@ -64,7 +81,9 @@ pub fn install(f: FaultFn) -> std::io::Result<()> {
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_sigbus as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            // SA_ONSTACK: on a thread with an alternate signal stack (`uswap run` gives every
+            // thread one), the kernel's frame goes there, not onto a stack in managed memory.
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
             libc::sigfillset(&mut sa.sa_mask);
             let old = (*OLD_ACTION.0.get()).as_mut_ptr();
             if libc::sigaction(libc::SIGBUS, std::ptr::null(), old) != 0 {

@@ -1,0 +1,79 @@
+//! Signal mode: an alternate signal stack on every thread of the program, so that the
+//! kernel writes uswap's SIGBUS frames (`SA_ONSTACK`) onto memory no pager manages.
+//!
+//! Why: the kernel writes a signal's frame below the interrupted stack pointer, and a stack
+//! the program made itself in managed memory (a coroutine's, a green thread's: QEMU's) may
+//! have no page there, or a write-protected zero page: the frame cannot be written and the
+//! thread dies of SIGSEGV. With a stack of its own for the signal, a fault on such a stack
+//! is served like any other. The handler's work runs on the engine's own pool of stacks
+//! (`uswap::mapping::handler_stack`), so this one only holds the kernel's frame and the
+//! handler's entry: [`ALT_STACK_BYTES`].
+//!
+//! The main thread gets one at start-up, every thread `pthread_create` makes gets one before
+//! its start routine runs, and each is unmapped when its thread ends (a thread-local's
+//! destructor). A thread that already has an alternate stack (the program set one) keeps it.
+//! Threads made without `pthread_create` (a raw `clone`) get none: their SIGBUS frames land
+//! where they did before.
+
+use std::cell::Cell;
+
+use crate::real::{sys_mmap, sys_mprotect, sys_munmap};
+
+/// One alternate stack: the kernel's frame (1.8 KiB here, `AT_MINSIGSTKSZ`, more with
+/// AVX-512 state) and the handler's entry, with room to spare.
+pub const ALT_STACK_BYTES: usize = 64 << 10;
+const GUARD_BYTES: usize = 4096;
+
+/// This thread's alternate stack, if uswap made it; unmapped when the thread ends.
+struct AltStack {
+    base: Cell<usize>,
+}
+
+impl Drop for AltStack {
+    fn drop(&mut self) {
+        let base = self.base.get();
+        if base == 0 {
+            return;
+        }
+        let mut cur: libc::stack_t = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: 0, ss_size: 0 };
+        // SAFETY: sigaltstack with a null new stack only reads the current one into `cur`.
+        unsafe { libc::sigaltstack(std::ptr::null(), &mut cur) };
+        if cur.ss_sp as usize == base + GUARD_BYTES && cur.ss_flags & libc::SS_ONSTACK == 0 {
+            let off = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
+            // SAFETY: disables this thread's alternate stack, ours, which it is not running on.
+            unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) };
+            sys_munmap(base as *mut libc::c_void, GUARD_BYTES + ALT_STACK_BYTES);
+        }
+    }
+}
+
+thread_local! {
+    static ALT: AltStack = const { AltStack { base: Cell::new(0) } };
+}
+
+/// Gives the calling thread an alternate signal stack, unless it has one.
+pub fn install_on_this_thread() {
+    let mut cur: libc::stack_t = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: 0, ss_size: 0 };
+    // SAFETY: sigaltstack with a null new stack only reads the current one into `cur`.
+    if unsafe { libc::sigaltstack(std::ptr::null(), &mut cur) } != 0 || cur.ss_flags & libc::SS_DISABLE == 0 {
+        return;
+    }
+    let len = GUARD_BYTES + ALT_STACK_BYTES;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    let p = sys_mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
+    if p == libc::MAP_FAILED || (p as isize) < 0 {
+        return;
+    }
+    // The guard page below: an overflow is a SIGSEGV, not a write into whatever lies there.
+    sys_mprotect(p, GUARD_BYTES, libc::PROT_NONE);
+    uswap::note_engine_memory(p as usize, len);
+    let ss =
+        libc::stack_t { ss_sp: (p as usize + GUARD_BYTES) as *mut libc::c_void, ss_flags: 0, ss_size: ALT_STACK_BYTES };
+    // SAFETY: the stack just mapped, ours, for as long as this thread lives (unmapped by the
+    // thread-local's destructor at its end).
+    if unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) } != 0 {
+        sys_munmap(p, len);
+        return;
+    }
+    ALT.with(|a| a.base.set(p as usize));
+}
