@@ -89,21 +89,19 @@ pub unsafe extern "C" fn pthread_create(
     let real = real_pthread_create();
     let ours = heap::in_uswap() || uswap::is_engine_thread();
     let _g = heap::Guard::enter();
-    if let (true, Some(start)) = (ours, start) {
+    let signal_mode = || crate::config().is_some_and(|c| c.fault_mode == uswap::FaultMode::Signal);
+    // uswap's own threads, and the program's in signal mode, start in a wrapper of ours.
+    let wrapper: Option<StartRoutine> = if ours {
+        Some(uswap_thread_start)
+    } else if signal_mode() {
+        Some(app_thread_start)
+    } else {
+        None
+    };
+    if let (Some(wrapper), Some(start)) = (wrapper, start) {
         let t = Box::into_raw(Box::new(UswapThread { start, arg }));
-        // SAFETY: the caller's thread and attributes; the start routine takes the box.
-        let r = unsafe { real(thread, attr, Some(uswap_thread_start), t.cast()) };
-        if r != 0 {
-            // SAFETY: not handed to a thread: ours to free.
-            drop(unsafe { Box::from_raw(t) });
-        }
-        return r;
-    }
-    let signal_mode = crate::config().is_some_and(|c| c.fault_mode == uswap::FaultMode::Signal);
-    if let (true, Some(start)) = (signal_mode, start) {
-        let t = Box::into_raw(Box::new(UswapThread { start, arg }));
-        // SAFETY: the caller's thread and attributes; the start routine takes the box.
-        let r = unsafe { real(thread, attr, Some(app_thread_start), t.cast()) };
+        // SAFETY: the caller's thread and attributes; the wrapper takes the box.
+        let r = unsafe { real(thread, attr, Some(wrapper), t.cast()) };
         if r != 0 {
             // SAFETY: not handed to a thread: ours to free.
             drop(unsafe { Box::from_raw(t) });

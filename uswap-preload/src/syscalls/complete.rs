@@ -37,7 +37,7 @@
 
 use libc::c_long;
 
-use super::raw::{is_regular_file, raw, read_user};
+use super::raw::{file_type, is_regular_file, raw, read_user};
 
 /// The most iovecs a vector call may have to be continued.
 pub const MAX_IOVS: usize = 32;
@@ -110,42 +110,36 @@ enum Kind {
     VecAt,
 }
 
+/// The shape of transfer call `nr`, and whether it is a `read` or `readv`, which ends at its
+/// first transfer unless its descriptor is a regular file (see [`kind`]).
+fn shape(nr: c_long) -> Option<(Kind, bool)> {
+    match nr {
+        libc::SYS_write | libc::SYS_sendto => Some((Kind::Flat, false)),
+        libc::SYS_pwrite64 | libc::SYS_pread64 => Some((Kind::FlatAt, false)),
+        libc::SYS_writev => Some((Kind::Vec, false)),
+        libc::SYS_pwritev | libc::SYS_pwritev2 | libc::SYS_preadv | libc::SYS_preadv2 => Some((Kind::VecAt, false)),
+        libc::SYS_read => Some((Kind::Flat, true)),
+        libc::SYS_readv => Some((Kind::Vec, true)),
+        _ => None,
+    }
+}
+
 /// Whether call `nr` may be one of this module's transfers (by its number alone: whether
-/// it is depends on its descriptor, see [`Transfer::of`]).
+/// it is depends on its arguments, see [`Transfer::of`]).
 pub fn is_transfer(nr: c_long) -> bool {
-    matches!(
-        nr,
-        libc::SYS_write
-            | libc::SYS_sendto
-            | libc::SYS_pwrite64
-            | libc::SYS_writev
-            | libc::SYS_pwritev
-            | libc::SYS_pwritev2
-            | libc::SYS_read
-            | libc::SYS_pread64
-            | libc::SYS_readv
-            | libc::SYS_preadv
-            | libc::SYS_preadv2
-    )
+    shape(nr).is_some()
 }
 
 /// How call `nr` is made in windows, if it is one of this module's, and whether it ends
 /// at its first transfer: a read of anything but a regular file (a pipe, a socket, a
-/// terminal) may return less than asked, and reading on could block.
+/// terminal) may return less than asked, and reading on could block. `sendto` only without
+/// an address.
 fn kind(nr: c_long, a: &[u64; 6]) -> Option<(Kind, bool)> {
-    let once = || !is_regular_file(a[0]);
-    match nr {
-        libc::SYS_write => Some((Kind::Flat, false)),
-        libc::SYS_sendto if a[4] == 0 => Some((Kind::Flat, false)),
-        libc::SYS_pwrite64 => Some((Kind::FlatAt, false)),
-        libc::SYS_writev => Some((Kind::Vec, false)),
-        libc::SYS_pwritev | libc::SYS_pwritev2 => Some((Kind::VecAt, false)),
-        libc::SYS_read => Some((Kind::Flat, once())),
-        libc::SYS_readv => Some((Kind::Vec, once())),
-        libc::SYS_pread64 => Some((Kind::FlatAt, false)),
-        libc::SYS_preadv | libc::SYS_preadv2 => Some((Kind::VecAt, false)),
-        _ => None,
+    if nr == libc::SYS_sendto && a[4] != 0 {
+        return None;
     }
+    let (kind, stream_read) = shape(nr)?;
+    Some((kind, stream_read && !is_regular_file(a[0])))
 }
 
 /// A call that may be continued: what it asked for.
@@ -205,13 +199,8 @@ impl Transfer {
     /// device, a pipe not in packet mode, a stream socket), where two writes read back as
     /// one. A datagram split in two is two datagrams.
     pub fn splittable(&self, fd: u64) -> bool {
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: fstat writes one `struct stat` into `st`, ours.
-        if unsafe { raw(libc::SYS_fstat, [fd, st.as_mut_ptr() as u64, 0, 0, 0, 0]) } != 0 {
-            return false;
-        }
-        // SAFETY: the kernel filled it when it returned 0.
-        match unsafe { st.assume_init() }.st_mode & libc::S_IFMT {
+        let Some(file_type) = file_type(fd) else { return false };
+        match file_type {
             libc::S_IFREG | libc::S_IFBLK | libc::S_IFCHR => true,
             libc::S_IFIFO => {
                 // SAFETY: F_GETFL reads the descriptor's flags; no memory.

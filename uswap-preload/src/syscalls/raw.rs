@@ -49,11 +49,16 @@ pub(super) fn read_user<T: Copy>(addr: u64) -> Option<T> {
     (n == len as c_long).then(|| unsafe { out.assume_init() })
 }
 
-/// Whether descriptor `fd` is a regular file.
-pub(super) fn is_regular_file(fd: u64) -> bool {
+/// The type of descriptor `fd`'s file (`st_mode & S_IFMT`), `None` if `fstat` fails.
+pub(super) fn file_type(fd: u64) -> Option<libc::mode_t> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: fstat writes one `struct stat` into `st`, ours.
     let r = unsafe { raw(libc::SYS_fstat, [fd, st.as_mut_ptr() as u64, 0, 0, 0, 0]) };
     // SAFETY: the kernel filled it when it returned 0.
-    r == 0 && unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFREG
+    (r == 0).then(|| unsafe { st.assume_init() }.st_mode & libc::S_IFMT)
+}
+
+/// Whether descriptor `fd` is a regular file.
+pub(super) fn is_regular_file(fd: u64) -> bool {
+    file_type(fd) == Some(libc::S_IFREG)
 }

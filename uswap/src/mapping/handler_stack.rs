@@ -72,35 +72,17 @@ pub fn reserve() {
     });
 }
 
-/// Maps the pool: read-write stacks, each above a `PROT_NONE` guard page.
+/// Maps the pool: read-write stacks, each above a `PROT_NONE` guard page. It lives as long
+/// as the process.
 fn map_pool() -> Option<usize> {
-    let len = NR_STACKS * SLOT_BYTES;
-    // SAFETY: a fresh anonymous mapping at an address the kernel chooses; it aliases nothing.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
-    let base = p as usize;
+    let opts = super::MapOptions { no_huge_pages: false, dont_fork: false };
+    let pool = super::Mapping::anonymous(NR_STACKS * SLOT_BYTES, opts).ok()?;
     for i in 0..NR_STACKS {
-        // SAFETY: the guard page at the bottom of slot `i` lies in the mapping just made,
-        // which nothing uses yet.
-        let r = unsafe { libc::mprotect((base + i * SLOT_BYTES) as *mut c_void, PAGE_SIZE, libc::PROT_NONE) };
-        if r != 0 {
-            // SAFETY: unmaps the mapping made above, never published.
-            unsafe { libc::munmap(p, len) };
-            return None;
-        }
+        // Dropping `pool` on a failure unmaps it: it was never published.
+        pool.protect(i * SLOT_BYTES, PAGE_SIZE, libc::PROT_NONE).ok()?;
     }
-    super::note_engine_range(base, len);
+    let base = pool.addr();
+    std::mem::forget(pool);
     Some(base)
 }
 

@@ -251,6 +251,18 @@ impl Mapping {
         Ok(())
     }
 
+    /// `mprotect` on a page-aligned sub-range.
+    pub fn protect(&self, offset: usize, len: usize, prot: libc::c_int) -> io::Result<()> {
+        self.check_range(offset, len);
+        // SAFETY: the range lies inside this mapping, which the engine owns; what the new
+        // protection means for those pages is the caller's contract.
+        let r = unsafe { libc::mprotect((self.addr + offset) as *mut libc::c_void, len, prot) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Whether a fork child gets a copy-on-write copy of the mapping (`MADV_DOFORK`) or none
     /// (`MADV_DONTFORK`): around a fork whose child reads a memory device's pages from its
     /// copy (`Pager::prepare_fork_to_rearm`). Cannot fail for a whole mapping the engine
