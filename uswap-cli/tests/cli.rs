@@ -575,6 +575,39 @@ fn an_interrupted_kernel_run_cleans_up() {
     }
 }
 
+/// Stops the bench (SIGSTOP) at a moment its swap device is on. Between attempts (an OOM
+/// kill is retried) the bench tears the device down and sets it up again; killing it there
+/// would test nothing.
+fn stop_with_swap_on(pid: u32, child: &mut std::process::Child) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        // The stop is delivered asynchronously: wait (bounded) until /proc says "T".
+        let stopped = || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        };
+        for _ in 0..1000 {
+            if stopped() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(stopped(), "bench {pid} did not stop on SIGSTOP");
+        if swaps().len() == 1 {
+            return;
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("bench ended early: {st}");
+        }
+        assert!(Instant::now() < deadline, "bench {pid} never had its swap device on when stopped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_killed_run_is_cleaned_up_by_the_next() {
     let _g = kernel_test!();
@@ -582,14 +615,16 @@ fn a_killed_run_is_cleaned_up_by_the_next() {
         .args(["bench", "--wss", "64MiB", "--limit", "48MiB", "--accesses", "1000000000", "--wait-lock"])
         .args(["--engines", "kernel-file"])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id();
     wait_until_running(pid, &mut child);
+    stop_with_swap_on(pid, &mut child);
     child.kill().unwrap();
-    child.wait().unwrap();
-    assert_eq!(swaps().len(), 1, "SIGKILL leaves the swap file on");
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(swaps().len(), 1, "SIGKILL leaves the swap file on; the bench said: {err}");
     let record = std::fs::read_to_string("/run/lock/uswap-bench.lock").unwrap();
     assert!(record.contains(&format!("uswap-bench-{pid}.swap")), "{record}");
     // The next run (without kernel engines failing) finds the record and undoes it.
