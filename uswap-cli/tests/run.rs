@@ -1120,6 +1120,27 @@ fn blocking_writes_and_file_reads_are_whole_under_pressure() {
     }
 }
 
+/// Threads made by the C library's `pthread_create` itself (jemalloc's background threads
+/// find it with `dlsym`): their DTV, which `__tls_get_addr` reads on every access to a
+/// shared library's thread-local (uswap's own, in its SIGBUS handler and system-call entry),
+/// was allocated in the managed heap. Once it was swapped out, redis-server died of SIGBUS.
+/// The dynamic linker's allocations stay in the C library's heap now.
+#[test]
+fn threads_the_c_library_makes_keep_their_dtv_out_of_the_managed_heap() {
+    let dir = tmpdir("libcthread");
+    let p = compile("libcthread", &dir, &[]);
+    let prog = [p.to_str().unwrap(), "64"];
+    for mode in ["thread", "signal"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {}\n{stdout}\n{stderr}", o.status);
+        assert_eq!(stdout.matches(": dtv heap").count(), 4, "{mode}: a DTV in managed memory:\n{stdout}");
+        assert!(stdout.ends_with("ok\n"), "{mode}: {stdout}");
+        assert!(counter(&v, "pswpout") > 0, "{mode}: nothing was paged: {v}");
+    }
+}
+
 /// io_uring, Linux AIO and a KVM guest's RAM make the kernel touch memory on its own,
 /// outside any system call signal mode can prepare: in signal mode each is counted and said
 /// once on stderr, with the way out (thread mode); in thread mode, where the kernel waits for

@@ -9,9 +9,20 @@
 //!
 //! Who is served from where (the routing rule, [`managed_caller`]): application threads get
 //! the managed heap once it is up; uswap's engine threads, this library's own code (the
-//! thread-local [`Guard`]) and anything before start-up get the C library's malloc
-//! (`real`). `free` and friends route by address: a block in the arena goes back to mimalloc
-//! whichever thread frees it.
+//! thread-local [`Guard`]), the dynamic linker and anything before start-up get the C
+//! library's malloc (`real`). `free` and friends route by address: a block in the arena goes
+//! back to mimalloc whichever thread frees it.
+//!
+//! Why the dynamic linker's blocks stay unmanaged: among them are every thread's DTV (the
+//! table `__tls_get_addr` reads on each access to a thread-local of a shared library) and
+//! the TLS bookkeeping of `dlopen`. uswap's own thread-locals (the SIGBUS handler's, the
+//! system-call entry's) are read through them. A thread made by calling the C library's
+//! `pthread_create` directly (jemalloc's background threads find it with
+//! `dlsym(RTLD_NEXT)`) had its DTV in the managed heap; once it was swapped out, the
+//! thread's next system call faulted on it, and the handler's own thread-local faulted again
+//! inside the handler: redis-server died of SIGBUS. `malloc`, `calloc` and `realloc` look at
+//! their return address (the dynamic linker calls exactly these) and serve a caller inside
+//! the dynamic linker from the C library's heap.
 //!
 //! mimalloc caps one arena at 16 GiB, so the largest single allocation is a little under
 //! 16 GiB ([`MAX_ARENA_BYTES`]). The region is handed over in pieces as the heap grows ([`grow`], on an allocation mimalloc could not place), doubling
@@ -89,6 +100,44 @@ pub fn managed_caller() -> bool {
     ARENA_END.load(Ordering::Acquire) != 0 && !in_uswap() && !uswap::is_engine_thread()
 }
 
+/// The dynamic linker's mapped extent `[start, end)` (see the module doc); empty until
+/// [`start`] finds it.
+static RTLD_START: AtomicUsize = AtomicUsize::new(0);
+static RTLD_END: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether an allocation whose return address is `ret` belongs in the managed heap.
+#[inline]
+fn managed_return_to(ret: usize) -> bool {
+    managed_caller() && !(ret >= RTLD_START.load(Ordering::Relaxed) && ret < RTLD_END.load(Ordering::Relaxed))
+}
+
+/// Finds the dynamic linker (its load address is the auxiliary vector's `AT_BASE`) and the
+/// extent of its loaded segments.
+fn find_dynamic_linker() -> Option<(usize, usize)> {
+    extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> i32 {
+        // SAFETY: dl_iterate_phdr passes a valid info for the call; `data` is the
+        // `(base, end)` pair below, alive for the iteration.
+        let (info, found) = unsafe { (&*info, &mut *(data as *mut (usize, usize))) };
+        if info.dlpi_addr as usize != found.0 || info.dlpi_phdr.is_null() {
+            return 0;
+        }
+        // SAFETY: dlpi_phdr points at dlpi_phnum program headers.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let end = phdrs.iter().filter(|h| h.p_type == libc::PT_LOAD).map(|h| (h.p_vaddr + h.p_memsz) as usize).max();
+        found.1 = found.0 + end.unwrap_or(0);
+        1
+    }
+    // SAFETY: getauxval reads the auxiliary vector.
+    let base = unsafe { libc::getauxval(libc::AT_BASE) } as usize;
+    if base == 0 {
+        return None;
+    }
+    let mut found = (base, 0usize);
+    // SAFETY: the callback only reads the headers it is given and writes `found`.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&mut found as *mut (usize, usize)).cast()) };
+    (found.1 > base).then_some(found)
+}
+
 /// The first byte of the heap's region (0 before start-up).
 pub fn arena_start() -> usize {
     ARENA_START.load(Ordering::Acquire)
@@ -117,6 +166,10 @@ pub fn start(start: usize, len: usize) -> Result<(), String> {
         // malloc failed. In KiB; mimalloc clamps it to its largest arena less its metadata.
         mi::mi_option_set(MI_OPTION_ARENA_MAX_OBJECT_SIZE, (MAX_ARENA_BYTES >> 10) as std::ffi::c_long);
     }
+    let (rtld_start, rtld_end) =
+        find_dynamic_linker().ok_or("cannot find the dynamic linker (AT_BASE) to keep its memory unmanaged")?;
+    RTLD_START.store(rtld_start, Ordering::Relaxed);
+    RTLD_END.store(rtld_end, Ordering::Relaxed);
     REGION_LEN.store(len, Ordering::Release);
     let first = len.min(FIRST_ARENA_BYTES);
     add_arena(start, 0, first)?;
@@ -224,9 +277,32 @@ fn huge_len(p: *mut c_void) -> Option<usize> {
 /// glibc's `realloc(p, 0)` frees and returns null; programs rely on it.
 const REALLOC_ZERO_FREES: bool = true;
 
+// `malloc`, `calloc` and `realloc` pass their return address on to the function that
+// serves them, as one more argument (the System V ABI's next argument register), so that a
+// caller in the dynamic linker is told apart (see the module doc).
+
 #[no_mangle]
+#[unsafe(naked)]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
-    if managed_caller() {
+    std::arch::naked_asm!("mov rsi, [rsp]", "jmp {serve}", serve = sym malloc_returning_to)
+}
+
+#[no_mangle]
+#[unsafe(naked)]
+pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    std::arch::naked_asm!("mov rdx, [rsp]", "jmp {serve}", serve = sym calloc_returning_to)
+}
+
+#[no_mangle]
+#[unsafe(naked)]
+/// # Safety
+/// As the C function of this name: the pointer comes from this allocator (or is null).
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    std::arch::naked_asm!("mov rdx, [rsp]", "jmp {serve}", serve = sym realloc_returning_to)
+}
+
+extern "C" fn malloc_returning_to(size: usize, ret: usize) -> *mut c_void {
+    if managed_return_to(ret) {
         // SAFETY: mimalloc's malloc; any size is valid.
         mi_alloc(size, || unsafe { mi::mi_malloc(size) })
     } else {
@@ -234,9 +310,8 @@ pub extern "C" fn malloc(size: usize) -> *mut c_void {
     }
 }
 
-#[no_mangle]
-pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
-    if managed_caller() {
+extern "C" fn calloc_returning_to(n: usize, size: usize, ret: usize) -> *mut c_void {
+    if managed_return_to(ret) {
         // SAFETY: mimalloc's calloc checks the product for overflow.
         mi_alloc(n.saturating_mul(size), || unsafe { mi::mi_calloc(n, size) })
     } else {
@@ -271,12 +346,13 @@ pub unsafe extern "C" fn cfree(p: *mut c_void) {
     unsafe { free(p) }
 }
 
-#[no_mangle]
+/// `realloc`, for a caller that returns to `ret`.
+///
 /// # Safety
-/// As the C function of this name: the pointer comes from this allocator (or is null).
-pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+/// As the C function `realloc`: the pointer comes from this allocator (or is null).
+unsafe extern "C" fn realloc_returning_to(p: *mut c_void, size: usize, ret: usize) -> *mut c_void {
     if p.is_null() {
-        return malloc(size);
+        return malloc_returning_to(size, ret);
     }
     if size == 0 && REALLOC_ZERO_FREES {
         // SAFETY: `p` is a live block of this allocator (the caller's contract).
@@ -284,7 +360,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         return std::ptr::null_mut();
     }
     let huge_block = huge_len(p).is_some();
-    match (in_arena(p), managed_caller() && !huge_block && size <= HUGE_MIN_BYTES) {
+    match (in_arena(p), managed_return_to(ret) && !huge_block && size <= HUGE_MIN_BYTES) {
         // SAFETY: `p` is mimalloc's.
         (true, true) => mi_alloc(size, || unsafe { mi::mi_realloc(p, size) }),
         // SAFETY: `p` is the C library's (not in the arena, not a huge block).
@@ -300,7 +376,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
                 // SAFETY: `p` is the C library's.
                 unsafe { real::usable_size(p) }
             };
-            let n = malloc(size);
+            let n = malloc_returning_to(size, ret);
             if !n.is_null() {
                 // SAFETY: `p` is valid for old_size bytes, `n` for size; distinct blocks; `p`
                 // is freed once, by the allocator it came from.
