@@ -199,6 +199,7 @@ pub(crate) fn serve_fault(
                 if pte.readahead() {
                     // Written: a read-ahead page the application used.
                     pager.stats.inc(Counter::SwapRaHit);
+                    region.streams.note_used(1);
                 }
                 if let Err(e) = r {
                     if e.raw_os_error() != Some(libc::ENOENT) {

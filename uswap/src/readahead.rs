@@ -22,6 +22,18 @@
 //! takes a write-protect fault) also counts it. A read-ahead page evicted before either is
 //! counted as dropped unused. The window then grows on the same evidence the kernel uses.
 //!
+//! **Backing off.** The kernel resets a VMA's hit count at every window, so a fault next to
+//! the last one always reads one page ahead (`pages == 2`). Programs whose objects span two
+//! pages (redis' 4 KiB values in 5 KiB allocations) fault on a page and its neighbour, and
+//! each such pair read a third page nobody used: 1 % of redis' read-ahead pages were used.
+//! So each region keeps a *score*: read-ahead pages used add to it, pages evicted unused
+//! take from it (the kernel's hit statistics, kept across windows). While the score is
+//! negative, a fault next to a single page reads nothing ahead; it takes a third fault in a
+//! row (the stream remembers the direction of the second) to start a window, and that
+//! third fault is credited as the hit the window would have made, so a region whose
+//! accesses turn sequential again wins its readahead back. Windows grown from hits are
+//! not limited: a window that was run over was used.
+//!
 //! Used both for swap-in (pages read from a device) and for first-touch fault-around
 //! (never-touched pages mapped as zero pages). On devices slow enough to overlap (files), a
 //! stream whose window has reached the maximum also has its next windows read while the
@@ -30,7 +42,7 @@
 //! Locking: none. Streams are atomic words updated racily: two threads racing on one stream
 //! at worst mis-size a window, which costs performance, never correctness.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// Streams tracked per region.
 const NR_STREAMS: usize = 8;
@@ -38,6 +50,9 @@ const NR_STREAMS: usize = 8;
 pub const MAX_WINDOW_PAGES: usize = 128;
 /// Default maximum window (one reclaim batch).
 pub const DEFAULT_MAX_WINDOW_PAGES: usize = 32;
+/// Bound of a region's readahead score either way: how many unused pages undo a run of
+/// hits, and how many hits undo a run of unused pages.
+const SCORE_BOUND: i32 = 256;
 
 /// How a region is expected to be accessed (`madvise` advice).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -88,6 +103,9 @@ pub struct Prediction {
     /// The stream's previous window when this fault shows it was run over: its read-ahead
     /// pages were used.
     pub passed: Option<Window>,
+    /// `DIR_FORWARD` or `DIR_BACKWARD` when the window was backed off to the faulting page
+    /// (see "Backing off"): the stream keeps that direction for its next fault.
+    backed_off: u64,
 }
 
 // A stream word: start (32 bits) | len (8 bits) << 32 | dir (2 bits) << 40 | valid << 42.
@@ -121,6 +139,8 @@ pub struct FaultStreams {
     streams: [AtomicU64; NR_STREAMS],
     next_victim: AtomicUsize,
     advice: AtomicU8,
+    /// Read-ahead pages used minus pages evicted unused, within ±`SCORE_BOUND`.
+    score: AtomicI32,
 }
 
 impl Default for FaultStreams {
@@ -135,7 +155,27 @@ impl FaultStreams {
             streams: std::array::from_fn(|_| AtomicU64::new(0)),
             next_victim: AtomicUsize::new(0),
             advice: AtomicU8::new(Advice::Normal.to_u8()),
+            score: AtomicI32::new(0),
         }
+    }
+
+    /// `nr_pages` read-ahead pages were used (run over, written, or read by a system call).
+    pub fn note_used(&self, nr_pages: u64) {
+        let n = nr_pages.min(SCORE_BOUND as u64) as i32;
+        self.score.fetch_add(n, Ordering::Relaxed);
+        self.score.fetch_min(SCORE_BOUND, Ordering::Relaxed);
+    }
+
+    /// `nr_pages` read-ahead pages were evicted without being used.
+    pub fn note_unused(&self, nr_pages: u64) {
+        let n = nr_pages.min(SCORE_BOUND as u64) as i32;
+        self.score.fetch_sub(n, Ordering::Relaxed);
+        self.score.fetch_max(-SCORE_BOUND, Ordering::Relaxed);
+    }
+
+    /// Whether a fault next to a single page may read one page ahead (see "Backing off").
+    fn speculating(&self) -> bool {
+        self.score.load(Ordering::Relaxed) >= 0
     }
 
     pub fn advise(&self, a: Advice) {
@@ -166,30 +206,44 @@ impl FaultStreams {
             Window { start, len: len.min(nr_pages - start) }
         };
         match self.advice() {
-            Advice::Random => return Prediction { window: Window { start: page, len: 1 }, passed: None },
+            Advice::Random => {
+                return Prediction { window: Window { start: page, len: 1 }, passed: None, backed_off: DIR_NONE }
+            }
             Advice::Sequential => {
-                return Prediction { window: Window { start: page, len: max.min(nr_pages - page) }, passed: None }
+                let window = Window { start: page, len: max.min(nr_pages - page) };
+                return Prediction { window, passed: None, backed_off: DIR_NONE };
             }
             Advice::Normal => {}
         }
-        for (_, prev, dir) in self.live_streams() {
+        for (_, prev, prev_dir) in self.live_streams() {
             // The fault continues the stream: just past its window, forward or backward.
-            let forward = page == prev.end() && dir != DIR_BACKWARD;
-            let backward = page + 1 == prev.start && dir != DIR_FORWARD;
+            let forward = page == prev.end() && prev_dir != DIR_BACKWARD;
+            let backward = page + 1 == prev.start && prev_dir != DIR_FORWARD;
             // Or it is next to the stream's only page (direction not known yet).
             let adjacent = prev.len == 1 && (page == prev.start + 1 || page + 1 == prev.start);
             if !(forward || backward || adjacent) {
                 continue;
             }
+            let go_back = backward || (adjacent && page + 1 == prev.start);
+            if prev.len == 1 {
+                // A single page continued: the second fault in a row, or the third after a
+                // backed-off second (a single page that kept its direction).
+                if prev_dir != DIR_NONE && (forward || backward) {
+                    // The page a backed-off window would have read ahead is used now.
+                    self.note_used(1);
+                } else if !self.speculating() {
+                    let backed_off = if go_back { DIR_BACKWARD } else { DIR_FORWARD };
+                    return Prediction { window: Window { start: page, len: 1 }, passed: None, backed_off };
+                }
+            }
             let hits = if forward || backward { prev.len - 1 } else { 0 };
             let size = window_size(hits, true, prev.len, max);
-            let go_back = backward || (adjacent && page + 1 == prev.start);
             let window =
                 if go_back { clamp(page as isize - size as isize + 1, size) } else { clamp(page as isize, size) };
             let passed = (hits > 0).then_some(prev);
-            return Prediction { window, passed };
+            return Prediction { window, passed, backed_off: DIR_NONE };
         }
-        Prediction { window: Window { start: page, len: 1 }, passed: None }
+        Prediction { window: Window { start: page, len: 1 }, passed: None, backed_off: DIR_NONE }
     }
 
     /// Predicts the window for a fault at `page` and records it at once, before the pages
@@ -197,15 +251,16 @@ impl FaultStreams {
     /// and its next fault (perhaps served by another thread) must find the stream moved on.
     pub fn advance(&self, page: usize, nr_pages: usize, max: usize) -> Prediction {
         let p = self.predict(page, nr_pages, max);
-        self.record(page, p.window);
+        self.record(page, p.window, p.backed_off);
         p
     }
 
-    /// Records the window brought in for a fault at `page`.
-    pub fn record(&self, page: usize, window: Window) {
+    /// Records the window brought in for a fault at `page`; `backed_off` as in [`Prediction`].
+    fn record(&self, page: usize, window: Window, backed_off: u64) {
         debug_assert!(window.contains(page));
+        debug_assert!(backed_off == DIR_NONE || window.len == 1);
         let dir = if window.len == 1 {
-            DIR_NONE
+            backed_off
         } else if window.start == page {
             DIR_FORWARD
         } else if window.end() == page + 1 {
@@ -334,6 +389,67 @@ mod tests {
             assert_eq!(fault(&s, start + 1, 32).window.len, 2, "stream at {start} continued");
         }
         assert_eq!(fault(&s, page, 32).window.len, 32, "the established stream survived");
+    }
+
+    /// Objects of two pages (redis' values): each pair of faults read a third page ahead.
+    /// Once those pages are evicted unused, pairs read nothing ahead.
+    #[test]
+    fn pairs_of_faults_stop_reading_ahead_once_their_pages_go_unused() {
+        let s = FaultStreams::new();
+        let pair = |page: usize| (fault(&s, page, 32).window.len, fault(&s, page + 1, 32).window.len);
+        assert_eq!(pair(1000), (1, 2), "a fresh region speculates, as the kernel does");
+        s.note_unused(1);
+        for k in 0..100 {
+            assert_eq!(pair(10_000 + 50 * k), (1, 1), "pair {k} read ahead while the score is negative");
+        }
+    }
+
+    /// A backed-off region still finds a sequential scan: the third fault in a row starts a
+    /// window and is credited, so enough scans win speculation back.
+    #[test]
+    fn a_backed_off_region_finds_a_scan_on_its_third_fault_and_recovers() {
+        let s = FaultStreams::new();
+        s.note_unused(3);
+        let sizes: Vec<usize> = {
+            let mut page = 5000;
+            (0..6)
+                .map(|_| {
+                    let p = fault(&s, page, 32);
+                    // What the fault path does with a window that was run over.
+                    if let Some(w) = p.passed {
+                        s.note_used(w.len as u64 - 1);
+                    }
+                    page = p.window.end();
+                    p.window.len
+                })
+                .collect()
+        };
+        assert_eq!(sizes, [1, 1, 2, 4, 8, 16], "one fault later than in a fresh region, then the same growth");
+        assert!(s.speculating(), "the scan's hits outweigh three unused pages");
+        assert_eq!((fault(&s, 90_000, 32).window.len, fault(&s, 90_001, 32).window.len), (1, 2));
+    }
+
+    #[test]
+    fn a_backward_scan_is_found_after_backing_off_too() {
+        let s = FaultStreams::new();
+        s.note_unused(1);
+        assert_eq!(fault(&s, 7000, 32).window.len, 1);
+        assert_eq!(fault(&s, 6999, 32).window.len, 1);
+        let p = fault(&s, 6998, 32);
+        assert_eq!(p.window, Window { start: 6997, len: 2 }, "the window ends at the fault");
+    }
+
+    #[test]
+    fn the_score_is_bounded_both_ways() {
+        let s = FaultStreams::new();
+        s.note_used(u64::MAX);
+        s.note_used(1000);
+        assert_eq!(s.score.load(Ordering::Relaxed), SCORE_BOUND);
+        s.note_unused(u64::MAX);
+        s.note_unused(1000);
+        assert_eq!(s.score.load(Ordering::Relaxed), -SCORE_BOUND);
+        s.note_used(SCORE_BOUND as u64);
+        assert!(s.speculating(), "as many hits as the bound undo any run of unused pages");
     }
 
     #[test]

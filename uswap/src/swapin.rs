@@ -313,6 +313,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
                 // read-ahead page.
                 pager.stats.inc(Counter::SwapRa);
                 pager.stats.inc(Counter::SwapRaHit);
+                f.region.streams.note_used(1);
             }
             new
         } else {
@@ -521,6 +522,7 @@ fn count_hits_in_region(pager: &PagerShared, region: &RegionInner, w: Window, fa
         }
     }
     pager.stats.add(Counter::SwapRaHit, hits);
+    region.streams.note_used(hits);
 }
 
 /// Cluster readahead: the stream ran over slots `w` of device `dev`.

@@ -80,6 +80,7 @@ fn mark_used_by_kernel(region: &RegionInner, page: usize) {
     );
     if swapped.is_ok() && pte.readahead() {
         region.pager.stats.inc(Counter::SwapRaHit);
+        region.streams.note_used(1);
     }
 }
 

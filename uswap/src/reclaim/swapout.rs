@@ -272,7 +272,10 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
         }
         uncharge(p, done);
         p.clean_pages.fetch_sub(done, Ordering::Relaxed);
-        p.stats.add(Counter::SwapRaUnused, victims[i..i + done].iter().filter(|v| v.pte.readahead()).count() as u64);
+        for v in victims[i..i + done].iter().filter(|v| v.pte.readahead()) {
+            p.stats.inc(Counter::SwapRaUnused);
+            guards.g[v.gi].streams.note_unused(1);
+        }
         dropped += done;
     }
     p.stats.add(Counter::SwpoutClean, dropped as u64);
@@ -341,6 +344,7 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
                 let e = entries[m];
                 if v.pte.readahead() {
                     p.stats.inc(Counter::SwapRaUnused);
+                    region.streams.note_unused(1);
                 }
                 if dev.staging.page_is_zero(e.offset() as usize * PAGE_SIZE) {
                     // Nothing worth a slot: drop the staged page, remember "zero".
