@@ -346,7 +346,7 @@ fn zero_fill(
     let shared_zero = !write && (pager.mode == FaultMode::Thread || uffd::sigbus::system_calls_routed());
     let one_page = route.lock_free() || (shared_zero && pager.mode == FaultMode::Signal);
     let max = if one_page { 1 } else { pager.readahead_max_pages };
-    let pred = region.streams.advance(page, region.nr_pages, max);
+    let pred = region.streams.advance(page, region.nr_pages, max, false);
     let mut pages: ArrayVec<(usize, Pte), MAX_WINDOW_PAGES> = ArrayVec::new();
     for q in pred.window.start..pred.window.end() {
         if q == page {

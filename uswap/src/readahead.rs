@@ -28,11 +28,12 @@
 //! each such pair read a third page nobody used: 1 % of redis' read-ahead pages were used.
 //! So each region keeps a *score*: read-ahead pages used add to it, pages evicted unused
 //! take from it (the kernel's hit statistics, kept across windows). While the score is
-//! negative, a fault next to a single page reads nothing ahead; it takes a third fault in a
-//! row (the stream remembers the direction of the second) to start a window, and that
-//! third fault is credited as the hit the window would have made, so a region whose
-//! accesses turn sequential again wins its readahead back. Windows grown from hits are
-//! not limited: a window that was run over was used.
+//! negative, a fault next to a single page reads nothing ahead; a window opens only after
+//! a longer run of faults in a row, 3 and one more per 64 of negative score (the stream
+//! remembers the run's direction and length). Each fault that continues such a run is
+//! credited as the hit a window would have made, so a region whose accesses turn
+//! sequential again wins its readahead back. Windows grown from hits are not limited: a
+//! window that was run over was used.
 //!
 //! Used both for swap-in (pages read from a device) and for first-touch fault-around
 //! (never-touched pages mapped as zero pages). On devices slow enough to overlap (files), a
@@ -103,22 +104,34 @@ pub struct Prediction {
     /// The stream's previous window when this fault shows it was run over: its read-ahead
     /// pages were used.
     pub passed: Option<Window>,
-    /// `DIR_FORWARD` or `DIR_BACKWARD` when the window was backed off to the faulting page
-    /// (see "Backing off"): the stream keeps that direction for its next fault.
-    backed_off: u64,
+    /// When the window was backed off to the faulting page (see "Backing off"): the
+    /// direction the stream keeps for its next fault, and how many faults in a row it has
+    /// had.
+    backed_off: Option<BackedOff>,
 }
 
-// A stream word: start (32 bits) | len (8 bits) << 32 | dir (2 bits) << 40 | valid << 42.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BackedOff {
+    dir: u64,
+    run: u64,
+}
+
+// A stream word: start (32 bits) | len (8 bits) << 32 | dir (2 bits) << 40 | valid << 42 |
+// run (4 bits) << 43, the run counted only while the stream is backed off.
 const DIR_NONE: u64 = 0;
 const DIR_FORWARD: u64 = 1;
 const DIR_BACKWARD: u64 = 2;
 const VALID: u64 = 1 << 42;
+const RUN_MAX: u64 = 15;
 
-fn pack(start: usize, len: usize, dir: u64) -> u64 {
-    (start as u64 & 0xffff_ffff) | ((len.min(255) as u64) << 32) | (dir << 40) | VALID
+fn pack(start: usize, len: usize, dir: u64, run: u64) -> u64 {
+    (start as u64 & 0xffff_ffff) | ((len.min(255) as u64) << 32) | (dir << 40) | VALID | (run.min(RUN_MAX) << 43)
 }
 fn unpack(w: u64) -> (usize, usize, u64) {
     ((w & 0xffff_ffff) as usize, ((w >> 32) & 0xff) as usize, (w >> 40) & 3)
+}
+fn unpack_run(w: u64) -> u64 {
+    (w >> 43) & RUN_MAX
 }
 
 /// The kernel's `__swapin_nr_pages` size rule (see the module doc).
@@ -173,9 +186,15 @@ impl FaultStreams {
         self.score.fetch_max(-SCORE_BOUND, Ordering::Relaxed);
     }
 
-    /// Whether a fault next to a single page may read one page ahead (see "Backing off").
-    fn speculating(&self) -> bool {
-        self.score.load(Ordering::Relaxed) >= 0
+    /// Faults in a row on single pages before a window opens: 2 while speculating (the
+    /// kernel's rule), then one more per 64 of negative score, 6 at the bound.
+    fn run_needed(&self) -> u64 {
+        let score = self.score.load(Ordering::Relaxed);
+        if score >= 0 {
+            2
+        } else {
+            3 + (score.unsigned_abs() as u64 - 1) / 64
+        }
     }
 
     pub fn advise(&self, a: Advice) {
@@ -186,20 +205,23 @@ impl FaultStreams {
         Advice::from_u8(self.advice.load(Ordering::Relaxed))
     }
 
-    /// The streams in use, each with its slot, its last window and its direction (read once
-    /// each, racily: see the module's locking rules).
-    fn live_streams(&self) -> impl Iterator<Item = (&AtomicU64, Window, u64)> + '_ {
+    /// The streams in use, each with its slot, its last window, its direction and its run
+    /// (read once each, racily: see the module's locking rules).
+    fn live_streams(&self) -> impl Iterator<Item = (&AtomicU64, Window, u64, u64)> + '_ {
         self.streams.iter().filter_map(|s| {
             let w = s.load(Ordering::Relaxed);
             (w & VALID != 0).then(|| {
                 let (start, len, dir) = unpack(w);
-                (s, Window { start, len }, dir)
+                (s, Window { start, len }, dir, unpack_run(w))
             })
         })
     }
 
     /// The window for a fault at `page` in a region of `nr_pages`, at most `max` pages.
-    pub fn predict(&self, page: usize, nr_pages: usize, max: usize) -> Prediction {
+    /// `swap_in`: the fault is on a swapped-out page. The score speaks only for those:
+    /// fault-around of never-touched pages maps zero pages, which cost next to nothing, and
+    /// a first-touch scan (a heap being filled) says nothing about how it is read later.
+    pub fn predict(&self, page: usize, nr_pages: usize, max: usize, swap_in: bool) -> Prediction {
         let max = max.clamp(1, MAX_WINDOW_PAGES);
         let clamp = |start: isize, len: usize| {
             let start = start.clamp(0, nr_pages.saturating_sub(len) as isize) as usize;
@@ -207,15 +229,15 @@ impl FaultStreams {
         };
         match self.advice() {
             Advice::Random => {
-                return Prediction { window: Window { start: page, len: 1 }, passed: None, backed_off: DIR_NONE }
+                return Prediction { window: Window { start: page, len: 1 }, passed: None, backed_off: None }
             }
             Advice::Sequential => {
                 let window = Window { start: page, len: max.min(nr_pages - page) };
-                return Prediction { window, passed: None, backed_off: DIR_NONE };
+                return Prediction { window, passed: None, backed_off: None };
             }
             Advice::Normal => {}
         }
-        for (_, prev, prev_dir) in self.live_streams() {
+        for (_, prev, prev_dir, prev_run) in self.live_streams() {
             // The fault continues the stream: just past its window, forward or backward.
             let forward = page == prev.end() && prev_dir != DIR_BACKWARD;
             let backward = page + 1 == prev.start && prev_dir != DIR_FORWARD;
@@ -226,13 +248,20 @@ impl FaultStreams {
             }
             let go_back = backward || (adjacent && page + 1 == prev.start);
             if prev.len == 1 {
-                // A single page continued: the second fault in a row, or the third after a
-                // backed-off second (a single page that kept its direction).
-                if prev_dir != DIR_NONE && (forward || backward) {
-                    // The page a backed-off window would have read ahead is used now.
-                    self.note_used(1);
-                } else if !self.speculating() {
-                    let backed_off = if go_back { DIR_BACKWARD } else { DIR_FORWARD };
+                // A single page continued: the second fault in a row, or one more after a
+                // backed-off single page (which kept its direction).
+                let run = if prev_dir != DIR_NONE && (forward || backward) {
+                    if swap_in {
+                        // The page a backed-off window would have read ahead is used now.
+                        self.note_used(1);
+                    }
+                    prev_run + 1
+                } else {
+                    2
+                };
+                if swap_in && run < self.run_needed() {
+                    let dir = if go_back { DIR_BACKWARD } else { DIR_FORWARD };
+                    let backed_off = Some(BackedOff { dir, run });
                     return Prediction { window: Window { start: page, len: 1 }, passed: None, backed_off };
                 }
             }
@@ -241,26 +270,29 @@ impl FaultStreams {
             let window =
                 if go_back { clamp(page as isize - size as isize + 1, size) } else { clamp(page as isize, size) };
             let passed = (hits > 0).then_some(prev);
-            return Prediction { window, passed, backed_off: DIR_NONE };
+            return Prediction { window, passed, backed_off: None };
         }
-        Prediction { window: Window { start: page, len: 1 }, passed: None, backed_off: DIR_NONE }
+        Prediction { window: Window { start: page, len: 1 }, passed: None, backed_off: None }
     }
 
     /// Predicts the window for a fault at `page` and records it at once, before the pages
     /// are brought in: the faulting thread runs again as soon as its own page is mapped,
     /// and its next fault (perhaps served by another thread) must find the stream moved on.
-    pub fn advance(&self, page: usize, nr_pages: usize, max: usize) -> Prediction {
-        let p = self.predict(page, nr_pages, max);
+    pub fn advance(&self, page: usize, nr_pages: usize, max: usize, swap_in: bool) -> Prediction {
+        let p = self.predict(page, nr_pages, max, swap_in);
         self.record(page, p.window, p.backed_off);
         p
     }
 
     /// Records the window brought in for a fault at `page`; `backed_off` as in [`Prediction`].
-    fn record(&self, page: usize, window: Window, backed_off: u64) {
+    fn record(&self, page: usize, window: Window, backed_off: Option<BackedOff>) {
         debug_assert!(window.contains(page));
-        debug_assert!(backed_off == DIR_NONE || window.len == 1);
-        let dir = if window.len == 1 {
-            backed_off
+        debug_assert!(backed_off.is_none() || window.len == 1);
+        let run = backed_off.map_or(0, |b| b.run);
+        let dir = if let Some(b) = backed_off {
+            b.dir
+        } else if window.len == 1 {
+            DIR_NONE
         } else if window.start == page {
             DIR_FORWARD
         } else if window.end() == page + 1 {
@@ -268,9 +300,9 @@ impl FaultStreams {
         } else {
             DIR_NONE
         };
-        let word = pack(window.start, window.len, dir);
+        let word = pack(window.start, window.len, dir, run);
         // Update the stream this fault continued, if any.
-        for (s, prev, _) in self.live_streams() {
+        for (s, prev, _, _) in self.live_streams() {
             if page == prev.end() || page + 1 == prev.start || (prev.len == 1 && page.abs_diff(prev.start) == 1) {
                 s.store(word, Ordering::Relaxed);
                 return;
@@ -299,7 +331,7 @@ mod tests {
     const N: usize = 1 << 20;
 
     fn fault(s: &FaultStreams, page: usize, max: usize) -> Prediction {
-        s.advance(page, N, max)
+        s.advance(page, N, max, true)
     }
 
     /// Faults `nr_faults` times on a forward scan from `page`, each just past the last
@@ -425,8 +457,40 @@ mod tests {
                 .collect()
         };
         assert_eq!(sizes, [1, 1, 2, 4, 8, 16], "one fault later than in a fresh region, then the same growth");
-        assert!(s.speculating(), "the scan's hits outweigh three unused pages");
+        assert!(s.run_needed() == 2, "the scan's hits outweigh three unused pages");
         assert_eq!((fault(&s, 90_000, 32).window.len, fault(&s, 90_001, 32).window.len), (1, 2));
+    }
+
+    /// The more unused pages, the longer the run it takes: at the bound, six faults.
+    #[test]
+    fn the_run_a_window_needs_grows_with_unused_pages() {
+        let s = FaultStreams::new();
+        s.note_unused(1000);
+        let mut sizes = vec![];
+        let mut page = 3000;
+        for _ in 0..7 {
+            let p = fault(&s, page, 32);
+            sizes.push(p.window.len);
+            page = p.window.end();
+        }
+        assert_eq!(sizes, [1, 1, 1, 1, 1, 2, 4]);
+        assert_eq!(s.score.load(Ordering::Relaxed), -SCORE_BOUND + 4, "faults 3 to 6 credited");
+    }
+
+    /// First-touch faults (fault-around of zero pages) neither back off nor move the score.
+    #[test]
+    fn first_touch_faults_keep_the_kernels_rule_and_leave_the_score_alone() {
+        let s = FaultStreams::new();
+        s.note_unused(100);
+        let mut page = 8000;
+        let mut sizes = vec![];
+        for _ in 0..3 {
+            let w = s.advance(page, N, 32, false).window;
+            sizes.push(w.len);
+            page = w.end();
+        }
+        assert_eq!(sizes, [1, 2, 4]);
+        assert_eq!(s.score.load(Ordering::Relaxed), -100);
     }
 
     #[test]
@@ -449,7 +513,7 @@ mod tests {
         s.note_unused(1000);
         assert_eq!(s.score.load(Ordering::Relaxed), -SCORE_BOUND);
         s.note_used(SCORE_BOUND as u64);
-        assert!(s.speculating(), "as many hits as the bound undo any run of unused pages");
+        assert!(s.run_needed() == 2, "as many hits as the bound undo any run of unused pages");
     }
 
     #[test]
@@ -463,11 +527,11 @@ mod tests {
     #[test]
     fn windows_are_clamped_to_the_region_and_advice_overrides() {
         let s = FaultStreams::new();
-        let p = s.predict(N - 3, N, 32);
+        let p = s.predict(N - 3, N, 32, true);
         assert!(p.window.end() <= N);
         s.advise(Advice::Sequential);
-        assert_eq!(s.predict(10, N, 32).window, Window { start: 10, len: 32 });
-        assert_eq!(s.predict(N - 5, N, 32).window, Window { start: N - 5, len: 5 });
+        assert_eq!(s.predict(10, N, 32, true).window, Window { start: 10, len: 32 });
+        assert_eq!(s.predict(N - 5, N, 32, true).window, Window { start: N - 5, len: 5 });
         s.advise(Advice::Random);
         for page in 0..5 {
             assert_eq!(fault(&s, page, 32).window.len, 1, "a sequential run gets no readahead");

@@ -135,7 +135,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     let mut vma_window = None;
     match dev.readahead {
         ReadaheadPolicy::Vma => {
-            let pred = f.region.streams.advance(f.page, f.region.nr_pages, max);
+            let pred = f.region.streams.advance(f.page, f.region.nr_pages, max, true);
             if let Some(passed) = pred.passed {
                 count_hits_in_region(pager, f.region, passed, f.page);
             }
@@ -157,7 +157,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
             }
         }
         ReadaheadPolicy::Cluster => {
-            let pred = dev.cluster_streams.advance(e.offset() as usize, dev.nr_slots() as usize, max);
+            let pred = dev.cluster_streams.advance(e.offset() as usize, dev.nr_slots() as usize, max, true);
             if let Some(passed) = pred.passed {
                 count_hits_by_slot(pager, e.device(), passed);
             }
