@@ -86,6 +86,25 @@ def ra_hit(row):
     return f"{100 * hit / ra:.0f} %" if ra else "-"
 
 
+def ra_unused(row):
+    """uswap's read-ahead pages evicted unused, over pages read ahead (the kernel has no such count)."""
+    s = row.get("stats") or {}
+    ra, unused = s.get("swap_ra", 0), s.get("swap_ra_unused")
+    return f"{100 * unused / ra:.0f} %" if ra and unused is not None else "-"
+
+
+def memory_peak(row):
+    """The memory the program cost at its peak, MiB: for uswap its RSS peak (the managed
+    pages it kept, its compressed pool and its unmanaged memory, all in the process); for
+    the kernel the cgroup's peak charge plus, for zram, zram's own `mem_used_max`."""
+    if row["engine"].startswith("kernel"):
+        charged = row.get("charged_peak_bytes")
+        if charged is None:
+            return "-"
+        return f"{(charged + (row.get('swap_device_peak_bytes') or 0)) / 2**20:.0f}"
+    return f"{(row.get('rss_peak_bytes') or 0) / 2**20:.0f}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
@@ -104,14 +123,19 @@ def main():
                  f"{os.cpu_count()} CPUs. Engines: {args.engines} (`uswap-*` on the default device `zpool`, "
                  "the like-for-like match of `kernel-zram`). Medians of the runs; `×zram` is kernel-zram's wall "
                  "time over the engine's (above 1: faster). `ra hit` is read-ahead pages used over pages read ahead "
-                 "(uswap's `swap_ra_hit/swap_ra`, the kernel's from /proc/vmstat).")
+                 "(uswap's `swap_ra_hit/swap_ra`, the kernel's from /proc/vmstat); `ra unused` is uswap's "
+                 "read-ahead pages evicted unused over pages read ahead. `memory peak` is what the program "
+                 "cost at its peak: uswap's RSS peak (the pages it kept, its compressed pool and its unmanaged "
+                 "memory, all in the process; the largest process of the tree), or the kernel cgroup's peak "
+                 "charge plus zram's own `mem_used_max`.")
     lines.append("")
     if not args.pmbench or not args.usemem:
         lines.append("Left out this time: " + ", ".join(n for n, v in (("pmbench", args.pmbench), ("usemem", args.usemem)) if not v)
                      + " (give their built source trees with --pmbench/--usemem).")
         lines.append("")
-    lines.append("| program | limit | engine | wall s | ×zram | major faults | pswpout | ra hit | RSS peak MiB |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("| program | limit | engine | wall s | ×zram | major faults | pswpout | ra hit | ra unused "
+                 "| memory peak MiB |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     details = []
     rate_lines = []
     for name, cmd, limit in programs(args):
@@ -129,8 +153,8 @@ def main():
             speed = r.get("speed_vs_baseline")
             lines.append(f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | "
                          f"{speed:.2f} | {r.get('pgmajfault', 0)} | {r.get('pswpout', 0)} | {ra_hit(r)} | "
-                         f"{(r.get('rss_peak_bytes') or 0) / 2**20:.0f} |" if speed is not None else
-                         f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | - | - | - | - | - |")
+                         f"{ra_unused(r)} | {memory_peak(r)} |" if speed is not None else
+                         f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | - | - | - | - | - | - |")
         details.append(f"`{cmd}` (exit {rc}, {took:.0f} s):\n\n```text\n{table}\n```")
         if rc != 0:
             details.append(f"stderr:\n\n```text\n{err[-2000:]}\n```")

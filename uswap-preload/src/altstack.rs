@@ -12,8 +12,9 @@
 //! The main thread gets one at start-up, every thread `pthread_create` makes gets one before
 //! its start routine runs, and each is unmapped when its thread ends (a thread-local's
 //! destructor). A thread that already has an alternate stack (the program set one) keeps it.
-//! Threads made without `pthread_create` (a raw `clone`) get none: their SIGBUS frames land
-//! where they did before.
+//! Threads made without our `pthread_create` (a raw `clone`, or the C library's function
+//! found with `dlsym`, as jemalloc's background threads are) get none: their SIGBUS frames
+//! land on their own stack, which the C library mapped and no pager manages.
 
 use std::cell::Cell;
 

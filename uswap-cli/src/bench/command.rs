@@ -78,6 +78,11 @@ pub struct CommandResult {
     /// managed pages over every process, or the kernel cgroup's peak charge (page cache
     /// included); none for `ram`.
     pub charged_peak_bytes: Option<u64>,
+    /// The swap device's own peak memory in the median run: zram's `mem_used_max`
+    /// (compressed pages and its allocator's overhead; not in the cgroup's charge). None
+    /// for the others: uswap's pool lives in the program and is in its RSS peak; a swap
+    /// file takes no memory of its own.
+    pub swap_device_peak_bytes: Option<u64>,
     pub stdout_bytes: u64,
     /// Always true in a result: a difference stops the bench with an error.
     pub stdout_identical: bool,
@@ -106,6 +111,7 @@ struct CommandRun {
     pswpin: Option<u64>,
     pswpout: Option<u64>,
     charged_peak_bytes: Option<u64>,
+    swap_device_peak_bytes: Option<u64>,
     stats: Value,
 }
 
@@ -372,6 +378,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
                 pswpin: u64_of(&stats, "pswpin"),
                 pswpout: u64_of(&stats, "pswpout"),
                 charged_peak_bytes: u64_of(&stats, "resident_peak_bytes"),
+                swap_device_peak_bytes: None,
                 stats,
                 outcome,
             })
@@ -386,6 +393,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
                 pswpin: None,
                 pswpout: None,
                 charged_peak_bytes: None,
+                swap_device_peak_bytes: None,
                 stats,
                 outcome,
             })
@@ -402,6 +410,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
             let outcome = spawn_timed(&engine.name, &mut plan.plain_command(), procs.as_deref());
             let stats = Vmstat::read().delta(&before);
             let (pgmajfault, peak, oom) = (run.memcg_stat("pgmajfault"), run.memcg_peak_bytes(), run.oom_kills());
+            let swap_device_peak_bytes = run.zram_used_peak_bytes();
             // Torn down before any error is returned: nothing of this run outlives it.
             run.finish()?;
             let outcome = outcome?;
@@ -414,6 +423,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
                 pswpin: u64_of(&stats, "pswpin"),
                 pswpout: u64_of(&stats, "pswpout"),
                 charged_peak_bytes: peak,
+                swap_device_peak_bytes,
                 stats,
                 outcome,
             })
@@ -548,6 +558,7 @@ pub fn run(
                 pswpout: m.pswpout,
                 rss_peak_bytes: m.outcome.rss_peak_bytes,
                 charged_peak_bytes: m.charged_peak_bytes,
+                swap_device_peak_bytes: m.swap_device_peak_bytes,
                 stdout_bytes: m.outcome.stdout.bytes,
                 stdout_identical: true,
                 oom_kills,
@@ -580,7 +591,7 @@ pub fn table(results: &[CommandResult]) -> Table {
     if baseline.is_some() {
         cols.push((format!("×{bname}"), true));
     }
-    for c in ["majflt", "pswpout", "TLB/majflt", "RSS peak", "charged peak"] {
+    for c in ["majflt", "pswpout", "TLB/majflt", "RSS peak", "charged peak", "zram peak"] {
         cols.push((c.into(), true));
     }
     let rows = results
@@ -596,6 +607,7 @@ pub fn table(results: &[CommandResult]) -> Table {
             row.push(super::kernel::interrupts::per_major_fault(&r.stats).map_or("-".into(), |x| format!("{x:.2}")));
             row.push(mib(r.rss_peak_bytes));
             row.push(r.charged_peak_bytes.map_or("-".into(), mib));
+            row.push(r.swap_device_peak_bytes.map_or("-".into(), mib));
             row
         })
         .collect();

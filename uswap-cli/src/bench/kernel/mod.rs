@@ -135,6 +135,16 @@ impl KernelRun<'_> {
         self.memcg.as_ref()?.peak_bytes()
     }
 
+    /// zram's peak memory in this run (`mm_stat`'s `mem_used_max`: compressed pages and the
+    /// allocator's overhead), read before the device is reset; none for a swap file.
+    pub fn zram_used_peak_bytes(&self) -> Option<u64> {
+        if self.kind != KernelSwap::Zram {
+            return None;
+        }
+        let mm_stat = std::fs::read_to_string(format!("{}/mm_stat", swapdev::ZRAM_SYS)).ok()?;
+        mm_stat.split_whitespace().nth(4)?.parse().ok()
+    }
+
     /// The swap device, as `/proc/swaps` names it.
     pub fn device(&self) -> String {
         match (&self.kind, &self.swap_file) {
