@@ -87,7 +87,8 @@ fn start() -> Result<(), String> {
     let cfg = config::Config::from_env()?;
     if cfg.fault_mode == uswap::FaultMode::Signal {
         // SAFETY: the library's constructor: the process has one thread.
-        let r = unsafe { syscalls::start() }.map_err(|e| format!("cannot route system calls through uswap: {e}"))?;
+        let r = unsafe { syscalls::start(cfg.stats_dir.as_deref()) }
+            .map_err(|e| format!("cannot route system calls through uswap: {e}"))?;
         if r.patched == r.sites {
             // With the alternate signal stacks every thread gets (see `altstack`).
             uswap::sigbus::note_system_calls_routed();

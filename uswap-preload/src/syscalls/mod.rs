@@ -23,11 +23,12 @@ mod table;
 
 pub use patch::PatchReport;
 
-/// Rewrites the C library's system calls (see the module's comment).
+/// Rewrites the C library's system calls (see the module's comment); `cache_dir`, where the
+/// windows found are kept for the next process (`uswap run`'s directory for the tree).
 ///
 /// # Safety
 /// Called once, while the process has one thread.
-pub unsafe fn start() -> Result<PatchReport, String> {
+pub unsafe fn start(cache_dir: Option<&std::path::Path>) -> Result<PatchReport, String> {
     // SAFETY: the caller's contract; the table and the entry live as long as the library.
-    unsafe { patch::patch_c_library(table::CLASS.as_ptr() as u64, entry::slow_entry()) }
+    unsafe { patch::patch_c_library(table::CLASS.as_ptr() as u64, entry::slow_entry(), cache_dir) }
 }

@@ -30,6 +30,12 @@
 //!
 //! The patch is made once, at start-up, before any thread but the first exists; the code
 //! pages are made writable for the moment it takes and executable again after.
+//!
+//! Finding the windows decodes the whole library (about 10 ms, most of what signal mode
+//! added to a process's start). Under `uswap run` the first process of the tree writes the
+//! windows it chose to the run's directory ([`WindowCache`]), keyed by the library file's
+//! identity, and the others read them: each cached window is decoded again and must hold
+//! exactly one `syscall`, or the cache is ignored and the library scanned.
 
 use std::ffi::{c_void, CStr};
 
@@ -58,11 +64,14 @@ pub struct PatchReport {
     pub patched: usize,
 }
 
-/// One executable segment of a loaded object: `[start, start + len)`.
-#[derive(Clone, Copy)]
+/// One executable segment of a loaded object: `[start, start + len)`, loaded at `base`
+/// from the file `path`.
+#[derive(Clone)]
 struct Segment {
     start: usize,
     len: usize,
+    base: usize,
+    path: std::path::PathBuf,
 }
 
 /// The executable segments of the loaded object whose file name ends with `name`.
@@ -87,8 +96,11 @@ fn executable_segments(name: &[u8]) -> Vec<Segment> {
             // SAFETY: `dlpi_phdr` has `dlpi_phnum` entries.
             let ph = unsafe { &*info.dlpi_phdr.add(i) };
             if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0 {
-                let start = info.dlpi_addr as usize + ph.p_vaddr as usize;
-                search.found.push(Segment { start, len: ph.p_memsz as usize });
+                let base = info.dlpi_addr as usize;
+                let start = base + ph.p_vaddr as usize;
+                let path =
+                    std::path::PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path));
+                search.found.push(Segment { start, len: ph.p_memsz as usize, base, path });
             }
         }
         1
@@ -107,7 +119,7 @@ struct Site {
 }
 
 /// One linear pass over `seg`: every branch target and every `syscall` site.
-fn scan(seg: Segment) -> (Vec<u64>, Vec<Site>) {
+fn scan(seg: &Segment) -> (Vec<u64>, Vec<Site>) {
     // SAFETY: an executable segment of a loaded object: mapped and readable for its length.
     let code = unsafe { std::slice::from_raw_parts(seg.start as *const u8, seg.len) };
     let mut decoder = Decoder::with_ip(64, code, seg.start as u64, DecoderOptions::NONE);
@@ -153,7 +165,7 @@ struct Window {
 
 /// Up to [`MAX_SIDE_INSTRUCTIONS`] instructions after `site`'s `syscall`, stopping after the
 /// first that is not plain.
-fn following(seg: Segment, site: &Site) -> Vec<Instruction> {
+fn following(seg: &Segment, site: &Site) -> Vec<Instruction> {
     let from = site.syscall.next_ip() as usize;
     let end = seg.start + seg.len;
     // SAFETY: inside the segment, as `scan` read it.
@@ -176,7 +188,7 @@ fn following(seg: Segment, site: &Site) -> Vec<Instruction> {
 
 /// The smallest window around `site` that holds a `jmp rel32` and has no branch target
 /// inside it after its first byte.
-fn choose_window(seg: Segment, site: &Site, targets: &[u64]) -> Option<Window> {
+fn choose_window(seg: &Segment, site: &Site, targets: &[u64]) -> Option<Window> {
     let is_target = |ip: u64| targets.binary_search(&ip).is_ok();
     let after_all = following(seg, site);
     let mut best: Option<(usize, usize)> = None;
@@ -301,23 +313,120 @@ fn map_near(lo: usize, hi: usize, len: usize) -> Option<usize> {
     None
 }
 
-/// Writes `bytes` at `at` in code that is executable and read-only: made writable for the
-/// moment (and executable all along: this very code may live on the same pages).
+/// The windows chosen for a segment, kept in a directory for the processes that load the
+/// same library file after (see the module's comment). Best effort both ways: a cache that
+/// cannot be written or read only costs the next process a scan.
+struct WindowCache {
+    dir: std::path::PathBuf,
+}
+
+/// The first line of a cache file; the number of `syscall` sites follows it.
+const CACHE_MAGIC: &str = "uswap-syscall-windows-1";
+
+impl WindowCache {
+    /// The cache file for `seg`: named by its file's device, inode, size and modification
+    /// time, and the segment's place in it.
+    fn path(&self, seg: &Segment) -> Option<std::path::PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&seg.path).ok()?;
+        let name = format!(
+            "libc-{:x}-{:x}-{}-{}.{}-{:x}-{:x}",
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            seg.start - seg.base,
+            seg.len
+        );
+        Some(self.dir.join(name))
+    }
+
+    /// The cached sites count and windows of `seg`, each decoded again from the code; none
+    /// if there is no cache or any window does not decode to exactly one `syscall` within
+    /// its bytes.
+    fn load(&self, seg: &Segment) -> Option<(usize, Vec<Window>)> {
+        let text = std::fs::read_to_string(self.path(seg)?).ok()?;
+        let mut lines = text.lines();
+        let nr_sites: usize = lines.next()?.strip_prefix(CACHE_MAGIC)?.trim().parse().ok()?;
+        let mut windows = Vec::new();
+        for line in lines {
+            let (off, len) = line.split_once(' ')?;
+            let (off, len): (usize, usize) = (off.parse().ok()?, len.parse().ok()?);
+            if off.checked_add(len)? > seg.len || windows.len() >= nr_sites {
+                return None;
+            }
+            windows.push(decode_window(seg.start + off, len)?);
+        }
+        Some((nr_sites, windows))
+    }
+
+    /// Writes `seg`'s windows (to a file of this process's, renamed into place whole).
+    fn store(&self, seg: &Segment, nr_sites: usize, windows: &[Window]) {
+        let Some(path) = self.path(seg) else { return };
+        let mut text = format!("{CACHE_MAGIC} {nr_sites}\n");
+        for w in windows {
+            text.push_str(&format!("{} {}\n", w.start as usize - seg.start, w.len));
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, text).is_err() || std::fs::rename(&tmp, &path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
+/// The window of `len` bytes at `start`: its instructions before the `syscall`, the
+/// `syscall`, and those after; none unless it holds exactly one `syscall`, its instructions
+/// before it are plain ones, only its last may leave it, and it ends on an instruction's
+/// end.
+fn decode_window(start: usize, len: usize) -> Option<Window> {
+    // SAFETY: inside an executable segment of a loaded object (checked by the caller).
+    let code = unsafe { std::slice::from_raw_parts(start as *const u8, len) };
+    let mut decoder = Decoder::with_ip(64, code, start as u64, DecoderOptions::NONE);
+    let (mut before, mut after, mut syscall) = (Vec::new(), Vec::new(), None);
+    while decoder.can_decode() {
+        let ins = decoder.decode();
+        if ins.is_invalid() || after.last().is_some_and(|i: &Instruction| i.flow_control() != FlowControl::Next) {
+            return None;
+        }
+        match (ins.code() == Code::Syscall, syscall.is_some()) {
+            (true, false) => syscall = Some(ins),
+            (true, true) => return None,
+            (false, false) if ins.flow_control() != FlowControl::Next => return None,
+            (false, false) => before.push(ins),
+            (false, true) => after.push(ins),
+        }
+    }
+    let end = after.last().or(syscall.as_ref()).map(|i| i.next_ip())?;
+    (syscall.is_some() && end == (start + len) as u64).then_some(Window { start: start as u64, len, before, after })
+}
+
+/// Writes each `(at, bytes)` of `writes` in code that is executable and read-only: the pages
+/// from the first to the last write are made writable for the moment (and executable all
+/// along: this very code may live on the same pages), with one `mprotect` each way. (One
+/// pair per window split and merged the mapping some 500 times per process start.)
 ///
 /// # Safety
-/// No other thread runs; `at..at + bytes.len()` is code whose old bytes nothing executes
-/// until the write is done.
-unsafe fn write_code(at: usize, bytes: &[u8]) -> Result<(), String> {
+/// No other thread runs; every range is code whose old bytes nothing executes until the
+/// writes are done.
+unsafe fn write_code(writes: &[(usize, Vec<u8>)]) -> Result<(), String> {
     let page = uswap::PAGE_SIZE;
-    let first = at & !(page - 1);
-    let len = (at + bytes.len()).next_multiple_of(page) - first;
+    let (Some(lo), Some(hi)) =
+        (writes.iter().map(|(at, _)| *at).min(), writes.iter().map(|(at, b)| at + b.len()).max())
+    else {
+        return Ok(());
+    };
+    let first = lo & !(page - 1);
+    let len = hi.next_multiple_of(page) - first;
     let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
     if sys_mprotect(first as *mut c_void, len, rwx) != 0 {
         return Err(format!("cannot make the C library's code writable: {}", std::io::Error::last_os_error()));
     }
-    // SAFETY: the range is mapped and now writable (above); the caller's contract says
-    // nothing runs it meanwhile.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len()) };
+    for (at, bytes) in writes {
+        // SAFETY: the range is mapped and now writable (above); the caller's contract says
+        // nothing runs it meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), *at as *mut u8, bytes.len()) };
+    }
     if sys_mprotect(first as *mut c_void, len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
         return Err(format!("cannot make the C library's code read-only again: {}", std::io::Error::last_os_error()));
     }
@@ -328,15 +437,20 @@ unsafe fn write_code(at: usize, bytes: &[u8]) -> Result<(), String> {
 ///
 /// # Safety
 /// Called once, while the process has one thread.
-pub unsafe fn patch_c_library(class_table: u64, slow_entry: u64) -> Result<PatchReport, String> {
+pub unsafe fn patch_c_library(
+    class_table: u64,
+    slow_entry: u64,
+    cache_dir: Option<&std::path::Path>,
+) -> Result<PatchReport, String> {
     let segments = executable_segments(b"/libc.so.6");
     if segments.is_empty() {
         return Err("the C library (libc.so.6) is not loaded: a static program?".into());
     }
     let mut report = PatchReport::default();
-    for seg in segments {
+    let cache = cache_dir.map(|dir| WindowCache { dir: dir.to_path_buf() });
+    for seg in &segments {
         // SAFETY: the caller's contract; the segment is the C library's code.
-        let (sites, patched) = unsafe { patch_segment(seg, class_table, slow_entry)? };
+        let (sites, patched) = unsafe { patch_segment(seg, class_table, slow_entry, cache.as_ref())? };
         // Both the code and its trampolines are uswap's doing: not the program's unmanaged
         // memory (`crate::unmanaged`).
         uswap::note_engine_memory(seg.start, seg.len);
@@ -350,12 +464,26 @@ pub unsafe fn patch_c_library(class_table: u64, slow_entry: u64) -> Result<Patch
 ///
 /// # Safety
 /// No other thread runs; `seg` is mapped code.
-unsafe fn patch_segment(seg: Segment, class_table: u64, slow_entry: u64) -> Result<(usize, usize), String> {
-    let (targets, sites) = scan(seg);
-    let windows: Vec<Window> = sites.iter().filter_map(|s| choose_window(seg, s, &targets)).collect();
+unsafe fn patch_segment(
+    seg: &Segment,
+    class_table: u64,
+    slow_entry: u64,
+    cache: Option<&WindowCache>,
+) -> Result<(usize, usize), String> {
+    let (nr_sites, windows) = match cache.and_then(|c| c.load(seg)) {
+        Some(found) => found,
+        None => {
+            let (targets, sites) = scan(seg);
+            let windows: Vec<Window> = sites.iter().filter_map(|s| choose_window(seg, s, &targets)).collect();
+            if let Some(c) = cache {
+                c.store(seg, sites.len(), &windows);
+            }
+            (sites.len(), windows)
+        }
+    };
     let area_len = (windows.len() * TRAMPOLINE_BYTES).next_multiple_of(uswap::PAGE_SIZE);
     if area_len == 0 {
-        return Ok((sites.len(), 0));
+        return Ok((nr_sites, 0));
     }
     let area =
         map_near(seg.start, seg.start + seg.len, area_len).ok_or("no room for trampolines within 1 GiB of the code")?;
@@ -375,16 +503,23 @@ unsafe fn patch_segment(seg: Segment, class_table: u64, slow_entry: u64) -> Resu
     if sys_mprotect(area as *mut c_void, area_len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
         return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
     }
-    for (at, jump) in &jumps {
-        // SAFETY: one thread (the caller's contract); the window is this segment's code.
-        unsafe { write_code(*at, jump)? };
-    }
-    Ok((sites.len(), jumps.len()))
+    // SAFETY: one thread (the caller's contract); the windows are this segment's code.
+    unsafe { write_code(&jumps)? };
+    Ok((nr_sites, jumps.len()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Serialises these tests: `map_near` picks a gap from a snapshot of the address space,
+    /// and another test's `mmap` can take it meanwhile (at start-up the process has one
+    /// thread, so this race is the tests' own).
+    static ADDRESS_SPACE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serialised() -> std::sync::MutexGuard<'static, ()> {
+        ADDRESS_SPACE.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
     /// Maps `code` read-write-execute; returns its segment.
     fn map_code(code: &[u8]) -> Segment {
@@ -394,25 +529,26 @@ mod tests {
         assert_ne!(p, libc::MAP_FAILED);
         // SAFETY: a fresh private mapping of one page; `code` is smaller.
         unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len()) };
-        Segment { start: p as usize, len: code.len() }
+        Segment { start: p as usize, len: code.len(), base: p as usize, path: "/proc/self/exe".into() }
     }
 
     /// `mov $39, %eax; syscall; ret` (getpid) and `mov $0, %eax; syscall; ret` (read):
     /// windows, then the patched code run, fast path and slow path.
     #[test]
     fn patched_calls_return_what_the_kernel_returns() {
+        let _g = serialised();
         const GETPID: &[u8] = &[0xb8, 39, 0, 0, 0, 0x0f, 0x05, 0xc3];
         const READ: &[u8] = &[0xb8, 0, 0, 0, 0, 0x0f, 0x05, 0xc3];
         let mut code = GETPID.to_vec();
         code.extend_from_slice(READ);
         let seg = map_code(&code);
-        let (targets, sites) = scan(seg);
+        let (targets, sites) = scan(&seg);
         assert_eq!(sites.len(), 2);
-        let w = choose_window(seg, &sites[0], &targets).expect("a window");
+        let w = choose_window(&seg, &sites[0], &targets).expect("a window");
         assert_eq!((w.start, w.len), (seg.start as u64, 7), "mov + syscall: the smallest window");
         // SAFETY: this test's own code, run by no other thread.
         let (found, patched) = unsafe {
-            patch_segment(seg, super::super::table::CLASS.as_ptr() as u64, super::super::entry::slow_entry())
+            patch_segment(&seg, super::super::table::CLASS.as_ptr() as u64, super::super::entry::slow_entry(), None)
         }
         .unwrap();
         assert_eq!((found, patched), (2, 2));
@@ -433,12 +569,40 @@ mod tests {
     /// A branch to the `syscall` itself: the window may not start before it.
     #[test]
     fn a_window_never_has_a_branch_target_inside() {
+        let _g = serialised();
         // mov $39,%eax; syscall; cmp $-4095,%rax; jae -> syscall (a retry loop); ret
         const LOOP: &[u8] = &[0xb8, 39, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73, 0xf6, 0xc3];
         let seg = map_code(LOOP);
-        let (targets, sites) = scan(seg);
+        let (targets, sites) = scan(&seg);
         assert_eq!(targets, vec![seg.start as u64 + 5]);
-        let w = choose_window(seg, &sites[0], &targets).expect("a window");
+        let w = choose_window(&seg, &sites[0], &targets).expect("a window");
         assert_eq!((w.start, w.len), (seg.start as u64 + 5, 8), "syscall + cmp, from the branch target");
+    }
+
+    /// The windows a process stores are the ones the next one loads, instruction for
+    /// instruction; a cache that does not match the code is not used.
+    #[test]
+    fn cached_windows_are_the_scanned_ones_and_a_wrong_cache_is_refused() {
+        let _g = serialised();
+        const LOOP: &[u8] = &[0xb8, 39, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73, 0xf6, 0xc3];
+        let seg = map_code(LOOP);
+        let dir = std::env::temp_dir().join(format!("uswap-window-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cache = WindowCache { dir: dir.clone() };
+        assert!(cache.load(&seg).is_none(), "nothing cached yet");
+        let (targets, sites) = scan(&seg);
+        let windows: Vec<Window> = sites.iter().filter_map(|s| choose_window(&seg, s, &targets)).collect();
+        cache.store(&seg, sites.len(), &windows);
+        let (nr_sites, loaded) = cache.load(&seg).expect("the cache just written");
+        assert_eq!(nr_sites, 1);
+        let shape = |w: &Window| (w.start, w.len, w.before.clone(), w.after.clone());
+        assert_eq!(loaded.iter().map(shape).collect::<Vec<_>>(), windows.iter().map(shape).collect::<Vec<_>>());
+        // A window that cuts an instruction, or holds no syscall: the whole cache is refused.
+        let path = cache.path(&seg).unwrap();
+        for bad in ["1 8", "0 5", "7 6", "5 100"] {
+            std::fs::write(&path, format!("{CACHE_MAGIC} 1\n{bad}\n")).unwrap();
+            assert!(cache.load(&seg).is_none(), "{bad}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
