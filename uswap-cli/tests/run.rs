@@ -1133,12 +1133,16 @@ fn blocking_writes_and_file_reads_are_whole_under_pressure() {
 fn threads_the_c_library_makes_keep_their_dtv_out_of_the_managed_heap() {
     let dir = tmpdir("libcthread");
     let p = compile("libcthread", &dir, &[]);
-    let prog = [p.to_str().unwrap(), "64"];
-    for mode in ["thread", "signal"] {
-        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+    let direct = [p.to_str().unwrap(), "64"];
+    // Run by the dynamic linker itself too (`ld.so PROGRAM`: no AT_BASE to find it by).
+    let by_rtld = format!("/lib64/ld-linux-x86-64.so.2 {} 64", p.display());
+    let by_rtld = ["sh", "-c", by_rtld.as_str()];
+    for (mode, prog) in [("thread", &direct[..]), ("signal", &direct[..]), ("signal", &by_rtld[..])] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], prog, &dir);
         let stdout = String::from_utf8_lossy(&o.stdout);
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{mode}: {}\n{stdout}\n{stderr}", o.status);
+        assert!(!stderr.contains("cannot"), "{mode}, {prog:?}: {stderr}");
         assert_eq!(stdout.matches(": dtv heap").count(), 4, "{mode}: a DTV in managed memory:\n{stdout}");
         assert!(stdout.ends_with("ok\n"), "{mode}: {stdout}");
         assert!(counter(&v, "pswpout") > 0, "{mode}: nothing was paged: {v}");

@@ -111,9 +111,14 @@ fn managed_return_to(ret: usize) -> bool {
     managed_caller() && !(ret >= RTLD_START.load(Ordering::Relaxed) && ret < RTLD_END.load(Ordering::Relaxed))
 }
 
-/// Finds the dynamic linker (its load address is the auxiliary vector's `AT_BASE`) and the
-/// extent of its loaded segments.
+/// Finds the dynamic linker and the extent of its loaded segments: the object that holds
+/// `__tls_get_addr` (which the dynamic linker defines), whether it was loaded as the
+/// program's interpreter or run as the program (`ld.so PROGRAM`, where `AT_BASE` is 0).
 fn find_dynamic_linker() -> Option<(usize, usize)> {
+    extern "C" {
+        // Only its address is taken.
+        fn __tls_get_addr();
+    }
     extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> i32 {
         // SAFETY: dl_iterate_phdr passes a valid info for the call; `data` is the
         // `(base, end)` pair below, alive for the iteration.
@@ -127,8 +132,17 @@ fn find_dynamic_linker() -> Option<(usize, usize)> {
         found.1 = found.0 + end.unwrap_or(0);
         1
     }
-    // SAFETY: getauxval reads the auxiliary vector.
-    let base = unsafe { libc::getauxval(libc::AT_BASE) } as usize;
+    // SAFETY: an all-zero Dl_info is valid (null pointers); dladdr fills it for an address
+    // inside a loaded object.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the address is that of a function of a loaded object.
+    let found_it = unsafe { libc::dladdr(__tls_get_addr as *const c_void, &mut info) } != 0;
+    let base = if found_it && !info.dli_fbase.is_null() {
+        info.dli_fbase as usize
+    } else {
+        // SAFETY: getauxval reads the auxiliary vector.
+        unsafe { libc::getauxval(libc::AT_BASE) as usize }
+    };
     if base == 0 {
         return None;
     }
@@ -166,10 +180,19 @@ pub fn start(start: usize, len: usize) -> Result<(), String> {
         // malloc failed. In KiB; mimalloc clamps it to its largest arena less its metadata.
         mi::mi_option_set(MI_OPTION_ARENA_MAX_OBJECT_SIZE, (MAX_ARENA_BYTES >> 10) as std::ffi::c_long);
     }
-    let (rtld_start, rtld_end) =
-        find_dynamic_linker().ok_or("cannot find the dynamic linker (AT_BASE) to keep its memory unmanaged")?;
-    RTLD_START.store(rtld_start, Ordering::Relaxed);
-    RTLD_END.store(rtld_end, Ordering::Relaxed);
+    match find_dynamic_linker() {
+        Some((rtld_start, rtld_end)) => {
+            RTLD_START.store(rtld_start, Ordering::Relaxed);
+            RTLD_END.store(rtld_end, Ordering::Relaxed);
+        }
+        // Managed all the same; said, since a DTV in the managed heap can kill a thread
+        // in signal mode (see the module doc).
+        None => eprintln!(
+            "uswap: cannot find the dynamic linker in this process ({}); its allocations (threads' TLS tables) \
+             go to the managed heap",
+            std::process::id()
+        ),
+    }
     REGION_LEN.store(len, Ordering::Release);
     let first = len.min(FIRST_ARENA_BYTES);
     add_arena(start, 0, first)?;
