@@ -313,20 +313,20 @@ fn map_near(lo: usize, hi: usize, len: usize) -> Option<usize> {
     None
 }
 
-/// The windows chosen for a segment, kept in a directory for the processes that load the
-/// same library file after (see the module's comment). Best effort both ways: a cache that
+/// The windows chosen for one segment, kept in a file for the processes that load the same
+/// library file after (see the module's comment). Best effort both ways: a cache that
 /// cannot be written or read only costs the next process a scan.
 struct WindowCache {
-    dir: std::path::PathBuf,
+    path: std::path::PathBuf,
 }
 
 /// The first line of a cache file; the number of `syscall` sites follows it.
 const CACHE_MAGIC: &str = "uswap-syscall-windows-1";
 
 impl WindowCache {
-    /// The cache file for `seg`: named by its file's device, inode, size and modification
-    /// time, and the segment's place in it.
-    fn path(&self, seg: &Segment) -> Option<std::path::PathBuf> {
+    /// The cache of `seg` in `dir`: a file named by the segment's file's device, inode, size
+    /// and modification time, and the segment's place in it.
+    fn for_segment(dir: &std::path::Path, seg: &Segment) -> Option<WindowCache> {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(&seg.path).ok()?;
         let name = format!(
@@ -339,14 +339,14 @@ impl WindowCache {
             seg.start - seg.base,
             seg.len
         );
-        Some(self.dir.join(name))
+        Some(WindowCache { path: dir.join(name) })
     }
 
     /// The cached sites count and windows of `seg`, each decoded again from the code; none
     /// if there is no cache or any window does not decode to exactly one `syscall` within
     /// its bytes.
     fn load(&self, seg: &Segment) -> Option<(usize, Vec<Window>)> {
-        let text = std::fs::read_to_string(self.path(seg)?).ok()?;
+        let text = std::fs::read_to_string(&self.path).ok()?;
         let mut lines = text.lines();
         let nr_sites: usize = lines.next()?.strip_prefix(CACHE_MAGIC)?.trim().parse().ok()?;
         let mut windows = Vec::new();
@@ -363,13 +363,12 @@ impl WindowCache {
 
     /// Writes `seg`'s windows (to a file of this process's, renamed into place whole).
     fn store(&self, seg: &Segment, nr_sites: usize, windows: &[Window]) {
-        let Some(path) = self.path(seg) else { return };
         let mut text = format!("{CACHE_MAGIC} {nr_sites}\n");
         for w in windows {
             text.push_str(&format!("{} {}\n", w.start as usize - seg.start, w.len));
         }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, text).is_err() || std::fs::rename(&tmp, &path).is_err() {
+        let tmp = self.path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, text).is_err() || std::fs::rename(&tmp, &self.path).is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
     }
@@ -447,10 +446,9 @@ pub unsafe fn patch_c_library(
         return Err("the C library (libc.so.6) is not loaded: a static program?".into());
     }
     let mut report = PatchReport::default();
-    let cache = cache_dir.map(|dir| WindowCache { dir: dir.to_path_buf() });
     for seg in &segments {
         // SAFETY: the caller's contract; the segment is the C library's code.
-        let (sites, patched) = unsafe { patch_segment(seg, class_table, slow_entry, cache.as_ref())? };
+        let (sites, patched) = unsafe { patch_segment(seg, class_table, slow_entry, cache_dir)? };
         // Both the code and its trampolines are uswap's doing: not the program's unmanaged
         // memory (`crate::unmanaged`).
         uswap::note_engine_memory(seg.start, seg.len);
@@ -461,6 +459,8 @@ pub unsafe fn patch_c_library(
 }
 
 /// Sends the `syscall` instructions of `seg` through the dispatch: (sites found, patched).
+/// The windows come from `cache_dir`'s cache of `seg` when it has a good one, else from a
+/// scan, which is then kept there.
 ///
 /// # Safety
 /// No other thread runs; `seg` is mapped code.
@@ -468,14 +468,15 @@ unsafe fn patch_segment(
     seg: &Segment,
     class_table: u64,
     slow_entry: u64,
-    cache: Option<&WindowCache>,
+    cache_dir: Option<&std::path::Path>,
 ) -> Result<(usize, usize), String> {
-    let (nr_sites, windows) = match cache.and_then(|c| c.load(seg)) {
+    let cache = cache_dir.and_then(|dir| WindowCache::for_segment(dir, seg));
+    let (nr_sites, windows) = match cache.as_ref().and_then(|c| c.load(seg)) {
         Some(found) => found,
         None => {
             let (targets, sites) = scan(seg);
             let windows: Vec<Window> = sites.iter().filter_map(|s| choose_window(seg, s, &targets)).collect();
-            if let Some(c) = cache {
+            if let Some(c) = &cache {
                 c.store(seg, sites.len(), &windows);
             }
             (sites.len(), windows)
@@ -588,7 +589,7 @@ mod tests {
         let seg = map_code(LOOP);
         let dir = std::env::temp_dir().join(format!("uswap-window-cache-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let cache = WindowCache { dir: dir.clone() };
+        let cache = WindowCache::for_segment(&dir, &seg).expect("the segment's file exists");
         assert!(cache.load(&seg).is_none(), "nothing cached yet");
         let (targets, sites) = scan(&seg);
         let windows: Vec<Window> = sites.iter().filter_map(|s| choose_window(&seg, s, &targets)).collect();
@@ -598,7 +599,7 @@ mod tests {
         let shape = |w: &Window| (w.start, w.len, w.before.clone(), w.after.clone());
         assert_eq!(loaded.iter().map(shape).collect::<Vec<_>>(), windows.iter().map(shape).collect::<Vec<_>>());
         // A window that cuts an instruction, or holds no syscall: the whole cache is refused.
-        let path = cache.path(&seg).unwrap();
+        let path = cache.path.clone();
         for bad in ["1 8", "0 5", "7 6", "5 100"] {
             std::fs::write(&path, format!("{CACHE_MAGIC} 1\n{bad}\n")).unwrap();
             assert!(cache.load(&seg).is_none(), "{bad}");

@@ -272,10 +272,10 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
         }
         uncharge(p, done);
         p.clean_pages.fetch_sub(done, Ordering::Relaxed);
-        for v in victims[i..i + done].iter().filter(|v| v.pte.readahead()) {
-            p.stats.inc(Counter::SwapRaUnused);
-            guards.g[v.gi].streams.note_unused(1);
-        }
+        // A run lies in one region.
+        let unused = victims[i..i + done].iter().filter(|v| v.pte.readahead()).count() as u64;
+        p.stats.add(Counter::SwapRaUnused, unused);
+        region.streams.note_unused(unused);
         dropped += done;
     }
     p.stats.add(Counter::SwpoutClean, dropped as u64);
