@@ -242,7 +242,8 @@ typedef struct uswap_stats {
      */
     uint64_t pgfault_swapcache_copy;
     /**
-     * Faults that found their page already resolved by a racing thread.
+     * Faults that found their page already resolved by a racing thread, or an event for
+     * its range still to be applied (retried; nothing is lost).
      */
     uint64_t fault_raced;
     /**

@@ -83,7 +83,8 @@ pub struct uswap_stats {
     pub uffd_remove: u64,
     /// Swap-cache hits on read-only (`mprotect`) memory, served by copying the staged page.
     pub pgfault_swapcache_copy: u64,
-    /// Faults that found their page already resolved by a racing thread.
+    /// Faults that found their page already resolved by a racing thread, or an event for
+    /// its range still to be applied (retried; nothing is lost).
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
     pub fault_lock_free: u64,

@@ -308,8 +308,10 @@ pub(crate) fn serve_fault(
     if route.lock_free() {
         pager.stats.inc(Counter::FaultLockFree);
     }
-    // Gone and Unmapped lose nothing: the address is not the region's any more.
-    if result == Err(FaultError::Unmapped) {
+    // Gone and Unmapped lose nothing: the address is not the region's any more. EAGAIN is
+    // an event (a discard, an unmap) pending for the range: the thread faults again once it
+    // is applied.
+    if matches!(result, Err(FaultError::Unmapped) | Err(FaultError::Ioctl(libc::EAGAIN))) {
         pager.stats.inc(Counter::FaultRaced);
     } else if result.is_err() && result != Err(FaultError::Gone) {
         pager.stats.inc(Counter::FaultError);

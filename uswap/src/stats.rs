@@ -51,7 +51,8 @@ pub(crate) enum Counter {
     SwapRa,
     /// Read-ahead pages the application used (see `readahead` for how use is detected).
     SwapRaHit,
-    /// Faults that found the page already resolved by another thread.
+    /// Faults that found the page already resolved by another thread, or an event for its
+    /// range (a discard, an unmap) still to be applied: faulted again after it.
     FaultRaced,
     /// Faults served without taking any lock because the thread already held one.
     FaultLockFree,
@@ -476,7 +477,9 @@ pub struct Stats {
     /// ends in SIGBUS (its page kept on its device), or an mremap take-out tried again
     /// later. Should stay 0; nonzero means a device read hung or threads were starved.
     pub pool_wait_timeout: u64,
-    /// Faults that found their page already resolved by a racing thread.
+    /// Faults that found their page already resolved by a racing thread, or an event for
+    /// its range still to be applied (`EAGAIN`; the thread faults again after it). Not
+    /// errors: nothing is lost.
     pub fault_raced: u64,
     /// Signal-mode faults served on the lock-free route (the thread held an engine lock).
     pub fault_lock_free: u64,
