@@ -40,6 +40,14 @@ const MI_OPTION_ALLOW_LARGE_OS_PAGES: mi::mi_option_t = 6;
 const MI_OPTION_RESERVE_OS_MEMORY: mi::mi_option_t = 9;
 const MI_OPTION_ARENA_RESERVE: mi::mi_option_t = 23;
 const MI_OPTION_ARENA_MAX_OBJECT_SIZE: mi::mi_option_t = 45;
+const MI_OPTION_PURGE_DELAY: mi::mi_option_t = 15;
+
+/// How long mimalloc keeps freed pages before giving them back (`MADV_DONTNEED`), in ms.
+/// mimalloc 3's default is 1000. Under a budget a freed page kept is a page charged, then
+/// compressed and stored when it is evicted: sqlite3 under 128 MiB swapped out 416k pages
+/// with 1000 ms and 351k with 10 ms (managed peak 374-403 MiB against 362), at the same wall
+/// time. 10 ms is mimalloc 2's default. `MIMALLOC_PURGE_DELAY` in the environment wins.
+const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
 extern "C" {
     /// `bool mi_manage_os_memory_ex(void* start, size_t size, bool is_committed, bool
@@ -163,6 +171,11 @@ pub fn in_arena(p: *mut c_void) -> bool {
     a >= ARENA_START.load(Ordering::Acquire) && a < ARENA_END.load(Ordering::Acquire)
 }
 
+/// Whether the user set mimalloc's purge delay (its current name or its legacy one).
+fn purge_delay_in_environment() -> bool {
+    ["MIMALLOC_PURGE_DELAY", "MIMALLOC_RESET_DELAY"].iter().any(|v| std::env::var_os(v).is_some())
+}
+
 /// Hands `[start, start + len)` (a managed region, zero-filled on first touch) to mimalloc as
 /// its only memory and turns routing on. Called once, by the constructor. Only the first
 /// [`FIRST_ARENA_BYTES`] become an arena now; the rest follows as allocations need it
@@ -179,6 +192,9 @@ pub fn start(start: usize, len: usize) -> Result<(), String> {
         // Objects above this (2 GiB by default) go to the OS, which is disallowed: a 3 GiB
         // malloc failed. In KiB; mimalloc clamps it to its largest arena less its metadata.
         mi::mi_option_set(MI_OPTION_ARENA_MAX_OBJECT_SIZE, (MAX_ARENA_BYTES >> 10) as std::ffi::c_long);
+        if !purge_delay_in_environment() {
+            mi::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS);
+        }
     }
     match find_dynamic_linker() {
         Some((rtld_start, rtld_end)) => {
