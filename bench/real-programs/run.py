@@ -94,14 +94,20 @@ def ra_unused(row):
 
 
 def memory_peak(row):
-    """The memory the program cost at its peak, MiB: for uswap its RSS peak (the managed
-    pages it kept, its compressed pool and its unmanaged memory, all in the process); for
-    the kernel the cgroup's peak charge plus, for zram, zram's own `mem_used_max`."""
-    if row["engine"].startswith("kernel"):
-        charged = row.get("charged_peak_bytes")
-        if charged is None:
-            return "-"
-        return f"{(charged + (row.get('swap_device_peak_bytes') or 0)) / 2**20:.0f}"
+    """The memory the limit counted plus the swap device's own, at their peaks, MiB: the
+    charged peak (uswap's resident peak of managed pages, or the kernel cgroup's peak charge,
+    page cache included) plus the device peak (uswap's compressed pool, zram's
+    `mem_used_max`; none for a swap file)."""
+    charged = row.get("charged_peak_bytes")
+    if charged is None:
+        return "-"
+    return f"{(charged + (row.get('swap_device_peak_bytes') or 0)) / 2**20:.0f}"
+
+
+def rss_peak(row):
+    """The largest process's RSS peak, MiB. Under uswap it holds everything the program cost:
+    kept pages, the pool, memory uswap does not manage, the engine's tables. Under the kernel
+    it holds the resident pages only (zram is outside the process)."""
     return f"{(row.get('rss_peak_bytes') or 0) / 2**20:.0f}"
 
 
@@ -124,18 +130,19 @@ def main():
                  "the like-for-like match of `kernel-zram`). Medians of the runs; `×zram` is kernel-zram's wall "
                  "time over the engine's (above 1: faster). `ra hit` is read-ahead pages used over pages read ahead "
                  "(uswap's `swap_ra_hit/swap_ra`, the kernel's from /proc/vmstat); `ra unused` is uswap's "
-                 "read-ahead pages evicted unused over pages read ahead. `memory peak` is what the program "
-                 "cost at its peak: uswap's RSS peak (the pages it kept, its compressed pool and its unmanaged "
-                 "memory, all in the process; the largest process of the tree), or the kernel cgroup's peak "
-                 "charge plus zram's own `mem_used_max`.")
+                 "read-ahead pages evicted unused over pages read ahead. `limit+device` is what the limit counted "
+                 "at its peak plus the swap device's own memory at its peak: uswap's resident peak of managed pages "
+                 "plus its compressed pool's peak, or the kernel cgroup's peak charge plus zram's `mem_used_max`. "
+                 "`RSS peak` is the largest process's: under uswap everything the program cost (kept pages, pool, "
+                 "memory uswap does not manage, the engine's tables), under the kernel its resident pages only.")
     lines.append("")
     if not args.pmbench or not args.usemem:
         lines.append("Left out this time: " + ", ".join(n for n, v in (("pmbench", args.pmbench), ("usemem", args.usemem)) if not v)
                      + " (give their built source trees with --pmbench/--usemem).")
         lines.append("")
     lines.append("| program | limit | engine | wall s | ×zram | major faults | pswpout | ra hit | ra unused "
-                 "| memory peak MiB |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+                 "| limit+device MiB | RSS peak MiB |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     details = []
     rate_lines = []
     for name, cmd, limit in programs(args):
@@ -153,8 +160,8 @@ def main():
             speed = r.get("speed_vs_baseline")
             lines.append(f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | "
                          f"{speed:.2f} | {r.get('pgmajfault', 0)} | {r.get('pswpout', 0)} | {ra_hit(r)} | "
-                         f"{ra_unused(r)} | {memory_peak(r)} |" if speed is not None else
-                         f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | - | - | - | - | - | - |")
+                         f"{ra_unused(r)} | {memory_peak(r)} | {rss_peak(r)} |" if speed is not None else
+                         f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | - | - | - | - | - | - | - |")
         details.append(f"`{cmd}` (exit {rc}, {took:.0f} s):\n\n```text\n{table}\n```")
         if rc != 0:
             details.append(f"stderr:\n\n```text\n{err[-2000:]}\n```")

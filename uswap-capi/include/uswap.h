@@ -390,6 +390,10 @@ typedef struct uswap_stats {
      * AIO, KVM guest RAM in managed memory). Such programs belong in thread mode.
      */
     uint64_t syscall_async_kernel_access;
+    /**
+     * The most memory the in-RAM compressed pools held at once, in bytes.
+     */
+    uint64_t pool_peak_bytes;
 } uswap_stats;
 
 #ifdef __cplusplus

@@ -162,6 +162,8 @@ pub struct uswap_stats {
     /// Signal mode: calls that set up memory the kernel touches on its own later (io_uring,
     /// AIO, KVM guest RAM in managed memory). Such programs belong in thread mode.
     pub syscall_async_kernel_access: u64,
+    /// The most memory the in-RAM compressed pools held at once, in bytes.
+    pub pool_peak_bytes: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -244,7 +246,8 @@ impl uswap_stats {
             syscall_efault,
             fault_event_wait_timeout,
             syscall_continued,
-            syscall_async_kernel_access;
+            syscall_async_kernel_access,
+            pool_peak_bytes;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

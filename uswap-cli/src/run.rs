@@ -337,7 +337,7 @@ impl Launch {
 
     /// The counters of every process of the program, summed (call once it has ended).
     pub fn summary(&self) -> serde_json::Value {
-        summarize(&self.stats_dir, self.limit_bytes, self.segment.resident_peak_pages() as u64)
+        summarize(&self.stats_dir, self.limit_bytes, &self.segment)
     }
 }
 
@@ -566,7 +566,7 @@ impl Drop for IgnoreTerminalSignals {
 const NOT_SUMMED: &[&str] = &["limit_pages", "pid"];
 
 /// Sums the per-process records into the tree's counters.
-fn summarize(dir: &Path, limit_bytes: u64, tree_peak_pages: u64) -> serde_json::Value {
+fn summarize(dir: &Path, limit_bytes: u64, segment: &uswap::shared_charge::ChargeSegment) -> serde_json::Value {
     let mut sum = serde_json::Map::new();
     let mut processes = 0u64;
     let mut managed_peak_pages = 0u64;
@@ -604,7 +604,9 @@ fn summarize(dir: &Path, limit_bytes: u64, tree_peak_pages: u64) -> serde_json::
     sum.insert("limit_bytes".into(), limit_bytes.into());
     // The tree's peak: the most pages resident at once over all processes together (the
     // per-process resident_peak_pages summed above is an upper bound of it).
-    sum.insert("resident_peak_bytes".into(), (tree_peak_pages * page).into());
+    sum.insert("resident_peak_bytes".into(), (segment.resident_peak_pages() as u64 * page).into());
+    // Likewise the pools: the tree's sum at its peak.
+    sum.insert("pool_peak_bytes".into(), segment.pool_peak_bytes().into());
     sum.insert("managed_peak_bytes".into(), (managed_peak_pages * page).into());
     serde_json::Value::Object(sum)
 }
@@ -612,11 +614,12 @@ fn summarize(dir: &Path, limit_bytes: u64, tree_peak_pages: u64) -> serde_json::
 fn summary_line(s: &serde_json::Value) -> String {
     let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
     format!(
-        "uswap run: {} process(es), limit {}, resident peak {}, managed peak {}, unmanaged peak {}, pswpin {}, \
-         pswpout {}, major faults {}",
+        "uswap run: {} process(es), limit {}, resident peak {}, pool peak {}, managed peak {}, unmanaged peak {}, \
+         pswpin {}, pswpout {}, major faults {}",
         g("processes"),
         format_size(g("limit_bytes")),
         format_size(g("resident_peak_bytes")),
+        format_size(g("pool_peak_bytes")),
         format_size(g("managed_peak_bytes")),
         format_size(g("unmanaged_peak_bytes")),
         g("pswpin"),

@@ -92,7 +92,7 @@ fn rearm(held: Held) -> Result<(), String> {
     let mut builder = cfg.builder();
     if let Some(seg) = crate::segment() {
         match seg.claim(std::process::id()) {
-            Some(own) => builder = builder.shared_charge(seg.charge(), own),
+            Some(own) => builder = builder.shared_charge(seg.charge(), own.pages).own_pool_bytes(own.pool_bytes),
             None => crate::report::note_unshared(),
         }
     }

@@ -112,7 +112,7 @@ fn start() -> Result<(), String> {
                 .map_err(|e| format!("cannot open the shared charge {}: {e}", path.display()))?;
             seg.sweep_dead();
             match seg.claim(std::process::id()) {
-                Some(own) => builder = builder.shared_charge(seg.charge(), own),
+                Some(own) => builder = builder.shared_charge(seg.charge(), own.pages).own_pool_bytes(own.pool_bytes),
                 None => report::note_unshared(),
             }
             let _ = SEGMENT.set(seg);

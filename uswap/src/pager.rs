@@ -13,7 +13,7 @@
 //! accounting rules and `swap` for the allocator's locks. `threads` is a std mutex used only
 //! at start and shutdown.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -29,7 +29,7 @@ use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
 use crate::reclaim::lru::Lru;
 use crate::region::{PageState, Pte, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
 use crate::region_handle::Region;
-use crate::shared_charge::{ChargeCell, SharedCharge};
+use crate::shared_charge::{ChargeCell, PoolShare, SharedCharge};
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
 use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
@@ -93,6 +93,7 @@ pub struct PagerBuilder {
     readahead_async_windows: usize,
     regions_survive_fork: bool,
     shared_charge: Option<(&'static SharedCharge, &'static AtomicUsize)>,
+    own_pool_bytes: Option<&'static AtomicU64>,
     publish_stats: bool,
 }
 
@@ -186,8 +187,20 @@ impl PagerBuilder {
     /// when `tree` is above its high watermark. The pager's own charge (its resident pages)
     /// is kept in `own_pages`, so that whoever outlives the process can give it back to
     /// `tree` if it dies without doing so. The pager's own limit still applies too.
+    ///
+    /// The pager's compressed pools report their memory to `tree` as well (its `pool_bytes`
+    /// and `pool_peak_bytes`: the tree's pools at once, where summing each process's peak
+    /// would count moments that never met).
     pub fn shared_charge(mut self, tree: &'static SharedCharge, own_pages: &'static AtomicUsize) -> Self {
         self.shared_charge = Some((tree, own_pages));
+        self
+    }
+
+    /// With [`shared_charge`](Self::shared_charge): keeps the pager's share of the tree's
+    /// pool memory in `own_pool_bytes`, so that whoever outlives the process can take it
+    /// out of the tree's sum if the process dies without doing so.
+    pub fn own_pool_bytes(mut self, own_pool_bytes: &'static AtomicU64) -> Self {
+        self.own_pool_bytes = Some(own_pool_bytes);
         self
     }
 
@@ -212,9 +225,13 @@ impl PagerBuilder {
         let mut backends = Vec::with_capacity(self.devices.len());
         let mut async_readers = Vec::with_capacity(self.devices.len());
         for d in &self.devices {
+            let backend = d.open()?;
+            if let Some((tree, _)) = self.shared_charge {
+                backend.share_pool(PoolShare::new(tree, self.own_pool_bytes));
+            }
             backends.push(DeviceSpec {
                 priority: d.priority_value(),
-                backend: d.open()?,
+                backend,
                 checksum: d.checksum_enabled(),
                 readahead: d.readahead_policy(),
                 clean_readahead: d.clean_readahead_enabled(),
@@ -662,6 +679,7 @@ impl PagerShared {
                 }
             })
             .collect();
+        st.pool_peak_bytes = st.devices.iter().filter_map(|d| d.backend.as_ref()).map(|b| b.pool_peak_bytes).sum();
         st
     }
 }
@@ -726,6 +744,7 @@ impl Pager {
             readahead_async_windows: DEFAULT_ASYNC_WINDOWS,
             regions_survive_fork: false,
             shared_charge: None,
+            own_pool_bytes: None,
             publish_stats: true,
         }
     }

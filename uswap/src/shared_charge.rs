@@ -15,6 +15,11 @@
 //! by pid: an exec'd image claims its own pid's old slot and returns the old charge; a
 //! dead pid's slot is returned by [`ChargeSegment::sweep_dead`], which every process runs
 //! at start and periodically. All fields are atomics; there is no lock.
+//!
+//! The segment also adds up the compressed pools of the tree ([`PoolShare`]): memory outside
+//! the limit, which the tree's figures (`uswap run`'s `pool_peak_bytes`) must not count once
+//! per process at different moments. A slot keeps its process's share of it, returned with
+//! the charge.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -34,6 +39,61 @@ pub struct SharedCharge {
     pub limit_pages: AtomicUsize,
     /// The most `resident_pages` has been.
     pub resident_peak_pages: AtomicUsize,
+    /// Memory the pagers' compressed pools hold together (see [`PoolShare`]).
+    pub pool_bytes: AtomicU64,
+    /// The most `pool_bytes` has been.
+    pub pool_peak_bytes: AtomicU64,
+}
+
+/// Where a compressed pool reports the memory it takes and gives back: the tree's total
+/// (and its peak) in a [`SharedCharge`], and the process's own share, if it has a slot to
+/// keep it in. Only the process that made the pool reports: a fork child's copy of its
+/// parent's pool (read, never grown) stays silent. Called when a pool takes or frees a
+/// whole chunk (64 KiB): no lock, no allocation, safe in a signal handler.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolShare {
+    tree: &'static SharedCharge,
+    own: Option<&'static AtomicU64>,
+    pid: u32,
+}
+
+impl PoolShare {
+    pub fn new(tree: &'static SharedCharge, own: Option<&'static AtomicU64>) -> PoolShare {
+        PoolShare { tree, own, pid: std::process::id() }
+    }
+
+    fn reports(&self) -> bool {
+        // SAFETY: getpid has no preconditions and is async-signal-safe.
+        (unsafe { libc::getpid() }) as u32 == self.pid
+    }
+
+    pub fn grow(&self, bytes: u64) {
+        if !self.reports() {
+            return;
+        }
+        if let Some(own) = self.own {
+            own.fetch_add(bytes, Ordering::Relaxed);
+        }
+        let now = self.tree.pool_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.tree.pool_peak_bytes.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub fn shrink(&self, bytes: u64) {
+        if !self.reports() {
+            return;
+        }
+        if let Some(own) = self.own {
+            own.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        self.tree.pool_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A process's slot in a segment: its own charge, and its share of the tree's pools.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnSlot {
+    pub pages: &'static AtomicUsize,
+    pub pool_bytes: &'static AtomicU64,
 }
 
 /// A pager's own charge: its own counter, or one in memory it shares with others.
@@ -59,13 +119,14 @@ pub const SEGMENT_FILE: &str = "charge";
 pub const MAX_PROCESSES: usize = 4096;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
-const VERSION: u64 = 1;
+const VERSION: u64 = 2;
 
 #[repr(C)]
 struct Slot {
     /// 0: free.
     pid: AtomicU64,
     own_pages: AtomicUsize,
+    own_pool_bytes: AtomicU64,
 }
 
 #[repr(C)]
@@ -136,26 +197,34 @@ impl ChargeSegment {
         self.seg.charge.resident_peak_pages.load(Ordering::Acquire)
     }
 
-    /// Gives a slot's charge back and frees it.
+    /// The most memory the tree's compressed pools held at once.
+    pub fn pool_peak_bytes(&self) -> u64 {
+        self.seg.charge.pool_peak_bytes.load(Ordering::Acquire)
+    }
+
+    /// Gives a slot's charge (and its share of the pools) back.
     fn release(&self, slot: &Slot) {
         let own = slot.own_pages.swap(0, Ordering::AcqRel);
         self.seg.charge.resident_pages.fetch_sub(own, Ordering::AcqRel);
+        let pool = slot.own_pool_bytes.swap(0, Ordering::AcqRel);
+        self.seg.charge.pool_bytes.fetch_sub(pool, Ordering::AcqRel);
     }
 
     /// A slot for process `pid`'s own charge. A slot already holding `pid` is what an
     /// earlier image of this process left before it exec'd: its charge is given back and
     /// the slot reused. `None` when every slot is taken.
-    pub fn claim(&self, pid: u32) -> Option<&'static AtomicUsize> {
+    pub fn claim(&self, pid: u32) -> Option<OwnSlot> {
         let pid = pid as u64;
+        let own = |s: &'static Slot| OwnSlot { pages: &s.own_pages, pool_bytes: &s.own_pool_bytes };
         for s in &self.seg.slots {
             if s.pid.load(Ordering::Acquire) == pid {
                 self.release(s);
-                return Some(&s.own_pages);
+                return Some(own(s));
             }
         }
         for s in &self.seg.slots {
             if s.pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                return Some(&s.own_pages);
+                return Some(own(s));
             }
         }
         None
@@ -180,5 +249,50 @@ impl ChargeSegment {
             }
         }
         freed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(name: &str) -> ChargeSegment {
+        let path = std::env::temp_dir().join(format!("uswap-charge-test.{}.{name}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let seg = ChargeSegment::create(&path, 64 << 20).expect("create the segment");
+        std::fs::remove_file(&path).expect("remove the segment file");
+        seg
+    }
+
+    #[test]
+    fn pools_add_up_with_a_peak_and_a_dead_process_gives_its_share_back() {
+        let seg = segment("pools");
+        let (a, b) = (seg.claim(1_000_001).expect("a slot"), seg.claim(1_000_002).expect("a slot"));
+        let (sa, sb) =
+            (PoolShare::new(seg.charge(), Some(a.pool_bytes)), PoolShare::new(seg.charge(), Some(b.pool_bytes)));
+        sa.grow(3 << 16);
+        sb.grow(2 << 16);
+        sa.shrink(1 << 16);
+        assert_eq!(seg.charge().pool_bytes.load(Ordering::Relaxed), 4 << 16);
+        assert_eq!(seg.pool_peak_bytes(), 5 << 16, "the peak is the sum at one moment");
+        assert_eq!((a.pool_bytes.load(Ordering::Relaxed), b.pool_bytes.load(Ordering::Relaxed)), (2 << 16, 2 << 16));
+        // An exec'd image of the first process claims its slot again: the old share goes.
+        let a2 = seg.claim(1_000_001).expect("the same slot");
+        assert_eq!(a2.pool_bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(seg.charge().pool_bytes.load(Ordering::Relaxed), 2 << 16);
+        assert_eq!(seg.pool_peak_bytes(), 5 << 16);
+    }
+
+    #[test]
+    fn a_copy_of_a_pool_in_another_process_reports_nothing() {
+        let seg = segment("fork");
+        let own = seg.claim(1_000_003).expect("a slot");
+        // What a fork child's copy of its parent's pool holds: the parent's pid.
+        let copy = PoolShare { tree: seg.charge(), own: Some(own.pool_bytes), pid: std::process::id() + 1 };
+        copy.grow(1 << 16);
+        copy.shrink(1 << 16);
+        assert_eq!(seg.charge().pool_bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(seg.pool_peak_bytes(), 0);
+        assert_eq!(own.pool_bytes.load(Ordering::Relaxed), 0);
     }
 }

@@ -575,6 +575,10 @@ pub struct Stats {
     /// managed memory): its accesses to pages that are out fail. Said once on stderr; such
     /// programs belong in thread mode.
     pub syscall_async_kernel_access: u64,
+    /// The most memory the in-RAM compressed pools held at once (sum of their devices'
+    /// `pool_peak_bytes`): what the pager's devices cost on top of the resident pages.
+    /// Summed over processes (as `uswap run` does) it bounds the tree's peak from above.
+    pub pool_peak_bytes: u64,
     /// Per device, in priority order.
     pub devices: Vec<DeviceStats>,
     /// Fault service time (from entering the engine to the page being mapped), microseconds.
@@ -740,6 +744,7 @@ impl Stats {
             remap_copied,
             limit_overrun_busy,
             pool_wait_timeout,
+            pool_peak_bytes,
         );
         for d in &other.devices {
             match self.devices.iter_mut().find(|mine| mine.name == d.name) {
@@ -773,6 +778,7 @@ impl DeviceStats {
         match (&mut self.backend, &other.backend) {
             (Some(a), Some(b)) => {
                 a.pool_bytes += b.pool_bytes;
+                a.pool_peak_bytes += b.pool_peak_bytes;
                 a.stored_pages += b.stored_pages;
                 a.same_filled_pages += b.same_filled_pages;
                 a.incompressible_pages += b.incompressible_pages;

@@ -78,10 +78,11 @@ pub struct CommandResult {
     /// managed pages over every process, or the kernel cgroup's peak charge (page cache
     /// included); none for `ram`.
     pub charged_peak_bytes: Option<u64>,
-    /// The swap device's own peak memory in the median run: zram's `mem_used_max`
-    /// (compressed pages and its allocator's overhead; not in the cgroup's charge). None
-    /// for the others: uswap's pool lives in the program and is in its RSS peak; a swap
-    /// file takes no memory of its own.
+    /// The swap device's own peak memory in the median run, outside what the limit counts:
+    /// zram's `mem_used_max` (compressed pages and its allocator's overhead; not in the
+    /// cgroup's charge), or uswap's compressed pools' `pool_peak_bytes` (summed over the
+    /// tree's processes; it lives in the program, so it is in the RSS peak too; 0 on a
+    /// device with no pool). None for a swap file, which takes no memory of its own.
     pub swap_device_peak_bytes: Option<u64>,
     pub stdout_bytes: u64,
     /// Always true in a result: a difference stops the bench with an error.
@@ -378,7 +379,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
                 pswpin: u64_of(&stats, "pswpin"),
                 pswpout: u64_of(&stats, "pswpout"),
                 charged_peak_bytes: u64_of(&stats, "resident_peak_bytes"),
-                swap_device_peak_bytes: None,
+                swap_device_peak_bytes: u64_of(&stats, "pool_peak_bytes"),
                 stats,
                 outcome,
             })
@@ -591,7 +592,7 @@ pub fn table(results: &[CommandResult]) -> Table {
     if baseline.is_some() {
         cols.push((format!("×{bname}"), true));
     }
-    for c in ["majflt", "pswpout", "TLB/majflt", "RSS peak", "charged peak", "zram peak"] {
+    for c in ["majflt", "pswpout", "TLB/majflt", "RSS peak", "charged peak", "device peak"] {
         cols.push((c.into(), true));
     }
     let rows = results
@@ -630,6 +631,10 @@ pub fn print(args: &BenchArgs, results: &[CommandResult]) {
         None => println!("(no ratios: add kernel-zram to --engines, or give --baseline)"),
     }
     println!("TLB/majflt: TLB shootdowns (/proc/interrupts, machine-wide) per major fault of the median run");
+    println!(
+        "charged peak: the most the limit counted at once; device peak: the swap device's own memory outside \
+         it (zram's mem_used_max, uswap's compressed pool)"
+    );
     println!("output: the same {} bytes under every engine and run", first.stdout_bytes);
     for r in results.iter().filter(|r| r.oom_kills > 0) {
         println!("note: {}: the kernel's OOM killer ended {} attempt(s), run again", r.engine, r.oom_kills);

@@ -20,7 +20,7 @@ use super::{Format, PagerStats};
 
 /// Top-level fields of `Stats` that are levels, not running counts.
 /// resident_peak_pages only rises, but it is a level (a high-water mark), not a count of events.
-const GAUGES: [&str; 7] = [
+const GAUGES: [&str; 8] = [
     "resident_pages",
     "swapcache_pages",
     "clean_pages",
@@ -28,10 +28,11 @@ const GAUGES: [&str; 7] = [
     "resident_peak_pages",
     "unmanaged_bytes",
     "unmanaged_peak_bytes",
+    "pool_peak_bytes",
 ];
 
 /// Fields of a device (and of its backend) that are levels; the rest count events.
-const DEVICE_GAUGES: [&str; 11] = [
+const DEVICE_GAUGES: [&str; 12] = [
     "priority",
     "nr_slots",
     "slots_used",
@@ -39,6 +40,7 @@ const DEVICE_GAUGES: [&str; 11] = [
     "clusters_nonfull",
     "clusters_full",
     "pool_bytes",
+    "pool_peak_bytes",
     "stored_pages",
     "same_filled_pages",
     "incompressible_pages",
@@ -105,6 +107,7 @@ fn help(field: &str) -> Option<&'static str> {
         "limit_pages" => "The resident limit, in pages.",
         "unmanaged_bytes" => "The process's anonymous memory no pager manages, last measured.",
         "unmanaged_peak_bytes" => "The most anonymous memory no pager managed at once.",
+        "pool_peak_bytes" => "The most memory the compressed pools held at once.",
         "syscall_prepared" => "Signal mode: system calls whose managed memory was brought in before the call.",
         "syscall_efault_retried" => "Signal mode: of those, calls that met EFAULT anyway and were made again.",
         "syscall_continued" => "Signal mode: transfers cut short by reclaim during the call, continued for the rest.",

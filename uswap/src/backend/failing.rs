@@ -194,6 +194,10 @@ impl Backend for FailingBackend {
         self.inner.accepting()
     }
 
+    fn share_pool(&self, share: crate::shared_charge::PoolShare) {
+        self.inner.share_pool(share)
+    }
+
     fn writeback_candidates(&self, out: &mut [u64]) -> usize {
         self.inner.writeback_candidates(out)
     }

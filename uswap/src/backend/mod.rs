@@ -79,6 +79,8 @@ impl std::fmt::Display for RejectReason {
 pub struct BackendStats {
     /// Bytes of memory the device holds (pool footprint), if it lives in RAM.
     pub pool_bytes: u64,
+    /// The most `pool_bytes` held at once since the device started.
+    pub pool_peak_bytes: u64,
     /// Pages stored.
     pub stored_pages: u64,
     /// Of those, pages filled with one repeated word, stored as that word alone.
@@ -221,6 +223,11 @@ pub trait Backend: Send + Sync {
     /// copy-on-write copy of the memory its reads use (around a fork, see
     /// `Pager::prepare_fork_to_rearm`; off again in the parent after it).
     fn set_inherited(&self, _inherit: bool) {}
+
+    /// For a device that holds its pages in this process's memory: where to report that
+    /// memory as it grows and shrinks, beside other pagers' (a `uswap run` tree's pools).
+    /// Called once, before the device is used.
+    fn share_pool(&self, _share: crate::shared_charge::PoolShare) {}
 
     fn writeback_candidates(&self, _out: &mut [u64]) -> usize {
         0
