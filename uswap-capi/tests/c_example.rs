@@ -159,7 +159,7 @@ fn example_binary() -> &'static Path {
 /// Runs the example in `mode` and checks everything it prints.
 fn run_example(mode: &str, devices: &str) {
     if let Some(why) = userfaultfd_unusable() {
-        eprintln!("SKIPPED (this process may not open a userfaultfd): {why}");
+        skipped(&format!("this process may not open a userfaultfd: {why}"));
         return;
     }
     let mut cmd = Command::new(example_binary());
@@ -263,4 +263,17 @@ fn a_stuck_child_is_killed_and_the_failure_names_the_step() {
     assert!(message.contains("a sleeping shell did not finish within 1 s"), "{message}");
     assert!(message.contains("started"), "the output so far is shown: {message}");
     assert!(started.elapsed() < Duration::from_secs(10), "the group (sleep included) was killed, not waited for");
+}
+
+/// Says that a test, or part of one, could not run here and why. Written to the process's
+/// stderr itself, which `cargo test` does not capture (it captures the print macros only), so
+/// a reader of a local run sees every skip. With `USWAP_TEST_NO_SKIP` set (`.ci/run` sets
+/// it: CI installs every prerequisite) a skip fails the test instead.
+fn skipped(why: &str) {
+    if std::env::var_os("USWAP_TEST_NO_SKIP").is_some() {
+        panic!("SKIPPED where no test may skip (USWAP_TEST_NO_SKIP): {why}");
+    }
+    use std::io::Write;
+    let name = std::thread::current().name().unwrap_or("a test").to_string();
+    let _ = writeln!(std::io::stderr(), "SKIPPED ({name}): {why}");
 }

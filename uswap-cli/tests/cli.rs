@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::{kernel_unavailable, run_timed, swaps};
+use common::{kernel_unavailable, run_timed, skipped, swaps, uswap_for_nobody};
 
 fn uswap() -> Command {
     Command::new(env!("CARGO_BIN_EXE_uswap"))
@@ -469,7 +469,7 @@ macro_rules! kernel_test {
     () => {{
         let guard = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = kernel_unavailable() {
-            eprintln!("SKIPPED (kernel engines need root, zram, a memory controller, swap off): {why}");
+            skipped(&format!("kernel engines need root, zram, a memory controller, swap off: {why}"));
             return;
         }
         guard
@@ -655,17 +655,16 @@ fn kernel_engines_refuse_clearly() {
     let _g = kernel_test!();
     let bench = ["bench", "--wss", "32MiB", "--limit", "16MiB", "--accesses", "2000", "--engines", "kernel-zram,ram"];
     // Not root.
-    let exe = env!("CARGO_BIN_EXE_uswap");
-    let out =
-        Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", exe]).args(bench).output();
-    match out {
-        Ok(out) if !String::from_utf8_lossy(&out.stderr).contains("Permission denied") => {
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(!out.status.success());
-            assert!(err.contains("kernel engines (kernel-zram) need root") && err.contains("sudo"), "{err}");
-        }
-        _ => eprintln!("SKIPPED the not-root case: cannot run the binary as nobody"),
-    }
+    let exe = uswap_for_nobody();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(bench)
+        .output()
+        .expect("setpriv (util-linux) runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("kernel engines (kernel-zram) need root") && err.contains("sudo"), "{err}");
     // Another bench holds the lock.
     let lock = std::fs::OpenOptions::new()
         .read(true)
@@ -736,7 +735,7 @@ fn assert_local_redis_gone(stderr: &str) {
 fn redis_server_missing() -> bool {
     let missing = Command::new("redis-server").arg("--version").output().is_err();
     if missing {
-        eprintln!("SKIPPED: redis-server is not installed (apt-get install redis-server)");
+        skipped("redis-server is not installed (apt-get install redis-server)");
     }
     missing
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::{kernel_unavailable, run_timed};
+use common::{kernel_unavailable, run_timed, skipped};
 
 const LIMIT_MIB: u64 = 16;
 /// Working sets are this many times the limit.
@@ -427,7 +427,7 @@ fn bench_command_times_one_program_under_every_engine() {
     match kernel_unavailable() {
         None => engines.extend(["kernel-zram", "kernel-file"]),
         Some(why) => {
-            eprintln!("SKIPPED the kernel engines (they need root, zram, a memory controller, swap off): {why}")
+            skipped(&format!("the kernel engines (they need root, zram, a memory controller, swap off): {why}"))
         }
     }
     let list = engines.join(",");
@@ -551,23 +551,19 @@ fn bench_command_refuses_what_it_cannot_run() {
         return;
     }
     if !Path::new("/usr/bin/setpriv").is_file() {
-        eprintln!("SKIPPED the not-root case: no /usr/bin/setpriv to run the binary as nobody");
+        skipped("the not-root case: no /usr/bin/setpriv to run the binary as nobody");
         return;
     }
     let o = run_timed(
         Command::new("/usr/bin/setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_uswap")])
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(common::uswap_for_nobody())
             .args(["bench", "--command", "true", "--engines", "kernel-zram,ram"]),
         Duration::from_secs(60),
     );
-    match o {
-        o if !String::from_utf8_lossy(&o.stderr).contains("Permission denied") => {
-            let e = String::from_utf8_lossy(&o.stderr);
-            assert_eq!(o.status.code(), Some(2), "{e}");
-            assert!(e.contains("kernel engines (kernel-zram) need root") && e.contains("sudo"), "{e}");
-        }
-        _ => eprintln!("SKIPPED the not-root case: cannot run the binary as nobody"),
-    }
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("kernel engines (kernel-zram) need root") && e.contains("sudo"), "{e}");
 }
 
 /// Pids of processes whose command line is exactly `argv`.
@@ -587,7 +583,7 @@ fn bench_command_interrupted_kills_the_program_and_cleans_up() {
     let mut engines = vec!["ram"];
     match kernel_unavailable() {
         None => engines.push("kernel-zram"),
-        Some(why) => eprintln!("SKIPPED the kernel engine (it needs root, zram, a memory controller, swap off): {why}"),
+        Some(why) => skipped(&format!("the kernel engine (it needs root, zram, a memory controller, swap off): {why}")),
     }
     // A sleep no one else runs, so that finding it finds ours.
     let secs = format!("{}.{}", 300, std::process::id());
@@ -638,7 +634,7 @@ fn bench_command_interrupted_kills_the_program_and_cleans_up() {
 fn a_program_pages_to_redis_and_leaves_no_key_behind() {
     use uswap::backend::redis::{redis_server_available, LocalRedis};
     if !redis_server_available() {
-        eprintln!("SKIPPED: redis-server is not installed (apt-get install redis-server)");
+        skipped("redis-server is not installed (apt-get install redis-server)");
         return;
     }
     let redis = LocalRedis::start(1, 0, &[]).expect("a local redis-server starts");
@@ -707,7 +703,7 @@ fn have(tool: &str, why: &str) -> bool {
     let found = Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok();
     if !found {
         assert!(std::env::var_os("CI").is_none(), "{tool} is missing in CI: .ci/run installs it ({why})");
-        eprintln!("SKIPPED: {tool} is not installed ({why})");
+        skipped(&format!("{tool} is not installed ({why})"));
     }
     found
 }
@@ -864,7 +860,7 @@ fn qemu_guest_ram_is_paged() {
             std::env::var_os("CI").is_none(),
             "no readable /boot/vmlinuz-* in CI: .ci/run installs linux-image-amd64"
         );
-        eprintln!("SKIPPED: no readable /boot/vmlinuz-* (Debian: apt-get install linux-image-amd64)");
+        skipped("no readable /boot/vmlinuz-* (Debian: apt-get install linux-image-amd64)");
         return;
     };
     let dir = tmpdir("qemu");
@@ -1189,7 +1185,7 @@ fn asynchronous_kernel_access_in_signal_mode_is_said() {
     let expect = plain(&prog);
     let kvm = String::from_utf8_lossy(&expect.stdout).contains("\nkvm");
     if !kvm {
-        eprintln!("SKIPPED the KVM memory region: /dev/kvm cannot be opened here");
+        skipped("the KVM memory region: /dev/kvm cannot be opened here");
     }
     for mode in ["signal", "thread"] {
         let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);

@@ -16,7 +16,7 @@ use uswap::{DeviceConfig, FaultMode, Pager, PAGE_SIZE};
 // The kernel-engine helpers there are for the bench tests, not these.
 #[allow(dead_code)]
 mod common;
-use common::{run_timed, run_timed_with};
+use common::{run_timed, run_timed_with, skipped};
 
 const LIMIT_BYTES: u64 = 1 << 20;
 const HELPER_READY: Duration = Duration::from_secs(60);
@@ -331,7 +331,7 @@ fn stat_of_a_pid_without_a_pager_fails_with_status_1() {
 fn stat_refuses_other_users() {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED stat_refuses_other_users: needs root to run uswap stat as another user");
+        skipped("stat_refuses_other_users needs root to run uswap stat as another user");
         return;
     }
     let h = Helper::start("thread", None);

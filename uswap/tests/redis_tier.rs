@@ -17,7 +17,7 @@ use common::*;
 /// `None` (and a message saying the test is skipped) without `redis-server`.
 fn servers(primaries: usize, replicas: usize, extra: &[&str]) -> Option<LocalRedis> {
     if !redis_server_available() {
-        eprintln!("SKIPPED: redis-server is not installed (apt-get install redis-server)");
+        skipped("redis-server is not installed (apt-get install redis-server)");
         return None;
     }
     Some(LocalRedis::start(primaries, replicas, extra).expect("local redis servers start"))

@@ -324,7 +324,7 @@ fn signal_handler_stack_use_is_within_the_documented_bound() {
         .then(|| uswap::backend::redis::LocalRedis::start(1, 0, &[]).expect("local redis server starts"));
     match &redis {
         Some(r) => configs.push(("redis", vec![DeviceConfig::redis(r.seeds(0), 32 * MIB)])),
-        None => eprintln!("SKIPPED the redis device: redis-server is not installed"),
+        None => common::skipped("the redis device: redis-server is not installed"),
     }
     for (name, devices) in configs {
         let used = std::thread::Builder::new()

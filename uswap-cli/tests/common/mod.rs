@@ -82,3 +82,34 @@ pub fn run_timed_with(cmd: &mut Command, limit: Duration, during: impl FnOnce(u3
     };
     Output { status, stdout: out.join().unwrap().unwrap(), stderr: err.join().unwrap().unwrap() }
 }
+
+/// Says that a test, or part of one, could not run here and why. Written to the process's
+/// stderr itself, which `cargo test` does not capture (it captures the print macros only), so
+/// a reader of a local run sees every skip. With `USWAP_TEST_NO_SKIP` set (`.ci/run` sets
+/// it: CI installs every prerequisite) a skip fails the test instead.
+pub fn skipped(why: &str) {
+    if std::env::var_os("USWAP_TEST_NO_SKIP").is_some() {
+        panic!("SKIPPED where no test may skip (USWAP_TEST_NO_SKIP): {why}");
+    }
+    use std::io::Write;
+    let name = std::thread::current().name().unwrap_or("a test").to_string();
+    let _ = writeln!(std::io::stderr(), "SKIPPED ({name}): {why}");
+}
+
+/// A copy of the `uswap` binary that any user may run (the build directory may be one that
+/// other users cannot enter, as a clone under /root is), for tests that run it as `nobody`.
+pub fn uswap_for_nobody() -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("uswap-nobody-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("uswap");
+    if !exe.exists() {
+        // Copied under another name and renamed: tests of one binary may race here.
+        let part = dir.join(format!("uswap.{:?}", std::thread::current().id()));
+        std::fs::copy(env!("CARGO_BIN_EXE_uswap"), &part).unwrap();
+        std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&part, &exe).unwrap();
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    exe
+}

@@ -769,7 +769,9 @@ where
         if let Some((addr, len)) = stack {
             note_engine_range(addr, len);
         }
-        f();
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+            die_of_engine_panic();
+        }
         if let Some((addr, _)) = stack {
             forget_engine_range(addr);
         }
@@ -777,6 +779,19 @@ where
     // SAFETY: restores the caller's own mask, saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     spawned
+}
+
+/// Ends the process after a panic on an engine thread (the panic hook has printed its
+/// message). The engine cannot go on without one of its threads: faults nobody serves, a
+/// limit nobody keeps, events nobody applies. Each of those is a hang later, far from the
+/// cause; aborting now keeps the cause in view (and in a core dump).
+fn die_of_engine_panic() -> ! {
+    let name = std::thread::current().name().unwrap_or("unnamed").to_string();
+    eprintln!(
+        "uswap: engine thread {name} panicked (its message is above); the engine cannot go on without it, so the \
+         process aborts. Please report it with that message."
+    );
+    std::process::abort()
 }
 
 /// The calling thread's stack, `(lowest address, length)`, as the C library placed it.
@@ -867,5 +882,48 @@ mod tests {
         });
         let r = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("stuck in mincore_pages on a partial page");
         assert_eq!(r, (Some(1), Some(2)));
+    }
+
+    /// Set in the child this test starts: the child panics on an engine thread.
+    const PANIC_CHILD: &str = "USWAP_TEST_ENGINE_PANIC_CHILD";
+
+    /// A panic on an engine thread ends the process (SIGABRT) with the panic's message and
+    /// uswap's, instead of leaving an engine without the thread (a hang later). Run in a
+    /// child: this test binary again, on this test alone.
+    #[test]
+    fn a_panic_on_an_engine_thread_aborts_the_process_with_its_message() {
+        if std::env::var_os(PANIC_CHILD).is_some() {
+            let t = spawn_engine_thread("uswap-test-panics".into(), || panic!("the test's panic")).unwrap();
+            let _ = t.join();
+            std::thread::sleep(std::time::Duration::from_secs(5));
+            eprintln!("still alive after the engine thread's panic");
+            std::process::exit(0);
+        }
+        let exe = std::env::current_exe().unwrap();
+        let mut child = std::process::Command::new(exe)
+            .args(["--exact", "mapping::tests::a_panic_on_an_engine_thread_aborts_the_process_with_its_message"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(PANIC_CHILD, "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the child neither aborted nor exited in 30 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGABRT), "{status}: {err}");
+        assert!(err.contains("the test's panic"), "{err}");
+        assert!(err.contains("uswap: engine thread uswap-test-panics panicked"), "{err}");
     }
 }
