@@ -5,7 +5,7 @@
  * Link:   cc -I uswap-capi/include prog.c -L target/release -luswap
  * Every fallible function returns 0 (USWAP_OK) or a negative USWAP_E* code;
  * uswap_last_error() then says what went wrong and what to do.
- * See README.md, "C API", and uswap-capi/examples/example.c.
+ * See docs/api.md, "C API", and uswap-capi/examples/example.c.
  */
 
 #ifndef USWAP_H
@@ -85,7 +85,7 @@ typedef enum uswap_fault_mode {
     USWAP_FAULT_MODE_THREAD = 0,
     /**
      * The faulting thread serves its own fault in a SIGBUS handler: faster, with limits
-     * (README, "The two fault modes"): system calls on pages that are not resident fail with
+     * (docs/fault-modes.md): system calls on pages that are not resident fail with
      * `EFAULT`, threads touching managed memory must not block SIGBUS and need 128 KiB of
      * stack, and a program's own SIGBUS handler must be installed before the first pager.
      */
@@ -335,7 +335,7 @@ typedef struct uswap_stats {
      */
     uint64_t swpout_neighbours;
     /**
-     * Thread mode: fault handlers that went dormant (see README, "The two fault modes").
+     * Thread mode: fault handlers that went dormant (see docs/fault-modes.md).
      */
     uint64_t handler_retire;
     /**

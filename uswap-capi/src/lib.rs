@@ -36,7 +36,7 @@ pub enum uswap_fault_mode {
     /// (`read(2)` into a managed buffer) are served.
     USWAP_FAULT_MODE_THREAD = 0,
     /// The faulting thread serves its own fault in a SIGBUS handler: faster, with limits
-    /// (README, "The two fault modes"): system calls on pages that are not resident fail with
+    /// (docs/fault-modes.md): system calls on pages that are not resident fail with
     /// `EFAULT`, threads touching managed memory must not block SIGBUS and need 128 KiB of
     /// stack, and a program's own SIGBUS handler must be installed before the first pager.
     USWAP_FAULT_MODE_SIGNAL = 1,

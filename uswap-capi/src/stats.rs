@@ -132,7 +132,7 @@ pub struct uswap_stats {
     /// Dirty resident pages that left with a victim next to them, in one run (one TLB flush
     /// for the run).
     pub swpout_neighbours: u64,
-    /// Thread mode: fault handlers that went dormant (see README, "The two fault modes").
+    /// Thread mode: fault handlers that went dormant (see docs/fault-modes.md).
     pub handler_retire: u64,
     /// Thread mode: dormant handlers woken because one read 4 or more faults at once.
     pub handler_backlog: u64,

@@ -205,7 +205,7 @@ fn fork_child_reads_the_parents_memory_as_it_was() {
         assert_eq!(counter(&v, "syscall_efault"), 0, "{mode}: {v}");
         // The fork brings nothing in from the pool (the child reads the pages that were out
         // from its copy of it): the bound is the limit, plus the parent's resident pages the
-        // child shares while it lives (README, "fork"). It used to be the whole working set.
+        // child shares while it lives (docs/cli.md, "fork"). It used to be the whole working set.
         let peak = counter(&v, "resident_peak_bytes");
         assert!(peak <= ((2 * LIMIT_MIB) << 20) + SLACK_BYTES, "{mode}: peak {peak}: {v}");
     }
@@ -270,7 +270,7 @@ fn fork_child_gets_a_pager_of_its_own_and_pages_too() {
         // Each process paged its working set of 4x the limit: more than one would alone.
         assert!(counter(&v, "pswpout") > 2 * (WSS_MIB << 20) / 4096, "{mode}: {v}");
         // Nothing came in for the fork: within the limit plus the parent's resident pages
-        // the child shares (README, "fork"); the whole working set before.
+        // the child shares (docs/cli.md, "fork"); the whole working set before.
         let peak = counter(&v, "resident_peak_bytes");
         assert!(peak <= ((2 * LIMIT_MIB) << 20) + SLACK_BYTES, "{mode}: peak {peak}: {v}");
     }
@@ -777,7 +777,7 @@ fn node_heap_and_buffers_are_paged() {
     assert_runtime_paged(&prog, &small, &dir, limit_mib);
 }
 
-/// Shared anonymous memory is not paged (README: userfaultfd's shmem support is not used):
+/// Shared anonymous memory is not paged (docs/cli.md: userfaultfd's shmem support is not used):
 /// it is measured as unmanaged, and a tree whose unmanaged memory passes 10 % of the limit
 /// is told so on exit, naming the mapping and why; `--strict` ends it with status 2 as soon
 /// as it is measured, without waiting for the program.

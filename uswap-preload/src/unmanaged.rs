@@ -57,7 +57,7 @@ fn is_shared_anonymous(path: &str) -> bool {
 fn why(h: &Header<'_>, min_size_bytes: usize) -> &'static str {
     let shared = h.perms.as_bytes().get(3) == Some(&b's');
     if shared && is_shared_anonymous(h.path) {
-        return "shared memory (MAP_SHARED|MAP_ANONYMOUS, memfd, SysV): not paged by uswap (README)";
+        return "shared memory (MAP_SHARED|MAP_ANONYMOUS, memfd, SysV): not paged by uswap (docs/cli.md)";
     }
     match h.path {
         "[stack]" => "the main thread's stack",

@@ -147,7 +147,7 @@ impl HandlerPool {
     /// The most handlers backlogs make active: half the CPUs, the other half for the
     /// application (at least one). On 2 vCPUs a second active handler lost to one at 2, 8
     /// and 32 faulting threads (each of its `UFFDIO_MOVE`s then flushes a CPU busy with the
-    /// process; BENCHMARKS.md, "Handler placement").
+    /// process; docs/bench/design-measurements.md, "Handler placement").
     fn max_active_for_backlog(&self) -> usize {
         (self.nr_cpus / 2).max(1)
     }

@@ -1,8 +1,8 @@
 //! uswap: a swap subsystem in user space.
 //!
 //! A [`Pager`] gives a process managed memory regions whose resident size is capped. Cold
-//! pages move out to swap devices (RAM today; a compressed pool and files later) and come back
-//! on first touch through userfaultfd, with the machinery the Linux swap subsystem grew for
+//! pages move out to swap devices (a compressed RAM pool, uncompressed RAM, a file through
+//! io_uring, a Redis store with replicas) and come back on first touch through userfaultfd, with the machinery the Linux swap subsystem grew for
 //! fast devices: per-cluster slot allocation with a per-CPU fast path, a swap cache sharded
 //! per cluster, batched moves, and a choice of fault delivery (handler threads, or the
 //! faulting thread itself in a SIGBUS handler).
@@ -22,8 +22,13 @@
 //! # let _ = stats; Ok(()) }
 //! ```
 //!
-//! See `DESIGN.md` in the repository for the architecture and the measured cost of every
+//! See `docs/design.md` in the repository for the architecture and the measured cost of every
 //! userfaultfd operation, and `BENCHMARKS.md` for comparisons with the kernel's own swap.
+
+// The README's Rust example is compiled and run as a doc test, so it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
 
 mod adopt;
 mod async_readahead;

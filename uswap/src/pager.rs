@@ -53,8 +53,7 @@ pub enum FaultMode {
     /// resident fails with `EFAULT` instead of waiting for it (a datagram socket loses the
     /// datagram) unless [`crate::prepare_user_access`] brought it in first (`uswap run`'s
     /// library does, for every call of the C library), threads that touch managed memory must not block SIGBUS and need 128 KiB of
-    /// stack, and a SIGBUS handler must be installed before the pager. See README, "The two
-    /// fault modes".
+    /// stack, and a SIGBUS handler must be installed before the pager. See docs/fault-modes.md.
     Signal,
 }
 
@@ -70,7 +69,7 @@ pub enum BackgroundReclaim {
     Auto,
     /// Only while the application takes no faults. While it faults, reclaim runs in the
     /// faulting context: on VMs, `UFFDIO_MOVE` from another CPU interrupts the faulting CPU
-    /// with a TLB-shootdown IPI for every page moved (see README).
+    /// with a TLB-shootdown IPI for every page moved (see docs/design.md, "Where measurements changed the design").
     WhenIdle,
     /// Classic kswapd: woken at the high watermark, reclaims down to the low one whatever the
     /// application does; faults reclaim only at the limit. What [`Auto`](Self::Auto) picks
@@ -119,7 +118,7 @@ impl PagerBuilder {
     /// Thread mode: number of fault-handler threads (default: one per CPU this process may
     /// run on, each pinned to its CPU). Not all of them serve at once: one starts, a backlog
     /// adds others (up to half the CPUs), and a handler whose wake-ups find nothing goes back
-    /// to sleep (see README, "The two fault modes").
+    /// to sleep (see docs/fault-modes.md).
     pub fn handler_threads(mut self, n: usize) -> Self {
         self.handler_threads = Some(n.max(1));
         self
@@ -766,7 +765,7 @@ impl Pager {
     /// Signal mode: fails with [`Error::SigbusHandlerReplaced`] if the process's SIGBUS
     /// handler is no longer uswap's. Faults are served on the faulting thread's stack, which
     /// needs room for the handler below the deepest frame that touches managed memory (see
-    /// README, "The two fault modes").
+    /// docs/fault-modes.md).
     pub fn map(&self, len_bytes: usize) -> Result<Region> {
         if self.core.shared.mode == FaultMode::Signal {
             check_sigbus_handler()?;

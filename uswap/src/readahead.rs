@@ -15,7 +15,7 @@
 //!
 //! Where this differs from the kernel, and why: the kernel stages read-ahead pages in the
 //! swap cache, and a later fault that finds one there is a *hit*. Here read-ahead pages are
-//! mapped at once, because a fault costs microseconds in user space (see README): a page
+//! mapped at once, because a fault costs microseconds in user space (see docs/design.md): a page
 //! that was read ahead and used never faults. So a stream's window counts as *used* when the
 //! stream's next fault lands just past it — the application ran over those pages — and its
 //! read-ahead pages are counted as hits then. A write to a read-ahead page (its first write

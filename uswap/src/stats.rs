@@ -486,7 +486,7 @@ pub struct Stats {
     /// Faults that waited longer than the bound for a page another owner held busy and
     /// failed instead of hanging (each also in `Pager::recent_errors`). Nonzero means a
     /// thread faulted on a page its own interrupted code owned, which the engine prevents by
-    /// blocking signals in its calls; see README.
+    /// blocking signals in its calls; see docs/fault-modes.md.
     pub fault_busy_timeout: u64,
     /// Signal mode: faults and system calls that waited past the bound (1 s) for the events
     /// already read (`munmap`, `madvise`, `mremap`) to be applied, and went on without.
@@ -509,7 +509,7 @@ pub struct Stats {
     /// Thread mode: handler threads that stopped waiting on the userfaultfd and went
     /// dormant: most of their wake-ups found another handler had been first, a helper's 64
     /// faults were served, or a handler handed over to another (`handler_steer`). See
-    /// `uswap/src/handler_pool.rs` and README, "The two fault modes".
+    /// `uswap/src/handler_pool.rs` and docs/fault-modes.md.
     pub handler_retire: u64,
     /// Thread mode: dormant handlers woken because one read 4 or more faults at once.
     pub handler_backlog: u64,

@@ -136,7 +136,7 @@ fn cluster_readahead_reads_neighbouring_slots() {
         let (majflt, ra, hit) = sequential_scan(&p, &region, pages);
         assert!(majflt <= (pages / 8) as u64, "{mode:?}: {majflt} major faults for {pages} pages");
         // Hits are found through the slots' owners; signal mode frees the slots of the pages
-        // it brings back (they come back writable), so it cannot see them (README, Readahead).
+        // it brings back (they come back writable), so it cannot see them (docs/devices.md, "Readahead").
         if mode == FaultMode::Thread {
             assert!(hit * 100 >= ra * 90, "{mode:?}: hit {hit} of {ra}");
         }
@@ -145,7 +145,7 @@ fn cluster_readahead_reads_neighbouring_slots() {
 
 #[test]
 fn read_ahead_pages_of_file_devices_come_in_clean() {
-    // Thread mode only: signal mode maps every page writable (see README, "Clean pages keep
+    // Thread mode only: signal mode maps every page writable (see docs/devices.md, "Clean pages keep
     // their slot").
     for (mode, clean) in [(FaultMode::Thread, true), (FaultMode::Signal, false)] {
         let p = build(mode, DeviceConfig::file(std::env::temp_dir(), 64 * MIB));

@@ -183,7 +183,7 @@ fn thread_mode_recv_datagram_into_swapped_out_buffer_gets_every_byte() {
 }
 
 /// Signal mode: the same `recv` fails with EFAULT and the datagram is gone. Documented in the
-/// README ("The two fault modes"); this pins the documented behaviour down.
+/// docs/fault-modes.md; this pins the documented behaviour down.
 #[test]
 fn signal_mode_recv_datagram_into_swapped_out_buffer_fails_with_efault() {
     with_watchdog("signal-mode recv into a swapped-out buffer", 120, || {
@@ -313,7 +313,7 @@ fn run_stack_workload(devices: Vec<DeviceConfig>) -> (uswap::Stats, usize) {
 
 /// Measures how far below the interrupted frame the SIGBUS handler (with the kernel's signal
 /// frame) reaches on the faulting thread's stack, on each device list: the service itself
-/// runs on a stack of the handler's pool. Prints the figures; the bound the README documents
+/// runs on a stack of the handler's pool. Prints the figures; the bound docs/fault-modes.md documents
 /// (`SIGNAL_HANDLER_STACK_BYTES` below) must cover every one of them with room to spare.
 #[test]
 fn signal_handler_stack_use_is_within_the_documented_bound() {
@@ -349,9 +349,9 @@ fn signal_handler_stack_use_is_within_the_documented_bound() {
     );
 }
 
-/// The stack the README promises the SIGBUS handler needs on the faulting thread, at most,
+/// The stack docs/fault-modes.md promises the SIGBUS handler needs on the faulting thread, at most,
 /// below the frame that touches managed memory (measured 4 KiB, kernel signal frame
-/// included, in debug and release builds; see the README).
+/// included, in debug and release builds; see docs/fault-modes.md).
 const SIGNAL_HANDLER_STACK_BYTES: usize = 8 << 10;
 
 // ---- Threads that block SIGBUS -------------------------------------------------------------

@@ -269,7 +269,7 @@ fn scenario(what: &str, p: &Pager, region_bytes: u64, random_accesses: usize) ->
     assert!(st.pgfault_swapcache > 0, "{what}: swap-cache hits: {st:?}");
     assert!(st.swap_ra > 0, "{what}: readahead: {st:?}");
     // Cluster readahead finds its hits through slot owners, and signal mode frees a slot
-    // when it brings the page back, so it sees none (README, "Readahead").
+    // when it brings the page back, so it sees none (docs/devices.md, "Readahead").
     if !what.contains("cluster readahead") {
         assert!(st.swap_ra_hit > 0, "{what}: readahead hits: {st:?}");
     }

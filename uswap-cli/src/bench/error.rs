@@ -126,7 +126,7 @@ pub enum BenchError {
     #[error(
         "engine {engine}: the kernel's OOM killer ended the workload process {attempts} time(s): its memory \
          cgroup ran out of memory. At small limits the kernel's cgroup reclaim sometimes gives up with swap \
-         still free (shared/probe/kernel_baseline.sh shows it too). Give a larger --limit, more --oom-retries, \
+         still free (probes/kernel_baseline.sh shows it too). Give a larger --limit, more --oom-retries, \
          or a larger --kernel-swap-size if the swap was full"
     )]
     OomKilled { engine: String, attempts: u64 },

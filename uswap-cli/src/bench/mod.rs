@@ -74,7 +74,7 @@ pub const COMBINED_MIN_PAGES: u64 = 16;
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// The workload: memtouch (shared/probe/memtouch.c), usemem (vm-scalability), pmbench,
+    /// The workload: memtouch (probes/memtouch.c), usemem (vm-scalability), pmbench,
     /// combined (seed 001: sequential streams with random workers in the background).
     #[arg(long, value_enum, default_value_t = Workload::Memtouch)]
     pub workload: Workload,

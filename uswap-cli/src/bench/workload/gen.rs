@@ -1,5 +1,5 @@
 //! Which page each access goes to: sequential, uniform, zipf or normal, as pmbench offers
-//! them, driven by a small xorshift generator (the one `shared/probe/memtouch.c` uses, so the
+//! them, driven by a small xorshift generator (the one `probes/memtouch.c` uses, so the
 //! uniform stream of the memtouch workload is the probe's).
 
 use super::Pattern;

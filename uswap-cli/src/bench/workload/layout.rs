@@ -2,7 +2,7 @@
 //!
 //! Word 0 of page `i` holds `i` (the index word), word 1 counts the writes made to the page
 //! (the counter word), words 2..256 hold a pseudo-random pattern derived from `(i, k)` and
-//! words 256..512 are zero: half random, half zero, as `shared/probe/memtouch.c` fills its
+//! words 256..512 are zero: half random, half zero, as `probes/memtouch.c` fills its
 //! pages, so that compressing devices (zram) see the same data whoever runs the workload.
 //!
 //! Contents are a pure function of the page and word index, except the counter word. A read

@@ -5,7 +5,7 @@
 //! working set, this is the swap-out phase), then accesses pages, checking what it reads
 //! (see [`layout`]):
 //!
-//! - `memtouch`: `shared/probe/memtouch.c`: threads share the region; each access reads or
+//! - `memtouch`: `probes/memtouch.c`: threads share the region; each access reads or
 //!   increments one word of a page and checks the page's index word.
 //! - `usemem`: vm-scalability's usemem: each thread owns a slice of the region and makes
 //!   word accesses in it. Sequential: every word of a page in turn (timed per page);
@@ -36,7 +36,7 @@ const CHUNK: u64 = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Workload {
-    /// shared/probe/memtouch.c: page accesses checking the index word.
+    /// probes/memtouch.c: page accesses checking the index word.
     Memtouch,
     /// vm-scalability usemem: per-thread (or per-process) slices, word accesses.
     Usemem,

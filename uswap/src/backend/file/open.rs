@@ -327,7 +327,7 @@ impl FileBackend {
 
         let ft = match fs::metadata(path) {
             Ok(meta) => Some(meta.file_type()),
-            // Created below, if its directory exists (the README promises a 0600 file).
+            // Created below, if its directory exists (docs/devices.md promises a 0600 file).
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(open_error(path, "stat", e)),
         };
