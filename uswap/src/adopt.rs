@@ -28,10 +28,12 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::mapping::{for_each_present_page, AppMapping};
-use crate::pager::{Pager, PagerShared, Released, REGISTER_MODES};
+use crate::pager::Pager;
 use crate::reclaim;
 use crate::region::{PageRef, PageState, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
 use crate::region_handle::Region;
+use crate::release::Released;
+use crate::state::{PagerShared, REGISTER_MODES};
 use crate::uffd::{RangeResult, PAGE_SIZE};
 
 impl Pager {
@@ -253,7 +255,7 @@ fn put_back(
         }
     }
     shared.stats.inc(crate::stats::Counter::FaultError);
-    shared.record_error(addr, pte.entry(), crate::pager::PageErrorKind::ReadFailed);
+    shared.record_error(addr, pte.entry(), crate::state::PageErrorKind::ReadFailed);
 }
 
 /// Tries of [`put_back`] while the kernel answers `EAGAIN`.

@@ -9,7 +9,7 @@
 //! (their "read" is a copy or a decompression on the CPU the application would use) and get
 //! no readers.
 //!
-//! How: each device with an [`AsyncReader`] has a few *contexts*, each a reader (its own
+//! How: each device with an [`crate::backend::AsyncReader`] has a few *contexts*, each a reader (its own
 //! io_uring and buffer) plus a *listing* saying which page each buffer page was read for. At
 //! the end of a swap-in whose window showed a sequential stream, [`AsyncReadahead::start_after`]
 //! locks the swapped pages of the next window(s), lists them in a free context, starts the
@@ -28,7 +28,7 @@
 //! another slot (tier writeback), which the consumer sees as an entry mismatch.
 //!
 //! Locking (its place in the hierarchy, and why it may be held across reads: `crate::sync`):
-//! each context's `io` is a [`SpinLock`] held while starting, waiting for and mapping from
+//! each context's `io` is a [`crate::sync::SpinLock`] held while starting, waiting for and mapping from
 //! its reads (up to a device read, ~250 µs), and never together with another context's lock. A thread that holds one only try-locks pages, so a fault that holds a
 //! page and waits for the context cannot deadlock with it. The lock-free fault route never
 //! takes a context lock: it claims its page's entry (throwing the data away) and reads the
@@ -38,148 +38,21 @@
 //! and not charged to the resident limit (like the bounce buffers); pages are charged when
 //! they are mapped.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use arrayvec::ArrayVec;
 
-use crate::backend::{AsyncReader, AsyncRun, BackendError};
-use crate::pager::PagerShared;
+use crate::backend::AsyncRun;
 use crate::readahead::{Window, MAX_WINDOW_PAGES};
 use crate::region::{PageRef, PageState, RegionInner, RegionSet};
+pub(crate) use crate::state::async_readahead::AsyncReadahead;
+use crate::state::async_readahead::{Context, ContextIo};
+pub use crate::state::async_readahead::{DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
+use crate::state::PagerShared;
 use crate::stats::Counter;
 use crate::swap::SwapEntry;
-use crate::sync::{LockClass, SpinLock};
-
-/// Contexts (readers) per device with asynchronous readahead.
-pub const CONTEXTS_PER_DEVICE: usize = 8;
-/// Most windows a stream may have in flight ahead of the one it works on.
-pub const MAX_ASYNC_WINDOWS: usize = 4;
-/// Windows read ahead asynchronously by default.
-pub const DEFAULT_ASYNC_WINDOWS: usize = 2;
-
-/// One reader and the listing of what its buffer holds.
-pub(crate) struct Context {
-    device: usize,
-    pub io: SpinLock<ContextIo>,
-    /// Per buffer page: the owner (`PageRef::owner`) of the page read into it, or 0.
-    owner: Box<[AtomicU64]>,
-    /// Per buffer page: the swap entry read into it (bits).
-    entry: Box<[AtomicU64]>,
-}
-
-pub(crate) struct ContextIo {
-    reader: Box<dyn AsyncReader>,
-    runs: ArrayVec<AsyncRun, MAX_WINDOW_PAGES>,
-    results: Box<[Result<(), BackendError>]>,
-    /// `results` hold the outcome of the last start.
-    waited: bool,
-}
-
-impl ContextIo {
-    /// Waits for the reads if they are still in flight; true if it had to wait.
-    pub fn wait(&mut self) -> bool {
-        if self.waited {
-            return false;
-        }
-        let in_flight = self.reader.in_flight();
-        self.reader.wait(&mut self.results);
-        self.waited = true;
-        in_flight
-    }
-
-    /// Whether buffer page `i` was read correctly (after [`ContextIo::wait`]).
-    pub fn page_ok(&self, i: usize) -> bool {
-        self.waited
-            && self
-                .runs
-                .iter()
-                .zip(self.results.iter())
-                .any(|(r, res)| i >= r.first_page && i < r.first_page + r.nr_pages && res.is_ok())
-    }
-
-    /// Buffer page `i`, if no read is in flight.
-    pub fn page(&self, i: usize) -> Option<&[u8]> {
-        self.reader.pages().and_then(|p| p.get(i)).map(|p| &p.0[..])
-    }
-}
-
-/// Where a page's asynchronously read data is: context `ctx`, buffer page `idx`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Listed {
-    pub ctx: usize,
-    pub idx: usize,
-}
-
-/// The asynchronous readahead contexts of a pager.
-pub(crate) struct AsyncReadahead {
-    contexts: Box<[Context]>,
-    /// Windows a sequential stream keeps in flight ahead of the one it works on (0: off).
-    windows: usize,
-    /// The largest readahead window: only a stream whose window has grown to it (it has
-    /// shown itself sequential for several windows) reads ahead asynchronously, and its
-    /// asynchronous windows are the same size, so they line up with the windows its faults
-    /// will ask for.
-    window_pages: usize,
-    next: AtomicUsize,
-}
 
 impl AsyncReadahead {
-    /// Contexts for each device whose `reader` gives one (called per device index; `None`:
-    /// no asynchronous readahead on that device).
-    pub fn new(
-        windows: usize,
-        window_pages: usize,
-        mut reader: impl FnMut(usize) -> Option<Box<dyn AsyncReader>>,
-        nr_devices: usize,
-    ) -> AsyncReadahead {
-        let mut contexts = Vec::new();
-        if windows > 0 {
-            for device in 0..nr_devices {
-                for _ in 0..CONTEXTS_PER_DEVICE {
-                    let Some(r) = reader(device) else { break };
-                    let n = r.capacity_pages().min(window_pages);
-                    contexts.push(Context {
-                        device,
-                        io: SpinLock::new(
-                            LockClass::AsyncReadaheadContext,
-                            ContextIo {
-                                reader: r,
-                                runs: ArrayVec::new(),
-                                results: (0..n).map(|_| Ok(())).collect(),
-                                waited: true,
-                            },
-                        ),
-                        owner: (0..n).map(|_| AtomicU64::new(0)).collect(),
-                        entry: (0..n).map(|_| AtomicU64::new(0)).collect(),
-                    });
-                }
-            }
-        }
-        AsyncReadahead {
-            contexts: contexts.into_boxed_slice(),
-            windows: windows.min(MAX_ASYNC_WINDOWS),
-            window_pages,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    pub fn context(&self, ctx: usize) -> &Context {
-        &self.contexts[ctx]
-    }
-
-    /// Finds the listing of page `owner` read from `entry` (no lock).
-    pub fn find(&self, owner: u64, entry: SwapEntry) -> Option<Listed> {
-        for (ctx, c) in self.contexts.iter().enumerate() {
-            if c.device != entry.device() {
-                continue;
-            }
-            if let Some(idx) = c.find(owner, entry) {
-                return Some(Listed { ctx, idx });
-            }
-        }
-        None
-    }
-
     /// Throws away the listing of a page the caller holds (busy) and will read itself.
     /// Lock-free.
     pub fn forget_page(&self, p: &PagerShared, owner: u64, entry: SwapEntry) {
@@ -337,27 +210,5 @@ impl AsyncReadahead {
             }
         }
         p.stats.add(Counter::SwapRaAsyncDropped, dropped);
-    }
-}
-
-impl Context {
-    fn find(&self, owner: u64, entry: SwapEntry) -> Option<usize> {
-        (0..self.owner.len()).find(|&i| self.listed_at(i, owner, entry))
-    }
-
-    /// Whether buffer page `i` is listed for `owner` read from `entry` (no lock).
-    pub fn listed_at(&self, i: usize, owner: u64, entry: SwapEntry) -> bool {
-        self.owner.get(i).is_some_and(|o| o.load(Ordering::Acquire) == owner)
-            && self.entry[i].load(Ordering::Relaxed) == entry.bits()
-    }
-
-    /// Buffer page index listing `owner` at `entry`, if any (no lock).
-    pub fn index_of(&self, owner: u64, entry: SwapEntry) -> Option<usize> {
-        self.find(owner, entry)
-    }
-
-    /// Claims listing entry `i` for `owner`: true for exactly one caller.
-    pub fn claim(&self, i: usize, owner: u64) -> bool {
-        self.owner[i].compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 }

@@ -10,7 +10,7 @@
 
 use crossbeam_queue::ArrayQueue;
 
-pub use crate::backend::AlignedPage;
+pub use crate::mapping::AlignedPage;
 use crate::sync::{pop_spinning, POOL_WAIT_LIMIT_NS};
 use crate::uffd::PAGE_SIZE;
 

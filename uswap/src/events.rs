@@ -28,7 +28,7 @@
 //! threads (thread mode), raced another handler applying that `UNMAP`, which freed the
 //! slots and staging pages of pages not yet copied (about one run in 20 found a moved page
 //! zero). Now events are applied in the order they were read (one reader at a time,
-//! [`EventState::reader`]), detaching never waits on an event, and the copies are retried
+//! [`crate::state::events::EventState::reader`]), detaching never waits on an event, and the copies are retried
 //! after each read until they succeed. Meanwhile a fault on the moved part waits: in thread
 //! mode its handler leaves it for the copy (or the unregistering) to wake; in signal mode
 //! the handler retries while [`in_flight`] says a take-out is pending.
@@ -65,7 +65,7 @@
 //! none (clean pages leave a region by `UFFDIO_MOVE` into their slot's staging page, not by
 //! `MADV_DONTNEED` on the region).
 //!
-//! Locking: the reader lock ([`EventState::reader`]) is outermost; under it, every page is
+//! Locking: the reader lock ([`crate::state::events::EventState::reader`]) is outermost; under it, every page is
 //! taken through its busy bit, then the take-out list's lock. An owner of a busy bit never
 //! waits for an event to be read nor for the reader lock (reclaim's moves and discards go
 //! through the staging descriptor, which has no events; an ioctl on the regions' descriptor
@@ -75,14 +75,15 @@
 //! staging page and charge, as they did in the region, until their copy is done.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use crossbeam_utils::Backoff;
 
 use crate::backend::{AlignedPage, ReadReq};
 use crate::mapping::registry::RegistryGuard;
-use crate::pager::{FaultMode, PageErrorKind, PagerShared, Released};
 use crate::region::{PageRef, PageState, Pte, RegionInner, REGIONS};
+use crate::release::Released;
+use crate::state::events::{TakeOut, TakeOuts, TAKE_OUT_RANGES};
+use crate::state::{FaultMode, PageErrorKind, PagerShared};
 
 type Guard<'a> = RegistryGuard<'a, RegionInner>;
 use crate::stats::Counter;
@@ -92,10 +93,6 @@ use crate::uffd::{self, Doorbell, RangeResult, UffdMsg, PAGE_SIZE};
 /// Event reads in progress, over all pagers: set before the read that releases the
 /// application's thread, cleared once the event is applied (see `fault::sigbus_fault`).
 static EVENTS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-
-/// Ranges moved out of regions whose pages are still being copied into place, over all
-/// pagers (see [`run_take_outs`]).
-static TAKE_OUT_RANGES: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether some pager is reading or applying an event right now, or still copying the
 /// pages of a part moved out of a region into place: a signal-mode fault at an address no
@@ -146,7 +143,7 @@ pub(crate) fn wait_until_applied(p: &PagerShared) -> bool {
 }
 
 /// Reads up to `msgs.len()` messages and applies the events among them, in order, under
-/// the reader lock (see [`EventState::reader`]). Returns how many messages were read;
+/// the reader lock (see [`crate::state::events::EventState::reader`]). Returns how many messages were read;
 /// faults among them are the caller's.
 pub(crate) fn read_and_apply(p: &PagerShared, msgs: &mut [UffdMsg]) -> usize {
     let _reader = p.events.reader.lock().unwrap_or_else(|e| e.into_inner());
@@ -349,71 +346,7 @@ fn grown_end(p: &PagerShared, addr: usize, take_outs: &TakeOuts) -> Option<usize
     (clip > addr).then_some(clip)
 }
 
-/// One page of a part moved out of a region, not yet copied to its new address.
-struct TakeOut {
-    /// Its new address.
-    dst: usize,
-    /// Its page-table word when it was detached (`Cached` or `Swapped`; not busy): what it
-    /// owns (slot, staging page, charge) until it is copied.
-    pte: Pte,
-}
-
-/// Parts moved out of regions that are still being copied into place (see
-/// [`run_take_outs`]).
-#[derive(Default)]
-pub(crate) struct TakeOuts {
-    pages: Vec<TakeOut>,
-    /// Address ranges to unregister once no page of theirs is pending: the moved parts, and
-    /// what `mremap` grew.
-    ranges: Vec<(usize, usize)>,
-    /// When the oldest pending page was detached (for the bound).
-    since_ns: u64,
-}
-
 impl TakeOuts {
-    /// Publishes how many ranges are pending (read without the lock by the fault paths).
-    fn publish(&mut self, ev: &EventState) {
-        if self.ranges.is_empty() {
-            self.since_ns = 0;
-        } else if self.since_ns == 0 {
-            self.since_ns = crate::mapping::now_ns();
-        }
-        let old = ev.pending_ranges.swap(self.ranges.len(), Ordering::AcqRel);
-        let new = self.ranges.len();
-        if new > old {
-            TAKE_OUT_RANGES.fetch_add(new - old, Ordering::AcqRel);
-        } else {
-            TAKE_OUT_RANGES.fetch_sub(old - new, Ordering::AcqRel);
-        }
-    }
-
-    /// `[from, from + len)` moved to `to`: pending pages and ranges inside it move along.
-    fn remap(&mut self, from: usize, to: usize, len: usize) {
-        let end = from + len;
-        let moved = |a: usize| a.wrapping_sub(from).wrapping_add(to);
-        for t in &mut self.pages {
-            if (from..end).contains(&t.dst) {
-                t.dst = moved(t.dst);
-            }
-        }
-        let mut out = Vec::with_capacity(self.ranges.len() + 2);
-        for &(s, e) in &self.ranges {
-            let (is, ie) = (s.max(from), e.min(end));
-            if is >= ie {
-                out.push((s, e));
-                continue;
-            }
-            if s < is {
-                out.push((s, is));
-            }
-            out.push((moved(is), moved(ie)));
-            if ie < e {
-                out.push((ie, e));
-            }
-        }
-        self.ranges = out;
-    }
-
     /// The application unmapped (`unmap`) or discarded `[start, end)`: pending pages there
     /// are let go of (they read zero, or are gone); an unmapped range needs no unregistering.
     fn drop_range(&mut self, p: &PagerShared, start: usize, end: usize, unmap: bool) {
@@ -451,23 +384,6 @@ const TAKE_OUT_LIMIT_NS: u64 = 10_000_000_000;
 /// How long a reader polls before trying pending copies again: the `EAGAIN` ends when the
 /// thread that called `mremap` runs again, which sends no message.
 pub(crate) const TAKE_OUT_POLL_MS: i32 = 1;
-
-/// Per-pager event state.
-#[derive(Default)]
-pub(crate) struct EventState {
-    /// Held across a read of the descriptor and the application of the events read: with
-    /// several readers (thread mode), events are applied in the order the kernel sent them.
-    /// An `mremap` sends `REMAP` then `UNMAP` of the old range; applied the other way round,
-    /// the `UNMAP` would free pages the move still has to copy. Outermost in the lock
-    /// hierarchy (`crate::sync`): its holder waits for page busy bits, no owner of a busy bit
-    /// ever waits for it.
-    pub reader: Mutex<()>,
-    /// Parts moved out of regions still being copied into place. Taken under `reader` and
-    /// by [`run_take_outs`] (which holds no busy bit), never on the signal-mode fault path.
-    take_outs: Mutex<TakeOuts>,
-    /// `take_outs.ranges.len()`, readable without the lock.
-    pending_ranges: AtomicUsize,
-}
 
 /// Whether `addr` lies in a part moved out of a region that is not yet ordinary memory (a
 /// fault there waits for its copy, or for the range to be unregistered, which wakes it).
@@ -536,8 +452,8 @@ pub(crate) fn read_from_parent(
     p: &PagerShared,
     entry: crate::swap::SwapEntry,
     map: impl FnOnce(&[u8]) -> RangeResult,
-) -> Result<RangeResult, crate::fault::FaultError> {
-    use crate::fault::FaultError;
+) -> Result<RangeResult, crate::state::fault::FaultError> {
+    use crate::state::fault::FaultError;
     let Some(parent) = p.parent.get() else {
         // Only a re-armed fork child has `Parent` pages, and it has the parent's state.
         return Err(FaultError::Device(PageErrorKind::ReadFailed));

@@ -25,10 +25,11 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::mapping::AppMapping;
-use crate::pager::{Pager, PagerBuilder, REGISTER_MODES};
+use crate::pager::{Pager, PagerBuilder};
 use crate::reclaim;
 use crate::region::{PageState, Pte, RegionInner, MAX_REGIONS, REGIONS};
 use crate::region_handle::Region;
+use crate::state::REGISTER_MODES;
 use crate::uffd::PAGE_SIZE;
 
 /// Returned by [`Pager::prepare_fork`]: reclaim stays held while it lives. In the parent,
@@ -132,7 +133,7 @@ impl ForkHold {
 /// parent's registrations do not cross a fork), where the pages that were out at the fork
 /// read zero. Each is written in place from the child's copy of the parent's device, so
 /// that every byte is there. A page that cannot be read is reported on stderr.
-fn restore_parent_pages(parent: &crate::pager::PagerShared, regions: &[InheritedRegion]) {
+fn restore_parent_pages(parent: &crate::state::PagerShared, regions: &[InheritedRegion]) {
     let mut page = crate::backend::AlignedPage([0; PAGE_SIZE]);
     for r in regions {
         for &(i, entry) in &r.swapped {

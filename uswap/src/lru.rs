@@ -1,187 +1,135 @@
-//! The reclaim FIFOs' queue ([`LruQueue`]): a bounded multi-producer, multi-consumer ring of
-//! packed page references (D. Vyukov's bounded queue), lock-free and allocation-free, so
-//! that a SIGBUS handler may push and pop.
+//! The LRU: the resident pages reclaim picks its victims from, oldest first.
 //!
-//! Why not crossbeam's `ArrayQueue`, which it replaces: that one writes every slot when it is
-//! made (each slot's initial sequence number), and the FIFOs are sized for four times the
-//! resident limit. For a 1 GiB limit that was 48 MB written and 50 ms spent at start-up, in
-//! every process `uswap run` starts. Here the slots live in a mapping that reads as zero
-//! until used, and each slot stores its sequence number *relative to its index*, so a zero
-//! slot is already in its initial state: a queue costs memory for the slots it has used.
+//! Resident pages sit in a FIFO (`active`) in the order they came in. Pages a stream brought
+//! in (a readahead window, a first-touch fault-around) sit in a FIFO of their own
+//! (`streamed`) that reclaim takes first, down to a reserve for the windows streams are
+//! working through (`limit / 16`, while streams run): the kernel's use-once rule, which keeps
+//! a sequential scan from pushing out the pages of everything else. User space sees no
+//! accessed bits, so whether a page was used again is not known; that it came in as part of
+//! a stream is. A page that faults back from the swap cache is marked referenced and spared
+//! once when it next reaches the head of a FIFO (second chance, in `swapout`; a streamed page
+//! so spared moves to `active`). Staged pages wait on the swap cache's own queue
+//! (`crate::swap::SwapCache`), not here.
 //!
-//! Invariants (Vyukov): slot `i` with relative sequence `r` has sequence `s = i + r`; a
-//! producer at position `pos` may fill the slot when `s == pos`, then publishes `s = pos + 1`
-//! (Release, after the value); a consumer at `pos` may take it when `s == pos + 1`, then
-//! frees it with `s = pos + capacity`. Every loop retries only when another thread moved
-//! `head` or `tail` (its progress), so each is lock-free.
+//! Locking: none; the FIFOs are lock-free rings ([`Fifo`]) that allocate nothing, so a
+//! SIGBUS handler may queue a page. Invariants: an entry is a packed [`PageRef`] with the
+//! page's generation when queued, so an entry left behind by a page that moved on since is
+//! recognised (and dropped) when popped; a resident page has at most one live entry, or
+//! none after a full FIFO refused it (counted in `lru_overflow`, and found again by
+//! `reclaim::swapout`'s scan).
 
-use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crossbeam_utils::CachePadded;
+use crate::fifo::Fifo;
+use crate::page_table::PageRef;
+use crate::stats::{Counter, PerCpuStats};
 
-use crate::mapping::AtomicTable;
-
-pub struct LruQueue {
-    /// `[2 * i]`: slot i's sequence relative to i; `[2 * i + 1]`: its value.
-    slots: AtomicTable,
-    mask: usize,
-    head: CachePadded<AtomicUsize>,
-    tail: CachePadded<AtomicUsize>,
+/// Which FIFO a page was popped from (and may go back to).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum List {
+    Active,
+    Streamed,
 }
 
-impl LruQueue {
-    /// A queue of at least `min_capacity` entries (rounded up to a power of two).
-    pub fn new(min_capacity: usize) -> io::Result<LruQueue> {
-        let cap = min_capacity.max(2).next_power_of_two();
-        Ok(LruQueue {
-            slots: AtomicTable::new(2 * cap)?,
-            mask: cap - 1,
-            head: CachePadded::new(AtomicUsize::new(0)),
-            tail: CachePadded::new(AtomicUsize::new(0)),
-        })
+pub(crate) struct Lru {
+    /// Resident pages, oldest first (packed `PageRef`s).
+    active: Fifo,
+    /// Resident pages a stream brought in (read ahead, or faulted around on first touch),
+    /// oldest first: used once, so reclaimed before `active`.
+    streamed: Fifo,
+    /// Reclaim rounds left during which `streamed` keeps its reserve: reset by every page
+    /// queued there, counted down by every round (see [`Lru::streamed_reserve`]).
+    streamed_rounds_left: AtomicUsize,
+}
+
+/// Reclaim rounds a reserve outlives the last page queued as a stream's.
+const STREAMED_RESERVE_ROUNDS: usize = 64;
+
+impl Lru {
+    pub fn new(active: Fifo, streamed: Fifo) -> Lru {
+        Lru { active, streamed, streamed_rounds_left: AtomicUsize::new(0) }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.mask + 1
+    /// Queues a page that just became resident at the tail of the FIFO.
+    pub fn add(&self, r: PageRef, stats: &PerCpuStats) {
+        if self.active.push(r.pack()).is_err() {
+            stats.inc(Counter::LruOverflow);
+        }
     }
 
-    fn seq(&self, i: usize) -> usize {
-        (self.slots[2 * i].load(Ordering::Acquire) as usize).wrapping_add(i)
-    }
-
-    fn set_seq(&self, i: usize, seq: usize) {
-        self.slots[2 * i].store(seq.wrapping_sub(i) as u64, Ordering::Release);
-    }
-
-    /// Appends `v`; gives it back if the queue is full.
-    pub fn push(&self, v: u64) -> Result<(), u64> {
-        let mut pos = self.tail.load(Ordering::Relaxed);
-        // Lock-free: a round repeats only because another push moved the tail (its progress);
-        // a slot whose pop is unfinished makes this return Err, never wait.
-        loop {
-            let i = pos & self.mask;
-            let dif = self.seq(i).wrapping_sub(pos) as isize;
-            if dif == 0 {
-                match self.tail.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => {
-                        self.slots[2 * i + 1].store(v, Ordering::Relaxed);
-                        self.set_seq(i, pos.wrapping_add(1));
-                        return Ok(());
-                    }
-                    Err(now) => pos = now,
-                }
-            } else if dif < 0 {
-                return Err(v);
-            } else {
-                pos = self.tail.load(Ordering::Relaxed);
+    /// Queues a page a stream brought in at the tail of the use-once FIFO (the other FIFO if
+    /// that one is full).
+    pub fn add_streamed(&self, r: PageRef, stats: &PerCpuStats) {
+        // A load first: the common case writes nothing, so CPUs do not bounce the line.
+        if self.streamed_rounds_left.load(Ordering::Relaxed) < STREAMED_RESERVE_ROUNDS {
+            self.streamed_rounds_left.store(STREAMED_RESERVE_ROUNDS, Ordering::Relaxed);
+        }
+        if let Err(v) = self.streamed.push(r.pack()) {
+            if self.active.push(v).is_err() {
+                stats.inc(Counter::LruOverflow);
             }
         }
     }
 
-    /// Takes the oldest entry, if any.
-    pub fn pop(&self) -> Option<u64> {
-        let mut pos = self.head.load(Ordering::Relaxed);
-        // Lock-free: a round repeats only because another pop moved the head (its progress);
-        // a slot whose push is unfinished makes this return None, never wait.
-        loop {
-            let i = pos & self.mask;
-            let dif = self.seq(i).wrapping_sub(pos.wrapping_add(1)) as isize;
-            if dif == 0 {
-                match self.head.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => {
-                        let v = self.slots[2 * i + 1].load(Ordering::Relaxed);
-                        self.set_seq(i, pos.wrapping_add(self.mask + 1));
-                        return Some(v);
-                    }
-                    Err(now) => pos = now,
-                }
-            } else if dif < 0 {
-                return None;
-            } else {
-                pos = self.head.load(Ordering::Relaxed);
-            }
+    /// Queues a page a swap-in or fault-around of `nr_pages` (the faulting page among them)
+    /// just mapped. A stream's pages go on the use-once FIFO: its readahead pages always, the
+    /// faulting page too once the window shows a stream (the size rule gives 4 pages or more
+    /// only after hits). Others go on `active`.
+    pub fn add_mapped(&self, r: PageRef, faulting: bool, nr_pages: usize, stats: &PerCpuStats) {
+        if !faulting || nr_pages >= 4 {
+            self.add_streamed(r, stats);
+        } else {
+            self.add(r, stats);
         }
     }
 
-    /// Entries queued (a snapshot: exact only while no one pushes or pops).
-    pub fn len(&self) -> usize {
-        let tail = self.tail.load(Ordering::Acquire);
-        let head = self.head.load(Ordering::Acquire);
-        tail.wrapping_sub(head).min(self.capacity())
+    /// Puts a popped page back on the FIFO it came from (busy, or not taken this round).
+    pub fn requeue(&self, list: List, r: PageRef, stats: &PerCpuStats) {
+        match list {
+            List::Streamed => self.add_streamed(r, stats),
+            List::Active => self.add(r, stats),
+        }
+    }
+
+    /// Pages of the use-once FIFO that reclaim leaves alone while it can take others: `limit
+    /// / 16`, at least four maximum windows, while streams are running (a page was queued
+    /// there within the last `STREAMED_RESERVE_ROUNDS` rounds); afterwards none, so the last
+    /// pages of a finished stream do not sit in memory while everything else is reclaimed.
+    /// Called once per round: counts the round.
+    pub fn streamed_reserve(&self, limit_pages: usize, readahead_max_pages: usize) -> usize {
+        let left = self.streamed_rounds_left.load(Ordering::Relaxed);
+        if left == 0 {
+            return 0;
+        }
+        // Racy on purpose: a lost decrement only keeps the reserve a round longer.
+        self.streamed_rounds_left.store(left - 1, Ordering::Relaxed);
+        (limit_pages / 16).max(4 * readahead_max_pages)
+    }
+
+    /// The oldest page of the use-once FIFO while it holds more than `reserve`, else of
+    /// `active`; either, if the other is empty.
+    pub fn pop(&self, reserve: usize) -> Option<(u64, List)> {
+        let streamed = || self.streamed.pop().map(|v| (v, List::Streamed));
+        let active = || self.active.pop().map(|v| (v, List::Active));
+        if self.streamed.len() > reserve {
+            streamed().or_else(active)
+        } else {
+            active().or_else(streamed)
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fifo_order_full_and_empty() {
-        let q = LruQueue::new(5).unwrap();
-        assert_eq!(q.capacity(), 8);
-        assert_eq!(q.pop(), None);
-        for round in 0..3u64 {
-            for v in 0..8 {
-                q.push(round * 100 + v).unwrap();
-            }
-            assert_eq!(q.push(999), Err(999), "a full queue gives the value back");
-            assert_eq!(q.len(), 8);
-            for v in 0..8 {
-                assert_eq!(q.pop(), Some(round * 100 + v));
-            }
-            assert!(q.is_empty());
-            assert_eq!(q.pop(), None);
-        }
+        self.active.is_empty() && self.streamed.is_empty()
     }
 
-    #[test]
-    fn many_threads_lose_and_duplicate_nothing() {
-        const THREADS: u64 = 4;
-        const PER_THREAD: u64 = 50_000;
-        let q = std::sync::Arc::new(LruQueue::new(1024).unwrap());
-        let seen = std::sync::Arc::new((0..THREADS * PER_THREAD).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>());
-        let threads: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (q, seen) = (q.clone(), seen.clone());
-                std::thread::spawn(move || {
-                    let mut next = t * PER_THREAD;
-                    let end = next + PER_THREAD;
-                    let mut popped = 0;
-                    while next < end || popped < PER_THREAD {
-                        if next < end && q.push(next).is_ok() {
-                            next += 1;
-                        }
-                        if popped < PER_THREAD {
-                            if let Some(v) = q.pop() {
-                                seen[v as usize].fetch_add(1, Ordering::Relaxed);
-                                popped += 1;
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        assert!(q.is_empty());
-        let wrong: Vec<_> =
-            seen.iter().enumerate().filter(|(_, n)| n.load(Ordering::Relaxed) != 1).map(|(v, _)| v).take(5).collect();
-        assert!(wrong.is_empty(), "values popped other than once: {wrong:?}");
+    /// Queues `r` on `active` without counting an overflow; false when it is full (a scan
+    /// that refills the FIFO stops there).
+    pub fn try_add(&self, r: PageRef) -> bool {
+        self.active.push(r.pack()).is_ok()
     }
 
-    #[test]
-    fn a_large_queue_costs_only_what_it_uses() {
-        // 4 Mi entries (64 MiB of slots): making it must not touch them.
-        let q = LruQueue::new(4 << 20).unwrap();
-        q.push(7).unwrap();
-        let resident = crate::mapping::mincore_pages(q.slots.as_ptr() as usize, 2 * q.capacity() * 8).unwrap();
-        assert!(resident <= 2, "{resident} pages touched");
-        assert_eq!(q.pop(), Some(7));
+    /// Entries `active` holds at most.
+    pub fn active_capacity(&self) -> usize {
+        self.active.capacity()
     }
 }

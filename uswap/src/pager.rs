@@ -1,17 +1,18 @@
-//! The pager: configuration, the shared engine state, its threads, and the public handle.
+//! The pager: its builder (configuration checked, shared state built, threads started) and
+//! the public handle. The state its threads work on is `crate::state::PagerShared`.
 //!
 //! A [`Pager`] owns one userfaultfd, its swap devices, its reclaim queues and counters, a
 //! background reclaimer thread and, in thread mode, one fault-handler thread per CPU. Regions
-//! created by [`Pager::map`] are registered with its userfaultfd and counted against its
-//! resident limit. Several pagers may live in one process, in either mode.
+//! created by `Pager::map` (in `region_handle`) are registered with its userfaultfd and
+//! counted against its resident limit. Several pagers may live in one process, in either
+//! mode.
 //!
-//! Ownership: `Pager` is a cheap handle (`Arc<PagerCore>`); every [`Region`] holds one, so the
+//! Ownership: `Pager` is a cheap handle (`Arc<PagerCore>`); every `Region` holds one, so the
 //! threads stop only when the last handle *and* the last region are gone. The threads
 //! themselves hold only `Arc<PagerShared>`, the state they work on.
 //!
-//! Locking: the shared state is atomics and lock-free queues; see `reclaim` for the
-//! accounting rules and `swap` for the allocator's locks. `threads` is a std mutex used only
-//! at start and shutdown.
+//! Locking: `threads` is a std mutex used only at start and shutdown; the shared state's
+//! rules are `crate::state`'s.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,60 +24,19 @@ use crate::async_readahead::{AsyncReadahead, DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WI
 use crate::bounce::BouncePool;
 use crate::device::DeviceConfig;
 use crate::error::{Error, Result};
-use crate::lru::LruQueue;
-use crate::mapping::{allowed_cpus, mincore_pages_where, nr_cpus_configured, spawn_engine_thread, AppMapping};
+use crate::fifo::Fifo;
+use crate::lru::Lru;
+use crate::mapping::{allowed_cpus, mincore_pages_where, nr_cpus_configured, spawn_engine_thread};
 use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
-use crate::reclaim::lru::Lru;
-use crate::region::{PageState, Pte, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
-use crate::region_handle::Region;
+use crate::region::{PageState, REGIONS};
 use crate::shared_charge::{ChargeCell, PoolShare, SharedCharge};
-use crate::stats::{DeviceStats, PerCpuStats, Stats};
+use crate::stats::{PerCpuStats, Stats};
 use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
 use crate::{events, fault, reclaim};
 
-/// Pages moved out (and written back) per reclaim round: the kernel's `SWAP_CLUSTER_MAX`.
-pub const RECLAIM_BATCH_PAGES: usize = 32;
-/// The smallest resident limit a pager accepts.
-pub const MIN_LIMIT_BYTES: u64 = 256 * PAGE_SIZE as u64;
-
-/// How faults on managed regions reach the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FaultMode {
-    /// Handler threads read the userfaultfd, one pinned to each CPU so the wake-up stays on
-    /// the faulting CPU. Faults raised inside system calls (e.g. `read(2)` into a managed
-    /// buffer) work. The default.
-    #[default]
-    Thread,
-    /// `UFFD_FEATURE_SIGBUS`: the faulting thread serves its own fault in a SIGBUS handler.
-    /// Fastest (no cross-thread wake-up), but a system call that touches a page that is not
-    /// resident fails with `EFAULT` instead of waiting for it (a datagram socket loses the
-    /// datagram) unless [`crate::prepare_user_access`] brought it in first (`uswap run`'s
-    /// library does, for every call of the C library), threads that touch managed memory must not block SIGBUS and need 128 KiB of
-    /// stack, and a SIGBUS handler must be installed before the pager. See docs/fault-modes.md.
-    Signal,
-}
-
-/// When the background reclaimer works.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum BackgroundReclaim {
-    /// The default: [`Always`](Self::Always) when a device's writes are slow
-    /// (`Backend::slow_writes`: the file device, a disk write; the Redis tier, a network
-    /// round trip; the faulting thread should not wait for either),
-    /// [`WhenIdle`](Self::WhenIdle) otherwise (RAM and the compressed pool). Resolved when the
-    /// pager is built.
-    #[default]
-    Auto,
-    /// Only while the application takes no faults. While it faults, reclaim runs in the
-    /// faulting context: on VMs, `UFFDIO_MOVE` from another CPU interrupts the faulting CPU
-    /// with a TLB-shootdown IPI for every page moved (see docs/design.md, "Where measurements changed the design").
-    WhenIdle,
-    /// Classic kswapd: woken at the high watermark, reclaims down to the low one whatever the
-    /// application does; faults reclaim only at the limit. What [`Auto`](Self::Auto) picks
-    /// for a device with slow writes; otherwise for comparison and for machines where
-    /// cross-CPU TLB flushes are cheap.
-    Always,
-}
+pub use crate::state::{BackgroundReclaim, FaultMode, PageError, PageErrorKind, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES};
+use crate::state::{PagerShared, REGISTER_MODES};
 
 /// Builds a [`Pager`].
 #[derive(Debug, Clone)]
@@ -267,7 +227,7 @@ impl PagerBuilder {
         // page that finds the queue full is counted and later found by a scan.
         let queue_len = (4 * limit_pages).max(1 << 16);
         let lru = || {
-            LruQueue::new(queue_len).map_err(|e| Error::OutOfAddressSpace {
+            Fifo::new(queue_len).map_err(|e| Error::OutOfAddressSpace {
                 what: "a reclaim queue".into(),
                 len_bytes: (queue_len * 16) as u64,
                 source: e,
@@ -304,8 +264,8 @@ impl PagerBuilder {
             background_reclaim,
             errors: ArrayQueue::new(ERROR_LOG_LEN),
             reclaimer: std::sync::OnceLock::new(),
-            cow: reclaim::cow::CowBreak::new(),
-            events: events::EventState::default(),
+            cow: crate::state::cow::CowQueue::new(),
+            events: crate::state::events::EventState::default(),
         });
         let doorbell = Doorbell::new().map_err(|e| Error::io("creating the handler-thread doorbell (eventfd)", e))?;
         let publish = if self.publish_stats {
@@ -340,7 +300,7 @@ impl PagerBuilder {
                     let handler_cpus: Vec<Option<usize>> = (0..n)
                         .map(|i| if self.pin_handlers { cpus.get(i % cpus.len().max(1)).copied() } else { None })
                         .collect();
-                    let pool = Arc::new(crate::handler_pool::HandlerPool::new(handler_cpus.clone(), cpus.len()));
+                    let pool = Arc::new(crate::fault::handler_pool::HandlerPool::new(handler_cpus.clone(), cpus.len()));
                     for (i, cpu) in handler_cpus.into_iter().enumerate() {
                         let s = shared.clone();
                         let bell = core.doorbell.clone();
@@ -443,245 +403,8 @@ fn feature_names(bits: u64) -> String {
     }
 }
 
-/// What went wrong with a page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PageErrorKind {
-    /// The device failed to read it.
-    ReadFailed,
-    /// The device returned data that did not match the page's checksum.
-    ChecksumMismatch,
-    /// The fault waited too long for the page's busy bit (its owner never finished).
-    BusyTimeout,
-}
-
-/// A page the engine failed to bring back on one attempt (it retries; `Stats` counts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageError {
-    /// Address of the page in its region.
-    pub addr: usize,
-    pub device: usize,
-    pub slot: u64,
-    pub kind: PageErrorKind,
-}
-
-impl std::fmt::Display for PageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = match self.kind {
-            PageErrorKind::ReadFailed => "device read failed",
-            PageErrorKind::ChecksumMismatch => "checksum mismatch",
-            PageErrorKind::BusyTimeout => "gave up waiting for the page's owner",
-        };
-        write!(f, "page {:#x} (device {} slot {}): {what}", self.addr, self.device, self.slot)
-    }
-}
-
 /// Recent page errors kept for `Pager::recent_errors`.
 const ERROR_LOG_LEN: usize = 64;
-
-/// Regions and staging areas take missing-page faults and write-protect faults (the first
-/// write to a clean page).
-pub(crate) const REGISTER_MODES: u64 = uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP;
-
-/// State shared by the pager's handle, its regions and its threads.
-pub(crate) struct PagerShared {
-    /// The regions' descriptor: faults, events, and every ioctl whose destination is a region.
-    pub uffd: Uffd,
-    pub mode: FaultMode,
-    /// The resident limit, in pages.
-    pub limit_pages: AtomicUsize,
-    /// Pages charged against the limit: mapped in regions plus staged in the swap cache.
-    pub resident_pages: ChargeCell,
-    /// The charge this pager shares with others (several processes under one limit), if any.
-    pub shared_charge: Option<&'static SharedCharge>,
-    /// The most `resident_pages` has been (the memcg's `memory.peak`).
-    pub resident_peak_pages: AtomicUsize,
-    /// Set while [`Pager::prepare_fork`] brings every page in: charges never wait and no
-    /// reclaim runs, so nothing goes out again before the fork copies it.
-    pub reclaim_held: AtomicBool,
-    /// Reclaim rounds and device writebacks under way (see `reclaim::InFlight`): the fork
-    /// waits for them to end once `reclaim_held` is set, so that no page is half moved
-    /// when the child's copy of the engine's state is taken.
-    pub reclaim_in_flight: AtomicUsize,
-    /// In a re-armed fork child: the parent's engine state as the child inherited it, whose
-    /// memory devices hold the pages that were out at the fork (`PageState::Parent`). Only
-    /// their reads are used: the parent's threads and locks are not the child's.
-    pub parent: std::sync::OnceLock<Arc<PagerShared>>,
-    /// Regions are inherited by fork (see [`PagerBuilder::regions_survive_fork`]).
-    pub regions_survive_fork: bool,
-    /// Resident pages that are clean (their slot still holds them).
-    pub clean_pages: AtomicUsize,
-    pub devices: SwapDevices,
-    /// Resident pages, oldest first: reclaim's victims (see `reclaim::lru`).
-    pub lru: Lru,
-    /// Pages staged in RAM on their way to a device, counted in `resident_pages` too.
-    pub swap_cache: SwapCache,
-    pub stats: PerCpuStats,
-    pub bounce: BouncePool,
-    /// The global readahead switch.
-    pub readahead: AtomicBool,
-    pub readahead_max_pages: usize,
-    /// Asynchronous readahead contexts (none when no device reads asynchronously).
-    pub async_ra: AsyncReadahead,
-    pub shutdown: AtomicBool,
-    pub background_reclaim: BackgroundReclaim,
-    /// The most recent page errors (oldest dropped first).
-    pub errors: ArrayQueue<PageError>,
-    /// The background reclaimer, for waking it (`BackgroundReclaim::Always`, and pages to
-    /// make exclusive after a fork).
-    pub reclaimer: std::sync::OnceLock<std::thread::Thread>,
-    /// Pages a fork shares, waiting to be made exclusive (see `reclaim::cow`).
-    pub cow: reclaim::cow::CowBreak,
-    /// Event ordering and the parts of regions `mremap` moved out (see `events`).
-    pub events: events::EventState,
-}
-
-/// What [`PagerShared::release_page`] gave back, for [`PagerShared::apply_released`] to
-/// settle in one go: the slots to free and the counts to drop.
-#[derive(Default)]
-pub(crate) struct Released {
-    to_free: Vec<u64>,
-    uncharge: usize,
-    uncache: usize,
-    unclean: usize,
-}
-
-impl PagerShared {
-    /// Lets go of what page `pte` holds besides its mapping (the caller owns the page, or
-    /// the page can no longer be reached): the slot of a clean, staged or swapped page, the
-    /// staging page of a staged one, and its charge if it is in RAM.
-    pub fn release_page(&self, pte: Pte, rel: &mut Released) {
-        match pte.state() {
-            PageState::Resident => {
-                rel.uncharge += 1;
-                if pte.clean() {
-                    rel.unclean += 1;
-                    let e = pte.entry();
-                    self.devices.device(e).table.clear(e.offset());
-                    rel.to_free.push(e.bits());
-                }
-            }
-            PageState::Cached => {
-                let e = pte.entry();
-                let dev = self.devices.device(e);
-                // Best effort: the staging page must be empty before its slot is reused, and
-                // MADV_DONTNEED on our own mapping cannot fail for a valid range.
-                let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
-                dev.table.clear(e.offset());
-                rel.to_free.push(e.bits());
-                rel.uncharge += 1;
-                rel.uncache += 1;
-            }
-            PageState::Swapped => {
-                let e = pte.entry();
-                self.devices.device(e).table.clear(e.offset());
-                rel.to_free.push(e.bits());
-            }
-            // An inherited page is the parent's charge, not ours; a page still in the
-            // parent's device holds nothing of ours.
-            PageState::None | PageState::Zero | PageState::Gone | PageState::Shared | PageState::Parent => {}
-        }
-    }
-
-    /// Settles what [`PagerShared::release_page`] collected: counters, then slot frees.
-    pub fn apply_released(&self, mut rel: Released) {
-        self.clean_pages.fetch_sub(rel.unclean, Ordering::Relaxed);
-        self.swap_cache.uncount(rel.uncache);
-        reclaim::shared_sub(self, rel.uncharge);
-        self.resident_pages.fetch_sub(rel.uncharge, Ordering::AcqRel);
-        self.devices.free_now(&mut rel.to_free);
-        self.devices.flush_frees();
-    }
-
-    /// Releases everything a region holds. Called by `Region::drop` before it unmaps.
-    pub fn unmap_region(&self, reg_idx: usize, inner: &RegionInner) {
-        // After this no fault handler or reclaimer can reach the region, and none is inside
-        // it: every busy bit has been released.
-        let _ = REGIONS.remove(reg_idx);
-        self.async_ra.forget_region(self, reg_idx);
-        let mut released = Released::default();
-        // Runs of pages still the region's: only those are unregistered and unmapped (a
-        // range the application unmapped may hold another mapping by now).
-        let live = inner.live_runs();
-        for page in 0..inner.nr_pages {
-            let pte = inner.load(page);
-            debug_assert!(!pte.busy(), "page {page} still busy after the region left the registry");
-            self.release_page(pte, &mut released);
-        }
-        self.apply_released(released);
-        for (first, end) in live {
-            let (addr, len) = (inner.page_addr(first), (end - first) * PAGE_SIZE);
-            // Unregistered first: the engine's own munmap must send no UNMAP event (its
-            // thread would wait for the event to be read, and it is not the application's).
-            let _ = self.uffd.unregister(addr, len);
-            crate::mapping::unmap_app_range(addr, len);
-        }
-    }
-
-    /// Logs a page error (lock-free; the oldest entry goes when the log is full).
-    pub fn record_error(&self, addr: usize, e: crate::swap::SwapEntry, kind: PageErrorKind) {
-        let err = PageError { addr, device: e.device(), slot: e.offset(), kind };
-        if let Err(err) = self.errors.push(err) {
-            let _ = self.errors.pop();
-            let _ = self.errors.push(err);
-        }
-    }
-
-    pub fn is_shutdown(&self) -> bool {
-        self.shutdown.load(Ordering::Acquire)
-    }
-
-    /// Whether the threads that fault sleep until an ioctl wakes them (thread mode).
-    pub fn mode_wakes(&self) -> bool {
-        self.mode == FaultMode::Thread
-    }
-
-    /// A snapshot of the counters (without `publish`). `flush` first empties the per-CPU
-    /// batches of freed slots, so the per-device slot counts are exact; the caller blocks
-    /// asynchronous signals (it takes spin locks the fault path takes).
-    pub fn snapshot(&self, flush: bool) -> Stats {
-        if flush {
-            self.devices.flush_frees();
-        }
-        let mut st = Stats::default();
-        self.stats.fill(&mut st);
-        st.resident_pages = self.resident_pages.load(Ordering::Acquire) as u64;
-        st.resident_peak_pages = self.resident_peak_pages.load(Ordering::Relaxed) as u64;
-        st.swapcache_pages = self.swap_cache.nr_pages() as u64;
-        st.clean_pages = self.clean_pages.load(Ordering::Acquire) as u64;
-        st.limit_pages = self.limit_pages.load(Ordering::Acquire) as u64;
-        (st.unmanaged_bytes, st.unmanaged_peak_bytes) = crate::stats::unmanaged();
-        [
-            st.syscall_prepared,
-            st.syscall_efault_retried,
-            st.syscall_efault,
-            st.syscall_continued,
-            st.syscall_async_kernel_access,
-        ] = crate::stats::syscall_events();
-        st.slots_leaked = self.devices.deferred_overflow();
-        st.uffd_move_misreports = self.uffd.move_misreports();
-        st.devices = self
-            .devices
-            .devices()
-            .iter()
-            .map(|d| {
-                let c = d.allocator.cluster_counts();
-                DeviceStats {
-                    name: d.backend.name(),
-                    priority: d.priority,
-                    nr_slots: d.nr_slots(),
-                    slots_used: d.allocator.inuse_slots(),
-                    clusters_free: c.free + c.discard,
-                    clusters_nonfull: c.nonfull,
-                    clusters_full: c.full,
-                    clusters_discarded: c.discarded,
-                    backend: d.backend.stats(),
-                }
-            })
-            .collect();
-        st.pool_peak_bytes = st.devices.iter().filter_map(|d| d.backend.as_ref()).map(|b| b.pool_peak_bytes).sum();
-        st
-    }
-}
 
 /// Whether and where the pager's counters are published.
 enum Publish {
@@ -757,49 +480,6 @@ impl Pager {
     /// The engine state, shared (a new region holds it).
     pub(crate) fn shared_arc(&self) -> &Arc<PagerShared> {
         &self.core.shared
-    }
-
-    /// Maps a managed region of `len_bytes` (rounded up to whole pages), zero-filled. Zero
-    /// bytes and more than [`MAX_REGION_BYTES`] are refused.
-    ///
-    /// Signal mode: fails with [`Error::SigbusHandlerReplaced`] if the process's SIGBUS
-    /// handler is no longer uswap's. Faults are served on the faulting thread's stack, which
-    /// needs room for the handler below the deepest frame that touches managed memory (see
-    /// docs/fault-modes.md).
-    pub fn map(&self, len_bytes: usize) -> Result<Region> {
-        if self.core.shared.mode == FaultMode::Signal {
-            check_sigbus_handler()?;
-        }
-        if len_bytes == 0 {
-            return Err(Error::ZeroLengthMap { page_size: PAGE_SIZE });
-        }
-        // Checked before rounding: rounding a size near usize::MAX up to whole pages would
-        // overflow. MAX_REGION_BYTES is whole pages, so the rounded size stays within it.
-        const { assert!(MAX_REGION_BYTES % PAGE_SIZE == 0) };
-        if len_bytes > MAX_REGION_BYTES {
-            return Err(Error::MapTooLarge { len_bytes: len_bytes as u64, max_bytes: MAX_REGION_BYTES as u64 });
-        }
-        let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let memory = AppMapping::with_fork(len, self.core.shared.regions_survive_fork).map_err(|e| {
-            Error::OutOfAddressSpace { what: "a managed region".into(), len_bytes: len as u64, source: e }
-        })?;
-        let _signals = crate::uffd::AsyncSignalsBlocked::new();
-        let shared = &self.core.shared;
-        shared
-            .uffd
-            .register(memory.addr(), len, REGISTER_MODES)
-            .map_err(|e| Error::io("registering the region with userfaultfd", e))?;
-        let addr = memory.addr();
-        let inner = Arc::new(
-            RegionInner::new(memory, self.core.shared.clone())
-                .map_err(|e| Error::io("allocating the region's page table", e))?,
-        );
-        let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {
-            let _ = shared.uffd.unregister(addr, len);
-            crate::mapping::unmap_app_range(addr, len);
-            return Err(Error::TooManyRegions { max: MAX_REGIONS });
-        };
-        Ok(Region::new(inner, slot, self.clone()))
     }
 
     /// A snapshot of the counters. Flushes the per-CPU batches of freed slots first, so the

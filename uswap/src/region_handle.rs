@@ -7,15 +7,17 @@
 //! and tells which pager it belongs to).
 //!
 //! Locking: none of its own. Invariants: the engine lets go of a region (every slot and
-//! staged page freed, see `PagerShared::unmap_region`) before its memory is unmapped, and
+//! staged page freed, see `crate::release`) before its memory is unmapped, and
 //! the pager's threads outlive every region of the pager.
 
 use std::sync::Arc;
 
+use crate::error::{Error, Result};
 use crate::mapping::AppMapping;
-use crate::pager::Pager;
+use crate::pager::{check_sigbus_handler, Pager};
 use crate::readahead::Advice;
-use crate::region::RegionInner;
+use crate::region::{RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
+use crate::state::{FaultMode, REGISTER_MODES};
 use crate::uffd::PAGE_SIZE;
 
 /// A managed mapping: zero-filled at first, page-aligned, its resident pages counted against
@@ -120,6 +122,51 @@ impl Region {
         let shared = self.pager.shared();
         let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
         !self.inner.live_runs().is_empty()
+    }
+}
+
+impl Pager {
+    /// Maps a managed region of `len_bytes` (rounded up to whole pages), zero-filled. Zero
+    /// bytes and more than [`MAX_REGION_BYTES`] are refused.
+    ///
+    /// Signal mode: fails with [`Error::SigbusHandlerReplaced`] if the process's SIGBUS
+    /// handler is no longer uswap's. Faults are served on the faulting thread's stack, which
+    /// needs room for the handler below the deepest frame that touches managed memory (see
+    /// docs/fault-modes.md).
+    pub fn map(&self, len_bytes: usize) -> Result<Region> {
+        if self.shared().mode == FaultMode::Signal {
+            check_sigbus_handler()?;
+        }
+        if len_bytes == 0 {
+            return Err(Error::ZeroLengthMap { page_size: PAGE_SIZE });
+        }
+        // Checked before rounding: rounding a size near usize::MAX up to whole pages would
+        // overflow. MAX_REGION_BYTES is whole pages, so the rounded size stays within it.
+        const { assert!(MAX_REGION_BYTES % PAGE_SIZE == 0) };
+        if len_bytes > MAX_REGION_BYTES {
+            return Err(Error::MapTooLarge { len_bytes: len_bytes as u64, max_bytes: MAX_REGION_BYTES as u64 });
+        }
+        let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let memory = AppMapping::with_fork(len, self.shared().regions_survive_fork).map_err(|e| {
+            Error::OutOfAddressSpace { what: "a managed region".into(), len_bytes: len as u64, source: e }
+        })?;
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        let shared = self.shared();
+        shared
+            .uffd
+            .register(memory.addr(), len, REGISTER_MODES)
+            .map_err(|e| Error::io("registering the region with userfaultfd", e))?;
+        let addr = memory.addr();
+        let inner = Arc::new(
+            RegionInner::new(memory, self.shared_arc().clone())
+                .map_err(|e| Error::io("allocating the region's page table", e))?,
+        );
+        let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {
+            let _ = shared.uffd.unregister(addr, len);
+            crate::mapping::unmap_app_range(addr, len);
+            return Err(Error::TooManyRegions { max: MAX_REGIONS });
+        };
+        Ok(Region::new(inner, slot, self.clone()))
     }
 }
 

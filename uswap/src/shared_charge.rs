@@ -28,7 +28,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// A resident charge several pagers share (see [`PagerBuilder::shared_charge`]): plain
+/// A resident charge several pagers share (see [`crate::PagerBuilder::shared_charge`]): plain
 /// atomics in a `#[repr(C)]` block, so that it can live in memory shared between processes.
 #[repr(C)]
 #[derive(Debug, Default)]

@@ -90,7 +90,7 @@ pub(crate) enum Counter {
     SwapRaAsyncDropped,
     /// Faults that found their asynchronous readahead still in flight and waited for it.
     SwapRaAsyncWait,
-    /// Faults that gave up waiting for a page's busy bit (see `fault::BUSY_WAIT_LIMIT_NS`).
+    /// Faults that gave up waiting for a page's busy bit (see `fault_service::BUSY_WAIT_LIMIT_NS`).
     FaultBusyTimeout,
     /// Signal-mode faults that gave up waiting for read events to be applied (see
     /// `events::wait_until_applied`).
@@ -509,7 +509,7 @@ pub struct Stats {
     /// Thread mode: handler threads that stopped waiting on the userfaultfd and went
     /// dormant: most of their wake-ups found another handler had been first, a helper's 64
     /// faults were served, or a handler handed over to another (`handler_steer`). See
-    /// `uswap/src/handler_pool.rs` and docs/fault-modes.md.
+    /// `uswap/src/fault/handler_pool.rs` and docs/fault-modes.md.
     pub handler_retire: u64,
     /// Thread mode: dormant handlers woken because one read 4 or more faults at once.
     pub handler_backlog: u64,

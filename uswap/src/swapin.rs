@@ -25,13 +25,13 @@ use std::sync::atomic::Ordering;
 
 use arrayvec::ArrayVec;
 
-use crate::async_readahead::ContextIo;
 use crate::backend::{BackendError, ReadReq};
-use crate::fault::{FaultError, Route};
-use crate::pager::{FaultMode, PageErrorKind, PagerShared};
 use crate::readahead::{Window, MAX_WINDOW_PAGES};
 use crate::reclaim;
 use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet};
+use crate::state::async_readahead::ContextIo;
+use crate::state::fault::{FaultError, Route};
+use crate::state::{FaultMode, PageErrorKind, PagerShared};
 use crate::stats::Counter;
 use crate::swap::{ReadaheadPolicy, SwapEntry};
 use crate::sync::SpinGuard;
@@ -177,7 +177,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         }
     }
 
-    crate::fault::note_window(items.len());
+    crate::state::fault::note_window(items.len());
     // Read-ahead pages are charged like the faulting page, reclaiming if need be (the kernel
     // charges its read-ahead pages to the memory cgroup too): the window only grows on
     // evidence that read-ahead pages are used.

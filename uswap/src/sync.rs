@@ -23,7 +23,7 @@
 //!    compare-and-swap. Faults, reclaim and the async-readahead starter hold them; a holder
 //!    may take further busy bits only with `try_lock`. The only waits on a busy bit are a
 //!    fault waiting for its own page while holding nothing else (bounded:
-//!    `fault::BUSY_WAIT_LIMIT_NS`, counted in `fault_busy_timeout`). May be held across
+//!    `fault_service::BUSY_WAIT_LIMIT_NS`, counted in `fault_busy_timeout`). May be held across
 //!    system calls and device I/O.
 //! 2. **Async-readahead context lock** (`async_readahead::Context::io`, a [`SpinLock`]):
 //!    held while starting, waiting for and mapping from a context's reads, and across
@@ -208,7 +208,7 @@ impl spin::RelaxStrategy for Relax {
 
 /// How long [`pop_spinning`] waits for an object to come back before giving up. Lenders
 /// hold an object for one page's (de)compression or one swap-in's device read; ten seconds
-/// (as `fault::BUSY_WAIT_LIMIT_NS`) is beyond any legitimate wait, and a caller that gives
+/// (as `fault_service::BUSY_WAIT_LIMIT_NS`) is beyond any legitimate wait, and a caller that gives
 /// up fails its operation (counted) where waiting would hang its thread for good.
 pub const POOL_WAIT_LIMIT_NS: u64 = if cfg!(test) { 200_000_000 } else { 10_000_000_000 };
 

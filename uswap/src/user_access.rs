@@ -10,8 +10,8 @@
 //! Locking: none of its own; allocation-free, safe in a signal handler (see `fault`).
 
 use crate::fault::sigbus_fault;
-use crate::pager::FaultMode;
 use crate::region::{region_owning, PageState, Pte, RegionInner, REGIONS};
+use crate::state::FaultMode;
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
 

@@ -28,7 +28,6 @@ use std::io;
 use thiserror::Error;
 
 pub use crate::mapping::PageRun;
-use crate::uffd::PAGE_SIZE;
 
 /// A failed backend operation, with the slot it concerns.
 #[derive(Debug, Error)]
@@ -113,10 +112,11 @@ pub struct WriteReq<'a> {
     pub result: Result<(), BackendError>,
 }
 
-/// One page, aligned for `O_DIRECT` I/O: the unit of read buffers.
-#[derive(Clone, Copy)]
-#[repr(C, align(4096))]
-pub struct AlignedPage(pub [u8; PAGE_SIZE]);
+pub use crate::mapping::AlignedPage;
+
+/// Slots per swap cluster (the kernel's `SWAPFILE_CLUSTER`): the swap layer allocates and
+/// frees slots by cluster, and devices discard (punch out) whole clusters.
+pub const SWAPFILE_CLUSTER: usize = 512;
 
 /// Read consecutive slots starting at `slot` into `buf`, one page per slot. The pages are
 /// contiguous in memory, so a device may read the whole run with one I/O.

@@ -349,6 +349,11 @@ impl Mapping {
     }
 }
 
+/// One page, aligned for `O_DIRECT` I/O: the unit of read buffers and bounce pages.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+pub struct AlignedPage(pub [u8; PAGE_SIZE]);
+
 /// Consecutive pages that the engine owns for the duration of a backend call: the source of
 /// a device write. Either staged pages of a [`Mapping`] or a buffer of aligned pages.
 #[derive(Clone, Copy)]
@@ -360,7 +365,7 @@ pub struct PageRun<'a> {
 
 impl<'a> PageRun<'a> {
     /// A run over pages of an ordinary buffer.
-    pub fn from_pages(pages: &'a [crate::backend::AlignedPage]) -> PageRun<'a> {
+    pub fn from_pages(pages: &'a [AlignedPage]) -> PageRun<'a> {
         PageRun { addr: pages.as_ptr() as usize, nr_pages: pages.len(), _owner: std::marker::PhantomData }
     }
 
@@ -873,7 +878,7 @@ mod tests {
     fn mincore_of_a_partial_page_counts_it_and_ends() {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut pages = vec![crate::backend::AlignedPage([0; PAGE_SIZE]); 2];
+            let mut pages = vec![AlignedPage([0; PAGE_SIZE]); 2];
             pages[0].0[0] = 1;
             pages[1].0[0] = 1;
             let addr = pages.as_ptr() as usize;

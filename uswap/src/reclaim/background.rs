@@ -10,10 +10,11 @@ use std::sync::atomic::Ordering;
 
 use super::charge::{shared_above, watermarks};
 use super::cow;
+use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
 use super::writeback::device_writeback;
-use super::{reclaim_round, BATCH, MAX_FRUITLESS_ROUNDS};
 use crate::backend::AlignedPage;
-use crate::pager::{BackgroundReclaim, PagerShared};
+use crate::state::RECLAIM_BATCH_PAGES as BATCH;
+use crate::state::{BackgroundReclaim, PagerShared};
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
 

@@ -1,4 +1,5 @@
-//! The resident charge, its watermarks, and what a charge does when it reaches them.
+//! The resident charge and its watermarks: the counting, own and shared. What a charge
+//! does when it reaches the limit (reclaim directly, or wait for room) is `super::direct`'s.
 //!
 //! Accounting. `resident_pages` counts application pages in RAM: mapped in a region or
 //! staged in the swap cache. A fault charges a page *before* mapping it, with a
@@ -12,22 +13,14 @@
 //! under a shared charge (`crate::shared_charge`) charges that too, and must fit under both.
 //!
 //! Watermarks. With `gap = max(32 pages, limit / 64)`, `high = limit - gap` and
-//! `low = limit - 2 * gap`. A fault that takes the charge above `high` reclaims one batch in
-//! the faulting context (memcg's `memory.high`); a charge that would pass the limit reclaims
-//! until it fits (direct reclaim, counted in `allocstall`). The background reclaimer brings an
-//! idle pager from above `high` down to `low`, so a burst of faults after a pause starts with
-//! headroom.
+//! `low = limit - 2 * gap` (see `super::direct` and `super::background` for who acts at each).
 //!
-//! Locking: none; the charges are atomics. A charge allocates nothing and sleeps only with
-//! `nanosleep(2)`, so it may run in a SIGBUS handler; on the lock-free route (the thread
-//! holds an engine lock) it neither reclaims nor waits. Invariant: every uncharge matches an
-//! earlier charge (an underflow is a bug, and panics).
+//! Locking: none; the charges are atomics, and nothing here sleeps or allocates.
+//! Invariant: every uncharge matches an earlier charge (an underflow is a bug, and panics).
 
 use std::sync::atomic::Ordering;
 
-use super::{reclaim_round, BATCH, MAX_FRUITLESS_ROUNDS};
-use crate::pager::{BackgroundReclaim, PagerShared};
-use crate::stats::Counter;
+use crate::state::{PagerShared, RECLAIM_BATCH_PAGES as BATCH};
 
 /// `(high, low)` watermarks for a limit, in pages.
 pub(crate) fn watermarks(limit: usize) -> (usize, usize) {
@@ -35,153 +28,8 @@ pub(crate) fn watermarks(limit: usize) -> (usize, usize) {
     (limit.saturating_sub(gap), limit.saturating_sub(2 * gap))
 }
 
-/// How long a charge waits, in all, for room while every victim it finds is busy in other
-/// threads' faults and device writes (the devices have room) before it charges over the
-/// limit (`limit_overrun_busy`). Well below `fault::BUSY_WAIT_LIMIT_NS` (10 s): the waiting
-/// thread owns its faulting page, and another thread faulting on that page waits for it.
-pub(crate) const CHARGE_WAIT_LIMIT_NS: u64 = 250_000_000;
-/// How long a charge waits while no thread makes any progress at all (nothing written
-/// back, dropped or found zero anywhere) before it gives up sooner.
-const CHARGE_STALL_LIMIT_NS: u64 = 100_000_000;
-/// First and longest sleep between fruitless rounds of a charge.
-const CHARGE_BACKOFF_MIN_NS: u64 = 20_000;
-const CHARGE_BACKOFF_MAX_NS: u64 = 1_000_000;
-
-/// Pages uncharged by reclaim so far, over every thread: written back, dropped clean, or
-/// found zero. What a waiting charge measures others' progress by.
-fn reclaim_progress(p: &PagerShared) -> u64 {
-    p.stats.sum(Counter::Pswpout) + p.stats.sum(Counter::SwpoutClean) + p.stats.sum(Counter::SwpoutZero)
-}
-
-/// Sleeps `ns` with `nanosleep(2)`, which is async-signal-safe and allocates nothing (a
-/// charge may run in a SIGBUS handler).
-fn nap(ns: u64) {
-    let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as _ };
-    // SAFETY: nanosleep reads `ts` and writes nothing (no remainder pointer); an early
-    // wake-up by a signal only shortens the nap.
-    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-}
-
-/// Charges `n` pages against the limit, reclaiming directly when at it (see the module doc).
-///
-/// While its reclaim rounds find nothing (every victim busy in other threads' faults and
-/// writes, which happens with many more faulting threads than CPUs on a slow device), it
-/// yields for `MAX_FRUITLESS_ROUNDS` rounds, then sleeps with an exponential back-off and
-/// tries again, for up to `CHARGE_WAIT_LIMIT_NS`, or `CHARGE_STALL_LIMIT_NS` during which no
-/// thread reclaimed anything. Only then, when its rounds did reclaim but other threads'
-/// charges took the room first for `CHARGE_WAIT_LIMIT_NS` in all (starvation), at once when
-/// every device is full, when the round's victims were refused (shared with a fork child:
-/// see below), when only the shared limit is reached and this pager has nothing to reclaim,
-/// or on the lock-free route (which may not reclaim), does it charge over the
-/// limit: counted in
-/// `limit_overrun` (and `limit_overrun_busy` when the devices had room). Nothing is lost;
-/// reclaim takes the extra pages later. `lock_free`: the caller may take no lock (signal
-/// mode, its thread interrupted inside the engine).
-pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
-    let mut stalled = false;
-    let mut fruitless = 0;
-    let mut backoff_ns = CHARGE_BACKOFF_MIN_NS;
-    // (when the waiting began, when progress was last seen, the progress then)
-    let mut waiting: Option<(u64, u64, u64)> = None;
-    // When the first reclaim round began: fruitful rounds whose room other threads' charges
-    // keep taking first are bounded by CHARGE_WAIT_LIMIT_NS all told, like fruitless ones.
-    let mut reclaim_since_ns = 0;
-    // Terminates: a failed compare-exchange means another thread changed the charge (its
-    // progress); a fruitful round uncharges pages, and fruitless rounds sleep; reclaiming
-    // is bounded by CHARGE_WAIT_LIMIT_NS in all, fruitful or not.
-    loop {
-        let cur = p.resident_pages.load(Ordering::Acquire);
-        let limit = p.limit_pages.load(Ordering::Acquire);
-        if cur + n <= limit && shared_room(p, n) {
-            if p.resident_pages.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                shared_add(p, n);
-                note_peak(p, cur + n);
-                break;
-            }
-            continue;
-        }
-        if p.reclaim_held.load(Ordering::Acquire) {
-            // Pager::prepare_fork: every page comes in before the fork; none may go out.
-            force_charge(p, n);
-            return;
-        }
-        if lock_free {
-            force_charge(p, n);
-            p.stats.inc(Counter::LimitOverrun);
-            break;
-        }
-        if !stalled {
-            p.stats.inc(Counter::Allocstall);
-            stalled = true;
-            reclaim_since_ns = crate::mapping::now_ns();
-        }
-        let round = reclaim_round(p, true);
-        if round.any() {
-            fruitless = 0;
-            backoff_ns = CHARGE_BACKOFF_MIN_NS;
-            if crate::mapping::now_ns().saturating_sub(reclaim_since_ns) > CHARGE_WAIT_LIMIT_NS {
-                // Reclaim works, but the room it makes keeps going to other charges: stop
-                // reclaiming for them and charge over the limit (counted), as below.
-                force_charge(p, n);
-                p.stats.inc(Counter::LimitOverrun);
-                break;
-            }
-            continue;
-        }
-        if round.refused > 0 {
-            // The victims were refused, not busy: pages shared copy-on-write with a fork
-            // child (or pinned, or made read-only) stay where they are however long this
-            // waits, and while they are shared they cost the same RAM whether this process
-            // maps them or not. Charge over the limit at once (`limit_overrun`, with
-            // `move_refused` saying why) rather than make every fault wait out the back-off:
-            // after a fork, a parent's faults took 100 ms each until its children exited.
-            force_charge(p, n);
-            p.stats.inc(Counter::LimitOverrun);
-            break;
-        }
-        if p.devices.is_full() {
-            // Nothing can go anywhere: keep the page, count the overrun.
-            force_charge(p, n);
-            p.stats.inc(Counter::LimitOverrun);
-            break;
-        }
-        if cur + n <= limit && p.lru.is_empty() && p.swap_cache.nr_pages() == 0 {
-            // Within our own limit, over the shared one, and nothing of ours to reclaim (a
-            // re-armed fork child whose pages are all still its parent's): waiting cannot be
-            // cured here, the other pagers reclaim theirs in the background. Over at once.
-            force_charge(p, n);
-            p.stats.inc(Counter::LimitOverrun);
-            break;
-        }
-        fruitless += 1;
-        if fruitless <= MAX_FRUITLESS_ROUNDS {
-            std::thread::yield_now();
-            continue;
-        }
-        // The victims are busy in other threads' writes: sleep, so that they get the CPU to
-        // finish them, rather than spin or give up.
-        let now = crate::mapping::now_ns();
-        let progress = reclaim_progress(p);
-        let (since, last_seen, seen) = waiting.get_or_insert((now, now, progress));
-        if progress != *seen {
-            (*last_seen, *seen) = (now, progress);
-        }
-        if now - *since > CHARGE_WAIT_LIMIT_NS || now - *last_seen > CHARGE_STALL_LIMIT_NS {
-            force_charge(p, n);
-            p.stats.inc(Counter::LimitOverrun);
-            p.stats.inc(Counter::LimitOverrunBusy);
-            break;
-        }
-        nap(backoff_ns);
-        backoff_ns = (backoff_ns * 2).min(CHARGE_BACKOFF_MAX_NS);
-    }
-    if !lock_free {
-        task_reclaim(p);
-    }
-}
-
 /// Charges `n` pages whatever the limit (the callers count why).
-fn force_charge(p: &PagerShared, n: usize) {
+pub(super) fn force_charge(p: &PagerShared, n: usize) {
     let now = p.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
     shared_add(p, n);
     note_peak(p, now);
@@ -191,14 +39,14 @@ fn force_charge(p: &PagerShared, n: usize) {
 /// lock: pagers that charge at the same moment may each see the same room, so the shared
 /// charge can pass its limit by at most one charge (`n` pages, a readahead window at most)
 /// per thread charging at once, and reclaim brings it back.
-fn shared_room(p: &PagerShared, n: usize) -> bool {
+pub(super) fn shared_room(p: &PagerShared, n: usize) -> bool {
     match p.shared_charge {
         None => true,
         Some(t) => t.resident_pages.load(Ordering::Acquire) + n <= t.limit_pages.load(Ordering::Acquire),
     }
 }
 
-fn shared_add(p: &PagerShared, n: usize) {
+pub(super) fn shared_add(p: &PagerShared, n: usize) {
     if let Some(t) = p.shared_charge {
         let now = t.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
         if now > t.resident_peak_pages.load(Ordering::Relaxed) {
@@ -228,38 +76,9 @@ pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
 
 /// Records a new high of the charge (`Stats::resident_peak_pages`). The load first keeps the
 /// common case (no new peak) a read of a shared line, not a write.
-fn note_peak(p: &PagerShared, resident: usize) {
+pub(super) fn note_peak(p: &PagerShared, resident: usize) {
     if resident > p.resident_peak_pages.load(Ordering::Relaxed) {
         p.resident_peak_pages.fetch_max(resident, Ordering::Relaxed);
-    }
-}
-
-/// Above the high watermark the faulting thread reclaims one batch itself, as memcg does at
-/// `memory.high` (memcg has no kswapd: all its reclaim runs in the charging task). On these
-/// VMs that is also the cheap place: `UFFDIO_MOVE` flushes the TLB, and while another thread
-/// of the process runs on another CPU the flush is a synchronous IPI (9.7 µs instead of
-/// 1.05 µs per single-page move, see BENCHMARKS.md), so reclaim from a second CPU would slow
-/// every fault it overlaps with.
-fn task_reclaim(p: &PagerShared) {
-    if p.reclaim_held.load(Ordering::Acquire) {
-        return;
-    }
-    let (high, _) = watermarks(p.limit_pages.load(Ordering::Relaxed));
-    if p.resident_pages.load(Ordering::Acquire) <= high && !shared_above(p, false) {
-        return;
-    }
-    match p.background_reclaim {
-        // `Auto` is resolved when the pager is built; never stored.
-        BackgroundReclaim::WhenIdle | BackgroundReclaim::Auto => {
-            reclaim_round(p, true);
-        }
-        BackgroundReclaim::Always => {
-            // Thread::unpark is an atomic swap and, if the thread sleeps, a futex wake: no
-            // allocation, no lock, so it is safe in a signal handler.
-            if let Some(t) = p.reclaimer.get() {
-                t.unpark();
-            }
-        }
     }
 }
 

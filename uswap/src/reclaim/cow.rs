@@ -16,7 +16,7 @@
 //! discarded at that very moment (`MADV_DONTNEED` racing with reclaim) faults into the
 //! engine. In signal mode that fault fails the call (`EFAULT`); in thread mode it waits for a
 //! handler thread, which must not wait for the page in turn: it sees the page's address in
-//! [`CowBreak::addr`], claims it, and maps zeros, which is what the discard asked for
+//! `crate::state::cow::CowQueue`, claims it, and maps zeros, which is what the discard asked for
 //! ([`claim_for_fault`]). A handler thread could not break pages itself: its own faulting
 //! page, held busy, may be the one another handler waits on.
 //!
@@ -25,42 +25,20 @@
 //!
 //! Locking: none; the page is owned through its busy bit, the address slot is one atomic.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use crossbeam_queue::ArrayQueue;
+use std::sync::atomic::Ordering;
 
 use crate::mapping::populate_write;
-use crate::pager::PagerShared;
 use crate::region::{PageRef, PageState, RegionSet};
+use crate::state::PagerShared;
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
 
-/// Refused pages waiting to be made exclusive; a page that finds it full stays on the LRU
-/// and is queued when a later round is refused it again.
-const QUEUE_LEN: usize = 4096;
 /// Pages one call of [`break_queued`] handles (bounds the background period).
 const MAX_PER_CALL: usize = 1024;
-/// The low bit of [`CowBreak::addr`]: a handler thread claimed the page (see module doc).
-const CLAIMED: usize = 1;
-
-/// The queue of pages to break and the one being broken.
-pub(crate) struct CowBreak {
-    queue: ArrayQueue<u64>,
-    /// The page-aligned address being populated right now, `| CLAIMED` once a handler thread
-    /// mapped it; 0 when none.
-    addr: AtomicUsize,
-}
-
-impl CowBreak {
-    pub fn new() -> CowBreak {
-        CowBreak { queue: ArrayQueue::new(QUEUE_LEN), addr: AtomicUsize::new(0) }
-    }
-}
-
 /// Queues a page `UFFDIO_MOVE` refused with `EBUSY` (shared with a fork child, or pinned).
 /// Lock-free, allocation-free.
 pub(crate) fn queue(p: &PagerShared, r: PageRef) {
-    if p.cow.queue.push(r.pack()).is_err() {
+    if !p.cow.push(r) {
         return;
     }
     if let Some(t) = p.reclaimer.get() {
@@ -74,7 +52,7 @@ pub(crate) fn queue(p: &PagerShared, r: PageRef) {
 /// reclaim owns means the application discarded it) or, for a write-protect fault, only
 /// wakes the thread.
 pub(crate) fn claim_for_fault(p: &PagerShared, page_addr: usize) -> bool {
-    p.cow.addr.compare_exchange(page_addr, page_addr | CLAIMED, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    p.cow.claim(page_addr)
 }
 
 /// Makes the queued pages exclusive, one at a time. Returns how many it populated.
@@ -84,8 +62,7 @@ pub(crate) fn break_queued(p: &PagerShared) -> usize {
         if p.reclaim_held.load(Ordering::Acquire) || p.is_shutdown() {
             break;
         }
-        let Some(v) = p.cow.queue.pop() else { break };
-        let r = PageRef::unpack(v);
+        let Some(r) = p.cow.pop() else { break };
         let mut guards = RegionSet::new();
         let Ok(gi) = guards.get(p, r) else { continue };
         let region = &guards.g[gi];
@@ -108,9 +85,9 @@ pub(crate) fn break_queued(p: &PagerShared) -> usize {
             p.clean_pages.fetch_sub(1, Ordering::Relaxed);
             new = locked.dirtied();
         }
-        p.cow.addr.store(addr, Ordering::Release);
+        p.cow.begin(addr);
         let populated = populate_write(addr);
-        let claimed = p.cow.addr.swap(0, Ordering::AcqRel) & CLAIMED != 0;
+        let claimed = p.cow.end();
         region.store(r.page, new);
         if p.mode_wakes() {
             // A write-protect fault on the page while we owned it was woken without being

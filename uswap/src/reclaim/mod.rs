@@ -2,21 +2,20 @@
 //!
 //! The parts, one concept each:
 //!
-//! * [`charge`]: the resident charge (own and shared), the watermarks, and what a charge
-//!   does at them: reclaim in the faulting context, or wait for room;
-//! * [`lru`]: the victims' FIFOs (`active` and the use-once `streamed`), oldest first;
+//! * [`charge`]: the resident charge (own and shared) and the watermarks;
+//! * [`direct`]: what a charge does at them: reclaim in the faulting context, or wait for room;
+//! * [`round`]: a reclaim round, and reclaim down to a lowered limit;
 //! * [`swapout`]: the two stages of a swap-out, resident pages into the swap cache
 //!   (`crate::swap::SwapCache`), then staged pages to their devices;
 //! * [`writeback`]: pages moved from one device to the next tier down;
 //! * [`cow`]: pages a fork shares, made exclusive again so that they can be moved out;
 //! * [`background`]: the background reclaimer thread.
 //!
-//! This module holds what ties them together: a reclaim round and the loop that brings the
-//! charge down to a lowered limit.
+//! The victims' FIFOs (`active` and the use-once `streamed`) are `crate::lru`'s.
 //!
 //! Invariant: the pages in RAM (mapped in regions plus staged in the swap cache) never exceed
 //! the limit, except when nothing at all can be reclaimed (see [`charge`]). A round reclaims
-//! at most [`RECLAIM_BATCH_PAGES`] pages per stage.
+//! at most `RECLAIM_BATCH_PAGES` pages per stage.
 //!
 //! Locking: the queues are lock-free; pages are owned through their busy bits. A reclaim
 //! round holds at most `MAX_REGIONS_PER_SET` region guards and allocates nothing, so direct
@@ -26,173 +25,12 @@
 pub(crate) mod background;
 pub(crate) mod charge;
 pub(crate) mod cow;
-pub(crate) mod lru;
+pub(crate) mod direct;
+pub(crate) mod round;
 pub(crate) mod swapout;
 pub(crate) mod writeback;
 
-use std::sync::atomic::Ordering;
-
-use crate::error::{Error, Result};
-use crate::pager::{PagerShared, RECLAIM_BATCH_PAGES};
-use crate::uffd::PAGE_SIZE;
-
 pub(crate) use background::background_reclaimer;
-pub(crate) use charge::{charge, shared_sub, uncharge};
-use swapout::{shrink_active, shrink_inactive};
-
-const BATCH: usize = RECLAIM_BATCH_PAGES;
-/// Direct-reclaim rounds that free nothing before a charge (or `reclaim_to_limit`) stops
-/// yielding and starts sleeping between rounds.
-const MAX_FRUITLESS_ROUNDS: usize = 16;
-
-/// Pages the reclaimer keeps staged in the swap cache.
-fn swapcache_target(limit: usize) -> usize {
-    (2 * BATCH).max(limit / 32)
-}
-
-/// What a reclaim round achieved.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Progress {
-    /// Pages moved from regions into the swap cache.
-    pub moved: usize,
-    /// Pages uncharged: written back, or found zero.
-    pub uncharged: usize,
-    /// Victims the kernel refused to move (see `swapout::Shrunk::refused`).
-    pub refused: usize,
-}
-
-impl Progress {
-    pub fn any(self) -> bool {
-        self.moved + self.uncharged > 0
-    }
-}
-
-/// One round: top the swap cache up towards its target with the oldest resident pages,
-/// then, once it is at the target (or nothing more can be moved), write back its oldest
-/// batch. A direct round that finds every staged page busy stages and writes a batch of its
-/// own over the target (see below).
-pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
-    let Some(_in_flight) = InFlight::enter(p) else {
-        return Progress::default();
-    };
-    let target = swapcache_target(p.limit_pages.load(Ordering::Acquire));
-    let mut progress = Progress::default();
-    let topped_up = p.swap_cache.nr_pages() < target && !p.devices.is_full();
-    if topped_up {
-        let s = shrink_active(p, BATCH, direct);
-        progress.moved = s.moved;
-        progress.uncharged = s.uncharged;
-        progress.refused = s.refused;
-    }
-    if p.swap_cache.nr_pages() >= target || progress.moved == 0 {
-        progress.uncharged += shrink_inactive(p, BATCH);
-    }
-    if direct && !topped_up && !progress.any() && !p.devices.is_full() {
-        // The cache is at its target and every staged page is busy in other threads' writes
-        // (many more faulting threads than CPUs, a slow device): stage a batch of our own
-        // over the target and write it
-        // back, rather than wait for theirs, as the kernel's direct reclaim starts writeback
-        // of more pages while earlier ones are still under it. The swap cache then exceeds
-        // its target by at most one batch per thread reclaiming at that moment; later
-        // rounds stop topping it up until it is back under.
-        let s = shrink_active(p, BATCH, direct);
-        progress.moved += s.moved;
-        progress.uncharged += s.uncharged;
-        progress.refused += s.refused;
-        if s.moved > s.uncharged {
-            progress.uncharged += shrink_inactive(p, BATCH);
-        }
-    }
-    progress
-}
-
-/// A reclaim round or a device writeback under way, counted in `reclaim_in_flight` while
-/// it lives. None starts while reclaim is held (`Pager::prepare_fork`), which waits for the
-/// ones under way to end ([`InFlight::wait_none`]).
-pub(crate) struct InFlight<'a>(&'a PagerShared);
-
-impl<'a> InFlight<'a> {
-    pub fn enter(p: &'a PagerShared) -> Option<InFlight<'a>> {
-        // Counted before the hold is read, and the hold set before the count is read (both
-        // SeqCst): a round either sees the hold, or is seen by the waiter.
-        p.reclaim_in_flight.fetch_add(1, Ordering::SeqCst);
-        if p.reclaim_held.load(Ordering::SeqCst) {
-            p.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
-            return None;
-        }
-        Some(InFlight(p))
-    }
-
-    /// With reclaim held: waits until no round or writeback is under way. Bounded: rounds
-    /// and writebacks are short and none starts while the hold is set.
-    pub fn wait_none(p: &PagerShared) {
-        debug_assert!(p.reclaim_held.load(Ordering::SeqCst));
-        while p.reclaim_in_flight.load(Ordering::SeqCst) != 0 {
-            std::thread::yield_now();
-        }
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Reclaims until the charge is at or below the limit (after the limit was lowered).
-pub(crate) fn reclaim_to_limit(p: &PagerShared) -> Result<()> {
-    let mut fruitless = 0;
-    let mut backoff_us = 50u64;
-    let mut busy_since: Option<std::time::Instant> = None;
-    // Bounded by the number of charged pages (each fruitful round uncharges at least one)
-    // and, while rounds find nothing, by `LIMIT_BUSY_WAIT`.
-    while p.resident_pages.load(Ordering::Acquire) > p.limit_pages.load(Ordering::Acquire) {
-        if reclaim_round(p, true).any() {
-            fruitless = 0;
-            backoff_us = 50;
-            busy_since = None;
-            continue;
-        }
-        fruitless += 1;
-        if fruitless <= MAX_FRUITLESS_ROUNDS {
-            std::thread::yield_now();
-            continue;
-        }
-        let resident_bytes = (p.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
-        let limit_bytes = (p.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
-        if p.devices.is_full() {
-            return Err(Error::LimitNotReached { resident_bytes, limit_bytes });
-        }
-        // Rounds that find nothing while the devices have room: the victims are busy in
-        // faults or device writes of other threads. That is no reason to give up yet.
-        let since = *busy_since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() > LIMIT_BUSY_WAIT {
-            let waited_ms = since.elapsed().as_millis() as u64;
-            return Err(Error::LimitBusy { resident_bytes, limit_bytes, waited_ms });
-        }
-        std::thread::sleep(std::time::Duration::from_micros(backoff_us));
-        backoff_us = (backoff_us * 2).min(2_000);
-    }
-    p.devices.flush_frees();
-    Ok(())
-}
-
-/// How long `set_resident_limit` keeps trying while every victim it finds is busy and the
-/// devices have room, before it reports [`Error::LimitBusy`].
-const LIMIT_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-#[cfg(test)]
-mod tests {
-    use super::charge::watermarks;
-    use super::*;
-
-    #[test]
-    fn watermarks_are_ordered_and_a_batch_apart_at_least() {
-        for limit in [256usize, 1000, 65536, 1 << 20] {
-            let (high, low) = watermarks(limit);
-            assert!(low < high && high < limit, "limit {limit}: {low} {high}");
-            assert!(limit - high >= BATCH);
-            assert!(swapcache_target(limit) >= 2 * BATCH);
-        }
-    }
-}
+pub(crate) use charge::{shared_sub, uncharge};
+pub(crate) use direct::charge;
+pub(crate) use round::{reclaim_to_limit, InFlight};

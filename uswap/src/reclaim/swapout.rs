@@ -1,6 +1,6 @@
 //! Swap-out, in two stages: resident pages into the swap cache, staged pages to a device.
 //!
-//! Stage one ([`shrink_active`]) takes the oldest resident pages off the LRU (`super::lru`),
+//! Stage one ([`shrink_active`]) takes the oldest resident pages off the LRU (`crate::lru`),
 //! each dirty one with its dirty resident neighbours in its aligned 64 KiB block (as a large
 //! folio leaves in the kernel: one TLB flush for the run, `swpout_neighbours`), and moves
 //! them out of their region with `UFFDIO_MOVE` into the staging pages of freshly allocated
@@ -29,12 +29,12 @@ use arrayvec::ArrayVec;
 
 use super::charge::uncharge;
 use super::cow;
-use super::lru::{refill_active_by_scan, List};
-use super::BATCH;
 use crate::backend::{BackendError, WriteReq};
+use crate::lru::List;
 use crate::mapping::DiscardBatch;
-use crate::pager::PagerShared;
-use crate::region::{PageRef, PageState, Pte, RegionSet};
+use crate::region::{PageRef, PageState, Pte, RegionSet, REGIONS};
+use crate::state::PagerShared;
+use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
 use crate::swap::SwapEntry;
 use crate::uffd::{RangeResult, PAGE_SIZE};
@@ -578,4 +578,32 @@ fn write_runs(
         i = end;
     }
     uncharged
+}
+
+/// Re-queues resident pages that have no queue entry (the queue overflowed at some point).
+fn refill_active_by_scan(p: &PagerShared) {
+    let resident = p.resident_pages.load(Ordering::Acquire);
+    let staged = p.swap_cache.nr_pages();
+    if resident <= staged {
+        return;
+    }
+    let budget = p.lru.active_capacity() / 2;
+    let mut pushed = 0;
+    REGIONS.for_each(|g| {
+        if !std::ptr::eq(&*g.pager, p) {
+            return;
+        }
+        for page in 0..g.nr_pages {
+            if pushed >= budget {
+                return;
+            }
+            let pte = g.load(page);
+            if pte.state() == PageState::Resident && !pte.busy() {
+                let r = PageRef { region_idx: g.index, region_gen: g.gen, page_gen: pte.gen(), page };
+                if p.lru.try_add(r) {
+                    pushed += 1;
+                }
+            }
+        }
+    });
 }

@@ -14,10 +14,10 @@
 use arrayvec::ArrayVec;
 
 use super::swapout::Victim;
-use super::BATCH;
 use crate::backend::{AlignedPage, WriteReq};
-use crate::pager::PagerShared;
 use crate::region::{PageRef, PageState, RegionSet};
+use crate::state::PagerShared;
+use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
 
 /// Moves pages from devices that want room (a pool above its accept threshold) to the next
@@ -26,7 +26,7 @@ use crate::stats::Counter;
 /// application's CPU nothing (no TLB flush) and runs even while the application faults.
 /// `buf` holds `BATCH` pages. Returns the pages moved.
 pub(crate) fn device_writeback(p: &PagerShared, buf: &mut [AlignedPage]) -> usize {
-    let Some(_in_flight) = super::InFlight::enter(p) else {
+    let Some(_in_flight) = super::round::InFlight::enter(p) else {
         return 0;
     };
     let mut moved = 0;
@@ -63,7 +63,7 @@ pub(crate) fn device_writeback(p: &PagerShared, buf: &mut [AlignedPage]) -> usiz
             ok[k] = req[0].result.is_ok() && dev.checksum_ok(e.offset(), &buf[k].0);
             if !ok[k] {
                 let addr = guards.g[v.gi].page_addr(v.page);
-                p.record_error(addr, e, crate::pager::PageErrorKind::ReadFailed);
+                p.record_error(addr, e, crate::state::PageErrorKind::ReadFailed);
             }
         }
         // Slots on devices of lower priority only: writeback goes down the tiers.

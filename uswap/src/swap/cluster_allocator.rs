@@ -38,8 +38,8 @@ use crate::sync::{LockClass, SpinLock};
 /// empty one.
 const RUN_SEARCH_NONFULL: usize = 4;
 
-/// Slots per cluster (`SWAPFILE_CLUSTER`).
-pub const SWAPFILE_CLUSTER: usize = 512;
+/// Slots per cluster; devices align their discards to it (`backend::SWAPFILE_CLUSTER`).
+pub use crate::backend::SWAPFILE_CLUSTER;
 const MAP_WORDS: usize = SWAPFILE_CLUSTER / 64;
 const NIL: u32 = u32::MAX;
 

@@ -24,21 +24,21 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::SwapDevice;
-use crate::lru::LruQueue;
+use crate::fifo::Fifo;
 use crate::uffd::{RangeResult, Uffd};
 
 pub struct SwapCache {
     /// The staging areas' descriptor (no events).
     uffd: Uffd,
     /// Staged pages waiting for writeback, oldest first (packed page references).
-    inactive: LruQueue,
+    inactive: Fifo,
     /// Pages staged, over every device.
     nr_pages: AtomicUsize,
 }
 
 impl SwapCache {
     /// An empty swap cache whose staging areas are (or will be) registered with `uffd`.
-    pub fn new(uffd: Uffd, inactive: LruQueue) -> SwapCache {
+    pub fn new(uffd: Uffd, inactive: Fifo) -> SwapCache {
         SwapCache { uffd, inactive, nr_pages: AtomicUsize::new(0) }
     }
 
@@ -118,7 +118,7 @@ mod tests {
             std::ptr::write_bytes((src.addr() + PAGE_SIZE) as *mut u8, 0x5a, PAGE_SIZE);
         }
         uffd.register(src.addr(), src.len(), REGISTER_MODE_MISSING).unwrap();
-        let cache = SwapCache::new(uffd, LruQueue::new(64).unwrap());
+        let cache = SwapCache::new(uffd, Fifo::new(64).unwrap());
 
         let mut e = [SwapEntry::new(0, 0); 2];
         assert_eq!(devices.alloc(&mut e), 2);

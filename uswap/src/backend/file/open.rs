@@ -52,8 +52,8 @@ use crossbeam_utils::CachePadded;
 
 use super::ring::new_ring;
 use super::{Counters, FileBackend, FileDeviceError, Kind};
+use crate::backend::SWAPFILE_CLUSTER;
 use crate::mapping::nr_cpus_configured;
-use crate::swap::SWAPFILE_CLUSTER;
 use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
 

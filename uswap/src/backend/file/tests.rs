@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::backend::AlignedPage;
+use crate::backend::SWAPFILE_CLUSTER;
 use crate::mapping::{MapOptions, Mapping};
-use crate::swap::SWAPFILE_CLUSTER;
 use arrayvec::ArrayVec;
 use open::fstat;
 use std::fs;

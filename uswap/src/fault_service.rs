@@ -1,6 +1,5 @@
-//! Fault delivery (thread mode and signal mode) and fault service.
-//!
-//! [`serve_fault`] brings one missing page into a region, whatever delivered the fault:
+//! Fault service: [`serve_fault`] brings one missing page into a region, whatever delivered
+//! the fault (`crate::fault`: a handler thread, or the faulting thread's SIGBUS handler):
 //!
 //! * never touched / known zero → for a read, `UFFDIO_ZEROPAGE` and `UFFDIO_WRITEPROTECT`:
 //!   the kernel's zero page, `Shared`, neither charged nor a reclaim victim until its first
@@ -14,117 +13,28 @@
 //! First touches of a sequential stream map the never-touched pages of their window too
 //! (fault-around, the user-space analogue of the kernel's multi-size anonymous THP).
 //!
-//! Thread mode: [`handler_thread`]s, one pinned to each CPU. Only the active ones poll the
-//! userfaultfd (the kernel wakes every poller for each fault); `handler_pool` decides which
-//! are active, and whether a handler spins for the next fault instead of sleeping. Faults
-//! raised in system calls arrive here too.
+//! On the signal-mode route the service allocates nothing and takes no lock the thread
+//! could hold (`Route::SignalLockFree`: no direct reclaim, slot frees deferred).
 //!
-//! Signal mode: [`sigbus_fault`] runs in the faulting thread's SIGBUS handler. It allocates
-//! nothing and takes no lock the thread could already hold: if the thread was interrupted
-//! inside engine code holding a spin lock (an application signal handler touching managed
-//! memory), the fault takes the lock-free route — no direct reclaim, slot frees deferred.
-//!
-//! Locking: none of its own; ownership of a page is its busy bit (see `region`).
-
-use std::cell::Cell;
+//! Locking: none of its own; ownership of a page is its busy bit (see `crate::page_table`).
 
 use arrayvec::ArrayVec;
 use crossbeam_utils::Backoff;
 
-use crate::handler_pool::{
-    thread_last_cpu, HandlerPool, WakeTally, BACKLOG_FAULTS, HELPER_WINDOW_PAGES, SPIN_AFTER_FAULT_NS,
-    SPIN_ROUNDS_PER_YIELD, SPIN_YIELD_TAKEN_NS,
-};
-use crate::mapping::{now_ns, pin_current_thread};
-use crate::pager::{FaultMode, PageErrorKind, PagerShared};
+use crate::mapping::now_ns;
 use crate::readahead::MAX_WINDOW_PAGES;
-use crate::region::{region_owning, PageRef, PageState, Pte, RegionInner};
+use crate::region::{PageRef, PageState, Pte, RegionInner};
+use crate::state::fault::{note_window, FaultError, Route};
+use crate::state::{FaultMode, PageErrorKind, PagerShared};
 use crate::stats::Counter;
-use crate::swapin::{swap_in, Fault, READ_ATTEMPTS};
-use crate::sync::locks_held_by_this_thread;
-use crate::uffd::{self, Doorbell, RangeResult, UffdMsg, PAGE_SIZE};
+use crate::swapin::{swap_in, Fault};
+use crate::uffd::{self, RangeResult, PAGE_SIZE};
 use crate::{events, reclaim};
 
 /// Zeros, the source of `UFFDIO_COPY` for first writes (a fault-around window's worth).
 #[repr(C, align(4096))]
 struct ZeroPages([u8; MAX_WINDOW_PAGES * PAGE_SIZE]);
 static ZERO_PAGES: ZeroPages = ZeroPages([0; MAX_WINDOW_PAGES * PAGE_SIZE]);
-
-thread_local! {
-    /// The most pages one fault's service mapped since the handler last reset it (a
-    /// readahead or fault-around window), for `handler_pool`'s help rule. Const-initialised,
-    /// no destructor: writing it from the SIGBUS handler is safe too.
-    static WINDOW_PAGES: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Records that a fault's service maps `nr_pages` at once.
-pub(crate) fn note_window(nr_pages: usize) {
-    WINDOW_PAGES.with(|w| w.set(w.get().max(nr_pages)));
-}
-
-/// How the fault reached us; decides waking and which locks may be taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Route {
-    /// A handler thread: the faulting thread sleeps in the kernel and must be woken.
-    Thread,
-    /// The faulting thread's own SIGBUS handler.
-    Signal,
-    /// Signal mode, and the thread holds an engine lock: take none.
-    SignalLockFree,
-}
-
-impl Route {
-    pub(crate) fn wake(self) -> bool {
-        self == Route::Thread
-    }
-    pub(crate) fn lock_free(self) -> bool {
-        self == Route::SignalLockFree
-    }
-}
-
-/// Why a fault could not be served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FaultError {
-    /// The device read failed, or returned data that failed its checksum, on every attempt;
-    /// the page is still on the device.
-    Device(PageErrorKind),
-    /// An ioctl failed with this errno (`EAGAIN`: an event is pending; try again).
-    Ioctl(i32),
-    /// The page stayed busy past `BUSY_WAIT_LIMIT_NS`: its owner is not making progress
-    /// (most likely the faulting thread itself, interrupted while it owned the page).
-    BusyTimeout,
-    /// No bounce buffer came free within `sync::POOL_WAIT_LIMIT_NS`: every one stayed lent
-    /// to threads that made no progress (a hung device read). The page is still on its device.
-    PoolTimeout,
-    /// The address is not the region's any more (the application unmapped or moved it).
-    Gone,
-    /// The page was mapped for a racing fault, and by the time this (stale) fault was
-    /// served the application had unmapped it: no mapping is registered there any more
-    /// (`ENOENT`), and the `UNMAP` event that says so is not applied yet. Nothing is lost.
-    Unmapped,
-}
-
-impl FaultError {
-    /// The end of the line `report_lost_page` writes before SIGBUS: why the page could not
-    /// be brought back and where its contents are. A static string: the signal-mode path
-    /// allocates nothing.
-    pub(crate) fn why_lost(self) -> &'static str {
-        match self {
-            FaultError::Device(PageErrorKind::ChecksumMismatch) => {
-                "read back from its swap device with a checksum mismatch on every attempt; its slot is kept"
-            }
-            FaultError::Device(_) => "could not be read from its swap device (I/O error on every attempt); its slot is kept",
-            FaultError::BusyTimeout => {
-                "stayed busy for 10 s: its owner made no progress (most likely this very thread, interrupted while it owned the page); its contents are kept"
-            }
-            FaultError::PoolTimeout => {
-                "could not be read: no bounce buffer came free for 10 s (every one held by a thread that made no progress, e.g. a hung device read); its slot is kept"
-            }
-            FaultError::Ioctl(_) => "could not be mapped (a userfaultfd ioctl failed on every attempt); its contents are kept",
-            FaultError::Gone | FaultError::Unmapped => "is no longer part of a managed region",
-        }
-    }
-}
 
 /// How long a fault waits for another owner of its page before failing. Owners hold a
 /// page for one device operation (a batch write to a file device under load: milliseconds);
@@ -548,282 +458,10 @@ fn page_ref(region_idx: usize, region_gen: u32, page: usize, page_gen: u8) -> Pa
     PageRef { region_idx, region_gen, page_gen, page }
 }
 
-thread_local! {
-    /// The address of this thread's last SIGBUS that no region claimed and that was retried
-    /// once (0: none). A const-initialised `Cell` has no destructor and no lazy
-    /// initialisation: a plain TLS slot, safe to use in a signal handler.
-    static UNCLAIMED_FAULT_ADDR: Cell<usize> = const { Cell::new(0) };
-}
-
-/// The SIGBUS entry point (see `uffd::sigbus`): serves the fault if `addr` belongs to a
-/// signal-mode region, on a stack of the handler's pool rather than the faulting thread's
-/// (`mapping::handler_stack`: threads with small stacks). Async-signal-safe.
-pub(crate) fn sigbus_fault(addr: usize, is_write: bool) -> bool {
-    crate::mapping::handler_stack::run(|| sigbus_fault_here(addr, is_write))
-}
-
-/// [`sigbus_fault`], on the stack it runs on.
-fn sigbus_fault_here(addr: usize, is_write: bool) -> bool {
-    let Some(g) = region_owning(addr) else {
-        // A region being moved (mremap) is found again once its event is applied: retry the
-        // access rather than pass the signal on.
-        if events::in_flight() {
-            std::thread::yield_now();
-            return true;
-        }
-        // The fault may have been raised before the last pending part moved out of a region
-        // was unregistered, and is handled after (`in_flight` has just turned false): the
-        // access, retried once, finds ordinary memory. A SIGBUS that is not uswap's comes
-        // back at the same address and is passed on then.
-        if UNCLAIMED_FAULT_ADDR.replace(addr) != addr {
-            std::thread::yield_now();
-            return true;
-        }
-        UNCLAIMED_FAULT_ADDR.set(0);
-        return false;
-    };
-    if g.pager.mode != FaultMode::Signal {
-        UNCLAIMED_FAULT_ADDR.set(0);
-        return false;
-    }
-    // After the events this thread has seen (its own `madvise`, `munmap`, `mremap`).
-    events::wait_until_applied(&g.pager);
-    let route = if locks_held_by_this_thread() > 0 { Route::SignalLockFree } else { Route::Signal };
-    // Bounded retries of transient failures; a page that cannot be brought back ends in
-    // SIGBUS, as in the kernel. A busy or pool timeout is not transient (it took 10 s): no
-    // retry.
-    let mut last = FaultError::BusyTimeout;
-    for _ in 0..READ_ATTEMPTS {
-        match serve_fault(&g, g.index, g.gen, addr, is_write, route) {
-            Ok(()) => {
-                UNCLAIMED_FAULT_ADDR.set(0);
-                return true;
-            }
-            Err(e @ (FaultError::BusyTimeout | FaultError::PoolTimeout)) => {
-                last = e;
-                break;
-            }
-            // Not the region's any more: not uswap's fault, unless it was raised just before
-            // the page was let go of (`Pager::unmanage` unregisters the range once its pages
-            // are in place): the access, retried once, meets ordinary memory. (Memory the
-            // application grew back over it in place is not served here: nothing tells which
-            // userfaultfd a SIGBUS came from, and `UFFDIO_ZEROPAGE` works through any
-            // descriptor of the process.)
-            Err(FaultError::Gone) => {
-                if UNCLAIMED_FAULT_ADDR.replace(addr) != addr {
-                    return true;
-                }
-                UNCLAIMED_FAULT_ADDR.set(0);
-                return false;
-            }
-            // Unmapped by another thread: the access, retried, meets whatever is there now
-            // (SIGSEGV where nothing is, as without uswap).
-            Err(FaultError::Unmapped) => {
-                std::thread::yield_now();
-                return true;
-            }
-            // An event is being delivered (the kernel refuses ioctls until it is read): the
-            // access faults again once it is.
-            Err(FaultError::Ioctl(libc::EAGAIN)) => {
-                std::thread::yield_now();
-                return true;
-            }
-            Err(e) => last = e,
-        }
-    }
-    uffd::sigbus::report_lost_page(addr, last.why_lost());
-    false
-}
-
-/// Thread mode: one of the handler threads. Reads fault messages and serves them until the
-/// pager shuts down.
-pub(crate) fn handler_thread(
-    pager: &PagerShared,
-    doorbell: &Doorbell,
-    pool: &HandlerPool,
-    me: usize,
-    cpu: Option<usize>,
-) {
-    if let Some(cpu) = cpu {
-        // Best effort: unpinned, the handler still works, only the wake-up may be remote.
-        let _ = pin_current_thread(cpu);
-    }
-    pool.register(me);
-    let mut msgs = [UffdMsg::default(); 16];
-    let mut tally = WakeTally::default();
-    // Whether the last poll said the descriptor had a message (the read after it judges the
-    // wake-up: useful if it found one, useless if another handler was first).
-    let mut woke_for_message = false;
-    // While set, the handler polls the descriptor without sleeping, until then
-    // (`WakeTally::may_spin`).
-    let mut spin_until_ns = None;
-    let mut spin_rounds = 0u32;
-    // The thread whose fault in the last batch mapped a window, if one did (the help rule).
-    let mut window_tid = None;
-    while !pager.is_shutdown() {
-        if !pool.is_active(me) {
-            pool.wait_dormant(me, || pager.is_shutdown());
-            tally.reset();
-            woke_for_message = false;
-            spin_until_ns = None;
-        }
-        // Taken whether or not the handler slept: one that retired and was woken again as a
-        // helper before it looked must still leave after its allowance, or two stay active.
-        if pool.take_helper(me) {
-            tally.start_helping();
-        }
-        if !pool.is_active(me) {
-            continue;
-        }
-        // Events (munmap, mremap, madvise) among the messages are applied here, in the order
-        // the kernel sent them, before any fault read after them is served.
-        let n = events::read_and_apply(pager, &mut msgs);
-        let pending = events::run_take_outs(pager);
-        let retire = std::mem::take(&mut woke_for_message) && tally.woke(n > 0);
-        if retire && n == 0 && pool.try_retire(me) {
-            pager.stats.inc(Counter::HandlerRetire);
-            continue;
-        }
-        if let Some(until_ns) = spin_until_ns {
-            if n == 0 && now_ns() < until_ns {
-                spin_rounds = spin_rounds.wrapping_add(1);
-                if spin_rounds % SPIN_ROUNDS_PER_YIELD != 0 {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                let before_ns = now_ns();
-                std::thread::yield_now();
-                if now_ns() - before_ns < SPIN_YIELD_TAKEN_NS {
-                    continue;
-                }
-                // Another thread had the CPU: spinning here takes its time.
-                if tally.spun(false) {
-                    pager.stats.inc(Counter::HandlerSpinOff);
-                }
-                spin_until_ns = None;
-                continue;
-            }
-            if tally.spun(n > 0) {
-                pager.stats.inc(Counter::HandlerSpinOff);
-            }
-            spin_until_ns = None;
-        }
-        if n == 0 {
-            let timeout_ms = if pending { events::TAKE_OUT_POLL_MS } else { -1 };
-            woke_for_message = uffd::poll_fault_or_doorbell_for(&pager.uffd, doorbell, timeout_ms);
-            continue;
-        }
-        let mut faults = msgs[..n].iter().filter(|m| m.event == uffd::EVENT_PAGEFAULT);
-        let nr_faults = faults.clone().count();
-        if nr_faults >= BACKLOG_FAULTS {
-            if pool.add_for_backlog() {
-                pager.stats.inc(Counter::HandlerBacklog);
-            }
-        } else if std::mem::take(&mut window_tid).is_some_and(|t| faults.clone().any(|m| m.pf_ptid != t)) {
-            if pool.wake_helper() {
-                pager.stats.inc(Counter::HandlerHelp);
-            }
-        } else if pool.nr_active() == 1 && tally.served_alone(nr_faults as u32) && !tally.may_spin() {
-            // A spinning handler serves from the other CPU by design: steering it to the
-            // faulting thread's CPU would make the two compete for it.
-            if let Some(cpu) = faults.next().and_then(|m| thread_last_cpu(m.pf_ptid)) {
-                // Served first anyway: the new handler polls only after its wake-up.
-                if pool.steer_to(me, cpu) {
-                    pager.stats.inc(Counter::HandlerSteer);
-                }
-            }
-        }
-        for m in &msgs[..n] {
-            if m.event != uffd::EVENT_PAGEFAULT {
-                continue;
-            }
-            let addr = m.pf_address as usize & !(PAGE_SIZE - 1);
-            let write = m.pf_flags & uffd::PAGEFAULT_FLAG_WRITE != 0;
-            WINDOW_PAGES.with(|w| w.set(0));
-            let served = match region_owning(addr) {
-                Some(g) if std::ptr::eq(&*g.pager, pager) => {
-                    let mut ok = false;
-                    let mut last = FaultError::BusyTimeout;
-                    for _ in 0..READ_ATTEMPTS {
-                        match serve_fault(&g, g.index, g.gen, addr, write, Route::Thread) {
-                            Ok(()) => {
-                                if WINDOW_PAGES.with(Cell::get) >= HELPER_WINDOW_PAGES {
-                                    window_tid = Some(m.pf_ptid);
-                                }
-                                ok = true;
-                                break;
-                            }
-                            Err(e @ (FaultError::BusyTimeout | FaultError::PoolTimeout)) => {
-                                last = e;
-                                break;
-                            }
-                            // Gone: memory mremap grew back in place gets a zero page; else
-                            // the thread faults again and meets whatever is there now.
-                            Err(FaultError::Gone) => {
-                                if pager.uffd.zeropage(addr, PAGE_SIZE, true) != RangeResult::Done {
-                                    let _ = pager.uffd.wake(addr, PAGE_SIZE);
-                                }
-                                ok = true;
-                                break;
-                            }
-                            // EAGAIN: an event is pending, and the thread faults again after it.
-                            // Unmapped: the message was stale; a thread still waiting there (it
-                            // cannot be this fault's) faults again and meets what is there now.
-                            Err(FaultError::Ioctl(libc::EAGAIN)) | Err(FaultError::Unmapped) => {
-                                let _ = pager.uffd.wake(addr, PAGE_SIZE);
-                                ok = true;
-                                break;
-                            }
-                            Err(e) => last = e,
-                        }
-                    }
-                    if !ok {
-                        // The page cannot be brought back: the faulting thread gets SIGBUS, as
-                        // it would from the kernel for an unreadable swap page.
-                        uffd::sigbus::report_lost_page(addr, last.why_lost());
-                        uffd::sigbus::signal_thread(m.pf_ptid);
-                        continue;
-                    }
-                    ok
-                }
-                // A part of a region moved away by mremap, its pages still being copied
-                // in: the copy wakes the thread, or the range's unregistering does.
-                None if events::is_pending(pager, addr) => continue,
-                // Registered memory no region claims: what mremap grew a region by in
-                // place (no event tells of it). Ordinary anonymous memory: zero.
-                None => {
-                    if pager.uffd.zeropage(addr, PAGE_SIZE, true) == RangeResult::Done {
-                        continue;
-                    }
-                    false
-                }
-                _ => false,
-            };
-            if !served {
-                // Not ours any more (the region was dropped under a racing access), or the
-                // page could not be read: wake the thread; it faults again, and if the region
-                // is gone it gets SIGSEGV like any access to unmapped memory.
-                if pager.devices.devices().iter().any(|d| d.staging.contains(addr)) {
-                    // A fault on an empty staging page means the engine broke its own rule.
-                    panic!("uswap: engine thread faulted on empty staging page {addr:#x}");
-                }
-                let _ = pager.uffd.wake(addr, PAGE_SIZE);
-            }
-        }
-        let helped_enough = tally.served(nr_faults as u32);
-        if tally.may_spin() {
-            spin_until_ns = Some(now_ns() + SPIN_AFTER_FAULT_NS);
-        }
-        // Retiring with messages in hand waits until they are served.
-        if (retire || helped_enough) && pool.try_retire(me) {
-            pager.stats.inc(Counter::HandlerRetire);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::region::region_owning;
     use crate::{DeviceConfig, Pager};
 
     /// A fault on a page whose busy bit its owner never clears (here: held by the test, as

@@ -1,0 +1,189 @@
+//! Thread mode's delivery: [`handler_thread`]s, one pinned to each CPU, read fault messages
+//! from the userfaultfd and serve them. Only the active ones poll the descriptor (the
+//! kernel wakes every poller for each fault); [`super::handler_pool`] decides which are
+//! active, and whether a handler spins for the next fault instead of sleeping. Faults raised
+//! in system calls arrive here too. Events (munmap, mremap, madvise) read among the
+//! messages are applied first, in the kernel's order (`crate::events`).
+
+use super::handler_pool::{
+    thread_last_cpu, HandlerPool, WakeTally, BACKLOG_FAULTS, HELPER_WINDOW_PAGES, SPIN_AFTER_FAULT_NS,
+    SPIN_ROUNDS_PER_YIELD, SPIN_YIELD_TAKEN_NS,
+};
+use super::retry::serve_with_retries;
+use crate::events;
+use crate::mapping::{now_ns, pin_current_thread};
+use crate::region::region_owning;
+use crate::state::fault::{reset_window, window_pages, FaultError, Route};
+use crate::state::PagerShared;
+use crate::stats::Counter;
+use crate::uffd::{self, Doorbell, RangeResult, UffdMsg, PAGE_SIZE};
+
+/// Thread mode: one of the handler threads. Reads fault messages and serves them until the
+/// pager shuts down.
+pub(crate) fn handler_thread(
+    pager: &PagerShared,
+    doorbell: &Doorbell,
+    pool: &HandlerPool,
+    me: usize,
+    cpu: Option<usize>,
+) {
+    if let Some(cpu) = cpu {
+        // Best effort: unpinned, the handler still works, only the wake-up may be remote.
+        let _ = pin_current_thread(cpu);
+    }
+    pool.register(me);
+    let mut msgs = [UffdMsg::default(); 16];
+    let mut tally = WakeTally::default();
+    // Whether the last poll said the descriptor had a message (the read after it judges the
+    // wake-up: useful if it found one, useless if another handler was first).
+    let mut woke_for_message = false;
+    // While set, the handler polls the descriptor without sleeping, until then
+    // (`WakeTally::may_spin`).
+    let mut spin_until_ns = None;
+    let mut spin_rounds = 0u32;
+    // The thread whose fault in the last batch mapped a window, if one did (the help rule).
+    let mut window_tid = None;
+    while !pager.is_shutdown() {
+        if !pool.is_active(me) {
+            pool.wait_dormant(me, || pager.is_shutdown());
+            tally.reset();
+            woke_for_message = false;
+            spin_until_ns = None;
+        }
+        // Taken whether or not the handler slept: one that retired and was woken again as a
+        // helper before it looked must still leave after its allowance, or two stay active.
+        if pool.take_helper(me) {
+            tally.start_helping();
+        }
+        if !pool.is_active(me) {
+            continue;
+        }
+        // Events (munmap, mremap, madvise) among the messages are applied here, in the order
+        // the kernel sent them, before any fault read after them is served.
+        let n = events::read_and_apply(pager, &mut msgs);
+        let pending = events::run_take_outs(pager);
+        let retire = std::mem::take(&mut woke_for_message) && tally.woke(n > 0);
+        if retire && n == 0 && pool.try_retire(me) {
+            pager.stats.inc(Counter::HandlerRetire);
+            continue;
+        }
+        if let Some(until_ns) = spin_until_ns {
+            if n == 0 && now_ns() < until_ns {
+                spin_rounds = spin_rounds.wrapping_add(1);
+                if spin_rounds % SPIN_ROUNDS_PER_YIELD != 0 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let before_ns = now_ns();
+                std::thread::yield_now();
+                if now_ns() - before_ns < SPIN_YIELD_TAKEN_NS {
+                    continue;
+                }
+                // Another thread had the CPU: spinning here takes its time.
+                if tally.spun(false) {
+                    pager.stats.inc(Counter::HandlerSpinOff);
+                }
+                spin_until_ns = None;
+                continue;
+            }
+            if tally.spun(n > 0) {
+                pager.stats.inc(Counter::HandlerSpinOff);
+            }
+            spin_until_ns = None;
+        }
+        if n == 0 {
+            let timeout_ms = if pending { events::TAKE_OUT_POLL_MS } else { -1 };
+            woke_for_message = uffd::poll_fault_or_doorbell_for(&pager.uffd, doorbell, timeout_ms);
+            continue;
+        }
+        let mut faults = msgs[..n].iter().filter(|m| m.event == uffd::EVENT_PAGEFAULT);
+        let nr_faults = faults.clone().count();
+        if nr_faults >= BACKLOG_FAULTS {
+            if pool.add_for_backlog() {
+                pager.stats.inc(Counter::HandlerBacklog);
+            }
+        } else if std::mem::take(&mut window_tid).is_some_and(|t| faults.clone().any(|m| m.pf_ptid != t)) {
+            if pool.wake_helper() {
+                pager.stats.inc(Counter::HandlerHelp);
+            }
+        } else if pool.nr_active() == 1 && tally.served_alone(nr_faults as u32) && !tally.may_spin() {
+            // A spinning handler serves from the other CPU by design: steering it to the
+            // faulting thread's CPU would make the two compete for it.
+            if let Some(cpu) = faults.next().and_then(|m| thread_last_cpu(m.pf_ptid)) {
+                // Served first anyway: the new handler polls only after its wake-up.
+                if pool.steer_to(me, cpu) {
+                    pager.stats.inc(Counter::HandlerSteer);
+                }
+            }
+        }
+        for m in &msgs[..n] {
+            if m.event != uffd::EVENT_PAGEFAULT {
+                continue;
+            }
+            let addr = m.pf_address as usize & !(PAGE_SIZE - 1);
+            let write = m.pf_flags & uffd::PAGEFAULT_FLAG_WRITE != 0;
+            reset_window();
+            let served = match region_owning(addr) {
+                Some(g) if std::ptr::eq(&*g.pager, pager) => {
+                    match serve_with_retries(&g, g.index, g.gen, addr, write, Route::Thread) {
+                        Ok(()) => {
+                            if window_pages() >= HELPER_WINDOW_PAGES {
+                                window_tid = Some(m.pf_ptid);
+                            }
+                        }
+                        // Gone: memory mremap grew back in place gets a zero page; else the
+                        // thread faults again and meets whatever is there now.
+                        Err(FaultError::Gone) => {
+                            if pager.uffd.zeropage(addr, PAGE_SIZE, true) != RangeResult::Done {
+                                let _ = pager.uffd.wake(addr, PAGE_SIZE);
+                            }
+                        }
+                        // EAGAIN: an event is pending, and the thread faults again after it.
+                        // Unmapped: the message was stale; a thread still waiting there (it
+                        // cannot be this fault's) faults again and meets what is there now.
+                        Err(FaultError::Ioctl(libc::EAGAIN) | FaultError::Unmapped) => {
+                            let _ = pager.uffd.wake(addr, PAGE_SIZE);
+                        }
+                        Err(lost) => {
+                            // The page cannot be brought back: the faulting thread gets
+                            // SIGBUS, as it would from the kernel for an unreadable swap page.
+                            uffd::sigbus::report_lost_page(addr, lost.why_lost());
+                            uffd::sigbus::signal_thread(m.pf_ptid);
+                        }
+                    }
+                    continue;
+                }
+                // A part of a region moved away by mremap, its pages still being copied
+                // in: the copy wakes the thread, or the range's unregistering does.
+                None if events::is_pending(pager, addr) => continue,
+                // Registered memory no region claims: what mremap grew a region by in
+                // place (no event tells of it). Ordinary anonymous memory: zero.
+                None => {
+                    if pager.uffd.zeropage(addr, PAGE_SIZE, true) == RangeResult::Done {
+                        continue;
+                    }
+                    false
+                }
+                _ => false,
+            };
+            if !served {
+                // Not ours any more (the region was dropped under a racing access), or the
+                // page could not be read: wake the thread; it faults again, and if the region
+                // is gone it gets SIGSEGV like any access to unmapped memory.
+                if pager.devices.devices().iter().any(|d| d.staging.contains(addr)) {
+                    // A fault on an empty staging page means the engine broke its own rule.
+                    panic!("uswap: engine thread faulted on empty staging page {addr:#x}");
+                }
+                let _ = pager.uffd.wake(addr, PAGE_SIZE);
+            }
+        }
+        let helped_enough = tally.served(nr_faults as u32);
+        if tally.may_spin() {
+            spin_until_ns = Some(now_ns() + SPIN_AFTER_FAULT_NS);
+        }
+        // Retiring with messages in hand waits until they are served.
+        if (retire || helped_enough) && pool.try_retire(me) {
+            pager.stats.inc(Counter::HandlerRetire);
+        }
+    }
+}

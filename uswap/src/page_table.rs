@@ -1,0 +1,267 @@
+//! The page table's entries: one atomic word per page of a region ([`Pte`]), and the
+//! references by which reclaim queues and the swap cache name a page ([`PageRef`]).
+//!
+//! The page table has one atomic word per page ([`Pte`]): a state, a busy bit, a referenced
+//! bit, a generation and, for pages on a device or in the swap cache, the swap entry. Every
+//! transition is a compare-and-swap; whoever sets the busy bit owns the page until it clears
+//! it, and only the owner may move the page's contents or change its state. There is no
+//! lock on the fault path.
+//!
+//! Page states and who moves between them:
+//!
+//! ```text
+//!   NONE ──fault──► RESIDENT ──reclaim: UFFDIO_MOVE out──► CACHED ──writeback──► SWAPPED
+//!   ZERO ──fault──►    ▲  ▲                                   │                      │
+//!     ▲                │  └──────fault: UFFDIO_MOVE back──────┘                      │
+//!     │                └───────────────fault: read device, UFFDIO_COPY───────────────┘
+//!     └── reclaim found the page all zero (no slot kept)
+//! ```
+//!
+//! The generation changes whenever a page enters RESIDENT or CACHED; reclaim queues carry it
+//! so a stale queue entry (the page moved on since) is recognised and skipped.
+//!
+//! A RESIDENT page may be *clean*: read back from a device and not written since. It is
+//! mapped write-protected and keeps its slot; its first write takes a write-protect fault
+//! that unprotects it and frees the slot, and reclaim drops a page still clean without
+//! writing it (the kernel's clean swap-cache pages).
+//!
+//! A SWAPPED page may carry the *async-read* hint: an asynchronous readahead was started
+//! for its slot and its data may be waiting in a buffer (see `async_readahead`). It changes
+//! nothing else: the slot still holds the page, and whoever locks the page may read the slot.
+//!
+//! Invariants: a page is mapped in its region iff its state is RESIDENT (outside a busy
+//! section); a CACHED page's contents are at its entry's staging address; a clean page is
+//! write-protected and its slot holds its contents. The regions themselves, and the
+//! registry the fault path searches, are `crate::region`'s.
+
+use crate::swap::SwapEntry;
+use crate::uffd::PAGE_SIZE;
+
+/// Regions that may exist at once in one process, over all pagers.
+pub const MAX_REGIONS: usize = 4096;
+/// Largest region: page indices must fit in 32 bits of a reclaim-queue entry.
+pub const MAX_REGION_BYTES: usize = (1usize << 32) * PAGE_SIZE;
+
+// ---------------------------------------------------------------------------------------
+// Page-table entries
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PageState {
+    /// Never touched: reads as zero, owns nothing.
+    None = 0,
+    /// Known to be zero (found so at swap-out): owns nothing.
+    Zero = 1,
+    /// Mapped in the region.
+    Resident = 2,
+    /// Staged in the swap cache: unmapped, contents at the entry's staging page.
+    Cached = 3,
+    /// On a device at its swap entry.
+    Swapped = 4,
+    /// No longer the region's: the application unmapped it (or moved it out with a partial
+    /// `mremap`). Owns nothing; the engine never touches the address again (see `events`).
+    Gone = 5,
+    /// Mapped write-protected and shared, so not charged and not on the LRU; its first write
+    /// charges it and makes it `Resident`. Either the kernel's zero page, mapped for a read
+    /// of a page never written (it costs no memory, as in the kernel), or a page inherited at
+    /// a fork from the parent (a re-armed fork child, see `Pager::prepare_fork`): shared
+    /// copy-on-write with it, the parent's charge covering it, as a memory cgroup charges a
+    /// shared page once.
+    Shared = 6,
+    /// Out at the fork (a re-armed fork child, see `Pager::prepare_fork`): its contents are
+    /// at the entry's slot of the *parent's* device, in the copy of that device's memory the
+    /// child inherited (copy-on-write; only memory devices are inherited). Not charged, not
+    /// on the LRU, owns no slot of this pager's: its first touch reads it from there,
+    /// charges it and makes it `Resident`.
+    Parent = 7,
+}
+
+const STATE_MASK: u64 = 0x7;
+const BUSY: u64 = 1 << 3;
+const REFERENCED: u64 = 1 << 4;
+/// Resident, write-protected, unchanged since it was read from its slot, which it keeps:
+/// reclaim can drop it without writing it.
+const CLEAN: u64 = 1 << 5;
+/// Mapped by readahead and not yet known to be used (see `readahead`).
+const READAHEAD: u64 = 1 << 6;
+/// A SWAPPED page whose slot an asynchronous readahead may have read into a buffer (see
+/// `async_readahead`). A hint only: the page is SWAPPED in every respect.
+const ASYNC_READ: u64 = 1 << 7;
+const GEN_SHIFT: u32 = 8;
+const GEN_MASK: u64 = 0xff << GEN_SHIFT;
+const ENTRY_SHIFT: u32 = 16;
+
+/// One page-table word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pte(pub u64);
+
+impl Pte {
+    pub fn state(self) -> PageState {
+        match self.0 & STATE_MASK {
+            0 => PageState::None,
+            1 => PageState::Zero,
+            2 => PageState::Resident,
+            3 => PageState::Cached,
+            4 => PageState::Swapped,
+            5 => PageState::Gone,
+            6 => PageState::Shared,
+            _ => PageState::Parent,
+        }
+    }
+    pub fn busy(self) -> bool {
+        self.0 & BUSY != 0
+    }
+    pub fn referenced(self) -> bool {
+        self.0 & REFERENCED != 0
+    }
+    pub fn clean(self) -> bool {
+        self.0 & CLEAN != 0
+    }
+    pub fn readahead(self) -> bool {
+        self.0 & READAHEAD != 0
+    }
+    /// Marks a page mapped by readahead.
+    pub fn with_readahead(self) -> Pte {
+        Pte(self.0 | READAHEAD)
+    }
+    /// Whether an asynchronous readahead may hold the page's data (a SWAPPED page).
+    pub fn async_read(self) -> bool {
+        self.0 & ASYNC_READ != 0
+    }
+    pub fn with_async_read(self) -> Pte {
+        debug_assert_eq!(self.state(), PageState::Swapped);
+        Pte(self.0 | ASYNC_READ)
+    }
+    pub fn without_async_read(self) -> Pte {
+        Pte(self.0 & !ASYNC_READ)
+    }
+    /// The same word without the readahead mark (the page was used).
+    pub fn without_readahead(self) -> Pte {
+        Pte(self.0 & !READAHEAD)
+    }
+    pub fn gen(self) -> u8 {
+        ((self.0 & GEN_MASK) >> GEN_SHIFT) as u8
+    }
+    pub fn entry(self) -> SwapEntry {
+        SwapEntry::from_bits(self.0 >> ENTRY_SHIFT)
+    }
+    pub fn with_busy(self) -> Pte {
+        Pte(self.0 | BUSY)
+    }
+    pub fn with_referenced(self, r: bool) -> Pte {
+        Pte(if r { self.0 | REFERENCED } else { self.0 & !REFERENCED })
+    }
+    /// Marks a resident page clean (it keeps the slot `entry()` names).
+    pub fn with_clean(self) -> Pte {
+        debug_assert_eq!(self.state(), PageState::Resident);
+        Pte(self.0 | CLEAN)
+    }
+    /// A clean page that was written: not busy, not clean, no slot; same generation, so its
+    /// reclaim-queue entry stays valid.
+    pub fn dirtied(self) -> Pte {
+        Pte(self.0 & (STATE_MASK | REFERENCED | GEN_MASK))
+    }
+    /// A new, not-busy word in `state`, with the next generation and `entry` (if any).
+    /// The referenced bit is carried over; the clean bit is not.
+    pub fn next(self, state: PageState, entry: Option<SwapEntry>) -> Pte {
+        let gen = self.gen().wrapping_add(1) as u64;
+        Pte(state as u64 | (self.0 & REFERENCED) | (gen << GEN_SHIFT) | entry.map_or(0, |e| e.bits() << ENTRY_SHIFT))
+    }
+    /// The same word with the busy bit cleared and nothing else changed.
+    pub fn unbusy(self) -> Pte {
+        Pte(self.0 & !BUSY)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// References to pages from reclaim queues and the swap cache
+// ---------------------------------------------------------------------------------------
+
+const REF_IDX_BITS: u32 = 12;
+const REF_GEN_BITS: u32 = 12;
+pub(crate) const REGION_GEN_MASK: u32 = (1 << REF_GEN_BITS) - 1;
+const _: () = assert!(MAX_REGIONS <= 1 << REF_IDX_BITS);
+
+/// A page named by registry slot, region generation, page generation and page index: the
+/// entries of the reclaim queues (64 bits, so they fit a lock-free queue of words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PageRef {
+    pub region_idx: usize,
+    pub region_gen: u32,
+    pub page_gen: u8,
+    pub page: usize,
+}
+
+impl PageRef {
+    pub fn pack(self) -> u64 {
+        (self.region_idx as u64) << 52
+            | ((self.region_gen & REGION_GEN_MASK) as u64) << 40
+            | (self.page_gen as u64) << 32
+            | self.page as u64
+    }
+    pub fn unpack(v: u64) -> PageRef {
+        PageRef {
+            region_idx: (v >> 52) as usize,
+            region_gen: ((v >> 40) & REGION_GEN_MASK as u64) as u32,
+            page_gen: (v >> 32) as u8,
+            page: (v & 0xffff_ffff) as usize,
+        }
+    }
+    /// The swap-cache owner value (reverse map) of this page: like `pack` without the page
+    /// generation, plus one so it is never zero.
+    pub fn owner(self) -> u64 {
+        ((self.region_idx as u64) << 44 | ((self.region_gen & REGION_GEN_MASK) as u64) << 32 | self.page as u64) + 1
+    }
+
+    /// The page an owner value names (page generation unknown: 0).
+    pub fn from_owner(v: u64) -> PageRef {
+        let v = v - 1;
+        PageRef {
+            region_idx: (v >> 44) as usize,
+            region_gen: ((v >> 32) & REGION_GEN_MASK as u64) as u32,
+            page_gen: 0,
+            page: (v & 0xffff_ffff) as usize,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pte_transitions_keep_fields() {
+        let p = Pte(0);
+        assert_eq!(p.state(), PageState::None);
+        let e = SwapEntry::new(3, 12345);
+        let q = p.next(PageState::Cached, Some(e));
+        assert_eq!(q.state(), PageState::Cached);
+        assert_eq!(q.entry(), e);
+        assert_eq!(q.gen(), 1);
+        assert!(!q.busy());
+        let r = q.with_referenced(true).with_busy();
+        assert!(r.busy() && r.referenced());
+        let s = r.next(PageState::Resident, Some(e)).with_clean();
+        assert!(s.referenced() && !s.busy() && s.clean());
+        let d = s.with_busy().dirtied();
+        assert!(!d.clean() && !d.busy() && d.referenced() && d.gen() == s.gen() && d.entry().bits() == 0);
+        let s = r.next(PageState::Resident, None);
+        assert!(s.referenced() && !s.busy() && !s.clean());
+        assert_eq!(s.gen(), 2);
+        assert_eq!(s.unbusy(), s);
+        let mut g = Pte(0);
+        for _ in 0..300 {
+            g = g.next(PageState::Resident, None);
+        }
+        assert_eq!(g.gen(), (300 % 256) as u8, "generation wraps");
+    }
+
+    #[test]
+    fn page_refs_round_trip() {
+        let r = PageRef { region_idx: 4095, region_gen: 0xabc, page_gen: 0x7f, page: 0xffff_fffe };
+        assert_eq!(PageRef::unpack(r.pack()), r);
+        assert!(r.owner() < 1 << crate::swap::swap_table::OWNER_BITS);
+        let o = PageRef::from_owner(r.owner());
+        assert_eq!((o.region_idx, o.region_gen, o.page), (r.region_idx, r.region_gen, r.page));
+    }
+}

@@ -1,0 +1,173 @@
+//! A reclaim round (the swap cache topped up from the LRU, then its oldest batch written
+//! back), the count of rounds under way that a fork waits out, and reclaim down to a lowered
+//! limit.
+//!
+//! Invariant: a round reclaims at most [`RECLAIM_BATCH_PAGES`] pages per stage.
+//!
+//! Locking: the queues are lock-free; pages are owned through their busy bits. A round
+//! holds at most `MAX_REGIONS_PER_SET` region guards and allocates nothing, so direct
+//! reclaim may run inside a SIGBUS handler.
+
+use std::sync::atomic::Ordering;
+
+use super::swapout::{shrink_active, shrink_inactive};
+use crate::error::{Error, Result};
+use crate::state::{PagerShared, RECLAIM_BATCH_PAGES};
+use crate::uffd::PAGE_SIZE;
+
+const BATCH: usize = RECLAIM_BATCH_PAGES;
+/// Direct-reclaim rounds that free nothing before a charge (or `reclaim_to_limit`) stops
+/// yielding and starts sleeping between rounds.
+pub(super) const MAX_FRUITLESS_ROUNDS: usize = 16;
+
+/// Pages the reclaimer keeps staged in the swap cache.
+fn swapcache_target(limit: usize) -> usize {
+    (2 * BATCH).max(limit / 32)
+}
+
+/// What a reclaim round achieved.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Progress {
+    /// Pages moved from regions into the swap cache.
+    pub moved: usize,
+    /// Pages uncharged: written back, or found zero.
+    pub uncharged: usize,
+    /// Victims the kernel refused to move (see `swapout::Shrunk::refused`).
+    pub refused: usize,
+}
+
+impl Progress {
+    pub fn any(self) -> bool {
+        self.moved + self.uncharged > 0
+    }
+}
+
+/// One round: top the swap cache up towards its target with the oldest resident pages,
+/// then, once it is at the target (or nothing more can be moved), write back its oldest
+/// batch. A direct round that finds every staged page busy stages and writes a batch of its
+/// own over the target (see below).
+pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
+    let Some(_in_flight) = InFlight::enter(p) else {
+        return Progress::default();
+    };
+    let target = swapcache_target(p.limit_pages.load(Ordering::Acquire));
+    let mut progress = Progress::default();
+    let topped_up = p.swap_cache.nr_pages() < target && !p.devices.is_full();
+    if topped_up {
+        let s = shrink_active(p, BATCH, direct);
+        progress.moved = s.moved;
+        progress.uncharged = s.uncharged;
+        progress.refused = s.refused;
+    }
+    if p.swap_cache.nr_pages() >= target || progress.moved == 0 {
+        progress.uncharged += shrink_inactive(p, BATCH);
+    }
+    if direct && !topped_up && !progress.any() && !p.devices.is_full() {
+        // The cache is at its target and every staged page is busy in other threads' writes
+        // (many more faulting threads than CPUs, a slow device): stage a batch of our own
+        // over the target and write it
+        // back, rather than wait for theirs, as the kernel's direct reclaim starts writeback
+        // of more pages while earlier ones are still under it. The swap cache then exceeds
+        // its target by at most one batch per thread reclaiming at that moment; later
+        // rounds stop topping it up until it is back under.
+        let s = shrink_active(p, BATCH, direct);
+        progress.moved += s.moved;
+        progress.uncharged += s.uncharged;
+        progress.refused += s.refused;
+        if s.moved > s.uncharged {
+            progress.uncharged += shrink_inactive(p, BATCH);
+        }
+    }
+    progress
+}
+
+/// A reclaim round or a device writeback under way, counted in `reclaim_in_flight` while
+/// it lives. None starts while reclaim is held (`Pager::prepare_fork`), which waits for the
+/// ones under way to end ([`InFlight::wait_none`]).
+pub(crate) struct InFlight<'a>(&'a PagerShared);
+
+impl<'a> InFlight<'a> {
+    pub fn enter(p: &'a PagerShared) -> Option<InFlight<'a>> {
+        // Counted before the hold is read, and the hold set before the count is read (both
+        // SeqCst): a round either sees the hold, or is seen by the waiter.
+        p.reclaim_in_flight.fetch_add(1, Ordering::SeqCst);
+        if p.reclaim_held.load(Ordering::SeqCst) {
+            p.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(InFlight(p))
+    }
+
+    /// With reclaim held: waits until no round or writeback is under way. Bounded: rounds
+    /// and writebacks are short and none starts while the hold is set.
+    pub fn wait_none(p: &PagerShared) {
+        debug_assert!(p.reclaim_held.load(Ordering::SeqCst));
+        while p.reclaim_in_flight.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Reclaims until the charge is at or below the limit (after the limit was lowered).
+pub(crate) fn reclaim_to_limit(p: &PagerShared) -> Result<()> {
+    let mut fruitless = 0;
+    let mut backoff_us = 50u64;
+    let mut busy_since: Option<std::time::Instant> = None;
+    // Bounded by the number of charged pages (each fruitful round uncharges at least one)
+    // and, while rounds find nothing, by `LIMIT_BUSY_WAIT`.
+    while p.resident_pages.load(Ordering::Acquire) > p.limit_pages.load(Ordering::Acquire) {
+        if reclaim_round(p, true).any() {
+            fruitless = 0;
+            backoff_us = 50;
+            busy_since = None;
+            continue;
+        }
+        fruitless += 1;
+        if fruitless <= MAX_FRUITLESS_ROUNDS {
+            std::thread::yield_now();
+            continue;
+        }
+        let resident_bytes = (p.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
+        let limit_bytes = (p.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
+        if p.devices.is_full() {
+            return Err(Error::LimitNotReached { resident_bytes, limit_bytes });
+        }
+        // Rounds that find nothing while the devices have room: the victims are busy in
+        // faults or device writes of other threads. That is no reason to give up yet.
+        let since = *busy_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() > LIMIT_BUSY_WAIT {
+            let waited_ms = since.elapsed().as_millis() as u64;
+            return Err(Error::LimitBusy { resident_bytes, limit_bytes, waited_ms });
+        }
+        std::thread::sleep(std::time::Duration::from_micros(backoff_us));
+        backoff_us = (backoff_us * 2).min(2_000);
+    }
+    p.devices.flush_frees();
+    Ok(())
+}
+
+/// How long `set_resident_limit` keeps trying while every victim it finds is busy and the
+/// devices have room, before it reports [`Error::LimitBusy`].
+const LIMIT_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reclaim::charge::watermarks;
+
+    #[test]
+    fn watermarks_are_ordered_and_a_batch_apart_at_least() {
+        for limit in [256usize, 1000, 65536, 1 << 20] {
+            let (high, low) = watermarks(limit);
+            assert!(low < high && high < limit, "limit {limit}: {low} {high}");
+            assert!(limit - high >= BATCH);
+            assert!(swapcache_target(limit) >= 2 * BATCH);
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Release: what a page holds besides its mapping, given back when the page goes (a region
+//! unmapped or dropped, a range discarded): the slot of a clean, staged or swapped page, the
+//! staging page of a staged one, and its charge if it is in RAM. The kernel's
+//! `free_swap_and_cache` and the uncharge of a zapped page.
+//!
+//! Locking: none of its own. The caller owns the pages it releases (their busy bits, or the
+//! region is out of the registry); slots are freed through the swap devices' per-CPU
+//! batches.
+
+use std::sync::atomic::Ordering;
+
+use crate::page_table::{PageState, Pte};
+use crate::reclaim;
+use crate::region::{RegionInner, REGIONS};
+use crate::state::PagerShared;
+use crate::uffd::PAGE_SIZE;
+
+/// What [`PagerShared::release_page`] gave back, for [`PagerShared::apply_released`] to
+/// settle in one go: the slots to free and the counts to drop.
+#[derive(Default)]
+pub(crate) struct Released {
+    to_free: Vec<u64>,
+    uncharge: usize,
+    uncache: usize,
+    unclean: usize,
+}
+
+impl PagerShared {
+    /// Lets go of what page `pte` holds besides its mapping (the caller owns the page, or
+    /// the page can no longer be reached): the slot of a clean, staged or swapped page, the
+    /// staging page of a staged one, and its charge if it is in RAM.
+    pub fn release_page(&self, pte: Pte, rel: &mut Released) {
+        match pte.state() {
+            PageState::Resident => {
+                rel.uncharge += 1;
+                if pte.clean() {
+                    rel.unclean += 1;
+                    let e = pte.entry();
+                    self.devices.device(e).table.clear(e.offset());
+                    rel.to_free.push(e.bits());
+                }
+            }
+            PageState::Cached => {
+                let e = pte.entry();
+                let dev = self.devices.device(e);
+                // Best effort: the staging page must be empty before its slot is reused, and
+                // MADV_DONTNEED on our own mapping cannot fail for a valid range.
+                let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
+                dev.table.clear(e.offset());
+                rel.to_free.push(e.bits());
+                rel.uncharge += 1;
+                rel.uncache += 1;
+            }
+            PageState::Swapped => {
+                let e = pte.entry();
+                self.devices.device(e).table.clear(e.offset());
+                rel.to_free.push(e.bits());
+            }
+            // An inherited page is the parent's charge, not ours; a page still in the
+            // parent's device holds nothing of ours.
+            PageState::None | PageState::Zero | PageState::Gone | PageState::Shared | PageState::Parent => {}
+        }
+    }
+
+    /// Settles what [`PagerShared::release_page`] collected: counters, then slot frees.
+    pub fn apply_released(&self, mut rel: Released) {
+        self.clean_pages.fetch_sub(rel.unclean, Ordering::Relaxed);
+        self.swap_cache.uncount(rel.uncache);
+        reclaim::shared_sub(self, rel.uncharge);
+        self.resident_pages.fetch_sub(rel.uncharge, Ordering::AcqRel);
+        self.devices.free_now(&mut rel.to_free);
+        self.devices.flush_frees();
+    }
+
+    /// Releases everything a region holds. Called by `Region::drop` before it unmaps.
+    pub fn unmap_region(&self, reg_idx: usize, inner: &RegionInner) {
+        // After this no fault handler or reclaimer can reach the region, and none is inside
+        // it: every busy bit has been released.
+        let _ = REGIONS.remove(reg_idx);
+        self.async_ra.forget_region(self, reg_idx);
+        let mut released = Released::default();
+        // Runs of pages still the region's: only those are unregistered and unmapped (a
+        // range the application unmapped may hold another mapping by now).
+        let live = inner.live_runs();
+        for page in 0..inner.nr_pages {
+            let pte = inner.load(page);
+            debug_assert!(!pte.busy(), "page {page} still busy after the region left the registry");
+            self.release_page(pte, &mut released);
+        }
+        self.apply_released(released);
+        for (first, end) in live {
+            let (addr, len) = (inner.page_addr(first), (end - first) * PAGE_SIZE);
+            // Unregistered first: the engine's own munmap must send no UNMAP event (its
+            // thread would wait for the event to be read, and it is not the application's).
+            let _ = self.uffd.unregister(addr, len);
+            crate::mapping::unmap_app_range(addr, len);
+        }
+    }
+}

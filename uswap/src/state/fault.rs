@@ -1,0 +1,95 @@
+//! The words fault delivery and fault service share: how a fault reached the engine
+//! ([`Route`]), why its service failed ([`FaultError`]), and how many pages the service
+//! mapped at once (the window, which thread mode's help rule reads).
+//!
+//! Locking: none; the window is a thread-local `Cell`.
+
+use std::cell::Cell;
+
+use crate::state::PageErrorKind;
+
+thread_local! {
+    /// The most pages one fault's service mapped since the handler last reset it (a
+    /// readahead or fault-around window), for `crate::fault::handler_pool`'s help rule. Const-initialised,
+    /// no destructor: writing it from the SIGBUS handler is safe too.
+    static WINDOW_PAGES: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Records that a fault's service maps `nr_pages` at once.
+pub(crate) fn note_window(nr_pages: usize) {
+    WINDOW_PAGES.with(|w| w.set(w.get().max(nr_pages)));
+}
+
+/// The most pages a fault's service mapped at once since [`reset_window`].
+pub(crate) fn window_pages() -> usize {
+    WINDOW_PAGES.with(Cell::get)
+}
+
+/// Starts counting the window of the next fault served on this thread.
+pub(crate) fn reset_window() {
+    WINDOW_PAGES.with(|w| w.set(0));
+}
+
+/// How the fault reached us; decides waking and which locks may be taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// A handler thread: the faulting thread sleeps in the kernel and must be woken.
+    Thread,
+    /// The faulting thread's own SIGBUS handler.
+    Signal,
+    /// Signal mode, and the thread holds an engine lock: take none.
+    SignalLockFree,
+}
+
+impl Route {
+    pub(crate) fn wake(self) -> bool {
+        self == Route::Thread
+    }
+    pub(crate) fn lock_free(self) -> bool {
+        self == Route::SignalLockFree
+    }
+}
+
+/// Why a fault could not be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FaultError {
+    /// The device read failed, or returned data that failed its checksum, on every attempt;
+    /// the page is still on the device.
+    Device(PageErrorKind),
+    /// An ioctl failed with this errno (`EAGAIN`: an event is pending; try again).
+    Ioctl(i32),
+    /// The page stayed busy past `BUSY_WAIT_LIMIT_NS`: its owner is not making progress
+    /// (most likely the faulting thread itself, interrupted while it owned the page).
+    BusyTimeout,
+    /// No bounce buffer came free within `sync::POOL_WAIT_LIMIT_NS`: every one stayed lent
+    /// to threads that made no progress (a hung device read). The page is still on its device.
+    PoolTimeout,
+    /// The address is not the region's any more (the application unmapped or moved it).
+    Gone,
+    /// The page was mapped for a racing fault, and by the time this (stale) fault was
+    /// served the application had unmapped it: no mapping is registered there any more
+    /// (`ENOENT`), and the `UNMAP` event that says so is not applied yet. Nothing is lost.
+    Unmapped,
+}
+
+impl FaultError {
+    /// The end of the line `report_lost_page` writes before SIGBUS: why the page could not
+    /// be brought back and where its contents are. A static string: the signal-mode path
+    /// allocates nothing.
+    pub(crate) fn why_lost(self) -> &'static str {
+        match self {
+            FaultError::Device(PageErrorKind::ChecksumMismatch) => {
+                "read back from its swap device with a checksum mismatch on every attempt; its slot is kept"
+            }
+            FaultError::Device(_) => "could not be read from its swap device (I/O error on every attempt); its slot is kept",
+            FaultError::BusyTimeout => {
+                "stayed busy for 10 s: its owner made no progress (most likely this very thread, interrupted while it owned the page); its contents are kept"
+            }
+            FaultError::PoolTimeout => {
+                "could not be read: no bounce buffer came free for 10 s (every one held by a thread that made no progress, e.g. a hung device read); its slot is kept"
+            }
+            FaultError::Ioctl(_) => "could not be mapped (a userfaultfd ioctl failed on every attempt); its contents are kept",
+            FaultError::Gone | FaultError::Unmapped => "is no longer part of a managed region",
+        }
+    }
+}

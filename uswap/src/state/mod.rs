@@ -1,0 +1,232 @@
+//! The pager's shared state: what the pager's handle, its regions and its threads share
+//! (`Arc<PagerShared>`), and the configuration words that name it (fault mode, background
+//! reclaim, page errors).
+//!
+//! Split by concern, each part a type of the layer that owns it: the resident charge and
+//! limit (atomics here, rules in `crate::reclaim::charge`), the swap devices and the swap
+//! cache (`crate::swap`), the reclaim lists (`crate::lru`), the queue of pages a fork shares
+//! ([`cow::CowQueue`]), the event state (`events`), the asynchronous readahead contexts
+//! ([`async_readahead::AsyncReadahead`]), counters and bounce buffers. The services that
+//! work on it (`reclaim`, `swapin`, `events`, `async_readahead`, `release`) sit above this
+//! module and take `&PagerShared`; nothing here calls them.
+//!
+//! Locking: the shared state is atomics and lock-free queues; see `crate::sync` for the
+//! engine's lock hierarchy, `crate::reclaim` for the accounting rules and `crate::swap` for
+//! the allocator's locks.
+
+pub(crate) mod async_readahead;
+pub(crate) mod cow;
+pub(crate) mod events;
+pub(crate) mod fault;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
+
+use crate::bounce::BouncePool;
+use crate::lru::Lru;
+use crate::shared_charge::{ChargeCell, SharedCharge};
+use crate::stats::{DeviceStats, PerCpuStats, Stats};
+use crate::swap::{SwapCache, SwapDevices};
+use crate::uffd::{self, Uffd, PAGE_SIZE};
+use async_readahead::AsyncReadahead;
+
+/// Pages moved out (and written back) per reclaim round: the kernel's `SWAP_CLUSTER_MAX`.
+pub const RECLAIM_BATCH_PAGES: usize = 32;
+/// The smallest resident limit a pager accepts.
+pub const MIN_LIMIT_BYTES: u64 = 256 * PAGE_SIZE as u64;
+
+/// How faults on managed regions reach the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FaultMode {
+    /// Handler threads read the userfaultfd, one pinned to each CPU so the wake-up stays on
+    /// the faulting CPU. Faults raised inside system calls (e.g. `read(2)` into a managed
+    /// buffer) work. The default.
+    #[default]
+    Thread,
+    /// `UFFD_FEATURE_SIGBUS`: the faulting thread serves its own fault in a SIGBUS handler.
+    /// Fastest (no cross-thread wake-up), but a system call that touches a page that is not
+    /// resident fails with `EFAULT` instead of waiting for it (a datagram socket loses the
+    /// datagram) unless [`crate::prepare_user_access`] brought it in first (`uswap run`'s
+    /// library does, for every call of the C library), threads that touch managed memory must not block SIGBUS and need 128 KiB of
+    /// stack, and a SIGBUS handler must be installed before the pager. See docs/fault-modes.md.
+    Signal,
+}
+
+/// When the background reclaimer works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackgroundReclaim {
+    /// The default: [`Always`](Self::Always) when a device's writes are slow
+    /// (`Backend::slow_writes`: the file device, a disk write; the Redis tier, a network
+    /// round trip; the faulting thread should not wait for either),
+    /// [`WhenIdle`](Self::WhenIdle) otherwise (RAM and the compressed pool). Resolved when the
+    /// pager is built.
+    #[default]
+    Auto,
+    /// Only while the application takes no faults. While it faults, reclaim runs in the
+    /// faulting context: on VMs, `UFFDIO_MOVE` from another CPU interrupts the faulting CPU
+    /// with a TLB-shootdown IPI for every page moved (see docs/design.md, "Where measurements changed the design").
+    WhenIdle,
+    /// Classic kswapd: woken at the high watermark, reclaims down to the low one whatever the
+    /// application does; faults reclaim only at the limit. What [`Auto`](Self::Auto) picks
+    /// for a device with slow writes; otherwise for comparison and for machines where
+    /// cross-CPU TLB flushes are cheap.
+    Always,
+}
+
+/// What went wrong with a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageErrorKind {
+    /// The device failed to read it.
+    ReadFailed,
+    /// The device returned data that did not match the page's checksum.
+    ChecksumMismatch,
+    /// The fault waited too long for the page's busy bit (its owner never finished).
+    BusyTimeout,
+}
+
+/// A page the engine failed to bring back on one attempt (it retries; `Stats` counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageError {
+    /// Address of the page in its region.
+    pub addr: usize,
+    pub device: usize,
+    pub slot: u64,
+    pub kind: PageErrorKind,
+}
+
+impl std::fmt::Display for PageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.kind {
+            PageErrorKind::ReadFailed => "device read failed",
+            PageErrorKind::ChecksumMismatch => "checksum mismatch",
+            PageErrorKind::BusyTimeout => "gave up waiting for the page's owner",
+        };
+        write!(f, "page {:#x} (device {} slot {}): {what}", self.addr, self.device, self.slot)
+    }
+}
+
+/// Regions and staging areas take missing-page faults and write-protect faults (the first
+/// write to a clean page).
+pub(crate) const REGISTER_MODES: u64 = uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP;
+
+/// State shared by the pager's handle, its regions and its threads.
+pub(crate) struct PagerShared {
+    /// The regions' descriptor: faults, events, and every ioctl whose destination is a region.
+    pub uffd: Uffd,
+    pub mode: FaultMode,
+    /// The resident limit, in pages.
+    pub limit_pages: AtomicUsize,
+    /// Pages charged against the limit: mapped in regions plus staged in the swap cache.
+    pub resident_pages: ChargeCell,
+    /// The charge this pager shares with others (several processes under one limit), if any.
+    pub shared_charge: Option<&'static SharedCharge>,
+    /// The most `resident_pages` has been (the memcg's `memory.peak`).
+    pub resident_peak_pages: AtomicUsize,
+    /// Set while [`crate::Pager::prepare_fork`] brings every page in: charges never wait and no
+    /// reclaim runs, so nothing goes out again before the fork copies it.
+    pub reclaim_held: AtomicBool,
+    /// Reclaim rounds and device writebacks under way (see `reclaim::InFlight`): the fork
+    /// waits for them to end once `reclaim_held` is set, so that no page is half moved
+    /// when the child's copy of the engine's state is taken.
+    pub reclaim_in_flight: AtomicUsize,
+    /// In a re-armed fork child: the parent's engine state as the child inherited it, whose
+    /// memory devices hold the pages that were out at the fork (`PageState::Parent`). Only
+    /// their reads are used: the parent's threads and locks are not the child's.
+    pub parent: std::sync::OnceLock<Arc<PagerShared>>,
+    /// Regions are inherited by fork (see [`crate::PagerBuilder::regions_survive_fork`]).
+    pub regions_survive_fork: bool,
+    /// Resident pages that are clean (their slot still holds them).
+    pub clean_pages: AtomicUsize,
+    pub devices: SwapDevices,
+    /// Resident pages, oldest first: reclaim's victims (see `crate::lru`).
+    pub lru: Lru,
+    /// Pages staged in RAM on their way to a device, counted in `resident_pages` too.
+    pub swap_cache: SwapCache,
+    pub stats: PerCpuStats,
+    pub bounce: BouncePool,
+    /// The global readahead switch.
+    pub readahead: AtomicBool,
+    pub readahead_max_pages: usize,
+    /// Asynchronous readahead contexts (none when no device reads asynchronously).
+    pub async_ra: AsyncReadahead,
+    pub shutdown: AtomicBool,
+    pub background_reclaim: BackgroundReclaim,
+    /// The most recent page errors (oldest dropped first).
+    pub errors: ArrayQueue<PageError>,
+    /// The background reclaimer, for waking it (`BackgroundReclaim::Always`, and pages to
+    /// make exclusive after a fork).
+    pub reclaimer: std::sync::OnceLock<std::thread::Thread>,
+    /// Pages a fork shares, waiting to be made exclusive (see `reclaim::cow`).
+    pub cow: cow::CowQueue,
+    /// Event ordering and the parts of regions `mremap` moved out (see `events`).
+    pub events: events::EventState,
+}
+
+impl PagerShared {
+    /// Logs a page error (lock-free; the oldest entry goes when the log is full).
+    pub fn record_error(&self, addr: usize, e: crate::swap::SwapEntry, kind: PageErrorKind) {
+        let err = PageError { addr, device: e.device(), slot: e.offset(), kind };
+        if let Err(err) = self.errors.push(err) {
+            let _ = self.errors.pop();
+            let _ = self.errors.push(err);
+        }
+    }
+
+    pub fn is_shutdown(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Whether the threads that fault sleep until an ioctl wakes them (thread mode).
+    pub fn mode_wakes(&self) -> bool {
+        self.mode == FaultMode::Thread
+    }
+
+    /// A snapshot of the counters (without `publish`). `flush` first empties the per-CPU
+    /// batches of freed slots, so the per-device slot counts are exact; the caller blocks
+    /// asynchronous signals (it takes spin locks the fault path takes).
+    pub fn snapshot(&self, flush: bool) -> Stats {
+        if flush {
+            self.devices.flush_frees();
+        }
+        let mut st = Stats::default();
+        self.stats.fill(&mut st);
+        st.resident_pages = self.resident_pages.load(Ordering::Acquire) as u64;
+        st.resident_peak_pages = self.resident_peak_pages.load(Ordering::Relaxed) as u64;
+        st.swapcache_pages = self.swap_cache.nr_pages() as u64;
+        st.clean_pages = self.clean_pages.load(Ordering::Acquire) as u64;
+        st.limit_pages = self.limit_pages.load(Ordering::Acquire) as u64;
+        (st.unmanaged_bytes, st.unmanaged_peak_bytes) = crate::stats::unmanaged();
+        [
+            st.syscall_prepared,
+            st.syscall_efault_retried,
+            st.syscall_efault,
+            st.syscall_continued,
+            st.syscall_async_kernel_access,
+        ] = crate::stats::syscall_events();
+        st.slots_leaked = self.devices.deferred_overflow();
+        st.uffd_move_misreports = self.uffd.move_misreports();
+        st.devices = self
+            .devices
+            .devices()
+            .iter()
+            .map(|d| {
+                let c = d.allocator.cluster_counts();
+                DeviceStats {
+                    name: d.backend.name(),
+                    priority: d.priority,
+                    nr_slots: d.nr_slots(),
+                    slots_used: d.allocator.inuse_slots(),
+                    clusters_free: c.free + c.discard,
+                    clusters_nonfull: c.nonfull,
+                    clusters_full: c.full,
+                    clusters_discarded: c.discarded,
+                    backend: d.backend.stats(),
+                }
+            })
+            .collect();
+        st.pool_peak_bytes = st.devices.iter().filter_map(|d| d.backend.as_ref()).map(|b| b.pool_peak_bytes).sum();
+        st
+    }
+}
