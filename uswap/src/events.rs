@@ -88,7 +88,7 @@ use crate::state::{FaultMode, PageErrorKind, PagerShared};
 type Guard<'a> = RegistryGuard<'a, RegionInner>;
 use crate::stats::Counter;
 use crate::swapin::READ_ATTEMPTS;
-use crate::uffd::{self, Doorbell, RangeResult, UffdMsg, PAGE_SIZE};
+use crate::uffd::{self, Doorbell, Event, RangeResult, UffdMsg, PAGE_SIZE};
 
 /// Event reads in progress, over all pagers: set before the read that releases the
 /// application's thread, cleared once the event is applied (see `fault::sigbus_fault`).
@@ -151,8 +151,8 @@ pub(crate) fn read_and_apply(p: &PagerShared, msgs: &mut [UffdMsg]) -> usize {
     // EAGAIN reads as 0; EINTR is the only other error a valid descriptor gives.
     let n = p.uffd.read_msgs(msgs).unwrap_or(0);
     for m in &msgs[..n] {
-        if m.event != uffd::EVENT_PAGEFAULT {
-            handle_event(p, m);
+        if !m.is_page_fault() {
+            handle_event(p, m.event());
         }
     }
     EVENTS_IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
@@ -173,26 +173,24 @@ pub(crate) fn event_thread(p: &PagerShared, bell: &Doorbell) {
 }
 
 /// Applies one non-fault message.
-fn handle_event(p: &PagerShared, m: &UffdMsg) {
-    match m.event {
-        uffd::EVENT_UNMAP => {
-            let (start, end) = m.range();
+fn handle_event(p: &PagerShared, event: Event) {
+    match event {
+        Event::Unmap { start, end } => {
             p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(p, start, end, true);
             for_each_overlap(p, start, end, |r, first, last| release(p, r, first, last, PageState::Gone));
             p.stats.inc(Counter::UffdUnmap);
         }
-        uffd::EVENT_REMOVE => {
-            let (start, end) = m.range();
+        Event::Remove { start, end } => {
             p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(p, start, end, false);
             for_each_overlap(p, start, end, |r, first, last| release(p, r, first, last, PageState::Zero));
             p.stats.inc(Counter::UffdRemove);
         }
-        uffd::EVENT_REMAP => {
-            let (from, to, len) = m.remap();
+        Event::Remap { from, to, len } => {
             remap(p, from, to, len);
             p.stats.inc(Counter::UffdRemap);
         }
-        _ => {}
+        // Faults are the caller's; no enabled feature sends anything else.
+        Event::PageFault { .. } | Event::Other(_) => {}
     }
 }
 

@@ -43,7 +43,8 @@ static ZERO_PAGES: ZeroPages = ZeroPages([0; MAX_WINDOW_PAGES * PAGE_SIZE]);
 const BUSY_WAIT_LIMIT_NS: u64 = if cfg!(test) { 200_000_000 } else { 10_000_000_000 };
 
 /// Serves a missing-page fault at `addr` (any address in the page). `reg_idx`/`reg_gen`
-/// name the region in the registry (for the reclaim queues).
+/// name the region in the registry (for the reclaim queues). Takes ownership of the page,
+/// then hands it to the function for its state, each of which ends ownership.
 pub(crate) fn serve_fault(
     region: &RegionInner,
     reg_idx: usize,
@@ -57,193 +58,222 @@ pub(crate) fn serve_fault(
     let Some(page) = region.page_of(addr) else {
         return Err(FaultError::Gone);
     };
+    assert!(page < region.nr_pages);
     region.note_touched(page);
+    let result = match lock_for_fault(pager, region, page, route, t0) {
+        Ok(Some(locked)) => {
+            let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
+            serve_locked(pager, &f)
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    account_fault(pager, result, route, t0);
+    result
+}
+
+/// Takes ownership of `page` (its busy bit), waiting for its current owner (another fault,
+/// or reclaim) to finish a short critical section. `Ok(None)`: the background reclaimer
+/// owned the page and this fault took over from it, fully served (thread mode, see
+/// `reclaim::cow`). Bounded: a wait past `BUSY_WAIT_LIMIT_NS` fails the fault (counted,
+/// recorded) rather than hang.
+fn lock_for_fault(
+    pager: &PagerShared,
+    region: &RegionInner,
+    page: usize,
+    route: Route,
+    t0: u64,
+) -> Result<Option<Pte>, FaultError> {
     let page_addr = region.page_addr(page);
     let backoff = Backoff::new();
-    // Bounded: each round either takes ownership of the page, or waits for the current owner
-    // (another fault, or reclaim) to finish a short critical section; a wait past
-    // BUSY_WAIT_LIMIT_NS fails the fault (counted, recorded) rather than hang.
-    let result = loop {
+    loop {
         let pte = region.load(page);
-        if pte.busy() {
-            if route == Route::Thread && reclaim::cow::claim_for_fault(pager, page_addr) {
-                // The background reclaimer owns the page and is making it exclusive; it may be
-                // waiting for this very fault (see `reclaim::cow`). A missing page there was
-                // discarded by the application: zeros. A present one (a write-protect fault
-                // raised before the page was unprotected) only needs its thread woken.
-                if pager.uffd.zeropage(page_addr, PAGE_SIZE, true) != RangeResult::Done {
-                    let _ = pager.uffd.wake(page_addr, PAGE_SIZE);
-                }
-                break Ok(());
-            }
-            if backoff.is_completed() && now_ns().saturating_sub(t0) > BUSY_WAIT_LIMIT_NS {
-                pager.stats.inc(Counter::FaultBusyTimeout);
-                pager.record_error(page_addr, pte.entry(), PageErrorKind::BusyTimeout);
-                break Err(FaultError::BusyTimeout);
-            }
-            backoff.snooze();
-            continue;
-        }
-        let Some(locked) = region.try_lock(page, pte) else {
-            continue;
-        };
-        match pte.state() {
-            PageState::None | PageState::Zero => {
-                break zero_fill(pager, region, reg_idx, reg_gen, page, locked, write, route)
-            }
-            PageState::Resident if pte.clean() => {
-                // The first write to a clean page (a write-protect fault): it is dirty now and
-                // its slot's copy goes stale. (In signal mode the SIGBUS may also be a missing
-                // fault on a clean page the application discarded: then the retried access
-                // faults again and is served as below.)
-                let r = pager.uffd.writeprotect(page_addr, PAGE_SIZE, false, route.wake());
-                if r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN)) {
-                    // An event is pending: nothing changed, the write faults again.
-                    region.store(page, locked.unbusy());
-                    break Err(FaultError::Ioctl(libc::EAGAIN));
-                }
-                pager.devices.free(pte.entry(), route.lock_free());
-                region.store(page, locked.dirtied());
-                pager.clean_pages.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                pager.stats.inc(Counter::PgfaultWp);
-                if pte.readahead() {
-                    // Written: a read-ahead page the application used.
-                    pager.stats.inc(Counter::SwapRaHit);
-                    region.streams.note_used(1);
-                }
-                if let Err(e) = r {
-                    if e.raw_os_error() != Some(libc::ENOENT) {
-                        break Err(FaultError::Ioctl(e.raw_os_error().unwrap_or(libc::EIO)));
-                    }
-                }
-                break Ok(());
-            }
-            PageState::Resident => {
-                // Either another thread mapped it after our fault was raised, or the
-                // application discarded it (MADV_DONTNEED), which reads back as zeros.
-                // In thread mode the first case is common: a swap-in maps its faulting page
-                // (waking the thread) before its readahead pages, the thread faults on one of
-                // those meanwhile, and the message of that fault, still read by another
-                // handler, is served after the page is mapped, while its thread runs on.
-                let r = pager.uffd.zeropage(page_addr, PAGE_SIZE, route.wake());
-                region.store(page, locked.unbusy());
-                match r {
-                    RangeResult::Done => {}
-                    RangeResult::Partial { errno, .. } if errno == libc::EEXIST => {
-                        if route.wake() {
-                            let _ = pager.uffd.wake(page_addr, PAGE_SIZE);
-                        }
-                        pager.stats.inc(Counter::FaultRaced);
-                    }
-                    // One page, so no registered mapping at this address (the range of a fill
-                    // ioctl lies in one registered mapping or it fails with ENOENT): the
-                    // application unmapped the page since it was mapped for the racing fault.
-                    // Not a lost page: a SIGBUS here used to hit a thread that had read the
-                    // page and moved on, e.g. into that very munmap.
-                    RangeResult::Partial { errno: libc::ENOENT, .. } => break Err(FaultError::Unmapped),
-                    RangeResult::Partial { errno, .. } => break Err(FaultError::Ioctl(errno)),
-                }
-                break Ok(());
-            }
-            PageState::Cached => {
-                let e = pte.entry();
-                let dev = pager.devices.device(e);
-                let staged = dev.staging_addr(e.offset());
-                let mut r = pager.uffd.move_pages(page_addr, staged, PAGE_SIZE, route.wake());
-                let mut copied = false;
-                if r == (RangeResult::Partial { done_bytes: 0, errno: libc::EINVAL }) {
-                    copied = true;
-                    // UFFDIO_MOVE needs equal protections on both sides: the application made
-                    // the region read-only (mprotect). Copy the staged page, then drop it.
-                    r = pager.uffd.copy(page_addr, staged as *const u8, PAGE_SIZE, route.wake(), false);
-                    if r == RangeResult::Done {
-                        let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
-                        pager.stats.inc(Counter::PgfaultSwapcacheCopy);
-                    }
-                }
-                if let RangeResult::Partial { errno, .. } = r {
-                    region.store(page, locked.unbusy());
-                    // ENOENT: no mapping at the page any more (a stale fault, as above), or,
-                    // from the move only, no staged page to move (the engine broke its own
-                    // rule: reported as a failure). A copy checks the destination first.
-                    if errno == libc::ENOENT && (copied || crate::mapping::page_present(staged)) {
-                        break Err(FaultError::Unmapped);
-                    }
-                    break Err(FaultError::Ioctl(errno));
-                }
-                pager.swap_cache.remove(dev, e.offset());
-                pager.devices.free(e, route.lock_free());
-                // Referenced: it came back from the swap cache, so reclaim spares it once.
-                let new = locked.next(PageState::Resident, None).with_referenced(true);
-                region.store(page, new);
-                pager.lru.add(page_ref(reg_idx, reg_gen, page, new.gen()), &pager.stats);
-                pager.stats.inc(Counter::PgfaultSwapcache);
-                break Ok(());
-            }
-            PageState::Swapped => {
-                let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
-                break swap_in(pager, &f);
-            }
-            PageState::Shared => {
-                // A re-armed fork child's first write to a page it shares with its parent (or,
-                // missing, a page the application discarded: then the access faults again and
-                // is served as a resident page that is not there, with zeros). From now on the
-                // page is this process's own: charged, on the LRU, writable (the kernel makes
-                // the copy when the write is retried).
-                reclaim::charge(pager, 1, route.lock_free());
-                let r = pager.uffd.writeprotect(page_addr, PAGE_SIZE, false, route.wake());
-                if r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN)) {
-                    // An event is pending: nothing changed, the write faults again.
-                    reclaim::uncharge(pager, 1);
-                    region.store(page, locked.unbusy());
-                    break Err(FaultError::Ioctl(libc::EAGAIN));
-                }
-                let new = locked.next(PageState::Resident, None);
-                region.store(page, new);
-                pager.lru.add(page_ref(reg_idx, reg_gen, page, new.gen()), &pager.stats);
-                pager.stats.inc(Counter::PgfaultWp);
-                break Ok(());
-            }
-            PageState::Parent => {
-                let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
-                break parent_in(pager, &f);
-            }
-            PageState::Gone => {
-                region.store(page, locked.unbusy());
-                break Err(FaultError::Gone);
+        if !pte.busy() {
+            match region.try_lock(page, pte) {
+                Some(locked) => return Ok(Some(locked)),
+                None => continue,
             }
         }
-    };
+        if route == Route::Thread && reclaim::cow::claim_for_fault(pager, page_addr) {
+            // The background reclaimer owns the page and is making it exclusive; it may be
+            // waiting for this very fault (see `reclaim::cow`). A missing page there was
+            // discarded by the application: zeros. A present one (a write-protect fault
+            // raised before the page was unprotected) only needs its thread woken.
+            if pager.uffd.zeropage(page_addr, PAGE_SIZE, true) != RangeResult::Done {
+                let _ = pager.uffd.wake(page_addr, PAGE_SIZE);
+            }
+            return Ok(None);
+        }
+        if backoff.is_completed() && now_ns().saturating_sub(t0) > BUSY_WAIT_LIMIT_NS {
+            pager.stats.inc(Counter::FaultBusyTimeout);
+            pager.record_error(page_addr, pte.entry(), PageErrorKind::BusyTimeout);
+            return Err(FaultError::BusyTimeout);
+        }
+        backoff.snooze();
+    }
+}
+
+/// The service of a page the fault owns, by its state (one function per case).
+fn serve_locked(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+    assert!(f.locked.busy(), "the fault owns its page");
+    match f.locked.state() {
+        PageState::None | PageState::Zero => zero_fill(pager, f),
+        PageState::Resident if f.locked.clean() => write_to_clean(pager, f),
+        PageState::Resident => resident_again(pager, f),
+        PageState::Cached => swap_cache_hit(pager, f),
+        PageState::Swapped => swap_in(pager, f),
+        PageState::Shared => write_to_shared(pager, f),
+        PageState::Parent => parent_in(pager, f),
+        PageState::Gone => {
+            f.region.store(f.page, f.locked.unbusy());
+            Err(FaultError::Gone)
+        }
+    }
+}
+
+/// Counts a fault and its latency, and an error by kind. Gone and Unmapped lose nothing:
+/// the address is not the region's any more. EAGAIN is an event (a discard, an unmap)
+/// pending for the range: the thread faults again once it is applied.
+fn account_fault(pager: &PagerShared, result: Result<(), FaultError>, route: Route, t0: u64) {
     pager.stats.inc(Counter::Pgfault);
     if route.lock_free() {
         pager.stats.inc(Counter::FaultLockFree);
     }
-    // Gone and Unmapped lose nothing: the address is not the region's any more. EAGAIN is
-    // an event (a discard, an unmap) pending for the range: the thread faults again once it
-    // is applied.
-    if matches!(result, Err(FaultError::Unmapped) | Err(FaultError::Ioctl(libc::EAGAIN))) {
-        pager.stats.inc(Counter::FaultRaced);
-    } else if result.is_err() && result != Err(FaultError::Gone) {
-        pager.stats.inc(Counter::FaultError);
+    match result {
+        Ok(()) | Err(FaultError::Gone) => {}
+        Err(FaultError::Unmapped | FaultError::Ioctl(libc::EAGAIN)) => pager.stats.inc(Counter::FaultRaced),
+        Err(_) => pager.stats.inc(Counter::FaultError),
     }
     pager.stats.record_fault_latency(now_ns().saturating_sub(t0));
-    result
+}
+
+/// The first write to a clean page (a write-protect fault): it is dirty now and its slot's
+/// copy goes stale. (In signal mode the SIGBUS may also be a missing fault on a clean page
+/// the application discarded: then the retried access faults again and is served by
+/// [`resident_again`].)
+fn write_to_clean(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+    let (region, page, pte) = (f.region, f.page, f.locked);
+    debug_assert!(pte.state() == PageState::Resident && pte.clean());
+    let page_addr = region.page_addr(page);
+    let r = pager.uffd.writeprotect(page_addr, PAGE_SIZE, false, f.route.wake());
+    if r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN)) {
+        // An event is pending: nothing changed, the write faults again.
+        region.store(page, pte.unbusy());
+        return Err(FaultError::Ioctl(libc::EAGAIN));
+    }
+    pager.devices.free(pte.entry(), f.route.lock_free());
+    region.store(page, pte.dirtied());
+    pager.clean_pages.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    pager.stats.inc(Counter::PgfaultWp);
+    if pte.readahead() {
+        // Written: a read-ahead page the application used.
+        pager.stats.inc(Counter::SwapRaHit);
+        region.streams.note_used(1);
+    }
+    match r {
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+            Err(FaultError::Ioctl(e.raw_os_error().unwrap_or(libc::EIO)))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A fault on a page that is resident: either another thread mapped it after this fault
+/// was raised, or the application discarded it (`MADV_DONTNEED`), which reads back as
+/// zeros. In thread mode the first case is common: a swap-in maps its faulting page (waking
+/// the thread) before its readahead pages, the thread faults on one of those meanwhile, and
+/// the message of that fault, still read by another handler, is served after the page is
+/// mapped, while its thread runs on.
+fn resident_again(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+    let page_addr = f.region.page_addr(f.page);
+    let r = pager.uffd.zeropage(page_addr, PAGE_SIZE, f.route.wake());
+    f.region.store(f.page, f.locked.unbusy());
+    match r {
+        RangeResult::Done => Ok(()),
+        RangeResult::Partial { errno: libc::EEXIST, .. } => {
+            if f.route.wake() {
+                let _ = pager.uffd.wake(page_addr, PAGE_SIZE);
+            }
+            pager.stats.inc(Counter::FaultRaced);
+            Ok(())
+        }
+        // One page, so no registered mapping at this address (the range of a fill ioctl lies
+        // in one registered mapping or it fails with ENOENT): the application unmapped the
+        // page since it was mapped for the racing fault. Not a lost page: a SIGBUS here used
+        // to hit a thread that had read the page and moved on, e.g. into that very munmap.
+        RangeResult::Partial { errno: libc::ENOENT, .. } => Err(FaultError::Unmapped),
+        RangeResult::Partial { errno, .. } => Err(FaultError::Ioctl(errno)),
+    }
+}
+
+/// A swap-cache hit: the page is staged in RAM; moved back with `UFFDIO_MOVE` (no copy).
+fn swap_cache_hit(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+    let (region, page, locked) = (f.region, f.page, f.locked);
+    debug_assert_eq!(locked.state(), PageState::Cached);
+    let page_addr = region.page_addr(page);
+    let e = locked.entry();
+    let dev = pager.devices.device(e);
+    let staged = dev.staging_addr(e.offset());
+    let mut r = pager.uffd.move_pages(page_addr, staged, PAGE_SIZE, f.route.wake());
+    let mut copied = false;
+    if r == (RangeResult::Partial { done_bytes: 0, errno: libc::EINVAL }) {
+        copied = true;
+        // UFFDIO_MOVE needs equal protections on both sides: the application made the
+        // region read-only (mprotect). Copy the staged page, then drop it.
+        r = pager.uffd.copy(page_addr, staged as *const u8, PAGE_SIZE, f.route.wake(), false);
+        if r == RangeResult::Done {
+            dev.discard_staged(e.offset());
+            pager.stats.inc(Counter::PgfaultSwapcacheCopy);
+        }
+    }
+    if let RangeResult::Partial { errno, .. } = r {
+        region.store(page, locked.unbusy());
+        // ENOENT: no mapping at the page any more (a stale fault, as above), or, from the
+        // move only, no staged page to move (the engine broke its own rule: reported as a
+        // failure). A copy checks the destination first.
+        if errno == libc::ENOENT && (copied || crate::mapping::page_present(staged)) {
+            return Err(FaultError::Unmapped);
+        }
+        return Err(FaultError::Ioctl(errno));
+    }
+    pager.swap_cache.remove(dev, e.offset());
+    pager.devices.free(e, f.route.lock_free());
+    // Referenced: it came back from the swap cache, so reclaim spares it once.
+    let new = locked.next(PageState::Resident, None).with_referenced(true);
+    region.store(page, new);
+    pager.lru.add(page_ref(f.reg_idx, f.reg_gen, page, new.gen()), &pager.stats);
+    pager.stats.inc(Counter::PgfaultSwapcache);
+    Ok(())
+}
+
+/// A re-armed fork child's first write to a page it shares with its parent (or, missing, a
+/// page the application discarded: then the access faults again and is served as a
+/// resident page that is not there, with zeros). From now on the page is this process's
+/// own: charged, on the LRU, writable (the kernel makes the copy when the write is retried).
+fn write_to_shared(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+    let (region, page, locked) = (f.region, f.page, f.locked);
+    debug_assert_eq!(locked.state(), PageState::Shared);
+    reclaim::charge(pager, 1, f.route.lock_free());
+    let r = pager.uffd.writeprotect(region.page_addr(page), PAGE_SIZE, false, f.route.wake());
+    if r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN)) {
+        // An event is pending: nothing changed, the write faults again.
+        reclaim::uncharge(pager, 1);
+        region.store(page, locked.unbusy());
+        return Err(FaultError::Ioctl(libc::EAGAIN));
+    }
+    let new = locked.next(PageState::Resident, None);
+    region.store(page, new);
+    pager.lru.add(page_ref(f.reg_idx, f.reg_gen, page, new.gen()), &pager.stats);
+    pager.stats.inc(Counter::PgfaultWp);
+    Ok(())
 }
 
 /// First touch of a never-touched (or known-zero) page: maps zero pages for it and, when its
 /// stream is sequential, for the never-touched pages of its window (fault-around), in runs
 /// of consecutive pages with one ioctl each.
-#[allow(clippy::too_many_arguments)]
-fn zero_fill(
-    pager: &PagerShared,
-    region: &RegionInner,
-    reg_idx: usize,
-    reg_gen: u32,
-    page: usize,
-    locked: Pte,
-    write: bool,
-    route: Route,
-) -> Result<(), FaultError> {
+fn zero_fill(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+    let (region, page, write, route) = (f.region, f.page, f.write, f.route);
+    debug_assert!(matches!(f.locked.state(), PageState::None | PageState::Zero));
     // A read maps the kernel's zero page, write-protected: shared, no memory of its own, so
     // neither charged nor a reclaim victim until its first write (see `PageState::Shared`).
     // In thread mode a kernel write to it waits for its write-protect fault like any other.
@@ -258,20 +288,7 @@ fn zero_fill(
     let shared_zero = !write && (pager.mode == FaultMode::Thread || uffd::sigbus::system_calls_routed());
     let one_page = route.lock_free() || (shared_zero && pager.mode == FaultMode::Signal);
     let max = if one_page { 1 } else { pager.readahead_max_pages };
-    let pred = region.streams.advance(page, region.nr_pages, max, false);
-    let mut pages: ArrayVec<(usize, Pte), MAX_WINDOW_PAGES> = ArrayVec::new();
-    for q in pred.window.start..pred.window.end() {
-        if q == page {
-            pages.push((q, locked));
-            continue;
-        }
-        let pq = region.load(q);
-        if matches!(pq.state(), PageState::None | PageState::Zero) {
-            if let Some(l) = region.try_lock(q, pq) {
-                pages.push((q, l));
-            }
-        }
-    }
+    let pages = lock_zero_window(f, max);
     note_window(pages.len());
     // Charged like one fault's worth of pages, reclaiming if need be: the window only grows
     // while the stream keeps using what it brought in.
@@ -313,20 +330,7 @@ fn zero_fill(
         if shared_zero && !protected && done > 0 {
             reclaim::charge(pager, done, route.lock_free());
         }
-        for (k, &(q, l)) in pages[i..j].iter().enumerate() {
-            if k < done && protected {
-                region.store(q, l.next(PageState::Shared, None));
-                faulting_done |= q == page;
-            } else if k < done {
-                let new = l.next(PageState::Resident, None);
-                region.store(q, new);
-                pager.lru.add_mapped(page_ref(reg_idx, reg_gen, q, new.gen()), q == page, pages.len(), &pager.stats);
-                faulting_done |= q == page;
-                mapped += 1;
-            } else {
-                region.store(q, l.unbusy());
-            }
-        }
+        mapped += publish_zero_run(pager, f, &pages[i..j], done, protected, pages.len(), &mut faulting_done);
         i = j;
         if crossed {
             continue;
@@ -337,13 +341,7 @@ fn zero_fill(
                 for &(q, l) in &pages[i..] {
                     region.store(q, l.unbusy());
                 }
-                if errno == libc::EEXIST {
-                    return take_present_page(pager, region, reg_idx, reg_gen, page, route);
-                }
-                // ENOENT: no registered mapping at the faulting page any more; the
-                // application unmapped it while this fault waited (a stale fault, as in
-                // `serve_fault`'s resident case). Nothing was there to lose.
-                return Err(if errno == libc::ENOENT { FaultError::Unmapped } else { FaultError::Ioctl(errno) });
+                return zero_fill_failed(pager, f, errno);
             }
         }
     }
@@ -351,6 +349,71 @@ fn zero_fill(
     pager.stats.inc(Counter::PgfaultZero);
     pager.stats.add(Counter::ZeroFillAround, mapped.saturating_sub(1) as u64);
     Ok(())
+}
+
+/// The faulting page (owned) and the never-touched pages of its fault-around window that
+/// could be locked at once, in address order.
+fn lock_zero_window(f: &Fault<'_>, max: usize) -> ArrayVec<(usize, Pte), MAX_WINDOW_PAGES> {
+    let region = f.region;
+    let pred = region.streams.advance(f.page, region.nr_pages, max, false);
+    let mut pages = ArrayVec::new();
+    for q in pred.window.start..pred.window.end() {
+        if q == f.page {
+            pages.push((q, f.locked));
+            continue;
+        }
+        let pq = region.load(q);
+        if matches!(pq.state(), PageState::None | PageState::Zero) {
+            if let Some(l) = region.try_lock(q, pq) {
+                pages.push((q, l));
+            }
+        }
+    }
+    assert!(pages.iter().any(|&(q, _)| q == f.page), "the window holds its faulting page");
+    pages
+}
+
+/// Publishes a run of zero-filled pages of which the first `done` were mapped: shared
+/// (`protected`) or resident and on the LRU; the rest go back as they were. Returns the
+/// pages made resident.
+fn publish_zero_run(
+    pager: &PagerShared,
+    f: &Fault<'_>,
+    run: &[(usize, Pte)],
+    done: usize,
+    protected: bool,
+    nr_window: usize,
+    faulting_done: &mut bool,
+) -> usize {
+    let mut mapped = 0;
+    for (k, &(q, l)) in run.iter().enumerate() {
+        if k < done && protected {
+            f.region.store(q, l.next(PageState::Shared, None));
+            *faulting_done |= q == f.page;
+        } else if k < done {
+            let new = l.next(PageState::Resident, None);
+            f.region.store(q, new);
+            let r = page_ref(f.reg_idx, f.reg_gen, q, new.gen());
+            pager.lru.add_mapped(r, q == f.page, nr_window, &pager.stats);
+            *faulting_done |= q == f.page;
+            mapped += 1;
+        } else {
+            f.region.store(q, l.unbusy());
+        }
+    }
+    mapped
+}
+
+/// The faulting page's zero fill failed with `errno` (its window given back). `EEXIST`: a
+/// page is there already (see [`take_present_page`]). `ENOENT`: no registered mapping at the
+/// faulting page any more; the application unmapped it while this fault waited (a stale
+/// fault, as in [`resident_again`]). Nothing was there to lose.
+fn zero_fill_failed(pager: &PagerShared, f: &Fault<'_>, errno: i32) -> Result<(), FaultError> {
+    match errno {
+        libc::EEXIST => take_present_page(pager, f.region, f.reg_idx, f.reg_gen, f.page, f.route),
+        libc::ENOENT => Err(FaultError::Unmapped),
+        _ => Err(FaultError::Ioctl(errno)),
+    }
 }
 
 /// Write-protects `nr_pages` zero pages just mapped at `addr` (waking the faulting thread in

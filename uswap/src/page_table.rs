@@ -76,6 +76,29 @@ pub(crate) enum PageState {
     Parent = 7,
 }
 
+impl PageState {
+    /// Whether a page may go from `self` to `to` (the diagram in the module doc, plus what
+    /// the application does to a range: a discard or an adoption makes any page `None` or
+    /// `Zero`, an unmap makes it `Gone`, and a fork child's table starts from `None`).
+    /// [`Pte::next`] asserts it, as the kernel's `VM_BUG_ON_PAGE` asserts a page's state.
+    pub fn may_become(self, to: PageState) -> bool {
+        use PageState::*;
+        match to {
+            None | Gone => true,
+            Zero => self != Gone,
+            // A clean page's first write (`Resident` again, dirty), a fault on any state
+            // that is not gone.
+            Resident => self != Gone,
+            // The zero page for a read; a fork child's inherited page.
+            Shared => matches!(self, None | Zero),
+            Cached => self == Resident,
+            // A clean page dropped, a staged page written, a page moved down a tier.
+            Swapped => matches!(self, Resident | Cached | Swapped),
+            Parent => self == None,
+        }
+    }
+}
+
 const STATE_MASK: u64 = 0x7;
 const BUSY: u64 = 1 << 3;
 const REFERENCED: u64 = 1 << 4;
@@ -162,8 +185,24 @@ impl Pte {
         Pte(self.0 & (STATE_MASK | REFERENCED | GEN_MASK))
     }
     /// A new, not-busy word in `state`, with the next generation and `entry` (if any).
-    /// The referenced bit is carried over; the clean bit is not.
+    /// The referenced bit is carried over; the clean bit is not. Panics on a transition
+    /// the page table does not allow ([`PageState::may_become`]): an engine bug, which
+    /// would otherwise map the wrong page or leak a slot.
     pub fn next(self, state: PageState, entry: Option<SwapEntry>) -> Pte {
+        assert!(
+            self.state().may_become(state),
+            "uswap invariant: page state {:?} may not become {state:?} ({self:?})",
+            self.state()
+        );
+        debug_assert!(
+            match state {
+                PageState::Cached | PageState::Swapped | PageState::Parent => entry.is_some(),
+                // A clean page keeps the slot it was read from.
+                PageState::Resident => true,
+                _ => entry.is_none(),
+            },
+            "a swap entry exactly for the states that hold one ({state:?}, {entry:?})"
+        );
         let gen = self.gen().wrapping_add(1) as u64;
         Pte(state as u64 | (self.0 & REFERENCED) | (gen << GEN_SHIFT) | entry.map_or(0, |e| e.bits() << ENTRY_SHIFT))
     }
@@ -231,13 +270,14 @@ mod tests {
 
     #[test]
     fn pte_transitions_keep_fields() {
-        let p = Pte(0);
-        assert_eq!(p.state(), PageState::None);
+        assert_eq!(Pte(0).state(), PageState::None);
+        let p = Pte(0).next(PageState::Resident, None);
+        assert_eq!(p.gen(), 1);
         let e = SwapEntry::new(3, 12345);
         let q = p.next(PageState::Cached, Some(e));
         assert_eq!(q.state(), PageState::Cached);
         assert_eq!(q.entry(), e);
-        assert_eq!(q.gen(), 1);
+        assert_eq!(q.gen(), 2);
         assert!(!q.busy());
         let r = q.with_referenced(true).with_busy();
         assert!(r.busy() && r.referenced());
@@ -247,13 +287,41 @@ mod tests {
         assert!(!d.clean() && !d.busy() && d.referenced() && d.gen() == s.gen() && d.entry().bits() == 0);
         let s = r.next(PageState::Resident, None);
         assert!(s.referenced() && !s.busy() && !s.clean());
-        assert_eq!(s.gen(), 2);
+        assert_eq!(s.gen(), 3);
         assert_eq!(s.unbusy(), s);
         let mut g = Pte(0);
         for _ in 0..300 {
             g = g.next(PageState::Resident, None);
         }
         assert_eq!(g.gen(), (300 % 256) as u8, "generation wraps");
+    }
+
+    #[test]
+    fn transitions_follow_the_diagram() {
+        use PageState::*;
+        let all = [None, Zero, Resident, Cached, Swapped, Gone, Shared, Parent];
+        for from in all {
+            assert!(from.may_become(Gone) && from.may_become(None), "{from:?}");
+        }
+        assert!(Resident.may_become(Cached) && Cached.may_become(Swapped) && Swapped.may_become(Resident));
+        assert!(Cached.may_become(Resident) && Resident.may_become(Swapped) && Swapped.may_become(Swapped));
+        assert!(None.may_become(Shared) && Zero.may_become(Shared) && Shared.may_become(Resident));
+        assert!(None.may_become(Parent) && Parent.may_become(Resident));
+        for from in [None, Zero, Cached, Swapped, Gone, Shared, Parent] {
+            assert!(!from.may_become(Cached), "only a resident page is staged, not {from:?}");
+        }
+        for from in [None, Zero, Gone, Shared, Parent] {
+            assert!(!from.may_become(Swapped), "{from:?} holds nothing to swap");
+        }
+        assert!(!Gone.may_become(Resident) && !Gone.may_become(Zero), "a gone page is never touched again");
+        assert!(!Resident.may_become(Parent) && !Swapped.may_become(Shared));
+    }
+
+    #[test]
+    #[should_panic(expected = "may not become Cached")]
+    fn a_transition_from_the_wrong_state_panics() {
+        let swapped = Pte(0).next(PageState::Resident, None).next(PageState::Swapped, Some(SwapEntry::new(0, 1)));
+        let _ = swapped.next(PageState::Cached, Some(SwapEntry::new(0, 1)));
     }
 
     #[test]

@@ -213,7 +213,7 @@ impl PagerBuilder {
         for d in devices.devices() {
             // Same modes as regions: UFFDIO_MOVE needs both sides to have the same protection.
             staging_uffd
-                .register(d.staging.addr(), d.staging.len(), REGISTER_MODES)
+                .register(d.staging_range().0, d.staging_range().1, REGISTER_MODES)
                 .map_err(|e| Error::io("registering the swap staging area with userfaultfd", e))?;
         }
         let async_ra = AsyncReadahead::new(
@@ -535,7 +535,7 @@ impl Pager {
         let s: &PagerShared = &self.core.shared;
         let mut total = 0;
         for d in s.devices.devices() {
-            total += d.staging.resident_pages(0, d.staging.len())?;
+            total += d.staging_resident_pages()?;
         }
         let mut err = None;
         REGIONS.for_each(|r| {

@@ -36,24 +36,20 @@ impl PagerShared {
                 if pte.clean() {
                     rel.unclean += 1;
                     let e = pte.entry();
-                    self.devices.device(e).table.clear(e.offset());
+                    self.devices.device(e).forget_slot(e.offset());
                     rel.to_free.push(e.bits());
                 }
             }
             PageState::Cached => {
                 let e = pte.entry();
-                let dev = self.devices.device(e);
-                // Best effort: the staging page must be empty before its slot is reused, and
-                // MADV_DONTNEED on our own mapping cannot fail for a valid range.
-                let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
-                dev.table.clear(e.offset());
+                self.devices.device(e).release_staged(e.offset());
                 rel.to_free.push(e.bits());
                 rel.uncharge += 1;
                 rel.uncache += 1;
             }
             PageState::Swapped => {
                 let e = pte.entry();
-                self.devices.device(e).table.clear(e.offset());
+                self.devices.device(e).forget_slot(e.offset());
                 rel.to_free.push(e.bits());
             }
             // An inherited page is the parent's charge, not ours; a page still in the

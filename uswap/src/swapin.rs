@@ -109,6 +109,7 @@ impl Fault<'_> {
 /// Brings the faulting page back, with its readahead window.
 pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
     let e = f.locked.entry();
+    assert_eq!(f.locked.state(), PageState::Swapped);
     let dev = pager.devices.device(e);
     let readahead = !f.route.lock_free() && pager.readahead.load(Ordering::Relaxed);
     let max = if readahead { pager.readahead_max_pages } else { 1 };
@@ -126,56 +127,17 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
             async_ctx = ara.find(own, e).map(|l| l.ctx);
         }
     }
-    let listed_in_held =
-        |page: usize, pte: Pte| -> Option<usize> { ara.context(async_ctx?).index_of(f.owner(page), pte.entry()) };
     let mut set = RegionSet::new();
     let mut items: ArrayVec<Item, MAX_WINDOW_PAGES> = ArrayVec::new();
-    items.push(Item::new(None, f.page, f.locked, true, listed_in_held(f.page, f.locked)));
-
-    let mut vma_window = None;
-    match dev.readahead {
-        ReadaheadPolicy::Vma => {
-            let pred = f.region.streams.advance(f.page, f.region.nr_pages, max, true);
-            if let Some(passed) = pred.passed {
-                count_hits_in_region(pager, f.region, passed, f.page);
-            }
-            vma_window = Some(pred.window);
-            for q in (pred.window.start..pred.window.end()).filter(|&q| q != f.page) {
-                let pte = f.region.load(q);
-                if pte.state() != PageState::Swapped || pte.busy() {
-                    continue;
-                }
-                // A page read asynchronously is taken only from the context we hold; others
-                // wait for their own fault, which will find their data.
-                let listed = listed_in_held(q, pte);
-                if pte.async_read() && listed.is_none() {
-                    continue;
-                }
-                if let Some(l) = f.region.try_lock(q, pte) {
-                    items.push(Item::new(None, q, l, false, listed));
-                }
-            }
-        }
+    let listed = listed_in(pager, f, async_ctx, f.page, f.locked);
+    items.push(Item::new(None, f.page, f.locked, true, listed));
+    let vma_window = match dev.readahead {
+        ReadaheadPolicy::Vma => Some(gather_vma_window(pager, f, async_ctx, max, &mut items)),
         ReadaheadPolicy::Cluster => {
-            let pred = dev.cluster_streams.advance(e.offset() as usize, dev.nr_slots() as usize, max, true);
-            if let Some(passed) = pred.passed {
-                count_hits_by_slot(pager, e.device(), passed);
-            }
-            for slot in (pred.window.start..pred.window.end()).filter(|&s| s as u64 != e.offset()) {
-                let Some(info) = dev.table.lookup(slot as u64) else { continue };
-                let r = PageRef::from_owner(info.owner);
-                let Ok(gi) = set.get(pager, r) else { continue };
-                let region = &set.g[gi];
-                let pte = region.load(r.page);
-                let own = SwapEntry::new(e.device(), slot as u64);
-                if pte.state() == PageState::Swapped && pte.entry() == own && !pte.busy() && !pte.async_read() {
-                    if let Some(l) = region.try_lock(r.page, pte) {
-                        items.push(Item::new(Some(gi), r.page, l, false, None));
-                    }
-                }
-            }
+            gather_cluster_window(pager, f, max, &mut set, &mut items);
+            None
         }
-    }
+    };
 
     crate::state::fault::note_window(items.len());
     // Read-ahead pages are charged like the faulting page, reclaiming if need be (the kernel
@@ -193,10 +155,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     let Some(mut buf) = pager.bounce.take() else {
         // Every bounce buffer stayed lent out past the bound: nothing was read, every page
         // goes back as it was (its slot still holds it), and the fault fails rather than hang.
-        for it in &items {
-            f.region(&set, it.gi).store(it.page, it.pte.unbusy());
-        }
-        reclaim::uncharge(pager, items.len());
+        give_back(pager, f, &set, &items);
         pager.stats.inc(Counter::PoolWaitTimeout);
         return Err(FaultError::PoolTimeout);
     };
@@ -213,21 +172,121 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         }
     }
 
-    let faulting_ok = items.iter().any(|it| it.faulting && it.ok);
-    if !faulting_ok {
+    if !items.iter().any(|it| it.faulting && it.ok) {
         // Nothing is mapped: every page goes back as it was (its slot still holds it).
-        for it in &items {
-            f.region(&set, it.gi).store(it.page, it.pte.unbusy());
-        }
-        reclaim::uncharge(pager, items.len());
+        give_back(pager, f, &set, &items);
         let taken = items.iter().filter(|it| it.from_async).count();
         pager.stats.add(Counter::SwapRaAsyncDropped, taken as u64);
         return Err(FaultError::Device(PageErrorKind::ReadFailed));
     }
+    let mapping = map_runs(pager, f, &set, &mut items);
+    let (nr_ra, nr_async) = publish(pager, f, &set, &items);
+    if let Some(errno) = mapping.failed_errno {
+        if !items.iter().any(|it| it.faulting && it.ok) {
+            return Err(if mapping.gone_from_under { FaultError::Unmapped } else { FaultError::Ioctl(errno) });
+        }
+    }
+    pager.stats.inc(Counter::Pgmajfault);
+    pager.stats.add(Counter::Pswpin, mapping.nr_mapped as u64);
+    pager.stats.add(Counter::SwapRa, nr_ra);
+    pager.stats.add(Counter::SwapRaAsync, nr_async);
+    drop(held);
+    if let Some(w) = vma_window.filter(|_| readahead) {
+        ara.start_after(pager, f.region, (f.reg_idx, f.reg_gen), f.page, w);
+    }
+    Ok(())
+}
 
-    // Map in runs of consecutive addresses with consecutive buffer pages and one protection.
-    let mut mapped = 0;
-    let mut failed_ioctl = None;
+/// The buffer page holding `page`'s data in the asynchronous readahead context `async_ctx`
+/// (the one the faulting page was found in), if it is listed there.
+fn listed_in(pager: &PagerShared, f: &Fault<'_>, async_ctx: Option<usize>, page: usize, pte: Pte) -> Option<usize> {
+    pager.async_ra.context(async_ctx?).index_of(f.owner(page), pte.entry())
+}
+
+/// Readahead by virtual address: locks the swapped pages of the faulting region's window
+/// (see `readahead`) and adds them to `items`. Returns the window.
+fn gather_vma_window(
+    pager: &PagerShared,
+    f: &Fault<'_>,
+    async_ctx: Option<usize>,
+    max: usize,
+    items: &mut ArrayVec<Item, MAX_WINDOW_PAGES>,
+) -> Window {
+    let pred = f.region.streams.advance(f.page, f.region.nr_pages, max, true);
+    if let Some(passed) = pred.passed {
+        count_hits_in_region(pager, f.region, passed, f.page);
+    }
+    for q in (pred.window.start..pred.window.end()).filter(|&q| q != f.page) {
+        let pte = f.region.load(q);
+        if pte.state() != PageState::Swapped || pte.busy() {
+            continue;
+        }
+        // A page read asynchronously is taken only from the context we hold; others wait for
+        // their own fault, which will find their data.
+        let listed = listed_in(pager, f, async_ctx, q, pte);
+        if pte.async_read() && listed.is_none() {
+            continue;
+        }
+        if let Some(l) = f.region.try_lock(q, pte) {
+            items.push(Item::new(None, q, l, false, listed));
+        }
+    }
+    pred.window
+}
+
+/// Readahead by slot (`ReadaheadPolicy::Cluster`): locks the pages that own the slots
+/// around the faulting one on its device, whatever their regions, and adds them to `items`.
+fn gather_cluster_window(
+    pager: &PagerShared,
+    f: &Fault<'_>,
+    max: usize,
+    set: &mut RegionSet,
+    items: &mut ArrayVec<Item, MAX_WINDOW_PAGES>,
+) {
+    let e = f.locked.entry();
+    let dev = pager.devices.device(e);
+    let pred = dev.cluster_streams.advance(e.offset() as usize, dev.nr_slots() as usize, max, true);
+    if let Some(passed) = pred.passed {
+        count_hits_by_slot(pager, e.device(), passed);
+    }
+    for slot in (pred.window.start..pred.window.end()).filter(|&s| s as u64 != e.offset()) {
+        let Some(info) = dev.slot_info(slot as u64) else { continue };
+        let r = PageRef::from_owner(info.owner);
+        let Ok(gi) = set.get(pager, r) else { continue };
+        let region = &set.g[gi];
+        let pte = region.load(r.page);
+        let own = SwapEntry::new(e.device(), slot as u64);
+        if pte.state() == PageState::Swapped && pte.entry() == own && !pte.busy() && !pte.async_read() {
+            if let Some(l) = region.try_lock(r.page, pte) {
+                items.push(Item::new(Some(gi), r.page, l, false, None));
+            }
+        }
+    }
+}
+
+/// Nothing was mapped: every page of the window goes back as it was (its slot still holds
+/// it), and its charge is dropped.
+fn give_back(pager: &PagerShared, f: &Fault<'_>, set: &RegionSet, items: &[Item]) {
+    for it in items {
+        f.region(set, it.gi).store(it.page, it.pte.unbusy());
+    }
+    reclaim::uncharge(pager, items.len());
+}
+
+/// What mapping a window's pages did.
+struct Mapped {
+    nr_mapped: usize,
+    /// The errno of a failed copy, if one failed.
+    failed_errno: Option<i32>,
+    /// The faulting page has no registered mapping any more (the application unmapped it).
+    gone_from_under: bool,
+}
+
+/// Maps the pages read (`ok`), in runs of consecutive addresses with consecutive buffer
+/// pages and one protection, one `UFFDIO_COPY` each. A page whose copy failed is no longer
+/// `ok`.
+fn map_runs(pager: &PagerShared, f: &Fault<'_>, set: &RegionSet, items: &mut [Item]) -> Mapped {
+    let mut m = Mapped { nr_mapped: 0, failed_errno: None, gone_from_under: false };
     let mut faulting_errno = None;
     let mut i = 0;
     while i < items.len() {
@@ -248,12 +307,12 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         {
             j += 1;
         }
-        let region = f.region(&set, items[i].gi);
+        let region = f.region(set, items[i].gi);
         let len = (j - i) * PAGE_SIZE;
         let r = pager.uffd.copy(region.page_addr(items[i].page), items[i].src, len, f.route.wake(), wp(&items[i]));
         let done = r.done_bytes(len) / PAGE_SIZE;
         if let RangeResult::Partial { errno, .. } = r {
-            failed_ioctl = Some(errno);
+            m.failed_errno = Some(errno);
             for it in &mut items[i + done..j] {
                 if it.faulting {
                     faulting_errno = Some(errno);
@@ -261,15 +320,13 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
                 it.ok = false;
             }
         }
-        mapped += done;
+        m.nr_mapped += done;
         i = j;
     }
-
     // ENOENT: the run was not inside one registered mapping. Whether the faulting page has
     // none (a stale fault on a page the application unmapped since, see
-    // `fault::FaultError::Unmapped`) or only other pages of its run (the mapping was split
+    // `FaultError::Unmapped`) or only other pages of its run (the mapping was split
     // meanwhile), a copy of that page alone tells, and serves it in the second case.
-    let mut gone_from_under = false;
     if faulting_errno == Some(libc::ENOENT) {
         if let Some(k) = items.iter().position(|it| it.faulting) {
             let it = &items[k];
@@ -277,19 +334,22 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
             match pager.uffd.copy(f.region.page_addr(it.page), it.src, PAGE_SIZE, f.route.wake(), wp) {
                 RangeResult::Done => {
                     items[k].ok = true;
-                    mapped += 1;
+                    m.nr_mapped += 1;
                 }
-                RangeResult::Partial { errno, .. } => gone_from_under = errno == libc::ENOENT,
+                RangeResult::Partial { errno, .. } => m.gone_from_under = errno == libc::ENOENT,
             }
         }
     }
+    m
+}
 
-    // Publish: mapped pages become resident; the others go back as they were.
-    let mut nr_ra = 0;
-    let mut nr_async = 0;
-    let mut unmapped = 0;
-    for it in &items {
-        let region = f.region(&set, it.gi);
+/// Publishes the window: mapped pages become resident (clean ones keep their slot, the
+/// others' slots are freed) and join the LRU; the others go back as they were, uncharged.
+/// Returns the pages mapped by readahead, and those of them read asynchronously.
+fn publish(pager: &PagerShared, f: &Fault<'_>, set: &RegionSet, items: &[Item]) -> (u64, u64) {
+    let (mut nr_ra, mut nr_async, mut unmapped) = (0, 0, 0);
+    for it in items {
+        let region = f.region(set, it.gi);
         if !it.ok {
             region.store(it.page, it.pte.unbusy());
             unmapped += 1;
@@ -322,23 +382,10 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         };
         let new = new.with_referenced(false);
         region.store(it.page, new);
-        pager.lru.add_mapped(f.page_ref(&set, it, new), it.faulting, items.len(), &pager.stats);
+        pager.lru.add_mapped(f.page_ref(set, it, new), it.faulting, items.len(), &pager.stats);
     }
     reclaim::uncharge(pager, unmapped);
-    if let Some(errno) = failed_ioctl {
-        if !items.iter().any(|it| it.faulting && it.ok) {
-            return Err(if gone_from_under { FaultError::Unmapped } else { FaultError::Ioctl(errno) });
-        }
-    }
-    pager.stats.inc(Counter::Pgmajfault);
-    pager.stats.add(Counter::Pswpin, mapped as u64);
-    pager.stats.add(Counter::SwapRa, nr_ra);
-    pager.stats.add(Counter::SwapRaAsync, nr_async);
-    drop(held);
-    if let Some(w) = vma_window.filter(|_| readahead) {
-        ara.start_after(pager, f.region, (f.reg_idx, f.reg_gen), f.page, w);
-    }
-    Ok(())
+    (nr_ra, nr_async)
 }
 
 /// Takes the data of the items listed in the held asynchronous-readahead context from its
@@ -403,7 +450,7 @@ fn keep_clean(pager: &PagerShared, f: &Fault<'_>, it: &Item) -> bool {
 /// Whether pages of this entry's device are copied straight from the device's memory.
 fn in_place(pager: &PagerShared, e: SwapEntry) -> bool {
     let dev = pager.devices.device(e);
-    dev.checksums.is_none() && dev.backend.page_ptr(e.offset()).is_some()
+    !dev.has_checksums() && dev.backend.page_ptr(e.offset()).is_some()
 }
 
 /// The device's own copy of an entry's page (an in-place device).
@@ -420,6 +467,7 @@ fn read_items(
     items: &mut [Item],
     buf: &mut [crate::backend::AlignedPage],
 ) {
+    assert!(items.len() <= buf.len());
     let mut attempts_left = READ_ATTEMPTS;
     // Bounded: each round either marks every item, or spends one attempt on the failures.
     loop {
@@ -436,72 +484,12 @@ fn read_items(
                 i += 1;
                 continue;
             }
-            // All unread items of this device, as runs of consecutive slots.
-            let dev = pager.devices.device(e);
+            // All unread items of this device.
             let mut end = i;
             while end < items.len() && items[end].entry().device() == e.device() {
                 end += 1;
             }
-            let mut runs: ArrayVec<(usize, usize), MAX_WINDOW_PAGES> = ArrayVec::new();
-            // Items read into `buf` by this round (others were read before, or elsewhere).
-            let mut fresh = [false; MAX_WINDOW_PAGES];
-            let mut s = i;
-            let unread = |it: &Item| !it.ok && it.listed.is_none();
-            while s < end {
-                if !unread(&items[s]) {
-                    s += 1;
-                    continue;
-                }
-                let mut t = s + 1;
-                while t < end && unread(&items[t]) && items[t].entry().offset() == items[t - 1].entry().offset() + 1 {
-                    t += 1;
-                }
-                runs.push((s, t));
-                s = t;
-            }
-            {
-                let mut reqs: ArrayVec<ReadReq<'_>, MAX_WINDOW_PAGES> = ArrayVec::new();
-                let mut rest: &mut [crate::backend::AlignedPage] = &mut buf[i..end];
-                let mut at = i;
-                for &(s, t) in &runs {
-                    let (_, tail) = rest.split_at_mut(s - at);
-                    let (run, tail) = tail.split_at_mut(t - s);
-                    reqs.push(ReadReq::new(items[s].entry().offset(), run));
-                    rest = tail;
-                    at = t;
-                }
-                dev.backend.read(&mut reqs);
-                for (req, &(s, t)) in reqs.iter().zip(&runs) {
-                    if req.result.is_ok() {
-                        for it in &mut items[s..t] {
-                            it.ok = true;
-                        }
-                        fresh[s..t].fill(true);
-                    } else {
-                        let it = &items[s];
-                        let addr = f.region(set, it.gi).page_addr(it.page);
-                        // A device that checks its own data (the Redis tier's authenticated
-                        // values) reports a mismatch as Corrupt: a checksum error like ours.
-                        let kind = if matches!(req.result, Err(BackendError::Corrupt { .. })) {
-                            pager.stats.inc(Counter::ChecksumError);
-                            PageErrorKind::ChecksumMismatch
-                        } else {
-                            PageErrorKind::ReadFailed
-                        };
-                        pager.record_error(addr, it.entry(), kind);
-                    }
-                }
-            }
-            for k in (i..end).filter(|&k| fresh[k]) {
-                items[k].src = buf[k].0.as_ptr();
-                if !dev.checksum_ok(items[k].entry().offset(), &buf[k].0) {
-                    // Never map a page that does not match what was written.
-                    items[k].ok = false;
-                    pager.stats.inc(Counter::ChecksumError);
-                    let addr = f.region(set, items[k].gi).page_addr(items[k].page);
-                    pager.record_error(addr, items[k].entry(), PageErrorKind::ChecksumMismatch);
-                }
-            }
+            read_from_device(pager, f, set, &mut items[i..end], &mut buf[i..end]);
             i = end;
         }
         let faulting_ok = items.iter().any(|it| it.faulting && it.ok);
@@ -509,6 +497,76 @@ fn read_items(
         attempts_left -= 1;
         if faulting_ok || !unread || attempts_left == 0 {
             return;
+        }
+    }
+}
+
+/// Reads the unread `items` (all of one device, in slot order) into `buf` (one page per
+/// item), as runs of consecutive slots, one request each. An item read and matching its
+/// checksum is `ok`; a failure is recorded.
+fn read_from_device(
+    pager: &PagerShared,
+    f: &Fault<'_>,
+    set: &RegionSet,
+    items: &mut [Item],
+    buf: &mut [crate::backend::AlignedPage],
+) {
+    let dev = pager.devices.device(items[0].entry());
+    let unread = |it: &Item| !it.ok && it.listed.is_none();
+    let mut runs: ArrayVec<(usize, usize), MAX_WINDOW_PAGES> = ArrayVec::new();
+    let mut s = 0;
+    while s < items.len() {
+        if !unread(&items[s]) {
+            s += 1;
+            continue;
+        }
+        let mut t = s + 1;
+        while t < items.len() && unread(&items[t]) && items[t].entry().offset() == items[t - 1].entry().offset() + 1 {
+            t += 1;
+        }
+        runs.push((s, t));
+        s = t;
+    }
+    // Items read into `buf` by this call (others were read before, or elsewhere).
+    let mut fresh = [false; MAX_WINDOW_PAGES];
+    {
+        let mut reqs: ArrayVec<ReadReq<'_>, MAX_WINDOW_PAGES> = ArrayVec::new();
+        let mut rest: &mut [crate::backend::AlignedPage] = buf;
+        let mut at = 0;
+        for &(s, t) in &runs {
+            let (_, tail) = rest.split_at_mut(s - at);
+            let (run, tail) = tail.split_at_mut(t - s);
+            reqs.push(ReadReq::new(items[s].entry().offset(), run));
+            rest = tail;
+            at = t;
+        }
+        dev.backend.read(&mut reqs);
+        for (req, &(s, t)) in reqs.iter().zip(&runs) {
+            if req.result.is_ok() {
+                items[s..t].iter_mut().for_each(|it| it.ok = true);
+                fresh[s..t].fill(true);
+                continue;
+            }
+            // A device that checks its own data (the Redis tier's authenticated values)
+            // reports a mismatch as Corrupt: a checksum error like ours.
+            let kind = if matches!(req.result, Err(BackendError::Corrupt { .. })) {
+                pager.stats.inc(Counter::ChecksumError);
+                PageErrorKind::ChecksumMismatch
+            } else {
+                PageErrorKind::ReadFailed
+            };
+            let it = &items[s];
+            pager.record_error(f.region(set, it.gi).page_addr(it.page), it.entry(), kind);
+        }
+    }
+    for k in (0..items.len()).filter(|&k| fresh[k]) {
+        items[k].src = buf[k].0.as_ptr();
+        if !dev.checksum_ok(items[k].entry().offset(), &buf[k].0) {
+            // Never map a page that does not match what was written.
+            items[k].ok = false;
+            pager.stats.inc(Counter::ChecksumError);
+            let addr = f.region(set, items[k].gi).page_addr(items[k].page);
+            pager.record_error(addr, items[k].entry(), PageErrorKind::ChecksumMismatch);
         }
     }
 }
@@ -531,7 +589,7 @@ fn count_hits_by_slot(pager: &PagerShared, dev: usize, w: Window) {
     let mut set = RegionSet::new();
     let mut hits = 0;
     for slot in w.start..w.end() {
-        let Some(info) = d.table.lookup(slot as u64) else { continue };
+        let Some(info) = d.slot_info(slot as u64) else { continue };
         let r = PageRef::from_owner(info.owner);
         if let Ok(gi) = set.get(pager, r) {
             if clear_readahead_mark(&set.g[gi], r.page) {

@@ -16,7 +16,7 @@ use crate::region::region_owning;
 use crate::state::fault::{reset_window, window_pages, FaultError, Route};
 use crate::state::PagerShared;
 use crate::stats::Counter;
-use crate::uffd::{self, Doorbell, RangeResult, UffdMsg, PAGE_SIZE};
+use crate::uffd::{self, Doorbell, Event, RangeResult, UffdMsg, PAGE_SIZE};
 
 /// Thread mode: one of the handler threads. Reads fault messages and serves them until the
 /// pager shuts down.
@@ -96,85 +96,12 @@ pub(crate) fn handler_thread(
             woke_for_message = uffd::poll_fault_or_doorbell_for(&pager.uffd, doorbell, timeout_ms);
             continue;
         }
-        let mut faults = msgs[..n].iter().filter(|m| m.event == uffd::EVENT_PAGEFAULT);
-        let nr_faults = faults.clone().count();
-        if nr_faults >= BACKLOG_FAULTS {
-            if pool.add_for_backlog() {
-                pager.stats.inc(Counter::HandlerBacklog);
-            }
-        } else if std::mem::take(&mut window_tid).is_some_and(|t| faults.clone().any(|m| m.pf_ptid != t)) {
-            if pool.wake_helper() {
-                pager.stats.inc(Counter::HandlerHelp);
-            }
-        } else if pool.nr_active() == 1 && tally.served_alone(nr_faults as u32) && !tally.may_spin() {
-            // A spinning handler serves from the other CPU by design: steering it to the
-            // faulting thread's CPU would make the two compete for it.
-            if let Some(cpu) = faults.next().and_then(|m| thread_last_cpu(m.pf_ptid)) {
-                // Served first anyway: the new handler polls only after its wake-up.
-                if pool.steer_to(me, cpu) {
-                    pager.stats.inc(Counter::HandlerSteer);
-                }
-            }
-        }
+        let nr_faults = msgs[..n].iter().filter(|m| m.is_page_fault()).count();
+        adjust_pool(pager, pool, &mut tally, me, &msgs[..n], nr_faults, &mut window_tid);
         for m in &msgs[..n] {
-            if m.event != uffd::EVENT_PAGEFAULT {
-                continue;
-            }
-            let addr = m.pf_address as usize & !(PAGE_SIZE - 1);
-            let write = m.pf_flags & uffd::PAGEFAULT_FLAG_WRITE != 0;
-            reset_window();
-            let served = match region_owning(addr) {
-                Some(g) if std::ptr::eq(&*g.pager, pager) => {
-                    match serve_with_retries(&g, g.index, g.gen, addr, write, Route::Thread) {
-                        Ok(()) => {
-                            if window_pages() >= HELPER_WINDOW_PAGES {
-                                window_tid = Some(m.pf_ptid);
-                            }
-                        }
-                        // Gone: memory mremap grew back in place gets a zero page; else the
-                        // thread faults again and meets whatever is there now.
-                        Err(FaultError::Gone) => {
-                            if pager.uffd.zeropage(addr, PAGE_SIZE, true) != RangeResult::Done {
-                                let _ = pager.uffd.wake(addr, PAGE_SIZE);
-                            }
-                        }
-                        // EAGAIN: an event is pending, and the thread faults again after it.
-                        // Unmapped: the message was stale; a thread still waiting there (it
-                        // cannot be this fault's) faults again and meets what is there now.
-                        Err(FaultError::Ioctl(libc::EAGAIN) | FaultError::Unmapped) => {
-                            let _ = pager.uffd.wake(addr, PAGE_SIZE);
-                        }
-                        Err(lost) => {
-                            // The page cannot be brought back: the faulting thread gets
-                            // SIGBUS, as it would from the kernel for an unreadable swap page.
-                            uffd::sigbus::report_lost_page(addr, lost.why_lost());
-                            uffd::sigbus::signal_thread(m.pf_ptid);
-                        }
-                    }
-                    continue;
-                }
-                // A part of a region moved away by mremap, its pages still being copied
-                // in: the copy wakes the thread, or the range's unregistering does.
-                None if events::is_pending(pager, addr) => continue,
-                // Registered memory no region claims: what mremap grew a region by in
-                // place (no event tells of it). Ordinary anonymous memory: zero.
-                None => {
-                    if pager.uffd.zeropage(addr, PAGE_SIZE, true) == RangeResult::Done {
-                        continue;
-                    }
-                    false
-                }
-                _ => false,
-            };
-            if !served {
-                // Not ours any more (the region was dropped under a racing access), or the
-                // page could not be read: wake the thread; it faults again, and if the region
-                // is gone it gets SIGSEGV like any access to unmapped memory.
-                if pager.devices.devices().iter().any(|d| d.staging.contains(addr)) {
-                    // A fault on an empty staging page means the engine broke its own rule.
-                    panic!("uswap: engine thread faulted on empty staging page {addr:#x}");
-                }
-                let _ = pager.uffd.wake(addr, PAGE_SIZE);
+            let Event::PageFault { addr, write, tid } = m.event() else { continue };
+            if serve_message(pager, addr, write, tid) {
+                window_tid = Some(tid);
             }
         }
         let helped_enough = tally.served(nr_faults as u32);
@@ -186,4 +113,90 @@ pub(crate) fn handler_thread(
             pager.stats.inc(Counter::HandlerRetire);
         }
     }
+}
+
+/// The pool's rules that a batch of `nr_faults` faults (among `msgs`) applies: a backlog
+/// adds a handler, a window served for one thread followed by another thread's fault
+/// (`window_tid`, taken unless a backlog came first) wakes a helper, and a lone handler steers itself to the faulting thread's
+/// CPU (see `handler_pool`).
+fn adjust_pool(
+    pager: &PagerShared,
+    pool: &HandlerPool,
+    tally: &mut WakeTally,
+    me: usize,
+    msgs: &[UffdMsg],
+    nr_faults: usize,
+    window_tid: &mut Option<u32>,
+) {
+    let mut tids = msgs.iter().filter_map(|m| match m.event() {
+        Event::PageFault { tid, .. } => Some(tid),
+        _ => None,
+    });
+    if nr_faults >= BACKLOG_FAULTS {
+        if pool.add_for_backlog() {
+            pager.stats.inc(Counter::HandlerBacklog);
+        }
+    } else if std::mem::take(window_tid).is_some_and(|t| tids.clone().any(|tid| tid != t)) {
+        if pool.wake_helper() {
+            pager.stats.inc(Counter::HandlerHelp);
+        }
+    } else if pool.nr_active() == 1 && tally.served_alone(nr_faults as u32) && !tally.may_spin() {
+        // A spinning handler serves from the other CPU by design: steering it to the
+        // faulting thread's CPU would make the two compete for it.
+        if let Some(cpu) = tids.next().and_then(thread_last_cpu) {
+            // Served first anyway: the new handler polls only after its wake-up.
+            if pool.steer_to(me, cpu) {
+                pager.stats.inc(Counter::HandlerSteer);
+            }
+        }
+    }
+}
+
+/// Serves the fault of thread `tid` at `addr`, and wakes the thread or signals it. Returns
+/// whether the service mapped a window of at least `HELPER_WINDOW_PAGES` (the help rule).
+fn serve_message(pager: &PagerShared, addr: usize, write: bool, tid: u32) -> bool {
+    reset_window();
+    match region_owning(addr) {
+        Some(g) if std::ptr::eq(&*g.pager, pager) => {
+            match serve_with_retries(&g, g.index, g.gen, addr, write, Route::Thread) {
+                Ok(()) => return window_pages() >= HELPER_WINDOW_PAGES,
+                // Gone: memory mremap grew back in place gets a zero page; else the thread
+                // faults again and meets whatever is there now.
+                Err(FaultError::Gone) => {
+                    if pager.uffd.zeropage(addr, PAGE_SIZE, true) != RangeResult::Done {
+                        let _ = pager.uffd.wake(addr, PAGE_SIZE);
+                    }
+                }
+                // EAGAIN: an event is pending, and the thread faults again after it.
+                // Unmapped: the message was stale; a thread still waiting there (it cannot be
+                // this fault's) faults again and meets what is there now.
+                Err(FaultError::Ioctl(libc::EAGAIN) | FaultError::Unmapped) => {
+                    let _ = pager.uffd.wake(addr, PAGE_SIZE);
+                }
+                Err(lost) => {
+                    // The page cannot be brought back: the faulting thread gets SIGBUS, as it
+                    // would from the kernel for an unreadable swap page.
+                    uffd::sigbus::report_lost_page(addr, lost.why_lost());
+                    uffd::sigbus::signal_thread(tid);
+                }
+            }
+            return false;
+        }
+        // A part of a region moved away by mremap, its pages still being copied in: the
+        // copy wakes the thread, or the range's unregistering does.
+        None if events::is_pending(pager, addr) => return false,
+        // Registered memory no region claims: what mremap grew a region by in place (no
+        // event tells of it). Ordinary anonymous memory: zero.
+        None if pager.uffd.zeropage(addr, PAGE_SIZE, true) == RangeResult::Done => return false,
+        _ => {}
+    }
+    // Not ours any more (the region was dropped under a racing access), or the page could
+    // not be read: wake the thread; it faults again, and if the region is gone it gets
+    // SIGSEGV like any access to unmapped memory.
+    if pager.devices.devices().iter().any(|d| d.staging_contains(addr)) {
+        // A fault on an empty staging page means the engine broke its own rule.
+        panic!("uswap: engine thread faulted on empty staging page {addr:#x}");
+    }
+    let _ = pager.uffd.wake(addr, PAGE_SIZE);
+    false
 }

@@ -113,27 +113,7 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
             }
             continue;
         }
-        if round.refused > 0 {
-            // The victims were refused, not busy: pages shared copy-on-write with a fork
-            // child (or pinned, or made read-only) stay where they are however long this
-            // waits, and while they are shared they cost the same RAM whether this process
-            // maps them or not. Charge over the limit at once (`limit_overrun`, with
-            // `move_refused` saying why) rather than make every fault wait out the back-off:
-            // after a fork, a parent's faults took 100 ms each until its children exited.
-            force_charge(p, n);
-            p.stats.inc(Counter::LimitOverrun);
-            break;
-        }
-        if p.devices.is_full() {
-            // Nothing can go anywhere: keep the page, count the overrun.
-            force_charge(p, n);
-            p.stats.inc(Counter::LimitOverrun);
-            break;
-        }
-        if cur + n <= limit && p.lru.is_empty() && p.swap_cache.nr_pages() == 0 {
-            // Within our own limit, over the shared one, and nothing of ours to reclaim (a
-            // re-armed fork child whose pages are all still its parent's): waiting cannot be
-            // cured here, the other pagers reclaim theirs in the background. Over at once.
+        if waiting_cannot_help(p, round.refused, cur + n <= limit) {
             force_charge(p, n);
             p.stats.inc(Counter::LimitOverrun);
             break;
@@ -163,6 +143,24 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
     if !lock_free {
         task_reclaim(p);
     }
+}
+
+/// Whether a charge whose reclaim round found nothing should go over the limit at once
+/// rather than wait: when waiting cannot cure what stops it.
+fn waiting_cannot_help(p: &PagerShared, refused: usize, within_own_limit: bool) -> bool {
+    // The victims were refused, not busy: pages shared copy-on-write with a fork child (or
+    // pinned, or made read-only) stay where they are however long this waits, and while they
+    // are shared they cost the same RAM whether this process maps them or not. Over the
+    // limit at once (`limit_overrun`, with `move_refused` saying why) rather than make every
+    // fault wait out the back-off: after a fork, a parent's faults took 100 ms each until its
+    // children exited.
+    refused > 0
+        // Nothing can go anywhere: keep the page, count the overrun.
+        || p.devices.is_full()
+        // Within our own limit, over the shared one, and nothing of ours to reclaim (a
+        // re-armed fork child whose pages are all still its parent's): the other pagers
+        // reclaim theirs in the background.
+        || (within_own_limit && p.lru.is_empty() && p.swap_cache.nr_pages() == 0)
 }
 
 /// Above the high watermark the faulting thread reclaims one batch itself, as memcg does at

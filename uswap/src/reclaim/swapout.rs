@@ -207,13 +207,30 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
         }
         return Shrunk::default();
     }
+    assert!(victims.len() <= nr.min(BATCH));
     victims.sort_unstable_by_key(|v| (v.gi, v.page));
-    // Clean pages need no write: their slot still holds them. They leave the region as dirty
-    // pages do, into their own slot's staging page, which is then dropped: `MADV_DONTNEED`
-    // on the region itself would send a REMOVE event (see `events`). Runs of consecutive
-    // pages with consecutive slots move with one call.
-    let mut dropped = 0;
-    let mut refused = 0;
+    let (dropped, mut refused) = drop_clean(p, &guards, &victims);
+    victims.retain(|v| !v.pte.clean());
+    if victims.is_empty() {
+        return Shrunk { moved: dropped, uncharged: dropped, refused };
+    }
+    let mut entries = [SwapEntry::new(0, 0); BATCH];
+    alloc_slots(p, &guards, &mut victims, &mut entries);
+    let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
+    let staged = stage(p, &guards, &victims, &entries, &mut to_free);
+    refused += staged.refused;
+    p.stats.add(if direct { Counter::PgstealDirect } else { Counter::PgstealBackground }, staged.moved as u64);
+    crate::stats::note_taken_out((staged.moved + dropped) as u64);
+    p.devices.free_now(&mut to_free);
+    Shrunk { moved: staged.moved + dropped, uncharged: staged.uncharged + dropped, refused }
+}
+
+/// Clean victims need no write: their slot still holds them. They leave the region as dirty
+/// pages do, into their own slot's staging page, which is then dropped: `MADV_DONTNEED` on
+/// the region itself would send a REMOVE event (see `events`). Runs of consecutive pages
+/// with consecutive slots move with one call. Returns the pages dropped and refused.
+fn drop_clean(p: &PagerShared, guards: &RegionSet, victims: &[Victim]) -> (usize, usize) {
+    let (mut dropped, mut refused) = (0, 0);
     // Moved first, every run; their staging pages are then dropped with one TLB flush (see
     // `DiscardBatch`), and only then are the pages published as swapped: a page that faults
     // back and leaves again must find its slot's staging page empty.
@@ -242,7 +259,7 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
         let r = p.swap_cache.move_in(dev, e(i).offset(), region.page_addr(victims[i].page), len);
         let done = r.done_bytes(len) / PAGE_SIZE;
         if done > 0 {
-            dev.staging.discard_later(&mut discards, e(i).offset() as usize * PAGE_SIZE, done * PAGE_SIZE);
+            dev.discard_staged_later(&mut discards, e(i).offset(), done);
         }
         clean_runs.push((i, j, done, r));
         i = j;
@@ -279,14 +296,15 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
         dropped += done;
     }
     p.stats.add(Counter::SwpoutClean, dropped as u64);
-    victims.retain(|v| !v.pte.clean());
-    if victims.is_empty() {
-        return Shrunk { moved: dropped, uncharged: dropped, refused };
-    }
+    (dropped, refused)
+}
+
+/// Allocates a slot for each victim into `entries`: a run of consecutive pages gets
+/// consecutive slots where the allocator has them, so that it moves with one ioctl and one
+/// TLB flush. Victims left without a slot (every device full) stay resident and are
+/// dropped from `victims`; each slot allocated records its page as owner.
+fn alloc_slots(p: &PagerShared, guards: &RegionSet, victims: &mut ArrayVec<Victim, BATCH>, entries: &mut [SwapEntry]) {
     let n = victims.len();
-    let mut entries = [SwapEntry::new(0, 0); BATCH];
-    // A run of consecutive pages gets consecutive slots where the allocator has them, so
-    // that it moves with one ioctl and one TLB flush.
     let mut got = 0;
     while got < n {
         let run_end = (got + 1..n)
@@ -312,17 +330,35 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
         p.stats.add(Counter::SwapAllocFail, (n - got) as u64);
         victims.truncate(got);
     }
-    for (v, e) in victims.iter().zip(&entries) {
+    for (v, e) in victims.iter().zip(entries.iter()) {
         let owner = guards.page_ref(v.gi, v.page, v.pte).owner();
-        p.devices.device(*e).table.set_owner(e.offset(), owner);
+        p.devices.device(*e).set_owner(e.offset(), owner);
     }
+}
 
-    let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
-    let mut uncharged = 0;
-    let mut moved = 0u64;
+/// What staging a batch of victims did.
+struct Staged {
+    /// Pages moved out of their regions (into the swap cache, or found zero).
+    moved: usize,
+    /// Pages uncharged: found zero.
+    uncharged: usize,
+    /// Pages the kernel refused to move.
+    refused: usize,
+}
+
+/// Moves each victim into the staging page of its slot (`entries`), in runs: same region,
+/// consecutive pages, consecutive slots on one device. A page found all zero keeps no
+/// slot; the others join the swap cache. Slots to free go to `to_free`.
+fn stage(
+    p: &PagerShared,
+    guards: &RegionSet,
+    victims: &[Victim],
+    entries: &[SwapEntry],
+    to_free: &mut ArrayVec<u64, BATCH>,
+) -> Staged {
+    let mut staged = Staged { moved: 0, uncharged: 0, refused: 0 };
     let mut i = 0;
     while i < victims.len() {
-        // A run: same region, consecutive pages, consecutive slots on one device.
         let mut j = i + 1;
         while j < victims.len()
             && victims[j].gi == victims[i].gi
@@ -340,67 +376,84 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
             let r = p.swap_cache.move_in(dev, entries[k].offset(), region.page_addr(victims[k].page), len);
             let done = r.done_bytes(len) / PAGE_SIZE;
             for m in k..k + done {
-                let v = victims[m];
-                let e = entries[m];
-                if v.pte.readahead() {
-                    p.stats.inc(Counter::SwapRaUnused);
-                    region.streams.note_unused(1);
-                }
-                if dev.staging.page_is_zero(e.offset() as usize * PAGE_SIZE) {
-                    // Nothing worth a slot: drop the staged page, remember "zero".
-                    let _ = dev.staging.discard(e.offset() as usize * PAGE_SIZE, PAGE_SIZE);
-                    dev.table.clear(e.offset());
-                    to_free.push(e.bits());
-                    region.store(v.page, v.pte.next(PageState::Zero, None).with_referenced(false));
-                    uncharge(p, 1);
-                    uncharged += 1;
-                    p.stats.inc(Counter::SwpoutZero);
-                } else {
-                    p.swap_cache.insert(dev, e.offset());
-                    let new = v.pte.next(PageState::Cached, Some(e)).with_referenced(false);
-                    region.store(v.page, new);
-                    requeue_staged(p, guards.page_ref(v.gi, v.page, new));
-                }
-                moved += 1;
+                staged.uncharged += stage_moved(p, guards, victims[m], entries[m], to_free);
             }
+            staged.moved += done;
             k += done;
             if let RangeResult::Partial { errno, .. } = r {
-                let v = victims[k];
-                let e = entries[k];
-                dev.table.clear(e.offset());
-                if errno == libc::ENOENT {
-                    // Not there: the application unmapped, moved or discarded it, and the event
-                    // that says which settles the page (see `events`). Until then it stays as
-                    // it is: turning it into a zero page would lose a page that `mremap` moved.
-                    to_free.push(e.bits());
-                    region.store(v.page, v.pte.unbusy());
-                    p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
-                    p.stats.inc(Counter::MoveRefused);
-                } else {
-                    // Pinned, shared or otherwise refused: it stays where it is. A slot whose
-                    // staging page is unexpectedly occupied (EEXIST) is not reused.
-                    debug_assert_ne!(errno, libc::EEXIST, "staging page of slot {e:?} occupied");
-                    if errno != libc::EEXIST {
-                        to_free.push(e.bits());
-                    }
-                    region.store(v.page, v.pte.unbusy());
-                    p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
-                    p.stats.inc(Counter::MoveRefused);
-                    refused += 1;
-                    if errno == libc::EBUSY {
-                        // Shared with a fork child (or pinned): see `cow`.
-                        cow::queue(p, guards.page_ref(v.gi, v.page, v.pte));
-                    }
-                }
+                staged.refused += move_refused(p, guards, victims[k], entries[k], errno, to_free);
                 k += 1;
             }
         }
         i = j;
     }
-    p.stats.add(if direct { Counter::PgstealDirect } else { Counter::PgstealBackground }, moved);
-    crate::stats::note_taken_out(moved + dropped as u64);
-    p.devices.free_now(&mut to_free);
-    Shrunk { moved: moved as usize + dropped, uncharged: uncharged + dropped, refused }
+    staged
+}
+
+/// Victim `v` is in the staging page of its slot `e`: it joins the swap cache, or, found
+/// all zero, keeps no slot (returns 1: uncharged).
+fn stage_moved(
+    p: &PagerShared,
+    guards: &RegionSet,
+    v: Victim,
+    e: SwapEntry,
+    to_free: &mut ArrayVec<u64, BATCH>,
+) -> usize {
+    let region = &guards.g[v.gi];
+    let dev = p.devices.device(e);
+    if v.pte.readahead() {
+        p.stats.inc(Counter::SwapRaUnused);
+        region.streams.note_unused(1);
+    }
+    if dev.staged_page_is_zero(e.offset()) {
+        // Nothing worth a slot: drop the staged page, remember "zero".
+        dev.release_staged(e.offset());
+        to_free.push(e.bits());
+        region.store(v.page, v.pte.next(PageState::Zero, None).with_referenced(false));
+        uncharge(p, 1);
+        p.stats.inc(Counter::SwpoutZero);
+        return 1;
+    }
+    p.swap_cache.insert(dev, e.offset());
+    let new = v.pte.next(PageState::Cached, Some(e)).with_referenced(false);
+    region.store(v.page, new);
+    requeue_staged(p, guards.page_ref(v.gi, v.page, new));
+    0
+}
+
+/// The kernel refused to move victim `v` (`errno`): it stays where it is, back on the LRU,
+/// and its slot `e` is forgotten. Returns 1 when the refusal counts as one (not `ENOENT`).
+fn move_refused(
+    p: &PagerShared,
+    guards: &RegionSet,
+    v: Victim,
+    e: SwapEntry,
+    errno: i32,
+    to_free: &mut ArrayVec<u64, BATCH>,
+) -> usize {
+    let region = &guards.g[v.gi];
+    p.devices.device(e).forget_slot(e.offset());
+    region.store(v.page, v.pte.unbusy());
+    p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
+    p.stats.inc(Counter::MoveRefused);
+    if errno == libc::ENOENT {
+        // Not there: the application unmapped, moved or discarded it, and the event that
+        // says which settles the page (see `events`). Until then it stays as it is: turning
+        // it into a zero page would lose a page that `mremap` moved.
+        to_free.push(e.bits());
+        return 0;
+    }
+    // Pinned, shared or otherwise refused. A slot whose staging page is unexpectedly
+    // occupied (EEXIST) is not reused.
+    debug_assert_ne!(errno, libc::EEXIST, "staging page of slot {e:?} occupied");
+    if errno != libc::EEXIST {
+        to_free.push(e.bits());
+    }
+    if errno == libc::EBUSY {
+        // Shared with a fork child (or pinned): see `cow`.
+        cow::queue(p, guards.page_ref(v.gi, v.page, v.pte));
+    }
+    1
 }
 
 /// What `shrink_active` did with its victims.
@@ -471,6 +524,62 @@ pub(super) fn shrink_inactive(p: &PagerShared, nr: usize) -> usize {
     uncharged
 }
 
+/// The staged victims `run` (indices into `victims` and `targets`) were written to their
+/// targets: they are swapped now, uncharged and out of the swap cache. Returns how many.
+fn written(
+    p: &PagerShared,
+    guards: &RegionSet,
+    victims: &[Victim],
+    targets: &[SwapEntry],
+    run: &[usize],
+    crcs: &[u32],
+    to_free: &mut ArrayVec<u64, BATCH>,
+) -> usize {
+    assert_eq!(run.len(), crcs.len());
+    let sdev = p.devices.device(victims[run[0]].pte.entry());
+    for (&k, &crc) in run.iter().zip(crcs) {
+        let v = &victims[k];
+        let (old, new) = (v.pte.entry(), targets[k]);
+        let dev = p.devices.device(new);
+        dev.set_checksum(new.offset(), crc);
+        if new == old {
+            sdev.complete_writeback(old.offset());
+        } else {
+            // Written elsewhere: the old slot held only the staging page.
+            sdev.forget_slot(old.offset());
+            to_free.push(old.bits());
+            dev.set_owner(new.offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
+        }
+        guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(new)));
+    }
+    let n = run.len();
+    p.swap_cache.uncount(n);
+    uncharge(p, n);
+    p.stats.add(Counter::Pswpout, n as u64);
+    n
+}
+
+/// The write of the staged victims `run` failed: the pages stay staged in RAM (still
+/// charged) and go round again; their new slots, if any, are freed.
+fn write_failed(
+    p: &PagerShared,
+    guards: &RegionSet,
+    victims: &[Victim],
+    targets: &[SwapEntry],
+    run: &[usize],
+    to_free: &mut ArrayVec<u64, BATCH>,
+) {
+    for &k in run {
+        let v = &victims[k];
+        guards.g[v.gi].store(v.page, v.pte.unbusy());
+        requeue_staged(p, guards.page_ref(v.gi, v.page, v.pte));
+        if targets[k] != v.pte.entry() {
+            to_free.push(targets[k].bits());
+        }
+    }
+    p.stats.add(Counter::SwpoutError, run.len() as u64);
+}
+
 /// Writes the `pending` victims to their `targets`, in runs (consecutive staging pages to
 /// consecutive slots of one device), and finishes the written ones. Victims their device
 /// declined go to `rejected`; other failures stay staged. Returns the pages uncharged.
@@ -508,16 +617,13 @@ fn write_runs(
                 t += 1;
             }
             let sdev = p.devices.device(src(s));
-            if dev.checksums.is_some() {
+            if dev.has_checksums() {
                 for (k, crc) in crcs.iter_mut().enumerate().take(t).skip(s) {
-                    *crc = sdev.staging.page_crc32c(src(k).offset() as usize * PAGE_SIZE);
+                    *crc = sdev.staged_page_crc32c(src(k).offset());
                 }
             }
             runs.push((s, t));
-            reqs.push(WriteReq::new(
-                targets[pending[s]].offset(),
-                sdev.staging.pages(src(s).offset() as usize * PAGE_SIZE, t - s),
-            ));
+            reqs.push(WriteReq::new(targets[pending[s]].offset(), sdev.staged_pages(src(s).offset(), t - s)));
             s = t;
         }
         dev.backend.write(&mut reqs);
@@ -529,51 +635,17 @@ fn write_runs(
             if req.result.is_ok() {
                 let first = victims[pending[s]].pte.entry();
                 let sdev = p.devices.device(first);
-                sdev.staging.discard_later(&mut discards, first.offset() as usize * PAGE_SIZE, (t - s) * PAGE_SIZE);
+                sdev.discard_staged_later(&mut discards, first.offset(), t - s);
             }
         }
         discards.flush();
         for (req, &(s, t)) in reqs.iter().zip(&runs) {
+            let run = &pending[s..t];
             match &req.result {
-                Ok(()) => {}
-                Err(BackendError::Rejected { .. }) => {
-                    rejected.extend(pending[s..t].iter().copied());
-                    continue;
-                }
-                Err(_) => {
-                    // The pages stay staged in RAM (still charged) and go round again.
-                    for &k in &pending[s..t] {
-                        let v = &victims[k];
-                        guards.g[v.gi].store(v.page, v.pte.unbusy());
-                        requeue_staged(p, guards.page_ref(v.gi, v.page, v.pte));
-                        if targets[k] != v.pte.entry() {
-                            to_free.push(targets[k].bits());
-                        }
-                    }
-                    p.stats.add(Counter::SwpoutError, (t - s) as u64);
-                    continue;
-                }
+                Ok(()) => uncharged += written(p, guards, victims, targets, run, &crcs[s..t], to_free),
+                Err(BackendError::Rejected { .. }) => rejected.extend(run.iter().copied()),
+                Err(_) => write_failed(p, guards, victims, targets, run, to_free),
             }
-            let sdev = p.devices.device(victims[pending[s]].pte.entry());
-            for k in s..t {
-                let v = &victims[pending[k]];
-                let (old, new) = (v.pte.entry(), targets[pending[k]]);
-                dev.set_checksum(new.offset(), crcs[k]);
-                if new == old {
-                    sdev.table.set_cached(old.offset(), false);
-                } else {
-                    // Written elsewhere: the old slot held only the staging page.
-                    sdev.table.clear(old.offset());
-                    to_free.push(old.bits());
-                    dev.table.set_owner(new.offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
-                }
-                guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(new)));
-            }
-            let n = t - s;
-            p.swap_cache.uncount(n);
-            uncharge(p, n);
-            uncharged += n;
-            p.stats.add(Counter::Pswpout, n as u64);
         }
         i = end;
     }

@@ -19,6 +19,7 @@ use crate::region::{PageRef, PageState, RegionSet};
 use crate::state::PagerShared;
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
+use crate::swap::{SwapDevice, SwapEntry};
 
 /// Moves pages from devices that want room (a pool above its accept threshold) to the next
 /// tier: reads them (checking their checksum), writes them to a device of lower priority, and
@@ -33,91 +34,130 @@ pub(crate) fn device_writeback(p: &PagerShared, buf: &mut [AlignedPage]) -> usiz
     for dev in p.devices.devices() {
         let mut slots = [0u64; BATCH];
         let n = dev.backend.writeback_candidates(&mut slots);
+        assert!(n <= BATCH);
         if n == 0 {
             continue;
         }
         let mut guards = RegionSet::new();
-        let mut victims: ArrayVec<Victim, BATCH> = ArrayVec::new();
-        for &slot in &slots[..n] {
-            let Some(info) = dev.table.lookup(slot) else { continue };
-            let r = PageRef::from_owner(info.owner);
-            let Ok(gi) = guards.get(p, r) else { continue };
-            let pte = guards.g[gi].load(r.page);
-            let own = crate::swap::SwapEntry::new(dev.index, slot);
-            if pte.state() != PageState::Swapped || pte.entry() != own {
-                continue; // freed or moved since it was queued
-            }
-            if let Some(locked) = guards.g[gi].try_lock(r.page, pte) {
-                victims.push(Victim { gi, page: r.page, pte: locked });
-            }
-        }
+        let victims = lock_candidates(p, dev, &slots[..n], &mut guards);
         if victims.is_empty() {
             continue;
         }
-        // Read the pages; a page that does not read back cleanly stays where it is.
-        let mut ok = [false; BATCH];
-        for (k, v) in victims.iter().enumerate() {
-            let e = v.pte.entry();
-            let mut req = [crate::backend::ReadReq::new(e.offset(), &mut buf[k..k + 1])];
-            dev.backend.read(&mut req);
-            ok[k] = req[0].result.is_ok() && dev.checksum_ok(e.offset(), &buf[k].0);
-            if !ok[k] {
-                let addr = guards.g[v.gi].page_addr(v.page);
-                p.record_error(addr, e, crate::state::PageErrorKind::ReadFailed);
-            }
-        }
-        // Slots on devices of lower priority only: writeback goes down the tiers.
-        let mask =
-            p.devices.devices().iter().filter(|d| d.priority >= dev.priority).fold(0u64, |m, d| m | 1 << d.index);
-        let mut targets = [crate::swap::SwapEntry::new(0, 0); BATCH];
-        let want = victims.len();
-        let got = p.devices.alloc_excluding_mask(mask, &mut targets[..want]);
-        let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
-        let mut k = 0;
-        while k < want {
-            let mut t = k + 1;
-            while t < got
-                && ok[t] == ok[k]
-                && targets[t].device() == targets[k].device()
-                && targets[t].offset() == targets[t - 1].offset() + 1
-            {
-                t += 1;
-            }
-            if k >= got || !ok[k] {
-                // No lower tier has room, or the page did not read back: leave it.
-                for v in &victims[k..t.max(k + 1)] {
-                    guards.g[v.gi].store(v.page, v.pte.unbusy());
-                }
-                if k < got {
-                    for e in &targets[k..t] {
-                        to_free.push(e.bits());
-                    }
-                }
-                k = t.max(k + 1);
-                continue;
-            }
-            let tdev = p.devices.device(targets[k]);
-            let mut req = [WriteReq::new(targets[k].offset(), crate::mapping::PageRun::from_pages(&buf[k..t]))];
-            tdev.backend.write(&mut req);
-            for j in k..t {
-                let v = &victims[j];
-                if req[0].result.is_ok() {
-                    tdev.set_checksum(targets[j].offset(), crc32c::crc32c(&buf[j].0));
-                    tdev.table.set_owner(targets[j].offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
-                    guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(targets[j])));
-                    dev.table.clear(v.pte.entry().offset());
-                    to_free.push(v.pte.entry().bits());
-                    moved += 1;
-                } else {
-                    guards.g[v.gi].store(v.page, v.pte.unbusy());
-                    to_free.push(targets[j].bits());
-                    p.stats.inc(Counter::SwpoutError);
-                }
-            }
-            k = t;
-        }
-        p.devices.free_now(&mut to_free);
+        let ok = read_candidates(p, dev, &guards, &victims, buf);
+        moved += move_down(p, dev, &guards, &victims, &ok, buf);
     }
     p.stats.add(Counter::Writeback, moved as u64);
+    moved
+}
+
+/// Locks the pages the device's writeback candidates `slots` hold, where they are still
+/// swapped there and free to take.
+fn lock_candidates(
+    p: &PagerShared,
+    dev: &SwapDevice,
+    slots: &[u64],
+    guards: &mut RegionSet,
+) -> ArrayVec<Victim, BATCH> {
+    let mut victims = ArrayVec::new();
+    for &slot in slots {
+        let Some(info) = dev.slot_info(slot) else { continue };
+        let r = PageRef::from_owner(info.owner);
+        let Ok(gi) = guards.get(p, r) else { continue };
+        let pte = guards.g[gi].load(r.page);
+        let own = SwapEntry::new(dev.index, slot);
+        if pte.state() != PageState::Swapped || pte.entry() != own {
+            continue; // freed or moved since it was queued
+        }
+        if let Some(locked) = guards.g[gi].try_lock(r.page, pte) {
+            victims.push(Victim { gi, page: r.page, pte: locked });
+        }
+    }
+    victims
+}
+
+/// Reads the victims' pages into `buf`; a page that does not read back cleanly (recorded)
+/// stays where it is. Returns which read back.
+fn read_candidates(
+    p: &PagerShared,
+    dev: &SwapDevice,
+    guards: &RegionSet,
+    victims: &[Victim],
+    buf: &mut [AlignedPage],
+) -> [bool; BATCH] {
+    let mut ok = [false; BATCH];
+    for (k, v) in victims.iter().enumerate() {
+        let e = v.pte.entry();
+        let mut req = [crate::backend::ReadReq::new(e.offset(), &mut buf[k..k + 1])];
+        dev.backend.read(&mut req);
+        ok[k] = req[0].result.is_ok() && dev.checksum_ok(e.offset(), &buf[k].0);
+        if !ok[k] {
+            let addr = guards.g[v.gi].page_addr(v.page);
+            p.record_error(addr, e, crate::state::PageErrorKind::ReadFailed);
+        }
+    }
+    ok
+}
+
+/// Writes the victims read back (`ok`) to slots on devices of lower priority only
+/// (writeback goes down the tiers), in runs of consecutive target slots, and publishes
+/// them there. Returns how many moved; the others stay where they were.
+fn move_down(
+    p: &PagerShared,
+    dev: &SwapDevice,
+    guards: &RegionSet,
+    victims: &[Victim],
+    ok: &[bool; BATCH],
+    buf: &[AlignedPage],
+) -> usize {
+    let mask = p.devices.devices().iter().filter(|d| d.priority >= dev.priority).fold(0u64, |m, d| m | 1 << d.index);
+    let mut targets = [SwapEntry::new(0, 0); BATCH];
+    let want = victims.len();
+    let got = p.devices.alloc_excluding_mask(mask, &mut targets[..want]);
+    let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
+    let mut moved = 0;
+    let mut k = 0;
+    while k < want {
+        let mut t = k + 1;
+        while t < got
+            && ok[t] == ok[k]
+            && targets[t].device() == targets[k].device()
+            && targets[t].offset() == targets[t - 1].offset() + 1
+        {
+            t += 1;
+        }
+        if k >= got || !ok[k] {
+            // No lower tier has room, or the page did not read back: leave it.
+            for v in &victims[k..t.max(k + 1)] {
+                guards.g[v.gi].store(v.page, v.pte.unbusy());
+            }
+            if k < got {
+                for e in &targets[k..t] {
+                    to_free.push(e.bits());
+                }
+            }
+            k = t.max(k + 1);
+            continue;
+        }
+        let tdev = p.devices.device(targets[k]);
+        let mut req = [WriteReq::new(targets[k].offset(), crate::mapping::PageRun::from_pages(&buf[k..t]))];
+        tdev.backend.write(&mut req);
+        for j in k..t {
+            let v = &victims[j];
+            if req[0].result.is_ok() {
+                tdev.set_checksum(targets[j].offset(), crc32c::crc32c(&buf[j].0));
+                tdev.set_owner(targets[j].offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
+                guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(targets[j])));
+                dev.forget_slot(v.pte.entry().offset());
+                to_free.push(v.pte.entry().bits());
+                moved += 1;
+            } else {
+                guards.g[v.gi].store(v.page, v.pte.unbusy());
+                to_free.push(targets[j].bits());
+                p.stats.inc(Counter::SwpoutError);
+            }
+        }
+        k = t;
+    }
+    p.devices.free_now(&mut to_free);
     moved
 }

@@ -212,12 +212,12 @@ impl PagerShared {
             .devices()
             .iter()
             .map(|d| {
-                let c = d.allocator.cluster_counts();
+                let c = d.cluster_counts();
                 DeviceStats {
                     name: d.backend.name(),
                     priority: d.priority,
                     nr_slots: d.nr_slots(),
-                    slots_used: d.allocator.inuse_slots(),
+                    slots_used: d.inuse_slots(),
                     clusters_free: c.free + c.discard,
                     clusters_nonfull: c.nonfull,
                     clusters_full: c.full,

@@ -35,13 +35,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 
-pub use cluster_allocator::{ClusterAllocator, SWAPFILE_CLUSTER};
+pub use cluster_allocator::{ClusterAllocator, ClusterCounts, SWAPFILE_CLUSTER};
 pub use entry::{SwapEntry, MAX_DEVICES};
 pub use swap_cache::SwapCache;
-pub use swap_table::SwapTable;
+pub use swap_table::{SlotInfo, SwapTable};
 
 use crate::backend::Backend;
-use crate::mapping::{current_cpu, AtomicTable, MapOptions, Mapping};
+use crate::mapping::{current_cpu, AtomicTable, DiscardBatch, MapOptions, Mapping, PageRun};
 use crate::readahead::FaultStreams;
 use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
@@ -75,16 +75,20 @@ pub struct DeviceSpec {
     pub clean_readahead: bool,
 }
 
+/// One swap device: its backend, the allocator of its slots, the swap table (each slot's
+/// owner and staged bit) and the staging area (slot `n`'s page at `staging + n * PAGE_SIZE`).
+/// The table and the staging area change only through the verbs below, which check their
+/// preconditions (debug builds), as the kernel's `add_to_swap_cache` does.
 pub struct SwapDevice {
     pub index: usize,
     pub priority: i32,
     pub backend: Box<dyn Backend>,
-    pub allocator: ClusterAllocator,
+    allocator: ClusterAllocator,
     /// Owner and "staged" bit of each slot.
-    pub table: SwapTable,
-    pub staging: Mapping,
+    table: SwapTable,
+    staging: Mapping,
     /// crc32c of each slot's page (low 32 bits), when checksums are on.
-    pub checksums: Option<AtomicTable>,
+    checksums: Option<AtomicTable>,
     pub readahead: ReadaheadPolicy,
     /// Read-ahead pages come in clean (see `swapin::keep_clean`).
     pub clean_readahead: bool,
@@ -145,6 +149,103 @@ impl SwapDevice {
     /// Address of the staging page of slot `offset`.
     pub fn staging_addr(&self, offset: u64) -> usize {
         self.staging.addr() + offset as usize * PAGE_SIZE
+    }
+
+    // --- The swap table: what each slot holds.
+
+    /// The owner of the page slot `slot` holds and whether it is staged; `None` when free.
+    pub fn slot_info(&self, slot: u64) -> Option<SlotInfo> {
+        self.table.lookup(slot)
+    }
+
+    /// A freshly allocated slot now holds the page of `owner` (`PageRef::owner`), not staged
+    /// yet: the reverse map readahead and writeback use.
+    pub fn set_owner(&self, slot: u64, owner: u64) {
+        debug_assert_eq!(self.table.lookup(slot), None, "slot {slot} is taken");
+        self.table.set_owner(slot, owner);
+    }
+
+    /// Slot `slot` no longer holds a page (the caller frees it, or has moved its page to
+    /// another slot).
+    pub fn forget_slot(&self, slot: u64) {
+        self.table.clear(slot);
+    }
+
+    /// The page staged at `slot` was written to that slot: it is no longer staged (the
+    /// caller has discarded its staging page).
+    pub fn complete_writeback(&self, slot: u64) {
+        debug_assert_eq!(self.table.lookup(slot).map(|i| i.cached), Some(true), "slot {slot} was not staged");
+        self.table.set_cached(slot, false);
+    }
+
+    // --- The staging area: pages on their way to the device.
+
+    /// The staging area's address range, `(addr, len_bytes)`.
+    pub fn staging_range(&self) -> (usize, usize) {
+        (self.staging.addr(), self.staging.len())
+    }
+
+    /// Whether `addr` lies in the staging area.
+    pub fn staging_contains(&self, addr: usize) -> bool {
+        self.staging.contains(addr)
+    }
+
+    /// Pages of the staging area in RAM (`mincore`).
+    pub fn staging_resident_pages(&self) -> std::io::Result<usize> {
+        self.staging.resident_pages(0, self.staging.len())
+    }
+
+    /// Whether the page staged at `slot` is all zero.
+    pub fn staged_page_is_zero(&self, slot: u64) -> bool {
+        self.staging.page_is_zero(slot as usize * PAGE_SIZE)
+    }
+
+    /// The crc32c of the page staged at `slot`.
+    pub fn staged_page_crc32c(&self, slot: u64) -> u32 {
+        self.staging.page_crc32c(slot as usize * PAGE_SIZE)
+    }
+
+    /// The `nr_pages` pages staged from `slot` on, as the source of a device write.
+    pub fn staged_pages(&self, slot: u64, nr_pages: usize) -> PageRun<'_> {
+        self.staging.pages(slot as usize * PAGE_SIZE, nr_pages)
+    }
+
+    /// Drops the staging page of `slot`: its contents were copied or moved elsewhere, or are
+    /// no longer needed. Best effort: `MADV_DONTNEED` on the engine's own mapping cannot
+    /// fail for a valid range.
+    pub fn discard_staged(&self, slot: u64) {
+        let _ = self.staging.discard(slot as usize * PAGE_SIZE, PAGE_SIZE);
+    }
+
+    /// Adds the staging pages `[slot, slot + nr_pages)` to a batch of discards (one TLB flush
+    /// for the batch).
+    pub fn discard_staged_later<const N: usize>(&self, batch: &mut DiscardBatch<N>, slot: u64, nr_pages: usize) {
+        self.staging.discard_later(batch, slot as usize * PAGE_SIZE, nr_pages * PAGE_SIZE);
+    }
+
+    /// Releases the page staged at `slot` without writing it: its staging page dropped and
+    /// the slot forgotten (the caller frees it). The staging page must be empty before the
+    /// slot is reused.
+    pub fn release_staged(&self, slot: u64) {
+        self.discard_staged(slot);
+        self.forget_slot(slot);
+    }
+
+    // --- The allocator.
+
+    /// Clusters by list (free, nonfull, full, discarded).
+    pub fn cluster_counts(&self) -> ClusterCounts {
+        self.allocator.cluster_counts()
+    }
+
+    /// Slots allocated now.
+    pub fn inuse_slots(&self) -> u64 {
+        self.allocator.inuse_slots()
+    }
+
+    /// Whether a crc32c is kept per slot.
+    pub fn has_checksums(&self) -> bool {
+        self.checksums.is_some()
     }
 
     fn discard_cluster(&self, ci: u32) {

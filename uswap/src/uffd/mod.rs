@@ -58,11 +58,11 @@ const MOVE_MODE_DONTWAKE: u64 = 1 << 0;
 const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 const WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
 
-pub const EVENT_PAGEFAULT: u8 = 0x12;
-pub const EVENT_REMAP: u8 = 0x14;
-pub const EVENT_REMOVE: u8 = 0x15;
-pub const EVENT_UNMAP: u8 = 0x16;
-pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+const EVENT_PAGEFAULT: u8 = 0x12;
+const EVENT_REMAP: u8 = 0x14;
+const EVENT_REMOVE: u8 = 0x15;
+const EVENT_UNMAP: u8 = 0x16;
+const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
 
 /// `UFFD_USER_MODE_ONLY`: only faults from user mode are delivered. Allowed to unprivileged
 /// users when `vm.unprivileged_userfaultfd` is 0, which is enough for signal mode.
@@ -125,36 +125,64 @@ const UFFDIO_ZEROPAGE: libc::c_ulong = iowr(0x04, std::mem::size_of::<UffdioZero
 const UFFDIO_MOVE: libc::c_ulong = iowr(0x05, std::mem::size_of::<UffdioMove>());
 const UFFDIO_WRITEPROTECT: libc::c_ulong = iowr(0x06, std::mem::size_of::<UffdioWriteprotect>());
 
-/// A message read from the descriptor (`struct uffd_msg`, 32 bytes).
+/// A message read from the descriptor (`struct uffd_msg`, 32 bytes), raw: decode it once
+/// with [`UffdMsg::event`].
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct UffdMsg {
-    pub event: u8,
+    event: u8,
     reserved1: u8,
     reserved2: u16,
     reserved3: u32,
     /// `arg.pagefault.flags` for `EVENT_PAGEFAULT`.
-    pub pf_flags: u64,
+    pf_flags: u64,
     /// `arg.pagefault.address`.
-    pub pf_address: u64,
-    pub pf_ptid: u32,
+    pf_address: u64,
+    pf_ptid: u32,
     reserved4: u32,
 }
 const _: () = assert!(std::mem::size_of::<UffdMsg>() == 32);
 
+/// A message from the kernel, decoded: the events this engine enables, and anything else
+/// by its raw code (which no enabled feature sends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A fault on the page at `addr` (page-aligned) by thread `tid`; `write` for a write
+    /// access (or a write to a write-protected page).
+    PageFault { addr: usize, write: bool, tid: u32 },
+    /// `mremap` moved `[from, from + len)` to `to` (`UFFD_EVENT_REMAP`).
+    Remap { from: usize, to: usize, len: usize },
+    /// `MADV_DONTNEED`/`MADV_REMOVE` of `[start, end)`, sent before the pages are zapped.
+    Remove { start: usize, end: usize },
+    /// `munmap` (or `MAP_FIXED` over it, a shrinking `mremap`) of `[start, end)`, sent after.
+    Unmap { start: usize, end: usize },
+    /// A message of another kind (`UFFD_EVENT_FORK` is never enabled here).
+    Other(u8),
+}
+
 impl UffdMsg {
-    /// `arg.remap` of an `EVENT_REMAP`: `(from, to, len)`.
-    pub fn remap(&self) -> (usize, usize, usize) {
-        (
-            self.pf_flags as usize,
-            self.pf_address as usize,
-            (self.pf_ptid as u64 | (self.reserved4 as u64) << 32) as usize,
-        )
+    /// The message, decoded.
+    pub fn event(&self) -> Event {
+        match self.event {
+            EVENT_PAGEFAULT => Event::PageFault {
+                addr: self.pf_address as usize & !(PAGE_SIZE - 1),
+                write: self.pf_flags & PAGEFAULT_FLAG_WRITE != 0,
+                tid: self.pf_ptid,
+            },
+            EVENT_REMAP => Event::Remap {
+                from: self.pf_flags as usize,
+                to: self.pf_address as usize,
+                len: (self.pf_ptid as u64 | (self.reserved4 as u64) << 32) as usize,
+            },
+            EVENT_REMOVE => Event::Remove { start: self.pf_flags as usize, end: self.pf_address as usize },
+            EVENT_UNMAP => Event::Unmap { start: self.pf_flags as usize, end: self.pf_address as usize },
+            other => Event::Other(other),
+        }
     }
 
-    /// `arg.remove` of an `EVENT_REMOVE` or `EVENT_UNMAP`: `[start, end)`.
-    pub fn range(&self) -> (usize, usize) {
-        (self.pf_flags as usize, self.pf_address as usize)
+    /// Whether this is a page fault (cheaper than decoding it).
+    pub fn is_page_fault(&self) -> bool {
+        self.event == EVENT_PAGEFAULT
     }
 }
 
@@ -560,6 +588,37 @@ pub fn poll_fault_or_doorbell_for(uffd: &Uffd, bell: &Doorbell, timeout_ms: i32)
 mod tests {
     use super::*;
     use crate::mapping::{MapOptions, Mapping};
+
+    #[test]
+    fn messages_decode_once_into_typed_events() {
+        let fault = UffdMsg {
+            event: EVENT_PAGEFAULT,
+            pf_flags: PAGEFAULT_FLAG_WRITE,
+            pf_address: 0x7f00_1234_5678,
+            pf_ptid: 42,
+            ..Default::default()
+        };
+        assert!(fault.is_page_fault());
+        assert_eq!(fault.event(), Event::PageFault { addr: 0x7f00_1234_5000, write: true, tid: 42 });
+        let read = UffdMsg { event: EVENT_PAGEFAULT, pf_address: 0x1000, ..Default::default() };
+        assert_eq!(read.event(), Event::PageFault { addr: 0x1000, write: false, tid: 0 });
+        // A remap's length is 64 bits, split over the last two words.
+        let remap = UffdMsg {
+            event: EVENT_REMAP,
+            pf_flags: 0x10_0000,
+            pf_address: 0x20_0000,
+            pf_ptid: 0x1000,
+            reserved4: 1,
+            ..Default::default()
+        };
+        assert!(!remap.is_page_fault());
+        assert_eq!(remap.event(), Event::Remap { from: 0x10_0000, to: 0x20_0000, len: (1 << 32) | 0x1000 });
+        let remove = UffdMsg { event: EVENT_REMOVE, pf_flags: 0x1000, pf_address: 0x3000, ..Default::default() };
+        assert_eq!(remove.event(), Event::Remove { start: 0x1000, end: 0x3000 });
+        let unmap = UffdMsg { event: EVENT_UNMAP, pf_flags: 0x1000, pf_address: 0x3000, ..Default::default() };
+        assert_eq!(unmap.event(), Event::Unmap { start: 0x1000, end: 0x3000 });
+        assert_eq!(UffdMsg { event: 0x13, ..Default::default() }.event(), Event::Other(0x13));
+    }
 
     /// A move the kernel already did (the page sits at the destination, the source is empty)
     /// reads back as done, not as EEXIST: what `move_pages` does about Linux 6.18 losing the
