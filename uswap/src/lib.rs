@@ -34,7 +34,7 @@ mod adopt;
 mod async_readahead;
 pub mod backend;
 mod bounce;
-mod device;
+mod device_config;
 mod error;
 mod events;
 mod fault;
@@ -65,7 +65,7 @@ pub use async_readahead::{DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
 pub use backend::failing::FaultInjection;
 pub use backend::redis::RedisOptions;
 pub use backend::zpool::{Compressor, Incompressible};
-pub use device::{parse_size, DeviceConfig};
+pub use device_config::{parse_size, DeviceConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use mapping::{is_engine_thread, note_engine_memory, spawn_engine_thread};
 

@@ -22,7 +22,7 @@ use crossbeam_queue::ArrayQueue;
 
 use crate::async_readahead::{AsyncReadahead, DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
 use crate::bounce::BouncePool;
-use crate::device::DeviceConfig;
+use crate::device_config::DeviceConfig;
 use crate::error::{Error, Result};
 use crate::fifo::Fifo;
 use crate::lru::Lru;
@@ -164,6 +164,31 @@ impl PagerBuilder {
     }
 
     pub fn build(self) -> Result<Pager> {
+        let limit_bytes = self.check()?;
+        let uffd = open_uffd(self.mode)?;
+        let nr_cpus = nr_cpus_configured();
+        let (devices, async_readers, background_reclaim) = self.open_devices(nr_cpus)?;
+        let async_ra = AsyncReadahead::new(
+            self.readahead_async_windows,
+            self.readahead_max_pages,
+            |d| async_readers[d].then(|| devices.devices()[d].backend.async_reader(self.readahead_max_pages)).flatten(),
+            devices.devices().len(),
+        );
+        let shared = Arc::new(self.shared_state(uffd, limit_bytes, nr_cpus, devices, async_ra, background_reclaim)?);
+        let doorbell = Doorbell::new().map_err(|e| Error::io("creating the handler-thread doorbell (eventfd)", e))?;
+        let publish = if self.publish_stats { publish_counters(&shared) } else { Publish::Off };
+        let core = Arc::new(PagerCore {
+            shared: shared.clone(),
+            threads: Mutex::new(Vec::new()),
+            doorbell: Arc::new(doorbell),
+            publish,
+        });
+        self.start_threads(&core)?;
+        Ok(Pager { core })
+    }
+
+    /// The configuration's own checks, before anything is opened. Returns the limit.
+    fn check(&self) -> Result<u64> {
         let limit_bytes = self.limit_bytes.unwrap_or(0);
         if limit_bytes < MIN_LIMIT_BYTES {
             return Err(Error::LimitTooSmall { limit_bytes, min_bytes: MIN_LIMIT_BYTES });
@@ -179,8 +204,13 @@ impl PagerBuilder {
             // faults would not reach uswap, is an error now rather than a killed process later.
             check_signal_delivery()?;
         }
-        let uffd = open_uffd(self.mode)?;
-        let nr_cpus = nr_cpus_configured();
+        Ok(limit_bytes)
+    }
+
+    /// Opens every device and builds the swap layer over them, its staging areas registered
+    /// with their own descriptor. Returns the devices, which of them read asynchronously,
+    /// and the background-reclaim policy (`Auto` resolved by the devices' writes).
+    fn open_devices(&self, nr_cpus: usize) -> Result<(SwapDevices, Vec<bool>, BackgroundReclaim)> {
         let mut backends = Vec::with_capacity(self.devices.len());
         let mut async_readers = Vec::with_capacity(self.devices.len());
         for d in &self.devices {
@@ -207,36 +237,41 @@ impl PagerBuilder {
             len_bytes: 0,
             source: e,
         })?;
+        Ok((devices, async_readers, background_reclaim))
+    }
+
+    /// The state the pager's handle, regions and threads share.
+    fn shared_state(
+        &self,
+        uffd: Uffd,
+        limit_bytes: u64,
+        nr_cpus: usize,
+        devices: SwapDevices,
+        async_ra: AsyncReadahead,
+        background_reclaim: BackgroundReclaim,
+    ) -> Result<PagerShared> {
         // The staging areas are registered with the swap cache's own descriptor, which asks
         // for no events (see `swap::swap_cache` for why).
         let staging_uffd = open_staging_uffd()?;
         for d in devices.devices() {
             // Same modes as regions: UFFDIO_MOVE needs both sides to have the same protection.
+            let (addr, len) = d.staging_range();
             staging_uffd
-                .register(d.staging_range().0, d.staging_range().1, REGISTER_MODES)
+                .register(addr, len, REGISTER_MODES)
                 .map_err(|e| Error::io("registering the swap staging area with userfaultfd", e))?;
         }
-        let async_ra = AsyncReadahead::new(
-            self.readahead_async_windows,
-            self.readahead_max_pages,
-            |d| async_readers[d].then(|| devices.devices()[d].backend.async_reader(self.readahead_max_pages)).flatten(),
-            devices.devices().len(),
-        );
         let limit_pages = (limit_bytes / PAGE_SIZE as u64) as usize;
         // Room for every resident page twice over (stale entries linger until popped); a
         // page that finds the queue full is counted and later found by a scan.
         let queue_len = (4 * limit_pages).max(1 << 16);
-        let lru = || {
+        let fifo = || {
             Fifo::new(queue_len).map_err(|e| Error::OutOfAddressSpace {
                 what: "a reclaim queue".into(),
                 len_bytes: (queue_len * 16) as u64,
                 source: e,
             })
         };
-        let lru_lists = Lru::new(lru()?, lru()?);
-        let swap_cache = SwapCache::new(staging_uffd, lru()?);
-        let cpus = allowed_cpus();
-        let shared = Arc::new(PagerShared {
+        Ok(PagerShared {
             uffd,
             mode: self.mode,
             limit_pages: AtomicUsize::new(limit_pages),
@@ -252,8 +287,8 @@ impl PagerBuilder {
             regions_survive_fork: self.regions_survive_fork,
             clean_pages: AtomicUsize::new(0),
             devices,
-            lru: lru_lists,
-            swap_cache,
+            lru: Lru::new(fifo()?, fifo()?),
+            swap_cache: SwapCache::new(staging_uffd, fifo()?),
             stats: PerCpuStats::new(nr_cpus),
             // Each buffer holds a readahead window.
             bounce: BouncePool::new(4 * nr_cpus.max(4), self.readahead_max_pages),
@@ -266,70 +301,54 @@ impl PagerBuilder {
             reclaimer: std::sync::OnceLock::new(),
             cow: crate::state::cow::CowQueue::new(),
             events: crate::state::events::EventState::default(),
-        });
-        let doorbell = Doorbell::new().map_err(|e| Error::io("creating the handler-thread doorbell (eventfd)", e))?;
-        let publish = if self.publish_stats {
-            let name = crate::stats_server::next_socket_name();
-            let s = shared.clone();
-            // No flush of the per-CPU free batches: they are the fault path's (module doc).
-            match crate::stats_server::serve(&name, move || s.snapshot(false)) {
-                Ok(server) => Publish::Serving(server),
-                Err(e) => Publish::Failed(format!("cannot serve the counters on @{name}: {e}")),
-            }
-        } else {
-            Publish::Off
-        };
-        let core = Arc::new(PagerCore {
-            shared: shared.clone(),
-            threads: Mutex::new(Vec::new()),
-            doorbell: Arc::new(doorbell),
-            publish,
-        });
-        {
-            let mut threads = core.threads.lock().unwrap_or_else(|e| e.into_inner());
-            let s = shared.clone();
-            let reclaimer = spawn_engine_thread("uswap-reclaim".into(), move || reclaim::background_reclaimer(&s))
-                .map_err(|e| Error::io("starting the reclaimer thread", e))?;
-            let _ = shared.reclaimer.set(reclaimer.thread().clone());
-            threads.push(reclaimer);
-            match self.mode {
-                FaultMode::Thread => {
-                    let n = self.handler_threads.unwrap_or(cpus.len().max(1));
-                    // Pin handler i to the i-th allowed CPU (round robin when there are more
-                    // handlers than CPUs): a handler on the faulting CPU is woken locally.
-                    let handler_cpus: Vec<Option<usize>> = (0..n)
-                        .map(|i| if self.pin_handlers { cpus.get(i % cpus.len().max(1)).copied() } else { None })
-                        .collect();
-                    let pool = Arc::new(crate::fault::handler_pool::HandlerPool::new(handler_cpus.clone(), cpus.len()));
-                    for (i, cpu) in handler_cpus.into_iter().enumerate() {
-                        let s = shared.clone();
-                        let bell = core.doorbell.clone();
-                        let pool = pool.clone();
-                        threads.push(
-                            spawn_engine_thread(format!("uswap-fault-{i}"), move || {
-                                fault::handler_thread(&s, &bell, &pool, i, cpu)
-                            })
-                            .map_err(|e| Error::io("starting a fault-handler thread", e))?,
-                        );
-                    }
-                }
-                FaultMode::Signal => {
-                    // Stacks for the handler's work (see `mapping::handler_stack`).
-                    crate::mapping::handler_stack::reserve();
-                    uffd::sigbus::install(fault::sigbus_fault)
-                        .map_err(|e| Error::io("installing the SIGBUS handler", e))?;
-                    // Faults come as signals, but munmap/mremap/madvise events still come as
-                    // messages, and the thread that caused one waits until it is read.
-                    let s = shared.clone();
-                    let bell = core.doorbell.clone();
+        })
+    }
+
+    /// Starts the pager's threads: the background reclaimer, and the fault handlers (thread
+    /// mode) or the event reader with the SIGBUS handler installed (signal mode).
+    fn start_threads(&self, core: &PagerCore) -> Result<()> {
+        let shared = &core.shared;
+        let mut threads = core.threads.lock().unwrap_or_else(|e| e.into_inner());
+        let s = shared.clone();
+        let reclaimer = spawn_engine_thread("uswap-reclaim".into(), move || reclaim::background_reclaimer(&s))
+            .map_err(|e| Error::io("starting the reclaimer thread", e))?;
+        let _ = shared.reclaimer.set(reclaimer.thread().clone());
+        threads.push(reclaimer);
+        match self.mode {
+            FaultMode::Thread => {
+                let cpus = allowed_cpus();
+                let n = self.handler_threads.unwrap_or(cpus.len().max(1));
+                // Pin handler i to the i-th allowed CPU (round robin when there are more
+                // handlers than CPUs): a handler on the faulting CPU is woken locally.
+                let handler_cpus: Vec<Option<usize>> = (0..n)
+                    .map(|i| if self.pin_handlers { cpus.get(i % cpus.len().max(1)).copied() } else { None })
+                    .collect();
+                let pool = Arc::new(crate::fault::handler_pool::HandlerPool::new(handler_cpus.clone(), cpus.len()));
+                for (i, cpu) in handler_cpus.into_iter().enumerate() {
+                    let (s, bell, pool) = (shared.clone(), core.doorbell.clone(), pool.clone());
                     threads.push(
-                        spawn_engine_thread("uswap-events".into(), move || events::event_thread(&s, &bell))
-                            .map_err(|e| Error::io("starting the event thread", e))?,
+                        spawn_engine_thread(format!("uswap-fault-{i}"), move || {
+                            fault::handler_thread(&s, &bell, &pool, i, cpu)
+                        })
+                        .map_err(|e| Error::io("starting a fault-handler thread", e))?,
                     );
                 }
             }
+            FaultMode::Signal => {
+                // Stacks for the handler's work (see `mapping::handler_stack`).
+                crate::mapping::handler_stack::reserve();
+                uffd::sigbus::install(fault::sigbus_fault)
+                    .map_err(|e| Error::io("installing the SIGBUS handler", e))?;
+                // Faults come as signals, but munmap/mremap/madvise events still come as
+                // messages, and the thread that caused one waits until it is read.
+                let (s, bell) = (shared.clone(), core.doorbell.clone());
+                threads.push(
+                    spawn_engine_thread("uswap-events".into(), move || events::event_thread(&s, &bell))
+                        .map_err(|e| Error::io("starting the event thread", e))?,
+                );
+            }
         }
-        Ok(Pager { core })
+        Ok(())
     }
 }
 
@@ -405,6 +424,18 @@ fn feature_names(bits: u64) -> String {
 
 /// Recent page errors kept for `Pager::recent_errors`.
 const ERROR_LOG_LEN: usize = 64;
+
+/// Serves the pager's counters to `uswap stat` on a fresh socket name; a failure is kept and
+/// reported in the counters, not fatal.
+fn publish_counters(shared: &Arc<PagerShared>) -> Publish {
+    let name = crate::stats_server::next_socket_name();
+    let s = shared.clone();
+    // No flush of the per-CPU free batches: they are the fault path's (module doc).
+    match crate::stats_server::serve(&name, move || s.snapshot(false)) {
+        Ok(server) => Publish::Serving(server),
+        Err(e) => Publish::Failed(format!("cannot serve the counters on @{name}: {e}")),
+    }
+}
 
 /// Whether and where the pager's counters are published.
 enum Publish {

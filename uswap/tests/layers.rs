@@ -23,7 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("devices: where page contents go", &["backend"]),
     (
         "swap: entries, devices, the cluster allocator, the swap table and cache; counters",
-        &["swap", "device", "error", "stats", "stats_server"],
+        &["swap", "device_config", "error", "stats", "stats_server"],
     ),
     ("the page table's entries and the reclaim lists", &["page_table", "lru"]),
     ("the pager's shared state, split by concern", &["state"]),
