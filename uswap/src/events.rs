@@ -197,6 +197,7 @@ fn handle_event(p: &PagerShared, event: Event) {
 /// Calls `f(region, first_page, end_page)` for the pages of each of this pager's regions
 /// inside `[start, end)`.
 pub(crate) fn for_each_overlap(p: &PagerShared, start: usize, end: usize, mut f: impl FnMut(&Guard<'_>, usize, usize)) {
+    assert!(start <= end, "uswap invariant: a range [{start:#x}, {end:#x}) that ends before it starts");
     REGIONS.for_each(|g| {
         if !std::ptr::eq(&*g.pager, p) {
             return;
@@ -204,7 +205,9 @@ pub(crate) fn for_each_overlap(p: &PagerShared, start: usize, end: usize, mut f:
         let (rs, re) = (g.start(), g.start() + g.nr_pages * PAGE_SIZE);
         let (s, e) = (start.max(rs), end.min(re));
         if s < e {
-            f(g, (s - rs) / PAGE_SIZE, (e - rs).div_ceil(PAGE_SIZE));
+            let (first, last) = ((s - rs) / PAGE_SIZE, (e - rs).div_ceil(PAGE_SIZE));
+            assert!(first < last && last <= g.nr_pages);
+            f(g, first, last);
         }
     });
 }
@@ -215,6 +218,7 @@ pub(crate) fn lock_page(r: &RegionInner, page: usize) -> Pte {
     let backoff = Backoff::new();
     // Not time-bounded, on purpose: the event must be applied, and the owner holds the page
     // for one device operation and never waits for this reader (lock hierarchy level 0).
+    assert!(page < r.nr_pages, "uswap invariant: page {page} of a region of {} pages", r.nr_pages);
     loop {
         let pte = r.load(page);
         if let Some(l) = r.try_lock(page, pte) {
@@ -231,6 +235,8 @@ pub(crate) fn lock_page(r: &RegionInner, page: usize) -> Pte {
 /// Drops everything pages `[first, last)` own (slot, swap-cache page, charge) and leaves
 /// them in state `to`: `Zero` (discarded: they read zero) or `Gone` (unmapped).
 fn release(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, to: PageState) {
+    assert!(matches!(to, PageState::Zero | PageState::Gone), "released pages read zero or are gone, not {to:?}");
+    assert!(first <= last && last <= r.nr_pages);
     if to == PageState::Gone {
         r.note_gone();
     }
@@ -256,6 +262,11 @@ fn release(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, to: PageSt
 /// An `mremap` that moved `[from, from + len)` to `to` (`len` is the old length: a grown
 /// mapping is longer at `to`).
 fn remap(p: &PagerShared, from: usize, to: usize, len: usize) {
+    // The kernel moves whole pages.
+    assert!(
+        (from | to | len) % PAGE_SIZE == 0,
+        "uswap invariant: a remap of {len:#x} bytes from {from:#x} to {to:#x} is not page-aligned"
+    );
     let mut take_outs = p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner());
     // Memory moved on again before its pages were copied in: the copies follow it.
     take_outs.remap(from, to, len);
@@ -293,6 +304,7 @@ fn remap(p: &PagerShared, from: usize, to: usize, len: usize) {
 /// nothing to free; those not in place (staged or swapped) keep their slot, staging page
 /// and charge in `take_outs` until [`run_take_outs`] has copied them to their new address.
 fn detach(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usize, take_outs: &mut TakeOuts) {
+    assert!(first <= last && last <= r.nr_pages && dst % PAGE_SIZE == 0);
     r.note_gone();
     let mut released = Released::default();
     for page in first..last {
@@ -348,6 +360,7 @@ impl TakeOuts {
     /// The application unmapped (`unmap`) or discarded `[start, end)`: pending pages there
     /// are let go of (they read zero, or are gone); an unmapped range needs no unregistering.
     fn drop_range(&mut self, p: &PagerShared, start: usize, end: usize, unmap: bool) {
+        assert!(start <= end);
         let mut released = Released::default();
         self.pages.retain(|t| {
             let inside = (start..end).contains(&t.dst);

@@ -155,6 +155,7 @@ fn adjust_pool(
 /// Serves the fault of thread `tid` at `addr`, and wakes the thread or signals it. Returns
 /// whether the service mapped a window of at least `HELPER_WINDOW_PAGES` (the help rule).
 fn serve_message(pager: &PagerShared, addr: usize, write: bool, tid: u32) -> bool {
+    assert_eq!(addr % PAGE_SIZE, 0, "fault addresses are decoded page-aligned");
     reset_window();
     match region_owning(addr) {
         Some(g) if std::ptr::eq(&*g.pager, pager) => {

@@ -296,6 +296,7 @@ fn drop_clean(p: &PagerShared, guards: &RegionSet, victims: &[Victim]) -> (usize
         dropped += done;
     }
     p.stats.add(Counter::SwpoutClean, dropped as u64);
+    assert!(dropped + refused <= victims.len());
     (dropped, refused)
 }
 
@@ -356,6 +357,7 @@ fn stage(
     entries: &[SwapEntry],
     to_free: &mut ArrayVec<u64, BATCH>,
 ) -> Staged {
+    assert!(entries.len() >= victims.len(), "a slot for every victim");
     let mut staged = Staged { moved: 0, uncharged: 0, refused: 0 };
     let mut i = 0;
     while i < victims.len() {
