@@ -70,7 +70,7 @@ impl Drop for ForkHold {
         }
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = self.pager.shared();
-        s.reclaim_held.store(false, Ordering::Release);
+        s.charge.reclaim_held.store(false, Ordering::Release);
         // Back under the limit. Pages the child shares (copy-on-write) are refused here
         // (move_refused) and made exclusive by the background reclaimer (`reclaim::cow`),
         // whose next rounds move them out.
@@ -184,7 +184,7 @@ impl Pager {
 
     fn prepare(&self, leave_memory_devices_out: bool) -> ForkHold {
         let s = self.shared();
-        s.reclaim_held.store(true, Ordering::SeqCst);
+        s.charge.reclaim_held.store(true, Ordering::SeqCst);
         // No page is half moved out when the child's copy is taken.
         reclaim::InFlight::wait_none(s);
         let inheritable: Vec<bool> =

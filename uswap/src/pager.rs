@@ -35,6 +35,7 @@ use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
 use crate::{events, fault, reclaim};
 
+use crate::state::charge::Charge;
 pub use crate::state::{BackgroundReclaim, FaultMode, PageError, PageErrorKind, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES};
 use crate::state::{PagerShared, REGISTER_MODES};
 
@@ -274,15 +275,17 @@ impl PagerBuilder {
         Ok(PagerShared {
             uffd,
             mode: self.mode,
-            limit_pages: AtomicUsize::new(limit_pages),
-            resident_pages: match self.shared_charge {
-                Some((_, own)) => ChargeCell::Shared(own),
-                None => ChargeCell::Own(AtomicUsize::new(0)),
+            charge: Charge {
+                limit_pages: AtomicUsize::new(limit_pages),
+                resident_pages: match self.shared_charge {
+                    Some((_, own)) => ChargeCell::Shared(own),
+                    None => ChargeCell::Own(AtomicUsize::new(0)),
+                },
+                shared: self.shared_charge.map(|(t, _)| t),
+                resident_peak_pages: AtomicUsize::new(0),
+                reclaim_held: AtomicBool::new(false),
+                reclaim_in_flight: AtomicUsize::new(0),
             },
-            shared_charge: self.shared_charge.map(|(t, _)| t),
-            resident_peak_pages: AtomicUsize::new(0),
-            reclaim_held: AtomicBool::new(false),
-            reclaim_in_flight: AtomicUsize::new(0),
             parent: std::sync::OnceLock::new(),
             regions_survive_fork: self.regions_survive_fork,
             clean_pages: AtomicUsize::new(0),
@@ -479,8 +482,8 @@ impl std::fmt::Debug for Pager {
         let s = &self.core.shared;
         f.debug_struct("Pager")
             .field("mode", &s.mode)
-            .field("limit_pages", &s.limit_pages.load(Ordering::Relaxed))
-            .field("resident_pages", &s.resident_pages.load(Ordering::Relaxed))
+            .field("limit_pages", &s.charge.limit_pages.load(Ordering::Relaxed))
+            .field("resident_pages", &s.charge.resident_pages.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -537,7 +540,7 @@ impl Pager {
 
     /// The resident limit in bytes.
     pub fn resident_limit(&self) -> u64 {
-        (self.core.shared.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64
+        (self.core.shared.charge.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64
     }
 
     /// Changes the resident limit. A lower limit takes effect at once: the caller reclaims
@@ -551,7 +554,7 @@ impl Pager {
         }
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = &self.core.shared;
-        s.limit_pages.store((bytes / PAGE_SIZE as u64) as usize, Ordering::Release);
+        s.charge.limit_pages.store((bytes / PAGE_SIZE as u64) as usize, Ordering::Release);
         reclaim::reclaim_to_limit(s)
     }
 

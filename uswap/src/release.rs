@@ -63,7 +63,7 @@ impl PagerShared {
         self.clean_pages.fetch_sub(rel.unclean, Ordering::Relaxed);
         self.swap_cache.uncount(rel.uncache);
         reclaim::shared_sub(self, rel.uncharge);
-        self.resident_pages.fetch_sub(rel.uncharge, Ordering::AcqRel);
+        self.charge.resident_pages.fetch_sub(rel.uncharge, Ordering::AcqRel);
         self.devices.free_now(&mut rel.to_free);
         self.devices.flush_frees();
     }

@@ -46,19 +46,19 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always || shared_above(p, false);
         last_faults = faults;
         p.devices.run_discards();
-        if !idle || p.reclaim_held.load(Ordering::Acquire) {
+        if !idle || p.charge.reclaim_held.load(Ordering::Acquire) {
             continue;
         }
-        let (high, low) = watermarks(p.limit_pages.load(Ordering::Acquire));
-        if p.resident_pages.load(Ordering::Acquire) <= high && !shared_above(p, false) {
+        let (high, low) = watermarks(p.charge.limit_pages.load(Ordering::Acquire));
+        if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_above(p, false) {
             continue;
         }
         let mut fruitless = 0;
         // Bounded by the charge: each fruitful round uncharges pages; stops when the
         // application faults again (it then reclaims for itself) or nothing is reclaimable.
-        while (p.resident_pages.load(Ordering::Acquire) > low || shared_above(p, true))
+        while (p.charge.resident_pages.load(Ordering::Acquire) > low || shared_above(p, true))
             && !p.is_shutdown()
-            && !p.reclaim_held.load(Ordering::Acquire)
+            && !p.charge.reclaim_held.load(Ordering::Acquire)
         {
             if !reclaim_round(p, false).any() {
                 fruitless += 1;

@@ -30,7 +30,7 @@ pub(crate) fn watermarks(limit: usize) -> (usize, usize) {
 
 /// Charges `n` pages whatever the limit (the callers count why).
 pub(super) fn force_charge(p: &PagerShared, n: usize) {
-    let now = p.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
+    let now = p.charge.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
     shared_add(p, n);
     note_peak(p, now);
 }
@@ -40,14 +40,14 @@ pub(super) fn force_charge(p: &PagerShared, n: usize) {
 /// charge can pass its limit by at most one charge (`n` pages, a readahead window at most)
 /// per thread charging at once, and reclaim brings it back.
 pub(super) fn shared_room(p: &PagerShared, n: usize) -> bool {
-    match p.shared_charge {
+    match p.charge.shared {
         None => true,
         Some(t) => t.resident_pages.load(Ordering::Acquire) + n <= t.limit_pages.load(Ordering::Acquire),
     }
 }
 
 pub(super) fn shared_add(p: &PagerShared, n: usize) {
-    if let Some(t) = p.shared_charge {
+    if let Some(t) = p.charge.shared {
         let now = t.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
         if now > t.resident_peak_pages.load(Ordering::Relaxed) {
             t.resident_peak_pages.fetch_max(now, Ordering::Relaxed);
@@ -56,7 +56,7 @@ pub(super) fn shared_add(p: &PagerShared, n: usize) {
 }
 
 pub(crate) fn shared_sub(p: &PagerShared, n: usize) {
-    if let Some(t) = p.shared_charge {
+    if let Some(t) = p.charge.shared {
         t.resident_pages.fetch_sub(n, Ordering::AcqRel);
     }
 }
@@ -65,7 +65,7 @@ pub(crate) fn shared_sub(p: &PagerShared, n: usize) {
 /// then every pager under it reclaims its own pages in the background, as a memcg reclaims
 /// from all its tasks' memory.
 pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
-    match p.shared_charge {
+    match p.charge.shared {
         None => false,
         Some(t) => {
             let (high, lowmark) = watermarks(t.limit_pages.load(Ordering::Acquire));
@@ -77,13 +77,13 @@ pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
 /// Records a new high of the charge (`Stats::resident_peak_pages`). The load first keeps the
 /// common case (no new peak) a read of a shared line, not a write.
 pub(super) fn note_peak(p: &PagerShared, resident: usize) {
-    if resident > p.resident_peak_pages.load(Ordering::Relaxed) {
-        p.resident_peak_pages.fetch_max(resident, Ordering::Relaxed);
+    if resident > p.charge.resident_peak_pages.load(Ordering::Relaxed) {
+        p.charge.resident_peak_pages.fetch_max(resident, Ordering::Relaxed);
     }
 }
 
 pub(crate) fn uncharge(p: &PagerShared, n: usize) {
     shared_sub(p, n);
-    let old = p.resident_pages.fetch_sub(n, Ordering::AcqRel);
+    let old = p.charge.resident_pages.fetch_sub(n, Ordering::AcqRel);
     assert!(old >= n, "uswap invariant: resident charge underflow ({old} - {n}): an uncharge without its charge");
 }

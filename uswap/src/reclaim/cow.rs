@@ -59,7 +59,7 @@ pub(crate) fn claim_for_fault(p: &PagerShared, page_addr: usize) -> bool {
 pub(crate) fn break_queued(p: &PagerShared) -> usize {
     let mut broken = 0;
     for _ in 0..MAX_PER_CALL {
-        if p.reclaim_held.load(Ordering::Acquire) || p.is_shutdown() {
+        if p.charge.reclaim_held.load(Ordering::Acquire) || p.is_shutdown() {
             break;
         }
         let Some(r) = p.cow.pop() else { break };

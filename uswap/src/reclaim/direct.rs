@@ -75,17 +75,18 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
     // progress); a fruitful round uncharges pages, and fruitless rounds sleep; reclaiming
     // is bounded by CHARGE_WAIT_LIMIT_NS in all, fruitful or not.
     loop {
-        let cur = p.resident_pages.load(Ordering::Acquire);
-        let limit = p.limit_pages.load(Ordering::Acquire);
+        let cur = p.charge.resident_pages.load(Ordering::Acquire);
+        let limit = p.charge.limit_pages.load(Ordering::Acquire);
         if cur + n <= limit && shared_room(p, n) {
-            if p.resident_pages.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if p.charge.resident_pages.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            {
                 shared_add(p, n);
                 note_peak(p, cur + n);
                 break;
             }
             continue;
         }
-        if p.reclaim_held.load(Ordering::Acquire) {
+        if p.charge.reclaim_held.load(Ordering::Acquire) {
             // Pager::prepare_fork: every page comes in before the fork; none may go out.
             force_charge(p, n);
             return;
@@ -170,11 +171,11 @@ fn waiting_cannot_help(p: &PagerShared, refused: usize, within_own_limit: bool) 
 /// 1.05 µs per single-page move, see BENCHMARKS.md), so reclaim from a second CPU would slow
 /// every fault it overlaps with.
 fn task_reclaim(p: &PagerShared) {
-    if p.reclaim_held.load(Ordering::Acquire) {
+    if p.charge.reclaim_held.load(Ordering::Acquire) {
         return;
     }
-    let (high, _) = watermarks(p.limit_pages.load(Ordering::Relaxed));
-    if p.resident_pages.load(Ordering::Acquire) <= high && !shared_above(p, false) {
+    let (high, _) = watermarks(p.charge.limit_pages.load(Ordering::Relaxed));
+    if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_above(p, false) {
         return;
     }
     match p.background_reclaim {

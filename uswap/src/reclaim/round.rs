@@ -50,7 +50,7 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
     let Some(_in_flight) = InFlight::enter(p) else {
         return Progress::default();
     };
-    let target = swapcache_target(p.limit_pages.load(Ordering::Acquire));
+    let target = swapcache_target(p.charge.limit_pages.load(Ordering::Acquire));
     let mut progress = Progress::default();
     let topped_up = p.swap_cache.nr_pages() < target && !p.devices.is_full();
     if topped_up {
@@ -90,9 +90,9 @@ impl<'a> InFlight<'a> {
     pub fn enter(p: &'a PagerShared) -> Option<InFlight<'a>> {
         // Counted before the hold is read, and the hold set before the count is read (both
         // SeqCst): a round either sees the hold, or is seen by the waiter.
-        p.reclaim_in_flight.fetch_add(1, Ordering::SeqCst);
-        if p.reclaim_held.load(Ordering::SeqCst) {
-            p.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
+        p.charge.reclaim_in_flight.fetch_add(1, Ordering::SeqCst);
+        if p.charge.reclaim_held.load(Ordering::SeqCst) {
+            p.charge.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
             return None;
         }
         Some(InFlight(p))
@@ -101,8 +101,8 @@ impl<'a> InFlight<'a> {
     /// With reclaim held: waits until no round or writeback is under way. Bounded: rounds
     /// and writebacks are short and none starts while the hold is set.
     pub fn wait_none(p: &PagerShared) {
-        debug_assert!(p.reclaim_held.load(Ordering::SeqCst));
-        while p.reclaim_in_flight.load(Ordering::SeqCst) != 0 {
+        debug_assert!(p.charge.reclaim_held.load(Ordering::SeqCst));
+        while p.charge.reclaim_in_flight.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
         }
     }
@@ -110,7 +110,7 @@ impl<'a> InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.charge.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -121,7 +121,7 @@ pub(crate) fn reclaim_to_limit(p: &PagerShared) -> Result<()> {
     let mut busy_since: Option<std::time::Instant> = None;
     // Bounded by the number of charged pages (each fruitful round uncharges at least one)
     // and, while rounds find nothing, by `LIMIT_BUSY_WAIT`.
-    while p.resident_pages.load(Ordering::Acquire) > p.limit_pages.load(Ordering::Acquire) {
+    while p.charge.resident_pages.load(Ordering::Acquire) > p.charge.limit_pages.load(Ordering::Acquire) {
         if reclaim_round(p, true).any() {
             fruitless = 0;
             backoff_us = 50;
@@ -133,8 +133,8 @@ pub(crate) fn reclaim_to_limit(p: &PagerShared) -> Result<()> {
             std::thread::yield_now();
             continue;
         }
-        let resident_bytes = (p.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
-        let limit_bytes = (p.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
+        let resident_bytes = (p.charge.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
+        let limit_bytes = (p.charge.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
         if p.devices.is_full() {
             return Err(Error::LimitNotReached { resident_bytes, limit_bytes });
         }

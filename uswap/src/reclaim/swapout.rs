@@ -81,8 +81,11 @@ fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSe
     // Resident victims come from the use-once FIFO while it holds more than its reserve:
     // the windows streams are working through right now, which must not go before they are
     // used (a stream's next fault would read them again).
-    let reserve =
-        if inactive { 0 } else { p.lru.streamed_reserve(p.limit_pages.load(Ordering::Relaxed), p.readahead_max_pages) };
+    let reserve = if inactive {
+        0
+    } else {
+        p.lru.streamed_reserve(p.charge.limit_pages.load(Ordering::Relaxed), p.readahead_max_pages)
+    };
     let pop = || -> Option<(u64, Queue)> {
         if inactive {
             return p.swap_cache.pop().map(|v| (v, Queue::SwapCache));
@@ -656,7 +659,7 @@ fn write_runs(
 
 /// Re-queues resident pages that have no queue entry (the queue overflowed at some point).
 fn refill_active_by_scan(p: &PagerShared) {
-    let resident = p.resident_pages.load(Ordering::Acquire);
+    let resident = p.charge.resident_pages.load(Ordering::Acquire);
     let staged = p.swap_cache.nr_pages();
     if resident <= staged {
         return;

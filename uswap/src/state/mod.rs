@@ -3,7 +3,7 @@
 //! reclaim, page errors).
 //!
 //! Split by concern, each part a type of the layer that owns it: the resident charge and
-//! limit (atomics here, rules in `crate::reclaim::charge`), the swap devices and the swap
+//! limit ([`charge::Charge`]: atomics, rules in `crate::reclaim::charge`), the swap devices and the swap
 //! cache (`crate::swap`), the reclaim lists (`crate::lru`), the queue of pages a fork shares
 //! ([`cow::CowQueue`]), the event state (`events`), the asynchronous readahead contexts
 //! ([`async_readahead::AsyncReadahead`]), counters and bounce buffers. The services that
@@ -15,6 +15,7 @@
 //! the allocator's locks.
 
 pub(crate) mod async_readahead;
+pub(crate) mod charge;
 pub(crate) mod cow;
 pub(crate) mod events;
 pub(crate) mod fault;
@@ -26,7 +27,6 @@ use crossbeam_queue::ArrayQueue;
 
 use crate::bounce::BouncePool;
 use crate::lru::Lru;
-use crate::shared_charge::{ChargeCell, SharedCharge};
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
 use crate::swap::{SwapCache, SwapDevices};
 use crate::uffd::{self, Uffd, PAGE_SIZE};
@@ -116,21 +116,8 @@ pub(crate) struct PagerShared {
     /// The regions' descriptor: faults, events, and every ioctl whose destination is a region.
     pub uffd: Uffd,
     pub mode: FaultMode,
-    /// The resident limit, in pages.
-    pub limit_pages: AtomicUsize,
-    /// Pages charged against the limit: mapped in regions plus staged in the swap cache.
-    pub resident_pages: ChargeCell,
-    /// The charge this pager shares with others (several processes under one limit), if any.
-    pub shared_charge: Option<&'static SharedCharge>,
-    /// The most `resident_pages` has been (the memcg's `memory.peak`).
-    pub resident_peak_pages: AtomicUsize,
-    /// Set while [`crate::Pager::prepare_fork`] brings every page in: charges never wait and no
-    /// reclaim runs, so nothing goes out again before the fork copies it.
-    pub reclaim_held: AtomicBool,
-    /// Reclaim rounds and device writebacks under way (see `reclaim::InFlight`): the fork
-    /// waits for them to end once `reclaim_held` is set, so that no page is half moved
-    /// when the child's copy of the engine's state is taken.
-    pub reclaim_in_flight: AtomicUsize,
+    /// The resident limit and the charge against it, own and shared (see [`charge::Charge`]).
+    pub charge: charge::Charge,
     /// In a re-armed fork child: the parent's engine state as the child inherited it, whose
     /// memory devices hold the pages that were out at the fork (`PageState::Parent`). Only
     /// their reads are used: the parent's threads and locks are not the child's.
@@ -192,11 +179,11 @@ impl PagerShared {
         }
         let mut st = Stats::default();
         self.stats.fill(&mut st);
-        st.resident_pages = self.resident_pages.load(Ordering::Acquire) as u64;
-        st.resident_peak_pages = self.resident_peak_pages.load(Ordering::Relaxed) as u64;
+        st.resident_pages = self.charge.resident_pages.load(Ordering::Acquire) as u64;
+        st.resident_peak_pages = self.charge.resident_peak_pages.load(Ordering::Relaxed) as u64;
         st.swapcache_pages = self.swap_cache.nr_pages() as u64;
         st.clean_pages = self.clean_pages.load(Ordering::Acquire) as u64;
-        st.limit_pages = self.limit_pages.load(Ordering::Acquire) as u64;
+        st.limit_pages = self.charge.limit_pages.load(Ordering::Acquire) as u64;
         (st.unmanaged_bytes, st.unmanaged_peak_bytes) = crate::stats::unmanaged();
         [
             st.syscall_prepared,

@@ -1,0 +1,29 @@
+//! The resident charge of a pager: its limit, the pages charged against it (own, and the
+//! tree's when several processes share one limit), the peak, and the hold a fork sets.
+//! The rules (who charges, when reclaim runs, the watermarks) are `crate::reclaim::charge`'s
+//! and `crate::reclaim::direct`'s.
+//!
+//! Locking: none; atomics.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+use crate::shared_charge::{ChargeCell, SharedCharge};
+
+/// The resident limit and the charge against it.
+pub(crate) struct Charge {
+    /// The resident limit, in pages.
+    pub limit_pages: AtomicUsize,
+    /// Pages charged against the limit: mapped in regions plus staged in the swap cache.
+    pub resident_pages: ChargeCell,
+    /// The charge this pager shares with others (several processes under one limit), if any.
+    pub shared: Option<&'static SharedCharge>,
+    /// The most `resident_pages` has been (the memcg's `memory.peak`).
+    pub resident_peak_pages: AtomicUsize,
+    /// Set while [`crate::Pager::prepare_fork`] brings every page in: charges never wait and no
+    /// reclaim runs, so nothing goes out again before the fork copies it.
+    pub reclaim_held: AtomicBool,
+    /// Reclaim rounds and device writebacks under way (see `reclaim::InFlight`): the fork
+    /// waits for them to end once `reclaim_held` is set, so that no page is half moved
+    /// when the child's copy of the engine's state is taken.
+    pub reclaim_in_flight: AtomicUsize,
+}
