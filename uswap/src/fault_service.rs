@@ -274,20 +274,7 @@ fn write_to_shared(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError>
 fn zero_fill(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
     let (region, page, write, route) = (f.region, f.page, f.write, f.route);
     debug_assert!(matches!(f.locked.state(), PageState::None | PageState::Zero));
-    // A read maps the kernel's zero page, write-protected: shared, no memory of its own, so
-    // neither charged nor a reclaim victim until its first write (see `PageState::Shared`).
-    // In thread mode a kernel write to it waits for its write-protect fault like any other.
-    // In signal mode it fails instead. System calls make their pages writable first
-    // (`prepare_user_access`), and uswap's SIGBUS frames go to each thread's alternate
-    // stack, where `uswap run`'s library sets them up (`system_calls_routed`); through the
-    // library API neither holds, and zero pages are charged. What stays: the program's own
-    // signal frames on a stack in managed memory (QEMU's coroutines). Fault-around of a read
-    // mapped pages below such a stack pointer as protected zero pages, and the next signal's
-    // frame could not be written (SIGSEGV). So in signal mode a read fault shares the
-    // faulting page alone (a stack page is written before it is read), and maps no others.
-    let shared_zero = !write && (pager.mode == FaultMode::Thread || uffd::sigbus::system_calls_routed());
-    let one_page = route.lock_free() || (shared_zero && pager.mode == FaultMode::Signal);
-    let max = if one_page { 1 } else { pager.readahead_max_pages };
+    let (shared_zero, max) = zero_fill_policy(pager, write, route);
     let pages = lock_zero_window(f, max);
     note_window(pages.len());
     // Charged like one fault's worth of pages, reclaiming if need be: the window only grows
@@ -349,6 +336,24 @@ fn zero_fill(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
     pager.stats.inc(Counter::PgfaultZero);
     pager.stats.add(Counter::ZeroFillAround, mapped.saturating_sub(1) as u64);
     Ok(())
+}
+
+/// A read maps the kernel's zero page, write-protected: shared, no memory of its own, so
+/// neither charged nor a reclaim victim until its first write (see `PageState::Shared`).
+/// In thread mode a kernel write to it waits for its write-protect fault like any other.
+/// In signal mode it fails instead. System calls make their pages writable first
+/// (`prepare_user_access`), and uswap's SIGBUS frames go to each thread's alternate
+/// stack, where `uswap run`'s library sets them up (`system_calls_routed`); through the
+/// library API neither holds, and zero pages are charged. What stays: the program's own
+/// signal frames on a stack in managed memory (QEMU's coroutines). Fault-around of a read
+/// mapped pages below such a stack pointer as protected zero pages, and the next signal's
+/// frame could not be written (SIGSEGV). So in signal mode a read fault shares the
+/// faulting page alone (a stack page is written before it is read), and maps no others.
+/// Returns whether a read maps the shared zero page, and the most pages the fill maps.
+fn zero_fill_policy(pager: &PagerShared, write: bool, route: Route) -> (bool, usize) {
+    let shared_zero = !write && (pager.mode == FaultMode::Thread || uffd::sigbus::system_calls_routed());
+    let one_page = route.lock_free() || (shared_zero && pager.mode == FaultMode::Signal);
+    (shared_zero, if one_page { 1 } else { pager.readahead_max_pages })
 }
 
 /// The faulting page (owned) and the never-touched pages of its fault-around window that

@@ -114,19 +114,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     let readahead = !f.route.lock_free() && pager.readahead.load(Ordering::Relaxed);
     let max = if readahead { pager.readahead_max_pages } else { 1 };
     let ara = &pager.async_ra;
-    // The faulting page may have been read already: find the context that holds it (its
-    // lock is taken only once the other reads and the charge are done, so that those do not
-    // run under it).
-    let mut async_ctx = None;
-    if f.locked.async_read() {
-        let own = f.owner(f.page);
-        if f.route.lock_free() {
-            // No lock may be taken here: throw that data away and read the slot.
-            ara.forget_page(pager, own, e);
-        } else {
-            async_ctx = ara.find(own, e).map(|l| l.ctx);
-        }
-    }
+    let async_ctx = async_context(pager, f);
     let mut set = RegionSet::new();
     let mut items: ArrayVec<Item, MAX_WINDOW_PAGES> = ArrayVec::new();
     let listed = listed_in(pager, f, async_ctx, f.page, f.locked);
@@ -195,6 +183,22 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         ara.start_after(pager, f.region, (f.reg_idx, f.reg_gen), f.page, w);
     }
     Ok(())
+}
+
+/// The asynchronous readahead context that may hold the faulting page's data, if its
+/// read was started. Its lock is taken only once the other reads and the charge are done,
+/// so that those do not run under it. On the lock-free route, where no lock may be taken,
+/// the data is thrown away (the slot is read instead).
+fn async_context(pager: &PagerShared, f: &Fault<'_>) -> Option<usize> {
+    if !f.locked.async_read() {
+        return None;
+    }
+    let (own, e) = (f.owner(f.page), f.locked.entry());
+    if f.route.lock_free() {
+        pager.async_ra.forget_page(pager, own, e);
+        return None;
+    }
+    pager.async_ra.find(own, e).map(|l| l.ctx)
 }
 
 /// The buffer page holding `page`'s data in the asynchronous readahead context `async_ctx`

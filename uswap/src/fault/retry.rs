@@ -22,7 +22,8 @@ pub(crate) fn serve_with_retries(
     write: bool,
     route: Route,
 ) -> Result<(), FaultError> {
-    let mut last = None;
+    const { assert!(READ_ATTEMPTS > 0) };
+    let mut last = FaultError::BusyTimeout;
     for _ in 0..READ_ATTEMPTS {
         match serve_fault(region, reg_idx, reg_gen, addr, write, route) {
             Ok(()) => return Ok(()),
@@ -33,9 +34,8 @@ pub(crate) fn serve_with_retries(
                 | FaultError::Unmapped
                 | FaultError::Ioctl(libc::EAGAIN)),
             ) => return Err(e),
-            Err(e) => last = Some(e),
+            Err(e) => last = e,
         }
     }
-    const { assert!(READ_ATTEMPTS > 0) };
-    Err(last.expect("at least one attempt was made"))
+    Err(last)
 }

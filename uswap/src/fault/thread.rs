@@ -67,29 +67,8 @@ pub(crate) fn handler_thread(
             pager.stats.inc(Counter::HandlerRetire);
             continue;
         }
-        if let Some(until_ns) = spin_until_ns {
-            if n == 0 && now_ns() < until_ns {
-                spin_rounds = spin_rounds.wrapping_add(1);
-                if spin_rounds % SPIN_ROUNDS_PER_YIELD != 0 {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                let before_ns = now_ns();
-                std::thread::yield_now();
-                if now_ns() - before_ns < SPIN_YIELD_TAKEN_NS {
-                    continue;
-                }
-                // Another thread had the CPU: spinning here takes its time.
-                if tally.spun(false) {
-                    pager.stats.inc(Counter::HandlerSpinOff);
-                }
-                spin_until_ns = None;
-                continue;
-            }
-            if tally.spun(n > 0) {
-                pager.stats.inc(Counter::HandlerSpinOff);
-            }
-            spin_until_ns = None;
+        if spin(pager, &mut tally, n, &mut spin_until_ns, &mut spin_rounds) {
+            continue;
         }
         if n == 0 {
             let timeout_ms = if pending { events::TAKE_OUT_POLL_MS } else { -1 };
@@ -113,6 +92,43 @@ pub(crate) fn handler_thread(
             pager.stats.inc(Counter::HandlerRetire);
         }
     }
+}
+
+/// While a spin is on (`spin_until_ns`) and nothing was read (`n == 0`): one round of
+/// it, offering the CPU every `SPIN_ROUNDS_PER_YIELD` rounds. Returns true to poll again
+/// without sleeping. A yield another thread takes, or the spin's end, ends the spin and
+/// tells the tally whether it found a fault.
+fn spin(
+    pager: &PagerShared,
+    tally: &mut WakeTally,
+    n: usize,
+    spin_until_ns: &mut Option<u64>,
+    rounds: &mut u32,
+) -> bool {
+    let Some(until_ns) = *spin_until_ns else { return false };
+    if n == 0 && now_ns() < until_ns {
+        *rounds = rounds.wrapping_add(1);
+        if *rounds % SPIN_ROUNDS_PER_YIELD != 0 {
+            std::hint::spin_loop();
+            return true;
+        }
+        let before_ns = now_ns();
+        std::thread::yield_now();
+        if now_ns() - before_ns < SPIN_YIELD_TAKEN_NS {
+            return true;
+        }
+        // Another thread had the CPU: spinning here takes its time.
+        if tally.spun(false) {
+            pager.stats.inc(Counter::HandlerSpinOff);
+        }
+        *spin_until_ns = None;
+        return true;
+    }
+    if tally.spun(n > 0) {
+        pager.stats.inc(Counter::HandlerSpinOff);
+    }
+    *spin_until_ns = None;
+    false
 }
 
 /// The pool's rules that a batch of `nr_faults` faults (among `msgs`) applies: a backlog

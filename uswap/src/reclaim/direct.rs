@@ -74,18 +74,7 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
     // Terminates: a failed compare-exchange means another thread changed the charge (its
     // progress); a fruitful round uncharges pages, and fruitless rounds sleep; reclaiming
     // is bounded by CHARGE_WAIT_LIMIT_NS in all, fruitful or not.
-    loop {
-        let cur = p.charge.resident_pages.load(Ordering::Acquire);
-        let limit = p.charge.limit_pages.load(Ordering::Acquire);
-        if cur + n <= limit && shared_room(p, n) {
-            if p.charge.resident_pages.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire).is_ok()
-            {
-                shared_add(p, n);
-                note_peak(p, cur + n);
-                break;
-            }
-            continue;
-        }
+    while let Err((cur, limit)) = try_charge(p, n) {
         if p.charge.reclaim_held.load(Ordering::Acquire) {
             // Pager::prepare_fork: every page comes in before the fork; none may go out.
             force_charge(p, n);
@@ -143,6 +132,24 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
     }
     if !lock_free {
         task_reclaim(p);
+    }
+}
+
+/// Charges `n` pages if they fit under the limit, and under the shared one if any.
+/// `Err((charged, limit))`, what it saw, when they do not. Lock-free: a failed
+/// compare-exchange means another thread changed the charge, and it tries again.
+fn try_charge(p: &PagerShared, n: usize) -> Result<(), (usize, usize)> {
+    loop {
+        let cur = p.charge.resident_pages.load(Ordering::Acquire);
+        let limit = p.charge.limit_pages.load(Ordering::Acquire);
+        if cur + n > limit || !shared_room(p, n) {
+            return Err((cur, limit));
+        }
+        if p.charge.resident_pages.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            shared_add(p, n);
+            note_peak(p, cur + n);
+            return Ok(());
+        }
     }
 }
 
