@@ -79,7 +79,7 @@ pub(crate) struct Fault<'a> {
     pub reg_idx: usize,
     pub reg_gen: u32,
     pub page: usize,
-    /// The faulting page, locked, in state SWAPPED (or PARENT, for `fault::parent_in`).
+    /// The faulting page, locked, in state SWAPPED (or PARENT, for `fault_service::parent_in`).
     pub locked: Pte,
     pub write: bool,
     pub route: Route,

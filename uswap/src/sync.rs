@@ -19,7 +19,7 @@
 //!    waits for page busy bits (1) and takes the take-out list's std mutex (a leaf, held by
 //!    `events::run_take_outs` across device reads and ioctls that never wait on an event);
 //!    no owner of a busy bit ever waits for either.
-//! 1. **Page busy bits** (`region::Pte`, one per page): ownership of a page, taken by a
+//! 1. **Page busy bits** (`page_table::Pte`, one per page): ownership of a page, taken by a
 //!    compare-and-swap. Faults, reclaim and the async-readahead starter hold them; a holder
 //!    may take further busy bits only with `try_lock`. The only waits on a busy bit are a
 //!    fault waiting for its own page while holding nothing else (bounded:

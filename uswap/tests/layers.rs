@@ -85,6 +85,18 @@ fn code_of(text: &str) -> String {
                 i += 1;
             }
             i += 2;
+        } else if b[i] == b'r'
+            && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_'))
+            && matches!(b.get(i + 1), Some(b'"' | b'#'))
+            && b[i + 1..].iter().find(|&&c| c != b'#') == Some(&b'"')
+        {
+            // A raw string, r"..." or r#"..."#: no escapes, ends at the quote and as many #.
+            let hashes = b[i + 1..].iter().take_while(|&&c| c == b'#').count();
+            let close: Vec<u8> = std::iter::once(b'"').chain(std::iter::repeat_n(b'#', hashes)).collect();
+            let body = i + 2 + hashes;
+            let end = b[body..].windows(close.len()).position(|w| w == close.as_slice()).map_or(b.len(), |k| body + k);
+            i = end + close.len();
+            out.push_str("\"\"");
         } else if b[i] == b'"' {
             i += 1;
             while i < b.len() && b[i] != b'"' {
@@ -432,4 +444,8 @@ fn the_reader_sees_the_imports_it_must() {
         .map(|p| p.iter().map(|s| s.to_string()).collect())
         .collect();
     assert_eq!(out, want);
+    // Strings (raw ones too), char literals and comments are not code.
+    let code = code_of("let a = r#\"crate::a\"#; let b = \"crate::b\"; let c = '\"'; // crate::c\ncrate::d::e();");
+    let paths = paths_in(&code, false, &BTreeSet::new());
+    assert_eq!(paths, vec![vec!["crate".to_string(), "d".to_string(), "e".to_string()]]);
 }

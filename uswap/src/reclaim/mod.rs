@@ -14,7 +14,7 @@
 //! The victims' FIFOs (`active` and the use-once `streamed`) are `crate::lru`'s.
 //!
 //! Invariant: the pages in RAM (mapped in regions plus staged in the swap cache) never exceed
-//! the limit, except when nothing at all can be reclaimed (see [`charge`]). A round reclaims
+//! the limit, except when nothing at all can be reclaimed (see [`direct`]). A round reclaims
 //! at most `RECLAIM_BATCH_PAGES` pages per stage.
 //!
 //! Locking: the queues are lock-free; pages are owned through their busy bits. A reclaim

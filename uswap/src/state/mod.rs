@@ -3,12 +3,13 @@
 //! reclaim, page errors).
 //!
 //! Split by concern, each part a type of the layer that owns it: the resident charge and
-//! limit ([`charge::Charge`]: atomics, rules in `crate::reclaim::charge`), the swap devices and the swap
-//! cache (`crate::swap`), the reclaim lists (`crate::lru`), the queue of pages a fork shares
-//! ([`cow::CowQueue`]), the event state (`events`), the asynchronous readahead contexts
-//! ([`async_readahead::AsyncReadahead`]), counters and bounce buffers. The services that
-//! work on it (`reclaim`, `swapin`, `events`, `async_readahead`, `release`) sit above this
-//! module and take `&PagerShared`; nothing here calls them.
+//! limit ([`charge::Charge`]: atomics; the rules are `crate::reclaim::charge`'s), the swap
+//! devices and the swap cache (`crate::swap`), the reclaim lists (`crate::lru`), the queue
+//! of pages a fork shares ([`cow::CowQueue`]), the event state ([`events::EventState`]),
+//! the asynchronous readahead contexts ([`async_readahead::AsyncReadahead`]), the words
+//! fault delivery and service share ([`fault`]), counters and bounce buffers. The services
+//! that work on it (`reclaim`, `swapin`, `events`, `async_readahead`, `release`) sit above
+//! this module and take `&PagerShared`; nothing here calls them.
 //!
 //! Locking: the shared state is atomics and lock-free queues; see `crate::sync` for the
 //! engine's lock hierarchy, `crate::reclaim` for the accounting rules and `crate::swap` for

@@ -45,7 +45,7 @@ thread_local! {
 /// `prepare_user_access` first and every thread has an alternate signal stack (`uswap run`'s
 /// library does both): the kernel then meets no write-protected managed page in a call nor
 /// when it writes uswap's SIGBUS frames, and signal mode may map a never-written page that
-/// is read as the shared zero page, write-protected (see `fault::zero_fill`).
+/// is read as the shared zero page, write-protected (see `fault_service::zero_fill`).
 static SYSTEM_CALLS_ROUTED: AtomicBool = AtomicBool::new(false);
 
 /// Declares what [`SYSTEM_CALLS_ROUTED`] says. Irrevocable.
