@@ -1,16 +1,25 @@
 //! The program's memory that uswap does not manage, measured so that a budget that does not
 //! hold is said aloud (`uswap run`'s summary, `--strict`).
 //!
-//! Read from `/proc/self/smaps`: every mapping's private anonymous pages (`Anonymous`), and
+//! Every mapping of `/proc/self/maps` outside a managed region, the engine's own mappings
+//! (`uswap::memory_owner`: its stacks and mappings) and the brk heap (the C library's malloc,
+//! which serves only uswap once it runs) is counted from `/proc/self/pagemap`: its private
+//! anonymous pages (present, not file or shared memory: what smaps calls `Anonymous`), and
 //! the resident pages of shared anonymous memory (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV
-//! shared memory), less what lies in a managed region or in the engine's own mappings
-//! (`uswap::memory_owner`: its stacks and mappings) or in the brk heap (the C library's
-//! malloc, which serves only uswap once it runs). Each mapping left gets the reason it is
-//! not managed, from what
-//! `/proc` says of it. The scan runs on the report thread (every second) and at exit, never
-//! on the program's threads.
+//! shared memory). Each mapping left gets the reason it is not managed, from what `/proc`
+//! says of it. The scan runs on the report thread (every second) and at exit, never on the
+//! program's threads.
+//!
+//! Why not `/proc/self/smaps`: it walks the page tables of every mapping, the managed
+//! regions' too (pmbench's 1 GiB: 36 ms of a CPU every second), and while it runs the
+//! report thread keeps the process's address space live on a second CPU, so that every
+//! `UFFDIO_MOVE` of the faulting thread meanwhile flushes that CPU with an IPI. pagemap is
+//! read only where it is wanted. One difference: a page of the kernel's shared zero page
+//! (read, never written) counts here, where smaps leaves it out; so the figure is an upper
+//! bound.
 
-use std::io::BufRead;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 
 /// One unmanaged mapping: where, how much of it is resident, and why uswap leaves it alone.
 #[derive(Debug, Clone)]
@@ -31,7 +40,7 @@ pub struct Unmanaged {
 /// Mappings named in a report.
 pub const LARGEST: usize = 4;
 
-/// The header line of a mapping in smaps: `start-end perms offset dev inode [path]`.
+/// The line of a mapping in maps (and its header in smaps): `start-end perms offset dev inode [path]`.
 struct Header<'a> {
     start: usize,
     end: usize,
@@ -68,43 +77,65 @@ fn why(h: &Header<'_>, min_size_bytes: usize) -> &'static str {
     }
 }
 
-/// Scans `/proc/self/smaps`. `None` if it cannot be read.
+/// Scans `/proc/self/maps` and `/proc/self/pagemap`. `None` if they cannot be read.
 pub fn measure(min_size_bytes: usize) -> Option<Unmanaged> {
-    let f = std::fs::File::open("/proc/self/smaps").ok()?;
+    let mut maps = String::new();
+    std::fs::File::open("/proc/self/maps").ok()?.read_to_string(&mut maps).ok()?;
+    let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
     let mut out = Unmanaged::default();
-    let mut cur: Option<(usize, usize, &'static str, bool)> = None;
-    let mut shared_anon = false;
-    let flush = |cur: Option<(usize, usize, &'static str, bool)>, bytes: u64, out: &mut Unmanaged| {
-        let Some((start, end, why, counted)) = cur else { return };
-        if !counted || bytes == 0 || uswap::memory_owner(start, end) != uswap::MemoryOwner::Other {
-            return;
-        }
-        out.bytes += bytes;
-        out.largest.push(Mapping { start, len: end - start, bytes, why });
-        out.largest.sort_by_key(|m| std::cmp::Reverse(m.bytes));
-        out.largest.truncate(LARGEST);
-    };
-    let mut bytes = 0u64;
-    for line in std::io::BufReader::new(f).lines() {
-        let line = line.ok()?;
-        if let Some(h) = parse_header(&line) {
-            flush(cur.take(), bytes, &mut out);
-            bytes = 0;
-            shared_anon = h.perms.as_bytes().get(3) == Some(&b's') && is_shared_anonymous(h.path);
-            let private = h.perms.as_bytes().get(3) == Some(&b'p');
-            // The brk heap is the C library's malloc, which serves only uswap once it runs
-            // (the program's malloc is the managed heap; see `crate::start`).
-            let uswaps = h.path == "[heap]";
-            cur = Some((h.start, h.end, why(&h, min_size_bytes), (private || shared_anon) && !uswaps));
+    let mut buf = vec![0u8; PAGEMAP_CHUNK_PAGES * 8];
+    for h in maps.lines().filter_map(parse_header) {
+        let shared_anon = h.perms.as_bytes().get(3) == Some(&b's') && is_shared_anonymous(h.path);
+        let private = h.perms.as_bytes().get(3) == Some(&b'p');
+        // The brk heap is the C library's malloc, which serves only uswap once it runs
+        // (the program's malloc is the managed heap; see `crate::start`).
+        if !(private || shared_anon)
+            || h.path == "[heap]"
+            || uswap::memory_owner(h.start, h.end) != uswap::MemoryOwner::Other
+        {
             continue;
         }
-        let field = if shared_anon { "Rss:" } else { "Anonymous:" };
-        if let Some(kb) = line.strip_prefix(field) {
-            bytes = kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
+        let bytes = resident_bytes(&pagemap, h.start, h.end, shared_anon, &mut buf)?;
+        if bytes == 0 {
+            continue;
         }
+        out.bytes += bytes;
+        out.largest.push(Mapping { start: h.start, len: h.end - h.start, bytes, why: why(&h, min_size_bytes) });
+        out.largest.sort_by_key(|m| std::cmp::Reverse(m.bytes));
+        out.largest.truncate(LARGEST);
     }
-    flush(cur.take(), bytes, &mut out);
     Some(out)
+}
+
+/// Pagemap entries read at once (a 4 KiB read: 2 MiB of address space).
+const PAGEMAP_CHUNK_PAGES: usize = 512;
+/// pagemap's bits (Documentation/admin-guide/mm/pagemap.rst): the page is present; it is a
+/// file page or shared anonymous memory.
+const PM_PRESENT: u64 = 1 << 63;
+const PM_FILE_OR_SHARED: u64 = 1 << 61;
+
+/// The bytes of `start..end` that count: present pages that are private anonymous ones, or,
+/// in shared anonymous memory, every present page. Bounded: one read per chunk of the range.
+fn resident_bytes(pagemap: &std::fs::File, start: usize, end: usize, shared_anon: bool, buf: &mut [u8]) -> Option<u64> {
+    let page = uswap::PAGE_SIZE;
+    let mut nr_counted = 0u64;
+    let mut addr = start;
+    while addr < end {
+        let len = ((end - addr) / page * 8).min(buf.len());
+        let got = pagemap.read_at(&mut buf[..len], (addr / page * 8) as u64).ok()?;
+        if got < 8 {
+            // The end of user space ([vsyscall] lies beyond it): nothing more to read.
+            break;
+        }
+        let counts = |e: &u64| e & PM_PRESENT != 0 && (shared_anon || e & PM_FILE_OR_SHARED == 0);
+        nr_counted += buf[..got - got % 8]
+            .chunks_exact(8)
+            .map(|b| u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .filter(counts)
+            .count() as u64;
+        addr += got / 8 * page;
+    }
+    Some(nr_counted * page as u64)
 }
 
 #[cfg(test)]
@@ -132,11 +163,30 @@ mod tests {
         assert_ne!(p, libc::MAP_FAILED);
         // SAFETY: writes inside the mapping just made.
         unsafe { std::ptr::write_bytes(p as *mut u8, 1, len) };
-        let u = measure(64 << 10).expect("smaps");
+        let u = measure(64 << 10).expect("maps and pagemap");
         assert!(u.bytes >= len as u64, "{u:?}");
         // The kernel may have merged it with a neighbour: the mapping holding it.
         let a = p as usize;
         assert!(u.largest.iter().any(|m| m.start <= a && a < m.start + m.len && m.bytes >= len as u64), "{u:?}");
+        crate::real::sys_munmap(p, len);
+    }
+
+    /// Shared anonymous memory counts by its resident pages, exactly the ones touched, and
+    /// names its reason; the untouched rest of it counts nothing.
+    #[test]
+    fn shared_anonymous_memory_counts_the_pages_touched() {
+        let len = 4 << 20;
+        let touched = 1 << 20;
+        let flags = libc::MAP_SHARED | libc::MAP_ANONYMOUS;
+        let p = crate::real::sys_mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: writes inside the mapping just made.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 1, touched) };
+        let u = measure(64 << 10).expect("maps and pagemap");
+        let m = u.largest.iter().find(|m| m.start == p as usize);
+        let m = m.unwrap_or_else(|| panic!("the shared mapping at {p:?} is not among the largest: {u:?}"));
+        assert_eq!((m.len, m.bytes), (len, touched as u64), "{u:?}");
+        assert!(m.why.starts_with("shared memory"), "{m:?}");
         crate::real::sys_munmap(p, len);
     }
 }

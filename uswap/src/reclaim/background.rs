@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::charge::{shared_above, watermarks};
+use super::charge::{shared_reclaim_is_ours, watermarks};
 use super::cow;
 use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
 use super::writeback::device_writeback;
@@ -21,6 +21,11 @@ use crate::uffd::PAGE_SIZE;
 /// How often the background reclaimer looks at the pager.
 pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// How long an application must go without a fault before its pages count as the tree's
+/// coldest, so that its pager reclaims them for the shared charge whatever its share (see
+/// `super::charge::shared_reclaim_is_ours`).
+pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The background reclaimer. With [`BackgroundReclaim::WhenIdle`]: every
 /// [`BACKGROUND_PERIOD`], if the charge is above the high watermark and the application took
 /// no fault during the last period, reclaims towards the low watermark, stopping as soon as
@@ -30,6 +35,7 @@ pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::f
 /// crosses the high watermark, reclaims down to the low one.
 pub(crate) fn background_reclaimer(p: &PagerShared) {
     let mut last_faults = p.stats.sum(Counter::Pgfault);
+    let mut last_fault_seen = std::time::Instant::now();
     let mut writeback_buf = vec![AlignedPage([0; PAGE_SIZE]); BATCH];
     while !p.is_shutdown() {
         std::thread::park_timeout(BACKGROUND_PERIOD);
@@ -42,21 +48,29 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
             d.backend.prepare();
         }
         let faults = p.stats.sum(Counter::Pgfault);
-        // Pressure on a shared charge comes from other pagers: reclaim whatever this one does.
-        let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always || shared_above(p, false);
+        // A faulting pager reclaims for the shared charge in its own faults (`task_reclaim`
+        // looks at both charges), so pressure on the shared charge wakes this thread only
+        // while its application is idle, like its own: reclaiming here while the application
+        // faults would IPI its CPU on every move (pmbench under `uswap run`: 7.8 % of its
+        // CPU in `smp_call_function_many_cond`).
+        let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always;
+        if faults != last_faults {
+            last_fault_seen = std::time::Instant::now();
+        }
+        let idle_long = last_fault_seen.elapsed() >= IDLE_COLD;
         last_faults = faults;
         p.devices.run_discards();
         if !idle || p.charge.reclaim_held.load(Ordering::Acquire) {
             continue;
         }
         let (high, low) = watermarks(p.charge.limit_pages.load(Ordering::Acquire));
-        if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_above(p, false) {
+        if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_reclaim_is_ours(p, false, idle_long) {
             continue;
         }
         let mut fruitless = 0;
         // Bounded by the charge: each fruitful round uncharges pages; stops when the
         // application faults again (it then reclaims for itself) or nothing is reclaimable.
-        while (p.charge.resident_pages.load(Ordering::Acquire) > low || shared_above(p, true))
+        while (p.charge.resident_pages.load(Ordering::Acquire) > low || shared_reclaim_is_ours(p, true, idle_long))
             && !p.is_shutdown()
             && !p.charge.reclaim_held.load(Ordering::Acquire)
         {

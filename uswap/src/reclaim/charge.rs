@@ -61,9 +61,8 @@ pub(crate) fn shared_sub(p: &PagerShared, n: usize) {
     }
 }
 
-/// Whether the shared charge, if any, is above its high (`low == false`) or low watermark:
-/// then every pager under it reclaims its own pages in the background, as a memcg reclaims
-/// from all its tasks' memory.
+/// Whether the shared charge, if any, is above its high (`low == false`) or low watermark
+/// (who reclaims for it: [`shared_reclaim_is_ours`]).
 pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
     match p.charge.shared {
         None => false,
@@ -72,6 +71,28 @@ pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
             t.resident_pages.load(Ordering::Acquire) > if low { lowmark } else { high }
         }
     }
+}
+
+/// A pager whose own charge is at least this share of the shared limit (1/16) holds enough
+/// of the tree's memory to reclaim for the tree's pressure while its application runs.
+const SHARED_RECLAIM_MIN_SHARE: usize = 16;
+
+/// Whether this pager should reclaim its own pages because the shared charge is above its
+/// high watermark (`low == false`) or its low one. A memcg reclaims the coldest pages of all
+/// its tasks; uswap can reclaim a process's pages only in that process, so it asks those
+/// that hold a share of the tree's memory. A small process of the tree (a load generator, a
+/// shell, `tr` in a pipeline) evicting its own few pages, which it uses all the time, for
+/// a large one's pressure would only fault them back (redis.sh: redis-benchmark, 350 pages
+/// resident, swapped 20,000 times in 10 s). `idle_long`: the application has not faulted
+/// for [`super::background::IDLE_COLD`]; its pages are the tree's coldest, whatever their
+/// number. The shared limit itself still holds for everyone (`direct::charge`).
+pub(super) fn shared_reclaim_is_ours(p: &PagerShared, low: bool, idle_long: bool) -> bool {
+    let Some(t) = p.charge.shared else { return false };
+    if !shared_above(p, low) {
+        return false;
+    }
+    let resident = p.charge.resident_pages.load(Ordering::Acquire);
+    idle_long || resident.saturating_mul(SHARED_RECLAIM_MIN_SHARE) >= t.limit_pages.load(Ordering::Acquire)
 }
 
 /// Records a new high of the charge (`Stats::resident_peak_pages`). The load first keeps the

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::charge::{force_charge, note_peak, shared_above, shared_add, shared_room, watermarks};
+use super::charge::{force_charge, note_peak, shared_add, shared_reclaim_is_ours, shared_room, watermarks};
 use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
 use crate::state::{BackgroundReclaim, PagerShared};
 use crate::stats::Counter;
@@ -182,7 +182,7 @@ fn task_reclaim(p: &PagerShared) {
         return;
     }
     let (high, _) = watermarks(p.charge.limit_pages.load(Ordering::Relaxed));
-    if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_above(p, false) {
+    if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_reclaim_is_ours(p, false, false) {
         return;
     }
     match p.background_reclaim {
