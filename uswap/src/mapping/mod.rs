@@ -373,6 +373,17 @@ impl<'a> PageRun<'a> {
         PageRun { addr: pages.as_ptr() as usize, nr_pages: pages.len(), _owner: std::marker::PhantomData }
     }
 
+    /// Page `i` of the run, in place: what a device that reads a page once (compression)
+    /// reads without copying it first.
+    pub fn page(&self, i: usize) -> &'a [u8] {
+        assert!(i < self.nr_pages);
+        // SAFETY: in bounds of the run, which is valid and unchanging for 'a: a borrowed
+        // buffer, or staged pages the engine owns for the backend call (their busy bits keep
+        // faults and other reclaimers off them, and the application cannot reach a staged
+        // page: it was moved out of its region).
+        unsafe { std::slice::from_raw_parts((self.addr + i * PAGE_SIZE) as *const u8, PAGE_SIZE) }
+    }
+
     fn read_at(&self, offset: usize, dst: &mut [u8]) {
         assert!(offset + dst.len() <= self.len_bytes());
         // SAFETY: in bounds of the run, which is valid for 'a (a borrowed buffer, or a

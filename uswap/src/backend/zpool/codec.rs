@@ -29,8 +29,6 @@ pub(super) struct Scratch(pub(super) [u8; SCRATCH_BYTES]);
 /// buffers one after the other could deadlock once every thread holds one and waits for a
 /// second.
 pub(super) struct Workspace {
-    /// The page being compressed (a copy: the source may be a bounce page in use).
-    pub(super) page: Scratch,
     /// Compressed bytes, written or read.
     pub(super) out: Scratch,
     /// lz4's hash table (8 KiB): `compress_into` would allocate and free one per page,
