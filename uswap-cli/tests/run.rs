@@ -919,6 +919,36 @@ fn qemu_guest_ram_is_paged() {
     }
 }
 
+/// A tree of many processes of the same size, each holding less than 1/16 of the limit:
+/// every one holds an average share, so each reclaims its own pages for the tree's charge
+/// (a rule by fixed share left such a tree with nobody reclaiming ahead of the limit). Twenty
+/// processes each work over 1/4 of the limit at random (5x the limit in all): every output is
+/// the plain run's, the tree pages, and its resident peak stays within the limit plus one
+/// readahead window per process.
+#[test]
+fn a_tree_of_twenty_equal_processes_keeps_its_budget() {
+    let dir = tmpdir("twenty");
+    let p = compile("randrw", &dir, &[]);
+    let each_mib = LIMIT_MIB / 4;
+    let nr = 20;
+    let script = format!("for i in $(seq {nr}); do {} {each_mib} 20000 $i & done; wait", p.display());
+    let sorted = |o: &[u8]| {
+        let mut lines: Vec<String> = String::from_utf8_lossy(o).lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    };
+    let expect = sorted(&plain(&["sh", "-c", &script]).stdout);
+    assert_eq!(expect.len(), nr, "{expect:?}");
+    for mode in ["thread", "signal"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &["sh", "-c", &script], &dir);
+        assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+        assert_eq!(sorted(&o.stdout), expect, "{mode}: a process read different bytes");
+        assert!(counter(&v, "pswpout") > 0, "{mode}: {v}");
+        let peak = counter(&v, "resident_peak_bytes");
+        assert!(peak <= (LIMIT_MIB << 20) + nr as u64 * (128 << 10), "{mode}: peak {peak}: {v}");
+    }
+}
+
 /// fork without exec, three times: a working set 4x the limit, children that each read and
 /// check all of it while the parent rewrites and checks its own copy. The fork brings
 /// nothing in from the pool (each child reads what was out from its copy of the parent's

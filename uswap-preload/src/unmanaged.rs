@@ -3,23 +3,26 @@
 //!
 //! Every mapping of `/proc/self/maps` outside a managed region, the engine's own mappings
 //! (`uswap::memory_owner`: its stacks and mappings) and the brk heap (the C library's malloc,
-//! which serves only uswap once it runs) is counted from `/proc/self/pagemap`: its private
-//! anonymous pages (present, not file or shared memory: what smaps calls `Anonymous`), and
-//! the resident pages of shared anonymous memory (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV
-//! shared memory). Each mapping left gets the reason it is not managed, from what `/proc`
-//! says of it. The scan runs on the report thread (every second) and at exit, never on the
-//! program's threads.
+//! which serves only uswap once it runs) is counted with the `PAGEMAP_SCAN` ioctl on
+//! `/proc/self/pagemap` (Linux 6.7): its private anonymous pages (present, neither file
+//! pages nor the shared zero page), and the resident pages of shared anonymous memory
+//! (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV shared memory). Each mapping left gets the
+//! reason it is not managed, from what `/proc` says of it. The scan runs on the report
+//! thread (every second) and at exit, never on the program's threads.
 //!
 //! Why not `/proc/self/smaps`: it walks the page tables of every mapping, the managed
 //! regions' too (pmbench's 1 GiB: 36 ms of a CPU every second), and while it runs the
 //! report thread keeps the process's address space live on a second CPU, so that every
-//! `UFFDIO_MOVE` of the faulting thread meanwhile flushes that CPU with an IPI. pagemap is
-//! read only where it is wanted. One difference: a page of the kernel's shared zero page
-//! (read, never written) counts here, where smaps leaves it out; so the figure is an upper
-//! bound.
+//! `UFFDIO_MOVE` of the faulting thread meanwhile flushes that CPU with an IPI.
+//! `PAGEMAP_SCAN` walks only the ranges asked for, and skips their empty page tables (a
+//! plain read of pagemap would produce 8 bytes per page of a reservation, however large).
+//! Where it cannot be used (an older kernel, or a process that is not dumpable, whose
+//! pagemap only root may open), smaps is read as before. Private `MAP_HUGETLB` pages count
+//! here, where smaps put them apart from `Anonymous`: they are anonymous memory outside the
+//! budget all the same.
 
-use std::io::Read;
-use std::os::unix::fs::FileExt;
+use std::io::{BufRead, Read};
+use std::os::unix::io::AsRawFd;
 
 /// One unmanaged mapping: where, how much of it is resident, and why uswap leaves it alone.
 #[derive(Debug, Clone)]
@@ -70,6 +73,7 @@ fn why(h: &Header<'_>, min_size_bytes: usize) -> &'static str {
     }
     match h.path {
         "[stack]" => "the main thread's stack",
+        p if p.starts_with("/anon_hugepage") => "MAP_HUGETLB: not paged by uswap",
         _ if h.perms.contains('x') => "executable memory (a JIT's code cache)",
         p if p.starts_with('/') => "written pages of a file mapping",
         _ if h.end - h.start < min_size_bytes => "smaller than --min-size",
@@ -77,65 +81,157 @@ fn why(h: &Header<'_>, min_size_bytes: usize) -> &'static str {
     }
 }
 
-/// Scans `/proc/self/maps` and `/proc/self/pagemap`. `None` if they cannot be read.
+/// Scans the process's mappings (see the module's comment). `None` if `/proc` cannot be read.
 pub fn measure(min_size_bytes: usize) -> Option<Unmanaged> {
+    match std::fs::File::open("/proc/self/pagemap") {
+        Ok(pagemap) => measure_by_scan(&pagemap, min_size_bytes).or_else(|| measure_by_smaps(min_size_bytes)),
+        Err(_) => measure_by_smaps(min_size_bytes),
+    }
+}
+
+/// Whether a mapping is counted at all, and if it is, whether it is shared anonymous memory.
+fn counted(h: &Header<'_>) -> Option<bool> {
+    let shared_anon = h.perms.as_bytes().get(3) == Some(&b's') && is_shared_anonymous(h.path);
+    let private = h.perms.as_bytes().get(3) == Some(&b'p');
+    // The brk heap is the C library's malloc, which serves only uswap once it runs (the
+    // program's malloc is the managed heap; see `crate::start`).
+    ((private || shared_anon) && h.path != "[heap]").then_some(shared_anon)
+}
+
+/// Adds a mapping with `bytes` counted to `out`, unless it is managed or the engine's.
+fn add(out: &mut Unmanaged, h: &Header<'_>, bytes: u64, min_size_bytes: usize) {
+    if bytes == 0 || uswap::memory_owner(h.start, h.end) != uswap::MemoryOwner::Other {
+        return;
+    }
+    out.bytes += bytes;
+    out.largest.push(Mapping { start: h.start, len: h.end - h.start, bytes, why: why(h, min_size_bytes) });
+    out.largest.sort_by_key(|m| std::cmp::Reverse(m.bytes));
+    out.largest.truncate(LARGEST);
+}
+
+/// `/proc/self/maps`, each counted mapping measured with `PAGEMAP_SCAN`. `None` if the
+/// ioctl is refused (an older kernel).
+fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unmanaged> {
     let mut maps = String::new();
     std::fs::File::open("/proc/self/maps").ok()?.read_to_string(&mut maps).ok()?;
-    let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
     let mut out = Unmanaged::default();
-    let mut buf = vec![0u8; PAGEMAP_CHUNK_PAGES * 8];
     for h in maps.lines().filter_map(parse_header) {
-        let shared_anon = h.perms.as_bytes().get(3) == Some(&b's') && is_shared_anonymous(h.path);
-        let private = h.perms.as_bytes().get(3) == Some(&b'p');
-        // The brk heap is the C library's malloc, which serves only uswap once it runs
-        // (the program's malloc is the managed heap; see `crate::start`).
-        if !(private || shared_anon)
-            || h.path == "[heap]"
-            || uswap::memory_owner(h.start, h.end) != uswap::MemoryOwner::Other
-        {
+        let Some(shared_anon) = counted(&h) else { continue };
+        // `[vsyscall]` lies in the kernel's half (the top bit set), which the ioctl refuses.
+        if h.start as u64 >= 1 << 63 || uswap::memory_owner(h.start, h.end) != uswap::MemoryOwner::Other {
             continue;
         }
-        let bytes = resident_bytes(&pagemap, h.start, h.end, shared_anon, &mut buf)?;
-        if bytes == 0 {
-            continue;
-        }
-        out.bytes += bytes;
-        out.largest.push(Mapping { start: h.start, len: h.end - h.start, bytes, why: why(&h, min_size_bytes) });
-        out.largest.sort_by_key(|m| std::cmp::Reverse(m.bytes));
-        out.largest.truncate(LARGEST);
+        let bytes = scan_resident_bytes(pagemap, h.start, h.end, shared_anon)?;
+        add(&mut out, &h, bytes, min_size_bytes);
     }
     Some(out)
 }
 
-/// Pagemap entries read at once (a 4 KiB read: 2 MiB of address space).
-const PAGEMAP_CHUNK_PAGES: usize = 512;
-/// pagemap's bits (Documentation/admin-guide/mm/pagemap.rst): the page is present; it is a
-/// file page or shared anonymous memory.
-const PM_PRESENT: u64 = 1 << 63;
-const PM_FILE_OR_SHARED: u64 = 1 << 61;
+/// `struct page_region` and `struct pm_scan_arg` of `<linux/fs.h>`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
 
-/// The bytes of `start..end` that count: present pages that are private anonymous ones, or,
-/// in shared anonymous memory, every present page. Bounded: one read per chunk of the range.
-fn resident_bytes(pagemap: &std::fs::File, start: usize, end: usize, shared_anon: bool, buf: &mut [u8]) -> Option<u64> {
-    let page = uswap::PAGE_SIZE;
-    let mut nr_counted = 0u64;
-    let mut addr = start;
-    while addr < end {
-        let len = ((end - addr) / page * 8).min(buf.len());
-        let got = pagemap.read_at(&mut buf[..len], (addr / page * 8) as u64).ok()?;
-        if got < 8 {
-            // The end of user space ([vsyscall] lies beyond it): nothing more to read.
+#[repr(C)]
+#[derive(Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+/// `_IOWR('f', 16, struct pm_scan_arg)`.
+const PAGEMAP_SCAN: libc::c_ulong =
+    (3 << 30) | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16) | (0x66 << 8) | 16;
+const PAGE_IS_FILE: u64 = 1 << 2;
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_PFNZERO: u64 = 1 << 5;
+/// Regions the kernel may return per call.
+const SCAN_REGIONS: usize = 64;
+
+/// The bytes of `[start, end)` that count: present private anonymous pages (not file pages,
+/// not the shared zero page), or, in shared anonymous memory, every present page. `None` if
+/// the ioctl fails. Bounded: every call moves the walk on, or ends it.
+fn scan_resident_bytes(pagemap: &std::fs::File, start: usize, end: usize, shared_anon: bool) -> Option<u64> {
+    let mut regions = [PageRegion::default(); SCAN_REGIONS];
+    let (mask, inverted) = if shared_anon {
+        (PAGE_IS_PRESENT, 0)
+    } else {
+        (PAGE_IS_PRESENT | PAGE_IS_FILE | PAGE_IS_PFNZERO, PAGE_IS_FILE | PAGE_IS_PFNZERO)
+    };
+    let mut bytes = 0u64;
+    let mut from = start as u64;
+    while from < end as u64 {
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            start: from,
+            end: end as u64,
+            vec: regions.as_mut_ptr() as u64,
+            vec_len: SCAN_REGIONS as u64,
+            category_inverted: inverted,
+            category_mask: mask,
+            return_mask: PAGE_IS_PRESENT,
+            ..Default::default()
+        };
+        // SAFETY: PAGEMAP_SCAN reads `arg` and writes `arg.walk_end` and at most `vec_len`
+        // regions into `regions`, both alive for the call; it changes no page (no
+        // write-protect flag is set).
+        let n = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg as *mut PmScanArg) };
+        if n < 0 {
+            return None;
+        }
+        bytes += regions[..n as usize].iter().map(|r| r.end - r.start).sum::<u64>();
+        if arg.walk_end <= from {
             break;
         }
-        let counts = |e: &u64| e & PM_PRESENT != 0 && (shared_anon || e & PM_FILE_OR_SHARED == 0);
-        nr_counted += buf[..got - got % 8]
-            .chunks_exact(8)
-            .map(|b| u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-            .filter(counts)
-            .count() as u64;
-        addr += got / 8 * page;
+        from = arg.walk_end;
     }
-    Some(nr_counted * page as u64)
+    Some(bytes)
+}
+
+/// Scans `/proc/self/smaps` (the fallback, see the module's comment). `None` if it cannot
+/// be read.
+fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
+    let f = std::fs::File::open("/proc/self/smaps").ok()?;
+    let mut out = Unmanaged::default();
+    // The mapping being read: its header line, and whether it is shared anonymous memory.
+    let mut cur: Option<(String, bool)> = None;
+    let mut bytes = 0u64;
+    let flush = |cur: Option<(String, bool)>, bytes: u64, out: &mut Unmanaged| {
+        if let Some(h) = cur.as_ref().and_then(|(line, _)| parse_header(line)) {
+            add(out, &h, bytes, min_size_bytes);
+        }
+    };
+    for line in std::io::BufReader::new(f).lines() {
+        let line = line.ok()?;
+        if let Some(h) = parse_header(&line) {
+            let next = counted(&h).map(|shared_anon| (line.clone(), shared_anon));
+            flush(cur.take(), bytes, &mut out);
+            bytes = 0;
+            cur = next;
+            continue;
+        }
+        let Some((_, shared_anon)) = cur else { continue };
+        let field = if shared_anon { "Rss:" } else { "Anonymous:" };
+        if let Some(kb) = line.strip_prefix(field) {
+            bytes = kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
+        }
+    }
+    flush(cur.take(), bytes, &mut out);
+    Some(out)
 }
 
 #[cfg(test)]
@@ -183,10 +279,41 @@ mod tests {
         // SAFETY: writes inside the mapping just made.
         unsafe { std::ptr::write_bytes(p as *mut u8, 1, touched) };
         let u = measure(64 << 10).expect("maps and pagemap");
+        let by_smaps = measure_by_smaps(64 << 10).expect("smaps");
+        assert!(by_smaps.largest.iter().any(|s| s.start == p as usize && s.bytes == touched as u64), "{by_smaps:?}");
         let m = u.largest.iter().find(|m| m.start == p as usize);
         let m = m.unwrap_or_else(|| panic!("the shared mapping at {p:?} is not among the largest: {u:?}"));
-        assert_eq!((m.len, m.bytes), (len, touched as u64), "{u:?}");
+        // (Shared memory may be backed by huge pages: at least what was touched, at most all.)
+        assert!(m.len == len && (touched as u64..=len as u64).contains(&m.bytes), "{u:?}");
         assert!(m.why.starts_with("shared memory"), "{m:?}");
         crate::real::sys_munmap(p, len);
+    }
+
+    /// The scan (not the smaps fallback) runs here, and counts a private mapping's written
+    /// pages exactly: pages only read (the shared zero page) and pages never touched count
+    /// nothing. (Guard pages around it keep the kernel from merging it with a neighbour.)
+    #[test]
+    fn the_scan_counts_written_pages_not_read_ones() {
+        let (guard, len, written) = (1 << 20, 4 << 20, 1 << 20);
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        let base = crate::real::sys_mmap(std::ptr::null_mut(), len + 2 * guard, libc::PROT_NONE, flags, -1, 0);
+        assert_ne!(base, libc::MAP_FAILED);
+        let p = (base as usize + guard) as *mut u8;
+        // SAFETY: the middle of the reservation just made: made read-write, kept out of
+        // huge pages (so that what is written is what counts), read all through, written in
+        // its first megabyte.
+        unsafe {
+            assert_eq!(libc::mprotect(p.cast(), len, libc::PROT_READ | libc::PROT_WRITE), 0);
+            assert_eq!(libc::madvise(p.cast(), len, libc::MADV_NOHUGEPAGE), 0);
+            for off in (0..len).step_by(uswap::PAGE_SIZE) {
+                std::ptr::read_volatile(p.add(off));
+            }
+            std::ptr::write_bytes(p, 1, written);
+        }
+        let pagemap = std::fs::File::open("/proc/self/pagemap").expect("open /proc/self/pagemap");
+        let u = measure_by_scan(&pagemap, 64 << 10).expect("PAGEMAP_SCAN (Linux 6.7 and later)");
+        let m = u.largest.iter().find(|m| m.start == p as usize);
+        assert_eq!(m.map(|m| (m.len, m.bytes)), Some((len, written as u64)), "{u:?}");
+        crate::real::sys_munmap(base, len + 2 * guard);
     }
 }

@@ -143,8 +143,9 @@ impl PagerBuilder {
 
     /// Puts the pager under a limit it shares with others, in this process or in others
     /// through shared memory: a page is charged only while `tree` stays within its
-    /// `limit_pages`, and every pager under it reclaims its own pages in the background
-    /// when `tree` is above its high watermark. The pager's own charge (its resident pages)
+    /// `limit_pages`, and when `tree` is above its high watermark the pagers under it that
+    /// hold at least an average share of it reclaim their own pages (every pager, unless
+    /// `tree.nr_processes` counts them; see [`crate::shared_charge`]). The pager's own charge (its resident pages)
     /// is kept in `own_pages`, so that whoever outlives the process can give it back to
     /// `tree` if it dies without doing so. The pager's own limit still applies too.
     ///

@@ -4,10 +4,14 @@
 //! does. Each process has its own pager (page tables and userfaultfd are per process), so
 //! the budget is a [`SharedCharge`] that every pager charges as well as its own counter
 //! ([`PagerBuilder::shared_charge`](crate::PagerBuilder::shared_charge)): a page comes in
-//! only while the sum stays within the limit, and above the high watermark every pager
-//! reclaims its own pages in the background. Reclaim stays per process: a pager cannot move
-//! another process's pages, so a process that faults while the others hold the budget waits
-//! for their reclaimers (memcg would reclaim the others' pages itself).
+//! only while the sum stays within the limit. Reclaim stays per process: a pager cannot
+//! move another process's pages (memcg would reclaim the coldest pages of the whole tree).
+//! So above the high watermark the pagers that hold at least an average share of the charge
+//! (its pages over `nr_processes`; every pager, for a charge made by hand) reclaim their
+//! own pages, in their faults or in the background while idle, and so does a pager whose
+//! application took no fault for a few seconds, whatever it holds. A small process that
+//! faults (a shell, a load generator) is not made to evict its own few pages, which it uses
+//! all the time; at the limit itself everyone reclaims, or waits for the others.
 //!
 //! The segment is a file mapped `MAP_SHARED` by every process: a header, the charge, and a
 //! table of [`MAX_PROCESSES`] slots, one per live pager, holding its pid and its own charge.
@@ -43,6 +47,10 @@ pub struct SharedCharge {
     pub pool_bytes: AtomicU64,
     /// The most `pool_bytes` has been.
     pub pool_peak_bytes: AtomicU64,
+    /// Processes that hold a slot of a [`ChargeSegment`] (0 for a charge made by hand): what
+    /// a pager compares its own charge with, to tell whether it holds a share of the tree's
+    /// memory worth reclaiming for the tree (see the module's comment).
+    pub nr_processes: AtomicUsize,
 }
 
 /// Where a compressed pool reports the memory it takes and gives back: the tree's total
@@ -119,7 +127,7 @@ pub const SEGMENT_FILE: &str = "charge";
 pub const MAX_PROCESSES: usize = 4096;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
-const VERSION: u64 = 2;
+const VERSION: u64 = 3;
 
 #[repr(C)]
 struct Slot {
@@ -224,6 +232,7 @@ impl ChargeSegment {
         }
         for s in &self.seg.slots {
             if s.pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                self.seg.charge.nr_processes.fetch_add(1, Ordering::AcqRel);
                 return Some(own(s));
             }
         }
@@ -245,6 +254,7 @@ impl ChargeSegment {
             if gone && s.pid.compare_exchange(pid, u64::MAX, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 self.release(s);
                 s.pid.store(0, Ordering::Release);
+                self.seg.charge.nr_processes.fetch_sub(1, Ordering::AcqRel);
                 freed += 1;
             }
         }
@@ -268,6 +278,7 @@ mod tests {
     fn pools_add_up_with_a_peak_and_a_dead_process_gives_its_share_back() {
         let seg = segment("pools");
         let (a, b) = (seg.claim(1_000_001).expect("a slot"), seg.claim(1_000_002).expect("a slot"));
+        assert_eq!(seg.charge().nr_processes.load(Ordering::Relaxed), 2);
         let (sa, sb) =
             (PoolShare::new(seg.charge(), Some(a.pool_bytes)), PoolShare::new(seg.charge(), Some(b.pool_bytes)));
         sa.grow(3 << 16);
@@ -279,8 +290,13 @@ mod tests {
         // An exec'd image of the first process claims its slot again: the old share goes.
         let a2 = seg.claim(1_000_001).expect("the same slot");
         assert_eq!(a2.pool_bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(seg.charge().nr_processes.load(Ordering::Relaxed), 2, "an exec'd image is the same process");
         assert_eq!(seg.charge().pool_bytes.load(Ordering::Relaxed), 2 << 16);
         assert_eq!(seg.pool_peak_bytes(), 5 << 16);
+        // Neither pid runs: both slots are swept, their shares and the count go with them.
+        assert_eq!(seg.sweep_dead(), 2);
+        assert_eq!(seg.charge().nr_processes.load(Ordering::Relaxed), 0);
+        assert_eq!(seg.charge().pool_bytes.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -105,7 +105,8 @@ pub struct BackendStats {
 
 /// Write the pages of `data` to consecutive slots starting at `slot`. The pages are staged
 /// pages the engine owns for the duration of the call; they are handed over as a [`PageRun`]
-/// (copy out or take the address for I/O) rather than as a slice.
+/// (copy out, read a page in place for the length of a closure, or take the address for
+/// I/O) rather than as a slice.
 pub struct WriteReq<'a> {
     pub slot: u64,
     pub data: PageRun<'a>,

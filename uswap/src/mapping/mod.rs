@@ -10,7 +10,7 @@
 //! guest-memory layer. Their contract is logical ownership (the caller holds the page's busy
 //! bit or owns the slot); a caller that broke it would read torn data, never cause undefined
 //! behaviour in the engine's own Rust objects, because no Rust reference to mapped bytes
-//! outlives the call.
+//! outlives the call (`PageRun::with_page` lends one for the length of a closure).
 //!
 //! Locking: none; a `Mapping` is an address range. Callers serialise access to individual
 //! pages with the page-table busy bit (see `region`) or slot ownership (see `swap`).
@@ -322,7 +322,7 @@ impl Mapping {
     }
 
     /// A run of `nr_pages` pages starting at `offset`, to hand to a backend without creating
-    /// a reference to their bytes. Same ownership contract as [`Mapping::read`].
+    /// a lasting reference to their bytes. Same ownership contract as [`Mapping::read`].
     pub fn pages(&self, offset: usize, nr_pages: usize) -> PageRun<'_> {
         self.check_range(offset, nr_pages * PAGE_SIZE);
         PageRun { addr: self.addr + offset, nr_pages, _owner: std::marker::PhantomData }
@@ -373,15 +373,15 @@ impl<'a> PageRun<'a> {
         PageRun { addr: pages.as_ptr() as usize, nr_pages: pages.len(), _owner: std::marker::PhantomData }
     }
 
-    /// Page `i` of the run, in place: what a device that reads a page once (compression)
-    /// reads without copying it first.
-    pub fn page(&self, i: usize) -> &'a [u8] {
+    /// Calls `f` on page `i` of the run in place: how a device that reads a page once
+    /// (compression) reads it without copying it first. The slice does not outlive `f`.
+    pub fn with_page<R>(&self, i: usize, f: impl FnOnce(&[u8]) -> R) -> R {
         assert!(i < self.nr_pages);
         // SAFETY: in bounds of the run, which is valid and unchanging for 'a: a borrowed
         // buffer, or staged pages the engine owns for the backend call (their busy bits keep
         // faults and other reclaimers off them, and the application cannot reach a staged
-        // page: it was moved out of its region).
-        unsafe { std::slice::from_raw_parts((self.addr + i * PAGE_SIZE) as *const u8, PAGE_SIZE) }
+        // page: it was moved out of its region). The slice lives only for the call of `f`.
+        f(unsafe { std::slice::from_raw_parts((self.addr + i * PAGE_SIZE) as *const u8, PAGE_SIZE) })
     }
 
     fn read_at(&self, offset: usize, dst: &mut [u8]) {

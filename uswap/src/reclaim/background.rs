@@ -23,8 +23,9 @@ pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::f
 
 /// How long an application must go without a fault before its pages count as the tree's
 /// coldest, so that its pager reclaims them for the shared charge whatever its share (see
-/// `super::charge::shared_reclaim_is_ours`).
-pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs(1);
+/// `super::charge::shared_reclaim_is_ours`). Long: a process whose working set is all in
+/// takes no fault either, and would evict it each time.
+pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The background reclaimer. With [`BackgroundReclaim::WhenIdle`]: every
 /// [`BACKGROUND_PERIOD`], if the charge is above the high watermark and the application took
@@ -48,11 +49,11 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
             d.backend.prepare();
         }
         let faults = p.stats.sum(Counter::Pgfault);
-        // A faulting pager reclaims for the shared charge in its own faults (`task_reclaim`
-        // looks at both charges), so pressure on the shared charge wakes this thread only
-        // while its application is idle, like its own: reclaiming here while the application
-        // faults would IPI its CPU on every move (pmbench under `uswap run`: 7.8 % of its
-        // CPU in `smp_call_function_many_cond`).
+        // With `WhenIdle`, a faulting pager reclaims for the shared charge in its own faults
+        // (`task_reclaim` looks at both charges), so pressure on the shared charge wakes this
+        // thread only while its application is idle, like its own: reclaiming here while the
+        // application faults would IPI its CPU on every move (pmbench under `uswap run`:
+        // 7.8 % of its CPU in `smp_call_function_many_cond`).
         let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always;
         if faults != last_faults {
             last_fault_seen = std::time::Instant::now();

@@ -73,26 +73,25 @@ pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
     }
 }
 
-/// A pager whose own charge is at least this share of the shared limit (1/16) holds enough
-/// of the tree's memory to reclaim for the tree's pressure while its application runs.
-const SHARED_RECLAIM_MIN_SHARE: usize = 16;
-
 /// Whether this pager should reclaim its own pages because the shared charge is above its
 /// high watermark (`low == false`) or its low one. A memcg reclaims the coldest pages of all
 /// its tasks; uswap can reclaim a process's pages only in that process, so it asks those
-/// that hold a share of the tree's memory. A small process of the tree (a load generator, a
-/// shell, `tr` in a pipeline) evicting its own few pages, which it uses all the time, for
-/// a large one's pressure would only fault them back (redis.sh: redis-benchmark, 350 pages
-/// resident, swapped 20,000 times in 10 s). `idle_long`: the application has not faulted
-/// for [`super::background::IDLE_COLD`]; its pages are the tree's coldest, whatever their
-/// number. The shared limit itself still holds for everyone (`direct::charge`).
+/// that hold at least an average share of the tree's charge (the largest always does), or
+/// every pager when the charge does not count its processes (one made by hand). A small
+/// process of the tree (a load generator, a shell, `tr` in a pipeline) evicting its own few
+/// pages, which it uses all the time, for a large one's pressure would only fault them back
+/// (redis.sh: redis-benchmark, 350 pages resident, swapped 20,000 times in 10 s).
+/// `idle_long`: the application has not faulted for [`super::background::IDLE_COLD`]; its
+/// pages are taken as the tree's coldest, whatever their number. The shared limit itself
+/// still holds for everyone (`direct::charge`).
 pub(super) fn shared_reclaim_is_ours(p: &PagerShared, low: bool, idle_long: bool) -> bool {
     let Some(t) = p.charge.shared else { return false };
     if !shared_above(p, low) {
         return false;
     }
-    let resident = p.charge.resident_pages.load(Ordering::Acquire);
-    idle_long || resident.saturating_mul(SHARED_RECLAIM_MIN_SHARE) >= t.limit_pages.load(Ordering::Acquire)
+    let nr_processes = t.nr_processes.load(Ordering::Acquire);
+    let own = p.charge.resident_pages.load(Ordering::Acquire);
+    idle_long || nr_processes == 0 || own.saturating_mul(nr_processes) >= t.resident_pages.load(Ordering::Acquire)
 }
 
 /// Records a new high of the charge (`Stats::resident_peak_pages`). The load first keeps the

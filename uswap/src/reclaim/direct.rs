@@ -166,8 +166,9 @@ fn waiting_cannot_help(p: &PagerShared, refused: usize, within_own_limit: bool) 
         // Nothing can go anywhere: keep the page, count the overrun.
         || p.devices.is_full()
         // Within our own limit, over the shared one, and nothing of ours to reclaim (a
-        // re-armed fork child whose pages are all still its parent's): the other pagers
-        // reclaim theirs in the background.
+        // re-armed fork child whose pages are all still its parent's): the pagers that hold
+        // the tree's memory reclaim theirs (the largest always holds an average share, see
+        // `super::charge::shared_reclaim_is_ours`).
         || (within_own_limit && p.lru.is_empty() && p.swap_cache.nr_pages() == 0)
 }
 

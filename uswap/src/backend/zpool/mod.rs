@@ -416,8 +416,9 @@ impl Backend for ZpoolBackend {
             }
             for i in 0..r.nr_pages() {
                 // Compressed where it lies: a copy first cost 4 % of pmbench's CPU.
-                let page = r.data.page(i as usize);
-                if let Err(e) = self.store_page(r.slot + i, page, &mut out_buf.0, lz4) {
+                let stored =
+                    r.data.with_page(i as usize, |page| self.store_page(r.slot + i, page, &mut out_buf.0, lz4));
+                if let Err(e) = stored {
                     // All or nothing per request: undo the pages already stored.
                     for j in 0..i {
                         self.invalidate(r.slot + j);
