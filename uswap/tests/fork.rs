@@ -161,9 +161,16 @@ fn region_words(region: &mut uswap::Region) -> &[AtomicU64] {
     unsafe { std::slice::from_raw_parts(b.as_mut_ptr() as *const AtomicU64, b.len() / 8) }
 }
 
+/// The fork scenarios run one at a time. A fork shares every page of this test process
+/// copy-on-write with its child, other tests' regions too, and the kernel refuses to move a
+/// shared page (`move_refused`): a scenario running beside another's fork found its pager
+/// 1,200 pages over its limit just before its own fork (`.ci/run`, once).
+static ONE_FORK_SCENARIO_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs `scenario` on a thread of its own, failing if it is still running after [`BOUND`]
 /// (a hung fork scenario would otherwise hang the test binary).
 fn bounded(mode: FaultMode, what: &str, scenario: fn(FaultMode)) {
+    let _alone = ONE_FORK_SCENARIO_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let worker = std::thread::spawn(move || scenario(mode));
     let t0 = Instant::now();
     while !worker.is_finished() {
