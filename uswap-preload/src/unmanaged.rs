@@ -98,13 +98,18 @@ fn counted(h: &Header<'_>) -> Option<bool> {
     ((private || shared_anon) && h.path != "[heap]").then_some(shared_anon)
 }
 
-/// Adds a mapping with `bytes` counted to `out`, unless it is managed or the engine's.
-fn add(out: &mut Unmanaged, h: &Header<'_>, bytes: u64, min_size_bytes: usize) {
-    if bytes == 0 || uswap::memory_owner(h.start, h.end) != uswap::MemoryOwner::Other {
+/// Whether no pager manages `[start, end)` and it is not the engine's own memory.
+fn unowned(start: usize, end: usize) -> bool {
+    uswap::memory_owner(start, end) == uswap::MemoryOwner::Other
+}
+
+/// Adds a mapping with `bytes` counted to `out` (the caller checked that it is `unowned`).
+fn add(out: &mut Unmanaged, m: Mapping) {
+    if m.bytes == 0 {
         return;
     }
-    out.bytes += bytes;
-    out.largest.push(Mapping { start: h.start, len: h.end - h.start, bytes, why: why(h, min_size_bytes) });
+    out.bytes += m.bytes;
+    out.largest.push(m);
     out.largest.sort_by_key(|m| std::cmp::Reverse(m.bytes));
     out.largest.truncate(LARGEST);
 }
@@ -118,11 +123,11 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
     for h in maps.lines().filter_map(parse_header) {
         let Some(shared_anon) = counted(&h) else { continue };
         // `[vsyscall]` lies in the kernel's half (the top bit set), which the ioctl refuses.
-        if h.start as u64 >= 1 << 63 || uswap::memory_owner(h.start, h.end) != uswap::MemoryOwner::Other {
+        if h.start as u64 >= 1 << 63 || !unowned(h.start, h.end) {
             continue;
         }
         let bytes = scan_resident_bytes(pagemap, h.start, h.end, shared_anon)?;
-        add(&mut out, &h, bytes, min_size_bytes);
+        add(&mut out, Mapping { start: h.start, len: h.end - h.start, bytes, why: why(&h, min_size_bytes) });
     }
     Some(out)
 }
@@ -207,21 +212,24 @@ fn scan_resident_bytes(pagemap: &std::fs::File, start: usize, end: usize, shared
 fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
     let f = std::fs::File::open("/proc/self/smaps").ok()?;
     let mut out = Unmanaged::default();
-    // The mapping being read: its header line, and whether it is shared anonymous memory.
-    let mut cur: Option<(String, bool)> = None;
+    // The mapping being read (its bytes still to come), and whether it is shared anonymous
+    // memory.
+    let mut cur: Option<(Mapping, bool)> = None;
     let mut bytes = 0u64;
-    let flush = |cur: Option<(String, bool)>, bytes: u64, out: &mut Unmanaged| {
-        if let Some(h) = cur.as_ref().and_then(|(line, _)| parse_header(line)) {
-            add(out, &h, bytes, min_size_bytes);
+    let flush = |cur: Option<(Mapping, bool)>, bytes: u64, out: &mut Unmanaged| {
+        if let Some((m, _)) = cur.filter(|(m, _)| bytes > 0 && unowned(m.start, m.start + m.len)) {
+            add(out, Mapping { bytes, ..m });
         }
     };
     for line in std::io::BufReader::new(f).lines() {
         let line = line.ok()?;
         if let Some(h) = parse_header(&line) {
-            let next = counted(&h).map(|shared_anon| (line.clone(), shared_anon));
             flush(cur.take(), bytes, &mut out);
             bytes = 0;
-            cur = next;
+            cur = counted(&h).map(|shared_anon| {
+                let m = Mapping { start: h.start, len: h.end - h.start, bytes: 0, why: why(&h, min_size_bytes) };
+                (m, shared_anon)
+            });
             continue;
         }
         let Some((_, shared_anon)) = cur else { continue };

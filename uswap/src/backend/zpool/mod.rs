@@ -408,7 +408,7 @@ impl Backend for ZpoolBackend {
             }
             return;
         };
-        let Workspace { out: out_buf, lz4, .. } = &mut *ws;
+        let Workspace { out: out_buf, lz4 } = &mut *ws;
         for r in reqs {
             r.result = self.check(r.slot, r.nr_pages());
             if r.result.is_err() {
