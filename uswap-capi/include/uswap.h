@@ -394,6 +394,14 @@ typedef struct uswap_stats {
      * The most memory the in-RAM compressed pools held at once, in bytes.
      */
     uint64_t pool_peak_bytes;
+    /**
+     * Victims reclaim left resident because a system call in signal mode had pinned them.
+     */
+    uint64_t reclaim_pinned;
+    /**
+     * Signal mode: calls whose memory was brought in unpinned (every pin slot taken).
+     */
+    uint64_t syscall_unpinned;
 } uswap_stats;
 
 #ifdef __cplusplus

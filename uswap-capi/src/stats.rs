@@ -164,6 +164,10 @@ pub struct uswap_stats {
     pub syscall_async_kernel_access: u64,
     /// The most memory the in-RAM compressed pools held at once, in bytes.
     pub pool_peak_bytes: u64,
+    /// Victims reclaim left resident because a system call in signal mode had pinned them.
+    pub reclaim_pinned: u64,
+    /// Signal mode: calls whose memory was brought in unpinned (every pin slot taken).
+    pub syscall_unpinned: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -247,7 +251,9 @@ impl uswap_stats {
             fault_event_wait_timeout,
             syscall_continued,
             syscall_async_kernel_access,
-            pool_peak_bytes;
+            pool_peak_bytes,
+            reclaim_pinned,
+            syscall_unpinned;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

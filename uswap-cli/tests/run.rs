@@ -931,7 +931,12 @@ fn a_tree_of_twenty_equal_processes_keeps_its_budget() {
     let p = compile("randrw", &dir, &[]);
     let each_mib = LIMIT_MIB / 4;
     let nr = 20;
-    let script = format!("for i in $(seq {nr}); do {} {each_mib} 20000 $i & done; wait", p.display());
+    // Each child's status is waited for by its pid: a plain `wait` would hide one that died.
+    let script = format!(
+        "pids=; for i in $(seq {nr}); do {} {each_mib} 20000 $i & pids=\"$pids $!\"; done; \
+         for p in $pids; do wait $p || echo \"process $p: status $?\"; done",
+        p.display()
+    );
     let sorted = |o: &[u8]| {
         let mut lines: Vec<String> = String::from_utf8_lossy(o).lines().map(str::to_string).collect();
         lines.sort();
@@ -942,7 +947,12 @@ fn a_tree_of_twenty_equal_processes_keeps_its_budget() {
     for mode in ["thread", "signal"] {
         let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &["sh", "-c", &script], &dir);
         assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
-        assert_eq!(sorted(&o.stdout), expect, "{mode}: a process read different bytes");
+        assert_eq!(
+            sorted(&o.stdout),
+            expect,
+            "{mode}: a process read different bytes or failed:\n{}\n{v}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         assert!(counter(&v, "pswpout") > 0, "{mode}: {v}");
         let peak = counter(&v, "resident_peak_bytes");
         assert!(peak <= (LIMIT_MIB << 20) + nr as u64 * (128 << 10), "{mode}: peak {peak}: {v}");

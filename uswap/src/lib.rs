@@ -46,6 +46,7 @@ mod lru;
 mod mapping;
 mod page_table;
 mod pager;
+mod pin;
 mod readahead;
 mod reclaim;
 mod region;
@@ -78,6 +79,7 @@ pub use fork::ForkHold;
 pub use pager::{
     BackgroundReclaim, FaultMode, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };
+pub use pin::{Pin, MAX_PIN_BYTES};
 pub use readahead::Advice;
 pub use region::MAX_REGION_BYTES;
 pub use region_handle::{PlainRegion, Region};
@@ -119,10 +121,12 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
 /// touches a page that is out fails with `EFAULT`; `uswap run`'s preload library calls this
 /// before each such call. Returns `None` if none of the range is managed in signal mode,
 /// else the number of pages it had to bring in: a call that fails with `EFAULT` after a
-/// preparation that brought nothing in did not fail because of uswap. Safe to call from a
-/// signal handler; allocates nothing.
-pub fn prepare_user_access(addr: usize, len: usize, write: bool) -> Option<usize> {
-    user_access::prepare_user_access(addr, len, write)
+/// preparation that brought nothing in did not fail because of uswap. The range is pinned
+/// in `pin` first (up to [`MAX_PIN_BYTES`] per pin): reclaim leaves its pages in until the
+/// pin is dropped, which the caller does once the call returned. Safe to call from a signal
+/// handler; allocates nothing.
+pub fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write: bool) -> Option<usize> {
+    user_access::prepare_user_access(pin, addr, len, write)
 }
 
 /// The page size uswap works in.

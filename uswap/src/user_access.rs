@@ -4,12 +4,14 @@
 //! In signal mode the kernel does not wait for a page a system call touches: the call fails
 //! with `EFAULT`. [`prepare_user_access`], called before such a call (`uswap run`'s library
 //! does it for every call of the C library), brings in the pages of the call's memory the
-//! kernel could not access, through the same path as a SIGBUS (`fault::sigbus_fault`), and
-//! marks them used so that reclaim leaves them for the call.
+//! kernel could not access, through the same path as a SIGBUS (`fault::sigbus_fault`),
+//! pinned first (`crate::pin`) so that reclaim leaves them in until the call returns, and
+//! marks them used (the call is their use).
 //!
 //! Locking: none of its own; allocation-free, safe in a signal handler (see `fault`).
 
 use crate::fault::sigbus_fault;
+use crate::pin::Pin;
 use crate::region::{region_owning, PageState, Pte, RegionInner, REGIONS};
 use crate::state::FaultMode;
 use crate::stats::Counter;
@@ -19,10 +21,11 @@ use crate::uffd::PAGE_SIZE;
 /// brings in every page of a signal-mode region there that the kernel could not access, as
 /// the faulting thread's SIGBUS handler would (a fault the kernel raises itself is not a
 /// signal but `EFAULT`). A page is ready when it is mapped, and for a write not
-/// write-protected. Returns `None` if no page of the range belongs to a signal-mode region,
-/// else how many pages had to be brought in (an `EFAULT` after a preparation that brought
-/// nothing in is not uswap's). Allocation-free; takes no lock the thread holds.
-pub(crate) fn prepare_user_access(addr: usize, len: usize, write: bool) -> Option<usize> {
+/// write-protected. The managed part is pinned in `pin` before its pages are looked at.
+/// Returns `None` if no page of the range belongs to a signal-mode region, else how many
+/// pages had to be brought in (an `EFAULT` after a preparation that brought nothing in is
+/// not uswap's). Allocation-free; takes no lock the thread holds.
+pub(crate) fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write: bool) -> Option<usize> {
     let end = addr.saturating_add(len);
     let mut page_addr = addr & !(PAGE_SIZE - 1);
     let mut managed = false;
@@ -48,6 +51,8 @@ pub(crate) fn prepare_user_access(addr: usize, len: usize, write: bool) -> Optio
         }
         managed = true;
         let region_end = (g.start() + g.nr_pages * PAGE_SIZE).min(end);
+        // Before the words are read: see `pin` for the ordering with reclaim.
+        pin.add(page_addr, region_end);
         while page_addr < region_end {
             if let Some(page) = g.page_of(page_addr) {
                 let pte = g.load(page);

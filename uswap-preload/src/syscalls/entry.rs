@@ -9,11 +9,14 @@
 //! an inline `syscall`, and [`slow`] changes neither the x87 control word nor `MXCSR`.
 //!
 //! [`slow`] applies the call's [`Rule`]: every byte of managed memory the kernel will read or
-//! write is brought in first (`uswap::prepare_user_access`; a buffer's first page last, as
-//! the kernel starts there), as a fault in the thread itself would. Only then is the call
-//! made. If it still fails with `EFAULT` while it touched managed memory, the memory is
-//! made ready again and the call made again, a bounded number of times (the last ones cut
-//! to the first page of the buffer where the call may do less than asked: see [`shrunk`]),
+//! write is brought in first (`uswap::prepare_user_access`), as a fault in the thread itself
+//! would, and pinned (`uswap::Pin`, up to `uswap::MAX_PIN_BYTES` a call, a buffer's first
+//! pages first, as the kernel starts there): reclaim leaves it in until the call returned.
+//! Only then is the call made. If it still fails with `EFAULT` while it touched managed
+//! memory (a buffer beyond the pin's allowance, a structure larger than assumed), the
+//! memory is made ready again and the call made again, a bounded number of times (the last
+//! ones cut to the first page of the buffer where the call may do less than asked: see
+//! [`shrunk`]),
 //! unless no page was taken out of any region since the last preparation and that one
 //! found nothing out: then the `EFAULT` is not uswap's and goes back as it is. Reads and
 //! writes of data (see [`super::complete`]) are made again once at their whole size, then
@@ -160,7 +163,7 @@ thread_local! {
 }
 
 /// Makes `[ptr, ptr + len)` ready.
-fn ready(ptr: u64, len: u64, write: bool) -> Prepared {
+fn ready(pin: &mut uswap::Pin, ptr: u64, len: u64, write: bool) -> Prepared {
     // Below the lowest address a mapping may have (`vm.mmap_min_addr`), or past the user
     // half: not a pointer to memory of the program's (a descriptor, a length, a flag).
     const LOWEST: u64 = 1 << 16;
@@ -168,76 +171,73 @@ fn ready(ptr: u64, len: u64, write: bool) -> Prepared {
     if !(LOWEST..USER_END).contains(&ptr) || len == 0 {
         return Prepared::default();
     }
-    // The rest of the buffer first, its first page last: the kernel starts there (and an
-    // `epoll_wait` or a short `read` never goes further), and under pressure reclaim takes
-    // the pages brought in first out first.
-    let page = uswap::PAGE_SIZE as u64;
-    let head = len.min(page - ptr % page);
-    let mut prepared = Prepared::default();
-    for (start, bytes) in [(ptr + head, len - head), (ptr, head)] {
-        if bytes == 0 {
-            continue;
-        }
-        if let Some(nr_brought_in) = uswap::prepare_user_access(start as usize, bytes as usize, write) {
-            prepared = prepared | Prepared { managed: true, nr_brought_in };
-        }
+    // In order, so that the pin (at most `uswap::MAX_PIN_BYTES`) holds the first pages: the
+    // kernel starts there (an `epoll_wait` or a short `read` never goes further, and a
+    // transfer too large to pin whole goes on in windows, see `super::complete`).
+    match uswap::prepare_user_access(pin, ptr as usize, len as usize, write) {
+        Some(nr_brought_in) => Prepared { managed: true, nr_brought_in },
+        None => Prepared::default(),
     }
-    prepared
 }
 
-/// Makes the buffers of `cnt` iovecs at `iov` ready.
-fn ready_iov(iov: u64, cnt: u64, write: bool) -> Prepared {
-    let mut managed = Prepared::default();
+/// Makes `cnt` iovecs at `iov` ready, and their buffers.
+fn ready_iov(pin: &mut uswap::Pin, iov: u64, cnt: u64, write: bool) -> Prepared {
+    let vec_bytes = std::mem::size_of::<libc::iovec>() as u64;
+    // The array itself: the kernel reads it first.
+    let mut managed = ready(pin, iov, cnt.min(MAX_VECS as u64) * vec_bytes, false);
     for i in 0..cnt.min(MAX_VECS as u64) {
-        let Some(v) = read_user::<libc::iovec>(iov + i * std::mem::size_of::<libc::iovec>() as u64) else { break };
-        managed = managed | ready(v.iov_base as u64, v.iov_len as u64, write);
+        let Some(v) = read_user::<libc::iovec>(pin, iov + i * vec_bytes) else { break };
+        managed = managed | ready(pin, v.iov_base as u64, v.iov_len as u64, write);
     }
     managed
 }
 
 /// Makes what a `msghdr` at `msg` names ready: address, buffers, control data.
-fn ready_msg(msg: u64, write: bool) -> Prepared {
-    let Some(m) = read_user::<libc::msghdr>(msg) else { return Prepared::default() };
-    let managed = ready(m.msg_name as u64, m.msg_namelen as u64, write)
-        | ready_iov(m.msg_iov as u64, m.msg_iovlen as u64, write)
-        | ready(m.msg_control as u64, m.msg_controllen as u64, write);
+fn ready_msg(pin: &mut uswap::Pin, msg: u64, write: bool) -> Prepared {
+    let Some(m) = read_user::<libc::msghdr>(pin, msg) else { return Prepared::default() };
+    let managed = ready(pin, m.msg_name as u64, m.msg_namelen as u64, write)
+        | ready_iov(pin, m.msg_iov as u64, m.msg_iovlen as u64, write)
+        | ready(pin, m.msg_control as u64, m.msg_controllen as u64, write);
     // The kernel writes back the lengths (recvmsg) into the header itself.
-    managed | ready(msg, std::mem::size_of::<libc::msghdr>() as u64, write)
+    managed | ready(pin, msg, std::mem::size_of::<libc::msghdr>() as u64, write)
 }
 
-/// Makes a NUL-terminated array of strings at `arr` ready (for `execve`).
-fn ready_strings(arr: u64) -> Prepared {
+/// Makes a NUL-terminated array of strings at `arr` ready (for `execve`): the strings, then
+/// the array itself (the kernel reads it as it copies them).
+fn ready_strings(pin: &mut uswap::Pin, arr: u64) -> Prepared {
     let mut managed = Prepared::default();
-    for i in 0..(1u64 << 16) {
-        let Some(p) = read_user::<u64>(arr + 8 * i) else { break };
+    let mut nr = 0;
+    while nr < (1u64 << 16) {
+        let Some(p) = read_user::<u64>(pin, arr + 8 * nr) else { break };
+        nr += 1;
         if p == 0 {
             break;
         }
-        managed = managed | ready(p, GENERIC_BYTES, false);
+        managed = managed | ready(pin, p, GENERIC_BYTES, false);
     }
-    managed
+    managed | ready(pin, arr, 8 * nr, false)
 }
 
 /// Makes the memory of a call ready by its rule.
-fn prepare(r: Rule, a: &[u64; 6]) -> Prepared {
+fn prepare(pin: &mut uswap::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
     let arg = |i: u8| a[i as usize];
     match r {
         Rule::Plain => Prepared::default(),
-        Rule::Buf { ptr, len, scale, write } => ready(arg(ptr), arg(len).saturating_mul(scale as u64), write),
-        Rule::Iov { iov, cnt, write } => ready_iov(arg(iov), arg(cnt), write),
-        Rule::Msg { msg, write } => ready_msg(arg(msg), write),
+        Rule::Buf { ptr, len, scale, write } => ready(pin, arg(ptr), arg(len).saturating_mul(scale as u64), write),
+        Rule::Iov { iov, cnt, write } => ready_iov(pin, arg(iov), arg(cnt), write),
+        Rule::Msg { msg, write } => ready_msg(pin, arg(msg), write),
         Rule::MMsg { vec, cnt, write } => {
             let size = std::mem::size_of::<libc::mmsghdr>() as u64;
             let mut managed = Prepared::default();
             for i in 0..arg(cnt).min(MAX_VECS as u64) {
-                managed = managed | ready_msg(arg(vec) + i * size, write);
+                managed = managed | ready_msg(pin, arg(vec) + i * size, write);
             }
             managed
         }
         Rule::Exec { path, argv, envp } => {
-            ready(arg(path), GENERIC_BYTES, false) | ready_strings(arg(argv)) | ready_strings(arg(envp))
+            ready(pin, arg(path), GENERIC_BYTES, false) | ready_strings(pin, arg(argv)) | ready_strings(pin, arg(envp))
         }
-        Rule::Generic => a.iter().fold(Prepared::default(), |m, &p| m | ready(p, GENERIC_BYTES, true)),
+        Rule::Generic => a.iter().fold(Prepared::default(), |m, &p| m | ready(pin, p, GENERIC_BYTES, true)),
     }
 }
 
@@ -288,7 +288,9 @@ struct Made {
 /// after an `EFAULT` of uswap's.
 fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
     let mut seq = uswap::stats::taken_out_seq();
-    let first = prepare_once(r, &a);
+    // Pinned until the call (and its retries) returned: see `uswap::Pin`.
+    let mut pin = uswap::Pin::new();
+    let first = prepare_once(&mut pin, r, &a);
     if first.managed {
         uswap::stats::note_syscall(uswap::stats::SyscallEvent::Prepared);
     }
@@ -312,7 +314,7 @@ fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
             a = shrunk(nr, a);
         }
         let seq_now = uswap::stats::taken_out_seq();
-        let again = prepare_once(r, &a);
+        let again = prepare_once(&mut pin, r, &a);
         if again.nr_brought_in == 0 && seq_now == seq {
             break;
         }
@@ -415,7 +417,7 @@ fn note_async_kernel_access(nr: c_long, a: &[u64; 6]) {
         libc::SYS_io_uring_setup => b"io_uring",
         libc::SYS_io_setup => b"Linux AIO",
         libc::SYS_ioctl if KVM_SET_USER_MEMORY_REGIONS.contains(&a[1]) => {
-            let Some(r) = read_user::<KvmMemoryRegion>(a[2]) else { return };
+            let Some(r) = read_user::<KvmMemoryRegion>(&mut uswap::Pin::new(), a[2]) else { return };
             let end = r.userspace_addr.saturating_add(r.memory_size) as usize;
             if uswap::memory_owner(r.userspace_addr as usize, end) != uswap::MemoryOwner::Managed {
                 return;
@@ -459,9 +461,9 @@ fn say_efault_once(nr: c_long, a: &[u64; 6]) {
 /// [`prepare`], with this thread's own system calls meanwhile (the engine's, serving the
 /// faults) sent straight to the kernel. The call itself is made outside: a signal handler
 /// that runs while it blocks has its calls prepared as usual.
-fn prepare_once(r: Rule, a: &[u64; 6]) -> Prepared {
+fn prepare_once(pin: &mut uswap::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
     DEPTH.set(DEPTH.get() + 1);
-    let managed = prepare(r, a);
+    let managed = prepare(pin, r, a);
     DEPTH.set(DEPTH.get() - 1);
     managed
 }

@@ -74,9 +74,16 @@ pub(super) struct Victim {
     pub pte: Pte,
 }
 
-/// Pops up to `nr` pages in `want` state from `queue`, skipping stale entries and giving
-/// referenced resident pages their second chance. The pages come back locked.
-fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSet) -> ArrayVec<Victim, BATCH> {
+/// Pops up to `nr` pages in `want` state from `queue`, skipping stale entries, giving
+/// referenced resident pages their second chance and leaving pinned ones (counted in
+/// `nr_pinned`). The pages come back locked.
+fn pop_victims(
+    p: &PagerShared,
+    inactive: bool,
+    nr: usize,
+    guards: &mut RegionSet,
+    nr_pinned: &mut usize,
+) -> ArrayVec<Victim, BATCH> {
     let want = if inactive { PageState::Cached } else { PageState::Resident };
     // Resident victims come from the use-once FIFO while it holds more than its reserve:
     // the windows streams are working through right now, which must not go before they are
@@ -133,6 +140,13 @@ fn pop_victims(p: &PagerShared, inactive: bool, nr: usize, guards: &mut RegionSe
             continue;
         }
         match region.try_lock(r.page, pte) {
+            Some(locked) if !inactive && crate::pin::is_pinned(region.page_addr(r.page)) => {
+                // A system call's memory: stays in until the call returns (see `pin`).
+                region.store(r.page, locked.unbusy());
+                p.stats.inc(Counter::ReclaimPinned);
+                *nr_pinned += 1;
+                p.lru.add(r, &p.stats);
+            }
             Some(locked) => {
                 victims.push(Victim { gi, page: r.page, pte: locked });
                 if !inactive && !locked.clean() {
@@ -180,6 +194,10 @@ fn take_resident_neighbours(
         let wanted =
             pte.state() == PageState::Resident && !pte.busy() && !pte.clean() && !pte.readahead() && !pte.referenced();
         match wanted.then(|| region.try_lock(n, pte)).flatten() {
+            Some(locked) if crate::pin::is_pinned(region.page_addr(n)) => {
+                region.store(n, locked.unbusy());
+                false
+            }
             Some(locked) => {
                 victims.push(Victim { gi, page: n, pte: locked });
                 true
@@ -203,16 +221,18 @@ fn take_resident_neighbours(
 /// moved, and of those the pages found all zero (uncharged at once).
 pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk {
     let mut guards = RegionSet::new();
-    let mut victims = pop_victims(p, false, nr, &mut guards);
+    let mut nr_pinned = 0;
+    let mut victims = pop_victims(p, false, nr, &mut guards, &mut nr_pinned);
     if victims.is_empty() {
         if p.lru.is_empty() {
             refill_active_by_scan(p);
         }
-        return Shrunk::default();
+        return Shrunk { refused: nr_pinned, ..Shrunk::default() };
     }
     assert!(victims.len() <= nr.min(BATCH));
     victims.sort_unstable_by_key(|v| (v.gi, v.page));
     let (dropped, mut refused) = drop_clean(p, &guards, &victims);
+    refused += nr_pinned;
     victims.retain(|v| !v.pte.clean());
     if victims.is_empty() {
         return Shrunk { moved: dropped, uncharged: dropped, refused };
@@ -470,8 +490,9 @@ pub(super) struct Shrunk {
     pub uncharged: usize,
     /// Pages the kernel refused to move for a reason waiting does not cure: shared with
     /// a fork child (copy-on-write), pinned, or protected differently from the staging
-    /// area (`mprotect`). Pages found unmapped (`ENOENT`, an event settles them) are not
-    /// counted.
+    /// area (`mprotect`); and pages a system call pins (`crate::pin`: it may be this
+    /// thread's own, bringing the rest of its memory in). Pages found unmapped (`ENOENT`,
+    /// an event settles them) are not counted.
     pub refused: usize,
 }
 
@@ -483,7 +504,7 @@ pub(super) struct Shrunk {
 /// stays staged in RAM (still charged) and is retried in a later round.
 pub(super) fn shrink_inactive(p: &PagerShared, nr: usize) -> usize {
     let mut guards = RegionSet::new();
-    let mut victims = pop_victims(p, true, nr, &mut guards);
+    let mut victims = pop_victims(p, true, nr, &mut guards, &mut 0);
     if victims.is_empty() {
         return 0;
     }

@@ -56,6 +56,8 @@ pub(crate) enum Counter {
     LruOverflow,
     /// A `UFFDIO_MOVE` out of a region refused a page (e.g. pinned); it stayed resident.
     MoveRefused,
+    /// Victims reclaim left resident because a system call had pinned them (see `pin`).
+    ReclaimPinned,
     /// A page a fork shared made exclusive again, so that reclaim can move it (see
     /// `reclaim::cow`).
     CowBroken,
@@ -223,6 +225,7 @@ impl PerCpuStats {
         s.lru_overflow = self.sum(LruOverflow);
         s.move_refused = self.sum(MoveRefused);
         s.cow_broken = self.sum(CowBroken);
+        s.reclaim_pinned = self.sum(ReclaimPinned);
         s.swpout_neighbours = self.sum(SwpoutNeighbours);
         s.handler_retire = self.sum(HandlerRetire);
         s.handler_backlog = self.sum(HandlerBacklog);

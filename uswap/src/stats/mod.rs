@@ -150,6 +150,9 @@ pub struct Stats {
     /// Pages refused because a fork child shared them, made exclusive again (copied for
     /// this process, as a write would) so that reclaim could move them out.
     pub cow_broken: u64,
+    /// Victims reclaim left resident because a system call in signal mode had pinned them:
+    /// its memory stays in until the call returns (see [`crate::prepare_user_access`]).
+    pub reclaim_pinned: u64,
     /// Dirty resident pages that left with a victim next to them (in its aligned 64 KiB
     /// block), in one run: one `UFFDIO_MOVE` and one TLB flush for all of them.
     pub swpout_neighbours: u64,
@@ -222,6 +225,9 @@ pub struct Stats {
     /// managed memory): its accesses to pages that are out fail. Said once on stderr; such
     /// programs belong in thread mode.
     pub syscall_async_kernel_access: u64,
+    /// Signal mode: calls whose memory was brought in unpinned because every pin slot was
+    /// taken by other calls at once (see [`crate::prepare_user_access`]).
+    pub syscall_unpinned: u64,
     /// The most memory the in-RAM compressed pools held at once (sum of their devices'
     /// `pool_peak_bytes`): what the pager's devices cost on top of the resident pages.
     /// Summed over processes (as `uswap run` does) it bounds the tree's peak from above.
@@ -280,9 +286,11 @@ pub enum SyscallEvent {
     /// It set up memory the kernel reads or writes on its own later, outside any call
     /// (io_uring, AIO, a KVM guest's RAM in managed memory).
     AsyncKernelAccess,
+    /// Its memory was brought in unpinned: every pin slot was taken.
+    Unpinned,
 }
 
-static SYSCALL_EVENTS: [std::sync::atomic::AtomicU64; 5] = [const { std::sync::atomic::AtomicU64::new(0) }; 5];
+static SYSCALL_EVENTS: [std::sync::atomic::AtomicU64; 6] = [const { std::sync::atomic::AtomicU64::new(0) }; 6];
 
 /// Counts a system call event; async-signal-safe.
 pub fn note_syscall(event: SyscallEvent) {
@@ -308,7 +316,7 @@ pub fn taken_out_seq() -> u64 {
 }
 
 /// The counts recorded with [`note_syscall`], in [`SyscallEvent`] order.
-pub(crate) fn syscall_events() -> [u64; 5] {
+pub(crate) fn syscall_events() -> [u64; 6] {
     SYSCALL_EVENTS.each_ref().map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
 }
 
@@ -364,6 +372,7 @@ impl Stats {
             lru_overflow,
             move_refused,
             cow_broken,
+            reclaim_pinned,
             swpout_neighbours,
             handler_retire,
             handler_backlog,
@@ -388,6 +397,7 @@ impl Stats {
             syscall_efault,
             syscall_continued,
             syscall_async_kernel_access,
+            syscall_unpinned,
             remap_copied,
             limit_overrun_busy,
             pool_wait_timeout,

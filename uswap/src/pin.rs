@@ -1,0 +1,200 @@
+//! Pins: the managed memory a system call is about to use, which reclaim leaves in place
+//! until the call returns, as the kernel's own I/O holds the pages it pins.
+//!
+//! Signal mode brings a call's memory in before the call (`user_access`). Under a tight
+//! limit the pages brought in first could go out again while the rest come in (this
+//! thread's own reclaim, in the faults that bring them in; another thread's; the background
+//! reclaimer), and the call would fail with `EFAULT` however often it was made again: a
+//! shell's `execve`, whose strings lie on many pages, failed that way in a tree of twenty
+//! processes under 16 MiB. A [`Pin`] publishes the call's ranges in a slot of a static table
+//! before their pages are looked at; reclaim checks each victim against the table once it
+//! owns it ([`is_pinned`]) and leaves a pinned one resident.
+//!
+//! Ordering. The pinner stores its range, then a `SeqCst` fence, then reads the pages'
+//! words; reclaim sets a victim's busy bit, then a `SeqCst` fence, then reads the table.
+//! Either reclaim sees the range, or the pinner sees the page busy and brings it back in as
+//! a fault would, after which reclaim sees the range.
+//!
+//! Locking: none. A slot belongs to the pin that claimed it (compare-and-swap of `owned`)
+//! until the pin is dropped. Allocation-free and lock-free: a pin is taken in signal
+//! handlers. Invariants: a slot holds at most [`MAX_RANGES`] ranges (one more is merged
+//! into the last, which only grows, so a reader that sees half an update still sees the old
+//! range inside it); a pin covers at most [`MAX_PIN_BYTES`] (the rest of a larger buffer is
+//! prepared unpinned: a pin may hold a call's pages over the limit, but not without bound).
+//! With every slot taken, a call is prepared unpinned (counted in `syscall_unpinned`).
+//!
+//! Not the memory of the calls made by the engine itself, nor of calls the preload does not
+//! see (see the preload's `syscalls`).
+
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+
+use crate::uffd::PAGE_SIZE;
+
+/// Calls that can hold a pin at once, over every thread of the process.
+const NR_SLOTS: usize = 64;
+/// Ranges one pin holds apart; more are merged into the last.
+const MAX_RANGES: usize = 8;
+/// The most memory one call pins: its buffers beyond this are brought in unpinned (and
+/// transfers go on in windows, see the preload's `syscalls::complete`).
+pub const MAX_PIN_BYTES: usize = 4 << 20;
+
+struct Slot {
+    owned: AtomicBool,
+    nr_ranges: AtomicUsize,
+    /// `[start, end)` page-aligned, the first `nr_ranges` of them valid.
+    ranges: [[AtomicUsize; 2]; MAX_RANGES],
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            owned: AtomicBool::new(false),
+            nr_ranges: AtomicUsize::new(0),
+            ranges: [const { [AtomicUsize::new(0), AtomicUsize::new(0)] }; MAX_RANGES],
+        }
+    }
+
+    fn covers(&self, addr: usize) -> bool {
+        let n = self.nr_ranges.load(Ordering::Relaxed).min(MAX_RANGES);
+        self.ranges[..n].iter().any(|[s, e]| (s.load(Ordering::Relaxed)..e.load(Ordering::Relaxed)).contains(&addr))
+    }
+}
+
+static SLOTS: [Slot; NR_SLOTS] = [const { Slot::new() }; NR_SLOTS];
+/// Slots owned now: reclaim's check costs one load while no call holds a pin.
+static NR_OWNED: AtomicUsize = AtomicUsize::new(0);
+/// One past the highest slot ever owned: reclaim looks no further.
+static SLOTS_HIGH: AtomicUsize = AtomicUsize::new(0);
+
+/// The pins of one system call (see the module's comment). Claims a slot on its first
+/// range; gives it back when dropped.
+#[derive(Default)]
+pub struct Pin {
+    slot: Option<&'static Slot>,
+    /// Claiming found every slot taken: this call goes unpinned.
+    no_slot: bool,
+    pinned_bytes: usize,
+}
+
+impl Pin {
+    pub fn new() -> Pin {
+        Pin::default()
+    }
+
+    /// Pins `[start, end)` (rounded out to pages), as much of it as the call's allowance
+    /// leaves, and orders the pin before the caller's reads of the pages' words.
+    pub(crate) fn add(&mut self, start: usize, end: usize) {
+        let start = start & !(PAGE_SIZE - 1);
+        let end = end.next_multiple_of(PAGE_SIZE).min(start + (MAX_PIN_BYTES - self.pinned_bytes));
+        if end <= start {
+            return;
+        }
+        let Some(slot) = self.slot() else { return };
+        let n = slot.nr_ranges.load(Ordering::Relaxed);
+        let within = |[s, e]: &[AtomicUsize; 2]| s.load(Ordering::Relaxed) <= start && end <= e.load(Ordering::Relaxed);
+        if slot.ranges[..n].iter().any(within) {
+            return; // a retry pins what it pinned before
+        }
+        self.pinned_bytes += end - start;
+        if n < MAX_RANGES {
+            slot.ranges[n][0].store(start, Ordering::Relaxed);
+            slot.ranges[n][1].store(end, Ordering::Relaxed);
+            slot.nr_ranges.store(n + 1, Ordering::Relaxed);
+        } else {
+            // Grown, never shrunk: see the module's invariants.
+            let [s, e] = &slot.ranges[MAX_RANGES - 1];
+            s.fetch_min(start, Ordering::Relaxed);
+            e.fetch_max(end, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// The slot, claimed on first use.
+    fn slot(&mut self) -> Option<&'static Slot> {
+        if self.slot.is_none() && !self.no_slot {
+            self.slot = claim();
+            self.no_slot = self.slot.is_none();
+        }
+        self.slot
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            slot.nr_ranges.store(0, Ordering::Relaxed);
+            slot.owned.store(false, Ordering::Release);
+            NR_OWNED.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+fn claim() -> Option<&'static Slot> {
+    // Bounded: one attempt per slot.
+    for (i, slot) in SLOTS.iter().enumerate() {
+        if slot.owned.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            debug_assert_eq!(slot.nr_ranges.load(Ordering::Relaxed), 0);
+            NR_OWNED.fetch_add(1, Ordering::Relaxed);
+            SLOTS_HIGH.fetch_max(i + 1, Ordering::Relaxed);
+            return Some(slot);
+        }
+    }
+    crate::stats::note_syscall(crate::stats::SyscallEvent::Unpinned);
+    None
+}
+
+/// Whether a call pins the page at `addr`. Called by reclaim after it set the page's busy
+/// bit (the fence orders that store before the reads of the table).
+pub(crate) fn is_pinned(addr: usize) -> bool {
+    fence(Ordering::SeqCst);
+    if NR_OWNED.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let high = SLOTS_HIGH.load(Ordering::Relaxed).min(NR_SLOTS);
+    SLOTS[..high].iter().any(|s| s.owned.load(Ordering::Relaxed) && s.covers(addr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nr_unpinned() -> u64 {
+        crate::stats::syscall_events()[crate::stats::SyscallEvent::Unpinned as usize]
+    }
+
+    // One test: the table is the process's, and the test threads share it.
+    #[test]
+    fn a_pin_covers_its_ranges_until_dropped_within_its_allowance() {
+        let base = 0x7000_0000_0000usize;
+        let mut pin = Pin::new();
+        assert!(!is_pinned(base));
+        pin.add(base + 10, base + 20);
+        assert!(is_pinned(base) && is_pinned(base + PAGE_SIZE - 1) && !is_pinned(base + PAGE_SIZE));
+        // More ranges than a slot holds: the last grows to cover them.
+        for i in 1..=MAX_RANGES + 2 {
+            pin.add(base + 4 * i * PAGE_SIZE, base + (4 * i + 1) * PAGE_SIZE);
+        }
+        for i in 1..=MAX_RANGES + 2 {
+            assert!(is_pinned(base + 4 * i * PAGE_SIZE), "range {i}");
+        }
+        // The allowance: nothing past MAX_PIN_BYTES in all.
+        let far = base + (1 << 30);
+        pin.add(far, far + 2 * MAX_PIN_BYTES);
+        assert!(is_pinned(far));
+        assert!(!is_pinned(far + MAX_PIN_BYTES));
+        drop(pin);
+        assert!(!is_pinned(base) && !is_pinned(far));
+        // Every slot taken: a call goes unpinned, and says so.
+        let before = nr_unpinned();
+        let mut pins: Vec<Pin> = (0..NR_SLOTS).map(|_| Pin::new()).collect();
+        for (i, p) in pins.iter_mut().enumerate() {
+            p.add(base + i * PAGE_SIZE, base + (i + 1) * PAGE_SIZE);
+        }
+        let mut extra = Pin::new();
+        extra.add(far, far + PAGE_SIZE);
+        assert!(!is_pinned(far));
+        assert_eq!(nr_unpinned(), before + 1);
+        drop(pins);
+        assert_eq!(NR_OWNED.load(Ordering::Relaxed), 0);
+    }
+}
