@@ -61,9 +61,9 @@ impl Slot {
 }
 
 static SLOTS: [Slot; NR_SLOTS] = [const { Slot::new() }; NR_SLOTS];
-/// Slots owned now: reclaim's check costs one load while no call holds a pin.
-static NR_OWNED: AtomicUsize = AtomicUsize::new(0);
-/// One past the highest slot ever owned: reclaim looks no further.
+/// One past the highest slot ever owned: reclaim looks no further (a call claims the lowest
+/// free slot, so this is the most calls that ever held pins at once; no shared counter is
+/// written per call).
 static SLOTS_HIGH: AtomicUsize = AtomicUsize::new(0);
 
 /// The pins of one system call (see the module's comment). Claims a slot on its first
@@ -79,6 +79,14 @@ pub struct Pin {
 impl Pin {
     pub fn new() -> Pin {
         Pin::default()
+    }
+
+    /// A pin that pins nothing: for a call that may wait long and touches its memory only
+    /// as it starts (`futex`: the word is read once, when the wait begins). Pinned, every
+    /// idle thread of a pool would hold a slot for as long as it sleeps, and reclaim would
+    /// look through all of them for every victim.
+    pub fn none() -> Pin {
+        Pin { no_slot: true, ..Pin::default() }
     }
 
     /// Pins `[start, end)` (rounded out to pages), as much of it as the call's allowance
@@ -124,7 +132,6 @@ impl Drop for Pin {
         if let Some(slot) = self.slot.take() {
             slot.nr_ranges.store(0, Ordering::Relaxed);
             slot.owned.store(false, Ordering::Release);
-            NR_OWNED.fetch_sub(1, Ordering::Release);
         }
     }
 }
@@ -134,8 +141,9 @@ fn claim() -> Option<&'static Slot> {
     for (i, slot) in SLOTS.iter().enumerate() {
         if slot.owned.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             debug_assert_eq!(slot.nr_ranges.load(Ordering::Relaxed), 0);
-            NR_OWNED.fetch_add(1, Ordering::Relaxed);
-            SLOTS_HIGH.fetch_max(i + 1, Ordering::Relaxed);
+            if SLOTS_HIGH.load(Ordering::Relaxed) <= i {
+                SLOTS_HIGH.fetch_max(i + 1, Ordering::Relaxed);
+            }
             return Some(slot);
         }
     }
@@ -147,9 +155,6 @@ fn claim() -> Option<&'static Slot> {
 /// bit (the fence orders that store before the reads of the table).
 pub(crate) fn is_pinned(addr: usize) -> bool {
     fence(Ordering::SeqCst);
-    if NR_OWNED.load(Ordering::Relaxed) == 0 {
-        return false;
-    }
     let high = SLOTS_HIGH.load(Ordering::Relaxed).min(NR_SLOTS);
     SLOTS[..high].iter().any(|s| s.owned.load(Ordering::Relaxed) && s.covers(addr))
 }
@@ -184,6 +189,12 @@ mod tests {
         assert!(!is_pinned(far + MAX_PIN_BYTES));
         drop(pin);
         assert!(!is_pinned(base) && !is_pinned(far));
+        // A pin that pins nothing takes no slot and is not counted as unpinned.
+        let before = nr_unpinned();
+        let mut none = Pin::none();
+        none.add(base, base + PAGE_SIZE);
+        assert!(!is_pinned(base) && none.slot.is_none());
+        assert_eq!(nr_unpinned(), before);
         // Every slot taken: a call goes unpinned, and says so.
         let before = nr_unpinned();
         let mut pins: Vec<Pin> = (0..NR_SLOTS).map(|_| Pin::new()).collect();
@@ -195,6 +206,6 @@ mod tests {
         assert!(!is_pinned(far));
         assert_eq!(nr_unpinned(), before + 1);
         drop(pins);
-        assert_eq!(NR_OWNED.load(Ordering::Relaxed), 0);
+        assert!(SLOTS.iter().all(|s| !s.owned.load(Ordering::Relaxed)));
     }
 }

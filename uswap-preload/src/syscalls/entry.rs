@@ -288,8 +288,10 @@ struct Made {
 /// after an `EFAULT` of uswap's.
 fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
     let mut seq = uswap::stats::taken_out_seq();
-    // Pinned until the call (and its retries) returned: see `uswap::Pin`.
-    let mut pin = uswap::Pin::new();
+    // Pinned until the call (and its retries) returned: see `uswap::Pin`. A futex reads its
+    // word as the wait begins, then may sleep for good: not pinned (it is made again if the
+    // word went out meanwhile).
+    let mut pin = if nr == libc::SYS_futex { uswap::Pin::none() } else { uswap::Pin::new() };
     let first = prepare_once(&mut pin, r, &a);
     if first.managed {
         uswap::stats::note_syscall(uswap::stats::SyscallEvent::Prepared);
