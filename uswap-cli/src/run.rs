@@ -343,7 +343,13 @@ impl Launch {
 
 impl Drop for Launch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.stats_dir);
+        // Processes that outlive the program write their records until they end: one that
+        // writes while the directory is being removed leaves it non-empty, so try again.
+        for _ in 0..5 {
+            if std::fs::remove_dir_all(&self.stats_dir).is_ok() || !self.stats_dir.exists() {
+                break;
+            }
+        }
         for (seeds, session) in &self.redis_sessions {
             if let Err(e) = uswap::backend::redis::delete_session(seeds, session) {
                 eprintln!(
@@ -408,6 +414,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     };
     let mut summary = launch.summary();
     let unmanaged = unmanaged_now(&launch.stats_dir);
+    say_outliving(&launch, child.id());
     drop(launch);
     if let serde_json::Value::Object(m) = &mut summary {
         m.insert("rss_peak_bytes".into(), children_rss_peak_bytes().into());
@@ -429,6 +436,29 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         }
     }
     Ok(code)
+}
+
+/// Says, once the program ended, which of its processes go on (started in the background
+/// and left running, or daemonized): they keep the budget (they share its segment), but
+/// what they do from now on is in no summary, and `uswap run` does not wait for them.
+fn say_outliving(launch: &Launch, program_pid: u32) {
+    // A zombie (ended, not yet reaped by its parent) is not running on.
+    let running = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+    };
+    let live = launch.segment.live_pids().into_iter().filter(|&p| p != program_pid && running(p));
+    let pids: Vec<String> = live.map(|p| p.to_string()).collect();
+    if pids.is_empty() {
+        return;
+    }
+    let shown = pids.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
+    let more = if pids.len() > 8 { format!(" and {} more", pids.len() - 8) } else { String::new() };
+    eprintln!(
+        "uswap run: {} process(es) of the program outlive it ({shown}{more}): they stay under the limit, \
+         but their counters from now on are in no summary (wait for them in the program to count them)",
+        pids.len()
+    );
 }
 
 /// The tree's unmanaged memory is reported once it passes 1/10 of the limit.

@@ -1282,3 +1282,51 @@ fn auto_mode_picks_thread_mode_for_programs_linking_asynchronous_io() {
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
+
+/// A process the program leaves running (a background job of a shell that exits, a daemon)
+/// outlives `uswap run`: it is said on stderr with its pid (it stays under the budget, but
+/// its counters from then on are in no summary), and the run's directory is gone once it
+/// ends (it used to be left behind when a record was written while it was being removed).
+#[test]
+fn processes_that_outlive_the_program_are_said_and_leave_nothing_behind() {
+    let dir = tmpdir("outlive");
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let o = run_timed(
+        Command::new(env!("CARGO_BIN_EXE_uswap")).env("USWAP_PRELOAD_LIB", preload()).env("TMPDIR", &tmp).args([
+            "run",
+            "--limit",
+            "64MiB",
+            "--",
+            "sh",
+            "-c",
+            "sleep 2 & echo $!",
+        ]),
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}: {err}", o.status);
+    let sleeper = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert!(
+        err.contains("1 process(es) of the program outlive it") && err.contains(&format!("({sleeper})")),
+        "{sleeper}: {err}"
+    );
+    // The sleeper ends, writing its last record; then nothing of the run is left.
+    std::thread::sleep(Duration::from_millis(2500));
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    // A program that waits for its children is not said to leave any.
+    let o = run_timed(
+        Command::new(env!("CARGO_BIN_EXE_uswap")).env("USWAP_PRELOAD_LIB", preload()).args([
+            "run",
+            "--limit",
+            "64MiB",
+            "--",
+            "sh",
+            "-c",
+            "sleep 0.2 & wait",
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success() && !String::from_utf8_lossy(&o.stderr).contains("outlive"), "{o:?}");
+}

@@ -260,6 +260,14 @@ impl ChargeSegment {
         }
         freed
     }
+
+    /// The processes that hold a slot and are alive (after [`Self::sweep_dead`]): those
+    /// still under the budget.
+    pub fn live_pids(&self) -> Vec<u32> {
+        self.sweep_dead();
+        let pids = self.seg.slots.iter().map(|s| s.pid.load(Ordering::Acquire));
+        pids.filter(|&p| p != 0 && p != u64::MAX).map(|p| p as u32).collect()
+    }
 }
 
 #[cfg(test)]
