@@ -51,6 +51,8 @@ fn spawn_publisher() {
         tick += 1;
         if tick % MEASURE_EVERY_TICKS == 0 {
             measure_unmanaged();
+            // A thread cancelled in a blocking call leaves its pin (see `uswap::Pin`).
+            uswap::release_pins_of_dead_threads();
         }
         if let Some(seg) = crate::segment() {
             // Charges of processes that died without giving them back.

@@ -79,7 +79,7 @@ pub use fork::ForkHold;
 pub use pager::{
     BackgroundReclaim, FaultMode, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };
-pub use pin::{Pin, MAX_PIN_BYTES};
+pub use pin::{release_pins_of_dead_threads, Pin, MAX_PIN_BYTES};
 pub use readahead::Advice;
 pub use region::MAX_REGION_BYTES;
 pub use region_handle::{PlainRegion, Region};

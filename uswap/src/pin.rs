@@ -26,7 +26,7 @@
 //! Not the memory of the calls made by the engine itself, nor of calls the preload does not
 //! see (see the preload's `syscalls`).
 
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use crate::uffd::PAGE_SIZE;
 
@@ -40,6 +40,8 @@ pub const MAX_PIN_BYTES: usize = 4 << 20;
 
 struct Slot {
     owned: AtomicBool,
+    /// The thread that owns it (see [`release_pins_of_dead_threads`]).
+    tid: AtomicU32,
     nr_ranges: AtomicUsize,
     /// `[start, end)` page-aligned, the first `nr_ranges` of them valid.
     ranges: [[AtomicUsize; 2]; MAX_RANGES],
@@ -49,6 +51,7 @@ impl Slot {
     const fn new() -> Slot {
         Slot {
             owned: AtomicBool::new(false),
+            tid: AtomicU32::new(0),
             nr_ranges: AtomicUsize::new(0),
             ranges: [const { [AtomicUsize::new(0), AtomicUsize::new(0)] }; MAX_RANGES],
         }
@@ -67,8 +70,13 @@ static SLOTS: [Slot; NR_SLOTS] = [const { Slot::new() }; NR_SLOTS];
 static SLOTS_HIGH: AtomicUsize = AtomicUsize::new(0);
 
 /// The pins of one system call (see the module's comment). Claims a slot on its first
-/// range; gives it back when dropped.
+/// range; [`Pin::release`] gives it back. Not on drop: a pin lives in the frames of a call
+/// that `pthread_cancel` may end by unwinding them without running destructors (and a
+/// destructor in those `extern "C"` frames would turn the unwinding into an abort). The
+/// slot of a thread that ended holding one is given back by
+/// [`release_pins_of_dead_threads`].
 #[derive(Default)]
+#[must_use = "a pin holds its pages in until it is released"]
 pub struct Pin {
     slot: Option<&'static Slot>,
     /// Claiming found every slot taken: this call goes unpinned.
@@ -127,13 +135,42 @@ impl Pin {
     }
 }
 
-impl Drop for Pin {
-    fn drop(&mut self) {
+impl Pin {
+    /// Gives the pinned ranges back to reclaim (once the call returned).
+    pub fn release(mut self) {
         if let Some(slot) = self.slot.take() {
-            slot.nr_ranges.store(0, Ordering::Relaxed);
-            slot.owned.store(false, Ordering::Release);
+            free(slot);
         }
     }
+}
+
+fn free(slot: &Slot) {
+    slot.nr_ranges.store(0, Ordering::Relaxed);
+    slot.tid.store(0, Ordering::Relaxed);
+    slot.owned.store(false, Ordering::Release);
+}
+
+/// Gives back the slots of threads that ended holding a pin (cancelled in a blocking call:
+/// see [`Pin`]); returns how many. Called now and then by a thread of the engine's.
+pub fn release_pins_of_dead_threads() -> usize {
+    // SAFETY: getpid takes no arguments and cannot fail.
+    let pid = unsafe { libc::getpid() };
+    let high = SLOTS_HIGH.load(Ordering::Relaxed).min(NR_SLOTS);
+    let mut freed = 0;
+    for slot in &SLOTS[..high] {
+        let tid = slot.tid.load(Ordering::Acquire);
+        if !slot.owned.load(Ordering::Acquire) || tid == 0 {
+            continue;
+        }
+        // SAFETY: tgkill with signal 0 only checks that the thread exists.
+        let gone = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && slot.tid.compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            free(slot);
+            freed += 1;
+        }
+    }
+    freed
 }
 
 fn claim() -> Option<&'static Slot> {
@@ -141,6 +178,8 @@ fn claim() -> Option<&'static Slot> {
     for (i, slot) in SLOTS.iter().enumerate() {
         if slot.owned.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             debug_assert_eq!(slot.nr_ranges.load(Ordering::Relaxed), 0);
+            // SAFETY: gettid takes no arguments and cannot fail.
+            slot.tid.store(unsafe { libc::syscall(libc::SYS_gettid) } as u32, Ordering::Release);
             if SLOTS_HIGH.load(Ordering::Relaxed) <= i {
                 SLOTS_HIGH.fetch_max(i + 1, Ordering::Relaxed);
             }
@@ -187,7 +226,7 @@ mod tests {
         pin.add(far, far + 2 * MAX_PIN_BYTES);
         assert!(is_pinned(far));
         assert!(!is_pinned(far + MAX_PIN_BYTES));
-        drop(pin);
+        pin.release();
         assert!(!is_pinned(base) && !is_pinned(far));
         // A pin that pins nothing takes no slot and is not counted as unpinned.
         let before = nr_unpinned();
@@ -195,6 +234,7 @@ mod tests {
         none.add(base, base + PAGE_SIZE);
         assert!(!is_pinned(base) && none.slot.is_none());
         assert_eq!(nr_unpinned(), before);
+        none.release();
         // Every slot taken: a call goes unpinned, and says so.
         let before = nr_unpinned();
         let mut pins: Vec<Pin> = (0..NR_SLOTS).map(|_| Pin::new()).collect();
@@ -205,7 +245,19 @@ mod tests {
         extra.add(far, far + PAGE_SIZE);
         assert!(!is_pinned(far));
         assert_eq!(nr_unpinned(), before + 1);
-        drop(pins);
+        extra.release();
+        pins.into_iter().for_each(Pin::release);
         assert!(SLOTS.iter().all(|s| !s.owned.load(Ordering::Relaxed)));
+        // A thread that ends holding a pin (cancelled): its slot is given back.
+        std::thread::spawn(move || {
+            // Ends holding it, unreleased.
+            let mut p = Pin::new();
+            p.add(base, base + PAGE_SIZE);
+        })
+        .join()
+        .unwrap();
+        assert!(is_pinned(base));
+        assert_eq!(release_pins_of_dead_threads(), 1);
+        assert!(!is_pinned(base));
     }
 }

@@ -287,12 +287,19 @@ struct Made {
 /// Makes the call with its memory made ready first, and again, up to `retries` times,
 /// after an `EFAULT` of uswap's.
 fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
-    let mut seq = uswap::stats::taken_out_seq();
     // Pinned until the call (and its retries) returned: see `uswap::Pin`. A futex reads its
     // word as the wait begins, then may sleep for good: not pinned (it is made again if the
     // word went out meanwhile).
     let mut pin = if nr == libc::SYS_futex { uswap::Pin::none() } else { uswap::Pin::new() };
-    let first = prepare_once(&mut pin, r, &a);
+    let made = make_pinned(&mut pin, nr, r, a, retries);
+    pin.release();
+    made
+}
+
+/// [`make_prepared`]'s work, its memory pinned in `pin`.
+fn make_pinned(pin: &mut uswap::Pin, nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
+    let mut seq = uswap::stats::taken_out_seq();
+    let first = prepare_once(pin, r, &a);
     if first.managed {
         uswap::stats::note_syscall(uswap::stats::SyscallEvent::Prepared);
     }
@@ -316,7 +323,7 @@ fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
             a = shrunk(nr, a);
         }
         let seq_now = uswap::stats::taken_out_seq();
-        let again = prepare_once(&mut pin, r, &a);
+        let again = prepare_once(pin, r, &a);
         if again.nr_brought_in == 0 && seq_now == seq {
             break;
         }
@@ -419,7 +426,7 @@ fn note_async_kernel_access(nr: c_long, a: &[u64; 6]) {
         libc::SYS_io_uring_setup => b"io_uring",
         libc::SYS_io_setup => b"Linux AIO",
         libc::SYS_ioctl if KVM_SET_USER_MEMORY_REGIONS.contains(&a[1]) => {
-            let Some(r) = read_user::<KvmMemoryRegion>(&mut uswap::Pin::new(), a[2]) else { return };
+            let Some(r) = read_user::<KvmMemoryRegion>(&mut uswap::Pin::none(), a[2]) else { return };
             let end = r.userspace_addr.saturating_add(r.memory_size) as usize;
             if uswap::memory_owner(r.userspace_addr as usize, end) != uswap::MemoryOwner::Managed {
                 return;
