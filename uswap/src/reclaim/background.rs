@@ -58,7 +58,7 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         if faults != last_faults {
             last_fault_seen = std::time::Instant::now();
         }
-        let idle_long = last_fault_seen.elapsed() >= IDLE_COLD;
+        let mut idle_long = last_fault_seen.elapsed() >= IDLE_COLD;
         last_faults = faults;
         p.devices.run_discards();
         if !idle || p.charge.reclaim_held.load(Ordering::Acquire) {
@@ -84,8 +84,14 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
             } else {
                 fruitless = 0;
             }
-            if p.background_reclaim == BackgroundReclaim::WhenIdle && p.stats.sum(Counter::Pgfault) != last_faults {
-                break;
+            if p.stats.sum(Counter::Pgfault) != last_faults {
+                if p.background_reclaim == BackgroundReclaim::WhenIdle {
+                    break;
+                }
+                // `Always` goes on for its own limit, but its application faults again: its
+                // pages are no longer the tree's coldest (it kept evicting them for the
+                // tree's charge, a whole working set, after a pause of 5 s).
+                idle_long = false;
             }
         }
         p.devices.flush_frees();
