@@ -78,6 +78,12 @@ pub enum RunError {
          target/release), nor at ${ENV_PRELOAD_LIB}"
     )]
     NoPreload { exe: PathBuf },
+    #[error(
+        "a limit of {} is below the least a pager takes, {}: give it at least that",
+        format_size(*limit_bytes),
+        format_size(uswap::MIN_LIMIT_BYTES)
+    )]
+    LimitTooSmall { limit_bytes: u64 },
     #[error("cannot make a directory for the counters: {0}")]
     StatsDir(std::io::Error),
     #[error("cannot draw a random session name for the Redis devices (getrandom): {0}")]
@@ -363,6 +369,10 @@ impl Drop for Launch {
 }
 
 fn run(args: &RunArgs) -> Result<u8, RunError> {
+    if args.limit < uswap::MIN_LIMIT_BYTES {
+        return Err(RunError::LimitTooSmall { limit_bytes: args.limit });
+    }
+    say_if_nested(args.limit);
     let cfg = LaunchConfig {
         limit_bytes: args.limit,
         device: args.device.clone(),
@@ -375,11 +385,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // `uswap stat <this pid>` shows the tree's counters, summed from what every process
     // publishes (each also answers for itself under its own pid). Best effort: the program
     // runs the same without it.
-    let tree_dir = launch.stats_dir.clone();
-    let _tree_stats =
-        uswap::stats_server::serve(&uswap::stats_server::next_socket_name(), move || tree_stats(&tree_dir))
-            .map_err(|e| eprintln!("uswap run: the tree's counters will not be served to `uswap stat`: {e}"))
-            .ok();
+    let _tree_stats = serve_tree_stats(&launch.stats_dir);
     // A terminal's Ctrl-C goes to the whole foreground group: the program decides what to do
     // with it, and we wait for it to finish (as `time` does). Ignored only after the spawn:
     // an ignored signal stays ignored across exec.
@@ -436,6 +442,40 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         }
     }
     Ok(code)
+}
+
+/// Serves the tree's counters for `uswap stat <this pid>`. Under another `uswap run` this
+/// process is managed too, and its own pager's socket may hold the first names: the next
+/// ones are tried.
+fn serve_tree_stats(dir: &Path) -> Option<uswap::stats_server::StatsServer> {
+    let mut last_error = None;
+    for _ in 0..8 {
+        let tree_dir = dir.to_path_buf();
+        match uswap::stats_server::serve(&uswap::stats_server::next_socket_name(), move || tree_stats(&tree_dir)) {
+            Ok(s) => return Some(s),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    if let Some(e) = last_error {
+        eprintln!("uswap run: the tree's counters will not be served to `uswap stat`: {e}");
+    }
+    None
+}
+
+/// Under another `uswap run` (its configuration is in the environment), this program's
+/// tree gets a budget of its own, charged to this run's segment only: the outer limit
+/// does not hold for it. Said, with both limits.
+fn say_if_nested(limit_bytes: u64) {
+    // Set by `uswap run` only (the others may be a user's, for the preload used directly).
+    if std::env::var_os("USWAP_STATS_DIR").is_none() {
+        return;
+    }
+    let outer = std::env::var("USWAP_LIMIT").ok().and_then(|s| parse_size(&s).ok()).map_or("?".into(), format_size);
+    eprintln!(
+        "uswap run: running under another uswap run (limit {outer}): this program gets a budget of its own, \
+         {}, which the outer limit does not count",
+        format_size(limit_bytes)
+    );
 }
 
 /// Says, once the program ended, which of its processes go on (started in the background

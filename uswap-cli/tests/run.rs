@@ -1349,3 +1349,28 @@ fn threads_cancelled_in_blocking_calls_end_cleanly() {
         assert!(counter(&v, "pswpout") > 0, "{mode}: {v}");
     }
 }
+
+/// A limit below what a pager takes is refused before the program starts (it used to start
+/// it, and every process failed on its own); a `uswap run` under another says that its
+/// program's budget is its own, outside the outer one; both runs serve their counters.
+#[test]
+fn tiny_limits_are_refused_and_nested_runs_are_said() {
+    let uswap = env!("CARGO_BIN_EXE_uswap");
+    let o = run_timed(
+        Command::new(uswap).env("USWAP_PRELOAD_LIB", preload()).args(["run", "--limit", "4KiB", "--", "echo", "ran"]),
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(o.stdout.is_empty() && err.contains("below the least a pager takes, 1MiB"), "{err}");
+    let o = run_timed(
+        Command::new(uswap)
+            .env("USWAP_PRELOAD_LIB", preload())
+            .args(["run", "--limit", "64MiB", "--", uswap, "run", "--limit", "32MiB", "--", "echo", "ran"]),
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "ran", "{err}");
+    assert!(err.contains("under another uswap run (limit 64MiB)") && err.contains("32MiB"), "{err}");
+    assert!(!err.contains("will not be served"), "{err}");
+}
