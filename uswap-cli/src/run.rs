@@ -390,6 +390,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // with it, and we wait for it to finish (as `time` does). Ignored only after the spawn:
     // an ignored signal stays ignored across exec.
     let _ignored = IgnoreTerminalSignals::new();
+    let _forwarded = ForwardSignals::new(child.id());
     let unmanaged_limit = args.limit / UNMANAGED_SHARE_DIVISOR;
     let status = loop {
         if args.strict {
@@ -629,6 +630,50 @@ impl Drop for IgnoreTerminalSignals {
             libc::signal(libc::SIGINT, self.old[0]);
             libc::signal(libc::SIGQUIT, self.old[1]);
         }
+    }
+}
+
+/// Signals sent to `uswap run` alone (by a supervisor: `kill`, `timeout`, systemd, `docker
+/// stop`), passed on to the program, which decides what to do with them; `uswap run` waits
+/// for it as for any end. They killed `uswap run` before, leaving the program running
+/// unsupervised and the run's directory behind. (SIGINT and SIGQUIT come from a terminal to
+/// the whole group, the program included: ignored here, not passed on twice.)
+const FORWARDED_SIGNALS: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2];
+
+/// The program's pid, for [`forward_signal`].
+static PROGRAM_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int) {
+    let pid = PROGRAM_PID.load(std::sync::atomic::Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe; it sends a signal to the program we started.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// [`FORWARDED_SIGNALS`] passed on to the program while it lives (restored on drop).
+struct ForwardSignals {
+    old: [libc::sighandler_t; FORWARDED_SIGNALS.len()],
+}
+
+impl ForwardSignals {
+    fn new(program_pid: u32) -> Self {
+        PROGRAM_PID.store(program_pid as i32, std::sync::atomic::Ordering::Relaxed);
+        let handler = forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SAFETY: the handler only loads an atomic and calls kill(2), both async-signal-safe;
+        // the old dispositions are restored on drop.
+        let old = FORWARDED_SIGNALS.map(|sig| unsafe { libc::signal(sig, handler) });
+        ForwardSignals { old }
+    }
+}
+
+impl Drop for ForwardSignals {
+    fn drop(&mut self) {
+        for (sig, old) in FORWARDED_SIGNALS.iter().zip(self.old) {
+            // SAFETY: restores a disposition saved in `new`.
+            unsafe { libc::signal(*sig, old) };
+        }
+        PROGRAM_PID.store(0, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -1374,3 +1374,43 @@ fn tiny_limits_are_refused_and_nested_runs_are_said() {
     assert!(err.contains("under another uswap run (limit 64MiB)") && err.contains("32MiB"), "{err}");
     assert!(!err.contains("will not be served"), "{err}");
 }
+
+/// SIGTERM sent to `uswap run` alone (a supervisor's `kill`, `timeout`) goes on to the
+/// program, which ends as it chooses; `uswap run` waits for it, exits with its status and
+/// leaves nothing behind. It used to die at once, leaving the program running and its
+/// directory in place.
+#[test]
+fn sigterm_to_uswap_run_goes_on_to_the_program() {
+    let dir = tmpdir("sigterm");
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let script = "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_uswap"))
+        .env("USWAP_PRELOAD_LIB", preload())
+        .env("TMPDIR", &tmp)
+        .args(["run", "--limit", "64MiB", "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut first = [0u8; 6];
+    std::io::Read::read_exact(&mut out, &mut first).unwrap();
+    assert_eq!(&first, b"ready\n");
+    // SAFETY: kill(2) of the child we started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "uswap run did not end after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert_eq!(status.code(), Some(7), "the program's own status: {status}");
+    assert_eq!(rest, "got TERM\n");
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
