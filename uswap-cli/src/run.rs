@@ -84,6 +84,8 @@ pub enum RunError {
         format_size(uswap::MIN_LIMIT_BYTES)
     )]
     LimitTooSmall { limit_bytes: u64 },
+    #[error("--device: {0}")]
+    Device(uswap::Error),
     #[error("cannot make a directory for the counters: {0}")]
     StatsDir(std::io::Error),
     #[error("cannot draw a random session name for the Redis devices (getrandom): {0}")]
@@ -297,6 +299,8 @@ impl Launch {
         if !preload.is_file() {
             return Err(RunError::NoPreload { exe: preload });
         }
+        // A device list that does not parse is said once, here, rather than by every process.
+        uswap::DeviceConfig::parse_list(&cfg.device, cfg.limit_bytes).map_err(RunError::Device)?;
         let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
         let stats_dir = make_stats_dir()?;
         // One budget for the whole tree: every process's pager charges this segment too.
@@ -349,6 +353,9 @@ impl Launch {
 
 impl Drop for Launch {
     fn drop(&mut self) {
+        // No record: no pager ever started (a device it could not reach), so no page can be
+        // on a Redis device, and failing to reach it again is no news.
+        let any_pager = record_paths(&self.stats_dir).next().is_some();
         // Processes that outlive the program write their records until they end: one that
         // writes while the directory is being removed leaves it non-empty, so try again.
         for _ in 0..5 {
@@ -357,7 +364,8 @@ impl Drop for Launch {
             }
         }
         for (seeds, session) in &self.redis_sessions {
-            if let Err(e) = uswap::backend::redis::delete_session(seeds, session) {
+            let deleted = uswap::backend::redis::delete_session(seeds, session);
+            if let (Err(e), true) = (deleted, any_pager) {
                 eprintln!(
                     "uswap run: could not delete the program's pages from redis://{}: {e}; delete the keys \
                      uswap:{session}.* by hand",
@@ -373,6 +381,10 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         return Err(RunError::LimitTooSmall { limit_bytes: args.limit });
     }
     say_if_nested(args.limit);
+    if let Some(p) = &args.stats_json {
+        // Found out now, not after the program ran.
+        std::fs::File::create(p).map_err(|source| RunError::WriteStats { path: p.clone(), source })?;
+    }
     let cfg = LaunchConfig {
         limit_bytes: args.limit,
         device: args.device.clone(),

@@ -1414,3 +1414,27 @@ fn sigterm_to_uswap_run_goes_on_to_the_program() {
     let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// A device list that does not parse, and a `--stats-json` that cannot be written, are
+/// refused before the program starts (the first was said by every process of the tree, the
+/// second found out only once the program had run).
+#[test]
+fn bad_devices_and_stats_paths_are_refused_before_the_program_starts() {
+    for (opts, said) in [
+        (&["--device", "bogus"][..], "--device: bad device \"bogus\""),
+        (&["--stats-json", "/nonexistent/dir/stats.json"][..], "cannot write /nonexistent/dir/stats.json"),
+    ] {
+        let o = run_timed(
+            Command::new(env!("CARGO_BIN_EXE_uswap"))
+                .env("USWAP_PRELOAD_LIB", preload())
+                .args(["run", "--limit", "64MiB"])
+                .args(opts)
+                .args(["--", "echo", "ran"]),
+            Duration::from_secs(60),
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{opts:?}: {err}");
+        assert!(o.stdout.is_empty(), "{opts:?}: the program ran");
+        assert!(err.contains(said) && err.lines().count() == 1, "{opts:?}: {err}");
+    }
+}
