@@ -17,11 +17,15 @@
 //!
 //! Locking: none. A slot belongs to the pin that claimed it (compare-and-swap of `owned`)
 //! until the pin is dropped. Allocation-free and lock-free: a pin is taken in signal
-//! handlers. Invariants: a slot holds at most [`MAX_RANGES`] ranges (one more is merged
-//! into the last, which only grows, so a reader that sees half an update still sees the old
-//! range inside it); a pin covers at most [`MAX_PIN_BYTES`] (the rest of a larger buffer is
-//! prepared unpinned: a pin may hold a call's pages over the limit, but not without bound).
-//! With every slot taken, a call is prepared unpinned (counted in `syscall_unpinned`).
+//! handlers. Invariants: a slot holds at most [`MAX_RANGES`] ranges; a range that overlaps
+//! or touches one is merged into it (a range only grows, so a reader that sees half an
+//! update still sees the old range inside it), one more that does not is left unpinned (it
+//! is never merged across a gap: a `readv` blocked for hours on scattered buffers would pin
+//! all the heap between them); a pin covers at most [`MAX_PIN_BYTES`]. What is left unpinned
+//! (the rest of a larger buffer, ranges past the slot's) is prepared as before pins, and an
+//! `EFAULT` on it is retried: a pin may hold a call's pages over the limit, but not without
+//! bound. With every slot taken, a call is prepared unpinned (counted in
+//! `syscall_unpinned`).
 //!
 //! Not the memory of the calls made by the engine itself, nor of calls the preload does not
 //! see (see the preload's `syscalls`).
@@ -32,8 +36,9 @@ use crate::uffd::PAGE_SIZE;
 
 /// Calls that can hold a pin at once, over every thread of the process.
 const NR_SLOTS: usize = 64;
-/// Ranges one pin holds apart; more are merged into the last.
-const MAX_RANGES: usize = 8;
+/// Ranges one pin holds apart (those of a call with many buffers: `execve`'s strings, a
+/// vector of iovecs).
+const MAX_RANGES: usize = 16;
 /// The most memory one call pins: its buffers beyond this are brought in unpinned (and
 /// transfers go on in windows, see the preload's `syscalls::complete`).
 pub const MAX_PIN_BYTES: usize = 4 << 20;
@@ -107,21 +112,27 @@ impl Pin {
         }
         let Some(slot) = self.slot() else { return };
         let n = slot.nr_ranges.load(Ordering::Relaxed);
-        let within = |[s, e]: &[AtomicUsize; 2]| s.load(Ordering::Relaxed) <= start && end <= e.load(Ordering::Relaxed);
-        if slot.ranges[..n].iter().any(within) {
-            return; // a retry pins what it pinned before
+        for [s, e] in &slot.ranges[..n] {
+            let (s_addr, e_addr) = (s.load(Ordering::Relaxed), e.load(Ordering::Relaxed));
+            if s_addr <= start && end <= e_addr {
+                return; // a retry pins what it pinned before
+            }
+            if start <= e_addr && s_addr <= end {
+                // Overlaps or touches: grown, never shrunk (see the module's invariants).
+                self.pinned_bytes += (e_addr.max(end) - s_addr.min(start)) - (e_addr - s_addr);
+                s.fetch_min(start, Ordering::Relaxed);
+                e.fetch_max(end, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                return;
+            }
+        }
+        if n == MAX_RANGES {
+            return; // left unpinned: see the module's invariants
         }
         self.pinned_bytes += end - start;
-        if n < MAX_RANGES {
-            slot.ranges[n][0].store(start, Ordering::Relaxed);
-            slot.ranges[n][1].store(end, Ordering::Relaxed);
-            slot.nr_ranges.store(n + 1, Ordering::Relaxed);
-        } else {
-            // Grown, never shrunk: see the module's invariants.
-            let [s, e] = &slot.ranges[MAX_RANGES - 1];
-            s.fetch_min(start, Ordering::Relaxed);
-            e.fetch_max(end, Ordering::Relaxed);
-        }
+        slot.ranges[n][0].store(start, Ordering::Relaxed);
+        slot.ranges[n][1].store(end, Ordering::Relaxed);
+        slot.nr_ranges.store(n + 1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
 
@@ -214,20 +225,28 @@ mod tests {
         assert!(!is_pinned(base));
         pin.add(base + 10, base + 20);
         assert!(is_pinned(base) && is_pinned(base + PAGE_SIZE - 1) && !is_pinned(base + PAGE_SIZE));
-        // More ranges than a slot holds: the last grows to cover them.
+        // A range that touches one is merged into it, taking no slot range of its own.
+        pin.add(base + PAGE_SIZE, base + 2 * PAGE_SIZE);
+        assert!(is_pinned(base + PAGE_SIZE) && !is_pinned(base + 2 * PAGE_SIZE));
+        // More ranges apart than a slot holds: the first MAX_RANGES are pinned, the rest not,
+        // and nothing between them.
         for i in 1..=MAX_RANGES + 2 {
             pin.add(base + 4 * i * PAGE_SIZE, base + (4 * i + 1) * PAGE_SIZE);
         }
         for i in 1..=MAX_RANGES + 2 {
-            assert!(is_pinned(base + 4 * i * PAGE_SIZE), "range {i}");
+            assert_eq!(is_pinned(base + 4 * i * PAGE_SIZE), i < MAX_RANGES, "range {i}");
+            assert!(!is_pinned(base + (4 * i + 2) * PAGE_SIZE), "between ranges {i}");
         }
+        pin.release();
+        assert!(!is_pinned(base));
         // The allowance: nothing past MAX_PIN_BYTES in all.
         let far = base + (1 << 30);
+        let mut pin = Pin::new();
         pin.add(far, far + 2 * MAX_PIN_BYTES);
         assert!(is_pinned(far));
         assert!(!is_pinned(far + MAX_PIN_BYTES));
         pin.release();
-        assert!(!is_pinned(base) && !is_pinned(far));
+        assert!(!is_pinned(far));
         // A pin that pins nothing takes no slot and is not counted as unpinned.
         let before = nr_unpinned();
         let mut none = Pin::none();
