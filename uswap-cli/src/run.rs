@@ -345,6 +345,17 @@ impl Launch {
         Ok(Launch { command, path, stats_dir, segment, limit_bytes: cfg.limit_bytes, redis_sessions })
     }
 
+    /// Processes of the program outlive it: their pages on Redis devices stay (deleting them
+    /// would lose their memory); said, with the keys to delete once they end.
+    pub fn keep_redis_pages(&mut self) {
+        for (seeds, session) in self.redis_sessions.drain(..) {
+            eprintln!(
+                "uswap run: their pages on redis://{} stay: delete the keys uswap:{session}.* once they end",
+                seeds.join(";")
+            );
+        }
+    }
+
     /// The counters of every process of the program, summed (call once it has ended).
     pub fn summary(&self) -> serde_json::Value {
         summarize(&self.stats_dir, self.limit_bytes, &self.segment)
@@ -382,8 +393,9 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     }
     say_if_nested(args.limit);
     if let Some(p) = &args.stats_json {
-        // Found out now, not after the program ran.
-        std::fs::File::create(p).map_err(|source| RunError::WriteStats { path: p.clone(), source })?;
+        // Found out now, not after the program ran; an existing file keeps what it holds
+        // until the counters replace it.
+        check_writable(p).map_err(|source| RunError::WriteStats { path: p.clone(), source })?;
     }
     let cfg = LaunchConfig {
         limit_bytes: args.limit,
@@ -402,7 +414,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // with it, and we wait for it to finish (as `time` does). Ignored only after the spawn:
     // an ignored signal stays ignored across exec.
     let _ignored = IgnoreTerminalSignals::new();
-    let _forwarded = ForwardSignals::new(child.id());
+    let forwarded = ForwardSignals::new(child.id());
     let unmanaged_limit = args.limit / UNMANAGED_SHARE_DIVISOR;
     let status = loop {
         if args.strict {
@@ -426,6 +438,8 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
             Err(source) => return Err(RunError::Spawn { path, source }),
         }
     };
+    // Reaped: its pid may be anyone's now.
+    drop(forwarded);
     let code = match (status.code(), status.signal()) {
         (Some(c), _) => c as u8,
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
@@ -433,7 +447,9 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     };
     let mut summary = launch.summary();
     let unmanaged = unmanaged_now(&launch.stats_dir);
-    say_outliving(&launch, child.id());
+    if say_outliving(&launch, child.id()) {
+        launch.keep_redis_pages();
+    }
     drop(launch);
     if let serde_json::Value::Object(m) = &mut summary {
         m.insert("rss_peak_bytes".into(), children_rss_peak_bytes().into());
@@ -455,6 +471,24 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         }
     }
     Ok(code)
+}
+
+/// Whether `path` can be written: an existing file, opened for writing without truncating
+/// it, or a new one in a directory we may write to.
+fn check_writable(path: &Path) -> std::io::Result<()> {
+    if path.exists() {
+        return std::fs::OpenOptions::new().write(true).open(path).map(drop);
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: access(2) reads the NUL-terminated path it is given.
+    if unsafe { libc::access(c_dir.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Serves the tree's counters for `uswap stat <this pid>`. Under another `uswap run` this
@@ -494,7 +528,7 @@ fn say_if_nested(limit_bytes: u64) {
 /// Says, once the program ended, which of its processes go on (started in the background
 /// and left running, or daemonized): they keep the budget (they share its segment), but
 /// what they do from now on is in no summary, and `uswap run` does not wait for them.
-fn say_outliving(launch: &Launch, program_pid: u32) {
+fn say_outliving(launch: &Launch, program_pid: u32) -> bool {
     // A zombie (ended, not yet reaped by its parent) is not running on.
     let running = |pid: u32| {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -503,7 +537,7 @@ fn say_outliving(launch: &Launch, program_pid: u32) {
     let live = launch.segment.live_pids().into_iter().filter(|&p| p != program_pid && running(p));
     let pids: Vec<String> = live.map(|p| p.to_string()).collect();
     if pids.is_empty() {
-        return;
+        return false;
     }
     let shown = pids.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
     let more = if pids.len() > 8 { format!(" and {} more", pids.len() - 8) } else { String::new() };
@@ -512,6 +546,7 @@ fn say_outliving(launch: &Launch, program_pid: u32) {
          but their counters from now on are in no summary (wait for them in the program to count them)",
         pids.len()
     );
+    true
 }
 
 /// The tree's unmanaged memory is reported once it passes 1/10 of the limit.
@@ -659,7 +694,13 @@ extern "C" fn forward_signal(sig: libc::c_int) {
     let pid = PROGRAM_PID.load(std::sync::atomic::Ordering::Relaxed);
     if pid > 0 {
         // SAFETY: kill(2) is async-signal-safe; it sends a signal to the program we started.
-        unsafe { libc::kill(pid, sig) };
+        // errno is saved and restored: the handler may interrupt code that is about to read
+        // it.
+        unsafe {
+            let errno = *libc::__errno_location();
+            libc::kill(pid, sig);
+            *libc::__errno_location() = errno;
+        }
     }
 }
 

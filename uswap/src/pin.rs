@@ -173,10 +173,10 @@ pub fn release_pins_of_dead_threads() -> usize {
         if !slot.owned.load(Ordering::Acquire) || tid == 0 {
             continue;
         }
-        // SAFETY: tgkill with signal 0 only checks that the thread exists.
-        let gone = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) } != 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        if gone && slot.tid.compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if !owner_gone(pid, tid) {
+            continue;
+        }
+        if slot.tid.compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             free(slot);
             freed += 1;
         }
@@ -199,6 +199,28 @@ fn claim() -> Option<&'static Slot> {
     }
     crate::stats::note_syscall(crate::stats::SyscallEvent::Unpinned);
     None
+}
+
+/// Whether the owner `tid` of a slot in this process's table (`pid`) can no longer use it:
+/// it is no thread of ours and no process that shares our memory. A child made with
+/// `vfork` (or `posix_spawn`'s `clone(CLONE_VM)`) shares the table and pins its `execve`'s
+/// strings in it; its slot is its own until its `execve` succeeds (then its memory is no
+/// longer ours), and a failed attempt releases it as any call does.
+fn owner_gone(pid: libc::pid_t, tid: u32) -> bool {
+    let esrch = || std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    // SAFETY: tgkill with signal 0 only checks that the thread exists.
+    if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) } == 0 || !esrch() {
+        return false;
+    }
+    // SAFETY: kill with signal 0 only checks that the process (or thread) exists.
+    if unsafe { libc::kill(tid as libc::pid_t, 0) } != 0 && esrch() {
+        return true;
+    }
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: kcmp compares two processes' kernel objects; it reads and writes no memory.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid, tid, KCMP_VM, 0, 0) };
+    // 0: same memory. Unknown (no kcmp, not permitted): kept, as if shared.
+    r > 0
 }
 
 /// Whether a call pins the page at `addr`. Called by reclaim after it set the page's busy
@@ -278,5 +300,27 @@ mod tests {
         assert!(is_pinned(base));
         assert_eq!(release_pins_of_dead_threads(), 1);
         assert!(!is_pinned(base));
+        // A live thread keeps its pin; a live process that no longer shares our memory (a
+        // vfork child after its exec; here a fork child) does not.
+        let mut mine = Pin::new();
+        mine.add(base, base + PAGE_SIZE);
+        assert_eq!(release_pins_of_dead_threads(), 0);
+        // SAFETY: the child only sleeps and exits (async-signal-safe calls).
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: sleep and _exit are async-signal-safe.
+            unsafe {
+                libc::sleep(5);
+                libc::_exit(0)
+            };
+        }
+        mine.slot.expect("a slot").tid.store(child as u32, Ordering::Release);
+        assert_eq!(release_pins_of_dead_threads(), 1, "a process that does not share our memory");
+        assert!(!is_pinned(base));
+        // SAFETY: kill and waitpid of our own child.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
     }
 }

@@ -28,6 +28,9 @@ pub(crate) const CHARGE_WAIT_LIMIT_NS: u64 = 250_000_000;
 /// How long a charge waits while no thread makes any progress at all (nothing written
 /// back, dropped or found zero anywhere) before it gives up sooner.
 const CHARGE_STALL_LIMIT_NS: u64 = 100_000_000;
+/// Rounds a charge makes at once while its rounds find only pinned victims (each round looks
+/// at up to four batches of the LRU) before it charges over the limit.
+const MAX_PINNED_ROUNDS: usize = 4;
 /// First and longest sleep between fruitless rounds of a charge.
 const CHARGE_BACKOFF_MIN_NS: u64 = 20_000;
 const CHARGE_BACKOFF_MAX_NS: u64 = 1_000_000;
@@ -71,6 +74,7 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
     // When the first reclaim round began: fruitful rounds whose room other threads' charges
     // keep taking first are bounded by CHARGE_WAIT_LIMIT_NS all told, like fruitless ones.
     let mut reclaim_since_ns = 0;
+    let mut pinned_rounds = 0;
     // Terminates: a failed compare-exchange means another thread changed the charge (its
     // progress); a fruitful round uncharges pages, and fruitless rounds sleep; reclaiming
     // is bounded by CHARGE_WAIT_LIMIT_NS in all, fruitful or not.
@@ -103,7 +107,14 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
             }
             continue;
         }
-        if waiting_cannot_help(p, round.refused, cur + n <= limit) {
+        if round.pinned > 0 && pinned_rounds < MAX_PINNED_ROUNDS {
+            // The pinned victims went to the LRU's tail: the next round sees others.
+            pinned_rounds += 1;
+            continue;
+        }
+        // Still only pinned pages (all this small process has are its call's own): waiting
+        // would not unpin them, the call waits for this charge.
+        if waiting_cannot_help(p, round.refused + round.pinned, cur + n <= limit) {
             force_charge(p, n);
             p.stats.inc(Counter::LimitOverrun);
             break;

@@ -34,6 +34,8 @@ pub(crate) struct Progress {
     pub uncharged: usize,
     /// Victims the kernel refused to move (see `swapout::Shrunk::refused`).
     pub refused: usize,
+    /// Victims left in place because a system call pins them (put back at the LRU's tail).
+    pub pinned: usize,
 }
 
 impl Progress {
@@ -58,6 +60,7 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
         progress.moved = s.moved;
         progress.uncharged = s.uncharged;
         progress.refused = s.refused;
+        progress.pinned = s.pinned;
     }
     if p.swap_cache.nr_pages() >= target || progress.moved == 0 {
         progress.uncharged += shrink_inactive(p, BATCH);
@@ -74,6 +77,7 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
         progress.moved += s.moved;
         progress.uncharged += s.uncharged;
         progress.refused += s.refused;
+        progress.pinned += s.pinned;
         if s.moved > s.uncharged {
             progress.uncharged += shrink_inactive(p, BATCH);
         }

@@ -227,15 +227,14 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
         if p.lru.is_empty() {
             refill_active_by_scan(p);
         }
-        return Shrunk { refused: nr_pinned, ..Shrunk::default() };
+        return Shrunk { pinned: nr_pinned, ..Shrunk::default() };
     }
     assert!(victims.len() <= nr.min(BATCH));
     victims.sort_unstable_by_key(|v| (v.gi, v.page));
     let (dropped, mut refused) = drop_clean(p, &guards, &victims);
-    refused += nr_pinned;
     victims.retain(|v| !v.pte.clean());
     if victims.is_empty() {
-        return Shrunk { moved: dropped, uncharged: dropped, refused };
+        return Shrunk { moved: dropped, uncharged: dropped, refused, pinned: nr_pinned };
     }
     let mut entries = [SwapEntry::new(0, 0); BATCH];
     alloc_slots(p, &guards, &mut victims, &mut entries);
@@ -245,7 +244,7 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
     p.stats.add(if direct { Counter::PgstealDirect } else { Counter::PgstealBackground }, staged.moved as u64);
     crate::stats::note_taken_out((staged.moved + dropped) as u64);
     p.devices.free_now(&mut to_free);
-    Shrunk { moved: staged.moved + dropped, uncharged: staged.uncharged + dropped, refused }
+    Shrunk { moved: staged.moved + dropped, uncharged: staged.uncharged + dropped, refused, pinned: nr_pinned }
 }
 
 /// Clean victims need no write: their slot still holds them. They leave the region as dirty
@@ -490,10 +489,12 @@ pub(super) struct Shrunk {
     pub uncharged: usize,
     /// Pages the kernel refused to move for a reason waiting does not cure: shared with
     /// a fork child (copy-on-write), pinned, or protected differently from the staging
-    /// area (`mprotect`); and pages a system call pins (`crate::pin`: it may be this
-    /// thread's own, bringing the rest of its memory in). Pages found unmapped (`ENOENT`,
-    /// an event settles them) are not counted.
+    /// area (`mprotect`). Pages found unmapped (`ENOENT`, an event settles them) are not
+    /// counted.
     pub refused: usize,
+    /// Victims left in place because a system call pins them (`crate::pin`; the pin may be
+    /// the charging thread's own, bringing the rest of its call's memory in).
+    pub pinned: usize,
 }
 
 /// Writes back up to `nr` of the oldest staged pages. Returns the pages uncharged.
