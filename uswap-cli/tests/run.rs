@@ -71,6 +71,17 @@ fn uswap_run(limit_mib: u64, opts: &[&str], prog: &[&str], dir: &Path) -> (Outpu
     (out, v)
 }
 
+/// `uswap ARGS` with the tests' preload library (and `TMPDIR`, where `uswap run` makes its
+/// directory, if given), under a minute's timeout.
+fn uswap(args: &[&str], tmp: Option<&Path>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    cmd.env("USWAP_PRELOAD_LIB", preload()).args(args);
+    if let Some(tmp) = tmp {
+        cmd.env("TMPDIR", tmp);
+    }
+    run_timed(&mut cmd, Duration::from_secs(60))
+}
+
 fn plain(prog: &[&str]) -> Output {
     let o = run_timed(Command::new(prog[0]).args(&prog[1..]), Duration::from_secs(300));
     assert!(o.status.success(), "{prog:?} without uswap failed:\n{}", String::from_utf8_lossy(&o.stderr));
@@ -1292,18 +1303,7 @@ fn processes_that_outlive_the_program_are_said_and_leave_nothing_behind() {
     let dir = tmpdir("outlive");
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
-    let o = run_timed(
-        Command::new(env!("CARGO_BIN_EXE_uswap")).env("USWAP_PRELOAD_LIB", preload()).env("TMPDIR", &tmp).args([
-            "run",
-            "--limit",
-            "64MiB",
-            "--",
-            "sh",
-            "-c",
-            "sleep 2 & echo $!",
-        ]),
-        Duration::from_secs(60),
-    );
+    let o = uswap(&["run", "--limit", "64MiB", "--", "sh", "-c", "sleep 2 & echo $!"], Some(&tmp));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{}: {err}", o.status);
     let sleeper = String::from_utf8_lossy(&o.stdout).trim().to_string();
@@ -1316,18 +1316,7 @@ fn processes_that_outlive_the_program_are_said_and_leave_nothing_behind() {
     let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "left behind: {left:?}");
     // A program that waits for its children is not said to leave any.
-    let o = run_timed(
-        Command::new(env!("CARGO_BIN_EXE_uswap")).env("USWAP_PRELOAD_LIB", preload()).args([
-            "run",
-            "--limit",
-            "64MiB",
-            "--",
-            "sh",
-            "-c",
-            "sleep 0.2 & wait",
-        ]),
-        Duration::from_secs(60),
-    );
+    let o = uswap(&["run", "--limit", "64MiB", "--", "sh", "-c", "sleep 0.2 & wait"], None);
     assert!(o.status.success() && !String::from_utf8_lossy(&o.stderr).contains("outlive"), "{o:?}");
 }
 
@@ -1355,20 +1344,12 @@ fn threads_cancelled_in_blocking_calls_end_cleanly() {
 /// program's budget is its own, outside the outer one; both runs serve their counters.
 #[test]
 fn tiny_limits_are_refused_and_nested_runs_are_said() {
-    let uswap = env!("CARGO_BIN_EXE_uswap");
-    let o = run_timed(
-        Command::new(uswap).env("USWAP_PRELOAD_LIB", preload()).args(["run", "--limit", "4KiB", "--", "echo", "ran"]),
-        Duration::from_secs(60),
-    );
+    let o = uswap(&["run", "--limit", "4KiB", "--", "echo", "ran"], None);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(o.stdout.is_empty() && err.contains("below the least a pager takes, 1MiB"), "{err}");
-    let o = run_timed(
-        Command::new(uswap)
-            .env("USWAP_PRELOAD_LIB", preload())
-            .args(["run", "--limit", "64MiB", "--", uswap, "run", "--limit", "32MiB", "--", "echo", "ran"]),
-        Duration::from_secs(60),
-    );
+    let inner = env!("CARGO_BIN_EXE_uswap");
+    let o = uswap(&["run", "--limit", "64MiB", "--", inner, "run", "--limit", "32MiB", "--", "echo", "ran"], None);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "ran", "{err}");
     assert!(err.contains("under another uswap run (limit 64MiB)") && err.contains("32MiB"), "{err}");
@@ -1424,14 +1405,7 @@ fn bad_devices_and_stats_paths_are_refused_before_the_program_starts() {
         (&["--device", "bogus"][..], "--device: bad device \"bogus\""),
         (&["--stats-json", "/nonexistent/dir/stats.json"][..], "cannot write /nonexistent/dir/stats.json"),
     ] {
-        let o = run_timed(
-            Command::new(env!("CARGO_BIN_EXE_uswap"))
-                .env("USWAP_PRELOAD_LIB", preload())
-                .args(["run", "--limit", "64MiB"])
-                .args(opts)
-                .args(["--", "echo", "ran"]),
-            Duration::from_secs(60),
-        );
+        let o = uswap(&[&["run", "--limit", "64MiB"], opts, &["--", "echo", "ran"]].concat(), None);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{opts:?}: {err}");
         assert!(o.stdout.is_empty(), "{opts:?}: the program ran");
