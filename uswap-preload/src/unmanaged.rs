@@ -256,17 +256,24 @@ mod tests {
         assert!(parse_header("Rss:                 4 kB").is_none());
     }
 
+    /// A read-write anonymous mapping of `len` bytes (`flags` says private or shared), its
+    /// first `touched` bytes written. Mapped with the raw system call: this library's own
+    /// `mmap`, started in the test binary by its constructor, would make it a managed region.
+    fn touched_mapping(flags: libc::c_int, len: usize, touched: usize) -> *mut libc::c_void {
+        let flags = flags | libc::MAP_ANONYMOUS;
+        let p = crate::real::sys_mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        assert!(touched <= len);
+        // SAFETY: writes inside the mapping just made.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 1, touched) };
+        p
+    }
+
     /// Memory the scan must see: a private anonymous mapping outside every region, touched.
-    /// (Mapped with the raw system call: this library's own `mmap`, started in the test
-    /// binary by its constructor, would make it a managed region.)
     #[test]
     fn a_touched_private_mapping_is_counted_with_its_reason() {
         let len = 8 << 20;
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        let p = crate::real::sys_mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
-        assert_ne!(p, libc::MAP_FAILED);
-        // SAFETY: writes inside the mapping just made.
-        unsafe { std::ptr::write_bytes(p as *mut u8, 1, len) };
+        let p = touched_mapping(libc::MAP_PRIVATE, len, len);
         let u = measure(64 << 10).expect("maps and pagemap");
         assert!(u.bytes >= len as u64, "{u:?}");
         // The kernel may have merged it with a neighbour: the mapping holding it.
@@ -281,11 +288,7 @@ mod tests {
     fn shared_anonymous_memory_counts_the_pages_touched() {
         let len = 4 << 20;
         let touched = 1 << 20;
-        let flags = libc::MAP_SHARED | libc::MAP_ANONYMOUS;
-        let p = crate::real::sys_mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
-        assert_ne!(p, libc::MAP_FAILED);
-        // SAFETY: writes inside the mapping just made.
-        unsafe { std::ptr::write_bytes(p as *mut u8, 1, touched) };
+        let p = touched_mapping(libc::MAP_SHARED, len, touched);
         let u = measure(64 << 10).expect("maps and pagemap");
         let by_smaps = measure_by_smaps(64 << 10).expect("smaps");
         assert!(by_smaps.largest.iter().any(|s| s.start == p as usize && s.bytes == touched as u64), "{by_smaps:?}");
