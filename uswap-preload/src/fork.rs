@@ -73,6 +73,8 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    // The thread-local holds the parent's thread's id.
+    uswap::note_thread_start();
     let Some(held) = HELD.with(|h| h.borrow_mut().take()) else { return };
     let _g = crate::heap::Guard::enter();
     if let Err(e) = rearm(held) {

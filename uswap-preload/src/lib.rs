@@ -137,6 +137,7 @@ fn start() -> Result<(), String> {
     if signal_mode {
         signals::start();
         altstack::install_on_this_thread();
+        uswap::note_thread_start();
     }
     Ok(())
 }

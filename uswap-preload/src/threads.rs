@@ -72,6 +72,7 @@ extern "C" fn app_thread_start(p: *mut c_void) -> *mut c_void {
         drop(t);
         crate::altstack::install_on_this_thread();
     }
+    uswap::note_thread_start();
     start(arg)
 }
 

@@ -79,7 +79,7 @@ pub use fork::ForkHold;
 pub use pager::{
     BackgroundReclaim, FaultMode, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };
-pub use pin::{release_pins_of_dead_threads, Pin, MAX_PIN_BYTES};
+pub use pin::{note_thread_start, release_pins_of_dead_threads, Pin, MAX_PIN_BYTES};
 pub use readahead::Advice;
 pub use region::MAX_REGION_BYTES;
 pub use region_handle::{PlainRegion, Region};
@@ -123,7 +123,7 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
 /// else the number of pages it had to bring in: a call that fails with `EFAULT` after a
 /// preparation that brought nothing in did not fail because of uswap. The range is pinned
 /// in `pin` first (up to [`MAX_PIN_BYTES`] per pin): reclaim leaves its pages in until the
-/// pin is dropped, which the caller does once the call returned. Safe to call from a signal
+/// caller releases the pin ([`Pin::release`]) once the call returned. Safe to call from a signal
 /// handler; allocates nothing.
 pub fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write: bool) -> Option<usize> {
     user_access::prepare_user_access(pin, addr, len, write)

@@ -16,7 +16,7 @@
 //! a fault would, after which reclaim sees the range.
 //!
 //! Locking: none. A slot belongs to the pin that claimed it (compare-and-swap of `owned`)
-//! until the pin is dropped. Allocation-free and lock-free: a pin is taken in signal
+//! until the pin is released. Allocation-free and lock-free: a pin is taken in signal
 //! handlers. Invariants: a slot holds at most [`MAX_RANGES`] ranges; a range that overlaps
 //! or touches one is merged into it (a range only grows, so a reader that sees half an
 //! update still sees the old range inside it), one more that does not is left unpinned (it
@@ -30,6 +30,7 @@
 //! Not the memory of the calls made by the engine itself, nor of calls the preload does not
 //! see (see the preload's `syscalls`).
 
+use std::cell::Cell;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use crate::uffd::PAGE_SIZE;
@@ -69,6 +70,25 @@ impl Slot {
 }
 
 static SLOTS: [Slot; NR_SLOTS] = [const { Slot::new() }; NR_SLOTS];
+
+thread_local! {
+    /// This thread's id, noted where the thread starts ([`note_thread_start`]): `gettid` is
+    /// a system call (about 200 ns here), too dear for every call that pins. 0 where it was
+    /// not noted. Const-initialised, no destructor: read in signal handlers.
+    static THREAD_ID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Notes the calling thread's id for its pins. Called where each application thread starts,
+/// and in a fork child (whose copy of the thread-local is its parent's thread's).
+pub fn note_thread_start() {
+    THREAD_ID.set(gettid());
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
 /// One past the highest slot ever owned: reclaim looks no further (a call claims the lowest
 /// free slot, so this is the most calls that ever held pins at once; no shared counter is
 /// written per call).
@@ -86,6 +106,8 @@ pub struct Pin {
     slot: Option<&'static Slot>,
     /// Claiming found every slot taken: this call goes unpinned.
     no_slot: bool,
+    /// Claim under the kernel's thread id, not the noted one (see [`Pin::for_exec`]).
+    fresh_tid: bool,
     pinned_bytes: usize,
 }
 
@@ -100,6 +122,14 @@ impl Pin {
     /// look through all of them for every victim.
     pub fn none() -> Pin {
         Pin { no_slot: true, ..Pin::default() }
+    }
+
+    /// A pin for a call that does not return when it succeeds (`execve`): its slot is
+    /// claimed under the thread id the kernel gives, so that a `vfork` child's (whose
+    /// thread-locals are its parent's) is known as the child's and given back once the
+    /// child's memory is no longer ours (see [`release_pins_of_dead_threads`]).
+    pub fn for_exec() -> Pin {
+        Pin { fresh_tid: true, ..Pin::default() }
     }
 
     /// Pins `[start, end)` (rounded out to pages), as much of it as the call's allowance
@@ -139,7 +169,7 @@ impl Pin {
     /// The slot, claimed on first use.
     fn slot(&mut self) -> Option<&'static Slot> {
         if self.slot.is_none() && !self.no_slot {
-            self.slot = claim();
+            self.slot = claim(self.fresh_tid);
             self.no_slot = self.slot.is_none();
         }
         self.slot
@@ -184,13 +214,15 @@ pub fn release_pins_of_dead_threads() -> usize {
     freed
 }
 
-fn claim() -> Option<&'static Slot> {
+fn claim(fresh_tid: bool) -> Option<&'static Slot> {
     // Bounded: one attempt per slot.
     for (i, slot) in SLOTS.iter().enumerate() {
         if slot.owned.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             debug_assert_eq!(slot.nr_ranges.load(Ordering::Relaxed), 0);
-            // SAFETY: gettid takes no arguments and cannot fail.
-            slot.tid.store(unsafe { libc::syscall(libc::SYS_gettid) } as u32, Ordering::Release);
+            // The noted id, or the kernel's for a pin taken with `Pin::for_exec` (a `vfork`
+            // child shares its parent's thread-locals) or on a thread nobody noted.
+            let noted = THREAD_ID.get();
+            slot.tid.store(if noted == 0 || fresh_tid { gettid() } else { noted }, Ordering::Release);
             if SLOTS_HIGH.load(Ordering::Relaxed) <= i {
                 SLOTS_HIGH.fetch_max(i + 1, Ordering::Relaxed);
             }
@@ -241,7 +273,7 @@ mod tests {
 
     // One test: the table is the process's, and the test threads share it.
     #[test]
-    fn a_pin_covers_its_ranges_until_dropped_within_its_allowance() {
+    fn a_pin_covers_its_ranges_until_released_within_its_allowance() {
         let base = 0x7000_0000_0000usize;
         let mut pin = Pin::new();
         assert!(!is_pinned(base));

@@ -243,7 +243,7 @@ fn signal_mode_system_calls_on_swapped_out_pages_fail_with_efault() {
 /// preparation and the call (a shell's `execve` failed with `EFAULT` in a tree of twenty
 /// processes under 16 MiB).
 #[test]
-fn signal_mode_pinned_memory_stays_in_until_the_pin_is_dropped() {
+fn signal_mode_pinned_memory_stays_in_until_the_pin_is_released() {
     use std::io::{Read, Seek, Write};
     let limit_pages = (MIB / PAGE_SIZE as u64) as usize;
     let p = pager(FaultMode::Signal, MIB, 32 * MIB);

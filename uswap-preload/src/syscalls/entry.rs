@@ -290,7 +290,12 @@ fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
     // Pinned until the call (and its retries) returned: see `uswap::Pin`. A futex reads its
     // word as the wait begins, then may sleep for good: not pinned (it is made again if the
     // word went out meanwhile).
-    let mut pin = if nr == libc::SYS_futex { uswap::Pin::none() } else { uswap::Pin::new() };
+    // An `execve` that succeeds does not return: its pin is known by the kernel's thread id.
+    let mut pin = match nr {
+        libc::SYS_futex => uswap::Pin::none(),
+        libc::SYS_execve | libc::SYS_execveat => uswap::Pin::for_exec(),
+        _ => uswap::Pin::new(),
+    };
     let made = make_pinned(&mut pin, nr, r, a, retries);
     pin.release();
     made
