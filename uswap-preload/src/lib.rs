@@ -104,6 +104,9 @@ fn start() -> Result<(), String> {
             );
         }
     }
+    // What follows is the engine's set-up, not the program's calls (a file device's rings
+    // are not the program's io_uring).
+    let _direct = syscalls::EngineCalls::enter();
     let mut builder = cfg.builder().regions_survive_fork(true);
     if let Some(dir) = &cfg.stats_dir {
         let path = dir.join(uswap::shared_charge::SEGMENT_FILE);

@@ -472,6 +472,24 @@ fn say_efault_once(nr: c_long, a: &[u64; 6]) {
     line.put(b"\n").write();
 }
 
+/// While it lives, this thread's rewritten system calls go straight to the kernel: for the
+/// engine's own calls made on a program's thread outside a slow path (a fork child building
+/// its pager, whose file device sets up io_uring rings over the engine's memory).
+pub struct EngineCalls(());
+
+impl EngineCalls {
+    pub fn enter() -> EngineCalls {
+        DEPTH.set(DEPTH.get() + 1);
+        EngineCalls(())
+    }
+}
+
+impl Drop for EngineCalls {
+    fn drop(&mut self) {
+        DEPTH.set(DEPTH.get() - 1);
+    }
+}
+
 /// [`prepare`], with this thread's own system calls meanwhile (the engine's, serving the
 /// faults) sent straight to the kernel. The call itself is made outside: a signal handler
 /// that runs while it blocks has its calls prepared as usual.

@@ -21,6 +21,7 @@ mod patch;
 mod raw;
 mod table;
 
+pub use entry::EngineCalls;
 pub use patch::PatchReport;
 
 /// Rewrites the C library's system calls (see the module's comment); `cache_dir`, where the
