@@ -975,21 +975,26 @@ fn a_tree_of_twenty_equal_processes_keeps_its_budget() {
 /// nothing in from the pool (each child reads what was out from its copy of the parent's
 /// pool), so the tree's resident peak stays within the limit plus the parent's resident
 /// pages the children share (measured: 1.4-1.9x the limit), instead of the whole working
-/// set per fork (4.1x before). Both modes.
+/// set per fork (4.1x before). Both modes, and the same with a swap file, which the
+/// children read where it is while the parent holds the slots they have not read yet.
 #[test]
 fn fork_children_read_all_of_it_within_the_budget() {
     let dir = tmpdir("forkreaders");
     let p = compile("forkreaders", &dir, &[]);
     let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), "3"];
     let expect = plain(&prog);
-    for mode in ["thread", "signal"] {
-        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
-        assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
-        assert_eq!(o.stdout, expect.stdout, "{mode}: a child or the parent read different bytes");
-        assert_eq!(counter(&v, "processes"), 4, "{mode}: {v}");
-        assert!(counter(&v, "pswpout") > 0, "{mode}: {v}");
+    let file = format!("file:/var/tmp:{}MiB", 4 * WSS_MIB);
+    for (mode, device) in [("thread", "zpool"), ("signal", "zpool"), ("thread", &file), ("signal", &file)] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--device", device], &prog, &dir);
+        let what = format!("{mode}, {device}");
+        assert!(o.status.success(), "{what}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.stdout, expect.stdout, "{what}: a child or the parent read different bytes");
+        assert_eq!(counter(&v, "processes"), 4, "{what}: {v}");
+        assert!(counter(&v, "pswpout") > 0, "{what}: {v}");
         let peak = counter(&v, "resident_peak_bytes");
-        assert!(peak <= ((5 * LIMIT_MIB) << 20) / 2 + SLACK_BYTES, "{mode}: peak {peak}: {v}");
+        assert!(peak <= ((5 * LIMIT_MIB) << 20) / 2 + SLACK_BYTES, "{what}: peak {peak}: {v}");
+        // The swap file's rings are uswap's, not the program's io_uring.
+        assert_eq!(counter(&v, "syscall_async_kernel_access"), 0, "{what}: {v}");
     }
 }
 

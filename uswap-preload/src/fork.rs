@@ -4,8 +4,8 @@
 //! fork, and a registered range whose pages are out would read as zeros in a child that
 //! nothing serves. So the prepare handler (`pthread_atfork`) holds reclaim and readies the
 //! engine for a child that re-arms (`Pager::prepare_fork_to_rearm`): pages out on a memory
-//! device stay out, and the child inherits the engine's memory to read them from; the rest
-//! comes back in. The table of managed mappings is locked so that no thread is inside it at
+//! device stay out, and the child inherits the engine's memory to read them from; pages on
+//! a swap file stay out, and the child reads them from the file; the rest comes back in. The table of managed mappings is locked so that no thread is inside it at
 //! the fork.
 //!
 //! The child handler, which runs while the child has one thread, re-arms it
@@ -28,7 +28,7 @@
 //! `reclaim::cow`). A child that execs starts a pager of its own.
 //!
 //! Cost: the fork scans the page tables of what was ever touched and waits for staged
-//! pages and pages on file or Redis devices to come in; the engine's memory is shared
+//! pages and pages on Redis devices to come in; the engine's memory is shared
 //! copy-on-write with the child while it lives; the parent may exceed its limit by the
 //! resident pages the child shares; the child pays for a pager's start (a few
 //! milliseconds).
@@ -77,6 +77,8 @@ extern "C" fn child() {
     uswap::note_thread_start();
     let Some(held) = HELD.with(|h| h.borrow_mut().take()) else { return };
     let _g = crate::heap::Guard::enter();
+    // The new pager's set-up is the engine's, not the program's (a file device's rings).
+    let _direct = crate::syscalls::EngineCalls::enter();
     if let Err(e) = rearm(held) {
         FORKED_CHILD.store(true, Ordering::Relaxed);
         let msg = format!("uswap: fork child {} runs unmanaged (every byte kept): {e}\n", std::process::id());

@@ -497,6 +497,7 @@ fn parent_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
         Ok(RangeResult::Done) => {
             let new = locked.next(PageState::Resident, None);
             region.store(page, new);
+            pager.release_parent_slot(entry);
             pager.lru.add(page_ref(reg_idx, reg_gen, page, new.gen()), &pager.stats);
             pager.stats.inc(Counter::Pgmajfault);
             pager.stats.inc(Counter::Pswpin);

@@ -1,19 +1,24 @@
 //! `fork()` of a process with managed regions: the parent's side ([`Pager::prepare_fork`],
 //! [`ForkHold`]) and the child's ([`ForkHold::rearm_in_child`]).
 //!
-//! A pager's threads and userfaultfd do not cross a fork; the memory of its devices can. Before
-//! the fork the parent holds reclaim and waits for the rounds under way, so that no page is
-//! half moved; brings back in what the child could not read where it is (staged pages, pages
-//! on a file or Redis device); records its regions and which pages are out on a memory
-//! device (RAM, the compressed pool); makes those devices' memory inherited by the child
-//! (copy-on-write, `MADV_DOFORK` for the fork's duration); and locks the region registry
-//! until the fork is done. A fork so brings in nothing that is out on a memory device,
-//! however large. After it, the child may build a pager of its own that takes the regions
-//! over at the same addresses: the pages it inherited stay mapped, shared copy-on-write with
-//! the parent and charged to it (`PageState::Shared`) until the child writes them, and
-//! the pages that were out are read on first touch from the child's copy of the parent's
-//! device (`PageState::Parent`), then charged to the child. Each process frees slots in its
-//! own copy of a device: the kernel's copy-on-write keeps the other's.
+//! A pager's threads and userfaultfd do not cross a fork; the memory of its devices can, and
+//! a swap file is there for both. Before the fork the parent holds reclaim and waits for the
+//! rounds under way, so that no page is half moved; brings back in what the child could not
+//! read where it is (staged pages, pages on a Redis device); records its regions and which
+//! pages are out on a memory device (RAM, the compressed pool) or a shared one (a swap file
+//! or block device); makes the memory devices' memory inherited by the child (copy-on-write,
+//! `MADV_DOFORK` for the fork's duration); notes, for each shared device, the slots the child
+//! may read (`swap::fork_refs`); and locks the region registry until the fork is done. A
+//! fork so brings in nothing that is out on a memory or shared device, however large. After
+//! it, the child may build a pager of its own that takes the regions over at the same
+//! addresses: the pages it inherited stay mapped, shared copy-on-write with the parent and
+//! charged to it (`PageState::Shared`) until the child writes them, and the pages that were
+//! out are read on first touch from the child's copy of the parent's device, or from the
+//! parent's swap file through the child's copy of its descriptor (`PageState::Parent`),
+//! then charged to the child. Each process frees slots in its own copy of a memory device:
+//! the kernel's copy-on-write keeps the other's. A slot of a shared device that the parent
+//! frees while a child may still read it is held until the child has read or dropped that
+//! page, or has exited or exec'd (the kernel's `swap_map` counts, across processes).
 //!
 //! Locking: the hold keeps the region registry's writer lock (`Registry::lock_writers`)
 //! from the recording of the regions until it is dropped (parent) or handed to
@@ -30,6 +35,7 @@ use crate::reclaim;
 use crate::region::{PageState, Pte, RegionInner, MAX_REGIONS, REGIONS};
 use crate::region_handle::Region;
 use crate::state::REGISTER_MODES;
+use crate::swap::ForkRecord;
 use crate::uffd::PAGE_SIZE;
 
 /// Returned by [`Pager::prepare_fork`]: reclaim stays held while it lives. In the parent,
@@ -44,6 +50,11 @@ pub struct ForkHold {
     /// between its recording and the fork, and the child's copy of the lock is not left
     /// held by a thread the child does not have.
     writers: Option<std::sync::MutexGuard<'static, ()>>,
+    /// The devices whose memory the child inherits for this fork (`set_inherited`).
+    inherited: Vec<usize>,
+    /// For each device the child reads where it is (a swap file): its record of the slots
+    /// the child may read, and the child's end of the record's pipe.
+    child_refs: Vec<(usize, ForkRecord)>,
 }
 
 /// A region as a fork child inherits it: where it is, and the runs of its pages that are
@@ -61,12 +72,14 @@ struct InheritedRegion {
 
 impl Drop for ForkHold {
     fn drop(&mut self) {
+        // The parent lets go of the child's ends of the pipes first, before another fork can
+        // copy them: from now on only the child (and what it forks) holds them.
+        self.child_refs.clear();
         drop(self.writers.take());
         // The parent's devices are its own again at the next fork.
-        for d in self.pager.shared().devices.devices() {
-            if d.backend.inheritable() {
-                d.set_inherited(false);
-            }
+        let devices = self.pager.shared().devices.devices();
+        for &d in &self.inherited {
+            devices[d].set_inherited(false);
         }
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = self.pager.shared();
@@ -96,6 +109,16 @@ impl ForkHold {
         let regions = std::mem::take(&mut self.regions);
         let writers = self.writers.take();
         let parent = self.pager.shared_arc().clone();
+        // The parent's devices, as this child reads them: nothing of the parent's threads
+        // (a file device's rings), and the child's own record of the slots it may read,
+        // whose pipe end it keeps for life (its exit or exec tells the parent it is gone).
+        for d in parent.devices.devices() {
+            d.backend.enter_fork_child();
+        }
+        for (dev, rec) in std::mem::take(&mut self.child_refs) {
+            parent.devices.devices()[dev].fork_refs.enter_child(rec.record);
+            std::mem::forget(rec.child_end);
+        }
         // Not dropped: that would run reclaim on the parent's pager, which has no threads here.
         std::mem::forget(self);
         REGIONS.forget_all_in_fork_child();
@@ -149,6 +172,7 @@ fn restore_parent_pages(parent: &crate::state::PagerShared, regions: &[Inherited
             // ordinary anonymous memory of this process now (no userfaultfd registration
             // crosses a fork) and mapped; the child has one thread, so nothing else writes it.
             unsafe { std::ptr::copy_nonoverlapping(page.0.as_ptr(), addr as *mut u8, PAGE_SIZE) };
+            parent.devices.device(entry).fork_refs.release_own(entry.offset());
         }
     }
 }
@@ -174,10 +198,13 @@ impl Pager {
 
     /// [`Pager::prepare_fork`] for a fork whose child calls [`ForkHold::rearm_in_child`]
     /// (as `uswap run`'s library does): pages out on a memory device (RAM, the compressed
-    /// pool) stay out, and the child reads them from its copy of the device, so the fork
-    /// brings in only what the child could not read where it is (staged pages, pages on a
-    /// file or Redis device). A child that does not re-arm would read zeros where those
-    /// pages are: use `prepare_fork` for it.
+    /// pool) stay out, and the child reads them from its copy of the device; pages on a swap
+    /// file uswap created or a block device stay out too, and the child reads them there,
+    /// the parent holding each slot until the child lets go of it. So the fork brings in
+    /// only what the child could not read where it is (staged pages, pages on a Redis
+    /// device or on a named swap file, which the parent empties when its device goes; also
+    /// a swap file's pages when 64 children already read from it). A child that does not
+    /// re-arm would read zeros where those pages are: use `prepare_fork` for it.
     pub fn prepare_fork_to_rearm(&self) -> ForkHold {
         self.prepare(true)
     }
@@ -187,13 +214,32 @@ impl Pager {
         s.charge.reclaim_held.store(true, Ordering::SeqCst);
         // No page is half moved out when the child's copy is taken.
         reclaim::InFlight::wait_none(s);
+        let devices = s.devices.devices();
         let inheritable: Vec<bool> =
-            s.devices.devices().iter().map(|d| leave_memory_devices_out && d.backend.inheritable()).collect();
-        let stays_out = |pte: Pte| pte.state() == PageState::Swapped && inheritable[pte.entry().device()];
+            devices.iter().map(|d| leave_memory_devices_out && d.backend.inheritable()).collect();
+        // A device the child reads where it is keeps, for this fork, a record of the slots
+        // the child may read; without a record (too many children) its pages come in.
+        let records: Vec<Option<ForkRecord>> = devices
+            .iter()
+            .map(|d| {
+                let shared =
+                    leave_memory_devices_out && !d.backend.inheritable() && d.backend.shared_with_fork_children();
+                if shared {
+                    d.fork_refs.begin_fork()
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let stays_out = |pte: Pte| {
+            let dev = pte.entry().device();
+            pte.state() == PageState::Swapped && (inheritable[dev] || records[dev].is_some())
+        };
         // What the child could not read where it is comes back in: staged pages (the swap
-        // cache lives in the parent's staging area), pages on devices that are not memory,
-        // and pages this process still reads from its own parent. Reclaim is held and no
-        // round runs, so one pass brings everything in; faults only bring pages in.
+        // cache lives in the parent's staging area), pages on devices that are neither
+        // memory nor shared with the child (Redis), and pages this process still reads from
+        // its own parent. Reclaim is held and no round runs, so one pass brings everything
+        // in; faults only bring pages in.
         REGIONS.for_each(|r| {
             if !std::ptr::eq(&*r.pager, s) {
                 return;
@@ -224,22 +270,34 @@ impl Pager {
                 for page in first..end.min(touched_end) {
                     let pte = r.load(page);
                     if stays_out(pte) {
-                        swapped.push((page, pte.entry()));
+                        let e = pte.entry();
+                        swapped.push((page, e));
+                        if let Some(rec) = &records[e.device()] {
+                            devices[e.device()].fork_refs.refer(rec.record, e.offset());
+                        }
                     }
                 }
             }
             regions.push(InheritedRegion { start: r.start(), nr_pages: r.nr_pages, live, touched_end, swapped });
         });
-        // The memory devices' pages, and what they are found by, go to the child
-        // copy-on-write (the parent makes them its own again when the hold drops). Only
-        // theirs: the swap cache's staging pages, shared with a child, could not be moved
-        // back into a region (`UFFDIO_MOVE` refuses shared pages), in any pager.
-        for (d, &inherit) in s.devices.devices().iter().zip(&inheritable) {
-            if inherit {
-                d.set_inherited(true);
+        // The memory devices' pages, and what they are found by (a shared device's
+        // checksums), go to the child copy-on-write (the parent makes them its own again
+        // when the hold drops). Only theirs: the swap cache's staging pages, shared with a
+        // child, could not be moved back into a region (`UFFDIO_MOVE` refuses shared pages),
+        // in any pager.
+        let mut inherited = Vec::new();
+        let mut child_refs = Vec::new();
+        for (i, (d, rec)) in devices.iter().zip(records).enumerate() {
+            if let Some(rec) = rec {
+                d.fork_refs.publish(rec.record);
+                child_refs.push((i, rec));
+            } else if !inheritable[i] {
+                continue;
             }
+            d.set_inherited(true);
+            inherited.push(i);
         }
-        ForkHold { pager: self.clone(), regions, writers: Some(writers) }
+        ForkHold { pager: self.clone(), regions, writers: Some(writers), inherited, child_refs }
     }
 
     /// Takes over, in a fork child, a region inherited from the parent: its pages stay where

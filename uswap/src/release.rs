@@ -52,9 +52,19 @@ impl PagerShared {
                 self.devices.device(e).forget_slot(e.offset());
                 rel.to_free.push(e.bits());
             }
-            // An inherited page is the parent's charge, not ours; a page still in the
-            // parent's device holds nothing of ours.
-            PageState::None | PageState::Zero | PageState::Gone | PageState::Shared | PageState::Parent => {}
+            // A page still in the parent's device holds nothing of ours, but the parent
+            // keeps its slot while we may read it (a shared device, `swap::fork_refs`).
+            PageState::Parent => self.release_parent_slot(pte.entry()),
+            // An inherited page is the parent's charge, not ours.
+            PageState::None | PageState::Zero | PageState::Gone | PageState::Shared => {}
+        }
+    }
+
+    /// In a fork child: lets the parent reuse the slot of a page that was out at the fork
+    /// (`PageState::Parent`), now read or dropped. Lock- and allocation-free.
+    pub fn release_parent_slot(&self, entry: crate::swap::SwapEntry) {
+        if let Some(parent) = self.parent.get() {
+            parent.devices.device(entry).fork_refs.release_own(entry.offset());
         }
     }
 

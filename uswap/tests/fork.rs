@@ -198,11 +198,11 @@ const CHILD_PAGED_OUT: u8 = 16;
 const CHILD_WITHIN_LIMIT: u8 = 32;
 const CHILD_ALL: u8 = 63;
 
-/// The child's side: re-arms, checks what it inherited, writes all of it (its first writes
-/// charge the pages, which then page out under the child's own limit), and pages a new
-/// region 4x its limit. Returns the checks passed; never panics (a fork child of the test
-/// harness must not unwind into it).
-fn child_rearms_and_pages(mode: FaultMode, hold: uswap::ForkHold, pages: usize, start: usize) -> u8 {
+/// The child's side: re-arms, waits for `go` (the parent's rewrite), checks what it
+/// inherited, writes all of it (its first writes charge the pages, which then page out under
+/// the child's own limit), and pages a new region 4x its limit. Returns the checks passed;
+/// never panics (a fork child of the test harness must not unwind into it).
+fn child_rearms_and_pages(mode: FaultMode, hold: uswap::ForkHold, pages: usize, start: usize, go: &OwnedFd) -> u8 {
     let builder = Pager::builder().resident_limit(LIMIT).fault_mode(mode).device(DeviceConfig::ram(4 * WSS));
     let (pager, regions) = match hold.rearm_in_child(builder) {
         Ok(r) => r,
@@ -211,6 +211,9 @@ fn child_rearms_and_pages(mode: FaultMode, hold: uswap::ForkHold, pages: usize, 
             return 0;
         }
     };
+    if read_byte(go, BOUND).is_none() {
+        return 0;
+    }
     let mut ok = CHILD_REARMED;
     let Some((_, region)) = regions.iter().find(|(s, _)| *s == start) else { return ok };
     let w = region.as_atomic_u64s();
@@ -254,7 +257,7 @@ fn fork_child_rearms_and_both_page(mode: FaultMode) {
 
 /// `rearm` through `prepare_fork_to_rearm`: the fork brings nothing in from the device,
 /// and the child reads what was out there from its copy of the parent's device (RAM, or
-/// the compressed pool).
+/// the compressed pool), or from the parent's swap file itself.
 fn fork_child_reads_what_was_out_from_the_parents_device(mode: FaultMode) {
     rearm_with(mode, forking_pager(mode), true);
     let pool = Pager::builder()
@@ -267,6 +270,25 @@ fn fork_child_reads_what_was_out_from_the_parents_device(mode: FaultMode) {
     rearm_with(mode, pool, true);
 }
 
+/// The same with a swap file, which parent and child share: the parent, rewriting half of
+/// its pages while the child has not read them yet, frees slots the child still reads.
+/// They are held, not reused, and come free once the child has gone. The device has room
+/// for the working set and a half, so that a slot freed and not held is soon reused.
+fn fork_child_reads_what_was_out_from_the_parents_swap_file(mode: FaultMode) {
+    let pager = Pager::builder()
+        .resident_limit(LIMIT)
+        .fault_mode(mode)
+        .device(DeviceConfig::file("/var/tmp", WSS + WSS / 2))
+        .regions_survive_fork(true)
+        .build()
+        .expect("pager");
+    rearm_with(mode, pager, true);
+}
+
+fn slots_held(p: &Pager) -> u64 {
+    p.stats().devices.iter().map(|d| d.slots_held_for_children).sum()
+}
+
 fn rearm_with(mode: FaultMode, pager: Pager, leave_out: bool) {
     let mut region = pager.map(WSS as usize).expect("map");
     let start = region.as_ptr() as usize;
@@ -276,6 +298,7 @@ fn rearm_with(mode: FaultMode, pager: Pager, leave_out: bool) {
         write_page(w, i, 1);
     }
     let (ready_r, ready_w) = pipe();
+    let (go_r, go_w) = pipe();
     let before = pager.stats();
     let hold = if leave_out { pager.prepare_fork_to_rearm() } else { pager.prepare_fork() };
     if leave_out {
@@ -289,7 +312,7 @@ fn rearm_with(mode: FaultMode, pager: Pager, leave_out: bool) {
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
     if pid == 0 {
-        let ok = child_rearms_and_pages(mode, hold, pages, start);
+        let ok = child_rearms_and_pages(mode, hold, pages, start, &go_r);
         write_byte(&ready_w, ok);
         // SAFETY: ends the child without running the parent's destructors or atexit.
         unsafe { libc::_exit(0) };
@@ -302,6 +325,11 @@ fn rearm_with(mode: FaultMode, pager: Pager, leave_out: bool) {
     for i in 0..pages {
         check_page(w, i, if i < pages / 2 { 2 } else { 1 });
     }
+    let shares_device = pager.stats().devices.iter().any(|d| d.name.starts_with("file:"));
+    if shares_device {
+        assert!(slots_held(&pager) > 0, "{mode:?}: no slot the child reads was held: {:?}", pager.stats());
+    }
+    write_byte(&go_w, 1);
     let got = read_byte(&ready_r, BOUND);
     let mut status = 0;
     // SAFETY: reaps our own child (killed first if it never answered).
@@ -315,6 +343,15 @@ fn rearm_with(mode: FaultMode, pager: Pager, leave_out: bool) {
     assert_eq!(got, CHILD_ALL, "{mode:?}: child checks passed {got:#b} of {CHILD_ALL:#b} (bits: rearmed, read, wrote, new region, paged out, within limit)");
     let s = settles_under_limit(&pager);
     assert!(s.resident_pages <= s.limit_pages + SLACK_PAGES, "{mode:?}: {s:?}");
+    // The child is gone: every slot held for it comes free.
+    let t0 = Instant::now();
+    while slots_held(&pager) > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{mode:?}: slots still held: {:?}", pager.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for i in 0..pages {
+        check_page(w, i, if i < pages / 2 { 2 } else { 1 });
+    }
 }
 
 fn bounded_rearm(mode: FaultMode) {
@@ -330,3 +367,10 @@ fn bounded_rearm_leaving_out(mode: FaultMode) {
 
 in_both_modes!(bounded_rearm_leaving_out() => thread_mode_fork_child_reads_what_was_out_from_the_parents_device,
     signal_mode_fork_child_reads_what_was_out_from_the_parents_device);
+
+fn bounded_rearm_from_swap_file(mode: FaultMode) {
+    bounded(mode, "re-arm, pages left on a swap file", fork_child_reads_what_was_out_from_the_parents_swap_file);
+}
+
+in_both_modes!(bounded_rearm_from_swap_file() => thread_mode_fork_child_reads_what_was_out_from_the_parents_swap_file,
+    signal_mode_fork_child_reads_what_was_out_from_the_parents_swap_file);

@@ -32,10 +32,11 @@ const GAUGES: [&str; 8] = [
 ];
 
 /// Fields of a device (and of its backend) that are levels; the rest count events.
-const DEVICE_GAUGES: [&str; 12] = [
+const DEVICE_GAUGES: [&str; 13] = [
     "priority",
     "nr_slots",
     "slots_used",
+    "slots_held_for_children",
     "clusters_free",
     "clusters_nonfull",
     "clusters_full",
@@ -118,6 +119,7 @@ fn help(field: &str) -> Option<&'static str> {
         "priority" => "Device priority (higher is used first).",
         "nr_slots" => "Slots (pages) the device can hold.",
         "slots_used" => "Slots allocated.",
+        "slots_held_for_children" => "Slots freed here that a fork child may still read.",
         "clusters_free" => "Clusters entirely free.",
         "clusters_nonfull" => "Clusters partly used.",
         "clusters_full" => "Clusters full.",

@@ -209,16 +209,29 @@ pub trait Backend: Send + Sync {
         true
     }
 
-    /// Slots whose pages should move to a lower tier, oldest first, when the device wants
-    /// room (a pool above its accept threshold). Writes up to `out.len()`; returns how many.
     /// Whether a fork child may read this device's pages from its copy of the process's
     /// memory (a RAM device, the compressed pool): its contents live only in memory the
     /// child inherits copy-on-write, and its reads take no lock (a lock held by another
     /// thread at the fork would never be released in the child). Devices whose pages live
-    /// elsewhere (a file, Redis) are not: their pages come back in before a fork.
+    /// elsewhere (a file, Redis) are not.
     fn inheritable(&self) -> bool {
         false
     }
+
+    /// Whether a fork child may read this device's pages where they are, the device being
+    /// shared rather than copied: a swap file or block device, read through the child's copy
+    /// of the descriptor ([`enter_fork_child`](Backend::enter_fork_child)). The parent then
+    /// keeps each slot a child may read until the child lets go of it (`swap::fork_refs`).
+    /// Devices that are neither this nor [`inheritable`](Backend::inheritable) have their
+    /// pages brought in before a fork.
+    fn shared_with_fork_children(&self) -> bool {
+        false
+    }
+
+    /// In a fork child, on its copy of the parent's device, before the first read: reads
+    /// from now on use nothing that the parent's threads use too (a file device's io_uring
+    /// rings, whose queues the child would share), and no lock.
+    fn enter_fork_child(&self) {}
 
     /// For an [`inheritable`](Backend::inheritable) device: whether a fork child gets a
     /// copy-on-write copy of the memory its reads use (around a fork, see
@@ -230,6 +243,8 @@ pub trait Backend: Send + Sync {
     /// Called once, before the device is used.
     fn share_pool(&self, _share: crate::shared_charge::PoolShare) {}
 
+    /// Slots whose pages should move to a lower tier, oldest first, when the device wants
+    /// room (a pool above its accept threshold). Writes up to `out.len()`; returns how many.
     fn writeback_candidates(&self, _out: &mut [u64]) -> usize {
         0
     }

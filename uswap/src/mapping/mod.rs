@@ -219,6 +219,31 @@ impl Mapping {
         Ok(m)
     }
 
+    /// Maps `len` bytes (rounded up to pages) of zero-filled memory shared with every fork
+    /// child (`MAP_SHARED | MAP_ANONYMOUS`, reserved lazily): what one process writes, the
+    /// others read.
+    pub fn shared_anonymous(len: usize) -> io::Result<Mapping> {
+        let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        // SAFETY: a fresh anonymous mapping at an address the kernel chooses; it aliases
+        // nothing we own.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let m = Mapping { addr: p as usize, len };
+        note_engine_range(m.addr, len);
+        Ok(m)
+    }
+
     pub fn addr(&self) -> usize {
         self.addr
     }
@@ -247,7 +272,8 @@ impl Mapping {
     pub fn advise(&self, offset: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
         self.check_range(offset, len);
         // SAFETY: the range lies inside this mapping. The advice values the engine uses
-        // (NOHUGEPAGE, DONTFORK, DONTNEED, POPULATE_WRITE) change residency, not validity.
+        // (NOHUGEPAGE, DONTFORK, DONTNEED, POPULATE_WRITE, REMOVE) change residency, not
+        // validity.
         let r = unsafe { libc::madvise((self.addr + offset) as *mut libc::c_void, len, advice) };
         if r != 0 {
             return Err(io::Error::last_os_error());
@@ -544,6 +570,18 @@ impl AtomicTable {
 }
 
 impl AtomicTable {
+    /// A table shared with every fork child made while it lives (`MAP_SHARED`): a word one
+    /// process changes, the others see changed.
+    pub fn shared(len: usize) -> io::Result<AtomicTable> {
+        Ok(AtomicTable { map: Mapping::shared_anonymous((len * 8).max(PAGE_SIZE))?, len })
+    }
+
+    /// Zeroes a [`AtomicTable::shared`] table and gives its memory back (`MADV_REMOVE`; for
+    /// every process that maps it). A word read concurrently reads its old value or zero.
+    pub fn remove_all(&self) -> io::Result<()> {
+        self.map.advise(0, self.map.len(), libc::MADV_REMOVE)
+    }
+
     /// Whether a fork child gets a copy of the table (see [`Mapping::set_inherited`]).
     pub fn set_inherited(&self, inherit: bool) {
         self.map.set_inherited(inherit);

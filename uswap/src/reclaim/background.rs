@@ -60,6 +60,9 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         }
         let mut idle_long = last_fault_seen.elapsed() >= IDLE_COLD;
         last_faults = faults;
+        // Slots held for fork children that have read them, or are gone, come free
+        // (a few `poll`s while children live, nothing otherwise).
+        p.devices.release_fork_held();
         p.devices.run_discards();
         if !idle || p.charge.reclaim_held.load(Ordering::Acquire) {
             continue;

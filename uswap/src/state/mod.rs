@@ -207,6 +207,7 @@ impl PagerShared {
                     priority: d.priority,
                     nr_slots: d.nr_slots(),
                     slots_used: d.inuse_slots(),
+                    slots_held_for_children: d.fork_refs.nr_held() as u64,
                     clusters_free: c.free + c.discard,
                     clusters_nonfull: c.nonfull,
                     clusters_full: c.full,

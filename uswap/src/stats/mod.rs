@@ -28,6 +28,9 @@ pub struct DeviceStats {
     pub nr_slots: u64,
     /// Slots allocated right now (stored pages plus pages staged for them in the swap cache).
     pub slots_used: u64,
+    /// Of those, slots this process freed that a fork child may still read (a file device
+    /// shared with children): reused once no child can (see `swap::fork_refs`).
+    pub slots_held_for_children: u64,
     /// Clusters entirely free / partly used / full.
     pub clusters_free: u64,
     pub clusters_nonfull: u64,
@@ -428,6 +431,7 @@ impl DeviceStats {
     fn add(&mut self, other: &DeviceStats) {
         self.nr_slots += other.nr_slots;
         self.slots_used += other.slots_used;
+        self.slots_held_for_children += other.slots_held_for_children;
         self.clusters_free += other.clusters_free;
         self.clusters_nonfull += other.clusters_nonfull;
         self.clusters_full += other.clusters_full;

@@ -27,6 +27,7 @@
 
 pub mod cluster_allocator;
 pub mod entry;
+pub mod fork_refs;
 pub mod swap_cache;
 pub mod swap_table;
 
@@ -37,6 +38,7 @@ use crossbeam_utils::CachePadded;
 
 pub use cluster_allocator::{ClusterAllocator, ClusterCounts, SWAPFILE_CLUSTER};
 pub use entry::{SwapEntry, MAX_DEVICES};
+pub use fork_refs::{ForkRecord, ForkRefs};
 pub use swap_cache::SwapCache;
 pub use swap_table::{SlotInfo, SwapTable};
 
@@ -94,6 +96,8 @@ pub struct SwapDevice {
     pub clean_readahead: bool,
     /// Streams over slot numbers, for cluster readahead.
     pub cluster_streams: FaultStreams,
+    /// Slots fork children still read, for a device they share (see `fork_refs`).
+    pub fork_refs: ForkRefs,
 }
 
 impl SwapDevice {
@@ -115,6 +119,7 @@ impl SwapDevice {
             readahead,
             clean_readahead,
             cluster_streams: FaultStreams::new(),
+            fork_refs: ForkRefs::new(nr_clusters as u64 * SWAPFILE_CLUSTER as u64),
         })
     }
 
@@ -458,15 +463,37 @@ impl SwapDevices {
             let mut j = i;
             let mut offsets = [0u64; FREE_BATCH];
             let mut n = 0;
+            let d = &self.devices[dev];
             while j < entries.len() && SwapEntry::from_bits(entries[j]).device() == dev && n < FREE_BATCH {
-                offsets[n] = SwapEntry::from_bits(entries[j]).offset();
-                // The device drops what it keeps for the slot before the slot can be reused.
-                self.devices[dev].backend.invalidate(offsets[n]);
-                n += 1;
+                let offset = SwapEntry::from_bits(entries[j]).offset();
                 j += 1;
+                // A fork child may still read it: kept until it no longer can.
+                if d.fork_refs.hold_if_referenced(offset) {
+                    continue;
+                }
+                // The device drops what it keeps for the slot before the slot can be reused.
+                d.backend.invalidate(offset);
+                offsets[n] = offset;
+                n += 1;
             }
-            self.devices[dev].allocator.free(&offsets[..n]);
+            d.allocator.free(&offsets[..n]);
             i = j;
+        }
+    }
+
+    /// Frees the slots held for fork children that no child reads any more, and forgets the
+    /// children that are gone (see `fork_refs`). System calls: engine threads only.
+    pub fn release_fork_held(&self) {
+        for d in &self.devices {
+            d.fork_refs.sweep(&mut |offsets| {
+                for &o in offsets {
+                    d.backend.invalidate(o);
+                }
+                d.allocator.free(offsets);
+                if !offsets.is_empty() {
+                    self.full.store(false, Ordering::Relaxed);
+                }
+            });
         }
     }
 

@@ -219,6 +219,9 @@ pub struct FileBackend {
     ring_error: Option<io::Error>,
     counters: Counters,
     discard_unsupported: AtomicBool,
+    /// Set in a fork child's copy of the parent's device: system calls only, the rings
+    /// being the parent's (see `Backend::enter_fork_child`).
+    syscalls_only: AtomicBool,
 }
 
 fn errno() -> i32 {
@@ -386,6 +389,16 @@ impl Backend for FileBackend {
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
         self.submit(reqs);
+    }
+
+    /// An anonymous file or a block device. Not a named file the user keeps: the parent
+    /// empties it when its device is dropped, whether or not a child still reads it.
+    fn shared_with_fork_children(&self) -> bool {
+        self.anonymous || self.kind == Kind::BlockDevice
+    }
+
+    fn enter_fork_child(&self) {
+        self.syscalls_only.store(true, Ordering::Relaxed);
     }
 
     fn discard(&self, slot: u64, nr: u64) {

@@ -417,6 +417,7 @@ impl FileBackend {
             ring_error,
             counters: Counters::default(),
             discard_unsupported: AtomicBool::new(false),
+            syscalls_only: AtomicBool::new(false),
         })
     }
 }

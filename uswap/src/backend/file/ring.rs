@@ -215,7 +215,10 @@ impl FileBackend {
         if self.check_ranges(reqs) == 0 {
             return;
         }
-        if locks_held_by_this_thread() == 0 && !self.rings.is_empty() {
+        if locks_held_by_this_thread() == 0
+            && !self.rings.is_empty()
+            && !self.syscalls_only.load(std::sync::atomic::Ordering::Relaxed)
+        {
             let n = self.rings.len();
             let start = current_cpu() % n;
             for k in 0..n {
