@@ -640,7 +640,8 @@ fn bench_command_interrupted_kills_the_program_and_cleans_up() {
 /// A program paging to a Redis store (a real `redis-server` on 127.0.0.1): same output as
 /// without uswap, in both fault modes, and once it has ended none of its keys are left in
 /// the store (its processes exit without dropping their pagers; `uswap run` deletes the
-/// run's session).
+/// run's session). The same for three fork children reading a working set 4x the limit
+/// from the parent's keys while the parent rewrites it: the fork brings nothing back in.
 #[test]
 fn a_program_pages_to_redis_and_leaves_no_key_behind() {
     use uswap::backend::redis::{redis_server_available, LocalRedis};
@@ -668,6 +669,19 @@ fn a_program_pages_to_redis_and_leaves_no_key_behind() {
         let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--device", &device], &prog, &dir);
         assert_same_and_paged(&prog, &r, LIMIT_MIB);
         assert_eq!(counter(&r.1, "fault_error"), 0, "{}", r.1);
+        assert_eq!(keys(), 0, "{mode}: the run's keys were deleted after it");
+    }
+    let p = compile("forkreaders", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), "3"];
+    let expect = plain(&prog);
+    for mode in ["thread", "signal"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--device", &device], &prog, &dir);
+        assert!(o.status.success(), "{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.stdout, expect.stdout, "{mode}: a child or the parent read different bytes");
+        assert_eq!(counter(&v, "processes"), 4, "{mode}: {v}");
+        let peak = counter(&v, "resident_peak_bytes");
+        assert!(peak <= ((5 * LIMIT_MIB) << 20) / 2 + SLACK_BYTES, "{mode}: peak {peak}: {v}");
+        assert_eq!(counter(&v, "fault_error"), 0, "{mode}: {v}");
         assert_eq!(keys(), 0, "{mode}: the run's keys were deleted after it");
     }
 }

@@ -5,7 +5,8 @@
 //! nothing serves. So the prepare handler (`pthread_atfork`) holds reclaim and readies the
 //! engine for a child that re-arms (`Pager::prepare_fork_to_rearm`): pages out on a memory
 //! device stay out, and the child inherits the engine's memory to read them from; pages on
-//! a swap file stay out, and the child reads them from the file; the rest comes back in. The table of managed mappings is locked so that no thread is inside it at
+//! a swap file or a Redis device stay out, and the child reads them where they are; the
+//! rest comes back in. The table of managed mappings is locked so that no thread is inside it at
 //! the fork.
 //!
 //! The child handler, which runs while the child has one thread, re-arms it
@@ -28,7 +29,7 @@
 //! `reclaim::cow`). A child that execs starts a pager of its own.
 //!
 //! Cost: the fork scans the page tables of what was ever touched and waits for staged
-//! pages and pages on Redis devices to come in; the engine's memory is shared
+//! pages to come in; the engine's memory is shared
 //! copy-on-write with the child while it lives; the parent may exceed its limit by the
 //! resident pages the child shares; the child pays for a pager's start (a few
 //! milliseconds).

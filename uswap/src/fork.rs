@@ -2,11 +2,11 @@
 //! [`ForkHold`]) and the child's ([`ForkHold::rearm_in_child`]).
 //!
 //! A pager's threads and userfaultfd do not cross a fork; the memory of its devices can, and
-//! a swap file is there for both. Before the fork the parent holds reclaim and waits for the
-//! rounds under way, so that no page is half moved; brings back in what the child could not
-//! read where it is (staged pages, pages on a Redis device); records its regions and which
-//! pages are out on a memory device (RAM, the compressed pool) or a shared one (a swap file
-//! or block device); makes the memory devices' memory inherited by the child (copy-on-write,
+//! a swap file or a Redis store is there for both. Before the fork the parent holds reclaim
+//! and waits for the rounds under way, so that no page is half moved; brings back in what
+//! the child could not read where it is (staged pages); records its regions and which pages
+//! are out on a memory device (RAM, the compressed pool) or a shared one (a swap file, a
+//! block device, Redis); makes the memory devices' memory inherited by the child (copy-on-write,
 //! `MADV_DOFORK` for the fork's duration); notes, for each shared device, the slots the child
 //! may read (`swap::fork_refs`); and locks the region registry until the fork is done. A
 //! fork so brings in nothing that is out on a memory or shared device, however large. After
@@ -14,7 +14,8 @@
 //! addresses: the pages it inherited stay mapped, shared copy-on-write with the parent and
 //! charged to it (`PageState::Shared`) until the child writes them, and the pages that were
 //! out are read on first touch from the child's copy of the parent's device, or from the
-//! parent's swap file through the child's copy of its descriptor (`PageState::Parent`),
+//! parent's swap file through the child's copy of its descriptor, or from the parent's keys
+//! on connections of the child's own (`PageState::Parent`),
 //! then charged to the child. Each process frees slots in its own copy of a memory device:
 //! the kernel's copy-on-write keeps the other's. A slot of a shared device that the parent
 //! frees while a child may still read it is held until the child has read or dropped that
@@ -109,14 +110,14 @@ impl ForkHold {
         let regions = std::mem::take(&mut self.regions);
         let writers = self.writers.take();
         let parent = self.pager.shared_arc().clone();
-        // The parent's devices, as this child reads them: nothing of the parent's threads
-        // (a file device's rings), and the child's own record of the slots it may read,
-        // whose pipe end it keeps for life (its exit or exec tells the parent it is gone).
-        for d in parent.devices.devices() {
-            d.backend.enter_fork_child();
-        }
+        // The parent's shared devices, as this child reads them: nothing of the parent's
+        // threads (a file device's rings, a Redis device's connections), and the child's own
+        // record of the slots it may read, whose pipe end it keeps for life (its exit or
+        // exec tells the parent it is gone).
         for (dev, rec) in std::mem::take(&mut self.child_refs) {
-            parent.devices.devices()[dev].fork_refs.enter_child(rec.record);
+            let d = &parent.devices.devices()[dev];
+            d.backend.enter_fork_child();
+            d.fork_refs.enter_child(rec.record);
             std::mem::forget(rec.child_end);
         }
         // Not dropped: that would run reclaim on the parent's pager, which has no threads here.
@@ -199,12 +200,12 @@ impl Pager {
     /// [`Pager::prepare_fork`] for a fork whose child calls [`ForkHold::rearm_in_child`]
     /// (as `uswap run`'s library does): pages out on a memory device (RAM, the compressed
     /// pool) stay out, and the child reads them from its copy of the device; pages on a swap
-    /// file uswap created or a block device stay out too, and the child reads them there,
-    /// the parent holding each slot until the child lets go of it. So the fork brings in
-    /// only what the child could not read where it is (staged pages, pages on a Redis
-    /// device or on a named swap file, which the parent empties when its device goes; also
-    /// a swap file's pages when 64 children already read from it). A child that does not
-    /// re-arm would read zeros where those pages are: use `prepare_fork` for it.
+    /// file uswap created, a block device or Redis stay out too, and the child reads them
+    /// there, the parent holding each slot until the child lets go of it. So the fork brings
+    /// in only what the child could not read where it is (staged pages, pages on a named
+    /// swap file, which the parent empties when its device goes; also a shared device's
+    /// pages when 64 children already read from it). A child that does not re-arm would
+    /// read zeros where those pages are: use `prepare_fork` for it.
     pub fn prepare_fork_to_rearm(&self) -> ForkHold {
         self.prepare(true)
     }
@@ -237,7 +238,7 @@ impl Pager {
         };
         // What the child could not read where it is comes back in: staged pages (the swap
         // cache lives in the parent's staging area), pages on devices that are neither
-        // memory nor shared with the child (Redis), and pages this process still reads from
+        // memory nor shared with the child (a named swap file), and pages this process still reads from
         // its own parent. Reclaim is held and no round runs, so one pass brings everything
         // in; faults only bring pages in.
         REGIONS.for_each(|r| {

@@ -285,6 +285,24 @@ fn fork_child_reads_what_was_out_from_the_parents_swap_file(mode: FaultMode) {
     rearm_with(mode, pager, true);
 }
 
+/// The same with a Redis device: the child reads the parent's keys on connections of its
+/// own, and the parent keeps every key the child may still read.
+fn fork_child_reads_what_was_out_from_the_parents_redis_device(mode: FaultMode) {
+    if !uswap::backend::redis::redis_server_available() {
+        skipped("redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    let redis = uswap::backend::redis::LocalRedis::start(1, 0, &[]).expect("a local redis server starts");
+    let pager = Pager::builder()
+        .resident_limit(LIMIT)
+        .fault_mode(mode)
+        .device(DeviceConfig::redis(redis.seeds(0), WSS + WSS / 2))
+        .regions_survive_fork(true)
+        .build()
+        .expect("pager");
+    rearm_with(mode, pager, true);
+}
+
 fn slots_held(p: &Pager) -> u64 {
     p.stats().devices.iter().map(|d| d.slots_held_for_children).sum()
 }
@@ -318,6 +336,8 @@ fn rearm_with(mode: FaultMode, pager: Pager, leave_out: bool) {
         unsafe { libc::_exit(0) };
     }
     drop(hold);
+    // A child that dies shows at once as the end of the pipe.
+    drop(ready_w);
     // The parent goes on paging meanwhile.
     for i in 0..pages / 2 {
         write_page(w, i, 2);
@@ -325,7 +345,8 @@ fn rearm_with(mode: FaultMode, pager: Pager, leave_out: bool) {
     for i in 0..pages {
         check_page(w, i, if i < pages / 2 { 2 } else { 1 });
     }
-    let shares_device = pager.stats().devices.iter().any(|d| d.name.starts_with("file:"));
+    let shares_device =
+        pager.stats().devices.iter().any(|d| d.name.starts_with("file:") || d.name.starts_with("redis"));
     if shares_device {
         assert!(slots_held(&pager) > 0, "{mode:?}: no slot the child reads was held: {:?}", pager.stats());
     }
@@ -374,3 +395,10 @@ fn bounded_rearm_from_swap_file(mode: FaultMode) {
 
 in_both_modes!(bounded_rearm_from_swap_file() => thread_mode_fork_child_reads_what_was_out_from_the_parents_swap_file,
     signal_mode_fork_child_reads_what_was_out_from_the_parents_swap_file);
+
+fn bounded_rearm_from_redis(mode: FaultMode) {
+    bounded(mode, "re-arm, pages left on a Redis device", fork_child_reads_what_was_out_from_the_parents_redis_device);
+}
+
+in_both_modes!(bounded_rearm_from_redis() => thread_mode_fork_child_reads_what_was_out_from_the_parents_redis_device,
+    signal_mode_fork_child_reads_what_was_out_from_the_parents_redis_device);

@@ -220,7 +220,8 @@ pub trait Backend: Send + Sync {
 
     /// Whether a fork child may read this device's pages where they are, the device being
     /// shared rather than copied: a swap file or block device, read through the child's copy
-    /// of the descriptor ([`enter_fork_child`](Backend::enter_fork_child)). The parent then
+    /// of the descriptor, or a Redis store, read on connections of the child's own
+    /// ([`enter_fork_child`](Backend::enter_fork_child)). The parent then
     /// keeps each slot a child may read until the child lets go of it (`swap::fork_refs`).
     /// Devices that are neither this nor [`inheritable`](Backend::inheritable) have their
     /// pages brought in before a fork.
@@ -232,6 +233,11 @@ pub trait Backend: Send + Sync {
     /// from now on use nothing that the parent's threads use too (a file device's io_uring
     /// rings, whose queues the child would share), and no lock.
     fn enter_fork_child(&self) {}
+
+    /// The device is dropped while fork children may still read it (a
+    /// [`shared_with_fork_children`](Backend::shared_with_fork_children) device): what it
+    /// would erase on drop, it must leave (a Redis device's keys).
+    fn outlived_by_children(&self) {}
 
     /// For an [`inheritable`](Backend::inheritable) device: whether a fork child gets a
     /// copy-on-write copy of the memory its reads use (around a fork, see

@@ -4,10 +4,11 @@
 //! # Job
 //!
 //! A memory device (RAM, the compressed pool) reaches a fork child copy-on-write: each
-//! process frees slots in its own copy. A file or block device is one device that both
-//! processes see; the child reads the pages that were out at the fork through its copy of
-//! the descriptor (`Backend::shared_with_fork_children`). So the parent must not reuse a slot
-//! while a child may still read it, and must reuse it once no child can.
+//! process frees slots in its own copy. A file or block device, or a Redis store, is one
+//! device that both processes see; the child reads the pages that were out at the fork
+//! where they are (`Backend::shared_with_fork_children`). So the parent must not reuse a
+//! slot (nor delete its key) while a child may still read it, and must reuse it once no
+//! child can.
 //!
 //! Each fork that leaves pages out on such a device takes a *child record*:
 //! * a bitmap, one bit per slot, in memory shared with the child (`MAP_SHARED`): the parent
@@ -211,6 +212,16 @@ impl ForkRefs {
             self.nr_held.fetch_add(1, Ordering::Relaxed);
         }
         true
+    }
+
+    /// Whether a child may still read this device (one that has not exited or exec'd).
+    /// System calls: not on a fault path.
+    pub fn children_may_read(&self) -> bool {
+        self.records.iter().any(|r| match r.state.load(Ordering::Acquire) {
+            FREE => false,
+            LIVE => !child_gone(r),
+            _ => true,
+        })
     }
 
     /// Slots held for children now.

@@ -100,6 +100,15 @@ pub struct SwapDevice {
     pub fork_refs: ForkRefs,
 }
 
+impl Drop for SwapDevice {
+    fn drop(&mut self) {
+        // A child reading the parent's slots where they are outlives the parent's pager.
+        if self.fork_refs.children_may_read() {
+            self.backend.outlived_by_children();
+        }
+    }
+}
+
 impl SwapDevice {
     fn new(index: usize, spec: DeviceSpec, nr_cpus: usize) -> std::io::Result<SwapDevice> {
         let DeviceSpec { priority, backend, checksum, readahead, clean_readahead } = spec;

@@ -182,6 +182,50 @@ impl Direct {
     }
 }
 
+impl Direct {
+    /// In a fork child (one thread, allocation allowed): replaces every connection by one of
+    /// the child's own to the primary. The copies it inherited are the parent's sockets, on
+    /// which the parent's threads have requests in flight; closing a copy leaves the
+    /// parent's alone. A connection a parent's thread held at the fork stays locked for
+    /// good in the child, and unused.
+    pub(super) fn reconnect_in_fork_child(&self, sh: &Shared) {
+        let primary = sh.primary.load(Ordering::Acquire);
+        for c in self.conns.iter() {
+            if let Some(mut c) = c.try_lock() {
+                c.stream = None;
+                c.stream = connect(&sh.seeds[primary], sh.io_timeout()).map(|s| (primary, s));
+            }
+        }
+    }
+
+    /// Reads `reqs` in a fork child, where no device thread serves: on the child's own
+    /// connections, waiting (bounded by the I/O timeout) while all are busy. A read that
+    /// cannot be made (no connection left, a slot the parent held nothing in) fails each
+    /// request. Async-signal-safe, as [`Direct::read`].
+    pub(super) fn read_in_fork_child(&self, sh: &Shared, reqs: &mut [ReadReq<'_>]) {
+        let deadline = now_ns() + sh.io_timeout().as_nanos() as u64;
+        // Bounded by the deadline; each pass tries every connection once.
+        while now_ns() < deadline && self.conns.iter().any(|c| c.try_lock().is_none_or(|c| c.stream.is_some())) {
+            if self.read(sh, reqs) {
+                return;
+            }
+            if reqs.iter().any(|r| (r.slot..r.slot + r.buf.len() as u64).any(|s| !has_page(sh, s))) {
+                break;
+            }
+            // SAFETY: plain system call; async-signal-safe.
+            unsafe { libc::sched_yield() };
+        }
+        for r in reqs.iter_mut() {
+            r.result = Err(BackendError::Remote { slot: r.slot, why: "a fork child could not read its parent's page" });
+        }
+    }
+}
+
+/// Whether the slot holds a page (as this process's copy of the device knows it).
+fn has_page(sh: &Shared, slot: u64) -> bool {
+    sh.gens.get(slot as usize).is_some_and(|g| g.load(Ordering::Acquire) != 0)
+}
+
 /// Connects to `addr` for direct reads: no Nagle, socket timeouts (a timed-out read gives
 /// the request back).
 fn connect(addr: &str, io_timeout: Duration) -> Option<TcpStream> {

@@ -221,6 +221,11 @@ struct Shared {
     direct: direct::Direct,
     /// The last thing the device threads had to say (failovers, errors), also on stderr.
     last_note: Mutex<String>,
+    /// Set in a fork child's copy of the parent's device: reads on the child's own direct
+    /// connections only (the device threads are the parent's).
+    forked: AtomicBool,
+    /// A fork child still reads the keys: the drop leaves them (see `Backend::outlived_by_children`).
+    keep_keys: AtomicBool,
 }
 
 impl Shared {
@@ -362,6 +367,8 @@ impl RedisBackend {
             counters: Counters::default(),
             direct: direct::Direct::new(),
             last_note: Mutex::new(String::new()),
+            forked: AtomicBool::new(false),
+            keep_keys: AtomicBool::new(false),
         });
         sh.direct.maintain(&sh, true);
         let mut threads = Vec::new();
@@ -516,6 +523,14 @@ impl Drop for RedisBackend {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        if self.sh.keep_keys.load(Ordering::Relaxed) {
+            eprintln!(
+                "uswap: {}: this pager's keys ({}*) are left in the store for the fork children that still read them; \
+                 delete them once those have ended (uswap run does)",
+                self.sh.name, self.sh.prefix
+            );
+            return;
+        }
         self.delete_all();
     }
 }
@@ -574,6 +589,10 @@ impl Backend for RedisBackend {
     }
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
+        if self.sh.forked.load(Ordering::Relaxed) {
+            self.sh.direct.read_in_fork_child(&self.sh, reqs);
+            return;
+        }
         if reqs.is_empty() || self.sh.direct.read(&self.sh, reqs) {
             return;
         }
@@ -584,6 +603,23 @@ impl Backend for RedisBackend {
                     Err(BackendError::Remote { slot: r.slot, why: "every request slot of the device stayed busy" });
             }
         }
+    }
+
+    /// The child reads the parent's keys on connections of its own: every key of the parent
+    /// stays until the parent frees its slot, which it holds while the child may read it.
+    fn shared_with_fork_children(&self) -> bool {
+        true
+    }
+
+    /// Makes the child's own direct connections (its copies of the parent's are the same
+    /// sockets as the parent's); from now on reads use only them.
+    fn enter_fork_child(&self) {
+        self.sh.forked.store(true, Ordering::Relaxed);
+        self.sh.direct.reconnect_in_fork_child(&self.sh);
+    }
+
+    fn outlived_by_children(&self) {
+        self.sh.keep_keys.store(true, Ordering::Relaxed);
     }
 
     fn invalidate(&self, slot: u64) {
