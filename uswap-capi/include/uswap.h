@@ -402,6 +402,11 @@ typedef struct uswap_stats {
      * Signal mode: calls whose memory was brought in unpinned (every pin slot taken).
      */
     uint64_t syscall_unpinned;
+    /**
+     * Pages a fork child inherited and came to map alone (its parent wrote them or moved
+     * them out), charged to the child from then on.
+     */
+    uint64_t shared_adopted;
 } uswap_stats;
 
 #ifdef __cplusplus

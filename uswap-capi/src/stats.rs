@@ -168,6 +168,9 @@ pub struct uswap_stats {
     pub reclaim_pinned: u64,
     /// Signal mode: calls whose memory was brought in unpinned (every pin slot taken).
     pub syscall_unpinned: u64,
+    /// Pages a fork child inherited and came to map alone (its parent wrote them or moved
+    /// them out), charged to the child from then on.
+    pub shared_adopted: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -253,7 +256,8 @@ impl uswap_stats {
             syscall_async_kernel_access,
             pool_peak_bytes,
             reclaim_pinned,
-            syscall_unpinned;
+            syscall_unpinned,
+            shared_adopted;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

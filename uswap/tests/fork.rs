@@ -196,7 +196,8 @@ const CHILD_WROTE_INHERITED: u8 = 4;
 const CHILD_NEW_REGION: u8 = 8;
 const CHILD_PAGED_OUT: u8 = 16;
 const CHILD_WITHIN_LIMIT: u8 = 32;
-const CHILD_ALL: u8 = 63;
+const CHILD_ADOPTED: u8 = 64;
+const CHILD_ALL: u8 = 127;
 
 /// The child's side: re-arms, waits for `go` (the parent's rewrite), checks what it
 /// inherited, writes all of it (its first writes charge the pages, which then page out under
@@ -215,6 +216,15 @@ fn child_rearms_and_pages(mode: FaultMode, hold: uswap::ForkHold, pages: usize, 
         return 0;
     }
     let mut ok = CHILD_REARMED;
+    // The parent has paged out (copying, to move them) pages it shared with this child:
+    // the child's copies, its alone now, are charged to it.
+    let t0 = Instant::now();
+    while pager.stats().shared_adopted == 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if pager.stats().shared_adopted > 0 {
+        ok |= CHILD_ADOPTED;
+    }
     let Some((_, region)) = regions.iter().find(|(s, _)| *s == start) else { return ok };
     let w = region.as_atomic_u64s();
     if (0..pages).all(|i| page_is(w, i, 1)) {
@@ -361,7 +371,7 @@ fn rearm_with(mode: FaultMode, pager: Pager, leave_out: bool) {
         libc::waitpid(pid, &mut status, 0);
     }
     let got = got.unwrap_or_else(|| panic!("{mode:?}: the re-armed child never answered: {:?}", pager.stats()));
-    assert_eq!(got, CHILD_ALL, "{mode:?}: child checks passed {got:#b} of {CHILD_ALL:#b} (bits: rearmed, read, wrote, new region, paged out, within limit)");
+    assert_eq!(got, CHILD_ALL, "{mode:?}: child checks passed {got:#b} of {CHILD_ALL:#b} (bits: rearmed, read, wrote, new region, paged out, within limit, adopted)");
     let s = settles_under_limit(&pager);
     assert!(s.resident_pages <= s.limit_pages + SLACK_PAGES, "{mode:?}: {s:?}");
     // The child is gone: every slot held for it comes free.

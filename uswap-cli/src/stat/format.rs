@@ -90,6 +90,7 @@ fn help(field: &str) -> Option<&'static str> {
         "move_refused" => "Pages UFFDIO_MOVE refused to move out.",
         "reclaim_pinned" => "Signal mode: victims left resident because a system call had pinned them.",
         "cow_broken" => "Pages a fork child shared, made exclusive again so they could move out.",
+        "shared_adopted" => "Pages a fork child inherited and came to map alone, charged to it.",
         "swpout_neighbours" => "Dirty resident pages that left with a victim next to them, in one move.",
         "handler_retire" => "Thread mode: fault handlers that went dormant.",
         "handler_backlog" => "Thread mode: dormant handlers woken for a backlog of faults.",

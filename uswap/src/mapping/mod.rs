@@ -698,6 +698,38 @@ pub fn for_each_present_page(addr: usize, nr_pages: usize, mut f: impl FnMut(usi
     Ok(())
 }
 
+/// Calls `f(i)` for each page `i` of the `nr_pages` at `addr` that is present and mapped by
+/// this process alone (`/proc/self/pagemap`: bits 63 and 56, the latter since Linux 4.2; the
+/// kernel's zero page never counts). Reads the entries in chunks with `pread`.
+pub fn for_each_exclusive_page(addr: usize, nr_pages: usize, mut f: impl FnMut(usize)) -> io::Result<()> {
+    const CHUNK_PAGES: usize = 512;
+    const PRESENT: u64 = 1 << 63;
+    const EXCLUSIVE: u64 = 1 << 56;
+    use std::os::fd::AsRawFd;
+    let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+    let mut entries = [0u64; CHUNK_PAGES];
+    let mut first = 0;
+    // Bounded: each round moves `first` on by at least one page, or fails.
+    while first < nr_pages {
+        let n = (nr_pages - first).min(CHUNK_PAGES);
+        let offset = ((addr / PAGE_SIZE + first) * 8) as libc::off_t;
+        // SAFETY: reads at most `n * 8` bytes into `entries`, which has room for CHUNK_PAGES
+        // entries; the descriptor is open for as long as `pagemap` lives.
+        let got = unsafe { libc::pread(pagemap.as_raw_fd(), entries.as_mut_ptr().cast(), n * 8, offset) };
+        if got <= 0 {
+            return Err(if got == 0 { io::ErrorKind::UnexpectedEof.into() } else { io::Error::last_os_error() });
+        }
+        let got = got as usize / 8;
+        for (i, &e) in entries[..got].iter().enumerate() {
+            if e & (PRESENT | EXCLUSIVE) == PRESENT | EXCLUSIVE {
+                f(first + i);
+            }
+        }
+        first += got;
+    }
+    Ok(())
+}
+
 /// Pages of `[addr, addr + len)` present in the page table, counted with `mincore(2)` in
 /// chunks so the vector stays small. The range must be mapped, `addr` page-aligned; a
 /// partial last page counts as a page.

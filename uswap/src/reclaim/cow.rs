@@ -23,12 +23,22 @@
 //! Pinned pages are refused with `EBUSY` too; populating them changes nothing (they are
 //! exclusive already), and they are refused again (`move_refused`).
 //!
+//! The other side, in a fork child ([`adopt_exclusive`]): the pages it inherited stay mapped,
+//! shared with the parent and charged to it (`PageState::Shared`). Once the parent lets go
+//! of one (writes it, and so gets a copy of its own, or has it copied by the pass above and
+//! moves it out), the child's is the only mapping left, and nobody was charged for it: the
+//! tree's memory passed its limit by that page without a word. The child finds such pages
+//! in its page table (`/proc/self/pagemap`, "exclusively mapped"), charges them to itself
+//! and puts them on its LRU, from where its reclaim moves them out like its own (they are
+//! exclusive now, so `UFFDIO_MOVE` takes them). A page several children still share is
+//! nobody's alone and stays uncharged until all but one have let go of it.
+//!
 //! Locking: none; the page is owned through its busy bit, the address slot is one atomic.
 
 use std::sync::atomic::Ordering;
 
-use crate::mapping::populate_write;
-use crate::region::{PageRef, PageState, RegionSet};
+use crate::mapping::{for_each_exclusive_page, populate_write};
+use crate::region::{PageRef, PageState, RegionInner, RegionSet, REGIONS};
 use crate::state::PagerShared;
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
@@ -100,4 +110,56 @@ pub(crate) fn break_queued(p: &PagerShared) -> usize {
         }
     }
     broken
+}
+
+/// In a fork child: charges to this process the inherited pages it now maps alone, and puts
+/// them on its LRU (see the module doc). Returns how many. System calls (`pagemap`): the
+/// background reclaimer only. Bounded by the regions' pages.
+pub(crate) fn adopt_exclusive(p: &PagerShared) -> usize {
+    if p.parent.get().is_none() || p.charge.reclaim_held.load(Ordering::Acquire) {
+        return 0;
+    }
+    let mut adopted = 0;
+    REGIONS.for_each(|r| {
+        if !std::ptr::eq(&*r.pager, p) {
+            return;
+        }
+        for (first, end) in r.live_runs() {
+            let end = end.min(r.touched_end());
+            let mut page = first;
+            // Bounded: each round moves `page` past a run of shared pages, or by one.
+            while page < end {
+                if r.load(page).state() != PageState::Shared {
+                    page += 1;
+                    continue;
+                }
+                let run = (page..end).take_while(|&q| r.load(q).state() == PageState::Shared).count();
+                let _ = for_each_exclusive_page(r.page_addr(page), run, |i| {
+                    adopted += usize::from(adopt_page(p, r, r.index, r.gen, page + i));
+                });
+                page += run;
+            }
+        }
+    });
+    adopted
+}
+
+/// Makes an inherited page this process maps alone its own: writable, charged, on the LRU.
+fn adopt_page(p: &PagerShared, r: &RegionInner, region_idx: usize, region_gen: u32, page: usize) -> bool {
+    let pte = r.load(page);
+    if pte.state() != PageState::Shared {
+        return false; // written meanwhile (then charged by its fault)
+    }
+    let Some(locked) = r.try_lock(page, pte) else { return false };
+    // Its first write would otherwise fault for the charge it has now.
+    if p.uffd.writeprotect(r.page_addr(page), PAGE_SIZE, false, p.mode_wakes()).is_err() {
+        r.store(page, locked.unbusy());
+        return false;
+    }
+    super::charge::force_charge(p, 1);
+    let new = locked.next(PageState::Resident, None);
+    r.store(page, new);
+    p.lru.add(PageRef { region_idx, region_gen, page_gen: new.gen(), page }, &p.stats);
+    p.stats.inc(Counter::SharedAdopted);
+    true
 }

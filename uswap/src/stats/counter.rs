@@ -61,6 +61,9 @@ pub(crate) enum Counter {
     /// A page a fork shared made exclusive again, so that reclaim can move it (see
     /// `reclaim::cow`).
     CowBroken,
+    /// A page a fork child inherited and its parent let go of (written, or moved out), now
+    /// mapped by the child alone: charged to the child (see `reclaim::cow::adopt_exclusive`).
+    SharedAdopted,
     /// Device writes that failed; the pages stayed staged in RAM and will be retried.
     SwpoutError,
     /// Pages a device declined (pool full, incompressible) written to another device.
@@ -225,6 +228,7 @@ impl PerCpuStats {
         s.lru_overflow = self.sum(LruOverflow);
         s.move_refused = self.sum(MoveRefused);
         s.cow_broken = self.sum(CowBroken);
+        s.shared_adopted = self.sum(SharedAdopted);
         s.reclaim_pinned = self.sum(ReclaimPinned);
         s.swpout_neighbours = self.sum(SwpoutNeighbours);
         s.handler_retire = self.sum(HandlerRetire);

@@ -153,6 +153,9 @@ pub struct Stats {
     /// Pages refused because a fork child shared them, made exclusive again (copied for
     /// this process, as a write would) so that reclaim could move them out.
     pub cow_broken: u64,
+    /// Pages a fork child inherited that its parent then let go of (wrote, or moved out), so
+    /// that the child alone mapped them: charged to the child from then on, and paged by it.
+    pub shared_adopted: u64,
     /// Victims reclaim left resident because a system call in signal mode had pinned them:
     /// its memory stays in until the call returns (see [`crate::prepare_user_access`]).
     pub reclaim_pinned: u64,
@@ -375,6 +378,7 @@ impl Stats {
             lru_overflow,
             move_refused,
             cow_broken,
+            shared_adopted,
             reclaim_pinned,
             swpout_neighbours,
             handler_retire,
