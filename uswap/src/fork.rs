@@ -114,6 +114,9 @@ impl ForkHold {
         // threads (a file device's rings, a Redis device's connections), and the child's own
         // record of the slots it may read, whose pipe end it keeps for life (its exit or
         // exec tells the parent it is gone).
+        for d in parent.devices.devices() {
+            d.fork_refs.close_parent_ends();
+        }
         for (dev, rec) in std::mem::take(&mut self.child_refs) {
             let d = &parent.devices.devices()[dev];
             d.backend.enter_fork_child();
@@ -215,89 +218,16 @@ impl Pager {
         s.charge.reclaim_held.store(true, Ordering::SeqCst);
         // No page is half moved out when the child's copy is taken.
         reclaim::InFlight::wait_none(s);
-        let devices = s.devices.devices();
-        let inheritable: Vec<bool> =
-            devices.iter().map(|d| leave_memory_devices_out && d.backend.inheritable()).collect();
-        // A device the child reads where it is keeps, for this fork, a record of the slots
-        // the child may read; without a record (too many children) its pages come in.
-        let records: Vec<Option<ForkRecord>> = devices
-            .iter()
-            .map(|d| {
-                let shared =
-                    leave_memory_devices_out && !d.backend.inheritable() && d.backend.shared_with_fork_children();
-                if shared {
-                    d.fork_refs.begin_fork()
-                } else {
-                    None
-                }
-            })
-            .collect();
-        let stays_out = |pte: Pte| {
-            let dev = pte.entry().device();
-            pte.state() == PageState::Swapped && (inheritable[dev] || records[dev].is_some())
-        };
-        // What the child could not read where it is comes back in: staged pages (the swap
-        // cache lives in the parent's staging area), pages on devices that are neither
-        // memory nor shared with the child (a named swap file), and pages this process still reads from
-        // its own parent. Reclaim is held and no round runs, so one pass brings everything
-        // in; faults only bring pages in.
-        REGIONS.for_each(|r| {
-            if !std::ptr::eq(&*r.pager, s) {
-                return;
-            }
-            for (first, end) in r.live_runs() {
-                for page in first..end.min(r.touched_end()) {
-                    let pte = r.load(page);
-                    if matches!(pte.state(), PageState::Cached | PageState::Swapped | PageState::Parent)
-                        && !stays_out(pte)
-                    {
-                        // SAFETY: the page lies in a live run of a registered region
-                        // (mapped; the caller promises no concurrent unmap); a read takes
-                        // the fault that brings it in and changes nothing.
-                        unsafe { std::ptr::read_volatile(r.page_addr(page) as *const u8) };
-                    }
-                }
-            }
-        });
+        let plan = ForkPlan::new(s, leave_memory_devices_out);
+        bring_in_what_the_child_cannot_read(s, &plan);
         let writers = REGIONS.lock_writers();
         let mut regions = Vec::new();
         REGIONS.for_each(|r| {
-            if !std::ptr::eq(&*r.pager, s) {
-                return;
+            if std::ptr::eq(&*r.pager, s) {
+                regions.push(plan.record_region(r));
             }
-            let (live, touched_end) = (r.live_runs(), r.touched_end());
-            let mut swapped = Vec::new();
-            for &(first, end) in &live {
-                for page in first..end.min(touched_end) {
-                    let pte = r.load(page);
-                    if stays_out(pte) {
-                        let e = pte.entry();
-                        swapped.push((page, e));
-                        if let Some(rec) = &records[e.device()] {
-                            devices[e.device()].fork_refs.refer(rec.record, e.offset());
-                        }
-                    }
-                }
-            }
-            regions.push(InheritedRegion { start: r.start(), nr_pages: r.nr_pages, live, touched_end, swapped });
         });
-        // The memory devices' pages, and what they are found by (a shared device's
-        // checksums), go to the child copy-on-write (the parent makes them its own again
-        // when the hold drops). Only theirs: the swap cache's staging pages, shared with a
-        // child, could not be moved back into a region (`UFFDIO_MOVE` refuses shared pages),
-        // in any pager.
-        let mut inherited = Vec::new();
-        let mut child_refs = Vec::new();
-        for (i, (d, rec)) in devices.iter().zip(records).enumerate() {
-            if let Some(rec) = rec {
-                d.fork_refs.publish(rec.record);
-                child_refs.push((i, rec));
-            } else if !inheritable[i] {
-                continue;
-            }
-            d.set_inherited(true);
-            inherited.push(i);
-        }
+        let (inherited, child_refs) = plan.hand_over();
         ForkHold { pager: self.clone(), regions, writers: Some(writers), inherited, child_refs }
     }
 
@@ -349,6 +279,9 @@ impl Pager {
             for &(page, entry) in &r.swapped {
                 if inner.load(page).state() != PageState::Shared {
                     inner.pte(page).store(Pte(0).next(PageState::Parent, Some(entry)).0, Ordering::Relaxed);
+                } else {
+                    // Mapped here: the parent may reuse its slot.
+                    shared.release_parent_slot(entry);
                 }
             }
             REGIONS.insert(r.start, r.start + len, inner.clone()).ok_or(Error::TooManyRegions { max: MAX_REGIONS })
@@ -366,4 +299,115 @@ impl Pager {
         };
         Ok(Region::new(inner, slot, self.clone()))
     }
+}
+
+/// What a fork does with each device of the pager: which the child inherits (memory
+/// devices), and which it reads where they are, with the record of the slots it may read.
+struct ForkPlan<'a> {
+    devices: &'a [crate::swap::SwapDevice],
+    inheritable: Vec<bool>,
+    /// For a device the child reads where it is; `None` without a record (too many
+    /// children): its pages come in.
+    records: Vec<Option<ForkRecord>>,
+}
+
+impl<'a> ForkPlan<'a> {
+    fn new(s: &'a crate::state::PagerShared, leave_out: bool) -> ForkPlan<'a> {
+        let devices = s.devices.devices();
+        let inheritable = devices.iter().map(|d| leave_out && d.backend.inheritable()).collect();
+        let records = devices
+            .iter()
+            .map(|d| {
+                let shared = leave_out && !d.backend.inheritable() && d.backend.shared_with_fork_children();
+                if shared {
+                    d.fork_refs.begin_fork()
+                } else {
+                    None
+                }
+            })
+            .collect();
+        ForkPlan { devices, inheritable, records }
+    }
+
+    /// Whether the page stays out for the child to read where it is.
+    fn stays_out(&self, pte: Pte) -> bool {
+        let dev = pte.entry().device();
+        pte.state() == PageState::Swapped && (self.inheritable[dev] || self.records[dev].is_some())
+    }
+
+    /// The region as the child inherits it: its live runs and the pages that stay out.
+    fn record_region(&self, r: &RegionInner) -> InheritedRegion {
+        let (live, touched_end) = (r.live_runs(), r.touched_end());
+        let mut swapped = Vec::new();
+        for &(first, end) in &live {
+            for page in first..end.min(touched_end) {
+                let pte = r.load(page);
+                if !self.stays_out(pte) {
+                    continue;
+                }
+                let e = pte.entry();
+                // On a shared device, a page released meanwhile (its slot perhaps freed
+                // already) is left out: the child reads zeros, as after the discard
+                // (`swap::fork_refs`, locking).
+                let kept = self.records[e.device()].as_ref().is_none_or(|rec| {
+                    self.devices[e.device()].fork_refs.recorded(rec.record, e.offset(), || {
+                        let now = r.load(page);
+                        now.state() == PageState::Swapped && now.entry() == e
+                    })
+                });
+                if kept {
+                    swapped.push((page, e));
+                }
+            }
+        }
+        InheritedRegion { start: r.start(), nr_pages: r.nr_pages, live, touched_end, swapped }
+    }
+
+    /// The memory devices' pages, and what they are found by (a shared device's
+    /// checksums), go to the child copy-on-write (the parent makes them its own again when
+    /// the hold drops). Only theirs: the swap cache's staging pages, shared with a child,
+    /// could not be moved back into a region (`UFFDIO_MOVE` refuses shared pages), in any
+    /// pager. The shared devices' records are complete. Returns the devices inherited and
+    /// the records, for the hold.
+    fn hand_over(self) -> (Vec<usize>, Vec<(usize, ForkRecord)>) {
+        let mut inherited = Vec::new();
+        let mut child_refs = Vec::new();
+        for (i, (d, rec)) in self.devices.iter().zip(self.records).enumerate() {
+            if let Some(rec) = rec {
+                d.fork_refs.publish(rec.record);
+                child_refs.push((i, rec));
+            } else if !self.inheritable[i] {
+                continue;
+            }
+            d.set_inherited(true);
+            inherited.push(i);
+        }
+        (inherited, child_refs)
+    }
+}
+
+/// What the child could not read where it is comes back in: staged pages (the swap cache
+/// lives in the parent's staging area), pages on devices that are neither memory nor shared
+/// with the child (a named swap file), and pages this process still reads from its own
+/// parent. Reclaim is held and no round runs, so one pass brings everything in; faults only
+/// bring pages in.
+fn bring_in_what_the_child_cannot_read(s: &crate::state::PagerShared, plan: &ForkPlan<'_>) {
+    REGIONS.for_each(|r| {
+        if !std::ptr::eq(&*r.pager, s) {
+            return;
+        }
+        for (first, end) in r.live_runs() {
+            for page in first..end.min(r.touched_end()) {
+                let pte = r.load(page);
+                if matches!(pte.state(), PageState::Cached | PageState::Swapped | PageState::Parent)
+                    && !plan.stays_out(pte)
+                {
+                    // SAFETY: the page lies in a live run of a registered region (mapped;
+                    // the caller promises no concurrent unmap); a read takes the fault that
+                    // brings it in and changes nothing.
+                    unsafe { std::ptr::read_volatile(r.page_addr(page) as *const u8) };
+                }
+            }
+        }
+    });
 }

@@ -74,6 +74,7 @@ pub use mapping::{is_engine_thread, note_engine_memory, spawn_engine_thread};
 /// (`uswap run`'s): see [`sigbus::replace_chained`].
 pub mod sigbus {
     pub use crate::uffd::sigbus::{in_handler, note_system_calls_routed, replace_chained, StderrLine};
+    pub use crate::uffd::AsyncSignalsBlocked;
 }
 pub use fork::ForkHold;
 pub use pager::{

@@ -51,7 +51,9 @@
 //!    per-CPU lock is dropped.
 //! 6. **`std::sync::Mutex`es**, never on a fault path: the region registry's writer lock
 //!    (`mapping::registry`, `Pager::map` and a region's drop; released before anything
-//!    else is taken) and the pager's thread list (build and drop).
+//!    else is taken), the pager's thread list (build and drop), and a fork record's pipe
+//!    end (`swap::fork_refs`, a leaf: fork preparation and the background reclaimer's sweep;
+//!    a fork child only try-locks it).
 //!
 //! **The order is asserted.** Every [`SpinLock`] has a [`LockClass`], one per lock of levels
 //! 2 to 5 in the order listed (async-readahead context, device I/O channel, size class, arena,

@@ -474,13 +474,18 @@ fn say_efault_once(nr: c_long, a: &[u64; 6]) {
 
 /// While it lives, this thread's rewritten system calls go straight to the kernel: for the
 /// engine's own calls made on a program's thread outside a slow path (a fork child building
-/// its pager, whose file device sets up io_uring rings over the engine's memory).
-pub struct EngineCalls(());
+/// its pager, whose file device sets up io_uring rings over the engine's memory). The
+/// thread's asynchronous signals are blocked meanwhile, so that no handler of the program's
+/// runs with its calls unprepared.
+pub struct EngineCalls {
+    _signals: uswap::sigbus::AsyncSignalsBlocked,
+}
 
 impl EngineCalls {
     pub fn enter() -> EngineCalls {
+        let _signals = uswap::sigbus::AsyncSignalsBlocked::new();
         DEPTH.set(DEPTH.get() + 1);
-        EngineCalls(())
+        EngineCalls { _signals }
     }
 }
 

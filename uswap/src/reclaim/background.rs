@@ -21,9 +21,9 @@ use crate::uffd::PAGE_SIZE;
 /// How often the background reclaimer looks at the pager.
 pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
 
-/// How often a fork child looks for inherited pages it has come to map alone (a `pagemap`
-/// scan of its inherited pages: `reclaim::cow::adopt_exclusive`).
-const ADOPT_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
+/// How often the slots held for fork children are looked at (`swap::fork_refs`), and a fork
+/// child looks for inherited pages it has come to map alone (`reclaim::cow::adopt_exclusive`).
+const FORK_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How long an application must go without a fault before its pages count as the tree's
 /// coldest, so that its pager reclaims them for the shared charge whatever its share (see
@@ -42,7 +42,7 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
     let mut last_faults = p.stats.sum(Counter::Pgfault);
     let mut last_fault_seen = std::time::Instant::now();
     let mut writeback_buf = vec![AlignedPage([0; PAGE_SIZE]); BATCH];
-    let mut last_adopt = std::time::Instant::now();
+    let mut last_fork_pass = std::time::Instant::now();
     while !p.is_shutdown() {
         std::thread::park_timeout(BACKGROUND_PERIOD);
         // Whatever the application does: faulting threads cannot do it (see `cow`).
@@ -66,11 +66,12 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         let mut idle_long = last_fault_seen.elapsed() >= IDLE_COLD;
         last_faults = faults;
         // Slots held for fork children that have read them, or are gone, come free
-        // (a few `poll`s while children live, nothing otherwise); in a fork child, the
-        // inherited pages its parent let go of are charged to it (a `pagemap` scan).
-        p.devices.release_fork_held();
-        if last_adopt.elapsed() >= ADOPT_PERIOD {
-            last_adopt = std::time::Instant::now();
+        // (a few `poll`s and a scan of the held slots while children live, nothing
+        // otherwise); in a fork child, the inherited pages its parent let go of are charged
+        // to it (a `pagemap` scan).
+        if last_fork_pass.elapsed() >= FORK_PERIOD {
+            last_fork_pass = std::time::Instant::now();
+            p.devices.release_fork_held();
             cow::adopt_exclusive(p);
         }
         p.devices.run_discards();

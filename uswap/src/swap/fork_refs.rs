@@ -29,11 +29,17 @@
 //! No spin lock. Records are read without locks (frees run on fault paths): a record's
 //! state is an atomic, and its bitmap, once made, is never unmapped while the device lives
 //! (a later fork reuses it, zeroed). A read that races with the sweep or with a fork can only
-//! keep a slot held longer; it never frees a slot a child may read, because a slot freed
-//! while its fork's record is being made belongs to a page that was brought in (and mapped)
-//! before the fork, which the child then has mapped too and never reads from the device. A
+//! keep a slot held longer. A free racing with the fork's recording is settled as in
+//! Dekker's algorithm: the recording sets the slot's bit, then (`SeqCst` fence) reads the
+//! page's entry again and leaves the page out if it changed; a release stores the page's new
+//! entry before it frees the slot, and the free (`hold_if_referenced`, after a `SeqCst`
+//! fence) reads the bits. So either the free sees the bit and holds the slot, or the
+//! recording sees the page gone (discarded, unmapped) and the child never reads that slot.
+//! A swap-in frees the slot before it stores the entry, but after it mapped the page, so a
+//! child forked after that has the page mapped and reads nothing from the device. A
 //! record's read end sits under a std mutex taken only by fork preparation and the sweep,
-//! never on a fault path; a fork child only ever `try_lock`s it.
+//! never on a fault path; a fork child only ever `try_lock`s it (it is a leaf, under the
+//! preload's table hold; `crate::sync`, level 6).
 //!
 //! # Invariants
 //!
@@ -120,6 +126,10 @@ impl ForkRefs {
             })?;
         self.nr_records.fetch_add(1, Ordering::AcqRel);
         let ready = || -> Option<(Kept, OwnedFd, Kept, OwnedFd)> {
+            // The held bitmap too, here rather than at the first hold, on a fault path.
+            if self.held.get().is_none() {
+                let _ = self.held.set(AtomicTable::new(self.nr_slots.div_ceil(64)).ok()?);
+            }
             match rec.bits.get() {
                 Some(bits) => bits.remove_all().ok()?,
                 None => {
@@ -144,13 +154,27 @@ impl ForkRefs {
         Some(ForkRecord { record: i, child_end: (wk, w) })
     }
 
-    /// Notes that the fork of `record` may read `slot` of this device.
-    pub fn refer(&self, record: usize, slot: u64) {
+    /// Notes that the fork of `record` may read `slot` of this device, then asks `still`
+    /// whether the page is still out there; false: leave the page out of the child's list
+    /// (the bit stays: at worst the slot is held until the child goes). See the module doc.
+    pub fn recorded(&self, record: usize, slot: u64, still: impl FnOnce() -> bool) -> bool {
         let rec = &self.records[record];
         debug_assert_eq!(rec.state.load(Ordering::Relaxed), PREPARING);
         let (w, b) = word_bit(slot);
-        if let Some(bits) = rec.bits.get() {
-            bits[w].fetch_or(b, Ordering::Relaxed);
+        let Some(bits) = rec.bits.get() else { return false };
+        bits[w].fetch_or(b, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        still()
+    }
+
+    /// In a fork child, on its copy of the parent's device: closes the parent's ends of the
+    /// pipes (the child has no use for them, and they are registered descriptors).
+    pub fn close_parent_ends(&self) {
+        for rec in self.records.iter() {
+            // The child has one thread; a lock taken by one of the parent's is left alone.
+            if let Ok(mut end) = rec.read_end.try_lock() {
+                drop(end.take());
+            }
         }
     }
 
@@ -159,16 +183,9 @@ impl ForkRefs {
         self.records[record].state.store(LIVE, Ordering::Release);
     }
 
-    /// In a fork child, on its copy of the parent's device: `record` is this child's. The
-    /// parent's ends of the pipes are closed here (the child has no use for them).
+    /// In a fork child, on its copy of the parent's device: `record` is this child's.
     pub fn enter_child(&self, record: usize) {
         self.own.store(record, Ordering::Relaxed);
-        for rec in self.records.iter() {
-            // The child has one thread; a lock taken by one of the parent's is left alone.
-            if let Ok(mut end) = rec.read_end.try_lock() {
-                drop(end.take());
-            }
-        }
     }
 
     /// In a fork child: lets go of `slot` of the parent's device (its page was read, or
@@ -193,23 +210,22 @@ impl ForkRefs {
         })
     }
 
-    /// For a slot this process frees: if a child may still read it, holds it (true) rather
-    /// than let it be reused. Lock- and allocation-free (after the first hold).
+    /// For a slot this process frees (its page's entry already changed): if a child may
+    /// still read it, holds it (true) rather than let it be reused. Lock- and
+    /// allocation-free.
     pub fn hold_if_referenced(&self, slot: u64) -> bool {
-        if self.nr_records.load(Ordering::Acquire) == 0 || !self.referenced(slot) {
+        // Pairs with the fence of `recorded`: see the module doc.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.nr_records.load(Ordering::Relaxed) == 0 || !self.referenced(slot) {
             return false;
         }
-        let held = match self.held.get() {
-            Some(h) => h,
-            None => match AtomicTable::new(self.nr_slots.div_ceil(64)) {
-                Ok(t) => self.held.get_or_init(|| t),
-                // No memory for the bitmap: the slot is leaked rather than reused under a child.
-                Err(_) => return true,
-            },
-        };
+        // Made by `begin_fork` before any record could refer to a slot.
+        let Some(held) = self.held.get() else { return true };
         let (w, b) = word_bit(slot);
-        if held[w].fetch_or(b, Ordering::AcqRel) & b == 0 {
-            self.nr_held.fetch_add(1, Ordering::Relaxed);
+        // Counted first, so that the sweep never takes the count below zero.
+        self.nr_held.fetch_add(1, Ordering::Relaxed);
+        if held[w].fetch_or(b, Ordering::AcqRel) & b != 0 {
+            self.nr_held.fetch_sub(1, Ordering::Relaxed);
         }
         true
     }
@@ -248,16 +264,21 @@ impl ForkRefs {
         let mut batch = [0u64; crate::swap::FREE_BATCH];
         let mut n = 0;
         for (w, word) in held.iter().enumerate() {
-            let mut bits = word.load(Ordering::Acquire);
-            while bits != 0 {
-                let slot = (w * 64) as u64 + bits.trailing_zeros() as u64;
-                bits &= bits - 1;
-                if self.referenced(slot) {
-                    continue;
-                }
-                word.fetch_and(!(1 << (slot % 64)), Ordering::AcqRel);
-                self.nr_held.fetch_sub(1, Ordering::Relaxed);
-                batch[n] = slot;
+            let held_bits = word.load(Ordering::Acquire);
+            if held_bits == 0 {
+                continue;
+            }
+            // Sixty-four slots at a time: the bits some child still has.
+            let referenced = self.referenced_word(w);
+            let mut free_bits = held_bits & !referenced;
+            if free_bits == 0 {
+                continue;
+            }
+            word.fetch_and(!free_bits, Ordering::AcqRel);
+            self.nr_held.fetch_sub(free_bits.count_ones() as usize, Ordering::Relaxed);
+            while free_bits != 0 {
+                batch[n] = (w * 64) as u64 + free_bits.trailing_zeros() as u64;
+                free_bits &= free_bits - 1;
                 n += 1;
                 if n == batch.len() {
                     free(&batch[..n]);
@@ -266,6 +287,15 @@ impl ForkRefs {
             }
         }
         free(&batch[..n]);
+    }
+
+    /// The bits of word `w` that some record still has (slots `64 * w ..`).
+    fn referenced_word(&self, w: usize) -> u64 {
+        self.records
+            .iter()
+            .filter(|r| r.state.load(Ordering::Acquire) != FREE)
+            .filter_map(|r| r.bits.get())
+            .fold(0, |acc, t| acc | t[w].load(Ordering::Acquire))
     }
 
     /// Gives a record back: closes the parent's end of its pipe and frees it for a later fork.
@@ -311,7 +341,7 @@ mod tests {
         assert!(!refs.hold_if_referenced(7), "no child: nothing is held");
         let fork = refs.begin_fork().expect("a record");
         for slot in [7, 8, 4000] {
-            refs.refer(fork.record, slot);
+            assert!(refs.recorded(fork.record, slot, || true));
         }
         refs.publish(fork.record);
         assert!(refs.hold_if_referenced(7));
@@ -342,7 +372,7 @@ mod tests {
         let refs = ForkRefs::new(64);
         let forks: Vec<_> = (0..MAX_FORK_CHILDREN).map(|_| refs.begin_fork().expect("a record")).collect();
         assert!(refs.begin_fork().is_none());
-        refs.refer(forks[0].record, 3);
+        assert!(!refs.recorded(forks[0].record, 3, || false), "a page that changed is left out");
         refs.release_own(3);
         assert_ne!(record_word(&refs, forks[0].record, 3).load(Ordering::Relaxed), 0);
         refs.own.store(forks[0].record, Ordering::Relaxed);

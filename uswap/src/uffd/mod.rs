@@ -549,6 +549,8 @@ pub struct AsyncSignalsBlocked {
 }
 
 impl AsyncSignalsBlocked {
+    // No `Default`: making one changes the thread's signal mask, which a default should not.
+    #[allow(clippy::new_without_default)]
     pub fn new() -> AsyncSignalsBlocked {
         // SAFETY: sigset_t is plain data; the calls fill and read sets we own, and
         // pthread_sigmask changes only the calling thread's mask.

@@ -63,13 +63,24 @@ const RECONNECT_PERIOD_NS: u64 = 200_000_000;
 
 struct Conn {
     /// The seed index it is connected to, and the stream; `None` after a failure.
-    stream: Option<(usize, TcpStream)>,
+    stream: Option<(usize, Stream)>,
     cmd: Box<[u8]>,
     reply: Box<[u8]>,
 }
 
+/// A connection's socket, registered as the engine's descriptor (`crate::fd`) so that a
+/// program closing every descriptor, or `dup2`ing over it, leaves it alone.
+struct Stream {
+    /// Dropped first: unregistered before the socket closes.
+    _kept: crate::fd::Kept,
+    tcp: TcpStream,
+}
+
 pub(super) struct Direct {
     conns: Box<[CachePadded<SpinLock<Conn>>]>,
+    /// In a fork child: the connections it made its own (one bit each); the others were
+    /// held by a parent's thread at the fork and stay locked for good.
+    usable_in_child: AtomicU64,
     /// Some connection is missing or to a former primary.
     stale: AtomicBool,
     /// When a device thread last tried to make connections ([`now_ns`]).
@@ -102,7 +113,12 @@ impl Direct {
                 ))
             })
             .collect();
-        Direct { conns, stale: AtomicBool::new(true), last_try_ns: AtomicU64::new(0) }
+        Direct {
+            conns,
+            usable_in_child: AtomicU64::new(0),
+            stale: AtomicBool::new(true),
+            last_try_ns: AtomicU64::new(0),
+        }
     }
 
     /// Makes the missing connections (or those to a former primary) to the current primary.
@@ -127,7 +143,12 @@ impl Direct {
             if matches!(&c.stream, Some((seed, _)) if *seed == primary) {
                 continue;
             }
-            c.stream = connect(&sh.seeds[primary], sh.io_timeout()).map(|s| (primary, s));
+            c.stream = sh.seeds[primary]
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .and_then(|sa| connect(&sa, sh.io_timeout()))
+                .map(|s| (primary, s));
             all &= c.stream.is_some();
         }
         if all && sh.primary.load(Ordering::Acquire) == primary {
@@ -188,14 +209,29 @@ impl Direct {
     /// which the parent's threads have requests in flight; closing a copy leaves the
     /// parent's alone. A connection a parent's thread held at the fork stays locked for
     /// good in the child, and unused.
+    /// The address is the one the parent resolved at open (a name lookup in a fork child
+    /// of a threaded process could wait for a lock no thread will release).
     pub(super) fn reconnect_in_fork_child(&self, sh: &Shared) {
         let primary = sh.primary.load(Ordering::Acquire);
-        for c in self.conns.iter() {
+        let mut usable = 0;
+        for (i, c) in self.conns.iter().enumerate() {
             if let Some(mut c) = c.try_lock() {
                 c.stream = None;
-                c.stream = connect(&sh.seeds[primary], sh.io_timeout()).map(|s| (primary, s));
+                c.stream = sh.seed_addrs[primary].and_then(|sa| connect(&sa, sh.io_timeout())).map(|s| (primary, s));
+                usable |= 1 << i;
             }
         }
+        self.usable_in_child.store(usable, Ordering::Relaxed);
+    }
+
+    /// In a fork child: whether a connection of the child's may still serve (busy with
+    /// another of its threads, or connected).
+    fn child_may_read(&self) -> bool {
+        let usable = self.usable_in_child.load(Ordering::Relaxed);
+        self.conns
+            .iter()
+            .enumerate()
+            .any(|(i, c)| usable & (1 << i) != 0 && c.try_lock().is_none_or(|c| c.stream.is_some()))
     }
 
     /// Reads `reqs` in a fork child, where no device thread serves: on the child's own
@@ -203,9 +239,12 @@ impl Direct {
     /// cannot be made (no connection left, a slot the parent held nothing in) fails each
     /// request. Async-signal-safe, as [`Direct::read`].
     pub(super) fn read_in_fork_child(&self, sh: &Shared, reqs: &mut [ReadReq<'_>]) {
+        if reqs.is_empty() {
+            return;
+        }
         let deadline = now_ns() + sh.io_timeout().as_nanos() as u64;
         // Bounded by the deadline; each pass tries every connection once.
-        while now_ns() < deadline && self.conns.iter().any(|c| c.try_lock().is_none_or(|c| c.stream.is_some())) {
+        while now_ns() < deadline && self.child_may_read() {
             if self.read(sh, reqs) {
                 return;
             }
@@ -226,21 +265,22 @@ fn has_page(sh: &Shared, slot: u64) -> bool {
     sh.gens.get(slot as usize).is_some_and(|g| g.load(Ordering::Acquire) != 0)
 }
 
-/// Connects to `addr` for direct reads: no Nagle, socket timeouts (a timed-out read gives
-/// the request back).
-fn connect(addr: &str, io_timeout: Duration) -> Option<TcpStream> {
-    let sa = addr.to_socket_addrs().ok()?.next()?;
-    let s = TcpStream::connect_timeout(&sa, Duration::from_millis(250)).ok()?;
+/// Connects to `sa` for direct reads: no Nagle, socket timeouts (a timed-out read gives
+/// the request back), the socket moved out of the program's way and registered.
+fn connect(sa: &std::net::SocketAddr, io_timeout: Duration) -> Option<Stream> {
+    let s = TcpStream::connect_timeout(sa, Duration::from_millis(250)).ok()?;
+    let s = TcpStream::from(crate::fd::relocate(std::os::fd::OwnedFd::from(s)));
     s.set_nodelay(true).ok()?;
     s.set_read_timeout(Some(io_timeout)).ok()?;
     s.set_write_timeout(Some(io_timeout)).ok()?;
-    Some(s)
+    use std::os::fd::AsRawFd;
+    Some(Stream { _kept: crate::fd::keep(s.as_raw_fd()), tcp: s })
 }
 
 /// One `MGET` of the pages of `reqs` (generations `gens`, in order) on `conn`, which is in
 /// step. True if a whole reply came and every request's result is set.
 fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u64]) -> bool {
-    let Some((_, stream)) = conn.stream.as_mut() else { return false };
+    let Some((_, Stream { tcp: stream, .. })) = conn.stream.as_mut() else { return false };
     let Some(cmd_len) = mget_command(&mut conn.cmd, sh.prefix.as_bytes(), reqs, gens) else { return false };
     if stream.write_all(&conn.cmd[..cmd_len]).is_err() {
         return false;

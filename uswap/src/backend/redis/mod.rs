@@ -199,6 +199,9 @@ pub struct RedisStats {
 struct Shared {
     name: String,
     seeds: Vec<String>,
+    /// The seeds' addresses, resolved at open (for a fork child, which must not look names
+    /// up: `direct::Direct::reconnect_in_fork_child`).
+    seed_addrs: Vec<Option<std::net::SocketAddr>>,
     prefix: String,
     sealer: Sealer,
     jobs: Jobs,
@@ -348,6 +351,11 @@ impl RedisBackend {
         let sh = Arc::new(Shared {
             name: format!("redis://{seeds_str}"),
             seeds: opts.seeds.clone(),
+            seed_addrs: opts
+                .seeds
+                .iter()
+                .map(|a| std::net::ToSocketAddrs::to_socket_addrs(a).ok().and_then(|mut it| it.next()))
+                .collect(),
             sealer,
             prefix,
             jobs: Jobs::new(NR_JOBS),
