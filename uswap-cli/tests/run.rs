@@ -644,6 +644,10 @@ fn bench_command_interrupted_kills_the_program_and_cleans_up() {
 /// the store (its processes exit without dropping their pagers; `uswap run` deletes the
 /// run's session). The same for three fork children reading a working set 4x the limit
 /// from the parent's keys while the parent rewrites it: the fork brings nothing back in.
+/// And for a daemon-style program that closes every descriptor above 2: the device's
+/// connections are the engine's descriptors and survive (before, the closed sockets'
+/// numbers were reused and the device read replies that were not its own: "the primary
+/// refused a request: ... Parse error", "lost the primary").
 #[test]
 fn a_program_pages_to_redis_and_leaves_no_key_behind() {
     use uswap::backend::redis::{redis_server_available, LocalRedis};
@@ -685,6 +689,17 @@ fn a_program_pages_to_redis_and_leaves_no_key_behind() {
         assert!(peak <= ((5 * LIMIT_MIB) << 20) / 2 + SLACK_BYTES, "{mode}: peak {peak}: {v}");
         assert_eq!(counter(&v, "fault_error"), 0, "{mode}: {v}");
         assert_eq!(keys(), 0, "{mode}: the run's keys were deleted after it");
+    }
+    let p = compile("daemon", &dir, &[]);
+    for mode in ["thread", "signal"] {
+        for how in ["close_range", "close_loop"] {
+            let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), how];
+            let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--device", &device], &prog, &dir);
+            assert_same_and_paged(&prog, &r, LIMIT_MIB);
+            let stderr = String::from_utf8_lossy(&r.0.stderr);
+            assert!(!stderr.contains("refused") && !stderr.contains("lost the primary"), "{mode} {how}: {stderr}");
+            assert_eq!(keys(), 0, "{mode} {how}: the run's keys were deleted after it");
+        }
     }
 }
 

@@ -80,13 +80,61 @@ fn is_failover_error(e: &RedisError) -> bool {
 
 pub(super) struct Worker {
     sh: Arc<Shared>,
+    /// The connection's socket, registered as the engine's descriptor (see [`keep_socket`]);
+    /// declared before `con`, so that it is let go of before the socket closes.
+    kept: Option<crate::fd::Kept>,
     /// The seed index the connection is to, and the connection.
     con: Option<(usize, Connection)>,
 }
 
+/// Finds the descriptor of `con`'s socket and registers it as the engine's (`crate::fd`), so
+/// that a program closing every descriptor, or `dup2`ing over it, leaves it alone: without
+/// that the connection would die, and a number the program reused would receive the device's
+/// commands. The `redis` crate does not say which descriptor a connection has, so the socket
+/// is marked with a read timeout no other socket has (tens of milliseconds apart: the kernel
+/// keeps timeouts in jiffies), found in `/proc/self/fd`, and given its timeout back.
+/// `None` if it cannot be found (the connection works, unprotected). Device threads only.
+fn keep_socket(con: &Connection, io_timeout: Duration) -> Option<crate::fd::Kept> {
+    use std::sync::atomic::AtomicU64;
+    static NEXT_MARK: AtomicU64 = AtomicU64::new(0);
+    let mark =
+        Duration::from_secs(3600) + Duration::from_millis(20 * (NEXT_MARK.fetch_add(1, Ordering::Relaxed) % 10_000));
+    con.set_read_timeout(Some(mark)).ok()?;
+    let found = std::fs::read_dir("/proc/self/fd").ok().and_then(|dir| {
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()).find(|&fd| {
+            let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
+            let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+            // SAFETY: reads one timeval into `tv`; a descriptor that is not a socket (or is
+            // closed by now) gives an error and is skipped.
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&mut tv as *mut libc::timeval).cast(),
+                    &mut len,
+                )
+            };
+            let got = Duration::from_secs(tv.tv_sec as u64) + Duration::from_micros(tv.tv_usec as u64);
+            r == 0 && got.abs_diff(mark) < Duration::from_millis(10)
+        })
+    });
+    con.set_read_timeout(Some(io_timeout)).ok()?;
+    found.map(crate::fd::keep)
+}
+
 impl Worker {
     pub(super) fn new(sh: Arc<Shared>) -> Worker {
-        Worker { sh, con: None }
+        Worker { sh, kept: None, con: None }
+    }
+
+    /// Replaces the connection, registering the new one's socket.
+    fn set_con(&mut self, con: Option<(usize, Connection)>) {
+        self.kept = None;
+        self.con = con;
+        if let Some((_, c)) = &self.con {
+            self.kept = keep_socket(c, self.sh.io_timeout());
+        }
     }
 
     pub(super) fn run(mut self) {
@@ -98,7 +146,7 @@ impl Worker {
                 // A bug here must not leave a caller waiting forever: its requests fail.
                 let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(work)));
                 if done.is_err() {
-                    self.con = None;
+                    self.set_con(None);
                     fail_work(work);
                 }
                 sh.jobs.finish(i);
@@ -184,9 +232,8 @@ impl Worker {
         loop {
             let want = self.sh.primary.load(Ordering::Acquire);
             if !matches!(&self.con, Some((i, _)) if *i == want) {
-                self.con = connect(&self.sh.seeds[want], self.sh.connect_timeout(), self.sh.io_timeout())
-                    .ok()
-                    .map(|c| (want, c));
+                let con = connect(&self.sh.seeds[want], self.sh.connect_timeout(), self.sh.io_timeout()).ok();
+                self.set_con(con.map(|c| (want, c)));
             }
             let err = match &mut self.con {
                 Some((_, con)) => match f(con) {
@@ -200,7 +247,7 @@ impl Worker {
                 },
                 None => None,
             };
-            self.con = None;
+            self.set_con(None);
             if !self.find_primary(deadline_ns, err) {
                 return Err(Failure::Unavailable);
             }
@@ -231,7 +278,7 @@ impl Worker {
                         sh.note(format!("following the primary at {addr}"));
                     }
                     sh.failovers_noted.store(false, Ordering::Release);
-                    self.con = Some((i, con));
+                    self.set_con(Some((i, con)));
                     return true;
                 }
             }
