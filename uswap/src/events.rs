@@ -478,6 +478,37 @@ pub(crate) fn read_from_parent(
     Ok(map(&page.0))
 }
 
+/// [`read_from_parent`] for a run: the pages of `n` consecutive slots from `entry`, read in
+/// one request, each checked. Hands `map` the pages read: all `n`, or, when the run did not
+/// read back (or `n` exceeds a bounce buffer), only the first, read alone.
+pub(crate) fn read_run_from_parent<T>(
+    p: &PagerShared,
+    entry: crate::swap::SwapEntry,
+    n: usize,
+    map: impl FnOnce(&[AlignedPage]) -> T,
+) -> Result<T, crate::state::fault::FaultError> {
+    use crate::state::fault::FaultError;
+    let Some(parent) = p.parent.get() else {
+        return Err(FaultError::Device(PageErrorKind::ReadFailed));
+    };
+    let Some(mut buf) = p.bounce.take() else {
+        p.stats.inc(Counter::PoolWaitTimeout);
+        return Err(FaultError::PoolTimeout);
+    };
+    let dev = parent.devices.device(entry);
+    let pages = buf.pages_mut();
+    if n > 1 && n <= pages.len() {
+        let mut req = [ReadReq::new(entry.offset(), &mut pages[..n])];
+        dev.backend.read(&mut req);
+        let ok = req[0].result.is_ok();
+        if ok && (0..n).all(|k| dev.checksum_ok(entry.offset() + k as u64, &pages[k].0)) {
+            return Ok(map(&pages[..n]));
+        }
+    }
+    read_checked(dev, entry.offset(), &mut pages[0]).map_err(FaultError::Device)?;
+    Ok(map(&pages[..1]))
+}
+
 /// Reads slot `offset` of `dev` into `page` and checks it, up to `READ_ATTEMPTS` times.
 /// Allocation- and lock-free where the device's reads are.
 pub(crate) fn read_checked(

@@ -476,50 +476,86 @@ fn take_present_page(
     Ok(())
 }
 
+/// Pages a fork child's fault on a `PageState::Parent` page brings in at most: the page and
+/// the ones after it that were out at the fork in the slots after its own (the parent
+/// swapped them out together), in one read, as the kernel reads a swap cluster.
+const PARENT_RUN_PAGES: usize = 16;
+
 /// A fork child's first touch of a page that was out at the fork (`PageState::Parent`):
-/// read from the parent's device as the child inherited it, mapped, charged to the child
-/// and on its LRU from now on (the child's reclaim sends it to its own devices). One page:
-/// no readahead across the parent's slots.
+/// read from the parent's device as the child inherited it (with the run of pages after it
+/// in the slots after its own), mapped, charged to the child and on its LRU from now on
+/// (the child's reclaim sends them to its own devices).
 fn parent_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
-    let Fault { region, reg_idx, reg_gen, page, locked, route, .. } = *f;
+    let Fault { region, page, locked, route, .. } = *f;
     debug_assert_eq!(locked.state(), PageState::Parent);
-    let addr = region.page_addr(page);
     let entry = locked.entry();
-    let read = events::read_from_parent(pager, entry, |data| {
-        reclaim::charge(pager, 1, route.lock_free());
-        let r = pager.uffd.copy(addr, data.as_ptr(), PAGE_SIZE, route.wake(), false);
-        if r != RangeResult::Done {
-            reclaim::uncharge(pager, 1);
-        }
-        r
+    let mut run: ArrayVec<Pte, PARENT_RUN_PAGES> = ArrayVec::new();
+    run.push(locked);
+    if !route.lock_free() {
+        lock_parent_run(region, page, pager.readahead_max_pages, &mut run);
+    }
+    let addr = region.page_addr(page);
+    let read = events::read_run_from_parent(pager, entry, run.len(), |data| {
+        let n = data.len();
+        reclaim::charge(pager, n, route.lock_free());
+        let r = pager.uffd.copy(addr, data.as_ptr().cast(), n * PAGE_SIZE, route.wake(), false);
+        let done = match r {
+            RangeResult::Done => n,
+            RangeResult::Partial { done_bytes, .. } => done_bytes / PAGE_SIZE,
+        };
+        reclaim::uncharge(pager, n - done);
+        (r, done)
     });
+    let done = read.as_ref().map_or(0, |&(_, done)| done);
+    for (k, &l) in run.iter().enumerate() {
+        if k < done {
+            let new = l.next(PageState::Resident, None);
+            region.store(page + k, new);
+            pager.release_parent_slot(l.entry());
+            pager.lru.add(page_ref(f.reg_idx, f.reg_gen, page + k, new.gen()), &pager.stats);
+        } else {
+            region.store(page + k, l.unbusy());
+        }
+    }
     match read {
-        Ok(RangeResult::Done) => {
-            let new = locked.next(PageState::Resident, None);
-            region.store(page, new);
-            pager.release_parent_slot(entry);
-            pager.lru.add(page_ref(reg_idx, reg_gen, page, new.gen()), &pager.stats);
+        Ok((_, done)) if done > 0 => {
             pager.stats.inc(Counter::Pgmajfault);
-            pager.stats.inc(Counter::Pswpin);
+            pager.stats.add(Counter::Pswpin, done as u64);
             Ok(())
         }
-        Ok(RangeResult::Partial { errno, .. }) => {
-            region.store(page, locked.unbusy());
-            // ENOENT: unmapped while this fault waited (see `serve_fault`'s resident case).
-            Err(if errno == libc::ENOENT { FaultError::Unmapped } else { FaultError::Ioctl(errno) })
-        }
+        // ENOENT: unmapped while this fault waited (see `serve_fault`'s resident case).
+        Ok((RangeResult::Partial { errno: libc::ENOENT, .. }, _)) => Err(FaultError::Unmapped),
+        Ok((RangeResult::Partial { errno, .. }, _)) => Err(FaultError::Ioctl(errno)),
+        Ok((RangeResult::Done, _)) => Err(FaultError::Ioctl(libc::EIO)),
         Err(e) => {
-            region.store(page, locked.unbusy());
-            pager.record_error(
-                addr,
-                entry,
-                match e {
-                    FaultError::Device(kind) => kind,
-                    _ => PageErrorKind::ReadFailed,
-                },
-            );
+            let kind = match e {
+                FaultError::Device(kind) => kind,
+                _ => PageErrorKind::ReadFailed,
+            };
+            pager.record_error(addr, entry, kind);
             Err(e)
         }
+    }
+}
+
+/// Adds to `run` (which holds the faulting page, locked) the pages after it that are out
+/// at the fork in the slots after its own, each locked, up to `max` in all; stops at the
+/// first that is not, or that another thread holds.
+fn lock_parent_run(region: &RegionInner, page: usize, max: usize, run: &mut ArrayVec<Pte, PARENT_RUN_PAGES>) {
+    let first = run[0].entry();
+    let max = max.min(PARENT_RUN_PAGES);
+    // Bounded by `max`.
+    for k in 1..max {
+        let q = page + k;
+        if q >= region.nr_pages {
+            break;
+        }
+        let pq = region.load(q);
+        let next = pq.state() == PageState::Parent
+            && pq.entry().device() == first.device()
+            && pq.entry().offset() == first.offset() + k as u64;
+        let Some(l) = next.then(|| region.try_lock(q, pq)).flatten() else { break };
+        run.push(l);
     }
 }
 
