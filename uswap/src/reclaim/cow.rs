@@ -30,7 +30,8 @@
 //! tree's memory passed its limit by that page without a word. The child finds such pages
 //! in its page table (`/proc/self/pagemap`, "exclusively mapped"), charges them to itself
 //! and puts them on its LRU, from where its reclaim moves them out like its own (they are
-//! exclusive now, so `UFFDIO_MOVE` takes them). A page several children still share is
+//! exclusive now, so `UFFDIO_MOVE` takes them): at most [`ADOPT_BATCH`] pages per pass, so
+//! that the charge they add is reclaimed as it comes rather than all at once. A page several children still share is
 //! nobody's alone and stays uncharged until all but one have let go of it.
 //!
 //! Locking: none; the page is owned through its busy bit, the address slot is one atomic.
@@ -45,6 +46,8 @@ use crate::uffd::PAGE_SIZE;
 
 /// Pages one call of [`break_queued`] handles (bounds the background period).
 const MAX_PER_CALL: usize = 1024;
+/// Pages one pass of [`adopt_exclusive`] takes over at most (1 MiB; a pass every 100 ms).
+const ADOPT_BATCH: usize = 256;
 /// Queues a page `UFFDIO_MOVE` refused with `EBUSY` (shared with a fork child, or pinned).
 /// Lock-free, allocation-free.
 pub(crate) fn queue(p: &PagerShared, r: PageRef) {
@@ -135,7 +138,9 @@ pub(crate) fn adopt_exclusive(p: &PagerShared) -> usize {
                 }
                 let run = (page..end).take_while(|&q| r.load(q).state() == PageState::Shared).count();
                 let _ = for_each_exclusive_page(r.page_addr(page), run, |i| {
-                    adopted += usize::from(adopt_page(p, r, r.index, r.gen, page + i));
+                    if adopted < ADOPT_BATCH {
+                        adopted += usize::from(adopt_page(p, r, r.index, r.gen, page + i));
+                    }
                 });
                 page += run;
             }
@@ -156,6 +161,9 @@ fn adopt_page(p: &PagerShared, r: &RegionInner, region_idx: usize, region_gen: u
         r.store(page, locked.unbusy());
         return false;
     }
+    // Charged at once (the page is there, counted or not); the child's reclaim takes the
+    // tree back under its limit, and `ADOPT_BATCH` paces the pages taken over so that it
+    // keeps up.
     super::charge::force_charge(p, 1);
     let new = locked.next(PageState::Resident, None);
     r.store(page, new);
