@@ -27,10 +27,39 @@ const WSS_MIB: u64 = 4 * LIMIT_MIB;
 /// pass it by one readahead window (128 KiB) per thread faulting at that moment.
 const SLACK_BYTES: u64 = 8 * (128 << 10);
 
-fn tmpdir(name: &str) -> PathBuf {
+/// A test's scratch directory (its compiled programs, stats files), removed when the test
+/// ends, passed or failed: the tests ran thousands of times on one machine.
+struct TmpDir(PathBuf);
+
+impl std::ops::Deref for TmpDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TmpDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl AsRef<Path> for TmpDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tmpdir(name: &str) -> TmpDir {
     let d = std::env::temp_dir().join(format!("uswap-run-test-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TmpDir(d)
 }
 
 /// The preload library cargo built for these tests (uswap-preload is a dev-dependency):
@@ -1109,7 +1138,7 @@ fn signal_mode_runs_as_an_ordinary_user() {
     std::fs::copy(env!("CARGO_BIN_EXE_uswap"), &uswap).unwrap();
     std::fs::copy(preload(), &lib).unwrap();
     use std::os::unix::fs::PermissionsExt;
-    for f in [&dir, &p, &uswap, &lib] {
+    for f in [&*dir, &*p, &*uswap, &*lib] {
         std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o777)).unwrap();
     }
     let stats = dir.join("stats-unprivileged.json");

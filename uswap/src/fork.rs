@@ -15,9 +15,9 @@
 //! charged to it (`PageState::Shared`) until the child writes them, and the pages that were
 //! out are read on first touch from the child's copy of the parent's device, or from the
 //! parent's swap file through the child's copy of its descriptor, or from the parent's keys
-//! on connections of the child's own (`PageState::Parent`),
-//! then charged to the child. Each process frees slots in its own copy of a memory device:
-//! the kernel's copy-on-write keeps the other's. A slot of a shared device that the parent
+//! on connections of the child's own (`PageState::Parent`), then charged to the child. Each
+//! process frees slots in its own copy of a memory device: the kernel's copy-on-write keeps
+//! the other's. A slot of a shared device that the parent
 //! frees while a child may still read it is held until the child has read or dropped that
 //! page, or has exited or exec'd (the kernel's `swap_map` counts, across processes).
 //!
@@ -53,8 +53,8 @@ pub struct ForkHold {
     writers: Option<std::sync::MutexGuard<'static, ()>>,
     /// The devices whose memory the child inherits for this fork (`set_inherited`).
     inherited: Vec<usize>,
-    /// For each device the child reads where it is (a swap file): its record of the slots
-    /// the child may read, and the child's end of the record's pipe.
+    /// For each device the child reads where it is (a swap file, Redis): its record of the
+    /// slots the child may read, and the child's end of the record's pipe.
     child_refs: Vec<(usize, ForkRecord)>,
 }
 
