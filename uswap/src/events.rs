@@ -464,18 +464,7 @@ pub(crate) fn read_from_parent(
     entry: crate::swap::SwapEntry,
     map: impl FnOnce(&[u8]) -> RangeResult,
 ) -> Result<RangeResult, crate::state::fault::FaultError> {
-    use crate::state::fault::FaultError;
-    let Some(parent) = p.parent.get() else {
-        // Only a re-armed fork child has `Parent` pages, and it has the parent's state.
-        return Err(FaultError::Device(PageErrorKind::ReadFailed));
-    };
-    let Some(mut buf) = p.bounce.take() else {
-        p.stats.inc(Counter::PoolWaitTimeout);
-        return Err(FaultError::PoolTimeout);
-    };
-    let page = &mut buf.pages_mut()[0];
-    read_checked(parent.devices.device(entry), entry.offset(), page).map_err(FaultError::Device)?;
-    Ok(map(&page.0))
+    read_run_from_parent(p, entry, 1, |pages| map(&pages[0].0))
 }
 
 /// [`read_from_parent`] for a run: the pages of `n` consecutive slots from `entry`, read in
@@ -489,6 +478,7 @@ pub(crate) fn read_run_from_parent<T>(
 ) -> Result<T, crate::state::fault::FaultError> {
     use crate::state::fault::FaultError;
     let Some(parent) = p.parent.get() else {
+        // Only a re-armed fork child has `Parent` pages, and it has the parent's state.
         return Err(FaultError::Device(PageErrorKind::ReadFailed));
     };
     let Some(mut buf) = p.bounce.take() else {

@@ -192,24 +192,8 @@ impl Mapping {
     /// Maps `len` bytes (rounded up to pages) of zero-filled anonymous memory, reserved lazily
     /// (`MAP_NORESERVE`): nothing is committed until touched.
     pub fn anonymous(len: usize, opts: MapOptions) -> io::Result<Mapping> {
-        let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        // SAFETY: a fresh anonymous mapping at an address the kernel chooses; it aliases
-        // nothing we own.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let m = Mapping { addr: p as usize, len };
-        note_engine_range(m.addr, len);
+        let m = Mapping::fresh(len, libc::MAP_PRIVATE)?;
+        let len = m.len;
         if opts.no_huge_pages {
             m.advise(0, len, libc::MADV_NOHUGEPAGE)?;
         }
@@ -223,6 +207,12 @@ impl Mapping {
     /// child (`MAP_SHARED | MAP_ANONYMOUS`, reserved lazily): what one process writes, the
     /// others read.
     pub fn shared_anonymous(len: usize) -> io::Result<Mapping> {
+        Mapping::fresh(len, libc::MAP_SHARED)
+    }
+
+    /// A fresh, lazily reserved anonymous mapping of `len` bytes rounded up to pages,
+    /// `MAP_PRIVATE` or `MAP_SHARED` (`sharing`), noted as the engine's.
+    fn fresh(len: usize, sharing: libc::c_int) -> io::Result<Mapping> {
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         // SAFETY: a fresh anonymous mapping at an address the kernel chooses; it aliases
         // nothing we own.
@@ -231,7 +221,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                sharing | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
             )
