@@ -31,8 +31,9 @@
 //! in its page table (`/proc/self/pagemap`, "exclusively mapped"), charges them to itself
 //! and puts them on its LRU, from where its reclaim moves them out like its own (they are
 //! exclusive now, so `UFFDIO_MOVE` takes them): at most [`ADOPT_BATCH`] pages per pass, so
-//! that the charge they add is reclaimed as it comes rather than all at once. A page several children still share is
-//! nobody's alone and stays uncharged until all but one have let go of it.
+//! that the charge they add is reclaimed as it comes rather than all at once. A page several
+//! children still share is nobody's alone and stays uncharged until all but one have let go
+//! of it.
 //!
 //! Locking: none; the page is owned through its busy bit, the address slot is one atomic.
 
@@ -130,8 +131,9 @@ pub(crate) fn adopt_exclusive(p: &PagerShared) -> usize {
         for (first, end) in r.live_runs() {
             let end = end.min(r.touched_end());
             let mut page = first;
-            // Bounded: each round moves `page` past a run of shared pages, or by one.
-            while page < end {
+            // Bounded: each round moves `page` past a run of shared pages, or by one; a full
+            // batch ends the pass (the rest waits for the next, unread).
+            while page < end && adopted < ADOPT_BATCH {
                 if r.load(page).state() != PageState::Shared {
                     page += 1;
                     continue;

@@ -110,6 +110,15 @@ impl Drop for SwapDevice {
 }
 
 impl SwapDevice {
+    /// Returns slots no page needs any more to the allocator. The device drops what it keeps
+    /// for each (`Backend::invalidate`) before the slot can be reused.
+    fn give_back(&self, offsets: &[u64]) {
+        for &o in offsets {
+            self.backend.invalidate(o);
+        }
+        self.allocator.free(offsets);
+    }
+
     fn new(index: usize, spec: DeviceSpec, nr_cpus: usize) -> std::io::Result<SwapDevice> {
         let DeviceSpec { priority, backend, checksum, readahead, clean_readahead } = spec;
         let nr_clusters = (backend.nr_slots() / SWAPFILE_CLUSTER as u64) as u32;
@@ -480,12 +489,10 @@ impl SwapDevices {
                 if d.fork_refs.hold_if_referenced(offset) {
                     continue;
                 }
-                // The device drops what it keeps for the slot before the slot can be reused.
-                d.backend.invalidate(offset);
                 offsets[n] = offset;
                 n += 1;
             }
-            d.allocator.free(&offsets[..n]);
+            d.give_back(&offsets[..n]);
             i = j;
         }
     }
@@ -495,10 +502,7 @@ impl SwapDevices {
     pub fn release_fork_held(&self) {
         for d in &self.devices {
             d.fork_refs.sweep(&mut |offsets| {
-                for &o in offsets {
-                    d.backend.invalidate(o);
-                }
-                d.allocator.free(offsets);
+                d.give_back(offsets);
                 if !offsets.is_empty() {
                     self.full.store(false, Ordering::Relaxed);
                 }
