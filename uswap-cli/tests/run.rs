@@ -184,6 +184,28 @@ fn program_signal_masks_and_sigbus_handlers_in_both_modes() {
     }
 }
 
+/// A program's own alternate signal stacks in managed memory (malloc'd) hold every frame the
+/// kernel writes there, its handler's and uswap's SIGBUS frames, however much was swapped
+/// out meanwhile: on the main thread, a second thread, and in a fork child that inherited
+/// one (whose pages it shares with its parent, write-protected). Before they were pinned,
+/// the program died of SIGBUS in signal mode at its first signal.
+#[test]
+fn program_alternate_signal_stacks_in_managed_memory_in_both_modes() {
+    let dir = tmpdir("altstack");
+    let p = compile("altstack", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
+    for mode in ["signal", "thread"] {
+        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        assert!(
+            String::from_utf8_lossy(&r.0.stdout).ends_with("done\n"),
+            "{mode}: {}",
+            String::from_utf8_lossy(&r.0.stderr)
+        );
+        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+        assert_eq!(counter(&r.1, "syscall_efault"), 0, "{mode}: {}", r.1);
+    }
+}
+
 #[test]
 fn realloc_growth_keeps_every_byte() {
     let dir = tmpdir("grow");

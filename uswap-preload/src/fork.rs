@@ -85,6 +85,7 @@ extern "C" fn child() {
         let msg = format!("uswap: fork child {} runs unmanaged (every byte kept): {e}\n", std::process::id());
         crate::real::write_stderr(msg.as_bytes());
     }
+    crate::altstack::after_fork_in_child();
 }
 
 /// Gives the child a pager of its own and its regions (see the module doc).

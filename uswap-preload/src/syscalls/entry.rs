@@ -254,6 +254,11 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     // A transfer is made again once at its whole size; then it goes in windows.
     let transfer = complete::is_transfer(nr);
     let made = make_prepared(nr, r, a, if transfer { 1 } else { EFAULT_RETRIES });
+    if nr == libc::SYS_sigaltstack && made.ret == 0 && a[0] != 0 {
+        if let Some(ss) = read_user::<libc::stack_t>(&mut uswap::Pin::none(), a[0]) {
+            crate::altstack::note_program_stack(&ss);
+        }
+    }
     let efault = -(libc::EFAULT as c_long);
     let needs_more = if made.ret > 0 { made.maybe_cut } else { made.ret == efault && made.ours };
     if !made.managed || !needs_more {

@@ -12,8 +12,11 @@
 //!
 //! Not covered: `syscall` instructions outside the C library (a program or library that
 //! makes its own, statically linked code), and memory the kernel touches outside any call
-//! (io_uring, AIO, a KVM guest's RAM, a signal frame written onto a managed stack such as
-//! a coroutine's): those stay in thread mode.
+//! (io_uring, AIO, a KVM guest's RAM): those stay in thread mode. Signal frames are written
+//! by the kernel too: uswap's SIGBUS frames go to an alternate stack of its own on every
+//! thread, and a program's own alternate stack in managed memory is pinned while it is set
+//! (see `crate::altstack`); a frame of the program's own handler without `SA_ONSTACK`, on a
+//! stack it made in managed memory (a coroutine's), is not covered.
 
 mod complete;
 mod entry;
