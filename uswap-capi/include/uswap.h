@@ -407,6 +407,10 @@ typedef struct uswap_stats {
      * them out), charged to the child from then on.
      */
     uint64_t shared_adopted;
+    /**
+     * Locks of managed memory (mlock) that could not be recorded: their pages may be swapped out.
+     */
+    uint64_t mlock_unhonoured;
 } uswap_stats;
 
 #ifdef __cplusplus

@@ -171,6 +171,8 @@ pub struct uswap_stats {
     /// Pages a fork child inherited and came to map alone (its parent wrote them or moved
     /// them out), charged to the child from then on.
     pub shared_adopted: u64,
+    /// Locks of managed memory (mlock) that could not be recorded: their pages may be swapped out.
+    pub mlock_unhonoured: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -257,7 +259,8 @@ impl uswap_stats {
             pool_peak_bytes,
             reclaim_pinned,
             syscall_unpinned,
-            shared_adopted;
+            shared_adopted,
+            mlock_unhonoured;
         left_out: devices, fault_latency_us, publish;
         derived:
             size: std::mem::size_of::<uswap_stats>() as u64,

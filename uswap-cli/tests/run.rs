@@ -201,8 +201,34 @@ fn program_alternate_signal_stacks_in_managed_memory_in_both_modes() {
             "{mode}: {}",
             String::from_utf8_lossy(&r.0.stderr)
         );
-        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+        // With a fork child: the limit plus the parent's pages it shares (docs/cli.md, "fork").
+        assert_same_and_paged(&prog, &r, 2 * LIMIT_MIB);
         assert_eq!(counter(&r.1, "syscall_efault"), 0, "{mode}: {}", r.1);
+    }
+}
+
+/// Memory the program locks stays resident under the limit (`mlock`, `mlock2` on fault),
+/// and the calls succeed as without uswap: in signal mode `mlock` of managed memory failed
+/// with ENOMEM (the kernel populates it with write faults it cannot wait for), and in both
+/// modes reclaim tried to move locked pages out, which the kernel refuses. Locked pages
+/// leave the LRU (reclaim takes each once) and the resident peak stays within the limit.
+#[test]
+fn locked_memory_stays_resident_and_mlock_succeeds_in_both_modes() {
+    let dir = tmpdir("mlock");
+    let p = compile("mlock", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
+    for mode in ["signal", "thread"] {
+        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        let out = String::from_utf8_lossy(&r.0.stdout);
+        assert!(out.starts_with("mlock 0\nmlock2 onfault 0\n"), "{mode}: {out}");
+        assert!(out.contains("resident throughout: yes\n") && out.contains("child same\n"), "{mode}: {out}");
+        // With a fork child: the limit plus the parent's pages it shares (docs/cli.md, "fork").
+        assert_same_and_paged(&prog, &r, 2 * LIMIT_MIB);
+        for c in ["mlock_unhonoured", "syscall_efault"] {
+            assert_eq!(counter(&r.1, c), 0, "{mode}: {c}: {}", r.1);
+        }
+        // 256 locked pages in the parent, at most as many again in the fork child.
+        assert!(counter(&r.1, "reclaim_pinned") <= 512, "{mode}: locked pages taken again and again: {}", r.1);
     }
 }
 

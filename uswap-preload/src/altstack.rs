@@ -21,10 +21,11 @@
 //! every frame of a signal taken with `SA_ONSTACK` there, uswap's SIGBUS frames included,
 //! and in signal mode it cannot wait for a page that is out: the thread would die of the
 //! signal it was about to handle. So when a thread sets such a stack (its `sigaltstack`
-//! goes through the rewritten system calls), the stack's pages are brought in, writable, and
-//! pinned (`uswap::Pin`) for as long as it is the thread's stack: until the thread sets
-//! another, disables it, or ends. A pin covers at most `uswap::MAX_PIN_BYTES`, the top of a
-//! larger stack (where frames go). A fork child's thread pins the stack it inherited again
+//! goes through the rewritten system calls), the stack is locked (`uswap::mlock`, as an
+//! `mlock` would, of its own kind so that the program's `munlock` leaves it) and its pages
+//! brought in, writable, for as long as it is the thread's stack: until the thread sets
+//! another, disables it, or ends. At most [`MAX_LOCKED_STACK_BYTES`] are locked, the top of a
+//! larger stack (where frames go). A fork child's thread locks the stack it inherited again
 //! (see [`after_fork_in_child`]).
 
 use std::cell::Cell;
@@ -36,18 +37,29 @@ use crate::real::{sys_mmap, sys_mprotect, sys_munmap};
 pub const ALT_STACK_BYTES: usize = 64 << 10;
 const GUARD_BYTES: usize = 4096;
 
+/// The most of a program's alternate stack that is locked (its top).
+pub const MAX_LOCKED_STACK_BYTES: usize = 4 << 20;
+
 /// This thread's alternate stack, if uswap made it; unmapped when the thread ends. Or the
-/// pin of the program's own, if that lies in managed memory; released when the thread ends.
+/// locked range of the program's own, if that lies in managed memory (`[0, 0)`: none);
+/// unlocked when the thread ends.
 struct AltStack {
     base: Cell<usize>,
-    program_pin: Cell<Option<uswap::Pin>>,
+    program_locked: Cell<(usize, usize)>,
+}
+
+impl AltStack {
+    fn unlock_program_stack(&self) {
+        let (start, end) = self.program_locked.replace((0, 0));
+        if end > start {
+            uswap::unlock_memory(uswap::mlock::LockKind::AltStack, start, end);
+        }
+    }
 }
 
 impl Drop for AltStack {
     fn drop(&mut self) {
-        if let Some(pin) = self.program_pin.take() {
-            pin.release();
-        }
+        self.unlock_program_stack();
         let base = self.base.get();
         if base == 0 {
             return;
@@ -65,45 +77,51 @@ impl Drop for AltStack {
 }
 
 thread_local! {
-    static ALT: AltStack = const { AltStack { base: Cell::new(0), program_pin: Cell::new(None) } };
+    static ALT: AltStack = const { AltStack { base: Cell::new(0), program_locked: Cell::new((0, 0)) } };
 }
 
-/// After the calling thread's `sigaltstack` set `ss` (see the module's comment): pins the
-/// stack's pages if it lies in managed memory, and lets go of the previous one's.
+/// After the calling thread's `sigaltstack` set `ss` (see the module's comment): locks the
+/// stack if it lies in managed memory, and unlocks the previous one.
 pub fn note_program_stack(ss: &libc::stack_t) {
     let _ = ALT.try_with(|a| {
-        if let Some(old) = a.program_pin.take() {
-            old.release();
-        }
+        a.unlock_program_stack();
         if ss.ss_flags & libc::SS_DISABLE != 0 || ss.ss_size == 0 {
             return;
         }
         let end = (ss.ss_sp as usize).saturating_add(ss.ss_size);
-        let start = (ss.ss_sp as usize).max(end.saturating_sub(uswap::MAX_PIN_BYTES));
-        if uswap::memory_owner(start, end) != uswap::MemoryOwner::Managed {
-            return;
+        let start = (ss.ss_sp as usize).max(end.saturating_sub(MAX_LOCKED_STACK_BYTES));
+        if lock_and_bring_in(start, end) {
+            a.program_locked.set((start, end));
         }
-        let mut pin = uswap::Pin::new();
-        // Written by the kernel: brought in writable. `None`: no signal-mode region there.
-        if uswap::prepare_user_access(&mut pin, start, end - start, true).is_none() {
-            pin.release();
-            return;
-        }
-        a.program_pin.set(Some(pin));
     });
 }
 
-/// In a fork child (one thread, the one that forked), once its pager took the regions over:
-/// its alternate stack is the forking thread's, pinned under that thread's id, and its pages
-/// are shared with the parent, write-protected until the child writes them (the kernel's
-/// frame could not be written). So it is pinned again, for this thread, and made writable.
-pub fn after_fork_in_child() {
-    let Ok(true) = ALT.try_with(|a| a.program_pin.take().map(uswap::Pin::release).is_some()) else { return };
-    let mut cur = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: 0, ss_size: 0 };
-    // SAFETY: sigaltstack with a null new stack only reads the current one into `cur`.
-    if unsafe { libc::sigaltstack(std::ptr::null(), &mut cur) } == 0 {
-        note_program_stack(&cur);
+/// Locks `[start, end)` if it is managed memory, then brings its pages in writable (locked
+/// first: see `uswap::mlock`'s ordering). Returns whether it locked.
+fn lock_and_bring_in(start: usize, end: usize) -> bool {
+    if uswap::memory_owner(start, end) != uswap::MemoryOwner::Managed
+        || !uswap::mlock::lock(uswap::mlock::LockKind::AltStack, start, end)
+    {
+        return false;
     }
+    // Written by the kernel: brought in writable, pinned while it is (the lock holds after).
+    let mut pin = uswap::Pin::new();
+    let _ = uswap::prepare_user_access(&mut pin, start, end - start, true);
+    pin.release();
+    true
+}
+
+/// In a fork child (one thread, the one that forked), once its pager took the regions over:
+/// its alternate stack is the forking thread's, whose lock the child did not inherit, and
+/// its pages are shared with the parent, write-protected until the child writes them (the
+/// kernel's frame could not be written). So it is locked again and made writable.
+pub fn after_fork_in_child() {
+    let _ = ALT.try_with(|a| {
+        let (start, end) = a.program_locked.replace((0, 0));
+        if end > start && lock_and_bring_in(start, end) {
+            a.program_locked.set((start, end));
+        }
+    });
 }
 
 /// Gives the calling thread an alternate signal stack, unless it has one.

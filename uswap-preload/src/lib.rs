@@ -22,6 +22,7 @@ pub mod fds;
 pub mod fork;
 pub mod heap;
 pub mod locale;
+pub mod mlock;
 pub mod mmap;
 pub mod real;
 pub mod report;

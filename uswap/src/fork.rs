@@ -107,6 +107,8 @@ impl ForkHold {
     /// registry lets go of all of them, and only this pager's are adopted. On error the child
     /// keeps every byte, as ordinary memory.
     pub fn rearm_in_child(mut self, builder: PagerBuilder) -> Result<(Pager, Vec<(usize, Region)>)> {
+        // A child inherits no memory lock (mlock(2)).
+        crate::mlock::forget(None);
         let regions = std::mem::take(&mut self.regions);
         let writers = self.writers.take();
         let parent = self.pager.shared_arc().clone();

@@ -44,6 +44,7 @@ mod fifo;
 mod fork;
 mod lru;
 mod mapping;
+pub mod mlock;
 mod page_table;
 mod pager;
 mod pin;
@@ -128,6 +129,25 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
 /// handler; allocates nothing.
 pub fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write: bool) -> Option<usize> {
     user_access::prepare_user_access(pin, addr, len, write)
+}
+
+/// Ends the locks of `kind` on `[start, end)` (`munlock`, an alternate stack replaced) and
+/// lets reclaim take their pages again, unless another lock covers them (see [`mlock`]).
+/// Allocation-free.
+pub fn unlock_memory(kind: mlock::LockKind, start: usize, end: usize) {
+    user_access::unlock_memory(kind, start, end)
+}
+
+/// `mlockall`: no managed page of the process is a reclaim victim until
+/// [`unlock_all_memory`].
+pub fn lock_all_memory() {
+    mlock::lock_all(true)
+}
+
+/// `munlockall`: every lock of the program's ends (see [`mlock`]); its pages are reclaim's
+/// again.
+pub fn unlock_all_memory() {
+    user_access::unlock_all_memory()
 }
 
 /// The page size uswap works in.

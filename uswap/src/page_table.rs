@@ -110,6 +110,10 @@ const READAHEAD: u64 = 1 << 6;
 /// A SWAPPED page whose slot an asynchronous readahead may have read into a buffer (see
 /// `async_readahead`). A hint only: the page is SWAPPED in every respect.
 const ASYNC_READ: u64 = 1 << 7;
+/// A RESIDENT page reclaim found locked (`crate::mlock`) and took off the LRU, as the
+/// kernel moves a locked page to its unevictable list; an unlock puts it back. Shares its
+/// bit with [`ASYNC_READ`], which only a SWAPPED page carries.
+const UNEVICTABLE: u64 = 1 << 7;
 const GEN_SHIFT: u32 = 8;
 const GEN_MASK: u64 = 0xff << GEN_SHIFT;
 const ENTRY_SHIFT: u32 = 16;
@@ -158,6 +162,14 @@ impl Pte {
     pub fn without_async_read(self) -> Pte {
         Pte(self.0 & !ASYNC_READ)
     }
+    /// Whether reclaim took this resident page off the LRU because it is locked.
+    pub fn unevictable(self) -> bool {
+        self.state() == PageState::Resident && self.0 & UNEVICTABLE != 0
+    }
+    pub fn with_unevictable(self, on: bool) -> Pte {
+        debug_assert_eq!(self.state(), PageState::Resident);
+        Pte(if on { self.0 | UNEVICTABLE } else { self.0 & !UNEVICTABLE })
+    }
     /// The same word without the readahead mark (the page was used).
     pub fn without_readahead(self) -> Pte {
         Pte(self.0 & !READAHEAD)
@@ -180,9 +192,9 @@ impl Pte {
         Pte(self.0 | CLEAN)
     }
     /// A clean page that was written: not busy, not clean, no slot; same generation, so its
-    /// reclaim-queue entry stays valid.
+    /// reclaim-queue entry stays valid (and a page off the LRU stays off it).
     pub fn dirtied(self) -> Pte {
-        Pte(self.0 & (STATE_MASK | REFERENCED | GEN_MASK))
+        Pte(self.0 & (STATE_MASK | REFERENCED | GEN_MASK | UNEVICTABLE))
     }
     /// A new, not-busy word in `state`, with the next generation and `entry` (if any).
     /// The referenced bit is carried over; the clean bit is not. Panics on a transition

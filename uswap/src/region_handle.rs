@@ -161,6 +161,8 @@ impl Pager {
             RegionInner::new(memory, self.shared_arc().clone())
                 .map_err(|e| Error::io("allocating the region's page table", e))?,
         );
+        // A new mapping starts unlocked, whatever was locked at these addresses before.
+        crate::mlock::unlock(None, addr, addr + len);
         let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {
             let _ = shared.uffd.unregister(addr, len);
             crate::mapping::unmap_app_range(addr, len);

@@ -11,11 +11,15 @@
 //! Locking: none of its own; allocation-free, safe in a signal handler (see `fault`).
 
 use crate::fault::sigbus_fault;
+use crate::mapping::registry::RegistryGuard;
+use crate::mlock::LockKind;
+use crate::page_table::PageRef;
 use crate::pin::Pin;
 use crate::region::{region_owning, PageState, Pte, RegionInner, REGIONS};
 use crate::state::FaultMode;
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
+use std::sync::atomic::Ordering;
 
 /// Signal mode, before a system call reads (`write` false) or writes `[addr, addr + len)`:
 /// brings in every page of a signal-mode region there that the kernel could not access, as
@@ -101,5 +105,54 @@ fn ready_for_kernel(pte: Pte, write: bool) -> bool {
         // Not the region's: whatever is there now is not uswap's to bring in.
         PageState::Gone => true,
         PageState::None | PageState::Zero | PageState::Cached | PageState::Swapped | PageState::Parent => false,
+    }
+}
+
+/// Ends the locks of `kind` on `[start, end)` (`crate::mlock`) and puts the pages reclaim
+/// took off the LRU for them back on it, unless another lock still covers them (the
+/// kernel's `munlock` moves them back to the evictable LRU). Allocation-free.
+pub(crate) fn unlock_memory(kind: LockKind, start: usize, end: usize) {
+    crate::mlock::unlock(Some(kind), start, end);
+    let end = end.next_multiple_of(PAGE_SIZE);
+    let mut addr = start & !(PAGE_SIZE - 1);
+    // Bounded: one step per region in the range, or a jump to the next region's start.
+    while addr < end {
+        let Some(g) = region_owning(addr) else {
+            match REGIONS.next_start_after(addr) {
+                Some(next) => addr = next,
+                None => break,
+            }
+            continue;
+        };
+        let region_end = (g.start() + g.nr_pages * PAGE_SIZE).min(end);
+        if let (Some(first), Some(last)) = (g.page_of(addr), g.page_of(region_end - 1)) {
+            return_to_lru(&g, first, last + 1);
+        }
+        addr = region_end;
+    }
+}
+
+/// `munlockall`: every lock of the program's ends (the alternate stacks' stay), and the
+/// pages reclaim took off the LRU go back on it.
+pub(crate) fn unlock_all_memory() {
+    crate::mlock::lock_all(false);
+    REGIONS.for_each(|g| return_to_lru(g, 0, g.nr_pages));
+}
+
+/// Puts the pages of `region`'s `[first, end)` that reclaim took off the LRU, and that no
+/// lock covers now, back on its pager's LRU. A page busy meanwhile is left off (the scan
+/// that refills an empty LRU skips it too; its next fault or unmap moves it on).
+fn return_to_lru(region: &RegistryGuard<'_, RegionInner>, first: usize, end: usize) {
+    let (index, gen) = (region.index, region.gen);
+    for page in first..end {
+        let pte = region.load(page);
+        if !pte.unevictable() || pte.busy() || crate::mlock::is_locked(region.page_addr(page)) {
+            continue;
+        }
+        let back = pte.with_unevictable(false);
+        if region.pte(page).compare_exchange(pte.0, back.0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            let r = PageRef { region_idx: index, region_gen: gen, page_gen: back.gen(), page };
+            region.pager.lru.add(r, &region.pager.stats);
+        }
     }
 }

@@ -116,6 +116,7 @@ fn help(field: &str) -> Option<&'static str> {
         "syscall_continued" => "Signal mode: transfers cut short by reclaim during the call, continued for the rest.",
         "syscall_async_kernel_access" => "Signal mode: io_uring/AIO/KVM set up over managed memory (use thread mode).",
         "syscall_unpinned" => "Signal mode: calls brought in unpinned (every pin slot was taken).",
+        "mlock_unhonoured" => "Locks of managed memory (mlock) not recorded: those pages may be swapped (should be 0).",
         "syscall_efault" => "Signal mode: calls on managed memory whose EFAULT reached the program (should be 0).",
         "priority" => "Device priority (higher is used first).",
         "nr_slots" => "Slots (pages) the device can hold.",

@@ -253,7 +253,10 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let r = rule(nr);
     // A transfer is made again once at its whole size; then it goes in windows.
     let transfer = complete::is_transfer(nr);
+    let locked = crate::mlock::before(nr, &a);
+    let r = if crate::mlock::populates(nr, &a) { r } else { Rule::Plain };
     let made = make_prepared(nr, r, a, if transfer { 1 } else { EFAULT_RETRIES });
+    crate::mlock::after(nr, &a, made.ret, locked);
     if nr == libc::SYS_sigaltstack && made.ret == 0 && a[0] != 0 {
         if let Some(ss) = read_user::<libc::stack_t>(&mut uswap::Pin::none(), a[0]) {
             crate::altstack::note_program_stack(&ss);

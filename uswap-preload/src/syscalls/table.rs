@@ -60,6 +60,9 @@ pub fn rule(nr: c_long) -> Rule {
         libc::SYS_sendmmsg => Rule::MMsg { vec: 1, cnt: 2, write: false },
         libc::SYS_execve => Rule::Exec { path: 0, argv: 1, envp: 2 },
         libc::SYS_execveat => Rule::Exec { path: 1, argv: 2, envp: 3 },
+        // Recorded for reclaim (see `crate::mlock`); the kernel populates a lock with writes.
+        libc::SYS_mlock | libc::SYS_mlock2 => buf(0, 1, true),
+        libc::SYS_munlock | libc::SYS_mlockall | libc::SYS_munlockall => Rule::Plain,
         n if is_plain(n) => Rule::Plain,
         _ => Rule::Generic,
     }
@@ -123,10 +126,6 @@ const fn is_plain(nr: c_long) -> bool {
             | libc::SYS_gettid
             | libc::SYS_getpriority
             | libc::SYS_setpriority
-            | libc::SYS_mlock
-            | libc::SYS_munlock
-            | libc::SYS_mlockall
-            | libc::SYS_munlockall
             | libc::SYS_eventfd
             | libc::SYS_eventfd2
             | libc::SYS_epoll_create

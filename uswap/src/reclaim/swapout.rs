@@ -140,6 +140,12 @@ fn pop_victims(
             continue;
         }
         match region.try_lock(r.page, pte) {
+            Some(locked) if !inactive && crate::mlock::is_locked(region.page_addr(r.page)) => {
+                // Locked by the program: off the LRU until it is unlocked (see `mlock`).
+                region.store(r.page, locked.unbusy().with_unevictable(true));
+                p.stats.inc(Counter::ReclaimPinned);
+                *nr_pinned += 1;
+            }
             Some(locked) if !inactive && crate::pin::is_pinned(region.page_addr(r.page)) => {
                 // A system call's memory: stays in until the call returns (see `pin`).
                 region.store(r.page, locked.unbusy());
@@ -194,7 +200,9 @@ fn take_resident_neighbours(
         let wanted =
             pte.state() == PageState::Resident && !pte.busy() && !pte.clean() && !pte.readahead() && !pte.referenced();
         match wanted.then(|| region.try_lock(n, pte)).flatten() {
-            Some(locked) if crate::pin::is_pinned(region.page_addr(n)) => {
+            Some(locked)
+                if crate::pin::is_pinned(region.page_addr(n)) || crate::mlock::is_locked(region.page_addr(n)) =>
+            {
                 region.store(n, locked.unbusy());
                 false
             }
@@ -697,7 +705,7 @@ fn refill_active_by_scan(p: &PagerShared) {
                 return;
             }
             let pte = g.load(page);
-            if pte.state() == PageState::Resident && !pte.busy() {
+            if pte.state() == PageState::Resident && !pte.busy() && !pte.unevictable() {
                 let r = PageRef { region_idx: g.index, region_gen: g.gen, page_gen: pte.gen(), page };
                 if p.lru.try_add(r) {
                     pushed += 1;

@@ -193,6 +193,7 @@ impl PagerShared {
             st.syscall_continued,
             st.syscall_async_kernel_access,
             st.syscall_unpinned,
+            st.mlock_unhonoured,
         ] = crate::stats::syscall_events();
         st.slots_leaked = self.devices.deferred_overflow();
         st.uffd_move_misreports = self.uffd.move_misreports();

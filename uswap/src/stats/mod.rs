@@ -234,6 +234,9 @@ pub struct Stats {
     /// Signal mode: calls whose memory was brought in unpinned because every pin slot was
     /// taken by other calls at once (see [`crate::prepare_user_access`]).
     pub syscall_unpinned: u64,
+    /// Locks of managed memory (`mlock`, `munlock`'s split of a range) that could not be
+    /// recorded, so their pages may be swapped out (see `crate::mlock`). Said once on stderr.
+    pub mlock_unhonoured: u64,
     /// The most memory the in-RAM compressed pools held at once (sum of their devices'
     /// `pool_peak_bytes`): what the pager's devices cost on top of the resident pages.
     /// Summed over processes (as `uswap run` does) it bounds the tree's peak from above.
@@ -294,9 +297,11 @@ pub enum SyscallEvent {
     AsyncKernelAccess,
     /// Its memory was brought in unpinned: every pin slot was taken.
     Unpinned,
+    /// A lock it made (`mlock`) could not be recorded (see `crate::mlock`).
+    MlockUnhonoured,
 }
 
-static SYSCALL_EVENTS: [std::sync::atomic::AtomicU64; 6] = [const { std::sync::atomic::AtomicU64::new(0) }; 6];
+static SYSCALL_EVENTS: [std::sync::atomic::AtomicU64; 7] = [const { std::sync::atomic::AtomicU64::new(0) }; 7];
 
 /// Counts a system call event; async-signal-safe.
 pub fn note_syscall(event: SyscallEvent) {
@@ -322,7 +327,7 @@ pub fn taken_out_seq() -> u64 {
 }
 
 /// The counts recorded with [`note_syscall`], in [`SyscallEvent`] order.
-pub(crate) fn syscall_events() -> [u64; 6] {
+pub(crate) fn syscall_events() -> [u64; 7] {
     SYSCALL_EVENTS.each_ref().map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
 }
 
@@ -405,6 +410,7 @@ impl Stats {
             syscall_continued,
             syscall_async_kernel_access,
             syscall_unpinned,
+            mlock_unhonoured,
             remap_copied,
             limit_overrun_busy,
             pool_wait_timeout,

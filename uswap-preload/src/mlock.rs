@@ -1,0 +1,120 @@
+//! The calls that lock memory (`mlock`, `mlock2`, `munlock`, `mlockall`, `munlockall`):
+//! what they lock in managed memory is recorded for uswap's reclaim (`uswap::mlock`), which
+//! the kernel's lock does not reach.
+//!
+//! In signal mode every such call of the C library reaches the rewritten system-call path
+//! (`crate::syscalls`), which calls [`before`] and [`after`] around it. In thread mode the C
+//! library's functions are interposed here and do the same; the kernel populates a lock
+//! through the handler threads as it does any fault.
+//!
+//! `mlock` is recorded before the call, so that the pages the slow path brings in for it
+//! (the kernel populates a private writable mapping with write faults, which signal mode
+//! cannot serve: the call failed with `ENOMEM`) stay in; a call that fails takes its record
+//! back. The others are recorded once the kernel said yes.
+//!
+//! Runs on the program's thread, maybe in its signal handler: allocates nothing, takes no
+//! lock the thread may hold (`uswap::mlock`'s writer flag is spun on a bounded number of
+//! times).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use libc::c_long;
+
+/// `mlock2`'s flag: lock pages as they are faulted in, not now.
+const MLOCK_ONFAULT: u64 = 1;
+
+/// A lock recorded before its call: `[start, end)`.
+pub struct Recorded(usize, usize);
+
+/// Before call `nr`: an `mlock` of managed memory is recorded.
+pub fn before(nr: c_long, a: &[u64; 6]) -> Option<Recorded> {
+    if nr != libc::SYS_mlock && nr != libc::SYS_mlock2 {
+        return None;
+    }
+    let (start, end) = (a[0] as usize, (a[0] as usize).saturating_add(a[1] as usize));
+    if uswap::memory_owner(start, end) != uswap::MemoryOwner::Managed {
+        return None;
+    }
+    uswap::mlock::lock(uswap::mlock::LockKind::Program, start, end).then_some(Recorded(start, end))
+}
+
+/// Whether call `nr`'s memory is made ready first: not for a lock on fault (`mlock2` with
+/// `MLOCK_ONFAULT`), which brings nothing in.
+pub fn populates(nr: c_long, a: &[u64; 6]) -> bool {
+    !(nr == libc::SYS_mlock2 && a[2] & MLOCK_ONFAULT != 0)
+}
+
+/// After call `nr` returned `ret`.
+pub fn after(nr: c_long, a: &[u64; 6], ret: c_long, recorded: Option<Recorded>) {
+    match nr {
+        libc::SYS_mlock | libc::SYS_mlock2 => {
+            if let (Some(Recorded(start, end)), true) = (recorded, ret != 0) {
+                uswap::unlock_memory(uswap::mlock::LockKind::Program, start, end);
+            }
+        }
+        libc::SYS_munlock if ret == 0 => {
+            let start = a[0] as usize;
+            uswap::unlock_memory(uswap::mlock::LockKind::Program, start, start.saturating_add(a[1] as usize));
+        }
+        libc::SYS_mlockall if ret == 0 && a[0] & (libc::MCL_CURRENT | libc::MCL_FUTURE) as u64 != 0 => {
+            uswap::lock_all_memory();
+            say_lock_all_once();
+        }
+        libc::SYS_munlockall if ret == 0 => uswap::unlock_all_memory(),
+        _ => {}
+    }
+}
+
+fn say_lock_all_once() {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    uswap::sigbus::StderrLine::default()
+        .put(b"uswap: mlockall: this process's managed memory is no longer paged out (over its limit if need be, ")
+        .put(b"counted in limit_overrun); pages out already come back on their next touch\n")
+        .write();
+}
+
+/// Thread mode: call `nr` with [`before`] and [`after`] around it; in signal mode the
+/// rewritten system-call path does that, so the call is only made.
+fn interposed(nr: c_long, a: [u64; 6]) -> libc::c_int {
+    let thread_mode = crate::config().is_some_and(|c| c.fault_mode != uswap::FaultMode::Signal);
+    let recorded = if thread_mode { before(nr, &a) } else { None };
+    // SAFETY: the memory-locking system calls; the kernel validates every argument.
+    let r = unsafe { libc::syscall(nr, a[0], a[1], a[2]) } as libc::c_int;
+    if thread_mode {
+        let ret = if r == -1 {
+            -(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL) as c_long)
+        } else {
+            0
+        };
+        after(nr, &a, ret, recorded);
+    }
+    r
+}
+
+#[no_mangle]
+pub extern "C" fn mlock(addr: *const libc::c_void, len: usize) -> libc::c_int {
+    interposed(libc::SYS_mlock, [addr as u64, len as u64, 0, 0, 0, 0])
+}
+
+#[no_mangle]
+pub extern "C" fn mlock2(addr: *const libc::c_void, len: usize, flags: libc::c_uint) -> libc::c_int {
+    interposed(libc::SYS_mlock2, [addr as u64, len as u64, flags as u64, 0, 0, 0])
+}
+
+#[no_mangle]
+pub extern "C" fn munlock(addr: *const libc::c_void, len: usize) -> libc::c_int {
+    interposed(libc::SYS_munlock, [addr as u64, len as u64, 0, 0, 0, 0])
+}
+
+#[no_mangle]
+pub extern "C" fn mlockall(flags: libc::c_int) -> libc::c_int {
+    interposed(libc::SYS_mlockall, [flags as u64, 0, 0, 0, 0, 0])
+}
+
+#[no_mangle]
+pub extern "C" fn munlockall() -> libc::c_int {
+    interposed(libc::SYS_munlockall, [0; 6])
+}
