@@ -299,6 +299,24 @@ fn fork_child_reads_the_parents_memory_as_it_was() {
     }
 }
 
+/// `MADV_WIPEONFORK` and `MADV_DONTFORK` on managed memory whose pages are out at the fork:
+/// the child reads zeros in the first (it read its parent's bytes from the parent's pool)
+/// and does not have the second (it was registered and paged as the child's, and the child
+/// died of SIGBUS); `MADV_KEEPONFORK` undoes the first on half of it. Both modes.
+#[test]
+fn fork_advice_on_managed_memory_is_honoured_in_both_modes() {
+    let dir = tmpdir("forkadvice");
+    let p = compile("forkadvice", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
+    for mode in ["signal", "thread"] {
+        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        let out = String::from_utf8_lossy(&r.0.stdout);
+        assert!(out.ends_with("child status 0\n"), "{mode}: {out}\n{}", String::from_utf8_lossy(&r.0.stderr));
+        // With a fork child: the limit plus the parent's pages it shares (docs/cli.md, "fork").
+        assert_same_and_paged(&prog, &r, 2 * LIMIT_MIB);
+    }
+}
+
 /// fork without exec, and both go on: while the child lives (and shares the parent's pages
 /// copy-on-write, which cannot be moved out of the parent), the parent allocates and fills as
 /// much again. Its faults charge over the limit at once instead of waiting for pages that

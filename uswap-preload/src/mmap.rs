@@ -484,18 +484,24 @@ fn unmanage_if_executable(addr: *mut c_void, len: usize, prot: i32) {
 /// one must be split before any of its pages can move out) and `MADV_MERGEABLE` (pages KSM
 /// merged are shared, and the kernel refuses to move them). QEMU asks for both on guest
 /// RAM: before, reclaim met hundreds of thousands of refusals and the limit did not hold.
-/// Everything else goes to the kernel (`MADV_DONTNEED` and the like reach the engine as
-/// events).
+/// Advice about forks (`MADV_DONTFORK`, `MADV_WIPEONFORK` and their undoing) goes to the
+/// kernel and is recorded for uswap's own fork (`uswap::note_madvise`). Everything else goes
+/// to the kernel (`MADV_DONTNEED` and the like reach the engine as events).
 #[no_mangle]
 pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
+    let ours = !in_uswap() && !uswap::is_engine_thread() && config().is_some();
     let paging_advice = advice == libc::MADV_HUGEPAGE || advice == libc::MADV_MERGEABLE;
-    if paging_advice && !in_uswap() && !uswap::is_engine_thread() && config().is_some() {
+    if paging_advice && ours {
         let start = addr as usize;
         if page_round_up(len).and_then(|l| start.checked_add(l)).is_some_and(|end| overlaps_managed(start, end)) {
             return 0;
         }
     }
-    real::sys_madvise(addr, len, advice)
+    let r = real::sys_madvise(addr, len, advice);
+    if r == 0 && ours {
+        uswap::note_madvise(addr as usize, len, advice);
+    }
+    r
 }
 
 fn errno() -> i32 {

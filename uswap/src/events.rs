@@ -178,6 +178,7 @@ fn handle_event(p: &PagerShared, event: Event) {
         Event::Unmap { start, end } => {
             // The kernel's lock ends with the mapping.
             crate::mlock::unlock(None, start, end);
+            crate::fork_advice::forget(start, end);
             p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(p, start, end, true);
             for_each_overlap(p, start, end, |r, first, last| release(p, r, first, last, PageState::Gone));
             p.stats.inc(Counter::UffdUnmap);

@@ -30,6 +30,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::fork_advice::ForkAdvice;
 use crate::mapping::AppMapping;
 use crate::pager::{Pager, PagerBuilder};
 use crate::reclaim;
@@ -109,6 +110,7 @@ impl ForkHold {
     pub fn rearm_in_child(mut self, builder: PagerBuilder) -> Result<(Pager, Vec<(usize, Region)>)> {
         // A child inherits no memory lock (mlock(2)).
         crate::mlock::forget(None);
+        crate::fork_advice::after_fork_in_child();
         let regions = std::mem::take(&mut self.regions);
         let writers = self.writers.take();
         let parent = self.pager.shared_arc().clone();
@@ -337,14 +339,18 @@ impl<'a> ForkPlan<'a> {
         pte.state() == PageState::Swapped && (self.inheritable[dev] || self.records[dev].is_some())
     }
 
-    /// The region as the child inherits it: its live runs and the pages that stay out.
+    /// The region as the child inherits it: its live runs (less what the program advised
+    /// `MADV_DONTFORK`: the child does not have it) and the pages that stay out (less what it
+    /// advised `MADV_WIPEONFORK`: the child reads zeros there). See `fork_advice`.
     fn record_region(&self, r: &RegionInner) -> InheritedRegion {
-        let (live, touched_end) = (r.live_runs(), r.touched_end());
+        let advised = |kind| advised_pages(r, kind);
+        let (live, touched_end) = (without(r.live_runs(), &advised(ForkAdvice::DontFork)), r.touched_end());
+        let wiped = advised(ForkAdvice::WipeOnFork);
         let mut swapped = Vec::new();
         for &(first, end) in &live {
             for page in first..end.min(touched_end) {
                 let pte = r.load(page);
-                if !self.stays_out(pte) {
+                if !self.stays_out(pte) || wiped.iter().any(|&(s, e)| (s..e).contains(&page)) {
                     continue;
                 }
                 let e = pte.entry();
@@ -386,6 +392,38 @@ impl<'a> ForkPlan<'a> {
         }
         (inherited, child_refs)
     }
+}
+
+/// The pages of `r` the program advised `kind`, as runs `[first, end)` in address order.
+fn advised_pages(r: &RegionInner, kind: ForkAdvice) -> Vec<(usize, usize)> {
+    let start = r.start();
+    crate::fork_advice::ranges_in(kind, start, start + r.nr_pages * PAGE_SIZE)
+        .into_iter()
+        .map(|(s, e)| ((s - start) / PAGE_SIZE, (e - start) / PAGE_SIZE))
+        .collect()
+}
+
+/// `runs` less `holes` (both in address order, `[first, end)`).
+fn without(runs: Vec<(usize, usize)>, holes: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    if holes.is_empty() {
+        return runs;
+    }
+    let mut out = Vec::with_capacity(runs.len() + holes.len());
+    for (mut first, end) in runs {
+        for &(hs, he) in holes {
+            if he <= first || end <= hs {
+                continue;
+            }
+            if first < hs {
+                out.push((first, hs));
+            }
+            first = first.max(he);
+        }
+        if first < end {
+            out.push((first, end));
+        }
+    }
+    out
 }
 
 /// What the child could not read where it is comes back in: staged pages (the swap cache

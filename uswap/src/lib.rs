@@ -42,6 +42,7 @@ mod fault_service;
 pub mod fd;
 mod fifo;
 mod fork;
+mod fork_advice;
 mod lru;
 mod mapping;
 pub mod mlock;
@@ -148,6 +149,14 @@ pub fn lock_all_memory() {
 /// again.
 pub fn unlock_all_memory() {
     user_access::unlock_all_memory()
+}
+
+/// Records an `madvise(start, len, advice)` the kernel accepted on the program's memory, for
+/// the advice uswap must honour itself: `MADV_DONTFORK`, `MADV_WIPEONFORK` and their
+/// undoing, which a re-armed fork child applies to the pages it would otherwise read from its
+/// parent's devices. Other advice is ignored.
+pub fn note_madvise(start: usize, len: usize, advice: i32) {
+    fork_advice::note_madvise(start, len, advice)
 }
 
 /// The page size uswap works in.

@@ -163,6 +163,7 @@ impl Pager {
         );
         // A new mapping starts unlocked, whatever was locked at these addresses before.
         crate::mlock::unlock(None, addr, addr + len);
+        crate::fork_advice::forget(addr, addr + len);
         let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {
             let _ = shared.uffd.unregister(addr, len);
             crate::mapping::unmap_app_range(addr, len);

@@ -25,7 +25,10 @@ const LAYERS: &[(&str, &[&str])] = &[
         "swap: entries, devices, the cluster allocator, the swap table and cache; counters",
         &["swap", "device_config", "error", "stats", "stats_server"],
     ),
-    ("the page table's entries, the reclaim lists, the pins reclaim honours", &["page_table", "lru", "pin", "mlock"]),
+    (
+        "the page table's entries, the reclaim lists, the pins reclaim honours",
+        &["page_table", "lru", "pin", "mlock", "fork_advice"],
+    ),
     ("the pager's shared state, split by concern", &["state"]),
     ("regions: a mapping's page table, the registry the fault path searches", &["region"]),
     (
