@@ -251,10 +251,23 @@ pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd:
     if !in_uswap() && !uswap::is_engine_thread() {
         if let Some(cfg) = config() {
             let _g = Guard::enter();
-            return map(&cfg, addr, len, prot, flags, fd, off);
+            let p = map(&cfg, addr, len, prot, flags, fd, off);
+            if flags & libc::MAP_LOCKED != 0 && p != libc::MAP_FAILED {
+                lock_if_managed(p as usize, len);
+            }
+            return p;
         }
     }
     real::sys_mmap(addr, len, prot, flags, fd, off)
+}
+
+/// `MAP_LOCKED` (an `mlock` made with the mapping): a managed mapping's pages stay resident
+/// once touched, as `mlock`'s do (see `crate::mlock`).
+fn lock_if_managed(start: usize, len: usize) {
+    let end = start.saturating_add(len);
+    if uswap::memory_owner(start, end) == uswap::MemoryOwner::Managed {
+        let _ = uswap::mlock::lock(uswap::mlock::LockKind::Program, start, end);
+    }
 }
 
 #[no_mangle]
@@ -451,26 +464,32 @@ fn remap_managed(
 }
 
 /// `mprotect`: managed memory made executable (a JIT's code buffer, mapped read-write and
-/// then made executable) is let go of first (`Pager::unmanage`: its pages come back into
-/// place and it becomes ordinary memory, reported as unmanaged): the kernel moves pages
-/// only between mappings of equal protection, so reclaim could never move it out again,
-/// and met a refusal per page per round (QEMU's 1 GiB TCG buffer: hundreds of thousands).
+/// then made executable) or read-only (a table sealed once built) is let go of first
+/// (`Pager::unmanage`: its pages come back into place and it becomes ordinary memory,
+/// reported as unmanaged): the kernel moves pages only between mappings of equal
+/// protection, so reclaim could never move it out again, and met a refusal per page per
+/// round (QEMU's 1 GiB TCG buffer: hundreds of thousands; 32 MiB made read-only held a
+/// 16 MiB limit at 51 MiB, `read_only_memory_is_let_go_of_and_the_limit_holds`).
+/// `PROT_NONE` is left managed: runtimes uncommit their heaps that way, and discard the
+/// pages too.
 #[no_mangle]
 pub extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: i32) -> i32 {
-    unmanage_if_executable(addr, len, prot);
+    unmanage_if_unmovable(addr, len, prot);
     real::sys_mprotect(addr, len, prot)
 }
 
 /// `pkey_mprotect`, as [`mprotect`].
 #[no_mangle]
 pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: i32, pkey: i32) -> i32 {
-    unmanage_if_executable(addr, len, prot);
+    unmanage_if_unmovable(addr, len, prot);
     // SAFETY: the pkey_mprotect system call; the kernel validates every argument.
     unsafe { libc::syscall(libc::SYS_pkey_mprotect, addr as usize, len, prot, pkey) as i32 }
 }
 
-fn unmanage_if_executable(addr: *mut c_void, len: usize, prot: i32) {
-    if prot & libc::PROT_EXEC == 0 || in_uswap() || uswap::is_engine_thread() {
+fn unmanage_if_unmovable(addr: *mut c_void, len: usize, prot: i32) {
+    let executable = prot & libc::PROT_EXEC != 0;
+    let read_only = prot & (libc::PROT_READ | libc::PROT_WRITE) == libc::PROT_READ;
+    if !(executable || read_only) || in_uswap() || uswap::is_engine_thread() {
         return;
     }
     let Some(cfg) = config() else { return };

@@ -76,6 +76,9 @@ fn why(h: &Header<'_>, min_size_bytes: usize) -> &'static str {
         p if p.starts_with("/anon_hugepage") => "MAP_HUGETLB: not paged by uswap",
         _ if h.perms.contains('x') => "executable memory (a JIT's code cache)",
         p if p.starts_with('/') => "written pages of a file mapping",
+        _ if h.perms.as_bytes().get(1) != Some(&b'w') => {
+            "read-only memory (mprotect): the kernel moves no page out of it, so uswap lets go of it"
+        }
         _ if h.end - h.start < min_size_bytes => "smaller than --min-size",
         _ => "mapped where uswap does not see it: inside the C library (thread stacks, its own allocations) or by a raw system call",
     }

@@ -102,12 +102,13 @@ pub enum MemoryOwner {
     Other,
 }
 
-/// Who owns `[start, end)` (see [`MemoryOwner`]); a range that overlaps a managed region
-/// is `Managed`. Scans the region registry and the engine's mappings: not for hot paths.
+/// Who owns `[start, end)` (see [`MemoryOwner`]); a range that overlaps a managed region's
+/// pages (not those it let go of: unmapped, or `Pager::unmanage`d) is `Managed`. Scans the
+/// region registry and the engine's mappings: not for hot paths.
 pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
     let mut managed = false;
     region::REGIONS.for_each(|r| {
-        managed |= r.start() < end && start < r.start() + r.nr_pages * PAGE_SIZE;
+        managed = managed || r.owns_any_of(start, end);
     });
     if managed {
         MemoryOwner::Managed

@@ -105,6 +105,20 @@ impl RegionInner {
 
     /// Runs `[first, end)` of pages that are still the region's (not `Gone`). A scan of the
     /// page table only once part of the region was unmapped.
+    /// Whether any page of `[start, end)` (addresses, clipped to the region) is still the
+    /// region's (not `Gone`: unmapped, or let go of with `Pager::unmanage`).
+    pub fn owns_any_of(&self, start: usize, end: usize) -> bool {
+        let (first, last) = (start.max(self.start()), end.min(self.start() + self.nr_pages * PAGE_SIZE));
+        if first >= last {
+            return false;
+        }
+        if !self.any_gone.load(Ordering::Acquire) {
+            return true;
+        }
+        let (first, last) = ((first - self.start()) / PAGE_SIZE, (last - self.start()).div_ceil(PAGE_SIZE));
+        (first..last).any(|page| self.load(page).state() != PageState::Gone)
+    }
+
     pub fn live_runs(&self) -> Vec<(usize, usize)> {
         if !self.any_gone.load(Ordering::Acquire) {
             return vec![(0, self.nr_pages)];

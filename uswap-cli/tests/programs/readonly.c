@@ -1,0 +1,45 @@
+/* Managed memory the kernel will not let uswap move out must not break the limit:
+ * 16 MiB written then made read-only (mprotect), and 1 MiB mapped MAP_LOCKED (which must
+ * stay resident); then MIB of heap written and read twice. Prints the sums, and whether the
+ * locked mapping stayed resident throughout (mincore).
+ * Usage: readonly MIB */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define RO_BYTES (16 << 20)
+#define LOCKED_BYTES (1 << 20)
+
+static int resident(const uint8_t *p, size_t len) {
+    static unsigned char vec[LOCKED_BYTES / 4096];
+    if (mincore((void *)p, len, vec)) { perror("mincore"); exit(4); }
+    for (size_t i = 0; i < len / 4096; i++)
+        if (!(vec[i] & 1)) return 0;
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    size_t big_bytes = (argc > 1 ? strtoul(argv[1], NULL, 10) : 64) << 20;
+    int prot = PROT_READ | PROT_WRITE, flags = MAP_PRIVATE | MAP_ANONYMOUS;
+    uint8_t *ro = mmap(NULL, RO_BYTES, prot, flags, -1, 0);
+    uint8_t *locked = mmap(NULL, LOCKED_BYTES, prot, flags | MAP_LOCKED, -1, 0);
+    if (ro == MAP_FAILED || locked == MAP_FAILED) { perror("mmap"); return 1; }
+    for (size_t i = 0; i < RO_BYTES; i++) ro[i] = (uint8_t)(i * 3 + 1);
+    for (size_t i = 0; i < LOCKED_BYTES; i++) locked[i] = (uint8_t)(i * 5 + 2);
+    if (mprotect(ro, RO_BYTES, PROT_READ)) { perror("mprotect"); return 2; }
+    uint8_t *big = malloc(big_bytes);
+    if (!big) { perror("malloc"); return 1; }
+    for (size_t i = 0; i < big_bytes; i++) big[i] = (uint8_t)(i * 7);
+    uint64_t s = 0;
+    int held = resident(locked, LOCKED_BYTES);
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < RO_BYTES; i++) s = s * 31 + ro[i];
+        for (size_t i = 0; i < big_bytes; i++) s = s * 31 + big[i];
+        held &= resident(locked, LOCKED_BYTES);
+    }
+    for (size_t i = 0; i < LOCKED_BYTES; i++) s = s * 31 + locked[i];
+    printf("sum %llu, locked mapping resident throughout: %s\n", (unsigned long long)s, held ? "yes" : "no");
+    return 0;
+}
