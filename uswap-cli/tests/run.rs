@@ -253,6 +253,22 @@ fn read_only_memory_is_let_go_of_and_the_limit_holds() {
     }
 }
 
+/// `MADV_POPULATE_WRITE`/`_READ` over managed memory whose pages are out succeed in both
+/// modes (in signal mode they failed with EFAULT: the kernel populates with faults of its
+/// own), and every byte is as written.
+#[test]
+fn populating_managed_memory_succeeds_in_both_modes() {
+    let dir = tmpdir("populate");
+    let p = compile("populate", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &(WSS_MIB / 2).to_string()];
+    for mode in ["signal", "thread"] {
+        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        let out = String::from_utf8_lossy(&r.0.stdout);
+        assert!(out.starts_with("populate write 0 (errno 0), read 0 (0), write 0 (0)"), "{mode}: {out}");
+        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+    }
+}
+
 #[test]
 fn realloc_growth_keeps_every_byte() {
     let dir = tmpdir("grow");

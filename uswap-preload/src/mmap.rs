@@ -504,23 +504,57 @@ fn unmanage_if_unmovable(addr: *mut c_void, len: usize, prot: i32) {
 /// merged are shared, and the kernel refuses to move them). QEMU asks for both on guest
 /// RAM: before, reclaim met hundreds of thousands of refusals and the limit did not hold.
 /// Advice about forks (`MADV_DONTFORK`, `MADV_WIPEONFORK` and their undoing) goes to the
-/// kernel and is recorded for uswap's own fork (`uswap::note_madvise`). Everything else goes
-/// to the kernel (`MADV_DONTNEED` and the like reach the engine as events).
+/// kernel and is recorded for uswap's own fork (`uswap::note_madvise`). In signal mode
+/// `MADV_POPULATE_READ` and `MADV_POPULATE_WRITE` of managed memory have its pages brought
+/// in first (see [`populate`]). Everything else goes to the kernel (`MADV_DONTNEED` and the
+/// like reach the engine as events).
 #[no_mangle]
 pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
     let ours = !in_uswap() && !uswap::is_engine_thread() && config().is_some();
     let paging_advice = advice == libc::MADV_HUGEPAGE || advice == libc::MADV_MERGEABLE;
-    if paging_advice && ours {
-        let start = addr as usize;
-        if page_round_up(len).and_then(|l| start.checked_add(l)).is_some_and(|end| overlaps_managed(start, end)) {
-            return 0;
-        }
+    let start = addr as usize;
+    let managed =
+        || page_round_up(len).and_then(|l| start.checked_add(l)).is_some_and(|end| overlaps_managed(start, end));
+    if paging_advice && ours && managed() {
+        return 0;
+    }
+    let populating = advice == MADV_POPULATE_READ || advice == MADV_POPULATE_WRITE;
+    let signal_mode = crate::config().is_some_and(|c| c.fault_mode == uswap::FaultMode::Signal);
+    if populating && ours && signal_mode && managed() {
+        return populate(start, len, advice);
     }
     let r = real::sys_madvise(addr, len, advice);
     if r == 0 && ours {
         uswap::note_madvise(addr as usize, len, advice);
     }
     r
+}
+
+const MADV_POPULATE_READ: i32 = 22;
+const MADV_POPULATE_WRITE: i32 = 23;
+
+/// Signal mode's `MADV_POPULATE_READ`/`_WRITE` of managed memory. The kernel populates with
+/// faults of its own, which signal mode cannot serve: the call failed with `EFAULT`. So the
+/// range goes in windows of `uswap::MAX_PIN_BYTES`, each brought in (for writing, for
+/// `_WRITE`) and pinned, then handed to the kernel, which finds its pages present. As under
+/// the kernel's swap with a limit smaller than the range, windows populated first may go out
+/// again while the later ones come in.
+fn populate(start: usize, len: usize, advice: i32) -> i32 {
+    let end = start.saturating_add(len);
+    let mut at = start;
+    // Bounded: every round moves `at` on by a window.
+    while at < end {
+        let n = (end - at).min(uswap::MAX_PIN_BYTES);
+        let mut pin = uswap::Pin::new();
+        let _ = uswap::prepare_user_access(&mut pin, at, n, advice == MADV_POPULATE_WRITE);
+        let r = real::sys_madvise(at as *mut c_void, n, advice);
+        pin.release();
+        if r != 0 {
+            return r;
+        }
+        at += n;
+    }
+    0
 }
 
 fn errno() -> i32 {
