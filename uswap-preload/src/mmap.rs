@@ -139,8 +139,10 @@ fn plan(addr: *mut c_void, len: usize, prot: i32, flags: i32, cfg: &Config) -> P
     if !anonymous_private {
         return Plan::Plain;
     }
-    let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
-    if addr.is_null() && !fixed && prot == libc::PROT_READ | libc::PROT_WRITE && len >= cfg.min_size_bytes {
+    // The kernel places the mapping where the program asked (`MAP_32BIT`: below 2 GiB, as a
+    // JIT with 32-bit pointers needs), then it is adopted; a region uswap maps lies anywhere.
+    let placed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_32BIT) != 0;
+    if addr.is_null() && !placed && prot == libc::PROT_READ | libc::PROT_WRITE && len >= cfg.min_size_bytes {
         return Plan::Map;
     }
     let over_managed = flags & libc::MAP_FIXED != 0
