@@ -269,6 +269,21 @@ fn populating_managed_memory_succeeds_in_both_modes() {
     }
 }
 
+/// Under an address-space limit (`ulimit -v`, 2 GB) a process is managed with reservations
+/// sized to fit, and says so: the pool's arena (12 GiB here by default) made every such
+/// process fail to start its pager, and `uswap run` ran nothing.
+#[test]
+fn an_address_space_limit_is_fitted_and_said() {
+    let dir = tmpdir("ulimit");
+    let p = compile("grow", &dir, &[]);
+    let wss = WSS_MIB.to_string();
+    let prog = ["sh", "-c", "ulimit -v 2000000 && exec \"$0\" \"$1\"", p.to_str().unwrap(), &wss];
+    let r = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+    assert_same_and_paged(&prog, &r, LIMIT_MIB);
+    let err = String::from_utf8_lossy(&r.0.stderr);
+    assert!(err.contains("address-space limit (ulimit -v) of 1953 MiB"), "{err}");
+}
+
 #[test]
 fn realloc_growth_keeps_every_byte() {
     let dir = tmpdir("grow");

@@ -59,7 +59,14 @@ impl Config {
         let min_size_bytes = size_var(ENV_MIN_SIZE, 64 << 10)? as usize;
         let stats_dir = std::env::var_os(ENV_STATS_DIR).map(Into::into);
         let capacity: u64 = devices.iter().map(DeviceConfig::capacity_bytes).sum();
-        let heap = limit_bytes.saturating_add(capacity).clamp(MIN_HEAP_BYTES, MAX_HEAP_BYTES);
+        let mut heap = limit_bytes.saturating_add(capacity).clamp(MIN_HEAP_BYTES, MAX_HEAP_BYTES);
+        if let Some(as_bytes) = uswap::address_space_limit_bytes() {
+            // The heap's reservation counts in full against `ulimit -v`: a third of it at most
+            // (the devices take 5/16 by default, see `DeviceConfig::default_capacity_bytes`;
+            // the rest is the program's other mappings), said once.
+            heap = heap.min((as_bytes / 3).max(MIN_HEAP_BYTES));
+            say_address_space_limit(as_bytes, heap, capacity);
+        }
         let heap_bytes = heap.next_multiple_of(32 << 20) as usize;
         Ok(Config { limit_bytes, devices, fault_mode, min_size_bytes, stats_dir, heap_bytes })
     }
@@ -71,6 +78,19 @@ impl Config {
         }
         b
     }
+}
+
+/// Says, once per process, how uswap's reservations were sized to an address-space limit.
+fn say_address_space_limit(as_bytes: u64, heap_bytes: u64, capacity_bytes: u64) {
+    eprintln!(
+        "uswap: process {} has an address-space limit (ulimit -v) of {} MiB, which uswap's reservations \
+         count against: its managed heap is {} MiB (the program's malloc can grow no further, and a single \
+         block less) and its swap devices hold {} MiB",
+        std::process::id(),
+        as_bytes >> 20,
+        heap_bytes >> 20,
+        capacity_bytes >> 20
+    );
 }
 
 /// `auto`: signal mode (the faulting thread serves its own fault: faster), unless this

@@ -263,7 +263,12 @@ impl DeviceConfig {
                 })
             })
             .map_or(4 << 30, |kib| kib * 1024);
-        (mem_total_bytes / 2).max(64 << 20)
+        // Under an address-space limit (`ulimit -v`) every reservation counts in full: the
+        // pool's arena (the cap), and the staging area of its slots (4 times the cap). A
+        // sixteenth of the limit for the cap keeps those to 5/16 of it, and the program's
+        // heap (the preload's config) to a third.
+        let fits = crate::mapping::address_space_limit_bytes().map_or(u64::MAX, |as_bytes| as_bytes / 16);
+        (mem_total_bytes / 2).min(fits).max(64 << 20)
     }
 
     /// Parses a device list as the `uswap` command takes it: comma-separated devices, highest

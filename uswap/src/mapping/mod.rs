@@ -762,6 +762,17 @@ pub fn current_cpu() -> usize {
 }
 
 /// Number of CPUs the system is configured with (an upper bound for `current_cpu`).
+/// The process's address-space limit (`RLIMIT_AS`, `ulimit -v`), `None` where there is none.
+/// Reservations count against it whether or not they are touched.
+pub fn address_space_limit_bytes() -> Option<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the limit into `lim`, which lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    Some(lim.rlim_cur)
+}
+
 pub fn nr_cpus_configured() -> usize {
     // SAFETY: sysconf has no memory effects.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
