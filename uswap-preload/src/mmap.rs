@@ -527,6 +527,8 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
     }
     let r = real::sys_madvise(addr, len, advice);
     if r == 0 && ours {
+        // The record is the engine's: from the C library's heap, never the managed one.
+        let _g = Guard::enter();
         uswap::note_madvise(addr as usize, len, advice);
     }
     r

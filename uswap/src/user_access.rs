@@ -140,8 +140,8 @@ pub(crate) fn unlock_all_memory() {
 }
 
 /// Puts the pages of `region`'s `[first, end)` that reclaim took off the LRU, and that no
-/// lock covers now, back on its pager's LRU. A page busy meanwhile is left off (the scan
-/// that refills an empty LRU skips it too; its next fault or unmap moves it on).
+/// lock covers now, back on its pager's LRU. A page busy meanwhile is left off; the scan
+/// that refills an empty LRU puts it back (`reclaim::swapout`).
 fn return_to_lru(region: &RegistryGuard<'_, RegionInner>, first: usize, end: usize) {
     let (index, gen) = (region.index, region.gen);
     for page in first..end {

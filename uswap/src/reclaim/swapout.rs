@@ -704,7 +704,14 @@ fn refill_active_by_scan(p: &PagerShared) {
             if pushed >= budget {
                 return;
             }
-            let pte = g.load(page);
+            let mut pte = g.load(page);
+            if pte.unevictable() && !pte.busy() && !crate::mlock::is_locked(g.page_addr(page)) {
+                // Unlocked while it was busy, so the unlock left it off the LRU: back on it.
+                let back = pte.with_unevictable(false);
+                if g.pte(page).compare_exchange(pte.0, back.0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    pte = back;
+                }
+            }
             if pte.state() == PageState::Resident && !pte.busy() && !pte.unevictable() {
                 let r = PageRef { region_idx: g.index, region_gen: g.gen, page_gen: pte.gen(), page };
                 if p.lru.try_add(r) {
