@@ -83,6 +83,19 @@ fn compile(name: &str, dir: &Path, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// Compiles test program `name` and runs it with a working set of `wss_mib` under `uswap
+/// run`, once in each fault mode; `check` gets the mode, the command line and the run.
+fn run_in_both_modes(name: &str, wss_mib: u64, mut check: impl FnMut(&str, &[&str], &(Output, Value))) {
+    let dir = tmpdir(name);
+    let p = compile(name, &dir, &[]);
+    let wss = wss_mib.to_string();
+    let prog = [p.to_str().unwrap(), &wss];
+    for mode in ["signal", "thread"] {
+        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        check(mode, &prog, &r);
+    }
+}
+
 fn uswap_run(limit_mib: u64, opts: &[&str], prog: &[&str], dir: &Path) -> (Output, Value) {
     let stats = dir.join(format!("stats-{}.json", prog[0].rsplit('/').next().unwrap()));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
@@ -187,24 +200,20 @@ fn program_signal_masks_and_sigbus_handlers_in_both_modes() {
 /// A program's own alternate signal stacks in managed memory (malloc'd) hold every frame the
 /// kernel writes there, its handler's and uswap's SIGBUS frames, however much was swapped
 /// out meanwhile: on the main thread, a second thread, and in a fork child that inherited
-/// one (whose pages it shares with its parent, write-protected). Before they were pinned,
+/// one (whose pages it shares with its parent, write-protected). Before they were locked,
 /// the program died of SIGBUS in signal mode at its first signal.
 #[test]
 fn program_alternate_signal_stacks_in_managed_memory_in_both_modes() {
-    let dir = tmpdir("altstack");
-    let p = compile("altstack", &dir, &[]);
-    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
-    for mode in ["signal", "thread"] {
-        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+    run_in_both_modes("altstack", WSS_MIB, |mode, prog, r| {
         assert!(
             String::from_utf8_lossy(&r.0.stdout).ends_with("done\n"),
             "{mode}: {}",
             String::from_utf8_lossy(&r.0.stderr)
         );
         // With a fork child: the limit plus the parent's pages it shares (docs/cli.md, "fork").
-        assert_same_and_paged(&prog, &r, 2 * LIMIT_MIB);
+        assert_same_and_paged(prog, r, 2 * LIMIT_MIB);
         assert_eq!(counter(&r.1, "syscall_efault"), 0, "{mode}: {}", r.1);
-    }
+    });
 }
 
 /// Memory the program locks stays resident under the limit (`mlock`, `mlock2` on fault),
@@ -214,22 +223,18 @@ fn program_alternate_signal_stacks_in_managed_memory_in_both_modes() {
 /// leave the LRU (reclaim takes each once) and the resident peak stays within the limit.
 #[test]
 fn locked_memory_stays_resident_and_mlock_succeeds_in_both_modes() {
-    let dir = tmpdir("mlock");
-    let p = compile("mlock", &dir, &[]);
-    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
-    for mode in ["signal", "thread"] {
-        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+    run_in_both_modes("mlock", WSS_MIB, |mode, prog, r| {
         let out = String::from_utf8_lossy(&r.0.stdout);
         assert!(out.starts_with("mlock 0\nmlock2 onfault 0\n"), "{mode}: {out}");
         assert!(out.contains("resident throughout: yes\n") && out.contains("child same\n"), "{mode}: {out}");
         // With a fork child: the limit plus the parent's pages it shares (docs/cli.md, "fork").
-        assert_same_and_paged(&prog, &r, 2 * LIMIT_MIB);
+        assert_same_and_paged(prog, r, 2 * LIMIT_MIB);
         for c in ["mlock_unhonoured", "syscall_efault"] {
             assert_eq!(counter(&r.1, c), 0, "{mode}: {c}: {}", r.1);
         }
         // 256 locked pages in the parent, at most as many again in the fork child.
         assert!(counter(&r.1, "reclaim_pinned") <= 512, "{mode}: locked pages taken again and again: {}", r.1);
-    }
+    });
 }
 
 /// Managed memory made read-only is let go of (the kernel refuses to move a page out of a
@@ -238,19 +243,15 @@ fn locked_memory_stays_resident_and_mlock_succeeds_in_both_modes() {
 /// went out); a `MAP_32BIT` one lies below 2 GiB (it was mapped anywhere). Both modes.
 #[test]
 fn read_only_memory_is_let_go_of_and_the_limit_holds() {
-    let dir = tmpdir("readonly");
-    let p = compile("readonly", &dir, &[]);
-    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
-    for mode in ["signal", "thread"] {
-        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+    run_in_both_modes("readonly", WSS_MIB, |mode, prog, r| {
         let out = String::from_utf8_lossy(&r.0.stdout);
         assert!(out.ends_with("below 2 GiB: yes, locked mapping resident throughout: yes\n"), "{mode}: {out}");
-        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+        assert_same_and_paged(prog, r, LIMIT_MIB);
         assert!(counter(&r.1, "unmanaged_peak_bytes") >= 16 << 20, "{mode}: {}", r.1);
         assert_eq!(counter(&r.1, "move_refused"), 0, "{mode}: {}", r.1);
         let err = String::from_utf8_lossy(&r.0.stderr);
         assert!(err.contains("read-only memory (mprotect)"), "{mode}: {err}");
-    }
+    });
 }
 
 /// `MADV_POPULATE_WRITE`/`_READ` over managed memory whose pages are out succeed in both
@@ -258,15 +259,11 @@ fn read_only_memory_is_let_go_of_and_the_limit_holds() {
 /// own), and every byte is as written.
 #[test]
 fn populating_managed_memory_succeeds_in_both_modes() {
-    let dir = tmpdir("populate");
-    let p = compile("populate", &dir, &[]);
-    let prog = [p.to_str().unwrap(), &(WSS_MIB / 2).to_string()];
-    for mode in ["signal", "thread"] {
-        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+    run_in_both_modes("populate", WSS_MIB / 2, |mode, prog, r| {
         let out = String::from_utf8_lossy(&r.0.stdout);
         assert!(out.starts_with("populate write 0 (errno 0), read 0 (0), write 0 (0)"), "{mode}: {out}");
-        assert_same_and_paged(&prog, &r, LIMIT_MIB);
-    }
+        assert_same_and_paged(prog, r, LIMIT_MIB);
+    });
 }
 
 /// Under an address-space limit (`ulimit -v`, 2 GB) a process is managed with reservations
@@ -357,16 +354,12 @@ fn fork_child_reads_the_parents_memory_as_it_was() {
 /// died of SIGBUS); `MADV_KEEPONFORK` undoes the first on half of it. Both modes.
 #[test]
 fn fork_advice_on_managed_memory_is_honoured_in_both_modes() {
-    let dir = tmpdir("forkadvice");
-    let p = compile("forkadvice", &dir, &[]);
-    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
-    for mode in ["signal", "thread"] {
-        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+    run_in_both_modes("forkadvice", WSS_MIB, |mode, prog, r| {
         let out = String::from_utf8_lossy(&r.0.stdout);
         assert!(out.ends_with("child status 0\n"), "{mode}: {out}\n{}", String::from_utf8_lossy(&r.0.stderr));
         // With a fork child: the limit plus the parent's pages it shares (docs/cli.md, "fork").
-        assert_same_and_paged(&prog, &r, 2 * LIMIT_MIB);
-    }
+        assert_same_and_paged(prog, r, 2 * LIMIT_MIB);
+    });
 }
 
 /// fork without exec, and both go on: while the child lives (and shares the parent's pages

@@ -30,23 +30,11 @@ use std::sync::atomic::Ordering;
 /// pages had to be brought in (an `EFAULT` after a preparation that brought nothing in is
 /// not uswap's). Allocation-free; takes no lock the thread holds.
 pub(crate) fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write: bool) -> Option<usize> {
-    let end = addr.saturating_add(len);
-    let mut page_addr = addr & !(PAGE_SIZE - 1);
     let mut managed = false;
     let mut nr_brought_in = 0;
-    // Bounded: one step per page of a region in the range, or a jump to the end of a
-    // region's range or to the next region's start.
-    while page_addr < end {
-        let Some(g) = region_owning(page_addr) else {
-            match REGIONS.next_start_after(page_addr) {
-                Some(next) => page_addr = next,
-                None => break,
-            }
-            continue;
-        };
+    for_each_region_in(addr & !(PAGE_SIZE - 1), addr.saturating_add(len), |g, from, to| {
         if g.pager.mode != FaultMode::Signal {
-            page_addr = g.start() + g.nr_pages * PAGE_SIZE;
-            continue;
+            return;
         }
         if !managed {
             // The page-table words read below must say what the events this thread has
@@ -54,22 +42,39 @@ pub(crate) fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write:
             crate::events::wait_until_applied(&g.pager);
         }
         managed = true;
-        let region_end = (g.start() + g.nr_pages * PAGE_SIZE).min(end);
         // Before the words are read: see `pin` for the ordering with reclaim.
-        pin.add(page_addr, region_end);
-        while page_addr < region_end {
+        pin.add(from, to);
+        for page_addr in (from..to).step_by(PAGE_SIZE) {
             if let Some(page) = g.page_of(page_addr) {
                 let pte = g.load(page);
                 if !ready_for_kernel(pte, write) {
                     sigbus_fault(page_addr, write);
                     nr_brought_in += 1;
                 }
-                mark_used_by_kernel(&g, page);
+                mark_used_by_kernel(g, page);
             }
-            page_addr += PAGE_SIZE;
         }
-    }
+    });
     managed.then_some(nr_brought_in)
+}
+
+/// Calls `f(region, from, to)` for each region's part `[from, to)` of `[start, end)`
+/// (`start` page-aligned), in address order. Allocation-free.
+fn for_each_region_in(start: usize, end: usize, mut f: impl FnMut(&RegistryGuard<'static, RegionInner>, usize, usize)) {
+    let mut addr = start;
+    // Bounded: every step moves to the end of a region's part or to the next region's start.
+    while addr < end {
+        let Some(g) = region_owning(addr) else {
+            match REGIONS.next_start_after(addr) {
+                Some(next) => addr = next,
+                None => break,
+            }
+            continue;
+        };
+        let to = (g.start() + g.nr_pages * PAGE_SIZE).min(end);
+        f(&g, addr, to);
+        addr = to;
+    }
 }
 
 /// A page a system call is about to use: referenced, so that reclaim spares it (as a victim
@@ -113,23 +118,11 @@ fn ready_for_kernel(pte: Pte, write: bool) -> bool {
 /// kernel's `munlock` moves them back to the evictable LRU). Allocation-free.
 pub(crate) fn unlock_memory(kind: LockKind, start: usize, end: usize) {
     crate::mlock::unlock(Some(kind), start, end);
-    let end = end.next_multiple_of(PAGE_SIZE);
-    let mut addr = start & !(PAGE_SIZE - 1);
-    // Bounded: one step per region in the range, or a jump to the next region's start.
-    while addr < end {
-        let Some(g) = region_owning(addr) else {
-            match REGIONS.next_start_after(addr) {
-                Some(next) => addr = next,
-                None => break,
-            }
-            continue;
-        };
-        let region_end = (g.start() + g.nr_pages * PAGE_SIZE).min(end);
-        if let (Some(first), Some(last)) = (g.page_of(addr), g.page_of(region_end - 1)) {
-            return_to_lru(&g, first, last + 1);
+    for_each_region_in(start & !(PAGE_SIZE - 1), end.next_multiple_of(PAGE_SIZE), |g, from, to| {
+        if let (Some(first), Some(last)) = (g.page_of(from), g.page_of(to - 1)) {
+            return_to_lru(g, first, last + 1);
         }
-        addr = region_end;
-    }
+    });
 }
 
 /// `munlockall`: every lock of the program's ends (the alternate stacks' stay), and the
