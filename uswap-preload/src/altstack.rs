@@ -99,9 +99,7 @@ pub fn note_program_stack(ss: &libc::stack_t) {
 /// Locks `[start, end)` if it is managed memory, then brings its pages in writable (locked
 /// first: see `uswap::mlock`'s ordering). Returns whether it locked.
 fn lock_and_bring_in(start: usize, end: usize) -> bool {
-    if uswap::memory_owner(start, end) != uswap::MemoryOwner::Managed
-        || !uswap::mlock::lock(uswap::mlock::LockKind::AltStack, start, end)
-    {
+    if !crate::mlock::lock_if_managed(uswap::mlock::LockKind::AltStack, start, end) {
         return false;
     }
     // Written by the kernel: brought in writable, pinned while it is (the lock holds after).

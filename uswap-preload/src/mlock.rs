@@ -32,10 +32,13 @@ pub fn before(nr: c_long, a: &[u64; 6]) -> Option<Recorded> {
         return None;
     }
     let (start, end) = (a[0] as usize, (a[0] as usize).saturating_add(a[1] as usize));
-    if uswap::memory_owner(start, end) != uswap::MemoryOwner::Managed {
-        return None;
-    }
-    uswap::mlock::lock(uswap::mlock::LockKind::Program, start, end).then_some(Recorded(start, end))
+    lock_if_managed(uswap::mlock::LockKind::Program, start, end).then_some(Recorded(start, end))
+}
+
+/// Records a lock of `kind` on `[start, end)` if any of it is managed memory; returns
+/// whether it did (see `uswap::mlock`).
+pub fn lock_if_managed(kind: uswap::mlock::LockKind, start: usize, end: usize) -> bool {
+    uswap::memory_owner(start, end) == uswap::MemoryOwner::Managed && uswap::mlock::lock(kind, start, end)
 }
 
 /// Whether call `nr`'s memory is made ready first: not for a lock on fault (`mlock2` with

@@ -255,21 +255,14 @@ pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd:
             let _g = Guard::enter();
             let p = map(&cfg, addr, len, prot, flags, fd, off);
             if flags & libc::MAP_LOCKED != 0 && p != libc::MAP_FAILED {
-                lock_if_managed(p as usize, len);
+                // An `mlock` made with the mapping: its pages stay resident once touched.
+                let kind = uswap::mlock::LockKind::Program;
+                crate::mlock::lock_if_managed(kind, p as usize, (p as usize).saturating_add(len));
             }
             return p;
         }
     }
     real::sys_mmap(addr, len, prot, flags, fd, off)
-}
-
-/// `MAP_LOCKED` (an `mlock` made with the mapping): a managed mapping's pages stay resident
-/// once touched, as `mlock`'s do (see `crate::mlock`).
-fn lock_if_managed(start: usize, len: usize) {
-    let end = start.saturating_add(len);
-    if uswap::memory_owner(start, end) == uswap::MemoryOwner::Managed {
-        let _ = uswap::mlock::lock(uswap::mlock::LockKind::Program, start, end);
-    }
 }
 
 #[no_mangle]

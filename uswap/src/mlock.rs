@@ -72,6 +72,11 @@ const WRITER_ATTEMPTS: usize = 1 << 16;
 /// bit (the fence orders that store before the reads of the table).
 pub(crate) fn is_locked(addr: usize) -> bool {
     fence(Ordering::SeqCst);
+    covers(addr)
+}
+
+/// [`is_locked`] without its fence, for a caller that issued one (`pin::hold_of`).
+pub(crate) fn covers(addr: usize) -> bool {
     if ALL.load(Ordering::Relaxed) {
         return true;
     }

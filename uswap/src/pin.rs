@@ -8,7 +8,7 @@
 //! shell's `execve`, whose strings lie on many pages, failed that way in a tree of twenty
 //! processes under 16 MiB. A [`Pin`] publishes the call's ranges in a slot of a static table
 //! before their pages are looked at; reclaim checks each victim against the table once it
-//! owns it ([`is_pinned`]) and leaves a pinned one resident.
+//! owns it ([`hold_of`]) and leaves a pinned one resident.
 //!
 //! Ordering. The pinner stores its range, then a `SeqCst` fence, then reads the pages'
 //! words; reclaim sets a victim's busy bit, then a `SeqCst` fence, then reads the table.
@@ -255,10 +255,33 @@ fn owner_gone(pid: libc::pid_t, tid: u32) -> bool {
     r > 0
 }
 
-/// Whether a call pins the page at `addr`. Called by reclaim after it set the page's busy
-/// bit (the fence orders that store before the reads of the table).
-pub(crate) fn is_pinned(addr: usize) -> bool {
+/// What keeps a resident page in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// The program locked it (`crate::mlock`): it leaves the LRU until unlocked.
+    Locked,
+    /// A system call pinned it: it stays until the call returns.
+    Pinned,
+}
+
+/// Whether a lock or a pin keeps the page at `addr` in. Called by reclaim after it set the
+/// page's busy bit: one fence orders that store before the reads of both tables.
+pub(crate) fn hold_of(addr: usize) -> Option<Hold> {
     fence(Ordering::SeqCst);
+    if crate::mlock::covers(addr) {
+        return Some(Hold::Locked);
+    }
+    pinned(addr).then_some(Hold::Pinned)
+}
+
+/// Whether a call pins the page at `addr` (see [`hold_of`] for the ordering).
+#[cfg(test)]
+fn is_pinned(addr: usize) -> bool {
+    fence(Ordering::SeqCst);
+    pinned(addr)
+}
+
+fn pinned(addr: usize) -> bool {
     let high = SLOTS_HIGH.load(Ordering::Relaxed).min(NR_SLOTS);
     SLOTS[..high].iter().any(|s| s.owned.load(Ordering::Relaxed) && s.covers(addr))
 }

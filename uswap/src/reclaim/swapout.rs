@@ -32,6 +32,7 @@ use super::cow;
 use crate::backend::{BackendError, WriteReq};
 use crate::lru::List;
 use crate::mapping::DiscardBatch;
+use crate::pin::{hold_of, Hold};
 use crate::region::{PageRef, PageState, Pte, RegionSet, REGIONS};
 use crate::state::PagerShared;
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
@@ -139,21 +140,25 @@ fn pop_victims(
             p.lru.add(r, &p.stats);
             continue;
         }
-        match region.try_lock(r.page, pte) {
-            Some(locked) if !inactive && crate::mlock::is_locked(region.page_addr(r.page)) => {
+        let Some(locked) = region.try_lock(r.page, pte) else {
+            requeue(p, from, r);
+            continue;
+        };
+        match (!inactive).then(|| hold_of(region.page_addr(r.page))).flatten() {
+            Some(Hold::Locked) => {
                 // Locked by the program: off the LRU until it is unlocked (see `mlock`).
                 region.store(r.page, locked.unbusy().with_unevictable(true));
                 p.stats.inc(Counter::ReclaimPinned);
                 *nr_pinned += 1;
             }
-            Some(locked) if !inactive && crate::pin::is_pinned(region.page_addr(r.page)) => {
+            Some(Hold::Pinned) => {
                 // A system call's memory: stays in until the call returns (see `pin`).
                 region.store(r.page, locked.unbusy());
                 p.stats.inc(Counter::ReclaimPinned);
                 *nr_pinned += 1;
                 p.lru.add(r, &p.stats);
             }
-            Some(locked) => {
+            None => {
                 victims.push(Victim { gi, page: r.page, pte: locked });
                 if !inactive && !locked.clean() {
                     let before = victims.len();
@@ -161,7 +166,6 @@ fn pop_victims(
                     p.stats.add(Counter::SwpoutNeighbours, (victims.len() - before) as u64);
                 }
             }
-            None => requeue(p, from, r),
         }
     }
     victims
@@ -200,9 +204,7 @@ fn take_resident_neighbours(
         let wanted =
             pte.state() == PageState::Resident && !pte.busy() && !pte.clean() && !pte.readahead() && !pte.referenced();
         match wanted.then(|| region.try_lock(n, pte)).flatten() {
-            Some(locked)
-                if crate::pin::is_pinned(region.page_addr(n)) || crate::mlock::is_locked(region.page_addr(n)) =>
-            {
+            Some(locked) if hold_of(region.page_addr(n)).is_some() => {
                 region.store(n, locked.unbusy());
                 false
             }
