@@ -61,8 +61,9 @@ pub enum Error {
 
     #[error(
         "could not reclaim down to the new limit of {limit_bytes} bytes ({resident_bytes} bytes \
-         still resident): the swap devices are full. The limit is in place; add or enlarge a \
-         device, or free memory"
+         still resident): the swap devices are full, or their writes fail (see the device's \
+         message on stderr). The limit is in place; add or enlarge a device, free memory, or \
+         mend the device"
     )]
     LimitNotReached { resident_bytes: u64, limit_bytes: u64 },
 

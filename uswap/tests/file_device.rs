@@ -136,3 +136,108 @@ fn a_kept_swap_file_holds_no_swapped_data_after_the_pager_is_dropped_thread_mode
 fn a_kept_swap_file_holds_no_swapped_data_after_the_pager_is_dropped_signal_mode() {
     kept_file_is_scrubbed(FaultMode::Signal);
 }
+
+/// A small tmpfs mounted for one test (root only), unmounted with its contents on drop.
+struct SmallFs(TestDir);
+
+impl SmallFs {
+    /// `None` (said) where it cannot be mounted (not root).
+    fn mount(tag: &str, size_mib: u64) -> Option<SmallFs> {
+        let dir = TestDir::new(tag);
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tmpfs"])
+            .arg(&dir.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            skipped("cannot mount a tmpfs to fill up (mount -t tmpfs needs root)");
+            return None;
+        }
+        Some(SmallFs(dir))
+    }
+
+    /// Writes a file until the file system is full. Returns its path.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.0 .0.join("filler");
+        let mut f = fs::File::create(&path).unwrap();
+        let chunk = vec![0x5au8; 64 * 1024];
+        // Bounded by the file system's size.
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.flush();
+        path
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0 .0).status();
+    }
+}
+
+/// Waits up to 10 s for `cond` on the pager's stats, or fails saying what was awaited.
+fn wait_for(p: &Pager, what: &str, cond: impl Fn(&uswap::Stats) -> bool) -> uswap::Stats {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let st = p.stats();
+        if cond(&st) {
+            return st;
+        }
+        assert!(std::time::Instant::now() < deadline, "waited 10 s for {what}: {st:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A file device whose file system fills up: its first region's clusters are punched out
+/// when it is unmapped, another program then takes the space, and the next region's writes
+/// fail with `ENOSPC`. The device degrades: the run goes on at the speed of RAM, pages kept
+/// over the limit (counted), every byte right. Once space is freed a probe write succeeds
+/// and paging resumes, back under the limit.
+fn full_file_system(mode: FaultMode) {
+    let Some(fs_) = SmallFs::mount("full", 24) else { return };
+    let limit = 2 * MIB;
+    let p = Pager::builder()
+        .resident_limit(limit)
+        .fault_mode(mode)
+        .device(DeviceConfig::file(&fs_.0 .0, 16 * MIB))
+        .build()
+        .unwrap();
+    let first = p.map(16 * MIB as usize).unwrap();
+    for i in 0..first.len() / PAGE_SIZE {
+        write_page(first.as_atomic_u64s(), i, 1);
+    }
+    drop(first);
+    wait_for(&p, "the first region's clusters punched out", |st| st.devices[0].clusters_discarded >= 6);
+    let filler = fs_.fill();
+    let started = std::time::Instant::now();
+    let region = p.map(16 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    for v in 1..=3 {
+        for i in 0..nr_pages {
+            write_page(words, i, v);
+        }
+    }
+    let st = p.stats();
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "stalled: {:?}; {st:?}", started.elapsed());
+    assert!(st.devices[0].degraded && st.devices[0].degraded_episodes >= 1, "{st:?}");
+    assert!(st.limit_overrun > 0 && st.resident_pages * PAGE_SIZE as u64 > limit, "{st:?}");
+    for i in 0..nr_pages {
+        check_page(words, i, 3);
+    }
+    fs::remove_file(filler).unwrap();
+    let before = st.pswpout;
+    // Faults make the pressure that the recovered device relieves.
+    let st = wait_for(&p, "the device to recover and page out again", |st| {
+        for i in 0..nr_pages {
+            check_page(words, i, 3);
+        }
+        !st.devices[0].degraded && st.pswpout > before + 1000
+    });
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+    for i in 0..nr_pages {
+        check_page(words, i, 3);
+    }
+}
+
+in_both_modes!(full_file_system() => a_full_file_system_degrades_the_device_then_recovers_thread_mode, a_full_file_system_degrades_the_device_then_recovers_signal_mode);

@@ -596,3 +596,60 @@ fn reads_go_direct_and_follow_a_failover() {
     }
     assert_eq!(dev.redis_stats().corrupt_pages + dev.redis_stats().missing_pages, 0);
 }
+
+/// A primary with one replica and `replicas=1` (`WAIT 1`, 1 s): the primary is killed and its
+/// replica promoted, so the new primary has no replica and no write can be acknowledged.
+/// The device degrades: the run goes on at the speed of RAM (every byte checked; it used to
+/// crawl at 13 ms a fault, each waiting out a `WAIT`), pages kept over the limit, counted.
+/// When a replica is attached again, a probe write succeeds and pages go out again.
+fn a_primary_left_without_replica(mode: FaultMode) {
+    let fast_sync = ["--repl-diskless-sync-delay", "0"];
+    let Some(mut r) = servers(1, 1, &fast_sync) else { return };
+    let limit = 4 * MIB;
+    let p = build(mode, limit, vec![redis_dev(&r, 64 * MIB, |o| o.replicas = 1)]);
+    let region = p.map(16 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    for i in 0..nr_pages {
+        write_page(words, i, 1);
+    }
+    let before = quiet_stats(&p);
+    assert!(before.pswpout > 0 && !before.devices[0].degraded, "paged out while the replica was there: {before:?}");
+    r.kill(0);
+    promote_most_up_to_date(&r, &[1]);
+    let started = Instant::now();
+    let mut version = vec![1u64; nr_pages];
+    let mut rng = Rng(0xdeb);
+    for _ in 0..20_000 {
+        let i = (rng.next() % nr_pages as u64) as usize;
+        check_page(words, i, version[i]);
+        if rng.next() % 4 == 0 {
+            version[i] += 1;
+            write_page(words, i, version[i]);
+        }
+    }
+    let st = p.stats();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(15), "20k accesses took {took:?}: {st:?}");
+    assert!(st.devices[0].degraded && st.limit_overrun > 0, "{st:?}");
+    r.add_replica(1, &fast_sync).expect("a new replica");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // The accesses keep the pressure on that the recovered device relieves.
+    let mut st = p.stats();
+    while st.devices[0].degraded || st.resident_pages * PAGE_SIZE as u64 > limit {
+        assert!(Instant::now() < deadline, "paging did not resume within 20 s of the new replica: {st:?}");
+        for _ in 0..1000 {
+            let i = (rng.next() % nr_pages as u64) as usize;
+            check_page(words, i, version[i]);
+        }
+        st = p.stats();
+    }
+    for (i, &v) in version.iter().enumerate() {
+        check_page(words, i, v);
+    }
+    let dev = st.devices[0].backend.clone().unwrap();
+    assert_eq!(dev.remote_read_errors, 0, "{dev:?}");
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+}
+
+in_both_modes!(a_primary_left_without_replica() => a_primary_left_without_replica_runs_at_ram_speed_then_pages_again_thread_mode, a_primary_left_without_replica_runs_at_ram_speed_then_pages_again_signal_mode);

@@ -75,6 +75,8 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
             cow::adopt_exclusive(p);
         }
         p.devices.run_discards();
+        // A device whose writes failed takes pages again once a probe succeeds.
+        p.devices.probe_degraded();
         if !idle || p.charge.reclaim_held.load(Ordering::Acquire) {
             continue;
         }
@@ -89,7 +91,13 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
             && !p.is_shutdown()
             && !p.charge.reclaim_held.load(Ordering::Acquire)
         {
-            if !reclaim_round(p, false).any() {
+            let progress = reclaim_round(p, false);
+            if p.devices.take_no_pages() {
+                // No device takes pages (see `swap::health`): a round a period drops what
+                // is clean, and the rest waits for a probe to succeed.
+                break;
+            }
+            if !progress.any() {
                 fruitless += 1;
                 if fruitless > MAX_FRUITLESS_ROUNDS {
                     break;

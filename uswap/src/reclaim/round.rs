@@ -139,7 +139,7 @@ pub(crate) fn reclaim_to_limit(p: &PagerShared) -> Result<()> {
         }
         let resident_bytes = (p.charge.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
         let limit_bytes = (p.charge.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
-        if p.devices.is_full() {
+        if p.devices.is_full() || p.devices.take_no_pages() {
             return Err(Error::LimitNotReached { resident_bytes, limit_bytes });
         }
         // Rounds that find nothing while the devices have room: the victims are busy in

@@ -639,6 +639,13 @@ fn write_runs(
         while end < pending.len() && targets[pending[end]].device() == tdev {
             end += 1;
         }
+        if dev.health.is_degraded() {
+            // Its writes fail: not tried (each failure may cost a timeout), redirected as
+            // if it had declined them (see `swap::health`).
+            rejected.extend(pending[i..end].iter().copied());
+            i = end;
+            continue;
+        }
         let mut runs: ArrayVec<(usize, usize), BATCH> = ArrayVec::new();
         let mut reqs: ArrayVec<WriteReq<'_>, BATCH> = ArrayVec::new();
         let mut crcs = [0u32; BATCH];
@@ -664,6 +671,9 @@ fn write_runs(
             s = t;
         }
         dev.backend.write(&mut reqs);
+        for req in &reqs {
+            dev.health.note_write(&req.result);
+        }
         // The staging pages must be empty before their slots can be freed and reused, which
         // may happen as soon as the pages are published as swapped: all written runs are
         // dropped first, with one TLB flush for the batch (see `DiscardBatch`).

@@ -141,6 +141,7 @@ fn move_down(
         let tdev = p.devices.device(targets[k]);
         let mut req = [WriteReq::new(targets[k].offset(), crate::mapping::PageRun::from_pages(&buf[k..t]))];
         tdev.backend.write(&mut req);
+        tdev.health.note_write(&req[0].result);
         for j in k..t {
             let v = &victims[j];
             if req[0].result.is_ok() {

@@ -213,6 +213,8 @@ impl PagerShared {
                     clusters_nonfull: c.nonfull,
                     clusters_full: c.full,
                     clusters_discarded: c.discarded,
+                    degraded: d.health.is_degraded(),
+                    degraded_episodes: d.health.episodes(),
                     backend: d.backend.stats(),
                 }
             })

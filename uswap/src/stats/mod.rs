@@ -37,6 +37,11 @@ pub struct DeviceStats {
     pub clusters_full: u64,
     /// Clusters discarded (storage returned) before reuse, since the pager started.
     pub clusters_discarded: u64,
+    /// Its writes fail now: it takes no pages until a probe write succeeds (see
+    /// `swap::health`).
+    pub degraded: bool,
+    /// Times its writes began to fail since the pager started.
+    pub degraded_episodes: u64,
     /// The device's own counters (the compressed pool's, zswap-style), if it keeps any.
     pub backend: Option<crate::backend::BackendStats>,
 }
@@ -446,6 +451,9 @@ impl DeviceStats {
         self.clusters_nonfull += other.clusters_nonfull;
         self.clusters_full += other.clusters_full;
         self.clusters_discarded += other.clusters_discarded;
+        // Summed over processes: degraded in any of them.
+        self.degraded |= other.degraded;
+        self.degraded_episodes += other.degraded_episodes;
         match (&mut self.backend, &other.backend) {
             (Some(a), Some(b)) => {
                 a.pool_bytes += b.pool_bytes;

@@ -28,6 +28,7 @@
 pub mod cluster_allocator;
 pub mod entry;
 pub mod fork_refs;
+pub mod health;
 pub mod swap_cache;
 pub mod swap_table;
 
@@ -39,6 +40,7 @@ use crossbeam_utils::CachePadded;
 pub use cluster_allocator::{ClusterAllocator, ClusterCounts, SWAPFILE_CLUSTER};
 pub use entry::{SwapEntry, MAX_DEVICES};
 pub use fork_refs::{ForkRecord, ForkRefs};
+pub use health::Health;
 pub use swap_cache::SwapCache;
 pub use swap_table::{SlotInfo, SwapTable};
 
@@ -98,6 +100,8 @@ pub struct SwapDevice {
     pub cluster_streams: FaultStreams,
     /// Slots fork children still read, for a device they share (see `fork_refs`).
     pub fork_refs: ForkRefs,
+    /// Whether its writes fail now (see `health`).
+    pub health: Health,
 }
 
 impl Drop for SwapDevice {
@@ -132,12 +136,13 @@ impl SwapDevice {
             allocator: ClusterAllocator::new(nr_clusters, nr_cpus)?,
             table: SwapTable::new(nr_clusters)?,
             checksums: if checksum { Some(AtomicTable::new(nr_clusters as usize * SWAPFILE_CLUSTER)?) } else { None },
-            backend,
             staging,
             readahead,
             clean_readahead,
             cluster_streams: FaultStreams::new(),
             fork_refs: ForkRefs::new(nr_clusters as u64 * SWAPFILE_CLUSTER as u64),
+            health: Health::new(&backend.name()),
+            backend,
         })
     }
 
@@ -167,6 +172,32 @@ impl SwapDevice {
 
     pub fn nr_slots(&self) -> u64 {
         self.allocator.nr_slots()
+    }
+
+    /// Whether new pages may go to the device: it accepts them (a pool below its cap) and
+    /// its writes do not fail (see `health`).
+    #[inline]
+    pub fn takes_pages(&self) -> bool {
+        self.backend.accepting() && !self.health.is_degraded()
+    }
+
+    /// Writes one page of zeros to a free slot of this degraded device, if its probe is due,
+    /// and frees the slot again (see `health`). Returns whether the device recovered.
+    /// Engine threads only: the write may take as long as the device's timeouts.
+    fn probe(&self) -> bool {
+        if !self.health.claim_probe() {
+            return false;
+        }
+        let mut offset = [0u64; 1];
+        if self.allocator.alloc(current_cpu(), &mut offset, &|ci| self.discard_cluster(ci)) == 0 {
+            return false; // every slot holds a page: nothing to probe with, nothing to free
+        }
+        let zeros = [crate::backend::AlignedPage([0; PAGE_SIZE])];
+        let mut req = [crate::backend::WriteReq::new(offset[0], PageRun::from_pages(&zeros))];
+        self.backend.write(&mut req);
+        self.health.note_write(&req[0].result);
+        self.give_back(&offset);
+        !self.health.is_degraded()
     }
 
     /// Address of the staging page of slot `offset`.
@@ -367,7 +398,7 @@ impl SwapDevices {
             let first = self.groups.iter().find_map(|g| {
                 let n = g.end - g.start;
                 let start = g.next.fetch_add(1, Ordering::Relaxed) % n;
-                (0..n).map(|k| &self.devices[g.start + (start + k) % n]).find(|d| d.backend.accepting())
+                (0..n).map(|k| &self.devices[g.start + (start + k) % n]).find(|d| d.takes_pages())
             });
             if let Some(dev) = first {
                 let offsets = &mut offsets[..out.len()];
@@ -401,11 +432,29 @@ impl SwapDevices {
         self.full.load(Ordering::Relaxed)
     }
 
+    /// Whether no device takes pages now: each is degraded (its writes fail) or declines
+    /// them (a pool at its cap). Pages staged for a device that is merely full can still be
+    /// written; these cannot.
+    pub fn take_no_pages(&self) -> bool {
+        !self.devices.iter().any(|d| d.takes_pages())
+    }
+
+    /// Probes the degraded devices whose probe is due (see `health`). The background
+    /// reclaimer only.
+    pub fn probe_degraded(&self) {
+        for d in self.devices.iter().filter(|d| d.health.is_degraded()) {
+            if d.probe() {
+                // What the last allocation found no longer holds.
+                self.full.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Whether every device not in `exclude` declines new pages or has every slot in use.
     fn no_free_slot(&self, exclude: u64) -> bool {
-        self.devices.iter().all(|d| {
-            exclude & (1 << d.index) != 0 || !d.backend.accepting() || d.allocator.inuse_slots() >= d.nr_slots()
-        })
+        self.devices
+            .iter()
+            .all(|d| exclude & (1 << d.index) != 0 || !d.takes_pages() || d.allocator.inuse_slots() >= d.nr_slots())
     }
 
     fn alloc_once(&self, exclude: u64, out: &mut [SwapEntry]) -> usize {
@@ -417,7 +466,7 @@ impl SwapDevices {
             let first = g.next.fetch_add(1, Ordering::Relaxed) % n;
             for k in 0..n {
                 let dev = &self.devices[g.start + (first + k) % n];
-                if exclude & (1 << dev.index) != 0 || !dev.backend.accepting() {
+                if exclude & (1 << dev.index) != 0 || !dev.takes_pages() {
                     continue;
                 }
                 while got < out.len() {

@@ -183,6 +183,27 @@ impl LocalRedis {
         }
     }
 
+    /// Starts one more server, a replica of server `of` (with `extra` options), and waits
+    /// until its link to `of` is up (full synchronisation done). Returns its number.
+    pub fn add_replica(&mut self, of: usize, extra: &[&str]) -> io::Result<usize> {
+        let port = self.servers[of].port;
+        self.spawn(Some(port), extra)?;
+        let k = self.servers.len() - 1;
+        let (addr, short) = (self.addr(k), Duration::from_millis(200));
+        let until = Instant::now() + Duration::from_secs(20);
+        // Bounded by `until`.
+        while !connect(&addr, short, short)
+            .and_then(|mut c| info(&mut c, "replication"))
+            .is_ok_and(|i| info_field(&i, "master_link_status") == Some("up"))
+        {
+            if Instant::now() > until {
+                return Err(not_ready(format!("replica {addr} of 127.0.0.1:{port} not in sync within 20 s")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(k)
+    }
+
     /// The temporary directory holding the servers' logs.
     pub fn dir(&self) -> &Path {
         &self.dir

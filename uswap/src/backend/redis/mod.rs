@@ -71,9 +71,6 @@ const DELETE_QUEUE: usize = 1 << 16;
 const NR_JOBS: usize = 256;
 /// After the store answers `OOM`, the device takes no pages for this long.
 const FULL_BACKOFF_NS: u64 = 200_000_000;
-/// After a write failed otherwise (replicas did not acknowledge it, no primary answered),
-/// the device takes no pages for this long.
-const FAILED_WRITE_BACKOFF_NS: u64 = 1_000_000_000;
 
 /// Options of a Redis device (see [`crate::DeviceConfig::redis`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -398,7 +398,7 @@ impl Worker {
             Ok(acked) if acked >= replicas as i64 => None,
             Ok(_) => {
                 sh.counters.wait_short.fetch_add(1, Ordering::Relaxed);
-                Some(Err("fewer replicas than replicas=N acknowledged the write in time (WAIT); the pages stay in RAM"))
+                Some(Err("fewer replicas than replicas=N acknowledged the write in time (WAIT)"))
             }
             Err(Failure::Full) => Some(Ok(())),
             Err(Failure::Refused) => Some(Err("the primary refused the write")),
@@ -428,16 +428,14 @@ impl Worker {
                         Err(why) => BackendError::Remote { slot: r.slot, why },
                     });
                 }
-                // Either way the device takes no pages for a while: they go to the next
-                // device or stay in RAM at once, instead of every reclaim waiting out the
-                // same refusal (a `WAIT` timeout, or a failover deadline) again.
-                let backoff_ns = if how.is_ok() {
+                // A full store takes no pages for a while: they go to the next device or
+                // stay in RAM at once, instead of every reclaim being refused again. Other
+                // failures (a `WAIT` short of replicas, no primary) degrade the device in
+                // the swap layer until a probe write succeeds (`swap::health`).
+                if how.is_ok() {
                     sh.counters.reject_full.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-                    super::FULL_BACKOFF_NS
-                } else {
-                    super::FAILED_WRITE_BACKOFF_NS
-                };
-                sh.declining_until_ns.store(now_ns() + backoff_ns, Ordering::Release);
+                    sh.declining_until_ns.store(now_ns() + super::FULL_BACKOFF_NS, Ordering::Release);
+                }
             }
         }
     }
