@@ -375,7 +375,13 @@ impl Drop for Launch {
             }
         }
         for (seeds, session) in &self.redis_sessions {
-            let deleted = uswap::backend::redis::delete_session(seeds, session);
+            // A run stopped by a signal ends within a second, whatever the store is doing.
+            let within = if STOPPED.load(std::sync::atomic::Ordering::Relaxed) {
+                std::time::Duration::from_millis(500)
+            } else {
+                std::time::Duration::from_secs(30)
+            };
+            let deleted = uswap::backend::redis::delete_session(seeds, session, within);
             if let (Err(e), true) = (deleted, any_pager) {
                 eprintln!(
                     "uswap run: could not delete the program's pages from redis://{}: {e}; delete the keys \
@@ -689,6 +695,9 @@ const FORWARDED_SIGNALS: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGHUP, libc::
 
 /// The program's pid, for [`forward_signal`].
 static PROGRAM_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// Set once a signal was passed on: the run is being stopped, and its clean-up must not
+/// wait long on a device (see `Launch`'s drop).
+static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 extern "C" fn forward_signal(sig: libc::c_int) {
     let pid = PROGRAM_PID.load(std::sync::atomic::Ordering::Relaxed);
@@ -698,6 +707,7 @@ extern "C" fn forward_signal(sig: libc::c_int) {
         // it.
         unsafe {
             let errno = *libc::__errno_location();
+            STOPPED.store(true, std::sync::atomic::Ordering::Relaxed);
             libc::kill(pid, sig);
             *libc::__errno_location() = errno;
         }

@@ -801,3 +801,74 @@ fn the_redis_tier_runs_from_bench_on_local_servers_that_bench_stops() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Whether process `pid` has a thread named `name`.
+fn has_thread(pid: u32, name: &str) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+}
+
+/// The `redis-server` processes whose parent is `pid` (`--redis-local`'s servers).
+fn redis_children_of(pid: u32) -> Vec<libc::pid_t> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // pid (comm) state ppid ...
+        let Some((head, rest)) = stat.rsplit_once(") ") else { continue };
+        let ppid = rest.split(' ').nth(1).and_then(|v| v.parse::<u32>().ok());
+        if head.contains("(redis-server") && ppid == Some(pid) {
+            out.extend(e.file_name().to_str().and_then(|s| s.parse::<libc::pid_t>().ok()));
+        }
+    }
+    out
+}
+
+/// `uswap bench` on local servers that stop answering (SIGSTOP, both of them: every read
+/// waits out its failover deadline, in a fault of the bench's own workload thread): SIGTERM
+/// ends it within two seconds, status 130, and the servers and their directory are gone,
+/// in both fault modes. Before, the bench ran on for 116 s (signal mode) and 235 s
+/// (thread mode) until a read failed for good and it died of SIGBUS.
+#[test]
+fn sigterm_ends_a_bench_whose_device_stopped_answering_within_two_seconds() {
+    if redis_server_missing() {
+        return;
+    }
+    for engine in ["uswap-signal@redis://local", "uswap-thread@redis://local"] {
+        let mut stopped_at = None;
+        let out = common::run_timed_with(
+            uswap().args(["bench", "--redis-local", "1x1", "--engines", engine]).args([
+                "--wss",
+                "64MiB",
+                "--limit",
+                "8MiB",
+                "--accesses",
+                "1000000000",
+            ]),
+            Duration::from_secs(120),
+            |pid| {
+                // The servers are in sync and the workload pages once the pager's threads
+                // run (the replica's first synchronisation takes a few seconds).
+                let until = Instant::now() + Duration::from_secs(60);
+                while !has_thread(pid, "uswap-reclaim") && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                std::thread::sleep(Duration::from_millis(1500));
+                let servers = redis_children_of(pid);
+                assert_eq!(servers.len(), 2, "{engine}: the local servers: {servers:?}");
+                for s in servers {
+                    // SAFETY: kill(2) of a server the bench under test started.
+                    unsafe { libc::kill(s, libc::SIGSTOP) };
+                }
+                std::thread::sleep(Duration::from_millis(1500));
+                stopped_at = Some(Instant::now());
+                // SAFETY: kill(2) of our own child.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            },
+        );
+        let took = stopped_at.unwrap().elapsed();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(130), "{engine}: {err}");
+        assert!(took < Duration::from_secs(2), "{engine}: SIGTERM took {took:?}: {err}");
+        assert_local_redis_gone(&err);
+    }
+}

@@ -1588,3 +1588,43 @@ fn bad_devices_and_stats_paths_are_refused_before_the_program_starts() {
         assert!(err.contains(said) && err.lines().count() == 1, "{opts:?}: {err}");
     }
 }
+
+/// A program paging to a Redis store that stops answering (the server stopped with
+/// SIGSTOP: connections are accepted, nothing is answered, reads wait out their failover
+/// deadlines): SIGTERM to `uswap run` ends the run within two seconds in both fault modes,
+/// key deletion included (before: 121 s in signal mode, where uswap's SIGBUS handler kept
+/// SIGTERM blocked while a read waited, and then the deletion waited 2 s a step).
+#[test]
+fn sigterm_ends_a_run_whose_redis_store_stopped_answering_within_two_seconds() {
+    use uswap::backend::redis::{redis_server_available, LocalRedis};
+    if !redis_server_available() {
+        skipped("redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    let dir = tmpdir("stalled");
+    let p = compile("randrw", &dir, &[]);
+    for mode in ["signal", "thread"] {
+        let redis = LocalRedis::start(1, 0, &[]).expect("a local redis-server starts");
+        let server = redis.pid(0).expect("the server runs") as libc::pid_t;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+        cmd.env("USWAP_PRELOAD_LIB", preload())
+            .args(["run", "--limit", "8MiB", "--fault-mode", mode, "--device", &redis.url(0), "--"])
+            .args([p.to_str().unwrap(), "64", "1000000000"]);
+        let mut stopped_at = None;
+        let out = common::run_timed_with(&mut cmd, Duration::from_secs(120), |pid| {
+            std::thread::sleep(Duration::from_millis(2500));
+            // SAFETY: kill(2) of the server this test started, then of the run it started.
+            unsafe { libc::kill(server, libc::SIGSTOP) };
+            std::thread::sleep(Duration::from_millis(1500));
+            stopped_at = Some(Instant::now());
+            // SAFETY: as above.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        });
+        let took = stopped_at.unwrap().elapsed();
+        // SAFETY: kill(2) of the server this test started (stopped: let it die on drop).
+        unsafe { libc::kill(server, libc::SIGCONT) };
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "{mode}: {err}");
+        assert!(took < Duration::from_secs(2), "{mode}: SIGTERM took {took:?} to end the run: {err}");
+    }
+}

@@ -109,6 +109,10 @@ fn lock_for_fault(
             pager.record_error(page_addr, pte.entry(), PageErrorKind::BusyTimeout);
             return Err(FaultError::BusyTimeout);
         }
+        if backoff.is_completed() {
+            // The owner may be waiting for a device that does not answer.
+            uffd::sigbus::let_stop_signals_through();
+        }
         backoff.snooze();
     }
 }

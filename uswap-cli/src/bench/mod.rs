@@ -478,6 +478,10 @@ pub(crate) fn with_local_redis(
                     (0..n).map(|k| local.url(k)).collect::<Vec<_>>().join(", "),
                     local.dir().display()
                 );
+                interrupt::remove_on_forced_exit(
+                    (0..local.len()).filter_map(|k| local.pid(k)),
+                    local.dir().to_path_buf(),
+                );
                 sitting.redis = Some(local);
             }
             n
@@ -563,6 +567,7 @@ fn run_engine(
             let specs = specs(Memory::Uswap(cfg), None);
             let reports = if args.procs == 1 {
                 let ctl = Control { progress, stop: interrupt::flag() };
+                let _in_process = interrupt::InProcessRun::start();
                 vec![worker::run_worker(&specs[0], ctl, &mut NoHooks)?]
             } else {
                 worker::run_processes(&engine.name, &specs, progress, &no_oom)?

@@ -34,7 +34,11 @@ pub(crate) fn serve_with_retries(
                 | FaultError::Unmapped
                 | FaultError::Ioctl(libc::EAGAIN)),
             ) => return Err(e),
-            Err(e) => last = e,
+            Err(e) => {
+                last = e;
+                // Each attempt may have waited out a device's timeouts.
+                crate::uffd::sigbus::let_stop_signals_through();
+            }
         }
     }
     Err(last)

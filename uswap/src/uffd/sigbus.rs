@@ -64,6 +64,45 @@ pub fn in_handler() -> bool {
     IN_HANDLER.with(|d| d.get() > 0)
 }
 
+/// Signals whose default action ends the process, that a user or a supervisor sends to
+/// stop a program (`uswap run` forwards SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2; a terminal
+/// sends SIGINT and SIGQUIT).
+const STOP_SIGNALS: [libc::c_int; 7] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGALRM];
+
+/// For a long wait inside the SIGBUS handler (a device read that does not answer): if a
+/// signal that ends the process is pending, and the program left it at its default action,
+/// unblocks it, so that the kernel ends the process now, as it ends a thread waiting in a
+/// kernel page fault, rather than once the device answers or its timeouts run out. Signals
+/// the program handles stay blocked until the fault is done (see the module doc). Does
+/// nothing outside the handler. Async-signal-safe: `sigpending`, `sigaction` (read only)
+/// and `pthread_sigmask`.
+pub fn let_stop_signals_through() {
+    if !in_handler() {
+        return;
+    }
+    // SAFETY: sigset_t and sigaction are plain data these calls fill; the only change is to
+    // this thread's mask, unblocking a signal whose action is the default.
+    unsafe {
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        if libc::sigpending(&mut pending) != 0 {
+            return;
+        }
+        for sig in STOP_SIGNALS {
+            if libc::sigismember(&pending, sig) != 1 {
+                continue;
+            }
+            let mut act: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut act) == 0 && act.sa_sigaction == libc::SIG_DFL {
+                let mut one: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut one);
+                libc::sigaddset(&mut one, sig);
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
 struct OldAction(UnsafeCell<std::mem::MaybeUninit<libc::sigaction>>);
 // SAFETY: written inside `INSTALL.call_once`, before the handler that reads it can run, and
 // afterwards only by `replace_chained`, one writer at a time (`CHAIN_WRITER`) under the

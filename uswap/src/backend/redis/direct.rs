@@ -265,13 +265,18 @@ fn has_page(sh: &Shared, slot: u64) -> bool {
     sh.gens.get(slot as usize).is_some_and(|g| g.load(Ordering::Acquire) != 0)
 }
 
-/// Connects to `sa` for direct reads: no Nagle, socket timeouts (a timed-out read gives
-/// the request back), the socket moved out of the program's way and registered.
+/// How long one `read` of a direct connection blocks: a reply that takes longer is waited
+/// for in slices, between which a stop signal may end the process (see `round_trip`).
+const READ_SLICE: Duration = Duration::from_millis(100);
+
+/// Connects to `sa` for direct reads: no Nagle, socket timeouts (a read that times out, in
+/// slices, gives the request back), the socket moved out of the program's way and
+/// registered.
 fn connect(sa: &std::net::SocketAddr, io_timeout: Duration) -> Option<Stream> {
     let s = TcpStream::connect_timeout(sa, Duration::from_millis(250)).ok()?;
     let s = TcpStream::from(crate::fd::relocate(std::os::fd::OwnedFd::from(s)));
     s.set_nodelay(true).ok()?;
-    s.set_read_timeout(Some(io_timeout)).ok()?;
+    s.set_read_timeout(Some(READ_SLICE.min(io_timeout))).ok()?;
     s.set_write_timeout(Some(io_timeout)).ok()?;
     use std::os::fd::AsRawFd;
     Some(Stream { _kept: crate::fd::keep(s.as_raw_fd()), tcp: s })
@@ -287,7 +292,9 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
     }
     let value_len = sh.sealer.value_bytes();
     let mut len = 0;
-    // Bounded: each pass reads at least one byte into the fixed buffer or fails.
+    let deadline_ns = now_ns() + sh.io_timeout().as_nanos() as u64;
+    // Bounded: each pass reads at least one byte into the fixed buffer, or waits one slice
+    // until the deadline, or fails.
     let whole = loop {
         match parse_mget(&conn.reply[..len], gens.len(), value_len, |_, _| {}) {
             Parse::Done(l) => break l,
@@ -299,6 +306,11 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
             Ok(0) => return false,
             Ok(got) => len += got,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) && now_ns() < deadline_ns => {
+                // A store slow to answer (or stopped): the faulting thread may be asked to
+                // end meanwhile.
+                crate::uffd::sigbus::let_stop_signals_through();
+            }
             Err(_) => return false,
         }
     };

@@ -163,6 +163,9 @@ impl Jobs {
                 break;
             }
             futex_wait(&job.state, s, 100_000_000);
+            // A store that does not answer holds the job until its failover deadline: a
+            // stop signal (SIGTERM) ends the process meanwhile.
+            crate::uffd::sigbus::let_stop_signals_through();
         }
         // SAFETY: DONE: the device thread no longer touches `work`; we still own the job.
         unsafe { *job.work.get() = Work::None };

@@ -450,15 +450,22 @@ pub fn valid_session(name: &str) -> bool {
 }
 
 /// Deletes every key of session `session` from the primary among `seeds` (after the run
-/// ended: its processes may have exited without dropping their pagers). Returns the keys
-/// deleted.
-pub fn delete_session(seeds: &[String], session: &str) -> Result<u64, String> {
+/// ended: its processes may have exited without dropping their pagers), giving up once
+/// `within` has passed (a store that does not answer). Returns the keys deleted.
+pub fn delete_session(seeds: &[String], session: &str, within: Duration) -> Result<u64, String> {
     if !valid_session(session) {
         return Err(format!("{session:?} is not a session name"));
     }
-    let timeout = Duration::from_millis(2000);
+    let deadline_ns = now_ns() + within.as_nanos() as u64;
     let mut why = Vec::new();
     for addr in seeds {
+        let left_ns = deadline_ns.saturating_sub(now_ns());
+        if left_ns == 0 {
+            why.push(format!("{addr}: not tried, {within:?} had passed"));
+            continue;
+        }
+        // Each step of the connection (connect, a reply) may take this long.
+        let timeout = Duration::from_nanos((left_ns / 2).clamp(1_000_000, 2_000_000_000));
         let mut con = match connect(addr, timeout, timeout) {
             Ok(c) => c,
             Err(e) => {
@@ -474,8 +481,8 @@ pub fn delete_session(seeds: &[String], session: &str) -> Result<u64, String> {
                 continue;
             }
         }
-        return scan_delete(&mut con, &format!("uswap:{session}.*"), now_ns() + 30_000_000_000)
-            .ok_or_else(|| format!("{addr}: deleting keys failed or took over 30 s"));
+        return scan_delete(&mut con, &format!("uswap:{session}.*"), deadline_ns)
+            .ok_or_else(|| format!("{addr}: deleting keys failed or took over {within:?}"));
     }
     Err(format!("no seed is a reachable primary ({})", why.join("; ")))
 }
