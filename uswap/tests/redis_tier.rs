@@ -653,3 +653,43 @@ fn a_primary_left_without_replica(mode: FaultMode) {
 }
 
 in_both_modes!(a_primary_left_without_replica() => a_primary_left_without_replica_runs_at_ram_speed_then_pages_again_thread_mode, a_primary_left_without_replica_runs_at_ram_speed_then_pages_again_signal_mode);
+
+/// Groundwork of the cluster device, against a real Redis Cluster (3 primaries, 1 replica
+/// each, created by `redis-cli --cluster create`): the slot map read from `CLUSTER SLOTS`
+/// covers the key space with three primaries; the keys of one swap cluster share a hash
+/// slot (their tag), so a batch of them is one `MSET` on the node the map names, and
+/// `CLUSTER KEYSLOT` agrees with `hash_slot`; the same `MSET` sent to another primary is
+/// answered with a `MOVED` naming the node the map names.
+#[test]
+fn a_local_cluster_maps_its_slots_and_redirects_misplaced_keys() {
+    use uswap::backend::redis::cluster::{hash_slot, slot_tag, Redirect, SlotMap};
+    if !redis_server_available() {
+        skipped("redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    let r = LocalRedis::start_cluster(3, 1).expect("a local cluster starts");
+    assert_eq!(r.len(), 6);
+    let map = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).expect("a full map");
+    assert_eq!(map.nodes.len(), 3, "{:?}", map.nodes);
+    let con = |addr: &str| redis::Client::open(format!("redis://{addr}/")).unwrap().get_connection().unwrap();
+    let mut nodes_used = std::collections::BTreeSet::new();
+    for cluster in 0..32u64 {
+        let slots: Vec<u64> = (cluster * 512 + 5..cluster * 512 + 9).collect();
+        let keys: Vec<String> = slots.iter().map(|s| format!("uswap:{{t{}}}:{s}:1", slot_tag(*s))).collect();
+        let hs = hash_slot(keys[0].as_bytes());
+        assert!(keys.iter().all(|k| hash_slot(k.as_bytes()) == hs), "{keys:?}");
+        let keyslot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(&keys[0]).query(&mut con(&r.addr(0))).unwrap();
+        assert_eq!(keyslot, hs as i64);
+        let owner = &map.nodes[map.node_of(hs)];
+        nodes_used.insert(owner.clone());
+        let mut mset = redis::cmd("MSET");
+        for k in &keys {
+            mset.arg(k).arg(b"page".as_slice());
+        }
+        mset.query::<()>(&mut con(owner)).unwrap_or_else(|e| panic!("MSET on the owner {owner}: {e}"));
+        let other = map.nodes.iter().find(|n| *n != owner).unwrap();
+        let e = mset.query::<()>(&mut con(other)).expect_err("another primary refuses");
+        assert_eq!(Redirect::of(&e), Some(Redirect::Moved { hash_slot: hs, addr: owner.clone() }), "{e}");
+    }
+    assert_eq!(nodes_used.len(), 3, "32 swap clusters' tags spread over every primary");
+}

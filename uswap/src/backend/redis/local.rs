@@ -75,6 +75,65 @@ impl LocalRedis {
         Ok(me)
     }
 
+    /// Starts a Redis Cluster of `primaries` primaries with `replicas_per_primary` replicas
+    /// each (`redis-cli --cluster create`, which spreads the hash slots evenly and picks
+    /// each replica's primary), and waits until every node says `cluster_state:ok` and
+    /// every replica's link is up. Node timeout 2 s, so that a failover takes seconds.
+    /// Which server is a primary is the cluster's business: `CLUSTER SLOTS` tells.
+    pub fn start_cluster(primaries: usize, replicas_per_primary: usize) -> io::Result<LocalRedis> {
+        let opts = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000", "--repl-diskless-sync-delay", "0"];
+        let me = LocalRedis::start(primaries * (replicas_per_primary + 1), 0, &opts)?;
+        let addrs: Vec<String> = (0..me.len()).map(|k| me.addr(k)).collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", &replicas_per_primary.to_string(), "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot run redis-cli ({e}); install redis-tools")))?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("")
+            )));
+        }
+        me.wait_cluster_ok(Duration::from_secs(30))?;
+        Ok(me)
+    }
+
+    /// Waits until every node says `cluster_state:ok` and every replica's link is up.
+    fn wait_cluster_ok(&self, limit: Duration) -> io::Result<()> {
+        let until = Instant::now() + limit;
+        let short = Duration::from_millis(200);
+        for k in 0..self.len() {
+            let addr = self.addr(k);
+            // Bounded by `until`.
+            loop {
+                let ok = connect(&addr, short, short).is_ok_and(|mut c| {
+                    let state = redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c).unwrap_or_default();
+                    let repl = info(&mut c, "replication").unwrap_or_default();
+                    info_field(&state, "cluster_state") == Some("ok")
+                        && (info_field(&repl, "role") == Some("master")
+                            || info_field(&repl, "master_link_status") == Some("up"))
+                });
+                if ok {
+                    break;
+                }
+                if Instant::now() > until {
+                    return Err(not_ready(format!("cluster node {addr} not ok within {limit:?}")));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every server's address, `;`-separated: the seeds of a cluster device.
+    pub fn all_seeds(&self) -> String {
+        (0..self.len()).map(|k| self.addr(k)).collect::<Vec<_>>().join(";")
+    }
+
     fn spawn(&mut self, primary: Option<u16>, extra: &[&str]) -> io::Result<u16> {
         let port = free_port()?;
         let sdir = self.dir.join(port.to_string());

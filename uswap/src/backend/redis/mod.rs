@@ -39,6 +39,7 @@
 //! * Drop stops the threads (each finishes its job first), then deletes every key of this
 //!   pager from the store.
 
+pub mod cluster;
 mod codec;
 mod direct;
 mod jobs;
