@@ -223,7 +223,8 @@ pub struct Launch {
     segment: uswap::shared_charge::ChargeSegment,
     limit_bytes: u64,
     /// Each Redis device's seeds and the session its keys are under, deleted on drop.
-    redis_sessions: Vec<(Vec<String>, String)>,
+    /// Redis devices' seeds, whether they are a cluster's, and the run's session on them.
+    redis_sessions: Vec<(Vec<String>, bool, String)>,
 }
 
 /// Gives every Redis device of a device list the session `session`: every process of the
@@ -234,7 +235,7 @@ fn with_redis_session(devices: &str, session: &str) -> String {
         .split(',')
         .map(|item| {
             let t = item.trim();
-            if !t.starts_with("redis://") {
+            if !t.starts_with("redis://") && !t.starts_with("redis-cluster://") {
                 return item.to_string();
             }
             let (body, suffix) = match t.strip_suffix(":cluster") {
@@ -322,12 +323,12 @@ impl Launch {
         // Redis devices: one session for the run, so that its keys can be deleted after it.
         let mut device = cfg.device.clone();
         let mut redis_sessions = Vec::new();
-        if device.split(',').any(|d| d.trim().starts_with("redis://")) {
+        if device.split(',').any(|d| d.trim().starts_with("redis://") || d.trim().starts_with("redis-cluster://")) {
             let session = uswap::backend::redis::new_session_id().map_err(RunError::RedisSession)?;
             device = with_redis_session(&device, &session);
             for d in uswap::DeviceConfig::parse_list(&device, 1 << 30).unwrap_or_default() {
                 if let Some(o) = d.redis_opts() {
-                    redis_sessions.push((o.seeds.clone(), session.clone()));
+                    redis_sessions.push((o.seeds.clone(), o.cluster, session.clone()));
                 }
             }
         }
@@ -348,7 +349,7 @@ impl Launch {
     /// Processes of the program outlive it: their pages on Redis devices stay (deleting them
     /// would lose their memory); said, with the keys to delete once they end.
     pub fn keep_redis_pages(&mut self) {
-        for (seeds, session) in self.redis_sessions.drain(..) {
+        for (seeds, _, session) in self.redis_sessions.drain(..) {
             eprintln!(
                 "uswap run: their pages on redis://{} stay: delete the keys uswap:{session}.* once they end",
                 seeds.join(";")
@@ -374,14 +375,14 @@ impl Drop for Launch {
                 break;
             }
         }
-        for (seeds, session) in &self.redis_sessions {
+        for (seeds, cluster, session) in &self.redis_sessions {
             // A run stopped by a signal ends within a second, whatever the store is doing.
             let within = if STOPPED.load(std::sync::atomic::Ordering::Relaxed) {
                 std::time::Duration::from_millis(500)
             } else {
                 std::time::Duration::from_secs(30)
             };
-            let deleted = uswap::backend::redis::delete_session(seeds, session, within);
+            let deleted = uswap::backend::redis::delete_session(seeds, *cluster, session, within);
             if let (Err(e), true) = (deleted, any_pager) {
                 eprintln!(
                     "uswap run: could not delete the program's pages from redis://{}: {e}; delete the keys \

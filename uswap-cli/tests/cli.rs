@@ -715,8 +715,11 @@ fn local_redis_of(stderr: &str) -> (Vec<String>, PathBuf) {
     let line =
         stderr.lines().find_map(|l| l.strip_prefix("uswap bench: local Redis: ")).unwrap_or_else(|| panic!("{stderr}"));
     let (urls, dir) = line.split_once(" (logs in ").unwrap();
-    let addrs =
-        urls.split(", ").flat_map(|u| u.trim_start_matches("redis://").split(';')).map(str::to_string).collect();
+    let addrs = urls
+        .split(", ")
+        .flat_map(|u| u.trim_start_matches("redis-cluster://").trim_start_matches("redis://").split(';'))
+        .map(str::to_string)
+        .collect();
     (addrs, PathBuf::from(dir.trim_end_matches(')')))
 }
 
@@ -871,4 +874,47 @@ fn sigterm_ends_a_bench_whose_device_stopped_answering_within_two_seconds() {
         assert!(took < Duration::from_secs(2), "{engine}: SIGTERM took {took:?}: {err}");
         assert_local_redis_gone(&err);
     }
+}
+
+/// `--redis-local 3x1:cluster` starts a local Redis Cluster, `redis-cluster://local` names
+/// it: a run through it in each fault mode verifies every access, and the servers and
+/// their directory are gone after. Naming the other kind is refused, saying which to name.
+#[test]
+fn the_cluster_device_runs_from_bench_on_a_local_cluster_that_bench_stops() {
+    if redis_server_missing() {
+        return;
+    }
+    let dir = tmpdir("redis-cluster");
+    let j = dir.join("r.json");
+    let engines = "uswap-signal@redis-cluster://local?replicas=1,uswap-thread@redis-cluster://local";
+    let out = run_timed(
+        uswap()
+            .args(["bench", "--redis-local", "3x1:cluster", "--engines", engines, "--wss", "32MiB", "--limit", "8MiB"])
+            .args(["--accesses", "16384", "--verify", "full", "--json", j.to_str().unwrap()]),
+        Duration::from_secs(300),
+    );
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    for v in &json(&j) {
+        assert_eq!(v["verify_errors"], 0, "{v}");
+        let st = &v["stats"];
+        let dev = st["devices"].as_array().unwrap().last().unwrap();
+        assert!(dev["name"].as_str().unwrap().starts_with("redis-cluster://127.0.0.1:"), "{st}");
+        assert!(st["pswpin"].as_u64().unwrap() > 0 && st["pswpout"].as_u64().unwrap() > 0, "{st}");
+        assert_eq!((st["checksum_errors"].as_u64(), st["fault_error"].as_u64()), (Some(0), Some(0)), "{st}");
+    }
+    assert_local_redis_gone(&err);
+    for (local, engine, needle) in [
+        ("3x1:cluster", "uswap-signal@redis://local", "name redis-cluster://local"),
+        ("1x1", "uswap-signal@redis-cluster://local", "name redis://local"),
+        ("2x1:cluster", "uswap-signal@redis-cluster://local", "needs 3 primaries at least"),
+    ] {
+        let out = run_timed(
+            uswap().args(["bench", "--redis-local", local, "--engines", engine, "--accesses", "1000"]),
+            Duration::from_secs(120),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(needle), "{local} {engine}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1628,3 +1628,39 @@ fn sigterm_ends_a_run_whose_redis_store_stopped_answering_within_two_seconds() {
         assert!(took < Duration::from_secs(2), "{mode}: SIGTERM took {took:?} to end the run: {err}");
     }
 }
+
+/// A program paging to a Redis Cluster (`redis-cluster://`, three primaries with a replica
+/// each, created on 127.0.0.1): same output as without uswap in both fault modes, and no
+/// key left on any node once it has ended (`uswap run` deletes the run's session from
+/// every primary).
+#[test]
+fn a_program_pages_to_a_redis_cluster_and_leaves_no_key_behind() {
+    use uswap::backend::redis::{redis_server_available, LocalRedis};
+    if !redis_server_available() {
+        skipped("redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    let redis = LocalRedis::start_cluster(3, 1).expect("a local redis cluster starts");
+    let dir = tmpdir("redis-cluster");
+    let p = compile("threads", &dir, &[]);
+    let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), "4"];
+    let device = format!("{}?replicas=1&size=256MiB", redis.cluster_url());
+    let keys = |addr: &str| -> u64 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"DBSIZE\r\n").unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap();
+        let answer = String::from_utf8_lossy(&buf[..n]).to_string();
+        answer.trim().strip_prefix(':').and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("DBSIZE: {answer:?}"))
+    };
+    for mode in ["thread", "signal"] {
+        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--device", &device], &prog, &dir);
+        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+        assert_eq!(counter(&r.1, "fault_error"), 0, "{}", r.1);
+        for k in 0..redis.len() {
+            assert_eq!(keys(&redis.addr(k)), 0, "{mode}: keys left on {}", redis.addr(k));
+        }
+    }
+}

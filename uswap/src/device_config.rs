@@ -279,7 +279,9 @@ impl DeviceConfig {
     ///   `lz4`, `zstd` or `zstd-LEVEL`, `raw` or `reject` (incompressible pages);
     /// * `file:PATH` or `file:PATH:SIZE` (a path containing `:` must be followed by a size);
     /// * `redis://HOST:PORT[;HOST:PORT...][?replicas=N&size=SIZE&encrypt=off&key=FILE&failover_ms=MS&wait_ms=MS]`
-    ///   (`;` between seeds, since `,` and `+` separate devices and engines).
+    ///   (`;` between seeds, since `,` and `+` separate devices and engines);
+    /// * `redis-cluster://HOST:PORT[;HOST:PORT...][?OPTIONS]`: nodes of a Redis Cluster, the
+    ///   same options (`replicas=N` is `WAIT N` on the node a batch goes to).
     ///
     /// Any device may end in `:cluster` for cluster readahead (neighbouring slots) instead of
     /// the default readahead by address.
@@ -296,7 +298,12 @@ impl DeviceConfig {
             };
             let policy = if cluster { ReadaheadPolicy::Cluster } else { ReadaheadPolicy::Vma };
             if let Some(rest) = item.strip_prefix("redis://") {
-                let dev = parse_redis(rest, default_capacity_bytes).map_err(bad)?;
+                let dev = parse_redis(rest, default_capacity_bytes, false).map_err(bad)?;
+                out.push(dev.priority(-(i as i32)).readahead(policy));
+                continue;
+            }
+            if let Some(rest) = item.strip_prefix("redis-cluster://") {
+                let dev = parse_redis(rest, default_capacity_bytes, true).map_err(bad)?;
                 out.push(dev.priority(-(i as i32)).readahead(policy));
                 continue;
             }
@@ -350,7 +357,7 @@ impl DeviceConfig {
                 "" => return Err(bad("empty device name".into())),
                 other => {
                     return Err(bad(format!(
-                        "unknown device kind {other:?}; known: ram, zpool, file, redis://HOST:PORT"
+                        "unknown device kind {other:?}; known: ram, zpool, file, redis://HOST:PORT, redis-cluster://HOST:PORT"
                     )))
                 }
             };
@@ -422,8 +429,8 @@ impl DeviceConfig {
     }
 }
 
-/// Parses what follows `redis://` in a device list.
-fn parse_redis(rest: &str, default_capacity_bytes: u64) -> std::result::Result<DeviceConfig, String> {
+/// Parses what follows `redis://` (`redis-cluster://`: `cluster`) in a device list.
+fn parse_redis(rest: &str, default_capacity_bytes: u64, cluster: bool) -> std::result::Result<DeviceConfig, String> {
     let (addrs, query) = rest.split_once('?').unwrap_or((rest, ""));
     let mut seeds = Vec::new();
     for a in addrs.split(';').map(str::trim) {
@@ -436,6 +443,7 @@ fn parse_redis(rest: &str, default_capacity_bytes: u64) -> std::result::Result<D
         seeds.push(a.to_string());
     }
     let mut opts = RedisOptions::new(seeds);
+    opts.cluster = cluster;
     let mut size = default_capacity_bytes;
     for kv in query.split('&').filter(|s| !s.is_empty()) {
         let (k, v) = kv.split_once('=').ok_or_else(|| format!("option {kv:?} needs a value (NAME=VALUE)"))?;

@@ -481,7 +481,7 @@ fn a_redis_cluster_node_is_refused_at_start_saying_why() {
     let Some(r) = servers(1, 0, &["--cluster-enabled", "yes"]) else { return };
     let dev = DeviceConfig::parse_list(&r.url(0), 64 * MIB).unwrap().remove(0);
     let msg = Pager::builder().resident_limit(2 * MIB).device(dev).build().expect_err("refused").to_string();
-    assert!(msg.contains("is a Redis Cluster node") && msg.contains("standalone primary"), "{msg}");
+    assert!(msg.contains("is a Redis Cluster node") && msg.contains("redis-cluster://"), "{msg}");
 }
 
 /// With `key=FILE` (64 hex digits), every byte reads back through the key from the file; a
@@ -693,3 +693,178 @@ fn a_local_cluster_maps_its_slots_and_redirects_misplaced_keys() {
     }
     assert_eq!(nodes_used.len(), 3, "32 swap clusters' tags spread over every primary");
 }
+
+/// A local Redis Cluster, or `None` (said) without `redis-server`.
+fn cluster_servers(primaries: usize, replicas: usize) -> Option<LocalRedis> {
+    if !redis_server_available() {
+        skipped("redis-server is not installed (apt-get install redis-server)");
+        return None;
+    }
+    Some(LocalRedis::start_cluster(primaries, replicas).expect("a local redis cluster starts"))
+}
+
+fn cluster_dev(r: &LocalRedis, capacity: u64, f: impl FnOnce(&mut RedisOptions)) -> DeviceConfig {
+    let seeds: Vec<String> = (0..r.len()).map(|k| r.addr(k)).collect();
+    let mut o = RedisOptions::new(seeds.clone());
+    o.cluster = true;
+    f(&mut o);
+    DeviceConfig::redis(seeds, capacity).redis_options(o)
+}
+
+/// The keys of every primary of cluster `r`, per primary (from `CLUSTER SLOTS`).
+fn cluster_keys(r: &LocalRedis) -> Vec<(String, usize)> {
+    use uswap::backend::redis::cluster::SlotMap;
+    let map = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap();
+    map.nodes.iter().map(|n| (n.clone(), redis_keys(n).len())).collect()
+}
+
+/// `redis-cluster://`: random reads and writes at 4x the limit through a cluster of three
+/// primaries with a replica each (`replicas=1`, `WAIT 1` on each batch's node), every byte
+/// checked; the pages spread over every primary (one hash tag per swap cluster); freed
+/// slots' keys are deleted on the nodes that hold them, and the pager's drop deletes the
+/// rest.
+fn cluster_churn(mode: FaultMode) {
+    let Some(r) = cluster_servers(3, 1) else { return };
+    let p = build(mode, 8 * MIB, vec![cluster_dev(&r, 256 * MIB, |o| o.replicas = 1)]);
+    let mut while_mapped = vec![];
+    let st = churn(&p, 32 * MIB, 20_000, || while_mapped = cluster_keys(&r));
+    let dev = st.devices[0].backend.clone().expect("the device reports its counters");
+    assert!(st.devices[0].name.starts_with("redis-cluster://"), "{st:?}");
+    assert!(st.pswpin > 1000 && st.pswpout > 1000 && dev.stored_pages > 0, "{st:?}");
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+    assert_eq!(dev.remote_read_errors, 0, "{dev:?}");
+    assert!(while_mapped.iter().all(|(_, n)| *n > 0), "pages on every primary: {while_mapped:?}");
+    drop(p);
+    assert!(cluster_keys(&r).iter().all(|(_, n)| *n == 0), "keys left: {:?}", cluster_keys(&r));
+}
+
+in_both_modes!(cluster_churn() => a_cluster_device_pages_over_every_primary_thread_mode, a_cluster_device_pages_over_every_primary_signal_mode);
+
+/// The cluster's own failover: a primary killed with SIGKILL while pages are swapped out,
+/// another while they are swapped in; the cluster promotes their replicas (node timeout
+/// 2 s), the device reads the new map and follows. Every byte checked, no page lost, no
+/// fault failed. (A shard whose replica was promoted has none left: `WAIT 1` fails there
+/// and the device degrades, keeping pages in RAM, until a probe succeeds.)
+fn cluster_primaries_killed(mode: FaultMode) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use uswap::backend::redis::cluster::SlotMap;
+    let Some(mut r) = cluster_servers(3, 1) else { return };
+    let dev = cluster_dev(&r, 128 * MIB, |o| {
+        o.replicas = 1;
+        o.failover_timeout_ms = 30_000;
+    });
+    let p = build(mode, 8 * MIB, vec![dev]);
+    let region = p.map(32 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    let progress = AtomicUsize::new(0);
+    let rounds = 6000;
+    let mut version = vec![1u64; nr_pages];
+    let primaries = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap().nodes;
+    let index_of = |addr: &str| (0..r.len()).find(|&k| r.addr(k) == addr).unwrap();
+    let (first, second) = (index_of(&primaries[0]), index_of(&primaries[1]));
+    std::thread::scope(|s| {
+        let killer = s.spawn(|| {
+            wait_progress(&progress, nr_pages / 2, "the first kill");
+            r.kill(first);
+            wait_progress(&progress, nr_pages + rounds / 3, "the second kill");
+            r.kill(second);
+        });
+        for i in 0..nr_pages {
+            write_page(words, i, 1);
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut rng = Rng(0xc105);
+        for _ in 0..rounds {
+            let i = (rng.next() % nr_pages as u64) as usize;
+            check_page(words, i, version[i]);
+            if rng.next() % 4 == 0 {
+                version[i] += 1;
+                write_page(words, i, version[i]);
+            }
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
+        killer.join().unwrap();
+    });
+    for (i, &v) in version.iter().enumerate() {
+        check_page(words, i, v);
+    }
+    let st = p.stats();
+    let dev = st.devices[0].backend.clone().unwrap();
+    assert!(dev.failovers >= 2, "the device followed both promotions: {dev:?}");
+    assert_eq!(dev.remote_read_errors, 0, "no page missing or failing its check: {dev:?}");
+    assert!(st.pswpin > 1000 && st.pswpout > 1000, "{st:?}");
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+}
+
+in_both_modes!(cluster_primaries_killed() => a_cluster_losing_two_primaries_loses_nothing_thread_mode, a_cluster_losing_two_primaries_loses_nothing_signal_mode);
+
+/// A third of the hash slots resharded from one primary to another while pages go out and
+/// come back (`redis-cli --cluster reshard`, which migrates keys one slot at a time: `ASK`
+/// for keys already moved, `TRYAGAIN` for a batch split across the move, `MOVED` once a
+/// slot is done). Every byte checked, no page lost, no fault failed, and the keys end on
+/// the primaries the final map names.
+fn cluster_resharded(mode: FaultMode) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use uswap::backend::redis::cluster::SlotMap;
+    let Some(r) = cluster_servers(3, 1) else { return };
+    let p = build(mode, 8 * MIB, vec![cluster_dev(&r, 128 * MIB, |o| o.replicas = 1)]);
+    let region = p.map(32 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    let progress = AtomicUsize::new(0);
+    let resharded = std::sync::atomic::AtomicBool::new(false);
+    let mut version = vec![1u64; nr_pages];
+    let primaries = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap().nodes;
+    let id = |addr: &str| match redis_cmd(addr, &["CLUSTER", "MYID"]) {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        v => panic!("{v:?}"),
+    };
+    let (from, to) = (id(&primaries[0]), id(&primaries[1]));
+    std::thread::scope(|s| {
+        let resharder = s.spawn(|| {
+            wait_progress(&progress, nr_pages + 1000, "the resharding");
+            let out = std::process::Command::new("redis-cli")
+                .args(["--cluster", "reshard", &primaries[2], "--cluster-from", &from, "--cluster-to", &to])
+                .args(["--cluster-slots", "5461", "--cluster-yes"])
+                .output()
+                .expect("redis-cli runs");
+            assert!(out.status.success(), "reshard: {}", String::from_utf8_lossy(&out.stdout));
+            resharded.store(true, Ordering::Release);
+        });
+        for i in 0..nr_pages {
+            write_page(words, i, 1);
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut rng = Rng(0x5a4d);
+        // Random accesses all through the resharding, and 2000 after it. Bounded: the
+        // resharding ends (or its thread fails the test), and `wait_progress` bounds it.
+        let mut after = 0;
+        while after < 2000 {
+            let i = (rng.next() % nr_pages as u64) as usize;
+            check_page(words, i, version[i]);
+            if rng.next() % 4 == 0 {
+                version[i] += 1;
+                write_page(words, i, version[i]);
+            }
+            progress.fetch_add(1, Ordering::Relaxed);
+            if resharded.load(Ordering::Acquire) || resharder.is_finished() {
+                after += 1;
+            }
+        }
+        resharder.join().unwrap();
+    });
+    for (i, &v) in version.iter().enumerate() {
+        check_page(words, i, v);
+    }
+    let after = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap();
+    assert_eq!(after.nodes.len(), 2, "the first primary gave all its slots: {:?}", after.nodes);
+    let st = p.stats();
+    let dev = st.devices[0].backend.clone().unwrap();
+    assert!(dev.redirects > 0, "redirections were followed: {dev:?}");
+    assert_eq!(dev.remote_read_errors, 0, "{dev:?}");
+    assert!(st.pswpin > 1000 && st.pswpout > 1000, "{st:?}");
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+}
+
+in_both_modes!(cluster_resharded() => a_cluster_resharded_during_a_run_loses_nothing_thread_mode, a_cluster_resharded_during_a_run_loses_nothing_signal_mode);

@@ -135,12 +135,15 @@ pub enum BenchError {
     Interrupted,
 
     #[error(
-        "--redis-local {given:?}: {why}; give N primaries and M replicas each as N or NxM, e.g. --redis-local 1x1"
+        "--redis-local {given:?}: {why}; give N primaries and M replicas each as N or NxM, e.g. --redis-local 1x1 (3x1:cluster for a Redis Cluster)"
     )]
     RedisLocalSyntax { given: String, why: String },
 
     #[error("{what} names redis://local but --redis-local is not given; add --redis-local 1 (or 1x1), or give the store's address")]
     RedisLocalMissing { what: String },
+
+    #[error("{what} names {named}, but --redis-local started {started}; name {use_instead}")]
+    RedisLocalKind { what: String, named: &'static str, started: &'static str, use_instead: &'static str },
 
     #[error("redis://local{index} names primary {index}, but --redis-local started {primaries}; use local0..local{last}", last = .primaries - 1)]
     RedisLocalIndex { index: usize, primaries: usize },

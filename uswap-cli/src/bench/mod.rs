@@ -154,8 +154,10 @@ pub struct BenchArgs {
     pub device: Option<String>,
     /// Start N local Redis primaries with M replicas each (`N` or `NxM`, e.g. `1x1`) on free
     /// 127.0.0.1 ports, in a temporary directory, for devices named `redis://local`; they are
-    /// killed when the bench ends, Ctrl-C included. Needs `redis-server` on PATH.
-    #[arg(long, value_name = "N[xM]")]
+    /// killed when the bench ends, Ctrl-C included. `NxM:cluster` makes them one Redis
+    /// Cluster (`redis-cli --cluster create`), named `redis-cluster://local`. Needs
+    /// `redis-server` (and, for a cluster, `redis-cli`) on PATH.
+    #[arg(long, value_name = "N[xM][:cluster]")]
     pub redis_local: Option<String>,
     /// Capacity of a uswap device given without a size (default: the working set plus 32MiB).
     #[arg(long, value_parser = parse_size)]
@@ -423,15 +425,22 @@ pub struct Sitting {
 }
 
 /// `--redis-local N[xM]` → (N, M).
-pub fn parse_redis_local(s: &str) -> Result<(usize, usize), BenchError> {
+pub fn parse_redis_local(s: &str) -> Result<(usize, usize, bool), BenchError> {
     let bad = |why: &str| BenchError::RedisLocalSyntax { given: s.to_string(), why: why.to_string() };
-    let (n, m) = s.split_once('x').unwrap_or((s, "0"));
+    let (nm, cluster) = match s.strip_suffix(":cluster") {
+        Some(nm) => (nm, true),
+        None => (s, false),
+    };
+    let (n, m) = nm.split_once('x').unwrap_or((nm, "0"));
     let n: usize = n.trim().parse().map_err(|_| bad("N is not a whole number"))?;
     let m: usize = m.trim().parse().map_err(|_| bad("M is not a whole number"))?;
     if !(1..=16).contains(&n) || m > 8 {
         return Err(bad("N must be 1..=16 and M 0..=8"));
     }
-    Ok((n, m))
+    if cluster && n < 3 {
+        return Err(bad("a Redis Cluster needs 3 primaries at least"));
+    }
+    Ok((n, m, cluster))
 }
 
 /// Replaces `redis://local` and `redis://localK` in a device list with the addresses of
@@ -444,11 +453,28 @@ pub fn resolve_redis_local(
 ) -> Result<String, BenchError> {
     let mut out = Vec::new();
     for item in devices.split(',') {
+        let kind = |named, started, use_instead| BenchError::RedisLocalKind {
+            what: what.to_string(),
+            named,
+            started,
+            use_instead,
+        };
+        if let Some(rest) = item.trim().strip_prefix("redis-cluster://local") {
+            let Some(local) = local else { return Err(BenchError::RedisLocalMissing { what: what.to_string() }) };
+            if !local.is_cluster() {
+                return Err(kind("redis-cluster://local", "standalone servers", "redis://local"));
+            }
+            out.push(format!("{}{rest}", local.cluster_url()));
+            continue;
+        }
         let Some(rest) = item.trim().strip_prefix("redis://local") else {
             out.push(item.to_string());
             continue;
         };
         let Some(local) = local else { return Err(BenchError::RedisLocalMissing { what: what.to_string() }) };
+        if local.is_cluster() {
+            return Err(kind("redis://local", "a cluster", "redis-cluster://local"));
+        }
         let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
         let index: usize = rest[..digits].parse().unwrap_or(0);
         if index >= primaries {
@@ -469,15 +495,20 @@ pub(crate) fn with_local_redis(
     let mut args = args.clone();
     let primaries = match &args.redis_local {
         Some(spec) => {
-            let (n, m) = parse_redis_local(spec)?;
+            let (n, m, cluster) = parse_redis_local(spec)?;
             if sitting.redis.is_none() {
-                let local = uswap::backend::redis::LocalRedis::start(n, m, &[])
-                    .map_err(|source| BenchError::RedisLocal { source })?;
-                eprintln!(
-                    "uswap bench: local Redis: {} (logs in {})",
-                    (0..n).map(|k| local.url(k)).collect::<Vec<_>>().join(", "),
-                    local.dir().display()
-                );
+                let local = if cluster {
+                    uswap::backend::redis::LocalRedis::start_cluster(n, m)
+                } else {
+                    uswap::backend::redis::LocalRedis::start(n, m, &[])
+                };
+                let local = local.map_err(|source| BenchError::RedisLocal { source })?;
+                let urls = if cluster {
+                    local.cluster_url()
+                } else {
+                    (0..n).map(|k| local.url(k)).collect::<Vec<_>>().join(", ")
+                };
+                eprintln!("uswap bench: local Redis: {urls} (logs in {})", local.dir().display());
                 interrupt::remove_on_forced_exit(
                     (0..local.len()).filter_map(|k| local.pid(k)),
                     local.dir().to_path_buf(),

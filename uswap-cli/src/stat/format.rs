@@ -139,6 +139,7 @@ fn help(field: &str) -> Option<&'static str> {
         "reject_alloc_fail" => "Writes refused: no memory for the object.",
         "discard_errors" => "Discards that failed.",
         "failovers" => "Times a remote device followed a new primary.",
+        "redirects" => "Commands a cluster node sent to another node (MOVED, ASK), followed.",
         "remote_read_errors" => "Pages a remote device could not find or authenticate.",
         "queries" => "Queries the stats socket answered.",
         "peers_refused" => "Stats socket connections refused (peer neither the user nor root).",

@@ -98,6 +98,8 @@ pub struct BackendStats {
     pub discard_errors: u64,
     /// Times a remote device switched to another primary (the Redis tier's failovers).
     pub failovers: u64,
+    /// Commands a Redis Cluster node sent to another node (`MOVED`, `ASK`), followed.
+    pub redirects: u64,
     /// Pages a remote device could not find or could not check (read errors it reported:
     /// missing after a failover, or a value failing its authentication).
     pub remote_read_errors: u64,

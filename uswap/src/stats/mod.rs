@@ -472,6 +472,7 @@ impl DeviceStats {
                 a.reject_alloc_fail += b.reject_alloc_fail;
                 a.discard_errors += b.discard_errors;
                 a.failovers += b.failovers;
+                a.redirects += b.redirects;
                 a.remote_read_errors += b.remote_read_errors;
             }
             (None, Some(b)) => self.backend = Some(b.clone()),

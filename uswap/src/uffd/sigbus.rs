@@ -297,15 +297,15 @@ pub fn replace_chained(new: Option<&libc::sigaction>) -> libc::sigaction {
 }
 
 /// A line for stderr built without allocating (a buffer on the stack), for messages written
-/// from a signal handler or the system-call path. Longer lines are cut at 256 bytes.
+/// from a signal handler or the system-call path. Longer lines are cut at 512 bytes.
 pub struct StderrLine {
-    buf: [u8; 256],
+    buf: [u8; 512],
     len: usize,
 }
 
 impl Default for StderrLine {
     fn default() -> Self {
-        StderrLine { buf: [0; 256], len: 0 }
+        StderrLine { buf: [0; 512], len: 0 }
     }
 }
 

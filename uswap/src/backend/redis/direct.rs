@@ -125,7 +125,7 @@ impl Direct {
     /// Device threads only (it allocates); at most every [`RECONNECT_PERIOD_NS`] unless
     /// `now`.
     pub(super) fn maintain(&self, sh: &Shared, now: bool) {
-        if !self.stale.load(Ordering::Acquire) {
+        if sh.cluster_map.is_some() || !self.stale.load(Ordering::Acquire) {
             return;
         }
         let t = now_ns();
@@ -160,6 +160,9 @@ impl Direct {
     /// device threads would set it); false if the device threads should (nothing changed).
     /// Async-signal-safe: no allocation, only `write`, `read` and `close`.
     pub(super) fn read(&self, sh: &Shared, reqs: &mut [ReadReq<'_>]) -> bool {
+        if sh.cluster_map.is_some() {
+            return false; // not yet per node: the device threads route every read
+        }
         let mut gens = [0u64; MAX_WINDOW_PAGES];
         let mut n = 0;
         for r in reqs.iter() {

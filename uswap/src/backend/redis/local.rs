@@ -36,6 +36,8 @@ pub struct LocalRedis {
     dir: PathBuf,
     servers: Vec<Server>,
     replicas_per_primary: usize,
+    /// Started by [`LocalRedis::start_cluster`].
+    cluster: bool,
 }
 
 /// Whether `redis-server` can be run.
@@ -52,6 +54,18 @@ fn free_port() -> io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// A free port whose cluster bus port (the port plus 10000, which a cluster node also
+/// listens on) is free too. Bounded: tries 100 ports.
+fn free_cluster_port() -> io::Result<u16> {
+    for _ in 0..100 {
+        let port = free_port()?;
+        if port <= u16::MAX - 10_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(io::Error::other("no free port with a free cluster bus port (port + 10000) in 100 tries"))
+}
+
 fn not_ready(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, what)
 }
@@ -64,7 +78,7 @@ impl LocalRedis {
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("uswap-redis-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let mut me = LocalRedis { dir, servers: Vec::new(), replicas_per_primary };
+        let mut me = LocalRedis { dir, servers: Vec::new(), replicas_per_primary, cluster: false };
         for _ in 0..primaries {
             let p = me.spawn(None, extra)?;
             for _ in 0..replicas_per_primary {
@@ -82,7 +96,8 @@ impl LocalRedis {
     /// Which server is a primary is the cluster's business: `CLUSTER SLOTS` tells.
     pub fn start_cluster(primaries: usize, replicas_per_primary: usize) -> io::Result<LocalRedis> {
         let opts = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000", "--repl-diskless-sync-delay", "0"];
-        let me = LocalRedis::start(primaries * (replicas_per_primary + 1), 0, &opts)?;
+        let mut me = LocalRedis::start(primaries * (replicas_per_primary + 1), 0, &opts)?;
+        me.cluster = true;
         let addrs: Vec<String> = (0..me.len()).map(|k| me.addr(k)).collect();
         let out = Command::new("redis-cli")
             .arg("--cluster")
@@ -134,8 +149,18 @@ impl LocalRedis {
         (0..self.len()).map(|k| self.addr(k)).collect::<Vec<_>>().join(";")
     }
 
+    /// Whether the servers form a Redis Cluster ([`LocalRedis::start_cluster`]).
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// `redis-cluster://SEED;SEED...` of a cluster.
+    pub fn cluster_url(&self) -> String {
+        format!("redis-cluster://{}", self.all_seeds())
+    }
+
     fn spawn(&mut self, primary: Option<u16>, extra: &[&str]) -> io::Result<u16> {
-        let port = free_port()?;
+        let port = if extra.contains(&"--cluster-enabled") { free_cluster_port()? } else { free_port()? };
         let sdir = self.dir.join(port.to_string());
         std::fs::create_dir_all(&sdir)?;
         let mut cmd = Command::new("redis-server");

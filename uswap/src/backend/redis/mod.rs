@@ -44,6 +44,7 @@ mod codec;
 mod direct;
 mod jobs;
 mod local;
+mod routing;
 mod worker;
 
 pub use local::{redis_server_available, LocalRedis};
@@ -100,6 +101,10 @@ pub struct RedisOptions {
     /// the same): keys are then `uswap:SESSION.ID:...`, and [`delete_session`] removes every
     /// key of the run once it has ended, whether or not its processes dropped their pagers.
     pub session: Option<String>,
+    /// The seeds are nodes of a Redis Cluster (`redis-cluster://`): keys are spread over its
+    /// hash slots, one tag per swap cluster, and each command goes to the node serving its
+    /// keys (see `routing.rs`).
+    pub cluster: bool,
 }
 
 impl RedisOptions {
@@ -114,6 +119,7 @@ impl RedisOptions {
             connections: 4,
             poll_us: 0,
             session: None,
+            cluster: false,
         }
     }
 }
@@ -136,8 +142,8 @@ pub enum RedisDeviceError {
     )]
     Evicting { addr: String, policy: String },
     #[error(
-        "redis device {addr}: the server is a Redis Cluster node; uswap's Redis tier supports a \
-         standalone primary with replicas only. Use a standalone server (cluster-enabled no)"
+        "redis device {addr}: the server is a Redis Cluster node; name the cluster's nodes as \
+         redis-cluster://{addr}[;HOST:PORT...] (redis:// is for a standalone primary with replicas)"
     )]
     Cluster { addr: String },
     #[error(
@@ -166,6 +172,7 @@ struct Counters {
     deletes: AtomicU64,
     delete_errors: AtomicU64,
     direct_reads: AtomicU64,
+    redirects: AtomicU64,
 }
 
 /// Counters of a Redis device (monotonic unless said otherwise).
@@ -191,6 +198,8 @@ pub struct RedisStats {
     pub delete_errors: u64,
     /// Times the device switched to another primary.
     pub failovers: u64,
+    /// On a cluster: commands a node sent elsewhere (`MOVED`, `ASK`) and that were followed.
+    pub redirects: u64,
 }
 
 /// State shared by the backend, its threads and its asynchronous readers.
@@ -227,11 +236,23 @@ struct Shared {
     forked: AtomicBool,
     /// A fork child still reads the keys: the drop leaves them (see `Backend::outlived_by_children`).
     keep_keys: AtomicBool,
+    /// On a Redis Cluster: the slot map read at start (each device thread keeps its own
+    /// copy up to date), and the pager's id, which each key's hash tag begins with.
+    cluster_map: Option<cluster::SlotMap>,
+    tag_id: String,
+    /// The cluster's primaries (sorted) as last said: each device thread reads the map
+    /// itself, and a change is counted and said once.
+    cluster_primaries: Mutex<Vec<String>>,
 }
 
 impl Shared {
     fn key(&self, slot: u64, generation: u64) -> String {
-        format!("{}{slot}:{generation}", self.prefix)
+        if self.cluster_map.is_some() {
+            // The pages of one swap cluster share a hash slot (see `cluster.rs`).
+            format!("{}{{{}.{}}}:{slot}:{generation}", self.prefix, self.tag_id, cluster::slot_tag(slot))
+        } else {
+            format!("{}{slot}:{generation}", self.prefix)
+        }
     }
 
     fn connect_timeout(&self) -> Duration {
@@ -293,15 +314,21 @@ impl RedisBackend {
             return Err(RedisDeviceError::NoSeeds);
         }
         let seeds_str = opts.seeds.join(";");
+        let cluster_map = if opts.cluster { Some(open_cluster(opts)?) } else { None };
         let timeout = Duration::from_millis(2000);
         let mut why = Vec::new();
         let mut found = None;
         for (i, addr) in opts.seeds.iter().enumerate() {
             let inf = connect(addr, timeout, timeout).and_then(|mut c| info(&mut c, "everything"));
             match inf {
+                Ok(inf) if opts.cluster && info_field(&inf, "cluster_enabled") == Some("1") => {
+                    found = Some((i, inf));
+                    break;
+                }
                 Ok(inf) if info_field(&inf, "cluster_enabled") == Some("1") => {
                     return Err(RedisDeviceError::Cluster { addr: addr.clone() })
                 }
+                Ok(_) if opts.cluster => why.push(format!("{addr} is not a cluster node (cluster_enabled:0)")),
                 Ok(inf) if info_field(&inf, "role") == Some("master") => {
                     found = Some((i, inf));
                     break;
@@ -315,14 +342,8 @@ impl RedisBackend {
         let Some((primary, inf)) = found else {
             return Err(RedisDeviceError::NoPrimary { seeds: seeds_str, why: why.join("; ") });
         };
-        let addr = opts.seeds[primary].clone();
-        let policy = info_field(&inf, "maxmemory_policy").unwrap_or("unknown").to_string();
-        if policy != "noeviction" {
-            return Err(RedisDeviceError::Evicting { addr, policy });
-        }
-        let connected: u32 = info_field(&inf, "connected_slaves").and_then(|v| v.parse().ok()).unwrap_or(0);
-        if connected < opts.replicas {
-            return Err(RedisDeviceError::TooFewReplicas { addr, wanted: opts.replicas, connected });
+        if cluster_map.is_none() {
+            check_primary(&opts.seeds[primary], &inf, opts.replicas)?;
         }
         let key = match (&opts.key_file, opts.encrypt) {
             (_, false) => None,
@@ -347,7 +368,7 @@ impl RedisBackend {
             .map_err(|e| RedisDeviceError::Io { what: "random key salt", source: std::io::Error::other(e) })?;
         let sealer = Sealer::new(key, &salt, prefix.as_bytes())?;
         let sh = Arc::new(Shared {
-            name: format!("redis://{seeds_str}"),
+            name: format!("{}://{seeds_str}", if opts.cluster { "redis-cluster" } else { "redis" }),
             seeds: opts.seeds.clone(),
             seed_addrs: opts
                 .seeds
@@ -375,6 +396,13 @@ impl RedisBackend {
             last_note: Mutex::new(String::new()),
             forked: AtomicBool::new(false),
             keep_keys: AtomicBool::new(false),
+            cluster_primaries: Mutex::new(cluster_map.as_ref().map_or_else(Vec::new, |m| {
+                let mut n = m.nodes.clone();
+                n.sort();
+                n
+            })),
+            cluster_map,
+            tag_id: id,
         });
         sh.direct.maintain(&sh, true);
         let mut threads = Vec::new();
@@ -425,6 +453,7 @@ impl RedisBackend {
             deleted_keys: l(&c.deletes),
             delete_errors: l(&c.delete_errors),
             failovers: self.sh.failovers.load(Ordering::Relaxed),
+            redirects: l(&c.redirects),
         }
     }
 
@@ -453,11 +482,15 @@ pub fn valid_session(name: &str) -> bool {
 /// Deletes every key of session `session` from the primary among `seeds` (after the run
 /// ended: its processes may have exited without dropping their pagers), giving up once
 /// `within` has passed (a store that does not answer). Returns the keys deleted.
-pub fn delete_session(seeds: &[String], session: &str, within: Duration) -> Result<u64, String> {
+pub fn delete_session(seeds: &[String], cluster: bool, session: &str, within: Duration) -> Result<u64, String> {
     if !valid_session(session) {
         return Err(format!("{session:?} is not a session name"));
     }
     let deadline_ns = now_ns() + within.as_nanos() as u64;
+    let pattern = format!("uswap:{session}.*");
+    if cluster {
+        return delete_on_primaries(seeds, &pattern, deadline_ns);
+    }
     let mut why = Vec::new();
     for addr in seeds {
         let left_ns = deadline_ns.saturating_sub(now_ns());
@@ -482,23 +515,103 @@ pub fn delete_session(seeds: &[String], session: &str, within: Duration) -> Resu
                 continue;
             }
         }
-        return scan_delete(&mut con, &format!("uswap:{session}.*"), deadline_ns)
+        return scan_delete(&mut con, &pattern, deadline_ns, false)
             .ok_or_else(|| format!("{addr}: deleting keys failed or took over {within:?}"));
     }
     Err(format!("no seed is a reachable primary ({})", why.join("; ")))
 }
 
+/// Deletes the keys matching `pattern` from every primary of the cluster `seeds` belong to,
+/// until `deadline_ns`. Returns the keys deleted, or what failed.
+fn delete_on_primaries(seeds: &[String], pattern: &str, deadline_ns: u64) -> Result<u64, String> {
+    let timeout = || Duration::from_nanos((deadline_ns.saturating_sub(now_ns()) / 2).clamp(1_000_000, 2_000_000_000));
+    let primaries = primaries_of(seeds, true, timeout());
+    if primaries.is_empty() {
+        return Err("no seed answered with the cluster's slot map".into());
+    }
+    let mut deleted = 0;
+    for addr in &primaries {
+        let t = timeout();
+        let n = connect(addr, t, t).ok().and_then(|mut con| scan_delete(&mut con, pattern, deadline_ns, true));
+        deleted += n.ok_or_else(|| format!("{addr}: deleting keys failed or took too long"))?;
+    }
+    Ok(deleted)
+}
+
+/// The standalone primary `addr` (its `INFO`: `inf`) keeps every key (`noeviction`) and has
+/// the `replicas` connected replicas asked for.
+fn check_primary(addr: &str, inf: &str, replicas: u32) -> Result<(), RedisDeviceError> {
+    let policy = info_field(inf, "maxmemory_policy").unwrap_or("unknown").to_string();
+    if policy != "noeviction" {
+        return Err(RedisDeviceError::Evicting { addr: addr.to_string(), policy });
+    }
+    let connected: u32 = info_field(inf, "connected_slaves").and_then(|v| v.parse().ok()).unwrap_or(0);
+    if connected < replicas {
+        return Err(RedisDeviceError::TooFewReplicas { addr: addr.to_string(), wanted: replicas, connected });
+    }
+    Ok(())
+}
+
+/// A Redis Cluster's slot map, read from the first seed that answers, with each primary
+/// checked as a standalone primary is (`noeviction`, `replicas=N` connected replicas).
+fn open_cluster(opts: &RedisOptions) -> Result<cluster::SlotMap, RedisDeviceError> {
+    let timeout = Duration::from_millis(2000);
+    let mut why = Vec::new();
+    for addr in &opts.seeds {
+        let map = connect(addr, timeout, timeout)
+            .and_then(|mut c| redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(&mut c))
+            .map_err(|e| e.to_string())
+            .and_then(|reply| cluster::SlotMap::from_cluster_slots(&reply));
+        match map {
+            Ok(map) => {
+                for node in &map.nodes {
+                    let inf = connect(node, timeout, timeout).and_then(|mut c| info(&mut c, "everything"));
+                    let inf = inf.map_err(|e| RedisDeviceError::NoPrimary {
+                        seeds: node.clone(),
+                        why: format!("a primary of the cluster does not answer: {e}"),
+                    })?;
+                    check_primary(node, &inf, opts.replicas)?;
+                }
+                return Ok(map);
+            }
+            Err(e) => why.push(format!("{addr}: {e}")),
+        }
+    }
+    Err(RedisDeviceError::NoPrimary { seeds: opts.seeds.join(";"), why: why.join("; ") })
+}
+
+/// The primaries of the cluster `seeds` belong to (the first seed that answers tells), or
+/// the seeds themselves if they are not a cluster's.
+fn primaries_of(seeds: &[String], cluster: bool, timeout: Duration) -> Vec<String> {
+    if !cluster {
+        return seeds.to_vec();
+    }
+    for addr in seeds {
+        let map = connect(addr, timeout, timeout)
+            .and_then(|mut c| redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(&mut c))
+            .ok()
+            .and_then(|reply| cluster::SlotMap::from_cluster_slots(&reply).ok());
+        if let Some(m) = map {
+            return m.nodes;
+        }
+    }
+    Vec::new()
+}
+
 /// Deletes the keys matching `pattern` (SCAN + DEL) until `deadline_ns`; `None` if it could
-/// not finish.
-fn scan_delete(con: &mut redis::Connection, pattern: &str, deadline_ns: u64) -> Option<u64> {
+/// not finish. A cluster node refuses a `DEL` across hash slots, so there each slot's keys
+/// go in a `DEL` of their own.
+fn scan_delete(con: &mut redis::Connection, pattern: &str, deadline_ns: u64, cluster: bool) -> Option<u64> {
     let mut cursor: u64 = 0;
     let mut deleted = 0;
     // Bounded by the deadline and by SCAN's cursor returning to 0.
     loop {
-        let (next, keys): (u64, Vec<Vec<u8>>) =
+        let (next, mut keys): (u64, Vec<Vec<u8>>) =
             redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).query(con).ok()?;
-        if !keys.is_empty() {
-            deleted += redis::cmd("DEL").arg(&keys).query::<u64>(con).ok()?;
+        let slot = |k: &[u8]| if cluster { cluster::hash_slot(k) } else { 0 };
+        keys.sort_by_key(|k| slot(k));
+        for group in keys.chunk_by(|a, b| slot(a) == slot(b)) {
+            deleted += redis::cmd("DEL").arg(group).query::<u64>(con).ok()?;
         }
         cursor = next;
         if cursor == 0 {
@@ -556,6 +669,16 @@ impl RedisBackend {
         if sh.counters.writes.load(Ordering::Relaxed) == 0 && sh.counters.wait_short.load(Ordering::Relaxed) == 0 {
             return;
         }
+        let deadline = now_ns() + sh.failover_timeout_ns.max(1_000_000_000);
+        if sh.cluster_map.is_some() {
+            if let Err(e) = delete_on_primaries(&sh.seeds, &format!("{}*", sh.prefix), deadline) {
+                eprintln!(
+                    "uswap: {}: could not delete this pager's keys ({}*): {e}; delete them by hand",
+                    sh.name, sh.prefix
+                );
+            }
+            return;
+        }
         let addr = &sh.seeds[sh.primary.load(Ordering::Acquire)];
         let Ok(mut con) = connect(addr, sh.connect_timeout(), sh.io_timeout()) else {
             eprintln!(
@@ -564,8 +687,7 @@ impl RedisBackend {
             );
             return;
         };
-        let deadline = now_ns() + sh.failover_timeout_ns.max(1_000_000_000);
-        if scan_delete(&mut con, &format!("{}*", sh.prefix), deadline).is_some() {
+        if scan_delete(&mut con, &format!("{}*", sh.prefix), deadline, false).is_some() {
             return;
         }
         eprintln!(
@@ -620,8 +742,10 @@ impl Backend for RedisBackend {
 
     /// The child reads the parent's keys on connections of its own: every key of the parent
     /// stays until the parent frees its slot, which it holds while the child may read it.
+    /// Not on a cluster yet (the child's reads would go to one node): there every page comes
+    /// in before a fork.
     fn shared_with_fork_children(&self) -> bool {
-        true
+        self.sh.cluster_map.is_none()
     }
 
     /// Makes the child's own direct connections (its copies of the parent's are the same
@@ -660,6 +784,7 @@ impl Backend for RedisBackend {
             reject_pool_full: s.rejected_full,
             discard_errors: s.delete_errors,
             failovers: s.failovers,
+            redirects: s.redirects,
             remote_read_errors: s.missing_pages + s.corrupt_pages,
             ..BackendStats::default()
         })

@@ -35,13 +35,14 @@ use std::time::Duration;
 use redis::{Connection, RedisError};
 
 use super::jobs::{futex_wait, Work};
+use super::routing::ClusterView;
 use super::{Shared, MAX_DELETE_BATCH};
 use crate::backend::{AlignedPage, BackendError, ReadReq, RejectReason, WriteReq};
 use crate::mapping::now_ns;
 use crate::uffd::PAGE_SIZE;
 
 /// Why a round trip did not succeed.
-enum Failure {
+pub(super) enum Failure {
     /// No primary answered within the deadline.
     Unavailable,
     /// The store is full (`OOM` reply under `noeviction`).
@@ -70,7 +71,7 @@ pub(super) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
 }
 
 /// Whether an error means "talk to another server" rather than "this request is wrong".
-fn is_failover_error(e: &RedisError) -> bool {
+pub(super) fn is_failover_error(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -79,7 +80,9 @@ fn is_failover_error(e: &RedisError) -> bool {
 }
 
 pub(super) struct Worker {
-    sh: Arc<Shared>,
+    pub(super) sh: Arc<Shared>,
+    /// On a Redis Cluster: this thread's slot map and its connections to the nodes.
+    pub(super) cluster: ClusterView,
     /// The connection's socket, registered as the engine's descriptor (see [`keep_socket`]);
     /// declared before `con`, so that it is let go of before the socket closes.
     kept: Option<crate::fd::Kept>,
@@ -94,7 +97,7 @@ pub(super) struct Worker {
 /// is marked with a read timeout no other socket has (tens of milliseconds apart: the kernel
 /// keeps timeouts in jiffies), found in `/proc/self/fd`, and given its timeout back.
 /// `None` if it cannot be found (the connection works, unprotected). Device threads only.
-fn keep_socket(con: &Connection, io_timeout: Duration) -> Option<crate::fd::Kept> {
+pub(super) fn keep_socket(con: &Connection, io_timeout: Duration) -> Option<crate::fd::Kept> {
     use std::sync::atomic::AtomicU64;
     static NEXT_MARK: AtomicU64 = AtomicU64::new(0);
     let mark =
@@ -125,7 +128,8 @@ fn keep_socket(con: &Connection, io_timeout: Duration) -> Option<crate::fd::Kept
 
 impl Worker {
     pub(super) fn new(sh: Arc<Shared>) -> Worker {
-        Worker { sh, kept: None, con: None }
+        let cluster = ClusterView::new(sh.cluster_map.clone());
+        Worker { sh, cluster, kept: None, con: None }
     }
 
     /// Replaces the connection, registering the new one's socket.
@@ -223,7 +227,7 @@ impl Worker {
     }
 
     /// Runs `f` on a connection to the primary, following a failover until `deadline_ns`.
-    fn round_trip<T>(
+    pub(super) fn round_trip<T>(
         &mut self,
         deadline_ns: u64,
         mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
@@ -316,18 +320,22 @@ impl Worker {
             return;
         }
         let deadline = now_ns() + sh.failover_timeout_ns;
-        let values =
-            match self.round_trip(deadline, |con| redis::cmd("MGET").arg(&keys).query::<Vec<Option<Vec<u8>>>>(con)) {
-                Ok(v) if v.len() == keys.len() => v,
-                Ok(_) | Err(Failure::Refused) | Err(Failure::Full) => {
-                    fail_items(items, &wanted, "the primary answered the read with an error");
-                    return;
-                }
-                Err(Failure::Unavailable) => {
-                    fail_items(items, &wanted, "no primary among the seeds answered within the failover timeout");
-                    return;
-                }
-            };
+        let got =
+            self.on_keys(deadline, &keys, |con, r| redis::cmd("MGET").arg(&keys[r]).query::<Vec<Option<Vec<u8>>>>(con));
+        let values = match got.map(|groups| {
+            let whole = groups.iter().all(|(r, v)| r.len() == v.len());
+            (whole, groups.into_iter().flat_map(|(_, v)| v).collect::<Vec<_>>())
+        }) {
+            Ok((true, v)) if v.len() == keys.len() => v,
+            Ok(_) | Err(Failure::Refused) | Err(Failure::Full) => {
+                fail_items(items, &wanted, "the primary answered the read with an error");
+                return;
+            }
+            Err(Failure::Unavailable) => {
+                fail_items(items, &wanted, "no primary among the seeds answered within the failover timeout");
+                return;
+            }
+        };
         sh.counters.reads.fetch_add(1, Ordering::Relaxed);
         for (&(k, p, generation), value) in wanted.iter().zip(values) {
             let (slot, pages, res) = &mut items[k];
@@ -356,10 +364,10 @@ impl Worker {
     fn write(&mut self, reqs: &mut [WriteReq<'_>]) {
         let sh = Arc::clone(&self.sh);
         let nr_pages: usize = reqs.iter().map(|r| r.data.nr_pages()).sum();
-        let mut mset = redis::cmd("MSET");
-        // (slot, generation) of each page written, in order.
+        // Each page's key and sealed value, and its (slot, generation), in order.
+        let mut keys = Vec::with_capacity(nr_pages);
+        let mut values: Vec<Vec<u8>> = Vec::with_capacity(nr_pages);
         let mut written = Vec::with_capacity(nr_pages);
-        let mut value = Vec::with_capacity(sh.sealer.value_bytes());
         let mut page = vec![0u8; PAGE_SIZE];
         for r in reqs.iter_mut() {
             let nr = r.data.nr_pages() as u64;
@@ -372,10 +380,11 @@ impl Worker {
                 let s = r.slot + p;
                 let generation = sh.next_gen.fetch_add(1, Ordering::Relaxed);
                 r.data.copy_page_to(p as usize, &mut page);
-                value.clear();
+                let mut value = Vec::with_capacity(sh.sealer.value_bytes());
                 // Each generation is sealed once: it is the value's nonce (see `codec`).
                 sh.sealer.seal(s, generation, &page, &mut value);
-                mset.arg(sh.key(s, generation)).arg(&value[..]);
+                keys.push(sh.key(s, generation));
+                values.push(value);
                 written.push((s, generation));
             }
         }
@@ -385,15 +394,23 @@ impl Worker {
         let deadline = now_ns() + sh.failover_timeout_ns;
         let replicas = sh.replicas;
         let wait_ms = sh.wait_timeout_ms;
-        let outcome = self.round_trip(deadline, |con| {
-            if replicas == 0 {
-                mset.query::<()>(con).map(|_| replicas as i64)
-            } else {
-                let mut pipe = redis::pipe();
-                pipe.add_command(mset.clone()).ignore().cmd("WAIT").arg(replicas).arg(wait_ms);
-                pipe.query::<(i64,)>(con).map(|(acked,)| acked)
-            }
-        });
+        // One `MSET` (and `WAIT`) per group of keys sharing a hash slot on a cluster, one in
+        // all on a standalone primary; the write counts as done once each was acknowledged.
+        let outcome = self
+            .on_keys(deadline, &keys, |con, r| {
+                let mut mset = redis::cmd("MSET");
+                for i in r {
+                    mset.arg(&keys[i]).arg(&values[i][..]);
+                }
+                if replicas == 0 {
+                    mset.query::<()>(con).map(|_| replicas as i64)
+                } else {
+                    let mut pipe = redis::pipe();
+                    pipe.add_command(mset).ignore().cmd("WAIT").arg(replicas).arg(wait_ms);
+                    pipe.query::<(i64,)>(con).map(|(acked,)| acked)
+                }
+            })
+            .map(|groups| groups.iter().map(|(_, acked)| *acked).min().unwrap_or(replicas as i64));
         let why = match outcome {
             Ok(acked) if acked >= replicas as i64 => None,
             Ok(_) => {
@@ -454,7 +471,7 @@ impl Worker {
                 return;
             }
             let deadline = now_ns() + sh.failover_timeout_ns;
-            match self.round_trip(deadline, |con| redis::cmd("DEL").arg(&keys).query::<i64>(con)) {
+            match self.on_keys(deadline, &keys, |con, r| redis::cmd("DEL").arg(&keys[r]).query::<i64>(con)) {
                 Ok(_) => sh.counters.deletes.fetch_add(keys.len() as u64, Ordering::Relaxed),
                 Err(_) => sh.counters.delete_errors.fetch_add(keys.len() as u64, Ordering::Relaxed),
             };
