@@ -58,11 +58,10 @@ fn nap(ns: u64) {
 /// tries again, for up to `CHARGE_WAIT_LIMIT_NS`, or `CHARGE_STALL_LIMIT_NS` during which no
 /// thread reclaimed anything. Only then, when its rounds did reclaim but other threads'
 /// charges took the room first for `CHARGE_WAIT_LIMIT_NS` in all (starvation), at once when
-/// every device is full, without a round when no device takes pages (each degraded or
-/// declining, see `swap::health`), when the round's victims were refused (shared with a
-/// fork child: see below), when only the shared limit is reached and this pager has nothing
-/// to reclaim, or on the lock-free route (which may not reclaim), does it charge over the
-/// limit: counted in
+/// every device is full or none takes pages (each degraded or declining, see
+/// `swap::health`), when the round's victims were refused (shared with a fork child: see
+/// below), when only the shared limit is reached and this pager has nothing to reclaim, or
+/// on the lock-free route (which may not reclaim), does it charge over the limit: counted in
 /// `limit_overrun` (and `limit_overrun_busy` when the devices had room). Nothing is lost;
 /// reclaim takes the extra pages later. `lock_free`: the caller may take no lock (signal
 /// mode, its thread interrupted inside the engine).
@@ -85,9 +84,7 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
             force_charge(p, n);
             return;
         }
-        if lock_free || p.devices.take_no_pages() {
-            // No reclaim from here, or none could write a page anywhere: over the limit at
-            // once, counted (the device said why on stderr, see `swap::health`).
+        if lock_free {
             force_charge(p, n);
             p.stats.inc(Counter::LimitOverrun);
             break;
@@ -177,9 +174,11 @@ fn waiting_cannot_help(p: &PagerShared, refused: usize, within_own_limit: bool) 
     // fault wait out the back-off: after a fork, a parent's faults took 100 ms each until its
     // children exited.
     refused > 0
-        // Nothing can go anywhere (every device full, or its writes failing): keep the page,
-        // count the overrun.
+        // Nothing can go anywhere (every device full, or each degraded or declining, see
+        // `swap::health`): keep the page, count the overrun. A round still drops what is
+        // clean or zero first.
         || p.devices.is_full()
+        || p.devices.take_no_pages()
         // Within our own limit, over the shared one, and nothing of ours to reclaim (a
         // re-armed fork child whose pages are all still its parent's): the pagers that hold
         // the tree's memory reclaim theirs (the largest always holds an average share, see
