@@ -29,6 +29,9 @@ use super::worker::{connect, info, info_field};
 struct Server {
     port: u16,
     child: Option<Child>,
+    /// What it was started as (its primary, its extra options), to start it again.
+    primary: Option<u16>,
+    extra: Vec<String>,
 }
 
 /// Local Redis servers; see the module documentation.
@@ -161,6 +164,24 @@ impl LocalRedis {
 
     fn spawn(&mut self, primary: Option<u16>, extra: &[&str]) -> io::Result<u16> {
         let port = if extra.contains(&"--cluster-enabled") { free_cluster_port()? } else { free_port()? };
+        let child = self.command(port, primary, extra)?;
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        self.servers.push(Server { port, child: Some(child), primary, extra });
+        Ok(port)
+    }
+
+    /// Starts server `k` again after [`LocalRedis::kill`], on its port and in its
+    /// directory (a cluster node finds its `nodes.conf` there and rejoins), with no data.
+    pub fn restart(&mut self, k: usize) -> io::Result<()> {
+        self.kill(k);
+        let (port, primary) = (self.servers[k].port, self.servers[k].primary);
+        let extra: Vec<String> = self.servers[k].extra.clone();
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        self.servers[k].child = Some(self.command(port, primary, &extra)?);
+        Ok(())
+    }
+
+    fn command(&self, port: u16, primary: Option<u16>, extra: &[&str]) -> io::Result<Child> {
         let sdir = self.dir.join(port.to_string());
         std::fs::create_dir_all(&sdir)?;
         let mut cmd = Command::new("redis-server");
@@ -184,14 +205,12 @@ impl LocalRedis {
                 Ok(())
             })
         };
-        let child = cmd.spawn().map_err(|e| {
+        cmd.spawn().map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("cannot run redis-server ({e}); install it (apt-get install redis-server)"),
             )
-        })?;
-        self.servers.push(Server { port, child: Some(child) });
-        Ok(port)
+        })
     }
 
     fn wait_ready(&mut self, limit: Duration) -> io::Result<()> {

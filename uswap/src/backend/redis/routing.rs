@@ -169,7 +169,7 @@ impl Worker {
     /// Reads the slot map again from the first node that answers (the known primaries
     /// first, then the seeds). A map whose primaries changed counts as a failover (once for
     /// the device, whichever thread saw it first).
-    fn refresh_map(&mut self) {
+    pub(super) fn refresh_map(&mut self) {
         let short = Duration::from_millis(250);
         let mut candidates: Vec<String> = self.cluster.map.as_ref().map(|m| m.nodes.clone()).unwrap_or_default();
         candidates.extend(self.sh.seeds.iter().cloned());

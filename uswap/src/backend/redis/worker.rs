@@ -320,12 +320,23 @@ impl Worker {
             return;
         }
         let deadline = now_ns() + sh.failover_timeout_ns;
-        let got =
-            self.on_keys(deadline, &keys, |con, r| redis::cmd("MGET").arg(&keys[r]).query::<Vec<Option<Vec<u8>>>>(con));
-        let values = match got.map(|groups| {
-            let whole = groups.iter().all(|(r, v)| r.len() == v.len());
-            (whole, groups.into_iter().flat_map(|(_, v)| v).collect::<Vec<_>>())
-        }) {
+        let mget = |w: &mut Worker| {
+            let got = w
+                .on_keys(deadline, &keys, |con, r| redis::cmd("MGET").arg(&keys[r]).query::<Vec<Option<Vec<u8>>>>(con));
+            got.map(|groups| {
+                let whole = groups.iter().all(|(r, v)| r.len() == v.len());
+                (whole, groups.into_iter().flat_map(|(_, v)| v).collect::<Vec<_>>())
+            })
+        };
+        let mut got = mget(self);
+        if self.cluster.is_cluster() && got.as_ref().is_ok_and(|(_, v)| v.iter().any(Option::is_none)) {
+            // A node without the key may be one that does not know yet that it lost its
+            // slots (a primary back after its replica was promoted): read the map again
+            // and ask once more before calling the page missing.
+            self.refresh_map();
+            got = mget(self);
+        }
+        let values = match got {
             Ok((true, v)) if v.len() == keys.len() => v,
             Ok(_) | Err(Failure::Refused) | Err(Failure::Full) => {
                 fail_items(items, &wanted, "the primary answered the read with an error");
