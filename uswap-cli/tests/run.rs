@@ -779,6 +779,19 @@ fn bench_command_interrupted_kills_the_program_and_cleans_up() {
     }
 }
 
+/// The number of keys of the Redis server at `addr` (`DBSIZE` as an inline command; the
+/// answer is `:N`).
+fn dbsize(addr: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"DBSIZE\r\n").unwrap();
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).unwrap();
+    let answer = String::from_utf8_lossy(&buf[..n]).to_string();
+    answer.trim().strip_prefix(':').and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("DBSIZE: {answer:?}"))
+}
+
 /// A program paging to a Redis store (a real `redis-server` on 127.0.0.1): same output as
 /// without uswap, in both fault modes, and once it has ended none of its keys are left in
 /// the store (its processes exit without dropping their pagers; `uswap run` deletes the
@@ -800,17 +813,7 @@ fn a_program_pages_to_redis_and_leaves_no_key_behind() {
     let p = compile("threads", &dir, &[]);
     let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), "4"];
     let device = format!("{}?size=256MiB", redis.url(0));
-    // DBSIZE as an inline command; the answer is `:N`.
-    let keys = || -> u64 {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(redis.addr(0)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(b"DBSIZE\r\n").unwrap();
-        let mut buf = [0u8; 64];
-        let n = s.read(&mut buf).unwrap();
-        let answer = String::from_utf8_lossy(&buf[..n]).to_string();
-        answer.trim().strip_prefix(':').and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("DBSIZE: {answer:?}"))
-    };
+    let keys = || dbsize(&redis.addr(0));
     for mode in ["thread", "signal"] {
         let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--device", &device], &prog, &dir);
         assert_same_and_paged(&prog, &r, LIMIT_MIB);
@@ -1645,22 +1648,12 @@ fn a_program_pages_to_a_redis_cluster_and_leaves_no_key_behind() {
     let p = compile("threads", &dir, &[]);
     let prog = [p.to_str().unwrap(), &WSS_MIB.to_string(), "4"];
     let device = format!("{}?replicas=1&size=256MiB", redis.cluster_url());
-    let keys = |addr: &str| -> u64 {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(b"DBSIZE\r\n").unwrap();
-        let mut buf = [0u8; 64];
-        let n = s.read(&mut buf).unwrap();
-        let answer = String::from_utf8_lossy(&buf[..n]).to_string();
-        answer.trim().strip_prefix(':').and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("DBSIZE: {answer:?}"))
-    };
     for mode in ["thread", "signal"] {
         let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--device", &device], &prog, &dir);
         assert_same_and_paged(&prog, &r, LIMIT_MIB);
         assert_eq!(counter(&r.1, "fault_error"), 0, "{}", r.1);
         for k in 0..redis.len() {
-            assert_eq!(keys(&redis.addr(k)), 0, "{mode}: keys left on {}", redis.addr(k));
+            assert_eq!(dbsize(&redis.addr(k)), 0, "{mode}: keys left on {}", redis.addr(k));
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The Redis tier against real `redis-server` processes on 127.0.0.1: workloads through
 //! `zpool` then `redis` in both fault modes, a primary killed with a replica promoted, a
-//! store lost with no replica, a page corrupted from outside, a full store, and an evicting
-//! store refused. Every byte read is verified. Each test skips, saying so, only when
+//! store lost with no replica, a page corrupted from outside, a full store, an evicting
+//! store refused, a primary left without its replica (the device degrades); and Redis
+//! Clusters made by `redis-cli --cluster create`: paging over every primary, primaries
+//! killed, a resharding, a stale primary back. Every byte read is verified. Each test skips, saying so, only when
 //! `redis-server` is not installed (`apt-get install redis-server`); every server a test
 //! starts is killed when the test ends ([`LocalRedis`] kills on drop), and every wait has a
 //! deadline.
@@ -401,12 +403,58 @@ fn wait_progress(progress: &std::sync::atomic::AtomicUsize, at: usize, what: &st
     }
 }
 
+/// Writes every page of `words` (version 1: swap-out), then makes `rounds` random reads
+/// and rewrites (swap-in), counting each step in `progress`, while `disturb` runs beside
+/// (it waits on `progress` to kill, promote or reshard); then checks every page.
+fn swap_out_then_in(
+    words: &[std::sync::atomic::AtomicU64],
+    rounds: usize,
+    progress: &std::sync::atomic::AtomicUsize,
+    disturb: impl FnOnce() + Send,
+) {
+    use std::sync::atomic::Ordering;
+    let nr_pages = words.len() * 8 / PAGE_SIZE;
+    let mut version = vec![1u64; nr_pages];
+    std::thread::scope(|s| {
+        let disturber = s.spawn(disturb);
+        for i in 0..nr_pages {
+            write_page(words, i, 1);
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut rng = Rng(0x5eed);
+        for _ in 0..rounds {
+            let i = (rng.next() % nr_pages as u64) as usize;
+            check_page(words, i, version[i]);
+            if rng.next() % 4 == 0 {
+                version[i] += 1;
+                write_page(words, i, version[i]);
+            }
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
+        disturber.join().unwrap();
+    });
+    for (i, &v) in version.iter().enumerate() {
+        check_page(words, i, v);
+    }
+}
+
+/// No page lost, none failing its check, no fault failed, pages went both ways, and the
+/// device followed at least `failovers` changes of primary.
+fn assert_lost_nothing(p: &Pager, failovers: u64) {
+    let st = p.stats();
+    let dev = st.devices[0].backend.clone().unwrap();
+    assert!(dev.failovers >= failovers, "the device followed every promotion: {dev:?}");
+    assert_eq!(dev.remote_read_errors, 0, "no page missing or failing its check: {dev:?}");
+    assert!(st.pswpin > 1000 && st.pswpout > 1000, "{st:?}");
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+}
+
 /// A primary with three replicas and `replicas=1`: the primary is killed (SIGKILL) while
 /// pages are being swapped out, the most up-to-date replica promoted; then the new primary is
 /// killed while pages are being swapped in, and another promoted. The workload goes on
 /// throughout: every byte verified, no page lost, no fault failed.
 fn primary_killed_twice(mode: FaultMode) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
     let Some(mut r) = servers(1, 3, &[]) else { return };
     let dev = redis_dev(&r, 128 * MIB, |o| {
         o.replicas = 1;
@@ -418,7 +466,6 @@ fn primary_killed_twice(mode: FaultMode) {
     let nr_pages = region.len() / PAGE_SIZE;
     let progress = AtomicUsize::new(0);
     let rounds = 6000;
-    let mut version = vec![1u64; nr_pages];
     let failovers = || p.stats().devices[0].backend.as_ref().map_or(0, |b| b.failovers);
     // From the kill to the device following the promoted replica (the promotion, 50 ms
     // after the kill, included).
@@ -429,49 +476,22 @@ fn primary_killed_twice(mode: FaultMode) {
         }
         eprintln!("{what} failover: the device followed the new primary {:?} after the kill", killed.elapsed());
     };
-    std::thread::scope(|s| {
-        let killer = s.spawn(|| {
-            wait_progress(&progress, nr_pages / 2, "the first kill");
-            r.kill(0);
-            let killed = Instant::now();
-            std::thread::sleep(Duration::from_millis(50));
-            let a = promote_most_up_to_date(&r, &[1, 2, 3]);
-            followed_within(killed, 1, "first");
-            wait_progress(&progress, nr_pages + rounds / 3, "the second kill");
-            r.kill(a);
-            let killed = Instant::now();
-            std::thread::sleep(Duration::from_millis(50));
-            let rest: Vec<usize> = [1, 2, 3].into_iter().filter(|&k| k != a).collect();
-            promote_most_up_to_date(&r, &rest);
-            followed_within(killed, 2, "second");
-        });
-        // Swap-out: the fill pushes pages to the store while the first primary dies.
-        for i in 0..nr_pages {
-            write_page(words, i, 1);
-            progress.fetch_add(1, Ordering::Relaxed);
-        }
-        // Swap-in: random reads (and some rewrites) while the second primary dies.
-        let mut rng = Rng(0x5eed);
-        for _ in 0..rounds {
-            let i = (rng.next() % nr_pages as u64) as usize;
-            check_page(words, i, version[i]);
-            if rng.next() % 4 == 0 {
-                version[i] += 1;
-                write_page(words, i, version[i]);
-            }
-            progress.fetch_add(1, Ordering::Relaxed);
-        }
-        killer.join().unwrap();
+    swap_out_then_in(words, rounds, &progress, || {
+        wait_progress(&progress, nr_pages / 2, "the first kill");
+        r.kill(0);
+        let killed = Instant::now();
+        std::thread::sleep(Duration::from_millis(50));
+        let a = promote_most_up_to_date(&r, &[1, 2, 3]);
+        followed_within(killed, 1, "first");
+        wait_progress(&progress, nr_pages + rounds / 3, "the second kill");
+        r.kill(a);
+        let killed = Instant::now();
+        std::thread::sleep(Duration::from_millis(50));
+        let rest: Vec<usize> = [1, 2, 3].into_iter().filter(|&k| k != a).collect();
+        promote_most_up_to_date(&r, &rest);
+        followed_within(killed, 2, "second");
     });
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
-    let st = p.stats();
-    let dev = st.devices[0].backend.clone().unwrap();
-    assert!(dev.failovers >= 2, "the device followed both promotions: {dev:?}");
-    assert_eq!(dev.remote_read_errors, 0, "no page missing or failing its check: {dev:?}");
-    assert!(st.pswpin > 1000 && st.pswpout > 1000, "{st:?}");
-    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+    assert_lost_nothing(&p, 2);
 }
 
 in_both_modes!(primary_killed_twice() => a_primary_killed_twice_loses_nothing_thread_mode, a_primary_killed_twice_loses_nothing_signal_mode);
@@ -746,7 +766,7 @@ in_both_modes!(cluster_churn() => a_cluster_device_pages_over_every_primary_thre
 /// fault failed. (A shard whose replica was promoted has none left: `WAIT 1` fails there
 /// and the device degrades, keeping pages in RAM, until a probe succeeds.)
 fn cluster_primaries_killed(mode: FaultMode) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
     use uswap::backend::redis::cluster::SlotMap;
     let Some(mut r) = cluster_servers(3, 1) else { return };
     let dev = cluster_dev(&r, 128 * MIB, |o| {
@@ -759,42 +779,16 @@ fn cluster_primaries_killed(mode: FaultMode) {
     let nr_pages = region.len() / PAGE_SIZE;
     let progress = AtomicUsize::new(0);
     let rounds = 6000;
-    let mut version = vec![1u64; nr_pages];
     let primaries = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap().nodes;
     let index_of = |addr: &str| (0..r.len()).find(|&k| r.addr(k) == addr).unwrap();
     let (first, second) = (index_of(&primaries[0]), index_of(&primaries[1]));
-    std::thread::scope(|s| {
-        let killer = s.spawn(|| {
-            wait_progress(&progress, nr_pages / 2, "the first kill");
-            r.kill(first);
-            wait_progress(&progress, nr_pages + rounds / 3, "the second kill");
-            r.kill(second);
-        });
-        for i in 0..nr_pages {
-            write_page(words, i, 1);
-            progress.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut rng = Rng(0xc105);
-        for _ in 0..rounds {
-            let i = (rng.next() % nr_pages as u64) as usize;
-            check_page(words, i, version[i]);
-            if rng.next() % 4 == 0 {
-                version[i] += 1;
-                write_page(words, i, version[i]);
-            }
-            progress.fetch_add(1, Ordering::Relaxed);
-        }
-        killer.join().unwrap();
+    swap_out_then_in(words, rounds, &progress, || {
+        wait_progress(&progress, nr_pages / 2, "the first kill");
+        r.kill(first);
+        wait_progress(&progress, nr_pages + rounds / 3, "the second kill");
+        r.kill(second);
     });
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
-    let st = p.stats();
-    let dev = st.devices[0].backend.clone().unwrap();
-    assert!(dev.failovers >= 2, "the device followed both promotions: {dev:?}");
-    assert_eq!(dev.remote_read_errors, 0, "no page missing or failing its check: {dev:?}");
-    assert!(st.pswpin > 1000 && st.pswpout > 1000, "{st:?}");
-    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+    assert_lost_nothing(&p, 2);
 }
 
 in_both_modes!(cluster_primaries_killed() => a_cluster_losing_two_primaries_loses_nothing_thread_mode, a_cluster_losing_two_primaries_loses_nothing_signal_mode);

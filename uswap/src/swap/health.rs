@@ -112,6 +112,10 @@ impl Health {
     }
 
     fn recovered(&self) {
+        // Every successful batch comes here: a load, not a write, while healthy.
+        if !self.is_degraded() {
+            return;
+        }
         let since = self.degraded_since_ns.swap(0, Ordering::AcqRel);
         if since == 0 || !self.may_say() {
             return;

@@ -69,8 +69,20 @@ fn free_cluster_port() -> io::Result<u16> {
     Err(io::Error::other("no free port with a free cluster bus port (port + 10000) in 100 tries"))
 }
 
-fn not_ready(what: String) -> io::Error {
-    io::Error::new(io::ErrorKind::TimedOut, what)
+/// Timeouts of the connections made to see whether a server is ready.
+const SHORT: Duration = Duration::from_millis(200);
+
+/// Asks `ready` every 20 ms until it says yes; `what` (not yet true) at `until` is an error,
+/// as is an error `ready` returns (a server that exited).
+fn wait_until(until: Instant, what: &str, mut ready: impl FnMut() -> io::Result<bool>) -> io::Result<()> {
+    // Bounded by `until`.
+    while !ready()? {
+        if Instant::now() > until {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{what}: not yet, and the time is up")));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 impl LocalRedis {
@@ -123,26 +135,17 @@ impl LocalRedis {
     /// Waits until every node says `cluster_state:ok` and every replica's link is up.
     fn wait_cluster_ok(&self, limit: Duration) -> io::Result<()> {
         let until = Instant::now() + limit;
-        let short = Duration::from_millis(200);
         for k in 0..self.len() {
             let addr = self.addr(k);
-            // Bounded by `until`.
-            loop {
-                let ok = connect(&addr, short, short).is_ok_and(|mut c| {
+            wait_until(until, &format!("cluster node {addr} ok"), || {
+                Ok(connect(&addr, SHORT, SHORT).is_ok_and(|mut c| {
                     let state = redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c).unwrap_or_default();
                     let repl = info(&mut c, "replication").unwrap_or_default();
                     info_field(&state, "cluster_state") == Some("ok")
                         && (info_field(&repl, "role") == Some("master")
                             || info_field(&repl, "master_link_status") == Some("up"))
-                });
-                if ok {
-                    break;
-                }
-                if Instant::now() > until {
-                    return Err(not_ready(format!("cluster node {addr} not ok within {limit:?}")));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
+                }))
+            })?;
         }
         Ok(())
     }
@@ -215,29 +218,22 @@ impl LocalRedis {
 
     fn wait_ready(&mut self, limit: Duration) -> io::Result<()> {
         let until = Instant::now() + limit;
-        let short = Duration::from_millis(200);
         for k in 0..self.servers.len() {
             let addr = self.addr(k);
             let is_replica = k % (self.replicas_per_primary + 1) != 0;
-            // Bounded by `until`.
-            loop {
-                if let Some(Ok(Some(status))) = self.servers[k].child.as_mut().map(|c| c.try_wait()) {
+            let log = self.dir.join(self.servers[k].port.to_string()).join("log");
+            let server = &mut self.servers[k];
+            wait_until(until, &format!("redis-server on {addr} ready"), || {
+                if let Some(Ok(Some(status))) = server.child.as_mut().map(|c| c.try_wait()) {
                     return Err(io::Error::other(format!(
                         "redis-server on {addr} exited ({status}); see {}",
-                        self.dir.join(self.servers[k].port.to_string()).join("log").display()
+                        log.display()
                     )));
                 }
-                let ok = connect(&addr, short, short)
+                Ok(connect(&addr, SHORT, SHORT)
                     .and_then(|mut c| info(&mut c, "replication"))
-                    .is_ok_and(|i| !is_replica || info_field(&i, "master_link_status") == Some("up"));
-                if ok {
-                    break;
-                }
-                if Instant::now() > until {
-                    return Err(not_ready(format!("redis-server on {addr} not ready within {limit:?}")));
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+                    .is_ok_and(|i| !is_replica || info_field(&i, "master_link_status") == Some("up")))
+            })?;
         }
         Ok(())
     }
@@ -292,18 +288,16 @@ impl LocalRedis {
         let port = self.servers[of].port;
         self.spawn(Some(port), extra)?;
         let k = self.servers.len() - 1;
-        let (addr, short) = (self.addr(k), Duration::from_millis(200));
-        let until = Instant::now() + Duration::from_secs(20);
-        // Bounded by `until`.
-        while !connect(&addr, short, short)
-            .and_then(|mut c| info(&mut c, "replication"))
-            .is_ok_and(|i| info_field(&i, "master_link_status") == Some("up"))
-        {
-            if Instant::now() > until {
-                return Err(not_ready(format!("replica {addr} of 127.0.0.1:{port} not in sync within 20 s")));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let addr = self.addr(k);
+        wait_until(
+            Instant::now() + Duration::from_secs(20),
+            &format!("replica {addr} of 127.0.0.1:{port} in sync"),
+            || {
+                Ok(connect(&addr, SHORT, SHORT)
+                    .and_then(|mut c| info(&mut c, "replication"))
+                    .is_ok_and(|i| info_field(&i, "master_link_status") == Some("up")))
+            },
+        )?;
         Ok(k)
     }
 

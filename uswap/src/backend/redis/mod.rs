@@ -1,5 +1,6 @@
-//! The Redis tier: pages in a Redis primary (standalone, with replicas), so that a pager
-//! can swap beyond one machine's RAM and disk and survive losing a node.
+//! The Redis tier: pages in a Redis primary (standalone, with replicas) or spread over a
+//! Redis Cluster, so that a pager can swap beyond one machine's RAM and disk and survive
+//! losing a node.
 //!
 //! # Job
 //!
@@ -17,10 +18,14 @@
 //! * `worker.rs`: the device threads: one round trip per batch (`MGET` per readahead window,
 //!   `MSET` + `WAIT` per write batch), failover to the seed that says it is the primary, and
 //!   batched deletes of freed keys;
-//! * `local.rs`: [`LocalRedis`], local servers for `uswap bench --redis-local` and tests;
+//! * `cluster.rs` and `routing.rs`: on a Redis Cluster (`redis-cluster://`), keys tagged so
+//!   that a swap cluster's pages share a hash slot (`uswap:PREFIX:{ID.C}:n:GEN`), and each
+//!   command sent to the node serving its keys, following `MOVED`, `ASK` and failovers;
+//! * `local.rs`: [`LocalRedis`], local servers (and clusters) for `uswap bench
+//!   --redis-local` and tests;
 //! * this module: options, start-up checks (refuses `maxmemory-policy` other than
-//!   `noeviction`, Redis Cluster, too few replicas), the [`Backend`] impl and the
-//!   [`AsyncReader`].
+//!   `noeviction`, a cluster node named as a standalone primary and the reverse, too few
+//!   replicas), the [`Backend`] impl and the [`AsyncReader`].
 //!
 //! # Locking rules
 //!
