@@ -743,17 +743,15 @@ fn redis_server_missing() -> bool {
     missing
 }
 
-#[test]
-fn the_redis_tier_runs_from_bench_on_local_servers_that_bench_stops() {
-    if redis_server_missing() {
-        return;
-    }
-    let dir = tmpdir("redis");
+/// `uswap bench --redis-local LOCAL --engines ENGINES` (two engines) with every access
+/// verified: each run read back every byte, paged both ways through a last device whose
+/// name starts with `device`, with no checksum error and no failed fault; and the servers
+/// and their directory are gone after.
+fn bench_on_local_redis(dir: &Path, local: &str, engines: &str, device: &str) {
     let j = dir.join("r.json");
-    let engines = "uswap-signal@redis://local?replicas=1,uswap-thread@zpool:4MiB+redis://local?encrypt=off";
     let out = run_timed(
         uswap()
-            .args(["bench", "--redis-local", "1x1", "--engines", engines, "--wss", "32MiB", "--limit", "8MiB"])
+            .args(["bench", "--redis-local", local, "--engines", engines, "--wss", "32MiB", "--limit", "8MiB"])
             .args(["--accesses", "16384", "--verify", "full", "--json", j.to_str().unwrap()]),
         Duration::from_secs(300),
     );
@@ -764,12 +762,22 @@ fn the_redis_tier_runs_from_bench_on_local_servers_that_bench_stops() {
     for v in &all {
         assert_eq!(v["verify_errors"], 0, "{v}");
         let st = &v["stats"];
-        let redis = st["devices"].as_array().unwrap().last().unwrap();
-        assert!(redis["name"].as_str().unwrap().starts_with("redis://127.0.0.1:"), "{st}");
+        let dev = st["devices"].as_array().unwrap().last().unwrap();
+        assert!(dev["name"].as_str().unwrap().starts_with(device), "{st}");
         assert!(st["pswpin"].as_u64().unwrap() > 0 && st["pswpout"].as_u64().unwrap() > 0, "{st}");
         assert_eq!((st["checksum_errors"].as_u64(), st["fault_error"].as_u64()), (Some(0), Some(0)), "{st}");
     }
     assert_local_redis_gone(&err);
+}
+
+#[test]
+fn the_redis_tier_runs_from_bench_on_local_servers_that_bench_stops() {
+    if redis_server_missing() {
+        return;
+    }
+    let dir = tmpdir("redis");
+    let engines = "uswap-signal@redis://local?replicas=1,uswap-thread@zpool:4MiB+redis://local?encrypt=off";
+    bench_on_local_redis(&dir, "1x1", engines, "redis://127.0.0.1:");
 
     // Ctrl-C: the run stops, cleans up, and the servers are killed.
     let out = common::run_timed_with(
@@ -885,25 +893,8 @@ fn the_cluster_device_runs_from_bench_on_a_local_cluster_that_bench_stops() {
         return;
     }
     let dir = tmpdir("redis-cluster");
-    let j = dir.join("r.json");
     let engines = "uswap-signal@redis-cluster://local?replicas=1,uswap-thread@redis-cluster://local";
-    let out = run_timed(
-        uswap()
-            .args(["bench", "--redis-local", "3x1:cluster", "--engines", engines, "--wss", "32MiB", "--limit", "8MiB"])
-            .args(["--accesses", "16384", "--verify", "full", "--json", j.to_str().unwrap()]),
-        Duration::from_secs(300),
-    );
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "{err}");
-    for v in &json(&j) {
-        assert_eq!(v["verify_errors"], 0, "{v}");
-        let st = &v["stats"];
-        let dev = st["devices"].as_array().unwrap().last().unwrap();
-        assert!(dev["name"].as_str().unwrap().starts_with("redis-cluster://127.0.0.1:"), "{st}");
-        assert!(st["pswpin"].as_u64().unwrap() > 0 && st["pswpout"].as_u64().unwrap() > 0, "{st}");
-        assert_eq!((st["checksum_errors"].as_u64(), st["fault_error"].as_u64()), (Some(0), Some(0)), "{st}");
-    }
-    assert_local_redis_gone(&err);
+    bench_on_local_redis(&dir, "3x1:cluster", engines, "redis-cluster://127.0.0.1:");
     for (local, engine, needle) in [
         ("3x1:cluster", "uswap-signal@redis://local", "name redis-cluster://local"),
         ("1x1", "uswap-signal@redis-cluster://local", "name redis://local"),
