@@ -375,9 +375,11 @@ impl Worker {
     fn write(&mut self, reqs: &mut [WriteReq<'_>]) {
         let sh = Arc::clone(&self.sh);
         let nr_pages: usize = reqs.iter().map(|r| r.data.nr_pages()).sum();
-        // Each page's key and sealed value, and its (slot, generation), in order.
+        // Each page's key, its sealed value (`value_bytes` each, one after another in one
+        // buffer), and its (slot, generation), in order.
+        let value_bytes = sh.sealer.value_bytes();
         let mut keys = Vec::with_capacity(nr_pages);
-        let mut values: Vec<Vec<u8>> = Vec::with_capacity(nr_pages);
+        let mut values: Vec<u8> = Vec::with_capacity(nr_pages * value_bytes);
         let mut written = Vec::with_capacity(nr_pages);
         let mut page = vec![0u8; PAGE_SIZE];
         for r in reqs.iter_mut() {
@@ -391,11 +393,10 @@ impl Worker {
                 let s = r.slot + p;
                 let generation = sh.next_gen.fetch_add(1, Ordering::Relaxed);
                 r.data.copy_page_to(p as usize, &mut page);
-                let mut value = Vec::with_capacity(sh.sealer.value_bytes());
                 // Each generation is sealed once: it is the value's nonce (see `codec`).
-                sh.sealer.seal(s, generation, &page, &mut value);
+                sh.sealer.seal(s, generation, &page, &mut values);
                 keys.push(sh.key(s, generation));
-                values.push(value);
+                debug_assert_eq!(values.len(), keys.len() * value_bytes);
                 written.push((s, generation));
             }
         }
@@ -411,7 +412,7 @@ impl Worker {
             .on_keys(deadline, &keys, |con, r| {
                 let mut mset = redis::cmd("MSET");
                 for i in r {
-                    mset.arg(&keys[i]).arg(&values[i][..]);
+                    mset.arg(&keys[i]).arg(&values[i * value_bytes..(i + 1) * value_bytes]);
                 }
                 if replicas == 0 {
                     mset.query::<()>(con).map(|_| replicas as i64)
