@@ -617,6 +617,98 @@ fn reads_go_direct_and_follow_a_failover() {
     assert_eq!(dev.redis_stats().corrupt_pages + dev.redis_stats().missing_pages, 0);
 }
 
+/// On a cluster, a faulting thread reads a window on its own connection to the primary of
+/// the window's hash slot (one swap cluster's pages share a tag): windows on every primary
+/// go direct; one that crosses a swap cluster boundary (two hash slots) goes by the device
+/// threads. After a resharding moves every slot of one primary to another, the first reads
+/// there meet `MOVED` and are given back to the device threads, which follow it and publish
+/// the map: reads go direct again. Every byte checked throughout.
+#[test]
+fn cluster_reads_go_direct_to_each_node_and_follow_a_resharding() {
+    use uswap::backend::redis::cluster::SlotMap;
+    use uswap::backend::redis::RedisBackend;
+    use uswap::backend::{AlignedPage, Backend, ReadReq, WriteReq};
+    let Some(r) = cluster_servers(3, 0) else { return };
+    let seeds: Vec<String> = (0..r.len()).map(|k| r.addr(k)).collect();
+    let mut opts = RedisOptions::new(seeds);
+    opts.cluster = true;
+    let dev = RedisBackend::open(&opts, 16 * 512).expect("device");
+    let pattern = |slot: u64| {
+        let mut p = AlignedPage([0; PAGE_SIZE]);
+        for (k, b) in p.0.iter_mut().enumerate() {
+            *b = (k as u8).wrapping_mul(13) ^ (slot as u8).wrapping_add(3);
+        }
+        p
+    };
+    // 32 pages in each of 16 swap clusters, and 32 across the boundary of the first two.
+    let firsts: Vec<u64> = (0..16).map(|c| c * 512 + 64).chain([512 - 16]).collect();
+    for &first in &firsts {
+        let pages: Vec<AlignedPage> = (first..first + 32).map(pattern).collect();
+        let mut w = [WriteReq::new(first, uswap::backend::PageRun::from_pages(&pages))];
+        dev.write(&mut w);
+        assert!(w[0].result.is_ok(), "{:?}", w[0].result);
+    }
+    let read_all = |what: &str| {
+        for &first in &firsts {
+            let mut buf = vec![AlignedPage([0; PAGE_SIZE]); 32];
+            let (a, b) = buf.split_at_mut(8);
+            let mut reqs = [ReadReq::new(first, a), ReadReq::new(first + 8, b)];
+            dev.read(&mut reqs);
+            for q in &reqs {
+                assert!(q.result.is_ok(), "{what}: {:?}", q.result);
+            }
+            for (k, p) in buf.iter().enumerate() {
+                assert!(p.0 == pattern(first + k as u64).0, "{what}: slot {} read back wrong", first + k as u64);
+            }
+        }
+    };
+    // The device threads connect in the background: wait until every window goes direct.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = dev.redis_stats().direct_reads;
+        read_all("before the resharding");
+        if dev.redis_stats().direct_reads - before == 16 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "reads never all went direct: {:?}", dev.redis_stats());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let map = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap();
+    let tags = |m: &SlotMap| {
+        let nodes: std::collections::BTreeSet<usize> = (0..16)
+            .map(|c| m.node_of(uswap::backend::redis::cluster::hash_slot(dev.key_of(c * 512, 1).as_bytes())))
+            .collect();
+        nodes.len()
+    };
+    assert_eq!(tags(&map), 3, "the windows lie on every primary");
+    let id = |addr: &str| match redis_cmd(addr, &["CLUSTER", "MYID"]) {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        v => panic!("{v:?}"),
+    };
+    let out = std::process::Command::new("redis-cli")
+        .args(["--cluster", "reshard", &map.nodes[2], "--cluster-from", &id(&map.nodes[0])])
+        .args(["--cluster-to", &id(&map.nodes[1]), "--cluster-slots", "16384", "--cluster-yes"])
+        .output()
+        .expect("redis-cli runs");
+    assert!(out.status.success(), "reshard: {}", String::from_utf8_lossy(&out.stdout));
+    let given_back = dev.redis_stats().direct_reads;
+    read_all("right after the resharding");
+    assert!(dev.redis_stats().direct_reads - given_back < 16, "the moved windows went by the device threads");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = dev.redis_stats().direct_reads;
+        read_all("after the resharding");
+        if dev.redis_stats().direct_reads - before == 16 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "reads never went direct again: {:?}", dev.redis_stats());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let s = dev.redis_stats();
+    assert!(s.redirects > 0, "{s:?}");
+    assert_eq!(s.corrupt_pages + s.missing_pages, 0, "{s:?}");
+}
+
 /// A primary with one replica and `replicas=1` (`WAIT 1`, 1 s): the primary is killed and its
 /// replica promoted, so the new primary has no replica and no write can be acknowledged.
 /// The device degrades: the run goes on at the speed of RAM (every byte checked; it used to
@@ -915,3 +1007,86 @@ fn cluster_stale_primary(mode: FaultMode) {
 }
 
 in_both_modes!(cluster_stale_primary() => a_primary_back_after_its_replica_was_promoted_serves_no_old_page_thread_mode, a_primary_back_after_its_replica_was_promoted_serves_no_old_page_signal_mode);
+
+/// Random reads and rewrites of the pages of `words` (versions in `version`), 500 at a time,
+/// for at least `d` (500 if `d` is zero).
+fn touch_for(words: &[std::sync::atomic::AtomicU64], version: &mut [u64], rng: &mut Rng, d: Duration) {
+    let until = Instant::now() + d;
+    loop {
+        for _ in 0..500 {
+            let i = (rng.next() % version.len() as u64) as usize;
+            check_page(words, i, version[i]);
+            if rng.next() % 4 == 0 {
+                version[i] += 1;
+                write_page(words, i, version[i]);
+            }
+        }
+        if Instant::now() >= until {
+            return;
+        }
+    }
+}
+
+/// A shard left without a replica (3 primaries with one replica each, `replicas=1`): a
+/// primary is killed and the cluster promotes its replica, which has none. A batch for that
+/// shard cannot be acknowledged (`WAIT 1` times out), so the device degrades and the run
+/// goes on at the speed of RAM, pages kept over the limit. It stays degraded while the
+/// shard is bare, though a probe write may land on a healthy shard (one episode: each
+/// recovery would cost the next batch for the bare shard a `WAIT`). When the old primary
+/// is started again it rejoins as the new primary's replica; the next probe finds every
+/// shard replicated and pages go out again. Every byte checked.
+fn cluster_shard_without_replica(mode: FaultMode) {
+    use uswap::backend::redis::cluster::SlotMap;
+    let Some(mut r) = cluster_servers(3, 1) else { return };
+    let limit = 8 * MIB;
+    let p = cluster_pager(mode, &r);
+    let region = p.map(32 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    let mut version = vec![1u64; nr_pages];
+    for i in 0..nr_pages {
+        write_page(words, i, 1);
+    }
+    let before = quiet_stats(&p);
+    assert!(before.pswpout > 0 && !before.devices[0].degraded, "paged out while replicated: {before:?}");
+    let primaries = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap().nodes;
+    let old = (0..r.len()).find(|&k| r.addr(k) == primaries[0]).unwrap();
+    let other = (0..r.len()).find(|&k| k != old && primaries.contains(&r.addr(k))).unwrap();
+    r.kill(old);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while SlotMap::from_cluster_slots(&redis_cmd(&r.addr(other), &["CLUSTER", "SLOTS"]))
+        .map_or(true, |m| m.nodes.contains(&primaries[0]))
+    {
+        assert!(Instant::now() < deadline, "the cluster promoted no replica within 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut rng = Rng(0x5ad);
+    let started = Instant::now();
+    for _ in 0..40 {
+        touch_for(words, &mut version, &mut rng, Duration::ZERO);
+    }
+    let took = started.elapsed();
+    let st = p.stats();
+    assert!(took < Duration::from_secs(15), "20k accesses on a bare shard took {took:?}: {st:?}");
+    assert!(st.devices[0].degraded && st.limit_overrun > 0, "{st:?}");
+    let episodes = st.devices[0].degraded_episodes;
+    // Three probe periods: the device stays degraded, in one episode.
+    touch_for(words, &mut version, &mut rng, Duration::from_secs(3));
+    let st = p.stats();
+    assert!(st.devices[0].degraded, "recovered while a shard is bare: {st:?}");
+    assert_eq!(st.devices[0].degraded_episodes, episodes, "no flapping while a shard is bare: {st:?}");
+    r.restart(old).expect("the old primary starts again, as a replica");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut st = p.stats();
+    while st.devices[0].degraded || st.resident_pages * PAGE_SIZE as u64 > limit {
+        assert!(Instant::now() < deadline, "paging did not resume within 30 s of the replica's return: {st:?}");
+        touch_for(words, &mut version, &mut rng, Duration::from_millis(200));
+        st = p.stats();
+    }
+    for (i, &v) in version.iter().enumerate() {
+        check_page(words, i, v);
+    }
+    assert_lost_nothing(&p, 1);
+}
+
+in_both_modes!(cluster_shard_without_replica() => a_cluster_shard_left_without_replica_runs_at_ram_speed_then_pages_again_thread_mode, a_cluster_shard_left_without_replica_runs_at_ram_speed_then_pages_again_signal_mode);

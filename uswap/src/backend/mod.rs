@@ -211,6 +211,16 @@ pub trait Backend: Send + Sync {
         true
     }
 
+    /// Whether every part of the device can take writes as durable as asked, checked before
+    /// the probe write of a degraded device (`swap::health`). A sharded device (a Redis
+    /// Cluster) says no while any shard cannot: its one probe write may land on a healthy
+    /// shard, and taking pages again would send the next batch for the bare shard to wait
+    /// out its timeout and degrade the device again, once a probe period. Engine threads
+    /// only; may take a round trip to each part.
+    fn writable(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Whether a fork child may read this device's pages from its copy of the process's
     /// memory (a RAM device, the compressed pool): its contents live only in memory the
     /// child inherits copy-on-write, and its reads take no lock (a lock held by another

@@ -188,6 +188,10 @@ impl SwapDevice {
         if !self.health.claim_probe() {
             return false;
         }
+        if let Err(e) = self.backend.writable() {
+            self.health.note_write(&Err(e));
+            return false;
+        }
         let mut offset = [0u64; 1];
         if self.allocator.alloc(current_cpu(), &mut offset, &|ci| self.discard_cluster(ci)) == 0 {
             return false; // every slot holds a page: nothing to probe with, nothing to free

@@ -1,5 +1,6 @@
 //! Reads by the faulting thread itself: a readahead window's `MGET` on a connection of the
-//! device's, without the hand-off to a device thread.
+//! device's, without the hand-off to a device thread, to the primary or, on a Redis Cluster,
+//! to the node serving the window's hash slot.
 //!
 //! # Job
 //!
@@ -9,6 +10,15 @@
 //! tier"). [`Direct::read`] does the round trip on the faulting thread: it try-locks one of
 //! [`DIRECT_CONNECTIONS`] connections to the primary, writes `MGET` with the keys formatted
 //! in place, reads the reply until it is whole and opens each value into its page.
+//!
+//! On a cluster the device threads publish their slot maps into `owners` (each hash slot's
+//! primary, as a packed IPv4 address), and keep [`CONNECTIONS_PER_NODE`] connections to each
+//! of the first [`MAX_DIRECT_NODES`] primaries. A window within one swap cluster (one hash
+//! tag, so one hash slot) is read on a connection to its slot's primary. A map that is out
+//! of date costs nothing wrong: the node answers `MOVED` or `ASK` (an error reply: given
+//! back), or, a primary back after its replica was promoted, has no key for the window's
+//! generations (a null: given back too, unlike on a standalone store, where it means the
+//! page is lost); the device threads then follow the cluster and publish the new map.
 //!
 //! It speaks RESP by hand rather than through the `redis` crate because the crate allocates,
 //! and this runs inside a SIGBUS handler in signal mode: each connection's command and reply
@@ -32,7 +42,10 @@
 //!
 //! * A connection in the table is in step: no reply is pending on it. A round trip that did
 //!   not end with a whole reply closes it.
-//! * A connection is used only while it is to the current primary (`Shared::primary`).
+//! * A connection is used only while it is to the current primary (`Shared::primary`), or
+//!   on a cluster to the primary `owners` names for the window's hash slot.
+//! * A value is opened only under the generation its key names, so a node never gives a
+//!   page another generation's contents, whatever map the read went by.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -41,6 +54,7 @@ use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
+use super::cluster::{hash_slot, slot_tag, SlotMap, NR_HASH_SLOTS};
 use super::codec::VALUE_BYTES;
 use super::Shared;
 use crate::backend::{BackendError, ReadReq};
@@ -51,9 +65,14 @@ use crate::sync::{LockClass, SpinLock};
 /// Connections for reads by faulting threads (more threads than this at once use the
 /// device threads).
 pub const DIRECT_CONNECTIONS: usize = 4;
+/// On a cluster: connections to each primary read directly...
+pub const CONNECTIONS_PER_NODE: usize = 2;
+/// ...and how many primaries are (a larger cluster's others are read by the device threads).
+pub const MAX_DIRECT_NODES: usize = 8;
 /// The longest key: `uswap:` + a session (at most 64) + `.` + 16 hex digits + `:` (the
-/// prefix) + two decimal u64s and a `:`.
-const MAX_KEY_BYTES: usize = 88 + 2 * 20 + 1;
+/// prefix), on a cluster the hash tag `{` + 16 hex digits + `.` + a decimal u64 + `}:`,
+/// then two decimal u64s and a `:`.
+const MAX_KEY_BYTES: usize = 88 + 40 + 2 * 20 + 1;
 /// Room for one key in a command: `$LEN\r\nKEY\r\n`.
 const KEY_ARG_BYTES: usize = MAX_KEY_BYTES + 8;
 /// Room for one value in a reply: `$LEN\r\nVALUE\r\n`.
@@ -62,10 +81,55 @@ const VALUE_REPLY_BYTES: usize = VALUE_BYTES + 16;
 const RECONNECT_PERIOD_NS: u64 = 200_000_000;
 
 struct Conn {
-    /// The seed index it is connected to, and the stream; `None` after a failure.
-    stream: Option<(usize, Stream)>,
+    /// Where it is connected to (a seed index on a standalone store, a node's packed address
+    /// on a cluster: [`pack`]), and the stream; `None` after a failure.
+    stream: Option<(u64, Stream)>,
+    /// The command and reply buffers, allocated with the first connection (empty before).
     cmd: Box<[u8]>,
     reply: Box<[u8]>,
+}
+
+impl Conn {
+    /// Takes `stream` to `to`, allocating the buffers the first time. Allocates: device
+    /// threads and fork children only.
+    fn open(&mut self, to: u64, stream: Option<Stream>) {
+        if self.cmd.is_empty() {
+            self.cmd = vec![0u8; 32 + MAX_WINDOW_PAGES * KEY_ARG_BYTES].into_boxed_slice();
+            self.reply = vec![0u8; 32 + MAX_WINDOW_PAGES * VALUE_REPLY_BYTES].into_boxed_slice();
+        }
+        self.stream = stream.map(|s| (to, s));
+    }
+
+    fn is_to(&self, to: u64) -> bool {
+        matches!(&self.stream, Some((t, _)) if *t == to)
+    }
+}
+
+/// What a round trip came to.
+#[derive(Debug, PartialEq, Eq)]
+enum Trip {
+    /// Every request's result is set.
+    Done,
+    /// Nothing set, and the connection is in step: the device threads should read (a
+    /// cluster node without a key: a stale map, or a stale primary).
+    GiveBack,
+    /// Nothing set, and the connection may be out of step: close it.
+    Broken,
+}
+
+/// An IPv4 `HOST:PORT` packed into a non-zero u64 (the top bit set, the address, the port),
+/// so that a faulting thread can read a hash slot's primary with one atomic load; 0 for
+/// anything else (a name, IPv6: read by the device threads).
+fn pack(addr: &str) -> u64 {
+    match addr.parse::<std::net::SocketAddr>() {
+        Ok(std::net::SocketAddr::V4(a)) => 1 << 63 | u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port()),
+        _ => 0,
+    }
+}
+
+fn unpack(packed: u64) -> std::net::SocketAddr {
+    let ip = std::net::Ipv4Addr::from((packed >> 16) as u32);
+    std::net::SocketAddr::from((ip, packed as u16))
 }
 
 /// A connection's socket, registered as the engine's descriptor (`crate::fd`) so that a
@@ -78,10 +142,14 @@ struct Stream {
 
 pub(super) struct Direct {
     conns: Box<[CachePadded<SpinLock<Conn>>]>,
+    /// On a cluster: each hash slot's primary, packed ([`pack`]; 0: not read directly), as
+    /// the device threads last saw it. Empty on a standalone store.
+    owners: Box<[AtomicU64]>,
     /// In a fork child: the connections it made its own (one bit each); the others were
     /// held by a parent's thread at the fork and stay locked for good.
     usable_in_child: AtomicU64,
-    /// Some connection is missing or to a former primary.
+    /// Some connection is missing or to a former primary (or, on a cluster, the primaries
+    /// changed).
     stale: AtomicBool,
     /// When a device thread last tried to make connections ([`now_ns`]).
     last_try_ns: AtomicU64,
@@ -100,32 +168,74 @@ enum Parse {
 }
 
 impl Direct {
-    pub(super) fn new() -> Direct {
-        let conns = (0..DIRECT_CONNECTIONS)
+    /// The connections for a standalone store, or for `cluster` with its map as read at
+    /// start. None is connected yet ([`Direct::maintain`] makes them).
+    pub(super) fn new(cluster: Option<&SlotMap>) -> Direct {
+        let nr = if cluster.is_some() { MAX_DIRECT_NODES * CONNECTIONS_PER_NODE } else { DIRECT_CONNECTIONS };
+        let conns = (0..nr)
             .map(|_| {
-                CachePadded::new(SpinLock::new(
-                    LockClass::DeviceChannel,
-                    Conn {
-                        stream: None,
-                        cmd: vec![0u8; 32 + MAX_WINDOW_PAGES * KEY_ARG_BYTES].into_boxed_slice(),
-                        reply: vec![0u8; 32 + MAX_WINDOW_PAGES * VALUE_REPLY_BYTES].into_boxed_slice(),
-                    },
-                ))
+                let conn = Conn { stream: None, cmd: Box::default(), reply: Box::default() };
+                CachePadded::new(SpinLock::new(LockClass::DeviceChannel, conn))
             })
             .collect();
-        Direct {
+        let owners = match cluster {
+            Some(_) => (0..NR_HASH_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            None => Box::default(),
+        };
+        let d = Direct {
             conns,
+            owners,
             usable_in_child: AtomicU64::new(0),
             stale: AtomicBool::new(true),
             last_try_ns: AtomicU64::new(0),
+        };
+        if let Some(map) = cluster {
+            d.publish(map);
+        }
+        d
+    }
+
+    /// On a cluster: a device thread's map is the one faulting threads read by from now on.
+    pub(super) fn publish(&self, map: &SlotMap) {
+        if self.owners.is_empty() {
+            return;
+        }
+        let packed: Vec<u64> = map.nodes.iter().map(|n| pack(n)).collect();
+        for (hs, owner) in self.owners.iter().enumerate() {
+            owner.store(packed[map.node_of(hs as u16)], Ordering::Release);
+        }
+        self.stale.store(true, Ordering::Release);
+    }
+
+    /// On a cluster, after a `MOVED`: `hash_slot` is served by `addr` now.
+    pub(super) fn publish_slot(&self, hash_slot: u16, addr: &str) {
+        let Some(owner) = self.owners.get(hash_slot as usize) else { return };
+        let packed = pack(addr);
+        if owner.swap(packed, Ordering::AcqRel) != packed {
+            self.stale.store(true, Ordering::Release);
         }
     }
 
-    /// Makes the missing connections (or those to a former primary) to the current primary.
-    /// Device threads only (it allocates); at most every [`RECONNECT_PERIOD_NS`] unless
-    /// `now`.
+    /// Where connection `i` should be to: the primary's seed index (standalone), or one of
+    /// the first [`MAX_DIRECT_NODES`] primaries in `owners` ([`pack`]ed); `None`: nowhere.
+    fn targets(&self, sh: &Shared) -> Vec<Option<u64>> {
+        if self.owners.is_empty() {
+            let primary = sh.primary.load(Ordering::Acquire) as u64;
+            return vec![Some(primary); self.conns.len()];
+        }
+        let mut nodes: Vec<u64> = Vec::with_capacity(MAX_DIRECT_NODES);
+        for o in self.owners.iter().map(|o| o.load(Ordering::Acquire)) {
+            if o != 0 && !nodes.contains(&o) && nodes.len() < MAX_DIRECT_NODES {
+                nodes.push(o);
+            }
+        }
+        (0..self.conns.len()).map(|i| nodes.get(i / CONNECTIONS_PER_NODE).copied()).collect()
+    }
+
+    /// Makes the missing connections (or those to a former primary). Device threads only
+    /// (it allocates); at most every [`RECONNECT_PERIOD_NS`] unless `now`.
     pub(super) fn maintain(&self, sh: &Shared, now: bool) {
-        if sh.cluster_map.is_some() || !self.stale.load(Ordering::Acquire) {
+        if !self.stale.load(Ordering::Acquire) {
             return;
         }
         let t = now_ns();
@@ -136,38 +246,62 @@ impl Direct {
         if self.last_try_ns.compare_exchange(last, t, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             return; // another device thread is at it
         }
-        let primary = sh.primary.load(Ordering::Acquire);
-        let mut all = true;
-        for c in self.conns.iter() {
+        // Cleared before the targets are read: a change published meanwhile sets it again.
+        self.stale.store(false, Ordering::SeqCst);
+        for (c, want) in self.conns.iter().zip(self.targets(sh)) {
             let Some(mut c) = c.try_lock() else { continue };
-            if matches!(&c.stream, Some((seed, _)) if *seed == primary) {
+            let Some(to) = want else {
+                c.stream = None;
+                continue;
+            };
+            if c.is_to(to) {
                 continue;
             }
-            c.stream = sh.seeds[primary]
-                .to_socket_addrs()
-                .ok()
-                .and_then(|mut a| a.next())
-                .and_then(|sa| connect(&sa, sh.io_timeout()))
-                .map(|s| (primary, s));
-            all &= c.stream.is_some();
+            c.stream = None;
+            let addr = if self.owners.is_empty() {
+                sh.seeds[to as usize].to_socket_addrs().ok().and_then(|mut a| a.next())
+            } else {
+                Some(unpack(to))
+            };
+            c.open(to, addr.and_then(|sa| connect(&sa, sh.io_timeout())));
+            if c.stream.is_none() {
+                self.stale.store(true, Ordering::Release);
+            }
         }
-        if all && sh.primary.load(Ordering::Acquire) == primary {
-            self.stale.store(false, Ordering::Release);
+    }
+
+    /// Where a read of `reqs` goes: the primary's seed index, or on a cluster the packed
+    /// primary of their hash slot; `None` when the pages are not all of one swap cluster's
+    /// hash tag, or the primary is not read directly.
+    fn destination(&self, sh: &Shared, reqs: &[ReadReq<'_>]) -> Option<u64> {
+        if self.owners.is_empty() {
+            return Some(sh.primary.load(Ordering::Acquire) as u64);
         }
+        let tag = slot_tag(reqs.first()?.slot);
+        if reqs.iter().any(|r| slot_tag(r.slot) != tag || slot_tag(r.slot + r.buf.len() as u64 - 1) != tag) {
+            return None;
+        }
+        let mut buf = [0u8; 48];
+        let mut w = Cursor { buf: &mut buf, at: 0 };
+        w.put(b"{")?;
+        w.put(sh.tag_id.as_bytes())?;
+        w.put(b".")?;
+        w.decimal(tag)?;
+        w.put(b"}")?;
+        let len = w.at;
+        let hs = hash_slot(&buf[..len]);
+        Some(self.owners[hs as usize].load(Ordering::Acquire)).filter(|&o| o != 0)
     }
 
     /// Reads `reqs` on the calling thread. True if it did (each request's `result` set, as the
     /// device threads would set it); false if the device threads should (nothing changed).
     /// Async-signal-safe: no allocation, only `write`, `read` and `close`.
     pub(super) fn read(&self, sh: &Shared, reqs: &mut [ReadReq<'_>]) -> bool {
-        if sh.cluster_map.is_some() {
-            return false; // not yet per node: the device threads route every read
-        }
         let mut gens = [0u64; MAX_WINDOW_PAGES];
         let mut n = 0;
         for r in reqs.iter() {
             let nr = r.buf.len();
-            if n + nr > MAX_WINDOW_PAGES || r.slot.checked_add(nr as u64).is_none_or(|e| e > sh.nr_slots) {
+            if nr == 0 || n + nr > MAX_WINDOW_PAGES || r.slot.checked_add(nr as u64).is_none_or(|e| e > sh.nr_slots) {
                 return false;
             }
             for p in 0..nr {
@@ -179,28 +313,33 @@ impl Direct {
                 n += 1;
             }
         }
-        if n == 0 {
-            return false;
-        }
-        let primary = sh.primary.load(Ordering::Acquire);
+        let Some(to) = self.destination(sh, reqs).filter(|_| n > 0) else { return false };
+        let mut busy = false;
         for c in self.conns.iter() {
-            let Some(mut c) = c.try_lock() else { continue };
-            match &c.stream {
-                Some((seed, _)) if *seed == primary => {}
-                Some(_) => {
-                    c.stream = None;
+            let Some(mut c) = c.try_lock() else {
+                busy = true; // perhaps one to `to`
+                continue;
+            };
+            if !c.is_to(to) {
+                if self.owners.is_empty() && c.stream.is_some() {
+                    c.stream = None; // to a former primary
                     self.stale.store(true, Ordering::Release);
-                    continue;
                 }
-                None => continue,
+                continue;
             }
             let conn = &mut *c;
-            let done = round_trip(sh, conn, reqs, &gens[..n]);
-            if !done {
-                conn.stream = None;
-                self.stale.store(true, Ordering::Release);
+            match round_trip(sh, conn, reqs, &gens[..n]) {
+                Trip::Done => return true,
+                Trip::GiveBack => return false,
+                Trip::Broken => {
+                    conn.stream = None;
+                    self.stale.store(true, Ordering::Release);
+                    return false;
+                }
             }
-            return done;
+        }
+        if !busy {
+            self.stale.store(true, Ordering::Release); // none is to `to`
         }
         false
     }
@@ -220,7 +359,7 @@ impl Direct {
         for (i, c) in self.conns.iter().enumerate() {
             if let Some(mut c) = c.try_lock() {
                 c.stream = None;
-                c.stream = sh.seed_addrs[primary].and_then(|sa| connect(&sa, sh.io_timeout())).map(|s| (primary, s));
+                c.open(primary as u64, sh.seed_addrs[primary].and_then(|sa| connect(&sa, sh.io_timeout())));
                 usable |= 1 << i;
             }
         }
@@ -286,12 +425,14 @@ fn connect(sa: &std::net::SocketAddr, io_timeout: Duration) -> Option<Stream> {
 }
 
 /// One `MGET` of the pages of `reqs` (generations `gens`, in order) on `conn`, which is in
-/// step. True if a whole reply came and every request's result is set.
-fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u64]) -> bool {
-    let Some((_, Stream { tcp: stream, .. })) = conn.stream.as_mut() else { return false };
-    let Some(cmd_len) = mget_command(&mut conn.cmd, sh.prefix.as_bytes(), reqs, gens) else { return false };
+/// step.
+fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u64]) -> Trip {
+    let Some((_, Stream { tcp: stream, .. })) = conn.stream.as_mut() else { return Trip::Broken };
+    let tag_id = sh.cluster_map.as_ref().map(|_| sh.tag_id.as_bytes());
+    let keys = KeyForm { prefix: sh.prefix.as_bytes(), tag_id };
+    let Some(cmd_len) = mget_command(&mut conn.cmd, &keys, reqs, gens) else { return Trip::GiveBack };
     if stream.write_all(&conn.cmd[..cmd_len]).is_err() {
-        return false;
+        return Trip::Broken;
     }
     let value_len = sh.sealer.value_bytes();
     let mut len = 0;
@@ -301,12 +442,12 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
     let whole = loop {
         match parse_mget(&conn.reply[..len], gens.len(), value_len, |_, _| {}) {
             Parse::Done(l) => break l,
-            Parse::Bad => return false,
-            Parse::More if len == conn.reply.len() => return false,
+            Parse::Bad => return Trip::Broken,
+            Parse::More if len == conn.reply.len() => return Trip::Broken,
             Parse::More => {}
         }
         match stream.read(&mut conn.reply[len..]) {
-            Ok(0) => return false,
+            Ok(0) => return Trip::Broken,
             Ok(got) => len += got,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) && now_ns() < deadline_ns => {
@@ -314,11 +455,20 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
                 // end meanwhile.
                 crate::uffd::sigbus::let_stop_signals_through();
             }
-            Err(_) => return false,
+            Err(_) => return Trip::Broken,
         }
     };
     if whole != len {
-        return false; // more than the reply: out of step
+        return Trip::Broken; // more than the reply: out of step
+    }
+    if keys.tag_id.is_some() {
+        // On a cluster a key missing from the node the map named may be on another: the
+        // device threads read the map again and ask once more (`worker.rs`).
+        let mut nulls = 0;
+        parse_mget(&conn.reply[..len], gens.len(), value_len, |_, v| nulls += usize::from(v.is_none()));
+        if nulls > 0 {
+            return Trip::GiveBack;
+        }
     }
     // Where each value goes: (request, page in request, generation).
     let mut at = [(0u32, 0u32); MAX_WINDOW_PAGES];
@@ -355,12 +505,19 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
     });
     sh.counters.reads.fetch_add(1, Ordering::Relaxed);
     sh.counters.direct_reads.fetch_add(1, Ordering::Relaxed);
-    true
+    Trip::Done
+}
+
+/// How keys are spelled (`Shared::key`): the prefix, and on a cluster the pager's id that
+/// begins each key's hash tag.
+struct KeyForm<'a> {
+    prefix: &'a [u8],
+    tag_id: Option<&'a [u8]>,
 }
 
 /// Writes `*N\r\n$4\r\nMGET\r\n` and one `$LEN\r\nKEY\r\n` per page into `buf`; the length,
 /// or None if it does not fit.
-fn mget_command(buf: &mut [u8], prefix: &[u8], reqs: &[ReadReq<'_>], gens: &[u64]) -> Option<usize> {
+fn mget_command(buf: &mut [u8], keys: &KeyForm<'_>, reqs: &[ReadReq<'_>], gens: &[u64]) -> Option<usize> {
     let mut w = Cursor { buf, at: 0 };
     w.put(b"*")?;
     w.decimal(gens.len() as u64 + 1)?;
@@ -369,11 +526,19 @@ fn mget_command(buf: &mut [u8], prefix: &[u8], reqs: &[ReadReq<'_>], gens: &[u64
     for r in reqs {
         for p in 0..r.buf.len() as u64 {
             let (slot, generation) = (r.slot + p, gens[i]);
-            let key_len = prefix.len() + decimal_len(slot) + 1 + decimal_len(generation);
+            let tag_len = keys.tag_id.map_or(0, |id| id.len() + decimal_len(slot_tag(slot)) + 4);
+            let key_len = keys.prefix.len() + tag_len + decimal_len(slot) + 1 + decimal_len(generation);
             w.put(b"$")?;
             w.decimal(key_len as u64)?;
             w.put(b"\r\n")?;
-            w.put(prefix)?;
+            w.put(keys.prefix)?;
+            if let Some(id) = keys.tag_id {
+                w.put(b"{")?;
+                w.put(id)?;
+                w.put(b".")?;
+                w.decimal(slot_tag(slot))?;
+                w.put(b"}:")?;
+            }
             w.decimal(slot)?;
             w.put(b":")?;
             w.decimal(generation)?;
@@ -532,12 +697,24 @@ mod tests {
         let (a, b) = pages.split_at_mut(2);
         let reqs = [ReadReq::new(9, a), ReadReq::new(100, b)];
         let mut buf = vec![0u8; 256];
-        let n = mget_command(&mut buf, b"uswap:ab:", &reqs, &[7, 12345, 1]).unwrap();
+        let plain = KeyForm { prefix: b"uswap:ab:", tag_id: None };
+        let n = mget_command(&mut buf, &plain, &reqs, &[7, 12345, 1]).unwrap();
         assert_eq!(
             std::str::from_utf8(&buf[..n]).unwrap(),
             "*4\r\n$4\r\nMGET\r\n$12\r\nuswap:ab:9:7\r\n$17\r\nuswap:ab:10:12345\r\n$14\r\nuswap:ab:100:1\r\n"
         );
-        assert!(mget_command(&mut buf[..40], b"uswap:ab:", &reqs, &[7, 12345, 1]).is_none());
+        assert!(mget_command(&mut buf[..40], &plain, &reqs, &[7, 12345, 1]).is_none());
+        // On a cluster each key carries its swap cluster's hash tag (as `Shared::key`).
+        let tagged = KeyForm { prefix: b"uswap:ab:", tag_id: Some(b"f00d") };
+        let reqs = [ReadReq::new(1030, a)];
+        let n = mget_command(&mut buf, &tagged, &reqs, &[7, 8]).unwrap();
+        let key = |s: u64, g: u64| format!("uswap:ab:{{f00d.{}}}:{s}:{g}", slot_tag(s));
+        let (k1, k2) = (key(1030, 7), key(1031, 8));
+        let want = format!("*3\r\n$4\r\nMGET\r\n${}\r\n{k1}\r\n${}\r\n{k2}\r\n", k1.len(), k2.len());
+        assert_eq!(std::str::from_utf8(&buf[..n]).unwrap(), want);
+        assert_eq!(pack("127.0.0.1:7000") & !(1 << 63), 0x7f00_0001 << 16 | 7000);
+        assert_eq!(unpack(pack("10.1.2.3:6379")), "10.1.2.3:6379".parse().unwrap());
+        assert_eq!((pack("localhost:6379"), pack("[::1]:6379")), (0, 0), "names and IPv6 go by the device threads");
         assert_eq!(decimal_len(0), 1);
         assert_eq!(decimal_len(u64::MAX), 20);
     }

@@ -275,6 +275,26 @@ impl Shared {
         }
     }
 
+    /// On a cluster: the primaries (by the map read now) with fewer than `replicas` replicas
+    /// online. Short timeouts; engine threads only.
+    fn shards_short_of_replicas(&self) -> Result<Vec<String>, &'static str> {
+        let short = Duration::from_millis(250);
+        let known = self.cluster_primaries.lock().map(|p| p.clone()).unwrap_or_default();
+        let map = known.iter().chain(&self.seeds).find_map(|addr| {
+            let mut con = worker::connect(addr, short, short).ok()?;
+            let reply = redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(&mut con).ok()?;
+            cluster::SlotMap::from_cluster_slots(&reply).ok()
+        });
+        let Some(map) = map else { return Err("no cluster node answered with a full slot map") };
+        let online = |addr: &str| -> Option<u32> {
+            let mut con = worker::connect(addr, short, short).ok()?;
+            let inf = worker::info(&mut con, "replication").ok()?;
+            let replicas = inf.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count();
+            (worker::info_field(&inf, "role") == Some("master")).then_some(replicas as u32)
+        };
+        Ok(map.nodes.iter().filter(|n| online(n).is_none_or(|r| r < self.replicas)).cloned().collect())
+    }
+
     /// Device threads only.
     fn note(&self, what: String) {
         eprintln!("uswap: {}: {what}", self.name);
@@ -397,7 +417,7 @@ impl RedisBackend {
             failover_timeout_ns: opts.failover_timeout_ms.saturating_mul(1_000_000),
             poll_ns: u64::from(opts.poll_us) * 1000,
             counters: Counters::default(),
-            direct: direct::Direct::new(),
+            direct: direct::Direct::new(cluster_map.as_ref()),
             last_note: Mutex::new(String::new()),
             forked: AtomicBool::new(false),
             keep_keys: AtomicBool::new(false),
@@ -431,6 +451,12 @@ impl RedisBackend {
     /// The prefix of every key of this device (`uswap:PREFIX:`).
     pub fn key_prefix(&self) -> &str {
         &self.sh.prefix
+    }
+
+    /// The key generation `generation` of slot `slot`'s page is kept under (on a cluster,
+    /// its hash tag names the slot's swap cluster).
+    pub fn key_of(&self, slot: u64, generation: u64) -> String {
+        self.sh.key(slot, generation)
     }
 
     /// The address of the primary the device talks to now.
@@ -779,6 +805,21 @@ impl Backend for RedisBackend {
 
     fn accepting(&self) -> bool {
         now_ns() >= self.sh.declining_until_ns.load(Ordering::Acquire)
+    }
+
+    /// On a cluster with `replicas=N`: every primary has N replicas online (`INFO
+    /// replication`), by the map read now from any node that answers. A standalone store's
+    /// probe write says it all (its `WAIT` is the primary's).
+    fn writable(&self) -> Result<(), BackendError> {
+        if self.sh.cluster_map.is_none() || self.sh.replicas == 0 {
+            return Ok(());
+        }
+        let why = match self.sh.shards_short_of_replicas() {
+            Ok(short) if short.is_empty() => return Ok(()),
+            Ok(_) => "a cluster shard has fewer replicas online than replicas=N",
+            Err(why) => why,
+        };
+        Err(BackendError::Remote { slot: 0, why })
     }
 
     fn stats(&self) -> Option<BackendStats> {

@@ -117,6 +117,7 @@ impl Worker {
                     if let Some(m) = self.cluster.map.as_mut() {
                         m.moved(hash_slot, &addr);
                     }
+                    self.sh.direct.publish_slot(hash_slot, &addr);
                     continue;
                 }
                 Some(Redirect::Ask { addr, .. }) if redirects < 5 => {
@@ -167,8 +168,9 @@ impl Worker {
     }
 
     /// Reads the slot map again from the first node that answers (the known primaries
-    /// first, then the seeds). A map whose primaries changed counts as a failover (once for
-    /// the device, whichever thread saw it first).
+    /// first, then the seeds), and publishes it for the faulting threads' direct reads. A
+    /// map whose primaries changed counts as a failover (once for the device, whichever
+    /// thread saw it first).
     pub(super) fn refresh_map(&mut self) {
         let short = Duration::from_millis(250);
         let mut candidates: Vec<String> = self.cluster.map.as_ref().map(|m| m.nodes.clone()).unwrap_or_default();
@@ -188,6 +190,7 @@ impl Worker {
                 self.sh.failovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.sh.note(format!("the cluster's primaries are now {}", map.nodes.join(", ")));
             }
+            self.sh.direct.publish(&map);
             self.cluster.map = Some(map);
             return;
         }
