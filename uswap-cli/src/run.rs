@@ -469,6 +469,9 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         None => eprintln!("{}", summary_line(&summary)),
     }
     // Said whether or not the counters went to a file: a limit that did not hold.
+    if let Some(msg) = overrun_message(&summary) {
+        eprintln!("uswap run: {msg}");
+    }
     let peak = summary.get("unmanaged_peak_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
     if peak > unmanaged_limit {
         let at_peak = Unmanaged { bytes: peak, ..unmanaged };
@@ -588,6 +591,24 @@ fn unmanaged_now(dir: &Path) -> Unmanaged {
     u.largest.sort_by_key(|m| std::cmp::Reverse(m.2));
     u.largest.truncate(4);
     u
+}
+
+/// What to say when the managed memory went over the limit by more than a twentieth: its
+/// pages had nowhere to go (every device full or degraded, each said by the device), so
+/// they stayed in RAM (`limit_overrun`).
+fn overrun_message(s: &serde_json::Value) -> Option<String> {
+    let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let (limit, peak) = (g("limit_bytes"), g("resident_peak_bytes"));
+    if g("limit_overrun") == 0 || peak <= limit + limit / 20 {
+        return None;
+    }
+    Some(format!(
+        "the limit of {} did not hold: resident peak {} ({} charges went over it because no device took \
+         pages: full, or failing its writes; give the devices room, or add a device after them)",
+        format_size(limit),
+        format_size(peak),
+        g("limit_overrun")
+    ))
 }
 
 fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> String {
@@ -810,6 +831,15 @@ fn summary_line(s: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_overrun_is_said_only_past_a_twentieth_of_the_limit() {
+        let s = |peak: u64, overrun: u64| serde_json::json!({"limit_bytes": 100 << 20, "resident_peak_bytes": peak << 20, "limit_overrun": overrun});
+        assert_eq!(overrun_message(&s(105, 9)), None);
+        assert_eq!(overrun_message(&s(400, 0)), None, "no charge went over: the peak is someone else's count");
+        let msg = overrun_message(&s(400, 9)).expect("said");
+        assert!(msg.contains("did not hold") && msg.contains("9 charges"), "{msg}");
+    }
 
     #[test]
     fn dynamic_and_static_elves_are_told_apart() {

@@ -227,6 +227,8 @@ struct Shared {
     failovers: AtomicU64,
     failovers_noted: AtomicBool,
     declining_until_ns: AtomicU64,
+    /// That the store is full was said (once a device).
+    full_said: AtomicBool,
     replicas: u32,
     wait_timeout_ms: u64,
     failover_timeout_ns: u64,
@@ -412,6 +414,7 @@ impl RedisBackend {
             failovers: AtomicU64::new(0),
             failovers_noted: AtomicBool::new(false),
             declining_until_ns: AtomicU64::new(0),
+            full_said: AtomicBool::new(false),
             replicas: opts.replicas,
             wait_timeout_ms: opts.wait_timeout_ms,
             failover_timeout_ns: opts.failover_timeout_ms.saturating_mul(1_000_000),

@@ -464,6 +464,13 @@ impl Worker {
                 if how.is_ok() {
                     sh.counters.reject_full.fetch_add(reqs.len() as u64, Ordering::Relaxed);
                     sh.declining_until_ns.store(now_ns() + super::FULL_BACKOFF_NS, Ordering::Release);
+                    if !sh.full_said.swap(true, Ordering::Relaxed) {
+                        sh.note(
+                            "the store is full (OOM: maxmemory reached); pages go to the next device or stay in RAM, \
+                             over the limit if need be (reject_pool_full; said once)"
+                                .into(),
+                        );
+                    }
                 }
             }
         }
