@@ -411,6 +411,18 @@ typedef struct uswap_stats {
      * Locks of managed memory (mlock) that could not be recorded: their pages may be swapped out.
      */
     uint64_t mlock_unhonoured;
+    /**
+     * Microseconds during which some thread of the application stalled on memory (a
+     * swap-in, a page on its way out, room under the limit): PSI's *some* total.
+     */
+    uint64_t stall_us;
+    /**
+     * The share of wall time some thread stalled, running averages over 10 s, 60 s and
+     * 300 s, in hundredths of a percent (PSI's avg10, avg60, avg300).
+     */
+    uint64_t stall_avg10_centipercent;
+    uint64_t stall_avg60_centipercent;
+    uint64_t stall_avg300_centipercent;
 } uswap_stats;
 
 #ifdef __cplusplus
@@ -505,6 +517,18 @@ int uswap_config_set_handler_threads(struct uswap_config *config, uint32_t nr_th
  * Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `enabled` is neither 0 nor 1.
  */
 int uswap_config_set_readahead(struct uswap_config *config, int enabled);
+
+/**
+ * An automatic budget: the pager moves its resident limit by itself to the smallest that
+ * keeps the application's memory stalls under `target_share` of wall time (0.01 for 1 %,
+ * the default of `uswap run --auto`); the resident limit set is the ceiling and where it
+ * starts. `uswap_stats`' `limit_bytes` says where it is now, and `stall_us` and the
+ * `stall_avg*` fields what it runs on. 0 turns it off (the default).
+ *
+ * Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `target_share` is not 0 and not
+ * in (0, 0.5].
+ */
+int uswap_config_set_auto_budget(struct uswap_config *config, double target_share);
 
 /**
  * Creates a pager from a configuration (which stays the caller's: it may be changed or freed

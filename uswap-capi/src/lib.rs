@@ -69,6 +69,7 @@ struct Settings {
     mode: FaultMode,
     handler_threads: Option<usize>,
     readahead: bool,
+    auto_target: Option<f64>,
 }
 
 struct RegionEntry {
@@ -152,6 +153,7 @@ pub unsafe extern "C" fn uswap_config_new(config_out: *mut *mut uswap_config) ->
             mode: FaultMode::Thread,
             handler_threads: None,
             readahead: true,
+            auto_target: None,
         }));
         // SAFETY: checked non-NULL above; the caller's contract makes it writable.
         unsafe { put(config_out, to_handle(id)) };
@@ -295,6 +297,30 @@ pub extern "C" fn uswap_config_set_readahead(config: *mut uswap_config, enabled:
     })
 }
 
+/// An automatic budget: the pager moves its resident limit by itself to the smallest that
+/// keeps the application's memory stalls under `target_share` of wall time (0.01 for 1 %,
+/// the default of `uswap run --auto`); the resident limit set is the ceiling and where it
+/// starts. `uswap_stats`' `limit_bytes` says where it is now, and `stall_us` and the
+/// `stall_avg*` fields what it runs on. 0 turns it off (the default).
+///
+/// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `target_share` is not 0 and not
+/// in (0, 0.5].
+#[no_mangle]
+pub extern "C" fn uswap_config_set_auto_budget(config: *mut uswap_config, target_share: f64) -> c_int {
+    guard(|| {
+        if target_share != 0.0 && !(target_share > 0.0 && target_share <= 0.5) {
+            return Err(Failure::invalid(format!(
+                "uswap_config_set_auto_budget: a target of {target_share} is not a share of wall time; pass one in \
+                 (0, 0.5], such as 0.01 for 1 %, or 0 to turn it off"
+            )));
+        }
+        with_settings(config, "uswap_config_set_auto_budget", |s| {
+            s.auto_target = (target_share != 0.0).then_some(target_share);
+            Ok(())
+        })
+    })
+}
+
 // ---------------------------------------------------------------------------------------
 // Pager
 // ---------------------------------------------------------------------------------------
@@ -338,6 +364,9 @@ pub unsafe extern "C" fn uswap_pager_new(config: *const uswap_config, pager_out:
             Pager::builder().resident_limit(limit_bytes).fault_mode(settings.mode).readahead(settings.readahead);
         if let Some(n) = settings.handler_threads {
             builder = builder.handler_threads(n);
+        }
+        if let Some(t) = settings.auto_target {
+            builder = builder.auto_budget(t);
         }
         for d in devices {
             builder = builder.device(d);

@@ -173,6 +173,14 @@ pub struct uswap_stats {
     pub shared_adopted: u64,
     /// Locks of managed memory (mlock) that could not be recorded: their pages may be swapped out.
     pub mlock_unhonoured: u64,
+    /// Microseconds during which some thread of the application stalled on memory (a
+    /// swap-in, a page on its way out, room under the limit): PSI's *some* total.
+    pub stall_us: u64,
+    /// The share of wall time some thread stalled, running averages over 10 s, 60 s and
+    /// 300 s, in hundredths of a percent (PSI's avg10, avg60, avg300).
+    pub stall_avg10_centipercent: u64,
+    pub stall_avg60_centipercent: u64,
+    pub stall_avg300_centipercent: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -261,8 +269,12 @@ impl uswap_stats {
             syscall_unpinned,
             shared_adopted,
             mlock_unhonoured;
-        left_out: devices, fault_latency_us, publish;
+        left_out: devices, fault_latency_us, publish, stall;
         derived:
+            stall_us: (s.stall.seconds_total * 1e6) as u64,
+            stall_avg10_centipercent: (s.stall.avg10 * 100.0).round() as u64,
+            stall_avg60_centipercent: (s.stall.avg60 * 100.0).round() as u64,
+            stall_avg300_centipercent: (s.stall.avg300 * 100.0).round() as u64,
             size: std::mem::size_of::<uswap_stats>() as u64,
             page_size_bytes: page_size_bytes,
             resident_bytes: resident_pages * page_size_bytes,

@@ -34,9 +34,15 @@ const EXIT_CANNOT_RUN: u8 = 2;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Resident limit for the program and every process it starts.
-    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
-    pub limit: u64,
+    /// Resident limit for the program and every process it starts (default 1GiB; with
+    /// `--auto`, the ceiling, by default the machine's memory).
+    #[arg(long, value_parser = parse_size)]
+    pub limit: Option<u64>,
+    /// Move the tree's limit by itself to the smallest that keeps its memory stalls (the
+    /// share of wall time some thread waits on memory) under TARGET: `1%` (the default),
+    /// `0.5%`, or a share such as `0.02`. `--limit` is then the ceiling.
+    #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "1%", value_parser = parse_target)]
+    pub auto: Option<f64>,
     /// Swap devices, as for `uswap bench --device` (default: a compressed pool).
     #[arg(long, default_value = "zpool")]
     pub device: String,
@@ -394,18 +400,84 @@ impl Drop for Launch {
     }
 }
 
-fn run(args: &RunArgs) -> Result<u8, RunError> {
-    if args.limit < uswap::MIN_LIMIT_BYTES {
-        return Err(RunError::LimitTooSmall { limit_bytes: args.limit });
+/// `--auto` for a tree: a thread of `uswap run` that moves the tree's limit (the shared
+/// charge's, which every pager of the tree reclaims to) by the law of
+/// [`uswap::pressure::Budget`], on the tree's stall clock (the union of its processes'
+/// stalls, kept in the segment). The processes' own limits stay at the ceiling.
+struct TreeBudget {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl TreeBudget {
+    /// How often the thread looks (the law moves once a second).
+    const POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+    fn start(tree: &'static uswap::shared_charge::SharedCharge, target: f64, ceiling_bytes: u64) -> TreeBudget {
+        use std::sync::atomic::Ordering;
+        let page = uswap::PAGE_SIZE as u64;
+        let floor = (uswap::MIN_LIMIT_BYTES / page) as usize;
+        let mut law = uswap::pressure::Budget::new(target, floor, ((ceiling_bytes / page) as usize).max(floor));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            // Bounded: ends when `stop` is set (by `stop`, before the segment goes).
+            while !stopped.load(Ordering::Acquire) {
+                std::thread::sleep(Self::POLL);
+                let now = uswap::pressure::now_us();
+                let limit = tree.limit_pages.load(Ordering::Acquire);
+                let resident = tree.resident_pages.load(Ordering::Acquire);
+                if let Some(next) = law.tick(tree.stall.total_us(now), now, limit, resident) {
+                    tree.limit_pages.store(next, Ordering::Release);
+                }
+            }
+            tree.limit_pages.load(Ordering::Acquire) as u64 * page
+        });
+        TreeBudget { stop, thread }
     }
-    say_if_nested(args.limit);
+
+    /// Stops the thread; the limit it held last, in bytes.
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.join().unwrap_or(0)
+    }
+}
+
+/// The limit without `--limit`.
+const DEFAULT_LIMIT_BYTES: u64 = 1 << 30;
+
+/// `--auto`'s TARGET: `N%` or a share, in (0, 0.5].
+fn parse_target(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let share = match t.strip_suffix('%') {
+        Some(pct) => pct.trim().parse::<f64>().map(|p| p / 100.0),
+        None => t.parse::<f64>(),
+    }
+    .map_err(|_| format!("{s:?} is not a stall target: give a percentage such as 1% or a share such as 0.01"))?;
+    if share > 0.0 && share <= 0.5 {
+        Ok(share)
+    } else {
+        Err(format!("{s:?} is not a share of wall time between 0 and 50 %: give one such as 1%"))
+    }
+}
+
+fn run(args: &RunArgs) -> Result<u8, RunError> {
+    let limit = match (args.limit, args.auto) {
+        (Some(l), _) => l,
+        (None, Some(_)) => crate::bench::Meminfo::read().total_bytes.max(DEFAULT_LIMIT_BYTES),
+        (None, None) => DEFAULT_LIMIT_BYTES,
+    };
+    if limit < uswap::MIN_LIMIT_BYTES {
+        return Err(RunError::LimitTooSmall { limit_bytes: limit });
+    }
+    say_if_nested(limit);
     if let Some(p) = &args.stats_json {
         // Found out now, not after the program ran; an existing file keeps what it holds
         // until the counters replace it.
         check_writable(p).map_err(|source| RunError::WriteStats { path: p.clone(), source })?;
     }
     let cfg = LaunchConfig {
-        limit_bytes: args.limit,
+        limit_bytes: limit,
         device: args.device.clone(),
         fault_mode: args.fault_mode,
         min_size_bytes: args.min_size,
@@ -416,18 +488,19 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // `uswap stat <this pid>` shows the tree's counters, summed from what every process
     // publishes (each also answers for itself under its own pid). Best effort: the program
     // runs the same without it.
-    let _tree_stats = serve_tree_stats(&launch.stats_dir);
+    let _tree_stats = serve_tree_stats(&launch.stats_dir, launch.segment.charge());
     // A terminal's Ctrl-C goes to the whole foreground group: the program decides what to do
     // with it, and we wait for it to finish (as `time` does). Ignored only after the spawn:
     // an ignored signal stays ignored across exec.
     let _ignored = IgnoreTerminalSignals::new();
     let forwarded = ForwardSignals::new(child.id());
-    let unmanaged_limit = args.limit / UNMANAGED_SHARE_DIVISOR;
+    let unmanaged_limit = limit / UNMANAGED_SHARE_DIVISOR;
+    let budget = args.auto.map(|target| TreeBudget::start(launch.segment.charge(), target, limit));
     let status = loop {
         if args.strict {
             let now = unmanaged_now(&launch.stats_dir);
             if now.bytes > unmanaged_limit {
-                eprintln!("uswap run: --strict: {}", unmanaged_message(&now, args.limit, "now"));
+                eprintln!("uswap run: --strict: {}", unmanaged_message(&now, limit, "now"));
                 kill_tree(&mut child, &launch.stats_dir);
                 return Ok(2);
             }
@@ -447,6 +520,8 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     };
     // Reaped: its pid may be anyone's now.
     drop(forwarded);
+    // Before the segment it moves goes with `launch`.
+    let auto_limit_bytes = budget.map(TreeBudget::stop);
     let code = match (status.code(), status.signal()) {
         (Some(c), _) => c as u8,
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
@@ -460,6 +535,10 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     drop(launch);
     if let serde_json::Value::Object(m) = &mut summary {
         m.insert("rss_peak_bytes".into(), children_rss_peak_bytes().into());
+        if let (Some(bytes), Some(target)) = (auto_limit_bytes, args.auto) {
+            m.insert("auto_target".into(), target.into());
+            m.insert("auto_limit_bytes".into(), bytes.into());
+        }
     }
     match &args.stats_json {
         Some(p) => {
@@ -475,7 +554,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     let peak = summary.get("unmanaged_peak_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
     if peak > unmanaged_limit {
         let at_peak = Unmanaged { bytes: peak, ..unmanaged };
-        eprintln!("uswap run: {}", unmanaged_message(&at_peak, args.limit, "at its peak"));
+        eprintln!("uswap run: {}", unmanaged_message(&at_peak, limit, "at its peak"));
         if args.strict {
             return Ok(2);
         }
@@ -504,11 +583,15 @@ fn check_writable(path: &Path) -> std::io::Result<()> {
 /// Serves the tree's counters for `uswap stat <this pid>`. Under another `uswap run` this
 /// process is managed too, and its own pager's socket may hold the first names: the next
 /// ones are tried.
-fn serve_tree_stats(dir: &Path) -> Option<uswap::stats_server::StatsServer> {
+fn serve_tree_stats(
+    dir: &Path,
+    tree: &'static uswap::shared_charge::SharedCharge,
+) -> Option<uswap::stats_server::StatsServer> {
     let mut last_error = None;
     for _ in 0..8 {
         let tree_dir = dir.to_path_buf();
-        match uswap::stats_server::serve(&uswap::stats_server::next_socket_name(), move || tree_stats(&tree_dir)) {
+        match uswap::stats_server::serve(&uswap::stats_server::next_socket_name(), move || tree_stats(&tree_dir, tree))
+        {
             Ok(s) => return Some(s),
             Err(e) => last_error = Some(e),
         }
@@ -674,13 +757,18 @@ fn record_paths(dir: &Path) -> impl Iterator<Item = PathBuf> {
 }
 
 /// The tree's counters now: every process's last record (rewritten every 200 ms) added up.
-fn tree_stats(dir: &Path) -> uswap::Stats {
+fn tree_stats(dir: &Path, tree: &uswap::shared_charge::SharedCharge) -> uswap::Stats {
+    use std::sync::atomic::Ordering;
     let mut sum = uswap::Stats::default();
     for path in record_paths(dir) {
         if let Some(s) = std::fs::read(path).ok().and_then(|b| serde_json::from_slice::<uswap::Stats>(&b).ok()) {
             sum.add(&s);
         }
     }
+    // The tree's own figures where it keeps them: its limit (which `--auto` moves), and its
+    // stall time (the union over the processes; the sum of theirs bounds it from above).
+    sum.limit_pages = tree.limit_pages.load(Ordering::Acquire) as u64;
+    sum.stall.seconds_total = tree.stall.total_us(uswap::pressure::now_us()) as f64 / 1e6;
     sum
 }
 
@@ -807,21 +895,28 @@ fn summarize(dir: &Path, limit_bytes: u64, segment: &uswap::shared_charge::Charg
     sum.insert("resident_peak_bytes".into(), (segment.resident_peak_pages() as u64 * page).into());
     // Likewise the pools: the tree's sum at its peak.
     sum.insert("pool_peak_bytes".into(), segment.pool_peak_bytes().into());
+    // And the stalls: the union over the processes, kept in the segment.
+    sum.insert("stall_seconds_total".into(), segment.stall_seconds().into());
     sum.insert("managed_peak_bytes".into(), (managed_peak_pages * page).into());
     serde_json::Value::Object(sum)
 }
 
 fn summary_line(s: &serde_json::Value) -> String {
     let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let auto = match s.get("auto_limit_bytes").and_then(|v| v.as_u64()) {
+        Some(b) => format!(" (--auto: {} at the end)", format_size(b)),
+        None => String::new(),
+    };
     format!(
-        "uswap run: {} process(es), limit {}, resident peak {}, pool peak {}, managed peak {}, unmanaged peak {}, \
-         pswpin {}, pswpout {}, major faults {}",
+        "uswap run: {} process(es), limit {}{auto}, resident peak {}, pool peak {}, managed peak {}, unmanaged peak {}, \
+         stalled {:.2} s, pswpin {}, pswpout {}, major faults {}",
         g("processes"),
         format_size(g("limit_bytes")),
         format_size(g("resident_peak_bytes")),
         format_size(g("pool_peak_bytes")),
         format_size(g("managed_peak_bytes")),
         format_size(g("unmanaged_peak_bytes")),
+        s.get("stall_seconds_total").and_then(|v| v.as_f64()).unwrap_or(0.0),
         g("pswpin"),
         g("pswpout"),
         g("pgmajfault"),

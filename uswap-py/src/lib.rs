@@ -57,7 +57,9 @@ fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 /// (PATH a directory, a file or a block device). A device given without a size gets
 /// `device_size` (default: half the machine's RAM, as `uswap run`). `fault_mode` is
 /// `"thread"` (default; faults inside system calls are served, which numpy and BLAS need) or
-/// `"signal"`.
+/// `"signal"`. `auto=0.01` moves the limit by itself to the smallest that keeps memory
+/// stalls under 1 % of wall time (`limit` is then the ceiling; `limit()` says where it is;
+/// `stats()["stall"]` has the stall figures).
 #[pyclass(module = "uswap", name = "Pager", frozen)]
 struct PyPager {
     pager: uswap::Pager,
@@ -74,7 +76,9 @@ fn fault_mode_name(mode: uswap::FaultMode) -> &'static str {
 #[pymethods]
 impl PyPager {
     #[new]
-    #[pyo3(signature = (limit, devices = "zpool", fault_mode = "thread", *, device_size = None, handler_threads = None, readahead = true))]
+    // One parameter per Python keyword argument: the signature is the Python API.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (limit, devices = "zpool", fault_mode = "thread", *, device_size = None, handler_threads = None, readahead = true, auto = None))]
     fn new(
         py: Python<'_>,
         limit: &Bound<'_, PyAny>,
@@ -83,6 +87,7 @@ impl PyPager {
         device_size: Option<&Bound<'_, PyAny>>,
         handler_threads: Option<usize>,
         readahead: bool,
+        auto: Option<f64>,
     ) -> PyResult<PyPager> {
         let limit_bytes = size_arg(limit, "limit")?;
         let device_bytes = match device_size {
@@ -107,6 +112,11 @@ impl PyPager {
         let mut builder = uswap::Pager::builder().resident_limit(limit_bytes).fault_mode(mode).readahead(readahead);
         if let Some(n) = handler_threads {
             builder = builder.handler_threads(n);
+        }
+        if let Some(target) = auto {
+            // `auto=0.01`: the limit moves by itself, `limit` its ceiling (see the Rust
+            // `PagerBuilder::auto_budget`); a target out of range is refused by `build`.
+            builder = builder.auto_budget(target);
         }
         for d in list {
             builder = builder.device(d);

@@ -250,6 +250,25 @@ def test_stats_use_the_bench_counter_names_and_set_limit_applies_at_once(pager):
     assert np.array_equal(a, np.arange(a.size, dtype=np.uint32))
 
 
+def test_auto_budget_moves_the_limit_down_to_what_is_used_and_reports_stalls():
+    p = uswap.Pager("64MiB", "zpool", auto=0.01)
+    region = p.map(32 * MiB)
+    a = np.frombuffer(region, dtype=np.uint64)
+    a[:] = np.arange(a.size, dtype=np.uint64)  # 32 MiB resident, then only 4 MiB used
+    hot = a[: (4 * MiB) // 8]
+    deadline = time.monotonic() + 30
+    while p.limit > 24 * MiB:
+        assert time.monotonic() < deadline, f"the limit stayed at {p.limit} with 4 MiB in use: {p.stats()['stall']}"
+        hot += 1
+        time.sleep(0.05)
+    st = p.stats()
+    assert set(st["stall"]) == {"seconds_total", "avg10", "avg60", "avg300"}, st["stall"]
+    assert st["limit_pages"] * uswap.PAGE_SIZE == p.limit
+    assert np.array_equal(a[hot.size :], np.arange(hot.size, a.size, dtype=np.uint64)), "the cold part read back"
+    with pytest.raises(uswap.InvalidArgumentError, match="share of wall time"):
+        uswap.Pager("64MiB", "zpool", auto=2.0)
+
+
 def test_arrays_outlive_the_block_and_the_pager_object():
     pager = uswap.Pager(limit=8 * MiB, devices="zpool:128MiB")
     with pager.numpy(threshold="64KiB") as h:

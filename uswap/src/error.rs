@@ -30,6 +30,14 @@ pub enum Error {
     #[error("resident limit of {limit_bytes} bytes is below the minimum of {min_bytes} bytes; give the pager at least {min_bytes} bytes")]
     LimitTooSmall { limit_bytes: u64, min_bytes: u64 },
 
+    #[error(
+        "a stall target of {target} is not a share of wall time between 0 and 0.5 (1 % is 0.01); give one such as 0.01"
+    )]
+    BadStallTarget { target: f64 },
+
+    #[error("an automatic budget moves the limit of one pager; under a shared charge the tree's budget is moved by whoever owns it (uswap run --auto)")]
+    AutoBudgetShared,
+
     #[error("cannot map a region of zero bytes; ask for at least one page ({page_size} bytes)")]
     ZeroLengthMap { page_size: usize },
 
@@ -144,6 +152,8 @@ impl Error {
             UserfaultfdDenied { .. } => ErrorKind::Permission,
             UserfaultfdUnsupported { .. } | KernelTooOld { .. } => ErrorKind::Unsupported,
             LimitTooSmall { .. }
+            | BadStallTarget { .. }
+            | AutoBudgetShared
             | ZeroLengthMap { .. }
             | MapTooLarge { .. }
             | NoDevice

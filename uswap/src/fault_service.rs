@@ -124,8 +124,14 @@ fn serve_locked(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
         PageState::None | PageState::Zero => zero_fill(pager, f),
         PageState::Resident if f.locked.clean() => write_to_clean(pager, f),
         PageState::Resident => resident_again(pager, f),
-        PageState::Cached => swap_cache_hit(pager, f),
-        PageState::Swapped => swap_in(pager, f),
+        PageState::Cached => {
+            let _stalled = pager.charge.stall();
+            swap_cache_hit(pager, f)
+        }
+        PageState::Swapped => {
+            let _stalled = pager.charge.stall();
+            swap_in(pager, f)
+        }
         PageState::Shared => write_to_shared(pager, f),
         PageState::Parent => parent_in(pager, f),
         PageState::Gone => {

@@ -49,6 +49,7 @@ pub mod mlock;
 mod page_table;
 mod pager;
 mod pin;
+pub mod pressure;
 mod readahead;
 mod reclaim;
 mod region;

@@ -55,6 +55,7 @@ pub struct PagerBuilder {
     shared_charge: Option<(&'static SharedCharge, &'static AtomicUsize)>,
     own_pool_bytes: Option<&'static AtomicU64>,
     publish_stats: bool,
+    auto_budget: Option<f64>,
 }
 
 impl PagerBuilder {
@@ -122,6 +123,20 @@ impl PagerBuilder {
     /// `Stats::publish.error`; the pager works without it.
     pub fn publish_stats(mut self, on: bool) -> Self {
         self.publish_stats = on;
+        self
+    }
+
+    /// Moves the resident limit by itself to the smallest that keeps the application's memory
+    /// stalls under `target`, a share of wall time (`0.01`: 1 %; [`pressure::DEFAULT_TARGET`]
+    /// says why that is the default): the control law is [`pressure::Budget`]'s, run once a
+    /// second by the background reclaimer. The limit given with
+    /// [`resident_limit`](Self::resident_limit) is the ceiling, and where it starts.
+    /// [`Pager::resident_limit`] says where it is now. Not with a shared charge.
+    ///
+    /// [`pressure::DEFAULT_TARGET`]: crate::pressure::DEFAULT_TARGET
+    /// [`pressure::Budget`]: crate::pressure::Budget
+    pub fn auto_budget(mut self, target: f64) -> Self {
+        self.auto_budget = Some(target);
         self
     }
 
@@ -197,6 +212,14 @@ impl PagerBuilder {
         }
         if self.devices.is_empty() {
             return Err(Error::NoDevice);
+        }
+        if let Some(target) = self.auto_budget {
+            if !(target > 0.0 && target <= 0.5) {
+                return Err(Error::BadStallTarget { target });
+            }
+            if self.shared_charge.is_some() {
+                return Err(Error::AutoBudgetShared);
+            }
         }
         if self.devices.len() > MAX_DEVICES {
             return Err(Error::TooManyDevices { given: self.devices.len(), max: MAX_DEVICES });
@@ -286,6 +309,11 @@ impl PagerBuilder {
                 resident_peak_pages: AtomicUsize::new(0),
                 reclaim_held: AtomicBool::new(false),
                 reclaim_in_flight: AtomicUsize::new(0),
+                stall: crate::pressure::StallClock::new(),
+                stall_avgs: crate::pressure::StallAverages::default(),
+                auto: self.auto_budget.map(|target| {
+                    crate::pressure::Budget::new(target, (MIN_LIMIT_BYTES / PAGE_SIZE as u64) as usize, limit_pages)
+                }),
             },
             parent: std::sync::OnceLock::new(),
             regions_survive_fork: self.regions_survive_fork,
@@ -505,6 +533,7 @@ impl Pager {
             shared_charge: None,
             own_pool_bytes: None,
             publish_stats: true,
+            auto_budget: None,
         }
     }
 

@@ -51,6 +51,8 @@ pub struct SharedCharge {
     /// a pager compares its own charge with, to tell whether it holds a share of the tree's
     /// memory worth reclaiming for the tree (see the module's comment).
     pub nr_processes: AtomicUsize,
+    /// The tree's memory stalls: some thread of some process stalled (`crate::pressure`).
+    pub stall: crate::pressure::StallClock,
 }
 
 /// Where a compressed pool reports the memory it takes and gives back: the tree's total
@@ -127,7 +129,7 @@ pub const SEGMENT_FILE: &str = "charge";
 pub const MAX_PROCESSES: usize = 4096;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
-const VERSION: u64 = 3;
+const VERSION: u64 = 4;
 
 #[repr(C)]
 struct Slot {
@@ -208,6 +210,12 @@ impl ChargeSegment {
     /// The most memory the tree's compressed pools held at once.
     pub fn pool_peak_bytes(&self) -> u64 {
         self.seg.charge.pool_peak_bytes.load(Ordering::Acquire)
+    }
+
+    /// Seconds during which some thread of some process of the tree stalled on memory
+    /// (`crate::pressure`), up to now.
+    pub fn stall_seconds(&self) -> f64 {
+        self.seg.charge.stall.total_us(crate::pressure::now_us()) as f64 / 1e6
     }
 
     /// Gives a slot's charge (and its share of the pools) back.

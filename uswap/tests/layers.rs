@@ -18,7 +18,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the userfaultfd ABI, the engine's descriptors", &["fd", "uffd"]),
     (
         "mappings, locks, queues, counters shared by processes",
-        &["mapping", "sync", "fifo", "readahead", "shared_charge", "bounce"],
+        &["mapping", "sync", "fifo", "readahead", "shared_charge", "bounce", "pressure"],
     ),
     ("devices: where page contents go", &["backend"]),
     (

@@ -292,6 +292,15 @@ fn prometheus(pid: u32, blocks: &[(Option<&PagerStats>, &Stats)]) -> String {
         }
         fam.add(lat.clone(), "summary", lat_help, "_sum", labels.clone(), l.mean * l.count as f64 / 1e6);
         fam.add(lat, "summary", lat_help, "_count", labels.clone(), l.count as f64);
+        let st = &stats.stall;
+        let stall_help = "Time during which some thread of the application stalled on memory (a swap-in, a page on \
+                          its way out, room under the limit): PSI's some total.";
+        fam.add("uswap_stall_seconds_total".into(), "counter", stall_help, "", labels.clone(), st.seconds_total);
+        for (w, v) in [("10", st.avg10), ("60", st.avg60), ("300", st.avg300)] {
+            let help =
+                "Share of wall time some thread stalled on memory, running average (PSI's avg10, avg60, avg300).";
+            fam.add(format!("uswap_stall_avg{w}_percent"), "gauge", help, "", labels.clone(), v);
+        }
         fam.add(
             "uswap_fault_latency_max_seconds".into(),
             "gauge",
@@ -371,6 +380,13 @@ fn table(
             us(l.p99),
             us(l.max)
         );
+        let st = &s.stall;
+        let _ = writeln!(
+            out,
+            "  stalls    {:.2} s in all; some thread stalled on memory {:.2} % of the last 10 s, {:.2} % of 60 s, \
+             {:.2} % of 300 s",
+            st.seconds_total, st.avg10, st.avg60, st.avg300
+        );
         if !s.devices.is_empty() {
             let _ = writeln!(
                 out,
@@ -431,9 +447,9 @@ mod tests {
         every_field_name(&serde_json::to_value(&s).unwrap(), &mut names);
         let mut devices = Vec::new();
         every_field_name(&serde_json::to_value(&s.devices[0]).unwrap(), &mut devices);
-        // Latency is rendered by hand (a summary); the rest by name.
-        let lat = ["count", "mean", "p50", "p90", "p99", "p999", "max"];
-        for n in names.iter().chain(&devices).filter(|n| !lat.contains(&n.as_str())) {
+        // Latency (a summary) and stalls (`uswap_stall_*`) are rendered by hand; the rest by name.
+        let by_hand = ["count", "mean", "p50", "p90", "p99", "p999", "max", "seconds_total", "avg10", "avg60", "avg300"];
+        for n in names.iter().chain(&devices).filter(|n| !by_hand.contains(&n.as_str())) {
             assert!(help(n).is_some(), "no help for {n}");
         }
     }

@@ -103,6 +103,7 @@ class Pager:
         device_size: Optional[Size] = None,
         handler_threads: Optional[int] = None,
         readahead: bool = True,
+        auto: Optional[float] = None,
     ) -> None: ...
     def map(self, size: Size) -> Region:
         """Maps a zero-filled managed region of ``size`` bytes (rounded up to pages)."""

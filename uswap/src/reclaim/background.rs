@@ -31,6 +31,19 @@ const FORK_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 /// takes no fault either, and would evict it each time.
 pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Moves the limit as the automatic budget's law says, once a tick (`pressure::Budget`);
+/// a lower limit is reclaimed down to at once, here, off the application's threads.
+fn move_budget(p: &PagerShared, b: &mut crate::pressure::Budget, now_us: u64) {
+    let limit = p.charge.limit_pages.load(Ordering::Acquire);
+    let resident = p.charge.resident_pages.load(Ordering::Acquire);
+    let Some(next) = b.tick(p.charge.stall.total_us(now_us), now_us, limit, resident) else { return };
+    p.charge.limit_pages.store(next, Ordering::Release);
+    if next < resident && !p.charge.reclaim_held.load(Ordering::Acquire) {
+        // Best effort: pages that cannot go now go with later rounds.
+        let _ = super::round::reclaim_to_limit(p);
+    }
+}
+
 /// The background reclaimer. With [`BackgroundReclaim::WhenIdle`]: every
 /// [`BACKGROUND_PERIOD`], if the charge is above the high watermark and the application took
 /// no fault during the last period, reclaims towards the low watermark, stopping as soon as
@@ -43,6 +56,7 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
     let mut last_fault_seen = std::time::Instant::now();
     let mut writeback_buf = vec![AlignedPage([0; PAGE_SIZE]); BATCH];
     let mut last_fork_pass = std::time::Instant::now();
+    let mut budget = p.charge.auto.clone();
     while !p.is_shutdown() {
         std::thread::park_timeout(BACKGROUND_PERIOD);
         // Whatever the application does: faulting threads cannot do it (see `cow`).
@@ -75,6 +89,12 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
             cow::adopt_exclusive(p);
         }
         p.devices.run_discards();
+        // PSI's averages, every 2 s; the automatic budget, every second.
+        let now_us = crate::pressure::now_us();
+        p.charge.stall_avgs.sample(&p.charge.stall, now_us);
+        if let Some(b) = budget.as_mut() {
+            move_budget(p, b, now_us);
+        }
         // A device whose writes failed takes pages again once a probe succeeds.
         p.devices.probe_degraded();
         if !idle || p.charge.reclaim_held.load(Ordering::Acquire) {

@@ -66,7 +66,8 @@ fn nap(ns: u64) {
 /// reclaim takes the extra pages later. `lock_free`: the caller may take no lock (signal
 /// mode, its thread interrupted inside the engine).
 pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
-    let mut stalled = false;
+    // Held from the first reclaim round to the charge: a stall on memory (`crate::pressure`).
+    let mut stalled = None;
     let mut fruitless = 0;
     let mut backoff_ns = CHARGE_BACKOFF_MIN_NS;
     // (when the waiting began, when progress was last seen, the progress then)
@@ -89,9 +90,9 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
             p.stats.inc(Counter::LimitOverrun);
             break;
         }
-        if !stalled {
+        if stalled.is_none() {
             p.stats.inc(Counter::Allocstall);
-            stalled = true;
+            stalled = Some(p.charge.stall());
             reclaim_since_ns = crate::mapping::now_ns();
         }
         let round = reclaim_round(p, true);

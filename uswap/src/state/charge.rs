@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 
+use crate::pressure::{Budget, StallAverages, StallClock, StallGuard};
 use crate::shared_charge::{ChargeCell, SharedCharge};
 
 /// The resident limit and the charge against it.
@@ -26,4 +27,19 @@ pub(crate) struct Charge {
     /// waits for them to end once `reclaim_held` is set, so that no page is half moved
     /// when the child's copy of the engine's state is taken.
     pub reclaim_in_flight: AtomicUsize,
+    /// The application's memory stalls (`crate::pressure`), and their running averages.
+    pub stall: StallClock,
+    pub stall_avgs: StallAverages,
+    /// With an automatic budget: its control law, with the ceiling (the limit given), which
+    /// the background reclaimer copies and runs (`reclaim::background`).
+    pub auto: Option<Budget>,
+}
+
+impl Charge {
+    /// A stall of the calling thread on memory, on this pager's clock and its tree's, until
+    /// the guard drops. No lock, no allocation.
+    #[inline]
+    pub fn stall(&self) -> StallGuard<'_> {
+        StallGuard::new(&self.stall, self.shared.map(|s| &s.stall))
+    }
 }

@@ -185,6 +185,9 @@ impl PagerShared {
         st.swapcache_pages = self.swap_cache.nr_pages() as u64;
         st.clean_pages = self.clean_pages.load(Ordering::Acquire) as u64;
         st.limit_pages = self.charge.limit_pages.load(Ordering::Acquire) as u64;
+        let [avg10, avg60, avg300] = self.charge.stall_avgs.averages();
+        let stalled_us = self.charge.stall.total_us(crate::pressure::now_us());
+        st.stall = crate::stats::StallStats { seconds_total: stalled_us as f64 / 1e6, avg10, avg60, avg300 };
         (st.unmanaged_bytes, st.unmanaged_peak_bytes) = crate::stats::unmanaged();
         [
             st.syscall_prepared,

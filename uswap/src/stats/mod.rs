@@ -250,8 +250,25 @@ pub struct Stats {
     pub devices: Vec<DeviceStats>,
     /// Fault service time (from entering the engine to the page being mapped), microseconds.
     pub fault_latency_us: LatencySummary,
+    /// Time the application stalled on memory (see [`crate::pressure`]).
+    pub stall: StallStats,
     /// How these counters are published for `uswap stat` (see [`crate::stats_server`]).
     pub publish: PublishStats,
+}
+
+/// Memory stalls as PSI's *some* line reports them (see [`crate::pressure`]): the time
+/// during which at least one thread waited for a swap-in, a page on its way out or room under
+/// the limit. Summed over pagers or processes, an upper bound of their union (`uswap run`
+/// reports the tree's union itself).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StallStats {
+    /// Since the pager started.
+    pub seconds_total: f64,
+    /// Running averages over 10 s, 60 s and 300 s, in percent of wall time.
+    pub avg10: f64,
+    pub avg60: f64,
+    pub avg300: f64,
 }
 
 /// The stats socket's own figures (see [`crate::stats_server`]).
@@ -427,6 +444,11 @@ impl Stats {
                 None => self.devices.push(d.clone()),
             }
         }
+        let (a, b) = (&mut self.stall, &other.stall);
+        a.seconds_total += b.seconds_total;
+        a.avg10 += b.avg10;
+        a.avg60 += b.avg60;
+        a.avg300 += b.avg300;
         let (a, b) = (&mut self.fault_latency_us, &other.fault_latency_us);
         let count = a.count + b.count;
         a.mean = if count == 0 { 0.0 } else { (a.mean * a.count as f64 + b.mean * b.count as f64) / count as f64 };

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""`uswap run --auto` with the same record as senpai.py: runs CMD under `uswap run --auto=TARGET
+--limit MAX`, asks `uswap stat --json --sum` for the tree's figures once a second (the limit
+`--auto` holds, the resident pages, the compressed pool), and prints a summary JSON on exit:
+the run time, the limit and memory (resident plus pool) at the end, and when the limit
+settled (stayed within 10 % of its final value). --log gets one JSON line a second.
+
+    bench/auto-budget/uswap-auto.py --target 0.01 --log uswap.jsonl -- python3 job.py
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", type=float, default=0.01)
+    p.add_argument("--max", default="64GiB", help="--limit: the ceiling")
+    p.add_argument("--uswap", default=os.path.join(ROOT, "target/release/uswap"))
+    p.add_argument("--log")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    conf = p.parse_args()
+    cmd = conf.cmd[1:] if conf.cmd[:1] == ["--"] else conf.cmd
+    if not cmd:
+        p.error("give the program after --")
+    log = open(conf.log, "w") if conf.log else None
+    start = time.monotonic()
+    run = subprocess.Popen([conf.uswap, "run", f"--auto={conf.target}", "--limit", conf.max, "--"] + cmd)
+    history = []
+    while run.poll() is None:
+        time.sleep(1)
+        out = subprocess.run([conf.uswap, "stat", "--json", "--sum", str(run.pid)], capture_output=True, text=True)
+        try:
+            st = json.loads(out.stdout.splitlines()[0])["stats"]
+        except (IndexError, KeyError, ValueError):
+            continue  # not started yet, or just ended
+        page = 4096
+        pool = sum((d.get("backend") or {}).get("pool_bytes", 0) for d in st.get("devices", []))
+        row = {"t": round(time.monotonic() - start, 2), "limit": st["limit_pages"] * page,
+               "resident": st["resident_pages"] * page, "pool": pool,
+               "stall_s": st.get("stall", {}).get("seconds_total", 0)}
+        history.append(row)
+        if log:
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+    elapsed = time.monotonic() - start
+    end = history[-1] if history else {"limit": 0, "resident": 0, "pool": 0}
+    settled = next((r["t"] for i, r in enumerate(history)
+                    if all(abs(h["limit"] - end["limit"]) <= 0.1 * end["limit"] for h in history[i:])), None)
+    print(json.dumps({"status": run.returncode, "seconds": round(elapsed, 2), "limit_bytes": end["limit"],
+                      "resident_bytes": end["resident"], "pool_bytes": end["pool"],
+                      "memory_bytes": end["resident"] + end["pool"], "settled_s": settled}))
+    sys.exit(run.returncode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,454 @@
+//! Memory pressure: how much of the wall time a program's threads spend stalled on memory,
+//! per pager and per `uswap run` tree, as the kernel's pressure stall information (PSI)
+//! reports it for a cgroup's `memory.pressure`.
+//!
+//! # What counts
+//!
+//! A thread stalls on memory while its fault waits for a device (a swap-in, with its
+//! readahead window), for a page on its way out (a swap-cache hit), or for room under the
+//! limit (direct reclaim). Zero-fill faults and write-protect faults are not stalls: a
+//! program that allocates pays them with or without a limit, as PSI does not count page
+//! allocation either. The figure is PSI's *some*: the share of wall time during which at
+//! least one thread stalled, so eight threads stalled at once for a second count one
+//! second, not eight.
+//!
+//! # How
+//!
+//! [`StallClock`] keeps the number of threads stalled now and since when at least one has
+//! been, in one atomic word (`since_us << 16 | nr_stalled`), so that the first thread to
+//! stall and the last to stop agree on the interval: the last adds it to the total. A
+//! [`StallGuard`] holds a stall on the pager's clock and, under `uswap run`, on the tree's
+//! (in the shared charge segment: a union across processes, since every process reads the
+//! same monotonic clock). [`StallAverages`] turns the total into PSI's running averages over
+//! 10 s, 60 s and 300 s, sampled every [`SAMPLE_PERIOD_US`] (PSI's own period) by the
+//! background reclaimer.
+//!
+//! Locking: none; compare-and-swap loops that allocate nothing, so a SIGBUS handler may
+//! stall and unstall. Invariant: `nr_stalled` is the number of live guards on the clock;
+//! `since_us` is meaningful only while it is not zero.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How often the averages are brought up to date (PSI's `PSI_FREQ`: 2 s).
+pub const SAMPLE_PERIOD_US: u64 = 2_000_000;
+/// The windows of the running averages, as PSI's `avg10`, `avg60`, `avg300`.
+pub const WINDOWS_S: [u64; 3] = [10, 60, 300];
+
+const COUNT_BITS: u32 = 16;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+
+/// Microseconds on the monotonic clock, the same in every process of the machine.
+pub fn now_us() -> u64 {
+    crate::mapping::now_ns() / 1000
+}
+
+/// Stall time: the union of the intervals during which some thread stalled.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct StallClock {
+    /// `since_us << 16 | nr_stalled`.
+    state: AtomicU64,
+    /// Microseconds of stall that ended.
+    total_us: AtomicU64,
+}
+
+impl StallClock {
+    pub const fn new() -> StallClock {
+        StallClock { state: AtomicU64::new(0), total_us: AtomicU64::new(0) }
+    }
+
+    /// A thread stalls from `now_us`.
+    fn enter(&self, now_us: u64) {
+        let mut s = self.state.load(Ordering::Relaxed);
+        // Lock-free: each retry means another thread's exchange succeeded.
+        loop {
+            let n = s & COUNT_MASK;
+            assert!(n < COUNT_MASK, "uswap invariant: more than 65535 threads stalled at once");
+            let new = if n == 0 { now_us << COUNT_BITS | 1 } else { s + 1 };
+            match self.state.compare_exchange_weak(s, new, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(cur) => s = cur,
+            }
+        }
+    }
+
+    /// A thread stops stalling at `now_us`; the last one adds the interval to the total.
+    fn leave(&self, now_us: u64) {
+        let mut s = self.state.load(Ordering::Relaxed);
+        // Lock-free, as in `enter`.
+        loop {
+            let n = s & COUNT_MASK;
+            assert!(n > 0, "uswap invariant: a stall ended that had not begun");
+            let new = if n == 1 { 0 } else { s - 1 };
+            match self.state.compare_exchange_weak(s, new, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(cur) => s = cur,
+            }
+        }
+        if s & COUNT_MASK == 1 {
+            self.total_us.fetch_add(now_us.saturating_sub(s >> COUNT_BITS), Ordering::Relaxed);
+        }
+    }
+
+    /// Microseconds of stall up to `now_us`, the one under way included.
+    pub fn total_us(&self, now_us: u64) -> u64 {
+        let s = self.state.load(Ordering::Acquire);
+        let ongoing = if s & COUNT_MASK == 0 { 0 } else { now_us.saturating_sub(s >> COUNT_BITS) };
+        self.total_us.load(Ordering::Relaxed) + ongoing
+    }
+}
+
+/// A stall on a pager's clock and, if the pager shares a tree's limit, on the tree's.
+/// Ends when dropped.
+#[must_use]
+pub struct StallGuard<'a> {
+    clocks: [Option<&'a StallClock>; 2],
+}
+
+impl<'a> StallGuard<'a> {
+    pub fn new(own: &'a StallClock, tree: Option<&'a StallClock>) -> StallGuard<'a> {
+        let now = now_us();
+        own.enter(now);
+        if let Some(t) = tree {
+            t.enter(now);
+        }
+        StallGuard { clocks: [Some(own), tree] }
+    }
+}
+
+impl Drop for StallGuard<'_> {
+    fn drop(&mut self) {
+        let now = now_us();
+        for c in self.clocks.iter().flatten() {
+            c.leave(now);
+        }
+    }
+}
+
+/// PSI's running averages of the stall share, in percent of wall time, each an exponential
+/// moving average over its window ([`WINDOWS_S`]), brought up to date by [`sample`](Self::sample).
+#[derive(Debug, Default)]
+pub struct StallAverages {
+    /// When the last sample was taken, and the total then (0 before the first).
+    last_us: AtomicU64,
+    last_total_us: AtomicU64,
+    /// The averages, as `f64` bits.
+    avgs: [AtomicU64; 3],
+}
+
+impl StallAverages {
+    /// Takes a sample if [`SAMPLE_PERIOD_US`] has passed since the last: the share of the
+    /// time since then that `clock` stalled, folded into each average. One caller at a time
+    /// (the background reclaimer). Returns the share (0..=1) when it sampled.
+    pub fn sample(&self, clock: &StallClock, now_us: u64) -> Option<f64> {
+        let last = self.last_us.load(Ordering::Relaxed);
+        let total = clock.total_us(now_us);
+        if last == 0 {
+            self.last_us.store(now_us, Ordering::Relaxed);
+            self.last_total_us.store(total, Ordering::Relaxed);
+            return None;
+        }
+        let elapsed = now_us.saturating_sub(last);
+        if elapsed < SAMPLE_PERIOD_US {
+            return None;
+        }
+        let stalled = total.saturating_sub(self.last_total_us.load(Ordering::Relaxed));
+        let share = (stalled as f64 / elapsed as f64).min(1.0);
+        for (avg, window_s) in self.avgs.iter().zip(WINDOWS_S) {
+            let decay = (-(elapsed as f64) / (window_s as f64 * 1e6)).exp();
+            let old = f64::from_bits(avg.load(Ordering::Relaxed));
+            avg.store((old * decay + share * 100.0 * (1.0 - decay)).to_bits(), Ordering::Relaxed);
+        }
+        self.last_us.store(now_us, Ordering::Relaxed);
+        self.last_total_us.store(total, Ordering::Relaxed);
+        Some(share)
+    }
+
+    /// `avg10`, `avg60`, `avg300`, in percent.
+    pub fn averages(&self) -> [f64; 3] {
+        [0, 1, 2].map(|i| f64::from_bits(self.avgs[i].load(Ordering::Relaxed)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlapping_stalls_count_once_and_nested_ones_too() {
+        let c = StallClock::new();
+        c.enter(100);
+        c.enter(150); // a second thread, inside the first's stall
+        c.leave(180);
+        assert_eq!(c.total_us(190), 90, "the stall under way counts up to now");
+        c.leave(200);
+        assert_eq!(c.total_us(1000), 100);
+        c.enter(300);
+        c.leave(310);
+        assert_eq!(c.total_us(1000), 110);
+    }
+
+    #[test]
+    fn threads_stalling_at_random_add_up_to_the_union() {
+        let c = StallClock::new();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..2000 {
+                        let _g = StallGuard::new(&c, None);
+                        std::hint::spin_loop();
+                    }
+                });
+            }
+        });
+        let now = now_us();
+        assert_eq!(c.state.load(Ordering::Relaxed) & COUNT_MASK, 0, "every stall ended");
+        assert!(c.total_us(now) <= now, "a union is no longer than the time");
+    }
+
+    #[test]
+    fn averages_follow_the_share_as_psi_does() {
+        let (c, a) = (StallClock::new(), StallAverages::default());
+        assert_eq!(a.sample(&c, 1_000_000), None, "the first call only starts the clock");
+        // Stalled half of every period for 60 s.
+        let mut t = 1_000_000;
+        for _ in 0..30 {
+            c.enter(t);
+            c.leave(t + SAMPLE_PERIOD_US / 2);
+            t += SAMPLE_PERIOD_US;
+            assert_eq!(a.sample(&c, t), Some(0.5));
+        }
+        let [avg10, avg60, avg300] = a.averages();
+        assert!((avg10 - 50.0 * (1.0 - (-6.0f64).exp())).abs() < 0.01, "avg10 has settled: {avg10}");
+        assert!((avg60 - 50.0 * (1.0 - (-1.0f64).exp())).abs() < 0.5, "avg60 after one window: {avg60}");
+        assert!(avg300 < avg60 && avg300 > 5.0, "{avg300}");
+        assert_eq!(a.sample(&c, t + 1), None, "not before a period has passed");
+    }
+}
+
+/// The default stall target of the automatic budget: 1 % of wall time. Why: a
+/// single-threaded program stalled 1 % of the time runs at most about 1 % slower than with
+/// all its memory, well inside the 5 % a user would call "no slower"; a smaller target
+/// keeps more memory for stalls too short to notice (Senpai's default, 10 ms in 6 s, is
+/// 0.17 %, set for fleets where a tenth of a percent of memory is worth a machine); and
+/// 1 % of a second is 10 ms, hundreds of faults, so one second's figure is not noise.
+pub const DEFAULT_TARGET: f64 = 0.01;
+/// How often the budget moves.
+pub const BUDGET_TICK_US: u64 = 1_000_000;
+/// The first probe, as a share of the budget, when the stalls were under a tenth of the
+/// target ([`COEFF_PROBE`]). Senpai probes 1 % every 6 s; uswap's figure is exact and per
+/// second, so it probes faster.
+pub const FIRST_PROBE: f64 = 0.05;
+/// The largest probe: each probe that cost nothing doubles the next, up to this, so that
+/// memory a phase stopped using goes in seconds (256 MiB down to 32 MiB in about 12 s),
+/// not minutes.
+pub const MAX_PROBE: f64 = 0.25;
+/// The smallest probe: what a probe shrinks to after probes that went below the working set.
+pub const MIN_PROBE: f64 = 0.005;
+const COEFF_PROBE: f64 = 10.0;
+/// The most it grows in a tick (it doubles): reached when the stalls were 20 times the
+/// target ([`COEFF_BACKOFF`]). Twice the target grows it 1 %; a phase that needs more
+/// memory thrashes far above the target and gets it in a few seconds.
+pub const MAX_BACKOFF: f64 = 1.0;
+const COEFF_BACKOFF: f64 = 20.0;
+/// What a probe that hurt is undone to: the level before it, and this much more.
+const UNDO_MARGIN: f64 = 0.02;
+/// Ticks without a probe after one was undone: the edge of the working set was found.
+const HOLD_TICKS: u32 = 10;
+/// Stalls this many times the target after a probe mean it went below the working set (and
+/// hold the next probe for [`HOLD_TICKS`]); fewer, that it took pages still in use on their
+/// way out (reclaim sees no accessed bits, so a probe takes some hot pages with the cold):
+/// the next probe waits one tick.
+const SEVERE: f64 = 4.0;
+/// Ticks without a probe after the budget grew: the program is bringing its pages back in,
+/// and a probe then would take pages it is about to touch (Senpai's grace ticks).
+const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
+
+/// The automatic budget's control law: Senpai's, on uswap's own stall figure, with the
+/// probe made adaptive. Once a [`BUDGET_TICK_US`], the share of the tick some thread
+/// stalled is compared with the target.
+///
+/// * At or below it, the budget *probes*: the limit (or the resident pages, when fewer: an
+///   idle program's excess goes at once) shrinks by `step * min(1, (target/share/10)^2)`.
+///   `step` starts at [`FIRST_PROBE`], halves each time a probe is undone, down to
+///   [`MIN_PROBE`], and doubles with each probe that costs nothing, up to [`MAX_PROBE`].
+/// * Above it, right after a probe, the probe went below the working set: the limit grows
+///   as below, but no further than the level before the probe plus 2 % (the probe undone,
+///   when the stalls were 20 times the target or more), and no probe follows for
+///   [`HOLD_TICKS`] (one tick only when the stalls were under [`SEVERE`] times the target).
+/// * Above it otherwise (the working set grew), the limit grows by
+///   `MAX_BACKOFF * min(1, (share/target/20)^2)`: doubling while the program thrashes; no
+///   probe follows for [`HOLD_AFTER_GROWTH_TICKS`], while the program brings its pages in.
+///
+/// Why it does not oscillate: a probe that finds the edge of the working set is undone in
+/// the next tick and followed by ever smaller probes, so the limit stays within the last
+/// step below the level that met the target (the first that hurts is at most `MAX_PROBE`,
+/// the next ones halve down to `MIN_PROBE`),
+/// and 2 % above it; a probe that costs nothing moves it down for good. Over a stable working
+/// set the limit walks down from 2 % above its edge in small doubling steps and is undone
+/// when a step crosses it: one tick of stalls every dozen or so, the price of knowing that
+/// the working set did not shrink. Measured on a program (`uswap/tests/auto_budget.rs`); a model in the unit tests.
+/// Bounded by `floor_pages` and `ceiling_pages` (`--limit`).
+#[derive(Debug, Clone)]
+pub struct Budget {
+    target: f64,
+    floor_pages: usize,
+    ceiling_pages: usize,
+    last_us: u64,
+    last_total_us: u64,
+    /// The next probe's largest share.
+    step: f64,
+    /// The level the last tick probed from, if it probed.
+    probed_from: Option<usize>,
+    /// Ticks left without probing.
+    hold: u32,
+}
+
+impl Budget {
+    pub fn new(target: f64, floor_pages: usize, ceiling_pages: usize) -> Budget {
+        assert!(target > 0.0 && target < 1.0, "a stall target is a share of wall time");
+        assert!(floor_pages <= ceiling_pages);
+        Budget {
+            target,
+            floor_pages,
+            ceiling_pages,
+            last_us: 0,
+            last_total_us: 0,
+            step: FIRST_PROBE,
+            probed_from: None,
+            hold: 0,
+        }
+    }
+
+    pub fn target(&self) -> f64 {
+        self.target
+    }
+
+    /// Called often (each pass of a background loop) with the stall clock's total: the new
+    /// limit, in pages, once a tick has passed since the last (`None` otherwise).
+    pub fn tick(
+        &mut self,
+        stall_total_us: u64,
+        now_us: u64,
+        limit_pages: usize,
+        resident_pages: usize,
+    ) -> Option<usize> {
+        if self.last_us == 0 {
+            (self.last_us, self.last_total_us) = (now_us, stall_total_us);
+            return None;
+        }
+        let elapsed = now_us.saturating_sub(self.last_us);
+        if elapsed < BUDGET_TICK_US {
+            return None;
+        }
+        let share = stall_total_us.saturating_sub(self.last_total_us) as f64 / elapsed as f64;
+        (self.last_us, self.last_total_us) = (now_us, stall_total_us);
+        Some(self.next_limit(share, limit_pages, resident_pages))
+    }
+
+    /// The law itself: the limit after a tick whose stall share was `share`.
+    pub fn next_limit(&mut self, share: f64, limit_pages: usize, resident_pages: usize) -> usize {
+        let probed_from = self.probed_from.take();
+        let next = if share > self.target {
+            let adj = (share / self.target / COEFF_BACKOFF).powi(2).min(1.0) * MAX_BACKOFF;
+            let grown = limit_pages.min(resident_pages.max(self.floor_pages)) as f64 * (1.0 + adj);
+            match probed_from {
+                Some(level) => {
+                    // Senpai's step, but never past where the probe began (and a margin).
+                    self.step = (self.step / 2.0).max(MIN_PROBE);
+                    self.hold = if share >= SEVERE * self.target { HOLD_TICKS } else { 1 };
+                    grown.min(level as f64 * (1.0 + UNDO_MARGIN))
+                }
+                None => {
+                    self.hold = HOLD_AFTER_GROWTH_TICKS;
+                    grown
+                }
+            }
+        } else if self.hold > 0 {
+            self.hold -= 1;
+            return limit_pages;
+        } else {
+            if probed_from.is_some() {
+                self.step = (self.step * 2.0).min(MAX_PROBE);
+            }
+            let level = limit_pages.min(resident_pages);
+            self.probed_from = Some(level);
+            let adj = (self.target / share.max(1e-9) / COEFF_PROBE).powi(2).min(1.0) * self.step;
+            level as f64 * (1.0 - adj)
+        };
+        (next as usize).clamp(self.floor_pages, self.ceiling_pages)
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    #[test]
+    fn the_law_shrinks_under_the_target_grows_over_it_and_keeps_its_bounds() {
+        let b = || Budget::new(0.01, 100, 100_000);
+        assert_eq!(b().next_limit(0.0, 10_000, 10_000), 9_500, "no stall: the full probe, 5 %");
+        assert_eq!(b().next_limit(0.0, 10_000, 4_000), 3_800, "an idle excess goes at once");
+        assert_eq!(b().next_limit(0.005, 10_000, 10_000), 9_980, "half the target: a 0.2 % probe");
+        assert_eq!(b().next_limit(0.02, 10_000, 10_000), 10_100, "twice the target: 1 % more");
+        assert_eq!(b().next_limit(0.5, 10_000, 10_000), 20_000, "thrashing: doubled");
+        assert_eq!(b().next_limit(0.5, 90_000, 90_000), 100_000, "never above the ceiling");
+        assert_eq!(b().next_limit(0.0, 100, 100), 100, "never below the floor");
+    }
+
+    #[test]
+    fn a_probe_that_hurts_is_undone_then_held_then_made_smaller() {
+        let mut b = Budget::new(0.01, 100, 100_000);
+        assert_eq!(b.next_limit(0.0, 10_000, 10_000), 9_500);
+        assert_eq!(b.next_limit(0.4, 9_500, 9_500), 10_200, "undone, and 2 % more");
+        let mut mild = Budget::new(0.01, 100, 100_000);
+        mild.next_limit(0.0, 10_000, 10_000);
+        assert_eq!(mild.next_limit(0.03, 9_500, 9_500), 9_713, "3 times the target: 2.25 % back, no more");
+        for _ in 0..HOLD_TICKS {
+            assert_eq!(b.next_limit(0.0, 10_200, 10_000), 10_200, "held");
+        }
+        assert_eq!(b.next_limit(0.0, 10_200, 10_000), 9_750, "a probe half as deep: 2.5 %");
+        assert_eq!(b.next_limit(0.0, 9_750, 9_750), 9_262, "it cost nothing: the next is 5 % again");
+    }
+
+    #[test]
+    fn ticks_come_once_a_period_with_the_share_of_that_period() {
+        let mut b = Budget::new(0.01, 1, 1 << 20);
+        assert_eq!(b.tick(0, 1_000_000, 1000, 1000), None, "the first call starts the clock");
+        assert_eq!(b.tick(0, 1_500_000, 1000, 1000), None);
+        // 0.5 s of stall in 1 s: 50 times the target, no probe before it.
+        assert_eq!(b.tick(500_000, 2_000_000, 1000, 1000), Some(2000));
+        for t in 0..HOLD_AFTER_GROWTH_TICKS as u64 {
+            assert_eq!(b.tick(500_000, 3_000_000 + t * 1_000_000, 2000, 1000), Some(2000), "held after growing");
+        }
+        assert_eq!(b.tick(500_000, 9_000_000, 2000, 1000), Some(950));
+    }
+
+    /// A model of a program whose working set is sharp (uniform random access: any page cut
+    /// below it faults at once): stalls rise steeply once the limit is under it. From far
+    /// above and from far below, the limit settles within the working set's last few percent
+    /// and 2 % above it, and the stalls average under the target.
+    #[test]
+    fn against_a_model_program_the_limit_settles_at_the_working_set() {
+        let wss = 10_000.0;
+        let share = |limit: usize| ((wss - limit as f64).max(0.0) / wss * 20.0).min(1.0);
+        for start in [100_000usize, 2_000] {
+            let mut b = Budget::new(DEFAULT_TARGET, 256, 200_000);
+            let (mut limit, mut resident) = (start, start);
+            let mut seen = Vec::new();
+            for _ in 0..200 {
+                let s = share(limit.min(resident));
+                seen.push((limit, s));
+                limit = b.next_limit(s, limit, resident);
+                // The program holds what it can of its working set.
+                resident = limit.min(wss as usize);
+            }
+            let last = &seen[100..];
+            let lo = last.iter().map(|x| x.0).min().unwrap() as f64;
+            let hi = last.iter().map(|x| x.0).max().unwrap() as f64;
+            assert!(lo >= wss * 0.95 && hi <= wss * 1.05, "from {start}: {lo}..{hi}");
+            let mean = last.iter().map(|x| x.1).sum::<f64>() / last.len() as f64;
+            assert!(mean <= DEFAULT_TARGET, "from {start}: stalls averaged {mean}");
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The automatic budget (`PagerBuilder::auto_budget`) and the stall figures it runs on
+//! (`uswap::pressure`), against real faults.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use uswap::{DeviceConfig, FaultMode, Pager, PAGE_SIZE};
+
+/// Random reads of the first `wss_pages` pages of `words` for `d`, with a write to one
+/// page in eight; every page read is checked against its version. Returns, for each whole
+/// second, the share of it the application stalled on memory.
+fn phase(
+    p: &Pager,
+    words: &[std::sync::atomic::AtomicU64],
+    version: &mut [u64],
+    wss_pages: usize,
+    d: Duration,
+) -> Vec<f64> {
+    let mut rng = Rng(0xa070 ^ wss_pages as u64);
+    let start = Instant::now();
+    let mut second = Instant::now();
+    let mut stalled = p.stats().stall.seconds_total;
+    let mut shares = Vec::new();
+    while start.elapsed() < d {
+        for _ in 0..256 {
+            let i = (rng.next() % wss_pages as u64) as usize;
+            check_page_word(words, i, version[i]);
+            if rng.next() % 8 == 0 {
+                version[i] += 1;
+                write_page(words, i, version[i]);
+            }
+        }
+        if second.elapsed() >= Duration::from_secs(1) {
+            let now = p.stats().stall.seconds_total;
+            shares.push((now - stalled) / second.elapsed().as_secs_f64());
+            (stalled, second) = (now, Instant::now());
+        }
+    }
+    shares
+}
+
+/// The first and last word of page `i` (a whole-page check of every access would make the
+/// program's time all checking, and its stalls a small share).
+fn check_page_word(w: &[std::sync::atomic::AtomicU64], i: usize, v: u64) {
+    use std::sync::atomic::Ordering;
+    for k in [0, WORDS - 1] {
+        let want = if v == 0 { 0 } else { word(i, v, k) };
+        assert_eq!(w[i * WORDS + k].load(Ordering::Relaxed), want, "page {i} word {k} (version {v})");
+    }
+}
+
+/// The longest run of consecutive seconds whose stall share was above `bound`.
+fn longest_run_above(shares: &[f64], bound: f64) -> usize {
+    let (mut longest, mut run) = (0, 0);
+    for &s in shares {
+        run = if s > bound { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    longest
+}
+
+/// A program whose working set changes phase: 48 MiB, then 12 MiB, then 48 MiB, under an
+/// automatic budget with the default target (1 %) and a ceiling of 96 MiB. Each phase ends
+/// with the limit within 25 % of its working set, and no phase stalls more than twice the
+/// target for more than a few seconds in a row (the growth after the last phase change
+/// thrashes briefly: the law doubles the limit each second it does). Every page read back
+/// is checked, and every page at the end.
+#[test]
+fn the_budget_follows_a_working_set_through_its_phases() {
+    let target = uswap::pressure::DEFAULT_TARGET;
+    let p = Pager::builder()
+        .resident_limit(96 * MIB)
+        .fault_mode(FaultMode::Signal)
+        .device(DeviceConfig::zpool(256 * MIB))
+        .auto_budget(target)
+        .build()
+        .expect("pager");
+    let region = p.map(64 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    let mut version = vec![1u64; nr_pages];
+    for i in 0..nr_pages {
+        write_page(words, i, 1);
+    }
+    let page = PAGE_SIZE as f64;
+    for (wss_mib, secs) in [(48u64, 25u64), (12, 35), (48, 25)] {
+        let wss_pages = (wss_mib * MIB) as usize / PAGE_SIZE;
+        let shares = phase(&p, words, &mut version, wss_pages, Duration::from_secs(secs));
+        let limit = p.resident_limit() as f64;
+        let wss = wss_pages as f64 * page;
+        let st = p.stats();
+        assert!(
+            (limit - wss).abs() <= wss * 0.25,
+            "phase of {wss_mib} MiB ended with the limit at {:.1} MiB; stall shares {shares:.3?}; {:?}",
+            limit / MIB as f64,
+            st.stall
+        );
+        assert!(longest_run_above(&shares, 2.0 * target) <= 6, "stalled over twice the target: {shares:.3?}");
+    }
+    for (i, &v) in version.iter().enumerate() {
+        check_page(words, i, v);
+    }
+    let st = p.stats();
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+    assert!(st.stall.seconds_total > 0.0 && st.stall.avg300 > 0.0, "stalls were counted: {:?}", st.stall);
+}
+
+#[test]
+fn a_stall_target_outside_zero_to_a_half_is_refused_saying_why() {
+    for bad in [0.0, -0.1, 0.6, f64::NAN] {
+        let e = Pager::builder()
+            .resident_limit(16 * MIB)
+            .device(DeviceConfig::zpool(64 * MIB))
+            .auto_budget(bad)
+            .build()
+            .expect_err("refused");
+        assert!(e.to_string().contains("share of wall time"), "{bad}: {e}");
+        assert_eq!(e.kind(), uswap::ErrorKind::InvalidArgument);
+    }
+}
