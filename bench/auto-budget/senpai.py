@@ -17,15 +17,19 @@ cgroup's `memory.limit_in_bytes` once a second by Senpai's law (facebookincubato
   within `--min` and `--max`.
 
 Differences from Senpai: cgroup v1's `limit_in_bytes` is a hard limit where Senpai sets v2's
-`memory.high`; both make the cgroup reclaim at once when it is over, and with swap on the
-hard limit does not OOM while there is swap.
+`memory.high`; both make the cgroup reclaim at once when it is over. A hard limit that
+reclaim cannot reach would OOM-kill the program (it did, at a CPython job's exit), so the
+cgroup's OOM killer is turned off (`memory.oom_control`): its tasks wait instead, the wait
+shows, and the law raises the limit as for the worst stall, as with `memory.high` (the
+waits are counted: `oom_waits`).
 
 Swap must be on (zram with lz4 for the comparison with uswap's zpool: `uswap bench` sets it
 up for its kernel-zram engine; or by hand). Needs root.
 
 Writes one JSON object per second to --log (time, limit, usage, zram's mem_used_total, PSI
-total) and prints a summary JSON on exit: the run time, the limit and memory (usage plus
-zram) at the end, and when the limit settled (stayed within 10 % of its final value).
+total) and prints a summary JSON on exit: the run time, the median limit and memory (usage
+plus zram) over the last 30 s but the exit, and when the limit settled (came within 10 % of
+that median for good).
 
     sudo bench/auto-budget/senpai.py --target 0.01 --log senpai.jsonl -- python3 job.py
 """
@@ -63,6 +67,19 @@ def zram_used_bytes():
             except (OSError, IndexError, ValueError):
                 pass
     return total
+
+
+def settled(history, memory):
+    """The figures of a run's last 30 s but its last 2 (the program's exit): the median limit and
+    memory (`memory(row)`), and when the limit came within 10 % of that median for good."""
+    rows = [r for r in history[:-2] if r["t"] >= history[-1]["t"] - 30] if len(history) > 3 else history
+    if not rows:
+        return {"limit_bytes": None, "memory_bytes": None, "settled_s": None}
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    limit, mem = median([r["limit"] for r in rows]), median([memory(r) for r in rows])
+    body = history[:-2] if len(history) > 3 else history
+    t = next((r["t"] for i, r in enumerate(body) if all(abs(h["limit"] - limit) <= 0.1 * limit for h in body[i:])), None)
+    return {"limit_bytes": limit, "memory_bytes": mem, "settled_s": t}
 
 
 class Senpai:
@@ -112,6 +129,12 @@ def main():
     os.mkdir(v1)
     os.mkdir(v2)
     write(os.path.join(v1, "memory.limit_in_bytes"), conf.max)
+    # A hard limit the cgroup cannot reclaim down to (a burst of refaults) would OOM-kill
+    # the program; with the OOM killer off its tasks wait instead, and the loop below raises
+    # the limit as for the worst stall (PSI does not count tasks waiting on a memcg OOM, so a
+    # law on PSI alone would go on probing down while they wait): v2's memory.high throttles
+    # instead of killing, which this stands in for.
+    write(os.path.join(v1, "memory.oom_control"), 1)
 
     def enter():
         write(os.path.join(v1, "cgroup.procs"), 0)
@@ -123,19 +146,30 @@ def main():
     child = subprocess.Popen(cmd, preexec_fn=enter)
     history = []
     limit = None
+    ooms = 0
     last_total = psi_some_total_us(v2)
     try:
         while child.poll() is None:
             time.sleep(1)
             usage = int(read(os.path.join(v1, "memory.usage_in_bytes")))
             total = psi_some_total_us(v2)
+            under_oom = "under_oom 1" in read(os.path.join(v1, "memory.oom_control"))
             if limit is None:
                 limit = max(usage, conf.min)  # Senpai starts from memory.current
+            elif under_oom:
+                limit = max(limit, usage) * (1 + conf.max_backoff)
+                senpai.integral, senpai.grace = 0.0, conf.interval - 1
+                ooms += 1
             else:
                 limit = senpai.tick(total - last_total, limit)
             limit = int(max(conf.min, min(conf.max, limit))) & ~4095
             last_total = total
-            write(os.path.join(v1, "memory.limit_in_bytes"), limit)
+            try:
+                write(os.path.join(v1, "memory.limit_in_bytes"), limit)
+            except OSError:
+                # EBUSY: the kernel could not reclaim down to it (v1 refuses such a limit);
+                # Senpai's own reset: carry on from what the cgroup holds.
+                limit = int(read(os.path.join(v1, "memory.limit_in_bytes")))
             row = {"t": round(time.monotonic() - start, 2), "limit": limit, "usage": usage,
                    "zram": zram_used_bytes(), "psi_some_us": total}
             history.append(row)
@@ -154,12 +188,8 @@ def main():
                     break
                 except OSError:
                     time.sleep(0.1)
-    end = history[-1] if history else {"limit": 0, "usage": 0, "zram": 0}
-    settled = next((r["t"] for i, r in enumerate(history)
-                    if all(abs(h["limit"] - end["limit"]) <= 0.1 * end["limit"] for h in history[i:])), None)
-    print(json.dumps({"status": child.returncode, "seconds": round(elapsed, 2), "limit_bytes": end["limit"],
-                      "usage_bytes": end["usage"], "zram_bytes": end["zram"],
-                      "memory_bytes": end["usage"] + end["zram"], "settled_s": settled}))
+    print(json.dumps({"status": child.returncode, "seconds": round(elapsed, 2), "oom_waits": ooms,
+                      **settled(history, lambda r: r["usage"] + r["zram"])}))
     sys.exit(child.returncode)
 
 

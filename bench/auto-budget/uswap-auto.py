@@ -2,8 +2,9 @@
 """`uswap run --auto` with the same record as senpai.py: runs CMD under `uswap run --auto=TARGET
 --limit MAX`, asks `uswap stat --json --sum` for the tree's figures once a second (the limit
 `--auto` holds, the resident pages, the compressed pool), and prints a summary JSON on exit:
-the run time, the limit and memory (resident plus pool) at the end, and when the limit
-settled (stayed within 10 % of its final value). --log gets one JSON line a second.
+the run time, the median limit and memory (resident plus pool) over the last 30 s but the
+exit, and when the limit settled (came within 10 % of that median for good). --log gets one
+JSON line a second.
 
     bench/auto-budget/uswap-auto.py --target 0.01 --log uswap.jsonl -- python3 job.py
 """
@@ -13,6 +14,9 @@ import os
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from senpai import settled  # noqa: E402  (the same summary on both sides)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,12 +53,8 @@ def main():
             log.write(json.dumps(row) + "\n")
             log.flush()
     elapsed = time.monotonic() - start
-    end = history[-1] if history else {"limit": 0, "resident": 0, "pool": 0}
-    settled = next((r["t"] for i, r in enumerate(history)
-                    if all(abs(h["limit"] - end["limit"]) <= 0.1 * end["limit"] for h in history[i:])), None)
-    print(json.dumps({"status": run.returncode, "seconds": round(elapsed, 2), "limit_bytes": end["limit"],
-                      "resident_bytes": end["resident"], "pool_bytes": end["pool"],
-                      "memory_bytes": end["resident"] + end["pool"], "settled_s": settled}))
+    print(json.dumps({"status": run.returncode, "seconds": round(elapsed, 2),
+                      **settled(history, lambda r: r["resident"] + r["pool"])}))
     sys.exit(run.returncode)
 
 

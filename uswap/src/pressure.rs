@@ -260,6 +260,8 @@ const HOLD_TICKS: u32 = 10;
 /// way out (reclaim sees no accessed bits, so a probe takes some hot pages with the cold):
 /// the next probe waits one tick.
 const SEVERE: f64 = 4.0;
+/// Resident memory that grew by more than 1/this in a tick means the program is allocating.
+const GROWING_DIVISOR: usize = 100;
 /// Ticks without a probe after the budget grew: the program is bringing its pages back in,
 /// and a probe then would take pages it is about to touch (Senpai's grace ticks).
 const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
@@ -276,6 +278,8 @@ const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
 ///   as below, but no further than the level before the probe plus 2 % (the probe undone,
 ///   when the stalls were 20 times the target or more), and no probe follows for
 ///   [`HOLD_TICKS`] (one tick only when the stalls were under [`SEVERE`] times the target).
+/// * At or below it while the resident pages grew by more than 1 % in the tick (the program
+///   allocates, or brings pages back in), no probe: its new pages are in use.
 /// * Above it otherwise (the working set grew), the limit grows by
 ///   `MAX_BACKOFF * min(1, (share/target/20)^2)`: doubling while the program thrashes; no
 ///   probe follows for [`HOLD_AFTER_GROWTH_TICKS`], while the program brings its pages in.
@@ -302,6 +306,9 @@ pub struct Budget {
     probed_from: Option<usize>,
     /// Ticks left without probing.
     hold: u32,
+    /// The resident pages at the last tick: a program whose resident memory grows is
+    /// allocating (or bringing pages back), and is not probed.
+    last_resident: Option<usize>,
 }
 
 impl Budget {
@@ -317,6 +324,7 @@ impl Budget {
             step: FIRST_PROBE,
             probed_from: None,
             hold: 0,
+            last_resident: None,
         }
     }
 
@@ -349,6 +357,8 @@ impl Budget {
     /// The law itself: the limit after a tick whose stall share was `share`.
     pub fn next_limit(&mut self, share: f64, limit_pages: usize, resident_pages: usize) -> usize {
         let probed_from = self.probed_from.take();
+        let growing = self.last_resident.is_some_and(|r| resident_pages > r + r / GROWING_DIVISOR);
+        self.last_resident = Some(resident_pages);
         let next = if share > self.target {
             let adj = (share / self.target / COEFF_BACKOFF).powi(2).min(1.0) * MAX_BACKOFF;
             let grown = limit_pages.min(resident_pages.max(self.floor_pages)) as f64 * (1.0 + adj);
@@ -366,6 +376,9 @@ impl Budget {
             }
         } else if self.hold > 0 {
             self.hold -= 1;
+            return limit_pages;
+        } else if growing {
+            // Its new pages are in use by definition: a probe would only take them back.
             return limit_pages;
         } else {
             if probed_from.is_some() {
@@ -409,6 +422,15 @@ mod budget_tests {
         }
         assert_eq!(b.next_limit(0.0, 10_200, 10_000), 9_750, "a probe half as deep: 2.5 %");
         assert_eq!(b.next_limit(0.0, 9_750, 9_750), 9_262, "it cost nothing: the next is 5 % again");
+    }
+
+    #[test]
+    fn a_program_that_allocates_is_not_probed() {
+        let mut b = Budget::new(0.01, 100, 100_000);
+        assert_eq!(b.next_limit(0.0, 50_000, 10_000), 9_500, "the first tick probes");
+        assert_eq!(b.next_limit(0.0, 9_500, 9_500), 8_550, "a steady program is probed (10 %: the last was free)");
+        assert_eq!(b.next_limit(0.0, 20_000, 12_000), 20_000, "one that grew by a fifth is not");
+        assert_eq!(b.next_limit(0.0, 20_000, 12_050), 10_845, "once it grows by under 1 % a tick, it is again");
     }
 
     #[test]

@@ -448,7 +448,8 @@ mod tests {
         let mut devices = Vec::new();
         every_field_name(&serde_json::to_value(&s.devices[0]).unwrap(), &mut devices);
         // Latency (a summary) and stalls (`uswap_stall_*`) are rendered by hand; the rest by name.
-        let by_hand = ["count", "mean", "p50", "p90", "p99", "p999", "max", "seconds_total", "avg10", "avg60", "avg300"];
+        let by_hand =
+            ["count", "mean", "p50", "p90", "p99", "p999", "max", "seconds_total", "avg10", "avg60", "avg300"];
         for n in names.iter().chain(&devices).filter(|n| !by_hand.contains(&n.as_str())) {
             assert!(help(n).is_some(), "no help for {n}");
         }

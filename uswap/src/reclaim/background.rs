@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::charge::{shared_reclaim_is_ours, watermarks};
+use super::charge::{shared_over_limit, shared_reclaim_is_ours, watermarks};
 use super::cow;
 use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
 use super::writeback::device_writeback;
@@ -73,7 +73,9 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         // thread only while its application is idle, like its own: reclaiming here while the
         // application faults would IPI its CPU on every move (pmbench under `uswap run`:
         // 7.8 % of its CPU in `smp_call_function_many_cond`).
-        let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always;
+        // A tree over its lowered limit (`--auto`) is reclaimed for here too: its programs
+        // may never charge their way down to it (see `shared_over_limit`).
+        let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always || shared_over_limit(p);
         if faults != last_faults {
             last_fault_seen = std::time::Instant::now();
         }
@@ -127,7 +129,7 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
                 fruitless = 0;
             }
             if p.stats.sum(Counter::Pgfault) != last_faults {
-                if p.background_reclaim == BackgroundReclaim::WhenIdle {
+                if p.background_reclaim == BackgroundReclaim::WhenIdle && !shared_over_limit(p) {
                     break;
                 }
                 // `Always` goes on for its own limit, but its application faults again: its

@@ -73,6 +73,13 @@ pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
     }
 }
 
+/// Whether the shared charge, if any, is above its limit itself: the limit was lowered
+/// (`uswap run --auto`), which a tree whose pages are all in use never faults its way down
+/// to, so its pagers reclaim for it in the background even while their programs fault.
+pub(super) fn shared_over_limit(p: &PagerShared) -> bool {
+    p.charge.shared.is_some_and(|t| t.resident_pages.load(Ordering::Acquire) > t.limit_pages.load(Ordering::Acquire))
+}
+
 /// Whether this pager should reclaim its own pages because the shared charge is above its
 /// high watermark (`low == false`) or its low one. A memcg reclaims the coldest pages of all
 /// its tasks; uswap can reclaim a process's pages only in that process, so it asks those

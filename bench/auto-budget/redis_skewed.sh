@@ -1,0 +1,39 @@
+#!/bin/sh
+# redis-server with 100k values of 4 KiB (about 430 MiB), then for SECONDS (default 90)
+# redis-benchmark GETs over the first 10k keys only: a hot tenth, the rest never read again.
+# Prints the GET rate (the figure a limit slows) and the key count. Usage: redis_skewed.sh [SECONDS]
+# The loader and the benchmark run without uswap's preload (env -u LD_PRELOAD): under
+# `uswap run` they would each be a process with a pager of its own, a new one every 100k
+# requests, whose start-up would be counted as the server's slowdown; they stay in the
+# kernel's cgroup on the other side, where they cost nothing extra.
+set -eu
+seconds=${1:-90}
+keys=100000
+dir=$(mktemp -d)
+port=$((20000 + $$ % 20000))
+redis-server --port "$port" --save "" --appendonly no --dir "$dir" --logfile "$dir/log" &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$dir"' EXIT
+i=0
+until redis-cli -p "$port" ping >/dev/null 2>&1; do
+    i=$((i + 1)); [ $i -lt 100 ] || { echo "redis-server did not start" >&2; exit 1; }
+    sleep 0.1
+done
+env -u LD_PRELOAD /usr/bin/python3 - "$keys" <<'PY' | env -u LD_PRELOAD redis-cli -p "$port" --pipe >/dev/null
+import sys
+n = int(sys.argv[1])
+out = sys.stdout
+for i in range(n):
+    k = "key:%012d" % i
+    v = ("%012d" % i) * 342  # 4104 bytes, different for every key
+    out.write("*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v))
+PY
+start=$(date +%s)
+requests=0
+while [ $(( $(date +%s) - start )) -lt "$seconds" ]; do
+    env -u LD_PRELOAD redis-benchmark -p "$port" -t get -n 100000 -r 10000 -q >/dev/null 2>&1
+    requests=$((requests + 100000))
+done
+elapsed=$(( $(date +%s) - start ))
+echo "GETs $requests in ${elapsed}s: $((requests / elapsed))/s"
+redis-cli -p "$port" dbsize
