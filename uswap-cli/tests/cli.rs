@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+// Each test binary uses some of the helpers.
+#[allow(dead_code)]
 mod common;
 use common::{kernel_unavailable, run_timed, skipped, swaps, uswap_for_nobody};
 

@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+// Each test binary uses some of the helpers.
+#[allow(dead_code)]
 mod common;
-use common::{kernel_unavailable, run_timed, skipped};
+use common::{compile, kernel_unavailable, preload, run_timed, skipped, tmpdir};
 
 const LIMIT_MIB: u64 = 16;
 /// Working sets are this many times the limit.
@@ -26,62 +28,6 @@ const WSS_MIB: u64 = 4 * LIMIT_MIB;
 /// The documented slack over the limit: a charge racing others under the shared charge may
 /// pass it by one readahead window (128 KiB) per thread faulting at that moment.
 const SLACK_BYTES: u64 = 8 * (128 << 10);
-
-/// A test's scratch directory (its compiled programs, stats files), removed when the test
-/// ends, passed or failed: the tests ran thousands of times on one machine.
-struct TmpDir(PathBuf);
-
-impl std::ops::Deref for TmpDir {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::ffi::OsStr> for TmpDir {
-    fn as_ref(&self) -> &std::ffi::OsStr {
-        self.0.as_os_str()
-    }
-}
-
-impl AsRef<Path> for TmpDir {
-    fn as_ref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tmpdir(name: &str) -> TmpDir {
-    let d = std::env::temp_dir().join(format!("uswap-run-test-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    TmpDir(d)
-}
-
-/// The preload library cargo built for these tests (uswap-preload is a dev-dependency):
-/// next to the test executable, in target/<profile>/deps.
-fn preload() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().join("libuswap_preload.so");
-    assert!(p.is_file(), "{} missing: cargo should have built it for the tests", p.display());
-    p
-}
-
-/// Compiles tests/programs/NAME.c into `dir`.
-fn compile(name: &str, dir: &Path, extra: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs").join(format!("{name}.c"));
-    let out = dir.join(name);
-    let o = run_timed(
-        Command::new("cc").args(["-O2", "-Wall", "-pthread", "-o"]).arg(&out).arg(&src).args(extra),
-        Duration::from_secs(120),
-    );
-    assert!(o.status.success(), "cc {name}.c failed:\n{}", String::from_utf8_lossy(&o.stderr));
-    out
-}
 
 /// Compiles test program `name` and runs it with a working set of `wss_mib` under `uswap
 /// run`, once in each fault mode; `check` gets the mode, the command line and the run.
@@ -1659,52 +1605,5 @@ fn a_program_pages_to_a_redis_cluster_and_leaves_no_key_behind() {
         for k in 0..redis.len() {
             assert_eq!(dbsize(&redis.addr(k)), 0, "{mode}: keys left on {}", redis.addr(k));
         }
-    }
-}
-
-/// `--auto`: a C program fills 256 MiB, then touches only 32 MiB for 25 s, then checks every
-/// word. 20 s in, the tree's limit (ceiling 512 MiB), as `uswap stat` shows it, is within
-/// twice what the program uses, far from the ceiling; the summary carries the limit `--auto` held at the
-/// end and the tree's stall time. A target that is no share of wall time is refused, saying
-/// why.
-#[test]
-fn auto_moves_the_trees_limit_down_to_what_the_program_uses() {
-    const MIB: u64 = 1 << 20;
-    let dir = tmpdir("auto");
-    let p = compile("phases", &dir, &[]);
-    let stats = dir.join("auto.json");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
-    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["run", "--auto", "--limit", "512MiB", "--stats-json"]);
-    cmd.arg(&stats).arg("--").arg(&p).args(["256", "32", "25"]);
-    cmd.stdout(std::process::Stdio::piped());
-    let mut child = cmd.spawn().expect("uswap run starts");
-    std::thread::sleep(Duration::from_secs(20));
-    let o = uswap(&["stat", "--json", "--sum", &child.id().to_string()], None);
-    let line: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
-    let limit = line["stats"]["limit_pages"].as_u64().expect("limit_pages") * 4096;
-    // Within twice what it uses (its swap cache, pages staged on their way out, is charged too):
-    // the engine's own test holds the limit to 25 % of a working set.
-    assert!((32 * MIB..=64 * MIB).contains(&limit), "20 s in, the limit is {} MiB: {line}", limit / MIB);
-    assert!(line["stats"]["stall"]["seconds_total"].as_f64().is_some(), "{line}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(std::time::Instant::now() < deadline, "uswap run did not end");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut out = String::new();
-    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
-    assert!(status.success() && out.starts_with("ok"), "{status:?}: {out}");
-    let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
-    assert!(counter(&v, "auto_limit_bytes") <= 512 * MIB, "{v}");
-    assert_eq!(v.get("auto_target").and_then(Value::as_f64), Some(0.01), "{v}");
-    assert!(v.get("stall_seconds_total").and_then(Value::as_f64).is_some(), "{v}");
-    for bad in ["--auto=0", "--auto=80%", "--auto=lots"] {
-        let o = uswap(&["run", bad, "--", "true"], None);
-        let err = String::from_utf8_lossy(&o.stderr);
-        let said = err.contains("stall target") || err.contains("share of wall time");
-        assert!(o.status.code() == Some(2) && said, "{bad}: {err}");
     }
 }

@@ -957,23 +957,10 @@ fn cluster_resharded(mode: FaultMode) {
 
 in_both_modes!(cluster_resharded() => a_cluster_resharded_during_a_run_loses_nothing_thread_mode, a_cluster_resharded_during_a_run_loses_nothing_signal_mode);
 
-/// Split brain: a primary killed, its replica promoted by the cluster, the pages rewritten
-/// on the new primary, then the old primary started again on its port (its `nodes.conf`
-/// says it serves its slots; it comes back empty and learns from the cluster that it does
-/// not). It never serves an old page: every key names its write's generation, so a node
-/// that missed a write has no key for it (a read there finds none, the device reads the map
-/// again and asks the node the cluster names), and a write there would be acknowledged by
-/// no replica. Every byte checked while it rejoins.
-fn cluster_stale_primary(mode: FaultMode) {
+/// Kills (SIGKILL) the first primary `CLUSTER SLOTS` names and waits until the cluster has
+/// promoted its replica (up to 30 s). Returns the killed server's index.
+fn kill_a_primary_until_promoted(r: &mut LocalRedis) -> usize {
     use uswap::backend::redis::cluster::SlotMap;
-    let Some(mut r) = cluster_servers(3, 2) else { return };
-    let p = cluster_pager(mode, &r);
-    let region = p.map(32 * MIB as usize).unwrap();
-    let words = region.as_atomic_u64s();
-    let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
     let primaries = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap().nodes;
     let old = (0..r.len()).find(|&k| r.addr(k) == primaries[0]).unwrap();
     let other = (0..r.len()).find(|&k| k != old && primaries.contains(&r.addr(k))).unwrap();
@@ -985,6 +972,26 @@ fn cluster_stale_primary(mode: FaultMode) {
         assert!(Instant::now() < deadline, "the cluster promoted no replica within 30 s");
         std::thread::sleep(Duration::from_millis(100));
     }
+    old
+}
+
+/// Split brain: a primary killed, its replica promoted by the cluster, the pages rewritten
+/// on the new primary, then the old primary started again on its port (its `nodes.conf`
+/// says it serves its slots; it comes back empty and learns from the cluster that it does
+/// not). It never serves an old page: every key names its write's generation, so a node
+/// that missed a write has no key for it (a read there finds none, the device reads the map
+/// again and asks the node the cluster names), and a write there would be acknowledged by
+/// no replica. Every byte checked while it rejoins.
+fn cluster_stale_primary(mode: FaultMode) {
+    let Some(mut r) = cluster_servers(3, 2) else { return };
+    let p = cluster_pager(mode, &r);
+    let region = p.map(32 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    for i in 0..nr_pages {
+        write_page(words, i, 1);
+    }
+    let old = kill_a_primary_until_promoted(&mut r);
     let mut version = vec![2u64; nr_pages];
     for i in 0..nr_pages {
         check_page(words, i, 1);
@@ -1036,7 +1043,6 @@ fn touch_for(words: &[std::sync::atomic::AtomicU64], version: &mut [u64], rng: &
 /// is started again it rejoins as the new primary's replica; the next probe finds every
 /// shard replicated and pages go out again. Every byte checked.
 fn cluster_shard_without_replica(mode: FaultMode) {
-    use uswap::backend::redis::cluster::SlotMap;
     let Some(mut r) = cluster_servers(3, 1) else { return };
     let limit = 8 * MIB;
     let p = cluster_pager(mode, &r);
@@ -1049,17 +1055,7 @@ fn cluster_shard_without_replica(mode: FaultMode) {
     }
     let before = quiet_stats(&p);
     assert!(before.pswpout > 0 && !before.devices[0].degraded, "paged out while replicated: {before:?}");
-    let primaries = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap().nodes;
-    let old = (0..r.len()).find(|&k| r.addr(k) == primaries[0]).unwrap();
-    let other = (0..r.len()).find(|&k| k != old && primaries.contains(&r.addr(k))).unwrap();
-    r.kill(old);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while SlotMap::from_cluster_slots(&redis_cmd(&r.addr(other), &["CLUSTER", "SLOTS"]))
-        .map_or(true, |m| m.nodes.contains(&primaries[0]))
-    {
-        assert!(Instant::now() < deadline, "the cluster promoted no replica within 30 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let old = kill_a_primary_until_promoted(&mut r);
     let mut rng = Rng(0x5ad);
     let started = Instant::now();
     for _ in 0..40 {

@@ -2,7 +2,7 @@
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -112,4 +112,60 @@ pub fn uswap_for_nobody() -> std::path::PathBuf {
     }
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     exe
+}
+
+/// A test's scratch directory (its compiled programs, stats files), removed when the test
+/// ends, passed or failed: the tests ran thousands of times on one machine.
+pub struct TmpDir(pub PathBuf);
+
+impl std::ops::Deref for TmpDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TmpDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl AsRef<Path> for TmpDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn tmpdir(name: &str) -> TmpDir {
+    let d = std::env::temp_dir().join(format!("uswap-run-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    TmpDir(d)
+}
+
+/// The preload library cargo built for these tests (uswap-preload is a dev-dependency):
+/// next to the test executable, in target/<profile>/deps.
+pub fn preload() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().join("libuswap_preload.so");
+    assert!(p.is_file(), "{} missing: cargo should have built it for the tests", p.display());
+    p
+}
+
+/// Compiles tests/programs/NAME.c into `dir`.
+pub fn compile(name: &str, dir: &Path, extra: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs").join(format!("{name}.c"));
+    let out = dir.join(name);
+    let o = run_timed(
+        Command::new("cc").args(["-O2", "-Wall", "-pthread", "-o"]).arg(&out).arg(&src).args(extra),
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "cc {name}.c failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    out
 }

@@ -73,11 +73,17 @@ pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
     }
 }
 
-/// Whether the shared charge, if any, is above its limit itself: the limit was lowered
-/// (`uswap run --auto`), which a tree whose pages are all in use never faults its way down
-/// to, so its pagers reclaim for it in the background even while their programs fault.
+/// Whether the shared charge, if any, is above its limit, and that limit was lowered below
+/// the one the processes were given (`uswap run --auto` moves the tree's): a tree whose
+/// pages are all in use never faults its way down to it, so its pagers reclaim for it in the
+/// background even while their programs fault. Not for a tree merely over its own limit (a
+/// fork's shared pages, which reclaim cannot move: reclaiming harder there only breaks
+/// more of them copy-on-write, and raised a fork test's peak past its bound).
 pub(super) fn shared_over_limit(p: &PagerShared) -> bool {
-    p.charge.shared.is_some_and(|t| t.resident_pages.load(Ordering::Acquire) > t.limit_pages.load(Ordering::Acquire))
+    p.charge.shared.is_some_and(|t| {
+        let limit = t.limit_pages.load(Ordering::Acquire);
+        limit < p.charge.limit_pages.load(Ordering::Acquire) && t.resident_pages.load(Ordering::Acquire) > limit
+    })
 }
 
 /// Whether this pager should reclaim its own pages because the shared charge is above its
