@@ -662,17 +662,20 @@ fn cluster_reads_go_direct_to_each_node_and_follow_a_resharding() {
             }
         }
     };
-    // The device threads connect in the background: wait until every window goes direct.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let before = dev.redis_stats().direct_reads;
-        read_all("before the resharding");
-        if dev.redis_stats().direct_reads - before == 16 {
-            break;
+    // The device threads connect in the background: reads until every window goes direct.
+    let all_direct_within_10_s = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let before = dev.redis_stats().direct_reads;
+            read_all(what);
+            if dev.redis_stats().direct_reads - before == 16 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: reads never all went direct: {:?}", dev.redis_stats());
+            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(Instant::now() < deadline, "reads never all went direct: {:?}", dev.redis_stats());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    };
+    all_direct_within_10_s("before the resharding");
     let map = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap();
     let tags = |m: &SlotMap| {
         let nodes: std::collections::BTreeSet<usize> = (0..16)
@@ -694,16 +697,7 @@ fn cluster_reads_go_direct_to_each_node_and_follow_a_resharding() {
     let given_back = dev.redis_stats().direct_reads;
     read_all("right after the resharding");
     assert!(dev.redis_stats().direct_reads - given_back < 16, "the moved windows went by the device threads");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let before = dev.redis_stats().direct_reads;
-        read_all("after the resharding");
-        if dev.redis_stats().direct_reads - before == 16 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "reads never went direct again: {:?}", dev.redis_stats());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    all_direct_within_10_s("after the resharding");
     let s = dev.redis_stats();
     assert!(s.redirects > 0, "{s:?}");
     assert_eq!(s.corrupt_pages + s.missing_pages, 0, "{s:?}");

@@ -283,11 +283,7 @@ impl Direct {
         }
         let mut buf = [0u8; 48];
         let mut w = Cursor { buf: &mut buf, at: 0 };
-        w.put(b"{")?;
-        w.put(sh.tag_id.as_bytes())?;
-        w.put(b".")?;
-        w.decimal(tag)?;
-        w.put(b"}")?;
+        w.hash_tag(sh.tag_id.as_bytes(), reqs[0].slot)?;
         let len = w.at;
         let hs = hash_slot(&buf[..len]);
         Some(self.owners[hs as usize].load(Ordering::Acquire)).filter(|&o| o != 0)
@@ -533,11 +529,8 @@ fn mget_command(buf: &mut [u8], keys: &KeyForm<'_>, reqs: &[ReadReq<'_>], gens: 
             w.put(b"\r\n")?;
             w.put(keys.prefix)?;
             if let Some(id) = keys.tag_id {
-                w.put(b"{")?;
-                w.put(id)?;
-                w.put(b".")?;
-                w.decimal(slot_tag(slot))?;
-                w.put(b"}:")?;
+                w.hash_tag(id, slot)?;
+                w.put(b":")?;
             }
             w.decimal(slot)?;
             w.put(b":")?;
@@ -560,6 +553,16 @@ impl Cursor<'_> {
         self.buf[self.at..end].copy_from_slice(bytes);
         self.at = end;
         Some(())
+    }
+
+    /// A key's hash tag on a cluster, `{ID.C}` (as `Shared::key` spells it): the pager's
+    /// id and slot `slot`'s swap cluster.
+    fn hash_tag(&mut self, id: &[u8], slot: u64) -> Option<()> {
+        self.put(b"{")?;
+        self.put(id)?;
+        self.put(b".")?;
+        self.decimal(slot_tag(slot))?;
+        self.put(b"}")
     }
 
     fn decimal(&mut self, v: u64) -> Option<()> {
