@@ -50,9 +50,12 @@ mod direct;
 mod jobs;
 mod local;
 mod routing;
+mod session;
 mod worker;
 
 pub use local::{redis_server_available, LocalRedis};
+use session::{delete_on_primaries, scan_delete};
+pub use session::{delete_session, new_session_id, valid_session};
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -281,20 +284,19 @@ impl Shared {
     /// online. Short timeouts; engine threads only.
     fn shards_short_of_replicas(&self) -> Result<Vec<String>, &'static str> {
         let short = Duration::from_millis(250);
-        let known = self.cluster_primaries.lock().map(|p| p.clone()).unwrap_or_default();
-        let map = known.iter().chain(&self.seeds).find_map(|addr| {
-            let mut con = worker::connect(addr, short, short).ok()?;
-            let reply = redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(&mut con).ok()?;
-            cluster::SlotMap::from_cluster_slots(&reply).ok()
-        });
-        let Some(map) = map else { return Err("no cluster node answered with a full slot map") };
+        let mut candidates = self.cluster_primaries.lock().map(|p| p.clone()).unwrap_or_default();
+        candidates.extend(self.seeds.iter().cloned());
+        let primaries = worker::primaries_of(&candidates, true, short);
+        if primaries.is_empty() {
+            return Err("no cluster node answered with a full slot map");
+        }
         let online = |addr: &str| -> Option<u32> {
             let mut con = worker::connect(addr, short, short).ok()?;
             let inf = worker::info(&mut con, "replication").ok()?;
             let replicas = inf.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count();
             (worker::info_field(&inf, "role") == Some("master")).then_some(replicas as u32)
         };
-        Ok(map.nodes.iter().filter(|n| online(n).is_none_or(|r| r < self.replicas)).cloned().collect())
+        Ok(primaries.into_iter().filter(|n| online(n).is_none_or(|r| r < self.replicas)).collect())
     }
 
     /// Device threads only.
@@ -501,77 +503,6 @@ impl RedisBackend {
     }
 }
 
-/// A fresh session name for [`RedisOptions::session`]: 16 random hex digits.
-pub fn new_session_id() -> std::io::Result<String> {
-    let mut id = [0u8; 8];
-    getrandom::fill(&mut id).map_err(std::io::Error::other)?;
-    Ok(id.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Whether `name` may be a session name (it becomes part of keys and of a SCAN pattern).
-pub fn valid_session(name: &str) -> bool {
-    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
-/// Deletes every key of session `session` from the primary among `seeds` (after the run
-/// ended: its processes may have exited without dropping their pagers), giving up once
-/// `within` has passed (a store that does not answer). Returns the keys deleted.
-pub fn delete_session(seeds: &[String], cluster: bool, session: &str, within: Duration) -> Result<u64, String> {
-    if !valid_session(session) {
-        return Err(format!("{session:?} is not a session name"));
-    }
-    let deadline_ns = now_ns() + within.as_nanos() as u64;
-    let pattern = format!("uswap:{session}.*");
-    if cluster {
-        return delete_on_primaries(seeds, &pattern, deadline_ns);
-    }
-    let mut why = Vec::new();
-    for addr in seeds {
-        let left_ns = deadline_ns.saturating_sub(now_ns());
-        if left_ns == 0 {
-            why.push(format!("{addr}: not tried, {within:?} had passed"));
-            continue;
-        }
-        // Each step of the connection (connect, a reply) may take this long.
-        let timeout = Duration::from_nanos((left_ns / 2).clamp(1_000_000, 2_000_000_000));
-        let mut con = match connect(addr, timeout, timeout) {
-            Ok(c) => c,
-            Err(e) => {
-                why.push(format!("{addr}: {e}"));
-                continue;
-            }
-        };
-        match info(&mut con, "replication") {
-            Ok(i) if info_field(&i, "role") == Some("master") => {}
-            Ok(_) => continue,
-            Err(e) => {
-                why.push(format!("{addr}: {e}"));
-                continue;
-            }
-        }
-        return scan_delete(&mut con, &pattern, deadline_ns, false)
-            .ok_or_else(|| format!("{addr}: deleting keys failed or took over {within:?}"));
-    }
-    Err(format!("no seed is a reachable primary ({})", why.join("; ")))
-}
-
-/// Deletes the keys matching `pattern` from every primary of the cluster `seeds` belong to,
-/// until `deadline_ns`. Returns the keys deleted, or what failed.
-fn delete_on_primaries(seeds: &[String], pattern: &str, deadline_ns: u64) -> Result<u64, String> {
-    let timeout = || Duration::from_nanos((deadline_ns.saturating_sub(now_ns()) / 2).clamp(1_000_000, 2_000_000_000));
-    let primaries = primaries_of(seeds, true, timeout());
-    if primaries.is_empty() {
-        return Err("no seed answered with the cluster's slot map".into());
-    }
-    let mut deleted = 0;
-    for addr in &primaries {
-        let t = timeout();
-        let n = connect(addr, t, t).ok().and_then(|mut con| scan_delete(&mut con, pattern, deadline_ns, true));
-        deleted += n.ok_or_else(|| format!("{addr}: deleting keys failed or took too long"))?;
-    }
-    Ok(deleted)
-}
-
 /// The standalone primary `addr` (its `INFO`: `inf`) keeps every key (`noeviction`) and has
 /// the `replicas` connected replicas asked for.
 fn check_primary(addr: &str, inf: &str, replicas: u32) -> Result<(), RedisDeviceError> {
@@ -612,49 +543,6 @@ fn open_cluster(opts: &RedisOptions) -> Result<cluster::SlotMap, RedisDeviceErro
         }
     }
     Err(RedisDeviceError::NoPrimary { seeds: opts.seeds.join(";"), why: why.join("; ") })
-}
-
-/// The primaries of the cluster `seeds` belong to (the first seed that answers tells), or
-/// the seeds themselves if they are not a cluster's.
-fn primaries_of(seeds: &[String], cluster: bool, timeout: Duration) -> Vec<String> {
-    if !cluster {
-        return seeds.to_vec();
-    }
-    for addr in seeds {
-        let map = connect(addr, timeout, timeout)
-            .and_then(|mut c| redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(&mut c))
-            .ok()
-            .and_then(|reply| cluster::SlotMap::from_cluster_slots(&reply).ok());
-        if let Some(m) = map {
-            return m.nodes;
-        }
-    }
-    Vec::new()
-}
-
-/// Deletes the keys matching `pattern` (SCAN + DEL) until `deadline_ns`; `None` if it could
-/// not finish. A cluster node refuses a `DEL` across hash slots, so there each slot's keys
-/// go in a `DEL` of their own.
-fn scan_delete(con: &mut redis::Connection, pattern: &str, deadline_ns: u64, cluster: bool) -> Option<u64> {
-    let mut cursor: u64 = 0;
-    let mut deleted = 0;
-    // Bounded by the deadline and by SCAN's cursor returning to 0.
-    loop {
-        let (next, mut keys): (u64, Vec<Vec<u8>>) =
-            redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).query(con).ok()?;
-        let slot = |k: &[u8]| if cluster { cluster::hash_slot(k) } else { 0 };
-        keys.sort_by_key(|k| slot(k));
-        for group in keys.chunk_by(|a, b| slot(a) == slot(b)) {
-            deleted += redis::cmd("DEL").arg(group).query::<u64>(con).ok()?;
-        }
-        cursor = next;
-        if cursor == 0 {
-            return Some(deleted);
-        }
-        if now_ns() >= deadline_ns {
-            return None;
-        }
-    }
 }
 
 /// Claims a job, waiting (nanosleep: async-signal-safe) up to the failover timeout.

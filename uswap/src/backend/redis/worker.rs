@@ -70,6 +70,24 @@ pub(super) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines().find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':'))).map(str::trim)
 }
 
+/// The primaries of the cluster `seeds` belong to (the first seed that answers tells), or
+/// the seeds themselves if they are not a cluster's.
+pub(super) fn primaries_of(seeds: &[String], cluster: bool, timeout: Duration) -> Vec<String> {
+    if !cluster {
+        return seeds.to_vec();
+    }
+    for addr in seeds {
+        let map = connect(addr, timeout, timeout)
+            .and_then(|mut c| redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(&mut c))
+            .ok()
+            .and_then(|reply| super::cluster::SlotMap::from_cluster_slots(&reply).ok());
+        if let Some(m) = map {
+            return m.nodes;
+        }
+    }
+    Vec::new()
+}
+
 /// Whether an error means "talk to another server" rather than "this request is wrong".
 pub(super) fn is_failover_error(e: &RedisError) -> bool {
     e.is_io_error()
