@@ -21,6 +21,8 @@ use clap::Args;
 use crate::bench::FaultModeArg;
 use crate::size::{format_size, parse_size};
 
+mod auto;
+
 /// The preload library's file name, looked for next to the `uswap` binary.
 pub const PRELOAD_LIB: &str = "libuswap_preload.so";
 /// Overrides where the preload library is.
@@ -41,7 +43,7 @@ pub struct RunArgs {
     /// Move the tree's limit by itself to the smallest that keeps its memory stalls (the
     /// share of wall time some thread waits on memory) under TARGET: `1%` (the default),
     /// `0.5%`, or a share such as `0.02`. `--limit` is then the ceiling.
-    #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "1%", value_parser = parse_target)]
+    #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "1%", value_parser = auto::parse_target)]
     pub auto: Option<f64>,
     /// Swap devices, as for `uswap bench --device` (default: a compressed pool).
     #[arg(long, default_value = "zpool")]
@@ -400,66 +402,8 @@ impl Drop for Launch {
     }
 }
 
-/// `--auto` for a tree: a thread of `uswap run` that moves the tree's limit (the shared
-/// charge's, which every pager of the tree reclaims to) by the law of
-/// [`uswap::pressure::Budget`], on the tree's stall clock (the union of its processes'
-/// stalls, kept in the segment). The processes' own limits stay at the ceiling.
-struct TreeBudget {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<u64>,
-}
-
-impl TreeBudget {
-    /// How often the thread looks (the law moves once a second).
-    const POLL: std::time::Duration = std::time::Duration::from_millis(100);
-
-    fn start(tree: &'static uswap::shared_charge::SharedCharge, target: f64, ceiling_bytes: u64) -> TreeBudget {
-        use std::sync::atomic::Ordering;
-        let page = uswap::PAGE_SIZE as u64;
-        let floor = (uswap::MIN_LIMIT_BYTES / page) as usize;
-        let mut law = uswap::pressure::Budget::new(target, floor, ((ceiling_bytes / page) as usize).max(floor));
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            // Bounded: ends when `stop` is set (by `stop`, before the segment goes).
-            while !stopped.load(Ordering::Acquire) {
-                std::thread::sleep(Self::POLL);
-                let now = uswap::pressure::now_us();
-                let limit = tree.limit_pages.load(Ordering::Acquire);
-                let resident = tree.resident_pages.load(Ordering::Acquire);
-                if let Some(next) = law.tick(tree.stall.total_us(now), now, limit, resident) {
-                    tree.limit_pages.store(next, Ordering::Release);
-                }
-            }
-            tree.limit_pages.load(Ordering::Acquire) as u64 * page
-        });
-        TreeBudget { stop, thread }
-    }
-
-    /// Stops the thread; the limit it held last, in bytes.
-    fn stop(self) -> u64 {
-        self.stop.store(true, std::sync::atomic::Ordering::Release);
-        self.thread.join().unwrap_or(0)
-    }
-}
-
 /// The limit without `--limit`.
 const DEFAULT_LIMIT_BYTES: u64 = 1 << 30;
-
-/// `--auto`'s TARGET: `N%` or a share, in (0, 0.5].
-fn parse_target(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    let share = match t.strip_suffix('%') {
-        Some(pct) => pct.trim().parse::<f64>().map(|p| p / 100.0),
-        None => t.parse::<f64>(),
-    }
-    .map_err(|_| format!("{s:?} is not a stall target: give a percentage such as 1% or a share such as 0.01"))?;
-    if share > 0.0 && share <= 0.5 {
-        Ok(share)
-    } else {
-        Err(format!("{s:?} is not a share of wall time between 0 and 50 %: give one such as 1%"))
-    }
-}
 
 fn run(args: &RunArgs) -> Result<u8, RunError> {
     let limit = match (args.limit, args.auto) {
@@ -495,7 +439,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     let _ignored = IgnoreTerminalSignals::new();
     let forwarded = ForwardSignals::new(child.id());
     let unmanaged_limit = limit / UNMANAGED_SHARE_DIVISOR;
-    let budget = args.auto.map(|target| TreeBudget::start(launch.segment.charge(), target, limit));
+    let budget = args.auto.map(|target| auto::TreeBudget::start(launch.segment.charge(), target, limit));
     let status = loop {
         if args.strict {
             let now = unmanaged_now(&launch.stats_dir);
@@ -521,7 +465,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // Reaped: its pid may be anyone's now.
     drop(forwarded);
     // Before the segment it moves goes with `launch`.
-    let auto_limit_bytes = budget.map(TreeBudget::stop);
+    let auto_limit_bytes = budget.map(auto::TreeBudget::stop);
     let code = match (status.code(), status.signal()) {
         (Some(c), _) => c as u8,
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),

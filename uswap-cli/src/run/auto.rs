@@ -1,0 +1,67 @@
+//! `uswap run --auto[=TARGET]`: the tree's limit moved by the automatic budget's law
+//! (`uswap::pressure::Budget`, docs/auto-budget.md), in a thread of `uswap run`.
+//!
+//! Locking: none; the thread reads and writes the shared charge's atomics, and stops (it is
+//! joined) before the segment it moves is let go of.
+
+/// `--auto`'s TARGET: `N%` or a share, in (0, 0.5].
+pub(super) fn parse_target(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let share = match t.strip_suffix('%') {
+        Some(pct) => pct.trim().parse::<f64>().map(|p| p / 100.0),
+        None => t.parse::<f64>(),
+    }
+    .map_err(|_| format!("{s:?} is not a stall target: give a percentage such as 1% or a share such as 0.01"))?;
+    if share > 0.0 && share <= 0.5 {
+        Ok(share)
+    } else {
+        Err(format!("{s:?} is not a share of wall time between 0 and 50 %: give one such as 1%"))
+    }
+}
+
+/// `--auto` for a tree: a thread of `uswap run` that moves the tree's limit (the shared
+/// charge's, which every pager of the tree reclaims to) by the law of
+/// [`uswap::pressure::Budget`], on the tree's stall clock (the union of its processes'
+/// stalls, kept in the segment). The processes' own limits stay at the ceiling.
+pub(super) struct TreeBudget {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl TreeBudget {
+    /// How often the thread looks (the law moves once a second).
+    const POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+    pub(super) fn start(
+        tree: &'static uswap::shared_charge::SharedCharge,
+        target: f64,
+        ceiling_bytes: u64,
+    ) -> TreeBudget {
+        use std::sync::atomic::Ordering;
+        let page = uswap::PAGE_SIZE as u64;
+        let floor = (uswap::MIN_LIMIT_BYTES / page) as usize;
+        let mut law = uswap::pressure::Budget::new(target, floor, ((ceiling_bytes / page) as usize).max(floor));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            // Bounded: ends when `stop` is set (by `stop`, before the segment goes).
+            while !stopped.load(Ordering::Acquire) {
+                std::thread::sleep(Self::POLL);
+                let now = uswap::pressure::now_us();
+                let limit = tree.limit_pages.load(Ordering::Acquire);
+                let resident = tree.resident_pages.load(Ordering::Acquire);
+                if let Some(next) = law.tick(tree.stall.total_us(now), now, limit, resident) {
+                    tree.limit_pages.store(next, Ordering::Release);
+                }
+            }
+            tree.limit_pages.load(Ordering::Acquire) as u64 * page
+        });
+        TreeBudget { stop, thread }
+    }
+
+    /// Stops the thread; the limit it held last, in bytes.
+    pub(super) fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.join().unwrap_or(0)
+    }
+}
