@@ -47,7 +47,9 @@ def main():
         pool = sum((d.get("backend") or {}).get("pool_bytes", 0) for d in st.get("devices", []))
         row = {"t": round(time.monotonic() - start, 2), "limit": st["limit_pages"] * page,
                "resident": st["resident_pages"] * page, "pool": pool,
-               "stall_s": st.get("stall", {}).get("seconds_total", 0)}
+               "stall_s": st.get("stall", {}).get("seconds_total", 0),
+               "swapcache": st.get("swapcache_pages", 0) * page,
+               "idle_10s": st.get("idle", {}).get("idle_10s_bytes", 0)}
         history.append(row)
         if log:
             log.write(json.dumps(row) + "\n")

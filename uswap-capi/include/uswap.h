@@ -423,6 +423,27 @@ typedef struct uswap_stats {
     uint64_t stall_avg10_centipercent;
     uint64_t stall_avg60_centipercent;
     uint64_t stall_avg300_centipercent;
+    /**
+     * Resident pages the aging scan moved to the swap cache to see whether they are still
+     * used.
+     */
+    uint64_t pgdeactivate;
+    /**
+     * Staged pages written to a device because they had been idle for the idle age.
+     */
+    uint64_t swpout_idle;
+    /**
+     * Pages moved down a tier because they had been idle there for the idle age.
+     */
+    uint64_t writeback_idle;
+    /**
+     * Bytes of managed memory untouched for at least 1 s, 10 s, 60 s and 600 s (pages out
+     * of their regions since then; see `uswap_config_set_idle_age`).
+     */
+    uint64_t idle_1s_bytes;
+    uint64_t idle_10s_bytes;
+    uint64_t idle_60s_bytes;
+    uint64_t idle_600s_bytes;
 } uswap_stats;
 
 #ifdef __cplusplus
@@ -529,6 +550,20 @@ int uswap_config_set_readahead(struct uswap_config *config, int enabled);
  * in (0, 0.5].
  */
 int uswap_config_set_auto_budget(struct uswap_config *config, double target_share);
+
+/**
+ * Idle aging: the pager moves resident pages to its swap cache a few at a time to see
+ * which the application still touches; a page left alone for `seconds` is written to the
+ * first device without waiting for the limit, and one left alone as long again on a
+ * device with a tier below goes down a tier. `INFINITY` looks without sending anything
+ * out for its age (reclaim then takes the longest idle first); 0 turns it off (the
+ * default, or looking only, with an automatic budget). `uswap_stats`' `idle_*_bytes`
+ * say how much memory has been untouched for 1 s, 10 s, 1 min and 10 min.
+ *
+ * Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `seconds` is not 0,
+ * `INFINITY` or at least 1.
+ */
+int uswap_config_set_idle_age(struct uswap_config *config, double seconds);
 
 /**
  * Creates a pager from a configuration (which stays the caller's: it may be changed or freed

@@ -70,6 +70,7 @@ struct Settings {
     handler_threads: Option<usize>,
     readahead: bool,
     auto_target: Option<f64>,
+    idle_aging: engine::IdleAging,
 }
 
 struct RegionEntry {
@@ -154,6 +155,7 @@ pub unsafe extern "C" fn uswap_config_new(config_out: *mut *mut uswap_config) ->
             handler_threads: None,
             readahead: true,
             auto_target: None,
+            idle_aging: engine::IdleAging::Off,
         }));
         // SAFETY: checked non-NULL above; the caller's contract makes it writable.
         unsafe { put(config_out, to_handle(id)) };
@@ -321,6 +323,32 @@ pub extern "C" fn uswap_config_set_auto_budget(config: *mut uswap_config, target
     })
 }
 
+/// Idle aging: the pager moves resident pages to its swap cache a few at a time to see
+/// which the application still touches; a page left alone for `seconds` is written to the
+/// first device without waiting for the limit, and one left alone as long again on a
+/// device with a tier below goes down a tier. `INFINITY` looks without sending anything
+/// out for its age (reclaim then takes the longest idle first); 0 turns it off (the
+/// default, or looking only, with an automatic budget). `uswap_stats`' `idle_*_bytes`
+/// say how much memory has been untouched for 1 s, 10 s, 1 min and 10 min.
+///
+/// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `seconds` is not 0,
+/// `INFINITY` or at least 1.
+#[no_mangle]
+pub extern "C" fn uswap_config_set_idle_age(config: *mut uswap_config, seconds: f64) -> c_int {
+    guard(|| {
+        let Some(aging) = engine::IdleAging::from_secs(seconds) else {
+            return Err(Failure::invalid(format!(
+                "uswap_config_set_idle_age: an idle age of {seconds} s is too short or not an age; pass 1 or \
+                 more, INFINITY to look without evicting, or 0 to turn it off"
+            )));
+        };
+        with_settings(config, "uswap_config_set_idle_age", |s| {
+            s.idle_aging = aging;
+            Ok(())
+        })
+    })
+}
+
 // ---------------------------------------------------------------------------------------
 // Pager
 // ---------------------------------------------------------------------------------------
@@ -368,6 +396,7 @@ pub unsafe extern "C" fn uswap_pager_new(config: *const uswap_config, pager_out:
         if let Some(t) = settings.auto_target {
             builder = builder.auto_budget(t);
         }
+        builder = builder.idle_aging(settings.idle_aging);
         for d in devices {
             builder = builder.device(d);
         }

@@ -181,6 +181,19 @@ pub struct uswap_stats {
     pub stall_avg10_centipercent: u64,
     pub stall_avg60_centipercent: u64,
     pub stall_avg300_centipercent: u64,
+    /// Resident pages the aging scan moved to the swap cache to see whether they are still
+    /// used.
+    pub pgdeactivate: u64,
+    /// Staged pages written to a device because they had been idle for the idle age.
+    pub swpout_idle: u64,
+    /// Pages moved down a tier because they had been idle there for the idle age.
+    pub writeback_idle: u64,
+    /// Bytes of managed memory untouched for at least 1 s, 10 s, 60 s and 600 s (pages out
+    /// of their regions since then; see `uswap_config_set_idle_age`).
+    pub idle_1s_bytes: u64,
+    pub idle_10s_bytes: u64,
+    pub idle_60s_bytes: u64,
+    pub idle_600s_bytes: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -268,9 +281,16 @@ impl uswap_stats {
             reclaim_pinned,
             syscall_unpinned,
             shared_adopted,
-            mlock_unhonoured;
-        left_out: devices, fault_latency_us, publish, stall;
+            mlock_unhonoured,
+            pgdeactivate,
+            swpout_idle,
+            writeback_idle;
+        left_out: devices, fault_latency_us, publish, stall, idle;
         derived:
+            idle_1s_bytes: s.idle.idle_1s_bytes,
+            idle_10s_bytes: s.idle.idle_10s_bytes,
+            idle_60s_bytes: s.idle.idle_60s_bytes,
+            idle_600s_bytes: s.idle.idle_600s_bytes,
             stall_us: (s.stall.seconds_total * 1e6) as u64,
             stall_avg10_centipercent: (s.stall.avg10 * 100.0).round() as u64,
             stall_avg60_centipercent: (s.stall.avg60 * 100.0).round() as u64,

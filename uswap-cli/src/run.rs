@@ -45,6 +45,12 @@ pub struct RunArgs {
     /// `0.5%`, or a share such as `0.02`. `--limit` is then the ceiling.
     #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "1%", value_parser = auto::parse_target)]
     pub auto: Option<f64>,
+    /// Idle aging: every process's pager tests its resident pages for use a few at a time
+    /// (each about once in 10 s); a page untouched for AGE (`120s`, `2m`) is sent to the
+    /// first device without waiting for the limit, and down a tier after AGE again. `never`
+    /// only counts idle memory (`uswap stat`'s idle line), as `--auto` does by default.
+    #[arg(long, value_name = "AGE", value_parser = uswap::IdleAging::parse)]
+    pub idle_age: Option<uswap::IdleAging>,
     /// Swap devices, as for `uswap bench --device` (default: a compressed pool).
     #[arg(long, default_value = "zpool")]
     pub device: String,
@@ -295,6 +301,16 @@ pub struct LaunchConfig {
     pub device: String,
     pub fault_mode: RunFaultMode,
     pub min_size_bytes: u64,
+    pub idle_aging: uswap::IdleAging,
+}
+
+/// `USWAP_IDLE_AGE`'s value for an aging (`None`: left unset, off).
+fn idle_age_env(aging: uswap::IdleAging) -> Option<String> {
+    match aging {
+        uswap::IdleAging::Off => None,
+        uswap::IdleAging::Observe => Some("never".into()),
+        uswap::IdleAging::Evict(age) => Some(format!("{}s", age.as_secs_f64())),
+    }
 }
 
 impl Launch {
@@ -350,7 +366,11 @@ impl Launch {
             .env("USWAP_FAULT_MODE", cfg.fault_mode.env_value())
             .env("USWAP_MIN_SIZE", cfg.min_size_bytes.to_string())
             .env("USWAP_STATS_DIR", &stats_dir)
+            .env_remove("USWAP_IDLE_AGE")
             .env_remove("USWAP_DISABLE");
+        if let Some(age) = idle_age_env(cfg.idle_aging) {
+            command.env("USWAP_IDLE_AGE", age);
+        }
         Ok(Launch { command, path, stats_dir, segment, limit_bytes: cfg.limit_bytes, redis_sessions })
     }
 
@@ -425,6 +445,11 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         device: args.device.clone(),
         fault_mode: args.fault_mode,
         min_size_bytes: args.min_size,
+        // `--auto` probes take the longest idle pages first once aging has found them.
+        idle_aging: args.idle_age.unwrap_or(match args.auto {
+            Some(_) => uswap::IdleAging::Observe,
+            None => uswap::IdleAging::Off,
+        }),
     };
     let mut launch = Launch::prepare(&args.command, &cfg)?;
     let path = launch.path.clone();

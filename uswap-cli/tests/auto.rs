@@ -26,12 +26,13 @@ fn counter(v: &Value, k: &str) -> u64 {
 
 /// `--auto`: a C program fills 256 MiB, then touches only 32 MiB for 25 s, then checks every
 /// word. 20 s in, the tree's limit (ceiling 512 MiB), as `uswap stat` shows it, is within
-/// twice what the program uses, far from the ceiling; the summary carries the limit `--auto` held at the
+/// twice what the program uses and a quarter below, far from the ceiling; the summary carries the limit `--auto` held at the
 /// end and the tree's stall time. A target that is no share of wall time is refused, saying
 /// why.
 #[test]
 fn auto_moves_the_trees_limit_down_to_what_the_program_uses() {
     const MIB: u64 = 1 << 20;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tmpdir("auto");
     let p = compile("phases", &dir, &[]);
     let stats = dir.join("auto.json");
@@ -44,9 +45,10 @@ fn auto_moves_the_trees_limit_down_to_what_the_program_uses() {
     let o = uswap(&["stat", "--json", "--sum", &child.id().to_string()]);
     let line: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
     let limit = line["stats"]["limit_pages"].as_u64().expect("limit_pages") * 4096;
-    // Within twice what it uses (its swap cache, pages staged on their way out, is charged too):
-    // the engine's own test holds the limit to 25 % of a working set.
-    assert!((32 * MIB..=64 * MIB).contains(&limit), "20 s in, the limit is {} MiB: {line}", limit / MIB);
+    // Within twice what it uses (its swap cache, pages staged on their way out, is charged
+    // too) and a quarter below (a probe under way: the engine's own test holds the limit to
+    // 25 % of a working set).
+    assert!((24 * MIB..=64 * MIB).contains(&limit), "20 s in, the limit is {} MiB: {line}", limit / MIB);
     assert!(line["stats"]["stall"]["seconds_total"].as_f64().is_some(), "{line}");
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     let status = loop {
@@ -68,5 +70,50 @@ fn auto_moves_the_trees_limit_down_to_what_the_program_uses() {
         let err = String::from_utf8_lossy(&o.stderr);
         let said = err.contains("stall target") || err.contains("share of wall time");
         assert!(o.status.code() == Some(2) && said, "{bad}: {err}");
+    }
+}
+
+/// The heavy tests of this binary one at a time: each measures what its program's pages do
+/// over tens of seconds.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `--idle-age 3s`: a C program fills 128 MiB, then touches only 16 MiB for 25 s, then checks
+/// every word. 20 s in, with a limit of 512 MiB it never nears, `uswap stat` shows the 112
+/// MiB left alone written out for their age and counted idle for 10 s, the limit where it
+/// was, and the program's working set in. An age under a second, or no age, is refused.
+#[test]
+fn idle_age_sends_out_what_a_program_left_alone_without_pressure() {
+    const MIB: u64 = 1 << 20;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmpdir("idle-age");
+    let p = compile("phases", &dir, &[]);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["run", "--idle-age", "3s", "--limit", "512MiB", "--"]);
+    cmd.arg(&p).args(["128", "16", "25"]).stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("uswap run starts");
+    std::thread::sleep(Duration::from_secs(20));
+    let o = uswap(&["stat", "--json", "--sum", &child.id().to_string()]);
+    let line: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    let st = &line["stats"];
+    let resident = counter(st, "resident_pages") * 4096;
+    assert!(resident <= 48 * MIB, "20 s in, {} MiB resident: {line}", resident / MIB);
+    assert!(counter(st, "swpout_idle") * 4096 >= 96 * MIB, "{line}");
+    assert!(counter(&st["idle"], "idle_10s_bytes") >= 80 * MIB, "{line}");
+    assert_eq!(counter(st, "limit_pages") * 4096, 512 * MIB, "{line}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "uswap run did not end");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert!(status.success() && out.starts_with("ok"), "{status:?}: {out}");
+    for bad in ["0.5s", "soon", "-1"] {
+        let o = uswap(&["run", "--idle-age", bad, "--", "true"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.code() == Some(2) && err.contains("age"), "{bad}: {err}");
     }
 }

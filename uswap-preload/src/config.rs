@@ -9,9 +9,10 @@
 //! | `USWAP_FAULT_MODE` | `auto`, `thread` or `signal` (see [`resolve_auto`]) | `thread` |
 //! | `USWAP_MIN_SIZE` | smallest `mmap` managed | 64 KiB |
 //! | `USWAP_STATS_DIR` | where each process writes its final counters | none |
+//! | `USWAP_IDLE_AGE` | idle aging: an age (`120s`, `2m`), `never` (count idle pages only) or `off` | `off` |
 //! | `USWAP_DISABLE` | set: the library does nothing | unset |
 
-use uswap::{parse_size, DeviceConfig, FaultMode, PagerBuilder};
+use uswap::{parse_size, DeviceConfig, FaultMode, IdleAging, PagerBuilder};
 
 pub const ENV_LIMIT: &str = "USWAP_LIMIT";
 pub const ENV_DEVICE: &str = "USWAP_DEVICE";
@@ -19,6 +20,7 @@ pub const ENV_FAULT_MODE: &str = "USWAP_FAULT_MODE";
 pub const ENV_MIN_SIZE: &str = "USWAP_MIN_SIZE";
 pub const ENV_STATS_DIR: &str = "USWAP_STATS_DIR";
 pub const ENV_DISABLE: &str = "USWAP_DISABLE";
+pub const ENV_IDLE_AGE: &str = "USWAP_IDLE_AGE";
 
 /// The heap region is never smaller than this (mimalloc's smallest arena is 32 MiB).
 const MIN_HEAP_BYTES: u64 = 256 << 20;
@@ -31,6 +33,7 @@ pub struct Config {
     pub fault_mode: FaultMode,
     pub min_size_bytes: usize,
     pub stats_dir: Option<std::path::PathBuf>,
+    pub idle_aging: IdleAging,
     /// Size of the managed heap region: everything the program can keep, in RAM or on the
     /// devices (limit plus device capacity).
     pub heap_bytes: usize,
@@ -58,6 +61,10 @@ impl Config {
         };
         let min_size_bytes = size_var(ENV_MIN_SIZE, 64 << 10)? as usize;
         let stats_dir = std::env::var_os(ENV_STATS_DIR).map(Into::into);
+        let idle_aging = match std::env::var(ENV_IDLE_AGE) {
+            Ok(v) => IdleAging::parse(&v).map_err(|e| format!("{ENV_IDLE_AGE}: {e}"))?,
+            Err(_) => IdleAging::Off,
+        };
         let capacity: u64 = devices.iter().map(DeviceConfig::capacity_bytes).sum();
         let mut heap = limit_bytes.saturating_add(capacity).clamp(MIN_HEAP_BYTES, MAX_HEAP_BYTES);
         if let Some(as_bytes) = uswap::address_space_limit_bytes() {
@@ -68,11 +75,14 @@ impl Config {
             say_address_space_limit(as_bytes, heap, capacity);
         }
         let heap_bytes = heap.next_multiple_of(32 << 20) as usize;
-        Ok(Config { limit_bytes, devices, fault_mode, min_size_bytes, stats_dir, heap_bytes })
+        Ok(Config { limit_bytes, devices, fault_mode, min_size_bytes, stats_dir, idle_aging, heap_bytes })
     }
 
     pub fn builder(&self) -> PagerBuilder {
-        let mut b = uswap::Pager::builder().resident_limit(self.limit_bytes).fault_mode(self.fault_mode);
+        let mut b = uswap::Pager::builder()
+            .resident_limit(self.limit_bytes)
+            .fault_mode(self.fault_mode)
+            .idle_aging(self.idle_aging);
         for d in &self.devices {
             b = b.device(d.clone());
         }

@@ -59,7 +59,9 @@ fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 /// `"thread"` (default; faults inside system calls are served, which numpy and BLAS need) or
 /// `"signal"`. `auto=0.01` moves the limit by itself to the smallest that keeps memory
 /// stalls under 1 % of wall time (`limit` is then the ceiling; `limit()` says where it is;
-/// `stats()["stall"]` has the stall figures).
+/// `stats()["stall"]` has the stall figures). `idle_age=120` writes out pages untouched for
+/// 120 s without waiting for the limit (`float("inf")`: only count them; `stats()["idle"]`
+/// says how much memory has been untouched for 1 s, 10 s, 1 min and 10 min).
 #[pyclass(module = "uswap", name = "Pager", frozen)]
 struct PyPager {
     pager: uswap::Pager,
@@ -78,7 +80,7 @@ impl PyPager {
     #[new]
     // One parameter per Python keyword argument: the signature is the Python API.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (limit, devices = "zpool", fault_mode = "thread", *, device_size = None, handler_threads = None, readahead = true, auto = None))]
+    #[pyo3(signature = (limit, devices = "zpool", fault_mode = "thread", *, device_size = None, handler_threads = None, readahead = true, auto = None, idle_age = None))]
     fn new(
         py: Python<'_>,
         limit: &Bound<'_, PyAny>,
@@ -88,6 +90,7 @@ impl PyPager {
         handler_threads: Option<usize>,
         readahead: bool,
         auto: Option<f64>,
+        idle_age: Option<f64>,
     ) -> PyResult<PyPager> {
         let limit_bytes = size_arg(limit, "limit")?;
         let device_bytes = match device_size {
@@ -117,6 +120,14 @@ impl PyPager {
             // `auto=0.01`: the limit moves by itself, `limit` its ceiling (see the Rust
             // `PagerBuilder::auto_budget`); a target out of range is refused by `build`.
             builder = builder.auto_budget(target);
+        }
+        if let Some(secs) = idle_age {
+            let aging = uswap::IdleAging::from_secs(secs).ok_or_else(|| {
+                InvalidArgumentError::new_err(format!(
+                    "idle_age={secs}: expected seconds, at least 1, float(\"inf\") to only count idle pages, or 0 for off"
+                ))
+            })?;
+            builder = builder.idle_aging(aging);
         }
         for d in list {
             builder = builder.device(d);

@@ -269,6 +269,24 @@ def test_auto_budget_moves_the_limit_down_to_what_is_used_and_reports_stalls():
         uswap.Pager("64MiB", "zpool", auto=2.0)
 
 
+def test_idle_age_sends_untouched_memory_out_and_counts_it():
+    p = uswap.Pager("256MiB", "zpool", idle_age=2)
+    region = p.map(32 * MiB)
+    a = np.frombuffer(region, dtype=np.uint64)
+    a[:] = np.arange(a.size, dtype=np.uint64)  # 32 MiB, then nothing touched, no pressure
+    deadline = time.monotonic() + 30
+    while p.stats()["swpout_idle"] * uswap.PAGE_SIZE < 28 * MiB:
+        assert time.monotonic() < deadline, f"idle pages stayed in: {p.stats()['idle']}"
+        time.sleep(0.25)
+    st = p.stats()
+    assert set(st["idle"]) == {"idle_1s_bytes", "idle_10s_bytes", "idle_60s_bytes", "idle_600s_bytes"}, st["idle"]
+    assert st["idle"]["idle_1s_bytes"] >= 28 * MiB, st["idle"]
+    assert p.limit == 256 * MiB
+    assert np.array_equal(a, np.arange(a.size, dtype=np.uint64)), "every word read back"
+    with pytest.raises(uswap.InvalidArgumentError, match="idle_age"):
+        uswap.Pager("64MiB", "zpool", idle_age=0.5)
+
+
 def test_arrays_outlive_the_block_and_the_pager_object():
     pager = uswap.Pager(limit=8 * MiB, devices="zpool:128MiB")
     with pager.numpy(threshold="64KiB") as h:

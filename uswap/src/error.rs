@@ -35,6 +35,9 @@ pub enum Error {
     )]
     BadStallTarget { target: f64 },
 
+    #[error("an idle age of {age_ms} ms is too short to tell an idle page from a busy one; give 1 s or more")]
+    BadIdleAge { age_ms: u64 },
+
     #[error("an automatic budget moves the limit of one pager; under a shared charge the tree's budget is moved by whoever owns it (uswap run --auto)")]
     AutoBudgetShared,
 
@@ -153,6 +156,7 @@ impl Error {
             UserfaultfdUnsupported { .. } | KernelTooOld { .. } => ErrorKind::Unsupported,
             LimitTooSmall { .. }
             | BadStallTarget { .. }
+            | BadIdleAge { .. }
             | AutoBudgetShared
             | ZeroLengthMap { .. }
             | MapTooLarge { .. }

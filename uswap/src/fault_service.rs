@@ -124,6 +124,8 @@ fn serve_locked(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
         PageState::None | PageState::Zero => zero_fill(pager, f),
         PageState::Resident if f.locked.clean() => write_to_clean(pager, f),
         PageState::Resident => resident_again(pager, f),
+        // Staged by the aging scan to see whether it is still used: it is, no stall.
+        PageState::Cached if f.locked.aged() => swap_cache_hit(pager, f),
         PageState::Cached => {
             let _stalled = pager.charge.stall();
             swap_cache_hit(pager, f)

@@ -104,6 +104,18 @@ impl Fifo {
         }
     }
 
+    /// The oldest entry, left in the queue: a hint, which a concurrent pop may take first.
+    pub fn peek(&self) -> Option<u64> {
+        let pos = self.head.load(Ordering::Acquire);
+        let i = pos & self.mask;
+        if self.seq(i) != pos.wrapping_add(1) {
+            return None; // empty, or its push is unfinished
+        }
+        let v = self.slots[2 * i + 1].load(Ordering::Relaxed);
+        // Still the head: the value read is the one a pop at `pos` takes (or took).
+        (self.seq(i) == pos.wrapping_add(1) && self.head.load(Ordering::Acquire) == pos).then_some(v)
+    }
+
     /// Entries queued (a snapshot: exact only while no one pushes or pops).
     pub fn len(&self) -> usize {
         let tail = self.tail.load(Ordering::Acquire);
@@ -123,6 +135,7 @@ mod tests {
     #[test]
     fn fifo_order_full_and_empty() {
         let q = Fifo::new(5).unwrap();
+        assert_eq!(q.peek(), None);
         assert_eq!(q.capacity(), 8);
         assert_eq!(q.pop(), None);
         for round in 0..3u64 {
@@ -132,6 +145,7 @@ mod tests {
             assert_eq!(q.push(999), Err(999), "a full queue gives the value back");
             assert_eq!(q.len(), 8);
             for v in 0..8 {
+                assert_eq!(q.peek(), Some(round * 100 + v));
                 assert_eq!(q.pop(), Some(round * 100 + v));
             }
             assert!(q.is_empty());

@@ -81,14 +81,15 @@ pub mod sigbus {
 }
 pub use fork::ForkHold;
 pub use pager::{
-    BackgroundReclaim, FaultMode, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
+    BackgroundReclaim, FaultMode, IdleAging, PageError, PageErrorKind, Pager, PagerBuilder, MIN_LIMIT_BYTES,
+    RECLAIM_BATCH_PAGES,
 };
 pub use pin::{note_thread_start, release_pins_of_dead_threads, Pin, MAX_PIN_BYTES};
 pub use readahead::Advice;
 pub use region::MAX_REGION_BYTES;
 pub use region_handle::{PlainRegion, Region};
 pub use shared_charge::SharedCharge;
-pub use stats::{DeviceStats, Histogram, LatencySummary, PublishStats, Stats};
+pub use stats::{DeviceStats, Histogram, IdleStats, LatencySummary, PublishStats, Stats};
 pub use swap::ReadaheadPolicy;
 
 /// Who owns the memory of an address range of this process, for tools that account for it

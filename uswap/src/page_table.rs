@@ -114,6 +114,10 @@ const ASYNC_READ: u64 = 1 << 7;
 /// kernel moves a locked page to its unevictable list; an unlock puts it back. Shares its
 /// bit with [`ASYNC_READ`], which only a SWAPPED page carries.
 const UNEVICTABLE: u64 = 1 << 7;
+/// A CACHED page the aging scan staged, not reclaim (`crate::reclaim::aging`): its
+/// swap-cache hit tests whether it is still in use and is not a stall on memory. Shares its
+/// bit with [`ASYNC_READ`] and [`UNEVICTABLE`], which other states carry.
+const AGED: u64 = 1 << 7;
 const GEN_SHIFT: u32 = 8;
 const GEN_MASK: u64 = 0xff << GEN_SHIFT;
 const ENTRY_SHIFT: u32 = 16;
@@ -169,6 +173,14 @@ impl Pte {
     pub fn with_unevictable(self, on: bool) -> Pte {
         debug_assert_eq!(self.state(), PageState::Resident);
         Pte(if on { self.0 | UNEVICTABLE } else { self.0 & !UNEVICTABLE })
+    }
+    /// Whether the aging scan staged this CACHED page.
+    pub fn aged(self) -> bool {
+        self.state() == PageState::Cached && self.0 & AGED != 0
+    }
+    pub fn with_aged(self) -> Pte {
+        debug_assert_eq!(self.state(), PageState::Cached);
+        Pte(self.0 | AGED)
     }
     /// The same word without the readahead mark (the page was used).
     pub fn without_readahead(self) -> Pte {

@@ -36,7 +36,9 @@ use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
 use crate::{events, fault, reclaim};
 
 use crate::state::charge::Charge;
-pub use crate::state::{BackgroundReclaim, FaultMode, PageError, PageErrorKind, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES};
+pub use crate::state::{
+    BackgroundReclaim, FaultMode, IdleAging, PageError, PageErrorKind, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
+};
 use crate::state::{PagerShared, REGISTER_MODES};
 
 /// Builds a [`Pager`].
@@ -56,6 +58,7 @@ pub struct PagerBuilder {
     own_pool_bytes: Option<&'static AtomicU64>,
     publish_stats: bool,
     auto_budget: Option<f64>,
+    idle_aging: IdleAging,
 }
 
 impl PagerBuilder {
@@ -140,6 +143,18 @@ impl PagerBuilder {
         self
     }
 
+    /// Idle aging (default [`IdleAging::Off`], or [`IdleAging::Observe`] with
+    /// [`PagerBuilder::auto_budget`]): the background reclaimer moves resident pages to the
+    /// swap cache a few at a time (every page once in about 10 s, at most 32 MiB a second),
+    /// so that a page the application no longer touches is seen as idle, counted in
+    /// [`Stats::idle`](crate::Stats), and, with [`IdleAging::Evict`], written out once idle
+    /// that long. A page in use comes back from the swap cache on its next touch (a
+    /// swap-cache hit, a few microseconds). See docs/auto-budget.md, "Idle aging".
+    pub fn idle_aging(mut self, aging: IdleAging) -> Self {
+        self.idle_aging = aging;
+        self
+    }
+
     /// When the background reclaimer works (default [`BackgroundReclaim::Auto`]).
     pub fn background_reclaim(mut self, policy: BackgroundReclaim) -> Self {
         self.background_reclaim = policy;
@@ -219,6 +234,11 @@ impl PagerBuilder {
             }
             if self.shared_charge.is_some() {
                 return Err(Error::AutoBudgetShared);
+            }
+        }
+        if let IdleAging::Evict(age) = self.idle_aging {
+            if age < std::time::Duration::from_secs(1) {
+                return Err(Error::BadIdleAge { age_ms: age.as_millis() as u64 });
             }
         }
         if self.devices.len() > MAX_DEVICES {
@@ -329,6 +349,10 @@ impl PagerBuilder {
             async_ra,
             shutdown: AtomicBool::new(false),
             background_reclaim,
+            idle_aging: match (self.idle_aging, self.auto_budget) {
+                (IdleAging::Off, Some(_)) => IdleAging::Observe,
+                (aging, _) => aging,
+            },
             errors: ArrayQueue::new(ERROR_LOG_LEN),
             reclaimer: std::sync::OnceLock::new(),
             cow: crate::state::cow::CowQueue::new(),
@@ -534,6 +558,7 @@ impl Pager {
             own_pool_bytes: None,
             publish_stats: true,
             auto_budget: None,
+            idle_aging: IdleAging::Off,
         }
     }
 

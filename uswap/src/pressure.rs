@@ -5,8 +5,9 @@
 //! # What counts
 //!
 //! A thread stalls on memory while its fault waits for a device (a swap-in, with its
-//! readahead window), for a page on its way out (a swap-cache hit), or for room under the
-//! limit (direct reclaim). Zero-fill faults and write-protect faults are not stalls: a
+//! readahead window), for a page on its way out (a swap-cache hit, unless the aging scan
+//! staged the page only to see whether it is used: `crate::reclaim::aging`), or for room
+//! under the limit (direct reclaim). Zero-fill faults and write-protect faults are not stalls: a
 //! program that allocates pays them with or without a limit, as PSI does not count page
 //! allocation either. The figure is PSI's *some*: the share of wall time during which at
 //! least one thread stalled, so eight threads stalled at once for a second count one

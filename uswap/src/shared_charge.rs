@@ -53,6 +53,22 @@ pub struct SharedCharge {
     pub nr_processes: AtomicUsize,
     /// The tree's memory stalls: some thread of some process stalled (`crate::pressure`).
     pub stall: crate::pressure::StallClock,
+    /// Where an automatic budget is about to lower `limit_pages` to (0: nowhere): the
+    /// pagers' background reclaimers bring the charge down to it first, so that the
+    /// programs' faults do not reclaim for the probe (memcg's `memory.high` set below
+    /// `memory.max`; see `uswap run --auto`).
+    pub goal_pages: AtomicUsize,
+}
+
+impl SharedCharge {
+    /// What the background reclaimers reclaim towards: the limit, or a goal below it.
+    pub fn reclaim_goal_pages(&self) -> usize {
+        let limit = self.limit_pages.load(Ordering::Acquire);
+        match self.goal_pages.load(Ordering::Acquire) {
+            0 => limit,
+            goal => goal.min(limit),
+        }
+    }
 }
 
 /// Where a compressed pool reports the memory it takes and gives back: the tree's total
@@ -129,7 +145,7 @@ pub const SEGMENT_FILE: &str = "charge";
 pub const MAX_PROCESSES: usize = 4096;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
-const VERSION: u64 = 4;
+const VERSION: u64 = 5;
 
 #[repr(C)]
 struct Slot {

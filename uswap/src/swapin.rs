@@ -366,8 +366,9 @@ fn publish(pager: &PagerShared, f: &Fault<'_>, set: &RegionSet, items: &[Item]) 
             pager.devices.free(it.entry(), f.route.lock_free());
             it.pte.next(PageState::Resident, None)
         } else {
-            // Clean: mapped write-protected, it keeps its slot.
+            // Clean: mapped write-protected, it keeps its slot, and is in use again.
             pager.clean_pages.fetch_add(1, Ordering::Relaxed);
+            pager.devices.device(it.entry()).unstamp(it.entry().offset());
             it.pte.next(PageState::Resident, Some(it.entry())).with_clean()
         };
         nr_async += u64::from(it.from_async);

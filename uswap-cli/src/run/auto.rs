@@ -44,14 +44,33 @@ impl TreeBudget {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = stop.clone();
         let thread = std::thread::spawn(move || {
+            // A lower limit is first a goal the pagers' background reclaimers bring the tree
+            // down to, and the limit once they have (or a second later): the programs'
+            // faults do not reclaim for a probe, whose cost is then what it measures, the
+            // pages it took that are in use (with the limit lowered at once, a 23 MiB probe
+            // of redis-server cost 40-80 ms of its faults reclaiming, every probe undone).
+            let mut pending: Option<(usize, u64)> = None;
             // Bounded: ends when `stop` is set (by `stop`, before the segment goes).
             while !stopped.load(Ordering::Acquire) {
                 std::thread::sleep(Self::POLL);
                 let now = uswap::pressure::now_us();
+                if let Some((goal, since_us)) = pending {
+                    if tree.resident_pages.load(Ordering::Acquire) <= goal || now >= since_us + 1_000_000 {
+                        tree.limit_pages.store(goal, Ordering::Release);
+                        tree.goal_pages.store(0, Ordering::Release);
+                        pending = None;
+                    }
+                }
                 let limit = tree.limit_pages.load(Ordering::Acquire);
                 let resident = tree.resident_pages.load(Ordering::Acquire);
-                if let Some(next) = law.tick(tree.stall.total_us(now), now, limit, resident) {
+                let Some(next) = law.tick(tree.stall.total_us(now), now, limit, resident) else { continue };
+                if next < limit {
+                    tree.goal_pages.store(next, Ordering::Release);
+                    pending = Some((next, now));
+                } else {
+                    tree.goal_pages.store(0, Ordering::Release);
                     tree.limit_pages.store(next, Ordering::Release);
+                    pending = None;
                 }
             }
             tree.limit_pages.load(Ordering::Acquire) as u64 * page

@@ -64,6 +64,9 @@ fn help(field: &str) -> Option<&'static str> {
         "pgsteal_background" => "Pages reclaimed by the background reclaimer.",
         "pgsteal_direct" => "Pages reclaimed directly by faulting threads.",
         "pgactivate" => "Reclaim victims given a second chance.",
+        "pgdeactivate" => "Resident pages the aging scan moved to the swap cache to see whether they are still used.",
+        "swpout_idle" => "Staged pages written out because they were idle for the idle age.",
+        "writeback_idle" => "Pages moved down a tier because they were idle there for the idle age.",
         "allocstall" => "Allocations that reclaimed directly at the limit.",
         "swap_alloc_fail" => "Swap-outs that found no free slot (page stayed resident).",
         "limit_overrun" => "Charges that went above the resident limit.",
@@ -301,6 +304,12 @@ fn prometheus(pid: u32, blocks: &[(Option<&PagerStats>, &Stats)]) -> String {
                 "Share of wall time some thread stalled on memory, running average (PSI's avg10, avg60, avg300).";
             fam.add(format!("uswap_stall_avg{w}_percent"), "gauge", help, "", labels.clone(), v);
         }
+        let idle_help = "Managed memory untouched for at least age_seconds (pages out of their regions since then; \
+                         with idle aging, every page is tested about every 10 s).";
+        for (age, v) in stats.idle.buckets() {
+            let l = format!("{labels},age_seconds=\"{age}\"");
+            fam.add("uswap_idle_bytes".into(), "gauge", idle_help, "", l, v as f64);
+        }
         fam.add(
             "uswap_fault_latency_max_seconds".into(),
             "gauge",
@@ -387,6 +396,8 @@ fn table(
              {:.2} % of 300 s",
             st.seconds_total, st.avg10, st.avg60, st.avg300
         );
+        let [a, b, c, d] = s.idle.buckets().map(|(_, bytes)| mib(bytes / uswap::PAGE_SIZE as u64));
+        let _ = writeln!(out, "  idle      untouched for 1 s {a}, 10 s {b}, 1 min {c}, 10 min {d}");
         if !s.devices.is_empty() {
             let _ = writeln!(
                 out,
@@ -448,8 +459,23 @@ mod tests {
         let mut devices = Vec::new();
         every_field_name(&serde_json::to_value(&s.devices[0]).unwrap(), &mut devices);
         // Latency (a summary) and stalls (`uswap_stall_*`) are rendered by hand; the rest by name.
-        let by_hand =
-            ["count", "mean", "p50", "p90", "p99", "p999", "max", "seconds_total", "avg10", "avg60", "avg300"];
+        let by_hand = [
+            "count",
+            "mean",
+            "p50",
+            "p90",
+            "p99",
+            "p999",
+            "max",
+            "seconds_total",
+            "avg10",
+            "avg60",
+            "avg300",
+            "idle_1s_bytes",
+            "idle_10s_bytes",
+            "idle_60s_bytes",
+            "idle_600s_bytes",
+        ];
         for n in names.iter().chain(&devices).filter(|n| !by_hand.contains(&n.as_str())) {
             assert!(help(n).is_some(), "no help for {n}");
         }

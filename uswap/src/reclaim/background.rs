@@ -31,17 +31,19 @@ const FORK_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 /// takes no fault either, and would evict it each time.
 pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Moves the limit as the automatic budget's law says, once a tick (`pressure::Budget`);
-/// a lower limit is reclaimed down to at once, here, off the application's threads.
+/// Moves the limit as the automatic budget's law says, once a tick (`pressure::Budget`).
+/// A lower limit is reclaimed down to first, here, off the application's threads, and set
+/// after: faults meanwhile see the old one and do not reclaim for the probe, whose cost is
+/// then what it measures (the pages it took that are in use).
 fn move_budget(p: &PagerShared, b: &mut crate::pressure::Budget, now_us: u64) {
     let limit = p.charge.limit_pages.load(Ordering::Acquire);
     let resident = p.charge.resident_pages.load(Ordering::Acquire);
     let Some(next) = b.tick(p.charge.stall.total_us(now_us), now_us, limit, resident) else { return };
-    p.charge.limit_pages.store(next, Ordering::Release);
     if next < resident && !p.charge.reclaim_held.load(Ordering::Acquire) {
         // Best effort: pages that cannot go now go with later rounds.
-        let _ = super::round::reclaim_to_limit(p);
+        let _ = super::round::reclaim_to(p, next);
     }
+    p.charge.limit_pages.store(next, Ordering::Release);
 }
 
 /// The background reclaimer. With [`BackgroundReclaim::WhenIdle`]: every
@@ -57,6 +59,7 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
     let mut writeback_buf = vec![AlignedPage([0; PAGE_SIZE]); BATCH];
     let mut last_fork_pass = std::time::Instant::now();
     let mut budget = p.charge.auto.clone();
+    let mut aging = super::aging::Aging::new(p);
     while !p.is_shutdown() {
         std::thread::park_timeout(BACKGROUND_PERIOD);
         // Whatever the application does: faulting threads cannot do it (see `cow`).
@@ -96,6 +99,13 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         p.charge.stall_avgs.sample(&p.charge.stall, now_us);
         if let Some(b) = budget.as_mut() {
             move_budget(p, b, now_us);
+        }
+        let now_epoch = crate::swap::idle_ages::now_epoch();
+        for d in p.devices.devices() {
+            d.fold_idle_ages(now_epoch);
+        }
+        if let Some(a) = aging.as_mut() {
+            a.tick(p, now_us, &mut writeback_buf);
         }
         // A device whose writes failed takes pages again once a probe succeeds.
         p.devices.probe_degraded();

@@ -61,28 +61,29 @@ pub(crate) fn shared_sub(p: &PagerShared, n: usize) {
     }
 }
 
-/// Whether the shared charge, if any, is above its high (`low == false`) or low watermark
-/// (who reclaims for it: [`shared_reclaim_is_ours`]).
+/// Whether the shared charge, if any, is above the high (`low == false`) or low watermark of
+/// its limit, or of the goal an automatic budget set below it (who reclaims for it:
+/// [`shared_reclaim_is_ours`]).
 pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
     match p.charge.shared {
         None => false,
         Some(t) => {
-            let (high, lowmark) = watermarks(t.limit_pages.load(Ordering::Acquire));
+            let (high, lowmark) = watermarks(t.reclaim_goal_pages());
             t.resident_pages.load(Ordering::Acquire) > if low { lowmark } else { high }
         }
     }
 }
 
-/// Whether the shared charge, if any, is above its limit, and that limit was lowered below
-/// the one the processes were given (`uswap run --auto` moves the tree's): a tree whose
+/// Whether the shared charge, if any, is above its limit (or the goal below it), and that
+/// was lowered below the one the processes were given (`uswap run --auto` moves the tree's): a tree whose
 /// pages are all in use never faults its way down to it, so its pagers reclaim for it in the
 /// background even while their programs fault. Not for a tree merely over its own limit (a
 /// fork's shared pages, which reclaim cannot move: reclaiming harder there only breaks
 /// more of them copy-on-write, and raised a fork test's peak past its bound).
 pub(super) fn shared_over_limit(p: &PagerShared) -> bool {
     p.charge.shared.is_some_and(|t| {
-        let limit = t.limit_pages.load(Ordering::Acquire);
-        limit < p.charge.limit_pages.load(Ordering::Acquire) && t.resident_pages.load(Ordering::Acquire) > limit
+        let goal = t.reclaim_goal_pages();
+        goal < p.charge.limit_pages.load(Ordering::Acquire) && t.resident_pages.load(Ordering::Acquire) > goal
     })
 }
 

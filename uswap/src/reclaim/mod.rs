@@ -9,6 +9,8 @@
 //!   (`crate::swap::SwapCache`), then staged pages to their devices;
 //! * [`writeback`]: pages moved from one device to the next tier down;
 //! * [`cow`]: pages a fork shares, made exclusive again so that they can be moved out;
+//! * [`aging`]: idle aging, which finds the pages no longer touched and sends them out by
+//!   age;
 //! * [`background`]: the background reclaimer thread.
 //!
 //! The victims' FIFOs (`active` and the use-once `streamed`) are `crate::lru`'s.
@@ -22,6 +24,7 @@
 //! reclaim may run inside a SIGBUS handler (not on the lock-free route, which never
 //! reclaims).
 
+pub(crate) mod aging;
 pub(crate) mod background;
 pub(crate) mod charge;
 pub(crate) mod cow;

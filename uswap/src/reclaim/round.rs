@@ -10,7 +10,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::swapout::{shrink_active, shrink_inactive};
+use super::swapout::{shrink_active, shrink_inactive, Stager, Take};
 use crate::error::{Error, Result};
 use crate::state::{PagerShared, RECLAIM_BATCH_PAGES};
 use crate::uffd::PAGE_SIZE;
@@ -52,18 +52,23 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
     let Some(_in_flight) = InFlight::enter(p) else {
         return Progress::default();
     };
-    let target = swapcache_target(p.charge.limit_pages.load(Ordering::Acquire));
+    // Under a tree's lower limit (or an automatic budget's goal), the cache is sized by
+    // that: sized by the process's own limit (64 GiB under `uswap run --auto`), rounds kept
+    // topping it up with pages in use rather than write the idle ones it held.
+    let own = p.charge.limit_pages.load(Ordering::Acquire);
+    let target = swapcache_target(p.charge.shared.map_or(own, |t| t.reclaim_goal_pages().min(own)));
+    let steal = if direct { Stager::Direct } else { Stager::Background };
     let mut progress = Progress::default();
     let topped_up = p.swap_cache.nr_pages() < target && !p.devices.is_full();
     if topped_up {
-        let s = shrink_active(p, BATCH, direct);
+        let s = shrink_active(p, BATCH, steal);
         progress.moved = s.moved;
         progress.uncharged = s.uncharged;
         progress.refused = s.refused;
         progress.pinned = s.pinned;
     }
     if p.swap_cache.nr_pages() >= target || progress.moved == 0 {
-        progress.uncharged += shrink_inactive(p, BATCH);
+        progress.uncharged += shrink_inactive(p, BATCH, Take::Staged);
     }
     if direct && !topped_up && !progress.any() && !p.devices.is_full() {
         // The cache is at its target and every staged page is busy in other threads' writes
@@ -73,13 +78,13 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
         // of more pages while earlier ones are still under it. The swap cache then exceeds
         // its target by at most one batch per thread reclaiming at that moment; later
         // rounds stop topping it up until it is back under.
-        let s = shrink_active(p, BATCH, direct);
+        let s = shrink_active(p, BATCH, steal);
         progress.moved += s.moved;
         progress.uncharged += s.uncharged;
         progress.refused += s.refused;
         progress.pinned += s.pinned;
         if s.moved > s.uncharged {
-            progress.uncharged += shrink_inactive(p, BATCH);
+            progress.uncharged += shrink_inactive(p, BATCH, Take::Staged);
         }
     }
     progress
@@ -120,12 +125,18 @@ impl Drop for InFlight<'_> {
 
 /// Reclaims until the charge is at or below the limit (after the limit was lowered).
 pub(crate) fn reclaim_to_limit(p: &PagerShared) -> Result<()> {
+    reclaim_to(p, usize::MAX)
+}
+
+/// Reclaims until the charge is at or below `goal_pages` or the limit, whichever is lower.
+pub(crate) fn reclaim_to(p: &PagerShared, goal_pages: usize) -> Result<()> {
     let mut fruitless = 0;
     let mut backoff_us = 50u64;
     let mut busy_since: Option<std::time::Instant> = None;
     // Bounded by the number of charged pages (each fruitful round uncharges at least one)
     // and, while rounds find nothing, by `LIMIT_BUSY_WAIT`.
-    while p.charge.resident_pages.load(Ordering::Acquire) > p.charge.limit_pages.load(Ordering::Acquire) {
+    let goal = || goal_pages.min(p.charge.limit_pages.load(Ordering::Acquire));
+    while p.charge.resident_pages.load(Ordering::Acquire) > goal() {
         if reclaim_round(p, true).any() {
             fruitless = 0;
             backoff_us = 50;

@@ -37,6 +37,7 @@ use crate::region::{PageRef, PageState, Pte, RegionSet, REGIONS};
 use crate::state::PagerShared;
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
+use crate::swap::idle_ages::Epoch;
 use crate::swap::SwapEntry;
 use crate::uffd::{RangeResult, PAGE_SIZE};
 
@@ -75,16 +76,47 @@ pub(super) struct Victim {
     pub pte: Pte,
 }
 
+/// Which pages a round takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Take {
+    /// The oldest resident pages (stage one).
+    Resident,
+    /// The oldest staged pages (stage two).
+    Staged,
+    /// The oldest staged pages that left their regions in this epoch or before (idle aging).
+    StagedBy(Epoch),
+}
+
+/// Whether the staged page `pte` left its region after epoch `cut`.
+fn staged_after(p: &PagerShared, pte: Pte, cut: Epoch) -> bool {
+    p.devices.device(pte.entry()).stamp_of(pte.entry().offset()).is_some_and(|e| e > cut)
+}
+
+/// Whether the swap cache's oldest page left its region after epoch `cut` (a hint, as the
+/// queue's head may be popped meanwhile).
+fn staged_head_after(p: &PagerShared, guards: &mut RegionSet, cut: Epoch) -> bool {
+    let Some(v) = p.swap_cache.peek() else { return false };
+    let r = PageRef::unpack(v);
+    let Ok(gi) = guards.get(p, r) else { return false };
+    let pte = guards.g[gi].load(r.page);
+    pte.state() == PageState::Cached && pte.gen() == r.page_gen && staged_after(p, pte, cut)
+}
+
 /// Pops up to `nr` pages in `want` state from `queue`, skipping stale entries, giving
 /// referenced resident pages their second chance and leaving pinned ones (counted in
 /// `nr_pinned`). The pages come back locked.
 fn pop_victims(
     p: &PagerShared,
-    inactive: bool,
+    take: Take,
     nr: usize,
     guards: &mut RegionSet,
     nr_pinned: &mut usize,
 ) -> ArrayVec<Victim, BATCH> {
+    let inactive = take != Take::Resident;
+    let cut = match take {
+        Take::StagedBy(e) => Some(e),
+        _ => None,
+    };
     let want = if inactive { PageState::Cached } else { PageState::Resident };
     // Resident victims come from the use-once FIFO while it holds more than its reserve:
     // the windows streams are working through right now, which must not go before they are
@@ -107,6 +139,9 @@ fn pop_victims(
     let mut scanned = 0;
     let mut stale = 0;
     while victims.len() < nr.min(BATCH) && scanned < 4 * BATCH && stale < MAX_STALE_PER_ROUND {
+        if cut.is_some_and(|cut| staged_head_after(p, guards, cut)) {
+            break; // the oldest staged page is not idle long enough: nor are the others
+        }
         let Some((v, from)) = pop() else { break };
         let r = PageRef::unpack(v);
         let gi = match guards.get(p, r) {
@@ -130,6 +165,12 @@ fn pop_victims(
         if pte.busy() {
             requeue(p, from, r);
             continue;
+        }
+        if cut.is_some_and(|cut| staged_after(p, pte, cut)) {
+            // Not the head peeked at (another thread popped that one): a young page, put
+            // back at the tail, out of order once.
+            requeue(p, from, r);
+            break;
         }
         if !inactive && pte.referenced() {
             let spared = pte.with_referenced(false);
@@ -227,12 +268,34 @@ fn take_resident_neighbours(
     }
 }
 
-/// Moves up to `nr` of the oldest resident pages into the swap cache. Returns the pages
-/// moved, and of those the pages found all zero (uncharged at once).
-pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk {
+/// Who moves resident pages out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stager {
+    /// Reclaim, in the faulting thread.
+    Direct,
+    /// Reclaim, in the background reclaimer.
+    Background,
+    /// The aging scan (`super::aging`): its pages are marked aged, and their swap-cache hits
+    /// are no stalls.
+    Aging,
+}
+
+impl Stager {
+    fn counter(self) -> Counter {
+        match self {
+            Stager::Direct => Counter::PgstealDirect,
+            Stager::Background => Counter::PgstealBackground,
+            Stager::Aging => Counter::Pgdeactivate,
+        }
+    }
+}
+
+/// Moves up to `nr` of the oldest resident pages into the swap cache for `by`. Returns the
+/// pages moved, and of those the pages found all zero (uncharged at once).
+pub(super) fn shrink_active(p: &PagerShared, nr: usize, by: Stager) -> Shrunk {
     let mut guards = RegionSet::new();
     let mut nr_pinned = 0;
-    let mut victims = pop_victims(p, false, nr, &mut guards, &mut nr_pinned);
+    let mut victims = pop_victims(p, Take::Resident, nr, &mut guards, &mut nr_pinned);
     if victims.is_empty() {
         if p.lru.is_empty() {
             refill_active_by_scan(p);
@@ -249,9 +312,9 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, direct: bool) -> Shrunk 
     let mut entries = [SwapEntry::new(0, 0); BATCH];
     alloc_slots(p, &guards, &mut victims, &mut entries);
     let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
-    let staged = stage(p, &guards, &victims, &entries, &mut to_free);
+    let staged = stage(p, by, &guards, &victims, &entries, &mut to_free);
     refused += staged.refused;
-    p.stats.add(if direct { Counter::PgstealDirect } else { Counter::PgstealBackground }, staged.moved as u64);
+    p.stats.add(by.counter(), staged.moved as u64);
     crate::stats::note_taken_out((staged.moved + dropped) as u64);
     p.devices.free_now(&mut to_free);
     Shrunk { moved: staged.moved + dropped, uncharged: staged.uncharged + dropped, refused, pinned: nr_pinned }
@@ -297,10 +360,12 @@ fn drop_clean(p: &PagerShared, guards: &RegionSet, victims: &[Victim]) -> (usize
         i = j;
     }
     discards.flush();
+    let now = crate::swap::idle_ages::now_epoch();
     for &(i, j, done, r) in &clean_runs {
         let region = &guards.g[victims[i].gi];
         for (k, v) in victims[i..j].iter().enumerate() {
             if k < done {
+                p.devices.device(v.pte.entry()).stamp(v.pte.entry().offset(), now);
                 region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
             } else {
                 // Refused (read-only after mprotect, or gone: an event settles it) or not
@@ -384,6 +449,7 @@ struct Staged {
 /// slot; the others join the swap cache. Slots to free go to `to_free`.
 fn stage(
     p: &PagerShared,
+    by: Stager,
     guards: &RegionSet,
     victims: &[Victim],
     entries: &[SwapEntry],
@@ -410,7 +476,7 @@ fn stage(
             let r = p.swap_cache.move_in(dev, entries[k].offset(), region.page_addr(victims[k].page), len);
             let done = r.done_bytes(len) / PAGE_SIZE;
             for m in k..k + done {
-                staged.uncharged += stage_moved(p, guards, victims[m], entries[m], to_free);
+                staged.uncharged += stage_moved(p, by, guards, victims[m], entries[m], to_free);
             }
             staged.moved += done;
             k += done;
@@ -428,6 +494,7 @@ fn stage(
 /// all zero, keeps no slot (returns 1: uncharged).
 fn stage_moved(
     p: &PagerShared,
+    by: Stager,
     guards: &RegionSet,
     v: Victim,
     e: SwapEntry,
@@ -450,6 +517,7 @@ fn stage_moved(
     }
     p.swap_cache.insert(dev, e.offset());
     let new = v.pte.next(PageState::Cached, Some(e)).with_referenced(false);
+    let new = if by == Stager::Aging { new.with_aged() } else { new };
     region.store(v.page, new);
     requeue_staged(p, guards.page_ref(v.gi, v.page, new));
     0
@@ -507,15 +575,17 @@ pub(super) struct Shrunk {
     pub pinned: usize,
 }
 
-/// Writes back up to `nr` of the oldest staged pages. Returns the pages uncharged.
+/// Writes back up to `nr` of the oldest staged pages (with [`Take::StagedBy`], only those
+/// idle long enough). Returns the pages uncharged.
 ///
 /// Each page goes first to its own slot. A device may decline a page (a pool at its cap,
 /// or an incompressible page it passes on): the page then gets a slot on another device and
 /// is written there, in priority order. A page that no device takes, or whose write fails,
 /// stays staged in RAM (still charged) and is retried in a later round.
-pub(super) fn shrink_inactive(p: &PagerShared, nr: usize) -> usize {
+pub(super) fn shrink_inactive(p: &PagerShared, nr: usize, take: Take) -> usize {
+    debug_assert!(take != Take::Resident);
     let mut guards = RegionSet::new();
-    let mut victims = pop_victims(p, true, nr, &mut guards, &mut 0);
+    let mut victims = pop_victims(p, take, nr, &mut guards, &mut 0);
     if victims.is_empty() {
         return 0;
     }
@@ -582,10 +652,15 @@ fn written(
         if new == old {
             sdev.complete_writeback(old.offset());
         } else {
-            // Written elsewhere: the old slot held only the staging page.
+            // Written elsewhere: the old slot held only the staging page. The page keeps the
+            // moment it left its region.
+            let left = sdev.stamp_of(old.offset());
             sdev.forget_slot(old.offset());
             to_free.push(old.bits());
             dev.set_owner(new.offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
+            if let Some(e) = left {
+                dev.stamp(new.offset(), e);
+            }
         }
         guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(new)));
     }

@@ -35,19 +35,27 @@ pub(crate) fn device_writeback(p: &PagerShared, buf: &mut [AlignedPage]) -> usiz
         let mut slots = [0u64; BATCH];
         let n = dev.backend.writeback_candidates(&mut slots);
         assert!(n <= BATCH);
-        if n == 0 {
-            continue;
-        }
-        let mut guards = RegionSet::new();
-        let victims = lock_candidates(p, dev, &slots[..n], &mut guards);
-        if victims.is_empty() {
-            continue;
-        }
-        let ok = read_candidates(p, dev, &guards, &victims, buf);
-        moved += move_down(p, dev, &guards, &victims, &ok, buf);
+        moved += move_slots_down(p, dev, &slots[..n], buf);
     }
     p.stats.add(Counter::Writeback, moved as u64);
     moved
+}
+
+/// Moves the pages of `slots` (at most `BATCH`) from `dev` to the next tier down, where they
+/// are still swapped there and free to take. The caller holds an `InFlight`. Returns the
+/// pages moved.
+pub(super) fn move_slots_down(p: &PagerShared, dev: &SwapDevice, slots: &[u64], buf: &mut [AlignedPage]) -> usize {
+    assert!(slots.len() <= BATCH);
+    if slots.is_empty() {
+        return 0;
+    }
+    let mut guards = RegionSet::new();
+    let victims = lock_candidates(p, dev, slots, &mut guards);
+    if victims.is_empty() {
+        return 0;
+    }
+    let ok = read_candidates(p, dev, &guards, &victims, buf);
+    move_down(p, dev, &guards, &victims, &ok, buf)
 }
 
 /// Locks the pages the device's writeback candidates `slots` hold, where they are still
@@ -147,6 +155,10 @@ fn move_down(
             if req[0].result.is_ok() {
                 tdev.set_checksum(targets[j].offset(), crc32c::crc32c(&buf[j].0));
                 tdev.set_owner(targets[j].offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
+                // Down a tier, still untouched since it left its region.
+                if let Some(e) = dev.stamp_of(v.pte.entry().offset()) {
+                    tdev.stamp(targets[j].offset(), e);
+                }
                 guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(targets[j])));
                 dev.forget_slot(v.pte.entry().offset());
                 to_free.push(v.pte.entry().bits());

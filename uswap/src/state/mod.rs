@@ -76,6 +76,73 @@ pub enum BackgroundReclaim {
     Always,
 }
 
+/// Idle aging: whether the pager looks for pages its application no longer touches, and
+/// what it does with them (see `crate::reclaim::aging`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdleAging {
+    /// No scan: only reclaim moves pages out, so the idle-age histogram counts only the
+    /// pages reclaim took. The default, unless an automatic budget is asked for.
+    #[default]
+    Off,
+    /// Resident pages are moved to the swap cache a few at a time and counted idle until
+    /// touched (the histogram then covers all managed memory), but nothing is written out
+    /// for its age: reclaim takes the longest idle first. What an automatic budget uses.
+    Observe,
+    /// As `Observe`, and a page untouched for this long is written to the first device
+    /// without waiting for the limit; one untouched for this long again on a device that
+    /// has a tier below goes on down.
+    Evict(std::time::Duration),
+}
+
+impl IdleAging {
+    /// The aging an idle age in seconds asks for, as the C and Python APIs and `uswap run
+    /// --idle-age` take it: 0 off, infinity observe, 1 s or more evict at that age. `None`
+    /// for anything else (negative, NaN, under a second).
+    pub fn from_secs(secs: f64) -> Option<IdleAging> {
+        if secs == 0.0 {
+            Some(IdleAging::Off)
+        } else if secs == f64::INFINITY {
+            Some(IdleAging::Observe)
+        } else if secs >= 1.0 && secs.is_finite() {
+            Some(IdleAging::Evict(std::time::Duration::from_secs_f64(secs)))
+        } else {
+            None
+        }
+    }
+
+    /// Parses an idle age as `uswap run --idle-age` and `USWAP_IDLE_AGE` take it: a number of
+    /// seconds, or one with a unit (`90s`, `2m`, `1h`), `never` (look, send nothing out for
+    /// its age) or `off`.
+    pub fn parse(s: &str) -> Result<IdleAging, String> {
+        let t = s.trim();
+        let secs = match t {
+            "never" => f64::INFINITY,
+            "off" => 0.0,
+            _ => {
+                let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+                    Some(i) => t.split_at(i),
+                    None => (t, "s"),
+                };
+                let scale = match unit {
+                    "s" => 1.0,
+                    "m" | "min" => 60.0,
+                    "h" => 3600.0,
+                    _ => {
+                        return Err(format!(
+                            "{s:?}: unknown unit {unit:?}; give seconds (90s), minutes (2m) or hours (1h)"
+                        ))
+                    }
+                };
+                num.trim()
+                    .parse::<f64>()
+                    .map_err(|_| format!("{s:?} is not an age: give one such as 90s, 2m or never"))?
+                    * scale
+            }
+        };
+        IdleAging::from_secs(secs).ok_or_else(|| format!("{s:?}: an idle age is 1 s or more (or never, or off)"))
+    }
+}
+
 /// What went wrong with a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageErrorKind {
@@ -141,6 +208,7 @@ pub(crate) struct PagerShared {
     pub async_ra: AsyncReadahead,
     pub shutdown: AtomicBool,
     pub background_reclaim: BackgroundReclaim,
+    pub idle_aging: IdleAging,
     /// The most recent page errors (oldest dropped first).
     pub errors: ArrayQueue<PageError>,
     /// The background reclaimer, for waking it (`BackgroundReclaim::Always`, and pages to
@@ -188,6 +256,14 @@ impl PagerShared {
         let [avg10, avg60, avg300] = self.charge.stall_avgs.averages();
         let stalled_us = self.charge.stall.total_us(crate::pressure::now_us());
         st.stall = crate::stats::StallStats { seconds_total: stalled_us as f64 / 1e6, avg10, avg60, avg300 };
+        let now = crate::swap::idle_ages::now_epoch();
+        let mut idle = [0u64; 4];
+        for d in self.devices.devices() {
+            for (sum, n) in idle.iter_mut().zip(d.idle_histogram(now)) {
+                *sum += n;
+            }
+        }
+        st.idle = crate::stats::IdleStats::from_pages(idle);
         (st.unmanaged_bytes, st.unmanaged_peak_bytes) = crate::stats::unmanaged();
         [
             st.syscall_prepared,
@@ -224,5 +300,24 @@ impl PagerShared {
             .collect();
         st.pool_peak_bytes = st.devices.iter().filter_map(|d| d.backend.as_ref()).map(|b| b.pool_peak_bytes).sum();
         st
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdleAging;
+    use std::time::Duration;
+
+    #[test]
+    fn idle_ages_parse_with_units_and_refuse_what_is_no_age() {
+        assert_eq!(IdleAging::parse("90s"), Ok(IdleAging::Evict(Duration::from_secs(90))));
+        assert_eq!(IdleAging::parse("2m"), Ok(IdleAging::Evict(Duration::from_secs(120))));
+        assert_eq!(IdleAging::parse(" 1h "), Ok(IdleAging::Evict(Duration::from_secs(3600))));
+        assert_eq!(IdleAging::parse("30"), Ok(IdleAging::Evict(Duration::from_secs(30))));
+        assert_eq!(IdleAging::parse("never"), Ok(IdleAging::Observe));
+        assert_eq!(IdleAging::parse("off"), Ok(IdleAging::Off));
+        for bad in ["0.5s", "-3", "abc", "10d", "", "nan"] {
+            assert!(IdleAging::parse(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -127,9 +127,16 @@ pub(crate) enum Counter {
     /// Thread mode: windows of spins that stopped spinning (mostly misses, or the CPU was
     /// wanted by another thread).
     HandlerSpinOff,
+    /// Resident pages the aging scan moved to the swap cache to see whether they are still
+    /// used (the kernel's `pgdeactivate`; see `reclaim::aging`).
+    Pgdeactivate,
+    /// Staged pages written to a device because they had been idle for the idle age.
+    SwpoutIdle,
+    /// Pages moved down a tier because they had been idle there for the idle age.
+    WritebackIdle,
 }
 
-const NR_COUNTERS: usize = Counter::HandlerSpinOff as usize + 1;
+const NR_COUNTERS: usize = Counter::WritebackIdle as usize + 1;
 
 struct CpuStats {
     counters: [AtomicU64; NR_COUNTERS],
@@ -243,6 +250,9 @@ impl PerCpuStats {
         s.zero_fill_around = self.sum(ZeroFillAround);
         s.pgfault_wp = self.sum(PgfaultWp);
         s.swpout_clean = self.sum(SwpoutClean);
+        s.pgdeactivate = self.sum(Pgdeactivate);
+        s.swpout_idle = self.sum(SwpoutIdle);
+        s.writeback_idle = self.sum(WritebackIdle);
         s.fault_latency_us = self.fault_latency().summary_us();
     }
 }

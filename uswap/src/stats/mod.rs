@@ -80,6 +80,13 @@ pub struct Stats {
     pub pgsteal_direct: u64,
     /// Victims given a second chance because they had faulted back from the swap cache.
     pub pgactivate: u64,
+    /// Resident pages the aging scan moved to the swap cache to see whether they are still
+    /// used (see [`crate::IdleAging`]).
+    pub pgdeactivate: u64,
+    /// Staged pages written to a device because they had been idle for the idle age.
+    pub swpout_idle: u64,
+    /// Pages moved down a tier because they had been idle there for the idle age.
+    pub writeback_idle: u64,
     /// Allocations that had to reclaim directly because the limit was reached.
     pub allocstall: u64,
     /// Swap-outs that found no free slot: the page stayed resident, nothing was lost.
@@ -252,6 +259,8 @@ pub struct Stats {
     pub fault_latency_us: LatencySummary,
     /// Time the application stalled on memory (see [`crate::pressure`]).
     pub stall: StallStats,
+    /// Managed memory untouched for at least 1 s, 10 s, 1 min and 10 min.
+    pub idle: IdleStats,
     /// How these counters are published for `uswap stat` (see [`crate::stats_server`]).
     pub publish: PublishStats,
 }
@@ -269,6 +278,33 @@ pub struct StallStats {
     pub avg10: f64,
     pub avg60: f64,
     pub avg300: f64,
+}
+
+/// The idle-age histogram: bytes of managed memory untouched for at least each age. A page
+/// counts from the moment it left its region (reclaim, or the aging scan of
+/// `PagerBuilder::idle_age`, moved it out) until it is touched again; a page in its region
+/// counts as in use, so without the aging scan these are lower bounds (see
+/// docs/auto-budget.md, "Idle aging"). Summed over pagers or processes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IdleStats {
+    pub idle_1s_bytes: u64,
+    pub idle_10s_bytes: u64,
+    pub idle_60s_bytes: u64,
+    pub idle_600s_bytes: u64,
+}
+
+impl IdleStats {
+    /// From page counts for each of `swap::idle_ages::IDLE_BUCKETS_S`.
+    pub fn from_pages(pages: [u64; 4]) -> IdleStats {
+        let [a, b, c, d] = pages.map(|n| n * crate::uffd::PAGE_SIZE as u64);
+        IdleStats { idle_1s_bytes: a, idle_10s_bytes: b, idle_60s_bytes: c, idle_600s_bytes: d }
+    }
+
+    /// The buckets with their ages in seconds.
+    pub fn buckets(&self) -> [(u64, u64); 4] {
+        [(1, self.idle_1s_bytes), (10, self.idle_10s_bytes), (60, self.idle_60s_bytes), (600, self.idle_600s_bytes)]
+    }
 }
 
 /// The stats socket's own figures (see [`crate::stats_server`]).
@@ -383,6 +419,9 @@ impl Stats {
             pgsteal_background,
             pgsteal_direct,
             pgactivate,
+            pgdeactivate,
+            swpout_idle,
+            writeback_idle,
             allocstall,
             swap_alloc_fail,
             limit_overrun,
@@ -444,6 +483,11 @@ impl Stats {
                 None => self.devices.push(d.clone()),
             }
         }
+        let (a, b) = (&mut self.idle, &other.idle);
+        a.idle_1s_bytes += b.idle_1s_bytes;
+        a.idle_10s_bytes += b.idle_10s_bytes;
+        a.idle_60s_bytes += b.idle_60s_bytes;
+        a.idle_600s_bytes += b.idle_600s_bytes;
         let (a, b) = (&mut self.stall, &other.stall);
         a.seconds_total += b.seconds_total;
         a.avg10 += b.avg10;

@@ -29,6 +29,7 @@ pub mod cluster_allocator;
 pub mod entry;
 pub mod fork_refs;
 pub mod health;
+pub mod idle_ages;
 pub mod swap_cache;
 pub mod swap_table;
 
@@ -221,6 +222,32 @@ impl SwapDevice {
     pub fn set_owner(&self, slot: u64, owner: u64) {
         debug_assert_eq!(self.table.lookup(slot), None, "slot {slot} is taken");
         self.table.set_owner(slot, owner);
+    }
+
+    /// The page of slot `slot` left its region in epoch `e` (see `idle_ages`).
+    pub fn stamp(&self, slot: u64, e: idle_ages::Epoch) {
+        self.table.stamp(slot, e);
+    }
+
+    /// The page of slot `slot` is mapped again, keeping its slot (a clean page).
+    pub fn unstamp(&self, slot: u64) {
+        self.table.unstamp(slot);
+    }
+
+    /// When the page of slot `slot` left its region, if it is out.
+    pub fn stamp_of(&self, slot: u64) -> Option<idle_ages::Epoch> {
+        self.table.stamp_of(slot)
+    }
+
+    /// Pages of this device untouched for at least each of `idle_ages::IDLE_BUCKETS_S`.
+    pub fn idle_histogram(&self, now: idle_ages::Epoch) -> [u64; 4] {
+        self.table.ages.histogram(now)
+    }
+
+    /// Keeps the idle-age ring from wrapping (see `idle_ages`): the background reclaimer,
+    /// often (cheap when there is nothing to fold).
+    pub fn fold_idle_ages(&self, now: idle_ages::Epoch) {
+        self.table.ages.fold(now);
     }
 
     /// Slot `slot` no longer holds a page (the caller frees it, or has moved its page to

@@ -54,11 +54,13 @@ impl SwapCache {
     }
 
     /// The page just moved into the staging page of slot `offset` of `dev` is staged: marks
-    /// its slot and counts it. The caller queues it with [`SwapCache::push`] once its page
-    /// table word says so (a reclaimer popping it earlier would take it for stale).
+    /// its slot, stamps it with the moment it left its region (see `super::idle_ages`) and
+    /// counts it. The caller queues it with [`SwapCache::push`] once its page table word
+    /// says so (a reclaimer popping it earlier would take it for stale).
     pub fn insert(&self, dev: &SwapDevice, offset: u64) {
         debug_assert_eq!(dev.table.lookup(offset).map(|i| i.cached), Some(false));
         dev.table.set_cached(offset, true);
+        dev.table.stamp(offset, super::idle_ages::now_epoch());
         self.nr_pages.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -84,6 +86,11 @@ impl SwapCache {
     /// The oldest queued page, if any.
     pub fn pop(&self) -> Option<u64> {
         self.inactive.pop()
+    }
+
+    /// The oldest staged page, left queued (a hint: another thread may pop it first).
+    pub fn peek(&self) -> Option<u64> {
+        self.inactive.peek()
     }
 }
 

@@ -9,6 +9,10 @@
 //! only needs to record presence and the reverse map (slot → owning page), which cluster
 //! readahead uses.
 //!
+//! Each slot whose page is out of its region (staged, or on the device) is also stamped with
+//! the epoch the page left in, and counted by it in [`IdleAges`]: the idle-age histogram
+//! (see `super::idle_ages`). Freeing the slot takes the stamp away.
+//!
 //! Locking: none; every entry is an atomic word. An entry is written only by the thread that
 //! owns the slot (it allocated it, or holds the owning page's busy bit), so plain stores
 //! suffice; lookups from other threads are racy hints that callers re-validate against the
@@ -17,6 +21,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::cluster_allocator::SWAPFILE_CLUSTER;
+use super::idle_ages::{Epoch, IdleAges};
 use crate::mapping::AtomicTable;
 
 /// Bit of an entry meaning "contents staged in RAM" (`SWAP_HAS_CACHE`).
@@ -30,6 +35,10 @@ pub const OWNER_BITS: u32 = 62;
 /// 48 GiB pool 100 MB and 50 ms in every process).
 pub struct SwapTable {
     slots: AtomicTable,
+    /// The epoch each slot's page left its region in (0: none), lazily zero as `slots`.
+    stamps: AtomicTable,
+    /// The stamps, counted by epoch.
+    pub ages: IdleAges,
 }
 
 /// What the table says about a slot.
@@ -43,7 +52,8 @@ pub struct SlotInfo {
 
 impl SwapTable {
     pub fn new(nr_clusters: u32) -> std::io::Result<SwapTable> {
-        Ok(SwapTable { slots: AtomicTable::new(nr_clusters as usize * SWAPFILE_CLUSTER)? })
+        let nr_slots = nr_clusters as usize * SWAPFILE_CLUSTER;
+        Ok(SwapTable { slots: AtomicTable::new(nr_slots)?, stamps: AtomicTable::new(nr_slots)?, ages: IdleAges::new() })
     }
 
     #[inline]
@@ -68,7 +78,32 @@ impl SwapTable {
 
     /// Forgets a slot that is being freed.
     pub fn clear(&self, offset: u64) {
+        self.unstamp(offset);
         self.slot(offset).store(0, Ordering::Release);
+    }
+
+    /// The slot's page left its region in epoch `e` (replaces any earlier stamp).
+    pub fn stamp(&self, offset: u64, e: Epoch) {
+        debug_assert!(e != 0);
+        let old = self.stamps[offset as usize].swap(e, Ordering::AcqRel);
+        if old != 0 {
+            self.ages.remove(old);
+        }
+        self.ages.add(e);
+    }
+
+    /// The slot's page is in its region again (or the slot goes): no longer idle.
+    pub fn unstamp(&self, offset: u64) {
+        let old = self.stamps[offset as usize].swap(0, Ordering::AcqRel);
+        if old != 0 {
+            self.ages.remove(old);
+        }
+    }
+
+    /// The epoch the slot's page left its region in, if it is out.
+    pub fn stamp_of(&self, offset: u64) -> Option<Epoch> {
+        let e = self.stamps[offset as usize].load(Ordering::Acquire);
+        (e != 0).then_some(e)
     }
 
     pub fn lookup(&self, offset: u64) -> Option<SlotInfo> {
@@ -93,5 +128,25 @@ mod tests {
         assert_eq!(c.lookup(700).map(|i| i.cached), Some(false));
         c.clear(700);
         assert_eq!(c.lookup(700), None);
+    }
+
+    #[test]
+    fn stamps_are_counted_until_their_slot_goes() {
+        let c = SwapTable::new(2).unwrap();
+        let now = super::super::idle_ages::now_epoch();
+        c.set_owner(5, 1);
+        c.stamp(5, now - 100);
+        c.set_owner(6, 2);
+        c.stamp(6, now);
+        assert_eq!(c.stamp_of(5), Some(now - 100));
+        assert_eq!(c.ages.histogram(now), [1, 1, 0, 0]);
+        // Stamped again (moved to another tier and back): counted once, by the new stamp.
+        c.stamp(5, now - 50);
+        assert_eq!(c.ages.total(), 2);
+        c.unstamp(6);
+        assert_eq!(c.stamp_of(6), None);
+        c.clear(5);
+        c.clear(6);
+        assert_eq!(c.ages.total(), 0);
     }
 }

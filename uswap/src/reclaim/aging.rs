@@ -1,0 +1,181 @@
+//! Idle aging: finding the pages the application no longer touches, without waiting for the
+//! limit, and sending them out once idle long enough (`IdleAging`).
+//!
+//! User space sees no accessed bits, so a page's use is tested the way the kernel's NUMA
+//! balancing tests it: by taking the mapping away. Once a second the background reclaimer
+//! moves a slice of the oldest resident pages into the swap cache ([`deactivate`]: the
+//! pages keep their RAM, `UFFDIO_MOVE` moves no data), stamped with the moment they left
+//! (`crate::swap::idle_ages`). A page still in use faults straight back (a swap-cache hit)
+//! and is marked referenced, so the next pass spares it once (second chance); a page left
+//! alone stays staged and ages, which the idle-age histogram counts. The slice is sized so
+//! that every resident page is tested about once per [`PASS_S`], within
+//! [`MAX_DEACTIVATE_PER_S`]: a page in constant use costs a swap-cache hit every other
+//! pass (2 x 10 s), a few microseconds.
+//!
+//! With `IdleAging::Evict(age)`, staged pages that have been idle for `age` are written to
+//! their device, oldest first ([`evict_idle`]), and pages that have been idle for `age`
+//! again on a device with a tier below go down a tier ([`tier_down`]). Reclaim under the
+//! limit needs nothing more to pick by age: it writes the swap cache's oldest staged pages
+//! first, and once the scan has run those are the longest idle.
+//!
+//! Locking: none of its own; it runs inside an `InFlight` (a fork's hold stops it) and takes
+//! pages through their busy bits, in the same rounds as reclaim. Invariant: every loop is
+//! bounded by a per-tick page or slot budget.
+
+use std::sync::atomic::Ordering;
+
+use super::round::InFlight;
+use super::swapout::{shrink_active, shrink_inactive, Stager, Take};
+use super::writeback::move_slots_down;
+use crate::backend::AlignedPage;
+use crate::state::{IdleAging, PagerShared, RECLAIM_BATCH_PAGES as BATCH};
+use crate::stats::Counter;
+use crate::swap::idle_ages::{epochs_of_secs, now_epoch, Epoch};
+use crate::swap::SwapDevice;
+
+/// Seconds one pass over the resident pages takes (when [`MAX_DEACTIVATE_PER_S`] allows).
+pub const PASS_S: usize = 10;
+/// Pages deactivated a second at most (32 MiB/s): bounds the scan's cost on a large heap,
+/// whose pass then takes longer.
+pub const MAX_DEACTIVATE_PER_S: usize = 8192;
+/// Pages written out (or moved down a tier) for their age a second at most (64 MiB/s).
+const MAX_EVICT_PER_S: usize = 16384;
+/// Slots a tick looks at for pages to move down a tier.
+const TIER_SCAN_SLOTS: u64 = 1 << 16;
+
+/// The aging scan's state in the background reclaimer.
+pub(crate) struct Aging {
+    /// When the last tick ran (`pressure::now_us`).
+    last_us: u64,
+    /// Pages a tick deactivates in this pass (set at its start from the pages in regions).
+    pass_rate: usize,
+    /// Ticks left in this pass.
+    pass_ticks_left: usize,
+    /// Per device: the next slot [`tier_down`] looks at.
+    tier_cursor: Vec<u64>,
+}
+
+impl Aging {
+    /// A scan for `p`, or `None` when its idle aging is off.
+    pub fn new(p: &PagerShared) -> Option<Aging> {
+        (p.idle_aging != IdleAging::Off).then(|| Aging {
+            last_us: 0,
+            pass_rate: 0,
+            pass_ticks_left: 0,
+            tier_cursor: vec![0; p.devices.devices().len()],
+        })
+    }
+
+    /// Runs once a second: deactivates a slice of the resident pages, then (with `Evict`)
+    /// sends out those idle long enough.
+    pub fn tick(&mut self, p: &PagerShared, now_us: u64, buf: &mut [AlignedPage]) {
+        if now_us < self.last_us + 1_000_000 || p.charge.reclaim_held.load(Ordering::Acquire) {
+            return;
+        }
+        self.last_us = now_us;
+        let Some(_in_flight) = InFlight::enter(p) else { return };
+        // A pass over the pages in their regions, a tenth a tick. The rate only rises during
+        // a pass (set from each tick's count, it would fall with every page staged and the
+        // pass would never end; it rises with a program that grows).
+        let resident = p.charge.resident_pages.load(Ordering::Acquire);
+        let in_regions = resident.saturating_sub(p.swap_cache.nr_pages());
+        let rate = in_regions.div_ceil(PASS_S).clamp(BATCH, MAX_DEACTIVATE_PER_S);
+        if self.pass_ticks_left == 0 {
+            self.pass_rate = rate;
+            self.pass_ticks_left = PASS_S;
+        }
+        self.pass_rate = self.pass_rate.max(rate);
+        self.pass_ticks_left -= 1;
+        deactivate(p, self.pass_rate);
+        if let IdleAging::Evict(age) = p.idle_aging {
+            let age_epochs = epochs_of_secs(age.as_secs().max(1));
+            let now = now_epoch();
+            evict_idle(p, now.saturating_sub(age_epochs));
+            self.tier_down(p, now.saturating_sub(2 * age_epochs), buf);
+        }
+    }
+
+    /// Moves pages idle since epoch `cut` or before down a tier, from every device that has
+    /// one below it, looking at [`TIER_SCAN_SLOTS`] slots of each per tick.
+    fn tier_down(&mut self, p: &PagerShared, cut: Epoch, buf: &mut [AlignedPage]) {
+        let devices = p.devices.devices();
+        let mut moved = 0;
+        for dev in devices {
+            if !devices.iter().any(|d| d.priority < dev.priority) {
+                continue;
+            }
+            let cursor = &mut self.tier_cursor[dev.index];
+            moved += tier_down_from(p, dev, cursor, cut, buf);
+        }
+        p.stats.add(Counter::WritebackIdle, moved as u64);
+    }
+}
+
+/// Moves up to `want` of the oldest resident pages into the swap cache (see the module
+/// doc). Returns the pages moved.
+fn deactivate(p: &PagerShared, want: usize) -> usize {
+    let mut moved = 0;
+    // A batch that moves nothing may have spared a run of referenced pages (each call
+    // looks at 4 batches of the LRU at most), so such calls go on, up to twice as many as
+    // `want` needs: at most 8 `want` entries looked at, under a pass's worth (10 `want`),
+    // so that a page spared is not met again, and staged, in the same tick. Bounded by
+    // `calls` and by the LRU running dry.
+    let mut calls = 2 * want.div_ceil(BATCH);
+    while moved < want && calls > 0 && !p.devices.is_full() && !p.is_shutdown() && !p.lru.is_empty() {
+        calls -= 1;
+        let s = shrink_active(p, BATCH.min(want - moved), Stager::Aging);
+        moved += s.moved;
+        if s.uncharged > 0 {
+            // Clean pages were dropped and zero pages freed: out as reclaim sends them.
+            p.devices.flush_frees();
+        }
+    }
+    moved
+}
+
+/// Writes to their devices the staged pages that left their regions in epoch `cut` or
+/// before, oldest first. Returns the pages written.
+fn evict_idle(p: &PagerShared, cut: Epoch) -> usize {
+    let mut written = 0;
+    // Bounded by the per-tick budget and by the first batch that writes nothing (the head
+    // is younger than `cut`, busy, or its device takes nothing now).
+    while written < MAX_EVICT_PER_S && !p.is_shutdown() {
+        let n = shrink_inactive(p, BATCH, Take::StagedBy(cut));
+        if n == 0 {
+            break;
+        }
+        written += n;
+    }
+    p.stats.add(Counter::SwpoutIdle, written as u64);
+    written
+}
+
+/// Moves down a tier the pages of `dev` idle since epoch `cut` or before, among the
+/// [`TIER_SCAN_SLOTS`] slots from `cursor` on (which moves past them). Returns the pages
+/// moved.
+fn tier_down_from(p: &PagerShared, dev: &SwapDevice, cursor: &mut u64, cut: Epoch, buf: &mut [AlignedPage]) -> usize {
+    let nr_slots = dev.nr_slots();
+    if nr_slots == 0 || dev.inuse_slots() == 0 {
+        return 0;
+    }
+    let mut moved = 0;
+    let mut batch = [0u64; BATCH];
+    let mut n = 0;
+    for _ in 0..TIER_SCAN_SLOTS.min(nr_slots) {
+        let slot = *cursor % nr_slots;
+        *cursor = (slot + 1) % nr_slots;
+        let idle = dev.stamp_of(slot).is_some_and(|e| e <= cut);
+        if idle && dev.slot_info(slot).is_some_and(|i| !i.cached) {
+            batch[n] = slot;
+            n += 1;
+        }
+        if n == BATCH {
+            moved += move_slots_down(p, dev, &batch, buf);
+            n = 0;
+            if moved >= MAX_EVICT_PER_S {
+                return moved;
+            }
+        }
+    }
+    moved + move_slots_down(p, dev, &batch[..n], buf)
+}
