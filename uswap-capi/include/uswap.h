@@ -437,6 +437,10 @@ typedef struct uswap_stats {
      */
     uint64_t writeback_idle;
     /**
+     * Swap-cache hits on pages the aging scan staged: pages found still in use.
+     */
+    uint64_t pgfault_aged;
+    /**
      * Bytes of managed memory untouched for at least 1 s, 10 s, 60 s and 600 s (pages out
      * of their regions since then; see `uswap_config_set_idle_age`).
      */

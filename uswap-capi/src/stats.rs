@@ -188,6 +188,8 @@ pub struct uswap_stats {
     pub swpout_idle: u64,
     /// Pages moved down a tier because they had been idle there for the idle age.
     pub writeback_idle: u64,
+    /// Swap-cache hits on pages the aging scan staged: pages found still in use.
+    pub pgfault_aged: u64,
     /// Bytes of managed memory untouched for at least 1 s, 10 s, 60 s and 600 s (pages out
     /// of their regions since then; see `uswap_config_set_idle_age`).
     pub idle_1s_bytes: u64,
@@ -284,7 +286,8 @@ impl uswap_stats {
             mlock_unhonoured,
             pgdeactivate,
             swpout_idle,
-            writeback_idle;
+            writeback_idle,
+            pgfault_aged;
         left_out: devices, fault_latency_us, publish, stall, idle;
         derived:
             idle_1s_bytes: s.idle.idle_1s_bytes,

@@ -125,13 +125,17 @@ fn serve_locked(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
         PageState::Resident if f.locked.clean() => write_to_clean(pager, f),
         PageState::Resident => resident_again(pager, f),
         // Staged by the aging scan to see whether it is still used: it is, no stall.
-        PageState::Cached if f.locked.aged() => swap_cache_hit(pager, f),
+        PageState::Cached if f.locked.aged() => {
+            pager.stats.inc(Counter::PgfaultAged);
+            swap_cache_hit(pager, f)
+        }
         PageState::Cached => {
             let _stalled = pager.charge.stall();
             swap_cache_hit(pager, f)
         }
         PageState::Swapped => {
-            let _stalled = pager.charge.stall();
+            let stalled = pager.charge.stall();
+            stalled.add_unseen(crate::pressure::MAJOR_FAULT_UNSEEN_US);
             swap_in(pager, f)
         }
         PageState::Shared => write_to_shared(pager, f),

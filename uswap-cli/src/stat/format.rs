@@ -66,6 +66,7 @@ fn help(field: &str) -> Option<&'static str> {
         "pgactivate" => "Reclaim victims given a second chance.",
         "pgdeactivate" => "Resident pages the aging scan moved to the swap cache to see whether they are still used.",
         "swpout_idle" => "Staged pages written out because they were idle for the idle age.",
+        "pgfault_aged" => "Swap-cache hits on pages the aging scan staged: pages found still in use (not stalls).",
         "writeback_idle" => "Pages moved down a tier because they were idle there for the idle age.",
         "allocstall" => "Allocations that reclaimed directly at the limit.",
         "swap_alloc_fail" => "Swap-outs that found no free slot (page stayed resident).",

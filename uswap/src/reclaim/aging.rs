@@ -10,7 +10,12 @@
 //! alone stays staged and ages, which the idle-age histogram counts. The slice is sized so
 //! that every resident page is tested about once per [`PASS_S`], within
 //! [`MAX_DEACTIVATE_PER_S`]: a page in constant use costs a swap-cache hit every other
-//! pass (2 x 10 s), a few microseconds.
+//! pass (2 x 10 s), a few microseconds, and its move out a TLB flush, an interrupt of the
+//! application's CPUs (on this VM the dearer part: aging every page of a CPython job whose
+//! pages were all in use every 10 s slowed it by 3 %, and 8 % under pressure). So a pass
+//! that finds little (three quarters or more of its pages came back) is followed by one
+//! twice as slow, up to [`MAX_SLOWDOWN`] times, and one that finds idle pages (half or
+//! more stayed out) brings back the full pace.
 //!
 //! With `IdleAging::Evict(age)`, staged pages that have been idle for `age` are written to
 //! their device, oldest first ([`evict_idle`]), and pages that have been idle for `age`
@@ -35,9 +40,11 @@ use crate::swap::SwapDevice;
 
 /// Seconds one pass over the resident pages takes (when [`MAX_DEACTIVATE_PER_S`] allows).
 pub const PASS_S: usize = 10;
-/// Pages deactivated a second at most (32 MiB/s): bounds the scan's cost on a large heap,
+/// Pages deactivated a second at most (16 MiB/s): bounds the scan's cost on a large heap,
 /// whose pass then takes longer.
-pub const MAX_DEACTIVATE_PER_S: usize = 8192;
+pub const MAX_DEACTIVATE_PER_S: usize = 4096;
+/// How many times slower than [`PASS_S`] a pass may go after passes that found nothing idle.
+pub const MAX_SLOWDOWN: usize = 4;
 /// Pages written out (or moved down a tier) for their age a second at most (64 MiB/s).
 const MAX_EVICT_PER_S: usize = 16384;
 /// Slots a tick looks at for pages to move down a tier.
@@ -51,6 +58,11 @@ pub(crate) struct Aging {
     pass_rate: usize,
     /// Ticks left in this pass.
     pass_ticks_left: usize,
+    /// How many times slower than `PASS_S` this pass goes (1 to `MAX_SLOWDOWN`).
+    slowdown: usize,
+    /// Pages this pass moved out, and the count of aged pages that came back at its start.
+    pass_moved: usize,
+    refaults_at_start: u64,
     /// Per device: the next slot [`tier_down`] looks at.
     tier_cursor: Vec<u64>,
 }
@@ -62,6 +74,9 @@ impl Aging {
             last_us: 0,
             pass_rate: 0,
             pass_ticks_left: 0,
+            slowdown: 1,
+            pass_moved: 0,
+            refaults_at_start: 0,
             tier_cursor: vec![0; p.devices.devices().len()],
         })
     }
@@ -74,25 +89,42 @@ impl Aging {
         }
         self.last_us = now_us;
         let Some(_in_flight) = InFlight::enter(p) else { return };
-        // A pass over the pages in their regions, a tenth a tick. The rate only rises during
-        // a pass (set from each tick's count, it would fall with every page staged and the
-        // pass would never end; it rises with a program that grows).
+        // A pass over the pages in their regions, a tenth a tick (slowed down after passes
+        // that found nothing). The rate only rises during a pass (set from each tick's
+        // count, it would fall with every page staged and the pass would never end; it rises
+        // with a program that grows).
+        if self.pass_ticks_left == 0 {
+            self.next_pass(p);
+        }
         let resident = p.charge.resident_pages.load(Ordering::Acquire);
         let in_regions = resident.saturating_sub(p.swap_cache.nr_pages());
-        let rate = in_regions.div_ceil(PASS_S).clamp(BATCH, MAX_DEACTIVATE_PER_S);
-        if self.pass_ticks_left == 0 {
-            self.pass_rate = rate;
-            self.pass_ticks_left = PASS_S;
-        }
+        let rate = in_regions.div_ceil(PASS_S * self.slowdown).clamp(BATCH, MAX_DEACTIVATE_PER_S);
         self.pass_rate = self.pass_rate.max(rate);
         self.pass_ticks_left -= 1;
-        deactivate(p, self.pass_rate);
+        self.pass_moved += deactivate(p, self.pass_rate);
         if let IdleAging::Evict(age) = p.idle_aging {
             let age_epochs = epochs_of_secs(age.as_secs().max(1));
             let now = now_epoch();
             evict_idle(p, now.saturating_sub(age_epochs));
             self.tier_down(p, now.saturating_sub(2 * age_epochs), buf);
         }
+    }
+
+    /// Starts a pass, as slow as the last one's findings say (see the module doc).
+    fn next_pass(&mut self, p: &PagerShared) {
+        let refaults = p.stats.sum(Counter::PgfaultAged);
+        let back = refaults.saturating_sub(self.refaults_at_start) as usize;
+        if self.pass_moved >= BATCH {
+            if back * 4 >= self.pass_moved * 3 {
+                self.slowdown = (self.slowdown * 2).min(MAX_SLOWDOWN);
+            } else if back * 2 <= self.pass_moved {
+                self.slowdown = 1;
+            }
+        }
+        self.refaults_at_start = refaults;
+        self.pass_moved = 0;
+        self.pass_rate = 0;
+        self.pass_ticks_left = PASS_S * self.slowdown;
     }
 
     /// Moves pages idle since epoch `cut` or before down a tier, from every device that has

@@ -134,9 +134,11 @@ pub(crate) enum Counter {
     SwpoutIdle,
     /// Pages moved down a tier because they had been idle there for the idle age.
     WritebackIdle,
+    /// Swap-cache hits on pages the aging scan staged: pages found still in use.
+    PgfaultAged,
 }
 
-const NR_COUNTERS: usize = Counter::WritebackIdle as usize + 1;
+const NR_COUNTERS: usize = Counter::PgfaultAged as usize + 1;
 
 struct CpuStats {
     counters: [AtomicU64; NR_COUNTERS],
@@ -253,6 +255,7 @@ impl PerCpuStats {
         s.pgdeactivate = self.sum(Pgdeactivate);
         s.swpout_idle = self.sum(SwpoutIdle);
         s.writeback_idle = self.sum(WritebackIdle);
+        s.pgfault_aged = self.sum(PgfaultAged);
         s.fault_latency_us = self.fault_latency().summary_us();
     }
 }

@@ -87,6 +87,9 @@ pub struct Stats {
     pub swpout_idle: u64,
     /// Pages moved down a tier because they had been idle there for the idle age.
     pub writeback_idle: u64,
+    /// Swap-cache hits on pages the aging scan staged: pages found still in use (also in
+    /// `pgfault_swapcache`; not stalls).
+    pub pgfault_aged: u64,
     /// Allocations that had to reclaim directly because the limit was reached.
     pub allocstall: u64,
     /// Swap-outs that found no free slot: the page stayed resident, nothing was lost.
@@ -422,6 +425,7 @@ impl Stats {
             pgdeactivate,
             swpout_idle,
             writeback_idle,
+            pgfault_aged,
             allocstall,
             swap_alloc_fail,
             limit_overrun,
