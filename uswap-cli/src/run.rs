@@ -46,7 +46,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "1%", value_parser = auto::parse_target)]
     pub auto: Option<f64>,
     /// Idle aging: every process's pager tests its resident pages for use a few at a time
-    /// (each about once in 10 s); a page untouched for AGE (`120s`, `2m`) is sent to the
+    /// (each once in 10 to 40 s); a page untouched for AGE (`120s`, `2m`) is sent to the
     /// first device without waiting for the limit, and down a tier after AGE again. `never`
     /// only counts idle memory (`uswap stat`'s idle line), as `--auto` does by default.
     #[arg(long, value_name = "AGE", value_parser = uswap::IdleAging::parse)]
@@ -725,13 +725,16 @@ fn record_paths(dir: &Path) -> impl Iterator<Item = PathBuf> {
     })
 }
 
-/// The tree's counters now: every process's last record (rewritten every 200 ms) added up.
+/// The tree's counters now: every process's last record (rewritten every 200 ms) added up,
+/// an ended process's without what it held (a build's compilers, one after another, had
+/// the tree's resident pages pass its limit many times over in `uswap stat`).
 fn tree_stats(dir: &Path, tree: &uswap::shared_charge::SharedCharge) -> uswap::Stats {
     use std::sync::atomic::Ordering;
     let mut sum = uswap::Stats::default();
     for path in record_paths(dir) {
-        if let Some(s) = std::fs::read(path).ok().and_then(|b| serde_json::from_slice::<uswap::Stats>(&b).ok()) {
-            sum.add(&s);
+        if let Some(s) = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<uswap::Stats>(&b).ok()) {
+            let pid = path.file_stem().and_then(|n| n.to_str()).and_then(|n| n.parse::<libc::pid_t>().ok());
+            sum.add(&if pid.is_some_and(process_exists) { s } else { s.ended() });
         }
     }
     // The tree's own figures where it keeps them: its limit (which `--auto` moves), and its
@@ -739,6 +742,13 @@ fn tree_stats(dir: &Path, tree: &uswap::shared_charge::SharedCharge) -> uswap::S
     sum.limit_pages = tree.limit_pages.load(Ordering::Acquire) as u64;
     sum.stall.seconds_total = tree.stall.total_us(uswap::pressure::now_us()) as f64 / 1e6;
     sum
+}
+
+/// Whether process `pid` exists (it may have ended and not been waited for yet).
+fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
+    let sent = unsafe { libc::kill(pid, 0) } == 0;
+    sent || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// SIGINT and SIGQUIT ignored while it lives (restored on drop).

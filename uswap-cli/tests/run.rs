@@ -1432,7 +1432,10 @@ fn processes_that_outlive_the_program_are_said_and_leave_nothing_behind() {
     let dir = tmpdir("outlive");
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
-    let o = uswap(&["run", "--limit", "64MiB", "--", "sh", "-c", "sleep 2 & echo $!"], Some(&tmp));
+    // The shell lingers half a second: a process is seen once its pager has taken its slot
+    // of the tree's budget, and one started just as the program ends may not have yet (under
+    // `.ci/run`'s load the sleeper once had not; said in the note of issue 27's session).
+    let o = uswap(&["run", "--limit", "64MiB", "--", "sh", "-c", "sleep 2 & echo $!; sleep 0.5"], Some(&tmp));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{}: {err}", o.status);
     let sleeper = String::from_utf8_lossy(&o.stdout).trim().to_string();

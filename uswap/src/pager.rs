@@ -145,7 +145,7 @@ impl PagerBuilder {
 
     /// Idle aging (default [`IdleAging::Off`], or [`IdleAging::Observe`] with
     /// [`PagerBuilder::auto_budget`]): the background reclaimer moves resident pages to the
-    /// swap cache a few at a time (every page once in about 10 s, at most 32 MiB a second),
+    /// swap cache a few at a time (every page once in 10 to 40 s, at most 16 MiB a second),
     /// so that a page the application no longer touches is seen as idle, counted in
     /// [`Stats::idle`](crate::Stats), and, with [`IdleAging::Evict`], written out once idle
     /// that long. A page in use comes back from the swap cache on its next touch (a

@@ -306,7 +306,7 @@ fn prometheus(pid: u32, blocks: &[(Option<&PagerStats>, &Stats)]) -> String {
             fam.add(format!("uswap_stall_avg{w}_percent"), "gauge", help, "", labels.clone(), v);
         }
         let idle_help = "Managed memory untouched for at least age_seconds (pages out of their regions since then; \
-                         with idle aging, every page is tested about every 10 s).";
+                         with idle aging, every page is tested once in 10 to 40 s).";
         for (age, v) in stats.idle.buckets() {
             let l = format!("{labels},age_seconds=\"{age}\"");
             fam.add("uswap_idle_bytes".into(), "gauge", idle_help, "", l, v as f64);

@@ -35,7 +35,7 @@ use super::writeback::move_slots_down;
 use crate::backend::AlignedPage;
 use crate::state::{IdleAging, PagerShared, RECLAIM_BATCH_PAGES as BATCH};
 use crate::stats::Counter;
-use crate::swap::idle_ages::{epochs_of_secs, now_epoch, Epoch};
+use crate::swap::idle_ages::{now_epoch, Epoch, EPOCH_MS};
 use crate::swap::SwapDevice;
 
 /// Seconds one pass over the resident pages takes (when [`MAX_DEACTIVATE_PER_S`] allows).
@@ -103,7 +103,7 @@ impl Aging {
         self.pass_ticks_left -= 1;
         self.pass_moved += deactivate(p, self.pass_rate);
         if let IdleAging::Evict(age) = p.idle_aging {
-            let age_epochs = epochs_of_secs(age.as_secs().max(1));
+            let age_epochs = (age.as_millis() as u64 / EPOCH_MS).max(1);
             let now = now_epoch();
             evict_idle(p, now.saturating_sub(age_epochs));
             self.tier_down(p, now.saturating_sub(2 * age_epochs), buf);

@@ -285,7 +285,7 @@ pub struct StallStats {
 
 /// The idle-age histogram: bytes of managed memory untouched for at least each age. A page
 /// counts from the moment it left its region (reclaim, or the aging scan of
-/// `PagerBuilder::idle_age`, moved it out) until it is touched again; a page in its region
+/// `PagerBuilder::idle_aging`, moved it out) until it is touched again; a page in its region
 /// counts as in use, so without the aging scan these are lower bounds (see
 /// docs/auto-budget.md, "Idle aging"). Summed over pagers or processes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -399,6 +399,23 @@ pub(crate) fn unmanaged() -> (u64, u64) {
 }
 
 impl Stats {
+    /// The figures of a process that has ended, for a sum over a tree now: its counters
+    /// (what it did) still count, what it held (resident and staged pages, idle memory,
+    /// unmanaged memory, its devices' contents, its stall averages) no longer does.
+    pub fn ended(mut self) -> Stats {
+        self.resident_pages = 0;
+        self.swapcache_pages = 0;
+        self.clean_pages = 0;
+        self.limit_pages = 0;
+        self.unmanaged_bytes = 0;
+        self.idle = IdleStats::default();
+        self.stall.avg10 = 0.0;
+        self.stall.avg60 = 0.0;
+        self.stall.avg300 = 0.0;
+        self.devices.clear();
+        self
+    }
+
     /// Adds `other`'s figures to these, for the sum of several pagers: counters and page
     /// counts (limit included) are summed; devices with the same name are merged (their
     /// figures summed, the compression ratio recomputed) and others appended; fault latency
