@@ -22,6 +22,9 @@ use crate::bench::FaultModeArg;
 use crate::size::{format_size, parse_size};
 
 mod auto;
+mod records;
+
+use records::{children_rss_peak_bytes, record_paths, record_pid, serve_tree_stats, summarize, summary_line};
 
 /// The preload library's file name, looked for next to the `uswap` binary.
 pub const PRELOAD_LIB: &str = "libuswap_preload.so";
@@ -549,28 +552,6 @@ fn check_writable(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Serves the tree's counters for `uswap stat <this pid>`. Under another `uswap run` this
-/// process is managed too, and its own pager's socket may hold the first names: the next
-/// ones are tried.
-fn serve_tree_stats(
-    dir: &Path,
-    tree: &'static uswap::shared_charge::SharedCharge,
-) -> Option<uswap::stats_server::StatsServer> {
-    let mut last_error = None;
-    for _ in 0..8 {
-        let tree_dir = dir.to_path_buf();
-        match uswap::stats_server::serve(&uswap::stats_server::next_socket_name(), move || tree_stats(&tree_dir, tree))
-        {
-            Ok(s) => return Some(s),
-            Err(e) => last_error = Some(e),
-        }
-    }
-    if let Some(e) = last_error {
-        eprintln!("uswap run: the tree's counters will not be served to `uswap stat`: {e}");
-    }
-    None
-}
-
 /// Under another `uswap run` (its configuration is in the environment), this program's
 /// tree gets a budget of its own, charged to this run's segment only: the outer limit
 /// does not hold for it. Said, with both limits.
@@ -687,9 +668,7 @@ fn kill_tree(child: &mut std::process::Child, dir: &Path) {
     // SAFETY: getpgid only reads a process's group id.
     let our_group = unsafe { libc::getpgid(0) };
     for path in record_paths(dir) {
-        let Some(pid) = path.file_stem().and_then(|s| s.to_str()).and_then(|p| p.parse::<i32>().ok()) else {
-            continue;
-        };
+        let Some(pid) = record_pid(&path) else { continue };
         // SAFETY: getpgid reads a group id (ESRCH for a pid that is gone); kill(2) sends a
         // signal to a process of our own group.
         unsafe {
@@ -700,55 +679,6 @@ fn kill_tree(child: &mut std::process::Child, dir: &Path) {
     }
     let _ = child.kill();
     let _ = child.wait();
-}
-
-/// The largest resident set of any process of the tree that has been waited for (the
-/// program, and what it waited for in turn), as the kernel measured it: `getrusage`'s
-/// `ru_maxrss` of the children, in bytes. Measured from outside the engine: it includes
-/// what uswap does not manage (program text, file mappings, the compressed pool).
-fn children_rss_peak_bytes() -> u64 {
-    // SAFETY: rusage is plain data; getrusage writes one.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; RUSAGE_CHILDREN is always valid.
-    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
-        return 0;
-    }
-    ru.ru_maxrss.max(0) as u64 * 1024
-}
-
-/// The records the processes of the tree write in `dir` (`<pid>.json`; `.<pid>.json.tmp`,
-/// a record being rewritten, is left out).
-fn record_paths(dir: &Path) -> impl Iterator<Item = PathBuf> {
-    std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| {
-        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        !name.starts_with('.') && name.ends_with(".json")
-    })
-}
-
-/// The tree's counters now: every process's last record (rewritten every 200 ms) added up,
-/// an ended process's without what it held (a build's compilers, one after another, had
-/// the tree's resident pages pass its limit many times over in `uswap stat`).
-fn tree_stats(dir: &Path, tree: &uswap::shared_charge::SharedCharge) -> uswap::Stats {
-    use std::sync::atomic::Ordering;
-    let mut sum = uswap::Stats::default();
-    for path in record_paths(dir) {
-        if let Some(s) = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<uswap::Stats>(&b).ok()) {
-            let pid = path.file_stem().and_then(|n| n.to_str()).and_then(|n| n.parse::<libc::pid_t>().ok());
-            sum.add(&if pid.is_some_and(process_exists) { s } else { s.ended() });
-        }
-    }
-    // The tree's own figures where it keeps them: its limit (which `--auto` moves), and its
-    // stall time (the union over the processes; the sum of theirs bounds it from above).
-    sum.limit_pages = tree.limit_pages.load(Ordering::Acquire) as u64;
-    sum.stall.seconds_total = tree.stall.total_us(uswap::pressure::now_us()) as f64 / 1e6;
-    sum
-}
-
-/// Whether process `pid` exists (it may have ended and not been waited for yet).
-fn process_exists(pid: libc::pid_t) -> bool {
-    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
-    let sent = unsafe { libc::kill(pid, 0) } == 0;
-    sent || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// SIGINT and SIGQUIT ignored while it lives (restored on drop).
@@ -827,79 +757,6 @@ impl Drop for ForwardSignals {
         }
         PROGRAM_PID.store(0, std::sync::atomic::Ordering::Relaxed);
     }
-}
-
-/// Counters whose sum over processes means nothing (gauges of the last state, limits).
-const NOT_SUMMED: &[&str] = &["limit_pages", "pid"];
-
-/// Sums the per-process records into the tree's counters.
-fn summarize(dir: &Path, limit_bytes: u64, segment: &uswap::shared_charge::ChargeSegment) -> serde_json::Value {
-    let mut sum = serde_json::Map::new();
-    let mut processes = 0u64;
-    let mut managed_peak_pages = 0u64;
-    for path in record_paths(dir) {
-        let rec = std::fs::read_to_string(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).map_err(|e| e.to_string()));
-        let rec = match rec {
-            Ok(serde_json::Value::Object(rec)) => rec,
-            Ok(_) => {
-                eprintln!("uswap run: {} is not a record of counters; its process is left out", path.display());
-                continue;
-            }
-            Err(e) => {
-                eprintln!("uswap run: the record {} could not be read ({e}); its process is left out", path.display());
-                continue;
-            }
-        };
-        processes += 1;
-        for (k, v) in rec {
-            if NOT_SUMMED.contains(&k.as_str()) {
-                continue;
-            }
-            if let Some(n) = v.as_u64() {
-                let cur = sum.get(&k).and_then(|c| c.as_u64()).unwrap_or(0);
-                sum.insert(k.clone(), (cur + n).into());
-                if k == "managed_peak_pages" {
-                    managed_peak_pages += n;
-                }
-            }
-        }
-    }
-    let page = uswap::PAGE_SIZE as u64;
-    sum.insert("processes".into(), processes.into());
-    sum.insert("limit_bytes".into(), limit_bytes.into());
-    // The tree's peak: the most pages resident at once over all processes together (the
-    // per-process resident_peak_pages summed above is an upper bound of it).
-    sum.insert("resident_peak_bytes".into(), (segment.resident_peak_pages() as u64 * page).into());
-    // Likewise the pools: the tree's sum at its peak.
-    sum.insert("pool_peak_bytes".into(), segment.pool_peak_bytes().into());
-    // And the stalls: the union over the processes, kept in the segment.
-    sum.insert("stall_seconds_total".into(), segment.stall_seconds().into());
-    sum.insert("managed_peak_bytes".into(), (managed_peak_pages * page).into());
-    serde_json::Value::Object(sum)
-}
-
-fn summary_line(s: &serde_json::Value) -> String {
-    let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-    let auto = match s.get("auto_limit_bytes").and_then(|v| v.as_u64()) {
-        Some(b) => format!(" (--auto: {} at the end)", format_size(b)),
-        None => String::new(),
-    };
-    format!(
-        "uswap run: {} process(es), limit {}{auto}, resident peak {}, pool peak {}, managed peak {}, unmanaged peak {}, \
-         stalled {:.2} s, pswpin {}, pswpout {}, major faults {}",
-        g("processes"),
-        format_size(g("limit_bytes")),
-        format_size(g("resident_peak_bytes")),
-        format_size(g("pool_peak_bytes")),
-        format_size(g("managed_peak_bytes")),
-        format_size(g("unmanaged_peak_bytes")),
-        s.get("stall_seconds_total").and_then(|v| v.as_f64()).unwrap_or(0.0),
-        g("pswpin"),
-        g("pswpout"),
-        g("pgmajfault"),
-    )
 }
 
 #[cfg(test)]

@@ -13,10 +13,16 @@ use serde_json::Value;
 mod common;
 use common::{compile, preload, run_timed, tmpdir};
 
-/// `uswap ARGS` with the tests' preload library, under a minute's timeout.
-fn uswap(args: &[&str]) -> std::process::Output {
+/// The `uswap` binary with `args` and the tests' preload library.
+fn uswap_cmd(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
     cmd.env("USWAP_PRELOAD_LIB", preload()).args(args);
+    cmd
+}
+
+/// `uswap ARGS` with the tests' preload library, under a minute's timeout.
+fn uswap(args: &[&str]) -> std::process::Output {
+    let mut cmd = uswap_cmd(args);
     run_timed(&mut cmd, Duration::from_secs(60))
 }
 
@@ -57,8 +63,7 @@ fn auto_moves_the_trees_limit_down_to_what_the_program_uses() {
     let dir = tmpdir("auto");
     let p = compile("phases", &dir, &[]);
     let stats = dir.join("auto.json");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
-    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["run", "--auto", "--limit", "512MiB", "--stats-json"]);
+    let mut cmd = uswap_cmd(&["run", "--auto", "--limit", "512MiB", "--stats-json"]);
     cmd.arg(&stats).arg("--").arg(&p).args(["256", "32", "25"]);
     cmd.stdout(std::process::Stdio::piped());
     let mut child = cmd.spawn().expect("uswap run starts");
@@ -97,8 +102,7 @@ fn idle_age_sends_out_what_a_program_left_alone_without_pressure() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tmpdir("idle-age");
     let p = compile("phases", &dir, &[]);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
-    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["run", "--idle-age", "3s", "--limit", "512MiB", "--"]);
+    let mut cmd = uswap_cmd(&["run", "--idle-age", "3s", "--limit", "512MiB", "--"]);
     cmd.arg(&p).args(["128", "16", "25"]).stdout(std::process::Stdio::piped());
     let mut child = cmd.spawn().expect("uswap run starts");
     std::thread::sleep(Duration::from_secs(20));
@@ -126,8 +130,7 @@ fn a_trees_stats_drop_what_its_ended_processes_held() {
     let dir = tmpdir("ended");
     let p = compile("phases", &dir, &[]);
     let script = format!("{0} 48 8 0 && {0} 48 8 0 && sleep 6", p.display());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
-    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["run", "--limit", "256MiB", "--", "sh", "-c", &script]);
+    let mut cmd = uswap_cmd(&["run", "--limit", "256MiB", "--", "sh", "-c", &script]);
     let mut child = cmd.stdout(std::process::Stdio::null()).spawn().expect("uswap run starts");
     std::thread::sleep(Duration::from_secs(4));
     let line = tree_stats(&child);
