@@ -18,8 +18,29 @@ use crate::state::{BackgroundReclaim, PagerShared};
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
 
-/// How often the background reclaimer looks at the pager.
+/// How often the background reclaimer looks at the pager while it finds work (pages to
+/// reclaim, write back or make exclusive).
 pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// How often it looks when it finds none: each idle tick doubles the period up to this.
+/// A timer wake-up is not free on a busy machine: every 5 ms, it cost sqlite3 driven through
+/// a pipe by a Python script (both under uswap, 2 vCPUs) 15 % of its query rate (a sleeping
+/// vCPU woken, the pipe's partners moved between CPUs: 101 migrations against 6 in 10 s);
+/// every 100 ms, nothing measurable. Work that cannot wait a period wakes the thread
+/// (a queued copy-on-write break, a fault crossing the watermark with `Always`).
+pub(crate) const IDLE_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The background reclaimer's sleep: [`BACKGROUND_PERIOD`] after a tick that did work,
+/// doubled after each one that did none, up to [`IDLE_PERIOD`].
+struct Period(std::time::Duration);
+
+impl Period {
+    fn after(&mut self, worked: bool) -> std::time::Duration {
+        self.0 = if worked { BACKGROUND_PERIOD } else { (self.0 * 2).min(IDLE_PERIOD) };
+        debug_assert!(self.0 >= BACKGROUND_PERIOD && self.0 <= IDLE_PERIOD);
+        self.0
+    }
+}
 
 /// How often the slots held for fork children are looked at (`swap::fork_refs`), and a fork
 /// child looks for inherited pages it has come to map alone (`reclaim::cow::adopt_exclusive`).
@@ -46,9 +67,9 @@ fn move_budget(p: &PagerShared, b: &mut crate::pressure::Budget, now_us: u64) {
     p.charge.limit_pages.store(next, Ordering::Release);
 }
 
-/// The background reclaimer. With [`BackgroundReclaim::WhenIdle`]: every
-/// [`BACKGROUND_PERIOD`], if the charge is above the high watermark and the application took
-/// no fault during the last period, reclaims towards the low watermark, stopping as soon as
+/// The background reclaimer. With [`BackgroundReclaim::WhenIdle`]: every period (see
+/// [`Period`]), if the charge is above the high watermark and the application took no fault
+/// during the last period, reclaims towards the low watermark, stopping as soon as
 /// faults resume. While the application faults, reclaim runs in its own context (see
 /// `task_reclaim`), so the two never contend for the page tables, and the fault path never
 /// pays for waking this thread. With [`BackgroundReclaim::Always`]: woken by the fault that
@@ -60,13 +81,17 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
     let mut last_fork_pass = std::time::Instant::now();
     let mut budget = p.charge.auto.clone();
     let mut aging = super::aging::Aging::new(p);
+    let mut period = Period(BACKGROUND_PERIOD);
+    let mut worked = true;
     while !p.is_shutdown() {
-        std::thread::park_timeout(BACKGROUND_PERIOD);
+        std::thread::park_timeout(period.after(worked));
         // Whatever the application does: faulting threads cannot do it (see `cow`).
-        cow::break_queued(p);
+        worked = cow::break_queued(p) > 0;
         // Tiers first: a full pool would otherwise send every new page past itself. Bounded:
         // stops when no device wants room or nothing can move.
-        while !p.is_shutdown() && device_writeback(p, &mut writeback_buf) > 0 {}
+        while !p.is_shutdown() && device_writeback(p, &mut writeback_buf) > 0 {
+            worked = true;
+        }
         for d in p.devices.devices() {
             d.backend.prepare();
         }
@@ -116,6 +141,7 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_reclaim_is_ours(p, false, idle_long) {
             continue;
         }
+        worked = true;
         let mut fruitless = 0;
         // Bounded by the charge: each fruitful round uncharges pages; stops when the
         // application faults again (it then reclaims for itself) or nothing is reclaimable.
