@@ -57,6 +57,9 @@ fn background_reclaim_auto_is_always_with_a_remote_device() {
     assert_eq!(chosen.background_reclaim(), BackgroundReclaim::WhenIdle);
 }
 
+/// Runs a command on one server. A server that asks to be asked again (`LOADING`: a
+/// replica loading its primary's data after a failover or a reshard) is asked again for up
+/// to 10 s.
 fn redis_cmd(addr: &str, args: &[&str]) -> redis::Value {
     let client = redis::Client::open(format!("redis://{addr}/")).unwrap();
     let mut con = client.get_connection_with_timeout(Duration::from_secs(2)).unwrap();
@@ -65,7 +68,16 @@ fn redis_cmd(addr: &str, args: &[&str]) -> redis::Value {
     for a in &args[1..] {
         c.arg(*a);
     }
-    c.query(&mut con).unwrap_or_else(|e| panic!("{args:?} on {addr}: {e}"))
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.query(&mut con) {
+            Ok(v) => return v,
+            Err(e) if matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("{args:?} on {addr}: {e}"),
+        }
+    }
 }
 
 fn redis_keys(addr: &str) -> Vec<String> {
