@@ -26,6 +26,7 @@ def main():
     p.add_argument("--target", type=float, default=0.01)
     p.add_argument("--max", default="64GiB", help="--limit: the ceiling")
     p.add_argument("--uswap", default=os.path.join(ROOT, "target/release/uswap"))
+    p.add_argument("--idle-age", help="uswap run's --idle-age (default: its own, `never` under --auto)")
     p.add_argument("--log")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     conf = p.parse_args()
@@ -34,7 +35,8 @@ def main():
         p.error("give the program after --")
     log = open(conf.log, "w") if conf.log else None
     start = time.monotonic()
-    run = subprocess.Popen([conf.uswap, "run", f"--auto={conf.target}", "--limit", conf.max, "--"] + cmd)
+    aging = ["--idle-age", conf.idle_age] if conf.idle_age else []
+    run = subprocess.Popen([conf.uswap, "run", f"--auto={conf.target}", "--limit", conf.max] + aging + ["--"] + cmd)
     history = []
     while run.poll() is None:
         time.sleep(1)
