@@ -6,13 +6,16 @@ set -eu
 keys=${1:-150000}
 gets=${2:-200000}
 dir=$(mktemp -d)
-port=$((20000 + $$ % 20000))
+# A port the kernel says is free now (one derived from the PID could be a client's
+# ephemeral port: a server that cannot bind exits, and the script said only that it did not
+# start).
+port=$(env -u LD_PRELOAD /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 redis-server --port "$port" --save "" --appendonly no --dir "$dir" --logfile "$dir/log" &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$dir"' EXIT
 i=0
 until redis-cli -p "$port" ping >/dev/null 2>&1; do
-    i=$((i + 1)); [ $i -lt 100 ] || { echo "redis-server did not start" >&2; exit 1; }
+    i=$((i + 1)); [ $i -lt 100 ] || { echo "redis-server did not start; its log:" >&2; cat "$dir/log" >&2; exit 1; }
     sleep 0.1
 done
 # Every key 0..keys-1 once (sequential __rand_int__ is not available: write them with a
