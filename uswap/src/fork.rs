@@ -90,6 +90,11 @@ impl Drop for ForkHold {
         // (move_refused) and made exclusive by the background reclaimer (`reclaim::cow`),
         // whose next rounds move them out.
         let _ = reclaim::reclaim_to_limit(s);
+        // Copy-on-write breaks queued while reclaim was held wait for the background
+        // reclaimer, which may be in a long idle sleep.
+        if let Some(t) = s.reclaimer.get() {
+            t.unpark();
+        }
     }
 }
 

@@ -58,8 +58,8 @@ fn background_reclaim_auto_is_always_with_a_remote_device() {
 }
 
 /// Runs a command on one server. A server that asks to be asked again (`LOADING`: a
-/// replica loading its primary's data after a failover or a reshard) is asked again for up
-/// to 10 s.
+/// replica loading its primary's data after a failover or a reshard; `TRYAGAIN`,
+/// `MASTERDOWN`, `CLUSTERDOWN`) is asked again for up to 10 s.
 fn redis_cmd(addr: &str, args: &[&str]) -> redis::Value {
     let client = redis::Client::open(format!("redis://{addr}/")).unwrap();
     let mut con = client.get_connection_with_timeout(Duration::from_secs(2)).unwrap();

@@ -270,8 +270,11 @@ pub trait Backend: Send + Sync {
     /// Called now and then from the background thread: a chance to get ready for upcoming
     /// writes off the fault path (the pool populates arena memory ahead of use, so that the
     /// kernel's zeroing of fresh pages is not paid during reclaim). Must not change the page
-    /// tables of existing mappings in a way that needs a TLB flush.
-    fn prepare(&self) {}
+    /// tables of existing mappings in a way that needs a TLB flush. Returns whether it did
+    /// anything: the background thread keeps its short period while a device prepares.
+    fn prepare(&self) -> bool {
+        false
+    }
 
     /// The device's own counters, if it keeps any.
     fn stats(&self) -> Option<BackendStats> {

@@ -27,7 +27,8 @@ pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::f
 /// a pipe by a Python script (both under uswap, 2 vCPUs) 15 % of its query rate (a sleeping
 /// vCPU woken, the pipe's partners moved between CPUs: 101 migrations against 6 in 10 s);
 /// every 100 ms, nothing measurable. Work that cannot wait a period wakes the thread
-/// (a queued copy-on-write break, a fault crossing the watermark with `Always`).
+/// (a queued copy-on-write break, the end of a fork's hold, a fault crossing the watermark
+/// with `Always`); an idle application above the high watermark is found within a period.
 pub(crate) const IDLE_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The background reclaimer's sleep: [`BACKGROUND_PERIOD`] after a tick that did work,
@@ -87,13 +88,18 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         std::thread::park_timeout(period.after(worked));
         // Whatever the application does: faulting threads cannot do it (see `cow`).
         worked = cow::break_queued(p) > 0;
+        // A tree above its high watermark that counts on this pager's pages: other processes'
+        // charges go over while they wait for it (a fork child with nothing of its own to
+        // reclaim), so it looks again soon, to start the moment its application goes idle.
+        worked |= shared_reclaim_is_ours(p, false, false);
         // Tiers first: a full pool would otherwise send every new page past itself. Bounded:
         // stops when no device wants room or nothing can move.
         while !p.is_shutdown() && device_writeback(p, &mut writeback_buf) > 0 {
             worked = true;
         }
         for d in p.devices.devices() {
-            d.backend.prepare();
+            // A pool growing under the program's faults: keep ahead of it.
+            worked |= d.backend.prepare();
         }
         let faults = p.stats.sum(Counter::Pgfault);
         // With `WhenIdle`, a faulting pager reclaims for the shared charge in its own faults
@@ -141,7 +147,6 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_reclaim_is_ours(p, false, idle_long) {
             continue;
         }
-        worked = true;
         let mut fruitless = 0;
         // Bounded by the charge: each fruitful round uncharges pages; stops when the
         // application faults again (it then reclaims for itself) or nothing is reclaimable.
@@ -150,6 +155,7 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
             && !p.charge.reclaim_held.load(Ordering::Acquire)
         {
             let progress = reclaim_round(p, false);
+            worked |= progress.any();
             if p.devices.take_no_pages() {
                 // No device takes pages (see `swap::health`): a round a period drops what
                 // is clean, and the rest waits for a probe to succeed.

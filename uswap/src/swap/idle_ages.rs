@@ -15,7 +15,7 @@
 //! runs in one thread at a time (a flag taken with a compare-and-swap).
 //!
 //! The ring relies on being folded more often than every 224 s (its length less the fold
-//! age; the background reclaimer folds every few milliseconds): a stamp whose counter still
+//! age; the background reclaimer folds at least every 100 ms): a stamp whose counter still
 //! holds an epoch not yet folded would be folded with it, into `older`.
 //!
 //! Invariant: the ring's counters plus `older` equal the stamps in the table. Which counter

@@ -480,9 +480,9 @@ impl Backend for ZpoolBackend {
         !self.full.load(Ordering::Relaxed)
     }
 
-    fn prepare(&self) {
+    fn prepare(&self) -> bool {
         if self.stored_pages.load(Ordering::Relaxed) == 0 && self.populated.load(Ordering::Relaxed) == 0 {
-            return;
+            return false;
         }
         let from = self.populated.load(Ordering::Relaxed);
         let fresh = self.fresh_hint.load(Ordering::Relaxed);
@@ -494,6 +494,7 @@ impl Backend for ZpoolBackend {
             let _ = self.arena.advise(off, len, libc::MADV_POPULATE_WRITE);
             self.populated.store(to, Ordering::Relaxed);
         }
+        to > from
     }
 
     fn writeback_candidates(&self, out: &mut [u64]) -> usize {
