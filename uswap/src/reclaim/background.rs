@@ -26,7 +26,7 @@ pub(crate) const BACKGROUND_PERIOD: std::time::Duration = std::time::Duration::f
 /// A timer wake-up is not free on a busy machine: every 5 ms, it cost sqlite3 driven through
 /// a pipe by a Python script (both under uswap, 2 vCPUs) 15 % of its query rate (a sleeping
 /// vCPU woken, the pipe's partners moved between CPUs: 101 migrations against 6 in 10 s);
-/// every 100 ms, nothing measurable. Work that cannot wait a period wakes the thread
+/// every 100 ms, too little to tell from the runs' noise. Work that cannot wait a period wakes the thread
 /// (a queued copy-on-write break, the end of a fork's hold, a fault crossing the watermark
 /// with `Always`); an idle application above the high watermark is found within a period.
 pub(crate) const IDLE_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
