@@ -57,14 +57,15 @@ pub(super) fn record_pid(path: &Path) -> Option<libc::pid_t> {
 }
 
 /// The tree's counters now: every process's last record (rewritten every 200 ms) added up,
-/// an ended process's without what it held (a build's compilers, one after another, had
-/// the tree's resident pages pass its limit many times over in `uswap stat`).
+/// an ended process's (a zombie's too) without what it held (a build's compilers, one after
+/// another, had the tree's resident pages pass its limit many times over in `uswap stat`).
 fn tree_stats(dir: &Path, tree: &uswap::shared_charge::SharedCharge) -> uswap::Stats {
     use std::sync::atomic::Ordering;
     let mut sum = uswap::Stats::default();
     for path in record_paths(dir) {
         if let Some(s) = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<uswap::Stats>(&b).ok()) {
-            sum.add(&if record_pid(&path).is_some_and(process_exists) { s } else { s.ended() });
+            let live = record_pid(&path).is_some_and(|pid| crate::stat::process_exists(pid as u32));
+            sum.add(&if live { s } else { s.ended() });
         }
     }
     // The tree's own figures where it keeps them: its limit (which `--auto` moves), and its
@@ -72,13 +73,6 @@ fn tree_stats(dir: &Path, tree: &uswap::shared_charge::SharedCharge) -> uswap::S
     sum.limit_pages = tree.limit_pages.load(Ordering::Acquire) as u64;
     sum.stall.seconds_total = tree.stall.total_us(uswap::pressure::now_us()) as f64 / 1e6;
     sum
-}
-
-/// Whether process `pid` exists (it may have ended and not been waited for yet).
-fn process_exists(pid: libc::pid_t) -> bool {
-    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
-    let sent = unsafe { libc::kill(pid, 0) } == 0;
-    sent || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Counters whose sum over processes means nothing (gauges of the last state, limits).

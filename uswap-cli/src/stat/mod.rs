@@ -103,8 +103,9 @@ pub fn main(args: &StatArgs) -> ExitCode {
     }
 }
 
-/// Whether `pid` is a live process (a zombie has exited: its sockets are closed).
-fn process_exists(pid: u32) -> bool {
+/// Whether `pid` is a live process (a zombie has exited: its sockets are closed, its memory
+/// freed).
+pub(crate) fn process_exists(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     // The state follows the command name, which is in parentheses and may contain anything.
     let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
