@@ -134,8 +134,7 @@ fn serve_locked(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
             swap_cache_hit(pager, f)
         }
         PageState::Swapped => {
-            let stalled = pager.charge.stall();
-            stalled.add_unseen(crate::pressure::MAJOR_FAULT_UNSEEN_US);
+            let _stalled = pager.charge.stall_since_unseen(crate::pressure::MAJOR_FAULT_UNSEEN_US);
             swap_in(pager, f)
         }
         PageState::Shared => write_to_shared(pager, f),

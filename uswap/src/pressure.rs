@@ -17,7 +17,11 @@
 //!
 //! [`StallClock`] keeps the number of threads stalled now and since when at least one has
 //! been, in one atomic word (`since_us << 16 | nr_stalled`), so that the first thread to
-//! stall and the last to stop agree on the interval: the last adds it to the total. A
+//! stall and the last to stop agree on the interval: the last adds it to the total. A stall
+//! may begin before the clock hears of it (a major fault's trap and signal,
+//! [`MAJOR_FAULT_UNSEEN_US`]), but never before the last one ended, so the total stays a
+//! union no longer than the wall time (a program that does nothing but fault stalls 100 %
+//! of the time, not more). A
 //! [`StallGuard`] holds a stall on the pager's clock and, under `uswap run`, on the tree's
 //! (in the shared charge segment: a union across processes, since every process reads the
 //! same monotonic clock). [`StallAverages`] turns the total into PSI's running averages over
@@ -25,8 +29,10 @@
 //! background reclaimer.
 //!
 //! Locking: none; compare-and-swap loops that allocate nothing, so a SIGBUS handler may
-//! stall and unstall. Invariant: `nr_stalled` is the number of live guards on the clock;
-//! `since_us` is meaningful only while it is not zero.
+//! stall and unstall. Invariants: `nr_stalled` is the number of live guards on the clock;
+//! `since_us` is meaningful only while it is not zero; `total_us(now)` grows by at most the
+//! wall time that passes (up to the few microseconds by which two threads' reads of the
+//! clock may disagree).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -51,21 +57,25 @@ pub struct StallClock {
     state: AtomicU64,
     /// Microseconds of stall that ended.
     total_us: AtomicU64,
+    /// The latest end of a stall: where the next may begin at the earliest.
+    last_end_us: AtomicU64,
 }
 
 impl StallClock {
     pub const fn new() -> StallClock {
-        StallClock { state: AtomicU64::new(0), total_us: AtomicU64::new(0) }
+        StallClock { state: AtomicU64::new(0), total_us: AtomicU64::new(0), last_end_us: AtomicU64::new(0) }
     }
 
-    /// A thread stalls from `now_us`.
-    fn enter(&self, now_us: u64) {
+    /// A thread stalls from `now_us`, or `unseen_us` earlier when no other thread stalls and
+    /// the last stall ended before that (see the module's "How").
+    fn enter(&self, now_us: u64, unseen_us: u64) {
+        let begin_us = now_us.saturating_sub(unseen_us).max(self.last_end_us.load(Ordering::Acquire)).min(now_us);
         let mut s = self.state.load(Ordering::Relaxed);
         // Lock-free: each retry means another thread's exchange succeeded.
         loop {
             let n = s & COUNT_MASK;
             assert!(n < COUNT_MASK, "uswap invariant: more than 65535 threads stalled at once");
-            let new = if n == 0 { now_us << COUNT_BITS | 1 } else { s + 1 };
+            let new = if n == 0 { begin_us << COUNT_BITS | 1 } else { s + 1 };
             match self.state.compare_exchange_weak(s, new, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return,
                 Err(cur) => s = cur,
@@ -75,6 +85,8 @@ impl StallClock {
 
     /// A thread stops stalling at `now_us`; the last one adds the interval to the total.
     fn leave(&self, now_us: u64) {
+        // Before the exchange: a thread that stalls next, once it is made, must see it.
+        self.last_end_us.fetch_max(now_us, Ordering::AcqRel);
         let mut s = self.state.load(Ordering::Relaxed);
         // Lock-free, as in `enter`.
         loop {
@@ -114,23 +126,26 @@ pub struct StallGuard<'a> {
 /// interrupted; a CPython job faulting 7,000 times a second ran 15 % slower while its clock
 /// saw 1.2 % (1.7 us a fault). Each major fault adds this much, so that the automatic
 /// budget's target means what it says: the share of time a program loses to its limit.
+/// The stall begins this much before the clock hears of it, but not before the last ended:
+/// a program that faults back to back (a thrashing loop, 5 us a fault) stalls all its
+/// time, not three times it (as when this was added to the total on its own).
 pub const MAJOR_FAULT_UNSEEN_US: u64 = 15;
 
 impl<'a> StallGuard<'a> {
+    /// A stall from now.
     pub fn new(own: &'a StallClock, tree: Option<&'a StallClock>) -> StallGuard<'a> {
-        let now = now_us();
-        own.enter(now);
-        if let Some(t) = tree {
-            t.enter(now);
-        }
-        StallGuard { clocks: [Some(own), tree] }
+        Self::since_unseen(own, tree, 0)
     }
 
-    /// Adds `us` of stall the clock cannot time (see [`MAJOR_FAULT_UNSEEN_US`]).
-    pub fn add_unseen(&self, us: u64) {
-        for c in self.clocks.iter().flatten() {
-            c.total_us.fetch_add(us, Ordering::Relaxed);
+    /// A stall that began up to `unseen_us` ago, where the clock could not time it (see
+    /// [`MAJOR_FAULT_UNSEEN_US`]).
+    pub fn since_unseen(own: &'a StallClock, tree: Option<&'a StallClock>, unseen_us: u64) -> StallGuard<'a> {
+        let now = now_us();
+        own.enter(now, unseen_us);
+        if let Some(t) = tree {
+            t.enter(now, unseen_us);
         }
+        StallGuard { clocks: [Some(own), tree] }
     }
 }
 
@@ -195,15 +210,35 @@ mod tests {
     #[test]
     fn overlapping_stalls_count_once_and_nested_ones_too() {
         let c = StallClock::new();
-        c.enter(100);
-        c.enter(150); // a second thread, inside the first's stall
+        c.enter(100, 0);
+        c.enter(150, 0); // a second thread, inside the first's stall
         c.leave(180);
         assert_eq!(c.total_us(190), 90, "the stall under way counts up to now");
         c.leave(200);
         assert_eq!(c.total_us(1000), 100);
-        c.enter(300);
+        c.enter(300, 0);
         c.leave(310);
         assert_eq!(c.total_us(1000), 110);
+    }
+
+    #[test]
+    fn unseen_time_extends_a_stall_back_but_not_over_the_last() {
+        let c = StallClock::new();
+        c.enter(1000, 15);
+        c.leave(1005);
+        assert_eq!(c.total_us(2000), 20, "5 us timed and 15 before it");
+        // Back to back, as a thrashing loop faults: 5 us apart, each 5 us long.
+        for k in 0..100 {
+            let t = 1010 + k * 10;
+            c.enter(t, 15);
+            c.leave(t + 5);
+        }
+        assert_eq!(c.total_us(3000), 2005 - 985, "all the wall time from 985 to 2005, no more");
+        c.enter(5000, 0);
+        c.enter(5001, 15); // a second thread: the stall under way already covers it
+        c.leave(5002);
+        c.leave(5003);
+        assert_eq!(c.total_us(6000), 1020 + 3);
     }
 
     #[test]
@@ -231,7 +266,7 @@ mod tests {
         // Stalled half of every period for 60 s.
         let mut t = 1_000_000;
         for _ in 0..30 {
-            c.enter(t);
+            c.enter(t, 0);
             c.leave(t + SAMPLE_PERIOD_US / 2);
             t += SAMPLE_PERIOD_US;
             assert_eq!(a.sample(&c, t), Some(0.5));
@@ -298,9 +333,10 @@ const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
 ///   [`HOLD_TICKS`] (one tick only when the stalls were under [`SEVERE`] times the target).
 /// * At or below it while the resident pages grew by more than 1 % in the tick (the program
 ///   allocates, or brings pages back in), no probe: its new pages are in use.
-/// * Above it otherwise (the working set grew), the limit grows by
-///   `MAX_BACKOFF * min(1, (share/target/20)^2)`: doubling while the program thrashes; no
-///   probe follows for [`HOLD_AFTER_GROWTH_TICKS`], while the program brings its pages in.
+/// * Above it otherwise (the working set grew), the limit grows to the resident pages times
+///   `1 + MAX_BACKOFF * min(1, (share/target/20)^2)`, or stays, if that is lower (the
+///   stalls are pages coming back into room it has): doubling while the program thrashes;
+///   no probe follows for [`HOLD_AFTER_GROWTH_TICKS`], while the program brings its pages in.
 ///
 /// Why it does not oscillate: a probe that finds the edge of the working set is undone in
 /// the next tick and followed by ever smaller probes, so the limit stays within the last
@@ -389,7 +425,10 @@ impl Budget {
                 }
                 None => {
                     self.hold = HOLD_AFTER_GROWTH_TICKS;
-                    grown
+                    // Growth never lowers the limit: grown from resident pages under it (a
+                    // program bringing back what a probe took), it would (measured: an undo to
+                    // 49 MiB, then 48.1 for a 48 MiB working set, then thrashing and doubling).
+                    grown.max(limit_pages as f64)
                 }
             }
         } else if self.hold > 0 {
@@ -439,6 +478,14 @@ mod budget_tests {
             assert_eq!(b.next_limit(0.0, 10_200, 10_000), 10_200, "held");
         }
         assert_eq!(b.next_limit(0.0, 10_200, 10_000), 9_750, "a probe half as deep: 2.5 %");
+        let mut refill = Budget::new(0.01, 100, 100_000);
+        refill.next_limit(0.0, 10_000, 10_000);
+        assert_eq!(refill.next_limit(0.4, 9_500, 9_500), 10_200);
+        assert_eq!(
+            refill.next_limit(0.011, 10_200, 9_900),
+            10_200,
+            "pages still coming back into the room the undo gave: no lower, no higher"
+        );
         assert_eq!(b.next_limit(0.0, 9_750, 9_750), 9_262, "it cost nothing: the next is 5 % again");
     }
 

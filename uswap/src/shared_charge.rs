@@ -145,7 +145,7 @@ pub const SEGMENT_FILE: &str = "charge";
 pub const MAX_PROCESSES: usize = 4096;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
-const VERSION: u64 = 5;
+const VERSION: u64 = 6;
 
 #[repr(C)]
 struct Slot {

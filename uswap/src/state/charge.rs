@@ -42,4 +42,11 @@ impl Charge {
     pub fn stall(&self) -> StallGuard<'_> {
         StallGuard::new(&self.stall, self.shared.map(|s| &s.stall))
     }
+
+    /// A stall that began up to `unseen_us` before the engine heard of it (a major fault's
+    /// trap: `crate::pressure::MAJOR_FAULT_UNSEEN_US`).
+    #[inline]
+    pub fn stall_since_unseen(&self, unseen_us: u64) -> StallGuard<'_> {
+        StallGuard::since_unseen(&self.stall, self.shared.map(|s| &s.stall), unseen_us)
+    }
 }
