@@ -482,7 +482,7 @@ pub(crate) fn read_run_from_parent<T>(
     use crate::state::fault::FaultError;
     let Some(parent) = p.parent.get() else {
         // Only a re-armed fork child has `Parent` pages, and it has the parent's state.
-        return Err(FaultError::Device(PageErrorKind::ReadFailed));
+        return Err(FaultError::Device(PageErrorKind::ReadFailed, "no parent state in this fork child"));
     };
     let Some(mut buf) = p.bounce.take() else {
         p.stats.inc(Counter::PoolWaitTimeout);
@@ -498,28 +498,30 @@ pub(crate) fn read_run_from_parent<T>(
             return Ok(map(&pages[..n]));
         }
     }
-    read_checked(dev, entry.offset(), &mut pages[0]).map_err(FaultError::Device)?;
+    read_checked(dev, entry.offset(), &mut pages[0]).map_err(|(kind, cause)| FaultError::Device(kind, cause))?;
     Ok(map(&pages[..1]))
 }
 
-/// Reads slot `offset` of `dev` into `page` and checks it, up to `READ_ATTEMPTS` times.
+/// Reads slot `offset` of `dev` into `page` and checks it, up to `READ_ATTEMPTS` times. The
+/// error is the last attempt's, with what the device said (empty on a checksum mismatch).
 /// Allocation- and lock-free where the device's reads are.
 pub(crate) fn read_checked(
     dev: &crate::swap::SwapDevice,
     offset: u64,
     page: &mut AlignedPage,
-) -> Result<(), PageErrorKind> {
-    let mut why = PageErrorKind::ReadFailed;
+) -> Result<(), (PageErrorKind, &'static str)> {
+    let mut why = (PageErrorKind::ReadFailed, "");
     for _ in 0..READ_ATTEMPTS {
         let mut req = [ReadReq::new(offset, std::slice::from_mut(page))];
         dev.backend.read(&mut req);
-        if req[0].result.is_err() {
+        if let Err(e) = &req[0].result {
+            why = (PageErrorKind::ReadFailed, e.cause());
             continue;
         }
         if dev.checksum_ok(offset, &page.0) {
             return Ok(());
         }
-        why = PageErrorKind::ChecksumMismatch;
+        why = (PageErrorKind::ChecksumMismatch, "");
     }
     Err(why)
 }

@@ -544,10 +544,10 @@ fn parent_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
         Ok((RangeResult::Done, _)) => Err(FaultError::Ioctl(libc::EIO)),
         Err(e) => {
             let kind = match e {
-                FaultError::Device(kind) => kind,
+                FaultError::Device(kind, _) => kind,
                 _ => PageErrorKind::ReadFailed,
             };
-            pager.record_error(addr, entry, kind);
+            pager.record_device_error(addr, entry, kind, e.device_cause());
             Err(e)
         }
     }

@@ -58,11 +58,13 @@ struct Item {
     listed: Option<usize>,
     /// Its data came from an asynchronous read.
     from_async: bool,
+    /// What the device said of its last failed read (`BackendError::cause`), if one failed.
+    cause: &'static str,
 }
 
 impl Item {
     fn new(gi: Option<usize>, page: usize, pte: Pte, faulting: bool, listed: Option<usize>) -> Item {
-        Item { gi, page, pte, faulting, ok: false, src: std::ptr::null(), listed, from_async: false }
+        Item { gi, page, pte, faulting, ok: false, src: std::ptr::null(), listed, from_async: false, cause: "" }
     }
 
     fn entry(&self) -> SwapEntry {
@@ -165,7 +167,8 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         give_back(pager, f, &set, &items);
         let taken = items.iter().filter(|it| it.from_async).count();
         pager.stats.add(Counter::SwapRaAsyncDropped, taken as u64);
-        return Err(FaultError::Device(PageErrorKind::ReadFailed));
+        let cause = items.iter().find(|it| it.faulting).map_or("", |it| it.cause);
+        return Err(FaultError::Device(PageErrorKind::ReadFailed, cause));
     }
     let mapping = map_runs(pager, f, &set, &mut items);
     let (nr_ra, nr_async) = publish(pager, f, &set, &items);
@@ -560,8 +563,10 @@ fn read_from_device(
             } else {
                 PageErrorKind::ReadFailed
             };
+            let cause = req.result.as_ref().err().map_or("", BackendError::cause);
+            items[s..t].iter_mut().for_each(|it| it.cause = cause);
             let it = &items[s];
-            pager.record_error(f.region(set, it.gi).page_addr(it.page), it.entry(), kind);
+            pager.record_device_error(f.region(set, it.gi).page_addr(it.page), it.entry(), kind, cause);
         }
     }
     for k in (0..items.len()).filter(|&k| fresh[k]) {

@@ -211,7 +211,10 @@ fn a_page_that_cannot_be_read_ends_in_sigbus_with_its_address() {
         assert!(err.contains(&format!("uswap: page {page0:#018x}")), "{mode}: {err}");
         // The line says what failed (a read error here, not a checksum or a busy page).
         assert!(
-            err.contains("could not be read from its swap device (I/O error on every attempt); its slot is kept; delivering SIGBUS"),
+            err.contains(
+                "could not be read from its swap device (I/O error on every attempt: an injected failure); its slot is kept; \
+                 delivering SIGBUS"
+            ),
             "{mode}: {err}"
         );
     }

@@ -54,6 +54,22 @@ pub enum BackendError {
     Rejected { slot: u64, reason: RejectReason },
 }
 
+impl BackendError {
+    /// What went wrong, in a few words and without the slot: static text, so that the
+    /// signal-mode fault path can keep it (`PageError::cause`) and print it before SIGBUS.
+    pub fn cause(&self) -> &'static str {
+        match self {
+            BackendError::Io { .. } => "an I/O error",
+            BackendError::OutOfRange { .. } => "a slot beyond the device",
+            BackendError::Injected { .. } => "an injected failure",
+            BackendError::Empty { .. } => "the slot holds no page",
+            BackendError::Corrupt { .. } => "the stored data failed its check",
+            BackendError::Remote { why, .. } => why,
+            BackendError::Rejected { .. } => "the device declined the page",
+        }
+    }
+}
+
 /// Why a device declined a page (zswap's reject counters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RejectReason {

@@ -83,7 +83,7 @@ fn sigbus_fault_here(addr: usize, is_write: bool) -> bool {
             true
         }
         Err(lost) => {
-            uffd::sigbus::report_lost_page(addr, lost.why_lost());
+            uffd::sigbus::report_lost_page(addr, lost.why_lost(), lost.device_cause());
             false
         }
     }

@@ -193,7 +193,7 @@ fn serve_message(pager: &PagerShared, addr: usize, write: bool, tid: u32) -> boo
                 Err(lost) => {
                     // The page cannot be brought back: the faulting thread gets SIGBUS, as it
                     // would from the kernel for an unreadable swap page.
-                    uffd::sigbus::report_lost_page(addr, lost.why_lost());
+                    uffd::sigbus::report_lost_page(addr, lost.why_lost(), lost.device_cause());
                     uffd::sigbus::signal_thread(tid);
                 }
             }

@@ -54,8 +54,9 @@ impl Route {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FaultError {
     /// The device read failed, or returned data that failed its checksum, on every attempt;
-    /// the page is still on the device.
-    Device(PageErrorKind),
+    /// the page is still on the device. With what the device said of the last attempt
+    /// (`BackendError::cause`; empty when it said nothing, as on a checksum mismatch).
+    Device(PageErrorKind, &'static str),
     /// An ioctl failed with this errno (`EAGAIN`: an event is pending; try again).
     Ioctl(i32),
     /// The page stayed busy past `BUSY_WAIT_LIMIT_NS`: its owner is not making progress
@@ -73,15 +74,26 @@ pub(crate) enum FaultError {
 }
 
 impl FaultError {
-    /// The end of the line `report_lost_page` writes before SIGBUS: why the page could not
-    /// be brought back and where its contents are. A static string: the signal-mode path
-    /// allocates nothing.
-    pub(crate) fn why_lost(self) -> &'static str {
+    /// What the device said of a read that failed (empty when nothing, or not a read).
+    pub(crate) fn device_cause(self) -> &'static str {
         match self {
-            FaultError::Device(PageErrorKind::ChecksumMismatch) => {
+            FaultError::Device(_, cause) => cause,
+            _ => "",
+        }
+    }
+
+    /// The end of the line `report_lost_page` writes before SIGBUS: why the page could not
+    /// be brought back and where its contents are, in two parts, around where what the
+    /// device said goes ([`device_cause`](Self::device_cause), after a colon). Static
+    /// strings: the signal-mode path allocates nothing.
+    pub(crate) fn why_lost(self) -> [&'static str; 2] {
+        let whole = match self {
+            FaultError::Device(PageErrorKind::ChecksumMismatch, _) => {
                 "read back from its swap device with a checksum mismatch on every attempt; its slot is kept"
             }
-            FaultError::Device(_) => "could not be read from its swap device (I/O error on every attempt); its slot is kept",
+            FaultError::Device(..) => {
+                return ["could not be read from its swap device (I/O error on every attempt", "); its slot is kept"]
+            }
             FaultError::BusyTimeout => {
                 "stayed busy for 10 s: its owner made no progress (most likely this very thread, interrupted while it owned the page); its contents are kept"
             }
@@ -90,6 +102,7 @@ impl FaultError {
             }
             FaultError::Ioctl(_) => "could not be mapped (a userfaultfd ioctl failed on every attempt); its contents are kept",
             FaultError::Gone | FaultError::Unmapped => "is no longer part of a managed region",
-        }
+        };
+        [whole, ""]
     }
 }

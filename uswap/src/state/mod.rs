@@ -162,6 +162,8 @@ pub struct PageError {
     pub device: usize,
     pub slot: u64,
     pub kind: PageErrorKind,
+    /// What the device said, when it said something (`BackendError::cause`); empty if not.
+    pub cause: &'static str,
 }
 
 impl std::fmt::Display for PageError {
@@ -171,7 +173,11 @@ impl std::fmt::Display for PageError {
             PageErrorKind::ChecksumMismatch => "checksum mismatch",
             PageErrorKind::BusyTimeout => "gave up waiting for the page's owner",
         };
-        write!(f, "page {:#x} (device {} slot {}): {what}", self.addr, self.device, self.slot)
+        write!(f, "page {:#x} (device {} slot {}): {what}", self.addr, self.device, self.slot)?;
+        if !self.cause.is_empty() {
+            write!(f, ": {}", self.cause)?;
+        }
+        Ok(())
     }
 }
 
@@ -223,7 +229,18 @@ pub(crate) struct PagerShared {
 impl PagerShared {
     /// Logs a page error (lock-free; the oldest entry goes when the log is full).
     pub fn record_error(&self, addr: usize, e: crate::swap::SwapEntry, kind: PageErrorKind) {
-        let err = PageError { addr, device: e.device(), slot: e.offset(), kind };
+        self.record_device_error(addr, e, kind, "");
+    }
+
+    /// As [`record_error`](Self::record_error), with what the device said (`cause`).
+    pub fn record_device_error(
+        &self,
+        addr: usize,
+        e: crate::swap::SwapEntry,
+        kind: PageErrorKind,
+        cause: &'static str,
+    ) {
+        let err = PageError { addr, device: e.device(), slot: e.offset(), kind, cause };
         if let Err(err) = self.errors.push(err) {
             let _ = self.errors.pop();
             let _ = self.errors.push(err);

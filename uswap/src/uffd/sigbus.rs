@@ -339,17 +339,17 @@ impl StderrLine {
     }
 }
 
-/// Writes "uswap: page 0x… <why>; delivering SIGBUS" to stderr without allocating (for the
-/// moment before SIGBUS is delivered). `why` says what failed (`FaultError::why_lost`);
+/// Writes "uswap: page 0x… <why[0]>[: <cause>]<why[1]>; delivering SIGBUS" to stderr
+/// without allocating (for the moment before SIGBUS is delivered). `why` says what failed
+/// (`FaultError::why_lost`), `cause` what the device said of it (may be empty);
 /// `Pager::recent_errors` and the `fault_error` counter keep the details.
-pub fn report_lost_page(addr: usize, why: &str) {
-    StderrLine::default()
-        .put(b"uswap: page 0x")
-        .put_number(addr as u64, 16, 16)
-        .put(b" ")
-        .put(why.as_bytes())
-        .put(b"; delivering SIGBUS\n")
-        .write();
+pub fn report_lost_page(addr: usize, why: [&str; 2], cause: &str) {
+    let mut line = StderrLine::default();
+    line.put(b"uswap: page 0x").put_number(addr as u64, 16, 16).put(b" ").put(why[0].as_bytes());
+    if !cause.is_empty() {
+        line.put(b": ").put(cause.as_bytes());
+    }
+    line.put(why[1].as_bytes()).put(b"; delivering SIGBUS\n").write();
 }
 
 /// Sends SIGBUS to thread `tid` of this process (thread mode: the thread waiting on a page
