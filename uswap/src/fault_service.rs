@@ -131,6 +131,7 @@ fn serve_locked(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
         }
         PageState::Cached => {
             let _stalled = pager.charge.stall();
+            pager.lru.note_returned();
             swap_cache_hit(pager, f)
         }
         PageState::Swapped => {

@@ -11,8 +11,17 @@
 //! so spared moves to `active`). Staged pages wait on the swap cache's own queue
 //! (`crate::swap::SwapCache`), not here.
 //!
+//! How many of the pages reclaim staged fault back from the swap cache (the kernel's
+//! refault signal, over a window of recent stagings: [`Lru::note_staged`],
+//! [`Lru::note_returned`]) tells whether the FIFO's head holds cold pages. While it does,
+//! a victim takes its dirty neighbours along (`reclaim::swapout`, one TLB flush for the
+//! run); while most staged pages come back, the victims are pages in use (an order the
+//! FIFO has not sorted yet, such as a program's hot rows loaded first), their neighbours
+//! likely too, and each victim goes alone ([`Lru::victims_are_cold`]).
+//!
 //! Locking: none; the FIFOs are lock-free rings ([`Fifo`]) that allocate nothing, so a
-//! SIGBUS handler may queue a page. Invariants: an entry is a packed [`PageRef`] with the
+//! SIGBUS handler may queue a page; the refault window is two relaxed counters, racy on
+//! purpose (a count lost when the window halves changes a heuristic, nothing else). Invariants: an entry is a packed [`PageRef`] with the
 //! page's generation when queued, so an entry left behind by a page that moved on since is
 //! recognised (and dropped) when popped; a resident page has at most one live entry, or
 //! none after a full FIFO refused it (counted in `lru_overflow`, and found again by
@@ -40,14 +49,48 @@ pub(crate) struct Lru {
     /// Reclaim rounds left during which `streamed` keeps its reserve: reset by every page
     /// queued there, counted down by every round (see [`Lru::streamed_reserve`]).
     streamed_rounds_left: AtomicUsize,
+    /// Pages reclaim staged, and those of them that faulted back, over the last
+    /// [`REFAULT_WINDOW_PAGES`] or so stagings (both halve when the window fills).
+    staged_window: AtomicUsize,
+    returned_window: AtomicUsize,
 }
+
+/// Stagings the refault ratio is taken over: about a second of heavy reclaim.
+const REFAULT_WINDOW_PAGES: usize = 4096;
 
 /// Reclaim rounds a reserve outlives the last page queued as a stream's.
 const STREAMED_RESERVE_ROUNDS: usize = 64;
 
 impl Lru {
     pub fn new(active: Fifo, streamed: Fifo) -> Lru {
-        Lru { active, streamed, streamed_rounds_left: AtomicUsize::new(0) }
+        Lru {
+            active,
+            streamed,
+            streamed_rounds_left: AtomicUsize::new(0),
+            staged_window: AtomicUsize::new(0),
+            returned_window: AtomicUsize::new(0),
+        }
+    }
+
+    /// Reclaim staged `n` pages (victims and the neighbours they took).
+    pub fn note_staged(&self, n: usize) {
+        let staged = self.staged_window.fetch_add(n, Ordering::Relaxed) + n;
+        if staged >= REFAULT_WINDOW_PAGES {
+            self.staged_window.store(staged / 2, Ordering::Relaxed);
+            let returned = self.returned_window.load(Ordering::Relaxed);
+            self.returned_window.store(returned / 2, Ordering::Relaxed);
+        }
+    }
+
+    /// A page reclaim staged faulted back from the swap cache.
+    pub fn note_returned(&self) {
+        self.returned_window.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether at most half the pages reclaim staged lately faulted back: its victims are
+    /// cold, and so, likely, are their neighbours. True before any staging.
+    pub fn victims_are_cold(&self) -> bool {
+        2 * self.returned_window.load(Ordering::Relaxed) <= self.staged_window.load(Ordering::Relaxed)
     }
 
     /// Queues a page that just became resident at the tail of the FIFO.
@@ -131,5 +174,42 @@ impl Lru {
     /// Entries `active` holds at most.
     pub fn active_capacity(&self) -> usize {
         self.active.capacity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lru() -> Lru {
+        Lru::new(Fifo::new(64).unwrap(), Fifo::new(64).unwrap())
+    }
+
+    #[test]
+    fn victims_count_as_cold_until_most_staged_pages_come_back() {
+        let l = lru();
+        assert!(l.victims_are_cold(), "before any staging");
+        l.note_staged(100);
+        (0..50).for_each(|_| l.note_returned());
+        assert!(l.victims_are_cold(), "half came back");
+        l.note_returned();
+        assert!(!l.victims_are_cold(), "more than half came back");
+        // Pages staged since that stay out open it again.
+        l.note_staged(10);
+        assert!(l.victims_are_cold());
+    }
+
+    #[test]
+    fn the_window_forgets_old_stagings() {
+        let l = lru();
+        l.note_staged(REFAULT_WINDOW_PAGES - 1);
+        (0..REFAULT_WINDOW_PAGES).for_each(|_| l.note_returned());
+        assert!(!l.victims_are_cold());
+        // A window's worth of stagings that stay out: the old returns weigh a quarter.
+        for _ in 0..4 {
+            l.note_staged(REFAULT_WINDOW_PAGES / 2);
+        }
+        assert!(l.victims_are_cold(), "{:?}", (l.staged_window, l.returned_window));
+        assert!(l.staged_window.load(Ordering::Relaxed) < 2 * REFAULT_WINDOW_PAGES, "bounded");
     }
 }
