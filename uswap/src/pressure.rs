@@ -124,11 +124,11 @@ pub struct StallGuard<'a> {
 /// a signal-mode fault took 5.5 us of which the service is about 1.5 (docs/design.md), a
 /// major fault came with 1.2 shootdowns, each 10 us or more with the program's other CPU
 /// interrupted; a CPython job faulting 7,000 times a second ran 15 % slower while its clock
-/// saw 1.2 % (1.7 us a fault). Each major fault adds this much, so that the automatic
-/// budget's target means what it says: the share of time a program loses to its limit.
-/// The stall begins this much before the clock hears of it, but not before the last ended:
-/// a program that faults back to back (a thrashing loop, 5 us a fault) stalls all its
-/// time, not three times it (as when this was added to the total on its own).
+/// saw 1.2 % (1.7 us a fault). A major fault's stall begins this much before the clock
+/// hears of it, so that the automatic budget's target means what it says: the share of
+/// time a program loses to its limit. Not before the last stall ended, though: a program
+/// that faults back to back (a thrashing loop, 5 us a fault) stalls all its time, not
+/// three times it (as when this was added to the total on its own).
 pub const MAJOR_FAULT_UNSEEN_US: u64 = 15;
 
 impl<'a> StallGuard<'a> {
