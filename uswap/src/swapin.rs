@@ -58,13 +58,11 @@ struct Item {
     listed: Option<usize>,
     /// Its data came from an asynchronous read.
     from_async: bool,
-    /// What the device said of its last failed read (`BackendError::cause`), if one failed.
-    cause: &'static str,
 }
 
 impl Item {
     fn new(gi: Option<usize>, page: usize, pte: Pte, faulting: bool, listed: Option<usize>) -> Item {
-        Item { gi, page, pte, faulting, ok: false, src: std::ptr::null(), listed, from_async: false, cause: "" }
+        Item { gi, page, pte, faulting, ok: false, src: std::ptr::null(), listed, from_async: false }
     }
 
     fn entry(&self) -> SwapEntry {
@@ -151,14 +149,16 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     };
     // Pages not read ahead first (no lock held), then those in the context's buffer; any of
     // those whose data is not there after all is read like the others, under the lock.
-    read_items(pager, f, &set, &mut items, buf.pages_mut());
+    // `cause`: what the device said of the last read that failed, for the SIGBUS line.
+    let mut cause = "";
+    read_items(pager, f, &set, &mut items, buf.pages_mut(), &mut cause);
     let mut held: HeldContext<'_> = None;
     if let Some(ctx) = async_ctx.filter(|_| items.iter().any(|it| it.listed.is_some())) {
         let mut io = ara.context(ctx).io.lock();
         take_async(pager, f, ctx, &mut io, &mut items);
         held = Some((ctx, io));
         if items.iter().any(|it| !it.ok) {
-            read_items(pager, f, &set, &mut items, buf.pages_mut());
+            read_items(pager, f, &set, &mut items, buf.pages_mut(), &mut cause);
         }
     }
 
@@ -167,7 +167,6 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         give_back(pager, f, &set, &items);
         let taken = items.iter().filter(|it| it.from_async).count();
         pager.stats.add(Counter::SwapRaAsyncDropped, taken as u64);
-        let cause = items.iter().find(|it| it.faulting).map_or("", |it| it.cause);
         return Err(FaultError::Device(PageErrorKind::ReadFailed, cause));
     }
     let mapping = map_runs(pager, f, &set, &mut items);
@@ -467,13 +466,15 @@ fn dev_page_ptr(pager: &PagerShared, e: SwapEntry) -> *const u8 {
 }
 
 /// Reads every item not read in place into `buf[i]` (item `i`, items sorted by entry),
-/// checking checksums, and marks the items read correctly.
+/// checking checksums, and marks the items read correctly. `cause`: what the device said
+/// of the last read that failed.
 fn read_items(
     pager: &PagerShared,
     f: &Fault<'_>,
     set: &RegionSet,
     items: &mut [Item],
     buf: &mut [crate::backend::AlignedPage],
+    cause: &mut &'static str,
 ) {
     assert!(items.len() <= buf.len());
     let mut attempts_left = READ_ATTEMPTS;
@@ -497,7 +498,7 @@ fn read_items(
             while end < items.len() && items[end].entry().device() == e.device() {
                 end += 1;
             }
-            read_from_device(pager, f, set, &mut items[i..end], &mut buf[i..end]);
+            read_from_device(pager, f, set, &mut items[i..end], &mut buf[i..end], cause);
             i = end;
         }
         let faulting_ok = items.iter().any(|it| it.faulting && it.ok);
@@ -511,13 +512,14 @@ fn read_items(
 
 /// Reads the unread `items` (all of one device, in slot order) into `buf` (one page per
 /// item), as runs of consecutive slots, one request each. An item read and matching its
-/// checksum is `ok`; a failure is recorded.
+/// checksum is `ok`; a failure is recorded, and what the device said of it kept in `cause`.
 fn read_from_device(
     pager: &PagerShared,
     f: &Fault<'_>,
     set: &RegionSet,
     items: &mut [Item],
     buf: &mut [crate::backend::AlignedPage],
+    cause: &mut &'static str,
 ) {
     let dev = pager.devices.device(items[0].entry());
     let unread = |it: &Item| !it.ok && it.listed.is_none();
@@ -563,8 +565,7 @@ fn read_from_device(
             } else {
                 PageErrorKind::ReadFailed
             };
-            let cause = req.result.as_ref().err().map_or("", BackendError::cause);
-            items[s..t].iter_mut().for_each(|it| it.cause = cause);
+            *cause = req.result.as_ref().err().map_or("", BackendError::cause);
             let it = &items[s];
             pager.record_device_error(f.region(set, it.gi).page_addr(it.page), it.entry(), kind, cause);
         }
