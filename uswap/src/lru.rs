@@ -21,11 +21,11 @@
 //!
 //! Locking: none; the FIFOs are lock-free rings ([`Fifo`]) that allocate nothing, so a
 //! SIGBUS handler may queue a page; the refault window is two relaxed counters, racy on
-//! purpose (a count lost when the window halves changes a heuristic, nothing else). Invariants: an entry is a packed [`PageRef`] with the
-//! page's generation when queued, so an entry left behind by a page that moved on since is
-//! recognised (and dropped) when popped; a resident page has at most one live entry, or
-//! none after a full FIFO refused it (counted in `lru_overflow`, and found again by
-//! `reclaim::swapout`'s scan).
+//! purpose (a count lost when the window halves changes a heuristic, nothing else).
+//! Invariants: an entry is a packed [`PageRef`] with the page's generation when queued, so
+//! an entry left behind by a page that moved on since is recognised (and dropped) when
+//! popped; a resident page has at most one live entry, or none after a full FIFO refused it
+//! (counted in `lru_overflow`, and found again by `reclaim::swapout`'s scan).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
