@@ -93,8 +93,14 @@ fn the_budget_follows_a_working_set_through_its_phases() {
         let st = p.stats();
         assert!(
             (limit - wss).abs() <= wss * 0.25,
-            "phase of {wss_mib} MiB ended with the limit at {:.1} MiB; stall shares {shares:.3?}; {:?}",
+            "phase of {wss_mib} MiB ended with the limit at {:.1} MiB ({} pages resident, {} staged, {} slots \
+             used; {} major faults, {} swap-cache hits); stall shares {shares:.3?}; {:?}",
             limit / MIB as f64,
+            st.resident_pages,
+            st.swapcache_pages,
+            st.devices.iter().map(|d| d.slots_used).sum::<u64>(),
+            st.pgmajfault,
+            st.pgfault_swapcache,
             st.stall
         );
         assert!(longest_run_above(&shares, 2.0 * target) <= 6, "stalled over twice the target: {shares:.3?}");
