@@ -10,19 +10,22 @@ use uswap::{DeviceConfig, FaultMode, Pager, PAGE_SIZE};
 
 /// Random reads of the first `wss_pages` pages of `words` for `d`, with a write to one
 /// page in eight; every page read is checked against its version. Returns, for each whole
-/// second, the share of it the application stalled on memory.
+/// second, the share of it the application stalled on memory, and the limit and resident
+/// pages at its end (MiB, for a failure's message).
 fn phase(
     p: &Pager,
     words: &[std::sync::atomic::AtomicU64],
     version: &mut [u64],
     wss_pages: usize,
     d: Duration,
-) -> Vec<f64> {
+) -> (Vec<f64>, Vec<(f64, f64)>) {
     let mut rng = Rng(0xa070 ^ wss_pages as u64);
     let start = Instant::now();
     let mut second = Instant::now();
     let mut stalled = p.stats().stall.seconds_total;
     let mut shares = Vec::new();
+    let mut levels = Vec::new();
+    let mib = |b: u64| (b as f64 / MIB as f64 * 10.0).round() / 10.0;
     while start.elapsed() < d {
         for _ in 0..256 {
             let i = (rng.next() % wss_pages as u64) as usize;
@@ -33,12 +36,14 @@ fn phase(
             }
         }
         if second.elapsed() >= Duration::from_secs(1) {
-            let now = p.stats().stall.seconds_total;
+            let st = p.stats();
+            let now = st.stall.seconds_total;
             shares.push((now - stalled) / second.elapsed().as_secs_f64());
+            levels.push((mib(p.resident_limit()), mib(st.resident_pages * PAGE_SIZE as u64)));
             (stalled, second) = (now, Instant::now());
         }
     }
-    shares
+    (shares, levels)
 }
 
 /// The first and last word of page `i` (a whole-page check of every access would make the
@@ -87,14 +92,15 @@ fn the_budget_follows_a_working_set_through_its_phases() {
     let page = PAGE_SIZE as f64;
     for (wss_mib, secs) in [(48u64, 25u64), (12, 35), (48, 25)] {
         let wss_pages = (wss_mib * MIB) as usize / PAGE_SIZE;
-        let shares = phase(&p, words, &mut version, wss_pages, Duration::from_secs(secs));
+        let (shares, levels) = phase(&p, words, &mut version, wss_pages, Duration::from_secs(secs));
         let limit = p.resident_limit() as f64;
         let wss = wss_pages as f64 * page;
         let st = p.stats();
         assert!(
             (limit - wss).abs() <= wss * 0.25,
             "phase of {wss_mib} MiB ended with the limit at {:.1} MiB ({} pages resident, {} staged, {} slots \
-             used; {} major faults, {} swap-cache hits); stall shares {shares:.3?}; {:?}",
+             used; {} major faults, {} swap-cache hits); stall shares {shares:.3?}; limit and resident (MiB) \
+             each second {levels:?}; {:?}",
             limit / MIB as f64,
             st.resident_pages,
             st.swapcache_pages,
@@ -103,7 +109,12 @@ fn the_budget_follows_a_working_set_through_its_phases() {
             st.pgfault_swapcache,
             st.stall
         );
-        assert!(longest_run_above(&shares, 2.0 * target) <= 6, "stalled over twice the target: {shares:.3?}");
+        assert!(
+            longest_run_above(&shares, 2.0 * target) <= 6,
+            "{wss_mib} MiB phase stalled over twice the target: {shares:.3?}; limit and resident (MiB) each second \
+             {levels:?}; {:?}",
+            p.stats()
+        );
     }
     for (i, &v) in version.iter().enumerate() {
         check_page(words, i, v);
