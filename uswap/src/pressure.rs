@@ -336,9 +336,8 @@ const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
 /// probe made adaptive. Once a [`BUDGET_TICK_US`], the share of the tick some thread
 /// stalled is compared with the target.
 ///
-/// * At or below it, the budget *probes*: the limit (or the resident pages, when fewer, the
-///   larger of this tick's and the last's: an idle program's excess goes within two ticks)
-///   shrinks by `step * min(1, (target/share/10)^2)`.
+/// * At or below it, the budget *probes*: the limit (or the resident pages, when fewer: an
+///   idle program's excess goes at once) shrinks by `step * min(1, (target/share/10)^2)`.
 ///   `step` starts at [`FIRST_PROBE`], halves each time a probe is undone, down to
 ///   [`MIN_PROBE`], and doubles with each probe that costs nothing, up to [`MAX_PROBE`].
 /// * Above it, right after a probe, the probe went below the working set: the limit grows
@@ -462,11 +461,7 @@ impl Budget {
             if probed_from.is_some() {
                 self.step = (self.step * 2.0).min(MAX_PROBE);
             }
-            // From what the program held over the last two ticks: memory it freed a moment
-            // ago is often allocated again (gcc's cc1 frees and refills tens of MiB between
-            // passes; probed from the trough, it stalled 0.35 s in its last three seconds).
-            // An idle excess still goes at the next tick.
-            let level = limit_pages.min(resident_pages.max(last_resident.unwrap_or(0)));
+            let level = limit_pages.min(resident_pages);
             self.probed_from = Some(level);
             let adj = (self.target / share.max(1e-9) / COEFF_PROBE).powi(2).min(1.0) * self.step;
             level as f64 * (1.0 - adj)
@@ -521,10 +516,6 @@ mod budget_tests {
         assert_eq!(b.next_limit(0.0, 9_500, 9_500), 8_550, "a steady program is probed (10 %: the last was free)");
         assert_eq!(b.next_limit(0.0, 20_000, 12_000), 20_000, "one that grew by a fifth is not");
         assert_eq!(b.next_limit(0.0, 20_000, 12_050), 10_845, "once it grows by under 1 % a tick, it is again");
-        let mut swinging = Budget::new(0.01, 100, 100_000);
-        assert_eq!(swinging.next_limit(0.0, 50_000, 20_000), 19_000);
-        assert_eq!(swinging.next_limit(0.0, 50_000, 10_000), 18_000, "what it freed a tick ago stays (10 %)");
-        assert_eq!(swinging.next_limit(0.0, 18_000, 10_000), 8_000, "then goes (20 %)");
     }
 
     #[test]
