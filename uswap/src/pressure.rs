@@ -288,19 +288,6 @@ mod tests {
 pub const DEFAULT_TARGET: f64 = 0.01;
 /// How often the budget moves.
 pub const BUDGET_TICK_US: u64 = 1_000_000;
-/// The shortest tick: a probe whose stalls pass [`EARLY_UNDO_SHARE`] over at least this
-/// long is undone then, not at the end of its second. Why: a probe below a working set
-/// thrashes (every fault evicts another page in use), and thrashing costs half of each
-/// second or more; redis-server under `--auto` stalled 0.2 to 0.6 s on each of its probes
-/// that went too deep, five or six a minute (2.7 and 3.2 s of stall in two 60 s runs, 2.2 s
-/// with this early undo).
-pub const EARLY_UNDO_US: u64 = 200_000;
-/// The stall share that undoes a probe early: half the time, thrashing by any target.
-/// Lower and sooner (20 times the target over 100 ms: 0.7 s of stall in the redis run
-/// above), the phased test (`uswap/tests/auto_budget.rs`) failed two runs in three, ending
-/// its last 48 MiB phase at 93 MiB with stalls of 80 % (seen once in two runs without any
-/// early undo too, not explained: see the session notes); with this, six in six passed.
-const EARLY_UNDO_SHARE: f64 = 0.5;
 /// The first probe, as a share of the budget, when the stalls were under a tenth of the
 /// target ([`COEFF_PROBE`]). Senpai probes 1 % every 6 s; uswap's figure is exact and per
 /// second, so it probes faster.
@@ -342,8 +329,7 @@ const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
 ///   [`MIN_PROBE`], and doubles with each probe that costs nothing, up to [`MAX_PROBE`].
 /// * Above it, right after a probe, the probe went below the working set: the limit grows
 ///   as below, but no further than the level before the probe plus 2 % (the probe undone,
-///   when the stalls were 20 times the target or more; judged after [`EARLY_UNDO_US`]
-///   when they pass [`EARLY_UNDO_SHARE`]), and no probe follows for
+///   when the stalls were 20 times the target or more), and no probe follows for
 ///   [`HOLD_TICKS`] (one tick only when the stalls were under [`SEVERE`] times the target).
 /// * At or below it while the resident pages grew by more than 1 % in the tick (the program
 ///   allocates, or brings pages back in), no probe: its new pages are in use.
@@ -401,8 +387,7 @@ impl Budget {
     }
 
     /// Called often (each pass of a background loop) with the stall clock's total: the new
-    /// limit, in pages, once a tick has passed since the last, or [`EARLY_UNDO_US`] after a
-    /// probe that thrashes (`None` otherwise).
+    /// limit, in pages, once a tick has passed since the last (`None` otherwise).
     pub fn tick(
         &mut self,
         stall_total_us: u64,
@@ -412,18 +397,13 @@ impl Budget {
     ) -> Option<usize> {
         if self.last_us == 0 {
             (self.last_us, self.last_total_us) = (now_us, stall_total_us);
-            // So that the first tick knows whether the program grew: one that starts by
-            // allocating is not probed (gcc's cc1, probed at its first tick to 86 MiB,
-            // stalled 0.43 s in the next two seconds, until its limit had doubled).
-            self.last_resident = Some(resident_pages);
             return None;
         }
         let elapsed = now_us.saturating_sub(self.last_us);
-        let share = stall_total_us.saturating_sub(self.last_total_us) as f64 / elapsed.max(1) as f64;
-        let thrashing = self.probed_from.is_some() && share >= EARLY_UNDO_SHARE;
-        if elapsed < BUDGET_TICK_US && !(thrashing && elapsed >= EARLY_UNDO_US) {
+        if elapsed < BUDGET_TICK_US {
             return None;
         }
+        let share = stall_total_us.saturating_sub(self.last_total_us) as f64 / elapsed as f64;
         (self.last_us, self.last_total_us) = (now_us, stall_total_us);
         Some(self.next_limit(share, limit_pages, resident_pages))
     }
@@ -431,8 +411,8 @@ impl Budget {
     /// The law itself: the limit after a tick whose stall share was `share`.
     pub fn next_limit(&mut self, share: f64, limit_pages: usize, resident_pages: usize) -> usize {
         let probed_from = self.probed_from.take();
-        let last_resident = self.last_resident.replace(resident_pages);
-        let growing = last_resident.is_some_and(|r| resident_pages > r + r / GROWING_DIVISOR);
+        let growing = self.last_resident.is_some_and(|r| resident_pages > r + r / GROWING_DIVISOR);
+        self.last_resident = Some(resident_pages);
         let next = if share > self.target {
             let adj = (share / self.target / COEFF_BACKOFF).powi(2).min(1.0) * MAX_BACKOFF;
             let grown = limit_pages.min(resident_pages.max(self.floor_pages)) as f64 * (1.0 + adj);
@@ -522,9 +502,6 @@ mod budget_tests {
     fn ticks_come_once_a_period_with_the_share_of_that_period() {
         let mut b = Budget::new(0.01, 1, 1 << 20);
         assert_eq!(b.tick(0, 1_000_000, 1000, 1000), None, "the first call starts the clock");
-        let mut started = Budget::new(0.01, 1, 1 << 20);
-        assert_eq!(started.tick(0, 1_000_000, 1 << 20, 1000), None);
-        assert_eq!(started.tick(0, 2_000_000, 1 << 20, 2000), Some(1 << 20), "it grew since the clock started");
         assert_eq!(b.tick(0, 1_500_000, 1000, 1000), None);
         // 0.5 s of stall in 1 s: 50 times the target, no probe before it.
         assert_eq!(b.tick(500_000, 2_000_000, 1000, 1000), Some(2000));
@@ -532,20 +509,6 @@ mod budget_tests {
             assert_eq!(b.tick(500_000, 3_000_000 + t * 1_000_000, 2000, 1000), Some(2000), "held after growing");
         }
         assert_eq!(b.tick(500_000, 9_000_000, 2000, 1000), Some(950));
-    }
-
-    #[test]
-    fn a_probe_that_thrashes_is_undone_before_its_tick_ends() {
-        let mut b = Budget::new(0.01, 1, 1 << 20);
-        assert_eq!(b.tick(0, 1_000_000, 10_000, 10_000), None);
-        assert_eq!(b.tick(0, 2_000_000, 10_000, 10_000), Some(9_500), "a probe");
-        assert_eq!(b.tick(100_000, 2_150_000, 9_500, 9_500), None, "too soon to tell");
-        assert_eq!(b.tick(120_000, 2_300_000, 9_500, 9_500), None, "40 % of 300 ms: not thrashing");
-        // 200 ms of stall in 350 ms: 57 % of the time, the probe went below the working set.
-        assert_eq!(b.tick(200_000, 2_350_000, 9_500, 9_500), Some(10_200), "undone at once, and 2 % more");
-        // Then held, and only full ticks: no probe outstanding, no early tick.
-        assert_eq!(b.tick(700_000, 2_600_000, 10_200, 10_200), None);
-        assert_eq!(b.tick(700_000, 3_350_000, 10_200, 10_200), Some(20_400), "a full tick of thrashing grows it");
     }
 
     /// A model of a program whose working set is sharp (uniform random access: any page cut
