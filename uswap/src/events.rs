@@ -521,7 +521,11 @@ pub(crate) fn read_checked(
         if dev.checksum_ok(offset, &page.0) {
             return Ok(());
         }
-        why = (PageErrorKind::ChecksumMismatch, "");
+        // A mismatch after a read that failed with a cause keeps the cause (as a swap-in
+        // does): it is what the user can act on.
+        if why.1.is_empty() {
+            why = (PageErrorKind::ChecksumMismatch, "");
+        }
     }
     Err(why)
 }

@@ -149,16 +149,16 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     };
     // Pages not read ahead first (no lock held), then those in the context's buffer; any of
     // those whose data is not there after all is read like the others, under the lock.
-    // `cause`: what the device said of the last read that failed, for the SIGBUS line.
-    let mut cause = "";
-    read_items(pager, f, &set, &mut items, buf.pages_mut(), &mut cause);
+    // What the last read that failed found, for the SIGBUS line.
+    let mut failed = ReadFailure::default();
+    read_items(pager, f, &set, &mut items, buf.pages_mut(), &mut failed);
     let mut held: HeldContext<'_> = None;
     if let Some(ctx) = async_ctx.filter(|_| items.iter().any(|it| it.listed.is_some())) {
         let mut io = ara.context(ctx).io.lock();
         take_async(pager, f, ctx, &mut io, &mut items);
         held = Some((ctx, io));
         if items.iter().any(|it| !it.ok) {
-            read_items(pager, f, &set, &mut items, buf.pages_mut(), &mut cause);
+            read_items(pager, f, &set, &mut items, buf.pages_mut(), &mut failed);
         }
     }
 
@@ -167,7 +167,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         give_back(pager, f, &set, &items);
         let taken = items.iter().filter(|it| it.from_async).count();
         pager.stats.add(Counter::SwapRaAsyncDropped, taken as u64);
-        return Err(FaultError::Device(PageErrorKind::ReadFailed, cause));
+        return Err(FaultError::Device(failed.kind, failed.cause));
     }
     let mapping = map_runs(pager, f, &set, &mut items);
     let (nr_ra, nr_async) = publish(pager, f, &set, &items);
@@ -465,16 +465,41 @@ fn dev_page_ptr(pager: &PagerShared, e: SwapEntry) -> *const u8 {
     pager.devices.device(e).backend.page_ptr(e.offset()).unwrap_or(std::ptr::null())
 }
 
+/// What the last device read that failed found: the kind of failure, and what the device
+/// said of it (`BackendError::cause`). A checksum mismatch after a read that said
+/// something keeps what was said: the SIGBUS line then names the device's cause, which is
+/// what a user can act on.
+#[derive(Clone, Copy)]
+struct ReadFailure {
+    kind: PageErrorKind,
+    cause: &'static str,
+}
+
+impl Default for ReadFailure {
+    fn default() -> ReadFailure {
+        ReadFailure { kind: PageErrorKind::ReadFailed, cause: "" }
+    }
+}
+
+impl ReadFailure {
+    /// A read returned data that failed its checksum here.
+    fn checksum_mismatch(&mut self) {
+        if self.cause.is_empty() {
+            self.kind = PageErrorKind::ChecksumMismatch;
+        }
+    }
+}
+
 /// Reads every item not read in place into `buf[i]` (item `i`, items sorted by entry),
-/// checking checksums, and marks the items read correctly. `cause`: what the device said
-/// of the last read that failed.
+/// checking checksums, and marks the items read correctly. `failed`: what the last read
+/// that failed found.
 fn read_items(
     pager: &PagerShared,
     f: &Fault<'_>,
     set: &RegionSet,
     items: &mut [Item],
     buf: &mut [crate::backend::AlignedPage],
-    cause: &mut &'static str,
+    failed: &mut ReadFailure,
 ) {
     assert!(items.len() <= buf.len());
     let mut attempts_left = READ_ATTEMPTS;
@@ -498,7 +523,7 @@ fn read_items(
             while end < items.len() && items[end].entry().device() == e.device() {
                 end += 1;
             }
-            read_from_device(pager, f, set, &mut items[i..end], &mut buf[i..end], cause);
+            read_from_device(pager, f, set, &mut items[i..end], &mut buf[i..end], failed);
             i = end;
         }
         let faulting_ok = items.iter().any(|it| it.faulting && it.ok);
@@ -512,14 +537,14 @@ fn read_items(
 
 /// Reads the unread `items` (all of one device, in slot order) into `buf` (one page per
 /// item), as runs of consecutive slots, one request each. An item read and matching its
-/// checksum is `ok`; a failure is recorded, and what the device said of it kept in `cause`.
+/// checksum is `ok`; a failure is recorded, and kept in `failed`.
 fn read_from_device(
     pager: &PagerShared,
     f: &Fault<'_>,
     set: &RegionSet,
     items: &mut [Item],
     buf: &mut [crate::backend::AlignedPage],
-    cause: &mut &'static str,
+    failed: &mut ReadFailure,
 ) {
     let dev = pager.devices.device(items[0].entry());
     let unread = |it: &Item| !it.ok && it.listed.is_none();
@@ -565,7 +590,8 @@ fn read_from_device(
             } else {
                 PageErrorKind::ReadFailed
             };
-            *cause = req.result.as_ref().err().map_or("", BackendError::cause);
+            let cause = req.result.as_ref().err().map_or("", BackendError::cause);
+            *failed = ReadFailure { kind, cause };
             let it = &items[s];
             pager.record_device_error(f.region(set, it.gi).page_addr(it.page), it.entry(), kind, cause);
         }
@@ -578,6 +604,7 @@ fn read_from_device(
             pager.stats.inc(Counter::ChecksumError);
             let addr = f.region(set, items[k].gi).page_addr(items[k].page);
             pager.record_error(addr, items[k].entry(), PageErrorKind::ChecksumMismatch);
+            failed.checksum_mismatch();
         }
     }
 }

@@ -177,14 +177,19 @@ fn a_full_device_spills_to_the_next_one() {
 }
 
 /// A page that cannot be read back ends in SIGBUS for the thread that needs it, with its
-/// address on stderr. Run in a child process (this test binary, re-executed), since the
-/// child must die.
+/// address on stderr and what failed: a read error with what the device said, or a
+/// checksum that never matched. Run in a child process (this test binary, re-executed),
+/// since the child must die.
 #[test]
 fn a_page_that_cannot_be_read_ends_in_sigbus_with_its_address() {
-    if let Ok(mode) = std::env::var("USWAP_TEST_LOST_PAGE") {
-        let mode = if mode == "signal" { FaultMode::Signal } else { FaultMode::Thread };
-        let f = FaultInjection { read_error_rate: 1.0, seed: 1, ..Default::default() };
-        let p = build(mode, MIB, vec![DeviceConfig::ram(32 * MIB).inject_faults(f)]);
+    if let Ok(how) = std::env::var("USWAP_TEST_LOST_PAGE") {
+        let mode = if how.starts_with("signal") { FaultMode::Signal } else { FaultMode::Thread };
+        let f = if how.ends_with("corrupt") {
+            FaultInjection { corrupt_rate: 1.0, seed: 1, ..Default::default() }
+        } else {
+            FaultInjection { read_error_rate: 1.0, seed: 1, ..Default::default() }
+        };
+        let p = build(mode, MIB, vec![DeviceConfig::ram(32 * MIB).checksum(true).inject_faults(f)]);
         let region = p.map(8 * MIB as usize).unwrap();
         // No fault-around, so no page counts as a stream's: reclaim goes oldest first and
         // page 0 is out after the fill.
@@ -197,7 +202,15 @@ fn a_page_that_cannot_be_read_ends_in_sigbus_with_its_address() {
         check_page(words, 0, 1); // swapped out, unreadable: must not return
         std::process::exit(0);
     }
-    for mode in ["thread", "signal"] {
+    const READ_ERROR: &str =
+        "could not be read from its swap device (I/O error on every attempt: an injected failure); its slot is kept; \
+         delivering SIGBUS";
+    const MISMATCH: &str =
+        "read back from its swap device with a checksum mismatch on every attempt; its slot is kept; \
+                            delivering SIGBUS";
+    for (mode, line) in
+        [("thread", READ_ERROR), ("signal", READ_ERROR), ("thread-corrupt", MISMATCH), ("signal-corrupt", MISMATCH)]
+    {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "a_page_that_cannot_be_read_ends_in_sigbus_with_its_address", "--nocapture"])
             .env("USWAP_TEST_LOST_PAGE", mode)
@@ -209,13 +222,7 @@ fn a_page_that_cannot_be_read_ends_in_sigbus_with_its_address() {
         let page0 = err.lines().find_map(|l| l.strip_prefix("page0=")).expect("child printed the page address");
         let page0 = usize::from_str_radix(page0.trim_start_matches("0x"), 16).unwrap();
         assert!(err.contains(&format!("uswap: page {page0:#018x}")), "{mode}: {err}");
-        // The line says what failed (a read error here, not a checksum or a busy page).
-        assert!(
-            err.contains(
-                "could not be read from its swap device (I/O error on every attempt: an injected failure); its slot is kept; \
-                 delivering SIGBUS"
-            ),
-            "{mode}: {err}"
-        );
+        // The line says what failed (a read error or a checksum, not a busy page).
+        assert!(err.contains(line), "{mode}: {err}");
     }
 }
