@@ -288,6 +288,14 @@ mod tests {
 pub const DEFAULT_TARGET: f64 = 0.01;
 /// How often the budget moves.
 pub const BUDGET_TICK_US: u64 = 1_000_000;
+/// The shortest tick: a probe whose stalls pass [`EARLY_UNDO_SHARE`] over at least this
+/// long is undone then, not at the end of its second. Why: a probe below a working set
+/// thrashes (every fault evicts another page in use), and thrashing costs half of each
+/// second or more; redis-server under `--auto` stalled 0.2 to 0.6 s on each of its probes
+/// that went too deep, five or six a minute.
+pub const EARLY_UNDO_US: u64 = 200_000;
+/// The stall share that undoes a probe early: half the time, thrashing by any target.
+const EARLY_UNDO_SHARE: f64 = 0.5;
 /// The first probe, as a share of the budget, when the stalls were under a tenth of the
 /// target ([`COEFF_PROBE`]). Senpai probes 1 % every 6 s; uswap's figure is exact and per
 /// second, so it probes faster.
@@ -329,14 +337,17 @@ const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
 ///   [`MIN_PROBE`], and doubles with each probe that costs nothing, up to [`MAX_PROBE`].
 /// * Above it, right after a probe, the probe went below the working set: the limit grows
 ///   as below, but no further than the level before the probe plus 2 % (the probe undone,
-///   when the stalls were 20 times the target or more), and no probe follows for
+///   when the stalls were 20 times the target or more; judged after [`EARLY_UNDO_US`]
+///   when they pass [`EARLY_UNDO_SHARE`]), and no probe follows for
 ///   [`HOLD_TICKS`] (one tick only when the stalls were under [`SEVERE`] times the target).
 /// * At or below it while the resident pages grew by more than 1 % in the tick (the program
 ///   allocates, or brings pages back in), no probe: its new pages are in use.
 /// * Above it otherwise (the working set grew), the limit grows to the resident pages times
 ///   `1 + MAX_BACKOFF * min(1, (share/target/20)^2)`, or stays, if that is lower (the
 ///   stalls are pages coming back into room it has): doubling while the program thrashes;
-///   no probe follows for [`HOLD_AFTER_GROWTH_TICKS`], while the program brings its pages in.
+///   no probe follows for [`HOLD_AFTER_GROWTH_TICKS`], while the program brings its pages in,
+///   and the next probe is [`FIRST_PROBE`] again: the step the last phase reached (up to
+///   [`MAX_PROBE`]) says nothing of the new one.
 ///
 /// Why it does not oscillate: a probe that finds the edge of the working set is undone in
 /// the next tick and followed by ever smaller probes, so the limit stays within the last
@@ -363,6 +374,11 @@ pub struct Budget {
     /// The resident pages at the last tick: a program whose resident memory grows is
     /// allocating (or bringing pages back), and is not probed.
     last_resident: Option<usize>,
+    /// Whether a probe has been judged since the program last grew. Until then the LRU's
+    /// order is only the order pages came in (user space sees no accessed bits): right
+    /// after a fill, the oldest pages a probe takes are as likely the hot ones as the cold.
+    /// Those that fault back are marked referenced, and the next probe spares them.
+    tested: bool,
 }
 
 impl Budget {
@@ -379,6 +395,7 @@ impl Budget {
             probed_from: None,
             hold: 0,
             last_resident: None,
+            tested: false,
         }
     }
 
@@ -387,7 +404,8 @@ impl Budget {
     }
 
     /// Called often (each pass of a background loop) with the stall clock's total: the new
-    /// limit, in pages, once a tick has passed since the last (`None` otherwise).
+    /// limit, in pages, once a tick has passed since the last, or [`EARLY_UNDO_US`] after a
+    /// probe that thrashes (`None` otherwise).
     pub fn tick(
         &mut self,
         stall_total_us: u64,
@@ -400,10 +418,11 @@ impl Budget {
             return None;
         }
         let elapsed = now_us.saturating_sub(self.last_us);
-        if elapsed < BUDGET_TICK_US {
+        let share = stall_total_us.saturating_sub(self.last_total_us) as f64 / elapsed.max(1) as f64;
+        let thrashing = self.probed_from.is_some() && share >= EARLY_UNDO_SHARE.max(self.target);
+        if elapsed < BUDGET_TICK_US && !(thrashing && elapsed >= EARLY_UNDO_US) {
             return None;
         }
-        let share = stall_total_us.saturating_sub(self.last_total_us) as f64 / elapsed as f64;
         (self.last_us, self.last_total_us) = (now_us, stall_total_us);
         Some(self.next_limit(share, limit_pages, resident_pages))
     }
@@ -417,14 +436,11 @@ impl Budget {
             let adj = (share / self.target / COEFF_BACKOFF).powi(2).min(1.0) * MAX_BACKOFF;
             let grown = limit_pages.min(resident_pages.max(self.floor_pages)) as f64 * (1.0 + adj);
             match probed_from {
-                Some(level) => {
-                    // Senpai's step, but never past where the probe began (and a margin).
-                    self.step = (self.step / 2.0).max(MIN_PROBE);
-                    self.hold = if share >= SEVERE * self.target { HOLD_TICKS } else { 1 };
-                    grown.min(level as f64 * (1.0 + UNDO_MARGIN))
-                }
+                Some(level) => self.undo(share, level, grown),
                 None => {
                     self.hold = HOLD_AFTER_GROWTH_TICKS;
+                    self.step = FIRST_PROBE;
+                    self.tested = false;
                     // Growth never lowers the limit: grown from resident pages under it (a
                     // program bringing back what a probe took), it would (measured: an undo to
                     // 49 MiB, then 48.1 for a 48 MiB working set, then thrashing and doubling).
@@ -436,10 +452,12 @@ impl Budget {
             return limit_pages;
         } else if growing {
             // Its new pages are in use by definition: a probe would only take them back.
+            self.tested = false;
             return limit_pages;
         } else {
             if probed_from.is_some() {
                 self.step = (self.step * 2.0).min(MAX_PROBE);
+                self.tested = true;
             }
             let level = limit_pages.min(resident_pages);
             self.probed_from = Some(level);
@@ -447,6 +465,25 @@ impl Budget {
             level as f64 * (1.0 - adj)
         };
         (next as usize).clamp(self.floor_pages, self.ceiling_pages)
+    }
+
+    /// A probe from `level` stalled `share` of the tick: the limit goes back to `grown` (as
+    /// after any tick over the target), but never past `level` and a margin (Senpai's
+    /// step). A probe whose pages came back by the thousand went below the working set: the
+    /// step halves and the edge is left alone for [`HOLD_TICKS`]. Unless it was the first
+    /// probe since the program grew: then what it took says nothing of the working set's
+    /// edge (the oldest pages of a fill may be its hot ones; measured: a program that filled
+    /// 256 MiB and used its first 32 MiB stalled 12 % after a 5 % probe, and was then left
+    /// at 256 MiB for 10 s), so the same probe comes again after a tick, sparing the pages
+    /// that came back.
+    fn undo(&mut self, share: f64, level: usize, grown: f64) -> f64 {
+        if !std::mem::replace(&mut self.tested, true) {
+            self.hold = 1;
+        } else {
+            self.step = (self.step / 2.0).max(MIN_PROBE);
+            self.hold = if share >= SEVERE * self.target { HOLD_TICKS } else { 1 };
+        }
+        grown.min(level as f64 * (1.0 + UNDO_MARGIN))
     }
 }
 
@@ -468,17 +505,19 @@ mod budget_tests {
 
     #[test]
     fn a_probe_that_hurts_is_undone_then_held_then_made_smaller() {
-        let mut b = Budget::new(0.01, 100, 100_000);
+        // A program whose pages were sorted by an earlier probe.
+        let tested = || Budget { tested: true, ..Budget::new(0.01, 100, 100_000) };
+        let mut b = tested();
         assert_eq!(b.next_limit(0.0, 10_000, 10_000), 9_500);
         assert_eq!(b.next_limit(0.4, 9_500, 9_500), 10_200, "undone, and 2 % more");
-        let mut mild = Budget::new(0.01, 100, 100_000);
+        let mut mild = tested();
         mild.next_limit(0.0, 10_000, 10_000);
         assert_eq!(mild.next_limit(0.03, 9_500, 9_500), 9_713, "3 times the target: 2.25 % back, no more");
         for _ in 0..HOLD_TICKS {
             assert_eq!(b.next_limit(0.0, 10_200, 10_000), 10_200, "held");
         }
         assert_eq!(b.next_limit(0.0, 10_200, 10_000), 9_750, "a probe half as deep: 2.5 %");
-        let mut refill = Budget::new(0.01, 100, 100_000);
+        let mut refill = tested();
         refill.next_limit(0.0, 10_000, 10_000);
         assert_eq!(refill.next_limit(0.4, 9_500, 9_500), 10_200);
         assert_eq!(
@@ -487,6 +526,27 @@ mod budget_tests {
             "pages still coming back into the room the undo gave: no lower, no higher"
         );
         assert_eq!(b.next_limit(0.0, 9_750, 9_750), 9_262, "it cost nothing: the next is 5 % again");
+    }
+
+    #[test]
+    fn the_first_probe_after_a_fill_that_hurts_is_tried_again_after_a_tick() {
+        let mut b = Budget::new(0.01, 100, 100_000);
+        assert_eq!(b.next_limit(0.0, 50_000, 40_000), 38_000, "the first probe");
+        assert_eq!(b.next_limit(0.2, 38_000, 38_000), 40_800, "it took hot pages: undone");
+        assert_eq!(b.next_limit(0.0, 40_800, 40_000), 40_800, "held one tick");
+        assert_eq!(b.next_limit(0.0, 40_800, 40_000), 38_000, "the same probe again");
+        assert_eq!(b.next_limit(0.2, 38_000, 38_000), 40_800, "it hurt again: the edge");
+        for _ in 0..HOLD_TICKS {
+            assert_eq!(b.next_limit(0.0, 40_800, 40_000), 40_800, "held");
+        }
+        assert_eq!(b.next_limit(0.0, 40_800, 40_000), 39_000, "then probed half as deep");
+        let mut grew = Budget::new(0.01, 100, 100_000);
+        assert_eq!(grew.next_limit(0.0, 50_000, 40_000), 38_000);
+        assert_eq!(grew.next_limit(0.0, 38_000, 38_000), 34_200, "a free probe sorts the pages");
+        assert_eq!(grew.next_limit(0.0, 60_000, 50_000), 60_000, "then it grows");
+        assert_eq!(grew.next_limit(0.0, 60_000, 50_000), 45_000, "the first probe after the growth (10 %)");
+        assert_eq!(grew.next_limit(0.2, 45_000, 45_000), 51_000, "undone");
+        assert_eq!(grew.next_limit(0.0, 51_000, 50_000), 51_000, "and held one tick only");
     }
 
     #[test]
@@ -509,6 +569,37 @@ mod budget_tests {
             assert_eq!(b.tick(500_000, 3_000_000 + t * 1_000_000, 2000, 1000), Some(2000), "held after growing");
         }
         assert_eq!(b.tick(500_000, 9_000_000, 2000, 1000), Some(950));
+    }
+
+    #[test]
+    fn a_probe_that_thrashes_is_undone_before_its_tick_ends() {
+        let mut b = Budget { tested: true, ..Budget::new(0.01, 1, 1 << 20) };
+        assert_eq!(b.tick(0, 1_000_000, 10_000, 10_000), None);
+        assert_eq!(b.tick(0, 2_000_000, 10_000, 10_000), Some(9_500), "a probe");
+        assert_eq!(b.tick(100_000, 2_150_000, 9_500, 9_500), None, "too soon to tell");
+        assert_eq!(b.tick(120_000, 2_300_000, 9_500, 9_500), None, "40 % of 300 ms: not thrashing");
+        // 200 ms of stall in 350 ms: 57 % of the time, the probe went below the working set.
+        assert_eq!(b.tick(200_000, 2_350_000, 9_500, 9_500), Some(10_200), "undone at once, and 2 % more");
+        // Then held, and only full ticks: no probe outstanding, no early tick.
+        assert_eq!(b.tick(700_000, 2_600_000, 10_200, 10_200), None);
+        assert_eq!(b.tick(700_000, 3_350_000, 10_200, 10_200), Some(20_400), "a full tick of thrashing grows it");
+    }
+
+    #[test]
+    fn a_phase_that_needs_more_is_probed_from_the_first_step_again() {
+        let mut b = Budget::new(0.01, 100, 100_000);
+        let mut limit = 50_000;
+        for _ in 0..4 {
+            limit = b.next_limit(0.0, limit, limit);
+        }
+        assert_eq!(limit, 25_650, "free probes doubled the step to a quarter");
+        assert_eq!(b.next_limit(0.02, limit, limit), 25_906, "the edge: 1 % back, the step an eighth");
+        assert_eq!(b.next_limit(0.0, 25_906, 25_906), 25_906, "held a tick");
+        assert_eq!(b.next_limit(0.5, 25_906, 25_906), 51_812, "a new phase thrashes: doubled");
+        for _ in 0..HOLD_AFTER_GROWTH_TICKS {
+            assert_eq!(b.next_limit(0.0, 51_812, 50_000), 51_812, "held while its pages come in");
+        }
+        assert_eq!(b.next_limit(0.0, 51_812, 50_000), 47_500, "then probed by 5 %, not an eighth");
     }
 
     /// A model of a program whose working set is sharp (uniform random access: any page cut
