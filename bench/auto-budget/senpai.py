@@ -146,6 +146,10 @@ def main():
     child = subprocess.Popen(cmd, preexec_fn=enter)
     history = []
     limit = None
+    # Whether a limit was accepted yet: Senpai starts from memory.current, and a program
+    # still allocating fast may refuse the first (EBUSY); it starts again from what the
+    # cgroup holds at the next tick, not from the ceiling (that run was never limited).
+    started = False
     ooms = 0
     last_total = psi_some_total_us(v2)
     try:
@@ -154,7 +158,7 @@ def main():
             usage = int(read(os.path.join(v1, "memory.usage_in_bytes")))
             total = psi_some_total_us(v2)
             under_oom = "under_oom 1" in read(os.path.join(v1, "memory.oom_control"))
-            if limit is None:
+            if not started:
                 limit = max(usage, conf.min)  # Senpai starts from memory.current
             elif under_oom:
                 limit = max(limit, usage) * (1 + conf.max_backoff)
@@ -166,6 +170,7 @@ def main():
             last_total = total
             try:
                 write(os.path.join(v1, "memory.limit_in_bytes"), limit)
+                started = True
             except OSError:
                 # EBUSY: the kernel could not reclaim down to it (v1 refuses such a limit);
                 # Senpai's own reset: carry on from what the cgroup holds.
