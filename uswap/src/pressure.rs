@@ -295,7 +295,7 @@ pub const BUDGET_TICK_US: u64 = 1_000_000;
 /// that went too deep, five or six a minute.
 pub const EARLY_UNDO_US: u64 = 200_000;
 /// The stall share that undoes a probe early: half the time, thrashing by any target.
-const EARLY_UNDO_SHARE: f64 = 0.5;
+pub const EARLY_UNDO_SHARE: f64 = 0.5;
 /// The first probe, as a share of the budget, when the stalls were under a tenth of the
 /// target ([`COEFF_PROBE`]). Senpai probes 1 % every 6 s; uswap's figure is exact and per
 /// second, so it probes faster.
@@ -339,9 +339,13 @@ const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
 ///   as below, but no further than the level before the probe plus 2 % (the probe undone,
 ///   when the stalls were 20 times the target or more; judged after [`EARLY_UNDO_US`]
 ///   when they pass [`EARLY_UNDO_SHARE`]), and no probe follows for
-///   [`HOLD_TICKS`] (one tick only when the stalls were under [`SEVERE`] times the target).
-/// * At or below it while the resident pages grew by more than 1 % in the tick (the program
-///   allocates, or brings pages back in), no probe: its new pages are in use.
+///   [`HOLD_TICKS`] (one tick only when the stalls were under [`SEVERE`] times the target, or
+///   when it was the first probe since the program grew: see `undo`).
+/// * At or below it while the resident pages grew by more than 1 % in the tick (or, at the
+///   first tick, since the clock started: the program allocates, or brings pages back in),
+///   no probe: its new pages are in use.
+/// * Above it in the tick after an undo, nothing moves: the undone probe's pages are coming
+///   back into the room the undo gave.
 /// * Above it otherwise (the working set grew), the limit grows to the resident pages times
 ///   `1 + MAX_BACKOFF * min(1, (share/target/20)^2)`, or stays, if that is lower (the
 ///   stalls are pages coming back into room it has): doubling while the program thrashes;
@@ -379,6 +383,9 @@ pub struct Budget {
     /// after a fill, the oldest pages a probe takes are as likely the hot ones as the cold.
     /// Those that fault back are marked referenced, and the next probe spares them.
     tested: bool,
+    /// Whether the last tick undid a probe: stalls in the next are the probe's pages
+    /// coming back into the room the undo gave, not a working set that grew.
+    undone: bool,
 }
 
 impl Budget {
@@ -396,6 +403,7 @@ impl Budget {
             hold: 0,
             last_resident: None,
             tested: false,
+            undone: false,
         }
     }
 
@@ -415,6 +423,10 @@ impl Budget {
     ) -> Option<usize> {
         if self.last_us == 0 {
             (self.last_us, self.last_total_us) = (now_us, stall_total_us);
+            // So that the first tick knows whether the program grew: one that starts by
+            // allocating is not probed (a CPython job building its 340 MiB dict, probed at
+            // its first tick, stalled 1.4 s in the next two, until the limit had doubled).
+            self.last_resident = Some(resident_pages);
             return None;
         }
         let elapsed = now_us.saturating_sub(self.last_us);
@@ -430,6 +442,7 @@ impl Budget {
     /// The law itself: the limit after a tick whose stall share was `share`.
     pub fn next_limit(&mut self, share: f64, limit_pages: usize, resident_pages: usize) -> usize {
         let probed_from = self.probed_from.take();
+        let after_undo = std::mem::take(&mut self.undone);
         let growing = self.last_resident.is_some_and(|r| resident_pages > r + r / GROWING_DIVISOR);
         self.last_resident = Some(resident_pages);
         let next = if share > self.target {
@@ -437,6 +450,11 @@ impl Budget {
             let grown = limit_pages.min(resident_pages.max(self.floor_pages)) as f64 * (1.0 + adj);
             match probed_from {
                 Some(level) => self.undo(share, level, grown),
+                // Measured: a CPython job's probe undone early (at 200 ms) stalled 14 % in the
+                // next tick as its pages came back; read as growth, that held the next probe
+                // 3 ticks instead of 10 and made it a first probe: one every 6 s, 0.3-0.45 s
+                // of stall each.
+                None if after_undo => return limit_pages,
                 None => {
                     self.hold = HOLD_AFTER_GROWTH_TICKS;
                     self.step = FIRST_PROBE;
@@ -477,6 +495,7 @@ impl Budget {
     /// at 256 MiB for 10 s), so the same probe comes again after a tick, sparing the pages
     /// that came back.
     fn undo(&mut self, share: f64, level: usize, grown: f64) -> f64 {
+        self.undone = true;
         if !std::mem::replace(&mut self.tested, true) {
             self.hold = 1;
         } else {
@@ -562,6 +581,9 @@ mod budget_tests {
     fn ticks_come_once_a_period_with_the_share_of_that_period() {
         let mut b = Budget::new(0.01, 1, 1 << 20);
         assert_eq!(b.tick(0, 1_000_000, 1000, 1000), None, "the first call starts the clock");
+        let mut started = Budget::new(0.01, 1, 1 << 20);
+        assert_eq!(started.tick(0, 1_000_000, 1 << 20, 1000), None);
+        assert_eq!(started.tick(0, 2_000_000, 1 << 20, 2000), Some(1 << 20), "it grew since the clock started");
         assert_eq!(b.tick(0, 1_500_000, 1000, 1000), None);
         // 0.5 s of stall in 1 s: 50 times the target, no probe before it.
         assert_eq!(b.tick(500_000, 2_000_000, 1000, 1000), Some(2000));
@@ -580,9 +602,13 @@ mod budget_tests {
         assert_eq!(b.tick(120_000, 2_300_000, 9_500, 9_500), None, "40 % of 300 ms: not thrashing");
         // 200 ms of stall in 350 ms: 57 % of the time, the probe went below the working set.
         assert_eq!(b.tick(200_000, 2_350_000, 9_500, 9_500), Some(10_200), "undone at once, and 2 % more");
-        // Then held, and only full ticks: no probe outstanding, no early tick.
-        assert_eq!(b.tick(700_000, 2_600_000, 10_200, 10_200), None);
-        assert_eq!(b.tick(700_000, 3_350_000, 10_200, 10_200), Some(20_400), "a full tick of thrashing grows it");
+        // Then only full ticks: no probe outstanding, no early tick.
+        assert_eq!(b.tick(500_000, 2_600_000, 10_200, 9_800), None);
+        assert_eq!(b.tick(500_000, 3_350_000, 10_200, 10_000), Some(10_200), "its pages come back: no growth");
+        for t in 0..HOLD_TICKS as u64 {
+            assert_eq!(b.tick(500_000, 4_350_000 + t * 1_000_000, 10_200, 10_000), Some(10_200), "held");
+        }
+        assert_eq!(b.tick(1_200_000, 15_350_000, 10_200, 10_000), Some(20_000), "a full tick of thrashing grows it");
     }
 
     #[test]
