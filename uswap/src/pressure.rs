@@ -69,14 +69,20 @@ impl StallClock {
     /// A thread stalls from `now_us`, or `unseen_us` earlier when no other thread stalls and
     /// the last stall ended before that (see the module's "How").
     fn enter(&self, now_us: u64, unseen_us: u64) {
-        let begin_us = now_us.saturating_sub(unseen_us).max(self.last_end_us.load(Ordering::Acquire)).min(now_us);
-        let mut s = self.state.load(Ordering::Relaxed);
+        let mut s = self.state.load(Ordering::Acquire);
         // Lock-free: each retry means another thread's exchange succeeded.
         loop {
             let n = s & COUNT_MASK;
             assert!(n < COUNT_MASK, "uswap invariant: more than 65535 threads stalled at once");
-            let new = if n == 0 { begin_us << COUNT_BITS | 1 } else { s + 1 };
-            match self.state.compare_exchange_weak(s, new, Ordering::AcqRel, Ordering::Relaxed) {
+            let new = if n == 0 {
+                // Read after `s`: the thread whose exchange made it 0 raised `last_end_us`
+                // before, so this stall cannot begin inside the one that just ended.
+                let last_end_us = self.last_end_us.load(Ordering::Acquire);
+                now_us.saturating_sub(unseen_us).max(last_end_us).min(now_us) << COUNT_BITS | 1
+            } else {
+                s + 1
+            };
+            match self.state.compare_exchange_weak(s, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return,
                 Err(cur) => s = cur,
             }
