@@ -366,7 +366,8 @@ const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
 /// and 2 % above it; a probe that costs nothing moves it down for good. Over a stable working
 /// set the limit walks down from 2 % above its edge in small doubling steps and is undone
 /// when a step crosses it: one tick of stalls every dozen or so, the price of knowing that
-/// the working set did not shrink. Measured on a program (`uswap/tests/auto_budget.rs`); a model in the unit tests.
+/// the working set did not shrink. A first probe's retry comes once per growth (the retry,
+/// judged, counts as the test of the pages' order). Measured on a program (`uswap/tests/auto_budget.rs`); a model in the unit tests.
 /// Bounded by `floor_pages` and `ceiling_pages` (`--limit`).
 #[derive(Debug, Clone)]
 pub struct Budget {
