@@ -207,7 +207,7 @@ fn a_page_that_cannot_be_read_ends_in_sigbus_with_its_address() {
          delivering SIGBUS";
     const MISMATCH: &str =
         "read back from its swap device with a checksum mismatch on every attempt; its slot is kept; \
-                            delivering SIGBUS";
+         delivering SIGBUS";
     for (mode, line) in
         [("thread", READ_ERROR), ("signal", READ_ERROR), ("thread-corrupt", MISMATCH), ("signal-corrupt", MISMATCH)]
     {
