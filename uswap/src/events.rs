@@ -126,11 +126,11 @@ pub(crate) fn wait_until_applied(p: &PagerShared) -> bool {
     if EVENTS_IN_FLIGHT.load(Ordering::Acquire) == 0 {
         return true;
     }
-    let t0 = crate::mapping::now_ns();
+    let t0 = crate::clock::now_ns();
     let backoff = Backoff::new();
     while EVENTS_IN_FLIGHT.load(Ordering::Acquire) > 0 {
         if backoff.is_completed() {
-            if crate::mapping::now_ns().saturating_sub(t0) > APPLY_WAIT_LIMIT_NS {
+            if crate::clock::now_ns().saturating_sub(t0) > APPLY_WAIT_LIMIT_NS {
                 p.stats.inc(Counter::FaultEventWaitTimeout);
                 return false;
             }
@@ -421,7 +421,7 @@ pub(crate) fn run_take_outs(p: &PagerShared) -> bool {
     let Ok(mut t) = p.events.take_outs.try_lock() else {
         return true;
     };
-    let expired = crate::mapping::now_ns().saturating_sub(t.since_ns) > TAKE_OUT_LIMIT_NS;
+    let expired = crate::clock::now_ns().saturating_sub(t.since_ns) > TAKE_OUT_LIMIT_NS;
     let Some(mut buf) = p.bounce.take() else {
         // Every bounce buffer stayed lent out past the bound: nothing was taken out; the
         // caller tries again after `TAKE_OUT_POLL_MS` (`t` stays as it was).

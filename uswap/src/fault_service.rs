@@ -21,7 +21,7 @@
 use arrayvec::ArrayVec;
 use crossbeam_utils::Backoff;
 
-use crate::mapping::now_ns;
+use crate::clock::now_ns;
 use crate::readahead::MAX_WINDOW_PAGES;
 use crate::region::{PageRef, PageState, Pte, RegionInner};
 use crate::state::fault::{note_window, FaultError, Route};

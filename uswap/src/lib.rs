@@ -34,6 +34,7 @@ mod adopt;
 mod async_readahead;
 pub mod backend;
 mod bounce;
+mod clock;
 mod device_config;
 mod error;
 mod events;

@@ -46,7 +46,7 @@ const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 
 /// Microseconds on the monotonic clock, the same in every process of the machine.
 pub fn now_us() -> u64 {
-    crate::mapping::now_ns() / 1000
+    crate::clock::now_ns() / 1000
 }
 
 /// Stall time: the union of the intervals during which some thread stalled.

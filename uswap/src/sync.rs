@@ -226,7 +226,7 @@ pub fn pop_spinning<T>(pool: &ArrayQueue<T>, limit_ns: u64) -> Option<T> {
             return Some(x);
         }
         // The clock is read only once the pool was found empty: the common case costs a pop.
-        let now = crate::mapping::now_ns();
+        let now = crate::clock::now_ns();
         if now.saturating_sub(*since.get_or_insert(now)) > limit_ns {
             return None;
         }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 /// (`reclaim::swapout` is in `reclaim`'s layer); it may import from its own layer and those
 /// below. Within a layer the graph must still be acyclic.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("the userfaultfd ABI, the engine's descriptors", &["fd", "uffd"]),
+    ("the clock, the userfaultfd ABI, the engine's descriptors", &["clock", "fd", "uffd"]),
     (
         "mappings, locks, queues, counters shared by processes",
         &["mapping", "sync", "fifo", "readahead", "shared_charge", "bounce", "pressure"],

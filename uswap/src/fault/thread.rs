@@ -10,8 +10,9 @@ use super::handler_pool::{
     SPIN_ROUNDS_PER_YIELD, SPIN_YIELD_TAKEN_NS,
 };
 use super::retry::serve_with_retries;
+use crate::clock::now_ns;
 use crate::events;
-use crate::mapping::{now_ns, pin_current_thread};
+use crate::mapping::pin_current_thread;
 use crate::region::region_owning;
 use crate::state::fault::{reset_window, window_pages, FaultError, Route};
 use crate::state::PagerShared;

@@ -93,13 +93,13 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
         if stalled.is_none() {
             p.stats.inc(Counter::Allocstall);
             stalled = Some(p.charge.stall());
-            reclaim_since_ns = crate::mapping::now_ns();
+            reclaim_since_ns = crate::clock::now_ns();
         }
         let round = reclaim_round(p, true);
         if round.any() {
             fruitless = 0;
             backoff_ns = CHARGE_BACKOFF_MIN_NS;
-            if crate::mapping::now_ns().saturating_sub(reclaim_since_ns) > CHARGE_WAIT_LIMIT_NS {
+            if crate::clock::now_ns().saturating_sub(reclaim_since_ns) > CHARGE_WAIT_LIMIT_NS {
                 // Reclaim works, but the room it makes keeps going to other charges: stop
                 // reclaiming for them and charge over the limit (counted), as below.
                 force_charge(p, n);
@@ -127,7 +127,7 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
         }
         // The victims are busy in other threads' writes: sleep, so that they get the CPU to
         // finish them, rather than spin or give up.
-        let now = crate::mapping::now_ns();
+        let now = crate::clock::now_ns();
         let progress = reclaim_progress(p);
         let (since, last_seen, seen) = waiting.get_or_insert((now, now, progress));
         if progress != *seen {

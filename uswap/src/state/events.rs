@@ -58,7 +58,7 @@ impl TakeOuts {
         if self.ranges.is_empty() {
             self.since_ns = 0;
         } else if self.since_ns == 0 {
-            self.since_ns = crate::mapping::now_ns();
+            self.since_ns = crate::clock::now_ns();
         }
         let old = ev.pending_ranges.swap(self.ranges.len(), Ordering::AcqRel);
         let new = self.ranges.len();

@@ -31,7 +31,7 @@ use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::backend::BackendError;
-use crate::mapping::now_ns;
+use crate::clock::now_ns;
 use crate::uffd::sigbus::StderrLine;
 
 /// How often a degraded device is probed.

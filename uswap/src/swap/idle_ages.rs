@@ -45,7 +45,7 @@ pub type Epoch = u64;
 
 /// The epoch of now.
 pub fn now_epoch() -> Epoch {
-    epoch_of_ns(crate::mapping::now_ns())
+    epoch_of_ns(crate::clock::now_ns())
 }
 
 /// The epoch of a monotonic time in nanoseconds.

@@ -169,7 +169,7 @@ fn create_anonymous(dir: &Path, try_tmpfile: bool) -> Result<OwnedFd, FileDevice
             ".uswap-swap-{}-{}-{}",
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed),
-            crate::mapping::now_ns()
+            crate::clock::now_ns()
         );
         let path = dir.join(name);
         let cpath = cstring(&path)?;

@@ -54,7 +54,8 @@ use io_uring::{opcode, squeue, types, EnterFlags, IoUring};
 
 use super::{bump, errno, FileBackend};
 use crate::backend::{BackendError, ReadReq, WriteReq};
-use crate::mapping::{current_cpu, now_ns};
+use crate::clock::now_ns;
+use crate::mapping::current_cpu;
 use crate::sync::locks_held_by_this_thread;
 use crate::uffd::PAGE_SIZE;
 

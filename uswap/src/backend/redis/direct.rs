@@ -58,7 +58,7 @@ use super::cluster::{hash_slot, slot_tag, SlotMap, NR_HASH_SLOTS};
 use super::codec::VALUE_BYTES;
 use super::Shared;
 use crate::backend::{BackendError, ReadReq};
-use crate::mapping::now_ns;
+use crate::clock::now_ns;
 use crate::readahead::MAX_WINDOW_PAGES;
 use crate::sync::{LockClass, SpinLock};
 

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crossbeam_queue::ArrayQueue;
 
 use crate::backend::{AlignedPage, BackendError, ReadReq, WriteReq};
-use crate::mapping::now_ns;
+use crate::clock::now_ns;
 
 pub const FREE: u32 = 0;
 pub const CLAIMED: u32 = 1;

@@ -70,7 +70,7 @@ use self::codec::Sealer;
 use self::jobs::{Jobs, Work};
 use self::worker::{connect, info, info_field, Worker};
 use super::{AlignedPage, AsyncReader, AsyncRun, Backend, BackendError, BackendStats, ReadReq, WriteReq};
-use crate::mapping::now_ns;
+use crate::clock::now_ns;
 use crate::uffd::PAGE_SIZE;
 
 /// Keys deleted with one `DEL`.

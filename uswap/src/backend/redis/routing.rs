@@ -24,7 +24,7 @@ use redis::{Connection, RedisError};
 
 use super::cluster::{hash_slot, Redirect, SlotMap};
 use super::worker::{connect, is_failover_error, keep_socket, Failure, Worker};
-use crate::mapping::now_ns;
+use crate::clock::now_ns;
 
 /// A device thread's view of a cluster: its map and a connection per node it talked to.
 #[derive(Default)]

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::worker::{connect, info, info_field, primaries_of};
-use crate::mapping::now_ns;
+use crate::clock::now_ns;
 
 /// A fresh session name for [`RedisOptions::session`]: 16 random hex digits.
 pub fn new_session_id() -> std::io::Result<String> {

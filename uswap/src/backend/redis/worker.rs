@@ -38,7 +38,7 @@ use super::jobs::{futex_wait, Work};
 use super::routing::ClusterView;
 use super::{Shared, MAX_DELETE_BATCH};
 use crate::backend::{AlignedPage, BackendError, ReadReq, RejectReason, WriteReq};
-use crate::mapping::now_ns;
+use crate::clock::now_ns;
 use crate::uffd::PAGE_SIZE;
 
 /// Why a round trip did not succeed.
