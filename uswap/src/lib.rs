@@ -92,6 +92,7 @@ pub use region_handle::{PlainRegion, Region};
 pub use shared_charge::SharedCharge;
 pub use stats::{DeviceStats, Histogram, IdleStats, LatencySummary, PublishStats, Stats};
 pub use swap::ReadaheadPolicy;
+pub use sync::lock_waits;
 
 /// Who owns the memory of an address range of this process, for tools that account for it
 /// (`uswap run`'s report of unmanaged memory).

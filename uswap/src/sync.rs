@@ -90,6 +90,7 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::Backoff;
@@ -166,6 +167,18 @@ impl LockClass {
         }
         latest
     }
+}
+
+/// Waits for a [`SpinLock`] of each class (a `lock` that found it held), in this process
+/// since it started, by `LockClass` index. Relaxed: a count for the reader, ordering nothing.
+static LOCK_WAITS: [AtomicU64; LockClass::ALL.len()] = [const { AtomicU64::new(0) }; LockClass::ALL.len()];
+
+/// How many times a thread of this process waited for another's [`SpinLock`], per class:
+/// (the class's name, the waits). Faulting threads are meant to wait for one another only
+/// on the same page (its busy bit, which is not a `SpinLock`); a count here is a wait
+/// across pages.
+pub fn lock_waits() -> [(&'static str, u64); LockClass::ALL.len()] {
+    LockClass::ALL.map(|c| (c.name(), LOCK_WAITS[c as usize].load(Ordering::Relaxed)))
 }
 
 thread_local! {
@@ -263,7 +276,16 @@ impl<T> SpinLock<T> {
             // route as if the lock were held.
             h.set(held + unit);
         });
-        SpinGuard { guard: Some(self.lock.lock()), unit, _same_thread: PhantomData }
+        let guard = match self.lock.try_lock() {
+            Some(g) => g,
+            None => {
+                // Another thread holds it: this one waits (counted per class, for
+                // `lock_waits`; the shared counter is touched only on contention).
+                LOCK_WAITS[self.class as usize].fetch_add(1, Ordering::Relaxed);
+                self.lock.lock()
+            }
+        };
+        SpinGuard { guard: Some(guard), unit, _same_thread: PhantomData }
     }
 
     /// Takes the lock if it is free, never waiting, so any class may be tried whatever the

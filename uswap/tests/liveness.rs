@@ -1,6 +1,7 @@
-//! Liveness: workloads that once hung the engine run under a watchdog. The work runs on its
-//! own thread; the test thread fails, with the pager's counters and every thread's state,
-//! if the work makes no progress for `STALL`. Every byte read is verified.
+//! Liveness: workloads that once hung the engine run under a watchdog (`common::with_watchdog`):
+//! the work runs on its own thread; the test thread fails, with the pager's counters and every
+//! thread's state, if the work makes no progress for `common::STALL`. Every byte read is
+//! verified.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,51 +11,6 @@ use uswap::{DeviceConfig, FaultMode, Pager, PAGE_SIZE};
 
 mod common;
 use common::*;
-
-/// No progress for this long is a hang (the slowest progress step is one access).
-const STALL: Duration = Duration::from_secs(30);
-
-/// Each thread of this process: name, kernel wait channel, state.
-fn thread_states() -> String {
-    let mut out = String::new();
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return out };
-    for t in dir.flatten() {
-        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
-        let stat = read("stat");
-        let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()).unwrap_or("?").to_string();
-        out +=
-            &format!("  {} {:?} {} {}\n", t.file_name().to_string_lossy(), read("comm").trim(), state, read("wchan"));
-    }
-    out
-}
-
-/// Runs `work` on its own thread and waits for it, failing if `progress` stands still for
-/// [`STALL`]. A hung worker is left behind (the process ends with the test binary).
-fn with_watchdog<F>(what: &str, pager: &Pager, progress: &Arc<AtomicU64>, work: F)
-where
-    F: FnOnce() + Send + 'static,
-{
-    let worker = std::thread::Builder::new().name("work".into()).spawn(work).unwrap();
-    let mut last = progress.load(Ordering::Relaxed);
-    let mut since = Instant::now();
-    while !worker.is_finished() {
-        std::thread::sleep(Duration::from_millis(50));
-        let now = progress.load(Ordering::Relaxed);
-        if now != last {
-            last = now;
-            since = Instant::now();
-        } else if since.elapsed() > STALL {
-            panic!(
-                "{what}: no progress for {STALL:?} after {now} steps\nthreads (tid, name, state, wait channel):\n{}stats: {:?}",
-                thread_states(),
-                pager.stats()
-            );
-        }
-    }
-    if let Err(e) = worker.join() {
-        std::panic::resume_unwind(e);
-    }
-}
 
 fn build(mode: FaultMode, limit: u64, devices: Vec<DeviceConfig>) -> Arc<Pager> {
     let mut b = Pager::builder().resident_limit(limit).fault_mode(mode);

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use uswap::{DeviceConfig, FaultMode, Pager, Stats, PAGE_SIZE};
 
@@ -148,4 +150,49 @@ pub fn skipped(why: &str) {
     use std::io::Write;
     let name = std::thread::current().name().unwrap_or("a test").to_string();
     let _ = writeln!(std::io::stderr(), "SKIPPED ({name}): {why}");
+}
+
+/// No progress for this long is a hang (the slowest progress step is one access).
+pub const STALL: Duration = Duration::from_secs(30);
+
+/// Each thread of this process: name, kernel wait channel, state.
+pub fn thread_states() -> String {
+    let mut out = String::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return out };
+    for t in dir.flatten() {
+        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()).unwrap_or("?").to_string();
+        out +=
+            &format!("  {} {:?} {} {}\n", t.file_name().to_string_lossy(), read("comm").trim(), state, read("wchan"));
+    }
+    out
+}
+
+/// Runs `work` on its own thread and waits for it, failing if `progress` stands still for
+/// [`STALL`]. A hung worker is left behind (the process ends with the test binary).
+pub fn with_watchdog<F>(what: &str, pager: &Pager, progress: &Arc<AtomicU64>, work: F)
+where
+    F: FnOnce() + Send + 'static,
+{
+    let worker = std::thread::Builder::new().name("work".into()).spawn(work).unwrap();
+    let mut last = progress.load(Ordering::Relaxed);
+    let mut since = Instant::now();
+    while !worker.is_finished() {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = progress.load(Ordering::Relaxed);
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() > STALL {
+            panic!(
+                "{what}: no progress for {STALL:?} after {now} steps\nthreads (tid, name, state, wait channel):\n{}stats: {:?}",
+                thread_states(),
+                pager.stats()
+            );
+        }
+    }
+    if let Err(e) = worker.join() {
+        std::panic::resume_unwind(e);
+    }
 }
