@@ -473,19 +473,27 @@ pub fn run(
                 match run_engine(&plan, engine, sitting) {
                     Ok(mut run) => {
                         super::kernel::interrupts::record_since(&mut run.stats, tlb_before);
-                        break run;
+                        break Some(run);
                     }
                     Err(BenchError::OomKilled { .. }) if attempts < args.oom_retries => {
                         attempts += 1;
                         eprintln!("{label}: the kernel's OOM killer ended the program; running it again");
                     }
                     Err(BenchError::OomKilled { engine, .. }) => {
-                        return Err(BenchError::OomKilled { engine, attempts: attempts + 1 })
+                        // Killed on every try: the engine leaves the table and says so, and
+                        // the others go on (that a program finishes under uswap and not
+                        // under the kernel is a result of its own).
+                        attempts += 1;
+                        let err = BenchError::OomKilled { engine, attempts };
+                        eprintln!("{label}: {err}\n{label}: going on without {}", engine_name(&err));
+                        failed[e] = Some(err);
+                        break None;
                     }
                     Err(e) => return Err(e),
                 }
             };
             oom_kills[e] += attempts;
+            let Some(run) = run else { continue };
             let o = &run.outcome;
             if !o.status.success() {
                 let stderr = if o.stderr_tail.is_empty() {
@@ -642,6 +650,14 @@ pub fn print(args: &BenchArgs, results: &[CommandResult]) {
     }
 }
 
+/// The engine an engine's failure names.
+fn engine_name(e: &BenchError) -> &str {
+    match e {
+        BenchError::ProgramFailed { engine, .. } | BenchError::OomKilled { engine, .. } => engine.as_str(),
+        _ => "?",
+    }
+}
+
 /// `uswap bench --command`.
 pub fn main(args: &BenchArgs, command: &str) -> ExitCode {
     let mut sitting = Sitting::default();
@@ -656,13 +672,7 @@ pub fn main(args: &BenchArgs, command: &str) -> ExitCode {
         return failure_exit(e);
     }
     // The engines that failed, after the others' table; the exit status says it (2).
-    let failed: Vec<&str> = failures
-        .iter()
-        .map(|e| match e {
-            BenchError::ProgramFailed { engine, .. } => engine.as_str(),
-            _ => "?",
-        })
-        .collect();
+    let failed: Vec<&str> = failures.iter().map(engine_name).collect();
     if !failed.is_empty() {
         println!("failed, so not in the table (why: on stderr): {}", failed.join(", "));
     }
