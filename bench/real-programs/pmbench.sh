@@ -7,7 +7,15 @@
 set -euo pipefail
 bin=$1 duration=$2
 shift 2
-out=$("$bin" "$@" "$duration")
+out_file=$(mktemp)
+trap 'rm -f "$out_file"' EXIT
+"$bin" "$@" "$duration" >"$out_file" &
+pid=$!
+# Half-way through, how well what is out compressed (both sides, see compression.sh).
+sleep $((duration / 2))
+bash "$(dirname "$0")/compression.sh" "$pid" || echo "pmbench.sh: could not read the compression ratio" >&2
+wait "$pid"
+out=$(cat "$out_file")
 # One "[T] Benchmark done - took 20.001 sec for 1650000 page access" line per thread (-j):
 # the rate is their sum, every thread's accesses over its own time.
 rate=$(awk '/Benchmark done/ { sum += $9 / $6; n++ } END { if (n) printf "%.0f", sum; else exit 1 }' <<<"$out")

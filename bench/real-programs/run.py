@@ -31,31 +31,38 @@ def programs(args):
     """(name, command, limit) for every program to run."""
     py = shlex.quote(sys.executable)
     rows = [
-        ("redis-server + redis-benchmark GET (150k x 4 KiB values)", f"sh {HERE}/redis.sh 150000 200000", "192MiB"),
+        ("redis-server + redis-benchmark GET (150k x 4 KiB mixed values)", f"bash {HERE}/redis.sh 150000 200000", "192MiB"),
+        ("redis-server, 500k x 1,000-byte mixed values, GET -P 16 -c 4",
+         f"bash {HERE}/redis.sh 500000 1000000 --value-bytes 1000 --pipeline 16 --clients 4", "192MiB"),
+        ("redis-server --io-threads 2, 500k x 1,000-byte mixed values, GET -P 16 -c 4",
+         f"bash {HERE}/redis.sh 500000 1000000 --value-bytes 1000 --pipeline 16 --clients 4 --io-threads 2", "192MiB"),
         ("CPython: a dict of 1M records, 100k probes", f"{py} {HERE}/dict_job.py", "128MiB"),
         ("sqlite3 :memory:, indexes, a join and a sort", f"sh -c 'sqlite3 < {HERE}/sqlite.sql'", "128MiB"),
         ("GNU sort -S 600M of 3M lines", f"bash {HERE}/sort.sh", "160MiB"),
     ]
     if args.pmbench:
         pm = os.path.join(args.pmbench, "pmbench")
-        rows.append(("pmbench -m 1024 -s 1024 -r 80 -j 1, 20 s (uniform)",
-                     f"bash {HERE}/pmbench.sh {pm} 20 -m 1024 -s 1024 -r 80 -j 1", "256MiB"))
+        for threads in (1, 2):
+            rows.append((f"pmbench -m 1024 -s 1024 -r 80 -j {threads}, 20 s (uniform)",
+                         f"bash {HERE}/pmbench.sh {pm} 20 -m 1024 -s 1024 -r 80 -j {threads}", "256MiB"))
     if args.usemem:
         um = os.path.join(args.usemem, "usemem")
         rows.append(("usemem --init-time -O -y -x -R -n 2 (800 MiB)", f"{um} --init-time -O -y -x -R -n 2 400m", "384MiB"))
     return rows
 
 
-def run_one(uswap, cmd, limit, runs, engines):
-    """Runs `cmd` under every engine; (status, table, stderr, JSON rows, seconds, rates):
-    rates are what a fixed-time program (pmbench.sh) logged, per engine."""
+def run_one(uswap, cmd, limit, runs, engines, oom_retries=10):
+    """Runs `cmd` under every engine; (status, table, stderr, JSON rows, seconds, rates,
+    ratios): rates are what a program's script (pmbench.sh, redis.sh) logged, per engine,
+    and ratios the (data, memory) compression ratios compression.sh logged for it."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     with tempfile.NamedTemporaryFile(suffix=".log", delete=False) as f:
         rate_log = f.name
     os.environ["REAL_PROGRAMS_LOG"] = rate_log
+    os.environ["USWAP_BIN"] = uswap  # compression.sh asks it for the pools' figures
     argv = [uswap, "bench", "--command", cmd, "--limit", limit, "--engines", engines, "--runs", str(runs),
-            "--json", out, "--oom-retries", "10"]
+            "--json", out, "--oom-retries", str(oom_retries)]
     t0 = time.time()
     p = subprocess.run(argv, capture_output=True, text=True)
     took = time.time() - t0
@@ -66,13 +73,16 @@ def run_one(uswap, cmd, limit, runs, engines):
     except (OSError, ValueError):
         rows = []
     os.unlink(out)
-    rates = {}
+    rates, ratios = {}, {}
     with open(rate_log) as f:
         for line in f:
-            engine, rate = line.split()
-            rates.setdefault(engine, []).append(float(rate))
+            words = line.split()
+            if len(words) == 4 and words[1] == "ratio":
+                ratios.setdefault(words[0], []).append((float(words[2]), float(words[3])))
+            else:
+                rates.setdefault(words[0], []).append(float(words[1]))
     os.unlink(rate_log)
-    return p.returncode, table, p.stderr.strip(), rows, took, rates
+    return p.returncode, table, p.stderr.strip(), rows, took, rates, ratios
 
 
 def median(xs):
@@ -111,6 +121,13 @@ def rss_peak(row):
     return f"{(row.get('rss_peak_bytes') or 0) / 2**20:.0f}"
 
 
+def oom_tries(row):
+    """How many of the engine's tries the kernel's OOM killer ended, of how many: each kill is
+    tried again (up to --oom-retries), never silently."""
+    kills = row.get("oom_kills") or 0
+    return f"{kills} / {row.get('runs', 0) + kills}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
@@ -134,22 +151,29 @@ def main():
                  "at its peak plus the swap device's own memory at its peak: uswap's resident peak of managed pages "
                  "plus its compressed pool's peak, or the kernel cgroup's peak charge plus zram's `mem_used_max`. "
                  "`RSS peak` is the largest process's: under uswap everything the program cost (kept pages, pool, "
-                 "memory uswap does not manage, the engine's tables), under the kernel its resident pages only.")
+                 "memory uswap does not manage, the engine's tables), under the kernel its resident pages only. "
+                 "`OOM kills / tries`: runs the kernel's OOM killer ended, each run again, of all the tries; "
+                 "a program the kernel kills more often than --oom-retries allows has no kernel row, and its "
+                 "details below say so.")
     lines.append("")
     if not args.pmbench or not args.usemem:
         lines.append("Left out this time: " + ", ".join(n for n, v in (("pmbench", args.pmbench), ("usemem", args.usemem)) if not v)
                      + " (give their built source trees with --pmbench/--usemem).")
         lines.append("")
     lines.append("| program | limit | engine | wall s | ×zram | major faults | pswpout | ra hit | ra unused "
-                 "| limit+device MiB | RSS peak MiB |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                 "| limit+device MiB | RSS peak MiB | OOM kills / tries |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     details = []
     rate_lines = []
+    ratio_lines = []
     for name, cmd, limit in programs(args):
         if args.only and args.only not in name:
             continue
         print(f"running: {name}", file=sys.stderr)
-        rc, table, err, rows, took, rates = run_one(args.uswap, cmd, limit, args.runs, args.engines)
+        rc, table, err, rows, took, rates, ratios = run_one(args.uswap, cmd, limit, args.runs, args.engines)
+        for engine, xs in ratios.items():
+            ratio_lines.append(f"| {name} | {engine} | {median([d for d, _ in xs]):.2f} | "
+                               f"{median([m for _, m in xs]):.2f} | {len(xs)} |")
         if rates:
             base = median(rates.get("kernel-zram", [0])) or None
             for engine, xs in rates.items():
@@ -160,19 +184,31 @@ def main():
             speed = r.get("speed_vs_baseline")
             lines.append(f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | "
                          f"{speed:.2f} | {r.get('pgmajfault', 0)} | {r.get('pswpout', 0)} | {ra_hit(r)} | "
-                         f"{ra_unused(r)} | {memory_peak(r)} | {rss_peak(r)} |" if speed is not None else
-                         f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | - | - | - | - | - | - | - |")
+                         f"{ra_unused(r)} | {memory_peak(r)} | {rss_peak(r)} | {oom_tries(r)} |" if speed is not None else
+                         f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | - | - | - | - | - | - | - "
+                         f"| {oom_tries(r)} |")
         details.append(f"`{cmd}` (exit {rc}, {took:.0f} s):\n\n```text\n{table}\n```")
         if rc != 0:
             details.append(f"stderr:\n\n```text\n{err[-2000:]}\n```")
     lines.append("")
     if rate_lines:
-        lines.append("Fixed-time programs (pmbench) by their own rate, median accesses per second "
-                     "(`×zram`: over kernel-zram's; the wall times above are the fixed duration plus set-up):")
+        lines.append("Programs by their own rate, the median of pmbench's accesses (all threads) or "
+                     "redis-benchmark's GETs per second (`×zram`: over kernel-zram's; the wall times above are "
+                     "the fixed duration, or the load, plus set-up):")
         lines.append("")
         lines.append("| program | limit | engine | accesses/s | ×zram | runs |")
         lines.append("|---|---|---|---|---|---|")
         lines.extend(rate_lines)
+        lines.append("")
+    if ratio_lines:
+        lines.append("How well the pages that went out compressed, on both sides (`compression.sh`, read once a run "
+                     "with the program loaded: uswap's pools by `uswap stat`, zram by `mm_stat`), medians: `data` is "
+                     "the pages' bytes over their compressed bytes, `memory` over the memory the device holds for "
+                     "them (its allocator's rounding and tables included):")
+        lines.append("")
+        lines.append("| program | engine | data ratio | memory ratio | runs |")
+        lines.append("|---|---|---|---|---|")
+        lines.extend(ratio_lines)
         lines.append("")
     lines.extend(details)
     text = "\n".join(lines) + "\n"
