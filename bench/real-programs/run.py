@@ -121,6 +121,25 @@ def rss_peak(row):
     return f"{(row.get('rss_peak_bytes') or 0) / 2**20:.0f}"
 
 
+def details_of(cmd, rc, took, table, err):
+    """The Markdown that follows a section's tables for one `uswap bench` run: its command,
+    exit status and table, and the end of its stderr when it failed."""
+    out = [f"`{cmd}` (exit {rc}, {took:.0f} s):\n\n```text\n{table}\n```"]
+    if rc != 0:
+        out.append(f"stderr:\n\n```text\n{err[-2000:]}\n```")
+    return out
+
+
+def write_markdown(lines, path):
+    """Writes a section's lines to `path`, or to stdout without one."""
+    text = "\n".join(lines) + "\n"
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
 def oom_tries(row):
     """How many of the engine's tries the kernel's OOM killer ended, of how many: each kill is
     tried again (up to --oom-retries), never silently."""
@@ -187,9 +206,7 @@ def main():
                          f"{ra_unused(r)} | {memory_peak(r)} | {rss_peak(r)} | {oom_tries(r)} |" if speed is not None else
                          f"| {name} | {limit} | {r['engine']} | {r['wall_seconds']:.2f} | - | - | - | - | - | - | - "
                          f"| {oom_tries(r)} |")
-        details.append(f"`{cmd}` (exit {rc}, {took:.0f} s):\n\n```text\n{table}\n```")
-        if rc != 0:
-            details.append(f"stderr:\n\n```text\n{err[-2000:]}\n```")
+        details.extend(details_of(cmd, rc, took, table, err))
     lines.append("")
     if rate_lines:
         lines.append("Programs by their own rate, the median of pmbench's accesses (all threads) or "
@@ -211,12 +228,7 @@ def main():
         lines.extend(ratio_lines)
         lines.append("")
     lines.extend(details)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    write_markdown(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import HERE, ROOT, median, run_one  # noqa: E402
+from run import HERE, ROOT, details_of, median, run_one, write_markdown  # noqa: E402
 
 ENGINES = "uswap-signal,uswap-thread,kernel-zram"
 LIMIT = "256MiB"
@@ -74,17 +74,10 @@ def main():
             majflt = r.get("pgmajfault")
             lines.append(f"| {t} | {engine} | {m:,.0f} | {f'{m / base:.2f}' if base else '-'} | "
                          f"{m / one_thread[engine]:.2f} | {f'{tlb / majflt:.2f}' if tlb and majflt else '-'} | {tries} |")
-        details.append(f"`{cmd}` (exit {rc}, {took:.0f} s):\n\n```text\n{table}\n```")
-        if rc != 0:
-            details.append(f"stderr:\n\n```text\n{err[-2000:]}\n```")
+        details.extend(details_of(cmd, rc, took, table, err))
     lines.append("")
     lines.extend(details)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    write_markdown(lines, args.out)
 
 
 if __name__ == "__main__":

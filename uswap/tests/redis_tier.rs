@@ -463,12 +463,7 @@ fn swap_out_then_in(
         }
         let mut rng = Rng(0x5eed);
         for _ in 0..rounds {
-            let i = (rng.next() % nr_pages as u64) as usize;
-            check_page(words, i, version[i]);
-            if rng.next() % 4 == 0 {
-                version[i] += 1;
-                write_page(words, i, version[i]);
-            }
+            access_random_page(words, &mut rng, &mut version, 4);
             progress.fetch_add(1, Ordering::Relaxed);
         }
         disturber.join().unwrap();

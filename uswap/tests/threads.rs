@@ -67,12 +67,7 @@ fn run(mode: FaultMode) -> uswap::Stats {
                         let mut rng = Rng(0x5eed_0000 + t as u64);
                         for _ in 0..ACCESSES {
                             check_page(shared.as_atomic_u64s(), (rng.next() % shared_pages as u64) as usize, 1);
-                            let i = (rng.next() % own_pages as u64) as usize;
-                            check_page(own, i, version[i]);
-                            if rng.next() % 4 == 0 {
-                                version[i] += 1;
-                                write_page(own, i, version[i]);
-                            }
+                            access_random_page(own, &mut rng, &mut version, 4);
                             progress.fetch_add(1, Ordering::Relaxed);
                         }
                         for (i, &v) in version.iter().enumerate() {

@@ -34,6 +34,17 @@ pub fn write_page(w: &[AtomicU64], i: usize, v: u64) {
     }
 }
 
+/// One access of a random workload: checks a random page of `w` against its version in
+/// `version` (one per page) and, one time in `write_one_in`, writes it at the next version.
+pub fn access_random_page(w: &[AtomicU64], rng: &mut Rng, version: &mut [u64], write_one_in: u64) {
+    let i = (rng.next() % version.len() as u64) as usize;
+    check_page(w, i, version[i]);
+    if rng.next() % write_one_in == 0 {
+        version[i] += 1;
+        write_page(w, i, version[i]);
+    }
+}
+
 /// Panics with the first differing word; version 0 means "never written", i.e. all zero.
 pub fn check_page(w: &[AtomicU64], i: usize, v: u64) {
     for k in 0..WORDS {
