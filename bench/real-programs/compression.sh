@@ -10,8 +10,10 @@
 # Usage: compression.sh PID
 set -euo pipefail
 pid=$1
-if [ -n "${USWAP_FAULT_MODE:-}" ]; then
-    engine=uswap-$USWAP_FAULT_MODE
+. "$(dirname "$0")/engine.sh"
+engine=$(engine_name)
+case $engine in
+uswap-*)
     read -r data memory pages < <(env -u LD_PRELOAD "${USWAP_BIN:-uswap}" stat "$pid" --json --sum |
         env -u LD_PRELOAD python3 -c '
 import json, sys
@@ -21,14 +23,14 @@ pages = sum(x["stored_pages"] for x in b)
 comp = sum(x["compressed_bytes"] for x in b)
 pool = sum(x["pool_bytes"] for x in b)
 print("%.2f %.2f %d" % (pages * 4096 / comp if comp else 0, pages * 4096 / pool if pool else 0, pages))')
-elif grep -q zram /proc/swaps; then
-    engine=kernel-zram
+    ;;
+kernel-zram)
     read -r orig compr used _ < /sys/block/zram0/mm_stat
     data=$(awk -v o="$orig" -v c="$compr" 'BEGIN { printf "%.2f", c ? o / c : 0 }')
     memory=$(awk -v o="$orig" -v u="$used" 'BEGIN { printf "%.2f", u ? o / u : 0 }')
     pages=$((orig / 4096))
-else
-    exit 0 # a swap file stores pages as they are
-fi
+    ;;
+*) exit 0 ;; # a swap file stores pages as they are
+esac
 echo "compression $engine: data ${data}x, memory ${memory}x ($pages pages)" >&2
 [ -z "${REAL_PROGRAMS_LOG:-}" ] || echo "$engine ratio $data $memory" >>"$REAL_PROGRAMS_LOG"

@@ -19,10 +19,8 @@ out=$(cat "$out_file")
 # One "[T] Benchmark done - took 20.001 sec for 1650000 page access" line per thread (-j):
 # the rate is their sum, every thread's accesses over its own time.
 rate=$(awk '/Benchmark done/ { sum += $9 / $6; n++ } END { if (n) printf "%.0f", sum; else exit 1 }' <<<"$out")
-if [ -n "${USWAP_FAULT_MODE:-}" ]; then engine=uswap-$USWAP_FAULT_MODE
-elif grep -q zram /proc/swaps; then engine=kernel-zram
-else engine=kernel-file
-fi
+. "$(dirname "$0")/engine.sh"
+engine=$(engine_name)
 echo "pmbench $engine: $rate accesses/s" >&2
 [ -z "${REAL_PROGRAMS_LOG:-}" ] || echo "$engine $rate" >>"$REAL_PROGRAMS_LOG"
 echo "pmbench done"

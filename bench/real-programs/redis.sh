@@ -78,9 +78,7 @@ line=$(redis-benchmark -p "$port" -t get -n "$gets" -r "$keys" -d "$value_bytes"
 echo "$line" >&2
 # "GET: 81234.56 requests per second, p50=0.271 msec"
 rate=$(awk '{ printf "%.0f", $2 }' <<<"$line")
-if [ -n "${USWAP_FAULT_MODE:-}" ]; then engine=uswap-$USWAP_FAULT_MODE
-elif grep -q zram /proc/swaps; then engine=kernel-zram
-else engine=kernel-file
-fi
+. "$(dirname "$0")/engine.sh"
+engine=$(engine_name)
 [ -z "${REAL_PROGRAMS_LOG:-}" ] || echo "$engine $rate" >>"$REAL_PROGRAMS_LOG"
 redis-cli -p "$port" dbsize
