@@ -100,6 +100,13 @@ impl DeviceConfig {
     /// emptied when the device is dropped), or a block device. I/O is `O_DIRECT` through
     /// io_uring; freed clusters are punched out. Pages carry a crc32c checked on every read,
     /// unless [`DeviceConfig::checksum`] turns it off.
+    ///
+    /// The file is sparse: nothing is reserved at open, its blocks are allocated as pages are
+    /// written, and the disk it takes is the clusters that hold pages. A file system that
+    /// fills up shows as failed writes: the device degrades (said on stderr), its pages go
+    /// to the next device or stay in RAM over the limit (`limit_overrun`), and it is tried
+    /// again every second (`swap::health`). (`FileBackend::open` with
+    /// `FileOptions::preallocate` reserves the whole size at open instead.)
     pub fn file(path: impl Into<PathBuf>, capacity_bytes: u64) -> DeviceConfig {
         DeviceConfig::new(DeviceKind::File {
             path: path.into(),
@@ -414,7 +421,13 @@ impl DeviceConfig {
                 )
             }
             DeviceKind::File { path, capacity_bytes, queue_depth, poll_us } => {
-                let opts = FileOptions { queue_depth: *queue_depth, poll_us: *poll_us, ..FileOptions::default() };
+                // Sparse: blocks are allocated as pages are written (see `DeviceConfig::file`).
+                let opts = FileOptions {
+                    queue_depth: *queue_depth,
+                    poll_us: *poll_us,
+                    preallocate: false,
+                    ..FileOptions::default()
+                };
                 Box::new(FileBackend::open(path, *capacity_bytes, opts)?)
             }
             DeviceKind::Redis { opts, capacity_bytes } => {

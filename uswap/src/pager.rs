@@ -29,7 +29,7 @@ use crate::lru::Lru;
 use crate::mapping::{allowed_cpus, mincore_pages_where, nr_cpus_configured, spawn_engine_thread};
 use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
 use crate::region::{PageState, REGIONS};
-use crate::shared_charge::{ChargeCell, PoolShare, SharedCharge};
+use crate::shared_charge::{ChargeCell, DeviceShare, PoolShare, SharedCharge, TREE_DEVICES};
 use crate::stats::{PerCpuStats, Stats};
 use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
@@ -56,6 +56,7 @@ pub struct PagerBuilder {
     regions_survive_fork: bool,
     shared_charge: Option<(&'static SharedCharge, &'static AtomicUsize)>,
     own_pool_bytes: Option<&'static AtomicU64>,
+    own_device_bytes: Option<&'static [AtomicU64; TREE_DEVICES]>,
     publish_stats: bool,
     auto_budget: Option<f64>,
     idle_aging: IdleAging,
@@ -195,6 +196,18 @@ impl PagerBuilder {
         self
     }
 
+    /// With [`shared_charge`](Self::shared_charge): keeps the pager's share of the storage
+    /// of the tree's first [`TREE_DEVICES`] devices in `own_device_bytes`, as
+    /// [`own_pool_bytes`](Self::own_pool_bytes) does for the pools. Under a shared charge
+    /// the size of each of those devices is the tree's: what all the processes' devices at
+    /// that place of the list hold together stays within it
+    /// ([`crate::shared_charge::DeviceShare`]); and the cap of a compressed pool is the
+    /// tree's pools' together.
+    pub fn own_device_bytes(mut self, own_device_bytes: &'static [AtomicU64; TREE_DEVICES]) -> Self {
+        self.own_device_bytes = Some(own_device_bytes);
+        self
+    }
+
     pub fn build(self) -> Result<Pager> {
         let limit_bytes = self.check()?;
         let uffd = open_uffd(self.mode)?;
@@ -258,10 +271,13 @@ impl PagerBuilder {
     fn open_devices(&self, nr_cpus: usize) -> Result<(SwapDevices, Vec<bool>, BackgroundReclaim)> {
         let mut backends = Vec::with_capacity(self.devices.len());
         let mut async_readers = Vec::with_capacity(self.devices.len());
-        for d in &self.devices {
+        for (index, d) in self.devices.iter().enumerate() {
             let backend = d.open()?;
+            let mut tree_share = None;
             if let Some((tree, _)) = self.shared_charge {
                 backend.share_pool(PoolShare::new(tree, self.own_pool_bytes));
+                let size_bytes = backend.nr_slots() * crate::PAGE_SIZE as u64;
+                tree_share = DeviceShare::new(tree, index, self.own_device_bytes, size_bytes);
             }
             backends.push(DeviceSpec {
                 priority: d.priority_value(),
@@ -269,6 +285,7 @@ impl PagerBuilder {
                 checksum: d.checksum_enabled(),
                 readahead: d.readahead_policy(),
                 clean_readahead: d.clean_readahead_enabled(),
+                tree_share,
             });
             async_readers.push(d.async_reads_enabled());
         }
@@ -556,6 +573,7 @@ impl Pager {
             regions_survive_fork: false,
             shared_charge: None,
             own_pool_bytes: None,
+            own_device_bytes: None,
             publish_stats: true,
             auto_budget: None,
             idle_aging: IdleAging::Off,

@@ -22,8 +22,10 @@
 //!
 //! The segment also adds up the compressed pools of the tree ([`PoolShare`]): memory outside
 //! the limit, which the tree's figures (`uswap run`'s `pool_peak_bytes`) must not count once
-//! per process at different moments. A slot keeps its process's share of it, returned with
-//! the charge.
+//! per process at different moments, and which stays within the pool's cap for the tree as a
+//! whole. The same goes for the storage of the first [`TREE_DEVICES`] devices
+//! ([`DeviceShare`]): a device's size is the tree's, not each process's. A slot keeps its
+//! process's share of each, returned with the charge.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -53,6 +55,12 @@ pub struct SharedCharge {
     pub nr_processes: AtomicUsize,
     /// The tree's memory stalls: some thread of some process stalled (`crate::pressure`).
     pub stall: crate::pressure::StallClock,
+    /// Bytes of each of the first [`TREE_DEVICES`] devices (by their place in the device
+    /// list, which every process of a tree shares) that the tree's processes hold together:
+    /// whole clusters of slots that hold data (see [`DeviceShare`]).
+    pub device_bytes: [AtomicU64; TREE_DEVICES],
+    /// The most `device_bytes` has been, per device.
+    pub device_peak_bytes: [AtomicU64; TREE_DEVICES],
     /// Where an automatic budget is about to lower `limit_pages` to (0: nowhere): the
     /// pagers' background reclaimers bring the charge down to it first, so that the
     /// programs' faults do not reclaim for the probe (memcg's `memory.high` set below
@@ -70,6 +78,10 @@ impl SharedCharge {
         }
     }
 }
+
+/// Devices of a tree whose size is the tree's (the first ones of the device list); a
+/// device after them is sized per process.
+pub const TREE_DEVICES: usize = 4;
 
 /// Where a compressed pool reports the memory it takes and gives back: the tree's total
 /// (and its peak) in a [`SharedCharge`], and the process's own share, if it has a slot to
@@ -104,6 +116,33 @@ impl PoolShare {
         self.tree.pool_peak_bytes.fetch_max(now, Ordering::Relaxed);
     }
 
+    /// What the tree's pools hold now (0 in a fork child's copy, which reports nothing).
+    pub fn tree_bytes(&self) -> u64 {
+        if !self.reports() {
+            return 0;
+        }
+        self.tree.pool_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Takes `bytes` more for the pool if the tree's pools stay within `cap_bytes` (the
+    /// pool's own cap, the same in every process of the tree: the cap is the tree's);
+    /// false, taking nothing, if they would not.
+    pub fn try_grow(&self, bytes: u64, cap_bytes: u64) -> bool {
+        if !self.reports() {
+            return true;
+        }
+        let now = self.tree.pool_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if now > cap_bytes {
+            self.tree.pool_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            return false;
+        }
+        self.tree.pool_peak_bytes.fetch_max(now, Ordering::Relaxed);
+        if let Some(own) = self.own {
+            own.fetch_add(bytes, Ordering::Relaxed);
+        }
+        true
+    }
+
     pub fn shrink(&self, bytes: u64) {
         if !self.reports() {
             return;
@@ -115,11 +154,82 @@ impl PoolShare {
     }
 }
 
+/// Where a device reports the storage its slots take, against the tree's capacity for it:
+/// one device of a `uswap run` tree is one device for all its processes, as one swap file
+/// is for the kernel. Each process has a device of its own (a sparse file, a pool, a Redis
+/// key space), as large as the device's size, so no process is refused for lack of room
+/// the tree has; what the processes hold together stays within that size. The unit is a
+/// cluster of slots that holds data, from its first slot to its discard (a file device
+/// punches the cluster out then), so the disk a file device takes is at most the clusters
+/// charged here. Called with the allocator's cluster lock held: no lock, no allocation,
+/// safe in a signal handler. A fork child's copy of its parent's device (read, never
+/// grown) stays silent, as for [`PoolShare`].
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceShare {
+    used: &'static AtomicU64,
+    peak: &'static AtomicU64,
+    own: Option<&'static AtomicU64>,
+    cap_bytes: u64,
+    pid: u32,
+}
+
+impl DeviceShare {
+    /// The share of device `index` of the list (none past [`TREE_DEVICES`]) of `cap_bytes`.
+    pub fn new(
+        tree: &'static SharedCharge,
+        index: usize,
+        own: Option<&'static [AtomicU64; TREE_DEVICES]>,
+        cap_bytes: u64,
+    ) -> Option<DeviceShare> {
+        (index < TREE_DEVICES).then(|| DeviceShare {
+            used: &tree.device_bytes[index],
+            peak: &tree.device_peak_bytes[index],
+            own: own.map(|o| &o[index]),
+            cap_bytes,
+            pid: std::process::id(),
+        })
+    }
+
+    fn reports(&self) -> bool {
+        // SAFETY: getpid has no preconditions and is async-signal-safe.
+        (unsafe { libc::getpid() }) as u32 == self.pid
+    }
+
+    /// Takes `bytes` if the tree stays within the device's size; false, taking nothing, if
+    /// it would not.
+    pub fn try_grow(&self, bytes: u64) -> bool {
+        if !self.reports() {
+            return true;
+        }
+        let now = self.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if now > self.cap_bytes {
+            self.used.fetch_sub(bytes, Ordering::Relaxed);
+            return false;
+        }
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        if let Some(own) = self.own {
+            own.fetch_add(bytes, Ordering::Relaxed);
+        }
+        true
+    }
+
+    pub fn shrink(&self, bytes: u64) {
+        if !self.reports() {
+            return;
+        }
+        if let Some(own) = self.own {
+            own.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        self.used.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
 /// A process's slot in a segment: its own charge, and its share of the tree's pools.
 #[derive(Debug, Clone, Copy)]
 pub struct OwnSlot {
     pub pages: &'static AtomicUsize,
     pub pool_bytes: &'static AtomicU64,
+    pub device_bytes: &'static [AtomicU64; TREE_DEVICES],
 }
 
 /// A pager's own charge: its own counter, or one in memory it shares with others.
@@ -141,11 +251,16 @@ impl std::ops::Deref for ChargeCell {
 /// The segment's file name in a `uswap run` directory (`USWAP_STATS_DIR`).
 pub const SEGMENT_FILE: &str = "charge";
 
+/// The start of the name of the file a process of the tree that could not be managed leaves
+/// beside the segment (`refused-<pid>.txt`, holding what it said on stderr): `uswap run` fails
+/// when it finds one, even if the process was one whose exit status nobody reads.
+pub const REFUSAL_PREFIX: &str = "refused-";
+
 /// Processes that can hold a slot at once; more run under their own limit only.
 pub const MAX_PROCESSES: usize = 4096;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
-const VERSION: u64 = 6;
+const VERSION: u64 = 7;
 
 #[repr(C)]
 struct Slot {
@@ -153,6 +268,7 @@ struct Slot {
     pid: AtomicU64,
     own_pages: AtomicUsize,
     own_pool_bytes: AtomicU64,
+    own_device_bytes: [AtomicU64; TREE_DEVICES],
 }
 
 #[repr(C)]
@@ -240,6 +356,14 @@ impl ChargeSegment {
         self.seg.charge.resident_pages.fetch_sub(own, Ordering::AcqRel);
         let pool = slot.own_pool_bytes.swap(0, Ordering::AcqRel);
         self.seg.charge.pool_bytes.fetch_sub(pool, Ordering::AcqRel);
+        for (own, tree) in slot.own_device_bytes.iter().zip(&self.seg.charge.device_bytes) {
+            tree.fetch_sub(own.swap(0, Ordering::AcqRel), Ordering::AcqRel);
+        }
+    }
+
+    /// The most each of the first [`TREE_DEVICES`] devices held for the tree at once.
+    pub fn device_peak_bytes(&self) -> [u64; TREE_DEVICES] {
+        self.seg.charge.device_peak_bytes.each_ref().map(|b| b.load(Ordering::Acquire))
     }
 
     /// A slot for process `pid`'s own charge. A slot already holding `pid` is what an
@@ -247,7 +371,11 @@ impl ChargeSegment {
     /// the slot reused. `None` when every slot is taken.
     pub fn claim(&self, pid: u32) -> Option<OwnSlot> {
         let pid = pid as u64;
-        let own = |s: &'static Slot| OwnSlot { pages: &s.own_pages, pool_bytes: &s.own_pool_bytes };
+        let own = |s: &'static Slot| OwnSlot {
+            pages: &s.own_pages,
+            pool_bytes: &s.own_pool_bytes,
+            device_bytes: &s.own_device_bytes,
+        };
         for s in &self.seg.slots {
             if s.pid.load(Ordering::Acquire) == pid {
                 self.release(s);

@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 
 use crate::mapping::ZeroedArray;
+use crate::shared_charge::DeviceShare;
 use crate::sync::{LockClass, SpinLock};
 
 /// Nonfull clusters [`ClusterAllocator::alloc_run`] looks at for a run before it takes an
@@ -41,6 +42,8 @@ const RUN_SEARCH_NONFULL: usize = 4;
 /// Slots per cluster; devices align their discards to it (`backend::SWAPFILE_CLUSTER`).
 pub use crate::backend::SWAPFILE_CLUSTER;
 const MAP_WORDS: usize = SWAPFILE_CLUSTER / 64;
+/// Bytes of storage behind one cluster: the unit of a [`DeviceShare`].
+const CLUSTER_BYTES: u64 = (SWAPFILE_CLUSTER * crate::uffd::PAGE_SIZE) as u64;
 const NIL: u32 = u32::MAX;
 
 /// Slot state of one cluster, under the cluster lock.
@@ -49,6 +52,10 @@ struct Cluster {
     map: [u64; MAP_WORDS],
     /// Where the owner's next scan starts, so consecutive allocations get consecutive slots.
     next: u16,
+    /// Charged to the tree's share of the device (see [`ClusterAllocator::with_share`]):
+    /// from its first slot after a discard (or ever) to its next discard. An uncharged
+    /// cluster is empty.
+    charged: bool,
 }
 
 impl Cluster {
@@ -234,6 +241,22 @@ impl ClusterLists {
     }
 }
 
+/// A device dropped while its tree lives on (a pager dropped by a program that goes on)
+/// gives its clusters' share back.
+impl Drop for ClusterAllocator {
+    fn drop(&mut self) {
+        let Some(share) = self.share else { return };
+        let (next_fresh, started_in) = {
+            let lists = self.lists.lock();
+            (lists.next_fresh, lists.started_in.clone())
+        };
+        // Every cluster ever initialised: the fresh ones taken, and those CPUs started in.
+        let initialised = (0..next_fresh).chain(started_in.into_iter().filter(|&ci| ci >= next_fresh));
+        let charged = initialised.filter(|&ci| self.clusters[ci as usize].lock().charged).count();
+        share.shrink(charged as u64 * CLUSTER_BYTES);
+    }
+}
+
 /// What `take_cluster` found.
 enum Take {
     Cluster(u32),
@@ -262,6 +285,10 @@ pub struct ClusterAllocator {
     percpu: Box<[CachePadded<SpinLock<Option<u32>>>]>,
     inuse_slots: AtomicU64,
     discarded: AtomicU64,
+    /// The tree this device's size is shared with, if any.
+    share: Option<DeviceShare>,
+    /// Clusters that could not be charged because the tree held the device's whole size.
+    share_refusals: AtomicU64,
 }
 
 impl ClusterAllocator {
@@ -296,6 +323,8 @@ impl ClusterAllocator {
             percpu: owned.iter().map(|&o| CachePadded::new(SpinLock::new(LockClass::SwapPerCpuCluster, o))).collect(),
             inuse_slots: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
+            share: None,
+            share_refusals: AtomicU64::new(0),
         };
         for &ci in owned.iter().flatten() {
             // SAFETY: the allocator is not shared yet.
@@ -309,9 +338,37 @@ impl ClusterAllocator {
     /// # Safety
     /// Nothing else may reach the cluster meanwhile: it is on no list and no CPU's.
     unsafe fn init_cluster(&self, ci: u32) {
-        let empty = Cluster { count: 0, map: [0; MAP_WORDS], next: 0 };
+        let empty = Cluster { count: 0, map: [0; MAP_WORDS], next: 0, charged: false };
         // SAFETY: the caller's contract; a cluster has nothing to drop.
         unsafe { self.clusters.init(ci as usize, CachePadded::new(SpinLock::new(LockClass::SwapCluster, empty))) };
+    }
+
+    /// Shares the device's size with the other processes of a tree: a cluster is charged
+    /// to `share` when it takes its first slot and uncharged when it is discarded, and a
+    /// cluster the tree has no room for takes no slot (the device is full for this process
+    /// until some cluster of the tree is discarded).
+    pub fn with_share(mut self, share: Option<DeviceShare>) -> ClusterAllocator {
+        self.share = share;
+        self
+    }
+
+    /// Charges cluster `c` before it takes slots; false if the tree has no room for it.
+    fn charge(&self, c: &mut Cluster) -> bool {
+        if c.charged {
+            return true;
+        }
+        debug_assert_eq!(c.count, 0, "an uncharged cluster holds slots");
+        if self.share.is_some_and(|s| !s.try_grow(CLUSTER_BYTES)) {
+            self.share_refusals.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        c.charged = true;
+        true
+    }
+
+    /// Clusters refused because the tree held the device's whole size.
+    pub fn share_refusals(&self) -> u64 {
+        self.share_refusals.load(Ordering::Relaxed)
     }
 
     pub fn nr_slots(&self) -> u64 {
@@ -351,6 +408,18 @@ impl ClusterAllocator {
                     },
                 };
                 let mut c = self.clusters[ci as usize].lock();
+                if !self.charge(&mut c) {
+                    // Empty and never written since its discard: free again. Clusters
+                    // already charged may still have room.
+                    drop(c);
+                    let mut lists = self.lists.lock();
+                    lists.move_to(ci, ListId::Free);
+                    *pc = lists.pop(ListId::Nonfull);
+                    if pc.is_none() {
+                        break;
+                    }
+                    continue;
+                }
                 got += c.alloc_bits(ci as u64 * SWAPFILE_CLUSTER as u64, &mut out[got..]);
                 if c.count as usize == SWAPFILE_CLUSTER {
                     // Full: give it up to the full list; frees will bring it back to nonfull.
@@ -388,7 +457,7 @@ impl ClusterAllocator {
         let mut pc = self.percpu[cpu].lock();
         if let Some(ci) = *pc {
             let mut c = self.clusters[ci as usize].lock();
-            if c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out) {
+            if self.charge(&mut c) && c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out) {
                 if c.count as usize == SWAPFILE_CLUSTER {
                     self.lists.lock().move_to(ci, ListId::Full);
                     *pc = None;
@@ -408,6 +477,12 @@ impl ClusterAllocator {
             };
             let Some(ci) = candidate else { return false };
             let mut c = self.clusters[ci as usize].lock();
+            if !self.charge(&mut c) {
+                // An empty one the tree has no room for: free again.
+                drop(c);
+                self.lists.lock().move_to(ci, ListId::Free);
+                return false;
+            }
             if !c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out) {
                 // No such run here (it came from the nonfull list: an empty cluster has any
                 // run): back to a list's tail.
@@ -513,6 +588,11 @@ impl ClusterAllocator {
             self.discarded.fetch_add(1, Ordering::Relaxed);
             let mut c = self.clusters[ci as usize].lock();
             c.next = 0;
+            if std::mem::take(&mut c.charged) {
+                if let Some(share) = &self.share {
+                    share.shrink(CLUSTER_BYTES);
+                }
+            }
             let mut lists = self.lists.lock();
             // A cluster off all lists cannot have gained slots (only owners allocate).
             debug_assert_eq!(c.count, 0);
@@ -545,6 +625,34 @@ mod tests {
     /// The discard is a system call on file devices; the lock hierarchy (`crate::sync`)
     /// forbids one under a spin lock, so an allocation that needs a discarded cluster must
     /// run the discard with no engine lock held.
+    /// Two processes' allocators of one device of a tree: together they never hold more
+    /// clusters than the device's size, a discard gives a cluster's share back, and a
+    /// dropped allocator gives back all of its own.
+    #[test]
+    fn a_tree_share_bounds_the_clusters_of_every_process_together() {
+        use crate::shared_charge::{DeviceShare, SharedCharge};
+        let tree: &'static SharedCharge = Box::leak(Box::default());
+        let share = || DeviceShare::new(tree, 0, None, 3 * CLUSTER_BYTES);
+        let a = ClusterAllocator::new(4, 1).unwrap().with_share(share());
+        let b = ClusterAllocator::new(4, 1).unwrap().with_share(share());
+        let mut out = vec![0u64; 4 * SWAPFILE_CLUSTER];
+        assert_eq!(a.alloc(0, &mut out[..2 * SWAPFILE_CLUSTER], &no_discard), 2 * SWAPFILE_CLUSTER);
+        let got_b = b.alloc(0, &mut out[2 * SWAPFILE_CLUSTER..], &no_discard);
+        assert_eq!(got_b, SWAPFILE_CLUSTER, "the tree had room for one more cluster");
+        assert_eq!(tree.device_bytes[0].load(Ordering::Relaxed), 3 * CLUSTER_BYTES);
+        assert!(b.share_refusals() > 0);
+        assert!(!b.alloc_run(0, &mut out[..8]), "a run needs a new cluster the tree has no room for");
+        // `a` frees a cluster; once discarded, `b` can take it.
+        a.free(&out[..SWAPFILE_CLUSTER]);
+        assert_eq!(a.run_discards(&no_discard), 1);
+        assert_eq!(tree.device_bytes[0].load(Ordering::Relaxed), 2 * CLUSTER_BYTES);
+        assert_eq!(b.alloc(0, &mut out[..SWAPFILE_CLUSTER], &no_discard), SWAPFILE_CLUSTER);
+        assert_eq!(tree.device_peak_bytes[0].load(Ordering::Relaxed), 3 * CLUSTER_BYTES);
+        drop(a);
+        drop(b);
+        assert_eq!(tree.device_bytes[0].load(Ordering::Relaxed), 0, "dropped devices hold nothing");
+    }
+
     #[test]
     fn discards_run_with_no_lock_held() {
         let a = ClusterAllocator::new(2, 1).unwrap();

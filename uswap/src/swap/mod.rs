@@ -48,6 +48,7 @@ pub use swap_table::{SlotInfo, SwapTable};
 use crate::backend::Backend;
 use crate::mapping::{current_cpu, AtomicTable, DiscardBatch, MapOptions, Mapping, PageRun};
 use crate::readahead::FaultStreams;
+use crate::shared_charge::DeviceShare;
 use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
 
@@ -78,6 +79,8 @@ pub struct DeviceSpec {
     pub readahead: ReadaheadPolicy,
     /// Map read-ahead pages clean (write-protected, keeping their slot).
     pub clean_readahead: bool,
+    /// The tree this device's size is shared with (`uswap run`), if any.
+    pub tree_share: Option<DeviceShare>,
 }
 
 /// One swap device: its backend, the allocator of its slots, the swap table (each slot's
@@ -125,7 +128,7 @@ impl SwapDevice {
     }
 
     fn new(index: usize, spec: DeviceSpec, nr_cpus: usize) -> std::io::Result<SwapDevice> {
-        let DeviceSpec { priority, backend, checksum, readahead, clean_readahead } = spec;
+        let DeviceSpec { priority, backend, checksum, readahead, clean_readahead, tree_share } = spec;
         let nr_clusters = (backend.nr_slots() / SWAPFILE_CLUSTER as u64) as u32;
         let staging = Mapping::anonymous(
             nr_clusters as usize * SWAPFILE_CLUSTER * PAGE_SIZE,
@@ -134,7 +137,7 @@ impl SwapDevice {
         Ok(SwapDevice {
             index,
             priority,
-            allocator: ClusterAllocator::new(nr_clusters, nr_cpus)?,
+            allocator: ClusterAllocator::new(nr_clusters, nr_cpus)?.with_share(tree_share),
             table: SwapTable::new(nr_clusters)?,
             checksums: if checksum { Some(AtomicTable::new(nr_clusters as usize * SWAPFILE_CLUSTER)?) } else { None },
             staging,
@@ -321,6 +324,11 @@ impl SwapDevice {
     /// Clusters by list (free, nonfull, full, discarded).
     pub fn cluster_counts(&self) -> ClusterCounts {
         self.allocator.cluster_counts()
+    }
+
+    /// Clusters refused because the tree held the device's whole size.
+    pub fn share_refusals(&self) -> u64 {
+        self.allocator.share_refusals()
     }
 
     /// Slots allocated now.
@@ -653,6 +661,7 @@ mod tests {
                 checksum: false,
                 readahead: ReadaheadPolicy::Vma,
                 clean_readahead: false,
+                tree_share: None,
             })
             .collect()
     }

@@ -113,6 +113,7 @@ mod tests {
             checksum: false,
             readahead: ReadaheadPolicy::Vma,
             clean_readahead: false,
+            tree_share: None,
         };
         let devices = SwapDevices::new(vec![spec], 1).unwrap();
         let dev = &devices.devices()[0];

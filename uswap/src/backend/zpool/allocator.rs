@@ -222,7 +222,13 @@ impl ZpoolBackend {
 
     /// A free chunk (one given back, else a never-used one) for class `c`, on its partial
     /// list (class lock held).
+    /// None when the arena has no chunk left, or when the tree's pools (see
+    /// `crate::shared_charge::PoolShare`) are at the cap.
     fn take_chunk(&self, cls: &mut ClassState, c: usize) -> Option<u32> {
+        let share = self.share.get();
+        if share.is_some_and(|s| !s.try_grow(CHUNK_BYTES as u64, self.cfg.cap_bytes)) {
+            return None;
+        }
         let ch = {
             let mut a = self.free_chunks.lock();
             if a.free_head != NIL {
@@ -234,14 +240,15 @@ impl ZpoolBackend {
                 self.fresh_hint.store(a.next_fresh, Ordering::Relaxed);
                 a.next_fresh - 1
             } else {
+                drop(a);
+                if let Some(s) = share {
+                    s.shrink(CHUNK_BYTES as u64);
+                }
                 return None;
             }
         };
         let in_use = self.chunks_in_use.fetch_add(1, Ordering::Relaxed) + 1;
         self.chunks_peak.fetch_max(in_use, Ordering::Relaxed);
-        if let Some(share) = self.share.get() {
-            share.grow(CHUNK_BYTES as u64);
-        }
         self.chunk_meta.store(ch as usize, meta(c as u64, 0, NO_OBJ, 0), Ordering::Relaxed);
         self.partial_push(cls, ch);
         Some(ch)

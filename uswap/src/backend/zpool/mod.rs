@@ -268,8 +268,12 @@ impl ZpoolBackend {
     }
 
     /// Updates the full flag: set at the cap, cleared below the accept threshold.
+    /// Full at the cap, of this pool or, under a shared charge, of the tree's pools
+    /// together (the cap is the tree's; see `crate::shared_charge::PoolShare`); accepting
+    /// again below the accept threshold of the same.
     fn update_full(&self) {
-        let bytes = self.pool_bytes();
+        let own = self.pool_bytes();
+        let bytes = self.share.get().map_or(own, |s| s.tree_bytes().max(own));
         if bytes >= self.cfg.cap_bytes {
             self.full.store(true, Ordering::Relaxed);
         } else if bytes < self.accept_limit_bytes() {
