@@ -23,6 +23,7 @@ use crate::size::{format_size, parse_size};
 
 mod auto;
 mod records;
+mod tree;
 
 use records::{children_rss_peak_bytes, record_paths, record_pid, serve_tree_stats, summarize, summary_line};
 
@@ -368,7 +369,7 @@ impl Launch {
             .env("USWAP_DEVICE", &device)
             .env("USWAP_FAULT_MODE", cfg.fault_mode.env_value())
             .env("USWAP_MIN_SIZE", cfg.min_size_bytes.to_string())
-            .env("USWAP_STATS_DIR", &stats_dir)
+            .env(tree::ENV_STATS_DIR, &stats_dir)
             .env_remove("USWAP_IDLE_AGE")
             .env_remove("USWAP_DISABLE");
         if let Some(age) = idle_age_env(cfg.idle_aging) {
@@ -492,6 +493,9 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     };
     // Reaped: its pid may be anyone's now.
     drop(forwarded);
+    if STOPPED.load(std::sync::atomic::Ordering::Relaxed) {
+        end_stopped_tree(&launch, child.id());
+    }
     // Before the segment it moves goes with `launch`.
     let auto_limit_bytes = budget.map(auto::TreeBudget::stop);
     let code = match (status.code(), status.signal()) {
@@ -501,6 +505,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     };
     let mut summary = launch.summary();
     let unmanaged = unmanaged_now(&launch.stats_dir);
+    let refused = records::refusals(&launch.stats_dir);
     if say_outliving(&launch, child.id()) {
         launch.keep_redis_pages();
     }
@@ -530,6 +535,12 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         if args.strict {
             return Ok(2);
         }
+    }
+    // Last, so that it is the line a user reads: a process of the tree ran without the
+    // budget's pager, or not at all, whatever the program's own status says.
+    if !refused.is_empty() {
+        eprintln!("uswap run: {}", records::refusal_message(&refused));
+        return Ok(if code == 0 { 2 } else { code });
     }
     Ok(code)
 }
@@ -568,16 +579,32 @@ fn say_if_nested(limit_bytes: u64) {
     );
 }
 
+/// A run stopped by SIGTERM or SIGHUP ends its tree, not only its program: the processes
+/// of the tree still running in its session (a pipeline's other commands, a shell's
+/// background jobs) get SIGTERM, then SIGKILL after a grace period. A daemon that left the
+/// session on purpose is left running (named by `say_outliving`).
+fn end_stopped_tree(launch: &Launch, program_pid: u32) {
+    let pids = tree::running_in_session(&launch.stats_dir, &launch.segment.live_pids(), program_pid);
+    if pids.is_empty() {
+        return;
+    }
+    let killed = tree::end(&pids);
+    let shown: Vec<String> = pids.iter().take(8).map(u32::to_string).collect();
+    eprintln!(
+        "uswap run: stopped: {} process(es) of the program still ran ({}{}): sent SIGTERM, and SIGKILL to {killed} \
+         that did not end within {} s",
+        pids.len(),
+        shown.join(", "),
+        if pids.len() > 8 { ", ..." } else { "" },
+        tree::TERM_GRACE.as_secs()
+    );
+}
+
 /// Says, once the program ended, which of its processes go on (started in the background
 /// and left running, or daemonized): they keep the budget (they share its segment), but
 /// what they do from now on is in no summary, and `uswap run` does not wait for them.
 fn say_outliving(launch: &Launch, program_pid: u32) -> bool {
-    // A zombie (ended, not yet reaped by its parent) is not running on.
-    let running = |pid: u32| {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
-    };
-    let live = launch.segment.live_pids().into_iter().filter(|&p| p != program_pid && running(p));
+    let live = launch.segment.live_pids().into_iter().filter(|&p| p != program_pid && tree::running(p));
     let pids: Vec<String> = live.map(|p| p.to_string()).collect();
     if pids.is_empty() {
         return false;
@@ -714,8 +741,9 @@ const FORWARDED_SIGNALS: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGHUP, libc::
 
 /// The program's pid, for [`forward_signal`].
 static PROGRAM_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-/// Set once a signal was passed on: the run is being stopped, and its clean-up must not
-/// wait long on a device (see `Launch`'s drop).
+/// Set once SIGTERM or SIGHUP was passed on: the run is being stopped, its tree is ended
+/// once the program is (`end_stopped_tree`), and its clean-up must not wait long on a
+/// device (see `Launch`'s drop).
 static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 extern "C" fn forward_signal(sig: libc::c_int) {
@@ -726,7 +754,9 @@ extern "C" fn forward_signal(sig: libc::c_int) {
         // it.
         unsafe {
             let errno = *libc::__errno_location();
-            STOPPED.store(true, std::sync::atomic::Ordering::Relaxed);
+            if sig == libc::SIGTERM || sig == libc::SIGHUP {
+                STOPPED.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             libc::kill(pid, sig);
             *libc::__errno_location() = errno;
         }

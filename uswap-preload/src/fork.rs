@@ -20,7 +20,8 @@
 //! for `uswap run`. The pages that were out at the fork it reads on first touch from its
 //! copy of the parent's device. If the re-arm fails (no userfaultfd left, say), the child
 //! says so on stderr and runs unmanaged, every byte still there (those pages are written in
-//! place from its copy of the device).
+//! place from its copy of the device), and `uswap run` fails once the program ended (the
+//! child leaves a refusal beside its records, `crate::note_refusal`).
 //!
 //! The parent drops the hold and reclaims back to its limit; the pages it shares
 //! copy-on-write with the child are refused by `UFFDIO_MOVE` once (`move_refused`; its
@@ -84,6 +85,7 @@ extern "C" fn child() {
         FORKED_CHILD.store(true, Ordering::Relaxed);
         let msg = format!("uswap: fork child {} runs unmanaged (every byte kept): {e}\n", std::process::id());
         crate::real::write_stderr(msg.as_bytes());
+        crate::note_refusal(&msg);
     }
     crate::altstack::after_fork_in_child();
 }
@@ -98,7 +100,12 @@ fn rearm(held: Held) -> Result<(), String> {
     let mut builder = cfg.builder();
     if let Some(seg) = crate::segment() {
         match seg.claim(std::process::id()) {
-            Some(own) => builder = builder.shared_charge(seg.charge(), own.pages).own_pool_bytes(own.pool_bytes),
+            Some(own) => {
+                builder = builder
+                    .shared_charge(seg.charge(), own.pages)
+                    .own_pool_bytes(own.pool_bytes)
+                    .own_device_bytes(own.device_bytes)
+            }
             None => crate::report::note_unshared(),
         }
     }

@@ -116,7 +116,12 @@ fn start() -> Result<(), String> {
                 .map_err(|e| format!("cannot open the shared charge {}: {e}", path.display()))?;
             seg.sweep_dead();
             match seg.claim(std::process::id()) {
-                Some(own) => builder = builder.shared_charge(seg.charge(), own.pages).own_pool_bytes(own.pool_bytes),
+                Some(own) => {
+                    builder = builder
+                        .shared_charge(seg.charge(), own.pages)
+                        .own_pool_bytes(own.pool_bytes)
+                        .own_device_bytes(own.device_bytes)
+                }
                 None => report::note_unshared(),
             }
             let _ = SEGMENT.set(seg);
@@ -152,7 +157,23 @@ extern "C" fn init() {
     }
     if let Err(e) = start() {
         let msg = format!("uswap: cannot manage this process ({}): {e}\n", std::process::id());
+        note_refusal(&msg);
         real::fatal(msg.as_bytes());
+    }
+}
+
+/// Leaves `msg` where `uswap run` looks once the program ended (`refused-<pid>.txt` in the
+/// run's directory), so that a run in which some process was refused a pager fails, even
+/// when that process is one whose status nobody reads (a shell's background job) or one
+/// that went on unmanaged (a fork child).
+pub(crate) fn note_refusal(msg: &str) {
+    let Some(dir) = std::env::var_os(config::ENV_STATS_DIR) else { return };
+    let path =
+        std::path::Path::new(&dir).join(format!("{}{}.txt", uswap::shared_charge::REFUSAL_PREFIX, std::process::id()));
+    if let Err(e) = std::fs::write(&path, msg) {
+        // The refusal itself is said on stderr by the caller; this says why the run may not
+        // know of it.
+        eprintln!("uswap: cannot record the refusal in {}: {e}", path.display());
     }
 }
 

@@ -51,6 +51,41 @@ pub(super) fn record_paths(dir: &Path) -> impl Iterator<Item = PathBuf> {
     })
 }
 
+/// What the processes of the tree that could not be managed said, each once (their
+/// `refused-<pid>.txt`, see `uswap::shared_charge::REFUSAL_PREFIX`), by pid.
+pub(super) fn refusals(dir: &Path) -> Vec<(u32, String)> {
+    let prefix = uswap::shared_charge::REFUSAL_PREFIX;
+    let mut out: Vec<(u32, String)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name.strip_prefix(prefix)?.strip_suffix(".txt")?.parse().ok()?;
+            let msg = std::fs::read_to_string(e.path()).unwrap_or_default();
+            Some((pid, msg.trim_end().to_string()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// What to say when some processes were refused: how many, and what the first ones said.
+pub(super) fn refusal_message(refused: &[(u32, String)]) -> String {
+    let mut msg = format!(
+        "{} process(es) of the program could not get a pager, so the run fails (each stopped before its main \
+         with status 2, or, a fork child, ran without the budget):",
+        refused.len()
+    );
+    for (_, said) in refused.iter().take(4) {
+        msg.push_str(&format!("\n  {}", said.strip_prefix("uswap: ").unwrap_or(said)));
+    }
+    if refused.len() > 4 {
+        msg.push_str(&format!("\n  and {} more", refused.len() - 4));
+    }
+    msg
+}
+
 /// The process a record is of (`<pid>.json`).
 pub(super) fn record_pid(path: &Path) -> Option<libc::pid_t> {
     path.file_stem().and_then(|n| n.to_str()).and_then(|n| n.parse().ok())
@@ -124,6 +159,9 @@ pub(super) fn summarize(
     sum.insert("resident_peak_bytes".into(), (segment.resident_peak_pages() as u64 * page).into());
     // Likewise the pools: the tree's sum at its peak.
     sum.insert("pool_peak_bytes".into(), segment.pool_peak_bytes().into());
+    // And the storage of the devices whose size is the tree's (the first ones of the list):
+    // what they held together at their peak, in the order of the device list.
+    sum.insert("device_peak_bytes".into(), segment.device_peak_bytes().to_vec().into());
     // And the stalls: the union over the processes, kept in the segment.
     sum.insert("stall_seconds_total".into(), segment.stall_seconds().into());
     sum.insert("managed_peak_bytes".into(), (managed_peak_pages * page).into());

@@ -1,0 +1,81 @@
+//! The processes of a `uswap run` tree once the program ended: finding the ones still
+//! running, and ending them when the run was stopped.
+//!
+//! A process belongs to the tree when it inherited the run's directory (`USWAP_STATS_DIR` in
+//! the environment it was started with, read from `/proc/PID/environ`: processes refused a
+//! pager and static programs have no slot in the charge segment but have that) or holds a
+//! slot of its charge segment. A process that left the run's session (`setsid`: a daemon,
+//! on purpose) is not ended when the run is stopped: it keeps the documented behaviour of
+//! processes that outlive the program.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How long the processes of a stopped run have, after SIGTERM, to end before SIGKILL: a
+/// program that handles SIGTERM (xz, a server) deletes its partial output or flushes in
+/// well under this.
+pub(super) const TERM_GRACE: Duration = Duration::from_secs(3);
+/// Most processes scanned in `/proc` (a bound on the loop, far above any real machine's).
+const MAX_PROCS_SCANNED: usize = 1 << 22;
+
+/// The running processes (not zombies) of the tree whose directory is `dir`, besides the
+/// program `program_pid` and this process, in this process's session.
+pub(super) fn running_in_session(dir: &Path, slot_pids: &[u32], program_pid: u32) -> Vec<u32> {
+    let mut marker = format!("{ENV_STATS_DIR}=").into_bytes();
+    marker.extend_from_slice(dir.as_os_str().as_encoded_bytes());
+    marker.push(0);
+    // SAFETY: getsid(0) only reads this process's session id.
+    let our_session = unsafe { libc::getsid(0) };
+    let me = std::process::id();
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .take(MAX_PROCS_SCANNED)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && pid != program_pid)
+        .filter(|&pid| slot_pids.contains(&pid) || environ_has(pid, &marker))
+        .filter(|&pid| running(pid))
+        // SAFETY: getsid reads a process's session id (-1 for one that is gone).
+        .filter(|&pid| unsafe { libc::getsid(pid as libc::pid_t) } == our_session)
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The variable that names the run's directory to the preload in every process of the tree.
+pub(super) const ENV_STATS_DIR: &str = "USWAP_STATS_DIR";
+
+/// Whether the environment `pid` was started with holds `marker` (`NAME=VALUE\0`) as a whole
+/// entry.
+fn environ_has(pid: u32, marker: &[u8]) -> bool {
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { return false };
+    env.split(|&b| b == 0).any(|entry| entry.len() + 1 == marker.len() && marker.starts_with(entry))
+}
+
+/// A process that is not a zombie (ended, not yet reaped) nor gone.
+pub(super) fn running(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+/// Ends `pids` (the processes of a stopped run that outlived its program): SIGTERM, then
+/// SIGKILL for those still running after [`TERM_GRACE`]. Returns how many needed SIGKILL.
+pub(super) fn end(pids: &[u32]) -> usize {
+    for &pid in pids {
+        // SAFETY: kill(2) sends a signal; the pid was running in our session an instant ago
+        // (a pid reused since would have to be a new process of our own session).
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + TERM_GRACE;
+    // Bounded by the deadline.
+    while Instant::now() < deadline && pids.iter().any(|&p| running(p)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<u32> = pids.iter().copied().filter(|&p| running(p)).collect();
+    for &pid in &left {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+    left.len()
+}

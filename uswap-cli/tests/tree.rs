@@ -1,0 +1,208 @@
+//! `uswap run` with trees of processes: a device's size is the tree's (a sparse file that
+//! grows as pages are written, a compressed pool whose cap holds for all the processes
+//! together), a process of the tree that cannot get a pager fails the run, and a run that
+//! is stopped ends its whole tree.
+//!
+//! The file-device tests mount a small tmpfs (root only; elsewhere they say SKIPPED) so that
+//! a device that took more than its share of the file system would fail. Every program runs
+//! under a timeout that kills its group and fails naming the command.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+// Each test binary uses some of the helpers.
+#[allow(dead_code)]
+mod common;
+use common::{compile, preload, run_timed, skipped, tmpdir};
+
+/// The documented slack over the limit (see tests/run.rs).
+const SLACK_BYTES: u64 = 8 * (128 << 10);
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct SmallFs {
+    path: PathBuf,
+}
+
+impl SmallFs {
+    /// A tmpfs of `mib` MiB and `inodes` inodes at `dir/fs`; None (said) where this process
+    /// may not mount one.
+    fn mount(dir: &Path, mib: u64, inodes: u64) -> Option<SmallFs> {
+        let path = dir.join("fs");
+        std::fs::create_dir_all(&path).unwrap();
+        let opts = format!("size={mib}m,nr_inodes={inodes},mode=0700");
+        let o = Command::new("mount").args(["-t", "tmpfs", "-o", &opts, "tmpfs"]).arg(&path).output();
+        match o {
+            Ok(o) if o.status.success() => Some(SmallFs { path }),
+            Ok(o) => {
+                skipped(&format!("cannot mount a tmpfs (needs root): {}", String::from_utf8_lossy(&o.stderr).trim()));
+                None
+            }
+            Err(e) => {
+                skipped(&format!("cannot run mount: {e}"));
+                None
+            }
+        }
+    }
+
+    /// Bytes of data the file system holds now.
+    fn used_bytes(&self) -> u64 {
+        let c = std::ffi::CString::new(self.path.to_str().unwrap()).unwrap();
+        // SAFETY: statvfs writes one struct; zeroed is a valid value of it.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is NUL-terminated and `st` is writable.
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs {}", self.path.display());
+        (st.f_blocks - st.f_bfree) * st.f_frsize
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// `uswap run --limit LIMIT_MIB MiB OPTS -- PROG` with its counters, under five minutes.
+fn uswap_run(limit_mib: u64, opts: &[&str], prog: &[&str], dir: &Path) -> (Output, Value) {
+    let stats = dir.join("stats.json");
+    let _ = std::fs::remove_file(&stats);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    cmd.env("USWAP_PRELOAD_LIB", preload())
+        .arg("run")
+        .arg("--limit")
+        .arg(format!("{limit_mib}MiB"))
+        .args(opts)
+        .arg("--stats-json")
+        .arg(&stats)
+        .arg("--")
+        .args(prog);
+    let out = run_timed(&mut cmd, Duration::from_secs(300));
+    let v = std::fs::read(&stats).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
+    (out, v)
+}
+
+fn counter(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or_else(|| panic!("no counter {k} in {v}"))
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// 32 processes page to one file device of 64 MiB on a 96 MiB file system: each would have
+/// reserved the whole 64 MiB at start before (most were refused). Every byte is checked, the
+/// tree's device never held more than its size, the file system never held more than that
+/// either, and nothing is left on it afterwards.
+#[test]
+fn a_tree_of_32_processes_shares_one_file_device_on_a_small_file_system() {
+    let dir = tmpdir("tree-file");
+    let prog = compile("tree", &dir, &[]);
+    let Some(fs) = SmallFs::mount(&dir, 96, 1024) else { return };
+    let device = format!("file:{}:64MiB", fs.path.display());
+    let (done, peak_used) = (AtomicBool::new(false), AtomicU64::new(0));
+    let (o, v) = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Bounded by the run, which is under a timeout.
+            while !done.load(Ordering::Relaxed) {
+                peak_used.fetch_max(fs.used_bytes(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        let r = uswap_run(16, &["--device", &device], &[prog.to_str().unwrap(), "32", "2"], &dir);
+        done.store(true, Ordering::Relaxed);
+        r
+    });
+    assert!(o.status.success(), "{}\n{}", o.status, stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "32 of 32 processes read every byte right");
+    assert!(counter(&v, "processes") >= 33, "{v}");
+    assert!(counter(&v, "pswpout") > 0, "nothing paged: {v}");
+    let resident_peak = counter(&v, "resident_peak_bytes");
+    assert!(resident_peak <= (16 << 20) + SLACK_BYTES, "resident peak {resident_peak}: {v}");
+    let device_peak = v["device_peak_bytes"][0].as_u64().unwrap_or_else(|| panic!("no device peak: {v}"));
+    assert!(device_peak > 0 && device_peak <= 64 << 20, "the tree's device held {device_peak} bytes: {v}");
+    let used = peak_used.load(Ordering::Relaxed);
+    assert!(used <= 64 << 20, "the file system held {used} bytes at its peak, over the device's 64 MiB");
+    assert_eq!(fs.used_bytes(), 0, "the swap files left data behind");
+}
+
+/// A background job that cannot get a pager (its file device cannot create its file: the
+/// file system has no inode left) fails the run, though the shell that started it exits 0.
+#[test]
+fn a_process_refused_its_device_fails_the_run_with_a_clear_message() {
+    let dir = tmpdir("tree-refused");
+    // One inode for the root directory, one for the shell's swap file: none for its job's.
+    let Some(fs) = SmallFs::mount(&dir, 16, 2) else { return };
+    let device = format!("file:{}", fs.path.display());
+    let (o, _) = uswap_run(16, &["--device", &device], &["sh", "-c", "true & wait; exit 0"], &dir);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("could not get a pager, so the run fails"), "{e}");
+    assert!(e.contains("No space left on device"), "the reason is not said: {e}");
+}
+
+/// Four processes page random bytes through a pool of 4 MiB, then a file: the pool's cap
+/// holds for the four together (each had a pool of 4 MiB of its own before).
+#[test]
+fn the_trees_pools_stay_under_their_cap_together() {
+    let dir = tmpdir("tree-pool");
+    let prog = compile("tree", &dir, &[]);
+    let device = format!("zpool:4MiB,file:{}", dir.display());
+    let (o, v) = uswap_run(8, &["--device", &device], &[prog.to_str().unwrap(), "4", "8"], &dir);
+    assert!(o.status.success(), "{}\n{}", o.status, stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "4 of 4 processes read every byte right");
+    assert!(counter(&v, "pswpout") > 0, "nothing paged: {v}");
+    let pool_peak = counter(&v, "pool_peak_bytes");
+    assert!(pool_peak > 0 && pool_peak <= 4 << 20, "the tree's pools held {pool_peak} bytes at once: {v}");
+    assert!(v["device_peak_bytes"][1].as_u64().unwrap_or(0) > 0, "nothing went on to the file: {v}");
+}
+
+/// The pids of running processes whose command line is `argv`.
+fn running(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    let pids = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok());
+    pids.filter(|pid: &u32| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want)).collect()
+}
+
+/// `timeout` on `uswap run` ends a pipeline of three processes, two of which ignore SIGTERM:
+/// none is left running (the pipeline's last command ended with the shell before; the others
+/// ran on).
+#[test]
+fn timeout_on_uswap_run_ends_a_pipeline_with_no_process_left() {
+    // Durations no other process on the machine sleeps for.
+    let secs: Vec<String> = (1..=3).map(|k| format!("{}{k}", 7000 + std::process::id() % 1000)).collect();
+    let script = format!("(trap '' TERM; sleep {}) | (trap '' TERM; sleep {}) | sleep {}", secs[0], secs[1], secs[2]);
+    let mut cmd = Command::new("timeout");
+    cmd.env("USWAP_PRELOAD_LIB", preload()).args([
+        "2",
+        env!("CARGO_BIN_EXE_uswap"),
+        "run",
+        "--limit",
+        "16MiB",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let started = Instant::now();
+    let o = run_timed(&mut cmd, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(124), "{}", stderr(&o));
+    assert!(stderr(&o).contains("stopped: "), "{}", stderr(&o));
+    // Killed processes are reaped by whoever adopted them: give that a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let left = loop {
+        let left: Vec<u32> = secs.iter().flat_map(|s| running(&["sleep", s])).collect();
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for &pid in &left {
+        // SAFETY: kill(2) on a test's own leftover process.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "processes of the pipeline outlived the run: {left:?}");
+    assert!(started.elapsed() < Duration::from_secs(30), "the run took {:?} to end", started.elapsed());
+}
