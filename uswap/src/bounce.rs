@@ -10,13 +10,14 @@
 
 use crossbeam_queue::ArrayQueue;
 
-pub use crate::mapping::AlignedPage;
+pub use crate::mapping::{AlignedPage, PageBuf};
 use crate::sync::{pop_spinning, POOL_WAIT_LIMIT_NS};
+#[cfg(test)]
 use crate::uffd::PAGE_SIZE;
 
 /// A borrowed buffer of `nr_pages` aligned pages, returned to its pool on drop.
 pub struct Bounce<'a> {
-    buf: Option<Box<[AlignedPage]>>,
+    buf: Option<PageBuf>,
     pool: &'a BouncePool,
 }
 
@@ -42,17 +43,18 @@ impl Drop for Bounce<'_> {
 }
 
 pub struct BouncePool {
-    free: ArrayQueue<Box<[AlignedPage]>>,
+    free: ArrayQueue<PageBuf>,
 }
 
 impl BouncePool {
-    pub fn new(nr_buffers: usize, pages_per_buffer: usize) -> BouncePool {
+    /// Fails only if the buffers' address space cannot be mapped. They cost no memory until
+    /// used ([`PageBuf`]).
+    pub fn new(nr_buffers: usize, pages_per_buffer: usize) -> std::io::Result<BouncePool> {
         let free = ArrayQueue::new(nr_buffers.max(1));
         for _ in 0..nr_buffers.max(1) {
-            let b = vec![AlignedPage([0; PAGE_SIZE]); pages_per_buffer.max(1)].into_boxed_slice();
-            let _ = free.push(b);
+            let _ = free.push(PageBuf::zeroed(pages_per_buffer.max(1))?);
         }
-        BouncePool { free }
+        Ok(BouncePool { free })
     }
 
     /// Takes a buffer, waiting for one if all are lent out; None if none came back within
@@ -73,7 +75,7 @@ mod tests {
 
     #[test]
     fn buffers_are_aligned_and_come_back() {
-        let pool = BouncePool::new(2, 4);
+        let pool = BouncePool::new(2, 4).unwrap();
         {
             let mut a = pool.take().expect("a free buffer");
             let b = pool.take().expect("a free buffer");

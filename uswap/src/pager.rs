@@ -360,7 +360,13 @@ impl PagerBuilder {
             swap_cache: SwapCache::new(staging_uffd, fifo()?),
             stats: PerCpuStats::new(nr_cpus),
             // Each buffer holds a readahead window.
-            bounce: BouncePool::new(4 * nr_cpus.max(4), self.readahead_max_pages),
+            bounce: BouncePool::new(4 * nr_cpus.max(4), self.readahead_max_pages).map_err(|e| {
+                Error::OutOfAddressSpace {
+                    what: "bounce buffers".into(),
+                    len_bytes: (4 * nr_cpus.max(4) * self.readahead_max_pages * crate::PAGE_SIZE) as u64,
+                    source: e,
+                }
+            })?,
             readahead: AtomicBool::new(self.readahead),
             readahead_max_pages: self.readahead_max_pages,
             async_ra,
