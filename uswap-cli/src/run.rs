@@ -92,8 +92,9 @@ pub enum RunError {
     )]
     Static(PathBuf),
     #[error(
-        "cannot find {PRELOAD_LIB} next to {exe} (build it with `cargo build --release`, which puts both in \
-         target/release), nor at ${ENV_PRELOAD_LIB}"
+        "cannot find {PRELOAD_LIB} next to {exe}, nor in ../lib/uswap/ from it, nor at ${ENV_PRELOAD_LIB}: \
+         install uswap with ./install.sh [PREFIX] from its source (`cargo install` copies the command alone), \
+         or build it with `cargo build --release`, which puts both in target/release"
     )]
     NoPreload { exe: PathBuf },
     #[error(
@@ -199,15 +200,17 @@ fn elf_has_interpreter(head: &[u8]) -> Option<bool> {
     }))
 }
 
-/// The preload library: `$USWAP_PRELOAD_LIB`, or next to this executable.
+/// The preload library: `$USWAP_PRELOAD_LIB`, or next to this executable (a build tree), or
+/// in `../lib/uswap/` from it (where `install.sh` puts it).
 pub fn find_preload() -> Result<PathBuf, RunError> {
     if let Some(p) = std::env::var_os(ENV_PRELOAD_LIB) {
         return Ok(PathBuf::from(p));
     }
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("uswap"));
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let installed = dir.join("../lib/uswap").join(PRELOAD_LIB);
     // Test binaries live one level down, in target/<profile>/deps.
-    for cand in [dir.join(PRELOAD_LIB), dir.join("..").join(PRELOAD_LIB)] {
+    for cand in [dir.join(PRELOAD_LIB), installed, dir.join("..").join(PRELOAD_LIB)] {
         if cand.is_file() {
             return Ok(cand);
         }
