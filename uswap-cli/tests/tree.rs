@@ -206,3 +206,25 @@ fn timeout_on_uswap_run_ends_a_pipeline_with_no_process_left() {
     assert!(left.is_empty(), "processes of the pipeline outlived the run: {left:?}");
     assert!(started.elapsed() < Duration::from_secs(30), "the run took {:?} to end", started.elapsed());
 }
+
+/// The tree's unmanaged memory is its processes' at one moment: a shell that runs twenty
+/// short programs one after another reports about what a shell and one program hold at once,
+/// not twenty programs' worth (a pyenv shim's 41 processes were reported at 47 % of a
+/// 32 MiB limit, most of it processes that never lived at the same time).
+#[test]
+fn the_trees_unmanaged_peak_counts_its_processes_at_one_moment() {
+    let dir = tmpdir("tree-unmanaged");
+    let (o, one) = uswap_run(32, &[], &["/bin/true"], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let one_peak = counter(&one, "unmanaged_peak_bytes");
+    assert!(one_peak > 0, "nothing measured: {one}");
+    let script = "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do /bin/true; done";
+    let (o, tree) = uswap_run(32, &[], &["sh", "-c", script], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(counter(&tree, "processes"), 21, "{tree}");
+    let tree_peak = counter(&tree, "unmanaged_peak_bytes");
+    assert!(
+        tree_peak < 4 * one_peak,
+        "one program's unmanaged peak {one_peak} bytes, twenty in a row under a shell {tree_peak}: {tree}"
+    );
+}

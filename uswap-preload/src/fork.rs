@@ -99,7 +99,9 @@ fn rearm(held: Held) -> Result<(), String> {
     };
     let mut builder = cfg.builder();
     if let Some(seg) = crate::segment() {
-        match seg.claim(std::process::id()) {
+        let own = seg.claim(std::process::id());
+        crate::set_own_slot(own);
+        match own {
             Some(own) => {
                 builder = builder
                     .shared_charge(seg.charge(), own.pages)

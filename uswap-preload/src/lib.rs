@@ -58,6 +58,20 @@ pub(crate) fn set_pager(pager: uswap::Pager) -> &'static uswap::Pager {
 /// The charge shared with the other processes of the `uswap run` tree, if any.
 static SEGMENT: OnceLock<uswap::shared_charge::ChargeSegment> = OnceLock::new();
 
+/// This process's slot in the shared charge segment, if it got one (a fork child's own,
+/// once it has a pager of its own).
+static OWN_SLOT: std::sync::Mutex<Option<uswap::shared_charge::OwnSlot>> = std::sync::Mutex::new(None);
+
+/// Notes this process's slot (see [`own_slot`]).
+pub(crate) fn set_own_slot(own: Option<uswap::shared_charge::OwnSlot>) {
+    *OWN_SLOT.lock().unwrap_or_else(|e| e.into_inner()) = own;
+}
+
+/// This process's slot in the shared charge segment, if any.
+pub fn own_slot() -> Option<uswap::shared_charge::OwnSlot> {
+    *OWN_SLOT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The shared charge segment, if this process is under one.
 pub fn segment() -> Option<&'static uswap::shared_charge::ChargeSegment> {
     SEGMENT.get()
@@ -115,7 +129,9 @@ fn start() -> Result<(), String> {
             let seg = uswap::shared_charge::ChargeSegment::open(&path)
                 .map_err(|e| format!("cannot open the shared charge {}: {e}", path.display()))?;
             seg.sweep_dead();
-            match seg.claim(std::process::id()) {
+            let own = seg.claim(std::process::id());
+            set_own_slot(own);
+            match own {
                 Some(own) => {
                     builder = builder
                         .shared_charge(seg.charge(), own.pages)

@@ -74,7 +74,16 @@ fn measure_unmanaged() {
     let min_size = crate::config().map_or(64 << 10, |c| c.min_size_bytes);
     if let Some(u) = crate::unmanaged::measure(min_size) {
         uswap::stats::note_unmanaged(u.bytes);
+        note_tree_unmanaged(u.bytes);
         *UNMANAGED_LARGEST.lock().unwrap_or_else(|e| e.into_inner()) = u.largest;
+    }
+}
+
+/// Sets this process's share of the tree's unmanaged memory (see
+/// `uswap::shared_charge::SharedCharge::note_unmanaged`).
+fn note_tree_unmanaged(bytes: u64) {
+    if let (Some(seg), Some(own)) = (crate::segment(), crate::own_slot()) {
+        seg.charge().note_unmanaged(own.unmanaged_bytes, bytes);
     }
 }
 
@@ -147,6 +156,8 @@ pub fn write_final() {
         measure_unmanaged();
         FINAL_WRITTEN.store(true, std::sync::atomic::Ordering::Release);
         write(true);
+        // Its memory goes with it: the tree's figure at the next moment is without it.
+        note_tree_unmanaged(0);
     }
 }
 

@@ -61,6 +61,13 @@ pub struct SharedCharge {
     pub device_bytes: [AtomicU64; TREE_DEVICES],
     /// The most `device_bytes` has been, per device.
     pub device_peak_bytes: [AtomicU64; TREE_DEVICES],
+    /// Anonymous memory of the tree's processes that no pager manages, as each last measured
+    /// it (`uswap run`'s preload, once a second and at exit, when it gives its share back):
+    /// the tree's at one moment, where summing each process's own peak counted short-lived
+    /// processes that never lived at once.
+    pub unmanaged_bytes: AtomicU64,
+    /// The most `unmanaged_bytes` has been.
+    pub unmanaged_peak_bytes: AtomicU64,
     /// Where an automatic budget is about to lower `limit_pages` to (0: nowhere): the
     /// pagers' background reclaimers bring the charge down to it first, so that the
     /// programs' faults do not reclaim for the probe (memcg's `memory.high` set below
@@ -69,6 +76,18 @@ pub struct SharedCharge {
 }
 
 impl SharedCharge {
+    /// Sets the process's share of the tree's unmanaged memory (kept in `own`, its slot's)
+    /// to `bytes`, and the tree's sum and peak with it.
+    pub fn note_unmanaged(&self, own: &AtomicU64, bytes: u64) {
+        let old = own.swap(bytes, Ordering::AcqRel);
+        if bytes >= old {
+            let now = self.unmanaged_bytes.fetch_add(bytes - old, Ordering::AcqRel) + (bytes - old);
+            self.unmanaged_peak_bytes.fetch_max(now, Ordering::AcqRel);
+        } else {
+            self.unmanaged_bytes.fetch_sub(old - bytes, Ordering::AcqRel);
+        }
+    }
+
     /// What the background reclaimers reclaim towards: the limit, or a goal below it.
     pub fn reclaim_goal_pages(&self) -> usize {
         let limit = self.limit_pages.load(Ordering::Acquire);
@@ -230,6 +249,8 @@ pub struct OwnSlot {
     pub pages: &'static AtomicUsize,
     pub pool_bytes: &'static AtomicU64,
     pub device_bytes: &'static [AtomicU64; TREE_DEVICES],
+    /// Its share of the tree's unmanaged memory ([`SharedCharge::note_unmanaged`]).
+    pub unmanaged_bytes: &'static AtomicU64,
 }
 
 /// A pager's own charge: its own counter, or one in memory it shares with others.
@@ -260,7 +281,7 @@ pub const REFUSAL_PREFIX: &str = "refused-";
 pub const MAX_PROCESSES: usize = 4096;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
-const VERSION: u64 = 7;
+const VERSION: u64 = 8;
 
 #[repr(C)]
 struct Slot {
@@ -269,6 +290,7 @@ struct Slot {
     own_pages: AtomicUsize,
     own_pool_bytes: AtomicU64,
     own_device_bytes: [AtomicU64; TREE_DEVICES],
+    own_unmanaged_bytes: AtomicU64,
 }
 
 #[repr(C)]
@@ -359,6 +381,12 @@ impl ChargeSegment {
         for (own, tree) in slot.own_device_bytes.iter().zip(&self.seg.charge.device_bytes) {
             tree.fetch_sub(own.swap(0, Ordering::AcqRel), Ordering::AcqRel);
         }
+        self.seg.charge.note_unmanaged(&slot.own_unmanaged_bytes, 0);
+    }
+
+    /// The most unmanaged memory the tree's processes held at once (as they measured it).
+    pub fn unmanaged_peak_bytes(&self) -> u64 {
+        self.seg.charge.unmanaged_peak_bytes.load(Ordering::Acquire)
     }
 
     /// The most each of the first [`TREE_DEVICES`] devices held for the tree at once.
@@ -375,6 +403,7 @@ impl ChargeSegment {
             pages: &s.own_pages,
             pool_bytes: &s.own_pool_bytes,
             device_bytes: &s.own_device_bytes,
+            unmanaged_bytes: &s.own_unmanaged_bytes,
         };
         for s in &self.seg.slots {
             if s.pid.load(Ordering::Acquire) == pid {

@@ -159,6 +159,12 @@ pub(super) fn summarize(
     sum.insert("resident_peak_bytes".into(), (segment.resident_peak_pages() as u64 * page).into());
     // Likewise the pools: the tree's sum at its peak.
     sum.insert("pool_peak_bytes".into(), segment.pool_peak_bytes().into());
+    // And the unmanaged memory: the tree's at one moment, as its processes measured it (the
+    // sum of each process's own peak counted processes that never lived at once), where every
+    // process had a slot to keep its share in.
+    if segment.unmanaged_peak_bytes() > 0 {
+        sum.insert("unmanaged_peak_bytes".into(), segment.unmanaged_peak_bytes().into());
+    }
     // And the storage of the devices whose size is the tree's (the first ones of the list):
     // what they held together at their peak, in the order of the device list.
     sum.insert("device_peak_bytes".into(), segment.device_peak_bytes().to_vec().into());
