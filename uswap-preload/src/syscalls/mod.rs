@@ -20,6 +20,7 @@
 
 mod complete;
 mod entry;
+mod image;
 mod patch;
 mod raw;
 mod table;

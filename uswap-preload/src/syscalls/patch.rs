@@ -35,7 +35,9 @@
 //! added to a process's start). Under `uswap run` the first process of the tree writes the
 //! windows it chose to the run's directory ([`WindowCache`]), keyed by the library file's
 //! identity, and the others read them: each cached window is decoded again and must hold
-//! exactly one `syscall`, or the cache is ignored and the library scanned.
+//! exactly one `syscall`, or the cache is ignored and the library scanned. Quicker still, the
+//! trampolines themselves are kept ([`super::image`]) and copied by the next process that can
+//! place them at the same distance from the code, after a byte-for-byte check of the code.
 
 use std::ffi::{c_void, CStr};
 
@@ -43,15 +45,16 @@ use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionBlock,
 };
 
+use super::image::{Built, ImageCache, PlacedWindow, CLASS_TABLE_AT, SLOW_ENTRY_AT};
 use crate::real::{sys_mmap, sys_mprotect};
 
 /// The most instructions a window takes on either side of its `syscall`.
 const MAX_SIDE_INSTRUCTIONS: usize = 3;
 /// The bytes of a `jmp rel32`.
-const JMP_BYTES: usize = 5;
+pub(super) const JMP_BYTES: usize = 5;
 /// Room for one trampoline: the displaced instructions (up to 2 × 3 × 15 bytes, re-encoded
 /// longer at worst), the dispatch and the jump back.
-const TRAMPOLINE_BYTES: usize = 192;
+pub(super) const TRAMPOLINE_BYTES: usize = 192;
 /// How far (bytes) from the code trampolines may be: a `jmp rel32` reaches ±2 GiB.
 const REACH_BYTES: usize = 1 << 30;
 
@@ -67,9 +70,9 @@ pub struct PatchReport {
 /// One executable segment of a loaded object: `[start, start + len)`, loaded at `base`
 /// from the file `path`.
 #[derive(Clone)]
-struct Segment {
-    start: usize,
-    len: usize,
+pub(super) struct Segment {
+    pub(super) start: usize,
+    pub(super) len: usize,
     base: usize,
     path: std::path::PathBuf,
 }
@@ -254,12 +257,15 @@ fn dispatch_bytes(class_table: u64, slow_entry: u64) -> Vec<u8> {
     b.push(slow.len() as u8);
     b.extend_from_slice(&slow);
     b.extend_from_slice(&[0x0f, 0x05]); // plain: syscall
+    debug_assert_eq!(b[CLASS_TABLE_AT..CLASS_TABLE_AT + 8], class_table.to_le_bytes());
+    debug_assert_eq!(b[SLOW_ENTRY_AT..SLOW_ENTRY_AT + 8], slow_entry.to_le_bytes());
     b
 }
 
-/// A trampoline for `w`, to be placed at `at`.
-fn trampoline(w: &Window, at: u64, class_table: u64, slow_entry: u64) -> Option<Vec<u8>> {
+/// A trampoline for `w`, to be placed at `at`, and where its dispatch starts in it.
+fn trampoline(w: &Window, at: u64, class_table: u64, slow_entry: u64) -> Option<(Vec<u8>, usize)> {
     let mut code = relocate(&w.before, at)?;
+    let dispatch_at = code.len();
     code.extend_from_slice(&dispatch_bytes(class_table, slow_entry));
     let after_at = at + code.len() as u64;
     code.extend_from_slice(&relocate(&w.after, after_at)?);
@@ -269,7 +275,7 @@ fn trampoline(w: &Window, at: u64, class_table: u64, slow_entry: u64) -> Option<
     let rel = i32::try_from(back as i64 - from as i64).ok()?;
     code.push(0xe9);
     code.extend_from_slice(&rel.to_le_bytes());
-    (code.len() <= TRAMPOLINE_BYTES).then_some(code)
+    (code.len() <= TRAMPOLINE_BYTES).then_some((code, dispatch_at))
 }
 
 /// Maps `len` bytes for trampolines within [`REACH_BYTES`] of `[lo, hi)`: in the free gap
@@ -408,7 +414,7 @@ fn decode_window(start: usize, len: usize) -> Option<Window> {
 /// # Safety
 /// No other thread runs; every range is code whose old bytes nothing executes until the
 /// writes are done.
-unsafe fn write_code(writes: &[(usize, Vec<u8>)]) -> Result<(), String> {
+pub(super) unsafe fn write_code(writes: &[(usize, Vec<u8>)]) -> Result<(), String> {
     let page = uswap::PAGE_SIZE;
     let (Some(lo), Some(hi)) =
         (writes.iter().map(|(at, _)| *at).min(), writes.iter().map(|(at, b)| at + b.len()).max())
@@ -471,6 +477,13 @@ unsafe fn patch_segment(
     cache_dir: Option<&std::path::Path>,
 ) -> Result<(usize, usize), String> {
     let cache = cache_dir.and_then(|dir| WindowCache::for_segment(dir, seg));
+    let image = cache.as_ref().map(|c| ImageCache::beside(&c.path));
+    if let Some(image) = &image {
+        // SAFETY: the caller's contract.
+        if let Some(done) = unsafe { image.apply(seg, class_table, slow_entry)? } {
+            return Ok(done);
+        }
+    }
     let (nr_sites, windows) = match cache.as_ref().and_then(|c| c.load(seg)) {
         Some(found) => found,
         None => {
@@ -490,9 +503,15 @@ unsafe fn patch_segment(
         map_near(seg.start, seg.start + seg.len, area_len).ok_or("no room for trampolines within 1 GiB of the code")?;
     uswap::note_engine_memory(area, area_len);
     let mut jumps = Vec::with_capacity(windows.len());
+    let mut placed = Vec::with_capacity(windows.len());
     for (i, w) in windows.iter().enumerate() {
         let at = area + i * TRAMPOLINE_BYTES;
-        let Some(code) = trampoline(w, at as u64, class_table, slow_entry) else { continue };
+        let off = w.start as usize - seg.start;
+        let Some((code, dispatch_at)) = trampoline(w, at as u64, class_table, slow_entry) else {
+            placed.push(PlacedWindow { off, len: w.len, dispatch_at: None });
+            continue;
+        };
+        placed.push(PlacedWindow { off, len: w.len, dispatch_at: Some(dispatch_at) });
         // SAFETY: the area is ours, mapped read-write above, TRAMPOLINE_BYTES a slot.
         unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, code.len()) };
         let rel = (at as i64 - (w.start as i64 + JMP_BYTES as i64)) as i32;
@@ -504,6 +523,10 @@ unsafe fn patch_segment(
     if sys_mprotect(area as *mut c_void, area_len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
         return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
     }
+    // Before the jumps are written: the image keeps the windows' code as it was.
+    if let Some(image) = &image {
+        image.store(seg, nr_sites, &placed, &Built { area, area_len, class_table, slow_entry });
+    }
     // SAFETY: one thread (the caller's contract); the windows are this segment's code.
     unsafe { write_code(&jumps)? };
     Ok((nr_sites, jumps.len()))
@@ -512,6 +535,7 @@ unsafe fn patch_segment(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::real::sys_munmap;
 
     /// Serialises these tests: `map_near` picks a gap from a snapshot of the address space,
     /// and another test's `mmap` can take it meanwhile (at start-up the process has one
@@ -565,6 +589,56 @@ mod tests {
         assert_eq!(read(f.as_raw_fd(), buf.as_mut_ptr(), 100), 100);
         assert!(buf.iter().all(|&b| b == 0));
         assert_eq!(read(-1, buf.as_mut_ptr(), 100), -(libc::EBADF as i64));
+    }
+
+    /// The next process patches from the image the first one kept: at the same distance from
+    /// the code, its calls return what the kernel returns; code that differs from what the
+    /// image was made from is not patched from it.
+    #[test]
+    fn a_second_process_patches_from_the_image_and_its_calls_work() {
+        let _g = serialised();
+        const GETPID: &[u8] = &[0xb8, 39, 0, 0, 0, 0x0f, 0x05, 0xc3];
+        const READ: &[u8] = &[0xb8, 0, 0, 0, 0, 0x0f, 0x05, 0xc3];
+        let code = [GETPID, READ].concat();
+        let (class, slow) = (super::super::table::CLASS.as_ptr() as u64, super::super::entry::slow_entry());
+        let dir = std::env::temp_dir().join(format!("uswap-image-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = map_code(&code);
+        // SAFETY: this test's own code, run by no other thread.
+        assert_eq!(unsafe { patch_segment(&first, class, slow, Some(&dir)) }.unwrap(), (2, 2));
+        // The first "process" goes: its code and trampolines are unmapped.
+        let image = ImageCache::beside(&WindowCache::for_segment(&dir, &first).unwrap().path);
+        let bytes = std::fs::read(&image.path).expect("the image was kept");
+        let word = |i: usize| i64::from_le_bytes(bytes[16 + 8 * i..24 + 8 * i].try_into().unwrap());
+        let (area, area_len) = ((first.start as i64 + word(2)) as usize, word(3) as usize);
+        assert_eq!(sys_munmap(area as *mut c_void, area_len), 0);
+        assert_eq!(sys_munmap(first.start as *mut c_void, uswap::PAGE_SIZE), 0);
+        // The second maps the same code at the same place, so the image's place is free.
+        let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+        let p = sys_mmap(first.start as *mut c_void, uswap::PAGE_SIZE, rwx, flags, -1, 0);
+        assert_eq!(p as usize, first.start);
+        // SAFETY: a fresh page of ours, larger than `code`.
+        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len()) };
+        let second = Segment { start: p as usize, ..first.clone() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { image.apply(&second, class, slow) }.unwrap(), Some((2, 2)), "patched from the image");
+        // SAFETY: the bytes are code following the C calling convention.
+        let getpid: extern "C" fn() -> i64 = unsafe { std::mem::transmute(second.start) };
+        // SAFETY: as above.
+        let read: extern "C" fn(i32, *mut u8, usize) -> i64 =
+            unsafe { std::mem::transmute(second.start + GETPID.len()) };
+        assert_eq!(getpid(), std::process::id() as i64);
+        let mut buf = vec![7u8; 64];
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open("/dev/zero").unwrap();
+        assert_eq!(read(f.as_raw_fd(), buf.as_mut_ptr(), 64), 64);
+        assert!(buf.iter().all(|&b| b == 0));
+        // Other code (another system call number in a window): not from this image.
+        let other = map_code(&[GETPID, &[0xb8, 1, 0, 0, 0, 0x0f, 0x05, 0xc3]].concat());
+        // SAFETY: as above.
+        assert_eq!(unsafe { image.apply(&other, class, slow) }.unwrap(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A branch to the `syscall` itself: the window may not start before it.

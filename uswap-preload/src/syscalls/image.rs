@@ -1,0 +1,202 @@
+//! The trampolines one process of a `uswap run` tree built for a library's code, kept for the
+//! next ones: the area's bytes, where it lay relative to the code, and the windows it serves.
+//!
+//! Why: with the windows cached ([`super::patch`]'s `WindowCache`), a process still decoded
+//! every window again and re-encoded its instructions, about 2.5 ms of the 4 that signal mode
+//! added to every process's start (a build starts thousands). Trampolines placed at the same
+//! distance from the code are the same bytes: every relative jump and RIP-relative operand
+//! in them points into the same library at the same distance. Only the two absolute
+//! addresses of each dispatch (the class table and the slow entry, in this library, which
+//! loads elsewhere in each process) differ, and they lie at known places of the dispatch.
+//!
+//! So a process maps its area at the cached distance (`MAP_FIXED_NOREPLACE`: never over
+//! anything), copies the bytes, sets the two addresses of each trampoline, and writes the
+//! jumps, after checking that every window's code is, byte for byte, what the cache was made
+//! from. When the place is taken (another program's libraries lie there) or anything does
+//! not match, nothing is changed and the process patches as before, then keeps its own
+//! layout for the next ones (a build's compilers share one).
+
+use std::ffi::c_void;
+
+use super::patch::{write_code, Segment, JMP_BYTES, TRAMPOLINE_BYTES};
+use crate::real::{sys_mmap, sys_mprotect, sys_munmap};
+
+const MAGIC: &[u8; 16] = b"uswap-tramp-v1\0\0";
+/// Header words after the magic: sites, windows, area offset, area length, and the class
+/// table and slow entry the trampolines were built with.
+const HEADER_WORDS: usize = 6;
+/// Where a dispatch's two absolute addresses lie, from its first byte (`dispatch_bytes`).
+pub(super) const CLASS_TABLE_AT: usize = 5;
+pub(super) const SLOW_ENTRY_AT: usize = 27;
+
+/// One window as the image keeps it: its place in the segment and, if it got a trampoline,
+/// where that trampoline's dispatch starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PlacedWindow {
+    pub(super) off: usize,
+    pub(super) len: usize,
+    pub(super) dispatch_at: Option<usize>,
+}
+
+/// Trampolines a process built: their area, and the two addresses every dispatch holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Built {
+    pub(super) area: usize,
+    pub(super) area_len: usize,
+    pub(super) class_table: u64,
+    pub(super) slow_entry: u64,
+}
+
+pub(super) struct ImageCache {
+    pub(super) path: std::path::PathBuf,
+}
+
+/// What a stored image holds.
+struct Image {
+    nr_sites: usize,
+    windows: Vec<PlacedWindow>,
+    /// The windows' code, one after another, as the image was made from it.
+    code: Vec<u8>,
+    area_off: isize,
+    area: Vec<u8>,
+    class_then: u64,
+    slow_then: u64,
+}
+
+fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    bytes.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+}
+
+impl ImageCache {
+    /// The image kept beside the window cache `windows_path`.
+    pub(super) fn beside(windows_path: &std::path::Path) -> ImageCache {
+        let mut path = windows_path.as_os_str().to_owned();
+        path.push(".image");
+        ImageCache { path: path.into() }
+    }
+
+    fn load(&self, seg: &Segment) -> Option<Image> {
+        let b = std::fs::read(&self.path).ok()?;
+        let rest = b.strip_prefix(MAGIC.as_slice())?;
+        let head: Vec<u64> = words(rest.get(..HEADER_WORDS * 8)?).collect();
+        let [nr_sites, nr_windows, area_off, area_len, class_then, slow_then] = head[..] else { return None };
+        let (nr_windows, area_len) = (usize::try_from(nr_windows).ok()?, usize::try_from(area_len).ok()?);
+        let table_end = HEADER_WORDS * 8 + nr_windows.checked_mul(24)?;
+        let mut windows = Vec::with_capacity(nr_windows);
+        for w in rest.get(HEADER_WORDS * 8..table_end)?.chunks_exact(24) {
+            let v: Vec<u64> = words(w).collect();
+            let (off, len) = (usize::try_from(v[0]).ok()?, usize::try_from(v[1]).ok()?);
+            let dispatch_at = (v[2] != u64::MAX).then(|| usize::try_from(v[2]).ok()).flatten();
+            if off.checked_add(len)? > seg.len || dispatch_at.is_some_and(|d| d + SLOW_ENTRY_AT + 8 > TRAMPOLINE_BYTES)
+            {
+                return None;
+            }
+            windows.push(PlacedWindow { off, len, dispatch_at });
+        }
+        let code_len: usize = windows.iter().map(|w| w.len).sum();
+        let code = rest.get(table_end..table_end + code_len)?.to_vec();
+        let area = rest.get(table_end + code_len..)?.to_vec();
+        if area.len() != area_len || windows.len() * TRAMPOLINE_BYTES > area_len {
+            return None;
+        }
+        let nr_sites = usize::try_from(nr_sites).ok()?;
+        Some(Image { nr_sites, windows, code, area_off: area_off as i64 as isize, area, class_then, slow_then })
+    }
+
+    /// Patches `seg` from the image, if there is a good one and its place is free: (sites,
+    /// patched). `Ok(None)`: nothing was changed; patch as without it.
+    ///
+    /// # Safety
+    /// As `patch_segment`: no other thread runs; `seg` is mapped code, not yet patched.
+    pub(super) unsafe fn apply(
+        &self,
+        seg: &Segment,
+        class_table: u64,
+        slow_entry: u64,
+    ) -> Result<Option<(usize, usize)>, String> {
+        let Some(img) = self.load(seg) else { return Ok(None) };
+        // The code must be what the image was made from, window by window.
+        // SAFETY: every window lies inside the mapped segment (checked by `load`).
+        let live = |w: &PlacedWindow| unsafe { std::slice::from_raw_parts((seg.start + w.off) as *const u8, w.len) };
+        let mut at = 0;
+        for w in &img.windows {
+            if live(w) != &img.code[at..at + w.len] {
+                return Ok(None);
+            }
+            at += w.len;
+        }
+        let Some(area) = seg.start.checked_add_signed(img.area_off) else { return Ok(None) };
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+        let p = sys_mmap(area as *mut c_void, img.area.len(), rw, flags, -1, 0);
+        if p == libc::MAP_FAILED {
+            return Ok(None);
+        }
+        if p as usize != area {
+            // An older kernel that took the flag for a hint.
+            sys_munmap(p, img.area.len());
+            return Ok(None);
+        }
+        uswap::note_engine_memory(area, img.area.len());
+        let mut bytes = img.area;
+        let mut jumps = Vec::with_capacity(img.windows.len());
+        for (i, w) in img.windows.iter().enumerate() {
+            let Some(d) = w.dispatch_at else { continue };
+            let t = i * TRAMPOLINE_BYTES + d;
+            for (at, then, now) in
+                [(CLASS_TABLE_AT, img.class_then, class_table), (SLOW_ENTRY_AT, img.slow_then, slow_entry)]
+            {
+                let field = &mut bytes[t + at..t + at + 8];
+                // The image's own check: the address it was built with is where it says.
+                if field != then.to_le_bytes() {
+                    sys_munmap(area as *mut c_void, bytes.len());
+                    return Ok(None);
+                }
+                field.copy_from_slice(&now.to_le_bytes());
+            }
+            let start = seg.start + w.off;
+            let rel = (area as i64 + (i * TRAMPOLINE_BYTES) as i64 - (start as i64 + JMP_BYTES as i64)) as i32;
+            let mut jump = vec![0xcc; w.len];
+            jump[0] = 0xe9;
+            jump[1..JMP_BYTES].copy_from_slice(&rel.to_le_bytes());
+            jumps.push((start, jump));
+        }
+        // SAFETY: the area was just mapped read-write for `bytes.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), area as *mut u8, bytes.len()) };
+        if sys_mprotect(area as *mut c_void, bytes.len(), libc::PROT_READ | libc::PROT_EXEC) != 0 {
+            return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: the caller's contract (one thread, the segment's own code).
+        unsafe { write_code(&jumps)? };
+        Ok(Some((img.nr_sites, jumps.len())))
+    }
+
+    /// Keeps the trampolines this process built for `seg` (read back from their area), for
+    /// the next process. Best effort, written whole and renamed into place.
+    pub(super) fn store(&self, seg: &Segment, nr_sites: usize, windows: &[PlacedWindow], built: &Built) {
+        let Built { area, area_len, class_table, slow_entry } = *built;
+        let mut b = MAGIC.to_vec();
+        let area_off = area as i64 - seg.start as i64;
+        for w in [nr_sites as u64, windows.len() as u64, area_off as u64, area_len as u64, class_table, slow_entry] {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        for w in windows {
+            for v in [w.off as u64, w.len as u64, w.dispatch_at.map_or(u64::MAX, |d| d as u64)] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        for w in windows {
+            // SAFETY: the window lies inside the mapped segment; its bytes as they were
+            // (the caller stores before writing the jumps).
+            b.extend_from_slice(unsafe { std::slice::from_raw_parts((seg.start + w.off) as *const u8, w.len) });
+        }
+        // SAFETY: the area is mapped and readable for `area_len` bytes.
+        b.extend_from_slice(unsafe { std::slice::from_raw_parts(area as *const u8, area_len) });
+        let mut tmp = self.path.as_os_str().to_owned();
+        tmp.push(format!(".tmp{}", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
+        if std::fs::write(&tmp, b).is_err() || std::fs::rename(&tmp, &self.path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
