@@ -11,6 +11,11 @@ The programs:
 - a CPython dict job (dict_job.py);
 - a shell script that starts 600 short processes (`expr`, `cat`, and a subshell for `echo`).
 
+Then the C build once more under a limit it does reach (--pressure-limit, a third of its
+peak), on the compressed pool and on a file device in /var/tmp: whether the library it
+makes is byte for byte the plain build's, and what the device held for the tree at its
+peak against the pages written out.
+
     bench/real-programs/no_pressure.py --runs 3 --out /tmp/no-pressure.md
 """
 import argparse
@@ -49,7 +54,7 @@ def make_build_dir(lib, dir):
     objs = [s[:-2] + ".o" for s in srcs]
     with open(os.path.join(dir, "Makefile"), "w") as f:
         f.write("CFLAGS = -O2 -DZSTD_DISABLE_ASM -Ilib -Ilib/common\n")
-        f.write(f"libzstd.a: {' '.join(objs)}\n\tar rcs $@ $^\n")
+        f.write(f"libzstd.a: {' '.join(objs)}\n\tar rcsD $@ $^\n")
         f.write("%.o: %.c\n\t$(CC) $(CFLAGS) -c -o $@ $<\n")
         f.write(f"clean:\n\trm -f libzstd.a {' '.join(objs)}\n")
     return len(srcs)
@@ -81,15 +86,50 @@ def median(xs):
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
+def build_under_pressure(uswap, build_dir, limit, device):
+    """`make -j2` of the build under `uswap run --limit LIMIT --device DEVICE`: (seconds,
+    sha256 of the library, stats)."""
+    subprocess.run(["make", "-s", "-C", build_dir, "clean"], check=True)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        took = timed([uswap, "run", "--limit", limit, "--device", device, "--stats-json", f.name, "--",
+                      "make", "-s", "-j2", "-C", build_dir])
+        stats = json.load(open(f.name))
+    return took, sha256(os.path.join(build_dir, "libzstd.a")), stats
+
+
+def sha256(path):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def pressure_rows(uswap, build_dir, limit):
+    """The C build plain, then under a limit on the pool and on a file device: whether the
+    library is the same, and what the devices held."""
+    subprocess.run(["make", "-s", "-C", build_dir, "clean"], check=True)
+    plain_s = timed(["make", "-s", "-j2", "-C", build_dir])
+    want = sha256(os.path.join(build_dir, "libzstd.a"))
+    rows = []
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as swap_dir:
+        for device in ["zpool", f"file:{swap_dir}"]:
+            took, got, st = build_under_pressure(uswap, build_dir, limit, device)
+            rows.append((device.split(":")[0], took, got == want, st))
+            print(f"under {limit} on {device}: {took:.2f} s, same library: {got == want}", file=sys.stderr)
+    return plain_s, rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--uswap", default=os.path.join(ROOT, "target", "release", "uswap"))
     ap.add_argument("--out")
+    ap.add_argument("--pressure-limit", default="64MiB",
+                    help="the limit of the C build under pressure (a third of its peak here)")
     args = ap.parse_args()
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         nr_files = make_build_dir(zstd_sources(), tmp)
+        plain_s, pressure = pressure_rows(args.uswap, tmp, args.pressure_limit)
         rows = []
         for name, cmd in programs(tmp):
             plain, under = [], []
@@ -109,6 +149,17 @@ def main():
     for name, p, u, plain, under in rows:
         runs = " ".join(f"{x:.2f}" for x in plain) + " / " + " ".join(f"{x:.2f}" for x in under)
         lines.append(f"| {name} | {p:.2f} s | {u:.2f} s | {p / u:.2f}x | {runs} |")
+    lines.append("")
+    lines.append(f"The same build under `uswap run --limit {args.pressure_limit}`, one run each (plain: {plain_s:.2f} s):")
+    lines.append("")
+    lines.append("| device | time | library identical to the plain build's | pages written out (pswpout) | "
+                 "what the device held for the tree at its peak (pool: memory; file: disk) | resident peak |")
+    lines.append("|---|---|---|---|---|---|")
+    for device, took, same, st in pressure:
+        written = st.get("pswpout", 0) * 4096
+        peak = st.get("pool_peak_bytes", 0) if device == "zpool" else (st.get("device_peak_bytes") or [0])[0]
+        lines.append(f"| {device} | {took:.2f} s | {'yes' if same else '**no**'} | {written / 2**20:.0f} MiB | "
+                     f"{peak / 2**20:.0f} MiB | {st.get('resident_peak_bytes', 0) / 2**20:.0f} MiB |")
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(args.out, "w") as f:
