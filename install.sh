@@ -15,9 +15,11 @@ prefix="${1:-${PREFIX:-$HOME/.local}}"
 profile="${PROFILE:-release}"
 cd "$(dirname "$0")"
 cargo build --profile "$profile" -p uswap-cli -p uswap-preload -p uswap-capi
+# Where cargo put the build ($CARGO_TARGET_DIR, a config's target-dir, or ./target).
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 case "$profile" in
-    dev) out=target/debug ;;
-    *) out="target/$profile" ;;
+    dev) out="${target_dir:-target}/debug" ;;
+    *) out="${target_dir:-target}/$profile" ;;
 esac
 install -D -m 755 "$out/uswap" "$prefix/bin/uswap"
 install -D -m 755 "$out/libuswap_preload.so" "$prefix/lib/uswap/libuswap_preload.so"
