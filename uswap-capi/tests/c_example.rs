@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use uswap_testkit::skipped;
 
 const MIB: u64 = 1 << 20;
 /// The example's region: four times its 16 MiB limit.
@@ -263,17 +264,4 @@ fn a_stuck_child_is_killed_and_the_failure_names_the_step() {
     assert!(message.contains("a sleeping shell did not finish within 1 s"), "{message}");
     assert!(message.contains("started"), "the output so far is shown: {message}");
     assert!(started.elapsed() < Duration::from_secs(10), "the group (sleep included) was killed, not waited for");
-}
-
-/// Says that a test, or part of one, could not run here and why. Written to the process's
-/// stderr itself, which `cargo test` does not capture (it captures the print macros only), so
-/// a reader of a local run sees every skip. With `USWAP_TEST_NO_SKIP` set (`.ci/run` sets
-/// it: CI installs every prerequisite) a skip fails the test instead.
-fn skipped(why: &str) {
-    if std::env::var_os("USWAP_TEST_NO_SKIP").is_some() {
-        panic!("SKIPPED where no test may skip (USWAP_TEST_NO_SKIP): {why}");
-    }
-    use std::io::Write;
-    let name = std::thread::current().name().unwrap_or("a test").to_string();
-    let _ = writeln!(std::io::stderr(), "SKIPPED ({name}): {why}");
 }

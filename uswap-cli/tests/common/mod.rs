@@ -83,18 +83,9 @@ pub fn run_timed_with(cmd: &mut Command, limit: Duration, during: impl FnOnce(u3
     Output { status, stdout: out.join().unwrap().unwrap(), stderr: err.join().unwrap().unwrap() }
 }
 
-/// Says that a test, or part of one, could not run here and why. Written to the process's
-/// stderr itself, which `cargo test` does not capture (it captures the print macros only), so
-/// a reader of a local run sees every skip. With `USWAP_TEST_NO_SKIP` set (`.ci/run` sets
-/// it: CI installs every prerequisite) a skip fails the test instead.
-pub fn skipped(why: &str) {
-    if std::env::var_os("USWAP_TEST_NO_SKIP").is_some() {
-        panic!("SKIPPED where no test may skip (USWAP_TEST_NO_SKIP): {why}");
-    }
-    use std::io::Write;
-    let name = std::thread::current().name().unwrap_or("a test").to_string();
-    let _ = writeln!(std::io::stderr(), "SKIPPED ({name}): {why}");
-}
+/// The one way a test says it could not run (see `uswap_testkit`).
+#[allow(unused_imports)]
+pub use uswap_testkit::skipped;
 
 /// A copy of the `uswap` binary that any user may run (the build directory may be one that
 /// other users cannot enter, as a clone under /root is), for tests that run it as `nobody`.

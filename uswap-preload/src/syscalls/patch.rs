@@ -547,11 +547,22 @@ mod tests {
     }
 
     /// Maps `code` read-write-execute; returns its segment.
+    /// The page lies in the middle of 64 MiB left free around it: other tests of this
+    /// process reserve tens of GiB, and a page the kernel put between two of them had no
+    /// room for trampolines within reach (a C library at start-up has the address space
+    /// around it to itself).
     fn map_code(code: &[u8]) -> Segment {
         let len = uswap::PAGE_SIZE;
+        let room = 64 << 20;
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        let base = sys_mmap(std::ptr::null_mut(), room, libc::PROT_NONE, anon | libc::MAP_NORESERVE, -1, 0);
+        assert_ne!(base, libc::MAP_FAILED);
+        let at = base as usize + room / 2;
+        assert_eq!(sys_munmap(base, room / 2), 0);
+        assert_eq!(sys_munmap((at + len) as *mut c_void, room / 2 - len), 0);
         let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
-        let p = sys_mmap(std::ptr::null_mut(), len, rwx, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
-        assert_ne!(p, libc::MAP_FAILED);
+        let p = sys_mmap(at as *mut c_void, len, rwx, anon | libc::MAP_FIXED, -1, 0);
+        assert_eq!(p as usize, at);
         // SAFETY: a fresh private mapping of one page; `code` is smaller.
         unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len()) };
         Segment { start: p as usize, len: code.len(), base: p as usize, path: "/proc/self/exe".into() }

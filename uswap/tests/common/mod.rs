@@ -150,18 +150,9 @@ macro_rules! in_both_modes {
 #[allow(unused_imports)]
 pub(crate) use in_both_modes;
 
-/// Says that a test, or part of one, could not run here and why. Written to the process's
-/// stderr itself, which `cargo test` does not capture (it captures the print macros only), so
-/// a reader of a local run sees every skip. With `USWAP_TEST_NO_SKIP` set (`.ci/run` sets
-/// it: CI installs every prerequisite) a skip fails the test instead.
-pub fn skipped(why: &str) {
-    if std::env::var_os("USWAP_TEST_NO_SKIP").is_some() {
-        panic!("SKIPPED where no test may skip (USWAP_TEST_NO_SKIP): {why}");
-    }
-    use std::io::Write;
-    let name = std::thread::current().name().unwrap_or("a test").to_string();
-    let _ = writeln!(std::io::stderr(), "SKIPPED ({name}): {why}");
-}
+/// The one way a test says it could not run (see `uswap_testkit`).
+#[allow(unused_imports)]
+pub use uswap_testkit::skipped;
 
 /// No progress for this long is a hang (the slowest progress step is one access).
 pub const STALL: Duration = Duration::from_secs(30);

@@ -564,7 +564,7 @@ mod tests {
         });
         let Some((Err(io::ErrorKind::PermissionDenied), dir_err, file_err)) = errs else {
             assert!(!root, "as root, dropping to fsuid nobody should deny access");
-            eprintln!("skipped: cannot drop privileges here (not root)");
+            uswap_testkit::skipped("cannot drop privileges here (not root)");
             return;
         };
         for (e, path) in [(dir_err.unwrap(), dir.path()), (file_err.unwrap(), file.as_path())] {
@@ -613,7 +613,7 @@ mod tests {
         .join()
         .unwrap();
         let Some((in_dir, on_file)) = r else {
-            eprintln!("skipped: cannot mount a ramfs in a private namespace here");
+            uswap_testkit::skipped("cannot mount a ramfs in a private namespace here");
             return;
         };
         for e in [in_dir, on_file] {

@@ -229,7 +229,7 @@ fn a_closed_device_can_be_reopened_at_once() {
     let backing = dir.path().join("backing");
     fs::write(&backing, vec![0u8; 2 * MIB as usize]).unwrap();
     let Some(lo) = attach_loop(&backing) else {
-        eprintln!("skipped the block device part: no loop device available here");
+        uswap_testkit::skipped("the block device part: no loop device available here");
         return;
     };
     for _ in 0..20 {
@@ -313,7 +313,7 @@ fn block_device_round_trip_size_check_and_discard() {
     fs::write(&backing, b"").unwrap();
     fs::OpenOptions::new().write(true).open(&backing).unwrap().set_len(4 * MIB).unwrap();
     let Some(lo) = attach_loop(&backing) else {
-        eprintln!("skipped: no loop device available here (needs root and /dev/loop-control)");
+        uswap_testkit::skipped("no loop device available here (needs root and /dev/loop-control)");
         return;
     };
     let e = open_err(&lo.path, 8 * MIB, FileOptions::default());
