@@ -18,16 +18,13 @@
 
 use std::ffi::c_void;
 
-use super::patch::{write_code, Segment, JMP_BYTES, TRAMPOLINE_BYTES};
+use super::code::{jump, write_code, Segment, CLASS_TABLE_AT, SLOW_ENTRY_AT, TRAMPOLINE_BYTES};
 use crate::real::{sys_mmap, sys_mprotect, sys_munmap};
 
 const MAGIC: &[u8; 16] = b"uswap-tramp-v1\0\0";
 /// Header words after the magic: sites, windows, area offset, area length, and the class
 /// table and slow entry the trampolines were built with.
 const HEADER_WORDS: usize = 6;
-/// Where a dispatch's two absolute addresses lie, from its first byte (`dispatch_bytes`).
-pub(super) const CLASS_TABLE_AT: usize = 5;
-pub(super) const SLOW_ENTRY_AT: usize = 27;
 
 /// One window as the image keeps it: its place in the segment and, if it got a trampoline,
 /// where that trampoline's dispatch starts.
@@ -155,11 +152,7 @@ impl ImageCache {
                 field.copy_from_slice(&now.to_le_bytes());
             }
             let start = seg.start + w.off;
-            let rel = (area as i64 + (i * TRAMPOLINE_BYTES) as i64 - (start as i64 + JMP_BYTES as i64)) as i32;
-            let mut jump = vec![0xcc; w.len];
-            jump[0] = 0xe9;
-            jump[1..JMP_BYTES].copy_from_slice(&rel.to_le_bytes());
-            jumps.push((start, jump));
+            jumps.push((start, jump(start, area + i * TRAMPOLINE_BYTES, w.len)));
         }
         // SAFETY: the area was just mapped read-write for `bytes.len()` bytes.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), area as *mut u8, bytes.len()) };

@@ -18,6 +18,7 @@
 //! (see `crate::altstack`); a frame of the program's own handler without `SA_ONSTACK`, on a
 //! stack it made in managed memory (a coroutine's), is not covered.
 
+mod code;
 mod complete;
 mod entry;
 mod image;

@@ -45,16 +45,12 @@ use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionBlock,
 };
 
-use super::image::{Built, ImageCache, PlacedWindow, CLASS_TABLE_AT, SLOW_ENTRY_AT};
+use super::code::{jump, write_code, Segment, CLASS_TABLE_AT, JMP_BYTES, SLOW_ENTRY_AT, TRAMPOLINE_BYTES};
+use super::image::{Built, ImageCache, PlacedWindow};
 use crate::real::{sys_mmap, sys_mprotect};
 
 /// The most instructions a window takes on either side of its `syscall`.
 const MAX_SIDE_INSTRUCTIONS: usize = 3;
-/// The bytes of a `jmp rel32`.
-pub(super) const JMP_BYTES: usize = 5;
-/// Room for one trampoline: the displaced instructions (up to 2 × 3 × 15 bytes, re-encoded
-/// longer at worst), the dispatch and the jump back.
-pub(super) const TRAMPOLINE_BYTES: usize = 192;
 /// How far (bytes) from the code trampolines may be: a `jmp rel32` reaches ±2 GiB.
 const REACH_BYTES: usize = 1 << 30;
 
@@ -65,16 +61,6 @@ pub struct PatchReport {
     pub sites: usize,
     /// Of those, the ones now going through the dispatch.
     pub patched: usize,
-}
-
-/// One executable segment of a loaded object: `[start, start + len)`, loaded at `base`
-/// from the file `path`.
-#[derive(Clone)]
-pub(super) struct Segment {
-    pub(super) start: usize,
-    pub(super) len: usize,
-    base: usize,
-    path: std::path::PathBuf,
 }
 
 /// The executable segments of the loaded object whose file name ends with `name`.
@@ -406,38 +392,6 @@ fn decode_window(start: usize, len: usize) -> Option<Window> {
     (syscall.is_some() && end == (start + len) as u64).then_some(Window { start: start as u64, len, before, after })
 }
 
-/// Writes each `(at, bytes)` of `writes` in code that is executable and read-only: the pages
-/// from the first to the last write are made writable for the moment (and executable all
-/// along: this very code may live on the same pages), with one `mprotect` each way. (One
-/// pair per window split and merged the mapping some 500 times per process start.)
-///
-/// # Safety
-/// No other thread runs; every range is code whose old bytes nothing executes until the
-/// writes are done.
-pub(super) unsafe fn write_code(writes: &[(usize, Vec<u8>)]) -> Result<(), String> {
-    let page = uswap::PAGE_SIZE;
-    let (Some(lo), Some(hi)) =
-        (writes.iter().map(|(at, _)| *at).min(), writes.iter().map(|(at, b)| at + b.len()).max())
-    else {
-        return Ok(());
-    };
-    let first = lo & !(page - 1);
-    let len = hi.next_multiple_of(page) - first;
-    let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
-    if sys_mprotect(first as *mut c_void, len, rwx) != 0 {
-        return Err(format!("cannot make the C library's code writable: {}", std::io::Error::last_os_error()));
-    }
-    for (at, bytes) in writes {
-        // SAFETY: the range is mapped and now writable (above); the caller's contract says
-        // nothing runs it meanwhile.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), *at as *mut u8, bytes.len()) };
-    }
-    if sys_mprotect(first as *mut c_void, len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
-        return Err(format!("cannot make the C library's code read-only again: {}", std::io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
 /// Sends every `syscall` instruction of the C library (`libc.so.6`) through the dispatch.
 ///
 /// # Safety
@@ -514,11 +468,7 @@ unsafe fn patch_segment(
         placed.push(PlacedWindow { off, len: w.len, dispatch_at: Some(dispatch_at) });
         // SAFETY: the area is ours, mapped read-write above, TRAMPOLINE_BYTES a slot.
         unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, code.len()) };
-        let rel = (at as i64 - (w.start as i64 + JMP_BYTES as i64)) as i32;
-        let mut jump = vec![0xcc; w.len];
-        jump[0] = 0xe9;
-        jump[1..JMP_BYTES].copy_from_slice(&rel.to_le_bytes());
-        jumps.push((w.start as usize, jump));
+        jumps.push((w.start as usize, jump(w.start as usize, at, w.len)));
     }
     if sys_mprotect(area as *mut c_void, area_len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
         return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
