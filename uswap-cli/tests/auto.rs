@@ -11,7 +11,7 @@ use serde_json::Value;
 // Each test binary uses some of the helpers.
 #[allow(dead_code)]
 mod common;
-use common::{compile, preload, run_timed, tmpdir};
+use common::{compile, counter, preload, run_timed, tmpdir};
 
 /// The `uswap` binary with `args` and the tests' preload library.
 fn uswap_cmd(args: &[&str]) -> Command {
@@ -45,10 +45,6 @@ fn ends_ok(child: &mut std::process::Child) {
     let mut out = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
     assert!(status.success() && out.starts_with("ok"), "{status:?}: {out}");
-}
-
-fn counter(v: &Value, k: &str) -> u64 {
-    v.get(k).and_then(Value::as_u64).unwrap_or_else(|| panic!("no counter {k} in {v}"))
 }
 
 /// `--auto`: a C program fills 256 MiB, then touches only 32 MiB for 25 s, then checks every

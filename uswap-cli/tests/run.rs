@@ -20,7 +20,7 @@ use serde_json::Value;
 // Each test binary uses some of the helpers.
 #[allow(dead_code)]
 mod common;
-use common::{compile, kernel_unavailable, preload, run_timed, skipped, tmpdir};
+use common::{compile, counter, kernel_unavailable, preload, run_timed, skipped, tmpdir, uswap_run};
 
 const LIMIT_MIB: u64 = 16;
 /// Working sets are this many times the limit.
@@ -42,23 +42,6 @@ fn run_in_both_modes(name: &str, wss_mib: u64, mut check: impl FnMut(&str, &[&st
     }
 }
 
-fn uswap_run(limit_mib: u64, opts: &[&str], prog: &[&str], dir: &Path) -> (Output, Value) {
-    let stats = dir.join(format!("stats-{}.json", prog[0].rsplit('/').next().unwrap()));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
-    cmd.env("USWAP_PRELOAD_LIB", preload())
-        .arg("run")
-        .arg("--limit")
-        .arg(format!("{limit_mib}MiB"))
-        .args(opts)
-        .arg("--stats-json")
-        .arg(&stats)
-        .arg("--")
-        .args(prog);
-    let out = run_timed(&mut cmd, Duration::from_secs(300));
-    let v = std::fs::read(&stats).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
-    (out, v)
-}
-
 /// `uswap ARGS` with the tests' preload library (and `TMPDIR`, where `uswap run` makes its
 /// directory, if given), under a minute's timeout.
 fn uswap(args: &[&str], tmp: Option<&Path>) -> Output {
@@ -74,10 +57,6 @@ fn plain(prog: &[&str]) -> Output {
     let o = run_timed(Command::new(prog[0]).args(&prog[1..]), Duration::from_secs(300));
     assert!(o.status.success(), "{prog:?} without uswap failed:\n{}", String::from_utf8_lossy(&o.stderr));
     o
-}
-
-fn counter(v: &Value, k: &str) -> u64 {
-    v.get(k).and_then(Value::as_u64).unwrap_or_else(|| panic!("no counter {k} in {v}"))
 }
 
 /// The program's output under uswap equals the plain run's; it paged; it stayed within the

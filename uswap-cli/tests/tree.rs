@@ -12,12 +12,10 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 // Each test binary uses some of the helpers.
 #[allow(dead_code)]
 mod common;
-use common::{compile, preload, run_timed, skipped, tmpdir};
+use common::{compile, counter, preload, run_timed, skipped, tmpdir, uswap_run};
 
 /// The documented slack over the limit (see tests/run.rs).
 const SLACK_BYTES: u64 = 8 * (128 << 10);
@@ -63,29 +61,6 @@ impl Drop for SmallFs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.path).status();
     }
-}
-
-/// `uswap run --limit LIMIT_MIB MiB OPTS -- PROG` with its counters, under five minutes.
-fn uswap_run(limit_mib: u64, opts: &[&str], prog: &[&str], dir: &Path) -> (Output, Value) {
-    let stats = dir.join("stats.json");
-    let _ = std::fs::remove_file(&stats);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
-    cmd.env("USWAP_PRELOAD_LIB", preload())
-        .arg("run")
-        .arg("--limit")
-        .arg(format!("{limit_mib}MiB"))
-        .args(opts)
-        .arg("--stats-json")
-        .arg(&stats)
-        .arg("--")
-        .args(prog);
-    let out = run_timed(&mut cmd, Duration::from_secs(300));
-    let v = std::fs::read(&stats).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
-    (out, v)
-}
-
-fn counter(v: &Value, k: &str) -> u64 {
-    v.get(k).and_then(Value::as_u64).unwrap_or_else(|| panic!("no counter {k} in {v}"))
 }
 
 fn stderr(o: &Output) -> String {

@@ -83,6 +83,32 @@ pub fn run_timed_with(cmd: &mut Command, limit: Duration, during: impl FnOnce(u3
     Output { status, stdout: out.join().unwrap().unwrap(), stderr: err.join().unwrap().unwrap() }
 }
 
+/// `uswap run --limit LIMIT_MIB MiB OPTS -- PROG` with the tests' preload library, under five
+/// minutes; its output and its counters (`--stats-json`, in `dir`, named after the program;
+/// `Null` if it wrote none: a stale file of an earlier run is removed first).
+pub fn uswap_run(limit_mib: u64, opts: &[&str], prog: &[&str], dir: &Path) -> (Output, serde_json::Value) {
+    let stats = dir.join(format!("stats-{}.json", prog[0].rsplit('/').next().unwrap()));
+    let _ = std::fs::remove_file(&stats);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    cmd.env("USWAP_PRELOAD_LIB", preload())
+        .arg("run")
+        .arg("--limit")
+        .arg(format!("{limit_mib}MiB"))
+        .args(opts)
+        .arg("--stats-json")
+        .arg(&stats)
+        .arg("--")
+        .args(prog);
+    let out = run_timed(&mut cmd, Duration::from_secs(300));
+    let v = std::fs::read(&stats).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    (out, v.unwrap_or(serde_json::Value::Null))
+}
+
+/// Counter `k` of a summary, which must have it.
+pub fn counter(v: &serde_json::Value, k: &str) -> u64 {
+    v.get(k).and_then(serde_json::Value::as_u64).unwrap_or_else(|| panic!("no counter {k} in {v}"))
+}
+
 /// The one way a test says it could not run (see `uswap_testkit`).
 #[allow(unused_imports)]
 pub use uswap_testkit::skipped;
