@@ -99,17 +99,7 @@ fn rearm(held: Held) -> Result<(), String> {
     };
     let mut builder = cfg.builder();
     if let Some(seg) = crate::segment() {
-        let own = seg.claim(std::process::id());
-        crate::set_own_slot(own);
-        match own {
-            Some(own) => {
-                builder = builder
-                    .shared_charge(seg.charge(), own.pages)
-                    .own_pool_bytes(own.pool_bytes)
-                    .own_device_bytes(own.device_bytes)
-            }
-            None => crate::report::note_unshared(),
-        }
+        builder = crate::join_tree(seg, builder);
     }
     let (pager, mut regions) = hold.rearm_in_child(builder).map_err(|e| e.to_string())?;
     // The heap's region: kept for the life of the process, as in the parent.

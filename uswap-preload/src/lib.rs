@@ -72,6 +72,27 @@ pub fn own_slot() -> Option<uswap::shared_charge::OwnSlot> {
     *OWN_SLOT.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Takes a slot of `seg` for this process (noted: [`own_slot`]) and charges `builder`'s
+/// pager to the tree through it: its pages, its pools and its devices. With every slot
+/// taken, the pager runs under its own limit only (said in its record).
+pub(crate) fn join_tree(
+    seg: &uswap::shared_charge::ChargeSegment,
+    builder: uswap::PagerBuilder,
+) -> uswap::PagerBuilder {
+    let own = seg.claim(std::process::id());
+    set_own_slot(own);
+    match own {
+        Some(own) => builder
+            .shared_charge(seg.charge(), own.pages)
+            .own_pool_bytes(own.pool_bytes)
+            .own_device_bytes(own.device_bytes),
+        None => {
+            report::note_unshared();
+            builder
+        }
+    }
+}
+
 /// The shared charge segment, if this process is under one.
 pub fn segment() -> Option<&'static uswap::shared_charge::ChargeSegment> {
     SEGMENT.get()
@@ -129,17 +150,7 @@ fn start() -> Result<(), String> {
             let seg = uswap::shared_charge::ChargeSegment::open(&path)
                 .map_err(|e| format!("cannot open the shared charge {}: {e}", path.display()))?;
             seg.sweep_dead();
-            let own = seg.claim(std::process::id());
-            set_own_slot(own);
-            match own {
-                Some(own) => {
-                    builder = builder
-                        .shared_charge(seg.charge(), own.pages)
-                        .own_pool_bytes(own.pool_bytes)
-                        .own_device_bytes(own.device_bytes)
-                }
-                None => report::note_unshared(),
-            }
+            builder = join_tree(&seg, builder);
             let _ = SEGMENT.set(seg);
         }
     }
