@@ -109,14 +109,50 @@ pub const TREE_DEVICES: usize = 4;
 /// whole chunk (64 KiB): no lock, no allocation, safe in a signal handler.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolShare {
-    tree: &'static SharedCharge,
-    own: Option<&'static AtomicU64>,
-    pid: u32,
+    bytes: TreeBytes,
 }
 
 impl PoolShare {
     pub fn new(tree: &'static SharedCharge, own: Option<&'static AtomicU64>) -> PoolShare {
-        PoolShare { tree, own, pid: std::process::id() }
+        PoolShare { bytes: TreeBytes::new(&tree.pool_bytes, &tree.pool_peak_bytes, own) }
+    }
+
+    pub fn grow(&self, bytes: u64) {
+        self.bytes.try_grow(bytes, u64::MAX);
+    }
+
+    /// What the tree's pools hold now (0 in a fork child's copy, which reports nothing).
+    pub fn tree_bytes(&self) -> u64 {
+        self.bytes.tree_now()
+    }
+
+    /// Takes `bytes` more for the pool if the tree's pools stay within `cap_bytes` (the
+    /// pool's own cap, the same in every process of the tree: the cap is the tree's);
+    /// false, taking nothing, if they would not.
+    pub fn try_grow(&self, bytes: u64, cap_bytes: u64) -> bool {
+        self.bytes.try_grow(bytes, cap_bytes)
+    }
+
+    pub fn shrink(&self, bytes: u64) {
+        self.bytes.shrink(bytes);
+    }
+}
+
+/// A sum of the tree's (bytes of its pools, or of one device) with its peak, and the
+/// process's own share of it, kept in its slot if it has one. Only the process that made
+/// the share reports: a fork child's copy of its parent's pool or device (read, never
+/// grown) stays silent. No lock, no allocation: safe in a signal handler.
+#[derive(Debug, Clone, Copy)]
+struct TreeBytes {
+    tree: &'static AtomicU64,
+    peak: &'static AtomicU64,
+    own: Option<&'static AtomicU64>,
+    pid: u32,
+}
+
+impl TreeBytes {
+    fn new(tree: &'static AtomicU64, peak: &'static AtomicU64, own: Option<&'static AtomicU64>) -> TreeBytes {
+        TreeBytes { tree, peak, own, pid: std::process::id() }
     }
 
     fn reports(&self) -> bool {
@@ -124,52 +160,39 @@ impl PoolShare {
         (unsafe { libc::getpid() }) as u32 == self.pid
     }
 
-    pub fn grow(&self, bytes: u64) {
-        if !self.reports() {
-            return;
-        }
-        if let Some(own) = self.own {
-            own.fetch_add(bytes, Ordering::Relaxed);
-        }
-        let now = self.tree.pool_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.tree.pool_peak_bytes.fetch_max(now, Ordering::Relaxed);
-    }
-
-    /// What the tree's pools hold now (0 in a fork child's copy, which reports nothing).
-    pub fn tree_bytes(&self) -> u64 {
+    fn tree_now(&self) -> u64 {
         if !self.reports() {
             return 0;
         }
-        self.tree.pool_bytes.load(Ordering::Relaxed)
+        self.tree.load(Ordering::Relaxed)
     }
 
-    /// Takes `bytes` more for the pool if the tree's pools stay within `cap_bytes` (the
-    /// pool's own cap, the same in every process of the tree: the cap is the tree's);
-    /// false, taking nothing, if they would not.
-    pub fn try_grow(&self, bytes: u64, cap_bytes: u64) -> bool {
+    /// Adds `bytes` if the tree's sum stays within `cap_bytes`; false, adding nothing, if it
+    /// would not. A copy that does not report takes them (true).
+    fn try_grow(&self, bytes: u64, cap_bytes: u64) -> bool {
         if !self.reports() {
             return true;
         }
-        let now = self.tree.pool_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let now = self.tree.fetch_add(bytes, Ordering::Relaxed) + bytes;
         if now > cap_bytes {
-            self.tree.pool_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            self.tree.fetch_sub(bytes, Ordering::Relaxed);
             return false;
         }
-        self.tree.pool_peak_bytes.fetch_max(now, Ordering::Relaxed);
+        self.peak.fetch_max(now, Ordering::Relaxed);
         if let Some(own) = self.own {
             own.fetch_add(bytes, Ordering::Relaxed);
         }
         true
     }
 
-    pub fn shrink(&self, bytes: u64) {
+    fn shrink(&self, bytes: u64) {
         if !self.reports() {
             return;
         }
         if let Some(own) = self.own {
             own.fetch_sub(bytes, Ordering::Relaxed);
         }
-        self.tree.pool_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.tree.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
 
@@ -185,11 +208,8 @@ impl PoolShare {
 /// grown) stays silent, as for [`PoolShare`].
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceShare {
-    used: &'static AtomicU64,
-    peak: &'static AtomicU64,
-    own: Option<&'static AtomicU64>,
+    bytes: TreeBytes,
     cap_bytes: u64,
-    pid: u32,
 }
 
 impl DeviceShare {
@@ -201,45 +221,19 @@ impl DeviceShare {
         cap_bytes: u64,
     ) -> Option<DeviceShare> {
         (index < TREE_DEVICES).then(|| DeviceShare {
-            used: &tree.device_bytes[index],
-            peak: &tree.device_peak_bytes[index],
-            own: own.map(|o| &o[index]),
+            bytes: TreeBytes::new(&tree.device_bytes[index], &tree.device_peak_bytes[index], own.map(|o| &o[index])),
             cap_bytes,
-            pid: std::process::id(),
         })
-    }
-
-    fn reports(&self) -> bool {
-        // SAFETY: getpid has no preconditions and is async-signal-safe.
-        (unsafe { libc::getpid() }) as u32 == self.pid
     }
 
     /// Takes `bytes` if the tree stays within the device's size; false, taking nothing, if
     /// it would not.
     pub fn try_grow(&self, bytes: u64) -> bool {
-        if !self.reports() {
-            return true;
-        }
-        let now = self.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        if now > self.cap_bytes {
-            self.used.fetch_sub(bytes, Ordering::Relaxed);
-            return false;
-        }
-        self.peak.fetch_max(now, Ordering::Relaxed);
-        if let Some(own) = self.own {
-            own.fetch_add(bytes, Ordering::Relaxed);
-        }
-        true
+        self.bytes.try_grow(bytes, self.cap_bytes)
     }
 
     pub fn shrink(&self, bytes: u64) {
-        if !self.reports() {
-            return;
-        }
-        if let Some(own) = self.own {
-            own.fetch_sub(bytes, Ordering::Relaxed);
-        }
-        self.used.fetch_sub(bytes, Ordering::Relaxed);
+        self.bytes.shrink(bytes);
     }
 }
 
@@ -493,7 +487,8 @@ mod tests {
         let seg = segment("fork");
         let own = seg.claim(1_000_003).expect("a slot");
         // What a fork child's copy of its parent's pool holds: the parent's pid.
-        let copy = PoolShare { tree: seg.charge(), own: Some(own.pool_bytes), pid: std::process::id() + 1 };
+        let mut copy = PoolShare::new(seg.charge(), Some(own.pool_bytes));
+        copy.bytes.pid = std::process::id() + 1;
         copy.grow(1 << 16);
         copy.shrink(1 << 16);
         assert_eq!(seg.charge().pool_bytes.load(Ordering::Relaxed), 0);
