@@ -21,9 +21,11 @@
 
 mod engine_thread;
 pub mod handler_stack;
+mod page_buf;
 pub mod registry;
 
 pub use engine_thread::{is_engine_thread, spawn_engine_thread};
+pub use page_buf::PageBuf;
 
 use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -373,39 +375,6 @@ impl Mapping {
 #[derive(Clone, Copy)]
 #[repr(C, align(4096))]
 pub struct AlignedPage(pub [u8; PAGE_SIZE]);
-
-/// Zeroed, page-aligned pages of the engine's own, in an anonymous mapping of their own
-/// (noted as the engine's): nothing is committed until a page is touched. For buffers sized
-/// for the worst case, lent whole to one user at a time (the bounce buffers: written as
-/// heap memory, they faulted in 2 MiB at every pager's start).
-pub struct PageBuf {
-    map: Mapping,
-    nr_pages: usize,
-}
-
-impl PageBuf {
-    pub fn zeroed(nr_pages: usize) -> io::Result<PageBuf> {
-        let map =
-            Mapping::anonymous(nr_pages.max(1) * PAGE_SIZE, MapOptions { no_huge_pages: false, dont_fork: false })?;
-        Ok(PageBuf { map, nr_pages })
-    }
-}
-
-impl std::ops::Deref for PageBuf {
-    type Target = [AlignedPage];
-    fn deref(&self) -> &[AlignedPage] {
-        // SAFETY: the mapping is page-aligned, readable and `nr_pages` pages long, lives as
-        // long as `self`, and is written only through `deref_mut` (it is private).
-        unsafe { std::slice::from_raw_parts(self.map.addr as *const AlignedPage, self.nr_pages) }
-    }
-}
-
-impl std::ops::DerefMut for PageBuf {
-    fn deref_mut(&mut self) -> &mut [AlignedPage] {
-        // SAFETY: as for `deref`, and `&mut self` makes this the only reference to it.
-        unsafe { std::slice::from_raw_parts_mut(self.map.addr as *mut AlignedPage, self.nr_pages) }
-    }
-}
 
 /// Consecutive pages that the engine owns for the duration of a backend call: the source of
 /// a device write. Either staged pages of a [`Mapping`] or a buffer of aligned pages.
