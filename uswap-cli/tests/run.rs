@@ -206,6 +206,28 @@ fn an_address_space_limit_is_fitted_and_said() {
     assert!(err.contains("address-space limit (ulimit -v) of 1953 MiB"), "{err}");
 }
 
+/// A limit a managed shell sets on itself (`ulimit -v` inside the run) leaves uswap room:
+/// its reservations were far above the limit, so the shell's fork children could not build
+/// a pager (the run failed) and the shell aborted when one of uswap's threads next
+/// allocated. Now the shell goes on, `ulimit -v` reports the limit that was set, and each
+/// program it runs sizes its reservations to that limit and says so.
+#[test]
+fn an_address_space_limit_set_inside_the_run_leaves_room_for_uswap() {
+    let dir = tmpdir("ulimit-inside");
+    let p = compile("grow", &dir, &[]);
+    let wss = WSS_MIB.to_string();
+    // The sleeps give uswap's threads in the shell time to run under the new limit.
+    let script = "ulimit -v 2000000 && ulimit -v && sleep 0.2 && \"$0\" \"$1\" && sleep 0.2 && exec \"$0\" \"$1\"";
+    let prog = ["sh", "-c", script, p.to_str().unwrap(), &wss];
+    let r = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+    assert_same_and_paged(&prog, &r, LIMIT_MIB);
+    assert!(String::from_utf8_lossy(&r.0.stdout).starts_with("2000000\n"), "ulimit -v said otherwise");
+    let err = String::from_utf8_lossy(&r.0.stderr);
+    let said = "address-space limit (ulimit -v) of 1953 MiB, set inside the run";
+    // Each program the shell runs after the limit: two sleeps and two grows.
+    assert_eq!(err.matches(said).count(), 4, "each program sizes its reservations to the limit set:\n{err}");
+}
+
 #[test]
 fn realloc_growth_keeps_every_byte() {
     let dir = tmpdir("grow");

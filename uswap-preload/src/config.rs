@@ -11,6 +11,7 @@
 //! | `USWAP_STATS_DIR` | where each process writes its final counters | none |
 //! | `USWAP_IDLE_AGE` | idle aging: an age (`120s`, `2m`), `never` (count idle pages only) or `off` | `off` |
 //! | `USWAP_DISABLE` | set: the library does nothing | unset |
+//! | `USWAP_ADDRESS_SPACE_LIMIT` | set by the library itself at `execve`: the address-space limit a managed parent set (see `rlimit`) | unset |
 
 use uswap::{parse_size, DeviceConfig, FaultMode, IdleAging, PagerBuilder};
 
@@ -48,7 +49,9 @@ fn size_var(name: &str, default: u64) -> Result<u64, String> {
 }
 
 impl Config {
-    pub fn from_env() -> Result<Config, String> {
+    /// `limit_set_inside`: the address-space limit was set by a managed parent (`rlimit`):
+    /// uswap's reservations come on top of it.
+    pub fn from_env(limit_set_inside: bool) -> Result<Config, String> {
         let limit_bytes = size_var(ENV_LIMIT, 1 << 30)?;
         let default_capacity = DeviceConfig::default_capacity_bytes();
         let spec = std::env::var(ENV_DEVICE).unwrap_or_else(|_| "zpool".into());
@@ -72,7 +75,7 @@ impl Config {
             // (the devices take 5/16 by default, see `DeviceConfig::default_capacity_bytes`;
             // the rest is the program's other mappings), said once.
             heap = heap.min((as_bytes / 3).max(MIN_HEAP_BYTES));
-            say_address_space_limit(as_bytes, heap, capacity);
+            say_address_space_limit(as_bytes, heap, capacity, limit_set_inside);
         }
         let heap_bytes = heap.next_multiple_of(32 << 20) as usize;
         Ok(Config { limit_bytes, devices, fault_mode, min_size_bytes, stats_dir, idle_aging, heap_bytes })
@@ -91,11 +94,15 @@ impl Config {
 }
 
 /// Says, once per process, how uswap's reservations were sized to an address-space limit.
-fn say_address_space_limit(as_bytes: u64, heap_bytes: u64, capacity_bytes: u64) {
+fn say_address_space_limit(as_bytes: u64, heap_bytes: u64, capacity_bytes: u64, limit_set_inside: bool) {
+    let whose = if limit_set_inside {
+        "set inside the run: uswap's reservations come on top of it, and are sized to it"
+    } else {
+        "which uswap's reservations count against"
+    };
     eprintln!(
-        "uswap: process {} has an address-space limit (ulimit -v) of {} MiB, which uswap's reservations \
-         count against: its managed heap is {} MiB (the program's malloc can grow no further, and a single \
-         block less) and its swap devices hold {} MiB",
+        "uswap: process {} has an address-space limit (ulimit -v) of {} MiB, {whose}: its managed heap is {} MiB \
+         (the program's malloc can grow no further, and a single block less) and its swap devices hold {} MiB",
         std::process::id(),
         as_bytes >> 20,
         heap_bytes >> 20,

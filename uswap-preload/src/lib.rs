@@ -26,6 +26,7 @@ pub mod mlock;
 pub mod mmap;
 pub mod real;
 pub mod report;
+pub mod rlimit;
 pub mod signals;
 pub mod syscalls;
 pub mod threads;
@@ -120,7 +121,9 @@ fn start() -> Result<(), String> {
         libc::mallopt(libc::M_ARENA_MAX, 1);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
     }
-    let cfg = config::Config::from_env()?;
+    // Before the configuration sizes anything to an address-space limit.
+    let limit_set_inside = rlimit::inherit();
+    let cfg = config::Config::from_env(limit_set_inside)?;
     if cfg.fault_mode == uswap::FaultMode::Signal {
         // SAFETY: the library's constructor: the process has one thread.
         let r = unsafe { syscalls::start(cfg.stats_dir.as_deref()) }
@@ -170,6 +173,7 @@ fn start() -> Result<(), String> {
     let signal_mode = cfg.fault_mode == uswap::FaultMode::Signal;
     let _ = CONFIG.set(cfg);
     fork::start()?;
+    rlimit::refit();
     if signal_mode {
         signals::start();
         altstack::install_on_this_thread();

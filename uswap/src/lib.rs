@@ -72,7 +72,9 @@ pub use backend::redis::RedisOptions;
 pub use backend::zpool::{Compressor, Incompressible};
 pub use device_config::{parse_size, DeviceConfig};
 pub use error::{Error, ErrorKind, Result};
-pub use mapping::{address_space_limit_bytes, is_engine_thread, note_engine_memory, spawn_engine_thread};
+pub use mapping::{
+    address_space_limit_bytes, engine_reserved_bytes, is_engine_thread, note_engine_memory, spawn_engine_thread,
+};
 
 /// Signal mode's SIGBUS handler, for a library that interposes the program's signal calls
 /// (`uswap run`'s): see [`sigbus::replace_chained`].

@@ -172,6 +172,25 @@ pub fn is_engine_memory(start: usize, end: usize) -> bool {
     })
 }
 
+/// Bytes of address space the engine's own mappings hold now (what [`is_engine_memory`]
+/// knows of), reserved or touched: what an address-space limit set after the pager started
+/// must leave room for (the preload's `rlimit`).
+pub fn engine_reserved_bytes() -> u64 {
+    use std::sync::atomic::Ordering;
+    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
+    ENGINE_RANGES[..high]
+        .iter()
+        .map(|(s, e)| {
+            let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
+            if s != 0 && e > s {
+                (e - s) as u64
+            } else {
+                0
+            }
+        })
+        .sum()
+}
+
 /// An anonymous private mapping, unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {

@@ -1,0 +1,316 @@
+//! Address-space limits a managed program sets on itself (`ulimit -v` in a shell,
+//! `setrlimit(RLIMIT_AS)`): the program gets the room it asked for, and uswap's own
+//! reservations come on top.
+//!
+//! Why: the kernel counts every mapping against `RLIMIT_AS`, uswap's reservations included
+//! (the managed heap, a compressed pool's arena and its staging area: tens of GiB of address
+//! space, none of it committed). A shell under `uswap run` that ran `ulimit -v 2000000` had
+//! a limit far below what it already held; from then on every new mapping failed, and the
+//! next allocation of one of uswap's threads aborted the shell ("memory allocation of
+//! 131072 bytes failed"), while its fork children could not build a pager of their own.
+//!
+//! So, once the pager runs, a limit the program sets on itself reaches the kernel raised by
+//! [`reserve_bytes`]; `getrlimit` and `prlimit` report the limit the program set. An
+//! `execve` (and `execv`, `execvp`, `execvpe`) carries the limit the program set in
+//! `USWAP_ADDRESS_SPACE_LIMIT`, and the new image's library sizes its reservations to that
+//! limit (`config`), then raises the kernel's limit by its own reservations only
+//! ([`refit`]). A program started another way (`posix_spawn`, `execl`), or one that is not
+//! managed, runs under the raised limit.
+//!
+//! State: the limit the program set and the one given to the kernel, two pairs of atomics
+//! written by the program's calls (a process sets its limits from one thread at a time in
+//! practice; a race only makes `getrlimit` report the kernel's value). A fork child
+//! inherits both with the limit.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+/// Carries the limit the program set across `execve`: `SOFT:HARD:GIVEN_SOFT:GIVEN_HARD`.
+pub const ENV_ADDRESS_SPACE_LIMIT: &str = "USWAP_ADDRESS_SPACE_LIMIT";
+
+/// Room for what uswap's threads allocate from the C library's malloc (its `brk` heap) after
+/// the limit is set.
+const THREADS_SLACK_BYTES: u64 = 512 << 20;
+
+const NONE: u64 = 0;
+/// The limit the program set (soft, hard), `NONE` until it set one.
+static SET_SOFT: AtomicU64 = AtomicU64::new(NONE);
+static SET_HARD: AtomicU64 = AtomicU64::new(NONE);
+/// What the kernel was given for it.
+static GIVEN_SOFT: AtomicU64 = AtomicU64::new(NONE);
+static GIVEN_HARD: AtomicU64 = AtomicU64::new(NONE);
+
+/// What uswap adds to a limit the program sets: its managed heap, twice the engine's own
+/// mappings (a fork child builds devices of its own while it still holds its copy of the
+/// parent's) and room for its threads' allocations.
+fn reserve_bytes() -> u64 {
+    let heap_bytes = crate::config().map_or(0, |c| c.heap_bytes as u64);
+    heap_bytes + 2 * uswap::engine_reserved_bytes() + THREADS_SLACK_BYTES
+}
+
+fn raised(limit: u64, by: u64) -> u64 {
+    if limit == libc::RLIM_INFINITY {
+        limit
+    } else {
+        limit.saturating_add(by).min(libc::RLIM_INFINITY - 1)
+    }
+}
+
+fn sys_prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int {
+    // SAFETY: the prlimit64 system call; `new` and `old` are null or point at an rlimit
+    // (the caller's, or ours on the stack), which the kernel checks.
+    unsafe { libc::syscall(libc::SYS_prlimit64, pid, resource, new, old) as c_int }
+}
+
+/// The kernel's limit now.
+fn kernel_limit() -> Option<libc::rlimit> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    (sys_prlimit(0, libc::RLIMIT_AS as c_int, std::ptr::null(), &mut lim) == 0).then_some(lim)
+}
+
+/// Gives the kernel `set` raised by `by_bytes` (within the hard limit it has, which only
+/// root may raise), and remembers both.
+fn give(set: libc::rlimit, by_bytes: u64) -> c_int {
+    let mut given = libc::rlimit { rlim_cur: raised(set.rlim_cur, by_bytes), rlim_max: raised(set.rlim_max, by_bytes) };
+    if let Some(now) = kernel_limit() {
+        if given.rlim_max > now.rlim_max && set.rlim_max <= now.rlim_max {
+            // Not root: the hard limit can only come down; keep what it is.
+            given.rlim_max = now.rlim_max;
+            given.rlim_cur = given.rlim_cur.min(now.rlim_max);
+        }
+    }
+    let r = sys_prlimit(0, libc::RLIMIT_AS as c_int, &given, std::ptr::null_mut());
+    if r == 0 {
+        SET_SOFT.store(set.rlim_cur, Ordering::Relaxed);
+        SET_HARD.store(set.rlim_max, Ordering::Relaxed);
+        GIVEN_SOFT.store(given.rlim_cur, Ordering::Relaxed);
+        GIVEN_HARD.store(given.rlim_max, Ordering::Relaxed);
+    }
+    r
+}
+
+/// The limit the program set, if the kernel still has what it was given for it.
+fn set_limit() -> Option<libc::rlimit> {
+    let soft = SET_SOFT.load(Ordering::Relaxed);
+    if soft == NONE {
+        return None;
+    }
+    let now = kernel_limit()?;
+    (now.rlim_cur == GIVEN_SOFT.load(Ordering::Relaxed) && now.rlim_max == GIVEN_HARD.load(Ordering::Relaxed))
+        .then(|| libc::rlimit { rlim_cur: soft, rlim_max: SET_HARD.load(Ordering::Relaxed) })
+}
+
+/// At start-up, before the configuration is read: takes over the limit a managed parent
+/// set before it exec'd this image (`USWAP_ADDRESS_SPACE_LIMIT`), if the kernel still has
+/// what that parent gave it, so that the reservations are sized to the program's limit.
+/// Whether it did.
+pub fn inherit() -> bool {
+    let Ok(v) = std::env::var(ENV_ADDRESS_SPACE_LIMIT) else { return false };
+    let f: Vec<u64> = v.split(':').filter_map(|x| x.parse().ok()).collect();
+    let (Some(now), &[set_soft, set_hard, given_soft, given_hard]) = (kernel_limit(), &f[..]) else { return false };
+    if now.rlim_cur != given_soft || now.rlim_max != given_hard || set_soft == NONE {
+        return false;
+    }
+    SET_SOFT.store(set_soft, Ordering::Relaxed);
+    SET_HARD.store(set_hard, Ordering::Relaxed);
+    GIVEN_SOFT.store(given_soft, Ordering::Relaxed);
+    GIVEN_HARD.store(given_hard, Ordering::Relaxed);
+    true
+}
+
+/// Once the pager and its heap are built: the kernel's limit becomes the program's plus
+/// this process's own reservations (the parent's were larger or smaller).
+pub fn refit() {
+    if let Some(set) = set_limit() {
+        give(set, reserve_bytes());
+    }
+}
+
+/// `setrlimit` and `prlimit` on this process's `RLIMIT_AS` once the pager runs.
+fn set_own(new: &libc::rlimit, old: *mut libc::rlimit) -> c_int {
+    if !old.is_null() {
+        let r = get_own(old);
+        if r != 0 {
+            return r;
+        }
+    }
+    give(*new, reserve_bytes())
+}
+
+fn get_own(out: *mut libc::rlimit) -> c_int {
+    if let Some(set) = set_limit() {
+        // SAFETY: `out` is the caller's non-null rlimit.
+        unsafe { *out = set };
+        return 0;
+    }
+    sys_prlimit(0, libc::RLIMIT_AS as c_int, std::ptr::null(), out)
+}
+
+fn is_own_address_space(pid: libc::pid_t, resource: c_int) -> bool {
+    // SAFETY: getpid has no memory effects.
+    resource == libc::RLIMIT_AS as c_int && (pid == 0 || pid == unsafe { libc::getpid() })
+}
+
+/// # Safety
+/// As the C library's `prlimit`.
+#[no_mangle]
+pub unsafe extern "C" fn prlimit64(
+    pid: libc::pid_t,
+    resource: c_int,
+    new: *const libc::rlimit,
+    old: *mut libc::rlimit,
+) -> c_int {
+    if !is_own_address_space(pid, resource) {
+        return sys_prlimit(pid, resource, new, old);
+    }
+    if new.is_null() {
+        return if old.is_null() { 0 } else { get_own(old) };
+    }
+    if crate::pager().is_none() {
+        return sys_prlimit(pid, resource, new, old);
+    }
+    // SAFETY: `new` is the caller's non-null rlimit.
+    set_own(unsafe { &*new }, old)
+}
+
+/// # Safety
+/// As the C library's `prlimit`.
+#[no_mangle]
+pub unsafe extern "C" fn prlimit(
+    pid: libc::pid_t,
+    resource: c_int,
+    new: *const libc::rlimit,
+    old: *mut libc::rlimit,
+) -> c_int {
+    // SAFETY: the same contract.
+    unsafe { prlimit64(pid, resource, new, old) }
+}
+
+/// # Safety
+/// As the C library's `setrlimit`.
+#[no_mangle]
+pub unsafe extern "C" fn setrlimit(resource: c_int, new: *const libc::rlimit) -> c_int {
+    // SAFETY: the same contract, for this process.
+    unsafe { prlimit64(0, resource, new, std::ptr::null_mut()) }
+}
+
+/// # Safety
+/// As the C library's `setrlimit64`.
+#[no_mangle]
+pub unsafe extern "C" fn setrlimit64(resource: c_int, new: *const libc::rlimit) -> c_int {
+    // SAFETY: the same contract, for this process.
+    unsafe { prlimit64(0, resource, new, std::ptr::null_mut()) }
+}
+
+/// # Safety
+/// As the C library's `getrlimit`.
+#[no_mangle]
+pub unsafe extern "C" fn getrlimit(resource: c_int, out: *mut libc::rlimit) -> c_int {
+    // SAFETY: the same contract, for this process.
+    unsafe { prlimit64(0, resource, std::ptr::null(), out) }
+}
+
+/// # Safety
+/// As the C library's `getrlimit64`.
+#[no_mangle]
+pub unsafe extern "C" fn getrlimit64(resource: c_int, out: *mut libc::rlimit) -> c_int {
+    // SAFETY: the same contract, for this process.
+    unsafe { prlimit64(0, resource, std::ptr::null(), out) }
+}
+
+// ---- exec: the limit the program set goes with the new image ----
+
+extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// At most this many environment strings are carried with the limit (on the stack: an
+/// `execve` may run in a `vfork` child, where nothing may be allocated); a larger
+/// environment goes unchanged and the new image runs under the raised limit.
+const MAX_ENV: usize = 1024;
+
+/// Runs `exec` with `envp`, plus `USWAP_ADDRESS_SPACE_LIMIT` when the program set a limit.
+fn with_limit_in_env(envp: *const *const c_char, exec: impl FnOnce(*const *const c_char) -> c_int) -> c_int {
+    let Some(set) = set_limit() else { return exec(envp) };
+    let mut var = [0u8; 128];
+    let text = format_var(&mut var, set);
+    let mut out: [*const c_char; MAX_ENV + 2] = [std::ptr::null(); MAX_ENV + 2];
+    let mut n = 0;
+    let mut i = 0;
+    while !envp.is_null() && i <= MAX_ENV {
+        // SAFETY: `envp` is a NULL-terminated array of strings (execve's contract); `i`
+        // stays within it, since the loop stops at its NULL.
+        let s = unsafe { *envp.add(i) };
+        if s.is_null() {
+            break;
+        }
+        i += 1;
+        // SAFETY: `s` is a NUL-terminated string of the caller's.
+        if !unsafe { std::ffi::CStr::from_ptr(s) }.to_bytes().starts_with(ENV_ADDRESS_SPACE_LIMIT.as_bytes()) {
+            if n == MAX_ENV {
+                return exec(envp);
+            }
+            out[n] = s;
+            n += 1;
+        }
+    }
+    out[n] = text;
+    exec(out.as_ptr())
+}
+
+/// Writes `NAME=SOFT:HARD:GIVEN_SOFT:GIVEN_HARD\0` into `buf`, without allocating.
+fn format_var(buf: &mut [u8; 128], set: libc::rlimit) -> *const c_char {
+    use std::io::Write;
+    let given = [GIVEN_SOFT.load(Ordering::Relaxed), GIVEN_HARD.load(Ordering::Relaxed)];
+    let mut w = std::io::Cursor::new(&mut buf[..]);
+    // 128 bytes hold the name and four 20-digit numbers; a failed write leaves the buffer
+    // zeroed after the name, an empty value that `inherit` ignores.
+    let _ = write!(w, "{ENV_ADDRESS_SPACE_LIMIT}={}:{}:{}:{}", set.rlim_cur, set.rlim_max, given[0], given[1]);
+    let end = (w.position() as usize).min(buf.len() - 1);
+    buf[end] = 0;
+    buf.as_ptr().cast()
+}
+
+type ExecveFn = unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
+static REAL_EXECVE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static REAL_EXECVPE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+fn real(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> ExecveFn {
+    let p = crate::real::next_symbol(slot, name);
+    // SAFETY: `p` is the C library's execve or execvpe, both of this type.
+    unsafe { std::mem::transmute::<*mut c_void, ExecveFn>(p) }
+}
+
+/// # Safety
+/// As the C library's `execve`.
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    let f = real(&REAL_EXECVE, c"execve");
+    // SAFETY: the caller's arguments, passed on.
+    with_limit_in_env(envp, |envp| unsafe { f(path, argv, envp) })
+}
+
+/// # Safety
+/// As the C library's `execvpe`.
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    let f = real(&REAL_EXECVPE, c"execvpe");
+    // SAFETY: the caller's arguments, passed on.
+    with_limit_in_env(envp, |envp| unsafe { f(file, argv, envp) })
+}
+
+/// # Safety
+/// As the C library's `execv`.
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: the caller's arguments and the process's environment.
+    unsafe { execve(path, argv, environ) }
+}
+
+/// # Safety
+/// As the C library's `execvp`.
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: the caller's arguments and the process's environment.
+    unsafe { execvpe(file, argv, environ) }
+}
