@@ -1,6 +1,7 @@
 //! The `uswap` command.
 
 mod bench;
+mod meminfo;
 mod report;
 mod run;
 mod size;

@@ -18,7 +18,6 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::bench::FaultModeArg;
 use crate::size::{format_size, parse_size};
 
 mod auto;
@@ -292,15 +291,6 @@ impl RunFaultMode {
     }
 }
 
-impl From<FaultModeArg> for RunFaultMode {
-    fn from(m: FaultModeArg) -> Self {
-        match m {
-            FaultModeArg::Thread => RunFaultMode::Thread,
-            FaultModeArg::Signal => RunFaultMode::Signal,
-        }
-    }
-}
-
 /// How `uswap run` manages a program.
 #[derive(Debug, Clone)]
 pub struct LaunchConfig {
@@ -435,7 +425,7 @@ const DEFAULT_LIMIT_BYTES: u64 = 1 << 30;
 fn run(args: &RunArgs) -> Result<u8, RunError> {
     let limit = match (args.limit, args.auto) {
         (Some(l), _) => l,
-        (None, Some(_)) => crate::bench::Meminfo::read().total_bytes.max(DEFAULT_LIMIT_BYTES),
+        (None, Some(_)) => crate::meminfo::Meminfo::read().total_bytes.max(DEFAULT_LIMIT_BYTES),
         (None, None) => DEFAULT_LIMIT_BYTES,
     };
     if limit < uswap::MIN_LIMIT_BYTES {
@@ -458,9 +448,13 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
             None => uswap::IdleAging::Off,
         }),
     };
+    // Before anything is made or started: a supervisor's SIGTERM that came while the program
+    // was being started killed `uswap run` and left the program's tree running on its own.
+    let mut forwarded = ForwardSignals::new();
     let mut launch = Launch::prepare(&args.command, &cfg)?;
     let path = launch.path.clone();
     let mut child = launch.command.spawn().map_err(|source| RunError::Spawn { path: path.clone(), source })?;
+    forwarded.forward_to(child.id());
     // `uswap stat <this pid>` shows the tree's counters, summed from what every process
     // publishes (each also answers for itself under its own pid). Best effort: the program
     // runs the same without it.
@@ -469,7 +463,6 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // with it, and we wait for it to finish (as `time` does). Ignored only after the spawn:
     // an ignored signal stays ignored across exec.
     let _ignored = IgnoreTerminalSignals::new();
-    let forwarded = ForwardSignals::new(child.id());
     let unmanaged_limit = limit / UNMANAGED_SHARE_DIVISOR;
     let budget = args.auto.map(|target| auto::TreeBudget::start(launch.segment.charge(), target, limit));
     let status = loop {
@@ -742,43 +735,59 @@ impl Drop for IgnoreTerminalSignals {
 /// the whole group, the program included: ignored here, not passed on twice.)
 const FORWARDED_SIGNALS: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2];
 
-/// The program's pid, for [`forward_signal`].
+/// The program's pid, for [`forward_signal`]; 0 before it is started.
 static PROGRAM_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// A signal that came before the program was started, passed on once it is.
+static PENDING_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 /// Set once SIGTERM or SIGHUP was passed on: the run is being stopped, its tree is ended
 /// once the program is (`end_stopped_tree`), and its clean-up must not wait long on a
 /// device (see `Launch`'s drop).
 static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 extern "C" fn forward_signal(sig: libc::c_int) {
-    let pid = PROGRAM_PID.load(std::sync::atomic::Ordering::Relaxed);
-    if pid > 0 {
-        // SAFETY: kill(2) is async-signal-safe; it sends a signal to the program we started.
-        // errno is saved and restored: the handler may interrupt code that is about to read
-        // it.
-        unsafe {
-            let errno = *libc::__errno_location();
-            if sig == libc::SIGTERM || sig == libc::SIGHUP {
-                STOPPED.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            libc::kill(pid, sig);
-            *libc::__errno_location() = errno;
-        }
+    use std::sync::atomic::Ordering;
+    if sig == libc::SIGTERM || sig == libc::SIGHUP {
+        STOPPED.store(true, Ordering::Relaxed);
+    }
+    let pid = PROGRAM_PID.load(Ordering::Relaxed);
+    if pid <= 0 {
+        PENDING_SIGNAL.store(sig, Ordering::Relaxed);
+        return;
+    }
+    // SAFETY: kill(2) is async-signal-safe; it sends a signal to the program we started.
+    // errno is saved and restored: the handler may interrupt code that is about to read it.
+    unsafe {
+        let errno = *libc::__errno_location();
+        libc::kill(pid, sig);
+        *libc::__errno_location() = errno;
     }
 }
 
-/// [`FORWARDED_SIGNALS`] passed on to the program while it lives (restored on drop).
+/// [`FORWARDED_SIGNALS`] passed on to the program while it lives (restored on drop). Set
+/// before the program starts (an exec resets caught signals, so the program does not
+/// inherit the handler); one that comes before is passed on once it runs.
 struct ForwardSignals {
     old: [libc::sighandler_t; FORWARDED_SIGNALS.len()],
 }
 
 impl ForwardSignals {
-    fn new(program_pid: u32) -> Self {
-        PROGRAM_PID.store(program_pid as i32, std::sync::atomic::Ordering::Relaxed);
+    fn new() -> Self {
         let handler = forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        // SAFETY: the handler only loads an atomic and calls kill(2), both async-signal-safe;
-        // the old dispositions are restored on drop.
+        // SAFETY: the handler only uses atomics and kill(2), both async-signal-safe; the old
+        // dispositions are restored on drop.
         let old = FORWARDED_SIGNALS.map(|sig| unsafe { libc::signal(sig, handler) });
         ForwardSignals { old }
+    }
+
+    /// From now on signals go to `program_pid`, and one that came before goes now.
+    fn forward_to(&mut self, program_pid: u32) {
+        use std::sync::atomic::Ordering;
+        PROGRAM_PID.store(program_pid as i32, Ordering::Relaxed);
+        let sig = PENDING_SIGNAL.swap(0, Ordering::Relaxed);
+        if sig != 0 {
+            // SAFETY: kill(2) on the program we just started.
+            unsafe { libc::kill(program_pid as i32, sig) };
+        }
     }
 }
 

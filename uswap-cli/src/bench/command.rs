@@ -33,9 +33,8 @@ use super::kernel::vmstat::Vmstat;
 use super::kernel::KernelSitting;
 use super::results::{median, median_index};
 use super::table::{thousands, Table};
-use super::{
-    baseline_of, engines_of, failure_exit, interrupt, write_json, BenchArgs, Meminfo, Sitting, KERNEL_MIN_LIMIT_BYTES,
-};
+use super::{baseline_of, engines_of, failure_exit, interrupt, write_json, BenchArgs, Sitting, KERNEL_MIN_LIMIT_BYTES};
+use crate::meminfo::Meminfo;
 use crate::run::{Launch, LaunchConfig};
 use crate::size::format_size;
 

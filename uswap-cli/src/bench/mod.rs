@@ -27,6 +27,7 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use crate::meminfo::Meminfo;
 use crate::size::{format_size, parse_size};
 use engine::{Engine, EngineKind};
 use error::BenchError;
@@ -40,6 +41,15 @@ use workload::{Control, Pattern, Progress, Verify, Workload, WorkloadSpec};
 pub enum FaultModeArg {
     Thread,
     Signal,
+}
+
+impl From<FaultModeArg> for crate::run::RunFaultMode {
+    fn from(m: FaultModeArg) -> Self {
+        match m {
+            FaultModeArg::Thread => crate::run::RunFaultMode::Thread,
+            FaultModeArg::Signal => crate::run::RunFaultMode::Signal,
+        }
+    }
 }
 
 impl From<FaultModeArg> for uswap::FaultMode {
@@ -308,27 +318,6 @@ pub fn validate(args: &BenchArgs, engines: &[Engine]) -> Result<(), BenchError> 
         check_fits(args, e, &Meminfo::read())?;
     }
     Ok(())
-}
-
-/// What `/proc/meminfo` says is free, in bytes (0 where it cannot be read: then nothing fits
-/// and the message says so by its numbers).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Meminfo {
-    pub available_bytes: u64,
-    pub total_bytes: u64,
-}
-
-impl Meminfo {
-    pub fn read() -> Meminfo {
-        let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let kib = |key: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        Meminfo { available_bytes: kib("MemAvailable") * 1024, total_bytes: kib("MemTotal") * 1024 }
-    }
 }
 
 /// Memory the swapped-out part of a uswap engine's working set takes: all of it on `ram`

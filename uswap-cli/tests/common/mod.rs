@@ -56,15 +56,7 @@ pub fn run_timed_with(cmd: &mut Command, limit: Duration, during: impl FnOnce(u3
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    let mut pipes = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let out = std::thread::spawn(move || {
-        let mut b = vec![];
-        pipes.0.read_to_end(&mut b).map(|_| b)
-    });
-    let err = std::thread::spawn(move || {
-        let mut b = vec![];
-        pipes.1.read_to_end(&mut b).map(|_| b)
-    });
+    let (out, err) = (read_all(child.stdout.take().unwrap()), read_all(child.stderr.take().unwrap()));
     during(child.id());
     let deadline = Instant::now() + limit;
     let status = loop {
@@ -75,12 +67,33 @@ pub fn run_timed_with(cmd: &mut Command, limit: Duration, during: impl FnOnce(u3
             // SAFETY: kill(2) on the child's own process group; no memory is involved.
             unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             child.wait().unwrap();
-            let e = err.join().unwrap().unwrap_or_default();
+            let e = err.recv_timeout(OUTPUT_GRACE).unwrap_or_default();
             panic!("{what} still running after {limit:?}; stderr:\n{}", String::from_utf8_lossy(&e));
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    Output { status, stdout: out.join().unwrap().unwrap(), stderr: err.join().unwrap().unwrap() }
+    // A process the command left behind (in another group) may hold its output open: fail,
+    // rather than wait for it for ever.
+    let ended = |rx: std::sync::mpsc::Receiver<Vec<u8>>, which: &str| {
+        rx.recv_timeout(OUTPUT_GRACE).unwrap_or_else(|_| {
+            panic!("{what} ended ({status}), but its {which} was still open {OUTPUT_GRACE:?} later: a process it left holds it")
+        })
+    };
+    Output { status, stdout: ended(out, "stdout"), stderr: ended(err, "stderr") }
+}
+
+/// How long a command's output may stay open after it ended.
+const OUTPUT_GRACE: Duration = Duration::from_secs(30);
+
+/// Reads `pipe` to its end on a thread of its own; the bytes come on the channel.
+fn read_all(mut pipe: impl Read + Send + 'static) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut b = vec![];
+        let _ = pipe.read_to_end(&mut b);
+        let _ = tx.send(b);
+    });
+    rx
 }
 
 /// `uswap run --limit LIMIT_MIB MiB OPTS -- PROG` with the tests' preload library, under five
