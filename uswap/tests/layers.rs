@@ -39,15 +39,6 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the pager: builder, handle, regions, adoption, fork", &["pager", "region_handle", "adopt", "fork", "lib"]),
 ];
 
-/// Devices whose one type is implemented over several files (`impl ZpoolBackend` blocks in
-/// `allocator.rs` and `codec.rs`): each folder is one module of the graph.
-const ONE_MODULE: &[&str] = &["backend::zpool", "backend::file", "backend::redis"];
-
-/// The graph's name for a module: a file of a folder in [`ONE_MODULE`] is that folder.
-fn unit_of(module: &str) -> String {
-    ONE_MODULE.iter().find(|u| module == **u || module.starts_with(&format!("{u}::"))).map_or(module, |u| u).to_string()
-}
-
 fn src_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
@@ -333,12 +324,10 @@ fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
                 rest.filter(|r| !r.contains("::")).map(String::from)
             })
             .collect();
-        let unit = unit_of(m);
-        let deps: &mut BTreeSet<String> = graph.entry(unit.clone()).or_default();
+        let deps: &mut BTreeSet<String> = graph.entry(m.clone()).or_default();
         for p in paths_in(&code_of(&text), is_mod_rs, &children) {
             if let Some(target) = resolve(m, &p, &mods, is_mod_rs) {
-                let target = unit_of(&target);
-                if target != unit && !test_files.contains(&target) && target != "lib" {
+                if target != *m && !test_files.contains(&target) && target != "lib" {
                     deps.insert(target);
                 }
             }

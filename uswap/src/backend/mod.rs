@@ -301,8 +301,8 @@ pub trait Backend: Send + Sync {
     /// device's `O_DIRECT` writes) or the network (the Redis tier's `MSET` and a replica's
     /// acknowledgement, hundreds of µs). A pager with such a device reclaims from its
     /// background thread by default (`BackgroundReclaim::Auto`), so that the faulting thread
-    /// does not wait for those writes (BENCHMARKS.md, "The Redis tier" and "Background
-    /// reclaim for slow devices").
+    /// does not wait for those writes (BENCHMARKS.md, "The Redis tier";
+    /// docs/bench/design-measurements.md, "Background reclaim for slow devices").
     fn slow_writes(&self) -> bool {
         false
     }

@@ -22,8 +22,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use io_uring::{opcode, types, EnterFlags, IoUring};
 
-use super::errno;
-use super::ring::{PollBudget, MAX_RETRIES, MAX_STALLS};
+use super::ring::{errno, PollBudget, MAX_RETRIES, MAX_STALLS};
 use crate::backend::{AlignedPage, AsyncReader, AsyncRun, BackendError};
 use crate::uffd::PAGE_SIZE;
 

@@ -3,13 +3,18 @@
 //!
 //! # Job
 //!
-//! [`FileBackend`] is the device; its work is split by concept:
-//! * `open.rs`: opening (or creating) and sizing the device, [`FileOptions`];
-//! * `ring.rs`: reads and writes, through the io_uring rings or the system calls;
+//! [`FileBackend`] is the device; its work is split by concept, each file owning its types
+//! (no file adds `impl` blocks to another's type):
+//! * `error.rs`: [`FileDeviceError`] (a leaf);
+//! * `stats.rs`: [`FileStats`] and the counters behind it (a leaf);
+//! * `open.rs`: opening (or creating), sizing and probing the device, [`FileOptions`];
+//! * `ring.rs`: `RingIo`, reads and writes, through the io_uring rings or the system calls;
 //! * `async_reader.rs`: [`FileAsyncReader`], asynchronous readahead with a ring and a buffer
 //!   of its own;
-//! * this module: the type, its counters and errors, `Drop` (which empties a regular file
-//!   the user keeps: `scrub`), and the [`Backend`] impl with `discard`.
+//! * this module: the type, which holds the open file and a `RingIo`; `open` (which sets
+//!   up the rings on what `open.rs` opened), `Drop` (which empties a regular file the user
+//!   keeps: `scrub`), and the [`Backend`] impl with `discard`. It imports its children; none
+//!   imports it.
 //!
 //! `discard` punches a hole (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`) in a file, or
 //! issues `BLKDISCARD` on a block device. Best effort: failures are counted
@@ -27,7 +32,8 @@
 //!
 //! # Invariants
 //!
-//! * The rings are dropped before the file they refer to (field order of [`FileBackend`]).
+//! * The rings (in its `RingIo`) are dropped before the file they refer to (field order of
+//!   [`FileBackend`]).
 //! * On drop, each ring gives back its registered file at once: a ring is torn down
 //!   asynchronously after its descriptor closes, and the file lock and a block device's
 //!   exclusive claim must not outlive the backend.
@@ -35,179 +41,33 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
-use crossbeam_utils::CachePadded;
-use thiserror::Error;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{AlignedPage, AsyncReader, Backend, ReadReq, WriteReq};
-use crate::sync::SpinLock;
 use crate::uffd::PAGE_SIZE;
-use open::BLKDISCARD;
-use ring::Ring;
+use open::{open_device, Kind, Opened, BLKDISCARD};
+use ring::{errno, RingIo};
+use stats::bump;
 
 mod async_reader;
+mod error;
 mod open;
 mod ring;
+mod stats;
 #[cfg(test)]
 mod tests;
 
 pub use async_reader::FileAsyncReader;
+pub use error::FileDeviceError;
 pub use open::{FileOptions, CLUSTER_BYTES, DEFAULT_POLL_US, MAX_QUEUE_DEPTH};
-
-/// Why a file device could not be opened. Every message names the path and says what to do.
-#[derive(Debug, Error)]
-pub enum FileDeviceError {
-    #[error(
-        "swap device {}: no such file or directory; give an existing directory (uswap creates \
-         an anonymous swap file in it), a file in an existing directory (uswap creates it, mode \
-         0600), an existing regular file, or a block device",
-        .path.display()
-    )]
-    NotFound { path: PathBuf },
-
-    #[error(
-        "swap device {}: mode {mode:04o} lets other users read or write the swapped-out memory \
-         it would hold; run `chmod 600 {}`, or give a directory (uswap creates a private \
-         anonymous swap file in it)",
-        .path.display(), .path.display()
-    )]
-    OthersMayAccess { path: PathBuf, mode: u32 },
-
-    #[error(
-        "swap device {}: permission denied ({source}); run as a user that may read and write \
-         it, or give a directory you own (uswap creates a private swap file in it)",
-        .path.display()
-    )]
-    PermissionDenied { path: PathBuf, source: io::Error },
-
-    #[error(
-        "swap device {}: read-only filesystem or device; give a writable directory, file or \
-         block device",
-        .path.display()
-    )]
-    ReadOnly { path: PathBuf },
-
-    #[error(
-        "swap device {}: capacity of {capacity_bytes} bytes is below one cluster \
-         ({min_bytes} bytes); give it at least {min_bytes} bytes",
-        .path.display()
-    )]
-    TooSmall { path: PathBuf, capacity_bytes: u64, min_bytes: u64 },
-
-    #[error(
-        "swap device {}: capacity of {capacity_bytes} bytes is larger than the block device \
-         ({device_bytes} bytes); uswap never writes past the end of a device: give at most \
-         {device_bytes} bytes",
-        .path.display()
-    )]
-    LargerThanDevice { path: PathBuf, capacity_bytes: u64, device_bytes: u64 },
-
-    #[error(
-        "swap device {}: the filesystem does not support direct I/O (O_DIRECT with 4096-byte \
-         blocks: {source}), which uswap needs to keep swapped pages out of the page cache; put \
-         the swap file on a disk filesystem such as ext4, xfs or btrfs (e.g. a directory under \
-         /var/tmp), not ramfs, a network or a FUSE filesystem",
-        .path.display()
-    )]
-    DirectIoUnsupported { path: PathBuf, source: io::Error },
-
-    #[error(
-        "swap device {}: it is {kind}, not a directory, regular file or block device; give a \
-         directory (uswap creates an anonymous swap file in it), a regular file, or a block \
-         device",
-        .path.display()
-    )]
-    UnsupportedFileType { path: PathBuf, kind: &'static str },
-
-    #[error(
-        "swap device {}: the filesystem cannot allocate the swap file with fallocate \
-         ({source}); set FileOptions::preallocate to false to use a sparse file, or choose a \
-         directory on ext4, xfs or btrfs",
-        .path.display()
-    )]
-    FallocateUnsupported { path: PathBuf, source: io::Error },
-
-    #[error(
-        "swap device {}: not enough free space for {capacity_bytes} bytes ({source}); free \
-         space, lower the capacity, or choose another filesystem",
-        .path.display()
-    )]
-    NoSpace { path: PathBuf, capacity_bytes: u64, source: io::Error },
-
-    #[error(
-        "swap device {}: in use (a mounted or exclusively opened block device, or a swap file \
-         another uswap device holds); give a device or file nothing else uses",
-        .path.display()
-    )]
-    Busy { path: PathBuf },
-
-    #[error(
-        "swap device {}: logical block size of {block_size} bytes does not divide the \
-         {page_size}-byte page; uswap needs a device with 512- or 4096-byte blocks",
-        .path.display()
-    )]
-    BlockSizeUnsupported { path: PathBuf, block_size: u32, page_size: usize },
-
-    #[error(
-        "swap device {}: queue depth {queue_depth} is outside 1..={max}; pick a value in that \
-         range (64 is the default)",
-        .path.display()
-    )]
-    BadQueueDepth { path: PathBuf, queue_depth: u32, max: u32 },
-
-    #[error("swap device {}: {what} failed: {source}", .path.display())]
-    Io { path: PathBuf, what: &'static str, source: io::Error },
-}
-
-/// Counters of a file device (monotonic, summed over all threads).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FileStats {
-    /// `read`/`write` calls served through an io_uring.
-    pub ring_calls: u64,
-    /// `read`/`write` calls served with `pread`/`pwrite` (all rings busy, the calling thread
-    /// held an engine lock, or no ring).
-    pub sync_calls: u64,
-    /// Transfers resubmitted for their remainder after a short read or write.
-    pub short_transfers: u64,
-    /// Transfers retried after `EINTR`/`EAGAIN`.
-    pub retries: u64,
-    /// `discard` calls.
-    pub discards: u64,
-    /// `discard` calls that did not free the range (failed, unsupported or out of range).
-    pub discard_errors: u64,
-    /// io_uring instances given up after the kernel refused a submission with an unexpected
-    /// error (their calls were finished with system calls; later calls use the other rings).
-    pub rings_poisoned: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    ring_calls: AtomicU64,
-    sync_calls: AtomicU64,
-    short_transfers: AtomicU64,
-    retries: AtomicU64,
-    discards: AtomicU64,
-    discard_errors: AtomicU64,
-    rings_poisoned: AtomicU64,
-}
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    File,
-    BlockDevice,
-}
+pub use stats::FileStats;
 
 /// A swap device on a file or block device. See the module documentation.
 pub struct FileBackend {
     /// `file` registered as the engine's (see `crate::fd`); dropped before it closes.
     _kept: crate::fd::Kept,
     // Dropped first: the rings go before the file they refer to.
-    rings: Box<[CachePadded<SpinLock<Ring>>]>,
+    io: RingIo,
     file: OwnedFd,
     path: PathBuf,
     kind: Kind,
@@ -217,18 +77,37 @@ pub struct FileBackend {
     /// Polling budget of a call before it sleeps (see [`FileOptions::poll_us`]).
     poll_ns: u64,
     ring_error: Option<io::Error>,
-    counters: Counters,
     discard_unsupported: AtomicBool,
-    /// Set in a fork child's copy of the parent's device: system calls only, the rings
-    /// being the parent's (see `Backend::enter_fork_child`).
-    syscalls_only: AtomicBool,
-}
-
-fn errno() -> i32 {
-    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
 impl FileBackend {
+    /// Opens (or, for a directory, creates) a swap device of `capacity_bytes` (rounded down to
+    /// whole 2 MiB clusters) at `path`: a directory, an existing regular file, or a block
+    /// device. See `open.rs` for what happens to each.
+    pub fn open(
+        path: impl AsRef<Path>,
+        capacity_bytes: u64,
+        options: FileOptions,
+    ) -> Result<FileBackend, FileDeviceError> {
+        let path = path.as_ref();
+        let Opened { file, kind, anonymous, nr_slots } = open_device(path, capacity_bytes, &options)?;
+        let poll_ns = options.poll_us as u64 * 1000;
+        let (io, ring_error) = RingIo::new(file.as_raw_fd(), nr_slots, poll_ns, options.rings, options.queue_depth);
+        Ok(FileBackend {
+            _kept: crate::fd::keep(file.as_raw_fd()),
+            io,
+            file,
+            path: path.to_owned(),
+            kind,
+            anonymous,
+            nr_slots,
+            queue_depth: options.queue_depth,
+            poll_ns,
+            ring_error,
+            discard_unsupported: AtomicBool::new(false),
+        })
+    }
+
     /// The path the device was opened with (for an anonymous file: its directory).
     pub fn path(&self) -> &Path {
         &self.path
@@ -250,7 +129,7 @@ impl FileBackend {
 
     /// io_uring instances in use (fewer than asked if the kernel refused some).
     pub fn nr_rings(&self) -> usize {
-        self.rings.len()
+        self.io.nr_rings()
     }
 
     /// Why fewer io_uring instances than asked for exist, if so (I/O then uses system calls).
@@ -260,21 +139,11 @@ impl FileBackend {
 
     /// Discards that did not free their range (failed, unsupported, or out of range).
     pub fn discard_errors(&self) -> u64 {
-        self.counters.discard_errors.load(Ordering::Relaxed)
+        self.io.counters.discard_errors.load(Ordering::Relaxed)
     }
 
     pub fn stats(&self) -> FileStats {
-        let c = &self.counters;
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        FileStats {
-            ring_calls: l(&c.ring_calls),
-            sync_calls: l(&c.sync_calls),
-            short_transfers: l(&c.short_transfers),
-            retries: l(&c.retries),
-            discards: l(&c.discards),
-            discard_errors: l(&c.discard_errors),
-            rings_poisoned: l(&c.rings_poisoned),
-        }
+        self.io.counters.snapshot()
     }
 }
 
@@ -284,13 +153,7 @@ impl Drop for FileBackend {
         // keeps its registered file open: the file lock and a block device's exclusive claim
         // would outlive the backend, and reopening the same path right away would find it
         // busy. Release both now.
-        for ring in self.rings.iter() {
-            if let Some(ring) = ring.try_lock() {
-                if ring.fixed_file {
-                    let _ = ring.uring.submitter().unregister_files();
-                }
-            }
-        }
+        self.io.release_files();
         if self.kind == Kind::File && !self.anonymous {
             // Before unlocking, so that the next user of the file finds it empty.
             self.scrub();
@@ -374,7 +237,7 @@ impl Backend for FileBackend {
     }
 
     fn write(&self, reqs: &mut [WriteReq<'_>]) {
-        self.submit(reqs);
+        self.io.submit(reqs);
     }
 
     fn slow_writes(&self) -> bool {
@@ -388,7 +251,7 @@ impl Backend for FileBackend {
     }
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
-        self.submit(reqs);
+        self.io.submit(reqs);
     }
 
     /// An anonymous file or a block device. Not a named file the user keeps: the parent
@@ -398,17 +261,17 @@ impl Backend for FileBackend {
     }
 
     fn enter_fork_child(&self) {
-        self.syscalls_only.store(true, Ordering::Relaxed);
+        self.io.enter_fork_child();
     }
 
     fn discard(&self, slot: u64, nr: u64) {
         if nr == 0 {
             return;
         }
-        bump(&self.counters.discards);
+        bump(&self.io.counters.discards);
         let in_range = slot.checked_add(nr).is_some_and(|end| end <= self.nr_slots);
         if !in_range || self.discard_unsupported.load(Ordering::Relaxed) {
-            bump(&self.counters.discard_errors);
+            bump(&self.io.counters.discard_errors);
             return;
         }
         let off = slot * PAGE_SIZE as u64;
@@ -441,7 +304,7 @@ impl Backend for FileBackend {
             if e == libc::EINTR {
                 continue;
             }
-            bump(&self.counters.discard_errors);
+            bump(&self.io.counters.discard_errors);
             if matches!(e, libc::EOPNOTSUPP | libc::ENOTTY) {
                 self.discard_unsupported.store(true, Ordering::Relaxed);
             }

@@ -2,7 +2,7 @@
 //!
 //! # Job
 //!
-//! [`FileBackend::open`] takes a directory, a regular file (existing, or created) or a block
+//! [`open_device`] (which [`FileBackend::open`] calls) takes a directory, a regular file (existing, or created) or a block
 //! device:
 //! * a **directory**: uswap creates an anonymous swap file in it, mode 0600, never linked
 //!   into the directory (`O_TMPFILE | O_EXCL`; where the filesystem has no `O_TMPFILE`, a
@@ -26,11 +26,15 @@
 //! The capacity is rounded down to whole clusters (`SWAPFILE_CLUSTER` pages, 2 MiB). Nothing
 //! is ever synced: swap contents are worthless after a crash.
 //!
+//! This module opens, checks, sizes and probes the file; it returns an [`Opened`] file, on
+//! which `FileBackend::open` (`mod.rs`) sets up the rings (`ring.rs`). It imports only the
+//! folder's error type (`error.rs`).
+//!
 //! # Locking rules
 //!
 //! Opening takes no lock: the device is not shared until `open` returns it. Everything the
 //! ring path needs (the rings, per-ring bookkeeping of in-flight operations) is allocated
-//! here, at open, so that reads and writes allocate nothing.
+//! at open, so that reads and writes allocate nothing.
 //!
 //! # Invariants
 //!
@@ -38,6 +42,8 @@
 //! * An existing file is never shrunk or truncated; a block device is never resized and
 //!   never used past its end.
 //! * The capacity is whole clusters, at least one.
+//!
+//! [`FileBackend::open`]: super::FileBackend::open
 
 use std::ffi::CString;
 use std::fs;
@@ -46,15 +52,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crossbeam_utils::CachePadded;
-
-use super::ring::new_ring;
-use super::{Counters, FileBackend, FileDeviceError, Kind};
-use crate::backend::SWAPFILE_CLUSTER;
+use super::error::FileDeviceError;
+use crate::backend::{AlignedPage, SWAPFILE_CLUSTER};
 use crate::mapping::nr_cpus_configured;
-use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
 
 /// Bytes in one cluster: the smallest capacity, and the unit capacities are rounded down to.
@@ -66,6 +68,24 @@ pub const MAX_QUEUE_DEPTH: u32 = 4096;
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272; // _IOR(0x12, 114, u64)
 const BLKSSZGET: libc::c_ulong = 0x1268; // _IO(0x12, 104)
 pub(super) const BLKDISCARD: libc::c_ulong = 0x1277; // _IO(0x12, 119)
+
+/// What the device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    File,
+    BlockDevice,
+}
+
+/// A device opened, checked, sized and probed: what [`open_device`] hands the backend.
+pub(super) struct Opened {
+    /// The device, open read-write with `O_DIRECT`.
+    pub(super) file: OwnedFd,
+    pub(super) kind: Kind,
+    /// uswap created the (unlinked) file itself.
+    pub(super) anonymous: bool,
+    /// The capacity in slots (whole clusters).
+    pub(super) nr_slots: u64,
+}
 
 /// How a file device is set up.
 #[derive(Debug, Clone)]
@@ -302,130 +322,104 @@ fn set_direct(fd: RawFd, path: &Path) -> Result<(), FileDeviceError> {
     Ok(())
 }
 
-impl FileBackend {
-    /// Opens (or, for a directory, creates) a swap device of `capacity_bytes` (rounded down to
-    /// whole 2 MiB clusters) at `path`: a directory, an existing regular file, or a block
-    /// device. See the module documentation for what happens to each.
-    pub fn open(
-        path: impl AsRef<Path>,
-        capacity_bytes: u64,
-        options: FileOptions,
-    ) -> Result<FileBackend, FileDeviceError> {
-        let path = path.as_ref();
-        if capacity_bytes < CLUSTER_BYTES {
-            return Err(FileDeviceError::TooSmall { path: path.to_owned(), capacity_bytes, min_bytes: CLUSTER_BYTES });
-        }
-        if options.queue_depth == 0 || options.queue_depth > MAX_QUEUE_DEPTH {
-            return Err(FileDeviceError::BadQueueDepth {
-                path: path.to_owned(),
-                queue_depth: options.queue_depth,
-                max: MAX_QUEUE_DEPTH,
-            });
-        }
-        let nr_slots = capacity_bytes / CLUSTER_BYTES * SWAPFILE_CLUSTER as u64;
-        let len = nr_slots * PAGE_SIZE as u64;
-
-        let ft = match fs::metadata(path) {
-            Ok(meta) => Some(meta.file_type()),
-            // Created below, if its directory exists (docs/devices.md promises a 0600 file).
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(open_error(path, "stat", e)),
-        };
-        let (file, kind, anonymous) = if ft.is_some_and(|ft| ft.is_dir()) {
-            let fd = create_anonymous(path, true)?;
-            // Exactly 0600 whatever the umask (which can only have removed bits).
-            // SAFETY: plain system call on an open descriptor.
-            if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
-                return Err(open_error(path, "fchmod of the swap file", io::Error::last_os_error()));
-            }
-            set_direct(fd.as_raw_fd(), path)?;
-            size_file(fd.as_raw_fd(), path, len, options.preallocate)?;
-            (fd, Kind::File, true)
-        } else if ft.is_none_or(|ft| ft.is_file()) {
-            (open_regular(path, ft.is_none(), len, options.preallocate)?, Kind::File, false)
-        } else if ft.is_some_and(|ft| ft.is_block_device()) {
-            let cpath = cstring(path)?;
-            let fd = sys_open(&cpath, libc::O_RDWR | libc::O_DIRECT | libc::O_EXCL, 0)
-                .map_err(|e| open_error(path, "opening the block device", e))?;
-            let mut device_bytes: u64 = 0;
-            // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid.
-            if unsafe { libc::ioctl(fd.as_raw_fd(), BLKGETSIZE64, &mut device_bytes as *mut u64) } != 0 {
-                return Err(open_error(path, "reading the device size (BLKGETSIZE64)", io::Error::last_os_error()));
-            }
-            if capacity_bytes > device_bytes {
-                return Err(FileDeviceError::LargerThanDevice { path: path.to_owned(), capacity_bytes, device_bytes });
-            }
-            let mut block_size: libc::c_int = 0;
-            // SAFETY: BLKSSZGET writes one int through the pointer, which is valid.
-            if unsafe { libc::ioctl(fd.as_raw_fd(), BLKSSZGET, &mut block_size as *mut libc::c_int) } != 0 {
-                return Err(open_error(path, "reading the block size (BLKSSZGET)", io::Error::last_os_error()));
-            }
-            if block_size <= 0 || PAGE_SIZE % block_size as usize != 0 {
-                return Err(FileDeviceError::BlockSizeUnsupported {
-                    path: path.to_owned(),
-                    block_size: block_size.max(0) as u32,
-                    page_size: PAGE_SIZE,
-                });
-            }
-            (fd, Kind::BlockDevice, false)
-        } else {
-            let kind = match ft {
-                Some(ft) if ft.is_char_device() => "a character device",
-                Some(ft) if ft.is_fifo() => "a FIFO",
-                Some(ft) if ft.is_socket() => "a socket",
-                _ => "an unknown kind of file",
-            };
-            return Err(FileDeviceError::UnsupportedFileType { path: path.to_owned(), kind });
-        };
-
-        // Probe: one direct read of slot 0, so that a filesystem that accepts O_DIRECT at open
-        // but not 4096-byte direct I/O fails here rather than on the first swap-in.
-        let mut probe = Box::new(super::AlignedPage([0; PAGE_SIZE]));
-        // SAFETY: the buffer is one owned, page-aligned page, valid for PAGE_SIZE bytes.
-        let r = unsafe { libc::pread(file.as_raw_fd(), probe.0.as_mut_ptr().cast(), PAGE_SIZE, 0) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
-                Some(libc::EINVAL) => FileDeviceError::DirectIoUnsupported { path: path.to_owned(), source: e },
-                _ => FileDeviceError::Io { path: path.to_owned(), what: "probe read with O_DIRECT", source: e },
-            });
-        }
-
-        let mut rings = Vec::with_capacity(options.rings);
-        let mut ring_error = None;
-        for _ in 0..options.rings {
-            match new_ring(file.as_raw_fd(), options.queue_depth) {
-                Ok(r) => rings.push(CachePadded::new(SpinLock::new(LockClass::DeviceChannel, r))),
-                Err(e) => {
-                    // io_uring disabled (sysctl kernel.io_uring_disabled, seccomp) or out of
-                    // locked memory: serve everything with system calls; say why on request.
-                    ring_error = Some(e);
-                    break;
-                }
-            }
-        }
-        Ok(FileBackend {
-            _kept: crate::fd::keep(file.as_raw_fd()),
-            rings: rings.into_boxed_slice(),
-            file,
-            path: path.to_owned(),
-            kind,
-            anonymous,
-            nr_slots,
-            queue_depth: options.queue_depth,
-            poll_ns: options.poll_us as u64 * 1000,
-            ring_error,
-            counters: Counters::default(),
-            discard_unsupported: AtomicBool::new(false),
-            syscalls_only: AtomicBool::new(false),
-        })
+/// Opens the block device at `path` exclusively, and checks that it holds `capacity_bytes`
+/// and that its logical blocks divide a page.
+fn open_block_device(path: &Path, capacity_bytes: u64) -> Result<OwnedFd, FileDeviceError> {
+    let cpath = cstring(path)?;
+    let fd = sys_open(&cpath, libc::O_RDWR | libc::O_DIRECT | libc::O_EXCL, 0)
+        .map_err(|e| open_error(path, "opening the block device", e))?;
+    let mut device_bytes: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), BLKGETSIZE64, &mut device_bytes as *mut u64) } != 0 {
+        return Err(open_error(path, "reading the device size (BLKGETSIZE64)", io::Error::last_os_error()));
     }
+    if capacity_bytes > device_bytes {
+        return Err(FileDeviceError::LargerThanDevice { path: path.to_owned(), capacity_bytes, device_bytes });
+    }
+    let mut block_size: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which is valid.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), BLKSSZGET, &mut block_size as *mut libc::c_int) } != 0 {
+        return Err(open_error(path, "reading the block size (BLKSSZGET)", io::Error::last_os_error()));
+    }
+    if block_size <= 0 || PAGE_SIZE % block_size as usize != 0 {
+        return Err(FileDeviceError::BlockSizeUnsupported {
+            path: path.to_owned(),
+            block_size: block_size.max(0) as u32,
+            page_size: PAGE_SIZE,
+        });
+    }
+    Ok(fd)
+}
+
+/// Opens (or, for a directory, creates) a swap device of `capacity_bytes` (rounded down to
+/// whole 2 MiB clusters) at `path`: a directory, an existing regular file, or a block
+/// device, checked, sized and probed with one direct read. See the module documentation for
+/// what happens to each.
+pub(super) fn open_device(path: &Path, capacity_bytes: u64, options: &FileOptions) -> Result<Opened, FileDeviceError> {
+    if capacity_bytes < CLUSTER_BYTES {
+        return Err(FileDeviceError::TooSmall { path: path.to_owned(), capacity_bytes, min_bytes: CLUSTER_BYTES });
+    }
+    if options.queue_depth == 0 || options.queue_depth > MAX_QUEUE_DEPTH {
+        return Err(FileDeviceError::BadQueueDepth {
+            path: path.to_owned(),
+            queue_depth: options.queue_depth,
+            max: MAX_QUEUE_DEPTH,
+        });
+    }
+    let nr_slots = capacity_bytes / CLUSTER_BYTES * SWAPFILE_CLUSTER as u64;
+    let len = nr_slots * PAGE_SIZE as u64;
+
+    let ft = match fs::metadata(path) {
+        Ok(meta) => Some(meta.file_type()),
+        // Created below, if its directory exists (docs/devices.md promises a 0600 file).
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(open_error(path, "stat", e)),
+    };
+    let (file, kind, anonymous) = if ft.is_some_and(|ft| ft.is_dir()) {
+        let fd = create_anonymous(path, true)?;
+        // Exactly 0600 whatever the umask (which can only have removed bits).
+        // SAFETY: plain system call on an open descriptor.
+        if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
+            return Err(open_error(path, "fchmod of the swap file", io::Error::last_os_error()));
+        }
+        set_direct(fd.as_raw_fd(), path)?;
+        size_file(fd.as_raw_fd(), path, len, options.preallocate)?;
+        (fd, Kind::File, true)
+    } else if ft.is_none_or(|ft| ft.is_file()) {
+        (open_regular(path, ft.is_none(), len, options.preallocate)?, Kind::File, false)
+    } else if ft.is_some_and(|ft| ft.is_block_device()) {
+        (open_block_device(path, capacity_bytes)?, Kind::BlockDevice, false)
+    } else {
+        let kind = match ft {
+            Some(ft) if ft.is_char_device() => "a character device",
+            Some(ft) if ft.is_fifo() => "a FIFO",
+            Some(ft) if ft.is_socket() => "a socket",
+            _ => "an unknown kind of file",
+        };
+        return Err(FileDeviceError::UnsupportedFileType { path: path.to_owned(), kind });
+    };
+
+    // Probe: one direct read of slot 0, so that a filesystem that accepts O_DIRECT at open
+    // but not 4096-byte direct I/O fails here rather than on the first swap-in.
+    let mut probe = Box::new(AlignedPage([0; PAGE_SIZE]));
+    // SAFETY: the buffer is one owned, page-aligned page, valid for PAGE_SIZE bytes.
+    let r = unsafe { libc::pread(file.as_raw_fd(), probe.0.as_mut_ptr().cast(), PAGE_SIZE, 0) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EINVAL) => FileDeviceError::DirectIoUnsupported { path: path.to_owned(), source: e },
+            _ => FileDeviceError::Io { path: path.to_owned(), what: "probe read with O_DIRECT", source: e },
+        });
+    }
+
+    Ok(Opened { file, kind, anonymous, nr_slots })
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::tests::{open_err, opts, read_and_verify, staging, write_private, write_runs, TestDir, MIB};
     use super::*;
+    use crate::backend::file::FileBackend;
     use crate::backend::Backend;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 

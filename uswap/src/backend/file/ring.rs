@@ -12,6 +12,10 @@
 //! remainder; `EINTR`/`EAGAIN` are retried (a bounded number of times); any other error ends
 //! that request with `BackendError::Io` naming the first slot not transferred.
 //!
+//! [`RingIo`] owns this path's state: the rings, and the copies of the device's descriptor,
+//! size and polling budget it needs, and the device's counters. The device (`mod.rs`) holds
+//! one and calls [`RingIo::submit`]; this module imports only the counters (`stats.rs`).
+//!
 //! # Locking rules
 //!
 //! `read` may run inside a SIGBUS handler on an application thread (signal mode), and
@@ -43,21 +47,30 @@
 //!   waited for.
 //! * Per-call work on a ring is bounded by the queue depth: at most `queue_depth` operations
 //!   in flight, the completion queue (twice the depth) cannot overflow.
+//! * The descriptor a [`RingIo`] uses is the device's, which `FileBackend` closes only after
+//!   dropping the [`RingIo`] (field order).
 //!
 //! [`FileOptions::rings`]: super::FileOptions::rings
 //! [`SpinLock`]: crate::sync::SpinLock
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use crossbeam_utils::CachePadded;
 use io_uring::{opcode, squeue, types, EnterFlags, IoUring};
 
-use super::{bump, errno, FileBackend};
+use super::stats::{bump, Counters};
 use crate::backend::{BackendError, ReadReq, WriteReq};
 use crate::clock::now_ns;
 use crate::mapping::current_cpu;
-use crate::sync::locks_held_by_this_thread;
+use crate::sync::{locks_held_by_this_thread, LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
+
+/// The calling thread's `errno` (`EIO` if there is none).
+pub(super) fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
 
 /// Largest single transfer; a longer request is done as several (as if it were short).
 const MAX_IO_BYTES: u64 = 1 << 30;
@@ -97,12 +110,12 @@ struct Op {
 }
 
 /// One io_uring instance and its pre-allocated bookkeeping.
-pub(super) struct Ring {
+struct Ring {
     /// The ring's descriptor registered as the engine's (see `crate::fd`); dropped first.
     _kept: crate::fd::Kept,
-    pub(super) uring: IoUring,
+    uring: IoUring,
     /// The file is registered with the ring as fixed file 0 (saves a file lookup per I/O).
-    pub(super) fixed_file: bool,
+    fixed_file: bool,
     /// Never entered again (see the module invariants).
     poisoned: bool,
     /// The operations of the current round, indexed by SQE `user_data`.
@@ -111,7 +124,7 @@ pub(super) struct Ring {
     carry: Box<[Op]>,
 }
 
-pub(super) fn new_ring(fd: RawFd, queue_depth: u32) -> io::Result<Ring> {
+fn new_ring(fd: RawFd, queue_depth: u32) -> io::Result<Ring> {
     // COOP_TASKRUN: completions are processed when we enter the kernel to wait for them
     // anyway, so the kernel need not interrupt the thread (5.19+; plain ring otherwise).
     let uring = match IoUring::builder().dontfork().setup_coop_taskrun().setup_submit_all().build(queue_depth) {
@@ -188,7 +201,81 @@ enum Step {
     Failed(BackendError),
 }
 
-impl FileBackend {
+/// The device's read and write path: its io_uring instances, and the system calls when
+/// none is free or allowed. See the module documentation.
+pub(super) struct RingIo {
+    rings: Box<[CachePadded<SpinLock<Ring>>]>,
+    /// The device's descriptor (`FileBackend` owns it and closes it after this is dropped).
+    fd: RawFd,
+    nr_slots: u64,
+    /// Polling budget of a call before it sleeps (see [`FileOptions::poll_us`]).
+    ///
+    /// [`FileOptions::poll_us`]: super::FileOptions::poll_us
+    poll_ns: u64,
+    /// The device's counters (`discard` counts here too).
+    pub(super) counters: Counters,
+    /// Set in a fork child's copy of the parent's device: system calls only, the rings
+    /// being the parent's (see `Backend::enter_fork_child`).
+    syscalls_only: AtomicBool,
+}
+
+impl RingIo {
+    /// The path for the device open on `fd` with `nr_slots` slots: up to `nr_rings` rings of
+    /// `queue_depth` entries each, and why there are fewer, if there are.
+    pub(super) fn new(
+        fd: RawFd,
+        nr_slots: u64,
+        poll_ns: u64,
+        nr_rings: usize,
+        queue_depth: u32,
+    ) -> (RingIo, Option<io::Error>) {
+        let mut rings = Vec::with_capacity(nr_rings);
+        let mut ring_error = None;
+        for _ in 0..nr_rings {
+            match new_ring(fd, queue_depth) {
+                Ok(r) => rings.push(CachePadded::new(SpinLock::new(LockClass::DeviceChannel, r))),
+                Err(e) => {
+                    // io_uring disabled (sysctl kernel.io_uring_disabled, seccomp) or out of
+                    // locked memory: serve everything with system calls; say why on request.
+                    ring_error = Some(e);
+                    break;
+                }
+            }
+        }
+        let io = RingIo {
+            rings: rings.into_boxed_slice(),
+            fd,
+            nr_slots,
+            poll_ns,
+            counters: Counters::default(),
+            syscalls_only: AtomicBool::new(false),
+        };
+        (io, ring_error)
+    }
+
+    /// io_uring instances in use.
+    pub(super) fn nr_rings(&self) -> usize {
+        self.rings.len()
+    }
+
+    /// From now on, system calls only (a fork child: the rings are the parent's).
+    pub(super) fn enter_fork_child(&self) {
+        self.syscalls_only.store(true, Ordering::Relaxed);
+    }
+
+    /// Makes each ring give back its registered file now (at the device's drop): a ring is
+    /// torn down asynchronously after its descriptor closes, and until then it keeps the
+    /// file open.
+    pub(super) fn release_files(&self) {
+        for ring in self.rings.iter() {
+            if let Some(ring) = ring.try_lock() {
+                if ring.fixed_file {
+                    let _ = ring.uring.submitter().unregister_files();
+                }
+            }
+        }
+    }
+
     /// Sets every request's result to `Ok` or `OutOfRange`; only `Ok` ones are transferred.
     /// Returns how many are to be transferred.
     fn check_ranges<B: Batch + ?Sized>(&self, reqs: &mut B) -> usize {
@@ -216,10 +303,7 @@ impl FileBackend {
         if self.check_ranges(reqs) == 0 {
             return;
         }
-        if locks_held_by_this_thread() == 0
-            && !self.rings.is_empty()
-            && !self.syscalls_only.load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if locks_held_by_this_thread() == 0 && !self.rings.is_empty() && !self.syscalls_only.load(Ordering::Relaxed) {
             let n = self.rings.len();
             let start = current_cpu() % n;
             for k in 0..n {
@@ -298,9 +382,9 @@ impl FileBackend {
                 let buf = base.add(op.done as usize);
                 let off = (offset + op.done) as libc::off_t;
                 if B::WRITE {
-                    libc::pwrite(self.file.as_raw_fd(), buf as *const libc::c_void, len, off)
+                    libc::pwrite(self.fd, buf as *const libc::c_void, len, off)
                 } else {
-                    libc::pread(self.file.as_raw_fd(), buf.cast(), len, off)
+                    libc::pread(self.fd, buf.cast(), len, off)
                 }
             };
             let res = if r < 0 { -(errno() as i64) } else { r as i64 };
@@ -336,7 +420,7 @@ impl FileBackend {
                 }
             };
         }
-        let e = if fixed_file { build!(types::Fixed(0)) } else { build!(types::Fd(self.file.as_raw_fd())) };
+        let e = if fixed_file { build!(types::Fixed(0)) } else { build!(types::Fd(self.fd)) };
         e.user_data(user_data)
     }
 
@@ -546,7 +630,7 @@ mod tests {
         TestDir, MIB,
     };
     use super::*;
-    use crate::backend::file::{FileOptions, FileStats};
+    use crate::backend::file::{FileBackend, FileOptions, FileStats};
     use crate::backend::{AlignedPage, Backend};
     use crate::sync::{LockClass, SpinLock};
     use arrayvec::ArrayVec;
@@ -711,7 +795,7 @@ mod tests {
         let holder = {
             let (b, held, release) = (b.clone(), held.clone(), release.clone());
             std::thread::spawn(move || {
-                let _g = b.rings[0].try_lock().expect("ring free");
+                let _g = b.io.rings[0].try_lock().expect("ring free");
                 held.wait();
                 release.wait();
             })
@@ -781,7 +865,7 @@ mod tests {
             let (b, go, held, release) = (b.clone(), go.clone(), held.clone(), release.clone());
             std::thread::spawn(move || {
                 go.wait();
-                let _g = b.rings[0].try_lock().expect("ring free");
+                let _g = b.io.rings[0].try_lock().expect("ring free");
                 held.wait();
                 while !release.load(Ordering::Acquire) {
                     std::thread::yield_now();
@@ -817,7 +901,7 @@ mod tests {
         // with an error that is neither EINTR nor EAGAIN, with the first round still queued.
         let null = fs::File::open("/dev/null").unwrap();
         {
-            let ring = b.rings[0].try_lock().unwrap();
+            let ring = b.io.rings[0].try_lock().unwrap();
             // SAFETY: replaces the ring's descriptor number with /dev/null. The ring's
             // memory stays mapped (the mappings keep the io_uring alive) and the IoUring
             // closes the number on drop, which then closes /dev/null: nothing dangles.
@@ -829,7 +913,7 @@ mod tests {
         write_runs(&b, &src, &runs, &gens); // 10 requests: rounds of 4, the first one refused
         let st = b.stats();
         assert_eq!((st.ring_calls, st.rings_poisoned), (1, 1));
-        assert!(b.rings[0].try_lock().unwrap().poisoned);
+        assert!(b.io.rings[0].try_lock().unwrap().poisoned);
         // The poisoned ring is never used again: later calls use the system calls.
         read_and_verify(&b, &runs, &gens);
         assert_eq!(b.stats().sync_calls, 1);

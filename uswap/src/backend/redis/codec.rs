@@ -19,7 +19,7 @@
 //! Each sealer encrypts under a key of its own: HKDF-SHA256 of the master key (generated per
 //! pager, or read from a file and then shared by every pager using that file) with a salt of
 //! 256 random bits drawn per sealer. The nonce of a value is its write generation, which the
-//! device draws from one counter per sealer and never reuses ([`super::Shared`]'s
+//! device draws from one counter per sealer and never reuses ([`super::shared::Shared`]'s
 //! `next_gen`), so a (key, nonce) pair never seals two values; it is not stored, since the
 //! reader knows the generation from the key name.
 //!

@@ -56,7 +56,7 @@ use crossbeam_utils::CachePadded;
 
 use super::cluster::{hash_slot, slot_tag, SlotMap, NR_HASH_SLOTS};
 use super::codec::VALUE_BYTES;
-use super::Shared;
+use super::shared::Shared;
 use crate::backend::{BackendError, ReadReq};
 use crate::clock::now_ns;
 use crate::readahead::MAX_WINDOW_PAGES;

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::worker::{connect, info, info_field};
+use super::conn::{connect, info, info_field};
 
 struct Server {
     port: u16,

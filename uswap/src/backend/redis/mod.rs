@@ -11,6 +11,10 @@
 //! authenticated (AES-256-GCM, key per pager in memory or derived from a file's), or in clear
 //! with a crc32c. Every read checks its value; a mismatch is a checksum error.
 //!
+//! * `shared.rs`: `Shared`, the state the backend, its device threads and
+//!   its asynchronous readers share, and the device's counters;
+//! * `conn.rs`: connections through the `redis` crate (timeouts, `INFO`, a cluster's
+//!   primaries, which errors mean a failover, the socket kept as the engine's);
 //! * `direct.rs`: reads by the faulting thread itself, on a connection it try-locks (no
 //!   hand-off; anything unexpected goes to the device threads);
 //! * `jobs.rs`: how callers hand requests to the device threads without allocating or
@@ -21,11 +25,19 @@
 //! * `cluster.rs` and `routing.rs`: on a Redis Cluster (`redis-cluster://`), keys tagged so
 //!   that a swap cluster's pages share a hash slot (`uswap:PREFIX:{ID.C}:n:GEN`), and each
 //!   command sent to the node serving its keys, following `MOVED`, `ASK` and failovers;
+//! * `session.rs`: the keys of one `uswap run`, and their deletion after it;
 //! * `local.rs`: [`LocalRedis`], local servers (and clusters) for `uswap bench
 //!   --redis-local` and tests;
 //! * this module: options, start-up checks (refuses `maxmemory-policy` other than
 //!   `noeviction`, a cluster node named as a standalone primary and the reverse, too few
 //!   replicas), the [`Backend`] impl and the [`AsyncReader`].
+//!
+//! Imports run one way: this module imports its children, and none imports it. Below it,
+//! `worker.rs` imports `routing.rs`; both, and `direct.rs`, import `shared.rs`; `shared.rs`
+//! imports the types it holds (`codec.rs`, `jobs.rs`, `cluster.rs`) and `conn.rs`, which
+//! imports only `cluster.rs`. The faulting threads' connections (`direct::Direct`) are held
+//! beside the shared state (by the backend and each device thread), not in it, since they
+//! read it.
 //!
 //! # Locking rules
 //!
@@ -46,11 +58,13 @@
 
 pub mod cluster;
 mod codec;
+mod conn;
 mod direct;
 mod jobs;
 mod local;
 mod routing;
 mod session;
+mod shared;
 mod worker;
 
 pub use local::{redis_server_available, LocalRedis};
@@ -66,21 +80,21 @@ use std::time::Duration;
 use crossbeam_queue::ArrayQueue;
 use thiserror::Error;
 
+use self::cluster::SlotMap;
 use self::codec::Sealer;
+use self::conn::{connect, info, info_field};
+use self::direct::Direct;
 use self::jobs::{Jobs, Work};
-use self::worker::{connect, info, info_field, Worker};
+use self::shared::{Counters, Shared};
+use self::worker::{Worker, MAX_DELETE_BATCH};
 use super::{AlignedPage, AsyncReader, AsyncRun, Backend, BackendError, BackendStats, ReadReq, WriteReq};
 use crate::clock::now_ns;
 use crate::uffd::PAGE_SIZE;
 
-/// Keys deleted with one `DEL`.
-const MAX_DELETE_BATCH: usize = 1024;
 /// Freed keys waiting for deletion; beyond that, keys are left in the store (counted).
 const DELETE_QUEUE: usize = 1 << 16;
 /// Requests in flight at once (callers beyond wait for a free one).
 const NR_JOBS: usize = 256;
-/// After the store answers `OOM`, the device takes no pages for this long.
-const FULL_BACKOFF_NS: u64 = 200_000_000;
 
 /// Options of a Redis device (see [`crate::DeviceConfig::redis`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,21 +182,6 @@ pub enum RedisDeviceError {
     Sealer(#[from] codec::SealerError),
 }
 
-#[derive(Default)]
-struct Counters {
-    reads: AtomicU64,
-    writes: AtomicU64,
-    stored_pages: AtomicU64,
-    missing: AtomicU64,
-    corrupt: AtomicU64,
-    wait_short: AtomicU64,
-    reject_full: AtomicU64,
-    deletes: AtomicU64,
-    delete_errors: AtomicU64,
-    direct_reads: AtomicU64,
-    redirects: AtomicU64,
-}
-
 /// Counters of a Redis device (monotonic unless said otherwise).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RedisStats {
@@ -210,107 +209,11 @@ pub struct RedisStats {
     pub redirects: u64,
 }
 
-/// State shared by the backend, its threads and its asynchronous readers.
-struct Shared {
-    name: String,
-    seeds: Vec<String>,
-    /// The seeds' addresses, resolved at open (for a fork child, which must not look names
-    /// up: `direct::Direct::reconnect_in_fork_child`).
-    seed_addrs: Vec<Option<std::net::SocketAddr>>,
-    prefix: String,
-    sealer: Sealer,
-    jobs: Jobs,
-    nr_slots: u64,
-    gens: Box<[AtomicU64]>,
-    next_gen: AtomicU64,
-    deletes: ArrayQueue<(u64, u64)>,
-    shutdown: AtomicBool,
-    /// Seed index of the primary.
-    primary: AtomicUsize,
-    failovers: AtomicU64,
-    failovers_noted: AtomicBool,
-    declining_until_ns: AtomicU64,
-    /// That the store is full was said (once a device).
-    full_said: AtomicBool,
-    replicas: u32,
-    wait_timeout_ms: u64,
-    failover_timeout_ns: u64,
-    poll_ns: u64,
-    counters: Counters,
-    /// Connections for reads by the faulting threads.
-    direct: direct::Direct,
-    /// The last thing the device threads had to say (failovers, errors), also on stderr.
-    last_note: Mutex<String>,
-    /// Set in a fork child's copy of the parent's device: reads on the child's own direct
-    /// connections only (the device threads are the parent's).
-    forked: AtomicBool,
-    /// A fork child still reads the keys: the drop leaves them (see `Backend::outlived_by_children`).
-    keep_keys: AtomicBool,
-    /// On a Redis Cluster: the slot map read at start (each device thread keeps its own
-    /// copy up to date), and the pager's id, which each key's hash tag begins with.
-    cluster_map: Option<cluster::SlotMap>,
-    tag_id: String,
-    /// The cluster's primaries (sorted) as last said: each device thread reads the map
-    /// itself, and a change is counted and said once.
-    cluster_primaries: Mutex<Vec<String>>,
-}
-
-impl Shared {
-    fn key(&self, slot: u64, generation: u64) -> String {
-        if self.cluster_map.is_some() {
-            // The pages of one swap cluster share a hash slot (see `cluster.rs`).
-            format!("{}{{{}.{}}}:{slot}:{generation}", self.prefix, self.tag_id, cluster::slot_tag(slot))
-        } else {
-            format!("{}{slot}:{generation}", self.prefix)
-        }
-    }
-
-    fn connect_timeout(&self) -> Duration {
-        Duration::from_millis(1000)
-    }
-
-    fn io_timeout(&self) -> Duration {
-        Duration::from_millis(2000 + self.wait_timeout_ms)
-    }
-
-    /// Queues a key no read will ask for again. Lock-free, no allocation.
-    fn delete_later(&self, slot: u64, generation: u64) {
-        if self.deletes.push((slot, generation)).is_err() {
-            self.counters.delete_errors.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// On a cluster: the primaries (by the map read now) with fewer than `replicas` replicas
-    /// online. Short timeouts; engine threads only.
-    fn shards_short_of_replicas(&self) -> Result<Vec<String>, &'static str> {
-        let short = Duration::from_millis(250);
-        let mut candidates = self.cluster_primaries.lock().map(|p| p.clone()).unwrap_or_default();
-        candidates.extend(self.seeds.iter().cloned());
-        let primaries = worker::primaries_of(&candidates, true, short);
-        if primaries.is_empty() {
-            return Err("no cluster node answered with a full slot map");
-        }
-        let online = |addr: &str| -> Option<u32> {
-            let mut con = worker::connect(addr, short, short).ok()?;
-            let inf = worker::info(&mut con, "replication").ok()?;
-            let replicas = inf.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count();
-            (worker::info_field(&inf, "role") == Some("master")).then_some(replicas as u32)
-        };
-        Ok(primaries.into_iter().filter(|n| online(n).is_none_or(|r| r < self.replicas)).collect())
-    }
-
-    /// Device threads only.
-    fn note(&self, what: String) {
-        eprintln!("uswap: {}: {what}", self.name);
-        if let Ok(mut n) = self.last_note.lock() {
-            *n = what;
-        }
-    }
-}
-
 /// A swap device in Redis. See the module documentation.
 pub struct RedisBackend {
     sh: Arc<Shared>,
+    /// Connections for reads by the faulting threads (the device threads keep them).
+    direct: Arc<Direct>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -396,6 +299,7 @@ impl RedisBackend {
         getrandom::fill(&mut salt)
             .map_err(|e| RedisDeviceError::Io { what: "random key salt", source: std::io::Error::other(e) })?;
         let sealer = Sealer::new(key, &salt, prefix.as_bytes())?;
+        let direct = Arc::new(Direct::new(cluster_map.as_ref()));
         let sh = Arc::new(Shared {
             name: format!("{}://{seeds_str}", if opts.cluster { "redis-cluster" } else { "redis" }),
             seeds: opts.seeds.clone(),
@@ -422,7 +326,6 @@ impl RedisBackend {
             failover_timeout_ns: opts.failover_timeout_ms.saturating_mul(1_000_000),
             poll_ns: u64::from(opts.poll_us) * 1000,
             counters: Counters::default(),
-            direct: direct::Direct::new(cluster_map.as_ref()),
             last_note: Mutex::new(String::new()),
             forked: AtomicBool::new(false),
             keep_keys: AtomicBool::new(false),
@@ -434,10 +337,10 @@ impl RedisBackend {
             cluster_map,
             tag_id: id,
         });
-        sh.direct.maintain(&sh, true);
+        direct.maintain(&sh, true);
         let mut threads = Vec::new();
         for i in 0..opts.connections.max(1) {
-            let w = Worker::new(Arc::clone(&sh));
+            let w = Worker::new(Arc::clone(&sh), Arc::clone(&direct));
             // An engine thread: signals blocked, and served by ordinary memory where an
             // allocator serves the application from managed memory (the threads allocate).
             let t = crate::mapping::spawn_engine_thread(format!("uswap-redis-{i}"), move || w.run())
@@ -445,12 +348,12 @@ impl RedisBackend {
             match t {
                 Ok(t) => threads.push(t),
                 Err(e) => {
-                    let _ = RedisBackend { sh, threads };
+                    let _ = RedisBackend { sh, direct, threads };
                     return Err(e);
                 }
             }
         }
-        Ok(RedisBackend { sh, threads })
+        Ok(RedisBackend { sh, direct, threads })
     }
 
     /// The prefix of every key of this device (`uswap:PREFIX:`).
@@ -519,14 +422,14 @@ fn check_primary(addr: &str, inf: &str, replicas: u32) -> Result<(), RedisDevice
 
 /// A Redis Cluster's slot map, read from the first seed that answers, with each primary
 /// checked as a standalone primary is (`noeviction`, `replicas=N` connected replicas).
-fn open_cluster(opts: &RedisOptions) -> Result<cluster::SlotMap, RedisDeviceError> {
+fn open_cluster(opts: &RedisOptions) -> Result<SlotMap, RedisDeviceError> {
     let timeout = Duration::from_millis(2000);
     let mut why = Vec::new();
     for addr in &opts.seeds {
         let map = connect(addr, timeout, timeout)
             .and_then(|mut c| redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(&mut c))
             .map_err(|e| e.to_string())
-            .and_then(|reply| cluster::SlotMap::from_cluster_slots(&reply));
+            .and_then(|reply| SlotMap::from_cluster_slots(&reply));
         match map {
             Ok(map) => {
                 for node in &map.nodes {
@@ -647,10 +550,10 @@ impl Backend for RedisBackend {
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
         if self.sh.forked.load(Ordering::Relaxed) {
-            self.sh.direct.read_in_fork_child(&self.sh, reqs);
+            self.direct.read_in_fork_child(&self.sh, reqs);
             return;
         }
-        if reqs.is_empty() || self.sh.direct.read(&self.sh, reqs) {
+        if reqs.is_empty() || self.direct.read(&self.sh, reqs) {
             return;
         }
         let work = Work::Read { reqs: reqs.as_mut_ptr().cast(), n: reqs.len() };
@@ -674,7 +577,7 @@ impl Backend for RedisBackend {
     /// sockets as the parent's); from now on reads use only them.
     fn enter_fork_child(&self) {
         self.sh.forked.store(true, Ordering::Relaxed);
-        self.sh.direct.reconnect_in_fork_child(&self.sh);
+        self.direct.reconnect_in_fork_child(&self.sh);
     }
 
     fn outlived_by_children(&self) {

@@ -14,16 +14,24 @@
 //!   is electing: the map is read again from any node that answers (`CLUSTER SLOTS`), until
 //!   the failover deadline.
 //!
+//! [`ClusterView`] holds a device thread's map and connections and sends the commands; the
+//! thread (`worker.rs`) owns one and hands it the device's state (`shared.rs`) and the
+//! faulting threads' connections (`direct.rs`, which learn of every map it reads). This
+//! module imports those, `cluster.rs` and `conn.rs`, and nothing that imports it.
+//!
 //! Locking: none; each device thread owns its map and its connections (one per node).
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::{Connection, RedisError};
 
 use super::cluster::{hash_slot, Redirect, SlotMap};
-use super::worker::{connect, is_failover_error, keep_socket, Failure, Worker};
+use super::conn::{connect, is_failover_error, keep_socket, Failure};
+use super::direct::Direct;
+use super::shared::Shared;
 use crate::clock::now_ns;
 
 /// A device thread's view of a cluster: its map and a connection per node it talked to.
@@ -66,24 +74,21 @@ pub(super) fn slot_groups(keys: &[String]) -> Vec<(Range<usize>, u16)> {
     out
 }
 
-impl Worker {
+impl ClusterView {
     /// Runs `f` on each group of `keys` sharing a hash slot (given as its range in `keys`),
-    /// on the node serving it (a cluster), or once on all of them on the primary
-    /// (standalone). Returns each group's range with what `f` returned, in order; the first
-    /// failure fails all.
-    pub(super) fn on_keys<T>(
+    /// on the node serving it. Returns each group's range with what `f` returned, in order;
+    /// the first failure fails all.
+    pub(super) fn on_groups<T>(
         &mut self,
+        sh: &Shared,
+        direct: &Direct,
         deadline_ns: u64,
         keys: &[String],
         mut f: impl FnMut(&mut Connection, Range<usize>) -> Result<T, RedisError>,
     ) -> Result<Vec<(Range<usize>, T)>, Failure> {
-        if !self.cluster.is_cluster() {
-            let v = self.round_trip(deadline_ns, |con| f(con, 0..keys.len()))?;
-            return Ok(vec![(0..keys.len(), v)]);
-        }
         let mut out = Vec::new();
         for (r, hs) in slot_groups(keys) {
-            let v = self.on_slot(deadline_ns, hs, |con| f(con, r.clone()))?;
+            let v = self.on_slot(sh, direct, deadline_ns, hs, |con| f(con, r.clone()))?;
             out.push((r, v));
         }
         Ok(out)
@@ -94,16 +99,18 @@ impl Worker {
     /// a few in a row before the map is read again), or waits 50 ms towards the deadline.
     fn on_slot<T>(
         &mut self,
+        sh: &Shared,
+        direct: &Direct,
         deadline_ns: u64,
         hs: u16,
         mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
     ) -> Result<T, Failure> {
         let mut redirects = 0;
         loop {
-            let Some(addr) = self.cluster.map.as_ref().map(|m| m.nodes[m.node_of(hs)].clone()) else {
+            let Some(addr) = self.map.as_ref().map(|m| m.nodes[m.node_of(hs)].clone()) else {
                 return Err(Failure::Unavailable);
             };
-            let err = match self.node(&addr) {
+            let err = match self.node(sh, &addr) {
                 Some(con) => match f(con) {
                     Ok(v) => return Ok(v),
                     Err(e) => unpipelined(e),
@@ -113,22 +120,22 @@ impl Worker {
             match Redirect::of(&err) {
                 Some(Redirect::Moved { hash_slot, addr }) if redirects < 5 => {
                     redirects += 1;
-                    self.sh.counters.redirects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if let Some(m) = self.cluster.map.as_mut() {
+                    sh.counters.redirects.fetch_add(1, Ordering::Relaxed);
+                    if let Some(m) = self.map.as_mut() {
                         m.moved(hash_slot, &addr);
                     }
-                    self.sh.direct.publish_slot(hash_slot, &addr);
+                    direct.publish_slot(hash_slot, &addr);
                     continue;
                 }
                 Some(Redirect::Ask { addr, .. }) if redirects < 5 => {
                     redirects += 1;
-                    self.sh.counters.redirects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if let Some(con) = self.node(&addr) {
+                    sh.counters.redirects.fetch_add(1, Ordering::Relaxed);
+                    if let Some(con) = self.node(sh, &addr) {
                         if redis::cmd("ASKING").query::<()>(con).is_ok() {
                             match f(con).map_err(unpipelined) {
                                 Ok(v) => return Ok(v),
                                 Err(e) if Redirect::of(&e).is_some() || is_failover_error(&e) => {}
-                                Err(e) => return Err(self.refused(e)),
+                                Err(e) => return Err(refused(sh, e)),
                             }
                         }
                     }
@@ -137,64 +144,66 @@ impl Worker {
                 Some(_) => {}
                 None if err.code() == Some("OOM") => return Err(Failure::Full),
                 None if is_failover_error(&err) => {
-                    self.cluster.cons.remove(&addr);
+                    self.cons.remove(&addr);
                 }
-                None => return Err(self.refused(err)),
+                None => return Err(refused(sh, err)),
             }
             // Too many redirections, or the node is gone: read the map again.
             redirects = 0;
-            if now_ns() >= deadline_ns || self.sh.shutdown.load(std::sync::atomic::Ordering::Acquire) {
+            if now_ns() >= deadline_ns || sh.shutdown.load(Ordering::Acquire) {
                 return Err(Failure::Unavailable);
             }
             std::thread::sleep(Duration::from_millis(50));
-            self.refresh_map();
+            self.refresh_map(sh, direct);
         }
-    }
-
-    fn refused(&self, e: RedisError) -> Failure {
-        self.sh.note(format!("a cluster node refused a request: {e}"));
-        Failure::Refused
     }
 
     /// The connection to `addr`, made if need be (`None` if it cannot be).
-    fn node(&mut self, addr: &str) -> Option<&mut Connection> {
-        if !self.cluster.cons.contains_key(addr) {
-            let io = self.sh.io_timeout();
-            let con = connect(addr, self.sh.connect_timeout(), io).ok()?;
+    fn node(&mut self, sh: &Shared, addr: &str) -> Option<&mut Connection> {
+        if !self.cons.contains_key(addr) {
+            let io = sh.io_timeout();
+            let con = connect(addr, sh.connect_timeout(), io).ok()?;
             let kept = keep_socket(&con, io);
-            self.cluster.cons.insert(addr.to_string(), (kept, con));
+            self.cons.insert(addr.to_string(), (kept, con));
         }
-        self.cluster.cons.get_mut(addr).map(|(_, c)| c)
+        self.cons.get_mut(addr).map(|(_, c)| c)
     }
 
     /// Reads the slot map again from the first node that answers (the known primaries
     /// first, then the seeds), and publishes it for the faulting threads' direct reads. A
     /// map whose primaries changed counts as a failover (once for the device, whichever
     /// thread saw it first).
-    pub(super) fn refresh_map(&mut self) {
+    pub(super) fn refresh_map(&mut self, sh: &Shared, direct: &Direct) {
         let short = Duration::from_millis(250);
-        let mut candidates: Vec<String> = self.cluster.map.as_ref().map(|m| m.nodes.clone()).unwrap_or_default();
-        candidates.extend(self.sh.seeds.iter().cloned());
+        let mut candidates: Vec<String> = self.map.as_ref().map(|m| m.nodes.clone()).unwrap_or_default();
+        candidates.extend(sh.seeds.iter().cloned());
         for addr in candidates {
             let Ok(mut con) = connect(&addr, short, short) else { continue };
             let Ok(reply) = redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(&mut con) else { continue };
             let Ok(map) = SlotMap::from_cluster_slots(&reply) else { continue };
             let mut new = map.nodes.clone();
             new.sort();
-            let changed = self.sh.cluster_primaries.lock().is_ok_and(|mut said| {
+            let changed = sh.cluster_primaries.lock().is_ok_and(|mut said| {
                 let changed = *said != new;
                 *said = new;
                 changed
             });
             if changed {
-                self.sh.failovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.sh.note(format!("the cluster's primaries are now {}", map.nodes.join(", ")));
+                sh.failovers.fetch_add(1, Ordering::Relaxed);
+                sh.note(format!("the cluster's primaries are now {}", map.nodes.join(", ")));
             }
-            self.sh.direct.publish(&map);
-            self.cluster.map = Some(map);
+            direct.publish(&map);
+            self.map = Some(map);
             return;
         }
     }
+}
+
+/// A cluster node refused a request (an error reply that is neither a redirection nor a
+/// failover's): said, and the request fails.
+fn refused(sh: &Shared, e: RedisError) -> Failure {
+    sh.note(format!("a cluster node refused a request: {e}"));
+    Failure::Refused
 }
 
 #[cfg(test)]

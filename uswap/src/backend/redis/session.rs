@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use super::worker::{connect, info, info_field, primaries_of};
+use super::cluster::hash_slot;
+use super::conn::{connect, info, info_field, primaries_of};
 use crate::clock::now_ns;
 
 /// A fresh session name for [`RedisOptions::session`]: 16 random hex digits.
@@ -91,7 +92,7 @@ pub(super) fn scan_delete(con: &mut redis::Connection, pattern: &str, deadline_n
     loop {
         let (next, mut keys): (u64, Vec<Vec<u8>>) =
             redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).query(con).ok()?;
-        let slot = |k: &[u8]| if cluster { super::cluster::hash_slot(k) } else { 0 };
+        let slot = |k: &[u8]| if cluster { hash_slot(k) } else { 0 };
         keys.sort_by_key(|k| slot(k));
         for group in keys.chunk_by(|a, b| slot(a) == slot(b)) {
             deleted += redis::cmd("DEL").arg(group).query::<u64>(con).ok()?;

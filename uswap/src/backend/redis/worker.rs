@@ -13,6 +13,11 @@
 //! the job's failover deadline; then the job fails with [`BackendError::Remote`]. It never
 //! answers a read with data that did not pass its check.
 //!
+//! [`Worker`] is one thread; on a cluster its commands go through its [`ClusterView`]
+//! (`routing.rs`). It imports the state it shares (`shared.rs`), the faulting threads'
+//! connections it maintains (`direct.rs`), the job table (`jobs.rs`), `routing.rs` and the
+//! connection helpers (`conn.rs`); the device (`mod.rs`) starts the threads.
+//!
 //! # Locking rules
 //!
 //! No locks: the threads share the [`Shared`] state through atomics and lock-free queues;
@@ -28,79 +33,34 @@
 //!   is one no read will ask for again (an older generation, or a write that failed), so a
 //!   delete never races with a write of the same slot.
 
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{Connection, RedisError};
 
+use super::conn::{connect, info, info_field, is_failover_error, keep_socket, Failure};
+use super::direct::Direct;
 use super::jobs::{futex_wait, Work};
 use super::routing::ClusterView;
-use super::{Shared, MAX_DELETE_BATCH};
+use super::shared::Shared;
 use crate::backend::{AlignedPage, BackendError, ReadReq, RejectReason, WriteReq};
 use crate::clock::now_ns;
 use crate::uffd::PAGE_SIZE;
 
-/// Why a round trip did not succeed.
-pub(super) enum Failure {
-    /// No primary answered within the deadline.
-    Unavailable,
-    /// The store is full (`OOM` reply under `noeviction`).
-    Full,
-    /// Any other error reply.
-    Refused,
-}
+/// Keys deleted with one `DEL`.
+pub(super) const MAX_DELETE_BATCH: usize = 1024;
+/// After the store answers `OOM`, the device takes no pages for this long.
+const FULL_BACKOFF_NS: u64 = 200_000_000;
 
-/// Connects to `addr` (HOST:PORT) with the socket timeouts every connection gets.
-pub(super) fn connect(addr: &str, timeout: Duration, io_timeout: Duration) -> Result<Connection, RedisError> {
-    let client = redis::Client::open(format!("redis://{addr}/"))?;
-    let con = client.get_connection_with_timeout(timeout)?;
-    con.set_read_timeout(Some(io_timeout))?;
-    con.set_write_timeout(Some(io_timeout))?;
-    Ok(con)
-}
-
-/// One `INFO` section as `field:value` lines.
-pub(super) fn info(con: &mut Connection, section: &str) -> Result<String, RedisError> {
-    redis::cmd("INFO").arg(section).query::<String>(con)
-}
-
-/// The value of `field` in an `INFO` answer.
-pub(super) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
-    info.lines().find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':'))).map(str::trim)
-}
-
-/// The primaries of the cluster `seeds` belong to (the first seed that answers tells), or
-/// the seeds themselves if they are not a cluster's.
-pub(super) fn primaries_of(seeds: &[String], cluster: bool, timeout: Duration) -> Vec<String> {
-    if !cluster {
-        return seeds.to_vec();
-    }
-    for addr in seeds {
-        let map = connect(addr, timeout, timeout)
-            .and_then(|mut c| redis::cmd("CLUSTER").arg("SLOTS").query::<redis::Value>(&mut c))
-            .ok()
-            .and_then(|reply| super::cluster::SlotMap::from_cluster_slots(&reply).ok());
-        if let Some(m) = map {
-            return m.nodes;
-        }
-    }
-    Vec::new()
-}
-
-/// Whether an error means "talk to another server" rather than "this request is wrong".
-pub(super) fn is_failover_error(e: &RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || matches!(e.code(), Some("READONLY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN"))
-}
-
+/// A device thread: its connection to the primary, and on a cluster its view of it.
 pub(super) struct Worker {
-    pub(super) sh: Arc<Shared>,
+    sh: Arc<Shared>,
+    /// The faulting threads' connections, which this thread makes and keeps up to date.
+    direct: Arc<Direct>,
     /// On a Redis Cluster: this thread's slot map and its connections to the nodes.
-    pub(super) cluster: ClusterView,
+    cluster: ClusterView,
     /// The connection's socket, registered as the engine's descriptor (see [`keep_socket`]);
     /// declared before `con`, so that it is let go of before the socket closes.
     kept: Option<crate::fd::Kept>,
@@ -108,46 +68,10 @@ pub(super) struct Worker {
     con: Option<(usize, Connection)>,
 }
 
-/// Finds the descriptor of `con`'s socket and registers it as the engine's (`crate::fd`), so
-/// that a program closing every descriptor, or `dup2`ing over it, leaves it alone: without
-/// that the connection would die, and a number the program reused would receive the device's
-/// commands. The `redis` crate does not say which descriptor a connection has, so the socket
-/// is marked with a read timeout no other socket has (tens of milliseconds apart: the kernel
-/// keeps timeouts in jiffies), found in `/proc/self/fd`, and given its timeout back.
-/// `None` if it cannot be found (the connection works, unprotected). Device threads only.
-pub(super) fn keep_socket(con: &Connection, io_timeout: Duration) -> Option<crate::fd::Kept> {
-    use std::sync::atomic::AtomicU64;
-    static NEXT_MARK: AtomicU64 = AtomicU64::new(0);
-    let mark =
-        Duration::from_secs(3600) + Duration::from_millis(20 * (NEXT_MARK.fetch_add(1, Ordering::Relaxed) % 10_000));
-    con.set_read_timeout(Some(mark)).ok()?;
-    let found = std::fs::read_dir("/proc/self/fd").ok().and_then(|dir| {
-        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()).find(|&fd| {
-            let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
-            let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
-            // SAFETY: reads one timeval into `tv`; a descriptor that is not a socket (or is
-            // closed by now) gives an error and is skipped.
-            let r = unsafe {
-                libc::getsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&mut tv as *mut libc::timeval).cast(),
-                    &mut len,
-                )
-            };
-            let got = Duration::from_secs(tv.tv_sec as u64) + Duration::from_micros(tv.tv_usec as u64);
-            r == 0 && got.abs_diff(mark) < Duration::from_millis(10)
-        })
-    });
-    con.set_read_timeout(Some(io_timeout)).ok()?;
-    found.map(crate::fd::keep)
-}
-
 impl Worker {
-    pub(super) fn new(sh: Arc<Shared>) -> Worker {
+    pub(super) fn new(sh: Arc<Shared>, direct: Arc<Direct>) -> Worker {
         let cluster = ClusterView::new(sh.cluster_map.clone());
-        Worker { sh, cluster, kept: None, con: None }
+        Worker { sh, direct, cluster, kept: None, con: None }
     }
 
     /// Replaces the connection, registering the new one's socket.
@@ -162,7 +86,7 @@ impl Worker {
     pub(super) fn run(mut self) {
         let sh = Arc::clone(&self.sh);
         loop {
-            sh.direct.maintain(&sh, false);
+            self.direct.maintain(&sh, false);
             let bell = sh.jobs.doorbell.load(Ordering::Acquire);
             if let Some((i, work)) = sh.jobs.take() {
                 // A bug here must not leave a caller waiting forever: its requests fail.
@@ -244,8 +168,25 @@ impl Worker {
         }
     }
 
+    /// Runs `f` on each group of `keys` sharing a hash slot (given as its range in `keys`),
+    /// on the node serving it (a cluster: see `routing.rs`), or once on all of them on the
+    /// primary (standalone). Returns each group's range with what `f` returned, in order;
+    /// the first failure fails all.
+    fn on_keys<T>(
+        &mut self,
+        deadline_ns: u64,
+        keys: &[String],
+        mut f: impl FnMut(&mut Connection, Range<usize>) -> Result<T, RedisError>,
+    ) -> Result<Vec<(Range<usize>, T)>, Failure> {
+        if !self.cluster.is_cluster() {
+            let v = self.round_trip(deadline_ns, |con| f(con, 0..keys.len()))?;
+            return Ok(vec![(0..keys.len(), v)]);
+        }
+        self.cluster.on_groups(&self.sh, &self.direct, deadline_ns, keys, f)
+    }
+
     /// Runs `f` on a connection to the primary, following a failover until `deadline_ns`.
-    pub(super) fn round_trip<T>(
+    fn round_trip<T>(
         &mut self,
         deadline_ns: u64,
         mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
@@ -351,7 +292,7 @@ impl Worker {
             // A node without the key may be one that does not know yet that it lost its
             // slots (a primary back after its replica was promoted): read the map again
             // and ask once more before calling the page missing.
-            self.refresh_map();
+            self.cluster.refresh_map(&self.sh, &self.direct);
             got = mget(self);
         }
         let values = match got {
@@ -481,7 +422,7 @@ impl Worker {
                 // the swap layer until a probe write succeeds (`swap::health`).
                 if how.is_ok() {
                     sh.counters.reject_full.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-                    sh.declining_until_ns.store(now_ns() + super::FULL_BACKOFF_NS, Ordering::Release);
+                    sh.declining_until_ns.store(now_ns() + FULL_BACKOFF_NS, Ordering::Release);
                     if !sh.full_said.swap(true, Ordering::Relaxed) {
                         sh.note(
                             "the store is full (OOM: maxmemory reached); pages go to the next device or stay in RAM, \

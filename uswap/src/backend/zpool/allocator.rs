@@ -13,6 +13,12 @@
 //! sheds whole chunks instead of compaction differ enough that the kernel's name would
 //! mislead.
 //!
+//! [`Allocator`] owns the arena and everything about its chunks: their metadata and lists,
+//! the chunks in use and their high-water mark, the report to a shared charge
+//! (`crate::shared_charge::PoolShare`), populating ahead of use (`prepare`) and picking the
+//! chunk writeback sheds. The pool (`mod.rs`) owns the slots and hands this module the
+//! bytes to place; this module imports only the configuration's error (`config.rs`).
+//!
 //! Locking (in the hierarchy of `crate::sync`): one spin lock per size class guards its
 //! chunks' metadata and free lists; the arena lock guards the list of free chunks and nests
 //! inside a class lock.
@@ -21,24 +27,40 @@
 //! class's partial list iff `0 < inuse < objects_per_chunk`; `chunks_in_use` counts the
 //! chunks that belong to a class.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
-use super::ZpoolBackend;
+use super::config::ZpoolError;
+use crate::mapping::{AtomicTable, MapOptions, Mapping};
+use crate::shared_charge::PoolShare;
+use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
+
+/// Chunks writeback looks at from its clock hand to pick the sparsest.
+const WRITEBACK_LOOKAHEAD_CHUNKS: u32 = 16;
+/// Most of the arena populated ahead of the first never-used chunk by `prepare` (4 MiB).
+/// The lead grows with use, from [`PREPARE_AHEAD_MIN_CHUNKS`] to this: a pool that stores
+/// nothing populates nothing (a short-lived process under `uswap run` paid 32 MiB of RAM and
+/// 26 ms of page zeroing for a pool it never used). The populated lead is memory the process
+/// holds and the pool does not use: at 32 MiB it was the gap between the pool's 51 MiB and
+/// its 84 MiB of RSS under sqlite3, and the kernel's zram allocates on demand.
+const PREPARE_AHEAD_CHUNKS: u32 = 64;
+/// The lead once the pool holds anything (1 MiB).
+const PREPARE_AHEAD_MIN_CHUNKS: u32 = 16;
 
 /// Granularity of size classes. 32 bytes wasted 16 on average per object: a quarter of
 /// the pool when pages compress to 40-odd bytes (redis-server's values did).
 const CLASS_BYTES: usize = 16;
 /// Each object starts with the number of the slot that owns it (4 bytes), so a chunk's live
 /// objects can be found for writeback: an object is live iff its slot's entry points at it.
-pub(super) const OBJ_HEADER: usize = 4;
+const OBJ_HEADER: usize = 4;
 /// Classes up to a page plus the header.
-pub(super) const NR_CLASSES: usize = (PAGE_SIZE + OBJ_HEADER).div_ceil(CLASS_BYTES);
+const NR_CLASSES: usize = (PAGE_SIZE + OBJ_HEADER).div_ceil(CLASS_BYTES);
 /// Arena unit handed to a size class.
 pub const CHUNK_BYTES: usize = 64 << 10;
-pub(super) const NIL: u32 = u32::MAX;
-pub(super) const NO_OBJ: u64 = 0xffff;
-pub(super) const NO_CLASS: u64 = 0x1ff;
+const NIL: u32 = u32::MAX;
+const NO_OBJ: u64 = 0xffff;
+const NO_CLASS: u64 = 0x1ff;
 // Every class fits the metadata word's 9 bits, and every object index a slot entry's 12.
 const _: () = assert!(NR_CLASSES < NO_CLASS as usize && CHUNK_BYTES / CLASS_BYTES <= 1 << 12);
 
@@ -50,7 +72,7 @@ pub(super) const KIND_SAME: u64 = 1;
 pub(super) const KIND_COMPRESSED: u64 = 2;
 pub(super) const KIND_RAW: u64 = 3;
 /// Chunks a slot entry can name (27 bits): an arena of up to 8 TiB.
-pub(super) const MAX_CHUNKS: u64 = 1 << 27;
+const MAX_CHUNKS: u64 = 1 << 27;
 
 pub(super) fn entry(kind: u64, len: usize, class: usize, chunk: u32, obj: u64) -> u64 {
     debug_assert!(len < 1 << 13 && obj < 1 << 12 && (class as u64) < NO_CLASS && (chunk as u64) < MAX_CHUNKS);
@@ -62,17 +84,17 @@ pub(super) fn entry_kind(e: u64) -> u64 {
 pub(super) fn entry_len(e: u64) -> usize {
     ((e >> 2) & 0x1fff) as usize
 }
-pub(super) fn entry_obj(e: u64) -> u64 {
+fn entry_obj(e: u64) -> u64 {
     (e >> 16) & 0xfff
 }
-pub(super) fn entry_class(e: u64) -> usize {
+fn entry_class(e: u64) -> usize {
     ((e >> 28) & 0x1ff) as usize
 }
-pub(super) fn entry_chunk(e: u64) -> u32 {
+fn entry_chunk(e: u64) -> u32 {
     (e >> 37) as u32
 }
 
-pub(super) fn class_of(len: usize) -> usize {
+fn class_of(len: usize) -> usize {
     len.div_ceil(CLASS_BYTES).max(1) - 1
 }
 const fn class_size(c: usize) -> usize {
@@ -106,48 +128,266 @@ const fn anchors() -> [u16; NR_CLASSES] {
 /// The largest class an object of class `c` may borrow room in: one at most a quarter
 /// larger (zsmalloc's classes are 16 bytes apart too; its waste per object is below one
 /// class step, ours below a quarter where a class borrows).
-pub(super) fn borrow_limit(c: usize) -> usize {
+fn borrow_limit(c: usize) -> usize {
     (class_size(c) * 5 / 4 / CLASS_BYTES - 1).clamp(c, NR_CLASSES - 1)
 }
-pub(super) fn objects_per_chunk(c: usize) -> u64 {
+fn objects_per_chunk(c: usize) -> u64 {
     (CHUNK_BYTES / class_size(c)) as u64
 }
 
 // Chunk metadata word: class (9 bits) | inuse << 9 | free_head << 25 | next_unused << 41.
-pub(super) fn meta(class: u64, inuse: u64, free_head: u64, next_unused: u64) -> u64 {
+fn meta(class: u64, inuse: u64, free_head: u64, next_unused: u64) -> u64 {
     debug_assert!(class <= NO_CLASS && inuse <= 0xffff && free_head <= 0xffff && next_unused <= 0xffff);
     class | inuse << 9 | free_head << 25 | next_unused << 41
 }
-pub(super) fn meta_class(m: u64) -> u64 {
+fn meta_class(m: u64) -> u64 {
     m & 0x1ff
 }
-pub(super) fn meta_inuse(m: u64) -> u64 {
+fn meta_inuse(m: u64) -> u64 {
     (m >> 9) & 0xffff
 }
 fn meta_free_head(m: u64) -> u64 {
     (m >> 25) & 0xffff
 }
-pub(super) fn meta_next_unused(m: u64) -> u64 {
+fn meta_next_unused(m: u64) -> u64 {
     (m >> 41) & 0xffff
 }
 
-pub(super) struct ClassState {
+struct ClassState {
     /// First chunk of this class with room, linked through `links`.
-    pub(super) partial_head: u32,
+    partial_head: u32,
     /// Whether this class has started a chunk of its anchor class (see `alloc_object`):
     /// the next chunk it needs is its own.
-    pub(super) anchored: bool,
+    anchored: bool,
 }
 
-pub(super) struct ArenaState {
+struct ArenaState {
     /// Free chunks, linked through `links` (next half).
-    pub(super) free_head: u32,
+    free_head: u32,
     /// Chunks never used yet start here.
-    pub(super) next_fresh: u32,
+    next_fresh: u32,
 }
 
-impl ZpoolBackend {
-    pub(super) fn obj_offset(chunk: u32, class: usize, obj: u64) -> usize {
+/// Per-chunk words that read as `init` until written, in lazily zero-filled memory (each
+/// word is kept XORed with `init`): a pool sized for a large cap costs no RAM and no start-up
+/// time for the chunks it never uses (filled eagerly, the tables of the default pool, half
+/// the RAM, took 3 MiB and most of a short process's start under `uswap run`).
+struct LazyWords {
+    words: AtomicTable,
+    init: u64,
+}
+
+impl LazyWords {
+    fn new(len: usize, init: u64) -> std::io::Result<LazyWords> {
+        Ok(LazyWords { words: AtomicTable::new(len)?, init })
+    }
+
+    #[inline]
+    fn load(&self, i: usize, order: Ordering) -> u64 {
+        self.words[i].load(order) ^ self.init
+    }
+
+    #[inline]
+    fn store(&self, i: usize, v: u64, order: Ordering) {
+        self.words[i].store(v ^ self.init, order)
+    }
+}
+
+/// The arena and its chunks: where the pool's objects live (see the module documentation).
+pub(super) struct Allocator {
+    /// The pool's cap (of the tree's pools together under a shared charge).
+    cap_bytes: u64,
+    arena: Mapping,
+    nr_chunks: u32,
+    /// Per chunk: metadata word and list links (prev << 32 | next).
+    chunk_meta: LazyWords,
+    chunk_links: LazyWords,
+    classes: Box<[SpinLock<ClassState>]>,
+    free_chunks: SpinLock<ArenaState>,
+    /// Clock hand over chunks for writeback: chunks are shed whole, in index order (roughly
+    /// allocation order), so writeback always returns memory.
+    writeback_hand: AtomicU32,
+    /// Copy of `ArenaState::next_fresh`, readable without the lock.
+    fresh_hint: AtomicU32,
+    /// Chunks `0..populated` have been populated by `prepare`.
+    populated: AtomicU32,
+    chunks_in_use: AtomicU64,
+    /// The most chunks in use at once (the pool's high-water mark).
+    chunks_peak: AtomicU64,
+    /// Where chunks taken and freed are reported beside other pools, if anywhere.
+    share: OnceLock<PoolShare>,
+}
+
+impl Allocator {
+    /// An arena for a pool capped at `cap_bytes`: room for the cap plus one partly used
+    /// chunk per size class, mapped but not populated.
+    pub(super) fn new(cap_bytes: u64) -> Result<Allocator, ZpoolError> {
+        if cap_bytes < CHUNK_BYTES as u64 {
+            return Err(ZpoolError::CapTooSmall { cap_bytes, min_bytes: CHUNK_BYTES as u64 });
+        }
+        // Room for the cap plus one partly used chunk per size class.
+        let nr_chunks = (cap_bytes as usize).div_ceil(CHUNK_BYTES) + NR_CLASSES;
+        if nr_chunks as u64 >= MAX_CHUNKS {
+            let max_bytes = (MAX_CHUNKS - NR_CLASSES as u64 - 1) * CHUNK_BYTES as u64;
+            return Err(ZpoolError::CapTooLarge { cap_bytes, max_bytes });
+        }
+        let arena_bytes = nr_chunks * CHUNK_BYTES;
+        let map_err = |source| ZpoolError::Map { bytes: arena_bytes as u64, source };
+        let arena =
+            Mapping::anonymous(arena_bytes, MapOptions { no_huge_pages: true, dont_fork: true }).map_err(map_err)?;
+        Ok(Allocator {
+            cap_bytes,
+            arena,
+            nr_chunks: nr_chunks as u32,
+            chunk_meta: LazyWords::new(nr_chunks, meta(NO_CLASS, 0, NO_OBJ, 0)).map_err(map_err)?,
+            chunk_links: LazyWords::new(nr_chunks, u64::MAX).map_err(map_err)?,
+            classes: (0..NR_CLASSES)
+                .map(|_| SpinLock::new(LockClass::ZpoolSizeClass, ClassState { partial_head: NIL, anchored: false }))
+                .collect(),
+            free_chunks: SpinLock::new(LockClass::ZpoolArena, ArenaState { free_head: NIL, next_fresh: 0 }),
+            writeback_hand: AtomicU32::new(0),
+            fresh_hint: AtomicU32::new(0),
+            populated: AtomicU32::new(0),
+            chunks_in_use: AtomicU64::new(0),
+            chunks_peak: AtomicU64::new(0),
+            share: OnceLock::new(),
+        })
+    }
+
+    /// Bytes of the arena's mapping.
+    pub(super) fn arena_bytes(&self) -> u64 {
+        self.nr_chunks as u64 * CHUNK_BYTES as u64
+    }
+
+    /// Bytes of arena the pool uses (chunks in use).
+    pub(super) fn pool_bytes(&self) -> u64 {
+        self.chunks_in_use.load(Ordering::Relaxed) * CHUNK_BYTES as u64
+    }
+
+    /// The most bytes of arena the pool used at once.
+    pub(super) fn peak_bytes(&self) -> u64 {
+        self.chunks_peak.load(Ordering::Relaxed) * CHUNK_BYTES as u64
+    }
+
+    /// The bytes the cap applies to: this pool's, or, under a shared charge, the tree's
+    /// pools' together (see `crate::shared_charge::PoolShare`).
+    pub(super) fn capped_bytes(&self) -> u64 {
+        let own = self.pool_bytes();
+        self.share.get().map_or(own, |s| s.tree_bytes().max(own))
+    }
+
+    /// Reports chunks taken and freed from now on to `share`, starting with those in use.
+    pub(super) fn share_pool(&self, share: PoolShare) {
+        if self.share.set(share).is_ok() {
+            share.grow(self.pool_bytes());
+        }
+    }
+
+    /// Whether a fork child keeps the arena (see `Mapping::set_inherited`).
+    pub(super) fn set_inherited(&self, inherit: bool) {
+        self.arena.set_inherited(inherit);
+    }
+
+    /// Places `data` for `slot` (the object's header names it): returns the slot entry of
+    /// kind `kind` that points at it, or None when no chunk has room (the arena, or the
+    /// tree's pools, are at the cap).
+    pub(super) fn store(&self, kind: u64, slot: u64, data: &[u8]) -> Option<u64> {
+        let c = class_of(OBJ_HEADER + data.len());
+        let (chunk, c, obj) = self.alloc_object(c)?;
+        let off = Self::obj_offset(chunk, c, obj);
+        self.arena.write(off, &(slot as u32).to_ne_bytes());
+        self.arena.write(off + OBJ_HEADER, data);
+        Some(entry(kind, data.len(), c, chunk, obj))
+    }
+
+    /// Reads the first `dst.len()` bytes of the data of the object entry `e` points at.
+    pub(super) fn load(&self, e: u64, dst: &mut [u8]) {
+        let off = Self::obj_offset(entry_chunk(e), entry_class(e), entry_obj(e));
+        self.arena.read(off + OBJ_HEADER, dst);
+    }
+
+    /// Frees the object entry `e` points at.
+    pub(super) fn free(&self, e: u64) {
+        self.free_object(entry_chunk(e), entry_obj(e));
+    }
+
+    /// Populates the arena ahead of the first never-used chunk (see [`PREPARE_AHEAD_CHUNKS`]),
+    /// unless the pool holds nothing (`stores_pages` false) and never populated anything.
+    /// True if it populated something.
+    pub(super) fn prepare(&self, stores_pages: bool) -> bool {
+        if !stores_pages && self.populated.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let from = self.populated.load(Ordering::Relaxed);
+        let fresh = self.fresh_hint.load(Ordering::Relaxed);
+        let ahead = fresh.clamp(PREPARE_AHEAD_MIN_CHUNKS, PREPARE_AHEAD_CHUNKS);
+        let to = (fresh + ahead).min(self.nr_chunks);
+        if to > from {
+            let (off, len) = (from as usize * CHUNK_BYTES, (to - from) as usize * CHUNK_BYTES);
+            // Best effort: without it the same pages are populated on first use.
+            let _ = self.arena.advise(off, len, libc::MADV_POPULATE_WRITE);
+            self.populated.store(to, Ordering::Relaxed);
+        }
+        to > from
+    }
+
+    /// Fills `out` with slots whose objects live in the chunk to shed next; `entry_of(slot)`
+    /// is the slot's entry (None: not a slot of the pool). Returns how many.
+    pub(super) fn writeback_candidates(&self, out: &mut [u64], entry_of: impl Fn(u64) -> Option<u64>) -> usize {
+        // A chunk to shed: of the next chunks in use on the clock, the one with the fewest
+        // live objects for its size (most memory back per page written). Every live object
+        // in it goes, so the chunk empties and returns its memory: no compaction needed.
+        // Bounded by one turn of the clock.
+        for _ in 0..self.nr_chunks {
+            let hand = self.writeback_hand.load(Ordering::Relaxed);
+            let mut best: Option<(u32, u64)> = None;
+            for k in 0..WRITEBACK_LOOKAHEAD_CHUNKS.min(self.nr_chunks) {
+                let ch = (hand + k) % self.nr_chunks;
+                let m = self.chunk_meta.load(ch as usize, Ordering::Relaxed);
+                if meta_class(m) == NO_CLASS || meta_inuse(m) == 0 {
+                    continue;
+                }
+                // Live fraction in 1/1024ths.
+                let fill = meta_inuse(m) * 1024 / objects_per_chunk(meta_class(m) as usize);
+                if best.is_none_or(|(_, f)| fill < f) {
+                    best = Some((ch, fill));
+                }
+            }
+            let Some((chunk, _)) = best else {
+                self.writeback_hand.fetch_add(WRITEBACK_LOOKAHEAD_CHUNKS, Ordering::Relaxed);
+                continue;
+            };
+            let m = self.chunk_meta.load(chunk as usize, Ordering::Relaxed);
+            let c = meta_class(m);
+            let c = c as usize;
+            let mut n = 0;
+            for obj in 0..meta_next_unused(m) {
+                if n == out.len() {
+                    break;
+                }
+                let mut hdr = [0u8; OBJ_HEADER];
+                self.arena.read(Self::obj_offset(chunk, c, obj), &mut hdr);
+                let slot = u32::from_ne_bytes(hdr) as u64;
+                let Some(e) = entry_of(slot) else { continue };
+                let kind = entry_kind(e);
+                if (kind == KIND_COMPRESSED || kind == KIND_RAW) && entry_chunk(e) == chunk && entry_obj(e) == obj {
+                    out[n] = slot;
+                    n += 1;
+                }
+            }
+            // The clock moves on once the window's first chunk is done with (the chosen chunk
+            // may hold more than one batch; it stays the sparsest until emptied).
+            if n < out.len() && chunk == hand % self.nr_chunks {
+                self.writeback_hand.fetch_add(1, Ordering::Relaxed);
+            }
+            if n > 0 {
+                return n;
+            }
+        }
+        0
+    }
+
+    fn obj_offset(chunk: u32, class: usize, obj: u64) -> usize {
         chunk as usize * CHUNK_BYTES + obj as usize * class_size(class)
     }
 
@@ -197,7 +437,7 @@ impl ZpoolBackend {
     /// chunk is started at its anchor class ([`ANCHOR`], at most an eighth larger), where
     /// its neighbours can borrow too, and only the next at its own class. The class locks
     /// are taken one at a time, never nested.
-    pub(super) fn alloc_object(&self, c: usize) -> Option<(u32, usize, u64)> {
+    fn alloc_object(&self, c: usize) -> Option<(u32, usize, u64)> {
         for k in c..=borrow_limit(c) {
             let mut cls = self.classes[k].lock();
             if cls.partial_head != NIL {
@@ -226,7 +466,7 @@ impl ZpoolBackend {
     /// `crate::shared_charge::PoolShare`) are at the cap.
     fn take_chunk(&self, cls: &mut ClassState, c: usize) -> Option<u32> {
         let share = self.share.get();
-        if share.is_some_and(|s| !s.try_grow(CHUNK_BYTES as u64, self.cfg.cap_bytes)) {
+        if share.is_some_and(|s| !s.try_grow(CHUNK_BYTES as u64, self.cap_bytes)) {
             return None;
         }
         let ch = {
@@ -276,7 +516,7 @@ impl ZpoolBackend {
         obj
     }
 
-    pub(super) fn free_object(&self, chunk: u32, obj: u64) {
+    fn free_object(&self, chunk: u32, obj: u64) {
         let c = meta_class(self.chunk_meta.load(chunk as usize, Ordering::Relaxed)) as usize;
         assert!(c < NR_CLASSES, "object freed in a free chunk {chunk}");
         let mut cls = self.classes[c].lock();
@@ -303,6 +543,15 @@ impl ZpoolBackend {
                 self.partial_push(&mut cls, chunk);
             }
             self.chunk_meta.store(chunk as usize, meta(c as u64, inuse, obj, meta_next_unused(m)), Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Allocator {
+    fn drop(&mut self) {
+        // The pool's memory goes with it: out of the tree's sum too.
+        if let Some(share) = self.share.get() {
+            share.shrink(self.pool_bytes());
         }
     }
 }

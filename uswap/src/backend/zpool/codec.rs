@@ -1,7 +1,7 @@
 //! The compressed pool's codecs: a page compressed with lz4 (`lz4_flex`) or zstd into a
 //! scratch buffer, and back (lz4 with lz4's C decoder, `LZ4_decompress_safe`: lz4_flex's
 //! copies self-overlapping matches a byte at a time, 2.2 µs of a 5.8 µs sequential swap-in;
-//! see BENCHMARKS.md, "Where the time goes"). Neither C call allocates or locks.
+//! see BENCHMARKS.md, "Devices, tiers and readahead"). Neither C call allocates or locks.
 //!
 //! Locking: compression contexts and workspaces (scratch buffers and lz4's hash table) come
 //! from lock-free pools filled at start-up; taking one spins until one is free
@@ -10,16 +10,22 @@
 //! `fault_error`). So nothing allocates and no lock is taken, and every path is safe in a
 //! SIGBUS handler.
 //!
+//! [`Codecs`] owns the compressor choice and both pools; the pool (`mod.rs`) holds one and
+//! calls it with a workspace it took. It imports only the configuration (`config.rs`).
+//!
 //! Invariants: a zstd context is warmed at start-up (the first compression sizes its
 //! workspace), so using it never allocates; a scratch buffer holds lz4's worst case for a
 //! page; an operation takes one [`Workspace`], never two buffers one after the other.
 
-use super::{Compressor, ZpoolBackend};
+use crossbeam_queue::ArrayQueue;
+
+use super::config::{Compressor, ZpoolError};
+use crate::mapping::nr_cpus_configured;
 use crate::sync::{pop_spinning, POOL_WAIT_LIMIT_NS};
 use crate::uffd::PAGE_SIZE;
 
 /// Scratch per operation: lz4 wants room for its worst case (a little over a page).
-pub(super) const SCRATCH_BYTES: usize = 2 * PAGE_SIZE;
+const SCRATCH_BYTES: usize = 2 * PAGE_SIZE;
 
 /// A page-aligned scratch buffer for one compression or decompression.
 #[repr(C, align(4096))]
@@ -37,12 +43,58 @@ pub(super) struct Workspace {
 }
 
 /// A compression context for zstd, warmed at start-up so using it never allocates.
-pub(super) struct ZstdCtx {
-    pub(super) c: zstd_safe::CCtx<'static>,
-    pub(super) d: zstd_safe::DCtx<'static>,
+struct ZstdCtx {
+    c: zstd_safe::CCtx<'static>,
+    d: zstd_safe::DCtx<'static>,
 }
 
-impl ZpoolBackend {
+/// The pool's codec and its pre-allocated workspaces and contexts.
+pub(super) struct Codecs {
+    compressor: Compressor,
+    /// Workspaces, one per operation, taken and returned without locks.
+    scratch: ArrayQueue<Box<Workspace>>,
+    /// zstd's contexts (empty with lz4).
+    zstd: ArrayQueue<Box<ZstdCtx>>,
+}
+
+impl Codecs {
+    /// Fills the pools: `4 * max(CPUs, 4)` workspaces, and as many zstd contexts (warmed up)
+    /// when the compressor is zstd.
+    pub(super) fn new(compressor: Compressor) -> Result<Codecs, ZpoolError> {
+        let nr_cpus = nr_cpus_configured().max(1);
+        let nr_ctx = 4 * nr_cpus.max(4);
+        let zstd = ArrayQueue::new(nr_ctx);
+        if let Compressor::Zstd { level } = compressor {
+            if !(1..=22).contains(&level) {
+                return Err(ZpoolError::ZstdLevel { level });
+            }
+            for _ in 0..nr_ctx {
+                let mut ctx = ZstdCtx { c: zstd_safe::CCtx::create(), d: zstd_safe::DCtx::create() };
+                // Warm up: the first compression sizes the context's workspace.
+                let page = [0x5au8; PAGE_SIZE];
+                let mut out = [0u8; 2 * PAGE_SIZE];
+                let n = ctx
+                    .c
+                    .compress(&mut out[..], &page[..], level)
+                    .map_err(|e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() })?;
+                let mut back = [0u8; PAGE_SIZE];
+                ctx.d
+                    .decompress(&mut back[..], &out[..n])
+                    .map_err(|e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() })?;
+                let _ = zstd.push(Box::new(ctx));
+            }
+        }
+        let scratch = ArrayQueue::new(nr_ctx);
+        for _ in 0..nr_ctx {
+            let _ = scratch.push(Box::new(Workspace {
+                out: Scratch([0; SCRATCH_BYTES]),
+                // Small: 16-bit entries, enough for inputs under 64 KiB (a page).
+                lz4: lz4_flex::block::CompressTable::small(),
+            }));
+        }
+        Ok(Codecs { compressor, scratch, zstd })
+    }
+
     /// Compresses `src` into `dst`; returns the compressed length, or None if it did not
     /// fit (which counts as incompressible).
     pub(super) fn compress(
@@ -51,7 +103,7 @@ impl ZpoolBackend {
         dst: &mut [u8],
         lz4: &mut lz4_flex::block::CompressTable,
     ) -> Option<usize> {
-        match self.cfg.compressor {
+        match self.compressor {
             Compressor::Lz4 => lz4_flex::block::compress_into_with_table(src, dst, lz4).ok(),
             Compressor::Zstd { level } => {
                 // (None cannot happen, see `take_zstd`; were it to, the page is stored as it
@@ -65,7 +117,7 @@ impl ZpoolBackend {
     }
 
     pub(super) fn decompress(&self, src: &[u8], dst: &mut [u8]) -> bool {
-        match self.cfg.compressor {
+        match self.compressor {
             Compressor::Lz4 => {
                 let (Ok(src_len), Ok(dst_len)) = (i32::try_from(src.len()), i32::try_from(dst.len())) else {
                     return false;
@@ -97,6 +149,11 @@ impl ZpoolBackend {
     /// holder that never runs again.
     pub(super) fn take_workspace(&self) -> Option<Box<Workspace>> {
         pop_spinning(&self.scratch, POOL_WAIT_LIMIT_NS)
+    }
+
+    /// Gives back a workspace [`Codecs::take_workspace`] took.
+    pub(super) fn put_workspace(&self, ws: Box<Workspace>) {
+        let _ = self.scratch.push(ws);
     }
 
     /// Takes a zstd context. Never waits in fact: there are as many contexts as workspaces

@@ -10,10 +10,18 @@
 //! it drains below `accept_threshold_percent` of the cap (zswap's hysteresis), and meanwhile
 //! offers its oldest slots for writeback to the next device.
 //!
-//! Parts: `allocator.rs` places compressed objects in the arena (chunks and size classes)
-//! and encodes slot entries; `codec.rs` compresses and decompresses (lz4, zstd) with
-//! pre-allocated contexts and workspaces; this module holds [`ZpoolBackend`], its
-//! configuration, the cap, and the [`Backend`] impl.
+//! Parts, each owning its share of the pool's state (no file adds `impl` blocks to another's
+//! type):
+//! * `config.rs`: [`ZpoolConfig`], [`Compressor`], [`Incompressible`], [`ZpoolError`]; a
+//!   leaf, imported by the others;
+//! * `allocator.rs`: `Allocator`, the arena: places compressed objects (chunks and size
+//!   classes), encodes slot entries, counts the chunks in use (and reports them to a shared
+//!   charge), populates ahead of use, picks the chunk writeback sheds;
+//! * `codec.rs`: `Codecs`, compression and decompression (lz4, zstd) with pre-allocated
+//!   contexts and workspaces;
+//! * this module: [`ZpoolBackend`], which holds one of each with the slot table, the cap
+//!   (its full flag) and the counters, and the [`Backend`] impl. It imports its children;
+//!   none imports it.
 //!
 //! Locking (in the hierarchy of `crate::sync`): slot entries are atomics written only by the
 //! slot's owner (the engine never writes a slot twice without invalidating it, nor reads
@@ -24,112 +32,31 @@
 //! Invariants: an object is live iff its slot's entry points at it (each object starts with
 //! the number of the slot that owns it, so writeback finds a chunk's live objects).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-
-use crossbeam_queue::ArrayQueue;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::{Backend, BackendError, BackendStats, ReadReq, RejectReason, WriteReq};
-use crate::mapping::{nr_cpus_configured, AtomicTable, MapOptions, Mapping};
+use crate::mapping::AtomicTable;
 use crate::shared_charge::PoolShare;
-use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
-use allocator::{
-    class_of, entry, entry_chunk, entry_class, entry_kind, entry_len, entry_obj, meta, meta_class, meta_inuse,
-    meta_next_unused, objects_per_chunk, ArenaState, ClassState, KIND_COMPRESSED, KIND_EMPTY, KIND_RAW, KIND_SAME,
-    MAX_CHUNKS, NIL, NO_CLASS, NO_OBJ, NR_CLASSES, OBJ_HEADER,
-};
-use codec::{Scratch, Workspace, ZstdCtx, SCRATCH_BYTES};
+use allocator::{entry, entry_kind, entry_len, Allocator, KIND_COMPRESSED, KIND_EMPTY, KIND_RAW, KIND_SAME};
+use codec::{Codecs, Workspace};
 
 mod allocator;
 mod codec;
+mod config;
 
 pub use allocator::CHUNK_BYTES;
-
-/// Chunks writeback looks at from its clock hand to pick the sparsest.
-const WRITEBACK_LOOKAHEAD_CHUNKS: u32 = 16;
-/// Most of the arena populated ahead of the first never-used chunk by `prepare` (4 MiB).
-/// The lead grows with use, from [`PREPARE_AHEAD_MIN_CHUNKS`] to this: a pool that stores
-/// nothing populates nothing (a short-lived process under `uswap run` paid 32 MiB of RAM and
-/// 26 ms of page zeroing for a pool it never used). The populated lead is memory the process
-/// holds and the pool does not use: at 32 MiB it was the gap between the pool's 51 MiB and
-/// its 84 MiB of RSS under sqlite3, and the kernel's zram allocates on demand.
-const PREPARE_AHEAD_CHUNKS: u32 = 64;
-/// The lead once the pool holds anything (1 MiB).
-const PREPARE_AHEAD_MIN_CHUNKS: u32 = 16;
-
-/// How pages are compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compressor {
-    /// lz4 (`lz4_flex`): the fastest; the default, as in zswap.
-    Lz4,
-    /// zstd at the given level: smaller, slower.
-    Zstd { level: i32 },
-}
-
-/// What to do with a page that does not compress below the threshold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Incompressible {
-    /// Keep it uncompressed in the pool (zswap since 6.17).
-    StoreRaw,
-    /// Decline it: the engine writes it to the next device.
-    Reject,
-}
-
-/// Configuration of a compressed pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ZpoolConfig {
-    /// Memory the pool may use for compressed data (its footprint in chunks).
-    pub cap_bytes: u64,
-    /// Pages the pool can index (its slots).
-    pub nr_slots: u64,
-    pub compressor: Compressor,
-    pub incompressible: Incompressible,
-    /// A page compressing to this many bytes or more counts as incompressible.
-    pub incompressible_threshold_bytes: usize,
-    /// After reaching the cap, accept pages again below this percentage of it.
-    pub accept_threshold_percent: u8,
-}
-
-impl ZpoolConfig {
-    pub fn new(cap_bytes: u64, nr_slots: u64) -> ZpoolConfig {
-        ZpoolConfig {
-            cap_bytes,
-            nr_slots,
-            compressor: Compressor::Lz4,
-            incompressible: Incompressible::StoreRaw,
-            incompressible_threshold_bytes: PAGE_SIZE - PAGE_SIZE / 8,
-            accept_threshold_percent: 90,
-        }
-    }
-}
+pub use config::{Compressor, Incompressible, ZpoolConfig, ZpoolError};
 
 pub struct ZpoolBackend {
     cfg: ZpoolConfig,
-    /// Two words per slot (see `entry`).
+    /// Two words per slot (see `allocator::entry`).
     slots: AtomicTable,
-    arena: Mapping,
-    nr_chunks: u32,
-    /// Per chunk: metadata word and list links (prev << 32 | next).
-    chunk_meta: LazyWords,
-    chunk_links: LazyWords,
-    classes: Box<[SpinLock<ClassState>]>,
-    free_chunks: SpinLock<ArenaState>,
-    /// Workspaces, one per operation, taken and returned without locks.
-    scratch: ArrayQueue<Box<Workspace>>,
-    zstd: ArrayQueue<Box<ZstdCtx>>,
-    /// Clock hand over chunks for writeback: chunks are shed whole, in index order (roughly
-    /// allocation order), so writeback always returns memory.
-    writeback_hand: AtomicU32,
+    /// The arena and its chunks.
+    alloc: Allocator,
+    /// The codec, its workspaces and contexts.
+    codecs: Codecs,
     full: AtomicBool,
-    /// Copy of `ArenaState::next_fresh`, readable without the lock.
-    fresh_hint: AtomicU32,
-    /// Chunks `0..populated` have been populated by `prepare`.
-    populated: AtomicU32,
-    chunks_in_use: AtomicU64,
-    /// The most chunks in use at once (the pool's high-water mark).
-    chunks_peak: AtomicU64,
-    /// Where chunks taken and freed are reported beside other pools, if anywhere.
-    share: std::sync::OnceLock<PoolShare>,
     stored_pages: AtomicU64,
     same_filled: AtomicU64,
     incompressible: AtomicU64,
@@ -139,114 +66,17 @@ pub struct ZpoolBackend {
     reject_alloc_fail: AtomicU64,
 }
 
-/// Why the pool could not be created.
-#[derive(Debug, thiserror::Error)]
-pub enum ZpoolError {
-    #[error("compressed pool cap of {cap_bytes} bytes is below one chunk ({min_bytes} bytes)")]
-    CapTooSmall { cap_bytes: u64, min_bytes: u64 },
-    #[error("compressed pool cap of {cap_bytes} bytes is above the most one pool can index ({max_bytes} bytes): give a smaller size")]
-    CapTooLarge { cap_bytes: u64, max_bytes: u64 },
-    #[error("cannot map the compressed pool's arena ({bytes} bytes): {source}")]
-    Map { bytes: u64, source: std::io::Error },
-    #[error("zstd level {level} is out of range (1..=22)")]
-    ZstdLevel { level: i32 },
-    #[error("cannot set up a zstd context: {what}")]
-    Zstd { what: String },
-}
-
-/// Per-chunk words that read as `init` until written, in lazily zero-filled memory (each
-/// word is kept XORed with `init`): a pool sized for a large cap costs no RAM and no start-up
-/// time for the chunks it never uses (filled eagerly, the tables of the default pool, half
-/// the RAM, took 3 MiB and most of a short process's start under `uswap run`).
-struct LazyWords {
-    words: AtomicTable,
-    init: u64,
-}
-
-impl LazyWords {
-    fn new(len: usize, init: u64) -> std::io::Result<LazyWords> {
-        Ok(LazyWords { words: AtomicTable::new(len)?, init })
-    }
-
-    #[inline]
-    fn load(&self, i: usize, order: Ordering) -> u64 {
-        self.words[i].load(order) ^ self.init
-    }
-
-    #[inline]
-    fn store(&self, i: usize, v: u64, order: Ordering) {
-        self.words[i].store(v ^ self.init, order)
-    }
-}
-
 impl ZpoolBackend {
     pub fn new(cfg: ZpoolConfig) -> Result<ZpoolBackend, ZpoolError> {
-        if cfg.cap_bytes < CHUNK_BYTES as u64 {
-            return Err(ZpoolError::CapTooSmall { cap_bytes: cfg.cap_bytes, min_bytes: CHUNK_BYTES as u64 });
-        }
-        // Room for the cap plus one partly used chunk per size class.
-        let nr_chunks = (cfg.cap_bytes as usize).div_ceil(CHUNK_BYTES) + NR_CLASSES;
-        if nr_chunks as u64 >= MAX_CHUNKS {
-            let max_bytes = (MAX_CHUNKS - NR_CLASSES as u64 - 1) * CHUNK_BYTES as u64;
-            return Err(ZpoolError::CapTooLarge { cap_bytes: cfg.cap_bytes, max_bytes });
-        }
-        let arena_bytes = nr_chunks * CHUNK_BYTES;
-        let map_err = |source| ZpoolError::Map { bytes: arena_bytes as u64, source };
-        let arena =
-            Mapping::anonymous(arena_bytes, MapOptions { no_huge_pages: true, dont_fork: true }).map_err(map_err)?;
+        let alloc = Allocator::new(cfg.cap_bytes)?;
+        let map_err = |source| ZpoolError::Map { bytes: alloc.arena_bytes(), source };
         let slots = AtomicTable::new(2 * cfg.nr_slots as usize).map_err(map_err)?;
-        let nr_cpus = nr_cpus_configured().max(1);
-        let nr_ctx = 4 * nr_cpus.max(4);
-        let zstd = ArrayQueue::new(nr_ctx);
-        if let Compressor::Zstd { level } = cfg.compressor {
-            if !(1..=22).contains(&level) {
-                return Err(ZpoolError::ZstdLevel { level });
-            }
-            for _ in 0..nr_ctx {
-                let mut ctx = ZstdCtx { c: zstd_safe::CCtx::create(), d: zstd_safe::DCtx::create() };
-                // Warm up: the first compression sizes the context's workspace.
-                let page = [0x5au8; PAGE_SIZE];
-                let mut out = [0u8; 2 * PAGE_SIZE];
-                let n = ctx
-                    .c
-                    .compress(&mut out[..], &page[..], level)
-                    .map_err(|e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() })?;
-                let mut back = [0u8; PAGE_SIZE];
-                ctx.d
-                    .decompress(&mut back[..], &out[..n])
-                    .map_err(|e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() })?;
-                let _ = zstd.push(Box::new(ctx));
-            }
-        }
+        let codecs = Codecs::new(cfg.compressor)?;
         Ok(ZpoolBackend {
             slots,
-            arena,
-            nr_chunks: nr_chunks as u32,
-            chunk_meta: LazyWords::new(nr_chunks, meta(NO_CLASS, 0, NO_OBJ, 0)).map_err(map_err)?,
-            chunk_links: LazyWords::new(nr_chunks, u64::MAX).map_err(map_err)?,
-            classes: (0..NR_CLASSES)
-                .map(|_| SpinLock::new(LockClass::ZpoolSizeClass, ClassState { partial_head: NIL, anchored: false }))
-                .collect(),
-            free_chunks: SpinLock::new(LockClass::ZpoolArena, ArenaState { free_head: NIL, next_fresh: 0 }),
-            scratch: {
-                let q = ArrayQueue::new(nr_ctx);
-                for _ in 0..nr_ctx {
-                    let _ = q.push(Box::new(Workspace {
-                        out: Scratch([0; SCRATCH_BYTES]),
-                        // Small: 16-bit entries, enough for inputs under 64 KiB (a page).
-                        lz4: lz4_flex::block::CompressTable::small(),
-                    }));
-                }
-                q
-            },
-            zstd,
-            writeback_hand: AtomicU32::new(0),
+            alloc,
+            codecs,
             full: AtomicBool::new(false),
-            fresh_hint: AtomicU32::new(0),
-            populated: AtomicU32::new(0),
-            chunks_in_use: AtomicU64::new(0),
-            chunks_peak: AtomicU64::new(0),
-            share: std::sync::OnceLock::new(),
             stored_pages: AtomicU64::new(0),
             same_filled: AtomicU64::new(0),
             incompressible: AtomicU64::new(0),
@@ -260,7 +90,7 @@ impl ZpoolBackend {
 
     /// Bytes of arena the pool uses (chunks in use).
     pub fn pool_bytes(&self) -> u64 {
-        self.chunks_in_use.load(Ordering::Relaxed) * CHUNK_BYTES as u64
+        self.alloc.pool_bytes()
     }
 
     fn accept_limit_bytes(&self) -> u64 {
@@ -272,8 +102,7 @@ impl ZpoolBackend {
     /// together (the cap is the tree's; see `crate::shared_charge::PoolShare`); accepting
     /// again below the accept threshold of the same.
     fn update_full(&self) {
-        let own = self.pool_bytes();
-        let bytes = self.share.get().map_or(own, |s| s.tree_bytes().max(own));
+        let bytes = self.alloc.capped_bytes();
         if bytes >= self.cfg.cap_bytes {
             self.full.store(true, Ordering::Relaxed);
         } else if bytes < self.accept_limit_bytes() {
@@ -303,7 +132,7 @@ impl ZpoolBackend {
             self.reject_pool_full.fetch_add(1, Ordering::Relaxed);
             return Err(BackendError::Rejected { slot, reason: RejectReason::PoolFull });
         }
-        let (kind, data): (u64, &[u8]) = match self.compress(page, scratch, lz4) {
+        let (kind, data): (u64, &[u8]) = match self.codecs.compress(page, scratch, lz4) {
             Some(n) if n < self.cfg.incompressible_threshold_bytes => (KIND_COMPRESSED, &scratch[..n]),
             _ => match self.cfg.incompressible {
                 Incompressible::StoreRaw => (KIND_RAW, page),
@@ -313,16 +142,12 @@ impl ZpoolBackend {
                 }
             },
         };
-        let c = class_of(OBJ_HEADER + data.len());
-        let Some((chunk, c, obj)) = self.alloc_object(c) else {
+        let Some(stored) = self.alloc.store(kind, slot, data) else {
             self.reject_alloc_fail.fetch_add(1, Ordering::Relaxed);
             self.full.store(true, Ordering::Relaxed);
             return Err(BackendError::Rejected { slot, reason: RejectReason::PoolFull });
         };
-        let off = Self::obj_offset(chunk, c, obj);
-        self.arena.write(off, &(slot as u32).to_ne_bytes());
-        self.arena.write(off + OBJ_HEADER, data);
-        e.store(entry(kind, data.len(), c, chunk, obj), Ordering::Release);
+        e.store(stored, Ordering::Release);
         if kind == KIND_RAW {
             self.incompressible.fetch_add(1, Ordering::Relaxed);
         }
@@ -343,15 +168,13 @@ impl ZpoolBackend {
                 Ok(())
             }
             KIND_RAW => {
-                let off = Self::obj_offset(entry_chunk(e), entry_class(e), entry_obj(e));
-                self.arena.read(off + OBJ_HEADER, dst);
+                self.alloc.load(e, dst);
                 Ok(())
             }
             KIND_COMPRESSED => {
                 let len = entry_len(e);
-                let off = Self::obj_offset(entry_chunk(e), entry_class(e), entry_obj(e));
-                self.arena.read(off + OBJ_HEADER, &mut scratch[..len]);
-                if self.decompress(&scratch[..len], dst) {
+                self.alloc.load(e, &mut scratch[..len]);
+                if self.codecs.decompress(&scratch[..len], dst) {
                     Ok(())
                 } else {
                     Err(BackendError::Corrupt { slot })
@@ -394,18 +217,16 @@ impl Backend for ZpoolBackend {
 
     /// A read uses the slot words and the arena (and workspaces, on the heap).
     fn share_pool(&self, share: PoolShare) {
-        if self.share.set(share).is_ok() {
-            share.grow(self.pool_bytes());
-        }
+        self.alloc.share_pool(share);
     }
 
     fn set_inherited(&self, inherit: bool) {
         self.slots.set_inherited(inherit);
-        self.arena.set_inherited(inherit);
+        self.alloc.set_inherited(inherit);
     }
 
     fn write(&self, reqs: &mut [WriteReq<'_>]) {
-        let Some(mut ws) = self.take_workspace() else {
+        let Some(mut ws) = self.codecs.take_workspace() else {
             // Nothing stored: the engine keeps the pages staged and writes them later.
             for r in reqs {
                 r.result = Err(workspace_timeout(r.slot));
@@ -432,11 +253,11 @@ impl Backend for ZpoolBackend {
                 }
             }
         }
-        let _ = self.scratch.push(ws);
+        self.codecs.put_workspace(ws);
     }
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
-        let Some(mut ws) = self.take_workspace() else {
+        let Some(mut ws) = self.codecs.take_workspace() else {
             // Nothing read: the engine counts a failed attempt and tries again.
             for r in reqs {
                 r.result = Err(workspace_timeout(r.slot));
@@ -455,7 +276,7 @@ impl Backend for ZpoolBackend {
                 }
             }
         }
-        let _ = self.scratch.push(ws);
+        self.codecs.put_workspace(ws);
     }
 
     fn invalidate(&self, slot: u64) {
@@ -473,7 +294,7 @@ impl Backend for ZpoolBackend {
                     self.incompressible.fetch_sub(1, Ordering::Relaxed);
                 }
                 self.compressed_bytes.fetch_sub(entry_len(e) as u64, Ordering::Relaxed);
-                self.free_object(entry_chunk(e), entry_obj(e));
+                self.alloc.free(e);
                 self.update_full();
             }
         }
@@ -485,80 +306,17 @@ impl Backend for ZpoolBackend {
     }
 
     fn prepare(&self) -> bool {
-        if self.stored_pages.load(Ordering::Relaxed) == 0 && self.populated.load(Ordering::Relaxed) == 0 {
-            return false;
-        }
-        let from = self.populated.load(Ordering::Relaxed);
-        let fresh = self.fresh_hint.load(Ordering::Relaxed);
-        let ahead = fresh.clamp(PREPARE_AHEAD_MIN_CHUNKS, PREPARE_AHEAD_CHUNKS);
-        let to = (fresh + ahead).min(self.nr_chunks);
-        if to > from {
-            let (off, len) = (from as usize * CHUNK_BYTES, (to - from) as usize * CHUNK_BYTES);
-            // Best effort: without it the same pages are populated on first use.
-            let _ = self.arena.advise(off, len, libc::MADV_POPULATE_WRITE);
-            self.populated.store(to, Ordering::Relaxed);
-        }
-        to > from
+        self.alloc.prepare(self.stored_pages.load(Ordering::Relaxed) != 0)
     }
 
     fn writeback_candidates(&self, out: &mut [u64]) -> usize {
         if self.pool_bytes() < self.accept_limit_bytes() {
             return 0;
         }
-        // A chunk to shed: of the next chunks in use on the clock, the one with the fewest
-        // live objects for its size (most memory back per page written). Every live object
-        // in it goes, so the chunk empties and returns its memory: no compaction needed.
-        // Bounded by one turn of the clock.
-        for _ in 0..self.nr_chunks {
-            let hand = self.writeback_hand.load(Ordering::Relaxed);
-            let mut best: Option<(u32, u64)> = None;
-            for k in 0..WRITEBACK_LOOKAHEAD_CHUNKS.min(self.nr_chunks) {
-                let ch = (hand + k) % self.nr_chunks;
-                let m = self.chunk_meta.load(ch as usize, Ordering::Relaxed);
-                if meta_class(m) == NO_CLASS || meta_inuse(m) == 0 {
-                    continue;
-                }
-                // Live fraction in 1/1024ths.
-                let fill = meta_inuse(m) * 1024 / objects_per_chunk(meta_class(m) as usize);
-                if best.is_none_or(|(_, f)| fill < f) {
-                    best = Some((ch, fill));
-                }
-            }
-            let Some((chunk, _)) = best else {
-                self.writeback_hand.fetch_add(WRITEBACK_LOOKAHEAD_CHUNKS, Ordering::Relaxed);
-                continue;
-            };
-            let m = self.chunk_meta.load(chunk as usize, Ordering::Relaxed);
-            let c = meta_class(m);
-            let c = c as usize;
-            let mut n = 0;
-            for obj in 0..meta_next_unused(m) {
-                if n == out.len() {
-                    break;
-                }
-                let mut hdr = [0u8; OBJ_HEADER];
-                self.arena.read(Self::obj_offset(chunk, c, obj), &mut hdr);
-                let slot = u32::from_ne_bytes(hdr) as u64;
-                if slot >= self.cfg.nr_slots {
-                    continue;
-                }
-                let e = self.slots[2 * slot as usize].load(Ordering::Acquire);
-                let kind = entry_kind(e);
-                if (kind == KIND_COMPRESSED || kind == KIND_RAW) && entry_chunk(e) == chunk && entry_obj(e) == obj {
-                    out[n] = slot;
-                    n += 1;
-                }
-            }
-            // The clock moves on once the window's first chunk is done with (the chosen chunk
-            // may hold more than one batch; it stays the sparsest until emptied).
-            if n < out.len() && chunk == hand % self.nr_chunks {
-                self.writeback_hand.fetch_add(1, Ordering::Relaxed);
-            }
-            if n > 0 {
-                return n;
-            }
-        }
-        0
+        let nr_slots = self.cfg.nr_slots;
+        self.alloc.writeback_candidates(out, |slot| {
+            (slot < nr_slots).then(|| self.slots[2 * slot as usize].load(Ordering::Acquire))
+        })
     }
 
     fn stats(&self) -> Option<BackendStats> {
@@ -566,7 +324,7 @@ impl Backend for ZpoolBackend {
         let stored = self.stored_pages.load(Ordering::Relaxed);
         Some(BackendStats {
             pool_bytes,
-            pool_peak_bytes: self.chunks_peak.load(Ordering::Relaxed) * CHUNK_BYTES as u64,
+            pool_peak_bytes: self.alloc.peak_bytes(),
             stored_pages: stored,
             same_filled_pages: self.same_filled.load(Ordering::Relaxed),
             incompressible_pages: self.incompressible.load(Ordering::Relaxed),
@@ -581,15 +339,6 @@ impl Backend for ZpoolBackend {
             reject_alloc_fail: self.reject_alloc_fail.load(Ordering::Relaxed),
             ..BackendStats::default()
         })
-    }
-}
-
-impl Drop for ZpoolBackend {
-    fn drop(&mut self) {
-        // The pool's memory goes with it: out of the tree's sum too.
-        if let Some(share) = self.share.get() {
-            share.shrink(self.pool_bytes());
-        }
     }
 }
 

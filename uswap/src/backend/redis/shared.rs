@@ -1,0 +1,145 @@
+//! The state a Redis device shares between the backend (its callers), its device threads
+//! and its asynchronous readers: [`Shared`], and the device's counters.
+//!
+//! A leaf below the device's parts: the device threads (`worker.rs`, `routing.rs`), the
+//! faulting threads' direct reads (`direct.rs`) and the device (`mod.rs`) all read it; it
+//! imports the types it holds (`codec.rs`, `jobs.rs`, `cluster.rs`) and the connection
+//! helpers (`conn.rs`), none of which imports it back. The faulting threads' connections
+//! (`direct::Direct`) are not in it but beside it, held by the backend and each device
+//! thread, since they read this state.
+//!
+//! # Locking rules
+//!
+//! Callers, device threads and readers share it through atomics, lock-free queues (`jobs`,
+//! `deletes`) and futexes; the two mutexes (`last_note`, `cluster_primaries`) are taken by
+//! engine threads only, never on the read path.
+//!
+//! # Invariants
+//!
+//! * `gens[slot]` is 0 for a slot holding nothing, else the generation of its only readable
+//!   key (see `mod.rs`).
+//! * Each generation is drawn once from `next_gen`, so a key (and a value's nonce) is never
+//!   reused.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+
+use super::cluster::{slot_tag, SlotMap};
+use super::codec::Sealer;
+use super::conn::{connect, info, info_field, primaries_of};
+use super::jobs::Jobs;
+
+/// The device's live counters, read as `RedisStats` (`mod.rs`).
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) reads: AtomicU64,
+    pub(super) writes: AtomicU64,
+    pub(super) stored_pages: AtomicU64,
+    pub(super) missing: AtomicU64,
+    pub(super) corrupt: AtomicU64,
+    pub(super) wait_short: AtomicU64,
+    pub(super) reject_full: AtomicU64,
+    pub(super) deletes: AtomicU64,
+    pub(super) delete_errors: AtomicU64,
+    pub(super) direct_reads: AtomicU64,
+    pub(super) redirects: AtomicU64,
+}
+
+/// State shared by the backend, its threads and its asynchronous readers.
+pub(super) struct Shared {
+    pub(super) name: String,
+    pub(super) seeds: Vec<String>,
+    /// The seeds' addresses, resolved at open (for a fork child, which must not look names
+    /// up: `direct::Direct::reconnect_in_fork_child`).
+    pub(super) seed_addrs: Vec<Option<std::net::SocketAddr>>,
+    pub(super) prefix: String,
+    pub(super) sealer: Sealer,
+    pub(super) jobs: Jobs,
+    pub(super) nr_slots: u64,
+    pub(super) gens: Box<[AtomicU64]>,
+    pub(super) next_gen: AtomicU64,
+    pub(super) deletes: ArrayQueue<(u64, u64)>,
+    pub(super) shutdown: AtomicBool,
+    /// Seed index of the primary.
+    pub(super) primary: AtomicUsize,
+    pub(super) failovers: AtomicU64,
+    pub(super) failovers_noted: AtomicBool,
+    pub(super) declining_until_ns: AtomicU64,
+    /// That the store is full was said (once a device).
+    pub(super) full_said: AtomicBool,
+    pub(super) replicas: u32,
+    pub(super) wait_timeout_ms: u64,
+    pub(super) failover_timeout_ns: u64,
+    pub(super) poll_ns: u64,
+    pub(super) counters: Counters,
+    /// The last thing the device threads had to say (failovers, errors), also on stderr.
+    pub(super) last_note: Mutex<String>,
+    /// Set in a fork child's copy of the parent's device: reads on the child's own direct
+    /// connections only (the device threads are the parent's).
+    pub(super) forked: AtomicBool,
+    /// A fork child still reads the keys: the drop leaves them (see `Backend::outlived_by_children`).
+    pub(super) keep_keys: AtomicBool,
+    /// On a Redis Cluster: the slot map read at start (each device thread keeps its own
+    /// copy up to date), and the pager's id, which each key's hash tag begins with.
+    pub(super) cluster_map: Option<SlotMap>,
+    pub(super) tag_id: String,
+    /// The cluster's primaries (sorted) as last said: each device thread reads the map
+    /// itself, and a change is counted and said once.
+    pub(super) cluster_primaries: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    pub(super) fn key(&self, slot: u64, generation: u64) -> String {
+        if self.cluster_map.is_some() {
+            // The pages of one swap cluster share a hash slot (see `cluster.rs`).
+            format!("{}{{{}.{}}}:{slot}:{generation}", self.prefix, self.tag_id, slot_tag(slot))
+        } else {
+            format!("{}{slot}:{generation}", self.prefix)
+        }
+    }
+
+    pub(super) fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(1000)
+    }
+
+    pub(super) fn io_timeout(&self) -> Duration {
+        Duration::from_millis(2000 + self.wait_timeout_ms)
+    }
+
+    /// Queues a key no read will ask for again. Lock-free, no allocation.
+    pub(super) fn delete_later(&self, slot: u64, generation: u64) {
+        if self.deletes.push((slot, generation)).is_err() {
+            self.counters.delete_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// On a cluster: the primaries (by the map read now) with fewer than `replicas` replicas
+    /// online. Short timeouts; engine threads only.
+    pub(super) fn shards_short_of_replicas(&self) -> Result<Vec<String>, &'static str> {
+        let short = Duration::from_millis(250);
+        let mut candidates = self.cluster_primaries.lock().map(|p| p.clone()).unwrap_or_default();
+        candidates.extend(self.seeds.iter().cloned());
+        let primaries = primaries_of(&candidates, true, short);
+        if primaries.is_empty() {
+            return Err("no cluster node answered with a full slot map");
+        }
+        let online = |addr: &str| -> Option<u32> {
+            let mut con = connect(addr, short, short).ok()?;
+            let inf = info(&mut con, "replication").ok()?;
+            let replicas = inf.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count();
+            (info_field(&inf, "role") == Some("master")).then_some(replicas as u32)
+        };
+        Ok(primaries.into_iter().filter(|n| online(n).is_none_or(|r| r < self.replicas)).collect())
+    }
+
+    /// Device threads only.
+    pub(super) fn note(&self, what: String) {
+        eprintln!("uswap: {}: {what}", self.name);
+        if let Ok(mut n) = self.last_note.lock() {
+            *n = what;
+        }
+    }
+}

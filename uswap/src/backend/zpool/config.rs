@@ -1,0 +1,70 @@
+//! The compressed pool's configuration and errors: which codec, what to do with a page that
+//! does not compress, the cap and its hysteresis, and why a pool could not be created.
+//!
+//! A leaf of the folder: the allocator (`allocator.rs`), the codecs (`codec.rs`) and the
+//! pool (`mod.rs`) all read these types, and this module imports none of theirs.
+//!
+//! Locking: none (plain values, copied into the pool at creation).
+
+use crate::uffd::PAGE_SIZE;
+
+/// How pages are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compressor {
+    /// lz4 (`lz4_flex`): the fastest; the default, as in zswap.
+    Lz4,
+    /// zstd at the given level: smaller, slower.
+    Zstd { level: i32 },
+}
+
+/// What to do with a page that does not compress below the threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Incompressible {
+    /// Keep it uncompressed in the pool (zswap since 6.17).
+    StoreRaw,
+    /// Decline it: the engine writes it to the next device.
+    Reject,
+}
+
+/// Configuration of a compressed pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZpoolConfig {
+    /// Memory the pool may use for compressed data (its footprint in chunks).
+    pub cap_bytes: u64,
+    /// Pages the pool can index (its slots).
+    pub nr_slots: u64,
+    pub compressor: Compressor,
+    pub incompressible: Incompressible,
+    /// A page compressing to this many bytes or more counts as incompressible.
+    pub incompressible_threshold_bytes: usize,
+    /// After reaching the cap, accept pages again below this percentage of it.
+    pub accept_threshold_percent: u8,
+}
+
+impl ZpoolConfig {
+    pub fn new(cap_bytes: u64, nr_slots: u64) -> ZpoolConfig {
+        ZpoolConfig {
+            cap_bytes,
+            nr_slots,
+            compressor: Compressor::Lz4,
+            incompressible: Incompressible::StoreRaw,
+            incompressible_threshold_bytes: PAGE_SIZE - PAGE_SIZE / 8,
+            accept_threshold_percent: 90,
+        }
+    }
+}
+
+/// Why the pool could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum ZpoolError {
+    #[error("compressed pool cap of {cap_bytes} bytes is below one chunk ({min_bytes} bytes)")]
+    CapTooSmall { cap_bytes: u64, min_bytes: u64 },
+    #[error("compressed pool cap of {cap_bytes} bytes is above the most one pool can index ({max_bytes} bytes): give a smaller size")]
+    CapTooLarge { cap_bytes: u64, max_bytes: u64 },
+    #[error("cannot map the compressed pool's arena ({bytes} bytes): {source}")]
+    Map { bytes: u64, source: std::io::Error },
+    #[error("zstd level {level} is out of range (1..=22)")]
+    ZstdLevel { level: i32 },
+    #[error("cannot set up a zstd context: {what}")]
+    Zstd { what: String },
+}
