@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """pmbench (github blakecaldwell/pmbench, unmodified but for the two local fixes that
-BENCHMARKS.md's "Threads: real pmbench" names) with 1, 2, 4 and 8 threads under uswap's two fault modes
+BENCHMARKS.md's "Threads" names) with 1, 2, 4 and 8 threads under uswap's two fault modes
 and the kernel's zram, same limit, same sitting, and writes the "Threads" section of
 BENCHMARKS.md (Markdown, on stdout or --out).
 

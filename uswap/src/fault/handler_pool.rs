@@ -22,7 +22,7 @@
 //!   for [`HELPER_FAULTS`] faults: a random fault should not wait behind a stream's
 //!   32-page windows. A reclaim round is as long, but is not a window, and a thread's own
 //!   next fault did not wait behind its window: both tried as triggers, both cost more
-//!   than they gave (BENCHMARKS.md, the combined workload's reading).
+//!   than they gave (docs/bench/journal/combined.md, the combined workload's reading).
 //! * **Steer:** every [`PROBE_EVERY_FAULTS`] faults, a lone active handler that is not
 //!   spinning looks up the CPU the faulting thread last ran on (`/proc`, 5-20 µs). If that
 //!   is not its own, it wakes the handler pinned there and retires.
