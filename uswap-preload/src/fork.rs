@@ -36,7 +36,6 @@
 //! milliseconds).
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What the prepare handler holds across the fork; the parent and child handlers run on the
 /// same thread, so a thread-local carries it (the hold is not `Send`).
@@ -49,20 +48,12 @@ thread_local! {
     static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
 }
 
-static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process is a fork child of a managed one that could not get a pager of its
-/// own (and so runs unmanaged).
-pub fn is_forked_child() -> bool {
-    FORKED_CHILD.load(Ordering::Relaxed)
-}
-
 extern "C" fn prepare() {
-    if is_forked_child() {
+    if crate::is_unmanaged_fork_child() {
         return;
     }
     let Some(pager) = crate::pager() else { return };
-    let _g = crate::heap::Guard::enter();
+    let _g = crate::own_code::Guard::enter();
     // The table first: a thread mapping a region holds it while the pager registers.
     let table = crate::mmap::hold_for_fork();
     let pager = pager.prepare_fork_to_rearm();
@@ -78,11 +69,11 @@ extern "C" fn child() {
     // The thread-local holds the parent's thread's id.
     uswap::note_thread_start();
     let Some(held) = HELD.with(|h| h.borrow_mut().take()) else { return };
-    let _g = crate::heap::Guard::enter();
+    let _g = crate::own_code::Guard::enter();
     // The new pager's set-up is the engine's, not the program's (a file device's rings).
     let _direct = crate::syscalls::EngineCalls::enter();
     if let Err(e) = rearm(held) {
-        FORKED_CHILD.store(true, Ordering::Relaxed);
+        crate::note_unmanaged_fork_child();
         let msg = format!("uswap: fork child {} runs unmanaged (every byte kept): {e}\n", std::process::id());
         crate::real::write_stderr(msg.as_bytes());
         crate::note_refusal(&msg);

@@ -28,7 +28,6 @@
 //! 16 GiB ([`MAX_ARENA_BYTES`]). The region is handed over in pieces as the heap grows ([`grow`], on an allocation mimalloc could not place), doubling
 //! from [`FIRST_ARENA_BYTES`].
 
-use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -64,6 +63,7 @@ extern "C" {
     ) -> bool;
 }
 
+use crate::own_code::{in_uswap, Guard};
 use crate::real;
 
 /// The most bytes of the region handed to mimalloc at once while the heap grows.
@@ -74,33 +74,6 @@ pub const MAX_ARENA_BYTES: usize = 16 << 30;
 
 static ARENA_START: AtomicUsize = AtomicUsize::new(0);
 static ARENA_END: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// Depth of this library's own code on this thread (no destructor, no allocation).
-    static IN_USWAP: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Marks the calling thread as running uswap's own code for its lifetime: its allocations
-/// and mappings are ordinary memory, and the interposed calls pass straight through.
-pub struct Guard(());
-
-impl Guard {
-    pub fn enter() -> Guard {
-        IN_USWAP.with(|d| d.set(d.get() + 1));
-        Guard(())
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        IN_USWAP.with(|d| d.set(d.get() - 1));
-    }
-}
-
-/// Whether this library's own code is running on the calling thread.
-pub fn in_uswap() -> bool {
-    IN_USWAP.with(|d| d.get() > 0)
-}
 
 /// Whether the calling thread's allocations belong in the managed heap.
 #[inline]

@@ -24,6 +24,7 @@ pub mod heap;
 pub mod locale;
 pub mod mlock;
 pub mod mmap;
+pub mod own_code;
 pub mod real;
 pub mod report;
 pub mod rlimit;
@@ -99,10 +100,23 @@ pub fn segment() -> Option<&'static uswap::shared_charge::ChargeSegment> {
     SEGMENT.get()
 }
 
+/// Set in a fork child of a managed process that could not get a pager of its own (and so
+/// runs unmanaged, see [`fork`]).
+static UNMANAGED_FORK_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process is a fork child that runs unmanaged.
+pub fn is_unmanaged_fork_child() -> bool {
+    UNMANAGED_FORK_CHILD.load(Ordering::Relaxed)
+}
+
+pub(crate) fn note_unmanaged_fork_child() {
+    UNMANAGED_FORK_CHILD.store(true, Ordering::Relaxed);
+}
+
 /// The process's pager, once started; none in a fork child that could not get one of its
 /// own (see [`fork`]).
 pub fn pager() -> Option<&'static uswap::Pager> {
-    if fork::is_forked_child() {
+    if is_unmanaged_fork_child() {
         return None;
     }
     let p = PAGER.load(Ordering::Acquire);
@@ -111,7 +125,7 @@ pub fn pager() -> Option<&'static uswap::Pager> {
 }
 
 fn start() -> Result<(), String> {
-    let _g = heap::Guard::enter();
+    let _g = own_code::Guard::enter();
     // The C library's malloc serves only uswap from now on (the program's goes to the
     // managed heap): one arena, and blocks up to 32 MiB from the brk heap rather than
     // mappings of their own, so that uswap's own memory is the `[heap]` a report of the

@@ -20,7 +20,7 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::AtomicPtr;
 
-use crate::heap;
+use crate::own_code;
 
 type SetlocaleFn = unsafe extern "C" fn(c_int, *const c_char) -> *mut c_char;
 type NewlocaleFn = unsafe extern "C" fn(c_int, *const c_char, libc::locale_t) -> libc::locale_t;
@@ -39,7 +39,7 @@ pub unsafe extern "C" fn setlocale(category: c_int, locale: *const c_char) -> *m
     let p = crate::real::next_symbol(&SETLOCALE, c"setlocale");
     // SAFETY: `p` is the C library's setlocale, of this type.
     let real = unsafe { std::mem::transmute::<*mut c_void, SetlocaleFn>(p) };
-    let _g = heap::Guard::enter();
+    let _g = own_code::Guard::enter();
     // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { real(category, locale) }
 }
@@ -53,7 +53,7 @@ pub unsafe extern "C" fn newlocale(mask: c_int, locale: *const c_char, base: lib
     let p = crate::real::next_symbol(&NEWLOCALE, c"newlocale");
     // SAFETY: `p` is the C library's newlocale, of this type.
     let real = unsafe { std::mem::transmute::<*mut c_void, NewlocaleFn>(p) };
-    let _g = heap::Guard::enter();
+    let _g = own_code::Guard::enter();
     // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { real(mask, locale, base) }
 }
@@ -67,7 +67,7 @@ pub unsafe extern "C" fn duplocale(base: libc::locale_t) -> libc::locale_t {
     let p = crate::real::next_symbol(&DUPLOCALE, c"duplocale");
     // SAFETY: `p` is the C library's duplocale, of this type.
     let real = unsafe { std::mem::transmute::<*mut c_void, DuplocaleFn>(p) };
-    let _g = heap::Guard::enter();
+    let _g = own_code::Guard::enter();
     // SAFETY: the caller's argument, passed on unchanged.
     unsafe { real(base) }
 }

@@ -33,7 +33,7 @@
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use crate::heap::{in_uswap, Guard};
+use crate::own_code::{in_uswap, Guard};
 use crate::real;
 
 /// At most this many managed mappings at once; more are ordinary memory (counted).

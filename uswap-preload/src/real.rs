@@ -83,7 +83,7 @@ pub fn next_symbol(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> *mut c_vo
     let mut p = slot.load(Ordering::Acquire);
     if p.is_null() {
         // dlsym may allocate: from the C library's malloc, never the managed heap.
-        let _g = crate::heap::Guard::enter();
+        let _g = crate::own_code::Guard::enter();
         // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name.
         p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
         if p.is_null() {

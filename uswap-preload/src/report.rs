@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::heap::Guard;
+use crate::own_code::Guard;
 
 pub const PUBLISH_INTERVAL_MS: u64 = 200;
 
@@ -42,7 +42,7 @@ fn spawn_publisher() {
     let mut tick = 0u64;
     let _ = uswap::spawn_engine_thread("uswap-report".into(), move || loop {
         std::thread::sleep(std::time::Duration::from_millis(PUBLISH_INTERVAL_MS));
-        if crate::fork::is_forked_child() {
+        if crate::is_unmanaged_fork_child() {
             return;
         }
         if FINAL_WRITTEN.load(std::sync::atomic::Ordering::Acquire) {

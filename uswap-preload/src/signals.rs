@@ -21,7 +21,7 @@
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
-use crate::heap;
+use crate::own_code;
 
 static SIGNAL_MODE: AtomicBool = AtomicBool::new(false);
 
@@ -33,10 +33,10 @@ pub fn start() {
 /// Whether this call is the program's, in a signal-mode process.
 fn applies() -> bool {
     SIGNAL_MODE.load(Ordering::Acquire)
-        && !heap::in_uswap()
+        && !own_code::in_uswap()
         && !uswap::is_engine_thread()
         && !uswap::sigbus::in_handler()
-        && !crate::fork::is_forked_child()
+        && !crate::is_unmanaged_fork_child()
 }
 
 /// `set` without SIGBUS if it has it (a copy), else `set` itself.

@@ -22,7 +22,7 @@
 use std::ffi::c_void;
 use std::sync::atomic::AtomicPtr;
 
-use crate::heap;
+use crate::own_code;
 
 type StartRoutine = extern "C" fn(*mut c_void) -> *mut c_void;
 type PthreadCreateFn = unsafe extern "C" fn(
@@ -56,7 +56,7 @@ extern "C" fn uswap_thread_start(p: *mut c_void) -> *mut c_void {
     // SAFETY: `p` is the box `pthread_create` leaked for this thread, handed over once.
     let t = unsafe { Box::from_raw(p.cast::<UswapThread>()) };
     // For the thread's whole life.
-    std::mem::forget(heap::Guard::enter());
+    std::mem::forget(own_code::Guard::enter());
     (t.start)(t.arg)
 }
 
@@ -68,7 +68,7 @@ extern "C" fn app_thread_start(p: *mut c_void) -> *mut c_void {
     let (start, arg) = (t.start, t.arg);
     {
         // The box and the thread-local's exit registration are the C library's malloc's.
-        let _g = heap::Guard::enter();
+        let _g = own_code::Guard::enter();
         drop(t);
         crate::altstack::install_on_this_thread();
     }
@@ -88,8 +88,8 @@ pub unsafe extern "C" fn pthread_create(
     arg: *mut c_void,
 ) -> libc::c_int {
     let real = real_pthread_create();
-    let ours = heap::in_uswap() || uswap::is_engine_thread();
-    let _g = heap::Guard::enter();
+    let ours = own_code::in_uswap() || uswap::is_engine_thread();
+    let _g = own_code::Guard::enter();
     let signal_mode = || crate::config().is_some_and(|c| c.fault_mode == uswap::FaultMode::Signal);
     // uswap's own threads, and the program's in signal mode, start in a wrapper of ours.
     let wrapper: Option<StartRoutine> = if ours {

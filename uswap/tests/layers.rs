@@ -3,6 +3,9 @@
 //! module imports from a layer above its own (`LAYERS`, bottom first; docs/design.md,
 //! "Layers", draws it).
 //!
+//! The CLI (`uswap-cli`) and the preload library (`uswap-preload`) are read the same way:
+//! their import graphs have no cycle either (a binary's `main.rs` is its crate root).
+//!
 //! What counts as an import of module B by module A: a path in A's code (outside comments,
 //! string literals and `#[cfg(test)]` modules) that names B or an item in it. Not counted: a
 //! folder's `mod.rs` declaring its children (`mod x;`) and re-exporting their items
@@ -39,8 +42,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the pager: builder, handle, regions, adoption, fork", &["pager", "region_handle", "adopt", "fork", "lib"]),
 ];
 
-fn src_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+/// The `src` folder of the workspace's crate `name` (`uswap`, `uswap-cli`, `uswap-preload`).
+fn src_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name).join("src")
 }
 
 /// Module path (`reclaim::swapout`, `lib` for the crate root) of every `.rs` file.
@@ -306,8 +310,17 @@ fn resolve(from: &str, path: &[String], mods: &BTreeMap<String, PathBuf>, is_mod
 }
 
 fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
+    import_graph_of("uswap")
+}
+
+/// The import graph of crate `name`'s modules.
+fn import_graph_of(name: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut mods = BTreeMap::new();
-    modules(&src_dir(), &[], &mut mods);
+    modules(&src_dir(name), &[], &mut mods);
+    // A binary's root is `main.rs`: the crate root, as `lib.rs` is.
+    if let Some(main) = mods.remove("main") {
+        mods.insert("lib".into(), main);
+    }
     // Files that are `#[cfg(test)]` modules of their parent: not part of the engine.
     let test_files: BTreeSet<String> = mods.keys().filter(|m| m.ends_with("::tests")).cloned().collect();
     let mut graph = BTreeMap::new();
@@ -316,7 +329,7 @@ fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
             continue;
         }
         let text = std::fs::read_to_string(path).expect("read a source file");
-        let is_mod_rs = path.file_name().is_some_and(|n| n == "mod.rs" || n == "lib.rs");
+        let is_mod_rs = path.file_name().is_some_and(|n| n == "mod.rs" || n == "lib.rs" || n == "main.rs");
         let children: BTreeSet<String> = mods
             .keys()
             .filter_map(|k| {
@@ -395,7 +408,20 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 fn the_import_graph_of_the_engine_has_no_cycle() {
     let graph = import_graph();
     assert!(graph.len() > 40, "only {} modules found: is the reader broken?", graph.len());
-    let found = cycles(&graph);
+    assert_no_cycle("the engine", &graph);
+}
+
+#[test]
+fn the_import_graphs_of_the_cli_and_the_preload_have_no_cycle() {
+    for (name, at_least) in [("uswap-cli", 30), ("uswap-preload", 20)] {
+        let graph = import_graph_of(name);
+        assert!(graph.len() > at_least, "only {} modules found in {name}: is the reader broken?", graph.len());
+        assert_no_cycle(name, &graph);
+    }
+}
+
+fn assert_no_cycle(what: &str, graph: &BTreeMap<String, BTreeSet<String>>) {
+    let found = cycles(graph);
     let mut report = String::new();
     for c in &found {
         report.push_str(&format!("cycle of {} modules:\n", c.len()));
@@ -404,7 +430,7 @@ fn the_import_graph_of_the_engine_has_no_cycle() {
             report.push_str(&format!("  {a} -> {inside:?}\n"));
         }
     }
-    assert!(found.is_empty(), "the engine's imports have cycles:\n{report}");
+    assert!(found.is_empty(), "{what}'s imports have cycles:\n{report}");
 }
 
 #[test]

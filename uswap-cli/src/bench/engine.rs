@@ -12,8 +12,8 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::args::FaultModeArg;
 use super::error::BenchError;
-use super::FaultModeArg;
 
 /// The kernel's swap device kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -42,9 +42,6 @@ pub struct Engine {
     pub name: String,
     pub kind: EngineKind,
 }
-
-pub const KNOWN: &str = "uswap-signal, uswap-thread (optionally /ra-off or /ra-on, and @DEVICES, e.g. \
-     uswap-signal/ra-off@ram:2GiB), kernel-zram, kernel-file, ram";
 
 impl Engine {
     pub fn parse(name: &str) -> Result<Engine, BenchError> {

@@ -4,7 +4,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::engine::KNOWN;
+use super::args::ENGINE_NAMES;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -39,13 +39,13 @@ pub enum BenchError {
     )]
     CombinedSeqPattern,
 
-    #[error("unknown engine {name:?}; known engines: {KNOWN}")]
+    #[error("unknown engine {name:?}; known engines: {ENGINE_NAMES}")]
     UnknownEngine { name: String },
 
     #[error("engine {name} is named twice in --engines; name each engine once (use --runs N to repeat runs)")]
     DuplicateEngine { name: String },
 
-    #[error("--engines is empty; name at least one engine ({KNOWN})")]
+    #[error("--engines is empty; name at least one engine ({ENGINE_NAMES})")]
     NoEngines,
 
     #[error(

@@ -8,6 +8,7 @@
 //! file parses the flags, checks them, and runs the engines one after another, `--runs`
 //! times, interleaved.
 
+pub mod args;
 pub mod command;
 pub mod engine;
 pub mod error;
@@ -25,56 +26,17 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::meminfo::Meminfo;
 use crate::size::{format_size, parse_size};
+pub use args::{BackgroundArg, FaultModeArg, OnOff};
 use engine::{Engine, EngineKind};
 use error::BenchError;
 use kernel::KernelSitting;
 use results::{Context, EngineResult, EngineRun};
 use worker::{Memory, NoHooks, UswapConfig, WorkerSpec};
 use workload::{Control, Pattern, Progress, Verify, Workload, WorkloadSpec};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FaultModeArg {
-    Thread,
-    Signal,
-}
-
-impl From<FaultModeArg> for crate::run::RunFaultMode {
-    fn from(m: FaultModeArg) -> Self {
-        match m {
-            FaultModeArg::Thread => crate::run::RunFaultMode::Thread,
-            FaultModeArg::Signal => crate::run::RunFaultMode::Signal,
-        }
-    }
-}
-
-impl From<FaultModeArg> for uswap::FaultMode {
-    fn from(m: FaultModeArg) -> Self {
-        match m {
-            FaultModeArg::Thread => uswap::FaultMode::Thread,
-            FaultModeArg::Signal => uswap::FaultMode::Signal,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnOff {
-    On,
-    Off,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackgroundArg {
-    Auto,
-    Idle,
-    Always,
-}
 
 /// The smallest `--limit` the kernel engines take: the workload process's own memory
 /// (stacks, heap) is charged to the cgroup too.

@@ -7,9 +7,9 @@
 use serde::Serialize;
 use uswap::Histogram;
 
+use super::args::FaultModeArg;
 use super::engine::{Engine, EngineKind};
 use super::workload::{LatencyUnit, Side, SideReport, Workload, WorkloadSpec, MAX_ERROR_SAMPLES};
-use super::FaultModeArg;
 
 /// One run of one engine (all its processes merged).
 #[derive(Debug, Clone)]

@@ -30,10 +30,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::args::{BackgroundArg, FaultModeArg};
 use super::error::BenchError;
 use super::interrupt;
 use super::workload::{self, Control, Phase, Progress, SideReport, WorkloadSpec};
-use super::{BackgroundArg, FaultModeArg};
 
 /// How a uswap pager is built (the same for the in-process engine and workload processes).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 //! them, driven by a small xorshift generator (the one `probes/memtouch.c` uses, so the
 //! uniform stream of the memtouch workload is the probe's).
 
-use super::Pattern;
+use super::options::Pattern;
 
 /// xorshift64: fast, and good enough to pick pages.
 #[derive(Debug, Clone)]

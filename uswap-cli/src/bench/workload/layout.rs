@@ -13,7 +13,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Verify;
+use super::options::Verify;
+
+/// Verification errors described per side (the count is always exact).
+pub const MAX_ERROR_SAMPLES: usize = 8;
 
 pub const PAGE_WORDS: usize = uswap::PAGE_SIZE / 8;
 /// Words `2..PATTERN_END` carry the pattern; the rest of the page is zero.
@@ -107,7 +110,7 @@ pub fn check_range(words: &[AtomicU64], lo: u64, hi: u64, writes: u64) -> (u64, 
         counted = counted.wrapping_add(p[COUNTER_WORD].load(Ordering::Relaxed));
         if let Some(e) = check_words(p, i, 0, PAGE_WORDS) {
             bad += 1;
-            if errors.len() < super::MAX_ERROR_SAMPLES {
+            if errors.len() < MAX_ERROR_SAMPLES {
                 errors.push(e);
             }
         }

@@ -18,6 +18,9 @@
 
 pub mod gen;
 pub mod layout;
+pub mod options;
+
+pub use options::{Pattern, Verify, Workload};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -28,60 +31,9 @@ use uswap::Histogram;
 use gen::{PageGen, Rng};
 use layout::{check_range, page, touch, PAGE_WORDS};
 
-/// Verification errors described per side (the count is always exact).
-pub const MAX_ERROR_SAMPLES: usize = 8;
+pub use layout::MAX_ERROR_SAMPLES;
 /// Steps between two looks at the stop flag and two progress updates.
 const CHUNK: u64 = 256;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Workload {
-    /// probes/memtouch.c: page accesses checking the index word.
-    Memtouch,
-    /// vm-scalability usemem: per-thread (or per-process) slices, word accesses.
-    Usemem,
-    /// pmbench: word accesses by pattern, per-access latency histogram.
-    Pmbench,
-    /// Seed 001: sequential rewriting streams with random workers in the background.
-    Combined,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Pattern {
-    /// Uniformly random pages.
-    #[value(alias = "uniform")]
-    Random,
-    /// Pages in order.
-    Seq,
-    /// Zipf-distributed pages (the first pages are the hottest); see --zipf-skew.
-    Zipf,
-    /// Normally distributed pages around the middle of the range; see --normal-sd.
-    Normal,
-}
-
-impl Pattern {
-    /// The name a workload's reader knows it by (pmbench says "uniform").
-    pub fn name(self, workload: Workload) -> &'static str {
-        match (self, workload) {
-            (Pattern::Random, Workload::Pmbench) => "uniform",
-            (Pattern::Random, _) => "random",
-            (Pattern::Seq, _) => "seq",
-            (Pattern::Zipf, _) => "zipf",
-            (Pattern::Normal, _) => "normal",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verify {
-    /// Check the words each access reads and the page's index word.
-    Index,
-    /// Check every byte of every page accessed, and every page once at the end (with the
-    /// sum of its write counters).
-    Full,
-}
 
 /// Which part of a workload a result describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
