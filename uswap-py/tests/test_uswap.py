@@ -450,3 +450,33 @@ def test_blocks_the_engine_refuses_fall_back_to_malloc_and_are_counted(pager):
     gc.collect()
     st = pager.stats()
     assert st["numpy_blocks"] == 0 and st["resident_pages"] == 0, st
+
+
+def test_python_m_uswap_run_pages_a_program_with_the_packaged_command(tmp_path):
+    """`python -m uswap run` works from the installed package alone: the command and its
+    preload library came with it (no Rust checkout, no USWAP_PRELOAD_LIB)."""
+    program = textwrap.dedent(
+        """
+        import hashlib, os, random
+        rng = random.Random(7)
+        words = [bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyz ") for _ in range(8)) for _ in range(512)]
+        chunks = []
+        for i in range(96):  # 96 MiB, each MiB half random bytes and half text
+            text = b"".join(rng.choice(words) for _ in range(65536))[: 1 << 19]
+            chunks.append(bytearray(os.urandom(1 << 19) + text))
+        before = [hashlib.sha256(c).hexdigest() for c in chunks]
+        after = [hashlib.sha256(bytes(c)).hexdigest() for c in chunks]
+        print("same" if before == after else "DIFFERENT", len(chunks))
+        """
+    )
+    stats = tmp_path / "stats.json"
+    env = {k: v for k, v in os.environ.items() if k != "USWAP_PRELOAD_LIB"}
+    r = subprocess.run(
+        [sys.executable, "-m", "uswap", "run", "--limit", "32MiB", "--stats-json", str(stats), "--",
+         sys.executable, "-c", program],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "same 96", (r.stdout, r.stderr)
+    counters = __import__("json").loads(stats.read_text())
+    assert counters["pswpout"] > 0, counters
