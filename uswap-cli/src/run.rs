@@ -451,6 +451,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // Before anything is made or started: a supervisor's SIGTERM that came while the program
     // was being started killed `uswap run` and left the program's tree running on its own.
     let mut forwarded = ForwardSignals::new();
+    let started = std::time::Instant::now();
     let mut launch = Launch::prepare(&args.command, &cfg)?;
     let path = launch.path.clone();
     let mut child = launch.command.spawn().map_err(|source| RunError::Spawn { path: path.clone(), source })?;
@@ -508,6 +509,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     drop(launch);
     if let serde_json::Value::Object(m) = &mut summary {
         m.insert("rss_peak_bytes".into(), children_rss_peak_bytes().into());
+        m.insert("wall_seconds".into(), started.elapsed().as_secs_f64().into());
         if let (Some(bytes), Some(target)) = (auto_limit_bytes, args.auto) {
             m.insert("auto_target".into(), target.into());
             m.insert("auto_limit_bytes".into(), bytes.into());
@@ -520,8 +522,12 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         }
         None => eprintln!("{}", summary_line(&summary)),
     }
-    // Said whether or not the counters went to a file: a limit that did not hold.
+    // Said whether or not the counters went to a file: a limit that did not hold, a run
+    // that mostly waited for memory.
     if let Some(msg) = overrun_message(&summary) {
+        eprintln!("uswap run: {msg}");
+    }
+    if let Some(msg) = thrash_message(&summary) {
         eprintln!("uswap run: {msg}");
     }
     let peak = summary.get("unmanaged_peak_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
@@ -664,6 +670,31 @@ fn overrun_message(s: &serde_json::Value) -> Option<String> {
         format_size(limit),
         format_size(peak),
         g("limit_overrun")
+    ))
+}
+
+/// Runs at least this long are judged for thrash (a short run's stall share is noise).
+const THRASH_MIN_WALL_SECONDS: f64 = 1.0;
+/// Some thread of the program waited for memory at least this share of the run.
+const THRASH_STALL_SHARE: f64 = 0.5;
+
+/// What to say when the program spent most of its run waiting for memory: its working set
+/// is far over the limit, and the run goes at the speed of the device, not of the program.
+/// (`uswap stat PID` shows the same share over the last 10, 60 and 300 s while it runs.)
+fn thrash_message(s: &serde_json::Value) -> Option<String> {
+    let f = |k: &str| s.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    let (stalled, wall) = (f("stall_seconds_total"), f("wall_seconds"));
+    if wall < THRASH_MIN_WALL_SECONDS || stalled < THRASH_STALL_SHARE * wall {
+        return None;
+    }
+    let limit = s.get("limit_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
+    Some(format!(
+        "the program waited for memory {:.0} % of its run (some thread stalled {stalled:.1} s of {wall:.1} s, {} \
+         major faults): its working set is far over the limit of {}; a larger --limit, or a faster device first \
+         in --device (zpool before file), would let it run at its own speed",
+        (stalled / wall * 100.0).min(100.0),
+        s.get("pgmajfault").and_then(|v| v.as_u64()).unwrap_or(0),
+        format_size(limit),
     ))
 }
 
@@ -812,6 +843,15 @@ mod tests {
         assert_eq!(overrun_message(&s(400, 0)), None, "no charge went over: the peak is someone else's count");
         let msg = overrun_message(&s(400, 9)).expect("said");
         assert!(msg.contains("did not hold") && msg.contains("9 charges"), "{msg}");
+    }
+
+    #[test]
+    fn a_run_that_mostly_waited_for_memory_is_said_as_thrash() {
+        let s = |stalled: f64, wall: f64| serde_json::json!({"limit_bytes": 128 << 20, "stall_seconds_total": stalled, "wall_seconds": wall, "pgmajfault": 7});
+        assert_eq!(thrash_message(&s(0.4, 1.0)), None, "under half the run");
+        assert_eq!(thrash_message(&s(0.6, 0.9)), None, "too short to judge");
+        let msg = thrash_message(&s(45.0, 60.0)).expect("said");
+        assert!(msg.contains("75 %") && msg.contains("128MiB") && msg.contains("7 major faults"), "{msg}");
     }
 
     #[test]
