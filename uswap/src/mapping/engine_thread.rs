@@ -6,7 +6,7 @@
 
 use std::io;
 
-use super::{forget_engine_range, note_engine_range};
+use super::engine_ranges::{forget_engine_range, note_engine_range};
 
 /// Signals an engine thread keeps unblocked: those the kernel raises synchronously for the
 /// thread's own faults (blocking them would not stop them, it would kill the process).

@@ -15,181 +15,43 @@
 //! Locking: none; a `Mapping` is an address range. Callers serialise access to individual
 //! pages with the page-table busy bit (see `region`) or slot ownership (see `swap`).
 //!
-//! [`registry`] is the process-wide table of managed mappings that the fault path searches
-//! by address; [`handler_stack`] the stacks signal-mode faults are served on; `engine_thread`
-//! starts the engine's threads (signals blocked, stacks noted, panics abort).
+//! The folder, one job a file: this file's [`Mapping`], [`AppMapping`] and [`PageRun`];
+//! [`registry`], the process-wide table of managed mappings that the fault path searches by
+//! address; [`handler_stack`], the stacks signal-mode faults are served on; `engine_thread`,
+//! which starts the engine's threads (signals blocked, stacks noted, panics abort);
+//! `engine_ranges`, the engine's own mappings by address; `discard`, batched drops with one
+//! TLB flush; `tables`, large lazily zero-filled tables; `probe`, questions to the page
+//! table (`mincore`, pagemap); `page_buf`, the bounce buffers' pages; `cpu`, the CPUs;
+//! `rlimit`, the address-space limit.
 
+mod cpu;
+mod discard;
+mod engine_ranges;
 mod engine_thread;
 pub mod handler_stack;
 mod page_buf;
+mod probe;
 pub mod registry;
+mod rlimit;
+mod tables;
 
+pub use cpu::{allowed_cpus, current_cpu, nr_cpus_configured, pin_current_thread};
+pub use discard::DiscardBatch;
+pub use engine_ranges::{engine_reserved_bytes, is_engine_memory, note_engine_memory};
 pub use engine_thread::{is_engine_thread, spawn_engine_thread};
 pub use page_buf::PageBuf;
+pub use probe::{
+    for_each_exclusive_page, for_each_present_page, mincore_pages, mincore_pages_where, page_present, populate_write,
+};
+pub use rlimit::address_space_limit_bytes;
+pub use tables::{AtomicTable, ZeroedArray};
 
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::AtomicU64;
+
+use engine_ranges::{forget_engine_range, note_engine_range};
 
 use crate::uffd::PAGE_SIZE;
-
-/// Ranges of engine-owned mappings to drop (`MADV_DONTNEED`) together.
-///
-/// Why: each `madvise` that drops a page of this process flushes the TLB of every other CPU
-/// running one of its threads (an IPI each). Staging pages leave the swap cache one run of
-/// consecutive slots at a time, and under random access a run is mostly one page long, so
-/// dropping them one call per run cost about one shootdown per major fault with two
-/// application threads. `process_madvise(PIDFD_SELF_THREAD, …)` drops a whole batch with
-/// one flush (Linux 6.13 allows any advice on the caller's own process; 6.15 added the
-/// sentinel, which names the caller's own memory even in a fork child). Where the kernel
-/// refuses it, the ranges are dropped one `madvise` each, as before.
-///
-/// The batch must be flushed before the pages it names may be reused (the caller's rule,
-/// as for `discard`); dropping it flushes what is left. Allocation-free: a fixed array on
-/// the caller's stack, usable in a SIGBUS handler.
-pub struct DiscardBatch<const N: usize> {
-    ranges: arrayvec::ArrayVec<(*mut libc::c_void, usize), N>,
-}
-
-/// `PIDFD_SELF_THREAD` (include/uapi/linux/pidfd.h): the calling thread, whose memory is
-/// the process's.
-const PIDFD_SELF_THREAD: libc::c_int = -10000;
-
-/// Whether `process_madvise` on ourselves works here: 0 not tried yet, 1 yes, 2 no.
-static PROCESS_MADVISE_SELF: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-impl<const N: usize> Default for DiscardBatch<N> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<const N: usize> DiscardBatch<N> {
-    pub const fn new() -> Self {
-        DiscardBatch { ranges: arrayvec::ArrayVec::new_const() }
-    }
-
-    /// Drops every range added so far (one TLB flush where the kernel allows it).
-    pub fn flush(&mut self) {
-        use std::sync::atomic::Ordering;
-        if self.ranges.is_empty() {
-            return;
-        }
-        let total: usize = self.ranges.iter().map(|r| r.1).sum();
-        if self.ranges.len() > 1 && PROCESS_MADVISE_SELF.load(Ordering::Relaxed) != 2 {
-            let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; N];
-            for (v, &(base, len)) in iov.iter_mut().zip(&self.ranges) {
-                *v = libc::iovec { iov_base: base, iov_len: len };
-            }
-            // SAFETY: every range lies inside a mapping the engine owns (`discard_later`
-            // checked it) and names pages the caller owns and may drop, as for `discard`;
-            // `iov` holds `ranges.len()` valid entries. The kernel reads the array only.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_process_madvise,
-                    PIDFD_SELF_THREAD,
-                    iov.as_ptr(),
-                    self.ranges.len(),
-                    libc::MADV_DONTNEED,
-                    0,
-                )
-            };
-            if r >= 0 && r as usize == total {
-                PROCESS_MADVISE_SELF.store(1, Ordering::Relaxed);
-                self.ranges.clear();
-                return;
-            }
-            let refused = r < 0
-                && matches!(
-                    io::Error::last_os_error().raw_os_error(),
-                    Some(libc::EBADF | libc::EINVAL | libc::ENOSYS | libc::EPERM | libc::ESRCH)
-                );
-            if refused && PROCESS_MADVISE_SELF.load(Ordering::Relaxed) == 0 {
-                // Refused by an older kernel (no sentinel, or no MADV_DONTNEED there): never
-                // tried again. A partial drop or another failure falls back for this batch
-                // only; dropping a range twice is harmless.
-                PROCESS_MADVISE_SELF.store(2, Ordering::Relaxed);
-            }
-        }
-        for &(base, len) in &self.ranges {
-            // SAFETY: as above; one range per call.
-            unsafe { libc::madvise(base, len, libc::MADV_DONTNEED) };
-        }
-        self.ranges.clear();
-    }
-}
-
-impl<const N: usize> Drop for DiscardBatch<N> {
-    fn drop(&mut self) {
-        self.flush();
-    }
-}
-
-/// Address ranges of the engine's own mappings (`[start, end)`, 0 when free): the staging
-/// areas, RAM devices, page tables and queues, so that a scan of the process's memory can
-/// tell the engine's from the program's ([`is_engine_memory`]). Lock-free: slots are taken
-/// by a compare-and-swap of `start`, scanned up to [`ENGINE_RANGES_HIGH`].
-const MAX_ENGINE_RANGES: usize = 16384;
-static ENGINE_RANGES: [(AtomicUsize, AtomicUsize); MAX_ENGINE_RANGES] =
-    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_ENGINE_RANGES];
-static ENGINE_RANGES_HIGH: AtomicUsize = AtomicUsize::new(0);
-
-/// Records `[addr, addr + len)` as the engine's (best effort: a full table only makes a
-/// scan count the range as the program's).
-fn note_engine_range(addr: usize, len: usize) {
-    use std::sync::atomic::Ordering;
-    for (i, (start, end)) in ENGINE_RANGES.iter().enumerate() {
-        if start.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-            end.store(addr + len, Ordering::Release);
-            ENGINE_RANGES_HIGH.fetch_max(i + 1, Ordering::AcqRel);
-            return;
-        }
-    }
-}
-
-/// Records `[addr, addr + len)` as memory uswap itself made or changed (outside the engine:
-/// the preload library's rewritten code), so that a report of the program's unmanaged memory
-/// leaves it out.
-pub fn note_engine_memory(addr: usize, len: usize) {
-    note_engine_range(addr, len);
-}
-
-fn forget_engine_range(addr: usize) {
-    use std::sync::atomic::Ordering;
-    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
-    if let Some((start, end)) = ENGINE_RANGES[..high].iter().find(|(s, _)| s.load(Ordering::Acquire) == addr) {
-        end.store(0, Ordering::Release);
-        start.store(0, Ordering::Release);
-    }
-}
-
-/// Whether `[start, end)` overlaps one of the engine's own mappings.
-pub fn is_engine_memory(start: usize, end: usize) -> bool {
-    use std::sync::atomic::Ordering;
-    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
-    ENGINE_RANGES[..high].iter().any(|(s, e)| {
-        let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
-        s != 0 && s < end && start < e
-    })
-}
-
-/// Bytes of address space the engine's own mappings hold now (what [`is_engine_memory`]
-/// knows of), reserved or touched: what an address-space limit set after the pager started
-/// must leave room for (the preload's `rlimit`).
-pub fn engine_reserved_bytes() -> u64 {
-    use std::sync::atomic::Ordering;
-    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
-    ENGINE_RANGES[..high]
-        .iter()
-        .map(|(s, e)| {
-            let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
-            if s != 0 && e > s {
-                (e - s) as u64
-            } else {
-                0
-            }
-        })
-        .sum()
-}
 
 /// An anonymous private mapping, unmapped on drop.
 #[derive(Debug)]
@@ -322,10 +184,7 @@ impl Mapping {
     /// the batch is flushed (at once if the batch is full).
     pub fn discard_later<const N: usize>(&self, batch: &mut DiscardBatch<N>, offset: usize, len: usize) {
         self.check_range(offset, len);
-        if batch.ranges.is_full() {
-            batch.flush();
-        }
-        batch.ranges.push(((self.addr + offset) as *mut libc::c_void, len));
+        batch.add((self.addr + offset) as *mut libc::c_void, len);
     }
 
     /// Copies `dst.len()` bytes out of the mapping.
@@ -566,269 +425,6 @@ pub fn unmap_app_range(addr: usize, len: usize) {
     unsafe { libc::munmap(addr as *mut libc::c_void, len) };
 }
 
-/// A zero-initialised table of atomic words backed by its own anonymous mapping, so that a
-/// large table (one word per page of a terabyte region) costs memory only where it is used.
-pub struct AtomicTable {
-    map: Mapping,
-    len: usize,
-}
-
-impl AtomicTable {
-    pub fn new(len: usize) -> io::Result<AtomicTable> {
-        let map = Mapping::anonymous((len * 8).max(PAGE_SIZE), MapOptions { no_huge_pages: false, dont_fork: true })?;
-        Ok(AtomicTable { map, len })
-    }
-}
-
-impl AtomicTable {
-    /// A table shared with every fork child made while it lives (`MAP_SHARED`): a word one
-    /// process changes, the others see changed.
-    pub fn shared(len: usize) -> io::Result<AtomicTable> {
-        Ok(AtomicTable { map: Mapping::shared_anonymous((len * 8).max(PAGE_SIZE))?, len })
-    }
-
-    /// Zeroes a [`AtomicTable::shared`] table and gives its memory back (`MADV_REMOVE`; for
-    /// every process that maps it). A word read concurrently reads its old value or zero.
-    pub fn remove_all(&self) -> io::Result<()> {
-        self.map.advise(0, self.map.len(), libc::MADV_REMOVE)
-    }
-
-    /// Whether a fork child gets a copy of the table (see [`Mapping::set_inherited`]).
-    pub fn set_inherited(&self, inherit: bool) {
-        self.map.set_inherited(inherit);
-    }
-}
-
-impl std::ops::Deref for AtomicTable {
-    type Target = [AtomicU64];
-    fn deref(&self) -> &[AtomicU64] {
-        // SAFETY: the mapping is at least `len * 8` bytes, page-aligned (so 8-aligned),
-        // zero-filled by the kernel (a valid AtomicU64), owned by `self` and never unmapped
-        // while `self` lives; all access goes through atomics.
-        unsafe { std::slice::from_raw_parts(self.map.addr() as *const AtomicU64, self.len) }
-    }
-}
-
-/// An array of `T` in lazily zero-filled memory: a large array (one entry per cluster of a
-/// terabyte device) costs memory and start-up time only where entries are written. Every
-/// entry starts as all-zero bytes, which must be a valid `T` (the constructor's contract);
-/// an entry is given its real initial value with [`ZeroedArray::init`] before first use.
-/// Entries are never dropped: `T` may not need dropping.
-pub struct ZeroedArray<T> {
-    map: Mapping,
-    len: usize,
-    _t: std::marker::PhantomData<T>,
-}
-
-// SAFETY: the array owns its entries as a `Box<[T]>` would; sharing it shares `&T`s.
-unsafe impl<T: Send> Send for ZeroedArray<T> {}
-// SAFETY: as above: `&ZeroedArray<T>` only hands out `&T` (and `init`, whose caller excludes
-// every other access to the entry).
-unsafe impl<T: Sync> Sync for ZeroedArray<T> {}
-
-impl<T> ZeroedArray<T> {
-    /// # Safety
-    /// All-zero bytes must be a valid value of `T`.
-    pub unsafe fn new(len: usize) -> io::Result<ZeroedArray<T>> {
-        const { assert!(std::mem::align_of::<T>() <= PAGE_SIZE && !std::mem::needs_drop::<T>()) };
-        let bytes = (len * std::mem::size_of::<T>()).max(PAGE_SIZE);
-        let map = Mapping::anonymous(bytes, MapOptions { no_huge_pages: false, dont_fork: true })?;
-        Ok(ZeroedArray { map, len, _t: std::marker::PhantomData })
-    }
-
-    /// Writes entry `i`'s initial value over its zero bytes (which need no drop).
-    ///
-    /// # Safety
-    /// No reference to entry `i` may exist, and no other thread may access it, until this
-    /// returns; the entry must not have been given a value that needs dropping.
-    pub unsafe fn init(&self, i: usize, value: T) {
-        assert!(i < self.len, "entry {i} of {}", self.len);
-        // SAFETY: in bounds (checked), aligned (page-aligned base, T-sized stride); the caller
-        // guarantees exclusive access to the entry and that nothing there needs dropping.
-        unsafe { std::ptr::write((self.map.addr() as *mut T).add(i), value) };
-    }
-}
-
-impl<T> std::ops::Deref for ZeroedArray<T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        // SAFETY: the mapping holds `len` entries, page-aligned, each a valid `T` (zero bytes
-        // are one, by the constructor's contract, or `init` wrote one); owned by `self` and
-        // never unmapped while it lives.
-        unsafe { std::slice::from_raw_parts(self.map.addr() as *const T, self.len) }
-    }
-}
-
-/// Makes the page at `addr` (page-aligned) writable and exclusive to this process
-/// (`MADV_POPULATE_WRITE`): a page it shares copy-on-write with a fork child is copied, as
-/// a write fault would, without changing a byte of it. A page that is missing is faulted in
-/// like any access (into userfaultfd, if the range is registered). Async-signal-safe.
-pub fn populate_write(addr: usize) -> io::Result<()> {
-    // SAFETY: madvise checks the range itself (ENOMEM if unmapped); POPULATE_WRITE faults
-    // pages in for writing and never changes their contents or the mapping.
-    let r = unsafe { libc::madvise(addr as *mut libc::c_void, PAGE_SIZE, libc::MADV_POPULATE_WRITE) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Whether the page at `addr` (page-aligned, in a mapping) is present in the page table.
-/// Allocates nothing: safe in a signal handler.
-pub fn page_present(addr: usize) -> bool {
-    let mut v = 0u8;
-    // SAFETY: mincore reads page tables and writes one byte, into `v`, for a one-page range;
-    // an unmapped address gives ENOMEM, not undefined behaviour.
-    let r = unsafe { libc::mincore(addr as *mut libc::c_void, PAGE_SIZE, &mut v) };
-    r == 0 && v & 1 != 0
-}
-
-/// Calls `f(page)` for each page of `[addr, addr + nr_pages * PAGE_SIZE)` present in the
-/// page table (`mincore(2)`, in chunks). The range must be mapped, `addr` page-aligned.
-pub fn for_each_present_page(addr: usize, nr_pages: usize, mut f: impl FnMut(usize)) -> io::Result<()> {
-    const CHUNK_PAGES: usize = 4096;
-    let mut vec = vec![0u8; CHUNK_PAGES];
-    let mut first = 0;
-    // Bounded: each round moves `first` on by at least one page.
-    while first < nr_pages {
-        let n = (nr_pages - first).min(CHUNK_PAGES);
-        // SAFETY: mincore only reads page tables and writes `n` bytes into `vec`, which has
-        // room for CHUNK_PAGES; an unmapped range gives ENOMEM, not undefined behaviour.
-        let r =
-            unsafe { libc::mincore((addr + first * PAGE_SIZE) as *mut libc::c_void, n * PAGE_SIZE, vec.as_mut_ptr()) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        for (i, b) in vec[..n].iter().enumerate() {
-            if b & 1 != 0 {
-                f(first + i);
-            }
-        }
-        first += n;
-    }
-    Ok(())
-}
-
-/// Calls `f(i)` for each page `i` of the `nr_pages` at `addr` that is present and mapped by
-/// this process alone (`/proc/self/pagemap`: bits 63 and 56, the latter since Linux 4.2; the
-/// kernel's zero page never counts). Reads the entries in chunks with `pread`.
-pub fn for_each_exclusive_page(addr: usize, nr_pages: usize, mut f: impl FnMut(usize)) -> io::Result<()> {
-    const CHUNK_PAGES: usize = 512;
-    const PRESENT: u64 = 1 << 63;
-    const EXCLUSIVE: u64 = 1 << 56;
-    use std::os::fd::AsRawFd;
-    let pagemap = std::fs::File::open("/proc/self/pagemap")?;
-    let mut entries = [0u64; CHUNK_PAGES];
-    let mut first = 0;
-    // Bounded: each round moves `first` on by at least one page, or fails.
-    while first < nr_pages {
-        let n = (nr_pages - first).min(CHUNK_PAGES);
-        let offset = ((addr / PAGE_SIZE + first) * 8) as libc::off_t;
-        // SAFETY: reads at most `n * 8` bytes into `entries`, which has room for CHUNK_PAGES
-        // entries; the descriptor is open for as long as `pagemap` lives.
-        let got = unsafe { libc::pread(pagemap.as_raw_fd(), entries.as_mut_ptr().cast(), n * 8, offset) };
-        if got <= 0 {
-            return Err(if got == 0 { io::ErrorKind::UnexpectedEof.into() } else { io::Error::last_os_error() });
-        }
-        let got = got as usize / 8;
-        for (i, &e) in entries[..got].iter().enumerate() {
-            if e & (PRESENT | EXCLUSIVE) == PRESENT | EXCLUSIVE {
-                f(first + i);
-            }
-        }
-        first += got;
-    }
-    Ok(())
-}
-
-/// Pages of `[addr, addr + len)` present in the page table, counted with `mincore(2)` in
-/// chunks so the vector stays small. The range must be mapped, `addr` page-aligned; a
-/// partial last page counts as a page.
-pub fn mincore_pages(addr: usize, len: usize) -> io::Result<usize> {
-    mincore_pages_where(addr, len, |_| true)
-}
-
-/// As [`mincore_pages`], counting only the pages whose index from `addr` `counted` accepts.
-pub fn mincore_pages_where(addr: usize, len: usize, counted: impl Fn(usize) -> bool) -> io::Result<usize> {
-    const CHUNK_PAGES: usize = 4096;
-    let mut vec = vec![0u8; CHUNK_PAGES];
-    let mut total = 0;
-    let mut off = 0;
-    // Bounded: each round moves `off` on by at least a page (a partial last page included;
-    // rounding down made a `len` that was not whole pages spin for ever on n = 0).
-    while off < len {
-        let n = (len - off).div_ceil(PAGE_SIZE).min(CHUNK_PAGES);
-        // SAFETY: mincore only reads page tables and writes `n` bytes into `vec`, which has
-        // room for CHUNK_PAGES; an unmapped range gives ENOMEM, not undefined behaviour.
-        let r = unsafe { libc::mincore((addr + off) as *mut libc::c_void, n * PAGE_SIZE, vec.as_mut_ptr()) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let first = off / PAGE_SIZE;
-        total += vec[..n].iter().enumerate().filter(|&(i, &b)| b & 1 != 0 && counted(first + i)).count();
-        off += n * PAGE_SIZE;
-    }
-    Ok(total)
-}
-
-/// The CPU the calling thread runs on (`sched_getcpu`, a vDSO call; async-signal-safe).
-pub fn current_cpu() -> usize {
-    // SAFETY: no arguments, returns -1 on failure.
-    let c = unsafe { libc::sched_getcpu() };
-    if c < 0 {
-        0
-    } else {
-        c as usize
-    }
-}
-
-/// Number of CPUs the system is configured with (an upper bound for `current_cpu`).
-/// The process's address-space limit (`RLIMIT_AS`, `ulimit -v`), `None` where there is none.
-/// Reservations count against it whether or not they are touched.
-pub fn address_space_limit_bytes() -> Option<u64> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes the limit into `lim`, which lives for the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
-        return None;
-    }
-    Some(lim.rlim_cur)
-}
-
-pub fn nr_cpus_configured() -> usize {
-    // SAFETY: sysconf has no memory effects.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-    if n < 1 {
-        1
-    } else {
-        n as usize
-    }
-}
-
-/// The CPUs this thread may run on (its affinity mask), in ascending order.
-pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return (0..nr_cpus_configured()).collect();
-        }
-        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
-    }
-}
-
-/// Pins the calling thread to one CPU.
-pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -874,7 +470,11 @@ mod tests {
             })
             .is_some_and(|v| v >= (6, 15));
         if kernel_has_it {
-            assert_eq!(PROCESS_MADVISE_SELF.load(std::sync::atomic::Ordering::Relaxed), 1, "process_madvise fell back");
+            assert_eq!(
+                discard::PROCESS_MADVISE_SELF.load(std::sync::atomic::Ordering::Relaxed),
+                1,
+                "process_madvise fell back"
+            );
         }
     }
 

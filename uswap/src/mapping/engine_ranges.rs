@@ -1,0 +1,72 @@
+//! The engine's own mappings, by address range: what a scan of the process's memory must
+//! not count as the program's (the unmanaged-memory report) and what an address-space limit
+//! must leave room for. Lock-free.
+
+use std::sync::atomic::AtomicUsize;
+
+/// Address ranges of the engine's own mappings (`[start, end)`, 0 when free): the staging
+/// areas, RAM devices, page tables and queues, so that a scan of the process's memory can
+/// tell the engine's from the program's ([`is_engine_memory`]). Lock-free: slots are taken
+/// by a compare-and-swap of `start`, scanned up to [`ENGINE_RANGES_HIGH`].
+const MAX_ENGINE_RANGES: usize = 16384;
+static ENGINE_RANGES: [(AtomicUsize, AtomicUsize); MAX_ENGINE_RANGES] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_ENGINE_RANGES];
+static ENGINE_RANGES_HIGH: AtomicUsize = AtomicUsize::new(0);
+
+/// Records `[addr, addr + len)` as the engine's (best effort: a full table only makes a
+/// scan count the range as the program's).
+pub(super) fn note_engine_range(addr: usize, len: usize) {
+    use std::sync::atomic::Ordering;
+    for (i, (start, end)) in ENGINE_RANGES.iter().enumerate() {
+        if start.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            end.store(addr + len, Ordering::Release);
+            ENGINE_RANGES_HIGH.fetch_max(i + 1, Ordering::AcqRel);
+            return;
+        }
+    }
+}
+
+/// Records `[addr, addr + len)` as memory uswap itself made or changed (outside the engine:
+/// the preload library's rewritten code), so that a report of the program's unmanaged memory
+/// leaves it out.
+pub fn note_engine_memory(addr: usize, len: usize) {
+    note_engine_range(addr, len);
+}
+
+pub(super) fn forget_engine_range(addr: usize) {
+    use std::sync::atomic::Ordering;
+    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
+    if let Some((start, end)) = ENGINE_RANGES[..high].iter().find(|(s, _)| s.load(Ordering::Acquire) == addr) {
+        end.store(0, Ordering::Release);
+        start.store(0, Ordering::Release);
+    }
+}
+
+/// Whether `[start, end)` overlaps one of the engine's own mappings.
+pub fn is_engine_memory(start: usize, end: usize) -> bool {
+    use std::sync::atomic::Ordering;
+    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
+    ENGINE_RANGES[..high].iter().any(|(s, e)| {
+        let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
+        s != 0 && s < end && start < e
+    })
+}
+
+/// Bytes of address space the engine's own mappings hold now (what [`is_engine_memory`]
+/// knows of), reserved or touched: what an address-space limit set after the pager started
+/// must leave room for (the preload's `rlimit`).
+pub fn engine_reserved_bytes() -> u64 {
+    use std::sync::atomic::Ordering;
+    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
+    ENGINE_RANGES[..high]
+        .iter()
+        .map(|(s, e)| {
+            let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
+            if s != 0 && e > s {
+                (e - s) as u64
+            } else {
+                0
+            }
+        })
+        .sum()
+}

@@ -1,0 +1,119 @@
+//! Questions to the kernel's page table about this process's own memory: which pages are
+//! present, which are exclusive to it (not shared with a fork child), and making one page
+//! writable and exclusive. Read-only except `populate_write`, which changes no byte.
+
+use std::io;
+
+use crate::uffd::PAGE_SIZE;
+
+/// Makes the page at `addr` (page-aligned) writable and exclusive to this process
+/// (`MADV_POPULATE_WRITE`): a page it shares copy-on-write with a fork child is copied, as
+/// a write fault would, without changing a byte of it. A page that is missing is faulted in
+/// like any access (into userfaultfd, if the range is registered). Async-signal-safe.
+pub fn populate_write(addr: usize) -> io::Result<()> {
+    // SAFETY: madvise checks the range itself (ENOMEM if unmapped); POPULATE_WRITE faults
+    // pages in for writing and never changes their contents or the mapping.
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, PAGE_SIZE, libc::MADV_POPULATE_WRITE) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether the page at `addr` (page-aligned, in a mapping) is present in the page table.
+/// Allocates nothing: safe in a signal handler.
+pub fn page_present(addr: usize) -> bool {
+    let mut v = 0u8;
+    // SAFETY: mincore reads page tables and writes one byte, into `v`, for a one-page range;
+    // an unmapped address gives ENOMEM, not undefined behaviour.
+    let r = unsafe { libc::mincore(addr as *mut libc::c_void, PAGE_SIZE, &mut v) };
+    r == 0 && v & 1 != 0
+}
+
+/// Calls `f(page)` for each page of `[addr, addr + nr_pages * PAGE_SIZE)` present in the
+/// page table (`mincore(2)`, in chunks). The range must be mapped, `addr` page-aligned.
+pub fn for_each_present_page(addr: usize, nr_pages: usize, mut f: impl FnMut(usize)) -> io::Result<()> {
+    const CHUNK_PAGES: usize = 4096;
+    let mut vec = vec![0u8; CHUNK_PAGES];
+    let mut first = 0;
+    // Bounded: each round moves `first` on by at least one page.
+    while first < nr_pages {
+        let n = (nr_pages - first).min(CHUNK_PAGES);
+        // SAFETY: mincore only reads page tables and writes `n` bytes into `vec`, which has
+        // room for CHUNK_PAGES; an unmapped range gives ENOMEM, not undefined behaviour.
+        let r =
+            unsafe { libc::mincore((addr + first * PAGE_SIZE) as *mut libc::c_void, n * PAGE_SIZE, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for (i, b) in vec[..n].iter().enumerate() {
+            if b & 1 != 0 {
+                f(first + i);
+            }
+        }
+        first += n;
+    }
+    Ok(())
+}
+
+/// Calls `f(i)` for each page `i` of the `nr_pages` at `addr` that is present and mapped by
+/// this process alone (`/proc/self/pagemap`: bits 63 and 56, the latter since Linux 4.2; the
+/// kernel's zero page never counts). Reads the entries in chunks with `pread`.
+pub fn for_each_exclusive_page(addr: usize, nr_pages: usize, mut f: impl FnMut(usize)) -> io::Result<()> {
+    const CHUNK_PAGES: usize = 512;
+    const PRESENT: u64 = 1 << 63;
+    const EXCLUSIVE: u64 = 1 << 56;
+    use std::os::fd::AsRawFd;
+    let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+    let mut entries = [0u64; CHUNK_PAGES];
+    let mut first = 0;
+    // Bounded: each round moves `first` on by at least one page, or fails.
+    while first < nr_pages {
+        let n = (nr_pages - first).min(CHUNK_PAGES);
+        let offset = ((addr / PAGE_SIZE + first) * 8) as libc::off_t;
+        // SAFETY: reads at most `n * 8` bytes into `entries`, which has room for CHUNK_PAGES
+        // entries; the descriptor is open for as long as `pagemap` lives.
+        let got = unsafe { libc::pread(pagemap.as_raw_fd(), entries.as_mut_ptr().cast(), n * 8, offset) };
+        if got <= 0 {
+            return Err(if got == 0 { io::ErrorKind::UnexpectedEof.into() } else { io::Error::last_os_error() });
+        }
+        let got = got as usize / 8;
+        for (i, &e) in entries[..got].iter().enumerate() {
+            if e & (PRESENT | EXCLUSIVE) == PRESENT | EXCLUSIVE {
+                f(first + i);
+            }
+        }
+        first += got;
+    }
+    Ok(())
+}
+
+/// Pages of `[addr, addr + len)` present in the page table, counted with `mincore(2)` in
+/// chunks so the vector stays small. The range must be mapped, `addr` page-aligned; a
+/// partial last page counts as a page.
+pub fn mincore_pages(addr: usize, len: usize) -> io::Result<usize> {
+    mincore_pages_where(addr, len, |_| true)
+}
+
+/// As [`mincore_pages`], counting only the pages whose index from `addr` `counted` accepts.
+pub fn mincore_pages_where(addr: usize, len: usize, counted: impl Fn(usize) -> bool) -> io::Result<usize> {
+    const CHUNK_PAGES: usize = 4096;
+    let mut vec = vec![0u8; CHUNK_PAGES];
+    let mut total = 0;
+    let mut off = 0;
+    // Bounded: each round moves `off` on by at least a page (a partial last page included;
+    // rounding down made a `len` that was not whole pages spin for ever on n = 0).
+    while off < len {
+        let n = (len - off).div_ceil(PAGE_SIZE).min(CHUNK_PAGES);
+        // SAFETY: mincore only reads page tables and writes `n` bytes into `vec`, which has
+        // room for CHUNK_PAGES; an unmapped range gives ENOMEM, not undefined behaviour.
+        let r = unsafe { libc::mincore((addr + off) as *mut libc::c_void, n * PAGE_SIZE, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let first = off / PAGE_SIZE;
+        total += vec[..n].iter().enumerate().filter(|&(i, &b)| b & 1 != 0 && counted(first + i)).count();
+        off += n * PAGE_SIZE;
+    }
+    Ok(total)
+}
