@@ -136,43 +136,11 @@ impl AsyncReadahead {
         };
         let c = &self.contexts[ctx];
         self.retire(p, c, &mut io);
-
-        // Lock the pages and list them in slot order, so that runs of consecutive slots land
-        // in consecutive buffer pages.
-        let cap = c.owner.len();
-        let mut pages: ArrayVec<(SwapEntry, usize, crate::region::Pte), MAX_WINDOW_PAGES> = ArrayVec::new();
-        for q in w.start..w.end() {
-            if pages.len() == cap {
-                break;
-            }
-            let pte = region.load(q);
-            if pte.state() != PageState::Swapped || pte.async_read() || pte.entry().device() != device {
-                continue;
-            }
-            if let Some(locked) = region.try_lock(q, pte) {
-                pages.push((pte.entry(), q, locked));
-            }
-        }
+        let pages = lock_window(region, w, device, c.owner.len());
         if pages.is_empty() {
             return;
         }
-        pages.sort_unstable_by_key(|&(e, _, _)| e);
-        io.runs.clear();
-        for (i, &(e, q, locked)) in pages.iter().enumerate() {
-            let owner = PageRef { region_idx: reg_idx, region_gen: reg_gen, page_gen: locked.gen(), page: q }.owner();
-            c.entry[i].store(e.bits(), Ordering::Relaxed);
-            c.owner[i].store(owner, Ordering::Release);
-            match io.runs.last_mut() {
-                Some(r) if r.slot + r.nr_pages as u64 == e.offset() => r.nr_pages += 1,
-                _ => io.runs.push(AsyncRun { slot: e.offset(), first_page: i, nr_pages: 1 }),
-            }
-        }
-        let runs = io.runs.clone();
-        let started = io.reader.start(&runs);
-        io.waited = !started;
-        if !started {
-            io.runs.clear();
-        }
+        let started = list_and_read(c, &mut io, &pages, (reg_idx, reg_gen));
         for (i, &(_, q, locked)) in pages.iter().enumerate() {
             if started {
                 region.store(q, locked.with_async_read().unbusy());
@@ -211,4 +179,56 @@ impl AsyncReadahead {
         }
         p.stats.add(Counter::SwapRaAsyncDropped, dropped);
     }
+}
+
+/// A page of an asynchronous read: its entry, its index in the region, its word as locked.
+type Listed = (SwapEntry, usize, crate::region::Pte);
+
+/// Locks the swapped pages of `w` on `device` not read asynchronously already, up to `cap`
+/// (a context's buffer), in slot order, so that runs of consecutive slots land in
+/// consecutive buffer pages.
+fn lock_window(region: &RegionInner, w: Window, device: usize, cap: usize) -> ArrayVec<Listed, MAX_WINDOW_PAGES> {
+    let mut pages: ArrayVec<Listed, MAX_WINDOW_PAGES> = ArrayVec::new();
+    for q in w.start..w.end() {
+        if pages.len() == cap {
+            break;
+        }
+        let pte = region.load(q);
+        if pte.state() != PageState::Swapped || pte.async_read() || pte.entry().device() != device {
+            continue;
+        }
+        if let Some(locked) = region.try_lock(q, pte) {
+            pages.push((pte.entry(), q, locked));
+        }
+    }
+    pages.sort_unstable_by_key(|&(e, _, _)| e);
+    pages
+}
+
+/// Lists the locked `pages` (sorted by slot) in context `c`, whose lock `io` the caller
+/// holds, and starts their reads, a run of consecutive slots each. Returns whether the
+/// reads started (if not, the listings stay, for the caller to clear).
+fn list_and_read(c: &Context, io: &mut ContextIo, pages: &[Listed], (reg_idx, reg_gen): (usize, u32)) -> bool {
+    // Retired, under its lock: nothing is listed (a claim only clears a listing, and only a
+    // starter holding the lock makes one).
+    debug_assert!(c.owner.iter().all(|o| o.load(Ordering::Relaxed) == 0), "a retired context lists nothing");
+    assert!(pages.len() <= c.owner.len(), "uswap invariant: an asynchronous read larger than its buffer");
+    io.runs.clear();
+    for (i, &(e, q, locked)) in pages.iter().enumerate() {
+        debug_assert!(locked.busy() && locked.state() == PageState::Swapped && locked.entry() == e);
+        let owner = PageRef { region_idx: reg_idx, region_gen: reg_gen, page_gen: locked.gen(), page: q }.owner();
+        c.entry[i].store(e.bits(), Ordering::Relaxed);
+        c.owner[i].store(owner, Ordering::Release);
+        match io.runs.last_mut() {
+            Some(r) if r.slot + r.nr_pages as u64 == e.offset() => r.nr_pages += 1,
+            _ => io.runs.push(AsyncRun { slot: e.offset(), first_page: i, nr_pages: 1 }),
+        }
+    }
+    let runs = io.runs.clone();
+    let started = io.reader.start(&runs);
+    io.waited = !started;
+    if !started {
+        io.runs.clear();
+    }
+    started
 }

@@ -304,70 +304,7 @@ impl DeviceConfig {
                 None => (item, false),
             };
             let policy = if cluster { ReadaheadPolicy::Cluster } else { ReadaheadPolicy::Vma };
-            if let Some(rest) = item.strip_prefix("redis://") {
-                let dev = parse_redis(rest, default_capacity_bytes, false).map_err(bad)?;
-                out.push(dev.priority(-(i as i32)).readahead(policy));
-                continue;
-            }
-            if let Some(rest) = item.strip_prefix("redis-cluster://") {
-                let dev = parse_redis(rest, default_capacity_bytes, true).map_err(bad)?;
-                out.push(dev.priority(-(i as i32)).readahead(policy));
-                continue;
-            }
-            if let Some(rest) = item.strip_prefix("file:") {
-                let (path, size) = match rest.rsplit_once(':') {
-                    Some((p, sz)) if parse_size(sz).is_ok() => (p, parse_size(sz).map_err(bad)?),
-                    _ => (rest, default_capacity_bytes),
-                };
-                if path.is_empty() {
-                    return Err(bad("file needs a path: file:PATH[:SIZE]".into()));
-                }
-                out.push(DeviceConfig::file(path, size).priority(-(i as i32)).readahead(policy));
-                continue;
-            }
-            let mut parts = item.split(':');
-            let kind = parts.next().unwrap_or("");
-            let opts: Vec<&str> = parts.collect();
-            let dev = match kind {
-                "ram" => match opts.as_slice() {
-                    [] => DeviceConfig::ram(default_capacity_bytes),
-                    [size] => DeviceConfig::ram(parse_size(size).map_err(bad)?),
-                    _ => return Err(bad("expected ram or ram:SIZE".into())),
-                },
-                "zpool" => {
-                    let mut cap = None;
-                    let mut d = DeviceConfig::zpool(0);
-                    for o in opts {
-                        d = match o {
-                            "lz4" => d.compressor(Compressor::Lz4),
-                            "zstd" => d.compressor(Compressor::Zstd { level: 3 }),
-                            "raw" => d.incompressible(Incompressible::StoreRaw),
-                            "reject" => d.incompressible(Incompressible::Reject),
-                            z if z.starts_with("zstd-") => {
-                                let level = z[5..].parse().map_err(|_| bad(format!("bad zstd level in {z:?}")))?;
-                                d.compressor(Compressor::Zstd { level })
-                            }
-                            size => {
-                                cap = Some(parse_size(size).map_err(|e| {
-                                    bad(format!("{e}; zpool options are a size, lz4, zstd, zstd-LEVEL, raw, reject"))
-                                })?);
-                                d
-                            }
-                        };
-                    }
-                    let cap = cap.unwrap_or(default_capacity_bytes);
-                    if let DeviceKind::Zpool { cap_bytes, .. } = &mut d.kind {
-                        *cap_bytes = cap;
-                    }
-                    d.capacity((4 * cap).max(default_capacity_bytes))
-                }
-                "" => return Err(bad("empty device name".into())),
-                other => {
-                    return Err(bad(format!(
-                        "unknown device kind {other:?}; known: ram, zpool, file, redis://HOST:PORT, redis-cluster://HOST:PORT"
-                    )))
-                }
-            };
+            let dev = parse_one(item, default_capacity_bytes).map_err(bad)?;
             out.push(dev.priority(-(i as i32)).readahead(policy));
         }
         Ok(out)
@@ -440,6 +377,72 @@ impl DeviceConfig {
             None => backend,
         })
     }
+}
+
+/// One device of a [`DeviceConfig::parse_list`] spec, its `:cluster` suffix taken off; why
+/// not, for the error naming the whole item.
+fn parse_one(item: &str, default_capacity_bytes: u64) -> std::result::Result<DeviceConfig, String> {
+    if let Some(rest) = item.strip_prefix("redis://") {
+        return parse_redis(rest, default_capacity_bytes, false);
+    }
+    if let Some(rest) = item.strip_prefix("redis-cluster://") {
+        return parse_redis(rest, default_capacity_bytes, true);
+    }
+    if let Some(rest) = item.strip_prefix("file:") {
+        let (path, size) = match rest.rsplit_once(':') {
+            Some((p, sz)) if parse_size(sz).is_ok() => (p, parse_size(sz)?),
+            _ => (rest, default_capacity_bytes),
+        };
+        if path.is_empty() {
+            return Err("file needs a path: file:PATH[:SIZE]".into());
+        }
+        return Ok(DeviceConfig::file(path, size));
+    }
+    let mut parts = item.split(':');
+    let kind = parts.next().unwrap_or("");
+    let opts: Vec<&str> = parts.collect();
+    match kind {
+        "ram" => match opts.as_slice() {
+            [] => Ok(DeviceConfig::ram(default_capacity_bytes)),
+            [size] => Ok(DeviceConfig::ram(parse_size(size)?)),
+            _ => Err("expected ram or ram:SIZE".into()),
+        },
+        "zpool" => parse_zpool(&opts, default_capacity_bytes),
+        "" => Err("empty device name".into()),
+        other => Err(format!(
+            "unknown device kind {other:?}; known: ram, zpool, file, redis://HOST:PORT, redis-cluster://HOST:PORT"
+        )),
+    }
+}
+
+/// A `zpool` device's options (a size, `lz4`, `zstd`, `zstd-LEVEL`, `raw`, `reject`).
+fn parse_zpool(opts: &[&str], default_capacity_bytes: u64) -> std::result::Result<DeviceConfig, String> {
+    let mut cap = None;
+    let mut d = DeviceConfig::zpool(0);
+    for &o in opts {
+        d = match o {
+            "lz4" => d.compressor(Compressor::Lz4),
+            "zstd" => d.compressor(Compressor::Zstd { level: 3 }),
+            "raw" => d.incompressible(Incompressible::StoreRaw),
+            "reject" => d.incompressible(Incompressible::Reject),
+            z if z.starts_with("zstd-") => {
+                let level = z[5..].parse().map_err(|_| format!("bad zstd level in {z:?}"))?;
+                d.compressor(Compressor::Zstd { level })
+            }
+            size => {
+                cap = Some(
+                    parse_size(size)
+                        .map_err(|e| format!("{e}; zpool options are a size, lz4, zstd, zstd-LEVEL, raw, reject"))?,
+                );
+                d
+            }
+        };
+    }
+    let cap = cap.unwrap_or(default_capacity_bytes);
+    if let DeviceKind::Zpool { cap_bytes, .. } = &mut d.kind {
+        *cap_bytes = cap;
+    }
+    Ok(d.capacity((4 * cap).max(default_capacity_bytes)))
 }
 
 /// Parses what follows `redis://` (`redis-cluster://`: `cluster`) in a device list.

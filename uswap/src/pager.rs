@@ -312,16 +312,7 @@ impl PagerBuilder {
         async_ra: AsyncReadahead,
         background_reclaim: BackgroundReclaim,
     ) -> Result<PagerShared> {
-        // The staging areas are registered with the swap cache's own descriptor, which asks
-        // for no events (see `swap::swap_cache` for why).
-        let staging_uffd = open_staging_uffd()?;
-        for d in devices.devices() {
-            // Same modes as regions: UFFDIO_MOVE needs both sides to have the same protection.
-            let (addr, len) = d.staging_range();
-            staging_uffd
-                .register(addr, len, REGISTER_MODES)
-                .map_err(|e| Error::io("registering the swap staging area with userfaultfd", e))?;
-        }
+        let staging_uffd = register_staging(&devices)?;
         let limit_pages = (limit_bytes / PAGE_SIZE as u64) as usize;
         // Room for every resident page twice over (stale entries linger until popped); a
         // page that finds the queue full is counted and later found by a scan.
@@ -336,22 +327,7 @@ impl PagerBuilder {
         Ok(PagerShared {
             uffd,
             mode: self.mode,
-            charge: Charge {
-                limit_pages: AtomicUsize::new(limit_pages),
-                resident_pages: match self.shared_charge {
-                    Some((_, own)) => ChargeCell::Shared(own),
-                    None => ChargeCell::Own(AtomicUsize::new(0)),
-                },
-                shared: self.shared_charge.map(|(t, _)| t),
-                resident_peak_pages: AtomicUsize::new(0),
-                reclaim_held: AtomicBool::new(false),
-                reclaim_in_flight: AtomicUsize::new(0),
-                stall: crate::pressure::StallClock::new(),
-                stall_avgs: crate::pressure::StallAverages::default(),
-                auto: self.auto_budget.map(|target| {
-                    crate::pressure::Budget::new(target, (MIN_LIMIT_BYTES / PAGE_SIZE as u64) as usize, limit_pages)
-                }),
-            },
+            charge: self.initial_charge(limit_pages),
             parent: std::sync::OnceLock::new(),
             regions_survive_fork: self.regions_survive_fork,
             clean_pages: AtomicUsize::new(0),
@@ -359,14 +335,7 @@ impl PagerBuilder {
             lru: Lru::new(fifo()?, fifo()?),
             swap_cache: SwapCache::new(staging_uffd, fifo()?),
             stats: PerCpuStats::new(nr_cpus),
-            // Each buffer holds a readahead window.
-            bounce: BouncePool::new(4 * nr_cpus.max(4), self.readahead_max_pages).map_err(|e| {
-                Error::OutOfAddressSpace {
-                    what: "bounce buffers".into(),
-                    len_bytes: (4 * nr_cpus.max(4) * self.readahead_max_pages * crate::PAGE_SIZE) as u64,
-                    source: e,
-                }
-            })?,
+            bounce: self.bounce_pool(nr_cpus)?,
             readahead: AtomicBool::new(self.readahead),
             readahead_max_pages: self.readahead_max_pages,
             async_ra,
@@ -380,6 +349,36 @@ impl PagerBuilder {
             reclaimer: std::sync::OnceLock::new(),
             cow: crate::state::cow::CowQueue::new(),
             events: crate::state::events::EventState::default(),
+        })
+    }
+
+    /// The pager's charge, nothing charged yet, against a limit of `limit_pages` (and the
+    /// tree's, if it shares one).
+    fn initial_charge(&self, limit_pages: usize) -> Charge {
+        Charge {
+            limit_pages: AtomicUsize::new(limit_pages),
+            resident_pages: match self.shared_charge {
+                Some((_, own)) => ChargeCell::Shared(own),
+                None => ChargeCell::Own(AtomicUsize::new(0)),
+            },
+            shared: self.shared_charge.map(|(t, _)| t),
+            resident_peak_pages: AtomicUsize::new(0),
+            reclaim_held: AtomicBool::new(false),
+            reclaim_in_flight: AtomicUsize::new(0),
+            stall: crate::pressure::StallClock::new(),
+            stall_avgs: crate::pressure::StallAverages::default(),
+            auto: self.auto_budget.map(|target| {
+                crate::pressure::Budget::new(target, (MIN_LIMIT_BYTES / PAGE_SIZE as u64) as usize, limit_pages)
+            }),
+        }
+    }
+
+    /// The bounce buffers: each holds a readahead window.
+    fn bounce_pool(&self, nr_cpus: usize) -> Result<BouncePool> {
+        BouncePool::new(4 * nr_cpus.max(4), self.readahead_max_pages).map_err(|e| Error::OutOfAddressSpace {
+            what: "bounce buffers".into(),
+            len_bytes: (4 * nr_cpus.max(4) * self.readahead_max_pages * crate::PAGE_SIZE) as u64,
+            source: e,
         })
     }
 
@@ -469,6 +468,20 @@ fn open_uffd(mode: FaultMode) -> Result<Uffd> {
 
 /// The staging area's descriptor: no events; SIGBUS, so that an engine bug touching an empty
 /// staging page fails loudly instead of waiting for a reader that never comes.
+/// The swap cache's own descriptor, which asks for no events (see `swap::swap_cache` for
+/// why), with every device's staging area registered.
+fn register_staging(devices: &SwapDevices) -> Result<Uffd> {
+    let staging_uffd = open_staging_uffd()?;
+    for d in devices.devices() {
+        // Same modes as regions: UFFDIO_MOVE needs both sides to have the same protection.
+        let (addr, len) = d.staging_range();
+        staging_uffd
+            .register(addr, len, REGISTER_MODES)
+            .map_err(|e| Error::io("registering the swap staging area with userfaultfd", e))?;
+    }
+    Ok(staging_uffd)
+}
+
 fn open_staging_uffd() -> Result<Uffd> {
     Uffd::open(uffd::FEATURE_MOVE | uffd::FEATURE_SIGBUS, true, true).map_err(open_error)
 }

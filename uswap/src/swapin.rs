@@ -108,24 +108,14 @@ impl Fault<'_> {
 
 /// Brings the faulting page back, with its readahead window.
 pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
-    let e = f.locked.entry();
     assert_eq!(f.locked.state(), PageState::Swapped);
-    let dev = pager.devices.device(e);
+    debug_assert!(f.locked.busy(), "the faulting page is owned by this fault");
     let readahead = !f.route.lock_free() && pager.readahead.load(Ordering::Relaxed);
     let max = if readahead { pager.readahead_max_pages } else { 1 };
-    let ara = &pager.async_ra;
     let async_ctx = async_context(pager, f);
     let mut set = RegionSet::new();
     let mut items: ArrayVec<Item, MAX_WINDOW_PAGES> = ArrayVec::new();
-    let listed = listed_in(pager, f, async_ctx, f.page, f.locked);
-    items.push(Item::new(None, f.page, f.locked, true, listed));
-    let vma_window = match dev.readahead {
-        ReadaheadPolicy::Vma => Some(gather_vma_window(pager, f, async_ctx, max, &mut items)),
-        ReadaheadPolicy::Cluster => {
-            gather_cluster_window(pager, f, max, &mut set, &mut items);
-            None
-        }
-    };
+    let vma_window = gather_window(pager, f, async_ctx, max, &mut set, &mut items);
 
     crate::state::fault::note_window(items.len());
     // Read-ahead pages are charged like the faulting page, reclaiming if need be (the kernel
@@ -147,20 +137,10 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
         pager.stats.inc(Counter::PoolWaitTimeout);
         return Err(FaultError::PoolTimeout);
     };
-    // Pages not read ahead first (no lock held), then those in the context's buffer; any of
-    // those whose data is not there after all is read like the others, under the lock.
     // What the last read that failed found, for the SIGBUS line.
     let mut failed = ReadFailure::default();
-    read_items(pager, f, &set, &mut items, buf.pages_mut(), &mut failed);
-    let mut held: HeldContext<'_> = None;
-    if let Some(ctx) = async_ctx.filter(|_| items.iter().any(|it| it.listed.is_some())) {
-        let mut io = ara.context(ctx).io.lock();
-        take_async(pager, f, ctx, &mut io, &mut items);
-        held = Some((ctx, io));
-        if items.iter().any(|it| !it.ok) {
-            read_items(pager, f, &set, &mut items, buf.pages_mut(), &mut failed);
-        }
-    }
+    // Held (if taken) until the pages from its buffer are mapped and published.
+    let held = read_window(pager, f, async_ctx, &set, &mut items, buf.pages_mut(), &mut failed);
 
     if !items.iter().any(|it| it.faulting && it.ok) {
         // Nothing is mapped: every page goes back as it was (its slot still holds it).
@@ -182,9 +162,62 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     pager.stats.add(Counter::SwapRaAsync, nr_async);
     drop(held);
     if let Some(w) = vma_window.filter(|_| readahead) {
-        ara.start_after(pager, f.region, (f.reg_idx, f.reg_gen), f.page, w);
+        pager.async_ra.start_after(pager, f.region, (f.reg_idx, f.reg_gen), f.page, w);
     }
     Ok(())
+}
+
+/// Locks the faulting page's readahead window (at most `max` pages), by address or by
+/// slot as its device says, into `items`, the faulting page first. Returns the window when
+/// it was by address (for the asynchronous readahead that follows it).
+fn gather_window(
+    pager: &PagerShared,
+    f: &Fault<'_>,
+    async_ctx: Option<usize>,
+    max: usize,
+    set: &mut RegionSet,
+    items: &mut ArrayVec<Item, MAX_WINDOW_PAGES>,
+) -> Option<Window> {
+    debug_assert!(items.is_empty() && max >= 1);
+    let listed = listed_in(pager, f, async_ctx, f.page, f.locked);
+    items.push(Item::new(None, f.page, f.locked, true, listed));
+    let window = match pager.devices.device(f.locked.entry()).readahead {
+        ReadaheadPolicy::Vma => Some(gather_vma_window(pager, f, async_ctx, max, items)),
+        ReadaheadPolicy::Cluster => {
+            gather_cluster_window(pager, f, max, set, items);
+            None
+        }
+    };
+    // Every page of the window is owned by this fault and on a device.
+    debug_assert!(
+        items.iter().all(|it| it.pte.busy() && it.pte.state() == PageState::Swapped),
+        "a swap-in window holds locked swapped pages"
+    );
+    window
+}
+
+/// Reads the window's pages into `buf` (see [`read_items`]): those not read ahead first,
+/// with no lock held, then those listed in the asynchronous-readahead context `async_ctx`,
+/// whose lock is taken here and returned, to be held until the pages from its buffer are
+/// mapped; any listed page whose data is not there after all is read like the others,
+/// under the lock.
+fn read_window<'p>(
+    pager: &'p PagerShared,
+    f: &Fault<'_>,
+    async_ctx: Option<usize>,
+    set: &RegionSet,
+    items: &mut [Item],
+    buf: &mut [crate::backend::AlignedPage],
+    failed: &mut ReadFailure,
+) -> HeldContext<'p> {
+    read_items(pager, f, set, items, buf, failed);
+    let ctx = async_ctx.filter(|_| items.iter().any(|it| it.listed.is_some()))?;
+    let mut io = pager.async_ra.context(ctx).io.lock();
+    take_async(pager, f, ctx, &mut io, items);
+    if items.iter().any(|it| !it.ok) {
+        read_items(pager, f, set, items, buf, failed);
+    }
+    Some((ctx, io))
 }
 
 /// The asynchronous readahead context that may hold the faulting page's data, if its

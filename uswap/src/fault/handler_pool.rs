@@ -182,7 +182,10 @@ impl HandlerPool {
             return false;
         }
         self.helper[i].store(as_helper, Ordering::Release);
-        self.nr_active.fetch_add(1, Ordering::AcqRel);
+        let before = self.nr_active.fetch_add(1, Ordering::AcqRel);
+        // The count never exceeds the active flags (a flag is set before its increment and
+        // cleared after its decrement), and handler `i`'s was clear until just now.
+        debug_assert!(before < self.active.len(), "more active handlers than handlers");
         if let Some(t) = self.threads[i].get() {
             t.unpark();
         }
@@ -199,6 +202,8 @@ impl HandlerPool {
         let Some(to) = self.cpus.iter().position(|c| *c == Some(cpu)) else {
             return false;
         };
+        // `me` is not on `cpu` (checked above): the handler found there is another one.
+        debug_assert_ne!(to, me);
         self.activate(to, false) && self.try_retire(me)
     }
 
@@ -265,6 +270,7 @@ impl WakeTally {
     pub(crate) fn spun(&mut self, hit: bool) -> bool {
         self.spins += 1;
         self.spin_hits += u32::from(hit);
+        debug_assert!(self.spin_hits <= self.spins && self.spins <= SPIN_WINDOW, "a spin window's tally");
         if self.spins < SPIN_WINDOW {
             return false;
         }
@@ -298,6 +304,7 @@ impl WakeTally {
     pub(crate) fn woke(&mut self, useful: bool) -> bool {
         self.wakes += 1;
         self.useless += u32::from(!useful);
+        debug_assert!(self.useless <= self.wakes && self.wakes <= WAKE_WINDOW, "a wake window's tally");
         if self.wakes < WAKE_WINDOW {
             return false;
         }

@@ -34,27 +34,18 @@ pub(crate) fn handler_thread(
     }
     pool.register(me);
     let mut msgs = [UffdMsg::default(); 16];
-    let mut tally = WakeTally::default();
-    // Whether the last poll said the descriptor had a message (the read after it judges the
-    // wake-up: useful if it found one, useless if another handler was first).
-    let mut woke_for_message = false;
-    // While set, the handler polls the descriptor without sleeping, until then
-    // (`WakeTally::may_spin`).
-    let mut spin_until_ns = None;
-    let mut spin_rounds = 0u32;
-    // The thread whose fault in the last batch mapped a window, if one did (the help rule).
-    let mut window_tid = None;
+    let mut h = Handler::default();
     while !pager.is_shutdown() {
         if !pool.is_active(me) {
             pool.wait_dormant(me, || pager.is_shutdown());
-            tally.reset();
-            woke_for_message = false;
-            spin_until_ns = None;
+            h.tally.reset();
+            h.woke_for_message = false;
+            h.spin_until_ns = None;
         }
         // Taken whether or not the handler slept: one that retired and was woken again as a
         // helper before it looked must still leave after its allowance, or two stay active.
         if pool.take_helper(me) {
-            tally.start_helping();
+            h.tally.start_helping();
         }
         if !pool.is_active(me) {
             continue;
@@ -63,30 +54,57 @@ pub(crate) fn handler_thread(
         // the kernel sent them, before any fault read after them is served.
         let n = events::read_and_apply(pager, &mut msgs);
         let pending = events::run_take_outs(pager);
-        let retire = std::mem::take(&mut woke_for_message) && tally.woke(n > 0);
+        let retire = std::mem::take(&mut h.woke_for_message) && h.tally.woke(n > 0);
         if retire && n == 0 && pool.try_retire(me) {
             pager.stats.inc(Counter::HandlerRetire);
             continue;
         }
-        if spin(pager, &mut tally, n, &mut spin_until_ns, &mut spin_rounds) {
+        if spin(pager, &mut h.tally, n, &mut h.spin_until_ns, &mut h.spin_rounds) {
             continue;
         }
         if n == 0 {
             let timeout_ms = if pending { events::TAKE_OUT_POLL_MS } else { -1 };
-            woke_for_message = uffd::poll_fault_or_doorbell_for(&pager.uffd, doorbell, timeout_ms);
+            h.woke_for_message = uffd::poll_fault_or_doorbell_for(&pager.uffd, doorbell, timeout_ms);
             continue;
         }
-        let nr_faults = msgs[..n].iter().filter(|m| m.is_page_fault()).count();
-        adjust_pool(pager, pool, &mut tally, me, &msgs[..n], nr_faults, &mut window_tid);
-        for m in &msgs[..n] {
+        h.serve_batch(pager, pool, me, &msgs[..n], retire);
+    }
+}
+
+/// A handler thread's state between rounds of its loop.
+#[derive(Default)]
+struct Handler {
+    tally: WakeTally,
+    /// Whether the last poll said the descriptor had a message (the read after it judges the
+    /// wake-up: useful if it found one, useless if another handler was first).
+    woke_for_message: bool,
+    /// While set, the handler polls the descriptor without sleeping, until then
+    /// (`WakeTally::may_spin`).
+    spin_until_ns: Option<u64>,
+    spin_rounds: u32,
+    /// The thread whose fault in the last batch mapped a window, if one did (the help rule).
+    window_tid: Option<u32>,
+}
+
+impl Handler {
+    /// Serves the faults among `msgs` (events were applied when they were read), applying
+    /// the pool's rules to the batch, then retires if the wake-up (`retire`) or a helper's
+    /// allowance says so.
+    fn serve_batch(&mut self, pager: &PagerShared, pool: &HandlerPool, me: usize, msgs: &[UffdMsg], retire: bool) {
+        // Only this handler clears its own flag (`HandlerPool::try_retire`), and it was active
+        // when it read the batch.
+        debug_assert!(pool.is_active(me), "a handler serves only while active");
+        let nr_faults = msgs.iter().filter(|m| m.is_page_fault()).count();
+        adjust_pool(pager, pool, &mut self.tally, me, msgs, nr_faults, &mut self.window_tid);
+        for m in msgs {
             let Event::PageFault { addr, write, tid } = m.event() else { continue };
             if serve_message(pager, addr, write, tid) {
-                window_tid = Some(tid);
+                self.window_tid = Some(tid);
             }
         }
-        let helped_enough = tally.served(nr_faults as u32);
-        if tally.may_spin() {
-            spin_until_ns = Some(now_ns() + SPIN_AFTER_FAULT_NS);
+        let helped_enough = self.tally.served(nr_faults as u32);
+        if self.tally.may_spin() {
+            self.spin_until_ns = Some(now_ns() + SPIN_AFTER_FAULT_NS);
         }
         // Retiring with messages in hand waits until they are served.
         if (retire || helped_enough) && pool.try_retire(me) {

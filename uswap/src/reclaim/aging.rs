@@ -100,6 +100,10 @@ impl Aging {
         let in_regions = resident.saturating_sub(p.swap_cache.nr_pages());
         let rate = in_regions.div_ceil(PASS_S * self.slowdown).clamp(BATCH, MAX_DEACTIVATE_PER_S);
         self.pass_rate = self.pass_rate.max(rate);
+        // The rate is clamped each tick and reset each pass: the scan's cost stays bounded.
+        assert!(self.pass_rate <= MAX_DEACTIVATE_PER_S, "uswap invariant: aging rate above its bound");
+        // A pass starts with `PASS_S` ticks or more (`next_pass`), and a new one starts at 0.
+        debug_assert!(self.pass_ticks_left > 0, "a tick within a pass");
         self.pass_ticks_left -= 1;
         self.pass_moved += deactivate(p, self.pass_rate);
         if let IdleAging::Evict(age) = p.idle_aging {
@@ -125,12 +129,15 @@ impl Aging {
         self.pass_moved = 0;
         self.pass_rate = 0;
         self.pass_ticks_left = PASS_S * self.slowdown;
+        debug_assert!((1..=MAX_SLOWDOWN).contains(&self.slowdown), "aging slowdown within its bounds");
     }
 
     /// Moves pages idle since epoch `cut` or before down a tier, from every device that has
     /// one below it, looking at [`TIER_SCAN_SLOTS`] slots of each per tick.
     fn tier_down(&mut self, p: &PagerShared, cut: Epoch, buf: &mut [AlignedPage]) {
         let devices = p.devices.devices();
+        // The devices are fixed when the pager is built, before the scan is.
+        debug_assert_eq!(self.tier_cursor.len(), devices.len(), "a tier cursor per device");
         let mut moved = 0;
         for dev in devices {
             if !devices.iter().any(|d| d.priority < dev.priority) {
@@ -156,6 +163,8 @@ fn deactivate(p: &PagerShared, want: usize) -> usize {
     while moved < want && calls > 0 && !p.devices.is_full() && !p.is_shutdown() && !p.lru.is_empty() {
         calls -= 1;
         let s = shrink_active(p, BATCH.min(want - moved), Stager::Aging);
+        // A round moves at most the victims it was asked for, and uncharges only some of those.
+        debug_assert!(s.moved <= BATCH.min(want - moved) && s.uncharged <= s.moved);
         moved += s.moved;
         if s.uncharged > 0 {
             // Clean pages were dropped and zero pages freed: out as reclaim sends them.
@@ -173,6 +182,8 @@ fn evict_idle(p: &PagerShared, cut: Epoch) -> usize {
     // is younger than `cut`, busy, or its device takes nothing now).
     while written < MAX_EVICT_PER_S && !p.is_shutdown() {
         let n = shrink_inactive(p, BATCH, Take::StagedBy(cut));
+        // Each staged victim of the round is written at most once.
+        debug_assert!(n <= BATCH, "a writeback round uncharges at most its batch");
         if n == 0 {
             break;
         }

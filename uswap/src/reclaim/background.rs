@@ -76,31 +76,79 @@ fn move_budget(p: &PagerShared, b: &mut crate::pressure::Budget, now_us: u64) {
 /// pays for waking this thread. With [`BackgroundReclaim::Always`]: woken by the fault that
 /// crosses the high watermark, reclaims down to the low one.
 pub(crate) fn background_reclaimer(p: &PagerShared) {
-    let mut last_faults = p.stats.sum(Counter::Pgfault);
-    let mut last_fault_seen = std::time::Instant::now();
-    let mut writeback_buf = vec![AlignedPage([0; PAGE_SIZE]); BATCH];
-    let mut last_fork_pass = std::time::Instant::now();
-    let mut budget = p.charge.auto.clone();
-    let mut aging = super::aging::Aging::new(p);
+    let mut r = Reclaimer::new(p);
     let mut period = Period(BACKGROUND_PERIOD);
     let mut worked = true;
     while !p.is_shutdown() {
         std::thread::park_timeout(period.after(worked));
+        worked = r.queued_work(p);
+        let (idle, idle_long) = r.note_faults(p);
+        r.upkeep(p);
+        if !idle || p.charge.reclaim_held.load(Ordering::Acquire) {
+            continue;
+        }
+        let (high, low) = watermarks(p.charge.limit_pages.load(Ordering::Acquire));
+        debug_assert!(low <= high, "the low watermark is below the high one");
+        if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_reclaim_is_ours(p, false, idle_long) {
+            continue;
+        }
+        worked |= r.reclaim_down_to(p, low, idle_long);
+        p.devices.flush_frees();
+    }
+}
+
+/// The background reclaimer's state between ticks.
+struct Reclaimer {
+    /// Faults counted at the last tick, and when the count last changed.
+    last_faults: u64,
+    last_fault_seen: std::time::Instant,
+    /// Pages read back for tier writeback and the aging scan's tier moves.
+    writeback_buf: Vec<AlignedPage>,
+    /// When the slots held for fork children were last looked at (see [`FORK_PERIOD`]).
+    last_fork_pass: std::time::Instant,
+    /// The automatic budget, if the limit is automatic.
+    budget: Option<crate::pressure::Budget>,
+    /// The aging scan, if idle aging is on.
+    aging: Option<super::aging::Aging>,
+}
+
+impl Reclaimer {
+    fn new(p: &PagerShared) -> Reclaimer {
+        Reclaimer {
+            last_faults: p.stats.sum(Counter::Pgfault),
+            last_fault_seen: std::time::Instant::now(),
+            writeback_buf: vec![AlignedPage([0; PAGE_SIZE]); BATCH],
+            last_fork_pass: std::time::Instant::now(),
+            budget: p.charge.auto.clone(),
+            aging: super::aging::Aging::new(p),
+        }
+    }
+
+    /// Work that waits for this thread whatever the application does: queued copy-on-write
+    /// breaks, the tree's charge, tier writeback and pools growing. Returns whether it
+    /// found any.
+    fn queued_work(&mut self, p: &PagerShared) -> bool {
         // Whatever the application does: faulting threads cannot do it (see `cow`).
-        worked = cow::break_queued(p) > 0;
+        let mut worked = cow::break_queued(p) > 0;
         // A tree above its high watermark that counts on this pager's pages: other processes'
         // charges go over while they wait for it (a fork child with nothing of its own to
         // reclaim), so it looks again soon, to start the moment its application goes idle.
         worked |= shared_reclaim_is_ours(p, false, false);
         // Tiers first: a full pool would otherwise send every new page past itself. Bounded:
         // stops when no device wants room or nothing can move.
-        while !p.is_shutdown() && device_writeback(p, &mut writeback_buf) > 0 {
+        while !p.is_shutdown() && device_writeback(p, &mut self.writeback_buf) > 0 {
             worked = true;
         }
         for d in p.devices.devices() {
             // A pool growing under the program's faults: keep ahead of it.
             worked |= d.backend.prepare();
         }
+        worked
+    }
+
+    /// Counts the application's faults since the last tick. Returns whether this tick may
+    /// reclaim (idle), and whether its pages count as the tree's coldest (idle long).
+    fn note_faults(&mut self, p: &PagerShared) -> (bool, bool) {
         let faults = p.stats.sum(Counter::Pgfault);
         // With `WhenIdle`, a faulting pager reclaims for the shared charge in its own faults
         // (`task_reclaim` looks at both charges), so pressure on the shared charge wakes this
@@ -109,18 +157,26 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         // 7.8 % of its CPU in `smp_call_function_many_cond`).
         // A tree over its lowered limit (`--auto`) is reclaimed for here too: its programs
         // may never charge their way down to it (see `shared_over_limit`).
-        let idle = faults == last_faults || p.background_reclaim == BackgroundReclaim::Always || shared_over_limit(p);
-        if faults != last_faults {
-            last_fault_seen = std::time::Instant::now();
+        let idle =
+            faults == self.last_faults || p.background_reclaim == BackgroundReclaim::Always || shared_over_limit(p);
+        if faults != self.last_faults {
+            self.last_fault_seen = std::time::Instant::now();
         }
-        let mut idle_long = last_fault_seen.elapsed() >= IDLE_COLD;
-        last_faults = faults;
+        let idle_long = self.last_fault_seen.elapsed() >= IDLE_COLD;
+        self.last_faults = faults;
+        (idle, idle_long)
+    }
+
+    /// The periodic upkeep of every tick: fork children's slots, discards, pressure
+    /// figures and the automatic budget, idle ages and the aging scan, probes of degraded
+    /// devices.
+    fn upkeep(&mut self, p: &PagerShared) {
         // Slots held for fork children that have read them, or are gone, come free
         // (a few `poll`s and a scan of the held slots while children live, nothing
         // otherwise); in a fork child, the inherited pages its parent let go of are charged
         // to it (a `pagemap` scan).
-        if last_fork_pass.elapsed() >= FORK_PERIOD {
-            last_fork_pass = std::time::Instant::now();
+        if self.last_fork_pass.elapsed() >= FORK_PERIOD {
+            self.last_fork_pass = std::time::Instant::now();
             p.devices.release_fork_held();
             cow::adopt_exclusive(p);
         }
@@ -128,25 +184,25 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
         // PSI's averages, every 2 s; the automatic budget, every second.
         let now_us = crate::pressure::now_us();
         p.charge.stall_avgs.sample(&p.charge.stall, now_us);
-        if let Some(b) = budget.as_mut() {
+        if let Some(b) = self.budget.as_mut() {
             move_budget(p, b, now_us);
         }
         let now_epoch = crate::swap::idle_ages::now_epoch();
         for d in p.devices.devices() {
             d.fold_idle_ages(now_epoch);
         }
-        if let Some(a) = aging.as_mut() {
-            a.tick(p, now_us, &mut writeback_buf);
+        if let Some(a) = self.aging.as_mut() {
+            a.tick(p, now_us, &mut self.writeback_buf);
         }
         // A device whose writes failed takes pages again once a probe succeeds.
         p.devices.probe_degraded();
-        if !idle || p.charge.reclaim_held.load(Ordering::Acquire) {
-            continue;
-        }
-        let (high, low) = watermarks(p.charge.limit_pages.load(Ordering::Acquire));
-        if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_reclaim_is_ours(p, false, idle_long) {
-            continue;
-        }
+    }
+
+    /// Reclaims down to the `low` watermark (or while the tree's charge counts on this
+    /// pager), until the application faults again or nothing is reclaimable. Returns
+    /// whether a round did anything.
+    fn reclaim_down_to(&self, p: &PagerShared, low: usize, mut idle_long: bool) -> bool {
+        let mut worked = false;
         let mut fruitless = 0;
         // Bounded by the charge: each fruitful round uncharges pages; stops when the
         // application faults again (it then reclaims for itself) or nothing is reclaimable.
@@ -170,7 +226,7 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
             } else {
                 fruitless = 0;
             }
-            if p.stats.sum(Counter::Pgfault) != last_faults {
+            if p.stats.sum(Counter::Pgfault) != self.last_faults {
                 if p.background_reclaim == BackgroundReclaim::WhenIdle && !shared_over_limit(p) {
                     break;
                 }
@@ -180,6 +236,6 @@ pub(crate) fn background_reclaimer(p: &PagerShared) {
                 idle_long = false;
             }
         }
-        p.devices.flush_frees();
+        worked
     }
 }

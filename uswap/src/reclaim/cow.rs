@@ -85,6 +85,7 @@ pub(crate) fn break_queued(p: &PagerShared) -> usize {
             continue; // it moved on (written, freed, or taken out after all)
         }
         let Some(locked) = region.try_lock(r.page, pte) else { continue };
+        debug_assert!(locked.busy() && locked.state() == PageState::Resident, "a resident page, owned");
         let addr = region.page_addr(r.page);
         let mut new = locked.unbusy();
         if locked.clean() {
@@ -96,7 +97,9 @@ pub(crate) fn break_queued(p: &PagerShared) -> usize {
                 continue;
             }
             p.devices.free(pte.entry(), false);
-            p.clean_pages.fetch_sub(1, Ordering::Relaxed);
+            // Counted clean when it was mapped so (`swapin::publish`), before its word said so.
+            let clean_before = p.clean_pages.fetch_sub(1, Ordering::Relaxed);
+            debug_assert!(clean_before > 0, "a clean page uncounted");
             new = locked.dirtied();
         }
         p.cow.begin(addr);
@@ -113,6 +116,7 @@ pub(crate) fn break_queued(p: &PagerShared) -> usize {
             broken += 1;
         }
     }
+    debug_assert!(broken <= MAX_PER_CALL);
     broken
 }
 
@@ -148,6 +152,8 @@ pub(crate) fn adopt_exclusive(p: &PagerShared) -> usize {
             }
         }
     });
+    // The pass's pacing: the charge it adds is at most a batch (see the module doc).
+    debug_assert!(adopted <= ADOPT_BATCH, "a pass adopts at most a batch");
     adopted
 }
 
@@ -158,6 +164,8 @@ fn adopt_page(p: &PagerShared, r: &RegionInner, region_idx: usize, region_gen: u
         return false; // written meanwhile (then charged by its fault)
     }
     let Some(locked) = r.try_lock(page, pte) else { return false };
+    // Only an inherited page is adopted: it was charged to nobody (`PageState::Shared`).
+    debug_assert_eq!(locked.state(), PageState::Shared);
     // Its first write would otherwise fault for the charge it has now.
     if p.uffd.writeprotect(r.page_addr(page), PAGE_SIZE, false, p.mode_wakes()).is_err() {
         r.store(page, locked.unbusy());

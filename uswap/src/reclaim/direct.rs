@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 
 use super::charge::{force_charge, note_peak, shared_add, shared_reclaim_is_ours, shared_room, watermarks};
 use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
+use crate::pressure::StallGuard;
 use crate::state::{BackgroundReclaim, PagerShared};
 use crate::stats::Counter;
 
@@ -66,16 +67,9 @@ fn nap(ns: u64) {
 /// reclaim takes the extra pages later. `lock_free`: the caller may take no lock (signal
 /// mode, its thread interrupted inside the engine).
 pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
-    // Held from the first reclaim round to the charge: a stall on memory (`crate::pressure`).
-    let mut stalled = None;
-    let mut fruitless = 0;
-    let mut backoff_ns = CHARGE_BACKOFF_MIN_NS;
-    // (when the waiting began, when progress was last seen, the progress then)
-    let mut waiting: Option<(u64, u64, u64)> = None;
-    // When the first reclaim round began: fruitful rounds whose room other threads' charges
-    // keep taking first are bounded by CHARGE_WAIT_LIMIT_NS all told, like fruitless ones.
-    let mut reclaim_since_ns = 0;
-    let mut pinned_rounds = 0;
+    // Dropped when this returns: its stall lasts until the charge is made (and the task
+    // reclaim after it is done), as it did when its fields were this function's locals.
+    let mut wait = ChargeWait::new();
     // Terminates: a failed compare-exchange means another thread changed the charge (its
     // progress); a fruitful round uncharges pages, and fruitless rounds sleep; reclaiming
     // is bounded by CHARGE_WAIT_LIMIT_NS in all, fruitful or not.
@@ -86,64 +80,126 @@ pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
             return;
         }
         if lock_free {
-            force_charge(p, n);
-            p.stats.inc(Counter::LimitOverrun);
+            overrun(p, n, false);
             break;
         }
-        if stalled.is_none() {
-            p.stats.inc(Counter::Allocstall);
-            stalled = Some(p.charge.stall());
-            reclaim_since_ns = crate::clock::now_ns();
-        }
-        let round = reclaim_round(p, true);
-        if round.any() {
-            fruitless = 0;
-            backoff_ns = CHARGE_BACKOFF_MIN_NS;
-            if crate::clock::now_ns().saturating_sub(reclaim_since_ns) > CHARGE_WAIT_LIMIT_NS {
-                // Reclaim works, but the room it makes keeps going to other charges: stop
-                // reclaiming for them and charge over the limit (counted), as below.
-                force_charge(p, n);
-                p.stats.inc(Counter::LimitOverrun);
+        match wait.round(p, n, cur, limit) {
+            Wait::Again => continue,
+            Wait::Overrun { busy } => {
+                overrun(p, n, busy);
                 break;
             }
-            continue;
         }
-        if round.pinned > 0 && pinned_rounds < MAX_PINNED_ROUNDS {
-            // The pinned victims went to the LRU's tail: the next round sees others.
-            pinned_rounds += 1;
-            continue;
-        }
-        // Still only pinned pages (all this small process has are its call's own): waiting
-        // would not unpin them, the call waits for this charge.
-        if waiting_cannot_help(p, round.refused + round.pinned, cur + n <= limit) {
-            force_charge(p, n);
-            p.stats.inc(Counter::LimitOverrun);
-            break;
-        }
-        fruitless += 1;
-        if fruitless <= MAX_FRUITLESS_ROUNDS {
-            std::thread::yield_now();
-            continue;
-        }
-        // The victims are busy in other threads' writes: sleep, so that they get the CPU to
-        // finish them, rather than spin or give up.
-        let now = crate::clock::now_ns();
-        let progress = reclaim_progress(p);
-        let (since, last_seen, seen) = waiting.get_or_insert((now, now, progress));
-        if progress != *seen {
-            (*last_seen, *seen) = (now, progress);
-        }
-        if now - *since > CHARGE_WAIT_LIMIT_NS || now - *last_seen > CHARGE_STALL_LIMIT_NS {
-            force_charge(p, n);
-            p.stats.inc(Counter::LimitOverrun);
-            p.stats.inc(Counter::LimitOverrunBusy);
-            break;
-        }
-        nap(backoff_ns);
-        backoff_ns = (backoff_ns * 2).min(CHARGE_BACKOFF_MAX_NS);
     }
     if !lock_free {
         task_reclaim(p);
+    }
+}
+
+/// Charges `n` pages over the limit, counted in `limit_overrun` (and, `busy`: when the
+/// devices had room but every victim stayed busy, `limit_overrun_busy`).
+fn overrun(p: &PagerShared, n: usize, busy: bool) {
+    force_charge(p, n);
+    p.stats.inc(Counter::LimitOverrun);
+    if busy {
+        p.stats.inc(Counter::LimitOverrunBusy);
+    }
+}
+
+/// What a charge that did not fit does after one more reclaim round.
+enum Wait {
+    /// Tries to charge again.
+    Again,
+    /// Stops waiting and charges over the limit.
+    Overrun { busy: bool },
+}
+
+/// A charge's wait for room, across its reclaim rounds (see [`charge`]).
+struct ChargeWait<'a> {
+    /// Held from the first reclaim round to the charge: a stall on memory (`crate::pressure`).
+    stalled: Option<StallGuard<'a>>,
+    fruitless: usize,
+    backoff_ns: u64,
+    /// (when the waiting began, when progress was last seen, the progress then)
+    waiting: Option<(u64, u64, u64)>,
+    /// When the first reclaim round began: fruitful rounds whose room other threads' charges
+    /// keep taking first are bounded by CHARGE_WAIT_LIMIT_NS all told, like fruitless ones.
+    reclaim_since_ns: u64,
+    pinned_rounds: usize,
+}
+
+impl<'a> ChargeWait<'a> {
+    fn new() -> ChargeWait<'a> {
+        ChargeWait {
+            stalled: None,
+            fruitless: 0,
+            backoff_ns: CHARGE_BACKOFF_MIN_NS,
+            waiting: None,
+            reclaim_since_ns: 0,
+            pinned_rounds: 0,
+        }
+    }
+
+    /// One reclaim round for a charge of `n` pages that found `cur` charged of `limit`.
+    /// Not on the lock-free route (its caller checked): this reclaims and may sleep.
+    fn round(&mut self, p: &'a PagerShared, n: usize, cur: usize, limit: usize) -> Wait {
+        if self.stalled.is_none() {
+            p.stats.inc(Counter::Allocstall);
+            self.stalled = Some(p.charge.stall());
+            self.reclaim_since_ns = crate::clock::now_ns();
+        }
+        let round = reclaim_round(p, true);
+        if round.any() {
+            self.fruitless = 0;
+            self.backoff_ns = CHARGE_BACKOFF_MIN_NS;
+            if crate::clock::now_ns().saturating_sub(self.reclaim_since_ns) > CHARGE_WAIT_LIMIT_NS {
+                // Reclaim works, but the room it makes keeps going to other charges: stop
+                // reclaiming for them and charge over the limit (counted), as below.
+                return Wait::Overrun { busy: false };
+            }
+            return Wait::Again;
+        }
+        if round.pinned > 0 && self.pinned_rounds < MAX_PINNED_ROUNDS {
+            // The pinned victims went to the LRU's tail: the next round sees others.
+            self.pinned_rounds += 1;
+            return Wait::Again;
+        }
+        debug_assert!(self.pinned_rounds <= MAX_PINNED_ROUNDS, "pinned rounds are bounded");
+        // Still only pinned pages (all this small process has are its call's own): waiting
+        // would not unpin them, the call waits for this charge.
+        if waiting_cannot_help(p, round.refused + round.pinned, cur + n <= limit) {
+            return Wait::Overrun { busy: false };
+        }
+        self.fruitless += 1;
+        if self.fruitless <= MAX_FRUITLESS_ROUNDS {
+            std::thread::yield_now();
+            return Wait::Again;
+        }
+        self.nap_for_others(p)
+    }
+
+    /// After `MAX_FRUITLESS_ROUNDS`: the victims are busy in other threads' writes. Sleeps,
+    /// so that they get the CPU to finish them, rather than spin or give up; gives up once
+    /// the wait passes its bounds.
+    fn nap_for_others(&mut self, p: &PagerShared) -> Wait {
+        let now = crate::clock::now_ns();
+        let progress = reclaim_progress(p);
+        let (since, last_seen, seen) = self.waiting.get_or_insert((now, now, progress));
+        if progress != *seen {
+            (*last_seen, *seen) = (now, progress);
+        }
+        // The clock is monotonic (`crate::clock`), and both moments were read from it.
+        debug_assert!(*since <= *last_seen && *last_seen <= now, "charge wait times in order");
+        if now - *since > CHARGE_WAIT_LIMIT_NS || now - *last_seen > CHARGE_STALL_LIMIT_NS {
+            return Wait::Overrun { busy: true };
+        }
+        debug_assert!(
+            (CHARGE_BACKOFF_MIN_NS..=CHARGE_BACKOFF_MAX_NS).contains(&self.backoff_ns),
+            "charge back-off within its bounds"
+        );
+        nap(self.backoff_ns);
+        self.backoff_ns = (self.backoff_ns * 2).min(CHARGE_BACKOFF_MAX_NS);
+        Wait::Again
     }
 }
 

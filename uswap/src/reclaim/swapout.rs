@@ -33,12 +33,12 @@ use crate::backend::{BackendError, WriteReq};
 use crate::lru::List;
 use crate::mapping::DiscardBatch;
 use crate::pin::{hold_of, Hold};
-use crate::region::{PageRef, PageState, Pte, RegionSet, REGIONS};
+use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet, REGIONS};
 use crate::state::PagerShared;
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
 use crate::swap::idle_ages::Epoch;
-use crate::swap::SwapEntry;
+use crate::swap::{SwapDevice, SwapEntry};
 use crate::uffd::{RangeResult, PAGE_SIZE};
 
 /// Stale queue entries one round may drop (bounds a round's work; stale entries cost a load
@@ -102,6 +102,78 @@ fn staged_head_after(p: &PagerShared, guards: &mut RegionSet, cut: Epoch) -> boo
     pte.state() == PageState::Cached && pte.gen() == r.page_gen && staged_after(p, pte, cut)
 }
 
+/// Where a round pops its victims from, and which pages it takes (see [`pop_victims`]).
+struct Source {
+    /// Staged pages from the swap cache (stage two), rather than resident ones from the LRU.
+    inactive: bool,
+    /// [`Take::StagedBy`]'s epoch: only pages that left their regions then or before.
+    cut: Option<Epoch>,
+    /// The state a page must be in to be taken.
+    want: PageState,
+    /// Resident victims come from the use-once FIFO only while it holds more than this.
+    reserve: usize,
+}
+
+impl Source {
+    fn new(p: &PagerShared, take: Take) -> Source {
+        let inactive = take != Take::Resident;
+        let cut = match take {
+            Take::StagedBy(e) => Some(e),
+            _ => None,
+        };
+        let want = if inactive { PageState::Cached } else { PageState::Resident };
+        // Resident victims come from the use-once FIFO while it holds more than its reserve:
+        // the windows streams are working through right now, which must not go before they
+        // are used (a stream's next fault would read them again).
+        let reserve = if inactive {
+            0
+        } else {
+            p.lru.streamed_reserve(p.charge.limit_pages.load(Ordering::Relaxed), p.readahead_max_pages)
+        };
+        Source { inactive, cut, want, reserve }
+    }
+
+    /// The next queue entry, and the queue it goes back to if it is not taken.
+    fn pop(&self, p: &PagerShared) -> Option<(u64, Queue)> {
+        if self.inactive {
+            return p.swap_cache.pop().map(|v| (v, Queue::SwapCache));
+        }
+        p.lru.pop(self.reserve).map(|(v, list)| (v, Queue::Lru(list)))
+    }
+
+    /// Pops the next entry and looks its page up in the round's region guards (taking one
+    /// for its region if need be).
+    fn pop_live(&self, p: &PagerShared, guards: &mut RegionSet) -> Popped {
+        let Some((v, from)) = self.pop(p) else { return Popped::End };
+        let r = PageRef::unpack(v);
+        let gi = match guards.get(p, r) {
+            Ok(gi) => gi,
+            Err(true) => {
+                requeue(p, from, r);
+                return Popped::End;
+            }
+            Err(false) => return Popped::Stale,
+        };
+        let pte = guards.g[gi].load(r.page);
+        if pte.state() != self.want || pte.gen() != r.page_gen {
+            return Popped::Stale; // the page moved on since it was queued
+        }
+        Popped::Live { r, from, gi, pte }
+    }
+}
+
+/// What popping a queue entry found.
+enum Popped {
+    /// The page the entry names, still as queued: its entry, the queue it goes back to if
+    /// it is not taken, its region's guard index in the round's set and its word.
+    Live { r: PageRef, from: Queue, gi: usize, pte: Pte },
+    /// The page moved on since it was queued, or its region is gone: the entry is dropped.
+    Stale,
+    /// Nothing more this round: the queue is empty, or the round holds as many regions as
+    /// it may (the entry went back).
+    End,
+}
+
 /// Pops up to `nr` pages in `want` state from `queue`, skipping stale entries, giving
 /// referenced resident pages their second chance and leaving pinned ones (counted in
 /// `nr_pinned`). The pages come back locked.
@@ -112,107 +184,114 @@ fn pop_victims(
     guards: &mut RegionSet,
     nr_pinned: &mut usize,
 ) -> ArrayVec<Victim, BATCH> {
-    let inactive = take != Take::Resident;
-    let cut = match take {
-        Take::StagedBy(e) => Some(e),
-        _ => None,
-    };
-    let want = if inactive { PageState::Cached } else { PageState::Resident };
-    // Resident victims come from the use-once FIFO while it holds more than its reserve:
-    // the windows streams are working through right now, which must not go before they are
-    // used (a stream's next fault would read them again).
-    let reserve = if inactive {
-        0
-    } else {
-        p.lru.streamed_reserve(p.charge.limit_pages.load(Ordering::Relaxed), p.readahead_max_pages)
-    };
-    let pop = || -> Option<(u64, Queue)> {
-        if inactive {
-            return p.swap_cache.pop().map(|v| (v, Queue::SwapCache));
-        }
-        p.lru.pop(reserve).map(|(v, list)| (v, Queue::Lru(list)))
-    };
+    let src = Source::new(p, take);
+    let max = nr.min(BATCH);
     let mut victims = ArrayVec::new();
     // Stale entries (pages that moved on since they were queued) are dropped as they are
     // found, cheaply, and do not count against the scan; entries put back (busy, spared)
     // do, so a round ends even when every page is in use.
     let mut scanned = 0;
     let mut stale = 0;
-    while victims.len() < nr.min(BATCH) && scanned < 4 * BATCH && stale < MAX_STALE_PER_ROUND {
-        if cut.is_some_and(|cut| staged_head_after(p, guards, cut)) {
+    while victims.len() < max && scanned < 4 * BATCH && stale < MAX_STALE_PER_ROUND {
+        if src.cut.is_some_and(|cut| staged_head_after(p, guards, cut)) {
             break; // the oldest staged page is not idle long enough: nor are the others
         }
-        let Some((v, from)) = pop() else { break };
-        let r = PageRef::unpack(v);
-        let gi = match guards.get(p, r) {
-            Ok(gi) => gi,
-            Err(true) => {
-                requeue(p, from, r);
-                break;
-            }
-            Err(false) => {
+        let (r, from, gi, pte) = match src.pop_live(p, guards) {
+            Popped::Live { r, from, gi, pte } => (r, from, gi, pte),
+            Popped::Stale => {
                 stale += 1;
                 continue;
             }
+            Popped::End => break,
         };
         let region = &guards.g[gi];
-        let pte = region.load(r.page);
-        if pte.state() != want || pte.gen() != r.page_gen {
-            stale += 1;
-            continue; // the page moved on since it was queued
-        }
         scanned += 1;
         if pte.busy() {
             requeue(p, from, r);
             continue;
         }
-        if cut.is_some_and(|cut| staged_after(p, pte, cut)) {
+        if src.cut.is_some_and(|cut| staged_after(p, pte, cut)) {
             // Not the head peeked at (another thread popped that one): a young page, put
             // back at the tail, out of order once.
             requeue(p, from, r);
             break;
         }
-        if !inactive && pte.referenced() {
-            let spared = pte.with_referenced(false);
-            if region.pte(r.page).compare_exchange(pte.0, spared.0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                p.stats.inc(Counter::Pgactivate);
-            }
-            // Used again: no longer use-once.
-            p.lru.add(r, &p.stats);
+        if !src.inactive && pte.referenced() {
+            spare_referenced(p, region, r, pte);
             continue;
         }
         let Some(locked) = region.try_lock(r.page, pte) else {
             requeue(p, from, r);
             continue;
         };
-        match (!inactive).then(|| hold_of(region.page_addr(r.page))).flatten() {
-            Some(Hold::Locked) => {
-                // Locked by the program: off the LRU until it is unlocked (see `mlock`).
-                region.store(r.page, locked.unbusy().with_unevictable(true));
-                p.stats.inc(Counter::ReclaimPinned);
-                *nr_pinned += 1;
-            }
-            Some(Hold::Pinned) => {
-                // A system call's memory: stays in until the call returns (see `pin`).
-                region.store(r.page, locked.unbusy());
-                p.stats.inc(Counter::ReclaimPinned);
-                *nr_pinned += 1;
-                p.lru.add(r, &p.stats);
-            }
-            None => {
-                victims.push(Victim { gi, page: r.page, pte: locked });
-                // Neighbours only while staged pages stay out (see `crate::lru`): taken with
-                // a victim in use, they came back at once (sqlite3 under `--auto`: 3,200 a
-                // second, its limit held 80 % above its working set).
-                if !inactive && !locked.clean() && p.lru.victims_are_cold() {
-                    let before = victims.len();
-                    take_resident_neighbours(guards, gi, r.page, nr.min(BATCH), &mut victims);
-                    p.stats.add(Counter::SwpoutNeighbours, (victims.len() - before) as u64);
-                }
+        if src.inactive {
+            victims.push(Victim { gi, page: r.page, pte: locked });
+        } else {
+            take_resident(p, guards, Victim { gi, page: r.page, pte: locked }, r, max, &mut victims, nr_pinned);
+        }
+    }
+    // Every victim is owned (busy) and in the state the round takes, and the batch is no
+    // larger than asked: its callers size their slot arrays by it.
+    debug_assert!(victims.len() <= max, "a round takes at most the victims asked for");
+    debug_assert!(
+        victims.iter().all(|v| v.pte.busy() && v.pte.state() == src.want),
+        "victims are locked, in the state taken"
+    );
+    victims
+}
+
+/// A referenced resident page at the head of the LRU: spared once (its referenced bit
+/// cleared, if the page did not change meanwhile) and put back, as used again.
+fn spare_referenced(p: &PagerShared, region: &RegionInner, r: PageRef, pte: Pte) {
+    debug_assert!(pte.state() == PageState::Resident && pte.referenced());
+    let spared = pte.with_referenced(false);
+    if region.pte(r.page).compare_exchange(pte.0, spared.0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        p.stats.inc(Counter::Pgactivate);
+    }
+    // Used again: no longer use-once.
+    p.lru.add(r, &p.stats);
+}
+
+/// A resident page just locked (`v`, popped as `r`): left in place if the program locked it
+/// or a system call pins it (counted in `nr_pinned`), else taken as a victim, with its dirty
+/// neighbours (up to `max` victims in all) while staged pages stay out.
+fn take_resident(
+    p: &PagerShared,
+    guards: &RegionSet,
+    v: Victim,
+    r: PageRef,
+    max: usize,
+    victims: &mut ArrayVec<Victim, BATCH>,
+    nr_pinned: &mut usize,
+) {
+    debug_assert!(v.pte.busy() && v.pte.state() == PageState::Resident && v.page == r.page);
+    let region = &guards.g[v.gi];
+    match hold_of(region.page_addr(v.page)) {
+        Some(Hold::Locked) => {
+            // Locked by the program: off the LRU until it is unlocked (see `mlock`).
+            region.store(v.page, v.pte.unbusy().with_unevictable(true));
+            p.stats.inc(Counter::ReclaimPinned);
+            *nr_pinned += 1;
+        }
+        Some(Hold::Pinned) => {
+            // A system call's memory: stays in until the call returns (see `pin`).
+            region.store(v.page, v.pte.unbusy());
+            p.stats.inc(Counter::ReclaimPinned);
+            *nr_pinned += 1;
+            p.lru.add(r, &p.stats);
+        }
+        None => {
+            victims.push(v);
+            // Neighbours only while staged pages stay out (see `crate::lru`): taken with
+            // a victim in use, they came back at once (sqlite3 under `--auto`: 3,200 a
+            // second, its limit held 80 % above its working set).
+            if !v.pte.clean() && p.lru.victims_are_cold() {
+                let before = victims.len();
+                take_resident_neighbours(guards, v.gi, v.page, max, victims);
+                p.stats.add(Counter::SwpoutNeighbours, (victims.len() - before) as u64);
             }
         }
     }
-    victims
 }
 
 /// Pages per swap-out cluster: a victim's dirty resident neighbours in its aligned block of
@@ -333,14 +412,41 @@ fn drop_clean(p: &PagerShared, guards: &RegionSet, victims: &[Victim]) -> (usize
     // Moved first, every run; their staging pages are then dropped with one TLB flush (see
     // `DiscardBatch`), and only then are the pages published as swapped: a page that faults
     // back and leaves again must find its slot's staging page empty.
-    let mut clean_runs: ArrayVec<(usize, usize, usize, RangeResult), BATCH> = ArrayVec::new();
     let mut discards = DiscardBatch::<BATCH>::new();
+    let clean_runs = move_clean_runs(p, guards, victims, &mut discards);
+    discards.flush();
+    let now = crate::swap::idle_ages::now_epoch();
+    for &(i, j, done, r) in &clean_runs {
+        refused += publish_clean_run(p, guards, &victims[i..j], done, r, now);
+        dropped += done;
+    }
+    p.stats.add(Counter::SwpoutClean, dropped as u64);
+    assert!(dropped + refused <= victims.len());
+    (dropped, refused)
+}
+
+/// A run of clean victims moved out (or not): victims `i..j`, the first `done` of them
+/// moved, and what the move said.
+type CleanRun = (usize, usize, usize, RangeResult);
+
+/// Moves the clean victims into their own slots' staging pages, a run of consecutive pages
+/// with consecutive slots at a time, and queues the staging pages moved into on `discards`.
+/// Returns the runs.
+fn move_clean_runs(
+    p: &PagerShared,
+    guards: &RegionSet,
+    victims: &[Victim],
+    discards: &mut DiscardBatch<BATCH>,
+) -> ArrayVec<CleanRun, BATCH> {
+    let mut clean_runs = ArrayVec::new();
     let mut i = 0;
     while i < victims.len() {
         if !victims[i].pte.clean() {
             i += 1;
             continue;
         }
+        // A clean page is resident and keeps the slot it was read from (`page_table`).
+        debug_assert!(victims[i].pte.state() == PageState::Resident && victims[i].pte.busy());
         let e = |k: usize| victims[k].pte.entry();
         let mut j = i + 1;
         while j < victims.len()
@@ -357,48 +463,61 @@ fn drop_clean(p: &PagerShared, guards: &RegionSet, victims: &[Victim]) -> (usize
         let len = (j - i) * PAGE_SIZE;
         let r = p.swap_cache.move_in(dev, e(i).offset(), region.page_addr(victims[i].page), len);
         let done = r.done_bytes(len) / PAGE_SIZE;
+        debug_assert!(done <= j - i, "a move reports no more than it was asked");
         if done > 0 {
-            dev.discard_staged_later(&mut discards, e(i).offset(), done);
+            dev.discard_staged_later(discards, e(i).offset(), done);
         }
         clean_runs.push((i, j, done, r));
         i = j;
     }
-    discards.flush();
-    let now = crate::swap::idle_ages::now_epoch();
-    for &(i, j, done, r) in &clean_runs {
-        let region = &guards.g[victims[i].gi];
-        for (k, v) in victims[i..j].iter().enumerate() {
-            if k < done {
-                p.devices.device(v.pte.entry()).stamp(v.pte.entry().offset(), now);
-                region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
-            } else {
-                // Refused (read-only after mprotect, or gone: an event settles it) or not
-                // tried: stays resident and clean.
-                region.store(v.page, v.pte.unbusy());
-                p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
-            }
+    clean_runs
+}
+
+/// Publishes a run of clean victims (`run`, all of one region) once their staging pages are
+/// dropped: the first `done`, moved, are swapped (stamped `now`) and uncharged; the others
+/// stay resident and clean, back on the LRU. `r`: what the move said. Returns 1 when the
+/// move was refused (counted), else 0.
+fn publish_clean_run(
+    p: &PagerShared,
+    guards: &RegionSet,
+    run: &[Victim],
+    done: usize,
+    r: RangeResult,
+    now: Epoch,
+) -> usize {
+    let region = &guards.g[run[0].gi];
+    for (k, v) in run.iter().enumerate() {
+        if k < done {
+            p.devices.device(v.pte.entry()).stamp(v.pte.entry().offset(), now);
+            region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
+        } else {
+            // Refused (read-only after mprotect, or gone: an event settles it) or not
+            // tried: stays resident and clean.
+            region.store(v.page, v.pte.unbusy());
+            p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
         }
-        if done < j - i {
-            // One page refused (the first not moved); the rest of its run was not tried and
-            // goes back on the LRU.
-            p.stats.inc(Counter::MoveRefused);
-            refused += 1;
-            if matches!(r, RangeResult::Partial { errno: libc::EBUSY, .. }) {
-                let v = victims[i + done];
-                cow::queue(p, guards.page_ref(v.gi, v.page, v.pte));
-            }
-        }
-        uncharge(p, done);
-        p.clean_pages.fetch_sub(done, Ordering::Relaxed);
-        // A run lies in one region.
-        let unused = victims[i..i + done].iter().filter(|v| v.pte.readahead()).count() as u64;
-        p.stats.add(Counter::SwapRaUnused, unused);
-        region.streams.note_unused(unused);
-        dropped += done;
     }
-    p.stats.add(Counter::SwpoutClean, dropped as u64);
-    assert!(dropped + refused <= victims.len());
-    (dropped, refused)
+    let mut refused = 0;
+    if done < run.len() {
+        // One page refused (the first not moved); the rest of its run was not tried and
+        // goes back on the LRU.
+        p.stats.inc(Counter::MoveRefused);
+        refused = 1;
+        if matches!(r, RangeResult::Partial { errno: libc::EBUSY, .. }) {
+            let v = run[done];
+            cow::queue(p, guards.page_ref(v.gi, v.page, v.pte));
+        }
+    }
+    uncharge(p, done);
+    // Each page dropped was counted clean when it was mapped so (`swapin::publish`), before
+    // its word said so: the count cannot be below the clean pages this round owns.
+    let clean_before = p.clean_pages.fetch_sub(done, Ordering::Relaxed);
+    debug_assert!(clean_before >= done, "clean page count below the clean pages dropped");
+    // A run lies in one region.
+    let unused = run[..done].iter().filter(|v| v.pte.readahead()).count() as u64;
+    p.stats.add(Counter::SwapRaUnused, unused);
+    region.streams.note_unused(unused);
+    refused
 }
 
 /// Allocates a slot for each victim into `entries`: a run of consecutive pages gets
@@ -713,6 +832,11 @@ fn write_runs(
     rejected: &mut ArrayVec<usize, BATCH>,
     to_free: &mut ArrayVec<u64, BATCH>,
 ) -> usize {
+    // Each victim is a staged page this round owns; only those are written.
+    debug_assert!(
+        pending.iter().all(|&k| victims[k].pte.busy() && victims[k].pte.state() == PageState::Cached),
+        "written victims are staged and locked"
+    );
     let mut uncharged = 0;
     let mut i = 0;
     while i < pending.len() {
@@ -730,57 +854,99 @@ fn write_runs(
             i = end;
             continue;
         }
-        let mut runs: ArrayVec<(usize, usize), BATCH> = ArrayVec::new();
-        let mut reqs: ArrayVec<WriteReq<'_>, BATCH> = ArrayVec::new();
-        let mut crcs = [0u32; BATCH];
-        let mut s = i;
-        while s < end {
-            let src = |k: usize| victims[pending[k]].pte.entry();
-            let mut t = s + 1;
-            while t < end
-                && targets[pending[t]].offset() == targets[pending[t - 1]].offset() + 1
-                && src(t).device() == src(t - 1).device()
-                && src(t).offset() == src(t - 1).offset() + 1
-            {
-                t += 1;
-            }
-            let sdev = p.devices.device(src(s));
-            if dev.has_checksums() {
-                for (k, crc) in crcs.iter_mut().enumerate().take(t).skip(s) {
-                    *crc = sdev.staged_page_crc32c(src(k).offset());
-                }
-            }
-            runs.push((s, t));
-            reqs.push(WriteReq::new(targets[pending[s]].offset(), sdev.staged_pages(src(s).offset(), t - s)));
-            s = t;
-        }
-        dev.backend.write(&mut reqs);
-        for req in &reqs {
-            dev.health.note_write(&req.result);
-        }
-        // The staging pages must be empty before their slots can be freed and reused, which
-        // may happen as soon as the pages are published as swapped: all written runs are
-        // dropped first, with one TLB flush for the batch (see `DiscardBatch`).
-        let mut discards = DiscardBatch::<BATCH>::new();
-        for (req, &(s, t)) in reqs.iter().zip(&runs) {
-            if req.result.is_ok() {
-                let first = victims[pending[s]].pte.entry();
-                let sdev = p.devices.device(first);
-                sdev.discard_staged_later(&mut discards, first.offset(), t - s);
-            }
-        }
-        discards.flush();
-        for (req, &(s, t)) in reqs.iter().zip(&runs) {
-            let run = &pending[s..t];
-            match &req.result {
-                Ok(()) => uncharged += written(p, guards, victims, targets, run, &crcs[s..t], to_free),
-                Err(BackendError::Rejected { .. }) => rejected.extend(run.iter().copied()),
-                Err(_) => write_failed(p, guards, victims, targets, run, to_free),
-            }
-        }
+        let batch = WriteBatch { guards, victims, targets, pending: &pending[i..end] };
+        uncharged += write_to_device(p, dev, batch, rejected, to_free);
         i = end;
     }
     uncharged
+}
+
+/// The staged victims one write call sends: `pending` (indices into `victims` and
+/// `targets`), all to one device, in the round's region guards.
+#[derive(Clone, Copy)]
+struct WriteBatch<'a> {
+    guards: &'a RegionSet,
+    victims: &'a [Victim],
+    targets: &'a [SwapEntry],
+    pending: &'a [usize],
+}
+
+/// Writes `b`'s victims to device `dev` with one call, drops the staging pages of the runs
+/// written, and finishes each run: swapped and uncharged, declined (to `rejected`), or
+/// failed (staged again). Returns the pages uncharged.
+fn write_to_device(
+    p: &PagerShared,
+    dev: &SwapDevice,
+    b: WriteBatch<'_>,
+    rejected: &mut ArrayVec<usize, BATCH>,
+    to_free: &mut ArrayVec<u64, BATCH>,
+) -> usize {
+    debug_assert!(b.pending.iter().all(|&k| b.targets[k].device() == dev.index), "one device per write call");
+    let mut crcs = [0u32; BATCH];
+    let (runs, mut reqs) = plan_writes(p, dev, b, &mut crcs);
+    assert_eq!(runs.len(), reqs.len(), "a request per run");
+    dev.backend.write(&mut reqs);
+    for req in &reqs {
+        dev.health.note_write(&req.result);
+    }
+    // The staging pages must be empty before their slots can be freed and reused, which
+    // may happen as soon as the pages are published as swapped: all written runs are
+    // dropped first, with one TLB flush for the batch (see `DiscardBatch`).
+    let mut discards = DiscardBatch::<BATCH>::new();
+    for (req, &(s, t)) in reqs.iter().zip(&runs) {
+        if req.result.is_ok() {
+            let first = b.victims[b.pending[s]].pte.entry();
+            let sdev = p.devices.device(first);
+            sdev.discard_staged_later(&mut discards, first.offset(), t - s);
+        }
+    }
+    discards.flush();
+    let mut uncharged = 0;
+    for (req, &(s, t)) in reqs.iter().zip(&runs) {
+        let run = &b.pending[s..t];
+        match &req.result {
+            Ok(()) => uncharged += written(p, b.guards, b.victims, b.targets, run, &crcs[s..t], to_free),
+            Err(BackendError::Rejected { .. }) => rejected.extend(run.iter().copied()),
+            Err(_) => write_failed(p, b.guards, b.victims, b.targets, run, to_free),
+        }
+    }
+    uncharged
+}
+
+/// Splits `b`'s victims into runs (indices into `b.pending`) of consecutive staging pages
+/// going to consecutive slots, and makes each run's write request; fills `crcs` (by index
+/// into `b.pending`) when `dev` keeps checksums.
+fn plan_writes<'p>(
+    p: &'p PagerShared,
+    dev: &SwapDevice,
+    b: WriteBatch<'_>,
+    crcs: &mut [u32; BATCH],
+) -> (ArrayVec<(usize, usize), BATCH>, ArrayVec<WriteReq<'p>, BATCH>) {
+    let (pending, victims, targets) = (b.pending, b.victims, b.targets);
+    let mut runs = ArrayVec::new();
+    let mut reqs = ArrayVec::new();
+    let src = |k: usize| victims[pending[k]].pte.entry();
+    let mut s = 0;
+    while s < pending.len() {
+        let mut t = s + 1;
+        while t < pending.len()
+            && targets[pending[t]].offset() == targets[pending[t - 1]].offset() + 1
+            && src(t).device() == src(t - 1).device()
+            && src(t).offset() == src(t - 1).offset() + 1
+        {
+            t += 1;
+        }
+        let sdev = p.devices.device(src(s));
+        if dev.has_checksums() {
+            for (k, crc) in crcs.iter_mut().enumerate().take(t).skip(s) {
+                *crc = sdev.staged_page_crc32c(src(k).offset());
+            }
+        }
+        runs.push((s, t));
+        reqs.push(WriteReq::new(targets[pending[s]].offset(), sdev.staged_pages(src(s).offset(), t - s)));
+        s = t;
+    }
+    (runs, reqs)
 }
 
 /// Re-queues resident pages that have no queue entry (the queue overflowed at some point).

@@ -425,6 +425,24 @@ impl Stats {
     /// counts and means are combined exactly, its percentiles and maximum are the largest
     /// of the two (an upper bound: percentiles of a sum cannot be had from summaries).
     pub fn add(&mut self, other: &Stats) {
+        self.add_counters(other);
+        for d in &other.devices {
+            match self.devices.iter_mut().find(|mine| mine.name == d.name) {
+                Some(mine) => mine.add(d),
+                None => self.devices.push(d.clone()),
+            }
+        }
+        self.idle.add(&other.idle);
+        self.stall.add(&other.stall);
+        add_latency(&mut self.fault_latency_us, &other.fault_latency_us);
+        self.publish.queries += other.publish.queries;
+        self.publish.peers_refused += other.publish.peers_refused;
+        self.publish.send_errors += other.publish.send_errors;
+    }
+
+    /// Sums `other`'s counters and page counts (limit included) into these: a flat list of
+    /// fields, one addition each.
+    fn add_counters(&mut self, other: &Stats) {
         macro_rules! sum {
             ($($field:ident),* $(,)?) => { $( self.$field += other.$field; )* };
         }
@@ -501,35 +519,40 @@ impl Stats {
             pool_wait_timeout,
             pool_peak_bytes,
         );
-        for d in &other.devices {
-            match self.devices.iter_mut().find(|mine| mine.name == d.name) {
-                Some(mine) => mine.add(d),
-                None => self.devices.push(d.clone()),
-            }
-        }
-        let (a, b) = (&mut self.idle, &other.idle);
-        a.idle_1s_bytes += b.idle_1s_bytes;
-        a.idle_10s_bytes += b.idle_10s_bytes;
-        a.idle_60s_bytes += b.idle_60s_bytes;
-        a.idle_600s_bytes += b.idle_600s_bytes;
-        let (a, b) = (&mut self.stall, &other.stall);
-        a.seconds_total += b.seconds_total;
-        a.avg10 += b.avg10;
-        a.avg60 += b.avg60;
-        a.avg300 += b.avg300;
-        let (a, b) = (&mut self.fault_latency_us, &other.fault_latency_us);
-        let count = a.count + b.count;
-        a.mean = if count == 0 { 0.0 } else { (a.mean * a.count as f64 + b.mean * b.count as f64) / count as f64 };
-        a.count = count;
-        a.p50 = a.p50.max(b.p50);
-        a.p90 = a.p90.max(b.p90);
-        a.p99 = a.p99.max(b.p99);
-        a.p999 = a.p999.max(b.p999);
-        a.max = a.max.max(b.max);
-        self.publish.queries += other.publish.queries;
-        self.publish.peers_refused += other.publish.peers_refused;
-        self.publish.send_errors += other.publish.send_errors;
     }
+}
+
+impl IdleStats {
+    /// Adds `other`'s bytes, bucket by bucket.
+    fn add(&mut self, other: &IdleStats) {
+        self.idle_1s_bytes += other.idle_1s_bytes;
+        self.idle_10s_bytes += other.idle_10s_bytes;
+        self.idle_60s_bytes += other.idle_60s_bytes;
+        self.idle_600s_bytes += other.idle_600s_bytes;
+    }
+}
+
+impl StallStats {
+    /// Adds `other`'s stall time and averages (an upper bound of their union).
+    fn add(&mut self, other: &StallStats) {
+        self.seconds_total += other.seconds_total;
+        self.avg10 += other.avg10;
+        self.avg60 += other.avg60;
+        self.avg300 += other.avg300;
+    }
+}
+
+/// Combines fault latency summaries: counts and means exactly, percentiles and maximum as
+/// the larger of the two (an upper bound: percentiles of a sum cannot be had from summaries).
+fn add_latency(a: &mut LatencySummary, b: &LatencySummary) {
+    let count = a.count + b.count;
+    a.mean = if count == 0 { 0.0 } else { (a.mean * a.count as f64 + b.mean * b.count as f64) / count as f64 };
+    a.count = count;
+    a.p50 = a.p50.max(b.p50);
+    a.p90 = a.p90.max(b.p90);
+    a.p99 = a.p99.max(b.p99);
+    a.p999 = a.p999.max(b.p999);
+    a.max = a.max.max(b.max);
 }
 
 impl DeviceStats {

@@ -95,6 +95,8 @@ impl Health {
     }
 
     fn degraded(&self, e: &BackendError) {
+        debug_assert!(degrades(e), "only a failure that says the device cannot write degrades it");
+        // Never 0: 0 means healthy (the module invariant).
         let now = now_ns().max(1);
         self.next_probe_ns.store(now + PROBE_PERIOD_NS, Ordering::Release);
         if self.degraded_since_ns.compare_exchange(0, now, Ordering::AcqRel, Ordering::Relaxed).is_err() {
@@ -117,6 +119,9 @@ impl Health {
             return;
         }
         let since = self.degraded_since_ns.swap(0, Ordering::AcqRel);
+        // Another recovery may have come first (0); otherwise it was a moment, never in
+        // the future (both from the monotonic clock).
+        debug_assert!(since <= now_ns().max(1), "degraded since a moment not yet come");
         if since == 0 || !self.may_say() {
             return;
         }

@@ -133,6 +133,58 @@ impl FileAsyncReader {
         unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().cast::<u8>(), len) }
     }
 
+    /// Queues one read per run into the ring, each into the run's place in the buffer
+    /// (`start` checked that the runs lie in it). False if the queue had no room, which
+    /// cannot happen: it has one entry per buffer page.
+    fn queue_reads(&mut self, runs: &[AsyncRun]) -> bool {
+        debug_assert_eq!(self.in_flight, 0, "the buffer is not the kernel's while queueing");
+        let fd = types::Fd(self.file.as_raw_fd());
+        let base = self.buf.as_mut_ptr().cast::<u8>();
+        let mut sq = self.uring.submission();
+        for (i, r) in runs.iter().enumerate() {
+            // `wrapping_add` keeps this free of unsafe; the run was checked to lie in the
+            // buffer.
+            let dst = base.wrapping_add(r.first_page * PAGE_SIZE);
+            let e = opcode::Read::new(fd, dst, (r.nr_pages * PAGE_SIZE) as u32)
+                .offset(r.slot * PAGE_SIZE as u64)
+                .build()
+                .user_data(i as u64);
+            // SAFETY: the entry points into our buffer, which stays allocated and is
+            // handed to nobody until `wait_all` has reaped every completion (see the
+            // type's soundness note). The queue has one entry per buffer page, so it
+            // has room for every run.
+            if unsafe { sq.push(&e) }.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Submits the `nr` queued reads. Returns how many the kernel took. Bounded: every
+    /// round submits something or spends one of MAX_RETRIES (a submit that takes nothing
+    /// is a stall like EAGAIN; it would otherwise repeat for ever).
+    fn submit_all(&mut self, nr: usize) -> usize {
+        let mut submitted = 0;
+        let mut retries = 0;
+        while submitted < nr {
+            match self.uring.submit() {
+                Ok(n) if n > 0 => {
+                    submitted += n;
+                    continue;
+                }
+                Ok(_) => {} // Took nothing: a stall, like EAGAIN.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
+                Err(_) => break,
+            }
+            retries += 1;
+            if retries > MAX_RETRIES {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        submitted
+    }
+
     /// Reaps completions until nothing is in flight.
     fn wait_all(&mut self) {
         let mut stalls = 0;
@@ -219,47 +271,14 @@ impl AsyncReader for FileAsyncReader {
         self.nr_runs = runs.len();
         self.done[..runs.len()].fill(0);
         self.failed[..runs.len()].fill(0);
-        let fd = types::Fd(self.file.as_raw_fd());
-        let base = self.buf.as_mut_ptr().cast::<u8>();
-        {
-            let mut sq = self.uring.submission();
-            for (i, r) in runs.iter().enumerate() {
-                // `wrapping_add` keeps this free of unsafe; the run was checked to lie in the
-                // buffer.
-                let dst = base.wrapping_add(r.first_page * PAGE_SIZE);
-                let e = opcode::Read::new(fd, dst, (r.nr_pages * PAGE_SIZE) as u32)
-                    .offset(r.slot * PAGE_SIZE as u64)
-                    .build()
-                    .user_data(i as u64);
-                // SAFETY: the entry points into our buffer, which stays allocated and is
-                // handed to nobody until `wait_all` has reaped every completion (see the
-                // type's soundness note). The queue has one entry per buffer page, so it
-                // has room for every run.
-                if unsafe { sq.push(&e) }.is_err() {
-                    return false; // Cannot happen (see above); nothing was submitted.
-                }
-            }
+        if !self.queue_reads(runs) {
+            return false; // Cannot happen (see `queue_reads`); nothing was submitted.
         }
-        let mut submitted = 0;
-        let mut retries = 0;
-        // Bounded: every round submits something or spends one of MAX_RETRIES (a submit that
-        // takes nothing is a stall like EAGAIN; it would otherwise repeat for ever).
-        while submitted < runs.len() {
-            match self.uring.submit() {
-                Ok(n) if n > 0 => {
-                    submitted += n;
-                    continue;
-                }
-                Ok(_) => {} // Took nothing: a stall, like EAGAIN.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
-                Err(_) => break,
-            }
-            retries += 1;
-            if retries > MAX_RETRIES {
-                break;
-            }
-            std::thread::yield_now();
-        }
+        let submitted = self.submit_all(runs.len());
+        // The ring held nothing else (a ring left with queued entries is broken, and `start`
+        // refuses it), so the kernel took no more than these: `in_flight` counts exactly the
+        // reads that may write into the buffer (the type's soundness note).
+        debug_assert!(submitted <= runs.len(), "the kernel took only the reads queued");
         self.in_flight = submitted;
         if submitted < runs.len() {
             // The kernel refused the rest: they stay queued in a ring that is never entered

@@ -497,39 +497,8 @@ impl RingIo {
         // (unlike `FileAsyncReader`, which can leak its own buffer); an I/O that never
         // completes hangs here as it would hang a kernel page fault.
         while unsubmitted > 0 || outstanding > 0 {
-            let want = (unsubmitted + outstanding) as u32;
             let polling = budget.polling();
-            let min_complete = if polling { 0 } else { want };
-            // SAFETY: no signal mask argument (a null pointer of size 0); the queued entries
-            // are valid (see `run_ring`).
-            let r = unsafe {
-                ring.uring.submitter().enter::<libc::sigset_t>(
-                    unsubmitted as u32,
-                    min_complete,
-                    EnterFlags::GETEVENTS.bits(),
-                    None,
-                )
-            };
-            let mut progress = false;
-            match r {
-                Ok(submitted) => {
-                    let s = submitted.min(unsubmitted);
-                    unsubmitted -= s;
-                    outstanding += s;
-                    progress = s > 0;
-                }
-                Err(e) => match e.raw_os_error() {
-                    Some(libc::EINTR) => {}
-                    Some(libc::EAGAIN | libc::EBUSY) => std::thread::yield_now(),
-                    _ if unsubmitted > 0 => {
-                        // The kernel refuses the queued entries: give the ring up (never enter
-                        // it again) and do them with system calls once the submitted ones are
-                        // back. They are the last `unsubmitted` of this round, in order.
-                        ring.poisoned = true;
-                    }
-                    _ => std::thread::yield_now(),
-                },
-            }
+            let mut progress = enter(ring, &mut unsubmitted, &mut outstanding, polling);
             if self.reap(ring, reqs, pushed, &mut outstanding, &mut nr_carried) {
                 progress = true;
             }
@@ -542,19 +511,33 @@ impl RingIo {
                 ring.poisoned = true; // The kernel takes nothing: same as a refusal.
             }
             if ring.poisoned && unsubmitted > 0 {
-                bump(&self.counters.rings_poisoned);
-                if outstanding > 0 {
-                    // Wait for the submitted ones without submitting anything more.
-                    self.wait_outstanding(ring, reqs, pushed, &mut outstanding, &mut nr_carried);
-                }
-                for j in pushed - unsubmitted..pushed {
-                    let op = ring.cur[j];
-                    self.run_sync(reqs, op);
-                }
+                self.abandon_round(ring, reqs, pushed, unsubmitted, &mut outstanding, &mut nr_carried);
                 return nr_carried;
             }
         }
         nr_carried
+    }
+
+    /// The ring was poisoned with `unsubmitted` of the round's `pushed` entries still queued
+    /// (the last ones, in order): waits for the submitted ones without submitting anything
+    /// more, then does the queued ones with system calls.
+    fn abandon_round<B: Batch + ?Sized>(
+        &self,
+        ring: &mut Ring,
+        reqs: &mut B,
+        pushed: usize,
+        unsubmitted: usize,
+        outstanding: &mut usize,
+        nr_carried: &mut usize,
+    ) {
+        bump(&self.counters.rings_poisoned);
+        if *outstanding > 0 {
+            self.wait_outstanding(ring, reqs, pushed, outstanding, nr_carried);
+        }
+        for j in pushed - unsubmitted..pushed {
+            let op = ring.cur[j];
+            self.run_sync(reqs, op);
+        }
     }
 
     /// For a poisoned ring: waits until the `outstanding` submitted operations complete,
@@ -620,6 +603,47 @@ impl RingIo {
             }
         }
         any
+    }
+}
+
+/// One `io_uring_enter` of a round: submits the `unsubmitted` queued entries and, unless
+/// `polling`, waits for all the round's operations. Moves what the kernel took from
+/// `unsubmitted` to `outstanding`; poisons the ring if the kernel refuses the queued
+/// entries. Returns whether it submitted anything.
+fn enter(ring: &mut Ring, unsubmitted: &mut usize, outstanding: &mut usize, polling: bool) -> bool {
+    let want = (*unsubmitted + *outstanding) as u32;
+    let min_complete = if polling { 0 } else { want };
+    // SAFETY: no signal mask argument (a null pointer of size 0); the queued entries
+    // are valid (see `run_ring`).
+    let r = unsafe {
+        ring.uring.submitter().enter::<libc::sigset_t>(
+            *unsubmitted as u32,
+            min_complete,
+            EnterFlags::GETEVENTS.bits(),
+            None,
+        )
+    };
+    match r {
+        Ok(submitted) => {
+            let s = submitted.min(*unsubmitted);
+            *unsubmitted -= s;
+            *outstanding += s;
+            s > 0
+        }
+        Err(e) => {
+            match e.raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::EAGAIN | libc::EBUSY) => std::thread::yield_now(),
+                _ if *unsubmitted > 0 => {
+                    // The kernel refuses the queued entries: give the ring up (never enter
+                    // it again) and do them with system calls once the submitted ones are
+                    // back. They are the last `unsubmitted` of this round, in order.
+                    ring.poisoned = true;
+                }
+                _ => std::thread::yield_now(),
+            }
+            false
+        }
     }
 }
 

@@ -431,19 +431,49 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
         return Trip::Broken;
     }
     let value_len = sh.sealer.value_bytes();
-    let mut len = 0;
     let deadline_ns = now_ns() + sh.io_timeout().as_nanos() as u64;
+    let len = match read_reply(stream, &mut conn.reply, gens.len(), value_len, deadline_ns) {
+        Ok(len) => len,
+        Err(trip) => return trip,
+    };
+    let reply = &conn.reply[..len];
+    if keys.tag_id.is_some() {
+        // On a cluster a key missing from the node the map named may be on another: the
+        // device threads read the map again and ask once more (`worker.rs`).
+        let mut nulls = 0;
+        parse_mget(reply, gens.len(), value_len, |_, v| nulls += usize::from(v.is_none()));
+        if nulls > 0 {
+            return Trip::GiveBack;
+        }
+    }
+    open_values(sh, reply, reqs, gens, value_len);
+    sh.counters.reads.fetch_add(1, Ordering::Relaxed);
+    sh.counters.direct_reads.fetch_add(1, Ordering::Relaxed);
+    Trip::Done
+}
+
+/// Reads the reply to an `MGET` of `n` keys (values of `value_len` bytes) into `reply`
+/// until it is whole, by `deadline_ns`. Its length, or `Broken` when the connection is out
+/// of step (a bad or overlong reply, a closed or failed socket, the deadline passed).
+fn read_reply(
+    stream: &mut TcpStream,
+    reply: &mut [u8],
+    n: usize,
+    value_len: usize,
+    deadline_ns: u64,
+) -> Result<usize, Trip> {
+    let mut len = 0;
     // Bounded: each pass reads at least one byte into the fixed buffer, or waits one slice
     // until the deadline, or fails.
     let whole = loop {
-        match parse_mget(&conn.reply[..len], gens.len(), value_len, |_, _| {}) {
+        match parse_mget(&reply[..len], n, value_len, |_, _| {}) {
             Parse::Done(l) => break l,
-            Parse::Bad => return Trip::Broken,
-            Parse::More if len == conn.reply.len() => return Trip::Broken,
+            Parse::Bad => return Err(Trip::Broken),
+            Parse::More if len == reply.len() => return Err(Trip::Broken),
             Parse::More => {}
         }
-        match stream.read(&mut conn.reply[len..]) {
-            Ok(0) => return Trip::Broken,
+        match stream.read(&mut reply[len..]) {
+            Ok(0) => return Err(Trip::Broken),
             Ok(got) => len += got,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) && now_ns() < deadline_ns => {
@@ -451,21 +481,20 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
                 // end meanwhile.
                 crate::uffd::sigbus::let_stop_signals_through();
             }
-            Err(_) => return Trip::Broken,
+            Err(_) => return Err(Trip::Broken),
         }
     };
+    debug_assert!(len <= reply.len() && whole <= len, "a whole reply lies in what was read");
     if whole != len {
-        return Trip::Broken; // more than the reply: out of step
+        return Err(Trip::Broken); // more than the reply: out of step
     }
-    if keys.tag_id.is_some() {
-        // On a cluster a key missing from the node the map named may be on another: the
-        // device threads read the map again and ask once more (`worker.rs`).
-        let mut nulls = 0;
-        parse_mget(&conn.reply[..len], gens.len(), value_len, |_, v| nulls += usize::from(v.is_none()));
-        if nulls > 0 {
-            return Trip::GiveBack;
-        }
-    }
+    Ok(len)
+}
+
+/// Opens each value of the whole `MGET` reply `reply` into its page of `reqs` (generations
+/// `gens`, in order), setting each request's result: `Ok`, or the first missing or corrupt
+/// page's error.
+fn open_values(sh: &Shared, reply: &[u8], reqs: &mut [ReadReq<'_>], gens: &[u64], value_len: usize) {
     // Where each value goes: (request, page in request, generation).
     let mut at = [(0u32, 0u32); MAX_WINDOW_PAGES];
     let mut i = 0;
@@ -476,7 +505,9 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
             i += 1;
         }
     }
-    parse_mget(&conn.reply[..len], gens.len(), value_len, |i, value| {
+    // `Direct::read` counted the pages into `gens`, at most a window's.
+    assert_eq!(i, gens.len(), "a generation for each page read");
+    parse_mget(reply, gens.len(), value_len, |i, value| {
         let (k, p) = (at[i].0 as usize, at[i].1 as usize);
         let r = &mut reqs[k];
         if r.result.is_err() {
@@ -499,9 +530,6 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
             }
         }
     });
-    sh.counters.reads.fetch_add(1, Ordering::Relaxed);
-    sh.counters.direct_reads.fetch_add(1, Ordering::Relaxed);
-    Trip::Done
 }
 
 /// How keys are spelled (`Shared::key`): the prefix, and on a cluster the pager's id that

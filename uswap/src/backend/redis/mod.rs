@@ -247,58 +247,11 @@ impl RedisBackend {
         }
         let seeds_str = opts.seeds.join(";");
         let cluster_map = if opts.cluster { Some(open_cluster(opts)?) } else { None };
-        let timeout = Duration::from_millis(2000);
-        let mut why = Vec::new();
-        let mut found = None;
-        for (i, addr) in opts.seeds.iter().enumerate() {
-            let inf = connect(addr, timeout, timeout).and_then(|mut c| info(&mut c, "everything"));
-            match inf {
-                Ok(inf) if opts.cluster && info_field(&inf, "cluster_enabled") == Some("1") => {
-                    found = Some((i, inf));
-                    break;
-                }
-                Ok(inf) if info_field(&inf, "cluster_enabled") == Some("1") => {
-                    return Err(RedisDeviceError::Cluster { addr: addr.clone() })
-                }
-                Ok(_) if opts.cluster => why.push(format!("{addr} is not a cluster node (cluster_enabled:0)")),
-                Ok(inf) if info_field(&inf, "role") == Some("master") => {
-                    found = Some((i, inf));
-                    break;
-                }
-                Ok(inf) => {
-                    why.push(format!("{addr} is a {}", info_field(&inf, "role").unwrap_or("server of unknown role")))
-                }
-                Err(e) => why.push(format!("{addr}: {e}")),
-            }
-        }
-        let Some((primary, inf)) = found else {
-            return Err(RedisDeviceError::NoPrimary { seeds: seeds_str, why: why.join("; ") });
-        };
+        let (primary, inf) = find_primary(opts, &seeds_str)?;
         if cluster_map.is_none() {
             check_primary(&opts.seeds[primary], &inf, opts.replicas)?;
         }
-        let key = match (&opts.key_file, opts.encrypt) {
-            (_, false) => None,
-            (Some(path), true) => Some(read_key(path)?),
-            (None, true) => {
-                let mut k = [0u8; 32];
-                getrandom::fill(&mut k)
-                    .map_err(|e| RedisDeviceError::Io { what: "random key", source: std::io::Error::other(e) })?;
-                Some(k)
-            }
-        };
-        let mut id = [0u8; 8];
-        getrandom::fill(&mut id)
-            .map_err(|e| RedisDeviceError::Io { what: "random key prefix", source: std::io::Error::other(e) })?;
-        let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        let prefix = match &opts.session {
-            Some(session) => format!("uswap:{session}.{id}:"),
-            None => format!("uswap:{id}:"),
-        };
-        let mut salt = [0u8; codec::SALT_BYTES];
-        getrandom::fill(&mut salt)
-            .map_err(|e| RedisDeviceError::Io { what: "random key salt", source: std::io::Error::other(e) })?;
-        let sealer = Sealer::new(key, &salt, prefix.as_bytes())?;
+        let (sealer, prefix, id) = new_sealer(opts)?;
         let direct = Arc::new(Direct::new(cluster_map.as_ref()));
         let sh = Arc::new(Shared {
             name: format!("{}://{seeds_str}", if opts.cluster { "redis-cluster" } else { "redis" }),
@@ -338,22 +291,7 @@ impl RedisBackend {
             tag_id: id,
         });
         direct.maintain(&sh, true);
-        let mut threads = Vec::new();
-        for i in 0..opts.connections.max(1) {
-            let w = Worker::new(Arc::clone(&sh), Arc::clone(&direct));
-            // An engine thread: signals blocked, and served by ordinary memory where an
-            // allocator serves the application from managed memory (the threads allocate).
-            let t = crate::mapping::spawn_engine_thread(format!("uswap-redis-{i}"), move || w.run())
-                .map_err(|e| RedisDeviceError::Io { what: "starting a device thread", source: e });
-            match t {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    let _ = RedisBackend { sh, direct, threads };
-                    return Err(e);
-                }
-            }
-        }
-        Ok(RedisBackend { sh, direct, threads })
+        start_threads(sh, direct, opts.connections)
     }
 
     /// The prefix of every key of this device (`uswap:PREFIX:`).
@@ -418,6 +356,78 @@ fn check_primary(addr: &str, inf: &str, replicas: u32) -> Result<(), RedisDevice
         return Err(RedisDeviceError::TooFewReplicas { addr: addr.to_string(), wanted: replicas, connected });
     }
     Ok(())
+}
+
+/// The seed that is the primary (with `cluster`, any node of the cluster), and its `INFO`.
+fn find_primary(opts: &RedisOptions, seeds_str: &str) -> Result<(usize, String), RedisDeviceError> {
+    let timeout = Duration::from_millis(2000);
+    let mut why = Vec::new();
+    for (i, addr) in opts.seeds.iter().enumerate() {
+        let inf = connect(addr, timeout, timeout).and_then(|mut c| info(&mut c, "everything"));
+        match inf {
+            Ok(inf) if opts.cluster && info_field(&inf, "cluster_enabled") == Some("1") => return Ok((i, inf)),
+            Ok(inf) if info_field(&inf, "cluster_enabled") == Some("1") => {
+                return Err(RedisDeviceError::Cluster { addr: addr.clone() })
+            }
+            Ok(_) if opts.cluster => why.push(format!("{addr} is not a cluster node (cluster_enabled:0)")),
+            Ok(inf) if info_field(&inf, "role") == Some("master") => return Ok((i, inf)),
+            Ok(inf) => {
+                why.push(format!("{addr} is a {}", info_field(&inf, "role").unwrap_or("server of unknown role")))
+            }
+            Err(e) => why.push(format!("{addr}: {e}")),
+        }
+    }
+    Err(RedisDeviceError::NoPrimary { seeds: seeds_str.to_string(), why: why.join("; ") })
+}
+
+/// The device's sealer: its key (read from the key file, random, or none without
+/// encryption) and a random salt, bound to the device's random key prefix. Returns the
+/// sealer, the prefix and the pager's id in it.
+fn new_sealer(opts: &RedisOptions) -> Result<(Sealer, String, String), RedisDeviceError> {
+    let key = match (&opts.key_file, opts.encrypt) {
+        (_, false) => None,
+        (Some(path), true) => Some(read_key(path)?),
+        (None, true) => {
+            let mut k = [0u8; 32];
+            getrandom::fill(&mut k)
+                .map_err(|e| RedisDeviceError::Io { what: "random key", source: std::io::Error::other(e) })?;
+            Some(k)
+        }
+    };
+    let mut id = [0u8; 8];
+    getrandom::fill(&mut id)
+        .map_err(|e| RedisDeviceError::Io { what: "random key prefix", source: std::io::Error::other(e) })?;
+    let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let prefix = match &opts.session {
+        Some(session) => format!("uswap:{session}.{id}:"),
+        None => format!("uswap:{id}:"),
+    };
+    let mut salt = [0u8; codec::SALT_BYTES];
+    getrandom::fill(&mut salt)
+        .map_err(|e| RedisDeviceError::Io { what: "random key salt", source: std::io::Error::other(e) })?;
+    let sealer = Sealer::new(key, &salt, prefix.as_bytes())?;
+    Ok((sealer, prefix, id))
+}
+
+/// Starts the device's `connections` threads (at least one), each with its connection.
+fn start_threads(sh: Arc<Shared>, direct: Arc<Direct>, connections: usize) -> Result<RedisBackend, RedisDeviceError> {
+    let mut threads = Vec::new();
+    for i in 0..connections.max(1) {
+        let w = Worker::new(Arc::clone(&sh), Arc::clone(&direct));
+        // An engine thread: signals blocked, and served by ordinary memory where an
+        // allocator serves the application from managed memory (the threads allocate).
+        let t = crate::mapping::spawn_engine_thread(format!("uswap-redis-{i}"), move || w.run())
+            .map_err(|e| RedisDeviceError::Io { what: "starting a device thread", source: e });
+        match t {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                let _ = RedisBackend { sh, direct, threads };
+                return Err(e);
+            }
+        }
+    }
+    debug_assert_eq!(threads.len(), connections.max(1), "every device thread started");
+    Ok(RedisBackend { sh, direct, threads })
 }
 
 /// A Redis Cluster's slot map, read from the first seed that answers, with each primary

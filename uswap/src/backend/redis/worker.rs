@@ -254,34 +254,28 @@ impl Worker {
 
     fn read(&mut self, items: &mut [(u64, &mut [AlignedPage], &mut Result<(), BackendError>)]) {
         let sh = Arc::clone(&self.sh);
-        let mut keys = Vec::new();
-        // (item, page in item, generation) of each key.
-        let mut wanted = Vec::new();
-        for (k, (slot, pages, res)) in items.iter_mut().enumerate() {
-            let end = slot.checked_add(pages.len() as u64);
-            if end.is_none_or(|e| e > sh.nr_slots) {
-                **res = Err(BackendError::OutOfRange { slot: *slot, nr_slots: sh.nr_slots });
-                continue;
-            }
-            **res = Ok(());
-            for p in 0..pages.len() {
-                let s = *slot + p as u64;
-                let generation = sh.gens[s as usize].load(Ordering::Acquire);
-                if generation == 0 {
-                    **res = Err(BackendError::Empty { slot: s });
-                    break;
-                }
-                keys.push(sh.key(s, generation));
-                wanted.push((k, p, generation));
-            }
-        }
+        let (keys, wanted) = keys_to_read(&sh, items);
         if keys.is_empty() {
             return;
         }
-        let deadline = now_ns() + sh.failover_timeout_ns;
+        let values = match self.mget(&keys) {
+            Ok(values) => values,
+            Err(why) => {
+                fail_items(items, &wanted, why);
+                return;
+            }
+        };
+        sh.counters.reads.fetch_add(1, Ordering::Relaxed);
+        open_values(&sh, items, &wanted, values);
+    }
+
+    /// Reads `keys` (`MGET`, per hash slot on a cluster), following a failover until the
+    /// failover timeout. The values, one per key in order (`None`: no such key), or why not.
+    fn mget(&mut self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, &'static str> {
+        let deadline = now_ns() + self.sh.failover_timeout_ns;
         let mget = |w: &mut Worker| {
-            let got = w
-                .on_keys(deadline, &keys, |con, r| redis::cmd("MGET").arg(&keys[r]).query::<Vec<Option<Vec<u8>>>>(con));
+            let got =
+                w.on_keys(deadline, keys, |con, r| redis::cmd("MGET").arg(&keys[r]).query::<Vec<Option<Vec<u8>>>>(con));
             got.map(|groups| {
                 let whole = groups.iter().all(|(r, v)| r.len() == v.len());
                 (whole, groups.into_iter().flat_map(|(_, v)| v).collect::<Vec<_>>())
@@ -295,144 +289,49 @@ impl Worker {
             self.cluster.refresh_map(&self.sh, &self.direct);
             got = mget(self);
         }
-        let values = match got {
-            Ok((true, v)) if v.len() == keys.len() => v,
-            Ok(_) | Err(Failure::Refused) | Err(Failure::Full) => {
-                fail_items(items, &wanted, "the primary answered the read with an error");
-                return;
-            }
-            Err(Failure::Unavailable) => {
-                fail_items(items, &wanted, "no primary among the seeds answered within the failover timeout");
-                return;
-            }
-        };
-        sh.counters.reads.fetch_add(1, Ordering::Relaxed);
-        for (&(k, p, generation), value) in wanted.iter().zip(values) {
-            let (slot, pages, res) = &mut items[k];
-            if res.is_err() {
-                continue;
-            }
-            let s = *slot + p as u64;
-            match value {
-                None => {
-                    sh.counters.missing.fetch_add(1, Ordering::Relaxed);
-                    **res = Err(BackendError::Remote {
-                        slot: s,
-                        why: "the page is missing from the store (lost with a primary that had no up-to-date replica)",
-                    });
-                }
-                Some(v) => {
-                    if sh.sealer.open(s, generation, &v, &mut pages[p].0).is_err() {
-                        sh.counters.corrupt.fetch_add(1, Ordering::Relaxed);
-                        **res = Err(BackendError::Corrupt { slot: s });
-                    }
-                }
-            }
+        match got {
+            Ok((true, v)) if v.len() == keys.len() => Ok(v),
+            Ok(_) | Err(Failure::Refused) | Err(Failure::Full) => Err("the primary answered the read with an error"),
+            Err(Failure::Unavailable) => Err("no primary among the seeds answered within the failover timeout"),
         }
     }
 
     fn write(&mut self, reqs: &mut [WriteReq<'_>]) {
         let sh = Arc::clone(&self.sh);
-        let nr_pages: usize = reqs.iter().map(|r| r.data.nr_pages()).sum();
-        // Each page's key, its sealed value (`value_bytes` each, one after another in one
-        // buffer), and its (slot, generation), in order.
-        let value_bytes = sh.sealer.value_bytes();
-        let mut keys = Vec::with_capacity(nr_pages);
-        let mut values: Vec<u8> = Vec::with_capacity(nr_pages * value_bytes);
-        let mut written = Vec::with_capacity(nr_pages);
-        let mut page = vec![0u8; PAGE_SIZE];
-        for r in reqs.iter_mut() {
-            let nr = r.data.nr_pages() as u64;
-            if r.slot.checked_add(nr).is_none_or(|e| e > sh.nr_slots) {
-                r.result = Err(BackendError::OutOfRange { slot: r.slot, nr_slots: sh.nr_slots });
-                continue;
-            }
-            r.result = Ok(());
-            for p in 0..nr {
-                let s = r.slot + p;
-                let generation = sh.next_gen.fetch_add(1, Ordering::Relaxed);
-                r.data.copy_page_to(p as usize, &mut page);
-                // Each generation is sealed once: it is the value's nonce (see `codec`).
-                sh.sealer.seal(s, generation, &page, &mut values);
-                keys.push(sh.key(s, generation));
-                debug_assert_eq!(values.len(), keys.len() * value_bytes);
-                written.push((s, generation));
-            }
-        }
-        if written.is_empty() {
+        let sealed = seal_pages(&sh, reqs);
+        if sealed.written.is_empty() {
             return;
         }
-        let deadline = now_ns() + sh.failover_timeout_ns;
-        let replicas = sh.replicas;
-        let wait_ms = sh.wait_timeout_ms;
+        let outcome = self.mset(&sealed);
+        match write_failure(&sh, outcome) {
+            None => committed(&sh, &sealed.written),
+            Some(how) => not_written(&sh, reqs, &sealed.written, how),
+        }
+    }
+
+    /// Stores the sealed pages (`MSET`, and with `replicas=N` a `WAIT`), following a failover
+    /// until the failover timeout. The fewest replicas that acknowledged a part, or why not.
+    fn mset(&mut self, sealed: &Sealed) -> Result<i64, Failure> {
+        let deadline = now_ns() + self.sh.failover_timeout_ns;
+        let replicas = self.sh.replicas;
+        let wait_ms = self.sh.wait_timeout_ms;
+        let (keys, values, value_bytes) = (&sealed.keys, &sealed.values, sealed.value_bytes);
         // One `MSET` (and `WAIT`) per group of keys sharing a hash slot on a cluster, one in
         // all on a standalone primary; the write counts as done once each was acknowledged.
-        let outcome = self
-            .on_keys(deadline, &keys, |con, r| {
-                let mut mset = redis::cmd("MSET");
-                for i in r {
-                    mset.arg(&keys[i]).arg(&values[i * value_bytes..(i + 1) * value_bytes]);
-                }
-                if replicas == 0 {
-                    mset.query::<()>(con).map(|_| replicas as i64)
-                } else {
-                    let mut pipe = redis::pipe();
-                    pipe.add_command(mset).ignore().cmd("WAIT").arg(replicas).arg(wait_ms);
-                    pipe.query::<(i64,)>(con).map(|(acked,)| acked)
-                }
-            })
-            .map(|groups| groups.iter().map(|(_, acked)| *acked).min().unwrap_or(replicas as i64));
-        let why = match outcome {
-            Ok(acked) if acked >= replicas as i64 => None,
-            Ok(_) => {
-                sh.counters.wait_short.fetch_add(1, Ordering::Relaxed);
-                Some(Err("fewer replicas than replicas=N acknowledged the write in time (WAIT)"))
+        self.on_keys(deadline, keys, |con, r| {
+            let mut mset = redis::cmd("MSET");
+            for i in r {
+                mset.arg(&keys[i]).arg(&values[i * value_bytes..(i + 1) * value_bytes]);
             }
-            Err(Failure::Full) => Some(Ok(())),
-            Err(Failure::Refused) => Some(Err("the primary refused the write")),
-            Err(Failure::Unavailable) => Some(Err("no primary among the seeds answered within the failover timeout")),
-        };
-        match why {
-            None => {
-                sh.counters.writes.fetch_add(1, Ordering::Relaxed);
-                for &(s, generation) in &written {
-                    let old = sh.gens[s as usize].swap(generation, Ordering::AcqRel);
-                    if old == 0 {
-                        sh.counters.stored_pages.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        sh.delete_later(s, old);
-                    }
-                }
+            if replicas == 0 {
+                mset.query::<()>(con).map(|_| replicas as i64)
+            } else {
+                let mut pipe = redis::pipe();
+                pipe.add_command(mset).ignore().cmd("WAIT").arg(replicas).arg(wait_ms);
+                pipe.query::<(i64,)>(con).map(|(acked,)| acked)
             }
-            Some(how) => {
-                // The new keys may exist (a write whose WAIT fell short, or whose answer was
-                // lost): none will ever be read, so they are deleted.
-                for &(s, generation) in &written {
-                    sh.delete_later(s, generation);
-                }
-                for r in reqs.iter_mut().filter(|r| r.result.is_ok()) {
-                    r.result = Err(match how {
-                        Ok(()) => BackendError::Rejected { slot: r.slot, reason: RejectReason::PoolFull },
-                        Err(why) => BackendError::Remote { slot: r.slot, why },
-                    });
-                }
-                // A full store takes no pages for a while: they go to the next device or
-                // stay in RAM at once, instead of every reclaim being refused again. Other
-                // failures (a `WAIT` short of replicas, no primary) degrade the device in
-                // the swap layer until a probe write succeeds (`swap::health`).
-                if how.is_ok() {
-                    sh.counters.reject_full.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-                    sh.declining_until_ns.store(now_ns() + FULL_BACKOFF_NS, Ordering::Release);
-                    if !sh.full_said.swap(true, Ordering::Relaxed) {
-                        sh.note(
-                            "the store is full (OOM: maxmemory reached); pages go to the next device or stay in RAM, \
-                             over the limit if need be (reject_pool_full; said once)"
-                                .into(),
-                        );
-                    }
-                }
-            }
-        }
+        })
+        .map(|groups| groups.iter().map(|(_, acked)| *acked).min().unwrap_or(replicas as i64))
     }
 
     /// Deletes queued keys, up to a few batches (one `DEL` each). Best effort: keys that
@@ -495,6 +394,172 @@ fn fail_items(
         let (slot, _, res) = &mut items[k];
         if res.is_ok() {
             **res = Err(BackendError::Remote { slot: *slot, why });
+        }
+    }
+}
+
+/// The keys a read asks for (each page's current generation), with (item, page in item,
+/// generation) for each. Items out of range, or with a page the store holds nothing for,
+/// fail here.
+fn keys_to_read(
+    sh: &Shared,
+    items: &mut [(u64, &mut [AlignedPage], &mut Result<(), BackendError>)],
+) -> (Vec<String>, Vec<(usize, usize, u64)>) {
+    let mut keys = Vec::new();
+    // (item, page in item, generation) of each key.
+    let mut wanted = Vec::new();
+    for (k, (slot, pages, res)) in items.iter_mut().enumerate() {
+        let end = slot.checked_add(pages.len() as u64);
+        if end.is_none_or(|e| e > sh.nr_slots) {
+            **res = Err(BackendError::OutOfRange { slot: *slot, nr_slots: sh.nr_slots });
+            continue;
+        }
+        **res = Ok(());
+        for p in 0..pages.len() {
+            let s = *slot + p as u64;
+            let generation = sh.gens[s as usize].load(Ordering::Acquire);
+            if generation == 0 {
+                **res = Err(BackendError::Empty { slot: s });
+                break;
+            }
+            keys.push(sh.key(s, generation));
+            wanted.push((k, p, generation));
+        }
+    }
+    debug_assert_eq!(keys.len(), wanted.len(), "a key for each page wanted");
+    (keys, wanted)
+}
+
+/// Opens each value read (`values`, in the order of `wanted`) into its page, under the
+/// generation its key named; a missing or corrupt value fails its item.
+fn open_values(
+    sh: &Shared,
+    items: &mut [(u64, &mut [AlignedPage], &mut Result<(), BackendError>)],
+    wanted: &[(usize, usize, u64)],
+    values: Vec<Option<Vec<u8>>>,
+) {
+    // `mget` returns one value per key asked for, or fails.
+    assert_eq!(values.len(), wanted.len(), "a value for each key read");
+    for (&(k, p, generation), value) in wanted.iter().zip(values) {
+        let (slot, pages, res) = &mut items[k];
+        if res.is_err() {
+            continue;
+        }
+        let s = *slot + p as u64;
+        match value {
+            None => {
+                sh.counters.missing.fetch_add(1, Ordering::Relaxed);
+                **res = Err(BackendError::Remote {
+                    slot: s,
+                    why: "the page is missing from the store (lost with a primary that had no up-to-date replica)",
+                });
+            }
+            Some(v) => {
+                if sh.sealer.open(s, generation, &v, &mut pages[p].0).is_err() {
+                    sh.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+                    **res = Err(BackendError::Corrupt { slot: s });
+                }
+            }
+        }
+    }
+}
+
+/// A write batch's pages sealed: each page's key, its sealed value (`value_bytes` each, one
+/// after another in one buffer), and its (slot, generation), in order.
+struct Sealed {
+    keys: Vec<String>,
+    values: Vec<u8>,
+    value_bytes: usize,
+    written: Vec<(u64, u64)>,
+}
+
+/// Seals the pages of `reqs`, each under a generation of its own. Requests out of range
+/// fail here; the others are `Ok` until the write says otherwise.
+fn seal_pages(sh: &Shared, reqs: &mut [WriteReq<'_>]) -> Sealed {
+    let nr_pages: usize = reqs.iter().map(|r| r.data.nr_pages()).sum();
+    let value_bytes = sh.sealer.value_bytes();
+    let mut keys = Vec::with_capacity(nr_pages);
+    let mut values: Vec<u8> = Vec::with_capacity(nr_pages * value_bytes);
+    let mut written = Vec::with_capacity(nr_pages);
+    let mut page = vec![0u8; PAGE_SIZE];
+    for r in reqs.iter_mut() {
+        let nr = r.data.nr_pages() as u64;
+        if r.slot.checked_add(nr).is_none_or(|e| e > sh.nr_slots) {
+            r.result = Err(BackendError::OutOfRange { slot: r.slot, nr_slots: sh.nr_slots });
+            continue;
+        }
+        r.result = Ok(());
+        for p in 0..nr {
+            let s = r.slot + p;
+            let generation = sh.next_gen.fetch_add(1, Ordering::Relaxed);
+            r.data.copy_page_to(p as usize, &mut page);
+            // Each generation is sealed once: it is the value's nonce (see `codec`).
+            sh.sealer.seal(s, generation, &page, &mut values);
+            keys.push(sh.key(s, generation));
+            debug_assert_eq!(values.len(), keys.len() * value_bytes);
+            written.push((s, generation));
+        }
+    }
+    Sealed { keys, values, value_bytes, written }
+}
+
+/// Why a write did not count as done: `None` if it did; `Some(Ok(()))` if the store is
+/// full (the pages are declined); `Some(Err(why))` if it failed.
+fn write_failure(sh: &Shared, outcome: Result<i64, Failure>) -> Option<Result<(), &'static str>> {
+    match outcome {
+        Ok(acked) if acked >= sh.replicas as i64 => None,
+        Ok(_) => {
+            sh.counters.wait_short.fetch_add(1, Ordering::Relaxed);
+            Some(Err("fewer replicas than replicas=N acknowledged the write in time (WAIT)"))
+        }
+        Err(Failure::Full) => Some(Ok(())),
+        Err(Failure::Refused) => Some(Err("the primary refused the write")),
+        Err(Failure::Unavailable) => Some(Err("no primary among the seeds answered within the failover timeout")),
+    }
+}
+
+/// The pages `written` (slot, generation) are stored: each slot's generation moves to its
+/// new key, and the key it replaced is queued for deletion.
+fn committed(sh: &Shared, written: &[(u64, u64)]) {
+    sh.counters.writes.fetch_add(1, Ordering::Relaxed);
+    for &(s, generation) in written {
+        let old = sh.gens[s as usize].swap(generation, Ordering::AcqRel);
+        if old == 0 {
+            sh.counters.stored_pages.fetch_add(1, Ordering::Relaxed);
+        } else {
+            sh.delete_later(s, old);
+        }
+    }
+}
+
+/// The write of `written` did not count (`how`: `Ok(())` the store is full, `Err(why)` it
+/// failed): the slots keep their previous generations, the new keys are deleted, and each
+/// request not failed yet fails (declined, or with `why`).
+fn not_written(sh: &Shared, reqs: &mut [WriteReq<'_>], written: &[(u64, u64)], how: Result<(), &'static str>) {
+    // The new keys may exist (a write whose WAIT fell short, or whose answer was lost):
+    // none will ever be read, so they are deleted.
+    for &(s, generation) in written {
+        sh.delete_later(s, generation);
+    }
+    for r in reqs.iter_mut().filter(|r| r.result.is_ok()) {
+        r.result = Err(match how {
+            Ok(()) => BackendError::Rejected { slot: r.slot, reason: RejectReason::PoolFull },
+            Err(why) => BackendError::Remote { slot: r.slot, why },
+        });
+    }
+    // A full store takes no pages for a while: they go to the next device or stay in RAM at
+    // once, instead of every reclaim being refused again. Other failures (a `WAIT` short of
+    // replicas, no primary) degrade the device in the swap layer until a probe write
+    // succeeds (`swap::health`).
+    if how.is_ok() {
+        sh.counters.reject_full.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        sh.declining_until_ns.store(now_ns() + FULL_BACKOFF_NS, Ordering::Release);
+        if !sh.full_said.swap(true, Ordering::Relaxed) {
+            sh.note(
+                "the store is full (OOM: maxmemory reached); pages go to the next device or stay in RAM, \
+                 over the limit if need be (reject_pool_full; said once)"
+                    .into(),
+            );
         }
     }
 }
