@@ -122,6 +122,12 @@ impl HandlerPool {
 
     /// Handler `me` goes dormant, unless it is the last active one. Returns whether it did.
     pub(crate) fn try_retire(&self, me: usize) -> bool {
+        // Only `me` clears its own flag: one already clear (a steer retired `me` earlier in
+        // the same batch) must not be counted down twice, or the count falls below the
+        // flags and the backlog cap loosens.
+        if !self.active[me].load(Ordering::Acquire) {
+            return false;
+        }
         let mut n = self.nr_active.load(Ordering::Acquire);
         while n > 1 {
             match self.nr_active.compare_exchange_weak(n, n - 1, Ordering::AcqRel, Ordering::Acquire) {
@@ -346,6 +352,20 @@ mod tests {
         assert!(!p.try_retire(1), "handler 1 is the last active one");
         assert_eq!(p.nr_active(), 1);
         assert!(p.is_active(1) && !p.is_active(0) && !p.is_active(2));
+    }
+
+    /// A handler a steer retired, retiring again at the end of its batch (as
+    /// `handler_thread` does), is not counted down a second time.
+    #[test]
+    fn a_handler_retired_by_a_steer_is_not_retired_twice() {
+        let p = HandlerPool::new(vec![Some(0), Some(1), Some(2)], 3);
+        assert!(p.wake_one(), "handler 1 joins 0");
+        assert_eq!(p.nr_active(), 2);
+        assert!(p.steer_to(0, 2), "0 hands over to 2, pinned on CPU 2");
+        assert!(!p.is_active(0) && p.is_active(1) && p.is_active(2));
+        assert_eq!(p.nr_active(), 2);
+        assert!(!p.try_retire(0), "0 is dormant already");
+        assert_eq!(p.nr_active(), 2, "the count follows the flags");
     }
 
     #[test]
