@@ -88,7 +88,21 @@ fn wait_until(until: Instant, what: &str, mut ready: impl FnMut() -> io::Result<
 impl LocalRedis {
     /// Starts `primaries` primaries, each with `replicas_per_primary` replicas. `extra` are
     /// more `redis-server` options for every server (e.g. `["--maxmemory", "8mb"]`).
+    ///
+    /// A port found free can be taken by another program before the server binds it (test
+    /// suites running side by side on one machine): a server that exits at start-up because
+    /// its address is in use is started again, with every other, on new ports (3 tries).
     pub fn start(primaries: usize, replicas_per_primary: usize, extra: &[&str]) -> io::Result<LocalRedis> {
+        let mut tries = 0;
+        loop {
+            match LocalRedis::start_once(primaries, replicas_per_primary, extra) {
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries < 3 => tries += 1,
+                r => return r,
+            }
+        }
+    }
+
+    fn start_once(primaries: usize, replicas_per_primary: usize, extra: &[&str]) -> io::Result<LocalRedis> {
         static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("uswap-redis-{}-{n}", std::process::id()));
@@ -225,10 +239,13 @@ impl LocalRedis {
             let server = &mut self.servers[k];
             wait_until(until, &format!("redis-server on {addr} ready"), || {
                 if let Some(Ok(Some(status))) = server.child.as_mut().map(|c| c.try_wait()) {
-                    return Err(io::Error::other(format!(
-                        "redis-server on {addr} exited ({status}); see {}",
-                        log.display()
-                    )));
+                    // The log goes with the directory when the servers are dropped: its last
+                    // line is said here.
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    let last = text.lines().last().unwrap_or("(empty log)");
+                    let in_use = text.contains("Address already in use");
+                    let kind = if in_use { io::ErrorKind::AddrInUse } else { io::ErrorKind::Other };
+                    return Err(io::Error::new(kind, format!("redis-server on {addr} exited ({status}): {last}")));
                 }
                 Ok(connect(&addr, SHORT, SHORT)
                     .and_then(|mut c| info(&mut c, "replication"))
