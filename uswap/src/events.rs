@@ -466,7 +466,7 @@ pub(crate) fn read_from_parent(
     p: &PagerShared,
     entry: crate::swap::SwapEntry,
     map: impl FnOnce(&[u8]) -> RangeResult,
-) -> Result<RangeResult, crate::state::fault::FaultError> {
+) -> Result<RangeResult, crate::state::fault_error::FaultError> {
     read_run_from_parent(p, entry, 1, |pages| map(&pages[0].0))
 }
 
@@ -478,8 +478,8 @@ pub(crate) fn read_run_from_parent<T>(
     entry: crate::swap::SwapEntry,
     n: usize,
     map: impl FnOnce(&[AlignedPage]) -> T,
-) -> Result<T, crate::state::fault::FaultError> {
-    use crate::state::fault::FaultError;
+) -> Result<T, crate::state::fault_error::FaultError> {
+    use crate::state::fault_error::FaultError;
     let Some(parent) = p.parent.get() else {
         // Only a re-armed fork child has `Parent` pages, and it has the parent's state.
         return Err(FaultError::Device(PageErrorKind::ReadFailed, "no parent state in this fork child"));

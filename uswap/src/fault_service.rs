@@ -24,10 +24,11 @@ use crossbeam_utils::Backoff;
 use crate::clock::now_ns;
 use crate::readahead::MAX_WINDOW_PAGES;
 use crate::region::{PageRef, PageState, Pte, RegionInner};
-use crate::state::fault::{note_window, FaultError, Route};
+use crate::state::fault_error::FaultError;
+use crate::state::route::{note_window, Route};
 use crate::state::{FaultMode, PageErrorKind, PagerShared};
 use crate::stats::Counter;
-use crate::swapin::{swap_in, Fault};
+use crate::swapin::{swap_in, FaultSite};
 use crate::uffd::{self, RangeResult, PAGE_SIZE};
 use crate::{events, reclaim};
 
@@ -62,7 +63,7 @@ pub(crate) fn serve_fault(
     region.note_touched(page);
     let result = match lock_for_fault(pager, region, page, route, t0) {
         Ok(Some(locked)) => {
-            let f = Fault { region, reg_idx, reg_gen, page, locked, write, route };
+            let f = FaultSite { region, reg_idx, reg_gen, page, locked, write, route };
             serve_locked(pager, &f)
         }
         Ok(None) => Ok(()),
@@ -118,7 +119,7 @@ fn lock_for_fault(
 }
 
 /// The service of a page the fault owns, by its state (one function per case).
-fn serve_locked(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+fn serve_locked(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
     assert!(f.locked.busy(), "the fault owns its page");
     match f.locked.state() {
         PageState::None | PageState::Zero => zero_fill(pager, f),
@@ -167,7 +168,7 @@ fn account_fault(pager: &PagerShared, result: Result<(), FaultError>, route: Rou
 /// copy goes stale. (In signal mode the SIGBUS may also be a missing fault on a clean page
 /// the application discarded: then the retried access faults again and is served by
 /// [`resident_again`].)
-fn write_to_clean(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+fn write_to_clean(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, pte) = (f.region, f.page, f.locked);
     debug_assert!(pte.state() == PageState::Resident && pte.clean());
     let page_addr = region.page_addr(page);
@@ -200,7 +201,7 @@ fn write_to_clean(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> 
 /// the thread) before its readahead pages, the thread faults on one of those meanwhile, and
 /// the message of that fault, still read by another handler, is served after the page is
 /// mapped, while its thread runs on.
-fn resident_again(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+fn resident_again(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let page_addr = f.region.page_addr(f.page);
     let r = pager.uffd.zeropage(page_addr, PAGE_SIZE, f.route.wake());
     f.region.store(f.page, f.locked.unbusy());
@@ -223,7 +224,7 @@ fn resident_again(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> 
 }
 
 /// A swap-cache hit: the page is staged in RAM; moved back with `UFFDIO_MOVE` (no copy).
-fn swap_cache_hit(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+fn swap_cache_hit(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, locked) = (f.region, f.page, f.locked);
     debug_assert_eq!(locked.state(), PageState::Cached);
     let page_addr = region.page_addr(page);
@@ -266,7 +267,7 @@ fn swap_cache_hit(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> 
 /// page the application discarded: then the access faults again and is served as a
 /// resident page that is not there, with zeros). From now on the page is this process's
 /// own: charged, on the LRU, writable (the kernel makes the copy when the write is retried).
-fn write_to_shared(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+fn write_to_shared(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, locked) = (f.region, f.page, f.locked);
     debug_assert_eq!(locked.state(), PageState::Shared);
     reclaim::charge(pager, 1, f.route.lock_free());
@@ -287,7 +288,7 @@ fn write_to_shared(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError>
 /// First touch of a never-touched (or known-zero) page: maps zero pages for it and, when its
 /// stream is sequential, for the never-touched pages of its window (fault-around), in runs
 /// of consecutive pages with one ioctl each.
-fn zero_fill(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+fn zero_fill(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, write, route) = (f.region, f.page, f.write, f.route);
     debug_assert!(matches!(f.locked.state(), PageState::None | PageState::Zero));
     let (shared_zero, max) = zero_fill_policy(pager, write, route);
@@ -374,7 +375,7 @@ fn zero_fill_policy(pager: &PagerShared, write: bool, route: Route) -> (bool, us
 
 /// The faulting page (owned) and the never-touched pages of its fault-around window that
 /// could be locked at once, in address order.
-fn lock_zero_window(f: &Fault<'_>, max: usize) -> ArrayVec<(usize, Pte), MAX_WINDOW_PAGES> {
+fn lock_zero_window(f: &FaultSite<'_>, max: usize) -> ArrayVec<(usize, Pte), MAX_WINDOW_PAGES> {
     let region = f.region;
     let pred = region.streams.advance(f.page, region.nr_pages, max, false);
     let mut pages = ArrayVec::new();
@@ -399,7 +400,7 @@ fn lock_zero_window(f: &Fault<'_>, max: usize) -> ArrayVec<(usize, Pte), MAX_WIN
 /// pages made resident.
 fn publish_zero_run(
     pager: &PagerShared,
-    f: &Fault<'_>,
+    f: &FaultSite<'_>,
     run: &[(usize, Pte)],
     done: usize,
     protected: bool,
@@ -429,7 +430,7 @@ fn publish_zero_run(
 /// page is there already (see [`take_present_page`]). `ENOENT`: no registered mapping at the
 /// faulting page any more; the application unmapped it while this fault waited (a stale
 /// fault, as in [`resident_again`]). Nothing was there to lose.
-fn zero_fill_failed(pager: &PagerShared, f: &Fault<'_>, errno: i32) -> Result<(), FaultError> {
+fn zero_fill_failed(pager: &PagerShared, f: &FaultSite<'_>, errno: i32) -> Result<(), FaultError> {
     match errno {
         libc::EEXIST => take_present_page(pager, f.region, f.reg_idx, f.reg_gen, f.page, f.route),
         libc::ENOENT => Err(FaultError::Unmapped),
@@ -501,8 +502,8 @@ const PARENT_RUN_PAGES: usize = 16;
 /// read from the parent's device as the child inherited it (with the run of pages after it
 /// in the slots after its own), mapped, charged to the child and on its LRU from now on
 /// (the child's reclaim sends them to its own devices).
-fn parent_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
-    let Fault { region, page, locked, route, .. } = *f;
+fn parent_in(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
+    let FaultSite { region, page, locked, route, .. } = *f;
     debug_assert_eq!(locked.state(), PageState::Parent);
     let entry = locked.entry();
     let mut run: ArrayVec<Pte, PARENT_RUN_PAGES> = ArrayVec::new();

@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use crossbeam_queue::ArrayQueue;
 
 use crate::async_readahead::{AsyncReadahead, DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
-use crate::bounce::BouncePool;
+use crate::bounce::BounceBuffers;
 use crate::device_config::DeviceConfig;
 use crate::error::{Error, Result};
 use crate::fifo::Fifo;
@@ -335,7 +335,7 @@ impl PagerBuilder {
             lru: Lru::new(fifo()?, fifo()?),
             swap_cache: SwapCache::new(staging_uffd, fifo()?),
             stats: PerCpuStats::new(nr_cpus),
-            bounce: self.bounce_pool(nr_cpus)?,
+            bounce: self.bounce_buffers(nr_cpus)?,
             readahead: AtomicBool::new(self.readahead),
             readahead_max_pages: self.readahead_max_pages,
             async_ra,
@@ -374,8 +374,8 @@ impl PagerBuilder {
     }
 
     /// The bounce buffers: each holds a readahead window.
-    fn bounce_pool(&self, nr_cpus: usize) -> Result<BouncePool> {
-        BouncePool::new(4 * nr_cpus.max(4), self.readahead_max_pages).map_err(|e| Error::OutOfAddressSpace {
+    fn bounce_buffers(&self, nr_cpus: usize) -> Result<BounceBuffers> {
+        BounceBuffers::new(4 * nr_cpus.max(4), self.readahead_max_pages).map_err(|e| Error::OutOfAddressSpace {
             what: "bounce buffers".into(),
             len_bytes: (4 * nr_cpus.max(4) * self.readahead_max_pages * crate::PAGE_SIZE) as u64,
             source: e,

@@ -30,7 +30,8 @@ use crate::readahead::{Window, MAX_WINDOW_PAGES};
 use crate::reclaim;
 use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet};
 use crate::state::async_readahead::ContextIo;
-use crate::state::fault::{FaultError, Route};
+use crate::state::fault_error::FaultError;
+use crate::state::route::Route;
 use crate::state::{FaultMode, PageErrorKind, PagerShared};
 use crate::stats::Counter;
 use crate::swap::{ReadaheadPolicy, SwapEntry};
@@ -73,8 +74,9 @@ impl Item {
 /// The asynchronous-readahead context locked for this swap-in: its index and guard.
 type HeldContext<'a> = Option<(usize, SpinGuard<'a, ContextIo>)>;
 
-/// The fault being served.
-pub(crate) struct Fault<'a> {
+/// The fault being served, and where: its region and page, the page's entry locked, whether
+/// it writes, and its route (`crate::fault_service` builds one per fault it serves).
+pub(crate) struct FaultSite<'a> {
     pub region: &'a RegionInner,
     pub reg_idx: usize,
     pub reg_gen: u32,
@@ -85,7 +87,7 @@ pub(crate) struct Fault<'a> {
     pub route: Route,
 }
 
-impl Fault<'_> {
+impl FaultSite<'_> {
     fn region<'s>(&'s self, set: &'s RegionSet, gi: Option<usize>) -> &'s RegionInner {
         match gi {
             None => self.region,
@@ -107,7 +109,7 @@ impl Fault<'_> {
 }
 
 /// Brings the faulting page back, with its readahead window.
-pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultError> {
+pub(crate) fn swap_in(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
     assert_eq!(f.locked.state(), PageState::Swapped);
     debug_assert!(f.locked.busy(), "the faulting page is owned by this fault");
     let readahead = !f.route.lock_free() && pager.readahead.load(Ordering::Relaxed);
@@ -117,7 +119,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
     let mut items: ArrayVec<Item, MAX_WINDOW_PAGES> = ArrayVec::new();
     let vma_window = gather_window(pager, f, async_ctx, max, &mut set, &mut items);
 
-    crate::state::fault::note_window(items.len());
+    crate::state::route::note_window(items.len());
     // Read-ahead pages are charged like the faulting page, reclaiming if need be (the kernel
     // charges its read-ahead pages to the memory cgroup too): the window only grows on
     // evidence that read-ahead pages are used.
@@ -172,7 +174,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &Fault<'_>) -> Result<(), FaultErr
 /// it was by address (for the asynchronous readahead that follows it).
 fn gather_window(
     pager: &PagerShared,
-    f: &Fault<'_>,
+    f: &FaultSite<'_>,
     async_ctx: Option<usize>,
     max: usize,
     set: &mut RegionSet,
@@ -203,7 +205,7 @@ fn gather_window(
 /// under the lock.
 fn read_window<'p>(
     pager: &'p PagerShared,
-    f: &Fault<'_>,
+    f: &FaultSite<'_>,
     async_ctx: Option<usize>,
     set: &RegionSet,
     items: &mut [Item],
@@ -224,7 +226,7 @@ fn read_window<'p>(
 /// read was started. Its lock is taken only once the other reads and the charge are done,
 /// so that those do not run under it. On the lock-free route, where no lock may be taken,
 /// the data is thrown away (the slot is read instead).
-fn async_context(pager: &PagerShared, f: &Fault<'_>) -> Option<usize> {
+fn async_context(pager: &PagerShared, f: &FaultSite<'_>) -> Option<usize> {
     if !f.locked.async_read() {
         return None;
     }
@@ -238,7 +240,7 @@ fn async_context(pager: &PagerShared, f: &Fault<'_>) -> Option<usize> {
 
 /// The buffer page holding `page`'s data in the asynchronous readahead context `async_ctx`
 /// (the one the faulting page was found in), if it is listed there.
-fn listed_in(pager: &PagerShared, f: &Fault<'_>, async_ctx: Option<usize>, page: usize, pte: Pte) -> Option<usize> {
+fn listed_in(pager: &PagerShared, f: &FaultSite<'_>, async_ctx: Option<usize>, page: usize, pte: Pte) -> Option<usize> {
     pager.async_ra.context(async_ctx?).index_of(f.owner(page), pte.entry())
 }
 
@@ -246,7 +248,7 @@ fn listed_in(pager: &PagerShared, f: &Fault<'_>, async_ctx: Option<usize>, page:
 /// (see `readahead`) and adds them to `items`. Returns the window.
 fn gather_vma_window(
     pager: &PagerShared,
-    f: &Fault<'_>,
+    f: &FaultSite<'_>,
     async_ctx: Option<usize>,
     max: usize,
     items: &mut ArrayVec<Item, MAX_WINDOW_PAGES>,
@@ -277,7 +279,7 @@ fn gather_vma_window(
 /// around the faulting one on its device, whatever their regions, and adds them to `items`.
 fn gather_cluster_window(
     pager: &PagerShared,
-    f: &Fault<'_>,
+    f: &FaultSite<'_>,
     max: usize,
     set: &mut RegionSet,
     items: &mut ArrayVec<Item, MAX_WINDOW_PAGES>,
@@ -305,7 +307,7 @@ fn gather_cluster_window(
 
 /// Nothing was mapped: every page of the window goes back as it was (its slot still holds
 /// it), and its charge is dropped.
-fn give_back(pager: &PagerShared, f: &Fault<'_>, set: &RegionSet, items: &[Item]) {
+fn give_back(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) {
     for it in items {
         f.region(set, it.gi).store(it.page, it.pte.unbusy());
     }
@@ -324,7 +326,7 @@ struct Mapped {
 /// Maps the pages read (`ok`), in runs of consecutive addresses with consecutive buffer
 /// pages and one protection, one `UFFDIO_COPY` each. A page whose copy failed is no longer
 /// `ok`.
-fn map_runs(pager: &PagerShared, f: &Fault<'_>, set: &RegionSet, items: &mut [Item]) -> Mapped {
+fn map_runs(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &mut [Item]) -> Mapped {
     let mut m = Mapped { nr_mapped: 0, failed_errno: None, gone_from_under: false };
     let mut faulting_errno = None;
     let mut i = 0;
@@ -385,7 +387,7 @@ fn map_runs(pager: &PagerShared, f: &Fault<'_>, set: &RegionSet, items: &mut [It
 /// Publishes the window: mapped pages become resident (clean ones keep their slot, the
 /// others' slots are freed) and join the LRU; the others go back as they were, uncharged.
 /// Returns the pages mapped by readahead, and those of them read asynchronously.
-fn publish(pager: &PagerShared, f: &Fault<'_>, set: &RegionSet, items: &[Item]) -> (u64, u64) {
+fn publish(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) -> (u64, u64) {
     let (mut nr_ra, mut nr_async, mut unmapped) = (0, 0, 0);
     for it in items {
         let region = f.region(set, it.gi);
@@ -431,7 +433,7 @@ fn publish(pager: &PagerShared, f: &Fault<'_>, set: &RegionSet, items: &[Item]) 
 /// Takes the data of the items listed in the held asynchronous-readahead context from its
 /// buffer (waiting for its reads if need be), checking checksums. Items whose data is not
 /// there (the read failed, the listing was claimed meanwhile) are left for `read_items`.
-fn take_async(pager: &PagerShared, f: &Fault<'_>, ctx: usize, io: &mut ContextIo, items: &mut [Item]) {
+fn take_async(pager: &PagerShared, f: &FaultSite<'_>, ctx: usize, io: &mut ContextIo, items: &mut [Item]) {
     if !items.iter().any(|it| it.listed.is_some()) {
         return;
     }
@@ -474,7 +476,7 @@ fn take_async(pager: &PagerShared, f: &Fault<'_>, ctx: usize, io: &mut ContextIo
 /// `read(2)` into it fails with `EFAULT`, as its write-protect fault would need a SIGBUS the
 /// kernel does not send for its own accesses), so a page the thread has just touched must be
 /// mapped writable.
-fn keep_clean(pager: &PagerShared, f: &Fault<'_>, it: &Item) -> bool {
+fn keep_clean(pager: &PagerShared, f: &FaultSite<'_>, it: &Item) -> bool {
     if pager.mode == FaultMode::Signal {
         return false;
     }
@@ -528,7 +530,7 @@ impl ReadFailure {
 /// that failed found.
 fn read_items(
     pager: &PagerShared,
-    f: &Fault<'_>,
+    f: &FaultSite<'_>,
     set: &RegionSet,
     items: &mut [Item],
     buf: &mut [crate::backend::AlignedPage],
@@ -573,7 +575,7 @@ fn read_items(
 /// checksum is `ok`; a failure is recorded, and kept in `failed`.
 fn read_from_device(
     pager: &PagerShared,
-    f: &Fault<'_>,
+    f: &FaultSite<'_>,
     set: &RegionSet,
     items: &mut [Item],
     buf: &mut [crate::backend::AlignedPage],

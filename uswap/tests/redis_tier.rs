@@ -551,7 +551,7 @@ fn a_redis_cluster_node_is_refused_at_start_saying_why() {
 
 /// With `key=FILE` (64 hex digits), every byte reads back through the key from the file; a
 /// file that holds no key is refused saying what it must hold. (That a value sealed by
-/// another pager fails, key shared or not, is `codec.rs`'s unit test.)
+/// another pager fails, key shared or not, is `seal.rs`'s unit test.)
 #[test]
 fn pages_encrypted_with_a_key_from_a_file_read_back() {
     let Some(r) = servers(1, 0, &[]) else { return };
@@ -604,7 +604,7 @@ fn unacknowledged_writes_keep_their_pages_in_ram() {
     drop(region);
 }
 
-/// Reads are made by the calling thread on a connection of its own (`direct.rs`), every
+/// Reads are made by the calling thread on a connection of its own (`sync_read.rs`), every
 /// byte checked; after the primary dies, those connections are stale and reads go through
 /// the device threads, which follow the promoted replica; then the calling thread reads
 /// directly again, from the new primary.
@@ -644,17 +644,17 @@ fn reads_go_direct_and_follow_a_failover() {
     };
     read_all("before the failover");
     let s = dev.redis_stats();
-    assert_eq!(s.direct_reads, (N / 32) as u64, "every window read by the calling thread: {s:?}");
+    assert_eq!(s.sync_reads, (N / 32) as u64, "every window read by the calling thread: {s:?}");
     r.kill(r.primary_index(0));
     let alive: Vec<usize> = (0..r.len()).filter(|&k| r.pid(k).is_some()).collect();
     promote_most_up_to_date(&r, &alive);
     read_all("right after the failover");
     let after = dev.redis_stats();
-    assert_eq!(after.direct_reads, s.direct_reads, "a connection to the dead primary was used: {after:?}");
+    assert_eq!(after.sync_reads, s.sync_reads, "a connection to the dead primary was used: {after:?}");
     assert!(after.failovers >= 1, "{after:?}");
     // The device threads make the connections again (at most every 200 ms).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while dev.redis_stats().direct_reads == after.direct_reads {
+    while dev.redis_stats().sync_reads == after.sync_reads {
         assert!(Instant::now() < deadline, "reads never went direct again: {:?}", dev.redis_stats());
         std::thread::sleep(Duration::from_millis(50));
         read_all("later");
@@ -711,9 +711,9 @@ fn cluster_reads_go_direct_to_each_node_and_follow_a_resharding() {
     let all_direct_within_10_s = |what: &str| {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let before = dev.redis_stats().direct_reads;
+            let before = dev.redis_stats().sync_reads;
             read_all(what);
-            if dev.redis_stats().direct_reads - before == 16 {
+            if dev.redis_stats().sync_reads - before == 16 {
                 return;
             }
             assert!(Instant::now() < deadline, "{what}: reads never all went direct: {:?}", dev.redis_stats());
@@ -739,9 +739,9 @@ fn cluster_reads_go_direct_to_each_node_and_follow_a_resharding() {
         .output()
         .expect("redis-cli runs");
     assert!(out.status.success(), "reshard: {}", String::from_utf8_lossy(&out.stdout));
-    let given_back = dev.redis_stats().direct_reads;
+    let given_back = dev.redis_stats().sync_reads;
     read_all("right after the resharding");
-    assert!(dev.redis_stats().direct_reads - given_back < 16, "the moved windows went by the device threads");
+    assert!(dev.redis_stats().sync_reads - given_back < 16, "the moved windows went by the device threads");
     all_direct_within_10_s("after the resharding");
     let s = dev.redis_stats();
     assert!(s.redirects > 0, "{s:?}");

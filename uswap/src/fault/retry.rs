@@ -4,7 +4,8 @@
 
 use crate::fault_service::serve_fault;
 use crate::region::RegionInner;
-use crate::state::fault::{FaultError, Route};
+use crate::state::fault_error::FaultError;
+use crate::state::route::Route;
 use crate::swapin::READ_ATTEMPTS;
 
 /// Serves the fault at `addr` in region `region` (registry slot `reg_idx`, generation

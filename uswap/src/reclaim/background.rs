@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::charge::{shared_over_limit, shared_reclaim_is_ours, watermarks};
+use super::accounting::{shared_over_limit, shared_reclaim_is_ours, watermarks};
 use super::cow;
 use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
 use super::writeback::device_writeback;
@@ -49,7 +49,7 @@ const FORK_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How long an application must go without a fault before its pages count as the tree's
 /// coldest, so that its pager reclaims them for the shared charge whatever its share (see
-/// `super::charge::shared_reclaim_is_ours`). Long: a process whose working set is all in
+/// `super::accounting::shared_reclaim_is_ours`). Long: a process whose working set is all in
 /// takes no fault either, and would evict it each time.
 pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs(5);
 

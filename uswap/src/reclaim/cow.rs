@@ -174,7 +174,7 @@ fn adopt_page(p: &PagerShared, r: &RegionInner, region_idx: usize, region_gen: u
     // Charged at once (the page is there, counted or not); the child's reclaim takes the
     // tree back under its limit, and `ADOPT_BATCH` paces the pages taken over so that it
     // keeps up.
-    super::charge::force_charge(p, 1);
+    super::accounting::force_charge(p, 1);
     let new = locked.next(PageState::Resident, None);
     r.store(page, new);
     p.lru.add(PageRef { region_idx, region_gen, page_gen: new.gen(), page }, &p.stats);

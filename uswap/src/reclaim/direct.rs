@@ -15,7 +15,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::charge::{force_charge, note_peak, shared_add, shared_reclaim_is_ours, shared_room, watermarks};
+use super::accounting::{force_charge, note_peak, shared_add, shared_reclaim_is_ours, shared_room, watermarks};
 use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
 use crate::pressure::StallGuard;
 use crate::state::{BackgroundReclaim, PagerShared};
@@ -239,7 +239,7 @@ fn waiting_cannot_help(p: &PagerShared, refused: usize, within_own_limit: bool) 
         // Within our own limit, over the shared one, and nothing of ours to reclaim (a
         // re-armed fork child whose pages are all still its parent's): the pagers that hold
         // the tree's memory reclaim theirs (the largest always holds an average share, see
-        // `super::charge::shared_reclaim_is_ours`).
+        // `super::accounting::shared_reclaim_is_ours`).
         || (within_own_limit && p.lru.is_empty() && p.swap_cache.nr_pages() == 0)
 }
 

@@ -2,8 +2,9 @@
 //!
 //! The parts, one concept each:
 //!
-//! * [`charge`]: the resident charge (own and shared) and the watermarks;
-//! * [`direct`]: what a charge does at them: reclaim in the faulting context, or wait for room;
+//! * [`accounting`]: the resident charge (own and shared), counted, and the watermarks;
+//! * [`direct`]: [`charge`], what a charge does at them: reclaim in the faulting context, or
+//!   wait for room (direct reclaim);
 //! * [`round`]: a reclaim round, and reclaim down to a lowered limit;
 //! * [`swapout`]: the two stages of a swap-out, resident pages into the swap cache
 //!   (`crate::swap::SwapCache`), then staged pages to their devices;
@@ -24,16 +25,16 @@
 //! reclaim may run inside a SIGBUS handler (not on the lock-free route, which never
 //! reclaims).
 
+pub(crate) mod accounting;
 pub(crate) mod aging;
 pub(crate) mod background;
-pub(crate) mod charge;
 pub(crate) mod cow;
 pub(crate) mod direct;
 pub(crate) mod round;
 pub(crate) mod swapout;
 pub(crate) mod writeback;
 
+pub(crate) use accounting::{shared_sub, uncharge};
 pub(crate) use background::background_reclaimer;
-pub(crate) use charge::{shared_sub, uncharge};
 pub(crate) use direct::charge;
 pub(crate) use round::{reclaim_to_limit, InFlight};

@@ -174,7 +174,7 @@ const LIMIT_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reclaim::charge::watermarks;
+    use crate::reclaim::accounting::watermarks;
 
     #[test]
     fn watermarks_are_ordered_and_a_batch_apart_at_least() {

@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 
 use arrayvec::ArrayVec;
 
-use super::charge::uncharge;
+use super::accounting::uncharge;
 use super::cow;
 use crate::backend::{BackendError, WriteReq};
 use crate::lru::List;

@@ -3,12 +3,12 @@
 //! reclaim, page errors).
 //!
 //! Split by concern, each part a type of the layer that owns it: the resident charge and
-//! limit ([`charge::Charge`]: atomics; the rules are `crate::reclaim::charge`'s), the swap
+//! limit ([`charge::Charge`]: atomics; the rules are `crate::reclaim::accounting`'s), the swap
 //! devices and the swap cache (`crate::swap`), the reclaim lists (`crate::lru`), the queue
 //! of pages a fork shares ([`cow::CowQueue`]), the event state ([`events::EventState`]),
 //! the asynchronous readahead contexts ([`async_readahead::AsyncReadahead`]), the words
-//! fault delivery and service share ([`fault`]), counters and bounce buffers. The services
-//! that work on it (`reclaim`, `swapin`, `events`, `async_readahead`, `release`) sit above
+//! fault delivery and service share ([`route`], [`fault_error`]), counters and bounce
+//! buffers. The services that work on it (`reclaim`, `swapin`, `events`, `async_readahead`, `release`) sit above
 //! this module and take `&PagerShared`; nothing here calls them.
 //!
 //! Locking: the shared state is atomics and lock-free queues; see `crate::sync` for the
@@ -19,14 +19,15 @@ pub(crate) mod async_readahead;
 pub(crate) mod charge;
 pub(crate) mod cow;
 pub(crate) mod events;
-pub(crate) mod fault;
+pub(crate) mod fault_error;
+pub(crate) mod route;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::bounce::BouncePool;
+use crate::bounce::BounceBuffers;
 use crate::lru::Lru;
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
 use crate::swap::{SwapCache, SwapDevices};
@@ -206,7 +207,7 @@ pub(crate) struct PagerShared {
     /// Pages staged in RAM on their way to a device, counted in `resident_pages` too.
     pub swap_cache: SwapCache,
     pub stats: PerCpuStats,
-    pub bounce: BouncePool,
+    pub bounce: BounceBuffers,
     /// The global readahead switch.
     pub readahead: AtomicBool,
     pub readahead_max_pages: usize,

@@ -108,7 +108,7 @@ pub(crate) enum Counter {
     RemapCopied,
     /// Charges that went above the resident limit while the devices had room: every victim
     /// stayed busy in other threads' faults and writes past
-    /// `reclaim::charge::CHARGE_WAIT_LIMIT_NS` (also counted in `LimitOverrun`).
+    /// `reclaim::direct::CHARGE_WAIT_LIMIT_NS` (also counted in `LimitOverrun`).
     LimitOverrunBusy,
     /// Operations that gave up waiting for a pooled bounce buffer: every one stayed lent out
     /// past `sync::POOL_WAIT_LIMIT_NS` (the fault or take-out failed instead of hanging).

@@ -9,7 +9,7 @@
 //!
 //! Locking: none; each connection belongs to its caller. Everything here allocates: engine
 //! threads only (never a SIGBUS handler; the faulting threads' own connections are
-//! `direct.rs`'s).
+//! `sync_read.rs`'s).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! [`RedisBackend`] stores slot `n`'s page under the key `uswap:PREFIX:n:GEN`, where PREFIX is
 //! random per pager (two pagers, or two machines, can share a store) and GEN the write's
 //! generation (unique per write: an older version of a slot, say on a replica that missed
-//! the last write, is never read by mistake). Values are sealed by `codec.rs`: encrypted and
+//! the last write, is never read by mistake). Values are sealed by `seal.rs`: encrypted and
 //! authenticated (AES-256-GCM, key per pager in memory or derived from a file's), or in clear
 //! with a crc32c. Every read checks its value; a mismatch is a checksum error.
 //!
@@ -15,8 +15,8 @@
 //!   its asynchronous readers share, and the device's counters;
 //! * `conn.rs`: connections through the `redis` crate (timeouts, `INFO`, a cluster's
 //!   primaries, which errors mean a failover, the socket kept as the engine's);
-//! * `direct.rs`: reads by the faulting thread itself, on a connection it try-locks (no
-//!   hand-off; anything unexpected goes to the device threads);
+//! * `sync_read.rs`: synchronous reads, by the faulting thread itself, on a connection it
+//!   try-locks (no hand-off; anything unexpected goes to the device threads);
 //! * `jobs.rs`: how callers hand requests to the device threads without allocating or
 //!   locking (the read path may run in a SIGBUS handler);
 //! * `worker.rs`: the device threads: one round trip per batch (`MGET` per readahead window,
@@ -33,18 +33,18 @@
 //!   replicas), the [`Backend`] impl and the [`AsyncReader`].
 //!
 //! Imports run one way: this module imports its children, and none imports it. Below it,
-//! `worker.rs` imports `routing.rs`; both, and `direct.rs`, import `shared.rs`; `shared.rs`
-//! imports the types it holds (`codec.rs`, `jobs.rs`, `cluster.rs`) and `conn.rs`, which
-//! imports only `cluster.rs`. The faulting threads' connections (`direct::Direct`) are held
-//! beside the shared state (by the backend and each device thread), not in it, since they
-//! read it.
+//! `worker.rs` imports `routing.rs`; both, and `sync_read.rs`, import `shared.rs`;
+//! `shared.rs` imports the types it holds (`seal.rs`, `jobs.rs`, `cluster.rs`) and `conn.rs`,
+//! which imports only `cluster.rs`. The faulting threads' connections
+//! (`sync_read::SyncReader`) are held beside the shared state (by the backend and each device
+//! thread), not in it, since they read it.
 //!
 //! # Locking rules
 //!
 //! On the caller side `read`, `write`, `invalidate` and the asynchronous reader use atomics,
 //! lock-free queues and futexes, and allocate nothing (see `jobs.rs`); `read` first
-//! try-locks a direct connection (`direct.rs`, the only lock). The device threads own their
-//! connections.
+//! try-locks a synchronous-read connection (`sync_read.rs`, the only lock). The device
+//! threads own their connections.
 //!
 //! # Invariants
 //!
@@ -57,14 +57,14 @@
 //!   pager from the store.
 
 pub mod cluster;
-mod codec;
 mod conn;
-mod direct;
 mod jobs;
 mod local;
 mod routing;
+mod seal;
 mod session;
 mod shared;
+mod sync_read;
 mod worker;
 
 pub use local::{redis_server_available, LocalRedis};
@@ -81,11 +81,11 @@ use crossbeam_queue::ArrayQueue;
 use thiserror::Error;
 
 use self::cluster::SlotMap;
-use self::codec::Sealer;
 use self::conn::{connect, info, info_field};
-use self::direct::Direct;
 use self::jobs::{Jobs, Work};
+use self::seal::Sealer;
 use self::shared::{Counters, Shared};
+use self::sync_read::SyncReader;
 use self::worker::{Worker, MAX_DELETE_BATCH};
 use super::{AlignedPage, AsyncReader, AsyncRun, Backend, BackendError, BackendStats, ReadReq, WriteReq};
 use crate::clock::now_ns;
@@ -179,7 +179,7 @@ pub enum RedisDeviceError {
     #[error("redis device: {what}: {source}")]
     Io { what: &'static str, source: std::io::Error },
     #[error("redis device: cannot set up the page encryption: {0}")]
-    Sealer(#[from] codec::SealerError),
+    Sealer(#[from] seal::SealerError),
 }
 
 /// Counters of a Redis device (monotonic unless said otherwise).
@@ -187,8 +187,8 @@ pub enum RedisDeviceError {
 pub struct RedisStats {
     /// Read round trips (`MGET`s) and write round trips (`MSET`s) that succeeded.
     pub reads: u64,
-    /// Of `reads`, those the faulting thread made itself (`direct.rs`).
-    pub direct_reads: u64,
+    /// Of `reads`, those the faulting thread made itself (`sync_read.rs`).
+    pub sync_reads: u64,
     pub writes: u64,
     /// Pages stored now.
     pub stored_pages: u64,
@@ -213,7 +213,7 @@ pub struct RedisStats {
 pub struct RedisBackend {
     sh: Arc<Shared>,
     /// Connections for reads by the faulting threads (the device threads keep them).
-    direct: Arc<Direct>,
+    sync_read: Arc<SyncReader>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -252,7 +252,7 @@ impl RedisBackend {
             check_primary(&opts.seeds[primary], &inf, opts.replicas)?;
         }
         let (sealer, prefix, id) = new_sealer(opts)?;
-        let direct = Arc::new(Direct::new(cluster_map.as_ref()));
+        let sync_read = Arc::new(SyncReader::new(cluster_map.as_ref()));
         let sh = Arc::new(Shared {
             name: format!("{}://{seeds_str}", if opts.cluster { "redis-cluster" } else { "redis" }),
             seeds: opts.seeds.clone(),
@@ -290,8 +290,8 @@ impl RedisBackend {
             cluster_map,
             tag_id: id,
         });
-        direct.maintain(&sh, true);
-        start_threads(sh, direct, opts.connections)
+        sync_read.maintain(&sh, true);
+        start_threads(sh, sync_read, opts.connections)
     }
 
     /// The prefix of every key of this device (`uswap:PREFIX:`).
@@ -320,7 +320,7 @@ impl RedisBackend {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RedisStats {
             reads: l(&c.reads),
-            direct_reads: l(&c.direct_reads),
+            sync_reads: l(&c.sync_reads),
             writes: l(&c.writes),
             stored_pages: l(&c.stored_pages),
             missing_pages: l(&c.missing),
@@ -402,7 +402,7 @@ fn new_sealer(opts: &RedisOptions) -> Result<(Sealer, String, String), RedisDevi
         Some(session) => format!("uswap:{session}.{id}:"),
         None => format!("uswap:{id}:"),
     };
-    let mut salt = [0u8; codec::SALT_BYTES];
+    let mut salt = [0u8; seal::SALT_BYTES];
     getrandom::fill(&mut salt)
         .map_err(|e| RedisDeviceError::Io { what: "random key salt", source: std::io::Error::other(e) })?;
     let sealer = Sealer::new(key, &salt, prefix.as_bytes())?;
@@ -410,10 +410,14 @@ fn new_sealer(opts: &RedisOptions) -> Result<(Sealer, String, String), RedisDevi
 }
 
 /// Starts the device's `connections` threads (at least one), each with its connection.
-fn start_threads(sh: Arc<Shared>, direct: Arc<Direct>, connections: usize) -> Result<RedisBackend, RedisDeviceError> {
+fn start_threads(
+    sh: Arc<Shared>,
+    sync_read: Arc<SyncReader>,
+    connections: usize,
+) -> Result<RedisBackend, RedisDeviceError> {
     let mut threads = Vec::new();
     for i in 0..connections.max(1) {
-        let w = Worker::new(Arc::clone(&sh), Arc::clone(&direct));
+        let w = Worker::new(Arc::clone(&sh), Arc::clone(&sync_read));
         // An engine thread: signals blocked, and served by ordinary memory where an
         // allocator serves the application from managed memory (the threads allocate).
         let t = crate::mapping::spawn_engine_thread(format!("uswap-redis-{i}"), move || w.run())
@@ -421,13 +425,13 @@ fn start_threads(sh: Arc<Shared>, direct: Arc<Direct>, connections: usize) -> Re
         match t {
             Ok(t) => threads.push(t),
             Err(e) => {
-                let _ = RedisBackend { sh, direct, threads };
+                let _ = RedisBackend { sh, sync_read, threads };
                 return Err(e);
             }
         }
     }
     debug_assert_eq!(threads.len(), connections.max(1), "every device thread started");
-    Ok(RedisBackend { sh, direct, threads })
+    Ok(RedisBackend { sh, sync_read, threads })
 }
 
 /// A Redis Cluster's slot map, read from the first seed that answers, with each primary
@@ -560,10 +564,10 @@ impl Backend for RedisBackend {
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) {
         if self.sh.forked.load(Ordering::Relaxed) {
-            self.direct.read_in_fork_child(&self.sh, reqs);
+            self.sync_read.read_in_fork_child(&self.sh, reqs);
             return;
         }
-        if reqs.is_empty() || self.direct.read(&self.sh, reqs) {
+        if reqs.is_empty() || self.sync_read.read(&self.sh, reqs) {
             return;
         }
         let work = Work::Read { reqs: reqs.as_mut_ptr().cast(), n: reqs.len() };
@@ -583,11 +587,11 @@ impl Backend for RedisBackend {
         self.sh.cluster_map.is_none()
     }
 
-    /// Makes the child's own direct connections (its copies of the parent's are the same
-    /// sockets as the parent's); from now on reads use only them.
+    /// Makes the child's own synchronous-read connections (its copies of the parent's are the
+    /// same sockets as the parent's); from now on reads use only them.
     fn enter_fork_child(&self) {
         self.sh.forked.store(true, Ordering::Relaxed);
-        self.direct.reconnect_in_fork_child(&self.sh);
+        self.sync_read.reconnect_in_fork_child(&self.sh);
     }
 
     fn outlived_by_children(&self) {

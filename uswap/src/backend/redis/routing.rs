@@ -16,7 +16,7 @@
 //!
 //! [`ClusterView`] holds a device thread's map and connections and sends the commands; the
 //! thread (`worker.rs`) owns one and hands it the device's state (`shared.rs`) and the
-//! faulting threads' connections (`direct.rs`, which learn of every map it reads). This
+//! faulting threads' connections (`sync_read.rs`, which learn of every map it reads). This
 //! module imports those, `cluster.rs` and `conn.rs`, and nothing that imports it.
 //!
 //! Locking: none; each device thread owns its map and its connections (one per node).
@@ -30,8 +30,8 @@ use redis::{Connection, RedisError};
 
 use super::cluster::{hash_slot, Redirect, SlotMap};
 use super::conn::{connect, is_failover_error, keep_socket, Failure};
-use super::direct::Direct;
 use super::shared::Shared;
+use super::sync_read::SyncReader;
 use crate::clock::now_ns;
 
 /// A device thread's view of a cluster: its map and a connection per node it talked to.
@@ -81,14 +81,14 @@ impl ClusterView {
     pub(super) fn on_groups<T>(
         &mut self,
         sh: &Shared,
-        direct: &Direct,
+        sync_read: &SyncReader,
         deadline_ns: u64,
         keys: &[String],
         mut f: impl FnMut(&mut Connection, Range<usize>) -> Result<T, RedisError>,
     ) -> Result<Vec<(Range<usize>, T)>, Failure> {
         let mut out = Vec::new();
         for (r, hs) in slot_groups(keys) {
-            let v = self.on_slot(sh, direct, deadline_ns, hs, |con| f(con, r.clone()))?;
+            let v = self.on_slot(sh, sync_read, deadline_ns, hs, |con| f(con, r.clone()))?;
             out.push((r, v));
         }
         Ok(out)
@@ -100,7 +100,7 @@ impl ClusterView {
     fn on_slot<T>(
         &mut self,
         sh: &Shared,
-        direct: &Direct,
+        sync_read: &SyncReader,
         deadline_ns: u64,
         hs: u16,
         mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
@@ -124,7 +124,7 @@ impl ClusterView {
                     if let Some(m) = self.map.as_mut() {
                         m.moved(hash_slot, &addr);
                     }
-                    direct.publish_slot(hash_slot, &addr);
+                    sync_read.publish_slot(hash_slot, &addr);
                     continue;
                 }
                 Some(Redirect::Ask { addr, .. }) if redirects < 5 => {
@@ -154,7 +154,7 @@ impl ClusterView {
                 return Err(Failure::Unavailable);
             }
             std::thread::sleep(Duration::from_millis(50));
-            self.refresh_map(sh, direct);
+            self.refresh_map(sh, sync_read);
         }
     }
 
@@ -170,10 +170,10 @@ impl ClusterView {
     }
 
     /// Reads the slot map again from the first node that answers (the known primaries
-    /// first, then the seeds), and publishes it for the faulting threads' direct reads. A
+    /// first, then the seeds), and publishes it for the faulting threads' synchronous reads. A
     /// map whose primaries changed counts as a failover (once for the device, whichever
     /// thread saw it first).
-    pub(super) fn refresh_map(&mut self, sh: &Shared, direct: &Direct) {
+    pub(super) fn refresh_map(&mut self, sh: &Shared, sync_read: &SyncReader) {
         let short = Duration::from_millis(250);
         let mut candidates: Vec<String> = self.map.as_ref().map(|m| m.nodes.clone()).unwrap_or_default();
         candidates.extend(sh.seeds.iter().cloned());
@@ -192,7 +192,7 @@ impl ClusterView {
                 sh.failovers.fetch_add(1, Ordering::Relaxed);
                 sh.note(format!("the cluster's primaries are now {}", map.nodes.join(", ")));
             }
-            direct.publish(&map);
+            sync_read.publish(&map);
             self.map = Some(map);
             return;
         }

@@ -2,11 +2,11 @@
 //! and its asynchronous readers: [`Shared`], and the device's counters.
 //!
 //! A leaf below the device's parts: the device threads (`worker.rs`, `routing.rs`), the
-//! faulting threads' direct reads (`direct.rs`) and the device (`mod.rs`) all read it; it
-//! imports the types it holds (`codec.rs`, `jobs.rs`, `cluster.rs`) and the connection
+//! faulting threads' synchronous reads (`sync_read.rs`) and the device (`mod.rs`) all read
+//! it; it imports the types it holds (`seal.rs`, `jobs.rs`, `cluster.rs`) and the connection
 //! helpers (`conn.rs`), none of which imports it back. The faulting threads' connections
-//! (`direct::Direct`) are not in it but beside it, held by the backend and each device
-//! thread, since they read this state.
+//! (`sync_read::SyncReader`) are not in it but beside it, held by the backend and each
+//! device thread, since they read this state.
 //!
 //! # Locking rules
 //!
@@ -28,9 +28,9 @@ use std::time::Duration;
 use crossbeam_queue::ArrayQueue;
 
 use super::cluster::{slot_tag, SlotMap};
-use super::codec::Sealer;
 use super::conn::{connect, info, info_field, primaries_of};
 use super::jobs::Jobs;
+use super::seal::Sealer;
 
 /// The device's live counters, read as `RedisStats` (`mod.rs`).
 #[derive(Default)]
@@ -44,7 +44,7 @@ pub(super) struct Counters {
     pub(super) reject_full: AtomicU64,
     pub(super) deletes: AtomicU64,
     pub(super) delete_errors: AtomicU64,
-    pub(super) direct_reads: AtomicU64,
+    pub(super) sync_reads: AtomicU64,
     pub(super) redirects: AtomicU64,
 }
 
@@ -53,7 +53,7 @@ pub(super) struct Shared {
     pub(super) name: String,
     pub(super) seeds: Vec<String>,
     /// The seeds' addresses, resolved at open (for a fork child, which must not look names
-    /// up: `direct::Direct::reconnect_in_fork_child`).
+    /// up: `sync_read::SyncReader::reconnect_in_fork_child`).
     pub(super) seed_addrs: Vec<Option<std::net::SocketAddr>>,
     pub(super) prefix: String,
     pub(super) sealer: Sealer,
@@ -77,8 +77,8 @@ pub(super) struct Shared {
     pub(super) counters: Counters,
     /// The last thing the device threads had to say (failovers, errors), also on stderr.
     pub(super) last_note: Mutex<String>,
-    /// Set in a fork child's copy of the parent's device: reads on the child's own direct
-    /// connections only (the device threads are the parent's).
+    /// Set in a fork child's copy of the parent's device: reads on the child's own
+    /// synchronous-read connections only (the device threads are the parent's).
     pub(super) forked: AtomicBool,
     /// A fork child still reads the keys: the drop leaves them (see `Backend::outlived_by_children`).
     pub(super) keep_keys: AtomicBool,

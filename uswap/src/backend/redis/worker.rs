@@ -15,7 +15,7 @@
 //!
 //! [`Worker`] is one thread; on a cluster its commands go through its [`ClusterView`]
 //! (`routing.rs`). It imports the state it shares (`shared.rs`), the faulting threads'
-//! connections it maintains (`direct.rs`), the job table (`jobs.rs`), `routing.rs` and the
+//! connections it maintains (`sync_read.rs`), the job table (`jobs.rs`), `routing.rs` and the
 //! connection helpers (`conn.rs`); the device (`mod.rs`) starts the threads.
 //!
 //! # Locking rules
@@ -41,10 +41,10 @@ use std::time::Duration;
 use redis::{Connection, RedisError};
 
 use super::conn::{connect, info, info_field, is_failover_error, keep_socket, Failure};
-use super::direct::Direct;
 use super::jobs::{futex_wait, Work};
 use super::routing::ClusterView;
 use super::shared::Shared;
+use super::sync_read::SyncReader;
 use crate::backend::{AlignedPage, BackendError, ReadReq, RejectReason, WriteReq};
 use crate::clock::now_ns;
 use crate::uffd::PAGE_SIZE;
@@ -58,7 +58,7 @@ const FULL_BACKOFF_NS: u64 = 200_000_000;
 pub(super) struct Worker {
     sh: Arc<Shared>,
     /// The faulting threads' connections, which this thread makes and keeps up to date.
-    direct: Arc<Direct>,
+    sync_read: Arc<SyncReader>,
     /// On a Redis Cluster: this thread's slot map and its connections to the nodes.
     cluster: ClusterView,
     /// The connection's socket, registered as the engine's descriptor (see [`keep_socket`]);
@@ -69,9 +69,9 @@ pub(super) struct Worker {
 }
 
 impl Worker {
-    pub(super) fn new(sh: Arc<Shared>, direct: Arc<Direct>) -> Worker {
+    pub(super) fn new(sh: Arc<Shared>, sync_read: Arc<SyncReader>) -> Worker {
         let cluster = ClusterView::new(sh.cluster_map.clone());
-        Worker { sh, direct, cluster, kept: None, con: None }
+        Worker { sh, sync_read, cluster, kept: None, con: None }
     }
 
     /// Replaces the connection, registering the new one's socket.
@@ -86,7 +86,7 @@ impl Worker {
     pub(super) fn run(mut self) {
         let sh = Arc::clone(&self.sh);
         loop {
-            self.direct.maintain(&sh, false);
+            self.sync_read.maintain(&sh, false);
             let bell = sh.jobs.doorbell.load(Ordering::Acquire);
             if let Some((i, work)) = sh.jobs.take() {
                 // A bug here must not leave a caller waiting forever: its requests fail.
@@ -182,7 +182,7 @@ impl Worker {
             let v = self.round_trip(deadline_ns, |con| f(con, 0..keys.len()))?;
             return Ok(vec![(0..keys.len(), v)]);
         }
-        self.cluster.on_groups(&self.sh, &self.direct, deadline_ns, keys, f)
+        self.cluster.on_groups(&self.sh, &self.sync_read, deadline_ns, keys, f)
     }
 
     /// Runs `f` on a connection to the primary, following a failover until `deadline_ns`.
@@ -286,7 +286,7 @@ impl Worker {
             // A node without the key may be one that does not know yet that it lost its
             // slots (a primary back after its replica was promoted): read the map again
             // and ask once more before calling the page missing.
-            self.cluster.refresh_map(&self.sh, &self.direct);
+            self.cluster.refresh_map(&self.sh, &self.sync_read);
             got = mget(self);
         }
         match got {
@@ -493,7 +493,7 @@ fn seal_pages(sh: &Shared, reqs: &mut [WriteReq<'_>]) -> Sealed {
             let s = r.slot + p;
             let generation = sh.next_gen.fetch_add(1, Ordering::Relaxed);
             r.data.copy_page_to(p as usize, &mut page);
-            // Each generation is sealed once: it is the value's nonce (see `codec`).
+            // Each generation is sealed once: it is the value's nonce (see `seal`).
             sh.sealer.seal(s, generation, &page, &mut values);
             keys.push(sh.key(s, generation));
             debug_assert_eq!(values.len(), keys.len() * value_bytes);

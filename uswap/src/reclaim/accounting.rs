@@ -1,5 +1,6 @@
-//! The resident charge and its watermarks: the counting, own and shared. What a charge
-//! does when it reaches the limit (reclaim directly, or wait for room) is `super::direct`'s.
+//! Accounting of the resident charge and its watermarks: the counting, own and shared. What
+//! a charge does when it reaches the limit (reclaim directly, or wait for room) is
+//! `super::direct`'s ([`super::charge`], the function every fault calls).
 //!
 //! Accounting. `resident_pages` counts application pages in RAM: mapped in a region or
 //! staged in the swap cache. A fault charges a page *before* mapping it, with a

@@ -1,19 +1,21 @@
-//! Reads by the faulting thread itself: a readahead window's `MGET` on a connection of the
-//! device's, without the hand-off to a device thread, to the primary or, on a Redis Cluster,
-//! to the node serving the window's hash slot.
+//! Synchronous reads, by the faulting thread itself: a readahead window's `MGET` on a
+//! connection of the device's, without the hand-off to a device thread, to the primary or,
+//! on a Redis Cluster, to the node serving the window's hash slot. (The name is the kernel's:
+//! a swap-in from a fast device skips the swap cache and reads synchronously,
+//! `SWP_SYNCHRONOUS_IO`; "direct" is direct reclaim's word, `crate::reclaim::direct`.)
 //!
 //! # Job
 //!
 //! Through a device thread a read costs two cross-CPU wake-ups on top of Redis's own round
 //! trip: the fault wakes the thread, the thread wakes the fault. On these VMs (a woken vCPU
 //! leaves `hlt`) that was a third of a random fault's 56 µs (BENCHMARKS.md, "The Redis
-//! tier"). [`Direct::read`] does the round trip on the faulting thread: it try-locks one of
-//! [`DIRECT_CONNECTIONS`] connections to the primary, writes `MGET` with the keys formatted
+//! tier"). [`SyncReader::read`] does the round trip on the faulting thread: it try-locks one of
+//! [`SYNC_READ_CONNECTIONS`] connections to the primary, writes `MGET` with the keys formatted
 //! in place, reads the reply until it is whole and opens each value into its page.
 //!
 //! On a cluster the device threads publish their slot maps into `owners` (each hash slot's
 //! primary, as a packed IPv4 address), and keep [`CONNECTIONS_PER_NODE`] connections to each
-//! of the first [`MAX_DIRECT_NODES`] primaries. A window within one swap cluster (one hash
+//! of the first [`MAX_SYNC_READ_NODES`] primaries. A window within one swap cluster (one hash
 //! tag, so one hash slot) is read on a connection to its slot's primary. A map that is out
 //! of date costs nothing wrong: the node answers `MOVED` or `ASK` (an error reply: given
 //! back), or, a primary back after its replica was promoted, has no key for the window's
@@ -30,7 +32,7 @@
 //! reply, a timeout, a reply that does not parse or does not fit) gives the read back to the
 //! device threads (`read` returns false), which follow failovers and report errors. A
 //! connection that failed is closed, since its stream may be out of step, and marked for a
-//! device thread to make again ([`Direct::maintain`]).
+//! device thread to make again ([`SyncReader::maintain`]).
 //!
 //! # Locking rules
 //!
@@ -55,7 +57,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use super::cluster::{hash_slot, slot_tag, SlotMap, NR_HASH_SLOTS};
-use super::codec::VALUE_BYTES;
+use super::seal::VALUE_BYTES;
 use super::shared::Shared;
 use crate::backend::{BackendError, ReadReq};
 use crate::clock::now_ns;
@@ -64,11 +66,11 @@ use crate::sync::{LockClass, SpinLock};
 
 /// Connections for reads by faulting threads (more threads than this at once use the
 /// device threads).
-pub const DIRECT_CONNECTIONS: usize = 4;
-/// On a cluster: connections to each primary read directly...
+pub const SYNC_READ_CONNECTIONS: usize = 4;
+/// On a cluster: connections to each primary read synchronously...
 pub const CONNECTIONS_PER_NODE: usize = 2;
 /// ...and how many primaries are (a larger cluster's others are read by the device threads).
-pub const MAX_DIRECT_NODES: usize = 8;
+pub const MAX_SYNC_READ_NODES: usize = 8;
 /// The longest key: `uswap:` + a session (at most 64) + `.` + 16 hex digits + `:` (the
 /// prefix), on a cluster the hash tag `{` + 16 hex digits + `.` + a decimal u64 + `}:`,
 /// then two decimal u64s and a `:`.
@@ -140,9 +142,9 @@ struct Stream {
     tcp: TcpStream,
 }
 
-pub(super) struct Direct {
+pub(super) struct SyncReader {
     conns: Box<[CachePadded<SpinLock<Conn>>]>,
-    /// On a cluster: each hash slot's primary, packed ([`pack`]; 0: not read directly), as
+    /// On a cluster: each hash slot's primary, packed ([`pack`]; 0: not read synchronously), as
     /// the device threads last saw it. Empty on a standalone store.
     owners: Box<[AtomicU64]>,
     /// In a fork child: the connections it made its own (one bit each); the others were
@@ -167,11 +169,11 @@ enum Parse {
     Bad,
 }
 
-impl Direct {
+impl SyncReader {
     /// The connections for a standalone store, or for `cluster` with its map as read at
-    /// start. None is connected yet ([`Direct::maintain`] makes them).
-    pub(super) fn new(cluster: Option<&SlotMap>) -> Direct {
-        let nr = if cluster.is_some() { MAX_DIRECT_NODES * CONNECTIONS_PER_NODE } else { DIRECT_CONNECTIONS };
+    /// start. None is connected yet ([`SyncReader::maintain`] makes them).
+    pub(super) fn new(cluster: Option<&SlotMap>) -> SyncReader {
+        let nr = if cluster.is_some() { MAX_SYNC_READ_NODES * CONNECTIONS_PER_NODE } else { SYNC_READ_CONNECTIONS };
         let conns = (0..nr)
             .map(|_| {
                 let conn = Conn { stream: None, cmd: Box::default(), reply: Box::default() };
@@ -182,7 +184,7 @@ impl Direct {
             Some(_) => (0..NR_HASH_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             None => Box::default(),
         };
-        let d = Direct {
+        let d = SyncReader {
             conns,
             owners,
             usable_in_child: AtomicU64::new(0),
@@ -217,15 +219,15 @@ impl Direct {
     }
 
     /// Where connection `i` should be to: the primary's seed index (standalone), or one of
-    /// the first [`MAX_DIRECT_NODES`] primaries in `owners` ([`pack`]ed); `None`: nowhere.
+    /// the first [`MAX_SYNC_READ_NODES`] primaries in `owners` ([`pack`]ed); `None`: nowhere.
     fn targets(&self, sh: &Shared) -> Vec<Option<u64>> {
         if self.owners.is_empty() {
             let primary = sh.primary.load(Ordering::Acquire) as u64;
             return vec![Some(primary); self.conns.len()];
         }
-        let mut nodes: Vec<u64> = Vec::with_capacity(MAX_DIRECT_NODES);
+        let mut nodes: Vec<u64> = Vec::with_capacity(MAX_SYNC_READ_NODES);
         for o in self.owners.iter().map(|o| o.load(Ordering::Acquire)) {
-            if o != 0 && !nodes.contains(&o) && nodes.len() < MAX_DIRECT_NODES {
+            if o != 0 && !nodes.contains(&o) && nodes.len() < MAX_SYNC_READ_NODES {
                 nodes.push(o);
             }
         }
@@ -272,7 +274,7 @@ impl Direct {
 
     /// Where a read of `reqs` goes: the primary's seed index, or on a cluster the packed
     /// primary of their hash slot; `None` when the pages are not all of one swap cluster's
-    /// hash tag, or the primary is not read directly.
+    /// hash tag, or the primary is not read synchronously.
     fn destination(&self, sh: &Shared, reqs: &[ReadReq<'_>]) -> Option<u64> {
         if self.owners.is_empty() {
             return Some(sh.primary.load(Ordering::Acquire) as u64);
@@ -341,7 +343,7 @@ impl Direct {
     }
 }
 
-impl Direct {
+impl SyncReader {
     /// In a fork child (one thread, allocation allowed): replaces every connection by one of
     /// the child's own to the primary. The copies it inherited are the parent's sockets, on
     /// which the parent's threads have requests in flight; closing a copy leaves the
@@ -375,7 +377,7 @@ impl Direct {
     /// Reads `reqs` in a fork child, where no device thread serves: on the child's own
     /// connections, waiting (bounded by the I/O timeout) while all are busy. A read that
     /// cannot be made (no connection left, a slot the parent held nothing in) fails each
-    /// request. Async-signal-safe, as [`Direct::read`].
+    /// request. Async-signal-safe, as [`SyncReader::read`].
     pub(super) fn read_in_fork_child(&self, sh: &Shared, reqs: &mut [ReadReq<'_>]) {
         if reqs.is_empty() {
             return;
@@ -403,11 +405,11 @@ fn has_page(sh: &Shared, slot: u64) -> bool {
     sh.gens.get(slot as usize).is_some_and(|g| g.load(Ordering::Acquire) != 0)
 }
 
-/// How long one `read` of a direct connection blocks: a reply that takes longer is waited
+/// How long one `read` of a synchronous-read connection blocks: a reply that takes longer is waited
 /// for in slices, between which a stop signal may end the process (see `round_trip`).
 const READ_SLICE: Duration = Duration::from_millis(100);
 
-/// Connects to `sa` for direct reads: no Nagle, socket timeouts (a read that times out, in
+/// Connects to `sa` for synchronous reads: no Nagle, socket timeouts (a read that times out, in
 /// slices, gives the request back), the socket moved out of the program's way and
 /// registered.
 fn connect(sa: &std::net::SocketAddr, io_timeout: Duration) -> Option<Stream> {
@@ -448,7 +450,7 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
     }
     open_values(sh, reply, reqs, gens, value_len);
     sh.counters.reads.fetch_add(1, Ordering::Relaxed);
-    sh.counters.direct_reads.fetch_add(1, Ordering::Relaxed);
+    sh.counters.sync_reads.fetch_add(1, Ordering::Relaxed);
     Trip::Done
 }
 
@@ -505,7 +507,7 @@ fn open_values(sh: &Shared, reply: &[u8], reqs: &mut [ReadReq<'_>], gens: &[u64]
             i += 1;
         }
     }
-    // `Direct::read` counted the pages into `gens`, at most a window's.
+    // `SyncReader::read` counted the pages into `gens`, at most a window's.
     assert_eq!(i, gens.len(), "a generation for each page read");
     parse_mget(reply, gens.len(), value_len, |i, value| {
         let (k, p) = (at[i].0 as usize, at[i].1 as usize);
