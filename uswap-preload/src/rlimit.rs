@@ -235,16 +235,20 @@ fn with_limit_in_env(envp: *const *const c_char, exec: impl FnOnce(*const *const
     let mut var = [0u8; 128];
     let text = format_var(&mut var, set);
     let mut out: [*const c_char; MAX_ENV + 2] = [std::ptr::null(); MAX_ENV + 2];
+    if envp.is_null() {
+        return exec(envp);
+    }
     let mut n = 0;
-    let mut i = 0;
-    while !envp.is_null() && i <= MAX_ENV {
+    // Bounded: an environment of more than MAX_ENV strings (ours aside) goes unchanged, and
+    // `out` is used only once the array's NULL was seen, so nothing is ever cut off.
+    for i in 0..=2 * MAX_ENV {
         // SAFETY: `envp` is a NULL-terminated array of strings (execve's contract); `i`
         // stays within it, since the loop stops at its NULL.
         let s = unsafe { *envp.add(i) };
         if s.is_null() {
-            break;
+            out[n] = text;
+            return exec(out.as_ptr());
         }
-        i += 1;
         // SAFETY: `s` is a NUL-terminated string of the caller's.
         if !unsafe { std::ffi::CStr::from_ptr(s) }.to_bytes().starts_with(ENV_ADDRESS_SPACE_LIMIT.as_bytes()) {
             if n == MAX_ENV {
@@ -254,8 +258,7 @@ fn with_limit_in_env(envp: *const *const c_char, exec: impl FnOnce(*const *const
             n += 1;
         }
     }
-    out[n] = text;
-    exec(out.as_ptr())
+    exec(envp)
 }
 
 /// Writes `NAME=SOFT:HARD:GIVEN_SOFT:GIVEN_HARD\0` into `buf`, without allocating.
