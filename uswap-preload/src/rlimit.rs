@@ -231,7 +231,21 @@ const MAX_ENV: usize = 1024;
 
 /// Runs `exec` with `envp`, plus `USWAP_ADDRESS_SPACE_LIMIT` when the program set a limit.
 fn with_limit_in_env(envp: *const *const c_char, exec: impl FnOnce(*const *const c_char) -> c_int) -> c_int {
-    let Some(set) = set_limit() else { return exec(envp) };
+    match set_limit() {
+        Some(set) => exec_with_limit(envp, set, exec),
+        None => exec(envp),
+    }
+}
+
+/// [`with_limit_in_env`] once a limit was set: a function of its own, so that only this
+/// rare path pays for the 8 KiB copy on the stack (an `execve` from a thread with a small
+/// stack takes the other path).
+#[inline(never)]
+fn exec_with_limit(
+    envp: *const *const c_char,
+    set: libc::rlimit,
+    exec: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
     let mut var = [0u8; 128];
     let text = format_var(&mut var, set);
     let mut out: [*const c_char; MAX_ENV + 2] = [std::ptr::null(); MAX_ENV + 2];
