@@ -80,10 +80,11 @@ use crossbeam_utils::Backoff;
 
 use crate::backend::{AlignedPage, ReadReq};
 use crate::mapping::registry::RegistryGuard;
+use crate::options::FaultMode;
 use crate::region::{PageRef, PageState, Pte, RegionInner, REGIONS};
 use crate::release::Released;
 use crate::state::events::{TakeOut, TakeOuts, TAKE_OUT_RANGES};
-use crate::state::{FaultMode, PageErrorKind, PagerShared};
+use crate::state::{PageErrorKind, PagerShared};
 
 type Guard<'a> = RegistryGuard<'a, RegionInner>;
 use crate::stats::Counter;

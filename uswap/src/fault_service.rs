@@ -22,11 +22,12 @@ use arrayvec::ArrayVec;
 use crossbeam_utils::Backoff;
 
 use crate::clock::now_ns;
+use crate::options::FaultMode;
 use crate::readahead::MAX_WINDOW_PAGES;
 use crate::region::{PageRef, PageState, Pte, RegionInner};
 use crate::state::fault_error::FaultError;
 use crate::state::route::{note_window, Route};
-use crate::state::{FaultMode, PageErrorKind, PagerShared};
+use crate::state::{PageErrorKind, PagerShared};
 use crate::stats::Counter;
 use crate::swapin::{swap_in, FaultSite};
 use crate::uffd::{self, RangeResult, PAGE_SIZE};

@@ -47,6 +47,7 @@ mod fork_advice;
 mod lru;
 mod mapping;
 pub mod mlock;
+mod options;
 mod page_table;
 mod pager;
 mod pin;

@@ -35,10 +35,9 @@ use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
 use crate::{events, fault, reclaim};
 
+pub use crate::options::{BackgroundReclaim, FaultMode, IdleAging};
 use crate::state::charge::Charge;
-pub use crate::state::{
-    BackgroundReclaim, FaultMode, IdleAging, PageError, PageErrorKind, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
-};
+pub use crate::state::{PageError, PageErrorKind, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES};
 use crate::state::{PagerShared, REGISTER_MODES};
 
 /// Builds a [`Pager`].

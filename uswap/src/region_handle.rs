@@ -14,10 +14,11 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::mapping::AppMapping;
+use crate::options::FaultMode;
 use crate::pager::{check_sigbus_handler, Pager};
 use crate::readahead::Advice;
 use crate::region::{RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
-use crate::state::{FaultMode, REGISTER_MODES};
+use crate::state::REGISTER_MODES;
 use crate::uffd::PAGE_SIZE;
 
 /// A managed mapping: zero-filled at first, page-aligned, its resident pages counted against

@@ -26,13 +26,14 @@ use std::sync::atomic::Ordering;
 use arrayvec::ArrayVec;
 
 use crate::backend::{BackendError, ReadReq};
+use crate::options::FaultMode;
 use crate::readahead::{Window, MAX_WINDOW_PAGES};
 use crate::reclaim;
 use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet};
 use crate::state::async_readahead::ContextIo;
 use crate::state::fault_error::FaultError;
 use crate::state::route::Route;
-use crate::state::{FaultMode, PageErrorKind, PagerShared};
+use crate::state::{PageErrorKind, PagerShared};
 use crate::stats::Counter;
 use crate::swap::{ReadaheadPolicy, SwapEntry};
 use crate::sync::SpinGuard;

@@ -13,10 +13,10 @@
 use crate::fault::sigbus_fault;
 use crate::mapping::registry::RegistryGuard;
 use crate::mlock::LockKind;
+use crate::options::FaultMode;
 use crate::page_table::PageRef;
 use crate::pin::Pin;
 use crate::region::{region_owning, PageState, Pte, RegionInner, REGIONS};
-use crate::state::FaultMode;
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
 use std::sync::atomic::Ordering;

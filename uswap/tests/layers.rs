@@ -18,7 +18,10 @@ use std::path::{Path, PathBuf};
 /// (`reclaim::swapout` is in `reclaim`'s layer); it may import from its own layer and those
 /// below. Within a layer the graph must still be acyclic.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("the clock, the userfaultfd ABI, the engine's descriptors", &["clock", "fd", "uffd"]),
+    (
+        "the clock, the userfaultfd ABI, the engine's descriptors, the user's options",
+        &["clock", "fd", "uffd", "options"],
+    ),
     (
         "mappings, locks, queues, counters shared by processes",
         &["mapping", "sync", "fifo", "readahead", "shared_charge", "bounce", "pressure"],

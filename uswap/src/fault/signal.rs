@@ -8,10 +8,10 @@ use std::cell::Cell;
 
 use super::retry::serve_with_retries;
 use crate::events;
+use crate::options::FaultMode;
 use crate::region::region_owning;
 use crate::state::fault_error::FaultError;
 use crate::state::route::Route;
-use crate::state::FaultMode;
 use crate::sync::locks_held_by_this_thread;
 use crate::uffd;
 

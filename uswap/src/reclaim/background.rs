@@ -13,8 +13,9 @@ use super::cow;
 use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
 use super::writeback::device_writeback;
 use crate::backend::AlignedPage;
+use crate::options::BackgroundReclaim;
+use crate::state::PagerShared;
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
-use crate::state::{BackgroundReclaim, PagerShared};
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
 

@@ -17,8 +17,9 @@ use std::sync::atomic::Ordering;
 
 use super::accounting::{force_charge, note_peak, shared_add, shared_reclaim_is_ours, shared_room, watermarks};
 use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
+use crate::options::BackgroundReclaim;
 use crate::pressure::StallGuard;
-use crate::state::{BackgroundReclaim, PagerShared};
+use crate::state::PagerShared;
 use crate::stats::Counter;
 
 /// How long a charge waits, in all, for room while every victim it finds is busy in other

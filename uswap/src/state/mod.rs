@@ -1,6 +1,6 @@
 //! The pager's shared state: what the pager's handle, its regions and its threads share
-//! (`Arc<PagerShared>`), and the configuration words that name it (fault mode, background
-//! reclaim, page errors).
+//! (`Arc<PagerShared>`), and the page errors it logs. The choices a user makes (fault mode,
+//! background reclaim, idle aging) are `crate::options`'.
 //!
 //! Split by concern, each part a type of the layer that owns it: the resident charge and
 //! limit ([`charge::Charge`]: atomics; the rules are `crate::reclaim::accounting`'s), the swap
@@ -29,6 +29,7 @@ use crossbeam_queue::ArrayQueue;
 
 use crate::bounce::BounceBuffers;
 use crate::lru::Lru;
+use crate::options::{BackgroundReclaim, FaultMode, IdleAging};
 use crate::stats::{DeviceStats, PerCpuStats, Stats};
 use crate::swap::{SwapCache, SwapDevices};
 use crate::uffd::{self, Uffd, PAGE_SIZE};
@@ -38,111 +39,6 @@ use async_readahead::AsyncReadahead;
 pub const RECLAIM_BATCH_PAGES: usize = 32;
 /// The smallest resident limit a pager accepts.
 pub const MIN_LIMIT_BYTES: u64 = 256 * PAGE_SIZE as u64;
-
-/// How faults on managed regions reach the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FaultMode {
-    /// Handler threads read the userfaultfd, one pinned to each CPU so the wake-up stays on
-    /// the faulting CPU. Faults raised inside system calls (e.g. `read(2)` into a managed
-    /// buffer) work. The default.
-    #[default]
-    Thread,
-    /// `UFFD_FEATURE_SIGBUS`: the faulting thread serves its own fault in a SIGBUS handler.
-    /// Fastest (no cross-thread wake-up), but a system call that touches a page that is not
-    /// resident fails with `EFAULT` instead of waiting for it (a datagram socket loses the
-    /// datagram) unless [`crate::prepare_user_access`] brought it in first (`uswap run`'s
-    /// library does, for every call of the C library), threads that touch managed memory must not block SIGBUS and need 128 KiB of
-    /// stack, and a SIGBUS handler must be installed before the pager. See docs/fault-modes.md.
-    Signal,
-}
-
-/// When the background reclaimer works.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum BackgroundReclaim {
-    /// The default: [`Always`](Self::Always) when a device's writes are slow
-    /// (`Backend::slow_writes`: the file device, a disk write; the Redis tier, a network
-    /// round trip; the faulting thread should not wait for either),
-    /// [`WhenIdle`](Self::WhenIdle) otherwise (RAM and the compressed pool). Resolved when the
-    /// pager is built.
-    #[default]
-    Auto,
-    /// Only while the application takes no faults. While it faults, reclaim runs in the
-    /// faulting context: on VMs, `UFFDIO_MOVE` from another CPU interrupts the faulting CPU
-    /// with a TLB-shootdown IPI for every page moved (see docs/design.md, "Where measurements changed the design").
-    WhenIdle,
-    /// Classic kswapd: woken at the high watermark, reclaims down to the low one whatever the
-    /// application does; faults reclaim only at the limit. What [`Auto`](Self::Auto) picks
-    /// for a device with slow writes; otherwise for comparison and for machines where
-    /// cross-CPU TLB flushes are cheap.
-    Always,
-}
-
-/// Idle aging: whether the pager looks for pages its application no longer touches, and
-/// what it does with them (see `crate::reclaim::aging`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum IdleAging {
-    /// No scan: only reclaim moves pages out, so the idle-age histogram counts only the
-    /// pages reclaim took. The default, unless an automatic budget is asked for.
-    #[default]
-    Off,
-    /// Resident pages are moved to the swap cache a few at a time and counted idle until
-    /// touched (the histogram then covers all managed memory), but nothing is written out
-    /// for its age: reclaim takes the longest idle first. What an automatic budget uses.
-    Observe,
-    /// As `Observe`, and a page untouched for this long is written to the first device
-    /// without waiting for the limit; one untouched for this long again on a device that
-    /// has a tier below goes on down.
-    Evict(std::time::Duration),
-}
-
-impl IdleAging {
-    /// The aging an idle age in seconds asks for, as the C and Python APIs and `uswap run
-    /// --idle-age` take it: 0 off, infinity observe, 1 s or more evict at that age. `None`
-    /// for anything else (negative, NaN, under a second).
-    pub fn from_secs(secs: f64) -> Option<IdleAging> {
-        if secs == 0.0 {
-            Some(IdleAging::Off)
-        } else if secs == f64::INFINITY {
-            Some(IdleAging::Observe)
-        } else if secs >= 1.0 && secs.is_finite() {
-            Some(IdleAging::Evict(std::time::Duration::from_secs_f64(secs)))
-        } else {
-            None
-        }
-    }
-
-    /// Parses an idle age as `uswap run --idle-age` and `USWAP_IDLE_AGE` take it: a number of
-    /// seconds, or one with a unit (`90s`, `2m`, `1h`), `never` (look, send nothing out for
-    /// its age) or `off`.
-    pub fn parse(s: &str) -> Result<IdleAging, String> {
-        let t = s.trim();
-        let secs = match t {
-            "never" => f64::INFINITY,
-            "off" => 0.0,
-            _ => {
-                let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
-                    Some(i) => t.split_at(i),
-                    None => (t, "s"),
-                };
-                let scale = match unit {
-                    "s" => 1.0,
-                    "m" | "min" => 60.0,
-                    "h" => 3600.0,
-                    _ => {
-                        return Err(format!(
-                            "{s:?}: unknown unit {unit:?}; give seconds (90s), minutes (2m) or hours (1h)"
-                        ))
-                    }
-                };
-                num.trim()
-                    .parse::<f64>()
-                    .map_err(|_| format!("{s:?} is not an age: give one such as 90s, 2m or never"))?
-                    * scale
-            }
-        };
-        IdleAging::from_secs(secs).ok_or_else(|| format!("{s:?}: an idle age is 1 s or more (or never, or off)"))
-    }
-}
 
 /// What went wrong with a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
