@@ -30,7 +30,8 @@
 use std::sync::atomic::Ordering;
 
 use super::round::InFlight;
-use super::swapout::{shrink_active, shrink_inactive, Stager, Take};
+use super::swapout::{shrink_active, shrink_inactive, Stager};
+use super::victims::Take;
 use super::writeback::move_slots_down;
 use crate::backend::AlignedPage;
 use crate::options::IdleAging;

@@ -32,6 +32,7 @@ pub(crate) mod cow;
 pub(crate) mod direct;
 pub(crate) mod round;
 pub(crate) mod swapout;
+pub(crate) mod victims;
 pub(crate) mod writeback;
 
 pub(crate) use accounting::{shared_sub, uncharge};

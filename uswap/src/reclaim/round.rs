@@ -10,7 +10,8 @@
 
 use std::sync::atomic::Ordering;
 
-use super::swapout::{shrink_active, shrink_inactive, Stager, Take};
+use super::swapout::{shrink_active, shrink_inactive, Stager};
+use super::victims::Take;
 use crate::error::{Error, Result};
 use crate::state::{PagerShared, RECLAIM_BATCH_PAGES};
 use crate::uffd::PAGE_SIZE;

@@ -13,7 +13,7 @@
 
 use arrayvec::ArrayVec;
 
-use super::swapout::Victim;
+use super::victims::Victim;
 use crate::backend::{AlignedPage, WriteReq};
 use crate::region::{PageRef, PageState, RegionSet};
 use crate::state::PagerShared;

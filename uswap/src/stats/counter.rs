@@ -114,7 +114,7 @@ pub(crate) enum Counter {
     /// past `sync::POOL_WAIT_LIMIT_NS` (the fault or take-out failed instead of hanging).
     PoolWaitTimeout,
     /// Dirty resident pages that left with a victim next to them, in one run (see
-    /// `reclaim::swapout::take_resident_neighbours`).
+    /// `reclaim::victims::take_resident_neighbours`).
     SwpoutNeighbours,
     /// Thread mode: handlers that went dormant (see `handler_pool`).
     HandlerRetire,
