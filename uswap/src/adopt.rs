@@ -47,6 +47,14 @@ impl Pager {
     /// manage (not mapped, file-backed, shared, already registered), and like `map` for a
     /// size of zero, one too large, or too many regions.
     pub fn adopt(&self, addr: usize, len_bytes: usize) -> Result<Region> {
+        self.adopt_touched_prefix(addr, len_bytes, len_bytes)
+    }
+
+    /// As [`adopt`](Self::adopt), for a mapping of which the caller knows that nothing past
+    /// its first `touched_bytes` was ever touched (a heap that handed out only a prefix of
+    /// its reservation): only that prefix is scanned for present pages. Scanning a 50 GiB
+    /// reservation with `mincore` takes about 17 ms, a prefix of 16 MiB a few µs.
+    pub fn adopt_touched_prefix(&self, addr: usize, len_bytes: usize, touched_bytes: usize) -> Result<Region> {
         if self.fault_mode() == crate::FaultMode::Signal {
             crate::pager::check_sigbus_handler()?;
         }
@@ -74,7 +82,8 @@ impl Pager {
             let _ = shared.uffd.unregister(addr, len);
             return Err(Error::TooManyRegions { max: MAX_REGIONS });
         };
-        charge_present(shared, &inner, slot, 0, inner.nr_pages);
+        let touched_pages = touched_bytes.div_ceil(PAGE_SIZE).min(inner.nr_pages);
+        charge_present(shared, &inner, slot, 0, touched_pages);
         Ok(Region::new(inner, slot, self.clone()))
     }
 }
