@@ -56,6 +56,55 @@ fn compressed_pool_alone_in_both_modes() {
     }
 }
 
+/// The word page `i` is filled with in `same_filled_pages_keep_no_pool_memory`: distinct per
+/// page and never zero (an odd multiplier is a bijection that maps only 0 to 0), so the
+/// engine's zero-page path does not catch them and the pool does.
+fn fill_word(i: usize) -> u64 {
+    (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Pages each filled with one repeated non-zero word are stored in the compressed pool as
+/// their word (zram's same pages): every byte reads back, and the pool holds no memory for
+/// them. The device keeps checksums too, checked on every read.
+fn same_filled_pages_keep_no_pool_memory(mode: FaultMode) {
+    let limit = 2 * MIB;
+    let p = build(mode, limit, vec![DeviceConfig::zpool(32 * MIB).checksum(true)]);
+    let region = p.map(12 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    let fill = |i: usize| {
+        for w in &words[i * WORDS..(i + 1) * WORDS] {
+            w.store(fill_word(i), std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let check = |i: usize| {
+        for (k, w) in words[i * WORDS..(i + 1) * WORDS].iter().enumerate() {
+            assert_eq!(w.load(std::sync::atomic::Ordering::Relaxed), fill_word(i), "page {i} word {k}");
+        }
+    };
+    for round in 0..2 {
+        (0..nr_pages).for_each(fill);
+        (0..nr_pages).for_each(check);
+        // Backwards too: the pages read first are the ones the forward pass sent out.
+        (0..nr_pages).rev().for_each(check);
+        let st = quiet_stats(&p);
+        let pool = st.devices[0].backend.clone().expect("the pool reports its counters");
+        let out_pages = nr_pages as u64 - limit / PAGE_SIZE as u64;
+        assert!(pool.same_filled_stores >= (round + 1) * out_pages, "round {round}: {st:?}");
+        assert!(pool.same_filled_pages > 0, "{pool:?}");
+        assert_eq!(pool.same_filled_pages, pool.stored_pages, "every page stored is same-filled: {pool:?}");
+        assert_eq!((pool.pool_bytes, pool.compressed_bytes, pool.compression_ratio), (0, 0, 0.0), "{pool:?}");
+        // A page sent out half written (its head filled, its tail still zero) is compressed;
+        // it is written again at once and leaves the pool, but may have taken a chunk.
+        assert!(pool.pool_peak_bytes <= 2 * uswap::backend::zpool::CHUNK_BYTES as u64, "{pool:?}");
+        assert_eq!(st.swpout_zero, 0, "no page was zero: {st:?}");
+        assert_eq!((st.fault_error, st.checksum_errors, st.slots_leaked), (0, 0, 0), "{st:?}");
+    }
+}
+
+in_both_modes!(same_filled_pages_keep_no_pool_memory() =>
+    thread_mode_same_filled_pages_keep_no_pool_memory, signal_mode_same_filled_pages_keep_no_pool_memory);
+
 #[test]
 fn a_full_pool_writes_its_oldest_pages_back_to_the_next_device() {
     let cap = 2 * MIB;

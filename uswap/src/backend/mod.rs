@@ -98,13 +98,19 @@ pub struct BackendStats {
     pub pool_peak_bytes: u64,
     /// Pages stored.
     pub stored_pages: u64,
-    /// Of those, pages filled with one repeated word, stored as that word alone.
+    /// Of those, pages filled with one repeated 64-bit word, stored as that word alone: no
+    /// pool bytes, no compressed bytes (zram's `same_pages`).
     pub same_filled_pages: u64,
+    /// Pages stored as one repeated word since the device started (a count of writes; the
+    /// pages stored so now are `same_filled_pages`).
+    pub same_filled_stores: u64,
     /// Of those, pages that did not compress and were stored as they are.
     pub incompressible_pages: u64,
     /// Bytes of compressed data (before size-class rounding).
     pub compressed_bytes: u64,
-    /// Stored pages per byte of pool: `stored_pages * PAGE_SIZE / pool_bytes`.
+    /// Stored pages per byte of pool: `stored_pages * PAGE_SIZE / pool_bytes` (0 while the
+    /// pool holds no chunk). Same-filled pages count as stored pages taking no pool bytes, as
+    /// zram counts them in `orig_data_size` and not in `compr_data_size`.
     pub compression_ratio: f64,
     pub reject_pool_full: u64,
     pub reject_incompressible: u64,

@@ -574,6 +574,7 @@ impl DeviceStats {
                 a.pool_peak_bytes += b.pool_peak_bytes;
                 a.stored_pages += b.stored_pages;
                 a.same_filled_pages += b.same_filled_pages;
+                a.same_filled_stores += b.same_filled_stores;
                 a.incompressible_pages += b.incompressible_pages;
                 a.compressed_bytes += b.compressed_bytes;
                 a.compression_ratio = if a.pool_bytes == 0 {

@@ -312,10 +312,10 @@ impl Allocator {
     }
 
     /// Populates the arena ahead of the first never-used chunk (see [`PREPARE_AHEAD_CHUNKS`]),
-    /// unless the pool holds nothing (`stores_pages` false) and never populated anything.
+    /// unless the arena holds no object (`holds_objects` false) and never populated anything.
     /// True if it populated something.
-    pub(super) fn prepare(&self, stores_pages: bool) -> bool {
-        if !stores_pages && self.populated.load(Ordering::Relaxed) == 0 {
+    pub(super) fn prepare(&self, holds_objects: bool) -> bool {
+        if !holds_objects && self.populated.load(Ordering::Relaxed) == 0 {
             return false;
         }
         let from = self.populated.load(Ordering::Relaxed);

@@ -6,6 +6,19 @@
 //! (or nothing: with [`Incompressible::Reject`] the device declines it and the engine sends
 //! it to the next device).
 //!
+//! Same-filled pages (zram's `ZRAM_SAME`, zswap's former `same_filled_pages`): a page whose
+//! 4 KiB are one 64-bit word repeated (zeros included, should one reach the device: the
+//! engine keeps no slot for a page found all zero when staging, `swpout_zero`) keeps no
+//! object in the arena. Its slot's entry says `KIND_SAME` and the slot's second word holds
+//! the word; a read fills the page with it, an invalidation frees nothing. The test
+//! (`same_filled_word`) compares words, bails out at the first that differs, and runs once
+//! per page written, before compression. Such a page costs no pool bytes, so it is taken
+//! even while the pool is full and is never offered for writeback; in the counters it is a
+//! stored page (`stored_pages`, and so in `compression_ratio`'s numerator, as zram counts it
+//! in `orig_data_size`) with no compressed bytes (`compressed_bytes`, as zram's
+//! `compr_data_size`); `same_filled_pages` counts those stored now (zram's `same_pages`),
+//! `same_filled_stores` every one stored since the device started.
+//!
 //! The pool's footprint is the chunks in use; at `cap_bytes` it stops accepting pages until
 //! it drains below `accept_threshold_percent` of the cap (zswap's hysteresis), and meanwhile
 //! offers its oldest slots for writeback to the next device.
@@ -59,6 +72,8 @@ pub struct ZpoolBackend {
     full: AtomicBool,
     stored_pages: AtomicU64,
     same_filled: AtomicU64,
+    /// Same-filled pages stored since the device started (requests that succeeded).
+    same_filled_stores: AtomicU64,
     incompressible: AtomicU64,
     compressed_bytes: AtomicU64,
     reject_pool_full: AtomicU64,
@@ -79,6 +94,7 @@ impl ZpoolBackend {
             full: AtomicBool::new(false),
             stored_pages: AtomicU64::new(0),
             same_filled: AtomicU64::new(0),
+            same_filled_stores: AtomicU64::new(0),
             incompressible: AtomicU64::new(0),
             compressed_bytes: AtomicU64::new(0),
             reject_pool_full: AtomicU64::new(0),
@@ -110,23 +126,25 @@ impl ZpoolBackend {
         }
     }
 
-    /// Stores one page into `slot`. On rejection nothing is stored.
+    /// Stores one page into `slot`: returns whether it was same-filled (stored as its word).
+    /// On rejection nothing is stored.
     fn store_page(
         &self,
         slot: u64,
         page: &[u8],
         scratch: &mut [u8],
         lz4: &mut lz4_flex::block::CompressTable,
-    ) -> Result<(), BackendError> {
+    ) -> Result<bool, BackendError> {
         let e = &self.slots[2 * slot as usize];
         debug_assert_eq!(e.load(Ordering::Relaxed), KIND_EMPTY, "slot {slot} written twice");
-        let first = u64::from_ne_bytes(page[..8].try_into().expect("8 bytes"));
-        if page.chunks_exact(8).all(|w| w == first.to_ne_bytes()) {
-            self.slots[2 * slot as usize + 1].store(first, Ordering::Relaxed);
+        if let Some(word) = same_filled_word(page) {
+            // The word before the entry that says it is there (a reader loads the entry with
+            // Acquire, then the word).
+            self.slots[2 * slot as usize + 1].store(word, Ordering::Relaxed);
             e.store(entry(KIND_SAME, 0, 0, 0, 0), Ordering::Release);
             self.same_filled.fetch_add(1, Ordering::Relaxed);
             self.stored_pages.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            return Ok(true);
         }
         if self.full.load(Ordering::Relaxed) {
             self.reject_pool_full.fetch_add(1, Ordering::Relaxed);
@@ -154,7 +172,7 @@ impl ZpoolBackend {
         self.compressed_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.stored_pages.fetch_add(1, Ordering::Relaxed);
         self.update_full();
-        Ok(())
+        Ok(false)
     }
 
     fn load_page(&self, slot: u64, dst: &mut [u8; PAGE_SIZE], scratch: &mut [u8]) -> Result<(), BackendError> {
@@ -190,6 +208,17 @@ impl ZpoolBackend {
         }
         Ok(())
     }
+}
+
+/// The word `page` is filled with, if its 8-byte words are all the same (zram's
+/// `page_same_filled`): the last word is compared first, so a page that differs only near
+/// its end (a zeroed buffer with a tail written) is told apart in two loads, then the rest
+/// in order up to the first that differs.
+fn same_filled_word(page: &[u8]) -> Option<u64> {
+    let mut words = page.chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")));
+    let first = words.next()?;
+    let last = words.next_back().unwrap_or(first);
+    (last == first && words.all(|w| w == first)).then_some(first)
 }
 
 /// The error of an operation that found no workspace free within `sync::POOL_WAIT_LIMIT_NS`
@@ -239,18 +268,25 @@ impl Backend for ZpoolBackend {
             if r.result.is_err() {
                 continue;
             }
+            let mut same_filled = 0;
             for i in 0..r.nr_pages() {
                 // Compressed where it lies: a copy first cost 4 % of pmbench's CPU.
                 let stored =
                     r.data.with_page(i as usize, |page| self.store_page(r.slot + i, page, &mut out_buf.0, lz4));
-                if let Err(e) = stored {
-                    // All or nothing per request: undo the pages already stored.
-                    for j in 0..i {
-                        self.invalidate(r.slot + j);
+                match stored {
+                    Ok(same) => same_filled += same as u64,
+                    Err(e) => {
+                        // All or nothing per request: undo the pages already stored.
+                        for j in 0..i {
+                            self.invalidate(r.slot + j);
+                        }
+                        r.result = Err(e);
+                        break;
                     }
-                    r.result = Err(e);
-                    break;
                 }
+            }
+            if r.result.is_ok() {
+                self.same_filled_stores.fetch_add(same_filled, Ordering::Relaxed);
             }
         }
         self.codecs.put_workspace(ws);
@@ -305,8 +341,10 @@ impl Backend for ZpoolBackend {
         !self.full.load(Ordering::Relaxed)
     }
 
+    /// Populates ahead only once the arena holds something: a pool of same-filled pages
+    /// alone uses none of it.
     fn prepare(&self) -> bool {
-        self.alloc.prepare(self.stored_pages.load(Ordering::Relaxed) != 0)
+        self.alloc.prepare(self.pool_bytes() != 0)
     }
 
     fn writeback_candidates(&self, out: &mut [u64]) -> usize {
@@ -327,6 +365,7 @@ impl Backend for ZpoolBackend {
             pool_peak_bytes: self.alloc.peak_bytes(),
             stored_pages: stored,
             same_filled_pages: self.same_filled.load(Ordering::Relaxed),
+            same_filled_stores: self.same_filled_stores.load(Ordering::Relaxed),
             incompressible_pages: self.incompressible.load(Ordering::Relaxed),
             compressed_bytes: self.compressed_bytes.load(Ordering::Relaxed),
             compression_ratio: if pool_bytes == 0 {
@@ -414,6 +453,113 @@ mod tests {
             let st = z.stats().unwrap();
             assert_eq!((st.stored_pages, st.pool_bytes, st.compressed_bytes), (0, 0, 0), "{st:?}");
             assert!(matches!(load(&z, 3), Err(BackendError::Empty { slot: 3 })));
+        }
+    }
+
+    fn page_filled_with(word: u64) -> AlignedPage {
+        let mut p = AlignedPage([0; PAGE_SIZE]);
+        for w in p.0.chunks_exact_mut(8) {
+            w.copy_from_slice(&word.to_ne_bytes());
+        }
+        p
+    }
+
+    /// Words a page may be filled with: zero (should one reach the device), all ones, a
+    /// word of distinct bytes, a memset byte, and one bit.
+    const WORDS: [u64; 5] = [0, u64::MAX, 0x0123_4567_89ab_cdef, 0xabab_abab_abab_abab, 1 << 63];
+
+    #[test]
+    fn same_filled_word_compares_words_and_bails_at_the_first_difference() {
+        for w in WORDS {
+            assert_eq!(same_filled_word(&page_filled_with(w).0), Some(w), "{w:#x}");
+            // One byte different anywhere: the first, a middle one, the last.
+            for at in [0, 1, PAGE_SIZE / 2 + 3, PAGE_SIZE - 8, PAGE_SIZE - 1] {
+                let mut p = page_filled_with(w);
+                p.0[at] ^= 0x10;
+                assert_eq!(same_filled_word(&p.0), None, "{w:#x}, byte {at} changed");
+            }
+        }
+        // A page whose bytes repeat with a period that is not a word's.
+        let mut p = AlignedPage([0; PAGE_SIZE]);
+        for (i, b) in p.0.iter_mut().enumerate() {
+            *b = (i % 3) as u8;
+        }
+        assert_eq!(same_filled_word(&p.0), None);
+    }
+
+    #[test]
+    fn same_filled_pages_keep_no_pool_memory_and_read_back_exactly() {
+        for compressor in [Compressor::Lz4, Compressor::Zstd { level: 3 }] {
+            let mut cfg = ZpoolConfig::new(4 << 20, 1024);
+            cfg.compressor = compressor;
+            let z = ZpoolBackend::new(cfg).unwrap();
+            // Slots 0..5: same-filled pages, many times over (slots 5.. hold more of them).
+            let same: Vec<AlignedPage> = (0..200).map(|i| page_filled_with(WORDS[i % 5] ^ (i / 5) as u64)).collect();
+            for (i, p) in same.iter().enumerate() {
+                store(&z, i as u64, p).unwrap();
+            }
+            let st = z.stats().unwrap();
+            assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (200, 200, 200), "{st:?}");
+            assert_eq!((st.pool_bytes, st.pool_peak_bytes, st.compressed_bytes), (0, 0, 0), "{st:?}");
+            assert_eq!(st.compression_ratio, 0.0, "no pool memory, no ratio: {st:?}");
+            assert!(!z.prepare(), "no arena populated for a pool of same-filled pages alone");
+            for (i, p) in same.iter().enumerate() {
+                assert_eq!(load(&z, i as u64).unwrap().0, p.0, "slot {i} with {compressor:?}");
+            }
+            // Not same-filled: the last byte differs. Compressed, in the pool.
+            let mut almost = page_filled_with(0x0123_4567_89ab_cdef);
+            almost.0[PAGE_SIZE - 1] = 0;
+            store(&z, 300, &almost).unwrap();
+            let st = z.stats().unwrap();
+            assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (201, 200, 200), "{st:?}");
+            assert_eq!(st.pool_bytes, CHUNK_BYTES as u64, "{st:?}");
+            assert!(st.compressed_bytes > 0 && st.compressed_bytes < 100, "{st:?}");
+            assert_eq!(
+                st.compression_ratio,
+                (201 * PAGE_SIZE) as f64 / CHUNK_BYTES as f64,
+                "same-filled pages count as stored pages: {st:?}"
+            );
+            assert_eq!(load(&z, 300).unwrap().0, almost.0);
+            let compressed_bytes = st.compressed_bytes;
+
+            // Overwrites (each after an invalidation, as the engine does): a same-filled slot
+            // gets a compressed page and a raw page, the compressed slot a same-filled page.
+            let (zs, rs) = (page_of(2, 5), page_of(3, 6));
+            z.invalidate(0);
+            store(&z, 0, &zs).unwrap();
+            z.invalidate(1);
+            store(&z, 1, &rs).unwrap();
+            z.invalidate(300);
+            store(&z, 300, &page_filled_with(7)).unwrap();
+            let st = z.stats().unwrap();
+            assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (201, 199, 201), "{st:?}");
+            assert_eq!(st.incompressible_pages, 1, "{st:?}");
+            assert_eq!(load(&z, 0).unwrap().0, zs.0);
+            assert_eq!(load(&z, 1).unwrap().0, rs.0);
+            assert_eq!(load(&z, 300).unwrap().0, page_filled_with(7).0);
+            assert_ne!(st.compressed_bytes, compressed_bytes);
+            // And back: the compressed and raw slots same-filled again, their objects freed.
+            z.invalidate(0);
+            store(&z, 0, &same[0]).unwrap();
+            z.invalidate(1);
+            store(&z, 1, &same[1]).unwrap();
+            let st = z.stats().unwrap();
+            assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (201, 201, 203), "{st:?}");
+            assert_eq!((st.pool_bytes, st.compressed_bytes, st.incompressible_pages), (0, 0, 0), "{st:?}");
+            for (i, p) in same.iter().enumerate() {
+                assert_eq!(load(&z, i as u64).unwrap().0, p.0, "slot {i} with {compressor:?}");
+            }
+            // Freeing same-filled pages frees nothing from the pool; the cumulative count stays.
+            for i in (0..200).chain([300]) {
+                z.invalidate(i);
+            }
+            let st = z.stats().unwrap();
+            assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (0, 0, 203), "{st:?}");
+            assert_eq!((st.pool_bytes, st.compressed_bytes), (0, 0), "{st:?}");
+            assert!(matches!(load(&z, 0), Err(BackendError::Empty { slot: 0 })));
+            // A slot freed twice (the engine does not, but invalidate tolerates an empty slot).
+            z.invalidate(0);
+            assert_eq!(z.stats().unwrap().stored_pages, 0);
         }
     }
 
@@ -510,11 +656,12 @@ mod tests {
         let mut cfg = ZpoolConfig::new(4 << 20, 1024);
         cfg.incompressible = Incompressible::Reject;
         let z = ZpoolBackend::new(cfg).unwrap();
-        let run = [page_of(2, 1), page_of(2, 2), page_of(3, 3)];
+        let run = [page_of(2, 1), page_of(1, 2), page_of(3, 3)];
         let mut req = [WriteReq::new(10, PageRun::from_pages(&run))];
         z.write(&mut req);
         assert!(req[0].result.is_err());
-        assert_eq!(z.stats().unwrap().stored_pages, 0);
+        let st = z.stats().unwrap();
+        assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (0, 0, 0), "{st:?}");
         assert_eq!(z.pool_bytes(), 0);
     }
 
