@@ -34,6 +34,9 @@ pub const ENV_PRELOAD_LIB: &str = "USWAP_PRELOAD_LIB";
 /// `--min-size`'s default, in bytes (as the preload library's own default).
 pub const DEFAULT_MIN_SIZE_BYTES: u64 = 64 << 10;
 
+/// `--start-after`'s default, in bytes (as the preload library's own default).
+pub const DEFAULT_START_AFTER_BYTES: u64 = 16 << 20;
+
 /// Exit status for "uswap could not run the program as asked".
 const EXIT_CANNOT_RUN: u8 = 2;
 
@@ -67,6 +70,13 @@ pub struct RunArgs {
     /// Anonymous mappings smaller than this stay ordinary memory (the heap is always managed).
     #[arg(long, default_value = "64KiB", value_parser = parse_size)]
     pub min_size: u64,
+    /// A process's pager starts once its heap passes SIZE (at most a sixteenth of the limit),
+    /// at its first mapping of at least `--min-size`, or at its first thread, whichever comes
+    /// first: the shells, compilers of small files and other short processes of a tree run
+    /// at plain speed, their memory ordinary (outside the budget) until then. `0`: every
+    /// process builds its pager before its `main`.
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_size)]
+    pub start_after: u64,
     /// Write the summed counters as JSON here when the program ends.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
@@ -298,6 +308,8 @@ pub struct LaunchConfig {
     pub device: String,
     pub fault_mode: RunFaultMode,
     pub min_size_bytes: u64,
+    /// `--start-after`: the heap a process may use before its pager starts (0: before `main`).
+    pub start_after_bytes: u64,
     pub idle_aging: uswap::IdleAging,
 }
 
@@ -362,6 +374,7 @@ impl Launch {
             .env("USWAP_DEVICE", &device)
             .env("USWAP_FAULT_MODE", cfg.fault_mode.env_value())
             .env("USWAP_MIN_SIZE", cfg.min_size_bytes.to_string())
+            .env("USWAP_START_AFTER", cfg.start_after_bytes.to_string())
             .env(tree::ENV_STATS_DIR, &stats_dir)
             .env_remove("USWAP_IDLE_AGE")
             .env_remove("USWAP_DISABLE");
@@ -442,6 +455,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         device: args.device.clone(),
         fault_mode: args.fault_mode,
         min_size_bytes: args.min_size,
+        start_after_bytes: args.start_after,
         // `--auto` probes take the longest idle pages first once aging has found them.
         idle_aging: args.idle_age.unwrap_or(match args.auto {
             Some(_) => uswap::IdleAging::Observe,
@@ -606,8 +620,8 @@ fn end_stopped_tree(launch: &Launch, program_pid: u32) {
 /// and left running, or daemonized): they keep the budget (they share its segment), but
 /// what they do from now on is in no summary, and `uswap run` does not wait for them.
 fn say_outliving(launch: &Launch, program_pid: u32) -> bool {
-    let live = launch.segment.live_pids().into_iter().filter(|&p| p != program_pid && tree::running(p));
-    let pids: Vec<String> = live.map(|p| p.to_string()).collect();
+    let live = tree::running(&launch.stats_dir, &launch.segment.live_pids(), program_pid);
+    let pids: Vec<String> = live.iter().map(|p| p.to_string()).collect();
     if pids.is_empty() {
         return false;
     }

@@ -10,6 +10,7 @@
 //! | `USWAP_MIN_SIZE` | smallest `mmap` managed | 64 KiB |
 //! | `USWAP_STATS_DIR` | where each process writes its final counters | none |
 //! | `USWAP_IDLE_AGE` | idle aging: an age (`120s`, `2m`), `never` (count idle pages only) or `off` | `off` |
+//! | `USWAP_START_AFTER` | the heap a process may use before its pager starts, a size; `0`: before `main` (see the crate's doc, "Lazy start") | 16 MiB, at most a sixteenth of the limit |
 //! | `USWAP_DISABLE` | set: the library does nothing | unset |
 //! | `USWAP_ADDRESS_SPACE_LIMIT` | set by the library itself at `execve`: the address-space limit a managed parent set (see `rlimit`) | unset |
 
@@ -22,6 +23,11 @@ pub const ENV_MIN_SIZE: &str = "USWAP_MIN_SIZE";
 pub const ENV_STATS_DIR: &str = "USWAP_STATS_DIR";
 pub const ENV_DISABLE: &str = "USWAP_DISABLE";
 pub const ENV_IDLE_AGE: &str = "USWAP_IDLE_AGE";
+pub const ENV_START_AFTER: &str = "USWAP_START_AFTER";
+
+/// The default of `USWAP_START_AFTER`: more than a shell, `sed`, `cc1` on a small file or a
+/// test runner's short process ever commits of heap, less than what is worth paging.
+pub const DEFAULT_START_AFTER_BYTES: u64 = 16 << 20;
 
 /// The heap region is never smaller than this (mimalloc's smallest arena is 32 MiB).
 const MIN_HEAP_BYTES: u64 = 256 << 20;
@@ -38,6 +44,10 @@ pub struct Config {
     /// Size of the managed heap region: everything the program can keep, in RAM or on the
     /// devices (limit plus device capacity).
     pub heap_bytes: usize,
+    /// The heap bytes mimalloc may commit before the pager starts (see the crate's doc,
+    /// "Lazy start"); 0: the pager starts before `main`. At most a sixteenth of the limit:
+    /// what a process waiting for its pager holds is outside the budget.
+    pub start_after_bytes: usize,
 }
 
 fn size_var(name: &str, default: u64) -> Result<u64, String> {
@@ -78,7 +88,17 @@ impl Config {
             say_address_space_limit(as_bytes, heap, capacity, limit_set_inside);
         }
         let heap_bytes = heap.next_multiple_of(32 << 20) as usize;
-        Ok(Config { limit_bytes, devices, fault_mode, min_size_bytes, stats_dir, idle_aging, heap_bytes })
+        let start_after_bytes = size_var(ENV_START_AFTER, DEFAULT_START_AFTER_BYTES)?.min(limit_bytes / 16) as usize;
+        Ok(Config {
+            limit_bytes,
+            devices,
+            fault_mode,
+            min_size_bytes,
+            stats_dir,
+            idle_aging,
+            heap_bytes,
+            start_after_bytes,
+        })
     }
 
     pub fn builder(&self) -> PagerBuilder {

@@ -48,7 +48,27 @@ const MI_OPTION_PURGE_DELAY: mi::mi_option_t = 15;
 /// time. 10 ms is mimalloc 2's default. `MIMALLOC_PURGE_DELAY` in the environment wins.
 const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
+/// mimalloc's `mi_commit_fun_t`: `bool (bool commit, void* start, size_t size, bool*
+/// is_zero, void* user_arg)`.
+type CommitFn = extern "C" fn(bool, *mut c_void, usize, *mut bool, *mut c_void) -> bool;
+
 extern "C" {
+    /// `bool mi_manage_memory(void* start, size_t size, bool is_committed, bool is_pinned,
+    /// bool is_zero, int numa_node, bool exclusive, mi_commit_fun_t* commit_fun, void*
+    /// commit_fun_arg, mi_arena_id_t* arena_id)`: an arena whose commits and decommits
+    /// mimalloc asks of `commit_fun`.
+    fn mi_manage_memory(
+        start: *mut c_void,
+        size: usize,
+        is_committed: bool,
+        is_pinned: bool,
+        is_zero: bool,
+        numa_node: i32,
+        exclusive: bool,
+        commit_fun: Option<CommitFn>,
+        commit_fun_arg: *mut c_void,
+        arena_id: *mut *mut c_void,
+    ) -> bool;
     /// `bool mi_manage_os_memory_ex(void* start, size_t size, bool is_committed, bool
     /// is_pinned, bool is_zero, int numa_node, bool exclusive, mi_arena_id_t* arena_id)`.
     fn mi_manage_os_memory_ex(
@@ -149,11 +169,13 @@ fn purge_delay_in_environment() -> bool {
     ["MIMALLOC_PURGE_DELAY", "MIMALLOC_RESET_DELAY"].iter().any(|v| std::env::var_os(v).is_some())
 }
 
-/// Hands `[start, start + len)` (a managed region, zero-filled on first touch) to mimalloc as
-/// its only memory and turns routing on. Called once, by the constructor. Only the first
-/// [`FIRST_ARENA_BYTES`] become an arena now; the rest follows as allocations need it
-/// ([`grow`]).
-pub fn start(start: usize, len: usize) -> Result<(), String> {
+/// Hands `[start, start + len)` (zero-filled on first touch: a managed region, or ordinary
+/// memory the pager will take over) to mimalloc as its only memory and turns routing on.
+/// Called once, by the constructor (or, starting before `main`, by the pager's start). Only
+/// the first [`FIRST_ARENA_BYTES`] become an arena now; the rest follows as allocations need
+/// it ([`grow`]). `start_after_bytes`: the process waits for its pager (lazy start, see the
+/// crate's doc), which starts once mimalloc has committed about that much ([`commit`]).
+pub fn start(start: usize, len: usize, start_after_bytes: Option<usize>) -> Result<(), String> {
     // SAFETY: option setters take plain integers; they run before any mimalloc allocation
     // (routing is still off, so nothing has called into mimalloc yet).
     unsafe {
@@ -184,7 +206,13 @@ pub fn start(start: usize, len: usize) -> Result<(), String> {
     }
     REGION_LEN.store(len, Ordering::Release);
     let first = len.min(FIRST_ARENA_BYTES);
-    add_arena(start, 0, first)?;
+    match start_after_bytes {
+        Some(bytes) => {
+            START_AFTER_BYTES.store(bytes, Ordering::Release);
+            add_counted_arena(start, first)?;
+        }
+        None => add_arena(start, 0, first)?,
+    }
     HANDED_BYTES.store(first, Ordering::Release);
     ARENA_START.store(start, Ordering::Release);
     ARENA_END.store(start + len, Ordering::Release);
@@ -215,6 +243,71 @@ fn add_arena(start: usize, off: usize, len: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Lazy start: the heap bytes mimalloc may commit before the pager starts (`usize::MAX`:
+/// not waiting), what it has committed of the first arena (about: a range partly committed
+/// already is counted whole, and the start only comes earlier for it), and the end of the
+/// furthest commit, an address (past it, nothing of the region was ever touched).
+static START_AFTER_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+static COMMITTED_BYTES: AtomicUsize = AtomicUsize::new(0);
+static COMMITTED_END: AtomicUsize = AtomicUsize::new(0);
+
+/// The prefix of the heap's region that may have been touched: what the pager scans for
+/// present pages when it takes the heap over. Every arena but the first was handed after
+/// the start, so the furthest commit of the first bounds it.
+pub fn committed_extent() -> usize {
+    COMMITTED_END.load(Ordering::Acquire).saturating_sub(arena_start())
+}
+
+/// The first arena of a process that waits for its pager: mimalloc commits and decommits
+/// through [`commit`], which counts, so that the pager starts when the heap is worth paging.
+fn add_counted_arena(start: usize, len: usize) -> Result<(), String> {
+    let mut id: *mut c_void = std::ptr::null_mut();
+    // SAFETY: as in `add_arena`; not committed as far as mimalloc knows, so it asks
+    // `commit` before it uses a range (the memory is readable and writable all the same).
+    let ok = unsafe {
+        mi_manage_memory(
+            start as *mut c_void,
+            len,
+            false,
+            false,
+            true,
+            -1,
+            false,
+            Some(commit),
+            std::ptr::null_mut(),
+            &mut id,
+        )
+    };
+    if !ok {
+        return Err(format!("mimalloc refused the heap's first arena at {start:#x} ({len} bytes)"));
+    }
+    Ok(())
+}
+
+/// mimalloc's commit and decommit of a range of the first arena (lazy start). A commit has
+/// nothing to do (the range is mapped read-write) but count; once the count passes
+/// `USWAP_START_AFTER`, the pager starts, here, on the allocating thread. A decommit (a
+/// purge) gives the pages back to the kernel, as mimalloc's own does: `MADV_DONTNEED`,
+/// which a running pager sees as an `UFFD_EVENT_REMOVE`. Returns true: done (and, for a
+/// decommit, to be committed again before reuse).
+extern "C" fn commit(commit: bool, start: *mut c_void, size: usize, is_zero: *mut bool, _arg: *mut c_void) -> bool {
+    if commit {
+        if !is_zero.is_null() {
+            // SAFETY: mimalloc's out-parameter, valid for the call. Not known zero: part of
+            // the range may have been committed and written before (as mimalloc's own).
+            unsafe { *is_zero = false };
+        }
+        let now = COMMITTED_BYTES.fetch_add(size, Ordering::AcqRel) + size;
+        COMMITTED_END.fetch_max(start as usize + size, Ordering::AcqRel);
+        if now >= START_AFTER_BYTES.load(Ordering::Acquire) && managed_caller() {
+            crate::start_if_waiting(crate::StartCause::Heap);
+        }
+        return true;
+    }
+    let _ = COMMITTED_BYTES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| Some(c.saturating_sub(size)));
+    real::sys_madvise(start, size, libc::MADV_DONTNEED) == 0
+}
+
 /// An allocation failed with `handed_seen` bytes handed to mimalloc: hands it the next piece
 /// of the region, as large as all handed so far (so the heap doubles), at most
 /// [`ARENA_CHUNK_BYTES`], and at least `want` bytes with room for the arena's metadata (up to
@@ -222,6 +315,9 @@ fn add_arena(start: usize, off: usize, len: usize) -> Result<(), String> {
 /// have grown the heap meanwhile, or there was more to hand; false once the region is all
 /// handed (the allocation then fails, as the program's malloc would).
 fn grow(handed_seen: usize, want: usize) -> bool {
+    // Arenas after the first are not counted (`commit`): the pager takes the heap over
+    // before the first of them is handed.
+    crate::start_if_waiting(crate::StartCause::Heap);
     let _g = GROW.lock().unwrap_or_else(|e| e.into_inner());
     let handed = HANDED_BYTES.load(Ordering::Acquire);
     if handed != handed_seen {

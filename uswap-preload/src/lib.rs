@@ -1,13 +1,28 @@
 //! `libuswap_preload.so`: the library `uswap run` preloads into an unmodified program so
 //! that uswap pages its memory.
 //!
-//! At load (an ELF constructor, before the program's `main`) it builds a [`uswap::Pager`]
-//! from the environment `uswap run` sets ([`config`]), maps one large managed region for the
-//! heap and hands it to mimalloc ([`heap`]), and starts managing the program's large
-//! anonymous `mmap`s ([`mmap`]); what glibc allocates for a new thread stays out of the
-//! managed heap ([`threads`]). At exit it writes the pager's counters where `uswap run`
-//! collects them ([`report`]). A process started by exec loads it again (the environment is
-//! inherited) and gets a pager of its own.
+//! At load (an ELF constructor, before the program's `main`) it reads the environment
+//! `uswap run` sets ([`config`]), reserves one large region for the heap and hands it to
+//! mimalloc ([`heap`]). The [`uswap::Pager`] starts when the process first needs one (below),
+//! takes the heap's region over with the pages it has, and from then on manages the
+//! program's large anonymous `mmap`s too ([`mmap`]); what glibc allocates for a new thread
+//! stays out of the managed heap ([`threads`]). At exit a process with a pager writes its
+//! counters where `uswap run` collects them ([`report`]). A process started by exec loads it
+//! again (the environment is inherited) and gets a pager of its own.
+//!
+//! **Lazy start.** Most processes of a tree are short and small (a shell, `sed`, `cc1` on a
+//! small file), and a pager's start costs milliseconds: two userfaultfds, tables, threads,
+//! and in signal mode the C library's system calls rewritten. So the pager starts at the
+//! first of: the heap's committed bytes passing `USWAP_START_AFTER` (mimalloc tells each
+//! commit and purge, [`heap`]), the program's first anonymous mapping that would be managed
+//! ([`mmap`]), its first thread ([`threads`]: the start needs the process to have one thread,
+//! see `syscalls`). Until then the process is the kernel's, at plain speed: its heap is
+//! ordinary memory (at most a sixteenth of the limit, outside the budget), and it leaves no
+//! record. What stays on every process's start-up path: loading this library, reading the
+//! environment, reserving the heap's address space and mimalloc's first arena. A start that
+//! fails later is said on stderr and left beside the records as a refusal (the run fails);
+//! the process goes on unmanaged, every byte kept. `USWAP_START_AFTER=0` starts the pager
+//! before `main`, as before.
 //!
 //! The engine and this library allocate only from the C library's malloc ([`real`]), never
 //! from the memory they manage; `heap::Guard` marks this library's own code on a thread.
@@ -36,7 +51,7 @@ pub mod unmanaged;
 #[global_allocator]
 static ALLOCATOR: real::LibcAllocator = real::LibcAllocator;
 
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
 /// The process's pager, built by the constructor (or, in a fork child, by `fork`'s re-arm)
@@ -124,7 +139,10 @@ pub fn pager() -> Option<&'static uswap::Pager> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
-fn start() -> Result<(), String> {
+/// The constructor's work: the configuration, then the pager now
+/// (`USWAP_START_AFTER=0`) or the heap as ordinary memory until the pager is needed
+/// ([`start_if_waiting`]).
+fn prepare() -> Result<(), String> {
     let _g = own_code::Guard::enter();
     // The C library's malloc serves only uswap from now on (the program's goes to the
     // managed heap): one arena, and blocks up to 32 MiB from the brk heap rather than
@@ -138,8 +156,132 @@ fn start() -> Result<(), String> {
     // Before the configuration sizes anything to an address-space limit.
     let limit_set_inside = rlimit::inherit();
     let cfg = config::Config::from_env(limit_set_inside)?;
-    if cfg.fault_mode == uswap::FaultMode::Signal {
-        // SAFETY: the library's constructor: the process has one thread.
+    // Set once, here: the constructor runs once per image.
+    let cfg = CONFIG.get_or_init(move || cfg);
+    fork::start()?;
+    if cfg.start_after_bytes == 0 {
+        return start_pager(cfg, None);
+    }
+    let len = cfg.heap_bytes;
+    let start = reserve_heap(len)?;
+    heap::start(start, len, Some(cfg.start_after_bytes))?;
+    // The kernel's address-space limit is refitted once the pager runs (`start_pager`):
+    // until then the one a managed parent gave, with room for its own pager, stays.
+    WAITING.store(true, Ordering::Release);
+    Ok(())
+}
+extern "C" fn init() {
+    if std::env::var_os(config::ENV_DISABLE).is_some() {
+        return;
+    }
+    if let Err(e) = prepare() {
+        let msg = format!("uswap: cannot manage this process ({}): {e}\n", std::process::id());
+        note_refusal(&msg);
+        real::fatal(msg.as_bytes());
+    }
+}
+
+/// Set from the constructor until the pager starts (lazy start, see the module doc).
+static WAITING: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process waits for its pager (lazy start).
+pub fn is_waiting() -> bool {
+    WAITING.load(Ordering::Acquire)
+}
+
+/// Reserves the heap's address space as ordinary memory (lazy start): readable and writable,
+/// committed by the kernel on first touch, no transparent huge pages (the pager will take
+/// it over, and moves split them).
+fn reserve_heap(len: usize) -> Result<usize, String> {
+    let p = real::sys_mmap(
+        std::ptr::null_mut(),
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+        -1,
+        0,
+    );
+    if p == libc::MAP_FAILED {
+        return Err(format!("cannot reserve the heap ({len} bytes): {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: advice on the mapping just made; it changes how the kernel backs it only.
+    unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+    Ok(p as usize)
+}
+
+/// What brought a waiting process's pager up (said only if the start fails).
+#[derive(Clone, Copy)]
+pub(crate) enum StartCause {
+    /// The heap's committed bytes passed `USWAP_START_AFTER`.
+    Heap,
+    /// A mapping that would be managed (its bytes).
+    Mapping(usize),
+    /// The program's first thread.
+    Thread,
+    /// The program set its own address-space limit (`ulimit -v`; see `rlimit`).
+    AddressSpaceLimit,
+}
+
+impl std::fmt::Display for StartCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartCause::Heap => write!(f, "its heap"),
+            StartCause::Mapping(bytes) => write!(f, "a mapping of {bytes} bytes"),
+            StartCause::Thread => write!(f, "its first thread"),
+            StartCause::AddressSpaceLimit => write!(f, "an address-space limit it set"),
+        }
+    }
+}
+
+/// Starts the pager of a process that waits for it (lazy start), once, on the thread that
+/// needs it; a no-op otherwise. A failure is said on stderr and left as a refusal for
+/// `uswap run`; the process goes on unmanaged, every byte kept. Must not be called from a
+/// signal handler (it allocates, maps and starts threads).
+pub(crate) fn start_if_waiting(cause: StartCause) {
+    if WAITING.compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    let Some(cfg) = config() else { return };
+    let heap = (heap::arena_start(), cfg.heap_bytes, heap::committed_extent());
+    if let Err(e) = start_pager(cfg, Some(heap)) {
+        let msg = format!(
+            "uswap: process {} runs unmanaged, every byte kept (its pager was to start for {cause}): {e}\n",
+            std::process::id()
+        );
+        real::write_stderr(msg.as_bytes());
+        note_refusal(&msg);
+    }
+}
+
+/// Builds the pager and makes it the process's: `heap`, the heap reserved as ordinary
+/// memory (start, length, and the prefix that may have been touched) to take over, or none
+/// to map it now (start before `main`).
+fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>) -> Result<(), String> {
+    let _g = own_code::Guard::enter();
+    let mut fault_mode = cfg.fault_mode;
+    if fault_mode == uswap::FaultMode::Signal && heap.is_some() {
+        // The rewrite of the C library's code needs one thread (one made with a raw
+        // `clone`, or in another library's constructor, was not seen starting); and
+        // asynchronous I/O set up before the start was not seen either (signal mode says
+        // and counts it when the system calls are routed, see `syscalls`).
+        let why = if !single_threaded() {
+            Some("it has threads uswap did not see start")
+        } else if async_io_in_use() {
+            Some("it set up io_uring or AIO before its pager started, and the kernel's own accesses need it")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            fault_mode = uswap::FaultMode::Thread;
+            eprintln!("uswap: process {} runs in thread mode: {why}", std::process::id());
+        }
+    }
+    if fault_mode == uswap::FaultMode::Signal {
+        if heap.is_some() {
+            // What the program blocked before its pager existed: SIGBUS must get through.
+            unblock_sigbus();
+        }
+        // SAFETY: the process has one thread (the constructor's, or checked above).
         let r = unsafe { syscalls::start(cfg.stats_dir.as_deref()) }
             .map_err(|e| format!("cannot route system calls through uswap: {e}"))?;
         if r.patched == r.sites {
@@ -160,7 +302,7 @@ fn start() -> Result<(), String> {
     // What follows is the engine's set-up, not the program's calls (a file device's rings
     // are not the program's io_uring).
     let _direct = syscalls::EngineCalls::enter();
-    let mut builder = cfg.builder().regions_survive_fork(true);
+    let mut builder = cfg.builder().fault_mode(fault_mode).regions_survive_fork(true);
     if let Some(dir) = &cfg.stats_dir {
         let path = dir.join(uswap::shared_charge::SEGMENT_FILE);
         if path.exists() {
@@ -174,21 +316,25 @@ fn start() -> Result<(), String> {
     let pager = builder.build().map_err(|e| format!("cannot start the pager: {e}"))?;
     // Not yet the process's pager (`pager()` stays None until start-up is done).
     let pager: &'static uswap::Pager = Box::leak(Box::new(pager));
-    let heap_region = pager
-        .map(cfg.heap_bytes)
-        .map_err(|e| format!("cannot map the managed heap ({} bytes): {e}", cfg.heap_bytes))?;
+    let heap_region = match heap {
+        Some((start, len, touched)) => pager
+            .adopt_touched_prefix(start, len, touched)
+            .map_err(|e| format!("cannot take the heap over ({len} bytes at {start:#x}): {e}"))?,
+        None => pager
+            .map(cfg.heap_bytes)
+            .map_err(|e| format!("cannot map the managed heap ({} bytes): {e}", cfg.heap_bytes))?,
+    };
     let (start, len) = (heap_region.as_ptr() as usize, heap_region.len());
     // The heap region lives as long as the process.
     std::mem::forget(heap_region);
-    heap::start(start, len)?;
+    if heap.is_none() {
+        heap::start(start, len, None)?;
+    }
     mmap::start(cfg.min_size_bytes);
     report::start(cfg.stats_dir.clone());
     PAGER.store(pager as *const uswap::Pager as *mut uswap::Pager, Ordering::Release);
-    let signal_mode = cfg.fault_mode == uswap::FaultMode::Signal;
-    let _ = CONFIG.set(cfg);
-    fork::start()?;
     rlimit::refit();
-    if signal_mode {
+    if fault_mode == uswap::FaultMode::Signal {
         signals::start();
         altstack::install_on_this_thread();
         uswap::note_thread_start();
@@ -196,14 +342,33 @@ fn start() -> Result<(), String> {
     Ok(())
 }
 
-extern "C" fn init() {
-    if std::env::var_os(config::ENV_DISABLE).is_some() {
-        return;
-    }
-    if let Err(e) = start() {
-        let msg = format!("uswap: cannot manage this process ({}): {e}\n", std::process::id());
-        note_refusal(&msg);
-        real::fatal(msg.as_bytes());
+/// Whether the process has one thread (`/proc/self/stat`'s 20th field); false when unknown.
+fn single_threaded() -> bool {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return false };
+    // The command name (field 2) may hold spaces and parentheses: count from its end.
+    let Some(after_comm) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return false };
+    after_comm.split_whitespace().nth(17) == Some("1")
+}
+
+/// Whether the process has an io_uring instance (a descriptor `anon_inode:[io_uring]`) or an
+/// AIO context (a `/[aio]` mapping); false when unknown.
+fn async_io_in_use() -> bool {
+    let uring =
+        std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten().take(1 << 16).any(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str().as_encoded_bytes().ends_with(b"[io_uring]"))
+        });
+    uring || std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("/[aio]"))
+}
+
+/// Takes SIGBUS out of this thread's mask (a signal-mode pager's faults are SIGBUS).
+fn unblock_sigbus() {
+    // SAFETY: an empty set with SIGBUS added, passed to the C library's pthread_sigmask
+    // (uswap's own call: `signals` lets it through).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGBUS);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
     }
 }
 

@@ -82,7 +82,7 @@ fn say_lock_all_once() {
 /// Thread mode: call `nr` with [`before`] and [`after`] around it; in signal mode the
 /// rewritten system-call path does that, so the call is only made.
 fn interposed(nr: c_long, a: [u64; 6]) -> libc::c_int {
-    let thread_mode = crate::config().is_some_and(|c| c.fault_mode != uswap::FaultMode::Signal);
+    let thread_mode = crate::pager().is_some_and(|p| p.fault_mode() != uswap::FaultMode::Signal);
     let recorded = if thread_mode { before(nr, &a) } else { None };
     // SAFETY: the memory-locking system calls; the kernel validates every argument.
     let r = unsafe { libc::syscall(nr, a[0], a[1], a[2]) } as libc::c_int;

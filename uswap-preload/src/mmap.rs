@@ -124,7 +124,7 @@ enum Plan {
     Plain,
 }
 
-fn plan(addr: *mut c_void, len: usize, prot: i32, flags: i32, cfg: &Config) -> Plan {
+fn plan(addr: *mut c_void, len: usize, prot: i32, flags: i32, min_size_bytes: usize) -> Plan {
     // The mapping type is a 4-bit field (MAP_SHARED_VALIDATE = MAP_SHARED | MAP_PRIVATE),
     // not flags: compare it whole.
     const MAP_TYPE: i32 = 0x0f;
@@ -142,14 +142,14 @@ fn plan(addr: *mut c_void, len: usize, prot: i32, flags: i32, cfg: &Config) -> P
     // The kernel places the mapping where the program asked (`MAP_32BIT`: below 2 GiB, as a
     // JIT with 32-bit pointers needs), then it is adopted; a region uswap maps lies anywhere.
     let placed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_32BIT) != 0;
-    if addr.is_null() && !placed && prot == libc::PROT_READ | libc::PROT_WRITE && len >= cfg.min_size_bytes {
+    if addr.is_null() && !placed && prot == libc::PROT_READ | libc::PROT_WRITE && len >= min_size_bytes {
         return Plan::Map;
     }
     let over_managed = flags & libc::MAP_FIXED != 0
         && page_round_up(len)
             .and_then(|l| (addr as usize).checked_add(l))
             .is_some_and(|end| overlaps_managed(addr as usize, end));
-    if len >= cfg.min_size_bytes || over_managed {
+    if len >= min_size_bytes || over_managed {
         return Plan::MapThenAdopt;
     }
     Plan::Plain
@@ -218,6 +218,7 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
 /// A managed mapping of `len` bytes for the heap's largest blocks (see `heap::huge`), or
 /// `None` when this process is not managed or the pager refuses it.
 pub fn map_for_heap(len: usize) -> Option<*mut c_void> {
+    crate::start_if_waiting(crate::StartCause::Mapping(len));
     let cfg = config()?;
     let _g = Guard::enter();
     map_managed(&cfg, len)
@@ -230,7 +231,7 @@ pub fn managed_len(start: usize) -> Option<usize> {
 
 /// `mmap` for a managed process, on the program's behalf (the caller holds a [`Guard`]).
 fn map(cfg: &Config, addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
-    match plan(addr, len, prot, flags, cfg) {
+    match plan(addr, len, prot, flags, cfg.min_size_bytes) {
         Plan::Map => {
             if let Some(p) = map_managed(cfg, len) {
                 return p;
@@ -250,7 +251,23 @@ fn map(cfg: &Config, addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i
 
 #[no_mangle]
 pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
+    program_mmap(addr, len, prot, flags, fd, off)
+}
+
+/// The program's `mmap` and `mmap64`. A function of its own: a call from inside this library
+/// to the symbol `mmap` is linked to the kernel's (`__wrap_mmap`, see `build.rs`).
+fn program_mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
     if !in_uswap() && !uswap::is_engine_thread() {
+        if crate::is_waiting() {
+            // Lazy start: the first mapping that would be managed starts the pager.
+            // Shared anonymous memory too: it is never managed, but a process with a pager
+            // measures it as unmanaged and reports it (`--strict`).
+            let min_size_bytes = crate::config().map_or(usize::MAX, |c| c.min_size_bytes);
+            let anonymous = flags & libc::MAP_ANONYMOUS != 0 && len >= min_size_bytes;
+            if anonymous || plan(addr, len, prot, flags, min_size_bytes) != Plan::Plain {
+                crate::start_if_waiting(crate::StartCause::Mapping(len));
+            }
+        }
         if let Some(cfg) = config() {
             let _g = Guard::enter();
             let p = map(&cfg, addr, len, prot, flags, fd, off);
@@ -265,6 +282,20 @@ pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd:
     real::sys_mmap(addr, len, prot, flags, fd, off)
 }
 
+/// `mmap` as called from inside this library (linked with `--wrap=mmap`, see `build.rs`):
+/// mimalloc's own mappings, the engine's and the Rust runtime's go to the kernel as asked.
+#[no_mangle]
+pub extern "C" fn __wrap_mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    fd: i32,
+    off: libc::off_t,
+) -> *mut c_void {
+    real::sys_mmap(addr, len, prot, flags, fd, off)
+}
+
 #[no_mangle]
 pub extern "C" fn mmap64(
     addr: *mut c_void,
@@ -274,7 +305,7 @@ pub extern "C" fn mmap64(
     fd: i32,
     off: libc::off_t,
 ) -> *mut c_void {
-    mmap(addr, len, prot, flags, fd, off)
+    program_mmap(addr, len, prot, flags, fd, off)
 }
 
 /// Removes and returns the entries for which `take` holds (dropped by the caller, outside
@@ -514,7 +545,7 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
         return 0;
     }
     let populating = advice == MADV_POPULATE_READ || advice == MADV_POPULATE_WRITE;
-    let signal_mode = crate::config().is_some_and(|c| c.fault_mode == uswap::FaultMode::Signal);
+    let signal_mode = crate::pager().is_some_and(|p| p.fault_mode() == uswap::FaultMode::Signal);
     if populating && ours && signal_mode && managed() {
         return populate(start, len, advice);
     }

@@ -166,6 +166,9 @@ pub unsafe extern "C" fn prlimit64(
     if new.is_null() {
         return if old.is_null() { 0 } else { get_own(old) };
     }
+    // A process waiting for its pager starts it first: the limit must leave room for the
+    // pager's own reservations, which are known only once it runs.
+    crate::start_if_waiting(crate::StartCause::AddressSpaceLimit);
     if crate::pager().is_none() {
         return sys_prlimit(pid, resource, new, old);
     }

@@ -89,8 +89,12 @@ pub unsafe extern "C" fn pthread_create(
 ) -> libc::c_int {
     let real = real_pthread_create();
     let ours = own_code::in_uswap() || uswap::is_engine_thread();
+    if !ours {
+        // Lazy start: a pager starts while the process has one thread (see `syscalls`).
+        crate::start_if_waiting(crate::StartCause::Thread);
+    }
     let _g = own_code::Guard::enter();
-    let signal_mode = || crate::config().is_some_and(|c| c.fault_mode == uswap::FaultMode::Signal);
+    let signal_mode = || crate::pager().is_some_and(|p| p.fault_mode() == uswap::FaultMode::Signal);
     // uswap's own threads, and the program's in signal mode, start in a wrapper of ours.
     let wrapper: Option<StartRoutine> = if ours {
         Some(uswap_thread_start)

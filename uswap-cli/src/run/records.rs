@@ -181,7 +181,7 @@ pub(super) fn summary_line(s: &serde_json::Value) -> String {
         None => String::new(),
     };
     format!(
-        "uswap run: {} process(es), limit {}{auto}, resident peak {}, pool peak {}, managed peak {}, unmanaged peak {}, \
+        "uswap run: {} process(es) with a pager, limit {}{auto}, resident peak {}, pool peak {}, managed peak {}, unmanaged peak {}, \
          stalled {:.2} s, pswpin {}, pswpout {}, major faults {}",
         g("processes"),
         format_size(g("limit_bytes")),

@@ -21,11 +21,22 @@ const MAX_PROCS_SCANNED: usize = 1 << 22;
 /// The running processes (not zombies) of the tree whose directory is `dir`, besides the
 /// program `program_pid` and this process, in this process's session.
 pub(super) fn running_in_session(dir: &Path, slot_pids: &[u32], program_pid: u32) -> Vec<u32> {
+    // SAFETY: getsid(0) only reads this process's session id.
+    let our_session = unsafe { libc::getsid(0) };
+    let mut pids = running(dir, slot_pids, program_pid);
+    // SAFETY: getsid reads a process's session id (-1 for one that is gone).
+    pids.retain(|&pid| unsafe { libc::getsid(pid as libc::pid_t) } == our_session);
+    pids
+}
+
+/// The running processes (not zombies) of the tree whose directory is `dir`, besides the
+/// program `program_pid` and this process, in any session: those with a pager (a slot of
+/// the charge, `slot_pids`) and those waiting for one (lazy start: known by their
+/// environment only).
+pub(super) fn running(dir: &Path, slot_pids: &[u32], program_pid: u32) -> Vec<u32> {
     let mut marker = format!("{ENV_STATS_DIR}=").into_bytes();
     marker.extend_from_slice(dir.as_os_str().as_encoded_bytes());
     marker.push(0);
-    // SAFETY: getsid(0) only reads this process's session id.
-    let our_session = unsafe { libc::getsid(0) };
     let me = std::process::id();
     let mut pids: Vec<u32> = std::fs::read_dir("/proc")
         .into_iter()
@@ -35,9 +46,7 @@ pub(super) fn running_in_session(dir: &Path, slot_pids: &[u32], program_pid: u32
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != me && pid != program_pid)
         .filter(|&pid| slot_pids.contains(&pid) || environ_has(pid, &marker))
-        .filter(|&pid| running(pid))
-        // SAFETY: getsid reads a process's session id (-1 for one that is gone).
-        .filter(|&pid| unsafe { libc::getsid(pid as libc::pid_t) } == our_session)
+        .filter(|&pid| is_running(pid))
         .collect();
     pids.sort_unstable();
     pids
@@ -54,7 +63,7 @@ fn environ_has(pid: u32, marker: &[u8]) -> bool {
 }
 
 /// A process that is not a zombie (ended, not yet reaped) nor gone.
-pub(super) fn running(pid: u32) -> bool {
+pub(super) fn is_running(pid: u32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
@@ -69,10 +78,10 @@ pub(super) fn end(pids: &[u32]) -> usize {
     }
     let deadline = Instant::now() + TERM_GRACE;
     // Bounded by the deadline.
-    while Instant::now() < deadline && pids.iter().any(|&p| running(p)) {
+    while Instant::now() < deadline && pids.iter().any(|&p| is_running(p)) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let left: Vec<u32> = pids.iter().copied().filter(|&p| running(p)).collect();
+    let left: Vec<u32> = pids.iter().copied().filter(|&p| is_running(p)).collect();
     for &pid in &left {
         // SAFETY: as above.
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
