@@ -29,7 +29,6 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::mapping::{for_each_present_page, AppMapping};
 use crate::pager::Pager;
-use crate::reclaim;
 use crate::region::{PageRef, PageState, RegionInner, MAX_REGIONS, MAX_REGION_BYTES, REGIONS};
 use crate::region_handle::Region;
 use crate::release::Released;
@@ -107,16 +106,17 @@ impl Region {
             // The UNMAP for the replaced pages was read before the application's mmap
             // returned; under the reader lock it has been applied too (module doc).
             let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
+            let release = shared.release_cx();
             let mut released = Released::default();
             for page in first..last {
                 let pte = crate::events::lock_page(inner, page);
                 // Normally `Gone`. Anything else was not unmapped after all (a mapping the
                 // kernel refused to replace partly): it keeps nothing and reads zero, as
                 // the new mapping does.
-                shared.release_page(pte, &mut released);
+                release.release_page(pte, &mut released);
                 inner.store(page, pte.next(PageState::None, None).with_referenced(false));
             }
-            shared.apply_released(released);
+            release.apply_released(released);
         }
         let (addr, len) = (inner.page_addr(first), (last - first) * PAGE_SIZE);
         if let Err(e) = prepare_range(shared, addr, len) {
@@ -170,14 +170,15 @@ fn charge_present(shared: &PagerShared, inner: &RegionInner, (idx, gen): (usize,
     if present.is_empty() {
         return;
     }
-    reclaim::charge(shared, present.len(), false);
+    let reclaim = shared.reclaim_cx();
+    reclaim.charge(present.len(), false);
     for &page in &present {
         let pte = crate::events::lock_page(inner, page);
         if pte.state() != PageState::None {
             // Faulted in since the scan (it was missing then, or the application discarded
             // it): that fault charged it.
             inner.store(page, pte.unbusy());
-            reclaim::uncharge(shared, 1);
+            reclaim.uncharge(1);
             continue;
         }
         let new = pte.next(PageState::Resident, None);
@@ -199,7 +200,7 @@ impl Pager {
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let shared: &PagerShared = self.shared();
         let mut result = Ok(());
-        crate::events::for_each_overlap(shared, addr, addr.saturating_add(len_bytes), |r, first, last| {
+        crate::events::for_each_overlap(&shared.events_cx(), addr, addr.saturating_add(len_bytes), |r, first, last| {
             if result.is_ok() {
                 result = unmanage_pages(shared, r, first, last);
             }
@@ -234,12 +235,13 @@ fn unmanage_pages(shared: &PagerShared, r: &RegionInner, first: usize, last: usi
     // Fails only for a range the application unmapped meanwhile: nothing left to let go of.
     let _ = shared.uffd.unregister(addr, len);
     r.note_gone();
+    let release = shared.release_cx();
     let mut released = Released::default();
     for (page, pte) in (first..last).zip(held) {
-        shared.release_page(pte, &mut released);
+        release.release_page(pte, &mut released);
         r.store(page, pte.next(PageState::Gone, None).with_referenced(false));
     }
-    shared.apply_released(released);
+    release.apply_released(released);
     Ok(())
 }
 
@@ -253,10 +255,11 @@ fn put_back(
     buf: &mut crate::backend::AlignedPage,
 ) {
     let addr = r.page_addr(page);
+    let events = shared.events_cx();
     // Bounded: an EAGAIN lasts until a pending event is read, which the reader lock held
     // here does not prevent for long (the kernel's own event queue); give up after a while.
     for _ in 0..PUT_BACK_ATTEMPTS {
-        match crate::events::copy_page(shared, addr, pte, buf) {
+        match crate::events::copy_page(&events, addr, pte, buf) {
             // EEXIST: something is mapped there already (the application's own).
             RangeResult::Done | RangeResult::Partial { errno: libc::EEXIST, .. } => return,
             RangeResult::Partial { errno: libc::EAGAIN, .. } => std::thread::yield_now(),
@@ -264,7 +267,7 @@ fn put_back(
         }
     }
     shared.stats.inc(crate::stats::Counter::FaultError);
-    shared.record_error(addr, pte.entry(), crate::state::PageErrorKind::ReadFailed);
+    shared.errors.record(addr, pte.entry(), crate::state::PageErrorKind::ReadFailed);
 }
 
 /// Tries of [`put_back`] while the kernel answers `EAGAIN`.

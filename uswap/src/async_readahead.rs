@@ -11,7 +11,7 @@
 //!
 //! How: each device with an [`crate::backend::AsyncReader`] has a few *contexts*, each a reader (its own
 //! io_uring and buffer) plus a *listing* saying which page each buffer page was read for. At
-//! the end of a swap-in whose window showed a sequential stream, [`AsyncReadahead::start_after`]
+//! the end of a swap-in whose window showed a sequential stream, [`AsyncRa::start_after`]
 //! locks the swapped pages of the next window(s), lists them in a free context, starts the
 //! reads, and marks the pages with the async-read hint. A later fault on such a page finds
 //! its context, waits for the reads if they are still in flight, and maps the listed pages
@@ -24,7 +24,7 @@
 //! while the buffer cannot be reused. A page is only listed by a starter holding its busy
 //! bit, so a listing entry names a page that has stayed SWAPPED at that entry ever since:
 //! every transition of the page either claims its entry (swap-in) or takes place after its
-//! region left the registry ([`AsyncReadahead::forget_region`] clears those), or moves it to
+//! region left the registry ([`AsyncRa::forget_region`] clears those), or moves it to
 //! another slot (tier writeback), which the consumer sees as an entry mismatch.
 //!
 //! Locking (its place in the hierarchy, and why it may be held across reads: `crate::sync`):
@@ -47,27 +47,57 @@ use crate::readahead::{Window, MAX_WINDOW_PAGES};
 use crate::region::{PageRef, PageState, RegionInner, RegionSet};
 pub(crate) use crate::state::async_readahead::AsyncReadahead;
 use crate::state::async_readahead::{Context, ContextIo};
+
+/// Asynchronous readahead's context: the pager's readahead contexts (`AsyncReadahead`), the
+/// counters it keeps, and the pager's identity (to find its regions). Built by
+/// [`PagerShared::async_ra_cx`]; used by swap-in (start, find, consume), events and release
+/// (forget a page's or a region's listings).
+#[derive(Clone, Copy)]
+pub(crate) struct AsyncRa<'a> {
+    id: PagerId,
+    ra: &'a AsyncReadahead,
+    stats: &'a PerCpuStats,
+}
+use crate::state::async_readahead::Listed;
 pub use crate::state::async_readahead::{DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
-use crate::state::PagerShared;
+use crate::state::{PagerId, PagerShared};
 use crate::stats::Counter;
+use crate::stats::PerCpuStats;
 use crate::swap::SwapEntry;
 
-impl AsyncReadahead {
+impl PagerShared {
+    /// Asynchronous readahead's context (see [`AsyncRa`]).
+    pub(crate) fn async_ra_cx(&self) -> AsyncRa<'_> {
+        AsyncRa { id: self.id(), ra: &self.async_ra, stats: &self.stats }
+    }
+}
+
+impl<'a> AsyncRa<'a> {
+    /// Context `ctx` (an index from [`find`](Self::find) or a listing).
+    pub fn context(&self, ctx: usize) -> &'a Context {
+        self.ra.context(ctx)
+    }
+
+    /// Where the page `owner` is listed for `entry`, if it is.
+    pub fn find(&self, owner: u64, entry: SwapEntry) -> Option<Listed> {
+        self.ra.find(owner, entry)
+    }
+
     /// Throws away the listing of a page the caller holds (busy) and will read itself.
     /// Lock-free.
-    pub fn forget_page(&self, p: &PagerShared, owner: u64, entry: SwapEntry) {
-        if let Some(l) = self.find(owner, entry) {
-            if self.contexts[l.ctx].claim(l.idx, owner) {
-                p.stats.inc(Counter::SwapRaAsyncDropped);
+    pub fn forget_page(&self, owner: u64, entry: SwapEntry) {
+        if let Some(l) = self.ra.find(owner, entry) {
+            if self.ra.contexts[l.ctx].claim(l.idx, owner) {
+                self.stats.inc(Counter::SwapRaAsyncDropped);
             }
         }
     }
 
     /// Clears every listing of a region that left the registry (its pages are gone; reads
     /// still in flight land in buffers nobody will map from). Lock-free.
-    pub fn forget_region(&self, p: &PagerShared, reg_idx: usize) {
+    pub fn forget_region(&self, reg_idx: usize) {
         let mut dropped = 0;
-        for c in self.contexts.iter() {
+        for c in self.ra.contexts.iter() {
             for (i, o) in c.owner.iter().enumerate() {
                 let v = o.load(Ordering::Acquire);
                 if v != 0 && PageRef::from_owner(v).region_idx == reg_idx && c.claim(i, v) {
@@ -75,21 +105,14 @@ impl AsyncReadahead {
                 }
             }
         }
-        p.stats.add(Counter::SwapRaAsyncDropped, dropped);
+        self.stats.add(Counter::SwapRaAsyncDropped, dropped);
     }
 
     /// After a swap-in with window `w` on the faulting `region`, starts reading the next
     /// windows of its stream if it is sequential (forward or backward, with a window of the
     /// maximum size). Pages already in flight, resident or busy are left out.
-    pub fn start_after(
-        &self,
-        p: &PagerShared,
-        region: &RegionInner,
-        (reg_idx, reg_gen): (usize, u32),
-        faulting: usize,
-        w: Window,
-    ) {
-        if self.windows == 0 || w.len < self.window_pages {
+    pub fn start_after(&self, region: &RegionInner, (reg_idx, reg_gen): (usize, u32), faulting: usize, w: Window) {
+        if self.ra.windows == 0 || w.len < self.ra.window_pages {
             return;
         }
         let forward = w.start == faulting;
@@ -97,7 +120,7 @@ impl AsyncReadahead {
         if forward == backward {
             return; // centred (or a single page): not a stream
         }
-        for k in 1..=self.windows {
+        for k in 1..=self.ra.windows {
             let next = if forward {
                 let start = w.end() + (k - 1) * w.len;
                 if start >= region.nr_pages {
@@ -108,13 +131,13 @@ impl AsyncReadahead {
                 let Some(start) = w.start.checked_sub(k * w.len) else { return };
                 Window { start, len: w.len }
             };
-            self.start(p, region, (reg_idx, reg_gen), next);
+            self.start(region, (reg_idx, reg_gen), next);
         }
     }
 
     /// Starts an asynchronous read of the swapped pages of `w` (those on the device of its
     /// first such page) into a free context.
-    fn start(&self, p: &PagerShared, region: &RegionInner, (reg_idx, reg_gen): (usize, u32), w: Window) {
+    fn start(&self, region: &RegionInner, (reg_idx, reg_gen): (usize, u32), w: Window) {
         // Cheap check first: anything to read, and on which device?
         let Some(device) = (w.start..w.end()).find_map(|q| {
             let pte = region.load(q);
@@ -123,10 +146,10 @@ impl AsyncReadahead {
             return;
         };
         // A free context of that device: round robin, never waiting for one.
-        let n = self.contexts.len();
-        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = self.ra.contexts.len();
+        let first = self.ra.next.fetch_add(1, Ordering::Relaxed);
         let Some((ctx, mut io)) = (0..n).map(|k| (first + k) % n).find_map(|i| {
-            let c = &self.contexts[i];
+            let c = &self.ra.contexts[i];
             if c.device != device {
                 return None;
             }
@@ -134,8 +157,8 @@ impl AsyncReadahead {
         }) else {
             return;
         };
-        let c = &self.contexts[ctx];
-        self.retire(p, c, &mut io);
+        let c = &self.ra.contexts[ctx];
+        self.retire(c, &mut io);
         let pages = lock_window(region, w, device, c.owner.len());
         if pages.is_empty() {
             return;
@@ -150,13 +173,13 @@ impl AsyncReadahead {
             }
         }
         if started {
-            p.stats.add(Counter::SwapRaAsyncStarted, pages.len() as u64);
+            self.stats.add(Counter::SwapRaAsyncStarted, pages.len() as u64);
         }
     }
 
     /// Makes a context reusable: waits for its reads, throws away what nobody claimed, and
     /// takes the async-read hint off those pages when they can be locked at once.
-    fn retire(&self, p: &PagerShared, c: &Context, io: &mut ContextIo) {
+    fn retire(&self, c: &Context, io: &mut ContextIo) {
         io.wait();
         let mut set = RegionSet::new();
         let mut dropped = 0;
@@ -167,7 +190,7 @@ impl AsyncReadahead {
             }
             dropped += 1;
             let r = PageRef::from_owner(owner);
-            let Ok(gi) = set.get(p, r) else { continue };
+            let Ok(gi) = set.get(self.id, r) else { continue };
             let region = &set.g[gi];
             let pte = region.load(r.page);
             let entry = SwapEntry::from_bits(c.entry[i].load(Ordering::Relaxed));
@@ -177,18 +200,18 @@ impl AsyncReadahead {
                 }
             }
         }
-        p.stats.add(Counter::SwapRaAsyncDropped, dropped);
+        self.stats.add(Counter::SwapRaAsyncDropped, dropped);
     }
 }
 
 /// A page of an asynchronous read: its entry, its index in the region, its word as locked.
-type Listed = (SwapEntry, usize, crate::region::Pte);
+type Locked = (SwapEntry, usize, crate::region::Pte);
 
 /// Locks the swapped pages of `w` on `device` not read asynchronously already, up to `cap`
 /// (a context's buffer), in slot order, so that runs of consecutive slots land in
 /// consecutive buffer pages.
-fn lock_window(region: &RegionInner, w: Window, device: usize, cap: usize) -> ArrayVec<Listed, MAX_WINDOW_PAGES> {
-    let mut pages: ArrayVec<Listed, MAX_WINDOW_PAGES> = ArrayVec::new();
+fn lock_window(region: &RegionInner, w: Window, device: usize, cap: usize) -> ArrayVec<Locked, MAX_WINDOW_PAGES> {
+    let mut pages: ArrayVec<Locked, MAX_WINDOW_PAGES> = ArrayVec::new();
     for q in w.start..w.end() {
         if pages.len() == cap {
             break;
@@ -208,7 +231,7 @@ fn lock_window(region: &RegionInner, w: Window, device: usize, cap: usize) -> Ar
 /// Lists the locked `pages` (sorted by slot) in context `c`, whose lock `io` the caller
 /// holds, and starts their reads, a run of consecutive slots each. Returns whether the
 /// reads started (if not, the listings stay, for the caller to clear).
-fn list_and_read(c: &Context, io: &mut ContextIo, pages: &[Listed], (reg_idx, reg_gen): (usize, u32)) -> bool {
+fn list_and_read(c: &Context, io: &mut ContextIo, pages: &[Locked], (reg_idx, reg_gen): (usize, u32)) -> bool {
     // Retired, under its lock: nothing is listed (a claim only clears a listing, and only a
     // starter holding the lock makes one).
     debug_assert!(c.owner.iter().all(|o| o.load(Ordering::Relaxed) == 0), "a retired context lists nothing");

@@ -78,18 +78,63 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_utils::Backoff;
 
+use crate::async_readahead::AsyncRa;
 use crate::backend::{AlignedPage, ReadReq};
+use crate::bounce::BounceBuffers;
 use crate::mapping::registry::RegistryGuard;
 use crate::options::FaultMode;
 use crate::region::{PageRef, PageState, Pte, RegionInner, REGIONS};
-use crate::release::Released;
-use crate::state::events::{TakeOut, TakeOuts, TAKE_OUT_RANGES};
-use crate::state::{PageErrorKind, PagerShared};
+use crate::release::{Release, Released};
+use crate::state::events::{EventState, TakeOut, TakeOuts, TAKE_OUT_RANGES};
+use crate::state::{ErrorLog, PageErrorKind, PagerId, PagerShared, Parent, Shutdown};
+use crate::stats::{Counter, PerCpuStats};
+use crate::swap::SwapDevices;
+use crate::uffd::Uffd;
 
 type Guard<'a> = RegistryGuard<'a, RegionInner>;
-use crate::stats::Counter;
 use crate::swapin::READ_ATTEMPTS;
 use crate::uffd::{self, Doorbell, Event, RangeResult, UffdMsg, PAGE_SIZE};
+
+/// The events' context: the event state (reader lock, take-out list), the regions'
+/// descriptor and the fault mode (reads, copies, unregistering), what pages are released
+/// through ([`Release`], and their asynchronous readahead listings), the devices and the
+/// parent's (to copy pages out), bounce buffers, counters, the error log and the shutdown
+/// flag. Built by [`PagerShared::events_cx`].
+#[derive(Clone, Copy)]
+pub(crate) struct Events<'a> {
+    id: PagerId,
+    uffd: &'a Uffd,
+    mode: FaultMode,
+    parent: &'a Parent,
+    devices: &'a SwapDevices,
+    bounce: &'a BounceBuffers,
+    stats: &'a PerCpuStats,
+    events: &'a EventState,
+    shutdown: &'a Shutdown,
+    errors: &'a ErrorLog,
+    release: Release<'a>,
+    async_ra: AsyncRa<'a>,
+}
+
+impl PagerShared {
+    /// The events' context (see [`Events`]).
+    pub(crate) fn events_cx(&self) -> Events<'_> {
+        Events {
+            id: self.id(),
+            uffd: &self.uffd,
+            mode: self.mode,
+            parent: &self.parent,
+            devices: &self.devices,
+            bounce: &self.bounce,
+            stats: &self.stats,
+            events: &self.events,
+            shutdown: &self.shutdown,
+            errors: &self.errors,
+            release: self.release_cx(),
+            async_ra: self.async_ra_cx(),
+        }
+    }
+}
 
 /// Event reads in progress, over all pagers: set before the read that releases the
 /// application's thread, cleared once the event is applied (see `fault::sigbus_fault`).
@@ -123,7 +168,7 @@ const APPLY_WAIT_LIMIT_NS: u64 = 1_000_000_000;
 /// thread that holds a page lock (in the engine, under `prepare_user_access`) would wait
 /// here for an event that waits for that lock: after [`APPLY_WAIT_LIMIT_NS`] the fault
 /// goes on as it did before this wait existed (and meets the busy page's own bound).
-pub(crate) fn wait_until_applied(p: &PagerShared) -> bool {
+pub(crate) fn wait_until_applied(stats: &PerCpuStats) -> bool {
     if EVENTS_IN_FLIGHT.load(Ordering::Acquire) == 0 {
         return true;
     }
@@ -132,7 +177,7 @@ pub(crate) fn wait_until_applied(p: &PagerShared) -> bool {
     while EVENTS_IN_FLIGHT.load(Ordering::Acquire) > 0 {
         if backoff.is_completed() {
             if crate::clock::now_ns().saturating_sub(t0) > APPLY_WAIT_LIMIT_NS {
-                p.stats.inc(Counter::FaultEventWaitTimeout);
+                stats.inc(Counter::FaultEventWaitTimeout);
                 return false;
             }
             std::thread::yield_now();
@@ -146,14 +191,14 @@ pub(crate) fn wait_until_applied(p: &PagerShared) -> bool {
 /// Reads up to `msgs.len()` messages and applies the events among them, in order, under
 /// the reader lock (see [`crate::state::events::EventState::reader`]). Returns how many messages were read;
 /// faults among them are the caller's.
-pub(crate) fn read_and_apply(p: &PagerShared, msgs: &mut [UffdMsg]) -> usize {
-    let _reader = p.events.reader.lock().unwrap_or_else(|e| e.into_inner());
+pub(crate) fn read_and_apply(cx: &Events<'_>, msgs: &mut [UffdMsg]) -> usize {
+    let _reader = cx.events.reader.lock().unwrap_or_else(|e| e.into_inner());
     EVENTS_IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
     // EAGAIN reads as 0; EINTR is the only other error a valid descriptor gives.
-    let n = p.uffd.read_msgs(msgs).unwrap_or(0);
+    let n = cx.uffd.read_msgs(msgs).unwrap_or(0);
     for m in &msgs[..n] {
         if !m.is_page_fault() {
-            handle_event(p, m.event());
+            handle_event(cx, m.event());
         }
     }
     EVENTS_IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
@@ -162,36 +207,36 @@ pub(crate) fn read_and_apply(p: &PagerShared, msgs: &mut [UffdMsg]) -> usize {
 
 /// Signal mode: reads the regions' descriptor for events (faults come as signals) until the
 /// pager shuts down.
-pub(crate) fn event_thread(p: &PagerShared, bell: &Doorbell) {
+pub(crate) fn event_thread(cx: &Events<'_>, bell: &Doorbell) {
     let mut msgs = [UffdMsg::default(); 16];
-    while !p.is_shutdown() {
-        let n = read_and_apply(p, &mut msgs);
-        let pending = run_take_outs(p);
+    while !cx.shutdown.is_set() {
+        let n = read_and_apply(cx, &mut msgs);
+        let pending = run_take_outs(cx);
         if n == 0 {
-            uffd::poll_fault_or_doorbell_for(&p.uffd, bell, if pending { TAKE_OUT_POLL_MS } else { -1 });
+            uffd::poll_fault_or_doorbell_for(cx.uffd, bell, if pending { TAKE_OUT_POLL_MS } else { -1 });
         }
     }
 }
 
 /// Applies one non-fault message.
-fn handle_event(p: &PagerShared, event: Event) {
+fn handle_event(cx: &Events<'_>, event: Event) {
     match event {
         Event::Unmap { start, end } => {
             // The kernel's lock ends with the mapping.
             crate::mlock::unlock(None, start, end);
             crate::fork_advice::forget(start, end);
-            p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(p, start, end, true);
-            for_each_overlap(p, start, end, |r, first, last| release(p, r, first, last, PageState::Gone));
-            p.stats.inc(Counter::UffdUnmap);
+            cx.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(cx, start, end, true);
+            for_each_overlap(cx, start, end, |r, first, last| release(cx, r, first, last, PageState::Gone));
+            cx.stats.inc(Counter::UffdUnmap);
         }
         Event::Remove { start, end } => {
-            p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(p, start, end, false);
-            for_each_overlap(p, start, end, |r, first, last| release(p, r, first, last, PageState::Zero));
-            p.stats.inc(Counter::UffdRemove);
+            cx.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(cx, start, end, false);
+            for_each_overlap(cx, start, end, |r, first, last| release(cx, r, first, last, PageState::Zero));
+            cx.stats.inc(Counter::UffdRemove);
         }
         Event::Remap { from, to, len } => {
-            remap(p, from, to, len);
-            p.stats.inc(Counter::UffdRemap);
+            remap(cx, from, to, len);
+            cx.stats.inc(Counter::UffdRemap);
         }
         // Faults are the caller's; no enabled feature sends anything else.
         Event::PageFault { .. } | Event::Other(_) => {}
@@ -200,10 +245,10 @@ fn handle_event(p: &PagerShared, event: Event) {
 
 /// Calls `f(region, first_page, end_page)` for the pages of each of this pager's regions
 /// inside `[start, end)`.
-pub(crate) fn for_each_overlap(p: &PagerShared, start: usize, end: usize, mut f: impl FnMut(&Guard<'_>, usize, usize)) {
+pub(crate) fn for_each_overlap(cx: &Events<'_>, start: usize, end: usize, mut f: impl FnMut(&Guard<'_>, usize, usize)) {
     assert!(start <= end, "uswap invariant: a range [{start:#x}, {end:#x}) that ends before it starts");
     REGIONS.for_each(|g| {
-        if !std::ptr::eq(&*g.pager, p) {
+        if g.pager.id() != cx.id {
             return;
         }
         let (rs, re) = (g.start(), g.start() + g.nr_pages * PAGE_SIZE);
@@ -238,7 +283,7 @@ pub(crate) fn lock_page(r: &RegionInner, page: usize) -> Pte {
 
 /// Drops everything pages `[first, last)` own (slot, swap-cache page, charge) and leaves
 /// them in state `to`: `Zero` (discarded: they read zero) or `Gone` (unmapped).
-fn release(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, to: PageState) {
+fn release(cx: &Events<'_>, r: &Guard<'_>, first: usize, last: usize, to: PageState) {
     assert!(matches!(to, PageState::Zero | PageState::Gone), "released pages read zero or are gone, not {to:?}");
     assert!(first <= last && last <= r.nr_pages);
     if to == PageState::Gone {
@@ -255,28 +300,28 @@ fn release(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, to: PageSt
             // Its slot is freed: a later owner of the slot must never be served the data an
             // asynchronous readahead read for this page.
             let owner = PageRef { region_idx: r.index, region_gen: r.gen, page_gen: 0, page }.owner();
-            p.async_ra.forget_page(p, owner, pte.entry());
+            cx.async_ra.forget_page(owner, pte.entry());
         }
-        p.release_page(pte, &mut released);
+        cx.release.release_page(pte, &mut released);
         r.store(page, pte.next(to, None).with_referenced(false));
     }
-    p.apply_released(released);
+    cx.release.apply_released(released);
 }
 
 /// An `mremap` that moved `[from, from + len)` to `to` (`len` is the old length: a grown
 /// mapping is longer at `to`).
-fn remap(p: &PagerShared, from: usize, to: usize, len: usize) {
+fn remap(cx: &Events<'_>, from: usize, to: usize, len: usize) {
     // The kernel moves whole pages.
     assert!(
         (from | to | len) % PAGE_SIZE == 0,
         "uswap invariant: a remap of {len:#x} bytes from {from:#x} to {to:#x} is not page-aligned"
     );
-    let mut take_outs = p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner());
+    let mut take_outs = cx.events.take_outs.lock().unwrap_or_else(|e| e.into_inner());
     // Memory moved on again before its pages were copied in: the copies follow it.
     take_outs.remap(from, to, len);
     let mut whole = None;
     REGIONS.for_each(|g| {
-        if std::ptr::eq(&*g.pager, p) && g.start() == from && g.nr_pages * PAGE_SIZE == len {
+        if g.pager.id() == cx.id && g.start() == from && g.nr_pages * PAGE_SIZE == len {
             whole = Some(g.index);
         }
     });
@@ -285,8 +330,8 @@ fn remap(p: &PagerShared, from: usize, to: usize, len: usize) {
         REGIONS.set_range(idx, to, to + len, |r| r.set_start(to));
     } else {
         let mut moved_out = false;
-        for_each_overlap(p, from, from + len, |r, first, last| {
-            detach(p, r, first, last, to + (r.page_addr(first) - from), &mut take_outs);
+        for_each_overlap(cx, from, from + len, |r, first, last| {
+            detach(cx, r, first, last, to + (r.page_addr(first) - from), &mut take_outs);
             moved_out = true;
         });
         if !moved_out {
@@ -297,17 +342,17 @@ fn remap(p: &PagerShared, from: usize, to: usize, len: usize) {
     }
     // A grown mapping: the part past the old length is new, zero memory the engine knows
     // nothing of; it is let go of with the rest (for a whole region, on its own).
-    if let Some(end) = grown_end(p, to + len, &take_outs) {
+    if let Some(end) = grown_end(cx, to + len, &take_outs) {
         take_outs.ranges.push((to + len, end));
     }
-    take_outs.publish(&p.events);
+    take_outs.publish(cx.events);
 }
 
 /// A partial move: pages `[first, last)` of `r` now live at `dst`. Each becomes `Gone` in
 /// the region at once, so the `UNMAP` of the old range that the kernel sends next finds
 /// nothing to free; those not in place (staged or swapped) keep their slot, staging page
 /// and charge in `take_outs` until [`run_take_outs`] has copied them to their new address.
-fn detach(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usize, take_outs: &mut TakeOuts) {
+fn detach(cx: &Events<'_>, r: &Guard<'_>, first: usize, last: usize, dst: usize, take_outs: &mut TakeOuts) {
     assert!(first <= last && last <= r.nr_pages && dst % PAGE_SIZE == 0);
     r.note_gone();
     let mut released = Released::default();
@@ -322,23 +367,23 @@ fn detach(p: &PagerShared, r: &Guard<'_>, first: usize, last: usize, dst: usize,
                     // Read again from the device by the copy: no asynchronous read may serve
                     // the slot once it is freed.
                     let owner = PageRef { region_idx: r.index, region_gen: r.gen, page_gen: 0, page }.owner();
-                    p.async_ra.forget_page(p, owner, pte.entry());
+                    cx.async_ra.forget_page(owner, pte.entry());
                 }
                 take_outs.pages.push(TakeOut { dst: dst + (page - first) * PAGE_SIZE, pte: pte.unbusy() });
             }
             // In place at `dst` already (moved with the page tables), or zero.
-            _ => p.release_page(pte, &mut released),
+            _ => cx.release.release_page(pte, &mut released),
         }
         r.store(page, gone);
     }
-    p.apply_released(released);
+    cx.release.apply_released(released);
 }
 
 /// Where the mapping that holds `addr - 1` ends, if it goes on past `addr`: the kernel
 /// grew it (`mremap` to a larger size). Clipped at the next address the engine manages,
 /// since the kernel may have merged the new mapping with a region's. Read from
 /// `/proc/self/maps`; events are rare, and this runs on an engine thread.
-fn grown_end(p: &PagerShared, addr: usize, take_outs: &TakeOuts) -> Option<usize> {
+fn grown_end(cx: &Events<'_>, addr: usize, take_outs: &TakeOuts) -> Option<usize> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let end = maps.lines().find_map(|line| {
         let range = line.split_whitespace().next()?;
@@ -348,7 +393,7 @@ fn grown_end(p: &PagerShared, addr: usize, take_outs: &TakeOuts) -> Option<usize
     })?;
     let mut clip = end;
     REGIONS.for_each(|g| {
-        if std::ptr::eq(&*g.pager, p) && g.start() >= addr {
+        if g.pager.id() == cx.id && g.start() >= addr {
             clip = clip.min(g.start());
         }
     });
@@ -363,17 +408,17 @@ fn grown_end(p: &PagerShared, addr: usize, take_outs: &TakeOuts) -> Option<usize
 impl TakeOuts {
     /// The application unmapped (`unmap`) or discarded `[start, end)`: pending pages there
     /// are let go of (they read zero, or are gone); an unmapped range needs no unregistering.
-    fn drop_range(&mut self, p: &PagerShared, start: usize, end: usize, unmap: bool) {
+    fn drop_range(&mut self, cx: &Events<'_>, start: usize, end: usize, unmap: bool) {
         assert!(start <= end);
         let mut released = Released::default();
         self.pages.retain(|t| {
             let inside = (start..end).contains(&t.dst);
             if inside {
-                p.release_page(t.pte, &mut released);
+                cx.release.release_page(t.pte, &mut released);
             }
             !inside
         });
-        p.apply_released(released);
+        cx.release.apply_released(released);
         if unmap {
             let mut out = Vec::with_capacity(self.ranges.len() + 1);
             for &(s, e) in &self.ranges {
@@ -386,7 +431,7 @@ impl TakeOuts {
             }
             self.ranges = out;
         }
-        self.publish(&p.events);
+        self.publish(cx.events);
     }
 }
 
@@ -402,11 +447,11 @@ pub(crate) const TAKE_OUT_POLL_MS: i32 = 1;
 
 /// Whether `addr` lies in a part moved out of a region that is not yet ordinary memory (a
 /// fault there waits for its copy, or for the range to be unregistered, which wakes it).
-pub(crate) fn is_pending(p: &PagerShared, addr: usize) -> bool {
-    if p.events.pending_ranges.load(Ordering::Acquire) == 0 {
+pub(crate) fn is_pending(cx: &Events<'_>, addr: usize) -> bool {
+    if cx.events.pending_ranges.load(Ordering::Acquire) == 0 {
         return false;
     }
-    let t = p.events.take_outs.lock().unwrap_or_else(|e| e.into_inner());
+    let t = cx.events.take_outs.lock().unwrap_or_else(|e| e.into_inner());
     t.ranges.iter().any(|&(s, e)| (s..e).contains(&addr))
 }
 
@@ -415,81 +460,81 @@ pub(crate) fn is_pending(p: &PagerShared, addr: usize) -> bool {
 /// call again after reading the descriptor: a copy fails with `EAGAIN` until the event
 /// that blocks it has been read and its thread has run). Never waits for another reader: if
 /// one runs it right now, returns at once (a wait for a bounce buffer is bounded, see `bounce`).
-pub(crate) fn run_take_outs(p: &PagerShared) -> bool {
-    if p.events.pending_ranges.load(Ordering::Acquire) == 0 {
+pub(crate) fn run_take_outs(cx: &Events<'_>) -> bool {
+    if cx.events.pending_ranges.load(Ordering::Acquire) == 0 {
         return false;
     }
-    let Ok(mut t) = p.events.take_outs.try_lock() else {
+    let Ok(mut t) = cx.events.take_outs.try_lock() else {
         return true;
     };
     let expired = crate::clock::now_ns().saturating_sub(t.since_ns) > TAKE_OUT_LIMIT_NS;
-    let Some(mut buf) = p.bounce.take() else {
+    let Some(mut buf) = cx.bounce.take() else {
         // Every bounce buffer stayed lent out past the bound: nothing was taken out; the
         // caller tries again after `TAKE_OUT_POLL_MS` (`t` stays as it was).
-        p.stats.inc(Counter::PoolWaitTimeout);
+        cx.stats.inc(Counter::PoolWaitTimeout);
         return true;
     };
     let mut released = Released::default();
     // Bounded by the pending pages: each round removes one, or stops at an EAGAIN.
     while let Some(&TakeOut { dst, pte }) = t.pages.last() {
-        let r = copy_page(p, dst, pte, &mut buf.pages_mut()[0]);
+        let r = copy_page(cx, dst, pte, &mut buf.pages_mut()[0]);
         match r {
             RangeResult::Partial { errno: libc::EAGAIN, .. } if !expired => break,
-            RangeResult::Done => p.stats.inc(Counter::RemapCopied),
+            RangeResult::Done => cx.stats.inc(Counter::RemapCopied),
             // Something is there already: the application's (it cannot be ours).
             RangeResult::Partial { errno: libc::EEXIST, .. } => {}
             RangeResult::Partial { .. } => {
-                p.stats.inc(Counter::FaultError);
-                p.record_error(dst, pte.entry(), PageErrorKind::ReadFailed);
+                cx.stats.inc(Counter::FaultError);
+                cx.errors.record(dst, pte.entry(), PageErrorKind::ReadFailed);
             }
         }
         t.pages.pop();
-        p.release_page(pte, &mut released);
+        cx.release.release_page(pte, &mut released);
     }
     drop(buf);
-    p.apply_released(released);
+    cx.release.apply_released(released);
     if t.pages.is_empty() {
         for (s, e) in std::mem::take(&mut t.ranges) {
             // Wakes whatever still waits there: it faults again on ordinary memory. Fails
             // only where the application unmapped the range meanwhile.
-            let _ = p.uffd.unregister(s, e - s);
+            let _ = cx.uffd.unregister(s, e - s);
         }
     }
-    t.publish(&p.events);
+    t.publish(cx.events);
     !t.ranges.is_empty()
 }
 
 /// Reads the page at `entry` of the parent's device (a fork child's `PageState::Parent`
-/// page, see `PagerShared::parent`) into a bounce buffer, checks it, and hands it to `map`.
+/// page, see `crate::state::Parent`) into a bounce buffer, checks it, and hands it to `map`.
 /// Up to `READ_ATTEMPTS` reads; `Err` when none read back, or no buffer came free.
 /// Allocation- and lock-free: the fault path of signal mode calls it.
 pub(crate) fn read_from_parent(
-    p: &PagerShared,
+    cx: &Events<'_>,
     entry: crate::swap::SwapEntry,
     map: impl FnOnce(&[u8]) -> RangeResult,
 ) -> Result<RangeResult, crate::state::fault_error::FaultError> {
-    read_run_from_parent(p, entry, 1, |pages| map(&pages[0].0))
+    read_run_from_parent(cx, entry, 1, |pages| map(&pages[0].0))
 }
 
 /// [`read_from_parent`] for a run: the pages of `n` consecutive slots from `entry`, read in
 /// one request, each checked. Hands `map` the pages read: all `n`, or, when the run did not
 /// read back (or `n` exceeds a bounce buffer), only the first, read alone.
 pub(crate) fn read_run_from_parent<T>(
-    p: &PagerShared,
+    cx: &Events<'_>,
     entry: crate::swap::SwapEntry,
     n: usize,
     map: impl FnOnce(&[AlignedPage]) -> T,
 ) -> Result<T, crate::state::fault_error::FaultError> {
     use crate::state::fault_error::FaultError;
-    let Some(parent) = p.parent.get() else {
+    let Some(parent) = cx.parent.devices() else {
         // Only a re-armed fork child has `Parent` pages, and it has the parent's state.
         return Err(FaultError::Device(PageErrorKind::ReadFailed, "no parent state in this fork child"));
     };
-    let Some(mut buf) = p.bounce.take() else {
-        p.stats.inc(Counter::PoolWaitTimeout);
+    let Some(mut buf) = cx.bounce.take() else {
+        cx.stats.inc(Counter::PoolWaitTimeout);
         return Err(FaultError::PoolTimeout);
     };
-    let dev = parent.devices.device(entry);
+    let dev = parent.device(entry);
     let pages = buf.pages_mut();
     if n > 1 && n <= pages.len() {
         let mut req = [ReadReq::new(entry.offset(), &mut pages[..n])];
@@ -534,20 +579,20 @@ pub(crate) fn read_checked(
 /// Maps a copy of the page `pte` holds (staged or swapped) at `dst`: one attempt, `EAGAIN`
 /// left to the caller. A swapped page is read (and its checksum checked) up to
 /// `READ_ATTEMPTS` times; one that never reads back is reported as `EIO`.
-pub(crate) fn copy_page(p: &PagerShared, dst: usize, pte: Pte, buf: &mut AlignedPage) -> RangeResult {
+pub(crate) fn copy_page(cx: &Events<'_>, dst: usize, pte: Pte, buf: &mut AlignedPage) -> RangeResult {
     let e = pte.entry();
-    let dev = p.devices.device(e);
-    let wake = p.mode == FaultMode::Thread;
+    let dev = cx.devices.device(e);
+    let wake = cx.mode == FaultMode::Thread;
     if pte.state() == PageState::Parent {
-        let copied = read_from_parent(p, e, |data| p.uffd.copy(dst, data.as_ptr(), PAGE_SIZE, wake, false));
+        let copied = read_from_parent(cx, e, |data| cx.uffd.copy(dst, data.as_ptr(), PAGE_SIZE, wake, false));
         return copied.unwrap_or(RangeResult::Partial { done_bytes: 0, errno: libc::EIO });
     }
     if pte.state() == PageState::Cached {
-        return p.uffd.copy(dst, dev.staging_addr(e.offset()) as *const u8, PAGE_SIZE, wake, false);
+        return cx.uffd.copy(dst, dev.staging_addr(e.offset()) as *const u8, PAGE_SIZE, wake, false);
     }
     if read_checked(dev, e.offset(), buf).is_err() {
         return RangeResult::Partial { done_bytes: 0, errno: libc::EIO };
     }
-    p.stats.inc(Counter::Pswpin);
-    p.uffd.copy(dst, buf.0.as_ptr(), PAGE_SIZE, wake, false)
+    cx.stats.inc(Counter::Pswpin);
+    cx.uffd.copy(dst, buf.0.as_ptr(), PAGE_SIZE, wake, false)
 }

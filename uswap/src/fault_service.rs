@@ -22,16 +22,42 @@ use arrayvec::ArrayVec;
 use crossbeam_utils::Backoff;
 
 use crate::clock::now_ns;
+use crate::events::{self, Events};
 use crate::options::FaultMode;
 use crate::readahead::MAX_WINDOW_PAGES;
+use crate::reclaim::Reclaim;
 use crate::region::{PageRef, PageState, Pte, RegionInner};
+use crate::release::Release;
 use crate::state::fault_error::FaultError;
 use crate::state::route::{note_window, Route};
 use crate::state::{PageErrorKind, PagerShared};
 use crate::stats::Counter;
 use crate::swapin::{swap_in, FaultSite};
 use crate::uffd::{self, RangeResult, PAGE_SIZE};
-use crate::{events, reclaim};
+
+/// The fault service's context. The service reaches nearly every part of the pager's
+/// state, itself (the regions' descriptor, the fault mode, the charge's stall clock, the
+/// reclaim lists, the devices and the swap cache, counters and the error log) or through
+/// the contexts of the services it hands a fault to (swap-in, reclaim, events, release), so
+/// it wraps the state, privately; those contexts are built only on the paths that need
+/// them. Built from the faulting region's pager, in [`serve_fault`]: nothing outside this
+/// module names it.
+#[derive(Clone, Copy)]
+struct FaultService<'a>(&'a PagerShared);
+
+impl<'a> FaultService<'a> {
+    fn reclaim(&self) -> Reclaim<'a> {
+        self.0.reclaim_cx()
+    }
+
+    fn events(&self) -> Events<'a> {
+        self.0.events_cx()
+    }
+
+    fn release(&self) -> Release<'a> {
+        self.0.release_cx()
+    }
+}
 
 /// Zeros, the source of `UFFDIO_COPY` for first writes (a fault-around window's worth).
 #[repr(C, align(4096))]
@@ -56,21 +82,21 @@ pub(crate) fn serve_fault(
     route: Route,
 ) -> Result<(), FaultError> {
     let t0 = now_ns();
-    let pager = &*region.pager;
+    let cx = &FaultService(&region.pager);
     let Some(page) = region.page_of(addr) else {
         return Err(FaultError::Gone);
     };
     assert!(page < region.nr_pages);
     region.note_touched(page);
-    let result = match lock_for_fault(pager, region, page, route, t0) {
+    let result = match lock_for_fault(cx, region, page, route, t0) {
         Ok(Some(locked)) => {
             let f = FaultSite { region, reg_idx, reg_gen, page, locked, write, route };
-            serve_locked(pager, &f)
+            serve_locked(cx, &f)
         }
         Ok(None) => Ok(()),
         Err(e) => Err(e),
     };
-    account_fault(pager, result, route, t0);
+    account_fault(cx, result, route, t0);
     result
 }
 
@@ -80,7 +106,7 @@ pub(crate) fn serve_fault(
 /// `reclaim::cow`). Bounded: a wait past `BUSY_WAIT_LIMIT_NS` fails the fault (counted,
 /// recorded) rather than hang.
 fn lock_for_fault(
-    pager: &PagerShared,
+    cx: &FaultService<'_>,
     region: &RegionInner,
     page: usize,
     route: Route,
@@ -96,19 +122,19 @@ fn lock_for_fault(
                 None => continue,
             }
         }
-        if route == Route::Thread && reclaim::cow::claim_for_fault(pager, page_addr) {
+        if route == Route::Thread && cx.reclaim().claim_for_fault(page_addr) {
             // The background reclaimer owns the page and is making it exclusive; it may be
             // waiting for this very fault (see `reclaim::cow`). A missing page there was
             // discarded by the application: zeros. A present one (a write-protect fault
             // raised before the page was unprotected) only needs its thread woken.
-            if pager.uffd.zeropage(page_addr, PAGE_SIZE, true) != RangeResult::Done {
-                let _ = pager.uffd.wake(page_addr, PAGE_SIZE);
+            if cx.0.uffd.zeropage(page_addr, PAGE_SIZE, true) != RangeResult::Done {
+                let _ = cx.0.uffd.wake(page_addr, PAGE_SIZE);
             }
             return Ok(None);
         }
         if backoff.is_completed() && now_ns().saturating_sub(t0) > BUSY_WAIT_LIMIT_NS {
-            pager.stats.inc(Counter::FaultBusyTimeout);
-            pager.record_error(page_addr, pte.entry(), PageErrorKind::BusyTimeout);
+            cx.0.stats.inc(Counter::FaultBusyTimeout);
+            cx.0.errors.record(page_addr, pte.entry(), PageErrorKind::BusyTimeout);
             return Err(FaultError::BusyTimeout);
         }
         if backoff.is_completed() {
@@ -120,28 +146,28 @@ fn lock_for_fault(
 }
 
 /// The service of a page the fault owns, by its state (one function per case).
-fn serve_locked(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
+fn serve_locked(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     assert!(f.locked.busy(), "the fault owns its page");
     match f.locked.state() {
-        PageState::None | PageState::Zero => zero_fill(pager, f),
-        PageState::Resident if f.locked.clean() => write_to_clean(pager, f),
-        PageState::Resident => resident_again(pager, f),
+        PageState::None | PageState::Zero => zero_fill(cx, f),
+        PageState::Resident if f.locked.clean() => write_to_clean(cx, f),
+        PageState::Resident => resident_again(cx, f),
         // Staged by the aging scan to see whether it is still used: it is, no stall.
         PageState::Cached if f.locked.aged() => {
-            pager.stats.inc(Counter::PgfaultAged);
-            swap_cache_hit(pager, f)
+            cx.0.stats.inc(Counter::PgfaultAged);
+            swap_cache_hit(cx, f)
         }
         PageState::Cached => {
-            let _stalled = pager.charge.stall();
-            pager.lru.note_returned();
-            swap_cache_hit(pager, f)
+            let _stalled = cx.0.charge.stall();
+            cx.0.lru.note_returned();
+            swap_cache_hit(cx, f)
         }
         PageState::Swapped => {
-            let _stalled = pager.charge.stall_since_unseen(crate::pressure::MAJOR_FAULT_UNSEEN_US);
-            swap_in(pager, f)
+            let _stalled = cx.0.charge.stall_since_unseen(crate::pressure::MAJOR_FAULT_UNSEEN_US);
+            swap_in(&cx.0.swap_in_cx(), f)
         }
-        PageState::Shared => write_to_shared(pager, f),
-        PageState::Parent => parent_in(pager, f),
+        PageState::Shared => write_to_shared(cx, f),
+        PageState::Parent => parent_in(cx, f),
         PageState::Gone => {
             f.region.store(f.page, f.locked.unbusy());
             Err(FaultError::Gone)
@@ -152,40 +178,40 @@ fn serve_locked(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError
 /// Counts a fault and its latency, and an error by kind. Gone and Unmapped lose nothing:
 /// the address is not the region's any more. EAGAIN is an event (a discard, an unmap)
 /// pending for the range: the thread faults again once it is applied.
-fn account_fault(pager: &PagerShared, result: Result<(), FaultError>, route: Route, t0: u64) {
-    pager.stats.inc(Counter::Pgfault);
+fn account_fault(cx: &FaultService<'_>, result: Result<(), FaultError>, route: Route, t0: u64) {
+    cx.0.stats.inc(Counter::Pgfault);
     if route.lock_free() {
-        pager.stats.inc(Counter::FaultLockFree);
+        cx.0.stats.inc(Counter::FaultLockFree);
     }
     match result {
         Ok(()) | Err(FaultError::Gone) => {}
-        Err(FaultError::Unmapped | FaultError::Ioctl(libc::EAGAIN)) => pager.stats.inc(Counter::FaultRaced),
-        Err(_) => pager.stats.inc(Counter::FaultError),
+        Err(FaultError::Unmapped | FaultError::Ioctl(libc::EAGAIN)) => cx.0.stats.inc(Counter::FaultRaced),
+        Err(_) => cx.0.stats.inc(Counter::FaultError),
     }
-    pager.stats.record_fault_latency(now_ns().saturating_sub(t0));
+    cx.0.stats.record_fault_latency(now_ns().saturating_sub(t0));
 }
 
 /// The first write to a clean page (a write-protect fault): it is dirty now and its slot's
 /// copy goes stale. (In signal mode the SIGBUS may also be a missing fault on a clean page
 /// the application discarded: then the retried access faults again and is served by
 /// [`resident_again`].)
-fn write_to_clean(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
+fn write_to_clean(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, pte) = (f.region, f.page, f.locked);
     debug_assert!(pte.state() == PageState::Resident && pte.clean());
     let page_addr = region.page_addr(page);
-    let r = pager.uffd.writeprotect(page_addr, PAGE_SIZE, false, f.route.wake());
+    let r = cx.0.uffd.writeprotect(page_addr, PAGE_SIZE, false, f.route.wake());
     if r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN)) {
         // An event is pending: nothing changed, the write faults again.
         region.store(page, pte.unbusy());
         return Err(FaultError::Ioctl(libc::EAGAIN));
     }
-    pager.devices.free(pte.entry(), f.route.lock_free());
+    cx.0.devices.free(pte.entry(), f.route.lock_free());
     region.store(page, pte.dirtied());
-    pager.clean_pages.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    pager.stats.inc(Counter::PgfaultWp);
+    cx.0.clean_pages.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    cx.0.stats.inc(Counter::PgfaultWp);
     if pte.readahead() {
         // Written: a read-ahead page the application used.
-        pager.stats.inc(Counter::SwapRaHit);
+        cx.0.stats.inc(Counter::SwapRaHit);
         region.streams.note_used(1);
     }
     match r {
@@ -202,17 +228,17 @@ fn write_to_clean(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultErr
 /// the thread) before its readahead pages, the thread faults on one of those meanwhile, and
 /// the message of that fault, still read by another handler, is served after the page is
 /// mapped, while its thread runs on.
-fn resident_again(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
+fn resident_again(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let page_addr = f.region.page_addr(f.page);
-    let r = pager.uffd.zeropage(page_addr, PAGE_SIZE, f.route.wake());
+    let r = cx.0.uffd.zeropage(page_addr, PAGE_SIZE, f.route.wake());
     f.region.store(f.page, f.locked.unbusy());
     match r {
         RangeResult::Done => Ok(()),
         RangeResult::Partial { errno: libc::EEXIST, .. } => {
             if f.route.wake() {
-                let _ = pager.uffd.wake(page_addr, PAGE_SIZE);
+                let _ = cx.0.uffd.wake(page_addr, PAGE_SIZE);
             }
-            pager.stats.inc(Counter::FaultRaced);
+            cx.0.stats.inc(Counter::FaultRaced);
             Ok(())
         }
         // One page, so no registered mapping at this address (the range of a fill ioctl lies
@@ -225,23 +251,23 @@ fn resident_again(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultErr
 }
 
 /// A swap-cache hit: the page is staged in RAM; moved back with `UFFDIO_MOVE` (no copy).
-fn swap_cache_hit(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
+fn swap_cache_hit(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, locked) = (f.region, f.page, f.locked);
     debug_assert_eq!(locked.state(), PageState::Cached);
     let page_addr = region.page_addr(page);
     let e = locked.entry();
-    let dev = pager.devices.device(e);
+    let dev = cx.0.devices.device(e);
     let staged = dev.staging_addr(e.offset());
-    let mut r = pager.uffd.move_pages(page_addr, staged, PAGE_SIZE, f.route.wake());
+    let mut r = cx.0.uffd.move_pages(page_addr, staged, PAGE_SIZE, f.route.wake());
     let mut copied = false;
     if r == (RangeResult::Partial { done_bytes: 0, errno: libc::EINVAL }) {
         copied = true;
         // UFFDIO_MOVE needs equal protections on both sides: the application made the
         // region read-only (mprotect). Copy the staged page, then drop it.
-        r = pager.uffd.copy(page_addr, staged as *const u8, PAGE_SIZE, f.route.wake(), false);
+        r = cx.0.uffd.copy(page_addr, staged as *const u8, PAGE_SIZE, f.route.wake(), false);
         if r == RangeResult::Done {
             dev.discard_staged(e.offset());
-            pager.stats.inc(Counter::PgfaultSwapcacheCopy);
+            cx.0.stats.inc(Counter::PgfaultSwapcacheCopy);
         }
     }
     if let RangeResult::Partial { errno, .. } = r {
@@ -254,13 +280,13 @@ fn swap_cache_hit(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultErr
         }
         return Err(FaultError::Ioctl(errno));
     }
-    pager.swap_cache.remove(dev, e.offset());
-    pager.devices.free(e, f.route.lock_free());
+    cx.0.swap_cache.remove(dev, e.offset());
+    cx.0.devices.free(e, f.route.lock_free());
     // Referenced: it came back from the swap cache, so reclaim spares it once.
     let new = locked.next(PageState::Resident, None).with_referenced(true);
     region.store(page, new);
-    pager.lru.add(page_ref(f.reg_idx, f.reg_gen, page, new.gen()), &pager.stats);
-    pager.stats.inc(Counter::PgfaultSwapcache);
+    cx.0.lru.add(page_ref(f.reg_idx, f.reg_gen, page, new.gen()), &cx.0.stats);
+    cx.0.stats.inc(Counter::PgfaultSwapcache);
     Ok(())
 }
 
@@ -268,37 +294,37 @@ fn swap_cache_hit(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultErr
 /// page the application discarded: then the access faults again and is served as a
 /// resident page that is not there, with zeros). From now on the page is this process's
 /// own: charged, on the LRU, writable (the kernel makes the copy when the write is retried).
-fn write_to_shared(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
+fn write_to_shared(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, locked) = (f.region, f.page, f.locked);
     debug_assert_eq!(locked.state(), PageState::Shared);
-    reclaim::charge(pager, 1, f.route.lock_free());
-    let r = pager.uffd.writeprotect(region.page_addr(page), PAGE_SIZE, false, f.route.wake());
+    cx.reclaim().charge(1, f.route.lock_free());
+    let r = cx.0.uffd.writeprotect(region.page_addr(page), PAGE_SIZE, false, f.route.wake());
     if r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN)) {
         // An event is pending: nothing changed, the write faults again.
-        reclaim::uncharge(pager, 1);
+        cx.reclaim().uncharge(1);
         region.store(page, locked.unbusy());
         return Err(FaultError::Ioctl(libc::EAGAIN));
     }
     let new = locked.next(PageState::Resident, None);
     region.store(page, new);
-    pager.lru.add(page_ref(f.reg_idx, f.reg_gen, page, new.gen()), &pager.stats);
-    pager.stats.inc(Counter::PgfaultWp);
+    cx.0.lru.add(page_ref(f.reg_idx, f.reg_gen, page, new.gen()), &cx.0.stats);
+    cx.0.stats.inc(Counter::PgfaultWp);
     Ok(())
 }
 
 /// First touch of a never-touched (or known-zero) page: maps zero pages for it and, when its
 /// stream is sequential, for the never-touched pages of its window (fault-around), in runs
 /// of consecutive pages with one ioctl each.
-fn zero_fill(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
+fn zero_fill(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, write, route) = (f.region, f.page, f.write, f.route);
     debug_assert!(matches!(f.locked.state(), PageState::None | PageState::Zero));
-    let (shared_zero, max) = zero_fill_policy(pager, write, route);
+    let (shared_zero, max) = zero_fill_policy(cx, write, route);
     let pages = lock_zero_window(f, max);
     note_window(pages.len());
     // Charged like one fault's worth of pages, reclaiming if need be: the window only grows
     // while the stream keeps using what it brought in.
     let nr_charged = if shared_zero { 0 } else { pages.len() };
-    reclaim::charge(pager, nr_charged, route.lock_free());
+    cx.reclaim().charge(nr_charged, route.lock_free());
     let mut mapped = 0;
     let mut faulting_done = false;
     // Set once a run met the end of a mapping (ENOENT: a fill ioctl's range must lie in one
@@ -315,16 +341,16 @@ fn zero_fill(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
         let len = (j - i) * PAGE_SIZE;
         let addr = region.page_addr(pages[i].0);
         let r = if write {
-            pager.uffd.copy(addr, ZERO_PAGES.0.as_ptr(), len, route.wake(), false)
+            cx.0.uffd.copy(addr, ZERO_PAGES.0.as_ptr(), len, route.wake(), false)
         } else {
-            pager.uffd.zeropage(addr, len, route.wake() && !shared_zero)
+            cx.0.uffd.zeropage(addr, len, route.wake() && !shared_zero)
         };
         let done = r.done_bytes(len) / PAGE_SIZE;
         // The zero pages mapped, write-protected now; pages the protection missed are
         // charged and kept as resident ones. (A write by another thread between the two
         // ioctls copies the zero page before it is protected: that page stays shared and
         // uncharged until its next write. Its contents are safe either way.)
-        let protected = shared_zero && protect_zero_pages(pager, addr, done, route);
+        let protected = shared_zero && protect_zero_pages(cx, addr, done, route);
         let crossed = j - i - done > 1 && matches!(r, RangeResult::Partial { errno: libc::ENOENT, .. });
         if crossed {
             // The run crossed into another mapping: what is left of it goes page by page
@@ -333,26 +359,26 @@ fn zero_fill(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
             one_by_one = true;
         }
         if shared_zero && !protected && done > 0 {
-            reclaim::charge(pager, done, route.lock_free());
+            cx.reclaim().charge(done, route.lock_free());
         }
-        mapped += publish_zero_run(pager, f, &pages[i..j], done, protected, pages.len(), &mut faulting_done);
+        mapped += publish_zero_run(cx, f, &pages[i..j], done, protected, pages.len(), &mut faulting_done);
         i = j;
         if crossed {
             continue;
         }
         if let RangeResult::Partial { errno, .. } = r {
             if !faulting_done && pages[..i].iter().any(|&(q, _)| q == page) {
-                reclaim::uncharge(pager, nr_charged.saturating_sub(mapped));
+                cx.reclaim().uncharge(nr_charged.saturating_sub(mapped));
                 for &(q, l) in &pages[i..] {
                     region.store(q, l.unbusy());
                 }
-                return zero_fill_failed(pager, f, errno);
+                return zero_fill_failed(cx, f, errno);
             }
         }
     }
-    reclaim::uncharge(pager, nr_charged.saturating_sub(mapped));
-    pager.stats.inc(Counter::PgfaultZero);
-    pager.stats.add(Counter::ZeroFillAround, mapped.saturating_sub(1) as u64);
+    cx.reclaim().uncharge(nr_charged.saturating_sub(mapped));
+    cx.0.stats.inc(Counter::PgfaultZero);
+    cx.0.stats.add(Counter::ZeroFillAround, mapped.saturating_sub(1) as u64);
     Ok(())
 }
 
@@ -368,10 +394,10 @@ fn zero_fill(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
 /// frame could not be written (SIGSEGV). So in signal mode a read fault shares the
 /// faulting page alone (a stack page is written before it is read), and maps no others.
 /// Returns whether a read maps the shared zero page, and the most pages the fill maps.
-fn zero_fill_policy(pager: &PagerShared, write: bool, route: Route) -> (bool, usize) {
-    let shared_zero = !write && (pager.mode == FaultMode::Thread || uffd::sigbus::system_calls_routed());
-    let one_page = route.lock_free() || (shared_zero && pager.mode == FaultMode::Signal);
-    (shared_zero, if one_page { 1 } else { pager.readahead_max_pages })
+fn zero_fill_policy(cx: &FaultService<'_>, write: bool, route: Route) -> (bool, usize) {
+    let shared_zero = !write && (cx.0.mode == FaultMode::Thread || uffd::sigbus::system_calls_routed());
+    let one_page = route.lock_free() || (shared_zero && cx.0.mode == FaultMode::Signal);
+    (shared_zero, if one_page { 1 } else { cx.0.readahead_max_pages })
 }
 
 /// The faulting page (owned) and the never-touched pages of its fault-around window that
@@ -400,7 +426,7 @@ fn lock_zero_window(f: &FaultSite<'_>, max: usize) -> ArrayVec<(usize, Pte), MAX
 /// (`protected`) or resident and on the LRU; the rest go back as they were. Returns the
 /// pages made resident.
 fn publish_zero_run(
-    pager: &PagerShared,
+    cx: &FaultService<'_>,
     f: &FaultSite<'_>,
     run: &[(usize, Pte)],
     done: usize,
@@ -417,7 +443,7 @@ fn publish_zero_run(
             let new = l.next(PageState::Resident, None);
             f.region.store(q, new);
             let r = page_ref(f.reg_idx, f.reg_gen, q, new.gen());
-            pager.lru.add_mapped(r, q == f.page, nr_window, &pager.stats);
+            cx.0.lru.add_mapped(r, q == f.page, nr_window, &cx.0.stats);
             *faulting_done |= q == f.page;
             mapped += 1;
         } else {
@@ -431,9 +457,9 @@ fn publish_zero_run(
 /// page is there already (see [`take_present_page`]). `ENOENT`: no registered mapping at the
 /// faulting page any more; the application unmapped it while this fault waited (a stale
 /// fault, as in [`resident_again`]). Nothing was there to lose.
-fn zero_fill_failed(pager: &PagerShared, f: &FaultSite<'_>, errno: i32) -> Result<(), FaultError> {
+fn zero_fill_failed(cx: &FaultService<'_>, f: &FaultSite<'_>, errno: i32) -> Result<(), FaultError> {
     match errno {
-        libc::EEXIST => take_present_page(pager, f.region, f.reg_idx, f.reg_gen, f.page, f.route),
+        libc::EEXIST => take_present_page(cx, f.region, f.reg_idx, f.reg_gen, f.page, f.route),
         libc::ENOENT => Err(FaultError::Unmapped),
         _ => Err(FaultError::Ioctl(errno)),
     }
@@ -441,15 +467,15 @@ fn zero_fill_failed(pager: &PagerShared, f: &FaultSite<'_>, errno: i32) -> Resul
 
 /// Write-protects `nr_pages` zero pages just mapped at `addr` (waking the faulting thread in
 /// thread mode). False if the protection failed: they must then be charged.
-fn protect_zero_pages(pager: &PagerShared, addr: usize, nr_pages: usize, route: Route) -> bool {
+fn protect_zero_pages(cx: &FaultService<'_>, addr: usize, nr_pages: usize, route: Route) -> bool {
     if nr_pages == 0 {
         return true;
     }
     // UFFDIO_WRITEPROTECT wakes nobody when it protects (and refuses DONTWAKE then): the
     // faulting thread is woken separately.
-    let r = pager.uffd.writeprotect(addr, nr_pages * PAGE_SIZE, true, true);
+    let r = cx.0.uffd.writeprotect(addr, nr_pages * PAGE_SIZE, true, true);
     if route.wake() {
-        let _ = pager.uffd.wake(addr, nr_pages * PAGE_SIZE);
+        let _ = cx.0.uffd.wake(addr, nr_pages * PAGE_SIZE);
     }
     r.is_ok()
 }
@@ -462,7 +488,7 @@ fn protect_zero_pages(pager: &PagerShared, addr: usize, nr_pages: usize, route: 
 /// resident (charged, on the LRU) and made writable. Its contents are whatever `MADV_FREE`
 /// left, as without uswap.
 fn take_present_page(
-    pager: &PagerShared,
+    cx: &FaultService<'_>,
     region: &RegionInner,
     reg_idx: usize,
     reg_gen: u32,
@@ -477,10 +503,10 @@ fn take_present_page(
         return Err(FaultError::Ioctl(libc::EAGAIN));
     };
     let addr = region.page_addr(page);
-    reclaim::charge(pager, 1, route.lock_free());
-    match pager.uffd.writeprotect(addr, PAGE_SIZE, false, route.wake()) {
+    cx.reclaim().charge(1, route.lock_free());
+    match cx.0.uffd.writeprotect(addr, PAGE_SIZE, false, route.wake()) {
         Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-            reclaim::uncharge(pager, 1);
+            cx.reclaim().uncharge(1);
             region.store(page, locked.unbusy());
             return Err(FaultError::Ioctl(libc::EAGAIN));
         }
@@ -489,8 +515,8 @@ fn take_present_page(
     }
     let new = locked.next(PageState::Resident, None);
     region.store(page, new);
-    pager.lru.add(page_ref(reg_idx, reg_gen, page, new.gen()), &pager.stats);
-    pager.stats.inc(Counter::PgfaultWp);
+    cx.0.lru.add(page_ref(reg_idx, reg_gen, page, new.gen()), &cx.0.stats);
+    cx.0.stats.inc(Counter::PgfaultWp);
     Ok(())
 }
 
@@ -503,25 +529,25 @@ const PARENT_RUN_PAGES: usize = 16;
 /// read from the parent's device as the child inherited it (with the run of pages after it
 /// in the slots after its own), mapped, charged to the child and on its LRU from now on
 /// (the child's reclaim sends them to its own devices).
-fn parent_in(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
+fn parent_in(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let FaultSite { region, page, locked, route, .. } = *f;
     debug_assert_eq!(locked.state(), PageState::Parent);
     let entry = locked.entry();
     let mut run: ArrayVec<Pte, PARENT_RUN_PAGES> = ArrayVec::new();
     run.push(locked);
     if !route.lock_free() {
-        lock_parent_run(region, page, pager.readahead_max_pages, &mut run);
+        lock_parent_run(region, page, cx.0.readahead_max_pages, &mut run);
     }
     let addr = region.page_addr(page);
-    let read = events::read_run_from_parent(pager, entry, run.len(), |data| {
+    let read = events::read_run_from_parent(&cx.events(), entry, run.len(), |data| {
         let n = data.len();
-        reclaim::charge(pager, n, route.lock_free());
-        let r = pager.uffd.copy(addr, data.as_ptr().cast(), n * PAGE_SIZE, route.wake(), false);
+        cx.reclaim().charge(n, route.lock_free());
+        let r = cx.0.uffd.copy(addr, data.as_ptr().cast(), n * PAGE_SIZE, route.wake(), false);
         let done = match r {
             RangeResult::Done => n,
             RangeResult::Partial { done_bytes, .. } => done_bytes / PAGE_SIZE,
         };
-        reclaim::uncharge(pager, n - done);
+        cx.reclaim().uncharge(n - done);
         (r, done)
     });
     let done = read.as_ref().map_or(0, |&(_, done)| done);
@@ -529,16 +555,16 @@ fn parent_in(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
         if k < done {
             let new = l.next(PageState::Resident, None);
             region.store(page + k, new);
-            pager.release_parent_slot(l.entry());
-            pager.lru.add(page_ref(f.reg_idx, f.reg_gen, page + k, new.gen()), &pager.stats);
+            cx.release().release_parent_slot(l.entry());
+            cx.0.lru.add(page_ref(f.reg_idx, f.reg_gen, page + k, new.gen()), &cx.0.stats);
         } else {
             region.store(page + k, l.unbusy());
         }
     }
     match read {
         Ok((_, done)) if done > 0 => {
-            pager.stats.inc(Counter::Pgmajfault);
-            pager.stats.add(Counter::Pswpin, done as u64);
+            cx.0.stats.inc(Counter::Pgmajfault);
+            cx.0.stats.add(Counter::Pswpin, done as u64);
             Ok(())
         }
         // ENOENT: unmapped while this fault waited (see `serve_fault`'s resident case).
@@ -550,7 +576,7 @@ fn parent_in(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
                 FaultError::Device(kind, _) => kind,
                 _ => PageErrorKind::ReadFailed,
             };
-            pager.record_device_error(addr, entry, kind, e.device_cause());
+            cx.0.errors.record_device(addr, entry, kind, e.device_cause());
             Err(e)
         }
     }

@@ -33,7 +33,6 @@ use crate::error::{Error, Result};
 use crate::fork_advice::ForkAdvice;
 use crate::mapping::AppMapping;
 use crate::pager::{Pager, PagerBuilder};
-use crate::reclaim;
 use crate::region::{PageState, Pte, RegionInner, MAX_REGIONS, REGIONS};
 use crate::region_handle::Region;
 use crate::state::REGISTER_MODES;
@@ -89,7 +88,7 @@ impl Drop for ForkHold {
         // Back under the limit. Pages the child shares (copy-on-write) are refused here
         // (move_refused) and made exclusive by the background reclaimer (`reclaim::cow`),
         // whose next rounds move them out.
-        let _ = reclaim::reclaim_to_limit(s);
+        let _ = s.reclaim_cx().reclaim_to_limit();
         // Copy-on-write breaks queued while reclaim was held wait for the background
         // reclaimer, which may be in a long idle sleep.
         if let Some(t) = s.reclaimer.get() {
@@ -226,7 +225,7 @@ impl Pager {
         let s = self.shared();
         s.charge.reclaim_held.store(true, Ordering::SeqCst);
         // No page is half moved out when the child's copy is taken.
-        reclaim::InFlight::wait_none(s);
+        s.reclaim_cx().wait_none_in_flight();
         let plan = ForkPlan::new(s, leave_memory_devices_out);
         bring_in_what_the_child_cannot_read(s, &plan);
         let writers = REGIONS.lock_writers();
@@ -290,7 +289,7 @@ impl Pager {
                     inner.pte(page).store(Pte(0).next(PageState::Parent, Some(entry)).0, Ordering::Relaxed);
                 } else {
                     // Mapped here: the parent may reuse its slot.
-                    shared.release_parent_slot(entry);
+                    shared.release_cx().release_parent_slot(entry);
                 }
             }
             REGIONS.insert(r.start, r.start + len, inner.clone()).ok_or(Error::TooManyRegions { max: MAX_REGIONS })

@@ -20,6 +20,13 @@ pub enum FaultMode {
     Signal,
 }
 
+impl FaultMode {
+    /// Whether the threads that fault sleep until an ioctl wakes them (thread mode).
+    pub(crate) fn wakes(self) -> bool {
+        self == FaultMode::Thread
+    }
+}
+
 /// When the background reclaimer works.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackgroundReclaim {

@@ -18,8 +18,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crossbeam_queue::ArrayQueue;
-
 use crate::async_readahead::{AsyncReadahead, DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
 use crate::bounce::BounceBuffers;
 use crate::device_config::DeviceConfig;
@@ -33,7 +31,7 @@ use crate::shared_charge::{ChargeCell, DeviceShare, PoolShare, SharedCharge, TRE
 use crate::stats::{PerCpuStats, Stats};
 use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
-use crate::{events, fault, reclaim};
+use crate::{events, fault};
 
 pub use crate::options::{BackgroundReclaim, FaultMode, IdleAging};
 use crate::state::charge::Charge;
@@ -327,7 +325,7 @@ impl PagerBuilder {
             uffd,
             mode: self.mode,
             charge: self.initial_charge(limit_pages),
-            parent: std::sync::OnceLock::new(),
+            parent: crate::state::Parent::default(),
             regions_survive_fork: self.regions_survive_fork,
             clean_pages: AtomicUsize::new(0),
             devices,
@@ -338,13 +336,13 @@ impl PagerBuilder {
             readahead: AtomicBool::new(self.readahead),
             readahead_max_pages: self.readahead_max_pages,
             async_ra,
-            shutdown: AtomicBool::new(false),
+            shutdown: crate::state::Shutdown::default(),
             background_reclaim,
             idle_aging: match (self.idle_aging, self.auto_budget) {
                 (IdleAging::Off, Some(_)) => IdleAging::Observe,
                 (aging, _) => aging,
             },
-            errors: ArrayQueue::new(ERROR_LOG_LEN),
+            errors: crate::state::ErrorLog::new(ERROR_LOG_LEN),
             reclaimer: std::sync::OnceLock::new(),
             cow: crate::state::cow::CowQueue::new(),
             events: crate::state::events::EventState::default(),
@@ -387,7 +385,7 @@ impl PagerBuilder {
         let shared = &core.shared;
         let mut threads = core.threads.lock().unwrap_or_else(|e| e.into_inner());
         let s = shared.clone();
-        let reclaimer = spawn_engine_thread("uswap-reclaim".into(), move || reclaim::background_reclaimer(&s))
+        let reclaimer = spawn_engine_thread("uswap-reclaim".into(), move || s.reclaim_cx().run_background())
             .map_err(|e| Error::io("starting the reclaimer thread", e))?;
         let _ = shared.reclaimer.set(reclaimer.thread().clone());
         threads.push(reclaimer);
@@ -405,7 +403,7 @@ impl PagerBuilder {
                     let (s, bell, pool) = (shared.clone(), core.doorbell.clone(), pool.clone());
                     threads.push(
                         spawn_engine_thread(format!("uswap-fault-{i}"), move || {
-                            fault::handler_thread(&s, &bell, &pool, i, cpu)
+                            fault::handler_thread(&s.handler_cx(), &bell, &pool, i, cpu)
                         })
                         .map_err(|e| Error::io("starting a fault-handler thread", e))?,
                     );
@@ -420,7 +418,7 @@ impl PagerBuilder {
                 // messages, and the thread that caused one waits until it is read.
                 let (s, bell) = (shared.clone(), core.doorbell.clone());
                 threads.push(
-                    spawn_engine_thread("uswap-events".into(), move || events::event_thread(&s, &bell))
+                    spawn_engine_thread("uswap-events".into(), move || events::event_thread(&s.events_cx(), &bell))
                         .map_err(|e| Error::io("starting the event thread", e))?,
                 );
             }
@@ -546,7 +544,7 @@ impl Drop for PagerCore {
     fn drop(&mut self) {
         // First: the socket goes with its thread, and no snapshot runs during the teardown.
         self.publish = Publish::Off;
-        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.shutdown.set();
         self.doorbell.ring();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
@@ -646,7 +644,7 @@ impl Pager {
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = &self.core.shared;
         s.charge.limit_pages.store((bytes / PAGE_SIZE as u64) as usize, Ordering::Release);
-        reclaim::reclaim_to_limit(s)
+        s.reclaim_cx().reclaim_to_limit()
     }
 
     /// Application pages of this pager mapped in RAM right now (regions plus staged pages),
@@ -685,15 +683,7 @@ impl Pager {
     /// The most recent page errors (failed reads, checksum mismatches), oldest first. The
     /// engine retries each; a page that fails every attempt ends in SIGBUS for its thread.
     pub fn recent_errors(&self) -> Vec<PageError> {
-        let q = &self.core.shared.errors;
-        let mut v = Vec::with_capacity(q.len());
-        while let Some(e) = q.pop() {
-            v.push(e);
-        }
-        for e in &v {
-            let _ = q.push(*e);
-        }
-        v
+        self.core.shared.errors.recent()
     }
 
     /// Turns readahead on or off for every region of this pager.

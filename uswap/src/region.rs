@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::mapping::registry::{Registry, RegistryGuard};
 use crate::mapping::{AppMapping, AtomicTable};
 use crate::readahead::FaultStreams;
-use crate::state::PagerShared;
+use crate::state::{PagerId, PagerShared};
 use crate::uffd::PAGE_SIZE;
 
 pub(crate) use crate::page_table::{PageRef, PageState, Pte, REGION_GEN_MASK};
@@ -201,8 +201,9 @@ impl RegionSet {
     }
 
     /// Index of the guard for `r`'s region, taking one if needed. `Err(true)`: no room for
-    /// another region this round; `Err(false)`: the region is gone (stale entry).
-    pub fn get(&mut self, p: &PagerShared, r: PageRef) -> Result<usize, bool> {
+    /// another region this round; `Err(false)`: the region is gone (stale entry), or is not
+    /// `owner`'s.
+    pub fn get(&mut self, owner: PagerId, r: PageRef) -> Result<usize, bool> {
         if let Some(i) = self.g.iter().position(|g| g.index == r.region_idx && g.gen & REGION_GEN_MASK == r.region_gen)
         {
             return Ok(i);
@@ -211,7 +212,7 @@ impl RegionSet {
             return Err(true);
         }
         match region_of(r) {
-            Some(g) if std::ptr::eq(&*g.pager, p) && r.page < g.nr_pages => {
+            Some(g) if g.pager.id() == owner && r.page < g.nr_pages => {
                 self.g.push(g);
                 Ok(self.g.len() - 1)
             }

@@ -187,7 +187,7 @@ impl Drop for Region {
     fn drop(&mut self) {
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         // Unmaps what is still the region's, after the engine let go of it.
-        self.pager.shared().unmap_region(self.reg_idx, &self.inner);
+        self.pager.shared().release_cx().unmap_region(self.reg_idx, &self.inner);
     }
 }
 

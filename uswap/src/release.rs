@@ -9,13 +9,48 @@
 
 use std::sync::atomic::Ordering;
 
+use std::sync::atomic::AtomicUsize;
+
+use crate::async_readahead::AsyncRa;
 use crate::page_table::{PageState, Pte};
 use crate::reclaim;
 use crate::region::{RegionInner, REGIONS};
-use crate::state::PagerShared;
-use crate::uffd::PAGE_SIZE;
+use crate::state::charge::Charge;
+use crate::state::{PagerShared, Parent};
+use crate::swap::{SwapCache, SwapDevices};
+use crate::uffd::{Uffd, PAGE_SIZE};
 
-/// What [`PagerShared::release_page`] gave back, for [`PagerShared::apply_released`] to
+/// Release's context: what a page can hold besides its mapping (the devices' slots, the
+/// swap cache's staging pages, the charge and the clean-page count, the parent's slots in a
+/// fork child, the page's asynchronous readahead listings) and the regions' descriptor, to
+/// unregister a region's ranges. Built by [`PagerShared::release_cx`].
+#[derive(Clone, Copy)]
+pub(crate) struct Release<'a> {
+    uffd: &'a Uffd,
+    charge: &'a Charge,
+    parent: &'a Parent,
+    clean_pages: &'a AtomicUsize,
+    devices: &'a SwapDevices,
+    swap_cache: &'a SwapCache,
+    async_ra: AsyncRa<'a>,
+}
+
+impl PagerShared {
+    /// Release's context (see [`Release`]).
+    pub(crate) fn release_cx(&self) -> Release<'_> {
+        Release {
+            uffd: &self.uffd,
+            charge: &self.charge,
+            parent: &self.parent,
+            clean_pages: &self.clean_pages,
+            devices: &self.devices,
+            swap_cache: &self.swap_cache,
+            async_ra: self.async_ra_cx(),
+        }
+    }
+}
+
+/// What [`Release::release_page`] gave back, for [`Release::apply_released`] to
 /// settle in one go: the slots to free and the counts to drop.
 #[derive(Default)]
 pub(crate) struct Released {
@@ -25,7 +60,7 @@ pub(crate) struct Released {
     unclean: usize,
 }
 
-impl PagerShared {
+impl Release<'_> {
     /// Lets go of what page `pte` holds besides its mapping (the caller owns the page, or
     /// the page can no longer be reached): the slot of a clean, staged or swapped page, the
     /// staging page of a staged one, and its charge if it is in RAM.
@@ -63,16 +98,16 @@ impl PagerShared {
     /// In a fork child: lets the parent reuse the slot of a page that was out at the fork
     /// (`PageState::Parent`), now read or dropped. Lock- and allocation-free.
     pub fn release_parent_slot(&self, entry: crate::swap::SwapEntry) {
-        if let Some(parent) = self.parent.get() {
-            parent.devices.device(entry).fork_refs.release_own(entry.offset());
+        if let Some(devices) = self.parent.devices() {
+            devices.device(entry).fork_refs.release_own(entry.offset());
         }
     }
 
-    /// Settles what [`PagerShared::release_page`] collected: counters, then slot frees.
+    /// Settles what [`Release::release_page`] collected: counters, then slot frees.
     pub fn apply_released(&self, mut rel: Released) {
         self.clean_pages.fetch_sub(rel.unclean, Ordering::Relaxed);
         self.swap_cache.uncount(rel.uncache);
-        reclaim::shared_sub(self, rel.uncharge);
+        reclaim::shared_sub(self.charge, rel.uncharge);
         self.charge.resident_pages.fetch_sub(rel.uncharge, Ordering::AcqRel);
         self.devices.free_now(&mut rel.to_free);
         self.devices.flush_frees();
@@ -83,7 +118,7 @@ impl PagerShared {
         // After this no fault handler or reclaimer can reach the region, and none is inside
         // it: every busy bit has been released.
         let _ = REGIONS.remove(reg_idx);
-        self.async_ra.forget_region(self, reg_idx);
+        self.async_ra.forget_region(reg_idx);
         let mut released = Released::default();
         // Runs of pages still the region's: only those are unregistered and unmapped (a
         // range the application unmapped may hold another mapping by now).

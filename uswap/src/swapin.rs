@@ -25,19 +25,68 @@ use std::sync::atomic::Ordering;
 
 use arrayvec::ArrayVec;
 
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+use crate::async_readahead::AsyncRa;
 use crate::backend::{BackendError, ReadReq};
+use crate::bounce::BounceBuffers;
+use crate::lru::Lru;
 use crate::options::FaultMode;
 use crate::readahead::{Window, MAX_WINDOW_PAGES};
-use crate::reclaim;
+use crate::reclaim::Reclaim;
 use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet};
 use crate::state::async_readahead::ContextIo;
 use crate::state::fault_error::FaultError;
 use crate::state::route::Route;
-use crate::state::{PageErrorKind, PagerShared};
-use crate::stats::Counter;
-use crate::swap::{ReadaheadPolicy, SwapEntry};
+use crate::state::{ErrorLog, PageErrorKind, PagerId, PagerShared};
+use crate::stats::{Counter, PerCpuStats};
+use crate::swap::{ReadaheadPolicy, SwapDevices, SwapEntry};
 use crate::sync::SpinGuard;
-use crate::uffd::{RangeResult, PAGE_SIZE};
+use crate::uffd::{RangeResult, Uffd, PAGE_SIZE};
+
+/// Swap-in's context: the devices it reads and frees slots on, the regions' descriptor and
+/// the fault mode (`UFFDIO_COPY`, whether to keep pages clean), the reclaim lists it adds the
+/// pages to and the clean-page count, the readahead switch and window, bounce buffers, the
+/// asynchronous readahead contexts ([`AsyncRa`]), the charge (through [`Reclaim`], which
+/// may reclaim to make room), counters and the error log. Built by
+/// [`PagerShared::swap_in_cx`].
+#[derive(Clone, Copy)]
+pub(crate) struct SwapIn<'a> {
+    id: PagerId,
+    uffd: &'a Uffd,
+    mode: FaultMode,
+    clean_pages: &'a AtomicUsize,
+    devices: &'a SwapDevices,
+    lru: &'a Lru,
+    stats: &'a PerCpuStats,
+    readahead: &'a AtomicBool,
+    readahead_max_pages: usize,
+    bounce: &'a BounceBuffers,
+    errors: &'a ErrorLog,
+    reclaim: Reclaim<'a>,
+    async_ra: AsyncRa<'a>,
+}
+
+impl PagerShared {
+    /// Swap-in's context (see [`SwapIn`]).
+    pub(crate) fn swap_in_cx(&self) -> SwapIn<'_> {
+        SwapIn {
+            id: self.id(),
+            uffd: &self.uffd,
+            mode: self.mode,
+            clean_pages: &self.clean_pages,
+            devices: &self.devices,
+            lru: &self.lru,
+            stats: &self.stats,
+            readahead: &self.readahead,
+            readahead_max_pages: self.readahead_max_pages,
+            bounce: &self.bounce,
+            errors: &self.errors,
+            reclaim: self.reclaim_cx(),
+            async_ra: self.async_ra_cx(),
+        }
+    }
+}
 
 /// Attempts per device read before the fault is reported as failed.
 pub(crate) const READ_ATTEMPTS: usize = 3;
@@ -110,21 +159,21 @@ impl FaultSite<'_> {
 }
 
 /// Brings the faulting page back, with its readahead window.
-pub(crate) fn swap_in(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), FaultError> {
+pub(crate) fn swap_in(cx: &SwapIn<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     assert_eq!(f.locked.state(), PageState::Swapped);
     debug_assert!(f.locked.busy(), "the faulting page is owned by this fault");
-    let readahead = !f.route.lock_free() && pager.readahead.load(Ordering::Relaxed);
-    let max = if readahead { pager.readahead_max_pages } else { 1 };
-    let async_ctx = async_context(pager, f);
+    let readahead = !f.route.lock_free() && cx.readahead.load(Ordering::Relaxed);
+    let max = if readahead { cx.readahead_max_pages } else { 1 };
+    let async_ctx = async_context(cx, f);
     let mut set = RegionSet::new();
     let mut items: ArrayVec<Item, MAX_WINDOW_PAGES> = ArrayVec::new();
-    let vma_window = gather_window(pager, f, async_ctx, max, &mut set, &mut items);
+    let vma_window = gather_window(cx, f, async_ctx, max, &mut set, &mut items);
 
     crate::state::route::note_window(items.len());
     // Read-ahead pages are charged like the faulting page, reclaiming if need be (the kernel
     // charges its read-ahead pages to the memory cgroup too): the window only grows on
     // evidence that read-ahead pages are used.
-    reclaim::charge(pager, items.len(), f.route.lock_free());
+    cx.reclaim.charge(items.len(), f.route.lock_free());
 
     // Read in slot order: runs of consecutive slots on one device are one request each.
     items.sort_unstable_by_key(|it| it.entry());
@@ -133,39 +182,39 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), Faul
         items.windows(2).all(|w| w[0].entry() < w[1].entry()),
         "uswap invariant: a swap-in window lists a slot twice"
     );
-    let Some(mut buf) = pager.bounce.take() else {
+    let Some(mut buf) = cx.bounce.take() else {
         // Every bounce buffer stayed lent out past the bound: nothing was read, every page
         // goes back as it was (its slot still holds it), and the fault fails rather than hang.
-        give_back(pager, f, &set, &items);
-        pager.stats.inc(Counter::PoolWaitTimeout);
+        give_back(cx, f, &set, &items);
+        cx.stats.inc(Counter::PoolWaitTimeout);
         return Err(FaultError::PoolTimeout);
     };
     // What the last read that failed found, for the SIGBUS line.
     let mut failed = ReadFailure::default();
     // Held (if taken) until the pages from its buffer are mapped and published.
-    let held = read_window(pager, f, async_ctx, &set, &mut items, buf.pages_mut(), &mut failed);
+    let held = read_window(cx, f, async_ctx, &set, &mut items, buf.pages_mut(), &mut failed);
 
     if !items.iter().any(|it| it.faulting && it.ok) {
         // Nothing is mapped: every page goes back as it was (its slot still holds it).
-        give_back(pager, f, &set, &items);
+        give_back(cx, f, &set, &items);
         let taken = items.iter().filter(|it| it.from_async).count();
-        pager.stats.add(Counter::SwapRaAsyncDropped, taken as u64);
+        cx.stats.add(Counter::SwapRaAsyncDropped, taken as u64);
         return Err(FaultError::Device(failed.kind, failed.cause));
     }
-    let mapping = map_runs(pager, f, &set, &mut items);
-    let (nr_ra, nr_async) = publish(pager, f, &set, &items);
+    let mapping = map_runs(cx, f, &set, &mut items);
+    let (nr_ra, nr_async) = publish(cx, f, &set, &items);
     if let Some(errno) = mapping.failed_errno {
         if !items.iter().any(|it| it.faulting && it.ok) {
             return Err(if mapping.gone_from_under { FaultError::Unmapped } else { FaultError::Ioctl(errno) });
         }
     }
-    pager.stats.inc(Counter::Pgmajfault);
-    pager.stats.add(Counter::Pswpin, mapping.nr_mapped as u64);
-    pager.stats.add(Counter::SwapRa, nr_ra);
-    pager.stats.add(Counter::SwapRaAsync, nr_async);
+    cx.stats.inc(Counter::Pgmajfault);
+    cx.stats.add(Counter::Pswpin, mapping.nr_mapped as u64);
+    cx.stats.add(Counter::SwapRa, nr_ra);
+    cx.stats.add(Counter::SwapRaAsync, nr_async);
     drop(held);
     if let Some(w) = vma_window.filter(|_| readahead) {
-        pager.async_ra.start_after(pager, f.region, (f.reg_idx, f.reg_gen), f.page, w);
+        cx.async_ra.start_after(f.region, (f.reg_idx, f.reg_gen), f.page, w);
     }
     Ok(())
 }
@@ -174,7 +223,7 @@ pub(crate) fn swap_in(pager: &PagerShared, f: &FaultSite<'_>) -> Result<(), Faul
 /// slot as its device says, into `items`, the faulting page first. Returns the window when
 /// it was by address (for the asynchronous readahead that follows it).
 fn gather_window(
-    pager: &PagerShared,
+    cx: &SwapIn<'_>,
     f: &FaultSite<'_>,
     async_ctx: Option<usize>,
     max: usize,
@@ -182,12 +231,12 @@ fn gather_window(
     items: &mut ArrayVec<Item, MAX_WINDOW_PAGES>,
 ) -> Option<Window> {
     debug_assert!(items.is_empty() && max >= 1);
-    let listed = listed_in(pager, f, async_ctx, f.page, f.locked);
+    let listed = listed_in(cx, f, async_ctx, f.page, f.locked);
     items.push(Item::new(None, f.page, f.locked, true, listed));
-    let window = match pager.devices.device(f.locked.entry()).readahead {
-        ReadaheadPolicy::Vma => Some(gather_vma_window(pager, f, async_ctx, max, items)),
+    let window = match cx.devices.device(f.locked.entry()).readahead {
+        ReadaheadPolicy::Vma => Some(gather_vma_window(cx, f, async_ctx, max, items)),
         ReadaheadPolicy::Cluster => {
-            gather_cluster_window(pager, f, max, set, items);
+            gather_cluster_window(cx, f, max, set, items);
             None
         }
     };
@@ -205,7 +254,7 @@ fn gather_window(
 /// mapped; any listed page whose data is not there after all is read like the others,
 /// under the lock.
 fn read_window<'p>(
-    pager: &'p PagerShared,
+    cx: &SwapIn<'p>,
     f: &FaultSite<'_>,
     async_ctx: Option<usize>,
     set: &RegionSet,
@@ -213,12 +262,12 @@ fn read_window<'p>(
     buf: &mut [crate::backend::AlignedPage],
     failed: &mut ReadFailure,
 ) -> HeldContext<'p> {
-    read_items(pager, f, set, items, buf, failed);
+    read_items(cx, f, set, items, buf, failed);
     let ctx = async_ctx.filter(|_| items.iter().any(|it| it.listed.is_some()))?;
-    let mut io = pager.async_ra.context(ctx).io.lock();
-    take_async(pager, f, ctx, &mut io, items);
+    let mut io = cx.async_ra.context(ctx).io.lock();
+    take_async(cx, f, ctx, &mut io, items);
     if items.iter().any(|it| !it.ok) {
-        read_items(pager, f, set, items, buf, failed);
+        read_items(cx, f, set, items, buf, failed);
     }
     Some((ctx, io))
 }
@@ -227,28 +276,28 @@ fn read_window<'p>(
 /// read was started. Its lock is taken only once the other reads and the charge are done,
 /// so that those do not run under it. On the lock-free route, where no lock may be taken,
 /// the data is thrown away (the slot is read instead).
-fn async_context(pager: &PagerShared, f: &FaultSite<'_>) -> Option<usize> {
+fn async_context(cx: &SwapIn<'_>, f: &FaultSite<'_>) -> Option<usize> {
     if !f.locked.async_read() {
         return None;
     }
     let (own, e) = (f.owner(f.page), f.locked.entry());
     if f.route.lock_free() {
-        pager.async_ra.forget_page(pager, own, e);
+        cx.async_ra.forget_page(own, e);
         return None;
     }
-    pager.async_ra.find(own, e).map(|l| l.ctx)
+    cx.async_ra.find(own, e).map(|l| l.ctx)
 }
 
 /// The buffer page holding `page`'s data in the asynchronous readahead context `async_ctx`
 /// (the one the faulting page was found in), if it is listed there.
-fn listed_in(pager: &PagerShared, f: &FaultSite<'_>, async_ctx: Option<usize>, page: usize, pte: Pte) -> Option<usize> {
-    pager.async_ra.context(async_ctx?).index_of(f.owner(page), pte.entry())
+fn listed_in(cx: &SwapIn<'_>, f: &FaultSite<'_>, async_ctx: Option<usize>, page: usize, pte: Pte) -> Option<usize> {
+    cx.async_ra.context(async_ctx?).index_of(f.owner(page), pte.entry())
 }
 
 /// Readahead by virtual address: locks the swapped pages of the faulting region's window
 /// (see `readahead`) and adds them to `items`. Returns the window.
 fn gather_vma_window(
-    pager: &PagerShared,
+    cx: &SwapIn<'_>,
     f: &FaultSite<'_>,
     async_ctx: Option<usize>,
     max: usize,
@@ -256,7 +305,7 @@ fn gather_vma_window(
 ) -> Window {
     let pred = f.region.streams.advance(f.page, f.region.nr_pages, max, true);
     if let Some(passed) = pred.passed {
-        count_hits_in_region(pager, f.region, passed, f.page);
+        count_hits_in_region(cx, f.region, passed, f.page);
     }
     for q in (pred.window.start..pred.window.end()).filter(|&q| q != f.page) {
         let pte = f.region.load(q);
@@ -265,7 +314,7 @@ fn gather_vma_window(
         }
         // A page read asynchronously is taken only from the context we hold; others wait for
         // their own fault, which will find their data.
-        let listed = listed_in(pager, f, async_ctx, q, pte);
+        let listed = listed_in(cx, f, async_ctx, q, pte);
         if pte.async_read() && listed.is_none() {
             continue;
         }
@@ -279,22 +328,22 @@ fn gather_vma_window(
 /// Readahead by slot (`ReadaheadPolicy::Cluster`): locks the pages that own the slots
 /// around the faulting one on its device, whatever their regions, and adds them to `items`.
 fn gather_cluster_window(
-    pager: &PagerShared,
+    cx: &SwapIn<'_>,
     f: &FaultSite<'_>,
     max: usize,
     set: &mut RegionSet,
     items: &mut ArrayVec<Item, MAX_WINDOW_PAGES>,
 ) {
     let e = f.locked.entry();
-    let dev = pager.devices.device(e);
+    let dev = cx.devices.device(e);
     let pred = dev.cluster_streams.advance(e.offset() as usize, dev.nr_slots() as usize, max, true);
     if let Some(passed) = pred.passed {
-        count_hits_by_slot(pager, e.device(), passed);
+        count_hits_by_slot(cx, e.device(), passed);
     }
     for slot in (pred.window.start..pred.window.end()).filter(|&s| s as u64 != e.offset()) {
         let Some(info) = dev.slot_info(slot as u64) else { continue };
         let r = PageRef::from_owner(info.owner);
-        let Ok(gi) = set.get(pager, r) else { continue };
+        let Ok(gi) = set.get(cx.id, r) else { continue };
         let region = &set.g[gi];
         let pte = region.load(r.page);
         let own = SwapEntry::new(e.device(), slot as u64);
@@ -308,11 +357,11 @@ fn gather_cluster_window(
 
 /// Nothing was mapped: every page of the window goes back as it was (its slot still holds
 /// it), and its charge is dropped.
-fn give_back(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) {
+fn give_back(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) {
     for it in items {
         f.region(set, it.gi).store(it.page, it.pte.unbusy());
     }
-    reclaim::uncharge(pager, items.len());
+    cx.reclaim.uncharge(items.len());
 }
 
 /// What mapping a window's pages did.
@@ -327,7 +376,7 @@ struct Mapped {
 /// Maps the pages read (`ok`), in runs of consecutive addresses with consecutive buffer
 /// pages and one protection, one `UFFDIO_COPY` each. A page whose copy failed is no longer
 /// `ok`.
-fn map_runs(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &mut [Item]) -> Mapped {
+fn map_runs(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &mut [Item]) -> Mapped {
     let mut m = Mapped { nr_mapped: 0, failed_errno: None, gone_from_under: false };
     let mut faulting_errno = None;
     let mut i = 0;
@@ -338,7 +387,7 @@ fn map_runs(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &mut
         }
         // Kept clean (write-protected, slot kept): the faulting page on a read; read-ahead
         // pages only on devices that ask for it (see `DeviceConfig::clean_readahead`).
-        let wp = |it: &Item| keep_clean(pager, f, it);
+        let wp = |it: &Item| keep_clean(cx, f, it);
         let mut j = i + 1;
         while j < items.len()
             && items[j].ok
@@ -351,7 +400,7 @@ fn map_runs(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &mut
         }
         let region = f.region(set, items[i].gi);
         let len = (j - i) * PAGE_SIZE;
-        let r = pager.uffd.copy(region.page_addr(items[i].page), items[i].src, len, f.route.wake(), wp(&items[i]));
+        let r = cx.uffd.copy(region.page_addr(items[i].page), items[i].src, len, f.route.wake(), wp(&items[i]));
         let done = r.done_bytes(len) / PAGE_SIZE;
         if let RangeResult::Partial { errno, .. } = r {
             m.failed_errno = Some(errno);
@@ -372,8 +421,8 @@ fn map_runs(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &mut
     if faulting_errno == Some(libc::ENOENT) {
         if let Some(k) = items.iter().position(|it| it.faulting) {
             let it = &items[k];
-            let wp = keep_clean(pager, f, it);
-            match pager.uffd.copy(f.region.page_addr(it.page), it.src, PAGE_SIZE, f.route.wake(), wp) {
+            let wp = keep_clean(cx, f, it);
+            match cx.uffd.copy(f.region.page_addr(it.page), it.src, PAGE_SIZE, f.route.wake(), wp) {
                 RangeResult::Done => {
                     items[k].ok = true;
                     m.nr_mapped += 1;
@@ -388,7 +437,7 @@ fn map_runs(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &mut
 /// Publishes the window: mapped pages become resident (clean ones keep their slot, the
 /// others' slots are freed) and join the LRU; the others go back as they were, uncharged.
 /// Returns the pages mapped by readahead, and those of them read asynchronously.
-fn publish(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) -> (u64, u64) {
+fn publish(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) -> (u64, u64) {
     let (mut nr_ra, mut nr_async, mut unmapped) = (0, 0, 0);
     for it in items {
         let region = f.region(set, it.gi);
@@ -396,17 +445,17 @@ fn publish(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &[Ite
             region.store(it.page, it.pte.unbusy());
             unmapped += 1;
             if it.from_async {
-                pager.stats.inc(Counter::SwapRaAsyncDropped);
+                cx.stats.inc(Counter::SwapRaAsyncDropped);
             }
             continue;
         }
-        let new = if !keep_clean(pager, f, it) {
-            pager.devices.free(it.entry(), f.route.lock_free());
+        let new = if !keep_clean(cx, f, it) {
+            cx.devices.free(it.entry(), f.route.lock_free());
             it.pte.next(PageState::Resident, None)
         } else {
             // Clean: mapped write-protected, it keeps its slot, and is in use again.
-            pager.clean_pages.fetch_add(1, Ordering::Relaxed);
-            pager.devices.device(it.entry()).unstamp(it.entry().offset());
+            cx.clean_pages.fetch_add(1, Ordering::Relaxed);
+            cx.devices.device(it.entry()).unstamp(it.entry().offset());
             it.pte.next(PageState::Resident, Some(it.entry())).with_clean()
         };
         nr_async += u64::from(it.from_async);
@@ -414,8 +463,8 @@ fn publish(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &[Ite
             if it.from_async {
                 // Read ahead (asynchronously) and now used: the kernel's swap-cache hit on a
                 // read-ahead page.
-                pager.stats.inc(Counter::SwapRa);
-                pager.stats.inc(Counter::SwapRaHit);
+                cx.stats.inc(Counter::SwapRa);
+                cx.stats.inc(Counter::SwapRaHit);
                 f.region.streams.note_used(1);
             }
             new
@@ -425,23 +474,23 @@ fn publish(pager: &PagerShared, f: &FaultSite<'_>, set: &RegionSet, items: &[Ite
         };
         let new = new.with_referenced(false);
         region.store(it.page, new);
-        pager.lru.add_mapped(f.page_ref(set, it, new), it.faulting, items.len(), &pager.stats);
+        cx.lru.add_mapped(f.page_ref(set, it, new), it.faulting, items.len(), cx.stats);
     }
-    reclaim::uncharge(pager, unmapped);
+    cx.reclaim.uncharge(unmapped);
     (nr_ra, nr_async)
 }
 
 /// Takes the data of the items listed in the held asynchronous-readahead context from its
 /// buffer (waiting for its reads if need be), checking checksums. Items whose data is not
 /// there (the read failed, the listing was claimed meanwhile) are left for `read_items`.
-fn take_async(pager: &PagerShared, f: &FaultSite<'_>, ctx: usize, io: &mut ContextIo, items: &mut [Item]) {
+fn take_async(cx: &SwapIn<'_>, f: &FaultSite<'_>, ctx: usize, io: &mut ContextIo, items: &mut [Item]) {
     if !items.iter().any(|it| it.listed.is_some()) {
         return;
     }
     if io.wait() {
-        pager.stats.inc(Counter::SwapRaAsyncWait);
+        cx.stats.inc(Counter::SwapRaAsyncWait);
     }
-    let c = pager.async_ra.context(ctx);
+    let c = cx.async_ra.context(ctx);
     for it in items.iter_mut() {
         let Some(i) = it.listed.take() else { continue };
         let e = it.entry();
@@ -449,17 +498,17 @@ fn take_async(pager: &PagerShared, f: &FaultSite<'_>, ctx: usize, io: &mut Conte
         if !(c.listed_at(i, own, e) && c.claim(i, own)) {
             continue;
         }
-        let dev = pager.devices.device(e);
+        let dev = cx.devices.device(e);
         let data = io.page(i).filter(|_| io.page_ok(i));
         let Some(data) = data else {
-            pager.record_error(f.region.page_addr(it.page), e, PageErrorKind::ReadFailed);
-            pager.stats.inc(Counter::SwapRaAsyncDropped);
+            cx.errors.record(f.region.page_addr(it.page), e, PageErrorKind::ReadFailed);
+            cx.stats.inc(Counter::SwapRaAsyncDropped);
             continue;
         };
         if !dev.checksum_ok(e.offset(), data) {
-            pager.stats.inc(Counter::ChecksumError);
-            pager.stats.inc(Counter::SwapRaAsyncDropped);
-            pager.record_error(f.region.page_addr(it.page), e, PageErrorKind::ChecksumMismatch);
+            cx.stats.inc(Counter::ChecksumError);
+            cx.stats.inc(Counter::SwapRaAsyncDropped);
+            cx.errors.record(f.region.page_addr(it.page), e, PageErrorKind::ChecksumMismatch);
             continue;
         }
         it.ok = true;
@@ -477,28 +526,28 @@ fn take_async(pager: &PagerShared, f: &FaultSite<'_>, ctx: usize, io: &mut Conte
 /// `read(2)` into it fails with `EFAULT`, as its write-protect fault would need a SIGBUS the
 /// kernel does not send for its own accesses), so a page the thread has just touched must be
 /// mapped writable.
-fn keep_clean(pager: &PagerShared, f: &FaultSite<'_>, it: &Item) -> bool {
-    if pager.mode == FaultMode::Signal {
+fn keep_clean(cx: &SwapIn<'_>, f: &FaultSite<'_>, it: &Item) -> bool {
+    if cx.mode == FaultMode::Signal {
         return false;
     }
     if it.faulting {
         !f.write
     } else {
         // Cluster readahead finds its pages through their slots' owners, so they keep them.
-        let dev = pager.devices.device(it.entry());
+        let dev = cx.devices.device(it.entry());
         dev.clean_readahead || dev.readahead == ReadaheadPolicy::Cluster
     }
 }
 
 /// Whether pages of this entry's device are copied straight from the device's memory.
-fn in_place(pager: &PagerShared, e: SwapEntry) -> bool {
-    let dev = pager.devices.device(e);
+fn in_place(cx: &SwapIn<'_>, e: SwapEntry) -> bool {
+    let dev = cx.devices.device(e);
     !dev.has_checksums() && dev.backend.page_ptr(e.offset()).is_some()
 }
 
 /// The device's own copy of an entry's page (an in-place device).
-fn dev_page_ptr(pager: &PagerShared, e: SwapEntry) -> *const u8 {
-    pager.devices.device(e).backend.page_ptr(e.offset()).unwrap_or(std::ptr::null())
+fn dev_page_ptr(cx: &SwapIn<'_>, e: SwapEntry) -> *const u8 {
+    cx.devices.device(e).backend.page_ptr(e.offset()).unwrap_or(std::ptr::null())
 }
 
 /// What the last device read that failed found: the kind of failure, and what the device
@@ -530,7 +579,7 @@ impl ReadFailure {
 /// checking checksums, and marks the items read correctly. `failed`: what the last read
 /// that failed found.
 fn read_items(
-    pager: &PagerShared,
+    cx: &SwapIn<'_>,
     f: &FaultSite<'_>,
     set: &RegionSet,
     items: &mut [Item],
@@ -548,9 +597,9 @@ fn read_items(
                 i += 1;
                 continue;
             }
-            if in_place(pager, e) {
+            if in_place(cx, e) {
                 items[i].ok = true;
-                items[i].src = dev_page_ptr(pager, e);
+                items[i].src = dev_page_ptr(cx, e);
                 i += 1;
                 continue;
             }
@@ -559,7 +608,7 @@ fn read_items(
             while end < items.len() && items[end].entry().device() == e.device() {
                 end += 1;
             }
-            read_from_device(pager, f, set, &mut items[i..end], &mut buf[i..end], failed);
+            read_from_device(cx, f, set, &mut items[i..end], &mut buf[i..end], failed);
             i = end;
         }
         let faulting_ok = items.iter().any(|it| it.faulting && it.ok);
@@ -575,14 +624,14 @@ fn read_items(
 /// item), as runs of consecutive slots, one request each. An item read and matching its
 /// checksum is `ok`; a failure is recorded, and kept in `failed`.
 fn read_from_device(
-    pager: &PagerShared,
+    cx: &SwapIn<'_>,
     f: &FaultSite<'_>,
     set: &RegionSet,
     items: &mut [Item],
     buf: &mut [crate::backend::AlignedPage],
     failed: &mut ReadFailure,
 ) {
-    let dev = pager.devices.device(items[0].entry());
+    let dev = cx.devices.device(items[0].entry());
     let unread = |it: &Item| !it.ok && it.listed.is_none();
     let mut runs: ArrayVec<(usize, usize), MAX_WINDOW_PAGES> = ArrayVec::new();
     let mut s = 0;
@@ -621,7 +670,7 @@ fn read_from_device(
             // A device that checks its own data (the Redis tier's authenticated values)
             // reports a mismatch as Corrupt: a checksum error like ours.
             let kind = if matches!(req.result, Err(BackendError::Corrupt { .. })) {
-                pager.stats.inc(Counter::ChecksumError);
+                cx.stats.inc(Counter::ChecksumError);
                 PageErrorKind::ChecksumMismatch
             } else {
                 PageErrorKind::ReadFailed
@@ -629,7 +678,7 @@ fn read_from_device(
             let cause = req.result.as_ref().err().map_or("", BackendError::cause);
             *failed = ReadFailure { kind, cause };
             let it = &items[s];
-            pager.record_device_error(f.region(set, it.gi).page_addr(it.page), it.entry(), kind, cause);
+            cx.errors.record_device(f.region(set, it.gi).page_addr(it.page), it.entry(), kind, cause);
         }
     }
     for k in (0..items.len()).filter(|&k| fresh[k]) {
@@ -637,41 +686,41 @@ fn read_from_device(
         if !dev.checksum_ok(items[k].entry().offset(), &buf[k].0) {
             // Never map a page that does not match what was written.
             items[k].ok = false;
-            pager.stats.inc(Counter::ChecksumError);
+            cx.stats.inc(Counter::ChecksumError);
             let addr = f.region(set, items[k].gi).page_addr(items[k].page);
-            pager.record_error(addr, items[k].entry(), PageErrorKind::ChecksumMismatch);
+            cx.errors.record(addr, items[k].entry(), PageErrorKind::ChecksumMismatch);
             failed.checksum_mismatch();
         }
     }
 }
 
 /// The stream ran over `w` in `region`: its read-ahead pages were used.
-fn count_hits_in_region(pager: &PagerShared, region: &RegionInner, w: Window, faulting: usize) {
+fn count_hits_in_region(cx: &SwapIn<'_>, region: &RegionInner, w: Window, faulting: usize) {
     let mut hits = 0;
     for q in (w.start..w.end()).filter(|&q| q != faulting && q < region.nr_pages) {
         if clear_readahead_mark(region, q) {
             hits += 1;
         }
     }
-    pager.stats.add(Counter::SwapRaHit, hits);
+    cx.stats.add(Counter::SwapRaHit, hits);
     region.streams.note_used(hits);
 }
 
 /// Cluster readahead: the stream ran over slots `w` of device `dev`.
-fn count_hits_by_slot(pager: &PagerShared, dev: usize, w: Window) {
-    let d = &pager.devices.devices()[dev];
+fn count_hits_by_slot(cx: &SwapIn<'_>, dev: usize, w: Window) {
+    let d = &cx.devices.devices()[dev];
     let mut set = RegionSet::new();
     let mut hits = 0;
     for slot in w.start..w.end() {
         let Some(info) = d.slot_info(slot as u64) else { continue };
         let r = PageRef::from_owner(info.owner);
-        if let Ok(gi) = set.get(pager, r) {
+        if let Ok(gi) = set.get(cx.id, r) {
             if clear_readahead_mark(&set.g[gi], r.page) {
                 hits += 1;
             }
         }
     }
-    pager.stats.add(Counter::SwapRaHit, hits);
+    cx.stats.add(Counter::SwapRaHit, hits);
 }
 
 /// Clears the readahead mark of a resident page; true if it had one (a hit). A busy page is

@@ -39,7 +39,7 @@ pub(crate) fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write:
         if !managed {
             // The page-table words read below must say what the events this thread has
             // seen (its own `madvise`) made of them; see `events::wait_until_applied`.
-            crate::events::wait_until_applied(&g.pager);
+            crate::events::wait_until_applied(&g.pager.stats);
         }
         managed = true;
         // Before the words are read: see `pin` for the ordering with reclaim.

@@ -54,7 +54,7 @@ fn sigbus_fault_here(addr: usize, is_write: bool) -> bool {
         return false;
     }
     // After the events this thread has seen (its own `madvise`, `munmap`, `mremap`).
-    events::wait_until_applied(&g.pager);
+    events::wait_until_applied(&g.pager.stats);
     let route = if locks_held_by_this_thread() > 0 { Route::SignalLockFree } else { Route::Signal };
     // Bounded retries of transient failures; a page that cannot be brought back ends in
     // SIGBUS, as in the kernel.

@@ -11,19 +11,48 @@ use super::handler_pool::{
 };
 use super::retry::serve_with_retries;
 use crate::clock::now_ns;
-use crate::events;
+use crate::events::{self, Events};
 use crate::mapping::pin_current_thread;
 use crate::region::region_owning;
 use crate::state::fault_error::FaultError;
 use crate::state::route::{reset_window, window_pages, Route};
-use crate::state::PagerShared;
-use crate::stats::Counter;
-use crate::uffd::{self, Doorbell, Event, RangeResult, UffdMsg, PAGE_SIZE};
+use crate::state::{PagerId, PagerShared, Shutdown};
+use crate::stats::{Counter, PerCpuStats};
+use crate::swap::SwapDevices;
+use crate::uffd::{self, Doorbell, Event, RangeResult, Uffd, UffdMsg, PAGE_SIZE};
+
+/// A handler thread's context: the regions' descriptor it reads and wakes faults on, the
+/// events' context (events read among the faults), the pager's identity (to find its
+/// regions), the devices (a fault on a staging page is the engine's bug), counters and the
+/// shutdown flag. Built by [`PagerShared::handler_cx`]; the faults themselves are served
+/// through the region (`crate::fault_service`).
+pub(crate) struct Handlers<'a> {
+    id: PagerId,
+    uffd: &'a Uffd,
+    shutdown: &'a Shutdown,
+    stats: &'a PerCpuStats,
+    devices: &'a SwapDevices,
+    events: Events<'a>,
+}
+
+impl PagerShared {
+    /// A handler thread's context (see [`Handlers`]).
+    pub(crate) fn handler_cx(&self) -> Handlers<'_> {
+        Handlers {
+            id: self.id(),
+            uffd: &self.uffd,
+            shutdown: &self.shutdown,
+            stats: &self.stats,
+            devices: &self.devices,
+            events: self.events_cx(),
+        }
+    }
+}
 
 /// Thread mode: one of the handler threads. Reads fault messages and serves them until the
 /// pager shuts down.
 pub(crate) fn handler_thread(
-    pager: &PagerShared,
+    cx: &Handlers<'_>,
     doorbell: &Doorbell,
     pool: &HandlerPool,
     me: usize,
@@ -36,9 +65,9 @@ pub(crate) fn handler_thread(
     pool.register(me);
     let mut msgs = [UffdMsg::default(); 16];
     let mut h = Handler::default();
-    while !pager.is_shutdown() {
+    while !cx.shutdown.is_set() {
         if !pool.is_active(me) {
-            pool.wait_dormant(me, || pager.is_shutdown());
+            pool.wait_dormant(me, || cx.shutdown.is_set());
             h.tally.reset();
             h.woke_for_message = false;
             h.spin_until_ns = None;
@@ -53,22 +82,22 @@ pub(crate) fn handler_thread(
         }
         // Events (munmap, mremap, madvise) among the messages are applied here, in the order
         // the kernel sent them, before any fault read after them is served.
-        let n = events::read_and_apply(pager, &mut msgs);
-        let pending = events::run_take_outs(pager);
+        let n = events::read_and_apply(&cx.events, &mut msgs);
+        let pending = events::run_take_outs(&cx.events);
         let retire = std::mem::take(&mut h.woke_for_message) && h.tally.woke(n > 0);
         if retire && n == 0 && pool.try_retire(me) {
-            pager.stats.inc(Counter::HandlerRetire);
+            cx.stats.inc(Counter::HandlerRetire);
             continue;
         }
-        if spin(pager, &mut h.tally, n, &mut h.spin_until_ns, &mut h.spin_rounds) {
+        if spin(cx, &mut h.tally, n, &mut h.spin_until_ns, &mut h.spin_rounds) {
             continue;
         }
         if n == 0 {
             let timeout_ms = if pending { events::TAKE_OUT_POLL_MS } else { -1 };
-            h.woke_for_message = uffd::poll_fault_or_doorbell_for(&pager.uffd, doorbell, timeout_ms);
+            h.woke_for_message = uffd::poll_fault_or_doorbell_for(cx.uffd, doorbell, timeout_ms);
             continue;
         }
-        h.serve_batch(pager, pool, me, &msgs[..n], retire);
+        h.serve_batch(cx, pool, me, &msgs[..n], retire);
     }
 }
 
@@ -91,15 +120,15 @@ impl Handler {
     /// Serves the faults among `msgs` (events were applied when they were read), applying
     /// the pool's rules to the batch, then retires if the wake-up (`retire`) or a helper's
     /// allowance says so.
-    fn serve_batch(&mut self, pager: &PagerShared, pool: &HandlerPool, me: usize, msgs: &[UffdMsg], retire: bool) {
+    fn serve_batch(&mut self, cx: &Handlers<'_>, pool: &HandlerPool, me: usize, msgs: &[UffdMsg], retire: bool) {
         // Only this handler clears its own flag (`HandlerPool::try_retire`), and it was active
         // when it read the batch.
         debug_assert!(pool.is_active(me), "a handler serves only while active");
         let nr_faults = msgs.iter().filter(|m| m.is_page_fault()).count();
-        adjust_pool(pager, pool, &mut self.tally, me, msgs, nr_faults, &mut self.window_tid);
+        adjust_pool(cx, pool, &mut self.tally, me, msgs, nr_faults, &mut self.window_tid);
         for m in msgs {
             let Event::PageFault { addr, write, tid } = m.event() else { continue };
-            if serve_message(pager, addr, write, tid) {
+            if serve_message(cx, addr, write, tid) {
                 self.window_tid = Some(tid);
             }
         }
@@ -109,7 +138,7 @@ impl Handler {
         }
         // Retiring with messages in hand waits until they are served.
         if (retire || helped_enough) && pool.try_retire(me) {
-            pager.stats.inc(Counter::HandlerRetire);
+            cx.stats.inc(Counter::HandlerRetire);
         }
     }
 }
@@ -118,13 +147,7 @@ impl Handler {
 /// it, offering the CPU every `SPIN_ROUNDS_PER_YIELD` rounds. Returns true to poll again
 /// without sleeping. A yield another thread takes, or the spin's end, ends the spin and
 /// tells the tally whether it found a fault.
-fn spin(
-    pager: &PagerShared,
-    tally: &mut WakeTally,
-    n: usize,
-    spin_until_ns: &mut Option<u64>,
-    rounds: &mut u32,
-) -> bool {
+fn spin(cx: &Handlers<'_>, tally: &mut WakeTally, n: usize, spin_until_ns: &mut Option<u64>, rounds: &mut u32) -> bool {
     let Some(until_ns) = *spin_until_ns else { return false };
     if n == 0 && now_ns() < until_ns {
         *rounds = rounds.wrapping_add(1);
@@ -139,13 +162,13 @@ fn spin(
         }
         // Another thread had the CPU: spinning here takes its time.
         if tally.spun(false) {
-            pager.stats.inc(Counter::HandlerSpinOff);
+            cx.stats.inc(Counter::HandlerSpinOff);
         }
         *spin_until_ns = None;
         return true;
     }
     if tally.spun(n > 0) {
-        pager.stats.inc(Counter::HandlerSpinOff);
+        cx.stats.inc(Counter::HandlerSpinOff);
     }
     *spin_until_ns = None;
     false
@@ -156,7 +179,7 @@ fn spin(
 /// (`window_tid`, taken unless a backlog came first) wakes a helper, and a lone handler steers itself to the faulting thread's
 /// CPU (see `handler_pool`).
 fn adjust_pool(
-    pager: &PagerShared,
+    cx: &Handlers<'_>,
     pool: &HandlerPool,
     tally: &mut WakeTally,
     me: usize,
@@ -170,11 +193,11 @@ fn adjust_pool(
     });
     if nr_faults >= BACKLOG_FAULTS {
         if pool.add_for_backlog() {
-            pager.stats.inc(Counter::HandlerBacklog);
+            cx.stats.inc(Counter::HandlerBacklog);
         }
     } else if std::mem::take(window_tid).is_some_and(|t| tids.clone().any(|tid| tid != t)) {
         if pool.wake_helper() {
-            pager.stats.inc(Counter::HandlerHelp);
+            cx.stats.inc(Counter::HandlerHelp);
         }
     } else if pool.nr_active() == 1 && tally.served_alone(nr_faults as u32) && !tally.may_spin() {
         // A spinning handler serves from the other CPU by design: steering it to the
@@ -182,7 +205,7 @@ fn adjust_pool(
         if let Some(cpu) = tids.next().and_then(thread_last_cpu) {
             // Served first anyway: the new handler polls only after its wake-up.
             if pool.steer_to(me, cpu) {
-                pager.stats.inc(Counter::HandlerSteer);
+                cx.stats.inc(Counter::HandlerSteer);
             }
         }
     }
@@ -190,25 +213,25 @@ fn adjust_pool(
 
 /// Serves the fault of thread `tid` at `addr`, and wakes the thread or signals it. Returns
 /// whether the service mapped a window of at least `HELPER_WINDOW_PAGES` (the help rule).
-fn serve_message(pager: &PagerShared, addr: usize, write: bool, tid: u32) -> bool {
+fn serve_message(cx: &Handlers<'_>, addr: usize, write: bool, tid: u32) -> bool {
     assert_eq!(addr % PAGE_SIZE, 0, "fault addresses are decoded page-aligned");
     reset_window();
     match region_owning(addr) {
-        Some(g) if std::ptr::eq(&*g.pager, pager) => {
+        Some(g) if g.pager.id() == cx.id => {
             match serve_with_retries(&g, g.index, g.gen, addr, write, Route::Thread) {
                 Ok(()) => return window_pages() >= HELPER_WINDOW_PAGES,
                 // Gone: memory mremap grew back in place gets a zero page; else the thread
                 // faults again and meets whatever is there now.
                 Err(FaultError::Gone) => {
-                    if pager.uffd.zeropage(addr, PAGE_SIZE, true) != RangeResult::Done {
-                        let _ = pager.uffd.wake(addr, PAGE_SIZE);
+                    if cx.uffd.zeropage(addr, PAGE_SIZE, true) != RangeResult::Done {
+                        let _ = cx.uffd.wake(addr, PAGE_SIZE);
                     }
                 }
                 // EAGAIN: an event is pending, and the thread faults again after it.
                 // Unmapped: the message was stale; a thread still waiting there (it cannot be
                 // this fault's) faults again and meets what is there now.
                 Err(FaultError::Ioctl(libc::EAGAIN) | FaultError::Unmapped) => {
-                    let _ = pager.uffd.wake(addr, PAGE_SIZE);
+                    let _ = cx.uffd.wake(addr, PAGE_SIZE);
                 }
                 Err(lost) => {
                     // The page cannot be brought back: the faulting thread gets SIGBUS, as it
@@ -221,19 +244,19 @@ fn serve_message(pager: &PagerShared, addr: usize, write: bool, tid: u32) -> boo
         }
         // A part of a region moved away by mremap, its pages still being copied in: the
         // copy wakes the thread, or the range's unregistering does.
-        None if events::is_pending(pager, addr) => return false,
+        None if events::is_pending(&cx.events, addr) => return false,
         // Registered memory no region claims: what mremap grew a region by in place (no
         // event tells of it). Ordinary anonymous memory: zero.
-        None if pager.uffd.zeropage(addr, PAGE_SIZE, true) == RangeResult::Done => return false,
+        None if cx.uffd.zeropage(addr, PAGE_SIZE, true) == RangeResult::Done => return false,
         _ => {}
     }
     // Not ours any more (the region was dropped under a racing access), or the page could
     // not be read: wake the thread; it faults again, and if the region is gone it gets
     // SIGSEGV like any access to unmapped memory.
-    if pager.devices.devices().iter().any(|d| d.staging_contains(addr)) {
+    if cx.devices.devices().iter().any(|d| d.staging_contains(addr)) {
         // A fault on an empty staging page means the engine broke its own rule.
         panic!("uswap: engine thread faulted on empty staging page {addr:#x}");
     }
-    let _ = pager.uffd.wake(addr, PAGE_SIZE);
+    let _ = cx.uffd.wake(addr, PAGE_SIZE);
     false
 }

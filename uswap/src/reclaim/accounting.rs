@@ -1,6 +1,7 @@
 //! Accounting of the resident charge and its watermarks: the counting, own and shared. What
 //! a charge does when it reaches the limit (reclaim directly, or wait for room) is
-//! `super::direct`'s ([`super::charge`], the function every fault calls).
+//! `super::direct`'s ([`super::direct::charge`], which every fault calls through
+//! [`super::Reclaim::charge`]). These functions take the part they count, the charge.
 //!
 //! Accounting. `resident_pages` counts application pages in RAM: mapped in a region or
 //! staged in the swap cache. A fault charges a page *before* mapping it, with a
@@ -21,7 +22,8 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::state::{PagerShared, RECLAIM_BATCH_PAGES as BATCH};
+use crate::state::charge::Charge;
+use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 
 /// `(high, low)` watermarks for a limit, in pages.
 pub(crate) fn watermarks(limit: usize) -> (usize, usize) {
@@ -30,25 +32,25 @@ pub(crate) fn watermarks(limit: usize) -> (usize, usize) {
 }
 
 /// Charges `n` pages whatever the limit (the callers count why).
-pub(super) fn force_charge(p: &PagerShared, n: usize) {
-    let now = p.charge.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
-    shared_add(p, n);
-    note_peak(p, now);
+pub(super) fn force_charge(charge: &Charge, n: usize) {
+    let now = charge.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
+    shared_add(charge, n);
+    note_peak(charge, now);
 }
 
 /// Whether `n` more pages fit under the shared charge, if the pager has one. Read without a
 /// lock: pagers that charge at the same moment may each see the same room, so the shared
 /// charge can pass its limit by at most one charge (`n` pages, a readahead window at most)
 /// per thread charging at once, and reclaim brings it back.
-pub(super) fn shared_room(p: &PagerShared, n: usize) -> bool {
-    match p.charge.shared {
+pub(super) fn shared_room(charge: &Charge, n: usize) -> bool {
+    match charge.shared {
         None => true,
         Some(t) => t.resident_pages.load(Ordering::Acquire) + n <= t.limit_pages.load(Ordering::Acquire),
     }
 }
 
-pub(super) fn shared_add(p: &PagerShared, n: usize) {
-    if let Some(t) = p.charge.shared {
+pub(super) fn shared_add(charge: &Charge, n: usize) {
+    if let Some(t) = charge.shared {
         let now = t.resident_pages.fetch_add(n, Ordering::AcqRel) + n;
         if now > t.resident_peak_pages.load(Ordering::Relaxed) {
             t.resident_peak_pages.fetch_max(now, Ordering::Relaxed);
@@ -56,8 +58,9 @@ pub(super) fn shared_add(p: &PagerShared, n: usize) {
     }
 }
 
-pub(crate) fn shared_sub(p: &PagerShared, n: usize) {
-    if let Some(t) = p.charge.shared {
+/// Takes `n` pages off the shared charge, if the pager has one (its own is the caller's).
+pub(crate) fn shared_sub(charge: &Charge, n: usize) {
+    if let Some(t) = charge.shared {
         t.resident_pages.fetch_sub(n, Ordering::AcqRel);
     }
 }
@@ -65,8 +68,8 @@ pub(crate) fn shared_sub(p: &PagerShared, n: usize) {
 /// Whether the shared charge, if any, is above the high (`low == false`) or low watermark of
 /// its limit, or of the goal an automatic budget set below it (who reclaims for it:
 /// [`shared_reclaim_is_ours`]).
-pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
-    match p.charge.shared {
+pub(super) fn shared_above(charge: &Charge, low: bool) -> bool {
+    match charge.shared {
         None => false,
         Some(t) => {
             let (high, lowmark) = watermarks(t.reclaim_goal_pages());
@@ -81,10 +84,10 @@ pub(super) fn shared_above(p: &PagerShared, low: bool) -> bool {
 /// background even while their programs fault. Not for a tree merely over its own limit (a
 /// fork's shared pages, which reclaim cannot move: reclaiming harder there only breaks
 /// more of them copy-on-write, and raised a fork test's peak past its bound).
-pub(super) fn shared_over_limit(p: &PagerShared) -> bool {
-    p.charge.shared.is_some_and(|t| {
+pub(super) fn shared_over_limit(charge: &Charge) -> bool {
+    charge.shared.is_some_and(|t| {
         let goal = t.reclaim_goal_pages();
-        goal < p.charge.limit_pages.load(Ordering::Acquire) && t.resident_pages.load(Ordering::Acquire) > goal
+        goal < charge.limit_pages.load(Ordering::Acquire) && t.resident_pages.load(Ordering::Acquire) > goal
     })
 }
 
@@ -99,26 +102,26 @@ pub(super) fn shared_over_limit(p: &PagerShared) -> bool {
 /// `idle_long`: the application has not faulted for [`super::background::IDLE_COLD`]; its
 /// pages are taken as the tree's coldest, whatever their number. The shared limit itself
 /// still holds for everyone (`direct::charge`).
-pub(super) fn shared_reclaim_is_ours(p: &PagerShared, low: bool, idle_long: bool) -> bool {
-    let Some(t) = p.charge.shared else { return false };
-    if !shared_above(p, low) {
+pub(super) fn shared_reclaim_is_ours(charge: &Charge, low: bool, idle_long: bool) -> bool {
+    let Some(t) = charge.shared else { return false };
+    if !shared_above(charge, low) {
         return false;
     }
     let nr_processes = t.nr_processes.load(Ordering::Acquire);
-    let own = p.charge.resident_pages.load(Ordering::Acquire);
+    let own = charge.resident_pages.load(Ordering::Acquire);
     idle_long || nr_processes == 0 || own.saturating_mul(nr_processes) >= t.resident_pages.load(Ordering::Acquire)
 }
 
 /// Records a new high of the charge (`Stats::resident_peak_pages`). The load first keeps the
 /// common case (no new peak) a read of a shared line, not a write.
-pub(super) fn note_peak(p: &PagerShared, resident: usize) {
-    if resident > p.charge.resident_peak_pages.load(Ordering::Relaxed) {
-        p.charge.resident_peak_pages.fetch_max(resident, Ordering::Relaxed);
+pub(super) fn note_peak(charge: &Charge, resident: usize) {
+    if resident > charge.resident_peak_pages.load(Ordering::Relaxed) {
+        charge.resident_peak_pages.fetch_max(resident, Ordering::Relaxed);
     }
 }
 
-pub(crate) fn uncharge(p: &PagerShared, n: usize) {
-    shared_sub(p, n);
-    let old = p.charge.resident_pages.fetch_sub(n, Ordering::AcqRel);
+pub(crate) fn uncharge(charge: &Charge, n: usize) {
+    shared_sub(charge, n);
+    let old = charge.resident_pages.fetch_sub(n, Ordering::AcqRel);
     assert!(old >= n, "uswap invariant: resident charge underflow ({old} - {n}): an uncharge without its charge");
 }

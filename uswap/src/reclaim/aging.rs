@@ -33,9 +33,10 @@ use super::round::InFlight;
 use super::swapout::{shrink_active, shrink_inactive, Stager};
 use super::victims::Take;
 use super::writeback::move_slots_down;
+use super::Reclaim;
 use crate::backend::AlignedPage;
 use crate::options::IdleAging;
-use crate::state::{PagerShared, RECLAIM_BATCH_PAGES as BATCH};
+use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
 use crate::swap::idle_ages::{now_epoch, Epoch, EPOCH_MS};
 use crate::swap::SwapDevice;
@@ -71,35 +72,35 @@ pub(crate) struct Aging {
 
 impl Aging {
     /// A scan for `p`, or `None` when its idle aging is off.
-    pub fn new(p: &PagerShared) -> Option<Aging> {
-        (p.idle_aging != IdleAging::Off).then(|| Aging {
+    pub fn new(cx: &Reclaim<'_>) -> Option<Aging> {
+        (cx.idle_aging != IdleAging::Off).then(|| Aging {
             last_us: 0,
             pass_rate: 0,
             pass_ticks_left: 0,
             slowdown: 1,
             pass_moved: 0,
             refaults_at_start: 0,
-            tier_cursor: vec![0; p.devices.devices().len()],
+            tier_cursor: vec![0; cx.devices.devices().len()],
         })
     }
 
     /// Runs once a second: deactivates a slice of the resident pages, then (with `Evict`)
     /// sends out those idle long enough.
-    pub fn tick(&mut self, p: &PagerShared, now_us: u64, buf: &mut [AlignedPage]) {
-        if now_us < self.last_us + 1_000_000 || p.charge.reclaim_held.load(Ordering::Acquire) {
+    pub fn tick(&mut self, cx: &Reclaim<'_>, now_us: u64, buf: &mut [AlignedPage]) {
+        if now_us < self.last_us + 1_000_000 || cx.charge.reclaim_held.load(Ordering::Acquire) {
             return;
         }
         self.last_us = now_us;
-        let Some(_in_flight) = InFlight::enter(p) else { return };
+        let Some(_in_flight) = InFlight::enter(cx) else { return };
         // A pass over the pages in their regions, a tenth a tick (slowed down after passes
         // that found nothing). The rate only rises during a pass (set from each tick's
         // count, it would fall with every page staged and the pass would never end; it rises
         // with a program that grows).
         if self.pass_ticks_left == 0 {
-            self.next_pass(p);
+            self.next_pass(cx);
         }
-        let resident = p.charge.resident_pages.load(Ordering::Acquire);
-        let in_regions = resident.saturating_sub(p.swap_cache.nr_pages());
+        let resident = cx.charge.resident_pages.load(Ordering::Acquire);
+        let in_regions = resident.saturating_sub(cx.swap_cache.nr_pages());
         let rate = in_regions.div_ceil(PASS_S * self.slowdown).clamp(BATCH, MAX_DEACTIVATE_PER_S);
         self.pass_rate = self.pass_rate.max(rate);
         // The rate is clamped each tick and reset each pass: the scan's cost stays bounded.
@@ -107,18 +108,18 @@ impl Aging {
         // A pass starts with `PASS_S` ticks or more (`next_pass`), and a new one starts at 0.
         debug_assert!(self.pass_ticks_left > 0, "a tick within a pass");
         self.pass_ticks_left -= 1;
-        self.pass_moved += deactivate(p, self.pass_rate);
-        if let IdleAging::Evict(age) = p.idle_aging {
+        self.pass_moved += deactivate(cx, self.pass_rate);
+        if let IdleAging::Evict(age) = cx.idle_aging {
             let age_epochs = (age.as_millis() as u64 / EPOCH_MS).max(1);
             let now = now_epoch();
-            evict_idle(p, now.saturating_sub(age_epochs));
-            self.tier_down(p, now.saturating_sub(2 * age_epochs), buf);
+            evict_idle(cx, now.saturating_sub(age_epochs));
+            self.tier_down(cx, now.saturating_sub(2 * age_epochs), buf);
         }
     }
 
     /// Starts a pass, as slow as the last one's findings say (see the module doc).
-    fn next_pass(&mut self, p: &PagerShared) {
-        let refaults = p.stats.sum(Counter::PgfaultAged);
+    fn next_pass(&mut self, cx: &Reclaim<'_>) {
+        let refaults = cx.stats.sum(Counter::PgfaultAged);
         let back = refaults.saturating_sub(self.refaults_at_start) as usize;
         if self.pass_moved >= BATCH {
             if back * 4 >= self.pass_moved * 3 {
@@ -136,8 +137,8 @@ impl Aging {
 
     /// Moves pages idle since epoch `cut` or before down a tier, from every device that has
     /// one below it, looking at [`TIER_SCAN_SLOTS`] slots of each per tick.
-    fn tier_down(&mut self, p: &PagerShared, cut: Epoch, buf: &mut [AlignedPage]) {
-        let devices = p.devices.devices();
+    fn tier_down(&mut self, cx: &Reclaim<'_>, cut: Epoch, buf: &mut [AlignedPage]) {
+        let devices = cx.devices.devices();
         // The devices are fixed when the pager is built, before the scan is.
         debug_assert_eq!(self.tier_cursor.len(), devices.len(), "a tier cursor per device");
         let mut moved = 0;
@@ -146,15 +147,15 @@ impl Aging {
                 continue;
             }
             let cursor = &mut self.tier_cursor[dev.index];
-            moved += tier_down_from(p, dev, cursor, cut, buf);
+            moved += tier_down_from(cx, dev, cursor, cut, buf);
         }
-        p.stats.add(Counter::WritebackIdle, moved as u64);
+        cx.stats.add(Counter::WritebackIdle, moved as u64);
     }
 }
 
 /// Moves up to `want` of the oldest resident pages into the swap cache (see the module
 /// doc). Returns the pages moved.
-fn deactivate(p: &PagerShared, want: usize) -> usize {
+fn deactivate(cx: &Reclaim<'_>, want: usize) -> usize {
     let mut moved = 0;
     // A batch that moves nothing may have spared a run of referenced pages (each call
     // looks at 4 batches of the LRU at most), so such calls go on, up to twice as many as
@@ -162,15 +163,15 @@ fn deactivate(p: &PagerShared, want: usize) -> usize {
     // so that a page spared is not met again, and staged, in the same tick. Bounded by
     // `calls` and by the LRU running dry.
     let mut calls = 2 * want.div_ceil(BATCH);
-    while moved < want && calls > 0 && !p.devices.is_full() && !p.is_shutdown() && !p.lru.is_empty() {
+    while moved < want && calls > 0 && !cx.devices.is_full() && !cx.shutdown.is_set() && !cx.lru.is_empty() {
         calls -= 1;
-        let s = shrink_active(p, BATCH.min(want - moved), Stager::Aging);
+        let s = shrink_active(cx, BATCH.min(want - moved), Stager::Aging);
         // A round moves at most the victims it was asked for, and uncharges only some of those.
         debug_assert!(s.moved <= BATCH.min(want - moved) && s.uncharged <= s.moved);
         moved += s.moved;
         if s.uncharged > 0 {
             // Clean pages were dropped and zero pages freed: out as reclaim sends them.
-            p.devices.flush_frees();
+            cx.devices.flush_frees();
         }
     }
     moved
@@ -178,12 +179,12 @@ fn deactivate(p: &PagerShared, want: usize) -> usize {
 
 /// Writes to their devices the staged pages that left their regions in epoch `cut` or
 /// before, oldest first. Returns the pages written.
-fn evict_idle(p: &PagerShared, cut: Epoch) -> usize {
+fn evict_idle(cx: &Reclaim<'_>, cut: Epoch) -> usize {
     let mut written = 0;
     // Bounded by the per-tick budget and by the first batch that writes nothing (the head
     // is younger than `cut`, busy, or its device takes nothing now).
-    while written < MAX_EVICT_PER_S && !p.is_shutdown() {
-        let n = shrink_inactive(p, BATCH, Take::StagedBy(cut));
+    while written < MAX_EVICT_PER_S && !cx.shutdown.is_set() {
+        let n = shrink_inactive(cx, BATCH, Take::StagedBy(cut));
         // Each staged victim of the round is written at most once.
         debug_assert!(n <= BATCH, "a writeback round uncharges at most its batch");
         if n == 0 {
@@ -191,14 +192,14 @@ fn evict_idle(p: &PagerShared, cut: Epoch) -> usize {
         }
         written += n;
     }
-    p.stats.add(Counter::SwpoutIdle, written as u64);
+    cx.stats.add(Counter::SwpoutIdle, written as u64);
     written
 }
 
 /// Moves down a tier the pages of `dev` idle since epoch `cut` or before, among the
 /// [`TIER_SCAN_SLOTS`] slots from `cursor` on (which moves past them). Returns the pages
 /// moved.
-fn tier_down_from(p: &PagerShared, dev: &SwapDevice, cursor: &mut u64, cut: Epoch, buf: &mut [AlignedPage]) -> usize {
+fn tier_down_from(cx: &Reclaim<'_>, dev: &SwapDevice, cursor: &mut u64, cut: Epoch, buf: &mut [AlignedPage]) -> usize {
     let nr_slots = dev.nr_slots();
     if nr_slots == 0 || dev.inuse_slots() == 0 {
         return 0;
@@ -215,12 +216,12 @@ fn tier_down_from(p: &PagerShared, dev: &SwapDevice, cursor: &mut u64, cut: Epoc
             n += 1;
         }
         if n == BATCH {
-            moved += move_slots_down(p, dev, &batch, buf);
+            moved += move_slots_down(cx, dev, &batch, buf);
             n = 0;
             if moved >= MAX_EVICT_PER_S {
                 return moved;
             }
         }
     }
-    moved + move_slots_down(p, dev, &batch[..n], buf)
+    moved + move_slots_down(cx, dev, &batch[..n], buf)
 }

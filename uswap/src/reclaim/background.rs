@@ -12,9 +12,9 @@ use super::accounting::{shared_over_limit, shared_reclaim_is_ours, watermarks};
 use super::cow;
 use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
 use super::writeback::device_writeback;
+use super::Reclaim;
 use crate::backend::AlignedPage;
 use crate::options::BackgroundReclaim;
-use crate::state::PagerShared;
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
@@ -58,15 +58,15 @@ pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs
 /// A lower limit is reclaimed down to first, here, off the application's threads, and set
 /// after: faults meanwhile see the old one and do not reclaim for the probe, whose cost is
 /// then what it measures (the pages it took that are in use).
-fn move_budget(p: &PagerShared, b: &mut crate::pressure::Budget, now_us: u64) {
-    let limit = p.charge.limit_pages.load(Ordering::Acquire);
-    let resident = p.charge.resident_pages.load(Ordering::Acquire);
-    let Some(next) = b.tick(p.charge.stall.total_us(now_us), now_us, limit, resident) else { return };
-    if next < resident && !p.charge.reclaim_held.load(Ordering::Acquire) {
+fn move_budget(cx: &Reclaim<'_>, b: &mut crate::pressure::Budget, now_us: u64) {
+    let limit = cx.charge.limit_pages.load(Ordering::Acquire);
+    let resident = cx.charge.resident_pages.load(Ordering::Acquire);
+    let Some(next) = b.tick(cx.charge.stall.total_us(now_us), now_us, limit, resident) else { return };
+    if next < resident && !cx.charge.reclaim_held.load(Ordering::Acquire) {
         // Best effort: pages that cannot go now go with later rounds.
-        let _ = super::round::reclaim_to(p, next);
+        let _ = super::round::reclaim_to(cx, next);
     }
-    p.charge.limit_pages.store(next, Ordering::Release);
+    cx.charge.limit_pages.store(next, Ordering::Release);
 }
 
 /// The background reclaimer. With [`BackgroundReclaim::WhenIdle`]: every period (see
@@ -76,25 +76,27 @@ fn move_budget(p: &PagerShared, b: &mut crate::pressure::Budget, now_us: u64) {
 /// `task_reclaim`), so the two never contend for the page tables, and the fault path never
 /// pays for waking this thread. With [`BackgroundReclaim::Always`]: woken by the fault that
 /// crosses the high watermark, reclaims down to the low one.
-pub(crate) fn background_reclaimer(p: &PagerShared) {
-    let mut r = Reclaimer::new(p);
+pub(crate) fn background_reclaimer(cx: &Reclaim<'_>) {
+    let mut r = Reclaimer::new(cx);
     let mut period = Period(BACKGROUND_PERIOD);
     let mut worked = true;
-    while !p.is_shutdown() {
+    while !cx.shutdown.is_set() {
         std::thread::park_timeout(period.after(worked));
-        worked = r.queued_work(p);
-        let (idle, idle_long) = r.note_faults(p);
-        r.upkeep(p);
-        if !idle || p.charge.reclaim_held.load(Ordering::Acquire) {
+        worked = r.queued_work(cx);
+        let (idle, idle_long) = r.note_faults(cx);
+        r.upkeep(cx);
+        if !idle || cx.charge.reclaim_held.load(Ordering::Acquire) {
             continue;
         }
-        let (high, low) = watermarks(p.charge.limit_pages.load(Ordering::Acquire));
+        let (high, low) = watermarks(cx.charge.limit_pages.load(Ordering::Acquire));
         debug_assert!(low <= high, "the low watermark is below the high one");
-        if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_reclaim_is_ours(p, false, idle_long) {
+        if cx.charge.resident_pages.load(Ordering::Acquire) <= high
+            && !shared_reclaim_is_ours(cx.charge, false, idle_long)
+        {
             continue;
         }
-        worked |= r.reclaim_down_to(p, low, idle_long);
-        p.devices.flush_frees();
+        worked |= r.reclaim_down_to(cx, low, idle_long);
+        cx.devices.flush_frees();
     }
 }
 
@@ -114,33 +116,33 @@ struct Reclaimer {
 }
 
 impl Reclaimer {
-    fn new(p: &PagerShared) -> Reclaimer {
+    fn new(cx: &Reclaim<'_>) -> Reclaimer {
         Reclaimer {
-            last_faults: p.stats.sum(Counter::Pgfault),
+            last_faults: cx.stats.sum(Counter::Pgfault),
             last_fault_seen: std::time::Instant::now(),
             writeback_buf: vec![AlignedPage([0; PAGE_SIZE]); BATCH],
             last_fork_pass: std::time::Instant::now(),
-            budget: p.charge.auto.clone(),
-            aging: super::aging::Aging::new(p),
+            budget: cx.charge.auto.clone(),
+            aging: super::aging::Aging::new(cx),
         }
     }
 
     /// Work that waits for this thread whatever the application does: queued copy-on-write
     /// breaks, the tree's charge, tier writeback and pools growing. Returns whether it
     /// found any.
-    fn queued_work(&mut self, p: &PagerShared) -> bool {
+    fn queued_work(&mut self, cx: &Reclaim<'_>) -> bool {
         // Whatever the application does: faulting threads cannot do it (see `cow`).
-        let mut worked = cow::break_queued(p) > 0;
+        let mut worked = cow::break_queued(cx) > 0;
         // A tree above its high watermark that counts on this pager's pages: other processes'
         // charges go over while they wait for it (a fork child with nothing of its own to
         // reclaim), so it looks again soon, to start the moment its application goes idle.
-        worked |= shared_reclaim_is_ours(p, false, false);
+        worked |= shared_reclaim_is_ours(cx.charge, false, false);
         // Tiers first: a full pool would otherwise send every new page past itself. Bounded:
         // stops when no device wants room or nothing can move.
-        while !p.is_shutdown() && device_writeback(p, &mut self.writeback_buf) > 0 {
+        while !cx.shutdown.is_set() && device_writeback(cx, &mut self.writeback_buf) > 0 {
             worked = true;
         }
-        for d in p.devices.devices() {
+        for d in cx.devices.devices() {
             // A pool growing under the program's faults: keep ahead of it.
             worked |= d.backend.prepare();
         }
@@ -149,8 +151,8 @@ impl Reclaimer {
 
     /// Counts the application's faults since the last tick. Returns whether this tick may
     /// reclaim (idle), and whether its pages count as the tree's coldest (idle long).
-    fn note_faults(&mut self, p: &PagerShared) -> (bool, bool) {
-        let faults = p.stats.sum(Counter::Pgfault);
+    fn note_faults(&mut self, cx: &Reclaim<'_>) -> (bool, bool) {
+        let faults = cx.stats.sum(Counter::Pgfault);
         // With `WhenIdle`, a faulting pager reclaims for the shared charge in its own faults
         // (`task_reclaim` looks at both charges), so pressure on the shared charge wakes this
         // thread only while its application is idle, like its own: reclaiming here while the
@@ -158,8 +160,9 @@ impl Reclaimer {
         // 7.8 % of its CPU in `smp_call_function_many_cond`).
         // A tree over its lowered limit (`--auto`) is reclaimed for here too: its programs
         // may never charge their way down to it (see `shared_over_limit`).
-        let idle =
-            faults == self.last_faults || p.background_reclaim == BackgroundReclaim::Always || shared_over_limit(p);
+        let idle = faults == self.last_faults
+            || cx.background_reclaim == BackgroundReclaim::Always
+            || shared_over_limit(cx.charge);
         if faults != self.last_faults {
             self.last_fault_seen = std::time::Instant::now();
         }
@@ -171,49 +174,50 @@ impl Reclaimer {
     /// The periodic upkeep of every tick: fork children's slots, discards, pressure
     /// figures and the automatic budget, idle ages and the aging scan, probes of degraded
     /// devices.
-    fn upkeep(&mut self, p: &PagerShared) {
+    fn upkeep(&mut self, cx: &Reclaim<'_>) {
         // Slots held for fork children that have read them, or are gone, come free
         // (a few `poll`s and a scan of the held slots while children live, nothing
         // otherwise); in a fork child, the inherited pages its parent let go of are charged
         // to it (a `pagemap` scan).
         if self.last_fork_pass.elapsed() >= FORK_PERIOD {
             self.last_fork_pass = std::time::Instant::now();
-            p.devices.release_fork_held();
-            cow::adopt_exclusive(p);
+            cx.devices.release_fork_held();
+            cow::adopt_exclusive(cx);
         }
-        p.devices.run_discards();
+        cx.devices.run_discards();
         // PSI's averages, every 2 s; the automatic budget, every second.
         let now_us = crate::pressure::now_us();
-        p.charge.stall_avgs.sample(&p.charge.stall, now_us);
+        cx.charge.stall_avgs.sample(&cx.charge.stall, now_us);
         if let Some(b) = self.budget.as_mut() {
-            move_budget(p, b, now_us);
+            move_budget(cx, b, now_us);
         }
         let now_epoch = crate::swap::idle_ages::now_epoch();
-        for d in p.devices.devices() {
+        for d in cx.devices.devices() {
             d.fold_idle_ages(now_epoch);
         }
         if let Some(a) = self.aging.as_mut() {
-            a.tick(p, now_us, &mut self.writeback_buf);
+            a.tick(cx, now_us, &mut self.writeback_buf);
         }
         // A device whose writes failed takes pages again once a probe succeeds.
-        p.devices.probe_degraded();
+        cx.devices.probe_degraded();
     }
 
     /// Reclaims down to the `low` watermark (or while the tree's charge counts on this
     /// pager), until the application faults again or nothing is reclaimable. Returns
     /// whether a round did anything.
-    fn reclaim_down_to(&self, p: &PagerShared, low: usize, mut idle_long: bool) -> bool {
+    fn reclaim_down_to(&self, cx: &Reclaim<'_>, low: usize, mut idle_long: bool) -> bool {
         let mut worked = false;
         let mut fruitless = 0;
         // Bounded by the charge: each fruitful round uncharges pages; stops when the
         // application faults again (it then reclaims for itself) or nothing is reclaimable.
-        while (p.charge.resident_pages.load(Ordering::Acquire) > low || shared_reclaim_is_ours(p, true, idle_long))
-            && !p.is_shutdown()
-            && !p.charge.reclaim_held.load(Ordering::Acquire)
+        while (cx.charge.resident_pages.load(Ordering::Acquire) > low
+            || shared_reclaim_is_ours(cx.charge, true, idle_long))
+            && !cx.shutdown.is_set()
+            && !cx.charge.reclaim_held.load(Ordering::Acquire)
         {
-            let progress = reclaim_round(p, false);
+            let progress = reclaim_round(cx, false);
             worked |= progress.any();
-            if p.devices.take_no_pages() {
+            if cx.devices.take_no_pages() {
                 // No device takes pages (see `swap::health`): a round a period drops what
                 // is clean, and the rest waits for a probe to succeed.
                 break;
@@ -227,8 +231,8 @@ impl Reclaimer {
             } else {
                 fruitless = 0;
             }
-            if p.stats.sum(Counter::Pgfault) != self.last_faults {
-                if p.background_reclaim == BackgroundReclaim::WhenIdle && !shared_over_limit(p) {
+            if cx.stats.sum(Counter::Pgfault) != self.last_faults {
+                if cx.background_reclaim == BackgroundReclaim::WhenIdle && !shared_over_limit(cx.charge) {
                     break;
                 }
                 // `Always` goes on for its own limit, but its application faults again: its

@@ -39,9 +39,9 @@
 
 use std::sync::atomic::Ordering;
 
+use super::Reclaim;
 use crate::mapping::{for_each_exclusive_page, populate_write};
 use crate::region::{PageRef, PageState, RegionInner, RegionSet, REGIONS};
-use crate::state::PagerShared;
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
 
@@ -51,11 +51,11 @@ const MAX_PER_CALL: usize = 1024;
 const ADOPT_BATCH: usize = 256;
 /// Queues a page `UFFDIO_MOVE` refused with `EBUSY` (shared with a fork child, or pinned).
 /// Lock-free, allocation-free.
-pub(crate) fn queue(p: &PagerShared, r: PageRef) {
-    if !p.cow.push(r) {
+pub(crate) fn queue(cx: &Reclaim<'_>, r: PageRef) {
+    if !cx.cow.push(r) {
         return;
     }
-    if let Some(t) = p.reclaimer.get() {
+    if let Some(t) = cx.reclaimer.get() {
         t.unpark();
     }
 }
@@ -65,20 +65,20 @@ pub(crate) fn queue(p: &PagerShared, r: PageRef) {
 /// true when it did: the caller then maps a zero page there (a missing fault on a page
 /// reclaim owns means the application discarded it) or, for a write-protect fault, only
 /// wakes the thread.
-pub(crate) fn claim_for_fault(p: &PagerShared, page_addr: usize) -> bool {
-    p.cow.claim(page_addr)
+pub(crate) fn claim_for_fault(cx: &Reclaim<'_>, page_addr: usize) -> bool {
+    cx.cow.claim(page_addr)
 }
 
 /// Makes the queued pages exclusive, one at a time. Returns how many it populated.
-pub(crate) fn break_queued(p: &PagerShared) -> usize {
+pub(crate) fn break_queued(cx: &Reclaim<'_>) -> usize {
     let mut broken = 0;
     for _ in 0..MAX_PER_CALL {
-        if p.charge.reclaim_held.load(Ordering::Acquire) || p.is_shutdown() {
+        if cx.charge.reclaim_held.load(Ordering::Acquire) || cx.shutdown.is_set() {
             break;
         }
-        let Some(r) = p.cow.pop() else { break };
+        let Some(r) = cx.cow.pop() else { break };
         let mut guards = RegionSet::new();
-        let Ok(gi) = guards.get(p, r) else { continue };
+        let Ok(gi) = guards.get(cx.id, r) else { continue };
         let region = &guards.g[gi];
         let pte = region.load(r.page);
         if pte.state() != PageState::Resident || pte.gen() != r.page_gen {
@@ -92,27 +92,27 @@ pub(crate) fn break_queued(p: &PagerShared) -> usize {
             // Write-protected so that its slot's copy stays valid; populating it for writing
             // would fault into the engine. It becomes an ordinary dirty page, as on its first
             // write.
-            if p.uffd.writeprotect(addr, PAGE_SIZE, false, p.mode_wakes()).is_err() {
+            if cx.uffd.writeprotect(addr, PAGE_SIZE, false, cx.mode.wakes()).is_err() {
                 region.store(r.page, new);
                 continue;
             }
-            p.devices.free(pte.entry(), false);
+            cx.devices.free(pte.entry(), false);
             // Counted clean when it was mapped so (`swapin::publish`), before its word said so.
-            let clean_before = p.clean_pages.fetch_sub(1, Ordering::Relaxed);
+            let clean_before = cx.clean_pages.fetch_sub(1, Ordering::Relaxed);
             debug_assert!(clean_before > 0, "a clean page uncounted");
             new = locked.dirtied();
         }
-        p.cow.begin(addr);
+        cx.cow.begin(addr);
         let populated = populate_write(addr);
-        let claimed = p.cow.end();
+        let claimed = cx.cow.end();
         region.store(r.page, new);
-        if p.mode_wakes() {
+        if cx.mode.wakes() {
             // A write-protect fault on the page while we owned it was woken without being
             // served: it retries now.
-            let _ = p.uffd.wake(addr, PAGE_SIZE);
+            let _ = cx.uffd.wake(addr, PAGE_SIZE);
         }
         if populated.is_ok() && !claimed {
-            p.stats.inc(Counter::CowBroken);
+            cx.stats.inc(Counter::CowBroken);
             broken += 1;
         }
     }
@@ -123,13 +123,13 @@ pub(crate) fn break_queued(p: &PagerShared) -> usize {
 /// In a fork child: charges to this process the inherited pages it now maps alone, and puts
 /// them on its LRU (see the module doc). Returns how many. System calls (`pagemap`): the
 /// background reclaimer only. Bounded by the regions' pages.
-pub(crate) fn adopt_exclusive(p: &PagerShared) -> usize {
-    if p.parent.get().is_none() || p.charge.reclaim_held.load(Ordering::Acquire) {
+pub(crate) fn adopt_exclusive(cx: &Reclaim<'_>) -> usize {
+    if !cx.parent.is_set() || cx.charge.reclaim_held.load(Ordering::Acquire) {
         return 0;
     }
     let mut adopted = 0;
     REGIONS.for_each(|r| {
-        if !std::ptr::eq(&*r.pager, p) {
+        if r.pager.id() != cx.id {
             return;
         }
         for (first, end) in r.live_runs() {
@@ -145,7 +145,7 @@ pub(crate) fn adopt_exclusive(p: &PagerShared) -> usize {
                 let run = (page..end).take_while(|&q| r.load(q).state() == PageState::Shared).count();
                 let _ = for_each_exclusive_page(r.page_addr(page), run, |i| {
                     if adopted < ADOPT_BATCH {
-                        adopted += usize::from(adopt_page(p, r, r.index, r.gen, page + i));
+                        adopted += usize::from(adopt_page(cx, r, r.index, r.gen, page + i));
                     }
                 });
                 page += run;
@@ -158,7 +158,7 @@ pub(crate) fn adopt_exclusive(p: &PagerShared) -> usize {
 }
 
 /// Makes an inherited page this process maps alone its own: writable, charged, on the LRU.
-fn adopt_page(p: &PagerShared, r: &RegionInner, region_idx: usize, region_gen: u32, page: usize) -> bool {
+fn adopt_page(cx: &Reclaim<'_>, r: &RegionInner, region_idx: usize, region_gen: u32, page: usize) -> bool {
     let pte = r.load(page);
     if pte.state() != PageState::Shared {
         return false; // written meanwhile (then charged by its fault)
@@ -167,17 +167,17 @@ fn adopt_page(p: &PagerShared, r: &RegionInner, region_idx: usize, region_gen: u
     // Only an inherited page is adopted: it was charged to nobody (`PageState::Shared`).
     debug_assert_eq!(locked.state(), PageState::Shared);
     // Its first write would otherwise fault for the charge it has now.
-    if p.uffd.writeprotect(r.page_addr(page), PAGE_SIZE, false, p.mode_wakes()).is_err() {
+    if cx.uffd.writeprotect(r.page_addr(page), PAGE_SIZE, false, cx.mode.wakes()).is_err() {
         r.store(page, locked.unbusy());
         return false;
     }
     // Charged at once (the page is there, counted or not); the child's reclaim takes the
     // tree back under its limit, and `ADOPT_BATCH` paces the pages taken over so that it
     // keeps up.
-    super::accounting::force_charge(p, 1);
+    super::accounting::force_charge(cx.charge, 1);
     let new = locked.next(PageState::Resident, None);
     r.store(page, new);
-    p.lru.add(PageRef { region_idx, region_gen, page_gen: new.gen(), page }, &p.stats);
-    p.stats.inc(Counter::SharedAdopted);
+    cx.lru.add(PageRef { region_idx, region_gen, page_gen: new.gen(), page }, cx.stats);
+    cx.stats.inc(Counter::SharedAdopted);
     true
 }

@@ -17,9 +17,9 @@ use std::sync::atomic::Ordering;
 
 use super::accounting::{force_charge, note_peak, shared_add, shared_reclaim_is_ours, shared_room, watermarks};
 use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
+use super::Reclaim;
 use crate::options::BackgroundReclaim;
 use crate::pressure::StallGuard;
-use crate::state::PagerShared;
 use crate::stats::Counter;
 
 /// How long a charge waits, in all, for room while every victim it finds is busy in other
@@ -39,8 +39,8 @@ const CHARGE_BACKOFF_MAX_NS: u64 = 1_000_000;
 
 /// Pages uncharged by reclaim so far, over every thread: written back, dropped clean, or
 /// found zero. What a waiting charge measures others' progress by.
-fn reclaim_progress(p: &PagerShared) -> u64 {
-    p.stats.sum(Counter::Pswpout) + p.stats.sum(Counter::SwpoutClean) + p.stats.sum(Counter::SwpoutZero)
+fn reclaim_progress(cx: &Reclaim<'_>) -> u64 {
+    cx.stats.sum(Counter::Pswpout) + cx.stats.sum(Counter::SwpoutClean) + cx.stats.sum(Counter::SwpoutZero)
 }
 
 /// Sleeps `ns` with `nanosleep(2)`, which is async-signal-safe and allocates nothing (a
@@ -67,43 +67,43 @@ fn nap(ns: u64) {
 /// `limit_overrun` (and `limit_overrun_busy` when the devices had room). Nothing is lost;
 /// reclaim takes the extra pages later. `lock_free`: the caller may take no lock (signal
 /// mode, its thread interrupted inside the engine).
-pub(crate) fn charge(p: &PagerShared, n: usize, lock_free: bool) {
+pub(crate) fn charge(cx: &Reclaim<'_>, n: usize, lock_free: bool) {
     // Dropped when this returns: its stall lasts until the charge is made (and the task
     // reclaim after it is done), as it did when its fields were this function's locals.
     let mut wait = ChargeWait::new();
     // Terminates: a failed compare-exchange means another thread changed the charge (its
     // progress); a fruitful round uncharges pages, and fruitless rounds sleep; reclaiming
     // is bounded by CHARGE_WAIT_LIMIT_NS in all, fruitful or not.
-    while let Err((cur, limit)) = try_charge(p, n) {
-        if p.charge.reclaim_held.load(Ordering::Acquire) {
+    while let Err((cur, limit)) = try_charge(cx, n) {
+        if cx.charge.reclaim_held.load(Ordering::Acquire) {
             // Pager::prepare_fork: every page comes in before the fork; none may go out.
-            force_charge(p, n);
+            force_charge(cx.charge, n);
             return;
         }
         if lock_free {
-            overrun(p, n, false);
+            overrun(cx, n, false);
             break;
         }
-        match wait.round(p, n, cur, limit) {
+        match wait.round(cx, n, cur, limit) {
             Wait::Again => continue,
             Wait::Overrun { busy } => {
-                overrun(p, n, busy);
+                overrun(cx, n, busy);
                 break;
             }
         }
     }
     if !lock_free {
-        task_reclaim(p);
+        task_reclaim(cx);
     }
 }
 
 /// Charges `n` pages over the limit, counted in `limit_overrun` (and, `busy`: when the
 /// devices had room but every victim stayed busy, `limit_overrun_busy`).
-fn overrun(p: &PagerShared, n: usize, busy: bool) {
-    force_charge(p, n);
-    p.stats.inc(Counter::LimitOverrun);
+fn overrun(cx: &Reclaim<'_>, n: usize, busy: bool) {
+    force_charge(cx.charge, n);
+    cx.stats.inc(Counter::LimitOverrun);
     if busy {
-        p.stats.inc(Counter::LimitOverrunBusy);
+        cx.stats.inc(Counter::LimitOverrunBusy);
     }
 }
 
@@ -143,13 +143,13 @@ impl<'a> ChargeWait<'a> {
 
     /// One reclaim round for a charge of `n` pages that found `cur` charged of `limit`.
     /// Not on the lock-free route (its caller checked): this reclaims and may sleep.
-    fn round(&mut self, p: &'a PagerShared, n: usize, cur: usize, limit: usize) -> Wait {
+    fn round(&mut self, cx: &Reclaim<'a>, n: usize, cur: usize, limit: usize) -> Wait {
         if self.stalled.is_none() {
-            p.stats.inc(Counter::Allocstall);
-            self.stalled = Some(p.charge.stall());
+            cx.stats.inc(Counter::Allocstall);
+            self.stalled = Some(cx.charge.stall());
             self.reclaim_since_ns = crate::clock::now_ns();
         }
-        let round = reclaim_round(p, true);
+        let round = reclaim_round(cx, true);
         if round.any() {
             self.fruitless = 0;
             self.backoff_ns = CHARGE_BACKOFF_MIN_NS;
@@ -168,7 +168,7 @@ impl<'a> ChargeWait<'a> {
         debug_assert!(self.pinned_rounds <= MAX_PINNED_ROUNDS, "pinned rounds are bounded");
         // Still only pinned pages (all this small process has are its call's own): waiting
         // would not unpin them, the call waits for this charge.
-        if waiting_cannot_help(p, round.refused + round.pinned, cur + n <= limit) {
+        if waiting_cannot_help(cx, round.refused + round.pinned, cur + n <= limit) {
             return Wait::Overrun { busy: false };
         }
         self.fruitless += 1;
@@ -176,15 +176,15 @@ impl<'a> ChargeWait<'a> {
             std::thread::yield_now();
             return Wait::Again;
         }
-        self.nap_for_others(p)
+        self.nap_for_others(cx)
     }
 
     /// After `MAX_FRUITLESS_ROUNDS`: the victims are busy in other threads' writes. Sleeps,
     /// so that they get the CPU to finish them, rather than spin or give up; gives up once
     /// the wait passes its bounds.
-    fn nap_for_others(&mut self, p: &PagerShared) -> Wait {
+    fn nap_for_others(&mut self, cx: &Reclaim<'_>) -> Wait {
         let now = crate::clock::now_ns();
-        let progress = reclaim_progress(p);
+        let progress = reclaim_progress(cx);
         let (since, last_seen, seen) = self.waiting.get_or_insert((now, now, progress));
         if progress != *seen {
             (*last_seen, *seen) = (now, progress);
@@ -207,16 +207,16 @@ impl<'a> ChargeWait<'a> {
 /// Charges `n` pages if they fit under the limit, and under the shared one if any.
 /// `Err((charged, limit))`, what it saw, when they do not. Lock-free: a failed
 /// compare-exchange means another thread changed the charge, and it tries again.
-fn try_charge(p: &PagerShared, n: usize) -> Result<(), (usize, usize)> {
+fn try_charge(cx: &Reclaim<'_>, n: usize) -> Result<(), (usize, usize)> {
     loop {
-        let cur = p.charge.resident_pages.load(Ordering::Acquire);
-        let limit = p.charge.limit_pages.load(Ordering::Acquire);
-        if cur + n > limit || !shared_room(p, n) {
+        let cur = cx.charge.resident_pages.load(Ordering::Acquire);
+        let limit = cx.charge.limit_pages.load(Ordering::Acquire);
+        if cur + n > limit || !shared_room(cx.charge, n) {
             return Err((cur, limit));
         }
-        if p.charge.resident_pages.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            shared_add(p, n);
-            note_peak(p, cur + n);
+        if cx.charge.resident_pages.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            shared_add(cx.charge, n);
+            note_peak(cx.charge, cur + n);
             return Ok(());
         }
     }
@@ -224,7 +224,7 @@ fn try_charge(p: &PagerShared, n: usize) -> Result<(), (usize, usize)> {
 
 /// Whether a charge whose reclaim round found nothing should go over the limit at once
 /// rather than wait: when waiting cannot cure what stops it.
-fn waiting_cannot_help(p: &PagerShared, refused: usize, within_own_limit: bool) -> bool {
+fn waiting_cannot_help(cx: &Reclaim<'_>, refused: usize, within_own_limit: bool) -> bool {
     // The victims were refused, not busy: pages shared copy-on-write with a fork child (or
     // pinned, or made read-only) stay where they are however long this waits, and while they
     // are shared they cost the same RAM whether this process maps them or not. Over the
@@ -235,13 +235,13 @@ fn waiting_cannot_help(p: &PagerShared, refused: usize, within_own_limit: bool) 
         // Nothing can go anywhere (every device full, or each degraded or declining, see
         // `swap::health`): keep the page, count the overrun. A round still drops what is
         // clean or zero first.
-        || p.devices.is_full()
-        || p.devices.take_no_pages()
+        || cx.devices.is_full()
+        || cx.devices.take_no_pages()
         // Within our own limit, over the shared one, and nothing of ours to reclaim (a
         // re-armed fork child whose pages are all still its parent's): the pagers that hold
         // the tree's memory reclaim theirs (the largest always holds an average share, see
         // `super::accounting::shared_reclaim_is_ours`).
-        || (within_own_limit && p.lru.is_empty() && p.swap_cache.nr_pages() == 0)
+        || (within_own_limit && cx.lru.is_empty() && cx.swap_cache.nr_pages() == 0)
 }
 
 /// Above the high watermark the faulting thread reclaims one batch itself, as memcg does at
@@ -250,23 +250,23 @@ fn waiting_cannot_help(p: &PagerShared, refused: usize, within_own_limit: bool) 
 /// of the process runs on another CPU the flush is a synchronous IPI (9.7 µs instead of
 /// 1.05 µs per single-page move, see BENCHMARKS.md), so reclaim from a second CPU would slow
 /// every fault it overlaps with.
-fn task_reclaim(p: &PagerShared) {
-    if p.charge.reclaim_held.load(Ordering::Acquire) {
+fn task_reclaim(cx: &Reclaim<'_>) {
+    if cx.charge.reclaim_held.load(Ordering::Acquire) {
         return;
     }
-    let (high, _) = watermarks(p.charge.limit_pages.load(Ordering::Relaxed));
-    if p.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_reclaim_is_ours(p, false, false) {
+    let (high, _) = watermarks(cx.charge.limit_pages.load(Ordering::Relaxed));
+    if cx.charge.resident_pages.load(Ordering::Acquire) <= high && !shared_reclaim_is_ours(cx.charge, false, false) {
         return;
     }
-    match p.background_reclaim {
+    match cx.background_reclaim {
         // `Auto` is resolved when the pager is built; never stored.
         BackgroundReclaim::WhenIdle | BackgroundReclaim::Auto => {
-            reclaim_round(p, true);
+            reclaim_round(cx, true);
         }
         BackgroundReclaim::Always => {
             // Thread::unpark is an atomic swap and, if the thread sleeps, a futex wake: no
             // allocation, no lock, so it is safe in a signal handler.
-            if let Some(t) = p.reclaimer.get() {
+            if let Some(t) = cx.reclaimer.get() {
                 t.unpark();
             }
         }

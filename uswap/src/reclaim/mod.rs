@@ -35,7 +35,105 @@ pub(crate) mod swapout;
 pub(crate) mod victims;
 pub(crate) mod writeback;
 
-pub(crate) use accounting::{shared_sub, uncharge};
-pub(crate) use background::background_reclaimer;
-pub(crate) use direct::charge;
-pub(crate) use round::{reclaim_to_limit, InFlight};
+pub(crate) use accounting::shared_sub;
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::OnceLock;
+use std::thread::Thread;
+
+use crate::error::Result;
+use crate::lru::Lru;
+use crate::options::{BackgroundReclaim, FaultMode, IdleAging};
+use crate::state::charge::Charge;
+use crate::state::cow::CowQueue;
+use crate::state::{ErrorLog, PagerId, PagerShared, Parent, Shutdown};
+use crate::stats::PerCpuStats;
+use crate::swap::{SwapCache, SwapDevices};
+use crate::uffd::Uffd;
+
+/// Reclaim's context: the parts of the pager's state reclaim works on, and nothing else.
+/// The charge and its limit, the reclaim lists (`lru`), the swap cache and the devices, the
+/// resident clean-page count, the queue of pages a fork shares (`cow`, with the parent
+/// pager if this is a fork child), the counters, the error log, the regions' descriptor
+/// (`uffd`, for moving pages out) and the user's choices reclaim reads (fault mode,
+/// background reclaim, idle aging, the readahead window). Built by [`PagerShared::reclaim_cx`];
+/// the fields are reclaim's own, others use the verbs below.
+#[derive(Clone, Copy)]
+pub(crate) struct Reclaim<'a> {
+    id: PagerId,
+    uffd: &'a Uffd,
+    mode: FaultMode,
+    charge: &'a Charge,
+    parent: &'a Parent,
+    clean_pages: &'a AtomicUsize,
+    devices: &'a SwapDevices,
+    lru: &'a Lru,
+    swap_cache: &'a SwapCache,
+    stats: &'a PerCpuStats,
+    readahead_max_pages: usize,
+    shutdown: &'a Shutdown,
+    background_reclaim: BackgroundReclaim,
+    idle_aging: IdleAging,
+    errors: &'a ErrorLog,
+    reclaimer: &'a OnceLock<Thread>,
+    cow: &'a CowQueue,
+}
+
+impl PagerShared {
+    /// Reclaim's context (see [`Reclaim`]).
+    pub(crate) fn reclaim_cx(&self) -> Reclaim<'_> {
+        Reclaim {
+            id: self.id(),
+            uffd: &self.uffd,
+            mode: self.mode,
+            charge: &self.charge,
+            parent: &self.parent,
+            clean_pages: &self.clean_pages,
+            devices: &self.devices,
+            lru: &self.lru,
+            swap_cache: &self.swap_cache,
+            stats: &self.stats,
+            readahead_max_pages: self.readahead_max_pages,
+            shutdown: &self.shutdown,
+            background_reclaim: self.background_reclaim,
+            idle_aging: self.idle_aging,
+            errors: &self.errors,
+            reclaimer: &self.reclaimer,
+            cow: &self.cow,
+        }
+    }
+}
+
+impl Reclaim<'_> {
+    /// Charges `n` pages before they are mapped (see [`direct::charge`]).
+    pub fn charge(&self, n: usize, lock_free: bool) {
+        direct::charge(self, n, lock_free)
+    }
+
+    /// Gives back the charge of `n` pages (see [`accounting::uncharge`]).
+    pub fn uncharge(&self, n: usize) {
+        accounting::uncharge(self.charge, n)
+    }
+
+    /// Reclaims down to the limit, after it was lowered (see [`round::reclaim_to_limit`]).
+    pub fn reclaim_to_limit(&self) -> Result<()> {
+        round::reclaim_to_limit(self)
+    }
+
+    /// With reclaim held: waits until no round or writeback is under way
+    /// ([`round::InFlight::wait_none`]).
+    pub fn wait_none_in_flight(&self) {
+        round::InFlight::wait_none(self)
+    }
+
+    /// Thread mode: takes over a page the background reclaimer is populating (see
+    /// [`cow::claim_for_fault`]).
+    pub fn claim_for_fault(&self, page_addr: usize) -> bool {
+        cow::claim_for_fault(self, page_addr)
+    }
+
+    /// The background reclaimer thread's body, until shutdown (see [`background`]).
+    pub fn run_background(&self) {
+        background::background_reclaimer(self)
+    }
+}

@@ -12,8 +12,10 @@ use std::sync::atomic::Ordering;
 
 use super::swapout::{shrink_active, shrink_inactive, Stager};
 use super::victims::Take;
+use super::Reclaim;
 use crate::error::{Error, Result};
-use crate::state::{PagerShared, RECLAIM_BATCH_PAGES};
+use crate::state::charge::Charge;
+use crate::state::RECLAIM_BATCH_PAGES;
 use crate::uffd::PAGE_SIZE;
 
 const BATCH: usize = RECLAIM_BATCH_PAGES;
@@ -49,29 +51,29 @@ impl Progress {
 /// then, once it is at the target (or nothing more can be moved), write back its oldest
 /// batch. A direct round that finds every staged page busy stages and writes a batch of its
 /// own over the target (see below).
-pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
-    let Some(_in_flight) = InFlight::enter(p) else {
+pub(crate) fn reclaim_round(cx: &Reclaim<'_>, direct: bool) -> Progress {
+    let Some(_in_flight) = InFlight::enter(cx) else {
         return Progress::default();
     };
     // Under a tree's lower limit (or an automatic budget's goal), the cache is sized by
     // that: sized by the process's own limit (64 GiB under `uswap run --auto`), rounds kept
     // topping it up with pages in use rather than write the idle ones it held.
-    let own = p.charge.limit_pages.load(Ordering::Acquire);
-    let target = swapcache_target(p.charge.shared.map_or(own, |t| t.reclaim_goal_pages().min(own)));
+    let own = cx.charge.limit_pages.load(Ordering::Acquire);
+    let target = swapcache_target(cx.charge.shared.map_or(own, |t| t.reclaim_goal_pages().min(own)));
     let steal = if direct { Stager::Direct } else { Stager::Background };
     let mut progress = Progress::default();
-    let topped_up = p.swap_cache.nr_pages() < target && !p.devices.is_full();
+    let topped_up = cx.swap_cache.nr_pages() < target && !cx.devices.is_full();
     if topped_up {
-        let s = shrink_active(p, BATCH, steal);
+        let s = shrink_active(cx, BATCH, steal);
         progress.moved = s.moved;
         progress.uncharged = s.uncharged;
         progress.refused = s.refused;
         progress.pinned = s.pinned;
     }
-    if p.swap_cache.nr_pages() >= target || progress.moved == 0 {
-        progress.uncharged += shrink_inactive(p, BATCH, Take::Staged);
+    if cx.swap_cache.nr_pages() >= target || progress.moved == 0 {
+        progress.uncharged += shrink_inactive(cx, BATCH, Take::Staged);
     }
-    if direct && !topped_up && !progress.any() && !p.devices.is_full() {
+    if direct && !topped_up && !progress.any() && !cx.devices.is_full() {
         // The cache is at its target and every staged page is busy in other threads' writes
         // (many more faulting threads than CPUs, a slow device): stage a batch of our own
         // over the target and write it
@@ -79,13 +81,13 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
         // of more pages while earlier ones are still under it. The swap cache then exceeds
         // its target by at most one batch per thread reclaiming at that moment; later
         // rounds stop topping it up until it is back under.
-        let s = shrink_active(p, BATCH, steal);
+        let s = shrink_active(cx, BATCH, steal);
         progress.moved += s.moved;
         progress.uncharged += s.uncharged;
         progress.refused += s.refused;
         progress.pinned += s.pinned;
         if s.moved > s.uncharged {
-            progress.uncharged += shrink_inactive(p, BATCH, Take::Staged);
+            progress.uncharged += shrink_inactive(cx, BATCH, Take::Staged);
         }
     }
     progress
@@ -94,25 +96,25 @@ pub(crate) fn reclaim_round(p: &PagerShared, direct: bool) -> Progress {
 /// A reclaim round or a device writeback under way, counted in `reclaim_in_flight` while
 /// it lives. None starts while reclaim is held (`Pager::prepare_fork`), which waits for the
 /// ones under way to end ([`InFlight::wait_none`]).
-pub(crate) struct InFlight<'a>(&'a PagerShared);
+pub(crate) struct InFlight<'a>(&'a Charge);
 
 impl<'a> InFlight<'a> {
-    pub fn enter(p: &'a PagerShared) -> Option<InFlight<'a>> {
+    pub fn enter(cx: &Reclaim<'a>) -> Option<InFlight<'a>> {
         // Counted before the hold is read, and the hold set before the count is read (both
         // SeqCst): a round either sees the hold, or is seen by the waiter.
-        p.charge.reclaim_in_flight.fetch_add(1, Ordering::SeqCst);
-        if p.charge.reclaim_held.load(Ordering::SeqCst) {
-            p.charge.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
+        cx.charge.reclaim_in_flight.fetch_add(1, Ordering::SeqCst);
+        if cx.charge.reclaim_held.load(Ordering::SeqCst) {
+            cx.charge.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
             return None;
         }
-        Some(InFlight(p))
+        Some(InFlight(cx.charge))
     }
 
     /// With reclaim held: waits until no round or writeback is under way. Bounded: rounds
     /// and writebacks are short and none starts while the hold is set.
-    pub fn wait_none(p: &PagerShared) {
-        debug_assert!(p.charge.reclaim_held.load(Ordering::SeqCst));
-        while p.charge.reclaim_in_flight.load(Ordering::SeqCst) != 0 {
+    pub fn wait_none(cx: &Reclaim<'_>) {
+        debug_assert!(cx.charge.reclaim_held.load(Ordering::SeqCst));
+        while cx.charge.reclaim_in_flight.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
         }
     }
@@ -120,25 +122,25 @@ impl<'a> InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.charge.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 /// Reclaims until the charge is at or below the limit (after the limit was lowered).
-pub(crate) fn reclaim_to_limit(p: &PagerShared) -> Result<()> {
-    reclaim_to(p, usize::MAX)
+pub(crate) fn reclaim_to_limit(cx: &Reclaim<'_>) -> Result<()> {
+    reclaim_to(cx, usize::MAX)
 }
 
 /// Reclaims until the charge is at or below `goal_pages` or the limit, whichever is lower.
-pub(crate) fn reclaim_to(p: &PagerShared, goal_pages: usize) -> Result<()> {
+pub(crate) fn reclaim_to(cx: &Reclaim<'_>, goal_pages: usize) -> Result<()> {
     let mut fruitless = 0;
     let mut backoff_us = 50u64;
     let mut busy_since: Option<std::time::Instant> = None;
     // Bounded by the number of charged pages (each fruitful round uncharges at least one)
     // and, while rounds find nothing, by `LIMIT_BUSY_WAIT`.
-    let goal = || goal_pages.min(p.charge.limit_pages.load(Ordering::Acquire));
-    while p.charge.resident_pages.load(Ordering::Acquire) > goal() {
-        if reclaim_round(p, true).any() {
+    let goal = || goal_pages.min(cx.charge.limit_pages.load(Ordering::Acquire));
+    while cx.charge.resident_pages.load(Ordering::Acquire) > goal() {
+        if reclaim_round(cx, true).any() {
             fruitless = 0;
             backoff_us = 50;
             busy_since = None;
@@ -149,9 +151,9 @@ pub(crate) fn reclaim_to(p: &PagerShared, goal_pages: usize) -> Result<()> {
             std::thread::yield_now();
             continue;
         }
-        let resident_bytes = (p.charge.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
-        let limit_bytes = (p.charge.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
-        if p.devices.is_full() || p.devices.take_no_pages() {
+        let resident_bytes = (cx.charge.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
+        let limit_bytes = (cx.charge.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
+        if cx.devices.is_full() || cx.devices.take_no_pages() {
             return Err(Error::LimitNotReached { resident_bytes, limit_bytes });
         }
         // Rounds that find nothing while the devices have room: the victims are busy in
@@ -164,7 +166,7 @@ pub(crate) fn reclaim_to(p: &PagerShared, goal_pages: usize) -> Result<()> {
         std::thread::sleep(std::time::Duration::from_micros(backoff_us));
         backoff_us = (backoff_us * 2).min(2_000);
     }
-    p.devices.flush_frees();
+    cx.devices.flush_frees();
     Ok(())
 }
 

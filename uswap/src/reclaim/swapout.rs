@@ -30,10 +30,10 @@ use arrayvec::ArrayVec;
 use super::accounting::uncharge;
 use super::cow;
 use super::victims::{pop_victims, requeue_staged, Take, Victim};
+use super::Reclaim;
 use crate::backend::{BackendError, WriteReq};
 use crate::mapping::DiscardBatch;
 use crate::region::{PageRef, PageState, RegionSet, REGIONS};
-use crate::state::PagerShared;
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
 use crate::swap::idle_ages::Epoch;
@@ -64,31 +64,31 @@ impl Stager {
 
 /// Moves up to `nr` of the oldest resident pages into the swap cache for `by`. Returns the
 /// pages moved, and of those the pages found all zero (uncharged at once).
-pub(super) fn shrink_active(p: &PagerShared, nr: usize, by: Stager) -> Shrunk {
+pub(super) fn shrink_active(cx: &Reclaim<'_>, nr: usize, by: Stager) -> Shrunk {
     let mut guards = RegionSet::new();
     let mut nr_pinned = 0;
-    let mut victims = pop_victims(p, Take::Resident, nr, &mut guards, &mut nr_pinned);
+    let mut victims = pop_victims(cx, Take::Resident, nr, &mut guards, &mut nr_pinned);
     if victims.is_empty() {
-        if p.lru.is_empty() {
-            refill_active_by_scan(p);
+        if cx.lru.is_empty() {
+            refill_active_by_scan(cx);
         }
         return Shrunk { pinned: nr_pinned, ..Shrunk::default() };
     }
     assert!(victims.len() <= nr.min(BATCH));
     victims.sort_unstable_by_key(|v| (v.gi, v.page));
-    let (dropped, mut refused) = drop_clean(p, &guards, &victims);
+    let (dropped, mut refused) = drop_clean(cx, &guards, &victims);
     victims.retain(|v| !v.pte.clean());
     if victims.is_empty() {
         return Shrunk { moved: dropped, uncharged: dropped, refused, pinned: nr_pinned };
     }
     let mut entries = [SwapEntry::new(0, 0); BATCH];
-    alloc_slots(p, &guards, &mut victims, &mut entries);
+    alloc_slots(cx, &guards, &mut victims, &mut entries);
     let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
-    let staged = stage(p, by, &guards, &victims, &entries, &mut to_free);
+    let staged = stage(cx, by, &guards, &victims, &entries, &mut to_free);
     refused += staged.refused;
-    p.stats.add(by.counter(), staged.moved as u64);
+    cx.stats.add(by.counter(), staged.moved as u64);
     crate::stats::note_taken_out((staged.moved + dropped) as u64);
-    p.devices.free_now(&mut to_free);
+    cx.devices.free_now(&mut to_free);
     Shrunk { moved: staged.moved + dropped, uncharged: staged.uncharged + dropped, refused, pinned: nr_pinned }
 }
 
@@ -96,20 +96,20 @@ pub(super) fn shrink_active(p: &PagerShared, nr: usize, by: Stager) -> Shrunk {
 /// pages do, into their own slot's staging page, which is then dropped: `MADV_DONTNEED` on
 /// the region itself would send a REMOVE event (see `events`). Runs of consecutive pages
 /// with consecutive slots move with one call. Returns the pages dropped and refused.
-fn drop_clean(p: &PagerShared, guards: &RegionSet, victims: &[Victim]) -> (usize, usize) {
+fn drop_clean(cx: &Reclaim<'_>, guards: &RegionSet, victims: &[Victim]) -> (usize, usize) {
     let (mut dropped, mut refused) = (0, 0);
     // Moved first, every run; their staging pages are then dropped with one TLB flush (see
     // `DiscardBatch`), and only then are the pages published as swapped: a page that faults
     // back and leaves again must find its slot's staging page empty.
     let mut discards = DiscardBatch::<BATCH>::new();
-    let clean_runs = move_clean_runs(p, guards, victims, &mut discards);
+    let clean_runs = move_clean_runs(cx, guards, victims, &mut discards);
     discards.flush();
     let now = crate::swap::idle_ages::now_epoch();
     for &(i, j, done, r) in &clean_runs {
-        refused += publish_clean_run(p, guards, &victims[i..j], done, r, now);
+        refused += publish_clean_run(cx, guards, &victims[i..j], done, r, now);
         dropped += done;
     }
-    p.stats.add(Counter::SwpoutClean, dropped as u64);
+    cx.stats.add(Counter::SwpoutClean, dropped as u64);
     assert!(dropped + refused <= victims.len());
     (dropped, refused)
 }
@@ -122,7 +122,7 @@ type CleanRun = (usize, usize, usize, RangeResult);
 /// with consecutive slots at a time, and queues the staging pages moved into on `discards`.
 /// Returns the runs.
 fn move_clean_runs(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     guards: &RegionSet,
     victims: &[Victim],
     discards: &mut DiscardBatch<BATCH>,
@@ -148,9 +148,9 @@ fn move_clean_runs(
             j += 1;
         }
         let region = &guards.g[victims[i].gi];
-        let dev = p.devices.device(e(i));
+        let dev = cx.devices.device(e(i));
         let len = (j - i) * PAGE_SIZE;
-        let r = p.swap_cache.move_in(dev, e(i).offset(), region.page_addr(victims[i].page), len);
+        let r = cx.swap_cache.move_in(dev, e(i).offset(), region.page_addr(victims[i].page), len);
         let done = r.done_bytes(len) / PAGE_SIZE;
         debug_assert!(done <= j - i, "a move reports no more than it was asked");
         if done > 0 {
@@ -167,7 +167,7 @@ fn move_clean_runs(
 /// stay resident and clean, back on the LRU. `r`: what the move said. Returns 1 when the
 /// move was refused (counted), else 0.
 fn publish_clean_run(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     guards: &RegionSet,
     run: &[Victim],
     done: usize,
@@ -177,34 +177,34 @@ fn publish_clean_run(
     let region = &guards.g[run[0].gi];
     for (k, v) in run.iter().enumerate() {
         if k < done {
-            p.devices.device(v.pte.entry()).stamp(v.pte.entry().offset(), now);
+            cx.devices.device(v.pte.entry()).stamp(v.pte.entry().offset(), now);
             region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
         } else {
             // Refused (read-only after mprotect, or gone: an event settles it) or not
             // tried: stays resident and clean.
             region.store(v.page, v.pte.unbusy());
-            p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
+            cx.lru.add(guards.page_ref(v.gi, v.page, v.pte), cx.stats);
         }
     }
     let mut refused = 0;
     if done < run.len() {
         // One page refused (the first not moved); the rest of its run was not tried and
         // goes back on the LRU.
-        p.stats.inc(Counter::MoveRefused);
+        cx.stats.inc(Counter::MoveRefused);
         refused = 1;
         if matches!(r, RangeResult::Partial { errno: libc::EBUSY, .. }) {
             let v = run[done];
-            cow::queue(p, guards.page_ref(v.gi, v.page, v.pte));
+            cow::queue(cx, guards.page_ref(v.gi, v.page, v.pte));
         }
     }
-    uncharge(p, done);
+    uncharge(cx.charge, done);
     // Each page dropped was counted clean when it was mapped so (`swapin::publish`), before
     // its word said so: the count cannot be below the clean pages this round owns.
-    let clean_before = p.clean_pages.fetch_sub(done, Ordering::Relaxed);
+    let clean_before = cx.clean_pages.fetch_sub(done, Ordering::Relaxed);
     debug_assert!(clean_before >= done, "clean page count below the clean pages dropped");
     // A run lies in one region.
     let unused = run[..done].iter().filter(|v| v.pte.readahead()).count() as u64;
-    p.stats.add(Counter::SwapRaUnused, unused);
+    cx.stats.add(Counter::SwapRaUnused, unused);
     region.streams.note_unused(unused);
     refused
 }
@@ -213,7 +213,7 @@ fn publish_clean_run(
 /// consecutive slots where the allocator has them, so that it moves with one ioctl and one
 /// TLB flush. Victims left without a slot (every device full) stay resident and are
 /// dropped from `victims`; each slot allocated records its page as owner.
-fn alloc_slots(p: &PagerShared, guards: &RegionSet, victims: &mut ArrayVec<Victim, BATCH>, entries: &mut [SwapEntry]) {
+fn alloc_slots(cx: &Reclaim<'_>, guards: &RegionSet, victims: &mut ArrayVec<Victim, BATCH>, entries: &mut [SwapEntry]) {
     let n = victims.len();
     let mut got = 0;
     while got < n {
@@ -222,9 +222,9 @@ fn alloc_slots(p: &PagerShared, guards: &RegionSet, victims: &mut ArrayVec<Victi
             .unwrap_or(n);
         let want = run_end - got;
         let m = if want > 1 {
-            p.devices.alloc_run(&mut entries[got..run_end])
+            cx.devices.alloc_run(&mut entries[got..run_end])
         } else {
-            p.devices.alloc(&mut entries[got..run_end])
+            cx.devices.alloc(&mut entries[got..run_end])
         };
         got += m;
         if m < want {
@@ -235,14 +235,14 @@ fn alloc_slots(p: &PagerShared, guards: &RegionSet, victims: &mut ArrayVec<Victi
         // No room on any device: these pages stay resident, nothing is lost.
         for v in &victims[got..] {
             guards.g[v.gi].store(v.page, v.pte.unbusy());
-            p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
+            cx.lru.add(guards.page_ref(v.gi, v.page, v.pte), cx.stats);
         }
-        p.stats.add(Counter::SwapAllocFail, (n - got) as u64);
+        cx.stats.add(Counter::SwapAllocFail, (n - got) as u64);
         victims.truncate(got);
     }
     for (v, e) in victims.iter().zip(entries.iter()) {
         let owner = guards.page_ref(v.gi, v.page, v.pte).owner();
-        p.devices.device(*e).set_owner(e.offset(), owner);
+        cx.devices.device(*e).set_owner(e.offset(), owner);
     }
 }
 
@@ -260,7 +260,7 @@ struct Staged {
 /// consecutive pages, consecutive slots on one device. A page found all zero keeps no
 /// slot; the others join the swap cache. Slots to free go to `to_free`.
 fn stage(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     by: Stager,
     guards: &RegionSet,
     victims: &[Victim],
@@ -281,19 +281,19 @@ fn stage(
             j += 1;
         }
         let region = &guards.g[victims[i].gi];
-        let dev = p.devices.device(entries[i]);
+        let dev = cx.devices.device(entries[i]);
         let mut k = i;
         while k < j {
             let len = (j - k) * PAGE_SIZE;
-            let r = p.swap_cache.move_in(dev, entries[k].offset(), region.page_addr(victims[k].page), len);
+            let r = cx.swap_cache.move_in(dev, entries[k].offset(), region.page_addr(victims[k].page), len);
             let done = r.done_bytes(len) / PAGE_SIZE;
             for m in k..k + done {
-                staged.uncharged += stage_moved(p, by, guards, victims[m], entries[m], to_free);
+                staged.uncharged += stage_moved(cx, by, guards, victims[m], entries[m], to_free);
             }
             staged.moved += done;
             k += done;
             if let RangeResult::Partial { errno, .. } = r {
-                staged.refused += move_refused(p, guards, victims[k], entries[k], errno, to_free);
+                staged.refused += move_refused(cx, guards, victims[k], entries[k], errno, to_free);
                 k += 1;
             }
         }
@@ -305,7 +305,7 @@ fn stage(
 /// Victim `v` is in the staging page of its slot `e`: it joins the swap cache, or, found
 /// all zero, keeps no slot (returns 1: uncharged).
 fn stage_moved(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     by: Stager,
     guards: &RegionSet,
     v: Victim,
@@ -313,9 +313,9 @@ fn stage_moved(
     to_free: &mut ArrayVec<u64, BATCH>,
 ) -> usize {
     let region = &guards.g[v.gi];
-    let dev = p.devices.device(e);
+    let dev = cx.devices.device(e);
     if v.pte.readahead() {
-        p.stats.inc(Counter::SwapRaUnused);
+        cx.stats.inc(Counter::SwapRaUnused);
         region.streams.note_unused(1);
     }
     if dev.staged_page_is_zero(e.offset()) {
@@ -323,27 +323,27 @@ fn stage_moved(
         dev.release_staged(e.offset());
         to_free.push(e.bits());
         region.store(v.page, v.pte.next(PageState::Zero, None).with_referenced(false));
-        uncharge(p, 1);
-        p.stats.inc(Counter::SwpoutZero);
+        uncharge(cx.charge, 1);
+        cx.stats.inc(Counter::SwpoutZero);
         return 1;
     }
-    p.swap_cache.insert(dev, e.offset());
+    cx.swap_cache.insert(dev, e.offset());
     let new = v.pte.next(PageState::Cached, Some(e)).with_referenced(false);
     let new = if by == Stager::Aging {
         new.with_aged()
     } else {
-        p.lru.note_staged(1);
+        cx.lru.note_staged(1);
         new
     };
     region.store(v.page, new);
-    requeue_staged(p, guards.page_ref(v.gi, v.page, new));
+    requeue_staged(cx, guards.page_ref(v.gi, v.page, new));
     0
 }
 
 /// The kernel refused to move victim `v` (`errno`): it stays where it is, back on the LRU,
 /// and its slot `e` is forgotten. Returns 1 when the refusal counts as one (not `ENOENT`).
 fn move_refused(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     guards: &RegionSet,
     v: Victim,
     e: SwapEntry,
@@ -351,10 +351,10 @@ fn move_refused(
     to_free: &mut ArrayVec<u64, BATCH>,
 ) -> usize {
     let region = &guards.g[v.gi];
-    p.devices.device(e).forget_slot(e.offset());
+    cx.devices.device(e).forget_slot(e.offset());
     region.store(v.page, v.pte.unbusy());
-    p.lru.add(guards.page_ref(v.gi, v.page, v.pte), &p.stats);
-    p.stats.inc(Counter::MoveRefused);
+    cx.lru.add(guards.page_ref(v.gi, v.page, v.pte), cx.stats);
+    cx.stats.inc(Counter::MoveRefused);
     if errno == libc::ENOENT {
         // Not there: the application unmapped, moved or discarded it, and the event that
         // says which settles the page (see `events`). Until then it stays as it is: turning
@@ -370,7 +370,7 @@ fn move_refused(
     }
     if errno == libc::EBUSY {
         // Shared with a fork child (or pinned): see `cow`.
-        cow::queue(p, guards.page_ref(v.gi, v.page, v.pte));
+        cow::queue(cx, guards.page_ref(v.gi, v.page, v.pte));
     }
     1
 }
@@ -399,10 +399,10 @@ pub(super) struct Shrunk {
 /// or an incompressible page it passes on): the page then gets a slot on another device and
 /// is written there, in priority order. A page that no device takes, or whose write fails,
 /// stays staged in RAM (still charged) and is retried in a later round.
-pub(super) fn shrink_inactive(p: &PagerShared, nr: usize, take: Take) -> usize {
+pub(super) fn shrink_inactive(cx: &Reclaim<'_>, nr: usize, take: Take) -> usize {
     debug_assert!(take != Take::Resident);
     let mut guards = RegionSet::new();
-    let mut victims = pop_victims(p, take, nr, &mut guards, &mut 0);
+    let mut victims = pop_victims(cx, take, nr, &mut guards, &mut 0);
     if victims.is_empty() {
         return 0;
     }
@@ -416,7 +416,7 @@ pub(super) fn shrink_inactive(p: &PagerShared, nr: usize, take: Take) -> usize {
     // Bounded by the number of devices: each round excludes the devices that declined.
     while !pending.is_empty() {
         let mut rejected: ArrayVec<usize, BATCH> = ArrayVec::new();
-        uncharged += write_runs(p, &guards, &victims, &targets, &pending, &mut rejected, &mut to_free);
+        uncharged += write_runs(cx, &guards, &victims, &targets, &pending, &mut rejected, &mut to_free);
         if rejected.is_empty() {
             break;
         }
@@ -428,8 +428,8 @@ pub(super) fn shrink_inactive(p: &PagerShared, nr: usize, take: Take) -> usize {
             }
         }
         let mut fresh = [SwapEntry::new(0, 0); BATCH];
-        let got = p.devices.alloc_excluding_mask(excluded, &mut fresh[..rejected.len()]);
-        p.stats.add(Counter::SwpoutSpilled, got as u64);
+        let got = cx.devices.alloc_excluding_mask(excluded, &mut fresh[..rejected.len()]);
+        cx.stats.add(Counter::SwpoutSpilled, got as u64);
         for (k, &i) in rejected.iter().enumerate() {
             if k < got {
                 targets[i] = fresh[k];
@@ -437,21 +437,21 @@ pub(super) fn shrink_inactive(p: &PagerShared, nr: usize, take: Take) -> usize {
                 // No other device has room: the page stays staged.
                 let v = &victims[i];
                 guards.g[v.gi].store(v.page, v.pte.unbusy());
-                requeue_staged(p, guards.page_ref(v.gi, v.page, v.pte));
-                p.stats.inc(Counter::SwapAllocFail);
+                requeue_staged(cx, guards.page_ref(v.gi, v.page, v.pte));
+                cx.stats.inc(Counter::SwapAllocFail);
             }
         }
         pending.clear();
         pending.extend(rejected.iter().copied().take(got));
     }
-    p.devices.free_now(&mut to_free);
+    cx.devices.free_now(&mut to_free);
     uncharged
 }
 
 /// The staged victims `run` (indices into `victims` and `targets`) were written to their
 /// targets: they are swapped now, uncharged and out of the swap cache. Returns how many.
 fn written(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     guards: &RegionSet,
     victims: &[Victim],
     targets: &[SwapEntry],
@@ -460,11 +460,11 @@ fn written(
     to_free: &mut ArrayVec<u64, BATCH>,
 ) -> usize {
     assert_eq!(run.len(), crcs.len());
-    let sdev = p.devices.device(victims[run[0]].pte.entry());
+    let sdev = cx.devices.device(victims[run[0]].pte.entry());
     for (&k, &crc) in run.iter().zip(crcs) {
         let v = &victims[k];
         let (old, new) = (v.pte.entry(), targets[k]);
-        let dev = p.devices.device(new);
+        let dev = cx.devices.device(new);
         dev.set_checksum(new.offset(), crc);
         if new == old {
             sdev.complete_writeback(old.offset());
@@ -482,16 +482,16 @@ fn written(
         guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(new)));
     }
     let n = run.len();
-    p.swap_cache.uncount(n);
-    uncharge(p, n);
-    p.stats.add(Counter::Pswpout, n as u64);
+    cx.swap_cache.uncount(n);
+    uncharge(cx.charge, n);
+    cx.stats.add(Counter::Pswpout, n as u64);
     n
 }
 
 /// The write of the staged victims `run` failed: the pages stay staged in RAM (still
 /// charged) and go round again; their new slots, if any, are freed.
 fn write_failed(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     guards: &RegionSet,
     victims: &[Victim],
     targets: &[SwapEntry],
@@ -501,19 +501,19 @@ fn write_failed(
     for &k in run {
         let v = &victims[k];
         guards.g[v.gi].store(v.page, v.pte.unbusy());
-        requeue_staged(p, guards.page_ref(v.gi, v.page, v.pte));
+        requeue_staged(cx, guards.page_ref(v.gi, v.page, v.pte));
         if targets[k] != v.pte.entry() {
             to_free.push(targets[k].bits());
         }
     }
-    p.stats.add(Counter::SwpoutError, run.len() as u64);
+    cx.stats.add(Counter::SwpoutError, run.len() as u64);
 }
 
 /// Writes the `pending` victims to their `targets`, in runs (consecutive staging pages to
 /// consecutive slots of one device), and finishes the written ones. Victims their device
 /// declined go to `rejected`; other failures stay staged. Returns the pages uncharged.
 fn write_runs(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     guards: &RegionSet,
     victims: &[Victim],
     targets: &[SwapEntry],
@@ -531,7 +531,7 @@ fn write_runs(
     while i < pending.len() {
         // One write call per target device.
         let tdev = targets[pending[i]].device();
-        let dev = &p.devices.devices()[tdev];
+        let dev = &cx.devices.devices()[tdev];
         let mut end = i;
         while end < pending.len() && targets[pending[end]].device() == tdev {
             end += 1;
@@ -544,7 +544,7 @@ fn write_runs(
             continue;
         }
         let batch = WriteBatch { guards, victims, targets, pending: &pending[i..end] };
-        uncharged += write_to_device(p, dev, batch, rejected, to_free);
+        uncharged += write_to_device(cx, dev, batch, rejected, to_free);
         i = end;
     }
     uncharged
@@ -564,7 +564,7 @@ struct WriteBatch<'a> {
 /// written, and finishes each run: swapped and uncharged, declined (to `rejected`), or
 /// failed (staged again). Returns the pages uncharged.
 fn write_to_device(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     dev: &SwapDevice,
     b: WriteBatch<'_>,
     rejected: &mut ArrayVec<usize, BATCH>,
@@ -572,7 +572,7 @@ fn write_to_device(
 ) -> usize {
     debug_assert!(b.pending.iter().all(|&k| b.targets[k].device() == dev.index), "one device per write call");
     let mut crcs = [0u32; BATCH];
-    let (runs, mut reqs) = plan_writes(p, dev, b, &mut crcs);
+    let (runs, mut reqs) = plan_writes(cx, dev, b, &mut crcs);
     assert_eq!(runs.len(), reqs.len(), "a request per run");
     dev.backend.write(&mut reqs);
     for req in &reqs {
@@ -585,7 +585,7 @@ fn write_to_device(
     for (req, &(s, t)) in reqs.iter().zip(&runs) {
         if req.result.is_ok() {
             let first = b.victims[b.pending[s]].pte.entry();
-            let sdev = p.devices.device(first);
+            let sdev = cx.devices.device(first);
             sdev.discard_staged_later(&mut discards, first.offset(), t - s);
         }
     }
@@ -594,9 +594,9 @@ fn write_to_device(
     for (req, &(s, t)) in reqs.iter().zip(&runs) {
         let run = &b.pending[s..t];
         match &req.result {
-            Ok(()) => uncharged += written(p, b.guards, b.victims, b.targets, run, &crcs[s..t], to_free),
+            Ok(()) => uncharged += written(cx, b.guards, b.victims, b.targets, run, &crcs[s..t], to_free),
             Err(BackendError::Rejected { .. }) => rejected.extend(run.iter().copied()),
-            Err(_) => write_failed(p, b.guards, b.victims, b.targets, run, to_free),
+            Err(_) => write_failed(cx, b.guards, b.victims, b.targets, run, to_free),
         }
     }
     uncharged
@@ -606,7 +606,7 @@ fn write_to_device(
 /// going to consecutive slots, and makes each run's write request; fills `crcs` (by index
 /// into `b.pending`) when `dev` keeps checksums.
 fn plan_writes<'p>(
-    p: &'p PagerShared,
+    cx: &Reclaim<'p>,
     dev: &SwapDevice,
     b: WriteBatch<'_>,
     crcs: &mut [u32; BATCH],
@@ -625,7 +625,7 @@ fn plan_writes<'p>(
         {
             t += 1;
         }
-        let sdev = p.devices.device(src(s));
+        let sdev = cx.devices.device(src(s));
         if dev.has_checksums() {
             for (k, crc) in crcs.iter_mut().enumerate().take(t).skip(s) {
                 *crc = sdev.staged_page_crc32c(src(k).offset());
@@ -639,16 +639,16 @@ fn plan_writes<'p>(
 }
 
 /// Re-queues resident pages that have no queue entry (the queue overflowed at some point).
-fn refill_active_by_scan(p: &PagerShared) {
-    let resident = p.charge.resident_pages.load(Ordering::Acquire);
-    let staged = p.swap_cache.nr_pages();
+fn refill_active_by_scan(cx: &Reclaim<'_>) {
+    let resident = cx.charge.resident_pages.load(Ordering::Acquire);
+    let staged = cx.swap_cache.nr_pages();
     if resident <= staged {
         return;
     }
-    let budget = p.lru.active_capacity() / 2;
+    let budget = cx.lru.active_capacity() / 2;
     let mut pushed = 0;
     REGIONS.for_each(|g| {
-        if !std::ptr::eq(&*g.pager, p) {
+        if g.pager.id() != cx.id {
             return;
         }
         for page in 0..g.nr_pages {
@@ -665,7 +665,7 @@ fn refill_active_by_scan(p: &PagerShared) {
             }
             if pte.state() == PageState::Resident && !pte.busy() && !pte.unevictable() {
                 let r = PageRef { region_idx: g.index, region_gen: g.gen, page_gen: pte.gen(), page };
-                if p.lru.try_add(r) {
+                if cx.lru.try_add(r) {
                     pushed += 1;
                 }
             }

@@ -11,10 +11,10 @@ use std::sync::atomic::Ordering;
 
 use arrayvec::ArrayVec;
 
+use super::Reclaim;
 use crate::lru::List;
 use crate::pin::{hold_of, Hold};
 use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet};
-use crate::state::PagerShared;
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
 use crate::swap::idle_ages::Epoch;
@@ -30,17 +30,17 @@ enum Queue {
     SwapCache,
 }
 
-fn requeue(p: &PagerShared, q: Queue, r: PageRef) {
+fn requeue(cx: &Reclaim<'_>, q: Queue, r: PageRef) {
     match q {
-        Queue::Lru(list) => p.lru.requeue(list, r, &p.stats),
-        Queue::SwapCache => requeue_staged(p, r),
+        Queue::Lru(list) => cx.lru.requeue(list, r, cx.stats),
+        Queue::SwapCache => requeue_staged(cx, r),
     }
 }
 
 /// Queues a staged page (again) for writeback.
-pub(super) fn requeue_staged(p: &PagerShared, r: PageRef) {
-    if p.swap_cache.push(r.pack()).is_err() {
-        p.stats.inc(Counter::LruOverflow);
+pub(super) fn requeue_staged(cx: &Reclaim<'_>, r: PageRef) {
+    if cx.swap_cache.push(r.pack()).is_err() {
+        cx.stats.inc(Counter::LruOverflow);
     }
 }
 
@@ -66,18 +66,18 @@ pub(super) enum Take {
 }
 
 /// Whether the staged page `pte` left its region after epoch `cut`.
-fn staged_after(p: &PagerShared, pte: Pte, cut: Epoch) -> bool {
-    p.devices.device(pte.entry()).stamp_of(pte.entry().offset()).is_some_and(|e| e > cut)
+fn staged_after(cx: &Reclaim<'_>, pte: Pte, cut: Epoch) -> bool {
+    cx.devices.device(pte.entry()).stamp_of(pte.entry().offset()).is_some_and(|e| e > cut)
 }
 
 /// Whether the swap cache's oldest page left its region after epoch `cut` (a hint, as the
 /// queue's head may be popped meanwhile).
-fn staged_head_after(p: &PagerShared, guards: &mut RegionSet, cut: Epoch) -> bool {
-    let Some(v) = p.swap_cache.peek() else { return false };
+fn staged_head_after(cx: &Reclaim<'_>, guards: &mut RegionSet, cut: Epoch) -> bool {
+    let Some(v) = cx.swap_cache.peek() else { return false };
     let r = PageRef::unpack(v);
-    let Ok(gi) = guards.get(p, r) else { return false };
+    let Ok(gi) = guards.get(cx.id, r) else { return false };
     let pte = guards.g[gi].load(r.page);
-    pte.state() == PageState::Cached && pte.gen() == r.page_gen && staged_after(p, pte, cut)
+    pte.state() == PageState::Cached && pte.gen() == r.page_gen && staged_after(cx, pte, cut)
 }
 
 /// Where a round pops its victims from, and which pages it takes (see [`pop_victims`]).
@@ -93,7 +93,7 @@ struct Source {
 }
 
 impl Source {
-    fn new(p: &PagerShared, take: Take) -> Source {
+    fn new(cx: &Reclaim<'_>, take: Take) -> Source {
         let inactive = take != Take::Resident;
         let cut = match take {
             Take::StagedBy(e) => Some(e),
@@ -106,28 +106,28 @@ impl Source {
         let reserve = if inactive {
             0
         } else {
-            p.lru.streamed_reserve(p.charge.limit_pages.load(Ordering::Relaxed), p.readahead_max_pages)
+            cx.lru.streamed_reserve(cx.charge.limit_pages.load(Ordering::Relaxed), cx.readahead_max_pages)
         };
         Source { inactive, cut, want, reserve }
     }
 
     /// The next queue entry, and the queue it goes back to if it is not taken.
-    fn pop(&self, p: &PagerShared) -> Option<(u64, Queue)> {
+    fn pop(&self, cx: &Reclaim<'_>) -> Option<(u64, Queue)> {
         if self.inactive {
-            return p.swap_cache.pop().map(|v| (v, Queue::SwapCache));
+            return cx.swap_cache.pop().map(|v| (v, Queue::SwapCache));
         }
-        p.lru.pop(self.reserve).map(|(v, list)| (v, Queue::Lru(list)))
+        cx.lru.pop(self.reserve).map(|(v, list)| (v, Queue::Lru(list)))
     }
 
     /// Pops the next entry and looks its page up in the round's region guards (taking one
     /// for its region if need be).
-    fn pop_live(&self, p: &PagerShared, guards: &mut RegionSet) -> Popped {
-        let Some((v, from)) = self.pop(p) else { return Popped::End };
+    fn pop_live(&self, cx: &Reclaim<'_>, guards: &mut RegionSet) -> Popped {
+        let Some((v, from)) = self.pop(cx) else { return Popped::End };
         let r = PageRef::unpack(v);
-        let gi = match guards.get(p, r) {
+        let gi = match guards.get(cx.id, r) {
             Ok(gi) => gi,
             Err(true) => {
-                requeue(p, from, r);
+                requeue(cx, from, r);
                 return Popped::End;
             }
             Err(false) => return Popped::Stale,
@@ -156,13 +156,13 @@ enum Popped {
 /// referenced resident pages their second chance and leaving pinned ones (counted in
 /// `nr_pinned`). The pages come back locked.
 pub(super) fn pop_victims(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     take: Take,
     nr: usize,
     guards: &mut RegionSet,
     nr_pinned: &mut usize,
 ) -> ArrayVec<Victim, BATCH> {
-    let src = Source::new(p, take);
+    let src = Source::new(cx, take);
     let max = nr.min(BATCH);
     let mut victims = ArrayVec::new();
     // Stale entries (pages that moved on since they were queued) are dropped as they are
@@ -171,10 +171,10 @@ pub(super) fn pop_victims(
     let mut scanned = 0;
     let mut stale = 0;
     while victims.len() < max && scanned < 4 * BATCH && stale < MAX_STALE_PER_ROUND {
-        if src.cut.is_some_and(|cut| staged_head_after(p, guards, cut)) {
+        if src.cut.is_some_and(|cut| staged_head_after(cx, guards, cut)) {
             break; // the oldest staged page is not idle long enough: nor are the others
         }
-        let (r, from, gi, pte) = match src.pop_live(p, guards) {
+        let (r, from, gi, pte) = match src.pop_live(cx, guards) {
             Popped::Live { r, from, gi, pte } => (r, from, gi, pte),
             Popped::Stale => {
                 stale += 1;
@@ -185,27 +185,27 @@ pub(super) fn pop_victims(
         let region = &guards.g[gi];
         scanned += 1;
         if pte.busy() {
-            requeue(p, from, r);
+            requeue(cx, from, r);
             continue;
         }
-        if src.cut.is_some_and(|cut| staged_after(p, pte, cut)) {
+        if src.cut.is_some_and(|cut| staged_after(cx, pte, cut)) {
             // Not the head peeked at (another thread popped that one): a young page, put
             // back at the tail, out of order once.
-            requeue(p, from, r);
+            requeue(cx, from, r);
             break;
         }
         if !src.inactive && pte.referenced() {
-            spare_referenced(p, region, r, pte);
+            spare_referenced(cx, region, r, pte);
             continue;
         }
         let Some(locked) = region.try_lock(r.page, pte) else {
-            requeue(p, from, r);
+            requeue(cx, from, r);
             continue;
         };
         if src.inactive {
             victims.push(Victim { gi, page: r.page, pte: locked });
         } else {
-            take_resident(p, guards, Victim { gi, page: r.page, pte: locked }, r, max, &mut victims, nr_pinned);
+            take_resident(cx, guards, Victim { gi, page: r.page, pte: locked }, r, max, &mut victims, nr_pinned);
         }
     }
     // Every victim is owned (busy) and in the state the round takes, and the batch is no
@@ -220,21 +220,21 @@ pub(super) fn pop_victims(
 
 /// A referenced resident page at the head of the LRU: spared once (its referenced bit
 /// cleared, if the page did not change meanwhile) and put back, as used again.
-fn spare_referenced(p: &PagerShared, region: &RegionInner, r: PageRef, pte: Pte) {
+fn spare_referenced(cx: &Reclaim<'_>, region: &RegionInner, r: PageRef, pte: Pte) {
     debug_assert!(pte.state() == PageState::Resident && pte.referenced());
     let spared = pte.with_referenced(false);
     if region.pte(r.page).compare_exchange(pte.0, spared.0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-        p.stats.inc(Counter::Pgactivate);
+        cx.stats.inc(Counter::Pgactivate);
     }
     // Used again: no longer use-once.
-    p.lru.add(r, &p.stats);
+    cx.lru.add(r, cx.stats);
 }
 
 /// A resident page just locked (`v`, popped as `r`): left in place if the program locked it
 /// or a system call pins it (counted in `nr_pinned`), else taken as a victim, with its dirty
 /// neighbours (up to `max` victims in all) while staged pages stay out.
 fn take_resident(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     guards: &RegionSet,
     v: Victim,
     r: PageRef,
@@ -248,25 +248,25 @@ fn take_resident(
         Some(Hold::Locked) => {
             // Locked by the program: off the LRU until it is unlocked (see `mlock`).
             region.store(v.page, v.pte.unbusy().with_unevictable(true));
-            p.stats.inc(Counter::ReclaimPinned);
+            cx.stats.inc(Counter::ReclaimPinned);
             *nr_pinned += 1;
         }
         Some(Hold::Pinned) => {
             // A system call's memory: stays in until the call returns (see `pin`).
             region.store(v.page, v.pte.unbusy());
-            p.stats.inc(Counter::ReclaimPinned);
+            cx.stats.inc(Counter::ReclaimPinned);
             *nr_pinned += 1;
-            p.lru.add(r, &p.stats);
+            cx.lru.add(r, cx.stats);
         }
         None => {
             victims.push(v);
             // Neighbours only while staged pages stay out (see `crate::lru`): taken with
             // a victim in use, they came back at once (sqlite3 under `--auto`: 3,200 a
             // second, its limit held 80 % above its working set).
-            if !v.pte.clean() && p.lru.victims_are_cold() {
+            if !v.pte.clean() && cx.lru.victims_are_cold() {
                 let before = victims.len();
                 take_resident_neighbours(guards, v.gi, v.page, max, victims);
-                p.stats.add(Counter::SwpoutNeighbours, (victims.len() - before) as u64);
+                cx.stats.add(Counter::SwpoutNeighbours, (victims.len() - before) as u64);
             }
         }
     }

@@ -14,9 +14,9 @@
 use arrayvec::ArrayVec;
 
 use super::victims::Victim;
+use super::Reclaim;
 use crate::backend::{AlignedPage, WriteReq};
 use crate::region::{PageRef, PageState, RegionSet};
-use crate::state::PagerShared;
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
 use crate::swap::{SwapDevice, SwapEntry};
@@ -26,42 +26,42 @@ use crate::swap::{SwapDevice, SwapEntry};
 /// repoints their page-table words. Touches no page table of the process, so it costs the
 /// application's CPU nothing (no TLB flush) and runs even while the application faults.
 /// `buf` holds `BATCH` pages. Returns the pages moved.
-pub(crate) fn device_writeback(p: &PagerShared, buf: &mut [AlignedPage]) -> usize {
-    let Some(_in_flight) = super::round::InFlight::enter(p) else {
+pub(crate) fn device_writeback(cx: &Reclaim<'_>, buf: &mut [AlignedPage]) -> usize {
+    let Some(_in_flight) = super::round::InFlight::enter(cx) else {
         return 0;
     };
     let mut moved = 0;
-    for dev in p.devices.devices() {
+    for dev in cx.devices.devices() {
         let mut slots = [0u64; BATCH];
         let n = dev.backend.writeback_candidates(&mut slots);
         assert!(n <= BATCH);
-        moved += move_slots_down(p, dev, &slots[..n], buf);
+        moved += move_slots_down(cx, dev, &slots[..n], buf);
     }
-    p.stats.add(Counter::Writeback, moved as u64);
+    cx.stats.add(Counter::Writeback, moved as u64);
     moved
 }
 
 /// Moves the pages of `slots` (at most `BATCH`) from `dev` to the next tier down, where they
 /// are still swapped there and free to take. The caller holds an `InFlight`. Returns the
 /// pages moved.
-pub(super) fn move_slots_down(p: &PagerShared, dev: &SwapDevice, slots: &[u64], buf: &mut [AlignedPage]) -> usize {
+pub(super) fn move_slots_down(cx: &Reclaim<'_>, dev: &SwapDevice, slots: &[u64], buf: &mut [AlignedPage]) -> usize {
     assert!(slots.len() <= BATCH);
     if slots.is_empty() {
         return 0;
     }
     let mut guards = RegionSet::new();
-    let victims = lock_candidates(p, dev, slots, &mut guards);
+    let victims = lock_candidates(cx, dev, slots, &mut guards);
     if victims.is_empty() {
         return 0;
     }
-    let ok = read_candidates(p, dev, &guards, &victims, buf);
-    move_down(p, dev, &guards, &victims, &ok, buf)
+    let ok = read_candidates(cx, dev, &guards, &victims, buf);
+    move_down(cx, dev, &guards, &victims, &ok, buf)
 }
 
 /// Locks the pages the device's writeback candidates `slots` hold, where they are still
 /// swapped there and free to take.
 fn lock_candidates(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     dev: &SwapDevice,
     slots: &[u64],
     guards: &mut RegionSet,
@@ -70,7 +70,7 @@ fn lock_candidates(
     for &slot in slots {
         let Some(info) = dev.slot_info(slot) else { continue };
         let r = PageRef::from_owner(info.owner);
-        let Ok(gi) = guards.get(p, r) else { continue };
+        let Ok(gi) = guards.get(cx.id, r) else { continue };
         let pte = guards.g[gi].load(r.page);
         let own = SwapEntry::new(dev.index, slot);
         if pte.state() != PageState::Swapped || pte.entry() != own {
@@ -86,7 +86,7 @@ fn lock_candidates(
 /// Reads the victims' pages into `buf`; a page that does not read back cleanly (recorded)
 /// stays where it is. Returns which read back.
 fn read_candidates(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     dev: &SwapDevice,
     guards: &RegionSet,
     victims: &[Victim],
@@ -100,7 +100,7 @@ fn read_candidates(
         ok[k] = req[0].result.is_ok() && dev.checksum_ok(e.offset(), &buf[k].0);
         if !ok[k] {
             let addr = guards.g[v.gi].page_addr(v.page);
-            p.record_error(addr, e, crate::state::PageErrorKind::ReadFailed);
+            cx.errors.record(addr, e, crate::state::PageErrorKind::ReadFailed);
         }
     }
     ok
@@ -110,17 +110,17 @@ fn read_candidates(
 /// (writeback goes down the tiers), in runs of consecutive target slots, and publishes
 /// them there. Returns how many moved; the others stay where they were.
 fn move_down(
-    p: &PagerShared,
+    cx: &Reclaim<'_>,
     dev: &SwapDevice,
     guards: &RegionSet,
     victims: &[Victim],
     ok: &[bool; BATCH],
     buf: &[AlignedPage],
 ) -> usize {
-    let mask = p.devices.devices().iter().filter(|d| d.priority >= dev.priority).fold(0u64, |m, d| m | 1 << d.index);
+    let mask = cx.devices.devices().iter().filter(|d| d.priority >= dev.priority).fold(0u64, |m, d| m | 1 << d.index);
     let mut targets = [SwapEntry::new(0, 0); BATCH];
     let want = victims.len();
-    let got = p.devices.alloc_excluding_mask(mask, &mut targets[..want]);
+    let got = cx.devices.alloc_excluding_mask(mask, &mut targets[..want]);
     let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
     let mut moved = 0;
     let mut k = 0;
@@ -146,7 +146,7 @@ fn move_down(
             k = t.max(k + 1);
             continue;
         }
-        let tdev = p.devices.device(targets[k]);
+        let tdev = cx.devices.device(targets[k]);
         let mut req = [WriteReq::new(targets[k].offset(), crate::mapping::PageRun::from_pages(&buf[k..t]))];
         tdev.backend.write(&mut req);
         tdev.health.note_write(&req[0].result);
@@ -166,11 +166,11 @@ fn move_down(
             } else {
                 guards.g[v.gi].store(v.page, v.pte.unbusy());
                 to_free.push(targets[j].bits());
-                p.stats.inc(Counter::SwpoutError);
+                cx.stats.inc(Counter::SwpoutError);
             }
         }
         k = t;
     }
-    p.devices.free_now(&mut to_free);
+    cx.devices.free_now(&mut to_free);
     moved
 }

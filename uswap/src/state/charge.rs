@@ -1,7 +1,7 @@
 //! The resident charge of a pager: its limit, the pages charged against it (own, and the
 //! tree's when several processes share one limit), the peak, and the hold a fork sets.
 //! The rules (the counting, the watermarks) are `crate::reclaim::accounting`'s; what a charge
-//! does at the limit (`crate::reclaim::charge`, when reclaim runs) is `crate::reclaim::direct`'s.
+//! does at the limit (`crate::reclaim::Reclaim::charge`, when reclaim runs) is `crate::reclaim::direct`'s.
 //!
 //! Locking: none; atomics.
 

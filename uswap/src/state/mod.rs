@@ -8,8 +8,12 @@
 //! of pages a fork shares ([`cow::CowQueue`]), the event state ([`events::EventState`]),
 //! the asynchronous readahead contexts ([`async_readahead::AsyncReadahead`]), the words
 //! fault delivery and service share ([`route`], [`fault_error`]), counters and bounce
-//! buffers. The services that work on it (`reclaim`, `swapin`, `events`, `async_readahead`, `release`) sit above
-//! this module and take `&PagerShared`; nothing here calls them.
+//! buffers. The services that work on it (`reclaim`, `swapin`, `events`, `async_readahead`,
+//! `release`, `fault_service`) sit above this module; each takes a narrow context of its own
+//! (`reclaim::Reclaim`, `swapin::SwapIn`, ...), built from `&PagerShared` in the service's
+//! module, that holds only the parts it uses. Nothing here calls them. The small types
+//! here ([`ErrorLog`], [`Shutdown`], [`Parent`], [`PagerId`]) let a context hold one part
+//! without the whole.
 //!
 //! Locking: the shared state is atomics and lock-free queues; see `crate::sync` for the
 //! engine's lock hierarchy, `crate::reclaim` for the accounting rules and `crate::swap` for
@@ -91,8 +95,8 @@ pub(crate) struct PagerShared {
     pub charge: charge::Charge,
     /// In a re-armed fork child: the parent's engine state as the child inherited it, whose
     /// memory devices hold the pages that were out at the fork (`PageState::Parent`). Only
-    /// their reads are used: the parent's threads and locks are not the child's.
-    pub parent: std::sync::OnceLock<Arc<PagerShared>>,
+    /// their reads are used: the parent's threads and locks are not the child's ([`Parent`]).
+    pub parent: Parent,
     /// Regions are inherited by fork (see [`crate::PagerBuilder::regions_survive_fork`]).
     pub regions_survive_fork: bool,
     /// Resident pages that are clean (their slot still holds them).
@@ -109,11 +113,11 @@ pub(crate) struct PagerShared {
     pub readahead_max_pages: usize,
     /// Asynchronous readahead contexts (none when no device reads asynchronously).
     pub async_ra: AsyncReadahead,
-    pub shutdown: AtomicBool,
+    pub shutdown: Shutdown,
     pub background_reclaim: BackgroundReclaim,
     pub idle_aging: IdleAging,
     /// The most recent page errors (oldest dropped first).
-    pub errors: ArrayQueue<PageError>,
+    pub errors: ErrorLog,
     /// The background reclaimer, for waking it (`BackgroundReclaim::Always`, and pages to
     /// make exclusive after a fork).
     pub reclaimer: std::sync::OnceLock<std::thread::Thread>,
@@ -123,34 +127,88 @@ pub(crate) struct PagerShared {
     pub events: events::EventState,
 }
 
-impl PagerShared {
-    /// Logs a page error (lock-free; the oldest entry goes when the log is full).
-    pub fn record_error(&self, addr: usize, e: crate::swap::SwapEntry, kind: PageErrorKind) {
-        self.record_device_error(addr, e, kind, "");
+/// The identity of a pager's shared state, for checking that a region is this pager's
+/// (`crate::region::RegionSet::get`) without holding the state itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PagerId(usize);
+
+/// The most recent page errors, oldest dropped first (lock-free).
+pub(crate) struct ErrorLog(ArrayQueue<PageError>);
+
+impl ErrorLog {
+    pub fn new(len: usize) -> ErrorLog {
+        ErrorLog(ArrayQueue::new(len))
     }
 
-    /// As [`record_error`](Self::record_error), with what the device said (`cause`).
-    pub fn record_device_error(
-        &self,
-        addr: usize,
-        e: crate::swap::SwapEntry,
-        kind: PageErrorKind,
-        cause: &'static str,
-    ) {
+    /// Logs a page error (lock-free; the oldest entry goes when the log is full).
+    pub fn record(&self, addr: usize, e: crate::swap::SwapEntry, kind: PageErrorKind) {
+        self.record_device(addr, e, kind, "");
+    }
+
+    /// As [`record`](Self::record), with what the device said (`cause`).
+    pub fn record_device(&self, addr: usize, e: crate::swap::SwapEntry, kind: PageErrorKind, cause: &'static str) {
         let err = PageError { addr, device: e.device(), slot: e.offset(), kind, cause };
-        if let Err(err) = self.errors.push(err) {
-            let _ = self.errors.pop();
-            let _ = self.errors.push(err);
+        if let Err(err) = self.0.push(err) {
+            let _ = self.0.pop();
+            let _ = self.0.push(err);
         }
     }
 
-    pub fn is_shutdown(&self) -> bool {
-        self.shutdown.load(Ordering::Acquire)
+    /// The errors logged, oldest first; the log keeps them.
+    pub fn recent(&self) -> Vec<PageError> {
+        let q = &self.0;
+        let mut v = Vec::with_capacity(q.len());
+        while let Some(e) = q.pop() {
+            v.push(e);
+        }
+        for e in &v {
+            let _ = q.push(*e);
+        }
+        v
+    }
+}
+
+/// Set when the pager's handle is dropped: its threads stop.
+#[derive(Default)]
+pub(crate) struct Shutdown(AtomicBool);
+
+impl Shutdown {
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
     }
 
-    /// Whether the threads that fault sleep until an ioctl wakes them (thread mode).
-    pub fn mode_wakes(&self) -> bool {
-        self.mode == FaultMode::Thread
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// In a re-armed fork child: the parent's engine state as the child inherited it. Only its
+/// memory devices are reachable from here ([`Parent::devices`]), and only for reads and
+/// for giving slots back (`swap::fork_refs`): the parent's threads and locks are not the
+/// child's.
+#[derive(Default)]
+pub(crate) struct Parent(std::sync::OnceLock<Arc<PagerShared>>);
+
+impl Parent {
+    /// Sets the parent once (a fork child's re-arm); `Err` with it if one was set.
+    pub fn set(&self, parent: Arc<PagerShared>) -> Result<(), Arc<PagerShared>> {
+        self.0.set(parent)
+    }
+
+    /// The parent's swap devices, when this pager is a fork child's.
+    pub fn devices(&self) -> Option<&SwapDevices> {
+        self.0.get().map(|p| &p.devices)
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.get().is_some()
+    }
+}
+
+impl PagerShared {
+    /// This state's identity (see [`PagerId`]).
+    pub fn id(&self) -> PagerId {
+        PagerId(self as *const PagerShared as usize)
     }
 
     /// A snapshot of the counters (without `publish`). `flush` first empties the per-CPU
