@@ -22,7 +22,8 @@ fn build(mode: FaultMode, limit: u64, devices: Vec<DeviceConfig>) -> Arc<Pager> 
 
 // ---- Application signal handlers that touch managed memory ----
 
-/// The SIGALRM tests share the process-wide handler: one at a time.
+/// The SIGALRM tests share the process-wide handler: one at a time. The 64-thread test
+/// takes it too (see there).
 static SIGNAL_TEST: Mutex<()> = Mutex::new(());
 /// Set while a test's region is alive; the handler touches nothing otherwise.
 static ARMED: AtomicBool = AtomicBool::new(false);
@@ -219,6 +220,10 @@ in_both_modes!(
 /// their 250 ms and charged over the limit (70 to 2,700 overruns per run on 2 vCPUs).
 #[test]
 fn signal_mode_64_threads_on_a_file_device_never_overrun_the_limit() {
+    // Alone: its bound is that no charge waits past `CHARGE_WAIT_LIMIT_NS` (250 ms) for a
+    // victim, which holds for 64 threads on two CPUs, not with a 10 kHz signal test paging
+    // beside it (46 overruns, fault latencies up to 690 ms, in 3 of 7 runs of this file).
+    let _alone = SIGNAL_TEST.lock().unwrap_or_else(|e| e.into_inner());
     let limit = 4 * MIB;
     let p = build(FaultMode::Signal, limit, vec![DeviceConfig::file(std::env::temp_dir(), 64 * MIB)]);
     let region = Arc::new(p.map(4 * limit as usize).unwrap());

@@ -59,6 +59,12 @@ pub enum StatError {
          (then run uswap stat inside it: nsenter -t {pid} -n uswap stat {pid})"
     )]
     NoPager { pid: u32 },
+    #[error(
+        "process {pid} runs under uswap run but has no pager yet: a process gets one when its heap passes \
+         --start-after, at its first large mapping or at its first thread (lazy start); until then its memory \
+         is the kernel's"
+    )]
+    Waiting { pid: u32 },
     #[error("reading /proc/net/unix to find the sockets of process {pid}: {source}")]
     ListSockets { pid: u32, source: std::io::Error },
     #[error("process {pid}: {source}")]
@@ -67,6 +73,18 @@ pub enum StatError {
     Signals(std::io::Error),
     #[error("writing the output: {0}")]
     Output(std::io::Error),
+}
+
+/// Why `pid` answers no query: a process of a `uswap run` tree (the run's directory in the
+/// environment it started with) that waits for its pager, or one with no pager at all.
+fn no_pager(pid: u32) -> StatError {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let in_run = env.split(|&b| b == 0).any(|e| e.starts_with(b"USWAP_STATS_DIR="));
+    if in_run {
+        StatError::Waiting { pid }
+    } else {
+        StatError::NoPager { pid }
+    }
 }
 
 /// How the counters are printed.
@@ -160,7 +178,7 @@ fn run(args: &StatArgs) -> Result<(), StatError> {
         return match query_round(pid, timeout)? {
             Round::Pagers(p) => print(&p, None),
             Round::ProcessGone => Err(StatError::NoProcess { pid }),
-            Round::NoPager => Err(StatError::NoPager { pid }),
+            Round::NoPager => Err(no_pager(pid)),
         };
     };
     let stop = Arc::new(AtomicBool::new(false));
@@ -176,7 +194,7 @@ fn run(args: &StatArgs) -> Result<(), StatError> {
             // Before the first answer, a PID without pagers is the user's mistake; after it,
             // the end of what we were watching.
             Round::ProcessGone if rounds == 0 => return Err(StatError::NoProcess { pid }),
-            Round::NoPager if rounds == 0 => return Err(StatError::NoPager { pid }),
+            Round::NoPager if rounds == 0 => return Err(no_pager(pid)),
             Round::ProcessGone => {
                 eprintln!("uswap stat: process {pid} exited");
                 return Ok(());
