@@ -88,7 +88,10 @@ fn rearm(held: Held) -> Result<(), String> {
         std::mem::forget(hold);
         return Err("no configuration".into());
     };
-    let mut builder = cfg.builder();
+    // The parent's mode, which may be thread mode where the configuration says signal
+    // (a lazy start that found threads or asynchronous I/O, see the crate's doc).
+    let mode = crate::pager().map_or(cfg.fault_mode, |p| p.fault_mode());
+    let mut builder = cfg.builder().fault_mode(mode);
     if let Some(seg) = crate::segment() {
         builder = crate::join_tree(seg, builder);
     }
