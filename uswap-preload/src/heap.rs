@@ -299,8 +299,14 @@ extern "C" fn commit(commit: bool, start: *mut c_void, size: usize, is_zero: *mu
         }
         let now = COMMITTED_BYTES.fetch_add(size, Ordering::AcqRel) + size;
         COMMITTED_END.fetch_max(start as usize + size, Ordering::AcqRel);
-        if now >= START_AFTER_BYTES.load(Ordering::Acquire) && managed_caller() {
+        let start_after = START_AFTER_BYTES.load(Ordering::Acquire);
+        if now >= start_after && managed_caller() {
             crate::start_if_waiting(crate::StartCause::Heap);
+            if crate::is_waiting() {
+                // Put off (inside a signal handler): try again an eighth further on, not at
+                // every commit (each try reads `/proc/self/maps`).
+                START_AFTER_BYTES.store(now + start_after / 8, Ordering::Release);
+            }
         }
         return true;
     }
@@ -334,6 +340,11 @@ fn grow(handed_seen: usize, want: usize) -> bool {
         return false;
     }
     HANDED_BYTES.store(handed + len, Ordering::Release);
+    if crate::is_waiting() {
+        // The start was put off (a signal handler, `start_if_waiting`): this arena's pages
+        // are not counted, and the pager must scan them when it takes the heap over.
+        COMMITTED_END.fetch_max(ARENA_START.load(Ordering::Acquire) + handed + len, Ordering::AcqRel);
+    }
     true
 }
 

@@ -19,10 +19,14 @@
 //! see `syscalls`). Until then the process is the kernel's, at plain speed: its heap is
 //! ordinary memory (at most a sixteenth of the limit, outside the budget), and it leaves no
 //! record. What stays on every process's start-up path: loading this library, reading the
-//! environment, reserving the heap's address space and mimalloc's first arena. A start that
+//! environment, reserving the heap's address space and mimalloc's first arena, and in
+//! signal mode the rewrite of the C library's system calls (`syscalls`), which must happen
+//! while no code of the C library is interrupted on the thread (a start inside a signal
+//! handler that allocates would rewrite the code a `read` it interrupted returns into). A start that
 //! fails later is said on stderr and left beside the records as a refusal (the run fails);
-//! the process goes on unmanaged, every byte kept. `USWAP_START_AFTER=0` starts the pager
-//! before `main`, as before.
+//! the process goes on unmanaged, every byte kept. A cause met on an alternate signal
+//! stack (a handler there that allocates) puts the start off to the next cause.
+//! `USWAP_START_AFTER=0` starts the pager before `main`, as before.
 //!
 //! The engine and this library allocate only from the C library's malloc ([`real`]), never
 //! from the memory they manage; `heap::Guard` marks this library's own code on a thread.
@@ -159,6 +163,13 @@ fn prepare() -> Result<(), String> {
     // Set once, here: the constructor runs once per image.
     let cfg = CONFIG.get_or_init(move || cfg);
     fork::start()?;
+    if cfg.fault_mode == uswap::FaultMode::Signal {
+        // Here, in every process, not when the pager starts: the rewrite of the C library's
+        // code needs a process with one thread and no interrupted context in that code,
+        // which a start in a signal handler (a handler that allocates, interrupting a
+        // `read`) is not: the `read` returned into rewritten bytes (SIGILL).
+        route_system_calls(cfg)?;
+    }
     if cfg.start_after_bytes == 0 {
         return start_pager(cfg, None);
     }
@@ -238,10 +249,20 @@ impl std::fmt::Display for StartCause {
 /// `uswap run`; the process goes on unmanaged, every byte kept. Must not be called from a
 /// signal handler (it allocates, maps and starts threads).
 pub(crate) fn start_if_waiting(cause: StartCause) {
-    if WAITING.compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire).is_err() {
+    if !is_waiting() {
         return;
     }
     let Some(cfg) = config() else { return };
+    if in_signal_handler() {
+        // The start waits for the next cause, outside any handler: signal mode rewrites
+        // the C library's code, where the context a handler interrupted may be stopped (a
+        // `syscall` to restart, the instruction after it), and the start makes threads,
+        // which the code a handler interrupted may hold the C library's locks for.
+        return;
+    }
+    if WAITING.compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
     let heap = (heap::arena_start(), cfg.heap_bytes, heap::committed_extent());
     if let Err(e) = start_pager(cfg, Some(heap)) {
         let msg = format!(
@@ -276,28 +297,9 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
             eprintln!("uswap: process {} runs in thread mode: {why}", std::process::id());
         }
     }
-    if fault_mode == uswap::FaultMode::Signal {
-        if heap.is_some() {
-            // What the program blocked before its pager existed: SIGBUS must get through.
-            unblock_sigbus();
-        }
-        // SAFETY: the process has one thread (the constructor's, or checked above).
-        let r = unsafe { syscalls::start(cfg.stats_dir.as_deref()) }
-            .map_err(|e| format!("cannot route system calls through uswap: {e}"))?;
-        if r.patched == r.sites {
-            // With the alternate signal stacks every thread gets (see `altstack`).
-            uswap::sigbus::note_system_calls_routed();
-        }
-        if r.patched < r.sites {
-            // Said once per process: a call made from one of them on memory that is out
-            // fails with EFAULT (counted in syscall_efault only if it went through uswap).
-            eprintln!(
-                "uswap: {} of {} system call instructions of the C library could not be routed through uswap (signal mode); \
-                 a call made from one of them on managed memory that is out fails with EFAULT: use --fault-mode thread if the program misbehaves",
-                r.sites - r.patched,
-                r.sites
-            );
-        }
+    if fault_mode == uswap::FaultMode::Signal && heap.is_some() {
+        // What the program blocked before its pager existed: SIGBUS must get through.
+        unblock_sigbus();
     }
     // What follows is the engine's set-up, not the program's calls (a file device's rings
     // are not the program's io_uring).
@@ -340,6 +342,40 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
         uswap::note_thread_start();
     }
     Ok(())
+}
+
+/// Signal mode: every `syscall` instruction of the C library goes through uswap's dispatch
+/// from now on (see `syscalls`). Called once, by the constructor.
+fn route_system_calls(cfg: &config::Config) -> Result<(), String> {
+    // SAFETY: the library's constructor: the process has one thread, and no code of the C
+    // library is interrupted on it.
+    let r = unsafe { syscalls::start(cfg.stats_dir.as_deref()) }
+        .map_err(|e| format!("cannot route system calls through uswap: {e}"))?;
+    if r.patched == r.sites {
+        // With the alternate signal stacks every thread gets (see `altstack`).
+        uswap::sigbus::note_system_calls_routed();
+    }
+    if r.patched < r.sites {
+        // Said once per process: a call made from one of them on memory that is out
+        // fails with EFAULT (counted in syscall_efault only if it went through uswap).
+        eprintln!(
+            "uswap: {} of {} system call instructions of the C library could not be routed through uswap (signal mode); \
+             a call made from one of them on managed memory that is out fails with EFAULT: use --fault-mode thread if the program misbehaves",
+            r.sites - r.patched,
+            r.sites
+        );
+    }
+    Ok(())
+}
+
+/// Whether this thread runs a signal handler on its alternate signal stack (only handlers
+/// run there). A handler on the thread's own stack is not told apart: its frame has no
+/// mark that a stale copy lower on the stack would not have too.
+fn in_signal_handler() -> bool {
+    // SAFETY: an all-zero stack_t is valid; sigaltstack only writes it.
+    let mut ss: libc::stack_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a query (no new stack), into `ss`.
+    unsafe { libc::sigaltstack(std::ptr::null(), &mut ss) == 0 && ss.ss_flags & libc::SS_ONSTACK != 0 }
 }
 
 /// Whether the process has one thread (`/proc/self/stat`'s 20th field); false when unknown.
