@@ -254,10 +254,10 @@ pub(crate) fn start_if_waiting(cause: StartCause) {
     }
     let Some(cfg) = config() else { return };
     if in_signal_handler() {
-        // The start waits for the next cause, outside any handler: signal mode rewrites
-        // the C library's code, where the context a handler interrupted may be stopped (a
-        // `syscall` to restart, the instruction after it), and the start makes threads,
-        // which the code a handler interrupted may hold the C library's locks for.
+        // On an alternate signal stack: the start waits for the next cause. It makes
+        // threads, and the code a handler interrupted may hold the C library's locks for
+        // that. (A handler on the thread's own stack is not told apart; the rewrite of
+        // the C library, which an interrupted call could not survive, is done at load.)
         return;
     }
     if WAITING.compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire).is_err() {
@@ -281,10 +281,10 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
     let _g = own_code::Guard::enter();
     let mut fault_mode = cfg.fault_mode;
     if fault_mode == uswap::FaultMode::Signal && heap.is_some() {
-        // The rewrite of the C library's code needs one thread (one made with a raw
-        // `clone`, or in another library's constructor, was not seen starting); and
-        // asynchronous I/O set up before the start was not seen either (signal mode says
-        // and counts it when the system calls are routed, see `syscalls`).
+        // A thread uswap did not see start (made with a raw `clone`, or in another
+        // library's constructor) has no alternate signal stack of uswap's for its SIGBUS
+        // frames (see `altstack`); and asynchronous I/O set up before the start has rings
+        // the kernel will read and write on its own, which signal mode cannot serve.
         let why = if !single_threaded() {
             Some("it has threads uswap did not see start")
         } else if async_io_in_use() {
