@@ -2,7 +2,7 @@
 //!
 //! glibc's malloc reaches the kernel through internal calls (`__mmap`, `brk`) that no symbol
 //! interposition sees, so managing its memory means replacing it. mimalloc is given the
-//! managed region as its arenas (`mi_manage_os_memory_ex`) and told never to ask the OS for
+//! managed region as its arenas (`mi_manage_memory`) and told never to ask the OS for
 //! more (`disallow_os_alloc`): every block the program allocates lies in the region, and
 //! when mimalloc gives pages back (`MADV_DONTNEED` on a purge) the engine sees the
 //! `UFFD_EVENT_REMOVE` and frees their slots.
@@ -56,7 +56,8 @@ extern "C" {
     /// `bool mi_manage_memory(void* start, size_t size, bool is_committed, bool is_pinned,
     /// bool is_zero, int numa_node, bool exclusive, mi_commit_fun_t* commit_fun, void*
     /// commit_fun_arg, mi_arena_id_t* arena_id)`: an arena whose commits and decommits
-    /// mimalloc asks of `commit_fun`.
+    /// mimalloc asks of `commit_fun` (none: committed memory, which is all
+    /// `mi_manage_os_memory_ex` does).
     fn mi_manage_memory(
         start: *mut c_void,
         size: usize,
@@ -67,18 +68,6 @@ extern "C" {
         exclusive: bool,
         commit_fun: Option<CommitFn>,
         commit_fun_arg: *mut c_void,
-        arena_id: *mut *mut c_void,
-    ) -> bool;
-    /// `bool mi_manage_os_memory_ex(void* start, size_t size, bool is_committed, bool
-    /// is_pinned, bool is_zero, int numa_node, bool exclusive, mi_arena_id_t* arena_id)`.
-    fn mi_manage_os_memory_ex(
-        start: *mut c_void,
-        size: usize,
-        is_committed: bool,
-        is_pinned: bool,
-        is_zero: bool,
-        numa_node: i32,
-        exclusive: bool,
         arena_id: *mut *mut c_void,
     ) -> bool;
 }
@@ -209,9 +198,9 @@ pub fn start(start: usize, len: usize, start_after_bytes: Option<usize>) -> Resu
     match start_after_bytes {
         Some(bytes) => {
             START_AFTER_BYTES.store(bytes, Ordering::Release);
-            add_counted_arena(start, first)?;
+            add_arena(start, 0, first, true)?;
         }
-        None => add_arena(start, 0, first)?,
+        None => add_arena(start, 0, first, false)?,
     }
     HANDED_BYTES.store(first, Ordering::Release);
     ARENA_START.store(start, Ordering::Release);
@@ -229,16 +218,33 @@ static HANDED_BYTES: AtomicUsize = AtomicUsize::new(0);
 /// Serialises [`grow`] (taken only when an allocation found every arena full).
 static GROW: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn add_arena(start: usize, off: usize, len: usize) -> Result<(), String> {
+/// Hands `[start + off, start + off + len)` to mimalloc as an arena. `counted`: the first
+/// arena of a process that waits for its pager, whose commits and decommits mimalloc asks
+/// of [`commit`] (it counts them, so that the pager starts when the heap is worth paging);
+/// otherwise committed from the start.
+fn add_arena(start: usize, off: usize, len: usize, counted: bool) -> Result<(), String> {
     let mut id: *mut c_void = std::ptr::null_mut();
+    let commit_fun: Option<CommitFn> = if counted { Some(commit) } else { None };
     // SAFETY: the range is mapped, readable and writable for the pager's lifetime (the whole
-    // process: it is never unmapped) and no one else uses it; is_committed because touching
-    // it is enough to use it (userfaultfd fills it), is_zero because it reads as zero until
-    // written.
-    let ok =
-        unsafe { mi_manage_os_memory_ex((start + off) as *mut c_void, len, true, false, true, -1, false, &mut id) };
+    // process: it is never unmapped) and no one else uses it; is_committed (unless counted)
+    // because touching it is enough to use it (userfaultfd fills it, or the kernel before
+    // the pager starts), is_zero because it reads as zero until written.
+    let ok = unsafe {
+        mi_manage_memory(
+            (start + off) as *mut c_void,
+            len,
+            !counted,
+            false,
+            true,
+            -1,
+            false,
+            commit_fun,
+            std::ptr::null_mut(),
+            &mut id,
+        )
+    };
     if !ok {
-        return Err(format!("mimalloc refused the managed region at {start:#x} (+{off}, {len} bytes)"));
+        return Err(format!("mimalloc refused the heap's region at {start:#x} (+{off}, {len} bytes)"));
     }
     Ok(())
 }
@@ -256,32 +262,6 @@ static COMMITTED_END: AtomicUsize = AtomicUsize::new(0);
 /// the start, so the furthest commit of the first bounds it.
 pub fn committed_extent() -> usize {
     COMMITTED_END.load(Ordering::Acquire).saturating_sub(arena_start())
-}
-
-/// The first arena of a process that waits for its pager: mimalloc commits and decommits
-/// through [`commit`], which counts, so that the pager starts when the heap is worth paging.
-fn add_counted_arena(start: usize, len: usize) -> Result<(), String> {
-    let mut id: *mut c_void = std::ptr::null_mut();
-    // SAFETY: as in `add_arena`; not committed as far as mimalloc knows, so it asks
-    // `commit` before it uses a range (the memory is readable and writable all the same).
-    let ok = unsafe {
-        mi_manage_memory(
-            start as *mut c_void,
-            len,
-            false,
-            false,
-            true,
-            -1,
-            false,
-            Some(commit),
-            std::ptr::null_mut(),
-            &mut id,
-        )
-    };
-    if !ok {
-        return Err(format!("mimalloc refused the heap's first arena at {start:#x} ({len} bytes)"));
-    }
-    Ok(())
 }
 
 /// mimalloc's commit and decommit of a range of the first arena (lazy start). A commit has
@@ -303,8 +283,8 @@ extern "C" fn commit(commit: bool, start: *mut c_void, size: usize, is_zero: *mu
         if now >= start_after && managed_caller() {
             crate::start_if_waiting(crate::StartCause::Heap);
             if crate::is_waiting() {
-                // Put off (inside a signal handler): try again an eighth further on, not at
-                // every commit (each try reads `/proc/self/maps`).
+                // Put off (on an alternate signal stack): try again an eighth further on,
+                // not at every commit.
                 START_AFTER_BYTES.store(now + start_after / 8, Ordering::Release);
             }
         }
@@ -336,7 +316,7 @@ fn grow(handed_seen: usize, want: usize) -> bool {
     let for_want = want.saturating_add(FIRST_ARENA_BYTES).next_multiple_of(FIRST_ARENA_BYTES).min(MAX_ARENA_BYTES);
     let len = handed.min(ARENA_CHUNK_BYTES).max(for_want).min(left);
     let _uswap = Guard::enter();
-    if add_arena(ARENA_START.load(Ordering::Acquire), handed, len).is_err() {
+    if add_arena(ARENA_START.load(Ordering::Acquire), handed, len, false).is_err() {
         return false;
     }
     HANDED_BYTES.store(handed + len, Ordering::Release);
