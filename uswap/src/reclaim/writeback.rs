@@ -46,7 +46,9 @@ pub(crate) fn device_writeback(cx: &Reclaim<'_>, buf: &mut [AlignedPage]) -> usi
 /// pages moved.
 pub(super) fn move_slots_down(cx: &Reclaim<'_>, dev: &SwapDevice, slots: &[u64], buf: &mut [AlignedPage]) -> usize {
     assert!(slots.len() <= BATCH);
-    if slots.is_empty() {
+    // With no device of lower priority (a pool and a device of equal priority take turns,
+    // they are not tiers) there is nowhere to go: reading the pages back would be wasted.
+    if slots.is_empty() || cx.devices.devices().iter().all(|d| d.priority >= dev.priority) {
         return 0;
     }
     let mut guards = RegionSet::new();

@@ -46,7 +46,7 @@ pub use swap_cache::SwapCache;
 pub use swap_table::{SlotInfo, SwapTable};
 
 use crate::backend::Backend;
-use crate::mapping::{current_cpu, AtomicTable, DiscardBatch, MapOptions, Mapping, PageRun};
+use crate::mapping::{current_cpu, mincore_bitmap, AtomicTable, DiscardBatch, MapOptions, Mapping, PageRun};
 use crate::readahead::FaultStreams;
 use crate::shared_charge::DeviceShare;
 use crate::sync::{LockClass, SpinLock};
@@ -278,9 +278,9 @@ impl SwapDevice {
         self.staging.contains(addr)
     }
 
-    /// Pages of the staging area in RAM (`mincore`).
-    pub fn staging_resident_pages(&self) -> std::io::Result<usize> {
-        self.staging.resident_pages(0, self.staging.len())
+    /// Which pages of the staging area are in RAM (`mincore`; see [`mincore_bitmap`]).
+    pub fn staging_resident_bitmap(&self) -> std::io::Result<Vec<u64>> {
+        mincore_bitmap(self.staging.addr(), self.staging.len())
     }
 
     /// Whether the page staged at `slot` is all zero.
@@ -459,7 +459,10 @@ impl SwapDevices {
         if got < out.len() {
             self.flush_frees();
             got += self.alloc_once(exclude, &mut out[got..]);
-            if got < out.len() && self.no_free_slot(exclude) {
+            // Full only when no device at all has room: devices this allocation left out
+            // (those that declined a page, the tiers above a writeback) may still have it,
+            // and a flag set for them made every charge overrun the limit at once.
+            if got < out.len() && self.no_free_slot() {
                 self.full.store(true, Ordering::Relaxed);
             }
         }
@@ -489,11 +492,9 @@ impl SwapDevices {
         }
     }
 
-    /// Whether every device not in `exclude` declines new pages or has every slot in use.
-    fn no_free_slot(&self, exclude: u64) -> bool {
-        self.devices
-            .iter()
-            .all(|d| exclude & (1 << d.index) != 0 || !d.takes_pages() || d.allocator.inuse_slots() >= d.nr_slots())
+    /// Whether every device declines new pages or has every slot in use.
+    fn no_free_slot(&self) -> bool {
+        self.devices.iter().all(|d| !d.takes_pages() || d.allocator.inuse_slots() >= d.nr_slots())
     }
 
     fn alloc_once(&self, exclude: u64, out: &mut [SwapEntry]) -> usize {
@@ -709,5 +710,20 @@ mod tests {
         assert_eq!(e.iter().filter(|e| e.device() == 1).count(), 188);
         let mut more = vec![SwapEntry::new(0, 0); 1000];
         assert_eq!(d.alloc(&mut more), 1024 - 188, "allocation stops when every device is full");
+        assert!(d.is_full());
+    }
+
+    /// An allocation that leaves out every device with room (a writeback from a device with
+    /// nothing below it, a retry after a device declined) finds nothing, but the devices
+    /// are not full: the flag made every charge overrun the limit at once.
+    #[test]
+    fn devices_left_out_of_an_allocation_are_not_full() {
+        let d = SwapDevices::new(specs(vec![(0, ram(512)), (0, ram(512))]), 1).unwrap();
+        let mut e = vec![SwapEntry::new(0, 0); 32];
+        assert_eq!(d.alloc_excluding_mask(0b11, &mut e), 0);
+        assert!(!d.is_full());
+        assert_eq!(d.alloc_excluding_mask(0b01, &mut e), 32);
+        assert!(e.iter().all(|e| e.device() == 1));
+        assert!(!d.is_full());
     }
 }
