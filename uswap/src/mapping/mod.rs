@@ -41,7 +41,8 @@ pub use engine_ranges::{engine_reserved_bytes, is_engine_memory, note_engine_mem
 pub use engine_thread::{is_engine_thread, spawn_engine_thread};
 pub use page_buf::PageBuf;
 pub use probe::{
-    for_each_exclusive_page, for_each_present_page, mincore_pages, mincore_pages_where, page_present, populate_write,
+    for_each_exclusive_page, for_each_present_page, mincore_bitmap, mincore_pages, mincore_pages_where, page_present,
+    populate_write,
 };
 pub use rlimit::address_space_limit_bytes;
 pub use tables::{AtomicTable, ZeroedArray};

@@ -95,8 +95,20 @@ pub fn mincore_pages(addr: usize, len: usize) -> io::Result<usize> {
     mincore_pages_where(addr, len, |_| true)
 }
 
+/// Which pages of `[addr, addr + len)` are present in the page table: bit `i % 64` of word
+/// `i / 64` for page `i` (`mincore(2)` in chunks). Same contract as [`mincore_pages`].
+pub fn mincore_bitmap(addr: usize, len: usize) -> io::Result<Vec<u64>> {
+    let nr_pages = len.div_ceil(PAGE_SIZE);
+    let mut bits = vec![0u64; nr_pages.div_ceil(64)];
+    mincore_pages_where(addr, len, |i| {
+        bits[i / 64] |= 1 << (i % 64);
+        true
+    })?;
+    Ok(bits)
+}
+
 /// As [`mincore_pages`], counting only the pages whose index from `addr` `counted` accepts.
-pub fn mincore_pages_where(addr: usize, len: usize, counted: impl Fn(usize) -> bool) -> io::Result<usize> {
+pub fn mincore_pages_where(addr: usize, len: usize, mut counted: impl FnMut(usize) -> bool) -> io::Result<usize> {
     const CHUNK_PAGES: usize = 4096;
     let mut vec = vec![0u8; CHUNK_PAGES];
     let mut total = 0;

@@ -1,0 +1,168 @@
+//! The resident bound, sampled from outside while the workload runs. Four threads (two
+//! sequential streams, two random readers) go over a region four times the limit, on every
+//! kind of device and readahead in both fault modes, while a sampler counts the pages in
+//! RAM with `mincore(2)` every half millisecond: the region's page tables alone, and
+//! `Pager::measured_resident_pages` (regions plus staged pages). Both must stay within the
+//! documented bound, the limit plus one reclaim batch. Every byte read is verified, and a
+//! watchdog fails a case that stops making progress, with where its threads are.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uswap::backend::redis::{redis_server_available, LocalRedis, RedisOptions};
+use uswap::{Compressor, DeviceConfig, FaultMode, Pager, ReadaheadPolicy, PAGE_SIZE, RECLAIM_BATCH_PAGES};
+
+mod common;
+use common::*;
+
+const LIMIT_BYTES: u64 = 8 * MIB;
+const THREADS: usize = 4;
+/// How long the four threads run after the region is filled.
+const RUN: Duration = Duration::from_millis(1500);
+
+/// Pages of `[addr, addr + len)` present in the page tables, by `mincore(2)`.
+fn region_pages_in_ram(addr: usize, len: usize) -> u64 {
+    let mut vec = vec![0u8; len / PAGE_SIZE];
+    // SAFETY: `[addr, addr + len)` is a live region of the test (mapped until the sampler
+    // stops); mincore only reads page tables and writes one byte a page into `vec`.
+    let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+    vec.iter().filter(|&&b| b & 1 != 0).count() as u64
+}
+
+/// The largest counts the sampler saw: the region's page tables alone, and regions plus
+/// staged pages.
+#[derive(Default)]
+struct Peaks {
+    region: AtomicU64,
+    measured: AtomicU64,
+    samples: AtomicU64,
+}
+
+/// One case: fills the region, runs the four threads under the sampler, checks the bound.
+fn soak(what: &str, mode: FaultMode, devices: Vec<DeviceConfig>) {
+    let mut b = Pager::builder().resident_limit(LIMIT_BYTES).fault_mode(mode);
+    for d in devices {
+        b = b.device(d);
+    }
+    let p = Arc::new(b.build().expect("pager"));
+    let region = p.map(4 * LIMIT_BYTES as usize).expect("region");
+    let nr_pages = region.len() / PAGE_SIZE;
+    for i in 0..nr_pages {
+        write_page(region.as_atomic_u64s(), i, 1);
+    }
+    let peaks = Arc::new(Peaks::default());
+    let progress = Arc::new(AtomicU64::new(0));
+    let work = {
+        let (p, peaks, progress) = (p.clone(), peaks.clone(), progress.clone());
+        move || {
+            let words = region.as_atomic_u64s();
+            let (addr, len) = (words.as_ptr() as usize, region.len());
+            let done = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                let sampler = s.spawn(|| {
+                    // Bounded by `done`, set once the workers are joined.
+                    while !done.load(Ordering::Relaxed) {
+                        peaks.region.fetch_max(region_pages_in_ram(addr, len), Ordering::Relaxed);
+                        let measured = p.measured_resident_pages().expect("mincore") as u64;
+                        peaks.measured.fetch_max(measured, Ordering::Relaxed);
+                        peaks.samples.fetch_add(1, Ordering::Relaxed);
+                        std::thread::sleep(Duration::from_micros(500));
+                    }
+                });
+                let workers: Vec<_> = (0..THREADS)
+                    .map(|t| {
+                        s.spawn({
+                            let progress = &progress;
+                            move || run_worker(words, t, progress)
+                        })
+                    })
+                    .collect();
+                for w in workers {
+                    w.join().expect("worker");
+                }
+                done.store(true, Ordering::Relaxed);
+                sampler.join().expect("sampler");
+            });
+        }
+    };
+    with_watchdog(what, &p, &progress, work);
+    let st = quiet_stats(&p);
+    let bound = (LIMIT_BYTES as usize / PAGE_SIZE + RECLAIM_BATCH_PAGES) as u64;
+    let (region_peak, measured_peak) = (peaks.region.load(Ordering::Relaxed), peaks.measured.load(Ordering::Relaxed));
+    let samples = peaks.samples.load(Ordering::Relaxed);
+    println!(
+        "{what}: peaks {region_peak} (region), {measured_peak} (with staging) of bound {bound}, {samples} samples"
+    );
+    assert!(samples >= 100, "{what}: the sampler ran {samples} times");
+    assert!(region_peak <= bound, "{what}: {region_peak} pages of the region in RAM, bound {bound}");
+    assert!(measured_peak <= bound, "{what}: {measured_peak} pages in RAM with staging, bound {bound}");
+    assert!(measured_peak > bound / 2, "{what}: the workload should fill the limit ({measured_peak})");
+    assert!(st.pgmajfault > 0 && st.pswpout > 0, "{what}: the run must swap: {st:?}");
+    assert_eq!((st.limit_overrun, st.fault_error, st.slots_leaked), (0, 0, 0), "{what}: {st:?}");
+}
+
+/// Worker `t` of [`THREADS`]: the even ones stream over their quarter of the region in
+/// order, the odd ones read random pages of the whole region; every page read is checked.
+fn run_worker(words: &[std::sync::atomic::AtomicU64], t: usize, progress: &AtomicU64) {
+    let nr_pages = words.len() / WORDS;
+    let quarter = nr_pages / THREADS;
+    let mut rng = Rng(0x7e57 + t as u64);
+    let start = Instant::now();
+    // Bounded by RUN: every pass takes finite time.
+    while start.elapsed() < RUN {
+        for k in 0..quarter {
+            let i = if t % 2 == 0 { t * quarter + k } else { (rng.next() % nr_pages as u64) as usize };
+            check_page(words, i, 1);
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn zpool() -> DeviceConfig {
+    DeviceConfig::zpool(256 * MIB)
+}
+
+fn zstd_cluster() -> DeviceConfig {
+    DeviceConfig::zpool(256 * MIB).compressor(Compressor::Zstd { level: 3 }).readahead(ReadaheadPolicy::Cluster)
+}
+
+fn file() -> DeviceConfig {
+    DeviceConfig::file(std::env::temp_dir(), 256 * MIB)
+}
+
+fn each_mode(what: &str, devices: impl Fn() -> Vec<DeviceConfig>) {
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        soak(&format!("{what}, {mode:?} mode"), mode, devices());
+    }
+}
+
+#[test]
+fn resident_bound_holds_on_the_compressed_pool() {
+    each_mode("zpool (lz4, VMA readahead)", || vec![zpool()]);
+}
+
+#[test]
+fn resident_bound_holds_with_zstd_and_cluster_readahead() {
+    each_mode("zpool (zstd, cluster readahead)", || vec![zstd_cluster()]);
+}
+
+#[test]
+fn resident_bound_holds_on_a_file_device() {
+    each_mode("file device", || vec![file()]);
+}
+
+#[test]
+fn resident_bound_holds_on_a_redis_tier() {
+    if !redis_server_available() {
+        skipped("redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    let r = LocalRedis::start(1, 0, &[]).expect("a local redis-server starts");
+    let redis = || DeviceConfig::redis(r.seeds(0), 256 * MIB).redis_options(RedisOptions::new(r.seeds(0)));
+    // A small pool first, so that most pages go on to Redis, a tier below it (as `uswap run
+    // --device zpool:2MiB,redis:...` makes them); then the two at equal priority, taking turns.
+    each_mode("zpool then redis", || vec![DeviceConfig::zpool(2 * MIB), redis().priority(-1)]);
+    each_mode("zpool and redis taking turns", || vec![DeviceConfig::zpool(2 * MIB), redis()]);
+}
