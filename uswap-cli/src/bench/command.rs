@@ -416,7 +416,11 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
             // Torn down before any error is returned: nothing of this run outlives it.
             run.finish()?;
             let outcome = outcome?;
-            if oom > 0 && !outcome.status.success() {
+            // Whatever the exit status: in a pipeline (`sh -c 'xz ... | wc -c'`) the status
+            // is the last command's, and a killed `xz` left `wc` to count a truncated
+            // stream and exit 0. Such a run was taken as the kernel's time (0.98 s for a job
+            // of 7 s) and its kill went uncounted.
+            if oom > 0 {
                 return Err(BenchError::OomKilled { engine: engine.name.clone(), attempts: 1 });
             }
             Ok(CommandRun {
