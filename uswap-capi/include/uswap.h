@@ -448,6 +448,17 @@ typedef struct uswap_stats {
     uint64_t idle_10s_bytes;
     uint64_t idle_60s_bytes;
     uint64_t idle_600s_bytes;
+    /**
+     * Device read calls (swap-ins and tier writeback) and the time they took, in
+     * microseconds: `device_read_us / pgmajfault` is the device's share of a major fault.
+     */
+    uint64_t device_reads;
+    uint64_t device_read_us;
+    /**
+     * Device write calls (swap-outs and tier writeback) and the time they took.
+     */
+    uint64_t device_writes;
+    uint64_t device_write_us;
 } uswap_stats;
 
 #ifdef __cplusplus

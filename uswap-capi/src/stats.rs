@@ -196,6 +196,13 @@ pub struct uswap_stats {
     pub idle_10s_bytes: u64,
     pub idle_60s_bytes: u64,
     pub idle_600s_bytes: u64,
+    /// Device read calls (swap-ins and tier writeback) and the time they took, in
+    /// microseconds: `device_read_us / pgmajfault` is the device's share of a major fault.
+    pub device_reads: u64,
+    pub device_read_us: u64,
+    /// Device write calls (swap-outs and tier writeback) and the time they took.
+    pub device_writes: u64,
+    pub device_write_us: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -287,7 +294,11 @@ impl uswap_stats {
             pgdeactivate,
             swpout_idle,
             writeback_idle,
-            pgfault_aged;
+            pgfault_aged,
+            device_reads,
+            device_read_us,
+            device_writes,
+            device_write_us;
         left_out: devices, fault_latency_us, publish, stall, idle;
         derived:
             idle_1s_bytes: s.idle.idle_1s_bytes,

@@ -701,14 +701,18 @@ fn thrash_message(s: &serde_json::Value) -> Option<String> {
     if wall < THRASH_MIN_WALL_SECONDS || stalled < THRASH_STALL_SHARE * wall {
         return None;
     }
-    let limit = s.get("limit_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
+    let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let majors = g("pgmajfault");
+    let device = match g("device_read_us") {
+        0 => String::new(),
+        us => format!(", the device's reads {:.0} us of each", us as f64 / majors.max(1) as f64),
+    };
     Some(format!(
-        "the program waited for memory {:.0} % of its run (some thread stalled {stalled:.1} s of {wall:.1} s, {} \
-         major faults): its working set is far over the limit of {}; a larger --limit, or a faster device first \
-         in --device (zpool before file), would let it run at its own speed",
+        "the program waited for memory {:.0} % of its run (some thread stalled {stalled:.1} s of {wall:.1} s, \
+         {majors} major faults{device}): its working set is far over the limit of {}; a larger --limit, or a \
+         faster device first in --device (zpool before file), would let it run at its own speed",
         (stalled / wall * 100.0).min(100.0),
-        s.get("pgmajfault").and_then(|v| v.as_u64()).unwrap_or(0),
-        format_size(limit),
+        format_size(g("limit_bytes")),
     ))
 }
 
@@ -866,6 +870,10 @@ mod tests {
         assert_eq!(thrash_message(&s(0.6, 0.9)), None, "too short to judge");
         let msg = thrash_message(&s(45.0, 60.0)).expect("said");
         assert!(msg.contains("75 %") && msg.contains("128MiB") && msg.contains("7 major faults"), "{msg}");
+        let mut with_device = s(45.0, 60.0);
+        with_device["device_read_us"] = 350.into();
+        let msg = thrash_message(&with_device).expect("said");
+        assert!(msg.contains("7 major faults, the device's reads 50 us of each"), "{msg}");
     }
 
     #[test]

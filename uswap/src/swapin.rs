@@ -660,7 +660,7 @@ fn read_from_device(
             rest = tail;
             at = t;
         }
-        dev.backend.read(&mut reqs);
+        cx.stats.time_device_io(false, || dev.backend.read(&mut reqs));
         for (req, &(s, t)) in reqs.iter().zip(&runs) {
             if req.result.is_ok() {
                 items[s..t].iter_mut().for_each(|it| it.ok = true);

@@ -68,6 +68,10 @@ fn help(field: &str) -> Option<&'static str> {
         "swpout_idle" => "Staged pages written out because they were idle for the idle age.",
         "pgfault_aged" => "Swap-cache hits on pages the aging scan staged: pages found still in use (not stalls).",
         "writeback_idle" => "Pages moved down a tier because they were idle there for the idle age.",
+        "device_reads" => "Device read calls (swap-ins and tier writeback; a call reads one or more runs of pages).",
+        "device_read_us" => "Time device reads took, in microseconds (per major fault: the device's share of its latency).",
+        "device_writes" => "Device write calls (swap-outs and tier writeback).",
+        "device_write_us" => "Time device writes took, in microseconds.",
         "allocstall" => "Allocations that reclaimed directly at the limit.",
         "swap_alloc_fail" => "Swap-outs that found no free slot (page stayed resident).",
         "limit_overrun" => "Charges that went above the resident limit.",
@@ -392,6 +396,9 @@ fn table(
             us(l.p99),
             us(l.max)
         );
+        if s.device_reads + s.device_writes > 0 {
+            let _ = writeln!(out, "  devices   {}", device_io_line(s));
+        }
         let st = &s.stall;
         let _ = writeln!(
             out,
@@ -436,6 +443,19 @@ fn table(
         }
     }
     out
+}
+
+/// The devices' reads and writes: calls, time, and a read's share of a major fault.
+pub(crate) fn device_io_line(s: &Stats) -> String {
+    let each = |us: u64, n: u64| if n == 0 { 0.0 } else { us as f64 / n as f64 };
+    format!(
+        "{} reads, {:.1} us each, {:.1} us per major fault; {} writes, {:.1} us each",
+        s.device_reads,
+        each(s.device_read_us, s.device_reads),
+        each(s.device_read_us, s.pgmajfault),
+        s.device_writes,
+        each(s.device_write_us, s.device_writes),
+    )
 }
 
 #[cfg(test)]

@@ -574,7 +574,7 @@ fn write_to_device(
     let mut crcs = [0u32; BATCH];
     let (runs, mut reqs) = plan_writes(cx, dev, b, &mut crcs);
     assert_eq!(runs.len(), reqs.len(), "a request per run");
-    dev.backend.write(&mut reqs);
+    cx.stats.time_device_io(true, || dev.backend.write(&mut reqs));
     for req in &reqs {
         dev.health.note_write(&req.result);
     }

@@ -98,7 +98,7 @@ fn read_candidates(
     for (k, v) in victims.iter().enumerate() {
         let e = v.pte.entry();
         let mut req = [crate::backend::ReadReq::new(e.offset(), &mut buf[k..k + 1])];
-        dev.backend.read(&mut req);
+        cx.stats.time_device_io(false, || dev.backend.read(&mut req));
         ok[k] = req[0].result.is_ok() && dev.checksum_ok(e.offset(), &buf[k].0);
         if !ok[k] {
             let addr = guards.g[v.gi].page_addr(v.page);
@@ -150,7 +150,7 @@ fn move_down(
         }
         let tdev = cx.devices.device(targets[k]);
         let mut req = [WriteReq::new(targets[k].offset(), crate::mapping::PageRun::from_pages(&buf[k..t]))];
-        tdev.backend.write(&mut req);
+        cx.stats.time_device_io(true, || tdev.backend.write(&mut req));
         tdev.health.note_write(&req[0].result);
         for j in k..t {
             let v = &victims[j];

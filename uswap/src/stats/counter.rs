@@ -136,9 +136,15 @@ pub(crate) enum Counter {
     WritebackIdle,
     /// Swap-cache hits on pages the aging scan staged: pages found still in use.
     PgfaultAged,
+    /// Device read calls (one or more runs of pages), and the nanoseconds they took.
+    DeviceReads,
+    DeviceReadNs,
+    /// Device write calls, and the nanoseconds they took.
+    DeviceWrites,
+    DeviceWriteNs,
 }
 
-const NR_COUNTERS: usize = Counter::PgfaultAged as usize + 1;
+const NR_COUNTERS: usize = Counter::DeviceWriteNs as usize + 1;
 
 struct CpuStats {
     counters: [AtomicU64; NR_COUNTERS],
@@ -178,6 +184,22 @@ impl PerCpuStats {
     #[inline]
     pub fn inc(&self, c: Counter) {
         self.add(c, 1)
+    }
+
+    /// Runs `io`, a device read (`write` false) or write, counting the call and its time.
+    #[inline]
+    pub fn time_device_io<R>(&self, write: bool, io: impl FnOnce() -> R) -> R {
+        let start_ns = crate::clock::now_ns();
+        let r = io();
+        let took_ns = crate::clock::now_ns().saturating_sub(start_ns);
+        let (calls, ns) = if write {
+            (Counter::DeviceWrites, Counter::DeviceWriteNs)
+        } else {
+            (Counter::DeviceReads, Counter::DeviceReadNs)
+        };
+        self.inc(calls);
+        self.add(ns, took_ns);
+        r
     }
 
     #[inline]
@@ -256,6 +278,10 @@ impl PerCpuStats {
         s.swpout_idle = self.sum(SwpoutIdle);
         s.writeback_idle = self.sum(WritebackIdle);
         s.pgfault_aged = self.sum(PgfaultAged);
+        s.device_reads = self.sum(DeviceReads);
+        s.device_read_us = self.sum(DeviceReadNs) / 1000;
+        s.device_writes = self.sum(DeviceWrites);
+        s.device_write_us = self.sum(DeviceWriteNs) / 1000;
         s.fault_latency_us = self.fault_latency().summary_us();
     }
 }

@@ -93,6 +93,14 @@ pub struct Stats {
     /// Swap-cache hits on pages the aging scan staged: pages found still in use (also in
     /// `pgfault_swapcache`; not stalls).
     pub pgfault_aged: u64,
+    /// Device read calls (swap-ins and tier writeback; a call reads one or more runs of
+    /// pages) and the time they took, in microseconds: `device_read_us / pgmajfault` is the
+    /// device's share of a major fault, the rest of `fault_latency_us` is uswap's.
+    pub device_reads: u64,
+    pub device_read_us: u64,
+    /// Device write calls (swap-outs and tier writeback) and the time they took.
+    pub device_writes: u64,
+    pub device_write_us: u64,
     /// Allocations that had to reclaim directly because the limit was reached.
     pub allocstall: u64,
     /// Swap-outs that found no free slot: the page stayed resident, nothing was lost.
@@ -464,6 +472,10 @@ impl Stats {
             swpout_idle,
             writeback_idle,
             pgfault_aged,
+            device_reads,
+            device_read_us,
+            device_writes,
+            device_write_us,
             allocstall,
             swap_alloc_fail,
             limit_overrun,
