@@ -28,6 +28,8 @@ static SIGNAL_MODE: AtomicBool = AtomicBool::new(false);
 /// Turns the rules above on (called once the signal-mode pager is up).
 pub fn start() {
     SIGNAL_MODE.store(true, Ordering::Release);
+    // The engine's own look at the masks (for programs without this library) is not needed.
+    uswap::sigbus::note_signal_calls_interposed();
 }
 
 /// Whether this call is the program's, in a signal-mode process.

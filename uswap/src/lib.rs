@@ -81,6 +81,7 @@ pub use mapping::{
 /// (`uswap run`'s): see [`sigbus::replace_chained`].
 pub mod sigbus {
     pub use crate::uffd::sigbus::{in_handler, note_system_calls_routed, replace_chained, StderrLine};
+    pub use crate::uffd::signal_guard::note_signal_calls_interposed;
     pub use crate::uffd::AsyncSignalsBlocked;
 }
 pub use fork::ForkHold;
@@ -96,6 +97,7 @@ pub use shared_charge::SharedCharge;
 pub use stats::{DeviceStats, Histogram, IdleStats, LatencySummary, PublishStats, Stats};
 pub use swap::ReadaheadPolicy;
 pub use sync::lock_waits;
+pub use uffd::signal_guard::GUARD_PERIOD as SIGNAL_GUARD_PERIOD;
 
 /// Who owns the memory of an address range of this process, for tools that account for it
 /// (`uswap run`'s report of unmanaged memory).

@@ -418,6 +418,107 @@ fn thread_mode_serves_a_thread_blocking_sigbus() {
     });
 }
 
+/// Where the SIGUSR1 handler below reads (a swapped-out managed page), and what it read.
+static HANDLER_READS_AT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static HANDLER_READ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
+
+extern "C" fn read_managed_page(_sig: libc::c_int) {
+    let at = HANDLER_READS_AT.load(Ordering::SeqCst);
+    // SAFETY: a byte of a live managed region (the test keeps it mapped while it raises).
+    let b = unsafe { std::ptr::read_volatile(at as *const u8) };
+    HANDLER_READ.store(b as usize, Ordering::SeqCst);
+}
+
+/// Whether `sig`'s handler blocks SIGBUS while it runs.
+fn handler_blocks_sigbus(sig: libc::c_int) -> bool {
+    // SAFETY: a query into a zeroed struct of ours, and a look at its mask.
+    unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut cur), 0);
+        libc::sigismember(&cur.sa_mask, libc::SIGBUS) == 1
+    }
+}
+
+/// Signal mode through the library (no interposer): a handler installed after the pager with
+/// every signal in its `sa_mask` gets SIGBUS taken out of it within the guard's period, and
+/// then reads a swapped-out page while it runs (the byte checked). Blocked, that SIGBUS
+/// killed the process.
+#[test]
+fn signal_mode_handler_with_a_full_mask_installed_after_the_pager_can_fault() {
+    with_watchdog("a SIGUSR1 handler with a full sa_mask reading a swapped-out page", 120, || {
+        let p = pager(FaultMode::Signal, MIB, 16 * MIB);
+        let mut region = p.map(4 * MIB as usize).unwrap();
+        fill(&mut region);
+        // SAFETY: a handler of ours for SIGUSR1, every signal in its mask; zeroed plain data.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = read_managed_page as *const () as usize;
+            libc::sigfillset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+        assert!(handler_blocks_sigbus(libc::SIGUSR1));
+        let deadline = std::time::Instant::now() + uswap::SIGNAL_GUARD_PERIOD * 5;
+        while handler_blocks_sigbus(libc::SIGUSR1) {
+            assert!(std::time::Instant::now() < deadline, "SIGBUS still in the handler's mask");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let page = swapped_out_run(&region, 1);
+        HANDLER_READS_AT.store(region.as_ptr() as usize + page * PAGE_SIZE + 7, Ordering::SeqCst);
+        // SAFETY: raises SIGUSR1 in this thread; its handler is the one installed above.
+        assert_eq!(unsafe { libc::raise(libc::SIGUSR1) }, 0);
+        assert_eq!(HANDLER_READ.load(Ordering::SeqCst), pattern(page, 7) as usize);
+        // The rest of the handler's mask is the program's.
+        // SAFETY: a query into a zeroed struct of ours; then SIGUSR1 back to its default.
+        unsafe {
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            assert_eq!(libc::sigaction(libc::SIGUSR1, std::ptr::null(), &mut cur), 0);
+            assert_eq!(libc::sigismember(&cur.sa_mask, libc::SIGSEGV), 1);
+            libc::signal(libc::SIGUSR1, libc::SIG_DFL);
+        }
+    });
+}
+
+/// In a child process: a signal-mode pager, then a thread that blocks SIGBUS and lives for
+/// three guard periods.
+fn sigbus_blocking_thread_child() -> ! {
+    let p = pager(FaultMode::Signal, MIB, 16 * MIB);
+    std::thread::Builder::new()
+        .name("blocks-sigbus".into())
+        .spawn(|| {
+            block_sigbus();
+            std::thread::sleep(uswap::SIGNAL_GUARD_PERIOD * 3);
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    drop(p);
+    std::process::exit(0)
+}
+
+/// Signal mode through the library: a thread created after the pager that blocks SIGBUS
+/// cannot be changed from outside, and a fault of its would kill the process; it is named on
+/// stderr within the guard's period, with what to do.
+#[test]
+fn signal_mode_thread_blocking_sigbus_after_the_pager_is_named() {
+    if std::env::var_os("USWAP_TEST_SIGBUS_THREAD_CHILD").is_some() {
+        sigbus_blocking_thread_child();
+    }
+    let out = with_watchdog("a child with a thread blocking SIGBUS", 120, || {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "signal_mode_thread_blocking_sigbus_after_the_pager_is_named", "--nocapture"])
+            .env("USWAP_TEST_SIGBUS_THREAD_CHILD", "1")
+            .output()
+            .expect("child test process")
+    });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child: {:?}\n{stderr}", out.status);
+    assert!(
+        stderr.contains("(blocks-sigbus) blocks SIGBUS") && stderr.contains("thread mode"),
+        "the thread is named with what to do:\n{stderr}"
+    );
+    assert_eq!(stderr.matches("blocks SIGBUS:").count(), 1, "named once:\n{stderr}");
+}
+
 /// The smallest stack glibc gives a thread (`PTHREAD_STACK_MIN`): enough for threads that
 /// touch managed memory in signal mode, whose handler serves faults on a stack of its own
 /// (`mapping::handler_stack`); only the kernel's signal frame lands on the thread's.

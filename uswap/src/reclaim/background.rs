@@ -14,7 +14,7 @@ use super::round::{reclaim_round, MAX_FRUITLESS_ROUNDS};
 use super::writeback::device_writeback;
 use super::Reclaim;
 use crate::backend::AlignedPage;
-use crate::options::BackgroundReclaim;
+use crate::options::{BackgroundReclaim, FaultMode};
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
@@ -200,6 +200,10 @@ impl Reclaimer {
         }
         // A device whose writes failed takes pages again once a probe succeeds.
         cx.devices.probe_degraded();
+        // Signal mode: the program's signal masks (see `crate::uffd::signal_guard`).
+        if cx.mode == FaultMode::Signal {
+            crate::uffd::signal_guard::tick();
+        }
     }
 
     /// Reclaims down to the `low` watermark (or while the tree's charge counts on this

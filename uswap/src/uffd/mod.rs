@@ -12,6 +12,7 @@
 //! opened for before any other ioctl is issued on it.
 
 pub mod sigbus;
+pub mod signal_guard;
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
