@@ -3,9 +3,11 @@
 //! faults on a managed page would deadlock on the allocator's lock).
 //!
 //! How "this thread is in the SIGBUS handler" is known without any hook in the engine:
-//! uswap installs its handler with a full `sa_mask`, so while it runs SIGBUS is blocked on
-//! that thread. The test's own threads never block SIGBUS otherwise, so an allocation made
-//! on a watched thread while SIGBUS is blocked is one made by the handler. Two layers count:
+//! uswap installs its handler with every signal but SIGBUS in its `sa_mask`, so while it
+//! runs SIGSYS is blocked on that thread. Nothing else blocks SIGSYS on the test's threads
+//! (the engine's calls from an application thread block the asynchronous signals only,
+//! `AsyncSignalsBlocked`, and SIGSYS is a synchronous one), so an allocation made on a
+//! watched thread while SIGSYS is blocked is one made by the handler. Two layers count:
 //! the Rust global allocator below, and `malloc`/`free` themselves (defined here, forwarding
 //! to glibc's `__libc_*`), which also see C code (zstd) that never goes through Rust's.
 //!
@@ -35,7 +37,7 @@ thread_local! {
     static C_ANY: Cell<u64> = const { Cell::new(0) };
 }
 
-/// True on a watched thread whose SIGBUS is blocked, i.e. inside uswap's SIGBUS handler.
+/// True on a watched thread whose SIGSYS is blocked, i.e. inside uswap's SIGBUS handler.
 fn in_sigbus_handler() -> bool {
     if !WATCHED.try_with(|w| w.get()).unwrap_or(false) {
         return false;
@@ -44,7 +46,7 @@ fn in_sigbus_handler() -> bool {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set);
-        libc::sigismember(&set, libc::SIGBUS) == 1
+        libc::sigismember(&set, libc::SIGSYS) == 1
     }
 }
 
@@ -312,15 +314,21 @@ fn the_detector_counts_an_allocation_made_in_a_handler() {
         (C_ANY.with(|c| c.get()) - c0) as i64 - (RUST_ANY.with(|c| c.get()) - rust0) as i64
     });
     assert!(c_only >= 2 * 16, "zstd's context allocations were seen: {c_only}");
-    // The premise: uswap's own SIGBUS handler runs with SIGBUS blocked.
+    // The premise: uswap's own SIGBUS handler runs with SIGSYS blocked (and SIGBUS not:
+    // a thread serving a fault must not look like one that blocks SIGBUS).
     let _p = signal_pager(MIB, vec![DeviceConfig::ram(4 * MIB)]);
     // SAFETY: reads the current SIGBUS disposition into a struct we own.
-    let (masked, nodefer) = unsafe {
+    let (sys_masked, bus_masked, nodefer) = unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         assert_eq!(libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut sa), 0);
-        (libc::sigismember(&sa.sa_mask, libc::SIGBUS) == 1, sa.sa_flags & libc::SA_NODEFER != 0)
+        (
+            libc::sigismember(&sa.sa_mask, libc::SIGSYS) == 1,
+            libc::sigismember(&sa.sa_mask, libc::SIGBUS) == 1,
+            sa.sa_flags & libc::SA_NODEFER != 0,
+        )
     };
-    assert!(masked || !nodefer, "uswap's SIGBUS handler must run with SIGBUS blocked for this detector");
+    assert!(sys_masked, "uswap's SIGBUS handler must run with SIGSYS blocked for this detector");
+    assert!(!bus_masked && nodefer, "uswap's SIGBUS handler runs with SIGBUS deliverable");
 }
 
 #[test]

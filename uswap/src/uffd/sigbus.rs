@@ -122,8 +122,14 @@ pub fn install(f: FaultFn) -> std::io::Result<()> {
             sa.sa_sigaction = on_sigbus as *const () as usize;
             // SA_ONSTACK: on a thread with an alternate signal stack (`uswap run` gives every
             // thread one), the kernel's frame goes there, not onto a stack in managed memory.
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+            // Every asynchronous signal is blocked while a fault is served; SIGBUS is not
+            // (SA_NODEFER, and out of the mask): a thread serving a fault then never looks
+            // like one that blocks SIGBUS to the look at the masks (`super::signal_guard`),
+            // which named threads caught mid-fault, and a nested fault is delivered (the
+            // handler's depth counts it) rather than forced to the default action.
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_NODEFER;
             libc::sigfillset(&mut sa.sa_mask);
+            libc::sigdelset(&mut sa.sa_mask, libc::SIGBUS);
             let old = (*OLD_ACTION.0.get()).as_mut_ptr();
             if libc::sigaction(libc::SIGBUS, std::ptr::null(), old) != 0 {
                 result = Err(std::io::Error::last_os_error());
