@@ -504,6 +504,30 @@ mod tests {
         }
     }
 
+    /// The table splits a major fault's time: the devices' line appears once they did I/O,
+    /// with each call's time and the reads' share of a major fault; the sum over pagers adds
+    /// the counters up.
+    #[test]
+    fn the_table_shows_the_devices_time_per_call_and_per_major_fault() {
+        let quiet = Stats::default();
+        let busy = Stats {
+            pgmajfault: 400,
+            device_reads: 200,
+            device_read_us: 30_000,
+            device_writes: 10,
+            device_write_us: 7_000,
+            ..Default::default()
+        };
+        let pager = |stats: Stats| PagerStats { socket: "uswap.9.0".into(), pager: 0, stats };
+        let text = render(9, &[pager(quiet)], false, Format::Table, None);
+        assert!(!text.contains("  devices   "), "{text}");
+        let text = render(9, &[pager(busy.clone()), pager(busy)], true, Format::Table, None);
+        assert!(
+            text.contains("  devices   400 reads, 150.0 us each, 75.0 us per major fault; 20 writes, 700.0 us each"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn prometheus_groups_each_family_and_types_counters() {
         let mut a = Stats { pswpout: 7, resident_pages: 3, ..Default::default() };
