@@ -298,11 +298,7 @@ fn fork_child_reads_what_was_out_from_the_parents_swap_file(mode: FaultMode) {
 /// The same with a Redis device: the child reads the parent's keys on connections of its
 /// own, and the parent keeps every key the child may still read.
 fn fork_child_reads_what_was_out_from_the_parents_redis_device(mode: FaultMode) {
-    if !uswap::backend::redis::redis_server_available() {
-        skipped("redis-server is not installed (apt-get install redis-server)");
-        return;
-    }
-    let redis = uswap::backend::redis::LocalRedis::start(1, 0, &[]).expect("a local redis server starts");
+    let Some(redis) = local_redis(1, 0, &[]) else { return };
     let pager = Pager::builder()
         .resident_limit(LIMIT)
         .fault_mode(mode)

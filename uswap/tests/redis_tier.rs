@@ -16,15 +16,6 @@ use uswap::{BackgroundReclaim, DeviceConfig, FaultMode, Pager, PAGE_SIZE};
 mod common;
 use common::*;
 
-/// `None` (and a message saying the test is skipped) without `redis-server`.
-fn servers(primaries: usize, replicas: usize, extra: &[&str]) -> Option<LocalRedis> {
-    if !redis_server_available() {
-        skipped("redis-server is not installed (apt-get install redis-server)");
-        return None;
-    }
-    Some(LocalRedis::start(primaries, replicas, extra).expect("local redis servers start"))
-}
-
 fn redis_dev(r: &LocalRedis, capacity: u64, f: impl FnOnce(&mut RedisOptions)) -> DeviceConfig {
     let mut o = RedisOptions::new(r.seeds(0));
     f(&mut o);
@@ -43,7 +34,7 @@ fn build(mode: FaultMode, limit: u64, devices: Vec<DeviceConfig>) -> Pager {
 /// file device, see `tiers.rs`), and a policy given explicitly is kept.
 #[test]
 fn background_reclaim_auto_is_always_with_a_remote_device() {
-    let Some(r) = servers(1, 0, &[]) else { return };
+    let Some(r) = local_redis(1, 0, &[]) else { return };
     let local = build(FaultMode::Thread, 16 * MIB, vec![DeviceConfig::zpool(4 * MIB)]);
     assert_eq!(local.background_reclaim(), BackgroundReclaim::WhenIdle);
     let remote = build(FaultMode::Thread, 16 * MIB, vec![redis_dev(&r, 64 * MIB, |_| {})]);
@@ -94,7 +85,7 @@ fn redis_keys(addr: &str) -> Vec<String> {
 }
 
 fn zpool_then_redis(mode: FaultMode) {
-    let Some(r) = servers(1, 0, &[]) else { return };
+    let Some(r) = local_redis(1, 0, &[]) else { return };
     let p = build(mode, 16 * MIB, vec![DeviceConfig::zpool(4 * MIB).priority(10), redis_dev(&r, 256 * MIB, |_| {})]);
     // A remote device: the background reclaimer writes, not the faulting thread (`Auto`).
     assert_eq!(p.background_reclaim(), BackgroundReclaim::Always);
@@ -267,7 +258,7 @@ fn lost_store(mode: FaultMode) {
             assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
         });
     }
-    let Some(r) = servers(1, 0, &[]) else { return };
+    let Some(r) = local_redis(1, 0, &[]) else { return };
     let env = [("USWAP_REDIS_SEEDS", r.addr(0)), ("USWAP_REDIS_PID", r.pid(0).unwrap().to_string())];
     let out = run_child(&test, &env, Duration::from_secs(120));
     let err = assert_sigbus_with_recorded_error(&out, "device read failed");
@@ -318,7 +309,7 @@ fn corrupted(mode: FaultMode, encrypt: bool) {
             }
         });
     }
-    let Some(r) = servers(1, 0, &[]) else { return };
+    let Some(r) = local_redis(1, 0, &[]) else { return };
     let out = run_child(&test, &[("USWAP_REDIS_SEEDS", r.addr(0))], Duration::from_secs(120));
     let err = assert_sigbus_with_recorded_error(&out, "checksum mismatch");
     let counted = err.lines().find_map(|l| l.strip_prefix("checksum_errors=")?.parse::<u64>().ok());
@@ -337,7 +328,7 @@ fn a_page_corrupted_in_the_store_is_detected_clear_thread_mode() {
 
 #[test]
 fn a_store_that_evicts_is_refused_at_start_saying_why() {
-    let Some(r) = servers(1, 0, &["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]) else { return };
+    let Some(r) = local_redis(1, 0, &["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]) else { return };
     let err = Pager::builder()
         .resident_limit(2 * MIB)
         .device(DeviceConfig::parse_list(&r.url(0), 64 * MIB).unwrap().remove(0))
@@ -350,7 +341,7 @@ fn a_store_that_evicts_is_refused_at_start_saying_why() {
 
 #[test]
 fn replicas_the_primary_does_not_have_are_refused_at_start() {
-    let Some(r) = servers(1, 1, &[]) else { return };
+    let Some(r) = local_redis(1, 1, &[]) else { return };
     let dev = DeviceConfig::parse_list(&format!("{}?replicas=2", r.url(0)), 64 * MIB).unwrap().remove(0);
     let msg = Pager::builder().resident_limit(2 * MIB).device(dev).build().expect_err("refused").to_string();
     assert!(msg.contains("replicas=2 but the primary has 1 connected replica"), "{msg}");
@@ -360,7 +351,7 @@ fn replicas_the_primary_does_not_have_are_refused_at_start() {
 /// device, counted, and nothing is lost.
 #[test]
 fn a_full_store_spills_to_the_next_device_and_counts() {
-    let Some(r) = servers(1, 0, &["--maxmemory", "6mb"]) else { return };
+    let Some(r) = local_redis(1, 0, &["--maxmemory", "6mb"]) else { return };
     for mode in [FaultMode::Thread, FaultMode::Signal] {
         let p = build(mode, 2 * MIB, vec![redis_dev(&r, 64 * MIB, |_| {}).priority(10), DeviceConfig::ram(64 * MIB)]);
         let st = churn(&p, 24 * MIB, 4000, || {});
@@ -376,7 +367,7 @@ fn a_full_store_spills_to_the_next_device_and_counts() {
 /// slot), and every page reads back.
 #[test]
 fn a_full_store_alone_keeps_pages_resident_and_counts() {
-    let Some(r) = servers(1, 0, &["--maxmemory", "4mb"]) else { return };
+    let Some(r) = local_redis(1, 0, &["--maxmemory", "4mb"]) else { return };
     let p = build(FaultMode::Signal, 4 * MIB, vec![redis_dev(&r, 64 * MIB, |_| {})]);
     let st = churn(&p, 8 * MIB, 2000, || {});
     let dev = st.devices[0].backend.clone().unwrap();
@@ -499,7 +490,7 @@ fn assert_lost_nothing(p: &Pager, failovers: u64) {
 fn primary_killed_twice(mode: FaultMode) {
     use std::sync::atomic::AtomicUsize;
     let fast_sync = ["--repl-diskless-sync-delay", "0", "--repl-backlog-size", "64mb"];
-    let Some(mut r) = servers(1, 3, &fast_sync) else { return };
+    let Some(mut r) = local_redis(1, 3, &fast_sync) else { return };
     let dev = redis_dev(&r, 128 * MIB, |o| {
         o.replicas = 1;
         o.failover_timeout_ms = 20_000;
@@ -543,7 +534,7 @@ in_both_modes!(primary_killed_twice() => a_primary_killed_twice_loses_nothing_th
 
 #[test]
 fn a_redis_cluster_node_is_refused_at_start_saying_why() {
-    let Some(r) = servers(1, 0, &["--cluster-enabled", "yes"]) else { return };
+    let Some(r) = local_redis(1, 0, &["--cluster-enabled", "yes"]) else { return };
     let dev = DeviceConfig::parse_list(&r.url(0), 64 * MIB).unwrap().remove(0);
     let msg = Pager::builder().resident_limit(2 * MIB).device(dev).build().expect_err("refused").to_string();
     assert!(msg.contains("is a Redis Cluster node") && msg.contains("redis-cluster://"), "{msg}");
@@ -554,7 +545,7 @@ fn a_redis_cluster_node_is_refused_at_start_saying_why() {
 /// another pager fails, key shared or not, is `seal.rs`'s unit test.)
 #[test]
 fn pages_encrypted_with_a_key_from_a_file_read_back() {
-    let Some(r) = servers(1, 0, &[]) else { return };
+    let Some(r) = local_redis(1, 0, &[]) else { return };
     let dir = std::env::temp_dir().join(format!("uswap-redis-key-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let key = dir.join("key");
@@ -576,7 +567,7 @@ fn pages_encrypted_with_a_key_from_a_file_read_back() {
 /// byte reads back.
 #[test]
 fn unacknowledged_writes_keep_their_pages_in_ram() {
-    let Some(mut r) = servers(1, 1, &[]) else { return };
+    let Some(mut r) = local_redis(1, 1, &[]) else { return };
     let dev = redis_dev(&r, 64 * MIB, |o| {
         o.replicas = 1;
         o.wait_timeout_ms = 50;
@@ -612,7 +603,7 @@ fn unacknowledged_writes_keep_their_pages_in_ram() {
 fn reads_go_direct_and_follow_a_failover() {
     use uswap::backend::redis::RedisBackend;
     use uswap::backend::{AlignedPage, Backend, ReadReq, WriteReq};
-    let Some(mut r) = servers(1, 1, &[]) else { return };
+    let Some(mut r) = local_redis(1, 1, &[]) else { return };
     let mut opts = RedisOptions::new(r.seeds(0));
     opts.replicas = 1;
     let dev = RedisBackend::open(&opts, 256).expect("device");
@@ -755,7 +746,7 @@ fn cluster_reads_go_direct_to_each_node_and_follow_a_resharding() {
 /// When a replica is attached again, a probe write succeeds and pages go out again.
 fn a_primary_left_without_replica(mode: FaultMode) {
     let fast_sync = ["--repl-diskless-sync-delay", "0"];
-    let Some(mut r) = servers(1, 1, &fast_sync) else { return };
+    let Some(mut r) = local_redis(1, 1, &fast_sync) else { return };
     let limit = 4 * MIB;
     let p = build(mode, limit, vec![redis_dev(&r, 64 * MIB, |o| o.replicas = 1)]);
     let region = p.map(16 * MIB as usize).unwrap();

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uswap::backend::redis::{redis_server_available, LocalRedis, RedisOptions};
+use uswap::backend::redis::RedisOptions;
 use uswap::{Compressor, DeviceConfig, FaultMode, Pager, ReadaheadPolicy, PAGE_SIZE, RECLAIM_BATCH_PAGES};
 
 mod common;
@@ -177,11 +177,7 @@ fn resident_bound_holds_on_a_file_device() {
 
 #[test]
 fn resident_bound_holds_on_a_redis_tier() {
-    if !redis_server_available() {
-        skipped("redis-server is not installed (apt-get install redis-server)");
-        return;
-    }
-    let r = LocalRedis::start(1, 0, &[]).expect("a local redis-server starts");
+    let Some(r) = local_redis(1, 0, &[]) else { return };
     let redis = || DeviceConfig::redis(r.seeds(0), 256 * MIB).redis_options(RedisOptions::new(r.seeds(0)));
     // A small pool first, so that most pages go on to Redis, a tier below it (as `uswap run
     // --device zpool:2MiB,redis:...` makes them); then the two at equal priority, taking turns.

@@ -164,12 +164,9 @@ fn needs_fix(a: &libc::sigaction) -> bool {
 }
 
 fn same_action(a: &libc::sigaction, b: &libc::sigaction) -> bool {
-    let mask_bytes = |s: &libc::sigset_t| {
-        // SAFETY: a sigset_t is plain data of its size.
-        unsafe {
-            std::slice::from_raw_parts((s as *const libc::sigset_t).cast::<u8>(), std::mem::size_of::<libc::sigset_t>())
-        }
-        .to_vec()
+    // SAFETY: a sigset_t is plain data of its size, read as bytes for as long as `s` lives.
+    let mask_bytes = |s: &libc::sigset_t| unsafe {
+        std::slice::from_raw_parts((s as *const libc::sigset_t).cast::<u8>(), std::mem::size_of::<libc::sigset_t>())
     };
     a.sa_sigaction == b.sa_sigaction && a.sa_flags == b.sa_flags && mask_bytes(&a.sa_mask) == mask_bytes(&b.sa_mask)
 }

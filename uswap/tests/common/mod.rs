@@ -198,3 +198,14 @@ where
         std::panic::resume_unwind(e);
     }
 }
+
+/// Local Redis servers for a test (`primaries` with `replicas` each, `extra` arguments), or
+/// `None` and a message saying the test is skipped when `redis-server` is not installed.
+/// Every server is killed when the returned value is dropped.
+pub fn local_redis(primaries: usize, replicas: usize, extra: &[&str]) -> Option<uswap::backend::redis::LocalRedis> {
+    if !uswap::backend::redis::redis_server_available() {
+        skipped("redis-server is not installed (apt-get install redis-server)");
+        return None;
+    }
+    Some(uswap::backend::redis::LocalRedis::start(primaries, replicas, extra).expect("local redis servers start"))
+}
