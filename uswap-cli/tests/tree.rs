@@ -67,16 +67,23 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// 32 processes page to one file device of 64 MiB on a 96 MiB file system: each would have
-/// reserved the whole 64 MiB at start before (most were refused). Every byte is checked, the
+/// 32 processes page to one file device of 96 MiB on a 128 MiB file system: each would have
+/// reserved the whole 96 MiB at start before (most were refused). Every byte is checked, the
 /// tree's device never held more than its size, the file system never held more than that
-/// either, and nothing is left on it afterwards.
+/// either, nothing is left on it afterwards, and the tree stayed within its limit but for
+/// the documented slack and the pages counted in `limit_overrun`.
+///
+/// The device has room to spare: the tree manages about 71 MiB (64 MiB of data, the rest
+/// the processes' own pages), the 32 processes' unmanaged pages (libc, stacks: up to 9 MiB
+/// at once) leave as little as 7 MiB of the 16 MiB limit to managed pages, and pages read
+/// ahead keep their slots (up to 12 MiB), so that a device of 64 MiB filled in one run of
+/// four; with nowhere to put pages, the bound was overrun (counted, as it must be).
 #[test]
 fn a_tree_of_32_processes_shares_one_file_device_on_a_small_file_system() {
     let dir = tmpdir("tree-file");
     let prog = compile("tree", &dir, &[]);
-    let Some(fs) = SmallFs::mount(&dir, 96, 1024) else { return };
-    let device = format!("file:{}:64MiB", fs.path.display());
+    let Some(fs) = SmallFs::mount(&dir, 128, 1024) else { return };
+    let device = format!("file:{}:96MiB", fs.path.display());
     let (done, peak_used) = (AtomicBool::new(false), AtomicU64::new(0));
     let (o, v) = std::thread::scope(|s| {
         s.spawn(|| {
@@ -96,12 +103,15 @@ fn a_tree_of_32_processes_shares_one_file_device_on_a_small_file_system() {
     // parent, which only forks and waits, may never need a pager.
     assert!(counter(&v, "processes") >= 32, "{v}");
     assert!(counter(&v, "pswpout") > 0, "nothing paged: {v}");
+    // A process with none of its own pages to take out at the limit goes over by the page
+    // it needs, counted (docs/cli.md): 32 small processes do, a few dozen times a run.
     let resident_peak = counter(&v, "resident_peak_bytes");
-    assert!(resident_peak <= (16 << 20) + SLACK_BYTES, "resident peak {resident_peak}: {v}");
+    let overrun_bytes = counter(&v, "limit_overrun") * 4096;
+    assert!(resident_peak <= (16 << 20) + SLACK_BYTES + overrun_bytes, "resident peak {resident_peak}: {v}");
     let device_peak = v["device_peak_bytes"][0].as_u64().unwrap_or_else(|| panic!("no device peak: {v}"));
-    assert!(device_peak > 0 && device_peak <= 64 << 20, "the tree's device held {device_peak} bytes: {v}");
+    assert!(device_peak > 0 && device_peak <= 96 << 20, "the tree's device held {device_peak} bytes: {v}");
     let used = peak_used.load(Ordering::Relaxed);
-    assert!(used <= 64 << 20, "the file system held {used} bytes at its peak, over the device's 64 MiB");
+    assert!(used <= 96 << 20, "the file system held {used} bytes at its peak, over the device's 96 MiB");
     assert_eq!(fs.used_bytes(), 0, "the swap files left data behind");
 }
 

@@ -200,10 +200,10 @@ impl TreeBytes {
 /// one device of a `uswap run` tree is one device for all its processes, as one swap file
 /// is for the kernel. Each process has a device of its own (a sparse file, a pool, a Redis
 /// key space), as large as the device's size, so no process is refused for lack of room
-/// the tree has; what the processes hold together stays within that size. The unit is a
-/// cluster of slots that holds data, from its first slot to its discard (a file device
-/// punches the cluster out then), so the disk a file device takes is at most the clusters
-/// charged here. Called with the allocator's cluster lock held: no lock, no allocation,
+/// the tree has; what the processes hold together stays within that size. The unit is 16
+/// slots of a cluster (`swap::cluster_allocator`), from its first slot to the cluster's
+/// discard (a file device punches the cluster out then), so the disk a file device takes
+/// is at most the units charged here. Called with the allocator's cluster lock held: no lock, no allocation,
 /// safe in a signal handler. A fork child's copy of its parent's device (read, never
 /// grown) stays silent, as for [`PoolShare`].
 #[derive(Debug, Clone, Copy)]
@@ -234,6 +234,11 @@ impl DeviceShare {
 
     pub fn shrink(&self, bytes: u64) {
         self.bytes.shrink(bytes);
+    }
+
+    /// Whether the tree holds more than half the device (the kernel's `vm_swap_full`).
+    pub fn over_half(&self) -> bool {
+        self.bytes.tree_now() > self.cap_bytes / 2
     }
 }
 

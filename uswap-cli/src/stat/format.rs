@@ -136,7 +136,7 @@ fn help(field: &str) -> Option<&'static str> {
         "clusters_discarded" => "Clusters discarded before reuse.",
         "degraded" => "Its writes fail now: it takes no pages until a probe write succeeds.",
         "degraded_episodes" => "Times its writes began to fail.",
-        "clusters_refused_tree_full" => "Clusters not started: the tree's processes held the device's whole size.",
+        "charges_refused_tree_full" => "Slots refused (64 at a time): the tree's processes held the device's whole size.",
         "pool_bytes" => "Bytes of memory the device holds.",
         "stored_pages" => "Pages stored in the device's pool.",
         "same_filled_pages" => "Stored pages of one repeated word (no pool memory).",

@@ -266,7 +266,7 @@ impl PagerShared {
                     clusters_discarded: c.discarded,
                     degraded: d.health.is_degraded(),
                     degraded_episodes: d.health.episodes(),
-                    clusters_refused_tree_full: d.share_refusals(),
+                    charges_refused_tree_full: d.share_refusals(),
                     backend: d.backend.stats(),
                 }
             })

@@ -42,9 +42,9 @@ pub struct DeviceStats {
     pub degraded: bool,
     /// Times its writes began to fail since the pager started.
     pub degraded_episodes: u64,
-    /// Clusters it could not start because the processes of its tree held the device's
-    /// whole size together (`uswap run`; see `shared_charge::DeviceShare`).
-    pub clusters_refused_tree_full: u64,
+    /// Times it was refused storage for 64 more slots because the processes of its tree
+    /// held the device's whole size together (`uswap run`; see `shared_charge::DeviceShare`).
+    pub charges_refused_tree_full: u64,
     /// The device's own counters (the compressed pool's, zswap-style), if it keeps any.
     pub backend: Option<crate::backend::BackendStats>,
 }
@@ -579,7 +579,7 @@ impl DeviceStats {
         // Summed over processes: degraded in any of them.
         self.degraded |= other.degraded;
         self.degraded_episodes += other.degraded_episodes;
-        self.clusters_refused_tree_full += other.clusters_refused_tree_full;
+        self.charges_refused_tree_full += other.charges_refused_tree_full;
         match (&mut self.backend, &other.backend) {
             (Some(a), Some(b)) => {
                 a.pool_bytes += b.pool_bytes;

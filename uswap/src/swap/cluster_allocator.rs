@@ -42,8 +42,17 @@ const RUN_SEARCH_NONFULL: usize = 4;
 /// Slots per cluster; devices align their discards to it (`backend::SWAPFILE_CLUSTER`).
 pub use crate::backend::SWAPFILE_CLUSTER;
 const MAP_WORDS: usize = SWAPFILE_CLUSTER / 64;
-/// Bytes of storage behind one cluster: the unit of a [`DeviceShare`].
-const CLUSTER_BYTES: u64 = (SWAPFILE_CLUSTER * crate::uffd::PAGE_SIZE) as u64;
+/// Slots of one unit of a cluster charged to a [`DeviceShare`] (see `Cluster::charged`).
+const CHARGE_SLOTS: usize = 16;
+const CHARGE_UNITS: usize = SWAPFILE_CLUSTER / CHARGE_SLOTS;
+// The units of a cluster fit `Cluster::charged`, and each lies within one word of its map.
+const _: () = assert!(CHARGE_UNITS <= 32 && SWAPFILE_CLUSTER % CHARGE_SLOTS == 0 && 64 % CHARGE_SLOTS == 0);
+/// Bytes of storage behind one charge unit (64 KiB). A unit, not a whole cluster (2 MiB):
+/// a tree of 32 processes with two CPUs each, charged by clusters, could hold 128 MiB of
+/// its device for pages that filled half of that, and was refused slots while mostly empty.
+const CHARGE_BYTES: u64 = (CHARGE_SLOTS * crate::uffd::PAGE_SIZE) as u64;
+#[cfg(test)]
+const CLUSTER_BYTES: u64 = CHARGE_BYTES * CHARGE_UNITS as u64;
 const NIL: u32 = u32::MAX;
 
 /// Slot state of one cluster, under the cluster lock.
@@ -52,21 +61,35 @@ struct Cluster {
     map: [u64; MAP_WORDS],
     /// Where the owner's next scan starts, so consecutive allocations get consecutive slots.
     next: u16,
-    /// Charged to the tree's share of the device (see [`ClusterAllocator::with_share`]):
-    /// from its first slot after a discard (or ever) to its next discard. An uncharged
-    /// cluster is empty.
-    charged: bool,
+    /// The units of [`CHARGE_SLOTS`] slots charged to the tree's share of the device (bit
+    /// `u` for slots `u * CHARGE_SLOTS..`; see [`ClusterAllocator::with_share`]): from a
+    /// unit's first slot after a discard (or ever) to the cluster's next discard, since the
+    /// storage written behind a freed slot stays allocated until then. A unit with a slot
+    /// in use is charged.
+    charged: u32,
 }
 
 impl Cluster {
     /// Sets up to `out.len()` free bits, writing their cluster-relative indices; returns how
-    /// many. Scans from the hint, wrapping once.
-    fn alloc_bits(&mut self, base: u64, out: &mut [u64]) -> usize {
+    /// many. Scans from the hint, wrapping once; a unit not yet charged is used only if
+    /// `charge(1)` grants it, else skipped.
+    fn alloc_bits(&mut self, base: u64, out: &mut [u64], charge: &dyn Fn(u64) -> bool) -> usize {
         let mut got = 0;
         let mut i = self.next as usize;
         let mut scanned = 0;
         while got < out.len() && scanned < SWAPFILE_CLUSTER && (self.count as usize) < SWAPFILE_CLUSTER {
             let (w, b) = (i / 64, i % 64);
+            let unit = i / CHARGE_SLOTS;
+            if self.charged & (1 << unit) == 0 {
+                if !charge(1) {
+                    // No room for this unit: skip the rest of it.
+                    let rest = CHARGE_SLOTS - i % CHARGE_SLOTS;
+                    i = (i + rest) % SWAPFILE_CLUSTER;
+                    scanned += rest;
+                    continue;
+                }
+                self.charged |= 1 << unit;
+            }
             if self.map[w] & (1 << b) == 0 {
                 self.map[w] |= 1 << b;
                 self.count += 1;
@@ -82,8 +105,9 @@ impl Cluster {
     }
 
     /// Sets `out.len()` consecutive free bits, the first such run from the hint (wrapping
-    /// once, never across the cluster's end), writing their indices; false if there is none.
-    fn alloc_run(&mut self, base: u64, out: &mut [u64]) -> bool {
+    /// once, never across the cluster's end), writing their indices; false if there is none,
+    /// or if `charge(n)` refuses the `n` units it would charge.
+    fn alloc_run(&mut self, base: u64, out: &mut [u64], charge: &dyn Fn(u64) -> bool) -> bool {
         let len = out.len();
         if len == 0 || len > SWAPFILE_CLUSTER - self.count as usize {
             return false;
@@ -99,6 +123,13 @@ impl Cluster {
                 match (start..start + len).find(|&i| !is_free(i)) {
                     Some(taken) => start = taken + 1,
                     None => {
+                        let units =
+                            (start / CHARGE_SLOTS..=(start + len - 1) / CHARGE_SLOTS).fold(0u32, |m, u| m | 1 << u);
+                        let new_units = units & !self.charged;
+                        if !charge(new_units.count_ones() as u64) {
+                            return false;
+                        }
+                        self.charged |= new_units;
                         for (k, o) in out.iter_mut().enumerate() {
                             let i = start + k;
                             self.map[i / 64] |= 1 << (i % 64);
@@ -127,6 +158,14 @@ impl Cluster {
     fn check_count(&self) {
         let bits: u32 = self.map.iter().map(|w| w.count_ones()).sum();
         assert_eq!(self.count as u32, bits, "uswap invariant: a cluster's count disagrees with its bitmap");
+        let mut used_units = 0u32;
+        for (w, &word) in self.map.iter().enumerate() {
+            for k in 0..64 / CHARGE_SLOTS {
+                let unit_bits = (word >> (k * CHARGE_SLOTS)) & ((1 << CHARGE_SLOTS) - 1);
+                used_units |= u32::from(unit_bits != 0) << (w * (64 / CHARGE_SLOTS) + k);
+            }
+        }
+        assert_eq!(used_units & !self.charged, 0, "uswap invariant: a cluster uses a unit it has not charged");
     }
 }
 
@@ -252,8 +291,8 @@ impl Drop for ClusterAllocator {
         };
         // Every cluster ever initialised: the fresh ones taken, and those CPUs started in.
         let initialised = (0..next_fresh).chain(started_in.into_iter().filter(|&ci| ci >= next_fresh));
-        let charged = initialised.filter(|&ci| self.clusters[ci as usize].lock().charged).count();
-        share.shrink(charged as u64 * CLUSTER_BYTES);
+        let units: u64 = initialised.map(|ci| self.clusters[ci as usize].lock().charged.count_ones() as u64).sum();
+        share.shrink(units * CHARGE_BYTES);
     }
 }
 
@@ -287,7 +326,7 @@ pub struct ClusterAllocator {
     discarded: AtomicU64,
     /// The tree this device's size is shared with, if any.
     share: Option<DeviceShare>,
-    /// Clusters that could not be charged because the tree held the device's whole size.
+    /// Charges refused because the tree held the device's whole size.
     share_refusals: AtomicU64,
 }
 
@@ -338,35 +377,35 @@ impl ClusterAllocator {
     /// # Safety
     /// Nothing else may reach the cluster meanwhile: it is on no list and no CPU's.
     unsafe fn init_cluster(&self, ci: u32) {
-        let empty = Cluster { count: 0, map: [0; MAP_WORDS], next: 0, charged: false };
+        let empty = Cluster { count: 0, map: [0; MAP_WORDS], next: 0, charged: 0 };
         // SAFETY: the caller's contract; a cluster has nothing to drop.
         unsafe { self.clusters.init(ci as usize, CachePadded::new(SpinLock::new(LockClass::SwapCluster, empty))) };
     }
 
-    /// Shares the device's size with the other processes of a tree: a cluster is charged
-    /// to `share` when it takes its first slot and uncharged when it is discarded, and a
-    /// cluster the tree has no room for takes no slot (the device is full for this process
-    /// until some cluster of the tree is discarded).
+    /// Shares the device's size with the other processes of a tree: each unit of
+    /// [`CHARGE_SLOTS`] slots of a cluster is charged to `share` when it takes its first
+    /// slot and uncharged when the cluster is discarded, and a unit the tree has no room for
+    /// takes no slot (the process uses the units it has charged; the device is full for it
+    /// when those are, until some cluster of the tree is discarded). Once the tree holds
+    /// half the device, free slots of charged units are taken first, as freed slots would
+    /// otherwise keep storage no other process can use.
     pub fn with_share(mut self, share: Option<DeviceShare>) -> ClusterAllocator {
         self.share = share;
         self
     }
 
-    /// Charges cluster `c` before it takes slots; false if the tree has no room for it.
-    fn charge(&self, c: &mut Cluster) -> bool {
-        if c.charged {
+    /// Charges `nr_units` more units to the tree before they take slots; false if the tree
+    /// has no room for them.
+    fn charge_units(&self, nr_units: u64) -> bool {
+        let Some(share) = &self.share else { return true };
+        if nr_units == 0 || share.try_grow(nr_units * CHARGE_BYTES) {
             return true;
         }
-        debug_assert_eq!(c.count, 0, "an uncharged cluster holds slots");
-        if self.share.is_some_and(|s| !s.try_grow(CLUSTER_BYTES)) {
-            self.share_refusals.fetch_add(1, Ordering::Relaxed);
-            return false;
-        }
-        c.charged = true;
-        true
+        self.share_refusals.fetch_add(1, Ordering::Relaxed);
+        false
     }
 
-    /// Clusters refused because the tree held the device's whole size.
+    /// Charges refused because the tree held the device's whole size.
     pub fn share_refusals(&self) -> u64 {
         self.share_refusals.load(Ordering::Relaxed)
     }
@@ -389,6 +428,9 @@ impl ClusterAllocator {
         // At most two rounds: the second only after a discard freed clusters, and it
         // discards no more.
         let mut may_discard = true;
+        // Clusters given up because the tree had no room for their free units: bounded, as
+        // those taken next off the nonfull list may be no better.
+        let mut refused = 0;
         loop {
             let mut pc = self.percpu[cpu].lock();
             let mut wants_discard = false;
@@ -408,19 +450,27 @@ impl ClusterAllocator {
                     },
                 };
                 let mut c = self.clusters[ci as usize].lock();
-                if !self.charge(&mut c) {
-                    // Empty and never written since its discard: free again. Clusters
-                    // already charged may still have room.
-                    drop(c);
+                let charge = |nr_units| self.charge_units(nr_units);
+                let base = ci as u64 * SWAPFILE_CLUSTER as u64;
+                let mut here = 0;
+                if self.share.is_some_and(|s| s.over_half()) {
+                    here = c.alloc_bits(base, &mut out[got..], &|_| false);
+                }
+                here += c.alloc_bits(base, &mut out[got + here..], &charge);
+                got += here;
+                if here == 0 && (c.count as usize) < SWAPFILE_CLUSTER {
+                    // Its free slots are all in units the tree has no room for: try a
+                    // nonfull cluster, whose freed slots are in units already charged.
                     let mut lists = self.lists.lock();
-                    lists.move_to(ci, ListId::Free);
-                    *pc = lists.pop(ListId::Nonfull);
+                    lists.move_to(ci, Self::list_for_given_up(&c));
+                    drop(c);
+                    refused += 1;
+                    *pc = if refused <= RUN_SEARCH_NONFULL { lists.pop(ListId::Nonfull) } else { None };
                     if pc.is_none() {
                         break;
                     }
                     continue;
                 }
-                got += c.alloc_bits(ci as u64 * SWAPFILE_CLUSTER as u64, &mut out[got..]);
                 if c.count as usize == SWAPFILE_CLUSTER {
                     // Full: give it up to the full list; frees will bring it back to nonfull.
                     self.lists.lock().move_to(ci, ListId::Full);
@@ -457,7 +507,8 @@ impl ClusterAllocator {
         let mut pc = self.percpu[cpu].lock();
         if let Some(ci) = *pc {
             let mut c = self.clusters[ci as usize].lock();
-            if self.charge(&mut c) && c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out) {
+            let charge = |nr_units| self.charge_units(nr_units);
+            if c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out, &charge) {
                 if c.count as usize == SWAPFILE_CLUSTER {
                     self.lists.lock().move_to(ci, ListId::Full);
                     *pc = None;
@@ -477,17 +528,10 @@ impl ClusterAllocator {
             };
             let Some(ci) = candidate else { return false };
             let mut c = self.clusters[ci as usize].lock();
-            if !self.charge(&mut c) {
-                // An empty one the tree has no room for: free again.
-                drop(c);
-                self.lists.lock().move_to(ci, ListId::Free);
-                return false;
-            }
-            if !c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out) {
-                // No such run here (it came from the nonfull list: an empty cluster has any
-                // run): back to a list's tail.
-                drop(c);
-                self.release_owned(ci);
+            let charge = |nr_units| self.charge_units(nr_units);
+            if !c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out, &charge) {
+                // No such run here, or the tree has no room for its words: back to a list.
+                self.lists.lock().move_to(ci, Self::list_for_given_up(&c));
                 continue;
             }
             let full = c.count as usize == SWAPFILE_CLUSTER;
@@ -513,6 +557,17 @@ impl ClusterAllocator {
             unsafe { self.init_cluster(ci) };
             Some(ci)
         })
+    }
+
+    /// The list for a cluster this thread took off the lists and gives up on, under its
+    /// lock: the free list if it is empty and uncharged (nothing to discard), the discard
+    /// list if it is empty but charged, else the nonfull list.
+    fn list_for_given_up(c: &Cluster) -> ListId {
+        match (c.count, c.charged) {
+            (0, 0) => ListId::Free,
+            (0, _) => ListId::Discard,
+            _ => ListId::Nonfull,
+        }
     }
 
     /// Puts a cluster this thread took off the lists back on the one its count says: the
@@ -588,10 +643,9 @@ impl ClusterAllocator {
             self.discarded.fetch_add(1, Ordering::Relaxed);
             let mut c = self.clusters[ci as usize].lock();
             c.next = 0;
-            if std::mem::take(&mut c.charged) {
-                if let Some(share) = &self.share {
-                    share.shrink(CLUSTER_BYTES);
-                }
+            let units = std::mem::take(&mut c.charged).count_ones() as u64;
+            if let (Some(share), true) = (&self.share, units > 0) {
+                share.shrink(units * CHARGE_BYTES);
             }
             let mut lists = self.lists.lock();
             // A cluster off all lists cannot have gained slots (only owners allocate).
@@ -651,6 +705,31 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(tree.device_bytes[0].load(Ordering::Relaxed), 0, "dropped devices hold nothing");
+    }
+
+    /// 32 processes with two CPUs each page 1.5 MiB apiece to a tree's device of 64 MiB:
+    /// charged by whole clusters (2 MiB), the first CPU of each took one and the second was
+    /// refused with the device a quarter empty. Charged by units, all fit.
+    #[test]
+    fn a_tree_share_charges_words_so_many_small_processes_fit() {
+        use crate::shared_charge::{DeviceShare, SharedCharge};
+        let tree: &'static SharedCharge = Box::leak(Box::default());
+        let device_bytes = 32 * CLUSTER_BYTES;
+        let processes: Vec<_> = (0..32)
+            .map(|_| ClusterAllocator::new(32, 2).unwrap().with_share(DeviceShare::new(tree, 0, None, device_bytes)))
+            .collect();
+        let mut out = vec![0u64; 192];
+        for (p, a) in processes.iter().enumerate() {
+            for cpu in 0..2 {
+                // In batches of 32, as reclaim asks.
+                for batch in out.chunks_mut(32) {
+                    assert_eq!(a.alloc(cpu, batch, &no_discard), 32, "process {p} CPU {cpu} refused");
+                }
+            }
+        }
+        let charged = tree.device_bytes[0].load(Ordering::Relaxed);
+        assert_eq!(charged, 32 * 2 * 192 / CHARGE_SLOTS as u64 * CHARGE_BYTES, "each CPU charged its 192 slots");
+        assert_eq!(processes.iter().map(|a| a.share_refusals()).sum::<u64>(), 0);
     }
 
     #[test]
