@@ -321,7 +321,8 @@ typedef struct uswap_stats {
      */
     uint64_t limit_overrun_busy;
     /**
-     * Faults or take-outs that gave up waiting 10 s for a bounce buffer (should stay 0).
+     * Faults or take-outs that gave up waiting 10 s for a bounce buffer (should stay 0):
+     * the engine's `bounce_wait_timeout`, under its former name, kept for the ABI.
      */
     uint64_t pool_wait_timeout;
     /**

@@ -124,7 +124,8 @@ pub struct uswap_stats {
     pub remap_copied: u64,
     /// Of `limit_overrun`, charges forced over the limit because every victim stayed busy.
     pub limit_overrun_busy: u64,
-    /// Faults or take-outs that gave up waiting 10 s for a bounce buffer (should stay 0).
+    /// Faults or take-outs that gave up waiting 10 s for a bounce buffer (should stay 0):
+    /// the engine's `bounce_wait_timeout`, under its former name, kept for the ABI.
     pub pool_wait_timeout: u64,
     /// Pages a fork child shared copy-on-write, made exclusive again (copied, as a write
     /// would) so that reclaim could move them out.
@@ -270,7 +271,6 @@ impl uswap_stats {
             resident_peak_pages,
             remap_copied,
             limit_overrun_busy,
-            pool_wait_timeout,
             cow_broken,
             swpout_neighbours,
             handler_retire,
@@ -299,8 +299,9 @@ impl uswap_stats {
             device_read_us,
             device_writes,
             device_write_us;
-        left_out: devices, fault_latency_us, publish, stall, idle;
+        left_out: devices, fault_latency_us, publish, stall, idle, bounce_wait_timeout;
         derived:
+            pool_wait_timeout: s.bounce_wait_timeout,
             idle_1s_bytes: s.idle.idle_1s_bytes,
             idle_10s_bytes: s.idle.idle_10s_bytes,
             idle_60s_bytes: s.idle.idle_60s_bytes,

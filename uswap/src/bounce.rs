@@ -5,13 +5,13 @@
 //! lock-free queue as owned boxes, so taking one is a pop and returning it is a push. When
 //! more threads fault at once than there are buffers, the extra ones spin (with backoff)
 //! until one comes back; the buffers are sized to the number of CPUs times a margin so that this
-//! only happens under extreme oversubscription. A wait past `sync::POOL_WAIT_LIMIT_NS` gives
-//! up: the caller fails its operation and counts it in `pool_wait_timeout`.
+//! only happens under extreme oversubscription. A wait past `sync::POP_WAIT_LIMIT_NS` gives
+//! up: the caller fails its operation and counts it in `bounce_wait_timeout`.
 
 use crossbeam_queue::ArrayQueue;
 
 pub use crate::mapping::{AlignedPage, PageBuf};
-use crate::sync::{pop_spinning, POOL_WAIT_LIMIT_NS};
+use crate::sync::{pop_spinning, POP_WAIT_LIMIT_NS};
 #[cfg(test)]
 use crate::uffd::PAGE_SIZE;
 
@@ -59,14 +59,14 @@ impl BounceBuffers {
     }
 
     /// Takes a buffer, waiting for one if all are lent out; None if none came back within
-    /// `sync::POOL_WAIT_LIMIT_NS` (the caller fails and counts `Counter::PoolWaitTimeout`).
+    /// `sync::POP_WAIT_LIMIT_NS` (the caller fails and counts `Counter::BounceWaitTimeout`).
     pub fn take(&self) -> Option<Bounce<'_>> {
         // A wait ends: a buffer is lent for one swap-in, which waits on nothing a waiter here
         // holds (the lender owns its pages' busy bits and takes only lower locks, see the
         // hierarchy in `crate::sync`), and no application signal handler runs on a lender
         // (SIGBUS handler: full mask; engine calls: `uffd::AsyncSignalsBlocked`). But a
         // lender's device read may hang (a dead disk), so the wait is bounded all the same.
-        Some(Bounce { buf: Some(pop_spinning(&self.free, POOL_WAIT_LIMIT_NS)?), buffers: self })
+        Some(Bounce { buf: Some(pop_spinning(&self.free, POP_WAIT_LIMIT_NS)?), buffers: self })
     }
 }
 
@@ -89,7 +89,7 @@ mod tests {
             // Both lent out and never given back while this waits: it gives up.
             let t0 = std::time::Instant::now();
             assert!(buffers.take().is_none(), "took a buffer from empty buffers");
-            assert!(t0.elapsed().as_nanos() as u64 >= POOL_WAIT_LIMIT_NS);
+            assert!(t0.elapsed().as_nanos() as u64 >= POP_WAIT_LIMIT_NS);
         }
         assert_eq!(buffers.free.len(), 2);
         assert!(buffers.take().is_some());

@@ -471,7 +471,7 @@ pub(crate) fn run_take_outs(cx: &Events<'_>) -> bool {
     let Some(mut buf) = cx.bounce.take() else {
         // Every bounce buffer stayed lent out past the bound: nothing was taken out; the
         // caller tries again after `TAKE_OUT_POLL_MS` (`t` stays as it was).
-        cx.stats.inc(Counter::PoolWaitTimeout);
+        cx.stats.inc(Counter::BounceWaitTimeout);
         return true;
     };
     let mut released = Released::default();
@@ -531,7 +531,7 @@ pub(crate) fn read_run_from_parent<T>(
         return Err(FaultError::Device(PageErrorKind::ReadFailed, "no parent state in this fork child"));
     };
     let Some(mut buf) = cx.bounce.take() else {
-        cx.stats.inc(Counter::PoolWaitTimeout);
+        cx.stats.inc(Counter::BounceWaitTimeout);
         return Err(FaultError::PoolTimeout);
     };
     let dev = parent.device(entry);

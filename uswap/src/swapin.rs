@@ -186,7 +186,7 @@ pub(crate) fn swap_in(cx: &SwapIn<'_>, f: &FaultSite<'_>) -> Result<(), FaultErr
         // Every bounce buffer stayed lent out past the bound: nothing was read, every page
         // goes back as it was (its slot still holds it), and the fault fails rather than hang.
         give_back(cx, f, &set, &items);
-        cx.stats.inc(Counter::PoolWaitTimeout);
+        cx.stats.inc(Counter::BounceWaitTimeout);
         return Err(FaultError::PoolTimeout);
     };
     // What the last read that failed found, for the SIGBUS line.

@@ -84,7 +84,7 @@
 //!
 //! Pools of pre-allocated objects (bounce buffers, the compressed pool's workspaces and
 //! zstd contexts) lend them without a lock: [`pop_spinning`] takes one from a lock-free
-//! queue, spinning with backoff while all are lent out (for up to [`POOL_WAIT_LIMIT_NS`], then
+//! queue, spinning with backoff while all are lent out (for up to [`POP_WAIT_LIMIT_NS`], then
 //! the caller fails its operation), and the borrower pushes it back.
 
 use std::cell::Cell;
@@ -225,7 +225,7 @@ impl spin::RelaxStrategy for Relax {
 /// hold an object for one page's (de)compression or one swap-in's device read; ten seconds
 /// (as `fault_service::BUSY_WAIT_LIMIT_NS`) is beyond any legitimate wait, and a caller that gives
 /// up fails its operation (counted) where waiting would hang its thread for good.
-pub const POOL_WAIT_LIMIT_NS: u64 = if cfg!(test) { 200_000_000 } else { 10_000_000_000 };
+pub const POP_WAIT_LIMIT_NS: u64 = if cfg!(test) { 200_000_000 } else { 10_000_000_000 };
 
 /// Takes an object from a pool of pre-allocated ones, spinning (with backoff) until one is
 /// given back if all are lent out, for up to `limit_ns`; None when none came back in time
@@ -484,7 +484,7 @@ mod tests {
             let pool = pool.clone();
             std::thread::spawn(move || {
                 for _ in 0..2 {
-                    tx.send(pop_spinning(&pool, POOL_WAIT_LIMIT_NS * 50)).unwrap();
+                    tx.send(pop_spinning(&pool, POP_WAIT_LIMIT_NS * 50)).unwrap();
                 }
             })
         };
@@ -510,7 +510,7 @@ mod tests {
             let pool = pool.clone();
             std::thread::spawn(move || {
                 let t0 = std::time::Instant::now();
-                let r = pop_spinning(&pool, POOL_WAIT_LIMIT_NS);
+                let r = pop_spinning(&pool, POP_WAIT_LIMIT_NS);
                 tx.send((r, t0.elapsed())).unwrap();
             })
         };
@@ -518,10 +518,10 @@ mod tests {
             .recv_timeout(std::time::Duration::from_secs(10))
             .expect("stuck in pop_spinning on a pool exhausted for good: the wait has no bound");
         assert_eq!(r, None);
-        assert!(waited.as_nanos() as u64 >= POOL_WAIT_LIMIT_NS, "gave up after {waited:?}");
+        assert!(waited.as_nanos() as u64 >= POP_WAIT_LIMIT_NS, "gave up after {waited:?}");
         borrower.join().unwrap();
         // An object given back later is still there for the next borrower.
         pool.push(3).unwrap();
-        assert_eq!(pop_spinning(&pool, POOL_WAIT_LIMIT_NS), Some(3));
+        assert_eq!(pop_spinning(&pool, POP_WAIT_LIMIT_NS), Some(3));
     }
 }

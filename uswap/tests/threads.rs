@@ -3,7 +3,7 @@
 //! modes, through the compressed pool. Every byte read is checked. The counters then say
 //! where the threads waited for one another: on a page one of them owned (a fault's own page,
 //! which may only ever time out, `fault_busy_timeout`), on room under the limit
-//! (`limit_overrun_busy`), on a bounce buffer (`pool_wait_timeout`), or on an engine lock
+//! (`limit_overrun_busy`), on a bounce buffer (`bounce_wait_timeout`), or on an engine lock
 //! held by another thread (`uswap::lock_waits`, per lock class).
 //!
 //! This file holds one test: the lock waits are counted per process, and another test
@@ -102,7 +102,7 @@ fn four_threads_fault_on_shared_and_private_pages_with_few_waits_across_pages() 
         assert_eq!((st.fault_error, st.slots_leaked, st.checksum_errors), (0, 0, 0), "{st:?}");
         // Waits that would be one thread held up by another, not on its own page.
         assert_eq!(st.fault_busy_timeout, 0, "a fault waited 10 s for its page: {st:?}");
-        assert_eq!((st.limit_overrun_busy, st.pool_wait_timeout), (0, 0), "{st:?}");
+        assert_eq!((st.limit_overrun_busy, st.bounce_wait_timeout), (0, 0), "{st:?}");
         // Not yet none: the compressed pool's size-class locks are shared by every thread
         // (2-3 % of major faults waited on one, 4 threads on 2 vCPUs, debug build). Bounded
         // here so that a new shared lock on the fault path shows.

@@ -76,7 +76,7 @@ fn help(field: &str) -> Option<&'static str> {
         "swap_alloc_fail" => "Swap-outs that found no free slot (page stayed resident).",
         "limit_overrun" => "Charges that went above the resident limit.",
         "limit_overrun_busy" => "Of limit_overrun, charges over the limit although the devices had room (every page reclaim found stayed busy).",
-        "pool_wait_timeout" => "Faults or take-outs that gave up waiting for a bounce buffer (should stay 0).",
+        "bounce_wait_timeout" => "Faults or take-outs that gave up waiting for a bounce buffer (should stay 0).",
         "remap_copied" => "Pages a partial mremap moved out of a region, copied into place.",
         "swap_ra" => "Pages read ahead.",
         "swap_ra_hit" => "Read-ahead pages the application used.",

@@ -18,7 +18,7 @@ pub(crate) enum FaultError {
     /// The page stayed busy past `BUSY_WAIT_LIMIT_NS`: its owner is not making progress
     /// (most likely the faulting thread itself, interrupted while it owned the page).
     BusyTimeout,
-    /// No bounce buffer came free within `sync::POOL_WAIT_LIMIT_NS`: every one stayed lent
+    /// No bounce buffer came free within `sync::POP_WAIT_LIMIT_NS`: every one stayed lent
     /// to threads that made no progress (a hung device read). The page is still on its device.
     PoolTimeout,
     /// The address is not the region's any more (the application unmapped or moved it).

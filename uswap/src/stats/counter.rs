@@ -111,8 +111,8 @@ pub(crate) enum Counter {
     /// `reclaim::direct::CHARGE_WAIT_LIMIT_NS` (also counted in `LimitOverrun`).
     LimitOverrunBusy,
     /// Operations that gave up waiting for a pooled bounce buffer: every one stayed lent out
-    /// past `sync::POOL_WAIT_LIMIT_NS` (the fault or take-out failed instead of hanging).
-    PoolWaitTimeout,
+    /// past `sync::POP_WAIT_LIMIT_NS` (the fault or take-out failed instead of hanging).
+    BounceWaitTimeout,
     /// Dirty resident pages that left with a victim next to them, in one run (see
     /// `reclaim::victims::take_resident_neighbours`).
     SwpoutNeighbours,
@@ -250,7 +250,7 @@ impl PerCpuStats {
         s.pgfault_swapcache_copy = self.sum(PgfaultSwapcacheCopy);
         s.remap_copied = self.sum(RemapCopied);
         s.limit_overrun_busy = self.sum(LimitOverrunBusy);
-        s.pool_wait_timeout = self.sum(PoolWaitTimeout);
+        s.bounce_wait_timeout = self.sum(BounceWaitTimeout);
         s.fault_raced = self.sum(FaultRaced);
         s.fault_lock_free = self.sum(FaultLockFree);
         s.fault_busy_timeout = self.sum(FaultBusyTimeout);

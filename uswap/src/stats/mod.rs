@@ -148,11 +148,14 @@ pub struct Stats {
     /// for the whole bounded wait (`reclaim::charge`). Nothing is lost; the pages stay
     /// resident until reclaim takes them.
     pub limit_overrun_busy: u64,
-    /// Operations that gave up after waiting `sync::POOL_WAIT_LIMIT_NS` (10 s) for a bounce
+    /// Operations that gave up after waiting `sync::POP_WAIT_LIMIT_NS` (10 s) for a bounce
     /// buffer, every one of them lent out to threads that made no progress: a fault that
     /// ends in SIGBUS (its page kept on its device), or an mremap take-out tried again
     /// later. Should stay 0; nonzero means a device read hung or threads were starved.
-    pub pool_wait_timeout: u64,
+    /// Named `pool_wait_timeout` before (read under that name too): it is not the
+    /// compressed pool's.
+    #[serde(alias = "pool_wait_timeout")]
+    pub bounce_wait_timeout: u64,
     /// Faults that found their page already resolved by a racing thread, or an event for
     /// its range still to be applied (`EAGAIN`; the thread faults again after it). Not
     /// errors: nothing is lost.
@@ -528,7 +531,7 @@ impl Stats {
             mlock_unhonoured,
             remap_copied,
             limit_overrun_busy,
-            pool_wait_timeout,
+            bounce_wait_timeout,
             pool_peak_bytes,
         );
     }
@@ -623,6 +626,16 @@ mod tests {
         assert_eq!(s.sum(Counter::Pswpout), 7);
         s.record_fault_latency(5_000);
         assert_eq!(s.fault_latency().count(), 1);
+    }
+
+    /// A counter renamed is still read under its former name (a `uswap stat` of a program
+    /// running an older engine, JSON kept from before), and written under its new one.
+    #[test]
+    fn renamed_counters_are_read_under_their_former_names() {
+        let s: Stats = serde_json::from_str(r#"{"pool_wait_timeout": 3}"#).unwrap();
+        assert_eq!(s.bounce_wait_timeout, 3);
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!((v["bounce_wait_timeout"].as_u64(), v.get("pool_wait_timeout")), (Some(3), None));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!
 //! Locking: compression contexts and workspaces (scratch buffers and lz4's hash table) come
 //! from lock-free pools filled at start-up; taking one spins until one is free
-//! ([`pop_spinning`]), for at most `sync::POOL_WAIT_LIMIT_NS`, after which the operation
+//! ([`pop_spinning`]), for at most `sync::POP_WAIT_LIMIT_NS`, after which the operation
 //! fails (a write: pages stay staged, `swpout_error`; a read: a failed attempt,
 //! `fault_error`). So nothing allocates and no lock is taken, and every path is safe in a
 //! SIGBUS handler.
@@ -21,7 +21,7 @@ use crossbeam_queue::ArrayQueue;
 
 use super::config::{Compressor, ZpoolError};
 use crate::mapping::nr_cpus_configured;
-use crate::sync::{pop_spinning, POOL_WAIT_LIMIT_NS};
+use crate::sync::{pop_spinning, POP_WAIT_LIMIT_NS};
 use crate::uffd::PAGE_SIZE;
 
 /// Scratch per operation: lz4 wants room for its worst case (a little over a page).
@@ -143,12 +143,12 @@ impl Codecs {
     }
 
     /// Takes a workspace, waiting while every one is in use; None past
-    /// `sync::POOL_WAIT_LIMIT_NS`. The pools (workspaces, zstd contexts) hold
+    /// `sync::POP_WAIT_LIMIT_NS`. The pools (workspaces, zstd contexts) hold
     /// `4 * max(CPUs, 4)` objects, each held for one call's (de)compression with no lock and
     /// no system call, so a wait ends when another thread finishes; the bound is for a
     /// holder that never runs again.
     pub(super) fn take_workspace(&self) -> Option<Box<Workspace>> {
-        pop_spinning(&self.scratch, POOL_WAIT_LIMIT_NS)
+        pop_spinning(&self.scratch, POP_WAIT_LIMIT_NS)
     }
 
     /// Gives back a workspace [`Codecs::take_workspace`] took.
@@ -159,6 +159,6 @@ impl Codecs {
     /// Takes a zstd context. Never waits in fact: there are as many contexts as workspaces
     /// and one is taken only by a holder of a workspace, one at a time.
     fn take_zstd(&self) -> Option<Box<ZstdCtx>> {
-        pop_spinning(&self.zstd, POOL_WAIT_LIMIT_NS)
+        pop_spinning(&self.zstd, POP_WAIT_LIMIT_NS)
     }
 }

@@ -221,7 +221,7 @@ fn same_filled_word(page: &[u8]) -> Option<u64> {
     (last == first && words.all(|w| w == first)).then_some(first)
 }
 
-/// The error of an operation that found no workspace free within `sync::POOL_WAIT_LIMIT_NS`
+/// The error of an operation that found no workspace free within `sync::POP_WAIT_LIMIT_NS`
 /// (`ETIMEDOUT`; `from_raw_os_error` allocates nothing, as a SIGBUS handler needs).
 fn workspace_timeout(slot: u64) -> BackendError {
     BackendError::Io { slot, source: std::io::Error::from_raw_os_error(libc::ETIMEDOUT) }
