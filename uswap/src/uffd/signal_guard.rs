@@ -14,7 +14,9 @@
 //!   mask too), so the guard never undoes the program's own call;
 //! * a thread that blocks SIGBUS (`SigBlk` in `/proc/self/task/TID/status`) cannot be
 //!   changed from another thread: it is named on stderr, once, with what to do, so that the
-//!   death a fault of its would bring does not come without a line saying why.
+//!   death a fault of its would bring does not come without a line saying why. Only once
+//!   two looks in a row saw it so: a thread blocks every signal for a moment when it creates
+//!   a thread or forks (glibc's `pthread_create` and `fork` do), and was named for that.
 //!
 //! Not run where the program's signal calls are interposed ([`note_signal_calls_interposed`]).
 //! Locking: none; the process's pagers share the guard's state through atomics, and one
@@ -43,6 +45,8 @@ static LAST_LOOK_NS: AtomicU64 = AtomicU64::new(0);
 static SIGNALS_FIXED: AtomicU64 = AtomicU64::new(0);
 static THREADS_NAMED: [AtomicU32; MAX_THREADS_NAMED] = [const { AtomicU32::new(0) }; MAX_THREADS_NAMED];
 static NR_THREADS_NAMED: AtomicUsize = AtomicUsize::new(0);
+/// The threads the last look saw blocking SIGBUS and did not name (0: an empty place).
+static SUSPECTS: [AtomicU32; MAX_THREADS_NAMED] = [const { AtomicU32::new(0) }; MAX_THREADS_NAMED];
 
 /// Says that the program's `sigprocmask`, `pthread_sigmask` and `sigaction` calls are
 /// interposed and keep SIGBUS deliverable (`uswap run`'s library): the guard has nothing to
@@ -86,6 +90,8 @@ fn take_sigbus_out_of_handler_masks() {
 
 fn name_threads_blocking_sigbus() {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return };
+    let mut suspects = [0u32; MAX_THREADS_NAMED];
+    let mut nr_suspects = 0;
     for entry in dir.flatten().take(MAX_THREADS_SCANNED) {
         let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         let named = NR_THREADS_NAMED.load(Ordering::Relaxed).min(MAX_THREADS_NAMED);
@@ -95,23 +101,40 @@ fn name_threads_blocking_sigbus() {
         {
             continue;
         }
-        let slot = NR_THREADS_NAMED.fetch_add(1, Ordering::Relaxed);
-        if slot >= MAX_THREADS_NAMED {
-            if slot == MAX_THREADS_NAMED {
-                eprintln!("uswap: more threads block SIGBUS; they are not named one by one");
+        if !SUSPECTS.iter().any(|t| t.load(Ordering::Relaxed) == tid) {
+            // Seen once: maybe a moment inside pthread_create or fork; named at the next look.
+            if nr_suspects < MAX_THREADS_NAMED {
+                suspects[nr_suspects] = tid;
+                nr_suspects += 1;
             }
-            return;
+            continue;
         }
-        THREADS_NAMED[slot].store(tid, Ordering::Relaxed);
-        let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap_or_default();
-        eprintln!(
-            "uswap: thread {tid} ({}) blocks SIGBUS: in signal mode a fault of its on memory that is out kills \
-             the process (the kernel cannot deliver the signal uswap serves it with); unblock SIGBUS in it \
-             (pthread_sigmask), run the program under `uswap run` (which keeps SIGBUS out of every mask), or use \
-             thread mode",
-            name.trim()
-        );
+        name_thread(tid);
     }
+    // One look at a time (`tick`'s compare-and-swap): no other writer.
+    for (s, &tid) in SUSPECTS.iter().zip(suspects.iter()) {
+        s.store(tid, Ordering::Relaxed);
+    }
+}
+
+/// Says on stderr, once, that thread `tid` blocks SIGBUS, with what to do.
+fn name_thread(tid: u32) {
+    let slot = NR_THREADS_NAMED.fetch_add(1, Ordering::Relaxed);
+    if slot >= MAX_THREADS_NAMED {
+        if slot == MAX_THREADS_NAMED {
+            eprintln!("uswap: more threads block SIGBUS; they are not named one by one");
+        }
+        return;
+    }
+    THREADS_NAMED[slot].store(tid, Ordering::Relaxed);
+    let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap_or_default();
+    eprintln!(
+        "uswap: thread {tid} ({}) blocks SIGBUS: in signal mode a fault of its on memory that is out kills \
+         the process (the kernel cannot deliver the signal uswap serves it with); unblock SIGBUS in it \
+         (pthread_sigmask), run the program under `uswap run` (which keeps SIGBUS out of every mask), or use \
+         thread mode",
+        name.trim()
+    );
 }
 
 /// Takes SIGBUS out of the mask of `sig`'s handler, if it has a handler with SIGBUS in its
