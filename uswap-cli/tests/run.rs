@@ -280,7 +280,7 @@ fn fork_child_reads_the_parents_memory_as_it_was() {
     let prog = [p.to_str().unwrap(), &WSS_MIB.to_string()];
     // Both modes: in signal mode the parent's final printf used to be lost (its stdio
     // buffer's page could be out when exit() wrote it: EFAULT), before system calls on
-    // managed memory were routed through uswap (`uswap-preload/src/syscalls`).
+    // managed memory were routed through uswap (`uswap/src/syscall_guard`).
     let expect = plain(&prog);
     for mode in ["thread", "signal"] {
         let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
@@ -1285,7 +1285,7 @@ fn reads_of_never_written_memory_are_not_charged() {
 /// write's buffer out while the write was blocked on the full pipe, the write returned
 /// short, and CPython's buffered writer drops the rest of a short write (it does without
 /// uswap too, when a signal cuts a write). Now such a write is continued for the rest
-/// (`uswap-preload/src/syscalls/complete.rs`). Every run must finish, and every byte go
+/// (`uswap/src/syscall_guard/complete.rs`). Every run must finish, and every byte go
 /// through the pipe.
 #[test]
 fn signal_mode_threads_start_while_the_locale_data_is_out() {

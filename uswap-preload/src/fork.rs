@@ -71,7 +71,7 @@ extern "C" fn child() {
     let Some(held) = HELD.with(|h| h.borrow_mut().take()) else { return };
     let _g = crate::own_code::Guard::enter();
     // The new pager's set-up is the engine's, not the program's (a file device's rings).
-    let _direct = crate::syscalls::EngineCalls::enter();
+    let _direct = uswap::syscall_guard::EngineCalls::enter();
     if let Err(e) = rearm(held) {
         crate::note_unmanaged_fork_child();
         let msg = format!("uswap: fork child {} runs unmanaged (every byte kept): {e}\n", std::process::id());

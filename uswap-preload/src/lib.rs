@@ -16,11 +16,11 @@
 //! first of: the heap's committed bytes passing `USWAP_START_AFTER` (mimalloc tells each
 //! commit and purge, [`heap`]), the program's first anonymous mapping that would be managed
 //! ([`mmap`]), its first thread ([`threads`]: the start needs the process to have one thread,
-//! see `syscalls`). Until then the process is the kernel's, at plain speed: its heap is
+//! see `uswap::syscall_guard`). Until then the process is the kernel's, at plain speed: its heap is
 //! ordinary memory (at most a sixteenth of the limit, outside the budget), and it leaves no
 //! record. What stays on every process's start-up path: loading this library, reading the
 //! environment, reserving the heap's address space and mimalloc's first arena, and in
-//! signal mode the rewrite of the C library's system calls (`syscalls`), which must happen
+//! signal mode the rewrite of the C library's system calls (`uswap::syscall_guard`), which must happen
 //! while no code of the C library is interrupted on the thread (a start inside a signal
 //! handler that allocates would rewrite the code a `read` it interrupted returns into). A start that
 //! fails later is said on stderr and left beside the records as a refusal (the run fails);
@@ -48,7 +48,6 @@ pub mod real;
 pub mod report;
 pub mod rlimit;
 pub mod signals;
-pub mod syscalls;
 pub mod threads;
 pub mod unmanaged;
 
@@ -303,7 +302,7 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
     }
     // What follows is the engine's set-up, not the program's calls (a file device's rings
     // are not the program's io_uring).
-    let _direct = syscalls::EngineCalls::enter();
+    let _direct = uswap::syscall_guard::EngineCalls::enter();
     let mut builder = cfg.builder().fault_mode(fault_mode).regions_survive_fork(true);
     if let Some(dir) = &cfg.stats_dir {
         let path = dir.join(uswap::shared_charge::SEGMENT_FILE);
@@ -345,11 +344,18 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
 }
 
 /// Signal mode: every `syscall` instruction of the C library goes through uswap's dispatch
-/// from now on (see `syscalls`). Called once, by the constructor.
+/// from now on (see `uswap::syscall_guard`), with this library's hooks around them (the
+/// memory locks it records, the alternate stacks it pins). Called once, by the constructor.
 fn route_system_calls(cfg: &config::Config) -> Result<(), String> {
-    // SAFETY: the library's constructor: the process has one thread, and no code of the C
-    // library is interrupted on it.
-    let r = unsafe { syscalls::start(cfg.stats_dir.as_deref()) }
+    static HOOKS: uswap::syscall_guard::SyscallHooks = uswap::syscall_guard::SyscallHooks {
+        mlock_before: mlock::before,
+        mlock_populates: mlock::populates,
+        mlock_after: mlock::after,
+        note_altstack: altstack::note_program_stack,
+    };
+    // SAFETY: the library's constructor, once: the process has one thread, and no code of
+    // the C library is interrupted on it.
+    let r = unsafe { uswap::syscall_guard::start(cfg.stats_dir.as_deref(), &HOOKS) }
         .map_err(|e| format!("cannot route system calls through uswap: {e}"))?;
     if r.patched == r.sites {
         // With the alternate signal stacks every thread gets (see `altstack`).

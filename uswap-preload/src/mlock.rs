@@ -3,7 +3,7 @@
 //! the kernel's lock does not reach.
 //!
 //! In signal mode every such call of the C library reaches the rewritten system-call path
-//! (`crate::syscalls`), which calls [`before`] and [`after`] around it. In thread mode the C
+//! (`uswap::syscall_guard`), which calls [`before`] and [`after`] around it. In thread mode the C
 //! library's functions are interposed here and do the same; the kernel populates a lock
 //! through the handler threads as it does any fault.
 //!
@@ -23,16 +23,14 @@ use libc::c_long;
 /// `mlock2`'s flag: lock pages as they are faulted in, not now.
 const MLOCK_ONFAULT: u64 = 1;
 
-/// A lock recorded before its call: `[start, end)`.
-pub struct Recorded(usize, usize);
-
 /// Before call `nr`: an `mlock` of managed memory is recorded.
-pub fn before(nr: c_long, a: &[u64; 6]) -> Option<Recorded> {
+/// Returns the range recorded, `[start, end)`.
+pub fn before(nr: c_long, a: &[u64; 6]) -> Option<(usize, usize)> {
     if nr != libc::SYS_mlock && nr != libc::SYS_mlock2 {
         return None;
     }
     let (start, end) = (a[0] as usize, (a[0] as usize).saturating_add(a[1] as usize));
-    lock_if_managed(uswap::mlock::LockKind::Program, start, end).then_some(Recorded(start, end))
+    lock_if_managed(uswap::mlock::LockKind::Program, start, end).then_some((start, end))
 }
 
 /// Records a lock of `kind` on `[start, end)` if any of it is managed memory; returns
@@ -48,10 +46,10 @@ pub fn populates(nr: c_long, a: &[u64; 6]) -> bool {
 }
 
 /// After call `nr` returned `ret`.
-pub fn after(nr: c_long, a: &[u64; 6], ret: c_long, recorded: Option<Recorded>) {
+pub fn after(nr: c_long, a: &[u64; 6], ret: c_long, recorded: Option<(usize, usize)>) {
     match nr {
         libc::SYS_mlock | libc::SYS_mlock2 => {
-            if let (Some(Recorded(start, end)), true) = (recorded, ret != 0) {
+            if let (Some((start, end)), true) = (recorded, ret != 0) {
                 uswap::unlock_memory(uswap::mlock::LockKind::Program, start, end);
             }
         }

@@ -90,7 +90,7 @@ pub unsafe extern "C" fn pthread_create(
     let real = real_pthread_create();
     let ours = own_code::in_uswap() || uswap::is_engine_thread();
     if !ours {
-        // Lazy start: a pager starts while the process has one thread (see `syscalls`).
+        // Lazy start: a pager starts while the process has one thread (see `uswap::syscall_guard`).
         crate::start_if_waiting(crate::StartCause::Thread);
     }
     let _g = own_code::Guard::enter();

@@ -103,6 +103,18 @@ pub enum Error {
     )]
     SigbusHandlerReplaced,
 
+    #[error(
+        "signal mode: the system-call guard (PagerBuilder::syscall_guard) rewrites the C \
+         library's code, which is safe only while the process has one thread, and it has \
+         {threads}. Build the first pager that asks for it at the start of main, before any \
+         thread starts, or use FaultMode::Thread (the default), whose faults in system calls \
+         need no guard"
+    )]
+    SyscallGuardThreads { threads: usize },
+
+    #[error("signal mode: cannot route the C library's system calls through uswap: {why}; use FaultMode::Thread")]
+    SyscallGuard { why: String },
+
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
 
@@ -168,7 +180,9 @@ impl Error {
             Device { .. } | Backend(_) | FileDevice(_) | RedisDevice(_) => ErrorKind::Device,
             LimitNotReached { .. } => ErrorKind::LimitNotReached,
             LimitBusy { .. } => ErrorKind::LimitBusy,
-            SigbusBlocked | SigbusHandlerReplaced => ErrorKind::Signal,
+            SigbusBlocked | SigbusHandlerReplaced | SyscallGuardThreads { .. } | SyscallGuard { .. } => {
+                ErrorKind::Signal
+            }
             Io { .. } => ErrorKind::Io,
         }
     }

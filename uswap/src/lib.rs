@@ -64,6 +64,7 @@ pub mod stats_server;
 mod swap;
 mod swapin;
 mod sync;
+pub mod syscall_guard;
 mod uffd;
 mod user_access;
 

@@ -57,6 +57,7 @@ pub struct PagerBuilder {
     publish_stats: bool,
     auto_budget: Option<f64>,
     idle_aging: IdleAging,
+    syscall_guard: bool,
 }
 
 impl PagerBuilder {
@@ -205,8 +206,30 @@ impl PagerBuilder {
         self
     }
 
+    /// Signal mode: routes the C library's system calls through uswap, as `uswap run`'s
+    /// library does (see [`crate::syscall_guard`]), so that a call into or from managed
+    /// memory that is out (a `read`, a `recv` of a datagram, a `write`) brings it in first
+    /// instead of failing with `EFAULT` (a datagram would be lost). Without it, a program
+    /// that hands managed memory to the kernel in signal mode must call
+    /// [`crate::prepare_user_access`] around each call, or use thread mode
+    /// (docs/fault-modes.md). The C library's code is rewritten once per process, when the
+    /// first pager asking for it is built: build it while the process has one thread (at the
+    /// start of `main`), or `build` fails with [`Error::SyscallGuardThreads`]. Calls made
+    /// outside the C library (a raw `syscall` instruction, statically linked code) are not
+    /// covered. Ignored in thread mode, whose faults in system calls wait as any fault does.
+    pub fn syscall_guard(mut self, on: bool) -> Self {
+        self.syscall_guard = on;
+        self
+    }
+
     pub fn build(self) -> Result<Pager> {
         let limit_bytes = self.check()?;
+        if self.syscall_guard && self.mode == FaultMode::Signal {
+            install_syscall_guard()?;
+        }
+        // The engine's own set-up (a file device's io_uring, its files) is not the program's
+        // calls: straight to the kernel, as `uswap run`'s library does around its builds.
+        let _engine_calls = crate::syscall_guard::started().then(crate::syscall_guard::EngineCalls::enter);
         let uffd = open_uffd(self.mode)?;
         let nr_cpus = nr_cpus_configured();
         let (devices, async_readers, background_reclaim) = self.open_devices(nr_cpus)?;
@@ -427,6 +450,17 @@ impl PagerBuilder {
     }
 }
 
+/// Rewrites the C library's system calls once per process ([`PagerBuilder::syscall_guard`]).
+fn install_syscall_guard() -> Result<()> {
+    // Serialises two builders racing (the second finds the guard started).
+    static INSTALL: Mutex<()> = Mutex::new(());
+    let _one = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    crate::syscall_guard::install().map_err(|e| match e {
+        crate::syscall_guard::InstallError::Threads(threads) => Error::SyscallGuardThreads { threads },
+        crate::syscall_guard::InstallError::Patch(why) => Error::SyscallGuard { why },
+    })
+}
+
 /// Once uswap's SIGBUS handler is installed, it must still be the process's.
 pub(crate) fn check_sigbus_handler() -> Result<()> {
     if uffd::sigbus::installed()
@@ -593,6 +627,7 @@ impl Pager {
             publish_stats: true,
             auto_budget: None,
             idle_aging: IdleAging::Off,
+            syscall_guard: false,
         }
     }
 

@@ -28,7 +28,7 @@
 //! `syscall_unpinned`).
 //!
 //! Not the memory of the calls made by the engine itself, nor of calls the preload does not
-//! see (see the preload's `syscalls`).
+//! see (see `syscall_guard`).
 
 use std::cell::Cell;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -41,7 +41,7 @@ const NR_SLOTS: usize = 64;
 /// vector of iovecs).
 const MAX_RANGES: usize = 16;
 /// The most memory one call pins: its buffers beyond this are brought in unpinned (and
-/// transfers go on in windows, see the preload's `syscalls::complete`).
+/// transfers go on in windows, see `syscall_guard::complete`).
 pub const MAX_PIN_BYTES: usize = 4 << 20;
 
 struct Slot {

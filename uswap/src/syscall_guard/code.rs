@@ -5,7 +5,7 @@
 
 use std::ffi::c_void;
 
-use crate::real::sys_mprotect;
+use super::sys::sys_mprotect;
 
 /// The bytes of a `jmp rel32`.
 pub(super) const JMP_BYTES: usize = 5;
@@ -48,7 +48,7 @@ pub(super) fn jump(from: usize, to: usize, len: usize) -> Vec<u8> {
 /// No other thread runs; every range is code whose old bytes nothing executes until the
 /// writes are done.
 pub(super) unsafe fn write_code(writes: &[(usize, Vec<u8>)]) -> Result<(), String> {
-    let page = uswap::PAGE_SIZE;
+    let page = crate::uffd::PAGE_SIZE;
     let (Some(lo), Some(hi)) =
         (writes.iter().map(|(at, _)| *at).min(), writes.iter().map(|(at, b)| at + b.len()).max())
     else {

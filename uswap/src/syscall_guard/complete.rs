@@ -60,7 +60,7 @@ impl Iovs {
         }
         for i in 0..cnt as usize {
             let at = addr + (i * std::mem::size_of::<libc::iovec>()) as u64;
-            let Some(v) = read_user::<libc::iovec>(&mut uswap::Pin::none(), at) else { return false };
+            let Some(v) = read_user::<libc::iovec>(&mut crate::pin::Pin::none(), at) else { return false };
             self.v[i] = v;
         }
         self.len = cnt as usize;

@@ -9,8 +9,8 @@
 //! an inline `syscall`, and [`slow`] changes neither the x87 control word nor `MXCSR`.
 //!
 //! [`slow`] applies the call's [`Rule`]: every byte of managed memory the kernel will read or
-//! write is brought in first (`uswap::prepare_user_access`), as a fault in the thread itself
-//! would, and pinned (`uswap::Pin`, up to `uswap::MAX_PIN_BYTES` a call, a buffer's first
+//! write is brought in first (`crate::user_access::prepare_user_access`), as a fault in the thread itself
+//! would, and pinned (`crate::pin::Pin`, up to `crate::pin::MAX_PIN_BYTES` a call, a buffer's first
 //! pages first, as the kernel starts there): reclaim leaves it in until the call returned.
 //! Only then is the call made. If it still fails with `EFAULT` while it touched managed
 //! memory (a buffer beyond the pin's allowance, a structure larger than assumed), the
@@ -163,7 +163,7 @@ thread_local! {
 }
 
 /// Makes `[ptr, ptr + len)` ready.
-fn ready(pin: &mut uswap::Pin, ptr: u64, len: u64, write: bool) -> Prepared {
+fn ready(pin: &mut crate::pin::Pin, ptr: u64, len: u64, write: bool) -> Prepared {
     // Below the lowest address a mapping may have (`vm.mmap_min_addr`), or past the user
     // half: not a pointer to memory of the program's (a descriptor, a length, a flag).
     const LOWEST: u64 = 1 << 16;
@@ -171,17 +171,17 @@ fn ready(pin: &mut uswap::Pin, ptr: u64, len: u64, write: bool) -> Prepared {
     if !(LOWEST..USER_END).contains(&ptr) || len == 0 {
         return Prepared::default();
     }
-    // In order, so that the pin (at most `uswap::MAX_PIN_BYTES`) holds the first pages: the
+    // In order, so that the pin (at most `crate::pin::MAX_PIN_BYTES`) holds the first pages: the
     // kernel starts there (an `epoll_wait` or a short `read` never goes further, and a
     // transfer too large to pin whole goes on in windows, see `super::complete`).
-    match uswap::prepare_user_access(pin, ptr as usize, len as usize, write) {
+    match crate::user_access::prepare_user_access(pin, ptr as usize, len as usize, write) {
         Some(nr_brought_in) => Prepared { managed: true, nr_brought_in },
         None => Prepared::default(),
     }
 }
 
 /// Makes `cnt` iovecs at `iov` ready, and their buffers.
-fn ready_iov(pin: &mut uswap::Pin, iov: u64, cnt: u64, write: bool) -> Prepared {
+fn ready_iov(pin: &mut crate::pin::Pin, iov: u64, cnt: u64, write: bool) -> Prepared {
     let vec_bytes = std::mem::size_of::<libc::iovec>() as u64;
     // The array itself: the kernel reads it first.
     let mut managed = ready(pin, iov, cnt.min(MAX_VECS as u64) * vec_bytes, false);
@@ -193,7 +193,7 @@ fn ready_iov(pin: &mut uswap::Pin, iov: u64, cnt: u64, write: bool) -> Prepared 
 }
 
 /// Makes what a `msghdr` at `msg` names ready: address, buffers, control data.
-fn ready_msg(pin: &mut uswap::Pin, msg: u64, write: bool) -> Prepared {
+fn ready_msg(pin: &mut crate::pin::Pin, msg: u64, write: bool) -> Prepared {
     let Some(m) = read_user::<libc::msghdr>(pin, msg) else { return Prepared::default() };
     let managed = ready(pin, m.msg_name as u64, m.msg_namelen as u64, write)
         | ready_iov(pin, m.msg_iov as u64, m.msg_iovlen as u64, write)
@@ -204,7 +204,7 @@ fn ready_msg(pin: &mut uswap::Pin, msg: u64, write: bool) -> Prepared {
 
 /// Makes a NUL-terminated array of strings at `arr` ready (for `execve`): the strings, then
 /// the array itself (the kernel reads it as it copies them).
-fn ready_strings(pin: &mut uswap::Pin, arr: u64) -> Prepared {
+fn ready_strings(pin: &mut crate::pin::Pin, arr: u64) -> Prepared {
     let mut managed = Prepared::default();
     let mut nr = 0;
     while nr < (1u64 << 16) {
@@ -219,7 +219,7 @@ fn ready_strings(pin: &mut uswap::Pin, arr: u64) -> Prepared {
 }
 
 /// Makes the memory of a call ready by its rule.
-fn prepare(pin: &mut uswap::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
+fn prepare(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
     let arg = |i: u8| a[i as usize];
     match r {
         Rule::Plain => Prepared::default(),
@@ -245,7 +245,7 @@ fn prepare(pin: &mut uswap::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
 extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let nr = regs.nr as c_long;
     let a = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
-    if DEPTH.get() > 0 || uswap::is_engine_thread() || uswap::sigbus::in_handler() {
+    if DEPTH.get() > 0 || crate::mapping::is_engine_thread() || crate::uffd::sigbus::in_handler() {
         // SAFETY: the program's own call.
         return unsafe { raw(nr, a) };
     }
@@ -253,13 +253,14 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let r = rule(nr);
     // A transfer is made again once at its whole size; then it goes in windows.
     let transfer = complete::is_transfer(nr);
-    let locked = crate::mlock::before(nr, &a);
-    let r = if crate::mlock::populates(nr, &a) { r } else { Rule::Plain };
+    let hooks = super::hooks();
+    let locked = (hooks.mlock_before)(nr, &a);
+    let r = if (hooks.mlock_populates)(nr, &a) { r } else { Rule::Plain };
     let made = make_prepared(nr, r, a, if transfer { 1 } else { EFAULT_RETRIES });
-    crate::mlock::after(nr, &a, made.ret, locked);
+    (hooks.mlock_after)(nr, &a, made.ret, locked);
     if nr == libc::SYS_sigaltstack && made.ret == 0 && a[0] != 0 {
-        if let Some(ss) = read_user::<libc::stack_t>(&mut uswap::Pin::none(), a[0]) {
-            crate::altstack::note_program_stack(&ss);
+        if let Some(ss) = read_user::<libc::stack_t>(&mut crate::pin::Pin::none(), a[0]) {
+            (hooks.note_altstack)(&ss);
         }
     }
     let efault = -(libc::EFAULT as c_long);
@@ -274,7 +275,7 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
         None => made,
     };
     if made.ret == efault && made.ours {
-        uswap::stats::note_syscall(uswap::stats::SyscallEvent::Efault);
+        crate::stats::note_syscall(crate::stats::SyscallEvent::Efault);
         say_efault_once(nr, &a);
     }
     made.ret
@@ -295,14 +296,14 @@ struct Made {
 /// Makes the call with its memory made ready first, and again, up to `retries` times,
 /// after an `EFAULT` of uswap's.
 fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
-    // Pinned until the call (and its retries) returned: see `uswap::Pin`. A futex reads its
+    // Pinned until the call (and its retries) returned: see `crate::pin::Pin`. A futex reads its
     // word as the wait begins, then may sleep for good: not pinned (it is made again if the
     // word went out meanwhile).
     // An `execve` that succeeds does not return: its pin is known by the kernel's thread id.
     let mut pin = match nr {
-        libc::SYS_futex => uswap::Pin::none(),
-        libc::SYS_execve | libc::SYS_execveat => uswap::Pin::for_exec(),
-        _ => uswap::Pin::new(),
+        libc::SYS_futex => crate::pin::Pin::none(),
+        libc::SYS_execve | libc::SYS_execveat => crate::pin::Pin::for_exec(),
+        _ => crate::pin::Pin::new(),
     };
     let made = make_pinned(&mut pin, nr, r, a, retries);
     pin.release();
@@ -310,11 +311,11 @@ fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
 }
 
 /// [`make_prepared`]'s work, its memory pinned in `pin`.
-fn make_pinned(pin: &mut uswap::Pin, nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
-    let mut seq = uswap::stats::taken_out_seq();
+fn make_pinned(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
+    let mut seq = crate::stats::taken_out_seq();
     let first = prepare_once(pin, r, &a);
     if first.managed {
-        uswap::stats::note_syscall(uswap::stats::SyscallEvent::Prepared);
+        crate::stats::note_syscall(crate::stats::SyscallEvent::Prepared);
     }
     // SAFETY: the program's own call.
     let mut ret = unsafe { raw(nr, a) };
@@ -335,19 +336,19 @@ fn make_pinned(pin: &mut uswap::Pin, nr: c_long, r: Rule, a: [u64; 6], retries: 
         if retry == SHRINK_FROM_RETRY {
             a = shrunk(nr, a);
         }
-        let seq_now = uswap::stats::taken_out_seq();
+        let seq_now = crate::stats::taken_out_seq();
         let again = prepare_once(pin, r, &a);
         if again.nr_brought_in == 0 && seq_now == seq {
             break;
         }
         made.ours |= again.nr_brought_in > 0;
         seq = seq_now;
-        uswap::stats::note_syscall(uswap::stats::SyscallEvent::EfaultRetried);
+        crate::stats::note_syscall(crate::stats::SyscallEvent::EfaultRetried);
         // SAFETY: the program's own call, made again.
         ret = unsafe { raw(nr, a) };
     }
     made.ret = ret;
-    made.maybe_cut = uswap::stats::taken_out_seq() != seq;
+    made.maybe_cut = crate::stats::taken_out_seq() != seq;
     made
 }
 
@@ -357,7 +358,7 @@ fn make_pinned(pin: &mut uswap::Pin, nr: c_long, r: Rule, a: [u64; 6], retries: 
 /// `EFAULT` (down to one page; only on byte streams). Returns the last call's result if
 /// nothing was transferred, else the bytes transferred before the end or an error.
 fn in_windows(nr: c_long, r: Rule, a: &[u64; 6], t: &Transfer, first: Made) -> Made {
-    let page = uswap::PAGE_SIZE as u64;
+    let page = crate::uffd::PAGE_SIZE as u64;
     let efault = -(libc::EFAULT as c_long);
     let mut done_bytes = 0u64;
     let mut window_bytes = t.total_bytes;
@@ -384,7 +385,7 @@ fn in_windows(nr: c_long, r: Rule, a: &[u64; 6], t: &Transfer, first: Made) -> M
         }
         asked_bytes = window_bytes.min(t.total_bytes - done_bytes);
         let args = t.window(a, done_bytes, asked_bytes, &mut iovs);
-        uswap::stats::note_syscall(uswap::stats::SyscallEvent::Continued);
+        crate::stats::note_syscall(crate::stats::SyscallEvent::Continued);
         // At one page, the last size, the full retries.
         last = make_prepared(nr, r, args, if window_bytes <= page { EFAULT_RETRIES } else { 1 });
     }
@@ -400,7 +401,7 @@ fn in_windows(nr: c_long, r: Rule, a: &[u64; 6], t: &Transfer, first: Made) -> M
 /// program calls again for the rest. (Reads and writes of data are made in windows
 /// instead, see [`in_windows`].)
 fn shrunk(nr: c_long, mut a: [u64; 6]) -> [u64; 6] {
-    let page = uswap::PAGE_SIZE as u64;
+    let page = crate::uffd::PAGE_SIZE as u64;
     let in_first_page = page - a[1] % page;
     match nr {
         libc::SYS_getdents | libc::SYS_getdents64 => a[2] = a[2].min(in_first_page.max(512)),
@@ -439,22 +440,24 @@ fn note_async_kernel_access(nr: c_long, a: &[u64; 6]) {
         libc::SYS_io_uring_setup => b"io_uring",
         libc::SYS_io_setup => b"Linux AIO",
         libc::SYS_ioctl if KVM_SET_USER_MEMORY_REGIONS.contains(&a[1]) => {
-            let Some(r) = read_user::<KvmMemoryRegion>(&mut uswap::Pin::none(), a[2]) else { return };
+            let Some(r) = read_user::<KvmMemoryRegion>(&mut crate::pin::Pin::none(), a[2]) else { return };
             let end = r.userspace_addr.saturating_add(r.memory_size) as usize;
-            if uswap::memory_owner(r.userspace_addr as usize, end) != uswap::MemoryOwner::Managed {
+            let mut managed = false;
+            crate::region::REGIONS.for_each(|reg| managed = managed || reg.owns_any_of(r.userspace_addr as usize, end));
+            if !managed {
                 return;
             }
             b"a KVM guest's RAM in managed memory"
         }
         _ => return,
     };
-    uswap::stats::note_syscall(uswap::stats::SyscallEvent::AsyncKernelAccess);
+    crate::stats::note_syscall(crate::stats::SyscallEvent::AsyncKernelAccess);
     use std::sync::atomic::{AtomicBool, Ordering};
     static SAID: AtomicBool = AtomicBool::new(false);
     if SAID.swap(true, Ordering::Relaxed) {
         return;
     }
-    let mut line = uswap::sigbus::StderrLine::default();
+    let mut line = crate::uffd::sigbus::StderrLine::default();
     line.put(b"uswap: ").put(what).put(
         b" in signal mode: the kernel's own later accesses to managed pages that are out fail; \
           run this program with --fault-mode thread\n",
@@ -470,7 +473,7 @@ fn say_efault_once(nr: c_long, a: &[u64; 6]) {
     if SAID.swap(true, Ordering::Relaxed) {
         return;
     }
-    let mut line = uswap::sigbus::StderrLine::default();
+    let mut line = crate::uffd::sigbus::StderrLine::default();
     line.put(b"uswap: system call ").put_number(nr as u64, 10, 1).put(
         b" failed with EFAULT on managed memory after every retry (signal mode; counted in syscall_efault), arguments",
     );
@@ -486,12 +489,12 @@ fn say_efault_once(nr: c_long, a: &[u64; 6]) {
 /// thread's asynchronous signals are blocked meanwhile, so that no handler of the program's
 /// runs with its calls unprepared.
 pub struct EngineCalls {
-    _signals: uswap::sigbus::AsyncSignalsBlocked,
+    _signals: crate::uffd::AsyncSignalsBlocked,
 }
 
 impl EngineCalls {
     pub fn enter() -> EngineCalls {
-        let _signals = uswap::sigbus::AsyncSignalsBlocked::new();
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
         DEPTH.set(DEPTH.get() + 1);
         EngineCalls { _signals }
     }
@@ -506,7 +509,7 @@ impl Drop for EngineCalls {
 /// [`prepare`], with this thread's own system calls meanwhile (the engine's, serving the
 /// faults) sent straight to the kernel. The call itself is made outside: a signal handler
 /// that runs while it blocks has its calls prepared as usual.
-fn prepare_once(pin: &mut uswap::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
+fn prepare_once(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
     DEPTH.set(DEPTH.get() + 1);
     let managed = prepare(pin, r, a);
     DEPTH.set(DEPTH.get() - 1);

@@ -19,7 +19,7 @@
 use std::ffi::c_void;
 
 use super::code::{jump, write_code, Segment, CLASS_TABLE_AT, SLOW_ENTRY_AT, TRAMPOLINE_BYTES};
-use crate::real::{sys_mmap, sys_mprotect, sys_munmap};
+use super::sys::{sys_mmap, sys_mprotect, sys_munmap};
 
 const MAGIC: &[u8; 16] = b"uswap-tramp-v1\0\0";
 /// Header words after the magic: sites, windows, area offset, area length, and the class
@@ -134,7 +134,7 @@ impl ImageCache {
             sys_munmap(p, img.area.len());
             return Ok(None);
         }
-        uswap::note_engine_memory(area, img.area.len());
+        crate::mapping::note_engine_memory(area, img.area.len());
         let mut bytes = img.area;
         let mut jumps = Vec::with_capacity(img.windows.len());
         for (i, w) in img.windows.iter().enumerate() {

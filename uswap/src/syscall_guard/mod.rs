@@ -1,5 +1,5 @@
-//! Signal mode's system calls: a call that reads or writes a managed page that is out must
-//! behave as it does without uswap, not fail with `EFAULT`.
+//! The system-call guard of signal mode: a call that reads or writes a managed page that is
+//! out must behave as it does without uswap, not fail with `EFAULT`.
 //!
 //! In signal mode a fault the program's code takes is a SIGBUS its own thread serves. A
 //! fault the kernel takes inside a system call (`read` into a buffer that is out, `write`
@@ -15,8 +15,19 @@
 //! (io_uring, AIO, a KVM guest's RAM): those stay in thread mode. Signal frames are written
 //! by the kernel too: uswap's SIGBUS frames go to an alternate stack of its own on every
 //! thread, and a program's own alternate stack in managed memory is pinned while it is set
-//! (see `crate::altstack`); a frame of the program's own handler without `SA_ONSTACK`, on a
-//! stack it made in managed memory (a coroutine's), is not covered.
+//! (`uswap run`'s library does it, through [`SyscallHooks`]); a frame of the program's own
+//! handler without `SA_ONSTACK`, on a stack it made in managed memory (a coroutine's), is
+//! not covered.
+//!
+//! Two ways in: `uswap run`'s library calls [`start`] as it loads, with hooks of its own
+//! (the memory locks it records, the alternate stacks it pins); a program that uses the
+//! library asks for it with `PagerBuilder::syscall_guard`, and the first signal-mode pager
+//! it builds calls [`install`], which refuses a process with more than one thread: the
+//! rewrite replaces instructions another thread could be executing, or be stopped in (a
+//! call blocked in the kernel returns into the middle of the new jump).
+//!
+//! Invariants: the rewrite happens at most once per process; the hooks are set before it
+//! and never change after it (the slow path reads them with no lock, in signal handlers).
 
 mod code;
 mod complete;
@@ -24,17 +35,105 @@ mod entry;
 mod image;
 mod patch;
 mod raw;
+mod sys;
 mod table;
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+
+use libc::c_long;
 
 pub use entry::EngineCalls;
 pub use patch::PatchReport;
 
-/// Rewrites the C library's system calls (see the module's comment); `cache_dir`, where the
-/// windows found are kept for the next process (`uswap run`'s directory for the tree).
+/// A range of memory recorded as locked, `[start, end)`.
+pub type LockedRange = Option<(usize, usize)>;
+
+/// What the slow path calls around a system call besides making its memory ready: `uswap
+/// run`'s library records the program's memory locks for reclaim (`crate::mlock`) and pins
+/// its alternate signal stacks. The defaults do nothing.
+#[derive(Clone, Copy)]
+pub struct SyscallHooks {
+    /// Before an `mlock` or `mlock2`: the range recorded as locked, if any.
+    pub mlock_before: fn(c_long, &[u64; 6]) -> LockedRange,
+    /// Whether the call's memory is made ready (not for a lock on fault).
+    pub mlock_populates: fn(c_long, &[u64; 6]) -> bool,
+    /// After the call returned: the lock taken back if it failed, the others recorded.
+    pub mlock_after: fn(c_long, &[u64; 6], c_long, LockedRange),
+    /// After a `sigaltstack` that set a stack.
+    pub note_altstack: fn(&libc::stack_t),
+}
+
+static NO_HOOKS: SyscallHooks = SyscallHooks {
+    mlock_before: |_, _| None,
+    mlock_populates: |_, _| true,
+    mlock_after: |_, _, _, _| {},
+    note_altstack: |_| {},
+};
+
+static HOOKS: AtomicPtr<SyscallHooks> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The hooks in force: lock-free, allocation-free (the slow path runs in signal handlers).
+fn hooks() -> &'static SyscallHooks {
+    let p = HOOKS.load(Ordering::Acquire);
+    if p.is_null() {
+        &NO_HOOKS
+    } else {
+        // SAFETY: only `start` stores, and only a `&'static SyscallHooks`.
+        unsafe { &*p }
+    }
+}
+
+/// Set once the C library's calls are rewritten.
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process's C library calls go through the guard.
+pub fn started() -> bool {
+    STARTED.load(Ordering::Acquire)
+}
+
+/// Rewrites the C library's system calls (see the module's comment), with `hooks` around
+/// them; `cache_dir`, where the windows found are kept for the next process (`uswap run`'s
+/// directory for the tree).
 ///
 /// # Safety
-/// Called once, while the process has one thread.
-pub unsafe fn start(cache_dir: Option<&std::path::Path>) -> Result<PatchReport, String> {
-    // SAFETY: the caller's contract; the table and the entry live as long as the library.
-    unsafe { patch::patch_c_library(table::CLASS.as_ptr() as u64, entry::slow_entry(), cache_dir) }
+/// Called at most once, while the process has one thread.
+pub unsafe fn start(cache_dir: Option<&std::path::Path>, hooks: &'static SyscallHooks) -> Result<PatchReport, String> {
+    assert!(!STARTED.load(Ordering::Acquire), "uswap invariant: the system-call guard starts once");
+    HOOKS.store(hooks as *const SyscallHooks as *mut SyscallHooks, Ordering::Release);
+    // SAFETY: the caller's contract; the table and the entry live as long as the process.
+    let r = unsafe { patch::patch_c_library(table::CLASS.as_ptr() as u64, entry::slow_entry(), cache_dir) };
+    if r.is_ok() {
+        STARTED.store(true, Ordering::Release);
+    }
+    r
+}
+
+/// Why [`install`] could not rewrite the C library's calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InstallError {
+    /// The process had this many threads (the rewrite needs one).
+    Threads(usize),
+    /// The rewrite itself failed (a static program, no room for trampolines).
+    Patch(String),
+}
+
+/// The library's way in (`PagerBuilder::syscall_guard`): rewrites the C library's calls
+/// once per process, with no hooks, if this process has one thread; Ok at once if the
+/// guard already runs (a second pager, or `uswap run`'s library). Serialised by the caller.
+pub fn install() -> Result<(), InstallError> {
+    if started() {
+        return Ok(());
+    }
+    let threads = thread_count();
+    if threads != 1 {
+        return Err(InstallError::Threads(threads));
+    }
+    // SAFETY: one thread (just checked; this thread is the only one that could start
+    // another), and not started (checked above).
+    unsafe { start(None, &NO_HOOKS) }.map(|_| ()).map_err(InstallError::Patch)
+}
+
+/// Threads of this process, by `/proc/self/task` (0 if it cannot be read: refused).
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
 }

@@ -47,7 +47,7 @@ use iced_x86::{
 
 use super::code::{jump, write_code, Segment, CLASS_TABLE_AT, JMP_BYTES, SLOW_ENTRY_AT, TRAMPOLINE_BYTES};
 use super::image::{Built, ImageCache, PlacedWindow};
-use crate::real::{sys_mmap, sys_mprotect};
+use super::sys::{sys_mmap, sys_mprotect};
 
 /// The most instructions a window takes on either side of its `syscall`.
 const MAX_SIDE_INSTRUCTIONS: usize = 3;
@@ -278,7 +278,7 @@ fn map_near(lo: usize, hi: usize, len: usize) -> Option<usize> {
         .collect();
     ranges.sort_unstable();
     // Candidates: just below each mapping and just above it, keeping a page free on each side.
-    let page = uswap::PAGE_SIZE;
+    let page = crate::uffd::PAGE_SIZE;
     let free = |at: usize| ranges.iter().all(|&(s, e)| at + len + page <= s || e + page <= at);
     let mut candidates: Vec<usize> = ranges
         .iter()
@@ -411,7 +411,7 @@ pub unsafe fn patch_c_library(
         let (sites, patched) = unsafe { patch_segment(seg, class_table, slow_entry, cache_dir)? };
         // Both the code and its trampolines are uswap's doing: not the program's unmanaged
         // memory (`crate::unmanaged`).
-        uswap::note_engine_memory(seg.start, seg.len);
+        crate::mapping::note_engine_memory(seg.start, seg.len);
         report.sites += sites;
         report.patched += patched;
     }
@@ -449,13 +449,13 @@ unsafe fn patch_segment(
             (sites.len(), windows)
         }
     };
-    let area_len = (windows.len() * TRAMPOLINE_BYTES).next_multiple_of(uswap::PAGE_SIZE);
+    let area_len = (windows.len() * TRAMPOLINE_BYTES).next_multiple_of(crate::uffd::PAGE_SIZE);
     if area_len == 0 {
         return Ok((nr_sites, 0));
     }
     let area =
         map_near(seg.start, seg.start + seg.len, area_len).ok_or("no room for trampolines within 1 GiB of the code")?;
-    uswap::note_engine_memory(area, area_len);
+    crate::mapping::note_engine_memory(area, area_len);
     let mut jumps = Vec::with_capacity(windows.len());
     let mut placed = Vec::with_capacity(windows.len());
     for (i, w) in windows.iter().enumerate() {
@@ -485,7 +485,7 @@ unsafe fn patch_segment(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::real::sys_munmap;
+    use crate::syscall_guard::sys::sys_munmap;
 
     /// Serialises these tests: `map_near` picks a gap from a snapshot of the address space,
     /// and another test's `mmap` can take it meanwhile (at start-up the process has one
@@ -502,7 +502,7 @@ mod tests {
     /// room for trampolines within reach (a C library at start-up has the address space
     /// around it to itself).
     fn map_code(code: &[u8]) -> Segment {
-        let len = uswap::PAGE_SIZE;
+        let len = crate::uffd::PAGE_SIZE;
         let room = 64 << 20;
         let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         let base = sys_mmap(std::ptr::null_mut(), room, libc::PROT_NONE, anon | libc::MAP_NORESERVE, -1, 0);
@@ -573,11 +573,11 @@ mod tests {
         let word = |i: usize| i64::from_le_bytes(bytes[16 + 8 * i..24 + 8 * i].try_into().unwrap());
         let (area, area_len) = ((first.start as i64 + word(2)) as usize, word(3) as usize);
         assert_eq!(sys_munmap(area as *mut c_void, area_len), 0);
-        assert_eq!(sys_munmap(first.start as *mut c_void, uswap::PAGE_SIZE), 0);
+        assert_eq!(sys_munmap(first.start as *mut c_void, crate::uffd::PAGE_SIZE), 0);
         // The second maps the same code at the same place, so the image's place is free.
         let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
-        let p = sys_mmap(first.start as *mut c_void, uswap::PAGE_SIZE, rwx, flags, -1, 0);
+        let p = sys_mmap(first.start as *mut c_void, crate::uffd::PAGE_SIZE, rwx, flags, -1, 0);
         assert_eq!(p as usize, first.start);
         // SAFETY: a fresh page of ours, larger than `code`.
         unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len()) };

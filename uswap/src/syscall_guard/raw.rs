@@ -24,13 +24,13 @@ pub(super) unsafe fn raw(nr: c_long, a: [u64; 6]) -> c_long {
 }
 
 /// Reads a `T` at `addr` without trusting it: `None` where the kernel could not.
-pub(super) fn read_user<T: Copy>(pin: &mut uswap::Pin, addr: u64) -> Option<T> {
+pub(super) fn read_user<T: Copy>(pin: &mut crate::pin::Pin, addr: u64) -> Option<T> {
     if addr == 0 {
         return None;
     }
     let mut out = std::mem::MaybeUninit::<T>::uninit();
     let len = std::mem::size_of::<T>();
-    if uswap::prepare_user_access(pin, addr as usize, len, false).is_some() {
+    if crate::user_access::prepare_user_access(pin, addr as usize, len, false).is_some() {
         // Managed, and now in place.
         // SAFETY: the range is a managed region's, mapped readable (just made ready);
         // read_unaligned makes no alignment assumption.

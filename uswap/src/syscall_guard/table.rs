@@ -63,6 +63,11 @@ pub fn rule(nr: c_long) -> Rule {
         // Recorded for reclaim (see `crate::mlock`); the kernel populates a lock with writes.
         libc::SYS_mlock | libc::SYS_mlock2 => buf(0, 1, true),
         libc::SYS_munlock | libc::SYS_mlockall | libc::SYS_munlockall => Rule::Plain,
+        // Its first argument is a range asked about, not memory the kernel reads: made
+        // ready as `Generic` would, `mincore` brought in the page it asked about and always
+        // found it resident. Only the vector is written (a byte a page, so `len` bytes are
+        // more than it takes).
+        libc::SYS_mincore => buf(2, 1, true),
         n if is_plain(n) => Rule::Plain,
         _ => Rule::Generic,
     }

@@ -1,0 +1,283 @@
+//! The system-call guard through the library (`PagerBuilder::syscall_guard`): a program that
+//! builds a signal-mode pager itself gets what `uswap run`'s library gives, a `recv` of a
+//! datagram or a `read` into managed memory that is out brings it in first instead of
+//! failing with `EFAULT` (the datagram lost). Thread mode needs no guard; it is checked with
+//! the same loops. Every device kind, every byte checked.
+//!
+//! Not under the test harness (`harness = false` in Cargo.toml): the guard rewrites the C
+//! library only in a process with one thread, and the harness runs tests on threads of its
+//! own. The checks run in turn from `main`; a watchdog thread, started once the first pager
+//! (and the rewrite) is built, ends the process with every thread's state if one stalls.
+//! A build asking for the guard in a process that already has a second thread fails with
+//! `Error::SyscallGuardThreads`, checked in a child process.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use uswap::{DeviceConfig, Error, FaultMode, Pager, PAGE_SIZE};
+
+mod common;
+use common::{skipped, thread_states, MIB};
+
+const LIMIT_BYTES: u64 = 2 * MIB;
+/// Four times the limit: most of the region is out once it has been filled.
+const REGION_BYTES: usize = 8 * MIB as usize;
+/// Datagrams received into pages that are out, per pager.
+const NR_DATAGRAMS: usize = 200;
+/// `read`s into pages just written from user code, per pager, while two threads fault.
+const NR_READS: usize = 3000;
+/// No progress for this long is a hang.
+const STALL: Duration = Duration::from_secs(60);
+
+/// Steps taken, for the watchdog.
+static PROGRESS: AtomicU64 = AtomicU64::new(0);
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--list") {
+        // `cargo test -- --list`: this binary has no harness to list tests.
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some("--child-with-a-thread") {
+        return child_with_a_thread();
+    }
+    let dir = std::env::temp_dir().join(format!("uswap-syscall-guard-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the file device");
+    let devices = [
+        ("ram", DeviceConfig::ram(4 * REGION_BYTES as u64)),
+        ("zpool", DeviceConfig::zpool(4 * REGION_BYTES as u64)),
+        ("file", DeviceConfig::file(&dir, 4 * REGION_BYTES as u64)),
+    ];
+    let mut watchdog_started = false;
+    let mut nr_checks = 0;
+    for (name, device) in devices {
+        for mode in [FaultMode::Signal, FaultMode::Thread] {
+            let built = Pager::builder()
+                .resident_limit(LIMIT_BYTES)
+                .fault_mode(mode)
+                .device(device.clone())
+                .syscall_guard(true)
+                .build();
+            let p = match built {
+                Ok(p) => p,
+                Err(e) if e.kind() == uswap::ErrorKind::Permission => {
+                    skipped(&format!("no userfaultfd: {e}"));
+                    return;
+                }
+                Err(e) => panic!("{name}, {mode:?}: the pager with the guard: {e}"),
+            };
+            if !watchdog_started {
+                // The rewrite is done (one thread until now): other threads may start.
+                start_watchdog();
+                watchdog_started = true;
+            }
+            datagrams_into_pages_that_are_out(&p, name, mode);
+            reads_into_pages_just_written(&p, name, mode);
+            let st = p.stats();
+            assert_eq!((st.syscall_efault, st.fault_error, st.checksum_errors), (0, 0, 0), "{name}, {mode:?}: {st:?}");
+            if mode == FaultMode::Signal {
+                assert!(st.syscall_prepared > 0, "{name}: no call went through the guard: {st:?}");
+            }
+            println!("test {name}_{mode:?}_recv_and_read_into_managed_memory ... ok");
+            nr_checks += 1;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    a_second_thread_refuses_the_guard();
+    println!("\ntest result: ok. {} passed; 0 failed", nr_checks + 1);
+}
+
+/// Page `i`'s bytes at `version`: pseudo-random (xorshift), nothing compresses.
+fn page_bytes(i: usize, version: u64) -> Vec<u8> {
+    let mut s = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version.wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1;
+    let mut out = Vec::with_capacity(PAGE_SIZE);
+    for _ in 0..PAGE_SIZE / 8 {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out
+}
+
+fn page_of(region: &uswap::Region, i: usize) -> *mut u8 {
+    region.as_ptr().wrapping_add(i * PAGE_SIZE)
+}
+
+/// Fills every page of `region` with its bytes at version 0; with a limit a quarter of the
+/// region, the first pages end up on the device.
+fn fill(region: &mut uswap::Region) {
+    for (i, page) in region.as_mut_slice().chunks_mut(PAGE_SIZE).enumerate() {
+        page.copy_from_slice(&page_bytes(i, 0));
+    }
+}
+
+fn close(fd: libc::c_int) {
+    // SAFETY: closes a descriptor this test opened.
+    unsafe { libc::close(fd) };
+}
+
+/// `recv` of a datagram into a page that is out, over and over: each gets every byte, and
+/// the pages not written keep theirs.
+fn datagrams_into_pages_that_are_out(p: &Pager, name: &str, mode: FaultMode) {
+    let mut region = p.map(REGION_BYTES).expect("map");
+    fill(&mut region);
+    let mut sv = [0; 2];
+    // SAFETY: socketpair(2) writes two descriptors into the array we own.
+    let r = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_DGRAM, 0, sv.as_mut_ptr()) };
+    assert_eq!(r, 0, "socketpair: {}", std::io::Error::last_os_error());
+    let nr_pages = REGION_BYTES / PAGE_SIZE;
+    let mut version = vec![0u64; nr_pages];
+    let mut nr_out = 0;
+    for k in 0..NR_DATAGRAMS {
+        // Oldest first: the pages filled first are the ones on the device.
+        let i = (k * 37) % nr_pages;
+        if region.mapped_pages_in(i * PAGE_SIZE, PAGE_SIZE).unwrap() == 0 {
+            nr_out += 1;
+        }
+        let data = page_bytes(i, k as u64 + 1);
+        // SAFETY: send(2) of a buffer we own.
+        let n = unsafe { libc::send(sv[0], data.as_ptr().cast(), PAGE_SIZE, 0) };
+        assert_eq!(n, PAGE_SIZE as isize, "send: {}", std::io::Error::last_os_error());
+        // SAFETY: recv(2) into one page of the region, which we own.
+        let n = unsafe { libc::recv(sv[1], page_of(&region, i).cast(), PAGE_SIZE, libc::MSG_DONTWAIT) };
+        let err = std::io::Error::last_os_error();
+        assert_eq!(n, PAGE_SIZE as isize, "{name}, {mode:?}: recv {k} into page {i}: {err} (the datagram is lost)");
+        version[i] = k as u64 + 1;
+        PROGRESS.fetch_add(1, Ordering::Relaxed);
+    }
+    close(sv[0]);
+    close(sv[1]);
+    assert!(nr_out > NR_DATAGRAMS / 4, "{name}, {mode:?}: only {nr_out} of the pages received into were out");
+    for (i, &v) in version.iter().enumerate() {
+        assert!(
+            region.as_slice()[i * PAGE_SIZE..(i + 1) * PAGE_SIZE] == page_bytes(i, v)[..],
+            "{name}, {mode:?}: page {i}"
+        );
+    }
+}
+
+/// The pattern programs use: write a buffer from user code, then hand it to `read`. Two
+/// other threads fault all the while, so reclaim may take the page between the touch and
+/// the call; every `read` must still get its bytes.
+fn reads_into_pages_just_written(p: &Pager, name: &str, mode: FaultMode) {
+    let mut region = p.map(REGION_BYTES).expect("map");
+    fill(&mut region);
+    let nr_pages = REGION_BYTES / PAGE_SIZE;
+    // The file `read` copies from: one page of bytes no page of the region holds.
+    let path = std::env::temp_dir().join(format!("uswap-syscall-guard-src-{}", std::process::id()));
+    let src = page_bytes(usize::MAX / 2, 7);
+    std::fs::write(&path, &src).expect("the source file");
+    let file = std::fs::File::open(&path).expect("open the source file");
+    let _ = std::fs::remove_file(&path);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let stop = AtomicBool::new(false);
+    // The other threads own the second half of the region; this one the first half.
+    let half = nr_pages / 2;
+    let base = region.as_ptr() as usize;
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let stop = &stop;
+            s.spawn(move || {
+                let mut rng = t + 1;
+                // Bounded by the reading thread, which sets `stop` after NR_READS.
+                while !stop.load(Ordering::Relaxed) {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let i = half + (rng as usize % half);
+                    let at = (base + i * PAGE_SIZE + (t as usize) * 8) as *const u64;
+                    // SAFETY: a word of a mapped region page (read only: its bytes stay).
+                    std::hint::black_box(unsafe { std::ptr::read_volatile(at) });
+                }
+            });
+        }
+        let mut failed = vec![];
+        for k in 0..NR_READS {
+            let i = (k * 7919) % half;
+            let page = page_of(&region, i);
+            // SAFETY: the first byte of a region page we own, written from user code.
+            unsafe { std::ptr::write_volatile(page, 0x5a) };
+            // SAFETY: pread(2) into one page of the region, which we own.
+            let n = unsafe { libc::pread(fd, page.cast(), PAGE_SIZE, 0) };
+            if n != PAGE_SIZE as isize {
+                failed.push((i, std::io::Error::last_os_error()));
+            }
+            PROGRESS.fetch_add(1, Ordering::Relaxed);
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(
+            failed.is_empty(),
+            "{name}, {mode:?}: {} of {NR_READS} reads failed: {:?}",
+            failed.len(),
+            &failed[..failed.len().min(5)]
+        );
+    });
+    for i in 0..nr_pages {
+        let got = &region.as_slice()[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+        let touched = i < half && (0..NR_READS).any(|k| (k * 7919) % half == i);
+        let want = if touched { src.clone() } else { page_bytes(i, 0) };
+        assert!(got == &want[..], "{name}, {mode:?}: page {i} (read into: {touched})");
+    }
+}
+
+/// Ends the process, with every thread's state, if no check makes progress for [`STALL`].
+fn start_watchdog() {
+    std::thread::spawn(|| {
+        let (mut last, mut since) = (PROGRESS.load(Ordering::Relaxed), Instant::now());
+        loop {
+            std::thread::sleep(Duration::from_millis(200));
+            let now = PROGRESS.load(Ordering::Relaxed);
+            if now != last {
+                (last, since) = (now, Instant::now());
+            } else if since.elapsed() > STALL {
+                eprintln!(
+                    "no progress for {STALL:?} after {now} steps\nthreads (tid, name, state, wait channel):\n{}",
+                    thread_states()
+                );
+                std::process::exit(101);
+            }
+        }
+    });
+}
+
+/// Runs this binary again as a child that starts a thread, then asks for the guard.
+fn a_second_thread_refuses_the_guard() {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--child-with-a-thread")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the child");
+    let started = Instant::now();
+    // Bounded: the child builds one pager; killed after 60 s.
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > STALL {
+            let _ = child.kill();
+            panic!("the child asking for the guard with two threads did not finish in {STALL:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "child: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    println!("test a_second_thread_refuses_the_guard ... ok");
+}
+
+fn child_with_a_thread() {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let waiter = std::thread::spawn(move || rx.recv());
+    let r = Pager::builder()
+        .resident_limit(LIMIT_BYTES)
+        .fault_mode(FaultMode::Signal)
+        .device(DeviceConfig::ram(4 * MIB))
+        .syscall_guard(true)
+        .build();
+    match r {
+        Err(e @ Error::SyscallGuardThreads { threads: 2 }) => {
+            assert!(e.to_string().contains("at the start of main"), "the error says what to do: {e}");
+        }
+        Err(e) if e.kind() == uswap::ErrorKind::Permission => {}
+        other => panic!("a pager asking for the guard with two threads: {:?}", other.map(|_| "built")),
+    }
+    drop(tx);
+    let _ = waiter.join();
+}
