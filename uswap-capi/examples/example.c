@@ -1,7 +1,9 @@
 /*
  * uswap from C: a pager with a 16 MiB resident limit, a region four times that size filled
- * with a pattern and read back byte by byte (so most of it goes to swap and comes back), the
- * counters, a lower limit, and a few refused calls with their messages.
+ * with a pattern and read back byte by byte (so most of it goes to swap and comes back), a
+ * datagram received into a page that is out (in signal mode through the system-call guard,
+ * which the pager is made with while this process has one thread), the counters, a lower
+ * limit, and a few refused calls with their messages.
  *
  * Build and run (README, "C API"):
  *   cargo build -p uswap-capi
@@ -12,10 +14,13 @@
  * Exit status: 0 when every byte read back right and the counters are as expected, 1 when a
  * check failed, 2 when a uswap call failed that should not have.
  */
+#define _DEFAULT_SOURCE /* socketpair */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "uswap.h"
 
@@ -54,6 +59,38 @@ static uint8_t pattern_byte(uint64_t i)
     return (uint8_t)(z >> ((i & 7) * 8));
 }
 
+/* Receives one datagram of a page into `page` (which may be out): 1 if every byte came. In
+ * signal mode without the guard the kernel fails the recv with EFAULT and the datagram is
+ * lost; with it, the page is brought in first. */
+static int datagram_into(uint8_t *page, size_t len)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv) != 0) {
+        perror("socketpair");
+        return 0;
+    }
+    uint8_t *data = malloc(len);
+    if (data == NULL) {
+        return 0;
+    }
+    for (size_t k = 0; k < len; k++) {
+        data[k] = pattern_byte(k * 7919 + 13);
+    }
+    int ok = send(sv[0], data, len, 0) == (ssize_t)len;
+    ssize_t got = recv(sv[1], page, len, MSG_DONTWAIT);
+    if (got != (ssize_t)len) {
+        perror("recv into a page that was out");
+        ok = 0;
+    } else if (memcmp(page, data, len) != 0) {
+        fprintf(stderr, "recv: the page does not hold the datagram\n");
+        ok = 0;
+    }
+    free(data);
+    close(sv[0]);
+    close(sv[1]);
+    return ok;
+}
+
 static void print_stats(const uswap_stats *s)
 {
     printf("stats: pswpout=%" PRIu64 " pswpin=%" PRIu64 " pgfault=%" PRIu64 " pgfault_zero=%" PRIu64
@@ -87,6 +124,8 @@ int main(int argc, char **argv)
     must(uswap_config_set_resident_limit(config, LIMIT_BYTES), "uswap_config_set_resident_limit");
     must(uswap_config_set_fault_mode(config, mode), "uswap_config_set_fault_mode");
     must(uswap_config_set_readahead(config, 1), "uswap_config_set_readahead");
+    /* Signal mode's system calls into managed memory; ignored in thread mode. */
+    must(uswap_config_set_syscall_guard(config, 1), "uswap_config_set_syscall_guard");
 
     uswap_pager *pager;
     must(uswap_pager_new(config, &pager), "uswap_pager_new");
@@ -110,6 +149,16 @@ int main(int argc, char **argv)
     /* Write the pattern over the whole region, then read back every byte. */
     uint8_t *bytes = addr;
     for (uint64_t i = 0; i < len_bytes; i++) {
+        bytes[i] = pattern_byte(i);
+    }
+    /* The first page was written first: it is out by now. A datagram into it, then its
+     * pattern back. */
+    if (datagram_into(bytes, 4096)) {
+        printf("recv into a page that was out: 4096 bytes, right\n");
+    } else {
+        ok = 0;
+    }
+    for (uint64_t i = 0; i < 4096; i++) {
         bytes[i] = pattern_byte(i);
     }
     uint64_t wrong = 0;

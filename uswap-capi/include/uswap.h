@@ -60,7 +60,8 @@ typedef enum uswap_status {
     USWAP_EBUSY = -7,
     /**
      * Signal mode cannot serve faults in this process or thread: SIGBUS is blocked, or its
-     * handler was replaced after the first signal-mode pager was created.
+     * handler was replaced after the first signal-mode pager was created, or the system-call
+     * guard was asked for in a process with more than one thread.
      */
     USWAP_ESIGNAL = -8,
     /**
@@ -554,6 +555,18 @@ int uswap_config_set_handler_threads(struct uswap_config *config, uint32_t nr_th
  * Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `enabled` is neither 0 nor 1.
  */
 int uswap_config_set_readahead(struct uswap_config *config, int enabled);
+
+/**
+ * Signal mode's system-call guard: 1 routes the C library's system calls through uswap, so
+ * that a `read`, `recv` or `write` on managed memory that is out brings it in first instead
+ * of failing with `EFAULT` (a datagram lost); 0 off (the default). The C library's code is
+ * rewritten once per process, when the first pager asking for it is made, which must be
+ * while the process has one thread (at the start of `main`); `uswap_pager_new` fails with
+ * `USWAP_ESIGNAL` otherwise. Ignored in thread mode (docs/fault-modes.md).
+ *
+ * Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `enabled` is neither 0 nor 1.
+ */
+int uswap_config_set_syscall_guard(struct uswap_config *config, int enabled);
 
 /**
  * An automatic budget: the pager moves its resident limit by itself to the smallest that

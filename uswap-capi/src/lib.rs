@@ -69,6 +69,7 @@ struct Settings {
     mode: FaultMode,
     handler_threads: Option<usize>,
     readahead: bool,
+    syscall_guard: bool,
     auto_target: Option<f64>,
     idle_aging: engine::IdleAging,
 }
@@ -154,6 +155,7 @@ pub unsafe extern "C" fn uswap_config_new(config_out: *mut *mut uswap_config) ->
             mode: FaultMode::Thread,
             handler_threads: None,
             readahead: true,
+            syscall_guard: false,
             auto_target: None,
             idle_aging: engine::IdleAging::Off,
         }));
@@ -299,6 +301,33 @@ pub extern "C" fn uswap_config_set_readahead(config: *mut uswap_config, enabled:
     })
 }
 
+/// Signal mode's system-call guard: 1 routes the C library's system calls through uswap, so
+/// that a `read`, `recv` or `write` on managed memory that is out brings it in first instead
+/// of failing with `EFAULT` (a datagram lost); 0 off (the default). The C library's code is
+/// rewritten once per process, when the first pager asking for it is made, which must be
+/// while the process has one thread (at the start of `main`); `uswap_pager_new` fails with
+/// `USWAP_ESIGNAL` otherwise. Ignored in thread mode (docs/fault-modes.md).
+///
+/// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `enabled` is neither 0 nor 1.
+#[no_mangle]
+pub extern "C" fn uswap_config_set_syscall_guard(config: *mut uswap_config, enabled: c_int) -> c_int {
+    guard(|| {
+        let on = match enabled {
+            0 => false,
+            1 => true,
+            other => {
+                return Err(Failure::invalid(format!(
+                    "uswap_config_set_syscall_guard: enabled is {other}; pass 1 (on) or 0 (off)"
+                )))
+            }
+        };
+        with_settings(config, "uswap_config_set_syscall_guard", |s| {
+            s.syscall_guard = on;
+            Ok(())
+        })
+    })
+}
+
 /// An automatic budget: the pager moves its resident limit by itself to the smallest that
 /// keeps the application's memory stalls under `target_share` of wall time (0.01 for 1 %,
 /// the default of `uswap run --auto`); the resident limit set is the ceiling and where it
@@ -393,6 +422,7 @@ pub unsafe extern "C" fn uswap_pager_new(config: *const uswap_config, pager_out:
         if let Some(n) = settings.handler_threads {
             builder = builder.handler_threads(n);
         }
+        builder = builder.syscall_guard(settings.syscall_guard);
         if let Some(t) = settings.auto_target {
             builder = builder.auto_budget(t);
         }

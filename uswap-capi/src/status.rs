@@ -43,7 +43,8 @@ pub enum uswap_status {
     /// every page busy in other threads (`uswap_set_resident_limit`; the limit is in place).
     USWAP_EBUSY = -7,
     /// Signal mode cannot serve faults in this process or thread: SIGBUS is blocked, or its
-    /// handler was replaced after the first signal-mode pager was created.
+    /// handler was replaced after the first signal-mode pager was created, or the system-call
+    /// guard was asked for in a process with more than one thread.
     USWAP_ESIGNAL = -8,
     /// A system call failed (the message names it and the reason).
     USWAP_EIO = -9,

@@ -1,6 +1,7 @@
 //! The C API from C: `examples/example.c` compiled with the system C compiler against
 //! `include/uswap.h` and `libuswap.so`, run in both fault modes against the real kernel, its
-//! output and exit status checked.
+//! output and exit status checked (a datagram received into a page that was out included:
+//! in signal mode, through the system-call guard).
 //!
 //! Getting `libuswap.so`: `cargo test` does not build a cdylib-only library for integration
 //! tests (it only builds libraries it can link into them), so this test runs
@@ -177,6 +178,7 @@ fn run_example(mode: &str, devices: &str) {
         "the region line is missing.\n{context}"
     );
     assert!(out.contains(&format!("verified {REGION_BYTES} bytes, 0 wrong")), "not every byte read back.\n{context}");
+    assert!(out.contains("recv into a page that was out: 4096 bytes, right"), "the datagram was lost.\n{context}");
 
     let counter = |name: &str| -> u64 {
         let line =
