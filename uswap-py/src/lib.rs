@@ -57,7 +57,10 @@ fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 /// (PATH a directory, a file or a block device). A device given without a size gets
 /// `device_size` (default: half the machine's RAM, as `uswap run`). `fault_mode` is
 /// `"thread"` (default; faults inside system calls are served, which numpy and BLAS need) or
-/// `"signal"`. `auto=0.01` moves the limit by itself to the smallest that keeps memory
+/// `"signal"`; `syscall_guard=True` makes signal mode's system calls (a socket's `recv_into`,
+/// a file's `readinto`) on managed memory that is out bring it in first instead of failing
+/// with `EFAULT`, if the first pager asking for it is made while the process has one thread
+/// (see the Rust `PagerBuilder::syscall_guard`). `auto=0.01` moves the limit by itself to the smallest that keeps memory
 /// stalls under 1 % of wall time (`limit` is then the ceiling; `limit()` says where it is;
 /// `stats()["stall"]` has the stall figures). `idle_age=120` writes out pages untouched for
 /// 120 s without waiting for the limit (`float("inf")`: only count them; `stats()["idle"]`
@@ -80,7 +83,7 @@ impl PyPager {
     #[new]
     // One parameter per Python keyword argument: the signature is the Python API.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (limit, devices = "zpool", fault_mode = "thread", *, device_size = None, handler_threads = None, readahead = true, auto = None, idle_age = None))]
+    #[pyo3(signature = (limit, devices = "zpool", fault_mode = "thread", *, device_size = None, handler_threads = None, readahead = true, auto = None, idle_age = None, syscall_guard = false))]
     fn new(
         py: Python<'_>,
         limit: &Bound<'_, PyAny>,
@@ -91,6 +94,7 @@ impl PyPager {
         readahead: bool,
         auto: Option<f64>,
         idle_age: Option<f64>,
+        syscall_guard: bool,
     ) -> PyResult<PyPager> {
         let limit_bytes = size_arg(limit, "limit")?;
         let device_bytes = match device_size {
@@ -112,7 +116,11 @@ impl PyPager {
             ));
         }
         let list = uswap::DeviceConfig::parse_list(devices, device_bytes).map_err(to_py)?;
-        let mut builder = uswap::Pager::builder().resident_limit(limit_bytes).fault_mode(mode).readahead(readahead);
+        let mut builder = uswap::Pager::builder()
+            .resident_limit(limit_bytes)
+            .fault_mode(mode)
+            .readahead(readahead)
+            .syscall_guard(syscall_guard);
         if let Some(n) = handler_threads {
             builder = builder.handler_threads(n);
         }

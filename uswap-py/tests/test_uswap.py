@@ -233,6 +233,51 @@ def test_unavailable_userfaultfd_raises_uswap_error():
     assert "vm.unprivileged_userfaultfd=1" in out.stdout, "the message says how to grant access"
 
 
+def test_signal_mode_with_the_syscall_guard_receives_datagrams_into_pages_that_are_out():
+    """In a fresh interpreter (one thread, as the guard needs): datagrams received with
+    recv_into into pages of a region 4x the limit that went out, every byte checked; and,
+    before that, a pager asking for the guard while another thread runs is refused, saying
+    what to do."""
+    child = textwrap.dedent(
+        """
+        import os, socket, threading, time, uswap
+        MiB = 1 << 20
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait)
+        t.start()
+        try:
+            uswap.Pager(limit=4 * MiB, devices="ram:16MiB", fault_mode="signal", syscall_guard=True)
+            print("built")
+        except uswap.Error as e:
+            print("refused" if "one thread" in str(e) else "other: %s" % e)
+        stop.set()
+        t.join()
+        for _ in range(200):  # the joined thread leaves /proc/self/task a moment later
+            if len(os.listdir("/proc/self/task")) == 1:
+                break
+            time.sleep(0.01)
+        pager = uswap.Pager(limit=4 * MiB, devices="zpool:64MiB", fault_mode="signal", syscall_guard=True)
+        region = pager.map(16 * MiB)
+        mv = memoryview(region)
+        pages = len(mv) // 4096
+        for i in range(pages):
+            mv[i * 4096:(i + 1) * 4096] = os.urandom(4096)
+        assert pager.stats()["pswpout"] > 0
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        for k in range(64):
+            i = (k * 37) % (pages // 2)
+            data = os.urandom(4096)
+            a.send(data)
+            assert b.recv_into(mv[i * 4096:(i + 1) * 4096]) == 4096
+            assert bytes(mv[i * 4096:(i + 1) * 4096]) == data, i
+        print("received", pager.stats()["syscall_efault"])
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.split("\n")[:2] == ["refused", "received 0"], out.stdout + out.stderr
+
+
 def test_stats_use_the_bench_counter_names_and_set_limit_applies_at_once(pager):
     st = pager.stats()
     for name in ["pgfault", "pgmajfault", "pswpin", "pswpout", "resident_pages", "limit_pages", "swpout_zero"]:

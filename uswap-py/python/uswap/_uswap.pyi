@@ -91,7 +91,10 @@ class Pager:
     ``devices`` is a comma-separated list, highest priority first: ``ram[:SIZE]``,
     ``zpool[:SIZE][:lz4|zstd|zstd-LEVEL][:raw|reject]``, ``file:PATH[:SIZE]``; a device
     without a size gets ``device_size`` (default: half the RAM). ``fault_mode`` is
-    ``"thread"`` (default) or ``"signal"``.
+    ``"thread"`` (default) or ``"signal"``. ``syscall_guard=True``: in signal mode, system
+    calls on managed memory that is out (``recv_into``, ``readinto``) bring it in first
+    instead of failing with ``EFAULT``; the first pager asking for it must be made while the
+    process has one thread.
     """
 
     def __init__(
@@ -104,6 +107,8 @@ class Pager:
         handler_threads: Optional[int] = None,
         readahead: bool = True,
         auto: Optional[float] = None,
+        idle_age: Optional[float] = None,
+        syscall_guard: bool = False,
     ) -> None: ...
     def map(self, size: Size) -> Region:
         """Maps a zero-filled managed region of ``size`` bytes (rounded up to pages)."""
