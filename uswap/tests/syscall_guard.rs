@@ -9,7 +9,9 @@
 //! own. The checks run in turn from `main`; a watchdog thread, started once the first pager
 //! (and the rewrite) is built, ends the process with every thread's state if one stalls.
 //! A build asking for the guard in a process that already has a second thread fails with
-//! `Error::SyscallGuardThreads`, checked in a child process.
+//! `Error::SyscallGuardThreads`, checked in a child process. With the guard, masks set
+//! later (a thread blocking every signal, a handler with a full `sa_mask`) keep SIGBUS out,
+//! and such a thread touches pages that are out without being killed.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -73,6 +75,9 @@ fn main() {
             }
             datagrams_into_pages_that_are_out(&p, name, mode);
             reads_into_pages_just_written(&p, name, mode);
+            if mode == FaultMode::Signal {
+                masks_set_later_never_block_sigbus(&p, name);
+            }
             let st = p.stats();
             assert_eq!((st.syscall_efault, st.fault_error, st.checksum_errors), (0, 0, 0), "{name}, {mode:?}: {st:?}");
             if mode == FaultMode::Signal {
@@ -84,7 +89,8 @@ fn main() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     a_second_thread_refuses_the_guard();
-    println!("\ntest result: ok. {} passed; 0 failed", nr_checks + 1);
+    // Each device's two modes, its masks in signal mode, and the refusal.
+    println!("\ntest result: ok. {} passed; 0 failed", nr_checks + nr_checks / 2 + 1);
 }
 
 /// Page `i`'s bytes at `version`: pseudo-random (xorshift), nothing compresses.
@@ -219,6 +225,62 @@ fn reads_into_pages_just_written(p: &Pager, name: &str, mode: FaultMode) {
         let want = if touched { src.clone() } else { page_bytes(i, 0) };
         assert!(got == &want[..], "{name}, {mode:?}: page {i} (read into: {touched})");
     }
+}
+
+/// This thread's blocked signals, from `/proc/thread-self/status`.
+fn blocked_signals_of_this_thread() -> u64 {
+    let status = std::fs::read_to_string("/proc/thread-self/status").expect("/proc/thread-self/status");
+    let line = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).expect("a SigBlk line");
+    u64::from_str_radix(line.trim(), 16).expect("SigBlk in hex")
+}
+
+extern "C" fn on_sigusr2(_: libc::c_int) {}
+
+/// A thread that blocks every signal after the pager (and the guard) started, then touches
+/// pages that are out: SIGBUS stays deliverable (killed the process before), and every page
+/// holds its bytes. A handler installed with a full `sa_mask` gets it without SIGBUS.
+fn masks_set_later_never_block_sigbus(p: &Pager, name: &str) {
+    let sigbus_bit = 1u64 << (libc::SIGBUS - 1);
+    let mut region = p.map(REGION_BYTES).expect("map");
+    fill(&mut region);
+    let (base, nr_pages) = (region.as_ptr() as usize, REGION_BYTES / PAGE_SIZE);
+    let out_before = nr_pages - region.mapped_pages().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // SAFETY: a full set of our own, blocked in this thread only.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                assert_eq!(libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut()), 0);
+            }
+            let blocked = blocked_signals_of_this_thread();
+            assert_eq!(blocked & sigbus_bit, 0, "{name}: SIGBUS blocked ({blocked:#x})");
+            assert_ne!(blocked & (1 << (libc::SIGUSR1 - 1)), 0, "{name}: the rest of the mask stands ({blocked:#x})");
+            for i in 0..nr_pages {
+                let at = (base + i * PAGE_SIZE) as *const [u8; 8];
+                // SAFETY: the first bytes of a mapped region page (may take a fault).
+                let head = unsafe { std::ptr::read_volatile(at) };
+                assert_eq!(head[..], page_bytes(i, 0)[..8], "{name}: page {i}");
+                PROGRESS.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    });
+    assert!(out_before > nr_pages / 2, "{name}: only {out_before} pages were out");
+    // SAFETY: sigaction(2) with structures we own; the handler does nothing, and the old
+    // action (the default) is put back.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_sigusr2 as extern "C" fn(libc::c_int) as usize;
+        libc::sigfillset(&mut act.sa_mask);
+        let mut old: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &act, &mut old), 0);
+        let mut now: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(libc::SIGUSR2, std::ptr::null(), &mut now), 0);
+        assert_eq!(libc::sigismember(&now.sa_mask, libc::SIGBUS), 0, "{name}: SIGBUS in a handler's mask");
+        assert_eq!(libc::sigismember(&now.sa_mask, libc::SIGUSR1), 1, "{name}: the rest of the mask stands");
+        libc::sigaction(libc::SIGUSR2, &old, std::ptr::null_mut());
+    }
+    println!("test {name}_masks_set_after_the_guard_keep_sigbus_deliverable ... ok");
 }
 
 /// Ends the process, with every thread's state, if no check makes progress for [`STALL`].

@@ -250,6 +250,10 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
         return unsafe { raw(nr, a) };
     }
     note_async_kernel_access(nr, &a);
+    // Lives until the call returned: the kernel reads the mask from here.
+    let mut mask_copy = [0u64; 4];
+    let mut a = a;
+    keep_sigbus_deliverable(nr, &mut a, &mut mask_copy);
     let r = rule(nr);
     // A transfer is made again once at its whole size; then it goes in windows.
     let transfer = complete::is_transfer(nr);
@@ -279,6 +283,42 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
         say_efault_once(nr, &a);
     }
     made.ret
+}
+
+/// The bit of SIGBUS in a kernel `sigset_t` (x86-64: one word).
+const SIGBUS_BIT: u64 = 1 << (libc::SIGBUS - 1);
+
+/// Signal mode: a mask the program sets through the C library (`sigprocmask`,
+/// `pthread_sigmask`, glibc's own around `pthread_create` and `fork`, a handler's `sa_mask`
+/// in `sigaction`) never holds SIGBUS while uswap's SIGBUS handler is installed: a blocked
+/// SIGBUS on a fault kills the process (the kernel forces it to its default action), so
+/// the call is made with a copy of the mask, in `copy`, without it. What the program asked
+/// for otherwise stands; an `oldset` it reads back says SIGBUS is not blocked, which is
+/// true. `a` is changed to point at the copy.
+fn keep_sigbus_deliverable(nr: c_long, a: &mut [u64; 6], copy: &mut [u64; 4]) {
+    const KERNEL_SIGSET_BYTES: u64 = 8;
+    if !crate::uffd::sigbus::installed() || a[1] == 0 || a[3] != KERNEL_SIGSET_BYTES {
+        return;
+    }
+    match nr {
+        libc::SYS_rt_sigprocmask if a[0] == libc::SIG_BLOCK as u64 || a[0] == libc::SIG_SETMASK as u64 => {
+            let Some(set) = read_user::<u64>(&mut crate::pin::Pin::none(), a[1]) else { return };
+            if set & SIGBUS_BIT != 0 {
+                copy[0] = set & !SIGBUS_BIT;
+                a[1] = copy.as_ptr() as u64;
+            }
+        }
+        libc::SYS_rt_sigaction => {
+            // `struct kernel_sigaction` on x86-64: handler, flags, restorer, mask.
+            let Some(act) = read_user::<[u64; 4]>(&mut crate::pin::Pin::none(), a[1]) else { return };
+            if act[3] & SIGBUS_BIT != 0 {
+                *copy = act;
+                copy[3] &= !SIGBUS_BIT;
+                a[1] = copy.as_ptr() as u64;
+            }
+        }
+        _ => {}
+    }
 }
 
 /// What a call made by [`make_prepared`] gave.

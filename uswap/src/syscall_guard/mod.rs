@@ -26,6 +26,11 @@
 //! rewrite replaces instructions another thread could be executing, or be stopped in (a
 //! call blocked in the kernel returns into the middle of the new jump).
 //!
+//! While uswap's SIGBUS handler is installed, the masks the program sets through the C
+//! library (`sigprocmask`, `pthread_sigmask`, a handler's `sa_mask`) are set without SIGBUS
+//! (`entry::keep_sigbus_deliverable`): a thread that blocked it would be killed by its
+//! first fault on memory that is out.
+//!
 //! Invariants: the rewrite happens at most once per process; the hooks are set before it
 //! and never change after it (the slow path reads them with no lock, in signal handlers).
 
