@@ -2,7 +2,7 @@
 //! builds a signal-mode pager itself gets what `uswap run`'s library gives, a `recv` of a
 //! datagram or a `read` into managed memory that is out brings it in first instead of
 //! failing with `EFAULT` (the datagram lost). Thread mode needs no guard; it is checked with
-//! the same loops. Every device kind, every byte checked.
+//! the same loops. Every device kind (Redis on a local server), every byte checked.
 //!
 //! Not under the test harness (`harness = false` in Cargo.toml): the guard rewrites the C
 //! library only in a process with one thread, and the harness runs tests on threads of its
@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use uswap::{DeviceConfig, Error, FaultMode, Pager, PAGE_SIZE};
+use uswap::{DeviceConfig, Error, FaultMode, Pager, RedisOptions, PAGE_SIZE};
 
 mod common;
 use common::{skipped, thread_states, MIB};
@@ -45,52 +45,67 @@ fn main() {
     }
     let dir = std::env::temp_dir().join(format!("uswap-syscall-guard-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory for the file device");
-    let devices = [
-        ("ram", DeviceConfig::ram(4 * REGION_BYTES as u64)),
-        ("zpool", DeviceConfig::zpool(4 * REGION_BYTES as u64)),
-        ("file", DeviceConfig::file(&dir, 4 * REGION_BYTES as u64)),
-    ];
-    let mut watchdog_started = false;
+    let device_bytes = 4 * REGION_BYTES as u64;
     let mut nr_checks = 0;
-    for (name, device) in devices {
-        for mode in [FaultMode::Signal, FaultMode::Thread] {
-            let built = Pager::builder()
-                .resident_limit(LIMIT_BYTES)
-                .fault_mode(mode)
-                .device(device.clone())
-                .syscall_guard(true)
-                .build();
-            let p = match built {
-                Ok(p) => p,
-                Err(e) if e.kind() == uswap::ErrorKind::Permission => {
-                    skipped(&format!("no userfaultfd: {e}"));
-                    return;
-                }
-                Err(e) => panic!("{name}, {mode:?}: the pager with the guard: {e}"),
-            };
-            if !watchdog_started {
-                // The rewrite is done (one thread until now): other threads may start.
-                start_watchdog();
-                watchdog_started = true;
-            }
-            datagrams_into_pages_that_are_out(&p, name, mode);
-            reads_into_pages_just_written(&p, name, mode);
-            if mode == FaultMode::Signal {
-                masks_set_later_never_block_sigbus(&p, name);
-            }
-            let st = p.stats();
-            assert_eq!((st.syscall_efault, st.fault_error, st.checksum_errors), (0, 0, 0), "{name}, {mode:?}: {st:?}");
-            if mode == FaultMode::Signal {
-                assert!(st.syscall_prepared > 0, "{name}: no call went through the guard: {st:?}");
-            }
-            println!("test {name}_{mode:?}_recv_and_read_into_managed_memory ... ok");
-            nr_checks += 1;
+    // The first pager rewrites the C library while this process has one thread.
+    for (name, device) in [
+        ("ram", DeviceConfig::ram(device_bytes)),
+        ("zpool", DeviceConfig::zpool(device_bytes)),
+        ("file", DeviceConfig::file(&dir, device_bytes)),
+    ] {
+        if !check_device(name, device, nr_checks == 0) {
+            return;
         }
+        nr_checks += 1;
     }
     let _ = std::fs::remove_dir_all(&dir);
+    // After the rewrite: the local servers are processes of their own, started from here.
+    if let Some(r) = common::local_redis(1, 0, &[]) {
+        let redis = DeviceConfig::redis(r.seeds(0), device_bytes).redis_options(RedisOptions::new(r.seeds(0)));
+        assert!(check_device("redis", redis, false));
+        nr_checks += 1;
+    }
     a_second_thread_refuses_the_guard();
-    // Each device's two modes, its masks in signal mode, and the refusal.
-    println!("\ntest result: ok. {} passed; 0 failed", nr_checks + nr_checks / 2 + 1);
+    // Each device's two modes and its masks in signal mode, and the refusal.
+    println!("\ntest result: ok. {} passed; 0 failed", 3 * nr_checks + 1);
+}
+
+/// Every check on `device`, with a pager in each mode asking for the guard; false if this
+/// process may not open a userfaultfd (said). `first`: the first pager of the process,
+/// after which the watchdog starts.
+fn check_device(name: &str, device: DeviceConfig, first: bool) -> bool {
+    for mode in [FaultMode::Signal, FaultMode::Thread] {
+        let built = Pager::builder()
+            .resident_limit(LIMIT_BYTES)
+            .fault_mode(mode)
+            .device(device.clone())
+            .syscall_guard(true)
+            .build();
+        let p = match built {
+            Ok(p) => p,
+            Err(e) if e.kind() == uswap::ErrorKind::Permission => {
+                skipped(&format!("no userfaultfd: {e}"));
+                return false;
+            }
+            Err(e) => panic!("{name}, {mode:?}: the pager with the guard: {e}"),
+        };
+        if first && mode == FaultMode::Signal {
+            // The rewrite is done (one thread until now): other threads may start.
+            start_watchdog();
+        }
+        datagrams_into_pages_that_are_out(&p, name, mode);
+        reads_into_pages_just_written(&p, name, mode);
+        if mode == FaultMode::Signal {
+            masks_set_later_never_block_sigbus(&p, name);
+        }
+        let st = p.stats();
+        assert_eq!((st.syscall_efault, st.fault_error, st.checksum_errors), (0, 0, 0), "{name}, {mode:?}: {st:?}");
+        if mode == FaultMode::Signal {
+            assert!(st.syscall_prepared > 0, "{name}: no call went through the guard: {st:?}");
+        }
+        println!("test {name}_{mode:?}_recv_and_read_into_managed_memory ... ok");
+    }
+    true
 }
 
 /// Page `i`'s bytes at `version`: pseudo-random (xorshift), nothing compresses.
