@@ -15,8 +15,9 @@
 //! * a thread that blocks SIGBUS (`SigBlk` in `/proc/self/task/TID/status`) cannot be
 //!   changed from another thread: it is named on stderr, once, with what to do, so that the
 //!   death a fault of its would bring does not come without a line saying why. Only once
-//!   two looks in a row saw it so: a thread blocks every signal for a moment when it creates
-//!   a thread or forks (glibc's `pthread_create` and `fork` do), and was named for that.
+//!   two looks in a row saw it so, each in every one of [`STEADY_SAMPLES`] readings a
+//!   little apart: a thread blocks every signal for a moment when it creates a thread or
+//!   forks (glibc's `pthread_create` and `fork` do), and was named for that.
 //!
 //! Not run where the program's signal calls are interposed ([`note_signal_calls_interposed`]).
 //! Locking: none; the process's pagers share the guard's state through atomics, and one
@@ -33,6 +34,11 @@ pub const GUARD_PERIOD: Duration = Duration::from_secs(1);
 /// Threads named at most once each, and at most this many in all (a program that starts
 /// thousands of threads that block SIGBUS gets one line saying the rest are not named).
 const MAX_THREADS_NAMED: usize = 64;
+/// Readings of a thread's mask that must all show SIGBUS blocked for a look to count it,
+/// [`STEADY_GAP`] apart: a thread creating threads in a loop has it blocked about half the
+/// time, so ten readings and two looks leave about one chance in a million of naming it.
+const STEADY_SAMPLES: usize = 10;
+const STEADY_GAP: Duration = Duration::from_micros(200);
 /// `/proc/self/task` entries one look reads at most (bounds the look's cost).
 const MAX_THREADS_SCANNED: usize = 8192;
 
@@ -98,6 +104,7 @@ fn name_threads_blocking_sigbus() {
         if THREADS_NAMED[..named].iter().any(|t| t.load(Ordering::Relaxed) == tid)
             || !thread_blocks_sigbus(tid)
             || is_io_worker(tid)
+            || !blocks_sigbus_steadily(tid)
         {
             continue;
         }
@@ -115,6 +122,15 @@ fn name_threads_blocking_sigbus() {
     for (s, &tid) in SUSPECTS.iter().zip(suspects.iter()) {
         s.store(tid, Ordering::Relaxed);
     }
+}
+
+/// Whether thread `tid` blocks SIGBUS in each of [`STEADY_SAMPLES`] readings (a look's
+/// cost: about 2 ms, only for a thread seen blocking it).
+fn blocks_sigbus_steadily(tid: u32) -> bool {
+    (0..STEADY_SAMPLES).all(|_| {
+        std::thread::sleep(STEADY_GAP);
+        thread_blocks_sigbus(tid)
+    })
 }
 
 /// Says on stderr, once, that thread `tid` blocks SIGBUS, with what to do.
