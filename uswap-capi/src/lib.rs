@@ -279,21 +279,22 @@ pub extern "C" fn uswap_config_set_handler_threads(config: *mut uswap_config, nr
     })
 }
 
+/// A C flag: 1 on, 0 off, anything else refused naming `function`.
+fn on_or_off(enabled: c_int, function: &str) -> Result<bool, Failure> {
+    match enabled {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(Failure::invalid(format!("{function}: enabled is {other}; pass 1 (on) or 0 (off)"))),
+    }
+}
+
 /// Readahead on swap-in: 1 on (the default), 0 off.
 ///
 /// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `enabled` is neither 0 nor 1.
 #[no_mangle]
 pub extern "C" fn uswap_config_set_readahead(config: *mut uswap_config, enabled: c_int) -> c_int {
     guard(|| {
-        let on = match enabled {
-            0 => false,
-            1 => true,
-            other => {
-                return Err(Failure::invalid(format!(
-                    "uswap_config_set_readahead: enabled is {other}; pass 1 (on) or 0 (off)"
-                )))
-            }
-        };
+        let on = on_or_off(enabled, "uswap_config_set_readahead")?;
         with_settings(config, "uswap_config_set_readahead", |s| {
             s.readahead = on;
             Ok(())
@@ -312,15 +313,7 @@ pub extern "C" fn uswap_config_set_readahead(config: *mut uswap_config, enabled:
 #[no_mangle]
 pub extern "C" fn uswap_config_set_syscall_guard(config: *mut uswap_config, enabled: c_int) -> c_int {
     guard(|| {
-        let on = match enabled {
-            0 => false,
-            1 => true,
-            other => {
-                return Err(Failure::invalid(format!(
-                    "uswap_config_set_syscall_guard: enabled is {other}; pass 1 (on) or 0 (off)"
-                )))
-            }
-        };
+        let on = on_or_off(enabled, "uswap_config_set_syscall_guard")?;
         with_settings(config, "uswap_config_set_syscall_guard", |s| {
             s.syscall_guard = on;
             Ok(())
