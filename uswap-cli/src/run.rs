@@ -598,19 +598,9 @@ fn say_if_nested(limit_bytes: u64) {
 /// A run stopped by SIGTERM or SIGHUP ends its tree, not only its program: the processes
 /// of the tree still running in its session (a pipeline's other commands, a shell's
 /// background jobs) get SIGTERM, then SIGKILL after a grace period. A daemon that left the
-/// session on purpose is left running (named by `say_outliving`). Looked for again after
-/// each round, up to [`END_ROUNDS`]: a process of the tree may start one more (a subshell
-/// forking its `sleep` after the first look) before it is killed.
+/// session on purpose is left running (named by `say_outliving`).
 fn end_stopped_tree(launch: &Launch, program_pid: u32) {
-    let (mut pids, mut killed) = (Vec::<u32>::new(), 0);
-    for _ in 0..END_ROUNDS {
-        let found = tree::running_in_session(&launch.stats_dir, &launch.segment.live_pids(), program_pid);
-        if found.is_empty() {
-            break;
-        }
-        killed += tree::end(&found);
-        pids.extend(found.iter().filter(|p| !pids.contains(p)).collect::<Vec<_>>());
-    }
+    let (pids, killed) = tree::end_in_session(&launch.stats_dir, || launch.segment.live_pids(), program_pid);
     if pids.is_empty() {
         return;
     }
@@ -643,9 +633,6 @@ fn say_outliving(launch: &Launch, program_pid: u32) -> bool {
     );
     true
 }
-
-/// Rounds of SIGTERM and SIGKILL a stopped run's tree gets at most (see `end_stopped_tree`).
-const END_ROUNDS: usize = 4;
 
 /// The tree's unmanaged memory is reported once it passes 1/10 of the limit.
 const UNMANAGED_SHARE_DIVISOR: u64 = 10;

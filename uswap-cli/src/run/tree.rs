@@ -20,7 +20,7 @@ const MAX_PROCS_SCANNED: usize = 1 << 22;
 
 /// The running processes (not zombies) of the tree whose directory is `dir`, besides the
 /// program `program_pid` and this process, in this process's session.
-pub(super) fn running_in_session(dir: &Path, slot_pids: &[u32], program_pid: u32) -> Vec<u32> {
+fn running_in_session(dir: &Path, slot_pids: &[u32], program_pid: u32) -> Vec<u32> {
     // SAFETY: getsid(0) only reads this process's session id.
     let our_session = unsafe { libc::getsid(0) };
     let mut pids = running(dir, slot_pids, program_pid);
@@ -68,9 +68,34 @@ pub(super) fn is_running(pid: u32) -> bool {
     stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
 
+/// Rounds of SIGTERM and SIGKILL a stopped run's tree gets at most (see [`end_in_session`]).
+const END_ROUNDS: usize = 4;
+
+/// Ends the running processes of the tree in this process's session (see
+/// [`running_in_session`]; `slot_pids` read afresh each round), looking for them again after
+/// each round of [`end`], up to [`END_ROUNDS`]: a process of the tree may start one more (a
+/// subshell forking its `sleep` after the first look) before it is killed. Returns every
+/// process ended, and how many needed SIGKILL.
+pub(super) fn end_in_session(dir: &Path, slot_pids: impl Fn() -> Vec<u32>, program_pid: u32) -> (Vec<u32>, usize) {
+    let (mut pids, mut killed) = (Vec::new(), 0);
+    for _ in 0..END_ROUNDS {
+        let found = running_in_session(dir, &slot_pids(), program_pid);
+        if found.is_empty() {
+            break;
+        }
+        killed += end(&found);
+        for pid in found {
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
+        }
+    }
+    (pids, killed)
+}
+
 /// Ends `pids` (the processes of a stopped run that outlived its program): SIGTERM, then
 /// SIGKILL for those still running after [`TERM_GRACE`]. Returns how many needed SIGKILL.
-pub(super) fn end(pids: &[u32]) -> usize {
+fn end(pids: &[u32]) -> usize {
     for &pid in pids {
         // SAFETY: kill(2) sends a signal; the pid was running in our session an instant ago
         // (a pid reused since would have to be a new process of our own session).
