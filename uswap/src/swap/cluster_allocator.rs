@@ -530,7 +530,7 @@ impl ClusterAllocator {
             let mut c = self.clusters[ci as usize].lock();
             let charge = |nr_units| self.charge_units(nr_units);
             if !c.alloc_run(ci as u64 * SWAPFILE_CLUSTER as u64, out, &charge) {
-                // No such run here, or the tree has no room for its words: back to a list.
+                // No such run here, or the tree has no room for its units: back to a list.
                 self.lists.lock().move_to(ci, Self::list_for_given_up(&c));
                 continue;
             }
@@ -711,7 +711,7 @@ mod tests {
     /// charged by whole clusters (2 MiB), the first CPU of each took one and the second was
     /// refused with the device a quarter empty. Charged by units, all fit.
     #[test]
-    fn a_tree_share_charges_words_so_many_small_processes_fit() {
+    fn a_tree_share_charges_units_so_many_small_processes_fit() {
         use crate::shared_charge::{DeviceShare, SharedCharge};
         let tree: &'static SharedCharge = Box::leak(Box::default());
         let device_bytes = 32 * CLUSTER_BYTES;
