@@ -27,8 +27,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// How often the masks are looked at: a handler or a thread mask set after the pager is
-/// caught within this (a fault before that still dies, said by the line that follows).
+/// How often the masks are looked at: a handler set after the pager is fixed within this, a
+/// thread that blocks SIGBUS is named within two of these. A fault in that window still kills
+/// the process, with no line from uswap (`PagerBuilder::syscall_guard` closes the window).
 pub const GUARD_PERIOD: Duration = Duration::from_secs(1);
 
 /// Threads named at most once each, and at most this many in all (a program that starts
