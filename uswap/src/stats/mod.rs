@@ -412,6 +412,11 @@ pub(crate) fn unmanaged() -> (u64, u64) {
     (UNMANAGED_BYTES.load(Ordering::Relaxed), UNMANAGED_PEAK_BYTES.load(Ordering::Relaxed))
 }
 
+/// `a.f += b.f` for every field `f` named.
+macro_rules! sum_fields {
+    ($a:ident, $b:ident, $($field:ident),* $(,)?) => { $( $a.$field += $b.$field; )* };
+}
+
 impl Stats {
     /// The figures of a process that has ended, for a sum over a tree now: its counters
     /// (what it did) still count, what it held (resident and staged pages, idle memory,
@@ -451,13 +456,23 @@ impl Stats {
         self.publish.send_errors += other.publish.send_errors;
     }
 
-    /// Sums `other`'s counters and page counts (limit included) into these: a flat list of
-    /// fields, one addition each.
+    /// Sums `other`'s counters and what it holds into these (see [`Stats::add`]).
     fn add_counters(&mut self, other: &Stats) {
-        macro_rules! sum {
-            ($($field:ident),* $(,)?) => { $( self.$field += other.$field; )* };
-        }
-        sum!(
+        self.add_events(other);
+        self.add_held(other);
+    }
+
+    /// Sums `other`'s event counters (what happened, in the style of `/proc/vmstat`).
+    fn add_events(&mut self, other: &Stats) {
+        self.add_fault_events(other);
+        self.add_reclaim_events(other);
+    }
+
+    /// Faults, swap-ins, read-ahead, the fault handlers and system calls on managed memory.
+    fn add_fault_events(&mut self, other: &Stats) {
+        sum_fields!(
+            self,
+            other,
             pgfault,
             pgfault_zero,
             zero_fill_around,
@@ -465,6 +480,44 @@ impl Stats {
             pgmajfault,
             pgfault_wp,
             pswpin,
+            pgfault_aged,
+            device_reads,
+            device_read_us,
+            swap_ra,
+            swap_ra_hit,
+            swap_ra_unused,
+            swap_ra_async_started,
+            swap_ra_async,
+            swap_ra_async_dropped,
+            swap_ra_async_wait,
+            pgfault_swapcache_copy,
+            fault_raced,
+            fault_lock_free,
+            fault_busy_timeout,
+            fault_event_wait_timeout,
+            fault_error,
+            handler_retire,
+            handler_backlog,
+            handler_help,
+            handler_steer,
+            handler_spin_off,
+            checksum_errors,
+            syscall_prepared,
+            syscall_efault_retried,
+            syscall_efault,
+            syscall_continued,
+            syscall_async_kernel_access,
+            syscall_unpinned,
+            mlock_unhonoured,
+            bounce_wait_timeout
+        );
+    }
+
+    /// Reclaim, swap-outs, writeback and the device's slots.
+    fn add_reclaim_events(&mut self, other: &Stats) {
+        sum_fields!(
+            self,
+            other,
             pswpout,
             swpout_clean,
             swpout_zero,
@@ -474,66 +527,41 @@ impl Stats {
             pgdeactivate,
             swpout_idle,
             writeback_idle,
-            pgfault_aged,
-            device_reads,
-            device_read_us,
             device_writes,
             device_write_us,
             allocstall,
             swap_alloc_fail,
             limit_overrun,
-            swap_ra,
-            swap_ra_hit,
-            swap_ra_unused,
-            swap_ra_async_started,
-            swap_ra_async,
-            swap_ra_async_dropped,
-            swap_ra_async_wait,
             uffd_unmap,
             uffd_remap,
             uffd_remove,
-            pgfault_swapcache_copy,
-            fault_raced,
-            fault_lock_free,
-            fault_busy_timeout,
-            fault_event_wait_timeout,
-            fault_error,
             lru_overflow,
             move_refused,
             cow_broken,
             shared_adopted,
             reclaim_pinned,
             swpout_neighbours,
-            handler_retire,
-            handler_backlog,
-            handler_help,
-            handler_steer,
-            handler_spin_off,
             swpout_error,
             swpout_spilled,
             writeback,
-            checksum_errors,
             slots_leaked,
             uffd_move_misreports,
-            resident_pages,
-            swapcache_pages,
-            clean_pages,
-            limit_pages,
-            resident_peak_pages,
-            unmanaged_bytes,
-            unmanaged_peak_bytes,
-            syscall_prepared,
-            syscall_efault_retried,
-            syscall_efault,
-            syscall_continued,
-            syscall_async_kernel_access,
-            syscall_unpinned,
-            mlock_unhonoured,
             remap_copied,
-            limit_overrun_busy,
-            bounce_wait_timeout,
-            pool_peak_bytes,
+            limit_overrun_busy
         );
+    }
+
+    /// Sums what `other` holds (pages and bytes, now and at their peaks, the limit): the
+    /// figures [`Stats::ended`] zeroes, but for the peaks.
+    fn add_held(&mut self, other: &Stats) {
+        self.resident_pages += other.resident_pages;
+        self.swapcache_pages += other.swapcache_pages;
+        self.clean_pages += other.clean_pages;
+        self.limit_pages += other.limit_pages;
+        self.resident_peak_pages += other.resident_peak_pages;
+        self.unmanaged_bytes += other.unmanaged_bytes;
+        self.unmanaged_peak_bytes += other.unmanaged_peak_bytes;
+        self.pool_peak_bytes += other.pool_peak_bytes;
     }
 }
 

@@ -75,95 +75,119 @@ pub fn rule(nr: c_long) -> Rule {
 
 /// Calls that take no pointer the kernel follows. The clone family and `rt_sigreturn` must be
 /// here: they may not run on a stack the dispatch has pushed to (see `patch`).
-const fn is_plain(nr: c_long) -> bool {
-    matches!(
-        nr,
-        libc::SYS_close
-            | libc::SYS_lseek
-            | libc::SYS_mmap
-            | libc::SYS_mprotect
-            | libc::SYS_munmap
-            | libc::SYS_brk
-            | libc::SYS_rt_sigreturn
-            | libc::SYS_sched_yield
-            | libc::SYS_mremap
-            | libc::SYS_msync
-            | libc::SYS_madvise
-            | libc::SYS_dup
-            | libc::SYS_dup2
-            | libc::SYS_dup3
-            | libc::SYS_pause
-            | libc::SYS_alarm
-            | libc::SYS_getpid
-            | libc::SYS_socket
-            | libc::SYS_shutdown
-            | libc::SYS_listen
-            | libc::SYS_clone
-            | libc::SYS_clone3
-            | libc::SYS_fork
-            | libc::SYS_vfork
-            | libc::SYS_exit
-            | libc::SYS_exit_group
-            | libc::SYS_kill
-            | libc::SYS_tkill
-            | libc::SYS_tgkill
-            | libc::SYS_flock
-            | libc::SYS_fsync
-            | libc::SYS_fdatasync
-            | libc::SYS_ftruncate
-            | libc::SYS_fallocate
-            | libc::SYS_fchdir
-            | libc::SYS_fchmod
-            | libc::SYS_fchown
-            | libc::SYS_umask
-            | libc::SYS_getuid
-            | libc::SYS_getgid
-            | libc::SYS_geteuid
-            | libc::SYS_getegid
-            | libc::SYS_setuid
-            | libc::SYS_setgid
-            | libc::SYS_setpgid
-            | libc::SYS_getppid
-            | libc::SYS_getpgrp
-            | libc::SYS_setsid
-            | libc::SYS_getpgid
-            | libc::SYS_getsid
-            | libc::SYS_gettid
-            | libc::SYS_getpriority
-            | libc::SYS_setpriority
-            | libc::SYS_eventfd
-            | libc::SYS_eventfd2
-            | libc::SYS_epoll_create
-            | libc::SYS_epoll_create1
-            | libc::SYS_timerfd_create
-            | libc::SYS_inotify_init
-            | libc::SYS_inotify_init1
-            | libc::SYS_inotify_rm_watch
-            | libc::SYS_syncfs
-            | libc::SYS_sync
-            | libc::SYS_tee
-            | libc::SYS_sync_file_range
-            | libc::SYS_userfaultfd
-            | libc::SYS_membarrier
-            | libc::SYS_close_range
-            | libc::SYS_pidfd_open
-            | libc::SYS_set_tid_address
-            | libc::SYS_unshare
-            | libc::SYS_setns
-            | libc::SYS_personality
-    )
+const PLAIN: [c_long; 73] = [
+    libc::SYS_close,
+    libc::SYS_lseek,
+    libc::SYS_mmap,
+    libc::SYS_mprotect,
+    libc::SYS_munmap,
+    libc::SYS_brk,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_sched_yield,
+    libc::SYS_mremap,
+    libc::SYS_msync,
+    libc::SYS_madvise,
+    libc::SYS_dup,
+    libc::SYS_dup2,
+    libc::SYS_dup3,
+    libc::SYS_pause,
+    libc::SYS_alarm,
+    libc::SYS_getpid,
+    libc::SYS_socket,
+    libc::SYS_shutdown,
+    libc::SYS_listen,
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_fork,
+    libc::SYS_vfork,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_kill,
+    libc::SYS_tkill,
+    libc::SYS_tgkill,
+    libc::SYS_flock,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_ftruncate,
+    libc::SYS_fallocate,
+    libc::SYS_fchdir,
+    libc::SYS_fchmod,
+    libc::SYS_fchown,
+    libc::SYS_umask,
+    libc::SYS_getuid,
+    libc::SYS_getgid,
+    libc::SYS_geteuid,
+    libc::SYS_getegid,
+    libc::SYS_setuid,
+    libc::SYS_setgid,
+    libc::SYS_setpgid,
+    libc::SYS_getppid,
+    libc::SYS_getpgrp,
+    libc::SYS_setsid,
+    libc::SYS_getpgid,
+    libc::SYS_getsid,
+    libc::SYS_gettid,
+    libc::SYS_getpriority,
+    libc::SYS_setpriority,
+    libc::SYS_eventfd,
+    libc::SYS_eventfd2,
+    libc::SYS_epoll_create,
+    libc::SYS_epoll_create1,
+    libc::SYS_timerfd_create,
+    libc::SYS_inotify_init,
+    libc::SYS_inotify_init1,
+    libc::SYS_inotify_rm_watch,
+    libc::SYS_syncfs,
+    libc::SYS_sync,
+    libc::SYS_tee,
+    libc::SYS_sync_file_range,
+    libc::SYS_userfaultfd,
+    libc::SYS_membarrier,
+    libc::SYS_close_range,
+    libc::SYS_pidfd_open,
+    libc::SYS_set_tid_address,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_personality,
+];
+
+/// Whether `nr` is one of [`PLAIN`], by the dispatch's own table.
+fn is_plain(nr: c_long) -> bool {
+    usize::try_from(nr).ok().and_then(|i| CLASS.get(i)) == Some(&0)
 }
 
 /// The dispatch's table: 0 where a call goes straight to the kernel, 1 where it goes to the
 /// slow path. Built at compile time.
 pub static CLASS: [u8; 1 << 16] = {
     let mut t = [1u8; 1 << 16];
-    let mut nr = 0;
-    while nr < t.len() {
-        if is_plain(nr as c_long) {
-            t[nr] = 0;
-        }
-        nr += 1;
+    let mut i = 0;
+    while i < PLAIN.len() {
+        t[PLAIN[i] as usize] = 0;
+        i += 1;
     }
     t
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table the dispatch reads and the rules the slow path looks up agree: the calls of
+    /// [`PLAIN`] and only those go straight to the kernel.
+    #[test]
+    fn the_class_table_and_the_rules_agree() {
+        let nr_straight = CLASS.iter().filter(|&&c| c == 0).count();
+        assert_eq!(nr_straight, PLAIN.len(), "a call listed twice in PLAIN, or out of the table");
+        for nr in PLAIN {
+            assert_eq!((CLASS[nr as usize], rule(nr)), (0, Rule::Plain), "call {nr}");
+        }
+        for nr in [libc::SYS_read, libc::SYS_recvfrom, libc::SYS_write, libc::SYS_futex, libc::SYS_mincore] {
+            assert_eq!(CLASS[nr as usize], 1, "call {nr} must reach the slow path");
+            assert_ne!(rule(nr), Rule::Plain, "call {nr}");
+        }
+        assert_eq!(
+            (rule(-1), rule(1 << 16), rule(libc::SYS_newfstatat)),
+            (Rule::Generic, Rule::Generic, Rule::Generic)
+        );
+    }
+}
