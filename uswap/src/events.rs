@@ -532,7 +532,7 @@ pub(crate) fn read_run_from_parent<T>(
     };
     let Some(mut buf) = cx.bounce.take() else {
         cx.stats.inc(Counter::BounceWaitTimeout);
-        return Err(FaultError::PoolTimeout);
+        return Err(FaultError::BounceTimeout);
     };
     let dev = parent.device(entry);
     let pages = buf.pages_mut();

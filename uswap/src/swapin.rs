@@ -187,7 +187,7 @@ pub(crate) fn swap_in(cx: &SwapIn<'_>, f: &FaultSite<'_>) -> Result<(), FaultErr
         // goes back as it was (its slot still holds it), and the fault fails rather than hang.
         give_back(cx, f, &set, &items);
         cx.stats.inc(Counter::BounceWaitTimeout);
-        return Err(FaultError::PoolTimeout);
+        return Err(FaultError::BounceTimeout);
     };
     // What the last read that failed found, for the SIGBUS line.
     let mut failed = ReadFailure::default();

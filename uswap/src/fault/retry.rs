@@ -13,7 +13,7 @@ use crate::swapin::READ_ATTEMPTS;
 /// ioctl that failed) up to [`READ_ATTEMPTS`] times in all. Returns at once what the
 /// delivery must act on: the page is no longer the region's (`Gone`), the range was
 /// unmapped under the fault (`Unmapped`), an event is pending (`Ioctl(EAGAIN)`), or a wait
-/// that already took its full bound (`BusyTimeout`, `PoolTimeout`: not retried). Any other
+/// that already took its full bound (`BusyTimeout`, `BounceTimeout`: not retried). Any other
 /// error returned is the last of the attempts: the page cannot be brought back.
 pub(crate) fn serve_with_retries(
     region: &RegionInner,
@@ -30,7 +30,7 @@ pub(crate) fn serve_with_retries(
             Ok(()) => return Ok(()),
             Err(
                 e @ (FaultError::BusyTimeout
-                | FaultError::PoolTimeout
+                | FaultError::BounceTimeout
                 | FaultError::Gone
                 | FaultError::Unmapped
                 | FaultError::Ioctl(libc::EAGAIN)),

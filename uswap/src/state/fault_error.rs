@@ -1,10 +1,48 @@
 //! Why a fault's service failed ([`FaultError`]), and what the SIGBUS report says of it:
 //! the error fault service (`crate::fault_service`, `crate::swapin`) returns to fault
-//! delivery (`crate::fault`). How the fault came in is [`super::route`]'s.
+//! delivery (`crate::fault`). How the fault came in is [`super::route`]'s. Also the page
+//! errors the program can read ([`PageError`], `Pager::recent_errors`): one failed attempt
+//! each, retried.
 //!
 //! Locking: none; plain values.
 
-use crate::state::PageErrorKind;
+/// What went wrong with a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageErrorKind {
+    /// The device failed to read it.
+    ReadFailed,
+    /// The device returned data that did not match the page's checksum.
+    ChecksumMismatch,
+    /// The fault waited too long for the page's busy bit (its owner never finished).
+    BusyTimeout,
+}
+
+/// A page the engine failed to bring back on one attempt (it retries; `Stats` counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageError {
+    /// Address of the page in its region.
+    pub addr: usize,
+    pub device: usize,
+    pub slot: u64,
+    pub kind: PageErrorKind,
+    /// What the device said, when it said something (`BackendError::cause`); empty if not.
+    pub cause: &'static str,
+}
+
+impl std::fmt::Display for PageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.kind {
+            PageErrorKind::ReadFailed => "device read failed",
+            PageErrorKind::ChecksumMismatch => "checksum mismatch",
+            PageErrorKind::BusyTimeout => "gave up waiting for the page's owner",
+        };
+        write!(f, "page {:#x} (device {} slot {}): {what}", self.addr, self.device, self.slot)?;
+        if !self.cause.is_empty() {
+            write!(f, ": {}", self.cause)?;
+        }
+        Ok(())
+    }
+}
 
 /// Why a fault could not be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +58,7 @@ pub(crate) enum FaultError {
     BusyTimeout,
     /// No bounce buffer came free within `sync::POP_WAIT_LIMIT_NS`: every one stayed lent
     /// to threads that made no progress (a hung device read). The page is still on its device.
-    PoolTimeout,
+    BounceTimeout,
     /// The address is not the region's any more (the application unmapped or moved it).
     Gone,
     /// The page was mapped for a racing fault, and by the time this (stale) fault was
@@ -53,7 +91,7 @@ impl FaultError {
             FaultError::BusyTimeout => {
                 "stayed busy for 10 s: its owner made no progress (most likely this very thread, interrupted while it owned the page); its contents are kept"
             }
-            FaultError::PoolTimeout => {
+            FaultError::BounceTimeout => {
                 "could not be read: no bounce buffer came free for 10 s (every one held by a thread that made no progress, e.g. a hung device read); its slot is kept"
             }
             FaultError::Ioctl(_) => "could not be mapped (a userfaultfd ioctl failed on every attempt); its contents are kept",

@@ -38,49 +38,12 @@ use crate::stats::{DeviceStats, PerCpuStats, Stats};
 use crate::swap::{SwapCache, SwapDevices};
 use crate::uffd::{self, Uffd, PAGE_SIZE};
 use async_readahead::AsyncReadahead;
+pub use fault_error::{PageError, PageErrorKind};
 
 /// Pages moved out (and written back) per reclaim round: the kernel's `SWAP_CLUSTER_MAX`.
 pub const RECLAIM_BATCH_PAGES: usize = 32;
 /// The smallest resident limit a pager accepts.
 pub const MIN_LIMIT_BYTES: u64 = 256 * PAGE_SIZE as u64;
-
-/// What went wrong with a page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PageErrorKind {
-    /// The device failed to read it.
-    ReadFailed,
-    /// The device returned data that did not match the page's checksum.
-    ChecksumMismatch,
-    /// The fault waited too long for the page's busy bit (its owner never finished).
-    BusyTimeout,
-}
-
-/// A page the engine failed to bring back on one attempt (it retries; `Stats` counts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageError {
-    /// Address of the page in its region.
-    pub addr: usize,
-    pub device: usize,
-    pub slot: u64,
-    pub kind: PageErrorKind,
-    /// What the device said, when it said something (`BackendError::cause`); empty if not.
-    pub cause: &'static str,
-}
-
-impl std::fmt::Display for PageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = match self.kind {
-            PageErrorKind::ReadFailed => "device read failed",
-            PageErrorKind::ChecksumMismatch => "checksum mismatch",
-            PageErrorKind::BusyTimeout => "gave up waiting for the page's owner",
-        };
-        write!(f, "page {:#x} (device {} slot {}): {what}", self.addr, self.device, self.slot)?;
-        if !self.cause.is_empty() {
-            write!(f, ": {}", self.cause)?;
-        }
-        Ok(())
-    }
-}
 
 /// Regions and staging areas take missing-page faults and write-protect faults (the first
 /// write to a clean page).
