@@ -32,7 +32,7 @@ const GAUGES: [&str; 8] = [
 ];
 
 /// Fields of a device (and of its backend) that are levels; the rest count events.
-const DEVICE_GAUGES: [&str; 13] = [
+const DEVICE_GAUGES: [&str; 14] = [
     "priority",
     "nr_slots",
     "slots_used",
@@ -46,6 +46,7 @@ const DEVICE_GAUGES: [&str; 13] = [
     "same_filled_pages",
     "incompressible_pages",
     "compressed_bytes",
+    "object_bytes",
 ];
 
 /// The `# HELP` text of a field of `Stats`, `DeviceStats` or `BackendStats`.
@@ -136,13 +137,14 @@ fn help(field: &str) -> Option<&'static str> {
         "clusters_discarded" => "Clusters discarded before reuse.",
         "degraded" => "Its writes fail now: it takes no pages until a probe write succeeds.",
         "degraded_episodes" => "Times its writes began to fail.",
-        "charges_refused_tree_full" => "Slots refused (64 at a time): the tree's processes held the device's whole size.",
+        "charges_refused_tree_full" => "Slots refused (16, 64 KiB, at a time): the tree's processes held the device's whole size.",
         "pool_bytes" => "Bytes of memory the device holds.",
         "stored_pages" => "Pages stored in the device's pool.",
         "same_filled_pages" => "Stored pages of one repeated word (no pool memory).",
         "same_filled_stores" => "Pages stored as one repeated word.",
         "incompressible_pages" => "Stored pages that did not compress.",
         "compressed_bytes" => "Bytes of compressed data.",
+        "object_bytes" => "Bytes of the pool's objects (compressed data, headers, size-class rounding).",
         "compression_ratio" => "Stored pages per byte of pool, times the page size.",
         "reject_pool_full" => "Writes refused: pool full.",
         "reject_incompressible" => "Writes refused: incompressible.",

@@ -108,6 +108,10 @@ pub struct BackendStats {
     pub incompressible_pages: u64,
     /// Bytes of compressed data (before size-class rounding).
     pub compressed_bytes: u64,
+    /// Bytes of the pool's objects: the compressed data of each, its header, and its
+    /// size class's rounding (a class larger than its length needs included). Of
+    /// `pool_bytes`, what is not in objects is room its chunks have left (fragmentation).
+    pub object_bytes: u64,
     /// Stored pages per byte of pool: `stored_pages * PAGE_SIZE / pool_bytes` (0 while the
     /// pool holds no chunk). Same-filled pages count as stored pages taking no pool bytes, as
     /// zram counts them in `orig_data_size` and not in `compr_data_size`.

@@ -42,8 +42,8 @@ pub struct DeviceStats {
     pub degraded: bool,
     /// Times its writes began to fail since the pager started.
     pub degraded_episodes: u64,
-    /// Times it was refused storage for 64 more slots because the processes of its tree
-    /// held the device's whole size together (`uswap run`; see `shared_charge::DeviceShare`).
+    /// Times it was refused storage for 16 more slots (64 KiB) because the processes of its
+    /// tree held the device's whole size together (`uswap run`; see `shared_charge::DeviceShare`).
     pub charges_refused_tree_full: u64,
     /// The device's own counters (the compressed pool's, zswap-style), if it keeps any.
     pub backend: Option<crate::backend::BackendStats>,
@@ -620,6 +620,7 @@ impl DeviceStats {
                 a.same_filled_stores += b.same_filled_stores;
                 a.incompressible_pages += b.incompressible_pages;
                 a.compressed_bytes += b.compressed_bytes;
+                a.object_bytes += b.object_bytes;
                 a.compression_ratio = if a.pool_bytes == 0 {
                     0.0
                 } else {

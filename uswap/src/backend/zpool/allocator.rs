@@ -84,6 +84,10 @@ pub(super) fn entry_kind(e: u64) -> u64 {
 pub(super) fn entry_len(e: u64) -> usize {
     ((e >> 2) & 0x1fff) as usize
 }
+/// Bytes the object entry `e` points at takes in its chunk: its class's size.
+pub(super) fn entry_object_bytes(e: u64) -> u64 {
+    class_size(entry_class(e)) as u64
+}
 fn entry_obj(e: u64) -> u64 {
     (e >> 16) & 0xfff
 }

@@ -51,7 +51,9 @@ use super::{Backend, BackendError, BackendStats, ReadReq, RejectReason, WriteReq
 use crate::mapping::AtomicTable;
 use crate::shared_charge::PoolShare;
 use crate::uffd::PAGE_SIZE;
-use allocator::{entry, entry_kind, entry_len, Allocator, KIND_COMPRESSED, KIND_EMPTY, KIND_RAW, KIND_SAME};
+use allocator::{
+    entry, entry_kind, entry_len, entry_object_bytes, Allocator, KIND_COMPRESSED, KIND_EMPTY, KIND_RAW, KIND_SAME,
+};
 use codec::{Codecs, Workspace};
 
 mod allocator;
@@ -76,6 +78,8 @@ pub struct ZpoolBackend {
     same_filled_stores: AtomicU64,
     incompressible: AtomicU64,
     compressed_bytes: AtomicU64,
+    /// Bytes of the objects stored (see `BackendStats::object_bytes`).
+    object_bytes: AtomicU64,
     reject_pool_full: AtomicU64,
     reject_incompressible: AtomicU64,
     reject_alloc_fail: AtomicU64,
@@ -97,6 +101,7 @@ impl ZpoolBackend {
             same_filled_stores: AtomicU64::new(0),
             incompressible: AtomicU64::new(0),
             compressed_bytes: AtomicU64::new(0),
+            object_bytes: AtomicU64::new(0),
             reject_pool_full: AtomicU64::new(0),
             reject_incompressible: AtomicU64::new(0),
             reject_alloc_fail: AtomicU64::new(0),
@@ -170,6 +175,7 @@ impl ZpoolBackend {
             self.incompressible.fetch_add(1, Ordering::Relaxed);
         }
         self.compressed_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.object_bytes.fetch_add(entry_object_bytes(stored), Ordering::Relaxed);
         self.stored_pages.fetch_add(1, Ordering::Relaxed);
         self.update_full();
         Ok(false)
@@ -330,6 +336,7 @@ impl Backend for ZpoolBackend {
                     self.incompressible.fetch_sub(1, Ordering::Relaxed);
                 }
                 self.compressed_bytes.fetch_sub(entry_len(e) as u64, Ordering::Relaxed);
+                self.object_bytes.fetch_sub(entry_object_bytes(e), Ordering::Relaxed);
                 self.alloc.free(e);
                 self.update_full();
             }
@@ -368,6 +375,7 @@ impl Backend for ZpoolBackend {
             same_filled_stores: self.same_filled_stores.load(Ordering::Relaxed),
             incompressible_pages: self.incompressible.load(Ordering::Relaxed),
             compressed_bytes: self.compressed_bytes.load(Ordering::Relaxed),
+            object_bytes: self.object_bytes.load(Ordering::Relaxed),
             compression_ratio: if pool_bytes == 0 {
                 0.0
             } else {
@@ -447,11 +455,16 @@ mod tests {
             assert_eq!(st.same_filled_pages, 200);
             assert_eq!(st.incompressible_pages, 100);
             assert!(st.compression_ratio > 1.0, "{st:?}");
+            // Each object holds its data and header, rounded up to its class (16 bytes apart,
+            // or a class at most a quarter larger); the chunks hold the objects.
+            let with_headers = st.compressed_bytes + 4 * (st.stored_pages - st.same_filled_pages);
+            assert!(st.object_bytes >= with_headers && st.object_bytes <= with_headers * 5 / 4 + 16 * 200, "{st:?}");
+            assert!(st.object_bytes <= st.pool_bytes, "{st:?}");
             for i in 0..400 {
                 z.invalidate(i);
             }
             let st = z.stats().unwrap();
-            assert_eq!((st.stored_pages, st.pool_bytes, st.compressed_bytes), (0, 0, 0), "{st:?}");
+            assert_eq!((st.stored_pages, st.pool_bytes, st.compressed_bytes, st.object_bytes), (0, 0, 0, 0), "{st:?}");
             assert!(matches!(load(&z, 3), Err(BackendError::Empty { slot: 3 })));
         }
     }
