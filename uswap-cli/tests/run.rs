@@ -1712,3 +1712,23 @@ fn a_pager_started_in_a_signal_handler_leaves_the_interrupted_call_whole() {
     assert!(counter(&v, "pswpout") > 0, "the handler's pages were not paged: {v}");
     assert_eq!(counter(&v, "syscall_efault"), 0, "{v}");
 }
+
+/// Signal mode's rewrite of the C library: after the first processes of a tree, a process
+/// maps the patched code the first ones kept (its C library's code is that file's pages,
+/// shared, not a private copy of each page a jump was written to), and runs as before.
+#[test]
+fn processes_of_a_tree_map_the_patched_c_library_the_first_ones_kept() {
+    let dir = tmpdir("patched-text");
+    let script = "for i in 1 2 3 4 5 6 7 8 9 10; do grep -c 'image\\.text' /proc/self/maps || true; done";
+    let prog = ["sh", "-c", script];
+    let (o, _) = uswap_run(LIMIT_MIB, &["--fault-mode", "signal"], &prog, &dir);
+    assert!(o.status.success(), "{}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let counts: Vec<&str> = out.lines().collect();
+    assert_eq!(counts.len(), 10, "one line per grep: {out}");
+    assert!(counts.iter().all(|c| *c == "0" || *c == "1"), "{out}");
+    // A process maps the kept code only where its trampolines fit at the distance the image
+    // was made for (most do; a few patch as the first one did and keep their own).
+    let mapped = counts.iter().filter(|c| **c == "1").count();
+    assert!(mapped >= 5, "{mapped} of 10 processes mapped the kept code: {out}");
+}

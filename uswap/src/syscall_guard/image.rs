@@ -160,8 +160,90 @@ impl ImageCache {
             return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
         }
         // SAFETY: the caller's contract (one thread, the segment's own code).
-        unsafe { write_code(&jumps)? };
+        if !unsafe { self.map_text(seg, &jumps) } {
+            // SAFETY: as above.
+            unsafe { write_code(&jumps)? };
+        }
         Ok(Some((img.nr_sites, jumps.len())))
+    }
+
+    /// Where the patched code a process kept for the next ones lies ([`ImageCache::store_text`]).
+    fn text_path(&self) -> std::path::PathBuf {
+        let mut path = self.path.as_os_str().to_owned();
+        path.push(".text");
+        path.into()
+    }
+
+    /// The pages of `seg` whole: the code is mapped, and so replaced, a page at a time.
+    fn text_pages(seg: &Segment) -> (usize, usize) {
+        let page = crate::uffd::PAGE_SIZE;
+        let first = seg.start & !(page - 1);
+        (first, (seg.start + seg.len).next_multiple_of(page) - first)
+    }
+
+    /// Keeps the pages of `seg`, now patched, for the next process whose trampolines lie at
+    /// the same distance: it maps them over its own code instead of writing the jumps, so its
+    /// code pages stay shared with the file instead of each becoming a private copy (about
+    /// 170 pages of the C library: as many page faults, each a page copied, and 700 KiB of
+    /// memory per process). Best effort, written whole and renamed into place.
+    pub(super) fn store_text(&self, seg: &Segment) {
+        let (first, len) = Self::text_pages(seg);
+        // SAFETY: the segment's pages are mapped code, readable.
+        let bytes = unsafe { std::slice::from_raw_parts(first as *const u8, len) };
+        let path = self.text_path();
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".tmp{}", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
+        if std::fs::write(&tmp, bytes).is_err() || std::fs::rename(&tmp, &path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+
+    /// Maps the kept patched pages over `seg` if they hold exactly the `jumps` this process
+    /// would write (the code around them is the library file's, the same in every process).
+    /// False, with nothing changed, when there are none, they do not match, or the file
+    /// system refuses to map them executable (`noexec`).
+    ///
+    /// # Safety
+    /// As [`ImageCache::apply`]; `jumps` are the writes that patch `seg`.
+    unsafe fn map_text(&self, seg: &Segment, jumps: &[(usize, Vec<u8>)]) -> bool {
+        let Ok(file) = std::fs::File::open(self.text_path()) else { return false };
+        let (first, len) = Self::text_pages(seg);
+        if file.metadata().map(|m| m.len()).ok() != Some(len as u64) {
+            return false;
+        }
+        use std::os::fd::AsRawFd;
+        let fd = file.as_raw_fd();
+        let check = sys_mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, fd, 0);
+        if check == libc::MAP_FAILED {
+            return false;
+        }
+        // SAFETY: `check` maps `len` readable bytes of the file.
+        let kept = unsafe { std::slice::from_raw_parts(check as *const u8, len) };
+        let same = jumps.iter().all(|(at, b)| kept.get(at - first..at - first + b.len()) == Some(b.as_slice()));
+        sys_munmap(check, len);
+        if !same {
+            return false;
+        }
+        // Made directly, not through the C library's `syscall`: its own `syscall` instruction
+        // lies in a window these pages rewrite, and the call would return into the jump.
+        // SAFETY: replaces the segment's pages with the same code, patched (checked above);
+        // one thread (the caller's contract). A refusal (`noexec`) is made before anything is
+        // unmapped, and leaves the code as it was.
+        let r = unsafe {
+            super::raw::raw(
+                libc::SYS_mmap,
+                [
+                    first as u64,
+                    len as u64,
+                    (libc::PROT_READ | libc::PROT_EXEC) as u64,
+                    (libc::MAP_PRIVATE | libc::MAP_FIXED) as u64,
+                    fd as u64,
+                    0,
+                ],
+            )
+        };
+        r as usize == first
     }
 
     /// Keeps the trampolines this process built for `seg` (read back from their area), for

@@ -479,6 +479,9 @@ unsafe fn patch_segment(
     }
     // SAFETY: one thread (the caller's contract); the windows are this segment's code.
     unsafe { write_code(&jumps)? };
+    if let Some(image) = &image {
+        image.store_text(seg);
+    }
     Ok((nr_sites, jumps.len()))
 }
 
