@@ -554,14 +554,18 @@ impl Stats {
     /// Sums what `other` holds (pages and bytes, now and at their peaks, the limit): the
     /// figures [`Stats::ended`] zeroes, but for the peaks.
     fn add_held(&mut self, other: &Stats) {
-        self.resident_pages += other.resident_pages;
-        self.swapcache_pages += other.swapcache_pages;
-        self.clean_pages += other.clean_pages;
-        self.limit_pages += other.limit_pages;
-        self.resident_peak_pages += other.resident_peak_pages;
-        self.unmanaged_bytes += other.unmanaged_bytes;
-        self.unmanaged_peak_bytes += other.unmanaged_peak_bytes;
-        self.pool_peak_bytes += other.pool_peak_bytes;
+        sum_fields!(
+            self,
+            other,
+            resident_pages,
+            swapcache_pages,
+            clean_pages,
+            limit_pages,
+            resident_peak_pages,
+            unmanaged_bytes,
+            unmanaged_peak_bytes,
+            pool_peak_bytes,
+        );
     }
 }
 
@@ -600,39 +604,47 @@ fn add_latency(a: &mut LatencySummary, b: &LatencySummary) {
 
 impl DeviceStats {
     fn add(&mut self, other: &DeviceStats) {
-        self.nr_slots += other.nr_slots;
-        self.slots_used += other.slots_used;
-        self.slots_held_for_children += other.slots_held_for_children;
-        self.clusters_free += other.clusters_free;
-        self.clusters_nonfull += other.clusters_nonfull;
-        self.clusters_full += other.clusters_full;
-        self.clusters_discarded += other.clusters_discarded;
+        sum_fields!(
+            self,
+            other,
+            nr_slots,
+            slots_used,
+            slots_held_for_children,
+            clusters_free,
+            clusters_nonfull,
+            clusters_full,
+            clusters_discarded,
+            degraded_episodes,
+            charges_refused_tree_full,
+        );
         // Summed over processes: degraded in any of them.
         self.degraded |= other.degraded;
-        self.degraded_episodes += other.degraded_episodes;
-        self.charges_refused_tree_full += other.charges_refused_tree_full;
         match (&mut self.backend, &other.backend) {
             (Some(a), Some(b)) => {
-                a.pool_bytes += b.pool_bytes;
-                a.pool_peak_bytes += b.pool_peak_bytes;
-                a.stored_pages += b.stored_pages;
-                a.same_filled_pages += b.same_filled_pages;
-                a.same_filled_stores += b.same_filled_stores;
-                a.incompressible_pages += b.incompressible_pages;
-                a.compressed_bytes += b.compressed_bytes;
-                a.object_bytes += b.object_bytes;
+                sum_fields!(
+                    a,
+                    b,
+                    pool_bytes,
+                    pool_peak_bytes,
+                    stored_pages,
+                    same_filled_pages,
+                    same_filled_stores,
+                    incompressible_pages,
+                    compressed_bytes,
+                    object_bytes,
+                    reject_pool_full,
+                    reject_incompressible,
+                    reject_alloc_fail,
+                    discard_errors,
+                    failovers,
+                    redirects,
+                    remote_read_errors,
+                );
                 a.compression_ratio = if a.pool_bytes == 0 {
                     0.0
                 } else {
                     (a.stored_pages * crate::PAGE_SIZE as u64) as f64 / a.pool_bytes as f64
                 };
-                a.reject_pool_full += b.reject_pool_full;
-                a.reject_incompressible += b.reject_incompressible;
-                a.reject_alloc_fail += b.reject_alloc_fail;
-                a.discard_errors += b.discard_errors;
-                a.failovers += b.failovers;
-                a.redirects += b.redirects;
-                a.remote_read_errors += b.remote_read_errors;
             }
             (None, Some(b)) => self.backend = Some(b.clone()),
             (_, None) => {}
