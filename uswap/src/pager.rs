@@ -387,6 +387,8 @@ impl PagerBuilder {
             reclaim_in_flight: AtomicUsize::new(0),
             stall: crate::pressure::StallClock::new(),
             stall_avgs: crate::pressure::StallAverages::default(),
+            idle_sample: crate::pressure::IdleSample::new(),
+            aged_written_pages: std::sync::atomic::AtomicU64::new(0),
             auto: self.auto_budget.map(|target| {
                 crate::pressure::Budget::new(target, (MIN_LIMIT_BYTES / PAGE_SIZE as u64) as usize, limit_pages)
             }),

@@ -285,6 +285,37 @@ mod tests {
     }
 }
 
+/// What the idle aging scan found, for the automatic budget: pages it took out of their
+/// regions (`tested_pages`), and how many of those were still out a tick later
+/// (`untouched_pages`), since the pager (or the tree) started. Added to once a tick by each
+/// aging scan; read by the law at its own tick. Plain atomics, so that a tree's lives in
+/// its shared segment.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct IdleSample {
+    tested_pages: AtomicU64,
+    untouched_pages: AtomicU64,
+}
+
+impl IdleSample {
+    pub const fn new() -> IdleSample {
+        IdleSample { tested_pages: AtomicU64::new(0), untouched_pages: AtomicU64::new(0) }
+    }
+
+    /// `tested` pages were taken out a tick ago, and `untouched` of them are still out.
+    pub fn add(&self, tested: u64, untouched: u64) {
+        debug_assert!(untouched <= tested, "untouched pages are some of those tested");
+        self.untouched_pages.fetch_add(untouched, Ordering::Relaxed);
+        self.tested_pages.fetch_add(tested, Ordering::Release);
+    }
+
+    /// `(tested, untouched)` so far.
+    pub fn totals(&self) -> (u64, u64) {
+        let tested = self.tested_pages.load(Ordering::Acquire);
+        (tested, self.untouched_pages.load(Ordering::Relaxed).min(tested))
+    }
+}
+
 /// The default stall target of the automatic budget: 1 % of wall time. Why: a
 /// single-threaded program stalled 1 % of the time runs at most about 1 % slower than with
 /// all its memory, well inside the 5 % a user would call "no slower"; a smaller target
@@ -327,6 +358,10 @@ const HOLD_TICKS: u32 = 10;
 /// way out (reclaim sees no accessed bits, so a probe takes some hot pages with the cold):
 /// the next probe waits one tick.
 const SEVERE: f64 = 4.0;
+/// Pages the idle aging scan (`crate::reclaim::aging`) found untouched a tick after it
+/// took them out, since the law's last tick, that make it trust the scan: the working set
+/// is below the resident pages by at least this (1 MiB), and the pages can go at once.
+pub const IDLE_TRUSTED_PAGES: usize = 256;
 /// Resident memory that grew by more than 1/this in a tick means the program is allocating.
 const GROWING_DIVISOR: usize = 100;
 /// Ticks without a probe after the budget grew: the program is bringing its pages back in,
@@ -358,6 +393,14 @@ const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
 ///   no probe follows for [`HOLD_AFTER_GROWTH_TICKS`], while the program brings its pages in,
 ///   and the next probe is [`FIRST_PROBE`] again: the step the last phase reached (up to
 ///   [`MAX_PROBE`]) says nothing of the new one.
+///
+/// * When the idle aging scan runs (`uswap run --auto` turns it on), the pages it took out
+///   of their regions a tick ago and that are still untouched are not in use: at least
+///   [`IDLE_TRUSTED_PAGES`] of them end a hold, and a probe takes them all (with its own
+///   step), so that a working set that shrank is followed as fast as the scan finds its
+///   idle pages, without the stalls of probes that take hot pages with cold ones. Measured:
+///   a program whose working set dropped from 320 MiB to 64 MiB kept a limit of 326 MiB
+///   for 9 s of the small phase (a hold), then took 8 s of probes to reach 94.
 ///
 /// Why it does not oscillate: a probe that finds the edge of the working set is undone in
 /// the next tick and followed by ever smaller probes, so the limit stays within the last
@@ -393,6 +436,10 @@ pub struct Budget {
     /// Whether the last tick undid a probe: stalls in the next are the probe's pages
     /// coming back into the room the undo gave, not a working set that grew.
     undone: bool,
+    /// Pages the aging scan found untouched since the last tick (0 below
+    /// [`IDLE_TRUSTED_PAGES`]), and the scan's count then.
+    idle_pages: usize,
+    idle_seen: u64,
 }
 
 impl Budget {
@@ -411,6 +458,8 @@ impl Budget {
             last_resident: None,
             tested: false,
             undone: false,
+            idle_pages: 0,
+            idle_seen: 0,
         }
     }
 
@@ -418,15 +467,17 @@ impl Budget {
         self.target
     }
 
-    /// Called often (each pass of a background loop) with the stall clock's total: the new
-    /// limit, in pages, once a tick has passed since the last, or [`EARLY_UNDO_US`] after a
-    /// probe that thrashes (`None` otherwise).
+    /// Called often (each pass of a background loop) with the stall clock's total and the
+    /// aging scan's ([`IdleSample::totals`]; zeros without a scan): the new limit, in pages,
+    /// once a tick has passed since the last, or [`EARLY_UNDO_US`] after a probe that
+    /// thrashes (`None` otherwise).
     pub fn tick(
         &mut self,
         stall_total_us: u64,
         now_us: u64,
         limit_pages: usize,
         resident_pages: usize,
+        idle_totals: (u64, u64),
     ) -> Option<usize> {
         if self.last_us == 0 {
             (self.last_us, self.last_total_us) = (now_us, stall_total_us);
@@ -443,7 +494,18 @@ impl Budget {
             return None;
         }
         (self.last_us, self.last_total_us) = (now_us, stall_total_us);
+        self.note_idle(idle_totals);
         Some(self.next_limit(share, limit_pages, resident_pages))
+    }
+
+    /// The pages found idle since the last tick, from the aging scan's totals (too few are
+    /// kept for the next tick).
+    fn note_idle(&mut self, (_, untouched): (u64, u64)) {
+        let new = untouched.saturating_sub(self.idle_seen) as usize;
+        self.idle_pages = 0;
+        if new >= IDLE_TRUSTED_PAGES {
+            (self.idle_pages, self.idle_seen) = (new, untouched);
+        }
     }
 
     /// The law itself: the limit after a tick whose stall share was `share`.
@@ -472,7 +534,7 @@ impl Budget {
                     grown.max(limit_pages as f64)
                 }
             }
-        } else if self.hold > 0 {
+        } else if self.hold > 0 && self.idle_pages == 0 {
             self.hold -= 1;
             return limit_pages;
         } else if growing {
@@ -484,10 +546,16 @@ impl Budget {
                 self.step = (self.step * 2.0).min(MAX_PROBE);
                 self.tested = true;
             }
+            self.hold = 0;
+            if self.idle_pages > 0 {
+                // Pages left idle: a phase that shrank, which the last phase's step says
+                // nothing of (as for one that grew).
+                self.step = self.step.max(FIRST_PROBE);
+            }
             let level = limit_pages.min(resident_pages);
             self.probed_from = Some(level);
             let adj = (self.target / share.max(1e-9) / COEFF_PROBE).powi(2).min(1.0) * self.step;
-            level as f64 * (1.0 - adj)
+            (level as f64 * (1.0 - adj)).min(level.saturating_sub(self.idle_pages) as f64)
         };
         (next as usize).clamp(self.floor_pages, self.ceiling_pages)
     }
@@ -516,6 +584,9 @@ impl Budget {
 #[cfg(test)]
 mod budget_tests {
     use super::*;
+
+    /// No aging scan: its totals stay at zero.
+    const NO_SCAN: (u64, u64) = (0, 0);
 
     #[test]
     fn the_law_shrinks_under_the_target_grows_over_it_and_keeps_its_bounds() {
@@ -576,6 +647,23 @@ mod budget_tests {
     }
 
     #[test]
+    fn pages_the_scan_found_idle_end_a_hold_and_go_with_the_next_probe() {
+        let mut b = Budget { tested: true, ..Budget::new(0.01, 100, 100_000) };
+        assert_eq!(b.tick(0, 1_000_000, 10_000, 10_000, NO_SCAN), None);
+        assert_eq!(b.tick(0, 2_000_000, 10_000, 10_000, (1_000, 0)), Some(9_500), "a probe; nothing found idle");
+        assert_eq!(b.tick(400_000, 3_000_000, 9_500, 9_500, (2_000, 0)), Some(10_200), "it hurt: undone, held");
+        assert_eq!(b.tick(400_000, 4_000_000, 10_200, 9_600, (3_000, 100)), Some(10_200), "too few idle: held");
+        // 4,100 pages the scan took out are untouched a tick later (the 100 of the last tick,
+        // too few then, count now): the working set shrank.
+        assert_eq!(b.tick(400_000, 5_000_000, 10_200, 9_600, (8_000, 4_100)), Some(5_500), "the hold ends, they go");
+        assert_eq!(b.tick(400_000, 6_000_000, 5_500, 5_500, (8_000, 4_100)), Some(4_950), "then plain probes (10 %)");
+        let mut fresh = Budget::new(0.01, 100, 100_000);
+        fresh.step = MIN_PROBE;
+        fresh.idle_pages = 1_000;
+        assert_eq!(fresh.next_limit(0.0, 50_000, 50_000), 47_500, "idle pages bring the step back to 5 %");
+    }
+
+    #[test]
     fn a_program_that_allocates_is_not_probed() {
         let mut b = Budget::new(0.01, 100, 100_000);
         assert_eq!(b.next_limit(0.0, 50_000, 10_000), 9_500, "the first tick probes");
@@ -587,35 +675,47 @@ mod budget_tests {
     #[test]
     fn ticks_come_once_a_period_with_the_share_of_that_period() {
         let mut b = Budget::new(0.01, 1, 1 << 20);
-        assert_eq!(b.tick(0, 1_000_000, 1000, 1000), None, "the first call starts the clock");
+        assert_eq!(b.tick(0, 1_000_000, 1000, 1000, NO_SCAN), None, "the first call starts the clock");
         let mut started = Budget::new(0.01, 1, 1 << 20);
-        assert_eq!(started.tick(0, 1_000_000, 1 << 20, 1000), None);
-        assert_eq!(started.tick(0, 2_000_000, 1 << 20, 2000), Some(1 << 20), "it grew since the clock started");
-        assert_eq!(b.tick(0, 1_500_000, 1000, 1000), None);
+        assert_eq!(started.tick(0, 1_000_000, 1 << 20, 1000, NO_SCAN), None);
+        assert_eq!(
+            started.tick(0, 2_000_000, 1 << 20, 2000, NO_SCAN),
+            Some(1 << 20),
+            "it grew since the clock started"
+        );
+        assert_eq!(b.tick(0, 1_500_000, 1000, 1000, NO_SCAN), None);
         // 0.5 s of stall in 1 s: 50 times the target, no probe before it.
-        assert_eq!(b.tick(500_000, 2_000_000, 1000, 1000), Some(2000));
+        assert_eq!(b.tick(500_000, 2_000_000, 1000, 1000, NO_SCAN), Some(2000));
         for t in 0..HOLD_AFTER_GROWTH_TICKS as u64 {
-            assert_eq!(b.tick(500_000, 3_000_000 + t * 1_000_000, 2000, 1000), Some(2000), "held after growing");
+            assert_eq!(
+                b.tick(500_000, 3_000_000 + t * 1_000_000, 2000, 1000, NO_SCAN),
+                Some(2000),
+                "held after growing"
+            );
         }
-        assert_eq!(b.tick(500_000, 9_000_000, 2000, 1000), Some(950));
+        assert_eq!(b.tick(500_000, 9_000_000, 2000, 1000, NO_SCAN), Some(950));
     }
 
     #[test]
     fn a_probe_that_thrashes_is_undone_before_its_tick_ends() {
         let mut b = Budget { tested: true, ..Budget::new(0.01, 1, 1 << 20) };
-        assert_eq!(b.tick(0, 1_000_000, 10_000, 10_000), None);
-        assert_eq!(b.tick(0, 2_000_000, 10_000, 10_000), Some(9_500), "a probe");
-        assert_eq!(b.tick(100_000, 2_150_000, 9_500, 9_500), None, "too soon to tell");
-        assert_eq!(b.tick(120_000, 2_300_000, 9_500, 9_500), None, "40 % of 300 ms: not thrashing");
+        assert_eq!(b.tick(0, 1_000_000, 10_000, 10_000, NO_SCAN), None);
+        assert_eq!(b.tick(0, 2_000_000, 10_000, 10_000, NO_SCAN), Some(9_500), "a probe");
+        assert_eq!(b.tick(100_000, 2_150_000, 9_500, 9_500, NO_SCAN), None, "too soon to tell");
+        assert_eq!(b.tick(120_000, 2_300_000, 9_500, 9_500, NO_SCAN), None, "40 % of 300 ms: not thrashing");
         // 200 ms of stall in 350 ms: 57 % of the time, the probe went below the working set.
-        assert_eq!(b.tick(200_000, 2_350_000, 9_500, 9_500), Some(10_200), "undone at once, and 2 % more");
+        assert_eq!(b.tick(200_000, 2_350_000, 9_500, 9_500, NO_SCAN), Some(10_200), "undone at once, and 2 % more");
         // Then only full ticks: no probe outstanding, no early tick.
-        assert_eq!(b.tick(500_000, 2_600_000, 10_200, 9_800), None);
-        assert_eq!(b.tick(500_000, 3_350_000, 10_200, 10_000), Some(10_200), "its pages come back: no growth");
+        assert_eq!(b.tick(500_000, 2_600_000, 10_200, 9_800, NO_SCAN), None);
+        assert_eq!(b.tick(500_000, 3_350_000, 10_200, 10_000, NO_SCAN), Some(10_200), "its pages come back: no growth");
         for t in 0..HOLD_TICKS as u64 {
-            assert_eq!(b.tick(500_000, 4_350_000 + t * 1_000_000, 10_200, 10_000), Some(10_200), "held");
+            assert_eq!(b.tick(500_000, 4_350_000 + t * 1_000_000, 10_200, 10_000, NO_SCAN), Some(10_200), "held");
         }
-        assert_eq!(b.tick(1_200_000, 15_350_000, 10_200, 10_000), Some(20_000), "a full tick of thrashing grows it");
+        assert_eq!(
+            b.tick(1_200_000, 15_350_000, 10_200, 10_000, NO_SCAN),
+            Some(20_000),
+            "a full tick of thrashing grows it"
+        );
     }
 
     #[test]

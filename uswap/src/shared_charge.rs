@@ -73,6 +73,9 @@ pub struct SharedCharge {
     /// programs' faults do not reclaim for the probe (memcg's `memory.high` set below
     /// `memory.max`; see `uswap run --auto`).
     pub goal_pages: AtomicUsize,
+    /// What the idle aging scans of the tree's processes found, together: what `--auto`'s
+    /// law reads to follow a working set that shrank (`crate::pressure::Budget`).
+    pub idle_sample: crate::pressure::IdleSample,
 }
 
 impl SharedCharge {
@@ -280,7 +283,7 @@ pub const REFUSAL_PREFIX: &str = "refused-";
 pub const MAX_PROCESSES: usize = 4096;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
-const VERSION: u64 = 8;
+const VERSION: u64 = 9;
 
 #[repr(C)]
 struct Slot {

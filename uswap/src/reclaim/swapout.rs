@@ -461,8 +461,10 @@ fn written(
 ) -> usize {
     assert_eq!(run.len(), crcs.len());
     let sdev = cx.devices.device(victims[run[0]].pte.entry());
+    let mut aged = 0;
     for (&k, &crc) in run.iter().zip(crcs) {
         let v = &victims[k];
+        aged += v.pte.aged() as u64;
         let (old, new) = (v.pte.entry(), targets[k]);
         let dev = cx.devices.device(new);
         dev.set_checksum(new.offset(), crc);
@@ -485,6 +487,9 @@ fn written(
     cx.swap_cache.uncount(n);
     uncharge(cx.charge, n);
     cx.stats.add(Counter::Pswpout, n as u64);
+    if aged > 0 {
+        cx.charge.aged_written_pages.fetch_add(aged, Ordering::Relaxed);
+    }
     n
 }
 

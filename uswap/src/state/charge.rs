@@ -5,9 +5,9 @@
 //!
 //! Locking: none; atomics.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 
-use crate::pressure::{Budget, StallAverages, StallClock, StallGuard};
+use crate::pressure::{Budget, IdleSample, StallAverages, StallClock, StallGuard};
 use crate::shared_charge::{ChargeCell, SharedCharge};
 
 /// The resident limit and the charge against it.
@@ -30,6 +30,13 @@ pub(crate) struct Charge {
     /// The application's memory stalls (`crate::pressure`), and their running averages.
     pub stall: StallClock,
     pub stall_avgs: StallAverages,
+    /// What the idle aging scan found, for the automatic budget (its tree's too, in the
+    /// shared charge, under `uswap run`).
+    pub idle_sample: IdleSample,
+    /// Pages the aging scan staged that reclaim wrote out before they were touched: neither
+    /// found in use nor shown idle (a page in use then faults from the device), so the scan's
+    /// sample leaves them out (`reclaim::aging`).
+    pub aged_written_pages: AtomicU64,
     /// With an automatic budget: its control law, with the ceiling (the limit given), which
     /// the background reclaimer copies and runs (`reclaim::background`).
     pub auto: Option<Budget>,
