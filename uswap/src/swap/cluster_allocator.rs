@@ -656,6 +656,19 @@ impl ClusterAllocator {
         n
     }
 
+    /// The first cluster at or after `ci` that was ever given out (and so may hold slots):
+    /// the never-used ones are skipped by whoever scans the device's slots. `None` past the
+    /// last.
+    pub fn used_cluster_from(&self, ci: u32) -> Option<u32> {
+        let l = self.lists.lock();
+        if ci < l.next_fresh {
+            return Some(ci);
+        }
+        // `started_in` is sorted (`pop_fresh` searches it).
+        let k = l.started_in.partition_point(|&s| s < ci);
+        l.started_in.get(k).copied()
+    }
+
     pub fn cluster_counts(&self) -> ClusterCounts {
         let l = self.lists.lock();
         ClusterCounts {
@@ -679,6 +692,29 @@ mod tests {
     /// The discard is a system call on file devices; the lock hierarchy (`crate::sync`)
     /// forbids one under a spin lock, so an allocation that needs a discarded cluster must
     /// run the discard with no engine lock held.
+    /// A scan of the device's slots (the aging scan's tier moves) visits the clusters ever
+    /// given out: every slot allocated lies in one, and past the last there is none.
+    #[test]
+    fn the_clusters_ever_given_out_hold_every_slot_allocated() {
+        let a = ClusterAllocator::new(64, 2).unwrap();
+        let mut out = vec![0u64; 3 * SWAPFILE_CLUSTER + 7];
+        assert_eq!(a.alloc(0, &mut out, &no_discard), out.len());
+        let used: HashSet<u32> = out.iter().map(|&s| (s / SWAPFILE_CLUSTER as u64) as u32).collect();
+        for &ci in &used {
+            assert_eq!(a.used_cluster_from(ci), Some(ci), "cluster {ci} holds slots");
+        }
+        let last = *used.iter().max().unwrap();
+        let mut visited = 0;
+        let mut ci = 0;
+        // Bounded: each step moves past a cluster.
+        while let Some(c) = a.used_cluster_from(ci) {
+            assert!(c >= ci);
+            visited += 1;
+            ci = c + 1;
+        }
+        assert!(ci > last && visited < 64, "the walk ends after the last used cluster ({visited} visited)");
+    }
+
     /// Two processes' allocators of one device of a tree: together they never hold more
     /// clusters than the device's size, a discard gives a cluster's share back, and a
     /// dropped allocator gives back all of its own.

@@ -331,6 +331,11 @@ impl SwapDevice {
         self.allocator.share_refusals()
     }
 
+    /// The first cluster at or after `ci` that may hold slots (one ever given out).
+    pub fn used_cluster_from(&self, ci: u32) -> Option<u32> {
+        self.allocator.used_cluster_from(ci)
+    }
+
     /// Slots allocated now.
     pub fn inuse_slots(&self) -> u64 {
         self.allocator.inuse_slots()
