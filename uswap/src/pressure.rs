@@ -499,7 +499,9 @@ impl Budget {
     }
 
     /// The pages found idle since the last tick, from the aging scan's totals (too few are
-    /// kept for the next tick).
+    /// kept for the next tick). Approximate by what reclaim takes between a scan's report
+    /// and this tick: those pages already left the resident count the probe starts from, so
+    /// the probe goes that much deeper, and its stalls judge it as any probe's.
     fn note_idle(&mut self, (_, untouched): (u64, u64)) {
         let new = untouched.saturating_sub(self.idle_seen) as usize;
         self.idle_pages = 0;
