@@ -27,6 +27,7 @@ def main():
     p.add_argument("--max", default="64GiB", help="--limit: the ceiling")
     p.add_argument("--uswap", default=os.path.join(ROOT, "target/release/uswap"))
     p.add_argument("--idle-age", help="uswap run's --idle-age (default: its own, `never` under --auto)")
+    p.add_argument("--device", help="uswap run's --device (default: its own, a zpool)")
     p.add_argument("--log")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     conf = p.parse_args()
@@ -36,6 +37,7 @@ def main():
     log = open(conf.log, "w") if conf.log else None
     start = time.monotonic()
     aging = ["--idle-age", conf.idle_age] if conf.idle_age else []
+    aging += ["--device", conf.device] if conf.device else []
     run = subprocess.Popen([conf.uswap, "run", f"--auto={conf.target}", "--limit", conf.max] + aging + ["--"] + cmd)
     history = []
     while run.poll() is None:

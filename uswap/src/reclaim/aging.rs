@@ -15,7 +15,11 @@
 //! pages were all in use every 10 s slowed it by 3 %, and 8 % under pressure). So a pass
 //! that finds little (three quarters or more of its pages came back) is followed by one
 //! twice as slow, up to [`MAX_SLOWDOWN`] times, and one that finds idle pages (half or
-//! more stayed out) brings back the full pace.
+//! more stayed out) brings back the full pace. A tick that finds half or more of the last
+//! tick's pages still out brings it back at once, and [`IDLE_SPEEDUP`] times that (and
+//! times [`MAX_DEACTIVATE_PER_S`]) while it keeps finding them: idle pages cost their move
+//! only. What each tick found goes to the automatic budget (`pressure::IdleSample`), which
+//! takes the pages found untouched with its next probe.
 //!
 //! With `IdleAging::Evict(age)`, staged pages that have been idle for `age` are written to
 //! their device, oldest first ([`evict_idle`]), and pages that have been idle for `age`
