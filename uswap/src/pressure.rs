@@ -285,34 +285,29 @@ mod tests {
     }
 }
 
-/// What the idle aging scan found, for the automatic budget: pages it took out of their
-/// regions (`tested_pages`), and how many of those were still out a tick later
-/// (`untouched_pages`), since the pager (or the tree) started. Added to once a tick by each
-/// aging scan; read by the law at its own tick. Plain atomics, so that a tree's lives in
-/// its shared segment.
+/// What the idle aging scan found, for the automatic budget: the pages it took out of their
+/// regions that were still out a tick later, since the pager (or the tree) started. Added
+/// to once a tick by each aging scan; read by the law at its own tick. A plain atomic, so
+/// that a tree's lives in its shared segment.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct IdleSample {
-    tested_pages: AtomicU64,
     untouched_pages: AtomicU64,
 }
 
 impl IdleSample {
     pub const fn new() -> IdleSample {
-        IdleSample { tested_pages: AtomicU64::new(0), untouched_pages: AtomicU64::new(0) }
+        IdleSample { untouched_pages: AtomicU64::new(0) }
     }
 
-    /// `tested` pages were taken out a tick ago, and `untouched` of them are still out.
-    pub fn add(&self, tested: u64, untouched: u64) {
-        debug_assert!(untouched <= tested, "untouched pages are some of those tested");
+    /// `untouched` pages taken out a tick ago are still out.
+    pub fn add(&self, untouched: u64) {
         self.untouched_pages.fetch_add(untouched, Ordering::Relaxed);
-        self.tested_pages.fetch_add(tested, Ordering::Release);
     }
 
-    /// `(tested, untouched)` so far.
-    pub fn totals(&self) -> (u64, u64) {
-        let tested = self.tested_pages.load(Ordering::Acquire);
-        (tested, self.untouched_pages.load(Ordering::Relaxed).min(tested))
+    /// Pages found untouched so far.
+    pub fn total(&self) -> u64 {
+        self.untouched_pages.load(Ordering::Relaxed)
     }
 }
 
@@ -469,7 +464,7 @@ impl Budget {
     }
 
     /// Called often (each pass of a background loop) with the stall clock's total and the
-    /// aging scan's ([`IdleSample::totals`]; zeros without a scan): the new limit, in pages,
+    /// aging scan's ([`IdleSample::total`]; zero without a scan): the new limit, in pages,
     /// once a tick has passed since the last, or [`EARLY_UNDO_US`] after a probe that
     /// thrashes (`None` otherwise).
     pub fn tick(
@@ -478,7 +473,7 @@ impl Budget {
         now_us: u64,
         limit_pages: usize,
         resident_pages: usize,
-        idle_totals: (u64, u64),
+        idle_untouched_pages: u64,
     ) -> Option<usize> {
         if self.last_us == 0 {
             (self.last_us, self.last_total_us) = (now_us, stall_total_us);
@@ -495,15 +490,15 @@ impl Budget {
             return None;
         }
         (self.last_us, self.last_total_us) = (now_us, stall_total_us);
-        self.note_idle(idle_totals);
+        self.note_idle(idle_untouched_pages);
         Some(self.next_limit(share, limit_pages, resident_pages))
     }
 
-    /// The pages found idle since the last tick, from the aging scan's totals (too few are
+    /// The pages found idle since the last tick, from the aging scan's total (too few are
     /// kept for the next tick). Approximate by what reclaim takes between a scan's report
     /// and this tick: those pages already left the resident count the probe starts from, so
     /// the probe goes that much deeper, and its stalls judge it as any probe's.
-    fn note_idle(&mut self, (_, untouched): (u64, u64)) {
+    fn note_idle(&mut self, untouched: u64) {
         let new = untouched.saturating_sub(self.idle_seen) as usize;
         self.idle_pages = 0;
         if new >= IDLE_TRUSTED_PAGES {
@@ -588,8 +583,8 @@ impl Budget {
 mod budget_tests {
     use super::*;
 
-    /// No aging scan: its totals stay at zero.
-    const NO_SCAN: (u64, u64) = (0, 0);
+    /// No aging scan: its total stays at zero.
+    const NO_SCAN: u64 = 0;
 
     #[test]
     fn the_law_shrinks_under_the_target_grows_over_it_and_keeps_its_bounds() {
@@ -653,13 +648,13 @@ mod budget_tests {
     fn pages_the_scan_found_idle_end_a_hold_and_go_with_the_next_probe() {
         let mut b = Budget { tested: true, ..Budget::new(0.01, 100, 100_000) };
         assert_eq!(b.tick(0, 1_000_000, 10_000, 10_000, NO_SCAN), None);
-        assert_eq!(b.tick(0, 2_000_000, 10_000, 10_000, (1_000, 0)), Some(9_500), "a probe; nothing found idle");
-        assert_eq!(b.tick(400_000, 3_000_000, 9_500, 9_500, (2_000, 0)), Some(10_200), "it hurt: undone, held");
-        assert_eq!(b.tick(400_000, 4_000_000, 10_200, 9_600, (3_000, 100)), Some(10_200), "too few idle: held");
+        assert_eq!(b.tick(0, 2_000_000, 10_000, 10_000, 0), Some(9_500), "a probe; nothing found idle");
+        assert_eq!(b.tick(400_000, 3_000_000, 9_500, 9_500, 0), Some(10_200), "it hurt: undone, held");
+        assert_eq!(b.tick(400_000, 4_000_000, 10_200, 9_600, 100), Some(10_200), "too few idle: held");
         // 4,100 pages the scan took out are untouched a tick later (the 100 of the last tick,
         // too few then, count now): the working set shrank.
-        assert_eq!(b.tick(400_000, 5_000_000, 10_200, 9_600, (8_000, 4_100)), Some(5_500), "the hold ends, they go");
-        assert_eq!(b.tick(400_000, 6_000_000, 5_500, 5_500, (8_000, 4_100)), Some(4_950), "then plain probes (10 %)");
+        assert_eq!(b.tick(400_000, 5_000_000, 10_200, 9_600, 4_100), Some(5_500), "the hold ends, they go");
+        assert_eq!(b.tick(400_000, 6_000_000, 5_500, 5_500, 4_100), Some(4_950), "then plain probes (10 %)");
         let mut fresh = Budget::new(0.01, 100, 100_000);
         fresh.step = MIN_PROBE;
         fresh.idle_pages = 1_000;

@@ -128,8 +128,8 @@ fn the_budget_follows_a_working_set_through_its_phases() {
 /// budget with the idle aging scan on (as `uswap run --auto` runs it): the scan finds the
 /// pages the small phase left idle and the law takes them, so that the limit comes within
 /// 1.5x the new working set in seconds (7 s measured here, 14 s without the scan's
-/// findings; docs/auto-budget.md), with no more than two seconds of the small phase in a row stalled over twice the target. Every
-/// page is checked.
+/// findings; docs/auto-budget.md), with no more than two seconds of the small phase in a
+/// row stalled over twice the target. Every page is checked.
 #[test]
 fn the_budget_follows_a_working_set_that_drops_fivefold() {
     let target = uswap::pressure::DEFAULT_TARGET;

@@ -63,7 +63,7 @@ impl TreeBudget {
                 }
                 let limit = tree.limit_pages.load(Ordering::Acquire);
                 let resident = tree.resident_pages.load(Ordering::Acquire);
-                let idle = tree.idle_sample.totals();
+                let idle = tree.idle_sample.total();
                 let Some(next) = law.tick(tree.stall.total_us(now), now, limit, resident, idle) else { continue };
                 if next < limit {
                     tree.goal_pages.store(next, Ordering::Release);

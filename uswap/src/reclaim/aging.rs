@@ -173,9 +173,10 @@ impl Aging {
             return;
         }
         let untouched = tested.saturating_sub(back);
-        cx.charge.idle_sample.add(tested as u64, untouched as u64);
+        debug_assert!(untouched <= tested, "untouched pages are some of those tested");
+        cx.charge.idle_sample.add(untouched as u64);
         if let Some(tree) = cx.charge.shared {
-            tree.idle_sample.add(tested as u64, untouched as u64);
+            tree.idle_sample.add(untouched as u64);
         }
     }
 

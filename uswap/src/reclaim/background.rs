@@ -61,7 +61,7 @@ pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs
 fn move_budget(cx: &Reclaim<'_>, b: &mut crate::pressure::Budget, now_us: u64) {
     let limit = cx.charge.limit_pages.load(Ordering::Acquire);
     let resident = cx.charge.resident_pages.load(Ordering::Acquire);
-    let idle = cx.charge.idle_sample.totals();
+    let idle = cx.charge.idle_sample.total();
     let Some(next) = b.tick(cx.charge.stall.total_us(now_us), now_us, limit, resident, idle) else { return };
     if next < resident && !cx.charge.reclaim_held.load(Ordering::Acquire) {
         // Best effort: pages that cannot go now go with later rounds.
