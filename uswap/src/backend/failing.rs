@@ -202,6 +202,10 @@ impl Backend for FailingBackend {
         self.inner.writeback_candidates(out)
     }
 
+    fn trim(&self) -> u64 {
+        self.inner.trim()
+    }
+
     fn stats(&self) -> Option<BackendStats> {
         self.inner.stats()
     }

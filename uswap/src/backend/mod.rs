@@ -302,6 +302,14 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Called now and then from the background thread: gives memory the device holds and
+    /// no longer uses back to the kernel (the pool's free chunks beyond a reserve). Unlike
+    /// `prepare` it may drop pages of the device's own mappings (a TLB flush per batch).
+    /// Returns the bytes given back.
+    fn trim(&self) -> u64 {
+        0
+    }
+
     /// The device's own counters, if it keeps any.
     fn stats(&self) -> Option<BackendStats> {
         None

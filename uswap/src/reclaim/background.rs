@@ -186,6 +186,11 @@ impl Reclaimer {
             cow::adopt_exclusive(cx);
         }
         cx.devices.run_discards();
+        // Pools give back the chunks they emptied (beyond a reserve), as zsmalloc frees an
+        // empty zspage: the process's memory follows the pool's, not its peak.
+        for d in cx.devices.devices() {
+            d.backend.trim();
+        }
         // PSI's averages, every 2 s; the automatic budget, every second.
         let now_us = crate::pressure::now_us();
         cx.charge.stall_avgs.sample(&cx.charge.stall, now_us);

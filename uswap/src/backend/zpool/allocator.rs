@@ -3,7 +3,8 @@
 //! Compressed objects live in an arena carved into 64 KiB chunks; each chunk serves one size
 //! class (multiples of 16 bytes up to a page, as zsmalloc's classes on 4 KiB pages). A class
 //! keeps a list of its chunks that have room; a chunk that empties goes back to the arena
-//! for any class. An object may live in a chunk of a larger class than its length needs
+//! for any class, and `trim` (from the background thread) gives the memory of free chunks
+//! beyond a reserve back to the kernel. An object may live in a chunk of a larger class than its length needs
 //! (at most a quarter larger, see `alloc_object`), so that sparse classes share chunks;
 //! its entry names the chunk's class. Also here: the encoding of a slot's entry (kind,
 //! length, class, chunk, object) and of a chunk's metadata word.
@@ -25,13 +26,15 @@
 //!
 //! Invariants: a chunk is free (class `NO_CLASS`), or belongs to one class and is on that
 //! class's partial list iff `0 < inuse < objects_per_chunk`; `chunks_in_use` counts the
-//! chunks that belong to a class.
+//! chunks that belong to a class. A free chunk is on the warm list (`nr_free_warm` of
+//! them, memory populated), on the cold list (memory given back), or, for the moment of a
+//! `trim` batch, on neither.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::config::ZpoolError;
-use crate::mapping::{AtomicTable, MapOptions, Mapping};
+use crate::mapping::{AtomicTable, DiscardBatch, MapOptions, Mapping};
 use crate::shared_charge::PoolShare;
 use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
@@ -47,6 +50,16 @@ const WRITEBACK_LOOKAHEAD_CHUNKS: u32 = 16;
 const PREPARE_AHEAD_CHUNKS: u32 = 64;
 /// The lead once the pool holds anything (1 MiB).
 const PREPARE_AHEAD_MIN_CHUNKS: u32 = 16;
+/// Free chunks kept populated for reuse, at least (1 MiB): what `trim` leaves of the warm
+/// free list. Beyond it, a 32nd of the chunks in use (a pool of 300 MiB keeps 9 MiB), so
+/// that a pool churning at a steady size reuses its chunks rather than dropping and
+/// zero-filling them again.
+pub(super) const TRIM_RESERVE_MIN_CHUNKS: u32 = 16;
+const TRIM_RESERVE_DIVISOR: u64 = 32;
+/// Chunks dropped with one TLB flush (2 MiB).
+const TRIM_BATCH_CHUNKS: usize = 32;
+/// Batches one `trim` drops at most (64 MiB): the rest waits for the next call.
+const TRIM_MAX_BATCHES: usize = 32;
 
 /// Granularity of size classes. 32 bytes wasted 16 on average per object: a quarter of
 /// the pool when pages compress to 40-odd bytes (redis-server's values did).
@@ -166,8 +179,14 @@ struct ClassState {
 }
 
 struct ArenaState {
-    /// Free chunks, linked through `links` (next half).
+    /// Free chunks whose memory is populated (freed since the last `trim`), linked through
+    /// `links` (next half): taken first.
     free_head: u32,
+    /// How many chunks are on `free_head`'s list.
+    nr_free_warm: u32,
+    /// Free chunks whose memory `trim` gave back to the kernel, linked the same way: they
+    /// read as zero and fault their pages in again on first use.
+    cold_head: u32,
     /// Chunks never used yet start here.
     next_fresh: u32,
 }
@@ -248,7 +267,10 @@ impl Allocator {
             classes: (0..NR_CLASSES)
                 .map(|_| SpinLock::new(LockClass::ZpoolSizeClass, ClassState { partial_head: NIL, anchored: false }))
                 .collect(),
-            free_chunks: SpinLock::new(LockClass::ZpoolArena, ArenaState { free_head: NIL, next_fresh: 0 }),
+            free_chunks: SpinLock::new(
+                LockClass::ZpoolArena,
+                ArenaState { free_head: NIL, nr_free_warm: 0, cold_head: NIL, next_fresh: 0 },
+            ),
             writeback_hand: AtomicU32::new(0),
             fresh_hint: AtomicU32::new(0),
             populated: AtomicU32::new(0),
@@ -261,6 +283,13 @@ impl Allocator {
     /// Bytes of the arena's mapping.
     pub(super) fn arena_bytes(&self) -> u64 {
         self.nr_chunks as u64 * CHUNK_BYTES as u64
+    }
+
+    /// Bytes of the arena present in memory (`mincore`), for tests.
+    #[cfg(test)]
+    pub(super) fn arena_resident_bytes(&self) -> u64 {
+        let pages = crate::mapping::mincore_pages(self.arena.addr(), self.arena_bytes() as usize).expect("mincore");
+        (pages * PAGE_SIZE) as u64
     }
 
     /// Bytes of arena the pool uses (chunks in use).
@@ -333,6 +362,51 @@ impl Allocator {
             self.populated.store(to, Ordering::Relaxed);
         }
         to > from
+    }
+
+    /// Gives the memory of free chunks beyond a reserve back to the kernel (zsmalloc frees
+    /// an empty zspage's pages at once). Without it the arena held the pool's peak for
+    /// the life of the process: a program that swapped 256 MiB out under a 64 MiB limit,
+    /// then unmapped three quarters of it, kept 193 MiB of RSS with 0.9 MiB of pool in use.
+    /// Each batch of chunks is dropped with one TLB flush, outside the arena lock (the
+    /// chunks are off every list meanwhile, so a concurrent `take_chunk` may start a
+    /// never-used chunk instead). Returns the bytes given back. Bounded by
+    /// [`TRIM_MAX_BATCHES`].
+    pub(super) fn trim(&self) -> u64 {
+        let in_use = self.chunks_in_use.load(Ordering::Relaxed);
+        let reserve = TRIM_RESERVE_MIN_CHUNKS.max((in_use / TRIM_RESERVE_DIVISOR).min(u32::MAX as u64) as u32);
+        let mut released_chunks = 0u64;
+        for _ in 0..TRIM_MAX_BATCHES {
+            let mut taken = [NIL; TRIM_BATCH_CHUNKS];
+            let mut n = 0;
+            {
+                let mut a = self.free_chunks.lock();
+                while n < TRIM_BATCH_CHUNKS && a.nr_free_warm > reserve {
+                    let ch = a.free_head;
+                    assert_ne!(ch, NIL, "{} warm free chunks counted on an empty list", a.nr_free_warm);
+                    a.free_head = self.links(ch).1;
+                    a.nr_free_warm -= 1;
+                    taken[n] = ch;
+                    n += 1;
+                }
+            }
+            if n == 0 {
+                break;
+            }
+            let mut batch = DiscardBatch::<TRIM_BATCH_CHUNKS>::new();
+            for &ch in &taken[..n] {
+                debug_assert_eq!(meta_class(self.chunk_meta.load(ch as usize, Ordering::Relaxed)), NO_CLASS);
+                self.arena.discard_later(&mut batch, ch as usize * CHUNK_BYTES, CHUNK_BYTES);
+            }
+            batch.flush();
+            let mut a = self.free_chunks.lock();
+            for &ch in &taken[..n] {
+                self.set_links(ch, NIL, a.cold_head);
+                a.cold_head = ch;
+            }
+            released_chunks += n as u64;
+        }
+        released_chunks * CHUNK_BYTES as u64
     }
 
     /// Fills `out` with slots whose objects live in the chunk to shed next; `entry_of(slot)`
@@ -478,6 +552,11 @@ impl Allocator {
             if a.free_head != NIL {
                 let ch = a.free_head;
                 a.free_head = self.links(ch).1;
+                a.nr_free_warm -= 1;
+                ch
+            } else if a.cold_head != NIL {
+                let ch = a.cold_head;
+                a.cold_head = self.links(ch).1;
                 ch
             } else if a.next_fresh < self.nr_chunks {
                 a.next_fresh += 1;
@@ -538,6 +617,7 @@ impl Allocator {
             let mut a = self.free_chunks.lock();
             self.set_links(chunk, NIL, a.free_head);
             a.free_head = chunk;
+            a.nr_free_warm += 1;
             self.chunks_in_use.fetch_sub(1, Ordering::Relaxed);
             if let Some(share) = self.share.get() {
                 share.shrink(CHUNK_BYTES as u64);

@@ -354,6 +354,11 @@ impl Backend for ZpoolBackend {
         self.alloc.prepare(self.pool_bytes() != 0)
     }
 
+    /// The arena's free chunks beyond a reserve (see `Allocator::trim`).
+    fn trim(&self) -> u64 {
+        self.alloc.trim()
+    }
+
     fn writeback_candidates(&self, out: &mut [u64]) -> usize {
         if self.pool_bytes() < self.accept_limit_bytes() {
             return 0;
@@ -611,6 +616,46 @@ mod tests {
         assert!(z.pool_bytes() < (1 << 20) * 9 / 10);
         store(&z, stored + 1, &page_of(3, 99)).unwrap();
         assert_eq!(load(&z, stored + 1).unwrap().0, page_of(3, 99).0);
+    }
+
+    #[test]
+    fn trim_gives_free_chunks_back_beyond_a_reserve_and_they_serve_again() {
+        let z = ZpoolBackend::new(ZpoolConfig::new(64 << 20, 8192)).unwrap();
+        // 4,000 raw pages: 17.5 MiB of chunks, every page of them written.
+        let nr = 4000u64;
+        for slot in 0..nr {
+            store(&z, slot, &page_of(3, slot + 1)).unwrap();
+        }
+        let used = z.pool_bytes();
+        assert!(used >= 15 << 20, "{used}");
+        // All but the last chunk's unused tail.
+        let resident_full = z.alloc.arena_resident_bytes();
+        assert!(resident_full + CHUNK_BYTES as u64 >= used, "{resident_full} resident, {used} in use");
+        // Nothing to give back while every chunk is in use.
+        assert_eq!(z.trim(), 0);
+        // Three quarters freed: their chunks are free but still resident until trimmed.
+        for slot in 0..nr * 3 / 4 {
+            z.invalidate(slot);
+        }
+        let in_use = z.pool_bytes();
+        assert!(in_use <= used / 4 + CHUNK_BYTES as u64, "{in_use} of {used}");
+        assert_eq!(z.alloc.arena_resident_bytes(), resident_full, "freed chunks stay resident before a trim");
+        let released = z.trim();
+        let reserve = allocator::TRIM_RESERVE_MIN_CHUNKS as u64 * CHUNK_BYTES as u64;
+        assert!(released >= used - in_use - reserve, "{released} given back of {}", used - in_use);
+        assert_eq!(z.trim(), 0, "nothing more beyond the reserve");
+        let resident = z.alloc.arena_resident_bytes();
+        assert!(resident <= in_use + reserve, "resident {resident}, in use {in_use}");
+        // The trimmed chunks serve new pages (zero-filled again on first use), and the pages
+        // kept read back unchanged.
+        for slot in 0..nr * 3 / 4 {
+            store(&z, slot, &page_of(2, slot + 9)).unwrap();
+        }
+        for slot in 0..nr {
+            let want = if slot < nr * 3 / 4 { page_of(2, slot + 9) } else { page_of(3, slot + 1) };
+            assert_eq!(load(&z, slot).unwrap().0, want.0, "slot {slot}");
+        }
+        assert!(z.pool_bytes() <= used, "{} after reuse, {used} before", z.pool_bytes());
     }
 
     /// A page of `random_bytes` random bytes then zeros: it compresses to a little more
