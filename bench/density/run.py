@@ -127,6 +127,7 @@ def main():
     ap.add_argument("--idle-age", default="5s", help="uswap-lz4+zstd's --idle-age")
     ap.add_argument("--only", help="run only the programs whose name contains this")
     ap.add_argument("--json", help="also write every run's figures here")
+    ap.add_argument("--engines", help="comma-separated engines to run (default: all); kernel-zram is the reference")
     args = ap.parse_args()
     engines = {
         "uswap-lz4": lambda c, l: run_uswap(args.uswap, c, l, []),
@@ -135,6 +136,12 @@ def main():
                                                  ["--device", "zpool,zpool:zstd-1", "--idle-age", args.idle_age]),
         "kernel-zram": lambda c, l: run_kernel(args.uswap, c, l),
     }
+    if args.engines:
+        wanted = args.engines.split(",")
+        unknown = [e for e in wanted if e not in engines]
+        if unknown:
+            sys.exit(f"unknown engine(s) {', '.join(unknown)}: pick from {', '.join(engines)}")
+        engines = {e: f for e, f in engines.items() if e in wanted}
     everything = []
     print("| program | limit | engine | bytes per stored page | vs zram | peak store MiB | wall s | runs (failed) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -152,7 +159,7 @@ def main():
                     print(f"{name} / {e}: status {rc}: {err.strip()[-300:]}", file=sys.stderr)
                     continue
                 runs[e].append((fig["bytes_per_page"], fig["peak_bytes"], took))
-        zram = statistics.median([b for b, _, _ in runs["kernel-zram"]]) if runs["kernel-zram"] else None
+        zram = statistics.median([b for b, _, _ in runs["kernel-zram"]]) if runs.get("kernel-zram") else None
         for e, xs in runs.items():
             if not xs:
                 print(f"| {name} | {limit} | {e} | - | - | - | - | 0 ({failed[e]}) |")

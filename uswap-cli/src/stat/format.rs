@@ -145,6 +145,7 @@ fn help(field: &str) -> Option<&'static str> {
         "incompressible_pages" => "Stored pages that did not compress.",
         "compressed_bytes" => "Bytes of compressed data.",
         "object_bytes" => "Bytes of the pool's objects (compressed data, headers, size-class rounding).",
+        "compacted_chunks" => "Pool chunks (64 KiB) compaction emptied and freed.",
         "compression_ratio" => "Stored pages per byte of pool, times the page size.",
         "reject_pool_full" => "Writes refused: pool full.",
         "reject_incompressible" => "Writes refused: incompressible.",

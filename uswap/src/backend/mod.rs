@@ -112,6 +112,9 @@ pub struct BackendStats {
     /// size class's rounding (a class larger than its length needs included). Of
     /// `pool_bytes`, what is not in objects is room its chunks have left (fragmentation).
     pub object_bytes: u64,
+    /// Chunks (64 KiB) the pool's compaction emptied and freed, since the device started
+    /// (zram's `pages_compacted`).
+    pub compacted_chunks: u64,
     /// Stored pages per byte of pool: `stored_pages * PAGE_SIZE / pool_bytes` (0 while the
     /// pool holds no chunk). Same-filled pages count as stored pages taking no pool bytes, as
     /// zram counts them in `orig_data_size` and not in `compr_data_size`.

@@ -632,6 +632,7 @@ impl DeviceStats {
                     incompressible_pages,
                     compressed_bytes,
                     object_bytes,
+                    compacted_chunks,
                     reject_pool_full,
                     reject_incompressible,
                     reject_alloc_fail,

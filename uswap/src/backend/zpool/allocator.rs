@@ -56,6 +56,9 @@ const PREPARE_AHEAD_MIN_CHUNKS: u32 = 16;
 /// zero-filling them again.
 pub(super) const TRIM_RESERVE_MIN_CHUNKS: u32 = 16;
 const TRIM_RESERVE_DIVISOR: u64 = 32;
+/// Partial chunks of a class `compact` looks at to pick the sparsest (the walk holds the
+/// class's lock).
+const COMPACT_SCAN_CHUNKS: u32 = 64;
 /// Chunks dropped with one TLB flush (2 MiB).
 const TRIM_BATCH_CHUNKS: usize = 32;
 /// Batches one `trim` drops at most (64 MiB): the rest waits for the next call.
@@ -169,10 +172,19 @@ fn meta_free_head(m: u64) -> u64 {
 fn meta_next_unused(m: u64) -> u64 {
     (m >> 41) & 0xffff
 }
+/// Set on a chunk `compact` is emptying: off its class's partial list though it has room,
+/// so nothing is placed in it, and not freed by `free_object` when its last object goes (the
+/// compactor, which still reads its objects, frees it).
+const META_EVACUATING: u64 = 1 << 57;
+fn meta_evacuating(m: u64) -> bool {
+    m & META_EVACUATING != 0
+}
 
 struct ClassState {
     /// First chunk of this class with room, linked through `links`.
     partial_head: u32,
+    /// Chunks on the partial list.
+    nr_partial: u32,
     /// Whether this class has started a chunk of its anchor class (see `alloc_object`):
     /// the next chunk it needs is its own.
     anchored: bool,
@@ -227,6 +239,8 @@ pub(super) struct Allocator {
     chunk_links: LazyWords,
     classes: Box<[SpinLock<ClassState>]>,
     free_chunks: SpinLock<ArenaState>,
+    /// The next size class `compact` looks at.
+    compact_hand: AtomicU32,
     /// Clock hand over chunks for writeback: chunks are shed whole, in index order (roughly
     /// allocation order), so writeback always returns memory.
     writeback_hand: AtomicU32,
@@ -265,12 +279,18 @@ impl Allocator {
             chunk_meta: LazyWords::new(nr_chunks, meta(NO_CLASS, 0, NO_OBJ, 0)).map_err(map_err)?,
             chunk_links: LazyWords::new(nr_chunks, u64::MAX).map_err(map_err)?,
             classes: (0..NR_CLASSES)
-                .map(|_| SpinLock::new(LockClass::ZpoolSizeClass, ClassState { partial_head: NIL, anchored: false }))
+                .map(|_| {
+                    SpinLock::new(
+                        LockClass::ZpoolSizeClass,
+                        ClassState { partial_head: NIL, nr_partial: 0, anchored: false },
+                    )
+                })
                 .collect(),
             free_chunks: SpinLock::new(
                 LockClass::ZpoolArena,
                 ArenaState { free_head: NIL, nr_free_warm: 0, cold_head: NIL, next_fresh: 0 },
             ),
+            compact_hand: AtomicU32::new(0),
             writeback_hand: AtomicU32::new(0),
             fresh_hint: AtomicU32::new(0),
             populated: AtomicU32::new(0),
@@ -409,6 +429,134 @@ impl Allocator {
         released_chunks * CHUNK_BYTES as u64
     }
 
+    /// Compacts size classes, from where the last call stopped, until `budget_objects`
+    /// objects have moved or every class was looked at once: while a class's partial chunks
+    /// have a whole chunk's worth of free objects (zsmalloc's `zs_can_compact`), its
+    /// sparsest partial chunk is emptied into the others and goes back to the arena.
+    /// `slot_entry(slot)` is the entry word of a slot of the pool (None: not one). Returns
+    /// the objects moved and the chunks freed.
+    pub(super) fn compact<'a>(
+        &self,
+        budget_objects: u64,
+        slot_entry: impl Fn(u64) -> Option<&'a AtomicU64>,
+    ) -> (u64, u64) {
+        let (mut moved, mut freed) = (0, 0);
+        for _ in 0..NR_CLASSES {
+            if moved >= budget_objects {
+                break;
+            }
+            let c = self.compact_hand.fetch_add(1, Ordering::Relaxed) as usize % NR_CLASSES;
+            // Victim after victim while the class can give a chunk back; bounded by the
+            // budget, the chunks it can look at, and a victim that did not empty.
+            for _ in 0..COMPACT_SCAN_CHUNKS {
+                let Some(victim) = self.pick_victim(c) else { break };
+                let (objects, emptied) = self.evacuate(victim, c, &slot_entry);
+                moved += objects;
+                freed += emptied as u64;
+                if !emptied || moved >= budget_objects {
+                    break;
+                }
+            }
+        }
+        (moved, freed)
+    }
+
+    /// Takes the sparsest of class `c`'s partial chunks (of the first
+    /// [`COMPACT_SCAN_CHUNKS`]) off its list, marked evacuating, if the others have room for
+    /// its objects and the class a chunk's worth of free objects.
+    fn pick_victim(&self, c: usize) -> Option<u32> {
+        let mut cls = self.classes[c].lock();
+        if cls.nr_partial < 2 {
+            return None;
+        }
+        let per_chunk = objects_per_chunk(c);
+        let (mut free_objects, mut sparsest) = (0, (NIL, u64::MAX));
+        let mut chunk = cls.partial_head;
+        for _ in 0..COMPACT_SCAN_CHUNKS {
+            if chunk == NIL {
+                break;
+            }
+            let inuse = meta_inuse(self.chunk_meta.load(chunk as usize, Ordering::Relaxed));
+            debug_assert!(inuse > 0 && inuse < per_chunk, "chunk {chunk} on class {c}'s partial list with {inuse}");
+            free_objects += per_chunk - inuse;
+            if inuse < sparsest.1 {
+                sparsest = (chunk, inuse);
+            }
+            chunk = self.links(chunk).1;
+        }
+        let (victim, inuse) = sparsest;
+        let room_elsewhere = free_objects - (per_chunk - inuse);
+        if free_objects < per_chunk || room_elsewhere < inuse {
+            return None;
+        }
+        self.partial_unlink(&mut cls, victim);
+        let m = self.chunk_meta.load(victim as usize, Ordering::Relaxed);
+        self.chunk_meta.store(victim as usize, m | META_EVACUATING, Ordering::Relaxed);
+        Some(victim)
+    }
+
+    /// Moves every live object of `victim` (class `c`, evacuating) to other chunks of its
+    /// class, each by a copy and a compare-and-swap of its slot's entry: an entry changed
+    /// meanwhile (the slot invalidated by its owner) keeps its own object and the copy is
+    /// freed. A reader that loaded the old entry checks it again after reading (see
+    /// `ZpoolBackend::load_page`); the victim is not reused before every object is out, so
+    /// an entry that still names it names what it holds. Then frees the victim, or puts it
+    /// back on its list if the class ran out of room. Returns the objects moved and whether
+    /// the victim was freed.
+    fn evacuate<'a>(&self, victim: u32, c: usize, slot_entry: &impl Fn(u64) -> Option<&'a AtomicU64>) -> (u64, bool) {
+        let mut buf = [0u8; OBJ_HEADER + PAGE_SIZE];
+        let mut moved = 0;
+        let next_unused = meta_next_unused(self.chunk_meta.load(victim as usize, Ordering::Relaxed));
+        for obj in 0..next_unused {
+            let from = Self::obj_offset(victim, c, obj);
+            let mut hdr = [0u8; OBJ_HEADER];
+            self.arena.read(from, &mut hdr);
+            let Some(entry_word) = slot_entry(u32::from_ne_bytes(hdr) as u64) else { continue };
+            let e = entry_word.load(Ordering::Acquire);
+            let kind = entry_kind(e);
+            let live = (kind == KIND_COMPRESSED || kind == KIND_RAW) && entry_chunk(e) == victim && entry_obj(e) == obj;
+            if !live {
+                continue;
+            }
+            debug_assert_eq!(entry_class(e), c);
+            let Some((to_chunk, to_obj)) = self.place_in_partial(c) else { break };
+            let len = OBJ_HEADER + entry_len(e);
+            self.arena.read(from, &mut buf[..len]);
+            self.arena.write(Self::obj_offset(to_chunk, c, to_obj), &buf[..len]);
+            let moved_entry = entry(kind, entry_len(e), c, to_chunk, to_obj);
+            if entry_word.compare_exchange(e, moved_entry, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                self.free_object(victim, obj);
+                moved += 1;
+            } else {
+                self.free_object(to_chunk, to_obj);
+            }
+        }
+        (moved, self.end_evacuation(victim, c))
+    }
+
+    /// An object in a partial chunk of class `c`, if it has one (never a new chunk).
+    fn place_in_partial(&self, c: usize) -> Option<(u32, u64)> {
+        let mut cls = self.classes[c].lock();
+        let chunk = cls.partial_head;
+        (chunk != NIL).then(|| (chunk, self.place_object(&mut cls, chunk, c)))
+    }
+
+    /// Clears `victim`'s evacuating mark: frees it if empty (returns true), else puts it
+    /// back on its list.
+    fn end_evacuation(&self, victim: u32, c: usize) -> bool {
+        let mut cls = self.classes[c].lock();
+        let m = self.chunk_meta.load(victim as usize, Ordering::Relaxed);
+        assert!(meta_evacuating(m) && meta_class(m) == c as u64, "chunk {victim} was not being evacuated");
+        if meta_inuse(m) == 0 {
+            self.release_chunk(victim);
+            true
+        } else {
+            self.chunk_meta.store(victim as usize, m & !META_EVACUATING, Ordering::Relaxed);
+            self.partial_push(&mut cls, victim);
+            false
+        }
+    }
+
     /// Fills `out` with slots whose objects live in the chunk to shed next; `entry_of(slot)`
     /// is the slot's entry (None: not a slot of the pool). Returns how many.
     pub(super) fn writeback_candidates(&self, out: &mut [u64], entry_of: impl Fn(u64) -> Option<u64>) -> usize {
@@ -487,6 +635,7 @@ impl Allocator {
             self.set_links(head, chunk, hn);
         }
         cls.partial_head = chunk;
+        cls.nr_partial += 1;
     }
 
     /// Unlinks `chunk` from its class's partial list (class lock held).
@@ -503,6 +652,7 @@ impl Allocator {
             self.set_links(next, prev, nn);
         }
         self.set_links(chunk, NIL, NIL);
+        cls.nr_partial -= 1;
     }
 
     /// Allocates an object of class `c`: returns (chunk, the chunk's class, object index).
@@ -606,27 +756,40 @@ impl Allocator {
         let m = self.chunk_meta.load(chunk as usize, Ordering::Relaxed);
         let inuse = meta_inuse(m);
         assert!(inuse > 0, "chunk {chunk}: object freed twice");
+        // A chunk being emptied by `compact` is on no list and stays its compactor's.
+        let evacuating = meta_evacuating(m);
         let was_full = inuse == objects_per_chunk(c);
         self.arena.write(Self::obj_offset(chunk, c, obj), &(meta_free_head(m) as u16).to_ne_bytes());
         let inuse = inuse - 1;
-        if inuse == 0 {
+        if inuse == 0 && !evacuating {
             if !was_full {
                 self.partial_unlink(&mut cls, chunk);
             }
-            self.chunk_meta.store(chunk as usize, meta(NO_CLASS, 0, NO_OBJ, 0), Ordering::Relaxed);
-            let mut a = self.free_chunks.lock();
-            self.set_links(chunk, NIL, a.free_head);
-            a.free_head = chunk;
-            a.nr_free_warm += 1;
-            self.chunks_in_use.fetch_sub(1, Ordering::Relaxed);
-            if let Some(share) = self.share.get() {
-                share.shrink(CHUNK_BYTES as u64);
-            }
+            self.release_chunk(chunk);
         } else {
-            if was_full {
+            if was_full && !evacuating {
                 self.partial_push(&mut cls, chunk);
             }
-            self.chunk_meta.store(chunk as usize, meta(c as u64, inuse, obj, meta_next_unused(m)), Ordering::Relaxed);
+            let flag = m & META_EVACUATING;
+            self.chunk_meta.store(
+                chunk as usize,
+                meta(c as u64, inuse, obj, meta_next_unused(m)) | flag,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Returns an empty chunk, on no list, to the arena's warm free list (its class's lock
+    /// held).
+    fn release_chunk(&self, chunk: u32) {
+        self.chunk_meta.store(chunk as usize, meta(NO_CLASS, 0, NO_OBJ, 0), Ordering::Relaxed);
+        let mut a = self.free_chunks.lock();
+        self.set_links(chunk, NIL, a.free_head);
+        a.free_head = chunk;
+        a.nr_free_warm += 1;
+        self.chunks_in_use.fetch_sub(1, Ordering::Relaxed);
+        if let Some(share) = self.share.get() {
+            share.shrink(CHUNK_BYTES as u64);
         }
     }
 }

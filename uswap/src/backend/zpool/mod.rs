@@ -61,6 +61,18 @@ mod codec;
 mod config;
 
 pub use allocator::CHUNK_BYTES;
+
+/// Room in the pool's chunks (bytes not in objects) past which `trim` compacts: an eighth
+/// of the pool, and at least 1 MiB. Below it the room is mostly each chunk's tail that no
+/// object of its class fits (up to 6 % for the largest classes), which compaction cannot
+/// take back.
+const COMPACT_ROOM_DIVISOR: u64 = 8;
+const COMPACT_MIN_ROOM_BYTES: u64 = 1 << 20;
+/// Objects one `trim` moves at most (copies of up to a page each: about a millisecond).
+const COMPACT_BUDGET_OBJECTS: u64 = 2048;
+/// Reads of a slot whose object compaction moved while it was read, before giving up
+/// (a retry each move; an object moves once per compaction pass).
+const LOAD_ATTEMPTS: usize = 4;
 pub use config::{Compressor, Incompressible, ZpoolConfig, ZpoolError};
 
 pub struct ZpoolBackend {
@@ -80,6 +92,8 @@ pub struct ZpoolBackend {
     compressed_bytes: AtomicU64,
     /// Bytes of the objects stored (see `BackendStats::object_bytes`).
     object_bytes: AtomicU64,
+    /// Chunks compaction emptied and freed.
+    compacted_chunks: AtomicU64,
     reject_pool_full: AtomicU64,
     reject_incompressible: AtomicU64,
     reject_alloc_fail: AtomicU64,
@@ -102,6 +116,7 @@ impl ZpoolBackend {
             incompressible: AtomicU64::new(0),
             compressed_bytes: AtomicU64::new(0),
             object_bytes: AtomicU64::new(0),
+            compacted_chunks: AtomicU64::new(0),
             reject_pool_full: AtomicU64::new(0),
             reject_incompressible: AtomicU64::new(0),
             reject_alloc_fail: AtomicU64::new(0),
@@ -181,31 +196,52 @@ impl ZpoolBackend {
         Ok(false)
     }
 
+    /// Reads slot `slot` into `dst`. Takes no lock: the object is copied out (the compressed
+    /// bytes into `scratch`), then the entry is read again, as a seqlock's reader does, since
+    /// compaction may move the object meanwhile and its old place then be reused; a copy
+    /// whose entry changed is taken again from where the entry points now.
     fn load_page(&self, slot: u64, dst: &mut [u8; PAGE_SIZE], scratch: &mut [u8]) -> Result<(), BackendError> {
         let e = self.slots[2 * slot as usize].load(Ordering::Acquire);
-        match entry_kind(e) {
-            KIND_SAME => {
-                let w = self.slots[2 * slot as usize + 1].load(Ordering::Relaxed).to_ne_bytes();
-                for d in dst.chunks_exact_mut(8) {
-                    d.copy_from_slice(&w);
+        self.load_page_from(slot, e, dst, scratch)
+    }
+
+    /// `load_page` once the slot's entry read `e` (a test reads it, then moves the object).
+    fn load_page_from(
+        &self,
+        slot: u64,
+        mut e: u64,
+        dst: &mut [u8; PAGE_SIZE],
+        scratch: &mut [u8],
+    ) -> Result<(), BackendError> {
+        let entry_word = &self.slots[2 * slot as usize];
+        for _ in 0..LOAD_ATTEMPTS {
+            let kind = entry_kind(e);
+            match kind {
+                KIND_SAME => {
+                    let w = self.slots[2 * slot as usize + 1].load(Ordering::Relaxed).to_ne_bytes();
+                    for d in dst.chunks_exact_mut(8) {
+                        d.copy_from_slice(&w);
+                    }
+                    return Ok(());
                 }
-                Ok(())
+                KIND_RAW => self.alloc.load(e, dst),
+                KIND_COMPRESSED => self.alloc.load(e, &mut scratch[..entry_len(e)]),
+                _ => return Err(BackendError::Empty { slot }),
             }
-            KIND_RAW => {
-                self.alloc.load(e, dst);
-                Ok(())
+            // The copy's loads before the entry's second load.
+            std::sync::atomic::fence(Ordering::Acquire);
+            let now = entry_word.load(Ordering::Relaxed);
+            if now != e {
+                e = now;
+                continue;
             }
-            KIND_COMPRESSED => {
-                let len = entry_len(e);
-                self.alloc.load(e, &mut scratch[..len]);
-                if self.codecs.decompress(&scratch[..len], dst) {
-                    Ok(())
-                } else {
-                    Err(BackendError::Corrupt { slot })
-                }
+            if kind == KIND_COMPRESSED && !self.codecs.decompress(&scratch[..entry_len(e)], dst) {
+                return Err(BackendError::Corrupt { slot });
             }
-            _ => Err(BackendError::Empty { slot }),
+            return Ok(());
         }
+        // Moved on every attempt: the engine counts a failed read and tries again.
+        Err(BackendError::Io { slot, source: std::io::Error::from_raw_os_error(libc::EAGAIN) })
     }
 
     fn check(&self, slot: u64, nr: u64) -> Result<(), BackendError> {
@@ -354,8 +390,21 @@ impl Backend for ZpoolBackend {
         self.alloc.prepare(self.pool_bytes() != 0)
     }
 
-    /// The arena's free chunks beyond a reserve (see `Allocator::trim`).
+    /// Compacts the pool while the room in its chunks passes a bound, then gives the
+    /// arena's free chunks beyond a reserve back (see `Allocator::compact` and `trim`).
     fn trim(&self) -> u64 {
+        let pool_bytes = self.pool_bytes();
+        let room_bytes = pool_bytes.saturating_sub(self.object_bytes.load(Ordering::Relaxed));
+        if room_bytes >= COMPACT_MIN_ROOM_BYTES.max(pool_bytes / COMPACT_ROOM_DIVISOR) {
+            let nr_slots = self.cfg.nr_slots;
+            let (_, freed) = self
+                .alloc
+                .compact(COMPACT_BUDGET_OBJECTS, |slot| (slot < nr_slots).then(|| &self.slots[2 * slot as usize]));
+            self.compacted_chunks.fetch_add(freed, Ordering::Relaxed);
+            if freed > 0 {
+                self.update_full();
+            }
+        }
         self.alloc.trim()
     }
 
@@ -381,6 +430,7 @@ impl Backend for ZpoolBackend {
             incompressible_pages: self.incompressible.load(Ordering::Relaxed),
             compressed_bytes: self.compressed_bytes.load(Ordering::Relaxed),
             object_bytes: self.object_bytes.load(Ordering::Relaxed),
+            compacted_chunks: self.compacted_chunks.load(Ordering::Relaxed),
             compression_ratio: if pool_bytes == 0 {
                 0.0
             } else {
@@ -695,6 +745,157 @@ mod tests {
         }
         assert_eq!(z.pool_bytes(), 0);
         assert_eq!(z.stats().unwrap().pool_peak_bytes, chunks * CHUNK_BYTES as u64);
+    }
+
+    /// Stores `nr` pages of about `random_bytes` compressed each at slots `0..nr`, then
+    /// invalidates all but every `keep_every`th: chunks a fraction full, spread over a few
+    /// classes.
+    fn fragmented_pool(nr: u64, random_bytes: usize, keep_every: u64) -> (ZpoolBackend, Vec<u64>) {
+        let z = ZpoolBackend::new(ZpoolConfig::new(64 << 20, 32768)).unwrap();
+        for slot in 0..nr {
+            store(&z, slot, &page_compressing_to(random_bytes + (slot % 5) as usize * 16, slot + 1)).unwrap();
+        }
+        let kept: Vec<u64> = (0..nr).filter(|s| s % keep_every == 0).collect();
+        for slot in (0..nr).filter(|s| s % keep_every != 0) {
+            z.invalidate(slot);
+        }
+        (z, kept)
+    }
+
+    fn page_at(slot: u64, random_bytes: usize) -> AlignedPage {
+        page_compressing_to(random_bytes + (slot % 5) as usize * 16, slot + 1)
+    }
+
+    #[test]
+    fn compaction_empties_sparse_chunks_and_keeps_every_page() {
+        let (z, kept) = fragmented_pool(24000, 900, 3);
+        let before = z.stats().unwrap();
+        // A third of the objects in chunks that were full: two thirds of the pool is room.
+        assert!(before.pool_bytes > 2 * before.object_bytes, "{before:?}");
+        for _ in 0..50 {
+            z.trim();
+        }
+        let after = z.stats().unwrap();
+        assert_eq!(after.object_bytes, before.object_bytes, "objects move, they are not freed");
+        assert!(after.compacted_chunks > 0, "{after:?}");
+        assert_eq!(
+            after.pool_bytes,
+            before.pool_bytes - after.compacted_chunks * CHUNK_BYTES as u64,
+            "every chunk compaction freed is out of the pool: {after:?}"
+        );
+        // Compacted until the room left is within the bound.
+        let room_bytes = after.pool_bytes - after.object_bytes;
+        assert!(room_bytes < COMPACT_MIN_ROOM_BYTES.max(after.pool_bytes / COMPACT_ROOM_DIVISOR), "{after:?}");
+        for &slot in &kept {
+            assert_eq!(load(&z, slot).unwrap().0, page_at(slot, 900).0, "slot {slot}");
+        }
+        // A compacted pool empties to nothing.
+        for &slot in &kept {
+            z.invalidate(slot);
+        }
+        assert_eq!(z.pool_bytes(), 0);
+    }
+
+    #[test]
+    fn a_read_that_loaded_the_entry_before_its_object_moved_reads_the_new_place() {
+        let (z, kept) = fragmented_pool(6000, 900, 3);
+        // Every kept slot's entry as a reader would have loaded it before compaction.
+        let entries: Vec<u64> = kept.iter().map(|&s| z.slots[2 * s as usize].load(Ordering::Acquire)).collect();
+        for _ in 0..50 {
+            z.trim();
+        }
+        let st = z.stats().unwrap();
+        assert!(st.compacted_chunks > 0, "{st:?}");
+        // The chunks compaction emptied were given back (they read as zero now) or hold
+        // other objects: the old entries' bytes are gone.
+        let mut moved = 0;
+        let mut ws = z.codecs.take_workspace().unwrap();
+        for (&slot, &e) in kept.iter().zip(&entries) {
+            moved += (z.slots[2 * slot as usize].load(Ordering::Relaxed) != e) as usize;
+            let mut dst = AlignedPage([0xaa; PAGE_SIZE]);
+            z.load_page_from(slot, e, &mut dst.0, &mut ws.out.0).unwrap_or_else(|err| panic!("slot {slot}: {err}"));
+            assert_eq!(dst.0, page_at(slot, 900).0, "slot {slot}");
+        }
+        z.codecs.put_workspace(ws);
+        assert!(moved > kept.len() / 4, "{moved} of {} moved", kept.len());
+    }
+
+    #[test]
+    fn pages_read_and_invalidated_while_compaction_moves_them_are_exact() {
+        let (z, kept) = fragmented_pool(6000, 700, 4);
+        let z = std::sync::Arc::new(z);
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let compactor = {
+            let (z, stop) = (z.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) && rounds < 1_000_000 {
+                    z.trim();
+                    rounds += 1;
+                }
+            })
+        };
+        // A third owner churns slots of its own (stores, then frees two of three, then the
+        // rest): the pool stays fragmented and the compactor busy.
+        let churn = {
+            let (z, stop) = (z.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let slots = 10_000..16_000u64;
+                for round in 0..1000u64 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    for slot in slots.clone() {
+                        store(&z, slot, &page_at(slot + round, 700)).unwrap();
+                    }
+                    for slot in slots.clone().filter(|s| s % 3 != 0) {
+                        z.invalidate(slot);
+                    }
+                    // The third kept is read back while the compactor moves it.
+                    for slot in slots.clone().filter(|s| s % 3 == 0) {
+                        assert_eq!(load(&z, slot).unwrap().0, page_at(slot + round, 700).0, "slot {slot}");
+                        z.invalidate(slot);
+                    }
+                }
+            })
+        };
+        // Two owners, each of its half of the kept slots: read every page, and now and then
+        // invalidate one and store a new page there, while the compactor moves them.
+        let owners: Vec<_> = (0..2usize)
+            .map(|t| {
+                let z = z.clone();
+                let mine: Vec<u64> = kept.iter().copied().filter(|s| (s / 4) as usize % 2 == t).collect();
+                std::thread::spawn(move || {
+                    let mut version = vec![0u64; mine.len()];
+                    let want = |slot: u64, v: u64| page_at(slot + v * 100_000, 700);
+                    // A second of reads, at least 5 rounds (bounded).
+                    let start = std::time::Instant::now();
+                    for round in 0..10_000u64 {
+                        if round >= 5 && start.elapsed() > std::time::Duration::from_secs(1) {
+                            break;
+                        }
+                        for (i, &slot) in mine.iter().enumerate() {
+                            let got = load(&z, slot).unwrap_or_else(|e| panic!("slot {slot} round {round}: {e}"));
+                            assert_eq!(got.0, want(slot, version[i]).0, "slot {slot} round {round}");
+                            if (i as u64 + round) % 7 == 0 {
+                                z.invalidate(slot);
+                                version[i] += 1;
+                                store(&z, slot, &want(slot, version[i])).unwrap();
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for o in owners {
+            o.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        compactor.join().unwrap();
+        churn.join().unwrap();
+        let st = z.stats().unwrap();
+        assert!(st.compacted_chunks > 10, "the compactor ran while the owners read: {st:?}");
+        assert_eq!(st.stored_pages, kept.len() as u64, "{st:?}");
     }
 
     #[test]
