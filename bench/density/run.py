@@ -10,6 +10,7 @@ Engines (interleaved, --runs times each):
                     (recompression of cold pages; AGE also sends idle resident pages out)
   kernel-zram       `uswap bench --engines kernel-zram`: a memory cgroup with the limit and
                     swap on zram (lz4), as the kernel does it
+  uswap-lz4-before  with --before USWAP: uswap-lz4 with another build (to compare two builds)
 
 A sample is the store's bytes over the pages it stores: uswap's pools' `pool_bytes` over
 `stored_pages` (the tree's, `uswap stat --json --sum`), zram's `mem_used_total` over
@@ -128,6 +129,9 @@ def main():
     ap.add_argument("--only", help="run only the programs whose name contains this")
     ap.add_argument("--json", help="also write every run's figures here")
     ap.add_argument("--engines", help="comma-separated engines to run (default: all); kernel-zram is the reference")
+    ap.add_argument("--before", metavar="USWAP",
+                    help="another build's uswap binary (its preload beside it): adds the engine uswap-lz4-before, "
+                         "its default pool, to compare two builds in one sitting")
     args = ap.parse_args()
     engines = {
         "uswap-lz4": lambda c, l: run_uswap(args.uswap, c, l, []),
@@ -136,6 +140,8 @@ def main():
                                                  ["--device", "zpool,zpool:zstd-1", "--idle-age", args.idle_age]),
         "kernel-zram": lambda c, l: run_kernel(args.uswap, c, l),
     }
+    if args.before:
+        engines["uswap-lz4-before"] = lambda c, l: run_uswap(args.before, c, l, [])
     if args.engines:
         wanted = args.engines.split(",")
         unknown = [e for e in wanted if e not in engines]

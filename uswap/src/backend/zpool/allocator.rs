@@ -4,31 +4,36 @@
 //! class (multiples of 16 bytes up to a page, as zsmalloc's classes on 4 KiB pages). A class
 //! keeps a list of its chunks that have room; a chunk that empties goes back to the arena
 //! for any class, and `trim` (from the background thread) gives the memory of free chunks
-//! beyond a reserve back to the kernel. An object may live in a chunk of a larger class than its length needs
-//! (at most a quarter larger, see `alloc_object`), so that sparse classes share chunks;
-//! its entry names the chunk's class. Also here: the encoding of a slot's entry (kind,
-//! length, class, chunk, object) and of a chunk's metadata word.
+//! beyond a reserve back to the kernel. An object may live in a chunk of a larger class
+//! than its length needs (at most a quarter larger, see `alloc_object`), so that sparse
+//! classes share chunks; its entry names the chunk's class. `compact` (from the background
+//! thread too) empties a class's sparsest chunks into its others when they have a chunk's
+//! worth of room. Also here: the encoding of a slot's entry (kind, length, class, chunk,
+//! object) and of a chunk's metadata word.
 //!
 //! Named for its job rather than after the kernel's zsmalloc: it shares zsmalloc's size
-//! classes, but its chunks, its single list of partial chunks per class, and writeback that
-//! sheds whole chunks instead of compaction differ enough that the kernel's name would
-//! mislead.
+//! classes and its rule for when a class is worth compacting, but its chunks, its single
+//! list of partial chunks per class, borrowing between classes and compaction by a
+//! compare-and-swap of the slot's entry differ enough that the kernel's name would mislead.
 //!
 //! [`Allocator`] owns the arena and everything about its chunks: their metadata and lists,
 //! the chunks in use and their high-water mark, the report to a shared charge
-//! (`crate::shared_charge::PoolShare`), populating ahead of use (`prepare`) and picking the
-//! chunk writeback sheds. The pool (`mod.rs`) owns the slots and hands this module the
-//! bytes to place; this module imports only the configuration's error (`config.rs`).
+//! (`crate::shared_charge::PoolShare`), populating ahead of use (`prepare`), giving memory
+//! back (`trim`), compaction, and picking the chunk writeback sheds. The pool (`mod.rs`)
+//! owns the slots and hands this module the bytes to place (and, to compact, each slot's
+//! entry word); this module imports only the configuration's error (`config.rs`).
 //!
 //! Locking (in the hierarchy of `crate::sync`): one spin lock per size class guards its
-//! chunks' metadata and free lists; the arena lock guards the list of free chunks and nests
-//! inside a class lock.
+//! chunks' metadata and free lists; the arena lock guards the lists of free chunks and nests
+//! inside a class lock. Compaction takes one class lock at a time, never across a copy.
 //!
 //! Invariants: a chunk is free (class `NO_CLASS`), or belongs to one class and is on that
-//! class's partial list iff `0 < inuse < objects_per_chunk`; `chunks_in_use` counts the
-//! chunks that belong to a class. A free chunk is on the warm list (`nr_free_warm` of
-//! them, memory populated), on the cold list (memory given back), or, for the moment of a
-//! `trim` batch, on neither.
+//! class's partial list iff `0 < inuse < objects_per_chunk` and it is not being evacuated
+//! (`META_EVACUATING`: off the list, nothing placed in it, freed only by its compactor);
+//! `chunks_in_use` counts the chunks that belong to a class. A free chunk is on the warm
+//! list (`nr_free_warm` of them, memory populated), on the cold list (memory given back),
+//! or, for the moment of a `trim` batch, on neither. A chunk is not reused while an entry
+//! may still name it: an evacuated chunk is freed once no object in it is live.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -237,6 +242,11 @@ pub(super) struct Allocator {
     /// Per chunk: metadata word and list links (prev << 32 | next).
     chunk_meta: LazyWords,
     chunk_links: LazyWords,
+    /// Per chunk: bumped each time `compact` ends an evacuation of it, before the chunk can
+    /// be reused, so that a reader can tell that the place it copied from may have held
+    /// something else meanwhile even if the entry reads the same again (an object moved
+    /// out and, a pass later, back into the same place).
+    chunk_generation: LazyWords,
     classes: Box<[SpinLock<ClassState>]>,
     free_chunks: SpinLock<ArenaState>,
     /// The next size class `compact` looks at.
@@ -278,6 +288,7 @@ impl Allocator {
             nr_chunks: nr_chunks as u32,
             chunk_meta: LazyWords::new(nr_chunks, meta(NO_CLASS, 0, NO_OBJ, 0)).map_err(map_err)?,
             chunk_links: LazyWords::new(nr_chunks, u64::MAX).map_err(map_err)?,
+            chunk_generation: LazyWords::new(nr_chunks, 0).map_err(map_err)?,
             classes: (0..NR_CLASSES)
                 .map(|_| {
                     SpinLock::new(
@@ -303,6 +314,51 @@ impl Allocator {
     /// Bytes of the arena's mapping.
     pub(super) fn arena_bytes(&self) -> u64 {
         self.nr_chunks as u64 * CHUNK_BYTES as u64
+    }
+
+    /// Checks the lists against the chunks' metadata (see the module's invariants), for
+    /// tests: each class's partial list holds `nr_partial` chunks of the class with room,
+    /// none evacuating; the warm free list `nr_free_warm` free chunks; the cold list free
+    /// chunks; the chunks of a class number `chunks_in_use`. Panics on the first violation.
+    #[cfg(test)]
+    pub(super) fn check_invariants(&self) {
+        let walk = |mut chunk: u32, mut each: Box<dyn FnMut(u32) + '_>| {
+            let mut n = 0u32;
+            while chunk != NIL {
+                assert!(n < self.nr_chunks, "a list loops");
+                each(chunk);
+                n += 1;
+                chunk = self.links(chunk).1;
+            }
+            n
+        };
+        for c in 0..NR_CLASSES {
+            let cls = self.classes[c].lock();
+            let n = walk(
+                cls.partial_head,
+                Box::new(|ch| {
+                    let m = self.chunk_meta.load(ch as usize, Ordering::Relaxed);
+                    assert_eq!(meta_class(m), c as u64, "chunk {ch} on class {c}'s list");
+                    assert!(meta_inuse(m) > 0 && meta_inuse(m) < objects_per_chunk(c), "chunk {ch}: {}", meta_inuse(m));
+                    assert!(!meta_evacuating(m), "chunk {ch} evacuating on a list");
+                }),
+            );
+            assert_eq!(n, cls.nr_partial, "class {c}'s partial list");
+        }
+        let free = |ch: u32| {
+            assert_eq!(meta_class(self.chunk_meta.load(ch as usize, Ordering::Relaxed)), NO_CLASS, "chunk {ch}");
+        };
+        let a = self.free_chunks.lock();
+        assert_eq!(walk(a.free_head, Box::new(free)), a.nr_free_warm, "the warm free list");
+        walk(a.cold_head, Box::new(free));
+        let in_use = (0..self.nr_chunks)
+            .filter(|&ch| {
+                let m = self.chunk_meta.load(ch as usize, Ordering::Relaxed);
+                assert!(!meta_evacuating(m), "chunk {ch} left evacuating");
+                meta_class(m) != NO_CLASS
+            })
+            .count() as u64;
+        assert_eq!(in_use, self.chunks_in_use.load(Ordering::Relaxed), "chunks in use");
     }
 
     /// Bytes of the arena present in memory (`mincore`), for tests.
@@ -353,7 +409,16 @@ impl Allocator {
         Some(entry(kind, data.len(), c, chunk, obj))
     }
 
+    /// The generation of the chunk the object entry `e` points at (see `chunk_generation`):
+    /// read before and after copying an object out.
+    pub(super) fn generation(&self, e: u64) -> u64 {
+        self.chunk_generation.load(entry_chunk(e) as usize, Ordering::Acquire)
+    }
+
     /// Reads the first `dst.len()` bytes of the data of the object entry `e` points at.
+    /// Compaction may move the object and its place be reused while it is read: the caller
+    /// checks the entry and the chunk's generation again after (`ZpoolBackend::load_page`),
+    /// as a seqlock's reader, and uses the bytes only if neither changed.
     pub(super) fn load(&self, e: u64, dst: &mut [u8]) {
         let off = Self::obj_offset(entry_chunk(e), entry_class(e), entry_obj(e));
         self.arena.read(off + OBJ_HEADER, dst);
@@ -547,6 +612,9 @@ impl Allocator {
         let mut cls = self.classes[c].lock();
         let m = self.chunk_meta.load(victim as usize, Ordering::Relaxed);
         assert!(meta_evacuating(m) && meta_class(m) == c as u64, "chunk {victim} was not being evacuated");
+        // Before anything can be placed in it again (see `chunk_generation`).
+        let generation = self.chunk_generation.load(victim as usize, Ordering::Relaxed);
+        self.chunk_generation.store(victim as usize, generation.wrapping_add(1), Ordering::Release);
         if meta_inuse(m) == 0 {
             self.release_chunk(victim);
             true
@@ -562,7 +630,7 @@ impl Allocator {
     pub(super) fn writeback_candidates(&self, out: &mut [u64], entry_of: impl Fn(u64) -> Option<u64>) -> usize {
         // A chunk to shed: of the next chunks in use on the clock, the one with the fewest
         // live objects for its size (most memory back per page written). Every live object
-        // in it goes, so the chunk empties and returns its memory: no compaction needed.
+        // in it goes, so the chunk empties and returns its memory.
         // Bounded by one turn of the clock.
         for _ in 0..self.nr_chunks {
             let hand = self.writeback_hand.load(Ordering::Relaxed);
