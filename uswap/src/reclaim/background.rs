@@ -186,10 +186,15 @@ impl Reclaimer {
             cow::adopt_exclusive(cx);
         }
         cx.devices.run_discards();
-        // Pools give back the chunks they emptied (beyond a reserve), as zsmalloc frees an
-        // empty zspage: the process's memory follows the pool's, not its peak.
-        for d in cx.devices.devices() {
-            d.backend.trim();
+        // Pools compact and give back the chunks they emptied (beyond a reserve), as
+        // zsmalloc frees an empty zspage: the process's memory follows the pool's, not its
+        // peak. Counted in flight, so that a fork being prepared waits for it and none
+        // starts meanwhile: the child's copy of a pool is not taken with a class lock held
+        // or a chunk half evacuated.
+        if let Some(_in_flight) = super::round::InFlight::enter(cx) {
+            for d in cx.devices.devices() {
+                d.backend.trim();
+            }
         }
         // PSI's averages, every 2 s; the automatic budget, every second.
         let now_us = crate::pressure::now_us();

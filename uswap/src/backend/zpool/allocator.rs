@@ -392,9 +392,12 @@ impl Allocator {
         }
     }
 
-    /// Whether a fork child keeps the arena (see `Mapping::set_inherited`).
+    /// Whether a fork child keeps what a read uses: the arena and the chunks' generations
+    /// (see `Mapping::set_inherited`). A child reads its copy of the parent's pool and
+    /// never places or frees in it, so the chunks' metadata and lists stay behind.
     pub(super) fn set_inherited(&self, inherit: bool) {
         self.arena.set_inherited(inherit);
+        self.chunk_generation.words.set_inherited(inherit);
     }
 
     /// Places `data` for `slot` (the object's header names it): returns the slot entry of

@@ -315,11 +315,12 @@ impl Backend for ZpoolBackend {
         true
     }
 
-    /// A read uses the slot words and the arena (and workspaces, on the heap).
     fn share_pool(&self, share: PoolShare) {
         self.alloc.share_pool(share);
     }
 
+    /// A read uses the slot words, the arena and the chunks' generations (and workspaces,
+    /// on the heap): a fork child that reads its copy of the pool keeps those.
     fn set_inherited(&self, inherit: bool) {
         self.slots.set_inherited(inherit);
         self.alloc.set_inherited(inherit);
