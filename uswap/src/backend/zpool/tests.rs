@@ -1,0 +1,521 @@
+//! The compressed pool's unit tests: every kind of page, the cap and writeback, size
+//! classes sharing chunks, memory given back, compaction under concurrent readers.
+
+use super::*;
+use crate::backend::AlignedPage;
+use crate::mapping::PageRun;
+
+fn page_of(kind: u32, seed: u64) -> AlignedPage {
+    let mut p = AlignedPage([0; PAGE_SIZE]);
+    let mut x = seed | 1;
+    for (k, w) in p.0.chunks_exact_mut(8).enumerate() {
+        let v = match kind {
+            0 => 0,                            // zero page
+            1 => 0xdead_beef_0000_0000 | seed, // one repeated word
+            2 if k < 128 => {
+                // compressible: quarter random
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            }
+            2 => 0,
+            _ => {
+                // incompressible
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            }
+        };
+        w.copy_from_slice(&v.to_ne_bytes());
+    }
+    p
+}
+
+fn store(z: &ZpoolBackend, slot: u64, p: &AlignedPage) -> Result<(), BackendError> {
+    let pages = std::slice::from_ref(p);
+    let mut req = [WriteReq::new(slot, PageRun::from_pages(pages))];
+    z.write(&mut req);
+    std::mem::replace(&mut req[0].result, Ok(()))
+}
+
+fn load(z: &ZpoolBackend, slot: u64) -> Result<AlignedPage, BackendError> {
+    let mut buf = [AlignedPage([0xaa; PAGE_SIZE])];
+    let mut req = [ReadReq::new(slot, &mut buf)];
+    z.read(&mut req);
+    std::mem::replace(&mut req[0].result, Ok(())).map(|_| buf[0])
+}
+
+#[test]
+fn every_kind_of_page_round_trips_and_is_counted() {
+    for compressor in [Compressor::Lz4, Compressor::Zstd { level: 3 }] {
+        let mut cfg = ZpoolConfig::new(8 << 20, 4096);
+        cfg.compressor = compressor;
+        let z = ZpoolBackend::new(cfg).unwrap();
+        let pages: Vec<AlignedPage> = (0..400).map(|i| page_of(i % 4, i as u64 + 1)).collect();
+        for (i, p) in pages.iter().enumerate() {
+            store(&z, i as u64, p).unwrap();
+        }
+        for (i, p) in pages.iter().enumerate() {
+            assert_eq!(load(&z, i as u64).unwrap().0, p.0, "slot {i} with {compressor:?}");
+        }
+        let st = z.stats().unwrap();
+        assert_eq!(st.stored_pages, 400);
+        assert_eq!(st.same_filled_pages, 200);
+        assert_eq!(st.incompressible_pages, 100);
+        assert!(st.compression_ratio > 1.0, "{st:?}");
+        // Each object holds its data and header, rounded up to its class (16 bytes apart,
+        // or a class at most a quarter larger); the chunks hold the objects.
+        let with_headers = st.compressed_bytes + 4 * (st.stored_pages - st.same_filled_pages);
+        assert!(st.object_bytes >= with_headers && st.object_bytes <= with_headers * 5 / 4 + 16 * 200, "{st:?}");
+        assert!(st.object_bytes <= st.pool_bytes, "{st:?}");
+        for i in 0..400 {
+            z.invalidate(i);
+        }
+        let st = z.stats().unwrap();
+        assert_eq!((st.stored_pages, st.pool_bytes, st.compressed_bytes, st.object_bytes), (0, 0, 0, 0), "{st:?}");
+        assert!(matches!(load(&z, 3), Err(BackendError::Empty { slot: 3 })));
+    }
+}
+
+fn page_filled_with(word: u64) -> AlignedPage {
+    let mut p = AlignedPage([0; PAGE_SIZE]);
+    for w in p.0.chunks_exact_mut(8) {
+        w.copy_from_slice(&word.to_ne_bytes());
+    }
+    p
+}
+
+/// Words a page may be filled with: zero (should one reach the device), all ones, a
+/// word of distinct bytes, a memset byte, and one bit.
+const WORDS: [u64; 5] = [0, u64::MAX, 0x0123_4567_89ab_cdef, 0xabab_abab_abab_abab, 1 << 63];
+
+#[test]
+fn same_filled_word_compares_words_and_bails_at_the_first_difference() {
+    for w in WORDS {
+        assert_eq!(same_filled_word(&page_filled_with(w).0), Some(w), "{w:#x}");
+        // One byte different anywhere: the first, a middle one, the last.
+        for at in [0, 1, PAGE_SIZE / 2 + 3, PAGE_SIZE - 8, PAGE_SIZE - 1] {
+            let mut p = page_filled_with(w);
+            p.0[at] ^= 0x10;
+            assert_eq!(same_filled_word(&p.0), None, "{w:#x}, byte {at} changed");
+        }
+    }
+    // A page whose bytes repeat with a period that is not a word's.
+    let mut p = AlignedPage([0; PAGE_SIZE]);
+    for (i, b) in p.0.iter_mut().enumerate() {
+        *b = (i % 3) as u8;
+    }
+    assert_eq!(same_filled_word(&p.0), None);
+}
+
+#[test]
+fn same_filled_pages_keep_no_pool_memory_and_read_back_exactly() {
+    for compressor in [Compressor::Lz4, Compressor::Zstd { level: 3 }] {
+        let mut cfg = ZpoolConfig::new(4 << 20, 1024);
+        cfg.compressor = compressor;
+        let z = ZpoolBackend::new(cfg).unwrap();
+        // Slots 0..5: same-filled pages, many times over (slots 5.. hold more of them).
+        let same: Vec<AlignedPage> = (0..200).map(|i| page_filled_with(WORDS[i % 5] ^ (i / 5) as u64)).collect();
+        for (i, p) in same.iter().enumerate() {
+            store(&z, i as u64, p).unwrap();
+        }
+        let st = z.stats().unwrap();
+        assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (200, 200, 200), "{st:?}");
+        assert_eq!((st.pool_bytes, st.pool_peak_bytes, st.compressed_bytes), (0, 0, 0), "{st:?}");
+        assert_eq!(st.compression_ratio, 0.0, "no pool memory, no ratio: {st:?}");
+        assert!(!z.prepare(), "no arena populated for a pool of same-filled pages alone");
+        for (i, p) in same.iter().enumerate() {
+            assert_eq!(load(&z, i as u64).unwrap().0, p.0, "slot {i} with {compressor:?}");
+        }
+        // Not same-filled: the last byte differs. Compressed, in the pool.
+        let mut almost = page_filled_with(0x0123_4567_89ab_cdef);
+        almost.0[PAGE_SIZE - 1] = 0;
+        store(&z, 300, &almost).unwrap();
+        let st = z.stats().unwrap();
+        assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (201, 200, 200), "{st:?}");
+        assert_eq!(st.pool_bytes, CHUNK_BYTES as u64, "{st:?}");
+        assert!(st.compressed_bytes > 0 && st.compressed_bytes < 100, "{st:?}");
+        assert_eq!(
+            st.compression_ratio,
+            (201 * PAGE_SIZE) as f64 / CHUNK_BYTES as f64,
+            "same-filled pages count as stored pages: {st:?}"
+        );
+        assert_eq!(load(&z, 300).unwrap().0, almost.0);
+        let compressed_bytes = st.compressed_bytes;
+
+        // Overwrites (each after an invalidation, as the engine does): a same-filled slot
+        // gets a compressed page and a raw page, the compressed slot a same-filled page.
+        let (zs, rs) = (page_of(2, 5), page_of(3, 6));
+        z.invalidate(0);
+        store(&z, 0, &zs).unwrap();
+        z.invalidate(1);
+        store(&z, 1, &rs).unwrap();
+        z.invalidate(300);
+        store(&z, 300, &page_filled_with(7)).unwrap();
+        let st = z.stats().unwrap();
+        assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (201, 199, 201), "{st:?}");
+        assert_eq!(st.incompressible_pages, 1, "{st:?}");
+        assert_eq!(load(&z, 0).unwrap().0, zs.0);
+        assert_eq!(load(&z, 1).unwrap().0, rs.0);
+        assert_eq!(load(&z, 300).unwrap().0, page_filled_with(7).0);
+        assert_ne!(st.compressed_bytes, compressed_bytes);
+        // And back: the compressed and raw slots same-filled again, their objects freed.
+        z.invalidate(0);
+        store(&z, 0, &same[0]).unwrap();
+        z.invalidate(1);
+        store(&z, 1, &same[1]).unwrap();
+        let st = z.stats().unwrap();
+        assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (201, 201, 203), "{st:?}");
+        assert_eq!((st.pool_bytes, st.compressed_bytes, st.incompressible_pages), (0, 0, 0), "{st:?}");
+        for (i, p) in same.iter().enumerate() {
+            assert_eq!(load(&z, i as u64).unwrap().0, p.0, "slot {i} with {compressor:?}");
+        }
+        // Freeing same-filled pages frees nothing from the pool; the cumulative count stays.
+        for i in (0..200).chain([300]) {
+            z.invalidate(i);
+        }
+        let st = z.stats().unwrap();
+        assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (0, 0, 203), "{st:?}");
+        assert_eq!((st.pool_bytes, st.compressed_bytes), (0, 0), "{st:?}");
+        assert!(matches!(load(&z, 0), Err(BackendError::Empty { slot: 0 })));
+        // A slot freed twice (the engine does not, but invalidate tolerates an empty slot).
+        z.invalidate(0);
+        assert_eq!(z.stats().unwrap().stored_pages, 0);
+    }
+}
+
+#[test]
+fn cap_with_hysteresis_and_writeback_sheds_whole_chunks() {
+    let z = ZpoolBackend::new(ZpoolConfig::new(1 << 20, 8192)).unwrap();
+    let mut stored = 0u64;
+    loop {
+        match store(&z, stored, &page_of(3, stored + 7)) {
+            Ok(()) => stored += 1,
+            Err(BackendError::Rejected { reason: RejectReason::PoolFull, .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(stored < 8192, "the cap never bit");
+    }
+    assert!(!z.accepting());
+    assert!(z.pool_bytes() >= 1 << 20 && z.pool_bytes() <= (1 << 20) + CHUNK_BYTES as u64);
+    // Same-filled pages cost nothing and are still taken.
+    store(&z, stored, &page_of(0, 0)).unwrap();
+    let mut out = [0u64; 64];
+    let n = z.writeback_candidates(&mut out);
+    assert!(n > 0 && n <= 15, "one chunk of page-sized objects at a time: {n}");
+    assert!(out[..n].iter().all(|&s| s < stored), "{:?}", &out[..n]);
+    // Writing them back (invalidating) empties that chunk: memory is returned.
+    let before = z.pool_bytes();
+    for &slot in &out[..n] {
+        z.invalidate(slot);
+    }
+    assert_eq!(z.pool_bytes(), before - CHUNK_BYTES as u64);
+    // Drain below the accept threshold (90 %): accepting again.
+    let mut freed = 0;
+    while !z.accepting() {
+        z.invalidate(freed);
+        freed += 1;
+    }
+    assert!(z.pool_bytes() < (1 << 20) * 9 / 10);
+    store(&z, stored + 1, &page_of(3, 99)).unwrap();
+    assert_eq!(load(&z, stored + 1).unwrap().0, page_of(3, 99).0);
+}
+
+#[test]
+fn trim_gives_free_chunks_back_beyond_a_reserve_and_they_serve_again() {
+    let z = ZpoolBackend::new(ZpoolConfig::new(64 << 20, 8192)).unwrap();
+    // 4,000 raw pages: 17.5 MiB of chunks, every page of them written.
+    let nr = 4000u64;
+    for slot in 0..nr {
+        store(&z, slot, &page_of(3, slot + 1)).unwrap();
+    }
+    let used = z.pool_bytes();
+    assert!(used >= 15 << 20, "{used}");
+    // All but the last chunk's unused tail.
+    let resident_full = z.alloc.arena_resident_bytes();
+    assert!(resident_full + CHUNK_BYTES as u64 >= used, "{resident_full} resident, {used} in use");
+    // Nothing to give back while every chunk is in use.
+    assert_eq!(z.trim(), 0);
+    // Three quarters freed: their chunks are free but still resident until trimmed.
+    for slot in 0..nr * 3 / 4 {
+        z.invalidate(slot);
+    }
+    let in_use = z.pool_bytes();
+    assert!(in_use <= used / 4 + CHUNK_BYTES as u64, "{in_use} of {used}");
+    assert_eq!(z.alloc.arena_resident_bytes(), resident_full, "freed chunks stay resident before a trim");
+    let released = z.trim();
+    let reserve = allocator::TRIM_RESERVE_MIN_CHUNKS as u64 * CHUNK_BYTES as u64;
+    assert!(released >= used - in_use - reserve, "{released} given back of {}", used - in_use);
+    assert_eq!(z.trim(), 0, "nothing more beyond the reserve");
+    let resident = z.alloc.arena_resident_bytes();
+    assert!(resident <= in_use + reserve, "resident {resident}, in use {in_use}");
+    // The trimmed chunks serve new pages (zero-filled again on first use), and the pages
+    // kept read back unchanged.
+    for slot in 0..nr * 3 / 4 {
+        store(&z, slot, &page_of(2, slot + 9)).unwrap();
+    }
+    for slot in 0..nr {
+        let want = if slot < nr * 3 / 4 { page_of(2, slot + 9) } else { page_of(3, slot + 1) };
+        assert_eq!(load(&z, slot).unwrap().0, want.0, "slot {slot}");
+    }
+    assert!(z.pool_bytes() <= used, "{} after reuse, {used} before", z.pool_bytes());
+    z.alloc.check_invariants();
+}
+
+/// A page of `random_bytes` random bytes then zeros: it compresses to a little more
+/// than that.
+fn page_compressing_to(random_bytes: usize, seed: u64) -> AlignedPage {
+    let mut p = AlignedPage([0; PAGE_SIZE]);
+    let mut x = seed | 1;
+    for b in &mut p.0[..random_bytes] {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    p
+}
+
+#[test]
+fn pages_over_many_size_classes_share_chunks() {
+    let z = ZpoolBackend::new(ZpoolConfig::new(64 << 20, 8192)).unwrap();
+    // 200 classes in use, 5 pages each: a chunk per class would be 200 chunks.
+    let pages: Vec<AlignedPage> = (0..1000).map(|i| page_compressing_to(64 + (i % 200) * 16, i as u64 + 1)).collect();
+    for (i, p) in pages.iter().enumerate() {
+        store(&z, i as u64, p).unwrap();
+    }
+    let chunks = z.pool_bytes() / CHUNK_BYTES as u64;
+    let s = z.stats().unwrap();
+    assert!(chunks <= 60, "{chunks} chunks for {} bytes compressed", s.compressed_bytes);
+    assert!(s.pool_bytes < 3 * s.compressed_bytes, "{s:?}");
+    assert_eq!(s.pool_peak_bytes, s.pool_bytes);
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(load(&z, i as u64).unwrap().0, p.0, "page {i}");
+    }
+    // Freed in any order, every chunk goes back.
+    for i in (0..1000).rev().step_by(2).chain((0..1000).step_by(2)) {
+        z.invalidate(i);
+    }
+    assert_eq!(z.pool_bytes(), 0);
+    assert_eq!(z.stats().unwrap().pool_peak_bytes, chunks * CHUNK_BYTES as u64);
+}
+
+/// Stores `nr` pages of about `random_bytes` compressed each at slots `0..nr`, then
+/// invalidates all but every `keep_every`th: chunks a fraction full, spread over a few
+/// classes.
+fn fragmented_pool(nr: u64, random_bytes: usize, keep_every: u64) -> (ZpoolBackend, Vec<u64>) {
+    let z = ZpoolBackend::new(ZpoolConfig::new(64 << 20, 32768)).unwrap();
+    for slot in 0..nr {
+        store(&z, slot, &page_at(slot, random_bytes)).unwrap();
+    }
+    let kept: Vec<u64> = (0..nr).filter(|s| s % keep_every == 0).collect();
+    for slot in (0..nr).filter(|s| s % keep_every != 0) {
+        z.invalidate(slot);
+    }
+    (z, kept)
+}
+
+fn page_at(slot: u64, random_bytes: usize) -> AlignedPage {
+    page_compressing_to(random_bytes + (slot % 5) as usize * 16, slot + 1)
+}
+
+#[test]
+fn compaction_empties_sparse_chunks_and_keeps_every_page() {
+    let (z, kept) = fragmented_pool(24000, 900, 3);
+    let before = z.stats().unwrap();
+    // A third of the objects in chunks that were full: two thirds of the pool is room.
+    assert!(before.pool_bytes > 2 * before.object_bytes, "{before:?}");
+    for _ in 0..50 {
+        z.compact();
+    }
+    z.alloc.check_invariants();
+    let after = z.stats().unwrap();
+    assert_eq!(after.object_bytes, before.object_bytes, "objects move, they are not freed");
+    assert!(after.compacted_chunks > 0, "{after:?}");
+    assert_eq!(
+        after.pool_bytes,
+        before.pool_bytes - after.compacted_chunks * CHUNK_BYTES as u64,
+        "every chunk compaction freed is out of the pool: {after:?}"
+    );
+    // Compacted until the room left is within the bound.
+    let room_bytes = after.pool_bytes - after.object_bytes;
+    assert!(room_bytes < COMPACT_MIN_ROOM_BYTES.max(after.pool_bytes / COMPACT_ROOM_DIVISOR), "{after:?}");
+    for &slot in &kept {
+        assert_eq!(load(&z, slot).unwrap().0, page_at(slot, 900).0, "slot {slot}");
+    }
+    // A compacted pool empties to nothing.
+    for &slot in &kept {
+        z.invalidate(slot);
+    }
+    assert_eq!(z.pool_bytes(), 0);
+}
+
+#[test]
+fn a_read_that_loaded_the_entry_before_its_object_moved_reads_the_new_place() {
+    let (z, kept) = fragmented_pool(6000, 900, 3);
+    // Every kept slot's entry as a reader would have loaded it before compaction.
+    let entries: Vec<u64> = kept.iter().map(|&s| z.slots[2 * s as usize].load(Ordering::Acquire)).collect();
+    for _ in 0..50 {
+        z.compact();
+    }
+    z.trim();
+    let st = z.stats().unwrap();
+    assert!(st.compacted_chunks > 0, "{st:?}");
+    // The chunks compaction emptied were given back (they read as zero now) or hold
+    // other objects: the old entries' bytes are gone.
+    let mut moved = 0;
+    let mut ws = z.codecs.take_workspace().unwrap();
+    for (&slot, &e) in kept.iter().zip(&entries) {
+        moved += (z.slots[2 * slot as usize].load(Ordering::Relaxed) != e) as usize;
+        let mut dst = AlignedPage([0xaa; PAGE_SIZE]);
+        z.load_page_from(slot, e, &mut dst.0, &mut ws.out.0).unwrap_or_else(|err| panic!("slot {slot}: {err}"));
+        assert_eq!(dst.0, page_at(slot, 900).0, "slot {slot}");
+    }
+    z.codecs.put_workspace(ws);
+    assert!(moved > kept.len() / 4, "{moved} of {} moved", kept.len());
+}
+
+#[test]
+fn pages_read_and_invalidated_while_compaction_moves_them_are_exact() {
+    let (z, kept) = fragmented_pool(6000, 700, 4);
+    let z = std::sync::Arc::new(z);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let compactor = {
+        let (z, stop) = (z.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::Relaxed) && rounds < 1_000_000 {
+                z.compact();
+                z.alloc.trim();
+                rounds += 1;
+            }
+        })
+    };
+    // A third owner churns slots of its own (stores, then frees two of three, then the
+    // rest): the pool stays fragmented and the compactor busy.
+    let churn = {
+        let (z, stop) = (z.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let slots = 10_000..16_000u64;
+            for round in 0..1000u64 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                for slot in slots.clone() {
+                    store(&z, slot, &page_at(slot + round, 700)).unwrap();
+                }
+                for slot in slots.clone().filter(|s| s % 3 != 0) {
+                    z.invalidate(slot);
+                }
+                // The third kept is read back while the compactor moves it.
+                for slot in slots.clone().filter(|s| s % 3 == 0) {
+                    assert_eq!(load(&z, slot).unwrap().0, page_at(slot + round, 700).0, "slot {slot}");
+                    z.invalidate(slot);
+                }
+            }
+        })
+    };
+    // Two owners, each of its half of the kept slots: read every page, and now and then
+    // invalidate one and store a new page there, while the compactor moves them.
+    let owners: Vec<_> = (0..2usize)
+        .map(|t| {
+            let z = z.clone();
+            let mine: Vec<u64> = kept.iter().copied().filter(|s| (s / 4) as usize % 2 == t).collect();
+            std::thread::spawn(move || {
+                let mut version = vec![0u64; mine.len()];
+                let want = |slot: u64, v: u64| page_at(slot + v * 100_000, 700);
+                // A second of reads, at least 5 rounds (bounded).
+                let start = std::time::Instant::now();
+                for round in 0..10_000u64 {
+                    if round >= 5 && start.elapsed() > std::time::Duration::from_secs(1) {
+                        break;
+                    }
+                    for (i, &slot) in mine.iter().enumerate() {
+                        let got = load(&z, slot).unwrap_or_else(|e| panic!("slot {slot} round {round}: {e}"));
+                        assert_eq!(got.0, want(slot, version[i]).0, "slot {slot} round {round}");
+                        if (i as u64 + round) % 7 == 0 {
+                            z.invalidate(slot);
+                            version[i] += 1;
+                            store(&z, slot, &want(slot, version[i])).unwrap();
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for o in owners {
+        o.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    compactor.join().unwrap();
+    churn.join().unwrap();
+    let st = z.stats().unwrap();
+    assert!(st.compacted_chunks > 10, "the compactor ran while the owners read: {st:?}");
+    assert_eq!(st.stored_pages, kept.len() as u64, "{st:?}");
+    // Nothing leaked or freed twice: the lists agree with the chunks, and the pool
+    // empties to nothing.
+    z.alloc.check_invariants();
+    for &slot in &kept {
+        z.invalidate(slot);
+    }
+    let st = z.stats().unwrap();
+    assert_eq!((st.pool_bytes, st.object_bytes, st.compressed_bytes), (0, 0, 0), "{st:?}");
+    z.alloc.check_invariants();
+}
+
+#[test]
+fn incompressible_pages_can_be_passed_on() {
+    let mut cfg = ZpoolConfig::new(4 << 20, 1024);
+    cfg.incompressible = Incompressible::Reject;
+    let z = ZpoolBackend::new(cfg).unwrap();
+    let e = store(&z, 5, &page_of(3, 1)).unwrap_err();
+    assert!(matches!(e, BackendError::Rejected { slot: 5, reason: RejectReason::Incompressible }), "{e}");
+    assert!(matches!(load(&z, 5), Err(BackendError::Empty { .. })), "a rejected page leaves nothing");
+    store(&z, 6, &page_of(2, 1)).unwrap();
+    assert_eq!(z.stats().unwrap().reject_incompressible, 1);
+}
+
+#[test]
+fn a_failed_page_in_a_run_stores_nothing_of_the_run() {
+    let mut cfg = ZpoolConfig::new(4 << 20, 1024);
+    cfg.incompressible = Incompressible::Reject;
+    let z = ZpoolBackend::new(cfg).unwrap();
+    let run = [page_of(2, 1), page_of(1, 2), page_of(3, 3)];
+    let mut req = [WriteReq::new(10, PageRun::from_pages(&run))];
+    z.write(&mut req);
+    assert!(req[0].result.is_err());
+    let st = z.stats().unwrap();
+    assert_eq!((st.stored_pages, st.same_filled_pages, st.same_filled_stores), (0, 0, 0), "{st:?}");
+    assert_eq!(z.pool_bytes(), 0);
+}
+
+#[test]
+fn concurrent_stores_and_invalidations_on_distinct_slots() {
+    let z = std::sync::Arc::new(ZpoolBackend::new(ZpoolConfig::new(32 << 20, 16384)).unwrap());
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let z = z.clone();
+            std::thread::spawn(move || {
+                for round in 0..5u64 {
+                    for i in 0..500u64 {
+                        let slot = t * 4096 + i;
+                        store(&z, slot, &page_of(((i + round) % 4) as u32, slot * 31 + round)).unwrap();
+                    }
+                    for i in 0..500u64 {
+                        let slot = t * 4096 + i;
+                        let want = page_of(((i + round) % 4) as u32, slot * 31 + round);
+                        assert_eq!(load(&z, slot).unwrap().0, want.0);
+                        z.invalidate(slot);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let st = z.stats().unwrap();
+    assert_eq!((st.stored_pages, st.pool_bytes), (0, 0), "{st:?}");
+}
