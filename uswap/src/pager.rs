@@ -389,6 +389,7 @@ impl PagerBuilder {
             stall_avgs: crate::pressure::StallAverages::default(),
             idle_sample: crate::pressure::IdleSample::new(),
             aged_written_pages: std::sync::atomic::AtomicU64::new(0),
+            aged_cohort_epoch: std::sync::atomic::AtomicU64::new(0),
             auto: self.auto_budget.map(|target| {
                 crate::pressure::Budget::new(target, (MIN_LIMIT_BYTES / PAGE_SIZE as u64) as usize, limit_pages)
             }),

@@ -91,6 +91,16 @@ pub(super) fn shared_over_limit(charge: &Charge) -> bool {
     })
 }
 
+/// Whether the shared charge, if any, is above a goal its automatic budget set below its
+/// limit (`uswap run --auto`), which its pagers' background reclaimers are bringing it down
+/// to; the budget sets the limit to it, and clears it, within a second.
+pub(super) fn shared_goal_pending(charge: &Charge) -> bool {
+    charge.shared.is_some_and(|t| {
+        let goal = t.goal_pages.load(Ordering::Acquire);
+        goal != 0 && t.resident_pages.load(Ordering::Acquire) > goal
+    })
+}
+
 /// Whether this pager should reclaim its own pages because the shared charge is above its
 /// high watermark (`low == false`) or its low one. A memcg reclaims the coldest pages of all
 /// its tasks; uswap can reclaim a process's pages only in that process, so it asks those

@@ -16,10 +16,16 @@
 //! that finds little (three quarters or more of its pages came back) is followed by one
 //! twice as slow, up to [`MAX_SLOWDOWN`] times, and one that finds idle pages (half or
 //! more stayed out) brings back the full pace. A tick that finds half or more of the last
-//! tick's pages still out brings it back at once, and [`IDLE_SPEEDUP`] times that (and
-//! times [`MAX_DEACTIVATE_PER_S`]) while it keeps finding them: idle pages cost their move
-//! only. What each tick found goes to the automatic budget (`pressure::IdleSample`), which
-//! takes the pages found untouched with its next probe.
+//! tick's pages still out brings it back at once, and [`IDLE_SPEEDUP`] times that, then four
+//! times more at the next such tick (up to [`MAX_IDLE_SPEEDUP`] times [`MAX_DEACTIVATE_PER_S`]),
+//! with a tick every half second, while half or more stay out; a tick that finds under a
+//! quarter divides the speed-up by four. Idle pages cost their move only, and hot and cold
+//! pages lie in runs along the LRU (in the order the program allocated them), so one hot
+//! slice among cold ones does not stop the search. A tick's slice is tested in parts
+//! ([`SCAN_PART_PAGES`]) between the background reclaimer's rounds, and waits while the
+//! tree is over a goal its automatic budget set: the reclaim that takes the pages found
+//! idle runs on this thread. What each tick found goes to the automatic budget
+//! (`pressure::IdleSample`), which takes the pages found untouched at once.
 //!
 //! With `IdleAging::Evict(age)`, staged pages that have been idle for `age` are written to
 //! their device, oldest first ([`evict_idle`]), and pages that have been idle for `age`
@@ -33,6 +39,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::accounting::shared_goal_pending;
 use super::round::InFlight;
 use super::swapout::{shrink_active, shrink_inactive, Stager};
 use super::victims::Take;
@@ -52,12 +59,23 @@ pub const PASS_S: usize = 10;
 pub const MAX_DEACTIVATE_PER_S: usize = 4096;
 /// How many times slower than [`PASS_S`] a pass may go after passes that found nothing idle.
 pub const MAX_SLOWDOWN: usize = 4;
-/// How many times faster than its pace the scan goes while most of what it tests stays
+/// How many times faster than its pace the scan goes once half of what it tests stays
 /// untouched (up to this times [`MAX_DEACTIVATE_PER_S`]): the pages it finds idle are then
 /// most of its cost-free work, and what an automatic budget follows a shrinking working set
-/// down by (`pressure::Budget`): 320 MiB of a program that now uses 64 MiB are tested in
-/// 5 s, not 20.
+/// down by (`pressure::Budget`).
 pub const IDLE_SPEEDUP: usize = 4;
+/// How far the speed-up goes (four times more) while the next tick finds half of its pages
+/// idle again (256 MiB/s, about all one thread moves on this VM at a TLB shootdown a page,
+/// 25 us): the 256 MiB a phase stopped using are tested in about 2 s, not 4 at
+/// [`IDLE_SPEEDUP`], within the 5 s `--auto` has to follow a fivefold drop. A tick at this
+/// pace among hot pages costs the program up to 32 K swap-cache hits, a few microseconds
+/// each, before the next divides it by four.
+pub const MAX_IDLE_SPEEDUP: usize = 16;
+/// Pages a part of a tick's slice tests at a time (about 25 ms here).
+const SCAN_PART_PAGES: u64 = 1024;
+/// The scan's tick while it finds idle pages: a page untouched for half a second is judged
+/// idle then (the automatic budget's probes judge what it gets wrong).
+const FINDING_PERIOD_US: u64 = 500_000;
 /// Pages written out (or moved down a tier) for their age a second at most (64 MiB/s).
 const MAX_EVICT_PER_S: usize = 16384;
 /// Slots a tick looks at for pages to move down a tier.
@@ -84,8 +102,15 @@ pub(crate) struct Aging {
     last_moved: usize,
     last_refaults: u64,
     last_aged_written: u64,
-    /// Whether half or more of the pages the last tick tested stayed untouched.
-    finding_idle: bool,
+    /// How many times its pace the scan goes for the idle pages it finds (1: it found few).
+    idle_speedup: usize,
+    /// Pages of this tick's slice still to test, and the slice.
+    scan_left: u64,
+    last_asked: usize,
+    /// Whether the scan waited for a budget's goal since the last tick.
+    waited: bool,
+    /// Rounds of `deactivate` left to this tick's slice.
+    calls_left: usize,
 }
 
 impl Aging {
@@ -102,18 +127,27 @@ impl Aging {
             last_moved: 0,
             last_refaults: 0,
             last_aged_written: 0,
-            finding_idle: false,
+            idle_speedup: 1,
+            scan_left: 0,
+            last_asked: 0,
+            waited: false,
+            calls_left: 0,
         })
     }
 
-    /// Runs once a second: deactivates a slice of the resident pages, then (with `Evict`)
-    /// sends out those idle long enough.
-    pub fn tick(&mut self, cx: &Reclaim<'_>, now_us: u64, buf: &mut [AlignedPage]) {
-        if now_us < self.last_us + 1_000_000 || cx.charge.reclaim_held.load(Ordering::Acquire) {
-            return;
+    /// Runs once a second (every [`FINDING_PERIOD_US`] while it finds idle pages): reports
+    /// the last tick's sample, sets the slice of the resident pages this tick tests (in
+    /// parts, by [`Aging::resume`], from here and between ticks), then (with `Evict`) sends
+    /// out those idle long enough. Returns whether some of the slice is left.
+    pub fn tick(&mut self, cx: &Reclaim<'_>, now_us: u64, buf: &mut [AlignedPage]) -> bool {
+        // Twice a second while it finds idle pages: the program's working set shrank, and
+        // what it left is found (and judged) in half the time.
+        let period_us = if self.idle_speedup > 1 { FINDING_PERIOD_US } else { 1_000_000 };
+        if now_us < self.last_us + period_us || cx.charge.reclaim_held.load(Ordering::Acquire) {
+            return self.resume(cx);
         }
         self.last_us = now_us;
-        let Some(_in_flight) = InFlight::enter(cx) else { return };
+        let Some(in_flight) = InFlight::enter(cx) else { return false };
         // A pass over the pages in their regions, a tenth a tick (slowed down after passes
         // that found nothing). The rate only rises during a pass (set from each tick's
         // count, it would fall with every page staged and the pass would never end; it rises
@@ -131,19 +165,54 @@ impl Aging {
         debug_assert!(self.pass_ticks_left > 0, "a tick within a pass");
         self.pass_ticks_left -= 1;
         self.report_sample(cx);
-        let want = match self.finding_idle {
-            true => (self.pass_rate * IDLE_SPEEDUP).min(MAX_DEACTIVATE_PER_S * IDLE_SPEEDUP),
-            false => self.pass_rate,
-        };
-        let moved = deactivate(cx, want);
-        self.pass_moved += moved;
-        self.last_moved = moved;
+        // This tick's pages are the next sample's (see `aged_written_pages`).
+        cx.charge.aged_cohort_epoch.store(now_epoch(), Ordering::Relaxed);
+        // At most MAX_IDLE_SPEEDUP times the bounded rate (asserted above), for the tick's
+        // share of a second; what the last tick left untested is dropped, not carried.
+        self.scan_left = (self.pass_rate * self.idle_speedup) as u64 * period_us / 1_000_000;
+        self.last_asked = self.scan_left as usize;
+        // A round that moves nothing may have spared a run of referenced pages (each looks at
+        // 4 batches of the LRU at most), so rounds go on, up to twice as many as the slice
+        // needs: at most 8 slices' entries looked at, under a pass's worth (10 slices), so that
+        // a page spared is not met again, and staged, in the same tick.
+        self.calls_left = 2 * self.last_asked.div_ceil(BATCH);
         if let IdleAging::Evict(age) = cx.idle_aging {
             let age_epochs = (age.as_millis() as u64 / EPOCH_MS).max(1);
             let now = now_epoch();
             evict_idle(cx, now.saturating_sub(age_epochs));
             self.tier_down(cx, now.saturating_sub(2 * age_epochs), buf);
         }
+        drop(in_flight);
+        self.resume(cx)
+    }
+
+    /// Tests the next part of this tick's slice, [`SCAN_PART_PAGES`] at most, in flight
+    /// on its own (a fork waits for one part, not for a slice: 64 K pages take 1.6 s on this
+    /// VM, a TLB shootdown a page). None while the tree is above a goal an automatic budget
+    /// set (`SharedCharge::goal_pages`): the pages found idle go first, and the reclaim
+    /// that takes them runs on this thread. Returns whether some of the slice is left.
+    fn resume(&mut self, cx: &Reclaim<'_>) -> bool {
+        if self.scan_left > 0 && shared_goal_pending(cx.charge) {
+            self.waited = true;
+            return true;
+        }
+        if self.scan_left == 0 {
+            return false;
+        }
+        let Some(_in_flight) = InFlight::enter(cx) else { return false };
+        let want = self.scan_left.min(SCAN_PART_PAGES) as usize;
+        let moved = deactivate(cx, want, &mut self.calls_left);
+        // A part moves at most what it was asked for.
+        debug_assert!(moved <= want, "the scan moved more than its part");
+        self.pass_moved += moved;
+        self.last_moved += moved;
+        self.scan_left -= moved as u64;
+        // Fewer than asked with rounds left: the LRU ran dry or the devices are full. Either
+        // way the rest waits for the next tick.
+        if moved < want {
+            self.scan_left = 0;
+        }
+        self.scan_left > 0
     }
 
     /// Reports what the last tick found to the automatic budget (`pressure::IdleSample`):
@@ -163,8 +232,28 @@ impl Aging {
         self.last_aged_written = aged_written;
         let moved = std::mem::take(&mut self.last_moved);
         // Written or not, a page that did not come back was not in use: the pace follows it.
-        self.finding_idle = moved >= BATCH && moved.saturating_sub(back) * 2 >= moved;
-        if self.finding_idle {
+        let out = moved.saturating_sub(back);
+        // A sample smaller than half what the tick asked for (the scan waited while the
+        // budget's goal was reclaimed) is too small to slow down on: the hot pages the
+        // second chance spared sit at the LRU's head, and such a sample is mostly them.
+        let representative = moved * 2 >= self.last_asked || moved >= SCAN_PART_PAGES as usize;
+        let waited = std::mem::take(&mut self.waited);
+        self.idle_speedup = match self.idle_speedup {
+            s if waited && !representative => s,
+            _ if moved < BATCH => 1,
+            // A quarter at a time: hot and cold pages lie in runs along the LRU (a program's
+            // pages come in, and go cold, in the order it allocated them), and one slice of
+            // hot pages among cold ones held the scan at its normal pace for the 4 s its
+            // 64 MiB took to test (measured, a working set dropped from 320 to its first
+            // 64 MiB).
+            s if out * 4 < moved && representative => s / IDLE_SPEEDUP,
+            1 if out * 2 >= moved => IDLE_SPEEDUP,
+            s if out * 2 >= moved => (s * IDLE_SPEEDUP).min(MAX_IDLE_SPEEDUP),
+            s => s,
+        };
+        self.idle_speedup = self.idle_speedup.max(1);
+        debug_assert!((1..=MAX_IDLE_SPEEDUP).contains(&self.idle_speedup), "idle speed-up within its bounds");
+        if self.idle_speedup > 1 {
             self.slowdown = 1;
             self.pass_ticks_left = self.pass_ticks_left.min(PASS_S);
         }
@@ -217,17 +306,13 @@ impl Aging {
 }
 
 /// Moves up to `want` of the oldest resident pages into the swap cache (see the module
-/// doc). Returns the pages moved.
-fn deactivate(cx: &Reclaim<'_>, want: usize) -> usize {
+/// doc), with at most `calls` rounds of [`shrink_active`] (counted down). Returns the pages
+/// moved.
+fn deactivate(cx: &Reclaim<'_>, want: usize, calls: &mut usize) -> usize {
     let mut moved = 0;
-    // A batch that moves nothing may have spared a run of referenced pages (each call
-    // looks at 4 batches of the LRU at most), so such calls go on, up to twice as many as
-    // `want` needs: at most 8 `want` entries looked at, under a pass's worth (10 `want`),
-    // so that a page spared is not met again, and staged, in the same tick. Bounded by
-    // `calls` and by the LRU running dry.
-    let mut calls = 2 * want.div_ceil(BATCH);
-    while moved < want && calls > 0 && !cx.devices.is_full() && !cx.shutdown.is_set() && !cx.lru.is_empty() {
-        calls -= 1;
+    // Bounded by `calls`, and by the LRU running dry.
+    while moved < want && *calls > 0 && !cx.devices.is_full() && !cx.shutdown.is_set() && !cx.lru.is_empty() {
+        *calls -= 1;
         let s = shrink_active(cx, BATCH.min(want - moved), Stager::Aging);
         // A round moves at most the victims it was asked for, and uncharges only some of those.
         debug_assert!(s.moved <= BATCH.min(want - moved) && s.uncharged <= s.moved);

@@ -85,7 +85,7 @@ pub(crate) fn background_reclaimer(cx: &Reclaim<'_>) {
         std::thread::park_timeout(period.after(worked));
         worked = r.queued_work(cx);
         let (idle, idle_long) = r.note_faults(cx);
-        r.upkeep(cx);
+        worked |= r.upkeep(cx);
         if !idle || cx.charge.reclaim_held.load(Ordering::Acquire) {
             continue;
         }
@@ -175,7 +175,8 @@ impl Reclaimer {
     /// The periodic upkeep of every tick: fork children's slots, discards, pressure
     /// figures and the automatic budget, idle ages and the aging scan, probes of degraded
     /// devices.
-    fn upkeep(&mut self, cx: &Reclaim<'_>) {
+    /// Returns whether the aging scan has more of its second's slice to test.
+    fn upkeep(&mut self, cx: &Reclaim<'_>) -> bool {
         // Slots held for fork children that have read them, or are gone, come free
         // (a few `poll`s and a scan of the held slots while children live, nothing
         // otherwise); in a fork child, the inherited pages its parent let go of are charged
@@ -206,15 +207,14 @@ impl Reclaimer {
         for d in cx.devices.devices() {
             d.fold_idle_ages(now_epoch);
         }
-        if let Some(a) = self.aging.as_mut() {
-            a.tick(cx, now_us, &mut self.writeback_buf);
-        }
+        let scan_left = self.aging.as_mut().is_some_and(|a| a.tick(cx, now_us, &mut self.writeback_buf));
         // A device whose writes failed takes pages again once a probe succeeds.
         cx.devices.probe_degraded();
         // Signal mode: the program's signal masks (see `crate::uffd::signal_guard`).
         if cx.mode == FaultMode::Signal {
             crate::uffd::signal_guard::tick();
         }
+        scan_left
     }
 
     /// Reclaims down to the `low` watermark (or while the tree's charge counts on this

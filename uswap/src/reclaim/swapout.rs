@@ -462,10 +462,12 @@ fn written(
     assert_eq!(run.len(), crcs.len());
     let sdev = cx.devices.device(victims[run[0]].pte.entry());
     let mut aged = 0;
+    let cohort = cx.charge.aged_cohort_epoch.load(Ordering::Relaxed);
     for (&k, &crc) in run.iter().zip(crcs) {
         let v = &victims[k];
-        aged += v.pte.aged() as u64;
         let (old, new) = (v.pte.entry(), targets[k]);
+        let left = sdev.stamp_of(old.offset());
+        aged += (v.pte.aged() && left.is_some_and(|e| e >= cohort)) as u64;
         let dev = cx.devices.device(new);
         dev.set_checksum(new.offset(), crc);
         if new == old {
@@ -473,7 +475,6 @@ fn written(
         } else {
             // Written elsewhere: the old slot held only the staging page. The page keeps the
             // moment it left its region.
-            let left = sdev.stamp_of(old.offset());
             sdev.forget_slot(old.offset());
             to_free.push(old.bits());
             dev.set_owner(new.offset(), guards.page_ref(v.gi, v.page, v.pte).owner());

@@ -35,8 +35,12 @@ pub(crate) struct Charge {
     pub idle_sample: IdleSample,
     /// Pages the aging scan staged that reclaim wrote out before they were touched: neither
     /// found in use nor shown idle (a page in use then faults from the device), so the scan's
-    /// sample leaves them out (`reclaim::aging`).
+    /// sample leaves them out (`reclaim::aging`). Only those of the scan's last tick (that
+    /// left their regions in `aged_cohort_epoch` or after): the pages an earlier tick found
+    /// idle, which the automatic budget then takes, were counted already, and subtracted
+    /// from the next sample they halved what the scan reported while a working set shrank.
     pub aged_written_pages: AtomicU64,
+    pub aged_cohort_epoch: AtomicU64,
     /// With an automatic budget: its control law, with the ceiling (the limit given), which
     /// the background reclaimer copies and runs (`reclaim::background`).
     pub auto: Option<Budget>,
