@@ -89,11 +89,11 @@ fn auto_moves_the_trees_limit_down_to_what_the_program_uses() {
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// `--auto` follows a working set that drops fivefold: a C program reads and writes at
-/// random over 320 MiB of mixed data for 10 s, then over its first 64 MiB for 8 s, then
+/// random over 320 MiB of mixed data for 10 s, then over its first 64 MiB for 10 s, then
 /// checks every word. 8 s after the drop, the tree's limit, as `uswap stat` shows it, is
 /// within 1.5 times the new working set. The 5 s is a benchmark (docs/auto-budget.md:
-/// 3.4-5.8 s in a release build on an idle machine); a debug build under a loaded CI
-/// machine was past it by a second in 2 runs of 8.
+/// 3.6-5.7 s in a release build on an idle machine); a debug build was past it by a second
+/// in 2 runs of 8.
 #[test]
 fn auto_follows_a_working_set_that_drops_fivefold() {
     const MIB: u64 = 1 << 20;

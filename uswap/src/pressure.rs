@@ -287,7 +287,7 @@ mod tests {
 
 /// What the idle aging scan found, for the automatic budget: the pages it took out of their
 /// regions that were still out a tick later, since the pager (or the tree) started. Added
-/// to once a tick by each aging scan; read by the law at its own tick. A plain atomic, so
+/// to at each tick of each aging scan; read by the law whenever it looks. A plain atomic, so
 /// that a tree's lives in its shared segment.
 #[repr(C)]
 #[derive(Debug, Default)]
@@ -407,14 +407,15 @@ const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
 ///   [`IDLE_TRUSTED_PAGES`] of them end a hold and go with the next tick, all but a 16th
 ///   (the scan's count is a sample), and with no step on top (a blind probe below pages the
 ///   scan has yet to judge); [`IDLE_AT_ONCE_PAGES`] or more go as soon as the scan reports
-///   them, between ticks, while the tick so far stalls no more than the target. A tick over
+///   them, between ticks, while the tick so far stalls no more than the target and the
+///   program is not growing (judged with the tick, as a probe). A tick over
 ///   the target leaves them for the next. So a working set that shrank is followed as fast
 ///   as the scan finds its idle pages, without the stalls of probes that take hot pages
 ///   with cold ones. Measured (docs/auto-budget.md): a program whose working set dropped
 ///   from 320 MiB to 64 MiB kept a limit of 326 MiB for over 5 s of the small phase (a
 ///   hold) and came within 1.5x of the new working set after 18 s or more; with the scan's
 ///   findings at the next probe, after 6.7-7.8 s; taken at once, and found twice as fast,
-///   after 2.9-4.8 s.
+///   after 3.6-5.7 s (within 5 s in 5 runs of 6).
 ///
 /// Why it does not oscillate: a probe that finds the edge of the working set is undone in
 /// the next tick and followed by ever smaller probes, so the limit stays within the last
@@ -458,8 +459,10 @@ pub struct Budget {
     /// set between ticks (`idle_between_ticks`).
     last_set: usize,
     cut_between_ticks: bool,
-    /// Whether pages found idle went between the last two ticks.
+    /// Whether pages found idle went between the last two ticks, and whether the last
+    /// limit set took idle pages alone (no step).
     found_between_ticks: bool,
+    idle_cut: bool,
 }
 
 impl Budget {
@@ -483,6 +486,7 @@ impl Budget {
             last_set: ceiling_pages,
             cut_between_ticks: false,
             found_between_ticks: false,
+            idle_cut: false,
         }
     }
 
@@ -493,7 +497,8 @@ impl Budget {
     /// Called often (each pass of a background loop) with the stall clock's total and the
     /// aging scan's ([`IdleSample::total`]; zero without a scan): the new limit, in pages,
     /// once a tick has passed since the last, or [`EARLY_UNDO_US`] after a probe that
-    /// thrashes (`None` otherwise).
+    /// thrashes, or between ticks when the scan reports [`IDLE_AT_ONCE_PAGES`] idle
+    /// (`None` otherwise).
     pub fn tick(
         &mut self,
         stall_total_us: u64,
@@ -565,9 +570,13 @@ impl Budget {
         // nothing of it.
         self.hold = 0;
         self.step = self.step.max(FIRST_PROBE);
-        // From the last limit set, too: a lower one may still be a goal the reclaimers are
-        // bringing the tree down to, which this must not raise.
-        let level = limit_pages.min(resident_pages).min(self.last_set);
+        // From the last limit set, too, while it may still be a goal the reclaimers are
+        // bringing the tree down to (a probe's or a cut's), which this must not raise.
+        let pending = self.cut_between_ticks || self.probed_from.is_some();
+        let level = limit_pages.min(resident_pages).min(if pending { self.last_set } else { usize::MAX });
+        // Judged with the tick, as a probe from here: undone if it hurts.
+        self.probed_from.get_or_insert(level);
+        self.idle_cut = true;
         debug_assert!(self.floor_pages <= self.ceiling_pages, "the bounds are ordered");
         self.last_set = without_idle(level, new).clamp(self.floor_pages, self.ceiling_pages);
         self.cut_between_ticks = true;
@@ -578,6 +587,8 @@ impl Budget {
     /// The law itself: the limit after a tick whose stall share was `share`.
     pub fn next_limit(&mut self, share: f64, limit_pages: usize, resident_pages: usize) -> usize {
         let probed_from = self.probed_from.take();
+        let idle_only = std::mem::take(&mut self.idle_cut);
+        let found_between_ticks = std::mem::take(&mut self.found_between_ticks);
         let after_undo = std::mem::take(&mut self.undone);
         let growing = self.last_resident.is_some_and(|r| resident_pages > r + r / GROWING_DIVISOR);
         self.last_resident = Some(resident_pages);
@@ -614,7 +625,8 @@ impl Budget {
             self.tested = false;
             return limit_pages;
         } else {
-            if probed_from.is_some() {
+            // A cut of idle pages alone that cost nothing says nothing of the step.
+            if probed_from.is_some() && !idle_only {
                 self.step = (self.step * 2.0).min(MAX_PROBE);
                 self.tested = true;
             }
@@ -626,11 +638,12 @@ impl Budget {
             }
             let level = limit_pages.min(resident_pages);
             self.probed_from = Some(level);
-            if std::mem::take(&mut self.found_between_ticks) || self.idle_pages > 0 {
+            if found_between_ticks || self.idle_pages > 0 {
                 // The scan is finding what the program left: those pages go, with no step.
                 // A step on top is a blind probe below what the scan has yet to judge, and it
                 // crossed the working set (measured: a 25 % step with the idle pages took a
                 // program from 161 to 120 MiB, 64 in use, undone and held for 10 s).
+                self.idle_cut = true;
                 return without_idle(level, self.idle_pages).clamp(self.floor_pages, self.ceiling_pages);
             }
             let adj = (self.target / share.max(1e-9) / COEFF_PROBE).powi(2).min(1.0) * self.step;
@@ -736,13 +749,17 @@ mod budget_tests {
         // too few then, count now): the working set shrank.
         // They go, less a 16th (256), with no step on top.
         assert_eq!(b.tick(400_000, 5_000_000, 10_200, 9_600, 4_100), Some(5_756), "the hold ends, they go");
-        assert_eq!(b.tick(400_000, 6_000_000, 5_756, 5_756, 4_100), Some(5_180), "then plain probes (10 %)");
+        assert_eq!(
+            b.tick(400_000, 6_000_000, 5_756, 5_756, 4_100),
+            Some(5_468),
+            "then plain probes (5 %: the cut took idle pages only)"
+        );
         let mut fresh = Budget::new(0.01, 100, 100_000);
         fresh.step = MIN_PROBE;
         fresh.idle_pages = 1_024;
         assert_eq!(fresh.next_limit(0.0, 50_000, 50_000), 49_040, "idle pages go, alone");
         fresh.idle_pages = 0;
-        assert_eq!(fresh.next_limit(0.0, 49_040, 49_040), 44_136, "and bring the step back to 5 % (doubled)");
+        assert_eq!(fresh.next_limit(0.0, 49_040, 49_040), 46_588, "and bring the step back to 5 % (not doubled)");
     }
 
     #[test]
@@ -752,7 +769,7 @@ mod budget_tests {
         assert_eq!(b.tick(0, 1_100_000, 10_000, 10_000, 1_000), None, "under 4 MiB: they wait for the tick");
         assert_eq!(b.tick(0, 1_200_000, 10_000, 10_000, 2_048), Some(8_080), "4 MiB and more go at once");
         assert_eq!(b.tick(5_000, 1_300_000, 10_000, 10_000, 4_096), None, "not while the tick stalls (1.7 %)");
-        assert_eq!(b.tick(5_000, 1_400_000, 10_000, 12_000, 4_096), None, "nor while the program grows");
+        assert_eq!(b.tick(5_000, 1_900_000, 10_000, 12_000, 4_096), None, "nor while the program grows (0.56 %)");
         // The tick starts from the limit set between ticks (a goal the tree may not have
         // reached yet), and takes the pages found since: 2,048 (less 128) below it.
         assert_eq!(b.tick(5_000, 2_000_000, 10_000, 10_000, 4_096), Some(6_160), "the tick starts from the cut");

@@ -74,6 +74,8 @@ impl TreeBudget {
                     pending = None;
                 }
             }
+            // No goal outlives the budget: processes that outlive `uswap run` would wait on it.
+            tree.goal_pages.store(0, Ordering::Release);
             tree.limit_pages.load(Ordering::Acquire) as u64 * page
         });
         TreeBudget { stop, thread }

@@ -2,8 +2,8 @@
 //! limit, and sending them out once idle long enough (`IdleAging`).
 //!
 //! User space sees no accessed bits, so a page's use is tested the way the kernel's NUMA
-//! balancing tests it: by taking the mapping away. Once a second the background reclaimer
-//! moves a slice of the oldest resident pages into the swap cache ([`deactivate`]: the
+//! balancing tests it: by taking the mapping away. Once a second (twice while it finds idle
+//! pages) the background reclaimer moves a slice of the oldest resident pages into the swap cache ([`deactivate`]: the
 //! pages keep their RAM, `UFFDIO_MOVE` moves no data), stamped with the moment they left
 //! (`crate::swap::idle_ages`). A page still in use faults straight back (a swap-cache hit)
 //! and is marked referenced, so the next pass spares it once (second chance); a page left
@@ -25,7 +25,8 @@
 //! ([`SCAN_PART_PAGES`]) between the background reclaimer's rounds, and waits while the
 //! tree is over a goal its automatic budget set: the reclaim that takes the pages found
 //! idle runs on this thread. What each tick found goes to the automatic budget
-//! (`pressure::IdleSample`), which takes the pages found untouched at once.
+//! (`pressure::IdleSample`), which takes the pages found untouched as soon as they are 4 MiB,
+//! and at its tick otherwise.
 //!
 //! With `IdleAging::Evict(age)`, staged pages that have been idle for `age` are written to
 //! their device, oldest first ([`evict_idle`]), and pages that have been idle for `age`
@@ -60,22 +61,27 @@ pub const MAX_DEACTIVATE_PER_S: usize = 4096;
 /// How many times slower than [`PASS_S`] a pass may go after passes that found nothing idle.
 pub const MAX_SLOWDOWN: usize = 4;
 /// How many times faster than its pace the scan goes once half of what it tests stays
-/// untouched (up to this times [`MAX_DEACTIVATE_PER_S`]): the pages it finds idle are then
-/// most of its cost-free work, and what an automatic budget follows a shrinking working set
-/// down by (`pressure::Budget`).
+/// untouched (then up to [`MAX_IDLE_SPEEDUP`] times): the pages it finds idle are then most
+/// of its cost-free work, and what an automatic budget follows a shrinking working set down
+/// by (`pressure::Budget`).
 pub const IDLE_SPEEDUP: usize = 4;
 /// How far the speed-up goes (four times more) while the next tick finds half of its pages
-/// idle again (256 MiB/s, about all one thread moves on this VM at a TLB shootdown a page,
-/// 25 us): the 256 MiB a phase stopped using are tested in about 2 s, not 4 at
-/// [`IDLE_SPEEDUP`], within the 5 s `--auto` has to follow a fivefold drop. A tick at this
+/// idle again (256 MiB/s asked; one thread moves about 160 MiB/s on this VM, at a TLB
+/// shootdown of 25 us a page, seven eighths of each period): the 256 MiB a phase stopped
+/// using are tested in about 2 s, not 4 at [`IDLE_SPEEDUP`], within the 5 s `--auto` has
+/// to follow a fivefold drop. A tick at this
 /// pace among hot pages costs the program up to 32 K swap-cache hits, a few microseconds
 /// each, before the next divides it by four.
 pub const MAX_IDLE_SPEEDUP: usize = 16;
 /// Pages a part of a tick's slice tests at a time (about 25 ms here).
 const SCAN_PART_PAGES: u64 = 1024;
-/// The scan's tick while it finds idle pages: a page untouched for half a second is judged
-/// idle then (the automatic budget's probes judge what it gets wrong).
+/// The scan's tick while it finds idle pages: a page untouched for half a second (62 ms at
+/// least, see [`Aging::resume`]) is judged idle then (the automatic budget
+/// judges what it gets wrong by the stalls that follow).
 const FINDING_PERIOD_US: u64 = 500_000;
+/// How long a tick's slice waits for the reclaim of an automatic budget's goal at most: a
+/// goal the devices cannot take does not stop the scan.
+const GOAL_WAIT_US: u64 = 1_000_000;
 /// Pages written out (or moved down a tier) for their age a second at most (64 MiB/s).
 const MAX_EVICT_PER_S: usize = 16384;
 /// Slots a tick looks at for pages to move down a tier.
@@ -111,6 +117,8 @@ pub(crate) struct Aging {
     waited: bool,
     /// Rounds of `deactivate` left to this tick's slice.
     calls_left: usize,
+    /// Since when this tick's slice waits for a budget's goal.
+    waiting_since_us: Option<u64>,
 }
 
 impl Aging {
@@ -132,6 +140,7 @@ impl Aging {
             last_asked: 0,
             waited: false,
             calls_left: 0,
+            waiting_since_us: None,
         })
     }
 
@@ -140,11 +149,8 @@ impl Aging {
     /// parts, by [`Aging::resume`], from here and between ticks), then (with `Evict`) sends
     /// out those idle long enough. Returns whether some of the slice is left.
     pub fn tick(&mut self, cx: &Reclaim<'_>, now_us: u64, buf: &mut [AlignedPage]) -> bool {
-        // Twice a second while it finds idle pages: the program's working set shrank, and
-        // what it left is found (and judged) in half the time.
-        let period_us = if self.idle_speedup > 1 { FINDING_PERIOD_US } else { 1_000_000 };
-        if now_us < self.last_us + period_us || cx.charge.reclaim_held.load(Ordering::Acquire) {
-            return self.resume(cx);
+        if now_us < self.last_us + self.period_us() || cx.charge.reclaim_held.load(Ordering::Acquire) {
+            return self.resume(cx, now_us);
         }
         self.last_us = now_us;
         let Some(in_flight) = InFlight::enter(cx) else { return false };
@@ -168,14 +174,18 @@ impl Aging {
         // This tick's pages are the next sample's (see `aged_written_pages`).
         cx.charge.aged_cohort_epoch.store(now_epoch(), Ordering::Relaxed);
         // At most MAX_IDLE_SPEEDUP times the bounded rate (asserted above), for the tick's
-        // share of a second; what the last tick left untested is dropped, not carried.
-        self.scan_left = (self.pass_rate * self.idle_speedup) as u64 * period_us / 1_000_000;
+        // share of a second, and half the pages in their regions; what the last tick left
+        // untested is dropped, not carried.
+        let slice = (self.pass_rate * self.idle_speedup) as u64 * self.period_us() / 1_000_000;
+        self.scan_left = slice.min((in_regions / 2).max(BATCH) as u64);
         self.last_asked = self.scan_left as usize;
         // A round that moves nothing may have spared a run of referenced pages (each looks at
         // 4 batches of the LRU at most), so rounds go on, up to twice as many as the slice
-        // needs: at most 8 slices' entries looked at, under a pass's worth (10 slices), so that
-        // a page spared is not met again, and staged, in the same tick.
+        // needs: at the normal pace, at most 8 slices' entries looked at, under a pass's worth
+        // (10 slices), so that a page spared is not met again, and staged, in the same tick;
+        // sped up, one may be (a swap-cache hit).
         self.calls_left = 2 * self.last_asked.div_ceil(BATCH);
+        self.waiting_since_us = None;
         if let IdleAging::Evict(age) = cx.idle_aging {
             let age_epochs = (age.as_millis() as u64 / EPOCH_MS).max(1);
             let now = now_epoch();
@@ -183,33 +193,54 @@ impl Aging {
             self.tier_down(cx, now.saturating_sub(2 * age_epochs), buf);
         }
         drop(in_flight);
-        self.resume(cx)
+        self.resume(cx, now_us)
+    }
+
+    /// Once a second, twice while the scan finds idle pages: the program's working set
+    /// shrank, and what it left is found (and judged) in half the time.
+    fn period_us(&self) -> u64 {
+        if self.idle_speedup > 1 {
+            FINDING_PERIOD_US
+        } else {
+            1_000_000
+        }
     }
 
     /// Tests the next part of this tick's slice, [`SCAN_PART_PAGES`] at most, in flight
     /// on its own (a fork waits for one part, not for a slice: 64 K pages take 1.6 s on this
-    /// VM, a TLB shootdown a page). None while the tree is above a goal an automatic budget
-    /// set (`SharedCharge::goal_pages`): the pages found idle go first, and the reclaim
-    /// that takes them runs on this thread. Returns whether some of the slice is left.
-    fn resume(&mut self, cx: &Reclaim<'_>) -> bool {
-        if self.scan_left > 0 && shared_goal_pending(cx.charge) {
-            self.waited = true;
-            return true;
-        }
+    /// VM, a TLB shootdown a page). Not in the last eighth of the tick's period: a page is
+    /// judged an eighth of it at least after it left. Waits (up to [`GOAL_WAIT_US`]) while
+    /// the tree is above a goal an automatic budget set (`SharedCharge::goal_pages`): the
+    /// pages found idle go first, and the reclaim that takes them runs on this thread.
+    /// Returns whether it tested pages and some of the slice is left.
+    fn resume(&mut self, cx: &Reclaim<'_>, now_us: u64) -> bool {
         if self.scan_left == 0 {
+            return false;
+        }
+        if shared_goal_pending(cx.charge) && now_us < *self.waiting_since_us.get_or_insert(now_us) + GOAL_WAIT_US {
+            self.waited = true;
+            return false;
+        }
+        if now_us >= self.last_us + self.period_us() * 7 / 8 {
+            self.scan_left = 0;
             return false;
         }
         let Some(_in_flight) = InFlight::enter(cx) else { return false };
         let want = self.scan_left.min(SCAN_PART_PAGES) as usize;
-        let moved = deactivate(cx, want, &mut self.calls_left);
+        // A part's rounds, out of the slice's: a fork waits for a bounded part.
+        let mut rounds = self.calls_left.min(2 * want.div_ceil(BATCH));
+        self.calls_left -= rounds;
+        let moved = deactivate(cx, want, &mut rounds);
+        self.calls_left += rounds;
         // A part moves at most what it was asked for.
         debug_assert!(moved <= want, "the scan moved more than its part");
         self.pass_moved += moved;
         self.last_moved += moved;
         self.scan_left -= moved as u64;
-        // Fewer than asked with rounds left: the LRU ran dry or the devices are full. Either
-        // way the rest waits for the next tick.
-        if moved < want {
+        // Fewer than asked with rounds left: the LRU ran dry or the devices are full; with
+        // none left in the slice, the LRU's head is referenced pages. Either way the rest
+        // waits for the next tick.
+        if moved < want && (rounds > 0 || self.calls_left == 0) {
             self.scan_left = 0;
         }
         self.scan_left > 0

@@ -54,7 +54,8 @@ const FORK_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 /// takes no fault either, and would evict it each time.
 pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Moves the limit as the automatic budget's law says, once a tick (`pressure::Budget`).
+/// Moves the limit as the automatic budget's law says, once a tick and when the aging scan
+/// reports idle pages (`pressure::Budget`).
 /// A lower limit is reclaimed down to first, here, off the application's threads, and set
 /// after: faults meanwhile see the old one and do not reclaim for the probe, whose cost is
 /// then what it measures (the pages it took that are in use).
