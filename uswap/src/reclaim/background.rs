@@ -176,7 +176,7 @@ impl Reclaimer {
     /// The periodic upkeep of every tick: fork children's slots, discards, pressure
     /// figures and the automatic budget, idle ages and the aging scan, probes of degraded
     /// devices.
-    /// Returns whether the aging scan has more of its second's slice to test.
+    /// Returns whether the aging scan tested pages and has more of its tick's slice to test.
     fn upkeep(&mut self, cx: &Reclaim<'_>) -> bool {
         // Slots held for fork children that have read them, or are gone, come free
         // (a few `poll`s and a scan of the held slots while children live, nothing
