@@ -455,13 +455,11 @@ pub struct Budget {
     /// [`IDLE_TRUSTED_PAGES`]), and the scan's count then.
     idle_pages: usize,
     idle_seen: u64,
-    /// The last limit this returned (the ceiling before the first), and whether it was
-    /// set between ticks (`idle_between_ticks`).
+    /// The last limit this returned (the ceiling before the first), and whether pages
+    /// found idle went between the last two ticks (`idle_between_ticks`, which set it).
     last_set: usize,
     cut_between_ticks: bool,
-    /// Whether pages found idle went between the last two ticks, and whether the last
-    /// limit set took idle pages alone (no step).
-    found_between_ticks: bool,
+    /// Whether the last limit set took idle pages alone (no step).
     idle_cut: bool,
 }
 
@@ -485,7 +483,6 @@ impl Budget {
             idle_seen: 0,
             last_set: ceiling_pages,
             cut_between_ticks: false,
-            found_between_ticks: false,
             idle_cut: false,
         }
     }
@@ -525,7 +522,7 @@ impl Budget {
         self.note_idle(idle_untouched_pages);
         // A limit set between ticks may still be a goal the tree is being brought down to
         // (`uswap run --auto`): the tick starts from it, or a hold would set the old one back.
-        let limit_pages = match std::mem::take(&mut self.cut_between_ticks) {
+        let limit_pages = match self.cut_between_ticks {
             true => limit_pages.min(self.last_set),
             false => limit_pages,
         };
@@ -580,7 +577,6 @@ impl Budget {
         debug_assert!(self.floor_pages <= self.ceiling_pages, "the bounds are ordered");
         self.last_set = without_idle(level, new).clamp(self.floor_pages, self.ceiling_pages);
         self.cut_between_ticks = true;
-        self.found_between_ticks = true;
         Some(self.last_set)
     }
 
@@ -588,7 +584,7 @@ impl Budget {
     pub fn next_limit(&mut self, share: f64, limit_pages: usize, resident_pages: usize) -> usize {
         let probed_from = self.probed_from.take();
         let idle_only = std::mem::take(&mut self.idle_cut);
-        let found_between_ticks = std::mem::take(&mut self.found_between_ticks);
+        let found_between_ticks = std::mem::take(&mut self.cut_between_ticks);
         let after_undo = std::mem::take(&mut self.undone);
         let growing = self.last_resident.is_some_and(|r| resident_pages > r + r / GROWING_DIVISOR);
         self.last_resident = Some(resident_pages);

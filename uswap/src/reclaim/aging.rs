@@ -113,11 +113,9 @@ pub(crate) struct Aging {
     /// Pages of this tick's slice still to test, and the slice.
     scan_left: u64,
     last_asked: usize,
-    /// Whether the scan waited for a budget's goal since the last tick.
-    waited: bool,
     /// Rounds of `deactivate` left to this tick's slice.
     calls_left: usize,
-    /// Since when this tick's slice waits for a budget's goal.
+    /// Since when this tick's slice waits for a budget's goal (`None`: it did not wait).
     waiting_since_us: Option<u64>,
 }
 
@@ -138,7 +136,6 @@ impl Aging {
             idle_speedup: 1,
             scan_left: 0,
             last_asked: 0,
-            waited: false,
             calls_left: 0,
             waiting_since_us: None,
         })
@@ -218,7 +215,6 @@ impl Aging {
             return false;
         }
         if shared_goal_pending(cx.charge) && now_us < *self.waiting_since_us.get_or_insert(now_us) + GOAL_WAIT_US {
-            self.waited = true;
             return false;
         }
         if now_us >= self.last_us + self.period_us() * 7 / 8 {
@@ -268,7 +264,7 @@ impl Aging {
         // budget's goal was reclaimed) is too small to slow down on: the hot pages the
         // second chance spared sit at the LRU's head, and such a sample is mostly them.
         let representative = moved * 2 >= self.last_asked || moved >= SCAN_PART_PAGES as usize;
-        let waited = std::mem::take(&mut self.waited);
+        let waited = self.waiting_since_us.is_some();
         self.idle_speedup = match self.idle_speedup {
             s if waited && !representative => s,
             _ if moved < BATCH => 1,
