@@ -17,6 +17,9 @@ makes is byte for byte the plain build's, and what the device held for the tree 
 peak against the pages written out.
 
     bench/real-programs/no_pressure.py --runs 3 --out /tmp/no-pressure.md
+
+With --before OLD/uswap, an older build runs too, alternated with the others, in a column
+of its own (what a change did, in one sitting).
 """
 import argparse
 import glob
@@ -123,6 +126,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--uswap", default=os.path.join(ROOT, "target", "release", "uswap"))
     ap.add_argument("--out")
+    ap.add_argument("--before", help="an older build's uswap, timed alongside (a column of its own)")
     ap.add_argument("--pressure-limit", default="64MiB",
                     help="the limit of the C build under pressure (a third of its peak here)")
     args = ap.parse_args()
@@ -132,23 +136,29 @@ def main():
         plain_s, pressure = pressure_rows(args.uswap, tmp, args.pressure_limit)
         rows = []
         for name, cmd in programs(tmp):
-            plain, under = [], []
+            plain, under, before = [], [], []
             for _ in range(args.runs):
                 plain.append(timed(["sh", "-c", cmd]))
                 under.append(timed([args.uswap, "run", "--limit", LIMIT, "--", "sh", "-c", cmd]))
+                if args.before:
+                    before.append(timed([args.before, "run", "--limit", LIMIT, "--", "sh", "-c", cmd]))
             p, u = median(plain), median(under)
-            rows.append((name, p, u, plain, under))
-            print(f"{name}: plain {p:.2f} s, uswap run {u:.2f} s ({p / u:.2f}x)", file=sys.stderr)
+            rows.append((name, p, u, plain, under, before))
+            print(f"{name}: plain {p:.2f} s, uswap run {u:.2f} s ({p / u:.2f}x)"
+                  + (f", before {median(before):.2f} s ({p / median(before):.2f}x)" if before else ""), file=sys.stderr)
     kernel = os.uname().release
     lines.append(f"Machine: {os.cpu_count()} vCPUs, Linux {kernel}; `uswap run --limit {LIMIT}` (never reached), "
                  f"default device (zpool) and mode (auto); {args.runs} runs each, alternated; the C build compiles "
                  f"{nr_files} files.")
     lines.append("")
-    lines.append("| program | plain (median) | under `uswap run` (median) | speed vs plain | runs plain / under uswap (s) |")
-    lines.append("|---|---|---|---|---|")
-    for name, p, u, plain, under in rows:
-        runs = " ".join(f"{x:.2f}" for x in plain) + " / " + " ".join(f"{x:.2f}" for x in under)
-        lines.append(f"| {name} | {p:.2f} s | {u:.2f} s | {p / u:.2f}x | {runs} |")
+    before_head = " | the build before (median) | its speed vs plain" if args.before else ""
+    lines.append(f"| program | plain (median) | under `uswap run` (median) | speed vs plain{before_head} | "
+                 "runs plain / under uswap (s) |")
+    lines.append("|---|---|---|---|---|" + ("---|---|" if args.before else ""))
+    for name, p, u, plain, under, before in rows:
+        runs = " / ".join(" ".join(f"{x:.2f}" for x in xs) for xs in [plain, under, before] if xs)
+        b = f" {median(before):.2f} s | {p / median(before):.2f}x |" if before else ""
+        lines.append(f"| {name} | {p:.2f} s | {u:.2f} s | {p / u:.2f}x |{b} {runs} |")
     lines.append("")
     lines.append(f"The same build under `uswap run --limit {args.pressure_limit}`, one run each (plain: {plain_s:.2f} s):")
     lines.append("")

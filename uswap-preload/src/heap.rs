@@ -109,19 +109,6 @@ fn find_dynamic_linker() -> Option<(usize, usize)> {
         // Only its address is taken.
         fn __tls_get_addr();
     }
-    extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> i32 {
-        // SAFETY: dl_iterate_phdr passes a valid info for the call; `data` is the
-        // `(base, end)` pair below, alive for the iteration.
-        let (info, found) = unsafe { (&*info, &mut *(data as *mut (usize, usize))) };
-        if info.dlpi_addr as usize != found.0 || info.dlpi_phdr.is_null() {
-            return 0;
-        }
-        // SAFETY: dlpi_phdr points at dlpi_phnum program headers.
-        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
-        let end = phdrs.iter().filter(|h| h.p_type == libc::PT_LOAD).map(|h| (h.p_vaddr + h.p_memsz) as usize).max();
-        found.1 = found.0 + end.unwrap_or(0);
-        1
-    }
     // SAFETY: an all-zero Dl_info is valid (null pointers); dladdr fills it for an address
     // inside a loaded object.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
@@ -133,13 +120,7 @@ fn find_dynamic_linker() -> Option<(usize, usize)> {
         // SAFETY: getauxval reads the auxiliary vector.
         unsafe { libc::getauxval(libc::AT_BASE) as usize }
     };
-    if base == 0 {
-        return None;
-    }
-    let mut found = (base, 0usize);
-    // SAFETY: the callback only reads the headers it is given and writes `found`.
-    unsafe { libc::dl_iterate_phdr(Some(each), (&mut found as *mut (usize, usize)).cast()) };
-    (found.1 > base).then_some(found)
+    crate::real::loaded_extent(base)
 }
 
 /// The first byte of the heap's region (0 before start-up).

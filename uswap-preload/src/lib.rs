@@ -19,10 +19,13 @@
 //! see `uswap::syscall_guard`). Until then the process is the kernel's, at plain speed: its heap is
 //! ordinary memory (at most a sixteenth of the limit, outside the budget), and it leaves no
 //! record. What stays on every process's start-up path: loading this library, reading the
-//! environment, reserving the heap's address space and mimalloc's first arena, and in
-//! signal mode the rewrite of the C library's system calls (`uswap::syscall_guard`), which must happen
-//! while no code of the C library is interrupted on the thread (a start inside a signal
-//! handler that allocates would rewrite the code a `read` it interrupted returns into). A start that
+//! environment, reserving the heap's address space and mimalloc's first arena. In signal
+//! mode the rewrite of the C library's system calls (`uswap::syscall_guard`) comes with the
+//! pager, on the thread that starts it, and only if nothing on that thread would resume
+//! inside the code it replaces: a start in a signal handler that allocates while the C
+//! library's `read` waits would send the `read`'s return into a new jump (SIGILL). The
+//! stack above the program's call into this library ([`program_frames`]) is read for such a
+//! context; with one, the pager starts in thread mode, said on stderr. A start that
 //! fails later is said on stderr and left beside the records as a refusal (the run fails);
 //! the process goes on unmanaged, every byte kept. A cause met on an alternate signal
 //! stack (a handler there that allocates) puts the start off to the next cause.
@@ -44,6 +47,7 @@ pub mod locale;
 pub mod mlock;
 pub mod mmap;
 pub mod own_code;
+pub mod program_frames;
 pub mod real;
 pub mod report;
 pub mod rlimit;
@@ -162,13 +166,6 @@ fn prepare() -> Result<(), String> {
     // Set once, here: the constructor runs once per image.
     let cfg = CONFIG.get_or_init(move || cfg);
     fork::start()?;
-    if cfg.fault_mode == uswap::FaultMode::Signal {
-        // Here, in every process, not when the pager starts: the rewrite of the C library's
-        // code needs a process with one thread and no interrupted context in that code,
-        // which a start in a signal handler (a handler that allocates, interrupting a
-        // `read`) is not: the `read` returned into rewritten bytes (SIGILL).
-        route_system_calls(cfg)?;
-    }
     if cfg.start_after_bytes == 0 {
         return start_pager(cfg, None);
     }
@@ -255,8 +252,8 @@ pub(crate) fn start_if_waiting(cause: StartCause) {
     if in_signal_handler() {
         // On an alternate signal stack: the start waits for the next cause. It makes
         // threads, and the code a handler interrupted may hold the C library's locks for
-        // that. (A handler on the thread's own stack is not told apart; the rewrite of
-        // the C library, which an interrupted call could not survive, is done at load.)
+        // that. (A handler on the thread's own stack is not told apart, but by signal
+        // mode's rewrite, `route_system_calls`.)
         return;
     }
     if WAITING.compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire).is_err() {
@@ -278,23 +275,19 @@ pub(crate) fn start_if_waiting(cause: StartCause) {
 /// to map it now (start before `main`).
 fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>) -> Result<(), String> {
     let _g = own_code::Guard::enter();
-    let mut fault_mode = cfg.fault_mode;
-    if fault_mode == uswap::FaultMode::Signal && heap.is_some() {
-        // A thread uswap did not see start (made with a raw `clone`, or in another
-        // library's constructor) has no alternate signal stack of uswap's for its SIGBUS
-        // frames (see `altstack`); and asynchronous I/O set up before the start has rings
-        // the kernel will read and write on its own, which signal mode cannot serve.
-        let why = if !single_threaded() {
-            Some("it has threads uswap did not see start")
-        } else if async_io_in_use() {
-            Some("it set up io_uring or AIO before its pager started, and the kernel's own accesses need it")
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            fault_mode = uswap::FaultMode::Thread;
-            eprintln!("uswap: process {} runs in thread mode: {why}", std::process::id());
-        }
+    let mut fault_mode = fault_mode_now(cfg, heap.is_some());
+    // Here, when the process first needs a pager, not as the library loads: most processes
+    // of a tree never need one, and the rewrite cost each about a millisecond. (A fork
+    // child of a process that did it has it already.)
+    if fault_mode == uswap::FaultMode::Signal && !uswap::syscall_guard::started() && !route_system_calls(cfg)? {
+        // Thread mode rewrites nothing and keeps the budget from now on; putting the start
+        // off instead left what the handler wrote outside the budget until the next cause.
+        eprintln!(
+            "uswap: process {} runs in thread mode: its pager starts in a signal handler that interrupted \
+             the C library's code, which signal mode would rewrite under it",
+            std::process::id()
+        );
+        fault_mode = uswap::FaultMode::Thread;
     }
     if fault_mode == uswap::FaultMode::Signal && heap.is_some() {
         // What the program blocked before its pager existed: SIGBUS must get through.
@@ -343,20 +336,51 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
     Ok(())
 }
 
+/// The fault mode a pager starting now gets: the one asked for, but thread mode for a
+/// signal-mode start (after `main`: `lazy`) in a process that signal mode cannot serve.
+/// Said on stderr when it differs.
+fn fault_mode_now(cfg: &config::Config, lazy: bool) -> uswap::FaultMode {
+    if cfg.fault_mode != uswap::FaultMode::Signal || !lazy {
+        return cfg.fault_mode;
+    }
+    // A thread uswap did not see start (made with a raw `clone`, or in another library's
+    // constructor) has no alternate signal stack of uswap's for its SIGBUS frames (see
+    // `altstack`); and asynchronous I/O set up before the start has rings the kernel will
+    // read and write on its own, which signal mode cannot serve.
+    let why = if !single_threaded() {
+        "it has threads uswap did not see start"
+    } else if async_io_in_use() {
+        "it set up io_uring or AIO before its pager started, and the kernel's own accesses need it"
+    } else {
+        return uswap::FaultMode::Signal;
+    };
+    eprintln!("uswap: process {} runs in thread mode: {why}", std::process::id());
+    uswap::FaultMode::Thread
+}
+
 /// Signal mode: every `syscall` instruction of the C library goes through uswap's dispatch
 /// from now on (see `uswap::syscall_guard`), with this library's hooks around them (the
-/// memory locks it records, the alternate stacks it pins). Called once, by the constructor.
-fn route_system_calls(cfg: &config::Config) -> Result<(), String> {
+/// memory locks it records, the alternate stacks it pins). Called when the first
+/// signal-mode pager starts, with one thread. False, with nothing changed, when this thread
+/// would resume inside the code it replaces: a signal handler that interrupted the C
+/// library (a `read` waiting) runs now, and its return would land inside a new jump.
+fn route_system_calls(cfg: &config::Config) -> Result<bool, String> {
     static HOOKS: uswap::syscall_guard::SyscallHooks = uswap::syscall_guard::SyscallHooks {
         mlock_before: mlock::before,
         mlock_populates: mlock::populates,
         mlock_after: mlock::after,
         note_altstack: altstack::note_program_stack,
     };
-    // SAFETY: the library's constructor, once: the process has one thread, and no code of
-    // the C library is interrupted on it.
-    let r = unsafe { uswap::syscall_guard::start(cfg.stats_dir.as_deref(), &HOOKS) }
-        .map_err(|e| format!("cannot route system calls through uswap: {e}"))?;
+    // Below the program's call into this library, only this library's frames: not read.
+    let program_sp = program_frames::program_stack_pointer();
+    // SAFETY: once (the caller checks `started`), with one thread (`fault_mode_now`, or the
+    // constructor), not on an alternate signal stack (`start_if_waiting`); `program_sp` as
+    // found above.
+    let r = match unsafe { uswap::syscall_guard::start(cfg.stats_dir.as_deref(), &HOOKS, program_sp) } {
+        Ok(r) => r,
+        Err(uswap::syscall_guard::PatchError::Interrupted { .. }) => return Ok(false),
+        Err(e) => return Err(format!("cannot route system calls through uswap: {e}")),
+    };
     if r.patched == r.sites {
         // With the alternate signal stacks every thread gets (see `altstack`).
         uswap::sigbus::note_system_calls_routed();
@@ -371,7 +395,7 @@ fn route_system_calls(cfg: &config::Config) -> Result<(), String> {
             r.sites
         );
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Whether this thread runs a signal handler on its alternate signal stack (only handlers

@@ -315,3 +315,28 @@ pub fn sys_mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: i32, 
     // SAFETY: the mremap system call; the kernel validates every argument.
     unsafe { libc::syscall(libc::SYS_mremap, old as usize, old_len, new_len, flags, new_addr as usize) as *mut c_void }
 }
+
+/// The extent `[base, end)` of the loaded object whose load address is `base`: up to the end
+/// of its last loadable segment; none if no object loads there.
+pub fn loaded_extent(base: usize) -> Option<(usize, usize)> {
+    extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> i32 {
+        // SAFETY: dl_iterate_phdr passes a valid info for the call; `data` is the
+        // `(base, end)` pair below, alive for the iteration.
+        let (info, found) = unsafe { (&*info, &mut *(data as *mut (usize, usize))) };
+        if info.dlpi_addr as usize != found.0 || info.dlpi_phdr.is_null() {
+            return 0;
+        }
+        // SAFETY: dlpi_phdr points at dlpi_phnum program headers.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let end = phdrs.iter().filter(|h| h.p_type == libc::PT_LOAD).map(|h| (h.p_vaddr + h.p_memsz) as usize).max();
+        found.1 = found.0 + end.unwrap_or(0);
+        1
+    }
+    if base == 0 {
+        return None;
+    }
+    let mut found = (base, 0usize);
+    // SAFETY: the callback only reads the headers it is given and writes `found`.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&mut found as *mut (usize, usize)).cast()) };
+    (found.1 > base).then_some(found)
+}

@@ -460,7 +460,7 @@ fn install_syscall_guard() -> Result<()> {
     let _one = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     crate::syscall_guard::install().map_err(|e| match e {
         crate::syscall_guard::InstallError::Threads(threads) => Error::SyscallGuardThreads { threads },
-        crate::syscall_guard::InstallError::Patch(why) => Error::SyscallGuard { why },
+        crate::syscall_guard::InstallError::Patch(e) => Error::SyscallGuard { why: e.to_string() },
     })
 }
 

@@ -1,7 +1,8 @@
 //! The C library's code as the rewrite sees it, and the few ways it is written: its
 //! executable segments, the jump that replaces a window, the layout of a trampoline slot and
-//! of its dispatch, and the one write into code that is executable and read-only. Shared by
-//! the rewrite ([`super::patch`]) and the image it keeps for the tree ([`super::image`]).
+//! of its dispatch, the one write into code that is executable and read-only, and the check
+//! that nothing on this thread will resume inside a window the write replaces. Shared by the
+//! rewrite ([`super::patch`]) and the image it keeps for the tree ([`super::image`]).
 
 use std::ffi::c_void;
 
@@ -69,4 +70,68 @@ pub(super) unsafe fn write_code(writes: &[(usize, Vec<u8>)]) -> Result<(), Strin
         return Err(format!("cannot make the C library's code read-only again: {}", std::io::Error::last_os_error()));
     }
     Ok(())
+}
+
+/// The most words of the calling thread's stack [`resume_points`] reads (64 MiB): a deeper
+/// stack is judged unsafe rather than read for long.
+const MAX_STACK_WORDS: usize = 8 << 20;
+
+/// The words on the calling thread's stack, from `from` (its stack pointer if none, or if
+/// `from` is not above it on the same stack) up to the end of the stack's mapping, that
+/// point into `[lo, hi)` (the code about to be rewritten), sorted; or, as `Err`, the stack
+/// pointer of a stack that cannot be found or is larger than [`MAX_STACK_WORDS`].
+///
+/// `from` is where the caller's own frames end (the program's stack pointer when it called
+/// into the caller's library): below it, the slots those frames never wrote may still hold
+/// what a returned signal handler's frame left, and reading them would put the rewrite off
+/// for nothing.
+///
+/// Such a word may be where this thread resumes once the code is rewritten: the program
+/// counter a signal frame saved when the kernel interrupted the C library (a handler
+/// running now, on this stack, that interrupted a `read` goes back right after its
+/// `syscall`, or to the `syscall` itself to restart it), or a return address. Only those
+/// inside a window past its first byte matter ([`inside_window`]). A handler on an
+/// alternate signal stack is not seen here: the caller must not rewrite on one (`uswap
+/// run`'s library puts its pager's start off there).
+pub(super) fn resume_points(lo: usize, hi: usize, from: Option<usize>) -> Result<Vec<usize>, usize> {
+    let here = 0usize;
+    let here = std::ptr::addr_of!(here) as usize & !7;
+    let end = mapping_end(here).ok_or(here)?;
+    let sp = from.filter(|&f| (here..end).contains(&f)).map_or(here, |f| f & !7);
+    let nr_words = (end - sp) / 8;
+    if nr_words > MAX_STACK_WORDS {
+        return Err(sp);
+    }
+    let mut points: Vec<usize> = (0..nr_words)
+        .map(|i| {
+            // SAFETY: `[sp, end)` is this thread's stack, mapped (the kernel maps a stack's
+            // pages from its pointer to its top) and 8-aligned; read, never written.
+            unsafe { std::ptr::read_volatile((sp + 8 * i) as *const usize) }
+        })
+        .filter(|w| (lo..hi).contains(w))
+        .collect();
+    points.sort_unstable();
+    Ok(points)
+}
+
+/// The first of `points` (sorted) inside a window `(start, len)` past its first byte: the
+/// window's jump would send the thread into the middle of an instruction (`int3`s or the
+/// jump's own bytes). A window's first byte is safe: the jump starts there. Return addresses
+/// never lie inside a window (a window holds no `call`), so a hit is an interrupted context,
+/// or a stale word in a live frame; both make the rewrite wait.
+pub(super) fn inside_window(points: &[usize], windows: impl Iterator<Item = (usize, usize)>) -> Option<usize> {
+    windows.into_iter().find_map(|(start, len)| {
+        let i = points.partition_point(|&p| p <= start);
+        points.get(i).copied().filter(|&p| p < start + len)
+    })
+}
+
+/// The end of the mapping that holds `addr`, from `/proc/self/maps`.
+fn mapping_end(addr: usize) -> Option<usize> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|l| {
+        let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+        let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
+        (a <= addr && addr < b).then_some(b)
+    })
 }

@@ -18,8 +18,9 @@
 
 use std::ffi::c_void;
 
-use super::code::{jump, write_code, Segment, CLASS_TABLE_AT, SLOW_ENTRY_AT, TRAMPOLINE_BYTES};
+use super::code::{inside_window, jump, write_code, Segment, CLASS_TABLE_AT, SLOW_ENTRY_AT, TRAMPOLINE_BYTES};
 use super::sys::{sys_mmap, sys_mprotect, sys_munmap};
+use super::PatchError;
 
 const MAGIC: &[u8; 16] = b"uswap-tramp-v1\0\0";
 /// Header words after the magic: sites, windows, area offset, area length, and the class
@@ -101,7 +102,9 @@ impl ImageCache {
     }
 
     /// Patches `seg` from the image, if there is a good one and its place is free: (sites,
-    /// patched). `Ok(None)`: nothing was changed; patch as without it.
+    /// patched). `Ok(None)`: nothing was changed; patch as without it. Nothing is changed
+    /// either if one of `points` (where this thread may resume, sorted) lies inside a window
+    /// past its first byte ([`PatchError::Interrupted`]).
     ///
     /// # Safety
     /// As `patch_segment`: no other thread runs; `seg` is mapped code, not yet patched.
@@ -110,7 +113,8 @@ impl ImageCache {
         seg: &Segment,
         class_table: u64,
         slow_entry: u64,
-    ) -> Result<Option<(usize, usize)>, String> {
+        points: &[usize],
+    ) -> Result<Option<(usize, usize)>, PatchError> {
         let Some(img) = self.load(seg) else { return Ok(None) };
         // The code must be what the image was made from, window by window.
         // SAFETY: every window lies inside the mapped segment (checked by `load`).
@@ -121,6 +125,11 @@ impl ImageCache {
                 return Ok(None);
             }
             at += w.len;
+        }
+        // Every window, with a trampoline or not: one without is not written, but the
+        // scan that `Ok(None)` would lead to does not know that yet.
+        if let Some(at) = inside_window(points, img.windows.iter().map(|w| (seg.start + w.off, w.len))) {
+            return Err(PatchError::Interrupted { at });
         }
         let Some(area) = seg.start.checked_add_signed(img.area_off) else { return Ok(None) };
         let rw = libc::PROT_READ | libc::PROT_WRITE;
@@ -157,7 +166,9 @@ impl ImageCache {
         // SAFETY: the area was just mapped read-write for `bytes.len()` bytes.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), area as *mut u8, bytes.len()) };
         if sys_mprotect(area as *mut c_void, bytes.len(), libc::PROT_READ | libc::PROT_EXEC) != 0 {
-            return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
+            let e = std::io::Error::last_os_error();
+            sys_munmap(area as *mut c_void, bytes.len());
+            return Err(PatchError::Failed(format!("cannot make the trampolines executable: {e}")));
         }
         // SAFETY: the caller's contract (one thread, the segment's own code).
         if !unsafe { self.map_text(seg, &jumps) } {

@@ -19,12 +19,15 @@
 //! handler without `SA_ONSTACK`, on a stack it made in managed memory (a coroutine's), is
 //! not covered.
 //!
-//! Two ways in: `uswap run`'s library calls [`start`] as it loads, with hooks of its own
-//! (the memory locks it records, the alternate stacks it pins); a program that uses the
-//! library asks for it with `PagerBuilder::syscall_guard`, and the first signal-mode pager
-//! it builds calls [`install`], which refuses a process with more than one thread: the
-//! rewrite replaces instructions another thread could be executing, or be stopped in (a
-//! call blocked in the kernel returns into the middle of the new jump).
+//! Two ways in: `uswap run`'s library calls [`start`] when a process's first signal-mode
+//! pager starts, with hooks of its own (the memory locks it records, the alternate stacks
+//! it pins); a program that uses the library asks for it with `PagerBuilder::syscall_guard`,
+//! and the first signal-mode pager it builds calls [`install`]. Both need a process with
+//! one thread: the rewrite replaces instructions another thread could be executing, or be
+//! stopped in (a call blocked in the kernel returns into the middle of the new jump). On
+//! the calling thread itself, the stack is read first: a signal handler running now that
+//! interrupted the C library would return into a window, and the rewrite refuses
+//! ([`PatchError::Interrupted`]).
 //!
 //! While uswap's SIGBUS handler is installed, the masks the program sets through the C
 //! library (`sigprocmask`, `pthread_sigmask`, a handler's `sa_mask`) are set without SIGBUS
@@ -96,17 +99,57 @@ pub fn started() -> bool {
     STARTED.load(Ordering::Acquire)
 }
 
+/// Why the C library's calls were not rewritten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PatchError {
+    /// This thread may resume at `at`, inside code the rewrite replaces: a call of the C
+    /// library that a signal interrupted, whose handler runs now (`code::resume_points`).
+    /// Nothing was changed; the rewrite can be tried again once the handler returned.
+    Interrupted { at: usize },
+    /// The rewrite cannot be done: a static program, no room for trampolines, code that
+    /// cannot be made writable.
+    Failed(String),
+}
+
+impl std::fmt::Display for PatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PatchError::Interrupted { at } => write!(
+                f,
+                "this thread interrupted the C library's code at {at:#x}, which the rewrite replaces \
+                 (a signal handler that runs now?); try again outside the handler"
+            ),
+            PatchError::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<String> for PatchError {
+    fn from(why: String) -> PatchError {
+        PatchError::Failed(why)
+    }
+}
+
 /// Rewrites the C library's system calls (see the module's comment), with `hooks` around
 /// them; `cache_dir`, where the windows found are kept for the next process (`uswap run`'s
-/// directory for the tree).
+/// directory for the tree). Refused, with nothing changed, while this thread would resume
+/// inside the code it replaces ([`PatchError::Interrupted`]), so that it can be called when
+/// a pager starts and not only before `main`. `program_sp`, if known, is the program's stack
+/// pointer at its call into the caller's library: the caller's own frames, below it, are not
+/// read for interrupted contexts (see `code::resume_points`).
 ///
 /// # Safety
-/// Called at most once, while the process has one thread.
-pub unsafe fn start(cache_dir: Option<&std::path::Path>, hooks: &'static SyscallHooks) -> Result<PatchReport, String> {
+/// Called while the process has one thread, not on an alternate signal stack, and not
+/// again once it succeeded; `program_sp`'s frames below it are the caller's own.
+pub unsafe fn start(
+    cache_dir: Option<&std::path::Path>,
+    hooks: &'static SyscallHooks,
+    program_sp: Option<usize>,
+) -> Result<PatchReport, PatchError> {
     assert!(!STARTED.load(Ordering::Acquire), "uswap invariant: the system-call guard starts once");
     HOOKS.store(hooks as *const SyscallHooks as *mut SyscallHooks, Ordering::Release);
     // SAFETY: the caller's contract; the table and the entry live as long as the process.
-    let r = unsafe { patch::patch_c_library(table::CLASS.as_ptr() as u64, entry::slow_entry(), cache_dir) };
+    let r = unsafe { patch::patch_c_library(table::CLASS.as_ptr() as u64, entry::slow_entry(), cache_dir, program_sp) };
     if r.is_ok() {
         STARTED.store(true, Ordering::Release);
     }
@@ -118,8 +161,8 @@ pub unsafe fn start(cache_dir: Option<&std::path::Path>, hooks: &'static Syscall
 pub enum InstallError {
     /// The process had this many threads (the rewrite needs one).
     Threads(usize),
-    /// The rewrite itself failed (a static program, no room for trampolines).
-    Patch(String),
+    /// The rewrite itself failed or had to wait (see [`PatchError`]).
+    Patch(PatchError),
 }
 
 /// The library's way in (`PagerBuilder::syscall_guard`): rewrites the C library's calls
@@ -134,8 +177,9 @@ pub fn install() -> Result<(), InstallError> {
         return Err(InstallError::Threads(threads));
     }
     // SAFETY: one thread (just checked; this thread is the only one that could start
-    // another), and not started (checked above).
-    unsafe { start(None, &NO_HOOKS) }.map(|_| ()).map_err(InstallError::Patch)
+    // another), not started (checked above); a handler on an alternate stack that builds a
+    // pager is the program's contract (`PagerBuilder::syscall_guard`).
+    unsafe { start(None, &NO_HOOKS, None) }.map(|_| ()).map_err(InstallError::Patch)
 }
 
 /// Threads of this process, by `/proc/self/task` (0 if it cannot be read: refused).

@@ -28,8 +28,12 @@
 //! window after the jump are `int3`, so a jump into them that the scan could not see (an
 //! indirect one) stops the program rather than run something else.
 //!
-//! The patch is made once, at start-up, before any thread but the first exists; the code
-//! pages are made writable for the moment it takes and executable again after.
+//! The patch is made once, while the process has one thread; the code pages are made
+//! writable for the moment it takes and executable again after. It is made only if nothing
+//! on that thread's stack points inside a window past its first byte (`code::resume_points`):
+//! a signal handler running now that interrupted a `read` would return into the middle of
+//! the jump. So it can be made when a pager starts (in `uswap run`, when a process first
+//! needs one), not only before `main`.
 //!
 //! Finding the windows decodes the whole library (about 10 ms, most of what signal mode
 //! added to a process's start). Under `uswap run` the first process of the tree writes the
@@ -45,9 +49,12 @@ use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionBlock,
 };
 
-use super::code::{jump, write_code, Segment, CLASS_TABLE_AT, JMP_BYTES, SLOW_ENTRY_AT, TRAMPOLINE_BYTES};
+use super::code::{
+    inside_window, jump, resume_points, write_code, Segment, CLASS_TABLE_AT, JMP_BYTES, SLOW_ENTRY_AT, TRAMPOLINE_BYTES,
+};
 use super::image::{Built, ImageCache, PlacedWindow};
-use super::sys::{sys_mmap, sys_mprotect};
+use super::sys::{sys_mmap, sys_mprotect, sys_munmap};
+use super::PatchError;
 
 /// The most instructions a window takes on either side of its `syscall`.
 const MAX_SIDE_INSTRUCTIONS: usize = 3;
@@ -392,7 +399,9 @@ fn decode_window(start: usize, len: usize) -> Option<Window> {
     (syscall.is_some() && end == (start + len) as u64).then_some(Window { start: start as u64, len, before, after })
 }
 
-/// Sends every `syscall` instruction of the C library (`libc.so.6`) through the dispatch.
+/// Sends every `syscall` instruction of the C library (`libc.so.6`) through the dispatch,
+/// unless this thread's stack from `program_sp` up (see [`resume_points`]) says it would
+/// resume inside a window.
 ///
 /// # Safety
 /// Called once, while the process has one thread.
@@ -400,15 +409,23 @@ pub unsafe fn patch_c_library(
     class_table: u64,
     slow_entry: u64,
     cache_dir: Option<&std::path::Path>,
-) -> Result<PatchReport, String> {
+    program_sp: Option<usize>,
+) -> Result<PatchReport, PatchError> {
     let segments = executable_segments(b"/libc.so.6");
     if segments.is_empty() {
-        return Err("the C library (libc.so.6) is not loaded: a static program?".into());
+        return Err(PatchError::Failed("the C library (libc.so.6) is not loaded: a static program?".into()));
     }
+    let lo = segments.iter().map(|s| s.start).min().unwrap_or(0);
+    let hi = segments.iter().map(|s| s.start + s.len).max().unwrap_or(0);
+    // Read once, before anything is written: the C library has one executable segment (a
+    // second one, if any, is checked against the same stack).
+    let points = resume_points(lo, hi, program_sp).map_err(|sp| {
+        PatchError::Failed(format!("cannot read this thread's stack (at {sp:#x}) to check what it will resume"))
+    })?;
     let mut report = PatchReport::default();
     for seg in &segments {
         // SAFETY: the caller's contract; the segment is the C library's code.
-        let (sites, patched) = unsafe { patch_segment(seg, class_table, slow_entry, cache_dir)? };
+        let (sites, patched) = unsafe { patch_segment(seg, class_table, slow_entry, cache_dir, &points)? };
         // Both the code and its trampolines are uswap's doing: not the program's unmanaged
         // memory (`crate::unmanaged`).
         crate::mapping::note_engine_memory(seg.start, seg.len);
@@ -420,7 +437,8 @@ pub unsafe fn patch_c_library(
 
 /// Sends the `syscall` instructions of `seg` through the dispatch: (sites found, patched).
 /// The windows come from `cache_dir`'s cache of `seg` when it has a good one, else from a
-/// scan, which is then kept there.
+/// scan, which is then kept there. Nothing is changed if one of `points` (where this thread
+/// may resume, sorted) lies inside a window past its first byte.
 ///
 /// # Safety
 /// No other thread runs; `seg` is mapped code.
@@ -429,12 +447,13 @@ unsafe fn patch_segment(
     class_table: u64,
     slow_entry: u64,
     cache_dir: Option<&std::path::Path>,
-) -> Result<(usize, usize), String> {
+    points: &[usize],
+) -> Result<(usize, usize), PatchError> {
     let cache = cache_dir.and_then(|dir| WindowCache::for_segment(dir, seg));
     let image = cache.as_ref().map(|c| ImageCache::beside(&c.path));
     if let Some(image) = &image {
         // SAFETY: the caller's contract.
-        if let Some(done) = unsafe { image.apply(seg, class_table, slow_entry)? } {
+        if let Some(done) = unsafe { image.apply(seg, class_table, slow_entry, points)? } {
             return Ok(done);
         }
     }
@@ -449,12 +468,15 @@ unsafe fn patch_segment(
             (sites.len(), windows)
         }
     };
+    if let Some(at) = inside_window(points, windows.iter().map(|w| (w.start as usize, w.len))) {
+        return Err(PatchError::Interrupted { at });
+    }
     let area_len = (windows.len() * TRAMPOLINE_BYTES).next_multiple_of(crate::uffd::PAGE_SIZE);
     if area_len == 0 {
         return Ok((nr_sites, 0));
     }
-    let area =
-        map_near(seg.start, seg.start + seg.len, area_len).ok_or("no room for trampolines within 1 GiB of the code")?;
+    let area = map_near(seg.start, seg.start + seg.len, area_len)
+        .ok_or_else(|| PatchError::Failed("no room for trampolines within 1 GiB of the code".into()))?;
     crate::mapping::note_engine_memory(area, area_len);
     let mut jumps = Vec::with_capacity(windows.len());
     let mut placed = Vec::with_capacity(windows.len());
@@ -471,7 +493,9 @@ unsafe fn patch_segment(
         jumps.push((w.start as usize, jump(w.start as usize, at, w.len)));
     }
     if sys_mprotect(area as *mut c_void, area_len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
-        return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
+        let e = std::io::Error::last_os_error();
+        sys_munmap(area as *mut c_void, area_len);
+        return Err(PatchError::Failed(format!("cannot make the trampolines executable: {e}")));
     }
     // Before the jumps are written: the image keeps the windows' code as it was.
     if let Some(image) = &image {
@@ -537,7 +561,13 @@ mod tests {
         assert_eq!((w.start, w.len), (seg.start as u64, 7), "mov + syscall: the smallest window");
         // SAFETY: this test's own code, run by no other thread.
         let (found, patched) = unsafe {
-            patch_segment(&seg, super::super::table::CLASS.as_ptr() as u64, super::super::entry::slow_entry(), None)
+            patch_segment(
+                &seg,
+                super::super::table::CLASS.as_ptr() as u64,
+                super::super::entry::slow_entry(),
+                None,
+                &[],
+            )
         }
         .unwrap();
         assert_eq!((found, patched), (2, 2));
@@ -569,7 +599,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let first = map_code(&code);
         // SAFETY: this test's own code, run by no other thread.
-        assert_eq!(unsafe { patch_segment(&first, class, slow, Some(&dir)) }.unwrap(), (2, 2));
+        assert_eq!(unsafe { patch_segment(&first, class, slow, Some(&dir), &[]) }.unwrap(), (2, 2));
         // The first "process" goes: its code and trampolines are unmapped.
         let image = ImageCache::beside(&WindowCache::for_segment(&dir, &first).unwrap().path);
         let bytes = std::fs::read(&image.path).expect("the image was kept");
@@ -586,7 +616,7 @@ mod tests {
         unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len()) };
         let second = Segment { start: p as usize, ..first.clone() };
         // SAFETY: as above.
-        assert_eq!(unsafe { image.apply(&second, class, slow) }.unwrap(), Some((2, 2)), "patched from the image");
+        assert_eq!(unsafe { image.apply(&second, class, slow, &[]) }.unwrap(), Some((2, 2)), "patched from the image");
         // SAFETY: the bytes are code following the C calling convention.
         let getpid: extern "C" fn() -> i64 = unsafe { std::mem::transmute(second.start) };
         // SAFETY: as above.
@@ -601,8 +631,56 @@ mod tests {
         // Other code (another system call number in a window): not from this image.
         let other = map_code(&[GETPID, &[0xb8, 1, 0, 0, 0, 0x0f, 0x05, 0xc3]].concat());
         // SAFETY: as above.
-        assert_eq!(unsafe { image.apply(&other, class, slow) }.unwrap(), None);
+        assert_eq!(unsafe { image.apply(&other, class, slow, &[]) }.unwrap(), None);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A thread that would resume inside a window (a signal frame's saved program counter
+    /// right after the `syscall`, or on it for a restart) keeps the code as it was, from a
+    /// scan and from an image alike; one at a window's first byte does not.
+    #[test]
+    fn no_window_is_rewritten_under_a_context_that_resumes_inside_it() {
+        let _g = serialised();
+        const GETPID: &[u8] = &[0xb8, 39, 0, 0, 0, 0x0f, 0x05, 0xc3];
+        let (class, slow) = (super::super::table::CLASS.as_ptr() as u64, super::super::entry::slow_entry());
+        let dir = std::env::temp_dir().join(format!("uswap-interrupted-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let seg = map_code(GETPID);
+        // SAFETY: the segment's bytes, mapped above.
+        let code = || unsafe { std::slice::from_raw_parts(seg.start as *const u8, GETPID.len()) }.to_vec();
+        for at in [seg.start + 5, seg.start + 7 - 1, seg.start + 7 - 2] {
+            // SAFETY: this test's own code, run by no other thread.
+            let r = unsafe { patch_segment(&seg, class, slow, Some(&dir), &[seg.start - 64, at]) };
+            assert_eq!(r, Err(PatchError::Interrupted { at }));
+            assert_eq!(code(), GETPID, "nothing written");
+        }
+        // SAFETY: as above; the window starts at the segment's first byte.
+        assert_eq!(unsafe { patch_segment(&seg, class, slow, Some(&dir), &[seg.start, seg.start + 7]) }, Ok((1, 1)));
+        assert_eq!(code()[0], 0xe9, "the jump written");
+        // The image the scan kept, on a fresh copy of the code: refused the same way.
+        let image = ImageCache::beside(&WindowCache::for_segment(&dir, &seg).unwrap().path);
+        let copy = map_code(GETPID);
+        let copy = Segment { path: seg.path.clone(), ..copy };
+        // SAFETY: as above.
+        let r = unsafe { image.apply(&copy, class, slow, &[copy.start + 5]) };
+        assert_eq!(r, Err(PatchError::Interrupted { at: copy.start + 5 }));
+        // SAFETY: the copy's bytes, mapped above.
+        assert_eq!(unsafe { std::slice::from_raw_parts(copy.start as *const u8, GETPID.len()) }, GETPID);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// What `resume_points` reads: a word this thread holds in a frame, and nothing outside
+    /// the range asked for.
+    #[test]
+    fn resume_points_are_the_stacks_words_in_the_range() {
+        let marker = [0x5a5a_0000_1234usize, 0x5a5a_0000_5678];
+        // In memory, in this frame, while the stack is read.
+        std::hint::black_box(&marker);
+        let points = resume_points(0x5a5a_0000_0000, 0x5a5a_0000_2000, None).expect("the stack is found");
+        assert!(points.contains(&0x5a5a_0000_1234), "{points:x?}");
+        assert!(!points.contains(&0x5a5a_0000_5678), "{points:x?}");
+        assert!(points.windows(2).all(|p| p[0] <= p[1]), "sorted");
+        std::hint::black_box(&marker);
     }
 
     /// A branch to the `syscall` itself: the window may not start before it.
