@@ -21,8 +21,8 @@
 //! every frame of a signal taken with `SA_ONSTACK` there, uswap's SIGBUS frames included,
 //! and in signal mode it cannot wait for a page that is out: the thread would die of the
 //! signal it was about to handle. So when a thread sets such a stack (its `sigaltstack`
-//! goes through the rewritten system calls), the stack is locked (`uswap::mlock`, as an
-//! `mlock` would, of its own kind so that the program's `munlock` leaves it) and its pages
+//! goes through the rewritten system calls, which a signal-mode pager brings), the stack is
+//! locked (`uswap::mlock`, as an `mlock` would, of its own kind so that the program's `munlock` leaves it) and its pages
 //! brought in, writable, for as long as it is the thread's stack: until the thread sets
 //! another, disables it, or ends. At most [`MAX_LOCKED_STACK_BYTES`] are locked, the top of a
 //! larger stack (where frames go). A fork child's thread locks the stack it inherited again
@@ -122,11 +122,19 @@ pub fn after_fork_in_child() {
     });
 }
 
-/// Gives the calling thread an alternate signal stack, unless it has one.
+/// Gives the calling thread an alternate signal stack, unless it has one: then the
+/// program's is locked if it lies in managed memory (one set before the pager started, in
+/// the heap the pager has just taken over).
 pub fn install_on_this_thread() {
     let mut cur: libc::stack_t = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: 0, ss_size: 0 };
     // SAFETY: sigaltstack with a null new stack only reads the current one into `cur`.
-    if unsafe { libc::sigaltstack(std::ptr::null(), &mut cur) } != 0 || cur.ss_flags & libc::SS_DISABLE == 0 {
+    if unsafe { libc::sigaltstack(std::ptr::null(), &mut cur) } != 0 {
+        return;
+    }
+    if cur.ss_flags & libc::SS_DISABLE == 0 {
+        if ALT.try_with(|a| a.base.get() == 0 && a.program_locked.get() == (0, 0)).unwrap_or(false) {
+            note_program_stack(&cur);
+        }
         return;
     }
     let len = GUARD_BYTES + ALT_STACK_BYTES;

@@ -245,7 +245,7 @@ impl std::fmt::Display for StartCause {
 /// `uswap run`; the process goes on unmanaged, every byte kept. Must not be called from a
 /// signal handler (it allocates, maps and starts threads).
 pub(crate) fn start_if_waiting(cause: StartCause) {
-    if !is_waiting() {
+    if !is_waiting() || !fork::is_own_process() {
         return;
     }
     let Some(cfg) = config() else { return };
@@ -279,15 +279,15 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
     // Here, when the process first needs a pager, not as the library loads: most processes
     // of a tree never need one, and the rewrite cost each about a millisecond. (A fork
     // child of a process that did it has it already.)
-    if fault_mode == uswap::FaultMode::Signal && !uswap::syscall_guard::started() && !route_system_calls(cfg)? {
-        // Thread mode rewrites nothing and keeps the budget from now on; putting the start
-        // off instead left what the handler wrote outside the budget until the next cause.
-        eprintln!(
-            "uswap: process {} runs in thread mode: its pager starts in a signal handler that interrupted \
-             the C library's code, which signal mode would rewrite under it",
-            std::process::id()
-        );
-        fault_mode = uswap::FaultMode::Thread;
+    if fault_mode == uswap::FaultMode::Signal && !uswap::syscall_guard::started() {
+        if let Some(why) = route_system_calls(cfg)? {
+            // Thread mode rewrites nothing and keeps the budget from now on; putting the
+            // start off instead left what a handler wrote outside the budget until the
+            // next cause. (Maybe in a signal handler: no `eprintln!` and its lock.)
+            let msg = format!("uswap: process {} runs in thread mode: {why}\n", std::process::id());
+            real::write_stderr(msg.as_bytes());
+            fault_mode = uswap::FaultMode::Thread;
+        }
     }
     if fault_mode == uswap::FaultMode::Signal && heap.is_some() {
         // What the program blocked before its pager existed: SIGBUS must get through.
@@ -361,10 +361,11 @@ fn fault_mode_now(cfg: &config::Config, lazy: bool) -> uswap::FaultMode {
 /// Signal mode: every `syscall` instruction of the C library goes through uswap's dispatch
 /// from now on (see `uswap::syscall_guard`), with this library's hooks around them (the
 /// memory locks it records, the alternate stacks it pins). Called when the first
-/// signal-mode pager starts, with one thread. False, with nothing changed, when this thread
-/// would resume inside the code it replaces: a signal handler that interrupted the C
-/// library (a `read` waiting) runs now, and its return would land inside a new jump.
-fn route_system_calls(cfg: &config::Config) -> Result<bool, String> {
+/// signal-mode pager starts, with one thread. `Some(why)`, with nothing changed, when this
+/// thread may resume inside the code it replaces (a signal handler that interrupted the C
+/// library, a `read` waiting, may run now: its return would land inside a new jump), or
+/// when that cannot be told.
+fn route_system_calls(cfg: &config::Config) -> Result<Option<&'static str>, String> {
     static HOOKS: uswap::syscall_guard::SyscallHooks = uswap::syscall_guard::SyscallHooks {
         mlock_before: mlock::before,
         mlock_populates: mlock::populates,
@@ -378,7 +379,18 @@ fn route_system_calls(cfg: &config::Config) -> Result<bool, String> {
     // found above.
     let r = match unsafe { uswap::syscall_guard::start(cfg.stats_dir.as_deref(), &HOOKS, program_sp) } {
         Ok(r) => r,
-        Err(uswap::syscall_guard::PatchError::Interrupted { .. }) => return Ok(false),
+        Err(uswap::syscall_guard::PatchError::Interrupted { .. }) => {
+            return Ok(Some(
+                "its pager starts where a signal handler may have interrupted the C library's code, \
+                 which signal mode would rewrite under it",
+            ))
+        }
+        Err(uswap::syscall_guard::PatchError::StackUnknown { .. }) => {
+            return Ok(Some(
+                "its pager starts on a stack uswap cannot read (a coroutine's?), so it cannot check that \
+                 signal mode's rewrite of the C library is safe there",
+            ))
+        }
         Err(e) => return Err(format!("cannot route system calls through uswap: {e}")),
     };
     if r.patched == r.sites {
@@ -395,7 +407,7 @@ fn route_system_calls(cfg: &config::Config) -> Result<bool, String> {
             r.sites
         );
     }
-    Ok(true)
+    Ok(None)
 }
 
 /// Whether this thread runs a signal handler on its alternate signal stack (only handlers

@@ -2,10 +2,12 @@
 //! what they lock in managed memory is recorded for uswap's reclaim (`uswap::mlock`), which
 //! the kernel's lock does not reach.
 //!
-//! In signal mode every such call of the C library reaches the rewritten system-call path
-//! (`uswap::syscall_guard`), which calls [`before`] and [`after`] around it. In thread mode the C
-//! library's functions are interposed here and do the same; the kernel populates a lock
-//! through the handler threads as it does any fault.
+//! Once signal mode has rewritten the C library's system calls (with a signal-mode pager),
+//! every such call of the C library reaches the rewritten path (`uswap::syscall_guard`), which
+//! calls [`before`] and [`after`] around it. Otherwise (thread mode, or a process still
+//! waiting for its pager) the C library's functions are interposed here and do the same;
+//! the kernel populates a lock through the handler threads as it does any fault. Before a
+//! pager starts only `mlockall` is recorded (nothing is managed yet for a range to fall in).
 //!
 //! `mlock` is recorded before the call, so that the pages the slow path brings in for it
 //! (the kernel populates a private writable mapping with write faults, which signal mode
@@ -77,14 +79,14 @@ fn say_lock_all_once() {
         .write();
 }
 
-/// Thread mode: call `nr` with [`before`] and [`after`] around it; in signal mode the
-/// rewritten system-call path does that, so the call is only made.
+/// Calls `nr` with [`before`] and [`after`] around it, unless the rewritten system-call
+/// path does that (signal mode, once the C library is rewritten): then the call is only made.
 fn interposed(nr: c_long, a: [u64; 6]) -> libc::c_int {
-    let thread_mode = crate::pager().is_some_and(|p| p.fault_mode() != uswap::FaultMode::Signal);
-    let recorded = if thread_mode { before(nr, &a) } else { None };
+    let here = !uswap::syscall_guard::started();
+    let recorded = if here { before(nr, &a) } else { None };
     // SAFETY: the memory-locking system calls; the kernel validates every argument.
     let r = unsafe { libc::syscall(nr, a[0], a[1], a[2]) } as libc::c_int;
-    if thread_mode {
+    if here {
         let ret = if r == -1 {
             -(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL) as c_long)
         } else {

@@ -56,11 +56,12 @@ fn own_text() -> Option<(usize, usize)> {
 
 /// The stack pointer of the program's frame that called into this library on this thread
 /// (the canonical frame address of this library's outermost frame), or none if the walk
-/// could not tell.
+/// could not tell (then the whole stack is read, and the rewrite may be refused for a stale
+/// word: safe).
 pub fn program_stack_pointer() -> Option<usize> {
     struct Walk {
         text: (usize, usize),
-        cfa: usize,
+        sp: usize,
         frames: usize,
         left: bool,
     }
@@ -68,6 +69,10 @@ pub fn program_stack_pointer() -> Option<usize> {
         // SAFETY: `data` is the `Walk` below, alive for the walk; `ctx` is the unwinder's.
         let (w, ip) = unsafe { (&mut *(data as *mut Walk), _Unwind_GetIP(ctx)) };
         if !(w.text.0..w.text.1).contains(&ip) {
+            // libgcc's "CFA" of a context is that frame's own stack pointer (its callee's
+            // canonical frame address): here, the program's at its call into this library.
+            // SAFETY: as above.
+            w.sp = unsafe { _Unwind_GetCFA(ctx) };
             w.left = true;
             return URC_END_OF_STACK;
         }
@@ -75,12 +80,10 @@ pub fn program_stack_pointer() -> Option<usize> {
         if w.frames > MAX_OWN_FRAMES {
             return URC_END_OF_STACK;
         }
-        // SAFETY: as above.
-        w.cfa = unsafe { _Unwind_GetCFA(ctx) };
         URC_NO_REASON
     }
-    let mut walk = Walk { text: own_text()?, cfa: 0, frames: 0, left: false };
+    let mut walk = Walk { text: own_text()?, sp: 0, frames: 0, left: false };
     // SAFETY: `step` matches the callback type and reads only what it is given.
     unsafe { _Unwind_Backtrace(step, &mut walk as *mut Walk as *mut c_void) };
-    (walk.left && walk.cfa != 0).then_some(walk.cfa)
+    (walk.left && walk.sp != 0).then_some(walk.sp)
 }

@@ -72,40 +72,39 @@ pub(super) unsafe fn write_code(writes: &[(usize, Vec<u8>)]) -> Result<(), Strin
     Ok(())
 }
 
-/// The most words of the calling thread's stack [`resume_points`] reads (64 MiB): a deeper
-/// stack is judged unsafe rather than read for long.
+/// The most words of the calling thread's stack [`resume_points`] reads (64 MiB): a larger
+/// run of memory around the stack pointer (a coroutine's stack inside a heap) cannot be
+/// told apart from a stack, and is not read.
 const MAX_STACK_WORDS: usize = 8 << 20;
 
 /// The words on the calling thread's stack, from `from` (its stack pointer if none, or if
-/// `from` is not above it on the same stack) up to the end of the stack's mapping, that
-/// point into `[lo, hi)` (the code about to be rewritten), sorted; or, as `Err`, the stack
-/// pointer of a stack that cannot be found or is larger than [`MAX_STACK_WORDS`].
+/// `from` is not above it on the same stack) up to the stack's top, that point into `[lo,
+/// hi)` (the code about to be rewritten), sorted; or, as `Err`, the stack pointer of a stack
+/// whose extent cannot be told ([`stack_end`]).
 ///
 /// `from` is where the caller's own frames end (the program's stack pointer when it called
 /// into the caller's library): below it, the slots those frames never wrote may still hold
-/// what a returned signal handler's frame left, and reading them would put the rewrite off
+/// what a returned signal handler's frame left, and reading them would refuse the rewrite
 /// for nothing.
 ///
 /// Such a word may be where this thread resumes once the code is rewritten: the program
 /// counter a signal frame saved when the kernel interrupted the C library (a handler
 /// running now, on this stack, that interrupted a `read` goes back right after its
 /// `syscall`, or to the `syscall` itself to restart it), or a return address. Only those
-/// inside a window past its first byte matter ([`inside_window`]). A handler on an
-/// alternate signal stack is not seen here: the caller must not rewrite on one (`uswap
-/// run`'s library puts its pager's start off there).
+/// inside a window past its first byte matter ([`inside_window`]). Not seen: a handler on an
+/// alternate signal stack (the caller must not rewrite on one: `uswap run`'s library puts
+/// its pager's start off there), and contexts a program saved on other stacks (a green
+/// thread switched away from inside a handler).
 pub(super) fn resume_points(lo: usize, hi: usize, from: Option<usize>) -> Result<Vec<usize>, usize> {
     let here = 0usize;
     let here = std::ptr::addr_of!(here) as usize & !7;
-    let end = mapping_end(here).ok_or(here)?;
+    let end = stack_end(here).ok_or(here)?;
     let sp = from.filter(|&f| (here..end).contains(&f)).map_or(here, |f| f & !7);
     let nr_words = (end - sp) / 8;
-    if nr_words > MAX_STACK_WORDS {
-        return Err(sp);
-    }
     let mut points: Vec<usize> = (0..nr_words)
         .map(|i| {
-            // SAFETY: `[sp, end)` is this thread's stack, mapped (the kernel maps a stack's
-            // pages from its pointer to its top) and 8-aligned; read, never written.
+            // SAFETY: `[sp, end)` is readable memory this thread's stack pointer lies in
+            // (`stack_end`), 8-aligned; read, never written.
             unsafe { std::ptr::read_volatile((sp + 8 * i) as *const usize) }
         })
         .filter(|w| (lo..hi).contains(w))
@@ -126,12 +125,26 @@ pub(super) fn inside_window(points: &[usize], windows: impl Iterator<Item = (usi
     })
 }
 
-/// The end of the mapping that holds `addr`, from `/proc/self/maps`.
-fn mapping_end(addr: usize) -> Option<usize> {
+/// The top of the stack `sp` lies in: the end of the run of readable mappings, each
+/// starting where the one before ends, from the one holding `sp` (a stack that part of was
+/// locked or advised is several mappings; the guard page of the next thread's stack, or a
+/// gap, ends it). None if `/proc/self/maps` cannot be read, holds no such mapping, or the run
+/// is more than [`MAX_STACK_WORDS`] above `sp`.
+fn stack_end(sp: usize) -> Option<usize> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines().find_map(|l| {
-        let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+    let mut end: Option<usize> = None;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (range, perms) = (fields.next()?, fields.next()?);
+        let (a, b) = range.split_once('-')?;
         let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
-        (a <= addr && addr < b).then_some(b)
-    })
+        let readable = perms.starts_with('r');
+        match end {
+            None if (a..b).contains(&sp) && readable => end = Some(b),
+            Some(e) if a == e && readable => end = Some(b),
+            Some(_) => break,
+            None => {}
+        }
+    }
+    end.filter(|&e| (e - sp) / 8 <= MAX_STACK_WORDS)
 }

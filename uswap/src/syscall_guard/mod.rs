@@ -106,6 +106,10 @@ pub enum PatchError {
     /// library that a signal interrupted, whose handler runs now (`code::resume_points`).
     /// Nothing was changed; the rewrite can be tried again once the handler returned.
     Interrupted { at: usize },
+    /// What this thread would resume cannot be told: its stack pointer `sp` lies in no
+    /// readable run of memory, or in one too large to read (a coroutine's stack inside a
+    /// heap). Nothing was changed.
+    StackUnknown { sp: usize },
     /// The rewrite cannot be done: a static program, no room for trampolines, code that
     /// cannot be made writable.
     Failed(String),
@@ -118,6 +122,11 @@ impl std::fmt::Display for PatchError {
                 f,
                 "this thread interrupted the C library's code at {at:#x}, which the rewrite replaces \
                  (a signal handler that runs now?); try again outside the handler"
+            ),
+            PatchError::StackUnknown { sp } => write!(
+                f,
+                "cannot tell what this thread will resume: its stack pointer {sp:#x} lies in no stack uswap can read \
+                 (a coroutine's?)"
             ),
             PatchError::Failed(why) => f.write_str(why),
         }

@@ -53,7 +53,7 @@ use super::code::{
     inside_window, jump, resume_points, write_code, Segment, CLASS_TABLE_AT, JMP_BYTES, SLOW_ENTRY_AT, TRAMPOLINE_BYTES,
 };
 use super::image::{Built, ImageCache, PlacedWindow};
-use super::sys::{sys_mmap, sys_mprotect, sys_munmap};
+use super::sys::{sys_block_async_signals, sys_mmap, sys_mprotect, sys_munmap, sys_set_mask};
 use super::PatchError;
 
 /// The most instructions a window takes on either side of its `syscall`.
@@ -417,21 +417,31 @@ pub unsafe fn patch_c_library(
     }
     let lo = segments.iter().map(|s| s.start).min().unwrap_or(0);
     let hi = segments.iter().map(|s| s.start + s.len).max().unwrap_or(0);
-    // Read once, before anything is written: the C library has one executable segment (a
-    // second one, if any, is checked against the same stack).
-    let points = resume_points(lo, hi, program_sp).map_err(|sp| {
-        PatchError::Failed(format!("cannot read this thread's stack (at {sp:#x}) to check what it will resume"))
-    })?;
+    // Read once, before anything is written. The C library has one executable segment; a
+    // second one refused after the first was patched would leave the first patched, which
+    // is harmless (a patched window makes the same call) but not `started`.
+    let points = resume_points(lo, hi, program_sp).map_err(|sp| PatchError::StackUnknown { sp })?;
+    // The program's handlers must not run while windows are half written: the rewrite is
+    // made after `main` now, when the program may have timers and handlers.
+    let mask = sys_block_async_signals();
     let mut report = PatchReport::default();
     for seg in &segments {
         // SAFETY: the caller's contract; the segment is the C library's code.
-        let (sites, patched) = unsafe { patch_segment(seg, class_table, slow_entry, cache_dir, &points)? };
+        let done = unsafe { patch_segment(seg, class_table, slow_entry, cache_dir, &points) };
+        let (sites, patched) = match done {
+            Ok(done) => done,
+            Err(e) => {
+                sys_set_mask(&mask);
+                return Err(e);
+            }
+        };
         // Both the code and its trampolines are uswap's doing: not the program's unmanaged
         // memory (`crate::unmanaged`).
         crate::mapping::note_engine_memory(seg.start, seg.len);
         report.sites += sites;
         report.patched += patched;
     }
+    sys_set_mask(&mask);
     Ok(report)
 }
 
@@ -636,36 +646,43 @@ mod tests {
     }
 
     /// A thread that would resume inside a window (a signal frame's saved program counter
-    /// right after the `syscall`, or on it for a restart) keeps the code as it was, from a
-    /// scan and from an image alike; one at a window's first byte does not.
+    /// right after the `syscall`) keeps the code as it was, from a scan and from an image
+    /// alike; one at a window's first byte (here the `syscall`, where a restart resumes), or
+    /// right after the window, does not. The code is `read`'s: `xor %eax,%eax; syscall;
+    /// cmp $-4095,%rax; ret`, whose window is the `syscall` and the `cmp`.
     #[test]
     fn no_window_is_rewritten_under_a_context_that_resumes_inside_it() {
         let _g = serialised();
-        const GETPID: &[u8] = &[0xb8, 39, 0, 0, 0, 0x0f, 0x05, 0xc3];
+        const READ: &[u8] = &[0x31, 0xc0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0xc3];
         let (class, slow) = (super::super::table::CLASS.as_ptr() as u64, super::super::entry::slow_entry());
         let dir = std::env::temp_dir().join(format!("uswap-interrupted-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let seg = map_code(GETPID);
+        let seg = map_code(READ);
+        let (targets, sites) = scan(&seg);
+        let w = choose_window(&seg, &sites[0], &targets).expect("a window");
+        assert_eq!((w.start, w.len), (seg.start as u64 + 2, 8), "syscall + cmp");
         // SAFETY: the segment's bytes, mapped above.
-        let code = || unsafe { std::slice::from_raw_parts(seg.start as *const u8, GETPID.len()) }.to_vec();
-        for at in [seg.start + 5, seg.start + 7 - 1, seg.start + 7 - 2] {
+        let code = || unsafe { std::slice::from_raw_parts(seg.start as *const u8, READ.len()) }.to_vec();
+        // Right after the `syscall` (a return), inside the `cmp`.
+        for at in [seg.start + 4, seg.start + 7] {
             // SAFETY: this test's own code, run by no other thread.
             let r = unsafe { patch_segment(&seg, class, slow, Some(&dir), &[seg.start - 64, at]) };
             assert_eq!(r, Err(PatchError::Interrupted { at }));
-            assert_eq!(code(), GETPID, "nothing written");
+            assert_eq!(code(), READ, "nothing written");
         }
-        // SAFETY: as above; the window starts at the segment's first byte.
-        assert_eq!(unsafe { patch_segment(&seg, class, slow, Some(&dir), &[seg.start, seg.start + 7]) }, Ok((1, 1)));
-        assert_eq!(code()[0], 0xe9, "the jump written");
+        // SAFETY: as above; the window's first byte, and the `ret` after it.
+        let r = unsafe { patch_segment(&seg, class, slow, Some(&dir), &[seg.start + 2, seg.start + 10]) };
+        assert_eq!(r, Ok((1, 1)));
+        assert_eq!(code()[2], 0xe9, "the jump written");
         // The image the scan kept, on a fresh copy of the code: refused the same way.
         let image = ImageCache::beside(&WindowCache::for_segment(&dir, &seg).unwrap().path);
-        let copy = map_code(GETPID);
+        let copy = map_code(READ);
         let copy = Segment { path: seg.path.clone(), ..copy };
         // SAFETY: as above.
-        let r = unsafe { image.apply(&copy, class, slow, &[copy.start + 5]) };
-        assert_eq!(r, Err(PatchError::Interrupted { at: copy.start + 5 }));
+        let r = unsafe { image.apply(&copy, class, slow, &[copy.start + 4]) };
+        assert_eq!(r, Err(PatchError::Interrupted { at: copy.start + 4 }));
         // SAFETY: the copy's bytes, mapped above.
-        assert_eq!(unsafe { std::slice::from_raw_parts(copy.start as *const u8, GETPID.len()) }, GETPID);
+        assert_eq!(unsafe { std::slice::from_raw_parts(copy.start as *const u8, READ.len()) }, READ);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -22,3 +22,29 @@ pub(super) fn sys_mprotect(addr: *mut c_void, len: usize, prot: i32) -> i32 {
     // protection means for the caller's memory is the caller's contract, as for mprotect.
     unsafe { libc::syscall(libc::SYS_mprotect, addr as usize, len, prot) as i32 }
 }
+
+/// Blocks every signal but the synchronous ones (a fault while blocked would kill the
+/// process) on this thread; returns the mask to give back to [`sys_set_mask`]. Raw
+/// `rt_sigprocmask`: `uswap run`'s library interposes the C library's.
+pub(super) fn sys_block_async_signals() -> libc::sigset_t {
+    // SAFETY: all-zero sigsets are valid; the set functions and the system call only read
+    // and write these two locals.
+    unsafe {
+        let (mut block, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::sigfillset(&mut block);
+        for sig in [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP] {
+            libc::sigdelset(&mut block, sig);
+        }
+        let (set, was) = (&block as *const libc::sigset_t, &mut old as *mut libc::sigset_t);
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_BLOCK, set, was, 8usize);
+        old
+    }
+}
+
+/// Gives this thread back the mask [`sys_block_async_signals`] returned.
+pub(super) fn sys_set_mask(mask: &libc::sigset_t) {
+    // SAFETY: the system call reads the caller's set; 8 bytes is the kernel's sigset size.
+    unsafe {
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, mask as *const libc::sigset_t, 0usize, 8usize);
+    }
+}
