@@ -5,7 +5,8 @@
 //! managed region as its arenas (`mi_manage_memory`) and told never to ask the OS for
 //! more (`disallow_os_alloc`): every block the program allocates lies in the region, and
 //! when mimalloc gives pages back (`MADV_DONTNEED` on a purge) the engine sees the
-//! `UFFD_EVENT_REMOVE` and frees their slots.
+//! `UFFD_EVENT_REMOVE` and frees their slots. Far below the limit, a purge of the first
+//! arena keeps its pages instead ([`commit`]).
 //!
 //! Who is served from where (the routing rule, [`managed_caller`]): application threads get
 //! the managed heap once it is up; uswap's engine threads, this library's own code (the
@@ -249,8 +250,11 @@ pub fn committed_extent() -> usize {
 /// nothing to do (the range is mapped read-write) but count; once the count passes
 /// `USWAP_START_AFTER`, the pager starts, here, on the allocating thread. A decommit (a
 /// purge) gives the pages back to the kernel, as mimalloc's own does: `MADV_DONTNEED`,
-/// which a running pager sees as an `UFFD_EVENT_REMOVE`. Returns true: done (and, for a
-/// decommit, to be committed again before reuse).
+/// which a running pager sees as an `UFFD_EVENT_REMOVE`; but not while the pager is far
+/// below its limit (`Pager::far_below_limit`): then the range stays committed. Returns
+/// whether the range is now what was asked: committed, or given back (to be committed
+/// again before reuse); a decommit answered false keeps it committed, and mimalloc reuses
+/// it as it is.
 extern "C" fn commit(commit: bool, start: *mut c_void, size: usize, is_zero: *mut bool, _arg: *mut c_void) -> bool {
     if commit {
         if !is_zero.is_null() {
@@ -270,6 +274,13 @@ extern "C" fn commit(commit: bool, start: *mut c_void, size: usize, is_zero: *mu
             }
         }
         return true;
+    }
+    if crate::pager().is_some_and(|p| p.far_below_limit(size)) {
+        // Kept: still committed for mimalloc, which reuses it without asking again. Given
+        // back, a purge made the purging thread wait for the engine to read its
+        // `UFFD_EVENT_REMOVE` (a compiler purged some 400 times a second, 3-4 % of its run),
+        // and the range faulted page by page when used again.
+        return false;
     }
     let _ = COMMITTED_BYTES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| Some(c.saturating_sub(size)));
     real::sys_madvise(start, size, libc::MADV_DONTNEED) == 0

@@ -361,6 +361,28 @@ fn lowering_the_limit_reclaims_at_once() {
     }
 }
 
+/// `far_below_limit`: true while the charge plus the bytes asked stay within a quarter of
+/// the limit, false past it (what `uswap run`'s heap reads before giving freed memory back).
+#[test]
+fn far_below_limit_means_within_a_quarter_of_the_limit() {
+    let p = pager(FaultMode::Thread, 16 * MIB, 32 * MIB);
+    let quarter = 4 * MIB as usize;
+    assert!(p.far_below_limit(quarter));
+    assert!(!p.far_below_limit(quarter + PAGE_SIZE));
+    let region = p.map(8 * MIB as usize).unwrap();
+    let w = region.as_atomic_u64s();
+    for i in 0..(2 * MIB as usize) / PAGE_SIZE {
+        write_page(w, i, 1);
+    }
+    let resident_bytes = p.stats().resident_pages as usize * PAGE_SIZE;
+    assert!(resident_bytes >= 2 * MIB as usize, "{resident_bytes}");
+    assert!(p.far_below_limit(quarter - resident_bytes));
+    assert!(!p.far_below_limit(quarter - resident_bytes + PAGE_SIZE));
+    for i in 0..(2 * MIB as usize) / PAGE_SIZE {
+        check_page(w, i, 1);
+    }
+}
+
 #[test]
 fn bad_input_gives_errors_that_say_what_to_do() {
     let e = Pager::builder().resident_limit(4096).device(DeviceConfig::ram(64 * MIB)).build().unwrap_err();
