@@ -112,7 +112,17 @@ fn a_tree_of_32_processes_shares_one_file_device_on_a_small_file_system() {
     assert!(device_peak > 0 && device_peak <= 96 << 20, "the tree's device held {device_peak} bytes: {v}");
     let used = peak_used.load(Ordering::Relaxed);
     assert!(used <= 96 << 20, "the file system held {used} bytes at its peak, over the device's 96 MiB");
-    assert_eq!(fs.used_bytes(), 0, "the swap files left data behind");
+    // The kernel lets an io_uring go (and the file it holds) from a work queue after its
+    // process ended: the last swap file's blocks may be freed a moment after the run.
+    let mut left = fs.used_bytes();
+    for _ in 0..100 {
+        if left == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        left = fs.used_bytes();
+    }
+    assert_eq!(left, 0, "the swap files left data behind 2 s after the run");
 }
 
 /// A background job that cannot get a pager (its file device cannot create its file: the
