@@ -278,7 +278,7 @@ extern "C" fn commit(commit: bool, start: *mut c_void, size: usize, is_zero: *mu
     if crate::pager().is_some_and(|p| p.far_below_limit(size)) {
         // Kept: still committed for mimalloc, which reuses it without asking again. Given
         // back, a purge made the purging thread wait for the engine to read its
-        // `UFFD_EVENT_REMOVE` (a compiler purged some 400 times a second, 3-4 % of its run),
+        // `UFFD_EVENT_REMOVE` (a compiler purged some 400 times a second, 4-6 % of its run),
         // and the range faulted page by page when used again.
         return false;
     }

@@ -672,13 +672,16 @@ impl Pager {
 
     /// Whether `bytes` more resident would leave this pager, and the tree it shares a charge
     /// with, at most a quarter of the way to their limits (the tree's goal, if its budget set
-    /// one), under a fixed limit (no automatic budget of its own). Memory a program frees can
-    /// then stay resident rather than be given back: each page given back is an
-    /// `UFFD_EVENT_REMOVE` the giving thread waits for the engine to read (20-80 µs here),
-    /// and a fault when it is used again. No lock, no allocation.
+    /// one), with nothing of this pager's on its devices and no automatic budget of its own.
+    /// Memory a program frees can then stay resident rather than be given back: each range
+    /// given back is an `UFFD_EVENT_REMOVE` the giving thread waits for the engine to read
+    /// (20-80 µs here), and a fault per page when it is used again. (A range kept while
+    /// some of its pages were out would keep their slots, and their old contents would come
+    /// back on reuse.) No lock, no allocation.
     pub fn far_below_limit(&self, bytes: usize) -> bool {
-        let charge = &self.core.shared.charge;
-        if charge.auto.is_some() {
+        let shared = &self.core.shared;
+        let charge = &shared.charge;
+        if charge.auto.is_some() || shared.devices.devices().iter().any(|d| d.inuse_slots() != 0) {
             return false;
         }
         let pages = bytes.div_ceil(PAGE_SIZE);

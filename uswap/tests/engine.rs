@@ -362,7 +362,8 @@ fn lowering_the_limit_reclaims_at_once() {
 }
 
 /// `far_below_limit`: true while the charge plus the bytes asked stay within a quarter of
-/// the limit, false past it (what `uswap run`'s heap reads before giving freed memory back).
+/// the limit and nothing is on the devices, false past it or with pages out (what `uswap
+/// run`'s heap reads before giving freed memory back).
 #[test]
 fn far_below_limit_means_within_a_quarter_of_the_limit() {
     let p = pager(FaultMode::Thread, 16 * MIB, 32 * MIB);
@@ -378,6 +379,12 @@ fn far_below_limit_means_within_a_quarter_of_the_limit() {
     assert!(resident_bytes >= 2 * MIB as usize, "{resident_bytes}");
     assert!(p.far_below_limit(quarter - resident_bytes));
     assert!(!p.far_below_limit(quarter - resident_bytes + PAGE_SIZE));
+    // Pages on a device: not far below, however low the charge (a range kept then would
+    // keep their slots).
+    p.set_resident_limit(MIB).unwrap();
+    p.set_resident_limit(64 * MIB).unwrap();
+    assert!(p.stats().devices[0].slots_used > 0);
+    assert!(!p.far_below_limit(0));
     for i in 0..(2 * MIB as usize) / PAGE_SIZE {
         check_page(w, i, 1);
     }
