@@ -117,7 +117,8 @@ static OWN_PID: AtomicU32 = AtomicU32::new(0);
 
 /// Whether the calling process is the one this library set itself up in, not a `vfork`
 /// child of it (which must start no pager: a rewrite of the C library's code, its tables,
-/// would be its parent's).
+/// would be its parent's). A child made by a raw `clone` without `CLONE_VM` (no fork
+/// handler runs either) is not told apart from one, and runs unmanaged until it execs.
 pub fn is_own_process() -> bool {
     OWN_PID.load(Ordering::Relaxed) == std::process::id()
 }
