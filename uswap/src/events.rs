@@ -384,13 +384,7 @@ fn detach(cx: &Events<'_>, r: &Guard<'_>, first: usize, last: usize, dst: usize,
 /// since the kernel may have merged the new mapping with a region's. Read from
 /// `/proc/self/maps`; events are rare, and this runs on an engine thread.
 fn grown_end(cx: &Events<'_>, addr: usize, take_outs: &TakeOuts) -> Option<usize> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let end = maps.lines().find_map(|line| {
-        let range = line.split_whitespace().next()?;
-        let (s, e) = range.split_once('-')?;
-        let (s, e) = (usize::from_str_radix(s, 16).ok()?, usize::from_str_radix(e, 16).ok()?);
-        (s < addr && addr < e).then_some(e)
-    })?;
+    let end = crate::mapping::self_maps()?.iter().find_map(|m| (m.start < addr && addr < m.end).then_some(m.end))?;
     let mut clip = end;
     REGIONS.for_each(|g| {
         if g.pager.id() == cx.id && g.start() >= addr {

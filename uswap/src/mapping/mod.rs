@@ -21,7 +21,7 @@
 //! which starts the engine's threads (signals blocked, stacks noted, panics abort);
 //! `engine_ranges`, the engine's own mappings by address; `discard`, batched drops with one
 //! TLB flush; `tables`, large lazily zero-filled tables; `probe`, questions to the page
-//! table (`mincore`, pagemap); `page_buf`, the bounce buffers' pages; `cpu`, the CPUs;
+//! table (`mincore`, pagemap) and the process's mappings (`/proc/self/maps`); `page_buf`, the bounce buffers' pages; `cpu`, the CPUs;
 //! `rlimit`, the address-space limit.
 
 mod cpu;
@@ -42,7 +42,7 @@ pub use engine_thread::{is_engine_thread, spawn_engine_thread};
 pub use page_buf::PageBuf;
 pub use probe::{
     for_each_exclusive_page, for_each_present_page, mincore_bitmap, mincore_pages, mincore_pages_where, page_present,
-    populate_write,
+    populate_write, self_maps,
 };
 pub use rlimit::address_space_limit_bytes;
 pub use tables::{AtomicTable, ZeroedArray};

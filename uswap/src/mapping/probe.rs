@@ -1,6 +1,7 @@
 //! Questions to the kernel's page table about this process's own memory: which pages are
 //! present, which are exclusive to it (not shared with a fork child), and making one page
-//! writable and exclusive. Read-only except `populate_write`, which changes no byte.
+//! writable and exclusive; and which mappings it has (`/proc/self/maps`). Read-only except
+//! `populate_write`, which changes no byte.
 
 use std::io;
 
@@ -128,4 +129,29 @@ pub fn mincore_pages_where(addr: usize, len: usize, mut counted: impl FnMut(usiz
         off += n * PAGE_SIZE;
     }
     Ok(total)
+}
+
+/// One mapping of this process, as a line of `/proc/self/maps` gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapsEntry {
+    /// `[start, end)`, page-aligned.
+    pub start: usize,
+    pub end: usize,
+    /// Whether its protection lets it be read.
+    pub readable: bool,
+}
+
+/// This process's mappings, by address, from `/proc/self/maps` (a line that does not parse
+/// is left out); none if the file cannot be read. Allocates and reads a file: not for a
+/// signal handler.
+pub fn self_maps() -> Option<Vec<MapsEntry>> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let entries = maps.lines().filter_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (range, perms) = (fields.next()?, fields.next()?);
+        let (start, end) = range.split_once('-')?;
+        let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
+        Some(MapsEntry { start, end, readable: perms.starts_with('r') })
+    });
+    Some(entries.collect())
 }

@@ -131,17 +131,11 @@ pub(super) fn inside_window(points: &[usize], windows: impl Iterator<Item = (usi
 /// gap, ends it). None if `/proc/self/maps` cannot be read, holds no such mapping, or the run
 /// is more than [`MAX_STACK_WORDS`] above `sp`.
 fn stack_end(sp: usize) -> Option<usize> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let mut end: Option<usize> = None;
-    for line in maps.lines() {
-        let mut fields = line.split_whitespace();
-        let (range, perms) = (fields.next()?, fields.next()?);
-        let (a, b) = range.split_once('-')?;
-        let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
-        let readable = perms.starts_with('r');
+    for m in crate::mapping::self_maps()? {
         match end {
-            None if (a..b).contains(&sp) && readable => end = Some(b),
-            Some(e) if a == e && readable => end = Some(b),
+            None if (m.start..m.end).contains(&sp) && m.readable => end = Some(m.end),
+            Some(e) if m.start == e && m.readable => end = Some(m.end),
             Some(_) => break,
             None => {}
         }

@@ -275,14 +275,7 @@ fn trampoline(w: &Window, at: u64, class_table: u64, slow_entry: u64) -> Option<
 /// nearest to it that `/proc/self/maps` shows (the kernel's own choice for a hint that is
 /// taken is the top of the address space, out of reach).
 fn map_near(lo: usize, hi: usize, len: usize) -> Option<usize> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let mut ranges: Vec<(usize, usize)> = maps
-        .lines()
-        .filter_map(|l| {
-            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
-            Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?))
-        })
-        .collect();
+    let mut ranges: Vec<(usize, usize)> = crate::mapping::self_maps()?.iter().map(|m| (m.start, m.end)).collect();
     ranges.sort_unstable();
     // Candidates: just below each mapping and just above it, keeping a page free on each side.
     let page = crate::uffd::PAGE_SIZE;
