@@ -370,6 +370,15 @@ fn without_idle(level_pages: usize, idle_pages: usize) -> usize {
     level_pages.saturating_sub(idle_pages - idle_pages / IDLE_MARGIN_DIVISOR)
 }
 const IDLE_MARGIN_DIVISOR: usize = 16;
+/// Whether the resident pages fill the limit: they are within a 16th of it, or 64 pages.
+/// Reclaim keeps them under it by its watermarks' gaps (`reclaim::accounting::watermarks`:
+/// a 32nd of the limit or 64 pages for the low one), so a program's pages never reach the
+/// limit itself, and stalls with them this close are not pages coming back into room.
+fn room_full(limit_pages: usize, resident_pages: usize) -> bool {
+    resident_pages + (limit_pages / ROOM_FULL_DIVISOR).max(ROOM_FULL_MIN_PAGES) >= limit_pages
+}
+const ROOM_FULL_DIVISOR: usize = 16;
+const ROOM_FULL_MIN_PAGES: usize = 64;
 /// Resident memory that grew by more than 1/this in a tick means the program is allocating.
 const GROWING_DIVISOR: usize = 100;
 /// Ticks without a probe after the budget grew: the program is bringing its pages back in,
@@ -397,7 +406,8 @@ const HOLD_AFTER_GROWTH_TICKS: u32 = 3;
 ///   back into the room the undo gave.
 /// * Above it otherwise (the working set grew), the limit grows to the resident pages times
 ///   `1 + MAX_BACKOFF * min(1, (share/target/20)^2)`, or stays, if that is lower (the
-///   stalls are pages coming back into room it has): doubling while the program thrashes;
+///   stalls are pages coming back into room it has); when the resident pages fill the
+///   limit (`room_full`), it grows from the limit: doubling while the program thrashes;
 ///   no probe follows for [`HOLD_AFTER_GROWTH_TICKS`], while the program brings its pages in,
 ///   and the next probe is [`FIRST_PROBE`] again: the step the last phase reached (up to
 ///   [`MAX_PROBE`]) says nothing of the new one.
@@ -607,6 +617,14 @@ impl Budget {
                     self.hold = HOLD_AFTER_GROWTH_TICKS;
                     self.step = FIRST_PROBE;
                     self.tested = false;
+                    // Resident pages that fill the limit leave no room to come back into:
+                    // growth is from the limit (measured: a 12 MiB working set under a
+                    // 12.2 MiB limit, 12.0 resident, stalled twice the target for 9 s while
+                    // growth from the resident pages stayed under the limit).
+                    let grown = match room_full(limit_pages, resident_pages) {
+                        true => limit_pages as f64 * (1.0 + adj),
+                        false => grown,
+                    };
                     // Growth never lowers the limit: grown from resident pages under it (a
                     // program bringing back what a probe took), it would (measured: an undo to
                     // 49 MiB, then 48.1 for a 48 MiB working set, then thrashing and doubling).
@@ -832,8 +850,8 @@ mod budget_tests {
         }
         assert_eq!(
             b.tick(1_200_000, 15_350_000, 10_200, 10_000, NO_SCAN),
-            Some(20_000),
-            "a full tick of thrashing grows it"
+            Some(20_400),
+            "a full tick of thrashing doubles it, from the limit its pages fill"
         );
     }
 
@@ -852,6 +870,16 @@ mod budget_tests {
             assert_eq!(b.next_limit(0.0, 51_812, 50_000), 51_812, "held while its pages come in");
         }
         assert_eq!(b.next_limit(0.0, 51_812, 50_000), 47_500, "then probed by 5 %, not an eighth");
+    }
+
+    #[test]
+    fn stalls_with_the_room_full_grow_the_limit_from_the_limit() {
+        // Reclaim keeps the resident pages a watermark gap under the limit: a working set
+        // of 3,072 pages under a limit of 3,133 holds 3,072 and faults on and on.
+        let mut b = Budget::new(0.01, 100, 100_000);
+        assert_eq!(b.next_limit(0.021, 3_133, 3_072), 3_167, "1.1 % more, from the limit");
+        let mut room = Budget::new(0.01, 100, 100_000);
+        assert_eq!(room.next_limit(0.021, 3_133, 2_000), 3_133, "pages coming back into room: it stays");
     }
 
     /// A model of a program whose working set is sharp (uniform random access: any page cut
