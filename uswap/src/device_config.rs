@@ -258,18 +258,10 @@ impl DeviceConfig {
     }
 
     /// The size a device given without one gets when a process is managed from outside
-    /// (`uswap run`, the Python package): half the machine's RAM (`MemTotal` in
-    /// `/proc/meminfo`; 4 GiB when it cannot be read), at least 64 MiB.
+    /// (`uswap run`, the Python package): half the machine's RAM (`MemTotal`, from
+    /// `sysinfo(2)`; 4 GiB when it cannot be read), at least 64 MiB.
     pub fn default_capacity_bytes() -> u64 {
-        let mem_total_bytes = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|s| {
-                s.lines().find_map(|l| {
-                    l.strip_prefix("MemTotal:")
-                        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-                })
-            })
-            .map_or(4 << 30, |kib| kib * 1024);
+        let mem_total_bytes = crate::mapping::ram_bytes().unwrap_or(4 << 30);
         // Under an address-space limit (`ulimit -v`) every reservation counts in full: the
         // pool's arena (the cap), and the staging area of its slots (4 times the cap). A
         // sixteenth of the limit for the cap keeps those to 5/16 of it, and the program's

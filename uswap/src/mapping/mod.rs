@@ -22,7 +22,7 @@
 //! `engine_ranges`, the engine's own mappings by address; `discard`, batched drops with one
 //! TLB flush; `tables`, large lazily zero-filled tables; `probe`, questions to the page
 //! table (`mincore`, pagemap) and the process's mappings (`/proc/self/maps`); `page_buf`, the bounce buffers' pages; `cpu`, the CPUs;
-//! `rlimit`, the address-space limit.
+//! `rlimit`, the address-space limit and the machine's RAM.
 
 mod cpu;
 mod discard;
@@ -44,7 +44,7 @@ pub use probe::{
     for_each_exclusive_page, for_each_present_page, mincore_bitmap, mincore_pages, mincore_pages_where, page_present,
     populate_write, self_maps,
 };
-pub use rlimit::address_space_limit_bytes;
+pub use rlimit::{address_space_limit_bytes, ram_bytes};
 pub use tables::{AtomicTable, ZeroedArray};
 
 use std::io;
