@@ -9,11 +9,12 @@
 //! waited, then `main` allocating again at the same depth): read, it would put the start off
 //! for nothing.
 //!
-//! The frames are walked with the C++ ABI's unwinder (`_Unwind_Backtrace` from GCC's libgcc_eh, linked in,
-//! which Rust's standard library links), by the call frame information of this library's
-//! Rust code and of its mimalloc. It stops at the first frame whose code is not this
-//! library's; a frame it cannot step over ends the walk with no answer, and the caller then
-//! reads the whole stack from its own frame up (safe, only more often put off). It takes
+//! The frames are walked with the C++ ABI's unwinder (`_Unwind_Backtrace`: GCC's, which
+//! Rust's standard library needs, linked into this library by `build.rs`), by the call
+//! frame information of this library's Rust code and of its mimalloc. It stops at the first
+//! frame whose code is not this library's; a frame it cannot step over ends the walk with no
+//! answer, and the caller then reads the whole stack from its own frame up (safe, only more
+//! often put off). It takes
 //! the dynamic linker's lock as `dl_iterate_phdr` does, which the rewrite takes anyway; not
 //! for a signal handler of uswap's own.
 
