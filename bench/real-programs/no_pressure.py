@@ -153,7 +153,7 @@ def main():
     lines.append("")
     before_head = " | the build before (median) | its speed vs plain" if args.before else ""
     lines.append(f"| program | plain (median) | under `uswap run` (median) | speed vs plain{before_head} | "
-                 "runs plain / under uswap (s) |")
+                 f"runs plain / under uswap{' / before' if args.before else ''} (s) |")
     lines.append("|---|---|---|---|---|" + ("---|---|" if args.before else ""))
     for name, p, u, plain, under, before in rows:
         runs = " / ".join(" ".join(f"{x:.2f}" for x in xs) for xs in [plain, under, before] if xs)
