@@ -18,24 +18,33 @@ fn main() {
 /// load of a C library. The Rust runtime asks for `-lgcc_s` by name; a linker script of that
 /// name, found first, gives the static archive (as `gcc -static-libgcc` does for C).
 fn link_unwinder_statically() {
-    // Only where the C compiler that links (rustc's default linker, `cc`) has the archive;
-    // elsewhere the library loads `libgcc_s` as any Rust library does.
-    let archive = std::process::Command::new("cc")
-        .arg("-print-file-name=libgcc_eh.a")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| std::path::PathBuf::from(s.trim()))
-        .filter(|p| p.is_absolute() && p.exists());
-    let Some(archive) = archive else {
-        println!("cargo:warning=libgcc_eh.a not found by `cc`: the preload library loads libgcc_s.so at each exec");
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
+    let Some(archive) = libgcc_eh() else {
+        println!("cargo:warning=libgcc_eh.a not found: the preload library loads libgcc_s.so at each exec");
         return;
     };
+    // A GCC upgrade moves the archive: the script below names it.
+    println!("cargo:rerun-if-changed={}", archive.display());
     let out_dir = std::path::PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let script =
-        format!("/* uswap-preload/build.rs: the unwinder, linked statically */\nINPUT({})\n", archive.display());
+        format!("/* uswap-preload/build.rs: the unwinder, linked statically */\nINPUT(\"{}\")\n", archive.display());
     std::fs::write(out_dir.join("libgcc_s.so"), script).expect("write the linker script into OUT_DIR");
     // For the library's own link only (GNU ld applies every -L to every -l, wherever given).
     println!("cargo:rustc-cdylib-link-arg=-L{}", out_dir.display());
     println!("cargo:rustc-cdylib-link-arg=-static-libgcc");
+}
+
+/// Where the C compiler that links the library (rustc's linker: `RUSTC_LINKER` if cargo
+/// was given one, else `cc`) has `libgcc_eh.a`; only for a native GNU/Linux build (a cross
+/// build's linker is another compiler, and its archive another target's).
+fn libgcc_eh() -> Option<std::path::PathBuf> {
+    let var = |name: &str| std::env::var(name).ok();
+    let native = var("TARGET").is_some() && var("TARGET") == var("HOST");
+    if !native || var("CARGO_CFG_TARGET_OS")? != "linux" || var("CARGO_CFG_TARGET_ENV")? != "gnu" {
+        return None;
+    }
+    let linker = var("RUSTC_LINKER").unwrap_or_else(|| "cc".into());
+    let out = std::process::Command::new(linker).arg("-print-file-name=libgcc_eh.a").output().ok()?;
+    let path = std::path::PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    (path.is_absolute() && path.exists()).then_some(path)
 }

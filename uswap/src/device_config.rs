@@ -259,7 +259,9 @@ impl DeviceConfig {
 
     /// The size a device given without one gets when a process is managed from outside
     /// (`uswap run`, the Python package): half the machine's RAM (`MemTotal`, from
-    /// `sysinfo(2)`; 4 GiB when it cannot be read), at least 64 MiB.
+    /// `sysinfo(2)`; 4 GiB when it cannot be read), at least 64 MiB. A cap, not a
+    /// reservation; in a container, the host's RAM (LXCFS rewrites `/proc/meminfo`, not
+    /// `sysinfo`): a pool there is best given its size (`zpool:SIZE`).
     pub fn default_capacity_bytes() -> u64 {
         let mem_total_bytes = crate::mapping::ram_bytes().unwrap_or(4 << 30);
         // Under an address-space limit (`ulimit -v`) every reservation counts in full: the

@@ -209,18 +209,25 @@ impl StallAverages {
     }
 }
 
-/// `e^-x`, for `x >= 0`, as `(e^-(x/2^k))^(2^k)` with `x/2^k <= 1/32` taken from six terms
-/// of its series (relative error under 1e-8 up to `x` = 10^4, an average's window times
-/// ten thousand). Not `f64::exp`: that is the C library's `libm`, a library every process of
-/// a run would load at `execve` for this one function.
+/// `e^-x`, for `x >= 0`, as `(e^-(x/2^k))^(2^k)` with `x/2^k <= 1/32` taken from seven
+/// terms of its series (relative error under 1e-10 where the result is a normal number);
+/// 0 from where `e^-x` underflows (745), and for a NaN. Not `f64::exp`: that is the C
+/// library's `libm`, a library every process of a run would load at `execve` for this one
+/// function.
 fn exp_neg(x: f64) -> f64 {
-    debug_assert!(x >= 0.0 && x.is_finite(), "a decay's exponent: {x}");
+    debug_assert!(x.is_nan() || x >= 0.0, "a decay's exponent: {x}");
+    if x.is_nan() || x >= 745.2 {
+        return 0.0;
+    }
     let (mut y, mut halvings) = (x, 0);
-    while y > 1.0 / 32.0 && halvings < 64 {
+    // Bounded: x < 745.2 takes at most 15 halvings to reach 1/32.
+    while y > 1.0 / 32.0 {
         y /= 2.0;
         halvings += 1;
     }
-    let mut e = 1.0 - y * (1.0 - y / 2.0 * (1.0 - y / 3.0 * (1.0 - y / 4.0 * (1.0 - y / 5.0))));
+    let series =
+        |y: f64| 1.0 - y * (1.0 - y / 2.0 * (1.0 - y / 3.0 * (1.0 - y / 4.0 * (1.0 - y / 5.0 * (1.0 - y / 6.0)))));
+    let mut e = series(y);
     for _ in 0..halvings {
         e *= e;
     }
@@ -233,11 +240,13 @@ mod tests {
 
     #[test]
     fn exp_neg_is_the_exponential() {
-        for x in [0.0, 1e-9, 0.01, 0.2, 1.0 / 30.0, 1.0, 6.0, 100.0, 10_000.0] {
+        for x in [0.0, 1e-9, 0.01, 0.2, 1.0 / 30.0, 1.0, 6.0, 100.0, 256.0, 512.0, 700.0] {
             let (got, want) = (exp_neg(x), (-x).exp());
-            assert!((got - want).abs() <= want * 1e-8, "e^-{x}: {got} against {want}");
+            assert!(want > 0.0 && (got - want).abs() <= want * 1e-10, "e^-{x}: {got} against {want}");
         }
-        assert_eq!(exp_neg(1e12), 0.0, "underflows to nothing");
+        for x in [745.2, 1e12, f64::INFINITY, f64::NAN] {
+            assert_eq!(exp_neg(x), 0.0, "e^-{x} underflows to nothing");
+        }
     }
 
     #[test]
@@ -397,15 +406,16 @@ fn without_idle(level_pages: usize, idle_pages: usize) -> usize {
     level_pages.saturating_sub(idle_pages - idle_pages / IDLE_MARGIN_DIVISOR)
 }
 const IDLE_MARGIN_DIVISOR: usize = 16;
-/// Whether the resident pages fill the limit: they are within a 16th of it, or 64 pages.
+/// Whether the resident pages fill the limit: they are within a 16th of it, or 96 pages.
 /// Reclaim keeps them under it by its watermarks' gaps (`reclaim::accounting::watermarks`:
-/// a 32nd of the limit or 64 pages for the low one), so a program's pages never reach the
-/// limit itself, and stalls with them this close are not pages coming back into room.
+/// the low one lies a 32nd of the limit or 64 pages below it, whichever is more), so a
+/// program's pages never reach the limit itself, and stalls with them this close are not
+/// pages coming back into room.
 fn room_full(limit_pages: usize, resident_pages: usize) -> bool {
     resident_pages + (limit_pages / ROOM_FULL_DIVISOR).max(ROOM_FULL_MIN_PAGES) >= limit_pages
 }
 const ROOM_FULL_DIVISOR: usize = 16;
-const ROOM_FULL_MIN_PAGES: usize = 64;
+const ROOM_FULL_MIN_PAGES: usize = 96;
 /// Resident memory that grew by more than 1/this in a tick means the program is allocating.
 const GROWING_DIVISOR: usize = 100;
 /// Ticks without a probe after the budget grew: the program is bringing its pages back in,
@@ -640,23 +650,7 @@ impl Budget {
                 // 3 ticks instead of 10 and made it a first probe: one every 6 s, 0.3-0.45 s
                 // of stall each.
                 None if after_undo => return limit_pages,
-                None => {
-                    self.hold = HOLD_AFTER_GROWTH_TICKS;
-                    self.step = FIRST_PROBE;
-                    self.tested = false;
-                    // Resident pages that fill the limit leave no room to come back into:
-                    // growth is from the limit (measured: a 12 MiB working set under a
-                    // 12.2 MiB limit, 12.0 resident, stalled twice the target for 9 s while
-                    // growth from the resident pages stayed under the limit).
-                    let grown = match room_full(limit_pages, resident_pages) {
-                        true => limit_pages as f64 * (1.0 + adj),
-                        false => grown,
-                    };
-                    // Growth never lowers the limit: grown from resident pages under it (a
-                    // program bringing back what a probe took), it would (measured: an undo to
-                    // 49 MiB, then 48.1 for a 48 MiB working set, then thrashing and doubling).
-                    grown.max(limit_pages as f64)
-                }
+                None => self.grow(adj, grown, limit_pages, resident_pages),
             }
         } else if self.hold > 0 && self.idle_pages == 0 {
             self.hold -= 1;
@@ -691,6 +685,27 @@ impl Budget {
             level as f64 * (1.0 - adj)
         };
         (next as usize).clamp(self.floor_pages, self.ceiling_pages)
+    }
+
+    /// The working set grew (stalls over the target, no probe to undo): the limit grows by
+    /// `adj` from the resident pages (`grown`), or from the limit when they fill it, and
+    /// never shrinks; the next probe waits, and is a first one.
+    fn grow(&mut self, adj: f64, grown: f64, limit_pages: usize, resident_pages: usize) -> f64 {
+        self.hold = HOLD_AFTER_GROWTH_TICKS;
+        self.step = FIRST_PROBE;
+        self.tested = false;
+        // Resident pages that fill the limit leave no room to come back into: growth is from
+        // the limit (measured: a 12 MiB working set under a 12.2 MiB limit, 12.0 resident,
+        // stalled twice the target for 9 s while growth from the resident pages stayed under
+        // the limit).
+        let grown = match room_full(limit_pages, resident_pages) {
+            true => limit_pages as f64 * (1.0 + adj),
+            false => grown,
+        };
+        // Growth never lowers the limit: grown from resident pages under it (a program
+        // bringing back what a probe took), it would (measured: an undo to 49 MiB, then 48.1
+        // for a 48 MiB working set, then thrashing and doubling).
+        grown.max(limit_pages as f64)
     }
 
     /// A probe from `level` stalled `share` of the tick: the limit goes back to `grown` (as

@@ -79,11 +79,6 @@ fn mmap_at(addr: usize, pages: usize, prot: libc::c_int, flags: libc::c_int) -> 
     addr
 }
 
-/// An ordinary anonymous mapping of `pages` pages exactly at `addr` (which must be free).
-fn map_at(addr: usize, pages: usize) -> usize {
-    mmap_at(addr, pages, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_FIXED_NOREPLACE)
-}
-
 fn unmap(addr: usize, pages: usize) {
     // SAFETY: the test owns this range and nothing refers to it afterwards.
     let r = unsafe { libc::munmap(addr as *mut libc::c_void, pages * PAGE_SIZE) };
@@ -109,7 +104,83 @@ fn fill_plain(w: &[AtomicU64], tag: u64) {
 
 /// Counts the pages of an ordinary mapping that no longer hold their pattern.
 fn damaged_pages(w: &[AtomicU64], tag: u64) -> usize {
-    (0..w.len() / WORDS).filter(|&i| page_damaged(w, i, tag)).count()
+    (0..w.len() / WORDS)
+        .filter(|&i| (0..WORDS).any(|k| w[i * WORDS + k].load(Ordering::Relaxed) != word(i, 1000 + tag, k)))
+        .count()
+}
+
+/// An ordinary mapping over a range an `mremap` just left free: mapped whole, or, if
+/// something took part of it first, page by page where it is still free (the pager reads the
+/// remap or unmap event as `mremap` returns, and a mapping of its own can land in the hole:
+/// seen once in CI). At least half of it must be free. Each page holds the pattern of its
+/// index in the range (version 1000 + tag).
+struct PlainPages {
+    base: usize,
+    pages: Vec<usize>,
+    tag: u64,
+}
+
+impl PlainPages {
+    fn map(base: usize, nr_pages: usize, tag: u64) -> PlainPages {
+        let pages = if map_free(base, nr_pages) {
+            (0..nr_pages).collect()
+        } else {
+            let free: Vec<usize> = (0..nr_pages).filter(|&i| map_free(base + i * PAGE_SIZE, 1)).collect();
+            eprintln!(
+                "{} of {nr_pages} pages at {base:#x} were taken before the test could map them",
+                nr_pages - free.len()
+            );
+            assert!(free.len() >= nr_pages / 2, "only {} of {nr_pages} pages at {base:#x} were free", free.len());
+            free
+        };
+        let plain = PlainPages { base, pages, tag };
+        for &i in &plain.pages {
+            for (k, w) in plain.page(i).iter().enumerate() {
+                w.store(word(i, 1000 + tag, k), Ordering::Relaxed);
+            }
+        }
+        plain
+    }
+
+    /// Page `i` of the range (one the test mapped).
+    fn page(&self, i: usize) -> &[AtomicU64] {
+        words_at(self.base + i * PAGE_SIZE, 1)
+    }
+
+    /// The pages that no longer hold their pattern.
+    fn damaged(&self) -> usize {
+        let bad = |i: usize| (0..WORDS).any(|k| self.page(i)[k].load(Ordering::Relaxed) != word(i, 1000 + self.tag, k));
+        self.pages.iter().filter(|&&i| bad(i)).count()
+    }
+
+    fn unmap(self) {
+        for &i in &self.pages {
+            unmap(self.base + i * PAGE_SIZE, 1);
+        }
+    }
+}
+
+/// Maps `pages` ordinary pages at `addr` if nothing is there; false if something is
+/// (`EEXIST`); any other failure fails the test.
+fn map_free(addr: usize, pages: usize) -> bool {
+    // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped, else fails.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            pages * PAGE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST), "mmap at {addr:#x}: {e}");
+        return false;
+    }
+    assert_eq!(p as usize, addr, "mmap at {addr:#x} placed elsewhere");
+    true
 }
 
 /// A region of `REGION_PAGES` pages (four times the limit) with every page written at
@@ -220,12 +291,7 @@ fn mremap_whole_region(mode: FaultMode) {
         )
     };
     assert_eq!(r as usize, new, "mremap: {}", std::io::Error::last_os_error());
-    let plain_pages = map_free_pages_at(old, REGION_PAGES);
-    let plain = words_at(old, REGION_PAGES);
-    let damaged = || plain_pages.iter().filter(|&&i| page_damaged(plain, i, 9)).count();
-    for &i in &plain_pages {
-        write_page(plain, i, 1000 + 9);
-    }
+    let plain = PlainPages::map(old, REGION_PAGES, 9);
     assert_eq!(region.as_ptr() as usize, new, "the region handle must follow its memory");
     let w = words_at(new, REGION_PAGES);
     for i in 0..REGION_PAGES {
@@ -239,49 +305,14 @@ fn mremap_whole_region(mode: FaultMode) {
             check_page(w, i, v);
         }
     }
-    assert_eq!(damaged(), 0, "reclaim wrote into the mapping at the old address");
+    assert_eq!(plain.damaged(), 0, "reclaim wrote into the mapping at the old address");
     let st = p.stats();
     assert!(st.uffd_remap >= 1, "the remap was not seen: {st:?}");
     assert!(st.pswpin > before.pswpin, "pages must come back from the device at the new address: {st:?}");
     drop(region);
-    assert_eq!(damaged(), 0, "dropping the region touched the mapping at its old address");
+    assert_eq!(plain.damaged(), 0, "dropping the region touched the mapping at its old address");
     assert_eq!(slots_used(&p), 0);
-    for &i in &plain_pages {
-        unmap(old + i * PAGE_SIZE, 1);
-    }
-}
-
-/// Maps ordinary pages over `[addr, addr + pages)`, which `mremap` just left free: all at
-/// once, or, if something took part of it first, each page that is still free (the pager
-/// reads the remap event as `mremap` returns, and a mapping of its own can land in the hole;
-/// seen once in CI). Returns the pages mapped; at least half must be.
-fn map_free_pages_at(addr: usize, pages: usize) -> Vec<usize> {
-    let at = |a: usize, n: usize| {
-        // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped, else fails.
-        let p = unsafe {
-            libc::mmap(
-                a as *mut libc::c_void,
-                n * PAGE_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        };
-        p as usize == a
-    };
-    if at(addr, pages) {
-        return (0..pages).collect();
-    }
-    let free: Vec<usize> = (0..pages).filter(|&i| at(addr + i * PAGE_SIZE, 1)).collect();
-    eprintln!("mremap_whole_region: {} of {pages} pages at the old address were taken first", pages - free.len());
-    assert!(free.len() >= pages / 2, "only {} of {pages} pages at the old address were free", free.len());
-    free
-}
-
-/// Whether page `i` of an ordinary mapping no longer holds its pattern (version 1000 + tag).
-fn page_damaged(w: &[AtomicU64], i: usize, tag: u64) -> bool {
-    (0..WORDS).any(|k| w[i * WORDS + k].load(Ordering::Relaxed) != word(i, 1000 + tag, k))
+    plain.unmap();
 }
 
 in_both_modes!(
@@ -412,8 +443,7 @@ fn mremap_part_of_a_region(mode: FaultMode, grow_pages: usize) {
     let new_pages = part_pages + grow_pages;
     let new = reserve(new_pages);
     mremap_to(old, part_pages, new, new_pages);
-    let plain = words_at(map_at(old, part_pages), part_pages);
-    fill_plain(plain, 11);
+    let plain = PlainPages::map(old, part_pages, 11);
     let moved = words_at(new, new_pages);
     for i in 0..part_pages {
         let v = if part + i == blank { 0 } else { 1 };
@@ -450,18 +480,18 @@ fn mremap_part_of_a_region(mode: FaultMode, grow_pages: usize) {
     for i in 0..new_pages {
         check_page(moved, i, 5);
     }
-    assert_eq!(damaged_pages(plain, 11), 0, "reclaim wrote into the mapping where the moved part was");
+    assert_eq!(plain.damaged(), 0, "reclaim wrote into the mapping where the moved part was");
     let st = p.stats();
     assert!(st.uffd_remap >= 1 && st.pswpout > before.pswpout, "{st:?}");
     assert!(st.resident_pages <= st.limit_pages, "{st:?}");
     drop(region);
-    assert_eq!(damaged_pages(plain, 11), 0, "dropping the region touched the mapping where the moved part was");
+    assert_eq!(plain.damaged(), 0, "dropping the region touched the mapping where the moved part was");
     for i in 0..new_pages {
         check_page(moved, i, 5);
     }
     let st = quiet_stats(&p);
     assert_eq!((slots_used(&p), st.resident_pages, st.swapcache_pages), (0, 0, 0), "{st:?}");
-    unmap(old, part_pages);
+    plain.unmap();
     unmap(new, new_pages);
 }
 
@@ -488,19 +518,18 @@ fn mremap_shrinks_a_region_in_place(mode: FaultMode) {
     let keep = REGION_PAGES / 2;
     mremap_in_place(base, REGION_PAGES, keep);
     let tail = base + keep * PAGE_SIZE;
-    let plain = words_at(map_at(tail, REGION_PAGES - keep), REGION_PAGES - keep);
-    fill_plain(plain, 13);
+    let plain = PlainPages::map(tail, REGION_PAGES - keep, 13);
     let st = quiet_stats(&p);
     assert!(st.uffd_unmap >= 1, "{st:?}");
     // The tail's slots are free: what is left in use is at most the kept half.
     assert!(slots_used(&p) <= keep as u64, "{} slots in use: {st:?}", slots_used(&p));
     rewrite_twice(w, 0..keep);
-    assert_eq!(damaged_pages(plain, 13), 0, "reclaim wrote into the mapping where the tail was");
+    assert_eq!(plain.damaged(), 0, "reclaim wrote into the mapping where the tail was");
     drop(region);
-    assert_eq!(damaged_pages(plain, 13), 0, "dropping the region touched the mapping where the tail was");
+    assert_eq!(plain.damaged(), 0, "dropping the region touched the mapping where the tail was");
     let st = quiet_stats(&p);
     assert_eq!((slots_used(&p), st.resident_pages), (0, 0), "{st:?}");
-    unmap(tail, REGION_PAGES - keep);
+    plain.unmap();
 }
 
 in_both_modes!(
