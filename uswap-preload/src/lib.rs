@@ -169,6 +169,11 @@ fn prepare() -> Result<(), String> {
     if cfg.start_after_bytes == 0 {
         return start_pager(cfg, None);
     }
+    if let (uswap::FaultMode::Signal, Some(dir)) = (cfg.fault_mode, &cfg.stats_dir) {
+        // Before the program maps its own files: the place of the tree's kept trampolines,
+        // for this process's pager if it starts (see `route_system_calls`).
+        uswap::syscall_guard::reserve_image_place(dir);
+    }
     let len = cfg.heap_bytes;
     let start = reserve_heap(len)?;
     heap::start(start, len, Some(cfg.start_after_bytes))?;
@@ -288,6 +293,9 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
             real::write_stderr(msg.as_bytes());
             fault_mode = uswap::FaultMode::Thread;
         }
+    }
+    if !uswap::syscall_guard::started() {
+        uswap::syscall_guard::release_image_place();
     }
     if fault_mode == uswap::FaultMode::Signal && heap.is_some() {
         // What the program blocked before its pager existed: SIGBUS must get through.

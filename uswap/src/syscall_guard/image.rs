@@ -17,6 +17,7 @@
 //! layout for the next ones (a build's compilers share one).
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::code::{inside_window, jump, write_code, Segment, CLASS_TABLE_AT, SLOW_ENTRY_AT, TRAMPOLINE_BYTES};
 use super::sys::{sys_mmap, sys_mprotect, sys_munmap};
@@ -63,6 +64,67 @@ struct Image {
 
 fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
     bytes.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+}
+
+/// The place [`ImageCache::reserve_place`] reserved: its start (0: none) and length. Set
+/// once, by the constructor's thread; taken by the rewrite, which runs on one thread.
+static RESERVED_AT: AtomicUsize = AtomicUsize::new(0);
+static RESERVED_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Maps `len` bytes read-write at `area` for trampolines: over this process's reservation
+/// of the place when it is exactly that and still there, else only where nothing is mapped.
+fn map_area(area: usize, len: usize) -> bool {
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let place = match take_reservation() {
+        Some(r) if r == (area, len) => libc::MAP_FIXED,
+        Some((at, n)) => {
+            sys_munmap(at as *mut c_void, n);
+            libc::MAP_FIXED_NOREPLACE
+        }
+        None => libc::MAP_FIXED_NOREPLACE,
+    };
+    let p = sys_mmap(area as *mut c_void, len, rw, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | place, -1, 0);
+    if p == libc::MAP_FAILED {
+        return false;
+    }
+    if p as usize != area {
+        // An older kernel that took the flag for a hint.
+        sys_munmap(p, len);
+        return false;
+    }
+    crate::mapping::note_engine_memory(area, len);
+    true
+}
+
+/// Takes the reservation of the place: `Some((start, len))` if there was one and it is still
+/// mapped whole and inaccessible (`/proc/self/maps`; the kernel may have merged it with a
+/// neighbour of the same kind), not replaced in part by a mapping of the program's
+/// (`MAP_FIXED`): only then may it be mapped over or unmapped. (An inaccessible mapping of
+/// the program's put over it exactly is not told apart; the program would have had to pick
+/// this address itself, since the kernel gives out no address that is taken.)
+fn take_reservation() -> Option<(usize, usize)> {
+    let at = RESERVED_AT.swap(0, Ordering::AcqRel);
+    let len = RESERVED_LEN.swap(0, Ordering::AcqRel);
+    if at == 0 {
+        return None;
+    }
+    let end = at + len;
+    let maps = crate::mapping::self_maps()?;
+    let overlapping = maps.iter().filter(|m| m.start < end && m.end > at);
+    let (mut covered, mut readable) = (0, false);
+    for m in overlapping {
+        covered += m.end.min(end) - m.start.max(at);
+        readable |= m.readable;
+    }
+    (covered == len && !readable).then_some((at, len))
+}
+
+/// Gives back the place reserved for the trampolines, if it was not used: the rewrite
+/// was done without it, or will not be (a pager in thread mode).
+pub(super) fn release_reservation() {
+    if let Some((at, len)) = take_reservation() {
+        sys_munmap(at as *mut c_void, len);
+    }
 }
 
 impl ImageCache {
@@ -132,18 +194,9 @@ impl ImageCache {
             return Err(PatchError::Interrupted { at });
         }
         let Some(area) = seg.start.checked_add_signed(img.area_off) else { return Ok(None) };
-        let rw = libc::PROT_READ | libc::PROT_WRITE;
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
-        let p = sys_mmap(area as *mut c_void, img.area.len(), rw, flags, -1, 0);
-        if p == libc::MAP_FAILED {
+        if !map_area(area, img.area.len()) {
             return Ok(None);
         }
-        if p as usize != area {
-            // An older kernel that took the flag for a hint.
-            sys_munmap(p, img.area.len());
-            return Ok(None);
-        }
-        crate::mapping::note_engine_memory(area, img.area.len());
         let mut bytes = img.area;
         let mut jumps = Vec::with_capacity(img.windows.len());
         for (i, w) in img.windows.iter().enumerate() {
@@ -176,6 +229,38 @@ impl ImageCache {
             unsafe { write_code(&jumps)? };
         }
         Ok(Some((img.nr_sites, jumps.len())))
+    }
+
+    /// Reserves, inaccessible, the place where the stored image's trampolines lie relative
+    /// to `seg`, if nothing is there, for this process's pager to map them at if it starts
+    /// in signal mode ([`map_area`]): a program maps its own libraries and files before its
+    /// pager starts, and often took the place (measured: the image applied in 1-7 of 10
+    /// lazily started processes against 8-9 of 10 that started before `main`; each miss
+    /// decodes the windows again and writes the jumps, about 3 ms and 170 private pages).
+    /// Reads the image's header only.
+    pub(super) fn reserve_place(&self, seg: &Segment) {
+        use std::io::Read;
+        let mut head = [0u8; MAGIC.len() + HEADER_WORDS * 8];
+        let read = std::fs::File::open(&self.path).and_then(|mut f| f.read_exact(&mut head));
+        let Some(rest) = read.ok().and_then(|()| head.strip_prefix(MAGIC.as_slice())) else { return };
+        let w: Vec<u64> = words(rest).collect();
+        let (Some(area), Ok(len)) = (seg.start.checked_add_signed(w[2] as i64 as isize), usize::try_from(w[3])) else {
+            return;
+        };
+        if len == 0 || len % crate::uffd::PAGE_SIZE != 0 || RESERVED_AT.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE;
+        let p = sys_mmap(area as *mut c_void, len, libc::PROT_NONE, flags, -1, 0);
+        if p == libc::MAP_FAILED {
+            return;
+        }
+        if p as usize != area {
+            sys_munmap(p, len);
+            return;
+        }
+        RESERVED_LEN.store(len, Ordering::Release);
+        RESERVED_AT.store(area, Ordering::Release);
     }
 
     /// Where the patched code a process kept for the next ones lies ([`ImageCache::store_text`]).
@@ -284,5 +369,57 @@ impl ImageCache {
         if std::fs::write(&tmp, b).is_err() || std::fs::rename(&tmp, &self.path).is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `[at, at + len)` is mapped, inaccessible (the reservation, merged with the
+    /// test's own address space around it).
+    fn reserved(at: usize, len: usize) -> bool {
+        let maps = crate::mapping::self_maps().expect("/proc/self/maps");
+        maps.iter().any(|m| m.start <= at && m.end >= at + len && !m.readable)
+    }
+
+    /// The place of the kept trampolines, reserved as the library loads, is given back when
+    /// the rewrite does not use it; a mapping the program put over it meanwhile is left alone.
+    #[test]
+    fn the_reserved_place_is_given_back_but_never_a_mapping_of_the_programs() {
+        let page = crate::uffd::PAGE_SIZE;
+        let (room, len) = (64 << 20, 4 * page);
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        // Address space of the test's own around the place, but for the place itself.
+        let base = sys_mmap(std::ptr::null_mut(), room, libc::PROT_NONE, anon | libc::MAP_NORESERVE, -1, 0);
+        assert_ne!(base, libc::MAP_FAILED);
+        let (code, area) = (base as usize + (16 << 20), base as usize + (32 << 20));
+        assert_eq!(sys_munmap(area as *mut c_void, len), 0);
+        let seg = Segment { start: code, len: page, base: code, path: "/proc/self/exe".into() };
+        let dir = std::env::temp_dir().join(format!("uswap-image-place-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let image = ImageCache { path: dir.join("libc.image") };
+        let mut head = MAGIC.to_vec();
+        for w in [1, 1, (area - code) as u64, len as u64, 0, 0] {
+            head.extend_from_slice(&u64::to_le_bytes(w));
+        }
+        std::fs::write(&image.path, &head).unwrap();
+
+        image.reserve_place(&seg);
+        assert!(reserved(area, len), "the place is reserved, inaccessible");
+        release_reservation();
+        assert!(!reserved(area, len), "and given back");
+
+        image.reserve_place(&seg);
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let p = sys_mmap(area as *mut c_void, len, rw, anon | libc::MAP_FIXED, -1, 0);
+        assert_eq!(p as usize, area, "the program maps over the place");
+        // SAFETY: the page was just mapped read-write.
+        unsafe { std::ptr::write_volatile(area as *mut u64, 0x5eed) };
+        release_reservation();
+        // SAFETY: still mapped (what this test checks): a read of the word written above.
+        assert_eq!(unsafe { std::ptr::read_volatile(area as *const u64) }, 0x5eed, "the program's mapping stays");
+        assert_eq!(sys_munmap(base, room), 0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

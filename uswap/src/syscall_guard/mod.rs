@@ -165,6 +165,22 @@ pub unsafe fn start(
     r
 }
 
+/// At a process's load, before the program maps its own files: reserves the place where
+/// the trampolines a process of the tree kept in `cache_dir` lie, so that a pager that
+/// starts later, in signal mode, finds it free (the image is then applied: about 3 ms less
+/// and 170 fewer private pages than a rewrite of its own). Best effort: nothing happens
+/// without an image or if the place is taken. Cost: a `stat`, a read of 64 bytes and a
+/// `mmap` of address space only.
+pub fn reserve_image_place(cache_dir: &std::path::Path) {
+    patch::reserve_image_place(cache_dir);
+}
+
+/// Gives back the place [`reserve_image_place`] reserved, when this process will not
+/// rewrite its calls (its pager runs in thread mode). The rewrite gives it back itself.
+pub fn release_image_place() {
+    image::release_reservation();
+}
+
 /// Why [`install`] could not rewrite the C library's calls.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InstallError {

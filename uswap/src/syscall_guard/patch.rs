@@ -435,7 +435,18 @@ pub unsafe fn patch_c_library(
         report.patched += patched;
     }
     sys_set_mask(&mask);
+    super::image::release_reservation();
     Ok(report)
+}
+
+/// Reserves the place of the trampolines of the image kept in `cache_dir` for the C
+/// library, if there is one (see `ImageCache::reserve_place`).
+pub(super) fn reserve_image_place(cache_dir: &std::path::Path) {
+    for seg in executable_segments(b"/libc.so.6") {
+        if let Some(cache) = WindowCache::for_segment(cache_dir, &seg) {
+            ImageCache::beside(&cache.path).reserve_place(&seg);
+        }
+    }
 }
 
 /// Sends the `syscall` instructions of `seg` through the dispatch: (sites found, patched).
