@@ -19,7 +19,9 @@
 //! see `uswap::syscall_guard`). Until then the process is the kernel's, at plain speed: its heap is
 //! ordinary memory (at most a sixteenth of the limit, outside the budget), and it leaves no
 //! record. What stays on every process's start-up path: loading this library, reading the
-//! environment, reserving the heap's address space and mimalloc's first arena. In signal
+//! environment, reserving the heap's address space and mimalloc's first arena, and in signal
+//! mode the place of the trampolines the tree kept (`uswap::syscall_guard::reserve_image_place`:
+//! an inaccessible mapping beside the C library, kept while no rewrite used it). In signal
 //! mode the rewrite of the C library's system calls (`uswap::syscall_guard`) comes with the
 //! pager, on the thread that starts it, and only if nothing on that thread would resume
 //! inside the code it replaces: a start in a signal handler that allocates while the C
@@ -293,9 +295,6 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
             real::write_stderr(msg.as_bytes());
             fault_mode = uswap::FaultMode::Thread;
         }
-    }
-    if !uswap::syscall_guard::started() {
-        uswap::syscall_guard::release_image_place();
     }
     if fault_mode == uswap::FaultMode::Signal && heap.is_some() {
         // What the program blocked before its pager existed: SIGBUS must get through.

@@ -139,6 +139,9 @@ pub struct MapsEntry {
     pub end: usize,
     /// Whether its protection lets it be read.
     pub readable: bool,
+    /// Whether it is an inaccessible private anonymous mapping (`---p`, no file): address
+    /// space reserved, as `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS)` makes it.
+    pub reservation: bool,
 }
 
 /// This process's mappings, by address, from `/proc/self/maps` (a line that does not parse
@@ -151,7 +154,10 @@ pub fn self_maps() -> Option<Vec<MapsEntry>> {
         let (range, perms) = (fields.next()?, fields.next()?);
         let (start, end) = range.split_once('-')?;
         let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
-        Some(MapsEntry { start, end, readable: perms.starts_with('r') })
+        // Offset, device, inode, then the path if there is one.
+        let inode = fields.nth(2)?;
+        let reservation = perms == "---p" && inode == "0" && fields.next().is_none();
+        Some(MapsEntry { start, end, readable: perms.starts_with('r'), reservation })
     });
     Some(entries.collect())
 }

@@ -9,8 +9,8 @@
 //! addresses of each dispatch (the class table and the slow entry, in this library, which
 //! loads elsewhere in each process) differ, and they lie at known places of the dispatch.
 //!
-//! So a process maps its area at the cached distance (`MAP_FIXED_NOREPLACE`: never over
-//! anything), copies the bytes, sets the two addresses of each trampoline, and writes the
+//! So a process maps its area at the cached distance (only where nothing is mapped, or over
+//! the place it reserved for it as it loaded, [`ImageCache::reserve_place`]), copies the bytes, sets the two addresses of each trampoline, and writes the
 //! jumps, after checking that every window's code is, byte for byte, what the cache was made
 //! from. When the place is taken (another program's libraries lie there) or anything does
 //! not match, nothing is changed and the process patches as before, then keeps its own
@@ -66,6 +66,10 @@ fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
     bytes.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
 }
 
+/// The most a stored image's trampolines may take (the C library has about a thousand
+/// windows, 64 bytes of trampoline each).
+const MAX_AREA_BYTES: usize = 16 << 20;
+
 /// The place [`ImageCache::reserve_place`] reserved: its start (0: none) and length. Set
 /// once, by the constructor's thread; taken by the rewrite, which runs on one thread.
 static RESERVED_AT: AtomicUsize = AtomicUsize::new(0);
@@ -97,11 +101,13 @@ fn map_area(area: usize, len: usize) -> bool {
 }
 
 /// Takes the reservation of the place: `Some((start, len))` if there was one and it is still
-/// mapped whole and inaccessible (`/proc/self/maps`; the kernel may have merged it with a
-/// neighbour of the same kind), not replaced in part by a mapping of the program's
-/// (`MAP_FIXED`): only then may it be mapped over or unmapped. (An inaccessible mapping of
-/// the program's put over it exactly is not told apart; the program would have had to pick
-/// this address itself, since the kernel gives out no address that is taken.)
+/// there whole (`/proc/self/maps`: inaccessible private anonymous memory over all of it; the
+/// kernel may have merged it with a neighbour of the same kind): only then may it be mapped
+/// over or unmapped. A mapping of the program's put over it, in whole or in part, fails the
+/// check unless it is of the same kind (`PROT_NONE` anonymous memory itself), which the
+/// program could only have put there with `MAP_FIXED` at an address the kernel never gave
+/// it. Called with one thread (the rewrite's), so nothing maps there between the check and
+/// the use.
 fn take_reservation() -> Option<(usize, usize)> {
     let at = RESERVED_AT.swap(0, Ordering::AcqRel);
     let len = RESERVED_LEN.swap(0, Ordering::AcqRel);
@@ -111,12 +117,12 @@ fn take_reservation() -> Option<(usize, usize)> {
     let end = at + len;
     let maps = crate::mapping::self_maps()?;
     let overlapping = maps.iter().filter(|m| m.start < end && m.end > at);
-    let (mut covered, mut readable) = (0, false);
+    let (mut covered, mut all_reserved) = (0, true);
     for m in overlapping {
         covered += m.end.min(end) - m.start.max(at);
-        readable |= m.readable;
+        all_reserved &= m.reservation;
     }
-    (covered == len && !readable).then_some((at, len))
+    (covered == len && all_reserved).then_some((at, len))
 }
 
 /// Gives back the place reserved for the trampolines, if it was not used: the rewrite
@@ -247,7 +253,12 @@ impl ImageCache {
         let (Some(area), Ok(len)) = (seg.start.checked_add_signed(w[2] as i64 as isize), usize::try_from(w[3])) else {
             return;
         };
-        if len == 0 || len % crate::uffd::PAGE_SIZE != 0 || RESERVED_AT.load(Ordering::Acquire) != 0 {
+        // A header that is not what `store` writes (a damaged or foreign file) must not
+        // reserve more than trampolines take, nor out of a jump's reach.
+        let most = usize::try_from(w[1]).ok().and_then(|n| n.checked_mul(TRAMPOLINE_BYTES));
+        let fits = most.is_some_and(|most| len <= most.next_multiple_of(crate::uffd::PAGE_SIZE).min(MAX_AREA_BYTES));
+        let near = (w[2] as i64).unsigned_abs() < super::patch::REACH_BYTES as u64;
+        if len == 0 || len % crate::uffd::PAGE_SIZE != 0 || !fits || !near || RESERVED_AT.load(Ordering::Acquire) != 0 {
             return;
         }
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE;
@@ -384,9 +395,11 @@ mod tests {
     }
 
     /// The place of the kept trampolines, reserved as the library loads, is given back when
-    /// the rewrite does not use it; a mapping the program put over it meanwhile is left alone.
+    /// the rewrite does not use it; a mapping the program put over it meanwhile, whole or in
+    /// part, is left alone; a header that asks for more than trampolines take reserves nothing.
     #[test]
     fn the_reserved_place_is_given_back_but_never_a_mapping_of_the_programs() {
+        let _g = crate::syscall_guard::serialised();
         let page = crate::uffd::PAGE_SIZE;
         let (room, len) = (64 << 20, 4 * page);
         let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
@@ -399,26 +412,45 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("uswap-image-place-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let image = ImageCache { path: dir.join("libc.image") };
-        let mut head = MAGIC.to_vec();
-        for w in [1, 1, (area - code) as u64, len as u64, 0, 0] {
-            head.extend_from_slice(&u64::to_le_bytes(w));
-        }
-        std::fs::write(&image.path, &head).unwrap();
+        let header = |windows: u64, len: usize| {
+            let mut head = MAGIC.to_vec();
+            for w in [1, windows, (area - code) as u64, len as u64, 0, 0] {
+                head.extend_from_slice(&u64::to_le_bytes(w));
+            }
+            std::fs::write(&image.path, &head).unwrap();
+        };
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let program_maps = |at: usize, n: usize| {
+            let p = sys_mmap(at as *mut c_void, n, rw, anon | libc::MAP_FIXED, -1, 0);
+            assert_eq!(p as usize, at, "the program maps over the place");
+            // SAFETY: the page was just mapped read-write.
+            unsafe { std::ptr::write_volatile(at as *mut u64, 0x5eed) };
+        };
+        // SAFETY: a read of a word the test wrote, in a mapping that must still be there.
+        let still_there = |at: usize| unsafe { std::ptr::read_volatile(at as *const u64) } == 0x5eed;
 
+        header(len as u64 / 64, len);
         image.reserve_place(&seg);
         assert!(reserved(area, len), "the place is reserved, inaccessible");
         release_reservation();
         assert!(!reserved(area, len), "and given back");
 
         image.reserve_place(&seg);
-        let rw = libc::PROT_READ | libc::PROT_WRITE;
-        let p = sys_mmap(area as *mut c_void, len, rw, anon | libc::MAP_FIXED, -1, 0);
-        assert_eq!(p as usize, area, "the program maps over the place");
-        // SAFETY: the page was just mapped read-write.
-        unsafe { std::ptr::write_volatile(area as *mut u64, 0x5eed) };
+        program_maps(area, len);
         release_reservation();
-        // SAFETY: still mapped (what this test checks): a read of the word written above.
-        assert_eq!(unsafe { std::ptr::read_volatile(area as *const u64) }, 0x5eed, "the program's mapping stays");
+        assert!(still_there(area), "the program's mapping over the whole place stays");
+        assert_eq!(sys_munmap(area as *mut c_void, len), 0);
+
+        image.reserve_place(&seg);
+        program_maps(area + page, page);
+        release_reservation();
+        assert!(still_there(area + page), "the program's page inside the place stays");
+        assert!(reserved(area, page), "and so does the rest of the reservation (left, not unmapped)");
+        assert_eq!(sys_munmap(area as *mut c_void, len), 0);
+
+        header(1, len);
+        image.reserve_place(&seg);
+        assert!(!reserved(area, len), "more than one trampoline's page for one window: nothing reserved");
         assert_eq!(sys_munmap(base, room), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }

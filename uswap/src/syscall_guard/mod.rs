@@ -159,6 +159,9 @@ pub unsafe fn start(
     HOOKS.store(hooks as *const SyscallHooks as *mut SyscallHooks, Ordering::Release);
     // SAFETY: the caller's contract; the table and the entry live as long as the process.
     let r = unsafe { patch::patch_c_library(table::CLASS.as_ptr() as u64, entry::slow_entry(), cache_dir, program_sp) };
+    // The place reserved for the trampolines, if the rewrite did not map them there (with
+    // one thread still: see `image::take_reservation`).
+    image::release_reservation();
     if r.is_ok() {
         STARTED.store(true, Ordering::Release);
     }
@@ -169,16 +172,12 @@ pub unsafe fn start(
 /// the trampolines a process of the tree kept in `cache_dir` lie, so that a pager that
 /// starts later, in signal mode, finds it free (the image is then applied: about 3 ms less
 /// and 170 fewer private pages than a rewrite of its own). Best effort: nothing happens
-/// without an image or if the place is taken. Cost: a `stat`, a read of 64 bytes and a
-/// `mmap` of address space only.
+/// without an image or if the place is taken. Cost: a `stat`, an open, a read of 64 bytes
+/// and a close, and a `mmap` of address space. [`start`] gives the place back if the
+/// rewrite does not use it; a process that never rewrites (no pager, or one in thread mode)
+/// keeps it, inaccessible address space beside the C library, for its life.
 pub fn reserve_image_place(cache_dir: &std::path::Path) {
     patch::reserve_image_place(cache_dir);
-}
-
-/// Gives back the place [`reserve_image_place`] reserved, when this process will not
-/// rewrite its calls (its pager runs in thread mode). The rewrite gives it back itself.
-pub fn release_image_place() {
-    image::release_reservation();
 }
 
 /// Why [`install`] could not rewrite the C library's calls.
@@ -205,6 +204,15 @@ pub fn install() -> Result<(), InstallError> {
     // another), not started (checked above); a handler on an alternate stack that builds a
     // pager is the program's contract (`PagerBuilder::syscall_guard`).
     unsafe { start(None, &NO_HOOKS, None) }.map(|_| ()).map_err(InstallError::Patch)
+}
+
+/// Serialises the tests that map trampolines: `map_near` picks a gap from a snapshot of the
+/// address space, and the place reserved for them is the process's one (at start-up the
+/// process has one thread, so these races are the tests' own).
+#[cfg(test)]
+fn serialised() -> std::sync::MutexGuard<'static, ()> {
+    static ADDRESS_SPACE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ADDRESS_SPACE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Threads of this process, by `/proc/self/task` (0 if it cannot be read: refused).

@@ -59,7 +59,7 @@ use super::PatchError;
 /// The most instructions a window takes on either side of its `syscall`.
 const MAX_SIDE_INSTRUCTIONS: usize = 3;
 /// How far (bytes) from the code trampolines may be: a `jmp rel32` reaches ±2 GiB.
-const REACH_BYTES: usize = 1 << 30;
+pub(super) const REACH_BYTES: usize = 1 << 30;
 
 /// What the patch did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -435,7 +435,6 @@ pub unsafe fn patch_c_library(
         report.patched += patched;
     }
     sys_set_mask(&mask);
-    super::image::release_reservation();
     Ok(report)
 }
 
@@ -470,6 +469,8 @@ unsafe fn patch_segment(
         if let Some(done) = unsafe { image.apply(seg, class_table, slow_entry, points)? } {
             return Ok(done);
         }
+        // Not applied: the place it reserved is no use to the trampolines made below.
+        super::image::release_reservation();
     }
     let (nr_sites, windows) = match cache.as_ref().and_then(|c| c.load(seg)) {
         Some(found) => found,
@@ -528,14 +529,7 @@ mod tests {
     use super::*;
     use crate::syscall_guard::sys::sys_munmap;
 
-    /// Serialises these tests: `map_near` picks a gap from a snapshot of the address space,
-    /// and another test's `mmap` can take it meanwhile (at start-up the process has one
-    /// thread, so this race is the tests' own).
-    static ADDRESS_SPACE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-    fn serialised() -> std::sync::MutexGuard<'static, ()> {
-        ADDRESS_SPACE.lock().unwrap_or_else(|e| e.into_inner())
-    }
+    use crate::syscall_guard::serialised;
 
     /// Maps `code` read-write-execute; returns its segment.
     /// The page lies in the middle of 64 MiB left free around it: other tests of this
@@ -629,8 +623,13 @@ mod tests {
         // SAFETY: a fresh page of ours, larger than `code`.
         unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len()) };
         let second = Segment { start: p as usize, ..first.clone() };
+        // As a process does as it loads: the place reserved, then mapped over.
+        image.reserve_place(&second);
+        let place = |area| crate::mapping::self_maps().unwrap().into_iter().find(|m| m.start <= area && area < m.end);
+        assert!(place(area).is_some_and(|m| m.reservation), "the place is reserved");
         // SAFETY: as above.
         assert_eq!(unsafe { image.apply(&second, class, slow, &[]) }.unwrap(), Some((2, 2)), "patched from the image");
+        assert!(place(area).is_some_and(|m| m.readable && !m.reservation), "the trampolines lie in the place");
         // SAFETY: the bytes are code following the C calling convention.
         let getpid: extern "C" fn() -> i64 = unsafe { std::mem::transmute(second.start) };
         // SAFETY: as above.
