@@ -18,6 +18,9 @@ pub(super) const TRAMPOLINE_BYTES: usize = 192;
 pub(super) const CLASS_TABLE_AT: usize = 5;
 pub(super) const SLOW_ENTRY_AT: usize = 27;
 
+/// How far (bytes) from the code trampolines may be: a `jmp rel32` reaches ±2 GiB.
+pub(super) const REACH_BYTES: usize = 1 << 30;
+
 /// One executable segment of a loaded object: `[start, start + len)`, loaded at `base`
 /// from the file `path`.
 #[derive(Clone)]

@@ -19,7 +19,9 @@
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::code::{inside_window, jump, write_code, Segment, CLASS_TABLE_AT, SLOW_ENTRY_AT, TRAMPOLINE_BYTES};
+use super::code::{
+    inside_window, jump, write_code, Segment, CLASS_TABLE_AT, REACH_BYTES, SLOW_ENTRY_AT, TRAMPOLINE_BYTES,
+};
 use super::sys::{sys_mmap, sys_mprotect, sys_munmap};
 use super::PatchError;
 
@@ -257,7 +259,7 @@ impl ImageCache {
         // reserve more than trampolines take, nor out of a jump's reach.
         let most = usize::try_from(w[1]).ok().and_then(|n| n.checked_mul(TRAMPOLINE_BYTES));
         let fits = most.is_some_and(|most| len <= most.next_multiple_of(crate::uffd::PAGE_SIZE).min(MAX_AREA_BYTES));
-        let near = (w[2] as i64).unsigned_abs() < super::patch::REACH_BYTES as u64;
+        let near = (w[2] as i64).unsigned_abs() < REACH_BYTES as u64;
         if len == 0 || len % crate::uffd::PAGE_SIZE != 0 || !fits || !near || RESERVED_AT.load(Ordering::Acquire) != 0 {
             return;
         }

@@ -50,7 +50,8 @@ use iced_x86::{
 };
 
 use super::code::{
-    inside_window, jump, resume_points, write_code, Segment, CLASS_TABLE_AT, JMP_BYTES, SLOW_ENTRY_AT, TRAMPOLINE_BYTES,
+    inside_window, jump, resume_points, write_code, Segment, CLASS_TABLE_AT, JMP_BYTES, REACH_BYTES, SLOW_ENTRY_AT,
+    TRAMPOLINE_BYTES,
 };
 use super::image::{Built, ImageCache, PlacedWindow};
 use super::sys::{sys_block_async_signals, sys_mmap, sys_mprotect, sys_munmap, sys_set_mask};
@@ -58,8 +59,6 @@ use super::PatchError;
 
 /// The most instructions a window takes on either side of its `syscall`.
 const MAX_SIDE_INSTRUCTIONS: usize = 3;
-/// How far (bytes) from the code trampolines may be: a `jmp rel32` reaches ±2 GiB.
-pub(super) const REACH_BYTES: usize = 1 << 30;
 
 /// What the patch did.
 #[derive(Debug, Default, Clone, Copy)]
