@@ -547,11 +547,58 @@ impl Drop for EngineCalls {
 }
 
 /// [`prepare`], with this thread's own system calls meanwhile (the engine's, serving the
-/// faults) sent straight to the kernel. The call itself is made outside: a signal handler
-/// that runs while it blocks has its calls prepared as usual.
+/// faults) sent straight to the kernel, and its asynchronous cancellation put off (see
+/// [`CancelPutOff`]). The call itself is made outside: a signal handler that runs while it
+/// blocks has its calls prepared as usual, and a `pthread_cancel` ends it there.
 fn prepare_once(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
+    let cancel = CancelPutOff::enter();
     DEPTH.set(DEPTH.get() + 1);
     let managed = prepare(pin, r, a);
     DEPTH.set(DEPTH.get() - 1);
+    cancel.leave();
     managed
+}
+
+extern "C-unwind" {
+    /// glibc's: may end the thread by unwinding, when it sets the asynchronous type with a
+    /// cancellation pending.
+    fn pthread_setcanceltype(kind: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+}
+const PTHREAD_CANCEL_DEFERRED: libc::c_int = 0;
+const PTHREAD_CANCEL_ASYNCHRONOUS: libc::c_int = 1;
+
+/// The thread's cancellation made deferred while the slow path prepares memory, and made
+/// asynchronous again after, if it was. glibc makes it asynchronous around each call that
+/// is a cancellation point (`read`, `write`, `recv`...), and the rewritten `syscall` of such
+/// a call runs this slow path: a `pthread_cancel` then sends SIGCANCEL, whose handler
+/// unwinds the thread from wherever it is. Inside the engine (a page brought in on the
+/// fault handlers' stack, with a page busy or a lock held) that unwinding aborted the
+/// process (measured: 1 to 3 runs in 15 of a program that cancels threads as they read
+/// into memory that is out). Deferred, a cancellation waits for [`CancelPutOff::leave`],
+/// which glibc acts on when the type goes back to asynchronous: the thread is unwound from
+/// there, through the frames the call itself would be unwound through.
+#[must_use]
+struct CancelPutOff {
+    was_asynchronous: bool,
+}
+
+impl CancelPutOff {
+    fn enter() -> CancelPutOff {
+        let mut old = PTHREAD_CANCEL_DEFERRED;
+        // SAFETY: sets this thread's cancellation type and reads the old one into `old`;
+        // setting the deferred type never acts on a cancellation.
+        unsafe { pthread_setcanceltype(PTHREAD_CANCEL_DEFERRED, &mut old) };
+        CancelPutOff { was_asynchronous: old == PTHREAD_CANCEL_ASYNCHRONOUS }
+    }
+
+    /// Not a destructor: the thread may end inside it (see `crate::pin::Pin` on why the
+    /// frames a cancellation unwinds hold none).
+    fn leave(self) {
+        if self.was_asynchronous {
+            let mut old = PTHREAD_CANCEL_DEFERRED;
+            // SAFETY: as in `enter`; with a cancellation pending, glibc unwinds the thread
+            // from here, which holds nothing of the engine's.
+            unsafe { pthread_setcanceltype(PTHREAD_CANCEL_ASYNCHRONOUS, &mut old) };
+        }
+    }
 }
