@@ -31,6 +31,7 @@
 
 use std::arch::global_asm;
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use libc::c_long;
 
@@ -250,6 +251,10 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
         return unsafe { raw(nr, a) };
     }
     note_async_kernel_access(nr, &a);
+    if nr == libc::SYS_rt_sigaction && a[0] == SIGCANCEL && a[1] != 0 {
+        // Before the handler exists: see `CANCELLATION_IN_USE`.
+        CANCELLATION_IN_USE.store(true, Ordering::Release);
+    }
     // Lives until the call returned: the kernel reads the mask from here.
     let mut mask_copy = [0u64; 4];
     let mut a = a;
@@ -272,7 +277,9 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     if !made.managed || !needs_more {
         return made.ret;
     }
-    let made = match Transfer::of(nr, &a) {
+    // Reads the call's iovecs, which may bring pages in: guarded as a preparation.
+    let transfer = guarded(|| Transfer::of(nr, &a));
+    let made = match transfer {
         Some(t) if !(t.once && made.ret > 0) => in_windows(nr, r, &a, &t, made),
         Some(_) => made,
         None if made.ret == efault => make_prepared(nr, r, a, EFAULT_RETRIES),
@@ -551,54 +558,105 @@ impl Drop for EngineCalls {
 /// [`CancelPutOff`]). The call itself is made outside: a signal handler that runs while it
 /// blocks has its calls prepared as usual, and a `pthread_cancel` ends it there.
 fn prepare_once(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
-    let cancel = CancelPutOff::enter();
+    if matches!(r, Rule::Plain) {
+        return Prepared::default();
+    }
+    guarded(|| prepare(pin, r, a))
+}
+
+/// Runs `f`, work of the slow path's own that may bring pages in, with this thread's system
+/// calls sent straight to the kernel and its cancellation put off ([`CancelPutOff`]).
+fn guarded<T>(f: impl FnOnce() -> T) -> T {
+    let cancel = CANCELLATION_IN_USE.load(Ordering::Acquire).then(CancelPutOff::enter);
     DEPTH.set(DEPTH.get() + 1);
-    let managed = prepare(pin, r, a);
+    let v = f();
     DEPTH.set(DEPTH.get() - 1);
-    cancel.leave();
-    managed
+    if let Some(cancel) = cancel {
+        cancel.leave();
+    }
+    v
+}
+
+/// glibc's signal for `pthread_cancel` (the kernel's first real-time signal, which glibc
+/// keeps for itself).
+const SIGCANCEL: u64 = 32;
+
+/// Whether this process has a SIGCANCEL handler: glibc installs it at the first
+/// `pthread_cancel`, and until then no thread can be cancelled, so [`guarded`] need not put
+/// cancellation off (30 ns a call measured: `probes/syscall_cost.c`, 190 ns against 220).
+/// Set by [`slow`] as glibc's `rt_sigaction` goes through it, or by [`note_cancellation`]
+/// when the rewrite comes after. (A thread already in the slow path when the first
+/// `pthread_cancel` of the process installs it is not covered.)
+static CANCELLATION_IN_USE: AtomicBool = AtomicBool::new(false);
+
+/// At the rewrite: notes a SIGCANCEL handler installed before it (see
+/// [`CANCELLATION_IN_USE`]).
+pub(super) fn note_cancellation() {
+    let mut old = [0u64; 4];
+    // SAFETY: reads the current action for SIGCANCEL into `old` (a kernel `sigaction`:
+    // handler, flags, restorer, mask); changes nothing.
+    let r = unsafe { raw(libc::SYS_rt_sigaction, [SIGCANCEL, 0, old.as_mut_ptr() as u64, 8, 0, 0]) };
+    // Ignored is not installed: glibc's `posix_spawn` ignores SIGCANCEL in the child it
+    // makes, and `uswap run` starts the program so.
+    if r != 0 || (old[0] != libc::SIG_DFL as u64 && old[0] != libc::SIG_IGN as u64) {
+        CANCELLATION_IN_USE.store(true, Ordering::Release);
+    }
 }
 
 extern "C-unwind" {
     /// glibc's: may end the thread by unwinding, when it sets the asynchronous type with a
     /// cancellation pending.
     fn pthread_setcanceltype(kind: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+    /// glibc's: never acts on a cancellation (it is not a cancellation point).
+    fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
 }
 const PTHREAD_CANCEL_DEFERRED: libc::c_int = 0;
 const PTHREAD_CANCEL_ASYNCHRONOUS: libc::c_int = 1;
+const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
 
-/// The thread's cancellation made deferred while the slow path prepares memory, and made
-/// asynchronous again after, if it was. glibc makes it asynchronous around each call that
-/// is a cancellation point (`read`, `write`, `recv`...), and the rewritten `syscall` of such
-/// a call runs this slow path: a `pthread_cancel` then sends SIGCANCEL, whose handler
-/// unwinds the thread from wherever it is. Inside the engine (a page brought in on the
-/// fault handlers' stack, with a page busy or a lock held) that unwinding aborted the
-/// process (measured: 1 to 3 runs in 15 of a program that cancels threads as they read
-/// into memory that is out). Deferred, a cancellation waits for [`CancelPutOff::leave`],
-/// which glibc acts on when the type goes back to asynchronous: the thread is unwound from
-/// there, through the frames the call itself would be unwound through.
+/// The thread's cancellation put off while the slow path prepares memory, and given back
+/// after. glibc makes it asynchronous around each call that is a cancellation point
+/// (`read`, `write`, `recv`...), and the rewritten `syscall` of such a call runs this slow
+/// path: a `pthread_cancel` then sends SIGCANCEL, whose handler unwinds the thread from
+/// wherever it is. Inside the engine (a page brought in on the fault handlers' stack, with
+/// a page busy or a lock held) that unwinding aborted the process (measured: 11 of 30 runs
+/// of a program that cancels threads as they read into memory that is out). So the type
+/// is made deferred (a SIGCANCEL already sent then does nothing) and cancellation disabled
+/// (the engine's own cancellation points, a `nanosleep` under pressure, a file device's
+/// `pread`, do not act either); [`CancelPutOff::leave`] enables it, then makes the type
+/// asynchronous again if it was, which acts on a pending cancellation: the thread is
+/// unwound from there, through the frames the call itself would be unwound through.
 #[must_use]
 struct CancelPutOff {
     was_asynchronous: bool,
+    state: libc::c_int,
 }
 
 impl CancelPutOff {
     fn enter() -> CancelPutOff {
-        let mut old = PTHREAD_CANCEL_DEFERRED;
-        // SAFETY: sets this thread's cancellation type and reads the old one into `old`;
-        // setting the deferred type never acts on a cancellation.
-        unsafe { pthread_setcanceltype(PTHREAD_CANCEL_DEFERRED, &mut old) };
-        CancelPutOff { was_asynchronous: old == PTHREAD_CANCEL_ASYNCHRONOUS }
+        let (mut kind, mut state) = (PTHREAD_CANCEL_DEFERRED, 0);
+        // SAFETY: each sets this thread's cancellation type or state and reads the old one
+        // into a local; neither acts on a cancellation when deferring or disabling. The
+        // type first: a SIGCANCEL that comes between the two then finds it deferred.
+        unsafe {
+            pthread_setcanceltype(PTHREAD_CANCEL_DEFERRED, &mut kind);
+            pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut state);
+        }
+        CancelPutOff { was_asynchronous: kind == PTHREAD_CANCEL_ASYNCHRONOUS, state }
     }
 
     /// Not a destructor: the thread may end inside it (see `crate::pin::Pin` on why the
     /// frames a cancellation unwinds hold none).
     fn leave(self) {
-        if self.was_asynchronous {
-            let mut old = PTHREAD_CANCEL_DEFERRED;
-            // SAFETY: as in `enter`; with a cancellation pending, glibc unwinds the thread
-            // from here, which holds nothing of the engine's.
-            unsafe { pthread_setcanceltype(PTHREAD_CANCEL_ASYNCHRONOUS, &mut old) };
+        let mut old = 0;
+        // SAFETY: as in `enter`. The state first, with the type still deferred: that never
+        // acts. Then the asynchronous type, if it was: with a cancellation pending, glibc
+        // unwinds the thread from here, which holds nothing of the engine's.
+        unsafe {
+            pthread_setcancelstate(self.state, &mut old);
+            if self.was_asynchronous {
+                pthread_setcanceltype(PTHREAD_CANCEL_ASYNCHRONOUS, &mut old);
+            }
         }
     }
 }

@@ -157,6 +157,7 @@ pub unsafe fn start(
 ) -> Result<PatchReport, PatchError> {
     assert!(!STARTED.load(Ordering::Acquire), "uswap invariant: the system-call guard starts once");
     HOOKS.store(hooks as *const SyscallHooks as *mut SyscallHooks, Ordering::Release);
+    entry::note_cancellation();
     // SAFETY: the caller's contract; the table and the entry live as long as the process.
     let r = unsafe { patch::patch_c_library(table::CLASS.as_ptr() as u64, entry::slow_entry(), cache_dir, program_sp) };
     // The place reserved for the trampolines, if the rewrite did not map them there (with
