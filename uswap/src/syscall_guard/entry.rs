@@ -25,7 +25,11 @@
 //! finally sees, is counted (`syscall_efault`) and said once.
 //!
 //! Runs on the program's thread, maybe inside its signal handler: allocates nothing, takes
-//! no lock. Structures the kernel follows (iovec arrays, `msghdr`, `argv`) are read with
+//! no lock. Once the process can cancel threads (glibc installed its SIGCANCEL handler), a
+//! preparation runs with the thread's cancellation disabled and deferred
+//! ([`CancelPutOff`]): a cancellation pending ends the thread as the preparation ends,
+//! unwound through glibc's unwinder (which takes the dynamic loader's lock), never from
+//! inside the engine. Structures the kernel follows (iovec arrays, `msghdr`, `argv`) are read with
 //! `process_vm_readv` on the process itself unless they lie in managed memory, so that a
 //! bad pointer is the kernel's `EFAULT`, not a crash here.
 
@@ -246,15 +250,13 @@ fn prepare(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
 extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let nr = regs.nr as c_long;
     let a = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
-    if DEPTH.get() > 0 || crate::mapping::is_engine_thread() || crate::uffd::sigbus::in_handler() {
+    let nested = DEPTH.get() > 0 || crate::mapping::is_engine_thread() || crate::uffd::sigbus::in_handler();
+    note_cancellation_handler(nr, &a, !nested);
+    if nested {
         // SAFETY: the program's own call.
         return unsafe { raw(nr, a) };
     }
     note_async_kernel_access(nr, &a);
-    if nr == libc::SYS_rt_sigaction && a[0] == SIGCANCEL && a[1] != 0 {
-        // Before the handler exists: see `CANCELLATION_IN_USE`.
-        CANCELLATION_IN_USE.store(true, Ordering::Release);
-    }
     // Lives until the call returned: the kernel reads the mask from here.
     let mut mask_copy = [0u64; 4];
     let mut a = a;
@@ -585,9 +587,25 @@ const SIGCANCEL: u64 = 32;
 /// `pthread_cancel`, and until then no thread can be cancelled, so [`guarded`] need not put
 /// cancellation off (30 ns a call measured: `probes/syscall_cost.c`, 190 ns against 220).
 /// Set by [`slow`] as glibc's `rt_sigaction` goes through it, or by [`note_cancellation`]
-/// when the rewrite comes after. (A thread already in the slow path when the first
-/// `pthread_cancel` of the process installs it is not covered.)
+/// when the rewrite comes after; never cleared. Not covered: a thread already inside a
+/// preparation when the first `pthread_cancel` of the process installs the handler, and
+/// cancelled by it (not seen in 20 runs of a program whose first cancellation is of a thread
+/// starting to read into memory that is out; docs/cli.md).
 static CANCELLATION_IN_USE: AtomicBool = AtomicBool::new(false);
+
+/// An `rt_sigaction` that installs a handler for SIGCANCEL (`a`: signal, new action), before
+/// it is made: see [`CANCELLATION_IN_USE`]. One that ignores it (glibc's `posix_spawn` in its
+/// child, which shares the parent's memory until it execs) is not an install. Inside a
+/// preparation (`read` false) the action is not read, and taken for an install.
+fn note_cancellation_handler(nr: c_long, a: &[u64; 6], read: bool) {
+    if nr != libc::SYS_rt_sigaction || a[0] != SIGCANCEL || a[1] == 0 {
+        return;
+    }
+    let handler = read.then(|| read_user::<u64>(&mut crate::pin::Pin::none(), a[1])).flatten();
+    if handler.is_none_or(|h| h != libc::SIG_DFL as u64 && h != libc::SIG_IGN as u64) {
+        CANCELLATION_IN_USE.store(true, Ordering::Release);
+    }
+}
 
 /// At the rewrite: notes a SIGCANCEL handler installed before it (see
 /// [`CANCELLATION_IN_USE`]).
@@ -607,7 +625,9 @@ extern "C-unwind" {
     /// glibc's: may end the thread by unwinding, when it sets the asynchronous type with a
     /// cancellation pending.
     fn pthread_setcanceltype(kind: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
-    /// glibc's: never acts on a cancellation (it is not a cancellation point).
+    /// glibc's: may act on a pending cancellation when it enables cancellation with the
+    /// asynchronous type (older versions do); [`CancelPutOff`] enables it with the type
+    /// still deferred.
     fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
 }
 const PTHREAD_CANCEL_DEFERRED: libc::c_int = 0;

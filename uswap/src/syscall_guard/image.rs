@@ -242,7 +242,7 @@ impl ImageCache {
     /// Reserves, inaccessible, the place where the stored image's trampolines lie relative
     /// to `seg`, if nothing is there, for this process's pager to map them at if it starts
     /// in signal mode ([`map_area`]): a program maps its own libraries and files before its
-    /// pager starts, and often took the place (measured: the image applied in 1-7 of 10
+    /// pager starts, and often took the place (measured: the image applied in 1-8 of 10
     /// lazily started processes against 8-9 of 10 that started before `main`; each miss
     /// decodes the windows again and writes the jumps, about 3 ms and 170 private pages).
     /// Reads the image's header only.

@@ -34,8 +34,18 @@
 //! (`entry::keep_sigbus_deliverable`): a thread that blocked it would be killed by its
 //! first fault on memory that is out.
 //!
+//! `pthread_cancel` of a thread inside a rewritten call: glibc makes cancellation
+//! asynchronous around its cancellation points, so the slow path puts it off while it
+//! brings memory in (`entry::CancelPutOff`), and a cancellation acts between the
+//! preparation and the call, or during the call, never inside the engine (but for a thread
+//! already preparing when the first `pthread_cancel` of the process installs glibc's
+//! handler: see `entry::CANCELLATION_IN_USE`).
+//!
 //! Invariants: the rewrite happens at most once per process; the hooks are set before it
-//! and never change after it (the slow path reads them with no lock, in signal handlers).
+//! and never change after it (the slow path reads them with no lock, in signal handlers);
+//! whether the process can cancel threads (`entry::CANCELLATION_IN_USE`) only goes from
+//! false to true; the place reserved for the trampolines (`image`) is set once, at load, and
+//! taken once, by the rewrite.
 
 mod code;
 mod complete;
