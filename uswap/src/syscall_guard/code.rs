@@ -93,8 +93,9 @@ const MAX_STACK_WORDS: usize = 8 << 20;
 /// Such a word may be where this thread resumes once the code is rewritten: the program
 /// counter a signal frame saved when the kernel interrupted the C library (a handler
 /// running now, on this stack, that interrupted a `read` goes back right after its
-/// `syscall`, or to the `syscall` itself to restart it), or a return address. Only those
-/// inside a window past its first byte matter ([`inside_window`]). Not seen: a handler on an
+/// `syscall`, or to the `syscall` itself to restart it), found at its place in the signal
+/// frame ([`SIGFRAME_RIP_WORDS`]). Only those inside a window past its first byte matter
+/// ([`inside_window`]). Not seen: a handler on an
 /// alternate signal stack (the caller must not rewrite on one: `uswap run`'s library puts
 /// its pager's start off there), and contexts a program saved on other stacks (a green
 /// thread switched away from inside a handler).
@@ -104,17 +105,25 @@ pub(super) fn resume_points(lo: usize, hi: usize, from: Option<usize>) -> Result
     let end = stack_end(here).ok_or(here)?;
     let sp = from.filter(|&f| (here..end).contains(&f)).map_or(here, |f| f & !7);
     let nr_words = (end - sp) / 8;
-    let mut points: Vec<usize> = (0..nr_words)
-        .map(|i| {
-            // SAFETY: `[sp, end)` is readable memory this thread's stack pointer lies in
-            // (`stack_end`), 8-aligned; read, never written.
-            unsafe { std::ptr::read_volatile((sp + 8 * i) as *const usize) }
-        })
-        .filter(|w| (lo..hi).contains(w))
+    // SAFETY: `[sp, end)` is readable memory this thread's stack pointer lies in
+    // (`stack_end`), 8-aligned; read, never written.
+    let word = |i: usize| unsafe { std::ptr::read_volatile((sp + 8 * i) as *const usize) };
+    let restorers = super::sys::sys_signal_restorers();
+    let mut points: Vec<usize> = (SIGFRAME_RIP_WORDS..nr_words)
+        .filter(|&i| (lo..hi).contains(&word(i)) && restorers.contains(&word(i - SIGFRAME_RIP_WORDS)))
+        .map(word)
         .collect();
     points.sort_unstable();
     Ok(points)
 }
+
+/// Where an interrupted context's instruction pointer lies in the signal frame the kernel
+/// pushes (x86-64 `struct rt_sigframe`: the return address into the handler's restorer,
+/// then the `ucontext`, whose `uc_mcontext.rip` is 168 bytes in), in words from the frame's
+/// start. Only a word with a handler's restorer this far below it is a resume point: others
+/// in range are stale (a register spilled after a `syscall`, which leaves the address past
+/// it in `rcx`, made the rewrite refuse a Python process's pager in one `.ci/run`).
+const SIGFRAME_RIP_WORDS: usize = 22;
 
 /// The first of `points` (sorted) inside a window `(start, len)` past its first byte: the
 /// window's jump would send the thread into the middle of an instruction (`int3`s or the

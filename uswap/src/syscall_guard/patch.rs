@@ -688,18 +688,29 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// What `resume_points` reads: a word this thread holds in a frame, and nothing outside
-    /// the range asked for.
+    /// What `resume_points` reads: a context's instruction pointer in a signal frame this
+    /// thread holds (the handler's restorer 22 words below it), not a bare word in range, and
+    /// nothing outside the range asked for.
     #[test]
     fn resume_points_are_the_stacks_words_in_the_range() {
-        let marker = [0x5a5a_0000_1234usize, 0x5a5a_0000_5678];
+        // A handler of the process's, for a restorer the kernel would push below a context.
+        extern "C" fn nothing(_: libc::c_int) {}
+        // SAFETY: a handler that does nothing, for a signal the tests never send.
+        unsafe { libc::signal(libc::SIGUSR2, nothing as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+        let restorer = *crate::syscall_guard::sys::sys_signal_restorers().first().expect("a handler's restorer");
+        // A signal frame's start and its context's instruction pointer, 22 words apart; then
+        // a word in range with no frame below it (a stale register).
+        let mut frame = [0usize; 24];
+        (frame[0], frame[22], frame[23]) = (restorer, 0x5a5a_0000_1234, 0x5a5a_0000_1238);
+        let marker = 0x5a5a_0000_5678usize;
         // In memory, in this frame, while the stack is read.
-        std::hint::black_box(&marker);
+        std::hint::black_box((&frame, &marker));
         let points = resume_points(0x5a5a_0000_0000, 0x5a5a_0000_2000, None).expect("the stack is found");
         assert!(points.contains(&0x5a5a_0000_1234), "{points:x?}");
-        assert!(!points.contains(&0x5a5a_0000_5678), "{points:x?}");
+        assert!(!points.contains(&0x5a5a_0000_1238), "no signal frame below it: {points:x?}");
+        assert!(!points.contains(&0x5a5a_0000_5678), "out of range: {points:x?}");
         assert!(points.windows(2).all(|p| p[0] <= p[1]), "sorted");
-        std::hint::black_box(&marker);
+        std::hint::black_box((&frame, &marker));
     }
 
     /// A branch to the `syscall` itself: the window may not start before it.

@@ -48,3 +48,25 @@ pub(super) fn sys_set_mask(mask: &libc::sigset_t) {
         libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, mask as *const libc::sigset_t, 0usize, 8usize);
     }
 }
+
+/// The kernel's flag for a handler with a restorer of its own (x86-64).
+const SA_RESTORER: usize = 0x0400_0000;
+
+/// The restorers of the signal handlers installed now (`sa_restorer`, which every handler on
+/// x86-64 has: the kernel pushes it as the handler's return address). Raw `rt_sigaction`
+/// queries, one a signal; none if no handler is installed.
+pub(super) fn sys_signal_restorers() -> Vec<usize> {
+    let mut restorers = Vec::new();
+    for sig in 1..=64usize {
+        // `struct kernel_sigaction` on x86-64: handler, flags, restorer, mask.
+        let mut act = [0usize; 4];
+        // SAFETY: queries the action of `sig` into `act`, ours; changes nothing (a signal
+        // that has none, SIGKILL's, fails with EINVAL).
+        let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, 0usize, act.as_mut_ptr(), 8usize) };
+        let handled = act[0] != libc::SIG_DFL && act[0] != libc::SIG_IGN;
+        if r == 0 && handled && act[1] & SA_RESTORER != 0 && !restorers.contains(&act[2]) {
+            restorers.push(act[2]);
+        }
+    }
+    restorers
+}
