@@ -610,13 +610,9 @@ fn note_cancellation_handler(nr: c_long, a: &[u64; 6], read: bool) {
 /// At the rewrite: notes a SIGCANCEL handler installed before it (see
 /// [`CANCELLATION_IN_USE`]).
 pub(super) fn note_cancellation() {
-    let mut old = [0u64; 4];
-    // SAFETY: reads the current action for SIGCANCEL into `old` (a kernel `sigaction`:
-    // handler, flags, restorer, mask); changes nothing.
-    let r = unsafe { raw(libc::SYS_rt_sigaction, [SIGCANCEL, 0, old.as_mut_ptr() as u64, 8, 0, 0]) };
     // Ignored is not installed: glibc's `posix_spawn` ignores SIGCANCEL in the child it
     // makes, and `uswap run` starts the program so.
-    if r != 0 || (old[0] != libc::SIG_DFL as u64 && old[0] != libc::SIG_IGN as u64) {
+    if super::sys::sys_signal_action(SIGCANCEL as usize).is_none_or(|act| super::sys::is_handled(&act)) {
         CANCELLATION_IN_USE.store(true, Ordering::Release);
     }
 }

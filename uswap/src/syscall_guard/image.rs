@@ -89,7 +89,18 @@ fn map_area(area: usize, len: usize) -> bool {
         }
         None => libc::MAP_FIXED_NOREPLACE,
     };
-    let p = sys_mmap(area as *mut c_void, len, rw, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | place, -1, 0);
+    if !map_exactly(area, len, rw, place) {
+        return false;
+    }
+    crate::mapping::note_engine_memory(area, len);
+    true
+}
+
+/// Maps `len` bytes of private anonymous memory with `prot` at exactly `area` (`place`:
+/// `MAP_FIXED_NOREPLACE`, or `MAP_FIXED` over a mapping of this module's own); false, with
+/// nothing mapped, where that cannot be done.
+fn map_exactly(area: usize, len: usize, prot: i32, place: i32) -> bool {
+    let p = sys_mmap(area as *mut c_void, len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | place, -1, 0);
     if p == libc::MAP_FAILED {
         return false;
     }
@@ -98,8 +109,17 @@ fn map_area(area: usize, len: usize) -> bool {
         sys_munmap(p, len);
         return false;
     }
-    crate::mapping::note_engine_memory(area, len);
     true
+}
+
+/// The header words of a stored image (see [`HEADER_WORDS`]), after its magic.
+fn header_words(bytes: &[u8]) -> Option<[u64; HEADER_WORDS]> {
+    let rest = bytes.strip_prefix(MAGIC.as_slice())?;
+    let mut head = [0u64; HEADER_WORDS];
+    for (h, w) in head.iter_mut().zip(words(rest.get(..HEADER_WORDS * 8)?)) {
+        *h = w;
+    }
+    Some(head)
 }
 
 /// Takes the reservation of the place: `Some((start, len))` if there was one and it is still
@@ -146,8 +166,7 @@ impl ImageCache {
     fn load(&self, seg: &Segment) -> Option<Image> {
         let b = std::fs::read(&self.path).ok()?;
         let rest = b.strip_prefix(MAGIC.as_slice())?;
-        let head: Vec<u64> = words(rest.get(..HEADER_WORDS * 8)?).collect();
-        let [nr_sites, nr_windows, area_off, area_len, class_then, slow_then] = head[..] else { return None };
+        let [nr_sites, nr_windows, area_off, area_len, class_then, slow_then] = header_words(&b)?;
         let (nr_windows, area_len) = (usize::try_from(nr_windows).ok()?, usize::try_from(area_len).ok()?);
         let table_end = HEADER_WORDS * 8 + nr_windows.checked_mul(24)?;
         let mut windows = Vec::with_capacity(nr_windows);
@@ -250,8 +269,7 @@ impl ImageCache {
         use std::io::Read;
         let mut head = [0u8; MAGIC.len() + HEADER_WORDS * 8];
         let read = std::fs::File::open(&self.path).and_then(|mut f| f.read_exact(&mut head));
-        let Some(rest) = read.ok().and_then(|()| head.strip_prefix(MAGIC.as_slice())) else { return };
-        let w: Vec<u64> = words(rest).collect();
+        let Some(w) = read.ok().and_then(|()| header_words(&head)) else { return };
         let (Some(area), Ok(len)) = (seg.start.checked_add_signed(w[2] as i64 as isize), usize::try_from(w[3])) else {
             return;
         };
@@ -263,13 +281,7 @@ impl ImageCache {
         if len == 0 || len % crate::uffd::PAGE_SIZE != 0 || !fits || !near || RESERVED_AT.load(Ordering::Acquire) != 0 {
             return;
         }
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE;
-        let p = sys_mmap(area as *mut c_void, len, libc::PROT_NONE, flags, -1, 0);
-        if p == libc::MAP_FAILED {
-            return;
-        }
-        if p as usize != area {
-            sys_munmap(p, len);
+        if !map_exactly(area, len, libc::PROT_NONE, libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE) {
             return;
         }
         RESERVED_LEN.store(len, Ordering::Release);

@@ -52,19 +52,28 @@ pub(super) fn sys_set_mask(mask: &libc::sigset_t) {
 /// The kernel's flag for a handler with a restorer of its own (x86-64).
 const SA_RESTORER: usize = 0x0400_0000;
 
+/// The action of signal `sig` now, as the kernel keeps it (`struct kernel_sigaction` on
+/// x86-64: handler, flags, restorer, mask), by a raw `rt_sigaction` that changes nothing;
+/// `None` where the kernel refuses (SIGKILL's, a number out of range).
+pub(super) fn sys_signal_action(sig: usize) -> Option<[usize; 4]> {
+    let mut act = [0usize; 4];
+    // SAFETY: queries the action of `sig` into `act`, ours; changes nothing.
+    let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, 0usize, act.as_mut_ptr(), 8usize) };
+    (r == 0).then_some(act)
+}
+
+/// Whether a signal action's handler is a function (not the default, not ignored).
+pub(super) fn is_handled(act: &[usize; 4]) -> bool {
+    act[0] != libc::SIG_DFL && act[0] != libc::SIG_IGN
+}
+
 /// The restorers of the signal handlers installed now (`sa_restorer`, which every handler on
-/// x86-64 has: the kernel pushes it as the handler's return address). Raw `rt_sigaction`
-/// queries, one a signal; none if no handler is installed.
+/// x86-64 has: the kernel pushes it as the handler's return address); none if no handler is
+/// installed.
 pub(super) fn sys_signal_restorers() -> Vec<usize> {
     let mut restorers = Vec::new();
-    for sig in 1..=64usize {
-        // `struct kernel_sigaction` on x86-64: handler, flags, restorer, mask.
-        let mut act = [0usize; 4];
-        // SAFETY: queries the action of `sig` into `act`, ours; changes nothing (a signal
-        // that has none, SIGKILL's, fails with EINVAL).
-        let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, 0usize, act.as_mut_ptr(), 8usize) };
-        let handled = act[0] != libc::SIG_DFL && act[0] != libc::SIG_IGN;
-        if r == 0 && handled && act[1] & SA_RESTORER != 0 && !restorers.contains(&act[2]) {
+    for act in (1..=64).filter_map(sys_signal_action) {
+        if is_handled(&act) && act[1] & SA_RESTORER != 0 && !restorers.contains(&act[2]) {
             restorers.push(act[2]);
         }
     }
