@@ -67,14 +67,16 @@ pub struct RunArgs {
     /// liburing, or are QEMU with KVM (said on stderr).
     #[arg(long, value_enum, default_value = "auto")]
     pub fault_mode: RunFaultMode,
-    /// Anonymous mappings smaller than this stay ordinary memory (the heap is always managed).
+    /// Anonymous mappings smaller than this stay ordinary memory (the heap is managed but for
+    /// its first blocks, up to 2 MiB, see `--start-after`).
     #[arg(long, default_value = "64KiB", value_parser = parse_size)]
     pub min_size: u64,
     /// A process's pager starts once its heap passes SIZE (at most a sixteenth of the limit),
     /// at its first mapping of at least `--min-size`, or at its first thread, whichever comes
     /// first: the shells, compilers of small files and other short processes of a tree run
-    /// at plain speed, their memory ordinary (outside the budget) until then. `0`: every
-    /// process builds its pager before its `main`.
+    /// at plain speed, their memory ordinary (outside the budget) until then. A process's
+    /// first blocks (up to 2 MiB, at most a quarter of SIZE) stay in the C library's malloc,
+    /// outside the budget for good. `0`: every process builds its pager before its `main`.
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_size)]
     pub start_after: u64,
     /// Write the summed counters as JSON here when the program ends.

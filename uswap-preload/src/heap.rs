@@ -25,18 +25,33 @@
 //! their return address (the dynamic linker calls exactly these) and serve a caller inside
 //! the dynamic linker from the C library's heap.
 //!
+//! **The C library's heap first** (lazy start). A process that waits for its pager leaves
+//! its first [`C_LIBRARY_HEAP_BYTES`] of live blocks (a quarter of `USWAP_START_AFTER`
+//! where that is less) to the C library's malloc, and mimalloc is brought up ([`bring_up`]:
+//! its start, then the first arena) only when an allocation would take the blocks there past
+//! that, or when the pager starts for another cause. Most processes of a tree (a shell,
+//! `true`, `sed`, `expr`) never get there: mimalloc's start (four `cpuid`, each a VM exit
+//! here, two files of `/proc` and `/sys` read, its page map mapped) and the first arena's
+//! bitmaps cost about 0.15 ms of every exec, and a shell's forks copied mimalloc's pages on
+//! write. The blocks from before stay in the C library's heap, outside the budget, and are
+//! reported with the unmanaged memory while they live ([`c_library_heap_bytes`]); `free`
+//! routes them back by address as before. mimalloc has no ELF constructor in this build
+//! (`.cargo/config.toml`): [`start`] runs its start, and its exit-time collection is not run
+//! at all (it would give back, range by range, memory the process is about to drop).
+//!
 //! mimalloc caps one arena at 16 GiB, so the largest single allocation is a little under
 //! 16 GiB ([`MAX_ARENA_BYTES`]). The region is handed over in pieces as the heap grows ([`grow`], on an allocation mimalloc could not place), doubling
 //! from [`FIRST_ARENA_BYTES`].
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
 
 use libmimalloc_sys as mi;
 
 /// mimalloc 3's option numbers (its `mi_option_t`), where the Rust bindings lack a name.
 const MI_OPTION_DISALLOW_OS_ALLOC: mi::mi_option_t = 17;
 const MI_OPTION_ALLOW_LARGE_OS_PAGES: mi::mi_option_t = 6;
+const MI_OPTION_RESERVE_HUGE_OS_PAGES: mi::mi_option_t = 7;
 const MI_OPTION_RESERVE_OS_MEMORY: mi::mi_option_t = 9;
 const MI_OPTION_ARENA_RESERVE: mi::mi_option_t = 23;
 const MI_OPTION_ARENA_MAX_OBJECT_SIZE: mi::mi_option_t = 45;
@@ -88,18 +103,149 @@ static ARENA_END: AtomicUsize = AtomicUsize::new(0);
 /// Whether the calling thread's allocations belong in the managed heap.
 #[inline]
 pub fn managed_caller() -> bool {
-    ARENA_END.load(Ordering::Acquire) != 0 && !in_uswap() && !uswap::is_engine_thread()
+    ARENA_END.load(Ordering::Acquire) != 0 && program_thread()
+}
+
+/// Whether the calling thread runs the program's code: not uswap's engine threads, not this
+/// library's own code.
+#[inline]
+fn program_thread() -> bool {
+    !in_uswap() && !uswap::is_engine_thread()
+}
+
+/// Whether an allocation for a caller that returns to `ret` (none: an entry point the
+/// dynamic linker never calls) is the program's: from its thread, not from the dynamic
+/// linker.
+#[inline]
+fn program_caller(ret: Option<usize>) -> bool {
+    program_thread()
+        && ret.is_none_or(|ret| !(ret >= RTLD_START.load(Ordering::Relaxed) && ret < RTLD_END.load(Ordering::Relaxed)))
 }
 
 /// The dynamic linker's mapped extent `[start, end)` (see the module doc); empty until
-/// [`start`] finds it.
+/// [`prepare`] (or, starting before `main`, [`start`]) finds it.
 static RTLD_START: AtomicUsize = AtomicUsize::new(0);
 static RTLD_END: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether an allocation whose return address is `ret` belongs in the managed heap.
+/// Whether an allocation of `size` bytes for a caller that returns to `ret` is served by
+/// mimalloc: once it is up, the program's ([`program_caller`]); before (lazy start), none,
+/// until the program's live blocks in the C library's heap would pass
+/// [`C_LIBRARY_HEAP_BYTES`] with this one, which brings mimalloc up first.
 #[inline]
-fn managed_return_to(ret: usize) -> bool {
-    managed_caller() && !(ret >= RTLD_START.load(Ordering::Relaxed) && ret < RTLD_END.load(Ordering::Relaxed))
+fn managed_for(size: usize, ret: Option<usize>) -> bool {
+    if ARENA_END.load(Ordering::Acquire) != 0 {
+        return program_caller(ret);
+    }
+    if !PENDING.load(Ordering::Acquire) || !program_caller(ret) {
+        return false;
+    }
+    let live = C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed).max(0);
+    let most = C_LIBRARY_HEAP_BYTES.min(PENDING_START_AFTER.load(Ordering::Relaxed) / 4);
+    if live.saturating_add(size.min(isize::MAX as usize) as isize) <= most as isize {
+        return false;
+    }
+    bring_up();
+    ARENA_END.load(Ordering::Acquire) != 0
+}
+
+/// The blocks the C library's malloc may hold before mimalloc is brought up (see the module
+/// doc): a shell's, `sed`'s, `perl -e`'s or the `gcc` driver's whole heap (38-220 KiB live
+/// at exit), CPython's start's, not `cc1`'s on a small file (1.6 MiB). A quarter of
+/// `USWAP_START_AFTER` where that is less (a sixteenth of a small limit): what a process
+/// whose heap needs a pager keeps outside its budget for good.
+pub const C_LIBRARY_HEAP_BYTES: usize = 2 << 20;
+
+/// Lazy start, before the bring-up: the region reserved for the heap (its start and length)
+/// and the pager's start threshold, for [`bring_up`]; `PENDING` is set once they are.
+static PENDING: AtomicBool = AtomicBool::new(false);
+static PENDING_START: AtomicUsize = AtomicUsize::new(0);
+static PENDING_LEN: AtomicUsize = AtomicUsize::new(0);
+static PENDING_START_AFTER: AtomicUsize = AtomicUsize::new(0);
+/// The usable bytes of the live blocks the C library's malloc handed out since
+/// [`prepare`], whoever asked (uswap's own and the dynamic linker's are few, and only bring
+/// mimalloc up sooner); after the bring-up, less what the program's threads freed of them
+/// since, for the unmanaged report ([`c_library_heap_bytes`]). About: a block from before
+/// `prepare`, freed, is subtracted too (read as at least 0).
+static C_LIBRARY_LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+static BRING_UP: std::sync::Once = std::sync::Once::new();
+
+/// Counts `p`, just allocated (or resized from `old_bytes`) by the C library's malloc,
+/// while mimalloc is not up.
+#[inline]
+fn count_c_library_block(p: *mut c_void, old_bytes: usize) {
+    if p.is_null() || !PENDING.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: `p` was just returned by the C library's malloc.
+    let bytes = unsafe { real::usable_size(p) };
+    C_LIBRARY_LIVE_BYTES.fetch_add(bytes as isize - old_bytes as isize, Ordering::Relaxed);
+}
+
+/// Uncounts the C library's block `p`, about to be freed: while mimalloc is not up, any
+/// block; once it is, the program's.
+#[inline]
+fn uncount_c_library_block(p: *mut c_void) {
+    let counting = if ARENA_END.load(Ordering::Relaxed) == 0 {
+        PENDING.load(Ordering::Relaxed)
+    } else {
+        C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed) > 0 && program_thread()
+    };
+    if counting {
+        // SAFETY: `p` is a live block of the C library's malloc (the caller's contract).
+        let bytes = unsafe { real::usable_size(p) };
+        C_LIBRARY_LIVE_BYTES.fetch_sub(bytes as isize, Ordering::Relaxed);
+    }
+}
+
+/// The program's bytes in the C library's heap from before mimalloc came up, still live (0
+/// before, or when it came up with the pager before `main`): outside the budget for good.
+pub fn c_library_heap_bytes() -> u64 {
+    if PENDING.load(Ordering::Acquire) || ARENA_END.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
+    C_LIBRARY_LIVE_BYTES.load(Ordering::Acquire).max(0) as u64
+}
+
+/// Lazy start: notes the heap's region, reserved as ordinary memory, for [`bring_up`], and
+/// finds the dynamic linker (its blocks are never counted). `start_after_bytes`: the
+/// pager starts once mimalloc has committed about that much ([`commit`]).
+pub fn prepare(start: usize, len: usize, start_after_bytes: usize) {
+    note_dynamic_linker();
+    PENDING_START.store(start, Ordering::Relaxed);
+    PENDING_LEN.store(len, Ordering::Relaxed);
+    PENDING_START_AFTER.store(start_after_bytes, Ordering::Relaxed);
+    PENDING.store(true, Ordering::Release);
+}
+
+/// Brings mimalloc up on the region [`prepare`] noted, once, from whichever thread gets
+/// here first (the others wait); a no-op when it is up already or nothing was prepared.
+/// Not in a signal handler that interrupted the C library's malloc (it may allocate there).
+/// A refusal is said on stderr and left for `uswap run`; the process goes on with the C
+/// library's malloc, every byte kept.
+pub fn bring_up() {
+    if !PENDING.load(Ordering::Acquire) {
+        return;
+    }
+    BRING_UP.call_once(|| {
+        let _uswap = Guard::enter();
+        // SAFETY: the calling thread's errno slot; a malloc that succeeds leaves it as it was.
+        let errno = unsafe { *libc::__errno_location() };
+        let start_after = PENDING_START_AFTER.load(Ordering::Relaxed);
+        let (start_at, len) = (PENDING_START.load(Ordering::Relaxed), PENDING_LEN.load(Ordering::Relaxed));
+        // The heap `USWAP_START_AFTER` measures is the program's, both allocators' (the
+        // pager's start counts mimalloc's commits on from here).
+        let c_library_bytes = C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed).max(0) as usize;
+        COMMITTED_BYTES.store(c_library_bytes, Ordering::Release);
+        if let Err(e) = start(start_at, len, Some(start_after)) {
+            let msg =
+                format!("uswap: process {} runs unmanaged, every byte kept (its heap): {e}\n", std::process::id());
+            real::write_stderr(msg.as_bytes());
+            crate::note_refusal(&msg);
+        }
+        PENDING.store(false, Ordering::Release);
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = errno };
+    });
 }
 
 /// Finds the dynamic linker and the extent of its loaded segments: the object that holds
@@ -142,17 +288,20 @@ fn purge_delay_in_environment() -> bool {
 
 /// Hands `[start, start + len)` (zero-filled on first touch: a managed region, or ordinary
 /// memory the pager will take over) to mimalloc as its only memory and turns routing on.
-/// Called once, by the constructor (or, starting before `main`, by the pager's start). Only
+/// Called once: by [`bring_up`] (lazy start), or by the pager's start before `main`. Only
 /// the first [`FIRST_ARENA_BYTES`] become an arena now; the rest follows as allocations need
 /// it ([`grow`]). `start_after_bytes`: the process waits for its pager (lazy start, see the
-/// crate's doc), which starts once mimalloc has committed about that much ([`commit`]).
+/// crate's doc), which starts once the heap holds about that much ([`commit`]).
 pub fn start(start: usize, len: usize, start_after_bytes: Option<usize>) -> Result<(), String> {
-    // SAFETY: option setters take plain integers; they run before any mimalloc allocation
-    // (routing is still off, so nothing has called into mimalloc yet).
+    // SAFETY: option setters take plain integers (a store each); then mimalloc's start, once;
+    // all before any mimalloc allocation (routing is still off, so nothing has called into
+    // mimalloc yet).
     unsafe {
         mi::mi_option_set(MI_OPTION_DISALLOW_OS_ALLOC, 1);
-        // The region is ours to page: no huge pages, no eager OS reservations.
+        // The region is ours to page: no huge pages, no OS reservations, not even those
+        // the environment asks of mimalloc's start (they would lie outside the region).
         mi::mi_option_set(MI_OPTION_ALLOW_LARGE_OS_PAGES, 0);
+        mi::mi_option_set(MI_OPTION_RESERVE_HUGE_OS_PAGES, 0);
         mi::mi_option_set(MI_OPTION_RESERVE_OS_MEMORY, 0);
         mi::mi_option_set(MI_OPTION_ARENA_RESERVE, 0);
         // Objects above this (2 GiB by default) go to the OS, which is disallowed: a 3 GiB
@@ -161,19 +310,10 @@ pub fn start(start: usize, len: usize, start_after_bytes: Option<usize>) -> Resu
         if !purge_delay_in_environment() {
             mi::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS);
         }
+        start_mimalloc();
     }
-    match find_dynamic_linker() {
-        Some((rtld_start, rtld_end)) => {
-            RTLD_START.store(rtld_start, Ordering::Relaxed);
-            RTLD_END.store(rtld_end, Ordering::Relaxed);
-        }
-        // Managed all the same; said, since a DTV in the managed heap can kill a thread
-        // in signal mode (see the module doc).
-        None => eprintln!(
-            "uswap: cannot find the dynamic linker in this process ({}); its allocations (threads' TLS tables) \
-             go to the managed heap",
-            std::process::id()
-        ),
+    if RTLD_END.load(Ordering::Relaxed) == 0 {
+        note_dynamic_linker();
     }
     REGION_LEN.store(len, Ordering::Release);
     let first = len.min(FIRST_ARENA_BYTES);
@@ -188,6 +328,51 @@ pub fn start(start: usize, len: usize, start_after_bytes: Option<usize>) -> Resu
     ARENA_START.store(start, Ordering::Release);
     ARENA_END.store(start + len, Ordering::Release);
     Ok(())
+}
+
+/// mimalloc's start, which its ELF constructor makes in a default build and this one leaves
+/// to [`start`] (`.cargo/config.toml`): the whole of it (`_mi_auto_process_init`), not only
+/// `mi_process_init`, which leaves mimalloc "preloading" for good (it then never purges,
+/// never gives back a thread's pages when the thread ends, and keeps its messages from
+/// stderr). A no-op where a constructor ran it.
+///
+/// # Safety
+/// Once, before any allocation from mimalloc, from one thread.
+unsafe fn start_mimalloc() {
+    extern "C" {
+        /// Whether mimalloc's start has not run yet (`internal.h`).
+        fn _mi_preloading() -> bool;
+        /// mimalloc's start, as its ELF constructor runs it (`init.c`).
+        fn _mi_auto_process_init();
+    }
+    // SAFETY: the caller's contract; both are mimalloc's own, public in its static library.
+    unsafe {
+        if _mi_preloading() {
+            _mi_auto_process_init();
+        }
+        debug_assert!(!_mi_preloading(), "mimalloc started");
+    }
+}
+
+/// Finds the dynamic linker's extent (see the module doc), once, before any program
+/// allocation is routed.
+fn note_dynamic_linker() {
+    match find_dynamic_linker() {
+        Some((rtld_start, rtld_end)) => {
+            RTLD_START.store(rtld_start, Ordering::Relaxed);
+            RTLD_END.store(rtld_end, Ordering::Relaxed);
+        }
+        // Managed all the same; said, since a DTV in the managed heap can kill a thread
+        // in signal mode (see the module doc).
+        None => real::write_stderr(
+            format!(
+                "uswap: cannot find the dynamic linker in this process ({}); its allocations (threads' TLS tables) \
+                 go to the managed heap\n",
+                std::process::id()
+            )
+            .as_bytes(),
+        ),
+    }
 }
 
 /// The first arena. mimalloc initialises an arena's bitmaps on its first pages, which fault
@@ -393,20 +578,24 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 }
 
 extern "C" fn malloc_returning_to(size: usize, ret: usize) -> *mut c_void {
-    if managed_return_to(ret) {
+    if managed_for(size, Some(ret)) {
         // SAFETY: mimalloc's malloc; any size is valid.
         mi_alloc(size, || unsafe { mi::mi_malloc(size) })
     } else {
-        real::malloc(size)
+        let p = real::malloc(size);
+        count_c_library_block(p, 0);
+        p
     }
 }
 
 extern "C" fn calloc_returning_to(n: usize, size: usize, ret: usize) -> *mut c_void {
-    if managed_return_to(ret) {
+    if managed_for(n.saturating_mul(size), Some(ret)) {
         // SAFETY: mimalloc's calloc checks the product for overflow.
         mi_alloc(n.saturating_mul(size), || unsafe { mi::mi_calloc(n, size) })
     } else {
-        real::calloc(n, size)
+        let p = real::calloc(n, size);
+        count_c_library_block(p, 0);
+        p
     }
 }
 
@@ -423,6 +612,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     } else if let Some(len) = huge_len(p) {
         crate::mmap::munmap(p, len);
     } else {
+        uncount_c_library_block(p);
         // SAFETY: not in the arena, so the C library's or the bootstrap area's.
         unsafe { real::free(p) }
     }
@@ -451,11 +641,20 @@ unsafe extern "C" fn realloc_returning_to(p: *mut c_void, size: usize, ret: usiz
         return std::ptr::null_mut();
     }
     let huge_block = huge_len(p).is_some();
-    match (in_arena(p), managed_return_to(ret) && !huge_block && size <= HUGE_MIN_BYTES) {
+    match (in_arena(p), managed_for(size, Some(ret)) && !huge_block && size <= HUGE_MIN_BYTES) {
         // SAFETY: `p` is mimalloc's.
         (true, true) => mi_alloc(size, || unsafe { mi::mi_realloc(p, size) }),
-        // SAFETY: `p` is the C library's (not in the arena, not a huge block).
-        (false, false) if !huge_block => unsafe { real::realloc(p, size) },
+        (false, false) if !huge_block => {
+            let counted = PENDING.load(Ordering::Relaxed);
+            // SAFETY: `p` is the C library's (not in the arena, not a huge block).
+            let old_bytes = if counted { unsafe { real::usable_size(p) } } else { 0 };
+            // SAFETY: as above.
+            let n = unsafe { real::realloc(p, size) };
+            if counted {
+                count_c_library_block(n, old_bytes);
+            }
+            n
+        }
         // A block moves between heaps: allocate on the caller's side, copy, free the old one.
         (from_arena, _) => {
             let old_size = if let Some(len) = huge_len(p) {
@@ -496,7 +695,7 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 }
 
 fn aligned(align: usize, size: usize) -> *mut c_void {
-    if managed_caller() {
+    if managed_for(size, None) {
         if size > HUGE_MIN_BYTES && align > uswap::PAGE_SIZE {
             // A huge block is a mapping of its own, aligned to a page only.
             set_errno(libc::ENOMEM);
@@ -505,7 +704,9 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
         // SAFETY: mimalloc's aligned malloc; `align` is a power of two (checked by callers).
         mi_alloc(size, || unsafe { mi::mi_malloc_aligned(size, align) })
     } else {
-        real::memalign(align, size)
+        let p = real::memalign(align, size);
+        count_c_library_block(p, 0);
+        p
     }
 }
 

@@ -2,8 +2,8 @@
 //! that uswap pages its memory.
 //!
 //! At load (an ELF constructor, before the program's `main`) it reads the environment
-//! `uswap run` sets ([`config`]), reserves one large region for the heap and hands it to
-//! mimalloc ([`heap`]). The [`uswap::Pager`] starts when the process first needs one (below),
+//! `uswap run` sets ([`config`]) and reserves one large region for the heap, which mimalloc
+//! serves once the heap is worth it ([`heap`]). The [`uswap::Pager`] starts when the process first needs one (below),
 //! takes the heap's region over with the pages it has, and from then on manages the
 //! program's large anonymous `mmap`s too ([`mmap`]); what glibc allocates for a new thread
 //! stays out of the managed heap ([`threads`]). At exit a process with a pager writes its
@@ -18,8 +18,10 @@
 //! ([`mmap`]), its first thread ([`threads`]: the start needs the process to have one thread,
 //! see `uswap::syscall_guard`). Until then the process is the kernel's, at plain speed: its heap is
 //! ordinary memory (at most a sixteenth of the limit, outside the budget), and it leaves no
-//! record. What stays on every process's start-up path: loading this library, reading the
-//! environment, reserving the heap's address space and mimalloc's first arena, and in signal
+//! record. Its first 4 MiB of blocks are the C library's malloc's, and mimalloc comes up
+//! only past them, or with the pager ([`heap`], "The C library's heap first"). What stays
+//! on every process's start-up path: loading this library, reading the environment,
+//! reserving the heap's address space, and in signal
 //! mode the place of the trampolines the tree kept (`uswap::syscall_guard::reserve_image_place`:
 //! an inaccessible mapping beside the C library, kept while no rewrite used it). In signal
 //! mode the rewrite of the C library's system calls (`uswap::syscall_guard`) comes with the
@@ -178,7 +180,8 @@ fn prepare() -> Result<(), String> {
     }
     let len = cfg.heap_bytes;
     let start = reserve_heap(len)?;
-    heap::start(start, len, Some(cfg.start_after_bytes))?;
+    // mimalloc comes up when the heap first needs it (`heap`, "The C library's heap first").
+    heap::prepare(start, len, cfg.start_after_bytes);
     // The kernel's address-space limit is refitted once the pager runs (`start_pager`):
     // until then the one a managed parent gave, with room for its own pager, stays.
     WAITING.store(true, Ordering::Release);
@@ -264,6 +267,12 @@ pub(crate) fn start_if_waiting(cause: StartCause) {
         return;
     }
     if WAITING.compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    // The pager takes the heap over as mimalloc's region: up first, if it is not yet (a
+    // refusal there is said and recorded by `bring_up`).
+    heap::bring_up();
+    if heap::arena_start() == 0 {
         return;
     }
     let heap = (heap::arena_start(), cfg.heap_bytes, heap::committed_extent());

@@ -3,7 +3,8 @@
 //!
 //! Every mapping of `/proc/self/maps` outside a managed region, the engine's own mappings
 //! (`uswap::memory_owner`: its stacks and mappings) and the brk heap (the C library's malloc,
-//! which serves only uswap once it runs) is counted with the `PAGEMAP_SCAN` ioctl on
+//! which serves only uswap once mimalloc is up; the program's blocks from before are added at
+//! what they held then) is counted with the `PAGEMAP_SCAN` ioctl on
 //! `/proc/self/pagemap` (Linux 6.7): its private anonymous pages (present, neither file
 //! pages nor the shared zero page), and the resident pages of shared anonymous memory
 //! (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV shared memory). Each mapping left gets the
@@ -86,18 +87,39 @@ fn why(h: &Header<'_>, min_size_bytes: usize) -> &'static str {
 
 /// Scans the process's mappings (see the module's comment). `None` if `/proc` cannot be read.
 pub fn measure(min_size_bytes: usize) -> Option<Unmanaged> {
-    match std::fs::File::open("/proc/self/pagemap") {
+    let mut out = match std::fs::File::open("/proc/self/pagemap") {
         Ok(pagemap) => measure_by_scan(&pagemap, min_size_bytes).or_else(|| measure_by_smaps(min_size_bytes)),
         Err(_) => measure_by_smaps(min_size_bytes),
+    }?;
+    add_c_library_heap(&mut out);
+    Some(out)
+}
+
+/// The program's first blocks, which the C library's malloc kept (`crate::heap`, "The C
+/// library's heap first"), in the brk heap that the scan leaves out: counted at what they
+/// held when mimalloc came up.
+fn add_c_library_heap(out: &mut Unmanaged) {
+    let bytes = crate::heap::c_library_heap_bytes();
+    if bytes == 0 {
+        return;
     }
+    let Some(h) = std::fs::read_to_string("/proc/self/maps")
+        .ok()
+        .and_then(|maps| maps.lines().filter_map(parse_header).find(|h| h.path == "[heap]").map(|h| (h.start, h.end)))
+    else {
+        return;
+    };
+    let why = "the program's first blocks, served by the C library's malloc before uswap's heap came up";
+    add(out, Mapping { start: h.0, len: h.1 - h.0, bytes, why });
 }
 
 /// Whether a mapping is counted at all, and if it is, whether it is shared anonymous memory.
 fn counted(h: &Header<'_>) -> Option<bool> {
     let shared_anon = h.perms.as_bytes().get(3) == Some(&b's') && is_shared_anonymous(h.path);
     let private = h.perms.as_bytes().get(3) == Some(&b'p');
-    // The brk heap is the C library's malloc, which serves only uswap once it runs (the
-    // program's malloc is the managed heap; see `crate::start`).
+    // The brk heap is the C library's malloc, which serves only uswap once mimalloc is up
+    // (the program's malloc is the managed heap; see `crate::heap`); the program's blocks
+    // from before are added apart (`add_c_library_heap`).
     ((private || shared_anon) && h.path != "[heap]").then_some(shared_anon)
 }
 
