@@ -34,6 +34,7 @@ mod adopt;
 mod async_readahead;
 pub mod backend;
 mod bounce;
+pub mod budget;
 mod clock;
 mod device_config;
 mod error;

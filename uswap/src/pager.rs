@@ -129,14 +129,14 @@ impl PagerBuilder {
     }
 
     /// Moves the resident limit by itself to the smallest that keeps the application's memory
-    /// stalls under `target`, a share of wall time (`0.01`: 1 %; [`pressure::DEFAULT_TARGET`]
-    /// says why that is the default): the control law is [`pressure::Budget`]'s, run once a
+    /// stalls under `target`, a share of wall time (`0.01`: 1 %; [`budget::DEFAULT_TARGET`]
+    /// says why that is the default): the control law is [`budget::Budget`]'s, run once a
     /// second by the background reclaimer. The limit given with
     /// [`resident_limit`](Self::resident_limit) is the ceiling, and where it starts.
     /// [`Pager::resident_limit`] says where it is now. Not with a shared charge.
     ///
-    /// [`pressure::DEFAULT_TARGET`]: crate::pressure::DEFAULT_TARGET
-    /// [`pressure::Budget`]: crate::pressure::Budget
+    /// [`budget::DEFAULT_TARGET`]: crate::budget::DEFAULT_TARGET
+    /// [`budget::Budget`]: crate::budget::Budget
     pub fn auto_budget(mut self, target: f64) -> Self {
         self.auto_budget = Some(target);
         self
@@ -387,11 +387,11 @@ impl PagerBuilder {
             reclaim_in_flight: AtomicUsize::new(0),
             stall: crate::pressure::StallClock::new(),
             stall_avgs: crate::pressure::StallAverages::default(),
-            idle_sample: crate::pressure::IdleSample::new(),
+            idle_sample: crate::budget::IdleSample::new(),
             aged_written_pages: std::sync::atomic::AtomicU64::new(0),
             aged_cohort_epoch: std::sync::atomic::AtomicU64::new(0),
             auto: self.auto_budget.map(|target| {
-                crate::pressure::Budget::new(target, (MIN_LIMIT_BYTES / PAGE_SIZE as u64) as usize, limit_pages)
+                crate::budget::Budget::new(target, (MIN_LIMIT_BYTES / PAGE_SIZE as u64) as usize, limit_pages)
             }),
         }
     }

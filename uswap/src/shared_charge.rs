@@ -74,8 +74,8 @@ pub struct SharedCharge {
     /// `memory.max`; see `uswap run --auto`).
     pub goal_pages: AtomicUsize,
     /// What the idle aging scans of the tree's processes found, together: what `--auto`'s
-    /// law reads to follow a working set that shrank (`crate::pressure::Budget`).
-    pub idle_sample: crate::pressure::IdleSample,
+    /// law reads to follow a working set that shrank (`crate::budget::Budget`).
+    pub idle_sample: crate::budget::IdleSample,
 }
 
 impl SharedCharge {

@@ -74,7 +74,7 @@ fn longest_run_above(shares: &[f64], bound: f64) -> usize {
 /// is checked, and every page at the end.
 #[test]
 fn the_budget_follows_a_working_set_through_its_phases() {
-    let target = uswap::pressure::DEFAULT_TARGET;
+    let target = uswap::budget::DEFAULT_TARGET;
     let p = Pager::builder()
         .resident_limit(96 * MIB)
         .fault_mode(FaultMode::Signal)
@@ -132,7 +132,7 @@ fn the_budget_follows_a_working_set_through_its_phases() {
 /// row stalled over twice the target. Every page is checked.
 #[test]
 fn the_budget_follows_a_working_set_that_drops_fivefold() {
-    let target = uswap::pressure::DEFAULT_TARGET;
+    let target = uswap::budget::DEFAULT_TARGET;
     let p = Pager::builder()
         .resident_limit(384 * MIB)
         .fault_mode(FaultMode::Signal)

@@ -24,7 +24,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "mappings, locks, queues, counters shared by processes",
-        &["mapping", "sync", "fifo", "readahead", "shared_charge", "bounce", "pressure"],
+        &["mapping", "sync", "fifo", "readahead", "shared_charge", "bounce", "pressure", "budget"],
     ),
     ("devices: where page contents go", &["backend"]),
     (

@@ -1,5 +1,5 @@
 //! `uswap run --auto[=TARGET]`: the tree's limit moved by the automatic budget's law
-//! (`uswap::pressure::Budget`, docs/auto-budget.md), in a thread of `uswap run`.
+//! (`uswap::budget::Budget`, docs/auto-budget.md), in a thread of `uswap run`.
 //!
 //! Locking: none; the thread reads and writes the shared charge's atomics, and stops (it is
 //! joined) before the segment it moves is let go of.
@@ -21,7 +21,7 @@ pub(super) fn parse_target(s: &str) -> Result<f64, String> {
 
 /// `--auto` for a tree: a thread of `uswap run` that moves the tree's limit (the shared
 /// charge's, which every pager of the tree reclaims to) by the law of
-/// [`uswap::pressure::Budget`], on the tree's stall clock (the union of its processes'
+/// [`uswap::budget::Budget`], on the tree's stall clock (the union of its processes'
 /// stalls, kept in the segment). The processes' own limits stay at the ceiling.
 pub(super) struct TreeBudget {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -40,7 +40,7 @@ impl TreeBudget {
         use std::sync::atomic::Ordering;
         let page = uswap::PAGE_SIZE as u64;
         let floor = (uswap::MIN_LIMIT_BYTES / page) as usize;
-        let mut law = uswap::pressure::Budget::new(target, floor, ((ceiling_bytes / page) as usize).max(floor));
+        let mut law = uswap::budget::Budget::new(target, floor, ((ceiling_bytes / page) as usize).max(floor));
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = stop.clone();
         let thread = std::thread::spawn(move || {

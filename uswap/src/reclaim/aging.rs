@@ -25,7 +25,7 @@
 //! ([`SCAN_PART_PAGES`]) between the background reclaimer's rounds, and waits while the
 //! tree is over a goal its automatic budget set: the reclaim that takes the pages found
 //! idle runs on this thread. What each tick found goes to the automatic budget
-//! (`pressure::IdleSample`), which takes the pages found untouched as soon as they are 4 MiB,
+//! (`budget::IdleSample`), which takes the pages found untouched as soon as they are 4 MiB,
 //! and at its tick otherwise.
 //!
 //! With `IdleAging::Evict(age)`, staged pages that have been idle for `age` are written to
@@ -63,7 +63,7 @@ pub const MAX_SLOWDOWN: usize = 4;
 /// How many times faster than its pace the scan goes once half of what it tests stays
 /// untouched (then up to [`MAX_IDLE_SPEEDUP`] times): the pages it finds idle are then most
 /// of its cost-free work, and what an automatic budget follows a shrinking working set down
-/// by (`pressure::Budget`).
+/// by (`budget::Budget`).
 pub const IDLE_SPEEDUP: usize = 4;
 /// How far the speed-up goes (four times more) while the next tick finds half of its pages
 /// idle again (256 MiB/s asked; one thread moves about 160 MiB/s on this VM, at a TLB
@@ -104,7 +104,7 @@ pub(crate) struct Aging {
     tier_cursor: Vec<u64>,
     /// Pages the last tick moved out, and the counts then of aged pages that had come back
     /// and that reclaim had written out: the sample the next tick reports
-    /// (`pressure::IdleSample`).
+    /// (`budget::IdleSample`).
     last_moved: usize,
     last_refaults: u64,
     last_aged_written: u64,
@@ -242,7 +242,7 @@ impl Aging {
         self.scan_left > 0
     }
 
-    /// Reports what the last tick found to the automatic budget (`pressure::IdleSample`):
+    /// Reports what the last tick found to the automatic budget (`budget::IdleSample`):
     /// the pages it moved out, and how many of them have not come back since. The pages
     /// that came back are counted by their faults, and those that reclaim wrote out before
     /// either (a probe takes the staged pages first) are left out of the sample; both

@@ -55,11 +55,11 @@ const FORK_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Moves the limit as the automatic budget's law says, once a tick and when the aging scan
-/// reports idle pages (`pressure::Budget`).
+/// reports idle pages (`budget::Budget`).
 /// A lower limit is reclaimed down to first, here, off the application's threads, and set
 /// after: faults meanwhile see the old one and do not reclaim for the probe, whose cost is
 /// then what it measures (the pages it took that are in use).
-fn move_budget(cx: &Reclaim<'_>, b: &mut crate::pressure::Budget, now_us: u64) {
+fn move_budget(cx: &Reclaim<'_>, b: &mut crate::budget::Budget, now_us: u64) {
     let limit = cx.charge.limit_pages.load(Ordering::Acquire);
     let resident = cx.charge.resident_pages.load(Ordering::Acquire);
     let idle = cx.charge.idle_sample.total();
@@ -112,7 +112,7 @@ struct Reclaimer {
     /// When the slots held for fork children were last looked at (see [`FORK_PERIOD`]).
     last_fork_pass: std::time::Instant,
     /// The automatic budget, if the limit is automatic.
-    budget: Option<crate::pressure::Budget>,
+    budget: Option<crate::budget::Budget>,
     /// The aging scan, if idle aging is on.
     aging: Option<super::aging::Aging>,
 }

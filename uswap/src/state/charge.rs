@@ -7,7 +7,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 
-use crate::pressure::{Budget, IdleSample, StallAverages, StallClock, StallGuard};
+use crate::budget::{Budget, IdleSample};
+use crate::pressure::{StallAverages, StallClock, StallGuard};
 use crate::shared_charge::{ChargeCell, SharedCharge};
 
 /// The resident limit and the charge against it.
