@@ -151,7 +151,7 @@ fn managed_for(size: usize, ret: Option<usize>) -> bool {
 /// The blocks the C library's malloc may hold before mimalloc is brought up (see the module
 /// doc): a shell's, `sed`'s, `perl -e`'s or the `gcc` driver's whole heap (38-220 KiB live
 /// at exit), CPython's start's, not `cc1`'s on a small file (1.6 MiB). A quarter of
-/// `USWAP_START_AFTER` where that is less (a sixteenth of a small limit): what a process
+/// `USWAP_START_AFTER` where that is less (a 64th of a small limit): what a process
 /// whose heap needs a pager keeps outside its budget for good.
 pub const C_LIBRARY_HEAP_BYTES: usize = 2 << 20;
 
@@ -163,9 +163,9 @@ static PENDING_LEN: AtomicUsize = AtomicUsize::new(0);
 static PENDING_START_AFTER: AtomicUsize = AtomicUsize::new(0);
 /// The usable bytes of the live blocks the C library's malloc handed out since
 /// [`prepare`], whoever asked (uswap's own and the dynamic linker's are few, and only bring
-/// mimalloc up sooner); after the bring-up, less what the program's threads freed of them
-/// since, for the unmanaged report ([`c_library_heap_bytes`]). About: a block from before
-/// `prepare`, freed, is subtracted too (read as at least 0).
+/// mimalloc up sooner), until the bring-up; then frozen, for the unmanaged report
+/// ([`c_library_heap_bytes`]). About: a block from before `prepare`, freed, is subtracted
+/// too (read as at least 0).
 static C_LIBRARY_LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 static BRING_UP: std::sync::Once = std::sync::Once::new();
 
@@ -181,24 +181,21 @@ fn count_c_library_block(p: *mut c_void, old_bytes: usize) {
     C_LIBRARY_LIVE_BYTES.fetch_add(bytes as isize - old_bytes as isize, Ordering::Relaxed);
 }
 
-/// Uncounts the C library's block `p`, about to be freed: while mimalloc is not up, any
-/// block; once it is, the program's.
+/// Uncounts the C library's block `p`, about to be freed, while mimalloc is not up. After,
+/// a free cannot tell the program's blocks from the dynamic linker's (a thread's TLS
+/// tables, freed on its thread as it ends) or uswap's: the count stays as it was.
 #[inline]
 fn uncount_c_library_block(p: *mut c_void) {
-    let counting = if ARENA_END.load(Ordering::Relaxed) == 0 {
-        PENDING.load(Ordering::Relaxed)
-    } else {
-        C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed) > 0 && program_thread()
-    };
-    if counting {
+    if PENDING.load(Ordering::Relaxed) {
         // SAFETY: `p` is a live block of the C library's malloc (the caller's contract).
         let bytes = unsafe { real::usable_size(p) };
         C_LIBRARY_LIVE_BYTES.fetch_sub(bytes as isize, Ordering::Relaxed);
     }
 }
 
-/// The program's bytes in the C library's heap from before mimalloc came up, still live (0
-/// before, or when it came up with the pager before `main`): outside the budget for good.
+/// The program's bytes in the C library's heap when mimalloc came up (0 before, or when it
+/// came up with the pager before `main`): outside the budget for good, as long as they live
+/// (the report bounds the figure by the brk heap's resident pages).
 pub fn c_library_heap_bytes() -> u64 {
     if PENDING.load(Ordering::Acquire) || ARENA_END.load(Ordering::Acquire) == 0 {
         return 0;
@@ -208,7 +205,8 @@ pub fn c_library_heap_bytes() -> u64 {
 
 /// Lazy start: notes the heap's region, reserved as ordinary memory, for [`bring_up`], and
 /// finds the dynamic linker (its blocks are never counted). `start_after_bytes`: the
-/// pager starts once mimalloc has committed about that much ([`commit`]).
+/// pager starts once the heap holds about that much: the C library's count at the bring-up,
+/// then mimalloc's commits ([`commit`]).
 pub fn prepare(start: usize, len: usize, start_after_bytes: usize) {
     note_dynamic_linker();
     PENDING_START.store(start, Ordering::Relaxed);
@@ -226,10 +224,11 @@ pub fn bring_up() {
     if !PENDING.load(Ordering::Acquire) {
         return;
     }
+    // SAFETY: the calling thread's errno slot; a malloc that succeeds leaves it as it was
+    // (this thread's bring-up, or its wait for another thread's).
+    let errno = unsafe { *libc::__errno_location() };
     BRING_UP.call_once(|| {
         let _uswap = Guard::enter();
-        // SAFETY: the calling thread's errno slot; a malloc that succeeds leaves it as it was.
-        let errno = unsafe { *libc::__errno_location() };
         let start_after = PENDING_START_AFTER.load(Ordering::Relaxed);
         let (start_at, len) = (PENDING_START.load(Ordering::Relaxed), PENDING_LEN.load(Ordering::Relaxed));
         // The heap `USWAP_START_AFTER` measures is the program's, both allocators' (the
@@ -243,9 +242,9 @@ pub fn bring_up() {
             crate::note_refusal(&msg);
         }
         PENDING.store(false, Ordering::Release);
-        // SAFETY: as above.
-        unsafe { *libc::__errno_location() = errno };
     });
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
 }
 
 /// Finds the dynamic linker and the extent of its loaded segments: the object that holds
@@ -278,7 +277,12 @@ pub fn arena_start() -> usize {
 #[inline]
 pub fn in_arena(p: *mut c_void) -> bool {
     let a = p as usize;
-    a >= ARENA_START.load(Ordering::Acquire) && a < ARENA_END.load(Ordering::Acquire)
+    // The end first: `start` stores the start before it (Release), so a thread that sees
+    // the end sees the start too. Read the other way round, a `free` racing mimalloc's
+    // bring-up on another thread could see the end with a start of 0, and take a block of
+    // the C library's for mimalloc's.
+    let end = ARENA_END.load(Ordering::Acquire);
+    end != 0 && a < end && a >= ARENA_START.load(Ordering::Acquire)
 }
 
 /// Whether the user set mimalloc's purge delay (its current name or its legacy one).
@@ -417,7 +421,8 @@ fn add_arena(start: usize, off: usize, len: usize, counted: bool) -> Result<(), 
 }
 
 /// Lazy start: the heap bytes mimalloc may commit before the pager starts (`usize::MAX`:
-/// not waiting), what it has committed of the first arena (about: a range partly committed
+/// not waiting), what it has committed of the first arena, from the C library's count of
+/// the program's blocks at the bring-up (about: a range partly committed
 /// already is counted whole, and the start only comes earlier for it), and the end of the
 /// furthest commit, an address (past it, nothing of the region was ever touched).
 static START_AFTER_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
@@ -541,7 +546,8 @@ fn huge(size: usize) -> *mut c_void {
 }
 
 /// The length of `p`'s block if it is a [`huge`] one. Outside the arena and page-aligned
-/// first (a lock and a table search only then: glibc's blocks are never page-aligned).
+/// first (a lock and a table search only then: the C library's blocks are page-aligned
+/// only where a program asked for it, `valloc` or `posix_memalign`, before mimalloc came up).
 fn huge_len(p: *mut c_void) -> Option<usize> {
     let a = p as usize;
     if in_arena(p) || a % uswap::PAGE_SIZE != 0 {
@@ -641,10 +647,20 @@ unsafe extern "C" fn realloc_returning_to(p: *mut c_void, size: usize, ret: usiz
         return std::ptr::null_mut();
     }
     let huge_block = huge_len(p).is_some();
-    match (in_arena(p), managed_for(size, Some(ret)) && !huge_block && size <= HUGE_MIN_BYTES) {
+    let from_arena = in_arena(p);
+    // What the C library's heap would hold more: the growth of a block of its own.
+    let more = match PENDING.load(Ordering::Relaxed) && !from_arena && !huge_block {
+        // SAFETY: `p` is the C library's (not in the arena, not a huge block).
+        true => size.saturating_sub(unsafe { real::usable_size(p) }),
+        false => size,
+    };
+    let managed = managed_for(more, Some(ret));
+    match (from_arena, managed && !huge_block && size <= HUGE_MIN_BYTES) {
         // SAFETY: `p` is mimalloc's.
         (true, true) => mi_alloc(size, || unsafe { mi::mi_realloc(p, size) }),
-        (false, false) if !huge_block => {
+        // A block of the C library's that stays there; one the program grows past what an
+        // arena holds becomes a huge block (the arm below).
+        (false, false) if !huge_block && !managed => {
             let counted = PENDING.load(Ordering::Relaxed);
             // SAFETY: `p` is the C library's (not in the arena, not a huge block).
             let old_bytes = if counted { unsafe { real::usable_size(p) } } else { 0 };
@@ -656,7 +672,7 @@ unsafe extern "C" fn realloc_returning_to(p: *mut c_void, size: usize, ret: usiz
             n
         }
         // A block moves between heaps: allocate on the caller's side, copy, free the old one.
-        (from_arena, _) => {
+        _ => {
             let old_size = if let Some(len) = huge_len(p) {
                 len
             } else if from_arena {

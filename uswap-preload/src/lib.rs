@@ -13,12 +13,13 @@
 //! **Lazy start.** Most processes of a tree are short and small (a shell, `sed`, `cc1` on a
 //! small file), and a pager's start costs milliseconds: two userfaultfds, tables, threads,
 //! and in signal mode the C library's system calls rewritten. So the pager starts at the
-//! first of: the heap's committed bytes passing `USWAP_START_AFTER` (mimalloc tells each
+//! first of: the heap's bytes passing `USWAP_START_AFTER` (the C library's blocks from
+//! before mimalloc came up, then what mimalloc commits: it tells each
 //! commit and purge, [`heap`]), the program's first anonymous mapping that would be managed
 //! ([`mmap`]), its first thread ([`threads`]: the start needs the process to have one thread,
 //! see `uswap::syscall_guard`). Until then the process is the kernel's, at plain speed: its heap is
 //! ordinary memory (at most a sixteenth of the limit, outside the budget), and it leaves no
-//! record. Its first 4 MiB of blocks are the C library's malloc's, and mimalloc comes up
+//! record. Its first 2 MiB of blocks are the C library's malloc's, and mimalloc comes up
 //! only past them, or with the pager ([`heap`], "The C library's heap first"). What stays
 //! on every process's start-up path: loading this library, reading the environment,
 //! reserving the heap's address space, and in signal
@@ -155,10 +156,10 @@ pub fn pager() -> Option<&'static uswap::Pager> {
 /// ([`start_if_waiting`]).
 fn prepare() -> Result<(), String> {
     let _g = own_code::Guard::enter();
-    // The C library's malloc serves only uswap from now on (the program's goes to the
-    // managed heap): one arena, and blocks up to 32 MiB from the brk heap rather than
-    // mappings of their own, so that uswap's own memory is the `[heap]` a report of the
-    // program's unmanaged memory leaves out (`unmanaged`).
+    // The C library's malloc serves uswap, and the program's first blocks until mimalloc
+    // comes up (`heap`): one arena, and blocks up to 32 MiB from the brk heap rather than
+    // mappings of their own, so that its memory is the `[heap]` a report of the program's
+    // unmanaged memory measures apart (`unmanaged`).
     // SAFETY: mallopt only sets glibc malloc tunables.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);

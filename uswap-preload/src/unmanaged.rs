@@ -3,8 +3,8 @@
 //!
 //! Every mapping of `/proc/self/maps` outside a managed region, the engine's own mappings
 //! (`uswap::memory_owner`: its stacks and mappings) and the brk heap (the C library's malloc,
-//! which serves only uswap once mimalloc is up; the program's blocks from before are added at
-//! what they held then) is counted with the `PAGEMAP_SCAN` ioctl on
+//! which serves only uswap once mimalloc is up; the program's blocks from before are added,
+//! at what they held then, bounded by the brk heap's resident pages) is counted with the `PAGEMAP_SCAN` ioctl on
 //! `/proc/self/pagemap` (Linux 6.7): its private anonymous pages (present, neither file
 //! pages nor the shared zero page), and the resident pages of shared anonymous memory
 //! (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV shared memory). Each mapping left gets the
@@ -87,30 +87,34 @@ fn why(h: &Header<'_>, min_size_bytes: usize) -> &'static str {
 
 /// Scans the process's mappings (see the module's comment). `None` if `/proc` cannot be read.
 pub fn measure(min_size_bytes: usize) -> Option<Unmanaged> {
-    let mut out = match std::fs::File::open("/proc/self/pagemap") {
-        Ok(pagemap) => measure_by_scan(&pagemap, min_size_bytes).or_else(|| measure_by_smaps(min_size_bytes)),
-        Err(_) => measure_by_smaps(min_size_bytes),
-    }?;
-    add_c_library_heap(&mut out);
+    let pagemap = std::fs::File::open("/proc/self/pagemap").ok();
+    let scanned = pagemap.as_ref().and_then(|pm| measure_by_scan(pm, min_size_bytes));
+    let by_scan = scanned.is_some();
+    let mut out = scanned.or_else(|| measure_by_smaps(min_size_bytes))?;
+    add_c_library_heap(&mut out, pagemap.as_ref().filter(|_| by_scan));
     Some(out)
 }
 
 /// The program's first blocks, which the C library's malloc kept (`crate::heap`, "The C
-/// library's heap first"), in the brk heap that the scan leaves out: counted at what they
-/// held when mimalloc came up.
-fn add_c_library_heap(out: &mut Unmanaged) {
-    let bytes = crate::heap::c_library_heap_bytes();
-    if bytes == 0 {
+/// library's heap first"), in the brk heap that the scan leaves out: what they held when
+/// mimalloc came up, and no more than the brk heap's resident pages (with `PAGEMAP_SCAN`),
+/// which hold uswap's own memory too: an upper bound. With no brk heap (the C library fell
+/// back to mappings of its own) they lie in mappings the scan counted already.
+fn add_c_library_heap(out: &mut Unmanaged, pagemap: Option<&std::fs::File>) {
+    let counted = crate::heap::c_library_heap_bytes();
+    if counted == 0 {
         return;
     }
-    let Some(h) = std::fs::read_to_string("/proc/self/maps")
+    let Some((start, end)) = std::fs::read_to_string("/proc/self/maps")
         .ok()
         .and_then(|maps| maps.lines().filter_map(parse_header).find(|h| h.path == "[heap]").map(|h| (h.start, h.end)))
     else {
         return;
     };
+    let resident = pagemap.and_then(|pm| scan_resident_bytes(pm, start, end, false));
+    let bytes = counted.min(resident.unwrap_or(counted));
     let why = "the program's first blocks, served by the C library's malloc before uswap's heap came up";
-    add(out, Mapping { start: h.0, len: h.1 - h.0, bytes, why });
+    add(out, Mapping { start, len: end - start, bytes, why });
 }
 
 /// Whether a mapping is counted at all, and if it is, whether it is shared anonymous memory.
