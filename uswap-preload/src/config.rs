@@ -183,11 +183,12 @@ fn loaded_async_io_library() -> Option<&'static str> {
 }
 
 /// Whether this process is `qemu-system-*` with KVM asked for (`-enable-kvm`, `-accel kvm`,
-/// `accel=kvm`).
+/// `accel=kvm`). From the arguments the C library hands the library's constructor, not
+/// from `/proc/self/cmdline` (an open, a `statx`, two reads and a close in every exec).
 fn qemu_with_kvm() -> bool {
-    let Ok(cmdline) = std::fs::read("/proc/self/cmdline") else { return false };
-    let mut args = cmdline.split(|&b| b == 0);
-    let exe = args.next().unwrap_or_default();
+    let mut args = std::env::args_os();
+    let Some(exe) = args.next() else { return false };
+    let exe = exe.as_encoded_bytes();
     let file = exe.rsplit(|&b| b == b'/').next().unwrap_or(exe);
-    file.starts_with(b"qemu-system") && args.any(|a| a.windows(3).any(|w| w == b"kvm"))
+    file.starts_with(b"qemu-system") && args.any(|a| a.as_encoded_bytes().windows(3).any(|w| w == b"kvm"))
 }
