@@ -66,8 +66,23 @@ fn is_shared_anonymous(path: &str) -> bool {
     path.starts_with("/dev/zero") || path.starts_with("/memfd:") || path.starts_with("/SYSV") || path == "[anon_shmem]"
 }
 
-/// Why a mapping with resident memory is not managed, from what `/proc` says of it.
-fn why(h: &Header<'_>, min_size_bytes: usize) -> &'static str {
+/// Where the mapping before ended, and whether it was a file's writable data: an anonymous
+/// mapping that starts there is that file's `.bss`.
+#[derive(Clone, Copy, Default)]
+struct Before {
+    end: usize,
+    file_data: bool,
+}
+
+impl Before {
+    fn of(h: &Header<'_>) -> Before {
+        Before { end: h.end, file_data: h.path.starts_with('/') && h.perms.as_bytes().get(1) == Some(&b'w') }
+    }
+}
+
+/// Why a mapping with resident memory is not managed, from what `/proc` says of it and of
+/// the mapping `before` it.
+fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
     let shared = h.perms.as_bytes().get(3) == Some(&b's');
     if shared && is_shared_anonymous(h.path) {
         return "shared memory (MAP_SHARED|MAP_ANONYMOUS, memfd, SysV): not paged by uswap (docs/cli.md)";
@@ -79,6 +94,9 @@ fn why(h: &Header<'_>, min_size_bytes: usize) -> &'static str {
         p if p.starts_with('/') => "written pages of a file mapping",
         _ if h.perms.as_bytes().get(1) != Some(&b'w') => {
             "read-only memory (mprotect): the kernel moves no page out of it, so uswap lets go of it"
+        }
+        "" if before.file_data && before.end == h.start => {
+            "the zero-filled part of a program's or library's static data (.bss), mapped by the kernel or the loader"
         }
         _ if h.end - h.start < min_size_bytes => "smaller than --min-size",
         _ => "mapped where uswap does not see it: inside the C library (thread stacks, its own allocations) or by a raw system call",
@@ -149,14 +167,16 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
     let mut maps = String::new();
     std::fs::File::open("/proc/self/maps").ok()?.read_to_string(&mut maps).ok()?;
     let mut out = Unmanaged::default();
+    let mut before = Before::default();
     for h in maps.lines().filter_map(parse_header) {
+        let b = std::mem::replace(&mut before, Before::of(&h));
         let Some(shared_anon) = counted(&h) else { continue };
         // `[vsyscall]` lies in the kernel's half (the top bit set), which the ioctl refuses.
         if h.start as u64 >= 1 << 63 || !unowned(h.start, h.end) {
             continue;
         }
         let bytes = scan_resident_bytes(pagemap, h.start, h.end, shared_anon)?;
-        add(&mut out, Mapping { start: h.start, len: h.end - h.start, bytes, why: why(&h, min_size_bytes) });
+        add(&mut out, Mapping { start: h.start, len: h.end - h.start, bytes, why: why(&h, b, min_size_bytes) });
     }
     Some(out)
 }
@@ -244,6 +264,7 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
     // The mapping being read (its bytes still to come), and whether it is shared anonymous
     // memory.
     let mut cur: Option<(Mapping, bool)> = None;
+    let mut before = Before::default();
     let mut bytes = 0u64;
     let flush = |cur: Option<(Mapping, bool)>, bytes: u64, out: &mut Unmanaged| {
         if let Some((m, _)) = cur.filter(|(m, _)| bytes > 0 && unowned(m.start, m.start + m.len)) {
@@ -255,8 +276,9 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
         if let Some(h) = parse_header(&line) {
             flush(cur.take(), bytes, &mut out);
             bytes = 0;
+            let b = std::mem::replace(&mut before, Before::of(&h));
             cur = counted(&h).map(|shared_anon| {
-                let m = Mapping { start: h.start, len: h.end - h.start, bytes: 0, why: why(&h, min_size_bytes) };
+                let m = Mapping { start: h.start, len: h.end - h.start, bytes: 0, why: why(&h, b, min_size_bytes) };
                 (m, shared_anon)
             });
             continue;
@@ -281,8 +303,23 @@ mod tests {
         assert_eq!((h.start, h.end, h.perms, h.path), (0x7f00a000, 0x7f00c000, "rw-p", ""));
         let h = parse_header("55d0-55e0 rw-s 00000000 00:01 12 /memfd:pool (deleted)").unwrap();
         assert_eq!(h.path, "/memfd:pool (deleted)");
-        assert!(why(&h, 1 << 16).starts_with("shared memory"));
+        assert!(why(&h, Before::default(), 1 << 16).starts_with("shared memory"));
         assert!(parse_header("Rss:                 4 kB").is_none());
+    }
+
+    /// A non-PIE program's `.bss` (cc1's: 1 MiB after its data, at a low address) is named
+    /// as such, not as memory mapped behind uswap's back.
+    #[test]
+    fn the_zero_filled_part_of_a_files_data_is_named() {
+        let data =
+            parse_header("023c6000-023cd000 rw-p 01fc5000 fe:00 4242 /usr/lib/gcc/x86_64-linux-gnu/12/cc1").unwrap();
+        let bss = parse_header("023cd000-024d3000 rw-p 00000000 00:00 0 ").unwrap();
+        assert!(why(&bss, Before::of(&data), 1 << 16).contains(".bss"));
+        let apart = parse_header("023ce000-024d3000 rw-p 00000000 00:00 0 ").unwrap();
+        assert!(!why(&apart, Before::of(&data), 1 << 16).contains(".bss"), "not next to the data");
+        let text =
+            parse_header("00400000-023cd000 r-xp 00000000 fe:00 4242 /usr/lib/gcc/x86_64-linux-gnu/12/cc1").unwrap();
+        assert!(!why(&bss, Before::of(&text), 1 << 16).contains(".bss"), "after code, not data");
     }
 
     /// A read-write anonymous mapping of `len` bytes (`flags` says private or shared), its
