@@ -648,12 +648,12 @@ unsafe extern "C" fn realloc_returning_to(p: *mut c_void, size: usize, ret: usiz
     }
     let huge_block = huge_len(p).is_some();
     let from_arena = in_arena(p);
-    // What the C library's heap would hold more: the growth of a block of its own.
-    let more = match PENDING.load(Ordering::Relaxed) && !from_arena && !huge_block {
+    // A counted block of the C library's (mimalloc not up yet): its size, and what the C
+    // library's heap would hold more, its growth.
+    let counted_bytes = (PENDING.load(Ordering::Relaxed) && !from_arena && !huge_block)
         // SAFETY: `p` is the C library's (not in the arena, not a huge block).
-        true => size.saturating_sub(unsafe { real::usable_size(p) }),
-        false => size,
-    };
+        .then(|| unsafe { real::usable_size(p) });
+    let more = counted_bytes.map_or(size, |old| size.saturating_sub(old));
     let managed = managed_for(more, Some(ret));
     match (from_arena, managed && !huge_block && size <= HUGE_MIN_BYTES) {
         // SAFETY: `p` is mimalloc's.
@@ -661,12 +661,9 @@ unsafe extern "C" fn realloc_returning_to(p: *mut c_void, size: usize, ret: usiz
         // A block of the C library's that stays there; one the program grows past what an
         // arena holds becomes a huge block (the arm below).
         (false, false) if !huge_block && !managed => {
-            let counted = PENDING.load(Ordering::Relaxed);
             // SAFETY: `p` is the C library's (not in the arena, not a huge block).
-            let old_bytes = if counted { unsafe { real::usable_size(p) } } else { 0 };
-            // SAFETY: as above.
             let n = unsafe { real::realloc(p, size) };
-            if counted {
+            if let Some(old_bytes) = counted_bytes {
                 count_c_library_block(n, old_bytes);
             }
             n

@@ -39,6 +39,8 @@ pub struct Mapping {
 pub struct Unmanaged {
     pub bytes: u64,
     pub largest: Vec<Mapping>,
+    /// The brk heap's extent, as the scan met it (`[heap]`; left out of `bytes`).
+    brk_heap: Option<(usize, usize)>,
 }
 
 /// Mappings named in a report.
@@ -123,16 +125,18 @@ fn add_c_library_heap(out: &mut Unmanaged, pagemap: Option<&std::fs::File>) {
     if counted == 0 {
         return;
     }
-    let Some((start, end)) = std::fs::read_to_string("/proc/self/maps")
-        .ok()
-        .and_then(|maps| maps.lines().filter_map(parse_header).find(|h| h.path == "[heap]").map(|h| (h.start, h.end)))
-    else {
-        return;
-    };
+    let Some((start, end)) = out.brk_heap else { return };
     let resident = pagemap.and_then(|pm| scan_resident_bytes(pm, start, end, false));
     let bytes = counted.min(resident.unwrap_or(counted));
     let why = "the program's first blocks, served by the C library's malloc before uswap's heap came up";
     add(out, Mapping { start, len: end - start, bytes, why });
+}
+
+/// Notes the brk heap's extent, for [`add_c_library_heap`].
+fn note_brk_heap(out: &mut Unmanaged, h: &Header<'_>) {
+    if h.path == "[heap]" {
+        out.brk_heap = Some((h.start, h.end));
+    }
 }
 
 /// Whether a mapping is counted at all, and if it is, whether it is shared anonymous memory.
@@ -170,6 +174,7 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
     let mut before = Before::default();
     for h in maps.lines().filter_map(parse_header) {
         let b = std::mem::replace(&mut before, Before::of(&h));
+        note_brk_heap(&mut out, &h);
         let Some(shared_anon) = counted(&h) else { continue };
         // `[vsyscall]` lies in the kernel's half (the top bit set), which the ioctl refuses.
         if h.start as u64 >= 1 << 63 || !unowned(h.start, h.end) {
@@ -277,6 +282,7 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
             flush(cur.take(), bytes, &mut out);
             bytes = 0;
             let b = std::mem::replace(&mut before, Before::of(&h));
+            note_brk_heap(&mut out, &h);
             cur = counted(&h).map(|shared_anon| {
                 let m = Mapping { start: h.start, len: h.end - h.start, bytes: 0, why: why(&h, b, min_size_bytes) };
                 (m, shared_anon)
