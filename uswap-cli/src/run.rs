@@ -34,8 +34,17 @@ pub const ENV_PRELOAD_LIB: &str = "USWAP_PRELOAD_LIB";
 /// `--min-size`'s default, in bytes (as the preload library's own default).
 pub const DEFAULT_MIN_SIZE_BYTES: u64 = 64 << 10;
 
-/// `--start-after`'s default, in bytes (as the preload library's own default).
-pub const DEFAULT_START_AFTER_BYTES: u64 = 16 << 20;
+/// `--start-after`'s default, in bytes: a sixteenth of the limit (the preload library's own
+/// default, and the most it takes), or 16 MiB at most under `--auto`, whose limit moves:
+/// a process waiting for its pager cannot follow it down.
+pub fn default_start_after_bytes(limit_bytes: u64, auto: bool) -> u64 {
+    let sixteenth = limit_bytes / 16;
+    if auto {
+        sixteenth.min(16 << 20)
+    } else {
+        sixteenth
+    }
+}
 
 /// Exit status for "uswap could not run the program as asked".
 const EXIT_CANNOT_RUN: u8 = 2;
@@ -71,14 +80,17 @@ pub struct RunArgs {
     /// its first blocks, up to 2 MiB, see `--start-after`).
     #[arg(long, default_value = "64KiB", value_parser = parse_size)]
     pub min_size: u64,
-    /// A process's pager starts once its heap passes SIZE (at most a sixteenth of the limit),
-    /// at its first mapping of at least `--min-size`, or at its first thread, whichever comes
-    /// first: the shells, compilers of small files and other short processes of a tree run
-    /// at plain speed, their memory ordinary (outside the budget) until then. A process's
-    /// first blocks (up to 2 MiB, at most a quarter of SIZE) stay in the C library's malloc,
-    /// outside the budget for good. `0`: every process builds its pager before its `main`.
-    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_size)]
-    pub start_after: u64,
+    /// A process's pager starts once its heap passes SIZE (default and most: a sixteenth of
+    /// the limit; 16 MiB at most with `--auto`), at its first mapping of at least
+    /// `--min-size`, or at its first thread, whichever comes first: the shells, compilers of
+    /// small files and other short processes of a tree, and programs far below the limit,
+    /// run at plain speed until then. Past 16 MiB a waiting process's heap is charged to the
+    /// tree, and once the tree's charge is at half the limit each such process starts its
+    /// pager when its heap next grows. A process's first blocks (up to 2 MiB, at most a
+    /// quarter of SIZE) stay in the C library's malloc, outside the budget for good. `0`:
+    /// every process builds its pager before its `main`.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub start_after: Option<u64>,
     /// Write the summed counters as JSON here when the program ends.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
@@ -457,7 +469,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         device: args.device.clone(),
         fault_mode: args.fault_mode,
         min_size_bytes: args.min_size,
-        start_after_bytes: args.start_after,
+        start_after_bytes: args.start_after.unwrap_or(default_start_after_bytes(limit, args.auto.is_some())),
         // `--auto` probes take the longest idle pages first once aging has found them.
         idle_aging: args.idle_age.unwrap_or(match args.auto {
             Some(_) => uswap::IdleAging::Observe,

@@ -240,3 +240,39 @@ fn the_trees_unmanaged_peak_counts_its_processes_at_one_moment() {
         "one program's unmanaged peak {one_peak} bytes, twenty in a row under a shell {tree_peak}: {tree}"
     );
 }
+
+/// Under a large limit a process far below it runs with no pager, as without uswap, and its
+/// heap past 16 MiB is charged to the tree all the same: four processes of 48 MiB of blocks
+/// (49 MiB of heap each) under 1 GiB (whose pagers would start past 64 MiB of heap)
+/// build none, and the tree's resident peak holds their four heaps at one moment. Ten
+/// processes of 112 MiB of blocks (113 MiB of heap, short of the 128 MiB at which a pager
+/// starts under 2 GiB), started one after the other and holding their heaps, take the tree's
+/// charge past half its limit with the last of them, which then start their pagers (the ones
+/// before, done allocating, wait on). Every byte is checked in every process.
+#[test]
+fn processes_far_below_a_large_limit_run_without_pagers_charged_to_the_tree() {
+    let dir = tmpdir("tree-waiting");
+    let p = compile("heaphold", &dir, &[]);
+    let four = format!("for i in 1 2 3 4; do '{}' 48 2000 & done; wait", p.display());
+    let (o, v) = uswap_run(1024, &[], &["sh", "-c", &four], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plain = run_timed(Command::new(&p).args(["48", "0"]), Duration::from_secs(60));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&plain.stdout).repeat(4));
+    assert_eq!(counter(&v, "processes"), 0, "no process needed a pager: {v}");
+    let peak_mib = counter(&v, "resident_peak_bytes") >> 20;
+    assert!((4 * 40..=4 * 64).contains(&peak_mib), "the four heaps at once are 4 x 48 MiB: {peak_mib} MiB: {v}");
+
+    let ten = format!("for i in $(seq 10); do '{}' 112 8000 & sleep 0.3; done; wait", p.display());
+    let (o, v) = uswap_run(2048, &[], &["sh", "-c", &ten], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plain = run_timed(Command::new(&p).args(["112", "0"]), Duration::from_secs(60));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&plain.stdout).repeat(10));
+    let started = counter(&v, "processes");
+    assert!(
+        (1..=3).contains(&started),
+        "the tree's charge passed 1 GiB with the last processes, none passed its own start: {v}"
+    );
+    assert!(counter(&v, "managed_peak_bytes") > 0, "{v}");
+    let peak_mib = counter(&v, "resident_peak_bytes") >> 20;
+    assert!((1024..=2048).contains(&peak_mib), "ten heaps of 112 MiB, at most the limit: {peak_mib} MiB: {v}");
+}

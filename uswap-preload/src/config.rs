@@ -10,7 +10,7 @@
 //! | `USWAP_MIN_SIZE` | smallest `mmap` managed | 64 KiB |
 //! | `USWAP_STATS_DIR` | where each process writes its final counters | none |
 //! | `USWAP_IDLE_AGE` | idle aging: an age (`120s`, `2m`), `never` (count idle pages only) or `off` | `off` |
-//! | `USWAP_START_AFTER` | the heap a process may use before its pager starts, a size; `0`: before `main` (see the crate's doc, "Lazy start") | 16 MiB, at most a sixteenth of the limit |
+//! | `USWAP_START_AFTER` | the heap a process may use before its pager starts, a size, at most a sixteenth of the limit; `0`: before `main` (see the crate's doc, "Lazy start") | a sixteenth of the limit (16 MiB at most outside a `uswap run` tree, see `waiting_charge`) |
 //! | `USWAP_DISABLE` | set: the library does nothing | unset |
 //! | `USWAP_ADDRESS_SPACE_LIMIT` | set by the library itself at `execve`: the address-space limit a managed parent set (see `rlimit`) | unset |
 
@@ -25,9 +25,14 @@ pub const ENV_DISABLE: &str = "USWAP_DISABLE";
 pub const ENV_IDLE_AGE: &str = "USWAP_IDLE_AGE";
 pub const ENV_START_AFTER: &str = "USWAP_START_AFTER";
 
-/// The default of `USWAP_START_AFTER`: more than a shell, `sed`, `cc1` on a small file or a
-/// test runner's short process ever commits of heap, less than what is worth paging.
-pub const DEFAULT_START_AFTER_BYTES: u64 = 16 << 20;
+/// The default and the most of `USWAP_START_AFTER`: a sixteenth of the limit. Under a
+/// limit of 256 MiB or less, at most what a shell, `sed`, `cc1` on a small file or a test
+/// runner's short process commits of heap; under a larger one, a program far below its
+/// limit pays nothing for its pager (past 16 MiB its heap is charged to the tree all the
+/// same, see `waiting_charge`).
+pub fn start_after_most_bytes(limit_bytes: u64) -> u64 {
+    limit_bytes / 16
+}
 
 /// The heap region is never smaller than this (mimalloc's smallest arena is 32 MiB).
 const MIN_HEAP_BYTES: u64 = 256 << 20;
@@ -46,7 +51,8 @@ pub struct Config {
     pub heap_bytes: usize,
     /// The heap bytes mimalloc may commit before the pager starts (see the crate's doc,
     /// "Lazy start"); 0: the pager starts before `main`. At most a sixteenth of the limit:
-    /// what a process waiting for its pager holds is outside the budget.
+    /// what a process waiting for its pager holds cannot be paged (past 16 MiB it is
+    /// charged to the tree, `waiting_charge`).
     pub start_after_bytes: usize,
 }
 
@@ -88,7 +94,8 @@ impl Config {
             say_address_space_limit(as_bytes, heap, capacity, limit_set_inside);
         }
         let heap_bytes = heap.next_multiple_of(32 << 20) as usize;
-        let start_after_bytes = size_var(ENV_START_AFTER, DEFAULT_START_AFTER_BYTES)?.min(limit_bytes / 16) as usize;
+        let start_after_bytes = size_var(ENV_START_AFTER, start_after_most_bytes(limit_bytes))?
+            .min(start_after_most_bytes(limit_bytes)) as usize;
         Ok(Config {
             limit_bytes,
             devices,

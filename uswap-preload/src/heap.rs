@@ -5,8 +5,8 @@
 //! managed region as its arenas (`mi_manage_memory`) and told never to ask the OS for
 //! more (`disallow_os_alloc`): every block the program allocates lies in the region, and
 //! when mimalloc gives pages back (`MADV_DONTNEED` on a purge) the engine sees the
-//! `UFFD_EVENT_REMOVE` and frees their slots. Far below the limit, a purge of the first
-//! arena keeps its pages instead ([`commit`]).
+//! `UFFD_EVENT_REMOVE` and frees their slots. Far below the limit, a purge of an arena
+//! handed before the pager started keeps its pages instead ([`commit`]).
 //!
 //! Who is served from where (the routing rule, [`managed_caller`]): application threads get
 //! the managed heap once it is up; uswap's engine threads, this library's own code (the
@@ -389,8 +389,8 @@ static HANDED_BYTES: AtomicUsize = AtomicUsize::new(0);
 /// Serialises [`grow`] (taken only when an allocation found every arena full).
 static GROW: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Hands `[start + off, start + off + len)` to mimalloc as an arena. `counted`: the first
-/// arena of a process that waits for its pager, whose commits and decommits mimalloc asks
+/// Hands `[start + off, start + off + len)` to mimalloc as an arena. `counted`: an arena
+/// handed while the process waits for its pager, whose commits and decommits mimalloc asks
 /// of [`commit`] (it counts them, so that the pager starts when the heap is worth paging);
 /// otherwise committed from the start.
 fn add_arena(start: usize, off: usize, len: usize, counted: bool) -> Result<(), String> {
@@ -421,7 +421,7 @@ fn add_arena(start: usize, off: usize, len: usize, counted: bool) -> Result<(), 
 }
 
 /// Lazy start: the heap bytes mimalloc may commit before the pager starts (`usize::MAX`:
-/// not waiting), what it has committed of the first arena, from the C library's count of
+/// not waiting), what it has committed of the arenas handed while it waited, from the C library's count of
 /// the program's blocks at the bring-up (about: a range partly committed
 /// already is counted whole, and the start only comes earlier for it), and the end of the
 /// furthest commit, an address (past it, nothing of the region was ever touched).
@@ -430,13 +430,14 @@ static COMMITTED_BYTES: AtomicUsize = AtomicUsize::new(0);
 static COMMITTED_END: AtomicUsize = AtomicUsize::new(0);
 
 /// The prefix of the heap's region that may have been touched: what the pager scans for
-/// present pages when it takes the heap over. Every arena but the first was handed after
-/// the start, so the furthest commit of the first bounds it.
+/// present pages when it takes the heap over. Every arena handed while the process waited
+/// is counted (`grow`), so the furthest commit bounds it.
 pub fn committed_extent() -> usize {
     COMMITTED_END.load(Ordering::Acquire).saturating_sub(arena_start())
 }
 
-/// mimalloc's commit and decommit of a range of the first arena (lazy start). A commit has
+/// mimalloc's commit and decommit of a range of an arena handed while the process waited for
+/// its pager (lazy start). A commit has
 /// nothing to do (the range is mapped read-write) but count; once the count passes
 /// `USWAP_START_AFTER`, the pager starts, here, on the allocating thread. A decommit (a
 /// purge) gives the pages back to the kernel, as mimalloc's own does: `MADV_DONTNEED`,
@@ -454,14 +455,8 @@ extern "C" fn commit(commit: bool, start: *mut c_void, size: usize, is_zero: *mu
         }
         let now = COMMITTED_BYTES.fetch_add(size, Ordering::AcqRel) + size;
         COMMITTED_END.fetch_max(start as usize + size, Ordering::AcqRel);
-        let start_after = START_AFTER_BYTES.load(Ordering::Acquire);
-        if now >= start_after && managed_caller() {
-            crate::start_if_waiting(crate::StartCause::Heap);
-            if crate::is_waiting() {
-                // Put off (on an alternate signal stack): try again an eighth further on,
-                // not at every commit.
-                START_AFTER_BYTES.store(now + start_after / 8, Ordering::Release);
-            }
+        if crate::is_waiting() {
+            start_if_worth_it(now);
         }
         return true;
     }
@@ -472,8 +467,42 @@ extern "C" fn commit(commit: bool, start: *mut c_void, size: usize, is_zero: *mu
         // and the range faulted page by page when used again.
         return false;
     }
-    let _ = COMMITTED_BYTES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| Some(c.saturating_sub(size)));
+    let before = COMMITTED_BYTES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| Some(c.saturating_sub(size)));
+    if crate::is_waiting() {
+        // The tree's charge follows the heap down too (a trigger there waits for a commit).
+        let _ = crate::waiting_charge::note_heap(before.unwrap_or(0).saturating_sub(size));
+    }
     real::sys_madvise(start, size, libc::MADV_DONTNEED) == 0
+}
+
+/// A waiting process's heap holds `committed_bytes` after a commit: charged to the tree
+/// past a threshold (`waiting_charge`), and the pager started, here, on the allocating
+/// thread, once the heap passes `USWAP_START_AFTER` or the tree's charge half its limit.
+fn start_if_worth_it(committed_bytes: usize) {
+    let start_after = START_AFTER_BYTES.load(Ordering::Acquire);
+    if committed_bytes < start_after {
+        // Charged while it waits; not first and then handed to a pager that starts now,
+        // which would count the heap twice in the tree's peak (the waiting charge, then
+        // the pages the pager takes over).
+        if crate::waiting_charge::note_heap(committed_bytes) && managed_caller() {
+            let cause = match crate::waiting_charge::unchargeable() {
+                true => crate::StartCause::Heap,
+                false => crate::StartCause::TreeCharge,
+            };
+            crate::start_if_waiting(cause);
+        }
+        return;
+    }
+    if !managed_caller() {
+        return;
+    }
+    crate::start_if_waiting(crate::StartCause::Heap);
+    if crate::is_waiting() {
+        // Put off (on an alternate signal stack): charged meanwhile, and tried again an
+        // eighth further on, not at every commit.
+        let _ = crate::waiting_charge::note_heap(committed_bytes);
+        START_AFTER_BYTES.store(committed_bytes + start_after / 8, Ordering::Release);
+    }
 }
 
 /// An allocation failed with `handed_seen` bytes handed to mimalloc: hands it the next piece
@@ -483,9 +512,6 @@ extern "C" fn commit(commit: bool, start: *mut c_void, size: usize, is_zero: *mu
 /// have grown the heap meanwhile, or there was more to hand; false once the region is all
 /// handed (the allocation then fails, as the program's malloc would).
 fn grow(handed_seen: usize, want: usize) -> bool {
-    // Arenas after the first are not counted (`commit`): the pager takes the heap over
-    // before the first of them is handed.
-    crate::start_if_waiting(crate::StartCause::Heap);
     let _g = GROW.lock().unwrap_or_else(|e| e.into_inner());
     let handed = HANDED_BYTES.load(Ordering::Acquire);
     if handed != handed_seen {
@@ -498,15 +524,12 @@ fn grow(handed_seen: usize, want: usize) -> bool {
     let for_want = want.saturating_add(FIRST_ARENA_BYTES).next_multiple_of(FIRST_ARENA_BYTES).min(MAX_ARENA_BYTES);
     let len = handed.min(ARENA_CHUNK_BYTES).max(for_want).min(left);
     let _uswap = Guard::enter();
-    if add_arena(ARENA_START.load(Ordering::Acquire), handed, len, false).is_err() {
+    // While the process waits for its pager, every arena's commits are counted as the
+    // first's are (`commit`): they start the pager, and bound what it scans.
+    if add_arena(ARENA_START.load(Ordering::Acquire), handed, len, crate::is_waiting()).is_err() {
         return false;
     }
     HANDED_BYTES.store(handed + len, Ordering::Release);
-    if crate::is_waiting() {
-        // The start was put off (a signal handler, `start_if_waiting`): this arena's pages
-        // are not counted, and the pager must scan them when it takes the heap over.
-        COMMITTED_END.fetch_max(ARENA_START.load(Ordering::Acquire) + handed + len, Ordering::AcqRel);
-    }
     true
 }
 

@@ -15,11 +15,12 @@
 //! and in signal mode the C library's system calls rewritten. So the pager starts at the
 //! first of: the heap's bytes passing `USWAP_START_AFTER` (the C library's blocks from
 //! before mimalloc came up, then what mimalloc commits: it tells each
-//! commit and purge, [`heap`]), the program's first anonymous mapping that would be managed
+//! commit and purge, [`heap`]), the tree's charge at half its limit ([`waiting_charge`]),
+//! the program's first anonymous mapping that would be managed
 //! ([`mmap`]), its first thread ([`threads`]: the start needs the process to have one thread,
 //! see `uswap::syscall_guard`). Until then the process is the kernel's, at plain speed: its heap is
-//! ordinary memory (at most a sixteenth of the limit, outside the budget), and it leaves no
-//! record. Its first 2 MiB of blocks are the C library's malloc's, and mimalloc comes up
+//! ordinary memory (at most a sixteenth of the limit; past 16 MiB charged to the tree,
+//! [`waiting_charge`]), and it leaves no record. Its first 2 MiB of blocks are the C library's malloc's, and mimalloc comes up
 //! only past them, or with the pager ([`heap`], "The C library's heap first"). What stays
 //! on every process's start-up path: loading this library, reading the environment,
 //! reserving the heap's address space, and in signal
@@ -59,6 +60,7 @@ pub mod rlimit;
 pub mod signals;
 pub mod threads;
 pub mod unmanaged;
+pub mod waiting_charge;
 
 #[global_allocator]
 static ALLOCATOR: real::LibcAllocator = real::LibcAllocator;
@@ -108,7 +110,9 @@ pub(crate) fn join_tree(
     seg: &uswap::shared_charge::ChargeSegment,
     builder: uswap::PagerBuilder,
 ) -> uswap::PagerBuilder {
+    // A waiting process's slot, if it joined (by pid): its waiting charge is given back.
     let own = seg.claim(std::process::id());
+    waiting_charge::handed_to_pager();
     set_own_slot(own);
     match own {
         Some(own) => builder
@@ -122,9 +126,26 @@ pub(crate) fn join_tree(
     }
 }
 
-/// The shared charge segment, if this process is under one.
+/// The shared charge segment, if this process is under one and opened it.
 pub fn segment() -> Option<&'static uswap::shared_charge::ChargeSegment> {
     SEGMENT.get()
+}
+
+/// The shared charge segment of the `uswap run` tree, opened (and swept of dead processes'
+/// slots) the first time: `None` for a process run with the library by hand.
+pub(crate) fn open_segment() -> Result<Option<&'static uswap::shared_charge::ChargeSegment>, String> {
+    if let Some(seg) = SEGMENT.get() {
+        return Ok(Some(seg));
+    }
+    let Some(dir) = config().and_then(|c| c.stats_dir.as_ref()) else { return Ok(None) };
+    let path = dir.join(uswap::shared_charge::SEGMENT_FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let seg = uswap::shared_charge::ChargeSegment::open(&path)
+        .map_err(|e| format!("cannot open the shared charge {}: {e}", path.display()))?;
+    seg.sweep_dead();
+    Ok(Some(SEGMENT.get_or_init(|| seg)))
 }
 
 /// Set in a fork child of a managed process that could not get a pager of its own (and so
@@ -232,6 +253,8 @@ fn reserve_heap(len: usize) -> Result<usize, String> {
 pub(crate) enum StartCause {
     /// The heap's committed bytes passed `USWAP_START_AFTER`.
     Heap,
+    /// The tree's charge reached half its limit (`waiting_charge`).
+    TreeCharge,
     /// A mapping that would be managed (its bytes).
     Mapping(usize),
     /// The program's first thread.
@@ -244,6 +267,7 @@ impl std::fmt::Display for StartCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StartCause::Heap => write!(f, "its heap"),
+            StartCause::TreeCharge => write!(f, "its tree's charge at half the limit"),
             StartCause::Mapping(bytes) => write!(f, "a mapping of {bytes} bytes"),
             StartCause::Thread => write!(f, "its first thread"),
             StartCause::AddressSpaceLimit => write!(f, "an address-space limit it set"),
@@ -278,6 +302,11 @@ pub(crate) fn start_if_waiting(cause: StartCause) {
     }
     let heap = (heap::arena_start(), cfg.heap_bytes, heap::committed_extent());
     if let Err(e) = start_pager(cfg, Some(heap)) {
+        if let (Some(seg), Some(_)) = (segment(), own_slot()) {
+            // Claimed for a pager that did not come: the slot goes (the run fails anyway).
+            seg.leave(std::process::id());
+            set_own_slot(None);
+        }
         let msg = format!(
             "uswap: process {} runs unmanaged, every byte kept (its pager was to start for {cause}): {e}\n",
             std::process::id()
@@ -314,15 +343,8 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
     // are not the program's io_uring).
     let _direct = uswap::syscall_guard::EngineCalls::enter();
     let mut builder = cfg.builder().fault_mode(fault_mode).regions_survive_fork(true);
-    if let Some(dir) = &cfg.stats_dir {
-        let path = dir.join(uswap::shared_charge::SEGMENT_FILE);
-        if path.exists() {
-            let seg = uswap::shared_charge::ChargeSegment::open(&path)
-                .map_err(|e| format!("cannot open the shared charge {}: {e}", path.display()))?;
-            seg.sweep_dead();
-            builder = join_tree(&seg, builder);
-            let _ = SEGMENT.set(seg);
-        }
+    if let Some(seg) = open_segment()? {
+        builder = join_tree(seg, builder);
     }
     let pager = builder.build().map_err(|e| format!("cannot start the pager: {e}"))?;
     // Not yet the process's pager (`pager()` stays None until start-up is done).
@@ -430,7 +452,7 @@ fn route_system_calls(cfg: &config::Config) -> Result<Option<&'static str>, Stri
 /// Whether this thread runs a signal handler on its alternate signal stack (only handlers
 /// run there). A handler on the thread's own stack is not told apart: its frame has no
 /// mark that a stale copy lower on the stack would not have too.
-fn in_signal_handler() -> bool {
+pub(crate) fn in_signal_handler() -> bool {
     // SAFETY: an all-zero stack_t is valid; sigaltstack only writes it.
     let mut ss: libc::stack_t = unsafe { std::mem::zeroed() };
     // SAFETY: a query (no new stack), into `ss`.
@@ -484,6 +506,7 @@ pub(crate) fn note_refusal(msg: &str) {
 
 extern "C" fn fini() {
     report::write_final();
+    waiting_charge::leave();
 }
 
 /// Runs `init` when the library is loaded, before the program's `main`.

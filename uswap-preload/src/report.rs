@@ -166,6 +166,7 @@ pub fn write_final() {
 #[no_mangle]
 pub extern "C" fn _exit(status: i32) -> ! {
     write_final();
+    crate::waiting_charge::leave();
     // SAFETY: exit_group ends the process; it does not return.
     unsafe { libc::syscall(libc::SYS_exit_group, status) };
     unreachable!("exit_group returned")

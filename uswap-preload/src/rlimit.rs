@@ -234,6 +234,9 @@ const MAX_ENV: usize = 1024;
 
 /// Runs `exec` with `envp`, plus `USWAP_ADDRESS_SPACE_LIMIT` when the program set a limit.
 fn with_limit_in_env(envp: *const *const c_char, exec: impl FnOnce(*const *const c_char) -> c_int) -> c_int {
+    // The heap a waiting process charged goes with the image (the new one joins on its own
+    // if it must; after a failed exec, at this one's next commit).
+    crate::waiting_charge::leave();
     match set_limit() {
         Some(set) => exec_with_limit(envp, set, exec),
         None => exec(envp),

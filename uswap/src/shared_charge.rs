@@ -91,6 +91,19 @@ impl SharedCharge {
         }
     }
 
+    /// Sets the charge a process keeps in `own` (its slot's) to `pages`, and the tree's sum
+    /// and peak with it: for memory a process holds with no pager to charge it page by page
+    /// (`uswap run`'s preload charges the heap of a process waiting for its pager).
+    pub fn set_charge_without_pager(&self, own: &AtomicUsize, pages: usize) {
+        let old = own.swap(pages, Ordering::AcqRel);
+        if pages >= old {
+            let now = self.resident_pages.fetch_add(pages - old, Ordering::AcqRel) + (pages - old);
+            self.resident_peak_pages.fetch_max(now, Ordering::AcqRel);
+        } else {
+            self.resident_pages.fetch_sub(old - pages, Ordering::AcqRel);
+        }
+    }
+
     /// What the background reclaimers reclaim towards: the limit, or a goal below it.
     pub fn reclaim_goal_pages(&self) -> usize {
         let limit = self.limit_pages.load(Ordering::Acquire);
@@ -422,6 +435,20 @@ impl ChargeSegment {
         None
     }
 
+    /// Gives back the slot of process `pid` (a live process that leaves the tree: it ends
+    /// holding no pager), with its charge and shares; a no-op if it holds none.
+    pub fn leave(&self, pid: u32) {
+        let pid = pid as u64;
+        for s in &self.seg.slots {
+            if s.pid.compare_exchange(pid, u64::MAX, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                self.release(s);
+                s.pid.store(0, Ordering::Release);
+                self.seg.charge.nr_processes.fetch_sub(1, Ordering::AcqRel);
+                return;
+            }
+        }
+    }
+
     /// Returns the charge of processes that died holding a slot (killed, or ended with
     /// `_exit`); returns how many slots it freed.
     pub fn sweep_dead(&self) -> usize {
@@ -488,6 +515,28 @@ mod tests {
         assert_eq!(seg.sweep_dead(), 2);
         assert_eq!(seg.charge().nr_processes.load(Ordering::Relaxed), 0);
         assert_eq!(seg.charge().pool_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_charge_without_a_pager_moves_both_ways_keeps_its_peak_and_leaves_with_its_slot() {
+        let seg = segment("waiting");
+        let own = seg.claim(1_000_004).expect("a slot");
+        let tree = seg.charge();
+        tree.set_charge_without_pager(own.pages, 300);
+        tree.set_charge_without_pager(own.pages, 500);
+        tree.set_charge_without_pager(own.pages, 200);
+        assert_eq!(own.pages.load(Ordering::Relaxed), 200);
+        assert_eq!(tree.resident_pages.load(Ordering::Relaxed), 200);
+        assert_eq!(seg.resident_peak_pages(), 500, "the peak is the most at one moment");
+        // A pager's start claims the same slot: the charge without a pager is given back.
+        let again = seg.claim(1_000_004).expect("the same slot");
+        assert_eq!((again.pages.load(Ordering::Relaxed), tree.resident_pages.load(Ordering::Relaxed)), (0, 0));
+        tree.set_charge_without_pager(again.pages, 64);
+        seg.leave(1_000_004);
+        assert_eq!(tree.resident_pages.load(Ordering::Relaxed), 0);
+        assert_eq!(tree.nr_processes.load(Ordering::Relaxed), 0);
+        seg.leave(1_000_004);
+        assert_eq!(tree.nr_processes.load(Ordering::Relaxed), 0, "leaving twice is a no-op");
     }
 
     #[test]
