@@ -80,9 +80,10 @@ pub struct RunArgs {
     /// its first blocks, up to 2 MiB, see `--start-after`).
     #[arg(long, default_value = "64KiB", value_parser = parse_size)]
     pub min_size: u64,
-    /// A process's pager starts once its heap passes SIZE (default and most: a sixteenth of
-    /// the limit; 16 MiB at most with `--auto`), at its first mapping of at least
-    /// `--min-size`, or at its first thread, whichever comes first: the shells, compilers of
+    /// A process's pager starts once its heap and its own anonymous mappings pass SIZE
+    /// (default and most: a sixteenth of the limit; 16 MiB at most with `--auto`), at its
+    /// first mapping of at least `--min-size` placed by the program, shared or reserved, or
+    /// at its first thread, whichever comes first: the shells, compilers of
     /// small files and other short processes of a tree, and programs far below the limit,
     /// run at plain speed until then. Past 16 MiB a waiting process's heap is charged to the
     /// tree, and once the tree's charge is at half the limit each such process starts its

@@ -36,7 +36,6 @@
 //! milliseconds).
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// What the prepare handler holds across the fork; the parent and child handlers run on the
 /// same thread, so a thread-local carries it (the hold is not `Send`).
@@ -67,7 +66,7 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
-    OWN_PID.store(std::process::id(), Ordering::Relaxed);
+    crate::own_process::note();
     // A waiting parent's slot is its own; the child joins with one of its own if it must.
     crate::waiting_charge::forget_in_fork_child();
     // The thread-local holds the parent's thread's id.
@@ -112,21 +111,8 @@ fn rearm(held: Held) -> Result<(), String> {
     Ok(())
 }
 
-/// The process this library set itself up in: the one that loaded it, or a fork child
-/// (which `child` notes). A `vfork` child runs no fork handler and shares its parent's
-/// memory, its code included.
-static OWN_PID: AtomicU32 = AtomicU32::new(0);
-
-/// Whether the calling process is the one this library set itself up in, not a `vfork`
-/// child of it (which must start no pager: a rewrite of the C library's code, its tables,
-/// would be its parent's). A child made by a raw `clone` without `CLONE_VM` (no fork
-/// handler runs either) is not told apart from one, and runs unmanaged until it execs.
-pub fn is_own_process() -> bool {
-    OWN_PID.load(Ordering::Relaxed) == std::process::id()
-}
-
 pub fn start() -> Result<(), String> {
-    OWN_PID.store(std::process::id(), Ordering::Relaxed);
+    crate::own_process::note();
     // SAFETY: registers three handlers with no captured state; they run around fork() on
     // the forking thread.
     let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };

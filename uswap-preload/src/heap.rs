@@ -477,10 +477,11 @@ extern "C" fn commit(commit: bool, start: *mut c_void, size: usize, is_zero: *mu
 
 /// A waiting process's heap holds `committed_bytes` after a commit: charged to the tree
 /// past a threshold (`waiting_charge`), and the pager started, here, on the allocating
-/// thread, once the heap passes `USWAP_START_AFTER` or the tree's charge half its limit.
+/// thread, once the heap (with the mappings the process deferred, see `mmap`) passes
+/// `USWAP_START_AFTER` or the tree's charge half its limit.
 fn start_if_worth_it(committed_bytes: usize) {
     let start_after = START_AFTER_BYTES.load(Ordering::Acquire);
-    if committed_bytes < start_after {
+    if committed_bytes + crate::waiting_charge::mapped_bytes() < start_after {
         // Charged while it waits; not first and then handed to a pager that starts now,
         // which would count the heap twice in the tree's peak (the waiting charge, then
         // the pages the pager takes over).

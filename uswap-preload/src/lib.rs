@@ -16,8 +16,8 @@
 //! first of: the heap's bytes passing `USWAP_START_AFTER` (the C library's blocks from
 //! before mimalloc came up, then what mimalloc commits: it tells each
 //! commit and purge, [`heap`]), the tree's charge at half its limit ([`waiting_charge`]),
-//! the program's first anonymous mapping that would be managed
-//! ([`mmap`]), its first thread ([`threads`]: the start needs the process to have one thread,
+//! the program's first anonymous mapping that would be managed and that it cannot defer
+//! ([`mmap`]: one of its own, read-write, is deferred while the process may wait), its first thread ([`threads`]: the start needs the process to have one thread,
 //! see `uswap::syscall_guard`). Until then the process is the kernel's, at plain speed: its heap is
 //! ordinary memory (at most a sixteenth of the limit; past 16 MiB charged to the tree,
 //! [`waiting_charge`]), and it leaves no record. Its first 2 MiB of blocks are the C library's malloc's, and mimalloc comes up
@@ -53,6 +53,7 @@ pub mod locale;
 pub mod mlock;
 pub mod mmap;
 pub mod own_code;
+pub mod own_process;
 pub mod program_frames;
 pub mod real;
 pub mod report;
@@ -280,7 +281,7 @@ impl std::fmt::Display for StartCause {
 /// `uswap run`; the process goes on unmanaged, every byte kept. Must not be called from a
 /// signal handler (it allocates, maps and starts threads).
 pub(crate) fn start_if_waiting(cause: StartCause) {
-    if !is_waiting() || !fork::is_own_process() {
+    if !is_waiting() || !own_process::is_own_process() {
         return;
     }
     let Some(cfg) = config() else { return };
@@ -364,6 +365,7 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
         heap::start(start, len, None)?;
     }
     mmap::start(cfg.min_size_bytes);
+    mmap::adopt_deferred(pager);
     report::start(cfg.stats_dir.clone());
     PAGER.store(pager as *const uswap::Pager as *mut uswap::Pager, Ordering::Release);
     rlimit::refit();

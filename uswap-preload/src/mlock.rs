@@ -16,7 +16,8 @@
 //!
 //! Runs on the program's thread, maybe in its signal handler: allocates nothing, takes no
 //! lock the thread may hold (`uswap::mlock`'s writer flag is spun on a bounded number of
-//! times).
+//! times), but for a process waiting for its pager that locks deferred memory
+//! (`waiting_charge::start_if_deferred`: the pager starts first).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -99,11 +100,14 @@ fn interposed(nr: c_long, a: [u64; 6]) -> libc::c_int {
 
 #[no_mangle]
 pub extern "C" fn mlock(addr: *const libc::c_void, len: usize) -> libc::c_int {
+    // A deferred mapping of a waiting process is locked as managed memory (recorded).
+    crate::waiting_charge::start_if_deferred(addr as usize, len);
     interposed(libc::SYS_mlock, [addr as u64, len as u64, 0, 0, 0, 0])
 }
 
 #[no_mangle]
 pub extern "C" fn mlock2(addr: *const libc::c_void, len: usize, flags: libc::c_uint) -> libc::c_int {
+    crate::waiting_charge::start_if_deferred(addr as usize, len);
     interposed(libc::SYS_mlock2, [addr as u64, len as u64, flags as u64, 0, 0, 0])
 }
 

@@ -13,6 +13,19 @@
 //!   pages (its `UNMAP` event frees what they held) and they become the region's again,
 //!   reading zero (`Region::adopt_range`).
 //!
+//! A process waiting for its pager (lazy start, see the crate's doc) maps what would be a
+//! region of its own ([`Plan::Map`]) as the kernel's, ordinary memory, while what it holds
+//! stays under `--start-after` and its tree's charge under half the limit: the mapping is
+//! noted ("deferred"), charged to the tree with the heap (`waiting_charge`), and taken
+//! over as a region when the pager starts ([`adopt_deferred`]). CPython maps its object
+//! arenas itself, 1 MiB at a time; its first one started a pager before. An `munmap` of
+//! deferred memory goes to the kernel (what goes is no longer noted nor charged), and so
+//! does an `mprotect` to read-only or executable (such memory is let go of when managed);
+//! an `mremap` or `mmap(MAP_FIXED)` over it, advice about forks or huge pages and `mlock`
+//! start the pager first, and are then made as on managed memory. Any other mapping that
+//! would be managed still starts the pager at once, as does one the process cannot defer
+//! (`MAP_LOCKED`, `MAP_NORESERVE`, past `--start-after`).
+//!
 //! Everything else passes straight to the kernel: file and shared mappings, executable
 //! memory (reclaim moves pages into read-write staging pages, and the kernel moves only
 //! between equal protections), stacks (`MAP_STACK`, `MAP_GROWSDOWN`, and thread stacks,
@@ -68,6 +81,72 @@ fn config() -> Option<Config> {
 
 /// Mappings left ordinary because the table was full or the pager refused them.
 pub static UNMANAGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Lazy start: maps what would be a region of its own as ordinary memory, deferred (see
+/// the module's comment), if the process may go on waiting with it: what it holds stays
+/// under `--start-after`, its tree's charge under half the limit, and the mapping is not
+/// locked (`MAP_LOCKED`: the kernel moves no locked page) nor a sparse reservation
+/// (`MAP_NORESERVE`: charged whole, it would hold the tree's budget for nothing). `None`:
+/// the pager must start first. The caller checked the plan ([`Plan::Map`]).
+fn map_deferred(len: usize, prot: i32, flags: i32) -> Option<*mut c_void> {
+    let cfg = crate::config()?;
+    let len_r = page_round_up(len)?;
+    let holds = crate::waiting_charge::waiting_bytes().saturating_add(len_r);
+    let unchargeable = crate::waiting_charge::unchargeable()
+        || (cfg.stats_dir.is_none() && holds >= crate::waiting_charge::CHARGED_AFTER_BYTES);
+    if !crate::own_process::is_own_process()
+        || flags & (libc::MAP_LOCKED | libc::MAP_NORESERVE) != 0
+        || holds >= cfg.start_after_bytes
+        || crate::waiting_charge::tree_wants_pagers()
+        || unchargeable
+        || !crate::waiting_charge::room_for_deferred()
+    {
+        return None;
+    }
+    let p = real::sys_mmap(std::ptr::null_mut(), len, prot, flags, -1, 0);
+    if p == libc::MAP_FAILED {
+        return Some(p);
+    }
+    // As the pager's own regions: it takes the mapping over in 4 KiB pages.
+    real::sys_madvise(p, len_r, libc::MADV_NOHUGEPAGE);
+    match crate::waiting_charge::note_deferred(p as usize, len_r) {
+        Some(start_now) => {
+            if start_now {
+                // The tree's charge reached half its limit (or it cannot be charged): the
+                // pager starts now, and takes this mapping over with the others.
+                let cause = match crate::waiting_charge::unchargeable() {
+                    true => crate::StartCause::Mapping(len),
+                    false => crate::StartCause::TreeCharge,
+                };
+                crate::start_if_waiting(cause);
+            }
+            Some(p)
+        }
+        None => {
+            real::sys_munmap(p, len_r);
+            None
+        }
+    }
+}
+
+/// At the pager's start: the mappings the process deferred become regions of its own
+/// (`Pager::adopt`, which takes the pages they hold). One the pager refuses (the program
+/// changed it into something userfaultfd cannot manage) stays ordinary memory (counted).
+pub fn adopt_deferred(pager: &'static uswap::Pager) {
+    let deferred = crate::waiting_charge::take_deferred();
+    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    for (start, end) in deferred {
+        let len = end - start;
+        if table.len() >= MAX_MAPPINGS {
+            count_unmanaged();
+            continue;
+        }
+        match pager.adopt(start, len) {
+            Ok(region) => table.push(Entry { start, len, _region: region }),
+            Err(_) => count_unmanaged(),
+        }
+    }
+}
 
 pub fn start(min_size_bytes: usize) {
     TABLE.lock().unwrap_or_else(|e| e.into_inner()).reserve_exact(MAX_MAPPINGS);
@@ -259,13 +338,30 @@ pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd:
 fn program_mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
     if !in_uswap() && !uswap::is_engine_thread() {
         if crate::is_waiting() {
-            // Lazy start: the first mapping that would be managed starts the pager.
-            // Shared anonymous memory too: it is never managed, but a process with a pager
-            // measures it as unmanaged and reports it (`--strict`).
+            // Lazy start: a mapping that would be managed is deferred while the process
+            // may go on waiting, and starts the pager otherwise. Shared anonymous memory
+            // too: it is never managed, but a process with a pager measures it as
+            // unmanaged and reports it (`--strict`).
             let min_size_bytes = crate::config().map_or(usize::MAX, |c| c.min_size_bytes);
+            let plan = plan(addr, len, prot, flags, min_size_bytes);
+            if plan == Plan::Map {
+                if let Some(p) = map_deferred(len, prot, flags) {
+                    return p;
+                }
+            }
             let anonymous = flags & libc::MAP_ANONYMOUS != 0 && len >= min_size_bytes;
-            if anonymous || plan(addr, len, prot, flags, min_size_bytes) != Plan::Plain {
+            let fixed = flags & libc::MAP_FIXED != 0;
+            let over_deferred = fixed && crate::waiting_charge::overlaps_deferred(addr as usize, len);
+            if anonymous || plan != Plan::Plain || over_deferred {
                 crate::start_if_waiting(crate::StartCause::Mapping(len));
+            }
+            if over_deferred && crate::is_waiting() {
+                // Put off: mapped as the kernel's over deferred memory, which is no longer it.
+                let p = real::sys_mmap(addr, len, prot, flags, fd, off);
+                if p != libc::MAP_FAILED {
+                    crate::waiting_charge::trim_deferred(p as usize, page_round_up(len).unwrap_or(len));
+                }
+                return p;
             }
         }
         if let Some(cfg) = config() {
@@ -350,8 +446,17 @@ fn overlaps_managed(start: usize, end: usize) -> bool {
 
 #[no_mangle]
 pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
-    if in_uswap() || uswap::is_engine_thread() || config().is_none() {
+    if in_uswap() || uswap::is_engine_thread() {
         return real::sys_munmap(addr, len);
+    }
+    if config().is_none() {
+        // A waiting process's deferred mappings are the kernel's until its pager starts:
+        // what goes is no longer noted (CPython unmaps each arena it empties).
+        let r = real::sys_munmap(addr, len);
+        if r == 0 && crate::is_waiting() {
+            crate::waiting_charge::trim_deferred(addr as usize, page_round_up(len).unwrap_or(len));
+        }
+        return r;
     }
     let _g = Guard::enter();
     unmap(addr, len)
@@ -399,6 +504,15 @@ pub extern "C" fn mremap(
     new_addr: *mut c_void,
 ) -> *mut c_void {
     if in_uswap() || uswap::is_engine_thread() {
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    }
+    let onto = match flags & libc::MREMAP_FIXED {
+        0 => true,
+        _ => crate::waiting_charge::start_if_deferred(new_addr as usize, new_len),
+    };
+    if !crate::waiting_charge::start_if_deferred(old as usize, old_len) || !onto {
+        // The start was put off: moved or resized as the kernel's; what it touched of the
+        // deferred mappings is no longer noted, and stays ordinary memory.
         return real::sys_mremap(old, old_len, new_len, flags, new_addr);
     }
     let Some(cfg) = config() else {
@@ -518,6 +632,10 @@ fn unmanage_if_unmovable(addr: *mut c_void, len: usize, prot: i32) {
     if !(executable || read_only) || in_uswap() || uswap::is_engine_thread() {
         return;
     }
+    // What a waiting process deferred there is let go of as below: it stays the kernel's.
+    if crate::is_waiting() {
+        crate::waiting_charge::trim_deferred(addr as usize, page_round_up(len).unwrap_or(len));
+    }
     let Some(cfg) = config() else { return };
     let _g = Guard::enter();
     // Failing, the memory stays managed (and its pages refused by reclaim, counted).
@@ -536,6 +654,10 @@ fn unmanage_if_unmovable(addr: *mut c_void, len: usize, prot: i32) {
 /// like reach the engine as events).
 #[no_mangle]
 pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
+    if !in_uswap() && !uswap::is_engine_thread() && advice_needs_a_pager(advice) {
+        // On a deferred mapping of a waiting process: made as on managed memory.
+        crate::waiting_charge::start_if_deferred(addr as usize, len);
+    }
     let ours = !in_uswap() && !uswap::is_engine_thread() && config().is_some();
     let paging_advice = advice == libc::MADV_HUGEPAGE || advice == libc::MADV_MERGEABLE;
     let start = addr as usize;
@@ -556,6 +678,22 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
         uswap::note_madvise(addr as usize, len, advice);
     }
     r
+}
+
+/// Advice [`madvise`] handles, or records, for managed memory (huge pages and merging, forks,
+/// populating), which a deferred mapping must be managed memory to get.
+fn advice_needs_a_pager(advice: i32) -> bool {
+    matches!(
+        advice,
+        libc::MADV_HUGEPAGE
+            | libc::MADV_MERGEABLE
+            | libc::MADV_DONTFORK
+            | libc::MADV_DOFORK
+            | libc::MADV_WIPEONFORK
+            | libc::MADV_KEEPONFORK
+            | MADV_POPULATE_READ
+            | MADV_POPULATE_WRITE
+    )
 }
 
 const MADV_POPULATE_READ: i32 = 22;

@@ -1,35 +1,45 @@
-//! The heap of a process that waits for its pager, charged to the tree's budget.
+//! What a process that waits for its pager holds, charged to the tree's budget: its heap,
+//! and the mappings it defers.
 //!
-//! A process's pager starts when its heap passes `USWAP_START_AFTER`: a sixteenth of the
-//! limit unless `uswap run --start-after` says otherwise (the crate's doc, "Lazy start").
-//! Until then the process pays nothing for uswap, which under a large limit is a lot of
-//! memory with no pager: a `sqlite3` of 380 MiB under `--limit 64GiB` never needs one. So
-//! past [`CHARGED_AFTER_BYTES`] of heap a waiting process takes a slot of the tree's charge
-//! segment and charges its heap's committed bytes there, in pages, as mimalloc commits and
-//! gives memory back. The tree's pagers then reclaim for it (the limit holds for the tree
-//! as a whole), and `uswap run`'s resident peak counts it. A waiting process cannot
-//! reclaim, and a tree of waiting processes would have no one to hold the limit: once the
-//! tree's charge is at half its limit or more, a waiting process starts its pager at its
-//! next commit ([`tree_wants_pagers`]).
+//! A process's pager starts when what it holds passes `USWAP_START_AFTER`: a sixteenth of
+//! the limit unless `uswap run --start-after` says otherwise (the crate's doc, "Lazy
+//! start"). Until then the process pays nothing for uswap, which under a large limit is a
+//! lot of memory with no pager: a `sqlite3` of 380 MiB under `--limit 64GiB` never needs
+//! one. What it holds is its heap's committed bytes, as mimalloc commits and gives memory
+//! back, and the mappings it made as the kernel's instead of as regions of its own
+//! ([`note_deferred`]: `mmap`'s "deferred" mappings, such as CPython's arenas). Past
+//! [`CHARGED_AFTER_BYTES`] a waiting process takes a slot of the tree's charge segment and
+//! charges it there, in pages. The tree's pagers then reclaim for it (the limit holds for
+//! the tree as a whole), and `uswap run`'s resident peak counts it. A waiting process
+//! cannot reclaim, and a tree of waiting processes would have no one to hold the limit:
+//! once the tree's charge is at half its limit or more, a waiting process starts its pager
+//! at its next commit or deferred mapping ([`tree_wants_pagers`]).
 //!
 //! When the pager starts, it claims the same slot (`join_tree`, by pid): the waiting charge
 //! is given back there and the pager charges the pages it takes over instead
-//! ([`handed_to_pager`]). A process that ends (`exit`, `_exit`) or execs while waiting
-//! gives its slot back ([`leave`]); one killed is swept by the next process that sweeps dead
-//! slots (every join, every pager's start and publisher). A fork child charges its own copy
-//! of the heap, inherited pages included (counted twice while they are shared: the limit is
-//! held early, never late). Outside a tree (the library preloaded by hand) nothing can be
-//! charged: the pager starts where the process would have joined ([`unchargeable`]).
+//! ([`handed_to_pager`]), the deferred mappings with the heap ([`take_deferred`]). A process
+//! that ends (`exit`, `_exit`) or execs while waiting gives its slot back ([`leave`]); one
+//! killed is swept by the next process that sweeps dead slots (every join, every pager's
+//! start and publisher). A fork child charges its own copy, inherited pages included
+//! (counted twice while they are shared: the limit is held early, never late). Outside a
+//! tree (the library preloaded by hand) nothing can be charged: the pager starts where the
+//! process would have joined ([`unchargeable`]).
 //!
-//! Invariants: while [`SLOT`] is set, this process's slot holds its heap's committed pages
-//! as of its last commit or give-back, and nothing else; it is cleared when the pager takes
-//! over, when the process leaves, and in a fork child. Locking: none, atomics only (a commit may come
-//! from a signal handler that allocates; the join, which opens the segment, is not made
-//! on an alternate signal stack).
+//! Invariants: while [`SLOT`] is set, this process's slot holds [`waiting_bytes`] in pages
+//! as of its last change, and nothing else; it is cleared when the pager takes over, when
+//! the process leaves, and in a fork child. The deferred ranges are page-aligned, disjoint,
+//! at most [`MAX_DEFERRED`] + 1, and [`MAPPED_BYTES`] is their sum. Locking: the heap's
+//! figures and the slot are atomics (a commit may come from a signal handler that
+//! allocates; the join, which opens the segment, is not made on an alternate signal
+//! stack). The deferred ranges are one mutex ([`DEFERRED`]), taken by the interposed
+//! mapping calls only when there are ranges ([`NR_DEFERRED`]), never across another lock,
+//! and with no allocation under it once the table is reserved (a handler that unmaps while
+//! its thread holds it would wait for good, as for `mmap`'s own table).
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
-/// Heap bytes a waiting process holds uncharged: less than a shell, `sed`, `cc1` on a small
+/// What a waiting process holds uncharged (heap and deferred mappings): less than a shell, `sed`, `cc1` on a small
 /// file or a test runner's short process ever commits (the lazy start's threshold before it
 /// became a share of the limit), so that they never open the segment.
 pub const CHARGED_AFTER_BYTES: usize = 16 << 20;
@@ -42,12 +52,167 @@ static SLOT: AtomicPtr<AtomicUsize> = AtomicPtr::new(std::ptr::null_mut());
 /// starts instead.
 static JOIN_FAILED: AtomicBool = AtomicBool::new(false);
 
+/// What a waiting process holds: its heap's committed bytes, and the mappings it made as
+/// ordinary memory to be taken over when its pager starts (`mmap`, "deferred").
+static HEAP_BYTES: AtomicUsize = AtomicUsize::new(0);
+static MAPPED_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The bytes of the mappings this process deferred while it waits.
+pub fn mapped_bytes() -> usize {
+    MAPPED_BYTES.load(Ordering::Acquire)
+}
+
+/// What this process holds while it waits: its heap and its deferred mappings.
+pub fn waiting_bytes() -> usize {
+    HEAP_BYTES.load(Ordering::Acquire) + MAPPED_BYTES.load(Ordering::Acquire)
+}
+
 /// A waiting process's heap now holds `committed_bytes` (after a commit or a give-back):
-/// charges the difference to the tree once past [`CHARGED_AFTER_BYTES`], joining it first.
-/// Returns whether the pager should start now: the join failed ([`unchargeable`]), or the
-/// tree's charge is at half its limit or more ([`tree_wants_pagers`]).
+/// charged with its deferred mappings ([`recharge`]). Returns whether the pager should
+/// start now.
 pub fn note_heap(committed_bytes: usize) -> bool {
-    if !crate::fork::is_own_process() {
+    HEAP_BYTES.store(committed_bytes, Ordering::Release);
+    recharge()
+}
+
+/// The mappings a waiting process made as the kernel's, to be taken over when its pager
+/// starts: `[start, end)` ranges (see the module's invariants), kept exact as the program
+/// unmaps parts of them. [`NR_DEFERRED`] says whether there are any, so that a process with
+/// none never takes the lock; [`MAPPED_BYTES`], their sum, is written under the lock.
+static DEFERRED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+static NR_DEFERRED: AtomicUsize = AtomicUsize::new(0);
+/// The most ranges noted by [`note_deferred`]; a mapping past them starts the pager. An
+/// unmapping that splits a range may add one more; one that would pass that drops both
+/// pieces (they stay the kernel's, uncharged, for good).
+pub const MAX_DEFERRED: usize = 1024;
+
+/// Whether another deferred mapping can be noted.
+pub fn room_for_deferred() -> bool {
+    NR_DEFERRED.load(Ordering::Acquire) < MAX_DEFERRED
+}
+
+/// Notes `[start, start + len_bytes)` (page-aligned), just mapped as the kernel's, as
+/// deferred, and charges it with the heap. `None`, and nothing noted, when the table is
+/// full; `Some(start_now)` otherwise: whether the pager should start now ([`recharge`]).
+pub fn note_deferred(start: usize, len_bytes: usize) -> Option<bool> {
+    {
+        let _g = crate::own_code::Guard::enter();
+        let mut deferred = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+        if deferred.len() >= MAX_DEFERRED {
+            return None;
+        }
+        if deferred.capacity() == 0 {
+            // Once: nothing is allocated under the lock after this.
+            deferred.reserve_exact(MAX_DEFERRED + 1);
+        }
+        deferred.push((start, start + len_bytes));
+        MAPPED_BYTES.fetch_add(len_bytes, Ordering::AcqRel);
+        NR_DEFERRED.store(deferred.len(), Ordering::Release);
+    }
+    Some(recharge())
+}
+
+/// Whether `[start, start + len)` touches a deferred mapping.
+pub fn overlaps_deferred(start: usize, len: usize) -> bool {
+    if NR_DEFERRED.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let end = start.saturating_add(len);
+    let deferred = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+    deferred.iter().any(|&(s, e)| s < end && start < e)
+}
+
+/// The program unmapped, replaced or changed `[start, start + len)` itself while it waits:
+/// what of the deferred mappings lay there is no longer theirs (a range cut in the middle
+/// becomes two), no longer charged, and stays the kernel's.
+pub fn trim_deferred(start: usize, len: usize) {
+    if NR_DEFERRED.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let end = start.saturating_add(len);
+    let removed_bytes = {
+        let mut deferred = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+        let removed_bytes = cut_out(&mut deferred, start, end);
+        let _ =
+            MAPPED_BYTES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |m| Some(m.saturating_sub(removed_bytes)));
+        NR_DEFERRED.store(deferred.len(), Ordering::Release);
+        removed_bytes
+    };
+    if removed_bytes > 0 {
+        let _ = recharge();
+    }
+}
+
+/// Cuts `[start, end)` out of the ranges, in place, without allocating (a split inserts
+/// only within the capacity reserved; past it, both pieces are dropped). Returns the bytes
+/// no longer noted.
+fn cut_out(ranges: &mut Vec<(usize, usize)>, start: usize, end: usize) -> usize {
+    let mut removed_bytes = 0;
+    let mut i = 0;
+    // Bounded: each round moves past a range, or removes one.
+    while i < ranges.len() {
+        let (s, e) = ranges[i];
+        if e <= start || end <= s {
+            i += 1;
+            continue;
+        }
+        removed_bytes += e.min(end) - s.max(start);
+        match ((s < start).then_some((s, start)), (end < e).then_some((end, e))) {
+            (Some(left), Some(right)) if ranges.len() < ranges.capacity() => {
+                ranges[i] = left;
+                ranges.insert(i + 1, right);
+                i += 2;
+            }
+            (Some(left), Some(right)) => {
+                removed_bytes += (left.1 - left.0) + (right.1 - right.0);
+                ranges.remove(i);
+            }
+            (Some(piece), None) | (None, Some(piece)) => {
+                ranges[i] = piece;
+                i += 1;
+            }
+            (None, None) => {
+                ranges.remove(i);
+            }
+        }
+    }
+    removed_bytes
+}
+
+/// A call that changes how memory is paged (`mremap`, `mmap(MAP_FIXED)`, `madvise` with
+/// advice about forks or huge pages, `mlock`) on a deferred mapping: the pager starts first
+/// and takes the mappings over, so that the call is made as on managed memory. If the start
+/// was put off (the process still waits), what the call touches is no longer noted (it stays
+/// the kernel's) and false is returned.
+pub fn start_if_deferred(start: usize, len: usize) -> bool {
+    if !crate::is_waiting() || !overlaps_deferred(start, len) {
+        return true;
+    }
+    crate::start_if_waiting(crate::StartCause::Mapping(len));
+    if crate::is_waiting() {
+        trim_deferred(start, len.next_multiple_of(uswap::PAGE_SIZE));
+        return false;
+    }
+    true
+}
+
+/// At the pager's start: the deferred mappings, handed over (`mmap::adopt_deferred`); they
+/// are the pager's pages from now on.
+pub fn take_deferred() -> Vec<(usize, usize)> {
+    let mut deferred = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+    let taken = std::mem::take(&mut *deferred);
+    MAPPED_BYTES.store(0, Ordering::Release);
+    NR_DEFERRED.store(0, Ordering::Release);
+    taken
+}
+
+/// Charges what the process holds ([`waiting_bytes`]) to the tree once past
+/// [`CHARGED_AFTER_BYTES`], joining it first. Returns whether the pager should start now:
+/// the join failed ([`unchargeable`]), or the tree's charge is at half its limit or more
+/// ([`tree_wants_pagers`]).
+fn recharge() -> bool {
+    let committed_bytes = waiting_bytes();
+    if !crate::own_process::is_own_process() {
         // A vfork child: the memory and the slot are its parent's.
         return false;
     }
@@ -112,7 +277,7 @@ pub fn handed_to_pager() {
 /// At `exit`, `_exit` or `execve` of a process still waiting: gives its slot back, charge
 /// and all (not a `vfork` child's, which shares its parent's memory and statics).
 pub fn leave() {
-    if !crate::fork::is_own_process() || SLOT.swap(std::ptr::null_mut(), Ordering::AcqRel).is_null() {
+    if !crate::own_process::is_own_process() || SLOT.swap(std::ptr::null_mut(), Ordering::AcqRel).is_null() {
         return;
     }
     if let Some(seg) = crate::segment() {
@@ -124,4 +289,34 @@ pub fn leave() {
 /// joins with a slot of its own at its next commit past [`CHARGED_AFTER_BYTES`].
 pub fn forget_in_fork_child() {
     SLOT.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_out;
+
+    #[test]
+    fn cutting_out_splits_trims_and_drops_ranges_within_their_capacity() {
+        let mut ranges = Vec::with_capacity(4);
+        ranges.extend([(0x1000, 0x5000), (0x8000, 0x9000)]);
+        assert_eq!(cut_out(&mut ranges, 0x2000, 0x3000), 0x1000, "a hole in the middle");
+        assert_eq!(ranges, [(0x1000, 0x2000), (0x3000, 0x5000), (0x8000, 0x9000)]);
+        assert_eq!(cut_out(&mut ranges, 0x4000, 0x8800), 0x1000 + 0x800, "a tail and a head");
+        assert_eq!(ranges, [(0x1000, 0x2000), (0x3000, 0x4000), (0x8800, 0x9000)]);
+        assert_eq!(cut_out(&mut ranges, 0x6000, 0x7000), 0, "nothing there");
+        assert_eq!(cut_out(&mut ranges, 0, 0x10000), 0x1000 + 0x1000 + 0x800, "all of them");
+        assert!(ranges.is_empty());
+        // No room for a second piece: both go, and nothing is allocated.
+        let mut full = Vec::with_capacity(1);
+        full.push((0x1000, 0x4000));
+        let capacity = full.capacity();
+        let mut far = 0x10_0000;
+        while full.len() < capacity {
+            full.push((far, far + 0x1000));
+            far += 0x2000;
+        }
+        assert_eq!(cut_out(&mut full, 0x2000, 0x3000), 0x3000);
+        assert_eq!((full.len(), full.capacity()), (capacity - 1, capacity));
+        assert!(full.iter().all(|&(s, _)| s >= 0x10_0000), "{full:?}");
+    }
 }
