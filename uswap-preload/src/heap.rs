@@ -421,10 +421,11 @@ fn add_arena(start: usize, off: usize, len: usize, counted: bool) -> Result<(), 
 }
 
 /// Lazy start: the heap bytes mimalloc may commit before the pager starts (`usize::MAX`:
-/// not waiting), what it has committed of the arenas handed while it waited, from the C library's count of
-/// the program's blocks at the bring-up (about: a range partly committed
-/// already is counted whole, and the start only comes earlier for it), and the end of the
-/// furthest commit, an address (past it, nothing of the region was ever touched).
+/// not waiting), what it has committed of the arenas handed while the process waited, from
+/// the C library's count of the program's blocks at the bring-up (about: a range partly
+/// committed already is counted whole, and the start only comes earlier for it), and the
+/// end of the furthest commit, an address (past it, nothing of the region was ever
+/// touched).
 static START_AFTER_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
 static COMMITTED_BYTES: AtomicUsize = AtomicUsize::new(0);
 static COMMITTED_END: AtomicUsize = AtomicUsize::new(0);
@@ -436,9 +437,9 @@ pub fn committed_extent() -> usize {
     COMMITTED_END.load(Ordering::Acquire).saturating_sub(arena_start())
 }
 
-/// mimalloc's commit and decommit of a range of an arena handed while the process waited for
-/// its pager (lazy start). A commit has
-/// nothing to do (the range is mapped read-write) but count; once the count passes
+/// mimalloc's commit and decommit of a range of an arena handed while the process waited
+/// for its pager (lazy start). A commit has nothing to do (the range is mapped read-write)
+/// but count; once the count passes
 /// `USWAP_START_AFTER`, the pager starts, here, on the allocating thread. A decommit (a
 /// purge) gives the pages back to the kernel, as mimalloc's own does: `MADV_DONTNEED`,
 /// which a running pager sees as an `UFFD_EVENT_REMOVE`; but not while the pager is far

@@ -17,11 +17,13 @@
 //! before mimalloc came up, then what mimalloc commits: it tells each
 //! commit and purge, [`heap`]), the tree's charge at half its limit ([`waiting_charge`]),
 //! the program's first anonymous mapping that would be managed and that it cannot defer
-//! ([`mmap`]: one of its own, read-write, is deferred while the process may wait), its first thread ([`threads`]: the start needs the process to have one thread,
-//! see `uswap::syscall_guard`). Until then the process is the kernel's, at plain speed: its heap is
-//! ordinary memory (at most a sixteenth of the limit; past 16 MiB charged to the tree,
-//! [`waiting_charge`]), and it leaves no record. Its first 2 MiB of blocks are the C library's malloc's, and mimalloc comes up
-//! only past them, or with the pager ([`heap`], "The C library's heap first"). What stays
+//! ([`mmap`]: one of its own, read-write, is deferred while the process may wait), its
+//! first thread ([`threads`]: the start needs the process to have one thread, see
+//! `uswap::syscall_guard`). Until then the process is the kernel's, at plain speed: its
+//! heap and deferred mappings are ordinary memory (at most a sixteenth of the limit; past
+//! 16 MiB charged to the tree, [`waiting_charge`]), and it leaves no record. Its first 2
+//! MiB of blocks are the C library's malloc's, and mimalloc comes up only past them, or
+//! with the pager ([`heap`], "The C library's heap first"). What stays
 //! on every process's start-up path: loading this library, reading the environment,
 //! reserving the heap's address space, and in signal
 //! mode the place of the trampolines the tree kept (`uswap::syscall_guard::reserve_image_place`:

@@ -39,9 +39,10 @@
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// What a waiting process holds uncharged (heap and deferred mappings): less than a shell, `sed`, `cc1` on a small
-/// file or a test runner's short process ever commits (the lazy start's threshold before it
-/// became a share of the limit), so that they never open the segment.
+/// What a waiting process holds uncharged (heap and deferred mappings): more than a shell,
+/// `sed`, `cc1` on a small file or a test runner's short process ever holds (the lazy
+/// start's threshold before it became a share of the limit), so that they never open the
+/// segment.
 pub const CHARGED_AFTER_BYTES: usize = 16 << 20;
 
 /// This process's own charge cell in the segment while it is charged as a waiting process;

@@ -60,9 +60,10 @@ pub enum StatError {
     )]
     NoPager { pid: u32 },
     #[error(
-        "process {pid} runs under uswap run but has no pager yet: a process gets one when its heap passes \
-         --start-after, at its first large mapping or at its first thread (lazy start); until then its memory \
-         is the kernel's"
+        "process {pid} runs under uswap run but has no pager yet: a process gets one when its heap and its own \
+         mappings pass --start-after (a sixteenth of the limit by default), when its tree's charge reaches half \
+         the limit, at its first large mapping it cannot defer or at its first thread (lazy start); until then \
+         its memory is the kernel's, charged to the tree past 16 MiB"
     )]
     Waiting { pid: u32 },
     #[error("reading /proc/net/unix to find the sockets of process {pid}: {source}")]
