@@ -34,17 +34,10 @@ pub const ENV_PRELOAD_LIB: &str = "USWAP_PRELOAD_LIB";
 /// `--min-size`'s default, in bytes (as the preload library's own default).
 pub const DEFAULT_MIN_SIZE_BYTES: u64 = 64 << 10;
 
-/// `--start-after`'s default, in bytes: a sixteenth of the limit (the preload library's own
-/// default, and the most it takes), or 16 MiB at most under `--auto`, whose limit moves:
-/// a process waiting for its pager cannot follow it down.
-pub fn default_start_after_bytes(limit_bytes: u64, auto: bool) -> u64 {
-    let sixteenth = limit_bytes / 16;
-    if auto {
-        sixteenth.min(16 << 20)
-    } else {
-        sixteenth
-    }
-}
+/// `--start-after` under `--auto` when not given: its limit moves, and a process waiting for
+/// its pager cannot follow it down. Otherwise the preload library's own default (a
+/// sixteenth of the limit, also the most it takes).
+const AUTO_START_AFTER_BYTES: u64 = 16 << 20;
 
 /// Exit status for "uswap could not run the program as asked".
 const EXIT_CANNOT_RUN: u8 = 2;
@@ -323,8 +316,9 @@ pub struct LaunchConfig {
     pub device: String,
     pub fault_mode: RunFaultMode,
     pub min_size_bytes: u64,
-    /// `--start-after`: the heap a process may use before its pager starts (0: before `main`).
-    pub start_after_bytes: u64,
+    /// `--start-after`: the heap a process may use before its pager starts (0: before `main`;
+    /// none: the preload library's default).
+    pub start_after_bytes: Option<u64>,
     pub idle_aging: uswap::IdleAging,
 }
 
@@ -389,10 +383,13 @@ impl Launch {
             .env("USWAP_DEVICE", &device)
             .env("USWAP_FAULT_MODE", cfg.fault_mode.env_value())
             .env("USWAP_MIN_SIZE", cfg.min_size_bytes.to_string())
-            .env("USWAP_START_AFTER", cfg.start_after_bytes.to_string())
             .env(tree::ENV_STATS_DIR, &stats_dir)
+            .env_remove("USWAP_START_AFTER")
             .env_remove("USWAP_IDLE_AGE")
             .env_remove("USWAP_DISABLE");
+        if let Some(bytes) = cfg.start_after_bytes {
+            command.env("USWAP_START_AFTER", bytes.to_string());
+        }
         if let Some(age) = idle_age_env(cfg.idle_aging) {
             command.env("USWAP_IDLE_AGE", age);
         }
@@ -470,7 +467,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         device: args.device.clone(),
         fault_mode: args.fault_mode,
         min_size_bytes: args.min_size,
-        start_after_bytes: args.start_after.unwrap_or(default_start_after_bytes(limit, args.auto.is_some())),
+        start_after_bytes: args.start_after.or(args.auto.map(|_| AUTO_START_AFTER_BYTES)),
         // `--auto` probes take the longest idle pages first once aging has found them.
         idle_aging: args.idle_age.unwrap_or(match args.auto {
             Some(_) => uswap::IdleAging::Observe,

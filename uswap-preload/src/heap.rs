@@ -487,11 +487,7 @@ fn start_if_worth_it(committed_bytes: usize) {
         // which would count the heap twice in the tree's peak (the waiting charge, then
         // the pages the pager takes over).
         if crate::waiting_charge::note_heap(committed_bytes) && managed_caller() {
-            let cause = match crate::waiting_charge::unchargeable() {
-                true => crate::StartCause::Heap,
-                false => crate::StartCause::TreeCharge,
-            };
-            crate::start_if_waiting(cause);
+            crate::start_if_waiting(crate::waiting_charge::start_cause());
         }
         return;
     }

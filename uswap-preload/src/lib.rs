@@ -258,6 +258,8 @@ pub(crate) enum StartCause {
     Heap,
     /// The tree's charge reached half its limit (`waiting_charge`).
     TreeCharge,
+    /// What it holds passed 16 MiB with no tree to charge it to (`waiting_charge`).
+    Unchargeable,
     /// A mapping that would be managed (its bytes).
     Mapping(usize),
     /// The program's first thread.
@@ -271,6 +273,7 @@ impl std::fmt::Display for StartCause {
         match self {
             StartCause::Heap => write!(f, "its heap"),
             StartCause::TreeCharge => write!(f, "its tree's charge at half the limit"),
+            StartCause::Unchargeable => write!(f, "16 MiB of heap and mappings with no tree to charge them to"),
             StartCause::Mapping(bytes) => write!(f, "a mapping of {bytes} bytes"),
             StartCause::Thread => write!(f, "its first thread"),
             StartCause::AddressSpaceLimit => write!(f, "an address-space limit it set"),

@@ -92,13 +92,11 @@ fn map_deferred(len: usize, prot: i32, flags: i32) -> Option<*mut c_void> {
     let cfg = crate::config()?;
     let len_r = page_round_up(len)?;
     let holds = crate::waiting_charge::waiting_bytes().saturating_add(len_r);
-    let unchargeable = crate::waiting_charge::unchargeable()
-        || (cfg.stats_dir.is_none() && holds >= crate::waiting_charge::CHARGED_AFTER_BYTES);
     if !crate::own_process::is_own_process()
         || flags & (libc::MAP_LOCKED | libc::MAP_NORESERVE) != 0
         || holds >= cfg.start_after_bytes
         || crate::waiting_charge::tree_wants_pagers()
-        || unchargeable
+        || crate::waiting_charge::unchargeable()
         || !crate::waiting_charge::room_for_deferred()
     {
         return None;
@@ -112,13 +110,10 @@ fn map_deferred(len: usize, prot: i32, flags: i32) -> Option<*mut c_void> {
     match crate::waiting_charge::note_deferred(p as usize, len_r) {
         Some(start_now) => {
             if start_now {
-                // The tree's charge reached half its limit (or it cannot be charged): the
-                // pager starts now, and takes this mapping over with the others.
-                let cause = match crate::waiting_charge::unchargeable() {
-                    true => crate::StartCause::Mapping(len),
-                    false => crate::StartCause::TreeCharge,
-                };
-                crate::start_if_waiting(cause);
+                // The tree's charge reached half its limit (or there is no tree to charge,
+                // found as this mapping passed 16 MiB): the pager starts now, and takes this
+                // mapping over with the others.
+                crate::start_if_waiting(crate::waiting_charge::start_cause());
             }
             Some(p)
         }

@@ -237,6 +237,15 @@ fn recharge() -> bool {
     tree_wants_pagers()
 }
 
+/// Why a waiting process whose charge says so ([`note_heap`], [`note_deferred`]) starts its
+/// pager now: the tree's charge at half its limit, or nothing to charge it to.
+pub(crate) fn start_cause() -> crate::StartCause {
+    match unchargeable() {
+        true => crate::StartCause::Unchargeable,
+        false => crate::StartCause::TreeCharge,
+    }
+}
+
 /// Whether this process's heap cannot be charged to a tree (a process run with the library
 /// by hand, outside `uswap run`; every slot taken): its pager starts past
 /// [`CHARGED_AFTER_BYTES`] of heap, where it would have joined.

@@ -368,7 +368,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
                 device: device.clone(),
                 fault_mode: (*mode).into(),
                 min_size_bytes: crate::run::DEFAULT_MIN_SIZE_BYTES,
-                start_after_bytes: crate::run::default_start_after_bytes(args.limit, false),
+                start_after_bytes: None,
                 idle_aging: uswap::IdleAging::Off,
             };
             let mut launch = Launch::prepare(&plan.argv, &cfg)?;
