@@ -246,7 +246,8 @@ fn the_trees_unmanaged_peak_counts_its_processes_at_one_moment() {
 /// (49 MiB of heap each) under 1 GiB (whose pagers would start past 64 MiB of heap)
 /// build none, and the tree's resident peak holds their four heaps at one moment. Ten
 /// processes of 112 MiB of blocks (113 MiB of heap, short of the 128 MiB at which a pager
-/// starts under 2 GiB), started one after the other and holding their heaps, take the tree's
+/// starts under 2 GiB), started 0.8 s apart (a debug build's fill took more than 0.3 s, and
+/// four processes still filling started pagers) and holding their heaps, take the tree's
 /// charge past half its limit with the last of them, which then start their pagers (the ones
 /// before, done allocating, wait on). Every byte is checked in every process.
 #[test]
@@ -262,7 +263,7 @@ fn processes_far_below_a_large_limit_run_without_pagers_charged_to_the_tree() {
     let peak_mib = counter(&v, "resident_peak_bytes") >> 20;
     assert!((4 * 40..=4 * 64).contains(&peak_mib), "the four heaps at once are 4 x 48 MiB: {peak_mib} MiB: {v}");
 
-    let ten = format!("for i in $(seq 10); do '{}' 112 8000 & sleep 0.3; done; wait", p.display());
+    let ten = format!("for i in $(seq 10); do '{}' 112 12000 & sleep 0.8; done; wait", p.display());
     let (o, v) = uswap_run(2048, &[], &["sh", "-c", &ten], &dir);
     assert!(o.status.success(), "{}", stderr(&o));
     let plain = run_timed(Command::new(&p).args(["112", "0"]), Duration::from_secs(60));
