@@ -13,6 +13,8 @@ Needs root (the kernel engine uses a memory cgroup and zram, and needs the syste
 be off) and a built pmbench source tree:
 
     sudo bench/real-programs/threads.py --pmbench ~/src/pmbench --runs 3
+
+On a machine without zram, `--kernel file` compares with a swap file instead.
 """
 import argparse
 import os
@@ -22,7 +24,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run import HERE, ROOT, details_of, median, run_one, write_markdown  # noqa: E402
 
-ENGINES = "uswap-signal,uswap-thread,kernel-zram"
 LIMIT = "256MiB"
 PMBENCH_ARGS = "-m 1024 -s 1024 -r 80 -p uniform"
 
@@ -34,21 +35,26 @@ def main():
     ap.add_argument("--threads", default="1,2,4,8", help="thread counts, comma-separated")
     ap.add_argument("--seconds", type=int, default=20, help="pmbench's duration")
     ap.add_argument("--oom-retries", type=int, default=10)
+    ap.add_argument("--kernel", choices=["zram", "file"], default="zram",
+                    help="the kernel's swap device: zram (lz4), or a swap file where zram is missing")
     ap.add_argument("--uswap", default=os.path.join(ROOT, "target", "release", "uswap"))
     ap.add_argument("--out", help="write the Markdown here instead of stdout")
     args = ap.parse_args()
     if not os.access(args.uswap, os.X_OK):
         sys.exit(f"{args.uswap}: not built (cargo build --release)")
     pm = os.path.join(args.pmbench, "pmbench")
+    kernel = f"kernel-{args.kernel}"
+    engines = f"uswap-signal,uswap-thread,{kernel}"
+    device = "zram (lz4)" if args.kernel == "zram" else "a swap file"
     lines = [
         f"`bench/real-programs/threads.py --runs {args.runs}` on {time.strftime('%Y-%m-%d')}, "
         f"Linux {os.uname().release}, {os.cpu_count()} CPUs: `pmbench {PMBENCH_ARGS} -j T {args.seconds}` "
-        f"under a {LIMIT} limit, uswap on its default device (`zpool`, lz4) against the kernel's zram "
-        "(lz4) in a memory cgroup. Medians of pmbench's rate (all threads); `×zram` over kernel-zram's; "
+        f"under a {LIMIT} limit, uswap on its default device (`zpool`, lz4) against the kernel's {device} "
+        f"in a memory cgroup. Medians of pmbench's rate (all threads); `×kernel` over {kernel}'s; "
         "`×1 thread` over the same engine's rate at one thread; TLB shootdowns per major fault are the "
         "machine's (`/proc/interrupts`) over the run's major faults, in the median run.",
         "",
-        "| threads | engine | accesses/s | ×zram | ×1 thread | TLB/majflt | OOM kills / tries |",
+        "| threads | engine | accesses/s | ×kernel | ×1 thread | TLB/majflt | OOM kills / tries |",
         "|---|---|---|---|---|---|---|",
     ]
     details = []
@@ -56,11 +62,11 @@ def main():
     for t in [int(x) for x in args.threads.split(",")]:
         cmd = f"bash {HERE}/pmbench.sh {pm} {args.seconds} {PMBENCH_ARGS} -j {t}"
         print(f"running: {t} thread(s)", file=sys.stderr)
-        rc, table, err, rows, took, rates, _ = run_one(args.uswap, cmd, LIMIT, args.runs, ENGINES,
+        rc, table, err, rows, took, rates, _ = run_one(args.uswap, cmd, LIMIT, args.runs, engines,
                                                      args.oom_retries)
         by_engine = {r["engine"]: r for r in rows}
-        base = median(rates["kernel-zram"]) if rates.get("kernel-zram") else None
-        for engine in ENGINES.split(","):
+        base = median(rates[kernel]) if rates.get(kernel) else None
+        for engine in engines.split(","):
             xs = rates.get(engine)
             r = by_engine.get(engine, {})
             kills = r.get("oom_kills") or 0
