@@ -23,8 +23,10 @@ use crate::size::{format_size, parse_size};
 mod auto;
 mod records;
 mod tree;
+mod warnings;
 
 use records::{children_rss_peak_bytes, record_paths, record_pid, serve_tree_stats, summarize, summary_line};
+use warnings::{overrun_message, thrash_message, unmanaged_message, unmanaged_now, Unmanaged, UNMANAGED_SHARE_DIVISOR};
 
 /// The preload library's file name, looked for next to the `uswap` binary.
 pub const PRELOAD_LIB: &str = "libuswap_preload.so";
@@ -646,103 +648,9 @@ fn say_outliving(launch: &Launch, program_pid: u32) -> bool {
     true
 }
 
-/// The tree's unmanaged memory is reported once it passes 1/10 of the limit.
-const UNMANAGED_SHARE_DIVISOR: u64 = 10;
 /// How often `--strict` reads the tree's records (each process rewrites its own every 200
 /// ms and measures its memory every second).
 const STRICT_POLL_MS: u64 = 200;
-
-/// The tree's memory that uswap does not manage, from the processes' last records: the
-/// total, and the largest mappings with the reason each is not managed.
-#[derive(Debug, Default)]
-struct Unmanaged {
-    bytes: u64,
-    /// (process, address, bytes, why)
-    largest: Vec<(u64, String, u64, String)>,
-}
-
-fn unmanaged_now(dir: &Path) -> Unmanaged {
-    let mut u = Unmanaged::default();
-    for path in record_paths(dir) {
-        let Ok(text) = std::fs::read_to_string(path) else { continue };
-        let Ok(rec) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
-        let pid = rec.get("pid").and_then(|v| v.as_u64()).unwrap_or(0);
-        u.bytes += rec.get("unmanaged_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
-        for m in rec.get("unmanaged_largest").and_then(|v| v.as_array()).into_iter().flatten() {
-            let field = |k: &str| m.get(k).cloned().unwrap_or_default();
-            let addr = field("addr").as_str().unwrap_or("?").to_string();
-            let why = field("why").as_str().unwrap_or("?").to_string();
-            u.largest.push((pid, addr, field("bytes").as_u64().unwrap_or(0), why));
-        }
-    }
-    u.largest.sort_by_key(|m| std::cmp::Reverse(m.2));
-    u.largest.truncate(4);
-    u
-}
-
-/// What to say when the managed memory went over the limit by more than a twentieth: its
-/// pages had nowhere to go (every device full or degraded, each said by the device), so
-/// they stayed in RAM (`limit_overrun`).
-fn overrun_message(s: &serde_json::Value) -> Option<String> {
-    let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-    let (limit, peak) = (g("limit_bytes"), g("resident_peak_bytes"));
-    if g("limit_overrun") == 0 || peak <= limit + limit / 20 {
-        return None;
-    }
-    Some(format!(
-        "the limit of {} did not hold: resident peak {} ({} charges went over it because no device took \
-         pages: full, or failing its writes; give the devices room, or add a device after them)",
-        format_size(limit),
-        format_size(peak),
-        g("limit_overrun")
-    ))
-}
-
-/// Runs at least this long are judged for thrash (a short run's stall share is noise).
-const THRASH_MIN_WALL_SECONDS: f64 = 1.0;
-/// Some thread of the program waited for memory at least this share of the run.
-const THRASH_STALL_SHARE: f64 = 0.5;
-
-/// What to say when the program spent most of its run waiting for memory: its working set
-/// is far over the limit, and the run goes at the speed of the device, not of the program.
-/// (`uswap stat PID` shows the same share over the last 10, 60 and 300 s while it runs.)
-fn thrash_message(s: &serde_json::Value) -> Option<String> {
-    let f = |k: &str| s.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
-    let (stalled, wall) = (f("stall_seconds_total"), f("wall_seconds"));
-    if wall < THRASH_MIN_WALL_SECONDS || stalled < THRASH_STALL_SHARE * wall {
-        return None;
-    }
-    let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-    let majors = g("pgmajfault");
-    let device = match g("device_read_us") {
-        0 => String::new(),
-        us => format!(", the device's reads {:.0} us of each", us as f64 / majors.max(1) as f64),
-    };
-    Some(format!(
-        "the program waited for memory {:.0} % of its run (some thread stalled {stalled:.1} s of {wall:.1} s, \
-         {majors} major faults{device}): its working set is far over the limit of {}; a larger --limit, or a \
-         faster device first in --device (zpool before file), would let it run at its own speed",
-        (stalled / wall * 100.0).min(100.0),
-        format_size(g("limit_bytes")),
-    ))
-}
-
-fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> String {
-    let mut msg = format!(
-        "the limit of {} does not hold for {} of anonymous memory uswap does not manage ({}, {} % of the limit)",
-        format_size(limit_bytes),
-        format_size(u.bytes),
-        when,
-        u.bytes * 100 / limit_bytes.max(1)
-    );
-    if !u.largest.is_empty() {
-        msg.push_str("; the largest:");
-    }
-    for (pid, addr, bytes, why) in &u.largest {
-        msg.push_str(&format!("\n  process {pid}, mapping at {addr}: {}, {why}", format_size(*bytes)));
-    }
-    msg
-}
 
 /// `--strict` gave up on the program: every process of the tree that left a record and is
 /// still in our process group (a record's pid may since belong to another process), then
@@ -864,28 +772,6 @@ impl Drop for ForwardSignals {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_overrun_is_said_only_past_a_twentieth_of_the_limit() {
-        let s = |peak: u64, overrun: u64| serde_json::json!({"limit_bytes": 100 << 20, "resident_peak_bytes": peak << 20, "limit_overrun": overrun});
-        assert_eq!(overrun_message(&s(105, 9)), None);
-        assert_eq!(overrun_message(&s(400, 0)), None, "no charge went over: the peak is someone else's count");
-        let msg = overrun_message(&s(400, 9)).expect("said");
-        assert!(msg.contains("did not hold") && msg.contains("9 charges"), "{msg}");
-    }
-
-    #[test]
-    fn a_run_that_mostly_waited_for_memory_is_said_as_thrash() {
-        let s = |stalled: f64, wall: f64| serde_json::json!({"limit_bytes": 128 << 20, "stall_seconds_total": stalled, "wall_seconds": wall, "pgmajfault": 7});
-        assert_eq!(thrash_message(&s(0.4, 1.0)), None, "under half the run");
-        assert_eq!(thrash_message(&s(0.6, 0.9)), None, "too short to judge");
-        let msg = thrash_message(&s(45.0, 60.0)).expect("said");
-        assert!(msg.contains("75 %") && msg.contains("128MiB") && msg.contains("7 major faults"), "{msg}");
-        let mut with_device = s(45.0, 60.0);
-        with_device["device_read_us"] = 350.into();
-        let msg = thrash_message(&with_device).expect("said");
-        assert!(msg.contains("7 major faults, the device's reads 50 us of each"), "{msg}");
-    }
 
     #[test]
     fn dynamic_and_static_elves_are_told_apart() {
