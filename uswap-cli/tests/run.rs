@@ -80,6 +80,34 @@ fn assert_same_and_paged(prog: &[&str], under: &(Output, Value), limit_mib: u64)
     assert!(peak > 0 && peak <= (limit_mib << 20) + SLACK_BYTES, "{prog:?}: resident peak {peak} over the limit: {v}");
 }
 
+/// Two threads map and unmap arenas of 1 MiB while the pager starts (`arenachurn.c`):
+/// every arena keeps its bytes, in both fault modes, with threads uswap sees start and with
+/// threads it does not (`thrd_create`: the process then waits for its pager with deferred
+/// mappings until the main thread's `pthread_create`). Before, one thread's `munmap` of a
+/// managed arena unmapped its range twice (the region's drop, then the program's call),
+/// and the second took the arena another thread had just been given there: 2 to 5 runs of
+/// 6 failed. Each case runs four times: it is a race.
+#[test]
+fn arenas_mapped_and_unmapped_by_threads_keep_every_byte() {
+    let dir = tmpdir("arenachurn");
+    let p = compile("arenachurn", &dir, &[]);
+    for (how, opts) in
+        [("pthread", &["--fault-mode", "signal"][..]), ("pthread", &["--fault-mode", "thread"]), ("c11", &[])]
+    {
+        for run in 0..4 {
+            let (o, v) = uswap_run(64, opts, &[p.to_str().unwrap(), how, "30", "64"], &dir);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                o.status.success() && out == "OK\n",
+                "{how} {opts:?}, run {run}: {}: {out}\n{}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+            );
+            assert!(counter(&v, "pswpout") > 0, "{how} {opts:?}: nothing was paged: {v}");
+        }
+    }
+}
+
 #[test]
 fn c_program_allocating_from_threads_with_malloc_and_mmap() {
     let dir = tmpdir("threads");

@@ -278,6 +278,24 @@ fn processes_far_below_a_large_limit_run_without_pagers_charged_to_the_tree() {
     assert!((1024..=2048).contains(&peak_mib), "ten heaps of 112 MiB, at most the limit: {peak_mib} MiB: {v}");
 }
 
+/// `mprotect(PROT_READ)` calls that fail change nothing, so they let go of nothing a
+/// waiting process deferred (`mprotfail.c`): one at an address not page-aligned (`EINVAL`),
+/// one that starts at a hole (`ENOMEM`). Both arenas of 4 MiB are taken over whole when the
+/// pager starts. Before, each call cut its range out anyway: 4 KiB of the first arena was
+/// managed, in two unaligned pieces, and the second was left out.
+#[test]
+fn failed_mprotect_calls_leave_deferred_mappings_whole() {
+    let dir = tmpdir("mprotfail");
+    let p = compile("mprotfail", &dir, &[]);
+    let (o, v) = uswap_run(256, &[], &[p.to_str().unwrap()], &dir);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.ends_with("OK\n"), "{}: {out}\n{}", o.status, stderr(&o));
+    assert!(out.contains("Invalid argument") && out.contains("Cannot allocate memory"), "{out}");
+    assert_eq!(counter(&v, "mmap_managed_bytes"), 8 << 20, "both arenas, whole: {v}");
+    assert_eq!(counter(&v, "mmap_unmanaged"), 0, "{v}");
+    assert_eq!(counter(&v, "processes"), 1, "{v}");
+}
+
 /// A process waiting for its pager maps what would be regions of their own (arenas of 1 MiB,
 /// as CPython's allocator maps them) as ordinary memory, charged to the tree, and its
 /// pager takes them over when it starts. Under 1 GiB (a pager past 64 MiB) 40 arenas build

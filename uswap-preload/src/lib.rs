@@ -231,6 +231,51 @@ pub fn is_waiting() -> bool {
     WAITING.load(Ordering::Acquire)
 }
 
+/// The thread (its id) that is starting a waiting process's pager, from before `WAITING`
+/// falls until the start returns; 0 otherwise. A start takes milliseconds (the pager's
+/// devices and threads, then the hand-over of the heap and the deferred mappings): in
+/// that time the process neither waits nor has its pager, and a mapping call of another
+/// thread that went to the kernel then would leave memory out of the budget, or change
+/// memory being handed over (a range unmapped after it was noted, adopted with whatever
+/// the kernel mapped there next). Those calls wait for the start ([`wait_for_start`]).
+static STARTING_TID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Whether another thread is starting this process's pager now.
+pub fn is_starting() -> bool {
+    STARTING_TID.load(Ordering::Acquire) != 0
+}
+
+fn this_thread_id() -> i32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+/// Waits until no other thread is starting this process's pager (see [`STARTING_TID`]);
+/// returns at once when none is, and on the starting thread itself (its own calls during
+/// the start are the engine's). Bounded: past about ten seconds it goes on, as if the start
+/// had failed, rather than hang the program.
+pub fn wait_for_start() {
+    let starting = STARTING_TID.load(Ordering::Acquire);
+    if starting == 0 || starting == this_thread_id() {
+        return;
+    }
+    for _ in 0..100_000 {
+        if STARTING_TID.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
+/// Clears [`STARTING_TID`] when the start returns, whichever way.
+struct StartInProgress;
+
+impl Drop for StartInProgress {
+    fn drop(&mut self) {
+        STARTING_TID.store(0, Ordering::Release);
+    }
+}
+
 /// Reserves the heap's address space as ordinary memory (lazy start): readable and writable,
 /// committed by the kernel on first touch, no transparent huge pages (the pager will take
 /// it over, and moves split them).
@@ -287,6 +332,9 @@ impl std::fmt::Display for StartCause {
 /// signal handler (it allocates, maps and starts threads).
 pub(crate) fn start_if_waiting(cause: StartCause) {
     if !is_waiting() || !own_process::is_own_process() {
+        // Another thread may be starting it: what the caller does next is made on the
+        // pager it starts.
+        wait_for_start();
         return;
     }
     let Some(cfg) = config() else { return };
@@ -297,6 +345,12 @@ pub(crate) fn start_if_waiting(cause: StartCause) {
         // mode's rewrite, `route_system_calls`.)
         return;
     }
+    // Raised before `WAITING` falls, so that a mapping call never finds neither.
+    if STARTING_TID.compare_exchange(0, this_thread_id(), Ordering::AcqRel, Ordering::Acquire).is_err() {
+        wait_for_start();
+        return;
+    }
+    let _starting = StartInProgress;
     if WAITING.compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return;
     }

@@ -359,6 +359,8 @@ fn program_mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, o
                 return p;
             }
         }
+        // A start on another thread: the mapping is made on the pager it starts.
+        crate::wait_for_start();
         if let Some(cfg) = config() {
             let _g = Guard::enter();
             let p = map(&cfg, addr, len, prot, flags, fd, off);
@@ -446,12 +448,19 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
     }
     if config().is_none() {
         // A waiting process's deferred mappings are the kernel's until its pager starts:
-        // what goes is no longer noted (CPython unmaps each arena it empties).
-        let r = real::sys_munmap(addr, len);
-        if r == 0 && crate::is_waiting() {
-            crate::waiting_charge::trim_deferred(addr as usize, page_round_up(len).unwrap_or(len));
+        // what goes is no longer noted (CPython unmaps each arena it empties), in step
+        // with a start on another thread that takes them over.
+        let unmapped = |r: i32, _| r == 0;
+        match crate::waiting_charge::call_on_deferred(addr as usize, len, || real::sys_munmap(addr, len), unmapped) {
+            Some((r, e)) => {
+                set_errno(e);
+                return r;
+            }
+            None => crate::wait_for_start(),
         }
-        return r;
+        if config().is_none() {
+            return real::sys_munmap(addr, len);
+        }
     }
     let _g = Guard::enter();
     unmap(addr, len)
@@ -467,12 +476,25 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
         return real::sys_munmap(addr, len);
     }
     let (covered, partial) = take_covered(start, end);
-    // Dropping a region unmaps what is still its own and frees its slots.
-    drop(covered);
-    // The rest of the range: parts of other managed mappings (the engine handles the
-    // kernel's UNMAP event for them), parts of the dropped regions that were no longer
-    // theirs (let go of, or mapped over), and ordinary memory.
+    // The regions inside the range let go of their pages and slots, and leave their memory
+    // mapped for the one `munmap` below. (Dropping them unmapped it first: another thread's
+    // `mmap` could get the freed addresses before the second unmap, which took them from
+    // it, and two arenas of a program then shared one address.)
+    let mut live = Vec::new();
+    for e in covered {
+        live.extend(e._region.release_leaving_mapped());
+    }
+    // All of it: the regions' memory, parts of other managed mappings (the engine handles
+    // the kernel's UNMAP event for them), parts of the regions that were no longer theirs
+    // (let go of, or mapped over), and ordinary memory.
     let r = real::sys_munmap(addr, len);
+    if r != 0 {
+        // The program's call failed, but the regions are gone: their memory goes as
+        // dropping them would have unmapped it (it holds none of their swapped pages now).
+        for (addr, len) in live {
+            real::sys_munmap(addr as *mut c_void, len);
+        }
+    }
     if partial {
         drop_emptied(start, end);
     }
@@ -609,32 +631,45 @@ fn remap_managed(
 /// pages too.
 #[no_mangle]
 pub extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: i32) -> i32 {
-    unmanage_if_unmovable(addr, len, prot);
-    real::sys_mprotect(addr, len, prot)
+    protect(addr, len, prot, || real::sys_mprotect(addr, len, prot))
 }
 
 /// `pkey_mprotect`, as [`mprotect`].
 #[no_mangle]
 pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: i32, pkey: i32) -> i32 {
-    unmanage_if_unmovable(addr, len, prot);
     // SAFETY: the pkey_mprotect system call; the kernel validates every argument.
-    unsafe { libc::syscall(libc::SYS_pkey_mprotect, addr as usize, len, prot, pkey) as i32 }
+    let call = || unsafe { libc::syscall(libc::SYS_pkey_mprotect, addr as usize, len, prot, pkey) as i32 };
+    protect(addr, len, prot, call)
 }
 
-fn unmanage_if_unmovable(addr: *mut c_void, len: usize, prot: i32) {
+/// `call`, the program's `mprotect` of `[addr, addr + len)` to `prot`, with what it does to
+/// memory uswap pages (see [`mprotect`]).
+fn protect(addr: *mut c_void, len: usize, prot: i32, call: impl Fn() -> i32 + Copy) -> i32 {
     let executable = prot & libc::PROT_EXEC != 0;
     let read_only = prot & (libc::PROT_READ | libc::PROT_WRITE) == libc::PROT_READ;
     if !(executable || read_only) || in_uswap() || uswap::is_engine_thread() {
-        return;
+        return call();
     }
-    // What a waiting process deferred there is let go of as below: it stays the kernel's.
-    if crate::is_waiting() {
-        crate::waiting_charge::trim_deferred(addr as usize, page_round_up(len).unwrap_or(len));
+    if config().is_none() {
+        // What a waiting process deferred there is let go of as below: it stays the
+        // kernel's. Only what the kernel changed: a refused call (`EINVAL`: an address not
+        // page-aligned) changed nothing, one that met a hole (`ENOMEM`) changed what lies
+        // before it, nothing if the hole is where it starts.
+        let changed = |r: i32, e: i32| r == 0 || (e == libc::ENOMEM && is_mapped(addr as usize));
+        match crate::waiting_charge::call_on_deferred(addr as usize, len, call, changed) {
+            Some((r, e)) => {
+                set_errno(e);
+                return r;
+            }
+            None => crate::wait_for_start(),
+        }
     }
-    let Some(cfg) = config() else { return };
-    let _g = Guard::enter();
-    // Failing, the memory stays managed (and its pages refused by reclaim, counted).
-    let _ = cfg.pager.unmanage(addr as usize, len);
+    if let Some(cfg) = config() {
+        let _g = Guard::enter();
+        // Failing, the memory stays managed (and its pages refused by reclaim, counted).
+        let _ = cfg.pager.unmanage(addr as usize, len);
+    }
+    call()
 }
 
 /// `madvise`: what asks the kernel to change how managed memory is paged is left out, with
@@ -716,6 +751,14 @@ fn populate(start: usize, len: usize, advice: i32) -> i32 {
         at += n;
     }
     0
+}
+
+/// Whether the page at `addr` is mapped (`mincore` fails with `ENOMEM` on a hole).
+fn is_mapped(addr: usize) -> bool {
+    let page = addr & !(uswap::PAGE_SIZE - 1);
+    let mut vec = [0u8; 1];
+    // SAFETY: mincore reads the page tables of one page and writes one byte into `vec`.
+    unsafe { libc::mincore(page as *mut c_void, uswap::PAGE_SIZE, vec.as_mut_ptr()) == 0 }
 }
 
 fn errno() -> i32 {

@@ -32,9 +32,15 @@
 //! figures and the slot are atomics (a commit may come from a signal handler that
 //! allocates; the join, which opens the segment, is not made on an alternate signal
 //! stack). The deferred ranges are one mutex ([`DEFERRED`]), taken by the interposed
-//! mapping calls only when there are ranges ([`NR_DEFERRED`]), never across another lock,
-//! and with no allocation under it once the table is reserved (a handler that unmaps while
-//! its thread holds it would wait for good, as for `mmap`'s own table).
+//! mapping calls only when there are ranges or a start is under way ([`NR_DEFERRED`],
+//! `crate::is_starting`), never across another lock, and with no allocation under it once
+//! the table is reserved (a handler that unmaps while its thread holds it would wait for
+//! good, as for `mmap`'s own table). A program's `munmap` or `mprotect` of them is made
+//! with it held ([`call_on_deferred`]), and the pager's start takes the ranges under it
+//! ([`take_deferred`], [`TAKEN`]): a range is either cut out before the start takes it or
+//! changed on the pager after the start, never unmapped by the kernel in between and then
+//! adopted with whatever the kernel mapped there next (the engine's own buffers: the
+//! process hung).
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -82,6 +88,9 @@ pub fn note_heap(committed_bytes: usize) -> bool {
 /// none never takes the lock; [`MAPPED_BYTES`], their sum, is written under the lock.
 static DEFERRED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 static NR_DEFERRED: AtomicUsize = AtomicUsize::new(0);
+/// A pager's start took the ranges ([`take_deferred`]; set under the lock, never cleared):
+/// from then on a change to them is made on the pager, once its start is done.
+static TAKEN: AtomicBool = AtomicBool::new(false);
 /// The most ranges noted by [`note_deferred`]; a mapping past them starts the pager. An
 /// unmapping that splits a range may add one more; one that would pass that drops both
 /// pieces (they stay the kernel's, uncharged, for good).
@@ -99,7 +108,9 @@ pub fn note_deferred(start: usize, len_bytes: usize) -> Option<bool> {
     {
         let _g = crate::own_code::Guard::enter();
         let mut deferred = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
-        if deferred.len() >= MAX_DEFERRED {
+        if deferred.len() >= MAX_DEFERRED || TAKEN.load(Ordering::Acquire) {
+            // Full, or a pager's start (on another thread) took the ranges after this
+            // mapping was planned: it would never be adopted.
             return None;
         }
         if deferred.capacity() == 0 {
@@ -125,23 +136,62 @@ pub fn overlaps_deferred(start: usize, len: usize) -> bool {
 
 /// The program unmapped, replaced or changed `[start, start + len)` itself while it waits:
 /// what of the deferred mappings lay there is no longer theirs (a range cut in the middle
-/// becomes two), no longer charged, and stays the kernel's.
+/// becomes two), no longer charged, and stays the kernel's. The range is widened to whole
+/// pages (the ranges stay page-aligned).
 pub fn trim_deferred(start: usize, len: usize) {
     if NR_DEFERRED.load(Ordering::Acquire) == 0 {
         return;
     }
-    let end = start.saturating_add(len);
-    let removed_bytes = {
-        let mut deferred = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
-        let removed_bytes = cut_out(&mut deferred, start, end);
-        let _ =
-            MAPPED_BYTES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |m| Some(m.saturating_sub(removed_bytes)));
-        NR_DEFERRED.store(deferred.len(), Ordering::Release);
-        removed_bytes
-    };
+    let mut deferred = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+    let removed_bytes = cut_locked(&mut deferred, start, len);
+    drop(deferred);
     if removed_bytes > 0 {
         let _ = recharge();
     }
+}
+
+/// [`cut_out`] of `[start, start + len)` widened to whole pages, with the sum and the count
+/// brought up to date; the caller holds the lock. Returns the bytes no longer noted.
+fn cut_locked(deferred: &mut Vec<(usize, usize)>, start: usize, len: usize) -> usize {
+    let page_mask = uswap::PAGE_SIZE - 1;
+    let end = start.saturating_add(len).saturating_add(page_mask) & !page_mask;
+    let removed_bytes = cut_out(deferred, start & !page_mask, end);
+    let _ = MAPPED_BYTES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |m| Some(m.saturating_sub(removed_bytes)));
+    NR_DEFERRED.store(deferred.len(), Ordering::Release);
+    removed_bytes
+}
+
+/// Makes `call`, a system call of the program's that unmaps or changes `[start, start +
+/// len)` while the process has no pager, in step with the deferred ranges: with the lock
+/// held, so that a pager's start cannot take a range between the kernel's change and its
+/// note here, and then cuts the range out of them if `changed(result, errno)` says the
+/// kernel changed it. Returns the call's result and its errno (for the caller to leave to
+/// the program: what follows may change it). `None`, and no call made, when a pager's start
+/// has taken the ranges: the caller waits for the start (`crate::wait_for_start`) and makes
+/// the call on the pager. A process with no ranges and no start makes the call unlocked.
+pub fn call_on_deferred(
+    start: usize,
+    len: usize,
+    call: impl FnOnce() -> i32,
+    changed: impl FnOnce(i32, i32) -> bool,
+) -> Option<(i32, i32)> {
+    let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    if NR_DEFERRED.load(Ordering::Acquire) == 0 && !crate::is_starting() && !TAKEN.load(Ordering::Acquire) {
+        let r = call();
+        return Some((r, errno()));
+    }
+    let mut deferred = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+    if TAKEN.load(Ordering::Acquire) {
+        return None;
+    }
+    let r = call();
+    let e = errno();
+    let removed_bytes = if changed(r, e) { cut_locked(&mut deferred, start, len) } else { 0 };
+    drop(deferred);
+    if removed_bytes > 0 {
+        let _ = recharge();
+    }
+    Some((r, e))
 }
 
 /// Cuts `[start, end)` out of the ranges, in place, without allocating (a split inserts
@@ -191,7 +241,7 @@ pub fn start_if_deferred(start: usize, len: usize) -> bool {
     }
     crate::start_if_waiting(crate::StartCause::Mapping(len));
     if crate::is_waiting() {
-        trim_deferred(start, len.next_multiple_of(uswap::PAGE_SIZE));
+        trim_deferred(start, len);
         return false;
     }
     true
@@ -201,6 +251,7 @@ pub fn start_if_deferred(start: usize, len: usize) -> bool {
 /// are the pager's pages from now on.
 pub fn take_deferred() -> Vec<(usize, usize)> {
     let mut deferred = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+    TAKEN.store(true, Ordering::Release);
     let taken = std::mem::take(&mut *deferred);
     MAPPED_BYTES.store(0, Ordering::Release);
     NR_DEFERRED.store(0, Ordering::Release);
@@ -213,8 +264,10 @@ pub fn take_deferred() -> Vec<(usize, usize)> {
 /// ([`tree_wants_pagers`]).
 fn recharge() -> bool {
     let committed_bytes = waiting_bytes();
-    if !crate::own_process::is_own_process() {
-        // A vfork child: the memory and the slot are its parent's.
+    if !crate::own_process::is_own_process() || !crate::is_waiting() {
+        // A vfork child: the memory and the slot are its parent's. A process whose pager
+        // is starting: the pager claims the slot and charges what it takes over (a join
+        // now would find that slot and overwrite the pager's charge).
         return false;
     }
     let slot = SLOT.load(Ordering::Acquire);

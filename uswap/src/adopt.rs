@@ -70,6 +70,17 @@ impl Pager {
             ));
         }
         let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        if crate::mapping::is_engine_memory(addr, addr.saturating_add(len)) {
+            // A caller's stale note of a range the kernel has since given to the engine
+            // (its staging areas, devices, tables): never the program's to hand over.
+            return Err(Error::io(
+                "adopting a mapping",
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{addr:#x}..{:#x} holds uswap's own memory", addr.saturating_add(len)),
+                ),
+            ));
+        }
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let shared = self.shared_arc();
         let inner = RegionInner::new(AppMapping::existing(addr, len), shared.clone())

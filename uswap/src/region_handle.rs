@@ -34,11 +34,13 @@ pub struct Region {
     // Keeps the pager's threads alive while the region exists, even if every `Pager` handle
     // was dropped first.
     pager: Pager,
+    /// Set by [`Region::release_leaving_mapped`]: dropping it unmaps nothing.
+    leave_mapped: bool,
 }
 
 impl Region {
     pub(crate) fn new(inner: Arc<RegionInner>, (reg_idx, reg_gen): (usize, u32), pager: Pager) -> Region {
-        Region { inner, reg_idx, reg_gen, pager }
+        Region { inner, reg_idx, reg_gen, pager, leave_mapped: false }
     }
 
     /// The engine's view of the region.
@@ -183,8 +185,25 @@ impl std::fmt::Debug for Region {
     }
 }
 
+impl Region {
+    /// Lets go of the region as dropping it does (every slot and staged page freed, the
+    /// charge given back), but leaves what is still its memory mapped, as ordinary memory,
+    /// and returns those ranges, `(address, bytes)`: for a caller that unmaps the whole range
+    /// itself at once (a program's `munmap`). Dropping the region and then unmapping the
+    /// range again would leave a moment in which the kernel can hand the freed addresses to
+    /// another thread's new mapping, which the second unmap would then take from it.
+    pub fn release_leaving_mapped(mut self) -> Vec<(usize, usize)> {
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        self.leave_mapped = true;
+        self.pager.shared().release_cx().release_region(self.reg_idx, &self.inner)
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
+        if self.leave_mapped {
+            return;
+        }
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         // Unmaps what is still the region's, after the engine let go of it.
         self.pager.shared().release_cx().unmap_region(self.reg_idx, &self.inner);

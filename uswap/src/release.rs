@@ -115,6 +115,15 @@ impl Release<'_> {
 
     /// Releases everything a region holds. Called by `Region::drop` before it unmaps.
     pub fn unmap_region(&self, reg_idx: usize, inner: &RegionInner) {
+        for (addr, len) in self.release_region(reg_idx, inner) {
+            crate::mapping::unmap_app_range(addr, len);
+        }
+    }
+
+    /// As [`unmap_region`](Self::unmap_region), but the runs of pages still the region's
+    /// are left mapped (unregistered: ordinary memory) and returned, `(address, bytes)`, for
+    /// the caller to unmap.
+    pub fn release_region(&self, reg_idx: usize, inner: &RegionInner) -> Vec<(usize, usize)> {
         // After this no fault handler or reclaimer can reach the region, and none is inside
         // it: every busy bit has been released.
         let _ = REGIONS.remove(reg_idx);
@@ -129,12 +138,14 @@ impl Release<'_> {
             self.release_page(pte, &mut released);
         }
         self.apply_released(released);
+        let mut ranges = Vec::with_capacity(live.len());
         for (first, end) in live {
             let (addr, len) = (inner.page_addr(first), (end - first) * PAGE_SIZE);
             // Unregistered first: the engine's own munmap must send no UNMAP event (its
             // thread would wait for the event to be read, and it is not the application's).
             let _ = self.uffd.unregister(addr, len);
-            crate::mapping::unmap_app_range(addr, len);
+            ranges.push((addr, len));
         }
+        ranges
     }
 }
