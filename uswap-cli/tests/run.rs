@@ -108,6 +108,43 @@ fn arenas_mapped_and_unmapped_by_threads_keep_every_byte() {
     }
 }
 
+/// A fork while other threads fault (`forkfault.c`: 96 MiB under 32 MiB, two threads
+/// rewriting random words, 20 forks whose children check every word): every child and the
+/// parent find every word, and the run ends. Before, in signal mode, a child read the
+/// parent's pool with the parent's codec workspaces as copied at the fork, one of them
+/// mid-way through being taken by another thread: the child spun in its SIGBUS handler for
+/// good (4 runs of 4 hung).
+#[test]
+fn forks_while_other_threads_fault_keep_every_byte_and_end() {
+    let dir = tmpdir("forkfault");
+    let p = compile("forkfault", &dir, &[]);
+    for mode in ["signal", "signal", "thread"] {
+        let (o, v) = uswap_run(32, &["--fault-mode", mode], &[p.to_str().unwrap(), "96", "2", "20"], &dir);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out == "OK\n",
+            "{mode}: {}: {out}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(counter(&v, "pswpout") > 0, "{mode}: nothing was paged: {v}");
+    }
+}
+
+/// A program that ignores SIGBUS and is sent one (`sigbusign.c`, by `kill` and `raise`)
+/// goes on as it would without uswap: the signal is dropped, and its managed memory keeps
+/// faulting back (96 MiB under 32 MiB, every word checked). Before, signal mode's handler
+/// set the default action back, and the next fault killed the program (status 135).
+#[test]
+fn a_program_that_ignores_sigbus_survives_one_sent_to_it() {
+    let dir = tmpdir("sigbusign");
+    let p = compile("sigbusign", &dir, &[]);
+    let (o, v) = uswap_run(32, &["--fault-mode", "signal"], &[p.to_str().unwrap(), "96"], &dir);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out == "OK\n", "{}: {out}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert!(counter(&v, "pswpin") > 0, "nothing came back through faults: {v}");
+}
+
 #[test]
 fn c_program_allocating_from_threads_with_malloc_and_mmap() {
     let dir = tmpdir("threads");

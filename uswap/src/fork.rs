@@ -125,6 +125,11 @@ impl ForkHold {
         for d in parent.devices.devices() {
             d.fork_refs.close_parent_ends();
         }
+        // The memory devices it inherited (a pool): read from here on with codec workspaces
+        // of its own (the copies of the parent's could be mid-way through a push or pop).
+        for &d in &self.inherited {
+            parent.devices.devices()[d].backend.enter_fork_child();
+        }
         for (dev, rec) in std::mem::take(&mut self.child_refs) {
             let d = &parent.devices.devices()[dev];
             d.backend.enter_fork_child();

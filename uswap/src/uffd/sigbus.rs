@@ -222,6 +222,14 @@ fn on_sigbus_inner(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc
 fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
     let old = chained_action();
     let handler = old.sa_sigaction;
+    // SAFETY: the kernel's siginfo for this signal, valid for the handler's duration.
+    let sent = unsafe { (*info).si_code } <= 0;
+    if handler == libc::SIG_IGN && sent {
+        // Sent by a process (`kill -BUS`) to a program that ignores SIGBUS: dropped, as the
+        // kernel drops an ignored signal. Resetting the action here took uswap's handler
+        // away, and the program's next fault on managed memory killed it.
+        return;
+    }
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
         // Restore the default action and let it happen: for a fault, returning re-executes the
         // access, which now raises SIGBUS with the default (fatal) action, as without us. An
@@ -231,7 +239,7 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) 
             let mut dfl: libc::sigaction = std::mem::zeroed();
             dfl.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
-            if (*info).si_code <= 0 && handler == libc::SIG_DFL {
+            if sent && handler == libc::SIG_DFL {
                 // Sent by a process: it will not recur on return, so deliver it again.
                 libc::raise(sig);
             }

@@ -51,23 +51,55 @@ struct ZstdCtx {
 /// The pool's codec and its pre-allocated workspaces and contexts.
 pub(super) struct Codecs {
     compressor: Compressor,
-    /// Workspaces, one per operation, taken and returned without locks.
+    pools: Pools,
+    /// In a fork child reading its copy of the parent's pool: pools of its own. The parent's
+    /// pools, as copied, can hold a push or pop that another thread of the parent was making
+    /// at the fork (a queue slot claimed and never filled: the child's next pop spun for
+    /// good, inside a SIGBUS handler), and miss what those threads held.
+    fork_child_pools: std::sync::OnceLock<Pools>,
+}
+
+/// Workspaces and zstd contexts, taken and returned without locks.
+struct Pools {
+    /// Workspaces, one per operation.
     scratch: ArrayQueue<Box<Workspace>>,
     /// zstd's contexts (empty with lz4).
     zstd: ArrayQueue<Box<ZstdCtx>>,
 }
 
 impl Codecs {
-    /// Fills the pools: `4 * max(CPUs, 4)` workspaces, and as many zstd contexts (warmed up)
-    /// when the compressor is zstd.
+    /// Checks the compressor and fills the pools (see [`Pools::new`]).
     pub(super) fn new(compressor: Compressor) -> Result<Codecs, ZpoolError> {
-        let nr_cpus = nr_cpus_configured().max(1);
-        let nr_ctx = 4 * nr_cpus.max(4);
-        let zstd = ArrayQueue::new(nr_ctx);
         if let Compressor::Zstd { level } = compressor {
             if !(1..=22).contains(&level) {
                 return Err(ZpoolError::ZstdLevel { level });
             }
+        }
+        Ok(Codecs { compressor, pools: Pools::new(compressor)?, fork_child_pools: std::sync::OnceLock::new() })
+    }
+
+    /// In a fork child, before its first read of its copy of the parent's pool (see
+    /// `Backend::enter_fork_child`): fresh pools from now on. Allocates; not on a fault
+    /// path. Failing (zstd's contexts cannot be made), the parent's copies stay in use.
+    pub(super) fn enter_fork_child(&self) {
+        if let Ok(pools) = Pools::new(self.compressor) {
+            let _ = self.fork_child_pools.set(pools);
+        }
+    }
+
+    fn pools(&self) -> &Pools {
+        self.fork_child_pools.get().unwrap_or(&self.pools)
+    }
+}
+
+impl Pools {
+    /// `4 * max(CPUs, 4)` workspaces, and as many zstd contexts (warmed up) when the
+    /// compressor is zstd (its level checked by the caller).
+    fn new(compressor: Compressor) -> Result<Pools, ZpoolError> {
+        let nr_cpus = nr_cpus_configured().max(1);
+        let nr_ctx = 4 * nr_cpus.max(4);
+        let zstd = ArrayQueue::new(nr_ctx);
+        if let Compressor::Zstd { level } = compressor {
             for _ in 0..nr_ctx {
                 let mut ctx = ZstdCtx { c: zstd_safe::CCtx::create(), d: zstd_safe::DCtx::create() };
                 // Warm up: the first compression sizes the context's workspace.
@@ -92,9 +124,11 @@ impl Codecs {
                 lz4: lz4_flex::block::CompressTable::small(),
             }));
         }
-        Ok(Codecs { compressor, scratch, zstd })
+        Ok(Pools { scratch, zstd })
     }
+}
 
+impl Codecs {
     /// Compresses `src` into `dst`; returns the compressed length, or None if it did not
     /// fit (which counts as incompressible).
     pub(super) fn compress(
@@ -110,7 +144,7 @@ impl Codecs {
                 // is, or passed on, like an incompressible one.)
                 let mut ctx = self.take_zstd()?;
                 let r = ctx.c.compress(dst, src, level).ok();
-                let _ = self.zstd.push(ctx);
+                let _ = self.pools().zstd.push(ctx);
                 r
             }
         }
@@ -136,7 +170,7 @@ impl Codecs {
                     return false; // Cannot happen, see `take_zstd`: a failed read, retried.
                 };
                 let r = ctx.d.decompress(dst, src);
-                let _ = self.zstd.push(ctx);
+                let _ = self.pools().zstd.push(ctx);
                 r == Ok(PAGE_SIZE)
             }
         }
@@ -148,17 +182,17 @@ impl Codecs {
     /// no system call, so a wait ends when another thread finishes; the bound is for a
     /// holder that never runs again.
     pub(super) fn take_workspace(&self) -> Option<Box<Workspace>> {
-        pop_spinning(&self.scratch, POP_WAIT_LIMIT_NS)
+        pop_spinning(&self.pools().scratch, POP_WAIT_LIMIT_NS)
     }
 
     /// Gives back a workspace [`Codecs::take_workspace`] took.
     pub(super) fn put_workspace(&self, ws: Box<Workspace>) {
-        let _ = self.scratch.push(ws);
+        let _ = self.pools().scratch.push(ws);
     }
 
     /// Takes a zstd context. Never waits in fact: there are as many contexts as workspaces
     /// and one is taken only by a holder of a workspace, one at a time.
     fn take_zstd(&self) -> Option<Box<ZstdCtx>> {
-        pop_spinning(&self.zstd, POP_WAIT_LIMIT_NS)
+        pop_spinning(&self.pools().zstd, POP_WAIT_LIMIT_NS)
     }
 }

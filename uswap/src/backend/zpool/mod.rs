@@ -319,6 +319,11 @@ impl Backend for ZpoolBackend {
         self.alloc.share_pool(share);
     }
 
+    /// Workspaces of the child's own: see `Codecs::enter_fork_child`.
+    fn enter_fork_child(&self) {
+        self.codecs.enter_fork_child();
+    }
+
     /// A read uses the slot words, the arena and the chunks' generations (and workspaces,
     /// on the heap): a fork child that reads its copy of the pool keeps those.
     fn set_inherited(&self, inherit: bool) {
