@@ -20,6 +20,16 @@ use clap::Args;
 
 use crate::size::{format_size, parse_size};
 
+/// `eprintln!` that cannot fail: `uswap run` exits with its program's status also when its
+/// own stderr is closed, full, or a pipe whose reader left (`uswap run -- make 2>&1 | head`);
+/// `eprintln!` panicked there, and the run ended with status 101.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod auto;
 mod records;
 mod tree;
@@ -138,7 +148,7 @@ pub fn main(args: &RunArgs) -> ExitCode {
     match run(args) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("uswap run: {e}");
+            say!("uswap run: {e}");
             ExitCode::from(EXIT_CANNOT_RUN)
         }
     }
@@ -402,7 +412,7 @@ impl Launch {
     /// would lose their memory); said, with the keys to delete once they end.
     pub fn keep_redis_pages(&mut self) {
         for (seeds, _, session) in self.redis_sessions.drain(..) {
-            eprintln!(
+            say!(
                 "uswap run: their pages on redis://{} stay: delete the keys uswap:{session}.* once they end",
                 seeds.join(";")
             );
@@ -436,7 +446,7 @@ impl Drop for Launch {
             };
             let deleted = uswap::backend::redis::delete_session(seeds, *cluster, session, within);
             if let (Err(e), true) = (deleted, any_pager) {
-                eprintln!(
+                say!(
                     "uswap run: could not delete the program's pages from redis://{}: {e}; delete the keys \
                      uswap:{session}.* by hand",
                     seeds.join(";")
@@ -498,7 +508,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         if args.strict {
             let now = unmanaged_now(&launch.stats_dir);
             if now.bytes > unmanaged_limit {
-                eprintln!("uswap run: --strict: {}", unmanaged_message(&now, limit, "now"));
+                say!("uswap run: --strict: {}", unmanaged_message(&now, limit, "now"));
                 kill_tree(&mut child, &launch.stats_dir);
                 return Ok(2);
             }
@@ -548,20 +558,20 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
             let text = serde_json::to_string_pretty(&summary).unwrap_or_default();
             std::fs::write(p, text + "\n").map_err(|source| RunError::WriteStats { path: p.clone(), source })?;
         }
-        None => eprintln!("{}", summary_line(&summary)),
+        None => say!("{}", summary_line(&summary)),
     }
     // Said whether or not the counters went to a file: a limit that did not hold, a run
     // that mostly waited for memory.
     if let Some(msg) = overrun_message(&summary) {
-        eprintln!("uswap run: {msg}");
+        say!("uswap run: {msg}");
     }
     if let Some(msg) = thrash_message(&summary) {
-        eprintln!("uswap run: {msg}");
+        say!("uswap run: {msg}");
     }
     let peak = summary.get("unmanaged_peak_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
     if peak > unmanaged_limit {
         let at_peak = Unmanaged { bytes: peak, ..unmanaged };
-        eprintln!("uswap run: {}", unmanaged_message(&at_peak, limit, "at its peak"));
+        say!("uswap run: {}", unmanaged_message(&at_peak, limit, "at its peak"));
         if args.strict {
             return Ok(2);
         }
@@ -569,7 +579,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // Last, so that it is the line a user reads: a process of the tree ran without the
     // budget's pager, or not at all, whatever the program's own status says.
     if !refused.is_empty() {
-        eprintln!("uswap run: {}", records::refusal_message(&refused));
+        say!("uswap run: {}", records::refusal_message(&refused));
         return Ok(if code == 0 { 2 } else { code });
     }
     Ok(code)
@@ -602,7 +612,7 @@ fn say_if_nested(limit_bytes: u64) {
         return;
     }
     let outer = std::env::var("USWAP_LIMIT").ok().and_then(|s| parse_size(&s).ok()).map_or("?".into(), format_size);
-    eprintln!(
+    say!(
         "uswap run: running under another uswap run (limit {outer}): this program gets a budget of its own, \
          {}, which the outer limit does not count",
         format_size(limit_bytes)
@@ -619,7 +629,7 @@ fn end_stopped_tree(launch: &Launch, program_pid: u32) {
         return;
     }
     let shown: Vec<String> = pids.iter().take(8).map(u32::to_string).collect();
-    eprintln!(
+    say!(
         "uswap run: stopped: {} process(es) of the program still ran ({}{}): sent SIGTERM, and SIGKILL to {killed} \
          that did not end within {} s",
         pids.len(),
@@ -640,7 +650,7 @@ fn say_outliving(launch: &Launch, program_pid: u32) -> bool {
     }
     let shown = pids.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
     let more = if pids.len() > 8 { format!(" and {} more", pids.len() - 8) } else { String::new() };
-    eprintln!(
+    say!(
         "uswap run: {} process(es) of the program outlive it ({shown}{more}): they stay under the limit, \
          but their counters from now on are in no summary (wait for them in the program to count them)",
         pids.len()

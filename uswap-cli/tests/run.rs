@@ -145,6 +145,18 @@ fn a_program_that_ignores_sigbus_survives_one_sent_to_it() {
     assert!(counter(&v, "pswpin") > 0, "nothing came back through faults: {v}");
 }
 
+/// `uswap run` exits with its program's status also when its own stderr cannot be written
+/// (a full device here; a pipe whose reader left, as in `uswap run -- make 2>&1 | head`):
+/// before, its summary line panicked and the run ended with status 101.
+#[test]
+fn the_programs_status_stands_when_stderr_cannot_be_written() {
+    let script = "\"$0\" run --limit 64MiB -- sh -c 'exit 3' 2>/dev/full; echo status $?";
+    let mut cmd = Command::new("sh");
+    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["-c", script, env!("CARGO_BIN_EXE_uswap")]);
+    let o = run_timed(&mut cmd, Duration::from_secs(60));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "status 3\n", "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn c_program_allocating_from_threads_with_malloc_and_mmap() {
     let dir = tmpdir("threads");

@@ -23,7 +23,7 @@ pub(super) fn serve_tree_stats(
         }
     }
     if let Some(e) = last_error {
-        eprintln!("uswap run: the tree's counters will not be served to `uswap stat`: {e}");
+        say!("uswap run: the tree's counters will not be served to `uswap stat`: {e}");
     }
     None
 }
@@ -129,11 +129,11 @@ pub(super) fn summarize(
         let rec = match rec {
             Ok(serde_json::Value::Object(rec)) => rec,
             Ok(_) => {
-                eprintln!("uswap run: {} is not a record of counters; its process is left out", path.display());
+                say!("uswap run: {} is not a record of counters; its process is left out", path.display());
                 continue;
             }
             Err(e) => {
-                eprintln!("uswap run: the record {} could not be read ({e}); its process is left out", path.display());
+                say!("uswap run: the record {} could not be read ({e}); its process is left out", path.display());
                 continue;
             }
         };
