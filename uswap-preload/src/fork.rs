@@ -46,12 +46,30 @@ struct Held {
 
 thread_local! {
     static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    /// The deferred table of a process that waits (or waited) for its pager, held across the
+    /// fork (`waiting_charge::hold_for_fork`).
+    static DEFERRED: RefCell<Option<crate::waiting_charge::DeferredHold>> = const { RefCell::new(None) };
+    /// Whether this thread's prepare handler touched [`DEFERRED`]: a thread-local with a
+    /// destructor registers it at its first touch, which allocates, and a fork child must
+    /// not allocate before its heap is re-armed (it crashed in mimalloc). No destructor.
+    static DEFERRED_TOUCHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Lets go of the deferred table held across the fork, if the prepare handler held it.
+fn release_deferred() {
+    if DEFERRED_TOUCHED.with(|t| t.get()) {
+        DEFERRED.with(|d| drop(d.borrow_mut().take()));
+    }
 }
 
 extern "C" fn prepare() {
     if crate::is_unmanaged_fork_child() {
         return;
     }
+    // Touched whatever it holds, here in the parent (see `DEFERRED_TOUCHED`).
+    let deferred = crate::pager().is_none().then(crate::waiting_charge::hold_for_fork);
+    DEFERRED.with(|d| *d.borrow_mut() = deferred);
+    DEFERRED_TOUCHED.with(|t| t.set(true));
     let Some(pager) = crate::pager() else { return };
     let _g = crate::own_code::Guard::enter();
     // The table first: a thread mapping a region holds it while the pager registers.
@@ -61,12 +79,16 @@ extern "C" fn prepare() {
 }
 
 extern "C" fn parent() {
+    release_deferred();
     let held = HELD.with(|h| h.borrow_mut().take());
     drop(held);
 }
 
 extern "C" fn child() {
     crate::own_process::note();
+    release_deferred();
+    // A start under way on another thread of the parent is not the child's: it waits again.
+    crate::forget_start_in_fork_child();
     // A waiting parent's slot is its own; the child joins with one of its own if it must.
     crate::waiting_charge::forget_in_fork_child();
     // The thread-local holds the parent's thread's id.

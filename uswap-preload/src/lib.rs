@@ -240,7 +240,18 @@ pub fn is_waiting() -> bool {
 /// the kernel mapped there next). Those calls wait for the start ([`wait_for_start`]).
 static STARTING_TID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-/// Whether another thread is starting this process's pager now.
+/// In a fork child: a start the parent had under way (on another thread, which the child
+/// does not have) is forgotten, and the child waits for its own pager if it was waiting
+/// when the start began. (The deferred ranges, if that start had already taken them, are
+/// the parent's thread's: the child's copy of those mappings stays the kernel's.)
+pub fn forget_start_in_fork_child() {
+    if STARTING_TID.swap(0, Ordering::AcqRel) != 0 && pager().is_none() {
+        WAITING.store(true, Ordering::Release);
+    }
+}
+
+/// Whether a thread is starting this process's pager now (this one too: see
+/// [`wait_for_start`]).
 pub fn is_starting() -> bool {
     STARTING_TID.load(Ordering::Acquire) != 0
 }
@@ -252,8 +263,8 @@ fn this_thread_id() -> i32 {
 
 /// Waits until no other thread is starting this process's pager (see [`STARTING_TID`]);
 /// returns at once when none is, and on the starting thread itself (its own calls during
-/// the start are the engine's). Bounded: past about ten seconds it goes on, as if the start
-/// had failed, rather than hang the program.
+/// the start are the engine's). Bounded: past 100,000 sleeps of 100 µs (ten seconds or
+/// more) it goes on, as if the start had failed, rather than hang the program.
 pub fn wait_for_start() {
     let starting = STARTING_TID.load(Ordering::Acquire);
     if starting == 0 || starting == this_thread_id() {
@@ -454,7 +465,7 @@ fn fault_mode_now(cfg: &config::Config, lazy: bool) -> uswap::FaultMode {
     } else {
         return uswap::FaultMode::Signal;
     };
-    eprintln!("uswap: process {} runs in thread mode: {why}", std::process::id());
+    crate::real::write_stderr(format!("uswap: process {} runs in thread mode: {why}\n", std::process::id()).as_bytes());
     uswap::FaultMode::Thread
 }
 
@@ -500,12 +511,12 @@ fn route_system_calls(cfg: &config::Config) -> Result<Option<&'static str>, Stri
     if r.patched < r.sites {
         // Said once per process: a call made from one of them on memory that is out
         // fails with EFAULT (counted in syscall_efault only if it went through uswap).
-        eprintln!(
+        crate::real::write_stderr(format!(
             "uswap: {} of {} system call instructions of the C library could not be routed through uswap (signal mode); \
-             a call made from one of them on managed memory that is out fails with EFAULT: use --fault-mode thread if the program misbehaves",
+             a call made from one of them on managed memory that is out fails with EFAULT: use --fault-mode thread if the program misbehaves\n",
             r.sites - r.patched,
             r.sites
-        );
+        ).as_bytes());
     }
     Ok(None)
 }
@@ -561,7 +572,7 @@ pub(crate) fn note_refusal(msg: &str) {
     if let Err(e) = std::fs::write(&path, msg) {
         // The refusal itself is said on stderr by the caller; this says why the run may not
         // know of it.
-        eprintln!("uswap: cannot record the refusal in {}: {e}", path.display());
+        crate::real::write_stderr(format!("uswap: cannot record the refusal in {}: {e}\n", path.display()).as_bytes());
     }
 }
 

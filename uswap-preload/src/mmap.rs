@@ -401,8 +401,8 @@ pub extern "C" fn mmap64(
     program_mmap(addr, len, prot, flags, fd, off)
 }
 
-/// Removes and returns the entries for which `take` holds (dropped by the caller, outside
-/// the table's lock: dropping a region unmaps it).
+/// Removes and returns the entries for which `take` holds (dropped or released by the
+/// caller, outside the table's lock: both reach the engine's locks).
 fn take_entries(mut take: impl FnMut(&Entry) -> bool) -> Vec<Entry> {
     let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     let mut taken = Vec::new();
@@ -488,6 +488,7 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     // the kernel's UNMAP event for them), parts of the regions that were no longer theirs
     // (let go of, or mapped over), and ordinary memory.
     let r = real::sys_munmap(addr, len);
+    let e = errno();
     if r != 0 {
         // The program's call failed, but the regions are gone: their memory goes as
         // dropping them would have unmapped it (it holds none of their swapped pages now).
@@ -498,6 +499,7 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     if partial {
         drop_emptied(start, end);
     }
+    set_errno(e);
     r
 }
 

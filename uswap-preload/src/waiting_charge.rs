@@ -32,8 +32,9 @@
 //! figures and the slot are atomics (a commit may come from a signal handler that
 //! allocates; the join, which opens the segment, is not made on an alternate signal
 //! stack). The deferred ranges are one mutex ([`DEFERRED`]), taken by the interposed
-//! mapping calls only when there are ranges or a start is under way ([`NR_DEFERRED`],
-//! `crate::is_starting`), never across another lock, and with no allocation under it once
+//! mapping calls only when there are ranges, a start is under way or has taken them
+//! ([`NR_DEFERRED`], `crate::is_starting`, [`TAKEN`]), and by `fork`'s handlers; never
+//! across another lock, held across a system call with asynchronous signals blocked, and with no allocation under it once
 //! the table is reserved (a handler that unmaps while its thread holds it would wait for
 //! good, as for `mmap`'s own table). A program's `munmap` or `mprotect` of them is made
 //! with it held ([`call_on_deferred`]), and the pager's start takes the ranges under it
@@ -180,6 +181,9 @@ pub fn call_on_deferred(
         let r = call();
         return Some((r, errno()));
     }
+    // Held across the system call: a signal that came during it is delivered as it returns,
+    // and a handler of the program that maps or unmaps would wait on this thread's own lock.
+    let _signals = uswap::sigbus::AsyncSignalsBlocked::new();
     let mut deferred = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
     if TAKEN.load(Ordering::Acquire) {
         return None;
@@ -236,7 +240,12 @@ fn cut_out(ranges: &mut Vec<(usize, usize)>, start: usize, end: usize) -> usize 
 /// was put off (the process still waits), what the call touches is no longer noted (it stays
 /// the kernel's) and false is returned.
 pub fn start_if_deferred(start: usize, len: usize) -> bool {
-    if !crate::is_waiting() || !overlaps_deferred(start, len) {
+    if !crate::is_waiting() {
+        // A start on another thread: the call is made on the pager it starts.
+        crate::wait_for_start();
+        return true;
+    }
+    if !overlaps_deferred(start, len) {
         return true;
     }
     crate::start_if_waiting(crate::StartCause::Mapping(len));
@@ -245,6 +254,16 @@ pub fn start_if_deferred(start: usize, len: usize) -> bool {
         return false;
     }
     true
+}
+
+/// The deferred table, locked (see [`hold_for_fork`]).
+pub type DeferredHold = std::sync::MutexGuard<'static, Vec<(usize, usize)>>;
+
+/// The deferred table, held across a `fork` (from the prepare handler to the parent's and
+/// the child's, on the forking thread): no other thread is inside it when the child is made
+/// (a `munmap` holds it across its system call), so the child never finds it locked.
+pub fn hold_for_fork() -> DeferredHold {
+    DEFERRED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// At the pager's start: the deferred mappings, handed over (`mmap::adopt_deferred`); they

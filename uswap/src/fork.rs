@@ -128,7 +128,10 @@ impl ForkHold {
         // The memory devices it inherited (a pool): read from here on with codec workspaces
         // of its own (the copies of the parent's could be mid-way through a push or pop).
         for &d in &self.inherited {
-            parent.devices.devices()[d].backend.enter_fork_child();
+            // (A device it also reads as shared enters below, once.)
+            if !self.child_refs.iter().any(|(dev, _)| *dev == d) {
+                parent.devices.devices()[d].backend.enter_fork_child();
+            }
         }
         for (dev, rec) in std::mem::take(&mut self.child_refs) {
             let d = &parent.devices.devices()[dev];

@@ -1,7 +1,8 @@
 /* Two threads map and unmap arenas of 1 MiB, each filled with a pattern of its own and
- * checked when its thread comes back to it, while the main thread starts a third thread
- * (under `uswap run`, the start of a waiting process's pager). Then the main thread pages
- * the kept arenas out (it touches three times the limit it is given) and checks them all.
+ * checked when its thread comes back to it, while the process's pager starts under `uswap
+ * run` (its arenas pass --start-after, or the main thread starts a third thread). Then the
+ * main thread pages the kept arenas out (it touches three times the limit it is given) and
+ * checks them all.
  *
  * Usage: arenachurn HOW MS LIMIT_MIB
  *   HOW: "pthread" (workers made with pthread_create, which uswap sees) or "c11" (made

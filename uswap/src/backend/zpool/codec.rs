@@ -75,14 +75,17 @@ impl Codecs {
                 return Err(ZpoolError::ZstdLevel { level });
             }
         }
-        Ok(Codecs { compressor, pools: Pools::new(compressor)?, fork_child_pools: std::sync::OnceLock::new() })
+        let nr_cpus = nr_cpus_configured().max(1);
+        let pools = Pools::new(compressor, 4 * nr_cpus.max(4))?;
+        Ok(Codecs { compressor, pools, fork_child_pools: std::sync::OnceLock::new() })
     }
 
     /// In a fork child, before its first read of its copy of the parent's pool (see
-    /// `Backend::enter_fork_child`): fresh pools from now on. Allocates; not on a fault
+    /// `Backend::enter_fork_child`): fresh pools from now on, small (the child only reads
+    /// back what it inherited, and most children exec at once). Allocates; not on a fault
     /// path. Failing (zstd's contexts cannot be made), the parent's copies stay in use.
     pub(super) fn enter_fork_child(&self) {
-        if let Ok(pools) = Pools::new(self.compressor) {
+        if let Ok(pools) = Pools::new(self.compressor, FORK_CHILD_POOL_SIZE) {
             let _ = self.fork_child_pools.set(pools);
         }
     }
@@ -92,12 +95,14 @@ impl Codecs {
     }
 }
 
+/// Workspaces (and zstd contexts) of a fork child's pools: its reads of what it inherited
+/// wait for one when more of its threads read at once.
+const FORK_CHILD_POOL_SIZE: usize = 4;
+
 impl Pools {
-    /// `4 * max(CPUs, 4)` workspaces, and as many zstd contexts (warmed up) when the
-    /// compressor is zstd (its level checked by the caller).
-    fn new(compressor: Compressor) -> Result<Pools, ZpoolError> {
-        let nr_cpus = nr_cpus_configured().max(1);
-        let nr_ctx = 4 * nr_cpus.max(4);
+    /// `nr_ctx` workspaces (a pager's own: `4 * max(CPUs, 4)`), and as many zstd contexts
+    /// (warmed up) when the compressor is zstd (its level checked by the caller).
+    fn new(compressor: Compressor, nr_ctx: usize) -> Result<Pools, ZpoolError> {
         let zstd = ArrayQueue::new(nr_ctx);
         if let Compressor::Zstd { level } = compressor {
             for _ in 0..nr_ctx {
