@@ -83,7 +83,7 @@ fn assert_same_and_paged(prog: &[&str], under: &(Output, Value), limit_mib: u64)
 /// Two threads map and unmap arenas of 1 MiB while the pager starts (`arenachurn.c`):
 /// every arena keeps its bytes, in both fault modes, with threads uswap sees start and with
 /// threads it does not (`thrd_create`: the process then waits for its pager with deferred
-/// mappings until the main thread's `pthread_create`). Before, one thread's `munmap` of a
+/// mappings until they pass `--start-after`, 4 MiB here, on one of the churning threads). Before, one thread's `munmap` of a
 /// managed arena unmapped its range twice (the region's drop, then the program's call),
 /// and the second took the arena another thread had just been given there: 2 to 5 runs of
 /// 6 failed. Each case runs four times: it is a race.
@@ -140,6 +140,21 @@ fn a_program_that_ignores_sigbus_survives_one_sent_to_it() {
     let dir = tmpdir("sigbusign");
     let p = compile("sigbusign", &dir, &[]);
     let (o, v) = uswap_run(32, &["--fault-mode", "signal"], &[p.to_str().unwrap(), "96"], &dir);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out == "OK\n", "{}: {out}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert!(counter(&v, "pswpin") > 0, "nothing came back through faults: {v}");
+}
+
+/// A program whose own SIGBUS handler leaves with `siglongjmp` (past the end of a mapped
+/// file: `sigbusjmp.c`) goes on using its managed memory: every word of 96 MiB under 32 MiB
+/// holds, and `read(2)` into memory that is out fills it. Before, uswap's handler depth
+/// stayed raised after the jump, and 66 of 96 reads failed with `EFAULT`.
+#[test]
+fn a_program_that_jumps_out_of_its_sigbus_handler_keeps_its_memory() {
+    let dir = tmpdir("sigbusjmp");
+    let p = compile("sigbusjmp", &dir, &[]);
+    let file = dir.join("past-the-end");
+    let (o, v) = uswap_run(32, &["--fault-mode", "signal"], &[p.to_str().unwrap(), "96", file.to_str().unwrap()], &dir);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && out == "OK\n", "{}: {out}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
     assert!(counter(&v, "pswpin") > 0, "nothing came back through faults: {v}");
@@ -281,6 +296,13 @@ fn an_address_space_limit_is_fitted_and_said() {
     assert_same_and_paged(&prog, &r, LIMIT_MIB);
     let err = String::from_utf8_lossy(&r.0.stderr);
     assert!(err.contains("address-space limit (ulimit -v) of 1953 MiB"), "{err}");
+    // A data limit counts every reservation too (each is private and writable): before, the
+    // heap's reservation failed ("cannot reserve the heap") and every process was refused.
+    let prog = ["sh", "-c", "ulimit -d 2000000 && exec \"$0\" \"$1\"", p.to_str().unwrap(), &wss];
+    let r = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+    assert_same_and_paged(&prog, &r, LIMIT_MIB);
+    let err = String::from_utf8_lossy(&r.0.stderr);
+    assert!(err.contains("a data limit (ulimit -d) of 1953 MiB"), "{err}");
 }
 
 /// A limit a managed shell sets on itself (`ulimit -v` inside the run) leaves uswap room:

@@ -122,19 +122,39 @@ impl Config {
 
 /// Says, once per process, how uswap's reservations were sized to an address-space limit.
 fn say_address_space_limit(as_bytes: u64, heap_bytes: u64, capacity_bytes: u64, limit_set_inside: bool) {
-    let whose = if limit_set_inside {
+    let (name, data) = limit_name(as_bytes);
+    // Only an address-space limit set inside the run is raised by uswap's reservations.
+    let whose = if limit_set_inside && !data {
         "set inside the run: uswap's reservations come on top of it, and are sized to it"
     } else {
         "which uswap's reservations count against"
     };
-    eprintln!(
-        "uswap: process {} has an address-space limit (ulimit -v) of {} MiB, {whose}: its managed heap is {} MiB \
-         (the program's malloc can grow no further, and a single block less) and its swap devices hold {} MiB",
-        std::process::id(),
-        as_bytes >> 20,
-        heap_bytes >> 20,
-        capacity_bytes >> 20
+    crate::real::write_stderr(
+        format!(
+            "uswap: process {} has {name} of {} MiB, {whose}: its managed heap is {} MiB \
+         (the program's malloc can grow no further, and a single block less) and its swap devices hold {} MiB\n",
+            std::process::id(),
+            as_bytes >> 20,
+            heap_bytes >> 20,
+            capacity_bytes >> 20
+        )
+        .as_bytes(),
     );
+}
+
+/// Which limit `as_bytes` is (see `uswap::address_space_limit_bytes`): the data limit when
+/// that is the lower (true), the address-space limit otherwise.
+fn limit_name(as_bytes: u64) -> (&'static str, bool) {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the limit into `lim`, which lives for the call.
+    let data = unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut lim) } == 0 && lim.rlim_cur == as_bytes;
+    // SAFETY: as above.
+    let address_space = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } == 0 && lim.rlim_cur == as_bytes;
+    if data && !address_space {
+        ("a data limit (ulimit -d)", true)
+    } else {
+        ("an address-space limit (ulimit -v)", false)
+    }
 }
 
 /// `auto`: signal mode (the faulting thread serves its own fault: faster), unless this
@@ -154,10 +174,10 @@ fn resolve_auto() -> FaultMode {
     };
     let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
     let exe = comm.trim_end();
-    eprintln!(
-        "uswap: {exe} (process {}) runs in thread mode: {why}, and the kernel's own accesses to managed memory need it",
+    crate::real::write_stderr(format!(
+        "uswap: {exe} (process {}) runs in thread mode: {why}, and the kernel's own accesses to managed memory need it\n",
         std::process::id()
-    );
+    ).as_bytes());
     FaultMode::Thread
 }
 

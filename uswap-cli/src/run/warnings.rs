@@ -40,21 +40,42 @@ pub(super) fn unmanaged_now(dir: &Path) -> Unmanaged {
     u
 }
 
-/// What to say when the managed memory went over the limit by more than a twentieth: its
-/// pages had nowhere to go (every device full or degraded, each said by the device), so
-/// they stayed in RAM (`limit_overrun`).
+/// What to say when the managed memory went over the limit by more than a twentieth: the
+/// charges that went over it (`limit_overrun`) and why, from the counters that say what
+/// reclaim met: devices that took no pages (full, or failing their writes), pages the
+/// kernel would not move out (shared with fork children, or pinned), pages system calls
+/// held in, victims every one busy. Each cause comes with what the user can do.
 pub(super) fn overrun_message(s: &serde_json::Value) -> Option<String> {
     let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
     let (limit, peak) = (g("limit_bytes"), g("resident_peak_bytes"));
     if g("limit_overrun") == 0 || peak <= limit + limit / 20 {
         return None;
     }
+    let mut causes = Vec::new();
+    if g("swap_alloc_fail") + g("swpout_error") > 0 {
+        causes.push(
+            "no device took pages: full, or failing its writes (give the devices room, or add a device after them)",
+        );
+    }
+    if g("move_refused") + g("cow_broken") > 0 {
+        causes
+            .push("the kernel refused to move pages out: shared with fork children until they exit or exec, or locked");
+    }
+    if g("reclaim_pinned") > 0 {
+        causes.push("system calls in progress held their memory in (it goes once they return)");
+    }
+    if g("limit_overrun_busy") > 0 {
+        causes.push("every page reclaim chose was busy, faulting in on another thread (a limit this small is below what the program's threads use at once; give a larger --limit)");
+    }
+    if causes.is_empty() {
+        causes.push("reclaim found nothing to move out, and no counter says why (give a larger --limit)");
+    }
     Some(format!(
-        "the limit of {} did not hold: resident peak {} ({} charges went over it because no device took \
-         pages: full, or failing its writes; give the devices room, or add a device after them)",
+        "the limit of {} did not hold: resident peak {} ({} charges went over it: {})",
         format_size(limit),
         format_size(peak),
-        g("limit_overrun")
+        g("limit_overrun"),
+        causes.join("; ")
     ))
 }
 
@@ -114,7 +135,16 @@ mod tests {
         assert_eq!(overrun_message(&s(105, 9)), None);
         assert_eq!(overrun_message(&s(400, 0)), None, "no charge went over: the peak is someone else's count");
         let msg = overrun_message(&s(400, 9)).expect("said");
-        assert!(msg.contains("did not hold") && msg.contains("9 charges"), "{msg}");
+        assert!(msg.contains("did not hold") && msg.contains("9 charges") && msg.contains("no counter"), "{msg}");
+        let mut full = s(400, 9);
+        full["swap_alloc_fail"] = 3.into();
+        let msg = overrun_message(&full).expect("said");
+        assert!(msg.contains("no device took pages") && !msg.contains("busy"), "{msg}");
+        let mut pinned = s(400, 9);
+        pinned["reclaim_pinned"] = 60155.into();
+        pinned["move_refused"] = 2.into();
+        let msg = overrun_message(&pinned).expect("said");
+        assert!(msg.contains("system calls") && msg.contains("refused") && !msg.contains("no device"), "{msg}");
     }
 
     #[test]

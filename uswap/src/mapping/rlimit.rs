@@ -1,15 +1,22 @@
 //! The sizes memory is sized to: the process's address-space limit, against which every
 //! reservation of the engine counts, and the machine's RAM.
 
-/// The process's address-space limit (`RLIMIT_AS`, `ulimit -v`), `None` where there is none.
-/// Reservations count against it whether or not they are touched.
+/// The process's address-space limit (`RLIMIT_AS`, `ulimit -v`, or `RLIMIT_DATA`, `ulimit
+/// -d`, when lower), `None` where there is none. Reservations count against it whether or
+/// not they are touched.
 pub fn address_space_limit_bytes() -> Option<u64> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes the limit into `lim`, which lives for the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
-        return None;
-    }
-    Some(lim.rlim_cur)
+    // `RLIMIT_DATA` (`ulimit -d`) counts private writable mappings, which every reservation
+    // of uswap's is (the heap, a pool's arena, the staging areas): under it they must fit
+    // as under `RLIMIT_AS`. The lower of the two is the room.
+    [libc::RLIMIT_AS, libc::RLIMIT_DATA]
+        .into_iter()
+        .filter_map(|resource| {
+            let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            // SAFETY: getrlimit writes the limit into `lim`, which lives for the call.
+            let ok = unsafe { libc::getrlimit(resource, &mut lim) } == 0;
+            (ok && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+        })
+        .min()
 }
 
 /// The machine's RAM (`MemTotal`), from `sysinfo(2)`; `None` if it fails. Not read from

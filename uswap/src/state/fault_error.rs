@@ -94,6 +94,9 @@ impl FaultError {
             FaultError::BounceTimeout => {
                 "could not be read: no bounce buffer came free for 10 s (every one held by a thread that made no progress, e.g. a hung device read); its slot is kept"
             }
+            FaultError::Ioctl(libc::EPERM | libc::EACCES | libc::ENOSYS) => {
+                "could not be mapped: the kernel refused this thread's userfaultfd ioctl on every attempt (a seccomp filter or sandbox that forbids ioctl(2)? then run the program with --fault-mode thread, whose handlers are uswap's threads); its contents are kept"
+            }
             FaultError::Ioctl(_) => "could not be mapped (a userfaultfd ioctl failed on every attempt); its contents are kept",
             FaultError::Gone | FaultError::Unmapped => "is no longer part of a managed region",
         };

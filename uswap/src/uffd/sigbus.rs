@@ -246,6 +246,14 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) 
         }
         return;
     }
+    // The program's handler runs as the program's code, outside uswap's handler's depth: it
+    // may leave with `siglongjmp` (the usual way past a read beyond the end of a mapped
+    // file) and never come back here, and the depth, left raised, made every later call
+    // of the thread look like uswap's own: its system calls no longer had managed memory
+    // brought in first (reads into it failed with EFAULT), and its signal masks went to the
+    // kernel unchecked.
+    IN_HANDLER.with(|d| d.set(d.get().saturating_sub(1)));
+    set_program_handler_mask(&old, uctx);
     if old.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: with SA_SIGINFO, sa_sigaction is a three-argument handler.
         let h: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
@@ -255,6 +263,29 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) 
         // SAFETY: without SA_SIGINFO, sa_sigaction holds a one-argument sa_handler.
         let h: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
         h(sig);
+    }
+    IN_HANDLER.with(|d| d.set(d.get() + 1));
+}
+
+/// The signal mask the program's own handler gets, as the kernel would give it: the mask of
+/// the code the signal interrupted and the handler's `sa_mask`, but SIGBUS not blocked (a
+/// fault on managed memory in the handler must reach uswap's). uswap's handler blocks every
+/// asynchronous signal; a program handler that left with `longjmp` (or `siglongjmp` without
+/// the mask saved) kept them all blocked, and a SIGTERM never got through. Set with the
+/// system call itself: the C library's may be interposed. Allocation-free.
+fn set_program_handler_mask(action: &libc::sigaction, uctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid `ucontext_t` to an SA_SIGINFO handler; sigset_t is
+    // plain data, and the set functions only read and write the sets given.
+    unsafe {
+        let mut set = (*(uctx as *const libc::ucontext_t)).uc_sigmask;
+        for sig in 1..=64 {
+            if libc::sigismember(&action.sa_mask, sig) == 1 {
+                libc::sigaddset(&mut set, sig);
+            }
+        }
+        libc::sigdelset(&mut set, libc::SIGBUS);
+        // The kernel's sigset is 8 bytes: the first 64 signals of the C library's set.
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &set as *const libc::sigset_t, 0usize, 8usize);
     }
 }
 
