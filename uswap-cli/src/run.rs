@@ -181,7 +181,13 @@ fn is_executable_file(p: &Path) -> bool {
 pub fn check_runnable(path: &Path, depth: u32) -> Result<(), RunError> {
     let not_runnable = |why: String| RunError::NotRunnable { path: path.to_path_buf(), why };
     if !is_executable_file(path) {
-        return Err(not_runnable("not an executable file".into()));
+        let why = match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "no such file".into(),
+            Err(e) => e.to_string(),
+            Ok(m) if m.is_dir() => "a directory, not a program".into(),
+            Ok(_) => "not an executable file (no execute permission)".into(),
+        };
+        return Err(not_runnable(why));
     }
     let mut head = vec![0u8; 4096];
     let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| not_runnable(e.to_string()))?;
@@ -797,5 +803,10 @@ mod tests {
     fn a_missing_program_is_named() {
         let e = find_program("no-such-program-uswap".as_ref()).unwrap_err().to_string();
         assert!(e.contains("no-such-program-uswap") && e.contains("not found"), "{e}");
+        // A path: said for what it is.
+        let e = check_runnable("/no-such-dir-uswap/prog".as_ref(), 0).unwrap_err().to_string();
+        assert!(e.contains("no such file"), "{e}");
+        let e = check_runnable("/tmp".as_ref(), 0).unwrap_err().to_string();
+        assert!(e.contains("a directory"), "{e}");
     }
 }

@@ -160,6 +160,22 @@ fn a_program_that_jumps_out_of_its_sigbus_handler_keeps_its_memory() {
     assert!(counter(&v, "pswpin") > 0, "nothing came back through faults: {v}");
 }
 
+/// `memalign` and `aligned_alloc` with an alignment that is not a power of two (or 0)
+/// succeed as in the C library, the alignment rounded up (`memalign.c`), with a pager and
+/// without one; before, uswap's allocator returned NULL (EINVAL) for them.
+#[test]
+fn odd_alignments_are_rounded_up_as_the_c_library_does() {
+    let dir = tmpdir("memalign");
+    let p = compile("memalign", &dir, &[]);
+    for start_after in ["0", "64MiB"] {
+        let (o, _) = uswap_run(64, &["--start-after", start_after], &[p.to_str().unwrap()], &dir);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        // (A C library from 2.38 on refuses aligned_alloc's odd alignments; uswap's does not.)
+        assert!(out.lines().count() == 5 && !out.contains("failed"), "start after {start_after}: {out}");
+    }
+}
+
 /// `uswap run` exits with its program's status also when its own stderr cannot be written
 /// (a full device here; a pipe whose reader left, as in `uswap run -- make 2>&1 | head`):
 /// before, its summary line panicked and the run ended with status 101.

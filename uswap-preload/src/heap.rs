@@ -768,12 +768,16 @@ pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
     memalign(align, size)
 }
 
+/// `memalign` (and `aligned_alloc`, which is `memalign` in the C library before 2.38): an
+/// alignment that is not a power of two is rounded up to the next one, and one under 16 is
+/// 16, as the C library does (a program that asked for 3 got NULL); past half the address
+/// space, `EINVAL`.
 #[no_mangle]
 pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
-    if !align.is_power_of_two() {
+    let Some(align) = align.max(16).checked_next_power_of_two() else {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
-    }
+    };
     aligned(align, size)
 }
 

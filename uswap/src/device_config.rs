@@ -489,6 +489,9 @@ fn parse_redis(rest: &str, default_capacity_bytes: u64, cluster: bool) -> std::r
 /// Parses `256MiB`, `1GiB`, `4096`, `1.5G`: binary units (`KiB`..`TiB` and `K`..`T`), or bytes.
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("{t:?}: a size cannot be negative (e.g. 256MiB)"));
+    }
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let mult: u64 = match unit.trim() {
@@ -543,5 +546,7 @@ mod tests {
             let e = DeviceConfig::parse_list(bad, 64 << 20).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
         }
+        let e = parse_size("-5MiB").unwrap_err();
+        assert!(e.contains("cannot be negative"), "{e}");
     }
 }
