@@ -96,13 +96,7 @@ fn arenas_mapped_and_unmapped_by_threads_keep_every_byte() {
     {
         for run in 0..4 {
             let (o, v) = uswap_run(64, opts, &[p.to_str().unwrap(), how, "30", "64"], &dir);
-            let out = String::from_utf8_lossy(&o.stdout);
-            assert!(
-                o.status.success() && out == "OK\n",
-                "{how} {opts:?}, run {run}: {}: {out}\n{}",
-                o.status,
-                String::from_utf8_lossy(&o.stderr)
-            );
+            assert_printed_ok(&format!("{how} {opts:?}, run {run}"), &o);
             assert!(counter(&v, "pswpout") > 0, "{how} {opts:?}: nothing was paged: {v}");
         }
     }
@@ -120,13 +114,7 @@ fn forks_while_other_threads_fault_keep_every_byte_and_end() {
     let p = compile("forkfault", &dir, &[]);
     for mode in ["signal", "signal", "thread"] {
         let (o, v) = uswap_run(32, &["--fault-mode", mode], &[p.to_str().unwrap(), "96", "2", "20"], &dir);
-        let out = String::from_utf8_lossy(&o.stdout);
-        assert!(
-            o.status.success() && out == "OK\n",
-            "{mode}: {}: {out}\n{}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert_printed_ok(mode, &o);
         assert!(counter(&v, "pswpout") > 0, "{mode}: nothing was paged: {v}");
     }
 }
@@ -140,8 +128,7 @@ fn a_program_that_ignores_sigbus_survives_one_sent_to_it() {
     let dir = tmpdir("sigbusign");
     let p = compile("sigbusign", &dir, &[]);
     let (o, v) = uswap_run(32, &["--fault-mode", "signal"], &[p.to_str().unwrap(), "96"], &dir);
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success() && out == "OK\n", "{}: {out}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert_printed_ok("sigbusign", &o);
     assert!(counter(&v, "pswpin") > 0, "nothing came back through faults: {v}");
 }
 
@@ -155,8 +142,7 @@ fn a_program_that_jumps_out_of_its_sigbus_handler_keeps_its_memory() {
     let p = compile("sigbusjmp", &dir, &[]);
     let file = dir.join("past-the-end");
     let (o, v) = uswap_run(32, &["--fault-mode", "signal"], &[p.to_str().unwrap(), "96", file.to_str().unwrap()], &dir);
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success() && out == "OK\n", "{}: {out}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert_printed_ok("sigbusjmp", &o);
     assert!(counter(&v, "pswpin") > 0, "nothing came back through faults: {v}");
 }
 
@@ -186,6 +172,12 @@ fn the_programs_status_stands_when_stderr_cannot_be_written() {
     cmd.env("USWAP_PRELOAD_LIB", preload()).args(["-c", script, env!("CARGO_BIN_EXE_uswap")]);
     let o = run_timed(&mut cmd, Duration::from_secs(60));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "status 3\n", "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A test program that checks its own bytes ended well: status 0 and "OK" alone on stdout.
+fn assert_printed_ok(what: &str, o: &Output) {
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out == "OK\n", "{what}: {}: {out}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
 }
 
 #[test]

@@ -86,12 +86,12 @@ impl Config {
         };
         let capacity: u64 = devices.iter().map(DeviceConfig::capacity_bytes).sum();
         let mut heap = limit_bytes.saturating_add(capacity).clamp(MIN_HEAP_BYTES, MAX_HEAP_BYTES);
-        if let Some(as_bytes) = uswap::address_space_limit_bytes() {
+        if let Some((as_bytes, which)) = uswap::address_space_limit() {
             // The heap's reservation counts in full against `ulimit -v`: a third of it at most
             // (the devices take 5/16 by default, see `DeviceConfig::default_capacity_bytes`;
             // the rest is the program's other mappings), said once.
             heap = heap.min((as_bytes / 3).max(MIN_HEAP_BYTES));
-            say_address_space_limit(as_bytes, heap, capacity, limit_set_inside);
+            say_address_space_limit(as_bytes, which, heap, capacity, limit_set_inside);
         }
         let heap_bytes = heap.next_multiple_of(32 << 20) as usize;
         let start_after_bytes = size_var(ENV_START_AFTER, start_after_most_bytes(limit_bytes))?
@@ -121,8 +121,17 @@ impl Config {
 }
 
 /// Says, once per process, how uswap's reservations were sized to an address-space limit.
-fn say_address_space_limit(as_bytes: u64, heap_bytes: u64, capacity_bytes: u64, limit_set_inside: bool) {
-    let (name, data) = limit_name(as_bytes);
+fn say_address_space_limit(
+    as_bytes: u64,
+    which: uswap::AddressSpaceLimit,
+    heap_bytes: u64,
+    capacity_bytes: u64,
+    limit_set_inside: bool,
+) {
+    let (name, data) = match which {
+        uswap::AddressSpaceLimit::Data => ("a data limit (ulimit -d)", true),
+        uswap::AddressSpaceLimit::AddressSpace => ("an address-space limit (ulimit -v)", false),
+    };
     // Only an address-space limit set inside the run is raised by uswap's reservations.
     let whose = if limit_set_inside && !data {
         "set inside the run: uswap's reservations come on top of it, and are sized to it"
@@ -140,21 +149,6 @@ fn say_address_space_limit(as_bytes: u64, heap_bytes: u64, capacity_bytes: u64, 
         )
         .as_bytes(),
     );
-}
-
-/// Which limit `as_bytes` is (see `uswap::address_space_limit_bytes`): the data limit when
-/// that is the lower (true), the address-space limit otherwise.
-fn limit_name(as_bytes: u64) -> (&'static str, bool) {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes the limit into `lim`, which lives for the call.
-    let data = unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut lim) } == 0 && lim.rlim_cur == as_bytes;
-    // SAFETY: as above.
-    let address_space = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } == 0 && lim.rlim_cur == as_bytes;
-    if data && !address_space {
-        ("a data limit (ulimit -d)", true)
-    } else {
-        ("an address-space limit (ulimit -v)", false)
-    }
 }
 
 /// `auto`: signal mode (the faulting thread serves its own fault: faster), unless this

@@ -256,7 +256,8 @@ pub fn is_starting() -> bool {
     STARTING_TID.load(Ordering::Acquire) != 0
 }
 
-fn this_thread_id() -> i32 {
+/// The calling thread's id (gettid).
+pub(crate) fn this_thread_id() -> i32 {
     // SAFETY: gettid takes no arguments and cannot fail.
     unsafe { libc::syscall(libc::SYS_gettid) as i32 }
 }

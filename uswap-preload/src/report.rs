@@ -132,8 +132,7 @@ fn write(last: bool) {
     let _g = Guard::enter();
     let (Some(dir), Some(rec)) = (DIR.get(), record()) else { return };
     let pid = std::process::id();
-    // SAFETY: gettid takes no arguments and cannot fail.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let tid = crate::this_thread_id();
     let tmp = dir.join(format!(".{pid}.{tid}.json.tmp"));
     let dst = dir.join(format!("{pid}.json"));
     if std::fs::write(&tmp, rec.to_string()).is_ok() {

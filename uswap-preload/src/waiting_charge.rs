@@ -34,9 +34,9 @@
 //! stack). The deferred ranges are one mutex ([`DEFERRED`]), taken by the interposed
 //! mapping calls only when there are ranges, a start is under way or has taken them
 //! ([`NR_DEFERRED`], `crate::is_starting`, [`TAKEN`]), and by `fork`'s handlers; never
-//! across another lock, held across a system call with asynchronous signals blocked, and with no allocation under it once
-//! the table is reserved (a handler that unmaps while its thread holds it would wait for
-//! good, as for `mmap`'s own table). A program's `munmap` or `mprotect` of them is made
+//! across another lock, held across a system call with asynchronous signals blocked, and
+//! with no allocation under it once the table is reserved (a handler that unmaps while
+//! its thread holds it would wait for good, as for `mmap`'s own table). A program's `munmap` or `mprotect` of them is made
 //! with it held ([`call_on_deferred`]), and the pager's start takes the ranges under it
 //! ([`take_deferred`], [`TAKEN`]): a range is either cut out before the start takes it or
 //! changed on the pager after the start, never unmapped by the kernel in between and then

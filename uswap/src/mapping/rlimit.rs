@@ -1,22 +1,34 @@
 //! The sizes memory is sized to: the process's address-space limit, against which every
 //! reservation of the engine counts, and the machine's RAM.
 
-/// The process's address-space limit (`RLIMIT_AS`, `ulimit -v`, or `RLIMIT_DATA`, `ulimit
-/// -d`, when lower), `None` where there is none. Reservations count against it whether or
-/// not they are touched.
-pub fn address_space_limit_bytes() -> Option<u64> {
-    // `RLIMIT_DATA` (`ulimit -d`) counts private writable mappings, which every reservation
-    // of uswap's is (the heap, a pool's arena, the staging areas): under it they must fit
-    // as under `RLIMIT_AS`. The lower of the two is the room.
-    [libc::RLIMIT_AS, libc::RLIMIT_DATA]
+/// Which limit bounds the process's reservations (see [`address_space_limit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddressSpaceLimit {
+    /// `RLIMIT_AS`, `ulimit -v`: every mapping counts.
+    AddressSpace,
+    /// `RLIMIT_DATA`, `ulimit -d`: private writable mappings count, which every reservation
+    /// of uswap's is (the heap, a pool's arena, the staging areas).
+    Data,
+}
+
+/// The room the process's reservations must fit in, and which limit sets it: the lower of
+/// `RLIMIT_AS` and `RLIMIT_DATA`, `None` where neither is set. Reservations count against
+/// them whether or not they are touched.
+pub fn address_space_limit() -> Option<(u64, AddressSpaceLimit)> {
+    [(libc::RLIMIT_AS, AddressSpaceLimit::AddressSpace), (libc::RLIMIT_DATA, AddressSpaceLimit::Data)]
         .into_iter()
-        .filter_map(|resource| {
+        .filter_map(|(resource, which)| {
             let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
             // SAFETY: getrlimit writes the limit into `lim`, which lives for the call.
             let ok = unsafe { libc::getrlimit(resource, &mut lim) } == 0;
-            (ok && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+            (ok && lim.rlim_cur != libc::RLIM_INFINITY).then_some((lim.rlim_cur, which))
         })
-        .min()
+        .min_by_key(|&(bytes, _)| bytes)
+}
+
+/// The bytes of [`address_space_limit`].
+pub fn address_space_limit_bytes() -> Option<u64> {
+    address_space_limit().map(|(bytes, _)| bytes)
 }
 
 /// The machine's RAM (`MemTotal`), from `sysinfo(2)`; `None` if it fails. Not read from
