@@ -21,7 +21,7 @@
 use std::ffi::{c_int, c_long, c_uint, c_void};
 use std::sync::atomic::AtomicPtr;
 
-use crate::real;
+use crate::real::{self, set_errno};
 
 type SyscallFn = unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long;
 static REAL_SYSCALL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
@@ -35,11 +35,6 @@ fn real_syscall(n: c_long, a: [c_long; 6]) -> c_long {
         let f: SyscallFn = std::mem::transmute(f);
         f(n, a[0], a[1], a[2], a[3], a[4], a[5])
     }
-}
-
-fn set_errno(e: c_int) {
-    // SAFETY: __errno_location returns the calling thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
 }
 
 fn sys_close(fd: c_int) -> c_int {

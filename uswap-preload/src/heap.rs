@@ -89,7 +89,7 @@ extern "C" {
 }
 
 use crate::own_code::{in_uswap, Guard};
-use crate::real;
+use crate::real::{self, set_errno};
 
 /// The most bytes of the region handed to mimalloc at once while the heap grows.
 pub const ARENA_CHUNK_BYTES: usize = 8 << 30;
@@ -224,9 +224,9 @@ pub fn bring_up() {
     if !PENDING.load(Ordering::Acquire) {
         return;
     }
-    // SAFETY: the calling thread's errno slot; a malloc that succeeds leaves it as it was
-    // (this thread's bring-up, or its wait for another thread's).
-    let errno = unsafe { *libc::__errno_location() };
+    // A malloc that succeeds leaves errno as it was (this thread's bring-up, or its wait for
+    // another thread's).
+    let errno = real::errno();
     BRING_UP.call_once(|| {
         let _uswap = Guard::enter();
         let start_after = PENDING_START_AFTER.load(Ordering::Relaxed);
@@ -243,8 +243,7 @@ pub fn bring_up() {
         }
         PENDING.store(false, Ordering::Release);
     });
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
+    real::set_errno(errno);
 }
 
 /// Finds the dynamic linker and the extent of its loaded segments: the object that holds
@@ -812,9 +811,4 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
         // SAFETY: not in the arena, so the C library's or the bootstrap area's.
         unsafe { real::usable_size(p) }
     }
-}
-
-fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns the calling thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
 }

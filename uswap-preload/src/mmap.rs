@@ -47,7 +47,7 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 
 use crate::own_code::{in_uswap, Guard};
-use crate::real;
+use crate::real::{self, errno, set_errno};
 
 /// At most this many managed mappings at once; more are ordinary memory (counted).
 pub const MAX_MAPPINGS: usize = 4000;
@@ -761,13 +761,4 @@ fn is_mapped(addr: usize) -> bool {
     let mut vec = [0u8; 1];
     // SAFETY: mincore reads the page tables of one page and writes one byte into `vec`.
     unsafe { libc::mincore(page as *mut c_void, uswap::PAGE_SIZE, vec.as_mut_ptr()) == 0 }
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
-}
-
-fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns the calling thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
 }

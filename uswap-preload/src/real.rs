@@ -12,7 +12,7 @@
 //! Invariant: a pointer is from the bootstrap area, from the C library's malloc, or from the
 //! managed heap (`heap::in_arena`); `free` tells them apart by address.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
@@ -94,14 +94,26 @@ pub fn next_symbol(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> *mut c_vo
     p
 }
 
-/// Writes `msg` to stderr and exits with status 2 (the status `uswap run` uses for "could not
-/// manage the program"). Allocation-free.
 /// Writes `msg` to standard error, best effort (async-signal-safe, no allocation).
 pub fn write_stderr(msg: &[u8]) {
     // SAFETY: write(2) is async-signal-safe; the buffer is valid for its length.
     unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
 }
 
+/// The calling thread's errno.
+pub fn errno() -> c_int {
+    // SAFETY: __errno_location returns the calling thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Sets the calling thread's errno (what an interposed call leaves for its caller).
+pub fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns the calling thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Writes `msg` to stderr and exits with status 2 (the status `uswap run` uses for "could not
+/// manage the program"). Allocation-free.
 pub fn fatal(msg: &[u8]) -> ! {
     // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is valid for its length.
     unsafe {

@@ -176,7 +176,7 @@ pub fn call_on_deferred(
     call: impl FnOnce() -> i32,
     changed: impl FnOnce(i32, i32) -> bool,
 ) -> Option<(i32, i32)> {
-    let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    let errno = crate::real::errno;
     if NR_DEFERRED.load(Ordering::Acquire) == 0 && !crate::is_starting() && !TAKEN.load(Ordering::Acquire) {
         let r = call();
         return Some((r, errno()));
