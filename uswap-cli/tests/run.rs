@@ -1667,13 +1667,18 @@ fn sigterm_to_uswap_run_goes_on_to_the_program() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
-/// A device list that does not parse, and a `--stats-json` that cannot be written, are
-/// refused before the program starts (the first was said by every process of the tree, the
-/// second found out only once the program had run).
+/// A device list that does not parse, a file device that cannot be opened, a Redis server
+/// that does not answer, and a `--stats-json` that cannot be written, are refused before the
+/// program starts (the first was said by every process of the tree; the devices were found
+/// out when a pager first started, which with lazy start may be after the program's work,
+/// and the run then failed; the last once the program had run).
 #[test]
 fn bad_devices_and_stats_paths_are_refused_before_the_program_starts() {
     for (opts, said) in [
         (&["--device", "bogus"][..], "--device: bad device \"bogus\""),
+        (&["--device", "file:/nonexistent/dir/swap"][..], "swap device /nonexistent/dir/swap: no such file"),
+        (&["--device", "zpool,file:/dev/null"][..], "swap device /dev/null: it is a character device"),
+        (&["--device", "redis://127.0.0.1:1"][..], "redis device 127.0.0.1:1: no seed is a reachable primary"),
         (&["--stats-json", "/nonexistent/dir/stats.json"][..], "cannot write /nonexistent/dir/stats.json"),
     ] {
         let o = uswap(&[&["run", "--limit", "64MiB"], opts, &["--", "echo", "ran"]].concat(), None);

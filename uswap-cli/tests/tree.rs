@@ -142,11 +142,13 @@ fn a_process_refused_its_device_fails_the_run_with_a_clear_message() {
     assert!(e.contains("could not get a pager, so the run fails"), "{e}");
     assert!(e.contains("No space left on device"), "the reason is not said: {e}");
     drop(fs);
-    // The root directory's inode only: the first pager to start is refused.
-    let Some(fs) = SmallFs::mount(&dir, 16, 1) else { return };
+    // An inode for `uswap run`'s check of the device (which leaves nothing), which the
+    // shell then takes: the first pager to start is refused.
+    let Some(fs) = SmallFs::mount(&dir, 16, 2) else { return };
     let device = format!("file:{}", fs.path.display());
     let grow = compile("grow", &dir, &[]);
-    let job = ["sh", "-c", "\"$0\" 8 & wait; exit 0", grow.to_str().unwrap()];
+    let script = "touch \"$1/full\" && \"$0\" 8 & wait; exit 0";
+    let job = ["sh", "-c", script, grow.to_str().unwrap(), fs.path.to_str().unwrap()];
     let (o, _) = uswap_run(16, &["--device", &device], &job, &dir);
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{e}");
@@ -332,5 +334,106 @@ fn mappings_made_while_a_process_waits_are_taken_over_when_its_pager_starts() {
         assert!(o.status.success(), "CPython under {limit_mib} MiB: {}", stderr(&o));
         assert_eq!(o.stdout, plain.stdout, "CPython under {limit_mib} MiB");
         assert_eq!(counter(&v, "processes"), pagers, "CPython under {limit_mib} MiB: {v}");
+    }
+}
+
+/// A run killed with SIGKILL leaves its directory (`uswap-run.PID.N` in `$TMPDIR`); the next
+/// run removes it once no process of the killed run's tree runs, and not before.
+#[test]
+fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
+    use std::os::unix::process::CommandExt;
+    let dir = tmpdir("stale");
+    let temp = dir.join("tmp");
+    std::fs::create_dir_all(&temp).unwrap();
+    let uswap = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+        cmd.env("USWAP_PRELOAD_LIB", preload()).env("TMPDIR", &temp).args(["run", "--limit", "64MiB", "--"]).args(args);
+        cmd
+    };
+    let entries = || std::fs::read_dir(&temp).unwrap().map(|e| e.unwrap().file_name()).collect::<Vec<_>>();
+    let mut killed = uswap(&["sleep", "600"]).process_group(0).spawn().unwrap();
+    let group = killed.id() as libc::pid_t;
+    // Bounded: the directory is made before the program starts, and the program then runs.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while entries().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let children = std::fs::read_to_string(format!("/proc/{group}/task/{group}/children")).unwrap();
+    let sleep: u32 = children.trim().parse().unwrap_or_else(|_| panic!("uswap run's children: {children:?}"));
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let left = entries();
+    assert_eq!(left.len(), 1, "the killed run's directory: {left:?}");
+
+    let o = run_timed(&mut uswap(&["true"]), Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(entries(), left, "removed while its program (sleep) still ran");
+
+    // SAFETY: kill(2) of the process group this test started (the sleep left running).
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Bounded by the deadline: the sleep ends, and init reaps it.
+    while std::fs::read_to_string(format!("/proc/{sleep}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+        assert!(Instant::now() < deadline, "the sleep ({sleep}) did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = run_timed(&mut uswap(&["true"]), Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(entries().is_empty(), "left behind: {:?}", entries());
+}
+
+/// Processes that leave the budget at an exec are named once the program ended: a static
+/// program started by `posix_spawn`, `posix_spawnp` and `execve` (after a failed `execve`,
+/// which is not counted), and a program whose environment lost `LD_PRELOAD` (`env -u`); the
+/// run keeps the program's status, and `--strict` fails it. A tree of ordinary programs
+/// names none.
+#[test]
+fn processes_that_leave_the_budget_are_named_and_fail_strict() {
+    let dir = tmpdir("escapes");
+    let prog = compile("escapes", &dir, &[]);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/zeros.c");
+    let static_prog = dir.join("static-zeros");
+    let o = run_timed(
+        Command::new("cc").args(["-O2", "-static", "-o"]).arg(&static_prog).arg(&src),
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "cc -static: {}", String::from_utf8_lossy(&o.stderr));
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+    let script =
+        format!("PATH={path}; {} {} static-zeros && env -u LD_PRELOAD true", prog.display(), static_prog.display());
+    for strict in [false, true] {
+        let opts: &[&str] = if strict { &["--strict"] } else { &[] };
+        let (o, v) = uswap_run(64, opts, &["sh", "-c", &script], &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(if strict { 2 } else { 0 }), "strict {strict}: {err}");
+        assert!(err.contains("4 process(es) of the program ran outside the budget"), "{err}");
+        assert_eq!(err.matches(": statically linked").count(), 3, "{err}");
+        assert_eq!(err.matches("static-zeros: statically linked").count(), 3, "{err}");
+        assert!(err.contains("true: its environment has no LD_PRELOAD"), "{err}");
+        assert!(!err.contains("/nonexistent/program"), "a failed exec was counted: {err}");
+        assert_eq!(counter(&v, "escaped_processes"), 4, "{v}");
+    }
+    let (o, v) = uswap_run(64, &["--strict"], &["sh", "-c", "ls / >/dev/null && env true && sh -c true"], &dir);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !err.contains("outside the budget"), "{err}");
+    assert_eq!(counter(&v, "escaped_processes"), 0, "{v}");
+}
+
+/// A process that execs keeps the counters of each of its images with a pager: the second
+/// image's records used to replace the first's (same pid), which lost its swapping.
+#[test]
+fn each_image_of_a_process_that_execs_is_counted() {
+    let dir = tmpdir("execself");
+    let prog = compile("execself", &dir, &[]);
+    for mode in ["signal", "thread"] {
+        // The first image writes 64 MiB under 16: at least 48 MiB go out; the second 24.
+        let (o, v) = uswap_run(16, &["--fault-mode", mode], &[prog.to_str().unwrap(), "64", "24"], &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {err}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "both images ok\n", "{mode}");
+        assert_eq!(counter(&v, "processes"), 2, "{mode}: a record for each image: {v}");
+        let first_image_out = (64 - 16) << 20 >> 12;
+        assert!(counter(&v, "pswpout") >= first_image_out, "{mode}: the first image's swapping was lost: {v}");
     }
 }

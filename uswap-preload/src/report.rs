@@ -1,9 +1,13 @@
 //! The counters a process leaves for `uswap run`: at `exit()`, the pager's [`uswap::Stats`]
-//! as JSON in `$USWAP_STATS_DIR/<pid>.json` (a process replaced by exec leaves none: its
-//! pager never ran long enough to matter, or its counters would be lost with the image).
-//! `_exit` and `_Exit` are interposed to write it too. A process killed by a signal writes
-//! nothing at exit; a thread rewrites the file every [`PUBLISH_INTERVAL_MS`] so that its
-//! counters survive up to the last interval.
+//! as JSON in `$USWAP_STATS_DIR/<pid>.json`. `_exit` and `_Exit` are interposed to write it
+//! too, and an exec writes it just before the image goes ([`write_before_exec`]). A process
+//! killed by a signal writes nothing at exit; a thread rewrites the file every
+//! [`PUBLISH_INTERVAL_MS`] so that its counters survive up to the last interval.
+//!
+//! A record already under the name when a process starts publishing is an earlier image's
+//! of the same process (it exec'd: both had pagers) or an ended process's whose pid came
+//! back: it is kept under `<pid>.<n>.json` ([`keep_predecessor`]), so that the summary
+//! counts both (before, the new image's records replaced the old one's counters).
 //!
 //! `managed_peak_pages` counts pages that hold the program's data: mapped, or stored on a
 //! device (a staged page counts once, by its slot). It is sampled at each publication.
@@ -24,8 +28,45 @@ static MANAGED_PEAK_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::Ato
 pub fn start(dir: Option<PathBuf>) {
     START_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     let Some(dir) = dir else { return };
+    keep_predecessor(&dir, std::process::id());
     let _ = DIR.set(dir);
     spawn_publisher();
+}
+
+/// Most names tried for a predecessor's record (a bound on the loop: a pid comes back that
+/// many times in one run only on a machine that runs out of pids).
+const MAX_PREDECESSORS: u32 = 10_000;
+
+/// Keeps the record already under `<pid>.json`, an earlier image's or an ended process's
+/// (see the module documentation), as `<pid>.<n>.json`. Called before this process's first
+/// record, by the thread that starts its publisher: nothing of this process writes it yet.
+fn keep_predecessor(dir: &std::path::Path, pid: u32) {
+    let record = dir.join(format!("{pid}.json"));
+    if !record.exists() {
+        return;
+    }
+    for n in 0..MAX_PREDECESSORS {
+        let kept = dir.join(format!("{pid}.{n}.json"));
+        // Hard link, then unlink: never over another kept record.
+        if std::fs::hard_link(&record, &kept).is_ok() {
+            let _ = std::fs::remove_file(&record);
+            return;
+        }
+    }
+}
+
+/// An exec is about to replace this image: its counters go to its record as they are now
+/// (the publisher's last one is up to an interval old), for the new image to keep (see
+/// [`keep_predecessor`]). Not in a `vfork` child (the parent's pager is not its own) nor in
+/// a fork child without a pager of its own.
+pub fn write_before_exec() {
+    // The pager first: most execs are of processes without one, and getpid is a system call.
+    if crate::pager().is_some()
+        && START_PID.load(std::sync::atomic::Ordering::Relaxed) == std::process::id()
+        && !crate::is_unmanaged_fork_child()
+    {
+        write(false);
+    }
 }
 
 /// A fork child with a pager of its own (see `fork`) leaves a record of its own: under its
@@ -33,7 +74,8 @@ pub fn start(dir: Option<PathBuf>) {
 pub fn start_in_fork_child() {
     START_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     MANAGED_PEAK_PAGES.store(0, std::sync::atomic::Ordering::Relaxed);
-    if DIR.get().is_some() {
+    if let Some(dir) = DIR.get() {
+        keep_predecessor(dir, std::process::id());
         spawn_publisher();
     }
 }

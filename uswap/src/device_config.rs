@@ -331,6 +331,18 @@ impl DeviceConfig {
         Ok(nr_clusters * SWAPFILE_CLUSTER as u64)
     }
 
+    /// Checks, without making the device, what would keep it from opening: a file device's
+    /// path (see [`crate::backend::file::check_path`]), a Redis device's servers. `uswap run`
+    /// calls it before the program runs: the pagers that open the devices start later, in
+    /// each process that needs one. The others have nothing to check before they are made.
+    pub fn check_usable(&self) -> Result<()> {
+        match &self.kind {
+            DeviceKind::File { path, .. } => Ok(crate::backend::file::check_path(path)?),
+            DeviceKind::Redis { opts, .. } => Ok(RedisBackend::check(opts)?),
+            DeviceKind::Ram { .. } | DeviceKind::Zpool { .. } => Ok(()),
+        }
+    }
+
     pub(crate) fn open(&self) -> Result<Box<dyn Backend>> {
         let backend: Box<dyn Backend> = match &self.kind {
             DeviceKind::Ram { capacity_bytes } => {

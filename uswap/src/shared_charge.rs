@@ -292,6 +292,11 @@ pub const SEGMENT_FILE: &str = "charge";
 /// when it finds one, even if the process was one whose exit status nobody reads.
 pub const REFUSAL_PREFIX: &str = "refused-";
 
+/// The start of the name of the file a process of the tree leaves when it execs (or spawns)
+/// an image that will not load the preload library (`escaped-<pid>.txt`: the path, and why):
+/// a process outside the budget, which `uswap run` names once the program ended.
+pub const ESCAPE_PREFIX: &str = "escaped-";
+
 /// Processes that can hold a slot at once; more run under their own limit only.
 pub const MAX_PROCESSES: usize = 4096;
 

@@ -54,7 +54,17 @@ pub(super) fn record_paths(dir: &Path) -> impl Iterator<Item = PathBuf> {
 /// What the processes of the tree that could not be managed said, each once (their
 /// `refused-<pid>.txt`, see `uswap::shared_charge::REFUSAL_PREFIX`), by pid.
 pub(super) fn refusals(dir: &Path) -> Vec<(u32, String)> {
-    let prefix = uswap::shared_charge::REFUSAL_PREFIX;
+    notes(dir, uswap::shared_charge::REFUSAL_PREFIX)
+}
+
+/// The processes of the tree that left the budget at an exec, each with the image and why
+/// (their `escaped-<pid>.txt`, see `uswap::shared_charge::ESCAPE_PREFIX`), by pid.
+pub(super) fn escapes(dir: &Path) -> Vec<(u32, String)> {
+    notes(dir, uswap::shared_charge::ESCAPE_PREFIX)
+}
+
+/// The notes `<prefix><pid>.txt` in `dir`, each's text without its trailing newline, by pid.
+fn notes(dir: &Path, prefix: &str) -> Vec<(u32, String)> {
     let mut out: Vec<(u32, String)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
@@ -82,6 +92,22 @@ pub(super) fn refusal_message(refused: &[(u32, String)]) -> String {
     }
     if refused.len() > 4 {
         msg.push_str(&format!("\n  and {} more", refused.len() - 4));
+    }
+    msg
+}
+
+/// What to say when some processes left the budget: how many, and the first ones' images.
+pub(super) fn escape_message(escaped: &[(u32, String)]) -> String {
+    let mut msg = format!(
+        "{} process(es) of the program ran outside the budget, their memory neither limited nor counted \
+         (uswap follows a program through its preloaded library, which these images do not load):",
+        escaped.len()
+    );
+    for (pid, said) in escaped.iter().take(4) {
+        msg.push_str(&format!("\n  process {pid}: {said}"));
+    }
+    if escaped.len() > 4 {
+        msg.push_str(&format!("\n  and {} more", escaped.len() - 4));
     }
     msg
 }

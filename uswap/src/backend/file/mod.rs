@@ -59,7 +59,7 @@ mod tests;
 
 pub use async_reader::FileAsyncReader;
 pub use error::FileDeviceError;
-pub use open::{FileOptions, CLUSTER_BYTES, DEFAULT_POLL_US, MAX_QUEUE_DEPTH};
+pub use open::{check_path, FileOptions, CLUSTER_BYTES, DEFAULT_POLL_US, MAX_QUEUE_DEPTH};
 pub use stats::FileStats;
 
 /// A swap device on a file or block device. See the module documentation.

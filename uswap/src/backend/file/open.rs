@@ -390,13 +390,7 @@ pub(super) fn open_device(path: &Path, capacity_bytes: u64, options: &FileOption
     } else if ft.is_some_and(|ft| ft.is_block_device()) {
         (open_block_device(path, capacity_bytes)?, Kind::BlockDevice, false)
     } else {
-        let kind = match ft {
-            Some(ft) if ft.is_char_device() => "a character device",
-            Some(ft) if ft.is_fifo() => "a FIFO",
-            Some(ft) if ft.is_socket() => "a socket",
-            _ => "an unknown kind of file",
-        };
-        return Err(FileDeviceError::UnsupportedFileType { path: path.to_owned(), kind });
+        return Err(unsupported_file_type(path, ft));
     };
 
     // Probe: one direct read of slot 0, so that a filesystem that accepts O_DIRECT at open
@@ -413,6 +407,65 @@ pub(super) fn open_device(path: &Path, capacity_bytes: u64, options: &FileOption
     }
 
     Ok(Opened { file, kind, anonymous, nr_slots })
+}
+
+/// Checks that a device could be opened at `path`, without sizing, locking or leaving
+/// anything: a directory (or the existing directory of a path to create) takes an anonymous
+/// direct-I/O file, an existing file or block device opens for direct reads and writes, and
+/// a file others may access is refused as [`open_device`] would. `uswap run` checks its
+/// devices with this before the program runs: its pagers start later, in every process that
+/// needs one, where a typo in the path would fail the run after the program's work.
+pub fn check_path(path: &Path) -> Result<(), FileDeviceError> {
+    let ft = match fs::metadata(path) {
+        Ok(meta) => Some(meta.file_type()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(open_error(path, "stat", e)),
+    };
+    let direct_file_in = |dir: &Path| -> Result<(), FileDeviceError> {
+        let fd = create_anonymous(dir, true)?;
+        set_direct(fd.as_raw_fd(), path)
+    };
+    match ft {
+        Some(ft) if ft.is_dir() => direct_file_in(path),
+        None => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            if !fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
+                return Err(FileDeviceError::NotFound { path: path.to_owned() });
+            }
+            direct_file_in(dir)
+        }
+        Some(ft) if ft.is_file() => {
+            let fd =
+                sys_open(&cstring(path)?, libc::O_RDWR | libc::O_DIRECT, 0).map_err(|e| match e.raw_os_error() {
+                    Some(libc::EINVAL) => FileDeviceError::DirectIoUnsupported { path: path.to_owned(), source: e },
+                    _ => open_error(path, "opening the swap file", e),
+                })?;
+            let st = fstat(fd.as_raw_fd()).map_err(|e| open_error(path, "fstat", e))?;
+            let mode = st.st_mode & 0o7777;
+            if mode & 0o066 != 0 {
+                return Err(FileDeviceError::OthersMayAccess { path: path.to_owned(), mode });
+            }
+            Ok(())
+        }
+        Some(ft) if ft.is_block_device() => sys_open(&cstring(path)?, libc::O_RDWR | libc::O_DIRECT | libc::O_EXCL, 0)
+            .map(drop)
+            .map_err(|e| open_error(path, "opening the block device", e)),
+        Some(_) => Err(unsupported_file_type(path, ft)),
+    }
+}
+
+/// The error for a path that is none of a directory, a regular file or a block device.
+fn unsupported_file_type(path: &Path, ft: Option<fs::FileType>) -> FileDeviceError {
+    let kind = match ft {
+        Some(ft) if ft.is_char_device() => "a character device",
+        Some(ft) if ft.is_fifo() => "a FIFO",
+        Some(ft) if ft.is_socket() => "a socket",
+        _ => "an unknown kind of file",
+    };
+    FileDeviceError::UnsupportedFileType { path: path.to_owned(), kind }
 }
 
 #[cfg(test)]
@@ -496,6 +549,27 @@ mod tests {
         assert_eq!(meta.len(), 4 * MIB);
         assert!(meta.blocks() < 64, "{} blocks allocated", meta.blocks());
         drop(b);
+    }
+
+    /// `check_path` says what `open_device` would refuse, and leaves nothing behind: no file
+    /// in a directory, no file at a path to create, an existing file as it was.
+    #[test]
+    fn checked_paths_are_left_as_they_were() {
+        let dir = TestDir::new("check");
+        check_path(dir.path()).unwrap();
+        let new = dir.path().join("swapfile");
+        check_path(&new).unwrap();
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0, "the check left a file");
+        write_private(&new, &[7u8; 4096]);
+        check_path(&new).unwrap();
+        assert_eq!(fs::read(&new).unwrap(), vec![7u8; 4096], "an existing file changed");
+        fs::set_permissions(&new, fs::Permissions::from_mode(0o644)).unwrap();
+        let e = check_path(&new).unwrap_err();
+        assert!(matches!(e, FileDeviceError::OthersMayAccess { mode: 0o644, .. }), "{e}");
+        let e = check_path(&dir.path().join("no/such")).unwrap_err();
+        assert!(matches!(e, FileDeviceError::NotFound { .. }), "{e}");
+        let e = check_path(Path::new("/dev/null")).unwrap_err();
+        assert!(matches!(e, FileDeviceError::UnsupportedFileType { kind: "a character device", .. }), "{e}");
     }
 
     #[test]

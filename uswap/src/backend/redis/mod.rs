@@ -240,6 +240,24 @@ fn read_key(path: &std::path::Path) -> Result<[u8; 32], RedisDeviceError> {
 }
 
 impl RedisBackend {
+    /// What [`RedisBackend::open`] checks before it starts anything: the seeds answer, one is
+    /// a primary with the replicas asked for (or the cluster has its slot map), and the
+    /// page key can be made. `uswap run` checks its devices with this before the program
+    /// runs, since its pagers start later.
+    pub fn check(opts: &RedisOptions) -> Result<(), RedisDeviceError> {
+        if opts.seeds.is_empty() {
+            return Err(RedisDeviceError::NoSeeds);
+        }
+        if opts.cluster {
+            open_cluster(opts)?;
+        }
+        let (primary, inf) = find_primary(opts, &opts.seeds.join(";"))?;
+        if !opts.cluster {
+            check_primary(&opts.seeds[primary], &inf, opts.replicas)?;
+        }
+        new_sealer(opts).map(drop)
+    }
+
     /// Connects to the seeds, checks the primary, and starts the device threads.
     pub fn open(opts: &RedisOptions, nr_slots: u64) -> Result<RedisBackend, RedisDeviceError> {
         if opts.seeds.is_empty() {
