@@ -132,6 +132,21 @@ fn a_program_that_ignores_sigbus_survives_one_sent_to_it() {
     assert!(counter(&v, "pswpin") > 0, "nothing came back through faults: {v}");
 }
 
+/// A SIGBUS handler installed with `SA_RESETHAND` runs once, and the action reads back as
+/// the default after it, as the kernel does it (`sigbusreset.c`: 96 MiB under 32 MiB, every
+/// word checked, then a second SIGBUS kills the program). Before, signal mode's chain kept
+/// the program's handler, which ran for every SIGBUS.
+#[test]
+fn a_sigbus_handler_with_sa_resethand_runs_once() {
+    let dir = tmpdir("sigbusreset");
+    let p = compile("sigbusreset", &dir, &[]);
+    let (o, v) = uswap_run(32, &["--fault-mode", "signal"], &[p.to_str().unwrap(), "96"], &dir);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "OK\n", "{err}");
+    assert_eq!(o.status.code(), Some(128 + libc::SIGBUS), "the second SIGBUS did not kill it: {err}");
+    assert!(counter(&v, "pswpout") > 0, "nothing was paged: {v}");
+}
+
 /// A program whose own SIGBUS handler leaves with `siglongjmp` (past the end of a mapped
 /// file: `sigbusjmp.c`) goes on using its managed memory: every word of 96 MiB under 32 MiB
 /// holds, and `read(2)` into memory that is out fills it. Before, uswap's handler depth

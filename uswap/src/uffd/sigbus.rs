@@ -32,6 +32,22 @@ static FAULT_FN: AtomicUsize = AtomicUsize::new(0);
 static CHAIN_SEQ: AtomicU32 = AtomicU32::new(0);
 /// Held by the one writer of `OLD_ACTION` at a time.
 static CHAIN_WRITER: AtomicBool = AtomicBool::new(false);
+/// Set when the chained action had `SA_RESETHAND` and was delivered: the kernel puts the
+/// default action back as it delivers such a signal, and so does the chain (the stored
+/// action is left as it is: writing it needs `CHAIN_WRITER`, which the interrupted thread
+/// may hold). Cleared when the program sets an action again ([`replace_chained`]).
+static CHAIN_RESET: AtomicBool = AtomicBool::new(false);
+
+/// The chained action as the program would see it: the default once an `SA_RESETHAND`
+/// action was delivered.
+fn effective_chained_action() -> libc::sigaction {
+    let action = chained_action();
+    if action.sa_flags & libc::SA_RESETHAND != 0 && CHAIN_RESET.load(Ordering::Acquire) {
+        // SAFETY: an all-zero sigaction is SIG_DFL with no flags.
+        return unsafe { std::mem::zeroed() };
+    }
+    action
+}
 /// Rounds a reader of `OLD_ACTION` retries while a writer is at work before it takes the
 /// default action instead (the writer may be this very thread, interrupted).
 const CHAIN_READ_ROUNDS: u32 = 10_000;
@@ -220,7 +236,13 @@ fn on_sigbus_inner(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc
 
 /// Passes a SIGBUS we do not manage to the handler that was installed before ours.
 fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
-    let old = chained_action();
+    let mut old = effective_chained_action();
+    // Delivered once, as the kernel delivers it: the first thread here takes the handler,
+    // and the reset, for itself (two threads' SIGBUS at once call it once).
+    if old.sa_flags & libc::SA_RESETHAND != 0 && CHAIN_RESET.swap(true, Ordering::AcqRel) {
+        // SAFETY: an all-zero sigaction is SIG_DFL with no flags.
+        old = unsafe { std::mem::zeroed() };
+    }
     let handler = old.sa_sigaction;
     // SAFETY: the kernel's siginfo for this signal, valid for the handler's duration.
     let sent = unsafe { (*info).si_code } <= 0;
@@ -328,13 +350,14 @@ pub fn replace_chained(new: Option<&libc::sigaction>) -> libc::sigaction {
     while CHAIN_WRITER.swap(true, Ordering::Acquire) {
         std::thread::yield_now();
     }
-    let old = chained_action();
+    let old = effective_chained_action();
     if let Some(new) = new {
         CHAIN_SEQ.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::Release);
         // SAFETY: the one writer (CHAIN_WRITER held); readers check CHAIN_SEQ around their
         // copy and retry if it changed.
         unsafe { std::ptr::write_volatile((*OLD_ACTION.0.get()).as_mut_ptr(), new) };
+        CHAIN_RESET.store(false, Ordering::Release);
         CHAIN_SEQ.fetch_add(1, Ordering::Release);
     }
     CHAIN_WRITER.store(false, Ordering::Release);
