@@ -306,6 +306,21 @@ fn populating_managed_memory_succeeds_in_both_modes() {
     });
 }
 
+/// A program that sets a data limit on itself with room for what it allocates next
+/// (`datalimit.c`: 200 MiB held under 64 MiB, a limit of 360 MiB, then 100 mappings of 1 MiB
+/// written) gets them, and `getrlimit` gives back the limit it set. Before, the kernel
+/// counted uswap's pool against the limit and the first mapping failed.
+#[test]
+fn a_data_limit_set_inside_the_run_leaves_room_for_uswap() {
+    let dir = tmpdir("datalimit");
+    let p = compile("datalimit", &dir, &[]);
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(64, &["--fault-mode", mode], &[p.to_str().unwrap(), "200"], &dir);
+        assert_printed_ok(mode, &o);
+        assert!(counter(&v, "pswpout") > 0, "{mode}: nothing was paged: {v}");
+    }
+}
+
 /// Under an address-space limit (`ulimit -v`, 2 GB) a process is managed with reservations
 /// sized to fit, and says so: the pool's arena (12 GiB here by default) made every such
 /// process fail to start its pager, and `uswap run` ran nothing.
@@ -332,22 +347,29 @@ fn an_address_space_limit_is_fitted_and_said() {
 /// its reservations were far above the limit, so the shell's fork children could not build
 /// a pager (the run failed) and the shell aborted when one of uswap's threads next
 /// allocated. Now the shell goes on, `ulimit -v` reports the limit that was set, and each
-/// program it runs sizes its reservations to that limit and says so.
+/// program it runs sizes its reservations to that limit and says so. The same for a data
+/// limit (`ulimit -d`), carried to the programs as the address-space limit is.
 #[test]
 fn an_address_space_limit_set_inside_the_run_leaves_room_for_uswap() {
     let dir = tmpdir("ulimit-inside");
     let p = compile("grow", &dir, &[]);
     let wss = WSS_MIB.to_string();
-    // The sleeps give uswap's threads in the shell time to run under the new limit.
-    let script = "ulimit -v 2000000 && ulimit -v && sleep 0.2 && \"$0\" \"$1\" && sleep 0.2 && exec \"$0\" \"$1\"";
-    let prog = ["sh", "-c", script, p.to_str().unwrap(), &wss];
-    let r = uswap_run(LIMIT_MIB, &[], &prog, &dir);
-    assert_same_and_paged(&prog, &r, LIMIT_MIB);
-    assert!(String::from_utf8_lossy(&r.0.stdout).starts_with("2000000\n"), "ulimit -v said otherwise");
-    let err = String::from_utf8_lossy(&r.0.stderr);
-    let said = "address-space limit (ulimit -v) of 1953 MiB, set inside the run";
-    // Each program the shell runs after the limit: two sleeps and two grows.
-    assert_eq!(err.matches(said).count(), 4, "each program sizes its reservations to the limit set:\n{err}");
+    for (flag, said) in [
+        ("-v", "address-space limit (ulimit -v) of 1953 MiB, set inside the run"),
+        ("-d", "data limit (ulimit -d) of 1953 MiB, set inside the run"),
+    ] {
+        // The sleeps give uswap's threads in the shell time to run under the new limit.
+        let script = format!(
+            "ulimit {flag} 2000000 && ulimit {flag} && sleep 0.2 && \"$0\" \"$1\" && sleep 0.2 && exec \"$0\" \"$1\""
+        );
+        let prog = ["sh", "-c", &script, p.to_str().unwrap(), &wss];
+        let r = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+        assert!(String::from_utf8_lossy(&r.0.stdout).starts_with("2000000\n"), "ulimit {flag} said otherwise");
+        let err = String::from_utf8_lossy(&r.0.stderr);
+        // Each program the shell runs after the limit: two sleeps and two grows.
+        assert_eq!(err.matches(said).count(), 4, "each program sizes its reservations to the limit set:\n{err}");
+    }
 }
 
 #[test]

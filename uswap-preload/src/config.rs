@@ -13,6 +13,7 @@
 //! | `USWAP_START_AFTER` | the heap a process may use before its pager starts, a size, at most a sixteenth of the limit; `0`: before `main` (see the crate's doc, "Lazy start") | a sixteenth of the limit (16 MiB at most outside a `uswap run` tree, see `waiting_charge`) |
 //! | `USWAP_DISABLE` | set: the library does nothing | unset |
 //! | `USWAP_ADDRESS_SPACE_LIMIT` | set by the library itself at `execve`: the address-space limit a managed parent set (see `rlimit`) | unset |
+//! | `USWAP_DATA_LIMIT` | likewise, the data limit a managed parent set | unset |
 
 use uswap::{parse_size, DeviceConfig, FaultMode, IdleAging, PagerBuilder};
 
@@ -65,9 +66,9 @@ fn size_var(name: &str, default: u64) -> Result<u64, String> {
 }
 
 impl Config {
-    /// `limit_set_inside`: the address-space limit was set by a managed parent (`rlimit`):
-    /// uswap's reservations come on top of it.
-    pub fn from_env(limit_set_inside: bool) -> Result<Config, String> {
+    /// `set_inside`: the limits a managed parent set (`rlimit`): uswap's reservations come
+    /// on top of them.
+    pub fn from_env(set_inside: crate::rlimit::SetInside) -> Result<Config, String> {
         let limit_bytes = size_var(ENV_LIMIT, 1 << 30)?;
         let default_capacity = DeviceConfig::default_capacity_bytes();
         let spec = std::env::var(ENV_DEVICE).unwrap_or_else(|_| "zpool".into());
@@ -91,6 +92,10 @@ impl Config {
             // (the devices take 5/16 by default, see `DeviceConfig::default_capacity_bytes`;
             // the rest is the program's other mappings), said once.
             heap = heap.min((as_bytes / 3).max(MIN_HEAP_BYTES));
+            let limit_set_inside = match which {
+                uswap::AddressSpaceLimit::AddressSpace => set_inside.address_space,
+                uswap::AddressSpaceLimit::Data => set_inside.data,
+            };
             say_address_space_limit(as_bytes, which, heap, capacity, limit_set_inside);
         }
         let heap_bytes = heap.next_multiple_of(32 << 20) as usize;
@@ -128,12 +133,11 @@ fn say_address_space_limit(
     capacity_bytes: u64,
     limit_set_inside: bool,
 ) {
-    let (name, data) = match which {
-        uswap::AddressSpaceLimit::Data => ("a data limit (ulimit -d)", true),
-        uswap::AddressSpaceLimit::AddressSpace => ("an address-space limit (ulimit -v)", false),
+    let name = match which {
+        uswap::AddressSpaceLimit::Data => "a data limit (ulimit -d)",
+        uswap::AddressSpaceLimit::AddressSpace => "an address-space limit (ulimit -v)",
     };
-    // Only an address-space limit set inside the run is raised by uswap's reservations.
-    let whose = if limit_set_inside && !data {
+    let whose = if limit_set_inside {
         "set inside the run: uswap's reservations come on top of it, and are sized to it"
     } else {
         "which uswap's reservations count against"

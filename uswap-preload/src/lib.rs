@@ -191,8 +191,8 @@ fn prepare() -> Result<(), String> {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
     }
     // Before the configuration sizes anything to an address-space limit.
-    let limit_set_inside = rlimit::inherit();
-    let cfg = config::Config::from_env(limit_set_inside)?;
+    let set_inside = rlimit::inherit();
+    let cfg = config::Config::from_env(set_inside)?;
     // Set once, here: the constructor runs once per image.
     let cfg = CONFIG.get_or_init(move || cfg);
     fork::start()?;

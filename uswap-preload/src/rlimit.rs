@@ -1,6 +1,7 @@
-//! Address-space limits a managed program sets on itself (`ulimit -v` in a shell,
-//! `setrlimit(RLIMIT_AS)`): the program gets the room it asked for, and uswap's own
-//! reservations come on top.
+//! Address-space and data limits a managed program sets on itself (`ulimit -v` and
+//! `ulimit -d` in a shell, `setrlimit(RLIMIT_AS)` and `setrlimit(RLIMIT_DATA)`): the program
+//! gets the room it asked for, and uswap's own reservations come on top. (A data limit
+//! counts private writable mappings: uswap's pools and staging areas are such.)
 //!
 //! Why: the kernel counts every mapping against `RLIMIT_AS`, uswap's reservations included
 //! (the managed heap, a compressed pool's arena and its staging area: tens of GiB of address
@@ -11,34 +12,63 @@
 //!
 //! So, once the pager runs, a limit the program sets on itself reaches the kernel raised by
 //! [`reserve_bytes`]; `getrlimit` and `prlimit` report the limit the program set. An
-//! `execve` (and `execv`, `execvp`, `execvpe`) carries the limit the program set in
-//! `USWAP_ADDRESS_SPACE_LIMIT`, and the new image's library sizes its reservations to that
-//! limit (`config`), then raises the kernel's limit by its own reservations only
-//! ([`refit`]). A program started another way (`posix_spawn`, `execl`), or one that is not
-//! managed, runs under the raised limit.
+//! `execve` (and `execv`, `execvp`, `execvpe`) carries the limits the program set in
+//! `USWAP_ADDRESS_SPACE_LIMIT` and `USWAP_DATA_LIMIT`, and the new image's library sizes its
+//! reservations to them (`config`), then raises the kernel's limits by its own reservations
+//! only ([`refit`]). A program started another way (`posix_spawn`, `execl`), or one that is
+//! not managed, runs under the raised limits.
 //!
-//! State: the limit the program set and the one given to the kernel, two pairs of atomics
-//! written by the program's calls (a process sets its limits from one thread at a time in
+//! State: per limit, the one the program set and the one given to the kernel, two pairs of
+//! atomics written by the program's calls (a process sets its limits from one thread at a time in
 //! practice; a race only makes `getrlimit` report the kernel's value). A fork child
 //! inherits both with the limit.
 
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-/// Carries the limit the program set across `execve`: `SOFT:HARD:GIVEN_SOFT:GIVEN_HARD`.
+/// Carries the address-space limit the program set across `execve`:
+/// `SOFT:HARD:GIVEN_SOFT:GIVEN_HARD`.
 pub const ENV_ADDRESS_SPACE_LIMIT: &str = "USWAP_ADDRESS_SPACE_LIMIT";
+/// Carries the data limit the program set across `execve`, as the address-space limit.
+pub const ENV_DATA_LIMIT: &str = "USWAP_DATA_LIMIT";
 
 /// Room for what uswap's threads allocate from the C library's malloc (its `brk` heap) after
 /// the limit is set.
 const THREADS_SLACK_BYTES: u64 = 512 << 20;
 
 const NONE: u64 = 0;
-/// The limit the program set (soft, hard), `NONE` until it set one.
-static SET_SOFT: AtomicU64 = AtomicU64::new(NONE);
-static SET_HARD: AtomicU64 = AtomicU64::new(NONE);
-/// What the kernel was given for it.
-static GIVEN_SOFT: AtomicU64 = AtomicU64::new(NONE);
-static GIVEN_HARD: AtomicU64 = AtomicU64::new(NONE);
+
+/// One limit uswap's reservations count against, as the program set it and as the kernel
+/// was given it (every field `NONE` until the program set one).
+struct Limit {
+    resource: c_int,
+    set_soft: AtomicU64,
+    set_hard: AtomicU64,
+    given_soft: AtomicU64,
+    given_hard: AtomicU64,
+}
+
+impl Limit {
+    const fn new(resource: c_int) -> Limit {
+        Limit {
+            resource,
+            set_soft: AtomicU64::new(NONE),
+            set_hard: AtomicU64::new(NONE),
+            given_soft: AtomicU64::new(NONE),
+            given_hard: AtomicU64::new(NONE),
+        }
+    }
+}
+
+/// `RLIMIT_AS`: every mapping counts.
+static ADDRESS_SPACE: Limit = Limit::new(libc::RLIMIT_AS as c_int);
+/// `RLIMIT_DATA`: private writable mappings count, which uswap's pools and staging areas are.
+/// A program that set it with a pager running got allocation failures where it had room
+/// without uswap.
+static DATA: Limit = Limit::new(libc::RLIMIT_DATA as c_int);
+
+/// The limits carried across exec, each with the variable that carries it.
+const CARRIED: [(&Limit, &str); 2] = [(&ADDRESS_SPACE, ENV_ADDRESS_SPACE_LIMIT), (&DATA, ENV_DATA_LIMIT)];
 
 /// What uswap adds to a limit the program sets: its managed heap, twice the engine's own
 /// mappings (a fork child builds devices of its own while it still holds its copy of the
@@ -63,92 +93,111 @@ fn sys_prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old:
 }
 
 /// The kernel's limit now.
-fn kernel_limit() -> Option<libc::rlimit> {
+fn kernel_limit(l: &Limit) -> Option<libc::rlimit> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    (sys_prlimit(0, libc::RLIMIT_AS as c_int, std::ptr::null(), &mut lim) == 0).then_some(lim)
+    (sys_prlimit(0, l.resource, std::ptr::null(), &mut lim) == 0).then_some(lim)
 }
 
 /// Gives the kernel `set` raised by `by_bytes` (within the hard limit it has, which only
 /// root may raise), and remembers both.
-fn give(set: libc::rlimit, by_bytes: u64) -> c_int {
+fn give(l: &Limit, set: libc::rlimit, by_bytes: u64) -> c_int {
     let mut given = libc::rlimit { rlim_cur: raised(set.rlim_cur, by_bytes), rlim_max: raised(set.rlim_max, by_bytes) };
-    if let Some(now) = kernel_limit() {
+    if let Some(now) = kernel_limit(l) {
         if given.rlim_max > now.rlim_max && set.rlim_max <= now.rlim_max {
             // Not root: the hard limit can only come down; keep what it is.
             given.rlim_max = now.rlim_max;
             given.rlim_cur = given.rlim_cur.min(now.rlim_max);
         }
     }
-    let r = sys_prlimit(0, libc::RLIMIT_AS as c_int, &given, std::ptr::null_mut());
+    let r = sys_prlimit(0, l.resource, &given, std::ptr::null_mut());
     if r == 0 {
-        SET_SOFT.store(set.rlim_cur, Ordering::Relaxed);
-        SET_HARD.store(set.rlim_max, Ordering::Relaxed);
-        GIVEN_SOFT.store(given.rlim_cur, Ordering::Relaxed);
-        GIVEN_HARD.store(given.rlim_max, Ordering::Relaxed);
+        l.set_soft.store(set.rlim_cur, Ordering::Relaxed);
+        l.set_hard.store(set.rlim_max, Ordering::Relaxed);
+        l.given_soft.store(given.rlim_cur, Ordering::Relaxed);
+        l.given_hard.store(given.rlim_max, Ordering::Relaxed);
     }
     r
 }
 
 /// The limit the program set, if the kernel still has what it was given for it.
-fn set_limit() -> Option<libc::rlimit> {
-    let soft = SET_SOFT.load(Ordering::Relaxed);
+fn set_limit(l: &Limit) -> Option<libc::rlimit> {
+    let soft = l.set_soft.load(Ordering::Relaxed);
     if soft == NONE {
         return None;
     }
-    let now = kernel_limit()?;
-    (now.rlim_cur == GIVEN_SOFT.load(Ordering::Relaxed) && now.rlim_max == GIVEN_HARD.load(Ordering::Relaxed))
-        .then(|| libc::rlimit { rlim_cur: soft, rlim_max: SET_HARD.load(Ordering::Relaxed) })
+    let now = kernel_limit(l)?;
+    (now.rlim_cur == l.given_soft.load(Ordering::Relaxed) && now.rlim_max == l.given_hard.load(Ordering::Relaxed))
+        .then(|| libc::rlimit { rlim_cur: soft, rlim_max: l.set_hard.load(Ordering::Relaxed) })
 }
 
-/// At start-up, before the configuration is read: takes over the limit a managed parent
-/// set before it exec'd this image (`USWAP_ADDRESS_SPACE_LIMIT`), if the kernel still has
-/// what that parent gave it, so that the reservations are sized to the program's limit.
-/// Whether it did.
-pub fn inherit() -> bool {
-    let Ok(v) = std::env::var(ENV_ADDRESS_SPACE_LIMIT) else { return false };
+/// Which limits a managed parent set before it exec'd this image (see [`inherit`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetInside {
+    pub address_space: bool,
+    pub data: bool,
+}
+
+/// At start-up, before the configuration is read: takes over the limits a managed parent
+/// set before it exec'd this image (`USWAP_ADDRESS_SPACE_LIMIT`, `USWAP_DATA_LIMIT`), each
+/// if the kernel still has what that parent gave it, so that the reservations are sized to
+/// the program's limits.
+pub fn inherit() -> SetInside {
+    SetInside {
+        address_space: inherit_one(&ADDRESS_SPACE, ENV_ADDRESS_SPACE_LIMIT),
+        data: inherit_one(&DATA, ENV_DATA_LIMIT),
+    }
+}
+
+fn inherit_one(l: &Limit, var: &str) -> bool {
+    let Ok(v) = std::env::var(var) else { return false };
     let f: Vec<u64> = v.split(':').filter_map(|x| x.parse().ok()).collect();
-    let (Some(now), &[set_soft, set_hard, given_soft, given_hard]) = (kernel_limit(), &f[..]) else { return false };
+    let (Some(now), &[set_soft, set_hard, given_soft, given_hard]) = (kernel_limit(l), &f[..]) else { return false };
     if now.rlim_cur != given_soft || now.rlim_max != given_hard || set_soft == NONE {
         return false;
     }
-    SET_SOFT.store(set_soft, Ordering::Relaxed);
-    SET_HARD.store(set_hard, Ordering::Relaxed);
-    GIVEN_SOFT.store(given_soft, Ordering::Relaxed);
-    GIVEN_HARD.store(given_hard, Ordering::Relaxed);
+    l.set_soft.store(set_soft, Ordering::Relaxed);
+    l.set_hard.store(set_hard, Ordering::Relaxed);
+    l.given_soft.store(given_soft, Ordering::Relaxed);
+    l.given_hard.store(given_hard, Ordering::Relaxed);
     true
 }
 
-/// Once the pager and its heap are built: the kernel's limit becomes the program's plus
+/// Once the pager and its heap are built: the kernel's limits become the program's plus
 /// this process's own reservations (the parent's were larger or smaller).
 pub fn refit() {
-    if let Some(set) = set_limit() {
-        give(set, reserve_bytes());
+    for (l, _) in CARRIED {
+        if let Some(set) = set_limit(l) {
+            give(l, set, reserve_bytes());
+        }
     }
 }
 
-/// `setrlimit` and `prlimit` on this process's `RLIMIT_AS` once the pager runs.
-fn set_own(new: &libc::rlimit, old: *mut libc::rlimit) -> c_int {
+/// `setrlimit` and `prlimit` on this process's limit `l` once the pager runs.
+fn set_own(l: &Limit, new: &libc::rlimit, old: *mut libc::rlimit) -> c_int {
     if !old.is_null() {
-        let r = get_own(old);
+        let r = get_own(l, old);
         if r != 0 {
             return r;
         }
     }
-    give(*new, reserve_bytes())
+    give(l, *new, reserve_bytes())
 }
 
-fn get_own(out: *mut libc::rlimit) -> c_int {
-    if let Some(set) = set_limit() {
+fn get_own(l: &Limit, out: *mut libc::rlimit) -> c_int {
+    if let Some(set) = set_limit(l) {
         // SAFETY: `out` is the caller's non-null rlimit.
         unsafe { *out = set };
         return 0;
     }
-    sys_prlimit(0, libc::RLIMIT_AS as c_int, std::ptr::null(), out)
+    sys_prlimit(0, l.resource, std::ptr::null(), out)
 }
 
-fn is_own_address_space(pid: libc::pid_t, resource: c_int) -> bool {
+/// The limit uswap's reservations count against that a call on `resource` of `pid` is
+/// about, if it is one (this process's `RLIMIT_AS` or `RLIMIT_DATA`).
+fn own_limit(pid: libc::pid_t, resource: c_int) -> Option<&'static Limit> {
+    let limit = [&ADDRESS_SPACE, &DATA].into_iter().find(|l| l.resource == resource)?;
     // SAFETY: getpid has no memory effects.
-    resource == libc::RLIMIT_AS as c_int && (pid == 0 || pid == unsafe { libc::getpid() })
+    (pid == 0 || pid == unsafe { libc::getpid() }).then_some(limit)
 }
 
 /// # Safety
@@ -160,11 +209,9 @@ pub unsafe extern "C" fn prlimit64(
     new: *const libc::rlimit,
     old: *mut libc::rlimit,
 ) -> c_int {
-    if !is_own_address_space(pid, resource) {
-        return sys_prlimit(pid, resource, new, old);
-    }
+    let Some(l) = own_limit(pid, resource) else { return sys_prlimit(pid, resource, new, old) };
     if new.is_null() {
-        return if old.is_null() { 0 } else { get_own(old) };
+        return if old.is_null() { 0 } else { get_own(l, old) };
     }
     // A process waiting for its pager starts it first: the limit must leave room for the
     // pager's own reservations, which are known only once it runs.
@@ -173,7 +220,7 @@ pub unsafe extern "C" fn prlimit64(
         return sys_prlimit(pid, resource, new, old);
     }
     // SAFETY: `new` is the caller's non-null rlimit.
-    set_own(unsafe { &*new }, old)
+    set_own(l, unsafe { &*new }, old)
 }
 
 /// # Safety
@@ -232,33 +279,42 @@ extern "C" {
 /// environment goes unchanged and the new image runs under the raised limit.
 const MAX_ENV: usize = 1024;
 
-/// Runs `exec` with `envp`, plus `USWAP_ADDRESS_SPACE_LIMIT` when the program set a limit.
+/// Runs `exec` with `envp`, plus `USWAP_ADDRESS_SPACE_LIMIT` and `USWAP_DATA_LIMIT` for the
+/// limits the program set.
 fn with_limit_in_env(envp: *const *const c_char, exec: impl FnOnce(*const *const c_char) -> c_int) -> c_int {
     // The heap a waiting process charged goes with the image (the new one joins on its own
     // if it must; after a failed exec, at this one's next commit).
     crate::waiting_charge::leave();
     crate::report::write_before_exec();
-    match set_limit() {
-        Some(set) => exec_with_limit(envp, set, exec),
-        None => exec(envp),
+    let set = CARRIED.map(|(l, _)| set_limit(l));
+    if set.iter().all(Option::is_none) {
+        return exec(envp);
     }
+    exec_with_limits(envp, set, exec)
 }
 
 /// [`with_limit_in_env`] once a limit was set: a function of its own, so that only this
 /// rare path pays for the 8 KiB copy on the stack (an `execve` from a thread with a small
 /// stack takes the other path).
 #[inline(never)]
-fn exec_with_limit(
+fn exec_with_limits(
     envp: *const *const c_char,
-    set: libc::rlimit,
+    set: [Option<libc::rlimit>; 2],
     exec: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
-    let mut var = [0u8; 128];
-    let text = format_var(&mut var, set);
-    let mut out: [*const c_char; MAX_ENV + 2] = [std::ptr::null(); MAX_ENV + 2];
     if envp.is_null() {
         return exec(envp);
     }
+    let mut vars = [[0u8; 128]; 2];
+    let mut texts: [*const c_char; 2] = [std::ptr::null(); 2];
+    let mut nr_texts = 0;
+    for (((l, name), set), var) in CARRIED.iter().zip(set).zip(vars.iter_mut()) {
+        if let Some(set) = set {
+            texts[nr_texts] = format_var(var, name, l, set);
+            nr_texts += 1;
+        }
+    }
+    let mut out: [*const c_char; MAX_ENV + 3] = [std::ptr::null(); MAX_ENV + 3];
     let mut n = 0;
     // Bounded: an environment of more than MAX_ENV strings (ours aside) goes unchanged, and
     // `out` is used only once the array's NULL was seen, so nothing is ever cut off.
@@ -267,11 +323,12 @@ fn exec_with_limit(
         // stays within it, since the loop stops at its NULL.
         let s = unsafe { *envp.add(i) };
         if s.is_null() {
-            out[n] = text;
+            out[n..n + nr_texts].copy_from_slice(&texts[..nr_texts]);
             return exec(out.as_ptr());
         }
         // SAFETY: `s` is a NUL-terminated string of the caller's.
-        if !unsafe { std::ffi::CStr::from_ptr(s) }.to_bytes().starts_with(ENV_ADDRESS_SPACE_LIMIT.as_bytes()) {
+        let entry = unsafe { std::ffi::CStr::from_ptr(s) }.to_bytes();
+        if !CARRIED.iter().any(|(_, name)| entry.starts_with(name.as_bytes())) {
             if n == MAX_ENV {
                 return exec(envp);
             }
@@ -283,13 +340,13 @@ fn exec_with_limit(
 }
 
 /// Writes `NAME=SOFT:HARD:GIVEN_SOFT:GIVEN_HARD\0` into `buf`, without allocating.
-fn format_var(buf: &mut [u8; 128], set: libc::rlimit) -> *const c_char {
+fn format_var(buf: &mut [u8; 128], name: &str, l: &Limit, set: libc::rlimit) -> *const c_char {
     use std::io::Write;
-    let given = [GIVEN_SOFT.load(Ordering::Relaxed), GIVEN_HARD.load(Ordering::Relaxed)];
+    let given = [l.given_soft.load(Ordering::Relaxed), l.given_hard.load(Ordering::Relaxed)];
     let mut w = std::io::Cursor::new(&mut buf[..]);
     // 128 bytes hold the name and four 20-digit numbers; a failed write leaves the buffer
     // zeroed after the name, an empty value that `inherit` ignores.
-    let _ = write!(w, "{ENV_ADDRESS_SPACE_LIMIT}={}:{}:{}:{}", set.rlim_cur, set.rlim_max, given[0], given[1]);
+    let _ = write!(w, "{name}={}:{}:{}:{}", set.rlim_cur, set.rlim_max, given[0], given[1]);
     let end = (w.position() as usize).min(buf.len() - 1);
     buf[end] = 0;
     buf.as_ptr().cast()
