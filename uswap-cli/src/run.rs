@@ -270,6 +270,26 @@ fn make_stats_dir() -> Result<PathBuf, RunError> {
     Err(RunError::StatsDir(std::io::Error::other("100 names taken")))
 }
 
+/// The program dies with `uswap run` when `uswap run` is killed by a signal it cannot
+/// forward (SIGKILL: `timeout -s KILL`, the OOM killer, a supervisor's last resort), as it
+/// would have died run without uswap; before, it ran on with no one to wait for it. The
+/// rest of its tree goes on, as without uswap.
+fn die_with_parent(command: &mut std::process::Command) {
+    let parent = std::process::id();
+    // SAFETY: runs in the child between fork and exec: prctl and getppid only, on plain
+    // values copied before the fork; nothing allocated (the error is a plain value).
+    unsafe {
+        command.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            // Killed between the fork and the prctl: the program is not started at all.
+            if libc::getppid() as u32 != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Most entries of the temporary directory looked at for runs' directories left behind.
 const MAX_TEMP_ENTRIES_SCANNED: usize = 1 << 16;
 
@@ -444,6 +464,7 @@ impl Launch {
         if let Some(age) = idle_age_env(cfg.idle_aging) {
             command.env("USWAP_IDLE_AGE", age);
         }
+        die_with_parent(&mut command);
         Ok(Launch { command, path, stats_dir, segment, limit_bytes: cfg.limit_bytes, redis_sessions })
     }
 

@@ -337,8 +337,10 @@ fn mappings_made_while_a_process_waits_are_taken_over_when_its_pager_starts() {
     }
 }
 
-/// A run killed with SIGKILL leaves its directory (`uswap-run.PID.N` in `$TMPDIR`); the next
-/// run removes it once no process of the killed run's tree runs, and not before.
+/// A run killed with SIGKILL takes its program with it (as `timeout -s KILL` would end the
+/// program run without uswap), and leaves its directory (`uswap-run.PID.N` in `$TMPDIR`);
+/// the next run removes it once no process of the killed run's tree runs (here a job the
+/// program started in the background), and not before.
 #[test]
 fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
     use std::os::unix::process::CommandExt;
@@ -351,7 +353,7 @@ fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
         cmd
     };
     let entries = || std::fs::read_dir(&temp).unwrap().map(|e| e.unwrap().file_name()).collect::<Vec<_>>();
-    let mut killed = uswap(&["sleep", "600"]).process_group(0).spawn().unwrap();
+    let mut killed = uswap(&["sh", "-c", "sleep 600 & wait"]).process_group(0).spawn().unwrap();
     let group = killed.id() as libc::pid_t;
     // Bounded: the directory is made before the program starts, and the program then runs.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -359,10 +361,22 @@ fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let children = std::fs::read_to_string(format!("/proc/{group}/task/{group}/children")).unwrap();
-    let sleep: u32 = children.trim().parse().unwrap_or_else(|_| panic!("uswap run's children: {children:?}"));
+    let child_of = |pid: u32| {
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        children.trim().parse::<u32>().unwrap_or_else(|_| panic!("the children of {pid}: {children:?}"))
+    };
+    let shell = child_of(group as u32);
+    let sleep = child_of(shell);
     killed.kill().unwrap();
     killed.wait().unwrap();
+    let gone = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Bounded by the deadline: the kernel kills the program as its parent dies.
+    while !gone(shell) {
+        assert!(Instant::now() < deadline, "the program ({shell}) outlived the run killed with SIGKILL");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!gone(sleep), "the program's background job ended too");
     let left = entries();
     assert_eq!(left.len(), 1, "the killed run's directory: {left:?}");
 
@@ -374,7 +388,7 @@ fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
     unsafe { libc::kill(-group, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(30);
     // Bounded by the deadline: the sleep ends, and init reaps it.
-    while std::fs::read_to_string(format!("/proc/{sleep}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+    while !gone(sleep) {
         assert!(Instant::now() < deadline, "the sleep ({sleep}) did not end");
         std::thread::sleep(Duration::from_millis(20));
     }
