@@ -68,7 +68,7 @@ fn size_var(name: &str, default: u64) -> Result<u64, String> {
 impl Config {
     /// `set_inside`: the limits a managed parent set (`rlimit`): uswap's reservations come
     /// on top of them.
-    pub fn from_env(set_inside: crate::rlimit::SetInside) -> Result<Config, String> {
+    pub fn from_env(set_inside: SetInside) -> Result<Config, String> {
         let limit_bytes = size_var(ENV_LIMIT, 1 << 30)?;
         let default_capacity = DeviceConfig::default_capacity_bytes();
         let spec = std::env::var(ENV_DEVICE).unwrap_or_else(|_| "zpool".into());
@@ -123,6 +123,14 @@ impl Config {
         }
         b
     }
+}
+
+/// Which limits a managed parent set before it exec'd this image (`rlimit::inherit`):
+/// uswap's reservations come on top of them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetInside {
+    pub address_space: bool,
+    pub data: bool,
 }
 
 /// Says, once per process, how uswap's reservations were sized to an address-space limit.

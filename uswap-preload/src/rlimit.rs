@@ -130,19 +130,12 @@ fn set_limit(l: &Limit) -> Option<libc::rlimit> {
         .then(|| libc::rlimit { rlim_cur: soft, rlim_max: l.set_hard.load(Ordering::Relaxed) })
 }
 
-/// Which limits a managed parent set before it exec'd this image (see [`inherit`]).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SetInside {
-    pub address_space: bool,
-    pub data: bool,
-}
-
 /// At start-up, before the configuration is read: takes over the limits a managed parent
 /// set before it exec'd this image (`USWAP_ADDRESS_SPACE_LIMIT`, `USWAP_DATA_LIMIT`), each
 /// if the kernel still has what that parent gave it, so that the reservations are sized to
 /// the program's limits.
-pub fn inherit() -> SetInside {
-    SetInside {
+pub fn inherit() -> crate::config::SetInside {
+    crate::config::SetInside {
         address_space: inherit_one(&ADDRESS_SPACE, ENV_ADDRESS_SPACE_LIMIT),
         data: inherit_one(&DATA, ENV_DATA_LIMIT),
     }
