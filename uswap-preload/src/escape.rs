@@ -193,6 +193,12 @@ impl StackPath {
         true
     }
 
+    /// `path` itself, if it fits.
+    fn of(path: &CStr) -> Option<StackPath> {
+        let mut p = StackPath::new();
+        p.push(path.to_bytes()).then_some(p)
+    }
+
     pub fn as_cstr(&self) -> &CStr {
         // The buffer holds a NUL at `len` (set by `push`, or the zeroed buffer's first byte).
         CStr::from_bytes_until_nul(&self.bytes[..=self.len]).unwrap_or(c"")
@@ -209,7 +215,7 @@ pub fn resolve(file: &CStr) -> Option<StackPath> {
         return None;
     }
     if name.contains(&b'/') {
-        return out.push(name).then_some(out);
+        return StackPath::of(file);
     }
     // SAFETY: getenv reads the process's environment without allocating; the string it
     // returns is read at once.
@@ -242,9 +248,8 @@ fn is_executable_file(path: &CStr) -> bool {
     found && unsafe { libc::access(path.as_ptr(), libc::X_OK) } == 0
 }
 
-/// Leaves `escaped-<pid>.txt` in the run's directory `dir`: `path: why`. Returns whether
-/// it was written (to take it back after an exec that failed).
-pub fn note(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> bool {
+/// The note of process `pid` in the run's directory `dir`: `dir/escaped-<pid>.txt`.
+fn note_path(dir: &[u8], pid: libc::pid_t) -> Option<StackPath> {
     let mut digits = [0u8; 20];
     let mut file = StackPath::new();
     let made = file.push(dir)
@@ -252,9 +257,13 @@ pub fn note(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> bool {
         && file.push(ESCAPE_PREFIX.as_bytes())
         && file.push(decimal(&mut digits, pid.max(0) as u64))
         && file.push(b".txt");
-    if !made {
-        return false;
-    }
+    made.then_some(file)
+}
+
+/// Leaves `escaped-<pid>.txt` in the run's directory `dir`: `path: why`. Returns whether
+/// it was written (to take it back after an exec that failed).
+pub fn note(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> bool {
+    let Some(file) = note_path(dir, pid) else { return false };
     let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW;
     // SAFETY: a NUL-terminated path; open has no other memory effects.
     let fd = unsafe { libc::open(file.as_cstr().as_ptr(), flags, 0o600 as libc::c_uint) };
@@ -273,14 +282,7 @@ pub fn note(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> bool {
 
 /// Takes back the note of process `pid` (its exec failed: it runs on under the budget).
 pub fn unnote(dir: &[u8], pid: libc::pid_t) {
-    let mut digits = [0u8; 20];
-    let mut file = StackPath::new();
-    if file.push(dir)
-        && file.push(b"/")
-        && file.push(ESCAPE_PREFIX.as_bytes())
-        && file.push(decimal(&mut digits, pid.max(0) as u64))
-        && file.push(b".txt")
-    {
+    if let Some(file) = note_path(dir, pid) {
         // SAFETY: a NUL-terminated path.
         unsafe { libc::unlink(file.as_cstr().as_ptr()) };
     }
@@ -310,12 +312,32 @@ pub fn noted_exec(image: Option<&CStr>, envp: *const *const c_char, exec: impl F
     r
 }
 
-/// Notes the child `pid` that `posix_spawn` started with `image` and `envp`, if it leaves
-/// the budget.
-fn note_spawned(pid: libc::pid_t, image: &CStr, envp: *const *const c_char) {
-    if let (Some(dir), Some(why)) = (run_dir(), judge(image, envp)) {
-        note(dir, pid, image, why);
+/// Runs `spawn` (the C library's `posix_spawn` or `posix_spawnp`, given where to put the
+/// child's pid), then notes the child if it started an image, `image()`, that leaves the
+/// budget. The caller's `pid` gets the child's pid as from the C library.
+fn spawn_noted(
+    pid: *mut libc::pid_t,
+    envp: *const *mut c_char,
+    spawn: impl FnOnce(*mut libc::pid_t) -> c_int,
+    image: impl FnOnce() -> Option<StackPath>,
+) -> c_int {
+    let mut child: libc::pid_t = 0;
+    let r = spawn(&mut child);
+    if r != 0 {
+        return r;
     }
+    if let Some(dir) = run_dir() {
+        if let Some(image) = image() {
+            if let Some(why) = judge(image.as_cstr(), envp.cast()) {
+                note(dir, child, image.as_cstr(), why);
+            }
+        }
+    }
+    if !pid.is_null() {
+        // SAFETY: the caller's out-pointer (non-null).
+        unsafe { *pid = child };
+    }
+    r
 }
 
 type PosixSpawnFn = unsafe extern "C" fn(
@@ -350,18 +372,15 @@ pub unsafe extern "C" fn posix_spawn(
     envp: *const *mut c_char,
 ) -> c_int {
     let f = real_spawn(&REAL_POSIX_SPAWN, c"posix_spawn");
-    let mut child: libc::pid_t = 0;
-    // SAFETY: the caller's arguments, passed on; the child's pid comes to `child` first.
-    let r = unsafe { f(&mut child, path, actions, attr, argv, envp) };
-    if r == 0 && !path.is_null() {
-        // SAFETY: a NUL-terminated path of the caller's.
-        note_spawned(child, unsafe { CStr::from_ptr(path) }, envp.cast());
-    }
-    if r == 0 && !pid.is_null() {
-        // SAFETY: the caller's out-pointer (non-null).
-        unsafe { *pid = child };
-    }
-    r
+    spawn_noted(
+        pid,
+        envp,
+        // SAFETY: the caller's arguments, passed on, the child's pid to a local first.
+        |child| unsafe { f(child, path, actions, attr, argv, envp) },
+        // SAFETY: a NUL-terminated path of the caller's, when not null (a path without a
+        // `/` is relative to the working directory here, not looked for on PATH).
+        || (!path.is_null()).then(|| StackPath::of(unsafe { CStr::from_ptr(path) })).flatten(),
+    )
 }
 
 /// `posix_spawnp`: as [`posix_spawn`], the program found on `PATH` as the C library finds it.
@@ -378,20 +397,14 @@ pub unsafe extern "C" fn posix_spawnp(
     envp: *const *mut c_char,
 ) -> c_int {
     let f = real_spawn(&REAL_POSIX_SPAWNP, c"posix_spawnp");
-    let mut child: libc::pid_t = 0;
-    // SAFETY: the caller's arguments, passed on; the child's pid comes to `child` first.
-    let r = unsafe { f(&mut child, file, actions, attr, argv, envp) };
-    if r == 0 && !file.is_null() {
-        // SAFETY: a NUL-terminated name of the caller's.
-        if let Some(image) = resolve(unsafe { CStr::from_ptr(file) }) {
-            note_spawned(child, image.as_cstr(), envp.cast());
-        }
-    }
-    if r == 0 && !pid.is_null() {
-        // SAFETY: the caller's out-pointer (non-null).
-        unsafe { *pid = child };
-    }
-    r
+    spawn_noted(
+        pid,
+        envp,
+        // SAFETY: the caller's arguments, passed on, the child's pid to a local first.
+        |child| unsafe { f(child, file, actions, attr, argv, envp) },
+        // SAFETY: a NUL-terminated name of the caller's, when not null.
+        || (!file.is_null()).then(|| resolve(unsafe { CStr::from_ptr(file) })).flatten(),
+    )
 }
 
 /// `n` in decimal, in `buf`.
