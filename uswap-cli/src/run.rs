@@ -255,14 +255,29 @@ pub fn find_preload() -> Result<PathBuf, RunError> {
     Err(RunError::NoPreload { exe })
 }
 
-fn make_stats_dir() -> Result<PathBuf, RunError> {
+/// The lock a live run holds in its directory (`flock`, exclusive, for its whole life):
+/// what tells a later run that the directory is not a dead run's, whatever the pid in its
+/// name means in that run's pid namespace.
+const RUN_LOCK_FILE: &str = "run.lock";
+
+/// Makes the run's directory, with its lock taken (see [`RUN_LOCK_FILE`]).
+fn make_stats_dir() -> Result<(PathBuf, std::fs::File), RunError> {
     use std::os::unix::fs::DirBuilderExt;
     let base = std::env::temp_dir();
     remove_stale_stats_dirs(&base);
     for i in 0..100u32 {
         let dir = base.join(format!("uswap-run.{}.{i}", std::process::id()));
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
+            Ok(()) => {
+                let lock = std::fs::File::create(dir.join(RUN_LOCK_FILE)).and_then(|f| lock_file(&f, false).map(|_| f));
+                return match lock {
+                    Ok(f) => Ok((dir, f)),
+                    Err(e) => {
+                        let _ = std::fs::remove_dir_all(&dir);
+                        Err(RunError::StatsDir(e))
+                    }
+                };
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(RunError::StatsDir(e)),
         }
@@ -293,10 +308,30 @@ fn die_with_parent(command: &mut std::process::Command) {
 /// Most entries of the temporary directory looked at for runs' directories left behind.
 const MAX_TEMP_ENTRIES_SCANNED: usize = 1 << 16;
 
+/// `flock` on `f`: exclusive, waiting or (`try_only`) not. Whether it was taken.
+fn lock_file(f: &std::fs::File, try_only: bool) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let op = libc::LOCK_EX | if try_only { libc::LOCK_NB } else { 0 };
+    // SAFETY: flock on a descriptor this function borrows; no memory is passed.
+    if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if try_only && e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(false);
+    }
+    Err(e)
+}
+
+/// Age past which a directory without a lock file (made by an older uswap, or being made
+/// this instant by another run) may be a dead run's.
+const UNLOCKED_DIR_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Removes the directories of earlier runs that were killed before they could remove their
-/// own (SIGKILL, a crash): `uswap-run.PID.N` of this user whose `uswap run` (PID) is gone and
-/// no process of whose tree still runs. A pid taken since by another process keeps its
-/// directory until that one ends too.
+/// own (SIGKILL, a crash): `uswap-run.PID.N` of this user whose run's lock is free (see
+/// [`RUN_LOCK_FILE`]; without one, older than [`UNLOCKED_DIR_AGE`] with its PID gone) and no
+/// process of whose tree still runs (found by the environment it started with: one whose
+/// environment cannot be read is not seen).
 fn remove_stale_stats_dirs(base: &Path) {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: getuid has no failure mode and touches no memory.
@@ -306,11 +341,19 @@ fn remove_stale_stats_dirs(base: &Path) {
         let Some((pid, seq)) = name.strip_prefix("uswap-run.").and_then(|r| r.split_once('.')) else { continue };
         let (Ok(pid), Ok(_)) = (pid.parse::<u32>(), seq.parse::<u32>()) else { continue };
         let dir = entry.path();
-        let ours = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == uid);
-        if !ours || pid == std::process::id() || tree::is_running(pid) {
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
+        if !meta.is_dir() || meta.uid() != uid || pid == std::process::id() {
             continue;
         }
-        if tree::running(&dir, &[], 0).is_empty() {
+        let dead = match std::fs::File::open(dir.join(RUN_LOCK_FILE)) {
+            // Held by the run for as long as it lives; released by the kernel when it dies.
+            Ok(f) => lock_file(&f, true).unwrap_or(false),
+            Err(_) => {
+                let old = meta.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|a| a > UNLOCKED_DIR_AGE);
+                old && !tree::is_running(pid)
+            }
+        };
+        if dead && tree::running(&dir, &[], 0).is_empty() {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
@@ -325,6 +368,8 @@ pub struct Launch {
     /// Where the program was found.
     pub path: PathBuf,
     stats_dir: PathBuf,
+    /// The run's lock in `stats_dir`, held while the run lives (see [`RUN_LOCK_FILE`]).
+    _run_lock: std::fs::File,
     segment: uswap::shared_charge::ChargeSegment,
     limit_bytes: u64,
     /// Each Redis device's seeds and the session its keys are under, deleted on drop.
@@ -416,7 +461,7 @@ impl Launch {
             d.check_usable().map_err(RunError::Device)?;
         }
         let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
-        let stats_dir = make_stats_dir()?;
+        let (stats_dir, run_lock) = make_stats_dir()?;
         // One budget for the whole tree: every process's pager charges this segment too.
         let segment = match uswap::shared_charge::ChargeSegment::create(
             &stats_dir.join(uswap::shared_charge::SEGMENT_FILE),
@@ -465,7 +510,15 @@ impl Launch {
             command.env("USWAP_IDLE_AGE", age);
         }
         die_with_parent(&mut command);
-        Ok(Launch { command, path, stats_dir, segment, limit_bytes: cfg.limit_bytes, redis_sessions })
+        Ok(Launch {
+            command,
+            path,
+            stats_dir,
+            _run_lock: run_lock,
+            segment,
+            limit_bytes: cfg.limit_bytes,
+            redis_sessions,
+        })
     }
 
     /// Processes of the program outlive it: their pages on Redis devices stay (deleting them

@@ -340,7 +340,8 @@ fn mappings_made_while_a_process_waits_are_taken_over_when_its_pager_starts() {
 /// A run killed with SIGKILL takes its program with it (as `timeout -s KILL` would end the
 /// program run without uswap), and leaves its directory (`uswap-run.PID.N` in `$TMPDIR`);
 /// the next run removes it once no process of the killed run's tree runs (here a job the
-/// program started in the background), and not before.
+/// program started in the background), and not before; a run that is alive (its lock held)
+/// keeps its directory whatever its pid.
 #[test]
 fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
     use std::os::unix::process::CommandExt;
@@ -392,6 +393,21 @@ fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
         assert!(Instant::now() < deadline, "the sleep ({sleep}) did not end");
         std::thread::sleep(Duration::from_millis(20));
     }
+    let o = run_timed(&mut uswap(&["true"]), Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(entries().is_empty(), "left behind: {:?}", entries());
+
+    // A live run whose pid means nothing here (another pid namespace's) holds its lock: its
+    // directory stays; once the lock is free, the next run removes it.
+    let other = temp.join("uswap-run.4194303.0");
+    std::fs::create_dir(&other).unwrap();
+    let lock = std::fs::File::create(other.join("run.lock")).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
+    let o = run_timed(&mut uswap(&["true"]), Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(other.is_dir(), "a live run's directory was removed");
+    drop(lock);
     let o = run_timed(&mut uswap(&["true"]), Duration::from_secs(60));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(entries().is_empty(), "left behind: {:?}", entries());
@@ -449,5 +465,25 @@ fn each_image_of_a_process_that_execs_is_counted() {
         assert_eq!(counter(&v, "processes"), 2, "{mode}: a record for each image: {v}");
         let first_image_out = (64 - 16) << 20 >> 12;
         assert!(counter(&v, "pswpout") >= first_image_out, "{mode}: the first image's swapping was lost: {v}");
+    }
+}
+
+/// Execs where little may happen: from a signal handler that interrupted the program's
+/// `mmap` (20 times over), and from handlers on an 8 KiB alternate stack and a thread with
+/// a 16 KiB stack (`sigexec.c`), with a pager before `main` and without one, both modes.
+/// Before, the exec path wrote the process's record (the lock the interrupted `mmap` held:
+/// a hang) and judged the new image with 4-9 KiB of buffers on the stack (SIGSEGV).
+#[test]
+fn execs_from_signal_handlers_and_small_stacks_run() {
+    let dir = tmpdir("sigexec");
+    let prog = compile("sigexec", &dir, &[]);
+    for start_after in ["0", "64MiB"] {
+        for mode in ["signal", "thread"] {
+            let opts = ["--fault-mode", mode, "--start-after", start_after];
+            let (o, _) = uswap_run(64, &opts, &[prog.to_str().unwrap(), "20"], &dir);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(String::from_utf8_lossy(&o.stdout), "OK\n", "{mode}, --start-after {start_after}: {err}");
+            assert!(o.status.success(), "{mode}, --start-after {start_after}: {err}");
+        }
     }
 }

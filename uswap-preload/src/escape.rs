@@ -19,7 +19,7 @@
 //! the stack. An exec that fails takes its note back.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use uswap::shared_charge::ESCAPE_PREFIX;
 
@@ -51,12 +51,40 @@ impl Why {
     }
 }
 
-/// The preloaded library's file name, looked for in `LD_PRELOAD`.
+/// The file name this library was loaded under (as `LD_PRELOAD` named it: `uswap run`
+/// gives its canonical path), set at start-up ([`init`]); the loader owns the string.
+static LIBRARY_PATH: AtomicPtr<c_char> = AtomicPtr::new(std::ptr::null_mut());
+/// What `LD_PRELOAD` is searched for before [`init`] ran, or when the loader gave no name.
 const LIBRARY_NAME: &[u8] = b"libuswap_preload";
+
+/// At start-up: remembers the path this library was loaded under, which an `LD_PRELOAD`
+/// passed on must name (a renamed or linked library is not told by its file name).
+pub fn init() {
+    // SAFETY: `Dl_info` is plain data; all-zero is a valid value of it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr fills `info` for an address of this library (this function's own);
+    // `dli_fname` points at the loader's copy of the name, valid while the library is.
+    if unsafe { libc::dladdr(init as *const c_void, &mut info) } != 0 && !info.dli_fname.is_null() {
+        LIBRARY_PATH.store(info.dli_fname.cast_mut(), Ordering::Release);
+    }
+}
+
+/// Whether an `LD_PRELOAD` value names this library (an entry of it, `:` or space
+/// separated, is its path).
+fn names_this_library(value: &[u8]) -> bool {
+    let own = LIBRARY_PATH.load(Ordering::Acquire);
+    if own.is_null() {
+        return value.windows(LIBRARY_NAME.len()).any(|w| w == LIBRARY_NAME);
+    }
+    // SAFETY: the loader's NUL-terminated name of this library, set by `init`.
+    let own = unsafe { CStr::from_ptr(own) }.to_bytes();
+    value.split(|&b| b == b':' || b == b' ').any(|entry| entry == own)
+}
 /// Most environment strings looked at (a bound on the loop; past it nothing is judged).
 const MAX_ENV: usize = 1 << 16;
-/// Room for a path built on the stack.
-const PATH_BYTES: usize = 4096;
+/// Room for a path built on the stack: a program found on `PATH`, or a note's name in the
+/// run's directory. Longer ones are not judged or noted (kept small: see [`HEAD_BYTES`]).
+const PATH_BYTES: usize = 256;
 
 /// Why the image `path` started with `envp` will not load this library, if it will not;
 /// `None` too when that cannot be told (a path too long, a file that cannot be read: the
@@ -87,7 +115,7 @@ fn judge_env(envp: *const *const c_char) -> Option<Why> {
         // SAFETY: a NUL-terminated string of the caller's.
         let entry = unsafe { CStr::from_ptr(s) }.to_bytes();
         if let Some(value) = entry.strip_prefix(b"LD_PRELOAD=") {
-            preload = value.windows(LIBRARY_NAME.len()).any(|w| w == LIBRARY_NAME);
+            preload = names_this_library(value);
         } else if entry.starts_with(b"USWAP_STATS_DIR=") {
             config = true;
         }
@@ -99,18 +127,30 @@ fn judge_env(envp: *const *const c_char) -> Option<Why> {
 const EI_CLASS: usize = 4;
 const ELFCLASS32: u8 = 1;
 const PT_INTERP: u32 = 3;
-/// Most program headers read (on the stack); an image with more is not judged.
-const MAX_PHDRS: usize = 64;
+/// Most program headers looked at; an image with more is not judged.
+const MAX_PHDRS: usize = 128;
 const PHDR_BYTES: usize = 56;
-/// Bytes read from the start of an image: the ELF header and its program headers, which
-/// linkers place right after it.
-const HEAD_BYTES: usize = 1024;
+/// Program headers read at a time past the first read.
+const PHDRS_PER_READ: usize = 4;
+/// Bytes read from the start of an image: the ELF header and its first program headers,
+/// which linkers place right after it. Kept small: an exec may run on a small stack (a
+/// thread's, an alternate signal stack), and each frame here is on it.
+const HEAD_BYTES: usize = 256;
 
+/// Why the image at `path` will not load this library, judged by the file: its set-ID bits
+/// and capabilities, then its ELF headers. Opened without blocking (a FIFO, a terminal).
+#[inline(never)]
 fn judge_image(path: &CStr) -> Option<Why> {
+    let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
     // SAFETY: `path` is NUL-terminated; open has no other memory effects.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let fd = unsafe { libc::open(path.as_ptr(), flags) };
     if fd < 0 {
-        return None;
+        // Executable but not readable (mode 4711): its set-ID bits still tell.
+        // SAFETY: `stat` is plain data, filled from a NUL-terminated path.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let found = unsafe { libc::stat(path.as_ptr(), &mut st) } == 0;
+        return (found && changes_credentials(&st, None)).then_some(Why::SetId);
     }
     let why = judge_open_image(fd);
     // SAFETY: the descriptor opened above, closed once.
@@ -118,22 +158,79 @@ fn judge_image(path: &CStr) -> Option<Why> {
     why
 }
 
-fn judge_open_image(fd: libc::c_int) -> Option<Why> {
-    // SAFETY: `stat` is plain data; fstat fills it in.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open and `st` writable.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return None;
-    }
+/// Whether running `st` as a program changes the process's user or group, so that the
+/// loader runs it securely: set-user-ID or set-group-ID to someone else, unless the
+/// process may gain no privileges (`PR_SET_NO_NEW_PRIVS`: containers, `setpriv`) or the
+/// file is on a `nosuid` mount (checked through `fd` when there is one).
+fn changes_credentials(st: &libc::stat, fd: Option<libc::c_int>) -> bool {
     // SAFETY: geteuid and getegid only read the process's credentials.
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let set_uid = st.st_mode & libc::S_ISUID != 0 && st.st_uid != euid;
     let set_gid = st.st_mode & libc::S_ISGID != 0 && st.st_mode & libc::S_IXGRP != 0 && st.st_gid != egid;
-    if set_uid || set_gid {
+    (set_uid || set_gid) && may_gain_privileges(fd)
+}
+
+/// Whether an exec could give this process privileges (see [`changes_credentials`]).
+fn may_gain_privileges(fd: Option<libc::c_int>) -> bool {
+    // SAFETY: PR_GET_NO_NEW_PRIVS takes no pointer.
+    if unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) } == 1 {
+        return false;
+    }
+    let Some(fd) = fd else { return true };
+    // SAFETY: `statvfs` is plain data that fstatvfs fills in for an open descriptor (from
+    // the kernel's statfs flags: no allocation, no file read).
+    let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let ok = unsafe { libc::fstatvfs(fd, &mut fs) } == 0;
+    !(ok && fs.f_flag & libc::ST_NOSUID != 0)
+}
+
+/// Whether the file `fd` has capabilities (`security.capability`), which make the loader run
+/// it securely for a user who is not root.
+fn has_file_capabilities(fd: libc::c_int) -> bool {
+    // SAFETY: geteuid only reads the process's credentials.
+    if unsafe { libc::geteuid() } == 0 {
+        return false;
+    }
+    // SAFETY: a size query (no buffer) of a NUL-terminated attribute name.
+    let n = unsafe { libc::fgetxattr(fd, c"security.capability".as_ptr(), std::ptr::null_mut(), 0) };
+    n > 0 && may_gain_privileges(Some(fd))
+}
+
+fn judge_open_image(fd: libc::c_int) -> Option<Why> {
+    // SAFETY: `stat` is plain data; fstat fills it in.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` writable.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    if changes_credentials(&st, Some(fd)) {
         return Some(Why::SetId);
     }
-    // One read for the header and, where linkers put them, the program headers: every
-    // system call here is one more in every exec of the tree.
+    match elf_interpreter(fd)? {
+        Interp::Elf32 => Some(Why::Elf32),
+        // The dynamic loader run as a program (`ldd`, `ld.so PROGRAM`) loads the library.
+        Interp::None if is_the_dynamic_loader(&st) => None,
+        Interp::None => Some(Why::Static),
+        Interp::Some if has_file_capabilities(fd) => Some(Why::SetId),
+        Interp::Some => None,
+    }
+}
+
+/// What an image's ELF headers say of its loader.
+enum Interp {
+    /// A `PT_INTERP`: the dynamic loader runs it.
+    Some,
+    /// None: nothing loads a library into it (static), unless it is the loader itself.
+    None,
+    /// A 32-bit image.
+    Elf32,
+}
+
+/// Reads the ELF header and program headers of `fd`; `None` when it is no 64-bit or
+/// 32-bit ELF this can read (a script, a file too short).
+#[inline(never)]
+fn elf_interpreter(fd: libc::c_int) -> Option<Interp> {
     let mut head = [0u8; HEAD_BYTES];
     // SAFETY: `head` is writable for its length.
     let n = unsafe { libc::pread(fd, head.as_mut_ptr().cast(), HEAD_BYTES, 0) };
@@ -141,7 +238,7 @@ fn judge_open_image(fd: libc::c_int) -> Option<Why> {
         return None;
     }
     if head[EI_CLASS] == ELFCLASS32 {
-        return Some(Why::Elf32);
+        return Some(Interp::Elf32);
     }
     let phoff = u64::from_le_bytes(head[32..40].try_into().ok()?);
     let phentsize = u16::from_le_bytes([head[54], head[55]]) as usize;
@@ -149,19 +246,48 @@ fn judge_open_image(fd: libc::c_int) -> Option<Why> {
     if phentsize != PHDR_BYTES || phnum == 0 || phnum > MAX_PHDRS {
         return None;
     }
-    let mut far = [0u8; MAX_PHDRS * PHDR_BYTES];
-    let phdrs_end = phoff.checked_add((phnum * PHDR_BYTES) as u64)?;
-    let phdrs: &[u8] = if phdrs_end <= n as u64 {
-        &head[phoff as usize..phdrs_end as usize]
-    } else {
-        let far = &mut far[..phnum * PHDR_BYTES];
-        if !read_exact_at(fd, far, phoff) {
+    let is_interp = |ph: &[u8]| u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]) == PT_INTERP;
+    let mut chunk = [0u8; PHDRS_PER_READ * PHDR_BYTES];
+    // Bounded: MAX_PHDRS headers, a few at a time.
+    for first in (0..phnum).step_by(PHDRS_PER_READ) {
+        let nr = (phnum - first).min(PHDRS_PER_READ);
+        let at = phoff.checked_add((first * PHDR_BYTES) as u64)?;
+        let end = at.checked_add((nr * PHDR_BYTES) as u64)?;
+        let phdrs: &[u8] = if end <= n as u64 {
+            &head[at as usize..end as usize]
+        } else if read_exact_at(fd, &mut chunk[..nr * PHDR_BYTES], at) {
+            &chunk[..nr * PHDR_BYTES]
+        } else {
             return None;
+        };
+        if phdrs.chunks_exact(PHDR_BYTES).any(is_interp) {
+            return Some(Interp::Some);
         }
-        far
-    };
-    let interp = phdrs.chunks_exact(PHDR_BYTES).any(|ph| u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]) == PT_INTERP);
-    (!interp).then_some(Why::Static)
+    }
+    Some(Interp::None)
+}
+
+/// Whether `st` is the dynamic loader this process was started by (its `PT_INTERP`, read
+/// from the program headers in memory). Asked only of images without one: rare.
+fn is_the_dynamic_loader(st: &libc::stat) -> bool {
+    // SAFETY: getauxval reads the auxiliary vector; AT_PHDR and AT_PHNUM are the running
+    // program's headers, mapped for the process's life.
+    let (phdr, phnum) = unsafe { (libc::getauxval(libc::AT_PHDR), libc::getauxval(libc::AT_PHNUM)) };
+    if phdr == 0 || phnum == 0 || phnum > MAX_PHDRS as u64 {
+        return false;
+    }
+    // SAFETY: as above: `phnum` program headers at `phdr`.
+    let phdrs = unsafe { std::slice::from_raw_parts(phdr as *const libc::Elf64_Phdr, phnum as usize) };
+    let Some(own) = phdrs.iter().find(|p| p.p_type == libc::PT_PHDR) else { return false };
+    let bias = phdr.wrapping_sub(own.p_vaddr);
+    let Some(interp) = phdrs.iter().find(|p| p.p_type == PT_INTERP) else { return false };
+    // SAFETY: the interpreter's path, a NUL-terminated string in the program's mapped image.
+    let path = unsafe { CStr::from_ptr(bias.wrapping_add(interp.p_vaddr) as *const c_char) };
+    // SAFETY: `stat` is plain data, filled from a NUL-terminated path.
+    let mut loader: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let found = unsafe { libc::stat(path.as_ptr(), &mut loader) } == 0;
+    found && loader.st_dev == st.st_dev && loader.st_ino == st.st_ino
 }
 
 /// Fills `buf` from `fd` at `offset`; false if the file is shorter or the read fails.
@@ -208,6 +334,7 @@ impl StackPath {
 /// Where `execvp` would find `file`: itself when it names a path (has a `/`), otherwise
 /// the first executable regular file of that name in `PATH` (the C library's default,
 /// `/bin:/usr/bin`, when unset). `None` when not found.
+#[inline(never)]
 pub fn resolve(file: &CStr) -> Option<StackPath> {
     let name = file.to_bytes();
     let mut out = StackPath::new();
@@ -248,28 +375,37 @@ fn is_executable_file(path: &CStr) -> bool {
     found && unsafe { libc::access(path.as_ptr(), libc::X_OK) } == 0
 }
 
-/// The note of process `pid` in the run's directory `dir`: `dir/escaped-<pid>.txt`.
-fn note_path(dir: &[u8], pid: libc::pid_t) -> Option<StackPath> {
-    let mut digits = [0u8; 20];
+/// Notes one process may leave under one pid (a pid that came back, an exec that failed
+/// and was taken back leaves none).
+const MAX_NOTES_PER_PID: u64 = 16;
+
+/// The `n`th note of process `pid` in the run's directory `dir`: `dir/escaped-<pid>.txt`,
+/// then `dir/escaped-<pid>.<n>.txt`.
+fn note_path(dir: &[u8], pid: libc::pid_t, n: u64) -> Option<StackPath> {
+    let (mut digits, mut n_digits) = ([0u8; 20], [0u8; 20]);
     let mut file = StackPath::new();
     let made = file.push(dir)
         && file.push(b"/")
         && file.push(ESCAPE_PREFIX.as_bytes())
         && file.push(decimal(&mut digits, pid.max(0) as u64))
+        && (n == 0 || (file.push(b".") && file.push(decimal(&mut n_digits, n))))
         && file.push(b".txt");
     made.then_some(file)
 }
 
-/// Leaves `escaped-<pid>.txt` in the run's directory `dir`: `path: why`. Returns whether
-/// it was written (to take it back after an exec that failed).
-pub fn note(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> bool {
-    let Some(file) = note_path(dir, pid) else { return false };
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW;
-    // SAFETY: a NUL-terminated path; open has no other memory effects.
-    let fd = unsafe { libc::open(file.as_cstr().as_ptr(), flags, 0o600 as libc::c_uint) };
-    if fd < 0 {
-        return false;
-    }
+/// Leaves a note in the run's directory `dir`: `path: why`, in a file of its own (an earlier
+/// process with the same pid keeps its note). Returns the note's number, to take it back
+/// after an exec that failed.
+#[inline(never)]
+pub fn note(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> Option<u64> {
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW;
+    // Bounded: MAX_NOTES_PER_PID names.
+    let (n, fd) = (0..MAX_NOTES_PER_PID).find_map(|n| {
+        let file = note_path(dir, pid, n)?;
+        // SAFETY: a NUL-terminated path; open has no other memory effects.
+        let fd = unsafe { libc::open(file.as_cstr().as_ptr(), flags, 0o600 as libc::c_uint) };
+        (fd >= 0).then_some((n, fd))
+    })?;
     for part in [path.to_bytes(), b": ", why.text().as_bytes(), b"\n"] {
         // SAFETY: `part` is readable for its length. A short write leaves a shorter note,
         // which still counts the process.
@@ -277,12 +413,13 @@ pub fn note(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> bool {
     }
     // SAFETY: the descriptor opened above, closed once.
     unsafe { libc::close(fd) };
-    true
+    Some(n)
 }
 
-/// Takes back the note of process `pid` (its exec failed: it runs on under the budget).
-pub fn unnote(dir: &[u8], pid: libc::pid_t) {
-    if let Some(file) = note_path(dir, pid) {
+/// Takes back the `n`th note of process `pid` (its exec failed: it runs on under the
+/// budget).
+pub fn unnote(dir: &[u8], pid: libc::pid_t, n: u64) {
+    if let Some(file) = note_path(dir, pid, n) {
         // SAFETY: a NUL-terminated path.
         unsafe { libc::unlink(file.as_cstr().as_ptr()) };
     }
@@ -294,22 +431,47 @@ fn run_dir() -> Option<&'static [u8]> {
     crate::config().and_then(|c| c.stats_dir.as_deref()).map(|d| d.as_os_str().as_bytes())
 }
 
-/// Runs `exec` (an exec of `image` with `envp`) with the process noted first when the new
-/// image will leave the budget (see the module documentation); a failed exec takes the
-/// note back, with the caller's errno kept.
-pub fn noted_exec(image: Option<&CStr>, envp: *const *const c_char, exec: impl FnOnce() -> c_int) -> c_int {
-    let (Some(dir), Some(image)) = (run_dir(), image) else { return exec() };
-    let Some(why) = judge(image, envp) else { return exec() };
+/// A note left before an exec, taken back if the exec fails ([`take_back`]).
+pub struct Noted {
+    pid: libc::pid_t,
+    n: u64,
+}
+
+/// Before an exec of `path` (a path, or with `search` a name looked for on `PATH` as
+/// `execvp` does) with `envp`: notes this process if the new image will leave the budget
+/// (see the module documentation). Not inlined, and nothing of it is on the stack once it
+/// returns: the exec that follows may run on a small stack (a thread's, an alternate
+/// signal stack) and needs it for the C library's own `execvp` and the kernel's call.
+#[inline(never)]
+pub fn note_before_exec(path: Option<&CStr>, search: bool, envp: *const *const c_char) -> Option<Noted> {
+    let (dir, path) = (run_dir()?, path?);
+    if search {
+        return note_found(dir, path, envp);
+    }
+    note_image(dir, path, envp)
+}
+
+/// [`note_before_exec`] for a name looked for on `PATH`: the path found is on the stack
+/// only here.
+#[inline(never)]
+fn note_found(dir: &[u8], name: &CStr, envp: *const *const c_char) -> Option<Noted> {
+    let found = resolve(name)?;
+    note_image(dir, found.as_cstr(), envp)
+}
+
+fn note_image(dir: &[u8], image: &CStr, envp: *const *const c_char) -> Option<Noted> {
+    let why = judge(image, envp)?;
     // SAFETY: getpid is a plain system call (the child's own pid in a vfork child).
     let pid = unsafe { libc::getpid() };
-    let noted = note(dir, pid, image, why);
-    let r = exec();
-    if noted {
-        let e = crate::real::errno();
-        unnote(dir, pid);
-        crate::real::set_errno(e);
-    }
-    r
+    note(dir, pid, image, why).map(|n| Noted { pid, n })
+}
+
+/// After an exec that returned (it failed): takes its note back, the caller's errno kept.
+pub fn take_back(noted: Option<Noted>) {
+    let (Some(noted), Some(dir)) = (noted, run_dir()) else { return };
+    let e = crate::real::errno();
+    unnote(dir, noted.pid, noted.n);
+    crate::real::set_errno(e);
 }
 
 /// Runs `spawn` (the C library's `posix_spawn` or `posix_spawnp`, given where to put the

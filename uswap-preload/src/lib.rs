@@ -195,6 +195,9 @@ fn prepare() -> Result<(), String> {
     let cfg = config::Config::from_env(set_inside)?;
     // Set once, here: the constructor runs once per image.
     let cfg = CONFIG.get_or_init(move || cfg);
+    if cfg.stats_dir.is_some() {
+        escape::init();
+    }
     fork::start()?;
     if cfg.start_after_bytes == 0 {
         return start_pager(cfg, None);

@@ -1,8 +1,10 @@
 //! The counters a process leaves for `uswap run`: at `exit()`, the pager's [`uswap::Stats`]
 //! as JSON in `$USWAP_STATS_DIR/<pid>.json`. `_exit` and `_Exit` are interposed to write it
-//! too, and an exec writes it just before the image goes ([`write_before_exec`]). A process
-//! killed by a signal writes nothing at exit; a thread rewrites the file every
-//! [`PUBLISH_INTERVAL_MS`] so that its counters survive up to the last interval.
+//! too. A process killed by a signal, or an image replaced by exec, writes nothing at its
+//! end; a thread rewrites the file every [`PUBLISH_INTERVAL_MS`] so that its counters
+//! survive up to the last interval. (An exec does not write the record first: `execve` may
+//! be called from a signal handler, where the record's lock and allocations could deadlock
+//! the thread.)
 //!
 //! A record already under the name when a process starts publishing is an earlier image's
 //! of the same process (it exec'd: both had pagers) or an ended process's whose pid came
@@ -48,24 +50,18 @@ fn keep_predecessor(dir: &std::path::Path, pid: u32) {
     for n in 0..MAX_PREDECESSORS {
         let kept = dir.join(format!("{pid}.{n}.json"));
         // Hard link, then unlink: never over another kept record.
-        if std::fs::hard_link(&record, &kept).is_ok() {
-            let _ = std::fs::remove_file(&record);
-            return;
+        match std::fs::hard_link(&record, &kept) {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&record);
+                return;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            // No hard links here, or no room: renamed over nothing, or left to be replaced.
+            Err(_) => {
+                let _ = std::fs::rename(&record, &kept);
+                return;
+            }
         }
-    }
-}
-
-/// An exec is about to replace this image: its counters go to its record as they are now
-/// (the publisher's last one is up to an interval old), for the new image to keep (see
-/// [`keep_predecessor`]). Not in a `vfork` child (the parent's pager is not its own) nor in
-/// a fork child without a pager of its own.
-pub fn write_before_exec() {
-    // The pager first: most execs are of processes without one, and getpid is a system call.
-    if crate::pager().is_some()
-        && START_PID.load(std::sync::atomic::Ordering::Relaxed) == std::process::id()
-        && !crate::is_unmanaged_fork_child()
-    {
-        write(false);
     }
 }
 

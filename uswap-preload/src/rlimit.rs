@@ -278,7 +278,6 @@ fn with_limit_in_env(envp: *const *const c_char, exec: impl FnOnce(*const *const
     // The heap a waiting process charged goes with the image (the new one joins on its own
     // if it must; after a failed exec, at this one's next commit).
     crate::waiting_charge::leave();
-    crate::report::write_before_exec();
     let set = CARRIED.map(|(l, _)| set_limit(l));
     if set.iter().all(Option::is_none) {
         return exec(envp);
@@ -360,12 +359,13 @@ fn real(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> ExecveFn {
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
     let f = real(&REAL_EXECVE, c"execve");
-    // SAFETY: a NUL-terminated path of the caller's, when not null.
+    // SAFETY: a NUL-terminated path of the caller's, when not null (execve's contract).
     let image = (!path.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(path) });
-    crate::escape::noted_exec(image, envp, || {
-        // SAFETY: the caller's arguments, passed on.
-        with_limit_in_env(envp, |envp| unsafe { f(path, argv, envp) })
-    })
+    let noted = crate::escape::note_before_exec(image, false, envp);
+    // SAFETY: the caller's arguments, passed on.
+    let r = with_limit_in_env(envp, |envp| unsafe { f(path, argv, envp) });
+    crate::escape::take_back(noted);
+    r
 }
 
 /// # Safety
@@ -373,12 +373,13 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char,
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
     let f = real(&REAL_EXECVPE, c"execvpe");
-    // SAFETY: a NUL-terminated name of the caller's, when not null.
-    let image = (!file.is_null()).then(|| crate::escape::resolve(unsafe { std::ffi::CStr::from_ptr(file) })).flatten();
-    crate::escape::noted_exec(image.as_ref().map(|p| p.as_cstr()), envp, || {
-        // SAFETY: the caller's arguments, passed on.
-        with_limit_in_env(envp, |envp| unsafe { f(file, argv, envp) })
-    })
+    // SAFETY: a NUL-terminated name of the caller's, when not null (execvpe's contract).
+    let name = (!file.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(file) });
+    let noted = crate::escape::note_before_exec(name, true, envp);
+    // SAFETY: the caller's arguments, passed on.
+    let r = with_limit_in_env(envp, |envp| unsafe { f(file, argv, envp) });
+    crate::escape::take_back(noted);
+    r
 }
 
 /// # Safety

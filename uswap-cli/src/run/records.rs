@@ -63,7 +63,8 @@ pub(super) fn escapes(dir: &Path) -> Vec<(u32, String)> {
     notes(dir, uswap::shared_charge::ESCAPE_PREFIX)
 }
 
-/// The notes `<prefix><pid>.txt` in `dir`, each's text without its trailing newline, by pid.
+/// The notes `<prefix><pid>[.<n>].txt` in `dir`, each's text without its trailing newline,
+/// by pid.
 fn notes(dir: &Path, prefix: &str) -> Vec<(u32, String)> {
     let mut out: Vec<(u32, String)> = std::fs::read_dir(dir)
         .into_iter()
@@ -71,7 +72,9 @@ fn notes(dir: &Path, prefix: &str) -> Vec<(u32, String)> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let pid = name.strip_prefix(prefix)?.strip_suffix(".txt")?.parse().ok()?;
+            // `<prefix><pid>.txt`, or `<prefix><pid>.<n>.txt` for a pid's later notes.
+            let rest = name.strip_prefix(prefix)?.strip_suffix(".txt")?;
+            let pid = rest.split('.').next()?.parse().ok()?;
             let msg = std::fs::read_to_string(e.path()).unwrap_or_default();
             Some((pid, msg.trim_end().to_string()))
         })

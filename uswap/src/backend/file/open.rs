@@ -450,9 +450,19 @@ pub fn check_path(path: &Path) -> Result<(), FileDeviceError> {
             }
             Ok(())
         }
-        Some(ft) if ft.is_block_device() => sys_open(&cstring(path)?, libc::O_RDWR | libc::O_DIRECT | libc::O_EXCL, 0)
-            .map(drop)
-            .map_err(|e| open_error(path, "opening the block device", e)),
+        Some(ft) if ft.is_block_device() => {
+            // Read-only: closing a block device opened for writing makes udev rescan it, which
+            // holds it for a moment and would make the first pager's exclusive open fail.
+            let cpath = cstring(path)?;
+            sys_open(&cpath, libc::O_RDONLY | libc::O_EXCL, 0)
+                .map_err(|e| open_error(path, "opening the block device", e))?;
+            // SAFETY: access(2) reads the NUL-terminated path it is given.
+            if unsafe { libc::access(cpath.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+                let e = io::Error::last_os_error();
+                return Err(open_error(path, "checking write access to the block device", e));
+            }
+            Ok(())
+        }
         Some(_) => Err(unsupported_file_type(path, ft)),
     }
 }
