@@ -323,6 +323,10 @@ fn lock_file(f: &std::fs::File, try_only: bool) -> std::io::Result<bool> {
     Err(e)
 }
 
+/// Age past which a free run lock is a dead run's: between its creation and its `flock` a
+/// live run's lock is free for an instant.
+const RUN_LOCK_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Age past which a directory without a lock file (made by an older uswap, or being made
 /// this instant by another run) may be a dead run's.
 const UNLOCKED_DIR_AGE: std::time::Duration = std::time::Duration::from_secs(60);
@@ -333,7 +337,7 @@ const UNLOCKED_DIR_AGE: std::time::Duration = std::time::Duration::from_secs(60)
 /// process of whose tree still runs (found by the environment it started with: one whose
 /// environment cannot be read is not seen).
 fn remove_stale_stats_dirs(base: &Path) {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     // SAFETY: getuid has no failure mode and touches no memory.
     let uid = unsafe { libc::getuid() };
     for entry in std::fs::read_dir(base).into_iter().flatten().flatten().take(MAX_TEMP_ENTRIES_SCANNED) {
@@ -345,9 +349,20 @@ fn remove_stale_stats_dirs(base: &Path) {
         if !meta.is_dir() || meta.uid() != uid || pid == std::process::id() {
             continue;
         }
-        let dead = match std::fs::File::open(dir.join(RUN_LOCK_FILE)) {
+        // Not following a link, not blocking (a FIFO put there by a program of that run).
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(dir.join(RUN_LOCK_FILE));
+        let dead = match lock {
             // Held by the run for as long as it lives; released by the kernel when it dies.
-            Ok(f) => lock_file(&f, true).unwrap_or(false),
+            // A lock made an instant ago may not be taken yet: only an older one tells.
+            Ok(f) => {
+                let settled = f.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+                f.metadata().is_ok_and(|m| m.is_file())
+                    && settled.is_some_and(|age| age > RUN_LOCK_SETTLE)
+                    && lock_file(&f, true).unwrap_or(false)
+            }
             Err(_) => {
                 let old = meta.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|a| a > UNLOCKED_DIR_AGE);
                 old && !tree::is_running(pid)

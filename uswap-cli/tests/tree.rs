@@ -354,6 +354,15 @@ fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
         cmd
     };
     let entries = || std::fs::read_dir(&temp).unwrap().map(|e| e.unwrap().file_name()).collect::<Vec<_>>();
+    // A run's lock tells only once it is a few seconds old (it is free for an instant
+    // between its creation and its flock): these are made old.
+    let age_locks = || {
+        for e in std::fs::read_dir(&temp).unwrap() {
+            if let Ok(f) = std::fs::File::options().write(true).open(e.unwrap().path().join("run.lock")) {
+                f.set_modified(std::time::SystemTime::now() - Duration::from_secs(60)).unwrap();
+            }
+        }
+    };
     let mut killed = uswap(&["sh", "-c", "sleep 600 & wait"]).process_group(0).spawn().unwrap();
     let group = killed.id() as libc::pid_t;
     // Bounded: the directory is made before the program starts, and the program then runs.
@@ -381,9 +390,10 @@ fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
     let left = entries();
     assert_eq!(left.len(), 1, "the killed run's directory: {left:?}");
 
+    age_locks();
     let o = run_timed(&mut uswap(&["true"]), Duration::from_secs(60));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(entries(), left, "removed while its program (sleep) still ran");
+    assert_eq!(entries(), left, "removed while its program's background job still ran");
 
     // SAFETY: kill(2) of the process group this test started (the sleep left running).
     unsafe { libc::kill(-group, libc::SIGKILL) };
@@ -393,6 +403,7 @@ fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
         assert!(Instant::now() < deadline, "the sleep ({sleep}) did not end");
         std::thread::sleep(Duration::from_millis(20));
     }
+    age_locks();
     let o = run_timed(&mut uswap(&["true"]), Duration::from_secs(60));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(entries().is_empty(), "left behind: {:?}", entries());
@@ -404,6 +415,7 @@ fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
     let lock = std::fs::File::create(other.join("run.lock")).unwrap();
     // SAFETY: flock on a descriptor this test owns.
     assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
+    age_locks();
     let o = run_timed(&mut uswap(&["true"]), Duration::from_secs(60));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(other.is_dir(), "a live run's directory was removed");

@@ -34,9 +34,11 @@ pub enum Why {
     Static,
     /// A 32-bit ELF: the loader cannot load a 64-bit library into it.
     Elf32,
-    /// Set-user-ID or set-group-ID to another user or group: the loader ignores a preload
-    /// given by path.
+    /// Set-user-ID or set-group-ID to another user or group, or with file capabilities: the
+    /// loader ignores a preload given by path.
     SetId,
+    /// `USWAP_DISABLE` in its environment: the library loads and stands aside.
+    Disabled,
 }
 
 impl Why {
@@ -46,7 +48,8 @@ impl Why {
             Why::NoConfig => "its environment has no USWAP_STATS_DIR (cleared)",
             Why::Static => "statically linked (no dynamic loader preloads uswap's library)",
             Why::Elf32 => "a 32-bit program (uswap's library is 64-bit)",
-            Why::SetId => "set-user-ID or set-group-ID (the loader ignores LD_PRELOAD for it)",
+            Why::SetId => "set-user-ID, set-group-ID or with file capabilities (the loader ignores LD_PRELOAD for it)",
+            Why::Disabled => "USWAP_DISABLE in its environment (uswap's library stands aside)",
         }
     }
 }
@@ -100,16 +103,17 @@ fn judge_env(envp: *const *const c_char) -> Option<Why> {
     if envp.is_null() {
         return Some(Why::NoPreload);
     }
-    let (mut preload, mut config) = (false, false);
+    let (mut preload, mut config, mut disabled) = (false, false, false);
     for i in 0..MAX_ENV {
         // SAFETY: `envp` is a NULL-terminated array of strings (execve's contract); the loop
         // stops at its NULL.
         let s = unsafe { *envp.add(i) };
         if s.is_null() {
-            return match (preload, config) {
-                (false, _) => Some(Why::NoPreload),
-                (true, false) => Some(Why::NoConfig),
-                (true, true) => None,
+            return match (preload, config, disabled) {
+                (false, _, _) => Some(Why::NoPreload),
+                (true, false, _) => Some(Why::NoConfig),
+                (true, true, true) => Some(Why::Disabled),
+                (true, true, false) => None,
             };
         }
         // SAFETY: a NUL-terminated string of the caller's.
@@ -118,6 +122,8 @@ fn judge_env(envp: *const *const c_char) -> Option<Why> {
             preload = names_this_library(value);
         } else if entry.starts_with(b"USWAP_STATS_DIR=") {
             config = true;
+        } else if entry.starts_with(b"USWAP_DISABLE=") {
+            disabled = true;
         }
     }
     None
@@ -138,83 +144,78 @@ const PHDRS_PER_READ: usize = 4;
 const HEAD_BYTES: usize = 256;
 
 /// Why the image at `path` will not load this library, judged by the file: its set-ID bits
-/// and capabilities, then its ELF headers. Opened without blocking (a FIFO, a terminal).
+/// and capabilities, then its ELF headers. Only a regular file is opened (a FIFO's writer or
+/// a terminal's lines are left alone), without blocking.
 #[inline(never)]
 fn judge_image(path: &CStr) -> Option<Why> {
+    // SAFETY: `stat` is plain data, filled from a NUL-terminated path.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::stat(path.as_ptr(), &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    // Before the open: a program that is executable but not readable (mode 4711) still has
+    // its set-ID bits.
+    if changes_credentials(&st, path) {
+        return Some(Why::SetId);
+    }
     let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
     // SAFETY: `path` is NUL-terminated; open has no other memory effects.
     let fd = unsafe { libc::open(path.as_ptr(), flags) };
     if fd < 0 {
-        // Executable but not readable (mode 4711): its set-ID bits still tell.
-        // SAFETY: `stat` is plain data, filled from a NUL-terminated path.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let found = unsafe { libc::stat(path.as_ptr(), &mut st) } == 0;
-        return (found && changes_credentials(&st, None)).then_some(Why::SetId);
+        return None;
     }
-    let why = judge_open_image(fd);
+    let why = match elf_interpreter(fd) {
+        Some(Interp::Elf32) => Some(Why::Elf32),
+        // The dynamic loader run as a program (`ldd`, `ld.so PROGRAM`) loads the library.
+        Some(Interp::None) if is_the_dynamic_loader(&st) => None,
+        Some(Interp::None) => Some(Why::Static),
+        Some(Interp::Some) if has_file_capabilities(fd, path) => Some(Why::SetId),
+        Some(Interp::Some) | None => None,
+    };
     // SAFETY: the descriptor opened above, closed once.
     unsafe { libc::close(fd) };
     why
 }
 
-/// Whether running `st` as a program changes the process's user or group, so that the
-/// loader runs it securely: set-user-ID or set-group-ID to someone else, unless the
-/// process may gain no privileges (`PR_SET_NO_NEW_PRIVS`: containers, `setpriv`) or the
-/// file is on a `nosuid` mount (checked through `fd` when there is one).
-fn changes_credentials(st: &libc::stat, fd: Option<libc::c_int>) -> bool {
-    // SAFETY: geteuid and getegid only read the process's credentials.
-    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let set_uid = st.st_mode & libc::S_ISUID != 0 && st.st_uid != euid;
-    let set_gid = st.st_mode & libc::S_ISGID != 0 && st.st_mode & libc::S_IXGRP != 0 && st.st_gid != egid;
-    (set_uid || set_gid) && may_gain_privileges(fd)
+/// Whether running `st` as a program makes the loader run it securely: the new effective
+/// user or group (set-user-ID or set-group-ID bits) differs from the real one, or already
+/// does; unless the process may gain no privileges (`PR_SET_NO_NEW_PRIVS`: containers,
+/// `setpriv`) or the file is on a `nosuid` mount.
+fn changes_credentials(st: &libc::stat, path: &CStr) -> bool {
+    // SAFETY: these only read the process's credentials.
+    let (uid, euid, gid, egid) = unsafe { (libc::getuid(), libc::geteuid(), libc::getgid(), libc::getegid()) };
+    let new_euid = if st.st_mode & libc::S_ISUID != 0 { st.st_uid } else { euid };
+    let set_gid = st.st_mode & libc::S_ISGID != 0 && st.st_mode & libc::S_IXGRP != 0;
+    let new_egid = if set_gid { st.st_gid } else { egid };
+    (new_euid != uid || new_egid != gid) && may_gain_privileges(path)
 }
 
-/// Whether an exec could give this process privileges (see [`changes_credentials`]).
-fn may_gain_privileges(fd: Option<libc::c_int>) -> bool {
+/// Whether an exec of `path` could give this process privileges (see
+/// [`changes_credentials`]).
+fn may_gain_privileges(path: &CStr) -> bool {
     // SAFETY: PR_GET_NO_NEW_PRIVS takes no pointer.
     if unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) } == 1 {
         return false;
     }
-    let Some(fd) = fd else { return true };
-    // SAFETY: `statvfs` is plain data that fstatvfs fills in for an open descriptor (from
-    // the kernel's statfs flags: no allocation, no file read).
+    // SAFETY: `statvfs` is plain data that statvfs fills in (from the kernel's statfs
+    // flags: no allocation, no file read) for a NUL-terminated path.
     let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
-    let ok = unsafe { libc::fstatvfs(fd, &mut fs) } == 0;
+    let ok = unsafe { libc::statvfs(path.as_ptr(), &mut fs) } == 0;
     !(ok && fs.f_flag & libc::ST_NOSUID != 0)
 }
 
 /// Whether the file `fd` has capabilities (`security.capability`), which make the loader run
-/// it securely for a user who is not root.
-fn has_file_capabilities(fd: libc::c_int) -> bool {
-    // SAFETY: geteuid only reads the process's credentials.
-    if unsafe { libc::geteuid() } == 0 {
+/// it securely for a user whose real uid is not root.
+fn has_file_capabilities(fd: libc::c_int, path: &CStr) -> bool {
+    // SAFETY: getuid only reads the process's credentials.
+    if unsafe { libc::getuid() } == 0 {
         return false;
     }
     // SAFETY: a size query (no buffer) of a NUL-terminated attribute name.
     let n = unsafe { libc::fgetxattr(fd, c"security.capability".as_ptr(), std::ptr::null_mut(), 0) };
-    n > 0 && may_gain_privileges(Some(fd))
-}
-
-fn judge_open_image(fd: libc::c_int) -> Option<Why> {
-    // SAFETY: `stat` is plain data; fstat fills it in.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open and `st` writable.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return None;
-    }
-    if changes_credentials(&st, Some(fd)) {
-        return Some(Why::SetId);
-    }
-    match elf_interpreter(fd)? {
-        Interp::Elf32 => Some(Why::Elf32),
-        // The dynamic loader run as a program (`ldd`, `ld.so PROGRAM`) loads the library.
-        Interp::None if is_the_dynamic_loader(&st) => None,
-        Interp::None => Some(Why::Static),
-        Interp::Some if has_file_capabilities(fd) => Some(Why::SetId),
-        Interp::Some => None,
-    }
+    n > 0 && may_gain_privileges(path)
 }
 
 /// What an image's ELF headers say of its loader.
@@ -280,9 +281,14 @@ fn is_the_dynamic_loader(st: &libc::stat) -> bool {
     let phdrs = unsafe { std::slice::from_raw_parts(phdr as *const libc::Elf64_Phdr, phnum as usize) };
     let Some(own) = phdrs.iter().find(|p| p.p_type == libc::PT_PHDR) else { return false };
     let bias = phdr.wrapping_sub(own.p_vaddr);
-    let Some(interp) = phdrs.iter().find(|p| p.p_type == PT_INTERP) else { return false };
-    // SAFETY: the interpreter's path, a NUL-terminated string in the program's mapped image.
-    let path = unsafe { CStr::from_ptr(bias.wrapping_add(interp.p_vaddr) as *const c_char) };
+    let Some(interp) = phdrs.iter().find(|p| p.p_type == PT_INTERP && p.p_filesz > 0 && p.p_filesz < 4096) else {
+        return false;
+    };
+    // SAFETY: the interpreter's path, `p_filesz` bytes of the program's image that the kernel
+    // read to start it (it lies in the first loaded segment, which stays mapped).
+    let bytes =
+        unsafe { std::slice::from_raw_parts(bias.wrapping_add(interp.p_vaddr) as *const u8, interp.p_filesz as usize) };
+    let Ok(path) = CStr::from_bytes_until_nul(bytes) else { return false };
     // SAFETY: `stat` is plain data, filled from a NUL-terminated path.
     let mut loader: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -357,7 +363,8 @@ pub fn resolve(file: &CStr) -> Option<StackPath> {
         out.len = 0;
         let dir: &[u8] = if dir.is_empty() { b"." } else { dir };
         if !(out.push(dir) && out.push(b"/") && out.push(name)) {
-            continue;
+            // Too long to judge: not another file than the one `execvp` would run.
+            return None;
         }
         if is_executable_file(out.as_cstr()) {
             return Some(out);

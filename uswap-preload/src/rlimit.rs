@@ -270,7 +270,7 @@ extern "C" {
 /// At most this many environment strings are carried with the limit (on the stack: an
 /// `execve` may run in a `vfork` child, where nothing may be allocated); a larger
 /// environment goes unchanged and the new image runs under the raised limit.
-const MAX_ENV: usize = 1024;
+const MAX_ENV: usize = 256;
 
 /// Runs `exec` with `envp`, plus `USWAP_ADDRESS_SPACE_LIMIT` and `USWAP_DATA_LIMIT` for the
 /// limits the program set.
@@ -286,8 +286,8 @@ fn with_limit_in_env(envp: *const *const c_char, exec: impl FnOnce(*const *const
 }
 
 /// [`with_limit_in_env`] once a limit was set: a function of its own, so that only this
-/// rare path pays for the 8 KiB copy on the stack (an `execve` from a thread with a small
-/// stack takes the other path).
+/// rare path pays for the 2 KiB copy on the stack (an `execve` from a small stack in a
+/// process that set no limit takes the other path).
 #[inline(never)]
 fn exec_with_limits(
     envp: *const *const c_char,

@@ -107,6 +107,8 @@ pub(super) fn escape_message(escaped: &[(u32, String)]) -> String {
         escaped.len()
     );
     for (pid, said) in escaped.iter().take(4) {
+        // The image's path as the program gave it: no control character reaches the terminal.
+        let said: String = said.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
         msg.push_str(&format!("\n  process {pid}: {said}"));
     }
     if escaped.len() > 4 {

@@ -411,7 +411,8 @@ pub(super) fn open_device(path: &Path, capacity_bytes: u64, options: &FileOption
 
 /// Checks that a device could be opened at `path`, without sizing, locking or leaving
 /// anything: a directory (or the existing directory of a path to create) takes an anonymous
-/// direct-I/O file, an existing file or block device opens for direct reads and writes, and
+/// direct-I/O file, an existing file opens for direct reads and writes, a block device
+/// opens exclusively (read-only) and must be writable by this user, and
 /// a file others may access is refused as [`open_device`] would. `uswap run` checks its
 /// devices with this before the program runs: its pagers start later, in every process that
 /// needs one, where a typo in the path would fail the run after the program's work.
