@@ -1,22 +1,27 @@
 //! Processes that leave the budget at exec: an `execve` (or `posix_spawn`) whose new image
 //! will not load this library runs outside the tree's limit, its memory neither limited nor
-//! counted. It happens when the new environment has no `LD_PRELOAD` naming this library or
-//! no `USWAP_STATS_DIR` (`env -i`, `env -u LD_PRELOAD`, a program that builds a clean
-//! environment), when the program is statically linked (no dynamic loader reads
-//! `LD_PRELOAD`) or is a 32-bit one (the loader skips a 64-bit library), and when it is
-//! set-user-ID or set-group-ID to someone else (the loader runs it securely and ignores a
-//! preload named by path). uswap cannot follow such a program; it makes sure that the run
-//! says so: the exec is noted as `escaped-<pid>.txt` in the run's directory (the path and
-//! why), which `uswap run` reads when the program has ended.
+//! counted. It happens when the new environment has no `LD_PRELOAD` naming this library, no
+//! `USWAP_STATS_DIR`, or `USWAP_DISABLE` (`env -i`, `env -u LD_PRELOAD`, a program that
+//! builds a clean environment), when the program is statically linked (no dynamic loader
+//! reads `LD_PRELOAD`) or is a 32-bit one (the loader skips a 64-bit library), and when the
+//! loader runs it securely and ignores a preload named by path (set-user-ID or
+//! set-group-ID to someone else, or file capabilities for a user who is not root). uswap
+//! cannot follow such a program; it makes sure that the run says so: the exec is noted as
+//! `escaped-<pid>.txt` (`escaped-<pid>.<n>.txt` for a pid's later notes) in the run's
+//! directory (the path and why), which `uswap run` reads when the program has ended. An
+//! exec is judged before it happens and its note taken back if it fails; a `posix_spawn`
+//! once its child started.
 //!
 //! Only under `uswap run` (the run's directory is known): the library used by hand has no
 //! one to tell. A `#!` script is judged by nothing: its interpreter is almost always a
 //! dynamic program. Not seen: `execl`, `execlp`, `execle` and `fexecve` (the C library calls
 //! its own `execve` for them), and system calls made without the C library.
 //!
-//! Nothing here allocates or takes a lock: an exec may run in a `vfork` child, or in a fork
-//! child of a threaded program, where either could hang. Paths and the note are built on
-//! the stack. An exec that fails takes its note back.
+//! Nothing here allocates or takes a lock (but `dlsym`, once, at a process's first exec or
+//! spawn, as every interposer of this library finds the C library's function): an exec may
+//! run in a `vfork` child, in a fork child of a threaded program, or in a signal handler.
+//! Paths and the note are built on the stack, in small buffers, and released before the
+//! exec itself runs (it may run on a small alternate signal stack).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
