@@ -31,6 +31,7 @@ macro_rules! say {
 }
 
 mod auto;
+mod dir;
 mod records;
 mod tree;
 mod warnings;
@@ -255,36 +256,6 @@ pub fn find_preload() -> Result<PathBuf, RunError> {
     Err(RunError::NoPreload { exe })
 }
 
-/// The lock a live run holds in its directory (`flock`, exclusive, for its whole life):
-/// what tells a later run that the directory is not a dead run's, whatever the pid in its
-/// name means in that run's pid namespace.
-const RUN_LOCK_FILE: &str = "run.lock";
-
-/// Makes the run's directory, with its lock taken (see [`RUN_LOCK_FILE`]).
-fn make_stats_dir() -> Result<(PathBuf, std::fs::File), RunError> {
-    use std::os::unix::fs::DirBuilderExt;
-    let base = std::env::temp_dir();
-    remove_stale_stats_dirs(&base);
-    for i in 0..100u32 {
-        let dir = base.join(format!("uswap-run.{}.{i}", std::process::id()));
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => {
-                let lock = std::fs::File::create(dir.join(RUN_LOCK_FILE)).and_then(|f| lock_file(&f, false).map(|_| f));
-                return match lock {
-                    Ok(f) => Ok((dir, f)),
-                    Err(e) => {
-                        let _ = std::fs::remove_dir_all(&dir);
-                        Err(RunError::StatsDir(e))
-                    }
-                };
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(RunError::StatsDir(e)),
-        }
-    }
-    Err(RunError::StatsDir(std::io::Error::other("100 names taken")))
-}
-
 /// The program dies with `uswap run` when `uswap run` is killed by a signal it cannot
 /// forward (SIGKILL: `timeout -s KILL`, the OOM killer, a supervisor's last resort), as it
 /// would have died run without uswap; before, it ran on with no one to wait for it. The
@@ -305,75 +276,6 @@ fn die_with_parent(command: &mut std::process::Command) {
     }
 }
 
-/// Most entries of the temporary directory looked at for runs' directories left behind.
-const MAX_TEMP_ENTRIES_SCANNED: usize = 1 << 16;
-
-/// `flock` on `f`: exclusive, waiting or (`try_only`) not. Whether it was taken.
-fn lock_file(f: &std::fs::File, try_only: bool) -> std::io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    let op = libc::LOCK_EX | if try_only { libc::LOCK_NB } else { 0 };
-    // SAFETY: flock on a descriptor this function borrows; no memory is passed.
-    if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
-        return Ok(true);
-    }
-    let e = std::io::Error::last_os_error();
-    if try_only && e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        return Ok(false);
-    }
-    Err(e)
-}
-
-/// Age past which a free run lock is a dead run's: between its creation and its `flock` a
-/// live run's lock is free for an instant.
-const RUN_LOCK_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Age past which a directory without a lock file (made by an older uswap, or being made
-/// this instant by another run) may be a dead run's.
-const UNLOCKED_DIR_AGE: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Removes the directories of earlier runs that were killed before they could remove their
-/// own (SIGKILL, a crash): `uswap-run.PID.N` of this user whose run's lock is free (see
-/// [`RUN_LOCK_FILE`]; without one, older than [`UNLOCKED_DIR_AGE`] with its PID gone) and no
-/// process of whose tree still runs (found by the environment it started with: one whose
-/// environment cannot be read is not seen).
-fn remove_stale_stats_dirs(base: &Path) {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    // SAFETY: getuid has no failure mode and touches no memory.
-    let uid = unsafe { libc::getuid() };
-    for entry in std::fs::read_dir(base).into_iter().flatten().flatten().take(MAX_TEMP_ENTRIES_SCANNED) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some((pid, seq)) = name.strip_prefix("uswap-run.").and_then(|r| r.split_once('.')) else { continue };
-        let (Ok(pid), Ok(_)) = (pid.parse::<u32>(), seq.parse::<u32>()) else { continue };
-        let dir = entry.path();
-        let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
-        if !meta.is_dir() || meta.uid() != uid || pid == std::process::id() {
-            continue;
-        }
-        // Not following a link, not blocking (a FIFO put there by a program of that run).
-        let lock = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(dir.join(RUN_LOCK_FILE));
-        let dead = match lock {
-            // Held by the run for as long as it lives; released by the kernel when it dies.
-            // A lock made an instant ago may not be taken yet: only an older one tells.
-            Ok(f) => {
-                let settled = f.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
-                f.metadata().is_ok_and(|m| m.is_file())
-                    && settled.is_some_and(|age| age > RUN_LOCK_SETTLE)
-                    && lock_file(&f, true).unwrap_or(false)
-            }
-            Err(_) => {
-                let old = meta.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|a| a > UNLOCKED_DIR_AGE);
-                old && !tree::is_running(pid)
-            }
-        };
-        if dead && tree::running(&dir, &[], 0).is_empty() {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-    }
-}
-
 /// A program ready to start under uswap: its command, with the preload library and the
 /// configuration in its environment, and the directory its processes write their counters
 /// into (removed on drop). `uswap run` and `uswap bench --command` both start programs this way.
@@ -383,7 +285,7 @@ pub struct Launch {
     /// Where the program was found.
     pub path: PathBuf,
     stats_dir: PathBuf,
-    /// The run's lock in `stats_dir`, held while the run lives (see [`RUN_LOCK_FILE`]).
+    /// The run's lock in `stats_dir`, held while the run lives (see `dir`).
     _run_lock: std::fs::File,
     segment: uswap::shared_charge::ChargeSegment,
     limit_bytes: u64,
@@ -476,7 +378,7 @@ impl Launch {
             d.check_usable().map_err(RunError::Device)?;
         }
         let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
-        let (stats_dir, run_lock) = make_stats_dir()?;
+        let (stats_dir, run_lock) = dir::make().map_err(RunError::StatsDir)?;
         // One budget for the whole tree: every process's pager charges this segment too.
         let segment = match uswap::shared_charge::ChargeSegment::create(
             &stats_dir.join(uswap::shared_charge::SEGMENT_FILE),

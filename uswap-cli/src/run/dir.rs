@@ -1,0 +1,122 @@
+//! The run's directory (`$TMPDIR/uswap-run.PID.N`): where every process of the tree finds
+//! the shared charge segment and leaves its records and notes. Made with its lock taken,
+//! held for the run's life; directories of runs killed before they could remove their own
+//! are removed by a later run once nothing of theirs is left.
+//!
+//! Invariant: a directory is removed here only when its run's lock is free (the run is
+//! dead: the kernel released it) and no process of its tree is found running.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::tree;
+
+/// The lock a live run holds in its directory (`flock`, exclusive, for its whole life):
+/// what tells a later run that the directory is not a dead run's, whatever the pid in its
+/// name means in that run's pid namespace.
+const RUN_LOCK_FILE: &str = "run.lock";
+
+/// Names tried for a run's directory (`.0`, `.1`, ...).
+const MAX_NAMES: u32 = 100;
+
+/// Makes the run's directory, with its lock taken (see [`RUN_LOCK_FILE`]); the lock is
+/// held as long as the file returned lives.
+pub(super) fn make() -> io::Result<(PathBuf, std::fs::File)> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    remove_stale(&base);
+    for i in 0..MAX_NAMES {
+        let dir = base.join(format!("uswap-run.{}.{i}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {
+                let lock = std::fs::File::create(dir.join(RUN_LOCK_FILE)).and_then(|f| lock_file(&f, false).map(|_| f));
+                return match lock {
+                    Ok(f) => Ok((dir, f)),
+                    Err(e) => {
+                        let _ = std::fs::remove_dir_all(&dir);
+                        Err(e)
+                    }
+                };
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other(format!("{MAX_NAMES} names taken")))
+}
+
+/// Most entries of the temporary directory looked at for runs' directories left behind.
+const MAX_TEMP_ENTRIES_SCANNED: usize = 1 << 16;
+
+/// `flock` on `f`: exclusive, waiting or (`try_only`) not. Whether it was taken.
+fn lock_file(f: &std::fs::File, try_only: bool) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let op = libc::LOCK_EX | if try_only { libc::LOCK_NB } else { 0 };
+    // SAFETY: flock on a descriptor this function borrows; no memory is passed.
+    if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if try_only && e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(false);
+    }
+    Err(e)
+}
+
+/// Age past which a free run lock is a dead run's: between its creation and its `flock` a
+/// live run's lock is free for an instant.
+const RUN_LOCK_SETTLE: Duration = Duration::from_secs(5);
+
+/// Age past which a directory without a lock file (made by an older uswap, or being made
+/// this instant by another run) may be a dead run's.
+const UNLOCKED_DIR_AGE: Duration = Duration::from_secs(60);
+
+/// Whether the file or directory `meta` describes was last modified over `age` ago.
+fn older_than(meta: &std::fs::Metadata, age: Duration) -> bool {
+    meta.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|a| a > age)
+}
+
+/// Whether the run whose directory is `dir` (its `uswap run` was `pid` in its own pid
+/// namespace) is dead: its lock is free and settled (see [`RUN_LOCK_FILE`]); without one,
+/// the directory is older than [`UNLOCKED_DIR_AGE`] and `pid` is gone.
+fn run_is_dead(dir: &Path, dir_meta: &std::fs::Metadata, pid: u32) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Not following a link, not blocking (a FIFO put there by a program of that run).
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(dir.join(RUN_LOCK_FILE));
+    match lock {
+        // Held by the run for as long as it lives; released by the kernel when it dies.
+        // A lock made an instant ago may not be taken yet: only an older one tells.
+        Ok(f) => {
+            f.metadata().is_ok_and(|m| m.is_file() && older_than(&m, RUN_LOCK_SETTLE))
+                && lock_file(&f, true).unwrap_or(false)
+        }
+        Err(_) => older_than(dir_meta, UNLOCKED_DIR_AGE) && !tree::is_running(pid),
+    }
+}
+
+/// Removes the directories of earlier runs that were killed before they could remove their
+/// own (SIGKILL, a crash): `uswap-run.PID.N` of this user whose run is dead
+/// ([`run_is_dead`]) and no process of whose tree still runs (found by the environment it
+/// started with: one whose environment cannot be read is not seen).
+fn remove_stale(base: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: getuid has no failure mode and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    for entry in std::fs::read_dir(base).into_iter().flatten().flatten().take(MAX_TEMP_ENTRIES_SCANNED) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((pid, seq)) = name.strip_prefix("uswap-run.").and_then(|r| r.split_once('.')) else { continue };
+        let (Ok(pid), Ok(_)) = (pid.parse::<u32>(), seq.parse::<u32>()) else { continue };
+        let dir = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
+        if !meta.is_dir() || meta.uid() != uid || pid == std::process::id() {
+            continue;
+        }
+        if run_is_dead(&dir, &meta, pid) && tree::running(&dir, &[], 0).is_empty() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
