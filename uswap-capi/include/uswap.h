@@ -545,7 +545,8 @@ int uswap_config_set_fault_mode(struct uswap_config *config, int mode);
  * Thread mode: the number of fault-handler threads (default: one per CPU the process may
  * run on, each pinned to its CPU). Ignored in signal mode.
  *
- * Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `nr_threads` is 0.
+ * Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `nr_threads` is 0 or more than
+ * 1024.
  */
 int uswap_config_set_handler_threads(struct uswap_config *config, uint32_t nr_threads);
 
@@ -590,7 +591,7 @@ int uswap_config_set_auto_budget(struct uswap_config *config, double target_shar
  * say how much memory has been untouched for 1 s, 10 s, 1 min and 10 min.
  *
  * Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `seconds` is not 0,
- * `INFINITY` or at least 1.
+ * `INFINITY` or from 1 to a year (31,536,000).
  */
 int uswap_config_set_idle_age(struct uswap_config *config, double seconds);
 

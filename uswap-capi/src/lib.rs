@@ -262,7 +262,8 @@ pub extern "C" fn uswap_config_set_fault_mode(config: *mut uswap_config, mode: c
 /// Thread mode: the number of fault-handler threads (default: one per CPU the process may
 /// run on, each pinned to its CPU). Ignored in signal mode.
 ///
-/// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `nr_threads` is 0.
+/// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `nr_threads` is 0 or more than
+/// 1024.
 #[no_mangle]
 pub extern "C" fn uswap_config_set_handler_threads(config: *mut uswap_config, nr_threads: u32) -> c_int {
     guard(|| {
@@ -271,6 +272,13 @@ pub extern "C" fn uswap_config_set_handler_threads(config: *mut uswap_config, nr
                 "uswap_config_set_handler_threads: 0 handler threads cannot serve faults; pass at least 1, or do \
                  not call it for one per CPU",
             ));
+        }
+        if nr_threads as usize > engine::MAX_HANDLER_THREADS {
+            return Err(Failure::invalid(format!(
+                "uswap_config_set_handler_threads: {nr_threads} handler threads; a pager starts at most {}, pass \
+                 fewer, or do not call it for one per CPU",
+                engine::MAX_HANDLER_THREADS
+            )));
         }
         with_settings(config, "uswap_config_set_handler_threads", |s| {
             s.handler_threads = Some(nr_threads as usize);
@@ -354,14 +362,14 @@ pub extern "C" fn uswap_config_set_auto_budget(config: *mut uswap_config, target
 /// say how much memory has been untouched for 1 s, 10 s, 1 min and 10 min.
 ///
 /// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `seconds` is not 0,
-/// `INFINITY` or at least 1.
+/// `INFINITY` or from 1 to a year (31,536,000).
 #[no_mangle]
 pub extern "C" fn uswap_config_set_idle_age(config: *mut uswap_config, seconds: f64) -> c_int {
     guard(|| {
         let Some(aging) = engine::IdleAging::from_secs(seconds) else {
             return Err(Failure::invalid(format!(
-                "uswap_config_set_idle_age: an idle age of {seconds} s is too short or not an age; pass 1 or \
-                 more, INFINITY to look without evicting, or 0 to turn it off"
+                "uswap_config_set_idle_age: an idle age of {seconds} s is not one uswap evicts at; pass 1 to \
+                 31536000 (a year), INFINITY to look without evicting, or 0 to turn it off"
             )));
         };
         with_settings(config, "uswap_config_set_idle_age", |s| {
@@ -693,6 +701,8 @@ mod tests {
         assert_fails(uswap_config_set_resident_limit(cfg, 4096), USWAP_EINVAL, "give the pager at least");
         assert_fails(uswap_config_set_fault_mode(cfg, 2), USWAP_EINVAL, "USWAP_FAULT_MODE_SIGNAL (1)");
         assert_fails(uswap_config_set_handler_threads(cfg, 0), USWAP_EINVAL, "pass at least 1");
+        assert_fails(uswap_config_set_handler_threads(cfg, u32::MAX), USWAP_EINVAL, "at most 1024");
+        assert_fails(uswap_config_set_idle_age(cfg, 1e300), USWAP_EINVAL, "a year");
         assert_fails(uswap_config_set_readahead(cfg, 2), USWAP_EINVAL, "pass 1 (on) or 0 (off)");
         // SAFETY: a NUL-terminated string; the rest are valid handles or values.
         unsafe {

@@ -115,6 +115,12 @@ impl PyPager {
                 "handler_threads=0 cannot serve faults; pass at least 1, or None for one per CPU",
             ));
         }
+        if let Some(n) = handler_threads.filter(|&n| n > uswap::MAX_HANDLER_THREADS) {
+            return Err(InvalidArgumentError::new_err(format!(
+                "handler_threads={n}: a pager starts at most {}; pass fewer, or None for one per CPU",
+                uswap::MAX_HANDLER_THREADS
+            )));
+        }
         let list = uswap::DeviceConfig::parse_list(devices, device_bytes).map_err(to_py)?;
         let mut builder = uswap::Pager::builder()
             .resident_limit(limit_bytes)
@@ -132,7 +138,8 @@ impl PyPager {
         if let Some(secs) = idle_age {
             let aging = uswap::IdleAging::from_secs(secs).ok_or_else(|| {
                 InvalidArgumentError::new_err(format!(
-                    "idle_age={secs}: expected seconds, at least 1, float(\"inf\") to only count idle pages, or 0 for off"
+                    "idle_age={secs}: expected seconds, from 1 to a year (31536000), float(\"inf\") to only count \
+                     idle pages, or 0 for off"
                 ))
             })?;
             builder = builder.idle_aging(aging);

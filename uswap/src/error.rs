@@ -38,6 +38,12 @@ pub enum Error {
     #[error("an idle age of {age_ms} ms is too short to tell an idle page from a busy one; give 1 s or more")]
     BadIdleAge { age_ms: u64 },
 
+    #[error("this pager was built by process {owner_pid}, and process {pid} is a fork child of it: the engine's threads and userfaultfd stayed with the parent, and the child's copies of its regions lost their swapped-out pages; build a new pager in the child")]
+    ForkChild { owner_pid: u32, pid: u32 },
+
+    #[error("{given} fault-handler threads asked for; a pager starts at most {max} (a backlog brings up at most half the CPUs): give fewer, or none for one per CPU")]
+    TooManyHandlerThreads { given: usize, max: usize },
+
     #[error("an automatic budget moves the limit of one pager; under a shared charge the tree's budget is moved by whoever owns it (uswap run --auto)")]
     AutoBudgetShared,
 
@@ -169,6 +175,8 @@ impl Error {
             LimitTooSmall { .. }
             | BadStallTarget { .. }
             | BadIdleAge { .. }
+            | TooManyHandlerThreads { .. }
+            | ForkChild { .. }
             | AutoBudgetShared
             | ZeroLengthMap { .. }
             | MapTooLarge { .. }

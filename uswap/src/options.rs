@@ -66,16 +66,20 @@ pub enum IdleAging {
     Evict(std::time::Duration),
 }
 
+/// The longest idle age a pager evicts at: a year, in seconds. Longer is what `never`
+/// (observe) says, and past about 10^19 s a `Duration` cannot hold it.
+pub const MAX_IDLE_AGE_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
 impl IdleAging {
     /// The aging an idle age in seconds asks for, as the C and Python APIs and `uswap run
-    /// --idle-age` take it: 0 off, infinity observe, 1 s or more evict at that age. `None`
-    /// for anything else (negative, NaN, under a second).
+    /// --idle-age` take it: 0 off, infinity observe, 1 s to [`MAX_IDLE_AGE_SECS`] evict at
+    /// that age. `None` for anything else (negative, NaN, under a second, over a year).
     pub fn from_secs(secs: f64) -> Option<IdleAging> {
         if secs == 0.0 {
             Some(IdleAging::Off)
         } else if secs == f64::INFINITY {
             Some(IdleAging::Observe)
-        } else if secs >= 1.0 && secs.is_finite() {
+        } else if (1.0..=MAX_IDLE_AGE_SECS).contains(&secs) {
             Some(IdleAging::Evict(std::time::Duration::from_secs_f64(secs)))
         } else {
             None
@@ -111,6 +115,7 @@ impl IdleAging {
                     * scale
             }
         };
-        IdleAging::from_secs(secs).ok_or_else(|| format!("{s:?}: an idle age is 1 s or more (or never, or off)"))
+        IdleAging::from_secs(secs)
+            .ok_or_else(|| format!("{s:?}: an idle age is 1 s to a year (8760h), or never, or off"))
     }
 }

@@ -34,6 +34,10 @@ use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
 use crate::{events, fault};
 
 pub use crate::options::{BackgroundReclaim, FaultMode, IdleAging};
+
+/// The most fault-handler threads a pager starts (thread mode): far more than serve at once
+/// (a backlog brings up at most half the CPUs), and each is a thread with its own stack.
+pub const MAX_HANDLER_THREADS: usize = 1024;
 use crate::state::charge::Charge;
 pub use crate::state::{PageError, PageErrorKind, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES};
 use crate::state::{PagerShared, REGISTER_MODES};
@@ -82,7 +86,8 @@ impl PagerBuilder {
     /// Thread mode: number of fault-handler threads (default: one per CPU this process may
     /// run on, each pinned to its CPU). Not all of them serve at once: one starts, a backlog
     /// adds others (up to half the CPUs), and a handler whose wake-ups find nothing goes back
-    /// to sleep (see docs/fault-modes.md).
+    /// to sleep (see docs/fault-modes.md). At most [`MAX_HANDLER_THREADS`]: `build` refuses
+    /// more.
     pub fn handler_threads(mut self, n: usize) -> Self {
         self.handler_threads = Some(n.max(1));
         self
@@ -243,6 +248,7 @@ impl PagerBuilder {
         let doorbell = Doorbell::new().map_err(|e| Error::io("creating the handler-thread doorbell (eventfd)", e))?;
         let publish = if self.publish_stats { publish_counters(&shared) } else { Publish::Off };
         let core = Arc::new(PagerCore {
+            owner_pid: std::process::id(),
             shared: shared.clone(),
             threads: Mutex::new(Vec::new()),
             doorbell: Arc::new(doorbell),
@@ -276,6 +282,9 @@ impl PagerBuilder {
         }
         if self.devices.len() > MAX_DEVICES {
             return Err(Error::TooManyDevices { given: self.devices.len(), max: MAX_DEVICES });
+        }
+        if let Some(given) = self.handler_threads.filter(|&n| n > MAX_HANDLER_THREADS) {
+            return Err(Error::TooManyHandlerThreads { given, max: MAX_HANDLER_THREADS });
         }
         if self.mode == FaultMode::Signal {
             // Before anything is started: a signal-mode pager this thread cannot use, or whose
@@ -571,6 +580,9 @@ enum Publish {
 }
 
 struct PagerCore {
+    /// The process that built the pager: its threads, its userfaultfd and (unless regions
+    /// survive fork) its regions and tables are that process's only.
+    owner_pid: u32,
     shared: Arc<PagerShared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     doorbell: Arc<Doorbell>,
@@ -579,6 +591,13 @@ struct PagerCore {
 
 impl Drop for PagerCore {
     fn drop(&mut self) {
+        if std::process::id() != self.owner_pid {
+            // A fork child's copy: the threads to stop and join (and the publisher's) are
+            // the parent's, and their handles name threads this process does not have.
+            std::mem::forget(std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner())));
+            std::mem::forget(std::mem::replace(&mut self.publish, Publish::Off));
+            return;
+        }
         // First: the socket goes with its thread, and no snapshot runs during the teardown.
         self.publish = Publish::Off;
         self.shared.shutdown.set();
@@ -636,6 +655,22 @@ impl Pager {
 
     pub(crate) fn shared(&self) -> &PagerShared {
         &self.core.shared
+    }
+
+    /// Fails in a process other than the one that built the pager (a fork child): the
+    /// engine's threads, its userfaultfd and, unless regions survive fork, its tables are
+    /// not there, and a call that reclaims or maps would fault inside the engine.
+    pub(crate) fn check_owner(&self) -> Result<()> {
+        let pid = std::process::id();
+        if pid == self.core.owner_pid {
+            return Ok(());
+        }
+        Err(Error::ForkChild { owner_pid: self.core.owner_pid, pid })
+    }
+
+    /// Whether this is the process that built the pager (see [`Pager::check_owner`]).
+    pub(crate) fn in_owner(&self) -> bool {
+        std::process::id() == self.core.owner_pid
     }
 
     /// The engine state, shared (a new region holds it).
@@ -699,6 +734,7 @@ impl Pager {
         if bytes < MIN_LIMIT_BYTES {
             return Err(Error::LimitTooSmall { limit_bytes: bytes, min_bytes: MIN_LIMIT_BYTES });
         }
+        self.check_owner()?;
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let s = &self.core.shared;
         s.charge.limit_pages.store((bytes / PAGE_SIZE as u64) as usize, Ordering::Release);

@@ -137,6 +137,7 @@ impl Pager {
     /// needs room for the handler below the deepest frame that touches managed memory (see
     /// docs/fault-modes.md).
     pub fn map(&self, len_bytes: usize) -> Result<Region> {
+        self.check_owner()?;
         if self.shared().mode == FaultMode::Signal {
             check_sigbus_handler()?;
         }
@@ -201,7 +202,9 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if self.leave_mapped {
+        // In a fork child the engine's tables are the parent's (or gone): the child's copy
+        // of the region, if it has one, is left as it is.
+        if self.leave_mapped || !self.pager.in_owner() {
             return;
         }
         let _signals = crate::uffd::AsyncSignalsBlocked::new();

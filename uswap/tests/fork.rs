@@ -408,3 +408,122 @@ fn bounded_rearm_from_redis(mode: FaultMode) {
 
 in_both_modes!(bounded_rearm_from_redis() => thread_mode_fork_child_reads_what_was_out_from_the_parents_redis_device,
     signal_mode_fork_child_reads_what_was_out_from_the_parents_redis_device);
+
+/// A fork child that calls its parent's pager, without re-arming, gets a typed error, not a
+/// fault inside the engine (whose threads, userfaultfd and tables stayed with the parent):
+/// lowering the limit and mapping are refused, and dropping an inherited region handle or
+/// the pager leaves everything as it is. The parent's pager goes on paging, every byte
+/// checked.
+fn a_fork_child_is_refused_its_parents_pager(mode: FaultMode) {
+    let pager = forking_pager(mode);
+    let mut region = pager.map(WSS as usize).unwrap();
+    let pages = region.len() / PAGE_SIZE;
+    let w = region_words(&mut region);
+    for i in 0..pages {
+        write_page(w, i, 1);
+    }
+    assert!(pager.stats().pswpout > 0, "nothing went out before the fork");
+    // SAFETY: the child calls the engine, which allocates (the error's message); nothing in
+    // this test's process holds the allocator's lock across the fork but by chance, as in
+    // `child_rearms_and_pages`. It ends with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let mut passed = 0u8;
+        passed |= matches!(pager.set_resident_limit(4 * MIB), Err(uswap::Error::ForkChild { .. })) as u8;
+        passed |= (matches!(pager.map(MIB as usize), Err(uswap::Error::ForkChild { .. })) as u8) << 1;
+        drop(region);
+        drop(pager);
+        passed |= 4;
+        // SAFETY: ends the child without running the parent's destructors or atexit.
+        unsafe { libc::_exit(passed as i32) };
+    }
+    let mut status = 0;
+    let t0 = Instant::now();
+    // SAFETY: reaps our own child.
+    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+        if t0.elapsed() > BOUND {
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+            panic!("{mode:?}: the child still runs after {BOUND:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(libc::WIFEXITED(status), "{mode:?}: the child died: status {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 7, "{mode:?}: checks passed (bits: limit, map, drops)");
+    for i in 0..pages {
+        check_page(w, i, 1);
+    }
+    pager.set_resident_limit(LIMIT / 2).unwrap();
+    let s = settles_under_limit(&pager);
+    assert_eq!(s.fault_error + s.fault_busy_timeout, 0, "{mode:?}: {s:?}");
+}
+
+fn bounded_refused(mode: FaultMode) {
+    bounded(mode, "refused", a_fork_child_is_refused_its_parents_pager);
+}
+
+in_both_modes!(bounded_refused() => thread_mode_a_fork_child_is_refused_its_parents_pager,
+    signal_mode_a_fork_child_is_refused_its_parents_pager);
+
+/// A fork child that builds a pager of its own, without re-arming, pages as fast as a
+/// process that never had one: its parent's pager, live at the fork, is only a copy here.
+fn a_fork_child_builds_its_own_pager(mode: FaultMode) {
+    // The C API's and Python's pager: its regions are not inherited.
+    let pager = pager(mode, LIMIT, 2 * WSS);
+    let mut region = pager.map(WSS as usize).unwrap();
+    let pages = region.len() / PAGE_SIZE;
+    let w = region_words(&mut region);
+    for i in 0..pages {
+        write_page(w, i, 1);
+    }
+    // SAFETY: as in `a_fork_child_is_refused_its_parents_pager`; ends with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let t0 = Instant::now();
+        let own = Pager::builder().resident_limit(LIMIT).fault_mode(mode).device(DeviceConfig::ram(2 * WSS)).build();
+        let ok = own.is_ok_and(|own| {
+            let Ok(r) = own.map(WSS as usize) else { return false };
+            let words = r.as_atomic_u64s();
+            for i in 0..r.len() / PAGE_SIZE {
+                write_page(words, i, 3);
+            }
+            (0..r.len() / PAGE_SIZE).all(|i| page_is(words, i, 3))
+        });
+        let secs = t0.elapsed().as_secs().min(100) as i32;
+        // SAFETY: ends the child without running the parent's destructors or atexit.
+        unsafe { libc::_exit(if ok { secs } else { 101 }) };
+    }
+    let mut status = 0;
+    let t0 = Instant::now();
+    // SAFETY: reaps our own child.
+    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+        if t0.elapsed() > BOUND {
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+            panic!("{mode:?}: the child still runs after {BOUND:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(libc::WIFEXITED(status), "{mode:?}: the child died: status {status:#x}");
+    let code = libc::WEXITSTATUS(status);
+    assert_ne!(code, 101, "{mode:?}: the child's own pager failed or read other bytes");
+    assert!(code <= 5, "{mode:?}: the child's pager took {code} s for {WSS} bytes");
+    for i in 0..pages {
+        check_page(w, i, 1);
+    }
+}
+
+fn bounded_own(mode: FaultMode) {
+    bounded(mode, "own pager", a_fork_child_builds_its_own_pager);
+}
+
+in_both_modes!(bounded_own() => thread_mode_a_fork_child_builds_its_own_pager,
+    signal_mode_a_fork_child_builds_its_own_pager);

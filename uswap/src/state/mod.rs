@@ -252,7 +252,8 @@ mod tests {
         assert_eq!(IdleAging::parse("30"), Ok(IdleAging::Evict(Duration::from_secs(30))));
         assert_eq!(IdleAging::parse("never"), Ok(IdleAging::Observe));
         assert_eq!(IdleAging::parse("off"), Ok(IdleAging::Off));
-        for bad in ["0.5s", "-3", "abc", "10d", "", "nan"] {
+        assert_eq!(IdleAging::parse("8760h"), Ok(IdleAging::Evict(Duration::from_secs(365 * 24 * 3600))));
+        for bad in ["0.5s", "-3", "abc", "10d", "", "nan", "8761h", "20000000000000000000", "5000000000000000000h"] {
             assert!(IdleAging::parse(bad).is_err(), "{bad:?}");
         }
     }
