@@ -68,8 +68,9 @@ pub struct RunArgs {
     pub auto: Option<f64>,
     /// Idle aging: every process's pager tests its resident pages for use a few at a time
     /// (each once in 10 to 40 s); a page untouched for AGE (`120s`, `2m`) is sent to the
-    /// first device without waiting for the limit, and down a tier after AGE again. `never`
-    /// only counts idle memory (`uswap stat`'s idle line), as `--auto` does by default.
+    /// first device without waiting for the limit, and down a tier after AGE again (1 s to
+    /// a year). `never` only counts idle memory (`uswap stat`'s idle line), as `--auto` does
+    /// by default; `off` (or `0`) turns aging off, `--auto`'s counting too.
     #[arg(long, value_name = "AGE", value_parser = uswap::IdleAging::parse)]
     pub idle_age: Option<uswap::IdleAging>,
     /// Swap devices, as for `uswap bench --device` (default: a compressed pool).
@@ -576,6 +577,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         launch.keep_redis_pages();
     }
     drop(launch);
+    erase_swap_files(&args.device, limit);
     if let serde_json::Value::Object(m) = &mut summary {
         m.insert("rss_peak_bytes".into(), children_rss_peak_bytes().into());
         m.insert("wall_seconds".into(), started.elapsed().as_secs_f64().into());
@@ -682,6 +684,27 @@ fn end_stopped_tree(launch: &Launch, program_pid: u32) {
 /// Says, once the program ended, which of its processes go on (started in the background
 /// and left running, or daemonized): they keep the budget (they share its segment), but
 /// what they do from now on is in no summary, and `uswap run` does not wait for them.
+/// Empties the named swap files of the run's devices, which its processes left full of
+/// their swapped-out memory (a process's pager is not dropped at exit: the kernel takes
+/// its memory, and a file keeps what was written). Said when a file could not be.
+fn erase_swap_files(device: &str, limit_bytes: u64) {
+    let Ok(list) = uswap::DeviceConfig::parse_list(device, limit_bytes) else { return };
+    for (path, what) in list.iter().filter_map(uswap::DeviceConfig::erase_after_exit) {
+        match what {
+            Ok(uswap::backend::file::Erased::InUse) => say!(
+                "uswap run: swap file {} is still in use (a process of the program outlives it): not erased; it \
+                 holds swapped-out memory until that process ends, then delete or reuse it",
+                path.display()
+            ),
+            Err(e) => say!(
+                "uswap run: could not erase swap file {}: {e}; it may hold swapped-out memory: delete it",
+                path.display()
+            ),
+            Ok(_) => {}
+        }
+    }
+}
+
 fn say_outliving(launch: &Launch, program_pid: u32) -> bool {
     let live = tree::running(&launch.stats_dir, &launch.segment.live_pids(), program_pid);
     let pids: Vec<String> = live.iter().map(|p| p.to_string()).collect();

@@ -1925,3 +1925,32 @@ fn processes_map_the_patched_c_library(start_after: Option<&str>) {
     let mapped = counts.iter().filter(|c| **c == "1").count();
     assert!(mapped >= 5, "{mapped} of 10 processes mapped the kept code: {out}");
 }
+
+/// A named swap file keeps none of the program's memory once `uswap run` ends (docs/devices.md:
+/// "emptied ... so no swapped memory stays in it"): its processes exit without dropping their
+/// pagers, so `uswap run` erases the file. The program swapped to it (its output is the plain
+/// run's), and afterwards every byte of the file reads zero and no block of it is allocated.
+#[test]
+fn a_named_swap_file_is_erased_when_the_run_ends() {
+    let dir = tmpdir("namedswap");
+    let p = compile("randrw", &dir, &[]);
+    let swap = dir.join("swapfile");
+    let prog = [p.to_str().unwrap(), "64", "20000"];
+    let expect = plain(&prog).stdout;
+    let device = format!("file:{}:256MiB", swap.display());
+    let (o, v) = uswap_run(16, &["--device", device.as_str()], &prog, &dir);
+    assert!(o.status.success(), "{}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout, expect, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(counter(&v, "pswpout") > 1000, "the program did not swap to the file: {v}");
+    let meta = std::fs::metadata(&swap).expect("the swap file stays, emptied");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        meta.blocks(),
+        0,
+        "{} blocks of the swap file still allocated: {}",
+        meta.blocks(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let bytes = std::fs::read(&swap).unwrap();
+    assert!(bytes.iter().all(|&b| b == 0), "the swap file still holds data");
+}

@@ -343,6 +343,18 @@ impl DeviceConfig {
         }
     }
 
+    /// Empties a named swap file once the processes that used it exited without dropping
+    /// their pagers (`uswap run`'s program; a dropped device scrubs its file itself): the
+    /// file's path and what was done, for a file device naming a regular file; `None` for
+    /// the others (a pool's memory, a directory's anonymous files and a process's Redis
+    /// keys go with the process).
+    pub fn erase_after_exit(&self) -> Option<(PathBuf, std::io::Result<crate::backend::file::Erased>)> {
+        match &self.kind {
+            DeviceKind::File { path, .. } => Some((path.clone(), crate::backend::file::erase_swap_file(path))),
+            _ => None,
+        }
+    }
+
     pub(crate) fn open(&self) -> Result<Box<dyn Backend>> {
         let backend: Box<dyn Backend> = match &self.kind {
             DeviceKind::Ram { capacity_bytes } => {

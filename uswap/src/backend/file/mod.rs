@@ -186,6 +186,56 @@ impl FileBackend {
     }
 }
 
+/// What [`erase_swap_file`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Erased {
+    /// The file's whole length reads as zeros now.
+    Yes,
+    /// Another process holds the file's lock: a device still uses it. Left alone.
+    InUse,
+    /// The path names no regular file (a directory's files are anonymous and go with their
+    /// processes; a block device is the user's to erase).
+    NotAFile,
+}
+
+/// How long [`erase_swap_file`] waits for a file's lock: a process's io_uring keeps its
+/// registered file, and with it the lock, until the kernel tears the ring down, a moment
+/// after the process exited.
+const ERASE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Empties the swap file at `path` after the processes that used it are gone without
+/// dropping their pagers (`uswap run`'s program exits; only a dropped device scrubs
+/// itself): punches out its whole length, or writes zeros where the filesystem cannot punch
+/// holes. Takes the file's lock first (waiting up to [`ERASE_LOCK_WAIT`]), so a file a
+/// device still holds is left alone.
+pub fn erase_swap_file(path: &Path) -> io::Result<Erased> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(Erased::NotAFile);
+    }
+    let file = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
+    let fd = file.as_raw_fd();
+    let since = std::time::Instant::now();
+    // Bounded by the wait.
+    loop {
+        // SAFETY: plain system call on our open descriptor; the lock goes with it.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) if since.elapsed() >= ERASE_LOCK_WAIT => return Ok(Erased::InUse),
+            Some(libc::EWOULDBLOCK | libc::EINTR) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            _ => return Err(e),
+        }
+    }
+    let len = file.metadata()?.len() / PAGE_SIZE as u64 * PAGE_SIZE as u64;
+    if punch_hole(fd, 0, len).is_err() {
+        write_zeros(fd, len)?;
+    }
+    Ok(Erased::Yes)
+}
+
 /// Deallocates `len` bytes at `off` of a regular file: they read back as zero.
 fn punch_hole(fd: RawFd, off: u64, len: u64) -> io::Result<()> {
     // Bounded: only EINTR repeats, and each one is a signal delivered to this thread.
@@ -202,8 +252,8 @@ fn punch_hole(fd: RawFd, off: u64, len: u64) -> io::Result<()> {
     }
 }
 
-/// Overwrites the first `len` bytes (whole pages) of an `O_DIRECT` file with zeros: for
-/// filesystems that cannot punch holes.
+/// Overwrites the first `len` bytes (whole pages) of a file (`O_DIRECT` or not) with zeros:
+/// for filesystems that cannot punch holes.
 fn write_zeros(fd: RawFd, len: u64) -> io::Result<()> {
     const CHUNK_PAGES: usize = 256;
     let zeros = vec![AlignedPage([0; PAGE_SIZE]); CHUNK_PAGES];
