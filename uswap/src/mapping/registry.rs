@@ -12,7 +12,8 @@
 //!
 //! Invariants: a slot's `start`, `end` and `gen` are written before its pointer is published
 //! and are stable while the pointer is non-null; a non-null pointer came from
-//! `Arc::into_raw` and stays valid while the slot's user count is non-zero.
+//! `Arc::into_raw` and stays valid while the slot's user count is non-zero. Once a process
+//! inserts, every entry is its own: a fork child's first `insert` forgets the parent's.
 
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,6 +45,10 @@ pub struct Registry<T, const N: usize> {
     /// Slots `0..high` have been used at least once: the scan bound of `find_preferring`.
     high: AtomicUsize,
     writers: Mutex<()>,
+    /// The process whose `insert`s filled the table (0: none yet). A fork child inherits
+    /// its parent's table; its first `insert` lets the parent's entries go, or they would be
+    /// found first for the child's own regions where the ranges meet.
+    owner_pid: AtomicU32,
 }
 
 /// A reference to a registered value, valid while the guard lives.
@@ -75,13 +80,23 @@ impl<T, const N: usize> Default for Registry<T, N> {
 
 impl<T, const N: usize> Registry<T, N> {
     pub const fn new() -> Self {
-        Registry { slots: [const { Slot::new() }; N], high: AtomicUsize::new(0), writers: Mutex::new(()) }
+        Registry {
+            slots: [const { Slot::new() }; N],
+            high: AtomicUsize::new(0),
+            writers: Mutex::new(()),
+            owner_pid: AtomicU32::new(0),
+        }
     }
 
     /// Registers `value` for addresses `[start, end)`. Returns its slot index and generation,
     /// or `None` when all `N` slots are taken.
     pub fn insert(&self, start: usize, end: usize, value: Arc<T>) -> Option<(usize, u32)> {
         let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        if self.owner_pid.load(Ordering::SeqCst) != std::process::id() {
+            // A fork child's first region: the entries are the parent's (a child that re-arms
+            // has let them go already, and this finds nothing more to forget).
+            self.forget_all_in_fork_child();
+        }
         let idx = self.slots.iter().position(|s| s.value.load(Ordering::SeqCst).is_null())?;
         let s = &self.slots[idx];
         let gen = s.gen.load(Ordering::Relaxed).wrapping_add(1);
@@ -198,7 +213,7 @@ impl<T, const N: usize> Registry<T, N> {
     /// In a fork child, before anything else reads the registry: lets go of every entry
     /// without dropping it. The entries are the parent's; their values may refer to threads
     /// and descriptors the child does not have, so they are leaked, never dropped. The
-    /// caller holds the writer lock (`lock_writers`, taken before the fork).
+    /// caller holds the writer lock (`lock_writers`, taken before the fork, or `insert`'s).
     pub fn forget_all_in_fork_child(&self) {
         let high = self.high.load(Ordering::Acquire);
         for s in &self.slots[..high] {
@@ -208,6 +223,7 @@ impl<T, const N: usize> Registry<T, N> {
             // Readers that held it were the parent's other threads, which the child lacks.
             s.users.store(0, Ordering::SeqCst);
         }
+        self.owner_pid.store(std::process::id(), Ordering::SeqCst);
     }
 
     /// Calls `f` on every registered value (for scans that are not on the fault path).
