@@ -1705,7 +1705,8 @@ fn sigterm_to_uswap_run_goes_on_to_the_program() {
 }
 
 /// A device list that does not parse, a file device that cannot be opened, a Redis server
-/// that does not answer, and a `--stats-json` that cannot be written, are refused before the
+/// that does not answer, a device too small for one cluster (or a pool's cap for one chunk),
+/// and a `--stats-json` that cannot be written, are refused before the
 /// program starts (the first was said by every process of the tree; the devices were found
 /// out when a pager first started, which with lazy start may be after the program's work,
 /// and the run then failed; the last once the program had run).
@@ -1716,6 +1717,9 @@ fn bad_devices_and_stats_paths_are_refused_before_the_program_starts() {
         (&["--device", "file:/nonexistent/dir/swap"][..], "swap device /nonexistent/dir/swap: no such file"),
         (&["--device", "zpool,file:/dev/null"][..], "swap device /dev/null: it is a character device"),
         (&["--device", "redis://127.0.0.1:1"][..], "redis device 127.0.0.1:1: no seed is a reachable primary"),
+        (&["--device", "ram:1MiB"][..], "swap device ram: capacity of 1048576 bytes is below one cluster"),
+        (&["--device", "file:/var/tmp:4KiB"][..], "swap device file: capacity of 4096 bytes is below one cluster"),
+        (&["--device", "zpool:1KiB"][..], "swap device zpool: compressed pool cap of 1024 bytes is below one chunk"),
         (&["--stats-json", "/nonexistent/dir/stats.json"][..], "cannot write /nonexistent/dir/stats.json"),
     ] {
         let o = uswap(&[&["run", "--limit", "64MiB"], opts, &["--", "echo", "ran"]].concat(), None);

@@ -331,15 +331,19 @@ impl DeviceConfig {
         Ok(nr_clusters * SWAPFILE_CLUSTER as u64)
     }
 
-    /// Checks, without making the device, what would keep it from opening: a file device's
-    /// path (see [`crate::backend::file::check_path`]), a Redis device's servers. `uswap run`
-    /// calls it before the program runs: the pagers that open the devices start later, in
-    /// each process that needs one. The others have nothing to check before they are made.
+    /// Checks, without making the device, what would keep it from opening: its size (one
+    /// cluster at least; a pool's cap, one chunk), a file device's path (see
+    /// [`crate::backend::file::check_path`]), a Redis device's servers. `uswap run` calls it
+    /// before the program runs: the pagers that open the devices start later, in each
+    /// process that needs one, and would each fail there.
     pub fn check_usable(&self) -> Result<()> {
+        self.whole_clusters(self.capacity_bytes())?;
         match &self.kind {
             DeviceKind::File { path, .. } => Ok(crate::backend::file::check_path(path)?),
             DeviceKind::Redis { opts, .. } => Ok(RedisBackend::check(opts)?),
-            DeviceKind::Ram { .. } | DeviceKind::Zpool { .. } => Ok(()),
+            DeviceKind::Zpool { cap_bytes, .. } => crate::backend::zpool::check_cap(*cap_bytes)
+                .map_err(|e| Error::Device { name: "zpool".into(), why: e.to_string() }),
+            DeviceKind::Ram { .. } => Ok(()),
         }
     }
 

@@ -265,19 +265,27 @@ pub(super) struct Allocator {
     share: OnceLock<PoolShare>,
 }
 
+/// Whether a pool may be capped at `cap_bytes`: one chunk at least, and no more chunks than
+/// a handle can name.
+pub fn check_cap(cap_bytes: u64) -> Result<(), ZpoolError> {
+    if cap_bytes < CHUNK_BYTES as u64 {
+        return Err(ZpoolError::CapTooSmall { cap_bytes, min_bytes: CHUNK_BYTES as u64 });
+    }
+    let nr_chunks = cap_bytes.div_ceil(CHUNK_BYTES as u64) + NR_CLASSES as u64;
+    if nr_chunks >= MAX_CHUNKS {
+        let max_bytes = (MAX_CHUNKS - NR_CLASSES as u64 - 1) * CHUNK_BYTES as u64;
+        return Err(ZpoolError::CapTooLarge { cap_bytes, max_bytes });
+    }
+    Ok(())
+}
+
 impl Allocator {
     /// An arena for a pool capped at `cap_bytes`: room for the cap plus one partly used
     /// chunk per size class, mapped but not populated.
     pub(super) fn new(cap_bytes: u64) -> Result<Allocator, ZpoolError> {
-        if cap_bytes < CHUNK_BYTES as u64 {
-            return Err(ZpoolError::CapTooSmall { cap_bytes, min_bytes: CHUNK_BYTES as u64 });
-        }
+        check_cap(cap_bytes)?;
         // Room for the cap plus one partly used chunk per size class.
         let nr_chunks = (cap_bytes as usize).div_ceil(CHUNK_BYTES) + NR_CLASSES;
-        if nr_chunks as u64 >= MAX_CHUNKS {
-            let max_bytes = (MAX_CHUNKS - NR_CLASSES as u64 - 1) * CHUNK_BYTES as u64;
-            return Err(ZpoolError::CapTooLarge { cap_bytes, max_bytes });
-        }
         let arena_bytes = nr_chunks * CHUNK_BYTES;
         let map_err = |source| ZpoolError::Map { bytes: arena_bytes as u64, source };
         let arena =

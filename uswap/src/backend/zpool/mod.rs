@@ -63,7 +63,7 @@ mod allocator;
 mod codec;
 mod config;
 
-pub use allocator::CHUNK_BYTES;
+pub use allocator::{check_cap, CHUNK_BYTES};
 
 /// Room in the pool's chunks (bytes not in objects) past which `trim` looks for classes
 /// to compact: a 64th of the pool, and at least 1 MiB. Part of the room is each chunk's
