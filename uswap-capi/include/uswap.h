@@ -461,6 +461,12 @@ typedef struct uswap_stats {
      */
     uint64_t device_writes;
     uint64_t device_write_us;
+    /**
+     * Pages read back from a device soon enough after they left to count as part of the
+     * working set (their refault distance within the pages on the LRU): spared once by
+     * reclaim.
+     */
+    uint64_t workingset_activate;
 } uswap_stats;
 
 #ifdef __cplusplus

@@ -204,6 +204,10 @@ pub struct uswap_stats {
     /// Device write calls (swap-outs and tier writeback) and the time they took.
     pub device_writes: u64,
     pub device_write_us: u64,
+    /// Pages read back from a device soon enough after they left to count as part of the
+    /// working set (their refault distance within the pages on the LRU): spared once by
+    /// reclaim.
+    pub workingset_activate: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -298,7 +302,8 @@ impl uswap_stats {
             device_reads,
             device_read_us,
             device_writes,
-            device_write_us;
+            device_write_us,
+            workingset_activate;
         left_out: devices, fault_latency_us, publish, stall, idle, bounce_wait_timeout;
         derived:
             pool_wait_timeout: s.bounce_wait_timeout,

@@ -11,6 +11,14 @@
 //! so spared moves to `active`). Staged pages wait on the swap cache's own queue
 //! (`crate::swap::SwapCache`), not here.
 //!
+//! A page that faults back from a device is marked referenced too when its refault
+//! distance says it belongs to the working set (the kernel's `workingset_refault`,
+//! mm/workingset.c): the pages that left after it ([`Lru::note_evicted`]'s clock, read
+//! into its slot's stamp when it left) are no more than the pages on the LRU, so it would
+//! have stayed had there been room for that many more. What this protects is the pages a
+//! program uses often but not in order, which a FIFO evicts as readily as the pages it
+//! used once: a server's index pages among its values (each lookup reads one of each).
+//!
 //! How many of the pages reclaim staged fault back from the swap cache (the kernel's
 //! refault signal, over a window of recent stagings: [`Lru::note_staged`],
 //! [`Lru::note_returned`]) tells whether the FIFO's head holds cold pages. While it does,
@@ -21,13 +29,14 @@
 //!
 //! Locking: none; the FIFOs are lock-free rings ([`Fifo`]) that allocate nothing, so a
 //! SIGBUS handler may queue a page; the refault window is two relaxed counters, racy on
-//! purpose (a count lost when the window halves changes a heuristic, nothing else).
+//! purpose (a count lost when the window halves changes a heuristic, nothing else); the
+//! eviction clock is one atomic counter that wraps (distances are taken modulo 2^32).
 //! Invariants: an entry is a packed [`PageRef`] with the page's generation when queued, so
 //! an entry left behind by a page that moved on since is recognised (and dropped) when
 //! popped; a resident page has at most one live entry, or none after a full FIFO refused it
 //! (counted in `lru_overflow`, and found again by `reclaim::swapout`'s scan).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use crate::fifo::Fifo;
 use crate::page_table::PageRef;
@@ -53,6 +62,9 @@ pub(crate) struct Lru {
     /// [`REFAULT_WINDOW_PAGES`] or so stagings (both halve when the window fills).
     staged_window: AtomicUsize,
     returned_window: AtomicUsize,
+    /// Pages that left their regions by reclaim or aging, wrapping: the eviction clock
+    /// (the kernel's `nonresident_age`).
+    evictions: AtomicU32,
 }
 
 /// Stagings the refault ratio is taken over: about a second of heavy reclaim.
@@ -69,7 +81,22 @@ impl Lru {
             streamed_rounds_left: AtomicUsize::new(0),
             staged_window: AtomicUsize::new(0),
             returned_window: AtomicUsize::new(0),
+            evictions: AtomicU32::new(0),
         }
+    }
+
+    /// `n` pages leave their regions: advances the eviction clock. Returns the reading to
+    /// stamp them with.
+    pub fn note_evicted(&self, n: usize) -> u32 {
+        self.evictions.fetch_add(n as u32, Ordering::Relaxed).wrapping_add(n as u32)
+    }
+
+    /// Whether a page that left when the eviction clock read `left_at` and faults back now
+    /// belongs to the working set: the pages that left after it are no more than those on
+    /// the LRU (its refault distance; the kernel compares it with its LRUs' size too).
+    pub fn refault_in_workingset(&self, left_at: u32) -> bool {
+        let distance = self.evictions.load(Ordering::Relaxed).wrapping_sub(left_at);
+        (distance as usize) <= self.active.len() + self.streamed.len()
     }
 
     /// Reclaim staged `n` pages (victims and the neighbours they took).
@@ -211,5 +238,27 @@ mod tests {
         }
         assert!(l.victims_are_cold(), "{:?}", (l.staged_window, l.returned_window));
         assert!(l.staged_window.load(Ordering::Relaxed) < 2 * REFAULT_WINDOW_PAGES, "bounded");
+    }
+
+    #[test]
+    fn a_refault_is_in_the_working_set_while_its_distance_fits_the_lru() {
+        let l = lru();
+        let stats = PerCpuStats::new(1);
+        for page in 0..10 {
+            l.add(PageRef { region_idx: 0, region_gen: 0, page_gen: 0, page }, &stats);
+        }
+        let left_at = l.note_evicted(1);
+        assert!(l.refault_in_workingset(left_at), "nothing left after it");
+        l.note_evicted(10);
+        assert!(l.refault_in_workingset(left_at), "10 left after it, 10 on the LRU");
+        l.note_evicted(1);
+        assert!(!l.refault_in_workingset(left_at), "11 left after it");
+        // The clock wraps; distances do not.
+        l.evictions.store(u32::MAX - 2, Ordering::Relaxed);
+        let left_at = l.note_evicted(1);
+        l.note_evicted(5);
+        assert!(l.refault_in_workingset(left_at));
+        l.note_evicted(6);
+        assert!(!l.refault_in_workingset(left_at));
     }
 }

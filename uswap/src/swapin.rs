@@ -434,6 +434,17 @@ fn map_runs(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &mut [It
     m
 }
 
+/// Whether the page of `entry`, read back for the fault, left so recently that it belongs to
+/// the working set (`crate::lru`, "refault distance"): then reclaim spares it once. Counted.
+fn refault_in_workingset(cx: &SwapIn<'_>, entry: SwapEntry) -> bool {
+    let left = cx.devices.device(entry).stamp_of(entry.offset());
+    let activate = left.is_some_and(|s| cx.lru.refault_in_workingset(s.eviction));
+    if activate {
+        cx.stats.inc(Counter::WorkingsetActivate);
+    }
+    activate
+}
+
 /// Publishes the window: mapped pages become resident (clean ones keep their slot, the
 /// others' slots are freed) and join the LRU; the others go back as they were, uncharged.
 /// Returns the pages mapped by readahead, and those of them read asynchronously.
@@ -449,6 +460,8 @@ fn publish(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) 
             }
             continue;
         }
+        // Read before the slot goes or is unstamped: how the page left.
+        let activate = it.faulting && refault_in_workingset(cx, it.entry());
         let new = if !keep_clean(cx, f, it) {
             cx.devices.free(it.entry(), f.route.lock_free());
             it.pte.next(PageState::Resident, None)
@@ -472,7 +485,7 @@ fn publish(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) 
             nr_ra += 1;
             new.with_readahead()
         };
-        let new = new.with_referenced(false);
+        let new = new.with_referenced(activate);
         region.store(it.page, new);
         cx.lru.add_mapped(f.page_ref(set, it, new), it.faulting, items.len(), cx.stats);
     }

@@ -400,7 +400,7 @@ fn tier_down_from(cx: &Reclaim<'_>, dev: &SwapDevice, cursor: &mut u64, cut: Epo
         for slot in from..end {
             *cursor = slot + 1;
             seen += 1;
-            let idle = dev.stamp_of(slot).is_some_and(|e| e <= cut);
+            let idle = dev.stamp_of(slot).is_some_and(|s| s.epoch <= cut);
             if idle && dev.slot_info(slot).is_some_and(|i| !i.cached) {
                 batch[n] = slot;
                 n += 1;

@@ -36,7 +36,7 @@ use crate::mapping::DiscardBatch;
 use crate::region::{PageRef, PageState, RegionSet, REGIONS};
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
-use crate::swap::idle_ages::Epoch;
+use crate::swap::idle_ages::{Epoch, Stamp};
 use crate::swap::{SwapDevice, SwapEntry};
 use crate::uffd::{RangeResult, PAGE_SIZE};
 
@@ -175,9 +175,10 @@ fn publish_clean_run(
     now: Epoch,
 ) -> usize {
     let region = &guards.g[run[0].gi];
+    let left = Stamp::new(now, cx.lru.note_evicted(done));
     for (k, v) in run.iter().enumerate() {
         if k < done {
-            cx.devices.device(v.pte.entry()).stamp(v.pte.entry().offset(), now);
+            cx.devices.device(v.pte.entry()).stamp(v.pte.entry().offset(), left);
             region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
         } else {
             // Refused (read-only after mprotect, or gone: an event settles it) or not
@@ -327,7 +328,10 @@ fn stage_moved(
         cx.stats.inc(Counter::SwpoutZero);
         return 1;
     }
-    cx.swap_cache.insert(dev, e.offset());
+    // The eviction clock counts the pages reclaim pushes out, not the idle ones the aging
+    // scan moves (which compete with nothing): those are stamped with its reading.
+    let nr_evicted = usize::from(by != Stager::Aging);
+    cx.swap_cache.insert(dev, e.offset(), cx.lru.note_evicted(nr_evicted));
     let new = v.pte.next(PageState::Cached, Some(e)).with_referenced(false);
     let new = if by == Stager::Aging {
         new.with_aged()
@@ -467,7 +471,7 @@ fn written(
         let v = &victims[k];
         let (old, new) = (v.pte.entry(), targets[k]);
         let left = sdev.stamp_of(old.offset());
-        aged += (v.pte.aged() && left.is_some_and(|e| e >= cohort)) as u64;
+        aged += (v.pte.aged() && left.is_some_and(|s| s.epoch >= cohort)) as u64;
         let dev = cx.devices.device(new);
         dev.set_checksum(new.offset(), crc);
         if new == old {
@@ -478,8 +482,8 @@ fn written(
             sdev.forget_slot(old.offset());
             to_free.push(old.bits());
             dev.set_owner(new.offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
-            if let Some(e) = left {
-                dev.stamp(new.offset(), e);
+            if let Some(s) = left {
+                dev.stamp(new.offset(), s);
             }
         }
         guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(new)));

@@ -67,7 +67,7 @@ pub(super) enum Take {
 
 /// Whether the staged page `pte` left its region after epoch `cut`.
 fn staged_after(cx: &Reclaim<'_>, pte: Pte, cut: Epoch) -> bool {
-    cx.devices.device(pte.entry()).stamp_of(pte.entry().offset()).is_some_and(|e| e > cut)
+    cx.devices.device(pte.entry()).stamp_of(pte.entry().offset()).is_some_and(|s| s.epoch > cut)
 }
 
 /// Whether the swap cache's oldest page left its region after epoch `cut` (a hint, as the
@@ -194,7 +194,11 @@ pub(super) fn pop_victims(
             requeue(cx, from, r);
             break;
         }
-        if !src.inactive && pte.referenced() {
+        // A clean page is not spared, referenced or not (until its first write): it leaves
+        // without a write or a new slot, the room reclaim can still make when the devices
+        // are full (spared, a full device's rounds found only pages that need a slot, and
+        // the limit was overrun with slots free).
+        if !src.inactive && pte.referenced() && !pte.clean() {
             spare_referenced(cx, region, r, pte);
             continue;
         }

@@ -158,8 +158,8 @@ fn move_down(
                 tdev.set_checksum(targets[j].offset(), crc32c::crc32c(&buf[j].0));
                 tdev.set_owner(targets[j].offset(), guards.page_ref(v.gi, v.page, v.pte).owner());
                 // Down a tier, still untouched since it left its region.
-                if let Some(e) = dev.stamp_of(v.pte.entry().offset()) {
-                    tdev.stamp(targets[j].offset(), e);
+                if let Some(s) = dev.stamp_of(v.pte.entry().offset()) {
+                    tdev.stamp(targets[j].offset(), s);
                 }
                 guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(targets[j])));
                 dev.forget_slot(v.pte.entry().offset());

@@ -32,8 +32,12 @@ pub(crate) enum Counter {
     PgstealBackground,
     /// Pages moved out of regions into the swap cache by direct reclaim.
     PgstealDirect,
-    /// Victims spared because they were referenced (faulted back from the swap cache).
+    /// Victims spared because they were referenced (faulted back from the swap cache, or
+    /// from a device within the working set).
     Pgactivate,
+    /// Pages read back from a device whose refault distance put them in the working set:
+    /// marked referenced (the kernel's `workingset_activate_anon`).
+    WorkingsetActivate,
     /// Times an allocation at the limit had to reclaim directly.
     Allocstall,
     /// Swap-outs that found no free slot on any device; the page stayed resident.
@@ -234,6 +238,7 @@ impl PerCpuStats {
         s.pgsteal_background = self.sum(PgstealBackground);
         s.pgsteal_direct = self.sum(PgstealDirect);
         s.pgactivate = self.sum(Pgactivate);
+        s.workingset_activate = self.sum(WorkingsetActivate);
         s.allocstall = self.sum(Allocstall);
         s.swap_alloc_fail = self.sum(SwapAllocFail);
         s.limit_overrun = self.sum(LimitOverrun);

@@ -81,8 +81,13 @@ pub struct Stats {
     /// Pages moved out of regions by the background reclaimer / by direct reclaim.
     pub pgsteal_background: u64,
     pub pgsteal_direct: u64,
-    /// Victims given a second chance because they had faulted back from the swap cache.
+    /// Victims given a second chance because they had faulted back from the swap cache, or
+    /// from a device within the working set (`workingset_activate`).
     pub pgactivate: u64,
+    /// Pages read back from a device soon enough after they left to count as part of the
+    /// working set (their refault distance no more than the pages on the LRU): spared once
+    /// by reclaim (`crate::lru`).
+    pub workingset_activate: u64,
     /// Resident pages the aging scan moved to the swap cache to see whether they are still
     /// used (see [`crate::IdleAging`]).
     pub pgdeactivate: u64,
@@ -524,6 +529,7 @@ impl Stats {
             pgsteal_background,
             pgsteal_direct,
             pgactivate,
+            workingset_activate,
             pgdeactivate,
             swpout_idle,
             writeback_idle,

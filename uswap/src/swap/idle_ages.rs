@@ -58,6 +58,33 @@ pub fn epochs_of_secs(secs: u64) -> u64 {
     secs * EPOCHS_PER_S
 }
 
+/// What a slot's stamp says of its page's leaving: the epoch (for the idle ages) and the
+/// reading of its pager's eviction clock (for the refault distance, `crate::lru`). Stored as
+/// one word, the epoch in the low 32 bits (34 years of 250 ms epochs), the clock above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub epoch: Epoch,
+    pub eviction: u32,
+}
+
+impl Stamp {
+    pub fn new(epoch: Epoch, eviction: u32) -> Stamp {
+        assert!(epoch != 0 && epoch <= u64::from(u32::MAX), "epoch {epoch} out of a stamp's range");
+        Stamp { epoch, eviction }
+    }
+
+    /// The word a slot stores: never 0 (an epoch is never 0).
+    pub fn pack(self) -> u64 {
+        self.epoch | u64::from(self.eviction) << 32
+    }
+
+    /// The stamp of a stored word; `None` for 0, no stamp.
+    pub fn unpack(word: u64) -> Option<Stamp> {
+        let epoch = word & u64::from(u32::MAX);
+        (epoch != 0).then_some(Stamp { epoch, eviction: (word >> 32) as u32 })
+    }
+}
+
 /// Pages out of their regions counted by the epoch they left in.
 pub struct IdleAges {
     ring: Box<[AtomicI64]>,

@@ -227,9 +227,9 @@ impl SwapDevice {
         self.table.set_owner(slot, owner);
     }
 
-    /// The page of slot `slot` left its region in epoch `e` (see `idle_ages`).
-    pub fn stamp(&self, slot: u64, e: idle_ages::Epoch) {
-        self.table.stamp(slot, e);
+    /// The page of slot `slot` left its region as `s` says (see `idle_ages`).
+    pub fn stamp(&self, slot: u64, s: idle_ages::Stamp) {
+        self.table.stamp(slot, s);
     }
 
     /// The page of slot `slot` is mapped again, keeping its slot (a clean page).
@@ -238,7 +238,7 @@ impl SwapDevice {
     }
 
     /// When the page of slot `slot` left its region, if it is out.
-    pub fn stamp_of(&self, slot: u64) -> Option<idle_ages::Epoch> {
+    pub fn stamp_of(&self, slot: u64) -> Option<idle_ages::Stamp> {
         self.table.stamp_of(slot)
     }
 

@@ -55,12 +55,13 @@ impl SwapCache {
 
     /// The page just moved into the staging page of slot `offset` of `dev` is staged: marks
     /// its slot, stamps it with the moment it left its region (see `super::idle_ages`) and
-    /// counts it. The caller queues it with [`SwapCache::push`] once its page table word
-    /// says so (a reclaimer popping it earlier would take it for stale).
-    pub fn insert(&self, dev: &SwapDevice, offset: u64) {
+    /// the eviction clock's reading `eviction` (`crate::lru`), and counts it. The caller
+    /// queues it with [`SwapCache::push`] once its page table word says so (a reclaimer
+    /// popping it earlier would take it for stale).
+    pub fn insert(&self, dev: &SwapDevice, offset: u64, eviction: u32) {
         debug_assert_eq!(dev.table.lookup(offset).map(|i| i.cached), Some(false));
         dev.table.set_cached(offset, true);
-        dev.table.stamp(offset, super::idle_ages::now_epoch());
+        dev.table.stamp(offset, super::idle_ages::Stamp::new(super::idle_ages::now_epoch(), eviction));
         self.nr_pages.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -134,7 +135,7 @@ mod tests {
         assert_eq!(cache.move_in(dev, e[0].offset(), src.addr(), 2 * PAGE_SIZE), RangeResult::Done);
         for (k, (e, byte)) in e.iter().zip([0xa5u8, 0x5a]).enumerate() {
             dev.table.set_owner(e.offset(), 40 + k as u64);
-            cache.insert(dev, e.offset());
+            cache.insert(dev, e.offset(), 0);
             assert_eq!(dev.table.lookup(e.offset()).map(|i| (i.owner, i.cached)), Some((40 + k as u64, true)));
             let mut staged = [0u8; PAGE_SIZE];
             dev.staging.read(e.offset() as usize * PAGE_SIZE, &mut staged);

@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::cluster_allocator::SWAPFILE_CLUSTER;
-use super::idle_ages::{Epoch, IdleAges};
+use super::idle_ages::{IdleAges, Stamp};
 use crate::mapping::AtomicTable;
 
 /// Bit of an entry meaning "contents staged in RAM" (`SWAP_HAS_CACHE`).
@@ -35,7 +35,7 @@ pub const OWNER_BITS: u32 = 62;
 /// 48 GiB pool 100 MB and 50 ms in every process).
 pub struct SwapTable {
     slots: AtomicTable,
-    /// The epoch each slot's page left its region in (0: none), lazily zero as `slots`.
+    /// Each slot's page's [`Stamp`] (packed; 0: none), lazily zero as `slots`.
     stamps: AtomicTable,
     /// The stamps, counted by epoch.
     pub ages: IdleAges,
@@ -82,28 +82,26 @@ impl SwapTable {
         self.slot(offset).store(0, Ordering::Release);
     }
 
-    /// The slot's page left its region in epoch `e` (replaces any earlier stamp).
-    pub fn stamp(&self, offset: u64, e: Epoch) {
-        debug_assert!(e != 0);
-        let old = self.stamps[offset as usize].swap(e, Ordering::AcqRel);
-        if old != 0 {
-            self.ages.remove(old);
+    /// The slot's page left its region as `s` says (replaces any earlier stamp).
+    pub fn stamp(&self, offset: u64, s: Stamp) {
+        let old = self.stamps[offset as usize].swap(s.pack(), Ordering::AcqRel);
+        if let Some(old) = Stamp::unpack(old) {
+            self.ages.remove(old.epoch);
         }
-        self.ages.add(e);
+        self.ages.add(s.epoch);
     }
 
     /// The slot's page is in its region again (or the slot goes): no longer idle.
     pub fn unstamp(&self, offset: u64) {
         let old = self.stamps[offset as usize].swap(0, Ordering::AcqRel);
-        if old != 0 {
-            self.ages.remove(old);
+        if let Some(old) = Stamp::unpack(old) {
+            self.ages.remove(old.epoch);
         }
     }
 
-    /// The epoch the slot's page left its region in, if it is out.
-    pub fn stamp_of(&self, offset: u64) -> Option<Epoch> {
-        let e = self.stamps[offset as usize].load(Ordering::Acquire);
-        (e != 0).then_some(e)
+    /// How the slot's page left its region, if it is out.
+    pub fn stamp_of(&self, offset: u64) -> Option<Stamp> {
+        Stamp::unpack(self.stamps[offset as usize].load(Ordering::Acquire))
     }
 
     pub fn lookup(&self, offset: u64) -> Option<SlotInfo> {
@@ -135,13 +133,14 @@ mod tests {
         let c = SwapTable::new(2).unwrap();
         let now = super::super::idle_ages::now_epoch();
         c.set_owner(5, 1);
-        c.stamp(5, now - 100);
+        c.stamp(5, Stamp::new(now - 100, u32::MAX));
         c.set_owner(6, 2);
-        c.stamp(6, now);
-        assert_eq!(c.stamp_of(5), Some(now - 100));
+        c.stamp(6, Stamp::new(now, 7));
+        assert_eq!(c.stamp_of(5), Some(Stamp { epoch: now - 100, eviction: u32::MAX }));
+        assert_eq!(c.stamp_of(6).map(|s| s.eviction), Some(7));
         assert_eq!(c.ages.histogram(now), [1, 1, 0, 0]);
         // Stamped again (moved to another tier and back): counted once, by the new stamp.
-        c.stamp(5, now - 50);
+        c.stamp(5, Stamp::new(now - 50, 3));
         assert_eq!(c.ages.total(), 2);
         c.unstamp(6);
         assert_eq!(c.stamp_of(6), None);
