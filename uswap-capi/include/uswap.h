@@ -464,7 +464,7 @@ typedef struct uswap_stats {
     /**
      * Pages read back from a device soon enough after they left to count as part of the
      * working set (their refault distance within the pages on the LRU): spared once by
-     * reclaim.
+     * reclaim (a clean one once it has been written).
      */
     uint64_t workingset_activate;
 } uswap_stats;

@@ -206,7 +206,7 @@ pub struct uswap_stats {
     pub device_write_us: u64,
     /// Pages read back from a device soon enough after they left to count as part of the
     /// working set (their refault distance within the pages on the LRU): spared once by
-    /// reclaim.
+    /// reclaim (a clean one once it has been written).
     pub workingset_activate: u64,
 }
 

@@ -435,14 +435,10 @@ fn map_runs(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &mut [It
 }
 
 /// Whether the page of `entry`, read back for the fault, left so recently that it belongs to
-/// the working set (`crate::lru`, "refault distance"): then reclaim spares it once. Counted.
+/// the working set (`crate::lru`, "refault distance"): then reclaim spares it once.
 fn refault_in_workingset(cx: &SwapIn<'_>, entry: SwapEntry) -> bool {
     let left = cx.devices.device(entry).stamp_of(entry.offset());
-    let activate = left.is_some_and(|s| cx.lru.refault_in_workingset(s.eviction));
-    if activate {
-        cx.stats.inc(Counter::WorkingsetActivate);
-    }
-    activate
+    left.is_some_and(|s| cx.lru.refault_in_workingset(s.eviction))
 }
 
 /// Publishes the window: mapped pages become resident (clean ones keep their slot, the
@@ -461,7 +457,7 @@ fn publish(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) 
             continue;
         }
         // Read before the slot goes or is unstamped: how the page left.
-        let activate = it.faulting && refault_in_workingset(cx, it.entry());
+        let in_workingset = it.faulting && refault_in_workingset(cx, it.entry());
         let new = if !keep_clean(cx, f, it) {
             cx.devices.free(it.entry(), f.route.lock_free());
             it.pte.next(PageState::Resident, None)
@@ -485,7 +481,12 @@ fn publish(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) 
             nr_ra += 1;
             new.with_readahead()
         };
-        let new = new.with_referenced(activate);
+        // Referenced clean too: reclaim spares it only once it is written (`reclaim::victims`:
+        // a clean page leaves without a write), as thread mode's read-then-write pages are.
+        if in_workingset {
+            cx.stats.inc(Counter::WorkingsetActivate);
+        }
+        let new = new.with_referenced(in_workingset);
         region.store(it.page, new);
         cx.lru.add_mapped(f.page_ref(set, it, new), it.faulting, items.len(), cx.stats);
     }

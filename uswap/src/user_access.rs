@@ -77,9 +77,11 @@ fn for_each_region_in(start: usize, end: usize, mut f: impl FnMut(&RegistryGuard
     }
 }
 
-/// A page a system call is about to use: referenced, so that reclaim spares it (as a victim
-/// once, and as the neighbour of one) until the call has used it, and no longer read ahead
-/// and unused (the call is its use). Best effort: a page that changed meanwhile is left.
+/// A page a system call is about to use: referenced, so that reclaim spares it (as the
+/// neighbour of a victim, and as a victim once unless it is clean: a clean page leaves
+/// without a write, and the kernel's use faults it back) until the call has used it, and no
+/// longer read ahead and unused (the call is its use). Best effort: a page that changed
+/// meanwhile is left.
 fn mark_used_by_kernel(region: &RegionInner, page: usize) {
     let pte = region.load(page);
     if pte.state() != PageState::Resident || pte.busy() || (pte.referenced() && !pte.readahead()) {

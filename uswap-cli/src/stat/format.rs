@@ -65,7 +65,7 @@ fn help(field: &str) -> Option<&'static str> {
         "pgsteal_background" => "Pages reclaimed by the background reclaimer.",
         "pgsteal_direct" => "Pages reclaimed directly by faulting threads.",
         "pgactivate" => "Reclaim victims given a second chance.",
-        "workingset_activate" => "Pages read back soon enough after they left to count as the working set (spared once by reclaim).",
+        "workingset_activate" => "Pages read back soon enough after they left to count as the working set (spared once by reclaim; a clean one once written).",
         "pgdeactivate" => "Resident pages the aging scan moved to the swap cache to see whether they are still used.",
         "swpout_idle" => "Staged pages written out because they were idle for the idle age.",
         "pgfault_aged" => "Swap-cache hits on pages the aging scan staged: pages found still in use (not stalls).",

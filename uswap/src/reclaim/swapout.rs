@@ -76,7 +76,7 @@ pub(super) fn shrink_active(cx: &Reclaim<'_>, nr: usize, by: Stager) -> Shrunk {
     }
     assert!(victims.len() <= nr.min(BATCH));
     victims.sort_unstable_by_key(|v| (v.gi, v.page));
-    let (dropped, mut refused) = drop_clean(cx, &guards, &victims);
+    let (dropped, mut refused) = drop_clean(cx, by, &guards, &victims);
     victims.retain(|v| !v.pte.clean());
     if victims.is_empty() {
         return Shrunk { moved: dropped, uncharged: dropped, refused, pinned: nr_pinned };
@@ -96,7 +96,7 @@ pub(super) fn shrink_active(cx: &Reclaim<'_>, nr: usize, by: Stager) -> Shrunk {
 /// pages do, into their own slot's staging page, which is then dropped: `MADV_DONTNEED` on
 /// the region itself would send a REMOVE event (see `events`). Runs of consecutive pages
 /// with consecutive slots move with one call. Returns the pages dropped and refused.
-fn drop_clean(cx: &Reclaim<'_>, guards: &RegionSet, victims: &[Victim]) -> (usize, usize) {
+fn drop_clean(cx: &Reclaim<'_>, by: Stager, guards: &RegionSet, victims: &[Victim]) -> (usize, usize) {
     let (mut dropped, mut refused) = (0, 0);
     // Moved first, every run; their staging pages are then dropped with one TLB flush (see
     // `DiscardBatch`), and only then are the pages published as swapped: a page that faults
@@ -106,7 +106,7 @@ fn drop_clean(cx: &Reclaim<'_>, guards: &RegionSet, victims: &[Victim]) -> (usiz
     discards.flush();
     let now = crate::swap::idle_ages::now_epoch();
     for &(i, j, done, r) in &clean_runs {
-        refused += publish_clean_run(cx, guards, &victims[i..j], done, r, now);
+        refused += publish_clean_run(cx, by, guards, &victims[i..j], done, r, now);
         dropped += done;
     }
     cx.stats.add(Counter::SwpoutClean, dropped as u64);
@@ -162,12 +162,13 @@ fn move_clean_runs(
     clean_runs
 }
 
-/// Publishes a run of clean victims (`run`, all of one region) once their staging pages are
-/// dropped: the first `done`, moved, are swapped (stamped `now`) and uncharged; the others
+/// Publishes a run of clean victims (`run`, all of one region, staged `by`) once their
+/// staging pages are dropped: the first `done`, moved, are swapped (stamped `now`) and uncharged; the others
 /// stay resident and clean, back on the LRU. `r`: what the move said. Returns 1 when the
 /// move was refused (counted), else 0.
 fn publish_clean_run(
     cx: &Reclaim<'_>,
+    by: Stager,
     guards: &RegionSet,
     run: &[Victim],
     done: usize,
@@ -175,7 +176,9 @@ fn publish_clean_run(
     now: Epoch,
 ) -> usize {
     let region = &guards.g[run[0].gi];
-    let left = Stamp::new(now, cx.lru.note_evicted(done));
+    // As in `stage_moved`: the aging scan's pages do not advance the eviction clock.
+    let nr_evicted = if by == Stager::Aging { 0 } else { done };
+    let left = Stamp::new(now, cx.lru.note_evicted(nr_evicted));
     for (k, v) in run.iter().enumerate() {
         if k < done {
             cx.devices.device(v.pte.entry()).stamp(v.pte.entry().offset(), left);

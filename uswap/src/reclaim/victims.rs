@@ -167,10 +167,12 @@ pub(super) fn pop_victims(
     let mut victims = ArrayVec::new();
     // Stale entries (pages that moved on since they were queued) are dropped as they are
     // found, cheaply, and do not count against the scan; entries put back (busy, spared)
-    // do, so a round ends even when every page is in use.
+    // do, so a round ends even when every page is in use. Spared pages (aged: the next round
+    // takes them) have a longer bound: working-set refaults make runs of thousands of them.
     let mut scanned = 0;
+    let mut spared = 0;
     let mut stale = 0;
-    while victims.len() < max && scanned < 4 * BATCH && stale < MAX_STALE_PER_ROUND {
+    while victims.len() < max && scanned < 4 * BATCH && spared < 16 * BATCH && stale < MAX_STALE_PER_ROUND {
         if src.cut.is_some_and(|cut| staged_head_after(cx, guards, cut)) {
             break; // the oldest staged page is not idle long enough: nor are the others
         }
@@ -183,8 +185,8 @@ pub(super) fn pop_victims(
             Popped::End => break,
         };
         let region = &guards.g[gi];
-        scanned += 1;
         if pte.busy() {
+            scanned += 1;
             requeue(cx, from, r);
             continue;
         }
@@ -199,9 +201,11 @@ pub(super) fn pop_victims(
         // are full (spared, a full device's rounds found only pages that need a slot, and
         // the limit was overrun with slots free).
         if !src.inactive && pte.referenced() && !pte.clean() {
+            spared += 1;
             spare_referenced(cx, region, r, pte);
             continue;
         }
+        scanned += 1;
         let Some(locked) = region.try_lock(r.page, pte) else {
             requeue(cx, from, r);
             continue;

@@ -82,11 +82,11 @@ pub struct Stats {
     pub pgsteal_background: u64,
     pub pgsteal_direct: u64,
     /// Victims given a second chance because they had faulted back from the swap cache, or
-    /// from a device within the working set (`workingset_activate`).
+    /// from a device within the working set (`workingset_activate`) and written since.
     pub pgactivate: u64,
     /// Pages read back from a device soon enough after they left to count as part of the
     /// working set (their refault distance no more than the pages on the LRU): spared once
-    /// by reclaim (`crate::lru`).
+    /// by reclaim (`crate::lru`), a clean one once it has been written.
     pub workingset_activate: u64,
     /// Resident pages the aging scan moved to the swap cache to see whether they are still
     /// used (see [`crate::IdleAging`]).
