@@ -599,7 +599,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     if let Some(msg) = overrun_message(&summary) {
         say!("uswap run: {msg}");
     }
-    if let Some(msg) = thrash_message(&summary) {
+    if let Some(msg) = thrash_message(&summary, status.signal() == Some(libc::SIGBUS)) {
         say!("uswap run: {msg}");
     }
     // A process outside the budget is said whatever else happened; under `--strict`, where

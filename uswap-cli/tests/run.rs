@@ -1770,6 +1770,46 @@ fn sigterm_ends_a_run_whose_redis_store_stopped_answering_within_two_seconds() {
     }
 }
 
+/// A program paging to a Redis store that dies (SIGKILL, no replica): its next fault on a page
+/// out there ends in SIGBUS within about the failover timeout, said on stderr, in both fault
+/// modes, and the run's advice names the device, not the limit. Before, every request queued
+/// behind others and every read attempt waited a failover timeout of its own: 90 s after the
+/// kill for the default 10 s.
+#[test]
+fn a_redis_store_that_dies_fails_the_program_within_its_failover_timeout() {
+    use uswap::backend::redis::{redis_server_available, LocalRedis};
+    if !redis_server_available() {
+        skipped("redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    let dir = tmpdir("died");
+    let p = compile("randrw", &dir, &[]);
+    for mode in ["signal", "thread"] {
+        let redis = LocalRedis::start(1, 0, &[]).expect("a local redis-server starts");
+        let server = redis.pid(0).expect("the server runs") as libc::pid_t;
+        let device = format!("{}?failover_ms=2000", redis.url(0));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+        cmd.env("USWAP_PRELOAD_LIB", preload())
+            .args(["run", "--limit", "8MiB", "--fault-mode", mode, "--device", &device, "--"])
+            .args([p.to_str().unwrap(), "64", "1000000000"]);
+        let mut killed_at = None;
+        let out = common::run_timed_with(&mut cmd, Duration::from_secs(120), |_| {
+            std::thread::sleep(Duration::from_millis(2500));
+            // SAFETY: kill(2) of the server this test started.
+            unsafe { libc::kill(server, libc::SIGKILL) };
+            killed_at = Some(Instant::now());
+        });
+        let took = killed_at.unwrap().elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(128 + libc::SIGBUS), "{mode}: {err}");
+        assert!(err.contains("could not be read from its swap device"), "{mode}: {err}");
+        // The 2 s timeout, then the deletion of the keys, which waits as long again.
+        assert!(took < Duration::from_secs(8), "{mode}: the run ended {took:?} after the kill: {err}");
+        let advice = err.lines().find(|l| l.contains("waited for memory")).unwrap_or("");
+        assert!(!advice.contains("--limit"), "{mode}: {advice}");
+    }
+}
+
 /// A program paging to a Redis Cluster (`redis-cluster://`, three primaries with a replica
 /// each, created on 127.0.0.1): same output as without uswap in both fault modes, and no
 /// key left on any node once it has ended (`uswap run` deletes the run's session from

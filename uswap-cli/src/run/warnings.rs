@@ -87,7 +87,10 @@ const THRASH_STALL_SHARE: f64 = 0.5;
 /// What to say when the program spent most of its run waiting for memory: its working set
 /// is far over the limit, and the run goes at the speed of the device, not of the program.
 /// (`uswap stat PID` shows the same share over the last 10, 60 and 300 s while it runs.)
-pub(super) fn thrash_message(s: &serde_json::Value) -> Option<String> {
+/// Unless faults failed (`fault_error`, or the program ended by SIGBUS, which is how a fault
+/// uswap could not serve ends it, before its last counters are out): then the wait was the
+/// device's.
+pub(super) fn thrash_message(s: &serde_json::Value, ended_by_sigbus: bool) -> Option<String> {
     let f = |k: &str| s.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
     let (stalled, wall) = (f("stall_seconds_total"), f("wall_seconds"));
     if wall < THRASH_MIN_WALL_SECONDS || stalled < THRASH_STALL_SHARE * wall {
@@ -99,11 +102,25 @@ pub(super) fn thrash_message(s: &serde_json::Value) -> Option<String> {
         0 => String::new(),
         us => format!(", the device's reads {:.0} us of each", us as f64 / majors.max(1) as f64),
     };
+    let share = (stalled / wall * 100.0).min(100.0);
+    let failed = g("fault_error");
+    if failed > 0 || ended_by_sigbus {
+        // Faults that ended in SIGBUS waited out the device's retries: the wait was the
+        // device's failing, which no larger limit would have spared.
+        let what = match failed {
+            0 => "it ended by SIGBUS, as a fault uswap cannot serve ends it".to_string(),
+            n => format!("{n} fault(s) could not be served"),
+        };
+        return Some(format!(
+            "the program waited for memory {share:.0} % of its run (some thread stalled {stalled:.1} s of \
+             {wall:.1} s, {majors} major faults{device}), perhaps on a swap device that failed: {what}; if \
+             uswap said so above, make the device answer, or put one that does first in --device"
+        ));
+    }
     Some(format!(
-        "the program waited for memory {:.0} % of its run (some thread stalled {stalled:.1} s of {wall:.1} s, \
+        "the program waited for memory {share:.0} % of its run (some thread stalled {stalled:.1} s of {wall:.1} s, \
          {majors} major faults{device}): its working set is far over the limit of {}; a larger --limit, or a \
          faster device first in --device (zpool before file), would let it run at its own speed",
-        (stalled / wall * 100.0).min(100.0),
         format_size(g("limit_bytes")),
     ))
 }
@@ -150,13 +167,20 @@ mod tests {
     #[test]
     fn a_run_that_mostly_waited_for_memory_is_said_as_thrash() {
         let s = |stalled: f64, wall: f64| serde_json::json!({"limit_bytes": 128 << 20, "stall_seconds_total": stalled, "wall_seconds": wall, "pgmajfault": 7});
-        assert_eq!(thrash_message(&s(0.4, 1.0)), None, "under half the run");
-        assert_eq!(thrash_message(&s(0.6, 0.9)), None, "too short to judge");
-        let msg = thrash_message(&s(45.0, 60.0)).expect("said");
+        assert_eq!(thrash_message(&s(0.4, 1.0), false), None, "under half the run");
+        assert_eq!(thrash_message(&s(0.6, 0.9), false), None, "too short to judge");
+        let msg = thrash_message(&s(45.0, 60.0), false).expect("said");
         assert!(msg.contains("75 %") && msg.contains("128MiB") && msg.contains("7 major faults"), "{msg}");
         let mut with_device = s(45.0, 60.0);
         with_device["device_read_us"] = 350.into();
-        let msg = thrash_message(&with_device).expect("said");
+        let msg = thrash_message(&with_device, false).expect("said");
         assert!(msg.contains("7 major faults, the device's reads 50 us of each"), "{msg}");
+        // A device that failed, not the limit: no advice to raise the limit.
+        let mut failing = s(45.0, 60.0);
+        failing["fault_error"] = 1.into();
+        let msg = thrash_message(&failing, false).expect("said");
+        assert!(msg.contains("a swap device that failed: 1 fault(s)") && !msg.contains("--limit"), "{msg}");
+        let msg = thrash_message(&s(45.0, 60.0), true).expect("said");
+        assert!(msg.contains("ended by SIGBUS") && !msg.contains("--limit"), "{msg}");
     }
 }

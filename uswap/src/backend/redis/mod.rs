@@ -290,6 +290,7 @@ impl RedisBackend {
             primary: AtomicUsize::new(primary),
             failovers: AtomicU64::new(0),
             failovers_noted: AtomicBool::new(false),
+            episode_deadline_ns: AtomicU64::new(0),
             declining_until_ns: AtomicU64::new(0),
             full_said: AtomicBool::new(false),
             replicas: opts.replicas,

@@ -66,7 +66,12 @@ pub(super) struct Shared {
     /// Seed index of the primary.
     pub(super) primary: AtomicUsize,
     pub(super) failovers: AtomicU64,
+    /// A failover episode is under way (the loss was said; cleared when a primary answers).
     pub(super) failovers_noted: AtomicBool,
+    /// When the episode's failover timeout ends (0: none, or not set yet). Requests that come
+    /// later, or wait behind others, look among the seeds once and fail, rather than each
+    /// waiting a failover timeout of its own: the documented timeout bounds the episode.
+    pub(super) episode_deadline_ns: AtomicU64,
     pub(super) declining_until_ns: AtomicU64,
     /// That the store is full was said (once a device).
     pub(super) full_said: AtomicBool,
@@ -92,6 +97,12 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// A primary answered: the next loss starts a new episode (said, with its own deadline).
+    pub(super) fn end_failover_episode(&self) {
+        self.episode_deadline_ns.store(0, Ordering::Release);
+        self.failovers_noted.store(false, Ordering::Release);
+    }
+
     pub(super) fn key(&self, slot: u64, generation: u64) -> String {
         if self.cluster_map.is_some() {
             // The pages of one swap cluster share a hash slot (see `cluster.rs`).

@@ -200,7 +200,13 @@ impl Worker {
             }
             let err = match &mut self.con {
                 Some((_, con)) => match f(con) {
-                    Ok(v) => return Ok(v),
+                    Ok(v) => {
+                        // The primary answers: a failover episode, if any, is over.
+                        if self.sh.failovers_noted.load(Ordering::Relaxed) {
+                            self.sh.end_failover_episode();
+                        }
+                        return Ok(v);
+                    }
                     Err(e) if e.code() == Some("OOM") => return Err(Failure::Full),
                     Err(e) if is_failover_error(&e) => Some(e),
                     Err(e) => {
@@ -217,16 +223,24 @@ impl Worker {
         }
     }
 
-    /// Looks among the seeds for the primary until `deadline_ns`; true if one answered.
+    /// Looks among the seeds for the primary until `deadline_ns`, or the failover episode's
+    /// deadline if sooner (every seed is asked once in any case); true if one answered.
     fn find_primary(&mut self, deadline_ns: u64, cause: Option<RedisError>) -> bool {
         let sh = Arc::clone(&self.sh);
         let old = sh.primary.load(Ordering::Acquire);
         let cause = cause.map_or_else(|| "cannot connect".to_string(), |e| e.to_string());
-        if sh.failovers_noted.swap(true, Ordering::AcqRel) {
-            // Another thread already said so for this episode.
+        let deadline_ns = if sh.failovers_noted.swap(true, Ordering::AcqRel) {
+            // Another thread already said so for this episode, and set its deadline (0: not
+            // yet, this request's own then).
+            match sh.episode_deadline_ns.load(Ordering::Acquire) {
+                0 => deadline_ns,
+                episode_ns => deadline_ns.min(episode_ns),
+            }
         } else {
+            sh.episode_deadline_ns.store(now_ns() + sh.failover_timeout_ns, Ordering::Release);
             sh.note(format!("lost the primary {} ({cause}); looking for the primary among the seeds", sh.seeds[old]));
-        }
+            deadline_ns
+        };
         let short = Duration::from_millis(250);
         // Bounded by the deadline (each connect and INFO has a timeout).
         loop {
@@ -240,7 +254,7 @@ impl Worker {
                         sh.failovers.fetch_add(1, Ordering::Relaxed);
                         sh.note(format!("following the primary at {addr}"));
                     }
-                    sh.failovers_noted.store(false, Ordering::Release);
+                    sh.end_failover_episode();
                     self.set_con(Some((i, con)));
                     return true;
                 }
