@@ -87,9 +87,9 @@ const THRASH_STALL_SHARE: f64 = 0.5;
 /// What to say when the program spent most of its run waiting for memory: its working set
 /// is far over the limit, and the run goes at the speed of the device, not of the program.
 /// (`uswap stat PID` shows the same share over the last 10, 60 and 300 s while it runs.)
-/// Unless faults failed (`fault_error`, or the program ended by SIGBUS, which is how a fault
-/// uswap could not serve ends it, before its last counters are out): then the wait was the
-/// device's.
+/// Unless the program ended by SIGBUS, which is how a fault uswap could not serve ends it
+/// (before its last counters are out; `fault_error` counts attempts, retried ones too): then
+/// the wait may have been a failing device's.
 pub(super) fn thrash_message(s: &serde_json::Value, ended_by_sigbus: bool) -> Option<String> {
     let f = |k: &str| s.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
     let (stalled, wall) = (f("stall_seconds_total"), f("wall_seconds"));
@@ -103,18 +103,14 @@ pub(super) fn thrash_message(s: &serde_json::Value, ended_by_sigbus: bool) -> Op
         us => format!(", the device's reads {:.0} us of each", us as f64 / majors.max(1) as f64),
     };
     let share = (stalled / wall * 100.0).min(100.0);
-    let failed = g("fault_error");
-    if failed > 0 || ended_by_sigbus {
-        // Faults that ended in SIGBUS waited out the device's retries: the wait was the
-        // device's failing, which no larger limit would have spared.
-        let what = match failed {
-            0 => "it ended by SIGBUS, as a fault uswap cannot serve ends it".to_string(),
-            n => format!("{n} fault(s) could not be served"),
-        };
+    if ended_by_sigbus {
+        // A fault that ended in SIGBUS waited out the device's retries: no larger limit
+        // would have spared that wait.
         return Some(format!(
             "the program waited for memory {share:.0} % of its run (some thread stalled {stalled:.1} s of \
-             {wall:.1} s, {majors} major faults{device}), perhaps on a swap device that failed: {what}; if \
-             uswap said so above, make the device answer, or put one that does first in --device"
+             {wall:.1} s, {majors} major faults{device}), perhaps on a swap device that failed: it ended by \
+             SIGBUS, as a fault uswap cannot serve ends it; if uswap said so above, make the device answer, or \
+             put one that does first in --device"
         ));
     }
     Some(format!(
@@ -176,10 +172,6 @@ mod tests {
         let msg = thrash_message(&with_device, false).expect("said");
         assert!(msg.contains("7 major faults, the device's reads 50 us of each"), "{msg}");
         // A device that failed, not the limit: no advice to raise the limit.
-        let mut failing = s(45.0, 60.0);
-        failing["fault_error"] = 1.into();
-        let msg = thrash_message(&failing, false).expect("said");
-        assert!(msg.contains("a swap device that failed: 1 fault(s)") && !msg.contains("--limit"), "{msg}");
         let msg = thrash_message(&s(45.0, 60.0), true).expect("said");
         assert!(msg.contains("ended by SIGBUS") && !msg.contains("--limit"), "{msg}");
     }

@@ -289,7 +289,6 @@ impl RedisBackend {
             shutdown: AtomicBool::new(false),
             primary: AtomicUsize::new(primary),
             failovers: AtomicU64::new(0),
-            failovers_noted: AtomicBool::new(false),
             episode_deadline_ns: AtomicU64::new(0),
             declining_until_ns: AtomicU64::new(0),
             full_said: AtomicBool::new(false),

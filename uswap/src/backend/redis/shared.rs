@@ -31,6 +31,7 @@ use super::cluster::{slot_tag, SlotMap};
 use super::conn::{connect, info, info_field, primaries_of};
 use super::jobs::Jobs;
 use super::seal::Sealer;
+use crate::clock::now_ns;
 
 /// The device's live counters, read as `RedisStats` (`mod.rs`).
 #[derive(Default)]
@@ -66,11 +67,11 @@ pub(super) struct Shared {
     /// Seed index of the primary.
     pub(super) primary: AtomicUsize,
     pub(super) failovers: AtomicU64,
-    /// A failover episode is under way (the loss was said; cleared when a primary answers).
-    pub(super) failovers_noted: AtomicBool,
-    /// When the episode's failover timeout ends (0: none, or not set yet). Requests that come
-    /// later, or wait behind others, look among the seeds once and fail, rather than each
-    /// waiting a failover timeout of its own: the documented timeout bounds the episode.
+    /// While the primary is lost (a failover episode, from the first request that found it
+    /// gone to the first answer from a primary): when its failover timeout ends; 0 when
+    /// none is under way. Requests that come later, or wait behind others, look among the
+    /// seeds once and fail rather than each waiting a timeout of its own: the documented
+    /// timeout bounds the episode.
     pub(super) episode_deadline_ns: AtomicU64,
     pub(super) declining_until_ns: AtomicU64,
     /// That the store is full was said (once a device).
@@ -97,10 +98,27 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// A primary answered: the next loss starts a new episode (said, with its own deadline).
+    /// Starts a failover episode unless one is under way; true if this call started it (and
+    /// is the one to say so).
+    pub(super) fn start_failover_episode(&self) -> bool {
+        let deadline_ns = (now_ns() + self.failover_timeout_ns).max(1);
+        self.episode_deadline_ns.compare_exchange(0, deadline_ns, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// `own_deadline_ns`, or the failover episode's deadline if one is under way and sooner.
+    pub(super) fn failover_deadline(&self, own_deadline_ns: u64) -> u64 {
+        match self.episode_deadline_ns.load(Ordering::Acquire) {
+            0 => own_deadline_ns,
+            episode_ns => own_deadline_ns.min(episode_ns),
+        }
+    }
+
+    /// A primary answered a request: the next loss starts a new episode (said, with its own
+    /// deadline). Async-signal-safe (faulting threads' reads call it): atomics only.
     pub(super) fn end_failover_episode(&self) {
-        self.episode_deadline_ns.store(0, Ordering::Release);
-        self.failovers_noted.store(false, Ordering::Release);
+        if self.episode_deadline_ns.load(Ordering::Relaxed) != 0 {
+            self.episode_deadline_ns.store(0, Ordering::Release);
+        }
     }
 
     pub(super) fn key(&self, slot: u64, generation: u64) -> String {

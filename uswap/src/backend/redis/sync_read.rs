@@ -451,6 +451,9 @@ fn round_trip(sh: &Shared, conn: &mut Conn, reqs: &mut [ReadReq<'_>], gens: &[u6
     open_values(sh, reply, reqs, gens, value_len);
     sh.counters.reads.fetch_add(1, Ordering::Relaxed);
     sh.counters.sync_reads.fetch_add(1, Ordering::Relaxed);
+    // A store that answers: an outage the device threads saw is over (a read-mostly program
+    // may make no other request), so that the next outage gets its own failover timeout.
+    sh.end_failover_episode();
     Trip::Done
 }
 

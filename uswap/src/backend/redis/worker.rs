@@ -185,62 +185,66 @@ impl Worker {
         self.cluster.on_groups(&self.sh, &self.sync_read, deadline_ns, keys, f)
     }
 
-    /// Runs `f` on a connection to the primary, following a failover until `deadline_ns`.
+    /// Runs `f` on a connection to the primary, following a failover until `deadline_ns` or
+    /// the failover episode's deadline, whichever is sooner.
     fn round_trip<T>(
         &mut self,
         deadline_ns: u64,
         mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
     ) -> Result<T, Failure> {
-        // Bounded: each round either returns or waits for a failover that ends at the deadline.
+        // Bounded: each failed try is followed by a look for the primary, and the tries end
+        // one after the deadline (so that a store back by then is found).
+        let mut tries = 0u32;
         loop {
+            if tries >= 2 {
+                // A primary found that fails again (still LOADING): not a busy loop.
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let want = self.sh.primary.load(Ordering::Acquire);
             if !matches!(&self.con, Some((i, _)) if *i == want) {
                 let con = connect(&self.sh.seeds[want], self.sh.connect_timeout(), self.sh.io_timeout()).ok();
                 self.set_con(con.map(|c| (want, c)));
             }
-            let err = match &mut self.con {
-                Some((_, con)) => match f(con) {
-                    Ok(v) => {
-                        // The primary answers: a failover episode, if any, is over.
-                        if self.sh.failovers_noted.load(Ordering::Relaxed) {
-                            self.sh.end_failover_episode();
-                        }
-                        return Ok(v);
-                    }
-                    Err(e) if e.code() == Some("OOM") => return Err(Failure::Full),
-                    Err(e) if is_failover_error(&e) => Some(e),
-                    Err(e) => {
-                        self.sh.note(format!("the primary refused a request: {e}"));
-                        return Err(Failure::Refused);
-                    }
-                },
-                None => None,
+            let answered = match &mut self.con {
+                Some((_, con)) => f(con),
+                None => Err(RedisError::from(std::io::Error::new(std::io::ErrorKind::NotConnected, "cannot connect"))),
+            };
+            let err = match answered {
+                // The primary answered (an error it chose is an answer): the episode is over.
+                Ok(v) => {
+                    self.sh.end_failover_episode();
+                    return Ok(v);
+                }
+                Err(e) if is_failover_error(&e) => e,
+                Err(e) if e.code() == Some("OOM") => {
+                    self.sh.end_failover_episode();
+                    return Err(Failure::Full);
+                }
+                Err(e) => {
+                    self.sh.end_failover_episode();
+                    self.sh.note(format!("the primary refused a request: {e}"));
+                    return Err(Failure::Refused);
+                }
             };
             self.set_con(None);
-            if !self.find_primary(deadline_ns, err) {
+            let past_deadline = now_ns() >= self.sh.failover_deadline(deadline_ns);
+            if (past_deadline && tries > 0) || !self.find_primary(deadline_ns, err) {
                 return Err(Failure::Unavailable);
             }
+            tries += 1;
         }
     }
 
     /// Looks among the seeds for the primary until `deadline_ns`, or the failover episode's
     /// deadline if sooner (every seed is asked once in any case); true if one answered.
-    fn find_primary(&mut self, deadline_ns: u64, cause: Option<RedisError>) -> bool {
+    /// Starts the episode (says so) if none is under way; only an answer to a request ends it.
+    fn find_primary(&mut self, deadline_ns: u64, cause: RedisError) -> bool {
         let sh = Arc::clone(&self.sh);
         let old = sh.primary.load(Ordering::Acquire);
-        let cause = cause.map_or_else(|| "cannot connect".to_string(), |e| e.to_string());
-        let deadline_ns = if sh.failovers_noted.swap(true, Ordering::AcqRel) {
-            // Another thread already said so for this episode, and set its deadline (0: not
-            // yet, this request's own then).
-            match sh.episode_deadline_ns.load(Ordering::Acquire) {
-                0 => deadline_ns,
-                episode_ns => deadline_ns.min(episode_ns),
-            }
-        } else {
-            sh.episode_deadline_ns.store(now_ns() + sh.failover_timeout_ns, Ordering::Release);
+        if sh.start_failover_episode() {
             sh.note(format!("lost the primary {} ({cause}); looking for the primary among the seeds", sh.seeds[old]));
-            deadline_ns
-        };
+        }
+        let deadline_ns = sh.failover_deadline(deadline_ns);
         let short = Duration::from_millis(250);
         // Bounded by the deadline (each connect and INFO has a timeout).
         loop {
@@ -254,7 +258,6 @@ impl Worker {
                         sh.failovers.fetch_add(1, Ordering::Relaxed);
                         sh.note(format!("following the primary at {addr}"));
                     }
-                    sh.end_failover_episode();
                     self.set_con(Some((i, con)));
                     return true;
                 }
