@@ -1730,6 +1730,16 @@ fn bad_devices_and_stats_paths_are_refused_before_the_program_starts() {
     }
 }
 
+/// `uswap run` of `randrw` (built at `p`) over 64 MiB under 8 MiB, paging to `device` in
+/// fault mode `mode`, for longer than any test waits: the tests stop or kill its store.
+fn randrw_paging_to(device: &str, mode: &str, p: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    cmd.env("USWAP_PRELOAD_LIB", preload())
+        .args(["run", "--limit", "8MiB", "--fault-mode", mode, "--device", device, "--"])
+        .args([p.to_str().unwrap(), "64", "1000000000"]);
+    cmd
+}
+
 /// A program paging to a Redis store that stops answering (the server stopped with
 /// SIGSTOP: connections are accepted, nothing is answered, reads wait out their failover
 /// deadlines): SIGTERM to `uswap run` ends the run within two seconds in both fault modes,
@@ -1747,10 +1757,7 @@ fn sigterm_ends_a_run_whose_redis_store_stopped_answering_within_two_seconds() {
     for mode in ["signal", "thread"] {
         let redis = LocalRedis::start(1, 0, &[]).expect("a local redis-server starts");
         let server = redis.pid(0).expect("the server runs") as libc::pid_t;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
-        cmd.env("USWAP_PRELOAD_LIB", preload())
-            .args(["run", "--limit", "8MiB", "--fault-mode", mode, "--device", &redis.url(0), "--"])
-            .args([p.to_str().unwrap(), "64", "1000000000"]);
+        let mut cmd = randrw_paging_to(&redis.url(0), mode, &p);
         let mut stopped_at = None;
         let out = common::run_timed_with(&mut cmd, Duration::from_secs(120), |pid| {
             std::thread::sleep(Duration::from_millis(2500));
@@ -1788,10 +1795,7 @@ fn a_redis_store_that_dies_fails_the_program_within_its_failover_timeout() {
         let redis = LocalRedis::start(1, 0, &[]).expect("a local redis-server starts");
         let server = redis.pid(0).expect("the server runs") as libc::pid_t;
         let device = format!("{}?failover_ms=2000", redis.url(0));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
-        cmd.env("USWAP_PRELOAD_LIB", preload())
-            .args(["run", "--limit", "8MiB", "--fault-mode", mode, "--device", &device, "--"])
-            .args([p.to_str().unwrap(), "64", "1000000000"]);
+        let mut cmd = randrw_paging_to(&device, mode, &p);
         let mut killed_at = None;
         let out = common::run_timed_with(&mut cmd, Duration::from_secs(120), |_| {
             std::thread::sleep(Duration::from_millis(2500));

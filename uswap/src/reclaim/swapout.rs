@@ -60,6 +60,17 @@ impl Stager {
             Stager::Aging => Counter::Pgdeactivate,
         }
     }
+
+    /// Of `n` pages it moved out, those that advance the eviction clock (`crate::lru`): the
+    /// pages reclaim pushes out, not the idle ones the aging scan moves (which compete with
+    /// nothing; they are stamped with the clock's reading all the same).
+    fn nr_evicted(self, n: usize) -> usize {
+        if self == Stager::Aging {
+            0
+        } else {
+            n
+        }
+    }
 }
 
 /// Moves up to `nr` of the oldest resident pages into the swap cache for `by`. Returns the
@@ -163,7 +174,8 @@ fn move_clean_runs(
 }
 
 /// Publishes a run of clean victims (`run`, all of one region, staged `by`) once their
-/// staging pages are dropped: the first `done`, moved, are swapped (stamped `now`) and uncharged; the others
+/// staging pages are dropped: the first `done`, moved, are swapped (stamped `now`) and
+/// uncharged; the others
 /// stay resident and clean, back on the LRU. `r`: what the move said. Returns 1 when the
 /// move was refused (counted), else 0.
 fn publish_clean_run(
@@ -176,9 +188,7 @@ fn publish_clean_run(
     now: Epoch,
 ) -> usize {
     let region = &guards.g[run[0].gi];
-    // As in `stage_moved`: the aging scan's pages do not advance the eviction clock.
-    let nr_evicted = if by == Stager::Aging { 0 } else { done };
-    let left = Stamp::new(now, cx.lru.note_evicted(nr_evicted));
+    let left = Stamp::new(now, cx.lru.note_evicted(by.nr_evicted(done)));
     for (k, v) in run.iter().enumerate() {
         if k < done {
             cx.devices.device(v.pte.entry()).stamp(v.pte.entry().offset(), left);
@@ -331,10 +341,7 @@ fn stage_moved(
         cx.stats.inc(Counter::SwpoutZero);
         return 1;
     }
-    // The eviction clock counts the pages reclaim pushes out, not the idle ones the aging
-    // scan moves (which compete with nothing): those are stamped with its reading.
-    let nr_evicted = usize::from(by != Stager::Aging);
-    cx.swap_cache.insert(dev, e.offset(), cx.lru.note_evicted(nr_evicted));
+    cx.swap_cache.insert(dev, e.offset(), cx.lru.note_evicted(by.nr_evicted(1)));
     let new = v.pte.next(PageState::Cached, Some(e)).with_referenced(false);
     let new = if by == Stager::Aging {
         new.with_aged()

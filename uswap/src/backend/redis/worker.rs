@@ -210,20 +210,17 @@ impl Worker {
                 None => Err(RedisError::from(std::io::Error::new(std::io::ErrorKind::NotConnected, "cannot connect"))),
             };
             let err = match answered {
-                // The primary answered (an error it chose is an answer): the episode is over.
-                Ok(v) => {
-                    self.sh.end_failover_episode();
-                    return Ok(v);
-                }
                 Err(e) if is_failover_error(&e) => e,
-                Err(e) if e.code() == Some("OOM") => {
+                // The primary answered (an error it chose is an answer): the episode is over.
+                answered => {
                     self.sh.end_failover_episode();
-                    return Err(Failure::Full);
-                }
-                Err(e) => {
-                    self.sh.end_failover_episode();
-                    self.sh.note(format!("the primary refused a request: {e}"));
-                    return Err(Failure::Refused);
+                    return answered.map_err(|e| {
+                        if e.code() == Some("OOM") {
+                            return Failure::Full;
+                        }
+                        self.sh.note(format!("the primary refused a request: {e}"));
+                        Failure::Refused
+                    });
                 }
             };
             self.set_con(None);
