@@ -477,8 +477,9 @@ impl Drop for Launch {
             };
             let deleted = uswap::backend::redis::delete_session(seeds, *cluster, session, within);
             if let (Err(e), true) = (deleted, any_pager) {
+                let scheme = if *cluster { "redis-cluster" } else { "redis" };
                 say!(
-                    "uswap run: could not delete the program's pages from redis://{}: {e}; delete the keys \
+                    "uswap run: could not delete the program's pages from {scheme}://{}: {e}; delete the keys \
                      uswap:{session}.* by hand",
                     seeds.join(";")
                 );

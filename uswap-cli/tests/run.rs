@@ -1816,6 +1816,48 @@ fn a_redis_store_that_dies_fails_the_program_within_its_failover_timeout() {
     }
 }
 
+/// A program paging to a Redis Cluster whose node dies (three primaries, no replica, one
+/// SIGKILLed): its next fault on a page of that node's slots ends in SIGBUS within about
+/// the failover timeout, in both fault modes, as on a single store (the requests for that
+/// node's slots share its failover episode: before, each waited a timeout of its own, and
+/// the run ended 18 s after the kill for a timeout of 2 s). The run's keys are deleted from
+/// the nodes that live, and the one that died is named.
+#[test]
+fn a_redis_cluster_node_that_dies_fails_the_program_within_its_failover_timeout() {
+    use uswap::backend::redis::{redis_server_available, LocalRedis};
+    if !redis_server_available() {
+        skipped("redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    let dir = tmpdir("cluster-died");
+    let p = compile("randrw", &dir, &[]);
+    for mode in ["signal", "thread"] {
+        let redis = LocalRedis::start_cluster(3, 0).expect("a local redis cluster starts");
+        let dead = redis.primary_index(0);
+        let server = redis.pid(dead).expect("the node runs") as libc::pid_t;
+        let device = format!("{}?failover_ms=2000", redis.cluster_url());
+        let mut cmd = randrw_paging_to(&device, mode, &p);
+        let mut killed_at = None;
+        let out = common::run_timed_with(&mut cmd, Duration::from_secs(120), |_| {
+            std::thread::sleep(Duration::from_millis(2500));
+            // SAFETY: kill(2) of a server this test started.
+            unsafe { libc::kill(server, libc::SIGKILL) };
+            killed_at = Some(Instant::now());
+        });
+        let took = killed_at.unwrap().elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(128 + libc::SIGBUS), "{mode}: {err}");
+        assert!(err.contains("could not be read from its swap device"), "{mode}: {err}");
+        assert!(err.contains(&format!("lost the cluster node {}", redis.addr(dead))), "{mode}: {err}");
+        assert!(took < Duration::from_secs(8), "{mode}: the run ended {took:?} after the kill: {err}");
+        let not_deleted = err.lines().find(|l| l.contains("could not delete")).unwrap_or_default();
+        assert!(not_deleted.contains("redis-cluster://") && not_deleted.contains(&redis.addr(dead)), "{mode}: {err}");
+        for k in (0..redis.len()).filter(|&k| k != dead) {
+            assert_eq!(dbsize(&redis.addr(k)), 0, "{mode}: keys left on {}: {err}", redis.addr(k));
+        }
+    }
+}
+
 /// A program paging to a Redis Cluster (`redis-cluster://`, three primaries with a replica
 /// each, created on 127.0.0.1): same output as without uswap in both fault modes, and no
 /// key left on any node once it has ended (`uswap run` deletes the run's session from

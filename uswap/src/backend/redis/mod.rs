@@ -290,6 +290,8 @@ impl RedisBackend {
             primary: AtomicUsize::new(primary),
             failovers: AtomicU64::new(0),
             episode_deadline_ns: AtomicU64::new(0),
+            lost_nodes: Mutex::new(Vec::new()),
+            nr_lost_nodes: AtomicUsize::new(0),
             declining_until_ns: AtomicU64::new(0),
             full_said: AtomicBool::new(false),
             replicas: opts.replicas,

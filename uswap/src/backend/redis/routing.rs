@@ -12,7 +12,10 @@
 //!   command, on the target, once; the map stays;
 //! * a connection error, `CLUSTERDOWN`, `TRYAGAIN`, `LOADING`: the node died or the cluster
 //!   is electing: the map is read again from any node that answers (`CLUSTER SLOTS`), until
-//!   the failover deadline.
+//!   the failover deadline, or sooner the end of the failover episode of that node (of the
+//!   whole cluster for `CLUSTERDOWN`), which began with the first request it failed and
+//!   ends with its first answer (`Shared::node_lost`): the requests that queue behind one
+//!   that found a node gone share its timeout instead of each waiting one of their own.
 //!
 //! [`ClusterView`] holds a device thread's map and connections and sends the commands; the
 //! thread (`worker.rs`) owns one and hands it the device's state (`shared.rs`) and the
@@ -95,8 +98,11 @@ impl ClusterView {
     }
 
     /// Runs `f` on the node serving `hs`, following redirections and failovers until
-    /// `deadline_ns`. Bounded: each round either returns, or follows a redirection (at most
-    /// a few in a row before the map is read again), or waits 50 ms towards the deadline.
+    /// `deadline_ns`, or sooner the end of the failover episode of the node (or of the
+    /// whole cluster) that failed it (`Shared::node_lost`). Bounded: each round either
+    /// returns, or follows a redirection (at most a few in a row before the map is read
+    /// again), or waits 50 ms towards the deadline; past it, the map is read once more
+    /// (a failover may have finished since the episode's deadline) before it gives up.
     fn on_slot<T>(
         &mut self,
         sh: &Shared,
@@ -106,17 +112,24 @@ impl ClusterView {
         mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
     ) -> Result<T, Failure> {
         let mut redirects = 0;
+        let mut read_past_deadline = false;
         loop {
             let Some(addr) = self.map.as_ref().map(|m| m.nodes[m.node_of(hs)].clone()) else {
                 return Err(Failure::Unavailable);
             };
             let err = match self.node(sh, &addr) {
                 Some(con) => match f(con) {
-                    Ok(v) => return Ok(v),
+                    Ok(v) => {
+                        sh.node_answered(&addr);
+                        return Ok(v);
+                    }
                     Err(e) => unpipelined(e),
                 },
                 None => RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
             };
+            if !is_failover_error(&err) {
+                sh.node_answered(&addr);
+            }
             match Redirect::of(&err) {
                 Some(Redirect::Moved { hash_slot, addr }) if redirects < 5 => {
                     redirects += 1;
@@ -150,10 +163,15 @@ impl ClusterView {
             }
             // Too many redirections, or the node is gone: read the map again.
             redirects = 0;
-            if now_ns() >= deadline_ns || sh.shutdown.load(Ordering::Acquire) {
+            let until_ns = episode_deadline(sh, &addr, &err, deadline_ns);
+            if sh.shutdown.load(Ordering::Acquire) || (now_ns() >= until_ns && read_past_deadline) {
                 return Err(Failure::Unavailable);
             }
-            std::thread::sleep(Duration::from_millis(50));
+            if now_ns() >= until_ns {
+                read_past_deadline = true;
+            } else {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             self.refresh_map(sh, sync_read);
         }
     }
@@ -189,6 +207,7 @@ impl ClusterView {
                 changed
             });
             if changed {
+                sh.forget_lost_nodes_but(&map.nodes);
                 sh.failovers.fetch_add(1, Ordering::Relaxed);
                 sh.note(format!("the cluster's primaries are now {}", map.nodes.join(", ")));
             }
@@ -197,6 +216,27 @@ impl ClusterView {
             return;
         }
     }
+}
+
+/// How long a request that `addr` failed with `err` may go on: `deadline_ns`, or sooner
+/// the end of the failover episode that `err` starts or continues, the whole cluster's for
+/// `CLUSTERDOWN` (every node says it), else the node's. A redirection continues none, nor
+/// does `TRYAGAIN` (a slot migrating: the node serves). Starting an episode is said, once.
+fn episode_deadline(sh: &Shared, addr: &str, err: &RedisError, deadline_ns: u64) -> u64 {
+    if !is_failover_error(err) || err.code() == Some("TRYAGAIN") {
+        return deadline_ns;
+    }
+    if err.code() == Some("CLUSTERDOWN") {
+        if sh.start_failover_episode() {
+            sh.note(format!("the cluster is down ({err}); reading its map again until the failover timeout"));
+        }
+        return sh.failover_deadline(deadline_ns);
+    }
+    let (node_ns, started) = sh.node_lost(addr);
+    if started {
+        sh.note(format!("lost the cluster node {addr} ({err}); reading the map again until the failover timeout"));
+    }
+    sh.failover_deadline(deadline_ns).min(node_ns)
 }
 
 /// A cluster node refused a request (an error reply that is neither a redirection nor a

@@ -66,7 +66,8 @@ pub fn delete_session(seeds: &[String], cluster: bool, session: &str, within: Du
 }
 
 /// Deletes the keys matching `pattern` from every primary of the cluster `seeds` belong to,
-/// until `deadline_ns`. Returns the keys deleted, or what failed.
+/// until `deadline_ns`. Returns the keys deleted, or the primaries that failed: the others
+/// are cleaned all the same (a node that died takes only its own keys out of reach).
 pub(super) fn delete_on_primaries(seeds: &[String], pattern: &str, deadline_ns: u64) -> Result<u64, String> {
     let timeout = || Duration::from_nanos((deadline_ns.saturating_sub(now_ns()) / 2).clamp(1_000_000, 2_000_000_000));
     let primaries = primaries_of(seeds, true, timeout());
@@ -74,12 +75,20 @@ pub(super) fn delete_on_primaries(seeds: &[String], pattern: &str, deadline_ns: 
         return Err("no seed answered with the cluster's slot map".into());
     }
     let mut deleted = 0;
+    let mut failed = Vec::new();
     for addr in &primaries {
         let t = timeout();
-        let n = connect(addr, t, t).ok().and_then(|mut con| scan_delete(&mut con, pattern, deadline_ns, true));
-        deleted += n.ok_or_else(|| format!("{addr}: deleting keys failed or took too long"))?;
+        match connect(addr, t, t).map(|mut con| scan_delete(&mut con, pattern, deadline_ns, true)) {
+            Ok(Some(n)) => deleted += n,
+            Ok(None) => failed.push(format!("{addr}: deleting keys failed or took too long")),
+            Err(e) => failed.push(format!("{addr}: {e}")),
+        }
     }
-    Ok(deleted)
+    if failed.is_empty() {
+        return Ok(deleted);
+    }
+    let nr_done = primaries.len() - failed.len();
+    Err(format!("{} ({deleted} keys deleted from the {nr_done} other primaries)", failed.join("; ")))
 }
 
 /// Deletes the keys matching `pattern` (SCAN + DEL) until `deadline_ns`; `None` if it could

@@ -72,7 +72,18 @@ pub(super) struct Shared {
     /// none is under way. Requests that come later, or wait behind others, look among the
     /// seeds once and fail rather than each waiting a timeout of its own: the documented
     /// timeout bounds the episode.
+    /// On a Redis Cluster, the same for the whole cluster: from a node's `CLUSTERDOWN` to
+    /// the first answer from any node.
     pub(super) episode_deadline_ns: AtomicU64,
+    /// On a Redis Cluster, the nodes lost (a connection error, `LOADING`, ...): each one's
+    /// failover episode, from the first request that found it gone to its first answer to
+    /// a device thread, or to a map that no longer names it, and when that episode's
+    /// failover timeout ends. Requests for its hash slots that come later wait for the map
+    /// to move them until then, not each for a timeout of its own; the other nodes' are
+    /// served meanwhile. Device threads only (`routing.rs`); `nr_lost_nodes` lets an answer
+    /// skip the lock when no node is lost.
+    pub(super) lost_nodes: Mutex<Vec<(String, u64)>>,
+    pub(super) nr_lost_nodes: AtomicUsize,
     pub(super) declining_until_ns: AtomicU64,
     /// That the store is full was said (once a device).
     pub(super) full_said: AtomicBool,
@@ -118,6 +129,58 @@ impl Shared {
     pub(super) fn end_failover_episode(&self) {
         if self.episode_deadline_ns.load(Ordering::Relaxed) != 0 {
             self.episode_deadline_ns.store(0, Ordering::Release);
+        }
+    }
+
+    /// The cluster node `addr` failed a request (`conn::is_failover_error`): starts its
+    /// failover episode unless one is under way. When the episode's timeout ends, and
+    /// whether this call started it (and is the one to say so).
+    pub(super) fn node_lost(&self, addr: &str) -> (u64, bool) {
+        let Ok(mut lost) = self.lost_nodes.lock() else {
+            // Poisoned (a device thread panicked holding it): no episode, each request
+            // waits its own timeout, as before episodes.
+            return (u64::MAX, false);
+        };
+        if let Some(&(_, deadline_ns)) = lost.iter().find(|(a, _)| a == addr) {
+            return (deadline_ns, false);
+        }
+        let deadline_ns = now_ns() + self.failover_timeout_ns;
+        lost.push((addr.to_string(), deadline_ns));
+        self.nr_lost_nodes.store(lost.len(), Ordering::Release);
+        (deadline_ns, true)
+    }
+
+    /// The cluster node `addr` answered a request (an error it chose is an answer): its
+    /// episode is over, and the cluster's, since a node serves.
+    pub(super) fn node_answered(&self, addr: &str) {
+        self.end_failover_episode();
+        if self.nr_lost_nodes.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        self.forget_lost_nodes(|a| a == addr);
+    }
+
+    /// The cluster's map changed: a lost node it no longer names serves nothing that is
+    /// waited for, and if it comes back and is named again, its next loss is a new episode.
+    pub(super) fn forget_lost_nodes_but(&self, nodes: &[String]) {
+        if self.nr_lost_nodes.load(Ordering::Acquire) > 0 {
+            self.forget_lost_nodes(|a| !nodes.iter().any(|n| n == a));
+        }
+    }
+
+    fn forget_lost_nodes(&self, forget: impl Fn(&str) -> bool) {
+        if let Ok(mut lost) = self.lost_nodes.lock() {
+            lost.retain(|(a, _)| !forget(a));
+            self.nr_lost_nodes.store(lost.len(), Ordering::Release);
+        }
+    }
+
+    /// Why a request failed for want of a store that answers, in the topology's words.
+    pub(super) fn unavailable(&self) -> &'static str {
+        if self.cluster_map.is_some() {
+            "no node serving the pages' hash slots answered within the failover timeout"
+        } else {
+            "no primary among the seeds answered within the failover timeout"
         }
     }
 

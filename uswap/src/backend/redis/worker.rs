@@ -306,7 +306,7 @@ impl Worker {
         match got {
             Ok((true, v)) if v.len() == keys.len() => Ok(v),
             Ok(_) | Err(Failure::Refused) | Err(Failure::Full) => Err("the primary answered the read with an error"),
-            Err(Failure::Unavailable) => Err("no primary among the seeds answered within the failover timeout"),
+            Err(Failure::Unavailable) => Err(self.sh.unavailable()),
         }
     }
 
@@ -528,7 +528,7 @@ fn write_failure(sh: &Shared, outcome: Result<i64, Failure>) -> Option<Result<()
         }
         Err(Failure::Full) => Some(Ok(())),
         Err(Failure::Refused) => Some(Err("the primary refused the write")),
-        Err(Failure::Unavailable) => Some(Err("no primary among the seeds answered within the failover timeout")),
+        Err(Failure::Unavailable) => Some(Err(sh.unavailable())),
     }
 }
 
