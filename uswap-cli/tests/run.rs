@@ -1816,6 +1816,32 @@ fn a_redis_store_that_dies_fails_the_program_within_its_failover_timeout() {
     }
 }
 
+/// Signal mode bets that a page a read fault brings back leaves again unwritten (clean:
+/// write-protected, keeping its slot, dropped by reclaim without being compressed again),
+/// while the bet wins (`uswap/src/state/clean_bets.rs`): a program that only reads its
+/// pages back has most of them dropped clean; one that writes every page it reads loses its
+/// first bets and stops betting, so that few of its writes take a write-protect fault (a
+/// SIGBUS round trip each). `randrw` checks every byte.
+#[test]
+fn signal_mode_keeps_pages_read_back_clean_while_the_bet_wins() {
+    let dir = tmpdir("clean-bets");
+    let p = compile("randrw", &dir, &[]);
+    for writes in ["0", "256"] {
+        let prog = [p.to_str().unwrap(), "64", "200000", "1", writes];
+        let (o, v) = uswap_run(16, &["--fault-mode", "signal"], &prog, &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "writes {writes}/256: {}\n{err}", o.status);
+        assert_eq!(o.stdout, plain(&prog).stdout, "writes {writes}/256: {err}");
+        let (majflt, clean, wp) = (counter(&v, "pgmajfault"), counter(&v, "swpout_clean"), counter(&v, "pgfault_wp"));
+        assert!(majflt > 100_000, "writes {writes}/256: {v}");
+        if writes == "0" {
+            assert!(clean >= majflt / 2, "reads only: {clean} pages dropped clean for {majflt} major faults: {v}");
+        } else {
+            assert!(wp <= majflt / 8, "every page written: {wp} write-protect faults for {majflt} major faults: {v}");
+        }
+    }
+}
+
 /// A program paging to a Redis Cluster whose node dies (three primaries, no replica, one
 /// SIGKILLed): its next fault on a page of that node's slots ends in SIGBUS within about
 /// the failover timeout, in both fault modes, as on a single store (the requests for that

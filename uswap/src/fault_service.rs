@@ -213,6 +213,9 @@ fn write_to_clean(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultE
         // Written: a read-ahead page the application used.
         cx.0.stats.inc(Counter::SwapRaHit);
         region.streams.note_used(1);
+    } else {
+        // A read fault's bet that the page would leave unwritten, lost.
+        cx.0.clean_bets.lose();
     }
     match r {
         Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {

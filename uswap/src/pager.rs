@@ -360,6 +360,7 @@ impl PagerBuilder {
             parent: crate::state::Parent::default(),
             regions_survive_fork: self.regions_survive_fork,
             clean_pages: AtomicUsize::new(0),
+            clean_bets: crate::state::clean_bets::CleanBets::new(),
             devices,
             lru: Lru::new(fifo()?, fifo()?),
             swap_cache: SwapCache::new(staging_uffd, fifo()?),

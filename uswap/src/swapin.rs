@@ -36,8 +36,9 @@ use crate::readahead::{Window, MAX_WINDOW_PAGES};
 use crate::reclaim::Reclaim;
 use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet};
 use crate::state::async_readahead::ContextIo;
+use crate::state::clean_bets::CleanBets;
 use crate::state::fault_error::FaultError;
-use crate::state::route::Route;
+use crate::state::route::{self, Route};
 use crate::state::{ErrorLog, PageErrorKind, PagerId, PagerShared};
 use crate::stats::{Counter, PerCpuStats};
 use crate::swap::{ReadaheadPolicy, SwapDevices, SwapEntry};
@@ -56,6 +57,7 @@ pub(crate) struct SwapIn<'a> {
     uffd: &'a Uffd,
     mode: FaultMode,
     clean_pages: &'a AtomicUsize,
+    clean_bets: &'a CleanBets,
     devices: &'a SwapDevices,
     lru: &'a Lru,
     stats: &'a PerCpuStats,
@@ -75,6 +77,7 @@ impl PagerShared {
             uffd: &self.uffd,
             mode: self.mode,
             clean_pages: &self.clean_pages,
+            clean_bets: &self.clean_bets,
             devices: &self.devices,
             lru: &self.lru,
             stats: &self.stats,
@@ -109,11 +112,14 @@ struct Item {
     listed: Option<usize>,
     /// Its data came from an asynchronous read.
     from_async: bool,
+    /// Mapped write-protected, keeping its slot (see [`keep_clean`]): decided once, before
+    /// it is mapped, and published as mapped.
+    clean: bool,
 }
 
 impl Item {
     fn new(gi: Option<usize>, page: usize, pte: Pte, faulting: bool, listed: Option<usize>) -> Item {
-        Item { gi, page, pte, faulting, ok: false, src: std::ptr::null(), listed, from_async: false }
+        Item { gi, page, pte, faulting, ok: false, src: std::ptr::null(), listed, from_async: false, clean: false }
     }
 
     fn entry(&self) -> SwapEntry {
@@ -200,6 +206,9 @@ pub(crate) fn swap_in(cx: &SwapIn<'_>, f: &FaultSite<'_>) -> Result<(), FaultErr
         let taken = items.iter().filter(|it| it.from_async).count();
         cx.stats.add(Counter::SwapRaAsyncDropped, taken as u64);
         return Err(FaultError::Device(failed.kind, failed.cause));
+    }
+    for it in items.iter_mut().filter(|it| it.ok) {
+        it.clean = keep_clean(cx, f, it);
     }
     let mapping = map_runs(cx, f, &set, &mut items);
     let (nr_ra, nr_async) = publish(cx, f, &set, &items);
@@ -385,22 +394,20 @@ fn map_runs(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &mut [It
             i += 1;
             continue;
         }
-        // Kept clean (write-protected, slot kept): the faulting page on a read; read-ahead
-        // pages only on devices that ask for it (see `DeviceConfig::clean_readahead`).
-        let wp = |it: &Item| keep_clean(cx, f, it);
+        // Kept clean (write-protected, slot kept): see `keep_clean`.
         let mut j = i + 1;
         while j < items.len()
             && items[j].ok
             && items[j].gi == items[i].gi
             && items[j].page == items[j - 1].page + 1
-            && wp(&items[j]) == wp(&items[i])
+            && items[j].clean == items[i].clean
             && items[j].src == items[j - 1].src.wrapping_add(PAGE_SIZE)
         {
             j += 1;
         }
         let region = f.region(set, items[i].gi);
         let len = (j - i) * PAGE_SIZE;
-        let r = cx.uffd.copy(region.page_addr(items[i].page), items[i].src, len, f.route.wake(), wp(&items[i]));
+        let r = cx.uffd.copy(region.page_addr(items[i].page), items[i].src, len, f.route.wake(), items[i].clean);
         let done = r.done_bytes(len) / PAGE_SIZE;
         if let RangeResult::Partial { errno, .. } = r {
             m.failed_errno = Some(errno);
@@ -421,8 +428,7 @@ fn map_runs(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &mut [It
     if faulting_errno == Some(libc::ENOENT) {
         if let Some(k) = items.iter().position(|it| it.faulting) {
             let it = &items[k];
-            let wp = keep_clean(cx, f, it);
-            match cx.uffd.copy(f.region.page_addr(it.page), it.src, PAGE_SIZE, f.route.wake(), wp) {
+            match cx.uffd.copy(f.region.page_addr(it.page), it.src, PAGE_SIZE, f.route.wake(), it.clean) {
                 RangeResult::Done => {
                     items[k].ok = true;
                     m.nr_mapped += 1;
@@ -458,7 +464,7 @@ fn publish(cx: &SwapIn<'_>, f: &FaultSite<'_>, set: &RegionSet, items: &[Item]) 
         }
         // Read before the slot goes or is unstamped: how the page left.
         let in_workingset = it.faulting && refault_in_workingset(cx, it.entry());
-        let new = if !keep_clean(cx, f, it) {
+        let new = if !it.clean {
             cx.devices.free(it.entry(), f.route.lock_free());
             it.pte.next(PageState::Resident, None)
         } else {
@@ -532,24 +538,31 @@ fn take_async(cx: &SwapIn<'_>, f: &FaultSite<'_>, ctx: usize, io: &mut ContextIo
 }
 
 /// Whether a page comes in clean: write-protected, keeping its slot, so that reclaim can drop
-/// it without writing it, at the price of a write-protect fault on its first write. Worth it
-/// for the faulting page of a read (usually evicted untouched, and never paying the fault),
-/// and for read-ahead pages of devices where a write costs I/O.
+/// it without writing it, at the price of a write-protect fault on its first write. Asked
+/// once per page of a swap-in, before it is mapped ([`Item::clean`]).
 ///
-/// Never in signal mode: there a write-protected page cannot be written by the kernel (a
-/// `read(2)` into it fails with `EFAULT`, as its write-protect fault would need a SIGBUS the
-/// kernel does not send for its own accesses), so a page the thread has just touched must be
-/// mapped writable.
+/// * The faulting page of a read, while its device is under half full (the kernel keeps a
+///   page's swap-cache copy only while swap is, `vm_swap_full`: the copy takes room new
+///   pages may need): usually evicted untouched, never paying the fault. In thread mode,
+///   always; in signal mode, where a lost bet is a SIGBUS round trip, while the pager's
+///   bets win ([`CleanBets`]), and only once the kernel's accesses are prepared (`uswap
+///   run`'s processes, or a program that asked for the system-call guard): before, a
+///   write-protected page cannot be written by the kernel (a `read(2)` into it fails with
+///   `EFAULT`, as its write-protect fault would need a SIGBUS the kernel does not send for
+///   its own accesses), so a page the thread has just touched must be mapped writable.
+/// * Read-ahead pages of devices where a write costs I/O (`DeviceConfig::clean_readahead`),
+///   or with cluster readahead, which finds its pages through their slots' owners.
 fn keep_clean(cx: &SwapIn<'_>, f: &FaultSite<'_>, it: &Item) -> bool {
-    if cx.mode == FaultMode::Signal {
+    let dev = cx.devices.device(it.entry());
+    if !it.faulting {
+        return cx.mode == FaultMode::Thread && (dev.clean_readahead || dev.readahead == ReadaheadPolicy::Cluster);
+    }
+    if f.write || !dev.has_room_for_copies() {
         return false;
     }
-    if it.faulting {
-        !f.write
-    } else {
-        // Cluster readahead finds its pages through their slots' owners, so they keep them.
-        let dev = cx.devices.device(it.entry());
-        dev.clean_readahead || dev.readahead == ReadaheadPolicy::Cluster
+    match cx.mode {
+        FaultMode::Thread => true,
+        FaultMode::Signal => route::kernel_accesses_prepared() && cx.clean_bets.place(),
     }
 }
 

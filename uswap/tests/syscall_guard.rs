@@ -94,7 +94,15 @@ fn check_device(name: &str, device: DeviceConfig, first: bool) -> bool {
             start_watchdog();
         }
         datagrams_into_pages_that_are_out(&p, name, mode);
-        reads_into_pages_just_written(&p, name, mode);
+        reads_into_pages_just_touched(&p, name, mode, Touch::Write);
+        let wp_before = p.stats().pgfault_wp;
+        reads_into_pages_just_touched(&p, name, mode, Touch::Read);
+        if mode == FaultMode::Signal {
+            // The read faults' first window of bets brought pages in clean, and each
+            // `read` into one had the guard unprotect it first.
+            let wp = p.stats().pgfault_wp - wp_before;
+            assert!(wp >= 100, "{name}: {wp} write-protect faults: no page came in clean");
+        }
         if mode == FaultMode::Signal {
             masks_set_later_never_block_sigbus(&p, name);
         }
@@ -178,10 +186,19 @@ fn datagrams_into_pages_that_are_out(p: &Pager, name: &str, mode: FaultMode) {
     }
 }
 
-/// The pattern programs use: write a buffer from user code, then hand it to `read`. Two
-/// other threads fault all the while, so reclaim may take the page between the touch and
-/// the call; every `read` must still get its bytes.
-fn reads_into_pages_just_written(p: &Pager, name: &str, mode: FaultMode) {
+/// How a buffer is touched from user code before it is handed to `read`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Touch {
+    Write,
+    /// In signal mode with the guard, a read fault may bring the page in clean
+    /// (write-protected, keeping its slot): the guard must unprotect it for the kernel.
+    Read,
+}
+
+/// The patterns programs use: write (or read) a buffer from user code, then hand it to
+/// `read`. Two other threads fault all the while, so reclaim may take the page between the
+/// touch and the call; every `read` must still get its bytes.
+fn reads_into_pages_just_touched(p: &Pager, name: &str, mode: FaultMode, touch: Touch) {
     let mut region = p.map(REGION_BYTES).expect("map");
     fill(&mut region);
     let nr_pages = REGION_BYTES / PAGE_SIZE;
@@ -217,8 +234,12 @@ fn reads_into_pages_just_written(p: &Pager, name: &str, mode: FaultMode) {
         for k in 0..NR_READS {
             let i = (k * 7919) % half;
             let page = page_of(&region, i);
-            // SAFETY: the first byte of a region page we own, written from user code.
-            unsafe { std::ptr::write_volatile(page, 0x5a) };
+            match touch {
+                // SAFETY: the first byte of a region page we own, written from user code.
+                Touch::Write => unsafe { std::ptr::write_volatile(page, 0x5a) },
+                // SAFETY: as above, read.
+                Touch::Read => drop(std::hint::black_box(unsafe { std::ptr::read_volatile(page) })),
+            }
             // SAFETY: pread(2) into one page of the region, which we own.
             let n = unsafe { libc::pread(fd, page.cast(), PAGE_SIZE, 0) };
             if n != PAGE_SIZE as isize {
@@ -229,7 +250,7 @@ fn reads_into_pages_just_written(p: &Pager, name: &str, mode: FaultMode) {
         stop.store(true, Ordering::Relaxed);
         assert!(
             failed.is_empty(),
-            "{name}, {mode:?}: {} of {NR_READS} reads failed: {:?}",
+            "{name}, {mode:?}, {touch:?}: {} of {NR_READS} reads failed: {:?}",
             failed.len(),
             &failed[..failed.len().min(5)]
         );
@@ -238,7 +259,7 @@ fn reads_into_pages_just_written(p: &Pager, name: &str, mode: FaultMode) {
         let got = &region.as_slice()[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
         let touched = i < half && (0..NR_READS).any(|k| (k * 7919) % half == i);
         let want = if touched { src.clone() } else { page_bytes(i, 0) };
-        assert!(got == &want[..], "{name}, {mode:?}: page {i} (read into: {touched})");
+        assert!(got == &want[..], "{name}, {mode:?}, {touch:?}: page {i} (read into: {touched})");
     }
 }
 

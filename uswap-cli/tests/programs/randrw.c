@@ -1,7 +1,8 @@
 /* Random access over a working set: fill MIB of memory page by page, then make ACCESSES
- * random word accesses (80 % reads, 20 % writes of a new value), checking every read against
- * what was written, and print a checksum. Its output depends only on its arguments.
- * Usage: randrw MIB ACCESSES [SEED] */
+ * random word accesses (each a read, then with a chance of WRITES in 256 a write of a new
+ * value: by default 52, about 20 %), checking every read against what was written, and print
+ * a checksum. Its output depends only on its arguments.
+ * Usage: randrw MIB ACCESSES [SEED [WRITES]] */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@ int main(int argc, char **argv) {
     size_t mib = argc > 1 ? strtoul(argv[1], 0, 10) : 256;
     uint64_t accesses = argc > 2 ? strtoull(argv[2], 0, 10) : 1000000;
     uint64_t x = argc > 3 ? strtoull(argv[3], 0, 10) : 88172645463325252ull;
+    unsigned writes = argc > 4 ? strtoul(argv[4], 0, 10) : 52;
     size_t words = (mib << 20) / 8;
     uint64_t *a = malloc(words * 8);
     /* One write generation per 4 KiB page (the generation of word i is gen[i / 512]). */
@@ -29,7 +31,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "access %llu: word %zu wrong\n", (unsigned long long)n, i);
             return 3;
         }
-        if ((x & 0xff) < 52) a[i] = value(i, ++gen[page]); /* 52/256: about 20 % writes */
+        if ((x & 0xff) < writes) a[i] = value(i, ++gen[page]);
         sum += a[i] >> 3;
     }
     /* Every word, once more. */

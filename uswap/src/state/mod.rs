@@ -21,6 +21,7 @@
 
 pub(crate) mod async_readahead;
 pub(crate) mod charge;
+pub(crate) mod clean_bets;
 pub(crate) mod cow;
 pub(crate) mod events;
 pub(crate) mod fault_error;
@@ -64,6 +65,8 @@ pub(crate) struct PagerShared {
     pub regions_survive_fork: bool,
     /// Resident pages that are clean (their slot still holds them).
     pub clean_pages: AtomicUsize,
+    /// Whether a signal-mode read fault brings its page in clean (see [`clean_bets`]).
+    pub clean_bets: clean_bets::CleanBets,
     pub devices: SwapDevices,
     /// Resident pages, oldest first: reclaim's victims (see `crate::lru`).
     pub lru: Lru,

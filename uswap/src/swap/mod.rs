@@ -341,6 +341,14 @@ impl SwapDevice {
         self.allocator.inuse_slots()
     }
 
+    /// Whether a page read back may keep its slot (come in clean): the device takes pages
+    /// and is under half full, the kernel's rule for keeping a swap-cache copy
+    /// (`vm_swap_full`). Two atomic loads; any thread.
+    #[inline]
+    pub fn has_room_for_copies(&self) -> bool {
+        self.takes_pages() && self.inuse_slots().saturating_mul(2) < self.nr_slots()
+    }
+
     /// Whether a crc32c is kept per slot.
     pub fn has_checksums(&self) -> bool {
         self.checksums.is_some()

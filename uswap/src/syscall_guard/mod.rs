@@ -56,7 +56,7 @@ mod raw;
 mod sys;
 mod table;
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use libc::c_long;
 
@@ -101,12 +101,10 @@ fn hooks() -> &'static SyscallHooks {
     }
 }
 
-/// Set once the C library's calls are rewritten.
-static STARTED: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process's C library calls go through the guard.
+/// Whether this process's C library calls go through the guard (set once they are
+/// rewritten; the fault path reads the same word, `state::route`).
 pub fn started() -> bool {
-    STARTED.load(Ordering::Acquire)
+    crate::state::route::kernel_accesses_prepared()
 }
 
 /// Why the C library's calls were not rewritten.
@@ -165,7 +163,7 @@ pub unsafe fn start(
     hooks: &'static SyscallHooks,
     program_sp: Option<usize>,
 ) -> Result<PatchReport, PatchError> {
-    assert!(!STARTED.load(Ordering::Acquire), "uswap invariant: the system-call guard starts once");
+    assert!(!started(), "uswap invariant: the system-call guard starts once");
     HOOKS.store(hooks as *const SyscallHooks as *mut SyscallHooks, Ordering::Release);
     entry::note_cancellation();
     // SAFETY: the caller's contract; the table and the entry live as long as the process.
@@ -174,7 +172,7 @@ pub unsafe fn start(
     // one thread still: see `image::take_reservation`).
     image::release_reservation();
     if r.is_ok() {
-        STARTED.store(true, Ordering::Release);
+        crate::state::route::set_kernel_accesses_prepared();
     }
     r
 }
