@@ -38,7 +38,7 @@ use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet};
 use crate::state::async_readahead::ContextIo;
 use crate::state::clean_bets::CleanBets;
 use crate::state::fault_error::FaultError;
-use crate::state::route::{self, Route};
+use crate::state::route::Route;
 use crate::state::{ErrorLog, PageErrorKind, PagerId, PagerShared};
 use crate::stats::{Counter, PerCpuStats};
 use crate::swap::{ReadaheadPolicy, SwapDevices, SwapEntry};
@@ -545,11 +545,13 @@ fn take_async(cx: &SwapIn<'_>, f: &FaultSite<'_>, ctx: usize, io: &mut ContextIo
 ///   page's swap-cache copy only while swap is, `vm_swap_full`: the copy takes room new
 ///   pages may need): usually evicted untouched, never paying the fault. In thread mode,
 ///   always; in signal mode, where a lost bet is a SIGBUS round trip, while the pager's
-///   bets win ([`CleanBets`]), and only once the kernel's accesses are prepared (`uswap
-///   run`'s processes, or a program that asked for the system-call guard): before, a
-///   write-protected page cannot be written by the kernel (a `read(2)` into it fails with
-///   `EFAULT`, as its write-protect fault would need a SIGBUS the kernel does not send for
-///   its own accesses), so a page the thread has just touched must be mapped writable.
+///   bets win ([`CleanBets`]), and only where every system call of the C library is
+///   routed through the guard and every thread has its alternate signal stack (`uswap
+///   run`'s processes, `uffd::sigbus::system_calls_routed`, the rule for read faults'
+///   zero pages too): otherwise a write-protected page cannot be written by the kernel (a
+///   `read(2)` into it fails with `EFAULT`, as its write-protect fault would need a SIGBUS
+///   the kernel does not send for its own accesses), so a page the thread has just touched
+///   must be mapped writable.
 /// * Read-ahead pages of devices where a write costs I/O (`DeviceConfig::clean_readahead`),
 ///   or with cluster readahead, which finds its pages through their slots' owners.
 fn keep_clean(cx: &SwapIn<'_>, f: &FaultSite<'_>, it: &Item) -> bool {
@@ -562,7 +564,7 @@ fn keep_clean(cx: &SwapIn<'_>, f: &FaultSite<'_>, it: &Item) -> bool {
     }
     match cx.mode {
         FaultMode::Thread => true,
-        FaultMode::Signal => route::kernel_accesses_prepared() && cx.clean_bets.place(),
+        FaultMode::Signal => crate::uffd::sigbus::system_calls_routed() && cx.clean_bets.place(),
     }
 }
 

@@ -4,14 +4,9 @@
 //! delivery (`crate::fault`) hands fault service (`crate::fault_service`) and reads back.
 //! Why a service failed is [`super::fault_error`]'s.
 //!
-//! Also the process's one word about system calls: whether the kernel's accesses to managed
-//! memory are prepared like the program's ([`kernel_accesses_prepared`]), which decides how
-//! a signal-mode fault may map a page.
-//!
-//! Locking: none; the window is a thread-local `Cell`, the word an atomic set once.
+//! Locking: none; the window is a thread-local `Cell`.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 thread_local! {
     /// The most pages one fault's service mapped since the handler last reset it (a
@@ -53,23 +48,4 @@ impl Route {
     pub(crate) fn lock_free(self) -> bool {
         self == Route::SignalLockFree
     }
-}
-
-/// Set once this process's system calls through the C library have their memory made ready
-/// before the kernel touches it (`crate::syscall_guard` has rewritten them; the slow path is
-/// `crate::user_access`). Never cleared.
-static KERNEL_ACCESSES_PREPARED: AtomicBool = AtomicBool::new(false);
-
-/// Whether the kernel's accesses to managed memory inside system calls are prepared: a
-/// page it would write has its write-protect fault served first, as a missing page's fault
-/// is. Until then a signal-mode fault must not map a page write-protected (clean, keeping
-/// its slot): a `read(2)` into it would fail with `EFAULT`, the kernel sending no SIGBUS
-/// for its own accesses.
-pub(crate) fn kernel_accesses_prepared() -> bool {
-    KERNEL_ACCESSES_PREPARED.load(Ordering::Acquire)
-}
-
-/// Says that the kernel's accesses are prepared from now on (`crate::syscall_guard`, once).
-pub(crate) fn set_kernel_accesses_prepared() {
-    KERNEL_ACCESSES_PREPARED.store(true, Ordering::Release);
 }

@@ -341,12 +341,13 @@ impl SwapDevice {
         self.allocator.inuse_slots()
     }
 
-    /// Whether a page read back may keep its slot (come in clean): the device takes pages
-    /// and is under half full, the kernel's rule for keeping a swap-cache copy
-    /// (`vm_swap_full`). Two atomic loads; any thread.
+    /// Whether a page read back may keep its slot (come in clean): the device is under half
+    /// full, the kernel's rule for keeping a swap-cache copy (`vm_swap_full`), and is no
+    /// pool at its cap. A degraded device (its writes fail) keeps its copies: dropping clean
+    /// pages is then the only way reclaim has to make room. A few atomic loads; any thread.
     #[inline]
     pub fn has_room_for_copies(&self) -> bool {
-        self.takes_pages() && self.inuse_slots().saturating_mul(2) < self.nr_slots()
+        self.backend.accepting() && self.inuse_slots().saturating_mul(2) < self.nr_slots()
     }
 
     /// Whether a crc32c is kept per slot.

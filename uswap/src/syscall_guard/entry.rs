@@ -230,12 +230,20 @@ fn prepare(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
         Rule::Plain => Prepared::default(),
         Rule::Buf { ptr, len, scale, write } => ready(pin, arg(ptr), arg(len).saturating_mul(scale as u64), write),
         Rule::Iov { iov, cnt, write } => ready_iov(pin, arg(iov), arg(cnt), write),
+        Rule::Datagram { write } => {
+            // The address's length is not known before the call: as much as `Generic` takes.
+            let addr = ready(pin, arg(4), GENERIC_BYTES, write);
+            let addr_len = if write { ready(pin, arg(5), 4, true) } else { Prepared::default() };
+            ready(pin, arg(1), arg(2), write) | addr | addr_len
+        }
         Rule::Msg { msg, write } => ready_msg(pin, arg(msg), write),
         Rule::MMsg { vec, cnt, write } => {
             let size = std::mem::size_of::<libc::mmsghdr>() as u64;
             let mut managed = Prepared::default();
             for i in 0..arg(cnt).min(MAX_VECS as u64) {
-                managed = managed | ready_msg(pin, arg(vec) + i * size, write);
+                // The header, and after it the length the kernel writes back (`msg_len`).
+                let at = arg(vec) + i * size;
+                managed = managed | ready_msg(pin, at, write) | ready(pin, at, size, write);
             }
             managed
         }

@@ -56,7 +56,7 @@ mod raw;
 mod sys;
 mod table;
 
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use libc::c_long;
 
@@ -101,10 +101,12 @@ fn hooks() -> &'static SyscallHooks {
     }
 }
 
-/// Whether this process's C library calls go through the guard (set once they are
-/// rewritten; the fault path reads the same word, `state::route`).
+/// Set once the C library's calls are rewritten.
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process's C library calls go through the guard.
 pub fn started() -> bool {
-    crate::state::route::kernel_accesses_prepared()
+    STARTED.load(Ordering::Acquire)
 }
 
 /// Why the C library's calls were not rewritten.
@@ -163,7 +165,7 @@ pub unsafe fn start(
     hooks: &'static SyscallHooks,
     program_sp: Option<usize>,
 ) -> Result<PatchReport, PatchError> {
-    assert!(!started(), "uswap invariant: the system-call guard starts once");
+    assert!(!STARTED.load(Ordering::Acquire), "uswap invariant: the system-call guard starts once");
     HOOKS.store(hooks as *const SyscallHooks as *mut SyscallHooks, Ordering::Release);
     entry::note_cancellation();
     // SAFETY: the caller's contract; the table and the entry live as long as the process.
@@ -172,7 +174,7 @@ pub unsafe fn start(
     // one thread still: see `image::take_reservation`).
     image::release_reservation();
     if r.is_ok() {
-        crate::state::route::set_kernel_accesses_prepared();
+        STARTED.store(true, Ordering::Release);
     }
     r
 }

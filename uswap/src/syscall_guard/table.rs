@@ -20,6 +20,10 @@ pub enum Rule {
     Buf { ptr: u8, len: u8, scale: u16, write: bool },
     /// Argument `iov` is an array of argument `cnt` `struct iovec`s.
     Iov { iov: u8, cnt: u8, write: bool },
+    /// `recvfrom` (`write`) or `sendto`: argument 1 points to argument 2 bytes of data,
+    /// argument 4 to the peer's address (written by `recvfrom`, with its length at the
+    /// `socklen_t` argument 5 points to).
+    Datagram { write: bool },
     /// Argument `msg` is a `struct msghdr`.
     Msg { msg: u8, write: bool },
     /// Argument `vec` is an array of argument `cnt` `struct mmsghdr`s.
@@ -37,13 +41,12 @@ const fn buf(ptr: u8, len: u8, write: bool) -> Rule {
 /// The rule for system call `nr`.
 pub fn rule(nr: c_long) -> Rule {
     match nr {
-        libc::SYS_read
-        | libc::SYS_pread64
-        | libc::SYS_recvfrom
-        | libc::SYS_getdents64
-        | libc::SYS_getdents
-        | libc::SYS_readlink => buf(1, 2, true),
-        libc::SYS_write | libc::SYS_pwrite64 | libc::SYS_sendto => buf(1, 2, false),
+        libc::SYS_recvfrom => Rule::Datagram { write: true },
+        libc::SYS_sendto => Rule::Datagram { write: false },
+        libc::SYS_read | libc::SYS_pread64 | libc::SYS_getdents64 | libc::SYS_getdents | libc::SYS_readlink => {
+            buf(1, 2, true)
+        }
+        libc::SYS_write | libc::SYS_pwrite64 => buf(1, 2, false),
         libc::SYS_readlinkat => buf(2, 3, true),
         libc::SYS_getrandom | libc::SYS_getcwd => buf(0, 1, true),
         libc::SYS_epoll_wait | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {

@@ -146,7 +146,10 @@ impl ClusterView {
                     if let Some(con) = self.node(sh, &addr) {
                         if redis::cmd("ASKING").query::<()>(con).is_ok() {
                             match f(con).map_err(unpipelined) {
-                                Ok(v) => return Ok(v),
+                                Ok(v) => {
+                                    sh.node_answered(&addr);
+                                    return Ok(v);
+                                }
                                 Err(e) if Redirect::of(&e).is_some() || is_failover_error(&e) => {}
                                 Err(e) => return Err(refused(sh, e)),
                             }

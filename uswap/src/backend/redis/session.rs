@@ -69,26 +69,32 @@ pub fn delete_session(seeds: &[String], cluster: bool, session: &str, within: Du
 /// until `deadline_ns`. Returns the keys deleted, or the primaries that failed: the others
 /// are cleaned all the same (a node that died takes only its own keys out of reach).
 pub(super) fn delete_on_primaries(seeds: &[String], pattern: &str, deadline_ns: u64) -> Result<u64, String> {
-    let timeout = || Duration::from_nanos((deadline_ns.saturating_sub(now_ns()) / 2).clamp(1_000_000, 2_000_000_000));
-    let primaries = primaries_of(seeds, true, timeout());
+    // Each step (connect, a reply) may take this share of what is left: a primary that does
+    // not answer leaves time for the others.
+    let timeout = |nr_left: usize| {
+        let left_ns = deadline_ns.saturating_sub(now_ns()) / (2 * nr_left.max(1) as u64);
+        Duration::from_nanos(left_ns.clamp(1_000_000, 2_000_000_000))
+    };
+    let primaries = primaries_of(seeds, true, timeout(1));
     if primaries.is_empty() {
         return Err("no seed answered with the cluster's slot map".into());
     }
     let mut deleted = 0;
     let mut failed = Vec::new();
-    for addr in &primaries {
-        let t = timeout();
+    for (k, addr) in primaries.iter().enumerate() {
+        let t = timeout(primaries.len() - k);
         match connect(addr, t, t).map(|mut con| scan_delete(&mut con, pattern, deadline_ns, true)) {
             Ok(Some(n)) => deleted += n,
             Ok(None) => failed.push(format!("{addr}: deleting keys failed or took too long")),
             Err(e) => failed.push(format!("{addr}: {e}")),
         }
     }
-    if failed.is_empty() {
-        return Ok(deleted);
-    }
     let nr_done = primaries.len() - failed.len();
-    Err(format!("{} ({deleted} keys deleted from the {nr_done} other primaries)", failed.join("; ")))
+    match (failed.is_empty(), nr_done) {
+        (true, _) => Ok(deleted),
+        (false, 0) => Err(failed.join("; ")),
+        (false, _) => Err(format!("{} (the {nr_done} other primaries answered)", failed.join("; "))),
+    }
 }
 
 /// Deletes the keys matching `pattern` (SCAN + DEL) until `deadline_ns`; `None` if it could

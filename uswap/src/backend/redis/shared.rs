@@ -49,6 +49,13 @@ pub(super) struct Counters {
     pub(super) redirects: AtomicU64,
 }
 
+/// A cluster node lost, in [`Shared::lost_nodes`].
+pub(super) struct LostNode {
+    addr: String,
+    deadline_ns: u64,
+    last_failed_ns: u64,
+}
+
 /// State shared by the backend, its threads and its asynchronous readers.
 pub(super) struct Shared {
     pub(super) name: String,
@@ -77,12 +84,14 @@ pub(super) struct Shared {
     pub(super) episode_deadline_ns: AtomicU64,
     /// On a Redis Cluster, the nodes lost (a connection error, `LOADING`, ...): each one's
     /// failover episode, from the first request that found it gone to its first answer to
-    /// a device thread, or to a map that no longer names it, and when that episode's
-    /// failover timeout ends. Requests for its hash slots that come later wait for the map
-    /// to move them until then, not each for a timeout of its own; the other nodes' are
-    /// served meanwhile. Device threads only (`routing.rs`); `nr_lost_nodes` lets an answer
-    /// skip the lock when no node is lost.
-    pub(super) lost_nodes: Mutex<Vec<(String, u64)>>,
+    /// a device thread, or to a map that no longer names it: the address, when the
+    /// episode's failover timeout ends, and when a request last found the node gone.
+    /// Requests for its hash slots that come later wait for the map to move them until
+    /// then, not each for a timeout of its own; the other nodes' are served meanwhile. An
+    /// episode no request has continued for a failover timeout is over too (the node may
+    /// have answered only the faulting threads' reads, which take no lock). Device threads
+    /// only (`routing.rs`); `nr_lost_nodes` lets an answer skip the lock when none is lost.
+    pub(super) lost_nodes: Mutex<Vec<LostNode>>,
     pub(super) nr_lost_nodes: AtomicUsize,
     pub(super) declining_until_ns: AtomicU64,
     /// That the store is full was said (once a device).
@@ -141,13 +150,20 @@ impl Shared {
             // waits its own timeout, as before episodes.
             return (u64::MAX, false);
         };
-        if let Some(&(_, deadline_ns)) = lost.iter().find(|(a, _)| a == addr) {
-            return (deadline_ns, false);
+        let now = now_ns();
+        let timeout_ns = self.failover_timeout_ns;
+        if let Some(n) = lost.iter_mut().find(|n| n.addr == addr) {
+            if now.saturating_sub(n.last_failed_ns) <= timeout_ns {
+                n.last_failed_ns = now;
+                return (n.deadline_ns, false);
+            }
+            // Not found gone for a timeout: a new outage.
+            *n = LostNode { addr: addr.to_string(), deadline_ns: now + timeout_ns, last_failed_ns: now };
+            return (n.deadline_ns, true);
         }
-        let deadline_ns = now_ns() + self.failover_timeout_ns;
-        lost.push((addr.to_string(), deadline_ns));
+        lost.push(LostNode { addr: addr.to_string(), deadline_ns: now + timeout_ns, last_failed_ns: now });
         self.nr_lost_nodes.store(lost.len(), Ordering::Release);
-        (deadline_ns, true)
+        (now + timeout_ns, true)
     }
 
     /// The cluster node `addr` answered a request (an error it chose is an answer): its
@@ -170,7 +186,7 @@ impl Shared {
 
     fn forget_lost_nodes(&self, forget: impl Fn(&str) -> bool) {
         if let Ok(mut lost) = self.lost_nodes.lock() {
-            lost.retain(|(a, _)| !forget(a));
+            lost.retain(|n| !forget(&n.addr));
             self.nr_lost_nodes.store(lost.len(), Ordering::Release);
         }
     }
