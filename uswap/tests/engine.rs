@@ -610,9 +610,10 @@ fn thread_mode_writes_to_clean_pages_after_madv_free() {
     assert!(st.uffd_remove >= 1, "the MADV_FREE reached the engine: {st:?}");
 }
 
-/// Signal mode without the system-call guard keeps no page clean: the kernel could not
-/// write a write-protected page (`read(2)` into it failed with EFAULT), so every page comes
-/// back writable, frees its slot, and is written again when evicted. (With the guard, see
+/// Signal mode keeps no page clean unless every system call is routed through the guard
+/// (`uswap::sigbus::note_system_calls_routed`, which `uswap run` declares): the kernel could
+/// not write a write-protected page (`read(2)` into it failed with EFAULT), so every page
+/// comes back writable, frees its slot, and is written again when evicted. (Routed: see
 /// `uswap-cli/tests/run.rs`, `signal_mode_keeps_pages_read_back_clean_while_the_bet_wins`.)
 #[test]
 fn signal_mode_pages_come_back_writable() {
