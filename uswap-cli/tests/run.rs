@@ -1777,6 +1777,27 @@ fn sigterm_ends_a_run_whose_redis_store_stopped_answering_within_two_seconds() {
     }
 }
 
+/// `uswap run` of `randrw` (built at `p`) paging to `device` (with `failover_ms=2000`) in
+/// fault mode `mode`, with `server`, a Redis server the store needs, SIGKILLed 2.5 s in:
+/// the run ends in SIGBUS on a page it cannot read back, within 8 s of the kill (the 2 s
+/// timeout, then the deletion of the keys, which waits as long again). Its stderr.
+fn sigbus_once_the_store_dies(device: &str, mode: &str, p: &Path, server: libc::pid_t) -> String {
+    let mut cmd = randrw_paging_to(device, mode, p);
+    let mut killed_at = None;
+    let out = common::run_timed_with(&mut cmd, Duration::from_secs(120), |_| {
+        std::thread::sleep(Duration::from_millis(2500));
+        // SAFETY: kill(2) of a server the calling test started.
+        unsafe { libc::kill(server, libc::SIGKILL) };
+        killed_at = Some(Instant::now());
+    });
+    let took = killed_at.expect("the server was killed").elapsed();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(128 + libc::SIGBUS), "{mode}: {err}");
+    assert!(err.contains("could not be read from its swap device"), "{mode}: {err}");
+    assert!(took < Duration::from_secs(8), "{mode}: the run ended {took:?} after the kill: {err}");
+    err
+}
+
 /// A program paging to a Redis store that dies (SIGKILL, no replica): its next fault on a page
 /// out there ends in SIGBUS within about the failover timeout, said on stderr, in both fault
 /// modes, and the run's advice names the device, not the limit. Before, every request queued
@@ -1795,20 +1816,7 @@ fn a_redis_store_that_dies_fails_the_program_within_its_failover_timeout() {
         let redis = LocalRedis::start(1, 0, &[]).expect("a local redis-server starts");
         let server = redis.pid(0).expect("the server runs") as libc::pid_t;
         let device = format!("{}?failover_ms=2000", redis.url(0));
-        let mut cmd = randrw_paging_to(&device, mode, &p);
-        let mut killed_at = None;
-        let out = common::run_timed_with(&mut cmd, Duration::from_secs(120), |_| {
-            std::thread::sleep(Duration::from_millis(2500));
-            // SAFETY: kill(2) of the server this test started.
-            unsafe { libc::kill(server, libc::SIGKILL) };
-            killed_at = Some(Instant::now());
-        });
-        let took = killed_at.unwrap().elapsed();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(128 + libc::SIGBUS), "{mode}: {err}");
-        assert!(err.contains("could not be read from its swap device"), "{mode}: {err}");
-        // The 2 s timeout, then the deletion of the keys, which waits as long again.
-        assert!(took < Duration::from_secs(8), "{mode}: the run ended {took:?} after the kill: {err}");
+        let err = sigbus_once_the_store_dies(&device, mode, &p, server);
         // Said when the program stalled most of its run (it usually did).
         if let Some(advice) = err.lines().find(|l| l.contains("waited for memory")) {
             assert!(advice.contains("ended by SIGBUS") && !advice.contains("--limit"), "{mode}: {advice}");
@@ -1862,20 +1870,8 @@ fn a_redis_cluster_node_that_dies_fails_the_program_within_its_failover_timeout(
         let dead = redis.primary_index(0);
         let server = redis.pid(dead).expect("the node runs") as libc::pid_t;
         let device = format!("{}?failover_ms=2000", redis.cluster_url());
-        let mut cmd = randrw_paging_to(&device, mode, &p);
-        let mut killed_at = None;
-        let out = common::run_timed_with(&mut cmd, Duration::from_secs(120), |_| {
-            std::thread::sleep(Duration::from_millis(2500));
-            // SAFETY: kill(2) of a server this test started.
-            unsafe { libc::kill(server, libc::SIGKILL) };
-            killed_at = Some(Instant::now());
-        });
-        let took = killed_at.unwrap().elapsed();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(128 + libc::SIGBUS), "{mode}: {err}");
-        assert!(err.contains("could not be read from its swap device"), "{mode}: {err}");
+        let err = sigbus_once_the_store_dies(&device, mode, &p, server);
         assert!(err.contains(&format!("lost the cluster node {}", redis.addr(dead))), "{mode}: {err}");
-        assert!(took < Duration::from_secs(8), "{mode}: the run ended {took:?} after the kill: {err}");
         let not_deleted = err.lines().find(|l| l.contains("could not delete")).unwrap_or_default();
         assert!(not_deleted.contains("redis-cluster://") && not_deleted.contains(&redis.addr(dead)), "{mode}: {err}");
         for k in (0..redis.len()).filter(|&k| k != dead) {

@@ -23,9 +23,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Bets a window counts before it decides.
-pub(crate) const WINDOW_BETS: u32 = 256;
+const WINDOW_BETS: u32 = 256;
 /// While not betting, one read fault in this many still bets.
-pub(crate) const SAMPLE_ONE_IN: u32 = 32;
+const SAMPLE_ONE_IN: u32 = 32;
 /// A window that lost this many of its bets or more stops betting.
 const LOSING_BETS: u32 = WINDOW_BETS / 32;
 
