@@ -280,6 +280,56 @@ fn processes_far_below_a_large_limit_run_without_pagers_charged_to_the_tree() {
     assert!((1024..=2048).contains(&peak_mib), "ten heaps of 112 MiB, at most the limit: {peak_mib} MiB: {v}");
 }
 
+/// A process that needs no pager keeps the C library's malloc past its first 2 MiB while its
+/// tree is calm (the tree's charge under a sixteenth of the limit), up to a quarter of
+/// `--start-after`, charged to the tree: under 4 GiB (a pager at 256 MiB of heap)
+/// `heaphold` with 48 MiB of blocks is served as plain (a block of 4,100 bytes holds what
+/// the C library gives it, not mimalloc's 5,120), with no pager and its heap in the tree's
+/// resident peak. Under 1 GiB, beside a process that holds 80 MiB (more than a sixteenth),
+/// the same program gets mimalloc past 2 MiB, and the first process its pager, with at most
+/// a quarter of its `--start-after` (16 MiB) left in the C library's heap, measured as
+/// unmanaged. Every byte is checked in every process.
+#[test]
+fn a_calm_tree_lets_a_process_keep_the_c_librarys_heap() {
+    let dir = tmpdir("tree-calm");
+    let p = compile("heaphold", &dir, &[]);
+    let usable = |err: &str, mib: u32| -> u64 {
+        let prefix = format!("heaphold {mib} MiB: a block of 4100 bytes holds ");
+        let line = err.lines().find_map(|l| l.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("{err}"));
+        line.trim().parse().unwrap_or_else(|_| panic!("{line}"))
+    };
+    let plain = run_timed(Command::new(&p).args(["48", "0"]), Duration::from_secs(60));
+    let plain_bytes = usable(&String::from_utf8_lossy(&plain.stderr), 48);
+    assert!(plain_bytes < 5120, "the C library's block: {plain_bytes}");
+
+    let (o, v) = uswap_run(4096, &[], &[p.to_str().unwrap(), "48", "0"], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.stdout, plain.stdout);
+    assert_eq!(usable(&stderr(&o), 48), plain_bytes, "a calm tree: the C library's heap throughout");
+    assert_eq!(counter(&v, "processes"), 0, "no pager: {v}");
+    let peak_mib = counter(&v, "resident_peak_bytes") >> 20;
+    assert!((40..=64).contains(&peak_mib), "the heap is charged to the tree: {peak_mib} MiB: {v}");
+
+    let two = format!("'{p}' 80 3000 & sleep 1.5; '{p}' 48 0; wait", p = p.display());
+    let (o, v) = uswap_run(1024, &[], &["sh", "-c", &two], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plain80 = run_timed(Command::new(&p).args(["80", "0"]), Duration::from_secs(60));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("{}{}", String::from_utf8_lossy(&plain.stdout), String::from_utf8_lossy(&plain80.stdout))
+    );
+    let err = stderr(&o);
+    assert_ne!(usable(&err, 48), plain_bytes, "beside 80 MiB under 1 GiB the tree is not calm: mimalloc: {err}");
+    assert_ne!(usable(&err, 80), plain_bytes, "80 MiB is past a quarter of its --start-after: {err}");
+    assert_eq!(counter(&v, "processes"), 1, "the process of 80 MiB passed its --start-after (64 MiB): {v}");
+    let unmanaged_mib = counter(&v, "unmanaged_peak_bytes") >> 20;
+    assert!(
+        unmanaged_mib <= 32,
+        "at most 16 MiB of the C library's heap and the process's own: {unmanaged_mib} MiB: {v}"
+    );
+    assert!(!err.contains("does not hold"), "{err}");
+}
+
 /// `mprotect(PROT_READ)` calls that fail change nothing, so they let go of nothing a
 /// waiting process deferred (`mprotfail.c`): one at an address not page-aligned (`EINVAL`),
 /// one that starts at a hole (`ENOMEM`). Both arenas of 4 MiB are taken over whole when the

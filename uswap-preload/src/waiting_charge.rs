@@ -9,7 +9,8 @@
 //! back, and the mappings it made as the kernel's instead of as regions of its own
 //! ([`note_deferred`]: `mmap`'s "deferred" mappings, such as CPython's arenas). Past
 //! [`CHARGED_AFTER_BYTES`] a waiting process takes a slot of the tree's charge segment and
-//! charges it there, in pages. The tree's pagers then reclaim for it (the limit holds for
+//! charges it there, in pages; one whose C library heap passes its first 2 MiB takes it
+//! then, and keeps that heap only while the tree is calm ([`charge_c_library_heap`]). The tree's pagers then reclaim for it (the limit holds for
 //! the tree as a whole), and `uswap run`'s resident peak counts it. A waiting process
 //! cannot reclaim, and a tree of waiting processes would have no one to hold the limit:
 //! once the tree's charge is at half its limit or more, a waiting process starts its pager
@@ -81,6 +82,36 @@ pub fn waiting_bytes() -> usize {
 pub fn note_heap(committed_bytes: usize) -> bool {
     HEAP_BYTES.store(committed_bytes, Ordering::Release);
     recharge()
+}
+
+/// The tree is calm while its charge, the asking process's included, is under this share of
+/// its limit (a sixteenth): a waiting process's C library heap may then grow past 2 MiB
+/// ([`charge_c_library_heap`]).
+const CALM_SHARE_DIVISOR: usize = 16;
+
+/// A waiting process's C library heap would hold `heap_bytes`, past its first 2 MiB
+/// (`crate::heap`, "The C library's heap first"). Joins the tree if need be and charges the
+/// heap there; returns whether the tree is calm, its charge under a sixteenth of its limit.
+/// Then the heap may stay the C library's: with no pager to come (a `sqlite3` of 380 MiB
+/// under `--limit 64GiB`) the program keeps its own allocator's speed and size classes. What
+/// the C library's heaps of a tree's processes hold past their first 2 MiB when their pagers
+/// start stays outside the budget for good; granted only while the tree is calm, it is about
+/// a sixteenth of the limit together, below `uswap run`'s warning at a tenth. False (the
+/// caller brings mimalloc up, as at 2 MiB before) in a `vfork` child, in a signal handler
+/// (the join opens a file), outside a tree, or with every slot taken.
+pub fn charge_c_library_heap(heap_bytes: usize) -> bool {
+    if !crate::own_process::is_own_process() || !crate::is_waiting() || crate::in_signal_handler() {
+        return false;
+    }
+    if SLOT.load(Ordering::Acquire).is_null() && (JOIN_FAILED.load(Ordering::Relaxed) || !join()) {
+        return false;
+    }
+    let (slot, Some(seg)) = (SLOT.load(Ordering::Acquire), crate::segment()) else { return false };
+    HEAP_BYTES.store(heap_bytes, Ordering::Release);
+    let charge = seg.charge();
+    // SAFETY: a cell of the segment, which stays mapped for the life of the process.
+    charge.set_charge_without_pager(unsafe { &*slot }, waiting_bytes() / uswap::PAGE_SIZE);
+    charge.resident_pages.load(Ordering::Acquire) < charge.limit_pages.load(Ordering::Acquire) / CALM_SHARE_DIVISOR
 }
 
 /// The mappings a waiting process made as the kernel's, to be taken over when its pager
