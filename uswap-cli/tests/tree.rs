@@ -281,14 +281,15 @@ fn processes_far_below_a_large_limit_run_without_pagers_charged_to_the_tree() {
 }
 
 /// A process that needs no pager keeps the C library's malloc past its first 2 MiB while its
-/// tree is calm (the tree's charge under a sixteenth of the limit), up to a quarter of
+/// tree is calm (what the tree holds under a sixteenth of the limit), up to a quarter of
 /// `--start-after`, charged to the tree: under 4 GiB (a pager at 256 MiB of heap)
 /// `heaphold` with 48 MiB of blocks is served as plain (a block of 4,100 bytes holds what
 /// the C library gives it, not mimalloc's 5,120), with no pager and its heap in the tree's
-/// resident peak. Under 1 GiB, beside a process that holds 80 MiB (more than a sixteenth),
-/// the same program gets mimalloc past 2 MiB, and the first process its pager, with at most
-/// a quarter of its `--start-after` (16 MiB) left in the C library's heap, measured as
-/// unmanaged. Every byte is checked in every process.
+/// resident peak; under 1 GiB so is one with 8 MiB (under its quarter, 16 MiB). Beside a
+/// process that holds 120 MiB (more than a sixteenth of 1 GiB) the same 8 MiB get mimalloc
+/// past 2 MiB, and the large process, past its quarter, mimalloc and its pager, with at most
+/// its quarter left in the C library's heap, measured as unmanaged. Every byte is checked in
+/// every process.
 #[test]
 fn a_calm_tree_lets_a_process_keep_the_c_librarys_heap() {
     let dir = tmpdir("tree-calm");
@@ -298,30 +299,33 @@ fn a_calm_tree_lets_a_process_keep_the_c_librarys_heap() {
         let line = err.lines().find_map(|l| l.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("{err}"));
         line.trim().parse().unwrap_or_else(|_| panic!("{line}"))
     };
-    let plain = run_timed(Command::new(&p).args(["48", "0"]), Duration::from_secs(60));
-    let plain_bytes = usable(&String::from_utf8_lossy(&plain.stderr), 48);
+    let plain_run = |mib: &str| run_timed(Command::new(&p).args([mib, "0"]), Duration::from_secs(60));
+    let (plain48, plain8, plain120) = (plain_run("48"), plain_run("8"), plain_run("120"));
+    let plain_bytes = usable(&String::from_utf8_lossy(&plain48.stderr), 48);
     assert!(plain_bytes < 5120, "the C library's block: {plain_bytes}");
 
     let (o, v) = uswap_run(4096, &[], &[p.to_str().unwrap(), "48", "0"], &dir);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(o.stdout, plain.stdout);
+    assert_eq!(o.stdout, plain48.stdout);
     assert_eq!(usable(&stderr(&o), 48), plain_bytes, "a calm tree: the C library's heap throughout");
     assert_eq!(counter(&v, "processes"), 0, "no pager: {v}");
     let peak_mib = counter(&v, "resident_peak_bytes") >> 20;
     assert!((40..=64).contains(&peak_mib), "the heap is charged to the tree: {peak_mib} MiB: {v}");
 
-    let two = format!("'{p}' 80 3000 & sleep 1.5; '{p}' 48 0; wait", p = p.display());
+    let (o, _) = uswap_run(1024, &[], &[p.to_str().unwrap(), "8", "0"], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.stdout, plain8.stdout);
+    assert_eq!(usable(&stderr(&o), 8), plain_bytes, "alone under 1 GiB, 8 MiB stay the C library's");
+
+    let two = format!("'{p}' 120 3000 & sleep 1.5; '{p}' 8 0; wait", p = p.display());
     let (o, v) = uswap_run(1024, &[], &["sh", "-c", &two], &dir);
     assert!(o.status.success(), "{}", stderr(&o));
-    let plain80 = run_timed(Command::new(&p).args(["80", "0"]), Duration::from_secs(60));
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout),
-        format!("{}{}", String::from_utf8_lossy(&plain.stdout), String::from_utf8_lossy(&plain80.stdout))
-    );
+    let out = format!("{}{}", String::from_utf8_lossy(&plain8.stdout), String::from_utf8_lossy(&plain120.stdout));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), out);
     let err = stderr(&o);
-    assert_ne!(usable(&err, 48), plain_bytes, "beside 80 MiB under 1 GiB the tree is not calm: mimalloc: {err}");
-    assert_ne!(usable(&err, 80), plain_bytes, "80 MiB is past a quarter of its --start-after: {err}");
-    assert_eq!(counter(&v, "processes"), 1, "the process of 80 MiB passed its --start-after (64 MiB): {v}");
+    assert_ne!(usable(&err, 8), plain_bytes, "beside 120 MiB under 1 GiB the tree is not calm: mimalloc: {err}");
+    assert_ne!(usable(&err, 120), plain_bytes, "120 MiB is past a quarter of its --start-after: {err}");
+    assert_eq!(counter(&v, "processes"), 1, "the process of 120 MiB passed its --start-after (64 MiB): {v}");
     let unmanaged_mib = counter(&v, "unmanaged_peak_bytes") >> 20;
     assert!(
         unmanaged_mib <= 32,

@@ -91,7 +91,6 @@ extern "C" fn child() {
     crate::forget_start_in_fork_child();
     // A waiting parent's slot is its own; the child joins with one of its own if it must.
     crate::waiting_charge::forget_in_fork_child();
-    crate::heap::forget_grant_in_fork_child();
     // The thread-local holds the parent's thread's id.
     uswap::note_thread_start();
     let Some(held) = HELD.with(|h| h.borrow_mut().take()) else { return };

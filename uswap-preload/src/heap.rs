@@ -34,8 +34,9 @@
 //! here, two files of `/proc` and `/sys` read, its page map mapped) and the first arena's
 //! bitmaps cost about 0.15 ms of every exec, and a shell's forks copied mimalloc's pages on
 //! write. Past its first 2 MiB a process asks its tree ([`grant_c_library_heap`], a MiB
-//! at a time): while the tree is calm (its charge, this process's included, under a
-//! sixteenth of the limit) the C library's heap may grow on to a quarter of
+//! at a time): while the tree is calm (its charge, this process's included, and the memory
+//! its pagers measured outside the budget, under a sixteenth of the limit) the C library's
+//! heap may grow on to a quarter of
 //! `USWAP_START_AFTER`, charged to the tree from its first byte
 //! (`waiting_charge::charge_c_library_heap`). So a program far below a large limit keeps
 //! its own allocator, its size classes and its speed: `sqlite3`'s 4.1-4.8 KiB page-cache
@@ -172,11 +173,15 @@ fn grant_c_library_heap(wanted_bytes: usize, most: usize) -> bool {
         return false;
     }
     let grant_bytes = wanted_bytes.saturating_add(C_LIBRARY_GRANT_STEP_BYTES).min(most);
-    if !crate::waiting_charge::charge_c_library_heap(grant_bytes) {
-        return false;
+    // A malloc that succeeds leaves errno as it was (the join's `kill(pid, 0)` of dead
+    // slots sets it).
+    let errno = real::errno();
+    let granted = crate::waiting_charge::charge_c_library_heap(grant_bytes);
+    if granted {
+        C_LIBRARY_GRANT_BYTES.fetch_max(grant_bytes, Ordering::Relaxed);
     }
-    C_LIBRARY_GRANT_BYTES.fetch_max(grant_bytes, Ordering::Relaxed);
-    true
+    real::set_errno(errno);
+    granted
 }
 
 /// The C library's heap shrank to `live_bytes`: a grant more than two steps above it is
@@ -193,24 +198,23 @@ fn shrink_c_library_grant(grant_bytes: usize, live_bytes: usize) {
     {
         return;
     }
-    // Whether the tree wants this process's pager is asked again at the next grant.
-    let _ = crate::waiting_charge::note_heap(lower_bytes);
+    // Whether the tree wants this process's pager is asked again at the next grant. The
+    // grant as it is now: a grant on another thread may have raised it again.
+    let errno = real::errno();
+    let _ = crate::waiting_charge::note_heap(C_LIBRARY_GRANT_BYTES.load(Ordering::Relaxed));
+    real::set_errno(errno);
 }
 
 /// The blocks the C library's malloc may hold now in a waiting process: at first
-/// [`C_LIBRARY_HEAP_BYTES`], then what [`grant_c_library_heap`] granted. Reset in a fork
-/// child ([`forget_grant_in_fork_child`]), which asks its tree again for its own copy.
+/// [`C_LIBRARY_HEAP_BYTES`], then what [`grant_c_library_heap`] granted. A fork child keeps
+/// its parent's, and charges its copy at its next grant (or give-back), as a child's copy of
+/// mimalloc's heap is charged at its next commit: a shell with a large heap forks without
+/// opening its tree's segment.
 static C_LIBRARY_GRANT_BYTES: AtomicUsize = AtomicUsize::new(C_LIBRARY_HEAP_BYTES);
 
 /// What a grant takes ahead of the heap, so that a heap that grows asks its tree once a
 /// MiB, not at every block.
 const C_LIBRARY_GRANT_STEP_BYTES: usize = 1 << 20;
-
-/// In a fork child (its one thread, before it runs): the grant was the parent's, charged to
-/// its slot.
-pub fn forget_grant_in_fork_child() {
-    C_LIBRARY_GRANT_BYTES.store(C_LIBRARY_HEAP_BYTES, Ordering::Relaxed);
-}
 
 /// The blocks the C library's malloc may hold before mimalloc is brought up or the tree is
 /// asked for more (see the module doc): a shell's, `sed`'s, `perl -e`'s or the `gcc`

@@ -279,10 +279,10 @@ fn with_limit_in_env(envp: *const *const c_char, exec: impl FnOnce(*const *const
     // if it must; after a failed exec, at this one's next commit).
     crate::waiting_charge::leave();
     let set = CARRIED.map(|(l, _)| set_limit(l));
-    if set.iter().all(Option::is_none) {
-        return exec(envp);
-    }
-    exec_with_limits(envp, set, exec)
+    let r = if set.iter().all(Option::is_none) { exec(envp) } else { exec_with_limits(envp, set, exec) };
+    // Returned: the exec failed, and this image goes on.
+    crate::waiting_charge::exec_failed();
+    r
 }
 
 /// [`with_limit_in_env`] once a limit was set: a function of its own, so that only this

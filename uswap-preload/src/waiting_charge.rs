@@ -61,8 +61,10 @@ static SLOT: AtomicPtr<AtomicUsize> = AtomicPtr::new(std::ptr::null_mut());
 /// starts instead.
 static JOIN_FAILED: AtomicBool = AtomicBool::new(false);
 
-/// What a waiting process holds: its heap's committed bytes, and the mappings it made as
-/// ordinary memory to be taken over when its pager starts (`mmap`, "deferred").
+/// What a waiting process holds: its heap (mimalloc's committed bytes; before mimalloc came
+/// up, what its tree granted the C library's heap, [`charge_c_library_heap`]), and the
+/// mappings it made as ordinary memory to be taken over when its pager starts (`mmap`,
+/// "deferred").
 static HEAP_BYTES: AtomicUsize = AtomicUsize::new(0);
 static MAPPED_BYTES: AtomicUsize = AtomicUsize::new(0);
 
@@ -76,7 +78,8 @@ pub fn waiting_bytes() -> usize {
     HEAP_BYTES.load(Ordering::Acquire) + MAPPED_BYTES.load(Ordering::Acquire)
 }
 
-/// A waiting process's heap now holds `committed_bytes` (after a commit or a give-back):
+/// A waiting process's heap now holds `committed_bytes` (after a commit or a give-back, or
+/// a grant of the C library's heap lowered):
 /// charged with its deferred mappings ([`recharge`]). Returns whether the pager should
 /// start now.
 pub fn note_heap(committed_bytes: usize) -> bool {
@@ -84,34 +87,62 @@ pub fn note_heap(committed_bytes: usize) -> bool {
     recharge()
 }
 
-/// The tree is calm while its charge, the asking process's included, is under this share of
-/// its limit (a sixteenth): a waiting process's C library heap may then grow past 2 MiB
-/// ([`charge_c_library_heap`]).
+/// The tree is calm while what it holds (its charge, the asking process's included, and the
+/// unmanaged memory its pagers measured) is under this share of its limit (a sixteenth): a
+/// waiting process's C library heap may then grow past 2 MiB ([`charge_c_library_heap`]).
 const CALM_SHARE_DIVISOR: usize = 16;
 
 /// A waiting process's C library heap would hold `heap_bytes`, past its first 2 MiB
 /// (`crate::heap`, "The C library's heap first"). Joins the tree if need be and charges the
-/// heap there; returns whether the tree is calm, its charge under a sixteenth of its limit.
+/// heap there; returns whether the tree is calm ([`CALM_SHARE_DIVISOR`]).
 /// Then the heap may stay the C library's: with no pager to come (a `sqlite3` of 380 MiB
 /// under `--limit 64GiB`) the program keeps its own allocator's speed and size classes. What
 /// the C library's heaps of a tree's processes hold past their first 2 MiB when their pagers
-/// start stays outside the budget for good; granted only while the tree is calm, it is about
-/// a sixteenth of the limit together, below `uswap run`'s warning at a tenth. False (the
+/// start stays outside the budget for good, and the pagers count it as unmanaged: granted
+/// only while the tree's charge and unmanaged memory are under a sixteenth of the limit, it
+/// is about that much together (as of the pagers' last measures, once a second), below `uswap
+/// run`'s warning at a tenth. False (the
 /// caller brings mimalloc up, as at 2 MiB before) in a `vfork` child, in a signal handler
 /// (the join opens a file), outside a tree, or with every slot taken.
 pub fn charge_c_library_heap(heap_bytes: usize) -> bool {
-    if !crate::own_process::is_own_process() || !crate::is_waiting() || crate::in_signal_handler() {
+    if !crate::own_process::is_own_process()
+        || !crate::is_waiting()
+        || crate::in_signal_handler()
+        || LEFT.load(Ordering::Acquire)
+    {
         return false;
     }
-    if SLOT.load(Ordering::Acquire).is_null() && (JOIN_FAILED.load(Ordering::Relaxed) || !join()) {
-        return false;
+    let mut slot = SLOT.load(Ordering::Acquire);
+    if slot.is_null() {
+        if JOIN_FAILED.load(Ordering::Relaxed) || !join() {
+            return false;
+        }
+        slot = SLOT.load(Ordering::Acquire);
     }
-    let (slot, Some(seg)) = (SLOT.load(Ordering::Acquire), crate::segment()) else { return false };
+    // A pager's start on another thread (one the program made without the interposed
+    // `pthread_create`) may have taken the slot over meanwhile.
+    let Some(seg) = crate::segment().filter(|_| !slot.is_null() && crate::is_waiting()) else { return false };
     HEAP_BYTES.store(heap_bytes, Ordering::Release);
     let charge = seg.charge();
     // SAFETY: a cell of the segment, which stays mapped for the life of the process.
     charge.set_charge_without_pager(unsafe { &*slot }, waiting_bytes() / uswap::PAGE_SIZE);
-    charge.resident_pages.load(Ordering::Acquire) < charge.limit_pages.load(Ordering::Acquire) / CALM_SHARE_DIVISOR
+    // What the tree holds: its charge, and what its pagers measured outside it (among it,
+    // the C library's heaps that their processes kept when their pagers started).
+    let held_bytes = (charge.resident_pages.load(Ordering::Acquire) * uswap::PAGE_SIZE) as u64
+        + charge.unmanaged_bytes.load(Ordering::Acquire);
+    let limit_bytes = (charge.limit_pages.load(Ordering::Acquire) * uswap::PAGE_SIZE) as u64;
+    held_bytes < limit_bytes / CALM_SHARE_DIVISOR as u64
+}
+
+/// Set by [`leave`] (the process is exiting or exec'ing): no join after it, from the
+/// destructors that run after `exit`'s; cleared by [`exec_failed`].
+static LEFT: AtomicBool = AtomicBool::new(false);
+
+/// An `execve` returned (it failed): the process goes on, and may join again.
+pub fn exec_failed() {
+    if crate::own_process::is_own_process() {
+        LEFT.store(false, Ordering::Release);
+    }
 }
 
 /// The mappings a waiting process made as the kernel's, to be taken over when its pager
@@ -314,10 +345,11 @@ pub fn take_deferred() -> Vec<(usize, usize)> {
 /// ([`tree_wants_pagers`]).
 fn recharge() -> bool {
     let committed_bytes = waiting_bytes();
-    if !crate::own_process::is_own_process() || !crate::is_waiting() {
+    if !crate::own_process::is_own_process() || !crate::is_waiting() || LEFT.load(Ordering::Acquire) {
         // A vfork child: the memory and the slot are its parent's. A process whose pager
         // is starting: the pager claims the slot and charges what it takes over (a join
-        // now would find that slot and overwrite the pager's charge).
+        // now would find that slot and overwrite the pager's charge). One that left (its
+        // `exit`'s destructors): a slot taken now would outlive it.
         return false;
     }
     let slot = SLOT.load(Ordering::Acquire);
@@ -390,7 +422,11 @@ pub fn handed_to_pager() {
 /// At `exit`, `_exit` or `execve` of a process still waiting: gives its slot back, charge
 /// and all (not a `vfork` child's, which shares its parent's memory and statics).
 pub fn leave() {
-    if !crate::own_process::is_own_process() || SLOT.swap(std::ptr::null_mut(), Ordering::AcqRel).is_null() {
+    if !crate::own_process::is_own_process() {
+        return;
+    }
+    LEFT.store(true, Ordering::Release);
+    if SLOT.swap(std::ptr::null_mut(), Ordering::AcqRel).is_null() {
         return;
     }
     if let Some(seg) = crate::segment() {
@@ -402,6 +438,7 @@ pub fn leave() {
 /// joins with a slot of its own at its next commit past [`CHARGED_AFTER_BYTES`].
 pub fn forget_in_fork_child() {
     SLOT.store(std::ptr::null_mut(), Ordering::Release);
+    LEFT.store(false, Ordering::Release);
 }
 
 #[cfg(test)]
