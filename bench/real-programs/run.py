@@ -7,7 +7,7 @@ nor liburing), uswap-thread, kernel-zram and kernel-file, interleaved, --runs ti
 figures are medians.
 
 Needs root (the kernel engines use a memory cgroup and zram or a swap file, and need the
-system's swap to be off), redis-server/redis-benchmark, sqlite3 and python3. pmbench and
+system's swap to be off), redis-server/redis-benchmark, memcached, sqlite3 and python3. pmbench and
 usemem are built from source trees given with --pmbench and --usemem (they are not in
 Debian); without them those rows are left out and the section says so.
 
@@ -36,6 +36,10 @@ def programs(args):
          f"bash {HERE}/redis.sh 500000 1000000 --value-bytes 1000 --pipeline 16 --clients 4", "192MiB"),
         ("redis-server --io-threads 2, 500k x 1,000-byte mixed values, GET -P 16 -c 4",
          f"bash {HERE}/redis.sh 500000 1000000 --value-bytes 1000 --pipeline 16 --clients 4 --io-threads 2", "192MiB"),
+        ("memcached -t 4, 500k x 1,000-byte mixed values, multi-key GETs of 16 from 4 clients",
+         f"bash {HERE}/memcached.sh 500000 1000000 --value-bytes 1000 --threads 4 --clients 4 --pipeline 16", "192MiB"),
+        ("memcached -t 4 under 384 MiB, 500k x 1,000-byte mixed values, multi-key GETs of 16 from 4 clients",
+         f"bash {HERE}/memcached.sh 500000 1000000 --value-bytes 1000 --threads 4 --clients 4 --pipeline 16", "384MiB"),
         ("CPython: a dict of 1M records, 100k probes", f"{py} {HERE}/dict_job.py", "128MiB"),
         ("sqlite3 :memory:, indexes, a join and a sort", f"sh -c 'sqlite3 < {HERE}/sqlite.sql'", "128MiB"),
         ("GNU sort -S 600M of 3M lines", f"bash {HERE}/sort.sh", "160MiB"),
@@ -210,7 +214,7 @@ def main():
     lines.append("")
     if rate_lines:
         lines.append("Programs by their own rate, the median of pmbench's accesses (all threads) or "
-                     "redis-benchmark's GETs per second (`×zram`: over kernel-zram's; the wall times above are "
+                     "redis-benchmark's or memcached.sh's GETs per second (`×zram`: over kernel-zram's; the wall times above are "
                      "the fixed duration, or the load, plus set-up):")
         lines.append("")
         lines.append("| program | limit | engine | accesses/s | ×zram | runs |")
