@@ -36,13 +36,12 @@
 //! write. Past its first 2 MiB a process asks its tree ([`grant_c_library_heap`], a MiB
 //! at a time): while the tree is calm (its charge, this process's included, and the memory
 //! its pagers measured outside the budget, under a sixteenth of the limit) the C library's
-//! heap may grow on to a quarter of
-//! `USWAP_START_AFTER`, charged to the tree from its first byte
-//! (`waiting_charge::charge_c_library_heap`). So a program far below a large limit keeps
-//! its own allocator, its size classes and its speed: `sqlite3`'s 4.1-4.8 KiB page-cache
-//! blocks sit in mimalloc's 5 KiB class, 377 MiB at its peak against 325 MiB with the C
-//! library's (maximum RSS under `--limit 64GiB`), and it ran at 0.94× plain against 0.99×.
-//! A free that leaves the heap two steps below its grant gives the grant back down to one.
+//! heap may grow on to a quarter of `USWAP_START_AFTER`, charged to the tree from its first
+//! byte (`waiting_charge::charge_c_library_heap`). So a program far below a large limit
+//! keeps its own allocator and its size classes: `sqlite3`'s 4.1-4.8 KiB page-cache blocks
+//! sat in mimalloc's 5 KiB class, 377 MiB at its peak against 325 MiB with the C library's
+//! (maximum RSS under `--limit 64GiB`; 317 plain). A free that leaves the heap two steps
+//! below its grant gives the grant back down to one.
 //! The blocks from before the bring-up stay in the C library's heap, outside the budget,
 //! and are reported with the unmanaged memory while they live ([`c_library_heap_bytes`]);
 //! `free` routes them back by address as before. mimalloc has no ELF constructor in this build

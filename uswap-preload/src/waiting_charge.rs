@@ -10,8 +10,8 @@
 //! ([`note_deferred`]: `mmap`'s "deferred" mappings, such as CPython's arenas). Past
 //! [`CHARGED_AFTER_BYTES`] a waiting process takes a slot of the tree's charge segment and
 //! charges it there, in pages; one whose C library heap passes its first 2 MiB takes it
-//! then, and keeps that heap only while the tree is calm ([`charge_c_library_heap`]). The tree's pagers then reclaim for it (the limit holds for
-//! the tree as a whole), and `uswap run`'s resident peak counts it. A waiting process
+//! then, and keeps that heap only while the tree is calm ([`charge_c_library_heap`]). The
+//! tree's pagers then reclaim for it (the limit holds for the tree as a whole), and `uswap run`'s resident peak counts it. A waiting process
 //! cannot reclaim, and a tree of waiting processes would have no one to hold the limit:
 //! once the tree's charge is at half its limit or more, a waiting process starts its pager
 //! at its next commit or deferred mapping ([`tree_wants_pagers`]).
@@ -94,16 +94,16 @@ const CALM_SHARE_DIVISOR: usize = 16;
 
 /// A waiting process's C library heap would hold `heap_bytes`, past its first 2 MiB
 /// (`crate::heap`, "The C library's heap first"). Joins the tree if need be and charges the
-/// heap there; returns whether the tree is calm ([`CALM_SHARE_DIVISOR`]).
-/// Then the heap may stay the C library's: with no pager to come (a `sqlite3` of 380 MiB
-/// under `--limit 64GiB`) the program keeps its own allocator's speed and size classes. What
-/// the C library's heaps of a tree's processes hold past their first 2 MiB when their pagers
-/// start stays outside the budget for good, and the pagers count it as unmanaged: granted
-/// only while the tree's charge and unmanaged memory are under a sixteenth of the limit, it
-/// is about that much together (as of the pagers' last measures, once a second), below `uswap
-/// run`'s warning at a tenth. False (the
-/// caller brings mimalloc up, as at 2 MiB before) in a `vfork` child, in a signal handler
-/// (the join opens a file), outside a tree, or with every slot taken.
+/// heap there; returns whether the tree is calm ([`CALM_SHARE_DIVISOR`]). Then the heap may
+/// stay the C library's: with no pager to come (a `sqlite3` of 380 MiB under `--limit
+/// 64GiB`) the program keeps its own allocator's size classes. What the C library's heaps of
+/// a tree's processes hold past their first 2 MiB when their pagers start stays outside the
+/// budget for good, and the pagers count it as unmanaged: granted only while the tree's
+/// charge and unmanaged memory are under a sixteenth of the limit, it is about that much
+/// together (as of the pagers' last measures, once a second), below `uswap run`'s warning at
+/// a tenth. False (the caller brings mimalloc up, as at 2 MiB before) in a `vfork` child, in
+/// a signal handler (the join opens a file), after [`leave`], outside a tree, or with every
+/// slot taken.
 pub fn charge_c_library_heap(heap_bytes: usize) -> bool {
     if !crate::own_process::is_own_process()
         || !crate::is_waiting()
