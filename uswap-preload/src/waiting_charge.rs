@@ -11,8 +11,9 @@
 //! [`CHARGED_AFTER_BYTES`] a waiting process takes a slot of the tree's charge segment and
 //! charges it there, in pages; one whose C library heap passes its first 2 MiB takes it
 //! then, and keeps that heap only while the tree is calm ([`charge_c_library_heap`]). The
-//! tree's pagers then reclaim for it (the limit holds for the tree as a whole), and `uswap run`'s resident peak counts it. A waiting process
-//! cannot reclaim, and a tree of waiting processes would have no one to hold the limit:
+//! tree's pagers then reclaim for it (the limit holds for the tree as a whole), and `uswap
+//! run`'s resident peak counts it. A waiting process cannot reclaim, and a tree of waiting
+//! processes would have no one to hold the limit:
 //! once the tree's charge is at half its limit or more, a waiting process starts its pager
 //! at its next commit or deferred mapping ([`tree_wants_pagers`]).
 //!
