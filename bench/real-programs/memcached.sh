@@ -12,8 +12,8 @@
 #   --clients C       client processes, one connection each (default 4)
 #   --pipeline P      keys per `get` (default 16)
 #
-# The values are redis.sh's, byte for byte (the same seed and generator): half random hex
-# and half English words, different for every key; lz4 gets 1.2-1.3x out of them. The GETs
+# The values are redis.sh's, byte for byte (cache_values.py): half random hex and half
+# English words, different for every key; lz4 gets 1.2-1.3x out of them. The GETs
 # are uniform over the keys, from a seeded generator per client: every engine is asked the
 # same keys in the same order.
 set -euo pipefail
@@ -37,12 +37,16 @@ memcached -l 127.0.0.1 -p "$port" -U 0 -t "$threads" -m 4096 -c 1024 -u "$(id -u
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
 load_and_get() {
-    python3 - "$@" <<'PY'
+    BENCH_DIR=$(dirname "$0") python3 - "$@" <<'PY'
 import multiprocessing
+import os
 import random
 import socket
 import sys
 import time
+
+sys.path.insert(0, os.environ["BENCH_DIR"])
+import cache_values  # noqa: E402 (found through BENCH_DIR)
 
 mode, port, n, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 
@@ -65,31 +69,11 @@ def connect():
     raise ServerGone("memcached.sh: memcached did not start")
 
 
-def key(i):
-    return "key:%012d" % i
-
-
 def load():
-    # redis.sh's values: the same generator, seed and words.
-    rng = random.Random(42)
-    words = ("the of and to in is that for it as was with be by on not he this are or his from at which "
-             "but have an they you were her she there been one all we their has would when if so no will "
-             "more out up into do any your what some can could them other than then its about over only "
-             "time new these two may first like well also after most very where just our people made "
-             "between world because each through long under great such year work back state city house "
-             "order account payment customer session request server memory cache record value number").split()
     s = connect()
-    hex_len = size // 2
     batch = []
-    for i in range(n):
-        text = []
-        left = size - hex_len
-        while left > 0:
-            w = rng.choice(words)
-            text.append(w)
-            left -= len(w) + 1
-        v = rng.randbytes((hex_len + 1) // 2).hex()[:hex_len] + " ".join(text)[: size - hex_len]
-        batch.append("set %s 0 0 %d noreply\r\n%s\r\n" % (key(i), len(v), v))
+    for k, v in cache_values.values(n, size):
+        batch.append("set %s 0 0 %d noreply\r\n%s\r\n" % (k, len(v), v))
         if len(batch) == 256:
             s.sendall("".join(batch).encode())
             batch = []
@@ -113,7 +97,7 @@ def client(args):
     done = 0
     while done < gets:
         batch = min(pipeline, gets - done)
-        s.sendall(("get " + " ".join(key(rng.randrange(nr_keys)) for _ in range(batch)) + "\r\n").encode())
+        s.sendall(("get " + " ".join(cache_values.key(rng.randrange(nr_keys)) for _ in range(batch)) + "\r\n").encode())
         buf = bytearray()
         while not buf.endswith(b"END\r\n"):
             chunk = s.recv(1 << 20)

@@ -9,12 +9,9 @@
 #   --clients C       parallel clients (redis-benchmark -c, default 50)
 #   --io-threads T    the server's I/O threads (io-threads, default 1: none)
 #
-# The values are at least as hard to compress as what a cache holds: each is half random
-# hex (an id, a hash, a token) and half text drawn from a vocabulary of English words,
-# different for every key. With 1,000-byte values lz4 gets 1.2-1.3x out of the pages that go
-# out (zram's mm_stat 1.27x, uswap's pool 1.22x: hex has no repeats for lz4 to find). A
-# value of one repeated byte would compress to almost nothing and measure only the fault
-# path.
+# The values are at least as hard to compress as what a cache holds (cache_values.py: half
+# random hex, half English words, different for every key). With 1,000-byte values lz4 gets
+# 1.2-1.3x out of the pages that go out (zram's mm_stat 1.27x, uswap's pool 1.22x).
 set -euo pipefail
 keys=${1:-150000}
 gets=${2:-200000}
@@ -45,32 +42,8 @@ until redis-cli -p "$port" ping >/dev/null 2>&1; do
     sleep 0.1
 done
 # Every key 0..keys-1 once (sequential __rand_int__ is not available: write them with a
-# pipeline of SETs). Seeded: every engine stores the same bytes.
-python3 - "$keys" "$value_bytes" <<'PY' | redis-cli -p "$port" --pipe >/dev/null
-import random
-import sys
-
-n, size = int(sys.argv[1]), int(sys.argv[2])
-rng = random.Random(42)
-words = ("the of and to in is that for it as was with be by on not he this are or his from at which "
-         "but have an they you were her she there been one all we their has would when if so no will "
-         "more out up into do any your what some can could them other than then its about over only "
-         "time new these two may first like well also after most very where just our people made "
-         "between world because each through long under great such year work back state city house "
-         "order account payment customer session request server memory cache record value number").split()
-out = sys.stdout
-hex_len = size // 2
-for i in range(n):
-    k = "key:%012d" % i
-    text = []
-    left = size - hex_len
-    while left > 0:
-        w = rng.choice(words)
-        text.append(w)
-        left -= len(w) + 1
-    v = rng.randbytes((hex_len + 1) // 2).hex()[:hex_len] + " ".join(text)[: size - hex_len]
-    out.write("*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v))
-PY
+# pipeline of SETs), the values of cache_values.py.
+python3 "$(dirname "$0")/cache_values.py" "$keys" "$value_bytes" | redis-cli -p "$port" --pipe >/dev/null
 # How well the values that went out compressed (both sides, see compression.sh).
 bash "$(dirname "$0")/compression.sh" "$server" || echo "redis.sh: could not read the compression ratio" >&2
 line=$(redis-benchmark -p "$port" -t get -n "$gets" -r "$keys" -d "$value_bytes" -P "$pipeline" -c "$clients" -q \
