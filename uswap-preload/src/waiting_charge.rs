@@ -113,20 +113,11 @@ pub fn charge_c_library_heap(heap_bytes: usize) -> bool {
     {
         return false;
     }
-    let mut slot = SLOT.load(Ordering::Acquire);
-    if slot.is_null() {
-        if JOIN_FAILED.load(Ordering::Relaxed) || !join() {
-            return false;
-        }
-        slot = SLOT.load(Ordering::Acquire);
+    if SLOT.load(Ordering::Acquire).is_null() && (JOIN_FAILED.load(Ordering::Relaxed) || !join()) {
+        return false;
     }
-    // A pager's start on another thread (one the program made without the interposed
-    // `pthread_create`) may have taken the slot over meanwhile.
-    let Some(seg) = crate::segment().filter(|_| !slot.is_null() && crate::is_waiting()) else { return false };
     HEAP_BYTES.store(heap_bytes, Ordering::Release);
-    let charge = seg.charge();
-    // SAFETY: a cell of the segment, which stays mapped for the life of the process.
-    charge.set_charge_without_pager(unsafe { &*slot }, waiting_bytes() / uswap::PAGE_SIZE);
+    let Some(charge) = charge_slot() else { return false };
     // What the tree holds: its charge, and what its pagers measured outside it (among it,
     // the C library's heaps that their processes kept when their pagers started).
     let held_bytes = (charge.resident_pages.load(Ordering::Acquire) * uswap::PAGE_SIZE) as u64
@@ -367,10 +358,18 @@ fn recharge() -> bool {
             return true;
         }
     }
-    let (slot, Some(seg)) = (SLOT.load(Ordering::Acquire), crate::segment()) else { return false };
+    charge_slot().is_some() && tree_wants_pagers()
+}
+
+/// Charges [`waiting_bytes`] to this process's slot, once it has joined, and returns the
+/// tree's charge. `None` with no slot: a pager's start on another thread (one the program
+/// made without the interposed `pthread_create`) may have taken it over since it was read.
+fn charge_slot() -> Option<&'static uswap::shared_charge::SharedCharge> {
+    let slot = SLOT.load(Ordering::Acquire);
+    let charge = crate::segment().filter(|_| !slot.is_null() && crate::is_waiting())?.charge();
     // SAFETY: a cell of the segment, which stays mapped for the life of the process.
-    seg.charge().set_charge_without_pager(unsafe { &*slot }, committed_bytes / uswap::PAGE_SIZE);
-    tree_wants_pagers()
+    charge.set_charge_without_pager(unsafe { &*slot }, waiting_bytes() / uswap::PAGE_SIZE);
+    Some(charge)
 }
 
 /// Why a waiting process whose charge says so ([`note_heap`], [`note_deferred`]) starts its
