@@ -237,6 +237,18 @@ fn prepare(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
             ready(pin, arg(1), arg(2), write) | addr | addr_len
         }
         Rule::Msg { msg, write } => ready_msg(pin, arg(msg), write),
+        Rule::ProcessVm { write } => {
+            let local = ready_iov(pin, arg(1), arg(2), write);
+            // On the process itself (a "safe" read of its own memory) the remote side is
+            // this process's memory too, read by `readv` and written by `writev`.
+            // SAFETY: getpid takes no arguments and touches no memory.
+            let own_pid = unsafe { raw(libc::SYS_getpid, [0; 6]) };
+            if arg(0) as i32 as c_long == own_pid {
+                return local | ready_iov(pin, arg(3), arg(4), !write);
+            }
+            let remote_vec_bytes = arg(4).min(MAX_VECS as u64) * std::mem::size_of::<libc::iovec>() as u64;
+            local | ready(pin, arg(3), remote_vec_bytes, false)
+        }
         Rule::MMsg { vec, cnt, write } => {
             let size = std::mem::size_of::<libc::mmsghdr>() as u64;
             let mut managed = Prepared::default();

@@ -28,6 +28,12 @@ pub enum Rule {
     Msg { msg: u8, write: bool },
     /// Argument `vec` is an array of argument `cnt` `struct mmsghdr`s.
     MMsg { vec: u8, cnt: u8, write: bool },
+    /// `process_vm_readv` (`write`: the kernel writes the caller's buffers) or
+    /// `process_vm_writev`: the local iovecs (arguments 1 and 2) and their buffers, and the
+    /// remote iovecs' array (arguments 3 and 4), which lies in the caller's memory; the
+    /// remote buffers too when the process named (argument 0) is the caller itself, not
+    /// when they are another process's.
+    ProcessVm { write: bool },
     /// `execve`-like: arguments `argv` and `envp` are NULL-terminated arrays of strings.
     Exec { path: u8, argv: u8, envp: u8 },
     /// Every argument that points into managed memory: see the module's comment.
@@ -57,6 +63,12 @@ pub fn rule(nr: c_long) -> Rule {
         libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2 | libc::SYS_vmsplice => {
             Rule::Iov { iov: 1, cnt: 2, write: false }
         }
+        // The local side: the caller's own buffers, which the kernel writes (readv) or
+        // reads (writev). The other process's memory is that process's to bring in: a
+        // signal-mode process's pages out of RAM cannot be (docs/cli.md, "Other processes
+        // reading its memory").
+        libc::SYS_process_vm_readv => Rule::ProcessVm { write: true },
+        libc::SYS_process_vm_writev => Rule::ProcessVm { write: false },
         libc::SYS_recvmsg => Rule::Msg { msg: 1, write: true },
         libc::SYS_sendmsg => Rule::Msg { msg: 1, write: false },
         libc::SYS_recvmmsg => Rule::MMsg { vec: 1, cnt: 2, write: true },
@@ -184,7 +196,15 @@ mod tests {
         for nr in PLAIN {
             assert_eq!((CLASS[nr as usize], rule(nr)), (0, Rule::Plain), "call {nr}");
         }
-        for nr in [libc::SYS_read, libc::SYS_recvfrom, libc::SYS_write, libc::SYS_futex, libc::SYS_mincore] {
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_recvfrom,
+            libc::SYS_write,
+            libc::SYS_futex,
+            libc::SYS_mincore,
+            libc::SYS_process_vm_readv,
+            libc::SYS_process_vm_writev,
+        ] {
             assert_eq!(CLASS[nr as usize], 1, "call {nr} must reach the slow path");
             assert_ne!(rule(nr), Rule::Plain, "call {nr}");
         }
