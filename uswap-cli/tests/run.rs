@@ -1591,6 +1591,48 @@ fn auto_mode_picks_thread_mode_for_programs_linking_asynchronous_io() {
     }
 }
 
+/// `process_vm_readv` as MPI's single-copy transfers use it: a process reads its own memory
+/// and a child's, 48 MiB each under a limit of 16 MiB, every word checked. Thread mode
+/// serves both; signal mode serves the caller's own memory (the system-call guard makes it
+/// ready: it failed with `EFAULT` before), not the other process's pages out of RAM, which
+/// the reader is told once, with the way out. `--fault-mode auto` picks thread mode for a
+/// program that links an MPI library (here a stand-in named `libmpi.so.40`).
+#[test]
+fn another_processs_memory_is_read_in_thread_mode_and_the_failure_said_in_signal_mode() {
+    let dir = tmpdir("vmread");
+    let stub = dir.join("stub.c");
+    std::fs::write(&stub, "int uswap_test_mpi_stub(void) { return 0; }\n").unwrap();
+    let lib = dir.join("libmpi.so.40");
+    let o = run_timed(
+        Command::new("cc").args(["-shared", "-fPIC", "-Wl,-soname,libmpi.so.40", "-o"]).arg(&lib).arg(&stub),
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "cc stub: {}", String::from_utf8_lossy(&o.stderr));
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    let mpi = compile("vmread", &dir, &["-Wl,--no-as-needed", lib.to_str().unwrap(), &rpath]);
+    let mpi_bin = dir.join("vmread-mpi");
+    std::fs::rename(&mpi, &mpi_bin).unwrap();
+    let bin = compile("vmread", &dir, &[]);
+    let all_read = "self: 48 MiB read, 0 bad words\nchild: 48 MiB read, 0 bad words\n";
+    let said = "'s memory failed with EFAULT: if it runs under uswap in signal mode";
+    for (prog, mode) in [(&bin, "thread"), (&bin, "signal"), (&mpi_bin, "auto")] {
+        let (o, _) =
+            uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--start-after", "0"], &[prog.to_str().unwrap(), "48"], &dir);
+        let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{mode}: {}\n{stdout}\n{stderr}", o.status);
+        if mode == "signal" {
+            assert!(stdout.starts_with("self: 48 MiB read, 0 bad words\nchild: short at MiB "), "{stdout}\n{stderr}");
+            assert_eq!(stderr.matches(said).count(), 1, "said once:\n{stderr}");
+        } else {
+            assert_eq!(stdout, all_read, "{mode}:\n{stderr}");
+            assert!(!stderr.contains(said), "{mode}:\n{stderr}");
+        }
+        if mode == "auto" {
+            assert!(stderr.contains("runs in thread mode: it links libmpi.so (MPI: "), "{stderr}");
+        }
+    }
+}
+
 /// `s` quoted for `sh`.
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))

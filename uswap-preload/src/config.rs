@@ -167,12 +167,14 @@ fn say_address_space_limit(
 /// process gets the kernel to touch its memory on its own, outside any system call signal
 /// mode can prepare: then thread mode, said once on stderr. Told by what the process is
 /// made of, before it runs: it links `libaio` or `liburing` (asynchronous I/O into its
-/// buffers), or it is QEMU asked for KVM (a guest's RAM). What this misses (a program making
-/// `io_uring_setup` itself) is still said and counted when it happens
-/// (`syscall_async_kernel_access`).
+/// buffers), or an MPI library (Open MPI's `libmpi`, `libmpich`: ranks on one machine copy
+/// each other's messages with `process_vm_readv`/`process_vm_writev`, which reach a
+/// signal-mode process's pages out of RAM with `EFAULT`), or it is QEMU asked for KVM (a
+/// guest's RAM). What this misses (a program making `io_uring_setup` itself) is still said
+/// and counted when it happens (`syscall_async_kernel_access`).
 fn resolve_auto() -> FaultMode {
-    let why = if let Some(lib) = loaded_async_io_library() {
-        format!("it links {lib}")
+    let why = if let Some((lib, whose)) = loaded_library_needing_thread_mode() {
+        format!("it links {lib}{whose}")
     } else if qemu_with_kvm() {
         "it is QEMU with KVM".to_string()
     } else {
@@ -187,9 +189,17 @@ fn resolve_auto() -> FaultMode {
     FaultMode::Thread
 }
 
-/// The name of a loaded asynchronous I/O library (`libaio`, `liburing`), if one is.
-fn loaded_async_io_library() -> Option<&'static str> {
-    const LIBS: [&str; 2] = ["libaio.so", "liburing.so"];
+/// Libraries that get the kernel to touch a process's memory outside its own system calls,
+/// with what to add to "it links ..." when the reason is not the process's own I/O.
+const LIBS: [(&str, &str); 4] = [
+    ("libaio.so", ""),
+    ("liburing.so", ""),
+    ("libmpi.so", " (MPI: its peers on this machine read and write its memory with process_vm_readv)"),
+    ("libmpich.so", " (MPI: its peers on this machine read and write its memory with process_vm_readv)"),
+];
+
+/// The name of a loaded library of [`LIBS`] and what to add, if one is loaded.
+fn loaded_library_needing_thread_mode() -> Option<(&'static str, &'static str)> {
     extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> libc::c_int {
         // SAFETY: dl_iterate_phdr passes a valid info for the call, and `data` is the
         // `Option<usize>` handed to it below.
@@ -200,7 +210,7 @@ fn loaded_async_io_library() -> Option<&'static str> {
         // SAFETY: a non-null dlpi_name is a NUL-terminated string for the call.
         let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
         let file = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
-        match LIBS.iter().position(|lib| file.starts_with(lib.as_bytes())) {
+        match LIBS.iter().position(|(lib, _)| file.starts_with(lib.as_bytes())) {
             Some(i) => {
                 *found = Some(i);
                 1

@@ -59,6 +59,7 @@ pub mod own_code;
 pub mod own_process;
 pub mod program_frames;
 pub mod real;
+pub mod remote_access;
 pub mod report;
 pub mod rlimit;
 pub mod signals;
