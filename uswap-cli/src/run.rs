@@ -54,6 +54,10 @@ const AUTO_START_AFTER_BYTES: u64 = 16 << 20;
 
 /// Exit status for "uswap could not run the program as asked".
 const EXIT_CANNOT_RUN: u8 = 2;
+/// The command does not exist (`env`'s status for it).
+const EXIT_NOT_FOUND: u8 = 127;
+/// The command exists but cannot be executed (`env`'s status for it).
+const EXIT_NOT_EXECUTABLE: u8 = 126;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -118,7 +122,7 @@ pub enum RunError {
     #[error("{0}: command not found on PATH")]
     NotFound(String),
     #[error("{path}: cannot run it: {why}")]
-    NotRunnable { path: PathBuf, why: String },
+    NotRunnable { path: PathBuf, why: String, missing: bool },
     #[error(
         "{0}: statically linked; uswap run manages a program through a preloaded library, which a static \
          program never loads. Link it dynamically, or use the uswap library (or its C API) in the program"
@@ -153,7 +157,28 @@ pub fn main(args: &RunArgs) -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             say!("uswap run: {e}");
-            ExitCode::from(EXIT_CANNOT_RUN)
+            ExitCode::from(e.exit_status())
+        }
+    }
+}
+
+impl RunError {
+    /// 127 when the command (or its script's interpreter) does not exist and 126 when it
+    /// cannot be executed, as `env`, `nohup` and `timeout` exit (POSIX's convention for
+    /// utilities that run a command), so that a script tells a mistyped command from a
+    /// failure of uswap's own ([`EXIT_CANNOT_RUN`]).
+    fn exit_status(&self) -> u8 {
+        match self {
+            RunError::NotFound(_) | RunError::NotRunnable { missing: true, .. } => EXIT_NOT_FOUND,
+            RunError::NotRunnable { .. } => EXIT_NOT_EXECUTABLE,
+            RunError::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+            RunError::Spawn { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied
+                    || source.raw_os_error() == Some(libc::ENOEXEC) =>
+            {
+                EXIT_NOT_EXECUTABLE
+            }
+            _ => EXIT_CANNOT_RUN,
         }
     }
 }
@@ -183,10 +208,16 @@ fn is_executable_file(p: &Path) -> bool {
 /// How the kernel would start `path`: an ELF with a dynamic loader is fine; a script is
 /// judged by its interpreter (one level, and `/usr/bin/env NAME`); a static ELF is refused.
 pub fn check_runnable(path: &Path, depth: u32) -> Result<(), RunError> {
-    let not_runnable = |why: String| RunError::NotRunnable { path: path.to_path_buf(), why };
+    let not_runnable = |why: String| RunError::NotRunnable { path: path.to_path_buf(), why, missing: false };
     if !is_executable_file(path) {
         let why = match std::fs::metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "no such file".into(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(RunError::NotRunnable {
+                    path: path.to_path_buf(),
+                    why: "no such file".into(),
+                    missing: true,
+                })
+            }
             Err(e) => e.to_string(),
             Ok(m) if m.is_dir() => "a directory, not a program".into(),
             Ok(_) => "not an executable file (no execute permission)".into(),

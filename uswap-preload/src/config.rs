@@ -174,19 +174,31 @@ fn say_address_space_limit(
 /// and counted when it happens (`syscall_async_kernel_access`).
 fn resolve_auto() -> FaultMode {
     let why = if let Some((lib, whose)) = loaded_library_needing_thread_mode() {
+        if lib.starts_with("libmpi") && !uswap::thread_mode_permitted() {
+            // Without the permission thread mode fails the run; in signal mode an MPI whose
+            // transport falls back (Open MPI's does) still runs, and its peers' failed
+            // reads are said (`remote_access.rs`).
+            say_auto(&format!(
+                "stays in signal mode: it links {lib}{whose}, which needs thread mode, and this user may \
+                 not open the userfaultfd thread mode takes (README, \"Requirements\")"
+            ));
+            return FaultMode::Signal;
+        }
         format!("it links {lib}{whose}")
     } else if qemu_with_kvm() {
         "it is QEMU with KVM".to_string()
     } else {
         return FaultMode::Signal;
     };
+    say_auto(&format!("runs in thread mode: {why}, and the kernel's own accesses to managed memory need it"));
+    FaultMode::Thread
+}
+
+/// "uswap: EXE (process PID) WHAT" on stderr, for `auto`'s choice.
+fn say_auto(what: &str) {
     let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
     let exe = comm.trim_end();
-    crate::real::write_stderr(format!(
-        "uswap: {exe} (process {}) runs in thread mode: {why}, and the kernel's own accesses to managed memory need it\n",
-        std::process::id()
-    ).as_bytes());
-    FaultMode::Thread
+    crate::real::write_stderr(format!("uswap: {exe} (process {}) {what}\n", std::process::id()).as_bytes());
 }
 
 /// Libraries that get the kernel to touch a process's memory outside its own system calls,

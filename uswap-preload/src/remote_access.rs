@@ -50,7 +50,7 @@ fn transfer(nr: libc::c_long, name: &[u8], a: [u64; 6]) -> libc::ssize_t {
     // fails bad pointers with EFAULT).
     let done = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) } as libc::ssize_t;
     let errno = crate::real::errno();
-    if SAID.load(Ordering::Relaxed) || a[0] as libc::pid_t == std::process::id() as libc::pid_t {
+    if SAID.load(Ordering::Relaxed) || is_this_process(a[0] as libc::pid_t) {
         return done;
     }
     // A failed call may have failed on its own vectors: they are read only after a success,
@@ -70,15 +70,29 @@ fn transfer(nr: libc::c_long, name: &[u8], a: [u64; 6]) -> libc::ssize_t {
     done
 }
 
+/// Whether `pid` is this process or one of its threads (whose memory the system-call guard
+/// makes ready, `Rule::ProcessVm`).
+fn is_this_process(pid: libc::pid_t) -> bool {
+    let own_pid = std::process::id() as libc::pid_t;
+    // SAFETY: tgkill with signal 0 sends nothing and touches no memory: it succeeds when
+    // `pid` is a thread of this process.
+    pid == own_pid || (pid > 0 && unsafe { libc::syscall(libc::SYS_tgkill, own_pid, pid, 0) } == 0)
+}
+
 /// The bytes `cnt` iovecs at `vec` name, for a call that has just succeeded with them.
 fn iov_bytes(vec: u64, cnt: u64) -> u64 {
     if vec == 0 || cnt as usize > MAX_IOVS {
         return 0;
     }
-    // SAFETY: the call has just succeeded with the same `cnt` iovecs at `vec`: the kernel
-    // read them, so they are readable memory of this process.
-    let v = unsafe { std::slice::from_raw_parts(vec as *const libc::iovec, cnt as usize) };
-    v.iter().fold(0u64, |sum, iov| sum.saturating_add(iov.iov_len as u64))
+    let mut sum = 0u64;
+    for i in 0..cnt as usize {
+        // SAFETY: the call has just succeeded with the same `cnt` iovecs at `vec`: the
+        // kernel read them, so they are readable memory of this process (maybe unaligned,
+        // as the kernel accepts them).
+        let iov = unsafe { std::ptr::read_unaligned((vec as *const libc::iovec).add(i)) };
+        sum = sum.saturating_add(iov.iov_len as u64);
+    }
+    sum
 }
 
 /// Says a transfer with process `pid` that moved `moved` (bytes done, bytes asked), or

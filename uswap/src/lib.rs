@@ -152,6 +152,13 @@ pub fn unlock_memory(kind: mlock::LockKind, start: usize, end: usize) {
     user_access::unlock_memory(kind, start, end)
 }
 
+/// Whether this process may open the userfaultfd thread mode needs (one that the kernel's
+/// own faults reach: root, `CAP_SYS_PTRACE`, `vm.unprivileged_userfaultfd`, or access to
+/// `/dev/userfaultfd`); signal mode needs none of these. Opens and closes one descriptor.
+pub fn thread_mode_permitted() -> bool {
+    uffd::Uffd::probe_features(false).is_ok()
+}
+
 /// `mlockall`: no managed page of the process is a reclaim victim until
 /// [`unlock_all_memory`].
 pub fn lock_all_memory() {

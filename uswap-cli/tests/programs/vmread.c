@@ -40,6 +40,8 @@ int main(int argc, char **argv) {
     pid_t pid = fork();
     if (pid < 0) { perror("fork"); return 1; }
     if (pid == 0) {
+        close(to_parent[0]);
+        close(to_child[1]);
         uint64_t *mine = malloc(mib << 20);
         if (!mine) { perror("malloc"); _exit(1); }
         for (size_t i = 0; i < words; i++) mine[i] = pattern(i, 2);
@@ -47,6 +49,8 @@ int main(int argc, char **argv) {
         char done;
         _exit(read(to_child[0], &done, 1) == 1 ? 0 : 1);
     }
+    close(to_parent[1]); /* a child that dies early ends the parent's read, and the parent's exit the child's */
+    close(to_child[0]);
     uint64_t *mine = malloc(mib << 20), *into = malloc(mib << 20), *theirs;
     if (!mine || !into) { perror("malloc"); return 1; }
     for (size_t i = 0; i < words; i++) mine[i] = pattern(i, 1);

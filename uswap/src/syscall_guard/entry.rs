@@ -187,14 +187,30 @@ fn ready(pin: &mut crate::pin::Pin, ptr: u64, len: u64, write: bool) -> Prepared
 
 /// Makes `cnt` iovecs at `iov` ready, and their buffers.
 fn ready_iov(pin: &mut crate::pin::Pin, iov: u64, cnt: u64, write: bool) -> Prepared {
+    ready_iov_up_to(pin, iov, cnt, write, u64::MAX)
+}
+
+/// [`ready_iov`] for the first `max_bytes` of the buffers only (what the call can move).
+fn ready_iov_up_to(pin: &mut crate::pin::Pin, iov: u64, cnt: u64, write: bool, max_bytes: u64) -> Prepared {
     let vec_bytes = std::mem::size_of::<libc::iovec>() as u64;
     // The array itself: the kernel reads it first.
     let mut managed = ready(pin, iov, cnt.min(MAX_VECS as u64) * vec_bytes, false);
+    let mut left_bytes = max_bytes;
     for i in 0..cnt.min(MAX_VECS as u64) {
         let Some(v) = read_user::<libc::iovec>(pin, iov + i * vec_bytes) else { break };
-        managed = managed | ready(pin, v.iov_base as u64, v.iov_len as u64, write);
+        let len = (v.iov_len as u64).min(left_bytes);
+        managed = managed | ready(pin, v.iov_base as u64, len, write);
+        left_bytes -= len;
     }
     managed
+}
+
+/// The bytes `cnt` iovecs at `iov` name (what `process_vm_readv` can move at most).
+fn iov_total_bytes(pin: &mut crate::pin::Pin, iov: u64, cnt: u64) -> u64 {
+    let vec_bytes = std::mem::size_of::<libc::iovec>() as u64;
+    (0..cnt.min(MAX_VECS as u64))
+        .map_while(|i| read_user::<libc::iovec>(pin, iov + i * vec_bytes))
+        .fold(0u64, |sum, v| sum.saturating_add(v.iov_len as u64))
 }
 
 /// Makes what a `msghdr` at `msg` names ready: address, buffers, control data.
@@ -223,6 +239,27 @@ fn ready_strings(pin: &mut crate::pin::Pin, arr: u64) -> Prepared {
     managed | ready(pin, arr, 8 * nr, false)
 }
 
+/// `process_vm_readv` (`write`) or `process_vm_writev` with arguments `a`: the caller's
+/// buffers and the remote vector; on this process itself (its pid or one of its threads'
+/// ids: a careful `memcpy`) the remote buffers too, read by `readv` and written by
+/// `writev`. Each side only as far as the other's total, which is what the call can move.
+fn ready_process_vm(pin: &mut crate::pin::Pin, a: &[u64; 6], write: bool) -> Prepared {
+    // SAFETY: getpid takes no arguments and touches no memory.
+    let own_pid = unsafe { raw(libc::SYS_getpid, [0; 6]) };
+    let target = a[0] as i32 as c_long;
+    // SAFETY: tgkill with signal 0 sends nothing and touches no memory: it succeeds when
+    // `target` is a thread of this process.
+    let is_self = target > 0
+        && (target == own_pid || unsafe { raw(libc::SYS_tgkill, [own_pid as u64, target as u64, 0, 0, 0, 0]) } == 0);
+    let movable_bytes = iov_total_bytes(pin, a[1], a[2]).min(iov_total_bytes(pin, a[3], a[4]));
+    let local = ready_iov_up_to(pin, a[1], a[2], write, movable_bytes);
+    if is_self {
+        return local | ready_iov_up_to(pin, a[3], a[4], !write, movable_bytes);
+    }
+    let remote_vec_bytes = a[4].min(MAX_VECS as u64) * std::mem::size_of::<libc::iovec>() as u64;
+    local | ready(pin, a[3], remote_vec_bytes, false)
+}
+
 /// Makes the memory of a call ready by its rule.
 fn prepare(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
     let arg = |i: u8| a[i as usize];
@@ -237,18 +274,7 @@ fn prepare(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
             ready(pin, arg(1), arg(2), write) | addr | addr_len
         }
         Rule::Msg { msg, write } => ready_msg(pin, arg(msg), write),
-        Rule::ProcessVm { write } => {
-            let local = ready_iov(pin, arg(1), arg(2), write);
-            // On the process itself (a "safe" read of its own memory) the remote side is
-            // this process's memory too, read by `readv` and written by `writev`.
-            // SAFETY: getpid takes no arguments and touches no memory.
-            let own_pid = unsafe { raw(libc::SYS_getpid, [0; 6]) };
-            if arg(0) as i32 as c_long == own_pid {
-                return local | ready_iov(pin, arg(3), arg(4), !write);
-            }
-            let remote_vec_bytes = arg(4).min(MAX_VECS as u64) * std::mem::size_of::<libc::iovec>() as u64;
-            local | ready(pin, arg(3), remote_vec_bytes, false)
-        }
+        Rule::ProcessVm { write } => ready_process_vm(pin, a, write),
         Rule::MMsg { vec, cnt, write } => {
             let size = std::mem::size_of::<libc::mmsghdr>() as u64;
             let mut managed = Prepared::default();
