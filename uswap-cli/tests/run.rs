@@ -644,10 +644,11 @@ fn exit_status_is_the_programs() {
 }
 
 #[test]
-fn programs_that_cannot_be_managed_are_refused_with_status_2() {
+fn programs_that_cannot_be_run_or_managed_are_refused_with_their_status() {
     let dir = tmpdir("refuse");
+    // As `env` and `timeout`: 127 for a command not found.
     let (o, _) = uswap_run(LIMIT_MIB, &[], &["no-such-program-uswap"], &dir);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(127));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not found"), "{}", String::from_utf8_lossy(&o.stderr));
     let stat = compile("grow", &dir, &["-static"]);
     let (o, _) = uswap_run(LIMIT_MIB, &[], &[stat.to_str().unwrap(), "1"], &dir);
@@ -660,8 +661,10 @@ fn programs_that_cannot_be_managed_are_refused_with_status_2() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&text, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
+    // Neither an ELF nor a `#!` script: 126, as `env` and `timeout` for a file they cannot
+    // execute.
     let (o, _) = uswap_run(LIMIT_MIB, &[], &[text.to_str().unwrap()], &dir);
-    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(126), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1632,6 +1635,45 @@ fn another_processs_memory_is_read_in_thread_mode_and_the_failure_said_in_signal
             assert!(stderr.contains("runs in thread mode: it links libmpi.so (MPI: "), "{stderr}");
         }
     }
+}
+
+/// An executable that defines the C library's allocator (rustc does, with jemalloc) comes
+/// before the preloaded library in the dynamic linker's search, so the C library, the
+/// dynamic loader and uswap's own threads allocate from it, in memory uswap pages: managed,
+/// rustc ended in SIGSEGV in signal mode (a SIGBUS handler faulting on its thread's TLS
+/// vector) and hung in thread mode (a handler thread waiting for jemalloc's lock). uswap's
+/// library stands aside in such a process, the run names it among the processes outside
+/// the budget, and `--strict` fails; the real rustc compiles under a small limit.
+#[test]
+fn a_program_that_brings_its_own_malloc_runs_outside_the_budget_and_is_named() {
+    let dir = tmpdir("ownmalloc");
+    let p = compile("ownmalloc", &dir, &[]);
+    let prog = [p.to_str().unwrap(), "32"];
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--start-after", "0"], &prog, &dir);
+        let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{mode}: {}\n{stderr}", o.status);
+        assert_eq!(stdout, "ownmalloc: 32 MiB checked, some calls to its own malloc\n", "{mode}:\n{stderr}");
+        assert!(stderr.contains("1 process(es) of the program ran outside the budget"), "{mode}:\n{stderr}");
+        assert!(stderr.contains("its executable brings its own malloc"), "{mode}:\n{stderr}");
+        assert_eq!(counter(&v, "escaped_processes"), 1, "{mode}: {v}");
+    }
+    let (o, _) = uswap_run(LIMIT_MIB, &["--strict"], &prog, &dir);
+    assert_eq!(o.status.code(), Some(2), "--strict: {}", String::from_utf8_lossy(&o.stderr));
+    let src = dir.join("hello.rs");
+    std::fs::write(
+        &src,
+        "fn main() { let v: Vec<u64> = (0..1000).collect(); println!(\"{}\", v.iter().sum::<u64>()); }\n",
+    )
+    .unwrap();
+    let out = dir.join("hello");
+    let rustc = ["rustc", "--edition", "2021", "-O", "-o", out.to_str().unwrap(), src.to_str().unwrap()];
+    let (o, _) = uswap_run(LIMIT_MIB, &[], &rustc, &dir);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "rustc: {}\n{stderr}", o.status);
+    assert!(stderr.contains("rustc: its executable brings its own malloc"), "{stderr}");
+    let ran = run_timed(&mut Command::new(&out), Duration::from_secs(30));
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "499500\n");
 }
 
 /// `s` quoted for `sh`.

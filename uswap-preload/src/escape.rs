@@ -44,6 +44,10 @@ pub enum Why {
     SetId,
     /// `USWAP_DISABLE` in its environment: the library loads and stands aside.
     Disabled,
+    /// Its executable defines the C library's allocator (`malloc`, ...), which the C library,
+    /// the dynamic loader and uswap's own threads then allocate from: the library stands
+    /// aside (`heap::program_allocator`).
+    OwnAllocator,
 }
 
 impl Why {
@@ -55,6 +59,10 @@ impl Why {
             Why::Elf32 => "a 32-bit program (uswap's library is 64-bit)",
             Why::SetId => "set-user-ID, set-group-ID or with file capabilities (the loader ignores LD_PRELOAD for it)",
             Why::Disabled => "USWAP_DISABLE in its environment (uswap's library stands aside)",
+            Why::OwnAllocator => {
+                "its executable brings its own malloc (rustc's jemalloc is one), which the C library, the dynamic \
+                 loader and uswap's own threads would allocate from in memory uswap pages: uswap's library stands aside"
+            }
         }
     }
 }
@@ -435,6 +443,17 @@ pub fn unnote(dir: &[u8], pid: libc::pid_t, n: u64) {
         // SAFETY: a NUL-terminated path.
         unsafe { libc::unlink(file.as_cstr().as_ptr()) };
     }
+}
+
+/// Notes this process itself as outside the budget for `why` (its library stands aside),
+/// under `uswap run`. From the constructor: allocates.
+pub fn note_this_process(why: Why) {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(dir) = run_dir() else { return };
+    let exe = std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| "(its executable)".into());
+    let Ok(path) = std::ffi::CString::new(exe.as_os_str().as_bytes()) else { return };
+    // SAFETY: getpid takes no arguments and cannot fail.
+    note(dir, unsafe { libc::getpid() }, &path, why);
 }
 
 /// The run's directory, under `uswap run`.

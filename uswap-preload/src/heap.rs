@@ -109,6 +109,61 @@ pub const MAX_ARENA_BYTES: usize = 16 << 30;
 static ARENA_START: AtomicUsize = AtomicUsize::new(0);
 static ARENA_END: AtomicUsize = AtomicUsize::new(0);
 
+/// The first of the C library's allocation functions that another object of the process
+/// defines ahead of this library (the executable: it comes first in the dynamic linker's
+/// search, as rustc's does with jemalloc's `malloc` and `free`), if one does. Then every
+/// `malloc` of the C library (a thread's dynamic TLS vector, `pthread_getattr_np`), of the
+/// dynamic loader and of the Rust runtime's threads goes to that allocator, whose chunks
+/// come from the program's `mmap` (managed memory): a SIGBUS handler reading its thread's
+/// TLS vector faulted again, for good (SIGSEGV), and in thread mode a handler thread
+/// waited, starting, for the allocator's lock that a thread faulting on its metadata held.
+/// From the constructor (`dlsym` may allocate).
+pub fn program_allocator() -> Option<&'static str> {
+    let ours: [(&'static str, &std::ffi::CStr, usize); 4] = [
+        ("malloc", c"malloc", malloc as *const () as usize),
+        ("free", c"free", free as *const () as usize),
+        ("calloc", c"calloc", calloc as *const () as usize),
+        ("realloc", c"realloc", realloc as *const () as usize),
+    ];
+    ours.into_iter().find_map(|(name, symbol, own)| {
+        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name: the first definition in
+        // the process's global search order, or null.
+        let first = unsafe { libc::dlsym(libc::RTLD_DEFAULT, symbol.as_ptr()) };
+        (!first.is_null() && first as usize != own && defines(first)).then_some(name)
+    })
+}
+
+/// Whether the symbol at `addr` (a `dlsym` answer) is a definition: not a non-PIE
+/// executable's canonical PLT entry for a function it takes the address of (node's
+/// `malloc`: an undefined symbol with the entry's address as its value, which `dlsym`
+/// answers with, so that function pointers compare equal, and which calls the real one).
+fn defines(addr: *mut c_void) -> bool {
+    extern "C" {
+        fn dladdr1(
+            addr: *const c_void,
+            info: *mut libc::Dl_info,
+            extra: *mut *mut c_void,
+            flags: libc::c_int,
+        ) -> libc::c_int;
+    }
+    /// `RTLD_DL_SYMENT`: `extra` receives the matching `ElfW(Sym)`.
+    const RTLD_DL_SYMENT: libc::c_int = 1;
+    // SAFETY: `Dl_info` is plain data; all-zero is a valid value of it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut sym: *mut c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 fills `info` and, with RTLD_DL_SYMENT, `sym` with a pointer to the
+    // loader's symbol table entry (valid while the object is loaded), or leaves it null.
+    let found = unsafe { dladdr1(addr, &mut info, &mut sym, RTLD_DL_SYMENT) } != 0;
+    if !found || sym.is_null() {
+        return true;
+    }
+    // SAFETY: `sym` points to an `Elf64_Sym` of a loaded object's dynamic symbol table.
+    let sym = unsafe { &*(sym as *const libc::Elf64_Sym) };
+    /// `SHN_UNDEF`: the section index of an undefined symbol.
+    const SHN_UNDEF: u16 = 0;
+    sym.st_shndx != SHN_UNDEF
+}
+
 /// Whether the calling thread's allocations belong in the managed heap.
 #[inline]
 pub fn managed_caller() -> bool {

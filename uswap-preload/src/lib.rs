@@ -199,6 +199,10 @@ fn prepare() -> Result<(), String> {
     if cfg.stats_dir.is_some() {
         escape::init();
     }
+    if let Some(name) = heap::program_allocator() {
+        stand_aside_for_own_allocator(name);
+        return Ok(());
+    }
     fork::start()?;
     if cfg.start_after_bytes == 0 {
         return start_pager(cfg, None);
@@ -217,6 +221,29 @@ fn prepare() -> Result<(), String> {
     WAITING.store(true, Ordering::Release);
     Ok(())
 }
+/// The program's executable defines `name` of the C library's allocator
+/// (`heap::program_allocator`): the library stands aside in this process, as with
+/// `USWAP_DISABLE` (its children load it again), and notes the process as outside the
+/// budget for `uswap run` to name (or, used without `uswap run`, says so on stderr).
+fn stand_aside_for_own_allocator(name: &str) {
+    if config().is_some_and(|c| c.stats_dir.is_some()) {
+        // Under `uswap run`, which names it at the end: not a line from each of a build's
+        // thousand compiler processes.
+        escape::note_this_process(escape::Why::OwnAllocator);
+        return;
+    }
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+    real::write_stderr(
+        format!(
+            "uswap: {} (process {}) runs outside the budget: its executable defines {name}, the allocator the C \
+             library and uswap's own threads would then use in memory uswap pages\n",
+            comm.trim_end(),
+            std::process::id()
+        )
+        .as_bytes(),
+    );
+}
+
 extern "C" fn init() {
     if std::env::var_os(config::ENV_DISABLE).is_some() {
         return;

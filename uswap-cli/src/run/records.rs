@@ -103,7 +103,8 @@ pub(super) fn refusal_message(refused: &[(u32, String)]) -> String {
 pub(super) fn escape_message(escaped: &[(u32, String)]) -> String {
     let mut msg = format!(
         "{} process(es) of the program ran outside the budget, their memory neither limited nor counted \
-         (uswap follows a program through its preloaded library, which these images do not load):",
+         (uswap follows a program through its preloaded library, which these images do not load, or in \
+         which it stands aside):",
         escaped.len()
     );
     for (pid, said) in escaped.iter().take(4) {
