@@ -1,5 +1,4 @@
-//! Links the preloaded library so that its own calls to the functions it defines reach its
-//! own definitions (`-Bsymbolic-functions`, see `main`), and so that the code inside it (mimalloc, the engine, the Rust
+//! Links the preloaded library so that the code inside it (mimalloc, the engine, the Rust
 //! runtime) maps memory with the system call itself, not through the library's own `mmap`
 //! (`src/mmap.rs`), which is the program's: mimalloc maps its page map and its metadata
 //! from the program's threads (in its constructor, under its page-map lock), and those
@@ -8,14 +7,6 @@
 //! needs no shared library but the C library's.
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=mmap");
-    // The library's own calls to the functions it defines (`malloc`, `free`, `sigaction`,
-    // `pthread_create`, ...) reach its own definitions even when the program's executable
-    // defines them too, as rustc does with jemalloc's `malloc` and `free`: the executable
-    // comes first in the dynamic linker's search, so the Rust runtime inside the library
-    // (`std::alloc::System`, which `std::thread` allocates from) got jemalloc, whose chunks
-    // the program's `mmap` makes managed memory, and the engine's threads then faulted on
-    // their own data (a fork child waited on itself for good; signal mode ended in SIGSEGV).
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
     link_unwinder_statically();
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -117,20 +117,29 @@ static ARENA_END: AtomicUsize = AtomicUsize::new(0);
 /// come from the program's `mmap` (managed memory): a SIGBUS handler reading its thread's
 /// TLS vector faulted again, for good (SIGSEGV), and in thread mode a handler thread
 /// waited, starting, for the allocator's lock that a thread faulting on its metadata held.
+/// Told by the object that defines the symbol found first, not by the address this
+/// library's code sees for its own function (which is the first definition's too).
 /// From the constructor (`dlsym` may allocate).
 pub fn program_allocator() -> Option<&'static str> {
-    let ours: [(&'static str, &std::ffi::CStr, usize); 4] = [
-        ("malloc", c"malloc", malloc as *const () as usize),
-        ("free", c"free", free as *const () as usize),
-        ("calloc", c"calloc", calloc as *const () as usize),
-        ("realloc", c"realloc", realloc as *const () as usize),
-    ];
-    ours.into_iter().find_map(|(name, symbol, own)| {
-        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name: the first definition in
-        // the process's global search order, or null.
-        let first = unsafe { libc::dlsym(libc::RTLD_DEFAULT, symbol.as_ptr()) };
-        (!first.is_null() && first as usize != own && defines(first)).then_some(name)
-    })
+    let own_base = object_base(program_allocator as *const () as *mut c_void)?;
+    [("malloc", c"malloc"), ("free", c"free"), ("calloc", c"calloc"), ("realloc", c"realloc")].into_iter().find_map(
+        |(name, symbol)| {
+            // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name: the first definition
+            // in the process's global search order, or null.
+            let first = unsafe { libc::dlsym(libc::RTLD_DEFAULT, symbol.as_ptr()) };
+            let elsewhere = !first.is_null() && object_base(first) != Some(own_base);
+            (elsewhere && defines(first)).then_some(name)
+        },
+    )
+}
+
+/// The load address of the object that holds `addr` (`dladdr`'s `dli_fbase`).
+fn object_base(addr: *mut c_void) -> Option<usize> {
+    // SAFETY: `Dl_info` is plain data; all-zero is a valid value of it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only fills `info` for the address.
+    let found = unsafe { libc::dladdr(addr, &mut info) } != 0;
+    (found && !info.dli_fbase.is_null()).then_some(info.dli_fbase as usize)
 }
 
 /// Whether the symbol at `addr` (a `dlsym` answer) is a definition: not a non-PIE

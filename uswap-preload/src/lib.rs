@@ -182,15 +182,6 @@ pub fn pager() -> Option<&'static uswap::Pager> {
 /// ([`start_if_waiting`]).
 fn prepare() -> Result<(), String> {
     let _g = own_code::Guard::enter();
-    // The C library's malloc serves uswap, and the program's first blocks until mimalloc
-    // comes up (`heap`): one arena, and blocks up to 32 MiB from the brk heap rather than
-    // mappings of their own, so that its memory is the `[heap]` a report of the program's
-    // unmanaged memory measures apart (`unmanaged`).
-    // SAFETY: mallopt only sets glibc malloc tunables.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-    }
     // Before the configuration sizes anything to an address-space limit.
     let set_inside = rlimit::inherit();
     let cfg = config::Config::from_env(set_inside)?;
@@ -202,6 +193,15 @@ fn prepare() -> Result<(), String> {
     if let Some(name) = heap::program_allocator() {
         stand_aside_for_own_allocator(name);
         return Ok(());
+    }
+    // The C library's malloc serves uswap, and the program's first blocks until mimalloc
+    // comes up (`heap`): one arena, and blocks up to 32 MiB from the brk heap rather than
+    // mappings of their own, so that its memory is the `[heap]` a report of the program's
+    // unmanaged memory measures apart (`unmanaged`).
+    // SAFETY: mallopt only sets glibc malloc tunables.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
     }
     fork::start()?;
     if cfg.start_after_bytes == 0 {

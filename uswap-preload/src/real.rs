@@ -2,8 +2,8 @@
 //! managed memory: uswap's engine (its threads would wait on themselves if their data were
 //! swapped out), this library's tables, and allocations made before the managed heap exists.
 //!
-//! glibc 2.34+ no longer exports `__libc_malloc`, so the functions are found with
-//! `dlsym(RTLD_NEXT, ..)` on first use. `dlsym` may itself allocate (its error buffer): those
+//! The functions are found with `dlsym` on the C library's handle on first use (not
+//! `RTLD_NEXT`: see `resolve`). `dlsym` may itself allocate (its error buffer): those
 //! nested calls are served from a small static bootstrap area, which is never freed (a few
 //! hundred bytes in practice; [`BOOTSTRAP_BYTES`] bounds it and running out is fatal with a
 //! message). Memory system calls go straight to the kernel with `syscall(2)`: the library
@@ -140,12 +140,21 @@ fn resolve() -> bool {
         (b"memalign\0", &MEMALIGN),
         (b"malloc_usable_size\0", &USABLE),
     ];
+    // The C library's own functions, looked up in it: the next definition after this
+    // library is another allocator's when the user preloads one after uswap's
+    // (`LD_PRELOAD=libjemalloc.so`), whose chunks come from the program's `mmap`, managed
+    // memory, where uswap's engine must never allocate. RTLD_NEXT where the C library is
+    // not `libc.so.6`.
+    // SAFETY: dlopen of an already loaded library by its soname, RTLD_NOLOAD: it loads
+    // nothing, and returns its handle or null.
+    let libc_handle = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    let handle = if libc_handle.is_null() { libc::RTLD_NEXT } else { libc_handle };
     for (name, slot) in names {
-        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; it returns the next
-        // definition after this library (the C library's) or null.
-        let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) };
+        // SAFETY: dlsym with a library handle (or RTLD_NEXT) and a NUL-terminated name; it
+        // returns the C library's definition or null.
+        let f = unsafe { libc::dlsym(handle, name.as_ptr().cast()) };
         if f.is_null() {
-            fatal(b"uswap: the C library's malloc was not found (dlsym RTLD_NEXT)\n");
+            fatal(b"uswap: the C library's malloc was not found (dlsym)\n");
         }
         slot.store(f, Ordering::Release);
     }
