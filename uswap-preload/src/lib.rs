@@ -221,6 +221,7 @@ fn prepare() -> Result<(), String> {
     WAITING.store(true, Ordering::Release);
     Ok(())
 }
+
 /// The program's executable defines `name` of the C library's allocator
 /// (`heap::program_allocator`): the library stands aside in this process, as with
 /// `USWAP_DISABLE` (its children load it again), and notes the process as outside the
