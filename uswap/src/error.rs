@@ -18,7 +18,10 @@ pub enum Error {
     )]
     UserfaultfdDenied { syscall: io::Error, dev: io::Error },
 
-    #[error("this kernel has no userfaultfd ({source}); uswap needs Linux >= 6.8 built with CONFIG_USERFAULTFD=y")]
+    #[error(
+        "this kernel has no userfaultfd ({source}); uswap needs Linux >= 6.8 built with CONFIG_USERFAULTFD=y \
+         (or the process runs under an emulator of system calls, such as valgrind, that has none)"
+    )]
     UserfaultfdUnsupported { source: io::Error },
 
     #[error(
