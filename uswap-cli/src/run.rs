@@ -210,19 +210,15 @@ fn is_executable_file(p: &Path) -> bool {
 pub fn check_runnable(path: &Path, depth: u32) -> Result<(), RunError> {
     let not_runnable = |why: String| RunError::NotRunnable { path: path.to_path_buf(), why, missing: false };
     if !is_executable_file(path) {
-        let why = match std::fs::metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(RunError::NotRunnable {
-                    path: path.to_path_buf(),
-                    why: "no such file".into(),
-                    missing: true,
-                })
-            }
+        let meta = std::fs::metadata(path);
+        let missing = matches!(&meta, Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+        let why = match meta {
+            Err(_) if missing => "no such file".into(),
             Err(e) => e.to_string(),
             Ok(m) if m.is_dir() => "a directory, not a program".into(),
             Ok(_) => "not an executable file (no execute permission)".into(),
         };
-        return Err(not_runnable(why));
+        return Err(RunError::NotRunnable { path: path.to_path_buf(), why, missing });
     }
     let mut head = vec![0u8; 4096];
     let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| not_runnable(e.to_string()))?;

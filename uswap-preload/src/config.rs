@@ -178,7 +178,7 @@ fn resolve_auto() -> FaultMode {
             // Without the permission thread mode fails the run; in signal mode an MPI whose
             // transport falls back (Open MPI's does) still runs, and its peers' failed
             // reads are said (`remote_access.rs`).
-            say_auto(&format!(
+            crate::real::say_of_this_process(&format!(
                 "stays in signal mode: it links {lib}{whose}, which needs thread mode, and this user may \
                  not open the userfaultfd thread mode takes (README, \"Requirements\")"
             ));
@@ -190,15 +190,10 @@ fn resolve_auto() -> FaultMode {
     } else {
         return FaultMode::Signal;
     };
-    say_auto(&format!("runs in thread mode: {why}, and the kernel's own accesses to managed memory need it"));
+    crate::real::say_of_this_process(&format!(
+        "runs in thread mode: {why}, and the kernel's own accesses to managed memory need it"
+    ));
     FaultMode::Thread
-}
-
-/// "uswap: EXE (process PID) WHAT" on stderr, for `auto`'s choice.
-fn say_auto(what: &str) {
-    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
-    let exe = comm.trim_end();
-    crate::real::write_stderr(format!("uswap: {exe} (process {}) {what}\n", std::process::id()).as_bytes());
 }
 
 /// Libraries that get the kernel to touch a process's memory outside its own system calls,

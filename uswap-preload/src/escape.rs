@@ -46,7 +46,7 @@ pub enum Why {
     Disabled,
     /// Its executable defines the C library's allocator (`malloc`, ...), which the C library,
     /// the dynamic loader and uswap's own threads then allocate from: the library stands
-    /// aside (`heap::program_allocator`).
+    /// aside (`own_allocator::program_allocator`).
     OwnAllocator,
 }
 

@@ -55,6 +55,7 @@ pub mod heap;
 pub mod locale;
 pub mod mlock;
 pub mod mmap;
+pub mod own_allocator;
 pub mod own_code;
 pub mod own_process;
 pub mod program_frames;
@@ -190,8 +191,8 @@ fn prepare() -> Result<(), String> {
     if cfg.stats_dir.is_some() {
         escape::init();
     }
-    if let Some(name) = heap::program_allocator() {
-        stand_aside_for_own_allocator(name);
+    if let Some(name) = own_allocator::program_allocator() {
+        own_allocator::stand_aside(name);
         return Ok(());
     }
     // The C library's malloc serves uswap, and the program's first blocks until mimalloc
@@ -220,29 +221,6 @@ fn prepare() -> Result<(), String> {
     // until then the one a managed parent gave, with room for its own pager, stays.
     WAITING.store(true, Ordering::Release);
     Ok(())
-}
-
-/// The program's executable defines `name` of the C library's allocator
-/// (`heap::program_allocator`): the library stands aside in this process, as with
-/// `USWAP_DISABLE` (its children load it again), and notes the process as outside the
-/// budget for `uswap run` to name (or, used without `uswap run`, says so on stderr).
-fn stand_aside_for_own_allocator(name: &str) {
-    if config().is_some_and(|c| c.stats_dir.is_some()) {
-        // Under `uswap run`, which names it at the end: not a line from each of a build's
-        // thousand compiler processes.
-        escape::note_this_process(escape::Why::OwnAllocator);
-        return;
-    }
-    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
-    real::write_stderr(
-        format!(
-            "uswap: {} (process {}) runs outside the budget: its executable defines {name}, the allocator the C \
-             library and uswap's own threads would then use in memory uswap pages\n",
-            comm.trim_end(),
-            std::process::id()
-        )
-        .as_bytes(),
-    );
 }
 
 extern "C" fn init() {

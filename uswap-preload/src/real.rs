@@ -100,6 +100,13 @@ pub fn write_stderr(msg: &[u8]) {
     unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
 }
 
+/// "uswap: COMM (process PID) WHAT" on stderr: a word about this process as a whole (the
+/// mode `auto` chose, a library that stands aside). Allocates: from the constructor.
+pub fn say_of_this_process(what: &str) {
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+    write_stderr(format!("uswap: {} (process {}) {what}\n", comm.trim_end(), std::process::id()).as_bytes());
+}
+
 /// The calling thread's errno.
 pub fn errno() -> c_int {
     // SAFETY: __errno_location returns the calling thread's errno slot.

@@ -50,7 +50,7 @@ fn transfer(nr: libc::c_long, name: &[u8], a: [u64; 6]) -> libc::ssize_t {
     // fails bad pointers with EFAULT).
     let done = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) } as libc::ssize_t;
     let errno = crate::real::errno();
-    if SAID.load(Ordering::Relaxed) || is_this_process(a[0] as libc::pid_t) {
+    if SAID.load(Ordering::Relaxed) || uswap::syscall_guard::is_this_process(a[0] as libc::pid_t) {
         return done;
     }
     // A failed call may have failed on its own vectors: they are read only after a success,
@@ -68,15 +68,6 @@ fn transfer(nr: libc::c_long, name: &[u8], a: [u64; 6]) -> libc::ssize_t {
         }
     }
     done
-}
-
-/// Whether `pid` is this process or one of its threads (whose memory the system-call guard
-/// makes ready, `Rule::ProcessVm`).
-fn is_this_process(pid: libc::pid_t) -> bool {
-    let own_pid = std::process::id() as libc::pid_t;
-    // SAFETY: tgkill with signal 0 sends nothing and touches no memory: it succeeds when
-    // `pid` is a thread of this process.
-    pid == own_pid || (pid > 0 && unsafe { libc::syscall(libc::SYS_tgkill, own_pid, pid, 0) } == 0)
 }
 
 /// The bytes `cnt` iovecs at `vec` name, for a call that has just succeeded with them.

@@ -239,18 +239,24 @@ fn ready_strings(pin: &mut crate::pin::Pin, arr: u64) -> Prepared {
     managed | ready(pin, arr, 8 * nr, false)
 }
 
+/// Whether `pid` names this process: its pid, or one of its threads' ids (which name the
+/// same memory to `process_vm_readv`). System calls only: allocation-free, lock-free.
+pub fn is_this_process(pid: i32) -> bool {
+    // SAFETY: getpid takes no arguments and touches no memory.
+    let own_pid = unsafe { raw(libc::SYS_getpid, [0; 6]) };
+    let target = pid as c_long;
+    // SAFETY: tgkill with signal 0 sends nothing and touches no memory: it succeeds when
+    // `target` is a thread of this process.
+    target > 0
+        && (target == own_pid || unsafe { raw(libc::SYS_tgkill, [own_pid as u64, target as u64, 0, 0, 0, 0]) } == 0)
+}
+
 /// `process_vm_readv` (`write`) or `process_vm_writev` with arguments `a`: the caller's
 /// buffers and the remote vector; on this process itself (its pid or one of its threads'
 /// ids: a careful `memcpy`) the remote buffers too, read by `readv` and written by
 /// `writev`. Each side only as far as the other's total, which is what the call can move.
 fn ready_process_vm(pin: &mut crate::pin::Pin, a: &[u64; 6], write: bool) -> Prepared {
-    // SAFETY: getpid takes no arguments and touches no memory.
-    let own_pid = unsafe { raw(libc::SYS_getpid, [0; 6]) };
-    let target = a[0] as i32 as c_long;
-    // SAFETY: tgkill with signal 0 sends nothing and touches no memory: it succeeds when
-    // `target` is a thread of this process.
-    let is_self = target > 0
-        && (target == own_pid || unsafe { raw(libc::SYS_tgkill, [own_pid as u64, target as u64, 0, 0, 0, 0]) } == 0);
+    let is_self = is_this_process(a[0] as i32);
     let movable_bytes = iov_total_bytes(pin, a[1], a[2]).min(iov_total_bytes(pin, a[3], a[4]));
     let local = ready_iov_up_to(pin, a[1], a[2], write, movable_bytes);
     if is_self {

@@ -1,0 +1,91 @@
+//! Programs that bring their own allocator: an executable that defines the C library's
+//! `malloc` (rustc links jemalloc so) is searched before this library, so its allocator,
+//! not uswap's heap, serves the C library, the dynamic loader and the Rust runtime inside
+//! this library, in memory uswap would page. In such a process the library stands aside,
+//! as with `USWAP_DISABLE`, and the process is named as outside the budget (docs/cli.md,
+//! "Programs that bring their own malloc").
+//!
+//! From the constructor only: allocates, calls `dlsym` and `dladdr`.
+
+use std::ffi::c_void;
+
+/// The first of the C library's allocation functions that another object of the process
+/// defines ahead of this library (the executable: it comes first in the dynamic linker's
+/// search, as rustc's does with jemalloc's `malloc` and `free`), if one does. Then every
+/// `malloc` of the C library (a thread's dynamic TLS vector, `pthread_getattr_np`), of the
+/// dynamic loader and of the Rust runtime's threads goes to that allocator, whose chunks
+/// come from the program's `mmap` (managed memory): a SIGBUS handler reading its thread's
+/// TLS vector faulted again, for good (SIGSEGV), and in thread mode a handler thread
+/// waited, starting, for the allocator's lock that a thread faulting on its metadata held.
+/// Told by the object that defines the symbol found first, not by the address this
+/// library's code sees for its own function (which is the first definition's too).
+/// From the constructor (`dlsym` may allocate).
+pub fn program_allocator() -> Option<&'static str> {
+    let own_base = object_base(program_allocator as *const () as *mut c_void)?;
+    [("malloc", c"malloc"), ("free", c"free"), ("calloc", c"calloc"), ("realloc", c"realloc")].into_iter().find_map(
+        |(name, symbol)| {
+            // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name: the first definition
+            // in the process's global search order, or null.
+            let first = unsafe { libc::dlsym(libc::RTLD_DEFAULT, symbol.as_ptr()) };
+            let elsewhere = !first.is_null() && object_base(first) != Some(own_base);
+            (elsewhere && defines(first)).then_some(name)
+        },
+    )
+}
+
+/// The load address of the object that holds `addr` (`dladdr`'s `dli_fbase`).
+fn object_base(addr: *mut c_void) -> Option<usize> {
+    // SAFETY: `Dl_info` is plain data; all-zero is a valid value of it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only fills `info` for the address.
+    let found = unsafe { libc::dladdr(addr, &mut info) } != 0;
+    (found && !info.dli_fbase.is_null()).then_some(info.dli_fbase as usize)
+}
+
+/// Whether the symbol at `addr` (a `dlsym` answer) is a definition: not a non-PIE
+/// executable's canonical PLT entry for a function it takes the address of (node's
+/// `malloc`: an undefined symbol with the entry's address as its value, which `dlsym`
+/// answers with, so that function pointers compare equal, and which calls the real one).
+fn defines(addr: *mut c_void) -> bool {
+    extern "C" {
+        fn dladdr1(
+            addr: *const c_void,
+            info: *mut libc::Dl_info,
+            extra: *mut *mut c_void,
+            flags: libc::c_int,
+        ) -> libc::c_int;
+    }
+    /// `RTLD_DL_SYMENT`: `extra` receives the matching `ElfW(Sym)`.
+    const RTLD_DL_SYMENT: libc::c_int = 1;
+    // SAFETY: `Dl_info` is plain data; all-zero is a valid value of it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut sym: *mut c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 fills `info` and, with RTLD_DL_SYMENT, `sym` with a pointer to the
+    // loader's symbol table entry (valid while the object is loaded), or leaves it null.
+    let found = unsafe { dladdr1(addr, &mut info, &mut sym, RTLD_DL_SYMENT) } != 0;
+    if !found || sym.is_null() {
+        return true;
+    }
+    // SAFETY: `sym` points to an `Elf64_Sym` of a loaded object's dynamic symbol table.
+    let sym = unsafe { &*(sym as *const libc::Elf64_Sym) };
+    /// `SHN_UNDEF`: the section index of an undefined symbol.
+    const SHN_UNDEF: u16 = 0;
+    sym.st_shndx != SHN_UNDEF
+}
+
+/// The program's executable defines `name` of the C library's allocator
+/// ([`program_allocator`]): the library stands aside in this process, as with
+/// `USWAP_DISABLE` (its children load it again), and notes the process as outside the
+/// budget for `uswap run` to name (or, used without `uswap run`, says so on stderr).
+pub fn stand_aside(name: &str) {
+    if crate::config().is_some_and(|c| c.stats_dir.is_some()) {
+        // Under `uswap run`, which names it at the end: not a line from each of a build's
+        // thousand compiler processes.
+        crate::escape::note_this_process(crate::escape::Why::OwnAllocator);
+        return;
+    }
+    crate::real::say_of_this_process(&format!(
+        "runs outside the budget: its executable defines {name}, the allocator the C library and uswap's own \
+         threads would then use in memory uswap pages"
+    ));
+}
