@@ -312,14 +312,29 @@ pub struct Launch {
     pub command: std::process::Command,
     /// Where the program was found.
     pub path: PathBuf,
+    /// The tree's directory (`USWAP_STATS_DIR`), inside `run_dir`.
     stats_dir: PathBuf,
-    /// The run's lock in `stats_dir`, held while the run lives (see `dir`).
+    /// The run's directory, removed on drop.
+    run_dir: PathBuf,
+    /// The run's lock in `run_dir`, held while the run lives (see `dir`).
     _run_lock: std::fs::File,
     segment: uswap::shared_charge::ChargeSegment,
     limit_bytes: u64,
     /// Each Redis device's seeds and the session its keys are under, deleted on drop.
     /// Redis devices' seeds, whether they are a cluster's, and the run's session on them.
     redis_sessions: Vec<(Vec<String>, bool, String)>,
+}
+
+/// The tree's charge segment in its directory `stats_dir`, open to the processes of the tree
+/// that change user when the tree's directory is (see `dir`).
+fn create_segment(stats_dir: &Path, limit_bytes: u64) -> std::io::Result<uswap::shared_charge::ChargeSegment> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = stats_dir.join(uswap::shared_charge::SEGMENT_FILE);
+    let segment = uswap::shared_charge::ChargeSegment::create(&path, limit_bytes)?;
+    if dir::shared_with_other_users() {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    }
+    Ok(segment)
 }
 
 /// Gives every Redis device of a device list the session `session`: every process of the
@@ -406,15 +421,13 @@ impl Launch {
             d.check_usable().map_err(RunError::Device)?;
         }
         let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
-        let (stats_dir, run_lock) = dir::make().map_err(RunError::StatsDir)?;
+        let run_dir = dir::make().map_err(RunError::StatsDir)?;
+        let stats_dir = run_dir.tree.clone();
         // One budget for the whole tree: every process's pager charges this segment too.
-        let segment = match uswap::shared_charge::ChargeSegment::create(
-            &stats_dir.join(uswap::shared_charge::SEGMENT_FILE),
-            cfg.limit_bytes,
-        ) {
+        let segment = match create_segment(&stats_dir, cfg.limit_bytes) {
             Ok(s) => s,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&stats_dir);
+                let _ = std::fs::remove_dir_all(&run_dir.run);
                 return Err(RunError::StatsDir(e));
             }
         };
@@ -459,7 +472,8 @@ impl Launch {
             command,
             path,
             stats_dir,
-            _run_lock: run_lock,
+            run_dir: run_dir.run,
+            _run_lock: run_dir.lock,
             segment,
             limit_bytes: cfg.limit_bytes,
             redis_sessions,
@@ -491,7 +505,7 @@ impl Drop for Launch {
         // Processes that outlive the program write their records until they end: one that
         // writes while the directory is being removed leaves it non-empty, so try again.
         for _ in 0..5 {
-            if std::fs::remove_dir_all(&self.stats_dir).is_ok() || !self.stats_dir.exists() {
+            if std::fs::remove_dir_all(&self.run_dir).is_ok() || !self.run_dir.exists() {
                 break;
             }
         }

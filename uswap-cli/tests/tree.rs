@@ -553,3 +553,48 @@ fn execs_from_signal_handlers_and_small_stacks_run() {
         }
     }
 }
+
+/// A process that changes user (`su`, `runuser`, a server dropping its privileges) stays in
+/// its tree's budget, as in a memory cgroup. Run by root, `chuser.c` writes and checks 48
+/// MiB under 16 as `nobody`: in a fork child that calls setuid, and in the image execed
+/// after it. Before, the run's directory (0700, root's) was closed to both: the exec'd image
+/// ran with a private pager of the whole limit outside the tree's charge and the fork child
+/// lost its record, both unsaid (`1 process(es) with a pager`, pswpout 0).
+#[test]
+fn processes_that_change_user_stay_in_the_trees_budget() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        skipped("changing user inside the tree needs root");
+        return;
+    }
+    let dir = tmpdir("chuser");
+    let prog = compile("chuser", &dir, &[]);
+    // Everything the changed user loads must be open to it (the build directory may not be).
+    let lib = dir.join("libuswap_preload.so");
+    std::fs::copy(preload(), &lib).unwrap();
+    for f in [&*dir, &*prog, &*lib] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for how in ["fork", "exec"] {
+        let stats = dir.join(format!("stats-{how}.json"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+        cmd.env("USWAP_PRELOAD_LIB", &lib)
+            .args(["run", "--limit", "16MiB", "--stats-json"])
+            .arg(&stats)
+            .arg("--")
+            .arg(&prog)
+            .args(["65534", "48", how]);
+        let o = run_timed(&mut cmd, Duration::from_secs(300));
+        let err = stderr(&o);
+        assert!(o.status.success(), "{how}: {err}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "ok as uid 65534\n", "{how}: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        // The changed user's process (its parent, or first image, may start no pager).
+        assert!(counter(&v, "processes") >= 1, "{how}: {err}\n{v}");
+        assert_eq!(counter(&v, "outside_shared_charge"), 0, "{how}: {v}");
+        assert!(counter(&v, "pswpout") >= (32 << 20 >> 12), "{how}: the changed user's swapping was lost: {v}");
+        let peak = counter(&v, "resident_peak_bytes");
+        assert!(peak <= (16 << 20) + SLACK_BYTES, "{how}: resident peak {peak}: {v}");
+    }
+}

@@ -145,8 +145,12 @@ pub(crate) fn open_segment() -> Result<Option<&'static uswap::shared_charge::Cha
     }
     let Some(dir) = config().and_then(|c| c.stats_dir.as_ref()) else { return Ok(None) };
     let path = dir.join(uswap::shared_charge::SEGMENT_FILE);
-    if !path.exists() {
-        return Ok(None);
+    // Not there: the library used with a directory of its own (`uswap bench`). Any other
+    // failure (a directory this user may not enter) is said, not taken for "no tree".
+    match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot reach the shared charge {}: {e}", path.display())),
+        Ok(_) => {}
     }
     let seg = uswap::shared_charge::ChargeSegment::open(&path)
         .map_err(|e| format!("cannot open the shared charge {}: {e}", path.display()))?;

@@ -1,7 +1,16 @@
-//! The run's directory (`$TMPDIR/uswap-run.PID.N`): where every process of the tree finds
-//! the shared charge segment and leaves its records and notes. Made with its lock taken,
-//! held for the run's life; directories of runs killed before they could remove their own
-//! are removed by a later run once nothing of theirs is left.
+//! The run's directory (`$TMPDIR/uswap-run.PID.N`): made with its lock taken, held for the
+//! run's life; directories of runs killed before they could remove their own are removed by
+//! a later run once nothing of theirs is left. Inside it, the tree's directory
+//! (`tree-<32 random hex digits>`, `USWAP_STATS_DIR`): where every process of the tree finds
+//! the shared charge segment and leaves its records and notes.
+//!
+//! Processes of a tree started by root may change user (`su`, `runuser`, a server that drops
+//! its privileges) and stay in the tree, as in a memory cgroup: they must still open the
+//! charge segment and write their records. So under root the run's directory is searchable
+//! by all (0711: no one else can list it) and the tree's directory, whose name only the
+//! tree's environment holds, is writable by all (0777, the segment 0666). Under any other
+//! user both are 0700: such a tree changes user only through set-user-ID programs, which the
+//! loader runs without the library anyway (`escape`).
 //!
 //! Invariant: a directory is removed here only when its run's lock is free (the run is
 //! dead: the kernel released it) and no process of its tree is found running.
@@ -20,9 +29,28 @@ const RUN_LOCK_FILE: &str = "run.lock";
 /// Names tried for a run's directory (`.0`, `.1`, ...).
 const MAX_NAMES: u32 = 100;
 
-/// Makes the run's directory, with its lock taken (see [`RUN_LOCK_FILE`]); the lock is
-/// held as long as the file returned lives.
-pub(super) fn make() -> io::Result<(PathBuf, std::fs::File)> {
+/// What starts the name of the tree's directory inside the run's.
+const TREE_DIR_PREFIX: &str = "tree-";
+
+/// A run's directory, made by [`make`].
+pub(super) struct RunDir {
+    /// `$TMPDIR/uswap-run.PID.N`, removed whole when the run ends.
+    pub run: PathBuf,
+    /// The tree's directory inside it (`USWAP_STATS_DIR`).
+    pub tree: PathBuf,
+    /// The run's lock (see [`RUN_LOCK_FILE`]), held as long as this lives.
+    pub lock: std::fs::File,
+}
+
+/// Whether the tree's processes may change user (this process is root): see the module's
+/// comment.
+pub(super) fn shared_with_other_users() -> bool {
+    // SAFETY: geteuid has no failure mode and touches no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Makes the run's directory and the tree's in it, with the run's lock taken.
+pub(super) fn make() -> io::Result<RunDir> {
     use std::os::unix::fs::DirBuilderExt;
     let base = std::env::temp_dir();
     remove_stale(&base);
@@ -30,20 +58,42 @@ pub(super) fn make() -> io::Result<(PathBuf, std::fs::File)> {
         let dir = base.join(format!("uswap-run.{}.{i}", std::process::id()));
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {
-                let lock = std::fs::File::create(dir.join(RUN_LOCK_FILE)).and_then(|f| lock_file(&f, false).map(|_| f));
-                return match lock {
-                    Ok(f) => Ok((dir, f)),
-                    Err(e) => {
-                        let _ = std::fs::remove_dir_all(&dir);
-                        Err(e)
-                    }
-                };
+                return fill(&dir).inspect_err(|_| {
+                    let _ = std::fs::remove_dir_all(&dir);
+                })
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
         }
     }
     Err(io::Error::other(format!("{MAX_NAMES} names taken")))
+}
+
+/// Takes the lock of the run's directory `run`, just made, and makes the tree's in it.
+fn fill(run: &Path) -> io::Result<RunDir> {
+    use std::os::unix::fs::PermissionsExt;
+    let lock = std::fs::File::create(run.join(RUN_LOCK_FILE))?;
+    lock_file(&lock, false)?;
+    let mut secret = [0u8; 16];
+    getrandom::fill(&mut secret).map_err(io::Error::other)?;
+    let name: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let tree = run.join(format!("{TREE_DIR_PREFIX}{name}"));
+    std::fs::create_dir(&tree)?;
+    // Set after making, whatever the umask.
+    let (run_mode, tree_mode) = if shared_with_other_users() { (0o711, 0o777) } else { (0o700, 0o700) };
+    std::fs::set_permissions(&tree, std::fs::Permissions::from_mode(tree_mode))?;
+    std::fs::set_permissions(run, std::fs::Permissions::from_mode(run_mode))?;
+    Ok(RunDir { run: run.to_path_buf(), tree, lock })
+}
+
+/// The tree's directory inside the run's directory `run`, if it has one (a run of an older
+/// uswap, or one being made this instant, may not).
+fn tree_dir_of(run: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(run)
+        .ok()?
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with(TREE_DIR_PREFIX))
+        .map(|e| e.path())
 }
 
 /// Most entries of the temporary directory looked at for runs' directories left behind.
@@ -115,7 +165,8 @@ fn remove_stale(base: &Path) {
         if !meta.is_dir() || meta.uid() != uid || pid == std::process::id() {
             continue;
         }
-        if run_is_dead(&dir, &meta, pid) && tree::running(&dir, &[], 0).is_empty() {
+        let tree_dir = tree_dir_of(&dir).unwrap_or_else(|| dir.clone());
+        if run_is_dead(&dir, &meta, pid) && tree::running(&tree_dir, &[], 0).is_empty() {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
