@@ -597,4 +597,20 @@ fn processes_that_change_user_stay_in_the_trees_budget() {
         let peak = counter(&v, "resident_peak_bytes");
         assert!(peak <= (16 << 20) + SLACK_BYTES, "{how}: resident peak {peak}: {v}");
     }
+    // The library where the new user cannot read it: the loader skips it, and the run
+    // names the process as outside the budget.
+    let closed = dir.join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let hidden = closed.join("libuswap_preload.so");
+    std::fs::copy(&lib, &hidden).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    cmd.env("USWAP_PRELOAD_LIB", &hidden)
+        .args(["run", "--limit", "16MiB", "--strict", "--"])
+        .arg(&prog)
+        .args(["65534", "8", "exec"]);
+    let o = run_timed(&mut cmd, Duration::from_secs(300));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "--strict with a process outside the budget: {err}");
+    assert!(err.contains("the user it runs as cannot read uswap's library"), "{err}");
 }

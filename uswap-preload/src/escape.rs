@@ -3,9 +3,10 @@
 //! counted. It happens when the new environment has no `LD_PRELOAD` naming this library, no
 //! `USWAP_STATS_DIR`, or `USWAP_DISABLE` (`env -i`, `env -u LD_PRELOAD`, a program that
 //! builds a clean environment), when the program is statically linked (no dynamic loader
-//! reads `LD_PRELOAD`) or is a 32-bit one (the loader skips a 64-bit library), and when the
+//! reads `LD_PRELOAD`) or is a 32-bit one (the loader skips a 64-bit library), when the
 //! loader runs it securely and ignores a preload named by path (set-user-ID or
-//! set-group-ID to someone else, or file capabilities for a user who is not root). uswap
+//! set-group-ID to someone else, or file capabilities for a user who is not root); and when
+//! the user it runs as cannot read the library (a process that changed user). uswap
 //! cannot follow such a program; it makes sure that the run says so: the exec is noted as
 //! `escaped-<pid>.txt` (`escaped-<pid>.<n>.txt` for a pid's later notes) in the run's
 //! directory (the path and why), which `uswap run` reads when the program has ended. An
@@ -44,6 +45,9 @@ pub enum Why {
     SetId,
     /// `USWAP_DISABLE` in its environment: the library loads and stands aside.
     Disabled,
+    /// The user it runs as (a process of the tree that changed user: `su`, `runuser`) cannot
+    /// read this library: the loader skips it.
+    Unreadable,
     /// Its executable defines the C library's allocator (`malloc`, ...), which the C library,
     /// the dynamic loader and uswap's own threads then allocate from: the library stands
     /// aside (`own_allocator::program_allocator`).
@@ -59,6 +63,9 @@ impl Why {
             Why::Elf32 => "a 32-bit program (uswap's library is 64-bit)",
             Why::SetId => "set-user-ID, set-group-ID or with file capabilities (the loader ignores LD_PRELOAD for it)",
             Why::Disabled => "USWAP_DISABLE in its environment (uswap's library stands aside)",
+            Why::Unreadable => {
+                "the user it runs as cannot read uswap's library (put uswap where every user of the tree may read it)"
+            }
             Why::OwnAllocator => {
                 "its executable brings its own malloc (rustc's jemalloc is one), which the C library, the dynamic \
                  loader and uswap's own threads would allocate from in memory uswap pages: uswap's library stands aside"
@@ -109,7 +116,20 @@ pub fn judge(path: &CStr, envp: *const *const c_char) -> Option<Why> {
     if let Some(why) = judge_env(envp) {
         return Some(why);
     }
-    judge_image(path)
+    judge_image(path).or_else(library_unreadable)
+}
+
+/// Whether this process, with the credentials it execs with, cannot read this library: one
+/// of a tree that changed user (`su`, `runuser`), the library in a directory only the
+/// tree's first user may enter. The loader then skips it with a message of its own.
+fn library_unreadable() -> Option<Why> {
+    let own = LIBRARY_PATH.load(Ordering::Acquire);
+    if own.is_null() {
+        return None;
+    }
+    // SAFETY: the loader's NUL-terminated name of this library, set by `init`; access only
+    // reads it.
+    (unsafe { libc::access(own, libc::R_OK) } != 0).then_some(Why::Unreadable)
 }
 
 fn judge_env(envp: *const *const c_char) -> Option<Why> {
