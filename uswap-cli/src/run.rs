@@ -37,7 +37,9 @@ mod tree;
 mod warnings;
 
 use records::{children_rss_peak_bytes, record_paths, record_pid, serve_tree_stats, summarize, summary_line};
-use warnings::{overrun_message, thrash_message, unmanaged_message, unmanaged_now, Unmanaged, UNMANAGED_SHARE_DIVISOR};
+use warnings::{
+    overrun_message, thrash_message, unmanaged_in, unmanaged_message, Moment, Unmanaged, UNMANAGED_SHARE_DIVISOR,
+};
 
 /// The preload library's file name, looked for next to the `uswap` binary.
 pub const PRELOAD_LIB: &str = "libuswap_preload.so";
@@ -579,7 +581,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     let budget = args.auto.map(|target| auto::TreeBudget::start(launch.segment.charge(), target, limit));
     let status = loop {
         if args.strict {
-            let now = unmanaged_now(&launch.stats_dir);
+            let now = unmanaged_in(&launch.stats_dir, Moment::Now);
             if now.bytes > unmanaged_limit {
                 say!("uswap run: --strict: {}", unmanaged_message(&now, limit, "now"));
                 kill_tree(&mut child, &launch.stats_dir);
@@ -612,7 +614,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         (None, None) => 1,
     };
     let mut summary = launch.summary();
-    let unmanaged = unmanaged_now(&launch.stats_dir);
+    let unmanaged = unmanaged_in(&launch.stats_dir, Moment::Peak);
     let refused = records::refusals(&launch.stats_dir);
     let escaped = records::escapes(&launch.stats_dir);
     if say_outliving(&launch, child.id()) {

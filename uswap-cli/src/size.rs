@@ -31,6 +31,21 @@ pub fn format_size(bytes: u64) -> String {
     format!("{bytes}B")
 }
 
+/// A measured amount for a person to read: `format_size` where it is exact, else one
+/// decimal of the largest unit it reaches (`29935792` → `28.5MiB`, not `29935792B`).
+pub fn format_amount(bytes: u64) -> String {
+    for (unit, m) in [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= m {
+            return if bytes % m == 0 {
+                format!("{}{unit}", bytes / m)
+            } else {
+                format!("{:.1}{unit}", bytes as f64 / m as f64)
+            };
+        }
+    }
+    format!("{bytes}B")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +73,13 @@ mod tests {
         assert_eq!(format_size(256 << 20), "256MiB");
         assert_eq!(format_size(1 << 30), "1GiB");
         assert_eq!(format_size(1000), "1000B");
+    }
+
+    #[test]
+    fn formats_measured_amounts_to_one_decimal() {
+        assert_eq!(format_amount(29_935_792), "28.5MiB");
+        assert_eq!(format_amount(379_280), "370.4KiB");
+        assert_eq!(format_amount(96 << 20), "96MiB");
+        assert_eq!(format_amount(0), "0B");
     }
 }

@@ -105,6 +105,11 @@ const MEASURE_EVERY_TICKS: u64 = 5;
 
 /// The largest unmanaged mappings of the last measurement, for the record.
 static UNMANAGED_LARGEST: std::sync::Mutex<Vec<crate::unmanaged::Mapping>> = std::sync::Mutex::new(Vec::new());
+/// The largest unmanaged mappings of the measurement that found the most (the process's
+/// peak), and that most: what a report of the peak names, rather than mappings of a later
+/// moment (a database's shared buffers, gone by its exit).
+static UNMANAGED_PEAK_LARGEST: std::sync::Mutex<Vec<crate::unmanaged::Mapping>> = std::sync::Mutex::new(Vec::new());
+static UNMANAGED_OWN_PEAK_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Measures the process's unmanaged memory (see `unmanaged`) and publishes it in the
 /// pager's counters.
@@ -113,6 +118,9 @@ fn measure_unmanaged() {
     if let Some(u) = crate::unmanaged::measure(min_size) {
         uswap::stats::note_unmanaged(u.bytes);
         note_tree_unmanaged(u.bytes);
+        if u.bytes >= UNMANAGED_OWN_PEAK_BYTES.fetch_max(u.bytes, std::sync::atomic::Ordering::Relaxed) {
+            *UNMANAGED_PEAK_LARGEST.lock().unwrap_or_else(|e| e.into_inner()) = u.largest.clone();
+        }
         *UNMANAGED_LARGEST.lock().unwrap_or_else(|e| e.into_inner()) = u.largest;
     }
 }
@@ -147,13 +155,17 @@ fn record() -> Option<serde_json::Value> {
         o.insert("outside_shared_charge".into(), u64::from(UNSHARED.load(std::sync::atomic::Ordering::Relaxed)).into());
         o.insert("mmap_managed_bytes".into(), (crate::mmap::managed_bytes() as u64).into());
         o.insert("mmap_unmanaged".into(), crate::mmap::UNMANAGED.load(std::sync::atomic::Ordering::Relaxed).into());
-        let largest: Vec<serde_json::Value> = UNMANAGED_LARGEST
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|m| serde_json::json!({"addr": format!("{:#x}", m.start), "len": m.len, "bytes": m.bytes, "why": m.why}))
-            .collect();
-        o.insert("unmanaged_largest".into(), largest.into());
+        for (key, list) in
+            [("unmanaged_largest", &UNMANAGED_LARGEST), ("unmanaged_peak_largest", &UNMANAGED_PEAK_LARGEST)]
+        {
+            let largest: Vec<serde_json::Value> = list
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|m| serde_json::json!({"addr": format!("{:#x}", m.start), "len": m.len, "bytes": m.bytes, "why": m.why}))
+                .collect();
+            o.insert(key.into(), largest.into());
+        }
     }
     Some(v)
 }

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::size::format_size;
+use crate::size::{format_amount, format_size};
 
 /// Serves the tree's counters for `uswap stat <this pid>`. Under another `uswap run` this
 /// process is managed too, and its own pager's socket may hold the first names: the next
@@ -209,7 +209,7 @@ pub(super) fn summarize(
 pub(super) fn summary_line(s: &serde_json::Value) -> String {
     let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
     let auto = match s.get("auto_limit_bytes").and_then(|v| v.as_u64()) {
-        Some(b) => format!(" (--auto: {} at the end)", format_size(b)),
+        Some(b) => format!(" (--auto: {} at the end)", format_amount(b)),
         None => String::new(),
     };
     format!(
@@ -217,10 +217,10 @@ pub(super) fn summary_line(s: &serde_json::Value) -> String {
          stalled {:.2} s, pswpin {}, pswpout {}, major faults {}",
         g("processes"),
         format_size(g("limit_bytes")),
-        format_size(g("resident_peak_bytes")),
-        format_size(g("pool_peak_bytes")),
-        format_size(g("managed_peak_bytes")),
-        format_size(g("unmanaged_peak_bytes")),
+        format_amount(g("resident_peak_bytes")),
+        format_amount(g("pool_peak_bytes")),
+        format_amount(g("managed_peak_bytes")),
+        format_amount(g("unmanaged_peak_bytes")),
         s.get("stall_seconds_total").and_then(|v| v.as_f64()).unwrap_or(0.0),
         g("pswpin"),
         g("pswpout"),

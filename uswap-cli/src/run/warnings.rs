@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use super::records::record_paths;
-use crate::size::format_size;
+use crate::size::{format_amount, format_size};
 
 /// The tree's unmanaged memory is reported once it passes 1/10 of the limit.
 pub(super) const UNMANAGED_SHARE_DIVISOR: u64 = 10;
@@ -21,14 +21,31 @@ pub(super) struct Unmanaged {
     pub(super) largest: Vec<(u64, String, u64, String)>,
 }
 
-pub(super) fn unmanaged_now(dir: &Path) -> Unmanaged {
+/// Which of a record's lists of mappings [`unmanaged_in`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Moment {
+    /// The process's last measurement.
+    Now,
+    /// The measurement in which the process found the most (its own peak).
+    Peak,
+}
+
+/// The tree's unmanaged memory now, from the processes' last records, with the largest
+/// mappings of the `moment` asked for.
+pub(super) fn unmanaged_in(dir: &Path, moment: Moment) -> Unmanaged {
+    let list = match moment {
+        Moment::Now => "unmanaged_largest",
+        Moment::Peak => "unmanaged_peak_largest",
+    };
     let mut u = Unmanaged::default();
     for path in record_paths(dir) {
         let Ok(text) = std::fs::read_to_string(path) else { continue };
         let Ok(rec) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
         let pid = rec.get("pid").and_then(|v| v.as_u64()).unwrap_or(0);
         u.bytes += rec.get("unmanaged_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
-        for m in rec.get("unmanaged_largest").and_then(|v| v.as_array()).into_iter().flatten() {
+        // A record of an older library has only the last measurement's list.
+        let mappings = rec.get(list).or_else(|| rec.get("unmanaged_largest"));
+        for m in mappings.and_then(|v| v.as_array()).into_iter().flatten() {
             let field = |k: &str| m.get(k).cloned().unwrap_or_default();
             let addr = field("addr").as_str().unwrap_or("?").to_string();
             let why = field("why").as_str().unwrap_or("?").to_string();
@@ -73,7 +90,7 @@ pub(super) fn overrun_message(s: &serde_json::Value) -> Option<String> {
     Some(format!(
         "the limit of {} did not hold: resident peak {} ({} charges went over it: {})",
         format_size(limit),
-        format_size(peak),
+        format_amount(peak),
         g("limit_overrun"),
         causes.join("; ")
     ))
@@ -125,7 +142,7 @@ pub(super) fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> 
     let mut msg = format!(
         "the limit of {} does not hold for {} of anonymous memory uswap does not manage ({}, {} % of the limit)",
         format_size(limit_bytes),
-        format_size(u.bytes),
+        format_amount(u.bytes),
         when,
         u.bytes * 100 / limit_bytes.max(1)
     );
@@ -133,7 +150,7 @@ pub(super) fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> 
         msg.push_str("; the largest:");
     }
     for (pid, addr, bytes, why) in &u.largest {
-        msg.push_str(&format!("\n  process {pid}, mapping at {addr}: {}, {why}", format_size(*bytes)));
+        msg.push_str(&format!("\n  process {pid}, mapping at {addr}: {}, {why}", format_amount(*bytes)));
     }
     msg
 }
