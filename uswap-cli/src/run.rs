@@ -207,9 +207,23 @@ fn is_executable_file(p: &Path) -> bool {
     std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
+/// How a program that `check_runnable` accepted is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runnable {
+    /// By the kernel: a dynamic ELF, or a `#!` script whose interpreter is one.
+    Program,
+    /// A text file without `#!`, which the kernel refuses (ENOEXEC): by `/bin/sh`, as the C
+    /// library's `execvp` (and so `env`, `timeout`, `nohup`) and the shells run it.
+    ShellScript,
+}
+
+/// The shell a [`Runnable::ShellScript`] is run with, as the C library's `execvp` does.
+const SHELL_FOR_SCRIPTS: &str = "/bin/sh";
+
 /// How the kernel would start `path`: an ELF with a dynamic loader is fine; a script is
-/// judged by its interpreter (one level, and `/usr/bin/env NAME`); a static ELF is refused.
-pub fn check_runnable(path: &Path, depth: u32) -> Result<(), RunError> {
+/// judged by its interpreter (one level, and `/usr/bin/env NAME`); a static ELF is refused;
+/// a file that is neither ELF nor `#!` script is run by `/bin/sh` (judged as it).
+pub fn check_runnable(path: &Path, depth: u32) -> Result<Runnable, RunError> {
     let not_runnable = |why: String| RunError::NotRunnable { path: path.to_path_buf(), why, missing: false };
     if !is_executable_file(path) {
         let meta = std::fs::metadata(path);
@@ -234,17 +248,30 @@ pub fn check_runnable(path: &Path, depth: u32) -> Result<(), RunError> {
         let mut words = line.split_whitespace();
         let interp = words.next().ok_or_else(|| not_runnable("empty #! line".into()))?;
         let interp = PathBuf::from(interp);
-        if interp.file_name().is_some_and(|f| f == "env") {
-            if let Some(prog) = words.find(|w| !w.starts_with('-')) {
-                return check_runnable(&find_program(prog.as_ref())?, depth + 1);
+        let env_prog = interp.file_name().is_some_and(|f| f == "env").then(|| words.find(|w| !w.starts_with('-')));
+        let interp = match env_prog.flatten() {
+            Some(prog) => find_program(prog.as_ref())?,
+            None => interp,
+        };
+        // The kernel does not run a script as another's interpreter.
+        return match check_runnable(&interp, depth + 1)? {
+            Runnable::Program => Ok(Runnable::Program),
+            Runnable::ShellScript => {
+                Err(not_runnable(format!("its interpreter {} is not a program", interp.display())))
             }
-        }
-        return check_runnable(&interp, depth + 1);
+        };
+    }
+    if !head.starts_with(b"\x7fELF") {
+        // Any text the kernel refuses; `/bin/sh` must be one uswap can manage.
+        return match check_runnable(Path::new(SHELL_FOR_SCRIPTS), depth + 1)? {
+            Runnable::Program => Ok(Runnable::ShellScript),
+            Runnable::ShellScript => Err(not_runnable(format!("{SHELL_FOR_SCRIPTS} is not a program"))),
+        };
     }
     match elf_has_interpreter(&head) {
-        Some(true) => Ok(()),
+        Some(true) => Ok(Runnable::Program),
         Some(false) => Err(RunError::Static(path.to_path_buf())),
-        None => Err(not_runnable("not an ELF executable or a #! script".into())),
+        None => Err(not_runnable("not a 64-bit x86 ELF executable".into())),
     }
 }
 
@@ -411,7 +438,7 @@ impl Launch {
     pub fn prepare(argv: &[OsString], cfg: &LaunchConfig) -> Result<Launch, RunError> {
         let name = &argv[0];
         let path = find_program(name)?;
-        check_runnable(&path, 0)?;
+        let runnable = check_runnable(&path, 0)?;
         let preload = find_preload()?;
         if !preload.is_file() {
             return Err(RunError::NoPreload { exe: preload });
@@ -450,9 +477,20 @@ impl Launch {
                 }
             }
         }
-        let mut command = std::process::Command::new(&path);
+        let mut command = match runnable {
+            Runnable::Program => {
+                let mut c = std::process::Command::new(&path);
+                c.arg0(name);
+                c
+            }
+            // As `execvp`: `/bin/sh PATH ARGS...`.
+            Runnable::ShellScript => {
+                let mut c = std::process::Command::new(SHELL_FOR_SCRIPTS);
+                c.arg(&path);
+                c
+            }
+        };
         command
-            .arg0(name)
             .args(&argv[1..])
             .env("LD_PRELOAD", ld_preload)
             .env("USWAP_LIMIT", cfg.limit_bytes.to_string())
@@ -893,7 +931,7 @@ mod tests {
     #[test]
     fn dynamic_and_static_elves_are_told_apart() {
         let dynamic = find_program("sh".as_ref()).expect("sh on PATH");
-        check_runnable(&dynamic, 0).expect("/bin/sh is dynamically linked");
+        assert_eq!(check_runnable(&dynamic, 0).expect("/bin/sh is dynamically linked"), Runnable::Program);
         let mut head = std::fs::read(&dynamic).expect("read sh");
         head.truncate(4096);
         assert_eq!(elf_has_interpreter(&head), Some(true));
@@ -909,5 +947,23 @@ mod tests {
         assert!(e.contains("no such file"), "{e}");
         let e = check_runnable("/tmp".as_ref(), 0).unwrap_err().to_string();
         assert!(e.contains("a directory"), "{e}");
+    }
+
+    #[test]
+    fn a_script_without_a_hashbang_is_run_by_the_shell() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("uswap-noshebang-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("script");
+        std::fs::write(&script, "echo hello\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(check_runnable(&script, 0).unwrap(), Runnable::ShellScript);
+        // A script naming it as its interpreter is not run (the kernel refuses it too).
+        let outer = dir.join("outer");
+        std::fs::write(&outer, format!("#!{}\n", script.display())).unwrap();
+        std::fs::set_permissions(&outer, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = check_runnable(&outer, 0).unwrap_err().to_string();
+        assert!(e.contains("is not a program"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

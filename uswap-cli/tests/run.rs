@@ -655,16 +655,21 @@ fn programs_that_cannot_be_run_or_managed_are_refused_with_their_status() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{e}");
     assert!(e.contains("statically linked"), "{e}");
-    let text = dir.join("not-a-program");
-    std::fs::write(&text, "hello").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&text, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    // Neither an ELF nor a `#!` script: 126, as `env` and `timeout` for a file they cannot
+    use std::os::unix::fs::PermissionsExt;
+    let foreign = dir.join("foreign-elf");
+    std::fs::write(&foreign, b"\x7fELF\x01\x01\x01").unwrap();
+    std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // An ELF this machine cannot run: 126, as `env` and `timeout` for a file they cannot
     // execute.
-    let (o, _) = uswap_run(LIMIT_MIB, &[], &[text.to_str().unwrap()], &dir);
+    let (o, _) = uswap_run(LIMIT_MIB, &[], &[foreign.to_str().unwrap()], &dir);
     assert_eq!(o.status.code(), Some(126), "{}", String::from_utf8_lossy(&o.stderr));
+    // Text without `#!`: run by /bin/sh, as execvp (env, timeout) runs it, managed.
+    let text = dir.join("no-hashbang");
+    std::fs::write(&text, "echo \"from sh: $0 $1\"; exit 7\n").unwrap();
+    std::fs::set_permissions(&text, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (o, _) = uswap_run(LIMIT_MIB, &[], &[text.to_str().unwrap(), "arg"], &dir);
+    assert_eq!(o.status.code(), Some(7), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("from sh: {} arg\n", text.display()));
 }
 
 // ---------------------------------------------------------------------------------------
