@@ -655,6 +655,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     let unmanaged = unmanaged_in(&launch.stats_dir, Moment::Peak);
     let refused = records::refusals(&launch.stats_dir);
     let escaped = records::escapes(&launch.stats_dir);
+    let deep_binds = records::deep_binds(&launch.stats_dir);
     if say_outliving(&launch, child.id()) {
         launch.keep_redis_pages();
     }
@@ -682,6 +683,9 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         say!("uswap run: {msg}");
     }
     if let Some(msg) = thrash_message(&summary, status.signal() == Some(libc::SIGBUS)) {
+        say!("uswap run: {msg}");
+    }
+    if let Some(msg) = records::deep_bind_message(&deep_binds) {
         say!("uswap run: {msg}");
     }
     // A process outside the budget is said whatever else happened; under `--strict`, where

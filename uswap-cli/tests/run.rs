@@ -2169,3 +2169,26 @@ fn a_named_swap_file_is_erased_when_the_run_ends() {
     let bytes = std::fs::read(&swap).unwrap();
     assert!(bytes.iter().all(|&b| b == 0), "the swap file still holds data");
 }
+
+/// A library loaded with `RTLD_DEEPBIND` (PHP loads its extensions so) frees the program's
+/// blocks and the program the library's, in both modes: the library is loaded without the
+/// flag, said once at the end, and still found by a bare name through the program's
+/// RUNPATH (the C library searches the calling object's, which the interposed `dlopen`
+/// leaves the program's). Before, the library's `free` was the C library's, which aborted
+/// on uswap's block ("double free or corruption").
+#[test]
+fn libraries_loaded_with_deep_binding_share_the_programs_heap() {
+    let dir = tmpdir("deepbind");
+    let lib = compile("deepbind", &dir, &["-shared", "-fPIC", "-DLIB"]);
+    std::fs::rename(&lib, dir.join("libdeepbind.so")).unwrap();
+    let prog = compile("deepbind", &dir, &["-ldl", "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags"]);
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &[prog.to_str().unwrap(), "48"], &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {err}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{mode}: {err}");
+        assert_eq!(err.matches("without the RTLD_DEEPBIND they asked for").count(), 1, "{mode}: {err}");
+        assert!(err.contains("libdeepbind.so"), "{mode}: {err}");
+        assert!(counter(&v, "pswpout") > 0, "{mode}: the heap was not paged: {v}");
+    }
+}

@@ -115,6 +115,13 @@ pub fn managed_caller() -> bool {
     ARENA_END.load(Ordering::Acquire) != 0 && program_thread()
 }
 
+/// Whether the program's blocks come, or may come, from the managed heap: it is up, or
+/// waits to come up (lazy start). False where the library stands aside (its `malloc` is
+/// the C library's then).
+pub fn serves_the_program() -> bool {
+    ARENA_END.load(Ordering::Acquire) != 0 || PENDING.load(Ordering::Acquire)
+}
+
 /// Whether the calling thread runs the program's code: not uswap's engine threads, not this
 /// library's own code.
 #[inline]

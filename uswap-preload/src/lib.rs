@@ -48,6 +48,7 @@
 
 pub mod altstack;
 mod config;
+pub mod deep_bind;
 pub mod escape;
 pub mod fds;
 pub mod fork;

@@ -297,6 +297,11 @@ pub const REFUSAL_PREFIX: &str = "refused-";
 /// a process outside the budget, which `uswap run` names once the program ended.
 pub const ESCAPE_PREFIX: &str = "escaped-";
 
+/// The start of the name of the file a process of the tree leaves when it asked to load a
+/// library with `RTLD_DEEPBIND`, which the preload library loads without it
+/// (`deep-bind-<pid>.txt`: the program and the library): said once by `uswap run`.
+pub const DEEP_BIND_PREFIX: &str = "deep-bind-";
+
 /// Processes that can hold a slot at once; more run under their own limit only.
 pub const MAX_PROCESSES: usize = 4096;
 

@@ -63,6 +63,25 @@ pub(super) fn escapes(dir: &Path) -> Vec<(u32, String)> {
     notes(dir, uswap::shared_charge::ESCAPE_PREFIX)
 }
 
+/// The processes of the tree that asked to load a library with `RTLD_DEEPBIND`, which the
+/// preload library loaded without it (their `deep-bind-<pid>.txt`: the program and the
+/// library), by pid.
+pub(super) fn deep_binds(dir: &Path) -> Vec<(u32, String)> {
+    notes(dir, uswap::shared_charge::DEEP_BIND_PREFIX)
+}
+
+/// What to say of the processes that loaded libraries without the `RTLD_DEEPBIND` they
+/// asked for: a change the program did not ask for, so said once, with the first.
+pub(super) fn deep_bind_message(noted: &[(u32, String)]) -> Option<String> {
+    let (pid, first) = noted.first()?;
+    let first: String = first.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+    Some(format!(
+        "{} process(es) loaded libraries without the RTLD_DEEPBIND they asked for (process {pid}: {first}): \
+         it would have bound their malloc and free to the C library's, past uswap's (docs/cli.md)",
+        noted.len()
+    ))
+}
+
 /// The notes `<prefix><pid>[.<n>].txt` in `dir`, each's text without its trailing newline,
 /// by pid.
 fn notes(dir: &Path, prefix: &str) -> Vec<(u32, String)> {
