@@ -11,7 +11,6 @@
 //! library), a missing preload library.
 
 use std::ffi::OsString;
-use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -32,9 +31,13 @@ macro_rules! say {
 
 mod auto;
 mod dir;
+mod program;
 mod records;
 mod tree;
 mod warnings;
+
+use program::SHELL_FOR_SCRIPTS;
+pub use program::{check_runnable, find_program, Runnable};
 
 use records::{children_rss_peak_bytes, record_paths, record_pid, serve_tree_stats, summarize, summary_line};
 use warnings::{
@@ -183,116 +186,6 @@ impl RunError {
             _ => EXIT_CANNOT_RUN,
         }
     }
-}
-
-/// Finds `name` as execvp would: a path if it has a slash, else the first executable file
-/// on PATH.
-pub fn find_program(name: &std::ffi::OsStr) -> Result<PathBuf, RunError> {
-    let p = Path::new(name);
-    if name.as_encoded_bytes().contains(&b'/') {
-        return Ok(p.to_path_buf());
-    }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    for dir in std::env::split_paths(&path) {
-        let cand = dir.join(p);
-        if is_executable_file(&cand) {
-            return Ok(cand);
-        }
-    }
-    Err(RunError::NotFound(name.to_string_lossy().into_owned()))
-}
-
-fn is_executable_file(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
-}
-
-/// How a program that `check_runnable` accepted is started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Runnable {
-    /// By the kernel: a dynamic ELF, or a `#!` script whose interpreter is one.
-    Program,
-    /// A text file without `#!`, which the kernel refuses (ENOEXEC): by `/bin/sh`, as the C
-    /// library's `execvp` (and so `env`, `timeout`, `nohup`) and the shells run it.
-    ShellScript,
-}
-
-/// The shell a [`Runnable::ShellScript`] is run with, as the C library's `execvp` does.
-const SHELL_FOR_SCRIPTS: &str = "/bin/sh";
-
-/// How the kernel would start `path`: an ELF with a dynamic loader is fine; a script is
-/// judged by its interpreter (one level, and `/usr/bin/env NAME`); a static ELF is refused;
-/// a file that is neither ELF nor `#!` script is run by `/bin/sh` (judged as it).
-pub fn check_runnable(path: &Path, depth: u32) -> Result<Runnable, RunError> {
-    let not_runnable = |why: String| RunError::NotRunnable { path: path.to_path_buf(), why, missing: false };
-    if !is_executable_file(path) {
-        let meta = std::fs::metadata(path);
-        let missing = matches!(&meta, Err(e) if e.kind() == std::io::ErrorKind::NotFound);
-        let why = match meta {
-            Err(_) if missing => "no such file".into(),
-            Err(e) => e.to_string(),
-            Ok(m) if m.is_dir() => "a directory, not a program".into(),
-            Ok(_) => "not an executable file (no execute permission)".into(),
-        };
-        return Err(RunError::NotRunnable { path: path.to_path_buf(), why, missing });
-    }
-    let mut head = vec![0u8; 4096];
-    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| not_runnable(e.to_string()))?;
-    head.truncate(n);
-    if head.starts_with(b"#!") {
-        if depth > 2 {
-            return Err(not_runnable("too many levels of script interpreters".into()));
-        }
-        let line = head[2..].split(|&b| b == b'\n').next().unwrap_or(&[]);
-        let line = String::from_utf8_lossy(line);
-        let mut words = line.split_whitespace();
-        let interp = words.next().ok_or_else(|| not_runnable("empty #! line".into()))?;
-        let interp = PathBuf::from(interp);
-        let env_prog = interp.file_name().is_some_and(|f| f == "env").then(|| words.find(|w| !w.starts_with('-')));
-        let interp = match env_prog.flatten() {
-            Some(prog) => find_program(prog.as_ref())?,
-            None => interp,
-        };
-        // The kernel does not run a script as another's interpreter.
-        return match check_runnable(&interp, depth + 1)? {
-            Runnable::Program => Ok(Runnable::Program),
-            Runnable::ShellScript => {
-                Err(not_runnable(format!("its interpreter {} is not a program", interp.display())))
-            }
-        };
-    }
-    if !head.starts_with(b"\x7fELF") {
-        // Any text the kernel refuses; `/bin/sh` must be one uswap can manage.
-        return match check_runnable(Path::new(SHELL_FOR_SCRIPTS), depth + 1)? {
-            Runnable::Program => Ok(Runnable::ShellScript),
-            Runnable::ShellScript => Err(not_runnable(format!("{SHELL_FOR_SCRIPTS} is not a program"))),
-        };
-    }
-    match elf_has_interpreter(&head) {
-        Some(true) => Ok(Runnable::Program),
-        Some(false) => Err(RunError::Static(path.to_path_buf())),
-        None => Err(not_runnable("not a 64-bit x86 ELF executable".into())),
-    }
-}
-
-/// Whether a 64-bit little-endian ELF has a `PT_INTERP` program header (is dynamically
-/// linked); `None` if it is not such an ELF or its headers lie beyond `head`.
-fn elf_has_interpreter(head: &[u8]) -> Option<bool> {
-    const PT_INTERP: u32 = 3;
-    if head.len() < 64 || &head[..4] != b"\x7fELF" || head[4] != 2 || head[5] != 1 {
-        return None;
-    }
-    let u16_at = |o: usize| u16::from_le_bytes([head[o], head[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(head[32..40].try_into().ok()?) as usize;
-    let (phentsize, phnum) = (u16_at(54), u16_at(56));
-    let end = phoff.checked_add(phentsize.checked_mul(phnum)?)?;
-    if phentsize < 4 || end > head.len() {
-        return None;
-    }
-    Some((0..phnum).any(|i| {
-        let o = phoff + i * phentsize;
-        u32::from_le_bytes([head[o], head[o + 1], head[o + 2], head[o + 3]]) == PT_INTERP
-    }))
 }
 
 /// The preload library: `$USWAP_PRELOAD_LIB`, or next to this executable (a build tree), or
@@ -925,49 +818,5 @@ impl Drop for ForwardSignals {
             unsafe { libc::signal(*sig, old) };
         }
         PROGRAM_PID.store(0, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dynamic_and_static_elves_are_told_apart() {
-        let dynamic = find_program("sh".as_ref()).expect("sh on PATH");
-        assert_eq!(check_runnable(&dynamic, 0).expect("/bin/sh is dynamically linked"), Runnable::Program);
-        let mut head = std::fs::read(&dynamic).expect("read sh");
-        head.truncate(4096);
-        assert_eq!(elf_has_interpreter(&head), Some(true));
-        assert_eq!(elf_has_interpreter(b"#!/bin/sh\n"), None);
-    }
-
-    #[test]
-    fn a_missing_program_is_named() {
-        let e = find_program("no-such-program-uswap".as_ref()).unwrap_err().to_string();
-        assert!(e.contains("no-such-program-uswap") && e.contains("not found"), "{e}");
-        // A path: said for what it is.
-        let e = check_runnable("/no-such-dir-uswap/prog".as_ref(), 0).unwrap_err().to_string();
-        assert!(e.contains("no such file"), "{e}");
-        let e = check_runnable("/tmp".as_ref(), 0).unwrap_err().to_string();
-        assert!(e.contains("a directory"), "{e}");
-    }
-
-    #[test]
-    fn a_script_without_a_hashbang_is_run_by_the_shell() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("uswap-noshebang-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let script = dir.join("script");
-        std::fs::write(&script, "echo hello\n").unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(check_runnable(&script, 0).unwrap(), Runnable::ShellScript);
-        // A script naming it as its interpreter is not run (the kernel refuses it too).
-        let outer = dir.join("outer");
-        std::fs::write(&outer, format!("#!{}\n", script.display())).unwrap();
-        std::fs::set_permissions(&outer, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let e = check_runnable(&outer, 0).unwrap_err().to_string();
-        assert!(e.contains("is not a program"), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
