@@ -226,8 +226,16 @@ fn plan(addr: *mut c_void, len: usize, prot: i32, flags: i32, min_size_bytes: us
     if len >= min_size_bytes || over_managed {
         return Plan::MapThenAdopt;
     }
+    SMALL_MAPPED_BYTES.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
     Plan::Plain
 }
+
+/// Bytes of the program's anonymous private mappings left ordinary because they were
+/// smaller than `--min-size`, all that were ever made: the kernel merges neighbouring ones
+/// into one mapping (Ruby's 16 KiB heap pages: 30 MiB in one), which a report of unmanaged
+/// memory then tells apart from memory mapped where uswap does not see it
+/// (`unmanaged::why`).
+pub static SMALL_MAPPED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A mapping stays ordinary memory: the table was full or the pager refused it.
 fn count_unmanaged() {

@@ -101,6 +101,12 @@ fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
             "the zero-filled part of a program's or library's static data (.bss), mapped by the kernel or the loader"
         }
         _ if h.end - h.start < min_size_bytes => "smaller than --min-size",
+        // Merged neighbours, most likely, when the program made at least half as much in
+        // small mappings (the count never goes down: a hint, not a proof).
+        _ if crate::mmap::SMALL_MAPPED_BYTES.load(std::sync::atomic::Ordering::Relaxed) >= (h.end - h.start) as u64 / 2 => {
+            "mappings smaller than --min-size that the kernel merged into one, most likely (a smaller --min-size, \
+             16KiB, manages them at some cost in faults), or mapped inside the C library or by a raw system call"
+        }
         _ => "mapped where uswap does not see it: inside the C library (thread stacks, its own allocations) or by a raw system call",
     }
 }
