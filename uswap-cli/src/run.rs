@@ -37,7 +37,7 @@ mod tree;
 mod warnings;
 
 use program::SHELL_FOR_SCRIPTS;
-pub use program::{check_runnable, find_program, Runnable};
+pub use program::{check_runnable, find_program, shell_for, Runnable};
 
 use records::{children_rss_peak_bytes, record_paths, record_pid, serve_tree_stats, summarize, summary_line};
 use warnings::{

@@ -19,6 +19,7 @@
 //! namespace at all.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 /// The C library's `dlopen`.
@@ -72,6 +73,11 @@ struct Target {
     clear: u64,
 }
 
+/// In a fork child: a process of its own, which says (or notes) it again.
+pub fn forget_in_fork_child() {
+    SAID.store(false, Ordering::Relaxed);
+}
+
 /// Says, once per process, that a library was loaded without `RTLD_DEEPBIND`.
 fn say_once(file: *const c_char) {
     if SAID.swap(true, Ordering::AcqRel) {
@@ -97,6 +103,7 @@ fn say_once(file: *const c_char) {
     let _ = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)
         .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{exe} loading {lib}\n").as_bytes()));
 }

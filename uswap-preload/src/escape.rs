@@ -64,7 +64,8 @@ impl Why {
             Why::SetId => "set-user-ID, set-group-ID or with file capabilities (the loader ignores LD_PRELOAD for it)",
             Why::Disabled => "USWAP_DISABLE in its environment (uswap's library stands aside)",
             Why::Unreadable => {
-                "the user it runs as cannot read uswap's library (put uswap where every user of the tree may read it)"
+                "it cannot read uswap's library at its path (another user: put uswap where every user of the tree \
+                 may read it; or a chroot)"
             }
             Why::OwnAllocator => {
                 "its executable brings its own malloc (rustc's jemalloc is one), which the C library, the dynamic \
@@ -127,9 +128,9 @@ fn library_unreadable() -> Option<Why> {
     if own.is_null() {
         return None;
     }
-    // SAFETY: the loader's NUL-terminated name of this library, set by `init`; access only
-    // reads it.
-    (unsafe { libc::access(own, libc::R_OK) } != 0).then_some(Why::Unreadable)
+    // SAFETY: the loader's NUL-terminated name of this library, set by `init`; faccessat only
+    // reads it. With the effective ids, which the loader opens it with.
+    (unsafe { libc::faccessat(libc::AT_FDCWD, own, libc::R_OK, libc::AT_EACCESS) } != 0).then_some(Why::Unreadable)
 }
 
 fn judge_env(envp: *const *const c_char) -> Option<Why> {

@@ -586,7 +586,7 @@ pub(crate) fn note_refusal(msg: &str) {
     let Some(dir) = std::env::var_os(config::ENV_STATS_DIR) else { return };
     let path =
         std::path::Path::new(&dir).join(format!("{}{}.txt", uswap::shared_charge::REFUSAL_PREFIX, std::process::id()));
-    if let Err(e) = std::fs::write(&path, msg) {
+    if let Err(e) = report::write_new(&path, msg.as_bytes()) {
         // The refusal itself is said on stderr by the caller; this says why the run may not
         // know of it.
         crate::real::write_stderr(format!("uswap: cannot record the refusal in {}: {e}\n", path.display()).as_bytes());

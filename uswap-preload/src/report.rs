@@ -70,6 +70,9 @@ fn keep_predecessor(dir: &std::path::Path, pid: u32) {
 pub fn start_in_fork_child() {
     START_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     MANAGED_PEAK_PAGES.store(0, std::sync::atomic::Ordering::Relaxed);
+    // The parent's peak is the parent's: the child's first measurement replaces its
+    // mappings (no lock taken here: a thread of the parent may have held it at the fork).
+    UNMANAGED_OWN_PEAK_BYTES.store(0, std::sync::atomic::Ordering::Relaxed);
     if let Some(dir) = DIR.get() {
         keep_predecessor(dir, std::process::id());
         spawn_publisher();
@@ -185,13 +188,29 @@ fn write(last: bool) {
     let tid = crate::this_thread_id();
     let tmp = dir.join(format!(".{pid}.{tid}.json.tmp"));
     let dst = dir.join(format!("{pid}.json"));
-    if std::fs::write(&tmp, rec.to_string()).is_ok() {
+    if write_new(&tmp, rec.to_string().as_bytes()).is_ok() {
         if !last && FINAL_WRITTEN.load(std::sync::atomic::Ordering::Acquire) {
             let _ = std::fs::remove_file(&tmp);
             return;
         }
         let _ = std::fs::rename(&tmp, &dst);
     }
+}
+
+/// Writes `bytes` to `path` as a new file (what a crash left there goes first): never through
+/// a link or into a file another user put there, in a tree's directory that processes which
+/// changed user share (see `uswap-cli`'s `run/dir.rs`).
+pub(crate) fn write_new(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    f.write_all(bytes)
 }
 
 /// The pid the library started in: a `vfork` child (same memory, no atfork handlers) has

@@ -347,8 +347,20 @@ struct Plan<'a> {
 
 impl Plan<'_> {
     fn plain_command(&self) -> Command {
-        let mut c = Command::new(&self.path);
-        c.arg0(&self.argv[0]).args(&self.argv[1..]);
+        // A script without `#!` runs under `/bin/sh`, as under `uswap run` and `execvp`.
+        let mut c = match crate::run::shell_for(&self.path) {
+            Some(shell) => {
+                let mut c = Command::new(shell);
+                c.arg(&self.path);
+                c
+            }
+            None => {
+                let mut c = Command::new(&self.path);
+                c.arg0(&self.argv[0]);
+                c
+            }
+        };
+        c.args(&self.argv[1..]);
         c
     }
 }

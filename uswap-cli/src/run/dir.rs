@@ -7,10 +7,16 @@
 //! Processes of a tree started by root may change user (`su`, `runuser`, a server that drops
 //! its privileges) and stay in the tree, as in a memory cgroup: they must still open the
 //! charge segment and write their records. So under root the run's directory is searchable
-//! by all (0711: no one else can list it) and the tree's directory, whose name only the
-//! tree's environment holds, is writable by all (0777, the segment 0666). Under any other
-//! user both are 0700: such a tree changes user only through set-user-ID programs, which the
-//! loader runs without the library anyway (`escape`).
+//! by all (0711: no one else can list it; its lock file 0600) and the tree's directory,
+//! whose name only the tree's environment holds, is writable by all and sticky (01777, as
+//! `/tmp`: no one removes or replaces another user's files; the segment 0666). Every file
+//! root's processes create there is created new (`O_EXCL`, no link followed), and what
+//! `uswap run` reads there it reads as regular files, bounded (`records::read_note`): a
+//! process that dropped its privileges cannot turn root's writes or reads elsewhere. The run's
+//! directory then goes in `$TMPDIR` only if every user can reach it (a private one, as
+//! pam_tmpdir makes, would shut them out), else in `/tmp`. Under any other user both are
+//! 0700: such a tree changes user only through set-user-ID programs, which the loader runs
+//! without the library anyway (`escape`).
 //!
 //! Invariant: a directory is removed here only when its run's lock is free (the run is
 //! dead: the kernel released it) and no process of its tree is found running.
@@ -52,7 +58,7 @@ pub(super) fn shared_with_other_users() -> bool {
 /// Makes the run's directory and the tree's in it, with the run's lock taken.
 pub(super) fn make() -> io::Result<RunDir> {
     use std::os::unix::fs::DirBuilderExt;
-    let base = std::env::temp_dir();
+    let base = base_dir();
     remove_stale(&base);
     for i in 0..MAX_NAMES {
         let dir = base.join(format!("uswap-run.{}.{i}", std::process::id()));
@@ -69,10 +75,28 @@ pub(super) fn make() -> io::Result<RunDir> {
     Err(io::Error::other(format!("{MAX_NAMES} names taken")))
 }
 
+/// Where runs' directories go: `$TMPDIR` (or `/tmp`), but `/tmp` under root when every user
+/// cannot reach `$TMPDIR` (see the module's comment).
+fn base_dir() -> PathBuf {
+    let temp = std::env::temp_dir();
+    if !shared_with_other_users() || reachable_by_all(&temp) {
+        return temp;
+    }
+    PathBuf::from("/tmp")
+}
+
+/// Whether every user may search `dir` and each directory above it.
+fn reachable_by_all(dir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(dir) = std::fs::canonicalize(dir) else { return false };
+    dir.ancestors().all(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+}
+
 /// Takes the lock of the run's directory `run`, just made, and makes the tree's in it.
 fn fill(run: &Path) -> io::Result<RunDir> {
-    use std::os::unix::fs::PermissionsExt;
-    let lock = std::fs::File::create(run.join(RUN_LOCK_FILE))?;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    // 0600: a user who could open it could hold its lock after the run died.
+    let lock = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(run.join(RUN_LOCK_FILE))?;
     lock_file(&lock, false)?;
     let mut secret = [0u8; 16];
     getrandom::fill(&mut secret).map_err(io::Error::other)?;
@@ -80,7 +104,7 @@ fn fill(run: &Path) -> io::Result<RunDir> {
     let tree = run.join(format!("{TREE_DIR_PREFIX}{name}"));
     std::fs::create_dir(&tree)?;
     // Set after making, whatever the umask.
-    let (run_mode, tree_mode) = if shared_with_other_users() { (0o711, 0o777) } else { (0o700, 0o700) };
+    let (run_mode, tree_mode) = if shared_with_other_users() { (0o711, 0o1777) } else { (0o700, 0o700) };
     std::fs::set_permissions(&tree, std::fs::Permissions::from_mode(tree_mode))?;
     std::fs::set_permissions(run, std::fs::Permissions::from_mode(run_mode))?;
     Ok(RunDir { run: run.to_path_buf(), tree, lock })
@@ -169,5 +193,26 @@ fn remove_stale(base: &Path) {
         if run_is_dead(&dir, &meta, pid) && tree::running(&tree_dir, &[], 0).is_empty() {
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Under root the tree's directory is shared but sticky and unlisted, the lock private;
+    /// under another user everything is the user's alone.
+    #[test]
+    fn a_runs_directory_is_shared_only_as_far_as_a_tree_that_changes_user_needs() {
+        let made = make().expect("the run's directory");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert!(made.tree.starts_with(&made.run), "{}", made.tree.display());
+        let name = made.tree.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(name.len(), TREE_DIR_PREFIX.len() + 32, "{name}");
+        let expected = if shared_with_other_users() { (0o711, 0o1777) } else { (0o700, 0o700) };
+        assert_eq!((mode(&made.run), mode(&made.tree)), expected);
+        assert_eq!(mode(&made.run.join(RUN_LOCK_FILE)) & 0o077, 0, "the lock is the run's alone");
+        std::fs::remove_dir_all(&made.run).unwrap();
     }
 }

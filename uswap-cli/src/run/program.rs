@@ -83,18 +83,39 @@ pub fn check_runnable(path: &Path, depth: u32) -> Result<Runnable, RunError> {
             }
         };
     }
-    if !head.starts_with(b"\x7fELF") {
-        // Any text the kernel refuses; `/bin/sh` must be one uswap can manage.
+    if is_text_script(&head) {
+        // Text the kernel refuses; `/bin/sh` must be one uswap can manage.
         return match check_runnable(Path::new(SHELL_FOR_SCRIPTS), depth + 1)? {
             Runnable::Program => Ok(Runnable::ShellScript),
             Runnable::ShellScript => Err(not_runnable(format!("{SHELL_FOR_SCRIPTS} is not a program"))),
         };
+    }
+    if !head.starts_with(b"\x7fELF") {
+        // Another binary format: the kernel's (binfmt_misc may run it through an
+        // interpreter, which then loads the library; or the exec fails, 126).
+        return Ok(Runnable::Program);
     }
     match elf_has_interpreter(&head) {
         Some(true) => Ok(Runnable::Program),
         Some(false) => Err(RunError::Static(path.to_path_buf())),
         None => Err(not_runnable("not a 64-bit x86 ELF executable".into())),
     }
+}
+
+/// Whether a file that starts with `head` is a script for `/bin/sh` as `execvp` runs one:
+/// neither ELF nor `#!`, and text (no NUL byte in its first line, as the shells judge).
+fn is_text_script(head: &[u8]) -> bool {
+    let first_line = head.split(|&b| b == b'\n').next().unwrap_or(&[]);
+    !head.starts_with(b"\x7fELF") && !head.starts_with(b"#!") && !first_line.contains(&0)
+}
+
+/// The shell to run `path` with, where it is a script without `#!` (see [`is_text_script`]):
+/// for the runs of `uswap bench --command` without uswap, which start the program as the
+/// kernel would.
+pub fn shell_for(path: &Path) -> Option<&'static str> {
+    let mut head = vec![0u8; 4096];
+    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).ok()?;
+    is_text_script(&head[..n]).then_some(SHELL_FOR_SCRIPTS)
 }
 
 /// Whether a 64-bit little-endian ELF has a `PT_INTERP` program header (is dynamically

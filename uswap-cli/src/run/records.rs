@@ -82,6 +82,27 @@ pub(super) fn deep_bind_message(noted: &[(u32, String)]) -> Option<String> {
     ))
 }
 
+/// Most bytes read of a record or a note: far above a real one (a record is a few KiB).
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// The text of a record or note in the tree's directory, which processes of the tree that
+/// changed user may write into (see `dir`): a regular file only (no link followed, no FIFO
+/// waited on), read up to [`MAX_FILE_BYTES`].
+pub(super) fn read_tree_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a regular file"));
+    }
+    let mut text = String::new();
+    f.take(MAX_FILE_BYTES).read_to_string(&mut text)?;
+    Ok(text)
+}
+
 /// The notes `<prefix><pid>[.<n>].txt` in `dir`, each's text without its trailing newline,
 /// by pid.
 fn notes(dir: &Path, prefix: &str) -> Vec<(u32, String)> {
@@ -94,7 +115,7 @@ fn notes(dir: &Path, prefix: &str) -> Vec<(u32, String)> {
             // `<prefix><pid>.txt`, or `<prefix><pid>.<n>.txt` for a pid's later notes.
             let rest = name.strip_prefix(prefix)?.strip_suffix(".txt")?;
             let pid = rest.split('.').next()?.parse().ok()?;
-            let msg = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let msg = read_tree_file(&e.path()).unwrap_or_default();
             Some((pid, msg.trim_end().to_string()))
         })
         .collect();
@@ -149,7 +170,7 @@ fn tree_stats(dir: &Path, tree: &uswap::shared_charge::SharedCharge) -> uswap::S
     use std::sync::atomic::Ordering;
     let mut sum = uswap::Stats::default();
     for path in record_paths(dir) {
-        if let Some(s) = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<uswap::Stats>(&b).ok()) {
+        if let Some(s) = read_tree_file(&path).ok().and_then(|t| serde_json::from_str::<uswap::Stats>(&t).ok()) {
             let live = record_pid(&path).is_some_and(|pid| crate::stat::process_exists(pid as u32));
             sum.add(&if live { s } else { s.ended() });
         }
@@ -174,7 +195,7 @@ pub(super) fn summarize(
     let mut processes = 0u64;
     let mut managed_peak_pages = 0u64;
     for path in record_paths(dir) {
-        let rec = std::fs::read_to_string(&path)
+        let rec = read_tree_file(&path)
             .map_err(|e| e.to_string())
             .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).map_err(|e| e.to_string()));
         let rec = match rec {
@@ -245,4 +266,30 @@ pub(super) fn summary_line(s: &serde_json::Value) -> String {
         g("pswpout"),
         g("pgmajfault"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a process of the tree that changed user may put in the tree's directory is
+    /// read only as a regular file: a link to another file is not followed, a FIFO not
+    /// waited on.
+    #[test]
+    fn files_of_the_trees_directory_are_read_only_when_regular() {
+        let dir = std::env::temp_dir().join(format!("uswap-tree-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let plain = dir.join("1.json");
+        std::fs::write(&plain, "{}").unwrap();
+        assert_eq!(read_tree_file(&plain).unwrap(), "{}");
+        let link = dir.join("2.json");
+        std::os::unix::fs::symlink(&plain, &link).unwrap();
+        assert!(read_tree_file(&link).is_err(), "a link was followed");
+        let fifo = dir.join("3.json");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(read_tree_file(&fifo).is_err(), "a FIFO was read");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

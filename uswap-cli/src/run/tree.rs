@@ -38,6 +38,11 @@ pub(super) fn running(dir: &Path, slot_pids: &[u32], program_pid: u32) -> Vec<u3
     marker.extend_from_slice(dir.as_os_str().as_encoded_bytes());
     marker.push(0);
     let me = std::process::id();
+    let my_start = start_ticks("self").unwrap_or(0);
+    // A slot's pid counts only for a process that started after this one: the segment is
+    // open to the tree's processes, which may have changed user (see `dir`), and a forged
+    // slot must not name a process this run did not start (its login shell).
+    let slot = |pid: u32| slot_pids.contains(&pid) && start_ticks(&pid.to_string()).is_some_and(|t| t >= my_start);
     let mut pids: Vec<u32> = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -45,7 +50,7 @@ pub(super) fn running(dir: &Path, slot_pids: &[u32], program_pid: u32) -> Vec<u3
         .take(MAX_PROCS_SCANNED)
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != me && pid != program_pid)
-        .filter(|&pid| slot_pids.contains(&pid) || environ_has(pid, &marker))
+        .filter(|&pid| slot(pid) || environ_has(pid, &marker))
         .filter(|&pid| is_running(pid))
         .collect();
     pids.sort_unstable();
@@ -60,6 +65,14 @@ pub(super) const ENV_STATS_DIR: &str = "USWAP_STATS_DIR";
 fn environ_has(pid: u32, marker: &[u8]) -> bool {
     let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { return false };
     env.split(|&b| b == 0).any(|entry| entry.len() + 1 == marker.len() && marker.starts_with(entry))
+}
+
+/// When process `pid` (or `self`) started, in clock ticks since boot (`/proc/PID/stat`'s
+/// 22nd field).
+fn start_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's name (which may hold spaces and parentheses) start at the 3rd.
+    stat.rsplit_once(") ")?.1.split(' ').nth(22 - 3)?.parse().ok()
 }
 
 /// A process that is not a zombie (ended, not yet reaped) nor gone.

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use super::records::record_paths;
+use super::records::{read_tree_file, record_paths};
 use crate::size::{format_amount, format_size};
 
 /// The tree's unmanaged memory is reported once it passes 1/10 of the limit.
@@ -39,7 +39,7 @@ pub(super) fn unmanaged_in(dir: &Path, moment: Moment) -> Unmanaged {
     };
     let mut u = Unmanaged::default();
     for path in record_paths(dir) {
-        let Ok(text) = std::fs::read_to_string(path) else { continue };
+        let Ok(text) = read_tree_file(&path) else { continue };
         let Ok(rec) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
         let pid = rec.get("pid").and_then(|v| v.as_u64()).unwrap_or(0);
         u.bytes += rec.get("unmanaged_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
