@@ -31,11 +31,13 @@ macro_rules! say {
 
 mod auto;
 mod dir;
+mod error;
 mod program;
 mod records;
 mod tree;
 mod warnings;
 
+pub use error::{RunError, ENV_PRELOAD_LIB, PRELOAD_LIB};
 use program::SHELL_FOR_SCRIPTS;
 pub use program::{check_runnable, find_program, shell_for, Runnable};
 
@@ -44,11 +46,6 @@ use warnings::{
     overrun_message, thrash_message, unmanaged_in, unmanaged_message, Moment, Unmanaged, UNMANAGED_SHARE_DIVISOR,
 };
 
-/// The preload library's file name, looked for next to the `uswap` binary.
-pub const PRELOAD_LIB: &str = "libuswap_preload.so";
-/// Overrides where the preload library is.
-pub const ENV_PRELOAD_LIB: &str = "USWAP_PRELOAD_LIB";
-
 /// `--min-size`'s default, in bytes (as the preload library's own default).
 pub const DEFAULT_MIN_SIZE_BYTES: u64 = 64 << 10;
 
@@ -56,13 +53,6 @@ pub const DEFAULT_MIN_SIZE_BYTES: u64 = 64 << 10;
 /// its pager cannot follow it down. Otherwise the preload library's own default (a
 /// sixteenth of the limit, also the most it takes).
 const AUTO_START_AFTER_BYTES: u64 = 16 << 20;
-
-/// Exit status for "uswap could not run the program as asked".
-const EXIT_CANNOT_RUN: u8 = 2;
-/// The command does not exist (`env`'s status for it).
-const EXIT_NOT_FOUND: u8 = 127;
-/// The command exists but cannot be executed (`env`'s status for it).
-const EXIT_NOT_EXECUTABLE: u8 = 126;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -122,68 +112,12 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("{0}: command not found on PATH")]
-    NotFound(String),
-    #[error("{path}: cannot run it: {why}")]
-    NotRunnable { path: PathBuf, why: String, missing: bool },
-    #[error(
-        "{0}: statically linked; uswap run manages a program through a preloaded library, which a static \
-         program never loads. Link it dynamically, or use the uswap library (or its C API) in the program"
-    )]
-    Static(PathBuf),
-    #[error(
-        "cannot find {PRELOAD_LIB} next to {exe}, nor in ../lib/uswap/ from it, nor at ${ENV_PRELOAD_LIB}: \
-         install uswap with ./install.sh [PREFIX] from its source (`cargo install` copies the command alone), \
-         or build it with `cargo build --release`, which puts both in target/release"
-    )]
-    NoPreload { exe: PathBuf },
-    #[error(
-        "a limit of {} is below the least a pager takes, {}: give it at least that",
-        format_size(*limit_bytes),
-        format_size(uswap::MIN_LIMIT_BYTES)
-    )]
-    LimitTooSmall { limit_bytes: u64 },
-    #[error("--device: {0}")]
-    Device(uswap::Error),
-    #[error("cannot make a directory for the counters: {0}")]
-    StatsDir(std::io::Error),
-    #[error("cannot draw a random session name for the Redis devices (getrandom): {0}")]
-    RedisSession(std::io::Error),
-    #[error("cannot start {path}: {source}")]
-    Spawn { path: PathBuf, source: std::io::Error },
-    #[error("cannot write {path}: {source}")]
-    WriteStats { path: PathBuf, source: std::io::Error },
-}
-
 pub fn main(args: &RunArgs) -> ExitCode {
     match run(args) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             say!("uswap run: {e}");
             ExitCode::from(e.exit_status())
-        }
-    }
-}
-
-impl RunError {
-    /// 127 when the command (or its script's interpreter) does not exist and 126 when it
-    /// cannot be executed, as `env`, `nohup` and `timeout` exit (POSIX's convention for
-    /// utilities that run a command), so that a script tells a mistyped command from a
-    /// failure of uswap's own ([`EXIT_CANNOT_RUN`]).
-    fn exit_status(&self) -> u8 {
-        match self {
-            RunError::NotFound(_) | RunError::NotRunnable { missing: true, .. } => EXIT_NOT_FOUND,
-            RunError::NotRunnable { .. } => EXIT_NOT_EXECUTABLE,
-            RunError::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
-            RunError::Spawn { source, .. }
-                if source.kind() == std::io::ErrorKind::PermissionDenied
-                    || source.raw_os_error() == Some(libc::ENOEXEC) =>
-            {
-                EXIT_NOT_EXECUTABLE
-            }
-            _ => EXIT_CANNOT_RUN,
         }
     }
 }

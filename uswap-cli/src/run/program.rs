@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::RunError;
+use super::error::RunError;
 
 /// Finds `name` as execvp would: a path if it has a slash, else the first executable file
 /// on PATH.
