@@ -2192,3 +2192,25 @@ fn libraries_loaded_with_deep_binding_share_the_programs_heap() {
         assert!(counter(&v, "pswpout") > 0, "{mode}: the heap was not paged: {v}");
     }
 }
+
+/// `mincore` over a large range in signal mode makes ready only its vector, a byte a page:
+/// before, the rule readied as many bytes as the range (64 MiB behind a vector of 16 KiB),
+/// which brought in and charged 64 MiB of the heap the program never used. The answers are
+/// the kernel's: the written part in RAM, the rest not (but the window that the writes'
+/// fault-around mapped ahead).
+#[test]
+fn mincore_of_a_large_range_makes_only_its_vector_ready() {
+    let dir = tmpdir("mincore");
+    let p = compile("mincore", &dir, &[]);
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(256, &["--fault-mode", mode], &[p.to_str().unwrap(), "64", "8"], &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {err}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let rest: u64 = out.trim().rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or(u64::MAX);
+        // Past the written part, only what a sequential stream's fault-around mapped ahead.
+        assert!(out.starts_with("written part 2048 of 2048 pages in RAM") && rest <= 64, "{mode}: {out}");
+        let peak = counter(&v, "resident_peak_bytes");
+        assert!(peak <= 12 << 20, "{mode}: resident peak {peak} for 8 MiB written: {v}");
+    }
+}

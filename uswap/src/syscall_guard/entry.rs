@@ -272,6 +272,7 @@ fn prepare(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
     match r {
         Rule::Plain => Prepared::default(),
         Rule::Buf { ptr, len, scale, write } => ready(pin, arg(ptr), arg(len).saturating_mul(scale as u64), write),
+        Rule::PageVector { vec, len } => ready(pin, arg(vec), arg(len).div_ceil(crate::PAGE_SIZE as u64), true),
         Rule::Iov { iov, cnt, write } => ready_iov(pin, arg(iov), arg(cnt), write),
         Rule::Datagram { write } => {
             // The address's length is not known before the call: as much as `Generic` takes.
