@@ -614,3 +614,35 @@ fn processes_that_change_user_stay_in_the_trees_budget() {
     assert_eq!(o.status.code(), Some(2), "--strict with a process outside the budget: {err}");
     assert!(err.contains("it cannot read uswap's library at its path"), "{err}");
 }
+
+/// Two processes of a tree in pid namespaces of their own (`unshare -p -f`: pid 1 in
+/// both) are two processes to the tree: a record each (before, both wrote `1.json`, and the
+/// run counted one), a slot each (keyed by pid and pid namespace: before, the second took
+/// the first's for an earlier image of itself and gave back the first's charge), and
+/// together they hold at most the limit in RAM (mincore of their own memory), but for the
+/// slack.
+#[test]
+fn processes_in_sibling_pid_namespaces_keep_a_charge_each() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        skipped("pid namespaces (unshare -p) need root");
+        return;
+    }
+    let dir = tmpdir("pidns");
+    let prog = compile("nsmem", &dir, &[]);
+    let (p, d) = (prog.display(), dir.display());
+    // A writes its 24 MiB first; B writes its own once A is ready and measures itself,
+    // then A does; both hold their memory until A measured.
+    let script = format!("unshare -p -f {p} A 24 {d} B.rss A.rss & unshare -p -f {p} B 24 {d} A.ready A.rss & wait");
+    let (o, v) = uswap_run(32, &["--fault-mode", "signal"], &["sh", "-c", &script], &dir);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("A ok") && out.contains("B ok"), "{out}\n{err}");
+    let kib = |n: &str| std::fs::read_to_string(dir.join(n)).unwrap().trim().parse::<u64>().unwrap();
+    let (a, b) = (kib("A.rss"), kib("B.rss"));
+    let most_kib = (32 << 10) + SLACK_BYTES / 1024;
+    assert!(a + b <= most_kib, "in RAM together {a} + {b} KiB over {most_kib}: {err}\n{v}");
+    assert_eq!(counter(&v, "processes"), 2, "a record each, though both are process 1: {v}");
+    assert!(counter(&v, "pswpout") > 0, "{v}");
+}

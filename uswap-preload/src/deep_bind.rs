@@ -98,7 +98,7 @@ fn say_once(file: *const c_char) {
         ));
         return;
     };
-    let path = dir.join(format!("{}{}.txt", uswap::shared_charge::DEEP_BIND_PREFIX, std::process::id()));
+    let path = dir.join(format!("{}{}.txt", uswap::shared_charge::DEEP_BIND_PREFIX, crate::file_tag()));
     // An earlier image of this pid noted it already: one note is enough.
     let _ = std::fs::OpenOptions::new()
         .write(true)

@@ -133,6 +133,14 @@ pub(crate) fn join_tree(
     }
 }
 
+/// What names this process's files in the tree's directory (see
+/// `uswap::shared_charge::ChargeSegment::file_tag`): its pid, with its pid namespace where
+/// that is not `uswap run`'s.
+pub(crate) fn file_tag() -> String {
+    let pid = std::process::id();
+    open_segment().ok().flatten().map_or_else(|| pid.to_string(), |seg| seg.file_tag(pid))
+}
+
 /// The shared charge segment, if this process is under one and opened it.
 pub fn segment() -> Option<&'static uswap::shared_charge::ChargeSegment> {
     SEGMENT.get()
@@ -584,8 +592,7 @@ fn unblock_sigbus() {
 /// that went on unmanaged (a fork child).
 pub(crate) fn note_refusal(msg: &str) {
     let Some(dir) = std::env::var_os(config::ENV_STATS_DIR) else { return };
-    let path =
-        std::path::Path::new(&dir).join(format!("{}{}.txt", uswap::shared_charge::REFUSAL_PREFIX, std::process::id()));
+    let path = std::path::Path::new(&dir).join(format!("{}{}.txt", uswap::shared_charge::REFUSAL_PREFIX, file_tag()));
     if let Err(e) = report::write_new(&path, msg.as_bytes()) {
         // The refusal itself is said on stderr by the caller; this says why the run may not
         // know of it.

@@ -30,7 +30,7 @@ static MANAGED_PEAK_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::Ato
 pub fn start(dir: Option<PathBuf>) {
     START_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     let Some(dir) = dir else { return };
-    keep_predecessor(&dir, std::process::id());
+    keep_predecessor(&dir, &crate::file_tag());
     let _ = DIR.set(dir);
     spawn_publisher();
 }
@@ -42,7 +42,8 @@ const MAX_PREDECESSORS: u32 = 10_000;
 /// Keeps the record already under `<pid>.json`, an earlier image's or an ended process's
 /// (see the module documentation), as `<pid>.<n>.json`. Called before this process's first
 /// record, by the thread that starts its publisher: nothing of this process writes it yet.
-fn keep_predecessor(dir: &std::path::Path, pid: u32) {
+/// `pid` is the process's file tag (`crate::file_tag`).
+fn keep_predecessor(dir: &std::path::Path, pid: &str) {
     let record = dir.join(format!("{pid}.json"));
     if !record.exists() {
         return;
@@ -74,7 +75,7 @@ pub fn start_in_fork_child() {
     // mappings (no lock taken here: a thread of the parent may have held it at the fork).
     UNMANAGED_OWN_PEAK_BYTES.store(0, std::sync::atomic::Ordering::Relaxed);
     if let Some(dir) = DIR.get() {
-        keep_predecessor(dir, std::process::id());
+        keep_predecessor(dir, &crate::file_tag());
         spawn_publisher();
     }
 }
@@ -184,7 +185,7 @@ static FINAL_WRITTEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 fn write(last: bool) {
     let _g = Guard::enter();
     let (Some(dir), Some(rec)) = (DIR.get(), record()) else { return };
-    let pid = std::process::id();
+    let pid = crate::file_tag();
     let tid = crate::this_thread_id();
     let tmp = dir.join(format!(".{pid}.{tid}.json.tmp"));
     let dst = dir.join(format!("{pid}.json"));

@@ -306,11 +306,30 @@ pub const DEEP_BIND_PREFIX: &str = "deep-bind-";
 pub const MAX_PROCESSES: usize = 4096;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
-const VERSION: u64 = 9;
+const VERSION: u64 = 10;
+
+/// This process's pid namespace: the low 32 bits of `/proc/self/ns/pid`'s inode (0 where
+/// `/proc` is not mounted). A stat of a literal path: no allocation (`leave` runs in `_exit`).
+fn own_pid_namespace() -> u64 {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: stat of a NUL-terminated path into a buffer of its size.
+    if unsafe { libc::stat(c"/proc/self/ns/pid".as_ptr(), st.as_mut_ptr()) } != 0 {
+        return 0;
+    }
+    // SAFETY: stat filled it (and it was zeroed before).
+    unsafe { st.assume_init() }.st_ino & 0xffff_ffff
+}
+
+/// The key a slot holds for process `pid` of this process's pid namespace: a tree may span
+/// namespaces (`unshare -p -f`, bubblewrap), where two processes have the same pid, and a
+/// pid means another process, or none, to a process of another namespace.
+fn slot_key(pid: u32) -> u64 {
+    own_pid_namespace() << 32 | pid as u64
+}
 
 #[repr(C)]
 struct Slot {
-    /// 0: free.
+    /// 0: free; `u64::MAX`: being given back; else [`slot_key`] of its process.
     pid: AtomicU64,
     own_pages: AtomicUsize,
     own_pool_bytes: AtomicU64,
@@ -322,6 +341,8 @@ struct Slot {
 struct Segment {
     magic: AtomicU64,
     version: AtomicU64,
+    /// The pid namespace of the process that made it (`uswap run`'s): see [`ChargeSegment::file_tag`].
+    creator_pid_namespace: AtomicU64,
     charge: SharedCharge,
     slots: [Slot; MAX_PROCESSES],
 }
@@ -363,9 +384,23 @@ impl ChargeSegment {
     pub fn create(path: &Path, limit_bytes: u64) -> io::Result<ChargeSegment> {
         let seg = map(path, Some(limit_bytes))?;
         seg.charge.limit_pages.store((limit_bytes / crate::PAGE_SIZE as u64) as usize, Ordering::Release);
+        seg.creator_pid_namespace.store(own_pid_namespace(), Ordering::Release);
         seg.version.store(VERSION, Ordering::Release);
         seg.magic.store(MAGIC, Ordering::Release);
         Ok(ChargeSegment { seg })
+    }
+
+    /// What names process `pid`'s files in the tree's directory (its record, its notes):
+    /// the pid, as the segment's maker sees pids; with the pid namespace after it
+    /// (`PID.nsNS`) for a process of another namespace, where another process of the tree
+    /// may have the same pid.
+    pub fn file_tag(&self, pid: u32) -> String {
+        let ns = own_pid_namespace();
+        if ns == self.seg.creator_pid_namespace.load(Ordering::Acquire) {
+            pid.to_string()
+        } else {
+            format!("{pid}.ns{ns}")
+        }
     }
 
     /// Opens a segment another process created.
@@ -423,7 +458,7 @@ impl ChargeSegment {
     /// earlier image of this process left before it exec'd: its charge is given back and
     /// the slot reused. `None` when every slot is taken.
     pub fn claim(&self, pid: u32) -> Option<OwnSlot> {
-        let pid = pid as u64;
+        let pid = slot_key(pid);
         let own = |s: &'static Slot| OwnSlot {
             pages: &s.own_pages,
             pool_bytes: &s.own_pool_bytes,
@@ -448,7 +483,7 @@ impl ChargeSegment {
     /// Gives back the slot of process `pid` (a live process that leaves the tree: it ends
     /// holding no pager), with its charge and shares; a no-op if it holds none.
     pub fn leave(&self, pid: u32) {
-        let pid = pid as u64;
+        let pid = slot_key(pid);
         for s in &self.seg.slots {
             if s.pid.compare_exchange(pid, u64::MAX, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 self.release(s);
@@ -463,13 +498,16 @@ impl ChargeSegment {
     /// `_exit`); returns how many slots it freed.
     pub fn sweep_dead(&self) -> usize {
         let mut freed = 0;
+        let ns = own_pid_namespace();
         for s in &self.seg.slots {
             let pid = s.pid.load(Ordering::Acquire);
-            if pid == 0 {
+            // Free, being given back, or of another pid namespace, whose pids mean other
+            // processes here (left to its own processes; at worst held until the run ends).
+            if pid == 0 || pid == u64::MAX || pid >> 32 != ns {
                 continue;
             }
             // SAFETY: kill with signal 0 only checks that the process exists.
-            let gone = unsafe { libc::kill(pid as libc::pid_t, 0) } != 0
+            let gone = unsafe { libc::kill((pid & 0xffff_ffff) as libc::pid_t, 0) } != 0
                 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
             if gone && s.pid.compare_exchange(pid, u64::MAX, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 self.release(s);
@@ -481,12 +519,13 @@ impl ChargeSegment {
         freed
     }
 
-    /// The processes that hold a slot and are alive (after [`Self::sweep_dead`]): those
-    /// still under the budget.
+    /// The processes of this process's pid namespace that hold a slot and are alive (after
+    /// [`Self::sweep_dead`]): those still under the budget.
     pub fn live_pids(&self) -> Vec<u32> {
         self.sweep_dead();
+        let ns = own_pid_namespace();
         let pids = self.seg.slots.iter().map(|s| s.pid.load(Ordering::Acquire));
-        pids.filter(|&p| p != 0 && p != u64::MAX).map(|p| p as u32).collect()
+        pids.filter(|&p| p != 0 && p != u64::MAX && p >> 32 == ns).map(|p| (p & 0xffff_ffff) as u32).collect()
     }
 }
 
