@@ -128,9 +128,16 @@ fn library_unreadable() -> Option<Why> {
     if own.is_null() {
         return None;
     }
-    // SAFETY: the loader's NUL-terminated name of this library, set by `init`; faccessat only
-    // reads it. With the effective ids, which the loader opens it with.
-    (unsafe { libc::faccessat(libc::AT_FDCWD, own, libc::R_OK, libc::AT_EACCESS) } != 0).then_some(Why::Unreadable)
+    // Opened as the loader opens it, with the credentials the exec keeps (not faccessat with
+    // AT_EACCESS, whose system call a container's seccomp profile may refuse with EPERM).
+    // SAFETY: the loader's NUL-terminated name of this library, set by `init`.
+    let fd = unsafe { libc::open(own, libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Some(Why::Unreadable);
+    }
+    // SAFETY: the descriptor just opened, closed once.
+    unsafe { libc::close(fd) };
+    None
 }
 
 fn judge_env(envp: *const *const c_char) -> Option<Why> {

@@ -309,15 +309,30 @@ const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
 const VERSION: u64 = 10;
 
 /// This process's pid namespace: the low 32 bits of `/proc/self/ns/pid`'s inode (0 where
-/// `/proc` is not mounted). A stat of a literal path: no allocation (`leave` runs in `_exit`).
+/// `/proc` is not mounted), read once per process and kept with the pid it was read in (a
+/// fork child, maybe of another namespace after `unshare -p`, reads its own), so that a
+/// `/proc` that goes later (a chroot) does not change a process's key or file names. A stat
+/// of a literal path and two atomics: no allocation, no lock (`leave` runs in `_exit`).
 fn own_pid_namespace() -> u64 {
+    static READ_IN_PID: AtomicU64 = AtomicU64::new(0);
+    static NS: AtomicU64 = AtomicU64::new(0);
+    // SAFETY: getpid has no failure mode.
+    let pid = unsafe { libc::getpid() } as u64;
+    if READ_IN_PID.load(Ordering::Acquire) == pid {
+        return NS.load(Ordering::Acquire);
+    }
     let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: stat of a NUL-terminated path into a buffer of its size.
-    if unsafe { libc::stat(c"/proc/self/ns/pid".as_ptr(), st.as_mut_ptr()) } != 0 {
-        return 0;
-    }
-    // SAFETY: stat filled it (and it was zeroed before).
-    unsafe { st.assume_init() }.st_ino & 0xffff_ffff
+    let ns = if unsafe { libc::stat(c"/proc/self/ns/pid".as_ptr(), st.as_mut_ptr()) } != 0 {
+        0
+    } else {
+        // SAFETY: stat filled it (and it was zeroed before).
+        unsafe { st.assume_init() }.st_ino & 0xffff_ffff
+    };
+    // Two threads reading at once store the same value.
+    NS.store(ns, Ordering::Release);
+    READ_IN_PID.store(pid, Ordering::Release);
+    ns
 }
 
 /// The key a slot holds for process `pid` of this process's pid namespace: a tree may span
