@@ -58,9 +58,7 @@ pub fn check_runnable(path: &Path, depth: u32) -> Result<Runnable, RunError> {
         };
         return Err(RunError::NotRunnable { path: path.to_path_buf(), why, missing });
     }
-    let mut head = vec![0u8; 4096];
-    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| not_runnable(e.to_string()))?;
-    head.truncate(n);
+    let head = head_of(path).map_err(|e| not_runnable(e.to_string()))?;
     if head.starts_with(b"#!") {
         if depth > 2 {
             return Err(not_runnable("too many levels of script interpreters".into()));
@@ -113,9 +111,15 @@ fn is_text_script(head: &[u8]) -> bool {
 /// for the runs of `uswap bench --command` without uswap, which start the program as the
 /// kernel would.
 pub fn shell_for(path: &Path) -> Option<&'static str> {
+    is_text_script(&head_of(path).ok()?).then_some(SHELL_FOR_SCRIPTS)
+}
+
+/// The first bytes of `path`, what the kernel and the shells judge a program by.
+fn head_of(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut head = vec![0u8; 4096];
-    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).ok()?;
-    is_text_script(&head[..n]).then_some(SHELL_FOR_SCRIPTS)
+    let n = std::fs::File::open(path)?.read(&mut head)?;
+    head.truncate(n);
+    Ok(head)
 }
 
 /// Whether a 64-bit little-endian ELF has a `PT_INTERP` program header (is dynamically

@@ -70,11 +70,17 @@ pub(super) fn deep_binds(dir: &Path) -> Vec<(u32, String)> {
     notes(dir, uswap::shared_charge::DEEP_BIND_PREFIX)
 }
 
+/// A note's text for the terminal: paths as the program gave them, with no control
+/// character reaching it.
+fn printable(note: &str) -> String {
+    note.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+}
+
 /// What to say of the processes that loaded libraries without the `RTLD_DEEPBIND` they
 /// asked for: a change the program did not ask for, so said once, with the first.
 pub(super) fn deep_bind_message(noted: &[(u32, String)]) -> Option<String> {
     let (pid, first) = noted.first()?;
-    let first: String = first.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+    let first = printable(first);
     Some(format!(
         "{} process(es) loaded libraries without the RTLD_DEEPBIND they asked for (process {pid}: {first}): \
          it would have bound their malloc and free to the C library's, past uswap's (docs/cli.md)",
@@ -148,9 +154,7 @@ pub(super) fn escape_message(escaped: &[(u32, String)]) -> String {
         escaped.len()
     );
     for (pid, said) in escaped.iter().take(4) {
-        // The image's path as the program gave it: no control character reaches the terminal.
-        let said: String = said.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
-        msg.push_str(&format!("\n  process {pid}: {said}"));
+        msg.push_str(&format!("\n  process {pid}: {}", printable(said)));
     }
     if escaped.len() > 4 {
         msg.push_str(&format!("\n  and {} more", escaped.len() - 4));

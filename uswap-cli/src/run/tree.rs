@@ -70,15 +70,19 @@ fn environ_has(pid: u32, marker: &[u8]) -> bool {
 /// When process `pid` (or `self`) started, in clock ticks since boot (`/proc/PID/stat`'s
 /// 22nd field).
 fn start_ticks(pid: &str) -> Option<u64> {
+    stat_from_state(pid)?.split(' ').nth(22 - 3)?.parse().ok()
+}
+
+/// `/proc/PID/stat` from its 3rd field (the state) on: after the command's name, which may
+/// hold spaces and parentheses.
+fn stat_from_state(pid: &str) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command's name (which may hold spaces and parentheses) start at the 3rd.
-    stat.rsplit_once(") ")?.1.split(' ').nth(22 - 3)?.parse().ok()
+    Some(stat.rsplit_once(") ")?.1.to_string())
 }
 
 /// A process that is not a zombie (ended, not yet reaped) nor gone.
 pub(super) fn is_running(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+    stat_from_state(&pid.to_string()).is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
 
 /// Rounds of SIGTERM and SIGKILL a stopped run's tree gets at most (see [`end_in_session`]).
