@@ -121,10 +121,14 @@ impl Region {
     /// Whether any page is still the region's: false once the application unmapped every
     /// page of it (in pieces, `munmap` or `MAP_FIXED` over it). Waits until the events the
     /// kernel has sent so far are applied, so that an `munmap` that returned is counted.
+    /// Stops at the first page still the region's: the interposed `munmap` asks after every
+    /// partial unmap, and a scan of all of a 16 GiB reservation's pages each time (a
+    /// program's break, a runtime's heap) took 95 % of the program's time.
     pub fn has_live_pages(&self) -> bool {
         let shared = self.pager.shared();
         let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
-        !self.inner.live_runs().is_empty()
+        let start = self.inner.start();
+        self.inner.owns_any_of(start, start + self.inner.nr_pages * PAGE_SIZE)
     }
 }
 
