@@ -2214,3 +2214,24 @@ fn mincore_of_a_large_range_makes_only_its_vector_ready() {
         assert!(peak <= 12 << 20, "{mode}: resident peak {peak} for 8 MiB written: {v}");
     }
 }
+
+/// A program that moves its own break (`sbrk`, `brk`, `syscall(SYS_brk)`) gets one of its
+/// own, with what the kernel's promises: the C library's heap, which is the real break,
+/// serves uswap's threads, and stress-ng's brk stressor, which sets its break back where it
+/// began, cut their blocks (SIGSEGV, then "realloc(): invalid next size"). Before, the
+/// program also grew its break past the data limit it set, which uswap had raised for its
+/// own reservations. The program checks each promise, then moves its break a page at a
+/// time for 3 s while its buffer, four times the limit, is paged.
+#[test]
+fn programs_that_move_their_own_break_keep_it_and_every_byte() {
+    let dir = tmpdir("brk");
+    let p = compile("brk", &dir, &[]);
+    for mode in ["signal", "thread"] {
+        let (o, v) =
+            uswap_run(LIMIT_MIB, &["--fault-mode", mode], &[p.to_str().unwrap(), &WSS_MIB.to_string(), "3"], &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {err}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{mode}: {err}");
+        assert!(counter(&v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
+    }
+}

@@ -15,6 +15,9 @@
 //! | `dup2`, `dup3` onto it | refused with `EBADF` (the program keeps its old descriptor) |
 //! | `syscall(SYS_close / SYS_close_range / SYS_dup2 / SYS_dup3, ...)` | as above |
 //!
+//! The interposed `syscall` also sends `SYS_brk` to the program's own break
+//! (`program_break`).
+//!
 //! Not covered: a system call made without the C library (a static program, inline
 //! assembly), and `fcntl` flags changed on an engine descriptor.
 
@@ -137,6 +140,7 @@ pub extern "C" fn syscall(n: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_l
         libc::SYS_close if uswap::fd::is_kept(a1 as c_int) => 0,
         libc::SYS_close_range => close_range_around_kept(a1 as c_uint, a2 as c_uint, a3 as c_int) as c_long,
         _ if is_dup(n) && refuse_onto_kept(a2 as c_int) => -1,
+        libc::SYS_brk => crate::program_break::sys_brk(a1).unwrap_or_else(|| real_syscall(n, [a1, a2, a3, a4, a5, a6])),
         _ => real_syscall(n, [a1, a2, a3, a4, a5, a6]),
     }
 }

@@ -130,6 +130,19 @@ fn set_limit(l: &Limit) -> Option<libc::rlimit> {
         .then(|| libc::rlimit { rlim_cur: soft, rlim_max: l.set_hard.load(Ordering::Relaxed) })
 }
 
+/// The soft limit the program has on `resource` (`RLIMIT_AS` or `RLIMIT_DATA`): the one it
+/// set, or the kernel's if it set none; `RLIM_INFINITY` when there is none or the kernel
+/// cannot tell.
+pub fn program_soft_limit(resource: c_int) -> u64 {
+    let Some(l) = [&ADDRESS_SPACE, &DATA].into_iter().find(|l| l.resource == resource) else {
+        return libc::RLIM_INFINITY;
+    };
+    match set_limit(l) {
+        Some(set) => set.rlim_cur,
+        None => kernel_limit(l).map_or(libc::RLIM_INFINITY, |now| now.rlim_cur),
+    }
+}
+
 /// At start-up, before the configuration is read: takes over the limits a managed parent
 /// set before it exec'd this image (`USWAP_ADDRESS_SPACE_LIMIT`, `USWAP_DATA_LIMIT`), each
 /// if the kernel still has what that parent gave it, so that the reservations are sized to
