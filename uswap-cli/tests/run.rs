@@ -2221,7 +2221,8 @@ fn mincore_of_a_large_range_makes_only_its_vector_ready() {
 /// began, cut their blocks (SIGSEGV, then "realloc(): invalid next size"). Before, the
 /// program also grew its break past the data limit it set, which uswap had raised for its
 /// own reservations. The program checks each promise, then moves its break a page at a
-/// time for 3 s while its buffer, four times the limit, is paged.
+/// time for 3 s while its buffer, four times the limit, is paged; the break's memory is
+/// named as the program's break in the report of unmanaged memory.
 #[test]
 fn programs_that_move_their_own_break_keep_it_and_every_byte() {
     let dir = tmpdir("brk");
@@ -2233,5 +2234,6 @@ fn programs_that_move_their_own_break_keep_it_and_every_byte() {
         assert!(o.status.success(), "{mode}: {err}");
         assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{mode}: {err}");
         assert!(counter(&v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
+        assert!(err.contains("the program's own break (brk, sbrk)"), "{mode}: {err}");
     }
 }

@@ -66,6 +66,7 @@ extern "C" fn prepare() {
     if crate::is_unmanaged_fork_child() {
         return;
     }
+    crate::program_break::hold_for_fork();
     // Touched whatever it holds, here in the parent (see `DEFERRED_TOUCHED`).
     let deferred = crate::pager().is_none().then(crate::waiting_charge::hold_for_fork);
     DEFERRED.with(|d| *d.borrow_mut() = deferred);
@@ -79,12 +80,14 @@ extern "C" fn prepare() {
 }
 
 extern "C" fn parent() {
+    crate::program_break::release_after_fork();
     release_deferred();
     let held = HELD.with(|h| h.borrow_mut().take());
     drop(held);
 }
 
 extern "C" fn child() {
+    crate::program_break::release_after_fork();
     crate::own_process::note();
     release_deferred();
     // A start under way on another thread of the parent is not the child's: it waits again.

@@ -337,9 +337,8 @@ pub extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd:
 }
 
 /// The program's `mmap` and `mmap64`. A function of its own: a call from inside this library
-/// to the symbol `mmap` is linked to the kernel's (`__wrap_mmap`, see `build.rs`). Also the
-/// mappings of the program's own break (`program_break`), made on its behalf.
-pub fn program_mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
+/// to the symbol `mmap` is linked to the kernel's (`__wrap_mmap`, see `build.rs`).
+fn program_mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut c_void {
     if !in_uswap() && !uswap::is_engine_thread() {
         if crate::is_waiting() {
             // Lazy start: a mapping that would be managed is deferred while the process

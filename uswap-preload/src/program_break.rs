@@ -6,29 +6,35 @@
 //! stressor grows its break a page at a time and sets it back where it began at its first
 //! `ENOMEM`, which gave back what malloc had grown in between (the stressor died of SIGSEGV,
 //! then of "realloc(): invalid next size"); without uswap it has no other thread. So in a
-//! process this library serves, the program's first call gives it a break of its own: the
-//! start of a reservation mapped as the program's own `PROT_NONE` reservation would be
-//! (through `mmap`'s interposition: managed, its pages paged under the limit), which the
-//! calls move as the kernel moves the real one. Growing makes the pages up to the new break
-//! accessible (`mprotect`, which the kernel refuses past the data limit, `ENOMEM`, as it
-//! refuses a `brk`); shrinking maps fresh inaccessible memory over the pages given back, so
-//! that they read zero when the break grows over them again, as after the kernel's unmap.
-//! The break only moves within the reservation ([`reservation_bytes`]); past it, `ENOMEM`.
-//! What differs from the kernel's: the break's first value is a page into the reservation,
-//! not the end of the program's data (no program may assume either; the page below it is
-//! accessible, as the data's end is), and the reservation's address space is taken at the
-//! first call.
+//! process this library serves, the program's first call gives it a break of its own, at
+//! the start of an inaccessible reservation of its own ([`reservation_bytes`]), which the
+//! calls move as the kernel moves the real one, with system calls of their own: growing
+//! makes the pages up to the new break accessible (`mprotect`); shrinking maps fresh
+//! inaccessible memory over the pages given back, so that they read zero when the break
+//! grows over them again, as after the kernel's unmap. A move past the reservation's end or
+//! past the data limit the program set fails with `ENOMEM` (checked here: the kernel's
+//! data limit is raised by uswap's own reservations, see `rlimit`); a move below the
+//! break's start changes nothing and succeeds, as the C library's `brk` reports the
+//! kernel's refusal. The break's memory is ordinary memory, outside the budget as the real
+//! break was, and reported as the program's break (`unmanaged`). What differs from the
+//! kernel's: the break starts a page into the reservation, not at the end of the program's
+//! data (no program may assume either; the page below it is accessible, as the data's end
+//! is), and the first call, even `sbrk(0)` (libiberty's, in every GCC tool), maps the
+//! reservation: a system call, address space, no pager.
 //!
 //! The C library's own `__sbrk` (its malloc's) is not interposed: its internal calls do not
-//! go through the symbol.
+//! go through the symbol. A process where the library stands aside (`USWAP_DISABLE`, a
+//! program with an allocator of its own) keeps the kernel's break, and so does one that
+//! used the kernel's break before this library was set up.
 //!
-//! State: one mutex over the break (its reservation and where it stands), taken by the three
-//! calls only, never by uswap's own code; a fork child inherits it with the mapping. A
-//! process whose library is inert (`USWAP_DISABLE`) keeps the kernel's break.
+//! State: the break, under a lock of its own, taken by these calls and across a `fork`
+//! (`fork`: no thread is inside when the child is made, and both sides let go of it). Only
+//! system calls are made under it. The reservation's place is also kept in atomics, for the
+//! report of unmanaged memory and the address-space limit, which read it without the lock.
 
+use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_long, c_void};
-use std::sync::atomic::AtomicPtr;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use crate::real::{self, set_errno};
 
@@ -40,7 +46,7 @@ const MIN_RESERVATION_BYTES: usize = 16 << 20;
 /// The program's break, once it has called one of these functions.
 #[derive(Clone, Copy)]
 struct Break {
-    /// The reservation's start: the break's first value and its lowest.
+    /// The break's start, and its lowest.
     base: usize,
     /// The reservation's end: the break's highest.
     limit: usize,
@@ -50,13 +56,101 @@ struct Break {
     accessible_end: usize,
 }
 
-static BREAK: Mutex<Option<Break>> = Mutex::new(None);
+#[derive(Clone, Copy)]
+enum State {
+    /// No call yet.
+    Undecided,
+    /// The kernel's break (the library stands aside, or was not set up at the first call).
+    Kernel,
+    /// A break of the program's own.
+    Own(Break),
+}
+
+/// The break and its lock: a flag, so that the fork handlers can let go of it on both sides
+/// (a mutex held across `fork` cannot be unlocked in the child by another owner).
+struct Locked {
+    held: AtomicBool,
+    state: UnsafeCell<State>,
+}
+
+// SAFETY: `state` is only reached through `lock`, which gives one thread at a time.
+unsafe impl Sync for Locked {}
+
+static BREAK: Locked = Locked { held: AtomicBool::new(false), state: UnsafeCell::new(State::Undecided) };
+
+/// Whether this process's library serves it (set at start-up past the stand-aside check).
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The reservation's place, `[start, end)`, once made (0, 0 before).
+static RESERVED_START: AtomicUsize = AtomicUsize::new(0);
+static RESERVED_END: AtomicUsize = AtomicUsize::new(0);
 
 static REAL_SBRK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 static REAL_BRK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
+thread_local! {
+    /// Whether this thread's fork prepare handler holds the lock (no destructor: read in a
+    /// fork child before its heap is re-armed).
+    static HELD_FOR_FORK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The lock, held while the value lives.
+struct Guard;
+
+impl Guard {
+    fn lock() -> Guard {
+        // Bounded by the holder's system calls (a few, and never a wait on another lock).
+        while BREAK.held.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::thread::yield_now();
+        }
+        Guard
+    }
+
+    fn state(&mut self) -> &mut State {
+        // SAFETY: this guard holds the lock (see `Locked`).
+        unsafe { &mut *BREAK.state.get() }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        BREAK.held.store(false, Ordering::Release);
+    }
+}
+
+/// At start-up, once the library serves this process: its program's break will be its own.
+pub fn enable() {
+    ENABLED.store(true, Ordering::Release);
+}
+
+/// Fork prepare handler: holds the lock, so that no thread is inside when the child is
+/// made.
+pub fn hold_for_fork() {
+    std::mem::forget(Guard::lock());
+    HELD_FOR_FORK.with(|h| h.set(true));
+}
+
+/// Fork parent and child handlers: lets go of what [`hold_for_fork`] held.
+pub fn release_after_fork() {
+    if HELD_FOR_FORK.with(|h| h.replace(false)) {
+        drop(Guard);
+    }
+}
+
+/// Bytes of address space the program's break reserved, counted as uswap's against an
+/// address-space limit the program sets (`rlimit`): the whole reservation, so what the
+/// program uses of it counts as uswap's too.
+pub fn reserved_bytes() -> u64 {
+    (RESERVED_END.load(Ordering::Acquire) - RESERVED_START.load(Ordering::Acquire)) as u64
+}
+
+/// Whether `addr` lies in the program's break's reservation (for the report of unmanaged
+/// memory).
+pub fn contains(addr: usize) -> bool {
+    (RESERVED_START.load(Ordering::Acquire)..RESERVED_END.load(Ordering::Acquire)).contains(&addr)
+}
+
 /// How much address space the program's break reserves: [`MAX_RESERVATION_BYTES`], or a
-/// quarter of an address-space limit the program set (the rest stays its own).
+/// quarter of an address-space limit the program has (the rest stays its own).
 fn reservation_bytes() -> usize {
     let as_limit = crate::rlimit::program_soft_limit(libc::RLIMIT_AS as c_int);
     let quarter = usize::try_from(as_limit / 4).unwrap_or(usize::MAX);
@@ -64,37 +158,50 @@ fn reservation_bytes() -> usize {
 }
 
 /// `f` on the program's break, made at its first call; `None` when this process keeps the
-/// kernel's break (its library is inert). Under the break's lock: a call of the program's
-/// moves it whole, as one `brk` system call does.
+/// kernel's break. Under the lock: a call of the program's moves it whole, as one `brk`
+/// system call does.
 fn with_break<R>(f: impl FnOnce(&mut Break) -> R) -> Option<R> {
-    let mut guard = BREAK.lock().unwrap_or_else(|e| e.into_inner());
-    if guard.is_none() {
-        crate::config()?;
-        *guard = Some(reserve());
+    let mut guard = Guard::lock();
+    let state = guard.state();
+    if let State::Undecided = state {
+        *state = match ENABLED.load(Ordering::Acquire) {
+            true => State::Own(reserve()),
+            false => State::Kernel,
+        };
     }
-    guard.as_mut().map(f)
+    match state {
+        State::Own(b) => Some(f(b)),
+        _ => None,
+    }
 }
 
 /// The program's first break: a reservation of [`reservation_bytes`], halved until the
-/// kernel gives it; if it gives none, an empty one at 0, where every move but to 0 is
-/// refused (`ENOMEM`, as the kernel's at its end).
+/// kernel gives it; if it gives none, an empty one at 0, where every move up is refused
+/// (`ENOMEM`, as the kernel's at its end).
 fn reserve() -> Break {
     let mut len = reservation_bytes();
+    // Not MAP_NORESERVE: the pages made accessible are committed, as the kernel's break.
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
     // Bounded: `len` halves each round down to MIN_RESERVATION_BYTES.
     loop {
-        let p = crate::mmap::program_mmap(std::ptr::null_mut(), len, libc::PROT_NONE, flags, -1, 0);
+        let p = real::sys_mmap(std::ptr::null_mut(), len, libc::PROT_NONE, flags, -1, 0);
         if p != libc::MAP_FAILED {
             // The page below the break stays accessible, as the end of the data (or of
             // malloc's heap) lies below the kernel's: a program may touch the byte before
             // the break it is given (stress-ng's brk stressor does, at once).
-            let below = p as usize;
+            let reserved = p as usize;
             let rw = libc::PROT_READ | libc::PROT_WRITE;
             if real::sys_mprotect(p, uswap::PAGE_SIZE, rw) == 0 {
-                let base = below + uswap::PAGE_SIZE;
-                return Break { base, limit: below + len, at: base, accessible_end: base };
+                RESERVED_START.store(reserved, Ordering::Release);
+                RESERVED_END.store(reserved + len, Ordering::Release);
+                if crate::pager().is_some() {
+                    // An address-space limit the program set gets this room on top.
+                    crate::rlimit::refit();
+                }
+                let base = reserved + uswap::PAGE_SIZE;
+                return Break { base, limit: reserved + len, at: base, accessible_end: base };
             }
-            crate::mmap::munmap(p, len);
+            real::sys_munmap(p, len);
         }
         if len <= MIN_RESERVATION_BYTES {
             return Break { base: 0, limit: 0, at: 0, accessible_end: 0 };
@@ -103,31 +210,32 @@ fn reserve() -> Break {
     }
 }
 
-/// Moves the break `b` to `to` within its reservation, as the kernel's `brk` does.
+/// Moves the break `b` to `to` within its reservation, as the kernel's `brk` does; below
+/// the break's start it stays where it is (the kernel's refusal, which the C library's
+/// `brk` and `sbrk` report as success).
 fn set(b: &mut Break, to: usize) -> Result<(), c_int> {
-    if to < b.base || to > b.limit {
-        return Err(libc::ENOMEM);
+    if to < b.base {
+        return Ok(());
     }
     let data_limit = crate::rlimit::program_soft_limit(libc::RLIMIT_DATA as c_int);
-    if (to - b.base) as u64 > data_limit {
+    if to > b.limit || (to - b.base) as u64 > data_limit {
         return Err(libc::ENOMEM);
     }
     let end = to.next_multiple_of(uswap::PAGE_SIZE);
     if end > b.accessible_end {
-        let grow = end - b.accessible_end;
         let rw = libc::PROT_READ | libc::PROT_WRITE;
-        if real::sys_mprotect(b.accessible_end as *mut c_void, grow, rw) != 0 {
+        if real::sys_mprotect(b.accessible_end as *mut c_void, end - b.accessible_end, rw) != 0 {
             return Err(real::errno());
         }
     } else if end < b.accessible_end {
+        // Fresh pages over the ones given back: they read zero when grown over again.
         let fixed = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
         let given_back = b.accessible_end - end;
-        let p = crate::mmap::program_mmap(end as *mut c_void, given_back, libc::PROT_NONE, fixed, -1, 0);
-        if p == libc::MAP_FAILED {
+        if real::sys_mmap(end as *mut c_void, given_back, libc::PROT_NONE, fixed, -1, 0) == libc::MAP_FAILED {
             return Err(real::errno());
         }
     }
-    debug_assert!(end <= b.limit && to >= b.base);
+    debug_assert!(b.base <= to && end <= b.limit);
     b.at = to;
     b.accessible_end = end;
     Ok(())
@@ -138,6 +246,10 @@ fn set(b: &mut Break, to: usize) -> Result<(), c_int> {
 pub extern "C" fn sbrk(increment: isize) -> *mut c_void {
     let moved = with_break(|b| {
         let old = b.at;
+        if increment == 0 {
+            // The C library's answers from the break it keeps, with no system call.
+            return Ok(old);
+        }
         let to = old.checked_add_signed(increment).ok_or(libc::ENOMEM)?;
         set(b, to).map(|()| old)
     });
@@ -172,15 +284,13 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     }
 }
 
-/// The `brk` system call through `syscall(2)`: the break after the call (where it stands if
-/// the move was refused; 0 asks where it stands), `None` when this process keeps the
-/// kernel's break.
+/// The `brk` system call through `syscall(2)`: the break after the call (where it stands
+/// if the move was refused, as the kernel's), `None` when this process keeps the kernel's
+/// break.
 pub fn sys_brk(addr: c_long) -> Option<c_long> {
     with_break(|b| {
-        if addr != 0 {
-            // Refused, the break stays, and the call says where: as the kernel's.
-            let _ = set(b, addr as usize);
-        }
+        // Refused, the break stays where it is, and the call says where.
+        let _ = set(b, addr as usize);
         b.at as c_long
     })
 }

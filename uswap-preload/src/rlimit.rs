@@ -72,10 +72,11 @@ const CARRIED: [(&Limit, &str); 2] = [(&ADDRESS_SPACE, ENV_ADDRESS_SPACE_LIMIT),
 
 /// What uswap adds to a limit the program sets: its managed heap, twice the engine's own
 /// mappings (a fork child builds devices of its own while it still holds its copy of the
-/// parent's) and room for its threads' allocations.
+/// parent's), room for its threads' allocations and the program's own break's reservation
+/// (`program_break`).
 fn reserve_bytes() -> u64 {
     let heap_bytes = crate::config().map_or(0, |c| c.heap_bytes as u64);
-    heap_bytes + 2 * uswap::engine_reserved_bytes() + THREADS_SLACK_BYTES
+    heap_bytes + 2 * uswap::engine_reserved_bytes() + THREADS_SLACK_BYTES + crate::program_break::reserved_bytes()
 }
 
 fn raised(limit: u64, by: u64) -> u64 {
