@@ -2237,3 +2237,23 @@ fn programs_that_move_their_own_break_keep_it_and_every_byte() {
         assert!(err.contains("the program's own break (brk, sbrk)"), "{mode}: {err}");
     }
 }
+
+/// A program that serves a mapping's faults with a userfaultfd of its own (a VMM restoring a
+/// snapshot, CRIU, QEMU's postcopy) could not register it: uswap had, and a range has one
+/// userfaultfd ("UFFDIO_REGISTER (errno 16)"). Now uswap lets go of the range and the
+/// registration is made again: the program's thread serves every page of it, the rest of
+/// its memory stays paged, and the report names the range.
+#[test]
+fn a_program_with_a_userfaultfd_of_its_own_serves_its_faults() {
+    let dir = tmpdir("ownuffd");
+    let p = compile("ownuffd", &dir, &[]);
+    for mode in ["signal", "thread"] {
+        let (o, v) =
+            uswap_run(LIMIT_MIB, &["--fault-mode", mode], &[p.to_str().unwrap(), "8", &WSS_MIB.to_string()], &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {err}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "ok 2048\n", "{mode}: {err}");
+        assert!(counter(&v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
+        assert!(err.contains("8MiB, registered with the program's own userfaultfd"), "{mode}: {err}");
+    }
+}

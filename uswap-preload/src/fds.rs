@@ -16,7 +16,7 @@
 //! | `syscall(SYS_close / SYS_close_range / SYS_dup2 / SYS_dup3, ...)` | as above |
 //!
 //! The interposed `syscall` also sends `SYS_brk` to the program's own break
-//! (`program_break`).
+//! (`program_break`), and `SYS_ioctl` to `program_userfaultfd`.
 //!
 //! Not covered: a system call made without the C library (a static program, inline
 //! assembly), and `fcntl` flags changed on an engine descriptor.
@@ -141,6 +141,7 @@ pub extern "C" fn syscall(n: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_l
         libc::SYS_close_range => close_range_around_kept(a1 as c_uint, a2 as c_uint, a3 as c_int) as c_long,
         _ if is_dup(n) && refuse_onto_kept(a2 as c_int) => -1,
         libc::SYS_brk => crate::program_break::sys_brk(a1).unwrap_or_else(|| real_syscall(n, [a1, a2, a3, a4, a5, a6])),
+        libc::SYS_ioctl => crate::program_userfaultfd::sys_ioctl(a1, a2, a3),
         _ => real_syscall(n, [a1, a2, a3, a4, a5, a6]),
     }
 }

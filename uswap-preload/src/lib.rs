@@ -61,6 +61,7 @@ pub mod own_code;
 pub mod own_process;
 pub mod program_break;
 pub mod program_frames;
+pub mod program_userfaultfd;
 pub mod real;
 pub mod remote_access;
 pub mod report;
