@@ -141,7 +141,9 @@ pub extern "C" fn syscall(n: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_l
         libc::SYS_close_range => close_range_around_kept(a1 as c_uint, a2 as c_uint, a3 as c_int) as c_long,
         _ if is_dup(n) && refuse_onto_kept(a2 as c_int) => -1,
         libc::SYS_brk => crate::program_break::sys_brk(a1).unwrap_or_else(|| real_syscall(n, [a1, a2, a3, a4, a5, a6])),
-        libc::SYS_ioctl => crate::program_userfaultfd::sys_ioctl(a1, a2, a3),
+        libc::SYS_ioctl => {
+            crate::program_userfaultfd::sys_ioctl([a1, a2, a3], || real_syscall(n, [a1, a2, a3, a4, a5, a6]))
+        }
         _ => real_syscall(n, [a1, a2, a3, a4, a5, a6]),
     }
 }

@@ -63,10 +63,14 @@ fn release_deferred() {
 }
 
 extern "C" fn prepare() {
+    // First, and in every process that has these handlers: a fork child, even one that
+    // runs unmanaged, must not inherit the lock held. (Handlers of libraries set up before
+    // this one run after it: one that holds a lock of its own while it calls `sbrk` on
+    // another thread could wait here, as on any lock it shares with a forking thread.)
+    crate::program_break::hold_for_fork();
     if crate::is_unmanaged_fork_child() {
         return;
     }
-    crate::program_break::hold_for_fork();
     // Touched whatever it holds, here in the parent (see `DEFERRED_TOUCHED`).
     let deferred = crate::pager().is_none().then(crate::waiting_charge::hold_for_fork);
     DEFERRED.with(|d| *d.borrow_mut() = deferred);

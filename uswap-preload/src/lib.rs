@@ -206,6 +206,7 @@ fn prepare() -> Result<(), String> {
     if cfg.stats_dir.is_some() {
         escape::init();
     }
+    program_userfaultfd::resolve();
     if let Some(name) = own_allocator::program_allocator() {
         own_allocator::stand_aside(name);
         return Ok(());

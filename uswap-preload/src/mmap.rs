@@ -454,6 +454,19 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
     if in_uswap() || uswap::is_engine_thread() {
         return real::sys_munmap(addr, len);
     }
+    let start = addr as usize;
+    let end = page_round_up(len).and_then(|l| start.checked_add(l));
+    if let Some(outside) = end
+        .filter(|_| start % uswap::PAGE_SIZE == 0 && len > 0)
+        .and_then(|end| crate::program_break::unmap_inside(start, end))
+    {
+        // Pages of the program's break stay the break's; the rest goes as any munmap.
+        let mut r = 0;
+        for (s, e) in outside.into_iter().filter(|(s, e)| e > s) {
+            r |= munmap(s as *mut c_void, e - s);
+        }
+        return r;
+    }
     if config().is_none() {
         // A waiting process's deferred mappings are the kernel's until its pager starts:
         // what goes is no longer noted (CPython unmaps each arena it empties), in step

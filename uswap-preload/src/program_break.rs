@@ -140,13 +140,35 @@ pub fn release_after_fork() {
 /// address-space limit the program sets (`rlimit`): the whole reservation, so what the
 /// program uses of it counts as uswap's too.
 pub fn reserved_bytes() -> u64 {
-    (RESERVED_END.load(Ordering::Acquire) - RESERVED_START.load(Ordering::Acquire)) as u64
+    reservation().map_or(0, |(start, end)| (end - start) as u64)
 }
 
-/// Whether `addr` lies in the program's break's reservation (for the report of unmanaged
-/// memory).
-pub fn contains(addr: usize) -> bool {
-    (RESERVED_START.load(Ordering::Acquire)..RESERVED_END.load(Ordering::Acquire)).contains(&addr)
+/// The reservation, `[start, end)`, once made. The end is stored first and the start with
+/// `Release`, so a start read with `Acquire` comes with its end.
+fn reservation() -> Option<(usize, usize)> {
+    let start = RESERVED_START.load(Ordering::Acquire);
+    (start != 0).then(|| (start, RESERVED_END.load(Ordering::Relaxed)))
+}
+
+/// Whether `[start, end)` overlaps the program's break's reservation (for the report of
+/// unmanaged memory: the break's accessible part may have merged with a neighbour).
+pub fn overlaps(start: usize, end: usize) -> bool {
+    reservation().is_some_and(|(s, e)| start < e && s < end)
+}
+
+/// The program's `munmap` of `[start, end)`: the part inside the break's reservation is not
+/// unmapped but made inaccessible with fresh pages, so that it stays the break's (a hole
+/// there would take the next small mapping of the process, which the break's next shrink
+/// would then map over); what lies outside it, `None` when the range is all outside. The
+/// pages read zero if the break grows back over them, as the kernel's.
+pub fn unmap_inside(start: usize, end: usize) -> Option<[(usize, usize); 2]> {
+    let (s, e) = reservation().filter(|&(s, e)| start < e && s < end)?;
+    let (inside_start, inside_end) = (start.max(s), end.min(e));
+    let fixed = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
+    let len = inside_end - inside_start;
+    // Failing, the pages stay as they were (the kernel's munmap of a hole cannot fail).
+    real::sys_mmap(inside_start as *mut c_void, len, libc::PROT_NONE, fixed, -1, 0);
+    Some([(start, inside_start), (inside_end, end)])
 }
 
 /// How much address space the program's break reserves: [`MAX_RESERVATION_BYTES`], or a
@@ -176,8 +198,9 @@ fn with_break<R>(f: impl FnOnce(&mut Break) -> R) -> Option<R> {
 }
 
 /// The program's first break: a reservation of [`reservation_bytes`], halved until the
-/// kernel gives it; if it gives none, an empty one at 0, where every move up is refused
-/// (`ENOMEM`, as the kernel's at its end).
+/// kernel gives it; if it gives none (an address-space limit nearly reached), an empty one
+/// at 0, where `sbrk(0)` answers 0 and every move up is refused (`ENOMEM`, as the kernel's
+/// at its end).
 fn reserve() -> Break {
     let mut len = reservation_bytes();
     // Not MAP_NORESERVE: the pages made accessible are committed, as the kernel's break.
@@ -192,8 +215,8 @@ fn reserve() -> Break {
             let reserved = p as usize;
             let rw = libc::PROT_READ | libc::PROT_WRITE;
             if real::sys_mprotect(p, uswap::PAGE_SIZE, rw) == 0 {
+                RESERVED_END.store(reserved + len, Ordering::Relaxed);
                 RESERVED_START.store(reserved, Ordering::Release);
-                RESERVED_END.store(reserved + len, Ordering::Release);
                 if crate::pager().is_some() {
                     // An address-space limit the program set gets this room on top.
                     crate::rlimit::refit();

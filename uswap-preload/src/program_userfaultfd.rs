@@ -9,13 +9,12 @@
 //! `EBUSY` lets go of the range (`Pager::unmanage`: its pages come back in place, and it
 //! becomes the program's ordinary memory, outside the budget) and is made again, once. The
 //! ranges let go of are kept (the first [`MAX_KEPT`]) for the report of unmanaged memory,
-//! which names them.
+//! which names them. They stay ordinary memory after the program unregisters them.
 //!
 //! Every other `ioctl` passes straight on, uswap's own too (its calls on its userfaultfds
-//! reach this symbol: one comparison each). The C library's `ioctl` is looked up at the
-//! first call, which is the pager's `UFFDIO_API` when nothing else came before: before any
-//! fault, so that the SIGBUS handler's calls (`UFFDIO_COPY`, `UFFDIO_MOVE`) find it and
-//! never reach `dlsym`, which allocates.
+//! reach this symbol: one comparison each). The C library's `ioctl` is looked up in the
+//! constructor ([`resolve`]), so that no call, the SIGBUS handler's (`UFFDIO_COPY`,
+//! `UFFDIO_MOVE`) or a program's signal handler's, reaches `dlsym`, which allocates.
 
 use std::ffi::{c_int, c_long, c_ulong, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -23,8 +22,9 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use crate::own_code::in_uswap;
 use crate::real::{self, errno, set_errno};
 
-/// `_IOWR(0xAA, 0x00, struct uffdio_register)`: 32 bytes of range, mode and ioctls.
-const UFFDIO_REGISTER: c_ulong = (3 << 30) | (32 << 16) | (0xAA << 8);
+/// `_IOWR(0xAA, 0x00, struct uffdio_register)`: 32 bytes of range, mode and ioctls. The
+/// kernel reads a request as 32 bits.
+const UFFDIO_REGISTER: u32 = (3 << 30) | (32 << 16) | (0xAA << 8);
 
 /// Ranges let go of for the program's userfaultfd, kept for the report: `[start, end)`
 /// pairs, the first `MAX_KEPT`.
@@ -33,6 +33,12 @@ static KEPT: [(AtomicUsize, AtomicUsize); MAX_KEPT] = [const { (AtomicUsize::new
 static NR_KEPT: AtomicUsize = AtomicUsize::new(0);
 
 static REAL_IOCTL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Looks the C library's `ioctl` up, from the constructor: a program's first `ioctl` may
+/// be in a signal handler (`TIOCGWINSZ` on `SIGWINCH`), where `dlsym` must not run.
+pub fn resolve() {
+    real::next_symbol(&REAL_IOCTL, c"ioctl");
+}
 
 fn real_ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
     let f = real::next_symbol(&REAL_IOCTL, c"ioctl");
@@ -47,47 +53,82 @@ fn real_ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
 /// As the C library's `ioctl`.
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
-    let r = real_ioctl(fd, request, arg);
-    if r == 0 || request != UFFDIO_REGISTER || errno() != libc::EBUSY || in_uswap() || uswap::is_engine_thread() {
+    let call = || real_ioctl(fd, request, arg) as c_long;
+    register_again_if_refused(fd, request, arg, call) as c_int
+}
+
+/// `syscall(SYS_ioctl, ...)`, as [`ioctl`]; `call` makes the system call as the C
+/// library's `syscall` does (-1 and errno on failure).
+pub fn sys_ioctl(a: [c_long; 3], call: impl Fn() -> c_long) -> c_long {
+    register_again_if_refused(a[0] as c_int, a[1] as c_ulong, a[2] as *mut c_void, call)
+}
+
+/// `call`, the program's `ioctl(fd, request, arg)`; a `UFFDIO_REGISTER` refused with
+/// `EBUSY` on a userfaultfd lets go of what uswap manages in its range and is made again.
+fn register_again_if_refused(fd: c_int, request: c_ulong, arg: *mut c_void, call: impl Fn() -> c_long) -> c_long {
+    let r = call();
+    if r == 0 || request as u32 != UFFDIO_REGISTER || errno() != libc::EBUSY || in_uswap() || uswap::is_engine_thread()
+    {
         return r;
     }
-    if !let_go_of_registered(arg) {
+    let Some((start, len)) = registered_range(fd, arg) else {
+        set_errno(libc::EBUSY);
+        return r;
+    };
+    if !let_go_of(start, len) {
         set_errno(libc::EBUSY);
         return r;
     }
-    real_ioctl(fd, request, arg)
+    let again = call();
+    if again == 0 {
+        keep(start, len);
+    }
+    again
 }
 
-/// `syscall(SYS_ioctl, ...)`, as [`ioctl`] (the kernel's return convention is the C
-/// library's `syscall`'s: -1 and errno).
-pub fn sys_ioctl(fd: c_long, request: c_long, arg: c_long) -> c_long {
-    // SAFETY: forwards the program's own call.
-    unsafe { ioctl(fd as c_int, request as c_ulong, arg as *mut c_void) as c_long }
+/// The range of the `struct uffdio_register` at `arg`, if `fd` is a userfaultfd: the
+/// kernel read the structure before it refused the range with `EBUSY`, so its first 16
+/// bytes are the caller's, readable. (Another device may answer `EBUSY` to the same number,
+/// with anything as its argument: it is not read.)
+fn registered_range(fd: c_int, arg: *mut c_void) -> Option<(usize, usize)> {
+    let mut link = [0u8; 64];
+    let path = format!("/proc/self/fd/{fd}\0");
+    // SAFETY: readlink with a NUL-terminated path and a buffer of link.len() bytes.
+    let n = unsafe { libc::readlink(path.as_ptr().cast(), link.as_mut_ptr().cast(), link.len()) };
+    if usize::try_from(n).ok().and_then(|n| link.get(..n)) != Some(&b"anon_inode:[userfaultfd]"[..]) {
+        return None;
+    }
+    let range = arg as *const u64;
+    // SAFETY: see above; unaligned reads, as the caller's structure may be anywhere.
+    let (start, len) = unsafe { (range.read_unaligned(), range.add(1).read_unaligned()) };
+    Some((start as usize, len as usize))
 }
 
-/// Lets go of the managed memory in the range of the `struct uffdio_register` at `arg`,
-/// which the kernel read and refused with `EBUSY`; whether there was a pager to ask.
-fn let_go_of_registered(arg: *mut c_void) -> bool {
+/// Lets go of the managed memory in `[start, start + len)`; whether there was a pager to
+/// ask and it did.
+fn let_go_of(start: usize, len: usize) -> bool {
     let Some(pager) = crate::pager() else { return false };
-    // SAFETY: the kernel has just read the structure's range from `arg` (a refusal with
-    // EBUSY comes after the copy), so its first 16 bytes are the caller's, readable.
-    let (start, len) = unsafe { (*(arg as *const u64) as usize, *(arg as *const u64).add(1) as usize) };
     let _g = crate::own_code::Guard::enter();
     // Failing, the range stays managed and the program's call fails as it did.
-    if pager.unmanage(start, len).is_err() {
-        return false;
-    }
+    pager.unmanage(start, len).is_ok()
+}
+
+/// Keeps `[start, start + len)` for the report, once the program's registration of it
+/// succeeded.
+fn keep(start: usize, len: usize) {
     let k = NR_KEPT.fetch_add(1, Ordering::Relaxed);
     if let Some((s, e)) = KEPT.get(k) {
         s.store(start, Ordering::Relaxed);
         e.store(start.saturating_add(len), Ordering::Release);
     }
-    true
 }
 
-/// Whether `addr` lies in a range let go of for the program's userfaultfd (for the report
-/// of unmanaged memory).
-pub fn contains(addr: usize) -> bool {
+/// Whether `[start, end)` overlaps a range let go of for the program's userfaultfd (for the
+/// report of unmanaged memory).
+pub fn overlaps(start: usize, end: usize) -> bool {
     let n = NR_KEPT.load(Ordering::Acquire).min(MAX_KEPT);
-    KEPT[..n].iter().any(|(s, e)| (s.load(Ordering::Relaxed)..e.load(Ordering::Acquire)).contains(&addr))
+    KEPT[..n].iter().any(|(s, e)| {
+        let (s, e) = (s.load(Ordering::Relaxed), e.load(Ordering::Acquire));
+        start < e && s < end
+    })
 }

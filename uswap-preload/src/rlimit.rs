@@ -70,13 +70,18 @@ static DATA: Limit = Limit::new(libc::RLIMIT_DATA as c_int);
 /// The limits carried across exec, each with the variable that carries it.
 const CARRIED: [(&Limit, &str); 2] = [(&ADDRESS_SPACE, ENV_ADDRESS_SPACE_LIMIT), (&DATA, ENV_DATA_LIMIT)];
 
-/// What uswap adds to a limit the program sets: its managed heap, twice the engine's own
-/// mappings (a fork child builds devices of its own while it still holds its copy of the
-/// parent's), room for its threads' allocations and the program's own break's reservation
-/// (`program_break`).
-fn reserve_bytes() -> u64 {
+/// What uswap adds to limit `l` when the program sets it: its managed heap, twice the
+/// engine's own mappings (a fork child builds devices of its own while it still holds its
+/// copy of the parent's), room for its threads' allocations, and for the address space the
+/// program's own break's reservation (`program_break`: inaccessible until used, so no data,
+/// and what the break uses counts against the program's data limit).
+fn reserve_bytes(l: &Limit) -> u64 {
     let heap_bytes = crate::config().map_or(0, |c| c.heap_bytes as u64);
-    heap_bytes + 2 * uswap::engine_reserved_bytes() + THREADS_SLACK_BYTES + crate::program_break::reserved_bytes()
+    let own = heap_bytes + 2 * uswap::engine_reserved_bytes() + THREADS_SLACK_BYTES;
+    match l.resource == ADDRESS_SPACE.resource {
+        true => own + crate::program_break::reserved_bytes(),
+        false => own,
+    }
 }
 
 fn raised(limit: u64, by: u64) -> u64 {
@@ -174,7 +179,7 @@ fn inherit_one(l: &Limit, var: &str) -> bool {
 pub fn refit() {
     for (l, _) in CARRIED {
         if let Some(set) = set_limit(l) {
-            give(l, set, reserve_bytes());
+            give(l, set, reserve_bytes(l));
         }
     }
 }
@@ -187,7 +192,7 @@ fn set_own(l: &Limit, new: &libc::rlimit, old: *mut libc::rlimit) -> c_int {
             return r;
         }
     }
-    give(l, *new, reserve_bytes())
+    give(l, *new, reserve_bytes(l))
 }
 
 fn get_own(l: &Limit, out: *mut libc::rlimit) -> c_int {

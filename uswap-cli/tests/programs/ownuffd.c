@@ -32,13 +32,21 @@ static void *serve(void *arg) {
         ssize_t n = read(uffd, &msg, sizeof msg);
         if (n != sizeof msg) {
             if (n < 0 && errno == EINTR) continue;
-            return NULL;
+            printf("wrong: read of the userfaultfd (%zd, errno %d)\n", n, errno);
+            fflush(stdout);
+            _exit(1);
         }
         if (msg.event != UFFD_EVENT_PAGEFAULT) continue;
         uintptr_t at = msg.arg.pagefault.address & ~(PAGE - 1);
         for (unsigned long i = 0; i < PAGE; i++) page[i] = pattern(at + i);
         struct uffdio_copy copy = {.dst = at, .src = (uintptr_t)page, .len = PAGE};
-        if (ioctl(uffd, UFFDIO_COPY, &copy) == 0) __atomic_add_fetch(&served, 1, __ATOMIC_RELAXED);
+        if (ioctl(uffd, UFFDIO_COPY, &copy) == 0) {
+            __atomic_add_fetch(&served, 1, __ATOMIC_RELAXED);
+        } else if (errno != EEXIST) {
+            printf("wrong: UFFDIO_COPY (errno %d)\n", errno);
+            fflush(stdout);
+            _exit(1);
+        }
     }
 }
 
@@ -48,7 +56,11 @@ int main(int argc, char **argv) {
     unsigned char *area = mmap(NULL, own, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED || area == MAP_FAILED) return printf("wrong: mmap\n"), 1;
     for (size_t i = 0; i < len; i++) buf[i] = (unsigned char)(i * 7 + (i >> 12));
-    uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC);
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
+    /* Faults from user space only: what an unprivileged process may ask for. */
+    uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
     if (uffd < 0) return printf("wrong: userfaultfd (errno %d)\n", errno), 1;
     struct uffdio_api api = {.api = UFFD_API};
     if (ioctl(uffd, UFFDIO_API, &api) != 0) return printf("wrong: UFFDIO_API (errno %d)\n", errno), 1;
