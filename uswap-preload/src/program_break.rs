@@ -30,7 +30,8 @@
 //! State: the break, under a lock of its own, taken by these calls and across a `fork`
 //! (`fork`: no thread is inside when the child is made, and both sides let go of it). Only
 //! system calls are made under it. The reservation's place is also kept in atomics, for the
-//! report of unmanaged memory and the address-space limit, which read it without the lock.
+//! report of unmanaged memory and the program's `munmap`, which read it without the lock;
+//! its size is noted for the address-space limit (`rlimit`).
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_long, c_void};
@@ -136,13 +137,6 @@ pub fn release_after_fork() {
     }
 }
 
-/// Bytes of address space the program's break reserved, counted as uswap's against an
-/// address-space limit the program sets (`rlimit`): the whole reservation, so what the
-/// program uses of it counts as uswap's too.
-pub fn reserved_bytes() -> u64 {
-    reservation().map_or(0, |(start, end)| (end - start) as u64)
-}
-
 /// The reservation, `[start, end)`, once made. The end is stored first and the start with
 /// `Release`, so a start read with `Acquire` comes with its end.
 fn reservation() -> Option<(usize, usize)> {
@@ -217,6 +211,7 @@ fn reserve() -> Break {
             if real::sys_mprotect(p, uswap::PAGE_SIZE, rw) == 0 {
                 RESERVED_END.store(reserved + len, Ordering::Relaxed);
                 RESERVED_START.store(reserved, Ordering::Release);
+                crate::rlimit::note_reserved_address_space(len as u64);
                 if crate::pager().is_some() {
                     // An address-space limit the program set gets this room on top.
                     crate::rlimit::refit();

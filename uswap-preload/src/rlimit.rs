@@ -70,16 +70,26 @@ static DATA: Limit = Limit::new(libc::RLIMIT_DATA as c_int);
 /// The limits carried across exec, each with the variable that carries it.
 const CARRIED: [(&Limit, &str); 2] = [(&ADDRESS_SPACE, ENV_ADDRESS_SPACE_LIMIT), (&DATA, ENV_DATA_LIMIT)];
 
+/// Address space uswap reserved besides its heap and the engine's mappings: the program's
+/// own break's reservation (`program_break`, which notes it here). Inaccessible until used,
+/// so no data; what the break uses counts against the program's data limit.
+static OTHER_RESERVED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Notes `bytes` of address space reserved for the program's own break, which an
+/// address-space limit the program sets gets on top (see [`reserve_bytes`]).
+pub fn note_reserved_address_space(bytes: u64) {
+    OTHER_RESERVED_BYTES.fetch_add(bytes, Ordering::Relaxed);
+}
+
 /// What uswap adds to limit `l` when the program sets it: its managed heap, twice the
 /// engine's own mappings (a fork child builds devices of its own while it still holds its
-/// copy of the parent's), room for its threads' allocations, and for the address space the
-/// program's own break's reservation (`program_break`: inaccessible until used, so no data,
-/// and what the break uses counts against the program's data limit).
+/// copy of the parent's), room for its threads' allocations, and for the address space
+/// what [`note_reserved_address_space`] noted.
 fn reserve_bytes(l: &Limit) -> u64 {
     let heap_bytes = crate::config().map_or(0, |c| c.heap_bytes as u64);
     let own = heap_bytes + 2 * uswap::engine_reserved_bytes() + THREADS_SLACK_BYTES;
     match l.resource == ADDRESS_SPACE.resource {
-        true => own + crate::program_break::reserved_bytes(),
+        true => own + OTHER_RESERVED_BYTES.load(Ordering::Relaxed),
         false => own,
     }
 }
