@@ -8,7 +8,8 @@
 //! pinned first (`crate::pin`) so that reclaim leaves them in until the call returns, and
 //! marks them used (the call is their use).
 //!
-//! Locking: none of its own; allocation-free, safe in a signal handler (see `fault`).
+//! Locking: none of its own; allocation-free, safe in a signal handler (see `fault`). While
+//! it works, the thread's own system calls are the engine's ([`in_preparation`]).
 
 use crate::fault::sigbus_fault;
 use crate::mapping::registry::RegistryGuard;
@@ -30,6 +31,7 @@ use std::sync::atomic::Ordering;
 /// pages had to be brought in (an `EFAULT` after a preparation that brought nothing in is
 /// not uswap's). Allocation-free; takes no lock the thread holds.
 pub(crate) fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write: bool) -> Option<usize> {
+    let _preparing = Preparing::enter();
     let mut managed = false;
     let mut nr_brought_in = 0;
     for_each_region_in(addr & !(PAGE_SIZE - 1), addr.saturating_add(len), |g, from, to| {
@@ -56,6 +58,39 @@ pub(crate) fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write:
         }
     });
     managed.then_some(nr_brought_in)
+}
+
+thread_local! {
+    /// How deep this thread is in [`prepare_user_access`]. Const-initialised, no
+    /// destructor: read in signal handlers.
+    static PREPARING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread is bringing pages in for a system call: the system calls it makes
+/// meanwhile are the engine's (`UFFDIO_MOVE`, `UFFDIO_COPY`, a device's reads), which the
+/// rewritten C library must send straight to the kernel (`syscall_guard`'s slow path). Taken
+/// for the program's, the generic rule readied the memory behind each of their six
+/// registers, and a leftover register that pointed at the page being brought in waited
+/// for its own busy bit: 10 s, then SIGBUS (stress-ng's vm stressor, whose
+/// `MADV_POPULATE_READ` the preload prepares; about 4 times a minute).
+pub(crate) fn in_preparation() -> bool {
+    PREPARING.with(|p| p.get()) > 0
+}
+
+/// [`in_preparation`] while it lives.
+struct Preparing;
+
+impl Preparing {
+    fn enter() -> Preparing {
+        PREPARING.with(|p| p.set(p.get() + 1));
+        Preparing
+    }
+}
+
+impl Drop for Preparing {
+    fn drop(&mut self) {
+        PREPARING.with(|p| p.set(p.get() - 1));
+    }
 }
 
 /// Calls `f(region, from, to)` for each region's part `[from, to)` of `[start, end)`

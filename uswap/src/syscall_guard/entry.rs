@@ -303,7 +303,10 @@ fn prepare(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
 extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let nr = regs.nr as c_long;
     let a = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
-    let nested = DEPTH.get() > 0 || crate::mapping::is_engine_thread() || crate::uffd::sigbus::in_handler();
+    let nested = DEPTH.get() > 0
+        || crate::mapping::is_engine_thread()
+        || crate::uffd::sigbus::in_handler()
+        || crate::user_access::in_preparation();
     note_cancellation_handler(nr, &a, !nested);
     if nested {
         // SAFETY: the program's own call.
