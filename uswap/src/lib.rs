@@ -140,8 +140,11 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
 /// preparation that brought nothing in did not fail because of uswap. The range is pinned
 /// in `pin` first (up to [`MAX_PIN_BYTES`] per pin): reclaim leaves its pages in until the
 /// caller releases the pin ([`Pin::release`]) once the call returned. Safe to call from a signal
-/// handler; allocates nothing.
+/// handler; allocates nothing. The thread's asynchronous signals are blocked meanwhile: its
+/// own system calls are the engine's until it returns (see `user_access::in_preparation`),
+/// and a handler of the program's that ran in between would have its calls unprepared.
 pub fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write: bool) -> Option<usize> {
+    let _signals = uffd::AsyncSignalsBlocked::new();
     user_access::prepare_user_access(pin, addr, len, write)
 }
 
