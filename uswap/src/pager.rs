@@ -737,6 +737,10 @@ impl Pager {
         }
         self.check_owner()?;
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        // The reclaim below is the engine's, on the caller's thread: with the system-call
+        // guard its calls go straight to the kernel (taken for the program's, one could wait
+        // for a page this thread holds busy, see `user_access::in_preparation`).
+        let _engine_calls = crate::syscall_guard::started().then(crate::syscall_guard::EngineCalls::enter);
         let s = &self.core.shared;
         s.charge.limit_pages.store((bytes / PAGE_SIZE as u64) as usize, Ordering::Release);
         s.reclaim_cx().reclaim_to_limit()
