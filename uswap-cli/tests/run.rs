@@ -2225,17 +2225,13 @@ fn mincore_of_a_large_range_makes_only_its_vector_ready() {
 /// named as the program's break in the report of unmanaged memory.
 #[test]
 fn programs_that_move_their_own_break_keep_it_and_every_byte() {
-    let dir = tmpdir("brk");
-    let p = compile("brk", &dir, &[]);
-    for mode in ["signal", "thread"] {
-        let (o, v) =
-            uswap_run(LIMIT_MIB, &["--fault-mode", mode], &[p.to_str().unwrap(), &WSS_MIB.to_string(), "3"], &dir);
+    run_in_both_modes("brk", WSS_MIB, |mode, _, (o, v)| {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{mode}: {err}");
         assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{mode}: {err}");
-        assert!(counter(&v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
+        assert!(counter(v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
         assert!(err.contains("the program's own break (brk, sbrk)"), "{mode}: {err}");
-    }
+    });
 }
 
 /// A program that serves a mapping's faults with a userfaultfd of its own (a VMM restoring a
@@ -2245,15 +2241,11 @@ fn programs_that_move_their_own_break_keep_it_and_every_byte() {
 /// its memory stays paged, and the report names the range.
 #[test]
 fn a_program_with_a_userfaultfd_of_its_own_serves_its_faults() {
-    let dir = tmpdir("ownuffd");
-    let p = compile("ownuffd", &dir, &[]);
-    for mode in ["signal", "thread"] {
-        let (o, v) =
-            uswap_run(LIMIT_MIB, &["--fault-mode", mode], &[p.to_str().unwrap(), "8", &WSS_MIB.to_string()], &dir);
+    run_in_both_modes("ownuffd", WSS_MIB, |mode, _, (o, v)| {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{mode}: {err}");
         assert_eq!(String::from_utf8_lossy(&o.stdout), "ok 2048\n", "{mode}: {err}");
-        assert!(counter(&v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
+        assert!(counter(v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
         assert!(err.contains("8MiB, registered with the program's own userfaultfd"), "{mode}: {err}");
-    }
+    });
 }

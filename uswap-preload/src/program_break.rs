@@ -158,11 +158,19 @@ pub fn overlaps(start: usize, end: usize) -> bool {
 pub fn unmap_inside(start: usize, end: usize) -> Option<[(usize, usize); 2]> {
     let (s, e) = reservation().filter(|&(s, e)| start < e && s < end)?;
     let (inside_start, inside_end) = (start.max(s), end.min(e));
-    let fixed = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
-    let len = inside_end - inside_start;
     // Failing, the pages stay as they were (the kernel's munmap of a hole cannot fail).
-    real::sys_mmap(inside_start as *mut c_void, len, libc::PROT_NONE, fixed, -1, 0);
+    let _ = make_inaccessible(inside_start, inside_end - inside_start);
     Some([(start, inside_start), (inside_end, end)])
+}
+
+/// Maps fresh inaccessible pages over `[start, start + len)` of the reservation: what they
+/// held is gone, and they read zero once made accessible again. `Err`: the errno.
+fn make_inaccessible(start: usize, len: usize) -> Result<(), c_int> {
+    let fixed = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
+    match real::sys_mmap(start as *mut c_void, len, libc::PROT_NONE, fixed, -1, 0) {
+        libc::MAP_FAILED => Err(real::errno()),
+        _ => Ok(()),
+    }
 }
 
 /// How much address space the program's break reserves: [`MAX_RESERVATION_BYTES`], or a
@@ -247,11 +255,7 @@ fn set(b: &mut Break, to: usize) -> Result<(), c_int> {
         }
     } else if end < b.accessible_end {
         // Fresh pages over the ones given back: they read zero when grown over again.
-        let fixed = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
-        let given_back = b.accessible_end - end;
-        if real::sys_mmap(end as *mut c_void, given_back, libc::PROT_NONE, fixed, -1, 0) == libc::MAP_FAILED {
-            return Err(real::errno());
-        }
+        make_inaccessible(end, b.accessible_end - end)?;
     }
     debug_assert!(b.base <= to && end <= b.limit);
     b.at = to;

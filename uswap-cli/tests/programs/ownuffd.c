@@ -1,7 +1,8 @@
 /* Serves the faults of a mapping with a userfaultfd of its own, as a VMM restoring a
- * snapshot does: maps argv[1] MiB, registers it for missing pages, and a thread of its own
- * fills each page it is asked for with a pattern of its address; the main thread reads every
- * byte. Meanwhile it writes and checks a buffer of argv[2] MiB, so that uswap pages it.
+ * snapshot does: maps argv[2] MiB (8 by default), registers it for missing pages, and a
+ * thread of its own fills each page it is asked for with a pattern of its address; the main
+ * thread reads every byte. Meanwhile it writes and checks a buffer of argv[1] MiB, so that
+ * uswap pages it.
  * Prints "ok PAGES" (the pages its own thread served) or what was wrong, exit 1. */
 #include <errno.h>
 #include <fcntl.h>
@@ -51,7 +52,7 @@ static void *serve(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    size_t own = (size_t)(argc > 1 ? atol(argv[1]) : 8) << 20, len = (size_t)(argc > 2 ? atol(argv[2]) : 64) << 20;
+    size_t len = (size_t)(argc > 1 ? atol(argv[1]) : 64) << 20, own = (size_t)(argc > 2 ? atol(argv[2]) : 8) << 20;
     unsigned char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     unsigned char *area = mmap(NULL, own, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED || area == MAP_FAILED) return printf("wrong: mmap\n"), 1;
