@@ -63,7 +63,7 @@ pub struct RunArgs {
     /// Move the tree's limit by itself to the smallest that keeps its memory stalls (the
     /// share of wall time some thread waits on memory) under TARGET: `1%` (the default),
     /// `0.5%`, or a share such as `0.02`. `--limit` is then the ceiling.
-    #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "1%", value_parser = auto::parse_target)]
+    #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "1%", value_parser = uswap::budget::parse_target)]
     pub auto: Option<f64>,
     /// Idle aging: every process's pager tests its resident pages for use a few at a time
     /// (each once in 10 to 40 s); a page untouched for AGE (`120s`, `2m`) is sent to the

@@ -48,6 +48,45 @@ fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     )))
 }
 
+/// `auto=`: a share of wall time (`0.01`) or a string as `uswap run --auto=` takes it (`"1%"`).
+fn auto_arg(value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    if let Ok(s) = value.cast::<PyString>() {
+        return uswap::budget::parse_target(s.to_str()?)
+            .map_err(|e| InvalidArgumentError::new_err(format!("auto: {e}")));
+    }
+    match value.extract::<f64>() {
+        Ok(share) if !value.is_instance_of::<pyo3::types::PyBool>() => Ok(share),
+        _ => Err(InvalidArgumentError::new_err(format!(
+            "auto: expected a share of wall time (0.01) or a string such as \"1%\", got {}",
+            value.get_type().name()?
+        ))),
+    }
+}
+
+/// `idle_age=`: seconds (`120`, `float("inf")` to only count idle pages, `0` off) or a string
+/// as `uswap run --idle-age` takes it (`"90s"`, `"2m"`, `"never"`, `"off"`).
+fn idle_age_arg(value: &Bound<'_, PyAny>) -> PyResult<uswap::IdleAging> {
+    if let Ok(s) = value.cast::<PyString>() {
+        return uswap::IdleAging::parse(s.to_str()?)
+            .map_err(|e| InvalidArgumentError::new_err(format!("idle_age: {e}")));
+    }
+    let secs = match value.extract::<f64>() {
+        Ok(secs) if !value.is_instance_of::<pyo3::types::PyBool>() => secs,
+        _ => {
+            return Err(InvalidArgumentError::new_err(format!(
+                "idle_age: expected seconds or a string such as \"90s\", got {}",
+                value.get_type().name()?
+            )))
+        }
+    };
+    uswap::IdleAging::from_secs(secs).ok_or_else(|| {
+        InvalidArgumentError::new_err(format!(
+            "idle_age={secs}: expected seconds, from 1 to a year (31536000), float(\"inf\") to only count \
+             idle pages, or 0 for off"
+        ))
+    })
+}
+
 /// A user-space swap engine: managed memory whose resident size is capped at `limit`,
 /// paged through userfaultfd to the swap devices `devices`.
 ///
@@ -62,8 +101,8 @@ fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 /// with `EFAULT`, if the first pager asking for it is made while the process has one thread
 /// (see the Rust `PagerBuilder::syscall_guard`). `auto=0.01` moves the limit by itself to the smallest that keeps memory
 /// stalls under 1 % of wall time (`limit` is then the ceiling; `limit()` says where it is;
-/// `stats()["stall"]` has the stall figures). `idle_age=120` writes out pages untouched for
-/// 120 s without waiting for the limit (`float("inf")`: only count them; `stats()["idle"]`
+/// `stats()["stall"]` has the stall figures). `idle_age=120` (or `"2m"`) writes out pages
+/// untouched for 120 s without waiting for the limit (`float("inf")` or `"never"`: only count them; `stats()["idle"]`
 /// says how much memory has been untouched for 1 s, 10 s, 1 min and 10 min).
 #[pyclass(module = "uswap", name = "Pager", frozen)]
 struct PyPager {
@@ -92,8 +131,8 @@ impl PyPager {
         device_size: Option<&Bound<'_, PyAny>>,
         handler_threads: Option<usize>,
         readahead: bool,
-        auto: Option<f64>,
-        idle_age: Option<f64>,
+        auto: Option<&Bound<'_, PyAny>>,
+        idle_age: Option<&Bound<'_, PyAny>>,
         syscall_guard: bool,
     ) -> PyResult<PyPager> {
         let limit_bytes = size_arg(limit, "limit")?;
@@ -131,18 +170,12 @@ impl PyPager {
             builder = builder.handler_threads(n);
         }
         if let Some(target) = auto {
-            // `auto=0.01`: the limit moves by itself, `limit` its ceiling (see the Rust
-            // `PagerBuilder::auto_budget`); a target out of range is refused by `build`.
-            builder = builder.auto_budget(target);
+            // `auto=0.01` or `"1%"`: the limit moves by itself, `limit` its ceiling (see the
+            // Rust `PagerBuilder::auto_budget`); a target out of range is refused by `build`.
+            builder = builder.auto_budget(auto_arg(target)?);
         }
-        if let Some(secs) = idle_age {
-            let aging = uswap::IdleAging::from_secs(secs).ok_or_else(|| {
-                InvalidArgumentError::new_err(format!(
-                    "idle_age={secs}: expected seconds, from 1 to a year (31536000), float(\"inf\") to only count \
-                     idle pages, or 0 for off"
-                ))
-            })?;
-            builder = builder.idle_aging(aging);
+        if let Some(age) = idle_age {
+            builder = builder.idle_aging(idle_age_arg(age)?);
         }
         for d in list {
             builder = builder.device(d);

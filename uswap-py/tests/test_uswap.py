@@ -312,6 +312,11 @@ def test_auto_budget_moves_the_limit_down_to_what_is_used_and_reports_stalls():
     assert np.array_equal(a[hot.size :], np.arange(hot.size, a.size, dtype=np.uint64)), "the cold part read back"
     with pytest.raises(uswap.InvalidArgumentError, match="share of wall time"):
         uswap.Pager("64MiB", "zpool", auto=2.0)
+    # As `uswap run --auto=` takes it; a bool or a word is refused, not taken for a number.
+    assert uswap.Pager("64MiB", "zpool", auto="2%").limit == 64 * MiB
+    for bad in ("60%", "often", True):
+        with pytest.raises(uswap.InvalidArgumentError, match="auto"):
+            uswap.Pager("64MiB", "zpool", auto=bad)
 
 
 def test_idle_age_sends_untouched_memory_out_and_counts_it():
@@ -330,6 +335,12 @@ def test_idle_age_sends_untouched_memory_out_and_counts_it():
     assert np.array_equal(a, np.arange(a.size, dtype=np.uint64)), "every word read back"
     with pytest.raises(uswap.InvalidArgumentError, match="idle_age"):
         uswap.Pager("64MiB", "zpool", idle_age=0.5)
+    # As `uswap run --idle-age` takes it.
+    for ok in ("90s", "2m", "never", "off"):
+        uswap.Pager("64MiB", "zpool", idle_age=ok)
+    for bad in ("0.5s", "2 days", False):
+        with pytest.raises(uswap.InvalidArgumentError, match="idle_age"):
+            uswap.Pager("64MiB", "zpool", idle_age=bad)
 
 
 def test_arrays_outlive_the_block_and_the_pager_object():

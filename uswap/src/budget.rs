@@ -45,6 +45,22 @@ impl IdleSample {
 /// 0.17 %, set for fleets where a tenth of a percent of memory is worth a machine); and
 /// 1 % of a second is 10 ms, hundreds of faults, so one second's figure is not noise.
 pub const DEFAULT_TARGET: f64 = 0.01;
+
+/// Parses a stall target as `uswap run --auto=TARGET` and the Python API take it: a
+/// percentage (`1%`) or a share of wall time (`0.01`), in (0, 0.5].
+pub fn parse_target(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let share = match t.strip_suffix('%') {
+        Some(pct) => pct.trim().parse::<f64>().map(|p| p / 100.0),
+        None => t.parse::<f64>(),
+    }
+    .map_err(|_| format!("{s:?} is not a stall target: give a percentage such as 1% or a share such as 0.01"))?;
+    if share > 0.0 && share <= 0.5 {
+        Ok(share)
+    } else {
+        Err(format!("{s:?} is not a share of wall time between 0 and 50 %: give one such as 1%"))
+    }
+}
 /// How often the budget moves.
 pub const BUDGET_TICK_US: u64 = 1_000_000;
 /// The shortest tick: a probe whose stalls pass [`EARLY_UNDO_SHARE`] over at least this

@@ -4,21 +4,6 @@
 //! Locking: none; the thread reads and writes the shared charge's atomics, and stops (it is
 //! joined) before the segment it moves is let go of.
 
-/// `--auto`'s TARGET: `N%` or a share, in (0, 0.5].
-pub(super) fn parse_target(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    let share = match t.strip_suffix('%') {
-        Some(pct) => pct.trim().parse::<f64>().map(|p| p / 100.0),
-        None => t.parse::<f64>(),
-    }
-    .map_err(|_| format!("{s:?} is not a stall target: give a percentage such as 1% or a share such as 0.01"))?;
-    if share > 0.0 && share <= 0.5 {
-        Ok(share)
-    } else {
-        Err(format!("{s:?} is not a share of wall time between 0 and 50 %: give one such as 1%"))
-    }
-}
-
 /// `--auto` for a tree: a thread of `uswap run` that moves the tree's limit (the shared
 /// charge's, which every pager of the tree reclaims to) by the law of
 /// [`uswap::budget::Budget`], on the tree's stall clock (the union of its processes'
