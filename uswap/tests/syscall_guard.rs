@@ -67,7 +67,7 @@ fn main() {
     }
     a_second_thread_refuses_the_guard();
     // Each device's two modes and its masks in signal mode, and the refusal.
-    println!("\ntest result: ok. {} passed; 0 failed", 3 * nr_checks + 1);
+    println!("\ntest result: ok. {} passed; 0 failed", 5 * nr_checks + 1);
 }
 
 /// Every check on `device`, with a pager in each mode asking for the guard; false if this
@@ -113,6 +113,7 @@ fn check_device(name: &str, device: DeviceConfig, first: bool) -> bool {
         if mode == FaultMode::Signal {
             masks_set_later_never_block_sigbus(&p, name);
         }
+        lengths_the_kernel_refuses_bring_nothing_in(&p, name, mode);
         let st = p.stats();
         assert_eq!((st.syscall_efault, st.fault_error, st.checksum_errors), (0, 0, 0), "{name}, {mode:?}: {st:?}");
         if mode == FaultMode::Signal {
@@ -324,6 +325,55 @@ fn masks_set_later_never_block_sigbus(p: &Pager, name: &str) {
         libc::sigaction(libc::SIGUSR2, &old, std::ptr::null_mut());
     }
     println!("test {name}_masks_set_after_the_guard_keep_sigbus_deliverable ... ok");
+}
+
+/// The pages of `region` the pager has zero-filled or mapped around a zero fill, in all.
+fn zero_filled(p: &Pager) -> u64 {
+    let st = p.stats();
+    st.pgfault_zero + st.zero_fill_around
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// Calls whose length alone the kernel refuses (`epoll_wait` for `INT_MIN` events, a
+/// `readlink` into `-1` bytes, a `poll` of more descriptors than `RLIMIT_NOFILE` allows),
+/// with their buffer in an untouched region, fail with `EINVAL` as without uswap and bring
+/// none of it in; a `readlink` into `INT_MAX` bytes brings in the page the path goes to.
+/// Read as given, each length named gigabytes, brought in page by page in signal mode
+/// (stress-ng's epoll stressor: 90 s for a call that fails at once).
+fn lengths_the_kernel_refuses_bring_nothing_in(p: &Pager, name: &str, mode: FaultMode) {
+    let region = p.map(REGION_BYTES).expect("map");
+    let at = region.as_ptr();
+    let before = zero_filled(p);
+    // SAFETY: calls the kernel refuses before it touches `at`; an epoll descriptor of our own.
+    unsafe {
+        let epfd = libc::epoll_create1(0);
+        assert!(epfd >= 0);
+        let n = libc::epoll_wait(epfd, at.cast::<libc::epoll_event>(), i32::MIN, 0);
+        assert_eq!((n, errno()), (-1, libc::EINVAL), "{name}, {mode:?}: epoll_wait for INT_MIN events");
+        close(epfd);
+        let n = libc::readlink(c"/proc/self/exe".as_ptr(), at.cast::<libc::c_char>(), usize::MAX);
+        assert_eq!((n, errno()), (-1, libc::EINVAL), "{name}, {mode:?}: readlink into -1 bytes");
+        let mut open_files = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut open_files), 0);
+        let nr_fds = open_files.rlim_cur.saturating_add(1).max(1 << 20);
+        let n = libc::poll(at.cast::<libc::pollfd>(), nr_fds as libc::nfds_t, 0);
+        assert_eq!((n, errno()), (-1, libc::EINVAL), "{name}, {mode:?}: poll of {nr_fds} descriptors");
+    }
+    let brought_in = zero_filled(p) - before;
+    assert_eq!(brought_in, 0, "{name}, {mode:?}: refused calls brought {brought_in} pages in");
+    // SAFETY: the path goes to the region's first bytes, which are ours.
+    let n = unsafe { libc::readlink(c"/proc/self/exe".as_ptr(), at.cast::<libc::c_char>(), i32::MAX as usize) };
+    let exe = std::fs::read_link("/proc/self/exe").expect("/proc/self/exe");
+    let exe = exe.as_os_str().as_encoded_bytes();
+    assert_eq!(n, exe.len() as isize, "{name}, {mode:?}: readlink into INT_MAX bytes");
+    // SAFETY: the `n` bytes the kernel wrote.
+    assert_eq!(unsafe { std::slice::from_raw_parts(at, exe.len()) }, exe, "{name}, {mode:?}");
+    let brought_in = zero_filled(p) - before;
+    assert!(brought_in <= 16, "{name}, {mode:?}: a readlink brought {brought_in} pages in");
+    println!("test {name}_{mode:?}_lengths_the_kernel_refuses_bring_nothing_in ... ok");
 }
 
 /// Ends the process, with every thread's state, if no check makes progress for [`STALL`].

@@ -266,12 +266,54 @@ fn ready_process_vm(pin: &mut crate::pin::Pin, a: &[u64; 6], write: bool) -> Pre
     local | ready(pin, a[3], remote_vec_bytes, false)
 }
 
-/// Makes the memory of a call ready by its rule.
-fn prepare(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
+/// The most bytes of a [`Rule::Buf`] call's buffer the kernel can touch, for the length
+/// argument `len` as the program passed it (in units of `scale` bytes): nothing where the
+/// kernel refuses the length before it touches memory, at most a page where it writes a
+/// path, else all of it. Readied as given, `epoll_wait(fd, events, INT_MIN, ...)` (stress-ng's
+/// epoll stressor, to see `EINVAL`) read as 2^31 events brought in and charged 24 GiB of
+/// the heap behind `events`, page by page, for a call that fails at once.
+fn buf_bytes(nr: c_long, len: u64, scale: u16) -> u64 {
+    let page = crate::PAGE_SIZE as u64;
+    // An `int` argument: the kernel reads the low 32 bits, signed.
+    let as_int = len as u32 as i32;
+    match nr {
+        // fs/eventpoll.c: `maxevents <= 0 || maxevents > EP_MAX_EVENTS` is `EINVAL`.
+        libc::SYS_epoll_wait | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {
+            let max_events = i32::MAX as u64 / scale as u64;
+            match u64::try_from(as_int) {
+                Ok(n) if n > 0 && n <= max_events => n * scale as u64,
+                _ => 0,
+            }
+        }
+        // A `bufsiz <= 0` is `EINVAL`; a link or a path is at most a page (`PATH_MAX`).
+        libc::SYS_readlink | libc::SYS_readlinkat => u64::try_from(as_int).unwrap_or(0).min(page),
+        libc::SYS_getcwd => len.min(page),
+        // fs/select.c: more descriptors than `RLIMIT_NOFILE` is `EINVAL`.
+        libc::SYS_poll | libc::SYS_ppoll if len > 1024 && len > open_files_limit() => 0,
+        _ => len.saturating_mul(scale as u64),
+    }
+}
+
+/// The process's `RLIMIT_NOFILE` (its soft limit), or no bound if it cannot be read.
+fn open_files_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: `prlimit64` of this process, reading only: it writes `limit`, on this stack.
+    let ret = unsafe {
+        raw(libc::SYS_prlimit64, [0, libc::RLIMIT_NOFILE as u64, 0, std::ptr::addr_of_mut!(limit) as u64, 0, 0])
+    };
+    if ret == 0 {
+        limit.rlim_cur
+    } else {
+        u64::MAX
+    }
+}
+
+/// Makes the memory of call `nr` ready by its rule `r`.
+fn prepare(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: &[u64; 6]) -> Prepared {
     let arg = |i: u8| a[i as usize];
     match r {
         Rule::Plain => Prepared::default(),
-        Rule::Buf { ptr, len, scale, write } => ready(pin, arg(ptr), arg(len).saturating_mul(scale as u64), write),
+        Rule::Buf { ptr, len, scale, write } => ready(pin, arg(ptr), buf_bytes(nr, arg(len), scale), write),
         Rule::PageVector { vec, len } => ready(pin, arg(vec), arg(len).div_ceil(crate::PAGE_SIZE as u64), true),
         Rule::Iov { iov, cnt, write } => ready_iov(pin, arg(iov), arg(cnt), write),
         Rule::Datagram { write } => {
@@ -418,7 +460,7 @@ fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
 /// [`make_prepared`]'s work, its memory pinned in `pin`.
 fn make_pinned(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
     let mut seq = crate::stats::taken_out_seq();
-    let first = prepare_once(pin, r, &a);
+    let first = prepare_once(pin, nr, r, &a);
     if first.managed {
         crate::stats::note_syscall(crate::stats::SyscallEvent::Prepared);
     }
@@ -442,7 +484,7 @@ fn make_pinned(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: [u64; 6], retr
             a = shrunk(nr, a);
         }
         let seq_now = crate::stats::taken_out_seq();
-        let again = prepare_once(pin, r, &a);
+        let again = prepare_once(pin, nr, r, &a);
         if again.nr_brought_in == 0 && seq_now == seq {
             break;
         }
@@ -615,11 +657,11 @@ impl Drop for EngineCalls {
 /// faults) sent straight to the kernel, and its asynchronous cancellation put off (see
 /// [`CancelPutOff`]). The call itself is made outside: a signal handler that runs while it
 /// blocks has its calls prepared as usual, and a `pthread_cancel` ends it there.
-fn prepare_once(pin: &mut crate::pin::Pin, r: Rule, a: &[u64; 6]) -> Prepared {
+fn prepare_once(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: &[u64; 6]) -> Prepared {
     if matches!(r, Rule::Plain) {
         return Prepared::default();
     }
-    guarded(|| prepare(pin, r, a))
+    guarded(|| prepare(pin, nr, r, a))
 }
 
 /// Runs `f`, work of the slow path's own that may bring pages in, with this thread's system
