@@ -113,7 +113,7 @@ fn check_device(name: &str, device: DeviceConfig, first: bool) -> bool {
         if mode == FaultMode::Signal {
             masks_set_later_never_block_sigbus(&p, name);
         }
-        lengths_the_kernel_refuses_bring_nothing_in(&p, name, mode);
+        only_what_the_kernel_can_touch_is_brought_in(&p, name, mode);
         let st = p.stats();
         assert_eq!((st.syscall_efault, st.fault_error, st.checksum_errors), (0, 0, 0), "{name}, {mode:?}: {st:?}");
         if mode == FaultMode::Signal {
@@ -340,10 +340,12 @@ fn errno() -> i32 {
 /// Calls whose length alone the kernel refuses (`epoll_wait` for `INT_MIN` events, a
 /// `readlink` into `-1` bytes, a `poll` of more descriptors than `RLIMIT_NOFILE` allows),
 /// with their buffer in an untouched region, fail with `EINVAL` as without uswap and bring
-/// none of it in; a `readlink` into `INT_MAX` bytes brings in the page the path goes to.
-/// Read as given, each length named gigabytes, brought in page by page in signal mode
-/// (stress-ng's epoll stressor: 90 s for a call that fails at once).
-fn lengths_the_kernel_refuses_bring_nothing_in(p: &Pager, name: &str, mode: FaultMode) {
+/// none of it in; a `readlink` into `INT_MAX` bytes brings in the page the path goes to, a
+/// `read` of a pipe into the whole region the pipe's capacity. Read as given, each length
+/// named gigabytes (or the region), brought in page by page in signal mode (stress-ng's
+/// epoll stressor: 90 s for a call that fails at once; `dd bs=256M` reading a pipe: its
+/// whole buffer for each 64 KiB).
+fn only_what_the_kernel_can_touch_is_brought_in(p: &Pager, name: &str, mode: FaultMode) {
     let region = p.map(REGION_BYTES).expect("map");
     let at = region.as_ptr();
     let before = zero_filled(p);
@@ -373,7 +375,23 @@ fn lengths_the_kernel_refuses_bring_nothing_in(p: &Pager, name: &str, mode: Faul
     assert_eq!(unsafe { std::slice::from_raw_parts(at, exe.len()) }, exe, "{name}, {mode:?}");
     let brought_in = zero_filled(p) - before;
     assert!(brought_in <= 16, "{name}, {mode:?}: a readlink brought {brought_in} pages in");
-    println!("test {name}_{mode:?}_lengths_the_kernel_refuses_bring_nothing_in ... ok");
+    // A read of a pipe gets what the pipe holds, at most its capacity (64 KiB): the rest of
+    // a region-sized buffer stays untouched.
+    let mut fds = [0; 2];
+    // SAFETY: a pipe of our own; the read writes at most the region's bytes, ours.
+    let n = unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        assert_eq!(libc::write(fds[1], b"through a pipe".as_ptr().cast(), 14), 14);
+        libc::read(fds[0], at.add(PAGE_SIZE).cast(), REGION_BYTES - PAGE_SIZE)
+    };
+    close(fds[0]);
+    close(fds[1]);
+    assert_eq!(n, 14, "{name}, {mode:?}: read of a pipe");
+    // SAFETY: the bytes the read wrote.
+    assert_eq!(unsafe { std::slice::from_raw_parts(at.add(PAGE_SIZE), 14) }, b"through a pipe");
+    let brought_in = zero_filled(p) - before;
+    assert!(brought_in <= 32, "{name}, {mode:?}: a read of a pipe brought {brought_in} pages in");
+    println!("test {name}_{mode:?}_only_what_the_kernel_can_touch_is_brought_in ... ok");
 }
 
 /// Ends the process, with every thread's state, if no check makes progress for [`STALL`].

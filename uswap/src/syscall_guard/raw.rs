@@ -58,6 +58,13 @@ pub(super) fn file_type(fd: u64) -> Option<libc::mode_t> {
     (r == 0).then(|| unsafe { st.assume_init() }.st_mode & libc::S_IFMT)
 }
 
+/// The capacity of the pipe (or FIFO) `fd` reads from, in bytes; `None` if `fd` is not one.
+pub(super) fn pipe_capacity_bytes(fd: u64) -> Option<u64> {
+    // SAFETY: `fcntl(F_GETPIPE_SZ)` reads a size; it fails with `EBADF` on anything but a pipe.
+    let r = unsafe { raw(libc::SYS_fcntl, [fd, libc::F_GETPIPE_SZ as u64, 0, 0, 0, 0]) };
+    u64::try_from(r).ok().filter(|&bytes| bytes > 0)
+}
+
 /// Whether descriptor `fd` is a regular file.
 pub(super) fn is_regular_file(fd: u64) -> bool {
     file_type(fd) == Some(libc::S_IFREG)
