@@ -391,7 +391,56 @@ fn only_what_the_kernel_can_touch_is_brought_in(p: &Pager, name: &str, mode: Fau
     assert_eq!(unsafe { std::slice::from_raw_parts(at.add(PAGE_SIZE), 14) }, b"through a pipe");
     let brought_in = zero_filled(p) - before;
     assert!(brought_in <= 32, "{name}, {mode:?}: a read of a pipe brought {brought_in} pages in");
+    stream_socket_reads_into_a_large_buffer(p, name, mode, at, before);
     println!("test {name}_{mode:?}_only_what_the_kernel_can_touch_is_brought_in ... ok");
+}
+
+/// A `recv` of a stream socket into a region-sized buffer at `at` brings in what the socket
+/// holds (at least 64 KiB), not the buffer: 14 bytes queued, a few pages. Then 3 MiB sent
+/// by another thread while `recv`s wait: each may stop short where the buffer was not
+/// readied, and every byte arrives once, in order.
+fn stream_socket_reads_into_a_large_buffer(p: &Pager, name: &str, mode: FaultMode, at: *mut u8, before: u64) {
+    const SENT_BYTES: usize = 3 << 20;
+    let mut fds = [0; 2];
+    // SAFETY: a socket pair of our own; the recv writes at most the region's bytes, ours.
+    let n = unsafe {
+        assert_eq!(libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr()), 0);
+        assert_eq!(libc::send(fds[1], b"through a pipe".as_ptr().cast(), 14, 0), 14);
+        libc::recv(fds[0], at.add(PAGE_SIZE).cast(), REGION_BYTES - PAGE_SIZE, 0)
+    };
+    assert_eq!(n, 14, "{name}, {mode:?}: recv of a stream socket");
+    let brought_in = zero_filled(p) - before;
+    assert!(brought_in <= 48, "{name}, {mode:?}: a recv of 14 bytes brought {brought_in} pages in");
+    let sent: Vec<u8> = (0..SENT_BYTES).map(|i| (i.wrapping_mul(0x9e37_79b9) >> 13) as u8).collect();
+    let mut received = Vec::with_capacity(SENT_BYTES);
+    let (rx, tx) = (fds[0], fds[1]);
+    let at = at as usize;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            let mut off = 0;
+            // Bounded: each send moves at least a byte, or the test fails.
+            while off < SENT_BYTES {
+                // SAFETY: sends from `sent`, ours.
+                let n = unsafe { libc::send(tx, sent[off..].as_ptr().cast(), SENT_BYTES - off, 0) };
+                assert!(n > 0, "{name}, {mode:?}: send: {}", std::io::Error::last_os_error());
+                off += n as usize;
+            }
+        });
+        // Bounded: each recv gets at least a byte until all were sent.
+        while received.len() < SENT_BYTES {
+            // SAFETY: the region's bytes, ours.
+            let n = unsafe { libc::recv(rx, (at + PAGE_SIZE) as *mut libc::c_void, REGION_BYTES - PAGE_SIZE, 0) };
+            assert!(n > 0, "{name}, {mode:?}: recv: {}", std::io::Error::last_os_error());
+            // SAFETY: the `n` bytes the recv wrote.
+            received
+                .extend_from_slice(unsafe { std::slice::from_raw_parts((at + PAGE_SIZE) as *const u8, n as usize) });
+            PROGRESS.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    close(fds[0]);
+    close(fds[1]);
+    assert!(received == sent, "{name}, {mode:?}: the stream's bytes differ from what was sent");
 }
 
 /// Ends the process, with every thread's state, if no check makes progress for [`STALL`].

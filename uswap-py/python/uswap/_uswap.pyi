@@ -106,8 +106,8 @@ class Pager:
         device_size: Optional[Size] = None,
         handler_threads: Optional[int] = None,
         readahead: bool = True,
-        auto: Optional[float] = None,
-        idle_age: Optional[float] = None,
+        auto: Optional[Union[float, str]] = None,
+        idle_age: Optional[Union[float, str]] = None,
         syscall_guard: bool = False,
     ) -> None: ...
     def map(self, size: Size) -> Region:

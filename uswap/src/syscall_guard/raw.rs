@@ -65,6 +65,30 @@ pub(super) fn pipe_capacity_bytes(fd: u64) -> Option<u64> {
     u64::try_from(r).ok().filter(|&bytes| bytes > 0)
 }
 
+/// Whether `fd` is a socket of type `SOCK_STREAM` (TCP, a Unix stream socket).
+pub(super) fn is_stream_socket(fd: u64) -> bool {
+    let mut kind: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    let (kind_at, len_at) = (std::ptr::addr_of_mut!(kind) as u64, std::ptr::addr_of_mut!(len) as u64);
+    // SAFETY: `getsockopt(SO_TYPE)` writes an int and its length, both ours; `ENOTSOCK` on
+    // anything but a socket.
+    let r =
+        unsafe { raw(libc::SYS_getsockopt, [fd, libc::SOL_SOCKET as u64, libc::SO_TYPE as u64, kind_at, len_at, 0]) };
+    r == 0 && kind == libc::SOCK_STREAM
+}
+
+/// The bytes queued to be read on socket or pipe `fd` now (`FIONREAD`), 0 if it cannot say.
+pub(super) fn queued_bytes(fd: u64) -> u64 {
+    let mut bytes: libc::c_int = 0;
+    // SAFETY: `ioctl(FIONREAD)` writes an int, ours.
+    let r = unsafe { raw(libc::SYS_ioctl, [fd, libc::FIONREAD, std::ptr::addr_of_mut!(bytes) as u64, 0, 0, 0]) };
+    if r == 0 {
+        u64::try_from(bytes).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
 /// Whether descriptor `fd` is a regular file.
 pub(super) fn is_regular_file(fd: u64) -> bool {
     file_type(fd) == Some(libc::S_IFREG)
