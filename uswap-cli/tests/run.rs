@@ -2249,3 +2249,41 @@ fn a_program_with_a_userfaultfd_of_its_own_serves_its_faults() {
         assert!(err.contains("8MiB, registered with the program's own userfaultfd"), "{mode}: {err}");
     });
 }
+
+/// A sandboxed child (OpenSSH's, a browser's) installs a seccomp filter that allows only
+/// `write`, `close` and `exit_group`, and ends with `_exit` or `exit`: uswap's report at
+/// exit (`getpid`, `/proc/self/maps`, a new file) died of `SIGSYS` where the child exited 0.
+/// Now a process with a filter ends with nothing but `exit_group`; the parent's memory is
+/// still paged and every byte kept. Thread mode only: in signal mode the filtered thread's
+/// own faults on pages that are out need calls of uswap's that the filter forbids
+/// (docs/cli.md, "A program's own seccomp filter").
+#[test]
+fn a_child_under_its_own_seccomp_filter_exits_as_it_would_without_uswap() {
+    let dir = tmpdir("seccomp");
+    let p = compile("seccomp", &dir, &[]);
+    let wss = WSS_MIB.to_string();
+    let prog = [p.to_str().unwrap(), &wss];
+    {
+        let mode = "thread";
+        let (o, v) = &uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{mode}: {out}{err}");
+        assert_eq!(out, "ok 8\n", "{mode}: {err}");
+        assert!(counter(v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
+    }
+}
+
+/// A main thread that ends with `pthread_exit` leaves the process to its other threads, and
+/// glibc ends it with `exit(0)` when the last leaves; uswap's threads are glibc's too, so the
+/// process never ended (and, its threads blocking every signal, not even on `SIGTERM`). Now
+/// it ends with status 0 and its buffered output written, its worker's buffer paged.
+#[test]
+fn a_program_whose_main_thread_calls_pthread_exit_ends_with_its_last_thread() {
+    run_in_both_modes("mainexit", WSS_MIB, |mode, _, (o, v)| {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {err}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{mode}: {err}");
+        assert!(counter(v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
+    });
+}

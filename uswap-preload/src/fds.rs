@@ -16,7 +16,8 @@
 //! | `syscall(SYS_close / SYS_close_range / SYS_dup2 / SYS_dup3, ...)` | as above |
 //!
 //! The interposed `syscall` also sends `SYS_brk` to the program's own break
-//! (`program_break`), and `SYS_ioctl` to `program_userfaultfd`.
+//! (`program_break`), `SYS_ioctl` to `program_userfaultfd`, and `SYS_prctl` and `SYS_seccomp` to
+//! `program_seccomp`.
 //!
 //! Not covered: a system call made without the C library (a static program, inline
 //! assembly), and `fcntl` flags changed on an engine descriptor.
@@ -143,6 +144,11 @@ pub extern "C" fn syscall(n: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_l
         libc::SYS_brk => crate::program_break::sys_brk(a1).unwrap_or_else(|| real_syscall(n, [a1, a2, a3, a4, a5, a6])),
         libc::SYS_ioctl => {
             crate::program_userfaultfd::sys_ioctl([a1, a2, a3], || real_syscall(n, [a1, a2, a3, a4, a5, a6]))
+        }
+        libc::SYS_prctl | libc::SYS_seccomp => {
+            let ret = real_syscall(n, [a1, a2, a3, a4, a5, a6]);
+            crate::program_seccomp::note(n, a1, a2, ret);
+            ret
         }
         _ => real_syscall(n, [a1, a2, a3, a4, a5, a6]),
     }

@@ -53,6 +53,7 @@ pub mod escape;
 pub mod fds;
 pub mod fork;
 pub mod heap;
+pub mod last_thread;
 pub mod locale;
 pub mod mlock;
 pub mod mmap;
@@ -61,6 +62,7 @@ pub mod own_code;
 pub mod own_process;
 pub mod program_break;
 pub mod program_frames;
+pub mod program_seccomp;
 pub mod program_userfaultfd;
 pub mod real;
 pub mod remote_access;
@@ -207,6 +209,7 @@ fn prepare() -> Result<(), String> {
         escape::init();
     }
     program_userfaultfd::resolve();
+    last_thread::resolve();
     if let Some(name) = own_allocator::program_allocator() {
         own_allocator::stand_aside(name);
         return Ok(());
@@ -611,6 +614,10 @@ pub(crate) fn note_refusal(msg: &str) {
 }
 
 extern "C" fn fini() {
+    // Under the program's seccomp filter, no call it did not expect (see `program_seccomp`).
+    if program_seccomp::filtered() {
+        return;
+    }
     report::write_final();
     waiting_charge::leave();
 }

@@ -12,6 +12,16 @@ use super::engine_ranges::{forget_engine_range, note_engine_range};
 /// thread's own faults (blocking them would not stop them, it would kill the process).
 const SYNCHRONOUS_SIGNALS: [libc::c_int; 5] = [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP];
 
+/// Engine threads alive now: counted from the first instruction of their closure to its
+/// end, so that the count is never above the threads the kernel counts (what
+/// [`live_engine_threads`]'s caller compares it with).
+static LIVE_ENGINE_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many of the process's threads are uswap's engine threads now.
+pub fn live_engine_threads() -> usize {
+    LIVE_ENGINE_THREADS.load(std::sync::atomic::Ordering::Acquire)
+}
+
 thread_local! {
     /// Set for the life of every thread [`spawn_engine_thread`] starts (no destructor, no
     /// allocation: reading it is safe anywhere, an interposed `malloc` included).
@@ -54,6 +64,7 @@ where
     };
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
         ENGINE_THREAD.with(|t| t.set(true));
+        LIVE_ENGINE_THREADS.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         // The thread's stack is the engine's memory, not the program's (see
         // `is_engine_memory`).
         let stack = current_thread_stack();
@@ -66,6 +77,7 @@ where
         if let Some((addr, _)) = stack {
             forget_engine_range(addr);
         }
+        LIVE_ENGINE_THREADS.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     });
     // SAFETY: restores the caller's own mask, saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
