@@ -59,6 +59,11 @@ impl AltStack {
 
 impl Drop for AltStack {
     fn drop(&mut self) {
+        if crate::program_seccomp::filtered() {
+            // A thread's end under the program's seccomp filter makes no call of uswap's:
+            // its stack goes with the process.
+            return;
+        }
         self.unlock_program_stack();
         let base = self.base.get();
         if base == 0 {

@@ -91,6 +91,7 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    uswap::forget_engine_threads_in_fork_child();
     crate::program_break::release_after_fork();
     crate::own_process::note();
     release_deferred();

@@ -9,11 +9,14 @@
 //!
 //! So `pthread_exit` is interposed to note that the main thread left, and from then on the
 //! publisher thread (`report`) looks, at each of its ticks, whether any thread is left but
-//! uswap's own ([`uswap::live_engine_threads`]) and the kernel's io_uring workers; when none
-//! is, it calls `exit(0)` for the program, as glibc's last thread would have (its `atexit`
-//! handlers and the flush of its streams run). A main thread that left through the raw
-//! `exit` system call (not `pthread_exit`: seccomp's strict mode) is not seen, and such a
-//! process still waits for uswap's threads (docs/cli.md).
+//! uswap's own ([`uswap::live_engine_threads`]); when none is, it becomes a thread of the
+//! program's (its calls prepared, its allocations the program's, the main thread's signal
+//! mask) and calls `exit(0)`, as glibc's last thread would have (the `atexit` handlers and
+//! the flush of the program's streams run). Not seen, and such a process still waits for
+//! uswap's threads (docs/cli.md): a main thread that left another way (the raw `exit`
+//! system call, as under seccomp's strict mode; `pthread_cancel`; C11's `thrd_exit`), and
+//! a process with io_uring workers of the kernel's (threads of the process, not told apart
+//! from the program's).
 //!
 //! Locking: one flag, set by the main thread as it leaves, read by the publisher; the thread
 //! count is the kernel's (`/proc/self/stat`, once the main thread is a zombie there), less
@@ -22,9 +25,12 @@
 //! makes the program look alive, never ended.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 static MAIN_LEFT: AtomicBool = AtomicBool::new(false);
+/// The main thread's signal mask as it left (the kernel's 64 signals), for the thread that
+/// calls `exit` in its place.
+static MAIN_MASK: AtomicU64 = AtomicU64::new(0);
 static REAL_PTHREAD_EXIT: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Looks the C library's `pthread_exit` up, from the constructor (not in a thread that is
@@ -33,19 +39,30 @@ pub fn resolve() {
     crate::real::next_symbol(&REAL_PTHREAD_EXIT, c"pthread_exit");
 }
 
-/// `pthread_exit`, interposed: notes the main thread leaving, then leaves as the C library does.
+/// `pthread_exit`, interposed: notes the main thread leaving, then leaves as the C library
+/// does. The C library's unwinds the thread's stack (a forced unwind) through this frame:
+/// "C-unwind", and no value with a destructor lives across the call.
 #[no_mangle]
-pub extern "C" fn pthread_exit(retval: *mut c_void) -> ! {
+pub extern "C-unwind" fn pthread_exit(retval: *mut c_void) -> ! {
     // SAFETY: gettid and getpid take no arguments and cannot fail.
     if unsafe { libc::gettid() == libc::getpid() } {
+        MAIN_MASK.store(this_thread_mask(), Ordering::Relaxed);
         MAIN_LEFT.store(true, Ordering::Release);
     }
     let f = crate::real::next_symbol(&REAL_PTHREAD_EXIT, c"pthread_exit");
     // SAFETY: `f` is the C library's `pthread_exit`, which takes one pointer and does not return.
     unsafe {
-        let f: extern "C" fn(*mut c_void) -> ! = std::mem::transmute(f);
+        let f: extern "C-unwind" fn(*mut c_void) -> ! = std::mem::transmute(f);
         f(retval)
     }
+}
+
+/// The calling thread's signal mask, as the kernel's 64-bit set.
+fn this_thread_mask() -> u64 {
+    let mut old = 0u64;
+    // SAFETY: rt_sigprocmask with no new set only writes the current one (8 bytes) into `old`.
+    unsafe { libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_BLOCK, std::ptr::null::<u64>(), &mut old, 8) };
+    old
 }
 
 /// From the publisher thread, at each tick: once the main thread has left, ends the process
@@ -61,14 +78,18 @@ pub fn end_if_no_thread_left() {
     if main_state != 'Z' {
         return;
     }
-    let others = nr_threads.saturating_sub(1);
-    let engine = uswap::live_engine_threads();
-    if others > engine && others > engine + io_uring_workers() {
+    if nr_threads.saturating_sub(1) > uswap::live_engine_threads() {
         return;
     }
-    // SAFETY: exit runs the program's atexit handlers and ends the process, as the C
-    // library's last thread would have; no thread of the program's is left to race it.
-    unsafe { libc::exit(0) }
+    uswap::become_program_thread();
+    let mask = MAIN_MASK.load(Ordering::Relaxed);
+    // SAFETY: rt_sigprocmask sets this thread's mask from `mask`, 8 bytes of ours; then exit
+    // runs the program's atexit handlers and ends the process, as the C library's last
+    // thread would have; no thread of the program's is left to race it.
+    unsafe {
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &mask, std::ptr::null_mut::<u64>(), 8);
+        libc::exit(0)
+    }
 }
 
 /// The main thread's state and the process's threads, the main thread's included, from
@@ -79,14 +100,4 @@ fn threads_of_this_process() -> Option<(char, usize)> {
     let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
     let state = fields.next()?.chars().next()?;
     Some((state, fields.nth(16)?.parse().ok()?))
-}
-
-/// The kernel's io_uring threads in this process (`iou-wrk-*`, `iou-sqp-*`): threads of the
-/// process, started for the engine's rings or the program's, which end with their rings.
-fn io_uring_workers() -> usize {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.starts_with("iou-"))
-        .count()
 }

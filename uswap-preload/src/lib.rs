@@ -387,6 +387,11 @@ pub(crate) fn start_if_waiting(cause: StartCause) {
         return;
     }
     let Some(cfg) = config() else { return };
+    if program_seccomp::filtered() {
+        // Its calls, and its threads' (a filter applies to the threads its thread starts),
+        // are the filter's: the process goes on with the kernel's memory.
+        return;
+    }
     if in_signal_handler() {
         // On an alternate signal stack: the start waits for the next cause. It makes
         // threads, and the code a handler interrupted may hold the C library's locks for

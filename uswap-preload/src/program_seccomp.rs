@@ -13,6 +13,11 @@
 //! as it is: a filter applied to every thread (`SECCOMP_FILTER_FLAG_TSYNC`) that forbids
 //! them is not one uswap can run under (docs/cli.md, "A program's own seccomp filter").
 //!
+//! A process whose filter is in place starts no pager any more (a lazy start's calls and
+//! threads would be the filter's). Not seen: a filter inherited across `execve` (the new
+//! image starts without the flag), and one installed by a `vfork` child (which sets the
+//! parent's flag too, in their shared memory: the parent then ends without its report).
+//!
 //! Locking: one flag, set once and never cleared (a filter cannot be removed; fork
 //! children inherit it, and with it the flag).
 
@@ -23,9 +28,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 const PR_SET_SECCOMP: c_long = 22;
 const SECCOMP_MODE_STRICT: c_long = 1;
 const SECCOMP_MODE_FILTER: c_long = 2;
-/// `seccomp(2)`'s operations that install one.
+/// `seccomp(2)`'s operations that install one, and the flag with which a filter's
+/// installation returns a descriptor (its listener) rather than 0.
 const SECCOMP_SET_MODE_STRICT: c_long = 0;
 const SECCOMP_SET_MODE_FILTER: c_long = 1;
+const SECCOMP_FILTER_FLAG_NEW_LISTENER: c_long = 1 << 3;
 
 static FILTERED: AtomicBool = AtomicBool::new(false);
 
@@ -37,12 +44,13 @@ pub fn filtered() -> bool {
 /// After system call `nr` (`prctl` or `seccomp`) with its first two arguments returned
 /// `ret`: notes a filter it installed.
 pub fn note(nr: c_long, a1: c_long, a2: c_long, ret: c_long) {
-    let installs = match nr {
-        libc::SYS_prctl => a1 == PR_SET_SECCOMP && (a2 == SECCOMP_MODE_STRICT || a2 == SECCOMP_MODE_FILTER),
-        libc::SYS_seccomp => a1 == SECCOMP_SET_MODE_STRICT || a1 == SECCOMP_SET_MODE_FILTER,
+    let installed = match nr {
+        libc::SYS_prctl => a1 == PR_SET_SECCOMP && (a2 == SECCOMP_MODE_STRICT || a2 == SECCOMP_MODE_FILTER) && ret == 0,
+        libc::SYS_seccomp if a1 == SECCOMP_SET_MODE_FILTER && a2 & SECCOMP_FILTER_FLAG_NEW_LISTENER != 0 => ret >= 0,
+        libc::SYS_seccomp => (a1 == SECCOMP_SET_MODE_STRICT || a1 == SECCOMP_SET_MODE_FILTER) && ret == 0,
         _ => false,
     };
-    if installs && ret == 0 {
+    if installed {
         FILTERED.store(true, Ordering::Release);
     }
 }

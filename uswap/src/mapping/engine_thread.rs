@@ -22,6 +22,21 @@ pub fn live_engine_threads() -> usize {
     LIVE_ENGINE_THREADS.load(std::sync::atomic::Ordering::Acquire)
 }
 
+/// In a fork child, before it starts threads of its own: the parent's engine threads are
+/// not in it (the one thread a fork copies is the program's).
+pub fn forget_engine_threads_in_fork_child() {
+    LIVE_ENGINE_THREADS.store(0, std::sync::atomic::Ordering::Release);
+}
+
+/// The calling engine thread runs the program's code from now on, until it ends (it calls
+/// `exit` for a program whose threads all left): its calls and allocations are the
+/// program's, as if it were one of its threads.
+pub fn become_program_thread() {
+    if ENGINE_THREAD.with(|t| t.replace(false)) {
+        LIVE_ENGINE_THREADS.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 thread_local! {
     /// Set for the life of every thread [`spawn_engine_thread`] starts (no destructor, no
     /// allocation: reading it is safe anywhere, an interposed `malloc` included).
@@ -77,7 +92,7 @@ where
         if let Some((addr, _)) = stack {
             forget_engine_range(addr);
         }
-        LIVE_ENGINE_THREADS.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        become_program_thread();
     });
     // SAFETY: restores the caller's own mask, saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
