@@ -92,6 +92,8 @@ extern "C" fn parent() {
 
 extern "C" fn child() {
     uswap::forget_engine_threads_in_fork_child();
+    crate::report::forget_locks_in_fork_child();
+    crate::forget_own_slot_lock_in_fork_child();
     crate::program_break::release_after_fork();
     crate::own_process::note();
     release_deferred();

@@ -102,16 +102,26 @@ static SEGMENT: OnceLock<uswap::shared_charge::ChargeSegment> = OnceLock::new();
 
 /// This process's slot in the shared charge segment, if it got one (a fork child's own,
 /// once it has a pager of its own).
-static OWN_SLOT: std::sync::Mutex<Option<uswap::shared_charge::OwnSlot>> = std::sync::Mutex::new(None);
+static OWN_SLOT: spin::Mutex<Option<uswap::shared_charge::OwnSlot>> = spin::Mutex::new(None);
 
 /// Notes this process's slot (see [`own_slot`]).
 pub(crate) fn set_own_slot(own: Option<uswap::shared_charge::OwnSlot>) {
-    *OWN_SLOT.lock().unwrap_or_else(|e| e.into_inner()) = own;
+    *OWN_SLOT.lock() = own;
+}
+
+/// In a fork child (its one thread, before it runs): the slot's lock is free, whichever
+/// thread of the parent held it at the fork.
+pub(crate) fn forget_own_slot_lock_in_fork_child() {
+    if OWN_SLOT.is_locked() {
+        // SAFETY: the holder was a thread of the parent's, not in this process; this thread
+        // is the child's only one.
+        unsafe { OWN_SLOT.force_unlock() };
+    }
 }
 
 /// This process's slot in the shared charge segment, if any.
 pub fn own_slot() -> Option<uswap::shared_charge::OwnSlot> {
-    *OWN_SLOT.lock().unwrap_or_else(|e| e.into_inner())
+    *OWN_SLOT.lock()
 }
 
 /// Takes a slot of `seg` for this process (noted: [`own_slot`]) and charges `builder`'s

@@ -109,12 +109,28 @@ fn spawn_publisher() {
 const MEASURE_EVERY_TICKS: u64 = 5;
 
 /// The largest unmanaged mappings of the last measurement, for the record.
-static UNMANAGED_LARGEST: std::sync::Mutex<Vec<crate::unmanaged::Mapping>> = std::sync::Mutex::new(Vec::new());
+static UNMANAGED_LARGEST: spin::Mutex<Vec<crate::unmanaged::Mapping>> = spin::Mutex::new(Vec::new());
 /// The largest unmanaged mappings of the measurement that found the most (the process's
 /// peak), and that most: what a report of the peak names, rather than mappings of a later
 /// moment (a database's shared buffers, gone by its exit).
-static UNMANAGED_PEAK_LARGEST: std::sync::Mutex<Vec<crate::unmanaged::Mapping>> = std::sync::Mutex::new(Vec::new());
+static UNMANAGED_PEAK_LARGEST: spin::Mutex<Vec<crate::unmanaged::Mapping>> = spin::Mutex::new(Vec::new());
 static UNMANAGED_OWN_PEAK_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// In a fork child (its one thread, before it runs): the lists of largest mappings are
+/// free. The parent's publisher may have held one at the fork, a thread the child does not
+/// have: the child's publisher and its exit (`write_final`) waited for it for good (stress-ng's
+/// unshare stressor left such children hanging). What a list held is left as it was, not
+/// freed: the fork may have come in the middle of its replacement.
+pub fn forget_locks_in_fork_child() {
+    for list in [&UNMANAGED_LARGEST, &UNMANAGED_PEAK_LARGEST] {
+        if list.is_locked() {
+            // SAFETY: the holder was a thread of the parent's, not in this process; this
+            // thread is the child's only one.
+            unsafe { list.force_unlock() };
+            std::mem::forget(std::mem::take(&mut *list.lock()));
+        }
+    }
+}
 
 /// Measures the process's unmanaged memory (see `unmanaged`) and publishes it in the
 /// pager's counters.
@@ -124,9 +140,9 @@ fn measure_unmanaged() {
         uswap::stats::note_unmanaged(u.bytes);
         note_tree_unmanaged(u.bytes);
         if u.bytes >= UNMANAGED_OWN_PEAK_BYTES.fetch_max(u.bytes, std::sync::atomic::Ordering::Relaxed) {
-            *UNMANAGED_PEAK_LARGEST.lock().unwrap_or_else(|e| e.into_inner()) = u.largest.clone();
+            *UNMANAGED_PEAK_LARGEST.lock() = u.largest.clone();
         }
-        *UNMANAGED_LARGEST.lock().unwrap_or_else(|e| e.into_inner()) = u.largest;
+        *UNMANAGED_LARGEST.lock() = u.largest;
     }
 }
 
@@ -165,7 +181,6 @@ fn record() -> Option<serde_json::Value> {
         {
             let largest: Vec<serde_json::Value> = list
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
                 .iter()
                 .map(|m| serde_json::json!({"addr": format!("{:#x}", m.start), "len": m.len, "bytes": m.bytes, "why": m.why}))
                 .collect();
@@ -248,4 +263,55 @@ pub extern "C" fn _exit(status: i32) -> ! {
 #[no_mangle]
 pub extern "C" fn _Exit(status: i32) -> ! {
     _exit(status)
+}
+
+#[cfg(test)]
+mod tests {
+    /// A child forked while another thread holds a list's lock takes it at once after
+    /// `forget_locks_in_fork_child` (it waited for good before), and finds the list empty.
+    #[test]
+    fn a_fork_child_takes_the_lists_its_parent_held() {
+        super::UNMANAGED_LARGEST.lock().push(crate::unmanaged::Mapping {
+            start: 0x1000,
+            len: 4096,
+            bytes: 4096,
+            why: "a test",
+        });
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _g = super::UNMANAGED_LARGEST.lock();
+            held_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: the child makes only the calls below (atomics, a lock, _exit).
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            super::forget_locks_in_fork_child();
+            let empty = super::UNMANAGED_LARGEST.lock().is_empty();
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if empty { 0 } else { 3 }) };
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // Bounded: ends by the deadline.
+        let ended = loop {
+            // SAFETY: waits for our own child, without blocking.
+            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                break true;
+            }
+            if std::time::Instant::now() > deadline {
+                // SAFETY: our own child, stuck.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                break false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        done_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert!(ended, "the child waited for a lock its parent's thread held");
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+    }
 }
