@@ -156,6 +156,10 @@ fn managed_for(size: usize, ret: Option<usize>) -> bool {
     if !PENDING.load(Ordering::Acquire) || !program_caller(ret) {
         return false;
     }
+    if crate::program_seccomp::filtered() {
+        // No grant, no start: their calls would be the filter's (see `program_seccomp`).
+        return false;
+    }
     let live = C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed).max(0) as usize;
     let wanted_bytes = live.saturating_add(size);
     let most = PENDING_START_AFTER.load(Ordering::Relaxed) / 4;

@@ -82,7 +82,9 @@ pub fn end_if_no_thread_left() {
         return;
     }
     uswap::become_program_thread();
-    let mask = MAIN_MASK.load(Ordering::Relaxed);
+    crate::own_code::leave_for_good();
+    // SIGBUS stays deliverable: signal mode's faults are served by its handler.
+    let mask = MAIN_MASK.load(Ordering::Relaxed) & !(1u64 << (libc::SIGBUS - 1));
     // SAFETY: rt_sigprocmask sets this thread's mask from `mask`, 8 bytes of ours; then exit
     // runs the program's atexit handlers and ends the process, as the C library's last
     // thread would have; no thread of the program's is left to race it.

@@ -27,6 +27,13 @@ impl Drop for Guard {
     }
 }
 
+/// The calling thread runs the program's code from now on, whatever marked it uswap's (a
+/// thread of uswap's that calls `exit` for the program: `last_thread`). It holds no
+/// [`Guard`] that is still to drop.
+pub fn leave_for_good() {
+    IN_USWAP.with(|d| d.set(0));
+}
+
 /// Whether this library's own code is running on the calling thread.
 pub fn in_uswap() -> bool {
     IN_USWAP.with(|d| d.get() > 0)

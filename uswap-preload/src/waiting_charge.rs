@@ -337,6 +337,10 @@ pub fn take_deferred() -> Vec<(usize, usize)> {
 /// ([`tree_wants_pagers`]).
 fn recharge() -> bool {
     let committed_bytes = waiting_bytes();
+    if crate::program_seccomp::filtered() {
+        // A join's calls would be the filter's (see `program_seccomp`); it goes on uncharged.
+        return false;
+    }
     if !crate::own_process::is_own_process() || !crate::is_waiting() || LEFT.load(Ordering::Acquire) {
         // A vfork child: the memory and the slot are its parent's. A process whose pager
         // is starting: the pager claims the slot and charges what it takes over (a join

@@ -22,8 +22,8 @@
 //! page, or has exited or exec'd (the kernel's `swap_map` counts, across processes).
 //!
 //! Locking: the hold keeps the region registry's writer lock (`Registry::lock_writers`)
-//! from the recording of the regions until it is dropped (parent) or handed to
-//! `rearm_in_child` (child). Invariant: the child never drops anything of the parent's pager;
+//! from the recording of the regions, and then the fork advice's list, until it is dropped
+//! (parent) or handed to `rearm_in_child` (child). Invariant: the child never drops anything of the parent's pager;
 //! it is leaked, since its threads exist only in the parent.
 
 use std::sync::atomic::Ordering;
@@ -40,8 +40,9 @@ use crate::swap::ForkRecord;
 use crate::uffd::PAGE_SIZE;
 
 /// Returned by [`Pager::prepare_fork`]: reclaim stays held while it lives. In the parent,
-/// drop it right after the fork; in the child, either forget it (the child runs unmanaged)
-/// or hand it to [`ForkHold::rearm_in_child`].
+/// drop it right after the fork; in the child, either forget it (the child runs unmanaged,
+/// and the registry's writer lock and the fork advice's list stay held in it: it maps no
+/// managed memory and records no advice) or hand it to [`ForkHold::rearm_in_child`].
 #[must_use = "dropping the hold at once lets reclaim take pages out before the fork"]
 pub struct ForkHold {
     pager: Pager,
@@ -51,6 +52,9 @@ pub struct ForkHold {
     /// between its recording and the fork, and the child's copy of the lock is not left
     /// held by a thread the child does not have.
     writers: Option<std::sync::MutexGuard<'static, ()>>,
+    /// The program's fork advice, held across the fork after the writers, for the same
+    /// reason (`crate::fork_advice::Held`).
+    advice: Option<crate::fork_advice::Held>,
     /// The devices whose memory the child inherits for this fork (`set_inherited`).
     inherited: Vec<usize>,
     /// For each device the child reads where it is (a swap file, Redis): its record of the
@@ -76,6 +80,7 @@ impl Drop for ForkHold {
         // The parent lets go of the child's ends of the pipes first, before another fork can
         // copy them: from now on only the child (and what it forks) holds them.
         self.child_refs.clear();
+        drop(self.advice.take());
         drop(self.writers.take());
         // The parent's devices are its own again at the next fork.
         let devices = self.pager.shared().devices.devices();
@@ -113,8 +118,9 @@ impl ForkHold {
     /// keeps every byte, as ordinary memory.
     pub fn rearm_in_child(mut self, builder: PagerBuilder) -> Result<(Pager, Vec<(usize, Region)>)> {
         // A child inherits no memory lock (mlock(2)).
-        crate::mlock::forget(None);
-        crate::fork_advice::after_fork_in_child();
+        crate::mlock::forget_in_fork_child();
+        let advice = self.advice.take().unwrap_or_else(crate::fork_advice::hold_for_fork);
+        crate::fork_advice::after_fork_in_child(advice);
         let regions = std::mem::take(&mut self.regions);
         let writers = self.writers.take();
         let parent = self.pager.shared_arc().clone();
@@ -244,7 +250,8 @@ impl Pager {
             }
         });
         let (inherited, child_refs) = plan.hand_over();
-        ForkHold { pager: self.clone(), regions, writers: Some(writers), inherited, child_refs }
+        let advice = Some(crate::fork_advice::hold_for_fork());
+        ForkHold { pager: self.clone(), regions, writers: Some(writers), advice, inherited, child_refs }
     }
 
     /// Takes over, in a fork child, a region inherited from the parent: its pages stay where

@@ -66,10 +66,20 @@ pub(crate) fn forget(start: usize, end: usize) {
     }
 }
 
-/// A fork child: its own mappings carry no advice of its parent's it did not inherit; what
-/// it inherited (wipe-on-fork, which stays set in the child) is kept.
-pub(crate) fn after_fork_in_child() {
-    let mut ranges = RANGES.lock().unwrap_or_else(|e| e.into_inner());
+/// The list, held across a fork (`crate::fork::ForkHold`, after the region registry's
+/// writers): the event thread takes it for each unmapping, and a child whose copy a thread
+/// of its parent held waited for it for good in its fork handler.
+pub(crate) type Held = std::sync::MutexGuard<'static, Vec<(usize, usize, ForkAdvice)>>;
+
+/// Takes the list for a fork (see [`Held`]).
+pub(crate) fn hold_for_fork() -> Held {
+    RANGES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A fork child, with the list held across its fork: its own mappings carry no advice of
+/// its parent's it did not inherit; what it inherited (wipe-on-fork, which stays set in the
+/// child) is kept.
+pub(crate) fn after_fork_in_child(mut ranges: Held) {
     ranges.retain(|&(_, _, k)| k == ForkAdvice::WipeOnFork);
 }
 
@@ -135,7 +145,7 @@ mod tests {
         assert_eq!(ranges_in(ForkAdvice::DontFork, page(6), page(8)), vec![(page(6), page(8))]);
         assert_eq!(ranges_in(ForkAdvice::WipeOnFork, page(0), page(30)), vec![(page(20), page(24))]);
         // A fork child keeps wipe-on-fork only; an unmap forgets every kind.
-        after_fork_in_child();
+        after_fork_in_child(hold_for_fork());
         assert!(ranges_in(ForkAdvice::DontFork, page(0), page(30)).is_empty());
         forget(page(21), page(22));
         assert_eq!(

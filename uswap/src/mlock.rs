@@ -181,6 +181,14 @@ pub(crate) fn lock_all(on: bool) {
     fence(Ordering::SeqCst);
 }
 
+/// A fork child (its one thread, before it runs) inherits no memory lock, and no writer: a
+/// thread of its parent's (the event thread, unlocking an unmapped range) may have held
+/// [`WRITER`] at the fork, and every lock of the child's then gave up.
+pub(crate) fn forget_in_fork_child() {
+    WRITER.store(false, Ordering::Release);
+    forget(None);
+}
+
 /// Every lock of `kind` (every kind: `None`) ends: `munlockall`; and every lock of a fork
 /// child, which inherits none (its thread's alternate stack is locked again).
 pub(crate) fn forget(kind: Option<LockKind>) {
