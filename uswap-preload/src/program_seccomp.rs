@@ -55,6 +55,10 @@ pub fn note(nr: c_long, a1: c_long, a2: c_long, ret: c_long) {
     }
 }
 
+/// `prctl`'s option that turns syscall user dispatch on, and its "on".
+const PR_SET_SYSCALL_USER_DISPATCH: c_long = 59;
+const PR_SYS_DISPATCH_ON: c_long = 1;
+
 /// `prctl`, interposed: the C library's is the system call and nothing more.
 #[no_mangle]
 pub extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ulong, a5: c_ulong) -> c_int {
@@ -62,5 +66,25 @@ pub extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ulong, a5
     // SAFETY: the program's own call, passed on as it made it.
     let ret = unsafe { libc::syscall(libc::SYS_prctl, option, a2, a3, a4, a5) };
     note(libc::SYS_prctl, option, a2, ret);
+    if option == PR_SET_SYSCALL_USER_DISPATCH && a2 == PR_SYS_DISPATCH_ON && ret == 0 {
+        say_dispatch_once();
+    }
     ret as c_int
+}
+
+/// Syscall user dispatch (Wine's, stress-ng's usersyscall stressor) traps every system call
+/// made outside the code the program allows, the C library's in general. In signal mode
+/// the C library's calls are made from uswap's code (`uswap::syscall_guard`), outside that
+/// range, and the program's handler gets them as its own (stress-ng: "didn't get pid on
+/// libc getpid syscall"). Said once; thread mode leaves the C library's calls where they are.
+fn say_dispatch_once() {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    let signal_mode = crate::pager().is_some_and(|p| p.fault_mode() == uswap::FaultMode::Signal);
+    if signal_mode && !SAID.swap(true, Ordering::Relaxed) {
+        crate::real::write_stderr(
+            b"uswap: the program turned on syscall user dispatch (PR_SET_SYSCALL_USER_DISPATCH): in signal \
+              mode the C library's system calls are made from uswap's code, outside the range it allows, \
+              and reach its handler; run it with --fault-mode thread (docs/cli.md)\n",
+        );
+    }
 }
