@@ -31,12 +31,17 @@ const SLACK_BYTES: u64 = 8 * (128 << 10);
 
 /// Compiles test program `name` and runs it with a working set of `wss_mib` under `uswap
 /// run`, once in each fault mode; `check` gets the mode, the command line and the run.
-fn run_in_both_modes(name: &str, wss_mib: u64, mut check: impl FnMut(&str, &[&str], &(Output, Value))) {
+fn run_in_both_modes(name: &str, wss_mib: u64, check: impl FnMut(&str, &[&str], &(Output, Value))) {
+    run_in_modes(name, wss_mib, &["signal", "thread"], check)
+}
+
+/// [`run_in_both_modes`] in the fault modes `modes` only.
+fn run_in_modes(name: &str, wss_mib: u64, modes: &[&str], mut check: impl FnMut(&str, &[&str], &(Output, Value))) {
     let dir = tmpdir(name);
     let p = compile(name, &dir, &[]);
     let wss = wss_mib.to_string();
     let prog = [p.to_str().unwrap(), &wss];
-    for mode in ["signal", "thread"] {
+    for &mode in modes {
         let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
         check(mode, &prog, &r);
     }
@@ -2259,19 +2264,13 @@ fn a_program_with_a_userfaultfd_of_its_own_serves_its_faults() {
 /// (docs/cli.md, "A program's own seccomp filter").
 #[test]
 fn a_child_under_its_own_seccomp_filter_exits_as_it_would_without_uswap() {
-    let dir = tmpdir("seccomp");
-    let p = compile("seccomp", &dir, &[]);
-    let wss = WSS_MIB.to_string();
-    let prog = [p.to_str().unwrap(), &wss];
-    {
-        let mode = "thread";
-        let (o, v) = &uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+    run_in_modes("seccomp", WSS_MIB, &["thread"], |mode, _, (o, v)| {
         let err = String::from_utf8_lossy(&o.stderr);
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(o.status.success(), "{mode}: {out}{err}");
         assert_eq!(out, "ok 8\n", "{mode}: {err}");
         assert!(counter(v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
-    }
+    });
 }
 
 /// A main thread that ends with `pthread_exit` leaves the process to its other threads, and
