@@ -2273,6 +2273,23 @@ fn a_child_under_its_own_seccomp_filter_exits_as_it_would_without_uswap() {
     });
 }
 
+/// Threads that map memory and unmap its head and tail to align it, as Erlang's allocators
+/// do with their carriers: the addresses one thread frees go to another's next mapping at
+/// once. The kernel sends a `munmap`'s event after it has freed the addresses, and the
+/// engine applies it after that; applied to the new region made there meanwhile, it took
+/// its pages, and in signal mode its first touch killed the process with SIGBUS (Erlang's
+/// `erl` died so in most runs, even under a limit it never reached). Now every page of
+/// every mapping and of the paged buffer reads back.
+#[test]
+fn addresses_unmapped_by_one_thread_and_mapped_by_another_stay_managed() {
+    run_in_both_modes("carriers", WSS_MIB, |mode, _, (o, v)| {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {} {err}", o.status);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{mode}: {err}");
+        assert!(counter(v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
+    });
+}
+
 /// A main thread that ends with `pthread_exit` leaves the process to its other threads, and
 /// glibc ends it with `exit(0)` when the last leaves; uswap's threads are glibc's too, so the
 /// process never ended (and, its threads blocking every signal, not even on `SIGTERM`). Now

@@ -87,6 +87,8 @@ impl Pager {
             .map_err(|e| Error::io("allocating the region's page table", e))?;
         let inner = Arc::new(inner);
         prepare_range(shared, addr, len)?;
+        // After any late `UNMAP` of what was at these addresses before (`events::UnmapUnderWay`).
+        crate::events::settle_unmaps(&shared.stats);
         let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {
             // Back to the caller's ordinary memory, as it was.
             let _ = shared.uffd.unregister(addr, len);

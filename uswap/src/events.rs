@@ -54,6 +54,10 @@
 //!   applied, finds no mapping there (`ENOENT`) and ends quietly (`FaultError::Unmapped`).
 //!   In thread mode that is a stale message: its thread faulted while another handler was
 //!   mapping the page, was woken by that mapping, and has since unmapped the range;
+//! * a new region enters the registry only once no program `munmap` of managed memory is
+//!   under way and every event read is applied ([`UnmapUnderWay`], [`settle_unmaps`]): the
+//!   kernel frees the addresses before it queues the `UNMAP`, and another thread's new
+//!   mapping there would otherwise lose its pages to the late event;
 //! * residual: a reclaim round that locked a page before an `UNMAP` and moves it after the
 //!   application has mapped new memory at that address *and* touched it, all before the
 //!   event thread marked the page `Gone`, moves that new page into the swap cache. The
@@ -186,6 +190,65 @@ pub(crate) fn wait_until_applied(stats: &PerCpuStats) -> bool {
         }
     }
     true
+}
+
+/// The program's unmaps of managed memory under way, over all pagers: counted from before
+/// the kernel's `munmap` until its `UNMAP` is applied ([`UnmapUnderWay`]).
+static UNMAPS_UNDER_WAY: AtomicUsize = AtomicUsize::new(0);
+
+/// Held across a program's `munmap` of managed memory, from before the system call until the
+/// `UNMAP` it sends is applied (dropping it waits for that, bounded as
+/// [`wait_until_applied`]).
+///
+/// Why: the kernel frees the addresses, drops the `mmap` lock and only then queues the
+/// event, which is applied after it is read. In that window another thread's `mmap` can be
+/// handed the same addresses and made a region; applied then, the stale `UNMAP` made the new
+/// region's pages `Gone`, and its first touch a SIGBUS that no region claimed (Erlang's
+/// schedulers, which map and trim their carriers from several threads, died of it within
+/// seconds). A new region waits for the unmaps under way ([`settle_unmaps`]) before it is
+/// entered in the registry, where the event would find it.
+#[must_use = "the unmap is under way only while this is held"]
+pub struct UnmapUnderWay<'a> {
+    stats: &'a PerCpuStats,
+}
+
+impl<'a> UnmapUnderWay<'a> {
+    pub(crate) fn begin(stats: &'a PerCpuStats) -> Self {
+        UNMAPS_UNDER_WAY.fetch_add(1, Ordering::SeqCst);
+        Self { stats }
+    }
+}
+
+impl Drop for UnmapUnderWay<'_> {
+    fn drop(&mut self) {
+        // The `munmap` returned once its event was read (or sent none): the read's batch is
+        // in flight until applied.
+        wait_until_applied(self.stats);
+        let before = UNMAPS_UNDER_WAY.fetch_sub(1, Ordering::SeqCst);
+        assert!(before > 0, "uswap invariant: more unmaps ended than began");
+    }
+}
+
+/// Before a new region enters the registry: waits until no program unmap is under way and
+/// every event read is applied, so that no `UNMAP` of an earlier mapping at these addresses
+/// can reach the new region. Bounded as [`wait_until_applied`] (the wait for unmaps too,
+/// counted in the same counter): a region entered early only meets the race above.
+pub(crate) fn settle_unmaps(stats: &PerCpuStats) {
+    let t0 = crate::clock::now_ns();
+    let backoff = Backoff::new();
+    // Bounded by the time limit: unmaps under way end once their events are applied.
+    while UNMAPS_UNDER_WAY.load(Ordering::SeqCst) > 0 {
+        if backoff.is_completed() {
+            if crate::clock::now_ns().saturating_sub(t0) > APPLY_WAIT_LIMIT_NS {
+                stats.inc(Counter::FaultEventWaitTimeout);
+                break;
+            }
+            std::thread::yield_now();
+        } else {
+            backoff.snooze();
+        }
+    }
+    wait_until_applied(stats);
 }
 
 /// Reads up to `msgs.len()` messages and applies the events among them, in order, under

@@ -75,6 +75,7 @@ pub use backend::redis::RedisOptions;
 pub use backend::zpool::{Compressor, Incompressible};
 pub use device_config::{parse_size, DeviceConfig};
 pub use error::{Error, ErrorKind, Result};
+pub use events::UnmapUnderWay;
 pub use mapping::{
     address_space_limit, address_space_limit_bytes, become_program_thread, engine_reserved_bytes,
     forget_engine_threads_in_fork_child, is_engine_thread, live_engine_threads, note_engine_memory,

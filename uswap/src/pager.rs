@@ -22,6 +22,7 @@ use crate::async_readahead::{AsyncReadahead, DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WI
 use crate::bounce::BounceBuffers;
 use crate::device_config::DeviceConfig;
 use crate::error::{Error, Result};
+use crate::events::UnmapUnderWay;
 use crate::fifo::Fifo;
 use crate::lru::Lru;
 use crate::mapping::{allowed_cpus, mincore_pages_where, nr_cpus_configured, spawn_engine_thread};
@@ -814,6 +815,15 @@ impl Pager {
 
     pub fn fault_mode(&self) -> FaultMode {
         self.core.shared.mode
+    }
+
+    /// For a caller that unmaps part of a managed mapping with `munmap` itself (a program's
+    /// call, seen by an interposer): hold the result from before the system call until it
+    /// returned. Dropping it waits until the `UNMAP` event the call sent is applied; until
+    /// then, no new region is entered in the registry, where a late `UNMAP` for the same
+    /// addresses would take its pages (see `events::UnmapUnderWay`).
+    pub fn unmap_under_way(&self) -> UnmapUnderWay<'_> {
+        UnmapUnderWay::begin(&self.core.shared.stats)
     }
 
     /// When this pager's background reclaimer works: the builder's policy, with

@@ -94,7 +94,7 @@ fn help(field: &str) -> Option<&'static str> {
         "fault_raced" => "Faults already resolved by a racing thread or racing an event (retried).",
         "fault_lock_free" => "Signal-mode faults served on the lock-free route.",
         "fault_busy_timeout" => "Faults that gave up waiting for a busy page.",
-        "fault_event_wait_timeout" => "Signal mode: faults that gave up waiting for read events to be applied (should be 0).",
+        "fault_event_wait_timeout" => "Waits that gave up on read events being applied: signal-mode faults, unmaps, new mappings (should be 0).",
         "fault_error" => "Fault-service attempts that failed (read error or bad checksum).",
         "lru_overflow" => "Resident pages the reclaim queue had no room for.",
         "move_refused" => "Pages UFFDIO_MOVE refused to move out.",

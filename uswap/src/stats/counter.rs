@@ -95,8 +95,9 @@ pub(crate) enum Counter {
     SwapRaAsyncWait,
     /// Faults that gave up waiting for a page's busy bit (see `fault_service::BUSY_WAIT_LIMIT_NS`).
     FaultBusyTimeout,
-    /// Signal-mode faults that gave up waiting for read events to be applied (see
-    /// `events::wait_until_applied`).
+    /// Signal-mode faults, program unmaps and new regions that gave up waiting for read
+    /// events (and other threads' unmaps) to be applied (see `events::wait_until_applied`,
+    /// `events::settle_unmaps`).
     FaultEventWaitTimeout,
     /// `munmap` events: the application unmapped part of a region (see `events`).
     UffdUnmap,

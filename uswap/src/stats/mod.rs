@@ -172,9 +172,10 @@ pub struct Stats {
     /// thread faulted on a page its own interrupted code owned, which the engine prevents by
     /// blocking signals in its calls; see docs/fault-modes.md.
     pub fault_busy_timeout: u64,
-    /// Signal mode: faults and system calls that waited past the bound (1 s) for the events
-    /// already read (`munmap`, `madvise`, `mremap`) to be applied, and went on without.
-    /// Should stay 0; see `events::wait_until_applied`.
+    /// Waits past the bound (1 s) for the events already read (`munmap`, `madvise`,
+    /// `mremap`) to be applied, that went on without: signal-mode faults and system calls,
+    /// and the program's unmaps and new regions (which also wait for other threads' unmaps
+    /// under way). Should stay 0; see `events::wait_until_applied`, `events::settle_unmaps`.
     pub fault_event_wait_timeout: u64,
     /// Fault-service attempts that failed (every read of the page failed or failed its
     /// checksum). The fault is attempted again; only a page that fails every attempt ends in
