@@ -507,9 +507,10 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     }
     // All of it: the regions' memory, parts of other managed mappings (the engine handles
     // the kernel's UNMAP event for them), parts of the regions that were no longer theirs
-    // (let go of, or mapped over), and ordinary memory. No thread's new region is entered
-    // until that event is applied (`uswap::UnmapUnderWay`).
-    let under_way = crate::pager().map(|p| p.unmap_under_way());
+    // (let go of, or mapped over), and ordinary memory. The regions taken whole are
+    // unregistered already and send no event; for the parts of others, no thread's new
+    // region is entered until their event is applied (`uswap::UnmapUnderWay`).
+    let under_way = crate::pager().filter(|_| partial).map(|p| p.unmap_under_way());
     let r = real::sys_munmap(addr, len);
     let e = errno();
     drop(under_way);

@@ -88,7 +88,7 @@ impl Pager {
         let inner = Arc::new(inner);
         prepare_range(shared, addr, len)?;
         // After any late `UNMAP` of what was at these addresses before (`events::UnmapUnderWay`).
-        crate::events::settle_unmaps(&shared.stats);
+        crate::events::settle_unmaps(&shared.events, &shared.stats);
         let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {
             // Back to the caller's ordinary memory, as it was.
             let _ = shared.uffd.unregister(addr, len);

@@ -54,10 +54,12 @@
 //!   applied, finds no mapping there (`ENOENT`) and ends quietly (`FaultError::Unmapped`).
 //!   In thread mode that is a stale message: its thread faulted while another handler was
 //!   mapping the page, was woken by that mapping, and has since unmapped the range;
-//! * a new region enters the registry only once no program `munmap` of managed memory is
-//!   under way and every event read is applied ([`UnmapUnderWay`], [`settle_unmaps`]): the
-//!   kernel frees the addresses before it queues the `UNMAP`, and another thread's new
-//!   mapping there would otherwise lose its pages to the late event;
+//! * a new region enters the registry only once no program `munmap` of part of a managed
+//!   mapping is under way and every event read is applied ([`UnmapUnderWay`],
+//!   [`settle_unmaps`]; bounded at 1 s): the kernel frees the addresses before it queues
+//!   the `UNMAP`, and another thread's new mapping there would otherwise lose its pages to
+//!   the late event. Unmaps that no interposer sees (a raw system call, a library's own
+//!   userfaultfd use) are not waited for;
 //! * residual: a reclaim round that locked a page before an `UNMAP` and moves it after the
 //!   application has mapped new memory at that address *and* touched it, all before the
 //!   event thread marked the page `Gone`, moves that new page into the swap cache. The
@@ -196,9 +198,10 @@ pub(crate) fn wait_until_applied(stats: &PerCpuStats) -> bool {
 /// the kernel's `munmap` until its `UNMAP` is applied ([`UnmapUnderWay`]).
 static UNMAPS_UNDER_WAY: AtomicUsize = AtomicUsize::new(0);
 
-/// Held across a program's `munmap` of managed memory, from before the system call until the
-/// `UNMAP` it sends is applied (dropping it waits for that, bounded as
-/// [`wait_until_applied`]).
+/// Held across a program's `munmap` of part of a managed mapping, from before the system
+/// call until the `UNMAP` it sends is applied: dropping it waits for that (bounded at
+/// [`APPLY_WAIT_LIMIT_NS`], counted). Asynchronous signals stay blocked meanwhile: a
+/// program's handler that left by `siglongjmp` would leave the count raised for good.
 ///
 /// Why: the kernel frees the addresses, drops the `mmap` lock and only then queues the
 /// event, which is applied after it is read. In that window another thread's `mmap` can be
@@ -209,46 +212,72 @@ static UNMAPS_UNDER_WAY: AtomicUsize = AtomicUsize::new(0);
 /// entered in the registry, where the event would find it.
 #[must_use = "the unmap is under way only while this is held"]
 pub struct UnmapUnderWay<'a> {
+    events: &'a EventState,
     stats: &'a PerCpuStats,
+    _signals: crate::uffd::AsyncSignalsBlocked,
 }
 
 impl<'a> UnmapUnderWay<'a> {
-    pub(crate) fn begin(stats: &'a PerCpuStats) -> Self {
+    pub(crate) fn begin(events: &'a EventState, stats: &'a PerCpuStats) -> Self {
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
         UNMAPS_UNDER_WAY.fetch_add(1, Ordering::SeqCst);
-        Self { stats }
+        Self { events, stats, _signals }
     }
 }
 
 impl Drop for UnmapUnderWay<'_> {
     fn drop(&mut self) {
-        // The `munmap` returned once its event was read (or sent none): the read's batch is
-        // in flight until applied.
-        wait_until_applied(self.stats);
-        let before = UNMAPS_UNDER_WAY.fetch_sub(1, Ordering::SeqCst);
-        assert!(before > 0, "uswap invariant: more unmaps ended than began");
+        // The `munmap` returned once its event was read (or it sent none): by a read begun
+        // by now, which is applied once `reads_applied` reaches it.
+        let deadline = crate::clock::now_ns().saturating_add(APPLY_WAIT_LIMIT_NS);
+        wait_for_reads_begun(self.events, self.stats, deadline);
+        // Saturating: a fork child forgets the count its parent's threads held.
+        let _ = UNMAPS_UNDER_WAY.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| Some(n.saturating_sub(1)));
     }
 }
 
-/// Before a new region enters the registry: waits until no program unmap is under way and
-/// every event read is applied, so that no `UNMAP` of an earlier mapping at these addresses
-/// can reach the new region. Bounded as [`wait_until_applied`] (the wait for unmaps too,
-/// counted in the same counter): a region entered early only meets the race above.
-pub(crate) fn settle_unmaps(stats: &PerCpuStats) {
-    let t0 = crate::clock::now_ns();
+/// Waits until every read of `events`' descriptor begun by now is applied, or `deadline`
+/// (counted). Returns false if it gave up.
+fn wait_for_reads_begun(events: &EventState, stats: &PerCpuStats, deadline: u64) -> bool {
+    let begun = events.reads_begun.load(Ordering::SeqCst);
+    bounded_wait(stats, deadline, || events.reads_applied.load(Ordering::Acquire) >= begun)
+}
+
+/// Spins, then yields, until `done()` or `deadline` (counted in `FaultEventWaitTimeout`).
+fn bounded_wait(stats: &PerCpuStats, deadline: u64, done: impl Fn() -> bool) -> bool {
     let backoff = Backoff::new();
-    // Bounded by the time limit: unmaps under way end once their events are applied.
-    while UNMAPS_UNDER_WAY.load(Ordering::SeqCst) > 0 {
+    // Bounded by the deadline.
+    while !done() {
         if backoff.is_completed() {
-            if crate::clock::now_ns().saturating_sub(t0) > APPLY_WAIT_LIMIT_NS {
+            if crate::clock::now_ns() > deadline {
                 stats.inc(Counter::FaultEventWaitTimeout);
-                break;
+                return false;
             }
             std::thread::yield_now();
         } else {
             backoff.snooze();
         }
     }
-    wait_until_applied(stats);
+    true
+}
+
+/// Before a new region enters the registry: waits until no program unmap is under way
+/// ([`UnmapUnderWay`]) and every event read is applied, so that no `UNMAP` of an earlier
+/// mapping at these addresses reaches the new region. Bounded at [`APPLY_WAIT_LIMIT_NS`]
+/// in all (counted): a region entered early only meets the race described there. Only the
+/// unmaps that go through an interposer holding [`UnmapUnderWay`] are waited for.
+pub(crate) fn settle_unmaps(events: &EventState, stats: &PerCpuStats) {
+    let deadline = crate::clock::now_ns().saturating_add(APPLY_WAIT_LIMIT_NS);
+    if bounded_wait(stats, deadline, || UNMAPS_UNDER_WAY.load(Ordering::SeqCst) == 0) {
+        wait_for_reads_begun(events, stats, deadline);
+    }
+}
+
+/// A fork child's own threads are the only ones: the counts of unmaps under way and reads in
+/// flight that its parent's other threads held at the fork would never come down.
+pub(crate) fn forget_in_fork_child() {
+    UNMAPS_UNDER_WAY.store(0, Ordering::SeqCst);
+    EVENTS_IN_FLIGHT.store(0, Ordering::SeqCst);
 }
 
 /// Reads up to `msgs.len()` messages and applies the events among them, in order, under
@@ -257,6 +286,8 @@ pub(crate) fn settle_unmaps(stats: &PerCpuStats) {
 pub(crate) fn read_and_apply(cx: &Events<'_>, msgs: &mut [UffdMsg]) -> usize {
     let _reader = cx.events.reader.lock().unwrap_or_else(|e| e.into_inner());
     EVENTS_IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+    // Under the reader lock: reads begin and end in order.
+    let read = cx.events.reads_begun.fetch_add(1, Ordering::SeqCst) + 1;
     // EAGAIN reads as 0; EINTR is the only other error a valid descriptor gives.
     let n = cx.uffd.read_msgs(msgs).unwrap_or(0);
     for m in &msgs[..n] {
@@ -264,7 +295,8 @@ pub(crate) fn read_and_apply(cx: &Events<'_>, msgs: &mut [UffdMsg]) -> usize {
             handle_event(cx, m.event());
         }
     }
-    EVENTS_IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    cx.events.reads_applied.store(read, Ordering::Release);
+    let _ = EVENTS_IN_FLIGHT.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
     n
 }
 

@@ -819,11 +819,13 @@ impl Pager {
 
     /// For a caller that unmaps part of a managed mapping with `munmap` itself (a program's
     /// call, seen by an interposer): hold the result from before the system call until it
-    /// returned. Dropping it waits until the `UNMAP` event the call sent is applied; until
-    /// then, no new region is entered in the registry, where a late `UNMAP` for the same
-    /// addresses would take its pages (see `events::UnmapUnderWay`).
+    /// returned. Dropping it waits until the `UNMAP` event the call sent is applied (at most
+    /// a second); until then, no new region of any pager is entered in the registry, where a
+    /// late `UNMAP` for the same addresses would take its pages (see
+    /// `events::UnmapUnderWay`). Asynchronous signals are blocked while it is held.
     pub fn unmap_under_way(&self) -> UnmapUnderWay<'_> {
-        UnmapUnderWay::begin(&self.core.shared.stats)
+        let shared = &self.core.shared;
+        UnmapUnderWay::begin(&shared.events, &shared.stats)
     }
 
     /// When this pager's background reclaimer works: the builder's policy, with

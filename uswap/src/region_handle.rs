@@ -172,7 +172,7 @@ impl Pager {
         // A new mapping starts unlocked, whatever was locked at these addresses before.
         // After any late `UNMAP` of what was at these addresses before (which would take
         // the new region's pages, its lock and its advice).
-        crate::events::settle_unmaps(&shared.stats);
+        crate::events::settle_unmaps(&shared.events, &shared.stats);
         crate::mlock::unlock(None, addr, addr + len);
         crate::fork_advice::forget(addr, addr + len);
         let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {

@@ -5,7 +5,7 @@
 //! Locking: `reader` is outermost in the engine's lock hierarchy (`crate::sync`);
 //! `take_outs` is taken under it or alone, never on the signal-mode fault path.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::page_table::Pte;
@@ -29,6 +29,11 @@ pub(crate) struct EventState {
     pub take_outs: Mutex<TakeOuts>,
     /// `take_outs.ranges.len()`, readable without the lock.
     pub pending_ranges: AtomicUsize,
+    /// Reads of the descriptor begun, and the last of them whose events are all applied
+    /// (both under `reader`, so in order): an event read before `reads_begun` was sampled
+    /// is applied once `reads_applied` reaches the sample (`crate::events::UnmapUnderWay`).
+    pub reads_begun: AtomicU64,
+    pub reads_applied: AtomicU64,
 }
 
 /// One page of a part moved out of a region, not yet copied to its new address.
