@@ -378,8 +378,8 @@ typedef struct uswap_stats {
      */
     uint64_t syscall_efault;
     /**
-     * Waits past the bound for read events to be applied: signal-mode faults, new
-     * regions, and the program's unmaps under `uswap run`. Should stay 0.
+     * Waits past the bound for read events to be applied: signal-mode faults and system
+     * calls, new regions, and the program's unmaps under `uswap run`. Should stay 0.
      */
     uint64_t fault_event_wait_timeout;
     /**

@@ -154,8 +154,8 @@ pub struct uswap_stats {
     pub syscall_efault_retried: u64,
     /// Calls on managed memory whose `EFAULT` reached the program. Should stay 0.
     pub syscall_efault: u64,
-    /// Waits past the bound for read events to be applied: signal-mode faults, new
-    /// regions, and the program's unmaps under `uswap run`. Should stay 0.
+    /// Waits past the bound for read events to be applied: signal-mode faults and system
+    /// calls, new regions, and the program's unmaps under `uswap run`. Should stay 0.
     pub fault_event_wait_timeout: u64,
     /// Signal mode: transfers that stopped short at a page reclaim took out during the
     /// call, continued for the rest.

@@ -55,11 +55,11 @@
 //!   In thread mode that is a stale message: its thread faulted while another handler was
 //!   mapping the page, was woken by that mapping, and has since unmapped the range;
 //! * a new region enters the registry only once no program `munmap` of part of a managed
-//!   mapping is under way and every event read is applied ([`UnmapUnderWay`],
+//!   mapping is under way and every event its pager read is applied ([`UnmapUnderWay`],
 //!   [`settle_unmaps`]; bounded at 1 s): the kernel frees the addresses before it queues
 //!   the `UNMAP`, and another thread's new mapping there would otherwise lose its pages to
-//!   the late event. Unmaps that no interposer sees (a raw system call, a library's own
-//!   userfaultfd use) are not waited for;
+//!   the late event. Unmaps made without the guard (a raw system call the interposer does
+//!   not see, a library user's own `munmap`) are not waited for;
 //! * residual: a reclaim round that locked a page before an `UNMAP` and moves it after the
 //!   application has mapped new memory at that address *and* touched it, all before the
 //!   event thread marked the page `Gone`, moves that new page into the swap cache. The
@@ -153,7 +153,9 @@ pub(crate) fn in_flight() -> bool {
     EVENTS_IN_FLIGHT.load(Ordering::Acquire) > 0 || TAKE_OUT_RANGES.load(Ordering::Acquire) > 0
 }
 
-/// The longest a signal-mode fault waits in [`wait_until_applied`] before it goes on.
+/// The longest a signal-mode fault waits in [`wait_until_applied`] before it goes on; also
+/// the bound of a program unmap's wait for its event, and of a new region's for unmaps
+/// under way ([`UnmapUnderWay`], [`settle_unmaps`]).
 const APPLY_WAIT_LIMIT_NS: u64 = 1_000_000_000;
 
 /// Signal mode: waits until every event that has been read is applied, before a fault is
@@ -195,20 +197,24 @@ pub(crate) fn wait_until_applied(stats: &PerCpuStats) -> bool {
 }
 
 /// The program's unmaps of managed memory under way, over all pagers: counted from before
-/// the kernel's `munmap` until its `UNMAP` is applied ([`UnmapUnderWay`]).
+/// the kernel's `munmap` until its `UNMAP` is applied, or the wait for that gave up
+/// ([`UnmapUnderWay`]).
 static UNMAPS_UNDER_WAY: AtomicUsize = AtomicUsize::new(0);
 
 /// Held across a program's `munmap` of part of a managed mapping, from before the system
-/// call until the `UNMAP` it sends is applied: dropping it waits for that (bounded at
-/// [`APPLY_WAIT_LIMIT_NS`], counted). Asynchronous signals stay blocked meanwhile: a
-/// program's handler that left by `siglongjmp` would leave the count raised for good.
+/// call until the `UNMAP` it sends to this pager is applied: dropping it waits for that
+/// (at most a second once the call returned, counted in `fault_event_wait_timeout`).
+/// Asynchronous signals stay blocked meanwhile: a program's handler that left by
+/// `siglongjmp` would leave the count raised for good. One per pager whose regions the
+/// range overlaps; a thread that holds one and maps a region waits the full bound on
+/// itself. Bind it to a named variable (`let _ = ...` drops it at once).
 ///
 /// Why: the kernel frees the addresses, drops the `mmap` lock and only then queues the
 /// event, which is applied after it is read. In that window another thread's `mmap` can be
 /// handed the same addresses and made a region; applied then, the stale `UNMAP` made the new
 /// region's pages `Gone`, and its first touch a SIGBUS that no region claimed (Erlang's
 /// schedulers, which map and trim their carriers from several threads, died of it within
-/// seconds). A new region waits for the unmaps under way ([`settle_unmaps`]) before it is
+/// seconds). A new region waits for the unmaps under way (`settle_unmaps`) before it is
 /// entered in the registry, where the event would find it.
 #[must_use = "the unmap is under way only while this is held"]
 pub struct UnmapUnderWay<'a> {
@@ -231,8 +237,10 @@ impl Drop for UnmapUnderWay<'_> {
         // by now, which is applied once `reads_applied` reaches it.
         let deadline = crate::clock::now_ns().saturating_add(APPLY_WAIT_LIMIT_NS);
         wait_for_reads_begun(self.events, self.stats, deadline);
-        // Saturating: a fork child forgets the count its parent's threads held.
-        let _ = UNMAPS_UNDER_WAY.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| Some(n.saturating_sub(1)));
+        // Saturating: a fork child forgets the count its parent's threads held (none can
+        // hold one across a fork: signals are blocked, and engine threads never fork).
+        let before = UNMAPS_UNDER_WAY.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| Some(n.saturating_sub(1)));
+        debug_assert!(before.is_ok_and(|n| n > 0), "uswap invariant: more unmaps ended than began");
     }
 }
 
@@ -273,11 +281,14 @@ pub(crate) fn settle_unmaps(events: &EventState, stats: &PerCpuStats) {
     }
 }
 
-/// A fork child's own threads are the only ones: the counts of unmaps under way and reads in
-/// flight that its parent's other threads held at the fork would never come down.
+/// A fork child's own threads are the only ones: the counts of unmaps under way, reads in
+/// flight and moved parts being copied that its parent's other threads held at the fork
+/// would never come down (a SIGBUS at an address no region claims was retried for good
+/// while a copy looked pending).
 pub(crate) fn forget_in_fork_child() {
     UNMAPS_UNDER_WAY.store(0, Ordering::SeqCst);
     EVENTS_IN_FLIGHT.store(0, Ordering::SeqCst);
+    TAKE_OUT_RANGES.store(0, Ordering::SeqCst);
 }
 
 /// Reads up to `msgs.len()` messages and applies the events among them, in order, under

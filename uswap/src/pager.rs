@@ -822,7 +822,9 @@ impl Pager {
     /// returned. Dropping it waits until the `UNMAP` event the call sent is applied (at most
     /// a second); until then, no new region of any pager is entered in the registry, where a
     /// late `UNMAP` for the same addresses would take its pages (see
-    /// `events::UnmapUnderWay`). Asynchronous signals are blocked while it is held.
+    /// `events::UnmapUnderWay`). Asynchronous signals are blocked while it is held. Take one
+    /// from each pager whose regions the range overlaps, and map nothing while holding it
+    /// (the new region would wait its full bound for this very unmap).
     pub fn unmap_under_way(&self) -> UnmapUnderWay<'_> {
         let shared = &self.core.shared;
         UnmapUnderWay::begin(&shared.events, &shared.stats)
