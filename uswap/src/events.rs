@@ -283,7 +283,7 @@ pub(crate) fn settle_unmaps(events: &EventState, stats: &PerCpuStats) {
 
 /// A fork child's own threads are the only ones: the counts of unmaps under way, reads in
 /// flight and moved parts being copied that its parent's other threads held at the fork
-/// would never come down (a SIGBUS at an address no region claims was retried for good
+/// would never come down (a SIGBUS at an address no region claims would be retried for good
 /// while a copy looked pending).
 pub(crate) fn forget_in_fork_child() {
     UNMAPS_UNDER_WAY.store(0, Ordering::SeqCst);
