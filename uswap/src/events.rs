@@ -180,20 +180,8 @@ pub(crate) fn wait_until_applied(stats: &PerCpuStats) -> bool {
     if EVENTS_IN_FLIGHT.load(Ordering::Acquire) == 0 {
         return true;
     }
-    let t0 = crate::clock::now_ns();
-    let backoff = Backoff::new();
-    while EVENTS_IN_FLIGHT.load(Ordering::Acquire) > 0 {
-        if backoff.is_completed() {
-            if crate::clock::now_ns().saturating_sub(t0) > APPLY_WAIT_LIMIT_NS {
-                stats.inc(Counter::FaultEventWaitTimeout);
-                return false;
-            }
-            std::thread::yield_now();
-        } else {
-            backoff.snooze();
-        }
-    }
-    true
+    let deadline = crate::clock::now_ns().saturating_add(APPLY_WAIT_LIMIT_NS);
+    bounded_wait(stats, deadline, || EVENTS_IN_FLIGHT.load(Ordering::Acquire) == 0)
 }
 
 /// The program's unmaps of managed memory under way, over all pagers: counted from before
