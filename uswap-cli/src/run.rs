@@ -414,6 +414,10 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         // until the counters replace it.
         check_writable(p).map_err(|source| RunError::WriteStats { path: p.clone(), source })?;
     }
+    // Found out before the program starts, not when each of its processes is refused a
+    // pager (a server refused one after an hour's run, and the run failed only then).
+    let thread_mode = args.fault_mode == RunFaultMode::Thread;
+    uswap::check_userfaultfd(thread_mode).map_err(|source| RunError::Userfaultfd { thread_mode, source })?;
     let cfg = LaunchConfig {
         limit_bytes: limit,
         device: args.device.clone(),

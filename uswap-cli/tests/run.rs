@@ -1424,6 +1424,35 @@ fn signal_mode_runs_as_an_ordinary_user() {
     assert_eq!(counter(&v, "syscall_efault"), 0, "{v}");
     let peak = counter(&v, "resident_peak_bytes");
     assert!(peak <= (LIMIT_MIB << 20) + SLACK_BYTES, "resident peak {peak}: {v}");
+    thread_mode_is_refused_before_the_program_starts(&dir, &uswap, &lib, root);
+}
+
+/// Thread mode needs a userfaultfd the kernel's own faults reach, which an ordinary user
+/// may not open here: `uswap run` says so and fails before it starts the program (which
+/// would otherwise run unmanaged, and the run fail only at its end).
+fn thread_mode_is_refused_before_the_program_starts(dir: &Path, uswap: &Path, lib: &Path, root: bool) {
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    use std::os::unix::fs::PermissionsExt;
+    let dev_mode = std::fs::metadata("/dev/userfaultfd").map(|m| m.permissions().mode()).unwrap_or(0);
+    if !root || sysctl.trim() != "0" || dev_mode & 0o006 == 0o006 {
+        skipped("thread mode refused to an ordinary user: this machine lets every user open a userfaultfd, or the tests do not run as root");
+        return;
+    }
+    let marker = dir.join("started-in-thread-mode");
+    let o = run_timed(
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(uswap)
+            .args(["run", "--limit", "64MiB", "--fault-mode", "thread", "--", "touch"])
+            .arg(&marker)
+            .env("USWAP_PRELOAD_LIB", lib)
+            .current_dir(dir),
+        Duration::from_secs(60),
+    );
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("in thread mode (--fault-mode thread)") && e.contains("unprivileged_userfaultfd"), "{e}");
+    assert!(!marker.exists(), "the program ran though its run was refused: {e}");
 }
 
 /// A read of memory never written maps the kernel's zero page: nothing charged, nothing to

@@ -164,6 +164,20 @@ pub fn thread_mode_permitted() -> bool {
     uffd::Uffd::probe_features(false).is_ok()
 }
 
+/// Whether a pager could open its userfaultfd in this process, found out before anything
+/// is started: `Ok`, or the error every pager would fail with (access refused, no
+/// userfaultfd in this kernel, no `UFFDIO_MOVE`). `thread_mode`: one that the kernel's own
+/// faults reach (see [`thread_mode_permitted`]); signal mode's is allowed to every user on
+/// Linux >= 5.11. Opens and closes one descriptor.
+pub fn check_userfaultfd(thread_mode: bool) -> Result<()> {
+    let available = uffd::Uffd::probe_features(!thread_mode).map_err(pager::open_error)?;
+    let wanted = uffd::FEATURE_MOVE;
+    if available & wanted != wanted {
+        return Err(pager::open_error(uffd::OpenError::MissingFeatures { wanted, available }));
+    }
+    Ok(())
+}
+
 /// `mlockall`: no managed page of the process is a reclaim victim until
 /// [`unlock_all_memory`].
 pub fn lock_all_memory() {

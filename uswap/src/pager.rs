@@ -531,7 +531,7 @@ fn open_staging_uffd() -> Result<Uffd> {
     Uffd::open(uffd::FEATURE_MOVE | uffd::FEATURE_SIGBUS, true, true).map_err(open_error)
 }
 
-fn open_error(e: OpenError) -> Error {
+pub(crate) fn open_error(e: OpenError) -> Error {
     match e {
         OpenError::Denied { syscall, dev } => Error::UserfaultfdDenied { syscall, dev },
         OpenError::Unsupported(source) => Error::UserfaultfdUnsupported { source },

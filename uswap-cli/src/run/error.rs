@@ -39,6 +39,11 @@ pub enum RunError {
         format_size(uswap::MIN_LIMIT_BYTES)
     )]
     LimitTooSmall { limit_bytes: u64 },
+    #[error(
+        "cannot page the program {}: {source}",
+        if *thread_mode { "in thread mode (--fault-mode thread)" } else { "here" }
+    )]
+    Userfaultfd { thread_mode: bool, source: uswap::Error },
     #[error("--device: {0}")]
     Device(uswap::Error),
     #[error("cannot make a directory for the counters: {0}")]
