@@ -1107,6 +1107,18 @@ fn unmanaged_memory_is_reported_and_strict_fails_early() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("does not hold") && err.contains("shared memory"), "no report on stderr:\n{err}");
     assert!(counter(&v, "unmanaged_peak_bytes") >= WSS_MIB << 20, "{v}");
+    // Mapped by four processes, each with all of it resident, it is still one copy in
+    // memory: counted once (four times before, as PostgreSQL's shared buffers were, once
+    // per backend), and named once.
+    let readers = [p.to_str().unwrap(), data.as_str(), "3", "3"];
+    let (o, v) = uswap_run(LIMIT_MIB, &[], &readers, &dir);
+    assert!(o.status.success(), "{}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&plain(&prog).stdout));
+    let peak = counter(&v, "unmanaged_peak_bytes");
+    let one_copy = WSS_MIB << 20;
+    assert!((one_copy..one_copy * 3 / 2).contains(&peak), "the shared object counted {peak} bytes: {v}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("shared memory (MAP_SHARED").count(), 1, "named more than once:\n{err}");
     let slow = [p.to_str().unwrap(), data.as_str(), "60"];
     let t0 = Instant::now();
     let (o, _) = uswap_run(LIMIT_MIB, &["--strict"], &slow, &dir);

@@ -136,13 +136,27 @@ pub fn forget_locks_in_fork_child() {
 /// pager's counters.
 fn measure_unmanaged() {
     let min_size = crate::config().map_or(64 << 10, |c| c.min_size_bytes);
-    if let Some(u) = crate::unmanaged::measure(min_size) {
+    if let Some(mut u) = crate::unmanaged::measure(min_size) {
+        count_shared_once(&mut u);
         uswap::stats::note_unmanaged(u.bytes);
         note_tree_unmanaged(u.bytes);
         if u.bytes >= UNMANAGED_OWN_PEAK_BYTES.fetch_max(u.bytes, std::sync::atomic::Ordering::Relaxed) {
             *UNMANAGED_PEAK_LARGEST.lock() = u.largest.clone();
         }
         *UNMANAGED_LARGEST.lock() = u.largest;
+    }
+}
+
+/// Adds the shared memory `u` found to its total, each object counted by one process of
+/// the tree (see `uswap::shared_charge::ChargeSegment::count_shared_object`); outside a
+/// tree, all of it.
+fn count_shared_once(u: &mut crate::unmanaged::Unmanaged) {
+    match (crate::segment(), crate::own_slot()) {
+        (Some(seg), Some(own)) => {
+            seg.let_go_of_shared_objects(&own, &u.shared_objects());
+            u.count_shared(|object, bytes| seg.count_shared_object(&own, object, bytes));
+        }
+        _ => u.count_shared(|_, bytes| bytes),
     }
 }
 

@@ -7,9 +7,10 @@
 //! at what they held then, bounded by the brk heap's resident pages) is counted with the `PAGEMAP_SCAN` ioctl on
 //! `/proc/self/pagemap` (Linux 6.7): its private anonymous pages (present, neither file
 //! pages nor the shared zero page), and the resident pages of shared anonymous memory
-//! (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV shared memory). Each mapping left gets the
-//! reason it is not managed, from what `/proc` says of it. The scan runs on the report
-//! thread (every second) and at exit, never on the program's threads.
+//! (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV shared memory), which a tree counts once per
+//! object, not once per process that maps it ([`Unmanaged::count_shared`]). Each mapping
+//! left gets the reason it is not managed, from what `/proc` says of it. The scan runs on
+//! the report thread (every second) and at exit, never on the program's threads.
 //!
 //! Why not `/proc/self/smaps`: it walks the page tables of every mapping, the managed
 //! regions' too (pmbench's 1 GiB: 36 ms of a CPU every second), and while it runs the
@@ -35,12 +36,61 @@ pub struct Mapping {
 }
 
 /// What a scan found: the total, and the largest mappings (at most [`LARGEST`]).
+///
+/// Shared anonymous memory is kept apart until [`Unmanaged::count_shared`]: a page of it is
+/// one page for every process that maps it, which a tree must count once.
 #[derive(Debug, Default, Clone)]
 pub struct Unmanaged {
     pub bytes: u64,
     pub largest: Vec<Mapping>,
     /// The brk heap's extent, as the scan met it (`[heap]`; left out of `bytes`).
     brk_heap: Option<(usize, usize)>,
+    /// Every mapping of shared anonymous memory, resident pages or not, with its object
+    /// ([`object_key`]; 0 where `/proc` named none): not yet in `bytes` nor `largest`.
+    shared: Vec<(u64, Mapping)>,
+}
+
+impl Unmanaged {
+    /// Adds the shared anonymous memory to the total, each object once: `count(object,
+    /// bytes)` says how much of an object this process counts, given the `bytes` of it it
+    /// has resident (all of them outside a tree; in one, what
+    /// `uswap::shared_charge::ChargeSegment::count_shared_object` says). An object mapped
+    /// twice has its mappings' bytes added up, and is named by its first.
+    pub fn count_shared(&mut self, mut count: impl FnMut(u64, u64) -> u64) {
+        let shared = std::mem::take(&mut self.shared);
+        for (i, (object, m)) in shared.iter().enumerate() {
+            let counted = if *object == 0 {
+                m.bytes
+            } else if shared[..i].iter().any(|(o, _)| o == object) {
+                continue;
+            } else {
+                let bytes = shared.iter().filter(|(o, _)| o == object).map(|(_, m)| m.bytes).sum();
+                count(*object, bytes)
+            };
+            add(self, Mapping { bytes: counted, ..m.clone() });
+        }
+    }
+
+    /// The shared objects the scan met (see [`object_key`]).
+    pub fn shared_objects(&self) -> Vec<u64> {
+        self.shared.iter().map(|(o, _)| *o).filter(|&o| o != 0).collect()
+    }
+}
+
+/// A shared memory object's identity, from its device (`MAJOR:MINOR`, hex) and inode as
+/// `/proc/self/maps` gives them: the same in every process that maps it. 0 where either
+/// is missing.
+fn object_key(dev: &str, inode: &str) -> u64 {
+    let Some((major, minor)) = dev.split_once(':') else { return 0 };
+    let (Ok(major), Ok(minor), Ok(inode)) =
+        (u64::from_str_radix(major, 16), u64::from_str_radix(minor, 16), inode.parse::<u64>())
+    else {
+        return 0;
+    };
+    if inode == 0 {
+        return 0;
+    }
+    ((major << 20 | minor) << 40) ^ inode
 }
 
 /// Mappings named in a report.
@@ -51,6 +101,8 @@ struct Header<'a> {
     start: usize,
     end: usize,
     perms: &'a str,
+    /// [`object_key`] of its device and inode.
+    object: u64,
     path: &'a str,
 }
 
@@ -60,8 +112,8 @@ fn parse_header(line: &str) -> Option<Header<'_>> {
     let start = usize::from_str_radix(s, 16).ok()?;
     let end = usize::from_str_radix(e, 16).ok()?;
     let perms = f.next()?;
-    let (_off, _dev, _inode) = (f.next()?, f.next()?, f.next()?);
-    Some(Header { start, end, perms, path: f.next().unwrap_or("").trim() })
+    let (_off, dev, inode) = (f.next()?, f.next()?, f.next()?);
+    Some(Header { start, end, perms, object: object_key(dev, inode), path: f.next().unwrap_or("").trim() })
 }
 
 fn is_shared_anonymous(path: &str) -> bool {
@@ -191,7 +243,11 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
             continue;
         }
         let bytes = scan_resident_bytes(pagemap, h.start, h.end, shared_anon)?;
-        add(&mut out, Mapping { start: h.start, len: h.end - h.start, bytes, why: why(&h, b, min_size_bytes) });
+        let m = Mapping { start: h.start, len: h.end - h.start, bytes, why: why(&h, b, min_size_bytes) };
+        match shared_anon {
+            true => out.shared.push((h.object, m)),
+            false => add(&mut out, m),
+        }
     }
     Some(out)
 }
@@ -277,14 +333,16 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
     let f = std::fs::File::open("/proc/self/smaps").ok()?;
     let mut out = Unmanaged::default();
     // The mapping being read (its bytes still to come), and whether it is shared anonymous
-    // memory.
-    let mut cur: Option<(Mapping, bool)> = None;
+    // memory (with its object).
+    let mut cur: Option<(Mapping, Option<u64>)> = None;
     let mut before = Before::default();
     let mut bytes = 0u64;
-    let flush = |cur: Option<(Mapping, bool)>, bytes: u64, out: &mut Unmanaged| {
-        if let Some((m, _)) = cur.filter(|(m, _)| bytes > 0 && unowned(m.start, m.start + m.len)) {
-            add(out, Mapping { bytes, ..m });
-        }
+    let flush = |cur: Option<(Mapping, Option<u64>)>, bytes: u64, out: &mut Unmanaged| match cur
+        .filter(|(m, _)| unowned(m.start, m.start + m.len))
+    {
+        Some((m, Some(object))) => out.shared.push((object, Mapping { bytes, ..m })),
+        Some((m, None)) => add(out, Mapping { bytes, ..m }),
+        None => {}
     };
     for line in std::io::BufReader::new(f).lines() {
         let line = line.ok()?;
@@ -295,12 +353,12 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
             note_brk_heap(&mut out, &h);
             cur = counted(&h).map(|shared_anon| {
                 let m = Mapping { start: h.start, len: h.end - h.start, bytes: 0, why: why(&h, b, min_size_bytes) };
-                (m, shared_anon)
+                (m, shared_anon.then_some(h.object))
             });
             continue;
         }
         let Some((_, shared_anon)) = cur else { continue };
-        let field = if shared_anon { "Rss:" } else { "Anonymous:" };
+        let field = if shared_anon.is_some() { "Rss:" } else { "Anonymous:" };
         if let Some(kb) = line.strip_prefix(field) {
             bytes = kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
         }
@@ -312,6 +370,30 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_object_is_counted_once_per_process_and_named_by_its_first_mapping() {
+        let h = parse_header("7f00a000-7f00c000 rw-s 00000000 00:01 2052 /dev/zero (deleted)").unwrap();
+        assert_eq!(h.object, (1 << 40) ^ 2052);
+        assert_eq!(parse_header("7f00a000-7f00c000 rw-p 00000000 00:00 0 ").unwrap().object, 0);
+        let m = |start, bytes| Mapping { start, len: 1 << 20, bytes, why: "shared" };
+        let mut u = Unmanaged { bytes: 5, ..Default::default() };
+        u.shared = vec![(7, m(0x1000, 4096)), (0, m(0x2000, 100)), (7, m(0x3000, 8192)), (9, m(0x4000, 1))];
+        assert_eq!(u.shared_objects(), vec![7, 7, 9]);
+        let mut asked = Vec::new();
+        u.count_shared(|object, bytes| {
+            asked.push((object, bytes));
+            if object == 9 {
+                0
+            } else {
+                bytes
+            }
+        });
+        assert_eq!(asked, vec![(7, 4096 + 8192), (9, 1)], "each object asked once, with all its bytes");
+        assert_eq!(u.bytes, 5 + 4096 + 8192 + 100);
+        let named: Vec<usize> = u.largest.iter().map(|m| m.start).collect();
+        assert_eq!(named, vec![0x1000, 0x2000], "named by its first mapping; one counted elsewhere is not named");
+    }
 
     #[test]
     fn headers_parse_with_and_without_a_path() {
@@ -371,8 +453,11 @@ mod tests {
         let len = 4 << 20;
         let touched = 1 << 20;
         let p = touched_mapping(libc::MAP_SHARED, len, touched);
-        let u = measure(64 << 10).expect("maps and pagemap");
-        let by_smaps = measure_by_smaps(64 << 10).expect("smaps");
+        let mut u = measure(64 << 10).expect("maps and pagemap");
+        let mut by_smaps = measure_by_smaps(64 << 10).expect("smaps");
+        assert_eq!(u.shared_objects(), by_smaps.shared_objects(), "both name the same objects");
+        u.count_shared(|_, bytes| bytes);
+        by_smaps.count_shared(|_, bytes| bytes);
         assert!(by_smaps.largest.iter().any(|s| s.start == p as usize && s.bytes == touched as u64), "{by_smaps:?}");
         let m = u.largest.iter().find(|m| m.start == p as usize);
         let m = m.unwrap_or_else(|| panic!("the shared mapping at {p:?} is not among the largest: {u:?}"));

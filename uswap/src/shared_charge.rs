@@ -25,7 +25,10 @@
 //! per process at different moments, and which stays within the pool's cap for the tree as a
 //! whole. The same goes for the storage of the first [`TREE_DEVICES`] devices
 //! ([`DeviceShare`]): a device's size is the tree's, not each process's. A slot keeps its
-//! process's share of each, returned with the charge.
+//! process's share of each, returned with the charge. A table of shared memory objects
+//! says which process counts each in the tree's unmanaged memory
+//! ([`ChargeSegment::count_shared_object`]), so that a page mapped by many processes is
+//! counted once.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -266,6 +269,9 @@ pub struct OwnSlot {
     pub device_bytes: &'static [AtomicU64; TREE_DEVICES],
     /// Its share of the tree's unmanaged memory ([`SharedCharge::note_unmanaged`]).
     pub unmanaged_bytes: &'static AtomicU64,
+    /// Its place in the segment's table of slots: who counts a shared object
+    /// ([`ChargeSegment::count_shared_object`]).
+    pub index: usize,
 }
 
 /// A pager's own charge: its own counter, or one in memory it shares with others.
@@ -306,7 +312,7 @@ pub const DEEP_BIND_PREFIX: &str = "deep-bind-";
 pub const MAX_PROCESSES: usize = 4096;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uswapchg");
-const VERSION: u64 = 10;
+const VERSION: u64 = 11;
 
 /// This process's pid namespace: the low 32 bits of `/proc/self/ns/pid`'s inode (0 where
 /// `/proc` is not mounted), read once per process and kept with the pid it was read in (a
@@ -360,6 +366,23 @@ struct Segment {
     creator_pid_namespace: AtomicU64,
     charge: SharedCharge,
     slots: [Slot; MAX_PROCESSES],
+    shared_objects: [SharedObject; SHARED_OBJECTS],
+}
+
+/// Shared memory objects the tree counts once (see [`ChargeSegment::count_shared_object`]).
+pub const SHARED_OBJECTS: usize = 128;
+
+/// One shared memory object of the tree's processes, and who counts it.
+#[repr(C)]
+struct SharedObject {
+    /// 0: free; else the object's identity (its device and inode, see
+    /// [`ChargeSegment::count_shared_object`]). Set once, when the entry is first taken.
+    object: AtomicU64,
+    /// 1 + the index of the slot of the process that counts it; 0: nobody (its counter
+    /// let go of it, or left the tree).
+    counter: AtomicUsize,
+    /// The most resident bytes a process measured of it since its counter last read this.
+    bytes_seen: AtomicU64,
 }
 
 /// A mapped charge segment. Mapped for the life of the process (pagers hold `'static`
@@ -457,6 +480,70 @@ impl ChargeSegment {
             tree.fetch_sub(own.swap(0, Ordering::AcqRel), Ordering::AcqRel);
         }
         self.seg.charge.note_unmanaged(&slot.own_unmanaged_bytes, 0);
+        let index = (slot as *const Slot as usize - self.seg.slots.as_ptr() as usize) / std::mem::size_of::<Slot>();
+        for o in &self.seg.shared_objects {
+            let _ = o.counter.compare_exchange(index + 1, 0, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// How much of a shared memory object this process is to count in the tree's
+    /// unmanaged memory, given that it has `bytes` of it resident: the most any process of
+    /// the tree has had resident since the last call, if this process is the one that
+    /// counts the object; 0 if another live process of the tree counts it. A page shared by
+    /// every process that maps it was counted by each (PostgreSQL's shared buffers, once
+    /// per backend: 121 MiB said for 18), where the kernel charges it once.
+    ///
+    /// `object` names it by device and inode (not 0). The first process to meet an object
+    /// counts it until it no longer maps it ([`Self::let_go_of_shared_objects`]) or leaves
+    /// the tree; then the next to meet it does. With the table full, every process counts
+    /// what it maps, as before. No lock; a race costs a second's double count at most.
+    pub fn count_shared_object(&self, own: &OwnSlot, object: u64, bytes: u64) -> u64 {
+        assert_ne!(object, 0, "0 marks a free entry");
+        let me = own.index + 1;
+        let Some(o) = self.shared_object_entry(object) else { return bytes };
+        o.bytes_seen.fetch_max(bytes, Ordering::AcqRel);
+        let counter = o.counter.load(Ordering::Acquire);
+        let taken = counter == me
+            || ((counter == 0 || !self.slot_live(counter - 1))
+                && o.counter.compare_exchange(counter, me, Ordering::AcqRel, Ordering::Acquire).is_ok());
+        if !taken {
+            return 0;
+        }
+        o.bytes_seen.swap(bytes, Ordering::AcqRel).max(bytes)
+    }
+
+    /// Lets go of the shared objects this process counted that are not in `mapped` (it
+    /// unmapped them): the next process of the tree to meet one counts it.
+    pub fn let_go_of_shared_objects(&self, own: &OwnSlot, mapped: &[u64]) {
+        for o in &self.seg.shared_objects {
+            if o.counter.load(Ordering::Acquire) == own.index + 1 && !mapped.contains(&o.object.load(Ordering::Acquire))
+            {
+                let _ = o.counter.compare_exchange(own.index + 1, 0, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+    }
+
+    /// The table's entry for `object`, taken if it has none; `None` with the table full.
+    /// Entries are never freed: a tree meets few shared objects (a free entry is taken
+    /// by the first process that needs it, for good).
+    fn shared_object_entry(&self, object: u64) -> Option<&SharedObject> {
+        for o in &self.seg.shared_objects {
+            match o.object.load(Ordering::Acquire) {
+                k if k == object => return Some(o),
+                0 => match o.object.compare_exchange(0, object, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Some(o),
+                    Err(k) if k == object => return Some(o),
+                    Err(_) => continue,
+                },
+                _ => continue,
+            }
+        }
+        None
+    }
+
+    /// Whether the slot at `index` is held by a process (not free, not being given back).
+    fn slot_live(&self, index: usize) -> bool {
+        self.seg.slots.get(index).is_some_and(|s| !matches!(s.pid.load(Ordering::Acquire), 0 | u64::MAX))
     }
 
     /// The most unmanaged memory the tree's processes held at once (as they measured it).
@@ -474,22 +561,23 @@ impl ChargeSegment {
     /// the slot reused. `None` when every slot is taken.
     pub fn claim(&self, pid: u32) -> Option<OwnSlot> {
         let pid = slot_key(pid);
-        let own = |s: &'static Slot| OwnSlot {
+        let own = |index: usize, s: &'static Slot| OwnSlot {
             pages: &s.own_pages,
             pool_bytes: &s.own_pool_bytes,
             device_bytes: &s.own_device_bytes,
             unmanaged_bytes: &s.own_unmanaged_bytes,
+            index,
         };
-        for s in &self.seg.slots {
+        for (i, s) in self.seg.slots.iter().enumerate() {
             if s.pid.load(Ordering::Acquire) == pid {
                 self.release(s);
-                return Some(own(s));
+                return Some(own(i, s));
             }
         }
-        for s in &self.seg.slots {
+        for (i, s) in self.seg.slots.iter().enumerate() {
             if s.pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 self.seg.charge.nr_processes.fetch_add(1, Ordering::AcqRel);
-                return Some(own(s));
+                return Some(own(i, s));
             }
         }
         None
@@ -601,6 +689,35 @@ mod tests {
         assert_eq!(tree.nr_processes.load(Ordering::Relaxed), 0);
         seg.leave(1_000_004);
         assert_eq!(tree.nr_processes.load(Ordering::Relaxed), 0, "leaving twice is a no-op");
+    }
+
+    #[test]
+    fn a_shared_object_is_counted_by_one_process_at_its_largest_until_that_one_lets_go() {
+        let seg = segment("shared");
+        let (a, b) = (seg.claim(1_000_005).expect("a slot"), seg.claim(1_000_006).expect("a slot"));
+        let object = 0x42;
+        // The first to meet it counts it; the other's larger share reaches the counter's
+        // next measure, once.
+        assert_eq!(seg.count_shared_object(&a, object, 10), 10);
+        assert_eq!(seg.count_shared_object(&b, object, 30), 0);
+        assert_eq!(seg.count_shared_object(&a, object, 10), 30);
+        assert_eq!(seg.count_shared_object(&a, object, 10), 10);
+        // The counter unmapped it: the other counts it from its next measure.
+        seg.let_go_of_shared_objects(&a, &[]);
+        assert_eq!(seg.count_shared_object(&b, object, 30), 30);
+        assert_eq!(seg.count_shared_object(&a, object, 10), 0);
+        // The counter leaves the tree: its claim goes with its slot.
+        seg.leave(1_000_006);
+        assert_eq!(seg.count_shared_object(&a, object, 10), 30, "what the one that left saw last");
+        assert_eq!(seg.count_shared_object(&a, object, 10), 10);
+        // A full table: every process counts what it maps, as without a table.
+        for o in 1..=SHARED_OBJECTS as u64 {
+            seg.count_shared_object(&a, 0x1000 + o, 1);
+        }
+        let c = seg.claim(1_000_007).expect("a slot");
+        assert_eq!(seg.count_shared_object(&c, 0x42_0000, 7), 7);
+        assert_eq!(seg.count_shared_object(&a, 0x42_0000, 7), 7);
+        assert_eq!(seg.count_shared_object(&c, object, 10), 0, "a known object is still counted once");
     }
 
     #[test]
