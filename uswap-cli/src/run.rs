@@ -8,7 +8,8 @@
 //!
 //! What cannot work is refused before the program starts, with exit status 2: a program that
 //! is not found or not executable, a statically linked one (it never loads a preloaded
-//! library), a missing preload library.
+//! library), a missing preload library, a userfaultfd this user may not open in the fault
+//! mode asked for (`uswap::check_userfaultfd`).
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -415,7 +416,9 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         check_writable(p).map_err(|source| RunError::WriteStats { path: p.clone(), source })?;
     }
     // Found out before the program starts, not when each of its processes is refused a
-    // pager (a server refused one after an hour's run, and the run failed only then).
+    // pager (a server refused one after an hour's run, and the run failed only then). For
+    // the mode asked for, as this user: a process that changes user, or one that auto mode
+    // puts in thread mode (it links liburing), can still be refused, and is said then.
     let thread_mode = args.fault_mode == RunFaultMode::Thread;
     uswap::check_userfaultfd(thread_mode).map_err(|source| RunError::Userfaultfd { thread_mode, source })?;
     let cfg = LaunchConfig {

@@ -124,6 +124,22 @@ pub fn own_slot() -> Option<uswap::shared_charge::OwnSlot> {
     *OWN_SLOT.lock()
 }
 
+/// Before `execve`: the image's unmanaged memory goes with it, and the shared objects it
+/// counted for the tree go to the tree's other processes (a new image that never takes a
+/// pager, or one that does not load the library, would hold them for good). Only by the
+/// process whose slot it is: not a `vfork` child (its parent's memory and statics), nor a
+/// fork child without a pager of its own (its slot is its parent's).
+pub(crate) fn leave_unmanaged_before_exec() {
+    if !own_process::is_own_process() {
+        return;
+    }
+    let (Some(seg), Some(own)) = (segment(), own_slot()) else { return };
+    if seg.held_by(&own, std::process::id()) {
+        seg.charge().note_unmanaged(own.unmanaged_bytes, 0);
+        seg.let_go_of_shared_objects(&own, &[]);
+    }
+}
+
 /// Takes a slot of `seg` for this process (noted: [`own_slot`]) and charges `builder`'s
 /// pager to the tree through it: its pages, its pools and its devices. With every slot
 /// taken, the pager runs under its own limit only (said in its record).

@@ -137,9 +137,12 @@ pub fn forget_locks_in_fork_child() {
 fn measure_unmanaged() {
     let min_size = crate::config().map_or(64 << 10, |c| c.min_size_bytes);
     if let Some(mut u) = crate::unmanaged::measure(min_size) {
+        let mapped = u.shared_objects();
         count_shared_once(&mut u);
         uswap::stats::note_unmanaged(u.bytes);
         note_tree_unmanaged(u.bytes);
+        // After the tree's sum is without them: another process takes them over.
+        let_go_of_shared_objects(&mapped);
         if u.bytes >= UNMANAGED_OWN_PEAK_BYTES.fetch_max(u.bytes, std::sync::atomic::Ordering::Relaxed) {
             *UNMANAGED_PEAK_LARGEST.lock() = u.largest.clone();
         }
@@ -152,11 +155,16 @@ fn measure_unmanaged() {
 /// tree, all of it.
 fn count_shared_once(u: &mut crate::unmanaged::Unmanaged) {
     match (crate::segment(), crate::own_slot()) {
-        (Some(seg), Some(own)) => {
-            seg.let_go_of_shared_objects(&own, &u.shared_objects());
-            u.count_shared(|object, bytes| seg.count_shared_object(&own, object, bytes));
-        }
+        (Some(seg), Some(own)) => u.count_shared(|object, bytes| seg.count_shared_object(&own, object, bytes)),
         _ => u.count_shared(|_, bytes| bytes),
+    }
+}
+
+/// Lets go of the shared objects this process counted for the tree and no longer maps
+/// (all of them, with `&[]`): the next process of the tree that meets one counts it.
+fn let_go_of_shared_objects(mapped: &[u64]) {
+    if let (Some(seg), Some(own)) = (crate::segment(), crate::own_slot()) {
+        seg.let_go_of_shared_objects(&own, mapped);
     }
 }
 
@@ -257,6 +265,7 @@ pub fn write_final() {
         write(true);
         // Its memory goes with it: the tree's figure at the next moment is without it.
         note_tree_unmanaged(0);
+        let_go_of_shared_objects(&[]);
     }
 }
 

@@ -6,8 +6,9 @@
 //! which serves only uswap once mimalloc is up; the program's blocks from before are added,
 //! at what they held then, bounded by the brk heap's resident pages) is counted with the `PAGEMAP_SCAN` ioctl on
 //! `/proc/self/pagemap` (Linux 6.7): its private anonymous pages (present, neither file
-//! pages nor the shared zero page), and the resident pages of shared anonymous memory
-//! (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV shared memory), which a tree counts once per
+//! pages nor the shared zero page), and the pages of shared anonymous memory in memory
+//! (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV shared memory; by `mincore`, which asks the
+//! object, whoever touched them), which a tree counts once per
 //! object, not once per process that maps it ([`Unmanaged::count_shared`]). Each mapping
 //! left gets the reason it is not managed, from what `/proc` says of it. The scan runs on
 //! the report thread (every second) and at exit, never on the program's threads.
@@ -79,8 +80,9 @@ impl Unmanaged {
 
 /// A shared memory object's identity, from its device (`MAJOR:MINOR`, hex) and inode as
 /// `/proc/self/maps` gives them: the same in every process that maps it. 0 where either
-/// is missing.
-fn object_key(dev: &str, inode: &str) -> u64 {
+/// is missing. A SysV segment's "inode" is its shmid, on the same internal device as the
+/// inodes of memfds and `MAP_SHARED|MAP_ANONYMOUS` mappings: the top bit tells them apart.
+fn object_key(dev: &str, inode: &str, path: &str) -> u64 {
     let Some((major, minor)) = dev.split_once(':') else { return 0 };
     let (Ok(major), Ok(minor), Ok(inode)) =
         (u64::from_str_radix(major, 16), u64::from_str_radix(minor, 16), inode.parse::<u64>())
@@ -90,7 +92,8 @@ fn object_key(dev: &str, inode: &str) -> u64 {
     if inode == 0 {
         return 0;
     }
-    ((major << 20 | minor) << 40) ^ inode
+    let sysv = if path.starts_with("/SYSV") { 1 << 63 } else { 0 };
+    ((major << 20 | minor) << 40) ^ inode ^ sysv
 }
 
 /// Mappings named in a report.
@@ -113,7 +116,8 @@ fn parse_header(line: &str) -> Option<Header<'_>> {
     let end = usize::from_str_radix(e, 16).ok()?;
     let perms = f.next()?;
     let (_off, dev, inode) = (f.next()?, f.next()?, f.next()?);
-    Some(Header { start, end, perms, object: object_key(dev, inode), path: f.next().unwrap_or("").trim() })
+    let path = f.next().unwrap_or("").trim();
+    Some(Header { start, end, perms, object: object_key(dev, inode, path), path })
 }
 
 fn is_shared_anonymous(path: &str) -> bool {
@@ -242,7 +246,11 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
         if h.start as u64 >= 1 << 63 || !unowned(h.start, h.end) {
             continue;
         }
-        let bytes = scan_resident_bytes(pagemap, h.start, h.end, shared_anon)?;
+        let bytes = match shared_anon {
+            true => object_resident_bytes(h.start, h.end),
+            false => None,
+        };
+        let bytes = bytes.or_else(|| scan_resident_bytes(pagemap, h.start, h.end, shared_anon))?;
         let m = Mapping { start: h.start, len: h.end - h.start, bytes, why: why(&h, b, min_size_bytes) };
         match shared_anon {
             true => out.shared.push((h.object, m)),
@@ -250,6 +258,30 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
         }
     }
     Some(out)
+}
+
+/// The bytes of the shared memory object that `[start, end)` maps which are in memory,
+/// whoever brought them in: `mincore` asks the object (its page cache), not this process's
+/// page tables, so every process that maps the same part of an object gets the same figure,
+/// the pages all of them touched together (PostgreSQL's backends each touch some of the
+/// shared buffers). `None` if `mincore` fails. Bounded: one call per 64 MiB.
+fn object_resident_bytes(start: usize, end: usize) -> Option<u64> {
+    const CHUNK_PAGES: usize = 1 << 14;
+    let mut vec = vec![0u8; CHUNK_PAGES];
+    let mut bytes = 0u64;
+    let mut at = start;
+    while at < end {
+        let len = (end - at).min(CHUNK_PAGES * uswap::PAGE_SIZE);
+        // SAFETY: mincore reads the residency of `[at, at + len)` and writes one byte per
+        // page of it into `vec`, which holds CHUNK_PAGES bytes, enough for `len`.
+        if unsafe { libc::mincore(at as *mut libc::c_void, len, vec.as_mut_ptr()) } != 0 {
+            return None;
+        }
+        let pages = len.div_ceil(uswap::PAGE_SIZE);
+        bytes += vec[..pages].iter().filter(|&&b| b & 1 != 0).count() as u64 * uswap::PAGE_SIZE as u64;
+        at += len;
+    }
+    Some(bytes)
 }
 
 /// `struct page_region` and `struct pm_scan_arg` of `<linux/fs.h>`.
@@ -340,7 +372,10 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
     let flush = |cur: Option<(Mapping, Option<u64>)>, bytes: u64, out: &mut Unmanaged| match cur
         .filter(|(m, _)| unowned(m.start, m.start + m.len))
     {
-        Some((m, Some(object))) => out.shared.push((object, Mapping { bytes, ..m })),
+        Some((m, Some(object))) => {
+            let bytes = object_resident_bytes(m.start, m.start + m.len).unwrap_or(bytes);
+            out.shared.push((object, Mapping { bytes, ..m }))
+        }
         Some((m, None)) => add(out, Mapping { bytes, ..m }),
         None => {}
     };
@@ -375,6 +410,8 @@ mod tests {
     fn a_shared_object_is_counted_once_per_process_and_named_by_its_first_mapping() {
         let h = parse_header("7f00a000-7f00c000 rw-s 00000000 00:01 2052 /dev/zero (deleted)").unwrap();
         assert_eq!(h.object, (1 << 40) ^ 2052);
+        let sysv = parse_header("7f00a000-7f00c000 rw-s 00000000 00:01 2052 /SYSV0052e2c1 (deleted)").unwrap();
+        assert_ne!(sysv.object, h.object, "a shmid is not an inode");
         assert_eq!(parse_header("7f00a000-7f00c000 rw-p 00000000 00:00 0 ").unwrap().object, 0);
         let m = |start, bytes| Mapping { start, len: 1 << 20, bytes, why: "shared" };
         let mut u = Unmanaged { bytes: 5, ..Default::default() };

@@ -19,6 +19,15 @@ pub enum Error {
     UserfaultfdDenied { syscall: io::Error, dev: io::Error },
 
     #[error(
+        "cannot open a userfaultfd even for faults from user mode, which the kernel grants every \
+         user (Linux >= 5.11): the system call said \"{syscall}\", so a seccomp filter or a security \
+         module forbids it here (Docker's default profile allows userfaultfd only to a container \
+         started with --cap-add SYS_PTRACE), and /dev/userfaultfd said \"{dev}\". Allow the \
+         userfaultfd system call, or run outside the container"
+    )]
+    UserfaultfdFiltered { syscall: io::Error, dev: io::Error },
+
+    #[error(
         "this kernel has no userfaultfd ({source}); uswap needs Linux >= 6.8 built with CONFIG_USERFAULTFD=y \
          (or the process runs under an emulator of system calls, such as valgrind, that has none)"
     )]
@@ -173,7 +182,7 @@ impl Error {
         // Exhaustive on purpose: a new error must be given a kind here, not fall into a
         // catch-all.
         match self {
-            UserfaultfdDenied { .. } => ErrorKind::Permission,
+            UserfaultfdDenied { .. } | UserfaultfdFiltered { .. } => ErrorKind::Permission,
             UserfaultfdUnsupported { .. } | KernelTooOld { .. } => ErrorKind::Unsupported,
             LimitTooSmall { .. }
             | BadStallTarget { .. }
@@ -210,6 +219,7 @@ mod tests {
         let denied = || io::Error::from_raw_os_error(libc::EPERM);
         let cases = [
             (Error::UserfaultfdDenied { syscall: denied(), dev: denied() }, ErrorKind::Permission),
+            (Error::UserfaultfdFiltered { syscall: denied(), dev: denied() }, ErrorKind::Permission),
             (Error::KernelTooOld { release: "6.1".into(), missing: "UFFDIO_MOVE".into() }, ErrorKind::Unsupported),
             (Error::LimitTooSmall { limit_bytes: 4096, min_bytes: 1 << 20 }, ErrorKind::InvalidArgument),
             (Error::NoDevice, ErrorKind::InvalidArgument),

@@ -170,7 +170,11 @@ pub fn thread_mode_permitted() -> bool {
 /// faults reach (see [`thread_mode_permitted`]); signal mode's is allowed to every user on
 /// Linux >= 5.11. Opens and closes one descriptor.
 pub fn check_userfaultfd(thread_mode: bool) -> Result<()> {
-    let available = uffd::Uffd::probe_features(!thread_mode).map_err(pager::open_error)?;
+    let available = uffd::Uffd::probe_features(!thread_mode).map_err(|e| match e {
+        // Refused though user-mode faults were asked for, which the kernel grants everyone.
+        uffd::OpenError::Denied { syscall, dev } if !thread_mode => Error::UserfaultfdFiltered { syscall, dev },
+        e => pager::open_error(e),
+    })?;
     let wanted = uffd::FEATURE_MOVE;
     if available & wanted != wanted {
         return Err(pager::open_error(uffd::OpenError::MissingFeatures { wanted, available }));

@@ -491,12 +491,15 @@ impl ChargeSegment {
     /// the tree has had resident since the last call, if this process is the one that
     /// counts the object; 0 if another live process of the tree counts it. A page shared by
     /// every process that maps it was counted by each (PostgreSQL's shared buffers, once
-    /// per backend: 121 MiB said for 18), where the kernel charges it once.
+    /// per process of the server: 121 MiB said for 18), where the kernel charges it once.
     ///
     /// `object` names it by device and inode (not 0). The first process to meet an object
     /// counts it until it no longer maps it ([`Self::let_go_of_shared_objects`]) or leaves
     /// the tree; then the next to meet it does. With the table full, every process counts
-    /// what it maps, as before. No lock; a race costs a second's double count at most.
+    /// what it maps, as before. No lock. A process lets go of an object only after its
+    /// share without it is in the tree's sum, and its claims go with its slot only after
+    /// its share went, and of two processes that meet an object at once one takes it: the
+    /// sum never holds an object twice (its peak would keep that for good).
     pub fn count_shared_object(&self, own: &OwnSlot, object: u64, bytes: u64) -> u64 {
         assert_ne!(object, 0, "0 marks a free entry");
         let me = own.index + 1;
@@ -541,9 +544,18 @@ impl ChargeSegment {
         None
     }
 
-    /// Whether the slot at `index` is held by a process (not free, not being given back).
+    /// Whether `own` is the slot of process `pid` (not a parent's, which a fork child
+    /// without a pager of its own still has noted).
+    pub fn held_by(&self, own: &OwnSlot, pid: u32) -> bool {
+        self.seg.slots.get(own.index).is_some_and(|s| s.pid.load(Ordering::Acquire) == slot_key(pid))
+    }
+
+    /// Whether the slot at `index` is held by a process. One being given back still is:
+    /// its claims go only once its share of the unmanaged memory went (`release`), so that
+    /// no other process counts an object while the sum still holds it (the peak would keep
+    /// the double count for good).
     fn slot_live(&self, index: usize) -> bool {
-        self.seg.slots.get(index).is_some_and(|s| !matches!(s.pid.load(Ordering::Acquire), 0 | u64::MAX))
+        self.seg.slots.get(index).is_some_and(|s| s.pid.load(Ordering::Acquire) != 0)
     }
 
     /// The most unmanaged memory the tree's processes held at once (as they measured it).
@@ -695,6 +707,7 @@ mod tests {
     fn a_shared_object_is_counted_by_one_process_at_its_largest_until_that_one_lets_go() {
         let seg = segment("shared");
         let (a, b) = (seg.claim(1_000_005).expect("a slot"), seg.claim(1_000_006).expect("a slot"));
+        assert!(seg.held_by(&a, 1_000_005) && !seg.held_by(&a, 1_000_006));
         let object = 0x42;
         // The first to meet it counts it; the other's larger share reaches the counter's
         // next measure, once.

@@ -41,7 +41,11 @@ pub enum RunError {
     LimitTooSmall { limit_bytes: u64 },
     #[error(
         "cannot page the program {}: {source}",
-        if *thread_mode { "in thread mode (--fault-mode thread)" } else { "here" }
+        if *thread_mode {
+            "in thread mode (--fault-mode thread; the default, auto, runs most programs in signal mode, which needs no permission)"
+        } else {
+            "here"
+        }
     )]
     Userfaultfd { thread_mode: bool, source: uswap::Error },
     #[error("--device: {0}")]

@@ -241,8 +241,9 @@ pub struct Stats {
     pub limit_pages: u64,
     /// The process's anonymous memory that no pager manages (and that is not the engine's
     /// own), in bytes, as last measured by whoever measures it ([`note_unmanaged`]; `uswap
-    /// run`'s library does, from `/proc/self/pagemap`, every second). Process-wide: every
-    /// pager of the process reports the same figure.
+    /// run`'s library does, from `/proc/self/pagemap`, every second; in a tree, a shared
+    /// memory object counts only in the process that counts it for the tree). Process-wide:
+    /// every pager of the process reports the same figure.
     pub unmanaged_bytes: u64,
     /// The most of it measured at once.
     pub unmanaged_peak_bytes: u64,
