@@ -22,7 +22,9 @@ if [ "$(id -u)" = 0 ]; then
 fi
 run() { "${as_user[@]}" "$@"; }
 run "$bin/initdb" -D "$dir/data" --no-sync >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; exit 1; }
-run "$bin/postgres" -D "$dir/data" -k "$dir" -c listen_addresses= -c fsync=off -c shared_buffers=16MB \
+# Not through `run`: a function in the background is a subshell, which ignores SIGINT (the
+# server's fast shutdown) as a non-interactive shell's background job does.
+"${as_user[@]}" "$bin/postgres" -D "$dir/data" -k "$dir" -c listen_addresses= -c fsync=off -c shared_buffers=16MB \
     -c work_mem=256MB -c maintenance_work_mem=256MB -c max_parallel_workers_per_gather=2 -c jit=off \
     >"$dir/server.log" 2>&1 &
 server=$!
@@ -34,8 +36,7 @@ until run "$bin/pg_isready" -q -h "$dir"; do
 done
 psql=(run psql -X -A -t -h "$dir" -d postgres)
 "${psql[@]}" -q -c "CREATE DATABASE bench" >/dev/null
-run "$bin/../bin/pgbench" -h "$dir" -i -s "$scale" -q bench >/dev/null 2>&1 \
-    || run pgbench -h "$dir" -i -s "$scale" -q bench >/dev/null
+run "$bin/pgbench" -h "$dir" -i -s "$scale" -q bench >/dev/null
 queries=(
     "SELECT md5(string_agg(x, '' ORDER BY x)) FROM (SELECT md5(aid::text) x FROM pgbench_accounts) s"
     "SELECT count(*), sum(h), md5(string_agg(k, '' ORDER BY k)) FROM (SELECT substr(md5(aid::text), 1, 6) k, count(*) h FROM pgbench_accounts GROUP BY 1) s"

@@ -120,8 +120,16 @@ fn parse_header(line: &str) -> Option<Header<'_>> {
     Some(Header { start, end, perms, object: object_key(dev, inode, path), path })
 }
 
+/// Whether a shared mapping of `path` is memory, not a file on a disk: `MAP_SHARED|
+/// MAP_ANONYMOUS` (`/dev/zero`), a memfd, a SysV segment, or a POSIX shared memory object
+/// (`shm_open`, a file in `/dev/shm`: Python's `multiprocessing.shared_memory` and its
+/// `Value`s and `Array`s, PostgreSQL's `dynamic_shared_memory_type=posix`).
 fn is_shared_anonymous(path: &str) -> bool {
-    path.starts_with("/dev/zero") || path.starts_with("/memfd:") || path.starts_with("/SYSV") || path == "[anon_shmem]"
+    path.starts_with("/dev/zero")
+        || path.starts_with("/memfd:")
+        || path.starts_with("/SYSV")
+        || path.starts_with("/dev/shm/")
+        || path == "[anon_shmem]"
 }
 
 /// Where the mapping before ended, and whether it was a file's writable data: an anonymous
@@ -143,7 +151,7 @@ impl Before {
 fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
     let shared = h.perms.as_bytes().get(3) == Some(&b's');
     if shared && is_shared_anonymous(h.path) {
-        return "shared memory (MAP_SHARED|MAP_ANONYMOUS, memfd, SysV): not paged by uswap (docs/cli.md)";
+        return "shared memory (MAP_SHARED|MAP_ANONYMOUS, memfd, SysV, /dev/shm): not paged by uswap (docs/cli.md)";
     }
     match h.path {
         "[stack]" => "the main thread's stack",
@@ -412,6 +420,10 @@ mod tests {
         assert_eq!(h.object, (1 << 40) ^ 2052);
         let sysv = parse_header("7f00a000-7f00c000 rw-s 00000000 00:01 2052 /SYSV0052e2c1 (deleted)").unwrap();
         assert_ne!(sysv.object, h.object, "a shmid is not an inode");
+        let posix = parse_header("7f00a000-7f00c000 rw-s 00000000 00:19 7 /dev/shm/psm_5f1c2a (deleted)").unwrap();
+        assert_eq!(counted(&posix), Some(true), "POSIX shared memory is shared memory");
+        let file = parse_header("7f00a000-7f00c000 rw-s 00000000 fe:00 7 /var/lib/data.db").unwrap();
+        assert_eq!(counted(&file), None, "a file on a disk is not");
         assert_eq!(parse_header("7f00a000-7f00c000 rw-p 00000000 00:00 0 ").unwrap().object, 0);
         let m = |start, bytes| Mapping { start, len: 1 << 20, bytes, why: "shared" };
         let mut u = Unmanaged { bytes: 5, ..Default::default() };
