@@ -6,9 +6,9 @@
 //! which serves only uswap once mimalloc is up; the program's blocks from before are added,
 //! at what they held then, bounded by the brk heap's resident pages) is counted with the `PAGEMAP_SCAN` ioctl on
 //! `/proc/self/pagemap` (Linux 6.7): its private anonymous pages (present, neither file
-//! pages nor the shared zero page), and the pages of shared anonymous memory in memory
-//! (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV shared memory; by `mincore`, which asks the
-//! object, whoever touched them), which a tree counts once per
+//! pages nor the shared zero page), and the pages of shared memory in memory
+//! (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV, `/dev/shm`; by `mincore`, which asks the
+//! object, whoever touched them, for writable mappings up to 1 GiB), which a tree counts once per
 //! object, not once per process that maps it ([`Unmanaged::count_shared`]). Each mapping
 //! left gets the reason it is not managed, from what `/proc` says of it. The scan runs on
 //! the report thread (every second) and at exit, never on the program's threads.
@@ -56,7 +56,8 @@ impl Unmanaged {
     /// bytes)` says how much of an object this process counts, given the `bytes` of it it
     /// has resident (all of them outside a tree; in one, what
     /// `uswap::shared_charge::ChargeSegment::count_shared_object` says). An object mapped
-    /// twice has its mappings' bytes added up, and is named by its first.
+    /// more than once counts its largest mapping's bytes (views of the same pages: the JDK's
+    /// ZGC maps its heap's memfd three times), and is named by its first.
     pub fn count_shared(&mut self, mut count: impl FnMut(u64, u64) -> u64) {
         let shared = std::mem::take(&mut self.shared);
         for (i, (object, m)) in shared.iter().enumerate() {
@@ -65,7 +66,7 @@ impl Unmanaged {
             } else if shared[..i].iter().any(|(o, _)| o == object) {
                 continue;
             } else {
-                let bytes = shared.iter().filter(|(o, _)| o == object).map(|(_, m)| m.bytes).sum();
+                let bytes = shared.iter().filter(|(o, _)| o == object).map(|(_, m)| m.bytes).max().unwrap_or(0);
                 count(*object, bytes)
             };
             add(self, Mapping { bytes: counted, ..m.clone() });
@@ -254,7 +255,8 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
         if h.start as u64 >= 1 << 63 || !unowned(h.start, h.end) {
             continue;
         }
-        let bytes = match shared_anon {
+        let writable = h.perms.as_bytes().get(1) == Some(&b'w');
+        let bytes = match shared_anon && writable && h.end - h.start <= MINCORE_MAX_BYTES {
             true => object_resident_bytes(h.start, h.end),
             false => None,
         };
@@ -273,6 +275,11 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
 /// page tables, so every process that maps the same part of an object gets the same figure,
 /// the pages all of them touched together (PostgreSQL's backends each touch some of the
 /// shared buffers). `None` if `mincore` fails. Bounded: one call per 64 MiB.
+///
+/// Only for writable mappings of at most [`MINCORE_MAX_BYTES`]: `mincore` says every page
+/// of a file the caller may not write is resident (a read-only view of another user's
+/// `/dev/shm` file would count whole), and it looks up every page of the range, mapped or
+/// not, where the scan skips empty page tables. The others count their own resident pages.
 fn object_resident_bytes(start: usize, end: usize) -> Option<u64> {
     const CHUNK_PAGES: usize = 1 << 14;
     let mut vec = vec![0u8; CHUNK_PAGES];
@@ -291,6 +298,10 @@ fn object_resident_bytes(start: usize, end: usize) -> Option<u64> {
     }
     Some(bytes)
 }
+
+/// The largest shared mapping measured with `mincore` (see [`object_resident_bytes`]): 1 GiB,
+/// 262,144 page lookups a second at most per mapping.
+const MINCORE_MAX_BYTES: usize = 1 << 30;
 
 /// `struct page_region` and `struct pm_scan_arg` of `<linux/fs.h>`.
 #[repr(C)]
@@ -380,10 +391,8 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
     let flush = |cur: Option<(Mapping, Option<u64>)>, bytes: u64, out: &mut Unmanaged| match cur
         .filter(|(m, _)| unowned(m.start, m.start + m.len))
     {
-        Some((m, Some(object))) => {
-            let bytes = object_resident_bytes(m.start, m.start + m.len).unwrap_or(bytes);
-            out.shared.push((object, Mapping { bytes, ..m }))
-        }
+        // Its own resident pages (`Rss`), as the scan counts a read-only or larger mapping.
+        Some((m, Some(object))) => out.shared.push((object, Mapping { bytes, ..m })),
         Some((m, None)) => add(out, Mapping { bytes, ..m }),
         None => {}
     };
@@ -438,8 +447,8 @@ mod tests {
                 bytes
             }
         });
-        assert_eq!(asked, vec![(7, 4096 + 8192), (9, 1)], "each object asked once, with all its bytes");
-        assert_eq!(u.bytes, 5 + 4096 + 8192 + 100);
+        assert_eq!(asked, vec![(7, 8192), (9, 1)], "each object asked once, with its largest mapping's bytes");
+        assert_eq!(u.bytes, 5 + 8192 + 100);
         let named: Vec<usize> = u.largest.iter().map(|m| m.start).collect();
         assert_eq!(named, vec![0x1000, 0x2000], "named by its first mapping; one counted elsewhere is not named");
     }

@@ -495,15 +495,16 @@ impl ChargeSegment {
     ///
     /// `object` names it by device and inode (not 0). The first process to meet an object
     /// counts it until it no longer maps it ([`Self::let_go_of_shared_objects`]) or leaves
-    /// the tree; then the next to meet it does. With the table full, every process counts
-    /// what it maps, as before. No lock. A process lets go of an object only after its
+    /// the tree; then the next to meet it does. With every entry of the table counted by
+    /// some process ([`SHARED_OBJECTS`] objects mapped at once), every process counts what
+    /// it maps, as before. No lock. A process lets go of an object only after its
     /// share without it is in the tree's sum, and its claims go with its slot only after
     /// its share went, and of two processes that meet an object at once one takes it: the
     /// sum never holds an object twice (its peak would keep that for good).
     pub fn count_shared_object(&self, own: &OwnSlot, object: u64, bytes: u64) -> u64 {
         assert_ne!(object, 0, "0 marks a free entry");
         let me = own.index + 1;
-        let Some(o) = self.shared_object_entry(object) else { return bytes };
+        let Some(o) = self.shared_object_entry(object, me) else { return bytes };
         o.bytes_seen.fetch_max(bytes, Ordering::AcqRel);
         let counter = o.counter.load(Ordering::Acquire);
         let taken = counter == me
@@ -526,10 +527,11 @@ impl ChargeSegment {
         }
     }
 
-    /// The table's entry for `object`, taken if it has none; `None` with the table full.
-    /// Entries are never freed: a tree meets few shared objects (a free entry is taken
-    /// by the first process that needs it, for good).
-    fn shared_object_entry(&self, object: u64) -> Option<&SharedObject> {
+    /// The table's entry for `object`, taken if it has none: a free one, or else one that
+    /// no process counts (its object unmapped by all, most likely: PostgreSQL makes a new
+    /// `/dev/shm` segment for every parallel query), taken over already claimed by `me`.
+    /// `None` with every entry counted by someone.
+    fn shared_object_entry(&self, object: u64, me: usize) -> Option<&SharedObject> {
         for o in &self.seg.shared_objects {
             match o.object.load(Ordering::Acquire) {
                 k if k == object => return Some(o),
@@ -541,7 +543,15 @@ impl ChargeSegment {
                 _ => continue,
             }
         }
-        None
+        // Claimed first, so that no other process takes it over at once; one that looked
+        // the old object up meanwhile sees it counted (for at most its next measure).
+        let o = self.seg.shared_objects.iter().find(|o| {
+            o.counter.load(Ordering::Acquire) == 0
+                && o.counter.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        })?;
+        o.bytes_seen.store(0, Ordering::Release);
+        o.object.store(object, Ordering::Release);
+        Some(o)
     }
 
     /// Whether `own` is the slot of process `pid` (not a parent's, which a fork child
@@ -731,6 +741,11 @@ mod tests {
         assert_eq!(seg.count_shared_object(&c, 0x42_0000, 7), 7);
         assert_eq!(seg.count_shared_object(&a, 0x42_0000, 7), 7);
         assert_eq!(seg.count_shared_object(&c, object, 10), 0, "a known object is still counted once");
+        // The objects a process no longer maps free their entries for new ones.
+        seg.let_go_of_shared_objects(&a, &[object]);
+        assert_eq!(seg.count_shared_object(&c, 0x43_0000, 5), 5);
+        assert_eq!(seg.count_shared_object(&a, 0x43_0000, 5), 0, "the new object is counted once");
+        assert_eq!(seg.count_shared_object(&c, 0x43_0000, 5), 5, "nothing of the entry's old object");
     }
 
     #[test]
