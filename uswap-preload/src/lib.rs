@@ -124,12 +124,12 @@ pub fn own_slot() -> Option<uswap::shared_charge::OwnSlot> {
     *OWN_SLOT.lock()
 }
 
-/// Before `execve`: the image's unmanaged memory goes with it, and the shared objects it
-/// counted for the tree go to the tree's other processes (a new image that never takes a
-/// pager, or one that does not load the library, would hold them for good). Only by the
-/// process whose slot it is: not a `vfork` child (its parent's memory and statics), nor a
-/// fork child without a pager of its own (its slot is its parent's).
-pub(crate) fn leave_unmanaged_before_exec() {
+/// At exit and before `execve`: the image's unmanaged memory goes with it, and the shared
+/// objects it counted for the tree go to the tree's other processes (a new image that never
+/// takes a pager, or one that does not load the library, would hold them for good). Only by
+/// the process whose slot it is: not a `vfork` child (its parent's memory and statics), nor
+/// a fork child without a pager of its own (its slot is its parent's).
+pub(crate) fn give_back_unmanaged() {
     if !own_process::is_own_process() {
         return;
     }

@@ -264,8 +264,7 @@ pub fn write_final() {
         FINAL_WRITTEN.store(true, std::sync::atomic::Ordering::Release);
         write(true);
         // Its memory goes with it: the tree's figure at the next moment is without it.
-        note_tree_unmanaged(0);
-        let_go_of_shared_objects(&[]);
+        crate::give_back_unmanaged();
     }
 }
 

@@ -307,7 +307,7 @@ fn with_limit_in_env(envp: *const *const c_char, exec: impl FnOnce(*const *const
     // The heap a waiting process charged goes with the image (the new one joins on its own
     // if it must; after a failed exec, at this one's next commit).
     crate::waiting_charge::leave();
-    crate::leave_unmanaged_before_exec();
+    crate::give_back_unmanaged();
     let set = CARRIED.map(|(l, _)| set_limit(l));
     let r = if set.iter().all(Option::is_none) { exec(envp) } else { exec_with_limits(envp, set, exec) };
     // Returned: the exec failed, and this image goes on.

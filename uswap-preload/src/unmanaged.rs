@@ -274,29 +274,16 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
 /// whoever brought them in: `mincore` asks the object (its page cache), not this process's
 /// page tables, so every process that maps the same part of an object gets the same figure,
 /// the pages all of them touched together (PostgreSQL's backends each touch some of the
-/// shared buffers). `None` if `mincore` fails. Bounded: one call per 64 MiB.
+/// shared buffers). `None` if `mincore` fails (`uswap::for_each_present_page`).
 ///
 /// Only for writable mappings of at most [`MINCORE_MAX_BYTES`]: `mincore` says every page
 /// of a file the caller may not write is resident (a read-only view of another user's
 /// `/dev/shm` file would count whole), and it looks up every page of the range, mapped or
 /// not, where the scan skips empty page tables. The others count their own resident pages.
 fn object_resident_bytes(start: usize, end: usize) -> Option<u64> {
-    const CHUNK_PAGES: usize = 1 << 14;
-    let mut vec = vec![0u8; CHUNK_PAGES];
-    let mut bytes = 0u64;
-    let mut at = start;
-    while at < end {
-        let len = (end - at).min(CHUNK_PAGES * uswap::PAGE_SIZE);
-        // SAFETY: mincore reads the residency of `[at, at + len)` and writes one byte per
-        // page of it into `vec`, which holds CHUNK_PAGES bytes, enough for `len`.
-        if unsafe { libc::mincore(at as *mut libc::c_void, len, vec.as_mut_ptr()) } != 0 {
-            return None;
-        }
-        let pages = len.div_ceil(uswap::PAGE_SIZE);
-        bytes += vec[..pages].iter().filter(|&&b| b & 1 != 0).count() as u64 * uswap::PAGE_SIZE as u64;
-        at += len;
-    }
-    Some(bytes)
+    let mut pages = 0u64;
+    uswap::for_each_present_page(start, (end - start) / uswap::PAGE_SIZE, |_| pages += 1).ok()?;
+    Some(pages * uswap::PAGE_SIZE as u64)
 }
 
 /// The largest shared mapping measured with `mincore` (see [`object_resident_bytes`]): 1 GiB,

@@ -376,7 +376,8 @@ pub const SHARED_OBJECTS: usize = 128;
 #[repr(C)]
 struct SharedObject {
     /// 0: free; else the object's identity (its device and inode, see
-    /// [`ChargeSegment::count_shared_object`]). Set once, when the entry is first taken.
+    /// [`ChargeSegment::count_shared_object`]). Set when the entry is taken, free or from
+    /// an object no process counts any more.
     object: AtomicU64,
     /// 1 + the index of the slot of the process that counts it; 0: nobody (its counter
     /// let go of it, or left the tree).

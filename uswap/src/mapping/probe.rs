@@ -32,7 +32,8 @@ pub fn page_present(addr: usize) -> bool {
 }
 
 /// Calls `f(page)` for each page of `[addr, addr + nr_pages * PAGE_SIZE)` present in the
-/// page table (`mincore(2)`, in chunks). The range must be mapped, `addr` page-aligned.
+/// page table (`mincore(2)`, in chunks; in a shared mapping, present in the object, whichever
+/// process brought it in). The range must be mapped, `addr` page-aligned.
 pub fn for_each_present_page(addr: usize, nr_pages: usize, mut f: impl FnMut(usize)) -> io::Result<()> {
     const CHUNK_PAGES: usize = 4096;
     let mut vec = vec![0u8; CHUNK_PAGES];
