@@ -88,49 +88,28 @@ pub(crate) fn serve_fault(
     };
     assert!(page < region.nr_pages);
     region.note_touched(page);
-    let result = match lock_for_fault(cx, region, page, route, t0) {
-        Ok(Some(locked)) => {
-            let f = FaultSite { region, reg_idx, reg_gen, page, locked, write, route };
-            serve_locked(cx, &f)
-        }
-        Ok(None) => Ok(()),
-        Err(e) => Err(e),
-    };
+    let result = lock_for_fault(cx, region, page, t0).and_then(|locked| {
+        let f = FaultSite { region, reg_idx, reg_gen, page, locked, write, route };
+        serve_locked(cx, &f)
+    });
     account_fault(cx, result, route, t0);
     result
 }
 
 /// Takes ownership of `page` (its busy bit), waiting for its current owner (another fault,
-/// or reclaim) to finish a short critical section. `Ok(None)`: the background reclaimer
-/// owned the page and this fault took over from it, fully served (thread mode, see
-/// `reclaim::cow`). Bounded: a wait past `BUSY_WAIT_LIMIT_NS` fails the fault (counted,
-/// recorded) rather than hang.
-fn lock_for_fault(
-    cx: &FaultService<'_>,
-    region: &RegionInner,
-    page: usize,
-    route: Route,
-    t0: u64,
-) -> Result<Option<Pte>, FaultError> {
+/// or reclaim) to finish a short critical section. No owner touches its page's memory (a
+/// fault there would wait for this very wait), so the wait ends. Bounded: a wait past
+/// `BUSY_WAIT_LIMIT_NS` fails the fault (counted, recorded) rather than hang.
+fn lock_for_fault(cx: &FaultService<'_>, region: &RegionInner, page: usize, t0: u64) -> Result<Pte, FaultError> {
     let page_addr = region.page_addr(page);
     let backoff = Backoff::new();
     loop {
         let pte = region.load(page);
         if !pte.busy() {
             match region.try_lock(page, pte) {
-                Some(locked) => return Ok(Some(locked)),
+                Some(locked) => return Ok(locked),
                 None => continue,
             }
-        }
-        if route == Route::Thread && cx.reclaim().claim_for_fault(page_addr) {
-            // The background reclaimer owns the page and is making it exclusive; it may be
-            // waiting for this very fault (see `reclaim::cow`). A missing page there was
-            // discarded by the application: zeros. A present one (a write-protect fault
-            // raised before the page was unprotected) only needs its thread woken.
-            if cx.0.uffd.zeropage(page_addr, PAGE_SIZE, true) != RangeResult::Done {
-                let _ = cx.0.uffd.wake(page_addr, PAGE_SIZE);
-            }
-            return Ok(None);
         }
         if backoff.is_completed() && now_ns().saturating_sub(t0) > BUSY_WAIT_LIMIT_NS {
             cx.0.stats.inc(Counter::FaultBusyTimeout);

@@ -189,6 +189,86 @@ fn bounded_shared(mode: FaultMode) {
 in_both_modes!(bounded_shared() => thread_mode_parent_pages_out_while_a_fork_child_shares_its_pages,
     signal_mode_parent_pages_out_while_a_fork_child_shares_its_pages);
 
+/// The application discards shared pages (`MADV_DONTNEED`) while reclaim is making them
+/// exclusive (`reclaim::cow`). Reclaim once owned a page across its `MADV_POPULATE_WRITE`:
+/// when the discard zapped it first, the populate faulted, and in thread mode that fault
+/// waited for a handler while the handler applying the discard's event waited for the page
+/// (holding the descriptor's reader lock), for ever. The window is a populate long (a few
+/// µs per page, some 9,000 pages broken per run here): this exercises the race, it does not
+/// make it certain. Every byte is checked: discarded pages read zero until written again.
+fn parent_discards_pages_reclaim_is_making_exclusive(mode: FaultMode) {
+    const CHUNK_PAGES: usize = 8;
+    let pager = forking_pager(mode);
+    let mut region = pager.map(WSS as usize).expect("map");
+    let pages = WSS as usize / PAGE_SIZE;
+    let w = region_words(&mut region);
+    for i in 0..pages {
+        write_page(w, i, 1);
+    }
+    let (ready_r, ready_w) = pipe();
+    let (go_r, go_w) = pipe();
+    let hold = pager.prepare_fork();
+    // SAFETY: as in `parent_pages_out_while_the_child_shares_them`: the child only reads
+    // memory and calls async-signal-safe functions before `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        write_byte(&ready_w, 1);
+        let go = read_byte(&go_r, BOUND).is_some();
+        write_byte(&ready_w, (go && (0..pages).all(|i| page_is(w, i, 1))) as u8);
+        // SAFETY: ends the child without running the parent's destructors or atexit.
+        unsafe { libc::_exit(0) };
+    }
+    drop(hold);
+    assert_eq!(read_byte(&ready_r, BOUND), Some(1), "{mode:?}: the child did not start");
+    let base = w.as_ptr() as usize;
+    std::thread::scope(|scope| {
+        // The second half, still shared, discarded a chunk at a time and written anew.
+        scope.spawn(|| {
+            for first in (pages / 2..pages).step_by(CHUNK_PAGES) {
+                let addr = base + first * PAGE_SIZE;
+                // SAFETY: whole pages of the region, which outlives the scope.
+                let r =
+                    unsafe { libc::madvise(addr as *mut libc::c_void, CHUNK_PAGES * PAGE_SIZE, libc::MADV_DONTNEED) };
+                assert_eq!(r, 0, "madvise: {}", std::io::Error::last_os_error());
+                for i in first..first + CHUNK_PAGES {
+                    check_page(w, i, 0);
+                    write_page(w, i, 3);
+                }
+            }
+        });
+        // Meanwhile the first half, rewritten twice: pressure, so that reclaim meets the
+        // shared pages of the second half and is refused them.
+        for v in [2, 4] {
+            (0..pages / 2).for_each(|i| write_page(w, i, v));
+        }
+    });
+    write_byte(&go_w, 1);
+    let child_ok = read_byte(&ready_r, BOUND);
+    let mut status = 0;
+    // SAFETY: reaps our own child, which has answered (or is killed first).
+    unsafe {
+        if child_ok.is_none() {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+    }
+    assert_eq!(child_ok, Some(1), "{mode:?}: the child's copy changed: {:?}", pager.stats());
+    for i in 0..pages {
+        check_page(w, i, if i < pages / 2 { 4 } else { 3 });
+    }
+    let s = pager.stats();
+    assert!(s.move_refused > 0, "{mode:?}: no page was ever refused, so nothing was shared: {s:?}");
+    assert_eq!(s.fault_error + s.fault_busy_timeout, 0, "{mode:?}: {s:?}");
+}
+
+fn bounded_discards(mode: FaultMode) {
+    bounded(mode, "discard while breaking", parent_discards_pages_reclaim_is_making_exclusive);
+}
+
+in_both_modes!(bounded_discards() => thread_mode_parent_discards_pages_reclaim_is_making_exclusive,
+    signal_mode_parent_discards_pages_reclaim_is_making_exclusive);
+
 /// What the re-armed child found, one bit per check, sent back in one byte.
 const CHILD_REARMED: u8 = 1;
 const CHILD_READ_INHERITED: u8 = 2;

@@ -11,14 +11,16 @@
 //! until that round; nothing else changes.
 //!
 //! Swap-out queues the pages it was refused with `EBUSY` ([`queue`]); the background
-//! reclaimer breaks them ([`break_queued`]) one at a time, owning only that page while it
-//! does. It is the only caller: `MADV_POPULATE_WRITE` on a page that the application
-//! discarded at that very moment (`MADV_DONTNEED` racing with reclaim) faults into the
-//! engine. In signal mode that fault fails the call (`EFAULT`); in thread mode it waits for a
-//! handler thread, which must not wait for the page in turn: it sees the page's address in
-//! `crate::state::cow::CowQueue`, claims it, and maps zeros, which is what the discard asked for
-//! ([`claim_for_fault`]). A handler thread could not break pages itself: its own faulting
-//! page, held busy, may be the one another handler waits on.
+//! reclaimer breaks them ([`break_queued`]) one at a time. It owns a page only to make a
+//! clean one dirty (its slot's copy goes stale once it is writable), and populates it owning
+//! nothing: `MADV_POPULATE_WRITE` on a page the application discarded at that very moment
+//! (`MADV_DONTNEED` racing with reclaim) or that direct reclaim moved out meanwhile faults
+//! into the engine, and that fault must find the page free. (Owning it, the reclaimer's
+//! fault waited in thread mode for a handler that waited for the page, or for the handler
+//! applying the discard's event, which holds the descriptor's reader lock: a deadlock.) In
+//! signal mode that fault fails the call (`EFAULT`); in thread mode a handler serves it like
+//! any other. Populating changes no byte, so a page that moved on meanwhile is only faulted
+//! in (the next round takes it out again).
 //!
 //! Pinned pages are refused with `EBUSY` too; populating them changes nothing (they are
 //! exclusive already), and they are refused again (`move_refused`).
@@ -41,7 +43,7 @@ use std::sync::atomic::Ordering;
 
 use super::Reclaim;
 use crate::mapping::{for_each_exclusive_page, populate_write};
-use crate::region::{PageRef, PageState, RegionInner, RegionSet, REGIONS};
+use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet, REGIONS};
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
 
@@ -60,15 +62,6 @@ pub(crate) fn queue(cx: &Reclaim<'_>, r: PageRef) {
     }
 }
 
-/// Thread mode: a handler thread serving a fault on `page_addr` while the background
-/// reclaimer populates that page takes it over, so that neither waits for the other. Returns
-/// true when it did: the caller then maps a zero page there (a missing fault on a page
-/// reclaim owns means the application discarded it) or, for a write-protect fault, only
-/// wakes the thread.
-pub(crate) fn claim_for_fault(cx: &Reclaim<'_>, page_addr: usize) -> bool {
-    cx.cow.claim(page_addr)
-}
-
 /// Makes the queued pages exclusive, one at a time. Returns how many it populated.
 pub(crate) fn break_queued(cx: &Reclaim<'_>) -> usize {
     let mut broken = 0;
@@ -84,40 +77,36 @@ pub(crate) fn break_queued(cx: &Reclaim<'_>) -> usize {
         if pte.state() != PageState::Resident || pte.gen() != r.page_gen {
             continue; // it moved on (written, freed, or taken out after all)
         }
-        let Some(locked) = region.try_lock(r.page, pte) else { continue };
-        debug_assert!(locked.busy() && locked.state() == PageState::Resident, "a resident page, owned");
         let addr = region.page_addr(r.page);
-        let mut new = locked.unbusy();
-        if locked.clean() {
-            // Write-protected so that its slot's copy stays valid; populating it for writing
-            // would fault into the engine. It becomes an ordinary dirty page, as on its first
-            // write.
-            if cx.uffd.writeprotect(addr, PAGE_SIZE, false, cx.mode.wakes()).is_err() {
-                region.store(r.page, new);
-                continue;
-            }
-            cx.devices.free(pte.entry(), false);
-            // Counted clean when it was mapped so (`swapin::publish`), before its word said so.
-            let clean_before = cx.clean_pages.fetch_sub(1, Ordering::Relaxed);
-            debug_assert!(clean_before > 0, "a clean page uncounted");
-            new = locked.dirtied();
+        if pte.clean() && !make_dirty(cx, region, r.page, pte) {
+            continue;
         }
-        cx.cow.begin(addr);
-        let populated = populate_write(addr);
-        let claimed = cx.cow.end();
-        region.store(r.page, new);
-        if cx.mode.wakes() {
-            // A write-protect fault on the page while we owned it was woken without being
-            // served: it retries now.
-            let _ = cx.uffd.wake(addr, PAGE_SIZE);
-        }
-        if populated.is_ok() && !claimed {
+        if populate_write(addr).is_ok() {
             cx.stats.inc(Counter::CowBroken);
             broken += 1;
         }
     }
     debug_assert!(broken <= MAX_PER_CALL);
     broken
+}
+
+/// A clean page about to be populated for writing becomes an ordinary dirty page, as on its
+/// first write: unprotected (populating a write-protected page would fault into the engine)
+/// and its slot freed. False when it moved on meanwhile or could not be unprotected.
+fn make_dirty(cx: &Reclaim<'_>, region: &RegionInner, page: usize, pte: Pte) -> bool {
+    let Some(locked) = region.try_lock(page, pte) else { return false };
+    debug_assert!(locked.busy() && locked.state() == PageState::Resident && locked.clean());
+    let addr = region.page_addr(page);
+    if cx.uffd.writeprotect(addr, PAGE_SIZE, false, cx.mode.wakes()).is_err() {
+        region.store(page, locked.unbusy());
+        return false;
+    }
+    cx.devices.free(pte.entry(), false);
+    // Counted clean when it was mapped so (`swapin::publish`), before its word said so.
+    let clean_before = cx.clean_pages.fetch_sub(1, Ordering::Relaxed);
+    debug_assert!(clean_before > 0, "a clean page uncounted");
+    region.store(page, locked.dirtied());
+    true
 }
 
 /// In a fork child: charges to this process the inherited pages it now maps alone, and puts

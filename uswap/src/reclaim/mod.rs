@@ -126,12 +126,6 @@ impl Reclaim<'_> {
         round::InFlight::wait_none(self)
     }
 
-    /// Thread mode: takes over a page the background reclaimer is populating (see
-    /// [`cow::claim_for_fault`]).
-    pub fn claim_for_fault(&self, page_addr: usize) -> bool {
-        cow::claim_for_fault(self, page_addr)
-    }
-
     /// The background reclaimer thread's body, until shutdown (see [`background`]).
     pub fn run_background(&self) {
         background::background_reclaimer(self)
