@@ -22,7 +22,9 @@
 //! before the application's `mmap` returned, has also been applied; under it each page is
 //! taken through its busy bit. Invariant: a page becomes the region's again (`None`) only
 //! while unregistered or `Gone`, and before its range is registered, so no fault can see
-//! it half-adopted.
+//! it half-adopted. `Pager::unmanage` takes the reader lock only while it takes its pages'
+//! busy bits, and copies them back into place without it: a copy fails (`EAGAIN`) while
+//! another thread's event is pending, until a reader, which needs that lock, reads it.
 
 use std::sync::Arc;
 
@@ -226,22 +228,24 @@ impl Pager {
 /// from before its contents are put back until the range is unregistered: a fault there
 /// meanwhile waits, then meets ordinary memory.
 fn unmanage_pages(shared: &PagerShared, r: &RegionInner, first: usize, last: usize) -> Result<()> {
-    // Events first (the module doc's ordering), and no event can change the range while
-    // its pages are put back.
-    let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut buf) = shared.bounce.take() else {
         return Err(Error::io(
             "taking pages out of management",
             std::io::Error::new(std::io::ErrorKind::WouldBlock, "every bounce buffer stayed lent out"),
         ));
     };
-    let mut held = Vec::with_capacity(last - first);
-    for page in first..last {
-        let pte = crate::events::lock_page(r, page);
+    let held: Vec<_> = {
+        // Events first (the module doc's ordering): every event read so far is applied before
+        // the pages are taken, and one read later waits for their busy bits.
+        let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
+        (first..last).map(|page| crate::events::lock_page(r, page)).collect()
+    };
+    // Put back without the reader lock: the kernel refuses every copy (`EAGAIN`) while an
+    // event of another thread is pending, until a reader reads it, which takes that lock.
+    for (page, &pte) in (first..last).zip(&held) {
         if matches!(pte.state(), PageState::Cached | PageState::Swapped | PageState::Parent) {
             put_back(shared, r, page, pte, &mut buf.pages_mut()[0]);
         }
-        held.push(pte);
     }
     drop(buf);
     let (addr, len) = (r.page_addr(first), (last - first) * PAGE_SIZE);
@@ -269,8 +273,8 @@ fn put_back(
 ) {
     let addr = r.page_addr(page);
     let events = shared.events_cx();
-    // Bounded: an EAGAIN lasts until a pending event is read, which the reader lock held
-    // here does not prevent for long (the kernel's own event queue); give up after a while.
+    // Bounded: an EAGAIN lasts until a pending event is read and its thread runs again
+    // (microseconds: the caller holds no reader lock); give up after a while.
     for _ in 0..PUT_BACK_ATTEMPTS {
         match crate::events::copy_page(&events, addr, pte, buf) {
             // EEXIST: something is mapped there already (the application's own).

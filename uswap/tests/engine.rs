@@ -743,3 +743,48 @@ in_both_modes!(
     thread_mode_pages_used_often_are_spared,
     signal_mode_pages_used_often_are_spared
 );
+
+/// `Pager::unmanage` (what `uswap run`'s library does before an `mprotect` to executable or
+/// read-only: a JIT's code) copies the pages that are out back into place while another
+/// thread's `madvise(MADV_DONTNEED)` sends events. The kernel refuses every copy (`EAGAIN`)
+/// until such an event is read; `unmanage` held the events' reader lock while it copied, so
+/// no event could be read, and after its 10,000 tries each page was counted lost and read
+/// zero. Every byte is checked.
+fn unmanage_while_another_thread_discards(mode: FaultMode) {
+    const CHUNK_PAGES: usize = 64;
+    let limit = 4 * MIB;
+    let p = pager(mode, limit, 64 * MIB);
+    let region = p.map(4 * limit as usize).unwrap();
+    let other = p.map(2 * MIB as usize).unwrap();
+    let nr_pages = region.len() / PAGE_SIZE;
+    let w = region.as_atomic_u64s();
+    (0..nr_pages).for_each(|i| write_page(w, i, 1));
+    assert!(p.stats().pswpout > 0, "{mode:?}: nothing went out: {:?}", p.stats());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let discards = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let ow = other.as_atomic_u64s();
+            // Bounded by the main thread's work, which sets `stop`.
+            while !stop.load(Ordering::Acquire) {
+                // SAFETY: MADV_DONTNEED on a region of our own, which reads zero after it.
+                let r = unsafe { libc::madvise(other.as_ptr() as *mut libc::c_void, other.len(), libc::MADV_DONTNEED) };
+                assert_eq!(r, 0, "madvise: {}", std::io::Error::last_os_error());
+                ow[0].store(1, Ordering::Relaxed);
+                discards.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        for first in (0..nr_pages).step_by(CHUNK_PAGES) {
+            let addr = region.as_ptr() as usize + first * PAGE_SIZE;
+            p.unmanage(addr, CHUNK_PAGES * PAGE_SIZE).expect("unmanage");
+            (first..first + CHUNK_PAGES).for_each(|i| check_page(w, i, 1));
+        }
+        stop.store(true, Ordering::Release);
+    });
+    let st = quiet_stats(&p);
+    assert!(discards.load(Ordering::Relaxed) > 0, "{mode:?}: no discard ran beside the unmanaging");
+    assert_eq!(st.fault_error, 0, "{mode:?}: {st:?}");
+}
+
+in_both_modes!(unmanage_while_another_thread_discards() => thread_mode_unmanage_while_another_thread_discards,
+    signal_mode_unmanage_while_another_thread_discards);
