@@ -232,6 +232,32 @@ pub(crate) fn thread_last_cpu(tid: u32) -> Option<usize> {
     after_comm.split_ascii_whitespace().nth(39 - 3)?.parse().ok()
 }
 
+/// Threads [`describe_threads`] names at most (a JVM has hundreds; the owner of a page is
+/// most likely one of the engine's, which start first).
+const MAX_THREADS_DESCRIBED: usize = 64;
+
+/// Where each thread of this process waits, as `name (tid): kernel function, system call
+/// number`, for the report of a page that stayed busy: its owner is one of them, and the
+/// kernel function says what it waits for (`handle_userfault`: a fault of its own;
+/// `userfaultfd_event_wait_completion`: an event not yet read). Allocates: thread mode only.
+pub(crate) fn describe_threads() -> String {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return "(/proc/self/task unreadable)".into();
+    };
+    let read = |tid: &str, what: &str| {
+        let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/{what}")).unwrap_or_default();
+        s.trim().to_string()
+    };
+    let mut out = Vec::new();
+    for task in dir.flatten().take(MAX_THREADS_DESCRIBED) {
+        let tid = task.file_name().to_string_lossy().into_owned();
+        let syscall = read(&tid, "syscall");
+        let nr = syscall.split_ascii_whitespace().next().unwrap_or("?");
+        out.push(format!("{} ({tid}): {}, syscall {nr}", read(&tid, "comm"), read(&tid, "wchan")));
+    }
+    out.join("; ")
+}
+
 /// How long a handler polls the descriptor without sleeping after serving a fault. About
 /// three times the gap between two faults of a thread that does nothing else: a thread that
 /// computes longer between faults finds the handler asleep.
@@ -340,6 +366,30 @@ impl WakeTally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every thread is named with where it waits: a thread asleep in `nanosleep` is there,
+    /// under its name and thread id, with the system call it is in.
+    #[test]
+    fn describe_threads_names_each_thread_and_where_it_waits() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sleeper = std::thread::Builder::new()
+            .name("uswap-t-sleeper".into())
+            .spawn(move || {
+                // "/proc/thread-self" links to "<pid>/task/<tid>".
+                let link = std::fs::read_link("/proc/thread-self").unwrap();
+                tx.send(link.file_name().unwrap().to_string_lossy().into_owned()).unwrap();
+                std::thread::sleep(Duration::from_millis(500));
+            })
+            .unwrap();
+        let tid = rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let described = describe_threads();
+        sleeper.join().unwrap();
+        let me = described.split("; ").find(|t| t.starts_with(&format!("uswap-t-sleeper ({tid}): ")));
+        let me = me.unwrap_or_else(|| panic!("the sleeper is not named: {described}"));
+        // nanosleep is system call 35, clock_nanosleep 230 on x86-64.
+        assert!(me.ends_with("syscall 35") || me.ends_with("syscall 230"), "{me}");
+    }
 
     #[test]
     fn handler_0_starts_alone_and_never_retires_alone() {

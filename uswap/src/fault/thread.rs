@@ -6,8 +6,8 @@
 //! messages are applied first, in the kernel's order (`crate::events`).
 
 use super::handler_pool::{
-    thread_last_cpu, HandlerPool, WakeTally, BACKLOG_FAULTS, HELPER_WINDOW_PAGES, SPIN_AFTER_FAULT_NS,
-    SPIN_ROUNDS_PER_YIELD, SPIN_YIELD_TAKEN_NS,
+    describe_threads, thread_last_cpu, HandlerPool, WakeTally, BACKLOG_FAULTS, HELPER_WINDOW_PAGES,
+    SPIN_AFTER_FAULT_NS, SPIN_ROUNDS_PER_YIELD, SPIN_YIELD_TAKEN_NS,
 };
 use super::retry::serve_with_retries;
 use crate::clock::now_ns;
@@ -211,6 +211,19 @@ fn adjust_pool(
     }
 }
 
+/// After a fault waited 10 s for its page (`FaultError::BusyTimeout`): the page's word and
+/// where each thread of the process waits, one of which held the page. Allocates (thread
+/// mode's handlers may).
+fn report_busy_owner(region: &crate::region::RegionInner, addr: usize, tid: u32) {
+    let word = region.page_of(addr).map_or(crate::region::Pte(0), |page| region.load(page));
+    let (state, busy) = (word.state(), word.busy());
+    eprintln!(
+        "uswap: page {addr:#x} is {state:?} (busy {busy}, word {:#x}), faulted by thread {tid}; this process's threads: {}",
+        word.0,
+        describe_threads()
+    );
+}
+
 /// Serves the fault of thread `tid` at `addr`, and wakes the thread or signals it. Returns
 /// whether the service mapped a window of at least `HELPER_WINDOW_PAGES` (the help rule).
 fn serve_message(cx: &Handlers<'_>, addr: usize, write: bool, tid: u32) -> bool {
@@ -237,6 +250,9 @@ fn serve_message(cx: &Handlers<'_>, addr: usize, write: bool, tid: u32) -> bool 
                     // The page cannot be brought back: the faulting thread gets SIGBUS, as it
                     // would from the kernel for an unreadable swap page.
                     uffd::sigbus::report_lost_page(addr, lost.why_lost(), lost.device_cause());
+                    if lost == FaultError::BusyTimeout {
+                        report_busy_owner(&g, addr, tid);
+                    }
                     uffd::sigbus::signal_thread(tid);
                 }
             }
