@@ -242,6 +242,10 @@ fn unmanage_pages(shared: &PagerShared, r: &RegionInner, first: usize, last: usi
     };
     // Put back without the reader lock: the kernel refuses every copy (`EAGAIN`) while an
     // event of another thread is pending, until a reader reads it, which takes that lock.
+    // Not covered: an event on these very pages (the program discarding or unmapping memory
+    // it is making executable, on another thread) is read, and its reader then waits for
+    // their busy bits under the lock; one more pending event meanwhile makes the remaining
+    // copies give up (counted in `fault_error`, recorded).
     for (page, &pte) in (first..last).zip(&held) {
         if matches!(pte.state(), PageState::Cached | PageState::Swapped | PageState::Parent) {
             put_back(shared, r, page, pte, &mut buf.pages_mut()[0]);

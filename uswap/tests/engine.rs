@@ -762,7 +762,16 @@ fn unmanage_while_another_thread_discards(mode: FaultMode) {
     assert!(p.stats().pswpout > 0, "{mode:?}: nothing went out: {:?}", p.stats());
     let stop = std::sync::atomic::AtomicBool::new(false);
     let discards = AtomicU64::new(0);
+    /// Stops the discarding thread however the main thread leaves the scope (a failed check
+    /// would otherwise leave the scope waiting for it for ever).
+    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         s.spawn(|| {
             let ow = other.as_atomic_u64s();
             // Bounded by the main thread's work, which sets `stop`.
@@ -779,7 +788,6 @@ fn unmanage_while_another_thread_discards(mode: FaultMode) {
             p.unmanage(addr, CHUNK_PAGES * PAGE_SIZE).expect("unmanage");
             (first..first + CHUNK_PAGES).for_each(|i| check_page(w, i, 1));
         }
-        stop.store(true, Ordering::Release);
     });
     let st = quiet_stats(&p);
     assert!(discards.load(Ordering::Relaxed) > 0, "{mode:?}: no discard ran beside the unmanaging");

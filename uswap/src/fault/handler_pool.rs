@@ -232,15 +232,18 @@ pub(crate) fn thread_last_cpu(tid: u32) -> Option<usize> {
     after_comm.split_ascii_whitespace().nth(39 - 3)?.parse().ok()
 }
 
-/// Threads [`describe_threads`] names at most (a JVM has hundreds; the owner of a page is
-/// most likely one of the engine's, which start first).
-const MAX_THREADS_DESCRIBED: usize = 64;
+/// Threads [`describe_threads`] names at most (a JVM has hundreds).
+const MAX_THREADS_DESCRIBED: usize = 256;
 
 /// Where each thread of this process waits, as `name (tid): kernel function, system call
 /// number`, for the report of a page that stayed busy: its owner is one of them, and the
 /// kernel function says what it waits for (`handle_userfault`: a fault of its own;
 /// `userfaultfd_event_wait_completion`: an event not yet read). Allocates: thread mode only.
 pub(crate) fn describe_threads() -> String {
+    describe_threads_up_to(MAX_THREADS_DESCRIBED)
+}
+
+fn describe_threads_up_to(max_threads: usize) -> String {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return "(/proc/self/task unreadable)".into();
     };
@@ -249,7 +252,7 @@ pub(crate) fn describe_threads() -> String {
         s.trim().to_string()
     };
     let mut out = Vec::new();
-    for task in dir.flatten().take(MAX_THREADS_DESCRIBED) {
+    for task in dir.flatten().take(max_threads) {
         let tid = task.file_name().to_string_lossy().into_owned();
         let syscall = read(&tid, "syscall");
         let nr = syscall.split_ascii_whitespace().next().unwrap_or("?");
@@ -371,24 +374,35 @@ mod tests {
     /// under its name and thread id, with the system call it is in.
     #[test]
     fn describe_threads_names_each_thread_and_where_it_waits() {
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel();
         let sleeper = std::thread::Builder::new()
             .name("uswap-t-sleeper".into())
-            .spawn(move || {
-                // "/proc/thread-self" links to "<pid>/task/<tid>".
-                let link = std::fs::read_link("/proc/thread-self").unwrap();
-                tx.send(link.file_name().unwrap().to_string_lossy().into_owned()).unwrap();
-                std::thread::sleep(Duration::from_millis(500));
+            .spawn({
+                let stop = stop.clone();
+                move || {
+                    // "/proc/thread-self" links to "<pid>/task/<tid>".
+                    let link = std::fs::read_link("/proc/thread-self").unwrap();
+                    tx.send(link.file_name().unwrap().to_string_lossy().into_owned()).unwrap();
+                    // Bounded by the test, which sets `stop` once it has read the list.
+                    while !stop.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
             })
             .unwrap();
         let tid = rx.recv().unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        let described = describe_threads();
+        let in_sleep = [libc::SYS_nanosleep, libc::SYS_clock_nanosleep].map(|nr| format!("syscall {nr}"));
+        // A few tries: between two sleeps the thread runs (its syscall reads "running").
+        let found = (0..50).find_map(|_| {
+            std::thread::sleep(Duration::from_millis(5));
+            let described = describe_threads_up_to(usize::MAX);
+            let me = described.split("; ").find(|t| t.starts_with(&format!("uswap-t-sleeper ({tid}): ")))?;
+            in_sleep.iter().any(|s| me.ends_with(s.as_str())).then(|| me.to_string())
+        });
+        stop.store(true, Ordering::Release);
         sleeper.join().unwrap();
-        let me = described.split("; ").find(|t| t.starts_with(&format!("uswap-t-sleeper ({tid}): ")));
-        let me = me.unwrap_or_else(|| panic!("the sleeper is not named: {described}"));
-        // nanosleep is system call 35, clock_nanosleep 230 on x86-64.
-        assert!(me.ends_with("syscall 35") || me.ends_with("syscall 230"), "{me}");
+        assert!(found.is_some(), "the sleeper was never named asleep: {}", describe_threads_up_to(usize::MAX));
     }
 
     #[test]

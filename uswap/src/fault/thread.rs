@@ -20,6 +20,7 @@ use crate::state::{PagerId, PagerShared, Shutdown};
 use crate::stats::{Counter, PerCpuStats};
 use crate::swap::SwapDevices;
 use crate::uffd::{self, Doorbell, Event, RangeResult, Uffd, UffdMsg, PAGE_SIZE};
+use std::io::Write;
 
 /// A handler thread's context: the regions' descriptor it reads and wakes faults on, the
 /// events' context (events read among the faults), the pager's identity (to find its
@@ -217,7 +218,9 @@ fn adjust_pool(
 fn report_busy_owner(region: &crate::region::RegionInner, addr: usize, tid: u32) {
     let word = region.page_of(addr).map_or(crate::region::Pte(0), |page| region.load(page));
     let (state, busy) = (word.state(), word.busy());
-    eprintln!(
+    // A write error (stderr closed) changes nothing: the SIGBUS report went before.
+    let _ = writeln!(
+        std::io::stderr(),
         "uswap: page {addr:#x} is {state:?} (busy {busy}, word {:#x}), faulted by thread {tid}; this process's threads: {}",
         word.0,
         describe_threads()

@@ -133,7 +133,8 @@ impl Reclaimer {
     /// breaks, the tree's charge, tier writeback and pools growing. Returns whether it
     /// found any.
     fn queued_work(&mut self, cx: &Reclaim<'_>) -> bool {
-        // Whatever the application does: faulting threads cannot do it (see `cow`).
+        // Whatever the application does: a populate that faults in turn must not run on a
+        // thread that serves faults (see `cow`).
         let mut worked = cow::break_queued(cx) > 0;
         // A tree above its high watermark that counts on this pager's pages: other processes'
         // charges go over while they wait for it (a fork child with nothing of its own to

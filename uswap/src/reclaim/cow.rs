@@ -37,12 +37,12 @@
 //! children still share is nobody's alone and stays uncharged until all but one have let go
 //! of it.
 //!
-//! Locking: none; the page is owned through its busy bit, the address slot is one atomic.
+//! Locking: none; a clean page is owned through its busy bit while it is made dirty.
 
 use std::sync::atomic::Ordering;
 
 use super::Reclaim;
-use crate::mapping::{for_each_exclusive_page, populate_write};
+use crate::mapping::{for_each_exclusive_page, page_present, populate_write};
 use crate::region::{PageRef, PageState, Pte, RegionInner, RegionSet, REGIONS};
 use crate::stats::Counter;
 use crate::uffd::PAGE_SIZE;
@@ -79,6 +79,11 @@ pub(crate) fn break_queued(cx: &Reclaim<'_>) -> usize {
         }
         let addr = region.page_addr(r.page);
         if pte.clean() && !make_dirty(cx, region, r.page, pte) {
+            continue;
+        }
+        // Not mapped any more (moved out by direct reclaim, or discarded, since its word was
+        // read): nothing is shared, and populating would only fault it back in.
+        if !page_present(addr) {
             continue;
         }
         if populate_write(addr).is_ok() {
