@@ -133,7 +133,7 @@ pub fn adopt_deferred(pager: &'static uswap::Pager) {
     for (start, end) in deferred {
         let len = end - start;
         if table.len() >= MAX_MAPPINGS {
-            count_unmanaged();
+            count_table_full(len);
             continue;
         }
         match pager.adopt(start, len) {
@@ -237,9 +237,27 @@ fn plan(addr: *mut c_void, len: usize, prot: i32, flags: i32, min_size_bytes: us
 /// (`unmanaged::why`).
 pub static SMALL_MAPPED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Bytes of mappings left ordinary because the table already held [`MAX_MAPPINGS`], all
+/// that were ever refused so (V8 makes each 256 KiB page of its heap a mapping of its own):
+/// how a report of unmanaged memory tells them apart (`unmanaged::why`).
+pub static TABLE_FULL_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// A mapping stays ordinary memory: the table was full or the pager refused it.
 fn count_unmanaged() {
     UNMANAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A mapping of `len` bytes stays ordinary memory because the table is full: said once, at
+/// the first (the exit report then names such mappings, `unmanaged::why`).
+fn count_table_full(len: usize) {
+    if TABLE_FULL_BYTES.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed) == 0 {
+        // Allocation-free: under the table's lock, inside the program's mmap.
+        real::write_stderr(
+            b"uswap: this process has 4000 managed mappings, the most uswap keeps: its next ones stay \
+              ordinary memory, outside the limit (docs/cli.md, \"Not managed\")\n",
+        );
+    }
+    count_unmanaged();
 }
 
 /// Maps a managed region of `len` bytes, or `None` to fall back to an ordinary mapping.
@@ -247,7 +265,7 @@ fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
     let len = page_round_up(len)?;
     let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     if table.len() >= MAX_MAPPINGS {
-        count_unmanaged();
+        count_table_full(len);
         return None;
     }
     match cfg.pager.map(len) {
@@ -285,8 +303,12 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
         // region it reserved).
         return;
     }
-    if table.len() >= MAX_MAPPINGS || len < cfg.min_size_bytes {
+    if len < cfg.min_size_bytes {
         count_unmanaged();
+        return;
+    }
+    if table.len() >= MAX_MAPPINGS {
+        count_table_full(len);
         return;
     }
     match cfg.pager.adopt(start, len) {
