@@ -89,6 +89,7 @@ pub mod sigbus {
     pub use crate::uffd::signal_guard::note_signal_calls_interposed;
     pub use crate::uffd::AsyncSignalsBlocked;
 }
+pub use fault::handler_pool::describe_threads;
 pub use fork::ForkHold;
 pub use pager::{
     BackgroundReclaim, FaultMode, IdleAging, PageError, PageErrorKind, Pager, PagerBuilder, MAX_HANDLER_THREADS,

@@ -454,7 +454,7 @@ fn start_watchdog() {
                 (last, since) = (now, Instant::now());
             } else if since.elapsed() > STALL {
                 eprintln!(
-                    "no progress for {STALL:?} after {now} steps\nthreads (tid, name, state, wait channel):\n{}",
+                    "no progress for {STALL:?} after {now} steps\nthreads (name (tid): state, wait channel, system call):\n{}",
                     thread_states()
                 );
                 std::process::exit(101);

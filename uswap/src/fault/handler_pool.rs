@@ -235,11 +235,12 @@ pub(crate) fn thread_last_cpu(tid: u32) -> Option<usize> {
 /// Threads [`describe_threads`] names at most (a JVM has hundreds).
 const MAX_THREADS_DESCRIBED: usize = 256;
 
-/// Where each thread of this process waits, as `name (tid): kernel function, system call
-/// number`, for the report of a page that stayed busy: its owner is one of them, and the
-/// kernel function says what it waits for (`handle_userfault`: a fault of its own;
-/// `userfaultfd_event_wait_completion`: an event not yet read). Allocates: thread mode only.
-pub(crate) fn describe_threads() -> String {
+/// Where each thread of this process waits, as `name (tid): state, kernel function, system
+/// call number`, joined by "; ": for the report of a page that stayed busy (its owner is one
+/// of them, and the kernel function says what it waits for: `handle_userfault`, a fault of
+/// its own; `userfaultfd_event_wait_completion`, an event not yet read), and for a hang's
+/// dump in the tests. Allocates: not for the signal path.
+pub fn describe_threads() -> String {
     describe_threads_up_to(MAX_THREADS_DESCRIBED)
 }
 
@@ -256,7 +257,10 @@ fn describe_threads_up_to(max_threads: usize) -> String {
         let tid = task.file_name().to_string_lossy().into_owned();
         let syscall = read(&tid, "syscall");
         let nr = syscall.split_ascii_whitespace().next().unwrap_or("?");
-        out.push(format!("{} ({tid}): {}, syscall {nr}", read(&tid, "comm"), read(&tid, "wchan")));
+        // Field 3 of stat, after the command in parentheses (which may hold spaces).
+        let stat = read(&tid, "stat");
+        let state = stat.rsplit(')').next().and_then(|s| s.split_ascii_whitespace().next()).unwrap_or("?");
+        out.push(format!("{} ({tid}): {state}, {}, syscall {nr}", read(&tid, "comm"), read(&tid, "wchan")));
     }
     out.join("; ")
 }

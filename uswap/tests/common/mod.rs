@@ -157,18 +157,10 @@ pub use uswap_testkit::skipped;
 /// No progress for this long is a hang (the slowest progress step is one access).
 pub const STALL: Duration = Duration::from_secs(30);
 
-/// Each thread of this process: name, kernel wait channel, state.
+/// Each thread of this process, a line each: name, tid, state, kernel wait channel, system
+/// call (`uswap::describe_threads`).
 pub fn thread_states() -> String {
-    let mut out = String::new();
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return out };
-    for t in dir.flatten() {
-        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
-        let stat = read("stat");
-        let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()).unwrap_or("?").to_string();
-        out +=
-            &format!("  {} {:?} {} {}\n", t.file_name().to_string_lossy(), read("comm").trim(), state, read("wchan"));
-    }
-    out
+    uswap::describe_threads().split("; ").map(|t| format!("  {t}\n")).collect()
 }
 
 /// Runs `work` on its own thread and waits for it, failing if `progress` stands still for
@@ -188,7 +180,7 @@ where
             since = Instant::now();
         } else if since.elapsed() > STALL {
             panic!(
-                "{what}: no progress for {STALL:?} after {now} steps\nthreads (tid, name, state, wait channel):\n{}stats: {:?}",
+                "{what}: no progress for {STALL:?} after {now} steps\nthreads (name (tid): state, wait channel, system call):\n{}stats: {:?}",
                 thread_states(),
                 pager.stats()
             );
