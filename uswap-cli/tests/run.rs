@@ -1091,6 +1091,28 @@ fn node_heap_and_buffers_are_paged() {
     assert_runtime_paged(&prog, &small, &dir, limit_mib);
 }
 
+/// V8 makes each 256 KiB page of its heap a mapping of its own (reserved `PROT_NONE`,
+/// advised `MADV_DONTFORK`, trimmed, made read-write): Node.js 20 with two worker threads had
+/// some 10,000 at once. Past 4,000 a process's mappings stayed ordinary memory, outside the
+/// limit (1.4 GiB over a 256 MiB one), and their fork advice filled uswap's table ("more
+/// than 4096 ranges"). Now 6,000 such mappings are managed and paged, every byte reads back,
+/// the fork child (which has none of them) runs, and no table is said to be full.
+#[test]
+fn thousands_of_small_mappings_as_v8_makes_them_are_managed() {
+    let dir = tmpdir("v8pages");
+    let p = compile("v8pages", &dir, &[]);
+    let prog = [p.to_str().unwrap(), "6000", "16"];
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--min-size", "32KiB"], &prog, &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {} {err}", o.status);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "ok 6000\n", "{mode}: {err}");
+        assert!(!err.contains("managed mappings") && !err.contains("ranges of managed memory"), "{mode}: {err}");
+        assert_eq!(counter(&v, "mmap_unmanaged"), 0, "{mode}: {v}");
+        assert!(counter(&v, "pswpout") > 0, "{mode}: the pages were not paged: {v}");
+    }
+}
+
 /// Shared anonymous memory is not paged (docs/cli.md: userfaultfd's shmem support is not used):
 /// it is measured as unmanaged, and a tree whose unmanaged memory passes 10 % of the limit
 /// is told so on exit, naming the mapping and why; `--strict` ends it with status 2 as soon

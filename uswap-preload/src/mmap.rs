@@ -49,8 +49,11 @@ use std::sync::Mutex;
 use crate::own_code::{in_uswap, Guard};
 use crate::real::{self, errno, set_errno};
 
-/// At most this many managed mappings at once; more are ordinary memory (counted).
-pub const MAX_MAPPINGS: usize = 4000;
+/// At most this many managed mappings at once; more are ordinary memory (counted). Past
+/// the kernel's default `vm.max_map_count` (65,530 mappings in all); the engine's regions
+/// hold them and the heap's own.
+pub const MAX_MAPPINGS: usize = 65_000;
+const _: () = assert!(MAX_MAPPINGS + 256 <= uswap::MAX_REGIONS);
 
 struct Entry {
     start: usize,
@@ -253,7 +256,7 @@ fn count_table_full(len: usize) {
     if TABLE_FULL_BYTES.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed) == 0 {
         // Allocation-free: under the table's lock, inside the program's mmap.
         real::write_stderr(
-            b"uswap: this process has 4000 managed mappings, the most uswap keeps: its next ones stay \
+            b"uswap: this process has 65000 managed mappings, the most uswap keeps: its next ones stay \
               ordinary memory, outside the limit (docs/cli.md, \"Not managed\")\n",
         );
     }

@@ -101,7 +101,7 @@ fn object_key(dev: &str, inode: &str, path: &str) -> u64 {
 pub const LARGEST: usize = 4;
 
 // `why` names the table's size in words.
-const _: () = assert!(crate::mmap::MAX_MAPPINGS == 4000);
+const _: () = assert!(crate::mmap::MAX_MAPPINGS == 65_000);
 
 /// The line of a mapping in maps (and its header in smaps): `start-end perms offset dev inode [path]`.
 struct Header<'a> {
@@ -176,7 +176,7 @@ fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
         // Mappings the full table refused (V8's heap pages), most likely, when at least half
         // as much was refused so (a hint too: the count never goes down).
         _ if crate::mmap::TABLE_FULL_BYTES.load(std::sync::atomic::Ordering::Relaxed) >= (h.end - h.start) as u64 / 2 => {
-            "past the 4,000 mappings uswap manages at once in a process, most likely (V8 makes each 256 KiB page of \
+            "past the 65,000 mappings uswap manages at once in a process, most likely (V8 makes each 256 KiB page of \
              its heap a mapping), or mapped inside the C library or by a raw system call"
         }
         // Merged neighbours, most likely, when the program made at least half as much in

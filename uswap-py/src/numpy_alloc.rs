@@ -40,7 +40,7 @@ use pyo3::prelude::*;
 
 /// Default smallest block served from managed memory: below it, an array is too small to
 /// matter to the budget and a region of its own would cost more (a mapping, a registration
-/// and a slot of the process's 4096 regions) than it saves.
+/// and a slot of the process's regions) than it saves.
 pub const DEFAULT_THRESHOLD_BYTES: usize = 1 << 20;
 
 /// numpy's capsule name for data-memory handlers (NEP 49).

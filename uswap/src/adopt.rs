@@ -91,6 +91,8 @@ impl Pager {
         prepare_range(shared, addr, len)?;
         // After any late `UNMAP` of what was at these addresses before (`events::UnmapUnderWay`).
         crate::events::settle_unmaps(&shared.events, &shared.stats);
+        // Advice is kept for managed memory only: none recorded here is this memory's.
+        crate::fork_advice::forget(addr, addr + len);
         let Some(slot) = REGIONS.insert(addr, addr + len, inner.clone()) else {
             // Back to the caller's ordinary memory, as it was.
             let _ = shared.uffd.unregister(addr, len);
@@ -255,6 +257,9 @@ fn unmanage_pages(shared: &PagerShared, r: &RegionInner, first: usize, last: usi
     let (addr, len) = (r.page_addr(first), (last - first) * PAGE_SIZE);
     // Fails only for a range the application unmapped meanwhile: nothing left to let go of.
     let _ = shared.uffd.unregister(addr, len);
+    // Ordinary memory now: its fork advice is the kernel's alone (no event will say when
+    // these addresses go).
+    crate::fork_advice::forget(addr, addr + len);
     r.note_gone();
     let release = shared.release_cx();
     let mut released = Released::default();

@@ -341,7 +341,7 @@ fn handle_event(cx: &Events<'_>, event: Event) {
 /// inside `[start, end)`.
 pub(crate) fn for_each_overlap(cx: &Events<'_>, start: usize, end: usize, mut f: impl FnMut(&Guard<'_>, usize, usize)) {
     assert!(start <= end, "uswap invariant: a range [{start:#x}, {end:#x}) that ends before it starts");
-    REGIONS.for_each(|g| {
+    REGIONS.for_each_overlapping(start, end, |g| {
         if g.pager.id() != cx.id {
             return;
         }

@@ -97,7 +97,7 @@ pub use pager::{
 };
 pub use pin::{note_thread_start, release_pins_of_dead_threads, Pin, MAX_PIN_BYTES};
 pub use readahead::Advice;
-pub use region::MAX_REGION_BYTES;
+pub use region::{MAX_REGIONS, MAX_REGION_BYTES};
 pub use region_handle::{PlainRegion, Region};
 pub use shared_charge::SharedCharge;
 pub use stats::{DeviceStats, Histogram, IdleStats, LatencySummary, PublishStats, Stats};
@@ -122,7 +122,7 @@ pub enum MemoryOwner {
 /// region registry and the engine's mappings: not for hot paths.
 pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
     let mut managed = false;
-    region::REGIONS.for_each(|r| {
+    region::REGIONS.for_each_overlapping(start, end, |r| {
         managed = managed || r.owns_any_of(start, end);
     });
     if managed {
@@ -198,9 +198,20 @@ pub fn unlock_all_memory() {
 /// Records an `madvise(start, len, advice)` the kernel accepted on the program's memory, for
 /// the advice uswap must honour itself: `MADV_DONTFORK`, `MADV_WIPEONFORK` and their
 /// undoing, which a re-armed fork child applies to the pages it would otherwise read from its
-/// parent's devices. Other advice is ignored.
+/// parent's devices. Other advice, and advice on memory no region manages, is ignored
+/// (the kernel applies it there itself, and no event would say when such memory goes).
 pub fn note_madvise(start: usize, len: usize, advice: i32) {
-    fork_advice::note_madvise(start, len, advice)
+    let end = start.saturating_add(len);
+    let mut managed = Vec::new();
+    // A signal handler that left by `longjmp` while a region was held would hold it for good.
+    let _signals = crate::uffd::AsyncSignalsBlocked::new();
+    region::REGIONS.for_each_overlapping(start, end, |r| {
+        let (rs, re) = (r.start(), r.start() + r.nr_pages * PAGE_SIZE);
+        if rs < end && start < re {
+            managed.push((rs.max(start), re.min(end)));
+        }
+    });
+    fork_advice::note_madvise(start, len, advice, &managed)
 }
 
 /// The page size uswap works in.

@@ -37,8 +37,10 @@
 use crate::swap::SwapEntry;
 use crate::uffd::PAGE_SIZE;
 
-/// Regions that may exist at once in one process, over all pagers.
-pub const MAX_REGIONS: usize = 4096;
+/// Regions that may exist at once in one process, over all pagers: as many as the kernel's
+/// default `vm.max_map_count` lets a process map (V8 makes each 256 KiB page of its heap a
+/// mapping; Node.js with two worker threads had some 10,000).
+pub const MAX_REGIONS: usize = 1 << REF_IDX_BITS;
 /// Largest region: page indices must fit in 32 bits of a reclaim-queue entry.
 pub const MAX_REGION_BYTES: usize = (1usize << 32) * PAGE_SIZE;
 
@@ -240,8 +242,12 @@ impl Pte {
 // References to pages from reclaim queues and the swap cache
 // ---------------------------------------------------------------------------------------
 
-const REF_IDX_BITS: u32 = 12;
-const REF_GEN_BITS: u32 = 12;
+const REF_IDX_BITS: u32 = 16;
+/// Few bits: a reference that outlived its region and matches a later one in the same slot
+/// by chance (one in 256 reuses, and its page's generation too) names a live page, which
+/// every user checks before acting (a queue entry's page is reclaimed if resident; an
+/// owner's page only if it still holds that very slot).
+const REF_GEN_BITS: u32 = 8;
 pub(crate) const REGION_GEN_MASK: u32 = (1 << REF_GEN_BITS) - 1;
 const _: () = assert!(MAX_REGIONS <= 1 << REF_IDX_BITS);
 
@@ -257,14 +263,14 @@ pub(crate) struct PageRef {
 
 impl PageRef {
     pub fn pack(self) -> u64 {
-        (self.region_idx as u64) << 52
+        (self.region_idx as u64) << 48
             | ((self.region_gen & REGION_GEN_MASK) as u64) << 40
             | (self.page_gen as u64) << 32
             | self.page as u64
     }
     pub fn unpack(v: u64) -> PageRef {
         PageRef {
-            region_idx: (v >> 52) as usize,
+            region_idx: (v >> 48) as usize,
             region_gen: ((v >> 40) & REGION_GEN_MASK as u64) as u32,
             page_gen: (v >> 32) as u8,
             page: (v & 0xffff_ffff) as usize,
@@ -273,14 +279,14 @@ impl PageRef {
     /// The swap-cache owner value (reverse map) of this page: like `pack` without the page
     /// generation, plus one so it is never zero.
     pub fn owner(self) -> u64 {
-        ((self.region_idx as u64) << 44 | ((self.region_gen & REGION_GEN_MASK) as u64) << 32 | self.page as u64) + 1
+        ((self.region_idx as u64) << 40 | ((self.region_gen & REGION_GEN_MASK) as u64) << 32 | self.page as u64) + 1
     }
 
     /// The page an owner value names (page generation unknown: 0).
     pub fn from_owner(v: u64) -> PageRef {
         let v = v - 1;
         PageRef {
-            region_idx: (v >> 44) as usize,
+            region_idx: (v >> 40) as usize,
             region_gen: ((v >> 32) & REGION_GEN_MASK as u64) as u32,
             page_gen: 0,
             page: (v & 0xffff_ffff) as usize,
@@ -350,10 +356,15 @@ mod tests {
 
     #[test]
     fn page_refs_round_trip() {
-        let r = PageRef { region_idx: 4095, region_gen: 0xabc, page_gen: 0x7f, page: 0xffff_fffe };
+        let r = PageRef { region_idx: MAX_REGIONS - 1, region_gen: 0xbc, page_gen: 0x7f, page: 0xffff_fffe };
         assert_eq!(PageRef::unpack(r.pack()), r);
         assert!(r.owner() < 1 << crate::swap::swap_table::OWNER_BITS);
         let o = PageRef::from_owner(r.owner());
         assert_eq!((o.region_idx, o.region_gen, o.page), (r.region_idx, r.region_gen, r.page));
+        // A registry generation past the packed bits comes back as its low bits, which is
+        // what lookups compare (`REGION_GEN_MASK`).
+        let wide = PageRef { region_gen: 0x3bc, ..r };
+        assert_eq!(PageRef::unpack(wide.pack()).region_gen, 0xbc);
+        assert_eq!(PageRef::from_owner(wide.owner()).region_idx, MAX_REGIONS - 1);
     }
 }

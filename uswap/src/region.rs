@@ -75,7 +75,7 @@ impl RegionInner {
         Ok(RegionInner {
             memory: std::mem::ManuallyDrop::new(memory),
             nr_pages,
-            ptes: AtomicTable::new(nr_pages)?,
+            ptes: AtomicTable::small_in_heap(nr_pages)?,
             pager,
             streams: FaultStreams::new(),
             touched_end: AtomicUsize::new(0),

@@ -144,6 +144,9 @@ impl Release<'_> {
             // Unregistered first: the engine's own munmap must send no UNMAP event (its
             // thread would wait for the event to be read, and it is not the application's).
             let _ = self.uffd.unregister(addr, len);
+            // No event will say these addresses left: their fork advice goes now, or it
+            // would fill the table (and stay for a later mapping there).
+            crate::fork_advice::forget(addr, addr + len);
             ranges.push((addr, len));
         }
         ranges

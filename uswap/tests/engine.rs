@@ -796,3 +796,45 @@ fn unmanage_while_another_thread_discards(mode: FaultMode) {
 
 in_both_modes!(unmanage_while_another_thread_discards() => thread_mode_unmanage_while_another_thread_discards,
     signal_mode_unmanage_while_another_thread_discards);
+
+/// Regions at once far past the 4,096 the registry held before, as V8's heap makes them
+/// (each 256 KiB page a mapping of its own; Node.js with two worker threads had some
+/// 10,000): every one is managed, paged out and read back, and each fault finds its region
+/// among thousands (the registry's hints, then its scan).
+fn many_small_regions_are_paged(mode: FaultMode) {
+    const NR_REGIONS: usize = 6_000;
+    const PAGES: usize = 2;
+    let p = pager(mode, 4 * MIB, 256 * MIB);
+    let regions: Vec<_> =
+        (0..NR_REGIONS).map(|n| p.map(PAGES * PAGE_SIZE).unwrap_or_else(|e| panic!("{n}: {e}"))).collect();
+    // Version `v` of region `n`'s page `i`: each page's contents are its own.
+    let version = |v: u64, n: usize| v << 32 | n as u64;
+    for v in 1..=2 {
+        for (n, r) in regions.iter().enumerate() {
+            (0..PAGES).for_each(|i| write_page(r.as_atomic_u64s(), i, version(v, n)));
+        }
+        // Read back in a scattered order (7919 is prime to NR_REGIONS).
+        for k in 0..NR_REGIONS {
+            let n = k * 7919 % NR_REGIONS;
+            (0..PAGES).for_each(|i| check_page(regions[n].as_atomic_u64s(), i, version(v, n)));
+        }
+    }
+    let st = p.stats();
+    assert!(
+        st.pswpout > (NR_REGIONS * PAGES) as u64 / 2 && st.pswpin > 0,
+        "{mode:?}: the regions were not paged: {st:?}"
+    );
+    assert_eq!((st.limit_overrun, st.fault_error), (0, 0), "{mode:?}: {st:?}");
+    drop(regions);
+    assert_eq!(p.stats().slots_leaked, 0);
+}
+
+#[test]
+fn thread_mode_many_small_regions_are_paged() {
+    many_small_regions_are_paged(FaultMode::Thread);
+}
+
+#[test]
+fn signal_mode_many_small_regions_are_paged() {
+    many_small_regions_are_paged(FaultMode::Signal);
+}

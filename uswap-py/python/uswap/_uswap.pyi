@@ -23,7 +23,7 @@ class InvalidArgumentError(Error):
     """A size or device list that does not parse, a limit below the minimum, a zero size."""
 
 class OutOfMemoryError(Error):
-    """Out of address space, or every region slot of the process (4096) is in use."""
+    """Out of address space, or every region slot of the process (65,536) is in use."""
 
 class DeviceError(Error):
     """A swap device could not be opened, or failed."""

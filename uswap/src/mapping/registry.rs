@@ -10,6 +10,12 @@
 //! Locking: `insert` and `remove` are serialised by a mutex (they run on `map` and `drop`,
 //! never on the fault path). `find_preferring` and `get` take no lock.
 //!
+//! Search: a process may have tens of thousands of regions (V8 makes each 256 KiB page of
+//! its heap a mapping of its own), and a scan of every slot on each fault would cost more
+//! than the fault. `find_preferring` looks first where a hash of the address's 64 KiB says
+//! (the slot found there last), and scans only when that slot does not cover the address.
+//! A hint is never trusted: its slot is acquired and its range re-checked as a scan's is.
+//!
 //! Invariants: a slot's `start`, `end` and `gen` are written before its pointer is published
 //! and are stable while the pointer is non-null; a non-null pointer came from
 //! `Arc::into_raw` and stays valid while the slot's user count is non-zero. Once a process
@@ -44,6 +50,9 @@ pub struct Registry<T, const N: usize> {
     slots: [Slot<T>; N],
     /// Slots `0..high` have been used at least once: the scan bound of `find_preferring`.
     high: AtomicUsize,
+    /// Slot index plus one of the value last found for addresses hashing here (0: none):
+    /// where `find_preferring` looks before it scans (see the module's comment).
+    hints: [AtomicU32; NR_HINTS],
     writers: Mutex<()>,
     /// The process whose `insert`s filled the table (0: none yet). A fork child inherits
     /// its parent's table; its first `insert` lets the parent's entries go, or they would be
@@ -78,11 +87,24 @@ impl<T, const N: usize> Default for Registry<T, N> {
     }
 }
 
+/// Hints kept (a power of two): 256 KiB, touched only where addresses hash.
+const NR_HINTS: usize = 1 << 16;
+/// A hint covers 64 KiB of addresses, the smallest mapping `uswap run` manages.
+const HINT_SHIFT: u32 = 16;
+/// A region of up to this many hint granules has all of them pointed at it when inserted.
+const HINTS_FILLED_ON_INSERT: usize = 64;
+
+/// The hint for `addr` (Fibonacci hashing of its 64 KiB granule: neighbours spread).
+fn hint_of(addr: usize) -> usize {
+    ((addr >> HINT_SHIFT) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize >> (usize::BITS - NR_HINTS.ilog2())
+}
+
 impl<T, const N: usize> Registry<T, N> {
     pub const fn new() -> Self {
         Registry {
             slots: [const { Slot::new() }; N],
             high: AtomicUsize::new(0),
+            hints: [const { AtomicU32::new(0) }; NR_HINTS],
             writers: Mutex::new(()),
             owner_pid: AtomicU32::new(0),
         }
@@ -101,11 +123,24 @@ impl<T, const N: usize> Registry<T, N> {
         let s = &self.slots[idx];
         let gen = s.gen.load(Ordering::Relaxed).wrapping_add(1);
         s.gen.store(gen, Ordering::Relaxed);
-        s.start.store(start, Ordering::Relaxed);
-        s.end.store(end, Ordering::Relaxed);
+        // Sequentially consistent, as `remove`'s clearing: `for_each_overlapping` skips a
+        // slot on its range alone.
+        s.start.store(start, Ordering::SeqCst);
+        s.end.store(end, Ordering::SeqCst);
         s.value.store(Arc::into_raw(value) as *mut T, Ordering::SeqCst);
         self.high.fetch_max(idx + 1, Ordering::SeqCst);
+        self.hint_range(idx, start, end);
         Some((idx, gen))
+    }
+
+    /// Points the hints of a small range at slot `idx` (a large one is hinted as it faults).
+    fn hint_range(&self, idx: usize, start: usize, end: usize) {
+        let (first, last) = (start >> HINT_SHIFT, end.saturating_sub(1) >> HINT_SHIFT);
+        if end > start && last - first < HINTS_FILLED_ON_INSERT {
+            for granule in first..=last {
+                self.hints[hint_of(granule << HINT_SHIFT)].store(idx as u32 + 1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Unregisters slot `idx`, waits until no reader uses it, and returns the value.
@@ -123,8 +158,8 @@ impl<T, const N: usize> Registry<T, N> {
         while s.users.load(Ordering::SeqCst) != 0 {
             backoff.snooze();
         }
-        s.start.store(0, Ordering::Relaxed);
-        s.end.store(0, Ordering::Relaxed);
+        s.start.store(0, Ordering::SeqCst);
+        s.end.store(0, Ordering::SeqCst);
         // SAFETY: `p` came from `Arc::into_raw` in `insert`, the slot no longer publishes it
         // and no reader holds it (users drained after the swap), so we own that reference.
         Some(unsafe { Arc::from_raw(p) })
@@ -135,13 +170,15 @@ impl<T, const N: usize> Registry<T, N> {
     pub fn set_range(&self, idx: usize, start: usize, end: usize, update: impl FnOnce(&T)) {
         let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
         let Some(g) = self.acquire(idx) else { return };
-        update(&g);
         let s = &self.slots[idx];
         // A window where the slot matches nothing is harmless (a fault finds no region and is
-        // retried); one where it matches a wrong range is not: clear it first.
+        // retried); one where it matches a wrong range is not: clear it first, before the
+        // value moves (`for_each_overlapping` takes a cleared slot).
         s.end.store(0, Ordering::SeqCst);
+        update(&g);
         s.start.store(start, Ordering::SeqCst);
         s.end.store(end, Ordering::SeqCst);
+        self.hint_range(idx, start, end);
     }
 
     fn acquire(&self, idx: usize) -> Option<RegistryGuard<'_, T>> {
@@ -161,24 +198,40 @@ impl<T, const N: usize> Registry<T, N> {
 
     /// The first value registered for `addr` that `pred` accepts, if any; else the first
     /// registered for `addr` at all. For ranges that overlap (a new mapping placed where an
-    /// older one lost part of its range). Lock-free and allocation-free.
+    /// older one lost part of its range). Lock-free and allocation-free: the hinted slot
+    /// first, then a scan (whose find becomes the hint).
     pub fn find_preferring(&self, addr: usize, pred: impl Fn(&T) -> bool) -> Option<RegistryGuard<'_, T>> {
+        let hint = &self.hints[hint_of(addr)];
+        let hinted = hint.load(Ordering::Relaxed) as usize;
+        if let Some(g) = hinted.checked_sub(1).filter(|&idx| idx < N).and_then(|idx| self.covering(idx, addr)) {
+            if pred(&g) {
+                return Some(g);
+            }
+        }
         let high = self.high.load(Ordering::Acquire);
         let mut first = None;
-        for (idx, s) in self.slots[..high].iter().enumerate() {
-            if addr >= s.start.load(Ordering::Relaxed) && addr < s.end.load(Ordering::Relaxed) {
-                if let Some(g) = self.acquire(idx) {
-                    // Re-check under protection: the slot may have been reused meanwhile.
-                    if addr >= s.start.load(Ordering::Relaxed) && addr < s.end.load(Ordering::Relaxed) {
-                        if pred(&g) {
-                            return Some(g);
-                        }
-                        first.get_or_insert(g);
-                    }
+        for idx in 0..high {
+            if let Some(g) = self.covering(idx, addr) {
+                if pred(&g) {
+                    hint.store(idx as u32 + 1, Ordering::Relaxed);
+                    return Some(g);
                 }
+                first.get_or_insert(g);
             }
         }
         first
+    }
+
+    /// Slot `idx`'s value if its range holds `addr`: read before and again under the
+    /// slot's protection (the slot may have been reused between).
+    fn covering(&self, idx: usize, addr: usize) -> Option<RegistryGuard<'_, T>> {
+        let s = &self.slots[idx];
+        let holds = || addr >= s.start.load(Ordering::Relaxed) && addr < s.end.load(Ordering::Relaxed);
+        if !holds() {
+            return None;
+        }
+        let g = self.acquire(idx)?;
+        holds().then_some(g)
     }
 
     /// The lowest start of a registered range above `addr` (a hint: ranges change under
@@ -224,6 +277,26 @@ impl<T, const N: usize> Registry<T, N> {
             s.users.store(0, Ordering::SeqCst);
         }
         self.owner_pid.store(std::process::id(), Ordering::SeqCst);
+    }
+
+    /// Calls `f` on every registered value whose range may overlap `[start, end)` (one being
+    /// moved, `set_range`, is included): an event's walk, which must not take every slot
+    /// of tens of thousands. `f` checks the value's own range.
+    pub fn for_each_overlapping(&self, start: usize, end: usize, mut f: impl FnMut(&RegistryGuard<'_, T>)) {
+        let high = self.high.load(Ordering::Acquire);
+        for (idx, s) in self.slots[..high].iter().enumerate() {
+            // `end`, `start`, `end` again: `set_range` clears `end` before it writes `start`,
+            // so a pair torn by a move shows as a changed or cleared `end`, and is taken.
+            let s_end = s.end.load(Ordering::SeqCst);
+            let s_start = s.start.load(Ordering::SeqCst);
+            let apart = s_end <= start || end <= s_start;
+            if s_end != 0 && apart && s.end.load(Ordering::SeqCst) == s_end {
+                continue;
+            }
+            if let Some(g) = self.acquire(idx) {
+                f(&g);
+            }
+        }
     }
 
     /// Calls `f` on every registered value (for scans that are not on the fault path).
@@ -288,6 +361,50 @@ mod tests {
         assert_eq!(R.next_start_after(0x9000), None);
         R.remove(i);
         assert_eq!(R.next_start_after(0x5000), None, "a removed range is not a next start");
+    }
+
+    /// A hint is where to look first, never an answer: a slot reused elsewhere, moved, or
+    /// refused by the predicate sends the search on to a scan.
+    #[test]
+    fn stale_hints_are_checked_and_passed_over() {
+        static R: Registry<String, 8> = Registry::new();
+        let name = |addr| R.find_preferring(addr, |_| true).map(|g| g.as_str().to_string());
+        let (a, _) = R.insert(0x10_0000, 0x11_0000, Arc::new("a".to_string())).unwrap();
+        assert_eq!(name(0x10_8000).as_deref(), Some("a"));
+        R.remove(a);
+        let (b, _) = R.insert(0x50_0000, 0x51_0000, Arc::new("b".to_string())).unwrap();
+        assert_eq!(b, a, "the slot the hint names, reused elsewhere");
+        assert!(name(0x10_8000).is_none());
+        R.insert(0x10_0000, 0x10_8000, Arc::new("c".to_string())).unwrap();
+        assert_eq!(name(0x10_4000).as_deref(), Some("c"));
+        R.set_range(b, 0x60_0000, 0x61_0000, |_| {});
+        assert!(name(0x50_0000).is_none(), "a moved range is not found where it was");
+        assert_eq!(name(0x60_f000).as_deref(), Some("b"));
+        // Overlapping: the new range's insert pointed the hint at it; a predicate that
+        // refuses it still finds the older one.
+        R.insert(0x60_4000, 0x60_6000, Arc::new("d".to_string())).unwrap();
+        let found = |want: &str| R.find_preferring(0x60_5000, |v| v == want).map(|g| g.as_str().to_string());
+        assert_eq!(found("d").as_deref(), Some("d"));
+        assert_eq!(found("b").as_deref(), Some("b"));
+    }
+
+    /// An event's walk meets the ranges it overlaps, and only those.
+    #[test]
+    fn for_each_overlapping_meets_the_overlapping_ranges() {
+        static R: Registry<String, 8> = Registry::new();
+        for (start, end, v) in [(0x1000, 0x3000, "a"), (0x3000, 0x5000, "b"), (0x8000, 0x9000, "c")] {
+            R.insert(start, end, Arc::new(v.to_string())).unwrap();
+        }
+        let met = |start, end| {
+            let mut met = Vec::new();
+            R.for_each_overlapping(start, end, |g| met.push(g.as_str().to_string()));
+            met.sort();
+            met
+        };
+        assert_eq!(met(0x2000, 0x4000), ["a", "b"]);
+        assert_eq!(met(0x3000, 0x8000), ["b"]);
+        assert_eq!(met(0x8fff, 0xa000), ["c"]);
+        assert!(met(0x5000, 0x8000).is_empty());
     }
 
     #[test]

@@ -8,16 +8,40 @@ use super::{MapOptions, Mapping};
 use crate::uffd::PAGE_SIZE;
 
 /// A zero-initialised table of atomic words backed by its own anonymous mapping, so that a
-/// large table (one word per page of a terabyte region) costs memory only where it is used.
+/// large table (one word per page of a terabyte region) costs memory only where it is used;
+/// or, made with [`AtomicTable::small_in_heap`], a small one in the heap.
 pub struct AtomicTable {
-    map: Mapping,
+    words: Words,
     len: usize,
 }
+
+enum Words {
+    Mapped(Mapping),
+    /// Never given to a fork child on its own (`set_inherited`) nor removed (`remove_all`).
+    Heap(Box<[AtomicU64]>),
+}
+
+/// Largest table [`AtomicTable::small_in_heap`] puts in the heap: a page of words.
+pub const HEAP_TABLE_MAX_WORDS: usize = PAGE_SIZE / 8;
 
 impl AtomicTable {
     pub fn new(len: usize) -> io::Result<AtomicTable> {
         let map = Mapping::anonymous((len * 8).max(PAGE_SIZE), MapOptions { no_huge_pages: false, dont_fork: true })?;
-        Ok(AtomicTable { map, len })
+        Ok(AtomicTable { words: Words::Mapped(map), len })
+    }
+
+    /// As [`AtomicTable::new`], but a table of up to [`HEAP_TABLE_MAX_WORDS`] is allocated
+    /// from the heap: a region's page table, of which a process may have tens of thousands
+    /// (V8 makes each 256 KiB page of its heap a mapping), each of which would otherwise be
+    /// a kernel mapping of its own beside the region's, and count against the process's
+    /// `vm.max_map_count` and the engine's range table. Such a table is in a fork child too
+    /// (copy-on-write), where nothing reads it.
+    pub fn small_in_heap(len: usize) -> io::Result<AtomicTable> {
+        if len > HEAP_TABLE_MAX_WORDS {
+            return AtomicTable::new(len);
+        }
+        let words: Box<[AtomicU64]> = (0..len).map(|_| AtomicU64::new(0)).collect();
+        Ok(AtomicTable { words: Words::Heap(words), len })
     }
 }
 
@@ -25,28 +49,37 @@ impl AtomicTable {
     /// A table shared with every fork child made while it lives (`MAP_SHARED`): a word one
     /// process changes, the others see changed.
     pub fn shared(len: usize) -> io::Result<AtomicTable> {
-        Ok(AtomicTable { map: Mapping::shared_anonymous((len * 8).max(PAGE_SIZE))?, len })
+        Ok(AtomicTable { words: Words::Mapped(Mapping::shared_anonymous((len * 8).max(PAGE_SIZE))?), len })
     }
 
     /// Zeroes a [`AtomicTable::shared`] table and gives its memory back (`MADV_REMOVE`; for
     /// every process that maps it). A word read concurrently reads its old value or zero.
     pub fn remove_all(&self) -> io::Result<()> {
-        self.map.advise(0, self.map.len(), libc::MADV_REMOVE)
+        match &self.words {
+            Words::Mapped(map) => map.advise(0, map.len(), libc::MADV_REMOVE),
+            Words::Heap(_) => unreachable!("uswap invariant: a table in the heap is never shared"),
+        }
     }
 
     /// Whether a fork child gets a copy of the table (see [`Mapping::set_inherited`]).
     pub fn set_inherited(&self, inherit: bool) {
-        self.map.set_inherited(inherit);
+        match &self.words {
+            Words::Mapped(map) => map.set_inherited(inherit),
+            Words::Heap(_) => assert!(inherit, "uswap invariant: a table in the heap is always inherited"),
+        }
     }
 }
 
 impl std::ops::Deref for AtomicTable {
     type Target = [AtomicU64];
     fn deref(&self) -> &[AtomicU64] {
-        // SAFETY: the mapping is at least `len * 8` bytes, page-aligned (so 8-aligned),
-        // zero-filled by the kernel (a valid AtomicU64), owned by `self` and never unmapped
-        // while `self` lives; all access goes through atomics.
-        unsafe { std::slice::from_raw_parts(self.map.addr() as *const AtomicU64, self.len) }
+        match &self.words {
+            // SAFETY: the mapping is at least `len * 8` bytes, page-aligned (so 8-aligned),
+            // zero-filled by the kernel (a valid AtomicU64), owned by `self` and never
+            // unmapped while `self` lives; all access goes through atomics.
+            Words::Mapped(map) => unsafe { std::slice::from_raw_parts(map.addr() as *const AtomicU64, self.len) },
+            Words::Heap(words) => words,
+        }
     }
 }
 
