@@ -257,9 +257,6 @@ fn unmanage_pages(shared: &PagerShared, r: &RegionInner, first: usize, last: usi
     let (addr, len) = (r.page_addr(first), (last - first) * PAGE_SIZE);
     // Fails only for a range the application unmapped meanwhile: nothing left to let go of.
     let _ = shared.uffd.unregister(addr, len);
-    // Ordinary memory now: its fork advice is the kernel's alone (no event will say when
-    // these addresses go).
-    crate::fork_advice::forget(addr, addr + len);
     r.note_gone();
     let release = shared.release_cx();
     let mut released = Released::default();
@@ -268,6 +265,10 @@ fn unmanage_pages(shared: &PagerShared, r: &RegionInner, first: usize, last: usi
         r.store(page, pte.next(PageState::Gone, None).with_referenced(false));
     }
     release.apply_released(released);
+    // Ordinary memory now: its fork advice is the kernel's alone (no event will say when
+    // these addresses go). Not while the pages were held: a fork holds the advice's lock
+    // until its handlers have run, and its thread may touch these pages meanwhile.
+    crate::fork_advice::forget(addr, addr + len);
     Ok(())
 }
 

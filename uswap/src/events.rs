@@ -422,6 +422,7 @@ fn remap(cx: &Events<'_>, from: usize, to: usize, len: usize) {
     if let Some(idx) = whole {
         // The page table moved with the pages: only the address changes.
         REGIONS.set_range(idx, to, to + len, |r| r.set_start(to));
+        crate::fork_advice::moved(from, to, len);
     } else {
         let mut moved_out = false;
         for_each_overlap(cx, from, from + len, |r, first, last| {

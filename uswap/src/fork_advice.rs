@@ -89,6 +89,9 @@ pub fn note_madvise(start: usize, len: usize, advice: i32, managed: &[(usize, us
             say_full_once();
             return;
         }
+        // The parts given may overlap (regions whose ranges overlap): each replaces what it
+        // covers, so the ranges of a kind never do.
+        remove(table.of(kind), from, to);
         table.of(kind).insert(from, to);
     }
 }
@@ -97,9 +100,24 @@ pub fn note_madvise(start: usize, len: usize, advice: i32, managed: &[(usize, us
 /// kernel's flags went with it, or are the kernel's own business now.
 pub(crate) fn forget(start: usize, end: usize) {
     let mut table = RANGES.lock().unwrap_or_else(|e| e.into_inner());
-    let end = end.next_multiple_of(PAGE_SIZE);
+    let (start, end) = (start & !(PAGE_SIZE - 1), end.next_multiple_of(PAGE_SIZE));
     remove(&mut table.dont_fork, start, end);
     remove(&mut table.wipe_on_fork, start, end);
+}
+
+/// A whole managed mapping moved from `from` to `to` (`mremap`): the kernel's flags went
+/// with it.
+pub(crate) fn moved(from: usize, to: usize, len: usize) {
+    let mut table = RANGES.lock().unwrap_or_else(|e| e.into_inner());
+    for kind in [ForkAdvice::DontFork, ForkAdvice::WipeOnFork] {
+        let ranges = table.of(kind);
+        let inside = overlapping(ranges, from, from + len);
+        remove(ranges, from, from + len);
+        remove(ranges, to, to + len);
+        for (s, e) in inside {
+            ranges.insert(s.max(from) - from + to, e.min(from + len) - from + to);
+        }
+    }
 }
 
 /// The table, held across a fork (`crate::fork::ForkHold`, after the region registry's
@@ -137,6 +155,9 @@ fn overlapping(ranges: &BTreeMap<usize, usize>, start: usize, end: usize) -> Vec
 
 /// Takes `[start, end)` out of `ranges`, splitting those that cover it on both sides.
 fn remove(ranges: &mut BTreeMap<usize, usize>, start: usize, end: usize) {
+    if start >= end {
+        return;
+    }
     for (s, e) in overlapping(ranges, start, end) {
         ranges.remove(&s);
         if s < start {
@@ -194,5 +215,29 @@ mod tests {
         assert_eq!(ranges_in(ForkAdvice::DontFork, page(0), page(100)), vec![(page(42), page(44))]);
         note_madvise(page(60), PAGE_SIZE, libc::MADV_DONTFORK, &[]);
         assert_eq!(ranges_in(ForkAdvice::DontFork, page(60), page(61)), vec![]);
+        // Parts that overlap (regions whose ranges overlap) are kept as one cover.
+        note_madvise(page(60), 10 * PAGE_SIZE, libc::MADV_DONTFORK, &[(page(60), page(66)), (page(62), page(64))]);
+        note_madvise(page(60), 10 * PAGE_SIZE, libc::MADV_DONTFORK, &[(page(62), page(64)), (page(60), page(66))]);
+        assert_eq!(ranges_in(ForkAdvice::DontFork, page(50), page(100)), vec![(page(60), page(66))]);
+        // Adjacent ranges stay apart; a range touching the one asked about at either end is
+        // not in it.
+        note_madvise(page(66), 2 * PAGE_SIZE, libc::MADV_DONTFORK, all);
+        assert_eq!(ranges_in(ForkAdvice::DontFork, page(66), page(68)), vec![(page(66), page(68))]);
+        assert!(ranges_in(ForkAdvice::DontFork, page(68), page(70)).is_empty());
+        forget(page(66), page(66));
+        assert_eq!(
+            ranges_in(ForkAdvice::DontFork, page(60), page(70)),
+            vec![(page(60), page(66)), (page(66), page(68))]
+        );
+        // A whole mapping moved: its advice goes with it, clipped to it.
+        moved(page(64), page(90), 3 * PAGE_SIZE);
+        assert_eq!(
+            ranges_in(ForkAdvice::DontFork, page(60), page(70)),
+            vec![(page(60), page(64)), (page(67), page(68))]
+        );
+        assert_eq!(
+            ranges_in(ForkAdvice::DontFork, page(80), page(100)),
+            vec![(page(90), page(92)), (page(92), page(93))]
+        );
     }
 }

@@ -201,6 +201,10 @@ pub fn unlock_all_memory() {
 /// parent's devices. Other advice, and advice on memory no region manages, is ignored
 /// (the kernel applies it there itself, and no event would say when such memory goes).
 pub fn note_madvise(start: usize, len: usize, advice: i32) {
+    if advice != libc::MADV_DONTFORK && advice != libc::MADV_WIPEONFORK {
+        // Undoing needs no regions; other advice (a heap's purges) is not recorded at all.
+        return fork_advice::note_madvise(start, len, advice, &[]);
+    }
     let end = start.saturating_add(len);
     let mut managed = Vec::new();
     // A signal handler that left by `longjmp` while a region was held would hold it for good.
