@@ -233,9 +233,10 @@ fn counted(h: &Header<'_>) -> Option<bool> {
     ((private || shared_anon) && h.path != "[heap]").then_some(shared_anon)
 }
 
-/// Whether no pager manages `[start, end)` and it is not the engine's own memory.
-fn unowned(start: usize, end: usize) -> bool {
-    uswap::memory_owner(start, end) == uswap::MemoryOwner::Other
+/// Whether no pager manages `[start, end)` and it is not the engine's own memory, by the
+/// regions as they were when the scan began (`owners`).
+fn unowned(owners: &uswap::MemoryOwners, start: usize, end: usize) -> bool {
+    owners.owner(start, end) == uswap::MemoryOwner::Other
 }
 
 /// Adds a mapping with `bytes` counted to `out` (the caller checked that it is `unowned`).
@@ -256,12 +257,13 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
     std::fs::File::open("/proc/self/maps").ok()?.read_to_string(&mut maps).ok()?;
     let mut out = Unmanaged::default();
     let mut before = Before::default();
+    let owners = uswap::memory_owners();
     for h in maps.lines().filter_map(parse_header) {
         let b = std::mem::replace(&mut before, Before::of(&h));
         note_brk_heap(&mut out, &h);
         let Some(shared_anon) = counted(&h) else { continue };
         // `[vsyscall]` lies in the kernel's half (the top bit set), which the ioctl refuses.
-        if h.start as u64 >= 1 << 63 || !unowned(h.start, h.end) {
+        if h.start as u64 >= 1 << 63 || !unowned(&owners, h.start, h.end) {
             continue;
         }
         let writable = h.perms.as_bytes().get(1) == Some(&b'w');
@@ -379,13 +381,14 @@ fn scan_resident_bytes(pagemap: &std::fs::File, start: usize, end: usize, shared
 fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
     let f = std::fs::File::open("/proc/self/smaps").ok()?;
     let mut out = Unmanaged::default();
+    let owners = uswap::memory_owners();
     // The mapping being read (its bytes still to come), and whether it is shared anonymous
     // memory (with its object).
     let mut cur: Option<(Mapping, Option<u64>)> = None;
     let mut before = Before::default();
     let mut bytes = 0u64;
     let flush = |cur: Option<(Mapping, Option<u64>)>, bytes: u64, out: &mut Unmanaged| match cur
-        .filter(|(m, _)| unowned(m.start, m.start + m.len))
+        .filter(|(m, _)| unowned(&owners, m.start, m.start + m.len))
     {
         // Its own resident pages (`Rss`), as the scan counts a read-only or larger mapping.
         Some((m, Some(object))) => out.shared.push((object, Mapping { bytes, ..m })),

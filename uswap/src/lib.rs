@@ -134,6 +134,50 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
     }
 }
 
+/// [`memory_owner`] for many ranges at one moment (a scan of `/proc/self/maps`): the
+/// registry is read once, and each range is looked up in a sorted copy of it instead of
+/// walking every region (Node.js with worker threads has some 10,000).
+pub struct MemoryOwners {
+    /// `(start, end, slot, generation)` of every region, by start.
+    regions: Vec<(usize, usize, usize, u32)>,
+    /// `max_end[i]`: the largest end among `regions[..=i]` (ranges may overlap).
+    max_end: Vec<usize>,
+}
+
+/// The regions as they are now, for [`MemoryOwners::owner`].
+pub fn memory_owners() -> MemoryOwners {
+    let mut regions = Vec::new();
+    region::REGIONS.for_each(|g| regions.push((g.start(), g.start() + g.nr_pages * PAGE_SIZE, g.index, g.gen)));
+    regions.sort_unstable();
+    let max_end = regions
+        .iter()
+        .scan(0, |max, r| {
+            *max = r.1.max(*max);
+            Some(*max)
+        })
+        .collect();
+    MemoryOwners { regions, max_end }
+}
+
+impl MemoryOwners {
+    /// As [`memory_owner`], for regions that were there when the copy was taken (and are
+    /// still: a region gone since is not `Managed`).
+    pub fn owner(&self, start: usize, end: usize) -> MemoryOwner {
+        let below = self.regions.partition_point(|r| r.0 < end);
+        let managed = (0..below).rev().take_while(|&i| self.max_end[i] > start).any(|i| {
+            let (s, e, idx, gen) = self.regions[i];
+            s < end && start < e && region::REGIONS.get(idx, gen, u32::MAX).is_some_and(|r| r.owns_any_of(start, end))
+        });
+        if managed {
+            MemoryOwner::Managed
+        } else if mapping::is_engine_memory(start, end) {
+            MemoryOwner::Engine
+        } else {
+            MemoryOwner::Other
+        }
+    }
+}
+
 /// Signal mode: makes `[addr, addr + len)` ready for a system call that reads it (`write`
 /// false) or writes it, by bringing in the pages of signal-mode regions there. In signal mode
 /// the kernel cannot wait for a page the way a faulting thread can, so a system call that
