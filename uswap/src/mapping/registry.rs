@@ -13,8 +13,13 @@
 //! Search: a process may have tens of thousands of regions (V8 makes each 256 KiB page of
 //! its heap a mapping of its own), and a scan of every slot on each fault would cost more
 //! than the fault. `find_preferring` looks first where a hash of the address's 64 KiB says
-//! (the slot found there last), and scans only when that slot does not cover the address.
-//! A hint is never trusted: its slot is acquired and its range re-checked as a scan's is.
+//! (the slot found there last), then in the index: the ranges sorted by start, which the
+//! writers keep (under their lock, a sorted copy in `sorted`) and readers binary-search
+//! without a lock, between two reads of `index_seq` (odd while a writer rewrites it; a
+//! search that saw it change is redone by a scan of every slot). Neither is trusted: a slot
+//! found is acquired and its range re-checked as a scan's is. The index is rewritten before
+//! a value is published and after one is withdrawn, so that it never lacks a published
+//! range (a search between the two finds a slot it cannot acquire, as a scan would).
 //!
 //! Invariants: a slot's `start`, `end` and `gen` are written before its pointer is published
 //! and are stable while the pointer is non-null; a non-null pointer came from
@@ -53,7 +58,15 @@ pub struct Registry<T, const N: usize> {
     /// Slot index plus one of the value last found for addresses hashing here (0: none):
     /// where `find_preferring` looks before it scans (see the module's comment).
     hints: [AtomicU32; NR_HINTS],
+    /// The registered ranges sorted by start, `index_len` of them (see the module's comment).
+    index: [IndexEntry; N],
+    index_len: AtomicUsize,
+    /// Odd while a writer rewrites `index`.
+    index_seq: AtomicUsize,
     writers: Mutex<()>,
+    /// The writers' copy of the index, `(start, end, slot)` by `(start, slot)`; taken only
+    /// under `writers`.
+    sorted: Mutex<Vec<(usize, usize, usize)>>,
     /// The process whose `insert`s filled the table (0: none yet). A fork child inherits
     /// its parent's table; its first `insert` lets the parent's entries go, or they would be
     /// found first for the child's own regions where the ranges meet.
@@ -87,6 +100,29 @@ impl<T, const N: usize> Default for Registry<T, N> {
     }
 }
 
+/// An entry of the readers' index: a range, the largest end of it and every entry before it
+/// (ranges may overlap: a search walks back while that passes the address), and its slot.
+struct IndexEntry {
+    start: AtomicUsize,
+    end: AtomicUsize,
+    max_end: AtomicUsize,
+    slot: AtomicUsize,
+}
+
+impl IndexEntry {
+    const fn new() -> Self {
+        IndexEntry {
+            start: AtomicUsize::new(0),
+            end: AtomicUsize::new(0),
+            max_end: AtomicUsize::new(0),
+            slot: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// Ranges a search walks back over before it gives up for a scan (overlapping ranges).
+const MAX_INDEX_WALK: usize = 8;
+
 /// Hints kept (a power of two): 256 KiB, touched only where addresses hash.
 const NR_HINTS: usize = 1 << 16;
 /// A hint covers 64 KiB of addresses, the smallest mapping `uswap run` manages.
@@ -105,7 +141,11 @@ impl<T, const N: usize> Registry<T, N> {
             slots: [const { Slot::new() }; N],
             high: AtomicUsize::new(0),
             hints: [const { AtomicU32::new(0) }; NR_HINTS],
+            index: [const { IndexEntry::new() }; N],
+            index_len: AtomicUsize::new(0),
+            index_seq: AtomicUsize::new(0),
             writers: Mutex::new(()),
+            sorted: Mutex::new(Vec::new()),
             owner_pid: AtomicU32::new(0),
         }
     }
@@ -127,6 +167,7 @@ impl<T, const N: usize> Registry<T, N> {
         // slot on its range alone.
         s.start.store(start, Ordering::SeqCst);
         s.end.store(end, Ordering::SeqCst);
+        self.reindex(idx, Some((start, end)));
         s.value.store(Arc::into_raw(value) as *mut T, Ordering::SeqCst);
         self.high.fetch_max(idx + 1, Ordering::SeqCst);
         self.hint_range(idx, start, end);
@@ -160,6 +201,7 @@ impl<T, const N: usize> Registry<T, N> {
         }
         s.start.store(0, Ordering::SeqCst);
         s.end.store(0, Ordering::SeqCst);
+        self.reindex(idx, None);
         // SAFETY: `p` came from `Arc::into_raw` in `insert`, the slot no longer publishes it
         // and no reader holds it (users drained after the swap), so we own that reference.
         Some(unsafe { Arc::from_raw(p) })
@@ -178,6 +220,7 @@ impl<T, const N: usize> Registry<T, N> {
         update(&g);
         s.start.store(start, Ordering::SeqCst);
         s.end.store(end, Ordering::SeqCst);
+        self.reindex(idx, Some((start, end)));
         self.hint_range(idx, start, end);
     }
 
@@ -208,9 +251,12 @@ impl<T, const N: usize> Registry<T, N> {
                 return Some(g);
             }
         }
-        let high = self.high.load(Ordering::Acquire);
+        let candidates = self.search_index(addr);
+        let slots = candidates.as_ref().map_or(0..self.high.load(Ordering::Acquire), |c| 0..c.len());
         let mut first = None;
-        for idx in 0..high {
+        // Bounded: at most `MAX_INDEX_WALK` candidates, or every used slot.
+        for k in slots {
+            let idx = candidates.as_ref().map_or(k, |c| c[k]);
             if let Some(g) = self.covering(idx, addr) {
                 if pred(&g) {
                     hint.store(idx as u32 + 1, Ordering::Relaxed);
@@ -220,6 +266,84 @@ impl<T, const N: usize> Registry<T, N> {
             }
         }
         first
+    }
+
+    /// The slots whose ranges held `addr` in the index, in slot order (a scan's); `None` when
+    /// the index cannot say (a writer changed it meanwhile, or more than `MAX_INDEX_WALK`
+    /// ranges start below `addr` and may reach it): then every slot must be scanned.
+    fn search_index(&self, addr: usize) -> Option<arrayvec::ArrayVec<usize, MAX_INDEX_WALK>> {
+        let seq = self.index_seq.load(Ordering::Acquire);
+        if seq % 2 == 1 {
+            return None;
+        }
+        let lo = self.first_indexed_after(addr);
+        let mut found = arrayvec::ArrayVec::new();
+        let mut complete = false;
+        for e in self.index[..lo].iter().rev().take(MAX_INDEX_WALK) {
+            if e.max_end.load(Ordering::Relaxed) <= addr {
+                complete = true; // no range from here down reaches `addr`
+                break;
+            }
+            if addr < e.end.load(Ordering::Relaxed) {
+                found.push(e.slot.load(Ordering::Relaxed).min(N - 1));
+            }
+        }
+        complete |= lo <= MAX_INDEX_WALK;
+        found.sort_unstable();
+        std::sync::atomic::fence(Ordering::Acquire);
+        (complete && self.index_seq.load(Ordering::Relaxed) == seq).then_some(found)
+    }
+
+    /// The first entry of the index that starts past `addr` (its length if none): a binary
+    /// search, whose result the caller validates by `index_seq`.
+    fn first_indexed_after(&self, addr: usize) -> usize {
+        let (mut lo, mut hi) = (0, self.index_len.load(Ordering::Relaxed).min(N));
+        // Bounded: the interval halves each round.
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.index[mid].start.load(Ordering::Relaxed) <= addr {
+                true => lo = mid + 1,
+                false => hi = mid,
+            }
+        }
+        lo
+    }
+
+    /// Under the writers' lock: slot `idx`'s range becomes `range` in the index (`None`:
+    /// it leaves it). The readers' entries are rewritten from the first that changed.
+    fn reindex(&self, idx: usize, range: Option<(usize, usize)>) {
+        let mut sorted = self.sorted.lock().unwrap_or_else(|e| e.into_inner());
+        let mut from = sorted.len();
+        if let Some(p) = sorted.iter().position(|e| e.2 == idx) {
+            sorted.remove(p);
+            from = p;
+        }
+        if let Some((start, end)) = range {
+            let p = sorted.partition_point(|e| (e.0, e.2) < (start, idx));
+            sorted.insert(p, (start, end, idx));
+            from = from.min(p);
+        }
+        assert!(sorted.len() <= N, "uswap invariant: more ranges indexed than slots");
+        self.publish_index(&sorted, from);
+    }
+
+    /// Writes `sorted[from..]` into the readers' index, between two increments of
+    /// `index_seq` (a seqlock's writer).
+    fn publish_index(&self, sorted: &[(usize, usize, usize)], from: usize) {
+        let seq = self.index_seq.load(Ordering::Relaxed);
+        debug_assert!(seq % 2 == 0, "one writer at a time");
+        self.index_seq.store(seq + 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        let mut max_end = from.checked_sub(1).map_or(0, |i| self.index[i].max_end.load(Ordering::Relaxed));
+        for (e, &(start, end, slot)) in self.index[from..sorted.len()].iter().zip(&sorted[from..]) {
+            max_end = max_end.max(end);
+            e.start.store(start, Ordering::Relaxed);
+            e.end.store(end, Ordering::Relaxed);
+            e.max_end.store(max_end, Ordering::Relaxed);
+            e.slot.store(slot, Ordering::Relaxed);
+        }
+        self.index_len.store(sorted.len(), Ordering::Relaxed);
+        self.index_seq.store(seq + 2, Ordering::Release);
     }
 
     /// Slot `idx`'s value if its range holds `addr`: read before and again under the
@@ -237,6 +361,16 @@ impl<T, const N: usize> Registry<T, N> {
     /// The lowest start of a registered range above `addr` (a hint: ranges change under
     /// it), so that a walk over addresses can skip what no range covers. Lock-free.
     pub fn next_start_after(&self, addr: usize) -> Option<usize> {
+        let seq = self.index_seq.load(Ordering::Acquire);
+        if seq % 2 == 0 {
+            let next = self.first_indexed_after(addr);
+            let next =
+                (next < self.index_len.load(Ordering::Relaxed)).then(|| self.index[next].start.load(Ordering::Relaxed));
+            std::sync::atomic::fence(Ordering::Acquire);
+            if self.index_seq.load(Ordering::Relaxed) == seq {
+                return next;
+            }
+        }
         let high = self.high.load(Ordering::Acquire);
         self.slots[..high]
             .iter()
@@ -276,6 +410,11 @@ impl<T, const N: usize> Registry<T, N> {
             // Readers that held it were the parent's other threads, which the child lacks.
             s.users.store(0, Ordering::SeqCst);
         }
+        // Taken only under the writers' lock, which the caller holds: no thread of the
+        // parent held it at the fork.
+        let mut sorted = self.sorted.lock().unwrap_or_else(|e| e.into_inner());
+        sorted.clear();
+        self.publish_index(&sorted, 0);
         self.owner_pid.store(std::process::id(), Ordering::SeqCst);
     }
 
@@ -405,6 +544,73 @@ mod tests {
         assert_eq!(met(0x3000, 0x8000), ["b"]);
         assert_eq!(met(0x8fff, 0xa000), ["c"]);
         assert!(met(0x5000, 0x8000).is_empty());
+    }
+
+    /// The index finds where a scan of every slot finds: for ranges apart, touching, nested
+    /// and overlapping more deeply than a search walks back, at every address around them,
+    /// and after some are removed and moved.
+    #[test]
+    fn the_index_finds_what_a_scan_finds() {
+        static R: Registry<usize, 64> = Registry::new();
+        let mut ranges: Vec<Option<(usize, usize)>> = Vec::new();
+        let k = |i: usize| 0x100_0000 + i * 0x1_0000;
+        for i in 0..30 {
+            ranges.push(Some((k(i), k(i + 1)))); // apart and touching
+        }
+        for i in 0..12 {
+            ranges.push(Some((k(40) + i * 0x1000, k(60)))); // twelve deep, nested
+        }
+        ranges.push(Some((k(35), k(70)))); // over all of them
+        for (i, r) in ranges.iter().enumerate() {
+            let (start, end) = r.unwrap();
+            assert_eq!(R.insert(start, end, Arc::new(i)).map(|(slot, _)| slot), Some(i));
+        }
+        let check = |ranges: &[Option<(usize, usize)>]| {
+            for addr in (k(0) - 0x1000..k(75)).step_by(0x800) {
+                // A range that holds `addr` (which one, where several do, is the hint's), or
+                // none when none does.
+                let holds = |i: usize| ranges[i].is_some_and(|(s, e)| s <= addr && addr < e);
+                match R.find_preferring(addr, |_| true).map(|g| *g) {
+                    Some(i) => assert!(holds(i), "{addr:#x}: found {i}"),
+                    None => assert!(!(0..ranges.len()).any(holds), "{addr:#x}: none found"),
+                }
+                let next = ranges.iter().flatten().map(|&(s, _)| s).filter(|&s| s > addr).min();
+                assert_eq!(R.next_start_after(addr), next, "{addr:#x}");
+            }
+        };
+        check(&ranges);
+        for i in [0, 5, 31, 42] {
+            R.remove(i);
+            ranges[i] = None;
+        }
+        R.set_range(7, k(72), k(73), |_| {});
+        ranges[7] = Some((k(72), k(73)));
+        check(&ranges);
+    }
+
+    /// A region that stays is found by every search while other threads' regions come and
+    /// go beside it (the index rewritten under the searches).
+    #[test]
+    fn searches_find_a_region_while_others_come_and_go() {
+        static R: Registry<u64, 64> = Registry::new();
+        R.insert(0x800_0000, 0x801_0000, Arc::new(7)).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for round in 0..20_000usize {
+                    let start = 0x100_0000 + (round % 50) * 0x2_0000;
+                    let (i, _) = R.insert(start, start + 0x1_0000, Arc::new(1)).unwrap();
+                    R.remove(i);
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            let mut searches = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                assert_eq!(R.find_preferring(0x800_8000, |_| true).map(|g| *g), Some(7));
+                searches += 1;
+            }
+            assert!(searches > 0);
+        });
     }
 
     #[test]
