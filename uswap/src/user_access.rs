@@ -106,7 +106,10 @@ fn for_each_region_in(start: usize, end: usize, mut f: impl FnMut(&RegistryGuard
             }
             continue;
         };
-        let to = (g.start() + g.nr_pages * PAGE_SIZE).min(end);
+        // Up to the next region's start too: one placed in a hole of this one (its pages
+        // there `Gone`) has its own pages to prepare.
+        let next = REGIONS.next_start_after(addr).unwrap_or(usize::MAX);
+        let to = (g.start() + g.nr_pages * PAGE_SIZE).min(end).min(next);
         f(&g, addr, to);
         addr = to;
     }

@@ -14,9 +14,9 @@
 //! its heap a mapping of its own), and a scan of every slot on each fault would cost more
 //! than the fault. `find_preferring` looks first where a hash of the address's 64 KiB says
 //! (the slot found there last), then in the index: the ranges sorted by start, which the
-//! writers keep (under their lock, a sorted copy in `sorted`) and readers binary-search
-//! without a lock, between two reads of `index_seq` (odd while a writer rewrites it; a
-//! search that saw it change is redone by a scan of every slot). Neither is trusted: a slot
+//! writers shift in place (under their lock) and readers binary-search without a lock,
+//! between two reads of `index_seq` (odd while a writer rewrites it; a search that saw it
+//! change is redone by a scan of every slot). Neither is trusted: a slot
 //! found is acquired and its range re-checked as a scan's is. The index is rewritten before
 //! a value is published and after one is withdrawn, so that it never lacks a published
 //! range (a search between the two finds a slot it cannot acquire, as a scan would).
@@ -63,10 +63,9 @@ pub struct Registry<T, const N: usize> {
     index_len: AtomicUsize,
     /// Odd while a writer rewrites `index`.
     index_seq: AtomicUsize,
+    /// Serialises `insert`, `remove` and `set_range`, and with them every write to the index.
+    /// (Every field starts as zeros: the table is in `.bss`, not in the library's file.)
     writers: Mutex<()>,
-    /// The writers' copy of the index, `(start, end, slot)` by `(start, slot)`; taken only
-    /// under `writers`.
-    sorted: Mutex<Vec<(usize, usize, usize)>>,
     /// The process whose `insert`s filled the table (0: none yet). A fork child inherits
     /// its parent's table; its first `insert` lets the parent's entries go, or they would be
     /// found first for the child's own regions where the ranges meet.
@@ -118,10 +117,20 @@ impl IndexEntry {
             slot: AtomicUsize::new(0),
         }
     }
+
+    /// The writer's move of an entry (its `max_end` is recomputed after).
+    fn copy_from(&self, other: &IndexEntry) {
+        self.start.store(other.start.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.end.store(other.end.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.slot.store(other.slot.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
 }
 
-/// Ranges a search walks back over before it gives up for a scan (overlapping ranges).
-const MAX_INDEX_WALK: usize = 8;
+/// Entries a search walks back over (ranges that start below the address and may reach it:
+/// a large one partly unmapped and reused by small ones) before it gives up for a scan.
+const MAX_INDEX_WALK: usize = 64;
+/// Ranges that may hold one address at once, for a search of the index (else a scan).
+const MAX_CANDIDATES: usize = 8;
 
 /// Hints kept (a power of two): 256 KiB, touched only where addresses hash.
 const NR_HINTS: usize = 1 << 16;
@@ -145,7 +154,6 @@ impl<T, const N: usize> Registry<T, N> {
             index_len: AtomicUsize::new(0),
             index_seq: AtomicUsize::new(0),
             writers: Mutex::new(()),
-            sorted: Mutex::new(Vec::new()),
             owner_pid: AtomicU32::new(0),
         }
     }
@@ -218,9 +226,10 @@ impl<T, const N: usize> Registry<T, N> {
         // value moves (`for_each_overlapping` takes a cleared slot).
         s.end.store(0, Ordering::SeqCst);
         update(&g);
+        // The index first, as `insert` does: it never lacks a range a slot shows.
+        self.reindex(idx, Some((start, end)));
         s.start.store(start, Ordering::SeqCst);
         s.end.store(end, Ordering::SeqCst);
-        self.reindex(idx, Some((start, end)));
         self.hint_range(idx, start, end);
     }
 
@@ -242,7 +251,8 @@ impl<T, const N: usize> Registry<T, N> {
     /// The first value registered for `addr` that `pred` accepts, if any; else the first
     /// registered for `addr` at all. For ranges that overlap (a new mapping placed where an
     /// older one lost part of its range). Lock-free and allocation-free: the hinted slot
-    /// first, then a scan (whose find becomes the hint).
+    /// first, then the index, then (when the index cannot say) a scan; a find becomes the
+    /// hint.
     pub fn find_preferring(&self, addr: usize, pred: impl Fn(&T) -> bool) -> Option<RegistryGuard<'_, T>> {
         let hint = &self.hints[hint_of(addr)];
         let hinted = hint.load(Ordering::Relaxed) as usize;
@@ -269,9 +279,10 @@ impl<T, const N: usize> Registry<T, N> {
     }
 
     /// The slots whose ranges held `addr` in the index, in slot order (a scan's); `None` when
-    /// the index cannot say (a writer changed it meanwhile, or more than `MAX_INDEX_WALK`
-    /// ranges start below `addr` and may reach it): then every slot must be scanned.
-    fn search_index(&self, addr: usize) -> Option<arrayvec::ArrayVec<usize, MAX_INDEX_WALK>> {
+    /// the index cannot say (a writer changed it meanwhile, more than `MAX_INDEX_WALK`
+    /// ranges start below `addr` and may reach it, or more than `MAX_CANDIDATES` hold it):
+    /// then every slot must be scanned.
+    fn search_index(&self, addr: usize) -> Option<arrayvec::ArrayVec<usize, MAX_CANDIDATES>> {
         let seq = self.index_seq.load(Ordering::Acquire);
         if seq % 2 == 1 {
             return None;
@@ -284,8 +295,10 @@ impl<T, const N: usize> Registry<T, N> {
                 complete = true; // no range from here down reaches `addr`
                 break;
             }
-            if addr < e.end.load(Ordering::Relaxed) {
-                found.push(e.slot.load(Ordering::Relaxed).min(N - 1));
+            if addr < e.end.load(Ordering::Relaxed)
+                && found.try_push(e.slot.load(Ordering::Relaxed).min(N - 1)).is_err()
+            {
+                return None;
             }
         }
         complete |= lo <= MAX_INDEX_WALK;
@@ -310,39 +323,62 @@ impl<T, const N: usize> Registry<T, N> {
     }
 
     /// Under the writers' lock: slot `idx`'s range becomes `range` in the index (`None`:
-    /// it leaves it). The readers' entries are rewritten from the first that changed.
+    /// it leaves it). The entries from the first that changed are shifted in place, between
+    /// two increments of `index_seq` (a seqlock's writer: a reader that overlapped it sees
+    /// the count changed and scans instead). Allocation-free.
     fn reindex(&self, idx: usize, range: Option<(usize, usize)>) {
-        let mut sorted = self.sorted.lock().unwrap_or_else(|e| e.into_inner());
-        let mut from = sorted.len();
-        if let Some(p) = sorted.iter().position(|e| e.2 == idx) {
-            sorted.remove(p);
-            from = p;
-        }
-        if let Some((start, end)) = range {
-            let p = sorted.partition_point(|e| (e.0, e.2) < (start, idx));
-            sorted.insert(p, (start, end, idx));
-            from = from.min(p);
-        }
-        assert!(sorted.len() <= N, "uswap invariant: more ranges indexed than slots");
-        self.publish_index(&sorted, from);
-    }
-
-    /// Writes `sorted[from..]` into the readers' index, between two increments of
-    /// `index_seq` (a seqlock's writer).
-    fn publish_index(&self, sorted: &[(usize, usize, usize)], from: usize) {
         let seq = self.index_seq.load(Ordering::Relaxed);
         debug_assert!(seq % 2 == 0, "one writer at a time");
         self.index_seq.store(seq + 1, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
-        let mut max_end = from.checked_sub(1).map_or(0, |i| self.index[i].max_end.load(Ordering::Relaxed));
-        for (e, &(start, end, slot)) in self.index[from..sorted.len()].iter().zip(&sorted[from..]) {
-            max_end = max_end.max(end);
+        // The writer's own stores: relaxed loads see them.
+        let mut len = self.index_len.load(Ordering::Relaxed);
+        let mut from = len;
+        if let Some(p) = self.index[..len].iter().position(|e| e.slot.load(Ordering::Relaxed) == idx) {
+            for i in p..len - 1 {
+                self.index[i].copy_from(&self.index[i + 1]);
+            }
+            len -= 1;
+            from = p;
+        }
+        if let Some((start, end)) = range {
+            assert!(len < N, "uswap invariant: more ranges indexed than slots");
+            let at =
+                |i: usize| (self.index[i].start.load(Ordering::Relaxed), self.index[i].slot.load(Ordering::Relaxed));
+            let (mut lo, mut hi) = (0, len);
+            // Bounded: the interval halves each round.
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                match at(mid) < (start, idx) {
+                    true => lo = mid + 1,
+                    false => hi = mid,
+                }
+            }
+            for i in (lo..len).rev() {
+                self.index[i + 1].copy_from(&self.index[i]);
+            }
+            let e = &self.index[lo];
             e.start.store(start, Ordering::Relaxed);
             e.end.store(end, Ordering::Relaxed);
-            e.max_end.store(max_end, Ordering::Relaxed);
-            e.slot.store(slot, Ordering::Relaxed);
+            e.slot.store(idx, Ordering::Relaxed);
+            len += 1;
+            from = from.min(lo);
         }
-        self.index_len.store(sorted.len(), Ordering::Relaxed);
+        let mut max_end = from.checked_sub(1).map_or(0, |i| self.index[i].max_end.load(Ordering::Relaxed));
+        for e in &self.index[from..len] {
+            max_end = max_end.max(e.end.load(Ordering::Relaxed));
+            e.max_end.store(max_end, Ordering::Relaxed);
+        }
+        self.index_len.store(len, Ordering::Relaxed);
+        self.index_seq.store(seq + 2, Ordering::Release);
+    }
+
+    /// Under the writers' lock: the index emptied (a fork child letting its parent's go).
+    fn clear_index(&self) {
+        let seq = self.index_seq.load(Ordering::Relaxed);
+        self.index_seq.store(seq + 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        self.index_len.store(0, Ordering::Relaxed);
         self.index_seq.store(seq + 2, Ordering::Release);
     }
 
@@ -410,11 +446,7 @@ impl<T, const N: usize> Registry<T, N> {
             // Readers that held it were the parent's other threads, which the child lacks.
             s.users.store(0, Ordering::SeqCst);
         }
-        // Taken only under the writers' lock, which the caller holds: no thread of the
-        // parent held it at the fork.
-        let mut sorted = self.sorted.lock().unwrap_or_else(|e| e.into_inner());
-        sorted.clear();
-        self.publish_index(&sorted, 0);
+        self.clear_index();
         self.owner_pid.store(std::process::id(), Ordering::SeqCst);
     }
 
@@ -566,7 +598,18 @@ mod tests {
             assert_eq!(R.insert(start, end, Arc::new(i)).map(|(slot, _)| slot), Some(i));
         }
         let check = |ranges: &[Option<(usize, usize)>]| {
+            let mut said = 0;
             for addr in (k(0) - 0x1000..k(75)).step_by(0x800) {
+                // The index alone, without the hints: where it answers, exactly the ranges
+                // that hold `addr`, in slot order.
+                let holding: Vec<usize> =
+                    (0..ranges.len()).filter(|&i| ranges[i].is_some_and(|(s, e)| s <= addr && addr < e)).collect();
+                if let Some(found) = R.search_index(addr) {
+                    assert_eq!(found.as_slice(), holding.as_slice(), "{addr:#x}");
+                    said += 1;
+                } else {
+                    assert!(holding.len() > MAX_CANDIDATES, "{addr:#x}: the index could not say, for {holding:?}");
+                }
                 // A range that holds `addr` (which one, where several do, is the hint's), or
                 // none when none does.
                 let holds = |i: usize| ranges[i].is_some_and(|(s, e)| s <= addr && addr < e);
@@ -577,6 +620,7 @@ mod tests {
                 let next = ranges.iter().flatten().map(|&(s, _)| s).filter(|&s| s > addr).min();
                 assert_eq!(R.next_start_after(addr), next, "{addr:#x}");
             }
+            assert!(said > 1000, "the index answered {said} times");
         };
         check(&ranges);
         for i in [0, 5, 31, 42] {
@@ -604,12 +648,18 @@ mod tests {
                 }
                 stop.store(true, Ordering::Relaxed);
             });
-            let mut searches = 0u64;
+            let (mut searches, mut answered) = (0u64, 0u64);
             while !stop.load(Ordering::Relaxed) {
                 assert_eq!(R.find_preferring(0x800_8000, |_| true).map(|g| *g), Some(7));
+                // The index alone (the hint answers the search above): it names the region,
+                // or cannot say while a writer is at it.
+                if let Some(found) = R.search_index(0x800_8000) {
+                    assert_eq!(found.as_slice(), [0], "the index lost the region");
+                    answered += 1;
+                }
                 searches += 1;
             }
-            assert!(searches > 0);
+            assert!(answered > 0 && searches > 0);
         });
     }
 
