@@ -47,8 +47,10 @@ struct Held {
 thread_local! {
     static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
     /// The deferred table of a process that waits (or waited) for its pager, held across the
-    /// fork (`waiting_charge::hold_for_fork`).
-    static DEFERRED: RefCell<Option<crate::waiting_charge::DeferredHold>> = const { RefCell::new(None) };
+    /// fork (`waiting_charge::hold_for_fork`), with the region registry's writers while no
+    /// pager is there to hold them (`uswap::hold_regions_for_fork`).
+    static DEFERRED: RefCell<Option<(crate::waiting_charge::DeferredHold, Option<uswap::RegionsHeld>)>> =
+        const { RefCell::new(None) };
     /// Whether this thread's prepare handler touched [`DEFERRED`]: a thread-local with a
     /// destructor registers it at its first touch, which allocates, and a fork child must
     /// not allocate before its heap is re-armed (it crashed in mimalloc). No destructor.
@@ -73,9 +75,18 @@ extern "C" fn prepare() {
     }
     // Touched whatever it holds, here in the parent (see `DEFERRED_TOUCHED`).
     let deferred = crate::pager().is_none().then(crate::waiting_charge::hold_for_fork);
-    DEFERRED.with(|d| *d.borrow_mut() = deferred);
+    // A start under way on another thread may be inside the registry (it adopts the
+    // deferred mappings it took before this hold): a child that inherited its writers' lock
+    // held would wait for it for good at its own start.
+    let mut regions = deferred.as_ref().map(|_| uswap::hold_regions_for_fork());
+    let pager = crate::pager();
+    if pager.is_some() {
+        // The start ended meanwhile: the pager's own hold takes the registry below.
+        regions = None;
+    }
+    DEFERRED.with(|d| *d.borrow_mut() = deferred.map(|hold| (hold, regions)));
     DEFERRED_TOUCHED.with(|t| t.set(true));
-    let Some(pager) = crate::pager() else { return };
+    let Some(pager) = pager else { return };
     let _g = crate::own_code::Guard::enter();
     // The table first: a thread mapping a region holds it while the pager registers.
     let table = crate::mmap::hold_for_fork();

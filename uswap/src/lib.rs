@@ -134,6 +134,20 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
     }
 }
 
+/// The region registry's writers, held across a `fork` made while this process has no pager
+/// that holds them itself ([`Pager::prepare_fork_to_rearm`]): `uswap run`'s library before
+/// its pager has started, while another thread may be starting it (adopting regions). A
+/// child that inherited the lock held would wait for it for good. Drop it in the parent and
+/// in the child after the fork.
+pub struct RegionsHeld {
+    _writers: std::sync::MutexGuard<'static, ()>,
+}
+
+/// Takes [`RegionsHeld`] (waits for a region being registered or dropped meanwhile).
+pub fn hold_regions_for_fork() -> RegionsHeld {
+    RegionsHeld { _writers: region::REGIONS.lock_writers() }
+}
+
 /// [`memory_owner`] for many ranges at one moment (a scan of `/proc/self/maps`): the
 /// registry is read once, and each range is looked up in a sorted copy of it instead of
 /// walking every region (Node.js with worker threads has some 10,000).
