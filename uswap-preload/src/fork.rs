@@ -47,9 +47,9 @@ struct Held {
 thread_local! {
     static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
     /// The deferred table of a process that waits (or waited) for its pager, held across the
-    /// fork (`waiting_charge::hold_for_fork`), with the region registry's writers while no
-    /// pager is there to hold them (`uswap::hold_regions_for_fork`).
-    static DEFERRED: RefCell<Option<(crate::waiting_charge::DeferredHold, Option<uswap::RegionsHeld>)>> =
+    /// fork (`waiting_charge::hold_for_fork`), with what a start under way holds while no
+    /// pager is there to hold it ([`StartHold`]).
+    static DEFERRED: RefCell<Option<(crate::waiting_charge::DeferredHold, Option<StartHold>)>> =
         const { RefCell::new(None) };
     /// Whether this thread's prepare handler touched [`DEFERRED`]: a thread-local with a
     /// destructor registers it at its first touch, which allocates, and a fork child must
@@ -57,10 +57,40 @@ thread_local! {
     static DEFERRED_TOUCHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// What a pager's start on another thread takes while it adopts the deferred mappings (the
+/// table of managed mappings, the region registry's writers, the fork advice), held across a
+/// fork made before the pager is published: a child that inherited one of them held would
+/// wait for it for good at its own start. Taken in the start's order.
+struct StartHold {
+    table: crate::mmap::TableHold,
+    regions: uswap::RegionsHeld,
+}
+
+impl StartHold {
+    fn take() -> StartHold {
+        let table = crate::mmap::hold_for_fork();
+        StartHold { table, regions: uswap::hold_regions_for_fork() }
+    }
+
+    /// In the child: the mappings the parent's start adopted are not the child's (their
+    /// regions are the parent's pager's: forgotten, never dropped), nor is its advice.
+    /// Allocation-free.
+    fn release_in_child(self) {
+        self.table.rearm(&mut Vec::new());
+        self.regions.release_in_fork_child();
+    }
+}
+
 /// Lets go of the deferred table held across the fork, if the prepare handler held it.
-fn release_deferred() {
+fn release_deferred(in_child: bool) {
     if DEFERRED_TOUCHED.with(|t| t.get()) {
-        DEFERRED.with(|d| drop(d.borrow_mut().take()));
+        let held = DEFERRED.with(|d| d.borrow_mut().take());
+        if let Some((deferred, Some(start))) = held {
+            if in_child {
+                start.release_in_child();
+            }
+            drop(deferred);
+        }
     }
 }
 
@@ -78,13 +108,16 @@ extern "C" fn prepare() {
     // A start under way on another thread may be inside the registry (it adopts the
     // deferred mappings it took before this hold): a child that inherited its writers' lock
     // held would wait for it for good at its own start.
-    let mut regions = deferred.as_ref().map(|_| uswap::hold_regions_for_fork());
+    let mut start = deferred.as_ref().map(|_| {
+        let _g = crate::own_code::Guard::enter();
+        StartHold::take()
+    });
     let pager = crate::pager();
     if pager.is_some() {
-        // The start ended meanwhile: the pager's own hold takes the registry below.
-        regions = None;
+        // The start ended meanwhile: the pager's own holds take these below.
+        start = None;
     }
-    DEFERRED.with(|d| *d.borrow_mut() = deferred.map(|hold| (hold, regions)));
+    DEFERRED.with(|d| *d.borrow_mut() = deferred.map(|hold| (hold, start)));
     DEFERRED_TOUCHED.with(|t| t.set(true));
     let Some(pager) = pager else { return };
     let _g = crate::own_code::Guard::enter();
@@ -96,7 +129,7 @@ extern "C" fn prepare() {
 
 extern "C" fn parent() {
     crate::program_break::release_after_fork();
-    release_deferred();
+    release_deferred(false);
     let held = HELD.with(|h| h.borrow_mut().take());
     drop(held);
 }
@@ -107,7 +140,7 @@ extern "C" fn child() {
     crate::forget_own_slot_lock_in_fork_child();
     crate::program_break::release_after_fork();
     crate::own_process::note();
-    release_deferred();
+    release_deferred(true);
     // A start under way on another thread of the parent is not the child's: it waits again.
     crate::forget_start_in_fork_child();
     // A waiting parent's slot is its own; the child joins with one of its own if it must.

@@ -2,7 +2,7 @@
 //! hold is said aloud (`uswap run`'s summary, `--strict`).
 //!
 //! Every mapping of `/proc/self/maps` outside a managed region, the engine's own mappings
-//! (`uswap::memory_owner`: its stacks and mappings) and the brk heap (the C library's malloc,
+//! (`uswap::memory_owners`: its stacks and mappings) and the brk heap (the C library's malloc,
 //! which serves only uswap once mimalloc is up; the program's blocks from before are added,
 //! at what they held then, bounded by the brk heap's resident pages) is counted with the `PAGEMAP_SCAN` ioctl on
 //! `/proc/self/pagemap` (Linux 6.7): its private anonymous pages (present, neither file

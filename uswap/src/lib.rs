@@ -134,18 +134,30 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
     }
 }
 
-/// The region registry's writers, held across a `fork` made while this process has no pager
-/// that holds them itself ([`Pager::prepare_fork_to_rearm`]): `uswap run`'s library before
-/// its pager has started, while another thread may be starting it (adopting regions). A
-/// child that inherited the lock held would wait for it for good. Drop it in the parent and
-/// in the child after the fork.
+/// The region registry's writers and the fork advice, held across a `fork` made while this
+/// process has no pager that holds them itself ([`Pager::prepare_fork_to_rearm`]): `uswap
+/// run`'s library before its pager has started, while another thread may be starting it
+/// (adopting regions). A child that inherited a lock held would wait for it for good. Drop
+/// it in the parent after the fork, and let go of it with
+/// [`RegionsHeld::release_in_fork_child`] in the child.
 pub struct RegionsHeld {
+    // Dropped in this order: the advice, then the writers (taken the other way round).
+    advice: fork_advice::Held,
     _writers: std::sync::MutexGuard<'static, ()>,
 }
 
 /// Takes [`RegionsHeld`] (waits for a region being registered or dropped meanwhile).
 pub fn hold_regions_for_fork() -> RegionsHeld {
-    RegionsHeld { _writers: region::REGIONS.lock_writers() }
+    let writers = region::REGIONS.lock_writers();
+    RegionsHeld { advice: fork_advice::hold_for_fork(), _writers: writers }
+}
+
+impl RegionsHeld {
+    /// In the fork child: the parent's don't-fork advice is not the child's memory's.
+    pub fn release_in_fork_child(self) {
+        let RegionsHeld { advice, _writers } = self;
+        fork_advice::after_fork_in_child(advice);
+    }
 }
 
 /// [`memory_owner`] for many ranges at one moment (a scan of `/proc/self/maps`): the
