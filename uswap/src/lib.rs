@@ -125,6 +125,11 @@ pub fn memory_owner(start: usize, end: usize) -> MemoryOwner {
     region::REGIONS.for_each_overlapping(start, end, |r| {
         managed = managed || r.owns_any_of(start, end);
     });
+    owner_unless_managed(managed, start, end)
+}
+
+/// `Managed` if `managed`, else whether `[start, end)` is the engine's own memory.
+fn owner_unless_managed(managed: bool, start: usize, end: usize) -> MemoryOwner {
     if managed {
         MemoryOwner::Managed
     } else if mapping::is_engine_memory(start, end) {
@@ -194,13 +199,7 @@ impl MemoryOwners {
             let (s, e, idx, gen) = self.regions[i];
             s < end && start < e && region::REGIONS.get(idx, gen, u32::MAX).is_some_and(|r| r.owns_any_of(start, end))
         });
-        if managed {
-            MemoryOwner::Managed
-        } else if mapping::is_engine_memory(start, end) {
-            MemoryOwner::Engine
-        } else {
-            MemoryOwner::Other
-        }
+        owner_unless_managed(managed, start, end)
     }
 }
 

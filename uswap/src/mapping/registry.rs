@@ -283,38 +283,56 @@ impl<T, const N: usize> Registry<T, N> {
     /// ranges start below `addr` and may reach it, or more than `MAX_CANDIDATES` hold it):
     /// then every slot must be scanned.
     fn search_index(&self, addr: usize) -> Option<arrayvec::ArrayVec<usize, MAX_CANDIDATES>> {
+        self.read_index(|| {
+            let lo = self.first_indexed_after(addr);
+            let mut found = arrayvec::ArrayVec::new();
+            let mut complete = lo <= MAX_INDEX_WALK;
+            for e in self.index[..lo].iter().rev().take(MAX_INDEX_WALK) {
+                if e.max_end.load(Ordering::Relaxed) <= addr {
+                    complete = true; // no range from here down reaches `addr`
+                    break;
+                }
+                if addr < e.end.load(Ordering::Relaxed) {
+                    found.try_push(e.slot.load(Ordering::Relaxed).min(N - 1)).ok()?;
+                }
+            }
+            found.sort_unstable();
+            complete.then_some(found)
+        })
+    }
+
+    /// `read`'s answer, if no writer changed the index while it read (a seqlock's reader:
+    /// what it read may be torn, and is then thrown away). `None`: a writer was at it, or
+    /// `read` could not say.
+    fn read_index<R>(&self, read: impl FnOnce() -> Option<R>) -> Option<R> {
         let seq = self.index_seq.load(Ordering::Acquire);
         if seq % 2 == 1 {
             return None;
         }
-        let lo = self.first_indexed_after(addr);
-        let mut found = arrayvec::ArrayVec::new();
-        let mut complete = false;
-        for e in self.index[..lo].iter().rev().take(MAX_INDEX_WALK) {
-            if e.max_end.load(Ordering::Relaxed) <= addr {
-                complete = true; // no range from here down reaches `addr`
-                break;
-            }
-            if addr < e.end.load(Ordering::Relaxed)
-                && found.try_push(e.slot.load(Ordering::Relaxed).min(N - 1)).is_err()
-            {
-                return None;
-            }
-        }
-        complete |= lo <= MAX_INDEX_WALK;
-        found.sort_unstable();
+        let answer = read();
         std::sync::atomic::fence(Ordering::Acquire);
-        (complete && self.index_seq.load(Ordering::Relaxed) == seq).then_some(found)
+        answer.filter(|_| self.index_seq.load(Ordering::Relaxed) == seq)
     }
 
-    /// The first entry of the index that starts past `addr` (its length if none): a binary
-    /// search, whose result the caller validates by `index_seq`.
-    fn first_indexed_after(&self, addr: usize) -> usize {
-        let (mut lo, mut hi) = (0, self.index_len.load(Ordering::Relaxed).min(N));
+    /// Runs `write` on the index between two increments of `index_seq` (a seqlock's writer:
+    /// a reader that overlapped it sees the count changed). Under the writers' lock.
+    fn write_index(&self, write: impl FnOnce()) {
+        let seq = self.index_seq.load(Ordering::Relaxed);
+        debug_assert!(seq % 2 == 0, "one writer at a time");
+        self.index_seq.store(seq + 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        write();
+        self.index_seq.store(seq + 2, Ordering::Release);
+    }
+
+    /// The first of the index's first `len` entries for which `before` is false (those for
+    /// which it holds come first): a binary search.
+    fn index_partition(&self, len: usize, before: impl Fn(&IndexEntry) -> bool) -> usize {
+        let (mut lo, mut hi) = (0, len.min(N));
         // Bounded: the interval halves each round.
         while lo < hi {
             let mid = (lo + hi) / 2;
-            match self.index[mid].start.load(Ordering::Relaxed) <= addr {
+            match before(&self.index[mid]) {
                 true => lo = mid + 1,
                 false => hi = mid,
             }
@@ -322,64 +340,54 @@ impl<T, const N: usize> Registry<T, N> {
         lo
     }
 
+    /// The first entry of the index that starts past `addr` (its length if none): a binary
+    /// search, whose result the caller validates by `index_seq`.
+    fn first_indexed_after(&self, addr: usize) -> usize {
+        self.index_partition(self.index_len.load(Ordering::Relaxed), |e| e.start.load(Ordering::Relaxed) <= addr)
+    }
+
     /// Under the writers' lock: slot `idx`'s range becomes `range` in the index (`None`:
     /// it leaves it). The entries from the first that changed are shifted in place, between
     /// two increments of `index_seq` (a seqlock's writer: a reader that overlapped it sees
     /// the count changed and scans instead). Allocation-free.
     fn reindex(&self, idx: usize, range: Option<(usize, usize)>) {
-        let seq = self.index_seq.load(Ordering::Relaxed);
-        debug_assert!(seq % 2 == 0, "one writer at a time");
-        self.index_seq.store(seq + 1, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::Release);
-        // The writer's own stores: relaxed loads see them.
-        let mut len = self.index_len.load(Ordering::Relaxed);
-        let mut from = len;
-        if let Some(p) = self.index[..len].iter().position(|e| e.slot.load(Ordering::Relaxed) == idx) {
-            for i in p..len - 1 {
-                self.index[i].copy_from(&self.index[i + 1]);
-            }
-            len -= 1;
-            from = p;
-        }
-        if let Some((start, end)) = range {
-            assert!(len < N, "uswap invariant: more ranges indexed than slots");
-            let at =
-                |i: usize| (self.index[i].start.load(Ordering::Relaxed), self.index[i].slot.load(Ordering::Relaxed));
-            let (mut lo, mut hi) = (0, len);
-            // Bounded: the interval halves each round.
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                match at(mid) < (start, idx) {
-                    true => lo = mid + 1,
-                    false => hi = mid,
+        self.write_index(|| {
+            // The writer's own stores: relaxed loads see them.
+            let mut len = self.index_len.load(Ordering::Relaxed);
+            let mut from = len;
+            if let Some(p) = self.index[..len].iter().position(|e| e.slot.load(Ordering::Relaxed) == idx) {
+                for i in p..len - 1 {
+                    self.index[i].copy_from(&self.index[i + 1]);
                 }
+                len -= 1;
+                from = p;
             }
-            for i in (lo..len).rev() {
-                self.index[i + 1].copy_from(&self.index[i]);
+            if let Some((start, end)) = range {
+                assert!(len < N, "uswap invariant: more ranges indexed than slots");
+                let key = |e: &IndexEntry| (e.start.load(Ordering::Relaxed), e.slot.load(Ordering::Relaxed));
+                let at = self.index_partition(len, |e| key(e) < (start, idx));
+                for i in (at..len).rev() {
+                    self.index[i + 1].copy_from(&self.index[i]);
+                }
+                let e = &self.index[at];
+                e.start.store(start, Ordering::Relaxed);
+                e.end.store(end, Ordering::Relaxed);
+                e.slot.store(idx, Ordering::Relaxed);
+                len += 1;
+                from = from.min(at);
             }
-            let e = &self.index[lo];
-            e.start.store(start, Ordering::Relaxed);
-            e.end.store(end, Ordering::Relaxed);
-            e.slot.store(idx, Ordering::Relaxed);
-            len += 1;
-            from = from.min(lo);
-        }
-        let mut max_end = from.checked_sub(1).map_or(0, |i| self.index[i].max_end.load(Ordering::Relaxed));
-        for e in &self.index[from..len] {
-            max_end = max_end.max(e.end.load(Ordering::Relaxed));
-            e.max_end.store(max_end, Ordering::Relaxed);
-        }
-        self.index_len.store(len, Ordering::Relaxed);
-        self.index_seq.store(seq + 2, Ordering::Release);
+            let mut max_end = from.checked_sub(1).map_or(0, |i| self.index[i].max_end.load(Ordering::Relaxed));
+            for e in &self.index[from..len] {
+                max_end = max_end.max(e.end.load(Ordering::Relaxed));
+                e.max_end.store(max_end, Ordering::Relaxed);
+            }
+            self.index_len.store(len, Ordering::Relaxed);
+        });
     }
 
     /// Under the writers' lock: the index emptied (a fork child letting its parent's go).
     fn clear_index(&self) {
-        let seq = self.index_seq.load(Ordering::Relaxed);
-        self.index_seq.store(seq + 1, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::Release);
-        self.index_len.store(0, Ordering::Relaxed);
-        self.index_seq.store(seq + 2, Ordering::Release);
+        self.write_index(|| self.index_len.store(0, Ordering::Relaxed));
     }
 
     /// Slot `idx`'s value if its range holds `addr`: read before and again under the
@@ -397,15 +405,14 @@ impl<T, const N: usize> Registry<T, N> {
     /// The lowest start of a registered range above `addr` (a hint: ranges change under
     /// it), so that a walk over addresses can skip what no range covers. Lock-free.
     pub fn next_start_after(&self, addr: usize) -> Option<usize> {
-        let seq = self.index_seq.load(Ordering::Acquire);
-        if seq % 2 == 0 {
+        let indexed = self.read_index(|| {
             let next = self.first_indexed_after(addr);
-            let next =
-                (next < self.index_len.load(Ordering::Relaxed)).then(|| self.index[next].start.load(Ordering::Relaxed));
-            std::sync::atomic::fence(Ordering::Acquire);
-            if self.index_seq.load(Ordering::Relaxed) == seq {
-                return next;
-            }
+            Some(
+                (next < self.index_len.load(Ordering::Relaxed)).then(|| self.index[next].start.load(Ordering::Relaxed)),
+            )
+        });
+        if let Some(next) = indexed {
+            return next;
         }
         let high = self.high.load(Ordering::Acquire);
         self.slots[..high]
