@@ -7,19 +7,26 @@
 //! count to drain, and only then hands the `Arc` back to be dropped. Readers never clone or
 //! drop an `Arc`, so the last reference is never released inside a signal handler.
 //!
-//! Locking: `insert` and `remove` are serialised by a mutex (they run on `map` and `drop`,
-//! never on the fault path). `find_preferring` and `get` take no lock.
+//! Locking: `insert`, `remove` and `set_range` are serialised by a mutex (they run on
+//! `map`, `drop` and an event's move, never on the fault path). `find_preferring`, `get`,
+//! `next_start_after` and `for_each_overlapping` take no lock: they read the index under
+//! its sequence count (below), and scan the slots when a writer was at it.
 //!
 //! Search: a process may have tens of thousands of regions (V8 makes each 256 KiB page of
 //! its heap a mapping of its own), and a scan of every slot on each fault would cost more
 //! than the fault. `find_preferring` looks first where a hash of the address's 64 KiB says
-//! (the slot found there last), then in the index: the ranges sorted by start, which the
-//! writers shift in place (under their lock) and readers binary-search without a lock,
+//! (the slot found there last), then in the index: the ranges sorted by start, highest
+//! first, which the writers shift in place (under their lock) and readers binary-search
+//! without a lock,
 //! between two reads of `index_seq` (odd while a writer rewrites it; a search that saw it
 //! change is redone by a scan of every slot). Neither is trusted: a slot
 //! found is acquired and its range re-checked as a scan's is. The index is rewritten before
 //! a value is published and after one is withdrawn, so that it never lacks a published
 //! range (a search between the two finds a slot it cannot acquire, as a scan would).
+//! Highest first because mmap places each new mapping below the last: the common insert
+//! and the common removal (the newest mapping) are at the index's end, and with each
+//! entry's `max_end` covering the entries after it, neither shifts nor recomputes more
+//! than a few entries. A writer finds a slot's entry by its start, not by a walk.
 //!
 //! Invariants: a slot's `start`, `end` and `gen` are written before its pointer is published
 //! and are stable while the pointer is non-null; a non-null pointer came from
@@ -55,10 +62,16 @@ pub struct Registry<T, const N: usize> {
     slots: [Slot<T>; N],
     /// Slots `0..high` have been used at least once: the scan bound of `find_preferring`.
     high: AtomicUsize,
+    /// No slot below this one is free (writers only): where `insert` looks for one.
+    first_free: AtomicUsize,
+    /// The slot plus one whose range `set_range` is changing (0: none), which
+    /// `for_each_overlapping` meets wherever it moves.
+    moving: AtomicUsize,
     /// Slot index plus one of the value last found for addresses hashing here (0: none):
     /// where `find_preferring` looks before it scans (see the module's comment).
     hints: [AtomicU32; NR_HINTS],
-    /// The registered ranges sorted by start, `index_len` of them (see the module's comment).
+    /// The registered ranges sorted by start, highest first, `index_len` of them (see the
+    /// module's comment).
     index: [IndexEntry; N],
     index_len: AtomicUsize,
     /// Odd while a writer rewrites `index`.
@@ -99,8 +112,9 @@ impl<T, const N: usize> Default for Registry<T, N> {
     }
 }
 
-/// An entry of the readers' index: a range, the largest end of it and every entry before it
-/// (ranges may overlap: a search walks back while that passes the address), and its slot.
+/// An entry of the readers' index: a range, the largest end of it and every entry after it
+/// (those that start no higher; ranges may overlap: a search walks on while that passes the
+/// address), and its slot.
 struct IndexEntry {
     start: AtomicUsize,
     end: AtomicUsize,
@@ -118,16 +132,23 @@ impl IndexEntry {
         }
     }
 
-    /// The writer's move of an entry (its `max_end` is recomputed after).
+    /// The writer's move of an entry, with its `max_end` (the entries after it are the same).
     fn copy_from(&self, other: &IndexEntry) {
         self.start.store(other.start.load(Ordering::Relaxed), Ordering::Relaxed);
         self.end.store(other.end.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.max_end.store(other.max_end.load(Ordering::Relaxed), Ordering::Relaxed);
         self.slot.store(other.slot.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// The index's order: by start, highest first (then by slot, highest first: keys are
+    /// unique).
+    fn key(&self) -> (usize, usize) {
+        (self.start.load(Ordering::Relaxed), self.slot.load(Ordering::Relaxed))
     }
 }
 
-/// Entries a search walks back over (ranges that start below the address and may reach it:
-/// a large one partly unmapped and reused by small ones) before it gives up for a scan.
+/// Entries a search walks over (ranges that start below the address and may reach it: a
+/// large one partly unmapped and reused by small ones) before it gives up for a scan.
 const MAX_INDEX_WALK: usize = 64;
 /// Ranges that may hold one address at once, for a search of the index (else a scan).
 const MAX_CANDIDATES: usize = 8;
@@ -149,6 +170,8 @@ impl<T, const N: usize> Registry<T, N> {
         Registry {
             slots: [const { Slot::new() }; N],
             high: AtomicUsize::new(0),
+            first_free: AtomicUsize::new(0),
+            moving: AtomicUsize::new(0),
             hints: [const { AtomicU32::new(0) }; NR_HINTS],
             index: [const { IndexEntry::new() }; N],
             index_len: AtomicUsize::new(0),
@@ -167,7 +190,10 @@ impl<T, const N: usize> Registry<T, N> {
             // has let them go already, and this finds nothing more to forget).
             self.forget_all_in_fork_child();
         }
-        let idx = self.slots.iter().position(|s| s.value.load(Ordering::SeqCst).is_null())?;
+        let first_free = self.first_free.load(Ordering::Relaxed).min(N);
+        let idx =
+            first_free + self.slots[first_free..].iter().position(|s| s.value.load(Ordering::SeqCst).is_null())?;
+        self.first_free.store(idx + 1, Ordering::Relaxed);
         let s = &self.slots[idx];
         let gen = s.gen.load(Ordering::Relaxed).wrapping_add(1);
         s.gen.store(gen, Ordering::Relaxed);
@@ -175,7 +201,7 @@ impl<T, const N: usize> Registry<T, N> {
         // slot on its range alone.
         s.start.store(start, Ordering::SeqCst);
         s.end.store(end, Ordering::SeqCst);
-        self.reindex(idx, Some((start, end)));
+        self.reindex(idx, None, Some((start, end)));
         s.value.store(Arc::into_raw(value) as *mut T, Ordering::SeqCst);
         self.high.fetch_max(idx + 1, Ordering::SeqCst);
         self.hint_range(idx, start, end);
@@ -207,9 +233,11 @@ impl<T, const N: usize> Registry<T, N> {
         while s.users.load(Ordering::SeqCst) != 0 {
             backoff.snooze();
         }
+        let old_start = s.start.load(Ordering::Relaxed);
         s.start.store(0, Ordering::SeqCst);
         s.end.store(0, Ordering::SeqCst);
-        self.reindex(idx, None);
+        self.reindex(idx, Some(old_start), None);
+        self.first_free.fetch_min(idx, Ordering::Relaxed);
         // SAFETY: `p` came from `Arc::into_raw` in `insert`, the slot no longer publishes it
         // and no reader holds it (users drained after the swap), so we own that reference.
         Some(unsafe { Arc::from_raw(p) })
@@ -221,15 +249,18 @@ impl<T, const N: usize> Registry<T, N> {
         let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
         let Some(g) = self.acquire(idx) else { return };
         let s = &self.slots[idx];
+        let old_start = s.start.load(Ordering::Relaxed);
         // A window where the slot matches nothing is harmless (a fault finds no region and is
         // retried); one where it matches a wrong range is not: clear it first, before the
-        // value moves (`for_each_overlapping` takes a cleared slot).
+        // value moves (`for_each_overlapping` takes a cleared slot, and the one `moving`).
+        self.moving.store(idx + 1, Ordering::SeqCst);
         s.end.store(0, Ordering::SeqCst);
         update(&g);
         // The index first, as `insert` does: it never lacks a range a slot shows.
-        self.reindex(idx, Some((start, end)));
+        self.reindex(idx, Some(old_start), Some((start, end)));
         s.start.store(start, Ordering::SeqCst);
         s.end.store(end, Ordering::SeqCst);
+        self.moving.store(0, Ordering::SeqCst);
         self.hint_range(idx, start, end);
     }
 
@@ -279,20 +310,32 @@ impl<T, const N: usize> Registry<T, N> {
     }
 
     /// The slots whose ranges held `addr` in the index, in slot order (a scan's); `None` when
-    /// the index cannot say (a writer changed it meanwhile, more than `MAX_INDEX_WALK`
-    /// ranges start below `addr` and may reach it, or more than `MAX_CANDIDATES` hold it):
-    /// then every slot must be scanned.
+    /// the index cannot say (see [`Self::indexed_overlapping`]): then every slot must be
+    /// scanned.
     fn search_index(&self, addr: usize) -> Option<arrayvec::ArrayVec<usize, MAX_CANDIDATES>> {
+        self.indexed_overlapping(addr, addr)
+    }
+
+    /// The slots whose indexed ranges overlap `[start, last]` (`last` included), in slot
+    /// order; `None` when the index cannot say: a writer changed it meanwhile, more than
+    /// `MAX_INDEX_WALK` ranges start at or below `last` and may reach `start`, or more than
+    /// `CAP` overlap it. The fault path's search (`CAP` a few) and an event's walk.
+    fn indexed_overlapping<const CAP: usize>(
+        &self,
+        start: usize,
+        last: usize,
+    ) -> Option<arrayvec::ArrayVec<usize, CAP>> {
         self.read_index(|| {
-            let lo = self.first_indexed_after(addr);
+            let len = self.index_len.load(Ordering::Relaxed).min(N);
+            let lo = self.first_indexed_at_or_below(last, len);
             let mut found = arrayvec::ArrayVec::new();
-            let mut complete = lo <= MAX_INDEX_WALK;
-            for e in self.index[..lo].iter().rev().take(MAX_INDEX_WALK) {
-                if e.max_end.load(Ordering::Relaxed) <= addr {
-                    complete = true; // no range from here down reaches `addr`
+            let mut complete = len - lo <= MAX_INDEX_WALK;
+            for e in self.index[lo..len].iter().take(MAX_INDEX_WALK) {
+                if e.max_end.load(Ordering::Relaxed) <= start {
+                    complete = true; // no range from here on reaches `start`
                     break;
                 }
-                if addr < e.end.load(Ordering::Relaxed) {
+                if start < e.end.load(Ordering::Relaxed) {
                     found.try_push(e.slot.load(Ordering::Relaxed).min(N - 1)).ok()?;
                 }
             }
@@ -328,7 +371,8 @@ impl<T, const N: usize> Registry<T, N> {
     /// The first of the index's first `len` entries for which `before` is false (those for
     /// which it holds come first): a binary search.
     fn index_partition(&self, len: usize, before: impl Fn(&IndexEntry) -> bool) -> usize {
-        let (mut lo, mut hi) = (0, len.min(N));
+        debug_assert!(len <= N);
+        let (mut lo, mut hi) = (0, len);
         // Bounded: the interval halves each round.
         while lo < hi {
             let mid = (lo + hi) / 2;
@@ -340,49 +384,85 @@ impl<T, const N: usize> Registry<T, N> {
         lo
     }
 
-    /// The first entry of the index that starts past `addr` (its length if none): a binary
-    /// search, whose result the caller validates by `index_seq`.
-    fn first_indexed_after(&self, addr: usize) -> usize {
-        self.index_partition(self.index_len.load(Ordering::Relaxed), |e| e.start.load(Ordering::Relaxed) <= addr)
+    /// The first of the index's first `len` entries that starts at or below `addr` (`len`
+    /// if none; those before it start past `addr`): a binary search, whose result the caller
+    /// validates by `index_seq`.
+    fn first_indexed_at_or_below(&self, addr: usize, len: usize) -> usize {
+        self.index_partition(len, |e| e.start.load(Ordering::Relaxed) > addr)
     }
 
-    /// Under the writers' lock: slot `idx`'s range becomes `range` in the index (`None`:
-    /// it leaves it). The entries from the first that changed are shifted in place, between
-    /// two increments of `index_seq` (a seqlock's writer: a reader that overlapped it sees
-    /// the count changed and scans instead). Allocation-free.
-    fn reindex(&self, idx: usize, range: Option<(usize, usize)>) {
+    /// Under the writers' lock: slot `idx`'s entry, at `old_start` (`None`: it has none),
+    /// leaves the index, and one for `range` enters it. The entries past each change are
+    /// shifted in place, and the `max_end`s before it recomputed back to the first that stays,
+    /// between two increments of `index_seq` (a seqlock's writer: a reader that overlapped it
+    /// sees the count changed and scans instead). Allocation-free.
+    fn reindex(&self, idx: usize, old_start: Option<usize>, range: Option<(usize, usize)>) {
+        // Checked before the rewrite, not in it: a panic inside `write_index` would leave
+        // `index_seq` odd, and the next writer would make it even over a half-rewritten
+        // index. (Under the writers' lock the index is this thread's to read.)
+        let len_before = self.index_len.load(Ordering::Relaxed);
+        let at_old = old_start.and_then(|old_start| self.indexed_at(idx, old_start, len_before));
+        debug_assert!(
+            old_start.is_none_or(|s| at_old.is_some_and(|at| self.index[at].key() == (s, idx))),
+            "uswap invariant: slot {idx} not indexed at its start {old_start:#x?}"
+        );
+        // One entry per live slot: `insert` found a free one, so there is room.
+        let room = len_before - usize::from(at_old.is_some()) < N;
+        debug_assert!(range.is_none() || room, "uswap invariant: more ranges indexed than slots");
         self.write_index(|| {
             // The writer's own stores: relaxed loads see them.
-            let mut len = self.index_len.load(Ordering::Relaxed);
-            let mut from = len;
-            if let Some(p) = self.index[..len].iter().position(|e| e.slot.load(Ordering::Relaxed) == idx) {
-                for i in p..len - 1 {
+            let mut len = len_before;
+            if let Some(at) = at_old {
+                for i in at..len - 1 {
                     self.index[i].copy_from(&self.index[i + 1]);
                 }
                 len -= 1;
-                from = p;
+                self.recompute_max_ends_before(at, len);
             }
-            if let Some((start, end)) = range {
-                assert!(len < N, "uswap invariant: more ranges indexed than slots");
-                let key = |e: &IndexEntry| (e.start.load(Ordering::Relaxed), e.slot.load(Ordering::Relaxed));
-                let at = self.index_partition(len, |e| key(e) < (start, idx));
+            if let Some((start, end)) = range.filter(|_| room) {
+                let at = self.index_partition(len, |e| e.key() > (start, idx));
                 for i in (at..len).rev() {
                     self.index[i + 1].copy_from(&self.index[i]);
                 }
+                len += 1;
+                let after = if at + 1 < len { self.index[at + 1].max_end.load(Ordering::Relaxed) } else { 0 };
                 let e = &self.index[at];
                 e.start.store(start, Ordering::Relaxed);
                 e.end.store(end, Ordering::Relaxed);
+                e.max_end.store(end.max(after), Ordering::Relaxed);
                 e.slot.store(idx, Ordering::Relaxed);
-                len += 1;
-                from = from.min(at);
-            }
-            let mut max_end = from.checked_sub(1).map_or(0, |i| self.index[i].max_end.load(Ordering::Relaxed));
-            for e in &self.index[from..len] {
-                max_end = max_end.max(e.end.load(Ordering::Relaxed));
-                e.max_end.store(max_end, Ordering::Relaxed);
+                self.recompute_max_ends_before(at, len);
             }
             self.index_len.store(len, Ordering::Relaxed);
         });
+    }
+
+    /// Where slot `idx`'s entry is among the index's first `len`, found by its start; not
+    /// found there (never expected: a writer records both under the writers' lock), looked
+    /// for by slot (the caller checks which).
+    fn indexed_at(&self, idx: usize, old_start: usize, len: usize) -> Option<usize> {
+        let at = self.index_partition(len, |e| e.key() > (old_start, idx));
+        if at < len && self.index[at].key() == (old_start, idx) {
+            return Some(at);
+        }
+        self.index[..len].iter().position(|e| e.slot.load(Ordering::Relaxed) == idx)
+    }
+
+    /// Under the writers' lock, after the entries from `from` on changed: the `max_end`s of
+    /// the entries before `from`, from the nearest back to the first whose value stays
+    /// (each is the larger of its end and the next entry's `max_end`: those before it stay
+    /// too). Mappings placed top-down stop at once: a new one ends below the older starts.
+    fn recompute_max_ends_before(&self, from: usize, len: usize) {
+        let mut after = if from < len { self.index[from].max_end.load(Ordering::Relaxed) } else { 0 };
+        // Bounded: at most `from` entries.
+        for e in self.index[..from].iter().rev() {
+            let max_end = e.end.load(Ordering::Relaxed).max(after);
+            if e.max_end.load(Ordering::Relaxed) == max_end {
+                break;
+            }
+            e.max_end.store(max_end, Ordering::Relaxed);
+            after = max_end;
+        }
     }
 
     /// Under the writers' lock: the index emptied (a fork child letting its parent's go).
@@ -406,10 +486,9 @@ impl<T, const N: usize> Registry<T, N> {
     /// it), so that a walk over addresses can skip what no range covers. Lock-free.
     pub fn next_start_after(&self, addr: usize) -> Option<usize> {
         let indexed = self.read_index(|| {
-            let next = self.first_indexed_after(addr);
-            Some(
-                (next < self.index_len.load(Ordering::Relaxed)).then(|| self.index[next].start.load(Ordering::Relaxed)),
-            )
+            let len = self.index_len.load(Ordering::Relaxed).min(N);
+            let at_or_below = self.first_indexed_at_or_below(addr, len);
+            Some(at_or_below.checked_sub(1).map(|next| self.index[next].start.load(Ordering::Relaxed)))
         });
         if let Some(next) = indexed {
             return next;
@@ -453,14 +532,36 @@ impl<T, const N: usize> Registry<T, N> {
             // Readers that held it were the parent's other threads, which the child lacks.
             s.users.store(0, Ordering::SeqCst);
         }
+        self.first_free.store(0, Ordering::Relaxed);
+        self.moving.store(0, Ordering::SeqCst);
         self.clear_index();
         self.owner_pid.store(std::process::id(), Ordering::SeqCst);
     }
 
     /// Calls `f` on every registered value whose range may overlap `[start, end)` (one being
     /// moved, `set_range`, is included): an event's walk, which must not take every slot
-    /// of tens of thousands. `f` checks the value's own range.
+    /// of tens of thousands. `f` checks the value's own range. The index's ranges, else
+    /// (a writer at it, or more than `MAX_INDEX_WALK` ranges to walk) a scan of the slots.
     pub fn for_each_overlapping(&self, start: usize, end: usize, mut f: impl FnMut(&RegistryGuard<'_, T>)) {
+        // Read before the index: a move that began after this load overlaps the walk (it may
+        // be met at either place, as a scan would); one under way is met wherever it is.
+        let moving = self.moving.load(Ordering::SeqCst);
+        // Room for every range of a whole walk, and the one moving.
+        let indexed =
+            end.checked_sub(1).and_then(|last| self.indexed_overlapping::<{ MAX_INDEX_WALK + 1 }>(start, last));
+        if let Some(mut found) = indexed {
+            if let Some(idx) = moving.checked_sub(1).filter(|i| !found.contains(i)) {
+                // The index may show it where it was; `f` checks where it is.
+                found.push(idx.min(N - 1));
+            }
+            found.sort_unstable();
+            for idx in found {
+                if let Some(g) = self.acquire(idx) {
+                    f(&g);
+                }
+            }
+            return;
+        }
         let high = self.high.load(Ordering::Acquire);
         for (idx, s) in self.slots[..high].iter().enumerate() {
             // `end`, `start`, `end` again: `set_range` clears `end` before it writes `start`,
@@ -668,6 +769,101 @@ mod tests {
             }
             assert!(answered > 0 && searches > 0);
         });
+    }
+
+    /// The index's own invariants, read under the writers' lock: sorted by (start, slot),
+    /// highest first, each `max_end` the largest end from it on, one entry per live slot.
+    fn check_index<T, const N: usize>(r: &Registry<T, N>) {
+        let _w = r.lock_writers();
+        let len = r.index_len.load(Ordering::Relaxed);
+        let mut after = 0;
+        for i in (0..len).rev() {
+            let e = &r.index[i];
+            after = after.max(e.end.load(Ordering::Relaxed));
+            assert_eq!(e.max_end.load(Ordering::Relaxed), after, "entry {i} of {len}");
+            if i + 1 < len {
+                assert!(e.key() > r.index[i + 1].key(), "entries {i} and {} out of order", i + 1);
+            }
+            let s = &r.slots[e.slot.load(Ordering::Relaxed)];
+            assert!(!s.value.load(Ordering::Relaxed).is_null(), "entry {i} names a free slot");
+            assert_eq!(s.start.load(Ordering::Relaxed), e.start.load(Ordering::Relaxed));
+            assert_eq!(s.end.load(Ordering::Relaxed), e.end.load(Ordering::Relaxed));
+        }
+        let live = r.slots.iter().filter(|s| !s.value.load(Ordering::Relaxed).is_null()).count();
+        assert_eq!(live, len, "every live slot indexed once");
+    }
+
+    /// Inserts, removals and moves in a random order (mappings placed top-down, as mmap
+    /// does, and anywhere): after each the index keeps its invariants, and an event's walk
+    /// over the index meets exactly the ranges a scan of the slots meets.
+    #[test]
+    fn the_index_keeps_its_order_through_inserts_removals_and_moves() {
+        static R: Registry<usize, 256> = Registry::new();
+        let mut live: Vec<Option<(usize, usize)>> = vec![None; 256];
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng as usize
+        };
+        let mut top = 0x7f00_0000_0000usize;
+        let (mut walked_in_index, mut ops) = (0, 0);
+        while ops < 6_000 {
+            ops += 1;
+            let pages = 1 + next() % 64;
+            let (start, end) = match next() % 3 {
+                0 => {
+                    top -= pages * 0x1000 + (next() % 2) * 0x1000; // below the last, touching or not
+                    (top, top + pages * 0x1000)
+                }
+                _ => {
+                    let start = 0x7f00_0000_0000 - (next() % 0x4000) * 0x1000; // anywhere, overlapping too
+                    (start, start + pages * 0x1000)
+                }
+            };
+            let taken: Vec<usize> = (0..live.len()).filter(|&i| live[i].is_some()).collect();
+            match next() % 4 {
+                0 | 1 if taken.len() < 200 => {
+                    let (i, _) = R.insert(start, end, Arc::new(0)).unwrap();
+                    assert_eq!(Some(i), live.iter().position(Option::is_none), "not the lowest free slot");
+                    live[i] = Some((start, end));
+                }
+                2 if !taken.is_empty() => {
+                    let i = taken[next() % taken.len()];
+                    R.set_range(i, start, end, |_| {});
+                    live[i] = Some((start, end));
+                }
+                _ if !taken.is_empty() => {
+                    let i = taken[next() % taken.len()];
+                    R.remove(i).unwrap();
+                    live[i] = None;
+                }
+                _ => continue,
+            }
+            check_index(&R);
+            let (a, b) = (start - 0x4000, start + 0x2000);
+            let mut met = Vec::new();
+            R.for_each_overlapping(a, b, |g| met.push(g.index));
+            let overlap = |i: usize| live[i].is_some_and(|(s, e)| s < b && a < e);
+            let want: Vec<usize> = (0..live.len()).filter(|&i| overlap(i)).collect();
+            met.retain(|&i| overlap(i)); // the walk may name more; its callers check ranges
+            assert_eq!(met, want, "walk over [{a:#x}, {b:#x})");
+            walked_in_index += usize::from(R.indexed_overlapping::<{ MAX_INDEX_WALK + 1 }>(a, b - 1).is_some());
+            for addr in [a, start, b - 1] {
+                // The fault path's search: exactly the ranges that hold `addr`, or no answer
+                // (more ranges than it takes).
+                let holding: Vec<usize> =
+                    (0..live.len()).filter(|&i| live[i].is_some_and(|(s, e)| s <= addr && addr < e)).collect();
+                match R.search_index(addr) {
+                    Some(found) => assert_eq!(found.as_slice(), holding.as_slice(), "{addr:#x}"),
+                    None => assert!(holding.len() > MAX_CANDIDATES, "{addr:#x}: no answer for {holding:?}"),
+                }
+            }
+            let next_start = live.iter().flatten().map(|&(s, _)| s).filter(|&s| s > a).min();
+            assert_eq!(R.next_start_after(a), next_start, "{a:#x}");
+        }
+        assert!(walked_in_index > ops / 2, "the index answered {walked_in_index} of {ops} walks");
     }
 
     #[test]
