@@ -55,6 +55,7 @@ pub mod fork;
 pub mod heap;
 pub mod last_thread;
 pub mod locale;
+pub mod managed_table;
 pub mod mlock;
 pub mod mmap;
 pub mod own_allocator;

@@ -32,9 +32,9 @@
 //! which glibc maps with internal calls no interposition sees), huge pages, and small
 //! mappings.
 //!
-//! The table of managed mappings is one mutex over a vector reserved at start-up (never
-//! grown: [`MAX_MAPPINGS`] entries, the engine's own region limit minus the heap). The lock
-//! is taken only by these three calls; a region is dropped outside it. `munmap` of a whole
+//! The table of managed mappings ([`crate::managed_table`]: by start, at most
+//! [`MAX_MAPPINGS`] entries, the engine's own region limit minus the heap) is behind one
+//! mutex, taken only by these calls; a region is dropped outside it. `munmap` of a whole
 //! managed mapping drops its region (its slots are freed at once); `munmap` of a part goes
 //! to the kernel, whose `UFFD_EVENT_UNMAP` the engine handles, and a mapping left with no
 //! page of its own is dropped (its addresses may be handed out again). `mremap` of managed
@@ -46,6 +46,7 @@
 use std::ffi::c_void;
 use std::sync::Mutex;
 
+use crate::managed_table::{Entry, Table};
 use crate::own_code::{in_uswap, Guard};
 use crate::real::{self, errno, set_errno};
 
@@ -55,14 +56,7 @@ use crate::real::{self, errno, set_errno};
 pub const MAX_MAPPINGS: usize = 65_000;
 const _: () = assert!(MAX_MAPPINGS + 256 <= uswap::MAX_REGIONS);
 
-struct Entry {
-    start: usize,
-    len: usize,
-    /// Held for its drop: unmapping the region frees its slots.
-    _region: uswap::Region,
-}
-
-static TABLE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+static TABLE: Mutex<Table> = Mutex::new(Table::new());
 
 struct Config {
     pager: &'static uswap::Pager,
@@ -140,20 +134,19 @@ pub fn adopt_deferred(pager: &'static uswap::Pager) {
             continue;
         }
         match pager.adopt(start, len) {
-            Ok(region) => table.push(Entry { start, len, _region: region }),
+            Ok(region) => table.insert(Entry { start, len, region }),
             Err(_) => count_unmanaged(),
         }
     }
 }
 
 pub fn start(min_size_bytes: usize) {
-    TABLE.lock().unwrap_or_else(|e| e.into_inner()).reserve_exact(MAX_MAPPINGS);
     MIN_SIZE_BYTES.store(min_size_bytes, std::sync::atomic::Ordering::Release);
 }
 
 /// The table, locked across a `fork` (from the prepare handler to the parent's and the
 /// child's): no thread is inside it when the child is made, and the child re-arms it.
-pub struct TableHold(std::sync::MutexGuard<'static, Vec<Entry>>);
+pub struct TableHold(std::sync::MutexGuard<'static, Table>);
 
 pub fn hold_for_fork() -> TableHold {
     TableHold(TABLE.lock().unwrap_or_else(|e| e.into_inner()))
@@ -164,24 +157,13 @@ impl TableHold {
     /// the parent's handles are forgotten, never dropped (their pager is the parent's). A
     /// mapping without a new region leaves the table and stays ordinary memory.
     pub fn rearm(mut self, regions: &mut Vec<(usize, uswap::Region)>) {
-        let table = &mut self.0;
-        let mut i = 0;
-        while i < table.len() {
-            match regions.iter().position(|(start, _)| *start == table[i].start) {
-                Some(k) => {
-                    let (_, region) = regions.swap_remove(k);
-                    std::mem::forget(std::mem::replace(&mut table[i]._region, region));
-                    i += 1;
-                }
-                None => std::mem::forget(table.swap_remove(i)),
-            }
-        }
+        self.0.rearm(regions, uswap::Region::len);
     }
 }
 
 /// Bytes currently managed through `mmap` (the heap's region not included).
 pub fn managed_bytes() -> usize {
-    TABLE.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|e| e.len).sum()
+    TABLE.lock().unwrap_or_else(|e| e.into_inner()).bytes()
 }
 
 fn page_round_up(n: usize) -> Option<usize> {
@@ -274,7 +256,7 @@ fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
     match cfg.pager.map(len) {
         Ok(region) => {
             let start = region.as_ptr() as usize;
-            table.push(Entry { start, len, _region: region });
+            table.insert(Entry { start, len, region });
             Some(start as *mut c_void)
         }
         Err(_) => {
@@ -294,9 +276,9 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
     let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     let mut over_managed = false;
     if fixed {
-        for e in table.iter().filter(|e| e.start < end && start < e.start + e.len) {
+        for e in table.meeting(start, end) {
             over_managed = true;
-            if e._region.adopt_range(start, len).is_err() {
+            if e.region.adopt_range(start, len).is_err() {
                 count_unmanaged();
             }
         }
@@ -315,7 +297,7 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
         return;
     }
     match cfg.pager.adopt(start, len) {
-        Ok(region) => table.push(Entry { start, len, _region: region }),
+        Ok(region) => table.insert(Entry { start, len, region }),
         Err(_) => {
             count_unmanaged();
         }
@@ -333,7 +315,7 @@ pub fn map_for_heap(len: usize) -> Option<*mut c_void> {
 
 /// The length of the managed mapping that starts exactly at `start`, if there is one.
 pub fn managed_len(start: usize) -> Option<usize> {
-    TABLE.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|e| e.start == start).map(|e| e.len)
+    TABLE.lock().unwrap_or_else(|e| e.into_inner()).starting_at(start).map(|e| e.len)
 }
 
 /// `mmap` for a managed process, on the program's behalf (the caller holds a [`Guard`]).
@@ -434,31 +416,14 @@ pub extern "C" fn mmap64(
     program_mmap(addr, len, prot, flags, fd, off)
 }
 
-/// Removes and returns the entries for which `take` holds (dropped or released by the
-/// caller, outside the table's lock: both reach the engine's locks).
-fn take_entries(mut take: impl FnMut(&Entry) -> bool) -> Vec<Entry> {
-    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-    let mut taken = Vec::new();
-    let mut i = 0;
-    // Bounded: every round removes an entry or moves past one.
-    while i < table.len() {
-        if take(&table[i]) {
-            taken.push(table.swap_remove(i));
-        } else {
-            i += 1;
-        }
-    }
-    taken
-}
-
 /// Removes and returns the managed entries inside `[start, end)`; reports whether any entry
 /// only partly overlaps it.
 fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
     let mut partial = false;
-    let taken = take_entries(|e| {
-        let (es, ee) = (e.start, e.start + e.len);
-        partial |= es < end && start < ee && !(es >= start && ee <= end);
-        es >= start && ee <= end
+    let taken = TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |e| {
+        let inside = e.start >= start && e.start + e.len <= end;
+        partial |= !inside;
+        inside
     });
     (taken, partial)
 }
@@ -467,11 +432,14 @@ fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
 /// unmapped them piece by piece): their address range may be handed out again, and must
 /// not still look managed.
 fn drop_emptied(start: usize, end: usize) {
-    drop(take_entries(|e| e.start < end && start < e.start + e.len && !e._region.has_live_pages()));
+    let emptied =
+        TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |e| !e.region.has_live_pages());
+    // Outside the table's lock: a region's drop reaches the engine's locks.
+    drop(emptied);
 }
 
 fn overlaps_managed(start: usize, end: usize) -> bool {
-    TABLE.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|e| e.start < end && start < e.start + e.len)
+    TABLE.lock().unwrap_or_else(|e| e.into_inner()).meets_any(start, end)
 }
 
 #[no_mangle]
@@ -528,7 +496,7 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     // it, and two arenas of a program then shared one address.)
     let mut live = Vec::new();
     for e in covered {
-        live.extend(e._region.release_leaving_mapped());
+        live.extend(e.region.release_leaving_mapped());
     }
     // All of it: the regions' memory, parts of other managed mappings (the engine handles
     // the kernel's UNMAP event for them), parts of the regions that were no longer theirs

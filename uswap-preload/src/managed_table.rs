@@ -1,0 +1,315 @@
+//! The table of the program's managed mappings ([`crate::mmap`]): each entry holds the
+//! region of one mapping the program made, by the range it mapped, until the program
+//! unmaps all of it.
+//!
+//! A program may hold tens of thousands (V8 makes each 256 KiB page of its heap a mapping
+//! of its own), and every `munmap`, `mremap`, `madvise` and `mprotect` of the program asks
+//! which entries a range meets: so the entries are kept by start, and a query takes the
+//! ones it meets, not all of them.
+//!
+//! Locking: none of its own; the table lives behind `mmap`'s mutex (held across a fork).
+//!
+//! Invariants: the entries in `apart` are pairwise disjoint, so the one that starts last
+//! below an address is the only one of them that may reach it. An entry that overlapped
+//! another when it came (a mapping the kernel placed in a hole of one the program unmapped
+//! in part) is kept in `nested`, which every query scans; it moves to `apart` once it no
+//! longer overlaps any entry there nor an older nested one (`nested` is kept oldest first).
+//! Such entries are rare (a program that unmaps the start
+//! or middle of a managed mapping and keeps the rest, whose hole the kernel then fills),
+//! but nothing bounds them: a program that keeps doing so pays a scan of them per query,
+//! as every query paid a scan of the whole table before. Entries are never dropped here: a
+//! caller takes them out and drops or forgets them, and a fork child's re-arming forgets
+//! the parent's regions it replaces and the entries left without one.
+
+use std::collections::BTreeMap;
+
+pub struct Entry<R = uswap::Region> {
+    pub start: usize,
+    pub len: usize,
+    /// Held for its drop: unmapping the region frees its slots.
+    pub region: R,
+}
+
+impl<R> Entry<R> {
+    fn end(&self) -> usize {
+        self.start + self.len
+    }
+
+    fn meets(&self, start: usize, end: usize) -> bool {
+        self.start < end && start < self.end()
+    }
+}
+
+pub struct Table<R = uswap::Region> {
+    /// Disjoint entries, by start.
+    apart: BTreeMap<usize, Entry<R>>,
+    /// Entries that overlapped another when they came (few: see the module doc).
+    nested: Vec<Entry<R>>,
+}
+
+impl<R> Default for Table<R> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<R> Table<R> {
+    pub const fn new() -> Self {
+        Table { apart: BTreeMap::new(), nested: Vec::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.apart.len() + self.nested.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn insert(&mut self, entry: Entry<R>) {
+        assert!(entry.len > 0, "uswap invariant: an empty managed mapping at {:#x}", entry.start);
+        if self.meets_any(entry.start, entry.end()) {
+            self.nested.push(entry);
+        } else {
+            self.apart.insert(entry.start, entry);
+        }
+    }
+
+    /// The entries of `apart` that meet `[start, end)`, by start.
+    fn apart_meeting(&self, start: usize, end: usize) -> impl Iterator<Item = &Entry<R>> {
+        let below = self.apart.range(..start).next_back().map(|(_, e)| e).filter(|e| e.end() > start);
+        below.into_iter().chain(self.apart.range(start..end.max(start)).map(|(_, e)| e))
+    }
+
+    /// Every entry that meets `[start, end)`.
+    pub fn meeting(&self, start: usize, end: usize) -> impl Iterator<Item = &Entry<R>> {
+        self.apart_meeting(start, end).chain(self.nested.iter().filter(move |e| e.meets(start, end)))
+    }
+
+    pub fn meets_any(&self, start: usize, end: usize) -> bool {
+        self.meeting(start, end).next().is_some()
+    }
+
+    /// The newest entry that starts at `start`, if one does: one in a hole of another that
+    /// starts there too is the newer (it came while that one was in the table), and it is
+    /// what the program now has at `start` (the older one lost its first pages to it).
+    /// `nested` is oldest first, and older than it every entry of `apart` it meets.
+    pub fn starting_at(&self, start: usize) -> Option<&Entry<R>> {
+        self.nested.iter().rev().find(|e| e.start == start).or_else(|| self.apart.get(&start))
+    }
+
+    /// Takes out the entries that meet `[start, end)` and for which `take` holds.
+    pub fn take_meeting(&mut self, start: usize, end: usize, mut take: impl FnMut(&Entry<R>) -> bool) -> Vec<Entry<R>> {
+        let keys: Vec<usize> = self.apart_meeting(start, end).filter(|e| take(e)).map(|e| e.start).collect();
+        let mut taken: Vec<Entry<R>> = keys.iter().filter_map(|k| self.apart.remove(k)).collect();
+        let mut i = 0;
+        // Bounded: every round removes an entry or moves past one.
+        while i < self.nested.len() {
+            if self.nested[i].meets(start, end) && take(&self.nested[i]) {
+                // `remove`, not `swap_remove`: `nested` stays oldest first.
+                taken.push(self.nested.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        if !taken.is_empty() {
+            self.settle_nested();
+        }
+        taken
+    }
+
+    /// Moves the nested entries that no longer overlap an entry of `apart`, nor an older
+    /// nested one, there: oldest first, so that an entry of `apart` is older than every
+    /// nested entry it meets (what [`Table::starting_at`] relies on).
+    fn settle_nested(&mut self) {
+        let mut i = 0;
+        // Bounded: every round moves an entry or moves past one.
+        while i < self.nested.len() {
+            let (start, end) = (self.nested[i].start, self.nested[i].end());
+            let older_met = self.nested[..i].iter().any(|o| o.meets(start, end));
+            if !older_met && self.apart_meeting(start, end).next().is_none() {
+                let e = self.nested.remove(i);
+                let before = self.apart.insert(e.start, e);
+                debug_assert!(before.is_none(), "uswap invariant: two entries of `apart` at one start");
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Bytes the entries mapped.
+    pub fn bytes(&self) -> usize {
+        self.apart.values().chain(&self.nested).map(|e| e.len).sum()
+    }
+
+    /// In a fork child: each entry takes the region of `regions` that starts where it does
+    /// and is as long (`len_of`; two entries may start at one address, see the module doc),
+    /// else one that starts there, and the parent's region it held is forgotten, never
+    /// dropped (its pager is the parent's); an entry with none leaves the table, forgotten.
+    /// What `regions` has left stays there. Allocation-free when `regions` is empty.
+    pub fn rearm(&mut self, regions: &mut Vec<(usize, R)>, len_of: impl Fn(&R) -> usize) {
+        if regions.is_empty() {
+            std::mem::forget(std::mem::take(&mut self.apart));
+            std::mem::forget(std::mem::take(&mut self.nested));
+            return;
+        }
+        let mut by_start: BTreeMap<usize, Vec<R>> = BTreeMap::new();
+        for (start, region) in regions.drain(..) {
+            by_start.entry(start).or_default().push(region);
+        }
+        let mut take = |e: &Entry<R>| {
+            let at_start = by_start.get_mut(&e.start)?;
+            let k = at_start.iter().position(|r| len_of(r) == e.len).unwrap_or(at_start.len().checked_sub(1)?);
+            Some(at_start.swap_remove(k))
+        };
+        let mut kept = Table::new();
+        let entries = std::mem::take(&mut self.apart).into_values().chain(std::mem::take(&mut self.nested));
+        for mut e in entries {
+            match take(&e) {
+                Some(region) => {
+                    std::mem::forget(std::mem::replace(&mut e.region, region));
+                    kept.insert(e);
+                }
+                None => std::mem::forget(e),
+            }
+        }
+        *self = kept;
+        regions.extend(by_start.into_iter().flat_map(|(start, rs)| rs.into_iter().map(move |r| (start, r))));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: usize = 0x1000;
+
+    fn entry(start_page: usize, pages: usize, id: u32) -> Entry<u32> {
+        Entry { start: start_page * P, len: pages * P, region: id }
+    }
+
+    fn ids<'a>(it: impl Iterator<Item = &'a Entry<u32>>) -> Vec<u32> {
+        let mut v: Vec<u32> = it.map(|e| e.region).collect();
+        v.sort();
+        v
+    }
+
+    /// Apart, touching and nested entries: a query meets exactly those that share a page
+    /// with its range, wherever it falls.
+    #[test]
+    fn queries_meet_exactly_the_entries_that_share_a_page() {
+        let mut t = Table::new();
+        let all =
+            [entry(10, 5, 1), entry(15, 5, 2), entry(30, 40, 3), entry(40, 2, 4), entry(40, 1, 5), entry(60, 4, 6)];
+        let ranges: Vec<(usize, usize, u32)> = all.iter().map(|e| (e.start, e.start + e.len, e.region)).collect();
+        for e in all {
+            t.insert(e);
+        }
+        assert_eq!(t.len(), 6);
+        assert_eq!(t.nested.len(), 3, "the entries inside the 40 pages at 30");
+        for a in 0..80 {
+            for b in a + 1..82 {
+                let (start, end) = (a * P, b * P);
+                let want: Vec<u32> = ranges.iter().filter(|r| r.0 < end && start < r.1).map(|r| r.2).collect();
+                assert_eq!(ids(t.meeting(start, end)), want, "[{a}, {b}) pages");
+                assert_eq!(t.meets_any(start, end), !want.is_empty());
+            }
+        }
+        assert_eq!(t.starting_at(40 * P).map(|e| e.len), Some(P), "the newer of two");
+        assert!(t.starting_at(41 * P).is_none());
+        assert_eq!(t.bytes(), 57 * P);
+    }
+
+    /// Taking entries out leaves the rest found, and a nested entry whose outer one went
+    /// joins the disjoint ones.
+    #[test]
+    fn taken_entries_go_and_nested_ones_settle() {
+        let mut t = Table::new();
+        for e in [entry(0, 100, 1), entry(10, 5, 2), entry(50, 5, 3), entry(200, 5, 4)] {
+            t.insert(e);
+        }
+        assert_eq!(t.nested.len(), 2);
+        let taken = t.take_meeting(0, 100 * P, |e| e.len == 100 * P);
+        assert_eq!(ids(taken.iter()), [1]);
+        assert!(t.nested.is_empty(), "both settled once the outer entry went");
+        assert_eq!(ids(t.meeting(0, 300 * P)), [2, 3, 4]);
+        let mut met = Vec::new();
+        let taken = t.take_meeting(12 * P, 51 * P, |e| {
+            met.push(e.region);
+            true
+        });
+        met.sort();
+        assert_eq!(met, [2, 3], "the predicate saw only the entries that meet the range");
+        assert_eq!(ids(taken.iter()), [2, 3]);
+        assert_eq!(ids(t.meeting(0, usize::MAX)), [4]);
+    }
+
+    /// Taking entries out keeps the nested ones oldest first: the newest of two at one start
+    /// is still the one found there, and the older settles before it.
+    #[test]
+    fn the_newest_entry_at_a_start_is_found_after_others_go() {
+        let mut t = Table::new();
+        // X holds the others' range; O at 10 (its own hole at 10..12 filled by N).
+        for e in [entry(0, 100, 1), entry(5, 1, 2), entry(10, 20, 3), entry(10, 2, 4)] {
+            t.insert(e);
+        }
+        assert_eq!(t.nested.len(), 3);
+        let taken = t.take_meeting(5 * P, 6 * P, |e| e.region == 2);
+        assert_eq!(ids(taken.iter()), [2]);
+        assert_eq!(t.starting_at(10 * P).map(|e| e.region), Some(4), "the newer of two at 10");
+        // X goes: O settles (it meets nothing in `apart`), N stays nested (it meets O).
+        let taken = t.take_meeting(0, P, |e| e.region == 1);
+        assert_eq!(ids(taken.iter()), [1]);
+        assert_eq!(t.starting_at(10 * P).map(|e| e.region), Some(4));
+        assert_eq!(ids(t.nested.iter()), [4]);
+        // With something older in `apart` that meets O but not N: N must not settle ahead
+        // of O.
+        let mut t = Table::new();
+        for e in [entry(0, 100, 1), entry(11, 1, 2), entry(10, 20, 3), entry(10, 1, 4)] {
+            t.insert(e);
+        }
+        t.take_meeting(0, P, |e| e.region == 1);
+        // 2 (at 11) settled first; O (10..30) meets it and stays; N (10..11) meets O, older.
+        assert_eq!(t.starting_at(10 * P).map(|e| e.region), Some(4));
+        assert_eq!(ids(t.nested.iter()), [3, 4]);
+    }
+
+    /// A fork child's table: entries take the new region of their start, the others leave,
+    /// and regions no entry claimed are given back.
+    #[test]
+    fn rearm_matches_regions_by_start() {
+        let mut t = Table::new();
+        for e in [entry(0, 10, 1), entry(2, 2, 2), entry(20, 4, 3)] {
+            t.insert(e);
+        }
+        let mut regions = vec![(0, 11), (20 * P, 13), (99 * P, 99)];
+        t.rearm(&mut regions, |_| 0);
+        assert_eq!(ids(t.meeting(0, usize::MAX)), [11, 13]);
+        assert_eq!(regions, [(99 * P, 99)]);
+        t.rearm(&mut Vec::new(), |_| 0);
+        assert!(t.is_empty());
+    }
+
+    /// Two entries at one start (the newer in a hole the older's first pages left): each
+    /// takes the region as long as it, whatever the order the regions come in, and the
+    /// newer is the one found at that start.
+    #[test]
+    fn entries_at_one_start_keep_their_own_regions() {
+        let mut t = Table::new();
+        t.insert(entry(0, 10, 1));
+        t.insert(entry(0, 2, 2));
+        assert_eq!(t.starting_at(0).map(|e| e.region), Some(2), "the newer");
+        // Region ids are their lengths in pages here.
+        for order in [[10, 2], [2, 10]] {
+            let mut t2 = Table::new();
+            t2.insert(entry(0, 10, 1));
+            t2.insert(entry(0, 2, 2));
+            let mut regions = order.iter().map(|&pages| (0, pages)).collect();
+            t2.rearm(&mut regions, |&pages| pages as usize * P);
+            for e in t2.meeting(0, usize::MAX) {
+                assert_eq!(e.len, e.region as usize * P, "entry of {} pages took region {}", e.len / P, e.region);
+            }
+            assert!(regions.is_empty());
+        }
+    }
+}
