@@ -60,6 +60,12 @@
 //!   the `UNMAP`, and another thread's new mapping there would otherwise lose its pages to
 //!   the late event. Unmaps made without the guard (a raw system call the interposer does
 //!   not see, a library user's own `munmap`) are not waited for;
+//! * a fork records its pages once every event read is applied ([`settle_reads`], bounded
+//!   at 1 s): a page the program discarded before it forked is recorded as zero, not at
+//!   the slot its `REMOVE` frees. An event still unread when the fork records (a discard
+//!   truly concurrent with it) can leave the child a slot the parent frees after the fork:
+//!   its fault on that page is then a device read error (as for a page a device lost)
+//!   instead of a zero page;
 //! * residual: a reclaim round that locked a page before an `UNMAP` and moves it after the
 //!   application has mapped new memory at that address *and* touched it, all before the
 //!   event thread marked the page `Gone`, moves that new page into the swap cache. The
@@ -267,6 +273,14 @@ pub(crate) fn settle_unmaps(events: &EventState, stats: &PerCpuStats) {
     if bounded_wait(stats, deadline, || UNMAPS_UNDER_WAY.load(Ordering::SeqCst) == 0) {
         wait_for_reads_begun(events, stats, deadline);
     }
+}
+
+/// Waits until every read of `events`' descriptor begun by now is applied (bounded at
+/// [`APPLY_WAIT_LIMIT_NS`], counted): the events of calls that have returned to the
+/// program are then in the page tables (a fork's record of them, `crate::fork`).
+pub(crate) fn settle_reads(events: &EventState, stats: &PerCpuStats) {
+    let deadline = crate::clock::now_ns().saturating_add(APPLY_WAIT_LIMIT_NS);
+    wait_for_reads_begun(events, stats, deadline);
 }
 
 /// A fork child's own threads are the only ones: the counts of unmaps under way, reads in

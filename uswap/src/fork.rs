@@ -6,8 +6,10 @@
 //! and waits for the rounds under way, so that no page is half moved; brings back in what
 //! the child could not read where it is (staged pages); records its regions and which pages
 //! are out on a memory device (RAM, the compressed pool) or a shared one (a swap file, a
-//! block device, Redis); makes the memory devices' memory inherited by the child (copy-on-write,
-//! `MADV_DOFORK` for the fork's duration); notes, for each shared device, the slots the child
+//! block device, Redis), once the events already read are applied (an `madvise`, `munmap`
+//! or `mremap` returns when its event is read, not applied: up to 1 s, counted); makes the
+//! memory devices' memory inherited by the child (copy-on-write, `MADV_DOFORK` for the
+//! fork's duration); notes, for each shared device, the slots the child
 //! may read (`swap::fork_refs`); and locks the region registry until the fork is done. A
 //! fork so brings in nothing that is out on a memory or shared device, however large. After
 //! it, the child may build a pager of its own that takes the regions over at the same
@@ -219,7 +221,8 @@ impl Pager {
     /// mapped, dropped or moved, on any thread; fork at once and drop it (or, in the child,
     /// hand it to [`ForkHold::rearm_in_child`]).
     ///
-    /// Costs a scan of the part of every region's page table that was ever touched.
+    /// Costs a scan of the part of every region's page table that was ever touched, after
+    /// a wait (bounded at 1 s, counted) for the events already read to be applied.
     pub fn prepare_fork(&self) -> ForkHold {
         self.prepare(false)
     }
@@ -242,6 +245,11 @@ impl Pager {
         s.charge.reclaim_held.store(true, Ordering::SeqCst);
         // No page is half moved out when the child's copy is taken.
         s.reclaim_cx().wait_none_in_flight();
+        // An `madvise(MADV_DONTNEED)`, `munmap` or `mremap` returns once its event is read,
+        // not applied: applied now, so that a page the program discarded before its fork is
+        // recorded as zero, not at the slot the event frees (the child would read the old
+        // bytes from its copy of the device, or fail on a slot freed before the fork).
+        crate::events::settle_reads(&s.events, &s.stats);
         let plan = ForkPlan::new(s, leave_memory_devices_out);
         bring_in_what_the_child_cannot_read(s, &plan);
         let writers = REGIONS.lock_writers();
