@@ -1126,3 +1126,62 @@ fn cluster_shard_without_replica(mode: FaultMode) {
 }
 
 in_both_modes!(cluster_shard_without_replica() => a_cluster_shard_left_without_replica_runs_at_ram_speed_then_pages_again_thread_mode, a_cluster_shard_left_without_replica_runs_at_ram_speed_then_pages_again_signal_mode);
+
+/// A run's keys on a Redis Cluster whose state is `fail` (a primary without a replica
+/// died, and the others have marked it failed): every live primary answers `CLUSTERDOWN`
+/// to key commands, so `delete_session` deletes nothing, keeps every key, and says so for
+/// each live primary with the store's own words, for the user to delete them by hand once
+/// the cluster is back (it said "failed or took too long" before). Then, the dead node
+/// restarted and the cluster back, the same call, tried again, deletes them all.
+#[test]
+fn a_session_on_a_cluster_that_is_down_is_kept_and_the_store_s_reason_given() {
+    use uswap::backend::redis::cluster::{hash_slot, SlotMap};
+    use uswap::backend::redis::delete_session;
+    let Some(mut r) = cluster_servers(3, 0) else { return };
+    let seeds: Vec<String> = (0..r.len()).map(|k| r.addr(k)).collect();
+    let map = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).expect("a full map");
+    let nr_keys = 300;
+    for i in 0..nr_keys {
+        let key = format!("uswap:sess1.{i}:page");
+        let owner = &map.nodes[map.node_of(hash_slot(key.as_bytes()))];
+        redis_cmd(owner, &["SET", &key, "page"]);
+    }
+    let dead = r.primary_index(0);
+    r.kill(dead);
+    let live: Vec<String> = (0..r.len()).filter(|&k| k != dead).map(|k| r.addr(k)).collect();
+    let cluster_state = |addr: &str| match redis_cmd(addr, &["CLUSTER", "INFO"]) {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).contains("cluster_state:fail"),
+        redis::Value::VerbatimString { text, .. } => text.contains("cluster_state:fail"),
+        _ => false,
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    while !live.iter().all(|a| cluster_state(a)) {
+        assert!(Instant::now() < until, "the cluster never marked the dead node failed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let dbsize = |addr: &str| match redis_cmd(addr, &["DBSIZE"]) {
+        redis::Value::Int(n) => n,
+        v => panic!("DBSIZE on {addr}: {v:?}"),
+    };
+    let kept: i64 = live.iter().map(|a| dbsize(a)).sum();
+    assert!(kept > 0 && kept < nr_keys, "{kept} of {nr_keys} keys on the live primaries");
+    let err = delete_session(&seeds, true, "sess1", Duration::from_secs(5)).expect_err("the cluster is down");
+    for addr in &live {
+        assert!(err.contains(&format!("{addr}: deleting keys: ")), "{addr} not named: {err}");
+    }
+    assert!(err.contains("CLUSTERDOWN"), "the store's reason not given: {err}");
+    assert_eq!(live.iter().map(|a| dbsize(a)).sum::<i64>(), kept, "keys deleted from a cluster that is down: {err}");
+    r.restart(dead).expect("the dead node restarts");
+    let until = Instant::now() + Duration::from_secs(30);
+    let deleted = loop {
+        match delete_session(&seeds, true, "sess1", Duration::from_secs(5)) {
+            Ok(n) => break n,
+            Err(e) => assert!(Instant::now() < until, "the cluster did not come back: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Each node finds the cluster back on its own: a try may delete one node's keys and fail
+    // on another's, so the last try deletes what is left.
+    assert!(deleted > 0 && deleted as i64 <= kept, "{deleted} of {kept} keys deleted by the last try");
+    assert_eq!(live.iter().map(|a| dbsize(a)).sum::<i64>(), 0, "keys left once the cluster is back");
+}

@@ -546,13 +546,12 @@ impl RedisBackend {
             );
             return;
         };
-        if scan_delete(&mut con, &format!("{}*", sh.prefix), deadline, false).is_some() {
-            return;
+        if let Err(e) = scan_delete(&mut con, &format!("{}*", sh.prefix), deadline, false) {
+            eprintln!(
+                "uswap: {}: could not delete all of this pager's keys ({}*): {e}; delete them by hand",
+                sh.name, sh.prefix
+            );
         }
-        eprintln!(
-            "uswap: {}: could not delete all of this pager's keys ({}*); delete them by hand",
-            sh.name, sh.prefix
-        );
     }
 }
 

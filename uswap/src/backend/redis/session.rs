@@ -60,7 +60,7 @@ pub fn delete_session(seeds: &[String], cluster: bool, session: &str, within: Du
             }
         }
         return scan_delete(&mut con, &pattern, deadline_ns, false)
-            .ok_or_else(|| format!("{addr}: deleting keys failed or took over {within:?}"));
+            .map_err(|e| format!("{addr}: deleting keys within {within:?}: {e}"));
     }
     Err(format!("no seed is a reachable primary ({})", why.join("; ")))
 }
@@ -84,8 +84,8 @@ pub(super) fn delete_on_primaries(seeds: &[String], pattern: &str, deadline_ns: 
     for (k, addr) in primaries.iter().enumerate() {
         let t = timeout(primaries.len() - k);
         match connect(addr, t, t).map(|mut con| scan_delete(&mut con, pattern, deadline_ns, true)) {
-            Ok(Some(n)) => deleted += n,
-            Ok(None) => failed.push(format!("{addr}: deleting keys failed or took too long")),
+            Ok(Ok(n)) => deleted += n,
+            Ok(Err(e)) => failed.push(format!("{addr}: deleting keys: {e}")),
             Err(e) => failed.push(format!("{addr}: {e}")),
         }
     }
@@ -97,27 +97,48 @@ pub(super) fn delete_on_primaries(seeds: &[String], pattern: &str, deadline_ns: 
     }
 }
 
-/// Deletes the keys matching `pattern` (SCAN + DEL) until `deadline_ns`; `None` if it could
-/// not finish. A cluster node refuses a `DEL` across hash slots, so there each slot's keys
-/// go in a `DEL` of their own.
-pub(super) fn scan_delete(con: &mut redis::Connection, pattern: &str, deadline_ns: u64, cluster: bool) -> Option<u64> {
+/// Deletes the keys matching `pattern` (SCAN + DEL) until `deadline_ns`. The error says
+/// why it could not finish: the store's own error (a cluster whose state is `fail` answers
+/// `CLUSTERDOWN` to every key command, whichever node holds the key), or the deadline. A
+/// cluster node refuses a `DEL` across hash slots, so there each slot's keys go in a `DEL`
+/// of their own.
+pub(super) fn scan_delete(
+    con: &mut redis::Connection,
+    pattern: &str,
+    deadline_ns: u64,
+    cluster: bool,
+) -> Result<u64, String> {
     let mut cursor: u64 = 0;
     let mut deleted = 0;
+    let failed = |what: &str, deleted: u64, e: redis::RedisError| {
+        // A store's error as it wrote it (`CLUSTERDOWN The cluster is down`), else the client's.
+        let said = match (e.code(), e.detail()) {
+            (Some(code), detail) => format!("{code} {}", detail.unwrap_or_default()),
+            (None, _) => e.to_string(),
+        };
+        format!("{what} failed after {deleted} keys deleted: {}", said.trim_end())
+    };
     // Bounded by the deadline and by SCAN's cursor returning to 0.
     loop {
-        let (next, mut keys): (u64, Vec<Vec<u8>>) =
-            redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).query(con).ok()?;
+        let (next, mut keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query(con)
+            .map_err(|e| failed("SCAN", deleted, e))?;
         let slot = |k: &[u8]| if cluster { hash_slot(k) } else { 0 };
         keys.sort_by_key(|k| slot(k));
         for group in keys.chunk_by(|a, b| slot(a) == slot(b)) {
-            deleted += redis::cmd("DEL").arg(group).query::<u64>(con).ok()?;
+            deleted += redis::cmd("DEL").arg(group).query::<u64>(con).map_err(|e| failed("DEL", deleted, e))?;
         }
         cursor = next;
         if cursor == 0 {
-            return Some(deleted);
+            return Ok(deleted);
         }
         if now_ns() >= deadline_ns {
-            return None;
+            return Err(format!("the time given had passed after {deleted} keys deleted"));
         }
     }
 }
