@@ -724,20 +724,24 @@ extern "C" fn forward_signal(sig: libc::c_int) {
     }
 }
 
-/// [`FORWARDED_SIGNALS`] passed on to the program while it lives (restored on drop). Set
-/// before the program starts (an exec resets caught signals, so the program does not
-/// inherit the handler); one that comes before is passed on once it runs.
-struct ForwardSignals {
-    old: [libc::sighandler_t; FORWARDED_SIGNALS.len()],
-}
+/// [`FORWARDED_SIGNALS`] passed on to the program while it lives. Set before the program
+/// starts (an exec resets caught signals, so the program does not inherit the handler); one
+/// that comes before is passed on once it runs. Once the program is reaped (drop) they stay
+/// caught for the rest of `uswap run`, only recorded: a supervisor that stops a run signals
+/// its whole process group (`timeout`, `kill -TERM -PGID`, a service manager), and its
+/// signal may reach `uswap run` after the program ended, while it ends the tree. With the
+/// old dispositions back, that signal killed `uswap run` there, silently, and the tree's
+/// processes that ignore SIGTERM ran on (7 of 40 runs of `timeout` on a loaded machine).
+struct ForwardSignals;
 
 impl ForwardSignals {
     fn new() -> Self {
         let handler = forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        // SAFETY: the handler only uses atomics and kill(2), both async-signal-safe; the old
-        // dispositions are restored on drop.
-        let old = FORWARDED_SIGNALS.map(|sig| unsafe { libc::signal(sig, handler) });
-        ForwardSignals { old }
+        for sig in FORWARDED_SIGNALS {
+            // SAFETY: the handler only uses atomics and kill(2), both async-signal-safe.
+            unsafe { libc::signal(sig, handler) };
+        }
+        ForwardSignals
     }
 
     /// From now on signals go to `program_pid`, and one that came before goes now.
@@ -753,11 +757,9 @@ impl ForwardSignals {
 }
 
 impl Drop for ForwardSignals {
+    /// The program was reaped: its pid may be anyone's now, so nothing is forwarded any more;
+    /// the signals stay caught (see above).
     fn drop(&mut self) {
-        for (sig, old) in FORWARDED_SIGNALS.iter().zip(self.old) {
-            // SAFETY: restores a disposition saved in `new`.
-            unsafe { libc::signal(*sig, old) };
-        }
         PROGRAM_PID.store(0, std::sync::atomic::Ordering::Relaxed);
     }
 }

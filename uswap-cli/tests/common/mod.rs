@@ -67,16 +67,20 @@ pub fn run_timed_with(cmd: &mut Command, limit: Duration, during: impl FnOnce(u3
             // SAFETY: kill(2) on the child's own process group; no memory is involved.
             unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             child.wait().unwrap();
-            let e = err.recv_timeout(OUTPUT_GRACE).unwrap_or_default();
+            let e = err.wait(OUTPUT_GRACE).unwrap_or_else(|partial| partial);
             panic!("{what} still running after {limit:?}; stderr:\n{}", String::from_utf8_lossy(&e));
         }
         std::thread::sleep(Duration::from_millis(20));
     };
     // A process the command left behind (in another group) may hold its output open: fail,
     // rather than wait for it for ever.
-    let ended = |rx: std::sync::mpsc::Receiver<Vec<u8>>, which: &str| {
-        rx.recv_timeout(OUTPUT_GRACE).unwrap_or_else(|_| {
-            panic!("{what} ended ({status}), but its {which} was still open {OUTPUT_GRACE:?} later: a process it left holds it")
+    let ended = |pipe: PipeReader, which: &str| {
+        pipe.wait(OUTPUT_GRACE).unwrap_or_else(|partial| {
+            panic!(
+                "{what} ended ({status}), but its {which} was still open {OUTPUT_GRACE:?} later: a process it left \
+                 holds it; its {which} so far:\n{}",
+                String::from_utf8_lossy(&partial)
+            )
         })
     };
     Output { status, stdout: ended(out, "stdout"), stderr: ended(err, "stderr") }
@@ -85,15 +89,53 @@ pub fn run_timed_with(cmd: &mut Command, limit: Duration, during: impl FnOnce(u3
 /// How long a command's output may stay open after it ended.
 const OUTPUT_GRACE: Duration = Duration::from_secs(30);
 
-/// Reads `pipe` to its end on a thread of its own; the bytes come on the channel.
-fn read_all(mut pipe: impl Read + Send + 'static) -> std::sync::mpsc::Receiver<Vec<u8>> {
-    let (tx, rx) = std::sync::mpsc::channel();
+/// What a thread reading one of a child's pipes has read, and whether it reached the end
+/// (signalled on the condition variable).
+type PipeRead = (std::sync::Mutex<(Vec<u8>, bool)>, std::sync::Condvar);
+
+/// The reading side of a pipe read to its end on a thread of its own.
+struct PipeReader {
+    read: std::sync::Arc<PipeRead>,
+}
+
+impl PipeReader {
+    /// The whole output once the pipe's end is reached within `limit`; what was read so far
+    /// otherwise (to show why a test failed).
+    fn wait(self, limit: Duration) -> Result<Vec<u8>, Vec<u8>> {
+        let (lock, ended) = &*self.read;
+        let guard = lock.lock().unwrap();
+        let (mut guard, _) = ended.wait_timeout_while(guard, limit, |(_, at_end)| !*at_end).unwrap();
+        let (bytes, at_end) = &mut *guard;
+        if *at_end {
+            Ok(std::mem::take(bytes))
+        } else {
+            Err(bytes.clone())
+        }
+    }
+}
+
+/// Reads `pipe` to its end on a thread of its own.
+fn read_all(mut pipe: impl Read + Send + 'static) -> PipeReader {
+    let read = std::sync::Arc::new((std::sync::Mutex::new((Vec::new(), false)), std::sync::Condvar::new()));
+    let shared = read.clone();
     std::thread::spawn(move || {
-        let mut b = vec![];
-        let _ = pipe.read_to_end(&mut b);
-        let _ = tx.send(b);
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = match pipe.read(&mut chunk) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // A read error ends the output, as the end of the pipe does.
+                r => r.unwrap_or(0),
+            };
+            let mut guard = shared.0.lock().unwrap();
+            if n == 0 {
+                guard.1 = true;
+                shared.1.notify_all();
+                return;
+            }
+            guard.0.extend_from_slice(&chunk[..n]);
+        }
     });
-    rx
+    PipeReader { read }
 }
 
 /// `uswap run --limit LIMIT_MIB MiB OPTS -- PROG` with the tests' preload library, under five
