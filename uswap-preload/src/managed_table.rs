@@ -188,6 +188,15 @@ mod tests {
         Entry { start: start_page * P, len: pages * P, region: id }
     }
 
+    /// A table holding `entries`, inserted in their order.
+    fn table_of<const N: usize>(entries: [Entry<u32>; N]) -> Table<u32> {
+        let mut t = Table::new();
+        for e in entries {
+            t.insert(e);
+        }
+        t
+    }
+
     fn ids<'a>(it: impl Iterator<Item = &'a Entry<u32>>) -> Vec<u32> {
         let mut v: Vec<u32> = it.map(|e| e.region).collect();
         v.sort();
@@ -198,13 +207,10 @@ mod tests {
     /// with its range, wherever it falls.
     #[test]
     fn queries_meet_exactly_the_entries_that_share_a_page() {
-        let mut t = Table::new();
         let all =
             [entry(10, 5, 1), entry(15, 5, 2), entry(30, 40, 3), entry(40, 2, 4), entry(40, 1, 5), entry(60, 4, 6)];
         let ranges: Vec<(usize, usize, u32)> = all.iter().map(|e| (e.start, e.start + e.len, e.region)).collect();
-        for e in all {
-            t.insert(e);
-        }
+        let t = table_of(all);
         assert_eq!(t.len(), 6);
         assert_eq!(t.nested.len(), 3, "the entries inside the 40 pages at 30");
         for a in 0..80 {
@@ -224,10 +230,7 @@ mod tests {
     /// joins the disjoint ones.
     #[test]
     fn taken_entries_go_and_nested_ones_settle() {
-        let mut t = Table::new();
-        for e in [entry(0, 100, 1), entry(10, 5, 2), entry(50, 5, 3), entry(200, 5, 4)] {
-            t.insert(e);
-        }
+        let mut t = table_of([entry(0, 100, 1), entry(10, 5, 2), entry(50, 5, 3), entry(200, 5, 4)]);
         assert_eq!(t.nested.len(), 2);
         let taken = t.take_meeting(0, 100 * P, |e| e.len == 100 * P);
         assert_eq!(ids(taken.iter()), [1]);
@@ -248,11 +251,8 @@ mod tests {
     /// is still the one found there, and the older settles before it.
     #[test]
     fn the_newest_entry_at_a_start_is_found_after_others_go() {
-        let mut t = Table::new();
         // X holds the others' range; O at 10 (its own hole at 10..12 filled by N).
-        for e in [entry(0, 100, 1), entry(5, 1, 2), entry(10, 20, 3), entry(10, 2, 4)] {
-            t.insert(e);
-        }
+        let mut t = table_of([entry(0, 100, 1), entry(5, 1, 2), entry(10, 20, 3), entry(10, 2, 4)]);
         assert_eq!(t.nested.len(), 3);
         let taken = t.take_meeting(5 * P, 6 * P, |e| e.region == 2);
         assert_eq!(ids(taken.iter()), [2]);
@@ -264,10 +264,7 @@ mod tests {
         assert_eq!(ids(t.nested.iter()), [4]);
         // With something older in `apart` that meets O but not N: N must not settle ahead
         // of O.
-        let mut t = Table::new();
-        for e in [entry(0, 100, 1), entry(11, 1, 2), entry(10, 20, 3), entry(10, 1, 4)] {
-            t.insert(e);
-        }
+        let mut t = table_of([entry(0, 100, 1), entry(11, 1, 2), entry(10, 20, 3), entry(10, 1, 4)]);
         t.take_meeting(0, P, |e| e.region == 1);
         // 2 (at 11) settled first; O (10..30) meets it and stays; N (10..11) meets O, older.
         assert_eq!(t.starting_at(10 * P).map(|e| e.region), Some(4));
@@ -278,10 +275,7 @@ mod tests {
     /// and regions no entry claimed are given back.
     #[test]
     fn rearm_matches_regions_by_start() {
-        let mut t = Table::new();
-        for e in [entry(0, 10, 1), entry(2, 2, 2), entry(20, 4, 3)] {
-            t.insert(e);
-        }
+        let mut t = table_of([entry(0, 10, 1), entry(2, 2, 2), entry(20, 4, 3)]);
         let mut regions = vec![(0, 11), (20 * P, 13), (99 * P, 99)];
         t.rearm(&mut regions, |_| 0);
         assert_eq!(ids(t.meeting(0, usize::MAX)), [11, 13]);
@@ -295,15 +289,11 @@ mod tests {
     /// newer is the one found at that start.
     #[test]
     fn entries_at_one_start_keep_their_own_regions() {
-        let mut t = Table::new();
-        t.insert(entry(0, 10, 1));
-        t.insert(entry(0, 2, 2));
+        let t = table_of([entry(0, 10, 1), entry(0, 2, 2)]);
         assert_eq!(t.starting_at(0).map(|e| e.region), Some(2), "the newer");
         // Region ids are their lengths in pages here.
         for order in [[10, 2], [2, 10]] {
-            let mut t2 = Table::new();
-            t2.insert(entry(0, 10, 1));
-            t2.insert(entry(0, 2, 2));
+            let mut t2 = table_of([entry(0, 10, 1), entry(0, 2, 2)]);
             let mut regions = order.iter().map(|&pages| (0, pages)).collect();
             t2.rearm(&mut regions, |&pages| pages as usize * P);
             for e in t2.meeting(0, usize::MAX) {
