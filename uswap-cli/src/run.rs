@@ -379,7 +379,7 @@ impl Drop for Launch {
         }
         for (seeds, cluster, session) in &self.redis_sessions {
             // A run stopped by a signal ends within a second, whatever the store is doing.
-            let within = if STOPPED.load(std::sync::atomic::Ordering::Relaxed) {
+            let within = if stopped_by().is_some() {
                 std::time::Duration::from_millis(500)
             } else {
                 std::time::Duration::from_secs(30)
@@ -437,7 +437,15 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // was being started killed `uswap run` and left the program's tree running on its own.
     let mut forwarded = ForwardSignals::new();
     let started = std::time::Instant::now();
-    let mut launch = Launch::prepare(&args.command, &cfg)?;
+    let prepared = Launch::prepare(&args.command, &cfg);
+    // Stopped while the run was prepared (a Redis device's checks take seconds, and the
+    // signal interrupts them): the program is not started only to be signalled, and the
+    // stop, not an interrupted check, is what is said.
+    if let Some(sig) = stopped_by() {
+        say!("uswap run: stopped by signal {sig} before the program started; it was not started");
+        return Ok(128u8.wrapping_add(sig as u8));
+    }
+    let mut launch = prepared?;
     let path = launch.path.clone();
     let mut child = launch.command.spawn().map_err(|source| RunError::Spawn { path: path.clone(), source })?;
     forwarded.forward_to(child.id());
@@ -456,7 +464,11 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
             let now = unmanaged_in(&launch.stats_dir, Moment::Now);
             if now.bytes > unmanaged_limit {
                 say!("uswap run: --strict: {}", unmanaged_message(&now, limit, "now"));
+                // Nothing goes to its pid once it is reaped; the clean-up runs with terminal
+                // signals still ignored.
+                drop(forwarded);
                 kill_tree(&mut child, &launch.stats_dir);
+                drop(launch);
                 return Ok(2);
             }
             match child.try_wait() {
@@ -475,7 +487,8 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     };
     // Reaped: its pid may be anyone's now.
     drop(forwarded);
-    if STOPPED.load(std::sync::atomic::Ordering::Relaxed) {
+    let tree_ended = stopped_by().is_some();
+    if tree_ended {
         end_stopped_tree(&launch, child.id());
     }
     // Before the segment it moves goes with `launch`.
@@ -490,6 +503,13 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     let refused = records::refusals(&launch.stats_dir);
     let escaped = records::escapes(&launch.stats_dir);
     let deep_binds = records::deep_binds(&launch.stats_dir);
+    // A stop that came while the counters were read ends the tree all the same. From here on
+    // a late signal waits (`hold_forwarded_signals`): it would interrupt a Redis device's
+    // replies during the deletion of the run's keys.
+    hold_forwarded_signals();
+    if !tree_ended && stopped_by().is_some() {
+        end_stopped_tree(&launch, child.id());
+    }
     if say_outliving(&launch, child.id()) {
         launch.keep_redis_pages();
     }
@@ -700,15 +720,37 @@ const FORWARDED_SIGNALS: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGHUP, libc::
 static PROGRAM_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 /// A signal that came before the program was started, passed on once it is.
 static PENDING_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-/// Set once SIGTERM or SIGHUP was passed on: the run is being stopped, its tree is ended
-/// once the program is (`end_stopped_tree`), and its clean-up must not wait long on a
+/// The first SIGTERM or SIGHUP that came (0 before): the run is being stopped, its tree is
+/// ended once the program is (`end_stopped_tree`), and its clean-up must not wait long on a
 /// device (see `Launch`'s drop).
-static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static STOPPED_BY: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// The signal that stopped the run, if one did.
+fn stopped_by() -> Option<libc::c_int> {
+    Some(STOPPED_BY.load(std::sync::atomic::Ordering::Relaxed)).filter(|&sig| sig != 0)
+}
+
+/// Blocks [`FORWARDED_SIGNALS`] in this thread: one that comes now runs the handler on
+/// another thread of `uswap run` (the tree's counters' server, which retries what it
+/// interrupts) or stays pending until exit. A signal handled here would cut short a read
+/// from a Redis store (a socket with a timeout returns EINTR whatever `SA_RESTART` says).
+fn hold_forwarded_signals() {
+    // SAFETY: sigemptyset, sigaddset and pthread_sigmask only write the set on our stack and
+    // this thread's signal mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in FORWARDED_SIGNALS {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
 
 extern "C" fn forward_signal(sig: libc::c_int) {
     use std::sync::atomic::Ordering;
     if sig == libc::SIGTERM || sig == libc::SIGHUP {
-        STOPPED.store(true, Ordering::Relaxed);
+        let _ = STOPPED_BY.compare_exchange(0, sig, Ordering::Relaxed, Ordering::Relaxed);
     }
     let pid = PROGRAM_PID.load(Ordering::Relaxed);
     if pid <= 0 {

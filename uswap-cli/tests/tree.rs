@@ -233,8 +233,37 @@ fn a_second_sigterm_while_a_stopped_tree_is_ended_is_caught() {
     });
     // The program's own end (SIGTERM, 128 + 15), not `uswap run` killed by the signal.
     assert_eq!(o.status.code(), Some(143), "{:?}: {}", o.status, stderr(&o));
-    assert!(stderr(&o).contains("stopped: 2 process(es)"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("stopped: "), "{}", stderr(&o));
     assert_no_sleep_left(&secs);
+}
+
+/// SIGTERM while `uswap run` checks its devices (a Redis device that accepts connections and
+/// never answers) starts nothing, and says the stop: the signal interrupted the check, which
+/// was said as "Interrupted system call" with status 2, or else started the program only to
+/// signal it.
+#[test]
+fn sigterm_before_the_program_starts_starts_nothing() {
+    // Connections complete in the backlog; nothing is ever read or answered.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let device = format!("redis://{}", mute.local_addr().unwrap());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["run", "--device", &device, "--", "echo", "started"]);
+    mute.set_nonblocking(true).unwrap();
+    let o = common::run_timed_with(&mut cmd, Duration::from_secs(60), |pid| {
+        // Once the check has connected (its handlers are in place by then), held unanswered.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut held = vec![];
+        while held.is_empty() && Instant::now() < deadline {
+            held.extend(mute.accept().ok());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!held.is_empty(), "uswap run never checked its Redis device");
+        // SAFETY: kill(2) on the test's own child.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    });
+    assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{:?}: {}", o.status, stderr(&o));
+    assert!(stderr(&o).contains("stopped by signal 15 before the program started"), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "the program ran: {}", String::from_utf8_lossy(&o.stdout));
 }
 
 /// Fails the test if a `sleep SECS` of `secs` still runs 5 s from now (killed processes are
