@@ -442,6 +442,10 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // signal interrupts them): the program is not started only to be signalled, and the
     // stop, not an interrupted check, is what is said.
     if let Some(sig) = stopped_by() {
+        // What failed meanwhile may be more than the interrupted check (no such program).
+        if let Err(e) = &prepared {
+            say!("uswap run: {e}");
+        }
         say!("uswap run: stopped by signal {sig} before the program started; it was not started");
         return Ok(128u8.wrapping_add(sig as u8));
     }
@@ -468,6 +472,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
                 // signals still ignored.
                 drop(forwarded);
                 kill_tree(&mut child, &launch.stats_dir);
+                hold_forwarded_signals();
                 drop(launch);
                 return Ok(2);
             }
@@ -730,10 +735,12 @@ fn stopped_by() -> Option<libc::c_int> {
     Some(STOPPED_BY.load(std::sync::atomic::Ordering::Relaxed)).filter(|&sig| sig != 0)
 }
 
-/// Blocks [`FORWARDED_SIGNALS`] in this thread: one that comes now runs the handler on
-/// another thread of `uswap run` (the tree's counters' server, which retries what it
-/// interrupts) or stays pending until exit. A signal handled here would cut short a read
-/// from a Redis store (a socket with a timeout returns EINTR whatever `SA_RESTART` says).
+/// Blocks [`FORWARDED_SIGNALS`] in this thread. The engine's threads (the tree's counters'
+/// server among them) block them from their start, so one that comes now stays pending,
+/// unhandled, until `uswap run` exits with the program's status (or, under `--strict
+/// --auto`, runs the handler on the budget's thread, which only records it). A signal
+/// handled here would cut short a read from a Redis store (a socket with a timeout returns
+/// EINTR whatever `SA_RESTART` says) and fail the deletion of the run's keys.
 fn hold_forwarded_signals() {
     // SAFETY: sigemptyset, sigaddset and pthread_sigmask only write the set on our stack and
     // this thread's signal mask.
@@ -769,7 +776,8 @@ extern "C" fn forward_signal(sig: libc::c_int) {
 /// [`FORWARDED_SIGNALS`] passed on to the program while it lives. Set before the program
 /// starts (an exec resets caught signals, so the program does not inherit the handler); one
 /// that comes before is passed on once it runs. Once the program is reaped (drop) they stay
-/// caught for the rest of `uswap run`, only recorded: a supervisor that stops a run signals
+/// caught, only recorded, until the clean-up holds them (`hold_forwarded_signals`), never back
+/// at their default action: a supervisor that stops a run signals
 /// its whole process group (`timeout`, `kill -TERM -PGID`, a service manager), and its
 /// signal may reach `uswap run` after the program ended, while it ends the tree. With the
 /// old dispositions back, that signal killed `uswap run` there, silently, and the tree's
