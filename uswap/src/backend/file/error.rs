@@ -21,6 +21,14 @@ pub enum FileDeviceError {
     NotFound { path: PathBuf },
 
     #[error(
+        "swap device {}: the directory exists, but its filesystem creates no file in it (it \
+         answered \"{source}\", as pseudo-filesystems such as /proc and /sys do); give a \
+         directory on a disk filesystem such as ext4, xfs or btrfs (e.g. /var/tmp)",
+        .path.display()
+    )]
+    CannotCreateIn { path: PathBuf, source: io::Error },
+
+    #[error(
         "swap device {}: mode {mode:04o} lets other users read or write the swapped-out memory \
          it would hold; run `chmod 600 {}`, or give a directory (uswap creates a private \
          anonymous swap file in it)",

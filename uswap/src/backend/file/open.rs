@@ -203,6 +203,11 @@ fn create_anonymous(dir: &Path, try_tmpfile: bool) -> Result<OwnedFd, FileDevice
                 return Ok(fd);
             }
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+            // `dir` was just found to be a directory: ENOENT here is its filesystem refusing
+            // new names (procfs, sysfs), not a missing path.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                return Err(FileDeviceError::CannotCreateIn { path: dir.to_owned(), source: e })
+            }
             Err(e) => return Err(open_error(dir, "creating a swap file", e)),
         }
     }
@@ -590,6 +595,10 @@ mod tests {
         let e = open_err(&missing, 4 * MIB, FileOptions::default());
         assert!(matches!(e, FileDeviceError::NotFound { .. }), "{e}");
         assert!(e.to_string().contains("give an existing directory"), "{e}");
+        // A directory whose filesystem creates no file (procfs answers ENOENT) is not "missing".
+        let e = open_err(Path::new("/proc"), 4 * MIB, FileOptions::default());
+        assert!(matches!(e, FileDeviceError::CannotCreateIn { .. }), "{e}");
+        assert!(e.to_string().contains("disk filesystem"), "{e}");
 
         let e = open_err(dir.path(), MIB, FileOptions::default());
         assert!(
