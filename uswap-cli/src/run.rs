@@ -35,6 +35,7 @@ mod dir;
 mod error;
 mod program;
 mod records;
+mod sanitizer;
 mod tree;
 mod warnings;
 
@@ -288,11 +289,10 @@ impl Launch {
                 return Err(RunError::StatsDir(e));
             }
         };
-        let mut ld_preload = OsString::from(&preload);
-        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
-            ld_preload.push(":");
-            ld_preload.push(old);
-        }
+        // uswap's library first, but for sanitizers' runtimes, which must be (see `sanitizer`).
+        let user_preload = std::env::var_os("LD_PRELOAD");
+        let image = matches!(runnable, Runnable::Program).then_some(path.as_path());
+        let ld_preload = sanitizer::ld_preload(&preload, user_preload.as_deref(), image);
         // Redis devices: one session for the run, so that its keys can be deleted after it.
         let mut device = cfg.device.clone();
         let mut redis_sessions = Vec::new();

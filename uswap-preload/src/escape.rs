@@ -68,8 +68,9 @@ impl Why {
                  may read it; or a chroot)"
             }
             Why::OwnAllocator => {
-                "its executable brings its own malloc (rustc's jemalloc is one), which the C library, the dynamic \
-                 loader and uswap's own threads would allocate from in memory uswap pages: uswap's library stands aside"
+                "its malloc is not uswap's (its executable's own, as rustc's jemalloc, or a sanitizer's runtime, which \
+                 must come first), and the C library, the dynamic loader and uswap's own threads would allocate from it \
+                 in memory uswap pages: uswap's library stands aside"
             }
         }
     }
