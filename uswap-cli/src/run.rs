@@ -292,7 +292,7 @@ impl Launch {
         // uswap's library first, but for sanitizers' runtimes, which must be (see `sanitizer`).
         let user_preload = std::env::var_os("LD_PRELOAD");
         let image = matches!(runnable, Runnable::Program).then_some(path.as_path());
-        let ld_preload = sanitizer::ld_preload(&preload, user_preload.as_deref(), image);
+        let (ld_preload, sanitizers_added) = sanitizer::ld_preload(&preload, user_preload.as_deref(), image);
         // Redis devices: one session for the run, so that its keys can be deleted after it.
         let mut device = cfg.device.clone();
         let mut redis_sessions = Vec::new();
@@ -321,6 +321,7 @@ impl Launch {
         command
             .args(&argv[1..])
             .env("LD_PRELOAD", ld_preload)
+            .env_remove(sanitizer::ENV_ADDED)
             .env("USWAP_LIMIT", cfg.limit_bytes.to_string())
             .env("USWAP_DEVICE", &device)
             .env("USWAP_FAULT_MODE", cfg.fault_mode.env_value())
@@ -334,6 +335,9 @@ impl Launch {
         }
         if let Some(age) = idle_age_env(cfg.idle_aging) {
             command.env("USWAP_IDLE_AGE", age);
+        }
+        if let Some(added) = sanitizers_added {
+            command.env(sanitizer::ENV_ADDED, added);
         }
         die_with_parent(&mut command);
         Ok(Launch {

@@ -1797,7 +1797,7 @@ fn a_program_that_brings_its_own_malloc_runs_outside_the_budget_and_is_named() {
 /// runtime does not come first"): with uswap's library first in `LD_PRELOAD`, a program
 /// built with `-fsanitize=address` did not start. Its runtime now goes first; the program
 /// runs with its checks (an overflow is caught), and, its `malloc` being the sanitizer's,
-/// it is named as outside the budget.
+/// it is named as outside the budget. Its children do not inherit the runtime.
 #[test]
 fn a_program_built_with_address_sanitizer_runs_with_its_checks() {
     let dir = tmpdir("asan");
@@ -1805,7 +1805,7 @@ fn a_program_built_with_address_sanitizer_runs_with_its_checks() {
     let (o, v) = uswap_run(LIMIT_MIB, &[], &[p.to_str().unwrap(), "ok"], &dir);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{}\n{stderr}", o.status);
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "asan: checked\n", "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "asan: checked, children preload the runtime: no\n", "{stderr}");
     assert!(stderr.contains("asan: its malloc is not uswap's"), "{stderr}");
     assert_eq!(counter(&v, "escaped_processes"), 1, "{v}");
     let (o, _) = uswap_run(LIMIT_MIB, &[], &[p.to_str().unwrap(), "overflow"], &dir);

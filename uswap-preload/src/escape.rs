@@ -48,9 +48,10 @@ pub enum Why {
     /// The user it runs as (a process of the tree that changed user: `su`, `runuser`) cannot
     /// read this library: the loader skips it.
     Unreadable,
-    /// Its executable defines the C library's allocator (`malloc`, ...), which the C library,
-    /// the dynamic loader and uswap's own threads then allocate from: the library stands
-    /// aside (`own_allocator::program_allocator`).
+    /// Another object defines the C library's allocator (`malloc`, ...) before this library:
+    /// its executable, or a sanitizer's runtime preloaded first. The C library, the dynamic
+    /// loader and uswap's own threads then allocate from it: the library stands aside
+    /// (`own_allocator::program_allocator`).
     OwnAllocator,
 }
 

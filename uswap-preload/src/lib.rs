@@ -69,6 +69,7 @@ pub mod real;
 pub mod remote_access;
 pub mod report;
 pub mod rlimit;
+pub mod sanitizer_env;
 pub mod signals;
 pub mod threads;
 pub mod unmanaged;
@@ -227,6 +228,8 @@ pub fn pager() -> Option<&'static uswap::Pager> {
 /// ([`start_if_waiting`]).
 fn prepare() -> Result<(), String> {
     let _g = own_code::Guard::enter();
+    // First: whatever this process does, its children get the user's own preload list.
+    sanitizer_env::restore();
     // Before the configuration sizes anything to an address-space limit.
     let set_inside = rlimit::inherit();
     let cfg = config::Config::from_env(set_inside)?;

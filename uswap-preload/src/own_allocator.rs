@@ -1,5 +1,6 @@
 //! Programs that bring their own allocator: an executable that defines the C library's
-//! `malloc` (rustc links jemalloc so) is searched before this library, so its allocator,
+//! `malloc` (rustc links jemalloc so), or a sanitizer's runtime that `uswap run` preloads
+//! before this library (it must come first), is searched before this library, so its allocator,
 //! not uswap's heap, serves the C library, the dynamic loader and the Rust runtime inside
 //! this library, in memory uswap would page. In such a process the library stands aside,
 //! as with `USWAP_DISABLE`, and the process is named as outside the budget (docs/cli.md,

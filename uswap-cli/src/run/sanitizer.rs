@@ -11,8 +11,11 @@
 //! defined before its own, stands aside in that process, which the run names as outside
 //! the budget (`uswap-preload`'s `own_allocator`).
 //!
-//! Only the program `uswap run` starts is read; a sanitized program that another process
-//! of the tree execs gets the environment that process gives it (docs/cli.md).
+//! Only the program `uswap run` starts is read (its executable, not a script's
+//! interpreter); a sanitized program that another process of the tree execs gets the
+//! environment that process gives it (docs/cli.md). The runtimes added from the executable
+//! are named in [`ENV_ADDED`] and taken out again in the program's process, so that its
+//! children get the user's own list.
 //! Locking: none (plain reads of the program file).
 
 use std::ffi::{OsStr, OsString};
@@ -23,8 +26,22 @@ use std::path::Path;
 
 /// File names of the runtimes that must come first (prefixes: `libasan.so.8`,
 /// `libclang_rt.asan-x86_64.so`).
-const FIRST_RUNTIMES: [&[u8]; 6] =
-    [b"libasan.so", b"libhwasan.so", b"libtsan.so", b"libclang_rt.asan", b"libclang_rt.hwasan", b"libclang_rt.tsan"];
+const FIRST_RUNTIMES: [&[u8]; 8] = [
+    b"libasan.so",
+    b"libhwasan.so",
+    b"libtsan.so",
+    b"liblsan.so",
+    b"libclang_rt.asan",
+    b"libclang_rt.hwasan",
+    b"libclang_rt.tsan",
+    b"libclang_rt.lsan",
+];
+
+/// Names the entries `uswap run` added to the program's `LD_PRELOAD` from its executable,
+/// which the preloaded library takes out of its process's environment at start-up
+/// (`uswap-preload`'s `sanitizer_env`): they were that program's own, and its children (a
+/// shell, `ls`) would otherwise load a sanitizer's runtime they never linked.
+pub const ENV_ADDED: &str = "USWAP_SANITIZER_PRELOAD";
 
 /// Most program headers and dynamic entries read: larger tables are not looked at.
 const MAX_PHDRS: usize = 256;
@@ -38,22 +55,25 @@ fn is_first_runtime(entry: &[u8]) -> bool {
     FIRST_RUNTIMES.iter().any(|r| base.starts_with(r))
 }
 
-/// The `LD_PRELOAD` of the program at `program` (`None`: a script, whose interpreter is
-/// read by nobody): the sanitizer runtimes it needs and the user's preloaded ones first,
-/// then `preload` (uswap's library), then the rest of the user's `user` list, in order.
-pub fn ld_preload(preload: &Path, user: Option<&OsStr>, program: Option<&Path>) -> OsString {
+/// What `uswap run` gives the program at `program` (`None`: a shell script run by
+/// `/bin/sh`) for `LD_PRELOAD`, with `preload` uswap's library and `user` the user's own
+/// value: the sanitizer runtimes its executable needs (unless the user preloads one) and
+/// the user's preloaded runtimes first, then `preload`, then the rest of the user's list, in
+/// order. Also the entries added from the executable, if any, for [`ENV_ADDED`].
+pub fn ld_preload(preload: &Path, user: Option<&OsStr>, program: Option<&Path>) -> (OsString, Option<OsString>) {
     let user_entries: Vec<&[u8]> = user
         .map(|v| v.as_bytes().split(|&b| b == b':' || b == b' ').filter(|e| !e.is_empty()).collect())
         .unwrap_or_default();
-    let needed = program.map(needed_libraries).unwrap_or_default();
-    let mut first: Vec<&[u8]> =
-        needed.iter().map(Vec::as_slice).filter(|n| is_first_runtime(n) && !user_entries.contains(n)).collect();
-    first.extend(user_entries.iter().copied().filter(|e| is_first_runtime(e)));
-    let rest = user_entries.iter().copied().filter(|e| !is_first_runtime(e));
-    let mut entries: Vec<&[u8]> = first;
+    let user_runtimes: Vec<&[u8]> = user_entries.iter().copied().filter(|e| is_first_runtime(e)).collect();
+    // A runtime the user preloads is the one to use: adding the executable's by its bare
+    // name could load a second copy, from another file.
+    let needed = if user_runtimes.is_empty() { program.map(needed_libraries).unwrap_or_default() } else { Vec::new() };
+    let added: Vec<&[u8]> = needed.iter().map(Vec::as_slice).filter(|n| is_first_runtime(n)).collect();
+    let mut entries: Vec<&[u8]> = added.iter().copied().chain(user_runtimes).collect();
     entries.push(preload.as_os_str().as_bytes());
-    entries.extend(rest);
-    OsString::from_vec(entries.join(&b':'))
+    entries.extend(user_entries.iter().copied().filter(|e| !is_first_runtime(e)));
+    let added = (!added.is_empty()).then(|| OsString::from_vec(added.join(&b':')));
+    (OsString::from_vec(entries.join(&b':')), added)
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -109,8 +129,8 @@ fn read_needed(path: &Path) -> Option<Vec<Vec<u8>>> {
     let (names, strtab) = dynamic_entries(&dy);
     let strtab = strtab?;
     let (vaddr, offset, _) = loads.iter().find(|&&(v, _, n)| strtab >= v && strtab - v < n)?;
-    let strtab_offset = strtab - vaddr + offset;
-    names.iter().map(|&at| read_name(&f, strtab_offset.checked_add(at)?)).collect()
+    let strtab_offset = (strtab - vaddr).checked_add(*offset)?;
+    Some(names.iter().filter_map(|&at| read_name(&f, strtab_offset.checked_add(at)?)).collect())
 }
 
 /// The string-table offsets of the `DT_NEEDED` entries, and `DT_STRTAB`'s address.
@@ -144,12 +164,15 @@ mod tests {
     #[test]
     fn sanitizer_runtimes_go_before_the_library_and_the_rest_after() {
         let lib = Path::new("/opt/uswap/libuswap_preload.so");
-        assert_eq!(ld_preload(lib, None, None), OsString::from("/opt/uswap/libuswap_preload.so"));
+        assert_eq!(ld_preload(lib, None, None), (OsString::from("/opt/uswap/libuswap_preload.so"), None));
         let user = OsStr::new("libjemalloc.so.2 /usr/lib/x86_64-linux-gnu/libasan.so.8:libfoo.so");
         assert_eq!(
             ld_preload(lib, Some(user), None),
-            OsString::from(
-                "/usr/lib/x86_64-linux-gnu/libasan.so.8:/opt/uswap/libuswap_preload.so:libjemalloc.so.2:libfoo.so"
+            (
+                OsString::from(
+                    "/usr/lib/x86_64-linux-gnu/libasan.so.8:/opt/uswap/libuswap_preload.so:libjemalloc.so.2:libfoo.so"
+                ),
+                None
             )
         );
         assert!(is_first_runtime(b"libclang_rt.asan-x86_64.so"));

@@ -1,6 +1,6 @@
 /* A program built with -fsanitize=address. "ok": writes and checks 16 MiB of malloc'd
  * memory, half pseudo-random; "overflow": writes one byte past a 16-byte block, which
- * AddressSanitizer must report. */
+ * AddressSanitizer must report. Says whether LD_PRELOAD still names the runtime. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +24,9 @@ int main(int argc, char **argv) {
     uint64_t again = 0;
     for (size_t i = 0; i < n / 8; i++) again += p[i] >> 32;
     free(p);
-    printf("asan: %s\n", sum == again ? "checked" : "WRONG");
+    /* What its children would preload: the user's list, not the runtime uswap run added. */
+    const char *preload = getenv("LD_PRELOAD");
+    printf("asan: %s, children preload the runtime: %s\n", sum == again ? "checked" : "WRONG",
+           preload && strstr(preload, "libasan") ? "yes" : "no");
     return sum == again ? 0 : 1;
 }

@@ -22,7 +22,7 @@ pub enum FileDeviceError {
 
     #[error(
         "swap device {}: the directory exists, but its filesystem creates no file in it (it \
-         answered \"{source}\", as pseudo-filesystems such as /proc and /sys do); give a \
+         answered \"{source}\", as a pseudo-filesystem such as /proc does); give a \
          directory on a disk filesystem such as ext4, xfs or btrfs (e.g. /var/tmp)",
         .path.display()
     )]
