@@ -104,7 +104,12 @@ fn names_this_library(value: &[u8]) -> bool {
     }
     // SAFETY: the loader's NUL-terminated name of this library, set by `init`.
     let own = unsafe { CStr::from_ptr(own) }.to_bytes();
-    value.split(|&b| b == b':' || b == b' ').any(|entry| entry == own)
+    preload_entries(value).any(|entry| entry == own)
+}
+
+/// The entries of an `LD_PRELOAD` value, as the dynamic loader splits it (`:` or space).
+pub fn preload_entries(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value.split(|&b| b == b':' || b == b' ').filter(|e| !e.is_empty())
 }
 /// Most environment strings looked at (a bound on the loop; past it nothing is judged).
 const MAX_ENV: usize = 1 << 16;

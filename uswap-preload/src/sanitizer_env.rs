@@ -19,9 +19,8 @@ pub fn restore() {
     let Some(added) = std::env::var_os(ENV_ADDED) else { return };
     std::env::remove_var(ENV_ADDED);
     let Some(preload) = std::env::var_os("LD_PRELOAD") else { return };
-    let mut entries: Vec<&[u8]> =
-        preload.as_bytes().split(|&b| b == b':' || b == b' ').filter(|e| !e.is_empty()).collect();
-    for a in added.as_bytes().split(|&b| b == b':').filter(|e| !e.is_empty()) {
+    let mut entries: Vec<&[u8]> = crate::escape::preload_entries(preload.as_bytes()).collect();
+    for a in crate::escape::preload_entries(added.as_bytes()) {
         if let Some(i) = entries.iter().position(|e| *e == a) {
             entries.remove(i);
         }
