@@ -2298,6 +2298,58 @@ fn a_named_swap_file_is_erased_when_the_run_ends() {
     assert!(bytes.iter().all(|&b| b == 0), "the swap file still holds data");
 }
 
+/// A process of the tree that cannot see the run's directory (a sandbox's private `/tmp`;
+/// made here as root by a mount namespace with a file system mounted over `uswap run`'s
+/// `TMPDIR`, otherwise by an environment naming a directory that is not there) pages under a
+/// limit of its own and says so on stderr, with what to do: neither its notes nor its
+/// record can reach the run, whose figures leave it out. With `TMPDIR` set to a directory
+/// the sandbox shares, as the message advises, it is one of the tree again.
+#[test]
+fn a_process_that_cannot_see_its_runs_directory_says_so() {
+    let dir = tmpdir("outofreach");
+    let p = compile("randrw", &dir, &[]);
+    let prog = [p.to_str().unwrap(), "64", "20000"];
+    let expect = plain(&prog).stdout;
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let hidden = dir.join("hidden-tmp");
+    std::fs::create_dir_all(&hidden).unwrap();
+    let script = r#"mount -t tmpfs uswap-test "$1" && shift && exec "$@""#;
+    let run = |tmp: &Path, sandbox: bool| {
+        let stats = dir.join("stats-outofreach.json");
+        let _ = std::fs::remove_file(&stats);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+        cmd.env("USWAP_PRELOAD_LIB", preload()).env("TMPDIR", tmp).args(["run", "--limit", "16MiB", "--stats-json"]);
+        cmd.arg(&stats).arg("--");
+        match (sandbox, root) {
+            (false, _) => cmd.args(prog),
+            (true, true) => cmd.args(["unshare", "-m", "sh", "-c", script, "sh"]).arg(&hidden).args(prog),
+            (true, false) => cmd.args(["env", "USWAP_STATS_DIR=/nonexistent-uswap-run/tree-0"]).args(prog),
+        };
+        let o = run_timed(&mut cmd, Duration::from_secs(300));
+        let v: Value = std::fs::read(&stats).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
+        (o, v)
+    };
+    let (o, v) = run(&hidden, true);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}: {err}", o.status);
+    assert_eq!(o.stdout, expect, "{err}");
+    assert_eq!(err.matches("cannot reach its run's directory").count(), 1, "{err}");
+    assert!(err.contains("a limit of its own of 16 MiB") && err.contains("set TMPDIR for uswap run"), "{err}");
+    assert_eq!(counter(&v, "processes"), 0, "the run counted a process it cannot see: {v}");
+    if !root {
+        skipped("a sandbox's private /tmp (a mount namespace) needs root: the out-of-reach directory was only named");
+        return;
+    }
+    // The advice followed: uswap run's directory in one the sandbox shares (the test's).
+    let (o, v) = run(&dir, true);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}: {err}", o.status);
+    assert_eq!(o.stdout, expect, "{err}");
+    assert!(!err.contains("cannot reach"), "{err}");
+    assert!(counter(&v, "pswpout") > 1000, "the sandboxed program was not paged for the tree: {v}");
+}
+
 /// A library loaded with `RTLD_DEEPBIND` (PHP loads its extensions so) frees the program's
 /// blocks and the program the library's, in both modes: the library is loaded without the
 /// flag, said once at the end, and still found by a bare name through the program's

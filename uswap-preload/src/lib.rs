@@ -199,6 +199,30 @@ pub(crate) fn open_segment() -> Result<Option<&'static uswap::shared_charge::Cha
     Ok(Some(SEGMENT.get_or_init(|| seg)))
 }
 
+/// A process of a `uswap run` tree whose run's directory is not there for it pages under
+/// a limit of its own: its directory is gone (the run ended before it) or this process
+/// sees another file system there (a sandbox's private `/tmp`, a chroot, another mount
+/// namespace). Neither its notes nor its record can reach the run, so it says so here, on
+/// stderr, and how to share the directory with a sandbox.
+fn say_if_out_of_reach(cfg: &config::Config) {
+    let Some(dir) = cfg.stats_dir.as_ref() else { return };
+    if !std::fs::symlink_metadata(dir).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        // There, without a segment: a directory of its own (`uswap bench`).
+        return;
+    }
+    let msg = format!(
+        "uswap: process {} cannot reach its run's directory {} (the run ended, or this process sees another \
+         /tmp: a sandbox's private /tmp, a chroot, another mount namespace): it pages under a limit of its own \
+         of {} MiB, not shared with the rest of the tree, and uswap run's figures leave it out; to run a \
+         sandbox under uswap run, set TMPDIR for uswap run to a directory the sandbox shares\n",
+        std::process::id(),
+        dir.display(),
+        cfg.limit_bytes >> 20,
+    );
+    // Maybe in a signal handler (a lazy start): no `eprintln!` and its lock.
+    real::write_stderr(msg.as_bytes());
+}
+
 /// Set in a fork child of a managed process that could not get a pager of its own (and so
 /// runs unmanaged, see [`fork`]).
 static UNMANAGED_FORK_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -487,8 +511,9 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
     // are not the program's io_uring).
     let _direct = uswap::syscall_guard::EngineCalls::enter();
     let mut builder = cfg.builder().fault_mode(fault_mode).regions_survive_fork(true);
-    if let Some(seg) = open_segment()? {
-        builder = join_tree(seg, builder);
+    match open_segment()? {
+        Some(seg) => builder = join_tree(seg, builder),
+        None => say_if_out_of_reach(cfg),
     }
     let pager = builder.build().map_err(|e| format!("cannot start the pager: {e}"))?;
     // Not yet the process's pager (`pager()` stays None until start-up is done).
