@@ -142,6 +142,29 @@ pub fn find_preload() -> Result<PathBuf, RunError> {
     Err(RunError::NoPreload { exe })
 }
 
+/// Whether the dynamic loader would split `path` if `LD_PRELOAD` named it: it splits the
+/// variable at every space and colon, and has no way to quote them.
+fn splits_in_ld_preload(path: &Path) -> bool {
+    path.as_os_str().as_encoded_bytes().iter().any(|&b| b == b' ' || b == b':')
+}
+
+/// The name `LD_PRELOAD` gives the library at `preload`: its own path, or for a library
+/// installed under a path the loader would split (a virtual environment in "My Project",
+/// a home directory with a space), a link to it in the run's directory `run_dir`, which
+/// lives as long as the run.
+fn preload_for_env(preload: &Path, run_dir: &Path) -> Result<PathBuf, RunError> {
+    if !splits_in_ld_preload(preload) {
+        return Ok(preload.to_path_buf());
+    }
+    let link = run_dir.join(PRELOAD_LIB);
+    let err = |source| RunError::PreloadPath { path: preload.to_path_buf(), source };
+    if splits_in_ld_preload(&link) {
+        return Err(err(std::io::Error::other(format!("{} has one too", run_dir.display()))));
+    }
+    std::os::unix::fs::symlink(preload, &link).map_err(err)?;
+    Ok(link)
+}
+
 /// The program dies with `uswap run` when `uswap run` is killed by a signal it cannot
 /// forward (SIGKILL: `timeout -s KILL`, the OOM killer, a supervisor's last resort), as it
 /// would have died run without uswap; before, it ran on with no one to wait for it. The
@@ -280,6 +303,13 @@ impl Launch {
         }
         let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
         let run_dir = dir::make().map_err(RunError::StatsDir)?;
+        let preload = match preload_for_env(&preload, &run_dir.run) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&run_dir.run);
+                return Err(e);
+            }
+        };
         let stats_dir = run_dir.tree.clone();
         // One budget for the whole tree: every process's pager charges this segment too.
         let segment = match create_segment(&stats_dir, cfg.limit_bytes) {

@@ -2335,6 +2335,12 @@ fn a_process_that_cannot_see_its_runs_directory_says_so() {
     let root = unsafe { libc::geteuid() } == 0;
     let hidden = dir.join("hidden-tmp");
     std::fs::create_dir_all(&hidden).unwrap();
+    // Searchable by all, or `uswap run` under root passes TMPDIR over for /tmp (`dir`).
+    use std::os::unix::fs::PermissionsExt;
+    for d in [&*dir, &*hidden] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let namespaces = root && Command::new("unshare").args(["-m", "true"]).status().is_ok_and(|s| s.success());
     let script = r#"mount -t tmpfs uswap-test "$1" && shift && exec "$@""#;
     let run = |tmp: &Path, sandbox: bool| {
         let stats = dir.join("stats-outofreach.json");
@@ -2342,7 +2348,7 @@ fn a_process_that_cannot_see_its_runs_directory_says_so() {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
         cmd.env("USWAP_PRELOAD_LIB", preload()).env("TMPDIR", tmp).args(["run", "--limit", "16MiB", "--stats-json"]);
         cmd.arg(&stats).arg("--");
-        match (sandbox, root) {
+        match (sandbox, namespaces) {
             (false, _) => cmd.args(prog),
             (true, true) => cmd.args(["unshare", "-m", "sh", "-c", script, "sh"]).arg(&hidden).args(prog),
             (true, false) => cmd.args(["env", "USWAP_STATS_DIR=/nonexistent-uswap-run/tree-0"]).args(prog),
@@ -2356,10 +2362,12 @@ fn a_process_that_cannot_see_its_runs_directory_says_so() {
     assert!(o.status.success(), "{}: {err}", o.status);
     assert_eq!(o.stdout, expect, "{err}");
     assert_eq!(err.matches("cannot reach its run's directory").count(), 1, "{err}");
-    assert!(err.contains("a limit of its own of 16 MiB") && err.contains("set TMPDIR for uswap run"), "{err}");
+    let named = if namespaces { hidden.display().to_string() } else { "/nonexistent-uswap-run/tree-0".into() };
+    assert!(err.contains(&format!("directory {named}")), "{err}");
+    assert!(err.contains("a limit of its own, 16 MiB") && err.contains("give uswap run a TMPDIR"), "{err}");
     assert_eq!(counter(&v, "processes"), 0, "the run counted a process it cannot see: {v}");
-    if !root {
-        skipped("a sandbox's private /tmp (a mount namespace) needs root: the out-of-reach directory was only named");
+    if !namespaces {
+        skipped("a sandbox's private /tmp (a mount namespace, unshare -m) needs root: the out-of-reach directory was only named");
         return;
     }
     // The advice followed: uswap run's directory in one the sandbox shares (the test's).
@@ -2369,6 +2377,41 @@ fn a_process_that_cannot_see_its_runs_directory_says_so() {
     assert_eq!(o.stdout, expect, "{err}");
     assert!(!err.contains("cannot reach"), "{err}");
     assert!(counter(&v, "pswpout") > 1000, "the sandboxed program was not paged for the tree: {v}");
+}
+
+/// Paths the tree must survive: uswap's library installed under a path with a space (a
+/// virtual environment in "My Project"), which the dynamic loader would split in
+/// `LD_PRELOAD` (it is named through a link in the run's directory), and a relative
+/// `TMPDIR`, which named another directory for each process that changed its working
+/// directory (it is made absolute). Both times the program is paged for the tree.
+#[test]
+fn a_library_path_with_a_space_and_a_relative_tmpdir_keep_the_tree() {
+    let dir = tmpdir("oddpaths");
+    let p = compile("randrw", &dir, &[]);
+    let expect = plain(&[p.to_str().unwrap(), "64", "20000"]).stdout;
+    let spaced = dir.join("My Project");
+    std::fs::create_dir_all(&spaced).unwrap();
+    let lib = spaced.join("libuswap_preload.so");
+    std::fs::copy(preload(), &lib).unwrap();
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    let stats = dir.join("stats-oddpaths.json");
+    let script = r#"cd / && printf '%s\n' "$LD_PRELOAD" >&2 && exec "$@""#;
+    for (library, tmp) in [(&lib, std::env::temp_dir()), (&preload(), PathBuf::from("tmp"))] {
+        let _ = std::fs::remove_file(&stats);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+        cmd.env("USWAP_PRELOAD_LIB", library).env("TMPDIR", &tmp).current_dir(&dir);
+        cmd.args(["run", "--limit", "16MiB", "--stats-json"]).arg(&stats).args(["--", "sh", "-c", script, "sh"]);
+        let o = run_timed(cmd.arg(&p).args(["64", "20000"]), Duration::from_secs(300));
+        let err = String::from_utf8_lossy(&o.stderr);
+        let what = format!("library {}, TMPDIR {}", library.display(), tmp.display());
+        assert!(o.status.success(), "{what}: {}: {err}", o.status);
+        assert_eq!(o.stdout, expect, "{what}: {err}");
+        assert!(!err.contains("cannot be preloaded") && !err.contains("cannot reach"), "{what}: {err}");
+        let first = err.lines().next().unwrap_or_default();
+        assert!(first.starts_with('/') && !first.contains(' '), "{what}: LD_PRELOAD {first:?}");
+        let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        assert!(counter(&v, "pswpout") > 1000, "{what}: the program was not paged: {v}");
+    }
 }
 
 /// A library loaded with `RTLD_DEEPBIND` (PHP loads its extensions so) frees the program's

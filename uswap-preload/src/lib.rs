@@ -186,8 +186,9 @@ pub(crate) fn open_segment() -> Result<Option<&'static uswap::shared_charge::Cha
     }
     let Some(dir) = config().and_then(|c| c.stats_dir.as_ref()) else { return Ok(None) };
     let path = dir.join(uswap::shared_charge::SEGMENT_FILE);
-    // Not there: the library used with a directory of its own (`uswap bench`). Any other
-    // failure (a directory this user may not enter) is said, not taken for "no tree".
+    // Not there: no tree to join (a directory set by hand, the run's end removing it, or a
+    // directory out of this process's reach: `run_dir_out_of_reach`). Any other failure (a
+    // directory this user may not enter) is said, not taken for "no tree".
     match std::fs::symlink_metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot reach the shared charge {}: {e}", path.display())),
@@ -199,28 +200,31 @@ pub(crate) fn open_segment() -> Result<Option<&'static uswap::shared_charge::Cha
     Ok(Some(SEGMENT.get_or_init(|| seg)))
 }
 
-/// A process of a `uswap run` tree whose run's directory is not there for it pages under
-/// a limit of its own: its directory is gone (the run ended before it) or this process
-/// sees another file system there (a sandbox's private `/tmp`, a chroot, another mount
-/// namespace). Neither its notes nor its record can reach the run, so it says so here, on
-/// stderr, and how to share the directory with a sandbox.
-fn say_if_out_of_reach(cfg: &config::Config) {
-    let Some(dir) = cfg.stats_dir.as_ref() else { return };
-    if !std::fs::symlink_metadata(dir).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
-        // There, without a segment: a directory of its own (`uswap bench`).
-        return;
-    }
-    let msg = format!(
-        "uswap: process {} cannot reach its run's directory {} (the run ended, or this process sees another \
-         /tmp: a sandbox's private /tmp, a chroot, another mount namespace): it pages under a limit of its own \
-         of {} MiB, not shared with the rest of the tree, and uswap run's figures leave it out; to run a \
-         sandbox under uswap run, set TMPDIR for uswap run to a directory the sandbox shares\n",
-        std::process::id(),
-        dir.display(),
-        cfg.limit_bytes >> 20,
-    );
-    // Maybe in a signal handler (a lazy start): no `eprintln!` and its lock.
-    real::write_stderr(msg.as_bytes());
+/// Whether this process's run's directory is not there for it, though the environment names
+/// one: the directory is gone (the run ended before this process's pager started) or
+/// another file system is at that path (a sandbox's private `/tmp`, a chroot, another
+/// mount namespace). Its pager then runs under a limit of its own ([`say_out_of_reach`]).
+fn run_dir_out_of_reach(cfg: &config::Config) -> bool {
+    // There without a segment: a directory set by hand, or the run's end removing it.
+    cfg.stats_dir
+        .as_ref()
+        .is_some_and(|dir| std::fs::symlink_metadata(dir).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound))
+}
+
+/// Says, once the pager runs, that this process pages outside its tree: neither its notes
+/// nor its record can reach the run, whose figures leave it out.
+fn say_out_of_reach(cfg: &config::Config) {
+    let dir = cfg.stats_dir.as_deref().unwrap_or(std::path::Path::new(""));
+    let limit = match cfg.limit_bytes {
+        b if b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b => format!("{} KiB", b >> 10),
+    };
+    real::say_of_this_process(&format!(
+        "cannot reach its run's directory {} (the run ended, or another file system is at that path: a \
+         sandbox's private /tmp, a chroot): it pages under a limit of its own, {limit}, left out of uswap run's \
+         figures; to keep a sandbox in the tree, give uswap run a TMPDIR the sandbox shares (docs/cli.md)",
+        dir.display()
+    ));
 }
 
 /// Set in a fork child of a managed process that could not get a pager of its own (and so
@@ -511,10 +515,13 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
     // are not the program's io_uring).
     let _direct = uswap::syscall_guard::EngineCalls::enter();
     let mut builder = cfg.builder().fault_mode(fault_mode).regions_survive_fork(true);
-    match open_segment()? {
-        Some(seg) => builder = join_tree(seg, builder),
-        None => say_if_out_of_reach(cfg),
-    }
+    let out_of_reach = match open_segment()? {
+        Some(seg) => {
+            builder = join_tree(seg, builder);
+            false
+        }
+        None => run_dir_out_of_reach(cfg),
+    };
     let pager = builder.build().map_err(|e| format!("cannot start the pager: {e}"))?;
     // Not yet the process's pager (`pager()` stays None until start-up is done).
     let pager: &'static uswap::Pager = Box::leak(Box::new(pager));
@@ -541,6 +548,9 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
         signals::start();
         altstack::install_on_this_thread();
         uswap::note_thread_start();
+    }
+    if out_of_reach {
+        say_out_of_reach(cfg);
     }
     Ok(())
 }

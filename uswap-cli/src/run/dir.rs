@@ -78,7 +78,10 @@ pub(super) fn make() -> io::Result<RunDir> {
 /// Where runs' directories go: `$TMPDIR` (or `/tmp`), but `/tmp` under root when every user
 /// cannot reach `$TMPDIR` (see the module's comment).
 fn base_dir() -> PathBuf {
+    // Absolute: every process of the tree finds the directory by this name, whatever its
+    // working directory (a relative `TMPDIR=tmp` named a different one in each).
     let temp = std::env::temp_dir();
+    let temp = std::path::absolute(&temp).unwrap_or(temp);
     if !shared_with_other_users() || reachable_by_all(&temp) {
         return temp;
     }

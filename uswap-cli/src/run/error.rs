@@ -34,6 +34,13 @@ pub enum RunError {
     )]
     NoPreload { exe: PathBuf },
     #[error(
+        "uswap's library is at {}, a path with a space or a colon, which LD_PRELOAD cannot carry (the dynamic \
+         loader splits it there), and no link to it could be made in the run's directory ({source}): install \
+         uswap under a path without them",
+        path.display()
+    )]
+    PreloadPath { path: PathBuf, source: std::io::Error },
+    #[error(
         "a limit of {} is below the least a pager takes, {}: give it at least that",
         format_size(*limit_bytes),
         format_size(uswap::MIN_LIMIT_BYTES)
