@@ -2414,6 +2414,33 @@ fn a_library_path_with_a_space_and_a_relative_tmpdir_keep_the_tree() {
     }
 }
 
+/// A program run under a library that fakes the clock (libfaketime, `faketime '2020-01-01'`:
+/// test suites that fix the date) is paged in both modes, every byte kept. Its
+/// `clock_gettime`, which every caller in the process binds, returned a monotonic clock of
+/// the faked date's seconds, whose epochs overflowed a slot's stamp: the first page out
+/// ended the program. The engine reads the C library's own clock.
+#[test]
+fn a_program_under_a_faked_clock_is_paged() {
+    let dir = tmpdir("fakeclock");
+    let lib = compile("fakeclock", &dir, &["-shared", "-fPIC", "-ldl"]);
+    let p = compile("randrw", &dir, &[]);
+    let prog = [p.to_str().unwrap(), "64", "20000"];
+    let expect = plain(&prog).stdout;
+    let stats = dir.join("stats-fakeclock.json");
+    for mode in ["signal", "thread"] {
+        let _ = std::fs::remove_file(&stats);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+        cmd.env("USWAP_PRELOAD_LIB", preload()).env("LD_PRELOAD", &lib);
+        cmd.args(["run", "--limit", "16MiB", "--fault-mode", mode, "--idle-age", "2s", "--stats-json"]);
+        let o = run_timed(cmd.arg(&stats).arg("--").args(prog), Duration::from_secs(300));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {}: {err}", o.status);
+        assert_eq!(o.stdout, expect, "{mode}: {err}");
+        let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        assert!(counter(&v, "pswpout") > 1000, "{mode}: the program was not paged: {v}");
+    }
+}
+
 /// A library loaded with `RTLD_DEEPBIND` (PHP loads its extensions so) frees the program's
 /// blocks and the program the library's, in both modes: the library is loaded without the
 /// flag, said once at the end, and still found by a bare name through the program's

@@ -258,6 +258,9 @@ fn prepare() -> Result<(), String> {
     let _g = own_code::Guard::enter();
     // First: whatever this process does, its children get the user's own preload list.
     sanitizer_env::restore();
+    // Before anything reads the engine's clock (the charge's times): the C library's own,
+    // not a faked one a later preload (libfaketime) puts in front of it.
+    uswap::use_the_c_librarys_clock();
     // Before the configuration sizes anything to an address-space limit.
     let set_inside = rlimit::inherit();
     let cfg = config::Config::from_env(set_inside)?;

@@ -12,16 +12,61 @@
 //! them): every process adds the same origin to the same system clock. They are not
 //! comparable with `std::time::Instant` or the kernel's own timestamps.
 //!
-//! Locking: none; `clock_gettime` through the vDSO, async-signal-safe, allocates nothing.
+//! The readings are the C library's own `clock_gettime`'s once [`resolve`] found it (a pager
+//! is built): a program run under libfaketime (`faketime '2020-01-01'`, test suites that
+//! fake the date) binds every caller in the process, uswap's engine too, to a
+//! `clock_gettime` that returns a monotonic clock of its own making (the faked date's
+//! seconds), whose epochs overflowed a slot's stamp and ended the program.
+//!
+//! Locking: none; `clock_gettime` through the vDSO, async-signal-safe, allocates nothing
+//! ([`resolve`] excepted: it is called where a pager is built, never on a fault).
+
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// What the clock reads at boot: one day, in nanoseconds.
 pub const ORIGIN_NS: u64 = 86_400 * 1_000_000_000;
 
+type ClockGettimeFn = unsafe extern "C" fn(libc::clockid_t, *mut libc::timespec) -> libc::c_int;
+
+/// The C library's own `clock_gettime`, once [`resolve`] found it; null until then (the
+/// definition the process binds is used).
+static CLOCK_GETTIME: AtomicPtr<libc::c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Finds the C library's own `clock_gettime` (looked up in `libc.so.6` itself, past any
+/// preloaded library's), for [`now_ns`]. Not async-signal-safe (`dlopen`, `dlsym`): called
+/// where a pager is built. Where the C library is not `libc.so.6` (a static program) the
+/// bound definition stays.
+pub fn resolve() {
+    if !CLOCK_GETTIME.load(Ordering::Acquire).is_null() {
+        return;
+    }
+    // SAFETY: dlopen of an already loaded library by its soname with RTLD_NOLOAD loads
+    // nothing; it returns the library's handle (a reference taken) or null.
+    let handle = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if handle.is_null() {
+        return;
+    }
+    // SAFETY: dlsym with a live handle and a NUL-terminated name: the C library's
+    // definition, or null.
+    let f = unsafe { libc::dlsym(handle, c"clock_gettime".as_ptr()) };
+    // SAFETY: gives back the reference dlopen took; the C library stays loaded (the program
+    // holds it), and so does `f`.
+    unsafe { libc::dlclose(handle) };
+    CLOCK_GETTIME.store(f, Ordering::Release);
+}
+
 /// Monotonic time in nanoseconds, at least [`ORIGIN_NS`] (vDSO; async-signal-safe).
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let f = CLOCK_GETTIME.load(Ordering::Acquire);
+    if f.is_null() {
+        // SAFETY: clock_gettime writes one timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    } else {
+        // SAFETY: `f` is the C library's clock_gettime (`resolve`), of this signature; it
+        // writes one timespec.
+        unsafe { std::mem::transmute::<*mut libc::c_void, ClockGettimeFn>(f)(libc::CLOCK_MONOTONIC, &mut ts) };
+    }
     ORIGIN_NS + ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

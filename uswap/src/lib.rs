@@ -73,6 +73,7 @@ pub use async_readahead::{DEFAULT_ASYNC_WINDOWS, MAX_ASYNC_WINDOWS};
 pub use backend::failing::FaultInjection;
 pub use backend::redis::RedisOptions;
 pub use backend::zpool::{Compressor, Incompressible};
+pub use clock::resolve as use_the_c_librarys_clock;
 pub use device_config::{parse_size, DeviceConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use events::UnmapUnderWay;

@@ -230,6 +230,8 @@ impl PagerBuilder {
 
     pub fn build(self) -> Result<Pager> {
         let limit_bytes = self.check()?;
+        // Before the first reading a pager keeps: the C library's clock, not a preloaded one's.
+        crate::clock::resolve();
         if self.syscall_guard && self.mode == FaultMode::Signal {
             install_syscall_guard()?;
         }

@@ -106,11 +106,11 @@ pub(crate) fn background_reclaimer(cx: &Reclaim<'_>) {
 struct Reclaimer {
     /// Faults counted at the last tick, and when the count last changed.
     last_faults: u64,
-    last_fault_seen: std::time::Instant,
+    last_fault_seen_ns: u64,
     /// Pages read back for tier writeback and the aging scan's tier moves.
     writeback_buf: Vec<AlignedPage>,
     /// When the slots held for fork children were last looked at (see [`FORK_PERIOD`]).
-    last_fork_pass: std::time::Instant,
+    last_fork_pass_ns: u64,
     /// The automatic budget, if the limit is automatic.
     budget: Option<crate::budget::Budget>,
     /// The aging scan, if idle aging is on.
@@ -121,9 +121,9 @@ impl Reclaimer {
     fn new(cx: &Reclaim<'_>) -> Reclaimer {
         Reclaimer {
             last_faults: cx.stats.sum(Counter::Pgfault),
-            last_fault_seen: std::time::Instant::now(),
+            last_fault_seen_ns: crate::clock::now_ns(),
             writeback_buf: vec![AlignedPage([0; PAGE_SIZE]); BATCH],
-            last_fork_pass: std::time::Instant::now(),
+            last_fork_pass_ns: crate::clock::now_ns(),
             budget: cx.charge.auto.clone(),
             aging: super::aging::Aging::new(cx),
         }
@@ -166,10 +166,11 @@ impl Reclaimer {
         let idle = faults == self.last_faults
             || cx.background_reclaim == BackgroundReclaim::Always
             || shared_over_limit(cx.charge);
+        let now_ns = crate::clock::now_ns();
         if faults != self.last_faults {
-            self.last_fault_seen = std::time::Instant::now();
+            self.last_fault_seen_ns = now_ns;
         }
-        let idle_long = self.last_fault_seen.elapsed() >= IDLE_COLD;
+        let idle_long = u128::from(now_ns.saturating_sub(self.last_fault_seen_ns)) >= IDLE_COLD.as_nanos();
         self.last_faults = faults;
         (idle, idle_long)
     }
@@ -183,8 +184,9 @@ impl Reclaimer {
         // (a few `poll`s and a scan of the held slots while children live, nothing
         // otherwise); in a fork child, the inherited pages its parent let go of are charged
         // to it (a `pagemap` scan).
-        if self.last_fork_pass.elapsed() >= FORK_PERIOD {
-            self.last_fork_pass = std::time::Instant::now();
+        let now_ns = crate::clock::now_ns();
+        if u128::from(now_ns.saturating_sub(self.last_fork_pass_ns)) >= FORK_PERIOD.as_nanos() {
+            self.last_fork_pass_ns = now_ns;
             cx.devices.release_fork_held();
             cow::adopt_exclusive(cx);
         }

@@ -135,7 +135,7 @@ pub(crate) fn reclaim_to_limit(cx: &Reclaim<'_>) -> Result<()> {
 pub(crate) fn reclaim_to(cx: &Reclaim<'_>, goal_pages: usize) -> Result<()> {
     let mut fruitless = 0;
     let mut backoff_us = 50u64;
-    let mut busy_since: Option<std::time::Instant> = None;
+    let mut busy_since_ns: Option<u64> = None;
     // Bounded by the number of charged pages (each fruitful round uncharges at least one)
     // and, while rounds find nothing, by `LIMIT_BUSY_WAIT`.
     let goal = || goal_pages.min(cx.charge.limit_pages.load(Ordering::Acquire));
@@ -143,7 +143,7 @@ pub(crate) fn reclaim_to(cx: &Reclaim<'_>, goal_pages: usize) -> Result<()> {
         if reclaim_round(cx, true).any() {
             fruitless = 0;
             backoff_us = 50;
-            busy_since = None;
+            busy_since_ns = None;
             continue;
         }
         fruitless += 1;
@@ -158,9 +158,10 @@ pub(crate) fn reclaim_to(cx: &Reclaim<'_>, goal_pages: usize) -> Result<()> {
         }
         // Rounds that find nothing while the devices have room: the victims are busy in
         // faults or device writes of other threads. That is no reason to give up yet.
-        let since = *busy_since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() > LIMIT_BUSY_WAIT {
-            let waited_ms = since.elapsed().as_millis() as u64;
+        let since_ns = *busy_since_ns.get_or_insert_with(crate::clock::now_ns);
+        let waited_ns = crate::clock::now_ns().saturating_sub(since_ns);
+        if u128::from(waited_ns) > LIMIT_BUSY_WAIT.as_nanos() {
+            let waited_ms = waited_ns / 1_000_000;
             return Err(Error::LimitBusy { resident_bytes, limit_bytes, waited_ms });
         }
         std::thread::sleep(std::time::Duration::from_micros(backoff_us));

@@ -215,7 +215,7 @@ pub fn erase_swap_file(path: &Path) -> io::Result<Erased> {
     }
     let file = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
     let fd = file.as_raw_fd();
-    let since = std::time::Instant::now();
+    let since_ns = crate::clock::now_ns();
     // Bounded by the wait.
     loop {
         // SAFETY: plain system call on our open descriptor; the lock goes with it.
@@ -224,7 +224,11 @@ pub fn erase_swap_file(path: &Path) -> io::Result<Erased> {
         }
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
-            Some(libc::EWOULDBLOCK) if since.elapsed() >= ERASE_LOCK_WAIT => return Ok(Erased::InUse),
+            Some(libc::EWOULDBLOCK)
+                if u128::from(crate::clock::now_ns().saturating_sub(since_ns)) >= ERASE_LOCK_WAIT.as_nanos() =>
+            {
+                return Ok(Erased::InUse)
+            }
             Some(libc::EWOULDBLOCK | libc::EINTR) => std::thread::sleep(std::time::Duration::from_millis(10)),
             _ => return Err(e),
         }

@@ -103,7 +103,7 @@ pub struct ZpoolBackend {
     /// Chunks compaction emptied and freed.
     compacted_chunks: AtomicU64,
     /// When the pool was made, and when `trim` may compact next (ms after it).
-    created: std::time::Instant,
+    created_ns: u64,
     next_compact_ms: AtomicU64,
     reject_pool_full: AtomicU64,
     reject_incompressible: AtomicU64,
@@ -128,7 +128,7 @@ impl ZpoolBackend {
             compressed_bytes: AtomicU64::new(0),
             object_bytes: AtomicU64::new(0),
             compacted_chunks: AtomicU64::new(0),
-            created: std::time::Instant::now(),
+            created_ns: crate::clock::now_ns(),
             next_compact_ms: AtomicU64::new(0),
             reject_pool_full: AtomicU64::new(0),
             reject_incompressible: AtomicU64::new(0),
@@ -431,7 +431,7 @@ impl Backend for ZpoolBackend {
     fn trim(&self) -> u64 {
         let pool_bytes = self.pool_bytes();
         let room_bytes = pool_bytes.saturating_sub(self.object_bytes.load(Ordering::Relaxed));
-        let now_ms = self.created.elapsed().as_millis() as u64;
+        let now_ms = crate::clock::now_ns().saturating_sub(self.created_ns) / 1_000_000;
         let due = now_ms >= self.next_compact_ms.load(Ordering::Relaxed);
         if due && room_bytes >= COMPACT_MIN_ROOM_BYTES.max(pool_bytes / COMPACT_ROOM_DIVISOR) {
             self.next_compact_ms.store(now_ms + COMPACT_PERIOD_MS, Ordering::Relaxed);
