@@ -49,7 +49,8 @@ pub enum Why {
     /// read this library: the loader skips it.
     Unreadable,
     /// Another object defines the C library's allocator (`malloc`, ...) before this library:
-    /// its executable, or a sanitizer's runtime preloaded first. The C library, the dynamic
+    /// its executable, an allocator preloaded first (`LD_PRELOAD=libtcmalloc.so:...`), or a
+    /// sanitizer's runtime. The C library, the dynamic
     /// loader and uswap's own threads then allocate from it: the library stands aside
     /// (`own_allocator::program_allocator`).
     OwnAllocator,
@@ -69,8 +70,8 @@ impl Why {
                  may read it; or a chroot)"
             }
             Why::OwnAllocator => {
-                "its malloc is not uswap's (its executable's own, as rustc's jemalloc, or a sanitizer's runtime, which \
-                 must come first), and the C library, the dynamic loader and uswap's own threads would allocate from it \
+                "its malloc is not uswap's (an allocator preloaded before uswap's library, its executable's own, as \
+                 rustc's jemalloc, or a sanitizer's runtime, which must come first), and the C library, the dynamic loader and uswap's own threads would allocate from it \
                  in memory uswap pages: uswap's library stands aside"
             }
         }

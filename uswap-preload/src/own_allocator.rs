@@ -86,7 +86,7 @@ pub fn stand_aside(name: &str) {
         return;
     }
     crate::real::say_of_this_process(&format!(
-        "runs outside the budget: its {name} is not uswap's (its executable's own, or a sanitizer's runtime \
-         preloaded first), the allocator the C library and uswap's own threads would then use in memory uswap pages"
+        "runs outside the budget: its {name} is not uswap's (its executable's own, or an allocator or a \
+         sanitizer's runtime preloaded first), the allocator the C library and uswap's own threads would then use in memory uswap pages"
     ));
 }

@@ -145,7 +145,9 @@ pub(super) fn refusal_message(refused: &[(u32, String)]) -> String {
     msg
 }
 
-/// What to say when some processes left the budget: how many, and the first ones' images.
+/// What to say when some processes left the budget: how many, and the first ones' images,
+/// one line per image and reason (a script that re-execs its interpreter, a build running
+/// one compiler a thousand times, filled the list with the same line).
 pub(super) fn escape_message(escaped: &[(u32, String)]) -> String {
     let mut msg = format!(
         "{} process(es) of the program ran outside the budget, their memory neither limited nor counted \
@@ -153,11 +155,21 @@ pub(super) fn escape_message(escaped: &[(u32, String)]) -> String {
          which it stands aside):",
         escaped.len()
     );
-    for (pid, said) in escaped.iter().take(4) {
-        msg.push_str(&format!("\n  process {pid}: {}", printable(said)));
+    // (what was said, the first process that said it, how many did)
+    let mut lines: Vec<(&str, u32, usize)> = Vec::new();
+    for (pid, said) in escaped {
+        match lines.iter_mut().find(|(s, _, _)| *s == said.as_str()) {
+            Some((_, _, n)) => *n += 1,
+            None => lines.push((said, *pid, 1)),
+        }
     }
-    if escaped.len() > 4 {
-        msg.push_str(&format!("\n  and {} more", escaped.len() - 4));
+    for &(said, pid, n) in lines.iter().take(4) {
+        let more = if n > 1 { format!(" and {} more like it", n - 1) } else { String::new() };
+        msg.push_str(&format!("\n  process {pid}{more}: {}", printable(said)));
+    }
+    let listed: usize = lines.iter().take(4).map(|&(_, _, n)| n).sum();
+    if escaped.len() > listed {
+        msg.push_str(&format!("\n  and {} more", escaped.len() - listed));
     }
     msg
 }
@@ -275,6 +287,25 @@ pub(super) fn summary_line(s: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The same image and reason, noted by many execs, is one line with its count; the
+    /// others keep a line each, and what is not listed is counted.
+    #[test]
+    fn processes_outside_the_budget_are_listed_once_per_image_and_reason() {
+        let bash = "/usr/bin/bash: its malloc is not uswap's".to_string();
+        let mut notes: Vec<(u32, String)> = (0..38).map(|i| (2155 + i, bash.clone())).collect();
+        notes.push((3000, "/usr/bin/ping: set-user-ID".into()));
+        let msg = escape_message(&notes);
+        let lines: Vec<&str> = msg.lines().collect();
+        assert!(lines[0].starts_with("39 process(es)"), "{msg}");
+        assert_eq!(lines[1], format!("  process 2155 and 37 more like it: {bash}"), "{msg}");
+        assert_eq!(lines[2], "  process 3000: /usr/bin/ping: set-user-ID", "{msg}");
+        assert_eq!(lines.len(), 3, "{msg}");
+        let many: Vec<(u32, String)> = (0..6).map(|i| (i, format!("/bin/p{i}: static"))).collect();
+        let msg = escape_message(&many);
+        assert_eq!(msg.lines().count(), 6, "{msg}");
+        assert!(msg.ends_with("\n  and 2 more"), "{msg}");
+    }
 
     /// What a process of the tree that changed user may put in the tree's directory is
     /// read only as a regular file: a link to another file is not followed, a FIFO not
