@@ -42,6 +42,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // The engine's clock, which `uswap run` compares with its tree's, is the C library's own
+    // even when a fake clock is preloaded into uswap itself (`faketime ... uswap run`).
+    uswap::use_the_c_librarys_clock();
     let cli = Cli::parse();
     match cli.command {
         Command::Bench(args) => bench::main(&args),

@@ -2439,6 +2439,19 @@ fn a_program_under_a_faked_clock_is_paged() {
         let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
         assert!(counter(&v, "pswpout") > 1000, "{mode}: the program was not paged: {v}");
     }
+    // The background reclaimer's ticks, timed by the kernel (std's timed park read the faked
+    // clock and slept for decades): without pressure, only its aging scan sends out the 56
+    // MiB a program leaves alone for 6 s under `--idle-age 2s`.
+    let phases = compile("phases", &dir, &[]);
+    let _ = std::fs::remove_file(&stats);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    cmd.env("USWAP_PRELOAD_LIB", preload()).env("LD_PRELOAD", &lib);
+    cmd.args(["run", "--limit", "512MiB", "--idle-age", "2s", "--stats-json"]).arg(&stats).arg("--");
+    let o = run_timed(cmd.arg(&phases).args(["64", "8", "6"]), Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "idle aging: {}: {err}", o.status);
+    let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert!(counter(&v, "swpout_idle") * 4096 >= 32 << 20, "idle pages not sent out: {v}");
 }
 
 /// A library loaded with `RTLD_DEEPBIND` (PHP loads its extensions so) frees the program's

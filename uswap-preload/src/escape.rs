@@ -79,7 +79,8 @@ impl Why {
 }
 
 /// The file name this library was loaded under (as `LD_PRELOAD` named it: `uswap run`
-/// gives its canonical path), set at start-up ([`init`]); the loader owns the string.
+/// gives its canonical path, or a link to it in the run's directory for a path the loader
+/// would split), set at start-up ([`init`]); the loader owns the string.
 static LIBRARY_PATH: AtomicPtr<c_char> = AtomicPtr::new(std::ptr::null_mut());
 /// What `LD_PRELOAD` is searched for before [`init`] ran, or when the loader gave no name.
 const LIBRARY_NAME: &[u8] = b"libuswap_preload";

@@ -21,7 +21,7 @@
 //! Locking: none; `clock_gettime` through the vDSO, async-signal-safe, allocates nothing
 //! ([`resolve`] excepted: it is called where a pager is built, never on a fault).
 
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 /// What the clock reads at boot: one day, in nanoseconds.
 pub const ORIGIN_NS: u64 = 86_400 * 1_000_000_000;
@@ -31,13 +31,16 @@ type ClockGettimeFn = unsafe extern "C" fn(libc::clockid_t, *mut libc::timespec)
 /// The C library's own `clock_gettime`, once [`resolve`] found it; null until then (the
 /// definition the process binds is used).
 static CLOCK_GETTIME: AtomicPtr<libc::c_void> = AtomicPtr::new(std::ptr::null_mut());
+/// Set once [`resolve`] looked, found or not: a C library it cannot find (musl) is not
+/// looked for again at every pager built (a fork child's among them).
+static RESOLVED: AtomicBool = AtomicBool::new(false);
 
 /// Finds the C library's own `clock_gettime` (looked up in `libc.so.6` itself, past any
 /// preloaded library's), for [`now_ns`]. Not async-signal-safe (`dlopen`, `dlsym`): called
 /// where a pager is built. Where the C library is not `libc.so.6` (a static program) the
 /// bound definition stays.
 pub fn resolve() {
-    if !CLOCK_GETTIME.load(Ordering::Acquire).is_null() {
+    if RESOLVED.swap(true, Ordering::AcqRel) {
         return;
     }
     // SAFETY: dlopen of an already loaded library by its soname with RTLD_NOLOAD loads

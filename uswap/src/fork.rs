@@ -98,9 +98,7 @@ impl Drop for ForkHold {
         let _ = s.reclaim_cx().reclaim_to_limit();
         // Copy-on-write breaks queued while reclaim was held wait for the background
         // reclaimer, which may be in a long idle sleep.
-        if let Some(t) = s.reclaimer.get() {
-            t.unpark();
-        }
+        s.reclaimer.wake();
     }
 }
 

@@ -255,6 +255,7 @@ impl PagerBuilder {
             shared: shared.clone(),
             threads: Mutex::new(Vec::new()),
             doorbell: Arc::new(doorbell),
+            handler_pool: std::sync::OnceLock::new(),
             publish,
         });
         self.start_threads(&core)?;
@@ -379,7 +380,7 @@ impl PagerBuilder {
                 (aging, _) => aging,
             },
             errors: crate::state::ErrorLog::new(ERROR_LOG_LEN),
-            reclaimer: std::sync::OnceLock::new(),
+            reclaimer: crate::sync::Doze::new(),
             cow: crate::state::cow::CowQueue::new(),
             events: crate::state::events::EventState::default(),
         })
@@ -426,7 +427,6 @@ impl PagerBuilder {
         let s = shared.clone();
         let reclaimer = spawn_engine_thread("uswap-reclaim".into(), move || s.reclaim_cx().run_background())
             .map_err(|e| Error::io("starting the reclaimer thread", e))?;
-        let _ = shared.reclaimer.set(reclaimer.thread().clone());
         threads.push(reclaimer);
         match self.mode {
             FaultMode::Thread => {
@@ -438,6 +438,7 @@ impl PagerBuilder {
                     .map(|i| if self.pin_handlers { cpus.get(i % cpus.len().max(1)).copied() } else { None })
                     .collect();
                 let pool = Arc::new(crate::fault::handler_pool::HandlerPool::new(handler_cpus.clone(), cpus.len()));
+                let _ = core.handler_pool.set(pool.clone());
                 for (i, cpu) in handler_cpus.into_iter().enumerate() {
                     let (s, bell, pool) = (shared.clone(), core.doorbell.clone(), pool.clone());
                     threads.push(
@@ -590,6 +591,8 @@ struct PagerCore {
     shared: Arc<PagerShared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     doorbell: Arc<Doorbell>,
+    /// Thread mode's handlers, for waking the dormant ones at shutdown.
+    handler_pool: std::sync::OnceLock<Arc<crate::fault::handler_pool::HandlerPool>>,
     publish: Publish,
 }
 
@@ -606,6 +609,10 @@ impl Drop for PagerCore {
         self.publish = Publish::Off;
         self.shared.shutdown.set();
         self.doorbell.ring();
+        self.shared.reclaimer.wake();
+        if let Some(pool) = self.handler_pool.get() {
+            pool.wake_all();
+        }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
             t.thread().unpark();

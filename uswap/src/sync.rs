@@ -1,5 +1,6 @@
 //! A spin lock that is safe to take in a signal handler, and the per-thread count of engine
-//! locks held that lets the signal-mode fault path know when it must not take any.
+//! locks held that lets the signal-mode fault path know when it must not take any; the
+//! futex waits and [`Doze`], the sleep of the engine's own threads between their rounds.
 //!
 //! Why not `std::sync::Mutex` or `parking_lot`: in signal mode the fault path runs inside a
 //! SIGBUS handler on the application's thread. `parking_lot` allocates per-thread parking
@@ -90,7 +91,7 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::Backoff;
@@ -341,9 +342,103 @@ impl<T> Drop for SpinGuard<'_, T> {
     }
 }
 
+/// Sleeps while `*word == expected`, at most `timeout_ns` as the kernel measures it (a
+/// relative `FUTEX_WAIT`). Async-signal-safe (one system call); spurious returns are fine,
+/// callers re-check.
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000).min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT on a live, aligned u32 (an AtomicU32) with a valid relative timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &ts as *const libc::timespec,
+        )
+    };
+}
+
+/// Wakes up to `n` threads sleeping on `word`. Async-signal-safe.
+pub(crate) fn futex_wake(word: &AtomicU32, n: i32) {
+    // SAFETY: FUTEX_WAKE on a live, aligned u32; no memory is accessed through the pointer.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, n) };
+}
+
+/// One engine thread's sleep between rounds (the background reclaimer's, a dormant fault
+/// handler's), and the wake-up that ends it early. Not `std::thread::park_timeout`: std
+/// turns the timeout into a deadline read from `clock_gettime` as the process binds it,
+/// which a preloaded fake clock (libfaketime) puts years ahead (the thread slept until
+/// woken: no idle reclaim, no aging, no `--auto`) or in the past (it spun). The timeout here
+/// is the kernel's. A wake-up given while the thread is awake ends its next sleep at once,
+/// as a park token does. Lock-free; [`Doze::wake`] is async-signal-safe (a swap and at most
+/// one system call).
+pub struct Doze {
+    /// 1: a wake-up is pending.
+    token: AtomicU32,
+}
+
+impl Doze {
+    pub const fn new() -> Doze {
+        Doze { token: AtomicU32::new(0) }
+    }
+
+    /// Sleeps until woken or `timeout` has passed (or spuriously: callers re-check).
+    pub fn sleep(&self, timeout: std::time::Duration) {
+        if self.token.swap(0, Ordering::Acquire) == 1 {
+            return;
+        }
+        futex_wait(&self.token, 0, u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
+        // The wake-up that ended the sleep is taken; one given after this ends the next.
+        self.token.swap(0, Ordering::Acquire);
+    }
+
+    pub fn wake(&self) {
+        if self.token.swap(1, Ordering::Release) == 0 {
+            futex_wake(&self.token, 1);
+        }
+    }
+}
+
+impl Default for Doze {
+    fn default() -> Doze {
+        Doze::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A doze ends when woken from another thread, long before its timeout; a wake-up given
+    /// first ends the next sleep at once; without one it lasts its timeout, timed by the
+    /// kernel.
+    #[test]
+    fn a_doze_ends_when_woken_or_when_its_time_is_up() {
+        use std::time::{Duration, Instant};
+        let doze = std::sync::Arc::new(Doze::new());
+        let d = doze.clone();
+        let sleeper = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            d.sleep(Duration::from_secs(30));
+            t0.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        doze.wake();
+        let slept = sleeper.join().expect("sleeper");
+        assert!(slept < Duration::from_secs(10), "woken after {slept:?}");
+        doze.wake();
+        let t0 = Instant::now();
+        doze.sleep(Duration::from_secs(30));
+        assert!(t0.elapsed() < Duration::from_secs(10), "a pending wake-up was lost");
+        let t0 = Instant::now();
+        doze.sleep(Duration::from_millis(100));
+        let slept = t0.elapsed();
+        assert!(slept >= Duration::from_millis(90) && slept < Duration::from_secs(10), "slept {slept:?}");
+    }
     use std::sync::Arc;
 
     #[test]

@@ -78,10 +78,13 @@ pub(super) fn make() -> io::Result<RunDir> {
 /// Where runs' directories go: `$TMPDIR` (or `/tmp`), but `/tmp` under root when every user
 /// cannot reach `$TMPDIR` (see the module's comment).
 fn base_dir() -> PathBuf {
-    // Absolute: every process of the tree finds the directory by this name, whatever its
-    // working directory (a relative `TMPDIR=tmp` named a different one in each).
+    // Absolute and canonical: every process of the tree finds the directory by this name,
+    // whatever its working directory (a relative `TMPDIR=tmp` named a different one in
+    // each), and a later run finds a tree's processes by it (`remove_stale`). An empty
+    // `TMPDIR` is no directory (as for mktemp).
     let temp = std::env::temp_dir();
-    let temp = std::path::absolute(&temp).unwrap_or(temp);
+    let temp = if temp.as_os_str().is_empty() { PathBuf::from("/tmp") } else { temp };
+    let temp = std::fs::canonicalize(&temp).or_else(|_| std::path::absolute(&temp)).unwrap_or(temp);
     if !shared_with_other_users() || reachable_by_all(&temp) {
         return temp;
     }

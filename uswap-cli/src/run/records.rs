@@ -155,21 +155,26 @@ pub(super) fn escape_message(escaped: &[(u32, String)]) -> String {
          which it stands aside):",
         escaped.len()
     );
-    // (what was said, the first process that said it, how many did)
+    // (what was said, the first process that said it, how many did), in the order of the
+    // first processes; indexed by what was said (a build may leave thousands of notes).
     let mut lines: Vec<(&str, u32, usize)> = Vec::new();
+    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for (pid, said) in escaped {
-        match lines.iter_mut().find(|(s, _, _)| *s == said.as_str()) {
-            Some((_, _, n)) => *n += 1,
-            None => lines.push((said, *pid, 1)),
+        match index.get(said.as_str()) {
+            Some(&i) => lines[i].2 += 1,
+            None => {
+                index.insert(said, lines.len());
+                lines.push((said, *pid, 1));
+            }
         }
     }
     for &(said, pid, n) in lines.iter().take(4) {
         let more = if n > 1 { format!(" and {} more like it", n - 1) } else { String::new() };
         msg.push_str(&format!("\n  process {pid}{more}: {}", printable(said)));
     }
-    let listed: usize = lines.iter().take(4).map(|&(_, _, n)| n).sum();
-    if escaped.len() > listed {
-        msg.push_str(&format!("\n  and {} more", escaped.len() - listed));
+    if lines.len() > 4 {
+        let rest: usize = lines[4..].iter().map(|&(_, _, n)| n).sum();
+        msg.push_str(&format!("\n  and {rest} more process(es), of {} other image(s) or reason(s)", lines.len() - 4));
     }
     msg
 }
@@ -304,7 +309,7 @@ mod tests {
         let many: Vec<(u32, String)> = (0..6).map(|i| (i, format!("/bin/p{i}: static"))).collect();
         let msg = escape_message(&many);
         assert_eq!(msg.lines().count(), 6, "{msg}");
-        assert!(msg.ends_with("\n  and 2 more"), "{msg}");
+        assert!(msg.ends_with("\n  and 2 more process(es), of 2 other image(s) or reason(s)"), "{msg}");
     }
 
     /// What a process of the tree that changed user may put in the tree's directory is

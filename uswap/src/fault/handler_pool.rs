@@ -49,8 +49,6 @@
 //! engine thread).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::OnceLock;
-use std::thread::Thread;
 use std::time::Duration;
 
 /// Wake-ups a handler judges itself over.
@@ -76,7 +74,8 @@ pub(crate) struct HandlerPool {
     active: Box<[AtomicBool]>,
     /// Set for a handler woken as a helper ([`HandlerPool::wake_helper`]), taken by it.
     helper: Box<[AtomicBool]>,
-    threads: Box<[OnceLock<Thread>]>,
+    /// Each handler's sleep while dormant.
+    dozes: Box<[crate::sync::Doze]>,
     /// The CPU each handler is pinned to, if it is.
     cpus: Box<[Option<usize>]>,
     /// CPUs the process may run on.
@@ -99,7 +98,7 @@ impl HandlerPool {
             // Handler 0 alone at first: the rules add and move handlers as faults come.
             active: (0..n).map(|i| AtomicBool::new(i == 0)).collect(),
             helper: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            threads: (0..n).map(|_| OnceLock::new()).collect(),
+            dozes: (0..n).map(|_| crate::sync::Doze::new()).collect(),
             cpus: cpus.into_boxed_slice(),
             nr_cpus: nr_cpus.max(1),
             nr_active: AtomicUsize::new(1),
@@ -107,9 +106,11 @@ impl HandlerPool {
         }
     }
 
-    /// Called by handler `me` once, on its own thread, before it serves anything.
-    pub(crate) fn register(&self, me: usize) {
-        let _ = self.threads[me].set(std::thread::current());
+    /// Wakes every dormant handler (the pager shuts down: each sees it and returns).
+    pub(crate) fn wake_all(&self) {
+        for doze in self.dozes.iter() {
+            doze.wake();
+        }
     }
 
     pub(crate) fn is_active(&self, me: usize) -> bool {
@@ -192,9 +193,7 @@ impl HandlerPool {
         // The count never exceeds the active flags (a flag is set before its increment and
         // cleared after its decrement), and handler `i`'s was clear until just now.
         debug_assert!(before < self.active.len(), "more active handlers than handlers");
-        if let Some(t) = self.threads[i].get() {
-            t.unpark();
-        }
+        self.dozes[i].wake();
         true
     }
 
@@ -216,7 +215,7 @@ impl HandlerPool {
     /// Handler `me`, dormant, sleeps until it is made active or `stop` says to return.
     pub(crate) fn wait_dormant(&self, me: usize, stop: impl Fn() -> bool) {
         while !self.is_active(me) && !stop() {
-            std::thread::park_timeout(DORMANT_PARK);
+            self.dozes[me].sleep(DORMANT_PARK);
         }
     }
 }
@@ -547,11 +546,10 @@ mod tests {
         assert!(!p.is_active(1));
         let q = p.clone();
         let h = std::thread::spawn(move || {
-            q.register(1);
             q.wait_dormant(1, || false);
             q.is_active(1)
         });
-        // Whether or not the thread registered yet, the flag is what it waits on.
+        // Whether or not the thread sleeps yet, the flag is what it waits on.
         std::thread::sleep(Duration::from_millis(20));
         assert!(p.wake_one());
         assert!(h.join().expect("dormant handler thread"), "woken handler is active");

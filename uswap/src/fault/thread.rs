@@ -63,7 +63,6 @@ pub(crate) fn handler_thread(
         // Best effort: unpinned, the handler still works, only the wake-up may be remote.
         let _ = pin_current_thread(cpu);
     }
-    pool.register(me);
     let mut msgs = [UffdMsg::default(); 16];
     let mut h = Handler::default();
     while !cx.shutdown.is_set() {

@@ -83,7 +83,7 @@ pub(crate) fn background_reclaimer(cx: &Reclaim<'_>) {
     let mut period = Period(BACKGROUND_PERIOD);
     let mut worked = true;
     while !cx.shutdown.is_set() {
-        std::thread::park_timeout(period.after(worked));
+        cx.reclaimer.sleep(period.after(worked));
         worked = r.queued_work(cx);
         let (idle, idle_long) = r.note_faults(cx);
         worked |= r.upkeep(cx);

@@ -57,9 +57,7 @@ pub(crate) fn queue(cx: &Reclaim<'_>, r: PageRef) {
     if !cx.cow.push(r) {
         return;
     }
-    if let Some(t) = cx.reclaimer.get() {
-        t.unpark();
-    }
+    cx.reclaimer.wake();
 }
 
 /// Makes the queued pages exclusive, one at a time. Returns how many it populated.

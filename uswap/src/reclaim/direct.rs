@@ -264,11 +264,9 @@ fn task_reclaim(cx: &Reclaim<'_>) {
             reclaim_round(cx, true);
         }
         BackgroundReclaim::Always => {
-            // Thread::unpark is an atomic swap and, if the thread sleeps, a futex wake: no
-            // allocation, no lock, so it is safe in a signal handler.
-            if let Some(t) = cx.reclaimer.get() {
-                t.unpark();
-            }
+            // An atomic swap and, if the thread sleeps, a futex wake: no allocation, no
+            // lock, so it is safe in a signal handler (`sync::Doze`).
+            cx.reclaimer.wake();
         }
     }
 }

@@ -38,8 +38,6 @@ pub(crate) mod writeback;
 pub(crate) use accounting::shared_sub;
 
 use std::sync::atomic::AtomicUsize;
-use std::sync::OnceLock;
-use std::thread::Thread;
 
 use crate::error::Result;
 use crate::lru::Lru;
@@ -75,7 +73,7 @@ pub(crate) struct Reclaim<'a> {
     background_reclaim: BackgroundReclaim,
     idle_aging: IdleAging,
     errors: &'a ErrorLog,
-    reclaimer: &'a OnceLock<Thread>,
+    reclaimer: &'a crate::sync::Doze,
     cow: &'a CowQueue,
 }
 

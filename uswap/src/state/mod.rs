@@ -86,7 +86,7 @@ pub(crate) struct PagerShared {
     pub errors: ErrorLog,
     /// The background reclaimer, for waking it (`BackgroundReclaim::Always`, and pages to
     /// make exclusive after a fork).
-    pub reclaimer: std::sync::OnceLock<std::thread::Thread>,
+    pub reclaimer: crate::sync::Doze,
     /// Pages a fork shares, waiting to be made exclusive (see `reclaim::cow`).
     pub cow: cow::CowQueue,
     /// Event ordering and the parts of regions `mremap` moved out (see `events`).

@@ -173,27 +173,4 @@ impl Jobs {
     }
 }
 
-/// Sleeps while `*word == expected`, at most `timeout_ns`. Async-signal-safe (one system
-/// call); spurious returns are fine, callers re-check.
-pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
-    };
-    // SAFETY: FUTEX_WAIT on a live, aligned u32 (an AtomicU32) with a valid relative timeout.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            &ts as *const libc::timespec,
-        )
-    };
-}
-
-/// Wakes up to `n` threads sleeping on `word`. Async-signal-safe.
-pub fn futex_wake(word: &AtomicU32, n: i32) {
-    // SAFETY: FUTEX_WAKE on a live, aligned u32; no memory is accessed through the pointer.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, n) };
-}
+pub(crate) use crate::sync::{futex_wait, futex_wake};
