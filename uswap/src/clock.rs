@@ -31,8 +31,10 @@ type ClockGettimeFn = unsafe extern "C" fn(libc::clockid_t, *mut libc::timespec)
 /// The C library's own `clock_gettime`, once [`resolve`] found it; null until then (the
 /// definition the process binds is used).
 static CLOCK_GETTIME: AtomicPtr<libc::c_void> = AtomicPtr::new(std::ptr::null_mut());
-/// Set once [`resolve`] looked, found or not: a C library it cannot find (musl) is not
-/// looked for again at every pager built (a fork child's among them).
+/// Set once [`resolve`] has looked, found or not: a C library it cannot find (musl) is not
+/// looked for again at every pager built (a fork child's among them). Set after the
+/// function is stored: a caller that finds it clear looks too (the lookup is idempotent),
+/// rather than wait, which a fork child could do for ever.
 static RESOLVED: AtomicBool = AtomicBool::new(false);
 
 /// Finds the C library's own `clock_gettime` (looked up in `libc.so.6` itself, past any
@@ -40,14 +42,23 @@ static RESOLVED: AtomicBool = AtomicBool::new(false);
 /// where a pager is built. Where the C library is not `libc.so.6` (a static program) the
 /// bound definition stays.
 pub fn resolve() {
-    if RESOLVED.swap(true, Ordering::AcqRel) {
+    if RESOLVED.load(Ordering::Acquire) {
         return;
     }
+    let f = libc_clock_gettime();
+    if !f.is_null() {
+        CLOCK_GETTIME.store(f, Ordering::Release);
+    }
+    RESOLVED.store(true, Ordering::Release);
+}
+
+/// `clock_gettime` as `libc.so.6` defines it, or null.
+fn libc_clock_gettime() -> *mut libc::c_void {
     // SAFETY: dlopen of an already loaded library by its soname with RTLD_NOLOAD loads
     // nothing; it returns the library's handle (a reference taken) or null.
     let handle = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
     if handle.is_null() {
-        return;
+        return std::ptr::null_mut();
     }
     // SAFETY: dlsym with a live handle and a NUL-terminated name: the C library's
     // definition, or null.
@@ -55,7 +66,7 @@ pub fn resolve() {
     // SAFETY: gives back the reference dlopen took; the C library stays loaded (the program
     // holds it), and so does `f`.
     unsafe { libc::dlclose(handle) };
-    CLOCK_GETTIME.store(f, Ordering::Release);
+    f
 }
 
 /// Monotonic time in nanoseconds, at least [`ORIGIN_NS`] (vDSO; async-signal-safe).

@@ -615,7 +615,6 @@ impl Drop for PagerCore {
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
-            t.thread().unpark();
             // Never an error: an engine thread that panics aborts the process
             // (`spawn_engine_thread`).
             let _ = t.join();

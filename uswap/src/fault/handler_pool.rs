@@ -8,7 +8,7 @@
 //! faulting CPU woke for nothing, and with two handlers busy each `UFFDIO_MOVE` flushed a
 //! CPU running the process. One handler did better than two at 2, 8 and 32 faulting threads.
 //!
-//! So only *active* handlers poll the descriptor; the others are *dormant* (parked).
+//! So only *active* handlers poll the descriptor; the others are *dormant* (asleep).
 //! Handler 0 starts alone; five rules, each applied by a handler to itself, do the rest:
 //!
 //! * **Retire:** a handler that found nothing to read after more than
@@ -45,8 +45,8 @@
 //! Invariants: at least one handler is active (a handler retires only by a compare-and-swap
 //! of the active count from above one), and a handler's `active` flag changes only with
 //! that count (set with an increment, cleared with a decrement). Lock-free: atomics and
-//! `park`/`unpark`; a dormant handler also wakes at shutdown (`Pager`'s drop unparks every
-//! engine thread).
+//! a [`crate::sync::Doze`] per handler; a dormant handler also wakes at shutdown (`Pager`'s
+//! drop wakes every one: `HandlerPool::wake_all`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -65,7 +65,7 @@ pub(crate) const PROBE_EVERY_FAULTS: u32 = 4096;
 pub(crate) const HELPER_WINDOW_PAGES: usize = 8;
 /// Faults a helper serves before it retires.
 pub(crate) const HELPER_FAULTS: u32 = 64;
-/// A dormant handler checks for shutdown at least this often (an unpark can only be lost to
+/// A dormant handler checks for shutdown at least this often (a wake-up can only be lost to
 /// a bug, but a bounded sleep makes such a bug slow, not a hang).
 const DORMANT_PARK: Duration = Duration::from_millis(100);
 

@@ -48,9 +48,11 @@ pub fn now_epoch() -> Epoch {
     epoch_of_ns(crate::clock::now_ns())
 }
 
-/// The epoch of a monotonic time in nanoseconds.
+/// The epoch of a monotonic time in nanoseconds. Past 34 years of the monotonic clock (only
+/// a time namespace's offset gets there) the last one a stamp holds ([`Stamp::new`]): ages
+/// then stop growing, and no page counts as idle, rather than every one.
 pub fn epoch_of_ns(ns: u64) -> Epoch {
-    ns / (EPOCH_MS * 1_000_000) + 1
+    (ns / (EPOCH_MS * 1_000_000) + 1).min(u64::from(u32::MAX))
 }
 
 /// Epochs in `secs` seconds.
@@ -70,8 +72,8 @@ pub struct Stamp {
 impl Stamp {
     pub fn new(epoch: Epoch, eviction: u32) -> Stamp {
         assert!(epoch != 0, "epoch 0 is no stamp");
-        // Past 34 years of the monotonic clock (only a time namespace's offset gets there):
-        // the last epoch, so idle ages are wrong there but no page is lost on a fault.
+        // Past 34 years of the monotonic clock the last epoch (see `epoch_of_ns`): idle
+        // ages are wrong there, but a fault never ends the program.
         Stamp { epoch: epoch.min(u64::from(u32::MAX)), eviction }
     }
 
