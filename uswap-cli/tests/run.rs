@@ -2454,6 +2454,31 @@ fn a_program_under_a_faked_clock_is_paged() {
     assert!(counter(&v, "swpout_idle") * 4096 >= 32 << 20, "idle pages not sent out: {v}");
 }
 
+/// A program run with an rtld-audit library (`LD_AUDIT`: sotruss, latrace) starts and is
+/// paged, every byte kept. With an auditor the dynamic loader allocates while it relocates
+/// itself, before the C library starts; uswap's allocator then looked up the C library's
+/// `malloc` through the loader (`dlopen`), whose own PLT was not bound yet: every such
+/// process died of SIGSEGV before `main`, with `USWAP_DISABLE` too.
+#[test]
+fn a_program_under_an_rtld_auditor_runs_and_is_paged() {
+    let dir = tmpdir("audit");
+    let auditor = compile("audit", &dir, &["-shared", "-fPIC"]);
+    let p = compile("randrw", &dir, &[]);
+    let prog = [p.to_str().unwrap(), "64", "20000"];
+    let expect = plain(&prog).stdout;
+    let stats = dir.join("stats-audit.json");
+    let _ = std::fs::remove_file(&stats);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    cmd.env("USWAP_PRELOAD_LIB", preload()).env("LD_AUDIT", &auditor);
+    cmd.args(["run", "--limit", "16MiB", "--stats-json"]).arg(&stats).arg("--").args(prog);
+    let o = run_timed(&mut cmd, Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}: {err}", o.status);
+    assert_eq!(o.stdout, expect, "{err}");
+    let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert!(counter(&v, "pswpout") > 1000, "the program was not paged: {v}");
+}
+
 /// A library loaded with `RTLD_DEEPBIND` (PHP loads its extensions so) frees the program's
 /// blocks and the program the library's, in both modes: the library is loaded without the
 /// flag, said once at the end, and still found by a bare name through the program's

@@ -311,6 +311,9 @@ fn prepare() -> Result<(), String> {
 }
 
 extern "C" fn init() {
+    // The C library has started: its allocator is found now, whatever the program does to
+    // its environment later (`real::ready`).
+    real::find_c_library_allocator();
     if std::env::var_os(config::ENV_DISABLE).is_some() {
         return;
     }

@@ -2,9 +2,11 @@
 //! managed memory: uswap's engine (its threads would wait on themselves if their data were
 //! swapped out), this library's tables, and allocations made before the managed heap exists.
 //!
-//! The functions are found with `dlsym` on the C library's handle on first use (not
-//! `RTLD_NEXT`: see `resolve`). `dlsym` may itself allocate (its error buffer): those
-//! nested calls are served from a small static bootstrap area, which is never freed (a few
+//! The functions are found with `dlsym` on the C library's handle on first use once the C
+//! library has started (not `RTLD_NEXT`: see `resolve`), at the latest in this library's
+//! constructor. `dlsym` may itself allocate (its error buffer), and the dynamic loader
+//! allocates before the C library starts (under an `LD_AUDIT` auditor, while it relocates
+//! itself, when it cannot be called back): those calls are served from a small static bootstrap area, which is never freed (a few
 //! hundred bytes in practice; [`BOOTSTRAP_BYTES`] bounds it and running out is fatal with a
 //! message). Memory system calls go straight to the kernel with `syscall(2)`: the library
 //! interposes `mmap`, `munmap` and `mremap`, and must not call itself.
@@ -173,7 +175,30 @@ fn ready() -> bool {
     if STATE.load(Ordering::Acquire) == 2 {
         return true;
     }
+    if !c_library_started() {
+        // The dynamic loader allocating before the C library's start-up: with `LD_AUDIT`
+        // (sotruss, latrace) it does while relocating itself, when a call back into it
+        // (`dlopen`, `dlsym`) runs through its own PLT, not yet bound, and crashed every
+        // such process. Its few early blocks come from the bootstrap area instead.
+        return false;
+    }
     resolve()
+}
+
+/// Finds the C library's allocator now, if it is not found yet (from the constructor: the
+/// loader is done, and the C library has started).
+pub fn find_c_library_allocator() {
+    let _ = ready();
+}
+
+/// Whether the C library has started (its `environ` is set, by its start-up code: until
+/// then only the dynamic loader runs).
+fn c_library_started() -> bool {
+    extern "C" {
+        static environ: *const *const std::ffi::c_char;
+    }
+    // SAFETY: a plain read of the C library's pointer; it is set once, before any thread.
+    !unsafe { std::ptr::addr_of!(environ).read() }.is_null()
 }
 
 macro_rules! real_fn {
