@@ -2458,7 +2458,9 @@ fn a_program_under_a_faked_clock_is_paged() {
 /// paged, every byte kept. With an auditor the dynamic loader allocates while it relocates
 /// itself, before the C library starts; uswap's allocator then looked up the C library's
 /// `malloc` through the loader (`dlopen`), whose own PLT was not bound yet: every such
-/// process died of SIGSEGV before `main`, with `USWAP_DISABLE` too.
+/// process died of SIGSEGV before `main`, with `USWAP_DISABLE` too (on glibc 2.34 to 2.40;
+/// from 2.41 the loader relocates itself before it uses the program's `malloc`). The
+/// auditor says it was loaded: the loader runs a program without one it could not load.
 #[test]
 fn a_program_under_an_rtld_auditor_runs_and_is_paged() {
     let dir = tmpdir("audit");
@@ -2475,8 +2477,30 @@ fn a_program_under_an_rtld_auditor_runs_and_is_paged() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{}: {err}", o.status);
     assert_eq!(o.stdout, expect, "{err}");
+    assert!(err.contains("test auditor loaded"), "the auditor was not loaded: {err}");
     let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     assert!(counter(&v, "pswpout") > 1000, "the program was not paged: {v}");
+    // The library standing aside (`USWAP_DISABLE`) is loaded all the same, and so crashed.
+    let o = run_timed(
+        Command::new(&p)
+            .args(["64", "20000"])
+            .env("LD_AUDIT", &auditor)
+            .env("LD_PRELOAD", preload())
+            .env("USWAP_DISABLE", "1"),
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "USWAP_DISABLE: {}: {}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout, expect);
+    // Before uswap's constructor a library's clears the environment (the C library's
+    // `__environ`, read to tell that it has started) and allocates 1 MiB, more than the
+    // static area holds; the program defines an `environ` of its own.
+    let lib = compile("earlyenv", &dir, &["-shared", "-fPIC", "-DLIB"]);
+    std::fs::rename(&lib, dir.join("libearlyenv.so")).unwrap();
+    let early = compile("earlyenv", &dir, &["-L", dir.to_str().unwrap(), "-learlyenv", "-Wl,-rpath,$ORIGIN"]);
+    let (o, _) = uswap_run(16, &[], &[early.to_str().unwrap()], &dir);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}: {err}", o.status);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ok set 7\n", "{err}");
 }
 
 /// A library loaded with `RTLD_DEEPBIND` (PHP loads its extensions so) frees the program's

@@ -15,7 +15,7 @@
 //! managed heap (`heap::in_arena`); `free` tells them apart by address.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
 type FreeFn = unsafe extern "C" fn(*mut c_void);
@@ -137,7 +137,7 @@ fn resolve() -> bool {
         Err(2) => return true,
         Err(_) => {
             // Another thread is resolving, or this one is (nested in dlsym): the caller falls
-            // back to the bootstrap area. Other threads wait for the resolution instead.
+            // back to the bootstrap area, as every caller does until resolution is done.
             return false;
         }
     }
@@ -175,30 +175,47 @@ fn ready() -> bool {
     if STATE.load(Ordering::Acquire) == 2 {
         return true;
     }
-    if !c_library_started() {
+    if !c_library_started() && BOOTSTRAP_USED.load(Ordering::Relaxed) < BOOTSTRAP_BYTES / 2 {
         // The dynamic loader allocating before the C library's start-up: with `LD_AUDIT`
-        // (sotruss, latrace) it does while relocating itself, when a call back into it
-        // (`dlopen`, `dlsym`) runs through its own PLT, not yet bound, and crashed every
-        // such process. Its few early blocks come from the bootstrap area instead.
+        // (sotruss, latrace; glibc 2.34 to 2.40) it does while relocating itself, when a
+        // call back into it (`dlopen`, `dlsym`) runs through its own PLT, not yet bound, and
+        // crashed every such process. Its few early blocks come from the bootstrap area
+        // instead, while half of it is left for the allocations nested in `dlsym`.
         return false;
     }
     resolve()
 }
 
-/// Finds the C library's allocator now, if it is not found yet (from the constructor: the
-/// loader is done, and the C library has started).
+/// Set once the C library is known to have started: by this library's constructor, or
+/// when its `__environ` was first seen set.
+static C_LIBRARY_STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Finds the C library's allocator now, from this library's constructor: the loader is
+/// done, whatever the environment (a constructor that ran before this one may have
+/// cleared it: `clearenv` sets `__environ` to null).
 pub fn find_c_library_allocator() {
-    let _ = ready();
+    C_LIBRARY_STARTED.store(true, Ordering::Release);
+    let _ = resolve();
 }
 
-/// Whether the C library has started (its `environ` is set, by its start-up code: until
-/// then only the dynamic loader runs).
+/// Whether the C library has started: its start-up code sets `__environ` (the variable it
+/// writes; `environ` is a weak alias that a program defining its own binds elsewhere);
+/// until then only the dynamic loader runs.
 fn c_library_started() -> bool {
-    extern "C" {
-        static environ: *const *const std::ffi::c_char;
+    if C_LIBRARY_STARTED.load(Ordering::Acquire) {
+        return true;
     }
-    // SAFETY: a plain read of the C library's pointer; it is set once, before any thread.
-    !unsafe { std::ptr::addr_of!(environ).read() }.is_null()
+    #[allow(non_upper_case_globals)]
+    extern "C" {
+        static __environ: *const *const std::ffi::c_char;
+    }
+    // SAFETY: a read of the C library's pointer, volatile since setenv and clearenv rewrite
+    // it (a stale value only sends a block to the bootstrap area).
+    let set = !unsafe { std::ptr::read_volatile(std::ptr::addr_of!(__environ)) }.is_null();
+    if set {
+        C_LIBRARY_STARTED.store(true, Ordering::Release);
+    }
+    set
 }
 
 macro_rules! real_fn {
