@@ -95,9 +95,33 @@ pub fn check_runnable(path: &Path, depth: u32) -> Result<Runnable, RunError> {
     }
     match elf_has_interpreter(&head) {
         Some(true) => Ok(Runnable::Program),
+        // The dynamic loader run as a program (`ld.so PROGRAM`, as wrappers that pick a
+        // loader do) has no interpreter of its own, and preloads the library for PROGRAM.
+        Some(false) if is_the_dynamic_loader(path) => Ok(Runnable::Program),
         Some(false) => Err(RunError::Static(path.to_path_buf())),
         None => Err(not_runnable("not a 64-bit x86 ELF executable".into())),
     }
+}
+
+/// Whether `path` is the dynamic loader this process was started by: the file mapped at
+/// its base (`AT_BASE`), by device and inode, as `/proc/self/maps` names it.
+fn is_the_dynamic_loader(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: getauxval reads the auxiliary vector; it has no failure mode but 0.
+    let base = unsafe { libc::getauxval(libc::AT_BASE) } as u64;
+    let (Ok(meta), Ok(maps)) = (std::fs::metadata(path), std::fs::read_to_string("/proc/self/maps")) else {
+        return false;
+    };
+    let dev = format!("{:02x}:{:02x}", libc::major(meta.dev()), libc::minor(meta.dev()));
+    // "start-end perms offset major:minor inode path"
+    maps.lines().any(|line| {
+        let f: Vec<&str> = line.split_whitespace().take(5).collect();
+        let start = f.first().and_then(|r| r.split('-').next()).and_then(|s| u64::from_str_radix(s, 16).ok());
+        base != 0
+            && start == Some(base)
+            && f.get(3) == Some(&dev.as_str())
+            && f.get(4) == Some(&meta.ino().to_string().as_str())
+    })
 }
 
 /// Whether a file that starts with `head` is a script for `/bin/sh` as `execvp` runs one:
@@ -154,6 +178,22 @@ mod tests {
         head.truncate(4096);
         assert_eq!(elf_has_interpreter(&head), Some(true));
         assert_eq!(elf_has_interpreter(b"#!/bin/sh\n"), None);
+    }
+
+    /// The dynamic loader run as a program loads the library for the program it runs: not
+    /// refused as static, while a static program still is.
+    #[test]
+    fn the_dynamic_loader_is_a_program_it_runs_and_static_programs_are_not() {
+        let loader = std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5).map(str::to_string))
+            .find(|p| p.contains("/ld-linux"))
+            .expect("this test's own dynamic loader in its maps");
+        assert_eq!(check_runnable(Path::new(&loader), 0).expect("the loader is runnable"), Runnable::Program);
+        assert!(is_the_dynamic_loader(Path::new(&loader)));
+        let sh = find_program("sh".as_ref()).expect("sh on PATH");
+        assert!(!is_the_dynamic_loader(&sh));
     }
 
     #[test]
