@@ -69,6 +69,11 @@ fn libc_clock_gettime() -> *mut libc::c_void {
     f
 }
 
+/// How long ago the reading `since_ns` of [`now_ns`] was (zero for one not yet reached).
+pub fn elapsed_since(since_ns: u64) -> std::time::Duration {
+    std::time::Duration::from_nanos(now_ns().saturating_sub(since_ns))
+}
+
 /// Monotonic time in nanoseconds, at least [`ORIGIN_NS`] (vDSO; async-signal-safe).
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

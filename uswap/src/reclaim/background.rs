@@ -166,11 +166,10 @@ impl Reclaimer {
         let idle = faults == self.last_faults
             || cx.background_reclaim == BackgroundReclaim::Always
             || shared_over_limit(cx.charge);
-        let now_ns = crate::clock::now_ns();
         if faults != self.last_faults {
-            self.last_fault_seen_ns = now_ns;
+            self.last_fault_seen_ns = crate::clock::now_ns();
         }
-        let idle_long = u128::from(now_ns.saturating_sub(self.last_fault_seen_ns)) >= IDLE_COLD.as_nanos();
+        let idle_long = crate::clock::elapsed_since(self.last_fault_seen_ns) >= IDLE_COLD;
         self.last_faults = faults;
         (idle, idle_long)
     }
@@ -184,9 +183,8 @@ impl Reclaimer {
         // (a few `poll`s and a scan of the held slots while children live, nothing
         // otherwise); in a fork child, the inherited pages its parent let go of are charged
         // to it (a `pagemap` scan).
-        let now_ns = crate::clock::now_ns();
-        if u128::from(now_ns.saturating_sub(self.last_fork_pass_ns)) >= FORK_PERIOD.as_nanos() {
-            self.last_fork_pass_ns = now_ns;
+        if crate::clock::elapsed_since(self.last_fork_pass_ns) >= FORK_PERIOD {
+            self.last_fork_pass_ns = crate::clock::now_ns();
             cx.devices.release_fork_held();
             cow::adopt_exclusive(cx);
         }

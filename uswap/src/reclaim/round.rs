@@ -158,10 +158,9 @@ pub(crate) fn reclaim_to(cx: &Reclaim<'_>, goal_pages: usize) -> Result<()> {
         }
         // Rounds that find nothing while the devices have room: the victims are busy in
         // faults or device writes of other threads. That is no reason to give up yet.
-        let since_ns = *busy_since_ns.get_or_insert_with(crate::clock::now_ns);
-        let waited_ns = crate::clock::now_ns().saturating_sub(since_ns);
-        if u128::from(waited_ns) > LIMIT_BUSY_WAIT.as_nanos() {
-            let waited_ms = waited_ns / 1_000_000;
+        let waited = crate::clock::elapsed_since(*busy_since_ns.get_or_insert_with(crate::clock::now_ns));
+        if waited > LIMIT_BUSY_WAIT {
+            let waited_ms = waited.as_millis() as u64;
             return Err(Error::LimitBusy { resident_bytes, limit_bytes, waited_ms });
         }
         std::thread::sleep(std::time::Duration::from_micros(backoff_us));

@@ -224,9 +224,7 @@ pub fn erase_swap_file(path: &Path) -> io::Result<Erased> {
         }
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
-            Some(libc::EWOULDBLOCK)
-                if u128::from(crate::clock::now_ns().saturating_sub(since_ns)) >= ERASE_LOCK_WAIT.as_nanos() =>
-            {
+            Some(libc::EWOULDBLOCK) if crate::clock::elapsed_since(since_ns) >= ERASE_LOCK_WAIT => {
                 return Ok(Erased::InUse)
             }
             Some(libc::EWOULDBLOCK | libc::EINTR) => std::thread::sleep(std::time::Duration::from_millis(10)),

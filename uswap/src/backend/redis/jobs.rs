@@ -30,6 +30,7 @@ use crossbeam_queue::ArrayQueue;
 
 use crate::backend::{AlignedPage, BackendError, ReadReq, WriteReq};
 use crate::clock::now_ns;
+use crate::sync::{futex_wait, futex_wake};
 
 pub const FREE: u32 = 0;
 pub const CLAIMED: u32 = 1;
@@ -172,5 +173,3 @@ impl Jobs {
         job.state.store(FREE, Ordering::Release);
     }
 }
-
-pub(crate) use crate::sync::{futex_wait, futex_wake};

@@ -504,7 +504,7 @@ impl Drop for RedisBackend {
     fn drop(&mut self) {
         self.sh.shutdown.store(true, Ordering::Release);
         self.sh.jobs.doorbell.fetch_add(1, Ordering::Release);
-        jobs::futex_wake(&self.sh.jobs.doorbell, i32::MAX);
+        crate::sync::futex_wake(&self.sh.jobs.doorbell, i32::MAX);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -625,7 +625,7 @@ impl Backend for RedisBackend {
             self.sh.delete_later(slot, old);
             if self.sh.deletes.len() >= MAX_DELETE_BATCH {
                 self.sh.jobs.doorbell.fetch_add(1, Ordering::Release);
-                jobs::futex_wake(&self.sh.jobs.doorbell, 1);
+                crate::sync::futex_wake(&self.sh.jobs.doorbell, 1);
             }
         }
     }

@@ -41,12 +41,13 @@ use std::time::Duration;
 use redis::{Connection, RedisError};
 
 use super::conn::{connect, info, info_field, is_failover_error, keep_socket, Failure};
-use super::jobs::{futex_wait, Work};
+use super::jobs::Work;
 use super::routing::ClusterView;
 use super::shared::Shared;
 use super::sync_read::SyncReader;
 use crate::backend::{AlignedPage, BackendError, ReadReq, RejectReason, WriteReq};
 use crate::clock::now_ns;
+use crate::sync::futex_wait;
 use crate::uffd::PAGE_SIZE;
 
 /// Keys deleted with one `DEL`.

@@ -431,7 +431,7 @@ impl Backend for ZpoolBackend {
     fn trim(&self) -> u64 {
         let pool_bytes = self.pool_bytes();
         let room_bytes = pool_bytes.saturating_sub(self.object_bytes.load(Ordering::Relaxed));
-        let now_ms = crate::clock::now_ns().saturating_sub(self.created_ns) / 1_000_000;
+        let now_ms = crate::clock::elapsed_since(self.created_ns).as_millis() as u64;
         let due = now_ms >= self.next_compact_ms.load(Ordering::Relaxed);
         if due && room_bytes >= COMPACT_MIN_ROOM_BYTES.max(pool_bytes / COMPACT_ROOM_DIVISOR) {
             self.next_compact_ms.store(now_ms + COMPACT_PERIOD_MS, Ordering::Relaxed);
