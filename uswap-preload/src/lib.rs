@@ -48,6 +48,7 @@
 
 pub mod altstack;
 mod config;
+pub mod core_dump;
 pub mod deep_bind;
 pub mod escape;
 pub mod fds;
@@ -555,6 +556,7 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
         altstack::install_on_this_thread();
         uswap::note_thread_start();
     }
+    core_dump::start();
     if out_of_reach {
         say_out_of_reach(cfg);
     }

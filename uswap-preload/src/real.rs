@@ -410,3 +410,18 @@ pub fn loaded_extent(base: usize) -> Option<(usize, usize)> {
     unsafe { libc::dl_iterate_phdr(Some(each), (&mut found as *mut (usize, usize)).cast()) };
     (found.1 > base).then_some(found)
 }
+
+static SIGACTION: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The C library's `sigaction`, past this library's (`signals`, `core_dump`).
+///
+/// # Safety
+/// As `sigaction(2)`.
+pub unsafe fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+    type ActionFn = unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
+    // SAFETY: the C library's sigaction, found by dlsym, has this type; the caller's arguments.
+    unsafe {
+        let real = std::mem::transmute::<*mut c_void, ActionFn>(next_symbol(&SIGACTION, c"sigaction"));
+        real(sig, act, old)
+    }
+}

@@ -231,7 +231,16 @@ pub unsafe extern "C" fn prlimit64(
     new: *const libc::rlimit,
     old: *mut libc::rlimit,
 ) -> c_int {
-    let Some(l) = own_limit(pid, resource) else { return sys_prlimit(pid, resource, new, old) };
+    let Some(l) = own_limit(pid, resource) else {
+        let r = sys_prlimit(pid, resource, new, old);
+        // SAFETY: getpid has no memory effects.
+        let own = pid == 0 || pid == unsafe { libc::getpid() };
+        if r == 0 && own && resource == libc::RLIMIT_CORE as c_int && !new.is_null() && crate::pager().is_some() {
+            // A limit raised now may let a dump be written: see `core_dump`.
+            crate::core_dump::start();
+        }
+        return r;
+    };
     if new.is_null() {
         return if old.is_null() { 0 } else { get_own(l, old) };
     }

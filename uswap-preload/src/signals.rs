@@ -58,12 +58,10 @@ unsafe fn without_sigbus(set: *const libc::sigset_t, copy: &mut libc::sigset_t) 
 }
 
 type MaskFn = unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int;
-type ActionFn = unsafe extern "C" fn(libc::c_int, *const libc::sigaction, *mut libc::sigaction) -> libc::c_int;
 type SignalFn = unsafe extern "C" fn(libc::c_int, libc::sighandler_t) -> libc::sighandler_t;
 
 static SIGPROCMASK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 static PTHREAD_SIGMASK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-static SIGACTION: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 static SIGNAL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 /// # Safety
@@ -120,14 +118,8 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> libc::c_int {
-    // SAFETY: the C library's sigaction, found by dlsym.
-    let real =
-        unsafe { std::mem::transmute::<*mut c_void, ActionFn>(crate::real::next_symbol(&SIGACTION, c"sigaction")) };
-    if !applies() {
-        // SAFETY: the caller's arguments, unchanged.
-        return unsafe { real(sig, act, old) };
-    }
-    if sig == libc::SIGBUS {
+    let signal_mode = applies();
+    if signal_mode && sig == libc::SIGBUS {
         // SAFETY: `act` is null or valid (the caller's contract).
         let new = unsafe { act.as_ref() }.map(|a| {
             let mut a = *a;
@@ -142,16 +134,22 @@ pub unsafe extern "C" fn sigaction(
         }
         return 0;
     }
-    // SAFETY: `act` is null or valid; the copy lives until the call.
+    // SAFETY: `act` is null or valid (the caller's contract); the copy lives until the call.
     unsafe {
-        match act.as_ref() {
-            Some(a) if libc::sigismember(&a.sa_mask, libc::SIGBUS) == 1 => {
-                let mut a = *a;
-                libc::sigdelset(&mut a.sa_mask, libc::SIGBUS);
-                real(sig, &a, old)
+        let copy: libc::sigaction;
+        let act = match act.as_ref() {
+            Some(a) if signal_mode && libc::sigismember(&a.sa_mask, libc::SIGBUS) == 1 => {
+                let mut without = *a;
+                libc::sigdelset(&mut without.sa_mask, libc::SIGBUS);
+                copy = without;
+                &copy as *const libc::sigaction
             }
-            _ => real(sig, act, old),
+            _ => act,
+        };
+        if crate::core_dump::intercepts(sig) {
+            return crate::core_dump::program_sigaction(sig, act, old);
         }
+        crate::real::sigaction(sig, act, old)
     }
 }
 
@@ -161,7 +159,8 @@ pub unsafe extern "C" fn sigaction(
 pub unsafe extern "C" fn signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     // SAFETY: the C library's signal, found by dlsym.
     let real = unsafe { std::mem::transmute::<*mut c_void, SignalFn>(crate::real::next_symbol(&SIGNAL, c"signal")) };
-    if sig != libc::SIGBUS || !applies() {
+    let (ours_bus, ours_dump) = (sig == libc::SIGBUS && applies(), crate::core_dump::intercepts(sig));
+    if !ours_bus && !ours_dump {
         // SAFETY: the caller's arguments, unchanged.
         return unsafe { real(sig, handler) };
     }
@@ -170,5 +169,14 @@ pub unsafe extern "C" fn signal(sig: libc::c_int, handler: libc::sighandler_t) -
     let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
     a.sa_sigaction = handler;
     a.sa_flags = libc::SA_RESTART;
-    uswap::sigbus::replace_chained(Some(&a)).sa_sigaction
+    if ours_bus {
+        return uswap::sigbus::replace_chained(Some(&a)).sa_sigaction;
+    }
+    // SAFETY: as above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: our two structs.
+    match unsafe { crate::core_dump::program_sigaction(sig, &a, &mut old) } {
+        0 => old.sa_sigaction,
+        _ => libc::SIG_ERR,
+    }
 }

@@ -36,6 +36,7 @@ pub mod backend;
 mod bounce;
 pub mod budget;
 mod clock;
+mod core_dump;
 mod device_config;
 mod error;
 mod events;
@@ -74,6 +75,7 @@ pub use backend::failing::FaultInjection;
 pub use backend::redis::RedisOptions;
 pub use backend::zpool::{Compressor, Incompressible};
 pub use clock::resolve as use_the_c_librarys_clock;
+pub use core_dump::CoreDumpPrepared;
 pub use device_config::{parse_size, DeviceConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use events::UnmapUnderWay;
@@ -251,6 +253,19 @@ pub fn check_userfaultfd(thread_mode: bool) -> Result<()> {
         return Err(pager::open_error(uffd::OpenError::MissingFeatures { wanted, available }));
     }
     Ok(())
+}
+
+/// Before this process dies with a core dump (in its fatal signal's handler): brings what
+/// it has out of RAM back in, as far as the machine has memory for it, and leaves uswap's
+/// own memory out of the dump (see `core_dump`). Paging stops for good. Allocation-free;
+/// async-signal-safe as the fault path is.
+pub fn prepare_core_dump() -> CoreDumpPrepared {
+    // The engine's system calls on this thread (a program's, in signal mode with its C
+    // library rewritten) go straight to the kernel: taken for the program's, an ioctl's
+    // register naming the page being brought in had that very page prepared, and waited
+    // 10 s for its own busy bit.
+    let _engine_calls = syscall_guard::EngineCalls::enter();
+    core_dump::prepare()
 }
 
 /// `mlockall`: no managed page of the process is a reclaim victim until

@@ -41,7 +41,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "services: swap-in, reclaim, readahead, events, release, fault service",
         &["reclaim", "swapin", "async_readahead", "events", "release", "fault_service"],
     ),
-    ("fault delivery: thread and signal", &["fault", "user_access"]),
+    ("fault delivery: thread and signal", &["fault", "user_access", "core_dump"]),
     (
         "the pager: builder, handle, regions, adoption, fork; the system-call guard",
         &["pager", "region_handle", "adopt", "fork", "syscall_guard", "lib"],

@@ -14,5 +14,6 @@ mod retry;
 mod signal;
 mod thread;
 
+pub(crate) use retry::serve_with_retries;
 pub(crate) use signal::sigbus_fault;
 pub(crate) use thread::handler_thread;

@@ -2,7 +2,7 @@
 //! not count as the program's (the unmanaged-memory report) and what an address-space limit
 //! must leave room for. Lock-free.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 /// Address ranges of the engine's own mappings (`[start, end)`, 0 when free): the staging
 /// areas, RAM devices, page tables and queues, so that a scan of the process's memory can
@@ -12,13 +12,27 @@ const MAX_ENGINE_RANGES: usize = 16384;
 static ENGINE_RANGES: [(AtomicUsize, AtomicUsize); MAX_ENGINE_RANGES] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_ENGINE_RANGES];
 static ENGINE_RANGES_HIGH: AtomicUsize = AtomicUsize::new(0);
+/// Which of [`ENGINE_RANGES`] hold the engine's data (a `Mapping`: pools, page tables,
+/// staging areas), which a core dump leaves out, as against its threads' stacks and the
+/// program's code it rewrote, which a debugger reads a backtrace through.
+static ENGINE_DATA: [AtomicBool; MAX_ENGINE_RANGES] = [const { AtomicBool::new(false) }; MAX_ENGINE_RANGES];
 
 /// Records `[addr, addr + len)` as the engine's (best effort: a full table only makes a
 /// scan count the range as the program's).
 pub(super) fn note_engine_range(addr: usize, len: usize) {
+    note(addr, len, false);
+}
+
+/// Records `[addr, addr + len)` as the engine's data (see [`ENGINE_DATA`]).
+pub(super) fn note_engine_data(addr: usize, len: usize) {
+    note(addr, len, true);
+}
+
+fn note(addr: usize, len: usize, data: bool) {
     use std::sync::atomic::Ordering;
     for (i, (start, end)) in ENGINE_RANGES.iter().enumerate() {
         if start.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            ENGINE_DATA[i].store(data, Ordering::Release);
             end.store(addr + len, Ordering::Release);
             ENGINE_RANGES_HIGH.fetch_max(i + 1, Ordering::AcqRel);
             return;
@@ -40,6 +54,22 @@ pub(super) fn forget_engine_range(addr: usize) {
         end.store(0, Ordering::Release);
         start.store(0, Ordering::Release);
     }
+}
+
+/// Leaves the engine's data (see [`ENGINE_DATA`]) out of a core dump of this process
+/// (`MADV_DONTDUMP`): the compressed pool and the tables mean nothing to a debugger, as the
+/// kernel's zram is in no core. Returns how many ranges were left out. Allocation-free.
+pub(crate) fn leave_engine_data_out_of_core_dump() -> usize {
+    use std::sync::atomic::Ordering;
+    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
+    let mut nr_ranges = 0;
+    for (i, (s, e)) in ENGINE_RANGES[..high].iter().enumerate() {
+        let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
+        if s != 0 && e > s && ENGINE_DATA[i].load(Ordering::Acquire) && leave_out_of_core_dump(s, e - s) {
+            nr_ranges += 1;
+        }
+    }
+    nr_ranges
 }
 
 /// Whether `[start, end)` overlaps one of the engine's own mappings.
@@ -69,4 +99,13 @@ pub fn engine_reserved_bytes() -> u64 {
             }
         })
         .sum()
+}
+
+/// Leaves `[addr, addr + len)` (page-aligned) out of a core dump of this process
+/// (`MADV_DONTDUMP`); false if the kernel refused (the range stays in). Allocation-free.
+pub(crate) fn leave_out_of_core_dump(addr: usize, len: usize) -> bool {
+    debug_assert_eq!(addr % crate::uffd::PAGE_SIZE, 0);
+    // SAFETY: MADV_DONTDUMP changes what a core dump holds, not the memory or its contents;
+    // the kernel checks the range.
+    unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTDUMP) == 0 }
 }

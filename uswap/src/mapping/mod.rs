@@ -47,13 +47,14 @@ pub use probe::{
     for_each_exclusive_page, for_each_present_page, mincore_bitmap, mincore_pages, mincore_pages_where, page_present,
     populate_write, self_maps,
 };
-pub use rlimit::{address_space_limit, address_space_limit_bytes, ram_bytes, AddressSpaceLimit};
+pub use rlimit::{address_space_limit, address_space_limit_bytes, mem_available_bytes, ram_bytes, AddressSpaceLimit};
 pub use tables::{AtomicTable, ZeroedArray};
 
 use std::io;
 use std::sync::atomic::AtomicU64;
 
-use engine_ranges::{forget_engine_range, note_engine_range};
+use engine_ranges::{forget_engine_range, note_engine_data};
+pub(crate) use engine_ranges::{leave_engine_data_out_of_core_dump, leave_out_of_core_dump};
 
 use crate::uffd::PAGE_SIZE;
 
@@ -117,7 +118,7 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         let m = Mapping { addr: p as usize, len };
-        note_engine_range(m.addr, len);
+        note_engine_data(m.addr, len);
         Ok(m)
     }
 

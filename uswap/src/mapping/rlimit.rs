@@ -44,3 +44,46 @@ pub fn ram_bytes() -> Option<u64> {
     }
     (info.totalram as u64).checked_mul(u64::from(info.mem_unit.max(1)))
 }
+
+/// The memory the machine can give without swapping (`MemAvailable` of `/proc/meminfo`),
+/// in bytes; `None` if it cannot be read. Read with the system calls alone, into a buffer on
+/// the stack: called from a fatal signal's handler (`core_dump`). Allocation-free.
+pub fn mem_available_bytes() -> Option<u64> {
+    let mut buf = [0u8; 512];
+    // SAFETY: a NUL-terminated path; the descriptor is ours and closed below.
+    let fd = unsafe { libc::open(c"/proc/meminfo".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: reads into our buffer, at most its length; closes our descriptor.
+    let n = unsafe {
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    let text = buf.get(..usize::try_from(n).ok()?)?;
+    parse_mem_available_kib(text).and_then(|kib| kib.checked_mul(1024))
+}
+
+/// `MemAvailable:   123456 kB` in `/proc/meminfo`'s text: the number of KiB.
+fn parse_mem_available_kib(text: &[u8]) -> Option<u64> {
+    const KEY: &[u8] = b"MemAvailable:";
+    let at = text.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let mut digits = text[at..].iter().skip_while(|c| **c == b' ').take_while(|c| c.is_ascii_digit());
+    // Bounded by the buffer; a number too long for u64 is no reading.
+    digits.try_fold(0u64, |n, c| n.checked_mul(10)?.checked_add(u64::from(c - b'0')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_is_read_from_meminfo() {
+        let text = b"MemTotal:       24576000 kB\nMemFree:        100 kB\nMemAvailable:   2048 kB\nBuffers: 1 kB\n";
+        assert_eq!(parse_mem_available_kib(text), Some(2048));
+        assert_eq!(parse_mem_available_kib(b"MemTotal: 5 kB\n"), None);
+        let now = mem_available_bytes().expect("this machine's /proc/meminfo");
+        assert!(now > 0 && now <= ram_bytes().unwrap(), "{now}");
+    }
+}

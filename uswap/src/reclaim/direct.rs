@@ -75,8 +75,9 @@ pub(crate) fn charge(cx: &Reclaim<'_>, n: usize, lock_free: bool) {
     // progress); a fruitful round uncharges pages, and fruitless rounds sleep; reclaiming
     // is bounded by CHARGE_WAIT_LIMIT_NS in all, fruitful or not.
     while let Err((cur, limit)) = try_charge(cx, n) {
-        if cx.charge.reclaim_held.load(Ordering::Acquire) {
+        if cx.charge.reclaim_held.load(Ordering::Acquire) || super::stopped_for_core_dump() {
             // Pager::prepare_fork: every page comes in before the fork; none may go out.
+            // Likewise before a core dump.
             force_charge(cx.charge, n);
             return;
         }
@@ -251,7 +252,7 @@ fn waiting_cannot_help(cx: &Reclaim<'_>, refused: usize, within_own_limit: bool)
 /// 1.05 µs per single-page move, see BENCHMARKS.md), so reclaim from a second CPU would slow
 /// every fault it overlaps with.
 fn task_reclaim(cx: &Reclaim<'_>) {
-    if cx.charge.reclaim_held.load(Ordering::Acquire) {
+    if cx.charge.reclaim_held.load(Ordering::Acquire) || super::stopped_for_core_dump() {
         return;
     }
     let (high, _) = watermarks(cx.charge.limit_pages.load(Ordering::Relaxed));

@@ -37,6 +37,23 @@ pub(crate) mod writeback;
 
 pub(crate) use accounting::shared_sub;
 
+/// Set once the process prepares its core dump (`crate::core_dump`): no reclaim round or
+/// device writeback starts, and every charge is made at once, over the limits if need be
+/// (every page must come in and stay in for the dump; a charge waiting for room that could
+/// not come took 250 ms a page). Never cleared: the process is about to die.
+static STOPPED_FOR_CORE_DUMP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns [`STOPPED_FOR_CORE_DUMP`] on; the rounds under way end on their own
+/// ([`Reclaim::wait_none_in_flight`]).
+pub(crate) fn stop_for_core_dump() {
+    STOPPED_FOR_CORE_DUMP.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether [`stop_for_core_dump`] was called.
+pub(crate) fn stopped_for_core_dump() -> bool {
+    STOPPED_FOR_CORE_DUMP.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 use std::sync::atomic::AtomicUsize;
 
 use crate::error::Result;

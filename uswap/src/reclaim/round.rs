@@ -103,7 +103,7 @@ impl<'a> InFlight<'a> {
         // Counted before the hold is read, and the hold set before the count is read (both
         // SeqCst): a round either sees the hold, or is seen by the waiter.
         cx.charge.reclaim_in_flight.fetch_add(1, Ordering::SeqCst);
-        if cx.charge.reclaim_held.load(Ordering::SeqCst) {
+        if cx.charge.reclaim_held.load(Ordering::SeqCst) || super::stopped_for_core_dump() {
             cx.charge.reclaim_in_flight.fetch_sub(1, Ordering::SeqCst);
             return None;
         }
@@ -113,7 +113,7 @@ impl<'a> InFlight<'a> {
     /// With reclaim held: waits until no round or writeback is under way. Bounded: rounds
     /// and writebacks are short and none starts while the hold is set.
     pub fn wait_none(cx: &Reclaim<'_>) {
-        debug_assert!(cx.charge.reclaim_held.load(Ordering::SeqCst));
+        debug_assert!(cx.charge.reclaim_held.load(Ordering::SeqCst) || super::stopped_for_core_dump());
         while cx.charge.reclaim_in_flight.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
         }

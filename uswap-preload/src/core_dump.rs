@@ -1,0 +1,254 @@
+//! Core dumps: a managed process killed by a signal that dumps core has in its dump what it
+//! had out of RAM, as under the kernel's swap (`uswap::prepare_core_dump`; without it each
+//! such page was a hole, read as zeros by a debugger).
+//!
+//! The kernel gives no hook between a fatal signal and its dump, so this library stands in
+//! for the default action. Where the program leaves a signal whose default action dumps
+//! core ([`DUMPING_SIGNALS`]) at `SIG_DFL`, and a dump would be written (`RLIMIT_CORE` of a
+//! page or more, or a `core_pattern` that pipes, which the kernel feeds whatever the limit;
+//! the process dumpable), [`on_dumping_signal`] is installed in its place. It prepares the
+//! dump, puts `SIG_DFL` back and sends its thread the same signal with the same `siginfo`,
+//! which the kernel delivers once the handler returns: the default action, with the signal,
+//! code and address the dump would have said.
+//!
+//! The program sees `SIG_DFL`: `sigaction` and `signal` report it while the stand-in is
+//! installed, a handler of the program's replaces it, and `SIG_DFL` set again puts it back.
+//! SIGBUS is uswap's (`uswap::sigbus`). Not covered: actions read or set with the raw system
+//! call (the stand-in shows), or by the C library's `sigset` and `sysv_signal` (a default
+//! set so leaves the page holes in the dump, as before).
+//!
+//! Locking: none; atomics. The handler allocates nothing; a second thread dying meanwhile
+//! waits, bounded, for the first one's preparation.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use crate::{own_code, real};
+
+/// The signals whose default action dumps core (signal(7)), less SIGBUS.
+const DUMPING_SIGNALS: [libc::c_int; 9] = [
+    libc::SIGQUIT,
+    libc::SIGILL,
+    libc::SIGTRAP,
+    libc::SIGABRT,
+    libc::SIGFPE,
+    libc::SIGSEGV,
+    libc::SIGSYS,
+    libc::SIGXCPU,
+    libc::SIGXFSZ,
+];
+
+/// The stand-ins are on: a pager runs and a dump would be written when it started (or
+/// when the program last raised `RLIMIT_CORE`).
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Per signal number: the stand-in is installed where the program has `SIG_DFL`.
+static STANDING_IN: [AtomicBool; 32] = [const { AtomicBool::new(false) }; 32];
+
+/// The preparation of a dump: not begun, under way, done.
+static PREPARATION: AtomicU32 = AtomicU32::new(NOT_BEGUN);
+const NOT_BEGUN: u32 = 0;
+const UNDER_WAY: u32 = 1;
+const DONE: u32 = 2;
+
+/// How long a second thread dying waits for the first one's preparation: a dump past this
+/// has holes where the first one had not reached.
+const MAX_WAIT_MS: u32 = 120_000;
+
+/// Installs the stand-ins, if a dump would be written (called once the pager runs, and when
+/// the program sets `RLIMIT_CORE`).
+pub fn start() {
+    if ENABLED.load(Ordering::Acquire) || !dump_would_be_written() {
+        return;
+    }
+    ENABLED.store(true, Ordering::Release);
+    for sig in DUMPING_SIGNALS {
+        let mut now = default_action();
+        // SAFETY: reads the action of a valid signal into our struct.
+        if unsafe { real::sigaction(sig, std::ptr::null(), &mut now) } == 0 && now.sa_sigaction == libc::SIG_DFL {
+            stand_in(sig);
+        }
+    }
+}
+
+/// Whether the program's `sigaction` and `signal` calls on `sig` go through
+/// [`program_sigaction`].
+pub fn intercepts(sig: libc::c_int) -> bool {
+    ENABLED.load(Ordering::Acquire)
+        && DUMPING_SIGNALS.contains(&sig)
+        && !own_code::in_uswap()
+        && !uswap::is_engine_thread()
+        && !crate::is_unmanaged_fork_child()
+}
+
+/// The program's `sigaction(sig, act, old)` on a signal [`intercepts`] takes: `SIG_DFL`
+/// keeps (or puts) the stand-in in place, any other action replaces it; `old` says `SIG_DFL`
+/// where the stand-in was.
+///
+/// # Safety
+/// `act` and `old` are null or valid, as for `sigaction(2)`.
+pub unsafe fn program_sigaction(
+    sig: libc::c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> libc::c_int {
+    let slot = &STANDING_IN[sig as usize];
+    // SAFETY: `act` is null or valid (the caller's contract).
+    let wants_default = match unsafe { act.as_ref() } {
+        None => {
+            return if slot.load(Ordering::Acquire) {
+                // SAFETY: `old` is null or valid for a write.
+                unsafe { report_default(old) };
+                0
+            } else {
+                // SAFETY: the caller's arguments.
+                unsafe { real::sigaction(sig, act, old) }
+            };
+        }
+        Some(a) => a.sa_sigaction == libc::SIG_DFL,
+    };
+    if wants_default {
+        if !slot.load(Ordering::Acquire) {
+            // SAFETY: reads the action being replaced into the caller's `old`.
+            let r = unsafe { real::sigaction(sig, std::ptr::null(), old) };
+            if r != 0 {
+                return r;
+            }
+            stand_in(sig);
+            return 0;
+        }
+        // SAFETY: as above.
+        unsafe { report_default(old) };
+        return 0;
+    }
+    // SAFETY: the caller's arguments: its action replaces the stand-in.
+    let r = unsafe { real::sigaction(sig, act, old) };
+    if r == 0 && slot.swap(false, Ordering::AcqRel) {
+        // SAFETY: as above.
+        unsafe { report_default(old) };
+    }
+    r
+}
+
+/// `SIG_DFL`, no flags, an empty mask.
+fn default_action() -> libc::sigaction {
+    // SAFETY: an all-zero sigaction is SIG_DFL with no flags and an empty mask.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Writes `SIG_DFL` to `old` unless it is null.
+///
+/// # Safety
+/// `old` is null or valid for a write.
+unsafe fn report_default(old: *mut libc::sigaction) {
+    if !old.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe { *old = default_action() };
+    }
+}
+
+/// Installs [`on_dumping_signal`] for `sig`.
+fn stand_in(sig: libc::c_int) {
+    let mut a = default_action();
+    a.sa_sigaction = on_dumping_signal as *const () as usize;
+    a.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+    // SAFETY: a valid sigset of our struct. Every signal waits while the process prepares
+    // its dump, but SIGBUS, through which a signal-mode thread is served.
+    unsafe {
+        libc::sigfillset(&mut a.sa_mask);
+        libc::sigdelset(&mut a.sa_mask, libc::SIGBUS);
+    }
+    // SAFETY: installs our handler, a valid extern "C" function of the signature SA_SIGINFO
+    // asks for.
+    if unsafe { real::sigaction(sig, &a, std::ptr::null_mut()) } == 0 {
+        STANDING_IN[sig as usize].store(true, Ordering::Release);
+    }
+}
+
+/// The stand-in for the default action of a dumping signal: see the module doc.
+extern "C" fn on_dumping_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // Not from inside uswap (a fault of its own code: the dump shows it as it is), nor in a
+    // fork child whose regions are its parent's.
+    let ours = own_code::in_uswap() || uswap::is_engine_thread() || uswap::sigbus::in_handler();
+    if !ours && !crate::is_unmanaged_fork_child() && crate::pager().is_some() && dump_would_be_written() {
+        prepare_once(sig);
+    }
+    STANDING_IN[sig as usize].store(false, Ordering::Release);
+    let dfl = default_action();
+    // SAFETY: restores the default action; `info` is the kernel's for this delivery, sent
+    // back to this very thread (which the kernel allows for any code); the ids are ours.
+    unsafe {
+        real::sigaction(sig, &dfl, std::ptr::null_mut());
+        let (pid, tid) = (libc::getpid(), libc::gettid());
+        if libc::syscall(libc::SYS_rt_tgsigqueueinfo, pid, tid, sig, info) != 0 {
+            libc::syscall(libc::SYS_tgkill, pid, tid, sig);
+        }
+        // Delivered as the handler returns; should it not be, the program goes on as it was.
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// Prepares the dump once for the process; another thread dying meanwhile waits for it.
+fn prepare_once(sig: libc::c_int) {
+    if PREPARATION.compare_exchange(NOT_BEGUN, UNDER_WAY, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        for _ in 0..MAX_WAIT_MS {
+            if PREPARATION.load(Ordering::Acquire) == DONE {
+                break;
+            }
+            // `nanosleep`: async-signal-safe.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        return;
+    }
+    let done = uswap::prepare_core_dump();
+    if done.nr_pages_left_out > 0 {
+        let page_kib = uswap::PAGE_SIZE as u64 / 1024;
+        uswap::sigbus::StderrLine::default()
+            .put(b"uswap: process ")
+            // SAFETY: getpid has no memory effects.
+            .put_number(unsafe { libc::getpid() } as u64, 10, 1)
+            .put(b" dies of signal ")
+            .put_number(sig as u64, 10, 1)
+            .put(b" with a core dump: ")
+            .put_number(done.nr_pages_left_out * page_kib, 10, 1)
+            .put(
+                b" KiB of its memory that was out of RAM could not be brought back for it (more than the machine has \
+                   available, or unreadable); the dump has zeros there\n",
+            )
+            .write();
+    }
+    PREPARATION.store(DONE, Ordering::Release);
+}
+
+/// Whether the kernel would write a core dump of this process now: dumpable, and either
+/// `RLIMIT_CORE` is at least a page or `core_pattern` pipes to a program (which gets the
+/// dump whatever the limit). System calls only: called in a signal handler.
+fn dump_would_be_written() -> bool {
+    // SAFETY: PR_GET_DUMPABLE reads a flag of this process.
+    if unsafe { libc::prctl(libc::PR_GET_DUMPABLE) } <= 0 {
+        return false;
+    }
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: reads this process's limit into our struct (the raw call: `getrlimit` is
+    // interposed by this library).
+    let r = unsafe { libc::syscall(libc::SYS_prlimit64, 0, libc::RLIMIT_CORE, std::ptr::null::<u8>(), &mut limit) };
+    if r == 0 && limit.rlim_cur >= uswap::PAGE_SIZE as u64 {
+        return true;
+    }
+    core_pattern_pipes()
+}
+
+/// Whether `/proc/sys/kernel/core_pattern` begins with `|`.
+fn core_pattern_pipes() -> bool {
+    let mut first = 0u8;
+    // SAFETY: a NUL-terminated path; reads one byte into ours; closes our descriptor.
+    unsafe {
+        let fd = libc::open(c"/proc/sys/kernel/core_pattern".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return false;
+        }
+        let n = libc::read(fd, (&mut first as *mut u8).cast(), 1);
+        libc::close(fd);
+        n == 1 && first == b'|'
+    }
+}
