@@ -45,7 +45,8 @@ pub use program::{check_runnable, find_program, shell_for, Runnable};
 
 use records::{children_rss_peak_bytes, record_paths, record_pid, serve_tree_stats, summarize, summary_line};
 use warnings::{
-    overrun_message, thrash_message, unmanaged_in, unmanaged_message, Moment, Unmanaged, UNMANAGED_SHARE_DIVISOR,
+    ended_by_signal_message, overrun_message, thrash_message, unmanaged_in, unmanaged_message, Moment, Unmanaged,
+    UNMANAGED_SHARE_DIVISOR,
 };
 
 /// `--min-size`'s default, in bytes (as the preload library's own default).
@@ -562,6 +563,9 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
             m.insert("auto_target".into(), target.into());
             m.insert("auto_limit_bytes".into(), bytes.into());
         }
+    }
+    if let Some(msg) = ended_by_signal_message(status) {
+        say!("uswap run: {msg}");
     }
     match &args.stats_json {
         Some(p) => {

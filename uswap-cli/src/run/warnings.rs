@@ -57,6 +57,20 @@ pub(super) fn unmanaged_in(dir: &Path, moment: Moment) -> Unmanaged {
     u
 }
 
+/// What a shell says of a job a signal ended ("Segmentation fault (core dumped)"): `uswap
+/// run` exits with 128+N rather than die of the signal, so the shell that ran it says
+/// nothing, and a crash went by with only the summary line. Not for SIGINT and SIGPIPE, of
+/// which shells say nothing either (the user's own Ctrl-C; a reader that went away).
+pub(super) fn ended_by_signal_message(status: std::process::ExitStatus) -> Option<String> {
+    use std::os::unix::process::ExitStatusExt;
+    let sig = status.signal().filter(|&s| s != libc::SIGINT && s != libc::SIGPIPE)?;
+    // SAFETY: strsignal returns a NUL-terminated string the C library owns, read at once,
+    // before any other call on this thread could reuse its buffer.
+    let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }.to_string_lossy().into_owned();
+    let core = if status.core_dumped() { ", core dumped" } else { "" };
+    Some(format!("the program was ended by signal {sig} ({name}){core}"))
+}
+
 /// What to say when the managed memory went over the limit by more than a twentieth: the
 /// charges that went over it (`limit_overrun`) and why, from the counters that say what
 /// reclaim met: devices that took no pages (full, or failing their writes), pages the
@@ -158,6 +172,24 @@ pub(super) fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A crash is said as a shell says it; an exit, Ctrl-C and a closed pipe are not.
+    #[test]
+    fn a_program_ended_by_a_signal_is_said() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::ExitStatus;
+        // Wait statuses: the signal in the low 7 bits, 0x80 when a core was dumped.
+        let segv_core = ExitStatus::from_raw(libc::SIGSEGV | 0x80);
+        let msg = ended_by_signal_message(segv_core).unwrap();
+        assert!(msg.starts_with("the program was ended by signal 11 (") && msg.ends_with("), core dumped"), "{msg}");
+        assert_eq!(
+            ended_by_signal_message(ExitStatus::from_raw(libc::SIGTERM)).as_deref(),
+            Some("the program was ended by signal 15 (Terminated)")
+        );
+        for quiet in [libc::SIGINT, libc::SIGPIPE, 3 << 8] {
+            assert_eq!(ended_by_signal_message(ExitStatus::from_raw(quiet)), None, "{quiet}");
+        }
+    }
 
     #[test]
     fn an_overrun_is_said_only_past_a_twentieth_of_the_limit() {
