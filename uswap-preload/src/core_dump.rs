@@ -46,6 +46,9 @@ static STANDING_IN: [AtomicBool; 32] = [const { AtomicBool::new(false) }; 32];
 
 /// The preparation of a dump: not begun, under way, done.
 static PREPARATION: AtomicU32 = AtomicU32::new(NOT_BEGUN);
+/// The thread preparing it: a fatal signal of its own meanwhile (an abort in the engine)
+/// must not wait for itself.
+static PREPARER_TID: AtomicU32 = AtomicU32::new(0);
 const NOT_BEGUN: u32 = 0;
 const UNDER_WAY: u32 = 1;
 const DONE: u32 = 2;
@@ -65,7 +68,7 @@ pub fn start() {
         let mut now = default_action();
         // SAFETY: reads the action of a valid signal into our struct.
         if unsafe { real::sigaction(sig, std::ptr::null(), &mut now) } == 0 && now.sa_sigaction == libc::SIG_DFL {
-            stand_in(sig);
+            stand_in(sig, true);
         }
     }
 }
@@ -78,6 +81,7 @@ pub fn intercepts(sig: libc::c_int) -> bool {
         && !own_code::in_uswap()
         && !uswap::is_engine_thread()
         && !crate::is_unmanaged_fork_child()
+        && crate::own_process::is_own_process()
 }
 
 /// The program's `sigaction(sig, act, old)` on a signal [`intercepts`] takes: `SIG_DFL`
@@ -95,7 +99,7 @@ pub unsafe fn program_sigaction(
     // SAFETY: `act` is null or valid (the caller's contract).
     let wants_default = match unsafe { act.as_ref() } {
         None => {
-            return if slot.load(Ordering::Acquire) {
+            return if standing_in(sig) {
                 // SAFETY: `old` is null or valid for a write.
                 unsafe { report_default(old) };
                 0
@@ -107,26 +111,54 @@ pub unsafe fn program_sigaction(
         Some(a) => a.sa_sigaction == libc::SIG_DFL,
     };
     if wants_default {
-        if !slot.load(Ordering::Acquire) {
+        if !standing_in(sig) {
             // SAFETY: reads the action being replaced into the caller's `old`.
             let r = unsafe { real::sigaction(sig, std::ptr::null(), old) };
             if r != 0 {
                 return r;
             }
-            stand_in(sig);
+            // In place of whatever the action is: the program asked for the default.
+            stand_in(sig, false);
             return 0;
         }
         // SAFETY: as above.
         unsafe { report_default(old) };
         return 0;
     }
+    let was_standing_in = standing_in(sig);
     // SAFETY: the caller's arguments: its action replaces the stand-in.
     let r = unsafe { real::sigaction(sig, act, old) };
-    if r == 0 && slot.swap(false, Ordering::AcqRel) {
+    if r == 0 {
+        slot.store(false, Ordering::Release);
+    }
+    if r == 0 && was_standing_in {
         // SAFETY: as above.
         unsafe { report_default(old) };
     }
     r
+}
+
+/// Whether the stand-in is `sig`'s action now. The flag alone could be stale: the action may
+/// have been set past this library (the C library's `sigset`, the raw system call), and a
+/// `SIG_DFL` taken for already in place would then be lost. So the kernel's action is read.
+fn standing_in(sig: libc::c_int) -> bool {
+    let slot = &STANDING_IN[sig as usize];
+    if !slot.load(Ordering::Acquire) {
+        return false;
+    }
+    let mut now = default_action();
+    // SAFETY: reads the action of a valid signal into our struct.
+    let ours =
+        unsafe { real::sigaction(sig, std::ptr::null(), &mut now) } == 0 && now.sa_sigaction == stand_in_handler();
+    if !ours {
+        slot.store(false, Ordering::Release);
+    }
+    ours
+}
+
+/// [`on_dumping_signal`] as an action's handler.
+fn stand_in_handler() -> libc::sighandler_t {
+    on_dumping_signal as *const () as libc::sighandler_t
 }
 
 /// `SIG_DFL`, no flags, an empty mask.
@@ -146,10 +178,11 @@ unsafe fn report_default(old: *mut libc::sigaction) {
     }
 }
 
-/// Installs [`on_dumping_signal`] for `sig`.
-fn stand_in(sig: libc::c_int) {
+/// Installs [`on_dumping_signal`] for `sig`; `over_default_only`: in place of `SIG_DFL` only
+/// (an action another thread of the program set meanwhile is put back).
+fn stand_in(sig: libc::c_int, over_default_only: bool) {
     let mut a = default_action();
-    a.sa_sigaction = on_dumping_signal as *const () as usize;
+    a.sa_sigaction = stand_in_handler();
     a.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
     // SAFETY: a valid sigset of our struct. Every signal waits while the process prepares
     // its dump, but SIGBUS, through which a signal-mode thread is served.
@@ -157,20 +190,31 @@ fn stand_in(sig: libc::c_int) {
         libc::sigfillset(&mut a.sa_mask);
         libc::sigdelset(&mut a.sa_mask, libc::SIGBUS);
     }
+    let mut replaced = default_action();
     // SAFETY: installs our handler, a valid extern "C" function of the signature SA_SIGINFO
-    // asks for.
-    if unsafe { real::sigaction(sig, &a, std::ptr::null_mut()) } == 0 {
-        STANDING_IN[sig as usize].store(true, Ordering::Release);
+    // asks for, reading the action it replaces into ours.
+    if unsafe { real::sigaction(sig, &a, &mut replaced) } != 0 {
+        return;
     }
+    if over_default_only && replaced.sa_sigaction != libc::SIG_DFL && replaced.sa_sigaction != stand_in_handler() {
+        // SAFETY: puts back the action we read, as it was.
+        unsafe { real::sigaction(sig, &replaced, std::ptr::null_mut()) };
+        return;
+    }
+    STANDING_IN[sig as usize].store(true, Ordering::Release);
 }
 
 /// The stand-in for the default action of a dumping signal: see the module doc.
 extern "C" fn on_dumping_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     // Not from inside uswap (a fault of its own code: the dump shows it as it is), nor in a
-    // fork child whose regions are its parent's.
-    let ours = own_code::in_uswap() || uswap::is_engine_thread() || uswap::sigbus::in_handler();
-    if !ours && !crate::is_unmanaged_fork_child() && crate::pager().is_some() && dump_would_be_written() {
+    // fork child whose regions are its parent's, nor in a vfork child (its parent's memory).
+    let ours = own_code::in_uswap()
+        || uswap::is_engine_thread()
+        || uswap::sigbus::in_handler()
+        || uswap::this_thread_is_in_the_engine();
+    let managed = !crate::is_unmanaged_fork_child() && crate::own_process::is_own_process() && crate::pager().is_some();
+    if !ours && managed && dump_would_be_written() {
         prepare_once(sig);
     }
     STANDING_IN[sig as usize].store(false, Ordering::Release);
@@ -190,7 +234,12 @@ extern "C" fn on_dumping_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _c
 
 /// Prepares the dump once for the process; another thread dying meanwhile waits for it.
 fn prepare_once(sig: libc::c_int) {
+    // SAFETY: gettid has no memory effects.
+    let tid = unsafe { libc::gettid() } as u32;
     if PREPARATION.compare_exchange(NOT_BEGUN, UNDER_WAY, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        if PREPARER_TID.load(Ordering::Acquire) == tid {
+            return;
+        }
         for _ in 0..MAX_WAIT_MS {
             if PREPARATION.load(Ordering::Acquire) == DONE {
                 break;
@@ -200,6 +249,7 @@ fn prepare_once(sig: libc::c_int) {
         }
         return;
     }
+    PREPARER_TID.store(tid, Ordering::Release);
     let done = uswap::prepare_core_dump();
     if done.nr_pages_left_out > 0 {
         let page_kib = uswap::PAGE_SIZE as u64 / 1024;
@@ -220,9 +270,11 @@ fn prepare_once(sig: libc::c_int) {
     PREPARATION.store(DONE, Ordering::Release);
 }
 
-/// Whether the kernel would write a core dump of this process now: dumpable, and either
-/// `RLIMIT_CORE` is at least a page or `core_pattern` pipes to a program (which gets the
-/// dump whatever the limit). System calls only: called in a signal handler.
+/// Whether a core dump of this process would be kept now: dumpable, and either
+/// `RLIMIT_CORE` is at least a page or `core_pattern` pipes to a program that keeps dumps
+/// whatever the limit (the kernel feeds a pipe whatever the limit; systemd-coredump drops a
+/// dump the limit disables, apport keeps it in its crash report). System calls only: called
+/// in a signal handler.
 fn dump_would_be_written() -> bool {
     // SAFETY: PR_GET_DUMPABLE reads a flag of this process.
     if unsafe { libc::prctl(libc::PR_GET_DUMPABLE) } <= 0 {
@@ -238,17 +290,21 @@ fn dump_would_be_written() -> bool {
     core_pattern_pipes()
 }
 
-/// Whether `/proc/sys/kernel/core_pattern` begins with `|`.
+/// Whether `/proc/sys/kernel/core_pattern` pipes to a program other than systemd-coredump.
 fn core_pattern_pipes() -> bool {
-    let mut first = 0u8;
-    // SAFETY: a NUL-terminated path; reads one byte into ours; closes our descriptor.
-    unsafe {
+    let mut pattern = [0u8; 256];
+    // SAFETY: a NUL-terminated path; reads into our buffer, at most its length; closes our
+    // descriptor.
+    let n = unsafe {
         let fd = libc::open(c"/proc/sys/kernel/core_pattern".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
         if fd < 0 {
             return false;
         }
-        let n = libc::read(fd, (&mut first as *mut u8).cast(), 1);
+        let n = libc::read(fd, pattern.as_mut_ptr().cast(), pattern.len());
         libc::close(fd);
-        n == 1 && first == b'|'
-    }
+        n
+    };
+    let pattern = &pattern[..usize::try_from(n).unwrap_or(0)];
+    const SYSTEMD: &[u8] = b"systemd-coredump";
+    pattern.first() == Some(&b'|') && !pattern.windows(SYSTEMD.len()).any(|w| w == SYSTEMD)
 }

@@ -234,7 +234,7 @@ pub unsafe extern "C" fn prlimit64(
     let Some(l) = own_limit(pid, resource) else {
         let r = sys_prlimit(pid, resource, new, old);
         // SAFETY: getpid has no memory effects.
-        let own = pid == 0 || pid == unsafe { libc::getpid() };
+        let own = (pid == 0 || pid == unsafe { libc::getpid() }) && crate::own_process::is_own_process();
         if r == 0 && own && resource == libc::RLIMIT_CORE as c_int && !new.is_null() && crate::pager().is_some() {
             // A limit raised now may let a dump be written: see `core_dump`.
             crate::core_dump::start();

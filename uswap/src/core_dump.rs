@@ -32,17 +32,33 @@ use crate::uffd::PAGE_SIZE;
 pub struct CoreDumpPrepared {
     /// Pages that were out and are in the dump.
     pub nr_pages_brought_in: u64,
-    /// Pages that were out and are holes in the dump: past the memory the machine had, or
-    /// not readable from their device.
+    /// Pages that were out and are holes in the dump: past the memory the machine had, past
+    /// the minute a preparation takes at most, or not readable from their device.
     pub nr_pages_left_out: u64,
 }
 
-/// The memory a dump leaves the machine: `MemAvailable` less this is what may be brought in.
+/// The memory a dump leaves the machine and the process's cgroup: what may be brought in is
+/// `MemAvailable` (and the cgroup's room under its limit) less this.
 const MARGIN_BYTES: u64 = 256 << 20;
 
 /// The attempts at a page the kernel refused for the moment (an event being delivered, the
 /// range moved under the call): each after a yield, as a SIGBUS handler retries the access.
 const ATTEMPTS_PER_PAGE: u32 = 8;
+
+/// Longest a preparation brings pages in: a device that does not answer (a Redis server
+/// gone, each read a timeout) must not turn a crash into a hang; what is left is a hole.
+const MAX_PREPARATION_NS: u64 = 60_000_000_000;
+
+/// Longest wait, in all, for the reclaim rounds under way to end: a round is short; one
+/// that does not end leaves its pages to the faults' own bound.
+const MAX_ROUND_WAIT_NS: u64 = 2_000_000_000;
+
+/// Pages served between two looks at the memory left: a serve may map a readahead window.
+const SERVES_PER_LOOK: u64 = 256;
+
+/// Failures in a row after which no page is tried any more (a device that fails every
+/// read would cost its timeout for each).
+const MAX_FAILURES_IN_A_ROW: u32 = 64;
 
 /// Brings in every page of the process's regions that is out, within the memory the
 /// machine has, and leaves the engine's data and the untouched tails out of the dump. See
@@ -50,29 +66,75 @@ const ATTEMPTS_PER_PAGE: u32 = 8;
 pub(crate) fn prepare() -> CoreDumpPrepared {
     crate::mlock::lock_all(true);
     crate::reclaim::stop_for_core_dump();
+    let start_ns = crate::clock::now_ns();
     // A round under way (the background reclaimer's) holds the pages it staged until it
     // ends: a fault on one waits for it.
-    REGIONS.for_each(|g| wait_for_rounds_to_end(&g.pager.charge.reclaim_in_flight));
-    let available = crate::mapping::mem_available_bytes().unwrap_or(0);
-    let mut budget_pages = available.saturating_sub(MARGIN_BYTES) / PAGE_SIZE as u64;
+    REGIONS.for_each(|g| wait_for_rounds_to_end(&g.pager.charge.reclaim_in_flight, start_ns + MAX_ROUND_WAIT_NS));
+    let mut bounds = Bounds {
+        deadline_ns: start_ns + MAX_PREPARATION_NS,
+        budget_pages: room_pages(),
+        serves_since_look: 0,
+        failures_in_a_row: 0,
+    };
     let mut done = CoreDumpPrepared::default();
-    REGIONS.for_each(|g| bring_in(g, &mut budget_pages, &mut done));
+    let mut last_pager = std::ptr::null();
+    REGIONS.for_each(|g| {
+        // After the events this thread has seen, once per pager (each wait is bounded).
+        if !std::ptr::eq(&*g.pager, last_pager) {
+            crate::events::wait_until_applied(&g.pager.stats);
+            last_pager = &*g.pager;
+        }
+        bring_in(g, &mut bounds, &mut done)
+    });
     crate::mapping::leave_engine_data_out_of_core_dump();
     REGIONS.for_each(leave_untouched_tail_out);
     done
 }
 
-/// Longest wait for the reclaim rounds under way to end, in milliseconds: a round is short;
-/// one that does not end (its thread stopped) leaves its pages to the faults' own bound.
-const MAX_ROUND_WAIT_MS: u32 = 2_000;
+/// The bounds one preparation keeps to.
+struct Bounds {
+    /// When it stops bringing pages in ([`MAX_PREPARATION_NS`]).
+    deadline_ns: u64,
+    /// Pages that may still be served before the memory is looked at again.
+    budget_pages: u64,
+    serves_since_look: u64,
+    failures_in_a_row: u32,
+}
 
-/// Waits, bounded, until no reclaim round or writeback of a pager is under way (`in_flight`,
-/// its `reclaim_in_flight`). `std::thread::sleep` is `nanosleep`: async-signal-safe.
-fn wait_for_rounds_to_end(in_flight: &std::sync::atomic::AtomicUsize) {
-    for _ in 0..MAX_ROUND_WAIT_MS {
-        if in_flight.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-            return;
+impl Bounds {
+    /// Whether one more page may be served.
+    fn allow(&mut self) -> bool {
+        if self.serves_since_look >= SERVES_PER_LOOK {
+            // Served pages are counted as one each; readahead brings in more: the memory
+            // itself says what is left.
+            self.budget_pages = room_pages();
+            self.serves_since_look = 0;
         }
+        self.budget_pages > 0
+            && self.failures_in_a_row < MAX_FAILURES_IN_A_ROW
+            && crate::clock::now_ns() < self.deadline_ns
+    }
+
+    fn note(&mut self, served: bool) {
+        self.serves_since_look += 1;
+        self.budget_pages = self.budget_pages.saturating_sub(1);
+        self.failures_in_a_row = if served { 0 } else { self.failures_in_a_row + 1 };
+    }
+}
+
+/// Pages that may come in now: the lower of `MemAvailable` and the cgroup's room, less
+/// [`MARGIN_BYTES`].
+fn room_pages() -> u64 {
+    let machine = crate::mapping::mem_available_bytes().unwrap_or(0);
+    let room = crate::mapping::cgroup_room_bytes().map_or(machine, |cgroup| cgroup.min(machine));
+    room.saturating_sub(MARGIN_BYTES) / PAGE_SIZE as u64
+}
+
+/// Waits, bounded by `deadline_ns`, until no reclaim round or writeback of a pager is under
+/// way (`in_flight`, its `reclaim_in_flight`). `std::thread::sleep` is `nanosleep`:
+/// async-signal-safe.
+fn wait_for_rounds_to_end(in_flight: &std::sync::atomic::AtomicUsize, deadline_ns: u64) {
+    while in_flight.load(std::sync::atomic::Ordering::SeqCst) != 0 && crate::clock::now_ns() < deadline_ns {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
@@ -82,9 +144,8 @@ fn is_out(state: PageState) -> bool {
     matches!(state, PageState::Cached | PageState::Swapped | PageState::Parent)
 }
 
-/// Brings `region`'s pages that are out in, each within `budget_pages`, counted in `done`.
-fn bring_in(region: &RegistryGuard<'_, RegionInner>, budget_pages: &mut u64, done: &mut CoreDumpPrepared) {
-    crate::events::wait_until_applied(&region.pager.stats);
+/// Brings `region`'s pages that are out in, within `bounds`, counted in `done`.
+fn bring_in(region: &RegistryGuard<'_, RegionInner>, bounds: &mut Bounds, done: &mut CoreDumpPrepared) {
     let route = match region.pager.mode {
         FaultMode::Thread => Route::Thread,
         FaultMode::Signal if crate::sync::locks_held_by_this_thread() > 0 => Route::SignalLockFree,
@@ -97,12 +158,13 @@ fn bring_in(region: &RegistryGuard<'_, RegionInner>, budget_pages: &mut u64, don
         if !(is_out(pte.state()) || pte.busy() && pte.state() == PageState::Resident) {
             continue;
         }
-        if *budget_pages == 0 {
+        if !bounds.allow() {
             done.nr_pages_left_out += 1;
             continue;
         }
-        if serve(region, region.page_addr(page), route) {
-            *budget_pages -= 1;
+        let served = serve(region, region.page_addr(page), route);
+        bounds.note(served);
+        if served {
             done.nr_pages_brought_in += 1;
         } else {
             done.nr_pages_left_out += 1;

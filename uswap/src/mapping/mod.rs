@@ -47,7 +47,10 @@ pub use probe::{
     for_each_exclusive_page, for_each_present_page, mincore_bitmap, mincore_pages, mincore_pages_where, page_present,
     populate_write, self_maps,
 };
-pub use rlimit::{address_space_limit, address_space_limit_bytes, mem_available_bytes, ram_bytes, AddressSpaceLimit};
+pub use rlimit::{
+    address_space_limit, address_space_limit_bytes, cgroup_room_bytes, mem_available_bytes, ram_bytes,
+    AddressSpaceLimit,
+};
 pub use tables::{AtomicTable, ZeroedArray};
 
 use std::io;

@@ -50,28 +50,81 @@ pub fn ram_bytes() -> Option<u64> {
 /// the stack: called from a fatal signal's handler (`core_dump`). Allocation-free.
 pub fn mem_available_bytes() -> Option<u64> {
     let mut buf = [0u8; 512];
+    let text = read_small_file(c"/proc/meminfo", &mut buf)?;
+    parse_mem_available_kib(text).and_then(|kib| kib.checked_mul(1024))
+}
+
+/// The room left under the memory limit of this process's cgroup (v2's `memory.max` less
+/// `memory.current`, or v1's `memory.limit_in_bytes` less `memory.usage_in_bytes`), in
+/// bytes; `None` where there is no limit or it cannot be read. The cgroup's own limit only,
+/// not its parents'. Allocation-free, as [`mem_available_bytes`].
+pub fn cgroup_room_bytes() -> Option<u64> {
+    let mut buf = [0u8; 2048];
+    let text = read_small_file(c"/proc/self/cgroup", &mut buf)?;
+    // `0::/path` (v2) or `N:memory:/path` (v1; the controller list may name others too).
+    let (dir, files): (&[u8], [&[u8]; 2]) = text.split(|&c| c == b'\n').find_map(|line| {
+        let mut parts = line.splitn(3, |&c| c == b':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.is_empty() {
+            Some((path, [b"memory.max".as_slice(), b"memory.current".as_slice()]))
+        } else if controllers.split(|&c| c == b',').any(|c| c == b"memory") {
+            Some((path, [b"memory.limit_in_bytes".as_slice(), b"memory.usage_in_bytes".as_slice()]))
+        } else {
+            None
+        }
+    })?;
+    let root: &[u8] = if files[0] == b"memory.max" { b"/sys/fs/cgroup" } else { b"/sys/fs/cgroup/memory" };
+    let mut values = [0u64; 2];
+    for (value, file) in values.iter_mut().zip(files) {
+        let mut path = [0u8; 512];
+        let parts: [&[u8]; 4] = [root, dir, b"/", file];
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len >= path.len() {
+            return None;
+        }
+        let mut at = 0;
+        for p in parts {
+            path[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        let name = std::ffi::CStr::from_bytes_until_nul(&path[..=len]).ok()?;
+        let mut number = [0u8; 32];
+        *value = parse_decimal(read_small_file(name, &mut number)?)?;
+    }
+    // "max" (v2) does not parse: no limit. v1's "no limit" is a number near 2^63.
+    values[0].checked_sub(values[1]).filter(|_| values[0] < 1 << 62)
+}
+
+/// The leading decimal number of `text` (spaces skipped).
+fn parse_decimal(text: &[u8]) -> Option<u64> {
+    let mut digits = text.iter().skip_while(|c| **c == b' ').take_while(|c| c.is_ascii_digit()).peekable();
+    digits.peek()?;
+    digits.try_fold(0u64, |n, c| n.checked_mul(10)?.checked_add(u64::from(c - b'0')))
+}
+
+/// Reads the start of the file at `path` into `buf` with the system calls alone; the bytes
+/// read, or `None` if it cannot be opened or read.
+fn read_small_file<'b>(path: &std::ffi::CStr, buf: &'b mut [u8]) -> Option<&'b [u8]> {
     // SAFETY: a NUL-terminated path; the descriptor is ours and closed below.
-    let fd = unsafe { libc::open(c"/proc/meminfo".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
         return None;
     }
-    // SAFETY: reads into our buffer, at most its length; closes our descriptor.
+    // SAFETY: reads into the caller's buffer, at most its length; closes our descriptor.
     let n = unsafe {
         let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
         libc::close(fd);
         n
     };
-    let text = buf.get(..usize::try_from(n).ok()?)?;
-    parse_mem_available_kib(text).and_then(|kib| kib.checked_mul(1024))
+    buf.get(..usize::try_from(n).ok()?)
 }
 
 /// `MemAvailable:   123456 kB` in `/proc/meminfo`'s text: the number of KiB.
 fn parse_mem_available_kib(text: &[u8]) -> Option<u64> {
     const KEY: &[u8] = b"MemAvailable:";
     let at = text.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
-    let mut digits = text[at..].iter().skip_while(|c| **c == b' ').take_while(|c| c.is_ascii_digit());
     // Bounded by the buffer; a number too long for u64 is no reading.
-    digits.try_fold(0u64, |n, c| n.checked_mul(10)?.checked_add(u64::from(c - b'0')))
+    parse_decimal(&text[at..])
 }
 
 #[cfg(test)]
@@ -85,5 +138,11 @@ mod tests {
         assert_eq!(parse_mem_available_kib(b"MemTotal: 5 kB\n"), None);
         let now = mem_available_bytes().expect("this machine's /proc/meminfo");
         assert!(now > 0 && now <= ram_bytes().unwrap(), "{now}");
+        assert_eq!(parse_decimal(b"max\n"), None);
+        assert_eq!(parse_decimal(b"1234\n"), Some(1234));
+        // Whatever this machine's cgroup, a room is below its RAM... or there is no limit.
+        if let Some(room) = cgroup_room_bytes() {
+            assert!(room <= 1 << 62, "{room}");
+        }
     }
 }

@@ -679,6 +679,12 @@ fn say_efault_once(nr: c_long, a: &[u64; 6]) {
     line.put(b"\n").write();
 }
 
+/// Whether this thread is in a slow path or an [`EngineCalls`] now: its system calls are the
+/// engine's. Async-signal-safe.
+pub fn in_engine_calls() -> bool {
+    DEPTH.get() > 0
+}
+
 /// While it lives, this thread's rewritten system calls go straight to the kernel: for the
 /// engine's own calls made on a program's thread outside a slow path (a fork child building
 /// its pager, whose file device sets up io_uring rings over the engine's memory). The
