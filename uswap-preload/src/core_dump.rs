@@ -41,9 +41,6 @@ const DUMPING_SIGNALS: [libc::c_int; 9] = [
 /// when the program last raised `RLIMIT_CORE`).
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
-/// Per signal number: the stand-in is installed where the program has `SIG_DFL`.
-static STANDING_IN: [AtomicBool; 32] = [const { AtomicBool::new(false) }; 32];
-
 /// The preparation of a dump: not begun, under way, done.
 static PREPARATION: AtomicU32 = AtomicU32::new(NOT_BEGUN);
 /// The thread preparing it: a fatal signal of its own meanwhile (an abort in the engine)
@@ -95,7 +92,6 @@ pub unsafe fn program_sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> libc::c_int {
-    let slot = &STANDING_IN[sig as usize];
     // SAFETY: `act` is null or valid (the caller's contract).
     let wants_default = match unsafe { act.as_ref() } {
         None => {
@@ -128,9 +124,6 @@ pub unsafe fn program_sigaction(
     let was_standing_in = standing_in(sig);
     // SAFETY: the caller's arguments: its action replaces the stand-in.
     let r = unsafe { real::sigaction(sig, act, old) };
-    if r == 0 {
-        slot.store(false, Ordering::Release);
-    }
     if r == 0 && was_standing_in {
         // SAFETY: as above.
         unsafe { report_default(old) };
@@ -138,22 +131,14 @@ pub unsafe fn program_sigaction(
     r
 }
 
-/// Whether the stand-in is `sig`'s action now. The flag alone could be stale: the action may
-/// have been set past this library (the C library's `sigset`, the raw system call), and a
-/// `SIG_DFL` taken for already in place would then be lost. So the kernel's action is read.
+/// Whether the stand-in is `sig`'s action now, as the kernel has it: a flag of ours could be
+/// stale (an action set past this library, by the C library's `sigset` or the raw system
+/// call; a `vfork` child's calls, in its parent's memory), and a `SIG_DFL` taken for already
+/// in place would then be lost.
 fn standing_in(sig: libc::c_int) -> bool {
-    let slot = &STANDING_IN[sig as usize];
-    if !slot.load(Ordering::Acquire) {
-        return false;
-    }
     let mut now = default_action();
     // SAFETY: reads the action of a valid signal into our struct.
-    let ours =
-        unsafe { real::sigaction(sig, std::ptr::null(), &mut now) } == 0 && now.sa_sigaction == stand_in_handler();
-    if !ours {
-        slot.store(false, Ordering::Release);
-    }
-    ours
+    unsafe { real::sigaction(sig, std::ptr::null(), &mut now) == 0 && now.sa_sigaction == stand_in_handler() }
 }
 
 /// [`on_dumping_signal`] as an action's handler.
@@ -199,9 +184,7 @@ fn stand_in(sig: libc::c_int, over_default_only: bool) {
     if over_default_only && replaced.sa_sigaction != libc::SIG_DFL && replaced.sa_sigaction != stand_in_handler() {
         // SAFETY: puts back the action we read, as it was.
         unsafe { real::sigaction(sig, &replaced, std::ptr::null_mut()) };
-        return;
     }
-    STANDING_IN[sig as usize].store(true, Ordering::Release);
 }
 
 /// The stand-in for the default action of a dumping signal: see the module doc.
@@ -209,15 +192,19 @@ extern "C" fn on_dumping_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _c
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     // Not from inside uswap (a fault of its own code: the dump shows it as it is), nor in a
     // fork child whose regions are its parent's, nor in a vfork child (its parent's memory).
+    // A signal sent (`abort`, `kill`) rather than raised by a fault (si_code > 0) is not a
+    // fault of uswap's even while the thread prepares a system call's memory: only a thread
+    // holding an engine lock is left as it is then.
+    // SAFETY: the kernel's siginfo for this delivery.
+    let raised_by_fault = unsafe { info.as_ref() }.is_some_and(|i| i.si_code > 0);
     let ours = own_code::in_uswap()
         || uswap::is_engine_thread()
         || uswap::sigbus::in_handler()
-        || uswap::this_thread_is_in_the_engine();
+        || uswap::this_thread_is_in_the_engine(!raised_by_fault);
     let managed = !crate::is_unmanaged_fork_child() && crate::own_process::is_own_process() && crate::pager().is_some();
     if !ours && managed && dump_would_be_written() {
         prepare_once(sig);
     }
-    STANDING_IN[sig as usize].store(false, Ordering::Release);
     let dfl = default_action();
     // SAFETY: restores the default action; `info` is the kernel's for this delivery, sent
     // back to this very thread (which the kernel allows for any code); the ids are ours.
@@ -262,8 +249,8 @@ fn prepare_once(sig: libc::c_int) {
             .put(b" with a core dump: ")
             .put_number(done.nr_pages_left_out * page_kib, 10, 1)
             .put(
-                b" KiB of its memory that was out of RAM could not be brought back for it (more than the machine has \
-                   available, or unreadable); the dump has zeros there\n",
+                b" KiB of its memory that was out of RAM could not be brought back for it (more than the machine or \
+                   its cgroup had available, more than a minute's reading, or unreadable); the dump has zeros there\n",
             )
             .write();
     }

@@ -164,6 +164,12 @@ pub unsafe extern "C" fn signal(sig: libc::c_int, handler: libc::sighandler_t) -
         // SAFETY: the caller's arguments, unchanged.
         return unsafe { real(sig, handler) };
     }
+    if handler == libc::SIG_ERR {
+        // As the C library answers it.
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
+        return libc::SIG_ERR;
+    }
     // glibc's signal(): BSD semantics, a handler that stays installed and restarts calls.
     // SAFETY: all-zero is a valid sigaction; the fields set are plain data.
     let mut a: libc::sigaction = unsafe { std::mem::zeroed() };

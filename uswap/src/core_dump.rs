@@ -7,15 +7,17 @@
 //! about to die (in the handler of its fatal signal, before the default action runs), brings
 //! every page that is out back in, with reclaim stopped (`mlock::lock_all`) and every
 //! charge made at once, over the limit (`reclaim::stop_for_core_dump`), while the
-//! machine has the memory for it (`MemAvailable`, less a margin: a dump must not make the
-//! machine swap or kill). It then leaves out of the dump what is uswap's own (the pool,
+//! machine and the process's cgroups have the memory for it (`MemAvailable`, the room
+//! under the cgroup limits, looked at again as pages come in, less margins: a dump must not
+//! make the machine swap or the cgroup kill), for at most a minute (a device that does not
+//! answer must not turn a crash into a hang). It then leaves out of the dump what is uswap's own (the pool,
 //! the tables and the staging areas: the kernel's zram is in no core either), and each
 //! region's tail that was never touched: a region reserves far more than it uses (a heap
 //! of 50 GiB), and a dump written to a pipe (`core_pattern` `|systemd-coredump`) carries its
 //! holes as zeros.
 //!
-//! Locking: the fault path's, as a SIGBUS handler's (a thread holding an engine lock takes
-//! none). Allocation-free. Invariant: once [`prepare`] has begun, no managed page of the
+//! Locking: the fault path's, as a SIGBUS handler's; never called by a thread holding an
+//! engine lock (its dump is left as the kernel writes it). Allocation-free. Invariant: once [`prepare`] has begun, no managed page of the
 //! process is a reclaim victim (`mlock::lock_all`), so what it brought in stays in.
 
 use crate::fault::serve_with_retries;
@@ -37,9 +39,12 @@ pub struct CoreDumpPrepared {
     pub nr_pages_left_out: u64,
 }
 
-/// The memory a dump leaves the machine and the process's cgroup: what may be brought in is
-/// `MemAvailable` (and the cgroup's room under its limit) less this.
+/// The memory a dump leaves the machine: what may be brought in is `MemAvailable` less this.
 const MARGIN_BYTES: u64 = 256 << 20;
+/// The room a dump leaves under the limit of the process's cgroup. Smaller: a cgroup's usage
+/// counts its page cache, which the kernel reclaims before it kills, and a cgroup of a few
+/// hundred MiB would otherwise get no page back.
+const CGROUP_MARGIN_BYTES: u64 = 16 << 20;
 
 /// The attempts at a page the kernel refused for the moment (an event being delivered, the
 /// range moved under the call): each after a yield, as a SIGBUS handler retries the access.
@@ -53,8 +58,10 @@ const MAX_PREPARATION_NS: u64 = 60_000_000_000;
 /// that does not end leaves its pages to the faults' own bound.
 const MAX_ROUND_WAIT_NS: u64 = 2_000_000_000;
 
-/// Pages served between two looks at the memory left: a serve may map a readahead window.
-const SERVES_PER_LOOK: u64 = 256;
+/// Pages served between two looks at the memory left: a serve may map a readahead window and
+/// start asynchronous ones (at most 128 pages and 4 more windows: 64 serves stay under the
+/// margin).
+const SERVES_PER_LOOK: u64 = 64;
 
 /// Failures in a row after which no page is tried any more (a device that fails every
 /// read would cost its timeout for each).
@@ -83,6 +90,8 @@ pub(crate) fn prepare() -> CoreDumpPrepared {
         if !std::ptr::eq(&*g.pager, last_pager) {
             crate::events::wait_until_applied(&g.pager.stats);
             last_pager = &*g.pager;
+            // Failures are counted per pager: another may read from devices that answer.
+            bounds.failures_in_a_row = 0;
         }
         bring_in(g, &mut bounds, &mut done)
     });
@@ -122,12 +131,12 @@ impl Bounds {
     }
 }
 
-/// Pages that may come in now: the lower of `MemAvailable` and the cgroup's room, less
-/// [`MARGIN_BYTES`].
+/// Pages that may come in now: the lower of `MemAvailable` less [`MARGIN_BYTES`] and the
+/// cgroup's room less [`CGROUP_MARGIN_BYTES`].
 fn room_pages() -> u64 {
-    let machine = crate::mapping::mem_available_bytes().unwrap_or(0);
-    let room = crate::mapping::cgroup_room_bytes().map_or(machine, |cgroup| cgroup.min(machine));
-    room.saturating_sub(MARGIN_BYTES) / PAGE_SIZE as u64
+    let machine = crate::mapping::mem_available_bytes().unwrap_or(0).saturating_sub(MARGIN_BYTES);
+    let cgroup = crate::mapping::cgroup_room_bytes().map_or(u64::MAX, |room| room.saturating_sub(CGROUP_MARGIN_BYTES));
+    machine.min(cgroup) / PAGE_SIZE as u64
 }
 
 /// Waits, bounded by `deadline_ns`, until no reclaim round or writeback of a pager is under
@@ -146,9 +155,11 @@ fn is_out(state: PageState) -> bool {
 
 /// Brings `region`'s pages that are out in, within `bounds`, counted in `done`.
 fn bring_in(region: &RegistryGuard<'_, RegionInner>, bounds: &mut Bounds, done: &mut CoreDumpPrepared) {
+    // The caller holds no engine lock (a thread that does is left to die as it is): the
+    // signal route may take them.
+    debug_assert_eq!(crate::sync::locks_held_by_this_thread(), 0);
     let route = match region.pager.mode {
         FaultMode::Thread => Route::Thread,
-        FaultMode::Signal if crate::sync::locks_held_by_this_thread() > 0 => Route::SignalLockFree,
         FaultMode::Signal => Route::Signal,
     };
     for page in 0..region.nr_pages {

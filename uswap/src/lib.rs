@@ -268,11 +268,13 @@ pub fn prepare_core_dump() -> CoreDumpPrepared {
     core_dump::prepare()
 }
 
-/// Whether this thread is inside uswap's engine now: holding one of its locks, bringing
-/// pages in for a system call, or making the engine's system calls. A fatal signal there is
-/// uswap's own fault, whose core dump is best left as the kernel writes it. Async-signal-safe.
-pub fn this_thread_is_in_the_engine() -> bool {
-    sync::locks_held_by_this_thread() > 0 || user_access::in_preparation() || syscall_guard::in_engine_calls()
+/// Whether this thread is inside uswap's engine now: holding one of its locks
+/// (`holding_locks`), or also bringing pages in for a system call or making the engine's
+/// system calls. A fault there is uswap's own, whose core dump is best left as the kernel
+/// writes it; a thread holding an engine lock must not serve pages. Async-signal-safe.
+pub fn this_thread_is_in_the_engine(holding_locks: bool) -> bool {
+    let locks = sync::locks_held_by_this_thread() > 0;
+    locks || (!holding_locks && (user_access::in_preparation() || syscall_guard::in_engine_calls()))
 }
 
 /// `mlockall`: no managed page of the process is a reclaim victim until

@@ -54,30 +54,48 @@ pub fn mem_available_bytes() -> Option<u64> {
     parse_mem_available_kib(text).and_then(|kib| kib.checked_mul(1024))
 }
 
-/// The room left under the memory limit of this process's cgroup (v2's `memory.max` less
-/// `memory.current`, or v1's `memory.limit_in_bytes` less `memory.usage_in_bytes`), in
-/// bytes; `None` where there is no limit or it cannot be read. The cgroup's own limit only,
-/// not its parents'. Allocation-free, as [`mem_available_bytes`].
+/// The room left under the memory limits of this process's cgroup and its ancestors (v2's
+/// `memory.max` less `memory.current`, or v1's `memory.limit_in_bytes` less
+/// `memory.usage_in_bytes`), the least of them, in bytes; `None` where none is set or none
+/// can be read. Each level of the path is looked at from the hierarchy's mount point down
+/// (in a container without a cgroup namespace the mount point is the container's own
+/// cgroup, and the host's path below it is not found). Allocation-free, as
+/// [`mem_available_bytes`].
 pub fn cgroup_room_bytes() -> Option<u64> {
-    let mut buf = [0u8; 2048];
+    let mut buf = [0u8; 4096];
     let text = read_small_file(c"/proc/self/cgroup", &mut buf)?;
-    // `0::/path` (v2) or `N:memory:/path` (v1; the controller list may name others too).
-    let (dir, files): (&[u8], [&[u8]; 2]) = text.split(|&c| c == b'\n').find_map(|line| {
+    // Whole lines only: a file longer than the buffer ends in a cut one.
+    let whole = &text[..text.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1)];
+    let mut least: Option<u64> = None;
+    for line in whole.split(|&c| c == b'\n') {
+        // `0::/path` (v2) or `N:memory,...:/path` (v1).
         let mut parts = line.splitn(3, |&c| c == b':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        if controllers.is_empty() {
-            Some((path, [b"memory.max".as_slice(), b"memory.current".as_slice()]))
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let files: (&[u8], &[u8], &[u8]) = if controllers.is_empty() {
+            (b"/sys/fs/cgroup", b"memory.max", b"memory.current")
         } else if controllers.split(|&c| c == b',').any(|c| c == b"memory") {
-            Some((path, [b"memory.limit_in_bytes".as_slice(), b"memory.usage_in_bytes".as_slice()]))
+            (b"/sys/fs/cgroup/memory", b"memory.limit_in_bytes", b"memory.usage_in_bytes")
         } else {
-            None
+            continue;
+        };
+        // The mount point itself, then each level of the path: `/a`, `/a/b`, ...
+        let ends = std::iter::once(0).chain((1..=path.len()).filter(|&i| i == path.len() || path[i] == b'/'));
+        for end in ends {
+            if let Some(room) = room_at(files, &path[..end]) {
+                least = Some(least.map_or(room, |l| l.min(room)));
+            }
         }
-    })?;
-    let root: &[u8] = if files[0] == b"memory.max" { b"/sys/fs/cgroup" } else { b"/sys/fs/cgroup/memory" };
+    }
+    least
+}
+
+/// The room under the limit of the cgroup at `dir` below the mount point `files.0`, whose
+/// limit and usage are the files `files.1` and `files.2`; `None` without a limit or a file.
+fn room_at(files: (&[u8], &[u8], &[u8]), dir: &[u8]) -> Option<u64> {
     let mut values = [0u64; 2];
-    for (value, file) in values.iter_mut().zip(files) {
+    for (value, file) in values.iter_mut().zip([files.1, files.2]) {
         let mut path = [0u8; 512];
-        let parts: [&[u8]; 4] = [root, dir, b"/", file];
+        let parts: [&[u8]; 4] = [files.0, dir, b"/", file];
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len >= path.len() {
             return None;
@@ -89,10 +107,11 @@ pub fn cgroup_room_bytes() -> Option<u64> {
         }
         let name = std::ffi::CStr::from_bytes_until_nul(&path[..=len]).ok()?;
         let mut number = [0u8; 32];
+        // "max" (v2's no limit) does not parse.
         *value = parse_decimal(read_small_file(name, &mut number)?)?;
     }
-    // "max" (v2) does not parse: no limit. v1's "no limit" is a number near 2^63.
-    values[0].checked_sub(values[1]).filter(|_| values[0] < 1 << 62)
+    // v1's "no limit" is a number near 2^63. Usage past a limit lowered under it: no room.
+    (values[0] < 1 << 62).then(|| values[0].saturating_sub(values[1]))
 }
 
 /// The leading decimal number of `text` (spaces skipped).
