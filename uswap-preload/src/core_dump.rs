@@ -4,9 +4,10 @@
 //!
 //! The kernel gives no hook between a fatal signal and its dump, so this library stands in
 //! for the default action. Where the program leaves a signal whose default action dumps
-//! core ([`DUMPING_SIGNALS`]) at `SIG_DFL`, and a dump would be written (`RLIMIT_CORE` of a
-//! page or more, or a `core_pattern` that pipes, which the kernel feeds whatever the limit;
-//! the process dumpable), [`on_dumping_signal`] is installed in its place. It prepares the
+//! core ([`DUMPING_SIGNALS`]) at `SIG_DFL`, and a dump would be kept (`RLIMIT_CORE` of a
+//! page or more, or a `core_pattern` that pipes to a program other than systemd-coredump,
+//! which the kernel feeds whatever the limit; the process dumpable), [`on_dumping_signal`]
+//! is installed in its place. It prepares the
 //! dump, puts `SIG_DFL` back and sends its thread the same signal with the same `siginfo`,
 //! which the kernel delivers once the handler returns: the default action, with the signal,
 //! code and address the dump would have said.
@@ -14,8 +15,9 @@
 //! The program sees `SIG_DFL`: `sigaction` and `signal` report it while the stand-in is
 //! installed, a handler of the program's replaces it, and `SIG_DFL` set again puts it back.
 //! SIGBUS is uswap's (`uswap::sigbus`). Not covered: actions read or set with the raw system
-//! call (the stand-in shows), or by the C library's `sigset` and `sysv_signal` (a default
-//! set so leaves the page holes in the dump, as before).
+//! call (the stand-in shows), or by the C library's `sigset`, `sysv_signal` and `bsd_signal`,
+//! and a default the kernel puts back (`SA_RESETHAND`): the dump then has the holes, as
+//! before. A `vfork` child changes nothing of its parent's (it shares its memory).
 //!
 //! Locking: none; atomics. The handler allocates nothing; a second thread dying meanwhile
 //! waits, bounded, for the first one's preparation.
