@@ -58,9 +58,8 @@ const MAX_PREPARATION_NS: u64 = 60_000_000_000;
 /// that does not end leaves its pages to the faults' own bound.
 const MAX_ROUND_WAIT_NS: u64 = 2_000_000_000;
 
-/// Pages served between two looks at the memory left: a serve may map a readahead window and
-/// start asynchronous ones (at most 128 pages and 4 more windows: 64 serves stay under the
-/// margin).
+/// Pages served between two looks at the memory left (a serve's readahead is counted in the
+/// budget; other threads' faults are not).
 const SERVES_PER_LOOK: u64 = 64;
 
 /// Failures in a row after which no page is tried any more (a device that fails every
@@ -114,8 +113,7 @@ impl Bounds {
     /// Whether one more page may be served.
     fn allow(&mut self) -> bool {
         if self.serves_since_look >= SERVES_PER_LOOK {
-            // Served pages are counted as one each; readahead brings in more: the memory
-            // itself says what is left.
+            // The memory itself says what is left: the program's other threads fault too.
             self.budget_pages = room_pages();
             self.serves_since_look = 0;
         }
@@ -124,9 +122,10 @@ impl Bounds {
             && crate::clock::now_ns() < self.deadline_ns
     }
 
-    fn note(&mut self, served: bool) {
+    /// Notes a serve that charged `nr_pages` (its page and the readahead window it mapped).
+    fn note(&mut self, served: bool, nr_pages: u64) {
         self.serves_since_look += 1;
-        self.budget_pages = self.budget_pages.saturating_sub(1);
+        self.budget_pages = self.budget_pages.saturating_sub(nr_pages.max(1));
         self.failures_in_a_row = if served { 0 } else { self.failures_in_a_row + 1 };
     }
 }
@@ -173,8 +172,10 @@ fn bring_in(region: &RegistryGuard<'_, RegionInner>, bounds: &mut Bounds, done: 
             done.nr_pages_left_out += 1;
             continue;
         }
+        let charged_before = region.pager.charge.resident_pages.load(std::sync::atomic::Ordering::Acquire);
         let served = serve(region, region.page_addr(page), route);
-        bounds.note(served);
+        let charged = region.pager.charge.resident_pages.load(std::sync::atomic::Ordering::Acquire);
+        bounds.note(served, charged.saturating_sub(charged_before) as u64);
         if served {
             done.nr_pages_brought_in += 1;
         } else {
