@@ -271,7 +271,7 @@ fn dump_would_be_written() -> bool {
     }
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: reads this process's limit into our struct (the raw call: `getrlimit` is
-    // interposed by this library).
+    // interposed by this library, and `rlimit` calls on `core_dump`).
     let r = unsafe { libc::syscall(libc::SYS_prlimit64, 0, libc::RLIMIT_CORE, std::ptr::null::<u8>(), &mut limit) };
     if r == 0 && limit.rlim_cur >= uswap::PAGE_SIZE as u64 {
         return true;
@@ -281,19 +281,8 @@ fn dump_would_be_written() -> bool {
 
 /// Whether `/proc/sys/kernel/core_pattern` pipes to a program other than systemd-coredump.
 fn core_pattern_pipes() -> bool {
-    let mut pattern = [0u8; 256];
-    // SAFETY: a NUL-terminated path; reads into our buffer, at most its length; closes our
-    // descriptor.
-    let n = unsafe {
-        let fd = libc::open(c"/proc/sys/kernel/core_pattern".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return false;
-        }
-        let n = libc::read(fd, pattern.as_mut_ptr().cast(), pattern.len());
-        libc::close(fd);
-        n
-    };
-    let pattern = &pattern[..usize::try_from(n).unwrap_or(0)];
+    let mut buf = [0u8; 256];
+    let Some(pattern) = uswap::read_small_file(c"/proc/sys/kernel/core_pattern", &mut buf) else { return false };
     const SYSTEMD: &[u8] = b"systemd-coredump";
     pattern.first() == Some(&b'|') && !pattern.windows(SYSTEMD.len()).any(|w| w == SYSTEMD)
 }

@@ -82,7 +82,7 @@ pub use events::UnmapUnderWay;
 pub use mapping::{
     address_space_limit, address_space_limit_bytes, become_program_thread, engine_reserved_bytes,
     for_each_present_page, forget_engine_threads_in_fork_child, is_engine_thread, live_engine_threads,
-    note_engine_memory, spawn_engine_thread, AddressSpaceLimit,
+    note_engine_memory, read_small_file, spawn_engine_thread, AddressSpaceLimit,
 };
 
 /// Signal mode's SIGBUS handler, for a library that interposes the program's signal calls
@@ -268,13 +268,13 @@ pub fn prepare_core_dump() -> CoreDumpPrepared {
     core_dump::prepare()
 }
 
-/// Whether this thread is inside uswap's engine now: holding one of its locks
-/// (`holding_locks`), or also bringing pages in for a system call or making the engine's
-/// system calls. A fault there is uswap's own, whose core dump is best left as the kernel
-/// writes it; a thread holding an engine lock must not serve pages. Async-signal-safe.
-pub fn this_thread_is_in_the_engine(holding_locks: bool) -> bool {
+/// Whether this thread is inside uswap's engine now: holding one of its locks, or (unless
+/// `locks_only`) bringing pages in for a system call or making the engine's system calls. A
+/// fault there is uswap's own, whose core dump is best left as the kernel writes it; a
+/// thread holding an engine lock must not serve pages. Async-signal-safe.
+pub fn this_thread_is_in_the_engine(locks_only: bool) -> bool {
     let locks = sync::locks_held_by_this_thread() > 0;
-    locks || (!holding_locks && (user_access::in_preparation() || syscall_guard::in_engine_calls()))
+    locks || (!locks_only && (user_access::in_preparation() || syscall_guard::in_engine_calls()))
 }
 
 /// `mlockall`: no managed page of the process is a reclaim victim until

@@ -48,7 +48,7 @@ pub use probe::{
     populate_write, self_maps,
 };
 pub use rlimit::{
-    address_space_limit, address_space_limit_bytes, cgroup_room_bytes, mem_available_bytes, ram_bytes,
+    address_space_limit, address_space_limit_bytes, cgroup_room_bytes, mem_available_bytes, ram_bytes, read_small_file,
     AddressSpaceLimit,
 };
 pub use tables::{AtomicTable, ZeroedArray};

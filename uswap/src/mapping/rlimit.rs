@@ -121,9 +121,10 @@ fn parse_decimal(text: &[u8]) -> Option<u64> {
     digits.try_fold(0u64, |n, c| n.checked_mul(10)?.checked_add(u64::from(c - b'0')))
 }
 
-/// Reads the start of the file at `path` into `buf` with the system calls alone; the bytes
-/// read, or `None` if it cannot be opened or read.
-fn read_small_file<'b>(path: &std::ffi::CStr, buf: &'b mut [u8]) -> Option<&'b [u8]> {
+/// Reads the start of the file at `path` into `buf` with the system calls alone (no
+/// allocation: safe in a signal handler); the bytes read, or `None` if it cannot be opened
+/// or read.
+pub fn read_small_file<'b>(path: &std::ffi::CStr, buf: &'b mut [u8]) -> Option<&'b [u8]> {
     // SAFETY: a NUL-terminated path; the descriptor is ours and closed below.
     let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
