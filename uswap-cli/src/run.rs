@@ -485,6 +485,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         return Ok(128u8.wrapping_add(sig as u8));
     }
     let mut launch = prepared?;
+    let created_swap_files = swap_files_to_create(&args.device, limit);
     let path = launch.path.clone();
     let mut child = launch.command.spawn().map_err(|source| RunError::Spawn { path: path.clone(), source })?;
     forwarded.forward_to(child.id());
@@ -509,6 +510,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
                 kill_tree(&mut child, &launch.stats_dir);
                 hold_forwarded_signals();
                 drop(launch);
+                erase_swap_files(&args.device, limit, &created_swap_files);
                 return Ok(2);
             }
             match child.try_wait() {
@@ -554,7 +556,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         launch.keep_redis_pages();
     }
     drop(launch);
-    erase_swap_files(&args.device, limit);
+    erase_swap_files(&args.device, limit, &created_swap_files);
     if let serde_json::Value::Object(m) = &mut summary {
         m.insert("rss_peak_bytes".into(), children_rss_peak_bytes().into());
         m.insert("wall_seconds".into(), started.elapsed().as_secs_f64().into());
@@ -667,12 +669,30 @@ fn end_stopped_tree(launch: &Launch, program_pid: u32) {
 /// Says, once the program ended, which of its processes go on (started in the background
 /// and left running, or daemonized): they keep the budget (they share its segment), but
 /// what they do from now on is in no summary, and `uswap run` does not wait for them.
+/// The named swap files of the run's devices that do not exist yet: the pager that opens
+/// one creates it, and the run removes it when it ends (`erase_swap_files`), as it found
+/// the directory.
+fn swap_files_to_create(device: &str, limit_bytes: u64) -> Vec<std::path::PathBuf> {
+    let Ok(list) = uswap::DeviceConfig::parse_list(device, limit_bytes) else { return Vec::new() };
+    list.iter()
+        .filter_map(uswap::DeviceConfig::file_path)
+        .filter(|p| std::fs::symlink_metadata(p).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound))
+        .map(|p| p.to_path_buf())
+        .collect()
+}
+
 /// Empties the named swap files of the run's devices, which its processes left full of
 /// their swapped-out memory (a process's pager is not dropped at exit: the kernel takes
-/// its memory, and a file keeps what was written). Said when a file could not be.
-fn erase_swap_files(device: &str, limit_bytes: u64) {
+/// its memory, and a file keeps what was written), and removes those the run created
+/// (`created`). Said when a file could not be.
+fn erase_swap_files(device: &str, limit_bytes: u64, created: &[std::path::PathBuf]) {
     let Ok(list) = uswap::DeviceConfig::parse_list(device, limit_bytes) else { return };
     for (path, what) in list.iter().filter_map(uswap::DeviceConfig::erase_after_exit) {
+        if matches!(what, Ok(uswap::backend::file::Erased::Yes)) && created.contains(&path) {
+            if let Err(e) = std::fs::remove_file(&path) {
+                say!("uswap run: could not remove swap file {}, which the run created: {e}", path.display());
+            }
+        }
         match what {
             Ok(uswap::backend::file::Erased::InUse) => say!(
                 "uswap run: swap file {} is still in use (a process of the program outlives it): not erased; it \

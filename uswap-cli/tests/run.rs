@@ -2294,29 +2294,37 @@ fn processes_map_the_patched_c_library(start_after: Option<&str>) {
 /// "emptied ... so no swapped memory stays in it"): its processes exit without dropping their
 /// pagers, so `uswap run` erases the file. The program swapped to it (its output is the plain
 /// run's), and afterwards every byte of the file reads zero and no block of it is allocated.
+/// A file that was there before the run stays, emptied; one the run created is removed (it
+/// left a file of half the RAM's apparent size behind).
 #[test]
 fn a_named_swap_file_is_erased_when_the_run_ends() {
     let dir = tmpdir("namedswap");
     let p = compile("randrw", &dir, &[]);
-    let swap = dir.join("swapfile");
     let prog = [p.to_str().unwrap(), "64", "20000"];
     let expect = plain(&prog).stdout;
-    let device = format!("file:{}:256MiB", swap.display());
-    let (o, v) = uswap_run(16, &["--device", device.as_str()], &prog, &dir);
-    assert!(o.status.success(), "{}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
-    assert_eq!(o.stdout, expect, "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(counter(&v, "pswpout") > 1000, "the program did not swap to the file: {v}");
+    let swap_run = |swap: &Path| {
+        let device = format!("file:{}:256MiB", swap.display());
+        let (o, v) = uswap_run(16, &["--device", device.as_str()], &prog, &dir);
+        assert!(o.status.success(), "{}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.stdout, expect, "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(counter(&v, "pswpout") > 1000, "the program did not swap to the file: {v}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    // There before the run (as the device asks: only its owner may read and write it).
+    let swap = dir.join("swapfile");
+    let _ = std::fs::remove_file(&swap);
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&swap).unwrap();
+    let stderr = swap_run(&swap);
     let meta = std::fs::metadata(&swap).expect("the swap file stays, emptied");
-    use std::os::unix::fs::MetadataExt;
-    assert_eq!(
-        meta.blocks(),
-        0,
-        "{} blocks of the swap file still allocated: {}",
-        meta.blocks(),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert_eq!(meta.blocks(), 0, "{} blocks of the swap file still allocated: {stderr}", meta.blocks());
     let bytes = std::fs::read(&swap).unwrap();
     assert!(bytes.iter().all(|&b| b == 0), "the swap file still holds data");
+    // Not there before the run: the pager creates it, the run removes it.
+    let created = dir.join("swapfile-new");
+    let _ = std::fs::remove_file(&created);
+    let stderr = swap_run(&created);
+    assert!(!created.exists(), "the swap file the run created is left behind: {stderr}");
 }
 
 /// A process of the tree that cannot see the run's directory (a sandbox's private `/tmp`;

@@ -347,6 +347,15 @@ impl DeviceConfig {
         }
     }
 
+    /// A file device's path (a directory, a regular file, a block device, or a file the
+    /// device will create); `None` for the other kinds.
+    pub fn file_path(&self) -> Option<&std::path::Path> {
+        match &self.kind {
+            DeviceKind::File { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
     /// Empties a named swap file once the processes that used it exited without dropping
     /// their pagers (`uswap run`'s program; a dropped device scrubs its file itself): the
     /// file's path and what was done, for a file device naming a regular file; `None` for
