@@ -282,6 +282,31 @@ fn locked_memory_stays_resident_and_mlock_succeeds_in_both_modes() {
     });
 }
 
+/// Calls the kernel refuses change nothing, and a lock of more than the limit ends
+/// (`refused.c`, both modes): `munmap(p, 1 << 62)` released every region above `p` before
+/// the kernel said `EINVAL` (the program died of SIGSEGV), `mremap` to a length past the
+/// top of user space succeeded, `mlock(p, 1 << 62)` (ENOMEM at the first hole, nothing
+/// populated) brought every managed page above `p` in, the heap's untouched reservation
+/// included (2.5 GiB in 60 s), and `mlock` of 64 MiB under 16 MiB brought about 100 pages a
+/// second in (each charge scanned the heap's page table, found only locked pages, and
+/// napped). Output as without uswap; the resident peak is the locked mapping, not more.
+#[test]
+fn calls_the_kernel_refuses_change_nothing_and_a_large_lock_ends() {
+    run_in_both_modes("refused", WSS_MIB, |mode, prog, r| {
+        let expect = plain(prog);
+        let out = String::from_utf8_lossy(&r.0.stdout);
+        assert!(r.0.status.success(), "{mode}: {}\n{}", r.0.status, String::from_utf8_lossy(&r.0.stderr));
+        assert_eq!(out, String::from_utf8_lossy(&expect.stdout), "{mode}: output differs from the plain run");
+        assert!(out.contains("munmap(p, 2^62): -1 Invalid argument\n"), "{mode}: {out}");
+        assert!(out.contains("mlock(p, len): ok\n") && out.contains("wrong words after: 0\n"), "{mode}: {out}");
+        assert!(counter(&r.1, "pswpout") > 0, "{mode}: nothing was paged out: {}", r.1);
+        let peak = counter(&r.1, "resident_peak_bytes");
+        assert!(peak <= ((WSS_MIB + LIMIT_MIB) << 20), "{mode}: resident peak {peak}: {}", r.1);
+        let wall_s = r.1["wall_seconds"].as_f64().unwrap_or(f64::MAX);
+        assert!(wall_s < 20.0, "{mode}: {wall_s} s: {}", String::from_utf8_lossy(&r.0.stderr));
+    });
+}
+
 /// Managed memory made read-only is let go of (the kernel refuses to move a page out of a
 /// read-only mapping: reclaim met 159k refusals and the 16 MiB limit peaked at 31 MB) and
 /// reported as unmanaged, with its reason; a `MAP_LOCKED` mapping stays resident (its pages

@@ -170,6 +170,51 @@ fn page_round_up(n: usize) -> Option<usize> {
     n.checked_next_multiple_of(uswap::PAGE_SIZE)
 }
 
+/// Whether the kernel takes `munmap(start, len)` at all (`do_vmi_munmap`: a page-aligned
+/// start, a length that rounds up to more than nothing, the whole range below the top of
+/// user space). A call it refuses with `EINVAL` changes nothing, so none of it may be done
+/// to managed memory first: `munmap(p, 1 << 62)` released every region above `p`, and the
+/// program, told `EINVAL`, found its memory gone (SIGSEGV). Allocation-free.
+fn munmap_accepted(start: usize, len: usize) -> bool {
+    let top = user_space_top();
+    start % uswap::PAGE_SIZE == 0 && len > 0 && page_round_up(len).is_some_and(|len| start <= top && len <= top - start)
+}
+
+/// Whether the kernel's first checks of `mremap` pass its new length (and address, when
+/// one is given): more than nothing once rounded up to pages, and below the top of user
+/// space (`check_mremap_params`). A call they refuse (`EINVAL`) changes nothing; moved by
+/// uswap, `mremap(p, 1 << 62, 1 << 62, MREMAP_MAYMOVE)` succeeded. Allocation-free.
+fn mremap_lengths_accepted(new_len: usize, flags: i32, new_addr: usize) -> bool {
+    let top = user_space_top();
+    let new_addr = if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 { new_addr } else { 0 };
+    page_round_up(new_len).is_some_and(|len| len > 0 && len <= top && new_addr <= top - len)
+}
+
+/// The kernel's `TASK_SIZE` for this process: the end of the address space it maps for
+/// user space, 128 TiB less a page with four-level page tables, 64 PiB less a page with
+/// five (which take a mapping at 128 TiB when it is asked for by address). Found once,
+/// by asking for that page. Allocation-free; a race computes the same value twice.
+fn user_space_top() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static TOP: AtomicUsize = AtomicUsize::new(0);
+    let top = TOP.load(Ordering::Relaxed);
+    if top != 0 {
+        return top;
+    }
+    const LOW_TOP: usize = (1 << 47) - uswap::PAGE_SIZE;
+    const HIGH_TOP: usize = (1 << 56) - uswap::PAGE_SIZE;
+    let probe = LOW_TOP + uswap::PAGE_SIZE;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+    let p = real::sys_mmap(probe as *mut c_void, uswap::PAGE_SIZE, libc::PROT_NONE, flags, -1, 0);
+    let top = if p as usize == probe { HIGH_TOP } else { LOW_TOP };
+    if p != libc::MAP_FAILED {
+        // The probe, or wherever a kernel that ignores the address put the page.
+        real::sys_munmap(p, uswap::PAGE_SIZE);
+    }
+    TOP.store(top, Ordering::Relaxed);
+    top
+}
+
 /// What the interposed `mmap` does with a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Plan {
@@ -444,7 +489,7 @@ fn overlaps_managed(start: usize, end: usize) -> bool {
 
 #[no_mangle]
 pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
-    if in_uswap() || uswap::is_engine_thread() {
+    if in_uswap() || uswap::is_engine_thread() || !munmap_accepted(addr as usize, len) {
         return real::sys_munmap(addr, len);
     }
     let start = addr as usize;
@@ -540,7 +585,7 @@ pub extern "C" fn mremap(
     flags: i32,
     new_addr: *mut c_void,
 ) -> *mut c_void {
-    if in_uswap() || uswap::is_engine_thread() {
+    if in_uswap() || uswap::is_engine_thread() || !mremap_lengths_accepted(new_len, flags, new_addr as usize) {
         return real::sys_mremap(old, old_len, new_len, flags, new_addr);
     }
     let onto = match flags & libc::MREMAP_FIXED {

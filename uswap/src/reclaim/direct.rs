@@ -169,7 +169,10 @@ impl<'a> ChargeWait<'a> {
         debug_assert!(self.pinned_rounds <= MAX_PINNED_ROUNDS, "pinned rounds are bounded");
         // Still only pinned pages (all this small process has are its call's own): waiting
         // would not unpin them, the call waits for this charge.
-        if waiting_cannot_help(cx, round.refused + round.pinned, cur + n <= limit) {
+        // Or every resident page is locked by the program (`mlock` of more than the limit):
+        // none will be a victim however long this waits, as the kernel charges a locked
+        // page over `memory.high` and keeps it.
+        if round.all_locked || waiting_cannot_help(cx, round.refused + round.pinned, cur + n <= limit) {
             return Wait::Overrun { busy: false };
         }
         self.fruitless += 1;

@@ -39,6 +39,8 @@ pub(crate) struct Progress {
     pub refused: usize,
     /// Victims left in place because a system call pins them (put back at the LRU's tail).
     pub pinned: usize,
+    /// Every resident page is locked by the program (see `swapout::Shrunk::all_locked`).
+    pub all_locked: bool,
 }
 
 impl Progress {
@@ -69,6 +71,7 @@ pub(crate) fn reclaim_round(cx: &Reclaim<'_>, direct: bool) -> Progress {
         progress.uncharged = s.uncharged;
         progress.refused = s.refused;
         progress.pinned = s.pinned;
+        progress.all_locked = s.all_locked;
     }
     if cx.swap_cache.nr_pages() >= target || progress.moved == 0 {
         progress.uncharged += shrink_inactive(cx, BATCH, Take::Staged);
@@ -86,6 +89,7 @@ pub(crate) fn reclaim_round(cx: &Reclaim<'_>, direct: bool) -> Progress {
         progress.uncharged += s.uncharged;
         progress.refused += s.refused;
         progress.pinned += s.pinned;
+        progress.all_locked |= s.all_locked;
         if s.moved > s.uncharged {
             progress.uncharged += shrink_inactive(cx, BATCH, Take::Staged);
         }

@@ -324,6 +324,7 @@ fn readable_bytes(nr: c_long, a: &[u64; 6], len: u64) -> u64 {
     let waits_for_all = match nr {
         libc::SYS_read => false,
         libc::SYS_recvfrom => a[3] & libc::MSG_WAITALL as u64 != 0,
+        libc::SYS_mlock | libc::SYS_mlock2 => return lock_populates_bytes(a[0], len),
         _ => return u64::MAX,
     };
     if len <= SMALL_BYTES {
@@ -336,6 +337,29 @@ fn readable_bytes(nr: c_long, a: &[u64; 6], len: u64) -> u64 {
         return queued_bytes(a[0]).max(SMALL_BYTES);
     }
     u64::MAX
+}
+
+/// What an `mlock` of `len` bytes at `start` brings in: all of it, or nothing where the
+/// range is not mapped whole. The kernel locks the mappings from `start` up to the first
+/// hole and fails with `ENOMEM` there, populating nothing (`apply_vma_lock_flags`, then
+/// `do_mlock` returns before `__mm_populate`). Readied as given, `mlock(p, 1 << 62)`
+/// brought every managed page above `p` in, the heap's untouched reservation included (2.5
+/// GiB in 60 s, and on). `msync(MS_ASYNC)`, which changes nothing, answers `ENOMEM` for a
+/// range with a hole.
+fn lock_populates_bytes(start: u64, len: u64) -> u64 {
+    let page = crate::PAGE_SIZE as u64;
+    let offset = start % page;
+    let Some(len_aligned) = len.checked_add(offset).and_then(|l| l.checked_next_multiple_of(page)) else {
+        return 0;
+    };
+    // SAFETY: msync with MS_ASYNC writes nothing and changes no mapping; the kernel checks
+    // the range.
+    let ret = unsafe { raw(libc::SYS_msync, [start - offset, len_aligned, libc::MS_ASYNC as u64, 0, 0, 0]) };
+    if ret == -(libc::ENOMEM as c_long) {
+        0
+    } else {
+        len
+    }
 }
 
 /// The process's `RLIMIT_NOFILE` (its soft limit), or no bound if it cannot be read.
