@@ -666,29 +666,44 @@ fn end_stopped_tree(launch: &Launch, program_pid: u32) {
     );
 }
 
-/// Says, once the program ended, which of its processes go on (started in the background
-/// and left running, or daemonized): they keep the budget (they share its segment), but
-/// what they do from now on is in no summary, and `uswap run` does not wait for them.
-/// The named swap files of the run's devices that do not exist yet: the pager that opens
-/// one creates it, and the run removes it when it ends (`erase_swap_files`), as it found
-/// the directory.
-fn swap_files_to_create(device: &str, limit_bytes: u64) -> Vec<std::path::PathBuf> {
+/// A named swap file the run made (the path did not exist): removed when the run ends, if
+/// the path still names the same file.
+struct CreatedSwapFile {
+    path: std::path::PathBuf,
+    dev_ino: (u64, u64),
+}
+
+/// Makes the named swap files of the run's devices that do not exist yet, empty and 0600,
+/// before the program starts (the pager that opens one takes it as it is, and grows it), so
+/// that the run removes only the files it made when it ends (`erase_swap_files`), as it
+/// found the directory: it left an emptied file of half the RAM's apparent size behind.
+fn swap_files_to_create(device: &str, limit_bytes: u64) -> Vec<CreatedSwapFile> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let Ok(list) = uswap::DeviceConfig::parse_list(device, limit_bytes) else { return Vec::new() };
-    list.iter()
-        .filter_map(uswap::DeviceConfig::file_path)
-        .filter(|p| std::fs::symlink_metadata(p).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound))
-        .map(|p| p.to_path_buf())
-        .collect()
+    let mut created = Vec::new();
+    for path in list.iter().filter_map(uswap::DeviceConfig::file_path) {
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
+        // Not made (it exists, or cannot be): the pager says what it finds.
+        if let Ok(meta) = opts.open(path).and_then(|f| f.metadata()) {
+            created.push(CreatedSwapFile { path: path.to_path_buf(), dev_ino: (meta.dev(), meta.ino()) });
+        }
+    }
+    created
 }
 
 /// Empties the named swap files of the run's devices, which its processes left full of
 /// their swapped-out memory (a process's pager is not dropped at exit: the kernel takes
-/// its memory, and a file keeps what was written), and removes those the run created
-/// (`created`). Said when a file could not be.
-fn erase_swap_files(device: &str, limit_bytes: u64, created: &[std::path::PathBuf]) {
+/// its memory, and a file keeps what was written), and removes those the run made
+/// (`created`) where the path still names that file. Said when a file could not be.
+fn erase_swap_files(device: &str, limit_bytes: u64, created: &[CreatedSwapFile]) {
+    use std::os::unix::fs::MetadataExt;
     let Ok(list) = uswap::DeviceConfig::parse_list(device, limit_bytes) else { return };
     for (path, what) in list.iter().filter_map(uswap::DeviceConfig::erase_after_exit) {
-        if matches!(what, Ok(uswap::backend::file::Erased::Yes)) && created.contains(&path) {
+        let ours = created.iter().find(|c| c.path == path).is_some_and(|c| {
+            std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && (m.dev(), m.ino()) == c.dev_ino)
+        });
+        if matches!(what, Ok(uswap::backend::file::Erased::Yes)) && ours {
             if let Err(e) = std::fs::remove_file(&path) {
                 say!("uswap run: could not remove swap file {}, which the run created: {e}", path.display());
             }
@@ -708,6 +723,9 @@ fn erase_swap_files(device: &str, limit_bytes: u64, created: &[std::path::PathBu
     }
 }
 
+/// Says, once the program ended, which of its processes go on (started in the background
+/// and left running, or daemonized): they keep the budget (they share its segment), but
+/// what they do from now on is in no summary, and `uswap run` does not wait for them.
 fn say_outliving(launch: &Launch, program_pid: u32) -> bool {
     let live = tree::running(&launch.stats_dir, &launch.segment.live_pids(), program_pid);
     let pids: Vec<String> = live.iter().map(|p| p.to_string()).collect();

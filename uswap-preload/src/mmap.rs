@@ -190,8 +190,8 @@ fn mremap_lengths_accepted(new_len: usize, flags: i32, new_addr: usize) -> bool 
     page_round_up(new_len).is_some_and(|len| len > 0 && len <= top && new_addr <= top - len)
 }
 
-/// The kernel's `TASK_SIZE` for this process: the end of the address space it maps for
-/// user space, 128 TiB less a page with four-level page tables, 64 PiB less a page with
+/// The kernel's `TASK_SIZE` for this process (x86-64): the end of the address space it
+/// maps for user space, 128 TiB less a page with four-level page tables, 64 PiB less a page with
 /// five (which take a mapping at 128 TiB when it is asked for by address). Found once,
 /// by asking for that page. Allocation-free; a race computes the same value twice.
 fn user_space_top() -> usize {
@@ -205,12 +205,16 @@ fn user_space_top() -> usize {
     const HIGH_TOP: usize = (1 << 56) - uswap::PAGE_SIZE;
     let probe = LOW_TOP + uswap::PAGE_SIZE;
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+    let saved_errno = errno();
     let p = real::sys_mmap(probe as *mut c_void, uswap::PAGE_SIZE, libc::PROT_NONE, flags, -1, 0);
-    let top = if p as usize == probe { HIGH_TOP } else { LOW_TOP };
+    // Taken already (`EEXIST`): only five-level tables map anything there.
+    let five_level = p as usize == probe || (p == libc::MAP_FAILED && errno() == libc::EEXIST);
+    let top = if five_level { HIGH_TOP } else { LOW_TOP };
     if p != libc::MAP_FAILED {
         // The probe, or wherever a kernel that ignores the address put the page.
         real::sys_munmap(p, uswap::PAGE_SIZE);
     }
+    set_errno(saved_errno);
     TOP.store(top, Ordering::Relaxed);
     top
 }
@@ -531,7 +535,9 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     let Some(end) = page_round_up(len).and_then(|l| start.checked_add(l)) else {
         return real::sys_munmap(addr, len);
     };
-    if start % uswap::PAGE_SIZE != 0 || len == 0 || !overlaps_managed(start, end) {
+    // Refused by the kernel (`munmap_accepted`): nothing may be released first. (Also
+    // reached from `mremap`'s shrink and move.)
+    if start % uswap::PAGE_SIZE != 0 || len == 0 || !munmap_accepted(start, len) || !overlaps_managed(start, end) {
         return real::sys_munmap(addr, len);
     }
     let (covered, partial) = take_covered(start, end);
@@ -605,7 +611,9 @@ pub extern "C" fn mremap(
     let (Some(old_len_r), Some(new_len_r)) = (page_round_up(old_len), page_round_up(new_len)) else {
         return real::sys_mremap(old, old_len, new_len, flags, new_addr);
     };
-    let Some(end) = start.checked_add(old_len_r) else {
+    let Some(end) = start.checked_add(old_len_r).filter(|&end| end <= user_space_top()) else {
+        // An old range past the top of user space: the kernel refuses the unmap of its
+        // tail or its move (`EINVAL`), and nothing changes.
         return real::sys_mremap(old, old_len, new_len, flags, new_addr);
     };
     if start % uswap::PAGE_SIZE != 0 || old_len == 0 || !overlaps_managed(start, end) {

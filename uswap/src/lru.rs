@@ -36,7 +36,7 @@
 //! popped; a resident page has at most one live entry, or none after a full FIFO refused it
 //! (counted in `lru_overflow`, and found again by `reclaim::swapout`'s scan).
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::fifo::Fifo;
 use crate::page_table::PageRef;
@@ -65,7 +65,15 @@ pub(crate) struct Lru {
     /// Pages that left their regions by reclaim or aging, wrapping: the eviction clock
     /// (the kernel's `nonresident_age`).
     evictions: AtomicU32,
+    /// When a scan of the pager's pages last found every resident page locked by the
+    /// program (`reclaim::swapout`), in `clock::now_ns`; 0: never.
+    all_locked_at_ns: AtomicU64,
 }
+
+/// How long a scan's finding that every resident page is locked holds while the LRU stays
+/// empty: each charge over the limit scanned the pager's touched pages again, N pages
+/// locked over the limit cost N scans.
+const ALL_LOCKED_FRESH_NS: u64 = 20_000_000;
 
 /// Stagings the refault ratio is taken over: about a second of heavy reclaim.
 const REFAULT_WINDOW_PAGES: usize = 4096;
@@ -82,7 +90,20 @@ impl Lru {
             staged_window: AtomicUsize::new(0),
             returned_window: AtomicUsize::new(0),
             evictions: AtomicU32::new(0),
+            all_locked_at_ns: AtomicU64::new(0),
         }
+    }
+
+    /// A scan found every resident page locked (see `all_locked_at_ns`).
+    pub fn note_all_locked(&self) {
+        self.all_locked_at_ns.store(crate::clock::now_ns(), Ordering::Relaxed);
+    }
+
+    /// Whether a scan found every resident page locked within the last
+    /// [`ALL_LOCKED_FRESH_NS`] (the caller found the LRU empty since).
+    pub fn all_locked_recently(&self) -> bool {
+        let at = self.all_locked_at_ns.load(Ordering::Relaxed);
+        at != 0 && crate::clock::now_ns().saturating_sub(at) < ALL_LOCKED_FRESH_NS
     }
 
     /// `n` pages leave their regions: advances the eviction clock. Returns the reading to

@@ -392,6 +392,24 @@ pub struct ChargeSegment {
     seg: &'static Segment,
 }
 
+/// Gives the new segment file its blocks now. A page of a shared file mapping gets its
+/// block when it is first written, and on a full file system that write is a SIGBUS: a
+/// program that filled `/tmp` for a moment (stress-ng's resources stressor, a 50 GB
+/// `fallocate`) killed `uswap run` and the processes of its tree. Written as zeros where
+/// the file system has no `fallocate`.
+fn allocate_blocks(f: &std::fs::File, len: usize) -> io::Result<()> {
+    // SAFETY: fallocate on our open descriptor, mode 0: allocates, changes no byte.
+    if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return Err(e);
+    }
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&vec![0u8; len], 0)
+}
+
 fn map(path: &Path, create_limit_bytes: Option<u64>) -> io::Result<&'static Segment> {
     let mut opts = OpenOptions::new();
     opts.read(true).write(true).mode(0o600);
@@ -402,6 +420,7 @@ fn map(path: &Path, create_limit_bytes: Option<u64>) -> io::Result<&'static Segm
     let len = std::mem::size_of::<Segment>();
     if create_limit_bytes.is_some() {
         f.set_len(len as u64)?;
+        allocate_blocks(&f, len)?;
     } else if f.metadata()?.len() < len as u64 {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "charge segment too short"));
     }

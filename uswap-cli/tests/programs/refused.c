@@ -35,6 +35,7 @@ int main(int argc, char **argv) {
     said("munmap(4096, -8192)", munmap((void *)4096, (size_t)-8192));
     said("mremap(p, 2^62, 2^62, MAYMOVE)", mremap(p, huge, huge, MREMAP_MAYMOVE) == MAP_FAILED ? -1 : 0);
     said("mremap(p, len, 2^62, MAYMOVE)", mremap(p, len, huge, MREMAP_MAYMOVE) == MAP_FAILED ? -1 : 0);
+    said("mremap(p, 2^62, 4096, 0)", mremap(p, huge, 4096, 0) == MAP_FAILED ? -1 : 0);
     said("mlock(p, 2^62)", mlock(p, huge));
     said("munlock(p, len)", munlock(p, len));
     printf("wrong words after the refused calls: %zu\n", wrong(p, words));

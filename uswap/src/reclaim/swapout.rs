@@ -80,7 +80,9 @@ pub(super) fn shrink_active(cx: &Reclaim<'_>, nr: usize, by: Stager) -> Shrunk {
     let mut nr_pinned = 0;
     let mut victims = pop_victims(cx, Take::Resident, nr, &mut guards, &mut nr_pinned);
     if victims.is_empty() {
-        let all_locked = cx.lru.is_empty() && refill_active_by_scan(cx);
+        // A scan a moment ago found only locked pages, and the LRU is still empty: the
+        // same answer, without scanning again.
+        let all_locked = cx.lru.is_empty() && (cx.lru.all_locked_recently() || refill_active_by_scan(cx));
         return Shrunk { pinned: nr_pinned, all_locked, ..Shrunk::default() };
     }
     assert!(victims.len() <= nr.min(BATCH));
@@ -705,5 +707,9 @@ fn refill_active_by_scan(cx: &Reclaim<'_>) -> bool {
             }
         }
     });
-    pushed == 0 && busy == 0 && locked > 0
+    let all_locked = pushed == 0 && busy == 0 && locked > 0;
+    if all_locked {
+        cx.lru.note_all_locked();
+    }
+    all_locked
 }
