@@ -456,9 +456,10 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // puts in thread mode (it links liburing), can still be refused, and is said then.
     let thread_mode = args.fault_mode == RunFaultMode::Thread;
     uswap::check_userfaultfd(thread_mode).map_err(|source| RunError::Userfaultfd { thread_mode, source })?;
+    let device = absolute_file_devices(&args.device);
     let cfg = LaunchConfig {
         limit_bytes: limit,
-        device: args.device.clone(),
+        device: device.clone(),
         fault_mode: args.fault_mode,
         min_size_bytes: args.min_size,
         start_after_bytes: args.start_after.or(args.auto.map(|_| AUTO_START_AFTER_BYTES)),
@@ -485,7 +486,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         return Ok(128u8.wrapping_add(sig as u8));
     }
     let mut launch = prepared?;
-    let created_swap_files = swap_files_to_create(&args.device, limit);
+    let created_swap_files = swap_files_to_create(&device, limit);
     let path = launch.path.clone();
     let mut child = launch.command.spawn().map_err(|source| RunError::Spawn { path: path.clone(), source })?;
     forwarded.forward_to(child.id());
@@ -510,7 +511,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
                 kill_tree(&mut child, &launch.stats_dir);
                 hold_forwarded_signals();
                 drop(launch);
-                erase_swap_files(&args.device, limit, &created_swap_files);
+                erase_swap_files(&device, limit, &created_swap_files);
                 return Ok(2);
             }
             match child.try_wait() {
@@ -556,7 +557,7 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         launch.keep_redis_pages();
     }
     drop(launch);
-    erase_swap_files(&args.device, limit, &created_swap_files);
+    erase_swap_files(&device, limit, &created_swap_files);
     if let serde_json::Value::Object(m) = &mut summary {
         m.insert("rss_peak_bytes".into(), children_rss_peak_bytes().into());
         m.insert("wall_seconds".into(), started.elapsed().as_secs_f64().into());
@@ -664,6 +665,28 @@ fn end_stopped_tree(launch: &Launch, program_pid: u32) {
         if pids.len() > 8 { ", ..." } else { "" },
         tree::TERM_GRACE.as_secs()
     );
+}
+
+/// The device list with each file device's relative path made absolute from the working
+/// directory of `uswap run`: each process's pager resolved it from its own (a program that
+/// changed directory before its first pager put its swap file elsewhere, and the run's end
+/// neither erased nor removed it). Left as given where the working directory cannot be
+/// written into the list (a `,` in it, or none).
+fn absolute_file_devices(devices: &str) -> String {
+    let Some(cwd) = std::env::current_dir().ok().and_then(|d| d.to_str().map(str::to_string)) else {
+        return devices.to_string();
+    };
+    if cwd.contains(',') {
+        return devices.to_string();
+    }
+    let items: Vec<String> = devices
+        .split(',')
+        .map(|item| match item.trim().strip_prefix("file:") {
+            Some(rest) if !rest.starts_with('/') && !rest.is_empty() => format!("file:{cwd}/{rest}"),
+            _ => item.to_string(),
+        })
+        .collect();
+    items.join(",")
 }
 
 /// A named swap file the run made (the path did not exist): removed when the run ends, if
@@ -887,5 +910,22 @@ impl Drop for ForwardSignals {
     /// the signals stay caught (see above).
     fn drop(&mut self) {
         PROGRAM_PID.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::absolute_file_devices;
+
+    #[test]
+    fn file_devices_get_absolute_paths_and_others_stay() {
+        let cwd = std::env::current_dir().unwrap();
+        let cwd = cwd.to_str().unwrap();
+        assert_eq!(
+            absolute_file_devices("zpool:64MiB,file:swap:1GiB,file:/var/tmp,redis://h:1"),
+            format!("zpool:64MiB,file:{cwd}/swap:1GiB,file:/var/tmp,redis://h:1")
+        );
+        assert_eq!(absolute_file_devices("zpool"), "zpool");
+        assert_eq!(absolute_file_devices("file:"), "file:", "an empty path is the parser's to refuse");
     }
 }

@@ -394,9 +394,10 @@ pub struct ChargeSegment {
 
 /// Gives the new segment file its blocks now. A page of a shared file mapping gets its
 /// block when it is first written, and on a full file system that write is a SIGBUS: a
-/// program that filled `/tmp` for a moment (stress-ng's resources stressor, a 50 GB
-/// `fallocate`) killed `uswap run` and the processes of its tree. Written as zeros where
-/// the file system has no `fallocate`.
+/// program that filled `/tmp` for a moment (stress-ng's resources stressor, huge
+/// `fallocate`s) died of SIGBUS when one of its processes took a slot on a page of the
+/// segment not written before. Written as zeros where the file system has no
+/// `fallocate`.
 fn allocate_blocks(f: &std::fs::File, len: usize) -> io::Result<()> {
     // SAFETY: fallocate on our open descriptor, mode 0: allocates, changes no byte.
     if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
@@ -684,6 +685,20 @@ mod tests {
         let seg = ChargeSegment::create(&path, 64 << 20).expect("create the segment");
         std::fs::remove_file(&path).expect("remove the segment file");
         seg
+    }
+
+    /// Every block of a new segment is allocated (see `allocate_blocks`): a page of it first
+    /// written on a full file system would be a SIGBUS in the process writing it.
+    #[test]
+    fn a_new_segment_has_all_its_blocks() {
+        use std::os::unix::fs::MetadataExt;
+        let path = std::env::temp_dir().join(format!("uswap-charge-test.{}.blocks", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let _seg = ChargeSegment::create(&path, 64 << 20).expect("create the segment");
+        let meta = std::fs::metadata(&path).expect("the segment file");
+        std::fs::remove_file(&path).expect("remove the segment file");
+        let len = std::mem::size_of::<Segment>() as u64;
+        assert!(meta.blocks() * 512 >= len, "{} bytes allocated for a segment of {len}", meta.blocks() * 512);
     }
 
     #[test]
