@@ -488,7 +488,13 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     let mut launch = prepared?;
     let created_swap_files = swap_files_to_create(&device, limit);
     let path = launch.path.clone();
-    let mut child = launch.command.spawn().map_err(|source| RunError::Spawn { path: path.clone(), source })?;
+    let mut child = match launch.command.spawn() {
+        Ok(child) => child,
+        Err(source) => {
+            remove_made_swap_files(&created_swap_files);
+            return Err(RunError::Spawn { path: path.clone(), source });
+        }
+    };
     forwarded.forward_to(child.id());
     // `uswap stat <this pid>` shows the tree's counters, summed from what every process
     // publishes (each also answers for itself under its own pid). Best effort: the program
@@ -682,51 +688,84 @@ fn absolute_file_devices(devices: &str) -> String {
     let items: Vec<String> = devices
         .split(',')
         .map(|item| match item.trim().strip_prefix("file:") {
-            Some(rest) if !rest.starts_with('/') && !rest.is_empty() => format!("file:{cwd}/{rest}"),
+            Some(rest) if !rest.starts_with('/') && !rest.is_empty() => {
+                format!("file:{}", std::path::Path::new(&cwd).join(rest).display())
+            }
             _ => item.to_string(),
         })
         .collect();
     items.join(",")
 }
 
-/// A named swap file the run made (the path did not exist): removed when the run ends, if
-/// the path still names the same file.
+/// A named swap file that did not exist when the run began: removed when the run ends.
+/// `dev_ino`: the file the run made, removed (and erased) only while the path still names
+/// it; `None` under root, where the first pager makes it (below).
 struct CreatedSwapFile {
     path: std::path::PathBuf,
-    dev_ino: (u64, u64),
+    dev_ino: Option<(u64, u64)>,
 }
 
-/// Makes the named swap files of the run's devices that do not exist yet, empty and 0600,
-/// before the program starts (the pager that opens one takes it as it is, and grows it), so
-/// that the run removes only the files it made when it ends (`erase_swap_files`), as it
-/// found the directory: it left an emptied file of half the RAM's apparent size behind.
+/// The named swap files of the run's devices that do not exist yet. The run makes each one
+/// itself, empty and exactly 0600, before the program starts (the pager that opens one takes
+/// it as it is, and grows it), so that it removes only the files it made when it ends
+/// (`erase_swap_files`), as it found the directory: the run left an emptied file of half the
+/// RAM's apparent size behind. Under root the first pager makes it, as before: a tree whose
+/// processes change user (`runuser`) must be able to make it theirs.
 fn swap_files_to_create(device: &str, limit_bytes: u64) -> Vec<CreatedSwapFile> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     let Ok(list) = uswap::DeviceConfig::parse_list(device, limit_bytes) else { return Vec::new() };
     let mut created = Vec::new();
     for path in list.iter().filter_map(uswap::DeviceConfig::file_path) {
+        if std::fs::symlink_metadata(path).is_ok() {
+            continue;
+        }
+        if dir::shared_with_other_users() {
+            created.push(CreatedSwapFile { path: path.to_path_buf(), dev_ino: None });
+            continue;
+        }
         let mut opts = std::fs::OpenOptions::new();
         opts.write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
-        // Not made (it exists, or cannot be): the pager says what it finds.
-        if let Ok(meta) = opts.open(path).and_then(|f| f.metadata()) {
-            created.push(CreatedSwapFile { path: path.to_path_buf(), dev_ino: (meta.dev(), meta.ino()) });
+        // Exactly 0600 whatever the umask (the device refuses other modes).
+        let made = opts.open(path).and_then(|f| {
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            f.metadata()
+        });
+        // Not made (it cannot be): the pager says what it finds.
+        if let Ok(meta) = made {
+            created.push(CreatedSwapFile { path: path.to_path_buf(), dev_ino: Some((meta.dev(), meta.ino())) });
         }
     }
     created
 }
 
+/// Removes the swap files the run made, where the run ends before its program ran.
+fn remove_made_swap_files(created: &[CreatedSwapFile]) {
+    for c in created.iter().filter(|c| c.dev_ino.is_some() && names_file(c)) {
+        let _ = std::fs::remove_file(&c.path);
+    }
+}
+
+/// Whether `c`'s path names a regular file, the one the run made if it made one.
+fn names_file(c: &CreatedSwapFile) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(&c.path)
+        .is_ok_and(|m| m.is_file() && c.dev_ino.is_none_or(|dev_ino| (m.dev(), m.ino()) == dev_ino))
+}
+
 /// Empties the named swap files of the run's devices, which its processes left full of
 /// their swapped-out memory (a process's pager is not dropped at exit: the kernel takes
-/// its memory, and a file keeps what was written), and removes those the run made
-/// (`created`) where the path still names that file. Said when a file could not be.
+/// its memory, and a file keeps what was written), and removes those that did not exist
+/// when the run began (`created`). A file the run made whose path names another file now is
+/// left alone. Said when a file could not be erased or removed.
 fn erase_swap_files(device: &str, limit_bytes: u64, created: &[CreatedSwapFile]) {
-    use std::os::unix::fs::MetadataExt;
     let Ok(list) = uswap::DeviceConfig::parse_list(device, limit_bytes) else { return };
-    for (path, what) in list.iter().filter_map(uswap::DeviceConfig::erase_after_exit) {
-        let ours = created.iter().find(|c| c.path == path).is_some_and(|c| {
-            std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && (m.dev(), m.ino()) == c.dev_ino)
-        });
-        if matches!(what, Ok(uswap::backend::file::Erased::Yes)) && ours {
+    for d in &list {
+        let made = d.file_path().and_then(|p| created.iter().find(|c| c.path == p));
+        if made.is_some_and(|c| !names_file(c)) {
+            continue;
+        }
+        let Some((path, what)) = d.erase_after_exit() else { continue };
+        if matches!(what, Ok(uswap::backend::file::Erased::Yes)) && made.is_some() {
             if let Err(e) = std::fs::remove_file(&path) {
                 say!("uswap run: could not remove swap file {}, which the run created: {e}", path.display());
             }

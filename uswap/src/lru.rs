@@ -99,6 +99,11 @@ impl Lru {
         self.all_locked_at_ns.store(crate::clock::now_ns(), Ordering::Relaxed);
     }
 
+    /// Ends the finding of [`Lru::note_all_locked`] (pages were unlocked).
+    pub fn forget_all_locked(&self) {
+        self.all_locked_at_ns.store(0, Ordering::Relaxed);
+    }
+
     /// Whether a scan found every resident page locked within the last
     /// [`ALL_LOCKED_FRESH_NS`] (the caller found the LRU empty since).
     pub fn all_locked_recently(&self) -> bool {

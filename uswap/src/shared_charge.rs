@@ -399,13 +399,19 @@ pub struct ChargeSegment {
 /// segment not written before. Written as zeros where the file system has no
 /// `fallocate`.
 fn allocate_blocks(f: &std::fs::File, len: usize) -> io::Result<()> {
-    // SAFETY: fallocate on our open descriptor, mode 0: allocates, changes no byte.
-    if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
-        return Err(e);
+    // Bounded: only EINTR repeats, and each one is a signal delivered to this thread.
+    loop {
+        // SAFETY: fallocate on our open descriptor, mode 0: allocates, changes no byte.
+        if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            // No fallocate in this file system (or a sandbox forbids the call).
+            Some(libc::EOPNOTSUPP | libc::ENOSYS) => break,
+            _ => return Err(e),
+        }
     }
     use std::os::unix::fs::FileExt;
     f.write_all_at(&vec![0u8; len], 0)
@@ -420,6 +426,10 @@ fn map(path: &Path, create_limit_bytes: Option<u64>) -> io::Result<&'static Segm
     let f = opts.open(path)?;
     let len = std::mem::size_of::<Segment>();
     if create_limit_bytes.is_some() {
+        // Readable and writable by its owner whatever the umask (0277 left it 0400, and
+        // no process of the tree could open it).
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         f.set_len(len as u64)?;
         allocate_blocks(&f, len)?;
     } else if f.metadata()?.len() < len as u64 {

@@ -177,6 +177,9 @@ pub(crate) fn unlock_all_memory() {
 /// that refills an empty LRU puts it back (`reclaim::swapout`).
 fn return_to_lru(region: &RegistryGuard<'_, RegionInner>, first: usize, end: usize) {
     let (index, gen) = (region.index, region.gen);
+    // An unlock ends a scan's finding that every resident page is locked (busy pages left
+    // off here are for the next scan, which that finding would put off).
+    region.pager.lru.forget_all_locked();
     for page in first..end {
         let pte = region.load(page);
         if !pte.unevictable() || pte.busy() || crate::mlock::is_locked(region.page_addr(page)) {

@@ -64,9 +64,13 @@ pub(super) fn make() -> io::Result<RunDir> {
         let dir = base.join(format!("uswap-run.{}.{i}", std::process::id()));
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {
-                return fill(&dir).inspect_err(|_| {
+                // Writable by its owner whatever the umask (0277 made it 0500, and the run
+                // failed with "Permission denied"); `fill` sets its final mode.
+                use std::os::unix::fs::PermissionsExt;
+                let made = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+                return made.and_then(|()| fill(&dir)).inspect_err(|_| {
                     let _ = std::fs::remove_dir_all(&dir);
-                })
+                });
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
