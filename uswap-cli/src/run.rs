@@ -223,21 +223,24 @@ fn create_segment(stats_dir: &Path, limit_bytes: u64) -> std::io::Result<uswap::
 /// program then keys its pages under it, and the run deletes them all once the program has
 /// ended (a process that exits does not drop its pager).
 fn with_redis_session(devices: &str, session: &str) -> String {
-    let items: Vec<String> = devices
-        .split(',')
-        .map(|item| {
-            let t = item.trim();
-            if !t.starts_with("redis://") && !t.starts_with("redis-cluster://") {
-                return item.to_string();
-            }
-            let (body, suffix) = match t.strip_suffix(":cluster") {
-                Some(b) => (b, ":cluster"),
-                None => (t, ""),
-            };
-            let sep = if body.contains('?') { '&' } else { '?' };
-            format!("{body}{sep}session={session}{suffix}")
-        })
-        .collect();
+    rewrite_devices(devices, |t| {
+        if !t.starts_with("redis://") && !t.starts_with("redis-cluster://") {
+            return None;
+        }
+        let (body, suffix) = match t.strip_suffix(":cluster") {
+            Some(b) => (b, ":cluster"),
+            None => (t, ""),
+        };
+        let sep = if body.contains('?') { '&' } else { '?' };
+        Some(format!("{body}{sep}session={session}{suffix}"))
+    })
+}
+
+/// The device list `devices` with each item (trimmed) that `rewrite` gives a new spelling
+/// for replaced by it; the others stay as given.
+fn rewrite_devices(devices: &str, rewrite: impl Fn(&str) -> Option<String>) -> String {
+    let items: Vec<String> =
+        devices.split(',').map(|item| rewrite(item.trim()).unwrap_or_else(|| item.to_string())).collect();
     items.join(",")
 }
 
@@ -685,16 +688,10 @@ fn absolute_file_devices(devices: &str) -> String {
     if cwd.contains(',') {
         return devices.to_string();
     }
-    let items: Vec<String> = devices
-        .split(',')
-        .map(|item| match item.trim().strip_prefix("file:") {
-            Some(rest) if !rest.starts_with('/') && !rest.is_empty() => {
-                format!("file:{}", std::path::Path::new(&cwd).join(rest).display())
-            }
-            _ => item.to_string(),
-        })
-        .collect();
-    items.join(",")
+    rewrite_devices(devices, |t| {
+        let rest = t.strip_prefix("file:").filter(|rest| !rest.starts_with('/') && !rest.is_empty())?;
+        Some(format!("file:{}", std::path::Path::new(&cwd).join(rest).display()))
+    })
 }
 
 /// A named swap file that did not exist when the run began: removed when the run ends.
@@ -954,7 +951,15 @@ impl Drop for ForwardSignals {
 
 #[cfg(test)]
 mod tests {
-    use super::absolute_file_devices;
+    use super::{absolute_file_devices, with_redis_session};
+
+    #[test]
+    fn redis_devices_get_the_session_and_others_stay() {
+        assert_eq!(
+            with_redis_session("zpool, redis://h:1?replicas=1:cluster,redis://h:2,file:x", "S"),
+            "zpool,redis://h:1?replicas=1&session=S:cluster,redis://h:2?session=S,file:x"
+        );
+    }
 
     #[test]
     fn file_devices_get_absolute_paths_and_others_stay() {

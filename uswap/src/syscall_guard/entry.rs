@@ -301,8 +301,9 @@ fn buf_bytes(nr: c_long, len: u64, scale: u16) -> u64 {
     }
 }
 
-/// The most bytes of a `read` or `recvfrom` of `len` bytes worth readying
-/// (`u64::MAX`: as many as asked), so that what the kernel will not touch stays untouched:
+/// The most bytes of a `read`, `recvfrom` or `mlock` of `len` bytes worth readying
+/// (`u64::MAX`: as many as asked), so that what the kernel will not touch stays untouched
+/// (for `mlock`, nothing over a range with a hole: `lock_populates_bytes`):
 /// - from a pipe or FIFO, its capacity (`F_GETPIPE_SZ`: 64 KiB, or 8 KiB past the user's
 ///   soft limit of pipe pages, unless the program set it), or what it holds now if that is
 ///   more (a buffer spliced in from a socket can be larger than a page): the kernel then
