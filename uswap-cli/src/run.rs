@@ -43,7 +43,9 @@ mod warnings;
 pub use error::{RunError, ENV_PRELOAD_LIB, PRELOAD_LIB};
 use program::SHELL_FOR_SCRIPTS;
 pub use program::{check_runnable, find_program, shell_for, Runnable};
-use swap_files::{absolute_file_devices, erase_swap_files, remove_made_swap_files, swap_files_to_create};
+use swap_files::{
+    absolute_file_devices, erase_swap_files, remove_made_swap_files, rewrite_devices, swap_files_to_create,
+};
 
 use records::{children_rss_peak_bytes, record_paths, record_pid, serve_tree_stats, summarize, summary_line};
 use warnings::{
@@ -236,14 +238,6 @@ fn with_redis_session(devices: &str, session: &str) -> String {
         let sep = if body.contains('?') { '&' } else { '?' };
         Some(format!("{body}{sep}session={session}{suffix}"))
     })
-}
-
-/// The device list `devices` with each item (trimmed) that `rewrite` gives a new spelling
-/// for replaced by it; the others stay as given.
-fn rewrite_devices(devices: &str, rewrite: impl Fn(&str) -> Option<String>) -> String {
-    let items: Vec<String> =
-        devices.split(',').map(|item| rewrite(item.trim()).unwrap_or_else(|| item.to_string())).collect();
-    items.join(",")
 }
 
 /// `uswap run --fault-mode`.

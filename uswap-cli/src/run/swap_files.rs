@@ -1,8 +1,10 @@
 //! The named swap files of a run's file devices (`file:PATH`): their paths made absolute
 //! before the tree gets the device list, the files the run makes before its program starts,
-//! and their erasure (and removal, for those the run made) when it ends.
+//! and their erasure (and removal, for those the run made) when it ends. Also the rewrite of
+//! a device list's items that `run` uses for Redis sessions too (here, below `run`, so that
+//! the import graph has no cycle: `uswap/tests/layers.rs`).
 
-use super::{dir, rewrite_devices};
+use super::dir;
 
 /// The device list with each file device's relative path made absolute from the working
 /// directory of `uswap run`: each process's pager resolved it from its own (a program that
@@ -20,6 +22,14 @@ pub(super) fn absolute_file_devices(devices: &str) -> String {
         let rest = t.strip_prefix("file:").filter(|rest| !rest.starts_with('/') && !rest.is_empty())?;
         Some(format!("file:{}", std::path::Path::new(&cwd).join(rest).display()))
     })
+}
+
+/// The device list `devices` with each item (trimmed) that `rewrite` gives a new spelling
+/// for replaced by it; the others stay as given.
+pub(super) fn rewrite_devices(devices: &str, rewrite: impl Fn(&str) -> Option<String>) -> String {
+    let items: Vec<String> =
+        devices.split(',').map(|item| rewrite(item.trim()).unwrap_or_else(|| item.to_string())).collect();
+    items.join(",")
 }
 
 /// A named swap file that did not exist when the run began: removed when the run ends.
