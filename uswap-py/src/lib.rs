@@ -1,19 +1,21 @@
 //! The `uswap` Python package's native module (`uswap._uswap`): pagers, regions that export
 //! the buffer protocol, and a numpy data-memory handler (NEP 49), over the engine crate.
 //!
-//! Python objects wrap engine handles: a `Pager` holds a `uswap::Pager` (a cheap, shared
-//! handle), a `Region` holds a `uswap::Region`, which itself keeps its pager's engine alive,
-//! so a pager outlives its regions whatever order Python frees them in. The GIL is released
+//! Python objects hold a pager's cell (`pager_cell`: its `uswap::Pager` and the handles of
+//! its regions, which a fork child replaces with its own, `fork`), and a `Region` holds the
+//! cell too, so a pager outlives its regions whatever order Python frees them in. The GIL is released
 //! around engine work that can take long (building a pager, mapping, releasing a region,
 //! lowering the limit); faults never need it, since in thread mode they are served by the
 //! engine's own threads.
 //!
-//! Locking: none of its own beyond what each module states (`numpy_alloc`'s block table).
+//! Locking: none of its own beyond what each module states (`pager_cell`'s tables).
 //! Invariant: engine errors reach Python only as `uswap.Error` subclasses carrying the
 //! engine's message (`errors`).
 
 mod errors;
+mod fork;
 mod numpy_alloc;
+mod pager_cell;
 mod region;
 
 use std::sync::atomic::Ordering;
@@ -24,6 +26,7 @@ use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::errors::{to_py, InvalidArgumentError};
 use crate::numpy_alloc::{Counters, NumpyAllocator, DEFAULT_THRESHOLD_BYTES};
+use crate::pager_cell::{Owner, PagerCell};
 use crate::region::PyRegion;
 
 /// A size argument: an int of bytes, or a string such as `"2GiB"`, `"512MiB"`, `"1.5G"`.
@@ -106,7 +109,7 @@ fn idle_age_arg(value: &Bound<'_, PyAny>) -> PyResult<uswap::IdleAging> {
 /// says how much memory has been untouched for 1 s, 10 s, 1 min and 10 min).
 #[pyclass(module = "uswap", name = "Pager", frozen)]
 struct PyPager {
-    pager: uswap::Pager,
+    cell: Arc<PagerCell>,
     numpy: Arc<Counters>,
 }
 
@@ -181,8 +184,8 @@ impl PyPager {
             builder = builder.device(d);
         }
         // Opening file devices and starting the threads takes a while.
-        let pager = py.detach(move || builder.build()).map_err(to_py)?;
-        Ok(PyPager { pager, numpy: Arc::new(Counters::default()) })
+        let cell = py.detach(move || fork::build(builder)).map_err(to_py)?;
+        Ok(PyPager { cell, numpy: Arc::new(Counters::default()) })
     }
 
     /// Maps a managed region of `size` bytes (rounded up to whole pages), zero-filled. The
@@ -194,9 +197,9 @@ impl PyPager {
         let len = usize::try_from(bytes).map_err(|_| {
             InvalidArgumentError::new_err(format!("size: {bytes} bytes does not fit this machine's address space"))
         })?;
-        let pager = &self.pager;
-        let region = py.detach(|| pager.map(len)).map_err(to_py)?;
-        Ok(PyRegion::new(region))
+        let cell = &self.cell;
+        let (start, len) = py.detach(|| cell.map(len, Owner::Region)).map_err(to_py)?;
+        Ok(PyRegion::new(cell.clone(), start, len))
     }
 
     /// A context manager that puts numpy's array data in managed memory while it is active:
@@ -210,7 +213,7 @@ impl PyPager {
             Some(t) => usize::try_from(size_arg(t, "threshold")?).unwrap_or(usize::MAX),
             None => DEFAULT_THRESHOLD_BYTES,
         };
-        Ok(NumpyAllocator::new(self.pager.clone(), threshold_bytes, self.numpy.clone()))
+        Ok(NumpyAllocator::new(self.cell.clone(), threshold_bytes, self.numpy.clone()))
     }
 
     /// The pager's counters as a dict, under the names `uswap bench` and `uswap stat` use
@@ -219,7 +222,7 @@ impl PyPager {
     /// `numpy_allocs` (ever), `numpy_fallbacks` (large blocks the engine refused, served by
     /// malloc).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.pager.stats();
+        let stats = self.cell.pager().stats();
         let value = serde_json::to_value(&stats)
             .map_err(|e| errors::IoError::new_err(format!("cannot serialize the counters: {e}")))?;
         let obj = json_to_py(py, &value)?;
@@ -238,33 +241,42 @@ impl PyPager {
     /// busy; the new limit is in place all the same.
     fn set_limit(&self, py: Python<'_>, limit: &Bound<'_, PyAny>) -> PyResult<()> {
         let bytes = size_arg(limit, "limit")?;
-        let pager = &self.pager;
+        let pager = self.cell.pager();
         py.detach(|| pager.set_resident_limit(bytes)).map_err(to_py)
     }
 
     /// The resident limit in bytes.
     #[getter]
     fn limit(&self) -> u64 {
-        self.pager.resident_limit()
+        self.cell.pager().resident_limit()
     }
 
     /// `"thread"` or `"signal"`.
     #[getter]
     fn fault_mode(&self) -> &'static str {
-        fault_mode_name(self.pager.fault_mode())
+        fault_mode_name(self.cell.pager().fault_mode())
+    }
+
+    /// Whether a child made by `fork()` (`os.fork`, `multiprocessing`) inherits this pager's
+    /// regions, paged by a pager of its own: true for the first pager made while no other
+    /// such pager lives; the regions of any other pager are not in the child at all.
+    #[getter]
+    fn regions_survive_fork(&self) -> bool {
+        self.cell.rearm_builder().is_some()
     }
 
     /// The abstract unix socket `uswap stat` reads this pager's counters from, or None.
     #[getter]
     fn stats_socket(&self) -> Option<String> {
-        self.pager.stats_socket().map(str::to_string)
+        self.cell.pager().stats_socket().map(str::to_string)
     }
 
     fn __repr__(&self) -> String {
+        let pager = self.cell.pager();
         format!(
             "<uswap.Pager limit={} bytes fault_mode={:?}>",
-            self.pager.resident_limit(),
-            fault_mode_name(self.pager.fault_mode())
+            pager.resident_limit(),
+            fault_mode_name(pager.fault_mode())
         )
     }
 }
@@ -302,6 +314,7 @@ fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py
 #[pymodule]
 fn _uswap(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
+    fork::start().map_err(pyo3::exceptions::PyRuntimeError::new_err)?;
     m.add_class::<PyPager>()?;
     m.add_class::<PyRegion>()?;
     m.add_class::<NumpyAllocator>()?;

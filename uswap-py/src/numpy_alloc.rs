@@ -19,24 +19,26 @@
 //! numpy's C API is reached at run time through its `_ARRAY_API` capsule, so numpy is needed
 //! only by `pager.numpy()`, and any numpy >= 1.22 (the first with NEP 49) works.
 //!
-//! Locking: `blocks` (a std mutex) is held only to insert, find or remove an entry, never
-//! across engine work or a copy. The handler's functions may be called from any thread, with
-//! or without the GIL, and touch no Python object. Invariants: a pointer is in `blocks` iff
-//! it is the start of a live region this handler mapped for numpy; every other non-null
-//! pointer the handler is given came from the C library's allocator. The capsule owns the
-//! handler (and so the regions and a pager handle); numpy keeps the capsule alive while any
-//! array allocated through it lives.
+//! Locking: the blocks are in the pager's table (`pager_cell`, whose locking applies), never
+//! locked across a copy. The handler's functions may be called from any thread, with or
+//! without the GIL, and touch no Python object. Invariants: a pointer is a numpy block of the
+//! table iff it is the start of a live region a handler of this pager mapped for numpy;
+//! every other non-null pointer the handler is given came from the C library's allocator.
+//! The capsule owns the handler (and so the pager's table); numpy keeps the capsule alive
+//! while any array allocated through it lives.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread::ThreadId;
 
 use pyo3::exceptions::{PyImportError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+
+use crate::pager_cell::{Owner, PagerCell};
 
 /// Default smallest block served from managed memory: below it, an array is too small to
 /// matter to the budget and a region of its own would cost more (a mapping, a registration
@@ -83,30 +85,22 @@ pub struct Counters {
     pub fallbacks: AtomicU64,
 }
 
-/// The state behind one handler: where its managed blocks are.
+/// The state behind one handler: the pager whose table holds its managed blocks.
 struct ManagedHeap {
-    pager: uswap::Pager,
+    cell: Arc<PagerCell>,
     threshold_bytes: usize,
-    blocks: Mutex<HashMap<usize, uswap::Region>>,
     counters: Arc<Counters>,
 }
 
 impl ManagedHeap {
-    fn blocks(&self) -> std::sync::MutexGuard<'_, HashMap<usize, uswap::Region>> {
-        // Every change under the lock is one insert or remove: a panic cannot leave it torn.
-        self.blocks.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// A managed block of `size` bytes (zero-filled), or `None` if the engine refused one.
     fn map(&self, size: usize) -> Option<*mut c_void> {
-        match self.pager.map(size) {
-            Ok(region) => {
-                let p = region.as_ptr();
+        match self.cell.map(size, Owner::Numpy) {
+            Ok((start, len)) => {
                 self.counters.blocks.fetch_add(1, Ordering::Relaxed);
-                self.counters.bytes.fetch_add(region.len() as u64, Ordering::Relaxed);
+                self.counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
                 self.counters.allocs.fetch_add(1, Ordering::Relaxed);
-                self.blocks().insert(p as usize, region);
-                Some(p.cast())
+                Some(start as *mut c_void)
             }
             Err(_) => {
                 self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -133,7 +127,7 @@ impl ManagedHeap {
 
     /// Length of the managed block at `p`, if `p` is one.
     fn managed_len(&self, p: *mut c_void) -> Option<usize> {
-        self.blocks().get(&(p as usize)).map(uswap::Region::len)
+        self.cell.len_of(p as usize, Owner::Numpy)
     }
 
     /// Frees `p`, a block of this handler (or null).
@@ -141,13 +135,10 @@ impl ManagedHeap {
         if p.is_null() {
             return;
         }
-        let region = self.blocks().remove(&(p as usize));
-        match region {
-            Some(region) => {
+        match self.cell.unmap(p as usize, Owner::Numpy) {
+            Some(len) => {
                 self.counters.blocks.fetch_sub(1, Ordering::Relaxed);
-                self.counters.bytes.fetch_sub(region.len() as u64, Ordering::Relaxed);
-                // Unmapped outside the lock: it frees the region's slots.
-                drop(region);
+                self.counters.bytes.fetch_sub(len as u64, Ordering::Relaxed);
             }
             // SAFETY: not managed, so the C library's (module invariant).
             None => unsafe { libc::free(p) },
@@ -311,7 +302,7 @@ fn numpy_set_handler(py: Python<'_>) -> PyResult<SetHandlerFn> {
 /// at least `threshold` bytes are managed; smaller ones use the C library's malloc.
 #[pyclass(module = "uswap", name = "NumpyAllocator")]
 pub struct NumpyAllocator {
-    pager: uswap::Pager,
+    cell: Arc<PagerCell>,
     threshold_bytes: usize,
     counters: Arc<Counters>,
     /// Our handler capsule, made on first entry.
@@ -322,8 +313,8 @@ pub struct NumpyAllocator {
 }
 
 impl NumpyAllocator {
-    pub fn new(pager: uswap::Pager, threshold_bytes: usize, counters: Arc<Counters>) -> NumpyAllocator {
-        NumpyAllocator { pager, threshold_bytes, counters, capsule: None, previous: HashMap::new() }
+    pub fn new(cell: Arc<PagerCell>, threshold_bytes: usize, counters: Arc<Counters>) -> NumpyAllocator {
+        NumpyAllocator { cell, threshold_bytes, counters, capsule: None, previous: HashMap::new() }
     }
 }
 
@@ -349,9 +340,8 @@ impl NumpyAllocator {
             Some(c) => c.clone_ref(py),
             None => {
                 let heap = ManagedHeap {
-                    pager: slf.pager.clone(),
+                    cell: slf.cell.clone(),
                     threshold_bytes: slf.threshold_bytes,
-                    blocks: Mutex::new(HashMap::new()),
                     counters: slf.counters.clone(),
                 };
                 let c = new_handler_capsule(py, heap)?;

@@ -7,34 +7,55 @@
 //! the region. `release()` unmaps it at once and refuses, with `BufferError`, while views are
 //! exported, as `memoryview.release()` and `mmap.close()` do.
 //!
+//! The engine's handle of the region is in its pager's table (`pager_cell`), where a fork
+//! child puts its own pager's in its place; the object holds the table and the start.
+//!
 //! Locking: the object is only touched with the GIL held (or Python's per-object lock on a
 //! free-threaded build); `exports` is atomic because `__releasebuffer__` takes `&self`.
-//! Invariants: `region` is `Some` while the object is open; `exports` counts buffers handed
-//! out and not yet released, and `release()` only unmaps when it is zero.
+//! Invariants: `open` while the region is mapped (the table holds it at `start`); `exports`
+//! counts buffers handed out and not yet released, and `release()` only unmaps when it is
+//! zero.
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
+use crate::pager_cell::{Owner, PagerCell};
+
 /// A managed memory region, zero-filled at first, paged by its pager.
 #[pyclass(module = "uswap", name = "Region")]
 pub struct PyRegion {
-    region: Option<uswap::Region>,
-    exports: AtomicUsize,
+    cell: Arc<PagerCell>,
+    start: usize,
     len_bytes: usize,
+    open: bool,
+    exports: AtomicUsize,
 }
 
 impl PyRegion {
-    pub fn new(region: uswap::Region) -> PyRegion {
-        let len_bytes = region.len();
-        PyRegion { region: Some(region), exports: AtomicUsize::new(0), len_bytes }
+    /// The object for the region `cell` mapped at `start` (`len_bytes`, whole pages).
+    pub fn new(cell: Arc<PagerCell>, start: usize, len_bytes: usize) -> PyRegion {
+        PyRegion { cell, start, len_bytes, open: true, exports: AtomicUsize::new(0) }
     }
 
-    fn open(&self) -> PyResult<&uswap::Region> {
-        self.region.as_ref().ok_or_else(|| PyValueError::new_err("operation on a released uswap.Region"))
+    fn check_open(&self) -> PyResult<()> {
+        if self.open {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err("operation on a released uswap.Region"))
+        }
+    }
+}
+
+impl Drop for PyRegion {
+    fn drop(&mut self) {
+        if std::mem::take(&mut self.open) {
+            self.cell.unmap(self.start, Owner::Region);
+        }
     }
 }
 
@@ -46,10 +67,10 @@ impl PyRegion {
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
         let (ptr, len) = {
             let this = slf.borrow();
-            let Some(region) = this.region.as_ref() else {
+            if !this.open {
                 return Err(PyBufferError::new_err("cannot export a released uswap.Region"));
-            };
-            (region.as_ptr(), region.len())
+            }
+            (this.start as *mut u8, this.len_bytes)
         };
         let len = isize::try_from(len).map_err(|_| PyBufferError::new_err("region too large for a buffer"))?;
         // SAFETY: `view` is valid per the protocol; `ptr` is `len` mapped, writable bytes that
@@ -83,15 +104,16 @@ impl PyRegion {
                  point into it; delete them (or call memoryview.release()) first"
             )));
         }
-        if let Some(region) = self.region.take() {
+        if std::mem::take(&mut self.open) {
             // Freeing a large region's swap slots takes a while; other threads may run.
-            py.detach(move || drop(region));
+            let (cell, start) = (&self.cell, self.start);
+            py.detach(|| cell.unmap(start, Owner::Region));
         }
         Ok(())
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyResult<PyRef<'_, Self>> {
-        slf.open()?;
+        slf.check_open()?;
         Ok(slf)
     }
 
@@ -121,25 +143,31 @@ impl PyRegion {
     /// Whether `release()` was called.
     #[getter]
     fn released(&self) -> bool {
-        self.region.is_none()
+        !self.open
     }
 
     /// Address of the first byte (for ctypes and C extensions); raises `ValueError` once
     /// released.
     #[getter]
     fn address(&self) -> PyResult<usize> {
-        Ok(self.open()?.as_ptr() as usize)
+        self.check_open()?;
+        Ok(self.start)
     }
 
     /// Pages of the region in RAM right now, measured with `mincore(2)`.
     fn mapped_pages(&self) -> PyResult<usize> {
-        self.open()?.mapped_pages().map_err(|e| crate::errors::IoError::new_err(format!("mincore: {e}")))
+        self.check_open()?;
+        match self.cell.mapped_pages(self.start) {
+            Some(pages) => pages.map_err(|e| crate::errors::IoError::new_err(format!("mincore: {e}"))),
+            None => Err(PyValueError::new_err("operation on a released uswap.Region")),
+        }
     }
 
     fn __repr__(&self) -> String {
-        match &self.region {
-            Some(r) => format!("<uswap.Region {} bytes at {:#x}>", self.len_bytes, r.as_ptr() as usize),
-            None => format!("<uswap.Region {} bytes, released>", self.len_bytes),
+        if self.open {
+            format!("<uswap.Region {} bytes at {:#x}>", self.len_bytes, self.start)
+        } else {
+            format!("<uswap.Region {} bytes, released>", self.len_bytes)
         }
     }
 }

@@ -542,3 +542,94 @@ def test_python_m_uswap_run_pages_a_program_with_the_packaged_command(tmp_path):
     assert r.stdout.strip() == "same 96", (r.stdout, r.stderr)
     counters = __import__("json").loads(stats.read_text())
     assert counters["pswpout"] > 0, counters
+
+
+FORK_SCRIPT = r'''
+import hashlib, os, sys, time
+import multiprocessing as mp
+import numpy as np
+import uswap
+
+MiB = 1 << 20
+mode = sys.argv[1]
+pager = uswap.Pager(limit=8 * MiB, devices="zpool:256MiB", fault_mode=mode)
+other = uswap.Pager(limit=8 * MiB, devices="zpool:64MiB", fault_mode=mode)
+assert pager.regions_survive_fork and not other.regions_survive_fork
+region = pager.map(32 * MiB)
+view = memoryview(region)
+data = os.urandom(len(view))
+view[:] = data
+with pager.numpy():
+    arr = np.frombuffer(os.urandom(16 * MiB), dtype=np.uint64).copy()
+digest = hashlib.sha256(arr.tobytes()).digest()
+assert pager.stats()["pswpout"] > 0, "the data is 6x the limit: most of it is out at the fork"
+
+
+def wait(pid, what, bound_s=60):
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"{what}: the child did not end within {bound_s} s")
+
+
+def child_checks(depth):
+    """In a fork child: every byte as at the fork, its writes its own, a pager of its own."""
+    checks = [bytes(view) == data, hashlib.sha256(arr.tobytes()).digest() == digest]
+    view[: 4 * MiB] = b"\xa5" * (4 * MiB)
+    arr[:1024] = depth
+    fresh = pager.map(24 * MiB)
+    fresh_view = memoryview(fresh)
+    fresh_data = os.urandom(len(fresh_view))
+    fresh_view[:] = fresh_data
+    checks += [bytes(fresh_view) == fresh_data, pager.stats()["pswpout"] > 0]
+    checks += [bytes(view[: 4 * MiB]) == b"\xa5" * (4 * MiB), bytes(view[4 * MiB :]) == data[4 * MiB :]]
+    try:
+        other.map(MiB)
+        checks.append(False)
+    except uswap.Error:
+        checks.append(True)  # not re-armed: its engine is the parent's
+    if depth == 1:
+        # A fork of the child: the grandchild reads the child's bytes.
+        pid = os.fork()
+        if pid == 0:
+            ok = bytes(view[: 4 * MiB]) == b"\xa5" * (4 * MiB) and bytes(fresh_view) == fresh_data
+            os._exit(0 if ok else 1)
+        checks.append(wait(pid, "grandchild") == 0)
+    return checks
+
+
+pid = os.fork()
+if pid == 0:
+    code = 2
+    try:
+        checks = child_checks(1)
+        code = 0 if all(checks) else 10 + checks.index(False)
+    finally:
+        os._exit(code)
+assert wait(pid, "os.fork") == 0, "the child's checks failed"
+assert bytes(view) == data and hashlib.sha256(arr.tobytes()).digest() == digest, "the parent's bytes changed"
+
+
+def part_sum(k):
+    return int(arr[k * 2 * MiB // 8 : (k + 1) * 2 * MiB // 8].sum(dtype=np.uint64))
+
+
+with mp.get_context("fork").Pool(2) as pool:
+    parts = pool.map_async(part_sum, range(8)).get(timeout=60)
+assert sum(parts) % (1 << 64) == int(arr.sum(dtype=np.uint64)), "the workers read other bytes"
+print("fork ok", pager.stats()["pswpout"])
+'''
+
+
+@pytest.mark.parametrize("mode", ["thread", "signal"])
+def test_fork_children_read_every_byte_and_page_under_their_own_pager(mode, tmp_path):
+    # In a process of its own: a fork of the test runner would run its teardown twice.
+    script = tmp_path / "fork_children.py"
+    script.write_text(FORK_SCRIPT)
+    r = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "fork ok" in r.stdout, f"status {r.returncode}\n{r.stdout}\n{r.stderr}"

@@ -95,6 +95,11 @@ class Pager:
     calls on managed memory that is out (``recv_into``, ``readinto``) bring it in first
     instead of failing with ``EFAULT``; the first pager asking for it must be made while the
     process has one thread.
+
+    A child made by ``fork()`` (``os.fork``, ``multiprocessing``'s ``fork`` start method)
+    inherits the regions of one pager, the first made while no other such pager lives
+    (``regions_survive_fork``): it reads every byte and pages them under a pager of its own,
+    with the same arguments. The regions of any other pager are not in the child.
     """
 
     def __init__(
@@ -124,6 +129,9 @@ class Pager:
     @property
     def fault_mode(self) -> Literal["thread", "signal"]:
         """``"thread"`` or ``"signal"``."""
+    @property
+    def regions_survive_fork(self) -> bool:
+        """Whether ``fork()`` children inherit this pager's regions (see the class doc)."""
     @property
     def stats_socket(self) -> Optional[str]:
         """The abstract unix socket ``uswap stat`` reads, or None."""

@@ -1,0 +1,132 @@
+//! `fork()` of a Python process with a pager (`os.fork`, `multiprocessing`'s default start
+//! method on Linux, a C extension's `fork`): the child reads every byte of the pager's regions
+//! and goes on paging them under a pager of its own.
+//!
+//! The engine's threads and userfaultfd stay in the parent, so a child would find the pages
+//! that were out missing. One pager of the process (the first made while no other such pager
+//! lives) is built with `regions_survive_fork`, and `pthread_atfork` handlers, which run for
+//! every `fork()` whoever calls it, do what the engine asks of such a fork
+//! (`Pager::prepare_fork_to_rearm`, then `ForkHold::rearm_in_child`): the child gets a pager
+//! built from the same arguments, with the same limit of its own, which takes over every
+//! region at the same address. Pages resident at the fork stay shared copy-on-write with the
+//! parent (charged to it) until the child writes them; pages out at the fork are read on first
+//! touch from the child's copy of the parent's device. So `uswap.Region` objects, memoryviews
+//! and numpy arrays in managed memory work in the child as in the parent, and what the child
+//! writes is its own. If the child cannot build its pager (no userfaultfd left, a file
+//! device's disk full), it says so on stderr and keeps every byte as ordinary memory, paged
+//! by nobody; `Pager.map` then raises in it.
+//!
+//! The engine re-arms one pager per fork, so the regions of any other pager that lives at the
+//! same time are not inherited at all (`MADV_DONTFORK`: a child that touches them gets
+//! SIGSEGV); docs/api.md says so. `vfork` and `posix_spawn` (`subprocess`) copy nothing and run
+//! no handlers.
+//!
+//! Locking: the prepare handler takes `pager_cell`'s lock for writing first (no thread is
+//! mapping, unmapping or inside a table), then holds the engine's fork hold; the parent and
+//! child handlers, which run on the same thread, let go in the other order. [`REARMED`] is
+//! taken only under that lock.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, PoisonError, RwLockWriteGuard, Weak};
+
+use crate::pager_cell::{maps_read, maps_write, PagerCell};
+
+/// The pager whose regions fork children inherit, while it lives.
+static REARMED: Mutex<Option<Weak<PagerCell>>> = Mutex::new(None);
+
+/// What the prepare handler holds across the fork.
+struct Held {
+    maps: RwLockWriteGuard<'static, ()>,
+    rearm: Option<(Arc<PagerCell>, uswap::ForkHold)>,
+}
+
+thread_local! {
+    /// The prepare, parent and child handlers of one fork run on the forking thread.
+    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+}
+
+/// Builds a pager: the one whose regions fork children inherit if no such pager lives
+/// (`regions_survive_fork`), else one whose regions they do not. Called with the GIL released.
+pub fn build(builder: uswap::PagerBuilder) -> uswap::Result<Arc<PagerCell>> {
+    // A fork waits for the build, so that it finds the pager claimed and built together.
+    let _maps = maps_read();
+    let mut rearmed = REARMED.lock().unwrap_or_else(PoisonError::into_inner);
+    if rearmed.as_ref().is_some_and(|w| w.strong_count() > 0) {
+        let pager = builder.regions_survive_fork(false).build()?;
+        return Ok(PagerCell::new(pager, None));
+    }
+    let builder = builder.regions_survive_fork(true);
+    let cell = PagerCell::new(builder.clone().build()?, Some(builder));
+    *rearmed = Some(Arc::downgrade(&cell));
+    Ok(cell)
+}
+
+extern "C" fn prepare() {
+    let maps = maps_write();
+    let cell = REARMED.lock().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(Weak::upgrade);
+    let rearm = cell.map(|cell| {
+        let hold = cell.pager_under_maps_write().prepare_fork_to_rearm();
+        (cell, hold)
+    });
+    HELD.with(|h| *h.borrow_mut() = Some(Held { maps, rearm }));
+}
+
+extern "C" fn parent() {
+    let Some(Held { maps, rearm }) = HELD.with(|h| h.borrow_mut().take()) else { return };
+    // The hold first: dropping it reclaims back down to the limit.
+    let cell = rearm.map(|(cell, hold)| {
+        drop(hold);
+        cell
+    });
+    drop(maps);
+    // Last: if it was the last reference, its drop takes the lock for reading.
+    drop(cell);
+}
+
+extern "C" fn child() {
+    let Some(Held { maps, rearm }) = HELD.with(|h| h.borrow_mut().take()) else { return };
+    uswap::forget_engine_threads_in_fork_child();
+    // The thread-local holds the parent's thread's id.
+    uswap::note_thread_start();
+    let cell = rearm.map(|(cell, hold)| {
+        rearm_child(&cell, hold);
+        cell
+    });
+    drop(maps);
+    drop(cell);
+}
+
+/// Builds the child's pager and gives it the regions (see the module doc).
+fn rearm_child(cell: &PagerCell, hold: uswap::ForkHold) {
+    let Some(builder) = cell.rearm_builder() else {
+        // Not reached: only a cell with a builder is claimed.
+        std::mem::forget(hold);
+        return;
+    };
+    match hold.rearm_in_child(builder) {
+        Ok((pager, regions)) => cell.adopt_in_fork_child(pager, regions),
+        Err(e) => {
+            // Its regions are ordinary memory now, every byte in place: a fork of this child
+            // copies them as they are.
+            *REARMED.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            let msg = format!(
+                "uswap: fork child {}: could not build its own pager, so its managed memory is ordinary memory \
+                 here (every byte kept, nothing paged, Pager.map raises): {e}\n",
+                std::process::id()
+            );
+            // SAFETY: writes a buffer we own to stderr.
+            unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+        }
+    }
+}
+
+/// Registers the handlers (once, at the module's import).
+pub fn start() -> Result<(), String> {
+    // SAFETY: registers three handlers with no captured state; they run around fork() on the
+    // forking thread.
+    let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    if r != 0 {
+        return Err(format!("pthread_atfork failed: {}", std::io::Error::from_raw_os_error(r)));
+    }
+    Ok(())
+}

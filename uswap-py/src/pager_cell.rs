@@ -1,0 +1,154 @@
+//! A Python pager's engine objects: its `uswap::Pager` and the handle of every region it
+//! mapped for Python (a `uswap.Region` object or a numpy block), kept together in one table
+//! per pager so that a fork child can put its own pager's handles in their place (`fork`).
+//!
+//! Python objects hold the cell (`Arc<PagerCell>`) and a region's start, never an engine
+//! handle: the cell keeps the engine alive while any of them lives, whatever order Python
+//! frees them in.
+//!
+//! Locking: [`MAPS`], one reader-writer lock for the process, is held for reading around each
+//! use of a table or of a cell's pager handle (a map, an unmap, a lookup), and for writing by
+//! the fork's prepare handler until the fork is done: no thread is inside a table, mapping a
+//! region or unmapping one when the child's copy is taken. Each use takes it once and never
+//! waits for the GIL while it holds it (a second read on one thread, or the GIL, could wait
+//! behind a forking thread that waits for the write lock). A table's mutex is taken only
+//! under `MAPS`, and never across engine work.
+//!
+//! Invariants: a table entry's key is its region's start; every region a cell's pager maps is
+//! in the table from its `map` to its `unmap` (both under one read of `MAPS`); the handles are
+//! the pager's own (in a re-armed fork child, the child's pager's).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Held for reading by every use of a cell's table or pager handle, for writing across a fork
+/// (see the module doc).
+static MAPS: RwLock<()> = RwLock::new(());
+
+/// Takes [`MAPS`] for reading. (Every change made under it is one insert or remove: a panic
+/// cannot leave a table torn, so a poisoned lock is taken as it is.)
+pub fn maps_read() -> RwLockReadGuard<'static, ()> {
+    MAPS.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Takes [`MAPS`] for writing: the fork's prepare handler, until the fork is done.
+pub fn maps_write() -> RwLockWriteGuard<'static, ()> {
+    MAPS.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Who holds a region of a cell: a `uswap.Region` object, or a numpy handler's block (numpy
+/// frees only what it allocated, so a numpy free never unmaps a `uswap.Region`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    Region,
+    Numpy,
+}
+
+struct Entry {
+    owner: Owner,
+    region: uswap::Region,
+}
+
+struct Handles {
+    pager: uswap::Pager,
+    /// Every live region, by start.
+    regions: HashMap<usize, Entry>,
+}
+
+/// A Python pager's engine pager and regions (see the module doc).
+pub struct PagerCell {
+    handles: Mutex<Handles>,
+    /// How the pager was built, for a fork child to build its own: `Some` for the pager whose
+    /// regions fork children inherit (`fork`), `None` for one whose regions they do not.
+    rearm: Option<uswap::PagerBuilder>,
+}
+
+impl PagerCell {
+    pub fn new(pager: uswap::Pager, rearm: Option<uswap::PagerBuilder>) -> Arc<PagerCell> {
+        Arc::new(PagerCell { handles: Mutex::new(Handles { pager, regions: HashMap::new() }), rearm })
+    }
+
+    /// The table; the caller holds [`MAPS`].
+    fn handles(&self) -> MutexGuard<'_, Handles> {
+        self.handles.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The pager (a shared handle to it).
+    pub fn pager(&self) -> uswap::Pager {
+        let _maps = maps_read();
+        self.handles().pager.clone()
+    }
+
+    /// The pager, for a caller that holds [`MAPS`] for writing (the fork's prepare handler).
+    pub fn pager_under_maps_write(&self) -> uswap::Pager {
+        self.handles().pager.clone()
+    }
+
+    /// Maps a region of `len` bytes for `owner`: its start and length (whole pages).
+    pub fn map(&self, len: usize, owner: Owner) -> uswap::Result<(usize, usize)> {
+        let _maps = maps_read();
+        let pager = self.handles().pager.clone();
+        let region = pager.map(len)?;
+        let (start, len) = (region.as_ptr() as usize, region.len());
+        let old = self.handles().regions.insert(start, Entry { owner, region });
+        assert!(old.is_none(), "two live regions at {start:#x}");
+        Ok((start, len))
+    }
+
+    /// Unmaps `owner`'s region at `start` (its memory and swap slots freed): its length, or
+    /// `None` if `owner` holds no region there.
+    pub fn unmap(&self, start: usize, owner: Owner) -> Option<usize> {
+        let _maps = maps_read();
+        let entry = {
+            let mut handles = self.handles();
+            match handles.regions.get(&start) {
+                Some(e) if e.owner == owner => handles.regions.remove(&start),
+                _ => None,
+            }
+        };
+        // Unmapped outside the table's lock: it frees the region's slots.
+        entry.map(|e| e.region.len())
+    }
+
+    /// The length of `owner`'s region at `start`, if it holds one there.
+    pub fn len_of(&self, start: usize, owner: Owner) -> Option<usize> {
+        let _maps = maps_read();
+        self.handles().regions.get(&start).filter(|e| e.owner == owner).map(|e| e.region.len())
+    }
+
+    /// Pages of the region at `start` in RAM now (`mincore(2)`), if it is live.
+    pub fn mapped_pages(&self, start: usize) -> Option<std::io::Result<usize>> {
+        let _maps = maps_read();
+        self.handles().regions.get(&start).map(|e| e.region.mapped_pages())
+    }
+
+    /// How a fork child builds its own pager, if fork children re-arm this one.
+    pub fn rearm_builder(&self) -> Option<uswap::PagerBuilder> {
+        self.rearm.clone()
+    }
+
+    /// In a fork child that re-armed (`fork`), with [`MAPS`] held for writing: the child's
+    /// pager and its regions take the places of the parent's. The parent's handles are
+    /// forgotten, never dropped (their engine is the parent's).
+    pub fn adopt_in_fork_child(&self, pager: uswap::Pager, regions: Vec<(usize, uswap::Region)>) {
+        let mut handles = self.handles();
+        std::mem::forget(std::mem::replace(&mut handles.pager, pager));
+        for (start, region) in regions {
+            match handles.regions.get_mut(&start) {
+                Some(e) => std::mem::forget(std::mem::replace(&mut e.region, region)),
+                // Not expected (every region is in the table, see the invariants): left
+                // mapped and managed, never unmapped.
+                None => std::mem::forget(region),
+            }
+        }
+    }
+}
+
+impl Drop for PagerCell {
+    fn drop(&mut self) {
+        // Normally empty (each holder of a region holds the cell); unmapped as `unmap` does.
+        let _maps = maps_read();
+        let handles = self.handles.get_mut().unwrap_or_else(PoisonError::into_inner);
+        handles.regions.clear();
+    }
+}
