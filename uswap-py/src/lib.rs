@@ -184,7 +184,8 @@ impl PyPager {
             builder = builder.device(d);
         }
         // Opening file devices and starting the threads takes a while.
-        let cell = py.detach(move || fork::build(builder)).map_err(to_py)?;
+        let auto = auto.is_some();
+        let cell = py.detach(move || fork::build(builder, auto)).map_err(to_py)?;
         Ok(PyPager { cell, numpy: Arc::new(Counters::default()) })
     }
 
@@ -198,6 +199,7 @@ impl PyPager {
             InvalidArgumentError::new_err(format!("size: {bytes} bytes does not fit this machine's address space"))
         })?;
         let cell = &self.cell;
+        cell.check_owner().map_err(InvalidArgumentError::new_err)?;
         let (start, len) = py.detach(|| cell.map(len, Owner::Region)).map_err(to_py)?;
         Ok(PyRegion::new(cell.clone(), start, len))
     }
@@ -222,6 +224,9 @@ impl PyPager {
     /// `numpy_allocs` (ever), `numpy_fallbacks` (large blocks the engine refused, served by
     /// malloc).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        // In a fork child whose pager this is not, the engine's tables are the parent's, partly
+        // absent (`MADV_DONTFORK`), and its locks may have been held by its threads.
+        self.cell.check_owner().map_err(InvalidArgumentError::new_err)?;
         let stats = self.cell.pager().stats();
         let value = serde_json::to_value(&stats)
             .map_err(|e| errors::IoError::new_err(format!("cannot serialize the counters: {e}")))?;
@@ -241,6 +246,7 @@ impl PyPager {
     /// busy; the new limit is in place all the same.
     fn set_limit(&self, py: Python<'_>, limit: &Bound<'_, PyAny>) -> PyResult<()> {
         let bytes = size_arg(limit, "limit")?;
+        self.cell.check_owner().map_err(InvalidArgumentError::new_err)?;
         let pager = self.cell.pager();
         py.detach(|| pager.set_resident_limit(bytes)).map_err(to_py)
     }
@@ -262,7 +268,7 @@ impl PyPager {
     /// such pager lives; the regions of any other pager are not in the child at all.
     #[getter]
     fn regions_survive_fork(&self) -> bool {
-        self.cell.rearm_builder().is_some()
+        fork::is_rearmed(&self.cell)
     }
 
     /// The abstract unix socket `uswap stat` reads this pager's counters from, or None.

@@ -563,6 +563,7 @@ with pager.numpy():
     arr = np.frombuffer(os.urandom(16 * MiB), dtype=np.uint64).copy()
 digest = hashlib.sha256(arr.tobytes()).digest()
 assert pager.stats()["pswpout"] > 0, "the data is 6x the limit: most of it is out at the fork"
+pager.set_limit(12 * MiB)  # a child's pager starts from the limit at the fork
 
 
 def wait(pid, what, bound_s=60):
@@ -588,11 +589,13 @@ def child_checks(depth):
     fresh_view[:] = fresh_data
     checks += [bytes(fresh_view) == fresh_data, pager.stats()["pswpout"] > 0]
     checks += [bytes(view[: 4 * MiB]) == b"\xa5" * (4 * MiB), bytes(view[4 * MiB :]) == data[4 * MiB :]]
-    try:
-        other.map(MiB)
-        checks.append(False)
-    except uswap.Error:
-        checks.append(True)  # not re-armed: its engine is the parent's
+    checks += [pager.limit == 12 * MiB, pager.regions_survive_fork, not other.regions_survive_fork]
+    for call in (lambda: other.map(MiB), other.stats, lambda: other.set_limit(16 * MiB)):
+        try:
+            call()
+            checks.append(False)
+        except uswap.InvalidArgumentError:
+            checks.append(True)  # not re-armed: its engine is the parent's
     if depth == 1:
         # A fork of the child: the grandchild reads the child's bytes.
         pid = os.fork()
