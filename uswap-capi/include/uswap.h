@@ -650,7 +650,8 @@ int uswap_set_resident_limit(struct uswap_pager *pager, uint64_t limit_bytes);
  * work with this library.
  *
  * Errors: `USWAP_EINVAL` if an argument is NULL, `pager` is not live, `stats` is not aligned
- * for `uint64_t`, or `stats->size` is below 8.
+ * for `uint64_t`, `stats->size` is below 8, or this process is a fork child of the one that
+ * made the pager.
  *
  * # Safety
  *

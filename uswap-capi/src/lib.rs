@@ -498,7 +498,8 @@ pub extern "C" fn uswap_set_resident_limit(pager: *mut uswap_pager, limit_bytes:
 /// work with this library.
 ///
 /// Errors: `USWAP_EINVAL` if an argument is NULL, `pager` is not live, `stats` is not aligned
-/// for `uint64_t`, or `stats->size` is below 8.
+/// for `uint64_t`, `stats->size` is below 8, or this process is a fork child of the one that
+/// made the pager.
 ///
 /// # Safety
 ///
@@ -520,6 +521,8 @@ pub unsafe extern "C" fn uswap_get_stats(pager: *mut uswap_pager, stats: *mut us
             )));
         };
         let pager = PAGERS.get(id_of(pager), FUNCTION, "pager")?;
+        // In a fork child the engine's tables are the parent's, partly absent.
+        pager.check_owner()?;
         let mut snapshot = uswap_stats::from_engine(&pager.stats());
         snapshot.size = n as u64;
         // SAFETY: `n` is at most both the caller's size (writable by contract) and ours; the
@@ -761,6 +764,43 @@ mod tests {
             let forged: *mut uswap_pager = std::ptr::without_provenance_mut(0xdead_beef);
             assert_fails(uswap_set_resident_limit(forged, 8 << 20), USWAP_EINVAL, "never returned by uswap");
         }
+    }
+
+    #[test]
+    fn a_fork_child_is_refused_the_parents_pager() {
+        let cfg = config(8 << 20, c"ram:16MiB");
+        let mut pager = std::ptr::null_mut();
+        // SAFETY: a valid out pointer.
+        assert_eq!(unsafe { uswap_pager_new(cfg, &mut pager) }, 0, "{}", last_error());
+        // SAFETY: the child only makes calls that fail before any engine work, then _exits
+        // (never unwinding into the test harness).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let mut st = uswap_stats { size: std::mem::size_of::<uswap_stats>() as u64, ..Default::default() };
+            let mut region = std::ptr::null_mut();
+            // SAFETY: valid out pointers.
+            let statuses = unsafe {
+                [
+                    uswap_get_stats(pager, &mut st),
+                    uswap_map(pager, 1 << 20, &mut region),
+                    uswap_set_resident_limit(pager, 4 << 20),
+                ]
+            };
+            let refused = statuses.iter().all(|&s| s == USWAP_EINVAL as c_int) && last_error().contains("fork child");
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if refused { 0 } else { 1 }) };
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid out pointer.
+        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+            assert!(std::time::Instant::now() < deadline, "the fork child did not end within 30 s");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+        assert_eq!(uswap_pager_destroy(pager), 0);
+        assert_eq!(uswap_config_free(cfg), 0);
     }
 
     #[test]

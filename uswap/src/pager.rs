@@ -669,8 +669,11 @@ impl Pager {
 
     /// Fails in a process other than the one that built the pager (a fork child): the
     /// engine's threads, its userfaultfd and, unless regions survive fork, its tables are
-    /// not there, and a call that reclaims or maps would fault inside the engine.
-    pub(crate) fn check_owner(&self) -> Result<()> {
+    /// not there, and a call that reclaims or maps would fault inside the engine. [`Pager::map`]
+    /// and [`Pager::set_resident_limit`] check it; [`Pager::stats`], which cannot fail, does
+    /// not (its flush of freed slots writes tables a fork child does not have): a binding that
+    /// hands the pager to code that may run in a fork child checks it first.
+    pub fn check_owner(&self) -> Result<()> {
         let pid = std::process::id();
         if pid == self.core.owner_pid {
             return Ok(());
