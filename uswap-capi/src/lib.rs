@@ -772,9 +772,15 @@ mod tests {
         let mut pager = std::ptr::null_mut();
         // SAFETY: a valid out pointer.
         assert_eq!(unsafe { uswap_pager_new(cfg, &mut pager) }, 0, "{}", last_error());
-        // SAFETY: the child only makes calls that fail before any engine work, then _exits
-        // (never unwinding into the test harness).
+        // The thread's message slot exists before the fork (its first use registers a
+        // destructor), and no other test's thread holds the table of pagers at the fork: the
+        // child, which has only this thread, must find neither held.
+        let _ = last_error();
+        let pagers = PAGERS.lock();
+        // SAFETY: the child makes calls that fail before any engine work, then _exits (never
+        // unwinding into the test harness).
         let pid = unsafe { libc::fork() };
+        drop(pagers);
         assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
         if pid == 0 {
             let mut st = uswap_stats { size: std::mem::size_of::<uswap_stats>() as u64, ..Default::default() };
@@ -793,10 +799,20 @@ mod tests {
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let mut status = 0;
-        // SAFETY: waits for our own child; `status` is a valid out pointer.
-        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
-            assert!(std::time::Instant::now() < deadline, "the fork child did not end within 30 s");
-            std::thread::sleep(std::time::Duration::from_millis(10));
+        loop {
+            // SAFETY: waits for our own child; `status` is a valid out pointer.
+            match unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } {
+                0 if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(10)),
+                0 => {
+                    // SAFETY: our own child, still there (not reaped).
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    panic!("the fork child did not end within 30 s (killed)");
+                }
+                r => {
+                    assert_eq!(r, pid, "waitpid: {}", std::io::Error::last_os_error());
+                    break;
+                }
+            }
         }
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
         assert_eq!(uswap_pager_destroy(pager), 0);

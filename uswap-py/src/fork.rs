@@ -13,9 +13,9 @@
 //! touch from the child's copy of the parent's device. So `uswap.Region` objects, memoryviews
 //! and numpy arrays in managed memory work in the child as in the parent, and what the child
 //! writes is its own. If the child cannot build its pager (no userfaultfd left, a file
-//! device's disk full, a named swap file or block device, which the parent's device holds
-//! exclusively), it says so on stderr and keeps every byte as ordinary memory, paged by
-//! nobody; the pager's methods then raise in it.
+//! device's disk full), it says so on stderr and keeps every byte as ordinary memory, paged by
+//! nobody; the pager's methods then raise in it. A pager on a named swap file or a block
+//! device, which the parent's device holds exclusively, is never the inherited one.
 //!
 //! The engine re-arms one pager per fork, so the regions of any other pager that lives at the
 //! same time are not inherited at all (`MADV_DONTFORK`), and in the child its methods raise
@@ -55,13 +55,14 @@ thread_local! {
     static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
 }
 
-/// Builds a pager: the one whose regions fork children inherit if no such pager lives
-/// (`regions_survive_fork`), else one whose regions they do not. Called with the GIL released.
-pub fn build(builder: uswap::PagerBuilder, auto: bool) -> uswap::Result<Arc<PagerCell>> {
+/// Builds a pager: the one whose regions fork children inherit if no such pager lives and a
+/// child can open devices like its own (`rearmable`: no named swap file or block device), else
+/// one whose regions they do not. Called with the GIL released.
+pub fn build(builder: uswap::PagerBuilder, auto: bool, rearmable: bool) -> uswap::Result<Arc<PagerCell>> {
     // A fork waits for the build, so that it finds the pager claimed and built together.
     let _maps = maps_read();
     let mut rearmed = REARMED.lock().unwrap_or_else(PoisonError::into_inner);
-    if rearmed.as_ref().is_some_and(|w| w.strong_count() > 0) {
+    if !rearmable || rearmed.as_ref().is_some_and(|w| w.strong_count() > 0) {
         let pager = builder.regions_survive_fork(false).build()?;
         return Ok(PagerCell::new(pager, None));
     }

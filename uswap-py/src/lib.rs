@@ -180,12 +180,15 @@ impl PyPager {
         if let Some(age) = idle_age {
             builder = builder.idle_aging(idle_age_arg(age)?);
         }
+        // A fork child opens devices of its own: not a named swap file or a block device, which
+        // the parent's device holds exclusively (a directory gives each process a file of its own).
+        let rearmable = list.iter().all(|d| d.file_path().is_none_or(std::path::Path::is_dir));
         for d in list {
             builder = builder.device(d);
         }
         // Opening file devices and starting the threads takes a while.
         let auto = auto.is_some();
-        let cell = py.detach(move || fork::build(builder, auto)).map_err(to_py)?;
+        let cell = py.detach(move || fork::build(builder, auto, rearmable)).map_err(to_py)?;
         Ok(PyPager { cell, numpy: Arc::new(Counters::default()) })
     }
 

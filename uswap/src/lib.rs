@@ -161,9 +161,14 @@ pub fn hold_regions_for_fork() -> RegionsHeld {
 }
 
 impl RegionsHeld {
-    /// In the fork child: the parent's don't-fork advice is not the child's memory's.
+    /// In the fork child: the parent's don't-fork advice is not the child's memory's, and
+    /// neither are the memory locks and the unmaps and event reads its other threads had
+    /// under way (counts that would never come down: a signal-mode pager the child builds
+    /// would wait on them at every fault), as in [`ForkHold::rearm_in_child`].
     pub fn release_in_fork_child(self) {
         let RegionsHeld { advice, _writers } = self;
+        crate::mlock::forget_in_fork_child();
+        crate::events::forget_in_fork_child();
         fork_advice::after_fork_in_child(advice);
     }
 }
