@@ -194,6 +194,19 @@ fn the_programs_status_stands_when_stderr_cannot_be_written() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "status 3\n", "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// Under `uswap run` a program's own pager (here `uswap bench`'s, which links the engine) is
+/// refused, saying why: its library took that engine's memory for the program's, and the
+/// second engine crashed on the first page it moved out.
+#[test]
+fn a_pager_of_the_library_api_under_uswap_run_is_refused_saying_why() {
+    let me = env!("CARGO_BIN_EXE_uswap");
+    let args = ["run", "--limit", "64MiB", "--", me, "bench", "--wss", "8MiB", "--limit", "4MiB", "--runs", "1"];
+    let o = uswap(&args, None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{}: {err}", o.status);
+    assert!(err.contains("this process runs under `uswap run`"), "{err}");
+}
+
 /// A test program that checks its own bytes ended well: status 0 and "OK" alone on stdout.
 fn assert_printed_ok(what: &str, o: &Output) {
     let out = String::from_utf8_lossy(&o.stdout);

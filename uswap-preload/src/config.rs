@@ -115,6 +115,7 @@ impl Config {
 
     pub fn builder(&self) -> PagerBuilder {
         let mut b = uswap::Pager::builder()
+            .run_library_host()
             .resident_limit(self.limit_bytes)
             .fault_mode(self.fault_mode)
             .idle_aging(self.idle_aging);

@@ -82,6 +82,15 @@ static ALLOCATOR: real::LibcAllocator = real::LibcAllocator;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
+/// Says that this library is loaded: a pager of uswap's library API (a Python package, the C
+/// library, a Rust program) that another copy of the engine would build in this process is
+/// refused (`uswap::Error::UnderUswapRun`), since this library takes the program's `mmap`,
+/// `ioctl` and signal handlers, that engine's among them. Returns 1.
+#[no_mangle]
+pub extern "C" fn uswap_run_library() -> std::ffi::c_int {
+    1
+}
+
 /// The process's pager, built by the constructor (or, in a fork child, by `fork`'s re-arm)
 /// and never dropped (the heap lives in its region until the process ends): a leaked box.
 static PAGER: AtomicPtr<uswap::Pager> = AtomicPtr::new(std::ptr::null_mut());

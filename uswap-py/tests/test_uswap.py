@@ -544,6 +544,20 @@ def test_python_m_uswap_run_pages_a_program_with_the_packaged_command(tmp_path):
     assert counters["pswpout"] > 0, counters
 
 
+
+def test_a_pager_under_uswap_run_is_refused_saying_why():
+    """Under `uswap run` its library pages the program's memory and takes its mmap, ioctl and
+    signal handlers: a pager of the package beside it crashed on the first page it moved out."""
+    program = "import uswap\ntry:\n    uswap.Pager('16MiB')\nexcept uswap.InvalidArgumentError as e:\n    print('refused:', e)\n"
+    env = {k: v for k, v in os.environ.items() if k != "USWAP_PRELOAD_LIB"}
+    r = subprocess.run(
+        [sys.executable, "-m", "uswap", "run", "--limit", "64MiB", "--", sys.executable, "-c", program],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("refused:") and "uswap run" in r.stdout, (r.stdout, r.stderr)
+
+
 FORK_SCRIPT = r'''
 import hashlib, os, sys, time
 import multiprocessing as mp

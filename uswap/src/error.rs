@@ -53,6 +53,9 @@ pub enum Error {
     #[error("this pager was built by process {owner_pid}, and process {pid} is a fork child of it: the engine's threads and userfaultfd stayed with the parent, and the child's copies of its regions lost their swapped-out pages; build a new pager in the child")]
     ForkChild { owner_pid: u32, pid: u32 },
 
+    #[error("this process runs under `uswap run`, whose library already pages its memory (it is loaded through LD_PRELOAD); a pager of uswap's library API cannot run beside it, each taking the other's memory for the program's: run the program without `uswap run` (its pagers then page its memory), or under `uswap run` without making a pager")]
+    UnderUswapRun,
+
     #[error("{given} fault-handler threads asked for; a pager starts at most {max} (a backlog brings up at most half the CPUs): give fewer, or none for one per CPU")]
     TooManyHandlerThreads { given: usize, max: usize },
 
@@ -189,6 +192,7 @@ impl Error {
             | BadIdleAge { .. }
             | TooManyHandlerThreads { .. }
             | ForkChild { .. }
+            | UnderUswapRun
             | AutoBudgetShared
             | ZeroLengthMap { .. }
             | MapTooLarge { .. }

@@ -116,6 +116,6 @@ impl IdleAging {
             }
         };
         IdleAging::from_secs(secs)
-            .ok_or_else(|| format!("{s:?}: an idle age is 1 s to a year (8760h), or never, or off"))
+            .ok_or_else(|| format!("{s:?}: an idle age is 1 s to a year (8760h), or never, or off (0)"))
     }
 }

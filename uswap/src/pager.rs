@@ -56,6 +56,8 @@ pub struct PagerBuilder {
     readahead_max_pages: usize,
     readahead_async_windows: usize,
     regions_survive_fork: bool,
+    /// Built by `uswap run`'s own library (see [`PagerBuilder::run_library_host`]).
+    run_library_host: bool,
     shared_charge: Option<(&'static SharedCharge, &'static AtomicUsize)>,
     own_pool_bytes: Option<&'static AtomicU64>,
     own_device_bytes: Option<&'static [AtomicU64; TREE_DEVICES]>,
@@ -157,6 +159,17 @@ impl PagerBuilder {
     /// swap-cache hit, a few microseconds). See docs/auto-budget.md, "Idle aging".
     pub fn idle_aging(mut self, aging: IdleAging) -> Self {
         self.idle_aging = aging;
+        self
+    }
+
+    /// For `uswap run`'s library (`uswap-preload`) alone: its pagers are the process's. Any
+    /// other pager in a process where that library is loaded is refused
+    /// ([`Error::UnderUswapRun`]): the library interposes the program's `mmap`, `ioctl` and
+    /// signal handlers, so it would take the other engine's memory and faults for the
+    /// program's.
+    #[doc(hidden)]
+    pub fn run_library_host(mut self) -> Self {
+        self.run_library_host = true;
         self
     }
 
@@ -264,6 +277,9 @@ impl PagerBuilder {
 
     /// The configuration's own checks, before anything is opened. Returns the limit.
     fn check(&self) -> Result<u64> {
+        if !self.run_library_host && crate::mapping::run_library_loaded() {
+            return Err(Error::UnderUswapRun);
+        }
         let limit_bytes = self.limit_bytes.unwrap_or(0);
         if limit_bytes < MIN_LIMIT_BYTES {
             return Err(Error::LimitTooSmall { limit_bytes, min_bytes: MIN_LIMIT_BYTES });
@@ -653,6 +669,7 @@ impl Pager {
             readahead_max_pages: DEFAULT_MAX_WINDOW_PAGES,
             readahead_async_windows: DEFAULT_ASYNC_WINDOWS,
             regions_survive_fork: false,
+            run_library_host: false,
             shared_charge: None,
             own_pool_bytes: None,
             own_device_bytes: None,

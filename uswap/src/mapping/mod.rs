@@ -433,6 +433,14 @@ pub fn unmap_app_range(addr: usize, len: usize) {
     unsafe { libc::munmap(addr as *mut libc::c_void, len) };
 }
 
+/// Whether `uswap run`'s library (`uswap-preload`) is loaded in this process: it exports
+/// `uswap_run_library`. Not async-signal-safe (`dlsym`).
+pub fn run_library_loaded() -> bool {
+    // SAFETY: dlsym with the default search scope and a NUL-terminated name only looks the
+    // symbol up; the result is compared with null, never called.
+    !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"uswap_run_library".as_ptr()) }.is_null()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
