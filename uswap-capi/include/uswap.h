@@ -610,7 +610,7 @@ int uswap_config_set_idle_age(struct uswap_config *config, double seconds);
  * handler of the program's own (uswap passes it every SIGBUS that is not for managed memory).
  *
  * Errors: `USWAP_EINVAL` (NULL argument, configuration not live, no resident limit or no
- * devices set, a device too small), `USWAP_EPERM` (no permission to open a userfaultfd),
+ * devices set, a device too small, a process that `uswap run`'s library pages), `USWAP_EPERM` (no permission to open a userfaultfd),
  * `USWAP_ENOTSUP` (kernel too old), `USWAP_EDEVICE` (a device could not be opened),
  * `USWAP_ENOMEM`, `USWAP_ESIGNAL`, `USWAP_EIO`.
  *
@@ -618,7 +618,8 @@ int uswap_config_set_idle_age(struct uswap_config *config, double seconds);
  *
  * `pager_out` must be NULL or valid for writing one pointer.
  */
-int uswap_pager_new(const struct uswap_config *config, struct uswap_pager **pager_out);
+int uswap_pager_new(const struct uswap_config *config,
+                    struct uswap_pager **pager_out);
 
 /**
  * Destroys a pager: stops its threads and releases its devices (a regular file given as a

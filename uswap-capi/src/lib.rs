@@ -391,7 +391,7 @@ pub extern "C" fn uswap_config_set_idle_age(config: *mut uswap_config, seconds: 
 /// handler of the program's own (uswap passes it every SIGBUS that is not for managed memory).
 ///
 /// Errors: `USWAP_EINVAL` (NULL argument, configuration not live, no resident limit or no
-/// devices set, a device too small), `USWAP_EPERM` (no permission to open a userfaultfd),
+/// devices set, a device too small, a process that `uswap run`'s library pages), `USWAP_EPERM` (no permission to open a userfaultfd),
 /// `USWAP_ENOTSUP` (kernel too old), `USWAP_EDEVICE` (a device could not be opened),
 /// `USWAP_ENOMEM`, `USWAP_ESIGNAL`, `USWAP_EIO`.
 ///

@@ -200,6 +200,7 @@ mod tests {
     fn engine_errors_become_the_status_of_their_kind() {
         let cases = [
             (engine::Error::NoDevice, uswap_status::USWAP_EINVAL),
+            (engine::Error::UnderUswapRun, uswap_status::USWAP_EINVAL),
             (engine::Error::TooManyRegions { max: 4096 }, uswap_status::USWAP_ENOMEM),
             (engine::Error::LimitNotReached { resident_bytes: 2, limit_bytes: 1 }, uswap_status::USWAP_ENOSPC),
             (engine::Error::LimitBusy { resident_bytes: 2, limit_bytes: 1, waited_ms: 5 }, uswap_status::USWAP_EBUSY),

@@ -205,6 +205,11 @@ fn a_pager_of_the_library_api_under_uswap_run_is_refused_saying_why() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{}: {err}", o.status);
     assert!(err.contains("this process runs under `uswap run`"), "{err}");
+    // With the library standing aside in it (as the message says), the program's pager runs.
+    let aside =
+        ["run", "--limit", "64MiB", "--", "env", "USWAP_DISABLE=1", me, "bench", "--wss", "8MiB", "--limit", "4MiB"];
+    let o = uswap(&[&aside[..], &["--runs", "1"]].concat(), None);
+    assert!(o.status.success(), "{}: {}", o.status, String::from_utf8_lossy(&o.stderr));
 }
 
 /// A test program that checks its own bytes ended well: status 0 and "OK" alone on stdout.

@@ -82,14 +82,19 @@ static ALLOCATOR: real::LibcAllocator = real::LibcAllocator;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
-/// Says that this library is loaded: a pager of uswap's library API (a Python package, the C
-/// library, a Rust program) that another copy of the engine would build in this process is
-/// refused (`uswap::Error::UnderUswapRun`), since this library takes the program's `mmap`,
-/// `ioctl` and signal handlers, that engine's among them. Returns 1.
+/// Says whether this library pages the process (1) or stands aside in it (0: `USWAP_DISABLE`,
+/// a program's own allocator, a fork child that could not get a pager): where it pages, a
+/// pager of uswap's library API (a Python package, the C library, a Rust program) that another
+/// copy of the engine would build is refused (`uswap::Error::UnderUswapRun`), since this
+/// library takes the program's `mmap`, `ioctl` and signal handlers, that engine's among them.
 #[no_mangle]
 pub extern "C" fn uswap_run_library() -> std::ffi::c_int {
-    1
+    std::ffi::c_int::from(PAGES_THE_PROCESS.load(Ordering::Acquire) && !is_unmanaged_fork_child())
 }
+
+/// Set once the constructor found that this library pages the process (it does not stand
+/// aside), before the program runs.
+static PAGES_THE_PROCESS: AtomicBool = AtomicBool::new(false);
 
 /// The process's pager, built by the constructor (or, in a fork child, by `fork`'s re-arm)
 /// and never dropped (the heap lives in its region until the process ends): a leaked box.
@@ -285,6 +290,7 @@ fn prepare() -> Result<(), String> {
         own_allocator::stand_aside(name);
         return Ok(());
     }
+    PAGES_THE_PROCESS.store(true, Ordering::Release);
     // The C library's malloc serves uswap, and the program's first blocks until mimalloc
     // comes up (`heap`): one arena, and blocks up to 32 MiB from the brk heap rather than
     // mappings of their own, so that its memory is the `[heap]` a report of the program's

@@ -21,7 +21,8 @@ create_exception!(
     InvalidArgumentError,
     Error,
     "A bad argument: a size that does not parse or is out of range, a device list that does not parse, \
-     a limit below the minimum."
+     a limit below the minimum; or a call this process cannot make (a pager under `uswap run`, a fork \
+     child's call on its parent's pager)."
 );
 create_exception!(
     uswap,

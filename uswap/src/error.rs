@@ -53,7 +53,7 @@ pub enum Error {
     #[error("this pager was built by process {owner_pid}, and process {pid} is a fork child of it: the engine's threads and userfaultfd stayed with the parent, and the child's copies of its regions lost their swapped-out pages; build a new pager in the child")]
     ForkChild { owner_pid: u32, pid: u32 },
 
-    #[error("this process runs under `uswap run`, whose library already pages its memory (it is loaded through LD_PRELOAD); a pager of uswap's library API cannot run beside it, each taking the other's memory for the program's: run the program without `uswap run` (its pagers then page its memory), or under `uswap run` without making a pager")]
+    #[error("this process runs under `uswap run`, whose library (loaded through LD_PRELOAD) already pages its memory; a pager of uswap's library API cannot run beside it, each taking the other's memory for the program's: run the program without `uswap run` (its pagers then page its memory), or with USWAP_DISABLE=1 in its environment (the library then stands aside in it), or without making a pager")]
     UnderUswapRun,
 
     #[error("{given} fault-handler threads asked for; a pager starts at most {max} (a backlog brings up at most half the CPUs): give fewer, or none for one per CPU")]
@@ -227,6 +227,7 @@ mod tests {
             (Error::KernelTooOld { release: "6.1".into(), missing: "UFFDIO_MOVE".into() }, ErrorKind::Unsupported),
             (Error::LimitTooSmall { limit_bytes: 4096, min_bytes: 1 << 20 }, ErrorKind::InvalidArgument),
             (Error::NoDevice, ErrorKind::InvalidArgument),
+            (Error::UnderUswapRun, ErrorKind::InvalidArgument),
             (Error::TooManyRegions { max: 4096 }, ErrorKind::OutOfMemory),
             (Error::Device { name: "file".into(), why: "full".into() }, ErrorKind::Device),
             (Error::LimitNotReached { resident_bytes: 2, limit_bytes: 1 }, ErrorKind::LimitNotReached),

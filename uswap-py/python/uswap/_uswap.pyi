@@ -20,7 +20,9 @@ class UserfaultfdError(Error):
     """userfaultfd cannot be used: no permission, or the kernel lacks it or UFFDIO_MOVE."""
 
 class InvalidArgumentError(Error):
-    """A size or device list that does not parse, a limit below the minimum, a zero size."""
+    """A size or device list that does not parse, a limit below the minimum, a zero size; or a
+    call this process cannot make (a pager under ``uswap run``, a fork child's call on its
+    parent's pager)."""
 
 class OutOfMemoryError(Error):
     """Out of address space, or every region slot of the process (65,536) is in use."""

@@ -433,12 +433,21 @@ pub fn unmap_app_range(addr: usize, len: usize) {
     unsafe { libc::munmap(addr as *mut libc::c_void, len) };
 }
 
-/// Whether `uswap run`'s library (`uswap-preload`) is loaded in this process: it exports
-/// `uswap_run_library`. Not async-signal-safe (`dlsym`).
+/// Whether `uswap run`'s library (`uswap-preload`) is loaded in this process and pages it:
+/// it exports `uswap_run_library`, which says 0 where it stands aside (`USWAP_DISABLE`, a
+/// program's own allocator, a fork child that could not get a pager). Not async-signal-safe
+/// (`dlsym`).
 pub fn run_library_loaded() -> bool {
     // SAFETY: dlsym with the default search scope and a NUL-terminated name only looks the
-    // symbol up; the result is compared with null, never called.
-    !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"uswap_run_library".as_ptr()) }.is_null()
+    // symbol up.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"uswap_run_library".as_ptr()) };
+    if f.is_null() {
+        return false;
+    }
+    // SAFETY: the symbol is the preload's `extern "C" fn() -> c_int` of that name, which
+    // reads an atomic.
+    let active = unsafe { std::mem::transmute::<*mut libc::c_void, extern "C" fn() -> libc::c_int>(f) };
+    active() != 0
 }
 
 #[cfg(test)]
