@@ -1,6 +1,6 @@
-//! `fork()` of a Python process with a pager (`os.fork`, `multiprocessing`'s default start
-//! method on Linux, a C extension's `fork`): the child reads every byte of the pager's regions
-//! and goes on paging them under a pager of its own.
+//! `fork()` of a Python process with a pager (`os.fork`, `multiprocessing`'s `fork` start
+//! method, a C extension's `fork`): the child reads every byte of the pager's regions and goes
+//! on paging them under a pager of its own.
 //!
 //! The engine's threads and userfaultfd stay in the parent, so a child would find the pages
 //! that were out missing. One pager of the process (the first made while no other such pager
@@ -8,20 +8,21 @@
 //! every `fork()` whoever calls it, do what the engine asks of such a fork
 //! (`Pager::prepare_fork_to_rearm`, then `ForkHold::rearm_in_child`): the child gets a pager
 //! built from the same arguments, with the parent's limit at the fork as a limit of its own
-//! (with `auto`, the same ceiling), which takes over every region at the same address. Pages resident at the fork stay shared copy-on-write with the
-//! parent (charged to it) until the child writes them; pages out at the fork are read on first
-//! touch from the child's copy of the parent's device. So `uswap.Region` objects, memoryviews
-//! and numpy arrays in managed memory work in the child as in the parent, and what the child
-//! writes is its own. If the child cannot build its pager (no userfaultfd left, a file
-//! device's disk full), it says so on stderr and keeps every byte as ordinary memory, paged by
-//! nobody; the pager's methods then raise in it. A pager on a named swap file or a block
-//! device, which the parent's device holds exclusively, is never the inherited one.
+//! (with `auto`, the same ceiling), which takes over every region at the same address. Pages
+//! resident at the fork stay shared copy-on-write with the parent (charged to it) until the
+//! child writes them; pages out at the fork are read on first touch from the child's copy of
+//! the parent's device. So `uswap.Region` objects, memoryviews and numpy arrays in managed
+//! memory work in the child as in the parent, and what the child writes is its own. If the
+//! child cannot build its pager (no userfaultfd left, a file device's disk full), it says so
+//! on stderr and keeps every byte as ordinary memory, paged by nobody; the pager's methods
+//! then raise in it. A pager on a named swap file or a block device, which the parent's
+//! device holds exclusively, is never the inherited one.
 //!
 //! The engine re-arms one pager per fork, so the regions of any other pager that lives at the
 //! same time are not inherited at all (`MADV_DONTFORK`), and in the child its methods raise
 //! (`PagerCell::check_owner`); docs/api.md says so. With no pager to re-arm, the prepare
-//! handler holds the engine's region registry and fork advice across the fork instead. `vfork` and `posix_spawn` (`subprocess`) copy nothing and run
-//! no handlers.
+//! handler holds the engine's region registry and fork advice across the fork instead.
+//! `vfork` and `posix_spawn` (`subprocess`) copy nothing and run no handlers.
 //!
 //! Locking: the prepare handler takes `pager_cell`'s lock for writing first (no thread is
 //! mapping, unmapping or inside a table), then holds the engine's fork hold; the parent and
