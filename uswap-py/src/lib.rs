@@ -3,8 +3,8 @@
 //!
 //! Python objects hold a pager's cell (`pager_cell`: its `uswap::Pager` and the handles of
 //! its regions, which a fork child replaces with its own, `fork`), and a `Region` holds the
-//! cell too, so a pager outlives its regions whatever order Python frees them in. The GIL is released
-//! around engine work that can take long (building a pager, mapping, releasing a region,
+//! cell too, so a pager outlives its regions whatever order Python frees them in. The GIL is
+//! released around engine work that can take long (building a pager, mapping, releasing a region,
 //! lowering the limit); faults never need it, since in thread mode they are served by the
 //! engine's own threads.
 //!
@@ -268,7 +268,8 @@ impl PyPager {
 
     /// Whether a child made by `fork()` (`os.fork`, `multiprocessing`) inherits this pager's
     /// regions, paged by a pager of its own: true for the first pager made while no other
-    /// such pager lives; the regions of any other pager are not in the child at all.
+    /// such pager lives, unless its devices include a named swap file or a block device (a
+    /// child could not open them); the regions of any other pager are not in the child.
     #[getter]
     fn regions_survive_fork(&self) -> bool {
         fork::is_rearmed(&self.cell)

@@ -99,8 +99,8 @@ class Pager:
     process has one thread.
 
     A child made by ``fork()`` (``os.fork``, ``multiprocessing``'s ``fork`` start method)
-    inherits the regions of one pager, the first made while no other such pager lives
-    (``regions_survive_fork``): it reads every byte and pages them under a pager of its own,
+    inherits the regions of one pager, the first made while no other such pager lives and not
+    on a named swap file or a block device (``regions_survive_fork``): it reads every byte and pages them under a pager of its own,
     with the same arguments. The regions of any other pager are not in the child.
     """
 
