@@ -75,9 +75,13 @@ pub fn build(builder: uswap::PagerBuilder, auto: bool, rearmable: bool) -> uswap
 
 /// Whether `cell` is the pager whose regions fork children inherit.
 pub fn is_rearmed(cell: &Arc<PagerCell>) -> bool {
+    // First: it takes the lock for reading itself.
+    if cell.check_owner().is_err() {
+        return false;
+    }
     let _maps = maps_read();
     let rearmed = REARMED.lock().unwrap_or_else(PoisonError::into_inner);
-    rearmed.as_ref().is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cell))) && cell.check_owner().is_ok()
+    rearmed.as_ref().is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cell)))
 }
 
 extern "C" fn prepare() {

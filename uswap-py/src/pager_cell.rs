@@ -19,7 +19,6 @@
 //! the pager's own (in a re-armed fork child, the child's pager's).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Held for reading by every use of a cell's table or pager handle, for writing across a fork
@@ -62,8 +61,6 @@ pub struct PagerCell {
     /// How the pager was built, for a fork child to build its own: `Some` for the pager whose
     /// regions fork children inherit (`fork`), `None` for one whose regions they do not.
     rearm: Option<Rearm>,
-    /// The process whose pager `handles` holds: the builder's, or the fork child's that re-armed.
-    owner_pid: AtomicU32,
 }
 
 /// What a fork child builds its pager from.
@@ -78,21 +75,21 @@ pub struct Rearm {
 impl PagerCell {
     pub fn new(pager: uswap::Pager, rearm: Option<Rearm>) -> Arc<PagerCell> {
         let handles = Mutex::new(Handles { pager, regions: HashMap::new() });
-        Arc::new(PagerCell { handles, rearm, owner_pid: AtomicU32::new(std::process::id()) })
+        Arc::new(PagerCell { handles, rearm })
     }
 
     /// Fails in a process whose pager this is not: a fork child whose pager could not be re-armed,
     /// or whose regions it does not inherit (its engine, threads and tables are the parent's).
     pub fn check_owner(&self) -> Result<(), String> {
-        let (owner, pid) = (self.owner_pid.load(Ordering::Acquire), std::process::id());
-        if owner == pid {
-            return Ok(());
+        // The engine knows whose its pager is: after a re-armed fork the cell holds the child's.
+        match self.pager().check_owner() {
+            Err(uswap::Error::ForkChild { owner_pid, pid }) => Err(format!(
+                "this pager's engine is in process {owner_pid}, and this process ({pid}) is a fork child of it in \
+                 which the pager was not re-armed (its regions are not inherited, or re-arming failed, as said on \
+                 stderr): build a new pager here"
+            )),
+            _ => Ok(()),
         }
-        Err(format!(
-            "this pager's engine is in process {owner}, and this process ({pid}) is a fork child of it in which \
-             the pager was not re-armed (its regions are not inherited, or re-arming failed, as said on stderr): \
-             build a new pager here"
-        ))
     }
 
     /// The table; the caller holds [`MAPS`].
@@ -160,7 +157,6 @@ impl PagerCell {
     pub fn adopt_in_fork_child(&self, pager: uswap::Pager, regions: Vec<(usize, uswap::Region)>) {
         let mut handles = self.handles();
         std::mem::forget(std::mem::replace(&mut handles.pager, pager));
-        self.owner_pid.store(std::process::id(), Ordering::Release);
         for (start, region) in regions {
             match handles.regions.get_mut(&start) {
                 Some(e) => std::mem::forget(std::mem::replace(&mut e.region, region)),
