@@ -582,6 +582,33 @@ fn processes_that_leave_the_budget_are_named_and_fail_strict() {
     assert_eq!(counter(&v, "escaped_processes"), 0, "{v}");
 }
 
+/// A program that needs no shared library (as a Go program built without cgo as a PIE)
+/// names the dynamic loader, which preloads uswap's library, but makes every system call
+/// itself: uswap run refuses it as the program, and where the tree runs it, the library
+/// stands aside and the run names it. Before, it held its memory outside the budget and the
+/// run said nothing (an unmanaged peak of 0 bytes).
+#[test]
+fn a_program_that_needs_no_shared_library_is_refused_or_named() {
+    let dir = tmpdir("ownsyscalls");
+    let prog = compile("ownsyscalls", &dir, &["-nostdlib", "-fPIE", "-pie"]);
+    let prog = prog.to_str().unwrap();
+    let (o, _) = uswap_run(16, &[], &[prog], &dir);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("ownsyscalls: needs no shared library"), "{err}");
+    assert!(o.stdout.is_empty(), "the refused program ran: {err}");
+    for strict in [false, true] {
+        let opts: &[&str] = if strict { &["--strict"] } else { &[] };
+        let (o, v) = uswap_run(16, opts, &["sh", "-c", &format!("{prog} && true")], &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(if strict { 2 } else { 0 }), "strict {strict}: {err}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{err}");
+        assert!(err.contains("1 process(es) of the program ran outside the budget"), "{err}");
+        assert!(err.contains("ownsyscalls: its executable needs no shared library"), "{err}");
+        assert_eq!(counter(&v, "escaped_processes"), 1, "{v}");
+    }
+}
+
 /// A process that execs keeps the counters of each of its images with a pager: the second
 /// image's records used to replace the first's (same pid), which lost its swapping.
 #[test]

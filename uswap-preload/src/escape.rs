@@ -54,6 +54,10 @@ pub enum Why {
     /// loader and uswap's own threads then allocate from it: the library stands aside
     /// (`own_allocator::program_allocator`).
     OwnAllocator,
+    /// Its executable needs no shared library (a Go program built without cgo as a
+    /// position-independent executable): the library loads but never sees the program's
+    /// system calls, and stands aside (`program_system_calls`).
+    NoLibrary,
 }
 
 impl Why {
@@ -68,6 +72,10 @@ impl Why {
             Why::Unreadable => {
                 "it cannot read uswap's library at its path (another user: put uswap where every user of the tree \
                  may read it; or a chroot)"
+            }
+            Why::NoLibrary => {
+                "its executable needs no shared library and makes its system calls itself (a Go program built \
+                 without cgo, say): uswap's library never sees its memory, and stands aside"
             }
             Why::OwnAllocator => {
                 "its malloc is not uswap's (an allocator preloaded before uswap's library, its executable's own, as \

@@ -65,6 +65,7 @@ pub mod own_process;
 pub mod program_break;
 pub mod program_frames;
 pub mod program_seccomp;
+pub mod program_system_calls;
 pub mod program_userfaultfd;
 pub mod real;
 pub mod remote_access;
@@ -286,6 +287,10 @@ fn prepare() -> Result<(), String> {
     }
     program_userfaultfd::resolve();
     last_thread::resolve();
+    if program_system_calls::program_needs_no_library() {
+        program_system_calls::stand_aside();
+        return Ok(());
+    }
     if let Some(name) = own_allocator::program_allocator() {
         own_allocator::stand_aside(name);
         return Ok(());

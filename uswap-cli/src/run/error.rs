@@ -28,6 +28,13 @@ pub enum RunError {
     )]
     Static(PathBuf),
     #[error(
+        "{0}: needs no shared library, so it makes its system calls itself (a Go program built without cgo as a \
+         position-independent executable, say); uswap run manages a program through a preloaded library, whose \
+         C library calls such a program never makes. Build it with cgo (CGO_ENABLED=1 and -linkmode=external \
+         for Go), or use the uswap library (or its C API) in the program"
+    )]
+    NoLibrary(PathBuf),
+    #[error(
         "cannot find {PRELOAD_LIB} next to {exe}, nor in ../lib/uswap/ from it, nor at ${ENV_PRELOAD_LIB}: \
          install uswap with ./install.sh [PREFIX] from its source (`cargo install` copies the command alone), \
          or build it with `cargo build --release`, which puts both in target/release"

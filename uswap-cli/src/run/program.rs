@@ -94,6 +94,7 @@ pub fn check_runnable(path: &Path, depth: u32) -> Result<Runnable, RunError> {
         return Ok(Runnable::Program);
     }
     match elf_has_interpreter(&head) {
+        Some(true) if elf_needs_no_library(path, &head) => Err(RunError::NoLibrary(path.to_path_buf())),
         Some(true) => Ok(Runnable::Program),
         // The dynamic loader run as a program (`ld.so PROGRAM`, as wrappers that pick a
         // loader do) has no interpreter of its own, and preloads the library for PROGRAM.
@@ -166,6 +167,43 @@ fn elf_has_interpreter(head: &[u8]) -> Option<bool> {
     }))
 }
 
+/// Whether a 64-bit ELF that starts with `head` (its program headers in it, as
+/// [`elf_has_interpreter`] found them) has a dynamic section without `DT_NEEDED`: it needs
+/// no shared library, so it never calls the C library where the preloaded one could see it
+/// (a Go program built without cgo as a position-independent executable). `false` where
+/// the file cannot tell.
+fn elf_needs_no_library(path: &Path, head: &[u8]) -> bool {
+    use std::os::unix::fs::FileExt;
+    const PT_DYNAMIC: u32 = 2;
+    const DT_NULL: u64 = 0;
+    const DT_NEEDED: u64 = 1;
+    /// Most bytes of a dynamic section read (linkers write a few dozen 16-byte entries).
+    const MAX_DYNAMIC_BYTES: u64 = 64 << 10;
+    let u64_at = |b: &[u8], o: usize| b.get(o..o + 8).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes);
+    let u16_at = |o: usize| u16::from_le_bytes([head[o], head[o + 1]]) as usize;
+    let Some(phoff) = u64_at(head, 32) else { return false };
+    let (phentsize, phnum) = (u16_at(54), u16_at(56));
+    let dynamic = (0..phnum)
+        .map(|i| phoff as usize + i * phentsize)
+        .find(|&o| head.get(o..o + 4).is_some_and(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]) == PT_DYNAMIC));
+    let (Some(offset), Some(size)) =
+        (dynamic.and_then(|o| u64_at(head, o + 8)), dynamic.and_then(|o| u64_at(head, o + 32)))
+    else {
+        return false;
+    };
+    let mut section = vec![0u8; size.min(MAX_DYNAMIC_BYTES) as usize];
+    let Ok(n) = std::fs::File::open(path).and_then(|f| f.read_at(&mut section, offset)) else { return false };
+    for entry in section[..n].chunks_exact(16) {
+        match u64_at(entry, 0) {
+            Some(DT_NEEDED) => return false,
+            Some(DT_NULL) => return true,
+            _ => {}
+        }
+    }
+    // No end seen in what was read: not told.
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +215,7 @@ mod tests {
         let mut head = std::fs::read(&dynamic).expect("read sh");
         head.truncate(4096);
         assert_eq!(elf_has_interpreter(&head), Some(true));
+        assert!(!elf_needs_no_library(&dynamic, &head), "/bin/sh needs the C library");
         assert_eq!(elf_has_interpreter(b"#!/bin/sh\n"), None);
     }
 
