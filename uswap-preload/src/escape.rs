@@ -6,7 +6,9 @@
 //! reads `LD_PRELOAD`) or is a 32-bit one (the loader skips a 64-bit library), when the
 //! loader runs it securely and ignores a preload named by path (set-user-ID or
 //! set-group-ID to someone else, or file capabilities for a user who is not root); and when
-//! the user it runs as cannot read the library (a process that changed user). uswap
+//! the user it runs as cannot read the library (a process that changed user). A process in
+//! which the library loads and stands aside (its executable needs no shared library or
+//! brings its own `malloc`) notes itself ([`note_this_process`]). uswap
 //! cannot follow such a program; it makes sure that the run says so: the exec is noted as
 //! `escaped-<pid>.txt` (`escaped-<pid>.<n>.txt` for a pid's later notes) in the run's
 //! directory (the path and why), which `uswap run` reads when the program has ended. An
@@ -495,10 +497,31 @@ pub fn unnote(dir: &[u8], pid: libc::pid_t, n: u64) {
 pub fn note_this_process(why: Why) {
     use std::os::unix::ffi::OsStrExt;
     let Some(dir) = run_dir() else { return };
-    let exe = std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| "(its executable)".into());
-    let Ok(path) = std::ffi::CString::new(exe.as_os_str().as_bytes()) else { return };
+    let path = program_name().or_else(|| {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| "(its executable)".into());
+        std::ffi::CString::new(exe.as_os_str().as_bytes()).ok()
+    });
+    let Some(path) = path else { return };
     // SAFETY: getpid takes no arguments and cannot fail.
     note(dir, unsafe { libc::getpid() }, &path, why);
+}
+
+/// The program's path as given to the dynamic loader where the loader was run as a program
+/// (`ld.so PROGRAM`: `/proc/self/exe` is then the loader, and the kernel, which started no
+/// interpreter, gave no `AT_BASE`); the loader has made it the program's `argv[0]`. `None`
+/// where the kernel started the program.
+fn program_name() -> Option<std::ffi::CString> {
+    extern "C" {
+        static program_invocation_name: *const c_char;
+    }
+    // SAFETY: getauxval reads the auxiliary vector; it has no failure mode but 0.
+    if unsafe { libc::getauxval(libc::AT_BASE) } != 0 {
+        return None;
+    }
+    // SAFETY: the C library's copy of `argv[0]`, set before any constructor runs; read once.
+    let name = unsafe { program_invocation_name };
+    // SAFETY: non-null, a NUL-terminated string of the C library's.
+    (!name.is_null()).then(|| unsafe { CStr::from_ptr(name) }.to_owned())
 }
 
 /// The run's directory, under `uswap run`.

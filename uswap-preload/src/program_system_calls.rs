@@ -49,8 +49,10 @@ pub fn program_needs_no_library() -> bool {
     answer == Some(true)
 }
 
-/// Whether the object `info` describes has a dynamic section without `DT_NEEDED`; `None`
-/// if it has no dynamic section (it then did not load this library through the loader).
+/// Whether the object `info` describes has a dynamic section without `DT_NEEDED` before
+/// its `DT_NULL`; `None` if it has no dynamic section (it then did not load this library
+/// through the loader) or no end within its size (the loader reads to `DT_NULL` whatever
+/// the size says: not told, so not stood aside for).
 fn needs_no_library(info: &libc::dl_phdr_info) -> Option<bool> {
     if info.dlpi_phdr.is_null() {
         return None;
@@ -70,7 +72,7 @@ fn needs_no_library(info: &libc::dl_phdr_info) -> Option<bool> {
             _ => {}
         }
     }
-    Some(true)
+    None
 }
 
 /// The program needs no shared library ([`program_needs_no_library`]): the library stands

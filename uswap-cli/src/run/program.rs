@@ -180,7 +180,7 @@ fn elf_needs_no_library(path: &Path, head: &[u8]) -> bool {
     /// Most bytes of a dynamic section read (linkers write a few dozen 16-byte entries).
     const MAX_DYNAMIC_BYTES: u64 = 64 << 10;
     let u64_at = |b: &[u8], o: usize| b.get(o..o + 8).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes);
-    let u16_at = |o: usize| u16::from_le_bytes([head[o], head[o + 1]]) as usize;
+    let u16_at = |o: usize| head.get(o..o + 2).map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as usize);
     let Some(phoff) = u64_at(head, 32) else { return false };
     let (phentsize, phnum) = (u16_at(54), u16_at(56));
     let dynamic = (0..phnum)
