@@ -60,6 +60,9 @@ pub enum Why {
     /// position-independent executable): the library loads but never sees the program's
     /// system calls, and stands aside (`program_system_calls`).
     NoLibrary,
+    /// It runs under valgrind, whose tool serves its `malloc` and emulates its system calls
+    /// (`own_allocator::under_valgrind`).
+    Valgrind,
 }
 
 impl Why {
@@ -78,6 +81,10 @@ impl Why {
             Why::NoLibrary => {
                 "its executable needs no shared library and makes its system calls itself (a Go program built \
                  without cgo, say): uswap's library never sees its memory, and stands aside"
+            }
+            Why::Valgrind => {
+                "it runs under valgrind, which serves its malloc and emulates its system calls: uswap's library \
+                 stands aside"
             }
             Why::OwnAllocator => {
                 "its malloc is not uswap's (an allocator preloaded before uswap's library, its executable's own, as \
@@ -493,17 +500,28 @@ pub fn unnote(dir: &[u8], pid: libc::pid_t, n: u64) {
 }
 
 /// Notes this process itself as outside the budget for `why` (its library stands aside),
-/// under `uswap run`. From the constructor: allocates.
+/// under `uswap run`, unless the exec that started this image noted it already (valgrind's
+/// tool is a static program: the exec of it was noted, and then the program it runs loads
+/// this library). From the constructor: allocates.
 pub fn note_this_process(why: Why) {
     use std::os::unix::ffi::OsStrExt;
     let Some(dir) = run_dir() else { return };
+    // SAFETY: getpid takes no arguments and cannot fail.
+    let pid = unsafe { libc::getpid() };
+    if let Some(first) = note_path(dir, pid, 0) {
+        // SAFETY: `stat` is plain data, filled from a NUL-terminated path.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::stat(first.as_cstr().as_ptr(), &mut st) } == 0 {
+            return;
+        }
+    }
     let path = program_name().or_else(|| {
         let exe = std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| "(its executable)".into());
         std::ffi::CString::new(exe.as_os_str().as_bytes()).ok()
     });
     let Some(path) = path else { return };
-    // SAFETY: getpid takes no arguments and cannot fail.
-    note(dir, unsafe { libc::getpid() }, &path, why);
+    note(dir, pid, &path, why);
 }
 
 /// The program's path as given to the dynamic loader where the loader was run as a program

@@ -287,6 +287,10 @@ fn prepare() -> Result<(), String> {
     }
     program_userfaultfd::resolve();
     last_thread::resolve();
+    if own_allocator::under_valgrind() {
+        own_allocator::stand_aside_under_valgrind();
+        return Ok(());
+    }
     if program_system_calls::program_needs_no_library() {
         program_system_calls::stand_aside();
         return Ok(());
