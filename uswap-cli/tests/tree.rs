@@ -616,7 +616,7 @@ fn a_program_that_needs_no_shared_library_is_refused_or_named() {
 /// (`uswap run -- valgrind /bin/true` ran past 120 s; 0.6 s alone).
 #[test]
 fn a_program_under_valgrind_runs_with_the_library_standing_aside() {
-    if !Path::new("/usr/bin/valgrind").exists() {
+    if Command::new("valgrind").arg("--version").output().is_err() {
         skipped("valgrind is not installed (apt-get install valgrind)");
         return;
     }
@@ -631,7 +631,7 @@ fn a_program_under_valgrind_runs_with_the_library_standing_aside() {
     // One process, noted once: the exec of the tool (the program it runs, the same
     // process, finds the note and leaves no second one).
     assert_eq!(counter(&v, "escaped_processes"), 1, "{err}");
-    assert!(err.contains("memcheck-amd64-linux: statically linked"), "{err}");
+    assert!(err.contains("memcheck-") && err.contains("statically linked"), "{err}");
     // By hand, the library says so itself.
     let o = run_timed(
         Command::new("valgrind").env("LD_PRELOAD", preload()).args(["-q", "--error-exitcode=9", "/bin/true"]),

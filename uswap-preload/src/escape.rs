@@ -8,7 +8,9 @@
 //! set-group-ID to someone else, or file capabilities for a user who is not root); and when
 //! the user it runs as cannot read the library (a process that changed user). A process in
 //! which the library loads and stands aside (its executable needs no shared library or
-//! brings its own `malloc`) notes itself ([`note_this_process`]). uswap
+//! brings its own `malloc`, or it runs under valgrind) notes itself
+//! ([`note_this_process`]; under valgrind only where the exec of its static tool was not
+//! noted). uswap
 //! cannot follow such a program; it makes sure that the run says so: the exec is noted as
 //! `escaped-<pid>.txt` (`escaped-<pid>.<n>.txt` for a pid's later notes) in the run's
 //! directory (the path and why), which `uswap run` reads when the program has ended. An
@@ -500,21 +502,16 @@ pub fn unnote(dir: &[u8], pid: libc::pid_t, n: u64) {
 }
 
 /// Notes this process itself as outside the budget for `why` (its library stands aside),
-/// under `uswap run`, unless the exec that started this image noted it already (valgrind's
-/// tool is a static program: the exec of it was noted, and then the program it runs loads
-/// this library). From the constructor: allocates.
+/// under `uswap run`. Not under valgrind where the exec of its tool was noted already: the
+/// tool is a static program, and the program it runs, in the same process, loads this
+/// library (one process, one note). From the constructor: allocates.
 pub fn note_this_process(why: Why) {
     use std::os::unix::ffi::OsStrExt;
     let Some(dir) = run_dir() else { return };
     // SAFETY: getpid takes no arguments and cannot fail.
     let pid = unsafe { libc::getpid() };
-    if let Some(first) = note_path(dir, pid, 0) {
-        // SAFETY: `stat` is plain data, filled from a NUL-terminated path.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::stat(first.as_cstr().as_ptr(), &mut st) } == 0 {
-            return;
-        }
+    if why == Why::Valgrind && noted_static(dir, pid) {
+        return;
     }
     let path = program_name().or_else(|| {
         let exe = std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| "(its executable)".into());
@@ -522,6 +519,18 @@ pub fn note_this_process(why: Why) {
     });
     let Some(path) = path else { return };
     note(dir, pid, &path, why);
+}
+
+/// Whether a note of process `pid` in the run's directory `dir` says that it started a
+/// static image (valgrind's tool; a note of an earlier process with the same pid would
+/// say so too, which takes a run long enough for pids to wrap).
+fn noted_static(dir: &[u8], pid: libc::pid_t) -> bool {
+    let static_text = Why::Static.text().as_bytes();
+    (0..MAX_NOTES_PER_PID).filter_map(|n| note_path(dir, pid, n)).any(|file| {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::OsStr::from_bytes(file.as_cstr().to_bytes());
+        std::fs::read(path).is_ok_and(|note| note.windows(static_text.len()).any(|w| w == static_text))
+    })
 }
 
 /// The program's path as given to the dynamic loader where the loader was run as a program
