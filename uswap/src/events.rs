@@ -321,7 +321,10 @@ pub(crate) fn event_thread(cx: &Events<'_>, bell: &Doorbell) {
         let n = read_and_apply(cx, &mut msgs);
         let pending = run_take_outs(cx);
         if n == 0 {
-            uffd::poll_fault_or_doorbell_for(cx.uffd, bell, if pending { TAKE_OUT_POLL_MS } else { -1 });
+            let timeout_ms = if pending { TAKE_OUT_POLL_MS } else { -1 };
+            if let uffd::Wake::Closed(fd) = uffd::poll_fault_or_doorbell_for(cx.uffd, bell, timeout_ms) {
+                crate::fd::closed_by_program(fd);
+            }
         }
     }
 }

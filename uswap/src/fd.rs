@@ -11,7 +11,8 @@
 //! free numbers stay the program's, and loops over the low numbers never meet ours). And
 //! every number the engine holds is registered here ([`keep`]), so that a library that
 //! interposes the program's `close`, `close_range`, `dup2` and the like (`uswap run`'s) can
-//! leave them alone ([`is_kept`], [`kept`]).
+//! leave them alone ([`is_kept`], [`kept`]). Where nothing interposes (the library APIs), a
+//! thread that finds one closed ends the process ([`closed_by_program`]).
 //!
 //! Locking: none. The table is a fixed array of atomics, read without locks (an interposed
 //! `close` may run anywhere, a signal handler included). Invariant: a number is registered
@@ -99,6 +100,26 @@ pub fn kept() -> ([RawFd; MAX_KEPT], usize) {
     }
     out[..n].sort_unstable();
     (out, n)
+}
+
+/// Ends the process because the program closed `fd`, one of a pager's descriptors (its
+/// userfaultfd or the doorbell that wakes the thread reading it), as a library cannot stop
+/// it from doing (`uswap run`'s can). Once the last reference to a userfaultfd goes, the
+/// kernel unregisters its regions: a page that was out of RAM reads as zeros, and a page
+/// the program writes there is not the engine's any more. Going on would hand the program
+/// wrong bytes without a word; ending it names the cause.
+pub(crate) fn closed_by_program(fd: RawFd) -> ! {
+    use std::io::Write;
+    // One write: threads the release woke may read zeros until the abort (docs/api.md).
+    let message = format!(
+        "uswap: the program closed descriptor {fd}, a pager's own (its userfaultfd, or the doorbell of the thread that \
+         reads it): code that closes descriptors it did not open (close_range(3, ~0U, 0), closefrom, \
+         os.closerange, a close loop, dup2 over it) ran after the pager was made. Its pages out of RAM can no longer \
+         come back and would read as zeros, so the process aborts. Make the pager after that code runs, or run the \
+         program under `uswap run`, which keeps its descriptors open.\n"
+    );
+    let _ = std::io::stderr().write_all(message.as_bytes());
+    std::process::abort()
 }
 
 #[cfg(test)]

@@ -94,7 +94,11 @@ pub(crate) fn handler_thread(
         }
         if n == 0 {
             let timeout_ms = if pending { events::TAKE_OUT_POLL_MS } else { -1 };
-            h.woke_for_message = uffd::poll_fault_or_doorbell_for(cx.uffd, doorbell, timeout_ms);
+            h.woke_for_message = match uffd::poll_fault_or_doorbell_for(cx.uffd, doorbell, timeout_ms) {
+                uffd::Wake::Message => true,
+                uffd::Wake::Other => false,
+                uffd::Wake::Closed(fd) => crate::fd::closed_by_program(fd),
+            };
             continue;
         }
         h.serve_batch(cx, pool, me, &msgs[..n], retire);

@@ -575,16 +575,40 @@ impl Drop for AsyncSignalsBlocked {
     }
 }
 
+/// What ended a wait in [`poll_fault_or_doorbell_for`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The userfaultfd has a message to read.
+    Message,
+    /// The doorbell rang, the wait timed out, or a signal interrupted it.
+    Other,
+    /// This descriptor, the userfaultfd or the doorbell, is not open any more (`POLLNVAL`):
+    /// the program closed a descriptor it did not open. See [`crate::fd::closed_by_program`].
+    Closed(RawFd),
+}
+
 /// Blocks until the userfaultfd has a message or the doorbell rang, for at most
-/// `timeout_ms` (-1: no limit). Returns true if the userfaultfd has a message to read.
-pub fn poll_fault_or_doorbell_for(uffd: &Uffd, bell: &Doorbell, timeout_ms: i32) -> bool {
+/// `timeout_ms` (-1: no limit).
+pub fn poll_fault_or_doorbell_for(uffd: &Uffd, bell: &Doorbell, timeout_ms: i32) -> Wake {
     let mut fds = [
         libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: bell.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
     ];
     // SAFETY: poll reads and writes the two pollfd structures we own.
     let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
-    r > 0 && fds[0].revents & libc::POLLIN != 0
+    if r <= 0 {
+        return Wake::Other;
+    }
+    // Without this, a closed descriptor makes every poll return at once: the caller spun on
+    // a CPU for the rest of the process's life.
+    if let Some(closed) = fds.iter().find(|p| p.revents & libc::POLLNVAL != 0) {
+        return Wake::Closed(closed.fd);
+    }
+    if fds[0].revents & libc::POLLIN != 0 {
+        Wake::Message
+    } else {
+        Wake::Other
+    }
 }
 
 #[cfg(test)]
