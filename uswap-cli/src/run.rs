@@ -538,6 +538,8 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     let tree_ended = stopped_by().is_some();
     if tree_ended {
         end_stopped_tree(&launch, child.id());
+    } else {
+        tree::wait_for_ending(&launch.stats_dir, &launch.segment.live_pids(), child.id());
     }
     // Before the segment it moves goes with `launch`.
     let auto_limit_bytes = budget.map(auto::TreeBudget::stop);

@@ -110,6 +110,23 @@ pub(super) fn end_in_session(dir: &Path, slot_pids: impl Fn() -> Vec<u32>, progr
     (pids, killed)
 }
 
+/// How long the processes of the tree still running when the program ended have to end by
+/// themselves before they are said to outlive it: those that end with the program (Python's
+/// resource tracker, which exits once the program's end closes its pipe, 15-35 ms after it;
+/// a pipeline's last command) then count in the summary and are not named.
+pub(super) const EXIT_GRACE: Duration = Duration::from_millis(500);
+
+/// Waits, at most [`EXIT_GRACE`], for the processes of the tree that were running when
+/// the program ended (see [`running`]) to end; returns at once when there are none.
+pub(super) fn wait_for_ending(dir: &Path, slot_pids: &[u32], program_pid: u32) {
+    let pids = running(dir, slot_pids, program_pid);
+    let deadline = Instant::now() + EXIT_GRACE;
+    // Bounded by the deadline.
+    while Instant::now() < deadline && pids.iter().any(|&p| is_running(p)) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Ends `pids` (the processes of a stopped run that outlived its program): SIGTERM, then
 /// SIGKILL for those still running after [`TERM_GRACE`]. Returns how many needed SIGKILL.
 fn end(pids: &[u32]) -> usize {
