@@ -639,6 +639,12 @@ def part_sum(k):
 with mp.get_context("fork").Pool(2) as pool:
     parts = pool.map_async(part_sum, range(8)).get(timeout=60)
 assert sum(parts) % (1 << 64) == int(arr.sum(dtype=np.uint64)), "the workers read other bytes"
+# A preexec_fn makes subprocess fork: the child re-arms a pager, then closes every
+# descriptor above 2 (close_fds) and execs. Its pager's threads find their descriptors
+# closed; nothing needs them before the exec, so the child is not ended.
+import subprocess
+for _ in range(20):
+    subprocess.run(["true"], preexec_fn=lambda: None, check=True)
 print("fork ok", pager.stats()["pswpout"])
 '''
 

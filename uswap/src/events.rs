@@ -323,7 +323,8 @@ pub(crate) fn event_thread(cx: &Events<'_>, bell: &Doorbell) {
         if n == 0 {
             let timeout_ms = if pending { TAKE_OUT_POLL_MS } else { -1 };
             if let uffd::Wake::Closed(fd) = uffd::poll_fault_or_doorbell_for(cx.uffd, bell, timeout_ms) {
-                crate::fd::closed_by_program(fd);
+                // Parks until the pager shuts down (or the process ends).
+                cx.uffd.keeper().found_closed(fd);
             }
         }
     }

@@ -444,6 +444,16 @@ impl PagerBuilder {
         let reclaimer = spawn_engine_thread("uswap-reclaim".into(), move || s.reclaim_cx().run_background())
             .map_err(|e| Error::io("starting the reclaimer thread", e))?;
         threads.push(reclaimer);
+        if !self.run_library_host {
+            // A program may close every descriptor above 2 (`uswap run`'s library keeps it
+            // from closing the engine's): see `fd::Keeper`.
+            let s = shared.clone();
+            threads.push(
+                spawn_engine_thread("uswap-keeper".into(), move || s.uffd.keeper().hold(s.uffd.raw_fd()))
+                    .map_err(|e| Error::io("starting the descriptor keeper thread", e))?,
+            );
+            shared.uffd.keeper().wait_until_held();
+        }
         match self.mode {
             FaultMode::Thread => {
                 let cpus = allowed_cpus();
@@ -625,6 +635,7 @@ impl Drop for PagerCore {
         self.publish = Publish::Off;
         self.shared.shutdown.set();
         self.doorbell.ring();
+        self.shared.uffd.keeper().shut_down();
         self.shared.reclaimer.wake();
         if let Some(pool) = self.handler_pool.get() {
             pool.wake_all();

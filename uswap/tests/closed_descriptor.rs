@@ -1,20 +1,21 @@
 //! A program that closes a pager's userfaultfd (daemonizing code's `close_range(3, ~0U, 0)`,
 //! after the pager was made through the library) must not go on reading zeros where its
-//! pages were out of RAM, and the thread that waits on the descriptor must not spin: the
-//! process ends, and stderr names the descriptor and what to do. `uswap run` keeps its
-//! descriptors open (its interposed `close_range`), so this is the library's case.
-//!
-//! In thread mode a thread touching such a page in the instant between the descriptor's
-//! release and the abort may read zeros (the kernel unregistered the regions with the last
-//! reference to the file), so the child's reads are not judged, only how it ends.
+//! pages were out of RAM, and the threads that wait on the descriptor must not spin: the
+//! engine's keeper thread holds the file in a descriptor table of its own (the regions stay
+//! registered), and the first fault that needs the descriptor ends the process with a
+//! message naming it and what to do, nothing read wrong before. A process that closes its
+//! descriptors and then only exits (or execs, as `subprocess` does in a child that made a
+//! pager) is not ended. `uswap run` keeps its descriptors open (its interposed
+//! `close_range`), so this is the library's case.
 //!
 //! Each test re-runs this binary as a child that makes a pager, pushes pages out, closes
-//! every descriptor above 2 and reads its pages back, and judges how the child ended.
+//! every descriptor above 2, and then reads its pages back or exits; the test judges how
+//! the child ended.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use uswap::{FaultMode, PAGE_SIZE};
 
@@ -27,12 +28,25 @@ const REGION_BYTES: usize = 16 << 20;
 /// wrong one and went on: neither may be seen.
 const FINISHED: &str = "child: every page read back";
 const WRONG: &str = "child: wrong page";
+/// What the child that only exits writes first: the CPU time its threads took while it
+/// slept after the close.
+const SLEPT: &str = "child: slept, cpu ms";
 /// The child takes about a second; a child alive after this is a hang.
 const BOUND: Duration = Duration::from_secs(60);
 
+/// This process's CPU time so far, in milliseconds (all threads).
+fn cpu_ms() -> u64 {
+    // SAFETY: getrusage fills one rusage struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
+    ms(ru.ru_utime) + ms(ru.ru_stime)
+}
+
 /// In the child: fills a region four times the limit, waits until its pages are out,
-/// closes every descriptor above 2, and checks every page.
-fn child(mode: FaultMode) -> ! {
+/// closes every descriptor above 2, and checks every page (`touch`) or sleeps and exits.
+fn child(mode: FaultMode, touch: bool) -> ! {
     let p = pager(mode, LIMIT, 64 * MIB);
     let r = p.map(REGION_BYTES).expect("region");
     let w = r.as_atomic_u64s();
@@ -43,9 +57,17 @@ fn child(mode: FaultMode) -> ! {
     let s = quiet_stats(&p);
     assert!(s.pswpout > 0, "pages went out before the close: {s:?}");
     println!("child: {} pages out, closing", s.pswpout);
+    // Stdout is a pipe the parent reads: keep it (its number is 1), close the rest.
     // SAFETY: closes this process's descriptors from 3 up, the pager's among them: what the
     // test is about. Nothing here uses the closed ones but the pager.
     assert_eq!(unsafe { libc::syscall(libc::SYS_close_range, 3u32, !0u32, 0u32) }, 0);
+    if !touch {
+        let before = cpu_ms();
+        std::thread::sleep(Duration::from_millis(300));
+        println!("{SLEPT} {}", cpu_ms() - before);
+        // SAFETY: ends the process at once, as an exec would end its threads.
+        unsafe { libc::_exit(0) };
+    }
     for i in 0..pages {
         let right = (0..WORDS).all(|k| w[i * WORDS + k].load(Ordering::Relaxed) == word(i, 1, k));
         if !right {
@@ -56,59 +78,96 @@ fn child(mode: FaultMode) -> ! {
     std::process::exit(0)
 }
 
-/// Runs the child of `test` in `mode`, bounded; its exit status and stdout plus stderr.
-fn run_child(test: &str, mode: FaultMode) -> (std::process::ExitStatus, String) {
+/// Runs the child of `test` with `action` (`touch` or `exit`) in `mode`, bounded; its exit
+/// status and stdout plus stderr, read while it runs.
+fn run_child(test: &str, mode: FaultMode, action: &str) -> (std::process::ExitStatus, String) {
     let mut c = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .env("USWAP_TEST_CLOSED_DESCRIPTOR_CHILD", format!("{mode:?}"))
+        .env("USWAP_TEST_CLOSED_DESCRIPTOR_CHILD", format!("{mode:?} {action}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("child test process");
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = c.try_wait().expect("wait for the child") {
-            break s;
-        }
-        if t0.elapsed() > BOUND {
-            let _ = c.kill();
-            let mut err = String::new();
-            let _ = c.stderr.take().unwrap().read_to_string(&mut err);
-            panic!("the child in {mode:?} mode still runs after {BOUND:?} (a spin or a hang); its stderr:\n{err}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let pid = c.id();
+    let (mut out, mut err) = (c.stdout.take().unwrap(), c.stderr.take().unwrap());
+    let readers = [
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out.read_to_string(&mut s);
+            s
+        }),
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        }),
+    ];
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(c.wait());
+    });
+    let Ok(status) = rx.recv_timeout(BOUND) else {
+        // SAFETY: kill(2) on our own child, not reaped yet (its waiter still waits).
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        panic!("the child in {mode:?} mode ({action}) still runs after {BOUND:?}: a spin or a hang");
     };
-    let mut out = String::new();
-    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-    c.stderr.take().unwrap().read_to_string(&mut out).unwrap();
-    (status, out)
+    let status = status.expect("wait for the child");
+    let text: String = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    (status, text)
 }
 
-fn check(test: &str, mode: FaultMode, signal: i32, says: &str) {
+/// The child's part, when this process is one (`USWAP_TEST_CLOSED_DESCRIPTOR_CHILD`).
+fn be_the_child_if_asked() {
     if let Ok(m) = std::env::var("USWAP_TEST_CLOSED_DESCRIPTOR_CHILD") {
-        child(if m == "Thread" { FaultMode::Thread } else { FaultMode::Signal });
+        let mode = if m.starts_with("Thread") { FaultMode::Thread } else { FaultMode::Signal };
+        child(mode, m.ends_with("touch"));
     }
-    let (status, out) = run_child(test, mode);
+}
+
+/// A child that touches its pages after the close ends by `signal` with `says` on stderr,
+/// having read no page wrong.
+fn check_touch(test: &str, mode: FaultMode, signal: i32, says: &str) {
+    be_the_child_if_asked();
+    let (status, out) = run_child(test, mode, "touch");
     use std::os::unix::process::ExitStatusExt;
     assert!(out.contains("pages out, closing"), "the child got as far as the close:\n{out}");
     assert!(!out.contains(FINISHED), "the child went on as if nothing happened ({status:?}):\n{out}");
+    assert!(!out.contains(WRONG), "the child read pages wrong before it ended:\n{out}");
     assert_eq!(status.signal(), Some(signal), "how the child ended:\n{out}");
     assert!(out.contains(says), "stderr says why, with what to do:\n{out}");
 }
 
-/// Thread mode: the handler thread finds the descriptor closed and ends the process with
-/// its number (before, it spun on a CPU and the pages out read as zeros).
+/// Thread mode: the handler that finds the descriptor closed parks, and the keeper ends
+/// the process at the fault (before, a handler spun on a CPU and the pages that were out
+/// read as zeros).
 #[test]
 fn thread_mode_program_closing_the_pager_descriptor_is_ended_with_a_message() {
     let test = "thread_mode_program_closing_the_pager_descriptor_is_ended_with_a_message";
-    check(test, FaultMode::Thread, libc::SIGABRT, "the program closed descriptor");
+    check_touch(test, FaultMode::Thread, libc::SIGABRT, "the program closed descriptor");
 }
 
-/// Signal mode: the first touch of a page that was out finds the descriptor closed (its
-/// event thread still holds the file, so the regions stay registered) and ends with SIGBUS
-/// and the cause.
+/// Signal mode: the first touch of a page that was out finds the descriptor closed and ends
+/// with SIGBUS and the cause.
 #[test]
 fn signal_mode_program_closing_the_pager_descriptor_is_ended_with_a_message() {
     let test = "signal_mode_program_closing_the_pager_descriptor_is_ended_with_a_message";
-    check(test, FaultMode::Signal, libc::SIGBUS, "the pager's userfaultfd is closed");
+    check_touch(test, FaultMode::Signal, libc::SIGBUS, "the pager's userfaultfd is closed");
+}
+
+/// In both modes, a child that closes its descriptors and then only sleeps and exits (as
+/// one that execs) exits 0, its threads idle meanwhile (well under the 300 ms it slept).
+#[test]
+fn a_program_closing_the_pager_descriptor_then_exiting_is_not_ended() {
+    be_the_child_if_asked();
+    let test = "a_program_closing_the_pager_descriptor_then_exiting_is_not_ended";
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let (status, out) = run_child(test, mode, "exit");
+        assert!(status.success(), "{mode:?}: {status:?}\n{out}");
+        let cpu: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix(SLEPT))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{mode:?}: the child says its CPU time:\n{out}"));
+        assert!(cpu < 100, "{mode:?}: the child's threads took {cpu} ms of CPU in 300 ms after the close:\n{out}");
+    }
 }

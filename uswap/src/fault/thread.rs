@@ -97,7 +97,11 @@ pub(crate) fn handler_thread(
             h.woke_for_message = match uffd::poll_fault_or_doorbell_for(cx.uffd, doorbell, timeout_ms) {
                 uffd::Wake::Message => true,
                 uffd::Wake::Other => false,
-                uffd::Wake::Closed(fd) => crate::fd::closed_by_program(fd),
+                uffd::Wake::Closed(fd) => {
+                    // Parks until the pager shuts down (or the process ends).
+                    cx.uffd.keeper().found_closed(fd);
+                    false
+                }
             };
             continue;
         }

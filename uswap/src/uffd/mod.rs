@@ -214,6 +214,8 @@ pub struct Uffd {
     /// `UFFDIO_MOVE` calls that reported a page as not moved although it was (see
     /// [`Uffd::move_pages`]).
     move_misreports: AtomicU64,
+    /// The hold on the file where the program cannot close it (library APIs).
+    keeper: crate::fd::Keeper,
 }
 
 /// Outcome of a range ioctl that may stop part-way (`COPY`, `ZEROPAGE`, `MOVE`).
@@ -310,11 +312,22 @@ impl Uffd {
         let flags = libc::O_CLOEXEC | if nonblocking { libc::O_NONBLOCK } else { 0 };
         let fd = crate::fd::relocate(open_fd(flags, user_mode_only_ok)?);
         api_handshake(&fd, features).map_err(OpenError::Other)?;
-        Ok(Uffd { _kept: crate::fd::keep(fd.as_raw_fd()), fd, move_misreports: AtomicU64::new(0) })
+        Ok(Uffd {
+            _kept: crate::fd::keep(fd.as_raw_fd()),
+            fd,
+            move_misreports: AtomicU64::new(0),
+            keeper: crate::fd::Keeper::new(),
+        })
     }
 
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// What keeps this descriptor's file open where the program closes its number (see
+    /// [`crate::fd::Keeper`]).
+    pub fn keeper(&self) -> &crate::fd::Keeper {
+        &self.keeper
     }
 
     /// Registers `[start, start + len)` in `mode` (`REGISTER_MODE_*`).
@@ -583,7 +596,7 @@ pub enum Wake {
     /// The doorbell rang, the wait timed out, or a signal interrupted it.
     Other,
     /// This descriptor, the userfaultfd or the doorbell, is not open any more (`POLLNVAL`):
-    /// the program closed a descriptor it did not open. See [`crate::fd::closed_by_program`].
+    /// the program closed a descriptor it did not open. See [`crate::fd::Keeper`].
     Closed(RawFd),
 }
 
