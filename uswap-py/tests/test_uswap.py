@@ -644,7 +644,7 @@ assert sum(parts) % (1 << 64) == int(arr.sum(dtype=np.uint64)), "the workers rea
 # closed; nothing needs them before the exec, so the child is not ended.
 import subprocess
 for _ in range(20):
-    subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+    subprocess.run(["true"], preexec_fn=lambda: None, check=True, timeout=30)
 print("fork ok", pager.stats()["pswpout"])
 '''
 

@@ -74,10 +74,74 @@ pub(crate) fn keep(fd: RawFd) -> Kept {
     Kept { slot: None }
 }
 
+impl Kept {
+    /// Unregisters the number now, before its descriptor is closed or given up (the drop
+    /// then does nothing).
+    pub(crate) fn release(&mut self) {
+        if let Some(i) = self.slot.take() {
+            KEPT[i].store(-1, Ordering::Release);
+        }
+    }
+}
+
 impl Drop for Kept {
     fn drop(&mut self) {
-        if let Some(i) = self.slot {
-            KEPT[i].store(-1, Ordering::Release);
+        self.release();
+    }
+}
+
+/// What a descriptor is (its device and inode), to tell at its close whether the number
+/// still names it: a program that closed the engine's number may have reused it, and
+/// closing it then would close the program's file. Descriptors of one kind made by anon
+/// inodes (eventfds) share an inode, so another eventfd of the program's passes for ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Identity {
+    dev: u64,
+    ino: u64,
+}
+
+impl Identity {
+    /// What `fd` names now; None if it is not open.
+    pub(crate) fn of(fd: RawFd) -> Option<Identity> {
+        // SAFETY: fstat fills one stat struct we own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; an invalid number fails with EBADF.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return None;
+        }
+        Some(Identity { dev: st.st_dev, ino: st.st_ino })
+    }
+}
+
+/// A descriptor of the engine's, closed on drop only while its number still names it
+/// ([`Identity`]): where the program closed the number and reused it, the drop leaves the
+/// program's file alone.
+pub(crate) struct ClosedIfStillOurs<T: AsRawFd> {
+    inner: std::mem::ManuallyDrop<T>,
+    identity: Option<Identity>,
+}
+
+impl<T: AsRawFd> ClosedIfStillOurs<T> {
+    pub(crate) fn new(inner: T) -> Self {
+        let identity = Identity::of(inner.as_raw_fd());
+        ClosedIfStillOurs { inner: std::mem::ManuallyDrop::new(inner), identity }
+    }
+
+    pub(crate) fn get(&self) -> &T {
+        &self.inner
+    }
+
+    /// Whether the number still names the descriptor made here.
+    pub(crate) fn still_ours(&self) -> bool {
+        Identity::of(self.inner.as_raw_fd()) == self.identity
+    }
+}
+
+impl<T: AsRawFd> Drop for ClosedIfStillOurs<T> {
+    fn drop(&mut self) {
+        if self.still_ours() {
+            // SAFETY: dropped once, here; nothing uses `inner` after.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.inner) };
         }
     }
 }
@@ -111,8 +175,8 @@ pub fn kept() -> ([RawFd; MAX_KEPT], usize) {
 /// wrong bytes without a word; ending it names the cause.
 pub(crate) fn closed_by_program(fd: RawFd) -> ! {
     let message = format!(
-        "uswap: the program closed descriptor {fd}, a pager's own (its userfaultfd, or the doorbell of the thread that \
-         reads it): code that closes descriptors it did not open (close_range(3, ~0U, 0), closefrom, \
+        "uswap: the program closed descriptor {fd} (or put a file of its own under that number), a pager's own (its \
+         userfaultfd, or the doorbell of the thread that reads it): code that closes descriptors it did not open (close_range(3, ~0U, 0), closefrom, \
          os.closerange, a close loop) ran after the pager was made, and the pager was needed after it. Its pages out \
          of RAM can no longer come back, so the process aborts. Make the pager after that code runs, or run the \
          program under `uswap run`, which keeps its descriptors open.\n"
@@ -130,84 +194,204 @@ pub(crate) fn closed_by_program(fd: RawFd) -> ! {
 ///
 /// A thread of the engine, the keeper ([`Keeper::hold`]), takes a descriptor table of its
 /// own (`unshare(CLONE_FILES)`), a copy of the process's in which it closes everything but
-/// the userfaultfd. The file lives as long as the keeper does, so a
-/// program that closes every descriptor above 2 does not unregister the regions: no page
-/// that was out reads as zeros. The thread that then finds the number closed
-/// ([`Keeper::found_closed`]) wakes the keeper and parks; a fault or an event that needs
-/// the descriptor after that queues a message on the file, which the keeper sees and says
-/// so to the parked threads, one of which ends the process ([`closed_by_program`]; the
-/// keeper cannot: its table has no stderr), the thread that faulted still waiting in the
-/// kernel. A process that closes descriptors and execs (`subprocess` in a child that made a
-/// pager: `preexec_fn` and `close_fds`) needs nothing and is not ended.
+/// the userfaultfd and the doorbell (at shutdown it rings its own copy of the doorbell: the
+/// process's number may name a file of the program's by then, and threads asleep in `poll`
+/// still wait on the doorbell's file). The userfaultfd lives as long as the keeper does,
+/// so a program that closes every descriptor above 2 does not unregister the regions: no
+/// page that was out reads as zeros. The thread that then finds the number closed
+/// ([`Keeper::found_closed`]) wakes the keeper and parks, and so does the keeper itself
+/// when it finds the number closed or reused (it looks once a second: a reused number
+/// wakes no poll). From then on the keeper reads the descriptor in its own table: the
+/// kernel's events (an unmap during the program's clean-up) are let through, and the first
+/// fault ends the process with the message, written by a parked thread (the keeper's table
+/// has no stderr), the faulting thread still waiting in the kernel. A process that closes
+/// its descriptors and then execs or exits (`subprocess` in a child that made a pager:
+/// `preexec_fn` and `close_fds`) is not ended. Where the sandbox refuses `unshare`
+/// (Docker's default seccomp profile without `CAP_SYS_ADMIN`), there is no keeper: a thread
+/// that finds the number closed ends the process a fifth of a second later, the time an
+/// exec takes, and pages out may read as zeros in between.
 ///
 /// Locking: one atomic word of flags, waited on with a futex. Invariant: `HELD` is set only
 /// by the keeper, once its table holds the pager's file and nothing of the program's.
 #[derive(Debug, Default)]
 pub struct Keeper {
     state: AtomicU32,
+    /// Threads of the process's table to compare the keeper's with (`kcmp`), besides the
+    /// main thread (which may have exited): the one that built the pager, then the one
+    /// that shuts it down; and an engine thread that lives until shutdown.
+    witness_tid: AtomicI32,
+    engine_witness_tid: AtomicI32,
 }
 
 /// The keeper holds the userfaultfd in its own table.
 const HELD: u32 = 1;
-/// A thread of the pager found a descriptor of the pager closed.
+/// The pager's number was found closed (or reused): the keeper reads the descriptor.
 const CLOSED: u32 = 2;
 /// The pager is shutting down: the keeper and parked threads return.
 const SHUTDOWN: u32 = 4;
-/// After `CLOSED`, a message came on the userfaultfd: a fault or an event needs it.
+/// After `CLOSED`, a fault came on the userfaultfd: the process ends.
 const NEEDED: u32 = 8;
-/// The keeper could not hold the file (`unshare` refused, or the number already closed).
+/// The keeper could not hold the file (`unshare` or the clean-up refused, or the number
+/// already closed).
 const REFUSED: u32 = 16;
-/// How long the keeper gives a parked thread to end the process with its message before
-/// it aborts it itself, without one.
-const NEEDED_GRACE_MS: u64 = 1000;
-/// How often a keeper watching a closed descriptor looks at the shutdown flag.
+/// At shutdown the process's number was not the pager's file any more (closed, maybe
+/// reused): the pager must not close it.
+const LOST: u32 = 32;
+/// A thread has taken on writing the message (one copy, not one per parked thread).
+const SAYING: u32 = 64;
+/// How often a keeper reading a closed descriptor looks at the shutdown flag.
 const WATCH_POLL_MS: i32 = 100;
+/// How long the keeper gives a parked thread to end the process with its message before
+/// it ends it itself.
+const NEEDED_GRACE_MS: u64 = 200;
+/// How long a process without a keeper has, after a thread found a number of the pager's
+/// closed, to exec or exit before it is ended (a fork child's exec takes milliseconds).
+const NO_KEEPER_GRACE_MS: u64 = 200;
+/// How often the keeper looks whether the process's number still names the pager's file:
+/// a number the program closed and reused at once wakes no poll, and the threads that
+/// read the descriptor would wait on the other file for ever.
+const CHECK_PERIOD: libc::timespec = libc::timespec { tv_sec: 1, tv_nsec: 0 };
+/// `UFFD_EVENT_PAGEFAULT`, the first byte of a message (`struct uffd_msg`).
+const EVENT_PAGEFAULT: u8 = 0x12;
 
 impl Keeper {
     pub const fn new() -> Keeper {
-        Keeper { state: AtomicU32::new(0) }
+        Keeper { state: AtomicU32::new(0), witness_tid: AtomicI32::new(0), engine_witness_tid: AtomicI32::new(0) }
     }
 
-    /// The keeper thread's body: holds `uffd` in a table of its own until the pager shuts
-    /// down (see the type). Returns at once, holding nothing, where the kernel
-    /// or a sandbox refuses `unshare(CLONE_FILES)`: a thread that finds the descriptor
-    /// closed then ends the process itself.
-    pub fn hold(&self, uffd: RawFd) {
+    /// Names the calling engine thread, which lives until the pager shuts down, as a
+    /// witness of the process's table.
+    pub fn witness_this_engine_thread(&self) {
+        self.engine_witness_tid.store(this_thread_id(), Ordering::Release);
+    }
+
+    /// Names the calling thread as a witness of the process's table: call it on the thread
+    /// that builds the pager, before the keeper starts.
+    pub fn witness_this_thread(&self) {
+        self.witness_tid.store(this_thread_id(), Ordering::Release);
+    }
+
+    /// The keeper thread's body: holds `uffd` and `bell` (an eventfd) in a table of its own
+    /// until the pager shuts down (see the type). Returns at once, holding nothing, where
+    /// the kernel or a sandbox refuses: a thread that finds the descriptor closed then ends
+    /// the process itself.
+    pub fn hold(&self, uffd: RawFd, bell: RawFd) {
         // SAFETY: unshare(CLONE_FILES) gives this thread its own copy of the descriptor
         // table; it touches no memory of ours.
         if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
             self.decide(REFUSED);
             return;
         }
-        if !is_the_process_file(uffd) {
-            // The program closed or replaced the number before the copy: hold nothing of it.
-            close_all_but(&[]);
+        let ours = self.is_the_process_file(uffd);
+        // The program closed or replaced the number before the copy: hold nothing of it.
+        let keep: &[RawFd] = if ours { &[uffd, bell] } else { &[] };
+        if !close_all_but(keep) || !ours {
             self.decide(REFUSED);
             return;
         }
-        close_all_but(&[uffd]);
         self.decide(HELD);
+        self.wait_for_closed(uffd);
+        self.read_closed(uffd);
+        if !self.is_the_process_file(uffd) {
+            // Closed, maybe reused, whether or not a thread noticed.
+            self.state.fetch_or(LOST, Ordering::AcqRel);
+        }
+        ring_eventfd(bell);
+    }
+
+    /// Until the pager shuts down or its number is found closed: asleep, looking once a
+    /// second whether the number still names the file.
+    fn wait_for_closed(&self, uffd: RawFd) {
         // Bounded by the pager's life: every wake-up rereads the flags.
         loop {
             let s = self.state.load(Ordering::Acquire);
-            if s & SHUTDOWN != 0 {
+            if s & (SHUTDOWN | CLOSED) != 0 {
                 return;
             }
-            if s & CLOSED != 0 {
-                break;
+            if !futex_wait(&self.state, s, Some(CHECK_PERIOD)) && !self.is_the_process_file(uffd) {
+                self.state.fetch_or(CLOSED, Ordering::AcqRel);
             }
-            futex_wait(&self.state, s);
         }
+    }
+
+    /// Once the number is closed and until shutdown: reads the descriptor in the keeper's
+    /// table, lets events through, and ends the process at the first fault.
+    fn read_closed(&self, uffd: RawFd) {
         let mut pfd = libc::pollfd { fd: uffd, events: libc::POLLIN, revents: 0 };
+        let mut msg = [0u64; 4];
         while self.state.load(Ordering::Acquire) & SHUTDOWN == 0 {
             // SAFETY: poll reads and writes one pollfd we own.
-            if unsafe { libc::poll(&mut pfd, 1, WATCH_POLL_MS) } > 0 && pfd.revents & libc::POLLIN != 0 {
-                self.state.fetch_or(NEEDED, Ordering::AcqRel);
-                futex_wake(&self.state);
-                std::thread::sleep(std::time::Duration::from_millis(NEEDED_GRACE_MS));
-                std::process::abort();
+            if unsafe { libc::poll(&mut pfd, 1, WATCH_POLL_MS) } <= 0 || pfd.revents & libc::POLLIN == 0 {
+                continue;
+            }
+            // SAFETY: reads one 32-byte message into `msg`, which is 32 bytes.
+            let n = unsafe { libc::read(uffd, msg.as_mut_ptr().cast(), std::mem::size_of_val(&msg)) };
+            // The event is the message's first byte. An event's reader only acknowledges it
+            // (the unmapping thread goes on); a fault's waits in the kernel until the end.
+            if n == std::mem::size_of_val(&msg) as isize && msg[0] as u8 == EVENT_PAGEFAULT {
+                self.end_process(uffd);
             }
         }
+    }
+
+    /// A fault needs the descriptor the program closed: a parked thread, which has the
+    /// program's stderr, ends the process with the message; where none does, the keeper
+    /// writes it to a copy of the process's stderr and ends it.
+    fn end_process(&self, uffd: RawFd) -> ! {
+        self.state.fetch_or(NEEDED, Ordering::AcqRel);
+        futex_wake(&self.state);
+        std::thread::sleep(std::time::Duration::from_millis(NEEDED_GRACE_MS));
+        if self.state.fetch_or(SAYING, Ordering::AcqRel) & SAYING != 0 {
+            std::process::abort();
+        }
+        // SAFETY: pidfd_open and pidfd_getfd copy the process's descriptor 2 into this
+        // thread's own table (or fail); dup2 puts the copy at 2, where the message goes.
+        unsafe {
+            let pidfd = libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) as RawFd;
+            if pidfd >= 0 {
+                let err = libc::syscall(libc::SYS_pidfd_getfd, pidfd, 2, 0) as RawFd;
+                if err >= 0 {
+                    libc::dup2(err, 2);
+                }
+            }
+        }
+        closed_by_program(uffd)
+    }
+
+    /// Whether `fd` in this thread's table is the file the process's table has under that
+    /// number (`kcmp` against the main thread and the witnesses): true where the kernel
+    /// cannot say. A thread that exited says nothing (`ESRCH`), one exiting says "not
+    /// open" (`EBADF`, its table gone): the number counts as closed only where no witness
+    /// finds it, and the engine's witness lives until shutdown.
+    fn is_the_process_file(&self, fd: RawFd) -> bool {
+        const KCMP_FILE: libc::c_long = 0;
+        let me = this_thread_id() as libc::c_long;
+        let witnesses = [
+            std::process::id() as i32,
+            self.witness_tid.load(Ordering::Acquire),
+            self.engine_witness_tid.load(Ordering::Acquire),
+        ];
+        let mut unknown = true;
+        for tid in witnesses.into_iter().filter(|&t| t > 0) {
+            // SAFETY: kcmp compares two tasks' files and touches no memory.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_kcmp,
+                    tid as libc::c_long,
+                    me,
+                    KCMP_FILE,
+                    fd as libc::c_long,
+                    fd as libc::c_long,
+                )
+            };
+            match (r, std::io::Error::last_os_error().raw_os_error()) {
+                (0, _) => return true,
+                (-1, Some(libc::ENOSYS | libc::EPERM)) => return true,
+                (-1, Some(libc::ESRCH)) => {}
+                _ => unknown = false,
+            }
+        }
+        unknown
     }
 
     /// Sets `outcome` (`HELD` or `REFUSED`) and wakes [`Keeper::wait_until_held`].
@@ -230,82 +414,103 @@ impl Keeper {
     }
 
     /// Called by a pager thread whose poll found `fd`, a descriptor of the pager, closed
-    /// (`POLLNVAL`). Without a keeper, ends the process; with one, wakes it and parks the
-    /// caller until the pager shuts down, then returns, or until the keeper says the
-    /// descriptor is needed, then ends the process.
+    /// (`POLLNVAL`). With a keeper, wakes it and parks the caller until the pager shuts
+    /// down, then returns, or until the keeper says a fault needs the descriptor, then
+    /// ends the process. Without one, ends the process unless it execs, exits or shuts the
+    /// pager down within [`NO_KEEPER_GRACE_MS`].
     pub fn found_closed(&self, fd: RawFd) {
         let s = self.state.fetch_or(CLOSED, Ordering::AcqRel);
         if s & HELD == 0 {
+            for _ in 0..NO_KEEPER_GRACE_MS / 10 {
+                if self.state.load(Ordering::Acquire) & SHUTDOWN != 0 {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             closed_by_program(fd);
         }
         futex_wake(&self.state);
         // Bounded by the pager's life.
         loop {
             let s = self.state.load(Ordering::Acquire);
-            if s & NEEDED != 0 {
+            if s & NEEDED != 0 && self.state.fetch_or(SAYING, Ordering::AcqRel) & SAYING == 0 {
                 closed_by_program(fd);
             }
             if s & SHUTDOWN != 0 {
                 return;
             }
-            futex_wait(&self.state, s);
+            futex_wait(&self.state, s, None);
         }
     }
 
-    /// Lets the keeper and parked threads return (the pager shuts down).
+    /// Whether the process's number for the pager's userfaultfd may now name another file
+    /// (the program closed it, and may have reused the number): the pager must then not
+    /// close it. Read once the keeper has returned.
+    pub fn number_lost(&self) -> bool {
+        self.state.load(Ordering::Acquire) & (CLOSED | LOST) != 0
+    }
+
+    /// Lets the keeper and parked threads return (the pager shuts down). The calling thread
+    /// is the keeper's witness from now on: it lives until the keeper has returned.
     pub fn shut_down(&self) {
+        self.witness_this_thread();
         self.state.fetch_or(SHUTDOWN, Ordering::AcqRel);
         futex_wake(&self.state);
     }
 }
 
-/// Whether `fd` in this thread's table is the file the process's own table has under that
-/// number (`kcmp`); true where the kernel cannot say (no `kcmp`).
-fn is_the_process_file(fd: RawFd) -> bool {
-    const KCMP_FILE: libc::c_long = 0;
-    // SAFETY: getpid and gettid take no arguments; kcmp compares two tasks' files and
-    // touches no memory.
-    let r = unsafe {
-        let tid = libc::syscall(libc::SYS_gettid);
-        libc::syscall(
-            libc::SYS_kcmp,
-            libc::getpid() as libc::c_long,
-            tid,
-            KCMP_FILE,
-            fd as libc::c_long,
-            fd as libc::c_long,
-        )
-    };
-    match r {
-        0 => true,
-        -1 => matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOSYS | libc::EPERM)),
-        _ => false,
-    }
+/// The calling thread's id.
+fn this_thread_id() -> i32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
 }
 
-/// Closes every descriptor of this thread's table but `keep` (sorted or not). Only for a
-/// thread whose table is its own.
-fn close_all_but(keep: &[RawFd]) {
+/// Adds one to the eventfd `fd` (a doorbell): every poll on it returns.
+fn ring_eventfd(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64; `fd` is an eventfd of this thread's table.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Closes every descriptor of this thread's table but `keep`. Only for a thread whose
+/// table is its own. Returns whether it did (`close_range`, or one `close` per descriptor
+/// where that is refused).
+fn close_all_but(keep: &[RawFd]) -> bool {
     let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&fd| fd >= 0).collect();
     keep.sort_unstable();
     let mut first: u32 = 0;
-    for fd in keep.into_iter().map(|fd| fd as u32).chain([u32::MAX]) {
+    let mut ranges_closed = true;
+    for fd in keep.iter().map(|&fd| fd as u32).chain([u32::MAX]) {
         if fd > first {
             // SAFETY: close_range closes descriptors of this thread's own table (the
             // caller's contract), none that another thread uses.
-            unsafe { libc::syscall(libc::SYS_close_range, first, fd - 1, 0u32) };
+            ranges_closed &= unsafe { libc::syscall(libc::SYS_close_range, first, fd - 1, 0u32) } == 0;
         }
         first = fd.saturating_add(1);
     }
+    if ranges_closed {
+        return true;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc/thread-self/fd") else { return false };
+    let open: Vec<RawFd> = dir.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
+    // The listing's own descriptor is among them, closed by the time the loop runs (EBADF).
+    open.into_iter().filter(|fd| !keep.contains(fd)).all(|fd| {
+        // SAFETY: as above, this thread's own table.
+        let r = unsafe { libc::close(fd) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF)
+    })
 }
 
-/// Waits while `word` holds `expected` (`FUTEX_WAIT`, no timeout).
-fn futex_wait(word: &AtomicU32, expected: u32) {
-    let no_timeout: *const libc::timespec = std::ptr::null();
-    // SAFETY: FUTEX_WAIT reads the aligned word we hold a reference to; no timeout.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, no_timeout)
+/// Waits while `word` holds `expected` (`FUTEX_WAIT`), at most `timeout` if given.
+/// Returns false if the wait timed out.
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<libc::timespec>) -> bool {
+    let ts = timeout.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: FUTEX_WAIT reads the aligned word we hold a reference to and the timespec,
+    // if any, which lives on this frame.
+    let r = unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, ts)
     };
+    !(r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT))
 }
 
 /// Wakes every thread waiting on `word`.

@@ -441,15 +441,19 @@ impl PagerBuilder {
         let shared = &core.shared;
         let mut threads = core.threads.lock().unwrap_or_else(|e| e.into_inner());
         let s = shared.clone();
-        let reclaimer = spawn_engine_thread("uswap-reclaim".into(), move || s.reclaim_cx().run_background())
-            .map_err(|e| Error::io("starting the reclaimer thread", e))?;
+        let reclaimer = spawn_engine_thread("uswap-reclaim".into(), move || {
+            s.uffd.keeper().witness_this_engine_thread();
+            s.reclaim_cx().run_background()
+        })
+        .map_err(|e| Error::io("starting the reclaimer thread", e))?;
         threads.push(reclaimer);
         if !self.run_library_host {
             // A program may close every descriptor above 2 (`uswap run`'s library keeps it
             // from closing the engine's): see `fd::Keeper`.
-            let s = shared.clone();
+            shared.uffd.keeper().witness_this_thread();
+            let (s, bell) = (shared.clone(), core.doorbell.raw_fd());
             threads.push(
-                spawn_engine_thread("uswap-keeper".into(), move || s.uffd.keeper().hold(s.uffd.raw_fd()))
+                spawn_engine_thread("uswap-keeper".into(), move || s.uffd.keeper().hold(s.uffd.raw_fd(), bell))
                     .map_err(|e| Error::io("starting the descriptor keeper thread", e))?,
             );
             shared.uffd.keeper().wait_until_held();

@@ -34,11 +34,12 @@ use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::fd::ClosedIfStillOurs;
 use crate::stats::{PublishStats, Stats};
 
 /// How long the server waits for a client to take an answer before it gives up on it.
@@ -83,7 +84,11 @@ struct Counters {
 pub struct StatsServer {
     name: String,
     counters: Arc<Counters>,
-    stop: Arc<OwnedFd>,
+    /// Rung to stop the thread, if its number still names it (the program may close the
+    /// engine's descriptors and reuse the numbers, see `crate::fd`).
+    stop: Arc<ClosedIfStillOurs<OwnedFd>>,
+    /// Read by the thread at least once a second: stops it where `stop` cannot be rung.
+    stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -119,7 +124,10 @@ impl Counters {
 
 impl Drop for StatsServer {
     fn drop(&mut self) {
-        ring(self.stop.as_raw_fd());
+        self.stopping.store(true, Ordering::Release);
+        if self.stop.still_ours() {
+            ring(self.stop.get().as_raw_fd());
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -138,24 +146,27 @@ where
     let listener = UnixListener::from(crate::fd::relocate(OwnedFd::from(listener)));
     // Non-blocking: poll said a client is there, but it may have gone before accept.
     listener.set_nonblocking(true)?;
+    let listener = ClosedIfStillOurs::new(listener);
     // SAFETY: eventfd(2) returns a new descriptor or -1; no memory is touched.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor owned by nobody else.
-    let stop = Arc::new(crate::fd::relocate(unsafe { OwnedFd::from_raw_fd(fd) }));
-    let kept = [crate::fd::keep(listener.as_raw_fd()), crate::fd::keep(stop.as_raw_fd())];
+    let stop = Arc::new(ClosedIfStillOurs::new(crate::fd::relocate(unsafe { OwnedFd::from_raw_fd(fd) })));
+    let kept = [crate::fd::keep(listener.get().as_raw_fd()), crate::fd::keep(stop.get().as_raw_fd())];
+    let stopping = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters::default());
     let thread = {
-        let (stop, counters, name) = (stop.clone(), counters.clone(), name.to_string());
+        let (stop, stopping, counters, name) = (stop.clone(), stopping.clone(), counters.clone(), name.to_string());
         crate::mapping::spawn_engine_thread("uswap-stats".into(), move || {
-            server_loop(&listener, stop.as_raw_fd(), &counters, &name, &snapshot);
+            let stop_fd = stop.get().as_raw_fd();
+            server_loop(listener.get(), (stop_fd, &stopping), &counters, &name, &snapshot);
             // Unregistered before the listener and the eventfd close.
             drop(kept);
         })?
     };
-    Ok(StatsServer { name: name.to_string(), counters, stop, thread: Some(thread) })
+    Ok(StatsServer { name: name.to_string(), counters, stop, stopping, thread: Some(thread) })
 }
 
 fn ring(fd: RawFd) {
@@ -164,16 +175,25 @@ fn ring(fd: RawFd) {
     unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
 }
 
-fn server_loop(listener: &UnixListener, stop: RawFd, counters: &Counters, name: &str, snapshot: &dyn Fn() -> Stats) {
+/// How long the server sleeps at most between looks at its stop flag.
+const STOP_CHECK_MS: i32 = 1000;
+
+fn server_loop(
+    listener: &UnixListener,
+    (stop, stopping): (RawFd, &AtomicBool),
+    counters: &Counters,
+    name: &str,
+    snapshot: &dyn Fn() -> Stats,
+) {
     // SAFETY: geteuid cannot fail and touches no memory.
     let my_uid = unsafe { libc::geteuid() };
-    loop {
+    while !stopping.load(Ordering::Acquire) {
         let mut fds = [
             libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: stop, events: libc::POLLIN, revents: 0 },
         ];
         // SAFETY: poll reads and writes the two pollfds of a live array of that length.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, STOP_CHECK_MS) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -182,18 +202,25 @@ fn server_loop(listener: &UnixListener, stop: RawFd, counters: &Counters, name: 
             // Nothing else can fail for two valid descriptors; stop rather than spin.
             return;
         }
-        if fds[1].revents != 0 {
+        // Rung, or a number the program closed (`POLLNVAL`): the server stops, rather than
+        // wake at once for ever.
+        if fds[1].revents != 0 || fds[0].revents & libc::POLLNVAL != 0 {
             return;
+        }
+        if r == 0 {
+            continue;
         }
         let stream = match listener.accept() {
             Ok((s, _)) => s,
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
             // Out of descriptors or memory: the client stays queued, so poll would wake at
             // once again; wait a little instead of spinning.
-            Err(_) => {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)) => {
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
+            // The number names another file now (the program reused it): stop serving.
+            Err(_) => return,
         };
         match peer_cred(&stream) {
             Ok(cred) if cred.uid == my_uid || cred.uid == 0 => {}

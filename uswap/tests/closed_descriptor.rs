@@ -78,6 +78,45 @@ fn child(mode: FaultMode, touch: bool) -> ! {
     std::process::exit(0)
 }
 
+/// In the child: a pager with pages out, then every descriptor above 2 closed and the
+/// engine's numbers reused for the write end of a pipe of the program's (as `dup2` or
+/// new files do). With `unmap_after`, the region is unmapped after that (the kernel's
+/// unmap event needs the descriptor: the process must end with the message); otherwise
+/// before, and then the pager is dropped: prints how many of those numbers are still open,
+/// and how many bytes the pager wrote into the pipe.
+fn child_reusing_numbers(mode: FaultMode, unmap_after: bool) -> ! {
+    let p = pager(mode, LIMIT, 64 * MIB);
+    let r = p.map(REGION_BYTES).expect("region");
+    for i in 0..REGION_BYTES / PAGE_SIZE {
+        write_page(r.as_atomic_u64s(), i, 1);
+    }
+    let _ = quiet_stats(&p);
+    let (numbers, n) = uswap::fd::kept();
+    let r = if unmap_after { Some(r) } else { None };
+    println!("child: {} pages out, closing", p.stats().pswpout);
+    // SAFETY: closes this process's descriptors from 3 up (the test's point), then makes a
+    // pipe and copies its write end over the engine's numbers; all plain system calls.
+    let read_end = unsafe {
+        libc::syscall(libc::SYS_close_range, 3u32, !0u32, 0u32);
+        let mut fds = [0; 2];
+        assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK), 0);
+        for &fd in &numbers[..n] {
+            libc::dup2(fds[1], fd);
+        }
+        fds[0]
+    };
+    drop(r);
+    drop(p);
+    // SAFETY: F_GETFD reads a descriptor's flags, failing for one that is not open.
+    let open = numbers[..n].iter().filter(|&&fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0).count();
+    let mut buf = [0u8; 64];
+    // SAFETY: reads at most 64 bytes into `buf` from the pipe's read end (non-blocking).
+    let written = unsafe { libc::read(read_end, buf.as_mut_ptr().cast(), buf.len()) }.max(0);
+    println!("child: reused {n}, still open {open}, bytes written {written}");
+    println!("{FINISHED}");
+    std::process::exit(0)
+}
+
 /// Runs the child of `test` with `action` (`touch` or `exit`) in `mode`, bounded; its exit
 /// status and stdout plus stderr, read while it runs.
 fn run_child(test: &str, mode: FaultMode, action: &str) -> (std::process::ExitStatus, String) {
@@ -120,6 +159,9 @@ fn run_child(test: &str, mode: FaultMode, action: &str) -> (std::process::ExitSt
 fn be_the_child_if_asked() {
     if let Ok(m) = std::env::var("USWAP_TEST_CLOSED_DESCRIPTOR_CHILD") {
         let mode = if m.starts_with("Thread") { FaultMode::Thread } else { FaultMode::Signal };
+        if m.contains("reuse") {
+            child_reusing_numbers(mode, m.ends_with("unmap"));
+        }
         child(mode, m.ends_with("touch"));
     }
 }
@@ -169,5 +211,41 @@ fn a_program_closing_the_pager_descriptor_then_exiting_is_not_ended() {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("{mode:?}: the child says its CPU time:\n{out}"));
         assert!(cpu < 100, "{mode:?}: the child's threads took {cpu} ms of CPU in 300 ms after the close:\n{out}");
+    }
+}
+
+/// In both modes, once the program has reused the numbers of the pager's descriptors for
+/// files of its own, dropping the pager (its regions unmapped before) closes none of them
+/// and writes nothing into them (it used to close the program's file under the
+/// userfaultfd's number and ring 8 bytes into the one under the doorbell's), and the drop
+/// ends (its threads asleep in `poll` are woken through the keeper's own doorbell).
+#[test]
+fn dropping_a_pager_after_the_program_reused_its_numbers_leaves_them_alone() {
+    be_the_child_if_asked();
+    let test = "dropping_a_pager_after_the_program_reused_its_numbers_leaves_them_alone";
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let (status, out) = run_child(test, mode, "reuse");
+        assert!(status.success(), "{mode:?}: {status:?}\n{out}");
+        let line = out.lines().find(|l| l.starts_with("child: reused")).unwrap_or_else(|| panic!("{mode:?}:\n{out}"));
+        let nums: Vec<u64> = line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+        assert!(nums.len() == 3 && nums[0] >= 2, "{mode:?}: the userfaultfd's and the doorbell's numbers: {line}");
+        assert_eq!(nums[1], nums[0], "{mode:?}: every reused number is still open: {line}");
+        assert_eq!(nums[2], 0, "{mode:?}: nothing written into the program's pipe: {line}");
+    }
+}
+
+/// In both modes, a region unmapped after the program reused the pager's numbers (the
+/// unmap waits for the pager to read the kernel's event, which no thread of the process's
+/// table can) goes through, through the keeper, which finds the number reused within its
+/// period and reads the descriptor in its own table; then dropping the pager leaves the
+/// program's files alone, as above.
+#[test]
+fn unmapping_after_the_program_reused_the_pager_numbers_goes_through() {
+    be_the_child_if_asked();
+    let test = "unmapping_after_the_program_reused_the_pager_numbers_goes_through";
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let (status, out) = run_child(test, mode, "reuse-unmap");
+        assert!(status.success() && out.contains(FINISHED), "{mode:?}: {status:?}\n{out}");
+        assert!(out.contains("bytes written 0"), "{mode:?}: nothing written into the program's pipe:\n{out}");
     }
 }

@@ -208,9 +208,10 @@ pub enum OpenError {
 /// An open, handshaken userfaultfd.
 #[derive(Debug)]
 pub struct Uffd {
-    /// Registered while `fd` is open (declared first: dropped first, see `crate::fd`).
-    _kept: crate::fd::Kept,
-    fd: OwnedFd,
+    /// Registered while `fd` is open (released first by the drop, see `crate::fd`).
+    kept: crate::fd::Kept,
+    /// Closed by the drop, unless the program closed the number first (`fd::Keeper`).
+    fd: std::mem::ManuallyDrop<OwnedFd>,
     /// `UFFDIO_MOVE` calls that reported a page as not moved although it was (see
     /// [`Uffd::move_pages`]).
     move_misreports: AtomicU64,
@@ -295,6 +296,18 @@ fn api_handshake(fd: &OwnedFd, features: u64) -> io::Result<u64> {
     Ok(api.features)
 }
 
+impl Drop for Uffd {
+    fn drop(&mut self) {
+        self.kept.release();
+        if self.keeper.number_lost() {
+            // The number may be a file of the program's now: closing it would close that.
+            return;
+        }
+        // SAFETY: the descriptor is dropped once, here, and nothing uses it after.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.fd) };
+    }
+}
+
 impl Uffd {
     /// The features this kernel offers, probed on a throwaway descriptor (the handshake can
     /// only be done once per descriptor).
@@ -313,8 +326,8 @@ impl Uffd {
         let fd = crate::fd::relocate(open_fd(flags, user_mode_only_ok)?);
         api_handshake(&fd, features).map_err(OpenError::Other)?;
         Ok(Uffd {
-            _kept: crate::fd::keep(fd.as_raw_fd()),
-            fd,
+            kept: crate::fd::keep(fd.as_raw_fd()),
+            fd: std::mem::ManuallyDrop::new(fd),
             move_misreports: AtomicU64::new(0),
             keeper: crate::fd::Keeper::new(),
         })
@@ -522,9 +535,23 @@ pub fn kernel_release() -> String {
 /// An eventfd that wakes handler threads blocked in [`poll_fault_or_doorbell_for`] (shutdown).
 #[derive(Debug)]
 pub struct Doorbell {
-    /// Registered while `fd` is open (declared first: dropped first, see `crate::fd`).
-    _kept: crate::fd::Kept,
-    fd: OwnedFd,
+    /// Registered while `fd` is open (released first by the drop, see `crate::fd`).
+    kept: crate::fd::Kept,
+    /// Closed by the drop, unless the number names another file by then (the program
+    /// closed it, and reused it).
+    fd: std::mem::ManuallyDrop<OwnedFd>,
+    identity: Option<crate::fd::Identity>,
+}
+
+impl Drop for Doorbell {
+    fn drop(&mut self) {
+        self.kept.release();
+        if crate::fd::Identity::of(self.fd.as_raw_fd()) != self.identity {
+            return;
+        }
+        // SAFETY: the descriptor is dropped once, here, and nothing uses it after.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.fd) };
+    }
 }
 
 impl Doorbell {
@@ -536,11 +563,22 @@ impl Doorbell {
         }
         // SAFETY: a fresh descriptor owned by nobody else.
         let fd = crate::fd::relocate(unsafe { OwnedFd::from_raw_fd(fd) });
-        Ok(Doorbell { _kept: crate::fd::keep(fd.as_raw_fd()), fd })
+        let identity = crate::fd::Identity::of(fd.as_raw_fd());
+        Ok(Doorbell { kept: crate::fd::keep(fd.as_raw_fd()), fd: std::mem::ManuallyDrop::new(fd), identity })
     }
 
-    /// Makes every current and future poll on the doorbell return.
+    /// The eventfd's number (the descriptor keeper holds it too, `crate::fd::Keeper`).
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Makes every current and future poll on the doorbell return. Rings nothing where the
+    /// number names another file (the program closed ours and reused it): 8 bytes would go
+    /// into the program's file.
     pub fn ring(&self) {
+        if crate::fd::Identity::of(self.fd.as_raw_fd()) != self.identity {
+            return;
+        }
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our eventfd.
         unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
@@ -600,9 +638,16 @@ pub enum Wake {
     Closed(RawFd),
 }
 
+/// The longest a wait in [`poll_fault_or_doorbell_for`] sleeps: where the program closed
+/// the pager's numbers and put files of its own under them, a ring of the doorbell (by the
+/// keeper, through its own table) wakes the sleeper, but a poll returns only for the files
+/// now under the numbers; the caller looks at its shutdown flag this often.
+const LONGEST_WAIT_MS: i32 = 1000;
+
 /// Blocks until the userfaultfd has a message or the doorbell rang, for at most
-/// `timeout_ms` (-1: no limit).
+/// `timeout_ms` (-1: [`LONGEST_WAIT_MS`]).
 pub fn poll_fault_or_doorbell_for(uffd: &Uffd, bell: &Doorbell, timeout_ms: i32) -> Wake {
+    let timeout_ms = if timeout_ms < 0 { LONGEST_WAIT_MS } else { timeout_ms.min(LONGEST_WAIT_MS) };
     let mut fds = [
         libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: bell.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
