@@ -297,6 +297,10 @@ pub(crate) fn forget_in_fork_child() {
 /// the reader lock (see [`crate::state::events::EventState::reader`]). Returns how many messages were read;
 /// faults among them are the caller's.
 pub(crate) fn read_and_apply(cx: &Events<'_>, msgs: &mut [UffdMsg]) -> usize {
+    if cx.uffd.keeper().is_closed() {
+        // The number may name a file of the program's now: the keeper reads ours.
+        return 0;
+    }
     let _reader = cx.events.reader.lock().unwrap_or_else(|e| e.into_inner());
     EVENTS_IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
     // Under the reader lock: reads begin and end in order.

@@ -239,6 +239,8 @@ const REFUSED: u32 = 16;
 const LOST: u32 = 32;
 /// A thread has taken on writing the message (one copy, not one per parked thread).
 const SAYING: u32 = 64;
+/// At shutdown the process's number for the doorbell was not the doorbell any more.
+const BELL_LOST: u32 = 128;
 /// How often a keeper reading a closed descriptor looks at the shutdown flag.
 const WATCH_POLL_MS: i32 = 100;
 /// How long the keeper gives a parked thread to end the process with its message before
@@ -296,6 +298,11 @@ impl Keeper {
             // Closed, maybe reused, whether or not a thread noticed.
             self.state.fetch_or(LOST, Ordering::AcqRel);
         }
+        if !self.is_the_process_file(bell) {
+            self.state.fetch_or(BELL_LOST, Ordering::AcqRel);
+        }
+        // Wakes the threads asleep on the doorbell's file, whatever the number names now
+        // (the pager rings no number itself while a keeper holds the file).
         ring_eventfd(bell);
     }
 
@@ -448,6 +455,23 @@ impl Keeper {
     /// close it. Read once the keeper has returned.
     pub fn number_lost(&self) -> bool {
         self.state.load(Ordering::Acquire) & (CLOSED | LOST) != 0
+    }
+
+    /// Whether the process's number for the doorbell may now name another file (as
+    /// [`Keeper::number_lost`]). Read once the keeper has returned.
+    pub fn bell_number_lost(&self) -> bool {
+        self.state.load(Ordering::Acquire) & BELL_LOST != 0
+    }
+
+    /// Whether a keeper holds the pager's files (then it rings the doorbell at shutdown).
+    pub fn is_held(&self) -> bool {
+        self.state.load(Ordering::Acquire) & HELD != 0
+    }
+
+    /// Whether the pager's number was found closed or reused: the pager's threads must not
+    /// read it (a file of the program's may be under it) but park ([`Keeper::found_closed`]).
+    pub fn is_closed(&self) -> bool {
+        self.state.load(Ordering::Acquire) & CLOSED != 0
     }
 
     /// Lets the keeper and parked threads return (the pager shuts down). The calling thread

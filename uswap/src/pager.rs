@@ -638,8 +638,12 @@ impl Drop for PagerCore {
         // First: the socket goes with its thread, and no snapshot runs during the teardown.
         self.publish = Publish::Off;
         self.shared.shutdown.set();
-        self.doorbell.ring();
-        self.shared.uffd.keeper().shut_down();
+        let keeper = self.shared.uffd.keeper();
+        if !keeper.is_held() {
+            // With a keeper, it rings its own copy: the number may be the program's file.
+            self.doorbell.ring();
+        }
+        keeper.shut_down();
         self.shared.reclaimer.wake();
         if let Some(pool) = self.handler_pool.get() {
             pool.wake_all();
@@ -649,6 +653,9 @@ impl Drop for PagerCore {
             // Never an error: an engine thread that panics aborts the process
             // (`spawn_engine_thread`).
             let _ = t.join();
+        }
+        if keeper.bell_number_lost() {
+            self.doorbell.give_up_number();
         }
     }
 }

@@ -217,6 +217,9 @@ pub struct Uffd {
     move_misreports: AtomicU64,
     /// The hold on the file where the program cannot close it (library APIs).
     keeper: crate::fd::Keeper,
+    /// What `fd` is: a userfaultfd's inode is its own, so a number the program reused names
+    /// another (where no keeper watched it).
+    identity: Option<crate::fd::Identity>,
 }
 
 /// Outcome of a range ioctl that may stop part-way (`COPY`, `ZEROPAGE`, `MOVE`).
@@ -299,7 +302,7 @@ fn api_handshake(fd: &OwnedFd, features: u64) -> io::Result<u64> {
 impl Drop for Uffd {
     fn drop(&mut self) {
         self.kept.release();
-        if self.keeper.number_lost() {
+        if self.keeper.number_lost() || crate::fd::Identity::of(self.fd.as_raw_fd()) != self.identity {
             // The number may be a file of the program's now: closing it would close that.
             return;
         }
@@ -326,6 +329,7 @@ impl Uffd {
         let fd = crate::fd::relocate(open_fd(flags, user_mode_only_ok)?);
         api_handshake(&fd, features).map_err(OpenError::Other)?;
         Ok(Uffd {
+            identity: crate::fd::Identity::of(fd.as_raw_fd()),
             kept: crate::fd::keep(fd.as_raw_fd()),
             fd: std::mem::ManuallyDrop::new(fd),
             move_misreports: AtomicU64::new(0),
@@ -540,13 +544,17 @@ pub struct Doorbell {
     /// Closed by the drop, unless the number names another file by then (the program
     /// closed it, and reused it).
     fd: std::mem::ManuallyDrop<OwnedFd>,
+    /// An eventfd's inode is shared by every eventfd (and epoll, timerfd...): the keeper's
+    /// `kcmp` says more, where there is one ([`Doorbell::give_up_number`]).
     identity: Option<crate::fd::Identity>,
+    number_lost: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Doorbell {
     fn drop(&mut self) {
         self.kept.release();
-        if crate::fd::Identity::of(self.fd.as_raw_fd()) != self.identity {
+        let lost = self.number_lost.load(std::sync::atomic::Ordering::Acquire);
+        if lost || crate::fd::Identity::of(self.fd.as_raw_fd()) != self.identity {
             return;
         }
         // SAFETY: the descriptor is dropped once, here, and nothing uses it after.
@@ -564,7 +572,17 @@ impl Doorbell {
         // SAFETY: a fresh descriptor owned by nobody else.
         let fd = crate::fd::relocate(unsafe { OwnedFd::from_raw_fd(fd) });
         let identity = crate::fd::Identity::of(fd.as_raw_fd());
-        Ok(Doorbell { kept: crate::fd::keep(fd.as_raw_fd()), fd: std::mem::ManuallyDrop::new(fd), identity })
+        Ok(Doorbell {
+            kept: crate::fd::keep(fd.as_raw_fd()),
+            fd: std::mem::ManuallyDrop::new(fd),
+            identity,
+            number_lost: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The number names another file now (the keeper found it so): the drop leaves it open.
+    pub fn give_up_number(&self) {
+        self.number_lost.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// The eventfd's number (the descriptor keeper holds it too, `crate::fd::Keeper`).
@@ -647,6 +665,10 @@ const LONGEST_WAIT_MS: i32 = 1000;
 /// Blocks until the userfaultfd has a message or the doorbell rang, for at most
 /// `timeout_ms` (-1: [`LONGEST_WAIT_MS`]).
 pub fn poll_fault_or_doorbell_for(uffd: &Uffd, bell: &Doorbell, timeout_ms: i32) -> Wake {
+    if uffd.keeper().is_closed() {
+        // The keeper found the number closed or reused: nothing under it is ours to poll.
+        return Wake::Closed(uffd.raw_fd());
+    }
     let timeout_ms = if timeout_ms < 0 { LONGEST_WAIT_MS } else { timeout_ms.min(LONGEST_WAIT_MS) };
     let mut fds = [
         libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
