@@ -114,17 +114,21 @@ impl Identity {
 }
 
 /// A descriptor of the engine's, closed on drop only while its number still names it
-/// ([`Identity`]): where the program closed the number and reused it, the drop leaves the
-/// program's file alone.
+/// ([`Identity`]) and nobody gave the number up ([`ClosedIfStillOurs::give_up`], where the
+/// keeper's `kcmp` knows better than an inode shared by every eventfd): where the program
+/// closed the number and reused it, the drop leaves the program's file alone.
+#[derive(Debug)]
 pub(crate) struct ClosedIfStillOurs<T: AsRawFd> {
     inner: std::mem::ManuallyDrop<T>,
     identity: Option<Identity>,
+    given_up: std::sync::atomic::AtomicBool,
 }
 
 impl<T: AsRawFd> ClosedIfStillOurs<T> {
     pub(crate) fn new(inner: T) -> Self {
         let identity = Identity::of(inner.as_raw_fd());
-        ClosedIfStillOurs { inner: std::mem::ManuallyDrop::new(inner), identity }
+        let given_up = std::sync::atomic::AtomicBool::new(false);
+        ClosedIfStillOurs { inner: std::mem::ManuallyDrop::new(inner), identity, given_up }
     }
 
     pub(crate) fn get(&self) -> &T {
@@ -133,7 +137,19 @@ impl<T: AsRawFd> ClosedIfStillOurs<T> {
 
     /// Whether the number still names the descriptor made here.
     pub(crate) fn still_ours(&self) -> bool {
-        Identity::of(self.inner.as_raw_fd()) == self.identity
+        !self.given_up.load(Ordering::Acquire) && Identity::of(self.inner.as_raw_fd()) == self.identity
+    }
+
+    /// The number names another file now (something that knows said so): neither closed
+    /// nor used by the drop.
+    pub(crate) fn give_up(&self) {
+        self.given_up.store(true, Ordering::Release);
+    }
+}
+
+impl<T: AsRawFd> AsRawFd for ClosedIfStillOurs<T> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.as_raw_fd()
     }
 }
 
@@ -489,10 +505,11 @@ fn this_thread_id() -> i32 {
     unsafe { libc::syscall(libc::SYS_gettid) as i32 }
 }
 
-/// Adds one to the eventfd `fd` (a doorbell): every poll on it returns.
-fn ring_eventfd(fd: RawFd) {
+/// Adds one to the eventfd `fd` (a doorbell): every poll on it returns. The caller knows
+/// `fd` names its eventfd.
+pub(crate) fn ring_eventfd(fd: RawFd) {
     let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64; `fd` is an eventfd of this thread's table.
+    // SAFETY: writes 8 bytes from a live u64 to a descriptor; nothing else is touched.
     unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
 }
 

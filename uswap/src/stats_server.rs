@@ -126,7 +126,7 @@ impl Drop for StatsServer {
     fn drop(&mut self) {
         self.stopping.store(true, Ordering::Release);
         if self.stop.still_ours() {
-            ring(self.stop.get().as_raw_fd());
+            crate::fd::ring_eventfd(self.stop.get().as_raw_fd());
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -167,12 +167,6 @@ where
         })?
     };
     Ok(StatsServer { name: name.to_string(), counters, stop, stopping, thread: Some(thread) })
-}
-
-fn ring(fd: RawFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64 to an eventfd we own.
-    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
 }
 
 /// How long the server sleeps at most between looks at its stop flag.

@@ -210,16 +210,14 @@ pub enum OpenError {
 pub struct Uffd {
     /// Registered while `fd` is open (released first by the drop, see `crate::fd`).
     kept: crate::fd::Kept,
-    /// Closed by the drop, unless the program closed the number first (`fd::Keeper`).
-    fd: std::mem::ManuallyDrop<OwnedFd>,
+    /// Closed by the drop only while its number names it (a userfaultfd's inode is its
+    /// own) and the keeper did not find it closed (`fd::Keeper`).
+    fd: crate::fd::ClosedIfStillOurs<OwnedFd>,
     /// `UFFDIO_MOVE` calls that reported a page as not moved although it was (see
     /// [`Uffd::move_pages`]).
     move_misreports: AtomicU64,
     /// The hold on the file where the program cannot close it (library APIs).
     keeper: crate::fd::Keeper,
-    /// What `fd` is: a userfaultfd's inode is its own, so a number the program reused names
-    /// another (where no keeper watched it).
-    identity: Option<crate::fd::Identity>,
 }
 
 /// Outcome of a range ioctl that may stop part-way (`COPY`, `ZEROPAGE`, `MOVE`).
@@ -301,13 +299,12 @@ fn api_handshake(fd: &OwnedFd, features: u64) -> io::Result<u64> {
 
 impl Drop for Uffd {
     fn drop(&mut self) {
+        // Unregistered before `fd` closes (as a field, after this).
         self.kept.release();
-        if self.keeper.number_lost() || crate::fd::Identity::of(self.fd.as_raw_fd()) != self.identity {
+        if self.keeper.number_lost() {
             // The number may be a file of the program's now: closing it would close that.
-            return;
+            self.fd.give_up();
         }
-        // SAFETY: the descriptor is dropped once, here, and nothing uses it after.
-        unsafe { std::mem::ManuallyDrop::drop(&mut self.fd) };
     }
 }
 
@@ -329,9 +326,8 @@ impl Uffd {
         let fd = crate::fd::relocate(open_fd(flags, user_mode_only_ok)?);
         api_handshake(&fd, features).map_err(OpenError::Other)?;
         Ok(Uffd {
-            identity: crate::fd::Identity::of(fd.as_raw_fd()),
             kept: crate::fd::keep(fd.as_raw_fd()),
-            fd: std::mem::ManuallyDrop::new(fd),
+            fd: crate::fd::ClosedIfStillOurs::new(fd),
             move_misreports: AtomicU64::new(0),
             keeper: crate::fd::Keeper::new(),
         })
@@ -541,24 +537,16 @@ pub fn kernel_release() -> String {
 pub struct Doorbell {
     /// Registered while `fd` is open (released first by the drop, see `crate::fd`).
     kept: crate::fd::Kept,
-    /// Closed by the drop, unless the number names another file by then (the program
-    /// closed it, and reused it).
-    fd: std::mem::ManuallyDrop<OwnedFd>,
-    /// An eventfd's inode is shared by every eventfd (and epoll, timerfd...): the keeper's
-    /// `kcmp` says more, where there is one ([`Doorbell::give_up_number`]).
-    identity: Option<crate::fd::Identity>,
-    number_lost: std::sync::atomic::AtomicBool,
+    /// Closed and rung only while its number names it. An eventfd's inode is shared by
+    /// every eventfd (and epoll, timerfd...): the keeper's `kcmp` says more, where there is
+    /// one ([`Doorbell::give_up_number`]).
+    fd: crate::fd::ClosedIfStillOurs<OwnedFd>,
 }
 
 impl Drop for Doorbell {
     fn drop(&mut self) {
+        // Unregistered before `fd` closes (as a field, after this).
         self.kept.release();
-        let lost = self.number_lost.load(std::sync::atomic::Ordering::Acquire);
-        if lost || crate::fd::Identity::of(self.fd.as_raw_fd()) != self.identity {
-            return;
-        }
-        // SAFETY: the descriptor is dropped once, here, and nothing uses it after.
-        unsafe { std::mem::ManuallyDrop::drop(&mut self.fd) };
     }
 }
 
@@ -571,18 +559,12 @@ impl Doorbell {
         }
         // SAFETY: a fresh descriptor owned by nobody else.
         let fd = crate::fd::relocate(unsafe { OwnedFd::from_raw_fd(fd) });
-        let identity = crate::fd::Identity::of(fd.as_raw_fd());
-        Ok(Doorbell {
-            kept: crate::fd::keep(fd.as_raw_fd()),
-            fd: std::mem::ManuallyDrop::new(fd),
-            identity,
-            number_lost: std::sync::atomic::AtomicBool::new(false),
-        })
+        Ok(Doorbell { kept: crate::fd::keep(fd.as_raw_fd()), fd: crate::fd::ClosedIfStillOurs::new(fd) })
     }
 
     /// The number names another file now (the keeper found it so): the drop leaves it open.
     pub fn give_up_number(&self) {
-        self.number_lost.store(true, std::sync::atomic::Ordering::Release);
+        self.fd.give_up();
     }
 
     /// The eventfd's number (the descriptor keeper holds it too, `crate::fd::Keeper`).
@@ -594,12 +576,9 @@ impl Doorbell {
     /// number names another file (the program closed ours and reused it): 8 bytes would go
     /// into the program's file.
     pub fn ring(&self) {
-        if crate::fd::Identity::of(self.fd.as_raw_fd()) != self.identity {
-            return;
+        if self.fd.still_ours() {
+            crate::fd::ring_eventfd(self.fd.as_raw_fd());
         }
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 }
 
