@@ -342,6 +342,25 @@ fn read_only_memory_is_let_go_of_and_the_limit_holds() {
     });
 }
 
+/// Memory let go of when it was made read-only, then made writable again, stays the
+/// kernel's, and the report still says why (before, it blamed the C library or a raw system
+/// call); the rest of the program's memory is not counted with it.
+#[test]
+fn memory_let_go_of_and_made_writable_again_is_named() {
+    let dir = tmpdir("unseal");
+    let p = compile("readonly", &dir, &[]);
+    let wss = WSS_MIB.to_string();
+    let prog = [p.to_str().unwrap(), &wss, "unseal"];
+    for mode in ["signal", "thread"] {
+        let r = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &prog, &dir);
+        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+        let unmanaged = counter(&r.1, "unmanaged_peak_bytes");
+        assert!(((16 << 20)..(24 << 20)).contains(&unmanaged), "{mode}: unmanaged peak {unmanaged}: {}", r.1);
+        let err = String::from_utf8_lossy(&r.0.stderr);
+        assert!(err.contains("made read-only or executable by the program (mprotect)"), "{mode}: {err}");
+    }
+}
+
 /// `MADV_POPULATE_WRITE`/`_READ` over managed memory whose pages are out succeed in both
 /// modes (in signal mode they failed with EFAULT: the kernel populates with faults of its
 /// own), and every byte is as written.

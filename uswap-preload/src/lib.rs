@@ -55,6 +55,7 @@ pub mod fds;
 pub mod fork;
 pub mod heap;
 pub mod last_thread;
+pub mod let_go;
 pub mod locale;
 pub mod managed_table;
 pub mod mlock;

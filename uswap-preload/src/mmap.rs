@@ -740,9 +740,24 @@ fn protect(addr: *mut c_void, len: usize, prot: i32, call: impl Fn() -> i32 + Co
     if let Some(cfg) = config() {
         let _g = Guard::enter();
         // Failing, the memory stays managed (and its pages refused by reclaim, counted).
-        let _ = cfg.pager.unmanage(addr as usize, len);
+        let (start, end) = (addr as usize, (addr as usize).saturating_add(len));
+        // Kept once (a JIT flips its code pages between writable and executable).
+        let new = overlaps_managed(start, end) && !LET_GO_BY_PROTECTION.overlaps(start, end);
+        if cfg.pager.unmanage(start, len).is_ok() && new {
+            LET_GO_BY_PROTECTION.keep(start, len);
+        }
     }
     call()
+}
+
+/// Ranges [`protect`] let go of, for the report of unmanaged memory: made writable again,
+/// such a range stays the kernel's, and `/proc` no longer says why.
+static LET_GO_BY_PROTECTION: crate::let_go::LetGoRanges<64> = crate::let_go::LetGoRanges::new();
+
+/// Whether `[start, end)` overlaps memory uswap let go of because the program made it
+/// read-only or executable.
+pub fn let_go_by_protection(start: usize, end: usize) -> bool {
+    LET_GO_BY_PROTECTION.overlaps(start, end)
 }
 
 /// `madvise`: what asks the kernel to change how managed memory is paged is left out, with

@@ -8,7 +8,7 @@
 //! ("ioctl UFFDIO_REGISTER failed, errno = 16"). So a registration the kernel refuses with
 //! `EBUSY` lets go of the range (`Pager::unmanage`: its pages come back in place, and it
 //! becomes the program's ordinary memory, outside the budget) and is made again, once. The
-//! ranges let go of are kept (the first [`MAX_KEPT`]) for the report of unmanaged memory,
+//! ranges let go of are kept (the first [`MAX_KEPT`], `crate::let_go`) for the report of unmanaged memory,
 //! which names them. They stay ordinary memory after the program unregisters them.
 //!
 //! Every other `ioctl` passes straight on, uswap's own too (its calls on its userfaultfds
@@ -17,8 +17,9 @@
 //! `UFFDIO_MOVE`) or a program's signal handler's, reaches `dlsym`, which allocates.
 
 use std::ffi::{c_int, c_long, c_ulong, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicPtr;
 
+use crate::let_go::LetGoRanges;
 use crate::own_code::in_uswap;
 use crate::real::{self, errno, set_errno};
 
@@ -29,8 +30,7 @@ const UFFDIO_REGISTER: u32 = (3 << 30) | (32 << 16) | (0xAA << 8);
 /// Ranges let go of for the program's userfaultfd, kept for the report: `[start, end)`
 /// pairs, the first `MAX_KEPT`.
 const MAX_KEPT: usize = 16;
-static KEPT: [(AtomicUsize, AtomicUsize); MAX_KEPT] = [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_KEPT];
-static NR_KEPT: AtomicUsize = AtomicUsize::new(0);
+static KEPT: LetGoRanges<MAX_KEPT> = LetGoRanges::new();
 
 static REAL_IOCTL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -81,7 +81,7 @@ fn register_again_if_refused(fd: c_int, request: c_ulong, arg: *mut c_void, call
     }
     let again = call();
     if again == 0 {
-        keep(start, len);
+        KEPT.keep(start, len);
     }
     again
 }
@@ -113,22 +113,8 @@ fn let_go_of(start: usize, len: usize) -> bool {
     pager.unmanage(start, len).is_ok()
 }
 
-/// Keeps `[start, start + len)` for the report, once the program's registration of it
-/// succeeded.
-fn keep(start: usize, len: usize) {
-    let k = NR_KEPT.fetch_add(1, Ordering::Relaxed);
-    if let Some((s, e)) = KEPT.get(k) {
-        s.store(start, Ordering::Relaxed);
-        e.store(start.saturating_add(len), Ordering::Release);
-    }
-}
-
 /// Whether `[start, end)` overlaps a range let go of for the program's userfaultfd (for the
 /// report of unmanaged memory).
 pub fn overlaps(start: usize, end: usize) -> bool {
-    let n = NR_KEPT.load(Ordering::Acquire).min(MAX_KEPT);
-    KEPT[..n].iter().any(|(s, e)| {
-        let (s, e) = (s.load(Ordering::Relaxed), e.load(Ordering::Acquire));
-        start < e && s < end
-    })
+    KEPT.overlaps(start, end)
 }

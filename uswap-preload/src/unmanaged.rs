@@ -10,7 +10,9 @@
 //! (`MAP_SHARED|MAP_ANONYMOUS`, memfd, SysV, `/dev/shm`; by `mincore`, which asks the
 //! object, whoever touched them, for writable mappings up to 1 GiB), which a tree counts once per
 //! object, not once per process that maps it ([`Unmanaged::count_shared`]). Each mapping
-//! left gets the reason it is not managed, from what `/proc` says of it. The scan runs on
+//! left gets the reason it is not managed, from what `/proc` says of it (and, for memory
+//! uswap let go of, from what the program asked: `crate::let_go`). A mapping whose
+//! addresses a region took or left during the scan waits for the next one. The scan runs on
 //! the report thread (every second) and at exit, never on the program's threads.
 //!
 //! Why not `/proc/self/smaps`: it walks the page tables of every mapping, the managed
@@ -169,6 +171,10 @@ fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
         _ if h.perms.as_bytes().get(1) != Some(&b'w') => {
             "read-only memory (mprotect): the kernel moves no page out of it, so uswap lets go of it"
         }
+        _ if crate::mmap::let_go_by_protection(h.start, h.end) => {
+            "made read-only or executable by the program (mprotect): uswap let go of it, and does not take it back \
+             when it is made writable again"
+        }
         "" if before.file_data && before.end == h.start => {
             "the zero-filled part of a program's or library's static data (.bss), mapped by the kernel or the loader"
         }
@@ -253,11 +259,13 @@ fn add(out: &mut Unmanaged, m: Mapping) {
 /// `/proc/self/maps`, each counted mapping measured with `PAGEMAP_SCAN`. `None` if the
 /// ioctl is refused (an older kernel).
 fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unmanaged> {
+    // Before `/proc` is read: see `settle`.
+    let owners = uswap::memory_owners();
     let mut maps = String::new();
     std::fs::File::open("/proc/self/maps").ok()?.read_to_string(&mut maps).ok()?;
     let mut out = Unmanaged::default();
+    let mut private = Vec::new();
     let mut before = Before::default();
-    let owners = uswap::memory_owners();
     for h in maps.lines().filter_map(parse_header) {
         let b = std::mem::replace(&mut before, Before::of(&h));
         note_brk_heap(&mut out, &h);
@@ -275,10 +283,32 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
         let m = Mapping { start: h.start, len: h.end - h.start, bytes, why: why(&h, b, min_size_bytes) };
         match shared_anon {
             true => out.shared.push((h.object, m)),
-            false => add(&mut out, m),
+            false => private.push(m),
         }
     }
-    Some(out)
+    Some(settle(out, private, &owners))
+}
+
+/// `scanned` (its shared mappings) and its `private` ones, made a figure of what was
+/// outside the budget throughout the scan: a mapping is counted only where no
+/// region of its addresses was registered or dropped between `owners` (taken before
+/// `/proc` was read) and now, and none owns it now. Otherwise the scan may have read a
+/// managed region's pages as the program's own: a region dropped by `munmap` while its
+/// mapping was still listed, or a new one at the same addresses (a program that mapped,
+/// wrote and unmapped 128 MiB a few times under a 64 MiB limit was reported in some runs
+/// with 58 MiB of such pages, 116 % of its limit, outside the budget). Such a mapping waits
+/// for the next scan, a second later.
+fn settle(mut scanned: Unmanaged, private: Vec<Mapping>, owners: &uswap::MemoryOwners) -> Unmanaged {
+    let now = uswap::memory_owners();
+    let settled = |m: &Mapping| {
+        let end = m.start + m.len;
+        unowned(&now, m.start, end) && !owners.changed_in(&now, m.start, end)
+    };
+    scanned.shared.retain(|(_, m)| settled(m));
+    for m in private.into_iter().filter(|m| settled(m)) {
+        add(&mut scanned, m);
+    }
+    scanned
 }
 
 /// The bytes of the shared memory object that `[start, end)` maps which are in memory,
@@ -379,26 +409,29 @@ fn scan_resident_bytes(pagemap: &std::fs::File, start: usize, end: usize, shared
 /// Scans `/proc/self/smaps` (the fallback, see the module's comment). `None` if it cannot
 /// be read.
 fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
+    // Before `/proc` is read: see `settle`.
+    let owners = uswap::memory_owners();
     let f = std::fs::File::open("/proc/self/smaps").ok()?;
     let mut out = Unmanaged::default();
-    let owners = uswap::memory_owners();
+    let mut private = Vec::new();
     // The mapping being read (its bytes still to come), and whether it is shared anonymous
     // memory (with its object).
     let mut cur: Option<(Mapping, Option<u64>)> = None;
     let mut before = Before::default();
     let mut bytes = 0u64;
-    let flush = |cur: Option<(Mapping, Option<u64>)>, bytes: u64, out: &mut Unmanaged| match cur
-        .filter(|(m, _)| unowned(&owners, m.start, m.start + m.len))
-    {
-        // Its own resident pages (`Rss`), as the scan counts a read-only or larger mapping.
-        Some((m, Some(object))) => out.shared.push((object, Mapping { bytes, ..m })),
-        Some((m, None)) => add(out, Mapping { bytes, ..m }),
-        None => {}
-    };
+    let flush =
+        |cur: Option<(Mapping, Option<u64>)>, bytes: u64, out: &mut Unmanaged, private: &mut Vec<Mapping>| match cur
+            .filter(|(m, _)| unowned(&owners, m.start, m.start + m.len))
+        {
+            // Its own resident pages (`Rss`), as the scan counts a read-only or larger mapping.
+            Some((m, Some(object))) => out.shared.push((object, Mapping { bytes, ..m })),
+            Some((m, None)) => private.push(Mapping { bytes, ..m }),
+            None => {}
+        };
     for line in std::io::BufReader::new(f).lines() {
         let line = line.ok()?;
         if let Some(h) = parse_header(&line) {
-            flush(cur.take(), bytes, &mut out);
+            flush(cur.take(), bytes, &mut out, &mut private);
             bytes = 0;
             let b = std::mem::replace(&mut before, Before::of(&h));
             note_brk_heap(&mut out, &h);
@@ -414,8 +447,8 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
             bytes = kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
         }
     }
-    flush(cur.take(), bytes, &mut out);
-    Some(out)
+    flush(cur.take(), bytes, &mut out, &mut private);
+    Some(settle(out, private, &owners))
 }
 
 #[cfg(test)]

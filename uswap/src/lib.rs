@@ -202,12 +202,30 @@ impl MemoryOwners {
     /// As [`memory_owner`], for regions that were there when the copy was taken (and are
     /// still: a region gone since is not `Managed`).
     pub fn owner(&self, start: usize, end: usize) -> MemoryOwner {
-        let below = self.regions.partition_point(|r| r.0 < end);
-        let managed = (0..below).rev().take_while(|&i| self.max_end[i] > start).any(|i| {
-            let (s, e, idx, gen) = self.regions[i];
-            s < end && start < e && region::REGIONS.get(idx, gen, u32::MAX).is_some_and(|r| r.owns_any_of(start, end))
+        let managed = self.overlapping(start, end).any(|&(_, _, idx, gen)| {
+            region::REGIONS.get(idx, gen, u32::MAX).is_some_and(|r| r.owns_any_of(start, end))
         });
         owner_unless_managed(managed, start, end)
+    }
+
+    /// Whether a region overlapping `[start, end)` is in one of `self` and `later` and not
+    /// in the other: registered or dropped between the two copies. A scan of
+    /// `/proc/self/maps` taken between them cannot tell whose such a range's pages were
+    /// (a region dropped by `munmap` while the scan read its pages, or a new one at the
+    /// same addresses, already written).
+    pub fn changed_in(&self, later: &MemoryOwners, start: usize, end: usize) -> bool {
+        self.overlapping(start, end).any(|r| later.regions.binary_search(r).is_err())
+            || later.overlapping(start, end).any(|r| self.regions.binary_search(r).is_err())
+    }
+
+    /// The regions of the copy that overlap `[start, end)`.
+    fn overlapping(&self, start: usize, end: usize) -> impl Iterator<Item = &(usize, usize, usize, u32)> {
+        let below = self.regions.partition_point(|r| r.0 < end);
+        (0..below)
+            .rev()
+            .take_while(move |&i| self.max_end[i] > start)
+            .map(move |i| &self.regions[i])
+            .filter(move |r| r.0 < end && start < r.1)
     }
 }
 

@@ -571,3 +571,32 @@ fn thread_mode_mremap_grows_a_region_in_place() {
     assert_eq!((slots_used(&p), st.resident_pages, st.fault_error), (0, 0, 0), "{st:?}");
     unmap(base + keep * PAGE_SIZE, grown);
 }
+
+/// Two copies of the region registry taken around a change (`uswap::MemoryOwners`) tell the
+/// addresses of a region dropped meanwhile, and of one registered, from those of a region
+/// that stayed: `uswap run`'s report of unmanaged memory counts a mapping only where nothing
+/// changed while it scanned, so that it never counts a managed region's pages as the
+/// program's own (a region dropped by `munmap` while its mapping was still listed).
+#[test]
+fn copies_of_the_registry_tell_which_addresses_changed_owner() {
+    let _w = Watchdog::new("copies of the region registry", 30);
+    let p = new_pager(FaultMode::Thread);
+    let len = 64 * PAGE_SIZE;
+    let kept = p.map(len).unwrap();
+    let dropped = p.map(len).unwrap();
+    let (k, d) = (kept.as_ptr() as usize, dropped.as_ptr() as usize);
+    let first = uswap::memory_owners();
+    drop(dropped);
+    let second = uswap::memory_owners();
+    assert!(first.changed_in(&second, d, d + len), "a region dropped between the copies");
+    assert!(first.changed_in(&second, d + len - PAGE_SIZE, d + len + PAGE_SIZE), "its last page");
+    assert!(!first.changed_in(&second, k, k + len), "a region that stayed");
+    assert_eq!(second.owner(k, k + len), uswap::MemoryOwner::Managed);
+    assert_ne!(second.owner(d, d + len), uswap::MemoryOwner::Managed);
+    let new = p.map(len).unwrap();
+    let n = new.as_ptr() as usize;
+    let third = uswap::memory_owners();
+    assert!(second.changed_in(&third, n, n + len), "a region registered between the copies");
+    assert!(!second.changed_in(&third, k, k + len));
+    assert!(!first.changed_in(&first, k.min(n), k.max(n) + len), "a copy against itself");
+}

@@ -3,8 +3,9 @@
  * break the limit), 1 MiB mapped MAP_LOCKED (which must stay resident), and 8 MiB mapped
  * MAP_32BIT (which must lie below 2 GiB); then MIB of heap written and read twice. Prints
  * the sums, whether the locked mapping stayed resident throughout (mincore), and where the
- * 32-bit one lies.
- * Usage: readonly MIB */
+ * 32-bit one lies. With "unseal", the read-only mapping is made writable again at once (it
+ * stays the kernel's: the report must still say why).
+ * Usage: readonly MIB [unseal] */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,10 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < RO_BYTES; i++) ro[i] = (uint8_t)(i * 3 + 1);
     for (size_t i = 0; i < LOCKED_BYTES; i++) locked[i] = (uint8_t)(i * 5 + 2);
     if (mprotect(ro, RO_BYTES, PROT_READ)) { perror("mprotect"); return 2; }
+    if (argc > 2 && !strcmp(argv[2], "unseal") && mprotect(ro, RO_BYTES, PROT_READ | PROT_WRITE)) {
+        perror("mprotect");
+        return 2;
+    }
     uint8_t *big = malloc(big_bytes);
     if (!big) { perror("malloc"); return 1; }
     for (size_t i = 0; i < big_bytes; i++) big[i] = (uint8_t)(i * 7);
