@@ -1,7 +1,8 @@
 //! Byte sizes on the command line: `4096`, `64KiB`, `256MiB`, `1GiB`, `1.5GiB`.
 //!
-//! `KiB`, `MiB`, `GiB`, `TiB` and the one-letter forms `K`, `M`, `G`, `T` are powers of 1024;
-//! no unit (or `B`) means bytes. Parsing is `uswap::parse_size`, shared with device lists.
+//! `KiB`, `MiB`, `GiB`, `TiB` and the one-letter forms `K`, `M`, `G`, `T` (either case) are
+//! powers of 1024; no unit (or `B`) means bytes; `MB` and the like are refused as ambiguous.
+//! Parsing is `uswap::parse_size`, shared with device lists.
 
 use std::fmt;
 

@@ -523,7 +523,9 @@ fn parse_redis(rest: &str, default_capacity_bytes: u64, cluster: bool) -> std::r
     Ok(DeviceConfig::redis(Vec::new(), size).redis_options(opts))
 }
 
-/// Parses `256MiB`, `1GiB`, `4096`, `1.5G`: binary units (`KiB`..`TiB` and `K`..`T`), or bytes.
+/// Parses `256MiB`, `1GiB`, `4096`, `1.5G`, `512m`: binary units (`KiB`..`TiB`, and `K`..`T`
+/// in either case, as the kernel's `memparse`, Docker's `-m` and Java's `-Xmx` read them), or
+/// bytes. `MB` and the like are refused: some read them as powers of ten.
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     if t.starts_with('-') {
@@ -532,11 +534,17 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        "T" | "TiB" => 1 << 40,
+        "" | "B" | "b" => 1,
+        "K" | "k" | "KiB" => 1 << 10,
+        "M" | "m" | "MiB" => 1 << 20,
+        "G" | "g" | "GiB" => 1 << 30,
+        "T" | "t" | "TiB" => 1 << 40,
+        u @ ("KB" | "kB" | "kb" | "MB" | "mb" | "GB" | "gb" | "TB" | "tb") => {
+            return Err(format!(
+                "size unit {u:?} is ambiguous (a power of ten or of two): use {}iB, which uswap means (e.g. 256MiB)",
+                u[..1].to_ascii_uppercase()
+            ))
+        }
         u => return Err(format!("unknown size unit {u:?} (use B, KiB, MiB, GiB, TiB, e.g. 256MiB)")),
     };
     let v: f64 = num.parse().map_err(|_| format!("{num:?} is not a number (e.g. 256MiB)"))?;
@@ -585,5 +593,28 @@ mod tests {
         }
         let e = parse_size("-5MiB").unwrap_err();
         assert!(e.contains("cannot be negative"), "{e}");
+    }
+
+    #[test]
+    fn sizes_take_binary_units_in_the_spellings_other_tools_use_and_refuse_ambiguous_ones() {
+        for (text, bytes) in [
+            ("4096", 4096),
+            ("4096B", 4096),
+            ("512k", 512 << 10),
+            ("256MiB", 256 << 20),
+            ("256M", 256 << 20),
+            ("512m", 512 << 20),
+            ("1.5G", 3 << 29),
+            ("2g", 2 << 30),
+            ("1TiB", 1 << 40),
+            ("1t", 1 << 40),
+        ] {
+            assert_eq!(parse_size(text), Ok(bytes), "{text}");
+        }
+        let e = parse_size("64MB").unwrap_err();
+        assert!(e.contains("ambiguous") && e.contains("use MiB"), "{e}");
+        let e = parse_size("1kB").unwrap_err();
+        assert!(e.contains("use KiB"), "{e}");
+        assert!(parse_size("64XB").unwrap_err().contains("unknown size unit"));
     }
 }
