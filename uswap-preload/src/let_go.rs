@@ -29,6 +29,20 @@ impl<const N: usize> LetGoRanges<N> {
         }
     }
 
+    /// Forgets the ranges kept that lie inside `[start, end)` (unmapped). Their slots stay
+    /// used.
+    pub fn forget(&self, start: usize, end: usize) {
+        let n = self.nr_kept.load(Ordering::Acquire).min(N);
+        for (s, e) in &self.ranges[..n] {
+            let (s_now, e_now) = (s.load(Ordering::Relaxed), e.load(Ordering::Acquire));
+            if e_now != 0 && start <= s_now && e_now <= end {
+                // The end first: a reader that sees it 0 sees no overlap.
+                e.store(0, Ordering::Release);
+                s.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Whether `[start, end)` overlaps a range kept.
     pub fn overlaps(&self, start: usize, end: usize) -> bool {
         let n = self.nr_kept.load(Ordering::Acquire).min(N);
@@ -60,5 +74,9 @@ mod tests {
         assert!(!t.overlaps(0x3000, 0x8000));
         assert!(t.overlaps(0x8fff, 0x9000));
         assert!(!t.overlaps(0x20000, 0x21000), "a third range kept in a table of two");
+        t.forget(0x8000, 0x10000);
+        assert!(!t.overlaps(0x8fff, 0x9000), "forgotten once unmapped");
+        t.forget(0x2000, 0x3000);
+        assert!(t.overlaps(0x1000, 0x2000), "a range only partly unmapped is kept");
     }
 }

@@ -498,6 +498,9 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
     }
     let start = addr as usize;
     let end = page_round_up(len).and_then(|l| start.checked_add(l));
+    // What was let go of there is gone with it (the report must not name a later mapping
+    // at these addresses so).
+    LET_GO_BY_PROTECTION.forget(start, end.unwrap_or(usize::MAX));
     if let Some(outside) = end
         .filter(|_| start % uswap::PAGE_SIZE == 0 && len > 0)
         .and_then(|end| crate::program_break::unmap_inside(start, end))
@@ -540,6 +543,7 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     if start % uswap::PAGE_SIZE != 0 || len == 0 || !munmap_accepted(start, len) || !overlaps_managed(start, end) {
         return real::sys_munmap(addr, len);
     }
+    let _counted = ManagedUnmap::begin();
     let (covered, partial) = take_covered(start, end);
     // The regions inside the range let go of their pages and slots, and leave their memory
     // mapped for the one `munmap` below. (Dropping them unmapped it first: another thread's
@@ -570,6 +574,35 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     }
     set_errno(e);
     r
+}
+
+/// Managed unmaps begun and ended ([`unmap`]), for the report of unmanaged memory: between
+/// a region's leaving the registry and its memory's `munmap`, a scan of `/proc` would find
+/// the region's pages in a mapping no region owns ([`managed_unmaps`]).
+static MANAGED_UNMAPS_BEGUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static MANAGED_UNMAPS_ENDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// One managed unmap, counted begun when made and ended when dropped.
+struct ManagedUnmap;
+
+impl ManagedUnmap {
+    fn begin() -> ManagedUnmap {
+        MANAGED_UNMAPS_BEGUN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        ManagedUnmap
+    }
+}
+
+impl Drop for ManagedUnmap {
+    fn drop(&mut self) {
+        MANAGED_UNMAPS_ENDED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// How many managed unmaps have begun and ended, in that order: a scan that read `(b, e)`
+/// with `b == e` before it and `b` again after it overlapped none.
+pub fn managed_unmaps() -> (u64, u64) {
+    let begun = MANAGED_UNMAPS_BEGUN.load(std::sync::atomic::Ordering::SeqCst);
+    (begun, MANAGED_UNMAPS_ENDED.load(std::sync::atomic::Ordering::SeqCst))
 }
 
 /// `mremap(old, old_len, new_len, flags, ...)`. The fifth argument is variadic in C; on the
@@ -740,11 +773,14 @@ fn protect(addr: *mut c_void, len: usize, prot: i32, call: impl Fn() -> i32 + Co
     if let Some(cfg) = config() {
         let _g = Guard::enter();
         // Failing, the memory stays managed (and its pages refused by reclaim, counted).
-        let (start, end) = (addr as usize, (addr as usize).saturating_add(len));
-        // Kept once (a JIT flips its code pages between writable and executable).
-        let new = overlaps_managed(start, end) && !LET_GO_BY_PROTECTION.overlaps(start, end);
-        if cfg.pager.unmanage(start, len).is_ok() && new {
-            LET_GO_BY_PROTECTION.keep(start, len);
+        if cfg.pager.unmanage(addr as usize, len).is_ok_and(|nr_pages| nr_pages > 0) {
+            let r = call();
+            let end = (addr as usize).saturating_add(len);
+            // Kept once (a JIT flips its code pages between writable and executable).
+            if r == 0 && !LET_GO_BY_PROTECTION.overlaps(addr as usize, end) {
+                LET_GO_BY_PROTECTION.keep(addr as usize, len);
+            }
+            return r;
         }
     }
     call()

@@ -12,7 +12,8 @@
 //! object, not once per process that maps it ([`Unmanaged::count_shared`]). Each mapping
 //! left gets the reason it is not managed, from what `/proc` says of it (and, for memory
 //! uswap let go of, from what the program asked: `crate::let_go`). A mapping whose
-//! addresses a region took or left during the scan waits for the next one. The scan runs on
+//! addresses a region took or left during the scan waits for the next one, and a scan that
+//! a managed `munmap` overlapped is made again (`measure`). The scan runs on
 //! the report thread (every second) and at exit, never on the program's threads.
 //!
 //! Why not `/proc/self/smaps`: it walks the page tables of every mapping, the managed
@@ -198,12 +199,27 @@ fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
 /// Scans the process's mappings (see the module's comment). `None` if `/proc` cannot be read.
 pub fn measure(min_size_bytes: usize) -> Option<Unmanaged> {
     let pagemap = std::fs::File::open("/proc/self/pagemap").ok();
-    let scanned = pagemap.as_ref().and_then(|pm| measure_by_scan(pm, min_size_bytes));
-    let by_scan = scanned.is_some();
-    let mut out = scanned.or_else(|| measure_by_smaps(min_size_bytes))?;
+    // Bounded: MEASURE_TRIES scans, the last one kept whatever overlapped it.
+    let mut tries = 0;
+    let (mut out, by_scan) = loop {
+        tries += 1;
+        let (begun, ended) = crate::mmap::managed_unmaps();
+        let scanned = pagemap.as_ref().and_then(|pm| measure_by_scan(pm, min_size_bytes));
+        let by_scan = scanned.is_some();
+        let out = scanned.or_else(|| measure_by_smaps(min_size_bytes))?;
+        // A managed unmap under way at the start or begun since may have left a region's
+        // pages in a mapping no region owned while the scan read it (`settle` cannot tell).
+        if (begun == ended && crate::mmap::managed_unmaps().0 == begun) || tries == MEASURE_TRIES {
+            break (out, by_scan);
+        }
+    };
     add_c_library_heap(&mut out, pagemap.as_ref().filter(|_| by_scan));
     Some(out)
 }
+
+/// Scans [`measure`] makes while managed unmaps overlap them (CPython unmaps each arena it
+/// empties): the last is kept, with what `settle` removed from it.
+const MEASURE_TRIES: u32 = 3;
 
 /// The program's first blocks, which the C library's malloc kept (`crate::heap`, "The C
 /// library's heap first"), in the brk heap that the scan leaves out: what they held when
@@ -239,8 +255,8 @@ fn counted(h: &Header<'_>) -> Option<bool> {
     ((private || shared_anon) && h.path != "[heap]").then_some(shared_anon)
 }
 
-/// Whether no pager manages `[start, end)` and it is not the engine's own memory, by the
-/// regions as they were when the scan began (`owners`).
+/// Whether no pager manages `[start, end)` and it is not the engine's own memory: by the
+/// regions of the copy `owners` that are still registered.
 fn unowned(owners: &uswap::MemoryOwners, start: usize, end: usize) -> bool {
     owners.owner(start, end) == uswap::MemoryOwner::Other
 }
@@ -289,15 +305,16 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
     Some(settle(out, private, &owners))
 }
 
-/// `scanned` (its shared mappings) and its `private` ones, made a figure of what was
-/// outside the budget throughout the scan: a mapping is counted only where no
-/// region of its addresses was registered or dropped between `owners` (taken before
-/// `/proc` was read) and now, and none owns it now. Otherwise the scan may have read a
-/// managed region's pages as the program's own: a region dropped by `munmap` while its
-/// mapping was still listed, or a new one at the same addresses (a program that mapped,
-/// wrote and unmapped 128 MiB a few times under a 64 MiB limit was reported in some runs
-/// with 58 MiB of such pages, 116 % of its limit, outside the budget). Such a mapping waits
-/// for the next scan, a second later.
+/// `scanned` (its shared mappings) and its `private` ones, with the mappings left out whose
+/// addresses changed owner during the scan: a mapping is counted only where no region of
+/// its addresses was registered or dropped between `owners` (taken before `/proc` was read)
+/// and now, and none owns it now. Otherwise the scan may have read a managed region's pages
+/// as the program's own: a region registered at the addresses of a mapping listed before,
+/// or dropped while its mapping was still listed (a program that mapped, wrote and unmapped
+/// 128 MiB a few times under a 64 MiB limit was reported in some runs with 58 MiB of such
+/// pages, 116 % of its limit, outside the budget). A region dropped before `owners` whose
+/// memory is unmapped after it is in neither copy: [`measure`] scans again when a managed
+/// unmap overlapped the scan. A mapping left out waits for the next scan, a second later.
 fn settle(mut scanned: Unmanaged, private: Vec<Mapping>, owners: &uswap::MemoryOwners) -> Unmanaged {
     let now = uswap::memory_owners();
     let settled = |m: &Mapping| {

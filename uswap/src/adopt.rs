@@ -212,14 +212,15 @@ impl Pager {
     /// the program is about to make executable (`mprotect(PROT_EXEC)`: a JIT's code buffer),
     /// which reclaim could never move out again (the kernel moves pages only between
     /// mappings of equal protection). Pages that cannot be read back are counted in
-    /// `fault_error` and recorded (`Pager::recent_errors`); they read zero.
-    pub fn unmanage(&self, addr: usize, len_bytes: usize) -> Result<()> {
+    /// `fault_error` and recorded (`Pager::recent_errors`); they read zero. Returns how many
+    /// of the regions' pages were let go of (0 where no region overlaps the range).
+    pub fn unmanage(&self, addr: usize, len_bytes: usize) -> Result<usize> {
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let shared: &PagerShared = self.shared();
-        let mut result = Ok(());
+        let mut result = Ok(0);
         crate::events::for_each_overlap(&shared.events_cx(), addr, addr.saturating_add(len_bytes), |r, first, last| {
-            if result.is_ok() {
-                result = unmanage_pages(shared, r, first, last);
+            if let Ok(nr_pages) = result {
+                result = unmanage_pages(shared, r, first, last).map(|()| nr_pages + (last - first));
             }
         });
         result

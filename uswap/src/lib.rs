@@ -186,7 +186,12 @@ pub struct MemoryOwners {
 /// The regions as they are now, for [`MemoryOwners::owner`].
 pub fn memory_owners() -> MemoryOwners {
     let mut regions = Vec::new();
-    region::REGIONS.for_each(|g| regions.push((g.start(), g.start() + g.nr_pages * PAGE_SIZE, g.index, g.gen)));
+    region::REGIONS.for_each(|g| {
+        // Read once: a region moved meanwhile (`mremap`) must not get a start and an end
+        // from two places.
+        let start = g.start();
+        regions.push((start, start + g.nr_pages * PAGE_SIZE, g.index, g.gen))
+    });
     regions.sort_unstable();
     let max_end = regions
         .iter()

@@ -785,7 +785,7 @@ fn unmanage_while_another_thread_discards(mode: FaultMode) {
         });
         for first in (0..nr_pages).step_by(CHUNK_PAGES) {
             let addr = region.as_ptr() as usize + first * PAGE_SIZE;
-            p.unmanage(addr, CHUNK_PAGES * PAGE_SIZE).expect("unmanage");
+            assert_eq!(p.unmanage(addr, CHUNK_PAGES * PAGE_SIZE).expect("unmanage"), CHUNK_PAGES, "pages let go of");
             (first..first + CHUNK_PAGES).for_each(|i| check_page(w, i, 1));
         }
     });
