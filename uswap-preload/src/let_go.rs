@@ -4,8 +4,9 @@
 //! writable again looks like any other anonymous mapping there.
 //!
 //! Lock-free and allocation-free: a fixed table of `[start, end)` pairs, the first `N` kept
-//! (later ones are counted, not kept). A slot is claimed before its bounds are written, so a
-//! reader may see a claimed slot still `[0, 0)`, which overlaps nothing.
+//! (later ones are counted, not kept; a range forgotten keeps its slot). A slot is claimed
+//! before its bounds are written, the end last, and readers load the end first: a slot whose
+//! end reads 0 (not yet written, or forgotten) overlaps nothing.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -29,16 +30,15 @@ impl<const N: usize> LetGoRanges<N> {
         }
     }
 
-    /// Forgets the ranges kept that lie inside `[start, end)` (unmapped). Their slots stay
-    /// used.
+    /// Forgets the ranges kept that lie inside `[start, end)` (unmapped): their end becomes
+    /// 0, which overlaps nothing whatever the start (left as it was, so that no reader pairs
+    /// an old end with a new start). Their slots stay used.
     pub fn forget(&self, start: usize, end: usize) {
         let n = self.nr_kept.load(Ordering::Acquire).min(N);
         for (s, e) in &self.ranges[..n] {
-            let (s_now, e_now) = (s.load(Ordering::Relaxed), e.load(Ordering::Acquire));
-            if e_now != 0 && start <= s_now && e_now <= end {
-                // The end first: a reader that sees it 0 sees no overlap.
+            let e_now = e.load(Ordering::Acquire);
+            if e_now != 0 && start <= s.load(Ordering::Relaxed) && e_now <= end {
                 e.store(0, Ordering::Release);
-                s.store(0, Ordering::Relaxed);
             }
         }
     }

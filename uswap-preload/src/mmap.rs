@@ -598,6 +598,12 @@ impl Drop for ManagedUnmap {
     }
 }
 
+/// In a fork child: an unmap another thread of the parent had under way never ends here.
+pub fn forget_unmaps_in_fork_child() {
+    let begun = MANAGED_UNMAPS_BEGUN.load(std::sync::atomic::Ordering::SeqCst);
+    MANAGED_UNMAPS_ENDED.store(begun, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// How many managed unmaps have begun and ended, in that order: a scan that read `(b, e)`
 /// with `b == e` before it and `b` again after it overlapped none.
 pub fn managed_unmaps() -> (u64, u64) {
@@ -770,20 +776,21 @@ fn protect(addr: *mut c_void, len: usize, prot: i32, call: impl Fn() -> i32 + Co
             None => crate::wait_for_start(),
         }
     }
-    if let Some(cfg) = config() {
+    let Some(cfg) = config() else { return call() };
+    let regions_met = {
         let _g = Guard::enter();
         // Failing, the memory stays managed (and its pages refused by reclaim, counted).
-        if cfg.pager.unmanage(addr as usize, len).is_ok_and(|nr_pages| nr_pages > 0) {
-            let r = call();
-            let end = (addr as usize).saturating_add(len);
-            // Kept once (a JIT flips its code pages between writable and executable).
-            if r == 0 && !LET_GO_BY_PROTECTION.overlaps(addr as usize, end) {
-                LET_GO_BY_PROTECTION.keep(addr as usize, len);
-            }
-            return r;
-        }
+        cfg.pager.unmanage(addr as usize, len).is_ok_and(|nr_pages| nr_pages > 0)
+    };
+    // Outside the guard: a handler of the program's that runs during the call is the
+    // program's.
+    let r = call();
+    let end = (addr as usize).saturating_add(len);
+    // Kept once (a JIT flips its code pages between writable and executable).
+    if regions_met && r == 0 && !LET_GO_BY_PROTECTION.overlaps(addr as usize, end) {
+        LET_GO_BY_PROTECTION.keep(addr as usize, len);
     }
-    call()
+    r
 }
 
 /// Ranges [`protect`] let go of, for the report of unmanaged memory: made writable again,

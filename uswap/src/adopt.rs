@@ -213,7 +213,8 @@ impl Pager {
     /// which reclaim could never move out again (the kernel moves pages only between
     /// mappings of equal protection). Pages that cannot be read back are counted in
     /// `fault_error` and recorded (`Pager::recent_errors`); they read zero. Returns how many
-    /// of the regions' pages were let go of (0 where no region overlaps the range).
+    /// pages of regions the range covered, let go of now or before (0 where it met no
+    /// region: nothing there was managed).
     pub fn unmanage(&self, addr: usize, len_bytes: usize) -> Result<usize> {
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         let shared: &PagerShared = self.shared();
