@@ -140,6 +140,14 @@ impl<T: AsRawFd> ClosedIfStillOurs<T> {
         !self.given_up.load(Ordering::Acquire) && Identity::of(self.inner.as_raw_fd()) == self.identity
     }
 
+    /// Rings the eventfd this holds (see [`ring_eventfd`]), only while its number still
+    /// names it: 8 bytes must not go into a file of the program's reused under the number.
+    pub(crate) fn ring_if_still_ours(&self) {
+        if self.still_ours() {
+            ring_eventfd(self.inner.as_raw_fd());
+        }
+    }
+
     /// The number names another file now (something that knows said so): neither closed
     /// nor used by the drop.
     pub(crate) fn give_up(&self) {
@@ -507,7 +515,7 @@ fn this_thread_id() -> i32 {
 
 /// Adds one to the eventfd `fd` (a doorbell): every poll on it returns. The caller knows
 /// `fd` names its eventfd.
-pub(crate) fn ring_eventfd(fd: RawFd) {
+fn ring_eventfd(fd: RawFd) {
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a live u64 to a descriptor; nothing else is touched.
     unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };

@@ -125,9 +125,7 @@ impl Counters {
 impl Drop for StatsServer {
     fn drop(&mut self) {
         self.stopping.store(true, Ordering::Release);
-        if self.stop.still_ours() {
-            crate::fd::ring_eventfd(self.stop.get().as_raw_fd());
-        }
+        self.stop.ring_if_still_ours();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

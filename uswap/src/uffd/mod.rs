@@ -576,9 +576,7 @@ impl Doorbell {
     /// number names another file (the program closed ours and reused it): 8 bytes would go
     /// into the program's file.
     pub fn ring(&self) {
-        if self.fd.still_ours() {
-            crate::fd::ring_eventfd(self.fd.as_raw_fd());
-        }
+        self.fd.ring_if_still_ours();
     }
 }
 
