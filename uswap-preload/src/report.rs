@@ -108,21 +108,22 @@ fn spawn_publisher() {
 /// The unmanaged memory is measured every this many records (once a second).
 const MEASURE_EVERY_TICKS: u64 = 5;
 
-/// The largest unmanaged mappings of the last measurement, for the record.
-static UNMANAGED_LARGEST: spin::Mutex<Vec<crate::unmanaged::Mapping>> = spin::Mutex::new(Vec::new());
-/// The largest unmanaged mappings of the measurement that found the most (the process's
-/// peak), and that most: what a report of the peak names, rather than mappings of a later
-/// moment (a database's shared buffers, gone by its exit).
-static UNMANAGED_PEAK_LARGEST: spin::Mutex<Vec<crate::unmanaged::Mapping>> = spin::Mutex::new(Vec::new());
+/// What the last measurement named (its largest unmanaged mappings, its totals by reason),
+/// for the record.
+static UNMANAGED_NAMED: spin::Mutex<crate::unmanaged::Named> = spin::Mutex::new(crate::unmanaged::Named::new());
+/// What the measurement that found the most (the process's peak) named, and that most: what
+/// a report of the peak names, rather than mappings of a later moment (a database's shared
+/// buffers, gone by its exit).
+static UNMANAGED_PEAK_NAMED: spin::Mutex<crate::unmanaged::Named> = spin::Mutex::new(crate::unmanaged::Named::new());
 static UNMANAGED_OWN_PEAK_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// In a fork child (its one thread, before it runs): the lists of largest mappings are
-/// free. The parent's publisher may have held one at the fork, a thread the child does not
+/// In a fork child (its one thread, before it runs): the lists of what measurements named
+/// are free. The parent's publisher may have held one at the fork, a thread the child does not
 /// have: the child's publisher and its exit (`write_final`) waited for it for good (stress-ng's
 /// unshare stressor left such children hanging). What a list held is left as it was, not
 /// freed: the fork may have come in the middle of its replacement.
 pub fn forget_locks_in_fork_child() {
-    for list in [&UNMANAGED_LARGEST, &UNMANAGED_PEAK_LARGEST] {
+    for list in [&UNMANAGED_NAMED, &UNMANAGED_PEAK_NAMED] {
         if list.is_locked() {
             // SAFETY: the holder was a thread of the parent's, not in this process; this
             // thread is the child's only one.
@@ -144,9 +145,9 @@ fn measure_unmanaged() {
         // After the tree's sum is without them: another process takes them over.
         let_go_of_shared_objects(&mapped);
         if u.bytes >= UNMANAGED_OWN_PEAK_BYTES.fetch_max(u.bytes, std::sync::atomic::Ordering::Relaxed) {
-            *UNMANAGED_PEAK_LARGEST.lock() = u.largest.clone();
+            *UNMANAGED_PEAK_NAMED.lock() = u.named.clone();
         }
-        *UNMANAGED_LARGEST.lock() = u.largest;
+        *UNMANAGED_NAMED.lock() = u.named;
     }
 }
 
@@ -198,15 +199,24 @@ fn record() -> Option<serde_json::Value> {
         o.insert("outside_shared_charge".into(), u64::from(UNSHARED.load(std::sync::atomic::Ordering::Relaxed)).into());
         o.insert("mmap_managed_bytes".into(), (crate::mmap::managed_bytes() as u64).into());
         o.insert("mmap_unmanaged".into(), crate::mmap::UNMANAGED.load(std::sync::atomic::Ordering::Relaxed).into());
-        for (key, list) in
-            [("unmanaged_largest", &UNMANAGED_LARGEST), ("unmanaged_peak_largest", &UNMANAGED_PEAK_LARGEST)]
-        {
-            let largest: Vec<serde_json::Value> = list
-                .lock()
+        for (moment, list) in [("", &UNMANAGED_NAMED), ("peak_", &UNMANAGED_PEAK_NAMED)] {
+            let named = list.lock();
+            let largest: Vec<serde_json::Value> = named
+                .largest
                 .iter()
                 .map(|m| serde_json::json!({"addr": format!("{:#x}", m.start), "len": m.len, "bytes": m.bytes, "why": m.why}))
                 .collect();
-            o.insert(key.into(), largest.into());
+            let by_reason: Vec<serde_json::Value> = named
+                .by_reason
+                .iter()
+                .map(|r| {
+                    let (start, bytes) = r.largest;
+                    let largest = serde_json::json!({"addr": format!("{start:#x}"), "bytes": bytes});
+                    serde_json::json!({"why": r.why, "bytes": r.bytes, "mappings": r.mappings, "largest": largest})
+                })
+                .collect();
+            o.insert(format!("unmanaged_{moment}largest"), largest.into());
+            o.insert(format!("unmanaged_{moment}by_reason"), by_reason.into());
         }
     }
     Some(v)
@@ -293,7 +303,7 @@ mod tests {
     /// `forget_locks_in_fork_child` (it waited for good before), and finds the list empty.
     #[test]
     fn a_fork_child_takes_the_lists_its_parent_held() {
-        super::UNMANAGED_LARGEST.lock().push(crate::unmanaged::Mapping {
+        super::UNMANAGED_NAMED.lock().largest.push(crate::unmanaged::Mapping {
             start: 0x1000,
             len: 4096,
             bytes: 4096,
@@ -302,7 +312,7 @@ mod tests {
         let (held_tx, held_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let holder = std::thread::spawn(move || {
-            let _g = super::UNMANAGED_LARGEST.lock();
+            let _g = super::UNMANAGED_NAMED.lock();
             held_tx.send(()).unwrap();
             done_rx.recv().unwrap();
         });
@@ -311,7 +321,7 @@ mod tests {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             super::forget_locks_in_fork_child();
-            let empty = super::UNMANAGED_LARGEST.lock().is_empty();
+            let empty = super::UNMANAGED_NAMED.lock().largest.is_empty();
             // SAFETY: ends the child at once.
             unsafe { libc::_exit(if empty { 0 } else { 3 }) };
         }

@@ -39,18 +39,46 @@ pub struct Mapping {
     pub why: &'static str,
 }
 
-/// What a scan found: the total, and the largest mappings (at most [`LARGEST`]).
+/// One reason a scan gave: the bytes of the mappings it was given for, and how many.
+/// Programs that hold their memory in many small mappings (stress-ng's mmap stressor remaps
+/// 256 MiB one page at a time: 31,000 mappings) are outside the budget for a reason that
+/// the largest mappings alone do not show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reason {
+    pub why: &'static str,
+    pub bytes: u64,
+    pub mappings: u64,
+    /// The largest of those mappings: its start and bytes.
+    pub largest: (usize, u64),
+}
+
+/// What a record names of a measurement: its largest mappings (at most [`LARGEST`]) and
+/// its totals by reason (one for each of `why`'s reasons at most), most bytes first.
+#[derive(Debug, Default, Clone)]
+pub struct Named {
+    pub largest: Vec<Mapping>,
+    pub by_reason: Vec<Reason>,
+}
+
+impl Named {
+    /// Empty, for a static.
+    pub const fn new() -> Self {
+        Named { largest: Vec::new(), by_reason: Vec::new() }
+    }
+}
+
+/// What a scan found: the total, and what it names of it ([`Named`]).
 ///
 /// Shared anonymous memory is kept apart until [`Unmanaged::count_shared`]: a page of it is
 /// one page for every process that maps it, which a tree must count once.
 #[derive(Debug, Default, Clone)]
 pub struct Unmanaged {
     pub bytes: u64,
-    pub largest: Vec<Mapping>,
+    pub named: Named,
     /// The brk heap's extent, as the scan met it (`[heap]`; left out of `bytes`).
     brk_heap: Option<(usize, usize)>,
     /// Every mapping of shared anonymous memory, resident pages or not, with its object
-    /// ([`object_key`]; 0 where `/proc` named none): not yet in `bytes` nor `largest`.
+    /// ([`object_key`]; 0 where `/proc` named none): not yet in `bytes` nor `named`.
     shared: Vec<(u64, Mapping)>,
 }
 
@@ -179,7 +207,9 @@ fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
         "" if before.file_data && before.end == h.start => {
             "the zero-filled part of a program's or library's static data (.bss), mapped by the kernel or the loader"
         }
-        _ if h.end - h.start < min_size_bytes => "smaller than --min-size",
+        _ if h.end - h.start < min_size_bytes => {
+            "smaller than --min-size (a smaller --min-size manages them, down to 4KiB, at some cost in faults)"
+        }
         // Mappings the full table refused (V8's heap pages), most likely, when at least half
         // as much was refused so (a hint too: the count never goes down).
         _ if crate::mmap::TABLE_FULL_BYTES.load(std::sync::atomic::Ordering::Relaxed) >= (h.end - h.start) as u64 / 2 => {
@@ -267,9 +297,22 @@ fn add(out: &mut Unmanaged, m: Mapping) {
         return;
     }
     out.bytes += m.bytes;
-    out.largest.push(m);
-    out.largest.sort_by_key(|m| std::cmp::Reverse(m.bytes));
-    out.largest.truncate(LARGEST);
+    let by_reason = &mut out.named.by_reason;
+    match by_reason.iter_mut().find(|r| r.why == m.why) {
+        Some(r) => {
+            r.bytes += m.bytes;
+            r.mappings += 1;
+            if m.bytes > r.largest.1 {
+                r.largest = (m.start, m.bytes);
+            }
+        }
+        None => by_reason.push(Reason { why: m.why, bytes: m.bytes, mappings: 1, largest: (m.start, m.bytes) }),
+    }
+    by_reason.sort_by_key(|r| std::cmp::Reverse(r.bytes));
+    let largest = &mut out.named.largest;
+    largest.push(m);
+    largest.sort_by_key(|m| std::cmp::Reverse(m.bytes));
+    largest.truncate(LARGEST);
 }
 
 /// `/proc/self/maps`, each counted mapping measured with `PAGEMAP_SCAN`. `None` if the
@@ -498,8 +541,10 @@ mod tests {
         });
         assert_eq!(asked, vec![(7, 8192), (9, 1)], "each object asked once, with its largest mapping's bytes");
         assert_eq!(u.bytes, 5 + 8192 + 100);
-        let named: Vec<usize> = u.largest.iter().map(|m| m.start).collect();
+        let named: Vec<usize> = u.named.largest.iter().map(|m| m.start).collect();
         assert_eq!(named, vec![0x1000, 0x2000], "named by its first mapping; one counted elsewhere is not named");
+        let shared = Reason { why: "shared", bytes: 8192 + 100, mappings: 2, largest: (0x1000, 8192) };
+        assert_eq!(u.named.by_reason, vec![shared], "its reason counts what was counted, mapping by mapping");
     }
 
     #[test]
@@ -549,7 +594,7 @@ mod tests {
         assert!(u.bytes >= len as u64, "{u:?}");
         // The kernel may have merged it with a neighbour: the mapping holding it.
         let a = p as usize;
-        assert!(u.largest.iter().any(|m| m.start <= a && a < m.start + m.len && m.bytes >= len as u64), "{u:?}");
+        assert!(u.named.largest.iter().any(|m| m.start <= a && a < m.start + m.len && m.bytes >= len as u64), "{u:?}");
         crate::real::sys_munmap(p, len);
     }
 
@@ -565,8 +610,11 @@ mod tests {
         assert_eq!(u.shared_objects(), by_smaps.shared_objects(), "both name the same objects");
         u.count_shared(|_, bytes| bytes);
         by_smaps.count_shared(|_, bytes| bytes);
-        assert!(by_smaps.largest.iter().any(|s| s.start == p as usize && s.bytes == touched as u64), "{by_smaps:?}");
-        let m = u.largest.iter().find(|m| m.start == p as usize);
+        assert!(
+            by_smaps.named.largest.iter().any(|s| s.start == p as usize && s.bytes == touched as u64),
+            "{by_smaps:?}"
+        );
+        let m = u.named.largest.iter().find(|m| m.start == p as usize);
         let m = m.unwrap_or_else(|| panic!("the shared mapping at {p:?} is not among the largest: {u:?}"));
         // (Shared memory may be backed by huge pages: at least what was touched, at most all.)
         assert!(m.len == len && (touched as u64..=len as u64).contains(&m.bytes), "{u:?}");
@@ -597,7 +645,7 @@ mod tests {
         }
         let pagemap = std::fs::File::open("/proc/self/pagemap").expect("open /proc/self/pagemap");
         let u = measure_by_scan(&pagemap, 64 << 10).expect("PAGEMAP_SCAN (Linux 6.7 and later)");
-        let m = u.largest.iter().find(|m| m.start == p as usize);
+        let m = u.named.largest.iter().find(|m| m.start == p as usize);
         assert_eq!(m.map(|m| (m.len, m.bytes)), Some((len, written as u64)), "{u:?}");
         crate::real::sys_munmap(base, len + 2 * guard);
     }

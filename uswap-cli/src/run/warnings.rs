@@ -12,16 +12,27 @@ use crate::size::{format_amount, format_size};
 /// The tree's unmanaged memory is reported once it passes 1/10 of the limit.
 pub(super) const UNMANAGED_SHARE_DIVISOR: u64 = 10;
 
-/// The tree's memory that uswap does not manage, from the processes' last records: the
-/// total, and the largest mappings with the reason each is not managed.
-#[derive(Debug, Default)]
+/// The tree's memory that uswap does not manage, from the processes' records: the total,
+/// and what it was by reason, most bytes first.
+#[derive(Debug)]
 pub(super) struct Unmanaged {
     pub(super) bytes: u64,
-    /// (process, address, bytes, why)
-    pub(super) largest: Vec<(u64, String, u64, String)>,
+    /// Which of the records' measurements `by_reason` sums.
+    pub(super) moment: Moment,
+    pub(super) by_reason: Vec<Reason>,
 }
 
-/// Which of a record's lists of mappings [`unmanaged_in`] names.
+/// One reason memory of the tree was not managed, summed over its processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Reason {
+    pub(super) why: String,
+    pub(super) bytes: u64,
+    pub(super) mappings: u64,
+    /// The largest such mapping: its process, address and bytes.
+    pub(super) largest: (u64, String, u64),
+}
+
+/// Which of a record's measurements [`unmanaged_in`] sums by reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Moment {
     /// The process's last measurement.
@@ -30,31 +41,58 @@ pub(super) enum Moment {
     Peak,
 }
 
-/// The tree's unmanaged memory now, from the processes' last records, with the largest
-/// mappings of the `moment` asked for.
+/// Reasons said; the others are summed in one line.
+const REASONS_SAID: usize = 5;
+
+/// The tree's unmanaged memory now, from the processes' last records, by reason as each
+/// process measured it at the `moment` asked for.
 pub(super) fn unmanaged_in(dir: &Path, moment: Moment) -> Unmanaged {
-    let list = match moment {
-        Moment::Now => "unmanaged_largest",
-        Moment::Peak => "unmanaged_peak_largest",
+    let (reasons, mappings) = match moment {
+        Moment::Now => ("unmanaged_by_reason", "unmanaged_largest"),
+        Moment::Peak => ("unmanaged_peak_by_reason", "unmanaged_peak_largest"),
     };
-    let mut u = Unmanaged::default();
+    let mut u = Unmanaged { bytes: 0, moment, by_reason: Vec::new() };
     for path in record_paths(dir) {
         let Ok(text) = read_tree_file(&path) else { continue };
         let Ok(rec) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
         let pid = rec.get("pid").and_then(|v| v.as_u64()).unwrap_or(0);
         u.bytes += rec.get("unmanaged_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
-        // A record of an older library has only the last measurement's list.
-        let mappings = rec.get(list).or_else(|| rec.get("unmanaged_largest"));
-        for m in mappings.and_then(|v| v.as_array()).into_iter().flatten() {
-            let field = |k: &str| m.get(k).cloned().unwrap_or_default();
-            let addr = field("addr").as_str().unwrap_or("?").to_string();
-            let why = field("why").as_str().unwrap_or("?").to_string();
-            u.largest.push((pid, addr, field("bytes").as_u64().unwrap_or(0), why));
+        for r in reasons_in(&rec, reasons, mappings, pid) {
+            match u.by_reason.iter_mut().find(|have| have.why == r.why) {
+                Some(have) => {
+                    have.bytes += r.bytes;
+                    have.mappings += r.mappings;
+                    if r.largest.2 > have.largest.2 {
+                        have.largest = r.largest;
+                    }
+                }
+                None => u.by_reason.push(r),
+            }
         }
     }
-    u.largest.sort_by_key(|m| std::cmp::Reverse(m.2));
-    u.largest.truncate(4);
+    u.by_reason.sort_by_key(|r| std::cmp::Reverse(r.bytes));
     u
+}
+
+/// A record's reasons (its list `reasons`), or, from a library that wrote none, its largest
+/// `mappings`, each a reason of its own.
+fn reasons_in(rec: &serde_json::Value, reasons: &str, mappings: &str, pid: u64) -> Vec<Reason> {
+    let text = |v: &serde_json::Value, k: &str| v.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_string();
+    let number = |v: &serde_json::Value, k: &str| v.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let list = |k: &str| rec.get(k).and_then(|v| v.as_array()).cloned();
+    if let Some(list) = list(reasons) {
+        let reason = |r: &serde_json::Value| {
+            let largest = r.get("largest").cloned().unwrap_or_default();
+            let (why, bytes, mappings) = (text(r, "why"), number(r, "bytes"), number(r, "mappings"));
+            Reason { why, bytes, mappings, largest: (pid, text(&largest, "addr"), number(&largest, "bytes")) }
+        };
+        return list.iter().map(reason).collect();
+    }
+    let mapping = |m: &serde_json::Value| {
+        let (why, bytes) = (text(m, "why"), number(m, "bytes"));
+        Reason { why, bytes, mappings: 1, largest: (pid, text(m, "addr"), bytes) }
+    };
+    list(mappings).unwrap_or_default().iter().map(mapping).collect()
 }
 
 /// What a shell says of a job a signal ended ("Segmentation fault (core dumped)"): `uswap
@@ -152,6 +190,9 @@ pub(super) fn thrash_message(s: &serde_json::Value, ended_by_sigbus: bool) -> Op
     ))
 }
 
+/// What to say of the tree's unmanaged memory `u` (at the moment `when` names): the total
+/// against the limit, then each reason with its bytes, its mappings and the largest of them
+/// (a program that holds its memory in thousands of small mappings has no large one).
 pub(super) fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> String {
     let mut msg = format!(
         "the limit of {} does not hold for {} of anonymous memory uswap does not manage ({}, {} % of the limit)",
@@ -160,11 +201,28 @@ pub(super) fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> 
         when,
         u.bytes * 100 / limit_bytes.max(1)
     );
-    if !u.largest.is_empty() {
-        msg.push_str("; the largest:");
+    if u.by_reason.is_empty() {
+        return msg;
     }
-    for (pid, addr, bytes, why) in &u.largest {
-        msg.push_str(&format!("\n  process {pid}, mapping at {addr}: {}, {why}", format_amount(*bytes)));
+    msg.push_str(match u.moment {
+        Moment::Now => "; by reason:",
+        Moment::Peak => "; by reason, each process at its own peak:",
+    });
+    for r in u.by_reason.iter().take(REASONS_SAID) {
+        let (pid, addr, largest_bytes) = &r.largest;
+        let (amount, largest) = (format_amount(r.bytes), format_amount(*largest_bytes));
+        match r.mappings {
+            1 => msg.push_str(&format!("\n  {amount} in 1 mapping (process {pid}, at {addr}): {}", r.why)),
+            n => msg.push_str(&format!(
+                "\n  {amount} in {n} mappings, the largest {largest} (process {pid}, at {addr}): {}",
+                r.why
+            )),
+        }
+    }
+    let rest = &u.by_reason[u.by_reason.len().min(REASONS_SAID)..];
+    if !rest.is_empty() {
+        let bytes: u64 = rest.iter().map(|r| r.bytes).sum();
+        msg.push_str(&format!("\n  {} for {} other reasons", format_amount(bytes), rest.len()));
     }
     msg
 }
@@ -207,6 +265,46 @@ mod tests {
         pinned["move_refused"] = 2.into();
         let msg = overrun_message(&pinned).expect("said");
         assert!(msg.contains("system calls") && msg.contains("refused") && !msg.contains("no device"), "{msg}");
+    }
+
+    /// Reasons are summed over the tree's processes, each with its largest mapping; a record
+    /// of a library that wrote only its largest mappings gives each as a reason.
+    #[test]
+    fn unmanaged_memory_is_said_by_reason_summed_over_the_tree() {
+        let dir = std::env::temp_dir().join(format!("uswap-unmanaged-reasons-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory for the records");
+        let small = "smaller than --min-size";
+        let reason = |why: &str, bytes: u64, mappings: u64, addr: &str, largest: u64| serde_json::json!({"why": why, "bytes": bytes, "mappings": mappings, "largest": {"addr": addr, "bytes": largest}});
+        let records = [
+            serde_json::json!({"pid": 7, "unmanaged_bytes": 60 << 20, "unmanaged_peak_by_reason": [
+                reason(small, 58 << 20, 15_000, "0x7f0000", 61_440), reason("shared memory", 2 << 20, 1, "0x7f1000", 2 << 20)]}),
+            serde_json::json!({"pid": 8, "unmanaged_bytes": 5 << 20, "unmanaged_peak_by_reason": [
+                reason(small, 4 << 20, 900, "0x7f2000", 65_024)]}),
+            serde_json::json!({"pid": 9, "unmanaged_bytes": 1 << 20, "unmanaged_peak_largest": [
+                {"addr": "0x5000", "len": 1 << 20, "bytes": 1 << 20, "why": "the main thread's stack"}]}),
+        ];
+        for (i, rec) in records.iter().enumerate() {
+            std::fs::write(dir.join(format!("{i}.json")), rec.to_string()).expect("a record written");
+        }
+        let u = unmanaged_in(&dir, Moment::Peak);
+        std::fs::remove_dir_all(&dir).expect("the records removed");
+        assert_eq!(u.bytes, 66 << 20);
+        let whys: Vec<&str> = u.by_reason.iter().map(|r| r.why.as_str()).collect();
+        assert_eq!(whys, [small, "shared memory", "the main thread's stack"], "most bytes first");
+        let first =
+            Reason { why: small.into(), bytes: 62 << 20, mappings: 15_900, largest: (8, "0x7f2000".into(), 65_024) };
+        assert_eq!(u.by_reason[0], first);
+        let msg = unmanaged_message(&u, 64 << 20, "at its peak");
+        for said in [
+            "does not hold for 66MiB of anonymous memory uswap does not manage (at its peak, 103 % of the limit); by reason, each process at its own peak:",
+            "\n  62MiB in 15900 mappings, the largest 63.5KiB (process 8, at 0x7f2000): smaller than --min-size",
+            "\n  2MiB in 1 mapping (process 7, at 0x7f1000): shared memory",
+            "\n  1MiB in 1 mapping (process 9, at 0x5000): the main thread's stack",
+        ] {
+            assert!(msg.contains(said), "{said:?} not in:\n{msg}");
+        }
+        let many = Unmanaged { by_reason: vec![first; 7], ..u };
+        assert!(unmanaged_message(&many, 64 << 20, "now").ends_with("\n  124MiB for 2 other reasons"));
     }
 
     #[test]
