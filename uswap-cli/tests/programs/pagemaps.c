@@ -2,16 +2,26 @@
  * (it unmaps them page by page, then maps each back at its address): MIB of them, each its
  * own mapping (every other page of a range reserved and unmapped again, so that the kernel
  * merges none and uswap manages no region around them), written with a pattern, held a
- * while (the report measures every second), then read back. Prints OK, or what failed.
- * Usage: pagemaps MIB */
+ * while (the report measures every second), then read back. With FORKS, that many fork
+ * children read them too while they are held (sharing every page with the parent, which
+ * counts them). Prints OK, or what failed.
+ * Usage: pagemaps MIB [FORKS] */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static uint8_t byte_of(size_t i) { return (uint8_t)((i * 2654435761u) >> 13); }
+
+static size_t wrong(uint8_t **at, size_t pages, size_t page) {
+    size_t n = 0;
+    for (size_t p = 0; p < pages; p++)
+        for (size_t i = 0; i < page; i++) n += at[p][i] != byte_of(p * page + i);
+    return n;
+}
 
 int main(int argc, char **argv) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -31,11 +41,23 @@ int main(int argc, char **argv) {
         at[n++] = p;
     }
     if (n < pages) { printf("only %zu pages mapped\n", n); return 1; }
-    sleep(2);
-    size_t wrong = 0;
-    for (n = 0; n < pages; n++)
-        for (size_t i = 0; i < page; i++) wrong += at[n][i] != byte_of(n * page + i);
-    if (wrong) { printf("%zu bytes wrong\n", wrong); return 1; }
+    int forks = argc > 2 ? atoi(argv[2]) : 0;
+    for (int f = 0; f < forks; f++) {
+        pid_t pid = fork();
+        if (pid < 0) { perror("fork"); return 1; }
+        if (pid == 0) {
+            size_t bad = wrong(at, pages, page);
+            sleep(3);
+            _exit(bad ? 1 : 0);
+        }
+    }
+    sleep(forks ? 3 : 2);
+    for (int f = 0; f < forks; f++) {
+        int status;
+        if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status)) { printf("a child failed\n"); return 1; }
+    }
+    size_t bad = wrong(at, pages, page);
+    if (bad) { printf("%zu bytes wrong\n", bad); return 1; }
     printf("OK\n");
     return 0;
 }
