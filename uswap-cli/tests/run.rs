@@ -386,6 +386,15 @@ fn memory_in_many_small_mappings_is_said_by_reason() {
     assert!(words[3] == "mappings," && line.contains("the largest"), "{line}");
 }
 
+/// A traced fork child whose uswap threads a group stop holds while its tracer resumes only
+/// the thread it traces unmaps its whole address space (`unmapall.c`, as stress-ng's vm-segv
+/// stressor does), and dies of SIGSEGV in both modes, as without uswap: its `munmap` waited
+/// for good for an event that uswap's stopped threads would read.
+#[test]
+fn a_traced_child_that_unmaps_everything_dies_of_sigsegv() {
+    run_in_both_modes("unmapall", 2 * LIMIT_MIB, |mode, _, r| assert_printed_ok(mode, &r.0));
+}
+
 /// `MADV_POPULATE_WRITE`/`_READ` over managed memory whose pages are out succeed in both
 /// modes (in signal mode they failed with EFAULT: the kernel populates with faults of its
 /// own), and every byte is as written.
@@ -2679,7 +2688,11 @@ fn a_program_with_a_userfaultfd_of_its_own_serves_its_faults() {
         assert!(o.status.success(), "{mode}: {err}");
         assert_eq!(String::from_utf8_lossy(&o.stdout), "ok 2048\n", "{mode}: {err}");
         assert!(counter(v, "pswpout") > 0, "{mode}: the buffer was not paged: {v}");
-        assert!(err.contains("8MiB, registered with the program's own userfaultfd"), "{mode}: {err}");
+        assert!(
+            err.contains("8MiB in 1 mapping (process ")
+                && err.contains("): registered with the program's own userfaultfd"),
+            "{mode}: {err}"
+        );
     });
 }
 

@@ -540,7 +540,20 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     };
     // Refused by the kernel (`munmap_accepted`): nothing may be released first. (Also
     // reached from `mremap`'s shrink and move.)
-    if start % uswap::PAGE_SIZE != 0 || len == 0 || !munmap_accepted(start, len) || !overlaps_managed(start, end) {
+    if start % uswap::PAGE_SIZE != 0 || len == 0 || !munmap_accepted(start, len) {
+        return real::sys_munmap(addr, len);
+    }
+    if uswap::is_engine_memory(start, end) {
+        // The program unmaps uswap's own memory too (stress-ng's vm-segv child unmaps its
+        // whole address space): no pager survives it. No event may make the kernel's munmap
+        // wait for the engine's threads, which may never run again: every region in the
+        // range is unregistered first, those of no table entry too (the heap's).
+        if let Some(pager) = crate::pager() {
+            pager.unregister_for_teardown(start, end);
+        }
+        return real::sys_munmap(addr, len);
+    }
+    if !overlaps_managed(start, end) {
         return real::sys_munmap(addr, len);
     }
     let _counted = ManagedUnmap::begin();

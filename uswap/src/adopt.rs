@@ -228,6 +228,24 @@ impl Pager {
     }
 }
 
+impl Pager {
+    /// Unregisters this pager's regions inside `[start, end)` and nothing else: for a
+    /// program that is unmapping the engine's own memory (stress-ng's vm-segv child unmaps
+    /// its whole address space, to die of SIGSEGV), after which this pager cannot go on.
+    /// The program's `munmap` then sends no `UNMAP` event, which would wait for the engine's
+    /// event thread to read it: a tracer that stopped the process and resumes only the
+    /// thread it traces (that child's parent) never lets it run, and the `munmap` waited
+    /// for good. Nothing is freed or uncharged (the pages go with the unmap), and no lock is
+    /// taken (a stopped engine thread may hold one): the registry's walk is lock-free.
+    pub fn unregister_for_teardown(&self, start: usize, end: usize) {
+        let shared: &PagerShared = self.shared();
+        crate::events::for_each_overlap(&shared.events_cx(), start, end, |r, first, last| {
+            // Fails only for a range already unmapped: nothing to unregister there.
+            let _ = shared.uffd.unregister(r.page_addr(first), (last - first) * PAGE_SIZE);
+        });
+    }
+}
+
 /// [`Pager::unmanage`] for pages `[first, last)` of one region. Every page is held (busy)
 /// from before its contents are put back until the range is unregistered: a fault there
 /// meanwhile waits, then meets ordinary memory.
