@@ -76,6 +76,7 @@ impl Drop for AltStack {
             let off = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
             // SAFETY: disables this thread's alternate stack, ours, which it is not running on.
             unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) };
+            uswap::forget_engine_memory(base);
             sys_munmap(base as *mut libc::c_void, GUARD_BYTES + ALT_STACK_BYTES);
         }
     }
@@ -156,6 +157,7 @@ pub fn install_on_this_thread() {
     // SAFETY: the stack just mapped, ours, for as long as this thread lives (unmapped by the
     // thread-local's destructor at its end).
     if unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) } != 0 {
+        uswap::forget_engine_memory(p as usize);
         sys_munmap(p, len);
         return;
     }

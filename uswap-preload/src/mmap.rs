@@ -501,6 +501,9 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
     // What was let go of there is gone with it (the report must not name a later mapping
     // at these addresses so).
     LET_GO_BY_PROTECTION.forget(start, end.unwrap_or(usize::MAX));
+    if let Some(end) = end.filter(|&end| start % uswap::PAGE_SIZE == 0 && uswap::covers_engine_data(start, end)) {
+        return unmap_with_uswap(addr, len, end);
+    }
     if let Some(outside) = end
         .filter(|_| start % uswap::PAGE_SIZE == 0 && len > 0)
         .and_then(|end| crate::program_break::unmap_inside(start, end))
@@ -540,20 +543,7 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     };
     // Refused by the kernel (`munmap_accepted`): nothing may be released first. (Also
     // reached from `mremap`'s shrink and move.)
-    if start % uswap::PAGE_SIZE != 0 || len == 0 || !munmap_accepted(start, len) {
-        return real::sys_munmap(addr, len);
-    }
-    if uswap::is_engine_memory(start, end) {
-        // The program unmaps uswap's own memory too (stress-ng's vm-segv child unmaps its
-        // whole address space): no pager survives it. No event may make the kernel's munmap
-        // wait for the engine's threads, which may never run again: every region in the
-        // range is unregistered first, those of no table entry too (the heap's).
-        if let Some(pager) = crate::pager() {
-            pager.unregister_for_teardown(start, end);
-        }
-        return real::sys_munmap(addr, len);
-    }
-    if !overlaps_managed(start, end) {
+    if start % uswap::PAGE_SIZE != 0 || len == 0 || !munmap_accepted(start, len) || !overlaps_managed(start, end) {
         return real::sys_munmap(addr, len);
     }
     let _counted = ManagedUnmap::begin();
@@ -587,6 +577,22 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     }
     set_errno(e);
     r
+}
+
+/// The program's `munmap` of a range that holds a whole mapping of uswap's own data (a pool,
+/// its page tables): a program unmapping its whole address space to die (stress-ng's
+/// vm-segv child), after which no pager goes on. Every region in the range is unregistered
+/// first, those of no table entry too (the heap's), so that the kernel's call sends no
+/// `UNMAP` event to wait on: the engine's event thread may never read it (a tracer that
+/// stopped the process resumes only the thread it traces). Before the split around the
+/// program's break: each piece alone may hold no engine data. Should the kernel refuse the
+/// call (a split past `vm.max_map_count`), the regions stay mapped but unregistered: their
+/// pages that are out read as zeros, in a process that meant to end.
+fn unmap_with_uswap(addr: *mut c_void, len: usize, end: usize) -> i32 {
+    if let Some(pager) = crate::pager() {
+        pager.unregister_for_teardown(addr as usize, end);
+    }
+    real::sys_munmap(addr, len)
 }
 
 /// Managed unmaps begun and ended ([`unmap`]), for the report of unmanaged memory: between

@@ -92,7 +92,8 @@ fn reasons_in(rec: &serde_json::Value, reasons: &str, mappings: &str, pid: u64) 
         let (why, bytes) = (text(m, "why"), number(m, "bytes"));
         Reason { why, bytes, mappings: 1, largest: (pid, text(m, "addr"), bytes) }
     };
-    list(mappings).unwrap_or_default().iter().map(mapping).collect()
+    // An older record of a peak may have only its last measurement's list.
+    list(mappings).or_else(|| list("unmanaged_largest")).unwrap_or_default().iter().map(mapping).collect()
 }
 
 /// What a shell says of a job a signal ended ("Segmentation fault (core dumped)"): `uswap

@@ -2,8 +2,9 @@
  * vm-segv stressor does: it asks to be traced, stops itself (every thread of it stops,
  * uswap's too), and its parent resumes only the thread it traces. The child's munmap must
  * not wait for uswap's stopped threads: it dies of SIGSEGV, as without uswap. MIB of heap
- * written first, so that the parent has a pager and the child one of its own. Prints OK, or
- * how the child ended; a child still there after 20 s is killed and said to hang.
+ * written first, so that the parent has a pager and the child one of its own, and a page of
+ * break of the program's own. Prints OK, or how the child ended; a child still there after
+ * 20 s is killed and said to hang.
  * Usage: unmapall MIB */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -35,6 +36,10 @@ int main(int argc, char **argv) {
     char *heap = malloc(bytes);
     if (!heap) { perror("malloc"); return 1; }
     memset(heap, 7, bytes);
+    /* A break of the program's own, which uswap unmaps around (stress-ng's brk stressor). */
+    char *brk_page = sbrk(4096);
+    if (brk_page == (void *)-1) { perror("sbrk"); return 1; }
+    memset(brk_page, 9, 4096);
     child = fork();
     if (child < 0) { perror("fork"); return 1; }
     if (child == 0) {
