@@ -501,8 +501,9 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
     // What was let go of there is gone with it (the report must not name a later mapping
     // at these addresses so).
     LET_GO_BY_PROTECTION.forget(start, end.unwrap_or(usize::MAX));
-    if let Some(end) = end.filter(|&end| start % uswap::PAGE_SIZE == 0 && uswap::covers_engine_data(start, end)) {
-        return unmap_with_uswap(addr, len, end);
+    let pager = crate::pager().filter(|_| start % uswap::PAGE_SIZE == 0);
+    if let Some((pager, end)) = pager.zip(end).filter(|(p, end)| p.holds_staging_within(start, *end)) {
+        return unmap_with_uswap(pager, addr, len, end);
     }
     if let Some(outside) = end
         .filter(|_| start % uswap::PAGE_SIZE == 0 && len > 0)
@@ -579,8 +580,8 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
     r
 }
 
-/// The program's `munmap` of a range that holds a whole mapping of uswap's own data (a pool,
-/// its page tables): a program unmapping its whole address space to die (stress-ng's
+/// The program's `munmap` of a range that holds a whole mapping of the pager's own (a
+/// device's staging area): a program unmapping its whole address space to die (stress-ng's
 /// vm-segv child), after which no pager goes on. Every region in the range is unregistered
 /// first, those of no table entry too (the heap's), so that the kernel's call sends no
 /// `UNMAP` event to wait on: the engine's event thread may never read it (a tracer that
@@ -588,10 +589,8 @@ fn unmap(addr: *mut c_void, len: usize) -> i32 {
 /// program's break: each piece alone may hold no engine data. Should the kernel refuse the
 /// call (a split past `vm.max_map_count`), the regions stay mapped but unregistered: their
 /// pages that are out read as zeros, in a process that meant to end.
-fn unmap_with_uswap(addr: *mut c_void, len: usize, end: usize) -> i32 {
-    if let Some(pager) = crate::pager() {
-        pager.unregister_for_teardown(addr as usize, end);
-    }
+fn unmap_with_uswap(pager: &uswap::Pager, addr: *mut c_void, len: usize, end: usize) -> i32 {
+    pager.unregister_for_teardown(addr as usize, end);
     real::sys_munmap(addr, len)
 }
 

@@ -229,6 +229,18 @@ impl Pager {
 }
 
 impl Pager {
+    /// Whether `[start, end)` holds the whole staging area of one of this pager's devices:
+    /// a `munmap` of it takes memory no pager goes on without (a program unmapping its whole
+    /// address space), and wants [`Pager::unregister_for_teardown`] first. The pager's own
+    /// live mappings, never a record of another's (a fork child's table still lists its
+    /// parent's, which it does not have). Lock-free.
+    pub fn holds_staging_within(&self, start: usize, end: usize) -> bool {
+        self.shared().devices.devices().iter().any(|d| {
+            let (addr, len) = d.staging_range();
+            start <= addr && addr + len <= end
+        })
+    }
+
     /// Unregisters this pager's regions inside `[start, end)` and nothing else: for a
     /// program that is unmapping the engine's own memory (stress-ng's vm-segv child unmaps
     /// its whole address space, to die of SIGSEGV), after which this pager cannot go on.

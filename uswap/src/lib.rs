@@ -80,7 +80,7 @@ pub use device_config::{parse_size, DeviceConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use events::UnmapUnderWay;
 pub use mapping::{
-    address_space_limit, address_space_limit_bytes, become_program_thread, covers_engine_data, engine_reserved_bytes,
+    address_space_limit, address_space_limit_bytes, become_program_thread, engine_reserved_bytes,
     for_each_present_page, forget_engine_memory, forget_engine_threads_in_fork_child, is_engine_thread,
     live_engine_threads, note_engine_memory, read_small_file, spawn_engine_thread, AddressSpaceLimit,
 };

@@ -89,19 +89,6 @@ pub fn is_engine_memory(start: usize, end: usize) -> bool {
     })
 }
 
-/// Whether `[start, end)` holds the whole of one of the engine's data mappings (see
-/// [`ENGINE_DATA`]: a pool, page tables, a staging area), which no pager survives the unmap
-/// of: a program unmapping its whole address space. A range that only overlaps one is not
-/// (the kernel refuses nothing there, but a program means its own memory).
-pub fn covers_engine_data(start: usize, end: usize) -> bool {
-    use std::sync::atomic::Ordering;
-    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
-    ENGINE_RANGES[..high].iter().zip(&ENGINE_DATA).any(|((s, e), data)| {
-        let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
-        s != 0 && e > s && start <= s && e <= end && data.load(Ordering::Acquire)
-    })
-}
-
 /// Bytes of address space the engine's own mappings hold now (what [`is_engine_memory`]
 /// knows of), reserved or touched: what an address-space limit set after the pager started
 /// must leave room for (the preload's `rlimit`).
@@ -134,21 +121,15 @@ pub(crate) fn leave_out_of_core_dump(addr: usize, len: usize) -> bool {
 mod tests {
     use super::*;
 
-    /// A munmap that would take a whole data mapping of the engine is told apart from one
-    /// that only meets it, or meets other memory the engine noted; a forgotten range is
-    /// nobody's. (Addresses in the kernel's half: no mapping of this process is there.)
+    /// A range noted as the engine's is forgotten before its unmap: a record left behind
+    /// would name a later mapping of the program there the engine's. (Addresses in the
+    /// kernel's half: no mapping of this process is there.)
     #[test]
-    fn a_range_covers_engine_data_only_whole_and_only_while_noted() {
-        let (data, other) = (0xffff_8000_0000_0000usize, 0xffff_9000_0000_0000usize);
-        note_engine_data(data, 1 << 20);
+    fn a_forgotten_range_is_nobodys() {
+        let other = 0xffff_9000_0000_0000usize;
         note_engine_memory(other, 1 << 20);
-        assert!(covers_engine_data(data, data + (1 << 20)) && covers_engine_data(data - 4096, usize::MAX));
-        assert!(!covers_engine_data(data + 4096, data + (1 << 21)), "only a part of it");
-        assert!(!covers_engine_data(other, other + (1 << 20)), "not the engine's data");
-        assert!(is_engine_memory(other, other + 4096));
+        assert!(is_engine_memory(other, other + 4096) && is_engine_memory(other - 4096, other + 1));
         forget_engine_memory(other);
         assert!(!is_engine_memory(other, other + 4096), "forgotten before its unmap");
-        forget_engine_range(data);
-        assert!(!covers_engine_data(data, data + (1 << 20)));
     }
 }

@@ -235,6 +235,7 @@ impl ImageCache {
                 let field = &mut bytes[t + at..t + at + 8];
                 // The image's own check: the address it was built with is where it says.
                 if field != then.to_le_bytes() {
+                    crate::mapping::forget_engine_memory(area);
                     sys_munmap(area as *mut c_void, bytes.len());
                     return Ok(None);
                 }
@@ -247,6 +248,7 @@ impl ImageCache {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), area as *mut u8, bytes.len()) };
         if sys_mprotect(area as *mut c_void, bytes.len(), libc::PROT_READ | libc::PROT_EXEC) != 0 {
             let e = std::io::Error::last_os_error();
+            crate::mapping::forget_engine_memory(area);
             sys_munmap(area as *mut c_void, bytes.len());
             return Err(PatchError::Failed(format!("cannot make the trampolines executable: {e}")));
         }

@@ -508,6 +508,7 @@ unsafe fn patch_segment(
     }
     if sys_mprotect(area as *mut c_void, area_len, libc::PROT_READ | libc::PROT_EXEC) != 0 {
         let e = std::io::Error::last_os_error();
+        crate::mapping::forget_engine_memory(area);
         sys_munmap(area as *mut c_void, area_len);
         return Err(PatchError::Failed(format!("cannot make the trampolines executable: {e}")));
     }
