@@ -1965,8 +1965,10 @@ fn processes_that_outlive_the_program_are_said_and_leave_nothing_behind() {
     let o = uswap(&["run", "--limit", "64MiB", "--", "sh", "-c", "sleep 0.2 & wait"], None);
     assert!(o.status.success() && !String::from_utf8_lossy(&o.stderr).contains("outlive"), "{o:?}");
     // Nor is one that ends a moment after it (Python's resource tracker, 15-35 ms after the
-    // program): the run waits for it a little (`EXIT_GRACE`, half a second).
-    let o = uswap(&["run", "--limit", "64MiB", "--", "sh", "-c", "sleep 0.1 &"], None);
+    // program): the run waits for it a little (`EXIT_GRACE`, half a second). The program
+    // gives it a quarter of a second to start first (under `.ci/run`'s load a `sleep 0.1`
+    // started as the program ended was once still loading half a second later).
+    let o = uswap(&["run", "--limit", "64MiB", "--", "sh", "-c", "sleep 0.3 & sleep 0.25"], None);
     assert!(o.status.success() && !String::from_utf8_lossy(&o.stderr).contains("outlive"), "{o:?}");
 }
 

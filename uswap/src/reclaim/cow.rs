@@ -49,7 +49,8 @@ use crate::uffd::PAGE_SIZE;
 
 /// Pages one call of [`break_queued`] handles (bounds the background period).
 const MAX_PER_CALL: usize = 1024;
-/// Pages one pass of [`adopt_exclusive`] takes over at most (1 MiB; a pass every 100 ms).
+/// Pages one pass of [`adopt_exclusive`] takes over at most (1 MiB; a pass every 100 ms while
+/// passes find some, up to 1.6 s apart while they find none: `reclaim::background`).
 const ADOPT_BATCH: usize = 256;
 /// Queues a page `UFFDIO_MOVE` refused with `EBUSY` (shared with a fork child, or pinned).
 /// Lock-free, allocation-free.
