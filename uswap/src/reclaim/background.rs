@@ -44,8 +44,9 @@ impl Period {
     }
 }
 
-/// How often the slots held for fork children are looked at (`swap::fork_refs`), and a fork
-/// child looks for inherited pages it has come to map alone (`reclaim::cow::adopt_exclusive`).
+/// How often the slots held for fork children are looked at (`swap::fork_refs`), and the
+/// shortest wait between a fork child's looks for inherited pages it has come to map alone
+/// (`reclaim::cow::adopt_exclusive`; the longest is [`ADOPT_PERIOD_MAX`]).
 const FORK_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The longest a fork child waits between looks for inherited pages it has come to map
@@ -211,8 +212,10 @@ impl Reclaimer {
         }
         if crate::clock::elapsed_since(self.last_adopt_ns) >= self.adopt_period {
             self.last_adopt_ns = crate::clock::now_ns();
-            let adopted = cow::adopt_exclusive(cx);
-            self.adopt_period = next_adopt_period(self.adopt_period, adopted);
+            // A look that could not be made (not a fork child, or not one yet) waits no longer.
+            if let Some(adopted) = cow::adopt_exclusive(cx) {
+                self.adopt_period = next_adopt_period(self.adopt_period, adopted);
+            }
         }
         cx.devices.run_discards();
         // Pools compact and give back the chunks they emptied (beyond a reserve), as

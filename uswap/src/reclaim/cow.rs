@@ -114,11 +114,13 @@ fn make_dirty(cx: &Reclaim<'_>, region: &RegionInner, page: usize, pte: Pte) -> 
 }
 
 /// In a fork child: charges to this process the inherited pages it now maps alone, and puts
-/// them on its LRU (see the module doc). Returns how many. System calls (`pagemap`): the
-/// background reclaimer only. Bounded by the regions' pages.
-pub(crate) fn adopt_exclusive(cx: &Reclaim<'_>) -> usize {
+/// them on its LRU (see the module doc). Returns how many, or `None` where it did not look:
+/// not a fork child (or not one yet: its regions are taken over after its reclaimer starts),
+/// or reclaim held (a fork being prepared). System calls (`pagemap`): the background
+/// reclaimer only. Bounded by the regions' pages.
+pub(crate) fn adopt_exclusive(cx: &Reclaim<'_>) -> Option<usize> {
     if !cx.parent.is_set() || cx.charge.reclaim_held.load(Ordering::Acquire) {
-        return 0;
+        return None;
     }
     let mut adopted = 0;
     REGIONS.for_each(|r| {
@@ -147,7 +149,7 @@ pub(crate) fn adopt_exclusive(cx: &Reclaim<'_>) -> usize {
     });
     // The pass's pacing: the charge it adds is at most a batch (see the module doc).
     debug_assert!(adopted <= ADOPT_BATCH, "a pass adopts at most a batch");
-    adopted
+    Some(adopted)
 }
 
 /// Makes an inherited page this process maps alone its own: writable, charged, on the LRU.
