@@ -150,7 +150,7 @@ extern "C" fn child() {
     // A process of its own: its own word on the libraries it loads.
     crate::deep_bind::forget_in_fork_child();
     // Another thread's unmap under way is the parent's: it never ends here.
-    crate::mmap::forget_unmaps_in_fork_child();
+    crate::munmap::forget_unmaps_in_fork_child();
     // Pages still shared with the parent are the parent's to count.
     crate::unmanaged::note_fork_child();
     let Some(held) = HELD.with(|h| h.borrow_mut().take()) else { return };

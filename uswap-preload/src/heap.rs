@@ -719,7 +719,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         // SAFETY: every pointer in the arena was returned by mimalloc (module invariant).
         unsafe { mi::mi_free(p) }
     } else if let Some(len) = huge_len(p) {
-        crate::mmap::munmap(p, len);
+        crate::munmap::munmap(p, len);
     } else {
         uncount_c_library_block(p);
         // SAFETY: not in the arena, so the C library's or the bootstrap area's.

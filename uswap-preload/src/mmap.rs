@@ -34,11 +34,12 @@
 //!
 //! The table of managed mappings ([`crate::managed_table`]: by start, at most
 //! [`MAX_MAPPINGS`] entries, the engine's own region limit minus the heap) is behind one
-//! mutex, taken only by these calls; a region is dropped outside it. `munmap` of a whole
-//! managed mapping drops its region (its slots are freed at once); `munmap` of a part goes
-//! to the kernel, whose `UFFD_EVENT_UNMAP` the engine handles, and a mapping left with no
-//! page of its own is dropped (its addresses may be handed out again). `mremap` of managed
-//! memory is done here, by mapping the new place through the same rules and copying ([`mremap`]).
+//! mutex, taken only by these calls; a region is dropped outside it. `munmap`
+//! ([`crate::munmap`]) of a whole managed mapping drops its region (its slots are freed at
+//! once); `munmap` of a part goes to the kernel, whose `UFFD_EVENT_UNMAP` the engine
+//! handles, and a mapping left with no page of its own is dropped (its addresses may be
+//! handed out again). `mremap` of managed memory is done here, by mapping the new place
+//! through the same rules and copying ([`mremap`]).
 //! The kernel's `mremap` of part of a region would leave the moved part as ordinary memory
 //! (the engine copies its pages into place and lets it go, see `uswap/src/events.rs`),
 //! which would take it out of the budget.
@@ -47,6 +48,7 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 
 use crate::managed_table::{Entry, Table};
+use crate::munmap::unmap;
 use crate::own_code::{in_uswap, Guard};
 use crate::real::{self, errno, set_errno};
 
@@ -56,7 +58,7 @@ use crate::real::{self, errno, set_errno};
 pub const MAX_MAPPINGS: usize = 65_000;
 const _: () = assert!(MAX_MAPPINGS + 256 <= uswap::MAX_REGIONS);
 
-static TABLE: Mutex<Table> = Mutex::new(Table::new());
+pub(crate) static TABLE: Mutex<Table> = Mutex::new(Table::new());
 
 struct Config {
     pager: &'static uswap::Pager,
@@ -74,6 +76,11 @@ fn config() -> Option<Config> {
         return None;
     }
     Some(Config { pager: crate::pager()?, min_size_bytes })
+}
+
+/// Whether this process is managed now ([`config`]).
+pub(crate) fn is_managed() -> bool {
+    config().is_some()
 }
 
 /// Mappings left ordinary because the table was full or the pager refused them.
@@ -166,7 +173,7 @@ pub fn managed_bytes() -> usize {
     TABLE.lock().unwrap_or_else(|e| e.into_inner()).bytes()
 }
 
-fn page_round_up(n: usize) -> Option<usize> {
+pub(crate) fn page_round_up(n: usize) -> Option<usize> {
     n.checked_next_multiple_of(uswap::PAGE_SIZE)
 }
 
@@ -175,7 +182,7 @@ fn page_round_up(n: usize) -> Option<usize> {
 /// user space). A call it refuses with `EINVAL` changes nothing, so none of it may be done
 /// to managed memory first: `munmap(p, 1 << 62)` released every region above `p`, and the
 /// program, told `EINVAL`, found its memory gone (SIGSEGV). Allocation-free.
-fn munmap_accepted(start: usize, len: usize) -> bool {
+pub(crate) fn munmap_accepted(start: usize, len: usize) -> bool {
     let top = user_space_top();
     start % uswap::PAGE_SIZE == 0 && len > 0 && page_round_up(len).is_some_and(|len| start <= top && len <= top - start)
 }
@@ -465,168 +472,9 @@ pub extern "C" fn mmap64(
     program_mmap(addr, len, prot, flags, fd, off)
 }
 
-/// Removes and returns the managed entries inside `[start, end)`; reports whether any entry
-/// only partly overlaps it.
-fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
-    let mut partial = false;
-    let taken = TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |e| {
-        let inside = e.start >= start && e.start + e.len <= end;
-        partial |= !inside;
-        inside
-    });
-    (taken, partial)
-}
-
-/// Drops the entries overlapping `[start, end)` that have no page left (the program
-/// unmapped them piece by piece): their address range may be handed out again, and must
-/// not still look managed.
-fn drop_emptied(start: usize, end: usize) {
-    let emptied =
-        TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |e| !e.region.has_live_pages());
-    // Outside the table's lock: a region's drop reaches the engine's locks.
-    drop(emptied);
-}
-
-fn overlaps_managed(start: usize, end: usize) -> bool {
+/// Whether any managed mapping meets `[start, end)`.
+pub(crate) fn overlaps_managed(start: usize, end: usize) -> bool {
     TABLE.lock().unwrap_or_else(|e| e.into_inner()).meets_any(start, end)
-}
-
-#[no_mangle]
-pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
-    if in_uswap() || uswap::is_engine_thread() || !munmap_accepted(addr as usize, len) {
-        return real::sys_munmap(addr, len);
-    }
-    let start = addr as usize;
-    let end = page_round_up(len).and_then(|l| start.checked_add(l));
-    // What was let go of there is gone with it (the report must not name a later mapping
-    // at these addresses so).
-    LET_GO_BY_PROTECTION.forget(start, end.unwrap_or(usize::MAX));
-    let pager = crate::pager().filter(|_| start % uswap::PAGE_SIZE == 0);
-    if let Some((pager, end)) = pager.zip(end).filter(|(p, end)| p.holds_staging_within(start, *end)) {
-        return unmap_with_uswap(pager, addr, len, end);
-    }
-    if let Some(outside) = end
-        .filter(|_| start % uswap::PAGE_SIZE == 0 && len > 0)
-        .and_then(|end| crate::program_break::unmap_inside(start, end))
-    {
-        // Pages of the program's break stay the break's; the rest goes as any munmap.
-        let mut r = 0;
-        for (s, e) in outside.into_iter().filter(|(s, e)| e > s) {
-            r |= munmap(s as *mut c_void, e - s);
-        }
-        return r;
-    }
-    if config().is_none() {
-        // A waiting process's deferred mappings are the kernel's until its pager starts:
-        // what goes is no longer noted (CPython unmaps each arena it empties), in step
-        // with a start on another thread that takes them over.
-        let unmapped = |r: i32, _| r == 0;
-        match crate::waiting_charge::call_on_deferred(addr as usize, len, || real::sys_munmap(addr, len), unmapped) {
-            Some((r, e)) => {
-                set_errno(e);
-                return r;
-            }
-            None => crate::wait_for_start(),
-        }
-        if config().is_none() {
-            return real::sys_munmap(addr, len);
-        }
-    }
-    let _g = Guard::enter();
-    unmap(addr, len)
-}
-
-/// `munmap` for a managed process, on the program's behalf (the caller holds a [`Guard`]).
-fn unmap(addr: *mut c_void, len: usize) -> i32 {
-    let start = addr as usize;
-    let Some(end) = page_round_up(len).and_then(|l| start.checked_add(l)) else {
-        return real::sys_munmap(addr, len);
-    };
-    // Refused by the kernel (`munmap_accepted`): nothing may be released first. (Also
-    // reached from `mremap`'s shrink and move.)
-    if start % uswap::PAGE_SIZE != 0 || len == 0 || !munmap_accepted(start, len) || !overlaps_managed(start, end) {
-        return real::sys_munmap(addr, len);
-    }
-    let _counted = ManagedUnmap::begin();
-    let (covered, partial) = take_covered(start, end);
-    // The regions inside the range let go of their pages and slots, and leave their memory
-    // mapped for the one `munmap` below. (Dropping them unmapped it first: another thread's
-    // `mmap` could get the freed addresses before the second unmap, which took them from
-    // it, and two arenas of a program then shared one address.)
-    let mut live = Vec::new();
-    for e in covered {
-        live.extend(e.region.release_leaving_mapped());
-    }
-    // All of it: the regions' memory, parts of other managed mappings (the engine handles
-    // the kernel's UNMAP event for them), parts of the regions that were no longer theirs
-    // (let go of, or mapped over), and ordinary memory. The regions taken whole are
-    // unregistered already and send no event; for the parts of others, no thread's new
-    // region is entered until their event is applied (`uswap::UnmapUnderWay`).
-    let under_way = crate::pager().filter(|_| partial).map(|p| p.unmap_under_way());
-    let r = real::sys_munmap(addr, len);
-    let e = errno();
-    drop(under_way);
-    if r != 0 {
-        // The program's call failed, but the regions are gone: their memory goes as
-        // dropping them would have unmapped it (it holds none of their swapped pages now).
-        for (addr, len) in live {
-            real::sys_munmap(addr as *mut c_void, len);
-        }
-    }
-    if partial {
-        drop_emptied(start, end);
-    }
-    set_errno(e);
-    r
-}
-
-/// The program's `munmap` of a range that holds a whole mapping of the pager's own (a
-/// device's staging area): a program unmapping its whole address space to die (stress-ng's
-/// vm-segv child), after which no pager goes on. Every region in the range is unregistered
-/// first, those of no table entry too (the heap's), so that the kernel's call sends no
-/// `UNMAP` event to wait on: the engine's event thread may never read it (a tracer that
-/// stopped the process resumes only the thread it traces). Before the split around the
-/// program's break: each piece alone may hold no engine data. Should the kernel refuse the
-/// call (a split past `vm.max_map_count`), the regions stay mapped but unregistered: their
-/// pages that are out read as zeros, in a process that meant to end.
-fn unmap_with_uswap(pager: &uswap::Pager, addr: *mut c_void, len: usize, end: usize) -> i32 {
-    pager.unregister_for_teardown(addr as usize, end);
-    real::sys_munmap(addr, len)
-}
-
-/// Managed unmaps begun and ended ([`unmap`]), for the report of unmanaged memory: between
-/// a region's leaving the registry and its memory's `munmap`, a scan of `/proc` would find
-/// the region's pages in a mapping no region owns ([`managed_unmaps`]).
-static MANAGED_UNMAPS_BEGUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static MANAGED_UNMAPS_ENDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// One managed unmap, counted begun when made and ended when dropped.
-struct ManagedUnmap;
-
-impl ManagedUnmap {
-    fn begin() -> ManagedUnmap {
-        MANAGED_UNMAPS_BEGUN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        ManagedUnmap
-    }
-}
-
-impl Drop for ManagedUnmap {
-    fn drop(&mut self) {
-        MANAGED_UNMAPS_ENDED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// In a fork child: an unmap another thread of the parent had under way never ends here.
-pub fn forget_unmaps_in_fork_child() {
-    let begun = MANAGED_UNMAPS_BEGUN.load(std::sync::atomic::Ordering::SeqCst);
-    MANAGED_UNMAPS_ENDED.store(begun, std::sync::atomic::Ordering::SeqCst);
-}
-
-/// How many managed unmaps have begun and ended, in that order: a scan that read `(b, e)`
-/// with `b == e` before it and `b` again after it overlapped none.
-pub fn managed_unmaps() -> (u64, u64) {
-    let begun = MANAGED_UNMAPS_BEGUN.load(std::sync::atomic::Ordering::SeqCst);
-    (begun, MANAGED_UNMAPS_ENDED.load(std::sync::atomic::Ordering::SeqCst))
 }
 
 /// `mremap(old, old_len, new_len, flags, ...)`. The fifth argument is variadic in C; on the
@@ -813,7 +661,7 @@ fn protect(addr: *mut c_void, len: usize, prot: i32, call: impl Fn() -> i32 + Co
 
 /// Ranges [`protect`] let go of, for the report of unmanaged memory: made writable again,
 /// such a range stays the kernel's, and `/proc` no longer says why.
-static LET_GO_BY_PROTECTION: crate::let_go::LetGoRanges<64> = crate::let_go::LetGoRanges::new();
+pub(crate) static LET_GO_BY_PROTECTION: crate::let_go::LetGoRanges<64> = crate::let_go::LetGoRanges::new();
 
 /// Whether `[start, end)` overlaps memory uswap let go of because the program made it
 /// read-only or executable.

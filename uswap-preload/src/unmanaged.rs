@@ -234,13 +234,13 @@ pub fn measure(min_size_bytes: usize) -> Option<Unmanaged> {
     let mut tries = 0;
     let (mut out, by_scan) = loop {
         tries += 1;
-        let (begun, ended) = crate::mmap::managed_unmaps();
+        let (begun, ended) = crate::munmap::managed_unmaps();
         let scanned = pagemap.as_ref().and_then(|pm| measure_by_scan(pm, min_size_bytes));
         let by_scan = scanned.is_some();
         let out = scanned.or_else(|| measure_by_smaps(min_size_bytes))?;
         // A managed unmap under way at the start or begun since may have left a region's
         // pages in a mapping no region owned while the scan read it (`settle` cannot tell).
-        if (begun == ended && crate::mmap::managed_unmaps().0 == begun) || tries == MEASURE_TRIES {
+        if (begun == ended && crate::munmap::managed_unmaps().0 == begun) || tries == MEASURE_TRIES {
             break (out, by_scan);
         }
     };
