@@ -1,4 +1,4 @@
-// Evictions per second out of ONE anonymous mapping by 1..N threads at once, two ways of
+// Evictions per second out of ONE anonymous mapping by 1..N threads at once, three ways of
 // taking a page out while keeping its contents:
 //
 //   move: UFFDIO_MOVE of the page to a staging page (what uswap does), copy it to a store,
@@ -7,8 +7,11 @@
 //         from the mapping itself with one process_madvise(MADV_DONTNEED);
 //   span: as wp, but one UFFDIO_WRITEPROTECT over the span that holds the whole batch (its
 //         other pages, here other threads', stay in, and writers to them would wait until
-//         the span is unprotected after the drop), so a batch flushes twice in all: the
-//         user-space counterpart of the kernel's one flush per reclaim batch.
+//         the span is unprotected after the drop), so a batch flushes about three times in
+//         all (write-protect, drop, unprotect): the user-space counterpart of the kernel's
+//         batched flush. Here the spans of different threads overlap (one thread's
+//         unprotect lifts another's protection), harmless since nothing writes; a real
+//         design needs disjoint spans.
 //
 // Each page is then put back with UFFDIO_COPY from the store (as a swap-in would) and its
 // contents checked. move and wp flush once per page (the move or the write-protect) plus once
@@ -33,6 +36,7 @@
 #include <linux/userfaultfd.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +58,7 @@ enum { PAGE = 4096, PAGES_PER_THREAD = 4096, BATCH = 32, MAX_THREADS = 256 };
 
 static int uffd, pidfd, use_wp, use_span, nr_threads;
 static char *region;
-static volatile int stop;
+static atomic_int stop;
 
 struct worker {
     pthread_t tid;
@@ -148,7 +152,7 @@ static void *work(void *arg) {
     /* This thread's pages: w->index + 2T*k; a batch takes BATCH of them. */
     size_t per_batch_span = (size_t)BATCH * 2 * nr_threads;
     size_t nr_spans = (size_t)PAGES_PER_THREAD * nr_threads / per_batch_span;
-    for (size_t k = 0; !stop; k = (k + 1) % nr_spans) batch(w, k * per_batch_span + w->index);
+    for (size_t k = 0; !atomic_load(&stop); k = (k + 1) % nr_spans) batch(w, k * per_batch_span + w->index);
     return NULL;
 }
 
@@ -196,7 +200,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nr_threads; i++)
         if (pthread_create(&workers[i].tid, NULL, work, &workers[i])) die("pthread_create");
     sleep(seconds);
-    stop = 1;
+    atomic_store(&stop, 1);
     uint64_t evictions = 0, bad = 0;
     for (int i = 0; i < nr_threads; i++) {
         pthread_join(workers[i].tid, NULL);

@@ -1,4 +1,5 @@
-//! The program's own anonymous mappings: `mmap`, `munmap` and `mremap`, interposed.
+//! The program's own anonymous mappings: `mmap`, `mremap`, `mprotect` and `madvise`,
+//! interposed (`munmap` is [`crate::munmap`]'s).
 //!
 //! Every private anonymous mapping that is not executable, not a stack and not huge-page
 //! memory is managed once it is at least `--min-size` bytes, however the program asks for

@@ -2,10 +2,11 @@
 //! regions first, then unmapped with one kernel call ([`unmap`]), which `mremap` uses too.
 //! A `munmap` that takes a whole staging area of the pager with it (a program unmapping its
 //! address space to die) unregisters every region in its range first ([`unmap_with_uswap`]);
-//! the pages of the program's own break stay the break's.
+//! the pages of the program's own break stay the break's. A process waiting for its pager
+//! unmaps its deferred mappings with the kernel (`crate::waiting_charge`; see `crate::mmap`).
 //!
 //! Locking: the table of managed mappings (`crate::managed_table`, behind the mutex of
-//! `crate::mmap`) is held only to take entries out; regions are dropped outside it (a drop
+//! `crate::mmap`) is held only to look entries up and take them out; regions are dropped outside it (a drop
 //! reaches the engine's locks). Invariant: a managed unmap is counted begun before its
 //! regions leave the registry and ended after the kernel's call ([`managed_unmaps`]), so
 //! that a scan of unmanaged memory can tell when it overlapped one.
