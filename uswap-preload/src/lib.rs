@@ -60,6 +60,7 @@ pub mod locale;
 pub mod managed_table;
 pub mod mlock;
 pub mod mmap;
+pub mod mremap;
 pub mod munmap;
 pub mod own_allocator;
 pub mod own_code;

@@ -1,0 +1,134 @@
+//! The program's `mremap`, interposed: managed memory is moved here, by mapping the new
+//! place through `crate::mmap`'s rules, copying, and unmapping the old place through
+//! `crate::munmap` ([`mremap`]); everything else goes to the kernel.
+//!
+//! Locking: none of its own; the table of managed mappings is `crate::mmap`'s. Above both
+//! `crate::mmap` and `crate::munmap` in the preload's import graph.
+
+use std::ffi::c_void;
+
+use crate::mmap::{config, map, mremap_lengths_accepted, overlaps_managed, page_round_up, user_space_top, Config};
+use crate::munmap::unmap;
+use crate::own_code::{in_uswap, Guard};
+use crate::real::{self, errno, set_errno};
+
+/// `mremap(old, old_len, new_len, flags, ...)`. The fifth argument is variadic in C; on the
+/// x86-64 and AArch64 Linux ABIs a variadic pointer argument travels in the same register as
+/// a fixed one, so declaring it fixed reads the caller's value when it passed one
+/// (`MREMAP_FIXED`/`MREMAP_DONTUNMAP`) and is ignored otherwise.
+///
+/// On managed memory the move is done here, as the kernel would do it, in managed memory:
+/// the new place is mapped through [`map`] (a new region, or pages of the region it lands
+/// in: `MREMAP_FIXED` onto a reservation), the contents are copied (each page comes in
+/// through the engine and goes out again under the limit), and the old range is unmapped
+/// or, with `MREMAP_DONTUNMAP`, emptied (it reads zero). The kernel's own `mremap` of part
+/// of a region would leave the moved part unmanaged (see `uswap/src/events.rs`).
+#[no_mangle]
+pub extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: i32,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    if in_uswap() || uswap::is_engine_thread() || !mremap_lengths_accepted(new_len, flags, new_addr as usize) {
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    }
+    let onto = match flags & libc::MREMAP_FIXED {
+        0 => true,
+        _ => crate::waiting_charge::start_if_deferred(new_addr as usize, new_len),
+    };
+    if !crate::waiting_charge::start_if_deferred(old as usize, old_len) || !onto {
+        // The start was put off: moved or resized as the kernel's; what it touched of the
+        // deferred mappings is no longer noted, and stays ordinary memory.
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    }
+    let Some(cfg) = config() else {
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    };
+    let _g = Guard::enter();
+    let start = old as usize;
+    let (Some(old_len_r), Some(new_len_r)) = (page_round_up(old_len), page_round_up(new_len)) else {
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    };
+    let Some(end) = start.checked_add(old_len_r).filter(|&end| end <= user_space_top()) else {
+        // An old range past the top of user space: the kernel refuses the unmap of its
+        // tail or its move (`EINVAL`), and nothing changes.
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    };
+    if start % uswap::PAGE_SIZE != 0 || old_len == 0 || !overlaps_managed(start, end) {
+        return real::sys_mremap(old, old_len, new_len, flags, new_addr);
+    }
+    match remap_managed(&cfg, start, old_len_r, new_len_r, flags, new_addr as usize) {
+        Ok(p) => p as *mut c_void,
+        Err(errno) => {
+            set_errno(errno);
+            libc::MAP_FAILED
+        }
+    }
+}
+
+/// [`mremap`] of managed memory: `Ok(new address)` or `Err(errno)`, with the kernel's
+/// checks and errors.
+fn remap_managed(
+    cfg: &Config,
+    start: usize,
+    old_len: usize,
+    new_len: usize,
+    flags: i32,
+    dst: usize,
+) -> Result<usize, i32> {
+    let known = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
+    let may_move = flags & libc::MREMAP_MAYMOVE != 0;
+    let fixed = flags & libc::MREMAP_FIXED != 0;
+    let dont_unmap = flags & libc::MREMAP_DONTUNMAP != 0;
+    if flags & !known != 0 || new_len == 0 || ((fixed || dont_unmap) && !may_move) || (dont_unmap && new_len != old_len)
+    {
+        return Err(libc::EINVAL);
+    }
+    if fixed && (dst % uswap::PAGE_SIZE != 0 || (dst < start + old_len && start < dst.saturating_add(new_len))) {
+        return Err(libc::EINVAL);
+    }
+    if !fixed && !dont_unmap && new_len <= old_len {
+        // Shrink in place: the tail goes (the engine handles the UNMAP event).
+        if new_len < old_len && unmap((start + new_len) as *mut c_void, old_len - new_len) != 0 {
+            return Err(errno());
+        }
+        return Ok(start);
+    }
+    if !may_move {
+        // Grow in place where the address space after it is free, as the kernel would.
+        let tail = (start + old_len) as *mut c_void;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+        let p = map(cfg, tail, new_len - old_len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
+        if p == libc::MAP_FAILED || p != tail {
+            if p != libc::MAP_FAILED {
+                // An old kernel took the address as a hint only.
+                unmap(p, new_len - old_len);
+            }
+            return Err(libc::ENOMEM);
+        }
+        return Ok(start);
+    }
+    let (hint, map_flags) = if fixed {
+        (dst as *mut c_void, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED)
+    } else {
+        (std::ptr::null_mut(), libc::MAP_PRIVATE | libc::MAP_ANONYMOUS)
+    };
+    let new = map(cfg, hint, new_len, libc::PROT_READ | libc::PROT_WRITE, map_flags, -1, 0);
+    if new == libc::MAP_FAILED {
+        return Err(errno());
+    }
+    // SAFETY: `start` is mapped for old_len bytes (the caller's contract, as for mremap) and
+    // `new` is a fresh mapping of new_len bytes that does not overlap it (checked above for
+    // MREMAP_FIXED; a fresh mapping otherwise). Reading old pages faults them in through the
+    // engine; writing new ones faults them in zero-filled.
+    unsafe { std::ptr::copy_nonoverlapping(start as *const u8, new as *mut u8, old_len.min(new_len)) };
+    if dont_unmap {
+        // The old range stays mapped and reads zero, as after the kernel's DONTUNMAP.
+        real::sys_madvise(start as *mut c_void, old_len, libc::MADV_DONTNEED);
+    } else {
+        unmap(start as *mut c_void, old_len);
+    }
+    Ok(new as usize)
+}
