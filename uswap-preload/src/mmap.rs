@@ -35,7 +35,9 @@
 //!
 //! The table of managed mappings ([`crate::managed_table`]: by start, at most
 //! [`MAX_MAPPINGS`] entries, the engine's own region limit minus the heap) is behind one
-//! mutex, taken only by these calls; a region is dropped outside it. `munmap`
+//! mutex, taken only by the interposed `mmap`, `munmap` ([`crate::munmap`]), `mremap`
+//! ([`crate::mremap`]) and `madvise`, the pager's start, fork's handlers and the report of
+//! unmanaged memory; a region is dropped outside it. `munmap`
 //! ([`crate::munmap`]) of a whole managed mapping drops its region (its slots are freed at
 //! once); `munmap` of a part goes to the kernel, whose `UFFD_EVENT_UNMAP` the engine
 //! handles, and a mapping left with no page of its own is dropped (its addresses may be
@@ -58,7 +60,7 @@ use crate::real::{self, errno, set_errno};
 pub const MAX_MAPPINGS: usize = 65_000;
 const _: () = assert!(MAX_MAPPINGS + 256 <= uswap::MAX_REGIONS);
 
-pub(crate) static TABLE: Mutex<Table> = Mutex::new(Table::new());
+static TABLE: Mutex<Table> = Mutex::new(Table::new());
 
 pub(crate) struct Config {
     pager: &'static uswap::Pager,
@@ -76,11 +78,6 @@ pub(crate) fn config() -> Option<Config> {
         return None;
     }
     Some(Config { pager: crate::pager()?, min_size_bytes })
-}
-
-/// Whether this process is managed now ([`config`]).
-pub(crate) fn is_managed() -> bool {
-    config().is_some()
 }
 
 /// Mappings left ordinary because the table was full or the pager refused them.
@@ -175,26 +172,6 @@ pub fn managed_bytes() -> usize {
 
 pub(crate) fn page_round_up(n: usize) -> Option<usize> {
     n.checked_next_multiple_of(uswap::PAGE_SIZE)
-}
-
-/// Whether the kernel takes `munmap(start, len)` at all (`do_vmi_munmap`: a page-aligned
-/// start, a length that rounds up to more than nothing, the whole range below the top of
-/// user space). A call it refuses with `EINVAL` changes nothing, so none of it may be done
-/// to managed memory first: `munmap(p, 1 << 62)` released every region above `p`, and the
-/// program, told `EINVAL`, found its memory gone (SIGSEGV). Allocation-free.
-pub(crate) fn munmap_accepted(start: usize, len: usize) -> bool {
-    let top = user_space_top();
-    start % uswap::PAGE_SIZE == 0 && len > 0 && page_round_up(len).is_some_and(|len| start <= top && len <= top - start)
-}
-
-/// Whether the kernel's first checks of `mremap` pass its new length (and address, when
-/// one is given): more than nothing once rounded up to pages, and below the top of user
-/// space (`check_mremap_params`). A call they refuse (`EINVAL`) changes nothing; moved by
-/// uswap, `mremap(p, 1 << 62, 1 << 62, MREMAP_MAYMOVE)` succeeded. Allocation-free.
-pub(crate) fn mremap_lengths_accepted(new_len: usize, flags: i32, new_addr: usize) -> bool {
-    let top = user_space_top();
-    let new_addr = if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 { new_addr } else { 0 };
-    page_round_up(new_len).is_some_and(|len| len > 0 && len <= top && new_addr <= top - len)
 }
 
 /// The kernel's `TASK_SIZE` for this process (x86-64): the end of the address space it
@@ -478,6 +455,28 @@ pub extern "C" fn mmap64(
     off: libc::off_t,
 ) -> *mut c_void {
     program_mmap(addr, len, prot, flags, fd, off)
+}
+
+/// Removes and returns the managed entries inside `[start, end)`; reports whether any entry
+/// only partly overlaps it.
+pub(crate) fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
+    let mut partial = false;
+    let taken = TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |e| {
+        let inside = e.start >= start && e.start + e.len <= end;
+        partial |= !inside;
+        inside
+    });
+    (taken, partial)
+}
+
+/// Drops the entries overlapping `[start, end)` that have no page left (the program
+/// unmapped them piece by piece): their address range may be handed out again, and must
+/// not still look managed.
+pub(crate) fn drop_emptied(start: usize, end: usize) {
+    let emptied =
+        TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |e| !e.region.has_live_pages());
+    // Outside the table's lock: a region's drop reaches the engine's locks.
+    drop(emptied);
 }
 
 /// Whether any managed mapping meets `[start, end)`.

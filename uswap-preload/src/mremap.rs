@@ -1,16 +1,28 @@
-//! The program's `mremap`, interposed: managed memory is moved here, by mapping the new
-//! place through `crate::mmap`'s rules, copying, and unmapping the old place through
-//! `crate::munmap` ([`mremap`]); everything else goes to the kernel.
+//! The program's `mremap`, interposed ([`mremap`]): managed memory is resized or moved by
+//! the library. A shrink unmaps the tail through `crate::munmap`; a grow in place maps the
+//! tail through `crate::mmap`'s rules (`MAP_FIXED_NOREPLACE`); a move maps the new place so,
+//! copies, and unmaps the old place (or, with `MREMAP_DONTUNMAP`, empties it). Everything
+//! else goes to the kernel.
 //!
 //! Locking: none of its own; the table of managed mappings is `crate::mmap`'s. Above both
 //! `crate::mmap` and `crate::munmap` in the preload's import graph.
 
 use std::ffi::c_void;
 
-use crate::mmap::{config, map, mremap_lengths_accepted, overlaps_managed, page_round_up, user_space_top, Config};
+use crate::mmap::{config, map, overlaps_managed, page_round_up, user_space_top, Config};
 use crate::munmap::unmap;
 use crate::own_code::{in_uswap, Guard};
 use crate::real::{self, errno, set_errno};
+
+/// Whether the kernel's first checks of `mremap` pass its new length (and address, when
+/// one is given): more than nothing once rounded up to pages, and below the top of user
+/// space (`check_mremap_params`). A call they refuse (`EINVAL`) changes nothing; moved by
+/// uswap, `mremap(p, 1 << 62, 1 << 62, MREMAP_MAYMOVE)` succeeded. Allocation-free.
+fn mremap_lengths_accepted(new_len: usize, flags: i32, new_addr: usize) -> bool {
+    let top = user_space_top();
+    let new_addr = if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 { new_addr } else { 0 };
+    page_round_up(new_len).is_some_and(|len| len > 0 && len <= top && new_addr <= top - len)
+}
 
 /// `mremap(old, old_len, new_len, flags, ...)`. The fifth argument is variadic in C; on the
 /// x86-64 and AArch64 Linux ABIs a variadic pointer argument travels in the same register as

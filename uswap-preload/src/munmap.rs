@@ -6,38 +6,27 @@
 //! unmaps its deferred mappings with the kernel (`crate::waiting_charge`; see `crate::mmap`).
 //!
 //! Locking: the table of managed mappings (`crate::managed_table`, behind the mutex of
-//! `crate::mmap`) is held only to look entries up and take them out; regions are dropped outside it (a drop
-//! reaches the engine's locks). Invariant: a managed unmap is counted begun before its
+//! `crate::mmap`) is held only to look entries up and take them out; regions are dropped
+//! outside it (a drop reaches the engine's locks). Invariant: a managed unmap is counted begun before its
 //! regions leave the registry and ended after the kernel's call ([`managed_unmaps`]), so
 //! that a scan of unmanaged memory can tell when it overlapped one.
 
 use std::ffi::c_void;
 
-use crate::managed_table::Entry;
-use crate::mmap::{is_managed, munmap_accepted, overlaps_managed, page_round_up, LET_GO_BY_PROTECTION, TABLE};
+use crate::mmap::{
+    config, drop_emptied, overlaps_managed, page_round_up, take_covered, user_space_top, LET_GO_BY_PROTECTION,
+};
 use crate::own_code::{in_uswap, Guard};
 use crate::real::{self, errno, set_errno};
 
-/// Removes and returns the managed entries inside `[start, end)`; reports whether any entry
-/// only partly overlaps it.
-fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
-    let mut partial = false;
-    let taken = TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |e| {
-        let inside = e.start >= start && e.start + e.len <= end;
-        partial |= !inside;
-        inside
-    });
-    (taken, partial)
-}
-
-/// Drops the entries overlapping `[start, end)` that have no page left (the program
-/// unmapped them piece by piece): their address range may be handed out again, and must
-/// not still look managed.
-fn drop_emptied(start: usize, end: usize) {
-    let emptied =
-        TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |e| !e.region.has_live_pages());
-    // Outside the table's lock: a region's drop reaches the engine's locks.
-    drop(emptied);
+/// Whether the kernel takes `munmap(start, len)` at all (`do_vmi_munmap`: a page-aligned
+/// start, a length that rounds up to more than nothing, the whole range below the top of
+/// user space). A call it refuses with `EINVAL` changes nothing, so none of it may be done
+/// to managed memory first: `munmap(p, 1 << 62)` released every region above `p`, and the
+/// program, told `EINVAL`, found its memory gone (SIGSEGV). Allocation-free.
+fn munmap_accepted(start: usize, len: usize) -> bool {
+    let top = user_space_top();
+    start % uswap::PAGE_SIZE == 0 && len > 0 && page_round_up(len).is_some_and(|len| start <= top && len <= top - start)
 }
 
 #[no_mangle]
@@ -65,7 +54,7 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
         }
         return r;
     }
-    if !is_managed() {
+    if config().is_none() {
         // A waiting process's deferred mappings are the kernel's until its pager starts:
         // what goes is no longer noted (CPython unmaps each arena it empties), in step
         // with a start on another thread that takes them over.
@@ -77,7 +66,7 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
             }
             None => crate::wait_for_start(),
         }
-        if !is_managed() {
+        if config().is_none() {
             return real::sys_munmap(addr, len);
         }
     }
