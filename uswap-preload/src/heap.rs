@@ -403,6 +403,17 @@ pub fn start(start: usize, len: usize, start_after_bytes: Option<usize>) -> Resu
     }
     REGION_LEN.store(len, Ordering::Release);
     let first = len.min(FIRST_ARENA_BYTES);
+    // What follows the first arena stays inaccessible until it is handed (`grow`); the first
+    // becomes usable (see `make_usable`).
+    make_usable(start, first)?;
+    if len > first && real::sys_mprotect((start + first) as *mut c_void, len - first, libc::PROT_NONE) != 0 {
+        return Err(format!(
+            "cannot reserve the heap past its first arena ({:#x}, {} bytes): {}",
+            start + first,
+            len - first,
+            std::io::Error::last_os_error()
+        ));
+    }
     match start_after_bytes {
         Some(bytes) => {
             START_AFTER_BYTES.store(bytes, Ordering::Release);
@@ -470,6 +481,24 @@ static REGION_LEN: AtomicUsize = AtomicUsize::new(0);
 static HANDED_BYTES: AtomicUsize = AtomicUsize::new(0);
 /// Serialises [`grow`] (taken only when an allocation found every arena full).
 static GROW: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Makes `[addr, addr + len)` of the heap's region readable and writable, as it is handed to
+/// mimalloc. The region is reserved without access (`PROT_NONE`), and only what mimalloc was
+/// given becomes usable: a program that reads every readable mapping of its address space
+/// (stress-ng's `--fork-vm` children read each page of `/proc/self/maps`) would otherwise
+/// read the whole reservation (the limit plus the devices' capacity, tens of GiB), each
+/// never-touched page a fault into the engine in signal mode (a minute a process), and the
+/// kernel's page tables would map it all. A stray pointer past the heap faults (SIGSEGV), as
+/// without uswap; the reservation costs no commit charge where overcommit is strict.
+fn make_usable(addr: usize, len: usize) -> Result<(), String> {
+    if real::sys_mprotect(addr as *mut c_void, len, libc::PROT_READ | libc::PROT_WRITE) != 0 {
+        return Err(format!(
+            "cannot make the heap's next {len} bytes at {addr:#x} usable: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
 
 /// Hands `[start + off, start + off + len)` to mimalloc as an arena. `counted`: an arena
 /// handed while the process waits for its pager, whose commits and decommits mimalloc asks
@@ -604,9 +633,10 @@ fn grow(handed_seen: usize, want: usize) -> bool {
     let for_want = want.saturating_add(FIRST_ARENA_BYTES).next_multiple_of(FIRST_ARENA_BYTES).min(MAX_ARENA_BYTES);
     let len = handed.min(ARENA_CHUNK_BYTES).max(for_want).min(left);
     let _uswap = Guard::enter();
+    let start = ARENA_START.load(Ordering::Acquire);
     // While the process waits for its pager, every arena's commits are counted as the
     // first's are (`commit`): they start the pager, and bound what it scans.
-    if add_arena(ARENA_START.load(Ordering::Acquire), handed, len, crate::is_waiting()).is_err() {
+    if make_usable(start + handed, len).is_err() || add_arena(start, handed, len, crate::is_waiting()).is_err() {
         return false;
     }
     HANDED_BYTES.store(handed + len, Ordering::Release);

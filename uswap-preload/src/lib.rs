@@ -417,14 +417,15 @@ impl Drop for StartInProgress {
     }
 }
 
-/// Reserves the heap's address space as ordinary memory (lazy start): readable and writable,
-/// committed by the kernel on first touch, no transparent huge pages (the pager will take
-/// it over, and moves split them).
+/// Reserves the heap's address space as ordinary memory (lazy start): inaccessible until
+/// mimalloc is handed a part of it, which then becomes readable and writable, committed by
+/// the kernel on first touch (`heap::make_usable`); no transparent huge pages (the pager
+/// will take it over, and moves split them).
 fn reserve_heap(len: usize) -> Result<usize, String> {
     let p = real::sys_mmap(
         std::ptr::null_mut(),
         len,
-        libc::PROT_READ | libc::PROT_WRITE,
+        libc::PROT_NONE,
         libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
         -1,
         0,
