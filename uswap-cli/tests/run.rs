@@ -1164,6 +1164,25 @@ fn reservations_commits_and_mremap_behave_as_without_uswap() {
     }
 }
 
+/// Fault-around stops where a mapping ends: a write stream up to a runtime's `PROT_NONE`
+/// reservation filled 31 pages of it (the kernel's fill ioctls do not look at the
+/// protection), charged pages no move could take out (`UFFDIO_MOVE` needs equal protections),
+/// in both modes. Now none of it is present, and no move is refused.
+#[test]
+fn fault_around_stops_at_a_prot_none_reservation() {
+    run_in_both_modes("protedge", 2 * LIMIT_MIB, |mode, _, r| {
+        let out = String::from_utf8_lossy(&r.0.stdout);
+        assert!(
+            r.0.status.success() && out.ends_with("ok\n"),
+            "{mode}: {out}\n{}",
+            String::from_utf8_lossy(&r.0.stderr)
+        );
+        assert!(out.contains("present in the PROT_NONE half: 0\n"), "{mode}: {out}");
+        assert!(counter(&r.1, "pswpout") > 0, "{mode}: the written half was paged: {}", r.1);
+        assert_eq!(counter(&r.1, "move_refused"), 0, "{mode}: {}", r.1);
+    });
+}
+
 /// Whether `tool` runs here. Missing, it fails the test in CI (`.ci/run` installs it) and
 /// says SKIPPED elsewhere.
 fn have(tool: &str, why: &str) -> bool {

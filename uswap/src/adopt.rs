@@ -11,7 +11,8 @@
 //! lets the kernel do exactly what the program asked and takes the result over.
 //!
 //! What the kernel keeps across these calls: a registration survives `mprotect` (a
-//! `PROT_NONE` part is simply never faulted on; made writable, it faults into the engine).
+//! `PROT_NONE` part is never faulted on, and fault-around stops at the end of a mapping,
+//! `fault_service::zero_fill`; made writable, it faults into the engine).
 //! `mmap(MAP_FIXED)` over registered memory replaces the mapping: the engine gets an
 //! `UNMAP` event for the old pages (they become `Gone`, their slots freed, see `events`),
 //! and the new mapping is not registered. `adopt_range` registers it and makes those pages

@@ -311,13 +311,22 @@ fn zero_fill(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError>
     let mut faulting_done = false;
     // Set once a run met the end of a mapping (ENOENT: a fill ioctl's range must lie in one
     // mapping): the region holds several once the application `mprotect`ed or re-mapped
-    // parts of it (a reservation it commits piece by piece). The rest goes page by page.
-    let mut one_by_one = false;
+    // parts of it (a reservation it commits piece by piece; the heap's handed part before
+    // its `PROT_NONE` rest). Past that only the faulting page is filled, the others go back
+    // untouched: the next mapping may be inaccessible, where a fill still succeeds (the
+    // kernel's fill ioctls do not look at the protection) and leaves a charged page that no
+    // move can take out (`UFFDIO_MOVE` needs equal protections on both sides).
+    let mut faulting_page_only = false;
     let mut i = 0;
     // Bounded: every round moves `i` on by at least one page.
     while i < pages.len() {
+        if faulting_page_only && pages[i].0 != page {
+            region.store(pages[i].0, pages[i].1.unbusy());
+            i += 1;
+            continue;
+        }
         let mut j = i + 1;
-        while !one_by_one && j < pages.len() && pages[j].0 == pages[j - 1].0 + 1 {
+        while !faulting_page_only && j < pages.len() && pages[j].0 == pages[j - 1].0 + 1 {
             j += 1;
         }
         let len = (j - i) * PAGE_SIZE;
@@ -335,10 +344,10 @@ fn zero_fill(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError>
         let protected = shared_zero && protect_zero_pages(cx, addr, done, route);
         let crossed = j - i - done > 1 && matches!(r, RangeResult::Partial { errno: libc::ENOENT, .. });
         if crossed {
-            // The run crossed into another mapping: what is left of it goes page by page
-            // (the next round starts at the first page not mapped).
+            // The run crossed into another mapping: of what is left, the faulting page
+            // alone (the next round starts at the first page not mapped).
             j = i + done;
-            one_by_one = true;
+            faulting_page_only = true;
         }
         if shared_zero && !protected && done > 0 {
             cx.reclaim().charge(done, route.lock_free());

@@ -137,7 +137,7 @@ const EFAULT_RETRIES: usize = 8;
 /// buffer's pages out again while the rest are brought in, the whole buffer is never in at
 /// once (the kernel, faulting page by page as it copies, never needs it to be).
 const SHRINK_FROM_RETRY: usize = 4;
-/// Bytes made ready behind a pointer argument under [`Rule::Generic`]: the structures such
+/// Bytes made ready behind a pointer argument under [`Rule::Generic`] and [`Rule::Ptrs`]: the structures such
 /// calls take are smaller (`struct stat` is 144 bytes, a path at most 4096).
 const GENERIC_BYTES: u64 = 4096;
 /// The most iovecs (or messages) whose buffers are made ready one by one; beyond it, the
@@ -410,6 +410,9 @@ fn prepare(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: &[u64; 6]) -> Prep
         Rule::Exec { path, argv, envp } => {
             ready(pin, arg(path), GENERIC_BYTES, false) | ready_strings(pin, arg(argv)) | ready_strings(pin, arg(envp))
         }
+        Rule::Ptrs { ptrs } => (0..a.len())
+            .filter(|&i| ptrs & (1 << i) != 0)
+            .fold(Prepared::default(), |m, i| m | ready(pin, a[i], GENERIC_BYTES, true)),
         Rule::Generic => a.iter().fold(Prepared::default(), |m, &p| m | ready(pin, p, GENERIC_BYTES, true)),
     }
 }

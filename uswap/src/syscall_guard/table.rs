@@ -39,8 +39,21 @@ pub enum Rule {
     ProcessVm { write: bool },
     /// `execve`-like: arguments `argv` and `envp` are NULL-terminated arrays of strings.
     Exec { path: u8, argv: u8, envp: u8 },
+    /// The arguments of bit mask `ptrs` (bit `i`: argument `i`) point to structures (a path,
+    /// a `struct stat`, a `timespec`, a socket address), each made ready as
+    /// [`Rule::Generic`] makes an argument ready. The call's other arguments are not
+    /// pointers, and the registers past its own arguments hold whatever the caller left
+    /// there: under `Generic` such a value that happened to point into managed memory had a
+    /// page made ready for nothing, one inside a `PROT_NONE` part of a region included,
+    /// where no move could take it out again (`openat`'s two unused registers, which held a
+    /// pointer the program had just computed).
+    Ptrs { ptrs: u8 },
     /// Every argument that points into managed memory: see the module's comment.
     Generic,
+}
+
+const fn ptrs(ptrs: u8) -> Rule {
+    Rule::Ptrs { ptrs }
 }
 
 const fn buf(ptr: u8, len: u8, write: bool) -> Rule {
@@ -87,6 +100,34 @@ pub fn rule(nr: c_long) -> Rule {
         // bytes, a query of 24 MiB brought in and charged 24 MiB of the heap after its
         // vector of 6 KiB.)
         libc::SYS_mincore => Rule::PageVector { vec: 2, len: 1 },
+        // Frequent calls, by the kernel's own signatures (`SYSCALL_DEFINEn`): the pointers
+        // among their arguments, and nothing past their last.
+        libc::SYS_open | libc::SYS_access | libc::SYS_unlink | libc::SYS_uname | libc::SYS_sysinfo => ptrs(0b1),
+        libc::SYS_stat | libc::SYS_lstat | libc::SYS_nanosleep | libc::SYS_gettimeofday | libc::SYS_sigaltstack => {
+            ptrs(0b11)
+        }
+        libc::SYS_openat
+        | libc::SYS_fstat
+        | libc::SYS_faccessat
+        | libc::SYS_faccessat2
+        | libc::SYS_unlinkat
+        | libc::SYS_clock_gettime
+        | libc::SYS_clock_getres
+        | libc::SYS_getrusage
+        | libc::SYS_connect
+        | libc::SYS_bind => ptrs(0b10),
+        libc::SYS_newfstatat
+        | libc::SYS_rt_sigprocmask
+        | libc::SYS_rt_sigaction
+        | libc::SYS_accept4
+        | libc::SYS_getsockname
+        | libc::SYS_getpeername => ptrs(0b110),
+        libc::SYS_statx => ptrs(0b10010),
+        libc::SYS_fcntl | libc::SYS_ioctl => ptrs(0b100),
+        libc::SYS_clock_nanosleep | libc::SYS_prlimit64 => ptrs(0b1100),
+        libc::SYS_wait4 => ptrs(0b1010),
+        libc::SYS_epoll_ctl | libc::SYS_setsockopt => ptrs(0b1000),
+        libc::SYS_getsockopt => ptrs(0b11000),
         n if is_plain(n) => Rule::Plain,
         _ => Rule::Generic,
     }
@@ -212,9 +253,8 @@ mod tests {
             assert_eq!(CLASS[nr as usize], 1, "call {nr} must reach the slow path");
             assert_ne!(rule(nr), Rule::Plain, "call {nr}");
         }
-        assert_eq!(
-            (rule(-1), rule(1 << 16), rule(libc::SYS_newfstatat)),
-            (Rule::Generic, Rule::Generic, Rule::Generic)
-        );
+        assert_eq!((rule(-1), rule(1 << 16), rule(libc::SYS_futex)), (Rule::Generic, Rule::Generic, Rule::Generic));
+        // The pointers of `openat`, and of `newfstatat`, whose last argument is a flag.
+        assert_eq!((rule(libc::SYS_openat), rule(libc::SYS_newfstatat)), (ptrs(0b10), ptrs(0b110)));
     }
 }
