@@ -490,8 +490,7 @@ static GROW: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// never-touched page a fault into the engine in signal mode (a minute a process), and the
 /// kernel's page tables would map it all. A stray pointer past the heap faults (SIGSEGV), as
 /// without uswap; reserved so (the lazy start's `reserve_heap`), the region costs no commit
-/// charge where overcommit is strict until it is handed out. The same protection again (the
-/// first arena, made usable when it was reserved) splits nothing.
+/// charge where overcommit is strict until it is handed out.
 fn make_usable(addr: usize, len: usize) -> Result<(), String> {
     if real::sys_mprotect(addr as *mut c_void, len, libc::PROT_READ | libc::PROT_WRITE) != 0 {
         return Err(format!(

@@ -417,12 +417,16 @@ impl Drop for StartInProgress {
     }
 }
 
-/// Reserves the heap's address space as ordinary memory (lazy start): inaccessible but for
-/// the first arena, readable and writable, and committed by the kernel on first touch; the
-/// rest becomes so as mimalloc is handed it (`heap::make_usable`). No transparent huge pages
-/// (the pager will take it over, and moves split them). The first arena is made usable here,
-/// not when mimalloc comes up: its `mprotect` splits the mapping in two, and later, in a
-/// program that holds every mapping it may have (`vm.max_map_count`), the split would fail.
+/// Reserves the heap's address space as ordinary memory (lazy start): inaccessible until
+/// mimalloc is handed a part of it, which then becomes readable and writable, committed by
+/// the kernel on first touch (`heap::make_usable`); no transparent huge pages (the pager
+/// will take it over, and moves split them). Not even the first arena is made usable here:
+/// where overcommit is strict, the kernel charges a writable private mapping in full
+/// (`MAP_NORESERVE` notwithstanding), 256 MiB for every process of a tree, most of which
+/// never bring mimalloc up; and a refusal here would end the process, where one at
+/// mimalloc's bring-up leaves it unmanaged, every byte kept. (The split that bring-up
+/// makes needs one more mapping, which a program that holds `vm.max_map_count` of them
+/// cannot have: it then runs unmanaged, said.)
 fn reserve_heap(len: usize) -> Result<usize, String> {
     let p = real::sys_mmap(
         std::ptr::null_mut(),
@@ -437,12 +441,6 @@ fn reserve_heap(len: usize) -> Result<usize, String> {
     }
     // SAFETY: advice on the mapping just made; it changes how the kernel backs it only.
     unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
-    let first = len.min(heap::FIRST_ARENA_BYTES);
-    if real::sys_mprotect(p, first, libc::PROT_READ | libc::PROT_WRITE) != 0 {
-        let e = std::io::Error::last_os_error();
-        real::sys_munmap(p, len);
-        return Err(format!("cannot make the heap's first {first} bytes usable: {e}"));
-    }
     Ok(p as usize)
 }
 

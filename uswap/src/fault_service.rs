@@ -392,24 +392,30 @@ fn zero_fill_policy(cx: &FaultService<'_>, write: bool, route: Route) -> (bool, 
 }
 
 /// The faulting page (owned) and the never-touched pages of its fault-around window that
-/// could be locked at once, in address order.
+/// could be locked at once and are contiguous with it, in address order. Contiguous: a run
+/// with a gap before it (a page resident or busy) could lie wholly in the next mapping, a
+/// `PROT_NONE` part of the region, where a fill succeeds with no error to stop it (see
+/// `zero_fill`); a run through the faulting page starts in the faulting page's mapping.
 fn lock_zero_window(f: &FaultSite<'_>, max: usize) -> ArrayVec<(usize, Pte), MAX_WINDOW_PAGES> {
     let region = f.region;
     let pred = region.streams.advance(f.page, region.nr_pages, max, false);
-    let mut pages = ArrayVec::new();
-    for q in pred.window.start..pred.window.end() {
-        if q == f.page {
-            pages.push((q, f.locked));
-            continue;
-        }
+    let (start, end) = (pred.window.start, pred.window.end());
+    let lock = |q: usize| {
         let pq = region.load(q);
-        if matches!(pq.state(), PageState::None | PageState::Zero) {
-            if let Some(l) = region.try_lock(q, pq) {
-                pages.push((q, l));
-            }
-        }
+        matches!(pq.state(), PageState::None | PageState::Zero).then(|| region.try_lock(q, pq)).flatten()
+    };
+    let mut below: ArrayVec<(usize, Pte), MAX_WINDOW_PAGES> = ArrayVec::new();
+    for q in (start..f.page).rev() {
+        let Some(l) = lock(q) else { break };
+        below.push((q, l));
     }
-    assert!(pages.iter().any(|&(q, _)| q == f.page), "the window holds its faulting page");
+    let mut pages: ArrayVec<(usize, Pte), MAX_WINDOW_PAGES> = below.into_iter().rev().collect();
+    pages.push((f.page, f.locked));
+    for q in f.page + 1..end {
+        let Some(l) = lock(q) else { break };
+        pages.push((q, l));
+    }
+    debug_assert!(pages.windows(2).all(|w| w[1].0 == w[0].0 + 1), "one run of consecutive pages");
     pages
 }
 
