@@ -297,6 +297,14 @@ fn write_to_shared(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), Fault
 /// First touch of a never-touched (or known-zero) page: maps zero pages for it and, when its
 /// stream is sequential, for the never-touched pages of its window (fault-around), in runs
 /// of consecutive pages with one ioctl each.
+///
+/// A run that meets the end of a mapping fails whole (ENOENT: a fill ioctl's range must lie
+/// in one mapping): the region holds several once the application `mprotect`ed or re-mapped
+/// parts of it (a reservation it commits piece by piece; the heap's handed part before its
+/// `PROT_NONE` rest). Then only the faulting page is filled and the others go back
+/// untouched (`faulting_page_only`): the next mapping may be inaccessible, where a fill still
+/// succeeds (the kernel's fill ioctls do not look at the protection) and leaves a charged
+/// page that no move can take out (`UFFDIO_MOVE` needs equal protections on both sides).
 fn zero_fill(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, write, route) = (f.region, f.page, f.write, f.route);
     debug_assert!(matches!(f.locked.state(), PageState::None | PageState::Zero));
@@ -309,13 +317,7 @@ fn zero_fill(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError>
     cx.reclaim().charge(nr_charged, route.lock_free());
     let mut mapped = 0;
     let mut faulting_done = false;
-    // Set once a run met the end of a mapping (ENOENT: a fill ioctl's range must lie in one
-    // mapping): the region holds several once the application `mprotect`ed or re-mapped
-    // parts of it (a reservation it commits piece by piece; the heap's handed part before
-    // its `PROT_NONE` rest). Past that only the faulting page is filled, the others go back
-    // untouched: the next mapping may be inaccessible, where a fill still succeeds (the
-    // kernel's fill ioctls do not look at the protection) and leaves a charged page that no
-    // move can take out (`UFFDIO_MOVE` needs equal protections on both sides).
+    // Set once a run met the end of a mapping (see the doc above).
     let mut faulting_page_only = false;
     let mut i = 0;
     // Bounded: every round moves `i` on by at least one page.

@@ -137,8 +137,9 @@ const EFAULT_RETRIES: usize = 8;
 /// buffer's pages out again while the rest are brought in, the whole buffer is never in at
 /// once (the kernel, faulting page by page as it copies, never needs it to be).
 const SHRINK_FROM_RETRY: usize = 4;
-/// Bytes made ready behind a pointer argument under [`Rule::Generic`] and [`Rule::Ptrs`]: the structures such
-/// calls take are smaller (`struct stat` is 144 bytes, a path at most 4096).
+/// Bytes made ready behind a pointer argument under [`Rule::Generic`] and [`Rule::Ptrs`]:
+/// the structures such calls take are smaller (`struct stat` is 144 bytes, a path at most
+/// 4096).
 const GENERIC_BYTES: u64 = 4096;
 /// The most iovecs (or messages) whose buffers are made ready one by one; beyond it, the
 /// rest are left to the retry (the kernel's own `UIO_MAXIOV` is 1024).
