@@ -411,11 +411,20 @@ fn prepare(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: &[u64; 6]) -> Prep
         Rule::Exec { path, argv, envp } => {
             ready(pin, arg(path), GENERIC_BYTES, false) | ready_strings(pin, arg(argv)) | ready_strings(pin, arg(envp))
         }
-        Rule::Ptrs { ptrs } => (0..a.len())
-            .filter(|&i| ptrs & (1 << i) != 0)
-            .fold(Prepared::default(), |m, i| m | ready(pin, a[i], GENERIC_BYTES, true)),
-        Rule::Generic => a.iter().fold(Prepared::default(), |m, &p| m | ready(pin, p, GENERIC_BYTES, true)),
+        Rule::Ptrs { ptrs } => ready_pointers(pin, a, ptrs),
+        Rule::Generic => ready_pointers(pin, a, ALL_ARGUMENTS),
     }
+}
+
+/// Every argument register, as [`Rule::Generic`] takes them.
+const ALL_ARGUMENTS: u8 = 0b11_1111;
+
+/// Makes ready the [`GENERIC_BYTES`] behind each argument of bit mask `ptrs` (bit `i`:
+/// argument `i`) that points into managed memory.
+fn ready_pointers(pin: &mut crate::pin::Pin, a: &[u64; 6], ptrs: u8) -> Prepared {
+    (0..a.len())
+        .filter(|&i| ptrs & (1 << i) != 0)
+        .fold(Prepared::default(), |m, i| m | ready(pin, a[i], GENERIC_BYTES, true))
 }
 
 /// The slow path (see the module's comment).
