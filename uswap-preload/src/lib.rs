@@ -441,6 +441,9 @@ fn reserve_heap(len: usize) -> Result<usize, String> {
     }
     // SAFETY: advice on the mapping just made; it changes how the kernel backs it only.
     unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+    // An `mlockall` locks the heap as it is touched: bringing all of what is usable in
+    // would be bringing in a 256 MiB arena the program has not asked for.
+    uswap::note_lock_on_fault(p as usize, len);
     Ok(p as usize)
 }
 

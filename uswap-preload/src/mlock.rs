@@ -85,17 +85,26 @@ fn say_lock_all_once() {
 fn interposed(nr: c_long, a: [u64; 6]) -> libc::c_int {
     let here = !uswap::syscall_guard::started();
     let recorded = if here { before(nr, &a) } else { None };
-    // SAFETY: the memory-locking system calls; the kernel validates every argument.
-    let r = unsafe { libc::syscall(nr, a[0], a[1], a[2]) } as libc::c_int;
+    let ret = match nr {
+        // The engine's mappings kept out of the program's lock (see `uswap::mlockall`; the
+        // rewritten path does the same).
+        libc::SYS_mlockall if here => uswap::mlockall(a[0]),
+        libc::SYS_munlockall if here => uswap::munlockall(),
+        // SAFETY: the memory-locking system calls; the kernel validates every argument.
+        _ => match unsafe { libc::syscall(nr, a[0], a[1], a[2]) } {
+            -1 => -(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL) as c_long),
+            r => r,
+        },
+    };
     if here {
-        let ret = if r == -1 {
-            -(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL) as c_long)
-        } else {
-            0
-        };
         after(nr, &a, ret, recorded);
     }
-    r
+    if ret < 0 {
+        // SAFETY: this thread's errno, as the C library's function would set it.
+        unsafe { *libc::__errno_location() = -ret as libc::c_int };
+        return -1;
+    }
+    ret as libc::c_int
 }
 
 #[no_mangle]

@@ -82,7 +82,8 @@ pub use events::UnmapUnderWay;
 pub use mapping::{
     address_space_limit, address_space_limit_bytes, become_program_thread, engine_reserved_bytes,
     for_each_present_page, forget_engine_memory, forget_engine_threads_in_fork_child, is_engine_thread,
-    live_engine_threads, note_engine_memory, read_small_file, spawn_engine_thread, AddressSpaceLimit,
+    live_engine_threads, mlockall, munlockall, note_engine_memory, note_lock_on_fault, read_small_file,
+    spawn_engine_thread, AddressSpaceLimit,
 };
 
 /// Signal mode's SIGBUS handler, for a library that interposes the program's signal calls

@@ -67,15 +67,8 @@ pub(super) fn forget_engine_range(addr: usize) {
 /// (`MADV_DONTDUMP`): the compressed pool and the tables mean nothing to a debugger, as the
 /// kernel's zram is in no core. Returns how many ranges were left out. Allocation-free.
 pub(crate) fn leave_engine_data_out_of_core_dump() -> usize {
-    use std::sync::atomic::Ordering;
-    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
     let mut nr_ranges = 0;
-    for (i, (s, e)) in ENGINE_RANGES[..high].iter().enumerate() {
-        let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
-        if s != 0 && e > s && ENGINE_DATA[i].load(Ordering::Acquire) && leave_out_of_core_dump(s, e - s) {
-            nr_ranges += 1;
-        }
-    }
+    for_each_engine_data(|s, e| nr_ranges += usize::from(leave_out_of_core_dump(s, e - s)));
     nr_ranges
 }
 
@@ -87,6 +80,26 @@ pub fn is_engine_memory(start: usize, end: usize) -> bool {
         let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
         s != 0 && s < end && start < e
     })
+}
+
+/// Whether `[start, end)` overlaps one of the engine's data mappings (see [`ENGINE_DATA`]).
+pub(super) fn is_engine_data(start: usize, end: usize) -> bool {
+    let mut found = false;
+    for_each_engine_data(|s, e| found = found || (s < end && start < e));
+    found
+}
+
+/// Calls `f(start, end)` for each of the engine's data mappings (see [`ENGINE_DATA`]).
+/// Allocation-free.
+pub(super) fn for_each_engine_data(mut f: impl FnMut(usize, usize)) {
+    use std::sync::atomic::Ordering;
+    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
+    for (i, (s, e)) in ENGINE_RANGES[..high].iter().enumerate() {
+        let (s, e) = (s.load(Ordering::Acquire), e.load(Ordering::Acquire));
+        if s != 0 && e > s && ENGINE_DATA[i].load(Ordering::Acquire) {
+            f(s, e);
+        }
+    }
 }
 
 /// Bytes of address space the engine's own mappings hold now (what [`is_engine_memory`]

@@ -19,7 +19,8 @@
 //! [`registry`], the process-wide table of managed mappings that the fault path searches by
 //! address; [`handler_stack`], the stacks signal-mode faults are served on; `engine_thread`,
 //! which starts the engine's threads (signals blocked, stacks noted, panics abort);
-//! `engine_ranges`, the engine's own mappings by address; `discard`, batched drops with one
+//! `engine_ranges`, the engine's own mappings by address; `lock_all`, the program's
+//! `mlockall` kept off them; `discard`, batched drops with one
 //! TLB flush; `tables`, large lazily zero-filled tables; `probe`, questions to the page
 //! table (`mincore`, pagemap) and the process's mappings (`/proc/self/maps`); `page_buf`, the bounce buffers' pages; `cpu`, the CPUs;
 //! `rlimit`, the address-space limit and the machine's RAM.
@@ -29,6 +30,7 @@ mod discard;
 mod engine_ranges;
 mod engine_thread;
 pub mod handler_stack;
+mod lock_all;
 mod page_buf;
 mod probe;
 pub mod registry;
@@ -42,6 +44,8 @@ pub use engine_thread::{
     become_program_thread, forget_engine_threads_in_fork_child, is_engine_thread, live_engine_threads,
     spawn_engine_thread,
 };
+pub(crate) use lock_all::forget_in_fork_child as forget_lock_all_in_fork_child;
+pub use lock_all::{mlockall, munlockall, note_lock_on_fault};
 pub use page_buf::PageBuf;
 pub use probe::{
     for_each_exclusive_page, for_each_present_page, mincore_bitmap, mincore_pages, mincore_pages_where, page_present,
@@ -83,7 +87,13 @@ impl Mapping {
     /// Maps `len` bytes (rounded up to pages) of zero-filled anonymous memory, reserved lazily
     /// (`MAP_NORESERVE`): nothing is committed until touched.
     pub fn anonymous(len: usize, opts: MapOptions) -> io::Result<Mapping> {
-        let m = Mapping::fresh(len, libc::MAP_PRIVATE)?;
+        Mapping::private(len, opts, false)
+    }
+
+    /// As [`Mapping::anonymous`]; `app`: the program's memory, which its `mlockall(MCL_FUTURE)`
+    /// locks (see [`Mapping::fresh`]).
+    fn private(len: usize, opts: MapOptions, app: bool) -> io::Result<Mapping> {
+        let m = Mapping::fresh(len, libc::MAP_PRIVATE, app)?;
         let len = m.len;
         if opts.no_huge_pages {
             m.advise(0, len, libc::MADV_NOHUGEPAGE)?;
@@ -98,20 +108,28 @@ impl Mapping {
     /// child (`MAP_SHARED | MAP_ANONYMOUS`, reserved lazily): what one process writes, the
     /// others read.
     pub fn shared_anonymous(len: usize) -> io::Result<Mapping> {
-        Mapping::fresh(len, libc::MAP_SHARED)
+        Mapping::fresh(len, libc::MAP_SHARED, false)
     }
 
     /// A fresh, lazily reserved anonymous mapping of `len` bytes rounded up to pages,
     /// `MAP_PRIVATE` or `MAP_SHARED` (`sharing`), noted as the engine's.
-    fn fresh(len: usize, sharing: libc::c_int) -> io::Result<Mapping> {
+    ///
+    /// While the program's `mlockall(MCL_FUTURE)` holds, the kernel locks a new mapping and
+    /// brings it in whole (a staging area of tens of GiB; an application region's pages,
+    /// behind the engine's back): the mapping is made inaccessible, unlocked (the engine's)
+    /// or locked on fault (`app`: its pages are locked as they are touched, as a
+    /// `MAP_LOCKED` region's are), then made accessible (see `lock_all`).
+    fn fresh(len: usize, sharing: libc::c_int, app: bool) -> io::Result<Mapping> {
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let locked = lock_all::future_locked();
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
         // SAFETY: a fresh anonymous mapping at an address the kernel chooses; it aliases
         // nothing we own.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                if locked { libc::PROT_NONE } else { rw },
                 sharing | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
@@ -121,6 +139,9 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         let m = Mapping { addr: p as usize, len };
+        if locked {
+            make_accessible_unlocked(p, len, app)?;
+        }
         note_engine_data(m.addr, len);
         Ok(m)
     }
@@ -335,6 +356,26 @@ impl Drop for Mapping {
     }
 }
 
+/// Makes `[p, p + len)`, a mapping just made inaccessible while the program's
+/// `MCL_FUTURE` holds, accessible without the kernel bringing it in: unlocked first (the
+/// engine's), or locked on fault (`app`). The system calls themselves: `uswap run`'s library
+/// interposes the C library's functions, for the program's memory.
+fn make_accessible_unlocked(p: *mut libc::c_void, len: usize, app: bool) -> io::Result<()> {
+    // SAFETY: the caller's fresh mapping, which nothing uses yet; locking and protection
+    // calls on it change how it is kept and accessed, not what is mapped.
+    let r = unsafe {
+        match app {
+            true => libc::syscall(libc::SYS_mlock2, p, len, libc::MLOCK_ONFAULT),
+            false => libc::syscall(libc::SYS_munlock, p, len),
+        }
+    };
+    // SAFETY: as above.
+    if r != 0 || unsafe { libc::syscall(libc::SYS_mprotect, p, len, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// An application region's memory. The engine never reads or writes these bytes: it only
 /// moves whole pages in and out with userfaultfd ioctls, which preserve their contents. So
 /// the borrow rules on this handle are the only aliasing rules that apply, and the slice
@@ -363,7 +404,7 @@ impl AppMapping {
     /// A mapping a forked child inherits (`inherit`) or does not (`MADV_DONTFORK`: the child
     /// gets no mapping rather than one whose swapped-out pages read as zeros).
     pub fn with_fork(len: usize, inherit: bool) -> io::Result<AppMapping> {
-        let m = Mapping::anonymous(len, MapOptions { no_huge_pages: true, dont_fork: !inherit })?;
+        let m = Mapping::private(len, MapOptions { no_huge_pages: true, dont_fork: !inherit }, true)?;
         let (addr, len) = (m.addr, m.len);
         // The application's memory from now on, not the engine's.
         forget_engine_range(addr);

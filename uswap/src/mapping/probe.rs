@@ -162,3 +162,91 @@ pub fn self_maps() -> Option<Vec<MapsEntry>> {
     });
     Some(entries.collect())
 }
+
+/// Calls `f(start, end)` for each mapping `/proc/self/maps` lists, by address, reading the
+/// file a buffer at a time: allocation-free, for the system-call guard's slow path. `f` may
+/// change mappings: the kernel goes on from the address its listing reached. False if the
+/// file cannot be opened.
+pub(super) fn for_each_self_mapping(mut f: impl FnMut(usize, usize)) -> bool {
+    // SAFETY: opens a file by a NUL-terminated path; the descriptor is closed below.
+    let fd = unsafe { libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return false;
+    }
+    let mut buf = [0u8; 4096];
+    // `skipping`: the rest of a line longer than the buffer (a long path), already seen.
+    let (mut filled, mut skipping) = (0, false);
+    // Bounded by the file's length: each pass reads at least a byte, or ends.
+    loop {
+        // SAFETY: reads into the unfilled part of `buf`.
+        let n = unsafe { libc::read(fd, buf[filled..].as_mut_ptr().cast(), buf.len() - filled) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n <= 0 {
+            break;
+        }
+        filled += n as usize;
+        let mut consumed = 0;
+        while let Some(nl) = buf[consumed..filled].iter().position(|&b| b == b'\n') {
+            if let (false, Some((start, end))) = (skipping, maps_range(&buf[consumed..consumed + nl])) {
+                f(start, end);
+            }
+            (skipping, consumed) = (false, consumed + nl + 1);
+        }
+        if consumed == 0 && filled == buf.len() {
+            if let (false, Some((start, end))) = (skipping, maps_range(&buf)) {
+                f(start, end);
+            }
+            (skipping, consumed) = (true, filled);
+        }
+        buf.copy_within(consumed..filled, 0);
+        filled -= consumed;
+    }
+    // SAFETY: the descriptor opened above, closed once.
+    unsafe { libc::close(fd) };
+    true
+}
+
+/// `[start, end)` from a line of `/proc/self/maps` (`start-end perms ...`, in hex).
+fn maps_range(line: &[u8]) -> Option<(usize, usize)> {
+    let dash = line.iter().position(|&b| b == b'-')?;
+    let space = dash + line[dash..].iter().position(|&b| b == b' ')?;
+    let hex = |s: &[u8]| usize::from_str_radix(std::str::from_utf8(s).ok()?, 16).ok();
+    Some((hex(&line[..dash])?, hex(&line[dash + 1..space])?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    /// The buffer-at-a-time reader sees what the whole file gives, a mapping with a path
+    /// longer than its buffer included (its line is cut across reads).
+    #[test]
+    fn each_mapping_is_read_as_the_whole_file_gives_it() {
+        let dir = std::env::temp_dir().join(format!("uswap-maps-{}-{}", std::process::id(), "d".repeat(200)));
+        // A path of over 4,032 bytes (PATH_MAX is 4,096): its line is longer than the buffer.
+        let mut deep = dir.clone();
+        while deep.as_os_str().len() + 201 + "/mapped".len() < 4090 {
+            deep.push("x".repeat(200));
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        let file = deep.join("mapped");
+        assert!(file.as_os_str().len() > 4096 - 64, "{}", file.as_os_str().len());
+        std::fs::write(&file, [7u8; 4096]).unwrap();
+        let f = std::fs::File::open(&file).unwrap();
+        // SAFETY: a fresh read-only private mapping of the file, unmapped below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        let expect: Vec<(usize, usize)> = self_maps().unwrap().iter().map(|m| (m.start, m.end)).collect();
+        let mut seen = Vec::new();
+        assert!(for_each_self_mapping(|s, e| seen.push((s, e))));
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p, 4096) };
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(expect.contains(&(p as usize, p as usize + 4096)), "the test's mapping is not listed");
+        assert_eq!(seen, expect);
+    }
+}

@@ -427,6 +427,16 @@ fn ready_pointers(pin: &mut crate::pin::Pin, a: &[u64; 6], ptrs: u8) -> Prepared
         .fold(Prepared::default(), |m, i| m | ready(pin, a[i], GENERIC_BYTES, true))
 }
 
+/// `mlockall` and `munlockall`, made as `crate::mapping::mlockall` says (the engine's own
+/// mappings kept out of the program's lock), with this thread's calls meanwhile the engine's.
+fn lock_all_call(nr: c_long, a: &[u64; 6]) -> Option<c_long> {
+    match nr {
+        libc::SYS_mlockall => Some(guarded(|| crate::mapping::mlockall(a[0]))),
+        libc::SYS_munlockall => Some(guarded(crate::mapping::munlockall)),
+        _ => None,
+    }
+}
+
 /// The slow path (see the module's comment).
 extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let nr = regs.nr as c_long;
@@ -451,7 +461,10 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let hooks = super::hooks();
     let locked = (hooks.mlock_before)(nr, &a);
     let r = if (hooks.mlock_populates)(nr, &a) { r } else { Rule::Plain };
-    let made = make_prepared(nr, r, a, if transfer { 1 } else { EFAULT_RETRIES });
+    let made = match lock_all_call(nr, &a) {
+        Some(ret) => Made { ret, managed: false, maybe_cut: false, ours: false },
+        None => make_prepared(nr, r, a, if transfer { 1 } else { EFAULT_RETRIES }),
+    };
     (hooks.mlock_after)(nr, &a, made.ret, locked);
     if nr == libc::SYS_sigaltstack && made.ret == 0 && a[0] != 0 {
         if let Some(ss) = read_user::<libc::stack_t>(&mut crate::pin::Pin::none(), a[0]) {
