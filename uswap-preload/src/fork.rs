@@ -153,6 +153,8 @@ extern "C" fn child() {
     crate::munmap::forget_unmaps_in_fork_child();
     // Pages still shared with the parent are the parent's to count.
     crate::unmanaged::note_fork_child();
+    // No lock of the parent's holds here (mlockall(2)), pager or not.
+    uswap::forget_parent_in_fork_child();
     let Some(held) = HELD.with(|h| h.borrow_mut().take()) else { return };
     let _g = crate::own_code::Guard::enter();
     // The new pager's set-up is the engine's, not the program's (a file device's rings).

@@ -63,6 +63,9 @@ pub fn after(nr: c_long, a: &[u64; 6], ret: c_long, recorded: Option<(usize, usi
         libc::SYS_mlockall if ret == 0 && a[0] & (libc::MCL_CURRENT | libc::MCL_FUTURE) as u64 != 0 => {
             uswap::lock_all_memory();
             say_lock_all_once();
+            if uswap::lock_all_brought_nothing_in() {
+                say_nothing_brought_in_once();
+            }
         }
         libc::SYS_munlockall if ret == 0 => uswap::unlock_all_memory(),
         _ => {}
@@ -77,6 +80,17 @@ fn say_lock_all_once() {
     uswap::sigbus::StderrLine::default()
         .put(b"uswap: mlockall: this process's managed memory is no longer paged out (over its limit if need be, ")
         .put(b"counted in limit_overrun); pages out already come back on their next touch\n")
+        .write();
+}
+
+fn say_nothing_brought_in_once() {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    uswap::sigbus::StderrLine::default()
+        .put(b"uswap: mlockall: /proc/self/maps could not be read, so the program's memory is locked as it is ")
+        .put(b"touched (MCL_ONFAULT), not brought in now\n")
         .write();
 }
 
@@ -100,8 +114,8 @@ fn interposed(nr: c_long, a: [u64; 6]) -> libc::c_int {
         after(nr, &a, ret, recorded);
     }
     if ret < 0 {
-        // SAFETY: this thread's errno, as the C library's function would set it.
-        unsafe { *libc::__errno_location() = -ret as libc::c_int };
+        // This thread's errno, as the C library's function would set it.
+        crate::real::set_errno(-ret as libc::c_int);
         return -1;
     }
     ret as libc::c_int

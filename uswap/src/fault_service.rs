@@ -244,8 +244,9 @@ fn swap_cache_hit(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultE
     let mut copied = false;
     if r == (RangeResult::Partial { done_bytes: 0, errno: libc::EINVAL }) {
         copied = true;
-        // UFFDIO_MOVE needs equal protections on both sides: the application made the
-        // region read-only (mprotect). Copy the staged page, then drop it.
+        // UFFDIO_MOVE needs equal protections and locks on both sides: the application made
+        // the region read-only (mprotect), or locked it (mlockall; the staging area stays
+        // unlocked, `mapping::lock_all`). Copy the staged page, then drop it.
         r = cx.0.uffd.copy(page_addr, staged as *const u8, PAGE_SIZE, f.route.wake(), false);
         if r == RangeResult::Done {
             dev.discard_staged(e.offset());

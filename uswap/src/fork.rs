@@ -119,7 +119,7 @@ impl ForkHold {
     pub fn rearm_in_child(mut self, builder: PagerBuilder) -> Result<(Pager, Vec<(usize, Region)>)> {
         // A child inherits no memory lock (mlock(2)), and none of its parent's other
         // threads' unmaps and event reads under way.
-        crate::mlock::forget_in_fork_child();
+        crate::forget_parent_in_fork_child();
         crate::events::forget_in_fork_child();
         let advice = self.advice.take().unwrap_or_else(crate::fork_advice::hold_for_fork);
         crate::fork_advice::after_fork_in_child(advice);

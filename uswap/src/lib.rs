@@ -82,8 +82,8 @@ pub use events::UnmapUnderWay;
 pub use mapping::{
     address_space_limit, address_space_limit_bytes, become_program_thread, engine_reserved_bytes,
     for_each_present_page, forget_engine_memory, forget_engine_threads_in_fork_child, is_engine_thread,
-    live_engine_threads, mlockall, munlockall, note_engine_memory, note_lock_on_fault, read_small_file,
-    spawn_engine_thread, AddressSpaceLimit,
+    live_engine_threads, lock_all_brought_nothing_in, mlockall, munlockall, note_engine_memory, note_lock_on_fault,
+    read_small_file, spawn_engine_thread, AddressSpaceLimit,
 };
 
 /// Signal mode's SIGBUS handler, for a library that interposes the program's signal calls
@@ -168,7 +168,7 @@ impl RegionsHeld {
     /// would wait on them at every fault), as in [`ForkHold::rearm_in_child`].
     pub fn release_in_fork_child(self) {
         let RegionsHeld { advice, _writers } = self;
-        crate::mlock::forget_in_fork_child();
+        forget_parent_in_fork_child();
         crate::events::forget_in_fork_child();
         fork_advice::after_fork_in_child(advice);
     }
@@ -310,6 +310,14 @@ pub fn this_thread_is_in_the_engine(locks_only: bool) -> bool {
 /// [`unlock_all_memory`].
 pub fn lock_all_memory() {
     mlock::lock_all(true)
+}
+
+/// In a fork child (its one thread, before it runs), with or without a pager: no memory lock
+/// of the parent's holds (mlock(2): a child inherits none, nor its `MCL_FUTURE`), and the
+/// parent's own mappings the child did not get (`MADV_DONTFORK`) are no longer the engine's.
+pub fn forget_parent_in_fork_child() {
+    mlock::forget_in_fork_child();
+    mapping::forget_in_fork_child();
 }
 
 /// `munlockall`: every lock of the program's ends (see [`mlock`]); its pages are reclaim's

@@ -186,7 +186,6 @@ pub(crate) fn lock_all(on: bool) {
 /// [`WRITER`] at the fork, and every lock of the child's then gave up.
 pub(crate) fn forget_in_fork_child() {
     WRITER.store(false, Ordering::Release);
-    crate::mapping::forget_lock_all_in_fork_child();
     forget(None);
 }
 

@@ -16,6 +16,9 @@ static ENGINE_RANGES_HIGH: AtomicUsize = AtomicUsize::new(0);
 /// staging areas), which a core dump leaves out, as against its threads' stacks and the
 /// program's code it rewrote, which a debugger reads a backtrace through.
 static ENGINE_DATA: [AtomicBool; MAX_ENGINE_RANGES] = [const { AtomicBool::new(false) }; MAX_ENGINE_RANGES];
+/// Which of [`ENGINE_RANGES`] a fork child does not get (`MADV_DONTFORK`): forgotten there,
+/// or a mapping of the child's own at those addresses would be taken for the engine's.
+static NOT_INHERITED: [AtomicBool; MAX_ENGINE_RANGES] = [const { AtomicBool::new(false) }; MAX_ENGINE_RANGES];
 
 /// Records `[addr, addr + len)` as the engine's (best effort: a full table only makes a
 /// scan count the range as the program's).
@@ -33,6 +36,7 @@ fn note(addr: usize, len: usize, data: bool) {
     for (i, (start, end)) in ENGINE_RANGES.iter().enumerate() {
         if start.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             ENGINE_DATA[i].store(data, Ordering::Release);
+            NOT_INHERITED[i].store(false, Ordering::Release);
             end.store(addr + len, Ordering::Release);
             ENGINE_RANGES_HIGH.fetch_max(i + 1, Ordering::AcqRel);
             return;
@@ -60,6 +64,28 @@ pub(super) fn forget_engine_range(addr: usize) {
     if let Some((start, end)) = ENGINE_RANGES[..high].iter().find(|(s, _)| s.load(Ordering::Acquire) == addr) {
         end.store(0, Ordering::Release);
         start.store(0, Ordering::Release);
+    }
+}
+
+/// Records whether a fork child gets the engine's mapping at `addr` (`MADV_DOFORK` or
+/// `MADV_DONTFORK` on all of it); nothing if `addr` starts none.
+pub(super) fn note_inherited(addr: usize, inherited: bool) {
+    use std::sync::atomic::Ordering;
+    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
+    if let Some(i) = ENGINE_RANGES[..high].iter().position(|(s, _)| s.load(Ordering::Acquire) == addr) {
+        NOT_INHERITED[i].store(!inherited, Ordering::Release);
+    }
+}
+
+/// In a fork child (one thread): the parent's mappings the child did not get are forgotten.
+pub(super) fn forget_not_inherited_in_fork_child() {
+    use std::sync::atomic::Ordering;
+    let high = ENGINE_RANGES_HIGH.load(Ordering::Acquire);
+    for (i, (s, e)) in ENGINE_RANGES[..high].iter().enumerate() {
+        if NOT_INHERITED[i].swap(false, Ordering::AcqRel) {
+            e.store(0, Ordering::Release);
+            s.store(0, Ordering::Release);
+        }
     }
 }
 

@@ -15,7 +15,8 @@
 //!   address space the program never asked for) is locked on fault: its pages are locked
 //!   as they are touched, and making more of it usable (`mprotect`) brings nothing in;
 //! * with `MCL_FUTURE` in force, the engine's new mappings are unlocked before they are made
-//!   accessible (`Mapping::fresh` asks [`future_locked`]).
+//!   accessible, and application regions the engine maps are locked on fault
+//!   (`Mapping::fresh` asks [`must_unlock`]).
 //!
 //! How: the kernel's `mlockall` with `MCL_ONFAULT` added locks every mapping and brings
 //! nothing in; the engine's data is then unlocked, and, unless the program asked for
@@ -23,20 +24,42 @@
 //! which brings it in as the kernel's `MCL_CURRENT` would, errors ignored as the kernel
 //! ignores them there (a page it cannot bring in is locked when touched).
 //!
-//! Not covered: an `mlockall` made with the raw system call in thread mode (not interposed):
-//! the kernel's, as before.
+//! An engine mapping made while a call is under way (a pager starting on another thread) is
+//! made inaccessible, noted as the engine's, then unlocked if a call began meanwhile
+//! ([`must_unlock`]), before it is made accessible: a call's unlocking pass either sees it
+//! noted or began after the mapping's own check, which then unlocks it. Left open: the walk
+//! may read a line for such a mapping before it is noted and lock it just after it became
+//! accessible (a window of a few system calls, between two threads' `mlockall` and a
+//! pager's start).
 //!
-//! Locking: none; the flags are atomics. Allocation-free (it runs in the system-call guard's
-//! slow path): `/proc/self/maps` is read a buffer at a time.
+//! Not covered: an `mlockall` made with `syscall(2)` or the raw instruction in thread mode
+//! (neither is interposed for it): the kernel's, as before. If `/proc/self/maps` cannot be
+//! read, the program's memory is locked as it is touched, not brought in
+//! ([`lock_all_brought_nothing_in`] says so).
+//!
+//! Locking: the calls are serialised by [`CALLS`], a std mutex (level 6 of `crate::sync`, a
+//! leaf taken on the program's thread, never on a fault path; the walk's population in
+//! thread mode waits for the handler threads, which never take it), as the kernel
+//! serialises them on the address space's lock. The flags are atomics. Allocation-free (it
+//! runs in the system-call guard's slow path): `/proc/self/maps` is read a buffer at a time.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use libc::{c_long, MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT};
 
-/// Whether an `mlockall(MCL_FUTURE)` of the program's holds: new mappings are locked.
+/// Whether an `mlockall(MCL_FUTURE)` of the program's holds: new mappings are locked (set
+/// before the call is made, taken back if it fails).
 static FUTURE: AtomicBool = AtomicBool::new(false);
 /// The reservation locked on fault ([`note_lock_on_fault`]), `[start, end)`; empty if none.
 static ON_FAULT: (AtomicUsize, AtomicUsize) = (AtomicUsize::new(0), AtomicUsize::new(0));
+/// Calls begun (`EPOCH`) and under way (`UNDER_WAY`): see [`must_unlock`].
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+static UNDER_WAY: AtomicUsize = AtomicUsize::new(0);
+/// Whether a call could not read the process's mappings, and so brought nothing in.
+static NOTHING_BROUGHT_IN: AtomicBool = AtomicBool::new(false);
+/// One call at a time (see the module's comment).
+static CALLS: Mutex<()> = Mutex::new(());
 
 /// `[start, start + len)`, a reservation of the program's that an `mlockall` locks on fault
 /// only (see the module's comment); one per process, the last noted.
@@ -45,9 +68,23 @@ pub fn note_lock_on_fault(start: usize, len: usize) {
     ON_FAULT.1.store(start.saturating_add(len), Ordering::Release);
 }
 
-/// Whether the program's `MCL_FUTURE` holds (new mappings are locked by the kernel).
-pub(super) fn future_locked() -> bool {
-    FUTURE.load(Ordering::Acquire)
+/// The calls begun so far: what a new mapping reads before it is made, for [`must_unlock`].
+pub(super) fn epoch() -> u64 {
+    EPOCH.load(Ordering::SeqCst)
+}
+
+/// Whether a mapping made inaccessible after [`epoch`] returned `epoch`, and noted as the
+/// engine's since, must be unlocked before it is made accessible: the program's
+/// `MCL_FUTURE` holds (the kernel locked it), or a call began or is under way (its
+/// `MCL_CURRENT` may have locked it before its unlocking pass could see it noted).
+pub(super) fn must_unlock(epoch: u64) -> bool {
+    FUTURE.load(Ordering::SeqCst) || UNDER_WAY.load(Ordering::SeqCst) > 0 || EPOCH.load(Ordering::SeqCst) != epoch
+}
+
+/// Whether an `mlockall(MCL_CURRENT)` could not read the process's mappings (no `/proc`,
+/// no descriptor left): it locked the program's memory on fault and brought nothing in.
+pub fn lock_all_brought_nothing_in() -> bool {
+    NOTHING_BROUGHT_IN.load(Ordering::Relaxed)
 }
 
 /// A fork child inherits no `MCL_FUTURE` (mlockall(2)).
@@ -58,18 +95,28 @@ pub(crate) fn forget_in_fork_child() {
 /// The program's `mlockall(flags)`, as described in the module's comment. Returns what the
 /// system call would: 0, or a negated `errno`.
 pub fn mlockall(flags: u64) -> c_long {
+    let _one = CALLS.lock().unwrap_or_else(|e| e.into_inner());
+    UNDER_WAY.fetch_add(1, Ordering::SeqCst);
+    EPOCH.fetch_add(1, Ordering::SeqCst);
+    let r = lock_all(flags);
+    UNDER_WAY.fetch_sub(1, Ordering::SeqCst);
+    r
+}
+
+/// [`mlockall`]'s work, its call serialised and counted under way.
+fn lock_all(flags: u64) -> c_long {
     let (current, future) = (flags & MCL_CURRENT as u64 != 0, flags & MCL_FUTURE as u64 != 0);
-    let had_future = FUTURE.load(Ordering::Acquire);
+    let had_future = FUTURE.load(Ordering::SeqCst);
     // Before the call: an engine mapping made meanwhile is made as under `MCL_FUTURE`.
-    FUTURE.store(had_future || future, Ordering::Release);
+    FUTURE.store(had_future || future, Ordering::SeqCst);
     if !current {
         let r = raw(libc::SYS_mlockall, flags, 0, 0);
-        FUTURE.store(if r == 0 { future } else { had_future }, Ordering::Release);
+        FUTURE.store(if r == 0 { future } else { had_future }, Ordering::SeqCst);
         return r;
     }
     let r = raw(libc::SYS_mlockall, flags | MCL_ONFAULT as u64, 0, 0);
     if r != 0 {
-        FUTURE.store(had_future, Ordering::Release);
+        FUTURE.store(had_future, Ordering::SeqCst);
         return r;
     }
     let on_fault = flags & MCL_ONFAULT as u64 != 0;
@@ -78,26 +125,28 @@ pub fn mlockall(flags: u64) -> c_long {
         // changes only that, no mapping.
         raw(libc::SYS_mlockall, MCL_FUTURE as u64, 0, 0);
     }
-    FUTURE.store(future, Ordering::Release);
+    FUTURE.store(future, Ordering::SeqCst);
     super::engine_ranges::for_each_engine_data(|start, end| {
         raw(libc::SYS_munlock, start as u64, (end - start) as u64, 0);
     });
     if !on_fault {
-        super::probe::for_each_self_mapping(|start, end| {
+        let read = super::probe::for_each_self_mapping(|start, end| {
             if !super::engine_ranges::is_engine_data(start, end) && !overlaps_on_fault(start, end) {
                 // Errors ignored, as the kernel's `MCL_CURRENT` ignores them.
                 raw(libc::SYS_mlock2, start as u64, (end - start) as u64, 0);
             }
         });
+        NOTHING_BROUGHT_IN.fetch_or(!read, Ordering::Relaxed);
     }
     0
 }
 
 /// The program's `munlockall()`: the kernel's, and no `MCL_FUTURE` holds any more.
 pub fn munlockall() -> c_long {
+    let _one = CALLS.lock().unwrap_or_else(|e| e.into_inner());
     let r = raw(libc::SYS_munlockall, 0, 0, 0);
     if r == 0 {
-        FUTURE.store(false, Ordering::Release);
+        FUTURE.store(false, Ordering::SeqCst);
     }
     r
 }

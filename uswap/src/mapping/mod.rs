@@ -44,8 +44,7 @@ pub use engine_thread::{
     become_program_thread, forget_engine_threads_in_fork_child, is_engine_thread, live_engine_threads,
     spawn_engine_thread,
 };
-pub(crate) use lock_all::forget_in_fork_child as forget_lock_all_in_fork_child;
-pub use lock_all::{mlockall, munlockall, note_lock_on_fault};
+pub use lock_all::{lock_all_brought_nothing_in, mlockall, munlockall, note_lock_on_fault};
 pub use page_buf::PageBuf;
 pub use probe::{
     for_each_exclusive_page, for_each_present_page, mincore_bitmap, mincore_pages, mincore_pages_where, page_present,
@@ -64,6 +63,14 @@ use engine_ranges::{forget_engine_range, note_engine_data};
 pub(crate) use engine_ranges::{leave_engine_data_out_of_core_dump, leave_out_of_core_dump};
 
 use crate::uffd::PAGE_SIZE;
+
+/// In a fork child (its one thread, before it runs): no `mlockall(MCL_FUTURE)` of the
+/// parent's holds (mlockall(2)), and the parent's engine mappings the child did not get are
+/// no longer the engine's.
+pub(crate) fn forget_in_fork_child() {
+    lock_all::forget_in_fork_child();
+    engine_ranges::forget_not_inherited_in_fork_child();
+}
 
 /// An anonymous private mapping, unmapped on drop.
 #[derive(Debug)]
@@ -100,6 +107,7 @@ impl Mapping {
         }
         if opts.dont_fork {
             m.advise(0, len, libc::MADV_DONTFORK)?;
+            engine_ranges::note_inherited(m.addr, false);
         }
         Ok(m)
     }
@@ -112,24 +120,26 @@ impl Mapping {
     }
 
     /// A fresh, lazily reserved anonymous mapping of `len` bytes rounded up to pages,
-    /// `MAP_PRIVATE` or `MAP_SHARED` (`sharing`), noted as the engine's.
+    /// `MAP_PRIVATE` or `MAP_SHARED` (`sharing`), noted as the engine's unless it is the
+    /// program's (`app`).
     ///
-    /// While the program's `mlockall(MCL_FUTURE)` holds, the kernel locks a new mapping and
-    /// brings it in whole (a staging area of tens of GiB; an application region's pages,
-    /// behind the engine's back): the mapping is made inaccessible, unlocked (the engine's)
-    /// or locked on fault (`app`: its pages are locked as they are touched, as a
-    /// `MAP_LOCKED` region's are), then made accessible (see `lock_all`).
+    /// It is made inaccessible first: while the program's `mlockall(MCL_FUTURE)` holds, the
+    /// kernel locks a new mapping and brings it in whole when it becomes accessible (a
+    /// staging area of tens of GiB; an application region's pages, behind the engine's
+    /// back), so it is then unlocked (the engine's) or locked on fault (`app`: its pages are
+    /// locked as they are touched, as a `MAP_LOCKED` region's are) before it is made
+    /// accessible. Noted before that, so that an `mlockall` under way leaves it out (see
+    /// `lock_all`).
     fn fresh(len: usize, sharing: libc::c_int, app: bool) -> io::Result<Mapping> {
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let locked = lock_all::future_locked();
-        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let epoch = lock_all::epoch();
         // SAFETY: a fresh anonymous mapping at an address the kernel chooses; it aliases
         // nothing we own.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                if locked { libc::PROT_NONE } else { rw },
+                libc::PROT_NONE,
                 sharing | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
@@ -139,10 +149,10 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         let m = Mapping { addr: p as usize, len };
-        if locked {
-            make_accessible_unlocked(p, len, app)?;
+        if !app {
+            note_engine_data(m.addr, len);
         }
-        note_engine_data(m.addr, len);
+        make_accessible(p, len, app, lock_all::must_unlock(epoch))?;
         Ok(m)
     }
 
@@ -200,7 +210,9 @@ impl Mapping {
     /// copy (`Pager::prepare_fork_to_rearm`). Cannot fail for a whole mapping the engine
     /// owns; a failure would only leave the flag as it was.
     pub fn set_inherited(&self, inherit: bool) {
-        let _ = self.advise(0, self.len, if inherit { libc::MADV_DOFORK } else { libc::MADV_DONTFORK });
+        if self.advise(0, self.len, if inherit { libc::MADV_DOFORK } else { libc::MADV_DONTFORK }).is_ok() {
+            engine_ranges::note_inherited(self.addr, inherit);
+        }
     }
 
     /// Drops the pages of a sub-range (`MADV_DONTNEED`): they read back as zero, or fault
@@ -356,17 +368,18 @@ impl Drop for Mapping {
     }
 }
 
-/// Makes `[p, p + len)`, a mapping just made inaccessible while the program's
-/// `MCL_FUTURE` holds, accessible without the kernel bringing it in: unlocked first (the
-/// engine's), or locked on fault (`app`). The system calls themselves: `uswap run`'s library
+/// Makes `[p, p + len)`, a mapping just made inaccessible, readable and writable; first, if
+/// `unlock` (see [`Mapping::fresh`]), unlocked (the engine's) or locked on fault (`app`), so
+/// that the kernel brings nothing in. The system calls themselves: `uswap run`'s library
 /// interposes the C library's functions, for the program's memory.
-fn make_accessible_unlocked(p: *mut libc::c_void, len: usize, app: bool) -> io::Result<()> {
+fn make_accessible(p: *mut libc::c_void, len: usize, app: bool, unlock: bool) -> io::Result<()> {
     // SAFETY: the caller's fresh mapping, which nothing uses yet; locking and protection
     // calls on it change how it is kept and accessed, not what is mapped.
     let r = unsafe {
-        match app {
-            true => libc::syscall(libc::SYS_mlock2, p, len, libc::MLOCK_ONFAULT),
-            false => libc::syscall(libc::SYS_munlock, p, len),
+        match (unlock, app) {
+            (false, _) => 0,
+            (true, true) => libc::syscall(libc::SYS_mlock2, p, len, libc::MLOCK_ONFAULT),
+            (true, false) => libc::syscall(libc::SYS_munlock, p, len),
         }
     };
     // SAFETY: as above.
@@ -406,8 +419,7 @@ impl AppMapping {
     pub fn with_fork(len: usize, inherit: bool) -> io::Result<AppMapping> {
         let m = Mapping::private(len, MapOptions { no_huge_pages: true, dont_fork: !inherit }, true)?;
         let (addr, len) = (m.addr, m.len);
-        // The application's memory from now on, not the engine's.
-        forget_engine_range(addr);
+        // The application's memory from now on, which the handle unmaps.
         std::mem::forget(m);
         Ok(AppMapping { addr: std::sync::atomic::AtomicUsize::new(addr), len })
     }

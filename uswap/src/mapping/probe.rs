@@ -222,10 +222,11 @@ mod tests {
 
     use super::*;
 
-    /// The buffer-at-a-time reader sees what the whole file gives, a mapping with a path
-    /// longer than its buffer included (its line is cut across reads).
+    /// The buffer-at-a-time reader lists every mapping once, in order, a mapping with a
+    /// path longer than its buffer included (its line is cut across reads). Other tests'
+    /// threads map meanwhile: the list is checked for the test's own mapping and for order.
     #[test]
-    fn each_mapping_is_read_as_the_whole_file_gives_it() {
+    fn each_mapping_is_read_once_in_order_long_lines_too() {
         let dir = std::env::temp_dir().join(format!("uswap-maps-{}-{}", std::process::id(), "d".repeat(200)));
         // A path of over 4,032 bytes (PATH_MAX is 4,096): its line is longer than the buffer.
         let mut deep = dir.clone();
@@ -240,13 +241,13 @@ mod tests {
         // SAFETY: a fresh read-only private mapping of the file, unmapped below.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
         assert_ne!(p, libc::MAP_FAILED);
-        let expect: Vec<(usize, usize)> = self_maps().unwrap().iter().map(|m| (m.start, m.end)).collect();
-        let mut seen = Vec::new();
+        // Room first: the reader must not see this vector's own mapping grow.
+        let mut seen = Vec::with_capacity(1 << 16);
         assert!(for_each_self_mapping(|s, e| seen.push((s, e))));
         // SAFETY: the mapping made above.
         unsafe { libc::munmap(p, 4096) };
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(expect.contains(&(p as usize, p as usize + 4096)), "the test's mapping is not listed");
-        assert_eq!(seen, expect);
+        assert!(seen.contains(&(p as usize, p as usize + 4096)), "the test's mapping is not listed: {seen:x?}");
+        assert!(seen.len() > 3 && seen.windows(2).all(|w| w[0].0 < w[0].1 && w[0].1 <= w[1].0), "{seen:x?}");
     }
 }

@@ -105,8 +105,8 @@ pub(crate) enum Counter {
     UffdRemap,
     /// `MADV_DONTNEED`/`MADV_REMOVE` events: the application discarded part of a region.
     UffdRemove,
-    /// Swap-cache hits on read-only memory, copied back (`UFFDIO_MOVE` needs equal
-    /// protections on both sides).
+    /// Swap-cache hits on read-only or locked memory, copied back (`UFFDIO_MOVE` needs equal
+    /// protections and locks on both sides).
     PgfaultSwapcacheCopy,
     /// Pages of a part moved out of a region by `mremap` that were not in place (staged or
     /// swapped) and were copied to the new address (see `events`).

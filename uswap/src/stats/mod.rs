@@ -143,7 +143,8 @@ pub struct Stats {
     /// Application `MADV_DONTNEED`/`MADV_REMOVE` over regions (`REMOVE` events): those pages
     /// read zero afterwards, their swap space freed.
     pub uffd_remove: u64,
-    /// Swap-cache hits on read-only (`mprotect`) memory, served by copying the staged page.
+    /// Swap-cache hits on read-only (`mprotect`) or locked (`mlockall`) memory, served by
+    /// copying the staged page.
     pub pgfault_swapcache_copy: u64,
     /// Pages of a part of a region moved away by `mremap` that were staged or swapped out
     /// and were copied into place at the new address (that part is ordinary memory since).
