@@ -37,14 +37,16 @@
 //! read, the program's memory is locked as it is touched, not brought in
 //! ([`lock_all_brought_nothing_in`] says so).
 //!
-//! Locking: the calls are serialised by [`CALLS`], a std mutex (level 6 of `crate::sync`, a
-//! leaf taken on the program's thread, never on a fault path; the walk's population in
-//! thread mode waits for the handler threads, which never take it), as the kernel
-//! serialises them on the address space's lock. The flags are atomics. Allocation-free (it
-//! runs in the system-call guard's slow path): `/proc/self/maps` is read a buffer at a time.
+//! Locking: the calls are serialised, as the kernel serialises them on the address space's
+//! lock, by [`CALLING`], a flag a call waits for (sleeping, for at most
+//! [`MAX_WAIT_MS`]; then it goes on unserialised) and a fork child clears (a std mutex held
+//! by another thread at a fork would stay held in the child for good). Taken on the
+//! program's thread only, never on a fault path; the walk's population in thread mode waits
+//! for the handler threads, which never take it. The other flags are atomics.
+//! Allocation-free (it runs in the system-call guard's slow path): `/proc/self/maps` is read
+//! a buffer at a time.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use libc::{c_long, MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT};
 
@@ -59,7 +61,34 @@ static UNDER_WAY: AtomicUsize = AtomicUsize::new(0);
 /// Whether a call could not read the process's mappings, and so brought nothing in.
 static NOTHING_BROUGHT_IN: AtomicBool = AtomicBool::new(false);
 /// One call at a time (see the module's comment).
-static CALLS: Mutex<()> = Mutex::new(());
+static CALLING: AtomicBool = AtomicBool::new(false);
+/// How long a call waits for another's end: more than a walk that brings in GiBs takes.
+const MAX_WAIT_MS: u32 = 30_000;
+
+/// A call's turn ([`CALLING`]), given back when dropped; `held` false if the wait ran out.
+struct OneCall {
+    held: bool,
+}
+
+impl OneCall {
+    fn enter() -> OneCall {
+        for _ in 0..MAX_WAIT_MS {
+            if CALLING.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                return OneCall { held: true };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        OneCall { held: false }
+    }
+}
+
+impl Drop for OneCall {
+    fn drop(&mut self) {
+        if self.held {
+            CALLING.store(false, Ordering::Release);
+        }
+    }
+}
 
 /// `[start, start + len)`, a reservation of the program's that an `mlockall` locks on fault
 /// only (see the module's comment); one per process, the last noted.
@@ -87,15 +116,17 @@ pub fn lock_all_brought_nothing_in() -> bool {
     NOTHING_BROUGHT_IN.load(Ordering::Relaxed)
 }
 
-/// A fork child inherits no `MCL_FUTURE` (mlockall(2)).
+/// A fork child inherits no `MCL_FUTURE` (mlockall(2)), nor a call of another thread's.
 pub(crate) fn forget_in_fork_child() {
     FUTURE.store(false, Ordering::Release);
+    CALLING.store(false, Ordering::Release);
+    UNDER_WAY.store(0, Ordering::Release);
 }
 
 /// The program's `mlockall(flags)`, as described in the module's comment. Returns what the
 /// system call would: 0, or a negated `errno`.
 pub fn mlockall(flags: u64) -> c_long {
-    let _one = CALLS.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = OneCall::enter();
     UNDER_WAY.fetch_add(1, Ordering::SeqCst);
     EPOCH.fetch_add(1, Ordering::SeqCst);
     let r = lock_all(flags);
@@ -143,7 +174,7 @@ fn lock_all(flags: u64) -> c_long {
 
 /// The program's `munlockall()`: the kernel's, and no `MCL_FUTURE` holds any more.
 pub fn munlockall() -> c_long {
-    let _one = CALLS.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = OneCall::enter();
     let r = raw(libc::SYS_munlockall, 0, 0, 0);
     if r == 0 {
         FUTURE.store(false, Ordering::SeqCst);
