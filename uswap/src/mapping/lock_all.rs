@@ -38,8 +38,8 @@
 //! ([`lock_all_brought_nothing_in`] says so).
 //!
 //! Locking: the calls are serialised, as the kernel serialises them on the address space's
-//! lock, by [`CALLING`], a flag a call waits for (sleeping, for at most
-//! [`MAX_WAIT_MS`]; then it goes on unserialised) and a fork child clears (a std mutex held
+//! lock, by [`CALLING`], a flag a call waits for (sleeping, [`MAX_WAIT_MS`] times a
+//! millisecond at most; then it goes on unserialised) and a fork child clears (a std mutex held
 //! by another thread at a fork would stay held in the child for good). Taken on the
 //! program's thread only, never on a fault path; the walk's population in thread mode waits
 //! for the handler threads, which never take it. The other flags are atomics.
@@ -62,7 +62,8 @@ static UNDER_WAY: AtomicUsize = AtomicUsize::new(0);
 static NOTHING_BROUGHT_IN: AtomicBool = AtomicBool::new(false);
 /// One call at a time (see the module's comment).
 static CALLING: AtomicBool = AtomicBool::new(false);
-/// How long a call waits for another's end: more than a walk that brings in GiBs takes.
+/// How long a call waits for another's end, in sleeps of a millisecond (at least that many
+/// milliseconds): more than a walk that brings in GiBs takes.
 const MAX_WAIT_MS: u32 = 30_000;
 
 /// A call's turn ([`CALLING`]), given back when dropped; `held` false if the wait ran out.
@@ -76,7 +77,13 @@ impl OneCall {
             if CALLING.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 return OneCall { held: true };
             }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+            // The system call itself: the C library's `nanosleep` is a cancellation point,
+            // and a thread cancelled here would unwind out of an `extern "C"` function.
+            let ms = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
+            // SAFETY: reads the timespec above; writes nothing (no remainder asked for).
+            unsafe {
+                libc::syscall(libc::SYS_nanosleep, &ms as *const libc::timespec, std::ptr::null_mut::<libc::timespec>())
+            };
         }
         OneCall { held: false }
     }

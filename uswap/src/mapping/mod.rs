@@ -124,11 +124,11 @@ impl Mapping {
     /// program's (`app`).
     ///
     /// It is made inaccessible first: while the program's `mlockall(MCL_FUTURE)` holds, the
-    /// kernel locks a new mapping and brings it in whole when it becomes accessible (a
-    /// staging area of tens of GiB; an application region's pages, behind the engine's
-    /// back), so it is then unlocked (the engine's) or locked on fault (`app`: its pages are
-    /// locked as they are touched, as a `MAP_LOCKED` region's are) before it is made
-    /// accessible. Noted before that, so that an `mlockall` under way leaves it out (see
+    /// kernel locks a new mapping and, a private one, brings it in whole when it becomes
+    /// accessible (a staging area of tens of GiB; an application region's pages, behind the
+    /// engine's back), so it is then unlocked (the engine's) or locked on fault (`app`: its
+    /// pages are locked as they are touched, as `mlock2(MLOCK_ONFAULT)` locks) before it is
+    /// made accessible. Noted before that, so that an `mlockall` under way leaves it out (see
     /// `lock_all`).
     fn fresh(len: usize, sharing: libc::c_int, app: bool) -> io::Result<Mapping> {
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;

@@ -222,9 +222,9 @@ mod tests {
 
     use super::*;
 
-    /// The buffer-at-a-time reader lists every mapping once, in order, a mapping with a
-    /// path longer than its buffer included (its line is cut across reads). Other tests'
-    /// threads map meanwhile: the list is checked for the test's own mapping and for order.
+    /// The buffer-at-a-time reader lists the mappings, a mapping with a path longer than its
+    /// buffer included (its line is cut across reads). Other tests' threads map meanwhile:
+    /// the list is checked for the test's own mapping and for well-formed ranges.
     #[test]
     fn each_mapping_is_read_once_in_order_long_lines_too() {
         let dir = std::env::temp_dir().join(format!("uswap-maps-{}-{}", std::process::id(), "d".repeat(200)));
@@ -248,6 +248,8 @@ mod tests {
         unsafe { libc::munmap(p, 4096) };
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(seen.contains(&(p as usize, p as usize + 4096)), "the test's mapping is not listed: {seen:x?}");
-        assert!(seen.len() > 3 && seen.windows(2).all(|w| w[0].0 < w[0].1 && w[0].1 <= w[1].0), "{seen:x?}");
+        // Not disjoint: a mapping another test's merged with one already listed is listed
+        // again, whole (the kernel goes on from the next mapping's start).
+        assert!(seen.len() > 3 && seen.iter().all(|&(s, e)| s < e && s % 4096 == 0), "{seen:x?}");
     }
 }
