@@ -74,24 +74,36 @@ pub fn after(nr: c_long, a: &[u64; 6], ret: c_long, recorded: Option<(usize, usi
 
 fn say_lock_all_once() {
     static SAID: AtomicBool = AtomicBool::new(false);
-    if SAID.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    uswap::sigbus::StderrLine::default()
-        .put(b"uswap: mlockall: this process's managed memory is no longer paged out (over its limit if need be, ")
-        .put(b"counted in limit_overrun); pages out already come back on their next touch\n")
-        .write();
+    say_once(
+        &SAID,
+        &[
+            b"uswap: mlockall: this process's managed memory is no longer paged out (over its limit if need be, ",
+            b"counted in limit_overrun); pages out already come back on their next touch\n",
+        ],
+    );
 }
 
 fn say_nothing_brought_in_once() {
     static SAID: AtomicBool = AtomicBool::new(false);
-    if SAID.swap(true, Ordering::Relaxed) {
+    say_once(
+        &SAID,
+        &[
+            b"uswap: mlockall: /proc/self/maps could not be read, so the program's memory is locked as it is ",
+            b"touched (MCL_ONFAULT), not brought in now\n",
+        ],
+    );
+}
+
+/// Writes `parts` as one line on stderr, the first time only (`said`). Allocation-free.
+fn say_once(said: &AtomicBool, parts: &[&[u8]]) {
+    if said.swap(true, Ordering::Relaxed) {
         return;
     }
-    uswap::sigbus::StderrLine::default()
-        .put(b"uswap: mlockall: /proc/self/maps could not be read, so the program's memory is locked as it is ")
-        .put(b"touched (MCL_ONFAULT), not brought in now\n")
-        .write();
+    let mut line = uswap::sigbus::StderrLine::default();
+    for part in parts {
+        line.put(part);
+    }
+    line.write();
 }
 
 /// Calls `nr` with [`before`] and [`after`] around it, unless the rewritten system-call
