@@ -248,6 +248,27 @@ fn page_present(addr: usize) -> bool {
     r == 0 && v & 1 != 0
 }
 
+/// Whether the page at `addr` (page-aligned) is mapped by this process alone
+/// (`/proc/self/pagemap`: present, bit 63, and exclusively mapped, bit 56): a page moved
+/// there is, the kernel's zero page never is. None if the file cannot be read. Three system
+/// calls, no allocation: async-signal-safe, for the rare case that needs it.
+fn page_exclusive(addr: usize) -> Option<bool> {
+    const PRESENT: u64 = 1 << 63;
+    const EXCLUSIVE: u64 = 1 << 56;
+    // SAFETY: open(2) of a NUL-terminated path; the descriptor is closed below.
+    let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let mut entry = 0u64;
+    let offset = (addr / PAGE_SIZE * 8) as libc::off_t;
+    // SAFETY: reads at most 8 bytes into `entry`; `fd` is ours until the close.
+    let got = unsafe { libc::pread(fd, (&mut entry as *mut u64).cast(), 8, offset) };
+    // SAFETY: closes the descriptor opened above, which nothing else uses.
+    unsafe { libc::close(fd) };
+    (got == 8).then_some(entry & (PRESENT | EXCLUSIVE) == PRESENT | EXCLUSIVE)
+}
+
 fn raw_userfaultfd(flags: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: userfaultfd(2) takes an int of flags and returns a new descriptor or -1; it does
     // not touch our memory.
@@ -464,8 +485,13 @@ impl Uffd {
             // without counting them, and then fail on the page it already moved: EEXIST (the
             // destination holds it) or ENOENT (the source is empty). Observed on these VMs
             // about once per million pages. The end state is what was asked for, so it counts
-            // as moved; the kernel woke nobody for it, so wake here.
-            if (errno == libc::EEXIST || errno == libc::ENOENT) && page_present(dst + base) && !page_present(src + base)
+            // as moved; the kernel woke nobody for it, so wake here. The page at the
+            // destination must be one that was moved, not the kernel's zero page a program's
+            // read of an empty staging page left there (see `swap::STAGING_REGISTER_MODE`):
+            // mapped alone (mapped at all, where pagemap cannot be read).
+            if (errno == libc::EEXIST || errno == libc::ENOENT)
+                && !page_present(src + base)
+                && page_exclusive(dst + base).unwrap_or_else(|| page_present(dst + base))
             {
                 self.move_misreports.fetch_add(1, Ordering::Relaxed);
                 if wake {
@@ -741,5 +767,20 @@ mod tests {
             RangeResult::Partial { done_bytes: 0, errno: libc::EEXIST }
         );
         assert_eq!(uffd.move_misreports(), 1);
+
+        // So is one onto the kernel's zero page (a program read an empty staging page) from
+        // an empty source: nothing was moved there.
+        let zero_dst = Mapping::anonymous(PAGE_SIZE, opts).unwrap();
+        let empty_src = Mapping::anonymous(PAGE_SIZE, opts).unwrap();
+        uffd.register(zero_dst.addr(), PAGE_SIZE, REGISTER_MODE_MISSING).unwrap();
+        uffd.register(empty_src.addr(), PAGE_SIZE, REGISTER_MODE_MISSING).unwrap();
+        assert_eq!(uffd.zeropage(zero_dst.addr(), PAGE_SIZE, false), RangeResult::Done);
+        assert!(page_present(zero_dst.addr()) && page_exclusive(zero_dst.addr()) == Some(false));
+        assert!(matches!(
+            uffd.move_pages(zero_dst.addr(), empty_src.addr(), PAGE_SIZE, false),
+            RangeResult::Partial { done_bytes: 0, .. }
+        ));
+        assert_eq!(uffd.move_misreports(), 1);
+        assert_eq!(page_exclusive(dst.addr()), Some(true), "a moved page is mapped alone");
     }
 }
