@@ -467,6 +467,11 @@ typedef struct uswap_stats {
      * reclaim (a clean one once it has been written).
      */
     uint64_t workingset_activate;
+    /**
+     * Moves into a staging area that found pages the program had mapped there by reading
+     * them, dropped before the move went on. Informational.
+     */
+    uint64_t staging_foreign_drops;
 } uswap_stats;
 
 #ifdef __cplusplus

@@ -208,6 +208,9 @@ pub struct uswap_stats {
     /// working set (their refault distance within the pages on the LRU): spared once by
     /// reclaim (a clean one once it has been written).
     pub workingset_activate: u64,
+    /// Moves into a staging area that found pages the program had mapped there by reading
+    /// them, dropped before the move went on. Informational.
+    pub staging_foreign_drops: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -303,7 +306,8 @@ impl uswap_stats {
             device_read_us,
             device_writes,
             device_write_us,
-            workingset_activate;
+            workingset_activate,
+            staging_foreign_drops;
         left_out: devices, fault_latency_us, publish, stall, idle, bounce_wait_timeout;
         derived:
             pool_wait_timeout: s.bounce_wait_timeout,

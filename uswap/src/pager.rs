@@ -30,7 +30,7 @@ use crate::readahead::{DEFAULT_MAX_WINDOW_PAGES, MAX_WINDOW_PAGES};
 use crate::region::{PageState, REGIONS};
 use crate::shared_charge::{ChargeCell, DeviceShare, PoolShare, SharedCharge, TREE_DEVICES};
 use crate::stats::{PerCpuStats, Stats};
-use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES};
+use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES, STAGING_REGISTER_MODE};
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
 use crate::{events, fault};
 
@@ -40,8 +40,8 @@ pub use crate::options::{BackgroundReclaim, FaultMode, IdleAging};
 /// (a backlog brings up at most half the CPUs), and each is a thread with its own stack.
 pub const MAX_HANDLER_THREADS: usize = 1024;
 use crate::state::charge::Charge;
+use crate::state::PagerShared;
 pub use crate::state::{PageError, PageErrorKind, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES};
-use crate::state::{PagerShared, REGISTER_MODES};
 
 /// Builds a [`Pager`].
 #[derive(Debug, Clone)]
@@ -544,22 +544,22 @@ fn open_uffd(mode: FaultMode) -> Result<Uffd> {
     Uffd::open(features, true, mode == FaultMode::Signal).map_err(open_error)
 }
 
-/// The staging area's descriptor: no events; SIGBUS, so that an engine bug touching an empty
-/// staging page fails loudly instead of waiting for a reader that never comes.
 /// The swap cache's own descriptor, which asks for no events (see `swap::swap_cache` for
-/// why), with every device's staging area registered.
+/// why), with every device's staging area registered (for write-protect faults only: see
+/// [`STAGING_REGISTER_MODE`]).
 fn register_staging(devices: &SwapDevices) -> Result<Uffd> {
     let staging_uffd = open_staging_uffd()?;
     for d in devices.devices() {
-        // Same modes as regions: UFFDIO_MOVE needs both sides to have the same protection.
         let (addr, len) = d.staging_range();
         staging_uffd
-            .register(addr, len, REGISTER_MODES)
+            .register(addr, len, STAGING_REGISTER_MODE)
             .map_err(|e| Error::io("registering the swap staging area with userfaultfd", e))?;
     }
     Ok(staging_uffd)
 }
 
+/// SIGBUS: a write-protect fault in a staging area (none is expected) fails loudly instead of
+/// waiting for a reader that never comes.
 fn open_staging_uffd() -> Result<Uffd> {
     Uffd::open(uffd::FEATURE_MOVE | uffd::FEATURE_SIGBUS, true, true).map_err(open_error)
 }

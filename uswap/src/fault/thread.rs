@@ -18,21 +18,18 @@ use crate::state::fault_error::FaultError;
 use crate::state::route::{reset_window, window_pages, Route};
 use crate::state::{PagerId, PagerShared, Shutdown};
 use crate::stats::{Counter, PerCpuStats};
-use crate::swap::SwapDevices;
 use crate::uffd::{self, Doorbell, Event, RangeResult, Uffd, UffdMsg, PAGE_SIZE};
 use std::io::Write;
 
 /// A handler thread's context: the regions' descriptor it reads and wakes faults on, the
 /// events' context (events read among the faults), the pager's identity (to find its
-/// regions), the devices (a fault on a staging page is the engine's bug), counters and the
-/// shutdown flag. Built by [`PagerShared::handler_cx`]; the faults themselves are served
+/// regions), counters and the shutdown flag. Built by [`PagerShared::handler_cx`]; the faults themselves are served
 /// through the region (`crate::fault_service`).
 pub(crate) struct Handlers<'a> {
     id: PagerId,
     uffd: &'a Uffd,
     shutdown: &'a Shutdown,
     stats: &'a PerCpuStats,
-    devices: &'a SwapDevices,
     events: Events<'a>,
 }
 
@@ -44,7 +41,6 @@ impl PagerShared {
             uffd: &self.uffd,
             shutdown: &self.shutdown,
             stats: &self.stats,
-            devices: &self.devices,
             events: self.events_cx(),
         }
     }
@@ -279,10 +275,6 @@ fn serve_message(cx: &Handlers<'_>, addr: usize, write: bool, tid: u32) -> bool 
     // Not ours any more (the region was dropped under a racing access), or the page could
     // not be read: wake the thread; it faults again, and if the region is gone it gets
     // SIGSEGV like any access to unmapped memory.
-    if cx.devices.devices().iter().any(|d| d.staging_contains(addr)) {
-        // A fault on an empty staging page means the engine broke its own rule.
-        panic!("uswap: engine thread faulted on empty staging page {addr:#x}");
-    }
     let _ = cx.uffd.wake(addr, PAGE_SIZE);
     false
 }

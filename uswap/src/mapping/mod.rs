@@ -19,7 +19,8 @@
 //! [`registry`], the process-wide table of managed mappings that the fault path searches by
 //! address; [`handler_stack`], the stacks signal-mode faults are served on; `engine_thread`,
 //! which starts the engine's threads (signals blocked, stacks noted, panics abort);
-//! `engine_ranges`, the engine's own mappings by address; `lock_all`, the program's
+//! `engine_ranges`, the engine's own mappings by address; `reservation`, large areas opened
+//! as the engine first uses them; `lock_all`, the program's
 //! `mlockall` kept off them; `discard`, batched drops with one
 //! TLB flush; `tables`, large lazily zero-filled tables; `probe`, questions to the page
 //! table (`mincore`, pagemap) and the process's mappings (`/proc/self/maps`); `page_buf`, the bounce buffers' pages; `cpu`, the CPUs;
@@ -34,6 +35,7 @@ mod lock_all;
 mod page_buf;
 mod probe;
 pub mod registry;
+mod reservation;
 mod rlimit;
 mod tables;
 
@@ -50,6 +52,7 @@ pub use probe::{
     for_each_exclusive_page, for_each_present_page, mincore_bitmap, mincore_pages, mincore_pages_where, page_present,
     populate_write, self_maps,
 };
+pub use reservation::{Reservation, WINDOW_BYTES};
 pub use rlimit::{
     address_space_limit, address_space_limit_bytes, cgroup_room_bytes, mem_available_bytes, ram_bytes, read_small_file,
     AddressSpaceLimit,
@@ -94,13 +97,19 @@ impl Mapping {
     /// Maps `len` bytes (rounded up to pages) of zero-filled anonymous memory, reserved lazily
     /// (`MAP_NORESERVE`): nothing is committed until touched.
     pub fn anonymous(len: usize, opts: MapOptions) -> io::Result<Mapping> {
-        Mapping::private(len, opts, false)
+        Mapping::private(len, opts, false, true)
+    }
+
+    /// As [`Mapping::anonymous`], but inaccessible (`PROT_NONE`) until parts of it are opened
+    /// (see [`Reservation`]).
+    fn inaccessible(len: usize, opts: MapOptions) -> io::Result<Mapping> {
+        Mapping::private(len, opts, false, false)
     }
 
     /// As [`Mapping::anonymous`]; `app`: the program's memory, which its `mlockall(MCL_FUTURE)`
-    /// locks (see [`Mapping::fresh`]).
-    fn private(len: usize, opts: MapOptions, app: bool) -> io::Result<Mapping> {
-        let m = Mapping::fresh(len, libc::MAP_PRIVATE, app)?;
+    /// locks (see [`Mapping::fresh`]); `accessible`: readable and writable, else `PROT_NONE`.
+    fn private(len: usize, opts: MapOptions, app: bool, accessible: bool) -> io::Result<Mapping> {
+        let m = Mapping::fresh(len, libc::MAP_PRIVATE, app, accessible)?;
         let len = m.len;
         if opts.no_huge_pages {
             m.advise(0, len, libc::MADV_NOHUGEPAGE)?;
@@ -116,7 +125,7 @@ impl Mapping {
     /// child (`MAP_SHARED | MAP_ANONYMOUS`, reserved lazily): what one process writes, the
     /// others read.
     pub fn shared_anonymous(len: usize) -> io::Result<Mapping> {
-        Mapping::fresh(len, libc::MAP_SHARED, false)
+        Mapping::fresh(len, libc::MAP_SHARED, false, true)
     }
 
     /// A fresh, lazily reserved anonymous mapping of `len` bytes rounded up to pages,
@@ -129,8 +138,8 @@ impl Mapping {
     /// engine's back), so it is then unlocked (the engine's) or locked on fault (`app`: its
     /// pages are locked as they are touched, as `mlock2(MLOCK_ONFAULT)` locks) before it is
     /// made accessible. Noted before that, so that an `mlockall` under way leaves it out (see
-    /// `lock_all`).
-    fn fresh(len: usize, sharing: libc::c_int, app: bool) -> io::Result<Mapping> {
+    /// `lock_all`). Without `accessible` it stays `PROT_NONE` (a [`Reservation`]).
+    fn fresh(len: usize, sharing: libc::c_int, app: bool, accessible: bool) -> io::Result<Mapping> {
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let epoch = lock_all::epoch();
         // SAFETY: a fresh anonymous mapping at an address the kernel chooses; it aliases
@@ -152,7 +161,17 @@ impl Mapping {
         if !app {
             note_engine_data(m.addr, len);
         }
-        make_accessible(p, len, app, lock_all::must_unlock(epoch))?;
+        if accessible {
+            make_accessible(p, len, app, lock_all::must_unlock(epoch))?;
+        } else if lock_all::must_unlock(epoch) {
+            // Locked (the program's `MCL_FUTURE`), it would count in the process's locked
+            // memory, inaccessible as it is; opening a window unlocks that window again.
+            // SAFETY: the fresh mapping above, which nothing uses yet; unlocking changes how
+            // it is kept, not what is mapped.
+            if unsafe { libc::syscall(libc::SYS_munlock, p, len) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
         Ok(m)
     }
 
@@ -232,7 +251,7 @@ impl Mapping {
     ///
     /// The caller must own the pages it reads (no concurrent writer) and, if the mapping is
     /// registered with userfaultfd, they must be populated (a missing page would fault into
-    /// the engine itself).
+    /// the engine itself, or, in a staging area, read as zeros).
     pub fn read(&self, offset: usize, dst: &mut [u8]) {
         assert!(offset + dst.len() <= self.len);
         // SAFETY: in bounds (checked above); the caller owns the pages (documented contract),
@@ -417,7 +436,7 @@ impl AppMapping {
     /// A mapping a forked child inherits (`inherit`) or does not (`MADV_DONTFORK`: the child
     /// gets no mapping rather than one whose swapped-out pages read as zeros).
     pub fn with_fork(len: usize, inherit: bool) -> io::Result<AppMapping> {
-        let m = Mapping::private(len, MapOptions { no_huge_pages: true, dont_fork: !inherit }, true)?;
+        let m = Mapping::private(len, MapOptions { no_huge_pages: true, dont_fork: !inherit }, true, true)?;
         let (addr, len) = (m.addr, m.len);
         // The application's memory from now on, which the handle unmaps.
         std::mem::forget(m);

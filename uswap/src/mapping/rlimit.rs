@@ -7,13 +7,14 @@ pub enum AddressSpaceLimit {
     /// `RLIMIT_AS`, `ulimit -v`: every mapping counts.
     AddressSpace,
     /// `RLIMIT_DATA`, `ulimit -d`: private writable mappings count, which every reservation
-    /// of uswap's is (the heap, a pool's arena, the staging areas).
+    /// of uswap's becomes as it is used (the heap as mimalloc is handed it, a pool's arena
+    /// and the staging areas window by window): they are sized to fit as if whole.
     Data,
 }
 
 /// The room the process's reservations must fit in, and which limit sets it: the lower of
 /// `RLIMIT_AS` and `RLIMIT_DATA`, `None` where neither is set. Reservations count against
-/// them whether or not they are touched.
+/// them whether or not they are touched (against `RLIMIT_DATA`, once made writable).
 pub fn address_space_limit() -> Option<(u64, AddressSpaceLimit)> {
     [(libc::RLIMIT_AS, AddressSpaceLimit::AddressSpace), (libc::RLIMIT_DATA, AddressSpaceLimit::Data)]
         .into_iter()

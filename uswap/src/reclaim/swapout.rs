@@ -377,12 +377,10 @@ fn move_refused(
         to_free.push(e.bits());
         return 0;
     }
-    // Pinned, shared or otherwise refused. A slot whose staging page is unexpectedly
-    // occupied (EEXIST) is not reused.
-    debug_assert_ne!(errno, libc::EEXIST, "staging page of slot {e:?} occupied");
-    if errno != libc::EEXIST {
-        to_free.push(e.bits());
-    }
+    // Pinned, shared or otherwise refused; or (EEXIST) the program kept mapping the slot's
+    // staging page by reading it, and the next move into it drops it again
+    // (`SwapCache::move_in`).
+    to_free.push(e.bits());
     if errno == libc::EBUSY {
         // Shared with a fork child (or pinned): see `cow`.
         cow::queue(cx, guards.page_ref(v.gi, v.page, v.pte));

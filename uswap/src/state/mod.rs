@@ -46,8 +46,8 @@ pub const RECLAIM_BATCH_PAGES: usize = 32;
 /// The smallest resident limit a pager accepts.
 pub const MIN_LIMIT_BYTES: u64 = 256 * PAGE_SIZE as u64;
 
-/// Regions and staging areas take missing-page faults and write-protect faults (the first
-/// write to a clean page).
+/// Regions take missing-page faults and write-protect faults (the first write to a clean
+/// page). Staging areas: `crate::swap::STAGING_REGISTER_MODE`.
 pub(crate) const REGISTER_MODES: u64 = uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP;
 
 /// State shared by the pager's handle, its regions and its threads.
@@ -214,6 +214,7 @@ impl PagerShared {
         ] = crate::stats::syscall_events();
         st.slots_leaked = self.devices.deferred_overflow();
         st.uffd_move_misreports = self.uffd.move_misreports();
+        st.staging_foreign_drops = self.swap_cache.foreign_drops();
         st.devices = self
             .devices
             .devices()

@@ -229,6 +229,10 @@ pub struct Stats {
     /// `UFFDIO_MOVE` calls that moved a page but reported it as failed (a Linux 6.18 bug in
     /// batched moves; the engine checks the page tables and carries on). Informational.
     pub uffd_move_misreports: u64,
+    /// Moves into a staging area that found pages the program had mapped there by reading
+    /// them (a program that reads every readable mapping it has), dropped before the move
+    /// went on. Informational.
+    pub staging_foreign_drops: u64,
     /// Application pages in RAM that count against the limit: mapped plus staged.
     pub resident_pages: u64,
     /// The most application pages that were resident at once since the pager started.
@@ -555,6 +559,7 @@ impl Stats {
             writeback,
             slots_leaked,
             uffd_move_misreports,
+            staging_foreign_drops,
             remap_copied,
             limit_overrun_busy
         );

@@ -8,10 +8,11 @@
 //! * a [`Backend`] that stores page contents;
 //! * a [`ClusterAllocator`] for its slots;
 //! * a [`SwapTable`] (owner and "staged" bit per slot);
-//! * a staging area: an engine-only mapping registered with the swap cache's userfaultfd, one
-//!   page per slot. `UFFDIO_MOVE` only moves into an area registered with the descriptor it
-//!   is issued on, so reclaim moves a victim to `staging + slot * PAGE_SIZE`, and a fault on
-//!   a staged page moves it straight back.
+//! * a staging area: an engine-only mapping registered with the swap cache's userfaultfd (for
+//!   write-protect faults only: [`STAGING_REGISTER_MODE`]), one page per slot, opened in
+//!   windows as its slots come into use (`mapping::Reservation`). `UFFDIO_MOVE` only moves
+//!   into an area registered with the descriptor it is issued on, so reclaim moves a victim
+//!   to `staging + slot * PAGE_SIZE`, and a fault on a staged page moves it straight back.
 //!
 //! The [`SwapCache`] is the pager's view of the pages staged on all its devices: their
 //! count, the queue they wait on for writeback, and the staging areas' descriptor.
@@ -42,11 +43,14 @@ pub use cluster_allocator::{ClusterAllocator, ClusterCounts, SWAPFILE_CLUSTER};
 pub use entry::{SwapEntry, MAX_DEVICES};
 pub use fork_refs::{ForkRecord, ForkRefs};
 pub use health::Health;
-pub use swap_cache::SwapCache;
+pub use swap_cache::{SwapCache, STAGING_REGISTER_MODE};
 pub use swap_table::{SlotInfo, SwapTable};
 
 use crate::backend::Backend;
-use crate::mapping::{current_cpu, mincore_bitmap, AtomicTable, DiscardBatch, MapOptions, Mapping, PageRun};
+use crate::mapping::{
+    current_cpu, mincore_bitmap, page_present, AtomicTable, DiscardBatch, MapOptions, PageRun, Reservation,
+    WINDOW_BYTES,
+};
 use crate::readahead::FaultStreams;
 use crate::shared_charge::DeviceShare;
 use crate::sync::{LockClass, SpinLock};
@@ -94,7 +98,9 @@ pub struct SwapDevice {
     allocator: ClusterAllocator,
     /// Owner and "staged" bit of each slot.
     table: SwapTable,
-    staging: Mapping,
+    /// Opened as slots come into use (a program reading every readable mapping read all of
+    /// it otherwise; see `mapping::Reservation`).
+    staging: Reservation,
     /// crc32c of each slot's page (low 32 bits), when checksums are on.
     checksums: Option<AtomicTable>,
     pub readahead: ReadaheadPolicy,
@@ -130,7 +136,7 @@ impl SwapDevice {
     fn new(index: usize, spec: DeviceSpec, nr_cpus: usize) -> std::io::Result<SwapDevice> {
         let DeviceSpec { priority, backend, checksum, readahead, clean_readahead, tree_share } = spec;
         let nr_clusters = (backend.nr_slots() / SWAPFILE_CLUSTER as u64) as u32;
-        let staging = Mapping::anonymous(
+        let staging = Reservation::new(
             nr_clusters as usize * SWAPFILE_CLUSTER * PAGE_SIZE,
             MapOptions { no_huge_pages: true, dont_fork: true },
         )?;
@@ -273,19 +279,58 @@ impl SwapDevice {
         (self.staging.addr(), self.staging.len())
     }
 
-    /// Whether `addr` lies in the staging area.
-    pub fn staging_contains(&self, addr: usize) -> bool {
-        self.staging.contains(addr)
+    /// Bytes of the staging area from slot `slot`'s page to the end of its window (see
+    /// `mapping::Reservation`).
+    pub fn staging_window_room(&self, slot: u64) -> usize {
+        let at = slot as usize * PAGE_SIZE;
+        (at / WINDOW_BYTES + 1) * WINDOW_BYTES - at
     }
 
-    /// Which pages of the staging area are in RAM (`mincore`; see [`mincore_bitmap`]).
+    /// Opens the staging pages of slots `[slot, slot + nr_pages)` for moves (see
+    /// `mapping::Reservation`). Async-signal-safe.
+    pub fn open_staging(&self, slot: u64, nr_pages: usize) -> std::io::Result<()> {
+        self.staging.open(slot as usize * PAGE_SIZE, nr_pages * PAGE_SIZE)
+    }
+
+    /// Drops whatever the program mapped in the staging pages of slots `[slot, slot +
+    /// nr_pages)`, which this thread holds and which hold no staged page: the kernel's zero
+    /// page, where the program read the staging area (see `pager::register_staging`).
+    pub fn drop_foreign_staging_pages(&self, slot: u64, nr_pages: usize) {
+        debug_assert!(
+            (slot..slot + nr_pages as u64).all(|s| self.table.lookup(s).is_none_or(|i| !i.cached)),
+            "a staged page among slots {slot}+{nr_pages} taken for the program's"
+        );
+        let _ = self.staging.discard(slot as usize * PAGE_SIZE, nr_pages * PAGE_SIZE);
+    }
+
+    /// Which pages of the staging area are in RAM (`mincore`; see [`mincore_bitmap`]) and
+    /// hold a staged page (not the kernel's zero page a program's read left there).
     pub fn staging_resident_bitmap(&self) -> std::io::Result<Vec<u64>> {
-        mincore_bitmap(self.staging.addr(), self.staging.len())
+        let mut bits = mincore_bitmap(self.staging.addr(), self.staging.len())?;
+        for (w, word) in bits.iter_mut().enumerate() {
+            let mut rest = *word;
+            // Bounded: one round per set bit of the word.
+            while rest != 0 {
+                let b = rest.trailing_zeros() as u64;
+                rest &= rest - 1;
+                if self.table.lookup(w as u64 * 64 + b).is_none_or(|i| !i.cached) {
+                    *word &= !(1 << b);
+                }
+            }
+        }
+        Ok(bits)
     }
 
     /// Whether the page staged at `slot` is all zero.
+    ///
+    /// Every page staged is looked at here first. An empty staging page reads as zeros (the
+    /// area is not registered for missing faults: `STAGING_REGISTER_MODE`), so a zero page
+    /// is checked to be mapped (after the read: a page the system swapped out is back): a
+    /// move that reported a page it did not put there would otherwise turn it into zeros.
     pub fn staged_page_is_zero(&self, slot: u64) -> bool {
-        self.staging.page_is_zero(slot as usize * PAGE_SIZE)
+        let zero = self.staging.page_is_zero(slot as usize * PAGE_SIZE);
+        assert!(!zero || page_present(self.staging_addr(slot)), "uswap invariant: slot {slot} staged an empty page");
+        zero
     }
 
     /// The crc32c of the page staged at `slot`.

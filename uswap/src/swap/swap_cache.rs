@@ -21,11 +21,11 @@
 //! page's contents are at its entry's staging address. The queue may also hold stale
 //! entries (pages that left since), which whoever pops them recognises by generation.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::SwapDevice;
 use crate::fifo::Fifo;
-use crate::uffd::{RangeResult, Uffd};
+use crate::uffd::{RangeResult, Uffd, PAGE_SIZE};
 
 pub struct SwapCache {
     /// The staging areas' descriptor (no events).
@@ -34,18 +34,83 @@ pub struct SwapCache {
     inactive: Fifo,
     /// Pages staged, over every device.
     nr_pages: AtomicUsize,
+    /// See [`SwapCache::foreign_drops`].
+    foreign_drops: AtomicU64,
 }
+
+/// How staging areas are registered with the swap cache's descriptor: for write-protect
+/// faults only (none comes: moves drop the write-protect bit). `UFFDIO_MOVE` needs its
+/// destination registered with the descriptor it is issued on, in any mode, and a
+/// registration needs one. Not for missing faults: then a read of an empty staging page by
+/// the program (one that reads every readable mapping it has) was a SIGBUS that killed it;
+/// now it maps the kernel's zero page, as a read of never-written memory does, and
+/// [`SwapCache::move_in`] drops it. An engine read of an empty staging page would see zeros
+/// too, rather than fail: every page staged is checked once (`SwapDevice::staged_page_is_zero`).
+pub const STAGING_REGISTER_MODE: u64 = crate::uffd::REGISTER_MODE_WP;
+
+/// Drops of staging pages the program mapped, per [`SwapCache::move_in`], before it gives up
+/// (the pages stay in their region): a program that keeps reading the same staging pages
+/// while reclaim moves into them.
+const MOVE_IN_DROPS: u32 = 4;
 
 impl SwapCache {
     /// An empty swap cache whose staging areas are (or will be) registered with `uffd`.
     pub fn new(uffd: Uffd, inactive: Fifo) -> SwapCache {
-        SwapCache { uffd, inactive, nr_pages: AtomicUsize::new(0) }
+        SwapCache { uffd, inactive, nr_pages: AtomicUsize::new(0), foreign_drops: AtomicU64::new(0) }
     }
 
     /// Moves `len_bytes` of a region at `src` into the staging pages of `dev` from slot
-    /// `offset` on, through the staging descriptor (the destination is registered there).
+    /// `offset` on, through the staging descriptor (the destination is registered there),
+    /// the staging area opened there first. A move stays within one of the area's windows:
+    /// windows opened apart may stay apart as mappings (each has its own `anon_vma` once
+    /// used), and `UFFDIO_MOVE` needs its destination in one mapping.
     pub fn move_in(&self, dev: &SwapDevice, offset: u64, src: usize, len_bytes: usize) -> RangeResult {
-        self.uffd.move_pages(dev.staging_addr(offset), src, len_bytes, false)
+        let mut done_bytes = 0;
+        // Bounded: each round moves a window's piece of the run or returns.
+        while done_bytes < len_bytes {
+            let slot = offset + (done_bytes / PAGE_SIZE) as u64;
+            let piece = dev.staging_window_room(slot).min(len_bytes - done_bytes);
+            match self.move_piece(dev, slot, src + done_bytes, piece) {
+                RangeResult::Done => done_bytes += piece,
+                RangeResult::Partial { done_bytes: d, errno } => {
+                    return RangeResult::Partial { done_bytes: done_bytes + d, errno }
+                }
+            }
+        }
+        RangeResult::Done
+    }
+
+    /// [`SwapCache::move_in`] within one window. Staging pages the program mapped by
+    /// reading them (the kernel's zero page, see [`STAGING_REGISTER_MODE`]) make the move
+    /// fail with `EEXIST`: they are dropped, counted, and the move goes on, [`MOVE_IN_DROPS`]
+    /// times at most. The slots are the caller's and hold no staged page; a page the move
+    /// did put there is never taken for the program's (`Uffd::move_pages` tells them apart).
+    fn move_piece(&self, dev: &SwapDevice, offset: u64, src: usize, len_bytes: usize) -> RangeResult {
+        let nr_pages = len_bytes / PAGE_SIZE;
+        if let Err(e) = dev.open_staging(offset, nr_pages) {
+            // Refused like a move into a mapping of another protection: the pages stay in.
+            return RangeResult::Partial { done_bytes: 0, errno: e.raw_os_error().unwrap_or(libc::ENOMEM) };
+        }
+        let (dst, mut done_bytes, mut drops) = (dev.staging_addr(offset), 0, 0);
+        // Bounded: a round that does not return drops once, at most `MOVE_IN_DROPS` times.
+        loop {
+            let r = self.uffd.move_pages(dst + done_bytes, src + done_bytes, len_bytes - done_bytes, false);
+            let RangeResult::Partial { done_bytes: d, errno } = r else { return RangeResult::Done };
+            done_bytes += d;
+            if errno != libc::EEXIST || drops == MOVE_IN_DROPS {
+                return RangeResult::Partial { done_bytes, errno };
+            }
+            // The rest of the piece at once: a program reading the area maps page after page.
+            let first = offset + (done_bytes / PAGE_SIZE) as u64;
+            dev.drop_foreign_staging_pages(first, nr_pages - done_bytes / PAGE_SIZE);
+            self.foreign_drops.fetch_add(1, Ordering::Relaxed);
+            drops += 1;
+        }
+    }
+
+    /// Times [`SwapCache::move_in`] found staging pages the program had mapped.
+    pub fn foreign_drops(&self) -> u64 {
+        self.foreign_drops.load(Ordering::Relaxed)
     }
 
     /// Pages staged right now.
@@ -101,11 +166,12 @@ mod tests {
     use crate::backend::ram::RamBackend;
     use crate::mapping::{MapOptions, Mapping};
     use crate::swap::{DeviceSpec, ReadaheadPolicy, SwapDevices, SwapEntry};
-    use crate::uffd::{FEATURE_MOVE, FEATURE_SIGBUS, PAGE_SIZE, REGISTER_MODE_MISSING};
+    use crate::uffd::{FEATURE_MOVE, FEATURE_SIGBUS, PAGE_SIZE, REGISTER_MODE_MISSING, REGISTER_MODE_WP};
 
-    /// A page moved in lies at its slot's staging address; staging marks its slot and counts
-    /// it; a swap-cache hit or an uncount takes it out of the count again; the queue gives
-    /// back what was pushed, oldest first.
+    /// A page moved in lies at its slot's staging address, where the program may have read
+    /// before (a zero page, dropped); staging marks its slot and counts it; a swap-cache hit
+    /// or an uncount takes it out of the count again; the queue gives back what was pushed,
+    /// oldest first.
     #[test]
     fn staged_pages_are_where_their_slot_says_marked_and_counted() {
         let spec = DeviceSpec {
@@ -119,20 +185,27 @@ mod tests {
         let devices = SwapDevices::new(vec![spec], 1).unwrap();
         let dev = &devices.devices()[0];
         let uffd = Uffd::open(FEATURE_MOVE | FEATURE_SIGBUS, true, true).expect("userfaultfd with UFFD_FEATURE_MOVE");
-        uffd.register(dev.staging.addr(), dev.staging.len(), REGISTER_MODE_MISSING).unwrap();
+        uffd.register(dev.staging.addr(), dev.staging.len(), STAGING_REGISTER_MODE).unwrap();
         let src = Mapping::anonymous(2 * PAGE_SIZE, MapOptions { no_huge_pages: true, dont_fork: true }).unwrap();
         // SAFETY: both pages of `src` are ours and not registered yet, so writing them is plain.
         unsafe {
             std::ptr::write_bytes(src.addr() as *mut u8, 0xa5, PAGE_SIZE);
             std::ptr::write_bytes((src.addr() + PAGE_SIZE) as *mut u8, 0x5a, PAGE_SIZE);
         }
-        uffd.register(src.addr(), src.len(), REGISTER_MODE_MISSING).unwrap();
+        uffd.register(src.addr(), src.len(), REGISTER_MODE_MISSING | REGISTER_MODE_WP).unwrap();
         let cache = SwapCache::new(uffd, Fifo::new(64).unwrap());
 
         let mut e = [SwapEntry::new(0, 0); 2];
         assert_eq!(devices.alloc(&mut e), 2);
         assert_eq!(e[1].offset(), e[0].offset() + 1, "a fresh device hands out consecutive slots");
+        // A program that reads the (opened) staging page of the second slot maps the zero
+        // page there; the move drops it and goes on.
+        dev.open_staging(e[0].offset(), 2).unwrap();
+        let mut read = [0xffu8; PAGE_SIZE];
+        dev.staging.read(e[1].offset() as usize * PAGE_SIZE, &mut read);
+        assert!(read.iter().all(|&b| b == 0) && crate::mapping::page_present(dev.staging_addr(e[1].offset())));
         assert_eq!(cache.move_in(dev, e[0].offset(), src.addr(), 2 * PAGE_SIZE), RangeResult::Done);
+        assert_eq!(cache.foreign_drops(), 1);
         for (k, (e, byte)) in e.iter().zip([0xa5u8, 0x5a]).enumerate() {
             dev.table.set_owner(e.offset(), 40 + k as u64);
             cache.insert(dev, e.offset(), 0);

@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::config::ZpoolError;
-use crate::mapping::{AtomicTable, DiscardBatch, MapOptions, Mapping};
+use crate::mapping::{AtomicTable, DiscardBatch, MapOptions, Reservation};
 use crate::shared_charge::PoolShare;
 use crate::sync::{LockClass, SpinLock};
 use crate::uffd::PAGE_SIZE;
@@ -237,7 +237,9 @@ impl LazyWords {
 pub(super) struct Allocator {
     /// The pool's cap (of the tree's pools together under a shared charge).
     cap_bytes: u64,
-    arena: Mapping,
+    /// Opened as chunks are first used: a program that reads every readable mapping read
+    /// the whole cap otherwise (see `crate::mapping::Reservation`).
+    arena: Reservation,
     nr_chunks: u32,
     /// Per chunk: metadata word and list links (prev << 32 | next).
     chunk_meta: LazyWords,
@@ -289,7 +291,7 @@ impl Allocator {
         let arena_bytes = nr_chunks * CHUNK_BYTES;
         let map_err = |source| ZpoolError::Map { bytes: arena_bytes as u64, source };
         let arena =
-            Mapping::anonymous(arena_bytes, MapOptions { no_huge_pages: true, dont_fork: true }).map_err(map_err)?;
+            Reservation::new(arena_bytes, MapOptions { no_huge_pages: true, dont_fork: true }).map_err(map_err)?;
         Ok(Allocator {
             cap_bytes,
             arena,
@@ -453,8 +455,11 @@ impl Allocator {
         let to = (fresh + ahead).min(self.nr_chunks);
         if to > from {
             let (off, len) = (from as usize * CHUNK_BYTES, (to - from) as usize * CHUNK_BYTES);
-            // Best effort: without it the same pages are populated on first use.
-            let _ = self.arena.advise(off, len, libc::MADV_POPULATE_WRITE);
+            // Best effort: without it the same pages are populated on first use (and their
+            // window opened by `take_chunk`).
+            if self.arena.open(off, len).is_ok() {
+                let _ = self.arena.advise(off, len, libc::MADV_POPULATE_WRITE);
+            }
             self.populated.store(to, Ordering::Relaxed);
         }
         to > from
@@ -799,6 +804,19 @@ impl Allocator {
                 return None;
             }
         };
+        // A never-used chunk may lie past the windows of the arena opened so far (a system
+        // call every 64 MiB; `prepare` opens ahead of it). Refused (the process's mappings at
+        // `vm.max_map_count`): the chunk waits on the cold list, the page stays in its region.
+        if self.arena.open(ch as usize * CHUNK_BYTES, CHUNK_BYTES).is_err() {
+            let mut a = self.free_chunks.lock();
+            self.set_links(ch, NIL, a.cold_head);
+            a.cold_head = ch;
+            drop(a);
+            if let Some(s) = share {
+                s.shrink(CHUNK_BYTES as u64);
+            }
+            return None;
+        }
         let in_use = self.chunks_in_use.fetch_add(1, Ordering::Relaxed) + 1;
         self.chunks_peak.fetch_max(in_use, Ordering::Relaxed);
         self.chunk_meta.store(ch as usize, meta(c as u64, 0, NO_OBJ, 0), Ordering::Relaxed);
