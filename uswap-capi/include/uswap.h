@@ -468,8 +468,8 @@ typedef struct uswap_stats {
      */
     uint64_t workingset_activate;
     /**
-     * Moves into a staging area that found pages the program had mapped there by reading
-     * them, dropped before the move went on. Informational.
+     * Times a move into a staging area found pages the program had mapped there by reading
+     * them and dropped them before it went on. Informational.
      */
     uint64_t staging_foreign_drops;
 } uswap_stats;

@@ -208,8 +208,8 @@ pub struct uswap_stats {
     /// working set (their refault distance within the pages on the LRU): spared once by
     /// reclaim (a clean one once it has been written).
     pub workingset_activate: u64,
-    /// Moves into a staging area that found pages the program had mapped there by reading
-    /// them, dropped before the move went on. Informational.
+    /// Times a move into a staging area found pages the program had mapped there by reading
+    /// them and dropped them before it went on. Informational.
     pub staging_foreign_drops: u64,
 }
 

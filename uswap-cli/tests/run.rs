@@ -626,6 +626,28 @@ fn a_program_reading_its_whole_address_space_reads_uswaps_mappings_as_zeros() {
     });
 }
 
+/// A thread that keeps reading every readable anonymous mapping (uswap's staging area among
+/// them: it maps the kernel's zero page in empty staging slots) while the program pages:
+/// every word comes back as written, and reclaim drops those zero pages before it moves
+/// pages into the slots (a zero page taken for a moved page would store zeros).
+#[test]
+fn pages_stay_intact_while_a_thread_reads_uswaps_staging_area() {
+    let dir = tmpdir("readrace");
+    let p = compile("readrace", &dir, &[]);
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode], &[p.to_str().unwrap(), "40", "2"], &dir);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out == "bad 0\n",
+            "{mode}: {}: {out}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(counter(&v, "pswpout") > 0, "{mode}: {v}");
+        assert!(counter(&v, "staging_foreign_drops") > 0, "{mode}: the reader never met a slot reclaim used: {v}");
+    }
+}
+
 #[test]
 fn fork_child_reads_the_parents_memory_as_it_was() {
     let dir = tmpdir("fork");

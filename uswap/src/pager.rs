@@ -561,7 +561,9 @@ fn register_staging(devices: &SwapDevices) -> Result<Uffd> {
 /// SIGBUS: a write-protect fault in a staging area (none is expected) fails loudly instead of
 /// waiting for a reader that never comes.
 fn open_staging_uffd() -> Result<Uffd> {
-    Uffd::open(uffd::FEATURE_MOVE | uffd::FEATURE_SIGBUS, true, true).map_err(open_error)
+    Uffd::open(uffd::FEATURE_MOVE | uffd::FEATURE_SIGBUS, true, true)
+        .map(Uffd::with_zero_page_destinations)
+        .map_err(open_error)
 }
 
 pub(crate) fn open_error(e: OpenError) -> Error {

@@ -113,7 +113,7 @@ fn help(field: &str) -> Option<&'static str> {
         "checksum_errors" => "Device reads whose checksum did not match.",
         "slots_leaked" => "Slots that could not be freed (should stay 0).",
         "uffd_move_misreports" => "UFFDIO_MOVE calls that moved a page but reported failure.",
-        "staging_foreign_drops" => "Moves into the staging area that dropped pages the program read there.",
+        "staging_foreign_drops" => "Times a move into the staging area dropped pages the program read there.",
         "resident_pages" => "Application pages in RAM counted against the limit.",
         "resident_peak_pages" => "The most application pages resident at once since the pager started.",
         "swapcache_pages" => "Resident pages staged in the swap cache.",

@@ -229,8 +229,8 @@ pub struct Stats {
     /// `UFFDIO_MOVE` calls that moved a page but reported it as failed (a Linux 6.18 bug in
     /// batched moves; the engine checks the page tables and carries on). Informational.
     pub uffd_move_misreports: u64,
-    /// Moves into a staging area that found pages the program had mapped there by reading
-    /// them (a program that reads every readable mapping it has), dropped before the move
+    /// Times a move into a staging area found pages the program had mapped there by reading
+    /// them (a program that reads every readable mapping it has) and dropped them before it
     /// went on. Informational.
     pub staging_foreign_drops: u64,
     /// Application pages in RAM that count against the limit: mapped plus staged.

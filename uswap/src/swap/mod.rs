@@ -48,13 +48,12 @@ pub use swap_table::{SlotInfo, SwapTable};
 
 use crate::backend::Backend;
 use crate::mapping::{
-    current_cpu, mincore_bitmap, page_present, AtomicTable, DiscardBatch, MapOptions, PageRun, Reservation,
-    WINDOW_BYTES,
+    current_cpu, mincore_bitmap, AtomicTable, DiscardBatch, MapOptions, PageRun, Reservation, WINDOW_BYTES,
 };
 use crate::readahead::FaultStreams;
 use crate::shared_charge::DeviceShare;
 use crate::sync::{LockClass, SpinLock};
-use crate::uffd::PAGE_SIZE;
+use crate::uffd::{page_is_own, PAGE_SIZE};
 
 /// Frees collected per CPU before the allocator is touched.
 pub const FREE_BATCH: usize = 64;
@@ -323,13 +322,17 @@ impl SwapDevice {
 
     /// Whether the page staged at `slot` is all zero.
     ///
-    /// Every page staged is looked at here first. An empty staging page reads as zeros (the
-    /// area is not registered for missing faults: `STAGING_REGISTER_MODE`), so a zero page
-    /// is checked to be mapped (after the read: a page the system swapped out is back): a
-    /// move that reported a page it did not put there would otherwise turn it into zeros.
+    /// Every page staged is looked at here first. An empty staging page reads as zeros, and
+    /// the read maps the kernel's zero page there (the area is not registered for missing
+    /// faults: `STAGING_REGISTER_MODE`), so a page that reads zero is checked to be the
+    /// process's own (`uffd::page_is_own`; not where `/proc/self/pagemap` cannot be read): a
+    /// move that reported a page it did not put there would otherwise store zeros for it.
     pub fn staged_page_is_zero(&self, slot: u64) -> bool {
         let zero = self.staging.page_is_zero(slot as usize * PAGE_SIZE);
-        assert!(!zero || page_present(self.staging_addr(slot)), "uswap invariant: slot {slot} staged an empty page");
+        assert!(
+            !zero || page_is_own(self.staging_addr(slot)) != Some(false),
+            "uswap invariant: slot {slot} staged no page (its staging page is empty or the zero page)"
+        );
         zero
     }
 

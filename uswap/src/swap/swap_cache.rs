@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::SwapDevice;
 use crate::fifo::Fifo;
+use crate::mapping::page_present;
 use crate::uffd::{RangeResult, Uffd, PAGE_SIZE};
 
 pub struct SwapCache {
@@ -83,8 +84,10 @@ impl SwapCache {
     /// [`SwapCache::move_in`] within one window. Staging pages the program mapped by
     /// reading them (the kernel's zero page, see [`STAGING_REGISTER_MODE`]) make the move
     /// fail with `EEXIST`: they are dropped, counted, and the move goes on, [`MOVE_IN_DROPS`]
-    /// times at most. The slots are the caller's and hold no staged page; a page the move
-    /// did put there is never taken for the program's (`Uffd::move_pages` tells them apart).
+    /// times at most. The slots are the caller's and hold no staged page. Only while the
+    /// page the move stopped at is still at its source: a page the move put at the
+    /// destination (reported as failed, Linux 6.18) must not be dropped, and is never taken
+    /// for the program's (`Uffd::move_pages` tells them apart where it can).
     fn move_piece(&self, dev: &SwapDevice, offset: u64, src: usize, len_bytes: usize) -> RangeResult {
         let nr_pages = len_bytes / PAGE_SIZE;
         if let Err(e) = dev.open_staging(offset, nr_pages) {
@@ -97,7 +100,7 @@ impl SwapCache {
             let r = self.uffd.move_pages(dst + done_bytes, src + done_bytes, len_bytes - done_bytes, false);
             let RangeResult::Partial { done_bytes: d, errno } = r else { return RangeResult::Done };
             done_bytes += d;
-            if errno != libc::EEXIST || drops == MOVE_IN_DROPS {
+            if errno != libc::EEXIST || drops == MOVE_IN_DROPS || !page_present(src + done_bytes) {
                 return RangeResult::Partial { done_bytes, errno };
             }
             // The rest of the piece at once: a program reading the area maps page after page.
@@ -184,7 +187,9 @@ mod tests {
         };
         let devices = SwapDevices::new(vec![spec], 1).unwrap();
         let dev = &devices.devices()[0];
-        let uffd = Uffd::open(FEATURE_MOVE | FEATURE_SIGBUS, true, true).expect("userfaultfd with UFFD_FEATURE_MOVE");
+        let uffd = Uffd::open(FEATURE_MOVE | FEATURE_SIGBUS, true, true)
+            .expect("userfaultfd with UFFD_FEATURE_MOVE")
+            .with_zero_page_destinations();
         uffd.register(dev.staging.addr(), dev.staging.len(), STAGING_REGISTER_MODE).unwrap();
         let src = Mapping::anonymous(2 * PAGE_SIZE, MapOptions { no_huge_pages: true, dont_fork: true }).unwrap();
         // SAFETY: both pages of `src` are ours and not registered yet, so writing them is plain.

@@ -218,6 +218,9 @@ pub struct Uffd {
     move_misreports: AtomicU64,
     /// The hold on the file where the program cannot close it (library APIs).
     keeper: crate::fd::Keeper,
+    /// Whether the destinations of its moves may hold the kernel's zero page, which the
+    /// program mapped by reading them (the staging areas'; see [`Uffd::move_pages`]).
+    zero_page_destinations: bool,
 }
 
 /// Outcome of a range ioctl that may stop part-way (`COPY`, `ZEROPAGE`, `MOVE`).
@@ -248,25 +251,32 @@ fn page_present(addr: usize) -> bool {
     r == 0 && v & 1 != 0
 }
 
-/// Whether the page at `addr` (page-aligned) is mapped by this process alone
-/// (`/proc/self/pagemap`: present, bit 63, and exclusively mapped, bit 56): a page moved
-/// there is, the kernel's zero page never is. None if the file cannot be read. Three system
-/// calls, no allocation: async-signal-safe, for the rare case that needs it.
-fn page_exclusive(addr: usize) -> Option<bool> {
+/// Whether the page at `addr` (page-aligned) is a page of this process's own, by
+/// `/proc/self/pagemap`: present and mapped by this process alone (bit 63 and bit 56), or
+/// swapped out or migrating (bit 62). A page `UFFDIO_MOVE` put there is (it moves only pages
+/// mapped once); an empty entry and the kernel's zero page are not. None if the file cannot
+/// be read (no `/proc`, no descriptor left, a process made non-dumpable). Raw system calls,
+/// no allocation: async-signal-safe, and no cancellation point (a thread cancelled inside
+/// the C library's `open` would unwind out of the engine).
+pub fn page_is_own(addr: usize) -> Option<bool> {
     const PRESENT: u64 = 1 << 63;
+    const SWAPPED: u64 = 1 << 62;
     const EXCLUSIVE: u64 = 1 << 56;
-    // SAFETY: open(2) of a NUL-terminated path; the descriptor is closed below.
-    let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let path = c"/proc/self/pagemap";
+    // SAFETY: openat(2) of a NUL-terminated path; the descriptor is closed below.
+    let fd =
+        unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
         return None;
     }
     let mut entry = 0u64;
     let offset = (addr / PAGE_SIZE * 8) as libc::off_t;
     // SAFETY: reads at most 8 bytes into `entry`; `fd` is ours until the close.
-    let got = unsafe { libc::pread(fd, (&mut entry as *mut u64).cast(), 8, offset) };
+    let got =
+        unsafe { libc::syscall(libc::SYS_pread64, fd, (&mut entry as *mut u64).cast::<libc::c_void>(), 8, offset) };
     // SAFETY: closes the descriptor opened above, which nothing else uses.
-    unsafe { libc::close(fd) };
-    (got == 8).then_some(entry & (PRESENT | EXCLUSIVE) == PRESENT | EXCLUSIVE)
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    (got == 8).then_some(entry & SWAPPED != 0 || entry & (PRESENT | EXCLUSIVE) == PRESENT | EXCLUSIVE)
 }
 
 fn raw_userfaultfd(flags: libc::c_int) -> io::Result<OwnedFd> {
@@ -351,7 +361,15 @@ impl Uffd {
             fd: crate::fd::ClosedIfStillOurs::new(fd),
             move_misreports: AtomicU64::new(0),
             keeper: crate::fd::Keeper::new(),
+            zero_page_destinations: false,
         })
+    }
+
+    /// Declares that the destinations of this descriptor's moves may hold the kernel's zero
+    /// page where the program read them (the staging areas: see [`Uffd::move_pages`]).
+    pub fn with_zero_page_destinations(mut self) -> Uffd {
+        self.zero_page_destinations = true;
+        self
     }
 
     pub fn raw_fd(&self) -> RawFd {
@@ -485,13 +503,13 @@ impl Uffd {
             // without counting them, and then fail on the page it already moved: EEXIST (the
             // destination holds it) or ENOENT (the source is empty). Observed on these VMs
             // about once per million pages. The end state is what was asked for, so it counts
-            // as moved; the kernel woke nobody for it, so wake here. The page at the
-            // destination must be one that was moved, not the kernel's zero page a program's
-            // read of an empty staging page left there (see `swap::STAGING_REGISTER_MODE`):
-            // mapped alone (mapped at all, where pagemap cannot be read).
+            // as moved; the kernel woke nobody for it, so wake here. Where destinations may
+            // hold the kernel's zero page a program's read left there (a staging area), the
+            // page must be one that was moved: the process's own (where pagemap cannot be
+            // read, mapped at all, as elsewhere; a region's destination is an empty entry).
             if (errno == libc::EEXIST || errno == libc::ENOENT)
                 && !page_present(src + base)
-                && page_exclusive(dst + base).unwrap_or_else(|| page_present(dst + base))
+                && self.moved_here(dst + base)
             {
                 self.move_misreports.fetch_add(1, Ordering::Relaxed);
                 if wake {
@@ -508,6 +526,16 @@ impl Uffd {
     }
 
     /// Moves the kernel reported as failed although they had happened (see `move_pages`).
+    /// Whether a page at `dst`, a destination a move reported as failed, is one it moved
+    /// (see [`Uffd::move_pages`]).
+    fn moved_here(&self, dst: usize) -> bool {
+        if self.zero_page_destinations {
+            page_is_own(dst).unwrap_or_else(|| page_present(dst))
+        } else {
+            page_present(dst)
+        }
+    }
+
     pub fn move_misreports(&self) -> u64 {
         self.move_misreports.load(Ordering::Relaxed)
     }
@@ -735,7 +763,10 @@ mod tests {
     /// count of a batched move.
     #[test]
     fn a_move_already_done_counts_as_done() {
-        let uffd = Uffd::open(FEATURE_MOVE, true, true).expect("userfaultfd with UFFD_FEATURE_MOVE");
+        // As the staging areas' descriptor: its destinations may hold the zero page.
+        let uffd = Uffd::open(FEATURE_MOVE, true, true)
+            .expect("userfaultfd with UFFD_FEATURE_MOVE")
+            .with_zero_page_destinations();
         let opts = MapOptions { no_huge_pages: true, dont_fork: true };
         let src = Mapping::anonymous(2 * PAGE_SIZE, opts).unwrap();
         let dst = Mapping::anonymous(2 * PAGE_SIZE, opts).unwrap();
@@ -769,18 +800,19 @@ mod tests {
         assert_eq!(uffd.move_misreports(), 1);
 
         // So is one onto the kernel's zero page (a program read an empty staging page) from
-        // an empty source: nothing was moved there.
+        // an empty source: nothing was moved there (a region's descriptor would take it for
+        // moved; its destinations are empty entries).
         let zero_dst = Mapping::anonymous(PAGE_SIZE, opts).unwrap();
         let empty_src = Mapping::anonymous(PAGE_SIZE, opts).unwrap();
         uffd.register(zero_dst.addr(), PAGE_SIZE, REGISTER_MODE_MISSING).unwrap();
         uffd.register(empty_src.addr(), PAGE_SIZE, REGISTER_MODE_MISSING).unwrap();
         assert_eq!(uffd.zeropage(zero_dst.addr(), PAGE_SIZE, false), RangeResult::Done);
-        assert!(page_present(zero_dst.addr()) && page_exclusive(zero_dst.addr()) == Some(false));
+        assert!(page_present(zero_dst.addr()) && page_is_own(zero_dst.addr()) == Some(false));
         assert!(matches!(
             uffd.move_pages(zero_dst.addr(), empty_src.addr(), PAGE_SIZE, false),
             RangeResult::Partial { done_bytes: 0, .. }
         ));
         assert_eq!(uffd.move_misreports(), 1);
-        assert_eq!(page_exclusive(dst.addr()), Some(true), "a moved page is mapped alone");
+        assert_eq!(page_is_own(dst.addr()), Some(true), "a moved page is mapped alone");
     }
 }
