@@ -293,7 +293,7 @@ impl SwapDevice {
 
     /// Drops whatever the program mapped in the staging pages of slots `[slot, slot +
     /// nr_pages)`, which this thread holds and which hold no staged page: the kernel's zero
-    /// page, where the program read the staging area (see `pager::register_staging`).
+    /// page, where the program read the staging area (see [`STAGING_REGISTER_MODE`]).
     pub fn drop_foreign_staging_pages(&self, slot: u64, nr_pages: usize) {
         debug_assert!(
             (slot..slot + nr_pages as u64).all(|s| self.table.lookup(s).is_none_or(|i| !i.cached)),
@@ -324,12 +324,13 @@ impl SwapDevice {
     ///
     /// Every page staged is looked at here first. An empty staging page reads as zeros, and
     /// the read maps the kernel's zero page there (the area is not registered for missing
-    /// faults: `STAGING_REGISTER_MODE`), so a page that reads zero is checked to be the
-    /// process's own (`uffd::page_is_own`; not where `/proc/self/pagemap` cannot be read): a
-    /// move that reported a page it did not put there would otherwise store zeros for it.
+    /// faults: [`STAGING_REGISTER_MODE`]), so debug builds check that a page that reads zero
+    /// is the process's own (`uffd::page_is_own`; not where `/proc/self/pagemap` cannot be
+    /// read): a move that reported a page it did not put there would store zeros for it.
+    /// Not release builds: three system calls for each zero page reclaimed.
     pub fn staged_page_is_zero(&self, slot: u64) -> bool {
         let zero = self.staging.page_is_zero(slot as usize * PAGE_SIZE);
-        assert!(
+        debug_assert!(
             !zero || page_is_own(self.staging_addr(slot)) != Some(false),
             "uswap invariant: slot {slot} staged no page (its staging page is empty or the zero page)"
         );

@@ -46,7 +46,7 @@ pub struct SwapCache {
 /// the program (one that reads every readable mapping it has) was a SIGBUS that killed it;
 /// now it maps the kernel's zero page, as a read of never-written memory does, and
 /// [`SwapCache::move_in`] drops it. An engine read of an empty staging page would see zeros
-/// too, rather than fail: every page staged is checked once (`SwapDevice::staged_page_is_zero`).
+/// too, rather than fail: debug builds check every page staged (`SwapDevice::staged_page_is_zero`).
 pub const STAGING_REGISTER_MODE: u64 = crate::uffd::REGISTER_MODE_WP;
 
 /// Drops of staging pages the program mapped, per [`SwapCache::move_in`], before it gives up
