@@ -48,7 +48,8 @@ pub use swap_table::{SlotInfo, SwapTable};
 
 use crate::backend::Backend;
 use crate::mapping::{
-    current_cpu, mincore_bitmap, AtomicTable, DiscardBatch, MapOptions, PageRun, Reservation, WINDOW_BYTES,
+    current_cpu, mincore_bitmap, page_present, AtomicTable, DiscardBatch, MapOptions, PageRun, Reservation,
+    WINDOW_BYTES,
 };
 use crate::readahead::FaultStreams;
 use crate::shared_charge::DeviceShare;
@@ -322,19 +323,20 @@ impl SwapDevice {
 
     /// Whether the page staged at `slot` is all zero.
     ///
-    /// Every page staged is looked at here first. An empty staging page reads as zeros, and
-    /// the read maps the kernel's zero page there (the area is not registered for missing
-    /// faults: [`STAGING_REGISTER_MODE`]), so debug builds check that a page that reads zero
-    /// is the process's own (`uffd::page_is_own`; not where `/proc/self/pagemap` cannot be
-    /// read): a move that reported a page it did not put there would store zeros for it.
-    /// Not release builds: three system calls for each zero page reclaimed.
+    /// Every page staged is looked at here first. An empty staging page reads as zeros (the
+    /// read maps the kernel's zero page there: the area is not registered for missing
+    /// faults, [`STAGING_REGISTER_MODE`]), so debug builds check before the read that the
+    /// page is there: mapped (the kernel's zero page too, which a move of a region's zero
+    /// page puts there), or swapped out by the system (`uffd::page_is_own`). A move that
+    /// reported a page it did not put there would otherwise store zeros for it. Not release
+    /// builds: a system call or more for each page reclaimed.
     pub fn staged_page_is_zero(&self, slot: u64) -> bool {
-        let zero = self.staging.page_is_zero(slot as usize * PAGE_SIZE);
+        let addr = self.staging_addr(slot);
         debug_assert!(
-            !zero || page_is_own(self.staging_addr(slot)) != Some(false),
-            "uswap invariant: slot {slot} staged no page (its staging page is empty or the zero page)"
+            page_present(addr) || page_is_own(addr) == Some(true),
+            "uswap invariant: slot {slot} staged no page (its staging page is empty)"
         );
-        zero
+        self.staging.page_is_zero(slot as usize * PAGE_SIZE)
     }
 
     /// The crc32c of the page staged at `slot`.
