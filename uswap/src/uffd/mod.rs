@@ -525,7 +525,6 @@ impl Uffd {
         }
     }
 
-    /// Moves the kernel reported as failed although they had happened (see `move_pages`).
     /// Whether a page at `dst`, a destination a move reported as failed, is one it moved
     /// (see [`Uffd::move_pages`]).
     fn moved_here(&self, dst: usize) -> bool {
@@ -536,6 +535,7 @@ impl Uffd {
         }
     }
 
+    /// Moves the kernel reported as failed although they had happened (see `move_pages`).
     pub fn move_misreports(&self) -> u64 {
         self.move_misreports.load(Ordering::Relaxed)
     }
