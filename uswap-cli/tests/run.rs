@@ -576,21 +576,27 @@ fn the_heap_gives_freed_blocks_back() {
 #[test]
 fn a_program_reading_its_heaps_mapping_reads_only_what_was_handed_out() {
     run_in_both_modes("readheap", WSS_MIB, |mode, _, r| {
-        let out = String::from_utf8_lossy(&r.0.stdout);
-        assert!(
-            r.0.status.success() && out.ends_with("ok\n"),
-            "{mode}: {out}\n{}",
-            String::from_utf8_lossy(&r.0.stderr)
-        );
-        let readable_mib: u64 = out
-            .lines()
-            .find_map(|l| l.strip_prefix("readable MiB "))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{mode}: no size in {out}"));
+        let readable_mib = readable_mib_of_a_run_that_ended_ok(mode, &r.0);
         // The first arena (256 MiB) holds the working set; never more than one doubling.
-        assert!(readable_mib <= 512, "{mode}: {readable_mib} MiB of the heap's mapping readable: {out}");
+        assert!(readable_mib <= 512, "{mode}: {readable_mib} MiB of the heap's mapping readable");
         assert!(counter(&r.1, "pswpout") > 0, "{mode}: the working set was paged: {}", r.1);
     });
+}
+
+/// What `readheap` and `readmaps` print they read ("readable MiB N"), from a run that ended
+/// well and printed "ok".
+fn readable_mib_of_a_run_that_ended_ok(mode: &str, o: &Output) -> u64 {
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.ends_with("ok\n"),
+        "{mode}: {}: {out}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out.lines()
+        .find_map(|l| l.strip_prefix("readable MiB "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{mode}: no size in {out}"))
 }
 
 /// A program that reads every page of every readable mapping it has meets uswap's own
@@ -607,18 +613,7 @@ fn a_program_reading_its_whole_address_space_reads_uswaps_mappings_as_zeros() {
         .expect("MemTotal in /proc/meminfo")
         >> 10;
     run_in_both_modes("readmaps", WSS_MIB, |mode, _, r| {
-        let out = String::from_utf8_lossy(&r.0.stdout);
-        assert!(
-            r.0.status.success() && out.ends_with("ok\n"),
-            "{mode}: {}: {out}\n{}",
-            r.0.status,
-            String::from_utf8_lossy(&r.0.stderr)
-        );
-        let readable_mib: u64 = out
-            .lines()
-            .find_map(|l| l.strip_prefix("readable MiB "))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{mode}: no size in {out}"));
+        let readable_mib = readable_mib_of_a_run_that_ended_ok(mode, &r.0);
         // What stays readable: the heap's first arena, the tables sized by the devices'
         // slots (a few per cent of the RAM), a window of the arena and of the staging area.
         assert!(readable_mib < 1024 + ram_mib / 8, "{mode}: {readable_mib} MiB readable with {ram_mib} MiB of RAM");
