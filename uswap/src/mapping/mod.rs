@@ -164,13 +164,8 @@ impl Mapping {
         if accessible {
             make_accessible(p, len, app, lock_all::must_unlock(epoch))?;
         } else if lock_all::must_unlock(epoch) {
-            // Locked (the program's `MCL_FUTURE`), it would count in the process's locked
-            // memory, inaccessible as it is; opening a window unlocks that window again.
-            // SAFETY: the fresh mapping above, which nothing uses yet; unlocking changes how
-            // it is kept, not what is mapped.
-            if unsafe { libc::syscall(libc::SYS_munlock, p, len) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            // Opening a window unlocks that window again (`Reservation`).
+            keep_out_of_locks(p, len, app)?;
         }
         Ok(m)
     }
@@ -388,21 +383,34 @@ impl Drop for Mapping {
 }
 
 /// Makes `[p, p + len)`, a mapping just made inaccessible, readable and writable; first, if
-/// `unlock` (see [`Mapping::fresh`]), unlocked (the engine's) or locked on fault (`app`), so
-/// that the kernel brings nothing in. The system calls themselves: `uswap run`'s library
-/// interposes the C library's functions, for the program's memory.
+/// `unlock` (see [`Mapping::fresh`]), [`keep_out_of_locks`]. The system calls themselves:
+/// `uswap run`'s library interposes the C library's functions, for the program's memory.
 fn make_accessible(p: *mut libc::c_void, len: usize, app: bool, unlock: bool) -> io::Result<()> {
-    // SAFETY: the caller's fresh mapping, which nothing uses yet; locking and protection
-    // calls on it change how it is kept and accessed, not what is mapped.
+    if unlock {
+        keep_out_of_locks(p, len, app)?;
+    }
+    // SAFETY: the caller's fresh mapping, which nothing uses yet; a protection change on it
+    // changes how it is accessed, not what is mapped.
+    if unsafe { libc::syscall(libc::SYS_mprotect, p, len, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Unlocks `[p, p + len)` (the engine's) or locks it on fault (`app`), where the program's
+/// `mlockall(MCL_FUTURE)` locked it as it was mapped: made accessible, it would be brought
+/// in whole; inaccessible, it would count in the process's locked memory.
+fn keep_out_of_locks(p: *mut libc::c_void, len: usize, app: bool) -> io::Result<()> {
+    // SAFETY: the caller's fresh mapping, which nothing uses yet; locking calls on it change
+    // how it is kept, not what is mapped.
     let r = unsafe {
-        match (unlock, app) {
-            (false, _) => 0,
-            (true, true) => libc::syscall(libc::SYS_mlock2, p, len, libc::MLOCK_ONFAULT),
-            (true, false) => libc::syscall(libc::SYS_munlock, p, len),
+        if app {
+            libc::syscall(libc::SYS_mlock2, p, len, libc::MLOCK_ONFAULT)
+        } else {
+            libc::syscall(libc::SYS_munlock, p, len)
         }
     };
-    // SAFETY: as above.
-    if r != 0 || unsafe { libc::syscall(libc::SYS_mprotect, p, len, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+    if r != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
