@@ -1,6 +1,6 @@
 //! The table of the program's managed mappings ([`crate::mmap`]): each entry holds the
-//! region of one mapping the program made, by the range it mapped, until the program
-//! unmaps all of it.
+//! region of one mapping the program made, by the range it still has of it at its ends,
+//! until the program unmaps all of it.
 //!
 //! A program may hold tens of thousands (V8 makes each 256 KiB page of its heap a mapping
 //! of its own), and every `munmap`, `mremap`, `madvise` and `mprotect` of the program asks
@@ -10,27 +10,37 @@
 //! Locking: none of its own; the table lives behind `mmap`'s mutex (held across a fork).
 //!
 //! Invariants: the entries in `apart` are pairwise disjoint, so the one that starts last
-//! below an address is the only one of them that may reach it. An entry that overlapped
-//! another when it came (a mapping the kernel placed in a hole of one the program unmapped
-//! in part) is kept in `nested`, which every query scans; it moves to `apart` once it no
-//! longer overlaps any entry there nor an older nested one (`nested` is kept oldest first).
-//! Such entries are rare (a program that unmaps the start
-//! or middle of a managed mapping and keeps the rest, whose hole the kernel then fills),
-//! but nothing bounds them: a program that keeps doing so pays a scan of them per query,
-//! as every query paid a scan of the whole table before. Entries are never dropped here: a
+//! below an address is the only one of them that may reach it. An entry covers what the
+//! program still has at its ends: one that loses its first or last pages to an `munmap`
+//! is trimmed to what is left ([`Table::trim`]), while its region spans what was mapped
+//! first. An entry that overlapped another when it came (a mapping the kernel placed in a
+//! hole the program unmapped in the middle of another) is kept in `nested`, which every
+//! query scans; it moves to `apart` once it no longer overlaps any entry there nor an older
+//! nested one (`nested` is kept oldest first). Such entries are rare (a program that
+//! unmaps the middle of a managed mapping and keeps both ends, whose hole the kernel then
+//! fills), but nothing bounds them: a program that keeps doing so pays a scan of them per
+//! query, and each entry taken out a scan of them per nested entry. Entries are never dropped here: a
 //! caller takes them out and drops or forgets them, and a fork child's re-arming forgets
 //! the parent's regions it replaces and the entries left without one.
 
 use std::collections::BTreeMap;
 
 pub struct Entry<R = uswap::Region> {
+    /// What the program still has of the mapping, at either end ([`Table::trim`]).
     pub start: usize,
     pub len: usize,
     /// Held for its drop: unmapping the region frees its slots.
     pub region: R,
+    /// The range first mapped, which the region spans.
+    mapped: (usize, usize),
 }
 
 impl<R> Entry<R> {
+    /// The entry of a mapping of `len` bytes at `start`, all of it `region`'s.
+    pub fn new(start: usize, len: usize, region: R) -> Entry<R> {
+        Entry { start, len, region, mapped: (start, len) }
+    }
+
     fn end(&self) -> usize {
         self.start + self.len
     }
@@ -118,6 +128,51 @@ impl<R> Table<R> {
         taken
     }
 
+    /// The program unmapped `[start, end)`: an entry that lost its first or its last pages
+    /// to it (`owns(region, from, to)` false: its region owns none of the pages cut) now
+    /// starts or ends where the unmapping did, so that a mapping the kernel then places
+    /// there meets nothing. (Another thread's new mapping, placed there between the
+    /// program's `munmap` and this call, owns its pages: it is left whole.) (Ruby's heap maps 32 KiB and unmaps the first or last
+    /// 16 KiB of it to align each page; the kernel places the next right below, in the
+    /// hole. Kept at their first length, the entries each overlapped the one before, every
+    /// one went to `nested`, and a program with 8,000 of them spent 88 % of its time in
+    /// [`Table::settle_nested`].) An entry that lost pages in its middle keeps its range:
+    /// the hole is inside it. The entry's region is not changed: it still spans what was
+    /// mapped first ([`Table::rearm`] matches it by that).
+    pub fn trim(&mut self, start: usize, end: usize, owns: impl Fn(&R, usize, usize) -> bool) {
+        // What is left of `e` once its pages in `[start, end)` are cut, if they are at
+        // one of its ends and its region owns none of them.
+        let cut = |e: &Entry<R>| -> Option<(usize, usize)> {
+            let (s, e_end) = (e.start, e.end());
+            let (left, cut) = match (start <= s, end >= e_end) {
+                (true, false) if end > s => ((end, e_end - end), (s, end)),
+                (false, true) if start < e_end => ((s, start - s), (start, e_end)),
+                _ => return None,
+            };
+            (!owns(&e.region, cut.0, cut.1)).then_some(left)
+        };
+        let trimmed: Vec<(usize, usize, usize)> =
+            self.apart_meeting(start, end).filter_map(|e| cut(e).map(|(s, l)| (e.start, s, l))).collect();
+        for (key, new_start, new_len) in trimmed {
+            if let Some(mut e) = self.apart.remove(&key) {
+                (e.start, e.len) = (new_start, new_len);
+                // A shorter entry meets no entry it did not meet before: `apart` stays disjoint.
+                let before = self.apart.insert(new_start, e);
+                debug_assert!(before.is_none(), "uswap invariant: two entries of `apart` at one start");
+            }
+        }
+        let mut nested_trimmed = false;
+        for e in self.nested.iter_mut() {
+            if let Some((s, l)) = cut(e) {
+                (e.start, e.len) = (s, l);
+                nested_trimmed = true;
+            }
+        }
+        if nested_trimmed {
+            self.settle_nested();
+        }
+    }
+
     /// Moves the nested entries that no longer overlap an entry of `apart`, nor an older
     /// nested one, there: oldest first, so that an entry of `apart` is older than every
     /// nested entry it meets (what [`Table::starting_at`] relies on).
@@ -137,14 +192,15 @@ impl<R> Table<R> {
         }
     }
 
-    /// Bytes the entries mapped.
+    /// Bytes the entries cover (what the program still has of its mappings at their ends,
+    /// holes inside them included).
     pub fn bytes(&self) -> usize {
         self.apart.values().chain(&self.nested).map(|e| e.len).sum()
     }
 
-    /// In a fork child: each entry takes the region of `regions` that starts where it does
-    /// and is as long (`len_of`; two entries may start at one address, see the module doc),
-    /// else one that starts there, and the parent's region it held is forgotten, never
+    /// In a fork child: each entry takes the region of `regions` that starts where its own
+    /// did and is as long (`len_of`; two entries may start at one address, see the module
+    /// doc), else one that starts there, and the parent's region it held is forgotten, never
     /// dropped (its pager is the parent's); an entry with none leaves the table, forgotten.
     /// What `regions` has left stays there. Allocation-free when `regions` is empty.
     pub fn rearm(&mut self, regions: &mut Vec<(usize, R)>, len_of: impl Fn(&R) -> usize) {
@@ -158,8 +214,9 @@ impl<R> Table<R> {
             by_start.entry(start).or_default().push(region);
         }
         let mut take = |e: &Entry<R>| {
-            let at_start = by_start.get_mut(&e.start)?;
-            let k = at_start.iter().position(|r| len_of(r) == e.len).unwrap_or(at_start.len().checked_sub(1)?);
+            let (mapped_start, mapped_len) = e.mapped;
+            let at_start = by_start.get_mut(&mapped_start)?;
+            let k = at_start.iter().position(|r| len_of(r) == mapped_len).unwrap_or(at_start.len().checked_sub(1)?);
             Some(at_start.swap_remove(k))
         };
         let mut kept = Table::new();
@@ -185,7 +242,7 @@ mod tests {
     const P: usize = 0x1000;
 
     fn entry(start_page: usize, pages: usize, id: u32) -> Entry<u32> {
-        Entry { start: start_page * P, len: pages * P, region: id }
+        Entry::new(start_page * P, pages * P, id)
     }
 
     /// A table holding `entries`, inserted in their order.
@@ -269,6 +326,50 @@ mod tests {
         // 2 (at 11) settled first; O (10..30) meets it and stays; N (10..11) meets O, older.
         assert_eq!(t.starting_at(10 * P).map(|e| e.region), Some(4));
         assert_eq!(ids(t.nested.iter()), [3, 4]);
+    }
+
+    /// An entry that loses its first or last pages ends where the program's mapping now
+    /// does, so that a mapping the kernel places in what went is kept apart (Ruby's heap
+    /// pages: 32 KiB mapped, 16 KiB of it unmapped, the next placed in the hole); one that
+    /// loses pages in its middle keeps its range. A fork child still matches each by the
+    /// range its region spans.
+    #[test]
+    fn entries_lose_their_ends_to_unmapping_and_mappings_placed_there_stay_apart() {
+        let mut t = table_of([entry(100, 8, 1), entry(200, 8, 2), entry(300, 8, 3)]);
+        t.trim(96 * P, 104 * P, |_, _, _| false); // the first half of 1, and no entry's whole
+        t.trim(206 * P, 210 * P, |_, _, _| false); // the last two pages of 2
+        t.trim(302 * P, 304 * P, |_, _, _| false); // a hole in 3
+        let spans: Vec<(usize, usize)> = t.meeting(0, usize::MAX).map(|e| (e.start / P, e.len / P)).collect();
+        assert_eq!(spans, [(104, 4), (200, 6), (300, 8)]);
+        // What the kernel places where 1's first pages were, and in 3's hole.
+        t.insert(entry(96, 8, 4));
+        t.insert(entry(302, 2, 5));
+        assert_eq!(ids(t.nested.iter()), [5], "only the mapping in a hole nests");
+        assert_eq!(ids(t.meeting(103 * P, 104 * P)), [4]);
+        assert_eq!(ids(t.meeting(104 * P, 105 * P)), [1]);
+        assert!(t.meeting(206 * P, 208 * P).next().is_none(), "2's last pages are no entry's");
+        // The program unmaps 3's first pages and the mapping in its hole (which goes whole,
+        // as `munmap` takes it): 3 now starts past them.
+        assert_eq!(
+            ids(t.take_meeting(300 * P, 304 * P, |e| e.start >= 300 * P && e.start + e.len <= 304 * P).iter()),
+            [5]
+        );
+        t.trim(300 * P, 304 * P, |_, _, _| false);
+        // A mapping another thread made there after the `munmap` owns its pages: left whole.
+        t.insert(entry(400, 8, 6));
+        t.trim(404 * P, 410 * P, |&id, from, to| id == 6 && (from, to) == (404 * P, 408 * P));
+        assert_eq!(t.starting_at(400 * P).map(|e| e.len), Some(8 * P));
+        assert_eq!(ids(t.take_meeting(400 * P, 408 * P, |_| true).iter()), [6]);
+        assert_eq!(ids(t.meeting(0, usize::MAX)), [1, 2, 3, 4]);
+        assert_eq!(t.starting_at(304 * P).map(|e| e.region), Some(3));
+        // Region ids are their first page here: each entry takes the child's region that
+        // starts where its parent's did, not where the entry now starts.
+        let mut regions = vec![(100 * P, 11), (200 * P, 12), (300 * P, 13), (96 * P, 14)];
+        t.rearm(&mut regions, |_| 0);
+        assert!(regions.is_empty(), "every region claimed: {regions:?}");
+        let mut by_start: Vec<(usize, u32)> = t.meeting(0, usize::MAX).map(|e| (e.start / P, e.region)).collect();
+        by_start.sort();
+        assert_eq!(by_start, [(96, 14), (104, 11), (200, 12), (304, 13)]);
     }
 
     /// A fork child's table: entries take the new region of their start, the others leave,

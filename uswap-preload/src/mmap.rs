@@ -138,7 +138,7 @@ pub fn adopt_deferred(pager: &'static uswap::Pager) {
             continue;
         }
         match pager.adopt(start, len) {
-            Ok(region) => table.insert(Entry { start, len, region }),
+            Ok(region) => table.insert(Entry::new(start, len, region)),
             Err(_) => count_unmanaged(),
         }
     }
@@ -289,7 +289,7 @@ fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
     match cfg.pager.map(len) {
         Ok(region) => {
             let start = region.as_ptr() as usize;
-            table.insert(Entry { start, len, region });
+            table.insert(Entry::new(start, len, region));
             Some(start as *mut c_void)
         }
         Err(_) => {
@@ -311,14 +311,16 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
     if fixed {
         for e in table.meeting(start, end) {
             over_managed = true;
-            if e.region.adopt_range(start, len).is_err() {
+            // What the entry still covers: what it lost at its ends may be another's now.
+            let (from, to) = (start.max(e.start), end.min(e.start + e.len));
+            if e.region.adopt_range(from, to - from).is_err() {
                 count_unmanaged();
             }
         }
     }
     if over_managed {
-        // Parts outside every region stay ordinary (a program mapping across the end of a
-        // region it reserved).
+        // Parts outside every entry stay ordinary (a program mapping across the end of a
+        // region it reserved, or over pages an entry lost at its ends).
         return;
     }
     if len < cfg.min_size_bytes {
@@ -330,7 +332,7 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
         return;
     }
     match cfg.pager.adopt(start, len) {
-        Ok(region) => table.insert(Entry { start, len, region }),
+        Ok(region) => table.insert(Entry::new(start, len, region)),
         Err(_) => {
             count_unmanaged();
         }
@@ -469,12 +471,15 @@ pub(crate) fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
     (taken, partial)
 }
 
-/// Drops the entries overlapping `[start, end)` that have no page left (the program
-/// unmapped them piece by piece): their address range may be handed out again, and must
-/// not still look managed.
-pub(crate) fn drop_emptied(start: usize, end: usize) {
-    let emptied =
-        TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |e| !e.region.has_live_pages());
+/// After the program unmapped `[start, end)`, part of some managed mappings: drops the
+/// entries overlapping it that have no page left (the program unmapped them piece by
+/// piece), and trims the others that lost their first or last pages (`Table::trim`): the
+/// addresses gone may be handed out again, and must not still look managed.
+pub(crate) fn forget_unmapped(start: usize, end: usize) {
+    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let emptied = table.take_meeting(start, end, |e| !e.region.has_live_pages());
+    table.trim(start, end, uswap::Region::owns_any_in);
+    drop(table);
     // Outside the table's lock: a region's drop reaches the engine's locks.
     drop(emptied);
 }

@@ -14,7 +14,7 @@
 use std::ffi::c_void;
 
 use crate::mmap::{
-    config, drop_emptied, overlaps_managed, page_round_up, take_covered, user_space_top, LET_GO_BY_PROTECTION,
+    config, forget_unmapped, overlaps_managed, page_round_up, take_covered, user_space_top, LET_GO_BY_PROTECTION,
 };
 use crate::own_code::{in_uswap, Guard};
 use crate::real::{self, errno, set_errno};
@@ -111,8 +111,8 @@ pub(crate) fn unmap(addr: *mut c_void, len: usize) -> i32 {
             real::sys_munmap(addr as *mut c_void, len);
         }
     }
-    if partial {
-        drop_emptied(start, end);
+    if partial && r == 0 {
+        forget_unmapped(start, end);
     }
     set_errno(e);
     r

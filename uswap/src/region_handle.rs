@@ -125,10 +125,16 @@ impl Region {
     /// partial unmap, and a scan of all of a 16 GiB reservation's pages each time (a
     /// program's break, a runtime's heap) took 95 % of the program's time.
     pub fn has_live_pages(&self) -> bool {
+        let start = self.inner.start();
+        self.owns_any_in(start, start + self.inner.nr_pages * PAGE_SIZE)
+    }
+
+    /// Whether any page of `[start, end)` (clipped to the region) is still the region's,
+    /// once the events the kernel has sent so far are applied, as [`Region::has_live_pages`].
+    pub fn owns_any_in(&self, start: usize, end: usize) -> bool {
         let shared = self.pager.shared();
         let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
-        let start = self.inner.start();
-        self.inner.owns_any_of(start, start + self.inner.nr_pages * PAGE_SIZE)
+        self.inner.owns_any_of(start, end)
     }
 }
 
