@@ -54,7 +54,7 @@ use warnings::{
 };
 
 /// `--min-size`'s default, in bytes (as the preload library's own default).
-pub const DEFAULT_MIN_SIZE_BYTES: u64 = 64 << 10;
+pub const DEFAULT_MIN_SIZE_BYTES: u64 = 16 << 10;
 
 /// `--start-after` under `--auto` when not given: its limit moves, and a process waiting for
 /// its pager cannot follow it down. Otherwise the preload library's own default (a
@@ -91,7 +91,7 @@ pub struct RunArgs {
     pub fault_mode: RunFaultMode,
     /// Anonymous mappings smaller than this stay ordinary memory (the heap is managed but for
     /// its first blocks, up to 2 MiB, see `--start-after`).
-    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
+    #[arg(long, default_value = "16KiB", value_parser = parse_size)]
     pub min_size: u64,
     /// A process's pager starts once its heap and its own anonymous mappings pass SIZE
     /// (default and most: a sixteenth of the limit; 16 MiB at most with `--auto`), at its

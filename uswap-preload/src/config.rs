@@ -7,7 +7,7 @@
 //! | `USWAP_LIMIT` | resident limit, a size (`512MiB`) | 1 GiB |
 //! | `USWAP_DEVICE` | device list, as `uswap bench --device` | `zpool` of half the RAM |
 //! | `USWAP_FAULT_MODE` | `auto`, `thread` or `signal` (see [`resolve_auto`]) | `thread` |
-//! | `USWAP_MIN_SIZE` | smallest `mmap` managed | 64 KiB |
+//! | `USWAP_MIN_SIZE` | smallest `mmap` managed | 16 KiB ([`DEFAULT_MIN_SIZE_BYTES`]) |
 //! | `USWAP_STATS_DIR` | where each process writes its final counters | none |
 //! | `USWAP_IDLE_AGE` | idle aging: an age (`120s`, `2m`), `never` (count idle pages only) or `off` | `off` |
 //! | `USWAP_START_AFTER` | the heap a process may use before its pager starts, a size, at most a sixteenth of the limit; `0`: before `main` (see the crate's doc, "Lazy start") | a sixteenth of the limit (16 MiB at most outside a `uswap run` tree, see `waiting_charge`) |
@@ -21,6 +21,10 @@ pub const ENV_LIMIT: &str = "USWAP_LIMIT";
 pub const ENV_DEVICE: &str = "USWAP_DEVICE";
 pub const ENV_FAULT_MODE: &str = "USWAP_FAULT_MODE";
 pub const ENV_MIN_SIZE: &str = "USWAP_MIN_SIZE";
+/// `USWAP_MIN_SIZE`'s default: Ruby's heap pages (16 KiB mappings) are managed; smaller
+/// mappings, fewer and dearer to manage one by one, stay the kernel's (docs/cli.md, "Not
+/// managed"). As `uswap run --min-size`'s.
+pub const DEFAULT_MIN_SIZE_BYTES: usize = 16 << 10;
 pub const ENV_STATS_DIR: &str = "USWAP_STATS_DIR";
 pub const ENV_DISABLE: &str = "USWAP_DISABLE";
 pub const ENV_IDLE_AGE: &str = "USWAP_IDLE_AGE";
@@ -79,7 +83,7 @@ impl Config {
             Ok("auto") => resolve_auto(),
             Ok(other) => return Err(format!("{ENV_FAULT_MODE}={other:?}: expected auto, thread or signal")),
         };
-        let min_size_bytes = size_var(ENV_MIN_SIZE, 64 << 10)? as usize;
+        let min_size_bytes = size_var(ENV_MIN_SIZE, DEFAULT_MIN_SIZE_BYTES as u64)? as usize;
         let stats_dir = std::env::var_os(ENV_STATS_DIR).map(Into::into);
         let idle_aging = match std::env::var(ENV_IDLE_AGE) {
             Ok(v) => IdleAging::parse(&v).map_err(|e| format!("{ENV_IDLE_AGE}: {e}"))?,

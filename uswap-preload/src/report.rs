@@ -136,7 +136,7 @@ pub fn forget_locks_in_fork_child() {
 /// Measures the process's unmanaged memory (see `unmanaged`) and publishes it in the
 /// pager's counters.
 fn measure_unmanaged() {
-    let min_size = crate::config().map_or(64 << 10, |c| c.min_size_bytes);
+    let min_size = crate::config().map_or(crate::config::DEFAULT_MIN_SIZE_BYTES, |c| c.min_size_bytes);
     if let Some(mut u) = crate::unmanaged::measure(min_size) {
         let mapped = u.shared_objects();
         count_shared_once(&mut u);

@@ -229,7 +229,7 @@ fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
         // small mappings (the count never goes down: a hint, not a proof).
         _ if crate::mmap::SMALL_MAPPED_BYTES.load(std::sync::atomic::Ordering::Relaxed) >= (h.end - h.start) as u64 / 2 => {
             "mappings smaller than --min-size that the kernel merged into one, most likely (a smaller --min-size, \
-             16KiB, manages them at some cost in faults), or mapped inside the C library or by a raw system call"
+             down to 4KiB, manages them at some cost in faults), or mapped inside the C library or by a raw system call"
         }
         _ => "mapped where uswap does not see it: inside the C library (thread stacks, its own allocations) or by a raw system call",
     }
