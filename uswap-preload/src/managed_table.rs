@@ -19,9 +19,9 @@
 //! nested one (`nested` is kept oldest first). Such entries are rare (a program that
 //! unmaps the middle of a managed mapping and keeps both ends, whose hole the kernel then
 //! fills), but nothing bounds them: a program that keeps doing so pays a scan of them per
-//! query, and each entry taken out a scan of them per nested entry. Entries are never dropped here: a
-//! caller takes them out and drops or forgets them, and a fork child's re-arming forgets
-//! the parent's regions it replaces and the entries left without one.
+//! query, and each entry taken out a scan of them per nested entry. Entries are never
+//! dropped here: a caller takes them out and drops or forgets them, and a fork child's
+//! re-arming forgets the parent's regions it replaces and the entries left without one.
 
 use std::collections::BTreeMap;
 
@@ -131,14 +131,15 @@ impl<R> Table<R> {
     /// The program unmapped `[start, end)`: an entry that lost its first or its last pages
     /// to it (`owns(region, from, to)` false: its region owns none of the pages cut) now
     /// starts or ends where the unmapping did, so that a mapping the kernel then places
-    /// there meets nothing. (Another thread's new mapping, placed there between the
-    /// program's `munmap` and this call, owns its pages: it is left whole.) (Ruby's heap maps 32 KiB and unmaps the first or last
-    /// 16 KiB of it to align each page; the kernel places the next right below, in the
-    /// hole. Kept at their first length, the entries each overlapped the one before, every
-    /// one went to `nested`, and a program with 8,000 of them spent 88 % of its time in
-    /// [`Table::settle_nested`].) An entry that lost pages in its middle keeps its range:
-    /// the hole is inside it. The entry's region is not changed: it still spans what was
-    /// mapped first ([`Table::rearm`] matches it by that).
+    /// there meets nothing. Ruby's heap maps 32 KiB and unmaps the first 16 KiB of it at
+    /// once, and the kernel places the next mapping right below, over that half: kept at
+    /// their first length, the entries each overlapped the one before, every one went to
+    /// `nested`, and a program with 8,000 of them spent 88 % of its time in
+    /// [`Table::settle_nested`]. A mapping another thread placed there between the
+    /// program's `munmap` and this call owns its pages: it is left whole. An entry that
+    /// lost pages in its middle keeps its range: the hole is inside it. The entry's region
+    /// is not changed: it still spans what was mapped first ([`Table::rearm`] matches it by
+    /// that).
     pub fn trim(&mut self, start: usize, end: usize, owns: impl Fn(&R, usize, usize) -> bool) {
         // What is left of `e` once its pages in `[start, end)` are cut, if they are at
         // one of its ends and its region owns none of them.
