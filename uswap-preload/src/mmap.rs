@@ -312,7 +312,7 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
         for e in table.meeting(start, end) {
             over_managed = true;
             // What the entry still covers: what it lost at its ends may be another's now.
-            let (from, to) = (start.max(e.start), end.min(e.start + e.len));
+            let (from, to) = (start.max(e.start), end.min(e.end()));
             if e.region.adopt_range(from, to - from).is_err() {
                 count_unmanaged();
             }
@@ -464,7 +464,7 @@ pub extern "C" fn mmap64(
 pub(crate) fn take_covered(start: usize, end: usize) -> (Vec<Entry>, bool) {
     let mut partial = false;
     let taken = TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |e| {
-        let inside = e.start >= start && e.start + e.len <= end;
+        let inside = e.start >= start && e.end() <= end;
         partial |= !inside;
         inside
     });
