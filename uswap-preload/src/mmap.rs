@@ -302,8 +302,10 @@ fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
 /// The kernel mapped `[start, start + len)` as the program asked (anonymous, private, not
 /// executable): fresh memory over managed memory becomes those regions' pages again, and
 /// anything else of at least `--min-size` becomes a region of its own. What the pager
-/// refuses stays the program's ordinary memory (counted).
-fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
+/// refuses stays the program's ordinary memory (counted). A reservation (`PROT_NONE`) has
+/// no page present to look for: GHC's runtime reserves 1 TiB, which `mincore` takes
+/// hundreds of milliseconds to go through.
+fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool, reserved: bool) {
     let Some(len) = page_round_up(len) else { return };
     let end = start + len;
     let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
@@ -331,7 +333,8 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool) {
         count_table_full(len);
         return;
     }
-    match cfg.pager.adopt(start, len) {
+    let touched_bytes = if reserved { 0 } else { len };
+    match cfg.pager.adopt_touched_prefix(start, len, touched_bytes) {
         Ok(region) => table.insert(Entry::new(start, len, region)),
         Err(_) => {
             count_unmanaged();
@@ -372,7 +375,7 @@ pub(crate) fn map(
         Plan::MapThenAdopt => {
             let p = real::sys_mmap(addr, len, prot, flags, fd, off);
             if p != libc::MAP_FAILED {
-                adopt(cfg, p as usize, len, flags & libc::MAP_FIXED != 0);
+                adopt(cfg, p as usize, len, flags & libc::MAP_FIXED != 0, prot == libc::PROT_NONE);
             }
             return p;
         }

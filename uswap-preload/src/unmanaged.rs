@@ -200,7 +200,7 @@ fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
     match h.path {
         "[stack]" => "the main thread's stack",
         p if p.starts_with("/anon_hugepage") => "MAP_HUGETLB: not paged by uswap",
-        _ if h.perms.contains('x') => "executable memory (a JIT's code cache)",
+        _ if h.perms.contains('x') => "executable memory (a JIT's code cache, or a heap mapped executable)",
         _ if crate::program_break::overlaps(h.start, h.end) => "the program's own break (brk, sbrk): not paged by uswap",
         _ if crate::program_userfaultfd::overlaps(h.start, h.end) => {
             "registered with the program's own userfaultfd: let go of by uswap (a range has one userfaultfd)"

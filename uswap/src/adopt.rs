@@ -126,7 +126,9 @@ impl Region {
             let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
             let release = shared.release_cx();
             let mut released = Released::default();
-            for page in first..last {
+            // Pages already `None` are left unwritten: a runtime that uncommits its whole
+            // reservation (1 TiB for GHC's) would otherwise write a word for each page.
+            for page in first..last.min(inner.all_none_from()).max(first) {
                 let pte = crate::events::lock_page(inner, page);
                 // Normally `Gone`. Anything else was not unmapped after all (a mapping the
                 // kernel refused to replace partly): it keeps nothing and reads zero, as

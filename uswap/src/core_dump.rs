@@ -161,7 +161,8 @@ fn bring_in(region: &RegistryGuard<'_, RegionInner>, bounds: &mut Bounds, done: 
         FaultMode::Thread => Route::Thread,
         FaultMode::Signal => Route::Signal,
     };
-    for page in 0..region.nr_pages {
+    // None is out past the touched part (`RegionInner::note_touched`).
+    for page in 0..region.touched_end() {
         let pte = region.load(page);
         // A busy page may be on its way out (a reclaim begun before the stop): served, the
         // fault path waits for it.
@@ -201,7 +202,8 @@ fn serve(region: &RegistryGuard<'_, RegionInner>, addr: usize, route: Route) -> 
 
 /// Leaves the part of `region` past its last page ever touched out of the dump.
 fn leave_untouched_tail_out(region: &RegistryGuard<'_, RegionInner>) {
-    let touched = (0..region.nr_pages).rev().find(|&page| region.load(page).state() != PageState::None);
+    // None past the touched part (`RegionInner::note_touched`): their words are not read.
+    let touched = (0..region.touched_end()).rev().find(|&page| region.load(page).state() != PageState::None);
     let first_untouched = touched.map_or(0, |page| page + 1);
     if first_untouched < region.nr_pages {
         let len = (region.nr_pages - first_untouched) * PAGE_SIZE;

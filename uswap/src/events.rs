@@ -405,6 +405,12 @@ fn release(cx: &Events<'_>, r: &Guard<'_>, first: usize, last: usize, to: PageSt
     if to == PageState::Gone {
         r.note_gone();
     }
+    // Past the touched part every page is `None` or `Gone` and owns nothing, and `None` reads
+    // zero as `Zero` does: a discard leaves those words unwritten. GHC's runtime reserves 1
+    // TiB and discards all of it at start; writing `Zero` there made 2 GiB of the page table
+    // resident, a word for each of its 268 M pages. (A fault that maps a page there after
+    // this load races the kernel's zap as one on a page released above does.)
+    let last = if to == PageState::Zero { last.min(r.touched_end()).max(first) } else { last };
     let mut released = Released::default();
     for page in first..last {
         let pte = lock_page(r, page);

@@ -70,6 +70,15 @@ impl RegionInner {
         self.touched_end.load(Ordering::Acquire)
     }
 
+    /// Every page from here on is `None`: never mapped, and none unmapped (`Gone`) yet.
+    pub fn all_none_from(&self) -> usize {
+        if self.any_gone.load(Ordering::Acquire) {
+            self.nr_pages
+        } else {
+            self.touched_end()
+        }
+    }
+
     pub fn new(memory: AppMapping, pager: Arc<PagerShared>) -> std::io::Result<RegionInner> {
         let nr_pages = memory.len() / PAGE_SIZE;
         Ok(RegionInner {
