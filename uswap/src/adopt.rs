@@ -126,25 +126,30 @@ impl Region {
             let _reader = shared.events.reader.lock().unwrap_or_else(|e| e.into_inner());
             let release = shared.release_cx();
             let mut released = Released::default();
-            // Pages already `None` are left unwritten: a runtime that uncommits its whole
-            // reservation (1 TiB for GHC's) would otherwise write a word for each page.
-            for page in first..last.min(inner.all_none_from()).max(first) {
+            let mut nr_back = 0;
+            for page in first..last {
                 let pte = crate::events::lock_page(inner, page);
                 // Normally `Gone`. Anything else was not unmapped after all (a mapping the
                 // kernel refused to replace partly): it keeps nothing and reads zero, as
                 // the new mapping does.
                 release.release_page(pte, &mut released);
                 inner.store(page, pte.next(PageState::None, None).with_referenced(false));
+                nr_back += usize::from(pte.state() == PageState::Gone);
             }
+            inner.note_not_gone(nr_back);
             release.apply_released(released);
         }
         let (addr, len) = (inner.page_addr(first), (last - first) * PAGE_SIZE);
         if let Err(e) = prepare_range(shared, addr, len) {
             // Not the region's after all: the program's ordinary memory, never touched by
             // the engine (nor unmapped with the region).
+            let mut going = inner.begin_gone();
             for page in first..last {
                 let pte = crate::events::lock_page(inner, page);
                 inner.store(page, pte.next(PageState::Gone, None));
+                if pte.state() != PageState::Gone {
+                    going.count();
+                }
             }
             return Err(e);
         }
@@ -193,6 +198,8 @@ fn charge_present(shared: &PagerShared, inner: &RegionInner, (idx, gen): (usize,
     let reclaim = shared.reclaim_cx();
     reclaim.charge(present.len(), false);
     for &page in &present {
+        // Before its word can leave `None`: a discard stops at the touched part.
+        inner.note_touched(page);
         let pte = crate::events::lock_page(inner, page);
         if pte.state() != PageState::None {
             // Faulted in since the scan (it was missing then, or the application discarded
@@ -203,7 +210,6 @@ fn charge_present(shared: &PagerShared, inner: &RegionInner, (idx, gen): (usize,
         }
         let new = pte.next(PageState::Resident, None);
         inner.store(page, new);
-        inner.note_touched(page);
         shared.lru.add(PageRef { region_idx: idx, region_gen: gen, page_gen: new.gen(), page }, &shared.stats);
     }
 }
@@ -292,13 +298,17 @@ fn unmanage_pages(shared: &PagerShared, r: &RegionInner, first: usize, last: usi
     let (addr, len) = (r.page_addr(first), (last - first) * PAGE_SIZE);
     // Fails only for a range the application unmapped meanwhile: nothing left to let go of.
     let _ = shared.uffd.unregister(addr, len);
-    r.note_gone();
+    let mut going = r.begin_gone();
     let release = shared.release_cx();
     let mut released = Released::default();
     for (page, pte) in (first..last).zip(held) {
         release.release_page(pte, &mut released);
         r.store(page, pte.next(PageState::Gone, None).with_referenced(false));
+        if pte.state() != PageState::Gone {
+            going.count();
+        }
     }
+    drop(going);
     release.apply_released(released);
     // Ordinary memory now: its fork advice is the kernel's alone (no event will say when
     // these addresses go). Not while the pages were held: a fork holds the advice's lock

@@ -202,8 +202,9 @@ fn serve(region: &RegistryGuard<'_, RegionInner>, addr: usize, route: Route) -> 
 
 /// Leaves the part of `region` past its last page ever touched out of the dump.
 fn leave_untouched_tail_out(region: &RegistryGuard<'_, RegionInner>) {
-    // None past the touched part (`RegionInner::note_touched`): their words are not read.
-    let touched = (0..region.touched_end()).rev().find(|&page| region.load(page).state() != PageState::None);
+    // Past `all_none_from` every page is `None`: their words are not read. (Not past the
+    // touched part alone: a page `Gone` there is another mapping's address, kept in the dump.)
+    let touched = (0..region.all_none_from()).rev().find(|&page| region.load(page).state() != PageState::None);
     let first_untouched = touched.map_or(0, |page| page + 1);
     if first_untouched < region.nr_pages {
         let len = (region.nr_pages - first_untouched) * PAGE_SIZE;

@@ -296,14 +296,18 @@ impl Pager {
             }
             Ok(())
         };
-        if r.live != [(0, r.nr_pages)] {
-            inner.note_gone();
-        }
+        // No one sees the region before it is inserted: the count is whole from the start.
+        let mut going = inner.begin_gone();
+        let mut gone = |page: usize| {
+            set(page, PageState::Gone);
+            going.count();
+        };
         for &(first, end) in &r.live {
-            (next..first).for_each(|page| set(page, PageState::Gone));
+            (next..first).for_each(&mut gone);
             next = end;
         }
-        (next..r.nr_pages).for_each(|page| set(page, PageState::Gone));
+        (next..r.nr_pages).for_each(&mut gone);
+        drop(going);
         let inserted = adopt_runs(&mut registered).and_then(|()| {
             // Out at the fork (and not mapped since: a fault in the parent may have brought
             // one in just before it): read from the parent's device on first touch.

@@ -45,9 +45,37 @@ pub(crate) struct RegionInner {
     /// adopting the region looks for mapped pages only below it, instead of across a heap
     /// region of tens of gigabytes it mostly never touched (see [`RegionInner::note_touched`]).
     touched_end: AtomicUsize,
-    /// Set before any page becomes `Gone` (the application unmapped part of the region):
-    /// until then every page is the region's, and [`RegionInner::live_runs`] needs no scan.
-    any_gone: std::sync::atomic::AtomicBool,
+    /// Pages `Gone` (unmapped by the application, or let go of), plus one for each writer
+    /// about to make some so ([`GoingGone`]): raised before any word becomes `Gone`, lowered
+    /// once such a page is the region's again (`Region::adopt_range`). While it is zero
+    /// every page is the region's, and [`RegionInner::live_runs`] needs no scan. A count,
+    /// not a flag: GHC's runtime commits its 1 TiB reservation with `mmap(MAP_FIXED)`, whose
+    /// `UNMAP` makes the pages `Gone` until they are adopted again a moment later, and a
+    /// flag, set for good, made each fork scan the reservation's 268 M words (1-2 s).
+    nr_gone: AtomicUsize,
+}
+
+/// A writer making pages of a region `Gone` ([`RegionInner::begin_gone`]): the region counts
+/// one more while it lives, and the pages it [`count`](GoingGone::count)ed once it drops.
+pub struct GoingGone<'a> {
+    region: &'a RegionInner,
+    nr_pages: usize,
+}
+
+impl GoingGone<'_> {
+    /// One page that was not `Gone` has been stored `Gone`.
+    pub fn count(&mut self) {
+        self.nr_pages += 1;
+    }
+}
+
+impl Drop for GoingGone<'_> {
+    fn drop(&mut self) {
+        // Added before the writer's own one is taken off: the count never reads zero while
+        // a page it made `Gone` is so.
+        self.region.nr_gone.fetch_add(self.nr_pages, Ordering::Release);
+        self.region.nr_gone.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// Pages a fault may map beyond its own (a fault-around or readahead window, and the
@@ -70,9 +98,9 @@ impl RegionInner {
         self.touched_end.load(Ordering::Acquire)
     }
 
-    /// Every page from here on is `None`: never mapped, and none unmapped (`Gone`) yet.
+    /// Every page from here on is `None`: never mapped, and none `Gone` now.
     pub fn all_none_from(&self) -> usize {
-        if self.any_gone.load(Ordering::Acquire) {
+        if self.nr_gone.load(Ordering::Acquire) > 0 {
             self.nr_pages
         } else {
             self.touched_end()
@@ -88,7 +116,7 @@ impl RegionInner {
             pager,
             streams: FaultStreams::new(),
             touched_end: AtomicUsize::new(0),
-            any_gone: std::sync::atomic::AtomicBool::new(false),
+            nr_gone: AtomicUsize::new(0),
         })
     }
 
@@ -107,29 +135,44 @@ impl RegionInner {
         self.memory.set_addr(start);
     }
 
-    /// Some pages are about to become `Gone`: called before their words are stored.
-    pub fn note_gone(&self) {
-        self.any_gone.store(true, Ordering::Release);
+    /// Some pages are about to become `Gone`: taken before their words are stored, and
+    /// dropped once they are, each counted.
+    pub fn begin_gone(&self) -> GoingGone<'_> {
+        self.nr_gone.fetch_add(1, Ordering::Release);
+        GoingGone { region: self, nr_pages: 0 }
     }
 
-    /// Runs `[first, end)` of pages that are still the region's (not `Gone`). A scan of the
-    /// page table only once part of the region was unmapped.
+    /// `nr_pages` pages that were `Gone` are the region's again: called once their words are
+    /// stored.
+    pub fn note_not_gone(&self, nr_pages: usize) {
+        let before = self.nr_gone.fetch_sub(nr_pages, Ordering::Release);
+        assert!(before >= nr_pages, "uswap invariant: {nr_pages} pages back from {before} gone");
+    }
+
+    /// Whether no page is `Gone` now (nor about to be): every page is the region's.
+    fn none_gone(&self) -> bool {
+        self.nr_gone.load(Ordering::Acquire) == 0
+    }
+
     /// Whether any page of `[start, end)` (addresses, clipped to the region) is still the
-    /// region's (not `Gone`: unmapped, or let go of with `Pager::unmanage`).
+    /// region's (not `Gone`: unmapped, or let go of with `Pager::unmanage`). A scan of the
+    /// page table only while some page is `Gone`.
     pub fn owns_any_of(&self, start: usize, end: usize) -> bool {
         let (first, last) = (start.max(self.start()), end.min(self.start() + self.nr_pages * PAGE_SIZE));
         if first >= last {
             return false;
         }
-        if !self.any_gone.load(Ordering::Acquire) {
+        if self.none_gone() {
             return true;
         }
         let (first, last) = ((first - self.start()) / PAGE_SIZE, (last - self.start()).div_ceil(PAGE_SIZE));
         (first..last).any(|page| self.load(page).state() != PageState::Gone)
     }
 
+    /// Runs `[first, end)` of pages that are still the region's (not `Gone`). A scan of the
+    /// page table only while some page is `Gone`.
     pub fn live_runs(&self) -> Vec<(usize, usize)> {
-        if !self.any_gone.load(Ordering::Acquire) {
+        if self.none_gone() {
             return vec![(0, self.nr_pages)];
         }
         let mut live: Vec<(usize, usize)> = Vec::new();

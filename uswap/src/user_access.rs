@@ -169,7 +169,8 @@ pub(crate) fn unlock_memory(kind: LockKind, start: usize, end: usize) {
 /// pages reclaim took off the LRU go back on it.
 pub(crate) fn unlock_all_memory() {
     crate::mlock::lock_all(false);
-    REGIONS.for_each(|g| return_to_lru(g, 0, g.nr_pages));
+    // No page past the touched part was ever on the LRU.
+    REGIONS.for_each(|g| return_to_lru(g, 0, g.touched_end()));
 }
 
 /// Puts the pages of `region`'s `[first, end)` that reclaim took off the LRU, and that no
