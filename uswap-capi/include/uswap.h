@@ -472,6 +472,11 @@ typedef struct uswap_stats {
      * them and dropped them before it went on. Informational.
      */
     uint64_t staging_foreign_drops;
+    /**
+     * Page-table words read to find which pages of a region are still its own, once some
+     * were unmapped (a fork, a region's release). Informational.
+     */
+    uint64_t gone_scan_pages;
 } uswap_stats;
 
 #ifdef __cplusplus

@@ -211,6 +211,9 @@ pub struct uswap_stats {
     /// Times a move into a staging area found pages the program had mapped there by reading
     /// them and dropped them before it went on. Informational.
     pub staging_foreign_drops: u64,
+    /// Page-table words read to find which pages of a region are still its own, once some
+    /// were unmapped (a fork, a region's release). Informational.
+    pub gone_scan_pages: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -307,7 +310,8 @@ impl uswap_stats {
             device_writes,
             device_write_us,
             workingset_activate,
-            staging_foreign_drops;
+            staging_foreign_drops,
+            gone_scan_pages;
         left_out: devices, fault_latency_us, publish, stall, idle, bounce_wait_timeout;
         derived:
             pool_wait_timeout: s.bounce_wait_timeout,

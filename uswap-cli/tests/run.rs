@@ -741,10 +741,12 @@ fn heap_pages_cut_from_larger_mappings_are_managed_without_a_scan_of_them_all() 
 /// committed 1 MiB at a time with `mmap(MAP_FIXED)`, and forks. Every byte is kept, in both
 /// modes, the children's included; the process's peak resident memory stays near what it
 /// holds, since a discard leaves the page table's words past the touched part unwritten
-/// (`RegionInner::touched_end`); and a fork does not scan the table, since the pages each
-/// commit's `UNMAP` made `Gone` are counted back when the commit adopts them. Before, the
-/// discard wrote a word for each of the reservation's 268 M pages (2.2 GB resident for
-/// these 128 MiB, pandoc 2.4 GB for its 710 MB), and each fork took 0.7-2 s against 20 ms.
+/// (`RegionInner::touched_end`); and a fork reads none of the table's words
+/// (`gone_scan_pages`), since the pages each commit's `UNMAP` made `Gone` are counted back
+/// when the commit adopts them. Before, the discard wrote a word for each of the
+/// reservation's 268 M pages (2.2 GB resident for these 128 MiB, pandoc 2.4 GB for its 710
+/// MB), and each fork read them all (the program's slowest fork and wait: 839 ms against
+/// 62-85 ms after and 25 ms plain, on 2 vCPUs).
 #[test]
 fn a_reservation_of_a_tebibyte_costs_only_what_the_program_touches() {
     let dir = tmpdir("hugereserve");
@@ -766,12 +768,10 @@ fn a_reservation_of_a_tebibyte_costs_only_what_the_program_touches() {
         // working set) and the engine's own: far from the 2 GiB of a table written whole.
         let bound_kib = (LIMIT_MIB + 2 * WSS_MIB + 256) << 10;
         assert!(hwm_kib < bound_kib, "{mode}: peak resident {hwm_kib} KiB, over {bound_kib}: {}", r.1);
-        let fork_ms: u64 = stderr
-            .lines()
-            .find_map(|l| l.strip_prefix("fork_ms "))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{mode}: no fork_ms line: {stderr}"));
-        assert!(fork_ms < 400, "{mode}: a fork and wait took {fork_ms} ms (a scan of the whole table?): {}", r.1);
+        // Each fork would read the reservation's 268 M words if its pages still counted as
+        // unmapped; the program's other regions may have a few.
+        let scanned = counter(&r.1, "gone_scan_pages");
+        assert!(scanned < 1 << 24, "{mode}: {scanned} page-table words read to find live pages: {}", r.1);
         assert!(took < Duration::from_secs(30), "{mode}: took {took:?}: {}", r.1);
     }
 }

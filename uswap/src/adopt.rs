@@ -143,13 +143,12 @@ impl Region {
         if let Err(e) = prepare_range(shared, addr, len) {
             // Not the region's after all: the program's ordinary memory, never touched by
             // the engine (nor unmapped with the region).
-            let mut going = inner.begin_gone();
             for page in first..last {
                 let pte = crate::events::lock_page(inner, page);
-                inner.store(page, pte.next(PageState::Gone, None));
                 if pte.state() != PageState::Gone {
-                    going.count();
+                    inner.note_going(1);
                 }
+                inner.store(page, pte.next(PageState::Gone, None));
             }
             return Err(e);
         }
@@ -298,17 +297,15 @@ fn unmanage_pages(shared: &PagerShared, r: &RegionInner, first: usize, last: usi
     let (addr, len) = (r.page_addr(first), (last - first) * PAGE_SIZE);
     // Fails only for a range the application unmapped meanwhile: nothing left to let go of.
     let _ = shared.uffd.unregister(addr, len);
-    let mut going = r.begin_gone();
+    // Counted before any is stored (all are held): another thread's adoption of some of
+    // them meanwhile takes off only what was added.
+    r.note_going(held.iter().filter(|pte| pte.state() != PageState::Gone).count());
     let release = shared.release_cx();
     let mut released = Released::default();
     for (page, pte) in (first..last).zip(held) {
         release.release_page(pte, &mut released);
         r.store(page, pte.next(PageState::Gone, None).with_referenced(false));
-        if pte.state() != PageState::Gone {
-            going.count();
-        }
     }
-    drop(going);
     release.apply_released(released);
     // Ordinary memory now: its fork advice is the kernel's alone (no event will say when
     // these addresses go). Not while the pages were held: a fork holds the advice's lock

@@ -402,7 +402,6 @@ pub(crate) fn lock_page(r: &RegionInner, page: usize) -> Pte {
 fn release(cx: &Events<'_>, r: &Guard<'_>, first: usize, last: usize, to: PageState) {
     assert!(matches!(to, PageState::Zero | PageState::Gone), "released pages read zero or are gone, not {to:?}");
     assert!(first <= last && last <= r.nr_pages);
-    let mut going = (to == PageState::Gone).then(|| r.begin_gone());
     // Past the touched part every page is `None` or `Gone` and owns nothing, and `None` reads
     // zero as `Zero` does: a discard leaves those words unwritten. GHC's runtime reserves 1
     // TiB and discards all of it at start; writing `Zero` there made 2 GiB of the page table
@@ -423,12 +422,11 @@ fn release(cx: &Events<'_>, r: &Guard<'_>, first: usize, last: usize, to: PageSt
             cx.async_ra.forget_page(owner, pte.entry());
         }
         cx.release.release_page(pte, &mut released);
-        r.store(page, pte.next(to, None).with_referenced(false));
-        if let Some(going) = going.as_mut() {
-            going.count();
+        if to == PageState::Gone {
+            r.note_going(1);
         }
+        r.store(page, pte.next(to, None).with_referenced(false));
     }
-    drop(going);
     cx.release.apply_released(released);
 }
 
@@ -479,7 +477,6 @@ fn remap(cx: &Events<'_>, from: usize, to: usize, len: usize) {
 /// and charge in `take_outs` until [`run_take_outs`] has copied them to their new address.
 fn detach(cx: &Events<'_>, r: &Guard<'_>, first: usize, last: usize, dst: usize, take_outs: &mut TakeOuts) {
     assert!(first <= last && last <= r.nr_pages && dst % PAGE_SIZE == 0);
-    let mut going = r.begin_gone();
     let mut released = Released::default();
     for page in first..last {
         // Locked before its state is read: a reclaim round that owns the page may be moving
@@ -487,7 +484,7 @@ fn detach(cx: &Events<'_>, r: &Guard<'_>, first: usize, last: usize, dst: usize,
         let pte = lock_page(r, page);
         let gone = pte.next(PageState::Gone, None).with_referenced(false);
         if pte.state() != PageState::Gone {
-            going.count();
+            r.note_going(1);
         }
         match pte.state() {
             PageState::Cached | PageState::Swapped | PageState::Parent => {

@@ -296,18 +296,12 @@ impl Pager {
             }
             Ok(())
         };
-        // No one sees the region before it is inserted: the count is whole from the start.
-        let mut going = inner.begin_gone();
-        let mut gone = |page: usize| {
-            set(page, PageState::Gone);
-            going.count();
-        };
+        inner.note_going(r.nr_pages - r.live.iter().map(|&(first, end)| end - first).sum::<usize>());
         for &(first, end) in &r.live {
-            (next..first).for_each(&mut gone);
+            (next..first).for_each(|page| set(page, PageState::Gone));
             next = end;
         }
-        (next..r.nr_pages).for_each(&mut gone);
-        drop(going);
+        (next..r.nr_pages).for_each(|page| set(page, PageState::Gone));
         let inserted = adopt_runs(&mut registered).and_then(|()| {
             // Out at the fork (and not mapped since: a fault in the parent may have brought
             // one in just before it): read from the parent's device on first touch.

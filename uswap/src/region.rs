@@ -45,37 +45,14 @@ pub(crate) struct RegionInner {
     /// adopting the region looks for mapped pages only below it, instead of across a heap
     /// region of tens of gigabytes it mostly never touched (see [`RegionInner::note_touched`]).
     touched_end: AtomicUsize,
-    /// Pages `Gone` (unmapped by the application, or let go of), plus one for each writer
-    /// about to make some so ([`GoingGone`]): raised before any word becomes `Gone`, lowered
-    /// once such a page is the region's again (`Region::adopt_range`). While it is zero
-    /// every page is the region's, and [`RegionInner::live_runs`] needs no scan. A count,
-    /// not a flag: GHC's runtime commits its 1 TiB reservation with `mmap(MAP_FIXED)`, whose
-    /// `UNMAP` makes the pages `Gone` until they are adopted again a moment later, and a
-    /// flag, set for good, made each fork scan the reservation's 268 M words (1-2 s).
+    /// At least as many as the pages `Gone` (unmapped by the application, or let go of):
+    /// raised before a word becomes `Gone` ([`RegionInner::note_going`]), lowered once such
+    /// a page is the region's again (`Region::adopt_range`). While it is zero every page is
+    /// the region's, and [`RegionInner::live_runs`] needs no scan. A count, not a flag: GHC's
+    /// runtime commits its 1 TiB reservation with `mmap(MAP_FIXED)`, whose `UNMAP` makes the
+    /// pages `Gone` until they are adopted again a moment later, and a flag, set for good,
+    /// made each fork scan the reservation's 268 M words (1-2 s).
     nr_gone: AtomicUsize,
-}
-
-/// A writer making pages of a region `Gone` ([`RegionInner::begin_gone`]): the region counts
-/// one more while it lives, and the pages it [`count`](GoingGone::count)ed once it drops.
-pub struct GoingGone<'a> {
-    region: &'a RegionInner,
-    nr_pages: usize,
-}
-
-impl GoingGone<'_> {
-    /// One page that was not `Gone` has been stored `Gone`.
-    pub fn count(&mut self) {
-        self.nr_pages += 1;
-    }
-}
-
-impl Drop for GoingGone<'_> {
-    fn drop(&mut self) {
-        // Added before the writer's own one is taken off: the count never reads zero while
-        // a page it made `Gone` is so.
-        self.region.nr_gone.fetch_add(self.nr_pages, Ordering::Release);
-        self.region.nr_gone.fetch_sub(1, Ordering::Release);
-    }
 }
 
 /// Pages a fault may map beyond its own (a fault-around or readahead window, and the
@@ -135,11 +112,11 @@ impl RegionInner {
         self.memory.set_addr(start);
     }
 
-    /// Some pages are about to become `Gone`: taken before their words are stored, and
-    /// dropped once they are, each counted.
-    pub fn begin_gone(&self) -> GoingGone<'_> {
-        self.nr_gone.fetch_add(1, Ordering::Release);
-        GoingGone { region: self, nr_pages: 0 }
+    /// `nr_pages` pages that are not `Gone` are about to be: called before their words are
+    /// stored, so that the count is never below the pages `Gone`, whatever another thread
+    /// adopts meanwhile.
+    pub fn note_going(&self, nr_pages: usize) {
+        self.nr_gone.fetch_add(nr_pages, Ordering::Release);
     }
 
     /// `nr_pages` pages that were `Gone` are the region's again: called once their words are
@@ -166,6 +143,7 @@ impl RegionInner {
             return true;
         }
         let (first, last) = ((first - self.start()) / PAGE_SIZE, (last - self.start()).div_ceil(PAGE_SIZE));
+        self.pager.stats.add(crate::stats::Counter::GoneScanPages, (last - first) as u64);
         (first..last).any(|page| self.load(page).state() != PageState::Gone)
     }
 
@@ -175,6 +153,7 @@ impl RegionInner {
         if self.none_gone() {
             return vec![(0, self.nr_pages)];
         }
+        self.pager.stats.add(crate::stats::Counter::GoneScanPages, self.nr_pages as u64);
         let mut live: Vec<(usize, usize)> = Vec::new();
         for page in 0..self.nr_pages {
             if self.load(page).state() != PageState::Gone {

@@ -91,6 +91,7 @@ fn help(field: &str) -> Option<&'static str> {
         "uffd_remap" => "Application mremaps of regions.",
         "uffd_remove" => "Application MADV_DONTNEED/MADV_REMOVE over regions.",
         "pgfault_swapcache_copy" => "Swap-cache hits on read-only memory, served by a copy.",
+        "gone_scan_pages" => "Page-table words read to find a region's own pages once some were unmapped.",
         "fault_raced" => "Faults already resolved by a racing thread or racing an event (retried).",
         "fault_lock_free" => "Signal-mode faults served on the lock-free route.",
         "fault_busy_timeout" => "Faults that gave up waiting for a busy page.",

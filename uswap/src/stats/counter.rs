@@ -105,6 +105,9 @@ pub(crate) enum Counter {
     UffdRemap,
     /// `MADV_DONTNEED`/`MADV_REMOVE` events: the application discarded part of a region.
     UffdRemove,
+    /// Page-table words read to find which pages of a region are still its own (some were
+    /// unmapped): a fork's and a region's release (see `RegionInner::live_runs`).
+    GoneScanPages,
     /// Swap-cache hits on read-only or locked memory, copied back (`UFFDIO_MOVE` needs equal
     /// protections and locks on both sides).
     PgfaultSwapcacheCopy,
@@ -253,6 +256,7 @@ impl PerCpuStats {
         s.uffd_unmap = self.sum(UffdUnmap);
         s.uffd_remap = self.sum(UffdRemap);
         s.uffd_remove = self.sum(UffdRemove);
+        s.gone_scan_pages = self.sum(GoneScanPages);
         s.pgfault_swapcache_copy = self.sum(PgfaultSwapcacheCopy);
         s.remap_copied = self.sum(RemapCopied);
         s.limit_overrun_busy = self.sum(LimitOverrunBusy);

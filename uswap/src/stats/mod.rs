@@ -143,6 +143,9 @@ pub struct Stats {
     /// Application `MADV_DONTNEED`/`MADV_REMOVE` over regions (`REMOVE` events): those pages
     /// read zero afterwards, their swap space freed.
     pub uffd_remove: u64,
+    /// Page-table words read to find which pages of a region are still its own, once some
+    /// were unmapped (a fork, a region's release): nothing while no page is unmapped.
+    pub gone_scan_pages: u64,
     /// Swap-cache hits on read-only (`mprotect`) or locked (`mlockall`) memory, served by
     /// copying the staged page.
     pub pgfault_swapcache_copy: u64,
@@ -561,7 +564,8 @@ impl Stats {
             uffd_move_misreports,
             staging_foreign_drops,
             remap_copied,
-            limit_overrun_busy
+            limit_overrun_busy,
+            gone_scan_pages
         );
     }
 
