@@ -776,6 +776,23 @@ fn a_reservation_of_a_tebibyte_costs_only_what_the_program_touches() {
     }
 }
 
+/// A program a debugger runs (`tracer.c`: `PTRACE_TRACEME` and exec, as gdb's `run`, every
+/// signal let through) gets thread mode under the default `auto`, said on stderr: in signal
+/// mode each of its faults is a SIGBUS that stops it in the debugger (155,481 stops for this
+/// run before, each one a prompt in gdb). Every byte is kept and the limit holds.
+#[test]
+fn a_program_under_a_debugger_gets_thread_mode() {
+    let dir = tmpdir("tracer");
+    let tracer = compile("tracer", &dir, &[]);
+    let randrw = compile("randrw", &dir, &[]);
+    let prog = [tracer.to_str().unwrap(), randrw.to_str().unwrap(), &WSS_MIB.to_string(), "200000"];
+    let r = uswap_run(LIMIT_MIB, &["--fault-mode", "auto"], &prog, &dir);
+    assert_same_and_paged(&prog, &r, LIMIT_MIB);
+    let stderr = String::from_utf8_lossy(&r.0.stderr);
+    assert!(stderr.contains("sigbus_stops 0\n"), "the traced program stopped on SIGBUS: {stderr}");
+    assert!(stderr.contains("runs in thread mode: a debugger or tracer follows it"), "{stderr}");
+}
+
 /// fork without exec, and both go on: while the child lives (and shares the parent's pages
 /// copy-on-write, which cannot be moved out of the parent), the parent allocates and fills as
 /// much again. Its faults charge over the limit at once instead of waiting for pages that

@@ -48,6 +48,9 @@ pub struct Config {
     pub limit_bytes: u64,
     pub devices: Vec<DeviceConfig>,
     pub fault_mode: FaultMode,
+    /// `fault_mode` is what `auto` chose, not what the user asked for: the pager's start may
+    /// still pick thread mode for a traced process (`fault_mode_now`).
+    pub fault_mode_auto: bool,
     pub min_size_bytes: usize,
     pub stats_dir: Option<std::path::PathBuf>,
     pub idle_aging: IdleAging,
@@ -77,6 +80,7 @@ impl Config {
         let default_capacity = DeviceConfig::default_capacity_bytes();
         let spec = std::env::var(ENV_DEVICE).unwrap_or_else(|_| "zpool".into());
         let devices = DeviceConfig::parse_list(&spec, default_capacity).map_err(|e| format!("{ENV_DEVICE}: {e}"))?;
+        let fault_mode_auto = std::env::var(ENV_FAULT_MODE).as_deref() == Ok("auto");
         let fault_mode = match std::env::var(ENV_FAULT_MODE).as_deref() {
             Ok("thread") | Err(_) => FaultMode::Thread,
             Ok("signal") => FaultMode::Signal,
@@ -109,6 +113,7 @@ impl Config {
             limit_bytes,
             devices,
             fault_mode,
+            fault_mode_auto,
             min_size_bytes,
             stats_dir,
             idle_aging,
@@ -176,7 +181,8 @@ fn say_address_space_limit(
 /// each other's messages with `process_vm_readv`/`process_vm_writev`, which reach a
 /// signal-mode process's pages out of RAM with `EFAULT`), or it is QEMU asked for KVM (a
 /// guest's RAM). What this misses (a program making `io_uring_setup` itself) is still said
-/// and counted when it happens (`syscall_async_kernel_access`).
+/// and counted when it happens (`syscall_async_kernel_access`). A process a debugger follows
+/// when its pager starts gets thread mode there (`fault_mode_now`).
 fn resolve_auto() -> FaultMode {
     let why = if let Some((lib, whose)) = loaded_library_needing_thread_mode() {
         if lib.starts_with("libmpi") && !uswap::thread_mode_permitted() {

@@ -604,17 +604,22 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
 /// signal-mode start (after `main`: `lazy`) in a process that signal mode cannot serve.
 /// Said on stderr when it differs.
 fn fault_mode_now(cfg: &config::Config, lazy: bool) -> uswap::FaultMode {
-    if cfg.fault_mode != uswap::FaultMode::Signal || !lazy {
+    if cfg.fault_mode != uswap::FaultMode::Signal {
         return cfg.fault_mode;
     }
     // A thread uswap did not see start (made with a raw `clone`, or in another library's
     // constructor) has no alternate signal stack of uswap's for its SIGBUS frames (see
     // `altstack`); and asynchronous I/O set up before the start has rings the kernel will
-    // read and write on its own, which signal mode cannot serve.
-    let why = if !single_threaded() {
+    // read and write on its own, which signal mode cannot serve. Where `auto` chose signal
+    // mode, a process a debugger follows (`gdb ./prog` under `uswap run`) gets thread mode
+    // where this user may have it: each of its faults would be a SIGBUS that stops it in the
+    // debugger.
+    let why = if lazy && !single_threaded() {
         "it has threads uswap did not see start"
-    } else if async_io_in_use() {
+    } else if lazy && async_io_in_use() {
         "it set up io_uring or AIO before its pager started, and the kernel's own accesses need it"
+    } else if cfg.fault_mode_auto && traced() && uswap::thread_mode_permitted() {
+        "a debugger or tracer follows it (ptrace), which signal mode's faults, each a SIGBUS, would stop"
     } else {
         return uswap::FaultMode::Signal;
     };
@@ -690,6 +695,13 @@ fn single_threaded() -> bool {
     // The command name (field 2) may hold spaces and parentheses: count from its end.
     let Some(after_comm) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return false };
     after_comm.split_whitespace().nth(17) == Some("1")
+}
+
+/// Whether a tracer (a debugger, strace) is attached to this process (`TracerPid` in
+/// `/proc/self/status`); false when unknown.
+fn traced() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return false };
+    status.lines().find_map(|l| l.strip_prefix("TracerPid:")).is_some_and(|pid| pid.trim() != "0")
 }
 
 /// Whether the process has an io_uring instance (a descriptor `anon_inode:[io_uring]`) or an
