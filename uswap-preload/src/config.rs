@@ -80,8 +80,9 @@ impl Config {
         let default_capacity = DeviceConfig::default_capacity_bytes();
         let spec = std::env::var(ENV_DEVICE).unwrap_or_else(|_| "zpool".into());
         let devices = DeviceConfig::parse_list(&spec, default_capacity).map_err(|e| format!("{ENV_DEVICE}: {e}"))?;
-        let fault_mode_auto = std::env::var(ENV_FAULT_MODE).as_deref() == Ok("auto");
-        let fault_mode = match std::env::var(ENV_FAULT_MODE).as_deref() {
+        let fault_mode_var = std::env::var(ENV_FAULT_MODE);
+        let fault_mode_auto = fault_mode_var.as_deref() == Ok("auto");
+        let fault_mode = match fault_mode_var.as_deref() {
             Ok("thread") | Err(_) => FaultMode::Thread,
             Ok("signal") => FaultMode::Signal,
             Ok("auto") => resolve_auto(),
