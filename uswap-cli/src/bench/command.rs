@@ -30,7 +30,7 @@ use serde_json::Value;
 use super::engine::{Engine, EngineKind, KernelSwap};
 use super::error::BenchError;
 use super::kernel::vmstat::Vmstat;
-use super::kernel::KernelSitting;
+use super::kernel::{swapdev, KernelSitting};
 use super::results::{median, median_index};
 use super::table::{thousands, Table};
 use super::{baseline_of, engines_of, failure_exit, interrupt, write_json, BenchArgs, Sitting, KERNEL_MIN_LIMIT_BYTES};
@@ -342,7 +342,10 @@ struct Plan<'a> {
     args: &'a BenchArgs,
     argv: Vec<OsString>,
     path: PathBuf,
-    swap_bytes: u64,
+    /// zram's disksize.
+    zram_bytes: u64,
+    /// The swap file's size.
+    file_bytes: u64,
 }
 
 impl Plan<'_> {
@@ -414,7 +417,11 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
         }
         EngineKind::Kernel(kind) => {
             let sitting = sitting.kernel.as_mut().expect("the kernel sitting is opened before kernel engines run");
-            let run = sitting.start(*kind, plan.swap_bytes, args.limit, &args.swap_file_dir)?;
+            let swap_bytes = match kind {
+                KernelSwap::Zram => plan.zram_bytes,
+                KernelSwap::File => plan.file_bytes,
+            };
+            let run = sitting.start(*kind, swap_bytes, args.limit, &args.swap_file_dir)?;
             let device = match kind {
                 KernelSwap::Zram => format!("{} (lz4)", run.device()),
                 KernelSwap::File => run.device(),
@@ -449,6 +456,41 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
     }
 }
 
+/// The kernel engines' swap sizes, zram's and the swap file's: `--kernel-swap-size`, or half
+/// the RAM, which is what `uswap run`'s zpool may grow to. zram's disksize is only an upper
+/// bound, but a swap file is allocated whole, so without `--kernel-swap-size` it is cut to
+/// half of what its file system has free (a small root file system must not fail a bench
+/// whose program swaps far less than half the RAM); the cut is said.
+fn swap_sizes(args: &BenchArgs, engines: &[Engine]) -> Result<(u64, u64), BenchError> {
+    if let Some(bytes) = args.kernel_swap_size {
+        return Ok((bytes, bytes));
+    }
+    let half_ram = ((Meminfo::read().total_bytes / 2) & !MIB_MASK).max(MIN_SWAP_BYTES);
+    if !engines.iter().any(|e| matches!(e.kind, EngineKind::Kernel(KernelSwap::File))) {
+        return Ok((half_ram, half_ram));
+    }
+    // Half of what is free: the file is made again for every run, and the program and the
+    // other engines write to the same file system in between.
+    let room = swapdev::free_bytes(&args.swap_file_dir)?.saturating_sub(swapdev::SWAP_FILE_SPARE_BYTES) / 2;
+    let file = (room & !MIB_MASK).clamp(MIN_SWAP_BYTES, half_ram);
+    if file < half_ram {
+        eprintln!(
+            "kernel-file: a swap file of {} (half of what {} has free; half the RAM would be {}); \
+             --kernel-swap-size sets it",
+            format_size(file),
+            args.swap_file_dir.display(),
+            format_size(half_ram)
+        );
+    }
+    Ok((half_ram, file))
+}
+
+/// The smallest swap the kernel engines get.
+const MIN_SWAP_BYTES: u64 = 64 << 20;
+
+/// Default sizes are whole MiB, as a user reads them.
+const MIB_MASK: u64 = (1 << 20) - 1;
+
 /// Runs every engine `--runs` times, interleaved, checking the outputs agree. An engine
 /// under which the program fails (a non-zero exit, a signal) is dropped from later runs and
 /// its error returned beside the others' results, so one failing engine (signal mode's
@@ -467,9 +509,8 @@ pub fn run(
     if !kernel_engines.is_empty() && sitting.kernel.is_none() {
         sitting.kernel = Some(KernelSitting::open(&kernel_engines, args.wait_lock)?);
     }
-    // zram's disksize is only an upper bound; half the RAM is what `uswap run`'s zpool gets.
-    let swap_bytes = args.kernel_swap_size.unwrap_or_else(|| (Meminfo::read().total_bytes / 2).max(64 << 20));
-    let plan = Plan { args, argv, path, swap_bytes };
+    let (zram_bytes, file_bytes) = swap_sizes(args, &engines)?;
+    let plan = Plan { args, argv, path, zram_bytes, file_bytes };
     let mut runs: Vec<Vec<CommandRun>> = vec![vec![]; engines.len()];
     let mut oom_kills = vec![0u64; engines.len()];
     let mut reference: Option<(String, Digest)> = None;

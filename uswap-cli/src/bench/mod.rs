@@ -135,7 +135,8 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_size)]
     pub device_size: Option<u64>,
     /// Size of the kernel engines' swap (zram disksize, swap file size); default: the
-    /// working set plus 64MiB.
+    /// working set plus 64MiB, or for --command half the RAM (a swap file no more than half
+    /// of what its file system has free).
     #[arg(long, value_parser = parse_size)]
     pub kernel_swap_size: Option<u64>,
     /// Where kernel-file creates its swap file (ext4 or xfs).

@@ -117,8 +117,11 @@ pub fn swap_file_path(dir: &Path) -> PathBuf {
     dir.join(format!("uswap-bench-{}.swap", std::process::id()))
 }
 
-/// Checks that `dir` has room for a swap file of `bytes` (plus 256 MiB to spare).
-pub fn check_space(dir: &Path, bytes: u64) -> Result<(), BenchError> {
+/// Room a swap file leaves free on its file system, so the run's own files still fit.
+pub const SWAP_FILE_SPARE_BYTES: u64 = 256 << 20;
+
+/// Bytes free to an unprivileged writer on the file system that holds `dir`.
+pub fn free_bytes(dir: &Path) -> Result<u64, BenchError> {
     let c = cpath(dir);
     // SAFETY: `statvfs` is plain data, for which all-zero bytes are a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
@@ -130,8 +133,13 @@ pub fn check_space(dir: &Path, bytes: u64) -> Result<(), BenchError> {
             std::io::Error::last_os_error(),
         ));
     }
-    let avail = st.f_bavail as u64 * st.f_frsize as u64;
-    let need = bytes + (256 << 20);
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Checks that `dir` has room for a swap file of `bytes` (plus `SWAP_FILE_SPARE_BYTES`).
+pub fn check_space(dir: &Path, bytes: u64) -> Result<(), BenchError> {
+    let avail = free_bytes(dir)?;
+    let need = bytes + SWAP_FILE_SPARE_BYTES;
     if avail < need {
         return Err(BenchError::SwapFileSpace {
             dir: dir.to_path_buf(),
