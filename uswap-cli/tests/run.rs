@@ -182,6 +182,20 @@ fn odd_alignments_are_rounded_up_as_the_c_library_does() {
     }
 }
 
+/// Blocks aligned to 128 KiB to 4 MiB (`largealign.c`: x264 asks 2 MiB for a frame it wants
+/// in one huge page) are served, aligned, and keep every byte while paged, in both modes:
+/// mimalloc serves alignments up to 64 KiB from its arenas and asks the system for the
+/// rest, which uswap's heap forbids it, so `posix_memalign` failed and ffmpeg could not
+/// open its encoder under `uswap run`. They are managed mappings of their own now.
+#[test]
+fn blocks_aligned_past_the_heaps_arenas_are_served_and_paged() {
+    run_in_both_modes("largealign", WSS_MIB, |mode, prog, r| {
+        assert_same_and_paged(prog, r, LIMIT_MIB);
+        let managed = counter(&r.1, "managed_peak_bytes");
+        assert!(managed >= (WSS_MIB << 20) * 3 / 4, "{mode}: the blocks are managed: {}", r.1);
+    });
+}
+
 /// `uswap run` exits with its program's status also when its own stderr cannot be written
 /// (a full device here; a pipe whose reader left, as in `uswap run -- make 2>&1 | head`):
 /// before, its summary line panicked and the run ended with status 101.

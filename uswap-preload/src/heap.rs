@@ -670,7 +670,7 @@ const HUGE_MIN_BYTES: usize = MAX_ARENA_BYTES - (64 << 20);
 /// program's `malloc` of 20 GiB must not fail where glibc's would succeed. `free`, `realloc`
 /// and `malloc_usable_size` find it by its start ([`huge_len`]).
 fn huge(size: usize) -> *mut c_void {
-    match crate::mmap::map_for_heap(size) {
+    match crate::mmap::map_for_heap(size, uswap::PAGE_SIZE) {
         Some(p) => p,
         None => {
             set_errno(libc::ENOMEM);
@@ -841,20 +841,47 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
     }
 }
 
+/// A block of `size` bytes at a multiple of `align` (a power of two, checked by callers).
 fn aligned(align: usize, size: usize) -> *mut c_void {
+    debug_assert!(align.is_power_of_two());
     if managed_for(size, None) {
-        if size > HUGE_MIN_BYTES && align > uswap::PAGE_SIZE {
-            // A huge block is a mapping of its own, aligned to a page only.
-            set_errno(libc::ENOMEM);
-            return std::ptr::null_mut();
+        if align > MI_ARENA_ALIGN_MAX || size > HUGE_MIN_BYTES {
+            return huge_aligned(align, size);
         }
         // SAFETY: mimalloc's aligned malloc; `align` is a power of two (checked by callers).
         mi_alloc(size, || unsafe { mi::mi_malloc_aligned(size, align) })
     } else {
-        let p = real::memalign(align, size);
-        count_c_library_block(p, 0);
-        p
+        c_library_aligned(align, size)
     }
+}
+
+/// The largest alignment mimalloc serves from its arenas (its `MI_PAGE_MAX_OVERALLOC_ALIGN`,
+/// one arena slice); past it, it asks the system for a mapping of its own, which
+/// `disallow_os_alloc` refuses: x264's `memalign` of 2 MiB for a frame it wants in one huge
+/// page failed, and ffmpeg with it.
+const MI_ARENA_ALIGN_MAX: usize = 64 << 10;
+
+/// A block aligned past what mimalloc's arenas serve, or too large for them: a managed
+/// mapping of its own at that alignment (`free` finds it by its start, as a [`huge`] one)
+/// if it is as large as `--min-size` (a mapping per block is a region per block), else, or
+/// where the pager refuses one, the C library's (outside the limit, as a mapping smaller
+/// than `--min-size` is).
+fn huge_aligned(align: usize, size: usize) -> *mut c_void {
+    let min_size_bytes = crate::mmap::min_size_bytes().unwrap_or(usize::MAX);
+    if size >= min_size_bytes {
+        if let Some(p) = crate::mmap::map_for_heap(size, align.max(uswap::PAGE_SIZE)) {
+            debug_assert!(p as usize % align == 0);
+            return p;
+        }
+    }
+    c_library_aligned(align, size)
+}
+
+/// The C library's `memalign`, counted as its other blocks are.
+fn c_library_aligned(align: usize, size: usize) -> *mut c_void {
+    let p = real::memalign(align, size);
+    count_c_library_block(p, 0);
+    p
 }
 
 #[no_mangle]

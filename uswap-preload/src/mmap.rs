@@ -280,13 +280,19 @@ fn count_table_full(len: usize) {
 
 /// Maps a managed region of `len` bytes, or `None` to fall back to an ordinary mapping.
 fn map_managed(cfg: &Config, len: usize) -> Option<*mut c_void> {
+    map_managed_aligned(cfg, len, uswap::PAGE_SIZE)
+}
+
+/// As [`map_managed`], starting at a multiple of `align_bytes` (a power of two, at least a
+/// page).
+fn map_managed_aligned(cfg: &Config, len: usize, align_bytes: usize) -> Option<*mut c_void> {
     let len = page_round_up(len)?;
     let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     if table.len() >= MAX_MAPPINGS {
         count_table_full(len);
         return None;
     }
-    match cfg.pager.map(len) {
+    match cfg.pager.map_aligned(len, align_bytes) {
         Ok(region) => {
             let start = region.as_ptr() as usize;
             table.insert(Entry::new(start, len, region));
@@ -344,11 +350,17 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool, reserved: bool) {
 
 /// A managed mapping of `len` bytes for the heap's largest blocks (see `heap::huge`), or
 /// `None` when this process is not managed or the pager refuses it.
-pub fn map_for_heap(len: usize) -> Option<*mut c_void> {
+pub fn map_for_heap(len: usize, align_bytes: usize) -> Option<*mut c_void> {
     crate::start_if_waiting(crate::StartCause::Mapping(len));
     let cfg = config()?;
     let _g = Guard::enter();
-    map_managed(&cfg, len)
+    map_managed_aligned(&cfg, len, align_bytes)
+}
+
+/// The smallest mapping the library manages (`--min-size`), once it is configured.
+pub fn min_size_bytes() -> Option<usize> {
+    let min_size_bytes = MIN_SIZE_BYTES.load(std::sync::atomic::Ordering::Acquire);
+    (min_size_bytes != usize::MAX).then_some(min_size_bytes)
 }
 
 /// The length of the managed mapping that starts exactly at `start`, if there is one.

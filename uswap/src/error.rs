@@ -65,6 +65,12 @@ pub enum Error {
     #[error("cannot map a region of zero bytes; ask for at least one page ({page_size} bytes)")]
     ZeroLengthMap { page_size: usize },
 
+    #[error(
+        "cannot map a region aligned to {align_bytes} bytes: an alignment is a power of two from a page \
+         ({page_size} bytes) to MAX_REGION_BYTES"
+    )]
+    BadAlignment { align_bytes: u64, page_size: usize },
+
     #[error("cannot map {len_bytes} bytes: a region holds at most {max_bytes} bytes (MAX_REGION_BYTES); split it into several regions")]
     MapTooLarge { len_bytes: u64, max_bytes: u64 },
 
@@ -195,6 +201,7 @@ impl Error {
             | UnderUswapRun
             | AutoBudgetShared
             | ZeroLengthMap { .. }
+            | BadAlignment { .. }
             | MapTooLarge { .. }
             | NoDevice
             | BadDeviceSpec { .. }

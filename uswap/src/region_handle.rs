@@ -147,6 +147,16 @@ impl Pager {
     /// needs room for the handler below the deepest frame that touches managed memory (see
     /// docs/fault-modes.md).
     pub fn map(&self, len_bytes: usize) -> Result<Region> {
+        self.map_aligned(len_bytes, PAGE_SIZE)
+    }
+
+    /// As [`Pager::map`], the region starting at a multiple of `align_bytes`, a power of two
+    /// from a page to [`MAX_REGION_BYTES`], else [`Error::BadAlignment`] (a program's
+    /// `posix_memalign` of 2 MiB, for a buffer it wants in one huge page).
+    pub fn map_aligned(&self, len_bytes: usize, align_bytes: usize) -> Result<Region> {
+        if !align_bytes.is_power_of_two() || !(PAGE_SIZE..=MAX_REGION_BYTES).contains(&align_bytes) {
+            return Err(Error::BadAlignment { align_bytes: align_bytes as u64, page_size: PAGE_SIZE });
+        }
         self.check_owner()?;
         if self.shared().mode == FaultMode::Signal {
             check_sigbus_handler()?;
@@ -161,7 +171,8 @@ impl Pager {
             return Err(Error::MapTooLarge { len_bytes: len_bytes as u64, max_bytes: MAX_REGION_BYTES as u64 });
         }
         let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let memory = AppMapping::with_fork(len, self.shared().regions_survive_fork).map_err(|e| {
+        let survive_fork = self.shared().regions_survive_fork;
+        let memory = AppMapping::aligned_with_fork(len, align_bytes, survive_fork).map_err(|e| {
             Error::OutOfAddressSpace { what: "a managed region".into(), len_bytes: len as u64, source: e }
         })?;
         let _signals = crate::uffd::AsyncSignalsBlocked::new();

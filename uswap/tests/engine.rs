@@ -411,6 +411,38 @@ fn bad_input_gives_errors_that_say_what_to_do() {
     assert_eq!(p.resident_limit(), 8 * MIB, "a refused limit changes nothing");
 }
 
+/// `Pager::map_aligned`: each region starts at its alignment (a page to 32 MiB), its pages
+/// keep their bytes through a limit a quarter of them, in both modes, and an alignment that
+/// is not a power of two of at least a page is refused.
+#[test]
+fn aligned_regions_start_at_their_alignment_and_keep_every_byte() {
+    for mode in [FaultMode::Signal, FaultMode::Thread] {
+        let p = pager(mode, 2 * MIB, 64 * MIB);
+        let mut regions = vec![];
+        for align in [PAGE_SIZE, 64 << 10, 2 << 20, 32 << 20] {
+            let region = p.map_aligned(2 * MIB as usize + PAGE_SIZE, align).unwrap();
+            assert_eq!(region.as_ptr() as usize % align, 0, "{mode:?}: aligned to {align:#x}");
+            assert_eq!(region.len(), 2 * MIB as usize + PAGE_SIZE, "{mode:?}");
+            let w = region.as_atomic_u64s();
+            for i in 0..region.len() / PAGE_SIZE {
+                write_page(w, i, align as u64);
+            }
+            regions.push((align, region));
+        }
+        assert!(p.measured_resident_pages().unwrap() <= (2 * MIB as usize) / PAGE_SIZE, "{mode:?}");
+        for (align, region) in &regions {
+            let w = region.as_atomic_u64s();
+            for i in 0..region.len() / PAGE_SIZE {
+                check_page(w, i, *align as u64);
+            }
+        }
+        for align in [0, 2048, 3 * PAGE_SIZE, uswap::MAX_REGION_BYTES * 2] {
+            let e = p.map_aligned(PAGE_SIZE, align).unwrap_err();
+            assert!(matches!(e, Error::BadAlignment { .. }), "{align:#x}: {e}");
+        }
+    }
+}
+
 #[test]
 fn map_sizes_near_the_top_of_usize_are_refused_with_their_size() {
     // Rounding a size near usize::MAX up to whole pages overflowed: a panic with overflow

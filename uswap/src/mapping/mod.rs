@@ -109,7 +109,19 @@ impl Mapping {
     /// As [`Mapping::anonymous`]; `app`: the program's memory, which its `mlockall(MCL_FUTURE)`
     /// locks (see [`Mapping::fresh`]); `accessible`: readable and writable, else `PROT_NONE`.
     fn private(len: usize, opts: MapOptions, app: bool, accessible: bool) -> io::Result<Mapping> {
-        let m = Mapping::fresh(len, libc::MAP_PRIVATE, app, accessible)?;
+        Mapping::private_aligned(len, PAGE_SIZE, opts, app, accessible)
+    }
+
+    /// As [`Mapping::private`], starting at a multiple of `align_bytes` (a power of two, at
+    /// least a page).
+    fn private_aligned(
+        len: usize,
+        align_bytes: usize,
+        opts: MapOptions,
+        app: bool,
+        accessible: bool,
+    ) -> io::Result<Mapping> {
+        let m = Mapping::fresh(len, align_bytes, libc::MAP_PRIVATE, app, accessible)?;
         let len = m.len;
         if opts.no_huge_pages {
             m.advise(0, len, libc::MADV_NOHUGEPAGE)?;
@@ -125,7 +137,7 @@ impl Mapping {
     /// child (`MAP_SHARED | MAP_ANONYMOUS`, reserved lazily): what one process writes, the
     /// others read.
     pub fn shared_anonymous(len: usize) -> io::Result<Mapping> {
-        Mapping::fresh(len, libc::MAP_SHARED, false, true)
+        Mapping::fresh(len, PAGE_SIZE, libc::MAP_SHARED, false, true)
     }
 
     /// A fresh, lazily reserved anonymous mapping of `len` bytes rounded up to pages,
@@ -139,15 +151,22 @@ impl Mapping {
     /// pages are locked as they are touched, as `mlock2(MLOCK_ONFAULT)` locks) before it is
     /// made accessible. Noted before that, so that an `mlockall` under way leaves it out (see
     /// `lock_all`). Without `accessible` it stays `PROT_NONE` (a [`Reservation`]).
-    fn fresh(len: usize, sharing: libc::c_int, app: bool, accessible: bool) -> io::Result<Mapping> {
+    ///
+    /// It starts at a multiple of `align_bytes` (a power of two, at least a page): the kernel
+    /// aligns only to pages, so a larger alignment maps `align_bytes` more and unmaps the
+    /// ends, while all of it is still `PROT_NONE` and no one else's.
+    fn fresh(len: usize, align_bytes: usize, sharing: libc::c_int, app: bool, accessible: bool) -> io::Result<Mapping> {
+        assert!(align_bytes.is_power_of_two() && align_bytes >= PAGE_SIZE, "alignment {align_bytes:#x}");
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let slack = align_bytes - PAGE_SIZE;
+        let mapped = len.checked_add(slack).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
         let epoch = lock_all::epoch();
         // SAFETY: a fresh anonymous mapping at an address the kernel chooses; it aliases
         // nothing we own.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                mapped,
                 libc::PROT_NONE,
                 sharing | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
@@ -157,7 +176,9 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let m = Mapping { addr: p as usize, len };
+        let addr = trim_to_alignment(p as usize, mapped, len, align_bytes);
+        let p = addr as *mut libc::c_void;
+        let m = Mapping { addr, len };
         if !app {
             note_engine_data(m.addr, len);
         }
@@ -444,7 +465,14 @@ impl AppMapping {
     /// A mapping a forked child inherits (`inherit`) or does not (`MADV_DONTFORK`: the child
     /// gets no mapping rather than one whose swapped-out pages read as zeros).
     pub fn with_fork(len: usize, inherit: bool) -> io::Result<AppMapping> {
-        let m = Mapping::private(len, MapOptions { no_huge_pages: true, dont_fork: !inherit }, true, true)?;
+        AppMapping::aligned_with_fork(len, PAGE_SIZE, inherit)
+    }
+
+    /// As [`AppMapping::with_fork`], starting at a multiple of `align_bytes` (a power of two,
+    /// at least a page).
+    pub fn aligned_with_fork(len: usize, align_bytes: usize, inherit: bool) -> io::Result<AppMapping> {
+        let opts = MapOptions { no_huge_pages: true, dont_fork: !inherit };
+        let m = Mapping::private_aligned(len, align_bytes, opts, true, true)?;
         let (addr, len) = (m.addr, m.len);
         // The application's memory from now on, which the handle unmaps.
         std::mem::forget(m);
@@ -503,6 +531,21 @@ impl Drop for AppMapping {
     fn drop(&mut self) {
         unmap_app_range(self.addr(), self.len);
     }
+}
+
+/// Of the fresh `PROT_NONE` mapping `[start, start + mapped)`, keeps the `len` bytes from
+/// its first multiple of `align_bytes` and unmaps the rest; returns where they start.
+fn trim_to_alignment(start: usize, mapped: usize, len: usize, align_bytes: usize) -> usize {
+    let addr = start.next_multiple_of(align_bytes);
+    assert!(addr + len <= start + mapped, "{len:#x} bytes at {addr:#x} outside {mapped:#x} at {start:#x}");
+    for (from, to) in [(start, addr), (addr + len, start + mapped)] {
+        if from < to {
+            // SAFETY: a part of the fresh mapping this function was given and keeps no
+            // part of; nothing refers to it.
+            unsafe { libc::munmap(from as *mut libc::c_void, to - from) };
+        }
+    }
+    addr
 }
 
 /// Unmaps `[addr, addr + len)` of application memory the engine owns (a plain region, or the
