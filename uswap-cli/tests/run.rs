@@ -186,14 +186,24 @@ fn odd_alignments_are_rounded_up_as_the_c_library_does() {
 /// in one huge page) are served, aligned, and keep every byte while paged, in both modes:
 /// mimalloc serves alignments up to 64 KiB from its arenas and asks the system for the
 /// rest, which uswap's heap forbids it, so `posix_memalign` failed and ffmpeg could not
-/// open its encoder under `uswap run`. They are managed mappings of their own now.
+/// open its encoder under `uswap run`. They are managed mappings of their own now, also
+/// when the first comes while the process waits for its pager (which it then starts).
 #[test]
 fn blocks_aligned_past_the_heaps_arenas_are_served_and_paged() {
-    run_in_both_modes("largealign", WSS_MIB, |mode, prog, r| {
+    let check = |how: &str, prog: &[&str], r: &(Output, Value)| {
         assert_same_and_paged(prog, r, LIMIT_MIB);
         let managed = counter(&r.1, "managed_peak_bytes");
-        assert!(managed >= (WSS_MIB << 20) * 3 / 4, "{mode}: the blocks are managed: {}", r.1);
-    });
+        assert!(managed >= (WSS_MIB << 20) * 3 / 4, "{how}: the blocks are managed: {}", r.1);
+    };
+    run_in_both_modes("largealign", WSS_MIB, check);
+    let dir = tmpdir("largealign-waiting");
+    let p = compile("largealign", &dir, &[]);
+    let wss = WSS_MIB.to_string();
+    let prog = [p.to_str().unwrap(), &wss];
+    for start_after in ["0", "256MiB"] {
+        let r = uswap_run(LIMIT_MIB, &["--start-after", start_after], &prog, &dir);
+        check(&format!("--start-after {start_after}"), &prog, &r);
+    }
 }
 
 /// `uswap run` exits with its program's status also when its own stderr cannot be written

@@ -867,7 +867,10 @@ const MI_ARENA_ALIGN_MAX: usize = 64 << 10;
 /// where the pager refuses one, the C library's (outside the limit, as a mapping smaller
 /// than `--min-size` is).
 fn huge_aligned(align: usize, size: usize) -> *mut c_void {
-    let min_size_bytes = crate::mmap::min_size_bytes().unwrap_or(usize::MAX);
+    // The configuration's, set before the heap serves the program: the mapping layer's own
+    // copy is set only once the pager is up, and a block asked for while the process waits
+    // for it must start it (`map_for_heap`), not slip outside the limit.
+    let min_size_bytes = crate::config().map_or(usize::MAX, |cfg| cfg.min_size_bytes);
     if size >= min_size_bytes {
         if let Some(p) = crate::mmap::map_for_heap(size, align.max(uswap::PAGE_SIZE)) {
             debug_assert!(p as usize % align == 0);

@@ -348,6 +348,16 @@ fn adopt(cfg: &Config, start: usize, len: usize, fixed: bool, reserved: bool) {
     }
 }
 
+/// Takes the entries that meet `[start, end)` out of the table without dropping their
+/// regions: in a fork child without a pager they are its parent's, and no engine here may
+/// touch them.
+pub fn forget_entries(start: usize, end: usize) {
+    let taken = TABLE.lock().unwrap_or_else(|e| e.into_inner()).take_meeting(start, end, |_| true);
+    for entry in taken {
+        std::mem::forget(entry);
+    }
+}
+
 /// A managed mapping of `len` bytes for the heap's largest blocks (see `heap::huge`), or
 /// `None` when this process is not managed or the pager refuses it.
 pub fn map_for_heap(len: usize, align_bytes: usize) -> Option<*mut c_void> {
@@ -355,12 +365,6 @@ pub fn map_for_heap(len: usize, align_bytes: usize) -> Option<*mut c_void> {
     let cfg = config()?;
     let _g = Guard::enter();
     map_managed_aligned(&cfg, len, align_bytes)
-}
-
-/// The smallest mapping the library manages (`--min-size`), once it is configured.
-pub fn min_size_bytes() -> Option<usize> {
-    let min_size_bytes = MIN_SIZE_BYTES.load(std::sync::atomic::Ordering::Acquire);
-    (min_size_bytes != usize::MAX).then_some(min_size_bytes)
 }
 
 /// The length of the managed mapping that starts exactly at `start`, if there is one.

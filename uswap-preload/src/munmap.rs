@@ -67,6 +67,12 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
             None => crate::wait_for_start(),
         }
         if config().is_none() {
+            if let Some(end) = end.filter(|_| crate::is_unmanaged_fork_child()) {
+                // The parent's regions are not this process's to page: what the table says
+                // of them goes with the range, so that a block the C library places here
+                // later is not taken for one of them (`heap::huge_len`) and unmapped whole.
+                crate::mmap::forget_entries(start, end);
+            }
             return real::sys_munmap(addr, len);
         }
     }

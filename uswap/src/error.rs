@@ -235,6 +235,7 @@ mod tests {
             (Error::LimitTooSmall { limit_bytes: 4096, min_bytes: 1 << 20 }, ErrorKind::InvalidArgument),
             (Error::NoDevice, ErrorKind::InvalidArgument),
             (Error::UnderUswapRun, ErrorKind::InvalidArgument),
+            (Error::BadAlignment { align_bytes: 3, page_size: 4096 }, ErrorKind::InvalidArgument),
             (Error::TooManyRegions { max: 4096 }, ErrorKind::OutOfMemory),
             (Error::Device { name: "file".into(), why: "full".into() }, ErrorKind::Device),
             (Error::LimitNotReached { resident_bytes: 2, limit_bytes: 1 }, ErrorKind::LimitNotReached),

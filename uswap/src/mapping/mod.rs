@@ -176,7 +176,7 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let addr = trim_to_alignment(p as usize, mapped, len, align_bytes);
+        let addr = trim_to_alignment(p as usize, mapped, len, align_bytes)?;
         let p = addr as *mut libc::c_void;
         let m = Mapping { addr, len };
         if !app {
@@ -534,18 +534,24 @@ impl Drop for AppMapping {
 }
 
 /// Of the fresh `PROT_NONE` mapping `[start, start + mapped)`, keeps the `len` bytes from
-/// its first multiple of `align_bytes` and unmaps the rest; returns where they start.
-fn trim_to_alignment(start: usize, mapped: usize, len: usize, align_bytes: usize) -> usize {
+/// its first multiple of `align_bytes` and unmaps the rest; returns where they start. If
+/// the kernel refuses to unmap an end (a mapping merged with a neighbour, at
+/// `vm.max_map_count`), all of it goes and the error is returned.
+fn trim_to_alignment(start: usize, mapped: usize, len: usize, align_bytes: usize) -> io::Result<usize> {
     let addr = start.next_multiple_of(align_bytes);
     assert!(addr + len <= start + mapped, "{len:#x} bytes at {addr:#x} outside {mapped:#x} at {start:#x}");
     for (from, to) in [(start, addr), (addr + len, start + mapped)] {
-        if from < to {
-            // SAFETY: a part of the fresh mapping this function was given and keeps no
-            // part of; nothing refers to it.
-            unsafe { libc::munmap(from as *mut libc::c_void, to - from) };
+        // SAFETY: a part of the fresh mapping this function was given and keeps no part
+        // of; nothing refers to it.
+        if from < to && unsafe { libc::munmap(from as *mut libc::c_void, to - from) } != 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: the whole fresh mapping, still no one's (what went already is
+            // unmapped again, which the kernel takes).
+            unsafe { libc::munmap(start as *mut libc::c_void, mapped) };
+            return Err(e);
         }
     }
-    addr
+    Ok(addr)
 }
 
 /// Unmaps `[addr, addr + len)` of application memory the engine owns (a plain region, or the
