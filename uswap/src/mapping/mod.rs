@@ -540,16 +540,18 @@ impl Drop for AppMapping {
 fn trim_to_alignment(start: usize, mapped: usize, len: usize, align_bytes: usize) -> io::Result<usize> {
     let addr = start.next_multiple_of(align_bytes);
     assert!(addr + len <= start + mapped, "{len:#x} bytes at {addr:#x} outside {mapped:#x} at {start:#x}");
+    // What is still this function's: after the head goes, another thread may map there.
+    let mut ours = start;
     for (from, to) in [(start, addr), (addr + len, start + mapped)] {
         // SAFETY: a part of the fresh mapping this function was given and keeps no part
         // of; nothing refers to it.
         if from < to && unsafe { libc::munmap(from as *mut libc::c_void, to - from) } != 0 {
             let e = io::Error::last_os_error();
-            // SAFETY: the whole fresh mapping, still no one's (what went already is
-            // unmapped again, which the kernel takes).
-            unsafe { libc::munmap(start as *mut libc::c_void, mapped) };
+            // SAFETY: what is left of the fresh mapping, still no one's.
+            unsafe { libc::munmap(ours as *mut libc::c_void, start + mapped - ours) };
             return Err(e);
         }
+        ours = addr;
     }
     Ok(addr)
 }
