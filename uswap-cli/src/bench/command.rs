@@ -36,7 +36,7 @@ use super::table::{thousands, Table};
 use super::{baseline_of, engines_of, failure_exit, interrupt, write_json, BenchArgs, Sitting, KERNEL_MIN_LIMIT_BYTES};
 use crate::meminfo::Meminfo;
 use crate::run::{Launch, LaunchConfig};
-use crate::size::format_size;
+use crate::size::{format_amount, format_size};
 
 /// uswap engines' devices when neither `@DEVICES` nor `--device` names them: the compressed
 /// pool, the like-for-like match of kernel-zram.
@@ -465,21 +465,21 @@ fn swap_sizes(args: &BenchArgs, engines: &[Engine]) -> Result<(u64, u64), BenchE
     if let Some(bytes) = args.kernel_swap_size {
         return Ok((bytes, bytes));
     }
-    let half_ram = ((Meminfo::read().total_bytes / 2) & !MIB_MASK).max(MIN_SWAP_BYTES);
+    let half_ram = (Meminfo::read().total_bytes / 2).max(MIN_SWAP_BYTES);
     if !engines.iter().any(|e| matches!(e.kind, EngineKind::Kernel(KernelSwap::File))) {
         return Ok((half_ram, half_ram));
     }
     // Half of what is free: the file is made again for every run, and the program and the
     // other engines write to the same file system in between.
     let room = swapdev::free_bytes(&args.swap_file_dir)?.saturating_sub(swapdev::SWAP_FILE_SPARE_BYTES) / 2;
-    let file = (room & !MIB_MASK).clamp(MIN_SWAP_BYTES, half_ram);
+    let file = room.clamp(MIN_SWAP_BYTES, half_ram);
     if file < half_ram {
         eprintln!(
             "kernel-file: a swap file of {} (half of what {} has free; half the RAM would be {}); \
              --kernel-swap-size sets it",
-            format_size(file),
+            format_amount(file),
             args.swap_file_dir.display(),
-            format_size(half_ram)
+            format_amount(half_ram)
         );
     }
     Ok((half_ram, file))
@@ -487,9 +487,6 @@ fn swap_sizes(args: &BenchArgs, engines: &[Engine]) -> Result<(u64, u64), BenchE
 
 /// The smallest swap the kernel engines get.
 const MIN_SWAP_BYTES: u64 = 64 << 20;
-
-/// Default sizes are whole MiB, as a user reads them.
-const MIB_MASK: u64 = (1 << 20) - 1;
 
 /// Runs every engine `--runs` times, interleaved, checking the outputs agree. An engine
 /// under which the program fails (a non-zero exit, a signal) is dropped from later runs and
