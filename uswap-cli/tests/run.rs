@@ -190,19 +190,17 @@ fn odd_alignments_are_rounded_up_as_the_c_library_does() {
 /// when the first comes while the process waits for its pager (which it then starts).
 #[test]
 fn blocks_aligned_past_the_heaps_arenas_are_served_and_paged() {
-    let check = |how: &str, prog: &[&str], r: &(Output, Value)| {
-        assert_same_and_paged(prog, r, LIMIT_MIB);
-        let managed = counter(&r.1, "managed_peak_bytes");
-        assert!(managed >= (WSS_MIB << 20) * 3 / 4, "{how}: the blocks are managed: {}", r.1);
-    };
-    run_in_both_modes("largealign", WSS_MIB, check);
-    let dir = tmpdir("largealign-waiting");
+    let dir = tmpdir("largealign");
     let p = compile("largealign", &dir, &[]);
     let wss = WSS_MIB.to_string();
     let prog = [p.to_str().unwrap(), &wss];
-    for start_after in ["0", "256MiB"] {
-        let r = uswap_run(LIMIT_MIB, &["--start-after", start_after], &prog, &dir);
-        check(&format!("--start-after {start_after}"), &prog, &r);
+    for how in
+        [["--fault-mode", "signal"], ["--fault-mode", "thread"], ["--start-after", "0"], ["--start-after", "256MiB"]]
+    {
+        let r = uswap_run(LIMIT_MIB, &how, &prog, &dir);
+        assert_same_and_paged(&prog, &r, LIMIT_MIB);
+        let managed = counter(&r.1, "managed_peak_bytes");
+        assert!(managed >= (WSS_MIB << 20) * 3 / 4, "{how:?}: the blocks are managed: {}", r.1);
     }
 }
 
