@@ -208,7 +208,7 @@ pub struct Launch {
     limit_bytes: u64,
     /// Each Redis device's seeds and the session its keys are under, deleted on drop.
     /// Redis devices' seeds, whether they are a cluster's, and the run's session on them.
-    redis_sessions: Vec<(Vec<String>, bool, String)>,
+    redis_sessions: RedisSessions,
 }
 
 /// The tree's charge segment in its directory `stats_dir`, open to the processes of the tree
@@ -284,6 +284,88 @@ fn idle_age_env(aging: uswap::IdleAging) -> Option<String> {
     }
 }
 
+/// Each Redis store of a run: its seeds, whether it is a cluster, and the run's session.
+type RedisSessions = Vec<(Vec<String>, bool, String)>;
+
+/// The Redis devices of `devices` given one session for the run, so that its keys can be
+/// deleted after it: the device list to hand the program, and its stores.
+fn redis_sessions(devices: &str) -> Result<(String, RedisSessions), RunError> {
+    let mut sessions = Vec::new();
+    if !devices.split(',').any(|d| d.trim().starts_with("redis://") || d.trim().starts_with("redis-cluster://")) {
+        return Ok((devices.to_string(), sessions));
+    }
+    let session = uswap::backend::redis::new_session_id().map_err(RunError::RedisSession)?;
+    let devices = with_redis_session(devices, &session);
+    for d in uswap::DeviceConfig::parse_list(&devices, 1 << 30).unwrap_or_default() {
+        if let Some(o) = d.redis_opts() {
+            sessions.push((o.seeds.clone(), o.cluster, session.clone()));
+        }
+    }
+    Ok((devices, sessions))
+}
+
+/// What `uswap run` starts: the program itself, or a script without `#!` run by the shell
+/// as `execvp` would (`/bin/sh PATH ARGS...`).
+enum ProgramCommand<'a> {
+    Program { path: &'a Path, arg0: &'a OsString },
+    Script { path: &'a Path },
+}
+
+/// The environment the program gets besides its own.
+struct ProgramEnv<'a> {
+    ld_preload: OsString,
+    /// Sanitizer runtimes put in front of uswap's library (`sanitizer`), if any.
+    sanitizers_added: Option<OsString>,
+    /// The device list, with Redis devices' sessions.
+    device: &'a str,
+    stats_dir: &'a Path,
+}
+
+/// The command that starts the program with uswap's library preloaded and its configuration
+/// in the environment (every `USWAP_*` variable set or removed, never inherited as it was).
+fn program_command(
+    program: ProgramCommand,
+    args: &[OsString],
+    env: &ProgramEnv,
+    cfg: &LaunchConfig,
+) -> std::process::Command {
+    let mut command = match program {
+        ProgramCommand::Program { path, arg0 } => {
+            let mut c = std::process::Command::new(path);
+            c.arg0(arg0);
+            c
+        }
+        ProgramCommand::Script { path } => {
+            let mut c = std::process::Command::new(SHELL_FOR_SCRIPTS);
+            c.arg(path);
+            c
+        }
+    };
+    command
+        .args(args)
+        .env("LD_PRELOAD", &env.ld_preload)
+        .env_remove(sanitizer::ENV_ADDED)
+        .env("USWAP_LIMIT", cfg.limit_bytes.to_string())
+        .env("USWAP_DEVICE", env.device)
+        .env("USWAP_FAULT_MODE", cfg.fault_mode.env_value())
+        .env("USWAP_MIN_SIZE", cfg.min_size_bytes.to_string())
+        .env(tree::ENV_STATS_DIR, env.stats_dir)
+        .env_remove("USWAP_START_AFTER")
+        .env_remove("USWAP_IDLE_AGE")
+        .env_remove("USWAP_DISABLE");
+    if let Some(bytes) = cfg.start_after_bytes {
+        command.env("USWAP_START_AFTER", bytes.to_string());
+    }
+    if let Some(age) = idle_age_env(cfg.idle_aging) {
+        command.env("USWAP_IDLE_AGE", age);
+    }
+    if let Some(added) = &env.sanitizers_added {
+        command.env(sanitizer::ENV_ADDED, added);
+    }
+    die_with_parent(&mut command);
+    command
+}
+
 impl Launch {
     /// Checks that `argv` can be run under uswap (found, dynamically linked, the preload
     /// library present) and prepares it; nothing is started yet.
@@ -301,6 +383,8 @@ impl Launch {
         for d in uswap::DeviceConfig::parse_list(&cfg.device, cfg.limit_bytes).map_err(RunError::Device)? {
             d.check_usable().map_err(RunError::Device)?;
         }
+        // Before the run's directory is made, which an error here would leave behind.
+        let (device, redis_sessions) = redis_sessions(&cfg.device)?;
         let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
         let run_dir = dir::make().map_err(RunError::StatsDir)?;
         let preload = match preload_for_env(&preload, &run_dir.run) {
@@ -323,53 +407,12 @@ impl Launch {
         let user_preload = std::env::var_os("LD_PRELOAD");
         let image = matches!(runnable, Runnable::Program).then_some(path.as_path());
         let (ld_preload, sanitizers_added) = sanitizer::ld_preload(&preload, user_preload.as_deref(), image);
-        // Redis devices: one session for the run, so that its keys can be deleted after it.
-        let mut device = cfg.device.clone();
-        let mut redis_sessions = Vec::new();
-        if device.split(',').any(|d| d.trim().starts_with("redis://") || d.trim().starts_with("redis-cluster://")) {
-            let session = uswap::backend::redis::new_session_id().map_err(RunError::RedisSession)?;
-            device = with_redis_session(&device, &session);
-            for d in uswap::DeviceConfig::parse_list(&device, 1 << 30).unwrap_or_default() {
-                if let Some(o) = d.redis_opts() {
-                    redis_sessions.push((o.seeds.clone(), o.cluster, session.clone()));
-                }
-            }
-        }
-        let mut command = match runnable {
-            Runnable::Program => {
-                let mut c = std::process::Command::new(&path);
-                c.arg0(name);
-                c
-            }
-            // As `execvp`: `/bin/sh PATH ARGS...`.
-            Runnable::ShellScript => {
-                let mut c = std::process::Command::new(SHELL_FOR_SCRIPTS);
-                c.arg(&path);
-                c
-            }
+        let program = match runnable {
+            Runnable::Program => ProgramCommand::Program { path: &path, arg0: name },
+            Runnable::ShellScript => ProgramCommand::Script { path: &path },
         };
-        command
-            .args(&argv[1..])
-            .env("LD_PRELOAD", ld_preload)
-            .env_remove(sanitizer::ENV_ADDED)
-            .env("USWAP_LIMIT", cfg.limit_bytes.to_string())
-            .env("USWAP_DEVICE", &device)
-            .env("USWAP_FAULT_MODE", cfg.fault_mode.env_value())
-            .env("USWAP_MIN_SIZE", cfg.min_size_bytes.to_string())
-            .env(tree::ENV_STATS_DIR, &stats_dir)
-            .env_remove("USWAP_START_AFTER")
-            .env_remove("USWAP_IDLE_AGE")
-            .env_remove("USWAP_DISABLE");
-        if let Some(bytes) = cfg.start_after_bytes {
-            command.env("USWAP_START_AFTER", bytes.to_string());
-        }
-        if let Some(age) = idle_age_env(cfg.idle_aging) {
-            command.env("USWAP_IDLE_AGE", age);
-        }
-        if let Some(added) = sanitizers_added {
-            command.env(sanitizer::ENV_ADDED, added);
-        }
-        die_with_parent(&mut command);
+        let env = ProgramEnv { ld_preload, sanitizers_added, device: &device, stats_dir: &stats_dir };
+        let command = program_command(program, &argv[1..], &env, cfg);
         Ok(Launch {
             command,
             path,
@@ -435,6 +478,92 @@ impl Drop for Launch {
 const DEFAULT_LIMIT_BYTES: u64 = 1 << 30;
 
 fn run(args: &RunArgs) -> Result<u8, RunError> {
+    let cfg = checked_config(args)?;
+    let (limit, device) = (cfg.limit_bytes, cfg.device.clone());
+    // Before anything is made or started: a supervisor's SIGTERM that came while the program
+    // was being started killed `uswap run` and left the program's tree running on its own.
+    let mut forwarded = ForwardSignals::new();
+    let started = std::time::Instant::now();
+    let prepared = Launch::prepare(&args.command, &cfg);
+    if let Some(code) = stopped_before_start(&prepared) {
+        return Ok(code);
+    }
+    let mut launch = prepared?;
+    let created_swap_files = swap_files_to_create(&device, limit);
+    let mut child = match launch.command.spawn() {
+        Ok(child) => child,
+        Err(source) => {
+            remove_made_swap_files(&created_swap_files);
+            return Err(RunError::Spawn { path: launch.path.clone(), source });
+        }
+    };
+    forwarded.forward_to(child.id());
+    // `uswap stat <this pid>` shows the tree's counters, summed from what every process
+    // publishes (each also answers for itself under its own pid). Best effort: the program
+    // runs the same without it.
+    let _tree_stats = serve_tree_stats(&launch.stats_dir, launch.segment.charge());
+    // A terminal's Ctrl-C goes to the whole foreground group: the program decides what to do
+    // with it, and we wait for it to finish (as `time` does). Ignored only after the spawn:
+    // an ignored signal stays ignored across exec.
+    let _ignored = IgnoreTerminalSignals::new();
+    let budget = args.auto.map(|target| auto::TreeBudget::start(launch.segment.charge(), target, limit));
+    let status = match wait_for_program(args, &mut child, &launch, limit)? {
+        Some(status) => status,
+        None => {
+            // `--strict` and the limit did not hold: nothing goes to its pid once it is
+            // reaped; the clean-up runs with terminal signals still ignored.
+            drop(forwarded);
+            kill_tree(&mut child, &launch.stats_dir);
+            hold_forwarded_signals();
+            drop(launch);
+            erase_swap_files(&device, limit, &created_swap_files);
+            return Ok(2);
+        }
+    };
+    // Reaped: its pid may be anyone's now.
+    drop(forwarded);
+    let tree_ended = stopped_by().is_some();
+    if tree_ended {
+        end_stopped_tree(&launch, child.id());
+    } else {
+        tree::wait_for_ending(&launch.stats_dir, &launch.segment.live_pids(), child.id());
+    }
+    // Before the segment it moves goes with `launch`.
+    let auto_limit_bytes = budget.map(auto::TreeBudget::stop);
+    let mut ended = EndedRun::collect(&launch);
+    // A stop that came while the counters were read ends the tree all the same. From here on
+    // a late signal waits (`hold_forwarded_signals`): it would interrupt a Redis device's
+    // replies during the deletion of the run's keys.
+    hold_forwarded_signals();
+    if !tree_ended && stopped_by().is_some() {
+        end_stopped_tree(&launch, child.id());
+    }
+    if say_outliving(&launch, child.id()) {
+        launch.keep_redis_pages();
+    }
+    drop(launch);
+    erase_swap_files(&device, limit, &created_swap_files);
+    ended.add_run_figures(started.elapsed(), auto_limit_bytes.zip(args.auto));
+    ended.say(args, status, limit)
+}
+
+/// The exit status when a stop came while the run was prepared (a Redis device's checks take
+/// seconds, and the signal interrupts them): the program is not started only to be
+/// signalled, and the stop, not an interrupted check, is what is said.
+fn stopped_before_start(prepared: &Result<Launch, RunError>) -> Option<u8> {
+    let sig = stopped_by()?;
+    // What failed meanwhile may be more than the interrupted check (no such program).
+    if let Err(e) = prepared {
+        say!("uswap run: {e}");
+    }
+    say!("uswap run: stopped by signal {sig} before the program started; it was not started");
+    Some(128u8.wrapping_add(sig as u8))
+}
+
+/// The run's configuration from its arguments, with what can be found out before the
+/// program starts found out: a limit too small, a `--stats-json` file that cannot be
+/// written, a userfaultfd this user may not open.
+fn checked_config(args: &RunArgs) -> Result<LaunchConfig, RunError> {
     let limit = match (args.limit, args.auto) {
         (Some(l), _) => l,
         (None, Some(_)) => crate::meminfo::Meminfo::read().total_bytes.max(DEFAULT_LIMIT_BYTES),
@@ -455,10 +584,9 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
     // puts in thread mode (it links liburing), can still be refused, and is said then.
     let thread_mode = args.fault_mode == RunFaultMode::Thread;
     uswap::check_userfaultfd(thread_mode).map_err(|source| RunError::Userfaultfd { thread_mode, source })?;
-    let device = absolute_file_devices(&args.device);
-    let cfg = LaunchConfig {
+    Ok(LaunchConfig {
         limit_bytes: limit,
-        device: device.clone(),
+        device: absolute_file_devices(&args.device),
         fault_mode: args.fault_mode,
         min_size_bytes: args.min_size,
         start_after_bytes: args.start_after.or(args.auto.map(|_| AUTO_START_AFTER_BYTES)),
@@ -467,157 +595,135 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
             Some(_) => uswap::IdleAging::Observe,
             None => uswap::IdleAging::Off,
         }),
-    };
-    // Before anything is made or started: a supervisor's SIGTERM that came while the program
-    // was being started killed `uswap run` and left the program's tree running on its own.
-    let mut forwarded = ForwardSignals::new();
-    let started = std::time::Instant::now();
-    let prepared = Launch::prepare(&args.command, &cfg);
-    // Stopped while the run was prepared (a Redis device's checks take seconds, and the
-    // signal interrupts them): the program is not started only to be signalled, and the
-    // stop, not an interrupted check, is what is said.
-    if let Some(sig) = stopped_by() {
-        // What failed meanwhile may be more than the interrupted check (no such program).
-        if let Err(e) = &prepared {
-            say!("uswap run: {e}");
-        }
-        say!("uswap run: stopped by signal {sig} before the program started; it was not started");
-        return Ok(128u8.wrapping_add(sig as u8));
-    }
-    let mut launch = prepared?;
-    let created_swap_files = swap_files_to_create(&device, limit);
-    let path = launch.path.clone();
-    let mut child = match launch.command.spawn() {
-        Ok(child) => child,
-        Err(source) => {
-            remove_made_swap_files(&created_swap_files);
-            return Err(RunError::Spawn { path: path.clone(), source });
-        }
-    };
-    forwarded.forward_to(child.id());
-    // `uswap stat <this pid>` shows the tree's counters, summed from what every process
-    // publishes (each also answers for itself under its own pid). Best effort: the program
-    // runs the same without it.
-    let _tree_stats = serve_tree_stats(&launch.stats_dir, launch.segment.charge());
-    // A terminal's Ctrl-C goes to the whole foreground group: the program decides what to do
-    // with it, and we wait for it to finish (as `time` does). Ignored only after the spawn:
-    // an ignored signal stays ignored across exec.
-    let _ignored = IgnoreTerminalSignals::new();
-    let unmanaged_limit = limit / UNMANAGED_SHARE_DIVISOR;
-    let budget = args.auto.map(|target| auto::TreeBudget::start(launch.segment.charge(), target, limit));
-    let status = loop {
-        if args.strict {
+    })
+}
+
+/// Waits for the program to end and returns how it ended; `None` when, under `--strict`,
+/// the memory uswap does not manage passed its share of the limit first (said here; the
+/// caller ends the tree).
+fn wait_for_program(
+    args: &RunArgs,
+    child: &mut std::process::Child,
+    launch: &Launch,
+    limit_bytes: u64,
+) -> Result<Option<std::process::ExitStatus>, RunError> {
+    let unmanaged_limit = limit_bytes / UNMANAGED_SHARE_DIVISOR;
+    loop {
+        let waited = if args.strict {
             let now = unmanaged_in(&launch.stats_dir, Moment::Now);
             if now.bytes > unmanaged_limit {
-                say!("uswap run: --strict: {}", unmanaged_message(&now, limit, "now"));
-                // Nothing goes to its pid once it is reaped; the clean-up runs with terminal
-                // signals still ignored.
-                drop(forwarded);
-                kill_tree(&mut child, &launch.stats_dir);
-                hold_forwarded_signals();
-                drop(launch);
-                erase_swap_files(&device, limit, &created_swap_files);
-                return Ok(2);
+                say!("uswap run: --strict: {}", unmanaged_message(&now, limit_bytes, "now"));
+                return Ok(None);
             }
             match child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(STRICT_POLL_MS)),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(source) => return Err(RunError::Spawn { path, source }),
+                Ok(None) => {
+                    std::thread::sleep(std::time::Duration::from_millis(STRICT_POLL_MS));
+                    continue;
+                }
+                other => other,
             }
-            continue;
-        }
-        match child.wait() {
-            Ok(s) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(source) => return Err(RunError::Spawn { path, source }),
-        }
-    };
-    // Reaped: its pid may be anyone's now.
-    drop(forwarded);
-    let tree_ended = stopped_by().is_some();
-    if tree_ended {
-        end_stopped_tree(&launch, child.id());
-    } else {
-        tree::wait_for_ending(&launch.stats_dir, &launch.segment.live_pids(), child.id());
-    }
-    // Before the segment it moves goes with `launch`.
-    let auto_limit_bytes = budget.map(auto::TreeBudget::stop);
-    let code = match (status.code(), status.signal()) {
-        (Some(c), _) => c as u8,
-        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
-        (None, None) => 1,
-    };
-    let mut summary = launch.summary();
-    let unmanaged = unmanaged_in(&launch.stats_dir, Moment::Peak);
-    let refused = records::refusals(&launch.stats_dir);
-    let escaped = records::escapes(&launch.stats_dir);
-    let deep_binds = records::deep_binds(&launch.stats_dir);
-    // A stop that came while the counters were read ends the tree all the same. From here on
-    // a late signal waits (`hold_forwarded_signals`): it would interrupt a Redis device's
-    // replies during the deletion of the run's keys.
-    hold_forwarded_signals();
-    if !tree_ended && stopped_by().is_some() {
-        end_stopped_tree(&launch, child.id());
-    }
-    if say_outliving(&launch, child.id()) {
-        launch.keep_redis_pages();
-    }
-    drop(launch);
-    erase_swap_files(&device, limit, &created_swap_files);
-    if let serde_json::Value::Object(m) = &mut summary {
-        m.insert("rss_peak_bytes".into(), children_rss_peak_bytes().into());
-        m.insert("wall_seconds".into(), started.elapsed().as_secs_f64().into());
-        m.insert("escaped_processes".into(), escaped.len().into());
-        if let (Some(bytes), Some(target)) = (auto_limit_bytes, args.auto) {
-            m.insert("auto_target".into(), target.into());
-            m.insert("auto_limit_bytes".into(), bytes.into());
+        } else {
+            child.wait().map(Some)
+        };
+        match waited {
+            Ok(Some(status)) => return Ok(Some(status)),
+            Ok(None) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(source) => return Err(RunError::Spawn { path: launch.path.clone(), source }),
         }
     }
-    if let Some(msg) = ended_by_signal_message(status) {
-        say!("uswap run: {msg}");
-    }
-    match &args.stats_json {
-        Some(p) => {
-            let text = serde_json::to_string_pretty(&summary).unwrap_or_default();
-            std::fs::write(p, text + "\n").map_err(|source| RunError::WriteStats { path: p.clone(), source })?;
-        }
-        None => say!("{}", summary_line(&summary)),
-    }
-    // Said whether or not the counters went to a file: a limit that did not hold, a run
-    // that mostly waited for memory.
-    if let Some(msg) = overrun_message(&summary) {
-        say!("uswap run: {msg}");
-    }
-    if let Some(msg) = thrash_message(&summary, status.signal() == Some(libc::SIGBUS)) {
-        say!("uswap run: {msg}");
-    }
-    if let Some(msg) = records::deep_bind_message(&deep_binds) {
-        say!("uswap run: {msg}");
-    }
-    // A process outside the budget is said whatever else happened; under `--strict`, where
-    // the limit must hold for all of the program's memory, it fails the run.
-    if !escaped.is_empty() {
-        say!("uswap run: {}", records::escape_message(&escaped));
-    }
-    let peak = summary.get("unmanaged_peak_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
-    if peak > unmanaged_limit {
-        let at_peak = Unmanaged { bytes: peak, ..unmanaged };
-        say!("uswap run: {}", unmanaged_message(&at_peak, limit, "at its peak"));
-        if args.strict {
-            return Ok(2);
+}
+
+/// What the tree's records say once the program has ended: its counters summed, the memory
+/// uswap did not manage at its peak, and the processes refused a pager, run outside the
+/// budget or that bound symbols deeply.
+struct EndedRun {
+    summary: serde_json::Value,
+    unmanaged: Unmanaged,
+    refused: Vec<(u32, String)>,
+    escaped: Vec<(u32, String)>,
+    deep_binds: Vec<(u32, String)>,
+}
+
+impl EndedRun {
+    fn collect(launch: &Launch) -> Self {
+        EndedRun {
+            summary: launch.summary(),
+            unmanaged: unmanaged_in(&launch.stats_dir, Moment::Peak),
+            refused: records::refusals(&launch.stats_dir),
+            escaped: records::escapes(&launch.stats_dir),
+            deep_binds: records::deep_binds(&launch.stats_dir),
         }
     }
-    // Last, so that it is the line a user reads: a process of the tree ran without the
-    // budget's pager, or not at all, whatever the program's own status says.
-    if !refused.is_empty() {
-        say!("uswap run: {}", records::refusal_message(&refused));
-        return Ok(if code == 0 { 2 } else { code });
+
+    /// Adds what the tree's records cannot know: the peak RSS of any process, the wall
+    /// time, and under `--auto` its target and the limit it ended at.
+    fn add_run_figures(&mut self, wall: std::time::Duration, auto_limit_and_target: Option<(u64, f64)>) {
+        if let serde_json::Value::Object(m) = &mut self.summary {
+            m.insert("rss_peak_bytes".into(), children_rss_peak_bytes().into());
+            m.insert("wall_seconds".into(), wall.as_secs_f64().into());
+            m.insert("escaped_processes".into(), self.escaped.len().into());
+            if let Some((bytes, target)) = auto_limit_and_target {
+                m.insert("auto_target".into(), target.into());
+                m.insert("auto_limit_bytes".into(), bytes.into());
+            }
+        }
     }
-    if args.strict && !escaped.is_empty() {
-        return Ok(if code == 0 { 2 } else { code });
+
+    /// Says how the run went (the counters to `--stats-json` or a line on stderr, then every
+    /// warning) and returns `uswap run`'s exit status: the program's (128+N for a signal N),
+    /// or 2 where the budget did not hold as promised and the program said 0.
+    fn say(self, args: &RunArgs, status: std::process::ExitStatus, limit_bytes: u64) -> Result<u8, RunError> {
+        let code = match (status.code(), status.signal()) {
+            (Some(c), _) => c as u8,
+            (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
+            (None, None) => 1,
+        };
+        if let Some(msg) = ended_by_signal_message(status) {
+            say!("uswap run: {msg}");
+        }
+        match &args.stats_json {
+            Some(p) => {
+                let text = serde_json::to_string_pretty(&self.summary).unwrap_or_default();
+                std::fs::write(p, text + "\n").map_err(|source| RunError::WriteStats { path: p.clone(), source })?;
+            }
+            None => say!("{}", summary_line(&self.summary)),
+        }
+        // Said whether or not the counters went to a file: a limit that did not hold, a run
+        // that mostly waited for memory.
+        if let Some(msg) = overrun_message(&self.summary) {
+            say!("uswap run: {msg}");
+        }
+        if let Some(msg) = thrash_message(&self.summary, status.signal() == Some(libc::SIGBUS)) {
+            say!("uswap run: {msg}");
+        }
+        if let Some(msg) = records::deep_bind_message(&self.deep_binds) {
+            say!("uswap run: {msg}");
+        }
+        // A process outside the budget is said whatever else happened; under `--strict`,
+        // where the limit must hold for all of the program's memory, it fails the run.
+        if !self.escaped.is_empty() {
+            say!("uswap run: {}", records::escape_message(&self.escaped));
+        }
+        let peak = self.summary.get("unmanaged_peak_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
+        if peak > limit_bytes / UNMANAGED_SHARE_DIVISOR {
+            let at_peak = Unmanaged { bytes: peak, ..self.unmanaged };
+            say!("uswap run: {}", unmanaged_message(&at_peak, limit_bytes, "at its peak"));
+            if args.strict {
+                return Ok(2);
+            }
+        }
+        // Last, so that it is the line a user reads: a process of the tree ran without the
+        // budget's pager, or not at all, whatever the program's own status says.
+        if !self.refused.is_empty() {
+            say!("uswap run: {}", records::refusal_message(&self.refused));
+            return Ok(if code == 0 { 2 } else { code });
+        }
+        if args.strict && !self.escaped.is_empty() {
+            return Ok(if code == 0 { 2 } else { code });
+        }
+        Ok(code)
     }
-    Ok(code)
 }
 
 /// Whether `path` can be written: an existing file, opened for writing without truncating
