@@ -204,6 +204,15 @@ fn blocks_aligned_past_the_heaps_arenas_are_served_and_paged() {
     }
 }
 
+/// Threads on stacks the program gives them (`pthread_attr_setstack`, from `malloc` and from
+/// `mmap`) start and run while those stacks are out, in both modes (`userstack.c`, every byte
+/// checked). In signal mode a new thread's first frames went to a page that was out before it
+/// had an alternate signal stack, and it died of SIGSEGV (status 139 every time).
+#[test]
+fn threads_on_stacks_the_program_gives_start_while_those_stacks_are_out() {
+    run_in_both_modes("userstack", WSS_MIB, |_, prog, r| assert_same_and_paged(prog, r, LIMIT_MIB));
+}
+
 /// `uswap run` exits with its program's status also when its own stderr cannot be written
 /// (a full device here; a pipe whose reader left, as in `uswap run -- make 2>&1 | head`):
 /// before, its summary line panicked and the run ended with status 101.

@@ -14,13 +14,18 @@
 //! So `pthread_create` runs the C library's with this thread marked as uswap's own code
 //! (`heap::Guard`): everything it allocates comes from the C library's malloc, and a later
 //! `realloc` of the DTV (a module with thread-locals loaded by `dlopen`) stays there, since
-//! `realloc` routes by address. Stacks are the C library's own mappings and never managed.
-//! Not covered: a thread-local block of a `dlopen`ed module allocated lazily by
-//! `__tls_get_addr` on the thread's first use (it is read by that module's code, which
-//! faults like any application access).
+//! `realloc` routes by address. Stacks are the C library's own mappings and never managed,
+//! but for one the program gives (`pthread_attr_setstack`, from its `malloc` or `mmap`): in
+//! signal mode the new thread's first frames (the C library's start, then ours) land there
+//! before it has an alternate signal stack, and a fault on a page that is out (or never
+//! written) has nowhere to put its SIGBUS frame: the thread died of SIGSEGV at its first
+//! instruction. So that stack's top is brought in and pinned until the thread has its
+//! alternate stack ([`pin_program_stack`]). Not covered: a thread-local block of a
+//! `dlopen`ed module allocated lazily by `__tls_get_addr` on the thread's first use (it is
+//! read by that module's code, which faults like any application access).
 
 use std::ffi::c_void;
-use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use crate::own_code;
 
@@ -41,10 +46,71 @@ fn real_pthread_create() -> PthreadCreateFn {
 }
 
 /// A thread and what it runs (one uswap creates for itself, or, in signal mode, one of the
-/// program's).
+/// program's, with the pin that holds in the top of a stack the program gave it).
 struct UswapThread {
     start: StartRoutine,
     arg: *mut c_void,
+    stack_pin: Option<uswap::Pin>,
+}
+
+/// What a new thread's frames take on its stack before its alternate signal stack is up,
+/// besides the static TLS block the C library puts at the top of a stack the program gave:
+/// the C library's start and ours, with room to spare.
+const START_FRAMES_BYTES: usize = 64 << 10;
+
+extern "C" {
+    /// The top of the stack the program set in `attr` (`pthread_attr_setstack`), or null:
+    /// `pthread_attr_getstack` cannot tell "none" from one, its address being computed.
+    fn pthread_attr_getstackaddr(attr: *const libc::pthread_attr_t, stackaddr: *mut *mut c_void) -> libc::c_int;
+}
+
+/// The size of the C library's static TLS block (its thread control block and every
+/// initially loaded module's thread-locals), which it puts at the top of a thread's stack;
+/// 256 KiB where the C library does not say. Looked up once: it is fixed at start-up.
+fn static_tls_bytes() -> usize {
+    type Info = unsafe extern "C" fn(*mut usize, *mut usize);
+    static BYTES: AtomicUsize = AtomicUsize::new(0);
+    let known = BYTES.load(Ordering::Relaxed);
+    if known != 0 {
+        return known;
+    }
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name (the dynamic linker's).
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_get_tls_static_info".as_ptr()) };
+    let mut size = 256 << 10;
+    if !p.is_null() {
+        let mut align = 0usize;
+        // SAFETY: glibc's `_dl_get_tls_static_info(size_t *, size_t *)`, which writes both.
+        unsafe { std::mem::transmute::<*mut c_void, Info>(p)(&mut size, &mut align) };
+    }
+    BYTES.store(size.max(1), Ordering::Relaxed);
+    size
+}
+
+/// Signal mode: the top of a stack the program gave the new thread in `attr`, brought in
+/// writable and pinned, if it lies in memory a signal-mode pager manages (see the module's
+/// comment); the thread releases the pin once it has its alternate stack.
+fn pin_program_stack(attr: *const libc::pthread_attr_t) -> Option<uswap::Pin> {
+    if attr.is_null() {
+        return None;
+    }
+    let (mut top, mut size) = (std::ptr::null_mut(), 0usize);
+    // SAFETY: `attr` is the caller's initialized attribute object; both calls only read it.
+    let set = unsafe {
+        pthread_attr_getstackaddr(attr, &mut top) == 0 && libc::pthread_attr_getstacksize(attr, &mut size) == 0
+    };
+    if !set || top.is_null() || size == 0 {
+        return None;
+    }
+    let top = top as usize;
+    let len = (static_tls_bytes() + START_FRAMES_BYTES).min(size);
+    let mut pin = uswap::Pin::new();
+    match uswap::prepare_user_access(&mut pin, top - len, len, true) {
+        Some(_) => Some(pin),
+        None => {
+            pin.release();
+            None
+        }
+    }
 }
 
 /// The start of a thread uswap creates (an engine thread): marked as uswap's own code from
@@ -69,8 +135,14 @@ extern "C" fn app_thread_start(p: *mut c_void) -> *mut c_void {
     {
         // The box and the thread-local's exit registration are the C library's malloc's.
         let _g = own_code::Guard::enter();
+        let mut t = t;
+        let stack_pin = t.stack_pin.take();
         drop(t);
         crate::altstack::install_on_this_thread();
+        // Its SIGBUS frames go to the alternate stack now: the program's stack may go out.
+        if let Some(pin) = stack_pin {
+            pin.release();
+        }
     }
     uswap::note_thread_start();
     start(arg)
@@ -104,12 +176,16 @@ pub unsafe extern "C" fn pthread_create(
         None
     };
     if let (Some(wrapper), Some(start)) = (wrapper, start) {
-        let t = Box::into_raw(Box::new(UswapThread { start, arg }));
+        let stack_pin = if ours { None } else { pin_program_stack(attr) };
+        let t = Box::into_raw(Box::new(UswapThread { start, arg, stack_pin }));
         // SAFETY: the caller's thread and attributes; the wrapper takes the box.
         let r = unsafe { real(thread, attr, Some(wrapper), t.cast()) };
         if r != 0 {
             // SAFETY: not handed to a thread: ours to free.
-            drop(unsafe { Box::from_raw(t) });
+            let t = unsafe { Box::from_raw(t) };
+            if let Some(pin) = t.stack_pin {
+                pin.release();
+            }
         }
         return r;
     }
