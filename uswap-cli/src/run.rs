@@ -915,14 +915,24 @@ extern "C" fn forward_signal(sig: libc::c_int) {
 /// signal may reach `uswap run` after the program ended, while it ends the tree. With the
 /// old dispositions back, that signal killed `uswap run` there, silently, and the tree's
 /// processes that ignore SIGTERM ran on (7 of 40 runs of `timeout` on a loaded machine).
+/// A signal `uswap run` was started with ignored stays ignored, and the program inherits
+/// that: `nohup uswap run ...` leaves the program's SIGHUP ignored, as `nohup` promises (a
+/// caught signal is reset at exec, so handling it here gave the program the default action).
 struct ForwardSignals;
 
 impl ForwardSignals {
     fn new() -> Self {
         let handler = forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
         for sig in FORWARDED_SIGNALS {
-            // SAFETY: the handler only uses atomics and kill(2), both async-signal-safe.
-            unsafe { libc::signal(sig, handler) };
+            // SAFETY: a null new action only reads the current one into `old`.
+            let ignored = unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+            };
+            if !ignored {
+                // SAFETY: the handler only uses atomics and kill(2), both async-signal-safe.
+                unsafe { libc::signal(sig, handler) };
+            }
         }
         ForwardSignals
     }
