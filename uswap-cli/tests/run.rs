@@ -2311,10 +2311,11 @@ fn signals_ignored_by_whoever_started_uswap_run_stay_ignored_in_the_program() {
 
 /// A device list that does not parse, a file device that cannot be opened, a Redis server
 /// that does not answer, a device too small for one cluster (or a pool's cap for one chunk),
-/// and a `--stats-json` that cannot be written, are refused before the
-/// program starts (the first was said by every process of the tree; the devices were found
-/// out when a pager first started, which with lazy start may be after the program's work,
-/// and the run then failed; the last once the program had run).
+/// a zstd level out of range, a file device's size that is not one, and a `--stats-json`
+/// that cannot be written, are refused before the program starts (the first was said by
+/// every process of the tree; the devices were found out when a pager first started, which
+/// with lazy start may be after the program's work, and the run then failed; the last once
+/// the program had run).
 #[test]
 fn bad_devices_and_stats_paths_are_refused_before_the_program_starts() {
     for (opts, said) in [
@@ -2324,7 +2325,11 @@ fn bad_devices_and_stats_paths_are_refused_before_the_program_starts() {
         (&["--device", "redis://127.0.0.1:1"][..], "redis device 127.0.0.1:1: no seed is a reachable primary"),
         (&["--device", "ram:1MiB"][..], "swap device ram: capacity of 1048576 bytes is below one cluster"),
         (&["--device", "file:/var/tmp:4KiB"][..], "swap device file: capacity of 4096 bytes is below one cluster"),
-        (&["--device", "zpool:1KiB"][..], "swap device zpool: compressed pool cap of 1024 bytes is below one chunk"),
+        (&["--device", "zpool:1KiB"][..], "bad device \"zpool:1KiB\": compressed pool cap of 1024 bytes is below one"),
+        // Found by each process's pager, after the program ran.
+        (&["--device", "zpool:zstd-30"][..], "bad device \"zpool:zstd-30\": bad zstd level"),
+        // A swap file named "/var/tmp:8GB", which each process after the first found in use.
+        (&["--device", "file:/var/tmp:8GB"][..], "\"8GB\" is not a size"),
         (&["--stats-json", "/nonexistent/dir/stats.json"][..], "cannot write /nonexistent/dir/stats.json"),
     ] {
         let o = uswap(&[&["run", "--limit", "64MiB"], opts, &["--", "echo", "ran"]].concat(), None);

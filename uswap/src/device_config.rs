@@ -8,7 +8,7 @@
 //! in fault injection for tests, and can keep a per-page checksum that is checked on every
 //! read (on by default for devices outside memory).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::backend::failing::{FailingBackend, FaultInjection};
 use crate::backend::file::{FileBackend, FileOptions};
@@ -68,7 +68,9 @@ impl DeviceConfig {
             DeviceKind::Ram { capacity_bytes }
             | DeviceKind::File { capacity_bytes, .. }
             | DeviceKind::Redis { capacity_bytes, .. } => *capacity_bytes,
-            DeviceKind::Zpool { cap_bytes, capacity_bytes, .. } => capacity_bytes.unwrap_or(4 * cap_bytes),
+            DeviceKind::Zpool { cap_bytes, capacity_bytes, .. } => {
+                capacity_bytes.unwrap_or(cap_bytes.saturating_mul(4))
+            }
         }
     }
 
@@ -379,7 +381,7 @@ impl DeviceConfig {
                 })?)
             }
             DeviceKind::Zpool { cap_bytes, capacity_bytes, zpool } => {
-                let nr_slots = self.whole_clusters(capacity_bytes.unwrap_or(4 * cap_bytes))?;
+                let nr_slots = self.whole_clusters(capacity_bytes.unwrap_or(cap_bytes.saturating_mul(4)))?;
                 let mut cfg = ZpoolConfig::new(*cap_bytes, nr_slots);
                 cfg.compressor = zpool.compressor;
                 cfg.incompressible = zpool.incompressible;
@@ -422,6 +424,14 @@ fn parse_one(item: &str, default_capacity_bytes: u64) -> std::result::Result<Dev
     if let Some(rest) = item.strip_prefix("file:") {
         let (path, size) = match rest.rsplit_once(':') {
             Some((p, sz)) if parse_size(sz).is_ok() => (p, parse_size(sz)?),
+            // `file:/tmp:8GB` was a swap file named `/tmp:8GB`: what looks like a size and
+            // is not one is said, unless the whole is a path that exists.
+            Some((_, sz))
+                if sz.starts_with(|c: char| c.is_ascii_digit() || "+-.".contains(c)) && !Path::new(rest).exists() =>
+            {
+                let why = parse_size(sz).err().unwrap_or_default();
+                return Err(format!("{sz:?} is not a size ({why}); file:PATH[:SIZE], e.g. file:/var/tmp:8GiB"));
+            }
             _ => (rest, default_capacity_bytes),
         };
         if path.is_empty() {
@@ -446,25 +456,45 @@ fn parse_one(item: &str, default_capacity_bytes: u64) -> std::result::Result<Dev
     }
 }
 
-/// A `zpool` device's options (a size, `lz4`, `zstd`, `zstd-LEVEL`, `raw`, `reject`).
+/// A `zpool` device's options (a size, `lz4`, `zstd`, `zstd-LEVEL`, `raw`, `reject`), each
+/// checked here, so that a list that cannot work is refused before any program runs.
 fn parse_zpool(opts: &[&str], default_capacity_bytes: u64) -> std::result::Result<DeviceConfig, String> {
-    let mut cap = None;
+    let (mut cap, mut size_given, mut codec, mut incompressible) = (None, None, None, None);
     let mut d = DeviceConfig::zpool(0);
+    let once = |seen: &mut Option<String>, what: &str, o: &str| match seen.replace(o.to_string()) {
+        Some(before) => Err(format!("{what} given twice ({before} and {o}); give one")),
+        None => Ok(()),
+    };
     for &o in opts {
         d = match o {
-            "lz4" => d.compressor(Compressor::Lz4),
-            "zstd" => d.compressor(Compressor::Zstd { level: 3 }),
-            "raw" => d.incompressible(Incompressible::StoreRaw),
-            "reject" => d.incompressible(Incompressible::Reject),
+            "lz4" | "zstd" => {
+                once(&mut codec, "a compressor", o)?;
+                d.compressor(if o == "lz4" { Compressor::Lz4 } else { Compressor::Zstd { level: 3 } })
+            }
+            "raw" | "reject" => {
+                once(&mut incompressible, "what to do with incompressible pages", o)?;
+                d.incompressible(if o == "raw" { Incompressible::StoreRaw } else { Incompressible::Reject })
+            }
             z if z.starts_with("zstd-") => {
-                let level = z[5..].parse().map_err(|_| format!("bad zstd level in {z:?}"))?;
-                d.compressor(Compressor::Zstd { level })
+                once(&mut codec, "a compressor", o)?;
+                let levels = crate::backend::zpool::ZSTD_LEVELS;
+                match z[5..].parse::<i32>() {
+                    Ok(level) if levels.contains(&level) => d.compressor(Compressor::Zstd { level }),
+                    _ => {
+                        return Err(format!(
+                            "bad zstd level in {z:?}: levels are {}..={}",
+                            levels.start(),
+                            levels.end()
+                        ))
+                    }
+                }
             }
             size => {
-                cap = Some(
-                    parse_size(size)
-                        .map_err(|e| format!("{e}; zpool options are a size, lz4, zstd, zstd-LEVEL, raw, reject"))?,
-                );
+                let bytes = parse_size(size)
+                    .map_err(|e| format!("{e}; zpool options are a size, lz4, zstd, zstd-LEVEL, raw, reject"))?;
+                crate::backend::zpool::check_cap(bytes).map_err(|e| e.to_string())?;
+                once(&mut size_given, "a size", size)?;
+                cap = Some(bytes);
                 d
             }
         };
@@ -473,7 +503,9 @@ fn parse_zpool(opts: &[&str], default_capacity_bytes: u64) -> std::result::Resul
     if let DeviceKind::Zpool { cap_bytes, .. } = &mut d.kind {
         *cap_bytes = cap;
     }
-    Ok(d.capacity((4 * cap).max(default_capacity_bytes)))
+    // The pages it can hold: four times its memory, or the default capacity where that is
+    // more (pages that compress well; a pool given a size still holds to that memory).
+    Ok(d.capacity(cap.saturating_mul(4).max(default_capacity_bytes)))
 }
 
 /// Parses what follows `redis://` (`redis-cluster://`: `cluster`) in a device list.
@@ -558,6 +590,29 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Device lists that cannot work are refused when parsed, before any program runs,
+    /// saying why: each used to be taken as something else or found only by a pager.
+    #[test]
+    fn device_options_that_cannot_work_are_refused_when_parsed() {
+        let why = |spec: &str| DeviceConfig::parse_list(spec, 1 << 30).unwrap_err().to_string();
+        // Was a swap file named "/tmp:8GB".
+        assert!(why("file:/tmp:8GB").contains("\"8GB\" is not a size"), "{}", why("file:/tmp:8GB"));
+        assert!(why("file:/tmp:-1").contains("is not a size"));
+        // Was found by the pager of each process, after the program ran.
+        assert!(why("zpool:zstd-30").contains("levels are 1..=22"), "{}", why("zpool:zstd-30"));
+        assert!(why("zpool:zstd-0").contains("levels are 1..=22"));
+        // Four times the cap overflowed into a pool of no slots, and the error said that.
+        assert!(why("zpool:4194304T").contains("above the most one pool can index"), "{}", why("zpool:4194304T"));
+        // The last one won, silently.
+        assert!(why("zpool:raw:reject").contains("given twice (raw and reject)"), "{}", why("zpool:raw:reject"));
+        assert!(why("zpool:lz4:zstd-3").contains("a compressor given twice"));
+        assert!(why("zpool:64MiB:32MiB").contains("a size given twice"));
+        // What stays accepted: a path with a colon and no size, every option once.
+        let d = DeviceConfig::parse_list("file:/var/tmp/a:b,zpool:64MiB:zstd-3:reject", 1 << 30).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[1].capacity_bytes(), 1 << 30, "a pool's pages: four times its memory or the default");
+    }
 
     #[test]
     fn redis_urls_parse_with_their_options_and_bad_ones_say_why() {

@@ -37,6 +37,15 @@ pub enum FileDeviceError {
     OthersMayAccess { path: PathBuf, mode: u32 },
 
     #[error(
+        "swap device {}: the file holds data, which swapping to it would destroy (uswap uses a \
+         file that is empty, sparse or zeros, as it leaves its own); give a directory (uswap \
+         creates an anonymous swap file in it) or a new path, or empty the file first if it is \
+         yours to lose (`truncate -s 0 {}`)",
+        .path.display(), .path.display()
+    )]
+    HoldsData { path: PathBuf },
+
+    #[error(
         "swap device {}: permission denied ({source}); run as a user that may read and write \
          it, or give a directory you own (uswap creates a private swap file in it)",
         .path.display()

@@ -288,6 +288,7 @@ fn open_regular(path: &Path, create: bool, len: u64, preallocate: bool) -> Resul
             if mode & 0o066 != 0 {
                 return Err(FileDeviceError::OthersMayAccess { path: path.to_owned(), mode });
             }
+            refuse_if_holds_data(fd.as_raw_fd(), st.st_size, path)?;
         }
         // SAFETY: plain system call on an open descriptor.
         if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -309,6 +310,59 @@ fn open_regular(path: &Path, create: bool, len: u64, preallocate: bool) -> Resul
             }
             Err(e)
         }
+    }
+}
+
+/// Pages of an existing file [`refuse_if_holds_data`] reads at most, in each of two ways.
+const DATA_SAMPLES: usize = 16;
+
+/// Refuses an existing file that holds data someone may want: a byte that is not zero in
+/// the first page of one of its first [`DATA_SAMPLES`] data extents (`SEEK_DATA`), or in one
+/// of as many pages spread over its length. uswap leaves its own files empty (holes, or
+/// zeros where the filesystem cannot punch them, see `FileBackend::scrub`), so a file that
+/// holds anything else is not one of them: `file:PATH` with a typo in PATH wiped a key file.
+/// A sample, not a proof: bounded to `2 * DATA_SAMPLES` reads whatever the file's size.
+fn refuse_if_holds_data(fd: RawFd, size_bytes: i64, path: &Path) -> Result<(), FileDeviceError> {
+    let page = PAGE_SIZE as i64;
+    let mut buf = Box::new(AlignedPage([0; PAGE_SIZE]));
+    let mut nonzero_at = |at: i64| -> io::Result<bool> {
+        // SAFETY: the buffer is one owned, page-aligned page; `at` is page-aligned (O_DIRECT).
+        let n = unsafe { libc::pread(fd, buf.0.as_mut_ptr().cast(), PAGE_SIZE, at & !(page - 1)) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(buf.0[..n as usize].iter().any(|&b| b != 0))
+    };
+    let mut sample = || -> io::Result<bool> {
+        let mut pos = 0;
+        for _ in 0..DATA_SAMPLES {
+            // SAFETY: lseek on our open descriptor; moves only its offset, which pread ignores.
+            let data = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
+            if data < 0 {
+                break; // ENXIO: no data past `pos`; EINVAL: no SEEK_DATA here (the spread below)
+            }
+            if nonzero_at(data)? {
+                return Ok(true);
+            }
+            // SAFETY: as above.
+            pos = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) }.max(data + page);
+        }
+        for i in 0..DATA_SAMPLES as i64 {
+            let at = size_bytes / DATA_SAMPLES as i64 * i;
+            if at < size_bytes && nonzero_at(at)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    };
+    match sample() {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(FileDeviceError::HoldsData { path: path.to_owned() }),
+        Err(e) => Err(FileDeviceError::Io {
+            path: path.to_owned(),
+            what: "reading the file to see that it is empty",
+            source: e,
+        }),
     }
 }
 
@@ -454,7 +508,7 @@ pub fn check_path(path: &Path) -> Result<(), FileDeviceError> {
             if mode & 0o066 != 0 {
                 return Err(FileDeviceError::OthersMayAccess { path: path.to_owned(), mode });
             }
-            Ok(())
+            refuse_if_holds_data(fd.as_raw_fd(), st.st_size, path)
         }
         Some(ft) if ft.is_block_device() => {
             // Read-only: closing a block device opened for writing makes udev rescan it, which
@@ -535,6 +589,12 @@ mod tests {
         assert!(matches!(e, FileDeviceError::OthersMayAccess { mode: 0o640, .. }), "{e}");
         assert_eq!(fs::metadata(&path).unwrap().len(), MIB, "a refused file is left as it was");
         fs::set_permissions(&path, fs::Permissions::from_mode(0o400 | 0o200)).unwrap();
+        // Private, but it holds data: refused, and left as it was.
+        let e = FileBackend::open(&path, 4 * MIB + 12345, opts(4, 1)).err().unwrap();
+        assert!(matches!(e, FileDeviceError::HoldsData { .. }), "{e}");
+        assert_eq!(fs::read(&path).unwrap(), vec![1u8; MIB as usize], "a refused file is left as it was");
+        // Zeros (as uswap leaves a file where it cannot punch holes) are taken.
+        fs::write(&path, vec![0u8; MIB as usize]).unwrap();
         let b = FileBackend::open(&path, 4 * MIB + 12345, opts(4, 1)).unwrap();
         assert!(!b.is_anonymous());
         assert_eq!(b.nr_slots(), 2 * SWAPFILE_CLUSTER as u64, "capacity rounds down to whole clusters");
@@ -577,8 +637,19 @@ mod tests {
         check_path(&new).unwrap();
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0, "the check left a file");
         write_private(&new, &[7u8; 4096]);
-        check_path(&new).unwrap();
+        let e = check_path(&new).unwrap_err();
+        assert!(matches!(e, FileDeviceError::HoldsData { .. }), "{e}");
         assert_eq!(fs::read(&new).unwrap(), vec![7u8; 4096], "an existing file changed");
+        // Data past a long hole is found too: the file's extents are sampled, not its start.
+        let holey = dir.path().join("holey");
+        write_private(&holey, b"");
+        let f = fs::OpenOptions::new().write(true).open(&holey).unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, b"secret", 64 * MIB).unwrap();
+        drop(f);
+        let e = check_path(&holey).unwrap_err();
+        assert!(matches!(e, FileDeviceError::HoldsData { .. }), "{e}");
+        write_private(&new, &[0u8; 4096]);
+        check_path(&new).unwrap();
         fs::set_permissions(&new, fs::Permissions::from_mode(0o644)).unwrap();
         let e = check_path(&new).unwrap_err();
         assert!(matches!(e, FileDeviceError::OthersMayAccess { mode: 0o644, .. }), "{e}");

@@ -71,7 +71,7 @@ impl Codecs {
     /// Checks the compressor and fills the pools (see [`Pools::new`]).
     pub(super) fn new(compressor: Compressor) -> Result<Codecs, ZpoolError> {
         if let Compressor::Zstd { level } = compressor {
-            if !(1..=22).contains(&level) {
+            if !super::config::ZSTD_LEVELS.contains(&level) {
                 return Err(ZpoolError::ZstdLevel { level });
             }
         }

@@ -54,6 +54,9 @@ impl ZpoolConfig {
     }
 }
 
+/// The zstd levels a pool takes (zstd's own range, less its fast negative levels).
+pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = 1..=22;
+
 /// Why the pool could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum ZpoolError {
@@ -63,7 +66,7 @@ pub enum ZpoolError {
     CapTooLarge { cap_bytes: u64, max_bytes: u64 },
     #[error("cannot map the compressed pool's arena ({bytes} bytes): {source}")]
     Map { bytes: u64, source: std::io::Error },
-    #[error("zstd level {level} is out of range (1..=22)")]
+    #[error("zstd level {level} is out of range ({}..={})", ZSTD_LEVELS.start(), ZSTD_LEVELS.end())]
     ZstdLevel { level: i32 },
     #[error("cannot set up a zstd context: {what}")]
     Zstd { what: String },

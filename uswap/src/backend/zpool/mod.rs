@@ -81,7 +81,7 @@ const COMPACT_PERIOD_MS: u64 = 50;
 /// Reads of a slot whose object compaction moved while it was read, before giving up
 /// (a retry each move; an object moves once per compaction pass).
 const LOAD_ATTEMPTS: usize = 4;
-pub use config::{Compressor, Incompressible, ZpoolConfig, ZpoolError};
+pub use config::{Compressor, Incompressible, ZpoolConfig, ZpoolError, ZSTD_LEVELS};
 
 pub struct ZpoolBackend {
     cfg: ZpoolConfig,
