@@ -20,7 +20,7 @@ mod status;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-use engine::{DeviceConfig, FaultMode, Pager, PagerBuilder, Region, MIN_LIMIT_BYTES};
+use engine::{DeviceConfig, FaultMode, Pager, PagerBuilder, Region};
 
 use crate::handles::{id_of, to_handle, Table};
 pub use crate::stats::uswap_stats;
@@ -183,14 +183,13 @@ pub extern "C" fn uswap_config_free(config: *mut uswap_config) -> c_int {
 /// staged in its swap cache). Required.
 ///
 /// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `limit_bytes` is below the
-/// minimum (256 pages, 1 MiB with 4 KiB pages; the message gives it).
+/// minimum (256 pages, 1 MiB with 4 KiB pages) or above the maximum (1 PiB, more than any
+/// machine's memory); the message gives the bound.
 #[no_mangle]
 pub extern "C" fn uswap_config_set_resident_limit(config: *mut uswap_config, limit_bytes: u64) -> c_int {
     guard(|| {
         with_settings(config, "uswap_config_set_resident_limit", |s| {
-            if limit_bytes < MIN_LIMIT_BYTES {
-                return Err(engine::Error::LimitTooSmall { limit_bytes, min_bytes: MIN_LIMIT_BYTES }.into());
-            }
+            engine::check_limit(limit_bytes)?;
             s.limit_bytes = Some(limit_bytes);
             Ok(())
         })
@@ -199,14 +198,18 @@ pub extern "C" fn uswap_config_set_resident_limit(config: *mut uswap_config, lim
 
 /// Sets the swap devices from a device list, the syntax of `uswap bench --device`:
 /// comma-separated devices, highest priority first, each `ram[:SIZE]`,
-/// `zpool[:SIZE][:lz4|zstd|zstd-LEVEL][:raw|reject]` or `file:PATH[:SIZE]`, any of them
-/// ending in `:cluster` for cluster readahead. Sizes take `KiB`, `MiB`, `GiB`, `TiB` (or
-/// `K`, `M`, `G`, `T`) or plain bytes; a device given without a size gets
-/// `default_capacity_bytes`. Example: `"zpool:64MiB,file:/var/tmp:4GiB"`. Replaces any
-/// list set before. Required.
+/// `zpool[:SIZE][:lz4|zstd|zstd-LEVEL][:raw|reject]`, `file:PATH[:SIZE]`,
+/// `redis://HOST:PORT[;HOST:PORT...][?OPTIONS]` or `redis-cluster://...` (docs/devices.md),
+/// any of them ending in `:cluster` for cluster readahead. Sizes take `KiB`, `MiB`, `GiB`,
+/// `TiB` (or `K`, `M`, `G`, `T`) or plain bytes; a device given without a size gets
+/// `default_capacity_bytes`. A `zpool`'s SIZE is the memory its compressed pages may take;
+/// it holds up to four times that of pages, or `default_capacity_bytes` of them where that
+/// is more (pages that compress well). Example: `"zpool:64MiB,file:/var/tmp:4GiB"`.
+/// Replaces any list set before. Required.
 ///
 /// Errors: `USWAP_EINVAL` if an argument is NULL, `config` is not live, or the list does not
-/// parse (the message names the bad device and why). Devices are opened, and so their paths
+/// parse or cannot work (the message names the bad device and why: an option given twice,
+/// a zstd level out of 1..=22, a pool larger than one pool can index). Devices are opened, and so their paths
 /// and sizes checked, by `uswap_pager_new`.
 ///
 /// # Safety
@@ -443,9 +446,13 @@ pub unsafe extern "C" fn uswap_pager_new(config: *const uswap_config, pager_out:
 /// device is emptied here, so a program that exits without destroying its pagers leaves
 /// swapped pages in such a file). Refuses, with `USWAP_EBUSY` and the pager left as it was,
 /// while any region of the pager is still mapped: unmap each with `uswap_unmap` first. A
-/// call on the pager already running in another thread completes normally, and the pager is
-/// released when it returns. Afterwards the handle is refused (`USWAP_EINVAL`) by every
-/// function.
+/// call on the pager already running in another thread completes, and the pager is
+/// released when it returns; but a `uswap_map` that finishes after the destroy gives its new
+/// region back and fails with `USWAP_EINVAL`. Afterwards the handle is refused
+/// (`USWAP_EINVAL`) by every function. In a fork child, `uswap_map`, `uswap_get_stats` and
+/// `uswap_set_resident_limit` on a pager inherited from the parent fail with
+/// `USWAP_EINVAL`, and `uswap_unmap` and `uswap_pager_destroy` forget the handle without
+/// touching the parent's memory or devices.
 ///
 /// Errors: `USWAP_EINVAL` if `pager` is NULL or not live, `USWAP_EBUSY` as above.
 #[no_mangle]
@@ -478,9 +485,11 @@ pub extern "C" fn uswap_pager_destroy(pager: *mut uswap_pager) -> c_int {
 }
 
 /// Changes the resident limit. A lower limit takes effect at once: the call reclaims down to
-/// it before returning.
+/// it before returning. With an automatic budget (`uswap_config_set_auto_budget`) the limit
+/// given is the budget's new ceiling: the budget moves the limit under it from then on.
 ///
-/// Errors: `USWAP_EINVAL` (NULL or dead `pager`, limit below the minimum; nothing changed),
+/// Errors: `USWAP_EINVAL` (NULL or dead `pager`, limit below the minimum or above the
+/// maximum of `uswap_config_set_resident_limit`; nothing changed),
 /// `USWAP_ENOSPC` (the devices are full; the new limit is in place), `USWAP_EBUSY` (every
 /// page reclaim found was busy for 2 s; the new limit is in place, call again later).
 #[no_mangle]

@@ -572,6 +572,9 @@ fn checked_config(args: &RunArgs) -> Result<LaunchConfig, RunError> {
     if limit < uswap::MIN_LIMIT_BYTES {
         return Err(RunError::LimitTooSmall { limit_bytes: limit });
     }
+    if limit > uswap::MAX_LIMIT_BYTES {
+        return Err(RunError::LimitTooLarge { limit_bytes: limit });
+    }
     say_if_nested(limit);
     if let Some(p) = &args.stats_json {
         // Found out now, not after the program ran; an existing file keeps what it holds

@@ -241,6 +241,13 @@ impl Budget {
         }
     }
 
+    /// A new ceiling (the program's own limit, set while it runs): the limits this returns
+    /// stay under it from now on. Never below the floor.
+    pub fn set_ceiling(&mut self, ceiling_pages: usize) {
+        self.ceiling_pages = ceiling_pages.max(self.floor_pages);
+        self.last_set = self.last_set.min(self.ceiling_pages);
+    }
+
     pub fn target(&self) -> f64 {
         self.target
     }

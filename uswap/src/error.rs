@@ -43,6 +43,12 @@ pub enum Error {
     LimitTooSmall { limit_bytes: u64, min_bytes: u64 },
 
     #[error(
+        "resident limit of {limit_bytes} bytes is above the most a pager takes, {max_bytes} bytes; give a smaller \
+         one (a limit above the machine's memory is never reached, whatever its size)"
+    )]
+    LimitTooLarge { limit_bytes: u64, max_bytes: u64 },
+
+    #[error(
         "a stall target of {target} is not a share of wall time between 0 and 0.5 (1 % is 0.01); give one such as 0.01"
     )]
     BadStallTarget { target: f64 },
@@ -77,7 +83,9 @@ pub enum Error {
     #[error("all {max} region slots of this process are in use; drop regions you no longer need")]
     TooManyRegions { max: usize },
 
-    #[error("no swap device configured; add one with PagerBuilder::device(DeviceConfig::ram(..))")]
+    #[error(
+        "no swap device configured; add one (PagerBuilder::device, uswap_config_set_devices in C, devices= in Python)"
+    )]
     NoDevice,
 
     #[error("swap device {name}: {why}")]
@@ -117,7 +125,8 @@ pub enum Error {
         "signal mode: this thread blocks SIGBUS, so a fault on a managed page in it would kill \
          the process (the kernel forces a blocked SIGBUS to its default action). Unblock SIGBUS \
          (pthread_sigmask) in every thread that touches managed memory and keep it out of the \
-         sa_mask of signal handlers that do, or use FaultMode::Thread (the default)"
+         sa_mask of signal handlers that do, or use thread mode (the default: FaultMode::Thread, \
+         USWAP_FAULT_MODE_THREAD in C, fault_mode=\"thread\" in Python)"
     )]
     SigbusBlocked,
 
@@ -126,20 +135,26 @@ pub enum Error {
          handler after the first signal-mode pager was built), so faults on managed pages would \
          reach that handler instead of being served. Install your SIGBUS handler before building \
          the first signal-mode pager (uswap passes it every SIGBUS that is not for a managed \
-         page), or use FaultMode::Thread (the default)"
+         page), or use thread mode (the default: FaultMode::Thread, USWAP_FAULT_MODE_THREAD in C, \
+         fault_mode=\"thread\" in Python)"
     )]
     SigbusHandlerReplaced,
 
     #[error(
-        "signal mode: the system-call guard (PagerBuilder::syscall_guard) rewrites the C \
+        "signal mode: the system-call guard (PagerBuilder::syscall_guard, \
+         uswap_config_set_syscall_guard in C, syscall_guard=True in Python) rewrites the C \
          library's code, which is safe only while the process has one thread, and it has \
          {threads}. Build the first pager that asks for it at the start of main, before any \
-         thread starts, or use FaultMode::Thread (the default), whose faults in system calls \
-         need no guard"
+         thread starts, or use thread mode (the default: FaultMode::Thread, \
+         USWAP_FAULT_MODE_THREAD in C, fault_mode=\"thread\" in Python), whose faults in \
+         system calls need no guard"
     )]
     SyscallGuardThreads { threads: usize },
 
-    #[error("signal mode: cannot route the C library's system calls through uswap: {why}; use FaultMode::Thread")]
+    #[error(
+        "signal mode: cannot route the C library's system calls through uswap: {why}; use thread \
+         mode (FaultMode::Thread, USWAP_FAULT_MODE_THREAD in C, fault_mode=\"thread\" in Python)"
+    )]
     SyscallGuard { why: String },
 
     #[error("{context}: {source}")]
@@ -194,6 +209,7 @@ impl Error {
             UserfaultfdDenied { .. } | UserfaultfdFiltered { .. } => ErrorKind::Permission,
             UserfaultfdUnsupported { .. } | KernelTooOld { .. } => ErrorKind::Unsupported,
             LimitTooSmall { .. }
+            | LimitTooLarge { .. }
             | BadStallTarget { .. }
             | BadIdleAge { .. }
             | TooManyHandlerThreads { .. }

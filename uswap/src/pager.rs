@@ -41,7 +41,7 @@ pub use crate::options::{BackgroundReclaim, FaultMode, IdleAging};
 pub const MAX_HANDLER_THREADS: usize = 1024;
 use crate::state::charge::Charge;
 use crate::state::PagerShared;
-pub use crate::state::{PageError, PageErrorKind, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES};
+pub use crate::state::{check_limit, PageError, PageErrorKind, MAX_LIMIT_BYTES, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES};
 
 /// Builds a [`Pager`].
 #[derive(Debug, Clone)]
@@ -281,9 +281,7 @@ impl PagerBuilder {
             return Err(Error::UnderUswapRun);
         }
         let limit_bytes = self.limit_bytes.unwrap_or(0);
-        if limit_bytes < MIN_LIMIT_BYTES {
-            return Err(Error::LimitTooSmall { limit_bytes, min_bytes: MIN_LIMIT_BYTES });
-        }
+        crate::state::check_limit(limit_bytes)?;
         if self.devices.is_empty() {
             return Err(Error::NoDevice);
         }
@@ -364,8 +362,10 @@ impl PagerBuilder {
         let staging_uffd = register_staging(&devices)?;
         let limit_pages = (limit_bytes / PAGE_SIZE as u64) as usize;
         // Room for every resident page twice over (stale entries linger until popped); a
-        // page that finds the queue full is counted and later found by a scan.
-        let queue_len = (4 * limit_pages).max(1 << 16);
+        // page that finds the queue full is counted and later found by a scan. No more
+        // resident pages than the machine's RAM holds: a limit far above it is never reached.
+        let ram_pages = crate::mapping::ram_bytes().map_or(usize::MAX, |b| (b / PAGE_SIZE as u64) as usize);
+        let queue_len = (4 * limit_pages.min(ram_pages)).max(1 << 16);
         let fifo = || {
             Fifo::new(queue_len).map_err(|e| Error::OutOfAddressSpace {
                 what: "a reclaim queue".into(),
@@ -423,6 +423,7 @@ impl PagerBuilder {
             auto: self.auto_budget.map(|target| {
                 crate::budget::Budget::new(target, (MIN_LIMIT_BYTES / PAGE_SIZE as u64) as usize, limit_pages)
             }),
+            auto_ceiling_pages: AtomicUsize::new(limit_pages),
         }
     }
 
@@ -785,9 +786,7 @@ impl Pager {
     /// or [`Error::LimitBusy`] if for 2 s every page reclaim found was busy in other
     /// threads' faults or device writes.
     pub fn set_resident_limit(&self, bytes: u64) -> Result<()> {
-        if bytes < MIN_LIMIT_BYTES {
-            return Err(Error::LimitTooSmall { limit_bytes: bytes, min_bytes: MIN_LIMIT_BYTES });
-        }
+        crate::state::check_limit(bytes)?;
         self.check_owner()?;
         let _signals = crate::uffd::AsyncSignalsBlocked::new();
         // The reclaim below is the engine's, on the caller's thread: with the system-call
@@ -795,7 +794,11 @@ impl Pager {
         // for a page this thread holds busy, see `user_access::in_preparation`).
         let _engine_calls = crate::syscall_guard::started().then(crate::syscall_guard::EngineCalls::enter);
         let s = &self.core.shared;
-        s.charge.limit_pages.store((bytes / PAGE_SIZE as u64) as usize, Ordering::Release);
+        let limit_pages = (bytes / PAGE_SIZE as u64) as usize;
+        // With an automatic budget the limit given is its new ceiling: the budget moves the
+        // limit under it from here (it would otherwise take the old ceiling back next tick).
+        s.charge.auto_ceiling_pages.store(limit_pages, Ordering::Release);
+        s.charge.limit_pages.store(limit_pages, Ordering::Release);
         s.reclaim_cx().reclaim_to_limit()
     }
 

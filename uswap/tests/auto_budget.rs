@@ -173,6 +173,38 @@ fn the_budget_follows_a_working_set_that_drops_fivefold() {
     assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
 }
 
+/// A limit set on a running pager with an automatic budget is the budget's new ceiling: a
+/// working set of 24 MiB read over and over under a limit set to 4 MiB stalls (the law
+/// would raise the limit), and the limit stays at 4 MiB or below. The budget kept the
+/// ceiling it was built with, and the limit set was undone within a second (the C API's
+/// `uswap_set_resident_limit` returned 0 and changed nothing).
+#[test]
+fn a_limit_set_under_an_automatic_budget_is_its_ceiling() {
+    let p = Pager::builder()
+        .resident_limit(64 * MIB)
+        .fault_mode(FaultMode::Signal)
+        .device(DeviceConfig::zpool(128 * MIB))
+        .auto_budget(uswap::budget::DEFAULT_TARGET)
+        .build()
+        .expect("pager");
+    let region = p.map(24 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    let mut version = vec![1u64; nr_pages];
+    for i in 0..nr_pages {
+        write_page(words, i, 1);
+    }
+    p.set_resident_limit(4 * MIB).unwrap();
+    let (shares, levels) = phase(&p, words, &mut version, nr_pages, Duration::from_secs(4));
+    let report = format!("limit and resident (MiB) each second {levels:?}, stall shares {shares:.3?}");
+    assert!(shares.iter().any(|&s| s > 2.0 * uswap::budget::DEFAULT_TARGET), "the law had cause to raise it: {report}");
+    assert!(levels.iter().all(|&(limit, _)| limit <= 4.0), "the limit went over the one set: {report}");
+    assert!(p.resident_limit() <= 4 * MIB, "{report}");
+    for (i, &v) in version.iter().enumerate() {
+        check_page(words, i, v);
+    }
+}
+
 #[test]
 fn a_stall_target_outside_zero_to_a_half_is_refused_saying_why() {
     for bad in [0.0, -0.1, 0.6, f64::NAN] {

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use uswap::{DeviceConfig, Error, FaultMode, Pager, MIN_LIMIT_BYTES, PAGE_SIZE, RECLAIM_BATCH_PAGES};
 
@@ -397,7 +398,7 @@ fn bad_input_gives_errors_that_say_what_to_do() {
     assert!(e.to_string().contains("at least"), "{e}");
     let e = Pager::builder().resident_limit(8 * MIB).build().unwrap_err();
     assert!(matches!(e, Error::NoDevice), "{e}");
-    assert!(e.to_string().contains("DeviceConfig::ram"), "{e}");
+    assert!(e.to_string().contains("PagerBuilder::device"), "{e}");
     let e = Pager::builder().resident_limit(8 * MIB).device(DeviceConfig::ram(MIB)).build().unwrap_err();
     assert!(matches!(e, Error::DeviceTooSmall { .. }), "{e}");
     let p = pager(FaultMode::Thread, 8 * MIB, 8 * MIB);
@@ -520,6 +521,51 @@ fn device_lists_parse_in_priority_order() {
         let e = DeviceConfig::parse_list(bad, MIB).unwrap_err();
         assert!(matches!(e, Error::BadDeviceSpec { .. }), "{bad}: {e}");
     }
+}
+
+/// Limits outside what a pager takes are refused, at build and on a running pager, saying
+/// the bound; a limit far above the machine's memory within it is taken (its reclaim queue
+/// sized by the RAM, not by the limit: 2^64 - 1 asked for 256 PiB of address space and
+/// failed with a message about a queue).
+#[test]
+fn limits_outside_the_bounds_are_refused_and_a_huge_one_within_them_is_taken() {
+    let build = |limit: u64| Pager::builder().resident_limit(limit).device(DeviceConfig::ram(32 * MIB)).build();
+    for bad in [0, uswap::MIN_LIMIT_BYTES - 1, uswap::MAX_LIMIT_BYTES + 1, u64::MAX] {
+        let e = build(bad).expect_err("refused");
+        assert!(matches!(e, Error::LimitTooSmall { .. } | Error::LimitTooLarge { .. }), "{bad}: {e}");
+        assert_eq!(e.kind(), uswap::ErrorKind::InvalidArgument, "{bad}: {e}");
+    }
+    let p = build(uswap::MAX_LIMIT_BYTES).expect("a limit of 1 PiB is taken");
+    let e = p.set_resident_limit(u64::MAX).unwrap_err();
+    assert!(e.to_string().contains("above the most a pager takes"), "{e}");
+    assert_eq!(p.resident_limit(), uswap::MAX_LIMIT_BYTES, "a refused limit changes nothing");
+    let region = p.map(4 * MIB as usize).unwrap();
+    rewrite_and_check(region.as_atomic_u64s(), 2);
+}
+
+/// A device that declines pages (`zpool:reject` with pages that do not compress) and no
+/// device after it: each charge over the limit is made at once, counted and said, instead
+/// of waiting out 100-250 ms for rounds that stage and offer the same pages again (64 MiB
+/// of random bytes under 4 MiB took minutes).
+#[test]
+fn pages_no_device_takes_are_charged_over_the_limit_at_once() {
+    let zpool = DeviceConfig::zpool(32 * MIB).incompressible(uswap::backend::zpool::Incompressible::Reject);
+    let p = Pager::builder().resident_limit(4 * MIB).device(zpool).build().expect("pager");
+    let region = p.map(32 * MIB as usize).unwrap();
+    let bytes = region.as_atomic_u64s();
+    let started = Instant::now();
+    let mut rng = Rng(0x5e1ec7);
+    let noise: Vec<u64> = (0..bytes.len()).map(|_| rng.next()).collect();
+    for (w, &v) in bytes.iter().zip(&noise) {
+        w.store(v, Ordering::Relaxed);
+    }
+    let took = started.elapsed();
+    for (w, &v) in bytes.iter().zip(&noise) {
+        assert_eq!(w.load(Ordering::Relaxed), v);
+    }
+    let st = p.stats();
+    assert!(st.limit_overrun > 0 && st.swap_alloc_fail > 0, "{st:?}");
+    assert!(took < Duration::from_secs(10), "8,192 pages no device takes took {took:?}: {st:?}");
 }
 
 /// A pager with a 1 MiB limit and an 8 MiB region of it, every page written (version 1) and

@@ -204,8 +204,8 @@ fn validate(args: &BenchArgs, engines: &[Engine], argv: &[OsString]) -> Result<P
             _ => {}
         }
     }
-    if uswap && args.limit < uswap::MIN_LIMIT_BYTES {
-        return Err(uswap::Error::LimitTooSmall { limit_bytes: args.limit, min_bytes: uswap::MIN_LIMIT_BYTES }.into());
+    if uswap {
+        uswap::check_limit(args.limit)?;
     }
     if engines.iter().any(Engine::is_kernel) && args.limit < KERNEL_MIN_LIMIT_BYTES {
         return Err(BenchError::KernelLimitTooSmall {

@@ -54,6 +54,13 @@ pub enum RunError {
     )]
     LimitTooSmall { limit_bytes: u64 },
     #[error(
+        "a limit of {} is above the most a pager takes, {}: a limit above the machine's memory is never reached, \
+         whatever its size, so give one of at most that",
+        format_size(*limit_bytes),
+        format_size(uswap::MAX_LIMIT_BYTES)
+    )]
+    LimitTooLarge { limit_bytes: u64 },
+    #[error(
         "cannot page the program {}: {source}",
         if *thread_mode {
             "in thread mode (--fault-mode thread; the default, auto, runs most programs in signal mode, which needs no permission)"

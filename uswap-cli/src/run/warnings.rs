@@ -124,7 +124,8 @@ pub(super) fn overrun_message(s: &serde_json::Value) -> Option<String> {
     let mut causes = Vec::new();
     if g("swap_alloc_fail") + g("swpout_error") > 0 {
         causes.push(
-            "no device took pages: full, or failing its writes (give the devices room, or add a device after them)",
+            "no device took pages: full, failing its writes, or declining them (`zpool:reject` with pages that \
+             do not compress); give the devices room, or add a device after them",
         );
     }
     if g("move_refused") + g("cow_broken") > 0 {

@@ -77,6 +77,7 @@ pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs
 /// after: faults meanwhile see the old one and do not reclaim for the probe, whose cost is
 /// then what it measures (the pages it took that are in use).
 fn move_budget(cx: &Reclaim<'_>, b: &mut crate::budget::Budget, now_us: u64) {
+    b.set_ceiling(cx.charge.auto_ceiling_pages.load(Ordering::Acquire));
     let limit = cx.charge.limit_pages.load(Ordering::Acquire);
     let resident = cx.charge.resident_pages.load(Ordering::Acquire);
     let idle = cx.charge.idle_sample.total();

@@ -150,7 +150,15 @@ impl<'a> ChargeWait<'a> {
             self.stalled = Some(cx.charge.stall());
             self.reclaim_since_ns = crate::clock::now_ns();
         }
+        let declined_before = cx.stats.sum(Counter::SwapAllocFail);
         let round = reclaim_round(cx, true);
+        // Its pages went to the swap cache, but no device took any of those it wrote (every
+        // one declined them: incompressible pages and `zpool:reject` last; or none had a
+        // slot): more rounds would stage and offer more of the same, 250 ms per charge.
+        let declined = round.uncharged == 0 && cx.stats.sum(Counter::SwapAllocFail) > declined_before;
+        if declined {
+            return Wait::Overrun { busy: false };
+        }
         if round.any() {
             self.fruitless = 0;
             self.backoff_ns = CHARGE_BACKOFF_MIN_NS;

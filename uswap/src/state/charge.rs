@@ -45,6 +45,9 @@ pub(crate) struct Charge {
     /// With an automatic budget: its control law, with the ceiling (the limit given), which
     /// the background reclaimer copies and runs (`reclaim::background`).
     pub auto: Option<Budget>,
+    /// With an automatic budget: its ceiling, in pages, which a limit set on the running
+    /// pager moves (`Pager::set_resident_limit`); the reclaimer's copy follows it each tick.
+    pub auto_ceiling_pages: AtomicUsize,
 }
 
 impl Charge {

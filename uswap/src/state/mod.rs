@@ -45,6 +45,21 @@ pub use fault_error::{PageError, PageErrorKind};
 pub const RECLAIM_BATCH_PAGES: usize = 32;
 /// The smallest resident limit a pager accepts.
 pub const MIN_LIMIT_BYTES: u64 = 256 * PAGE_SIZE as u64;
+/// The largest resident limit a pager accepts: 1 PiB, more than any machine's memory, so
+/// that a limit meant as "never reached" is taken, while the pages counted against it
+/// cannot overflow the charge's arithmetic.
+pub const MAX_LIMIT_BYTES: u64 = 1 << 50;
+
+/// Whether `limit_bytes` is a resident limit a pager accepts.
+pub fn check_limit(limit_bytes: u64) -> crate::Result<()> {
+    if limit_bytes < MIN_LIMIT_BYTES {
+        return Err(crate::Error::LimitTooSmall { limit_bytes, min_bytes: MIN_LIMIT_BYTES });
+    }
+    if limit_bytes > MAX_LIMIT_BYTES {
+        return Err(crate::Error::LimitTooLarge { limit_bytes, max_bytes: MAX_LIMIT_BYTES });
+    }
+    Ok(())
+}
 
 /// Regions take missing-page faults and write-protect faults (the first write to a clean
 /// page). Staging areas: `crate::swap::STAGING_REGISTER_MODE`.
