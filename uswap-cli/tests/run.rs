@@ -2290,6 +2290,23 @@ fn sigterm_to_uswap_run_goes_on_to_the_program() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// A handler the program installs with `SA_ONSTACK` while it sets no alternate stack of its
+/// own runs on the one uswap gives each thread in signal mode, where without uswap it runs on
+/// the thread's stack: a frame of 512 KiB there (`onstack.c`, on the main thread and on a
+/// second one) runs as it does plain. With 64 KiB alternate stacks it died of SIGSEGV.
+#[test]
+fn a_handler_on_the_alternate_stack_has_room_for_a_large_frame() {
+    let dir = tmpdir("onstack");
+    let p = compile("onstack", &dir, &[]);
+    let prog = [p.to_str().unwrap()];
+    let expect = plain(&prog);
+    for mode in ["signal", "thread"] {
+        let (o, _) = uswap_run(64, &["--fault-mode", mode, "--start-after", "0"], &prog, &dir);
+        assert!(o.status.success(), "{mode}: {}: {}", o.status, String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.stdout, expect.stdout, "{mode}");
+    }
+}
+
 /// Signals `uswap run` was started with ignored stay ignored in the program, as they would
 /// without it (`nohup uswap run ...`): the signals it forwards were caught before the program
 /// started, and an exec resets caught signals to their default action, so `nohup`'s SIGHUP

@@ -33,8 +33,12 @@ use std::cell::Cell;
 use crate::real::{sys_mmap, sys_mprotect, sys_munmap};
 
 /// One alternate stack: the kernel's frame (1.8 KiB here, `AT_MINSIGSTKSZ`, more with
-/// AVX-512 state) and the handler's entry, with room to spare.
-pub const ALT_STACK_BYTES: usize = 64 << 10;
+/// AVX-512 state) and the handler's entry need a few KiB; but a program that set no
+/// alternate stack of its own and installs a handler with `SA_ONSTACK` (for a crash report,
+/// a backtrace) has that handler run here too, where without uswap it runs on the thread's
+/// own stack. At 64 KiB a handler with a 64 KiB frame died of SIGSEGV: 1 MiB, reserved
+/// (`MAP_NORESERVE`), of which only the pages a handler touches take memory.
+pub const ALT_STACK_BYTES: usize = 1 << 20;
 const GUARD_BYTES: usize = 4096;
 
 /// The most of a program's alternate stack that is locked (its top).
