@@ -379,8 +379,11 @@ impl Launch {
         }
         // A device list that does not parse, a file device's path that cannot be used and a
         // Redis server that does not answer are said once, here, rather than by every
-        // process once its pager starts, after some of the program's work.
-        for d in uswap::DeviceConfig::parse_list(&cfg.device, cfg.limit_bytes).map_err(RunError::Device)? {
+        // process once its pager starts, after some of the program's work. With the default
+        // size the processes give a device without one (half the RAM), not the limit: under
+        // `--limit 8TiB` the default pool's cap was taken for 8 TiB and refused.
+        let default_capacity_bytes = uswap::DeviceConfig::default_capacity_bytes();
+        for d in uswap::DeviceConfig::parse_list(&cfg.device, default_capacity_bytes).map_err(RunError::Device)? {
             d.check_usable().map_err(RunError::Device)?;
         }
         // Before the run's directory is made, which an error here would leave behind.

@@ -2233,15 +2233,24 @@ fn threads_cancelled_in_blocking_calls_end_cleanly() {
     }
 }
 
-/// A limit below what a pager takes is refused before the program starts (it used to start
-/// it, and every process failed on its own); a `uswap run` under another says that its
-/// program's budget is its own, outside the outer one; both runs serve their counters.
+/// A limit below what a pager takes, or above (1 PiB), is refused before the program starts
+/// (it used to start it, and every process failed on its own); one far above the machine's
+/// memory within that runs (`8TiB` was refused, the default pool's cap taken for 8 TiB); a
+/// `uswap run` under another says that its program's budget is its own, outside the outer
+/// one; both runs serve their counters.
 #[test]
 fn tiny_limits_are_refused_and_nested_runs_are_said() {
     let o = uswap(&["run", "--limit", "4KiB", "--", "echo", "ran"], None);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(o.stdout.is_empty() && err.contains("below the least a pager takes, 1MiB"), "{err}");
+    let o = uswap(&["run", "--limit", "2048TiB", "--", "echo", "ran"], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(o.stdout.is_empty() && err.contains("above the most a pager takes, 1024TiB"), "{err}");
+    let o = uswap(&["run", "--limit", "8TiB", "--start-after", "0", "--", "echo", "ran"], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "ran", "{err}");
     let inner = env!("CARGO_BIN_EXE_uswap");
     let o = uswap(&["run", "--limit", "64MiB", "--", inner, "run", "--limit", "32MiB", "--", "echo", "ran"], None);
     let err = String::from_utf8_lossy(&o.stderr);
