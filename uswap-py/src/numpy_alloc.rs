@@ -27,16 +27,16 @@
 //! The capsule owns the handler (and so the pager's table); numpy keeps the capsule alive
 //! while any array allocated through it lives.
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::ThreadId;
 
 use pyo3::exceptions::{PyImportError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
 
 use crate::pager_cell::{Owner, PagerCell};
 
@@ -307,15 +307,32 @@ pub struct NumpyAllocator {
     counters: Arc<Counters>,
     /// Our handler capsule, made on first entry.
     capsule: Option<Py<PyAny>>,
-    /// Per thread, the handlers that were current at each (nested) entry, innermost last:
-    /// the handler is per thread, so one thread's exit must not restore another's.
-    previous: HashMap<ThreadId, Vec<Py<PyAny>>>,
 }
 
 impl NumpyAllocator {
     pub fn new(cell: Arc<PagerCell>, threshold_bytes: usize, counters: Arc<Counters>) -> NumpyAllocator {
-        NumpyAllocator { cell, threshold_bytes, counters, capsule: None, previous: HashMap::new() }
+        NumpyAllocator { cell, threshold_bytes, counters, capsule: None }
     }
+}
+
+/// The handlers that were current at each (nested) entry of any `NumpyAllocator`, innermost
+/// last, each with the allocator entered: a tuple of `(allocator, previous handler)` pairs
+/// in a context variable of its own. numpy keeps its current handler in a context variable,
+/// so each thread and each asyncio task has its own; the saved ones must follow the same
+/// contexts. Kept per thread, two tasks on one thread popped each other's entries and one
+/// went on allocating into a pager it had never entered.
+fn saved_handlers(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static VAR: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    VAR.get_or_try_init(py, || {
+        let var = py.import("contextvars")?.getattr("ContextVar")?.call1(("uswap_numpy_saved_handlers",))?;
+        Ok::<_, PyErr>(var.unbind())
+    })
+    .map(|v| v.bind(py))
+}
+
+/// The context's saved handlers (see [`saved_handlers`]).
+fn saved_in_context<'py>(var: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+    Ok(var.call_method1("get", (PyTuple::empty(var.py()),))?.cast_into::<PyTuple>()?)
 }
 
 /// Calls `set` with `handler` and returns the handler it replaced.
@@ -333,44 +350,63 @@ fn swap_handler(py: Python<'_>, set: SetHandlerFn, handler: &Py<PyAny>) -> PyRes
 
 #[pymethods]
 impl NumpyAllocator {
-    fn __enter__(mut slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
+    /// Makes this allocator numpy's handler in this thread or task, saving the one it
+    /// replaces for `__exit__`.
+    fn __enter__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
         let py = slf.py();
         let set = numpy_set_handler(py)?;
-        let capsule = match &slf.capsule {
-            Some(c) => c.clone_ref(py),
-            None => {
-                let heap = ManagedHeap {
-                    cell: slf.cell.clone(),
-                    threshold_bytes: slf.threshold_bytes,
-                    counters: slf.counters.clone(),
-                };
-                let c = new_handler_capsule(py, heap)?;
-                slf.capsule = Some(c.clone_ref(py));
-                c
+        let capsule = {
+            let mut this = slf.borrow_mut();
+            match &this.capsule {
+                Some(c) => c.clone_ref(py),
+                None => {
+                    let heap = ManagedHeap {
+                        cell: this.cell.clone(),
+                        threshold_bytes: this.threshold_bytes,
+                        counters: this.counters.clone(),
+                    };
+                    let c = new_handler_capsule(py, heap)?;
+                    this.capsule = Some(c.clone_ref(py));
+                    c
+                }
             }
         };
+        let var = saved_handlers(py)?;
+        let saved = saved_in_context(var)?;
         let old = swap_handler(py, set, &capsule)?;
-        slf.previous.entry(std::thread::current().id()).or_default().push(old);
+        let mut entries: Vec<Bound<'py, PyAny>> = saved.iter().collect();
+        entries.push(PyTuple::new(py, [slf.as_any(), old.bind(py)])?.into_any());
+        var.call_method1("set", (PyTuple::new(py, entries)?,))?;
         Ok(slf)
     }
 
+    /// Puts back the handler that was current when this allocator was entered, in this
+    /// thread or task; the innermost entry must be this allocator's (exits in the reverse
+    /// order of entries, as `with` blocks do).
     fn __exit__(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         _exc_type: Option<&Bound<'_, PyAny>>,
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        let thread = std::thread::current().id();
-        let stack = self.previous.get_mut(&thread);
-        let Some(old) = stack.and_then(Vec::pop) else {
-            return Err(PyRuntimeError::new_err("NumpyAllocator.__exit__ without a matching __enter__ on this thread"));
+        let py = slf.py();
+        let var = saved_handlers(py)?;
+        let saved = saved_in_context(var)?;
+        let innermost = saved.len().checked_sub(1).map(|i| saved.get_item(i)).transpose()?;
+        let Some(entry) = innermost else {
+            return Err(PyRuntimeError::new_err(
+                "NumpyAllocator.__exit__ without a matching __enter__ in this thread or task",
+            ));
         };
-        if self.previous.get(&thread).is_some_and(Vec::is_empty) {
-            self.previous.remove(&thread);
+        if !entry.get_item(0)?.is(slf) {
+            return Err(PyRuntimeError::new_err(
+                "NumpyAllocator.__exit__ out of order: another allocator entered after this one is still entered in \
+                 this thread or task; exit it first (with blocks do)",
+            ));
         }
         let set = numpy_set_handler(py)?;
-        swap_handler(py, set, &old)?;
+        swap_handler(py, set, &entry.get_item(1)?.unbind())?;
+        var.call_method1("set", (saved.get_slice(0, saved.len() - 1),))?;
         Ok(false)
     }
 

@@ -70,6 +70,9 @@ impl PyRegion {
             if !this.open {
                 return Err(PyBufferError::new_err("cannot export a released uswap.Region"));
             }
+            // A fork child's copy of a pager it did not re-arm: its pages that were out are
+            // missing here, and a read of one killed the child with SIGSEGV.
+            this.cell.check_owner().map_err(PyBufferError::new_err)?;
             (this.start as *mut u8, this.len_bytes)
         };
         let len = isize::try_from(len).map_err(|_| PyBufferError::new_err("region too large for a buffer"))?;
@@ -96,19 +99,24 @@ impl PyRegion {
     /// while views of it are exported (delete the numpy arrays and memoryviews first).
     /// Releasing twice is allowed. Without it, the region is unmapped when the object and
     /// every view of it are gone.
-    fn release(&mut self, py: Python<'_>) -> PyResult<()> {
-        let n = self.exports.load(Ordering::Acquire);
-        if n > 0 {
-            return Err(PyBufferError::new_err(format!(
-                "cannot release a uswap.Region with {n} exported buffer(s): numpy arrays or memoryviews still \
-                 point into it; delete them (or call memoryview.release()) first"
-            )));
-        }
-        if std::mem::take(&mut self.open) {
-            // Freeing a large region's swap slots takes a while; other threads may run.
-            let (cell, start) = (&self.cell, self.start);
-            py.detach(|| cell.unmap(start, Owner::Region));
-        }
+    fn release(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let (cell, start) = {
+            let mut this = slf.borrow_mut();
+            let n = this.exports.load(Ordering::Acquire);
+            if n > 0 {
+                return Err(PyBufferError::new_err(format!(
+                    "cannot release a uswap.Region with {n} exported buffer(s): numpy arrays or memoryviews still \
+                     point into it; delete them (or call memoryview.release()) first"
+                )));
+            }
+            if !std::mem::take(&mut this.open) {
+                return Ok(());
+            }
+            (this.cell.clone(), this.start)
+        };
+        // Freeing a large region's swap slots takes a while; other threads may run, and
+        // use the object meanwhile (it is released already: no borrow is held across).
+        slf.py().detach(|| cell.unmap(start, Owner::Region));
         Ok(())
     }
 
@@ -119,13 +127,12 @@ impl PyRegion {
 
     /// Releases the region (see `release`); raises `BufferError` if views remain.
     fn __exit__(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         _exc_type: Option<&Bound<'_, PyAny>>,
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        self.release(py)?;
+        Self::release(slf)?;
         Ok(false)
     }
 
@@ -157,6 +164,7 @@ impl PyRegion {
     /// Pages of the region in RAM right now, measured with `mincore(2)`.
     fn mapped_pages(&self) -> PyResult<usize> {
         self.check_open()?;
+        self.cell.check_owner().map_err(crate::errors::InvalidArgumentError::new_err)?;
         match self.cell.mapped_pages(self.start) {
             Some(pages) => pages.map_err(|e| crate::errors::IoError::new_err(format!("mincore: {e}"))),
             None => Err(PyValueError::new_err("operation on a released uswap.Region")),

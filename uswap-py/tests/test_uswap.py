@@ -405,6 +405,84 @@ def test_nested_and_per_thread_handlers(pager):
     assert names == ["uswap", "uswap", outside, outside], names
 
 
+def test_handlers_follow_asyncio_tasks_and_exits_must_be_in_order(pager):
+    """numpy keeps its handler per context, so each asyncio task has its own; the handler an
+    exit puts back is the one its own task saved. Kept per thread, two tasks popped each
+    other's entries, and one went on allocating into a pager it had never entered."""
+    import asyncio
+
+    other = uswap.Pager(limit=8 * MiB, devices="ram:64MiB")
+    outside = handler_name()
+    x, a = pager.numpy(threshold=0), other.numpy(threshold=0)
+    seen = {}
+
+    async def first(entered, second_done):
+        with x:
+            with a:
+                entered.set()
+                await second_done.wait()
+            seen["first, after a"] = handler_name()
+            np.ones(1000)
+        seen["first, after x"] = handler_name()
+
+    async def second(entered, second_done):
+        await entered.wait()
+        with a:
+            second_done.set()
+            await asyncio.sleep(0.05)
+        seen["second, after a"] = handler_name()
+        np.ones(1000)
+
+    async def main():
+        entered, second_done = asyncio.Event(), asyncio.Event()
+        await asyncio.gather(first(entered, second_done), second(entered, second_done))
+
+    before = (pager.stats()["numpy_blocks"], other.stats()["numpy_blocks"])
+    asyncio.run(main())
+    assert seen == {"first, after a": "uswap", "first, after x": outside, "second, after a": outside}, seen
+    # The first task's array after its inner block went to its outer allocator's pager; the
+    # second task's, after its block, to numpy's own handler, not to `pager`.
+    assert pager.stats()["numpy_blocks"] <= before[0] + 1
+    assert handler_name() == outside
+
+    # Exits out of order are refused, and the handler stays that of the innermost entry.
+    x.__enter__()
+    a.__enter__()
+    with pytest.raises(RuntimeError, match="out of order"):
+        x.__exit__(None, None, None)
+    a.__exit__(None, None, None)
+    x.__exit__(None, None, None)
+    assert handler_name() == outside
+    with pytest.raises(RuntimeError, match="without a matching __enter__"):
+        x.__exit__(None, None, None)
+
+
+def test_a_region_is_read_by_other_threads_while_it_is_released(pager):
+    """`release()` lets the GIL go while it frees the region's slots; other threads see the
+    region released meanwhile. It held the object's borrow across, and their `len(r)`
+    raised RuntimeError('Already mutably borrowed')."""
+    r = pager.map(256 * MiB)
+    memoryview(r)[:: 4096] = b"\1" * (256 * MiB // 4096)
+    errors, stop = [], threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            try:
+                assert len(r) == 256 * MiB
+                r.released
+            except Exception as e:  # noqa: BLE001 - any error is the failure
+                errors.append(repr(e))
+                return
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.01)
+    r.release()
+    stop.set()
+    t.join(timeout=30)
+    assert errors == [] and r.released
+
+
 README_SUBSTITUTIONS = [
     ('limit="2GiB"', 'limit="8MiB"'),
     ('devices="zpool,file:/var/tmp"', 'devices="zpool:64MiB,file:/var/tmp:64MiB"'),
@@ -569,6 +647,8 @@ mode = sys.argv[1]
 pager = uswap.Pager(limit=8 * MiB, devices="zpool:256MiB", fault_mode=mode)
 other = uswap.Pager(limit=8 * MiB, devices="zpool:64MiB", fault_mode=mode)
 assert pager.regions_survive_fork and not other.regions_survive_fork
+other_region = other.map(MiB)
+memoryview(other_region)[:5] = b"hello"
 region = pager.map(32 * MiB)
 view = memoryview(region)
 data = os.urandom(len(view))
@@ -610,6 +690,13 @@ def child_checks(depth):
             checks.append(False)
         except uswap.InvalidArgumentError:
             checks.append(True)  # not re-armed: its engine is the parent's
+    # Nor its regions: a view of one read pages that are not here (the child died of SIGSEGV).
+    for call, error in ((lambda: memoryview(other_region), BufferError), (other_region.mapped_pages, uswap.InvalidArgumentError)):
+        try:
+            call()
+            checks.append(False)
+        except error:
+            checks.append(True)
     if depth == 1:
         # A fork of the child: the grandchild reads the child's bytes.
         pid = os.fork()
