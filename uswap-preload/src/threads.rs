@@ -82,7 +82,8 @@ fn static_tls_bytes() -> usize {
         // SAFETY: glibc's `_dl_get_tls_static_info(size_t *, size_t *)`, which writes both.
         unsafe { std::mem::transmute::<*mut c_void, Info>(p)(&mut size, &mut align) };
     }
-    BYTES.store(size.max(1), Ordering::Relaxed);
+    let size = size.max(1);
+    BYTES.store(size, Ordering::Relaxed);
     size
 }
 
@@ -103,7 +104,7 @@ fn pin_program_stack(attr: *const libc::pthread_attr_t) -> Option<uswap::Pin> {
     }
     let top = top as usize;
     let len = (static_tls_bytes() + START_FRAMES_BYTES).min(size);
-    let mut pin = uswap::Pin::new();
+    let mut pin = uswap::Pin::for_handoff();
     match uswap::prepare_user_access(&mut pin, top - len, len, true) {
         Some(_) => Some(pin),
         None => {

@@ -426,9 +426,7 @@ fn parse_one(item: &str, default_capacity_bytes: u64) -> std::result::Result<Dev
             Some((p, sz)) if parse_size(sz).is_ok() => (p, parse_size(sz)?),
             // `file:/tmp:8GB` was a swap file named `/tmp:8GB`: what looks like a size and
             // is not one is said, unless the whole is a path that exists.
-            Some((_, sz))
-                if sz.starts_with(|c: char| c.is_ascii_digit() || "+-.".contains(c)) && !Path::new(rest).exists() =>
-            {
+            Some((_, sz)) if looks_like_a_size(sz) && !Path::new(rest).exists() => {
                 let why = parse_size(sz).err().unwrap_or_default();
                 return Err(format!("{sz:?} is not a size ({why}); file:PATH[:SIZE], e.g. file:/var/tmp:8GiB"));
             }
@@ -454,6 +452,20 @@ fn parse_one(item: &str, default_capacity_bytes: u64) -> std::result::Result<Dev
             "unknown device kind {other:?}; known: ram, zpool, file, redis://HOST:PORT, redis-cluster://HOST:PORT"
         )),
     }
+}
+
+/// Whether `s` was meant as a size, right or wrong: a number (a sign, digits and dots, an
+/// exponent) and at most three letters of a unit's (`8GB`, `-1`, `1e3`, `4 kib`), not the
+/// tail of a file name with a colon in it (`run.2024-01-01T10:30Z`).
+fn looks_like_a_size(s: &str) -> bool {
+    let t = s.trim();
+    let digits_end = t.find(|c: char| !(c.is_ascii_digit() || "+-.".contains(c))).unwrap_or(t.len());
+    let (number, rest) = t.split_at(digits_end);
+    let rest = rest.strip_prefix(['e', 'E']).map_or(rest, |r| r.trim_start_matches(|c: char| c.is_ascii_digit()));
+    let unit = rest.trim_start();
+    number.chars().any(|c| c.is_ascii_digit())
+        && unit.len() <= 3
+        && unit.chars().all(|c| "KMGTPEkmgtpeIiBb".contains(c))
 }
 
 /// A `zpool` device's options (a size, `lz4`, `zstd`, `zstd-LEVEL`, `raw`, `reject`), each
@@ -599,6 +611,10 @@ mod tests {
         // Was a swap file named "/tmp:8GB".
         assert!(why("file:/tmp:8GB").contains("\"8GB\" is not a size"), "{}", why("file:/tmp:8GB"));
         assert!(why("file:/tmp:-1").contains("is not a size"));
+        assert!(why("file:/tmp:1e3").contains("is not a size"));
+        // A file name with a colon and digits in it is a path.
+        let d = DeviceConfig::parse_list("file:/var/tmp/run.2024-01-01T10:30Z", 1 << 30).unwrap();
+        assert_eq!(d[0].file_path(), Some(Path::new("/var/tmp/run.2024-01-01T10:30Z")));
         // Was found by the pager of each process, after the program ran.
         assert!(why("zpool:zstd-30").contains("levels are 1..=22"), "{}", why("zpool:zstd-30"));
         assert!(why("zpool:zstd-0").contains("levels are 1..=22"));

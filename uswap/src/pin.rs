@@ -108,6 +108,8 @@ pub struct Pin {
     no_slot: bool,
     /// Claim under the kernel's thread id, not the noted one (see [`Pin::for_exec`]).
     fresh_tid: bool,
+    /// Claim under no thread: released by another thread (see [`Pin::for_handoff`]).
+    handoff: bool,
     pinned_bytes: usize,
 }
 
@@ -130,6 +132,15 @@ impl Pin {
     /// child's memory is no longer ours (see [`release_pins_of_dead_threads`]).
     pub fn for_exec() -> Pin {
         Pin { fresh_tid: true, ..Pin::default() }
+    }
+
+    /// A pin taken by one thread and released by another (a new thread's stack, pinned by
+    /// its creator until the new thread has its alternate signal stack): its slot is claimed
+    /// under no thread id, so that [`release_pins_of_dead_threads`] never frees it when the
+    /// creator ends first (which would unpin the stack too early, and let the new thread's
+    /// release free a slot another call had claimed since).
+    pub fn for_handoff() -> Pin {
+        Pin { handoff: true, ..Pin::default() }
     }
 
     /// Pins `[start, end)` (rounded out to pages), as much of it as the call's allowance
@@ -169,7 +180,7 @@ impl Pin {
     /// The slot, claimed on first use.
     fn slot(&mut self) -> Option<&'static Slot> {
         if self.slot.is_none() && !self.no_slot {
-            self.slot = claim(self.fresh_tid);
+            self.slot = claim(self.fresh_tid, self.handoff);
             self.no_slot = self.slot.is_none();
         }
         self.slot
@@ -214,15 +225,21 @@ pub fn release_pins_of_dead_threads() -> usize {
     freed
 }
 
-fn claim(fresh_tid: bool) -> Option<&'static Slot> {
+fn claim(fresh_tid: bool, handoff: bool) -> Option<&'static Slot> {
     // Bounded: one attempt per slot.
     for (i, slot) in SLOTS.iter().enumerate() {
         if slot.owned.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             debug_assert_eq!(slot.nr_ranges.load(Ordering::Relaxed), 0);
             // The noted id, or the kernel's for a pin taken with `Pin::for_exec` (a `vfork`
             // child shares its parent's thread-locals) or on a thread nobody noted.
+            // None for a hand-off: the sweeper leaves a slot of tid 0 alone.
             let noted = THREAD_ID.get();
-            slot.tid.store(if noted == 0 || fresh_tid { gettid() } else { noted }, Ordering::Release);
+            let tid = match (handoff, noted == 0 || fresh_tid) {
+                (true, _) => 0,
+                (false, true) => gettid(),
+                (false, false) => noted,
+            };
+            slot.tid.store(tid, Ordering::Release);
             if SLOTS_HIGH.load(Ordering::Relaxed) <= i {
                 SLOTS_HIGH.fetch_max(i + 1, Ordering::Relaxed);
             }

@@ -108,7 +108,8 @@ pub(super) fn erase_swap_files(device: &str, limit_bytes: u64, created: &[Create
         match what {
             Ok(uswap::backend::file::Erased::InUse) => say!(
                 "uswap run: swap file {} is still in use (a process of the program outlives it): not erased; it \
-                 holds swapped-out memory until that process ends, then delete or reuse it",
+                 holds swapped-out memory until that process ends, then delete it (or empty it, \
+                 `truncate -s 0`, to use it again: uswap refuses a file that holds data)",
                 path.display()
             ),
             Err(e) => say!(

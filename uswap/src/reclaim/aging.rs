@@ -359,7 +359,7 @@ fn evict_idle(cx: &Reclaim<'_>, cut: Epoch) -> usize {
     // Bounded by the per-tick budget and by the first batch that writes nothing (the head
     // is younger than `cut`, busy, or its device takes nothing now).
     while written < MAX_EVICT_PER_S && !cx.shutdown.is_set() {
-        let n = shrink_inactive(cx, BATCH, Take::StagedBy(cut));
+        let n = shrink_inactive(cx, BATCH, Take::StagedBy(cut)).uncharged;
         // Each staged victim of the round is written at most once.
         debug_assert!(n <= BATCH, "a writeback round uncharges at most its batch");
         if n == 0 {

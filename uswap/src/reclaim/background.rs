@@ -77,7 +77,11 @@ pub(super) const IDLE_COLD: std::time::Duration = std::time::Duration::from_secs
 /// after: faults meanwhile see the old one and do not reclaim for the probe, whose cost is
 /// then what it measures (the pages it took that are in use).
 fn move_budget(cx: &Reclaim<'_>, b: &mut crate::budget::Budget, now_us: u64) {
-    b.set_ceiling(cx.charge.auto_ceiling_pages.load(Ordering::Acquire));
+    // A limit set on the pager since the last tick is the ceiling (`Pager::set_resident_limit`),
+    // and one that a tick under way stored over it comes down to it here.
+    let ceiling = cx.charge.auto_ceiling_pages.load(Ordering::Acquire);
+    b.set_ceiling(ceiling);
+    cx.charge.limit_pages.fetch_min(ceiling, Ordering::AcqRel);
     let limit = cx.charge.limit_pages.load(Ordering::Acquire);
     let resident = cx.charge.resident_pages.load(Ordering::Acquire);
     let idle = cx.charge.idle_sample.total();
@@ -86,7 +90,8 @@ fn move_budget(cx: &Reclaim<'_>, b: &mut crate::budget::Budget, now_us: u64) {
         // Best effort: pages that cannot go now go with later rounds.
         let _ = super::round::reclaim_to(cx, next);
     }
-    cx.charge.limit_pages.store(next, Ordering::Release);
+    // A limit set while this tick ran (and reclaimed) bounds what it stores.
+    cx.charge.limit_pages.store(next.min(cx.charge.auto_ceiling_pages.load(Ordering::Acquire)), Ordering::Release);
 }
 
 /// The background reclaimer. With [`BackgroundReclaim::WhenIdle`]: every period (see

@@ -150,13 +150,11 @@ impl<'a> ChargeWait<'a> {
             self.stalled = Some(cx.charge.stall());
             self.reclaim_since_ns = crate::clock::now_ns();
         }
-        let declined_before = cx.stats.sum(Counter::SwapAllocFail);
         let round = reclaim_round(cx, true);
-        // Its pages went to the swap cache, but no device took any of those it wrote (every
-        // one declined them: incompressible pages and `zpool:reject` last; or none had a
-        // slot): more rounds would stage and offer more of the same, 250 ms per charge.
-        let declined = round.uncharged == 0 && cx.stats.sum(Counter::SwapAllocFail) > declined_before;
-        if declined {
+        // No device took any page this round wrote (every one declined them: incompressible
+        // pages and `zpool:reject` last; or none had a slot): more rounds would stage and
+        // offer more of the same, 250 ms per charge. A batch with one page taken goes on.
+        if round.uncharged == 0 && round.declined > 0 {
             return Wait::Overrun { busy: false };
         }
         if round.any() {

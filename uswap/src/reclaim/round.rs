@@ -41,11 +41,18 @@ pub(crate) struct Progress {
     pub pinned: usize,
     /// Every resident page is locked by the program (see `swapout::Shrunk::all_locked`).
     pub all_locked: bool,
+    /// Staged pages this round offered that no device took (see `swapout::WrittenBack`).
+    pub declined: usize,
 }
 
 impl Progress {
     pub fn any(self) -> bool {
         self.moved + self.uncharged > 0
+    }
+
+    fn add_written(&mut self, w: super::swapout::WrittenBack) {
+        self.uncharged += w.uncharged;
+        self.declined += w.declined;
     }
 }
 
@@ -74,7 +81,7 @@ pub(crate) fn reclaim_round(cx: &Reclaim<'_>, direct: bool) -> Progress {
         progress.all_locked = s.all_locked;
     }
     if cx.swap_cache.nr_pages() >= target || progress.moved == 0 {
-        progress.uncharged += shrink_inactive(cx, BATCH, Take::Staged);
+        progress.add_written(shrink_inactive(cx, BATCH, Take::Staged));
     }
     if direct && !topped_up && !progress.any() && !cx.devices.is_full() {
         // The cache is at its target and every staged page is busy in other threads' writes
@@ -91,7 +98,7 @@ pub(crate) fn reclaim_round(cx: &Reclaim<'_>, direct: bool) -> Progress {
         progress.pinned += s.pinned;
         progress.all_locked |= s.all_locked;
         if s.moved > s.uncharged {
-            progress.uncharged += shrink_inactive(cx, BATCH, Take::Staged);
+            progress.add_written(shrink_inactive(cx, BATCH, Take::Staged));
         }
     }
     progress

@@ -408,26 +408,35 @@ pub(super) struct Shrunk {
     pub all_locked: bool,
 }
 
+/// What [`shrink_inactive`] did with the staged pages it took.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct WrittenBack {
+    /// Pages written (or found zero) and uncharged.
+    pub uncharged: usize,
+    /// Pages that no device took (each declined them, or none had a slot): still staged.
+    pub declined: usize,
+}
+
 /// Writes back up to `nr` of the oldest staged pages (with [`Take::StagedBy`], only those
-/// idle long enough). Returns the pages uncharged.
+/// idle long enough).
 ///
 /// Each page goes first to its own slot. A device may decline a page (a pool at its cap,
 /// or an incompressible page it passes on): the page then gets a slot on another device and
 /// is written there, in priority order. A page that no device takes, or whose write fails,
 /// stays staged in RAM (still charged) and is retried in a later round.
-pub(super) fn shrink_inactive(cx: &Reclaim<'_>, nr: usize, take: Take) -> usize {
+pub(super) fn shrink_inactive(cx: &Reclaim<'_>, nr: usize, take: Take) -> WrittenBack {
     debug_assert!(take != Take::Resident);
     let mut guards = RegionSet::new();
     let mut victims = pop_victims(cx, take, nr, &mut guards, &mut 0);
     if victims.is_empty() {
-        return 0;
+        return WrittenBack::default();
     }
     victims.sort_unstable_by_key(|v| v.pte.entry());
     // Where each victim goes: its own slot first.
     let mut targets: ArrayVec<SwapEntry, BATCH> = victims.iter().map(|v| v.pte.entry()).collect();
     let mut pending: ArrayVec<usize, BATCH> = (0..victims.len()).collect();
     let mut excluded = 0u64;
-    let mut uncharged = 0;
+    let (mut uncharged, mut declined) = (0, 0);
     let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
     // Bounded by the number of devices: each round excludes the devices that declined.
     while !pending.is_empty() {
@@ -455,13 +464,15 @@ pub(super) fn shrink_inactive(cx: &Reclaim<'_>, nr: usize, take: Take) -> usize 
                 guards.g[v.gi].store(v.page, v.pte.unbusy());
                 requeue_staged(cx, guards.page_ref(v.gi, v.page, v.pte));
                 cx.stats.inc(Counter::SwapAllocFail);
+                declined += 1;
             }
         }
         pending.clear();
         pending.extend(rejected.iter().copied().take(got));
     }
     cx.devices.free_now(&mut to_free);
-    uncharged
+    debug_assert!(uncharged + declined <= victims.len(), "each victim is written or declined at most once");
+    WrittenBack { uncharged, declined }
 }
 
 /// The staged victims `run` (indices into `victims` and `targets`) were written to their

@@ -38,9 +38,10 @@ pub enum FileDeviceError {
 
     #[error(
         "swap device {}: the file holds data, which swapping to it would destroy (uswap uses a \
-         file that is empty, sparse or zeros, as it leaves its own); give a directory (uswap \
-         creates an anonymous swap file in it) or a new path, or empty the file first if it is \
-         yours to lose (`truncate -s 0 {}`)",
+         file that is empty, sparse or zeros, as it leaves its own after a clean exit); give a \
+         directory (uswap creates an anonymous swap file in it) or a new path, or, if it is \
+         yours to lose (a swap file a killed run left behind, whose program has ended), empty \
+         it first: `truncate -s 0 {}`",
         .path.display(), .path.display()
     )]
     HoldsData { path: PathBuf },

@@ -274,6 +274,7 @@ fn open_regular(path: &Path, create: bool, len: u64, preallocate: bool) -> Resul
         })?
     };
     let setup = || -> Result<(), FileDeviceError> {
+        let mut size_bytes = 0;
         if create {
             // Exactly 0600 whatever the umask (which can only have removed bits).
             // SAFETY: plain system call on an open descriptor.
@@ -288,15 +289,12 @@ fn open_regular(path: &Path, create: bool, len: u64, preallocate: bool) -> Resul
             if mode & 0o066 != 0 {
                 return Err(FileDeviceError::OthersMayAccess { path: path.to_owned(), mode });
             }
-            refuse_if_holds_data(fd.as_raw_fd(), st.st_size, path)?;
+            size_bytes = st.st_size;
         }
-        // SAFETY: plain system call on an open descriptor.
-        if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
-                Some(libc::EWOULDBLOCK) => FileDeviceError::Busy { path: path.to_owned() },
-                _ => FileDeviceError::Io { path: path.to_owned(), what: "locking the swap file", source: e },
-            });
+        lock_exclusive(fd.as_raw_fd(), path)?;
+        // Locked first: a file another pager holds is busy, not a file with data in it.
+        if !create {
+            refuse_if_holds_data(fd.as_raw_fd(), size_bytes, path)?;
         }
         size_file(fd.as_raw_fd(), path, len, preallocate)
     };
@@ -311,6 +309,19 @@ fn open_regular(path: &Path, create: bool, len: u64, preallocate: bool) -> Resul
             Err(e)
         }
     }
+}
+
+/// Locks the swap file against a second user (`flock`, exclusive, without waiting).
+fn lock_exclusive(fd: RawFd, path: &Path) -> Result<(), FileDeviceError> {
+    // SAFETY: plain system call on an open descriptor.
+    if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => FileDeviceError::Busy { path: path.to_owned() },
+            _ => FileDeviceError::Io { path: path.to_owned(), what: "locking the swap file", source: e },
+        });
+    }
+    Ok(())
 }
 
 /// Pages of an existing file [`refuse_if_holds_data`] reads at most, in each of two ways.
@@ -508,6 +519,9 @@ pub fn check_path(path: &Path) -> Result<(), FileDeviceError> {
             if mode & 0o066 != 0 {
                 return Err(FileDeviceError::OthersMayAccess { path: path.to_owned(), mode });
             }
+            // A file a running pager holds is busy (its data is that pager's); the lock goes
+            // with the descriptor when this returns.
+            lock_exclusive(fd.as_raw_fd(), path)?;
             refuse_if_holds_data(fd.as_raw_fd(), st.st_size, path)
         }
         Some(ft) if ft.is_block_device() => {
@@ -608,6 +622,11 @@ mod tests {
         let src = staging(b.nr_slots());
         write_runs(&b, &src, &[(0, 3), (1020, 4)], &[1, 2]);
         read_and_verify(&b, &[(0, 3), (1020, 4)], &[1, 2]);
+        // Holding the first device's pages, it is still busy, not a file with data in it
+        // (whose message would tell the user to empty it under a live pager).
+        let e = FileBackend::open(&path, 2 * MIB, opts(4, 1)).err().unwrap();
+        assert!(matches!(e, FileDeviceError::Busy { .. }), "{e}");
+        assert!(matches!(check_path(&path), Err(FileDeviceError::Busy { .. })));
         drop(b);
 
         // A longer file is used in part, never truncated.
