@@ -365,6 +365,7 @@ fn program_command(
         command.env(sanitizer::ENV_ADDED, added);
     }
     die_with_parent(&mut command);
+    signals::keep_sigpipe_as_given(&mut command);
     command
 }
 

@@ -2322,17 +2322,22 @@ fn a_handler_on_the_alternate_stack_has_room_for_a_large_frame() {
 /// killed the program.
 #[test]
 fn signals_ignored_by_whoever_started_uswap_run_stay_ignored_in_the_program() {
-    let script = "trap '' HUP TERM USR1; exec \"$0\" run --limit 64MiB -- grep SigIgn /proc/self/status";
+    // SIGPIPE too, which the Rust runtime ignores for itself and its spawn resets for children.
+    let script = "trap '' HUP TERM USR1 PIPE; exec \"$0\" run --limit 64MiB -- grep SigIgn /proc/self/status";
     let mut cmd = Command::new("sh");
     cmd.env("USWAP_PRELOAD_LIB", preload()).args(["-c", script, env!("CARGO_BIN_EXE_uswap")]);
     let o = run_timed(&mut cmd, Duration::from_secs(60));
     let out = String::from_utf8_lossy(&o.stdout);
     let mask = out.trim().strip_prefix("SigIgn:").map(|m| u64::from_str_radix(m.trim(), 16).unwrap());
     let bit = |sig: libc::c_int| 1u64 << (sig - 1);
-    let want = bit(libc::SIGHUP) | bit(libc::SIGTERM) | bit(libc::SIGUSR1);
+    let want = bit(libc::SIGHUP) | bit(libc::SIGTERM) | bit(libc::SIGUSR1) | bit(libc::SIGPIPE);
     assert_eq!(mask.map(|m| m & want), Some(want), "{out} {}", String::from_utf8_lossy(&o.stderr));
     // Not ignored by the caller: the program gets the default action, as before.
     assert_eq!(mask.map(|m| m & bit(libc::SIGUSR2)), Some(0), "{out}");
+    let o = uswap(&["run", "--limit", "64MiB", "--", "grep", "SigIgn", "/proc/self/status"], None);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let mask = out.trim().strip_prefix("SigIgn:").map(|m| u64::from_str_radix(m.trim(), 16).unwrap());
+    assert_eq!(mask.map(|m| m & bit(libc::SIGPIPE)), Some(0), "{out}");
 }
 
 /// A device list that does not parse, a file device that cannot be opened, a Redis server

@@ -4,6 +4,46 @@
 //!
 //! Locking: none; the handler uses atomics and `kill(2)` only (async-signal-safe).
 
+use std::os::unix::process::CommandExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether SIGPIPE was ignored when `uswap` started. The Rust runtime ignores SIGPIPE for
+/// itself before `main`, and the standard library's spawn then gives every child the default
+/// action: a program run by a caller that ignores SIGPIPE (`trap '' PIPE`, a service
+/// manager's or a CI runner's setting) was killed by a closed pipe where, run without uswap,
+/// its write failed with `EPIPE`. Read by an ELF constructor, which runs before `main`.
+static SIGPIPE_IGNORED_AT_START: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn note_sigpipe_at_start() {
+    // SAFETY: a null new action only reads the current one into `old`.
+    let ignored = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGPIPE, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    };
+    SIGPIPE_IGNORED_AT_START.store(ignored, Ordering::Relaxed);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static NOTE_SIGPIPE_AT_START: extern "C" fn() = note_sigpipe_at_start;
+
+/// The program gets SIGPIPE as `uswap` got it: ignored if the caller ignored it, else the
+/// default action (see [`SIGPIPE_IGNORED_AT_START`]); every other signal the caller ignored
+/// stays ignored through the exec by itself.
+pub(super) fn keep_sigpipe_as_given(command: &mut std::process::Command) {
+    if !SIGPIPE_IGNORED_AT_START.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: runs in the child between fork and exec, after the standard library reset
+    // SIGPIPE: signal(2) with SIG_IGN only, nothing allocated.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+}
+
 /// SIGINT and SIGQUIT ignored while it lives (restored on drop).
 pub(super) struct IgnoreTerminalSignals {
     old: [libc::sighandler_t; 2],
@@ -46,7 +86,7 @@ static STOPPED_BY: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::
 
 /// The signal that stopped the run, if one did.
 pub(super) fn stopped_by() -> Option<libc::c_int> {
-    Some(STOPPED_BY.load(std::sync::atomic::Ordering::Relaxed)).filter(|&sig| sig != 0)
+    Some(STOPPED_BY.load(Ordering::Relaxed)).filter(|&sig| sig != 0)
 }
 
 /// Blocks [`FORWARDED_SIGNALS`] in this thread. The engine's threads (the tree's counters'
@@ -69,7 +109,6 @@ pub(super) fn hold_forwarded_signals() {
 }
 
 extern "C" fn forward_signal(sig: libc::c_int) {
-    use std::sync::atomic::Ordering;
     if sig == libc::SIGTERM || sig == libc::SIGHUP {
         let _ = STOPPED_BY.compare_exchange(0, sig, Ordering::Relaxed, Ordering::Relaxed);
     }
@@ -120,7 +159,6 @@ impl ForwardSignals {
 
     /// From now on signals go to `program_pid`, and one that came before goes now.
     pub(super) fn forward_to(&mut self, program_pid: u32) {
-        use std::sync::atomic::Ordering;
         PROGRAM_PID.store(program_pid as i32, Ordering::Relaxed);
         let sig = PENDING_SIGNAL.swap(0, Ordering::Relaxed);
         if sig != 0 {
@@ -134,6 +172,6 @@ impl Drop for ForwardSignals {
     /// The program was reaped: its pid may be anyone's now, so nothing is forwarded any more;
     /// the signals stay caught (see above).
     fn drop(&mut self) {
-        PROGRAM_PID.store(0, std::sync::atomic::Ordering::Relaxed);
+        PROGRAM_PID.store(0, Ordering::Relaxed);
     }
 }
