@@ -569,6 +569,11 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
     let pager = builder.build().map_err(|e| format!("cannot start the pager: {e}"))?;
     // Not yet the process's pager (`pager()` stays None until start-up is done).
     let pager: &'static uswap::Pager = Box::leak(Box::new(pager));
+    if fault_mode == uswap::FaultMode::Signal {
+        // Before any memory is the pager's: a handler with SIGBUS in its mask, installed
+        // before now or meanwhile, must not meet a page that is out.
+        signals::start();
+    }
     let heap_region = match heap {
         Some((start, len, touched)) => pager
             .adopt_touched_prefix(start, len, touched)
@@ -589,7 +594,6 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
     PAGER.store(pager as *const uswap::Pager as *mut uswap::Pager, Ordering::Release);
     rlimit::refit();
     if fault_mode == uswap::FaultMode::Signal {
-        signals::start();
         altstack::install_on_this_thread();
         uswap::note_thread_start();
     }

@@ -3,7 +3,8 @@
  *  1. from a thread that blocks every signal (pthread_sigmask of a full set);
  *  2. after installing a SIGBUS handler of its own with sigaction (which does not chain; it
  *     reports a real bus error and exits 9) and one with signal();
- *  3. inside a SIGUSR1 handler installed with a full sa_mask, raised by the program;
+ *  3. inside a SIGUSR1 handler installed with a full sa_mask, raised by the program; and in a
+ *     SIGUSR2 one installed the same way at the start of main, before uswap's pager started;
  *  4. with every signal blocked by sigprocmask.
  * Last, a real bus error (a read past the end of a mapped empty file) must reach the
  * program's own SIGBUS handler, which prints a line and exits 0.
@@ -56,9 +57,16 @@ static void real_bus_error(int sig, siginfo_t *si, void *ctx) {
 }
 
 static void usr1(int sig) { (void)sig; in_handler_sum = sum_all("SIGUSR1 handler with a full sa_mask"); }
+static void usr2(int sig) { (void)sig; in_handler_sum = sum_all("SIGUSR2 handler installed before the pager"); }
 
 int main(int argc, char **argv) {
     size_t bytes = (argc > 1 ? strtoul(argv[1], 0, 10) : 64) << 20;
+    /* Installed while no pager runs yet (uswap run starts one lazily, once the heap grows). */
+    struct sigaction early;
+    memset(&early, 0, sizeof early);
+    early.sa_handler = usr2;
+    sigfillset(&early.sa_mask);
+    if (sigaction(SIGUSR2, &early, NULL)) { perror("sigaction"); return 1; }
     words = bytes / 8;
     a = malloc(bytes);
     if (!a) { perror("malloc"); return 1; }
@@ -86,6 +94,8 @@ int main(int argc, char **argv) {
     if (sigaction(SIGUSR1, &su, NULL)) { perror("sigaction"); return 1; }
     raise(SIGUSR1);
     printf("SIGUSR1 handler %llx\n", (unsigned long long)in_handler_sum);
+    raise(SIGUSR2);
+    printf("SIGUSR2 handler %llx\n", (unsigned long long)in_handler_sum);
 
     sigset_t all, old;
     sigfillset(&all);

@@ -19,7 +19,8 @@
 //!   little apart: a thread blocks every signal for a moment when it creates a thread or
 //!   forks (glibc's `pthread_create` and `fork` do), and was named for that.
 //!
-//! Not run where the program's signal calls are interposed ([`note_signal_calls_interposed`]).
+//! Not run where the program's signal calls are interposed ([`note_signal_calls_interposed`]),
+//! but for one quiet pass over the handlers installed before the interposition began.
 //! Locking: none; the process's pagers share the guard's state through atomics, and one
 //! look a period is claimed by a compare-and-swap on its time. A thread id reused after
 //! its thread exited is not named again.
@@ -56,9 +57,14 @@ static NR_THREADS_NAMED: AtomicUsize = AtomicUsize::new(0);
 static SUSPECTS: [AtomicU32; MAX_THREADS_NAMED] = [const { AtomicU32::new(0) }; MAX_THREADS_NAMED];
 
 /// Says that the program's `sigprocmask`, `pthread_sigmask` and `sigaction` calls are
-/// interposed and keep SIGBUS deliverable (`uswap run`'s library): the guard has nothing to
-/// do. Irrevocable.
+/// interposed and keep SIGBUS deliverable (`uswap run`'s library, from the moment its
+/// signal-mode pager starts): the guard has nothing more to do. Handlers the program installed
+/// before that moment (a lazily started pager comes long after `main` set up its handlers)
+/// are fixed here, once and without a word, as the interposed `sigaction` would have: one
+/// with SIGBUS in its `sa_mask` killed the program at its first fault on memory that was out.
+/// The caller interposes first, so no handler installed meanwhile is missed. Irrevocable.
 pub fn note_signal_calls_interposed() {
+    take_sigbus_out_of_handler_masks(false);
     INTERPOSED.store(true, Ordering::Release);
 }
 
@@ -76,17 +82,19 @@ pub fn tick() {
     {
         return;
     }
-    take_sigbus_out_of_handler_masks();
+    take_sigbus_out_of_handler_masks(true);
     name_threads_blocking_sigbus();
 }
 
-fn take_sigbus_out_of_handler_masks() {
+/// Fixes every handler whose mask holds SIGBUS; `say`: names each signal fixed, once.
+fn take_sigbus_out_of_handler_masks(say: bool) {
     for sig in 1..=libc::SIGRTMAX() {
         if matches!(sig, libc::SIGKILL | libc::SIGSTOP | libc::SIGBUS) {
             continue;
         }
         let bit = 1u64 << (sig - 1);
-        if fix_handler_mask(sig) == Some(true) && SIGNALS_FIXED.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+        let fixed = fix_handler_mask(sig) == Some(true);
+        if say && fixed && SIGNALS_FIXED.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
             eprintln!(
                 "uswap: the handler of signal {sig} blocked SIGBUS while it runs (its sa_mask): a fault of its on \
                  memory that is out would kill the process in signal mode; SIGBUS was taken out of its mask"
