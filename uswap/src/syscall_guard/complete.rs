@@ -18,7 +18,9 @@
 //! in windows, halved until one goes through (down to one page), on byte streams only
 //! ([`Transfer::splittable`]: two writes to a pipe read back as one; two datagrams do not).
 //! The calls: `write`, `pwrite64`, `writev`, `pwritev`, `pwritev2`, `sendto` without an
-//! address; `pread64`, `preadv`, `preadv2`, and `read` and `readv` of regular files. A
+//! address, `sendmsg` without control data; `pread64`, `preadv`, `preadv2`, `read` and
+//! `readv` of regular files, and `recvfrom` and `recvmsg` with `MSG_WAITALL` on a stream
+//! socket (the kernel waits for all of it), without an address or control data. A
 //! `read` or `readv` of anything else (a pipe, a socket, a terminal) may rightly return
 //! less, and reading on could block: it is only cut to a window when its whole buffer
 //! cannot be in, and returns what the first window got ([`Transfer::once`]).
@@ -32,69 +34,51 @@
 //! `PIPE_BUF` (4 KiB) anyway, but concurrent `O_APPEND` writers of one file could interleave
 //! between windows.
 //!
-//! Allocation-free: vectors are copied to and adjusted on the stack, up to [`MAX_IOVS`];
-//! a call with more is not continued.
+//! Allocation-free: a vector call's iovecs are read from the program's memory as its
+//! windows need them, and each window's (at most [`MAX_IOVS`], adjusted) are copied to the
+//! stack; a call with more iovecs goes in more windows.
+
+use std::cell::Cell;
 
 use libc::c_long;
 
 use super::raw::{file_type, is_regular_file, raw, read_user};
 
-/// The most iovecs a vector call may have to be continued.
+/// The most iovecs one window of a continued vector call holds (copied to the stack: the
+/// slow path may run on a small signal stack of the program's).
 pub const MAX_IOVS: usize = 32;
+/// The kernel's `UIO_MAXIOV`: a vector call with more fails with `EINVAL` before it moves
+/// a byte, and is not continued.
+const UIO_MAXIOV: u64 = 1024;
 
-/// A vector call's iovecs, copied from the program's memory.
+/// The iovecs of one window, on the stack, and the message header that names them for a
+/// `sendmsg` or `recvmsg` window.
 pub struct Iovs {
     v: [libc::iovec; MAX_IOVS],
     len: usize,
+    hdr: libc::msghdr,
 }
 
 impl Iovs {
     pub fn new() -> Iovs {
-        Iovs { v: [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOVS], len: 0 }
+        // SAFETY: `msghdr` is plain data; all zeroes is an empty header.
+        let hdr = unsafe { std::mem::zeroed() };
+        Iovs { v: [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOVS], len: 0, hdr }
     }
+}
 
-    /// Copies `cnt` iovecs from `addr`; false if there are too many or one cannot be read.
-    fn read(&mut self, addr: u64, cnt: u64) -> bool {
-        if cnt as usize > MAX_IOVS {
-            return false;
-        }
-        for i in 0..cnt as usize {
-            let at = addr + (i * std::mem::size_of::<libc::iovec>()) as u64;
-            let Some(v) = read_user::<libc::iovec>(&mut crate::pin::Pin::none(), at) else { return false };
-            self.v[i] = v;
-        }
-        self.len = cnt as usize;
-        true
-    }
+/// Iovec `i` of the array at `addr` in the program's memory, `None` if it cannot be read.
+fn iov_at(addr: u64, i: u64) -> Option<libc::iovec> {
+    read_user::<libc::iovec>(&mut crate::pin::Pin::none(), addr + i * std::mem::size_of::<libc::iovec>() as u64)
+}
 
-    fn total_bytes(&self) -> u64 {
-        self.v[..self.len].iter().map(|v| v.iov_len as u64).sum()
+/// The bytes the `cnt` iovecs at `addr` name, `None` if there are more than the kernel
+/// takes or one cannot be read.
+fn iov_total_bytes(addr: u64, cnt: u64) -> Option<u64> {
+    if cnt > UIO_MAXIOV {
+        return None;
     }
-
-    /// The iovecs of the `max_bytes` after the first `done_bytes`, into `out`; returns how
-    /// many.
-    fn window_into(&self, done_bytes: u64, max_bytes: u64, out: &mut Iovs) -> usize {
-        let mut skip = done_bytes;
-        let mut left = max_bytes;
-        out.len = 0;
-        for v in &self.v[..self.len] {
-            let len = v.iov_len as u64;
-            if skip >= len {
-                skip -= len;
-                continue;
-            }
-            if left == 0 {
-                break;
-            }
-            let take = (len - skip).min(left);
-            out.v[out.len] =
-                libc::iovec { iov_base: (v.iov_base as u64 + skip) as *mut libc::c_void, iov_len: take as usize };
-            out.len += 1;
-            left -= take;
-            skip = 0;
-        }
-        out.len
-    }
+    (0..cnt).try_fold(0u64, |sum, i| Some(sum.saturating_add(iov_at(addr, i)?.iov_len as u64)))
 }
 
 /// What kind of transfer a call is, for continuing it.
@@ -108,13 +92,17 @@ enum Kind {
     Vec,
     /// Iovecs in arguments 1 and 2, file offset in argument 3 (`-1`: the file position).
     VecAt,
+    /// A `struct msghdr` in argument 1 with no control data: its iovecs (`sendmsg`,
+    /// `recvmsg`); the windows after the first name neither address nor control data.
+    Msg,
 }
 
 /// The shape of transfer call `nr`, and whether it is a `read` or `readv`, which ends at its
 /// first transfer unless its descriptor is a regular file (see [`kind`]).
 fn shape(nr: c_long) -> Option<(Kind, bool)> {
     match nr {
-        libc::SYS_write | libc::SYS_sendto => Some((Kind::Flat, false)),
+        libc::SYS_write | libc::SYS_sendto | libc::SYS_recvfrom => Some((Kind::Flat, false)),
+        libc::SYS_sendmsg | libc::SYS_recvmsg => Some((Kind::Msg, false)),
         libc::SYS_pwrite64 | libc::SYS_pread64 => Some((Kind::FlatAt, false)),
         libc::SYS_writev => Some((Kind::Vec, false)),
         libc::SYS_pwritev | libc::SYS_pwritev2 | libc::SYS_preadv | libc::SYS_preadv2 => Some((Kind::VecAt, false)),
@@ -133,13 +121,33 @@ pub fn is_transfer(nr: c_long) -> bool {
 /// How call `nr` is made in windows, if it is one of this module's, and whether it ends
 /// at its first transfer: a read of anything but a regular file (a pipe, a socket, a
 /// terminal) may return less than asked, and reading on could block. `sendto` only without
-/// an address.
+/// an address; `recvfrom` and `recvmsg` only with `MSG_WAITALL` (the kernel then waits for
+/// all of it) and without an address to write back, on a stream socket (on a datagram
+/// socket the rest would be the next datagram's).
 fn kind(nr: c_long, a: &[u64; 6]) -> Option<(Kind, bool)> {
-    if nr == libc::SYS_sendto && a[4] != 0 {
-        return None;
+    let waitall = |flags: u64| flags & libc::MSG_WAITALL as u64 != 0;
+    match nr {
+        libc::SYS_sendto if a[4] != 0 => return None,
+        libc::SYS_recvfrom if !waitall(a[3]) || a[4] != 0 || !is_stream_socket(a[0]) => return None,
+        libc::SYS_recvmsg if !waitall(a[2]) || !is_stream_socket(a[0]) => return None,
+        _ => {}
     }
     let (kind, stream_read) = shape(nr)?;
     Some((kind, stream_read && !is_regular_file(a[0])))
+}
+
+/// Whether descriptor `fd` is a stream socket.
+fn is_stream_socket(fd: u64) -> bool {
+    if file_type(fd) != Some(libc::S_IFSOCK) {
+        return false;
+    }
+    let mut ty: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    let (level, name) = (libc::SOL_SOCKET as u64, libc::SO_TYPE as u64);
+    let (p_ty, p_len) = (&mut ty as *mut libc::c_int as u64, &mut len as *mut libc::socklen_t as u64);
+    // SAFETY: getsockopt writes one int into `ty` and its length into `len`, ours.
+    let r = unsafe { raw(libc::SYS_getsockopt, [fd, level, name, p_ty, p_len, 0]) };
+    r == 0 && ty == libc::SOCK_STREAM
 }
 
 /// A call that may be continued: what it asked for.
@@ -149,7 +157,12 @@ pub struct Transfer {
     pub once: bool,
     /// The bytes it asked to transfer.
     pub total_bytes: u64,
-    iovs: Iovs,
+    /// A vector call's iovecs in the program's memory: where, and how many.
+    iov_addr: u64,
+    nr_iovs: u64,
+    /// The first iovec not wholly transferred and the bytes before it, as far as the windows
+    /// so far looked (they only move forward): each window reads on from there.
+    cursor: Cell<(u64, u64)>,
 }
 
 impl Transfer {
@@ -157,41 +170,86 @@ impl Transfer {
     /// continued (see the module's comment).
     pub fn of(nr: libc::c_long, a: &[u64; 6]) -> Option<Transfer> {
         let (kind, once) = kind(nr, a)?;
-        let mut iovs = Iovs::new();
-        let total_bytes = match kind {
-            Kind::Flat | Kind::FlatAt => a[2],
-            Kind::Vec | Kind::VecAt => {
-                if !iovs.read(a[1], a[2]) {
+        let (iov_addr, nr_iovs) = match kind {
+            Kind::Flat | Kind::FlatAt => (0, 0),
+            Kind::Vec | Kind::VecAt => (a[1], a[2]),
+            Kind::Msg => {
+                let m = read_user::<libc::msghdr>(&mut crate::pin::Pin::none(), a[1])?;
+                // Control data (descriptors, credentials) goes with the first bytes only.
+                if m.msg_controllen != 0 {
                     return None;
                 }
-                iovs.total_bytes()
+                (m.msg_iov as u64, m.msg_iovlen as u64)
             }
         };
-        Some(Transfer { kind, once, total_bytes, iovs })
+        let total_bytes =
+            if kind == Kind::Flat || kind == Kind::FlatAt { a[2] } else { iov_total_bytes(iov_addr, nr_iovs)? };
+        Some(Transfer { kind, once, total_bytes, iov_addr, nr_iovs, cursor: Cell::new((0, 0)) })
     }
 
     /// The arguments that transfer at most `max_bytes` of what is left after `done_bytes`
-    /// (`iovs` holds the iovecs of a vector call, and must outlive the call).
-    pub fn window(&self, a: &[u64; 6], done_bytes: u64, max_bytes: u64, iovs: &mut Iovs) -> [u64; 6] {
+    /// (`iovs` holds the iovecs of a vector call, and must outlive the call), and how many
+    /// bytes they ask for: fewer than `max_bytes` where a vector call's window ends at
+    /// [`MAX_IOVS`] iovecs, none if an iovec can no longer be read.
+    pub fn window(&self, a: &[u64; 6], done_bytes: u64, max_bytes: u64, iovs: &mut Iovs) -> ([u64; 6], u64) {
         debug_assert!(done_bytes < self.total_bytes, "nothing left after {done_bytes} bytes");
         let mut r = *a;
-        let max_bytes = max_bytes.min(self.total_bytes - done_bytes);
+        let mut max_bytes = max_bytes.min(self.total_bytes - done_bytes);
         match self.kind {
             Kind::Flat | Kind::FlatAt => {
                 r[1] = a[1] + done_bytes;
                 r[2] = max_bytes;
             }
             Kind::Vec | Kind::VecAt => {
-                let n = self.iovs.window_into(done_bytes, max_bytes, iovs);
+                max_bytes = self.window_into(done_bytes, max_bytes, iovs);
                 r[1] = iovs.v.as_ptr() as u64;
-                r[2] = n as u64;
+                r[2] = iovs.len as u64;
+            }
+            Kind::Msg => {
+                max_bytes = self.window_into(done_bytes, max_bytes, iovs);
+                // SAFETY: `msghdr` is plain data; all zeroes is an empty header.
+                iovs.hdr = unsafe { std::mem::zeroed() };
+                iovs.hdr.msg_iov = iovs.v.as_mut_ptr();
+                iovs.hdr.msg_iovlen = iovs.len;
+                r[1] = &iovs.hdr as *const libc::msghdr as u64;
             }
         }
         // `-1` in `preadv2`/`pwritev2` means the file position, which the kernel moves on.
         if matches!(self.kind, Kind::FlatAt | Kind::VecAt) && a[3] as i64 != -1 {
             r[3] = a[3] + done_bytes;
         }
-        r
+        (r, max_bytes)
+    }
+
+    /// The iovecs of at most `max_bytes` after the first `done_bytes`, at most [`MAX_IOVS`]
+    /// of them, into `out`; returns the bytes they name.
+    fn window_into(&self, done_bytes: u64, max_bytes: u64, out: &mut Iovs) -> u64 {
+        let (mut i, mut before) = self.cursor.get();
+        if before > done_bytes {
+            (i, before) = (0, 0);
+        }
+        out.len = 0;
+        let mut left = max_bytes;
+        // Bounded: one step an iovec, at most `nr_iovs` (checked against UIO_MAXIOV).
+        while i < self.nr_iovs && out.len < MAX_IOVS && left > 0 {
+            let Some(v) = iov_at(self.iov_addr, i) else { break };
+            let len = v.iov_len as u64;
+            if before + len <= done_bytes {
+                before += len;
+                i += 1;
+                self.cursor.set((i, before));
+                continue;
+            }
+            let skip = done_bytes.saturating_sub(before);
+            let take = (len - skip).min(left);
+            out.v[out.len] =
+                libc::iovec { iov_base: (v.iov_base as u64 + skip) as *mut libc::c_void, iov_len: take as usize };
+            out.len += 1;
+            left -= take;
+            before += len;
+            i += 1;
+        }
+        max_bytes - left
     }
 
     /// Whether the transfer may be made in smaller calls without anyone seeing the
@@ -207,15 +265,7 @@ impl Transfer {
                 let flags = unsafe { raw(libc::SYS_fcntl, [fd, libc::F_GETFL as u64, 0, 0, 0, 0]) };
                 flags >= 0 && flags & libc::O_DIRECT as c_long == 0
             }
-            libc::S_IFSOCK => {
-                let mut ty: libc::c_int = 0;
-                let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-                let (level, name) = (libc::SOL_SOCKET as u64, libc::SO_TYPE as u64);
-                let (p_ty, p_len) = (&mut ty as *mut libc::c_int as u64, &mut len as *mut libc::socklen_t as u64);
-                // SAFETY: getsockopt writes one int into `ty` and its length into `len`, ours.
-                let r = unsafe { raw(libc::SYS_getsockopt, [fd, level, name, p_ty, p_len, 0]) };
-                r == 0 && ty == libc::SOCK_STREAM
-            }
+            libc::S_IFSOCK => is_stream_socket(fd),
             _ => false,
         }
     }
@@ -234,25 +284,49 @@ mod tests {
         let t = Transfer::of(libc::SYS_writev, &a).expect("writev is continued");
         assert_eq!(t.total_bytes, 30);
         let mut rest = Iovs::new();
-        let r = t.window(&a, 14, u64::MAX, &mut rest);
-        assert_eq!(r[2], 2);
+        let (r, bytes) = t.window(&a, 5, 7, &mut rest);
+        assert_eq!((r[2], bytes), (2, 7));
+        assert_eq!((rest.v[0].iov_base as u64, rest.v[0].iov_len), (bufs[0].as_ptr() as u64 + 5, 5));
+        assert_eq!((rest.v[1].iov_base as u64, rest.v[1].iov_len), (bufs[1].as_ptr() as u64, 2));
+        let (r, bytes) = t.window(&a, 14, u64::MAX, &mut rest);
+        assert_eq!((r[2], bytes), (2, 16));
         assert_eq!(rest.v[0].iov_base as u64, bufs[1].as_ptr() as u64 + 4);
         assert_eq!(rest.v[0].iov_len, 6);
         assert_eq!(rest.v[1].iov_len, 10);
-        let r = t.window(&a, 5, 7, &mut rest);
-        assert_eq!(r[2], 2);
-        assert_eq!((rest.v[0].iov_base as u64, rest.v[0].iov_len), (bufs[0].as_ptr() as u64 + 5, 5));
-        assert_eq!((rest.v[1].iov_base as u64, rest.v[1].iov_len), (bufs[1].as_ptr() as u64, 2));
+    }
+
+    /// A call with more iovecs than a window holds goes in windows of at most `MAX_IOVS`,
+    /// each saying how many bytes it asks for; more than the kernel takes is not continued.
+    #[test]
+    fn a_vector_longer_than_a_window_goes_in_several() {
+        let buf = [0u8; 1000];
+        let iov: Vec<libc::iovec> =
+            (0..100).map(|i| libc::iovec { iov_base: buf[i * 10..].as_ptr() as *mut _, iov_len: 10 }).collect();
+        let a = [1, iov.as_ptr() as u64, 100, 0, 0, 0];
+        let t = Transfer::of(libc::SYS_writev, &a).expect("writev is continued");
+        assert_eq!(t.total_bytes, 1000);
+        let mut w = Iovs::new();
+        let (mut done, mut nr_windows) = (0, 0);
+        while done < t.total_bytes {
+            let (r, bytes) = t.window(&a, done, u64::MAX, &mut w);
+            assert!(r[2] as usize <= MAX_IOVS && bytes > 0);
+            assert_eq!(w.v[0].iov_base as u64, buf.as_ptr() as u64 + done);
+            done += bytes;
+            nr_windows += 1;
+        }
+        assert_eq!((done, nr_windows), (1000, 100usize.div_ceil(MAX_IOVS)));
+        let many = [1, iov.as_ptr() as u64, UIO_MAXIOV + 1, 0, 0, 0];
+        assert!(Transfer::of(libc::SYS_writev, &many).is_none());
     }
 
     #[test]
     fn positioned_calls_move_their_offset_and_reads_of_pipes_end_at_the_first_transfer() {
         let a = [1, 0x10000, 4106, 100, 0, 0];
         let t = Transfer::of(libc::SYS_pwrite64, &a).expect("pwrite64 is continued");
-        let r = t.window(&a, 4096, u64::MAX, &mut Iovs::new());
-        assert_eq!((r[1], r[2], r[3]), (0x10000 + 4096, 10, 4196));
-        let r = t.window(&a, 0, 1000, &mut Iovs::new());
-        assert_eq!((r[1], r[2], r[3]), (0x10000, 1000, 100));
+        let (r, bytes) = t.window(&a, 4096, u64::MAX, &mut Iovs::new());
+        assert_eq!((r[1], r[2], r[3], bytes), (0x10000 + 4096, 10, 4196, 10));
+        let (r, bytes) = t.window(&a, 0, 1000, &mut Iovs::new());
+        assert_eq!((r[1], r[2], r[3], bytes), (0x10000, 1000, 100, 1000));
         let mut fds = [0; 2];
         // SAFETY: pipe writes two descriptors into `fds`.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);

@@ -408,12 +408,49 @@ fn prepare(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: &[u64; 6]) -> Prep
             }
             managed
         }
+        Rule::SysvMsg { write } => ready(pin, arg(1), 8 + arg(2).min(MAX_MESSAGE_BYTES), write),
+        Rule::PosixMsg { write } => {
+            let prio = if write { ready(pin, arg(3), 4, true) } else { Prepared::default() };
+            ready(pin, arg(1), arg(2).min(MAX_MESSAGE_BYTES), write) | prio | ready(pin, arg(4), 16, false)
+        }
+        Rule::Vmsplice => ready_iov(pin, arg(1), arg(2), is_read_end(arg(0))),
+        Rule::FutexWaitv => ready_futex_waitv(pin, arg(0), arg(1)) | ready(pin, arg(3), 16, false),
         Rule::Exec { path, argv, envp } => {
             ready(pin, arg(path), GENERIC_BYTES, false) | ready_strings(pin, arg(argv)) | ready_strings(pin, arg(envp))
         }
         Rule::Ptrs { ptrs } => ready_pointers(pin, a, ptrs),
         Rule::Generic => ready_pointers(pin, a, ALL_ARGUMENTS),
     }
+}
+
+/// The most bytes of a message queue's message readied: the kernel's largest (`mqueue`'s
+/// `HARD_MSGSIZEMAX`; System V's `msgmax` is 8 KiB unless raised), so that a buffer size
+/// given far larger than any message brings in no more than one could fill.
+const MAX_MESSAGE_BYTES: u64 = 16 << 20;
+
+/// Whether descriptor `fd` is open for reading only (a pipe's read end, for `vmsplice`,
+/// which then writes the caller's buffers).
+fn is_read_end(fd: u64) -> bool {
+    // SAFETY: F_GETFL reads the descriptor's flags; no memory.
+    let flags = unsafe { raw(libc::SYS_fcntl, [fd, libc::F_GETFL as u64, 0, 0, 0, 0]) };
+    flags >= 0 && flags & libc::O_ACCMODE as c_long == libc::O_RDONLY as c_long
+}
+
+/// Makes ready the `cnt` `struct futex_waitv`s at `waiters` (`u64 val, u64 uaddr, u32
+/// flags, u32 reserved`) and the futex word each names, which the kernel reads.
+fn ready_futex_waitv(pin: &mut crate::pin::Pin, waiters: u64, cnt: u64) -> Prepared {
+    // The kernel's `FUTEX_WAITV_MAX`; more is `EINVAL` before it reads anything.
+    const FUTEX_WAITV_MAX: u64 = 128;
+    const WAITER_BYTES: u64 = 24;
+    if cnt > FUTEX_WAITV_MAX {
+        return Prepared::default();
+    }
+    let mut managed = ready(pin, waiters, cnt * WAITER_BYTES, false);
+    for i in 0..cnt {
+        let Some([_val, uaddr, _flags]) = read_user::<[u64; 3]>(pin, waiters + i * WAITER_BYTES) else { break };
+        managed = managed | ready(pin, uaddr, 4, false);
+    }
+    managed
 }
 
 /// Every argument register, as [`Rule::Generic`] takes them.
@@ -547,7 +584,7 @@ fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
     // word went out meanwhile).
     // An `execve` that succeeds does not return: its pin is known by the kernel's thread id.
     let mut pin = match nr {
-        libc::SYS_futex => crate::pin::Pin::none(),
+        libc::SYS_futex | libc::SYS_futex_waitv => crate::pin::Pin::none(),
         libc::SYS_execve | libc::SYS_execveat => crate::pin::Pin::for_exec(),
         _ => crate::pin::Pin::new(),
     };
@@ -629,8 +666,12 @@ fn in_windows(nr: c_long, r: Rule, a: &[u64; 6], t: &Transfer, first: Made) -> M
         } else {
             break;
         }
-        asked_bytes = window_bytes.min(t.total_bytes - done_bytes);
-        let args = t.window(a, done_bytes, asked_bytes, &mut iovs);
+        // Reads the call's iovecs, which may bring pages in: guarded as a preparation.
+        let (args, bytes) = guarded(|| t.window(a, done_bytes, window_bytes, &mut iovs));
+        if bytes == 0 {
+            break;
+        }
+        asked_bytes = bytes;
         crate::stats::note_syscall(crate::stats::SyscallEvent::Continued);
         // At one page, the last size, the full retries.
         last = make_prepared(nr, r, args, if window_bytes <= page { EFAULT_RETRIES } else { 1 });

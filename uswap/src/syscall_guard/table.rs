@@ -37,6 +37,18 @@ pub enum Rule {
     /// remote buffers too when the process named (argument 0) is the caller itself, not
     /// when they are another process's.
     ProcessVm { write: bool },
+    /// `msgrcv` (`write`) or `msgsnd`: argument 1 points to a `long` type and argument 2
+    /// bytes of text.
+    SysvMsg { write: bool },
+    /// `mq_timedreceive` (`write`, and the priority it writes at argument 3) or
+    /// `mq_timedsend`: argument 1 points to argument 2 bytes; argument 4 to a `timespec`.
+    PosixMsg { write: bool },
+    /// `vmsplice`: argument 1 is an array of argument 2 `struct iovec`s, which the kernel
+    /// reads into a pipe, or, given the pipe's read end, writes from it.
+    Vmsplice,
+    /// `futex_waitv`: argument 0 is an array of argument 1 `struct futex_waitv`s, each naming
+    /// a futex word the kernel reads; argument 3 points to a `timespec`.
+    FutexWaitv,
     /// `execve`-like: arguments `argv` and `envp` are NULL-terminated arrays of strings.
     Exec { path: u8, argv: u8, envp: u8 },
     /// The arguments of bit mask `ptrs` (bit `i`: argument `i`) point to structures (a path,
@@ -76,9 +88,16 @@ pub fn rule(nr: c_long) -> Rule {
         }
         libc::SYS_poll | libc::SYS_ppoll => Rule::Buf { ptr: 0, len: 1, scale: 8, write: true },
         libc::SYS_readv | libc::SYS_preadv | libc::SYS_preadv2 => Rule::Iov { iov: 1, cnt: 2, write: true },
-        libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2 | libc::SYS_vmsplice => {
-            Rule::Iov { iov: 1, cnt: 2, write: false }
-        }
+        libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2 => Rule::Iov { iov: 1, cnt: 2, write: false },
+        libc::SYS_vmsplice => Rule::Vmsplice,
+        // A message is taken off its queue before it is copied out: a copy that fails loses
+        // it (ipc/msg.c, ipc/mqueue.c). Its whole buffer must be in first; readied as
+        // `Generic`, a message past the first page was lost.
+        libc::SYS_msgrcv => Rule::SysvMsg { write: true },
+        libc::SYS_msgsnd => Rule::SysvMsg { write: false },
+        libc::SYS_mq_timedreceive => Rule::PosixMsg { write: true },
+        libc::SYS_mq_timedsend => Rule::PosixMsg { write: false },
+        libc::SYS_futex_waitv => Rule::FutexWaitv,
         // The local side: the caller's own buffers, which the kernel writes (readv) or
         // reads (writev). The other process's memory is that process's to bring in: a
         // signal-mode process's pages out of RAM cannot be (docs/cli.md, "Other processes
