@@ -2099,6 +2099,27 @@ fn another_processs_memory_is_read_in_thread_mode_and_the_failure_said_in_signal
     }
 }
 
+/// A process whose memory is all outside what uswap would manage (mappings smaller than
+/// `--min-size`, its own break) starts its pager once that memory passes the lazy start's
+/// threshold, so that the run measures it: 48 MiB held so under 16 MiB ran with no pager,
+/// the run said "unmanaged peak 0B" and `--strict` passed.
+#[test]
+fn memory_in_small_mappings_or_the_break_is_named_and_fails_strict() {
+    let dir = tmpdir("smallmaps");
+    let p = compile("smallmaps", &dir, &[]);
+    for what in ["maps", "break"] {
+        let prog = [p.to_str().unwrap(), what, "48"];
+        let (o, _) = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{what}: {}\n{stderr}", o.status);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "smallmaps: 48 MiB checked\n", "{what}");
+        assert!(stderr.contains("does not hold for"), "{what}: no word of the memory outside the budget:\n{stderr}");
+        let (o, _) = uswap_run(LIMIT_MIB, &["--strict"], &prog, &dir);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{what}: --strict passed:\n{stderr}");
+    }
+}
+
 /// An executable that defines the C library's allocator (rustc does, with jemalloc) comes
 /// before the preloaded library in the dynamic linker's search, so the C library, the
 /// dynamic loader and uswap's own threads allocate from it, in memory uswap pages: managed,

@@ -462,6 +462,9 @@ pub(crate) enum StartCause {
     Thread,
     /// The program set its own address-space limit (`ulimit -v`; see `rlimit`).
     AddressSpaceLimit,
+    /// What it holds outside any region (small mappings, its own break: its bytes) passed
+    /// `USWAP_START_AFTER` with its heap (`waiting_charge::note_small_mapping`).
+    Unmanaged(usize),
 }
 
 impl std::fmt::Display for StartCause {
@@ -473,6 +476,7 @@ impl std::fmt::Display for StartCause {
             StartCause::Mapping(bytes) => write!(f, "a mapping of {bytes} bytes"),
             StartCause::Thread => write!(f, "its first thread"),
             StartCause::AddressSpaceLimit => write!(f, "an address-space limit it set"),
+            StartCause::Unmanaged(bytes) => write!(f, "{bytes} bytes of small mappings and break"),
         }
     }
 }

@@ -421,6 +421,10 @@ fn program_mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, o
                     return p;
                 }
             }
+            let small = flags & libc::MAP_ANONYMOUS != 0 && len < min_size_bytes;
+            if small && flags & libc::MAP_SHARED == 0 && prot != libc::PROT_NONE {
+                crate::waiting_charge::note_small_mapping(len, true);
+            }
             let anonymous = flags & libc::MAP_ANONYMOUS != 0 && len >= min_size_bytes;
             let fixed = flags & libc::MAP_FIXED != 0;
             let over_deferred = fixed && crate::waiting_charge::overlaps_deferred(addr as usize, len);

@@ -67,6 +67,9 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
             None => crate::wait_for_start(),
         }
         if config().is_none() {
+            if crate::config().is_some_and(|c| len < c.min_size_bytes) {
+                crate::waiting_charge::note_small_mapping(len, false);
+            }
             if let Some(end) = end.filter(|_| crate::is_unmanaged_fork_child()) {
                 // The parent's regions are not this process's to page: what the table says
                 // of them goes with the range, so that a block the C library places here

@@ -263,6 +263,14 @@ fn set(b: &mut Break, to: usize) -> Result<(), c_int> {
     Ok(())
 }
 
+/// After a move: a waiting process's break counts toward its pager's start (see
+/// `waiting_charge::note_break`), made outside the break's lock.
+fn note_size() {
+    if let Some(bytes) = with_break(|b| b.accessible_end - b.base) {
+        crate::waiting_charge::note_break(bytes);
+    }
+}
+
 /// `sbrk(increment)`: the break before the move, or `(void *)-1` with `ENOMEM`.
 #[no_mangle]
 pub extern "C" fn sbrk(increment: isize) -> *mut c_void {
@@ -276,7 +284,12 @@ pub extern "C" fn sbrk(increment: isize) -> *mut c_void {
         set(b, to).map(|()| old)
     });
     match moved {
-        Some(Ok(old)) => old as *mut c_void,
+        Some(Ok(old)) => {
+            if increment > 0 {
+                note_size();
+            }
+            old as *mut c_void
+        }
         Some(Err(e)) => {
             set_errno(e);
             -1isize as *mut c_void
@@ -293,7 +306,10 @@ pub extern "C" fn sbrk(increment: isize) -> *mut c_void {
 #[no_mangle]
 pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     match with_break(|b| set(b, addr as usize)) {
-        Some(Ok(())) => 0,
+        Some(Ok(())) => {
+            note_size();
+            0
+        }
         Some(Err(e)) => {
             set_errno(e);
             -1
@@ -315,4 +331,5 @@ pub fn sys_brk(addr: c_long) -> Option<c_long> {
         let _ = set(b, addr as usize);
         b.at as c_long
     })
+    .inspect(|_| note_size())
 }

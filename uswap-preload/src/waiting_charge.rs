@@ -74,6 +74,43 @@ pub fn mapped_bytes() -> usize {
     MAPPED_BYTES.load(Ordering::Acquire)
 }
 
+/// Memory a waiting process holds that no pager would manage: anonymous private mappings
+/// smaller than `--min-size` (less those unmapped, by their length) and its own break. Not
+/// charged (a starting pager takes none of it over), but counted toward the start: a
+/// process measures and reports its unmanaged memory once its pager runs, and one that
+/// held 100 MiB in 8 KiB mappings, or in its break, never started one: the run named none
+/// of it, and `--strict` passed.
+static SMALL_MAPPED_BYTES: AtomicUsize = AtomicUsize::new(0);
+static BREAK_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// A waiting process mapped (`mapped`) or unmapped `len` bytes of anonymous memory too small
+/// to manage; starts its pager once what it holds passes `USWAP_START_AFTER`.
+pub fn note_small_mapping(len: usize, mapped: bool) {
+    if mapped {
+        SMALL_MAPPED_BYTES.fetch_add(len, Ordering::Relaxed);
+        start_if_unmanaged_passes();
+    } else {
+        let _ = SMALL_MAPPED_BYTES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_sub(len)));
+    }
+}
+
+/// The program's own break now spans `bytes`; starts its pager once what the process holds
+/// passes `USWAP_START_AFTER`.
+pub fn note_break(bytes: usize) {
+    let before = BREAK_BYTES.swap(bytes, Ordering::Relaxed);
+    if bytes > before {
+        start_if_unmanaged_passes();
+    }
+}
+
+fn start_if_unmanaged_passes() {
+    let Some(cfg) = crate::config() else { return };
+    let unmanaged_bytes = SMALL_MAPPED_BYTES.load(Ordering::Relaxed) + BREAK_BYTES.load(Ordering::Relaxed);
+    if crate::is_waiting() && unmanaged_bytes.saturating_add(waiting_bytes()) >= cfg.start_after_bytes {
+        crate::start_if_waiting(crate::StartCause::Unmanaged(unmanaged_bytes));
+    }
+}
+
 /// What this process holds while it waits: its heap and its deferred mappings.
 pub fn waiting_bytes() -> usize {
     HEAP_BYTES.load(Ordering::Acquire) + MAPPED_BYTES.load(Ordering::Acquire)
