@@ -846,6 +846,22 @@ fn fork_child_alive_while_the_parent_allocates_more() {
     assert!(took < Duration::from_secs(120), "took {took:?}: {v}");
 }
 
+/// With a device far smaller than the program's need, pages it cannot take stay resident over
+/// the limit, said, and the program's allocations succeed as they would without uswap: the
+/// heap was sized by the limit and the devices, and under `--device ram:2MiB` `malloc`
+/// failed at 256 MiB (CPython's `MemoryError`) on a machine with gigabytes free.
+#[test]
+fn a_full_small_device_leaves_pages_resident_and_malloc_succeeds() {
+    let dir = tmpdir("smalldevice");
+    let prog = ["python3", "-c", "import os; b = bytearray(os.urandom(300 << 20)); print(len(b), sum(b[::4096]) > 0)"];
+    let (o, v) = uswap_run(LIMIT_MIB, &["--device", "ram:2MiB"], &prog, &dir);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}\n{stderr}", o.status);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "314572800 True\n", "{stderr}");
+    assert!(stderr.contains("the limit of 16MiB did not hold"), "{stderr}");
+    assert!(counter(&v, "limit_overrun") > 0, "{v}");
+}
+
 /// Blocks larger than the heap's first arena (256 MiB), than mimalloc's default largest
 /// arena object (2 GiB; a 3 GiB malloc used to fail) and than its largest arena (16 GiB;
 /// a managed mapping of its own), through malloc, calloc, realloc both ways and free.

@@ -95,7 +95,12 @@ impl Config {
             Err(_) => IdleAging::Off,
         };
         let capacity: u64 = devices.iter().map(DeviceConfig::capacity_bytes).sum();
-        let mut heap = limit_bytes.saturating_add(capacity).clamp(MIN_HEAP_BYTES, MAX_HEAP_BYTES);
+        // Room for the RAM as well as the limit: with every device full, pages stay resident
+        // over the limit (said and counted), as the kernel's would with its swap full. Sized
+        // by the limit and the devices alone, a heap under `--device ram:2MiB` ran out at
+        // 256 MiB and `malloc` failed (`ENOMEM`) while the machine had gigabytes free.
+        let room = limit_bytes.max(uswap::ram_bytes().unwrap_or(0));
+        let mut heap = room.saturating_add(capacity).clamp(MIN_HEAP_BYTES, MAX_HEAP_BYTES);
         if let Some((as_bytes, which)) = uswap::address_space_limit() {
             // The heap's reservation counts in full against `ulimit -v`: a third of it at most
             // (the devices take 5/16 by default, see `DeviceConfig::default_capacity_bytes`;

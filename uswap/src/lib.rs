@@ -83,7 +83,7 @@ pub use mapping::{
     address_space_limit, address_space_limit_bytes, become_program_thread, engine_reserved_bytes,
     for_each_present_page, forget_engine_memory, forget_engine_threads_in_fork_child, is_engine_thread,
     live_engine_threads, lock_all_brought_nothing_in, mlockall, munlockall, note_engine_memory, note_lock_on_fault,
-    read_small_file, spawn_engine_thread, AddressSpaceLimit,
+    ram_bytes, read_small_file, spawn_engine_thread, AddressSpaceLimit,
 };
 
 /// Signal mode's SIGBUS handler, for a library that interposes the program's signal calls
