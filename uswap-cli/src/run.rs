@@ -30,6 +30,7 @@ macro_rules! say {
     }};
 }
 
+mod as_given;
 mod auto;
 mod dir;
 mod error;
@@ -365,7 +366,6 @@ fn program_command(
         command.env(sanitizer::ENV_ADDED, added);
     }
     die_with_parent(&mut command);
-    signals::keep_sigpipe_as_given(&mut command);
     command
 }
 
@@ -495,6 +495,8 @@ fn run(args: &RunArgs) -> Result<u8, RunError> {
         return Ok(code);
     }
     let mut launch = prepared?;
+    // The program's standard descriptors are `uswap run`'s own (inherited).
+    as_given::give_the_program_what_was_given(&mut launch.command);
     let created_swap_files = swap_files_to_create(&device, limit);
     let mut child = match launch.command.spawn() {
         Ok(child) => child,

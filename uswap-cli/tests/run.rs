@@ -2377,6 +2377,24 @@ fn signals_ignored_by_whoever_started_uswap_run_stay_ignored_in_the_program() {
     assert_eq!(mask.map(|m| m & bit(libc::SIGPIPE)), Some(0), "{out}");
 }
 
+/// A standard descriptor the caller closed is closed in the program too, as with `env` or
+/// `timeout`: the Rust runtime opens `/dev/null` on it before `main`, and `uswap run -- echo
+/// hi >&-` exited 0, its output thrown away, where `echo` alone fails with `EBADF`.
+#[test]
+fn standard_descriptors_the_caller_closed_stay_closed_in_the_program() {
+    let script = "exec \"$0\" run --limit 64MiB -- sh -c 'echo hi; echo \"echo: $?\" >&2' >&-";
+    let mut cmd = Command::new("sh");
+    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["-c", script, env!("CARGO_BIN_EXE_uswap")]);
+    let o = run_timed(&mut cmd, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("echo: 1"), "the program's stdout was open:\n{stderr}");
+    let script = "exec \"$0\" run --limit 64MiB -- sh -c 'test -e /proc/self/fd/0 || echo closed' <&-";
+    let mut cmd = Command::new("sh");
+    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["-c", script, env!("CARGO_BIN_EXE_uswap")]);
+    let o = run_timed(&mut cmd, Duration::from_secs(60));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "closed\n", "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// A device list that does not parse, a file device that cannot be opened, a Redis server
 /// that does not answer, a device too small for one cluster (or a pool's cap for one chunk),
 /// a zstd level out of range, a file device's size that is not one, and a `--stats-json`

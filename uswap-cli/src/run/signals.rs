@@ -4,45 +4,7 @@
 //!
 //! Locking: none; the handler uses atomics and `kill(2)` only (async-signal-safe).
 
-use std::os::unix::process::CommandExt;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Whether SIGPIPE was ignored when `uswap` started. The Rust runtime ignores SIGPIPE for
-/// itself before `main`, and the standard library's spawn then gives every child the default
-/// action: a program run by a caller that ignores SIGPIPE (`trap '' PIPE`, a service
-/// manager's or a CI runner's setting) was killed by a closed pipe where, run without uswap,
-/// its write failed with `EPIPE`. Read by an ELF constructor, which runs before `main`.
-static SIGPIPE_IGNORED_AT_START: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn note_sigpipe_at_start() {
-    // SAFETY: a null new action only reads the current one into `old`.
-    let ignored = unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(libc::SIGPIPE, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
-    };
-    SIGPIPE_IGNORED_AT_START.store(ignored, Ordering::Relaxed);
-}
-
-#[used]
-#[link_section = ".init_array"]
-static NOTE_SIGPIPE_AT_START: extern "C" fn() = note_sigpipe_at_start;
-
-/// The program gets SIGPIPE as `uswap` got it: ignored if the caller ignored it, else the
-/// default action (see [`SIGPIPE_IGNORED_AT_START`]); every other signal the caller ignored
-/// stays ignored through the exec by itself.
-pub(super) fn keep_sigpipe_as_given(command: &mut std::process::Command) {
-    if !SIGPIPE_IGNORED_AT_START.load(Ordering::Relaxed) {
-        return;
-    }
-    // SAFETY: runs in the child between fork and exec, after the standard library reset
-    // SIGPIPE: signal(2) with SIG_IGN only, nothing allocated.
-    unsafe {
-        command.pre_exec(|| {
-            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-            Ok(())
-        });
-    }
-}
+use std::sync::atomic::Ordering;
 
 /// SIGINT and SIGQUIT ignored while it lives (restored on drop).
 pub(super) struct IgnoreTerminalSignals {
