@@ -1012,6 +1012,33 @@ fn exit_status_is_the_programs() {
     assert_eq!(counter(&v, "processes"), 0, "no process of a shell running ls needs a pager: {v}");
 }
 
+/// A set-user-ID program as the command, whose set-ID changes the user: the loader ignores
+/// `LD_PRELOAD` for it, and it ran outside the budget with nothing said, `--strict` passing.
+/// Refused as a static program is (root can give a copy of a program to another owner).
+fn refused_when_set_user_id(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid only reads the process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        return skipped("a set-user-ID program of another owner needs root to make");
+    }
+    let suid = dir.join("suid-true");
+    std::fs::copy("/bin/true", &suid).unwrap();
+    std::os::unix::fs::chown(&suid, Some(65534), None).unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let path = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+    // SAFETY: plain data, filled by statvfs for a NUL-terminated path.
+    let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut fs) } == 0 && fs.f_flag & libc::ST_NOSUID != 0 {
+        // The set-ID bit does nothing there, and the program is managed as any.
+        return skipped(&format!("{} lies on a nosuid mount", dir.display()));
+    }
+    let (o, _) = uswap_run(LIMIT_MIB, &["--strict"], &[suid.to_str().unwrap()], dir);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("set-user-ID") && e.lines().count() == 1, "{e}");
+}
+
 #[test]
 fn programs_that_cannot_be_run_or_managed_are_refused_with_their_status() {
     let dir = tmpdir("refuse");
@@ -1024,6 +1051,7 @@ fn programs_that_cannot_be_run_or_managed_are_refused_with_their_status() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{e}");
     assert!(e.contains("statically linked"), "{e}");
+    refused_when_set_user_id(&dir);
     use std::os::unix::fs::PermissionsExt;
     let foreign = dir.join("foreign-elf");
     std::fs::write(&foreign, b"\x7fELF\x01\x01\x01").unwrap();

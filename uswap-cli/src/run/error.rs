@@ -28,6 +28,11 @@ pub enum RunError {
     )]
     Static(PathBuf),
     #[error(
+        "{0}: set-user-ID, set-group-ID or with file capabilities, so the dynamic loader runs it without \
+         preloaded libraries and uswap could not manage it. Run it without uswap run, or as the user it runs as"
+    )]
+    SetId(PathBuf),
+    #[error(
         "{0}: needs no shared library, so it makes its system calls itself (a Go program built without cgo as a \
          position-independent executable, say); uswap run manages a program through a preloaded library, whose \
          C library calls such a program never makes. Build it with cgo (CGO_ENABLED=1 and -linkmode=external \

@@ -95,6 +95,7 @@ pub fn check_runnable(path: &Path, depth: u32) -> Result<Runnable, RunError> {
     }
     match elf_has_interpreter(&head) {
         Some(true) if elf_needs_no_library(path, &head) => Err(RunError::NoLibrary(path.to_path_buf())),
+        Some(true) if runs_securely(path) => Err(RunError::SetId(path.to_path_buf())),
         Some(true) => Ok(Runnable::Program),
         // The dynamic loader run as a program (`ld.so PROGRAM`, as wrappers that pick a
         // loader do) has no interpreter of its own, and preloads the library for PROGRAM.
@@ -102,6 +103,34 @@ pub fn check_runnable(path: &Path, depth: u32) -> Result<Runnable, RunError> {
         Some(false) => Err(RunError::Static(path.to_path_buf())),
         None => Err(not_runnable("not a 64-bit x86 ELF executable".into())),
     }
+}
+
+/// Whether the loader would run `path` securely for this process, ignoring `LD_PRELOAD`: its
+/// set-user-ID or set-group-ID bit changes the effective user or group, or it has file
+/// capabilities and the user is not root; unless the process may gain no privileges
+/// (`PR_SET_NO_NEW_PRIVS`) or the file lies on a `nosuid` mount. (The library judges the
+/// programs the tree execs the same way, `uswap-preload/src/escape.rs`, and names them.)
+/// Run as the command itself, such a program ran outside the budget with nothing said, and
+/// `--strict` passed.
+fn runs_securely(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(path) else { return false };
+    // SAFETY: these only read the process's credentials and flags.
+    let (uid, gid, no_new_privs) =
+        unsafe { (libc::getuid(), libc::getgid(), libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1) };
+    let mode = meta.mode();
+    let set_uid = mode & libc::S_ISUID != 0 && meta.uid() != uid;
+    let set_gid = mode & libc::S_ISGID != 0 && mode & libc::S_IXGRP != 0 && meta.gid() != gid;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: a size query (no buffer) of a NUL-terminated attribute of a NUL-terminated path.
+    let caps = uid != 0
+        && unsafe { libc::getxattr(c_path.as_ptr(), c"security.capability".as_ptr(), std::ptr::null_mut(), 0) } > 0;
+    // SAFETY: `statvfs` is plain data that the call fills in for a NUL-terminated path.
+    let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let nosuid = unsafe { libc::statvfs(c_path.as_ptr(), &mut fs) } == 0 && fs.f_flag & libc::ST_NOSUID != 0;
+    (set_uid || set_gid || caps) && !no_new_privs && !nosuid
 }
 
 /// Whether `path` is the dynamic loader this process was started by: the file mapped at
