@@ -2423,6 +2423,30 @@ fn standard_descriptors_the_caller_closed_stay_closed_in_the_program() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "closed\n", "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// The library preloaded by hand refuses a configuration it cannot keep, naming the
+/// variable, before `main`: a limit out of range ran the program with no budget and status
+/// 0, and a value that is not UTF-8 was taken as unset (`USWAP_FAULT_MODE=sig\xffnal` ran in
+/// thread mode).
+#[test]
+fn bad_variables_stop_a_process_preloaded_by_hand() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad: [(&str, &[u8]); 5] = [
+        ("USWAP_LIMIT", b"512KiB"),
+        ("USWAP_LIMIT", b"99999TiB"),
+        ("USWAP_FAULT_MODE", b"sig\xffnal"),
+        ("USWAP_DEVICE", b"ram:\xff"),
+        ("USWAP_IDLE_AGE", b"\xff"),
+    ];
+    for (name, value) in bad {
+        let mut cmd = Command::new("/bin/echo");
+        cmd.arg("ran").env("LD_PRELOAD", preload()).env(name, std::ffi::OsStr::from_bytes(value));
+        let o = run_timed(&mut cmd, Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{name}: {stderr}");
+        assert!(o.stdout.is_empty() && stderr.contains(name), "{name}: {stderr}");
+    }
+}
+
 /// A device list that does not parse, a file device that cannot be opened, a Redis server
 /// that does not answer, a device too small for one cluster (or a pool's cap for one chunk),
 /// a zstd level out of range, a file device's size that is not one, and a `--stats-json`

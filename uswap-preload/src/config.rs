@@ -65,9 +65,18 @@ pub struct Config {
 }
 
 fn size_var(name: &str, default: u64) -> Result<u64, String> {
+    match text_var(name)? {
+        Some(v) => parse_size(&v).map_err(|e| format!("{name}={v:?}: {e}")),
+        None => Ok(default),
+    }
+}
+
+/// Variable `name`, `None` if unset; one that is not UTF-8 is refused (it was taken as
+/// unset: `USWAP_FAULT_MODE=sig\xffnal` ran in thread mode, a bad `USWAP_DEVICE` on the pool).
+fn text_var(name: &str) -> Result<Option<String>, String> {
     match std::env::var(name) {
-        Ok(v) => parse_size(&v).map_err(|e| format!("{name}={v:?}: {e}")),
-        Err(std::env::VarError::NotPresent) => Ok(default),
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
         Err(e) => Err(format!("{name}: {e}")),
     }
 }
@@ -77,22 +86,25 @@ impl Config {
     /// on top of them.
     pub fn from_env(set_inside: SetInside) -> Result<Config, String> {
         let limit_bytes = size_var(ENV_LIMIT, 1 << 30)?;
+        // Here, not when a lazy pager starts: a limit out of range ran the program with no
+        // budget at all (by hand, where no `uswap run` checked it first).
+        uswap::check_limit(limit_bytes).map_err(|e| format!("{ENV_LIMIT}: {e}"))?;
         let default_capacity = DeviceConfig::default_capacity_bytes();
-        let spec = std::env::var(ENV_DEVICE).unwrap_or_else(|_| "zpool".into());
+        let spec = text_var(ENV_DEVICE)?.unwrap_or_else(|| "zpool".into());
         let devices = DeviceConfig::parse_list(&spec, default_capacity).map_err(|e| format!("{ENV_DEVICE}: {e}"))?;
-        let fault_mode_var = std::env::var(ENV_FAULT_MODE);
-        let fault_mode_auto = fault_mode_var.as_deref() == Ok("auto");
+        let fault_mode_var = text_var(ENV_FAULT_MODE)?;
+        let fault_mode_auto = fault_mode_var.as_deref() == Some("auto");
         let fault_mode = match fault_mode_var.as_deref() {
-            Ok("thread") | Err(_) => FaultMode::Thread,
-            Ok("signal") => FaultMode::Signal,
-            Ok("auto") => resolve_auto(),
-            Ok(other) => return Err(format!("{ENV_FAULT_MODE}={other:?}: expected auto, thread or signal")),
+            Some("thread") | None => FaultMode::Thread,
+            Some("signal") => FaultMode::Signal,
+            Some("auto") => resolve_auto(),
+            Some(other) => return Err(format!("{ENV_FAULT_MODE}={other:?}: expected auto, thread or signal")),
         };
         let min_size_bytes = size_var(ENV_MIN_SIZE, DEFAULT_MIN_SIZE_BYTES as u64)? as usize;
         let stats_dir = std::env::var_os(ENV_STATS_DIR).map(Into::into);
-        let idle_aging = match std::env::var(ENV_IDLE_AGE) {
-            Ok(v) => IdleAging::parse(&v).map_err(|e| format!("{ENV_IDLE_AGE}: {e}"))?,
-            Err(_) => IdleAging::Off,
+        let idle_aging = match text_var(ENV_IDLE_AGE)? {
+            Some(v) => IdleAging::parse(&v).map_err(|e| format!("{ENV_IDLE_AGE}: {e}"))?,
+            None => IdleAging::Off,
         };
         let capacity: u64 = devices.iter().map(DeviceConfig::capacity_bytes).sum();
         // Room for the RAM as well as the limit: with every device full, pages stay resident
