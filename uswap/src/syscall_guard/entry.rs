@@ -255,14 +255,21 @@ pub fn is_this_process(pid: i32) -> bool {
 /// `process_vm_readv` (`write`) or `process_vm_writev` with arguments `a`: the caller's
 /// buffers and the remote vector; on this process itself (its pid or one of its threads'
 /// ids: a careful `memcpy`) the remote buffers too, read by `readv` and written by
-/// `writev`. Each side only as far as the other's total, which is what the call can move.
+/// `writev`. Each side only as far as the other's total, which is what the call can move; on
+/// itself, each side only as far as half a pin, so that both are pinned whole: readied
+/// whole, a 16 MiB copy under a 16 MiB limit had its first pages taken out again while the
+/// rest came in, and failed with `EFAULT`, nothing copied (and 6 MiB ones now and then),
+/// where a call now moves at least that much and may come back short (the program calls
+/// again for the rest, as for any short count).
 fn ready_process_vm(pin: &mut crate::pin::Pin, a: &[u64; 6], write: bool) -> Prepared {
     let is_self = is_this_process(a[0] as i32);
     let movable_bytes = iov_total_bytes(pin, a[1], a[2]).min(iov_total_bytes(pin, a[3], a[4]));
-    let local = ready_iov_up_to(pin, a[1], a[2], write, movable_bytes);
     if is_self {
+        let movable_bytes = movable_bytes.min(crate::pin::MAX_PIN_BYTES as u64 / 2);
+        let local = ready_iov_up_to(pin, a[1], a[2], write, movable_bytes);
         return local | ready_iov_up_to(pin, a[3], a[4], !write, movable_bytes);
     }
+    let local = ready_iov_up_to(pin, a[1], a[2], write, movable_bytes);
     let remote_vec_bytes = a[4].min(MAX_VECS as u64) * std::mem::size_of::<libc::iovec>() as u64;
     local | ready(pin, a[3], remote_vec_bytes, false)
 }
