@@ -1198,11 +1198,14 @@ fn bench_command_goes_on_without_an_engine_whose_program_fails() {
 #[test]
 fn bench_command_refuses_what_it_cannot_run() {
     let dir = tmpdir("bench-refuse");
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--command", "sort 'unclosed"], "--command \"sort 'unclosed\""),
         (&["--command", "  "], "names no program"),
         (&["--command", "no-such-program-uswap", "--engines", "ram"], "not found"),
         (&["--command", "true", "--engines", "uswap-signal/ra-off"], "no readahead switch"),
+        // Flags of the workload, taken and ignored before.
+        (&["--command", "true", "--engines", "uswap-signal", "--readahead", "off"], "--readahead shapes"),
+        (&["--command", "true", "--engines", "ram", "--handler-threads", "3"], "--handler-threads shapes"),
         (&["--command", "sh -c 'exit 5'", "--engines", "ram"], "the program exited with status 5"),
     ];
     for (args, want) in cases {

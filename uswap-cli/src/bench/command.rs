@@ -189,8 +189,35 @@ pub fn parse_command(command: &str) -> Result<Vec<OsString>, BenchError> {
     Ok(words.into_iter().map(OsString::from).collect())
 }
 
+/// A flag that shapes `uswap bench`'s own workload or engine, given with `--command`, which
+/// runs the program as `uswap run` does (none of them applies there): taken and ignored
+/// before, where an engine's `/ra-off` was refused.
+fn workload_flag_given(args: &BenchArgs) -> Option<&'static str> {
+    use super::{BackgroundArg, OnOff, Pattern, Verify};
+    [
+        ("--handler-threads", args.handler_threads.is_some()),
+        ("--unpinned-handlers", args.unpinned_handlers),
+        ("--background-reclaim", args.background_reclaim != BackgroundArg::Auto),
+        ("--readahead", args.readahead == OnOff::Off),
+        ("--readahead-max-pages", args.readahead_max_pages.is_some()),
+        ("--readahead-async", args.readahead_async.is_some()),
+        ("--file-poll-us", args.file_poll_us.is_some()),
+        ("--threads", args.threads != 1),
+        ("--procs", args.procs != 1),
+        ("--seq-streams", args.seq_streams != 1),
+        ("--pattern", args.pattern != Pattern::Random),
+        ("--verify", args.verify != Verify::Index),
+        ("--histogram", args.histogram),
+    ]
+    .into_iter()
+    .find_map(|(flag, given)| given.then_some(flag))
+}
+
 /// Refuses what cannot run, before anything starts; returns where the program is.
 fn validate(args: &BenchArgs, engines: &[Engine], argv: &[OsString]) -> Result<PathBuf, BenchError> {
+    if let Some(flag) = workload_flag_given(args) {
+        return Err(BenchError::CommandFlag { flag });
+    }
     let mut uswap = false;
     for e in engines {
         match &e.kind {

@@ -160,6 +160,12 @@ pub enum BenchError {
     )]
     CommandEngine { engine: String, why: &'static str },
 
+    #[error(
+        "{flag} shapes uswap bench's own workload and engines, and does not apply to a --command (run as uswap run \
+         runs it); leave it out"
+    )]
+    CommandFlag { flag: &'static str },
+
     #[error(transparent)]
     Launch(#[from] crate::run::RunError),
 

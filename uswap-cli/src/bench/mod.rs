@@ -173,7 +173,7 @@ pub struct BenchArgs {
     /// Time this unmodified program under each engine instead of a workload: "CMD ARGS",
     /// split as a shell would (quotes, backslashes) but run without one. uswap engines run it
     /// as `uswap run` does; the kernel engines in their memory cgroup; `ram` plainly. Its
-    /// stdout must be the same under every engine. The workload flags do not apply.
+    /// stdout must be the same under every engine. The workload flags do not apply (refused).
     #[arg(long, value_name = "CMD ARGS")]
     pub command: Option<String>,
 }
