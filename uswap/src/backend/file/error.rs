@@ -21,6 +21,13 @@ pub enum FileDeviceError {
     NotFound { path: PathBuf },
 
     #[error(
+        "swap device {}: a symbolic link to nothing ({}); uswap does not create a swap file through a link: \
+         give the path it should have, or a directory",
+        .path.display(), .target.display()
+    )]
+    DanglingLink { path: PathBuf, target: PathBuf },
+
+    #[error(
         "swap device {}: the directory exists, but its filesystem creates no file in it (it \
          answered \"{source}\", as a pseudo-filesystem such as /proc does); give a \
          directory on a disk filesystem such as ext4, xfs or btrfs (e.g. /var/tmp)",

@@ -499,6 +499,11 @@ pub fn check_path(path: &Path) -> Result<(), FileDeviceError> {
     match ft {
         Some(ft) if ft.is_dir() => direct_file_in(path),
         None => {
+            // A link to nothing: the pager's create (`O_EXCL|O_NOFOLLOW`) would fail with
+            // `EEXIST` once the program ran; said here, before anything starts.
+            if let Ok(target) = fs::read_link(path) {
+                return Err(FileDeviceError::DanglingLink { path: path.to_owned(), target });
+            }
             let dir = match path.parent() {
                 Some(d) if !d.as_os_str().is_empty() => d,
                 _ => Path::new("."),
@@ -674,6 +679,10 @@ mod tests {
         assert!(matches!(e, FileDeviceError::OthersMayAccess { mode: 0o644, .. }), "{e}");
         let e = check_path(&dir.path().join("no/such")).unwrap_err();
         assert!(matches!(e, FileDeviceError::NotFound { .. }), "{e}");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path().join("nothing"), &link).unwrap();
+        let e = check_path(&link).unwrap_err();
+        assert!(matches!(e, FileDeviceError::DanglingLink { .. }) && e.to_string().contains("nothing"), "{e}");
         let e = check_path(Path::new("/dev/null")).unwrap_err();
         assert!(matches!(e, FileDeviceError::UnsupportedFileType { kind: "a character device", .. }), "{e}");
     }
