@@ -197,7 +197,8 @@ pub(super) fn thrash_message(s: &serde_json::Value, ended_by_sigbus: bool) -> Op
     Some(format!(
         "the program waited for memory {share:.0} % of its run (some thread stalled {stalled:.1} s of {wall:.1} s, \
          {majors} major faults{device}): its working set is far over the limit of {}; a larger --limit, or a \
-         faster device first in --device (zpool before file), would let it run at its own speed",
+         faster device first in --device (the pool, zpool, before a file or Redis), would let it run at its own \
+         speed",
         format_size(g("limit_bytes")),
     ))
 }

@@ -27,7 +27,7 @@
 //! on the nonfull list has `count < 512`, on the full list `count == 512`, on the free and
 //! discard lists `count == 0`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
@@ -328,6 +328,9 @@ pub struct ClusterAllocator {
     share: Option<DeviceShare>,
     /// Charges refused because the tree held the device's whole size.
     share_refusals: AtomicU64,
+    /// The last charge of a unit was refused (the tree holds the device's size): the device
+    /// is full for this process until a charge succeeds again.
+    share_refused: AtomicBool,
 }
 
 impl ClusterAllocator {
@@ -364,6 +367,7 @@ impl ClusterAllocator {
             discarded: AtomicU64::new(0),
             share: None,
             share_refusals: AtomicU64::new(0),
+            share_refused: AtomicBool::new(false),
         };
         for &ci in owned.iter().flatten() {
             // SAFETY: the allocator is not shared yet.
@@ -398,16 +402,33 @@ impl ClusterAllocator {
     /// has no room for them.
     fn charge_units(&self, nr_units: u64) -> bool {
         let Some(share) = &self.share else { return true };
-        if nr_units == 0 || share.try_grow(nr_units * CHARGE_BYTES) {
+        if nr_units == 0 {
+            return true;
+        }
+        if share.try_grow(nr_units * CHARGE_BYTES) {
+            self.share_refused.store(false, Ordering::Relaxed);
             return true;
         }
         self.share_refusals.fetch_add(1, Ordering::Relaxed);
+        self.share_refused.store(true, Ordering::Relaxed);
         false
     }
 
     /// Charges refused because the tree held the device's whole size.
     pub fn share_refusals(&self) -> u64 {
         self.share_refusals.load(Ordering::Relaxed)
+    }
+
+    /// Whether the last charge of a unit was refused: the tree holds the device's size, and
+    /// this process has no room on it beyond the units it charged.
+    pub fn share_refused(&self) -> bool {
+        self.share_refused.load(Ordering::Relaxed)
+    }
+
+    /// Forgets a refusal, so that the next allocation asks the tree again (another process
+    /// may have given units back since).
+    pub fn retry_share(&self) {
+        self.share_refused.store(false, Ordering::Relaxed);
     }
 
     pub fn nr_slots(&self) -> u64 {

@@ -555,11 +555,25 @@ impl SwapDevices {
                 self.full.store(false, Ordering::Relaxed);
             }
         }
+        // A device full for this process because its tree held the device's size: asked
+        // again at each tick, as another process may have given room back (this one may
+        // free nothing for a long time, and `full` stays set until it does).
+        if self.full.load(Ordering::Relaxed) && self.devices.iter().any(|d| d.allocator.share_refused()) {
+            for d in self.devices.iter() {
+                d.allocator.retry_share();
+            }
+            self.full.store(false, Ordering::Relaxed);
+        }
     }
 
-    /// Whether every device declines new pages or has every slot in use.
+    /// Whether every device declines new pages, has every slot in use, or is full for this
+    /// process because its tree holds the device's size (a tree of processes on a full
+    /// shared device waited 100-250 ms at each charge, and nearly stopped, where a process
+    /// alone on a full device goes over the limit at once, counted and said).
     fn no_free_slot(&self) -> bool {
-        self.devices.iter().all(|d| !d.takes_pages() || d.allocator.inuse_slots() >= d.nr_slots())
+        self.devices
+            .iter()
+            .all(|d| !d.takes_pages() || d.allocator.inuse_slots() >= d.nr_slots() || d.allocator.share_refused())
     }
 
     fn alloc_once(&self, exclude: u64, out: &mut [SwapEntry]) -> usize {
