@@ -58,6 +58,14 @@ fn uswap(args: &[&str], tmp: Option<&Path>) -> Output {
     run_timed(&mut cmd, Duration::from_secs(60))
 }
 
+/// Runs `script` with `sh -c`, its `$0` this build's `uswap`: for what the caller's shell does
+/// around `uswap run` (its traps, redirections, closed descriptors).
+fn uswap_from_sh(script: &str) -> Output {
+    let mut cmd = Command::new("sh");
+    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["-c", script, env!("CARGO_BIN_EXE_uswap")]);
+    run_timed(&mut cmd, Duration::from_secs(60))
+}
+
 fn plain(prog: &[&str]) -> Output {
     let o = run_timed(Command::new(prog[0]).args(&prog[1..]), Duration::from_secs(300));
     assert!(o.status.success(), "{prog:?} without uswap failed:\n{}", String::from_utf8_lossy(&o.stderr));
@@ -219,9 +227,7 @@ fn threads_on_stacks_the_program_gives_start_while_those_stacks_are_out() {
 #[test]
 fn the_programs_status_stands_when_stderr_cannot_be_written() {
     let script = "\"$0\" run --limit 64MiB -- sh -c 'exit 3' 2>/dev/full; echo status $?";
-    let mut cmd = Command::new("sh");
-    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["-c", script, env!("CARGO_BIN_EXE_uswap")]);
-    let o = run_timed(&mut cmd, Duration::from_secs(60));
+    let o = uswap_from_sh(script);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "status 3\n", "{}", String::from_utf8_lossy(&o.stderr));
 }
 
@@ -2394,9 +2400,7 @@ fn a_handler_on_the_alternate_stack_has_room_for_a_large_frame() {
 fn signals_ignored_by_whoever_started_uswap_run_stay_ignored_in_the_program() {
     // SIGPIPE too, which the Rust runtime ignores for itself and its spawn resets for children.
     let script = "trap '' HUP TERM USR1 PIPE; exec \"$0\" run --limit 64MiB -- grep SigIgn /proc/self/status";
-    let mut cmd = Command::new("sh");
-    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["-c", script, env!("CARGO_BIN_EXE_uswap")]);
-    let o = run_timed(&mut cmd, Duration::from_secs(60));
+    let o = uswap_from_sh(script);
     let out = String::from_utf8_lossy(&o.stdout);
     let mask = out.trim().strip_prefix("SigIgn:").map(|m| u64::from_str_radix(m.trim(), 16).unwrap());
     let bit = |sig: libc::c_int| 1u64 << (sig - 1);
@@ -2416,15 +2420,11 @@ fn signals_ignored_by_whoever_started_uswap_run_stay_ignored_in_the_program() {
 #[test]
 fn standard_descriptors_the_caller_closed_stay_closed_in_the_program() {
     let script = "exec \"$0\" run --limit 64MiB -- sh -c 'echo hi; echo \"echo: $?\" >&2' >&-";
-    let mut cmd = Command::new("sh");
-    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["-c", script, env!("CARGO_BIN_EXE_uswap")]);
-    let o = run_timed(&mut cmd, Duration::from_secs(60));
+    let o = uswap_from_sh(script);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("echo: 1"), "the program's stdout was open:\n{stderr}");
     let script = "exec \"$0\" run --limit 64MiB -- sh -c 'test -e /proc/self/fd/0 || echo closed' <&-";
-    let mut cmd = Command::new("sh");
-    cmd.env("USWAP_PRELOAD_LIB", preload()).args(["-c", script, env!("CARGO_BIN_EXE_uswap")]);
-    let o = run_timed(&mut cmd, Duration::from_secs(60));
+    let o = uswap_from_sh(script);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "closed\n", "{}", String::from_utf8_lossy(&o.stderr));
 }
 

@@ -42,7 +42,7 @@ use std::cell::Cell;
 
 use libc::c_long;
 
-use super::raw::{file_type, is_regular_file, raw, read_user};
+use super::raw::{fd_flags, file_type, iov_at, is_regular_file, is_stream_socket, read_user};
 
 /// The most iovecs one window of a continued vector call holds (copied to the stack: the
 /// slow path may run on a small signal stack of the program's).
@@ -67,18 +67,15 @@ impl Iovs {
     }
 }
 
-/// Iovec `i` of the array at `addr` in the program's memory, `None` if it cannot be read.
-fn iov_at(addr: u64, i: u64) -> Option<libc::iovec> {
-    read_user::<libc::iovec>(&mut crate::pin::Pin::none(), addr + i * std::mem::size_of::<libc::iovec>() as u64)
-}
-
 /// The bytes the `cnt` iovecs at `addr` name, `None` if there are more than the kernel
 /// takes or one cannot be read.
 fn iov_total_bytes(addr: u64, cnt: u64) -> Option<u64> {
     if cnt > UIO_MAXIOV {
         return None;
     }
-    (0..cnt).try_fold(0u64, |sum, i| Some(sum.saturating_add(iov_at(addr, i)?.iov_len as u64)))
+    (0..cnt).try_fold(0u64, |sum, i| {
+        Some(sum.saturating_add(iov_at(&mut crate::pin::Pin::none(), addr, i)?.iov_len as u64))
+    })
 }
 
 /// What kind of transfer a call is, for continuing it.
@@ -134,20 +131,6 @@ fn kind(nr: c_long, a: &[u64; 6]) -> Option<(Kind, bool)> {
     }
     let (kind, stream_read) = shape(nr)?;
     Some((kind, stream_read && !is_regular_file(a[0])))
-}
-
-/// Whether descriptor `fd` is a stream socket.
-fn is_stream_socket(fd: u64) -> bool {
-    if file_type(fd) != Some(libc::S_IFSOCK) {
-        return false;
-    }
-    let mut ty: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    let (level, name) = (libc::SOL_SOCKET as u64, libc::SO_TYPE as u64);
-    let (p_ty, p_len) = (&mut ty as *mut libc::c_int as u64, &mut len as *mut libc::socklen_t as u64);
-    // SAFETY: getsockopt writes one int into `ty` and its length into `len`, ours.
-    let r = unsafe { raw(libc::SYS_getsockopt, [fd, level, name, p_ty, p_len, 0]) };
-    r == 0 && ty == libc::SOCK_STREAM
 }
 
 /// A call that may be continued: what it asked for.
@@ -232,7 +215,7 @@ impl Transfer {
         let mut left = max_bytes;
         // Bounded: one step an iovec, at most `nr_iovs` (checked against UIO_MAXIOV).
         while i < self.nr_iovs && out.len < MAX_IOVS && left > 0 {
-            let Some(v) = iov_at(self.iov_addr, i) else { break };
+            let Some(v) = iov_at(&mut crate::pin::Pin::none(), self.iov_addr, i) else { break };
             let len = v.iov_len as u64;
             if before + len <= done_bytes {
                 before += len;
@@ -260,11 +243,7 @@ impl Transfer {
         let Some(file_type) = file_type(fd) else { return false };
         match file_type {
             libc::S_IFREG | libc::S_IFBLK | libc::S_IFCHR => true,
-            libc::S_IFIFO => {
-                // SAFETY: F_GETFL reads the descriptor's flags; no memory.
-                let flags = unsafe { raw(libc::SYS_fcntl, [fd, libc::F_GETFL as u64, 0, 0, 0, 0]) };
-                flags >= 0 && flags & libc::O_DIRECT as c_long == 0
-            }
+            libc::S_IFIFO => fd_flags(fd).is_some_and(|flags| flags & libc::O_DIRECT as c_long == 0),
             libc::S_IFSOCK => is_stream_socket(fd),
             _ => false,
         }

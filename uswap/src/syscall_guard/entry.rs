@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use libc::c_long;
 
 use super::complete::{self, Iovs, Transfer};
-use super::raw::{is_stream_socket, pipe_capacity_bytes, queued_bytes, raw, read_user};
+use super::raw::{fd_flags, iov_at, is_stream_socket, pipe_capacity_bytes, queued_bytes, raw, read_user};
 use super::table::{rule, Rule};
 
 global_asm!(
@@ -198,7 +198,7 @@ fn ready_iov_up_to(pin: &mut crate::pin::Pin, iov: u64, cnt: u64, write: bool, m
     let mut managed = ready(pin, iov, cnt.min(MAX_VECS as u64) * vec_bytes, false);
     let mut left_bytes = max_bytes;
     for i in 0..cnt.min(MAX_VECS as u64) {
-        let Some(v) = read_user::<libc::iovec>(pin, iov + i * vec_bytes) else { break };
+        let Some(v) = iov_at(pin, iov, i) else { break };
         let len = (v.iov_len as u64).min(left_bytes);
         managed = managed | ready(pin, v.iov_base as u64, len, write);
         left_bytes -= len;
@@ -208,9 +208,8 @@ fn ready_iov_up_to(pin: &mut crate::pin::Pin, iov: u64, cnt: u64, write: bool, m
 
 /// The bytes `cnt` iovecs at `iov` name (what `process_vm_readv` can move at most).
 fn iov_total_bytes(pin: &mut crate::pin::Pin, iov: u64, cnt: u64) -> u64 {
-    let vec_bytes = std::mem::size_of::<libc::iovec>() as u64;
     (0..cnt.min(MAX_VECS as u64))
-        .map_while(|i| read_user::<libc::iovec>(pin, iov + i * vec_bytes))
+        .map_while(|i| iov_at(pin, iov, i))
         .fold(0u64, |sum, v| sum.saturating_add(v.iov_len as u64))
 }
 
@@ -438,9 +437,7 @@ const MAX_MESSAGE_BYTES: u64 = 16 << 20;
 /// Whether descriptor `fd` is open for reading only (a pipe's read end, for `vmsplice`,
 /// which then writes the caller's buffers).
 fn is_read_end(fd: u64) -> bool {
-    // SAFETY: F_GETFL reads the descriptor's flags; no memory.
-    let flags = unsafe { raw(libc::SYS_fcntl, [fd, libc::F_GETFL as u64, 0, 0, 0, 0]) };
-    flags >= 0 && flags & libc::O_ACCMODE as c_long == libc::O_RDONLY as c_long
+    fd_flags(fd).is_some_and(|flags| flags & libc::O_ACCMODE as c_long == libc::O_RDONLY as c_long)
 }
 
 /// Makes ready the `cnt` `struct futex_waitv`s at `waiters` (`u64 val, u64 uaddr, u32

@@ -58,6 +58,20 @@ pub(super) fn file_type(fd: u64) -> Option<libc::mode_t> {
     (r == 0).then(|| unsafe { st.assume_init() }.st_mode & libc::S_IFMT)
 }
 
+/// Descriptor `fd`'s file status flags (`F_GETFL`: the access mode, `O_DIRECT`, ...), `None`
+/// if it is not open.
+pub(super) fn fd_flags(fd: u64) -> Option<c_long> {
+    // SAFETY: F_GETFL reads the descriptor's flags; no memory.
+    let flags = unsafe { raw(libc::SYS_fcntl, [fd, libc::F_GETFL as u64, 0, 0, 0, 0]) };
+    (flags >= 0).then_some(flags)
+}
+
+/// Iovec `i` of the array at `addr` in the program's memory (pinned in `pin` if managed),
+/// `None` if it cannot be read.
+pub(super) fn iov_at(pin: &mut crate::pin::Pin, addr: u64, i: u64) -> Option<libc::iovec> {
+    read_user::<libc::iovec>(pin, addr + i * std::mem::size_of::<libc::iovec>() as u64)
+}
+
 /// The capacity of the pipe (or FIFO) `fd` reads from, in bytes; `None` if `fd` is not one.
 pub(super) fn pipe_capacity_bytes(fd: u64) -> Option<u64> {
     // SAFETY: `fcntl(F_GETPIPE_SZ)` reads a size; it fails with `EBADF` on anything but a pipe.
