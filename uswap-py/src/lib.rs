@@ -24,7 +24,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
-use crate::errors::{to_py, InvalidArgumentError};
+use crate::errors::{invalid_argument, to_py};
 use crate::numpy_alloc::{Counters, NumpyAllocator, DEFAULT_THRESHOLD_BYTES};
 use crate::pager_cell::{Owner, PagerCell};
 use crate::region::PyRegion;
@@ -32,20 +32,19 @@ use crate::region::PyRegion;
 /// A size argument: an int of bytes, or a string such as `"2GiB"`, `"512MiB"`, `"1.5G"`.
 fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if value.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(InvalidArgumentError::new_err(format!(
+        return Err(invalid_argument(format!(
             "{what}: expected a size (an int or a string such as \"2GiB\"), got a bool"
         )));
     }
     if let Ok(s) = value.cast::<PyString>() {
         let s = s.to_str()?;
-        return uswap::parse_size(s).map_err(|e| InvalidArgumentError::new_err(format!("{what} {s:?}: {e}")));
+        return uswap::parse_size(s).map_err(|e| invalid_argument(format!("{what} {s:?}: {e}")));
     }
     if let Ok(n) = value.extract::<i128>() {
-        return u64::try_from(n).map_err(|_| {
-            InvalidArgumentError::new_err(format!("{what}: {n} bytes is out of range (0 to {} bytes)", u64::MAX))
-        });
+        return u64::try_from(n)
+            .map_err(|_| invalid_argument(format!("{what}: {n} bytes is out of range (0 to {} bytes)", u64::MAX)));
     }
-    Err(InvalidArgumentError::new_err(format!(
+    Err(invalid_argument(format!(
         "{what}: expected a size (an int of bytes or a string such as \"2GiB\"), got {}",
         value.get_type().name()?
     )))
@@ -54,12 +53,11 @@ fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 /// `auto=`: a share of wall time (`0.01`) or a string as `uswap run --auto=` takes it (`"1%"`).
 fn auto_arg(value: &Bound<'_, PyAny>) -> PyResult<f64> {
     if let Ok(s) = value.cast::<PyString>() {
-        return uswap::budget::parse_target(s.to_str()?)
-            .map_err(|e| InvalidArgumentError::new_err(format!("auto: {e}")));
+        return uswap::budget::parse_target(s.to_str()?).map_err(|e| invalid_argument(format!("auto: {e}")));
     }
     match value.extract::<f64>() {
         Ok(share) if !value.is_instance_of::<pyo3::types::PyBool>() => Ok(share),
-        _ => Err(InvalidArgumentError::new_err(format!(
+        _ => Err(invalid_argument(format!(
             "auto: expected a share of wall time (0.01) or a string such as \"1%\", got {}",
             value.get_type().name()?
         ))),
@@ -70,20 +68,19 @@ fn auto_arg(value: &Bound<'_, PyAny>) -> PyResult<f64> {
 /// as `uswap run --idle-age` takes it (`"90s"`, `"2m"`, `"never"`, `"off"`).
 fn idle_age_arg(value: &Bound<'_, PyAny>) -> PyResult<uswap::IdleAging> {
     if let Ok(s) = value.cast::<PyString>() {
-        return uswap::IdleAging::parse(s.to_str()?)
-            .map_err(|e| InvalidArgumentError::new_err(format!("idle_age: {e}")));
+        return uswap::IdleAging::parse(s.to_str()?).map_err(|e| invalid_argument(format!("idle_age: {e}")));
     }
     let secs = match value.extract::<f64>() {
         Ok(secs) if !value.is_instance_of::<pyo3::types::PyBool>() => secs,
         _ => {
-            return Err(InvalidArgumentError::new_err(format!(
+            return Err(invalid_argument(format!(
                 "idle_age: expected seconds or a string such as \"90s\", got {}",
                 value.get_type().name()?
             )))
         }
     };
     uswap::IdleAging::from_secs(secs).ok_or_else(|| {
-        InvalidArgumentError::new_err(format!(
+        invalid_argument(format!(
             "idle_age={secs}: expected seconds, from 1 to a year (31536000), float(\"inf\") to only count \
              idle pages, or 0 for off"
         ))
@@ -147,18 +144,18 @@ impl PyPager {
             "thread" => uswap::FaultMode::Thread,
             "signal" => uswap::FaultMode::Signal,
             other => {
-                return Err(InvalidArgumentError::new_err(format!(
+                return Err(invalid_argument(format!(
                     "fault_mode {other:?}: expected \"thread\" (the default) or \"signal\""
                 )))
             }
         };
         if handler_threads == Some(0) {
-            return Err(InvalidArgumentError::new_err(
+            return Err(invalid_argument(
                 "handler_threads=0 cannot serve faults; pass at least 1, or None for one per CPU",
             ));
         }
         if let Some(n) = handler_threads.filter(|&n| n > uswap::MAX_HANDLER_THREADS) {
-            return Err(InvalidArgumentError::new_err(format!(
+            return Err(invalid_argument(format!(
                 "handler_threads={n}: a pager starts at most {}; pass fewer, or None for one per CPU",
                 uswap::MAX_HANDLER_THREADS
             )));
@@ -198,11 +195,10 @@ impl PyPager {
     /// or by `release()`.
     fn map(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<PyRegion> {
         let bytes = size_arg(size, "size")?;
-        let len = usize::try_from(bytes).map_err(|_| {
-            InvalidArgumentError::new_err(format!("size: {bytes} bytes does not fit this machine's address space"))
-        })?;
+        let len = usize::try_from(bytes)
+            .map_err(|_| invalid_argument(format!("size: {bytes} bytes does not fit this machine's address space")))?;
         let cell = &self.cell;
-        cell.check_owner().map_err(InvalidArgumentError::new_err)?;
+        cell.check_owner().map_err(invalid_argument)?;
         let (start, len) = py.detach(|| cell.map(len, Owner::Region)).map_err(to_py)?;
         Ok(PyRegion::new(cell.clone(), start, len))
     }
@@ -229,10 +225,10 @@ impl PyPager {
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         // In a fork child whose pager this is not, the engine's tables are the parent's, partly
         // absent (`MADV_DONTFORK`), and its locks may have been held by its threads.
-        self.cell.check_owner().map_err(InvalidArgumentError::new_err)?;
+        self.cell.check_owner().map_err(invalid_argument)?;
         let stats = self.cell.pager().stats();
         let value = serde_json::to_value(&stats)
-            .map_err(|e| errors::IoError::new_err(format!("cannot serialize the counters: {e}")))?;
+            .map_err(|e| errors::Kind::Io.err(format!("cannot serialize the counters: {e}")))?;
         let obj = json_to_py(py, &value)?;
         let dict = obj.cast_into::<PyDict>()?;
         let c = &self.numpy;
@@ -249,7 +245,7 @@ impl PyPager {
     /// busy; the new limit is in place all the same.
     fn set_limit(&self, py: Python<'_>, limit: &Bound<'_, PyAny>) -> PyResult<()> {
         let bytes = size_arg(limit, "limit")?;
-        self.cell.check_owner().map_err(InvalidArgumentError::new_err)?;
+        self.cell.check_owner().map_err(invalid_argument)?;
         let pager = self.cell.pager();
         py.detach(|| pager.set_resident_limit(bytes)).map_err(to_py)
     }

@@ -164,9 +164,9 @@ impl PyRegion {
     /// Pages of the region in RAM right now, measured with `mincore(2)`.
     fn mapped_pages(&self) -> PyResult<usize> {
         self.check_open()?;
-        self.cell.check_owner().map_err(crate::errors::InvalidArgumentError::new_err)?;
+        self.cell.check_owner().map_err(crate::errors::invalid_argument)?;
         match self.cell.mapped_pages(self.start) {
-            Some(pages) => pages.map_err(|e| crate::errors::IoError::new_err(format!("mincore: {e}"))),
+            Some(pages) => pages.map_err(|e| crate::errors::Kind::Io.err(format!("mincore: {e}"))),
             None => Err(PyValueError::new_err("operation on a released uswap.Region")),
         }
     }

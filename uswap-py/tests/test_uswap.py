@@ -189,10 +189,16 @@ def test_bad_sizes_raise_uswap_errors_with_the_engines_message(pager):
         with pytest.raises(uswap.InvalidArgumentError) as info:
             call()
         assert isinstance(info.value, uswap.Error)
+        assert isinstance(info.value, ValueError), "code written for any library catches it"
         assert message in str(info.value), (message, str(info.value))
     assert pager.limit == 8 * MiB, "a refused limit leaves the old one"
-    with pytest.raises(uswap.DeviceError, match="swap device"):
+    with pytest.raises(OSError, match="swap device") as info:
         uswap.Pager(limit=8 * MiB, devices="file:/proc/no/such/dir:64MiB")
+    assert type(info.value) is uswap.DeviceError
+    for name, builtin in (("OutOfMemoryError", MemoryError), ("IoError", OSError), ("LimitError", None)):
+        cls = getattr(uswap, name)
+        assert issubclass(cls, uswap.Error) and cls.__module__ == "uswap" and cls.__doc__, name
+        assert builtin is None or issubclass(cls, builtin), (name, builtin)
 
 
 def skip(why):

@@ -19,16 +19,17 @@ class Error(Exception):
 class UserfaultfdError(Error):
     """userfaultfd cannot be used: no permission, or the kernel lacks it or UFFDIO_MOVE."""
 
-class InvalidArgumentError(Error):
-    """A size or device list that does not parse, a limit below the minimum, a zero size; or a
+class InvalidArgumentError(Error, ValueError):
+    """Also a ``ValueError``. A size or device list that does not parse, a limit below the minimum, a zero size; or a
     call this process cannot make (a pager under ``uswap run``, a fork child's call on its
     parent's pager)."""
 
-class OutOfMemoryError(Error):
-    """Out of address space, or every region slot of the process (65,536) is in use."""
+class OutOfMemoryError(Error, MemoryError):
+    """Out of address space, or every region slot of the process (65,536) is in use. Also a
+    ``MemoryError``."""
 
-class DeviceError(Error):
-    """A swap device could not be opened, or failed."""
+class DeviceError(Error, OSError):
+    """A swap device could not be opened, or failed. Also an ``OSError``."""
 
 class LimitError(Error):
     """A lower limit could not be reached (devices full, pages busy); it is in place anyway."""
@@ -36,8 +37,8 @@ class LimitError(Error):
 class SignalModeError(Error):
     """Signal fault mode cannot serve faults: SIGBUS blocked or its handler replaced."""
 
-class IoError(Error):
-    """A system call failed."""
+class IoError(Error, OSError):
+    """A system call failed. Also an ``OSError``."""
 
 class Region:
     """A managed memory region, zero-filled at first, paged by its pager.
