@@ -514,6 +514,17 @@ fn an_address_space_limit_is_fitted_and_said() {
     assert_same_and_paged(&prog, &r, LIMIT_MIB);
     let err = String::from_utf8_lossy(&r.0.stderr);
     assert!(err.contains("a data limit (ulimit -d) of 1953 MiB"), "{err}");
+    // A small limit: the heap's floor (256 MiB) and the pool's (64 MiB, slots four times
+    // that) did not fit 512 MiB, and the pager could not start ("cannot map swap staging
+    // area (0 bytes)"); under 256 MiB no process started at all.
+    let prog = ["sh", "-c", "ulimit -v 524288 && exec \"$0\" \"$1\"", p.to_str().unwrap(), &wss];
+    let r = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+    assert_same_and_paged(&prog, &r, LIMIT_MIB);
+    let err = String::from_utf8_lossy(&r.0.stderr);
+    assert!(err.contains("(ulimit -v) of 512 MiB") && err.contains("its managed heap is 256 MiB"), "{err}");
+    let prog = ["sh", "-c", "ulimit -v 262144 && exec true"];
+    let r = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+    assert!(r.0.status.success(), "{}", String::from_utf8_lossy(&r.0.stderr));
 }
 
 /// A limit a managed shell sets on itself (`ulimit -v` inside the run) leaves uswap room:

@@ -39,8 +39,12 @@ pub fn start_after_most_bytes(limit_bytes: u64) -> u64 {
     limit_bytes / 16
 }
 
-/// The heap region is never smaller than this (mimalloc's smallest arena is 32 MiB).
+/// The heap region is never smaller than this (mimalloc's smallest arena is 32 MiB)...
 const MIN_HEAP_BYTES: u64 = 256 << 20;
+/// ...but under an address-space limit, where it is fitted to a third of the limit (up to
+/// half of a small one), at least one arena: under `ulimit -v 256M` a heap of 256 MiB
+/// could not be reserved at all, and no program ran.
+const MIN_FITTED_HEAP_BYTES: u64 = 32 << 20;
 /// Nor larger: address space is plentiful, but the page table is 8 bytes per 4 KiB page.
 const MAX_HEAP_BYTES: u64 = 1 << 40;
 
@@ -117,7 +121,10 @@ impl Config {
             // The heap's reservation counts in full against `ulimit -v`: a third of it at most
             // (the devices take 5/16 by default, see `DeviceConfig::default_capacity_bytes`;
             // the rest is the program's other mappings), said once.
-            heap = heap.min((as_bytes / 3).max(MIN_HEAP_BYTES));
+            // Under a small limit, up to half of it: the program's malloc needs the room
+            // more than the devices do.
+            let fitted = (as_bytes / 3).max(MIN_HEAP_BYTES.min(as_bytes / 2));
+            heap = heap.min((fitted / (32 << 20) * (32 << 20)).max(MIN_FITTED_HEAP_BYTES));
             let limit_set_inside = match which {
                 uswap::AddressSpaceLimit::AddressSpace => set_inside.address_space,
                 uswap::AddressSpaceLimit::Data => set_inside.data,
@@ -181,7 +188,7 @@ fn say_address_space_limit(
     crate::real::write_stderr(
         format!(
             "uswap: process {} has {name} of {} MiB, {whose}: its managed heap is {} MiB \
-         (the program's malloc can grow no further, and a single block less) and its swap devices hold {} MiB\n",
+         (the program's malloc can grow no further, and a single block less) and its swap devices hold at most {} MiB of pages\n",
             std::process::id(),
             as_bytes >> 20,
             heap_bytes >> 20,

@@ -261,17 +261,25 @@ impl DeviceConfig {
 
     /// The size a device given without one gets when a process is managed from outside
     /// (`uswap run`, the Python package): half the machine's RAM (`MemTotal`, from
-    /// `sysinfo(2)`; 4 GiB when it cannot be read), at least 64 MiB. A cap, not a
+    /// `sysinfo(2)`; 4 GiB when it cannot be read), at least 64 MiB (4 MiB under an
+    /// address-space limit, where it is a sixteenth of the limit at most). A cap, not a
     /// reservation; in a container, the host's RAM (LXCFS rewrites `/proc/meminfo`, not
     /// `sysinfo`): a pool there is best given its size (`zpool:SIZE`).
     pub fn default_capacity_bytes() -> u64 {
+        /// A pool's cap under an address-space limit, at least: its slots (four times the
+        /// cap) fill 8 clusters.
+        const MIN_FITTED_CAPACITY_BYTES: u64 = 4 << 20;
         let mem_total_bytes = crate::mapping::ram_bytes().unwrap_or(4 << 30);
         // Under an address-space limit (`ulimit -v`) every reservation counts in full: the
         // pool's arena (the cap), and the staging area of its slots (4 times the cap). A
         // sixteenth of the limit for the cap keeps those to 5/16 of it, and the program's
         // heap (the preload's config) to a third.
-        let fits = crate::mapping::address_space_limit_bytes().map_or(u64::MAX, |as_bytes| as_bytes / 16);
-        (mem_total_bytes / 2).min(fits).max(64 << 20)
+        // The floor is lower there (8 clusters of slots), so that a limit of a few hundred MiB
+        // leaves the program room.
+        match crate::mapping::address_space_limit_bytes() {
+            Some(as_bytes) => (mem_total_bytes / 2).min(as_bytes / 16).max(MIN_FITTED_CAPACITY_BYTES),
+            None => (mem_total_bytes / 2).max(64 << 20),
+        }
     }
 
     /// Parses a device list as the `uswap` command takes it: comma-separated devices, highest

@@ -341,9 +341,11 @@ impl PagerBuilder {
             BackgroundReclaim::Auto => BackgroundReclaim::WhenIdle,
             policy => policy,
         };
+        // The staging areas (a page of address space a slot) are most of what is mapped here.
+        let slots_bytes: u64 = backends.iter().map(|b| b.backend.nr_slots() * crate::PAGE_SIZE as u64).sum();
         let devices = SwapDevices::new(backends, nr_cpus).map_err(|e| Error::OutOfAddressSpace {
-            what: "swap staging area".into(),
-            len_bytes: 0,
+            what: "the swap devices' staging areas and slot tables".into(),
+            len_bytes: slots_bytes,
             source: e,
         })?;
         Ok((devices, async_readers, background_reclaim))
