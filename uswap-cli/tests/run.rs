@@ -479,6 +479,25 @@ fn populating_managed_memory_succeeds_in_both_modes() {
     });
 }
 
+/// Guard regions over managed memory whose pages are out (`guards.c`): a touch there is
+/// SIGSEGV, and once removed they read zero in both modes. Before, the pages that were out
+/// came back with their old contents (the kernel zaps guarded pages without telling
+/// userfaultfd, so the engine kept their slots).
+#[test]
+fn guard_regions_over_pages_that_are_out_read_zero_once_removed() {
+    run_in_both_modes("guards", WSS_MIB, |mode, _prog, (o, v)| {
+        let out = String::from_utf8_lossy(&o.stdout);
+        if o.status.code() == Some(77) {
+            // A kernel before 6.13 has no guard regions: nothing to compare.
+            return uswap_testkit::skipped(&format!("this kernel has no MADV_GUARD_INSTALL: {out}"));
+        }
+        let quarter_pages = WSS_MIB * 256 / 4;
+        let want = format!("guards: segv 1, zero {quarter_pages}, old 0, other 0, bad 0");
+        assert!(out.starts_with(&want), "{mode}: {out}{}", String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success() && counter(v, "pswpout") > 0, "{mode}: {v}");
+    });
+}
+
 /// A program that sets a data limit on itself with room for what it allocates next
 /// (`datalimit.c`: 200 MiB held under 64 MiB, a limit of 360 MiB, then 100 mappings of 1 MiB
 /// written) gets them, and `getrlimit` gives back the limit it set. Before, the kernel

@@ -588,7 +588,8 @@ pub fn let_go_by_protection(start: usize, end: usize) -> bool {
 /// one must be split before any of its pages can move out) and `MADV_MERGEABLE` (pages KSM
 /// merged are shared, and the kernel refuses to move them). QEMU asks for both on guest
 /// RAM: before, reclaim met hundreds of thousands of refusals and the limit did not hold.
-/// Advice about forks (`MADV_DONTFORK`, `MADV_WIPEONFORK` and their undoing) goes to the
+/// `MADV_COLLAPSE` too. `MADV_GUARD_INSTALL` empties the range for the engine first (see
+/// below). Advice about forks (`MADV_DONTFORK`, `MADV_WIPEONFORK` and their undoing) goes to the
 /// kernel and is recorded for uswap's own fork (`uswap::note_madvise`). In signal mode
 /// `MADV_POPULATE_READ` and `MADV_POPULATE_WRITE` of managed memory have its pages brought
 /// in first (see [`populate`]). Everything else goes to the kernel (`MADV_DONTNEED` and the
@@ -606,6 +607,17 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
         || page_round_up(len).and_then(|l| start.checked_add(l)).is_some_and(|end| overlaps_managed(start, end));
     if paging_advice && ours && managed() {
         return 0;
+    }
+    if advice == MADV_COLLAPSE && ours && managed() {
+        // As `MADV_HUGEPAGE`: a hint (the kernel refuses it on userfaultfd memory, `EINVAL`).
+        return 0;
+    }
+    if advice == MADV_GUARD_INSTALL && ours && managed() {
+        // The kernel zaps the range's pages for its guards without telling userfaultfd, so
+        // the pages that were out would come back after `MADV_GUARD_REMOVE` with their old
+        // contents instead of zeros. `MADV_DONTNEED` first tells the engine (a `REMOVE`
+        // event: their slots go), and zaps nothing the guards would not.
+        real::sys_madvise(addr, len, libc::MADV_DONTNEED);
     }
     let populating = advice == MADV_POPULATE_READ || advice == MADV_POPULATE_WRITE;
     let signal_mode = crate::pager().is_some_and(|p| p.fault_mode() == uswap::FaultMode::Signal);
@@ -637,6 +649,8 @@ fn advice_needs_a_pager(advice: i32) -> bool {
     )
 }
 
+const MADV_COLLAPSE: i32 = 25;
+const MADV_GUARD_INSTALL: i32 = 102;
 const MADV_POPULATE_READ: i32 = 22;
 const MADV_POPULATE_WRITE: i32 = 23;
 
