@@ -479,6 +479,19 @@ fn populating_managed_memory_succeeds_in_both_modes() {
     });
 }
 
+/// `mremap` of a `PROT_NONE` reservation moves and grows it, still `PROT_NONE`, and of a
+/// range with a hole says `EFAULT` and keeps its data (`remapnone.c`), in both modes, as
+/// without uswap. Before, uswap's move copied from the old range without looking, and the
+/// program died of SIGSEGV inside `mremap`.
+#[test]
+fn mremap_of_a_reservation_or_a_range_with_a_hole_answers_as_the_kernel() {
+    run_in_both_modes("remapnone", WSS_MIB, |mode, prog, r| {
+        let out = String::from_utf8_lossy(&r.0.stdout);
+        assert!(out.starts_with("remapnone: moved 1, segv 1, hole efault 1, bad 0"), "{mode}: {out}");
+        assert_same_and_paged(prog, r, LIMIT_MIB);
+    });
+}
+
 /// Guard regions over managed memory whose pages are out (`guards.c`): a touch there is
 /// SIGSEGV, and once removed they read zero in both modes. Before, the pages that were out
 /// came back with their old contents (the kernel zaps guarded pages without telling

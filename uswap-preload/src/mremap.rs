@@ -108,6 +108,9 @@ fn remap_managed(
         }
         return Ok(start);
     }
+    // What the kernel checks first: the old range is mapped whole (`EFAULT` otherwise), and
+    // what it keeps: each part's protection (a `PROT_NONE` reservation stays one).
+    let pieces = protections(start, start + old_len)?;
     if !may_move {
         // Grow in place where the address space after it is free, as the kernel would.
         let tail = (start + old_len) as *mut c_void;
@@ -120,6 +123,7 @@ fn remap_managed(
             }
             return Err(libc::ENOMEM);
         }
+        protect_as(&pieces, start, start, start + new_len);
         return Ok(start);
     }
     let (hint, map_flags) = if fixed {
@@ -131,16 +135,90 @@ fn remap_managed(
     if new == libc::MAP_FAILED {
         return Err(errno());
     }
-    // SAFETY: `start` is mapped for old_len bytes (the caller's contract, as for mremap) and
-    // `new` is a fresh mapping of new_len bytes that does not overlap it (checked above for
-    // MREMAP_FIXED; a fresh mapping otherwise). Reading old pages faults them in through the
-    // engine; writing new ones faults them in zero-filled.
-    unsafe { std::ptr::copy_nonoverlapping(start as *const u8, new as *mut u8, old_len.min(new_len)) };
+    // Parts the program cannot read are read through a readable view for the copy.
+    let copy_len = old_len.min(new_len);
+    for &(s, e, prot) in pieces.iter().filter(|p| p.2 & libc::PROT_READ == 0) {
+        real::sys_mprotect(s as *mut c_void, e - s, prot | libc::PROT_READ);
+    }
+    copy_pages(start, new as usize, copy_len);
+    protect_as(&pieces, start, new as usize, new as usize + new_len);
     if dont_unmap {
         // The old range stays mapped and reads zero, as after the kernel's DONTUNMAP.
+        for &(s, e, prot) in pieces.iter().filter(|p| p.2 & libc::PROT_READ == 0) {
+            real::sys_mprotect(s as *mut c_void, e - s, prot);
+        }
         real::sys_madvise(start as *mut c_void, old_len, libc::MADV_DONTNEED);
     } else {
         unmap(start as *mut c_void, old_len);
     }
     Ok(new as usize)
+}
+
+/// Copies `len` bytes (whole pages) from `from` to the fresh mapping at `to`, but for the
+/// pages that read zero: those are left to read zero in place. A reservation moved (a
+/// `PROT_NONE` range the program never touched) would otherwise be brought in whole at its
+/// new place, where reclaim cannot move pages out of it.
+fn copy_pages(from: usize, to: usize, len: usize) {
+    const WORDS: usize = uswap::PAGE_SIZE / 8;
+    for offset in (0..len).step_by(uswap::PAGE_SIZE) {
+        // SAFETY: `[from, from + len)` is mapped whole and readable (`protections` found no
+        // hole, and the caller made every part readable), and `[to, to + len)` is a fresh
+        // writable mapping that does not overlap it (checked for MREMAP_FIXED; a fresh
+        // mapping otherwise); both are page-aligned, so each page is whole `u64`s. Reading
+        // old pages faults them in through the engine; writing new ones faults them in.
+        unsafe {
+            let src = std::slice::from_raw_parts((from + offset) as *const u64, WORDS);
+            if src.iter().any(|&w| w != 0) {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), (to + offset) as *mut u64, WORDS);
+            }
+        }
+    }
+}
+
+/// The protection of each mapping in `[start, end)`, in order, from `/proc/self/maps`:
+/// `Err(EFAULT)` where part of it is not mapped, as the kernel's `mremap` says. Before, a
+/// move copied from the old range without looking: a `PROT_NONE` reservation, or a range
+/// with a hole, killed the program with SIGSEGV inside uswap.
+fn protections(start: usize, end: usize) -> Result<Vec<(usize, usize, i32)>, i32> {
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|_| libc::ENOMEM)?;
+    let mut pieces: Vec<(usize, usize, i32)> = Vec::new();
+    let mut covered = start;
+    for line in maps.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        let Some((s, e)) = range.split_once('-') else { continue };
+        let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) else { continue };
+        if e <= covered || s >= end {
+            continue;
+        }
+        if s > covered {
+            break;
+        }
+        let bits = perms.as_bytes();
+        let prot = [(b'r', libc::PROT_READ), (b'w', libc::PROT_WRITE), (b'x', libc::PROT_EXEC)]
+            .iter()
+            .zip(bits)
+            .filter(|((letter, _), b)| *b == letter)
+            .fold(libc::PROT_NONE, |prot, ((_, bit), _)| prot | bit);
+        pieces.push((covered, e.min(end), prot));
+        covered = e.min(end);
+        if covered == end {
+            return Ok(pieces);
+        }
+    }
+    Err(libc::EFAULT)
+}
+
+/// Gives `[to, to_end)` the protection of `pieces` (parts of the old range at `from`), the
+/// part past them that of the last: as the kernel's move or growth keeps the mapping's
+/// protection. Read-write parts are as mapped already.
+fn protect_as(pieces: &[(usize, usize, i32)], from: usize, to: usize, to_end: usize) {
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    for (i, &(s, e, prot)) in pieces.iter().enumerate() {
+        let e = if i + 1 == pieces.len() { to_end - to + from } else { e };
+        let (dst, dst_end) = (to + (s - from), (to + (e - from)).min(to_end));
+        if prot != rw && dst < dst_end {
+            real::sys_mprotect(dst as *mut c_void, dst_end - dst, prot);
+        }
+    }
 }
