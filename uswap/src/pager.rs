@@ -576,6 +576,10 @@ pub(crate) fn open_error(e: OpenError) -> Error {
         OpenError::MissingFeatures { wanted, available } => {
             Error::KernelTooOld { release: uffd::kernel_release(), missing: feature_names(wanted & !available) }
         }
+        OpenError::NoDescriptors(e) => Error::io(
+            "cannot open a userfaultfd: no file descriptor left (raise the limit, ulimit -n, or close descriptors)",
+            e,
+        ),
         OpenError::Other(e) => Error::io("userfaultfd handshake (UFFDIO_API)", e),
     }
 }

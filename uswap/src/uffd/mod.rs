@@ -197,6 +197,8 @@ pub enum OpenError {
     },
     /// The kernel has no userfaultfd at all.
     Unsupported(io::Error),
+    /// The process (`EMFILE`) or the system (`ENFILE`) has no descriptor left.
+    NoDescriptors(io::Error),
     /// The handshake failed or lacks a feature we need.
     MissingFeatures {
         wanted: u64,
@@ -305,6 +307,10 @@ fn open_fd(flags: libc::c_int, user_mode_only_ok: bool) -> Result<OwnedFd, OpenE
     let syscall_err = match raw_userfaultfd(flags) {
         Ok(fd) => return Ok(fd),
         Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => return Err(OpenError::Unsupported(e)),
+        // Not a permission problem: /dev/userfaultfd would need a descriptor too.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+            return Err(OpenError::NoDescriptors(e))
+        }
         Err(e) => e,
     };
     if user_mode_only_ok && syscall_err.raw_os_error() == Some(libc::EPERM) {
