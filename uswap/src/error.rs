@@ -223,6 +223,7 @@ impl Error {
             | BadDeviceSpec { .. }
             | TooManyDevices { .. }
             | DeviceTooSmall { .. } => ErrorKind::InvalidArgument,
+            FileDevice(e) if e.is_bad_argument() => ErrorKind::InvalidArgument,
             TooManyRegions { .. } | OutOfAddressSpace { .. } => ErrorKind::OutOfMemory,
             Device { .. } | Backend(_) | FileDevice(_) | RedisDevice(_) => ErrorKind::Device,
             LimitNotReached { .. } => ErrorKind::LimitNotReached,
@@ -254,6 +255,20 @@ mod tests {
             (Error::BadAlignment { align_bytes: 3, page_size: 4096 }, ErrorKind::InvalidArgument),
             (Error::TooManyRegions { max: 4096 }, ErrorKind::OutOfMemory),
             (Error::Device { name: "file".into(), why: "full".into() }, ErrorKind::Device),
+            // A file device below one cluster is a bad argument, as `ram:1MiB` is; one the
+            // file refuses is a device error.
+            (
+                Error::FileDevice(crate::backend::file::FileDeviceError::TooSmall {
+                    path: "/f".into(),
+                    capacity_bytes: 1,
+                    min_bytes: 2,
+                }),
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                Error::FileDevice(crate::backend::file::FileDeviceError::ReadOnly { path: "/f".into() }),
+                ErrorKind::Device,
+            ),
             (Error::LimitNotReached { resident_bytes: 2, limit_bytes: 1 }, ErrorKind::LimitNotReached),
             (Error::LimitBusy { resident_bytes: 2, limit_bytes: 1, waited_ms: 5 }, ErrorKind::LimitBusy),
             (Error::SigbusBlocked, ErrorKind::Signal),

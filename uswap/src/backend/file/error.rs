@@ -138,3 +138,12 @@ pub enum FileDeviceError {
     #[error("swap device {}: {what} failed: {source}", .path.display())]
     Io { path: PathBuf, what: &'static str, source: io::Error },
 }
+
+impl FileDeviceError {
+    /// Whether the device as given can never be opened, whatever the file: a size below one
+    /// cluster, or a queue depth out of range (the C API's `USWAP_EINVAL`, Python's
+    /// `InvalidArgumentError`, as for the other devices), not a device that failed.
+    pub fn is_bad_argument(&self) -> bool {
+        matches!(self, FileDeviceError::TooSmall { .. } | FileDeviceError::BadQueueDepth { .. })
+    }
+}
