@@ -566,6 +566,14 @@ fn pages_no_device_takes_are_charged_over_the_limit_at_once() {
     let st = p.stats();
     assert!(st.limit_overrun > 0 && st.swap_alloc_fail > 0, "{st:?}");
     assert!(took < Duration::from_secs(10), "8,192 pages no device takes took {took:?}: {st:?}");
+    // Lowering the limit over them: the devices are full for these pages (ENOSPC in C),
+    // said at once. Before, it waited 2 s for victims "busy on other threads" (there are
+    // none) and said so, with advice to call again that could never work.
+    let started = Instant::now();
+    let e = p.set_resident_limit(MIB).expect_err("no device takes these pages");
+    assert_eq!(e.kind(), uswap::ErrorKind::LimitNotReached, "{e}");
+    assert!(started.elapsed() < Duration::from_secs(1), "took {:?}: {e}", started.elapsed());
+    assert_eq!(p.resident_limit(), MIB, "the limit is in place all the same");
 }
 
 /// A pager with a 1 MiB limit and an 8 MiB region of it, every page written (version 1) and

@@ -144,27 +144,32 @@ pub(crate) fn reclaim_to_limit(cx: &Reclaim<'_>) -> Result<()> {
 
 /// Reclaims until the charge is at or below `goal_pages` or the limit, whichever is lower.
 pub(crate) fn reclaim_to(cx: &Reclaim<'_>, goal_pages: usize) -> Result<()> {
-    let mut fruitless = 0;
+    let (mut fruitless, mut declining) = (0, 0);
     let mut backoff_us = 50u64;
     let mut busy_since_ns: Option<u64> = None;
     // Bounded by the number of charged pages (each fruitful round uncharges at least one)
     // and, while rounds find nothing, by `LIMIT_BUSY_WAIT`.
     let goal = || goal_pages.min(cx.charge.limit_pages.load(Ordering::Acquire));
     while cx.charge.resident_pages.load(Ordering::Acquire) > goal() {
-        if reclaim_round(cx, true).any() {
-            fruitless = 0;
+        let progress = reclaim_round(cx, true);
+        if progress.any() {
+            (fruitless, declining) = (0, 0);
             backoff_us = 50;
             busy_since_ns = None;
             continue;
         }
         fruitless += 1;
+        // Rounds whose pages every device declined (a pool that rejects what does not
+        // compress, or too small to store one) wait for nothing: those devices are full
+        // for these pages. Before, `set_resident_limit` waited 2 s and said "busy".
+        declining += usize::from(progress.declined > 0);
         if fruitless <= MAX_FRUITLESS_ROUNDS {
             std::thread::yield_now();
             continue;
         }
         let resident_bytes = (cx.charge.resident_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
         let limit_bytes = (cx.charge.limit_pages.load(Ordering::Acquire) * PAGE_SIZE) as u64;
-        if cx.devices.is_full() || cx.devices.take_no_pages() {
+        if cx.devices.is_full() || cx.devices.take_no_pages() || declining == fruitless {
             return Err(Error::LimitNotReached { resident_bytes, limit_bytes });
         }
         // Rounds that find nothing while the devices have room: the victims are busy in
