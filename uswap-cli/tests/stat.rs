@@ -326,6 +326,18 @@ fn stat_of_a_pid_without_a_pager_fails_with_status_1() {
     let out = stat(&["4294967"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("no process 4294967"), "{}", text(&out.stderr));
+    // A zombie: `ps` lists it, so "no process" misled; it says the process exited.
+    let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+    let zombie = child.id().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_to_string(format!("/proc/{zombie}/stat")).is_ok_and(|s| s.contains(") Z ")) {
+        assert!(std::time::Instant::now() < deadline, "true did not exit within 10 s");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let out = stat(&[&zombie]);
+    child.wait().expect("reap true");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains(&format!("process {zombie} has exited (a zombie")), "{}", text(&out.stderr));
 }
 
 fn stat_refuses_other_users() {

@@ -53,6 +53,8 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 pub enum StatError {
     #[error("no process {pid}: check the PID (ps -p {pid})")]
     NoProcess { pid: u32 },
+    #[error("process {pid} has exited (a zombie its parent has not reaped): its counters went with it")]
+    Exited { pid: u32 },
     #[error(
         "process {pid} publishes no uswap counters: no socket @uswap.{pid}.* in /proc/net/unix. Either it runs \
          no pager, its pagers were built with publish_stats(false), or it runs in another network namespace \
@@ -125,10 +127,23 @@ pub fn main(args: &StatArgs) -> ExitCode {
 /// Whether `pid` is a live process (a zombie has exited: its sockets are closed, its memory
 /// freed).
 pub(crate) fn process_exists(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    !matches!(process_state(pid).as_deref(), Some("Z" | "X") | None)
+}
+
+/// The state letter of `/proc/PID/stat` (`R`, `S`, `Z`, ...), if the process is there.
+fn process_state(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The state follows the command name, which is in parentheses and may contain anything.
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
-    !matches!(state, Some("Z" | "X") | None)
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).map(str::to_owned)
+}
+
+/// The error for a PID with no live process: none at all, or one that exited and waits to
+/// be reaped (`ps` still lists it, so "no process" misled).
+fn gone(pid: u32) -> StatError {
+    match process_state(pid).as_deref() {
+        Some("Z" | "X") => StatError::Exited { pid },
+        _ => StatError::NoProcess { pid },
+    }
 }
 
 /// Reads every pager of `pid`. A socket that vanished between the listing and the end of the
@@ -178,7 +193,7 @@ fn run(args: &StatArgs) -> Result<(), StatError> {
     let Some(interval) = args.interval else {
         return match query_round(pid, timeout)? {
             Round::Pagers(p) => print(&p, None),
-            Round::ProcessGone => Err(StatError::NoProcess { pid }),
+            Round::ProcessGone => Err(gone(pid)),
             Round::NoPager => Err(no_pager(pid)),
         };
     };
@@ -194,7 +209,7 @@ fn run(args: &StatArgs) -> Result<(), StatError> {
             Round::Pagers(p) => print(&p, Some(start.elapsed()))?,
             // Before the first answer, a PID without pagers is the user's mistake; after it,
             // the end of what we were watching.
-            Round::ProcessGone if rounds == 0 => return Err(StatError::NoProcess { pid }),
+            Round::ProcessGone if rounds == 0 => return Err(gone(pid)),
             Round::NoPager if rounds == 0 => return Err(no_pager(pid)),
             Round::ProcessGone => {
                 eprintln!("uswap stat: process {pid} exited");

@@ -607,17 +607,26 @@ impl StallStats {
     }
 }
 
-/// Combines fault latency summaries: counts and means exactly, percentiles and maximum as
-/// the larger of the two (an upper bound: percentiles of a sum cannot be had from summaries).
+/// Combines fault latency summaries: counts, means and the maximum exactly; percentiles as
+/// the two summaries' weighted by their counts, an estimate (percentiles of a sum cannot be
+/// had from summaries). The larger of the two, as before, put a tree's p50 at 270 us when
+/// 99.5 % of its faults were one process's at 7 us.
 fn add_latency(a: &mut LatencySummary, b: &LatencySummary) {
     let count = a.count + b.count;
-    a.mean = if count == 0 { 0.0 } else { (a.mean * a.count as f64 + b.mean * b.count as f64) / count as f64 };
-    a.count = count;
-    a.p50 = a.p50.max(b.p50);
-    a.p90 = a.p90.max(b.p90);
-    a.p99 = a.p99.max(b.p99);
-    a.p999 = a.p999.max(b.p999);
+    let weighted = |x: f64, y: f64| {
+        if count == 0 {
+            x.max(y)
+        } else {
+            (x * a.count as f64 + y * b.count as f64) / count as f64
+        }
+    };
+    a.mean = if count == 0 { 0.0 } else { weighted(a.mean, b.mean) };
+    a.p50 = weighted(a.p50, b.p50);
+    a.p90 = weighted(a.p90, b.p90);
+    a.p99 = weighted(a.p99, b.p99);
+    a.p999 = weighted(a.p999, b.p999);
     a.max = a.max.max(b.max);
+    a.count = count;
 }
 
 impl DeviceStats {
@@ -745,6 +754,7 @@ mod tests {
         assert_eq!(pool.compression_ratio, 3.0);
         assert_eq!((a.devices[1].name.as_str(), a.devices[1].slots_used), ("ram", 7));
         let l = a.fault_latency_us;
-        assert_eq!((l.count, l.mean, l.p50, l.max), (4, 4.0, 10.0, 30.0));
+        // Percentiles weighted by the counts (1 fault at 10 us, 3 at 2 us): 4 us, not 10.
+        assert_eq!((l.count, l.mean, l.p50, l.max), (4, 4.0, 4.0, 30.0));
     }
 }
