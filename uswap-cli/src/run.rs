@@ -702,7 +702,7 @@ impl EndedRun {
         }
         // Said whether or not the counters went to a file: a limit that did not hold, a run
         // that mostly waited for memory.
-        if let Some(msg) = overrun_message(&self.summary) {
+        if let Some(msg) = overrun_message(&self.summary, status.core_dumped()) {
             say!("uswap run: {msg}");
         }
         if let Some(msg) = thrash_message(&self.summary, status.signal() == Some(libc::SIGBUS)) {

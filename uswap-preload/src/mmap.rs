@@ -229,6 +229,9 @@ fn plan(addr: *mut c_void, len: usize, prot: i32, flags: i32, min_size_bytes: us
         && prot & libc::PROT_EXEC == 0
         && len > 0;
     if !anonymous_private {
+        if flags & libc::MAP_ANONYMOUS != 0 && flags & (libc::MAP_STACK | libc::MAP_GROWSDOWN) != 0 {
+            STACK_MAPPED_BYTES.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         return Plan::Plain;
     }
     // The kernel places the mapping where the program asked (`MAP_32BIT`: below 2 GiB, as a
@@ -254,6 +257,10 @@ fn plan(addr: *mut c_void, len: usize, prot: i32, flags: i32, min_size_bytes: us
 /// memory then tells apart from memory mapped where uswap does not see it
 /// (`unmanaged::why`).
 pub static SMALL_MAPPED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Bytes of the program's own stacks (`MAP_STACK`, `MAP_GROWSDOWN`), never managed, all
+/// that were ever made: a hint for the report of unmanaged memory, as the above.
+pub static STACK_MAPPED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Bytes of mappings left ordinary because the table already held [`MAX_MAPPINGS`], all
 /// that were ever refused so (V8 makes each 256 KiB page of its heap a mapping of its own):

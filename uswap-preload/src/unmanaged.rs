@@ -234,6 +234,11 @@ fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
             "mappings smaller than --min-size that the kernel merged into one, most likely (a smaller --min-size, \
              down to 4KiB, manages them at some cost in faults), or mapped inside the C library or by a raw system call"
         }
+        // The program's own stacks, most likely, when it mapped at least half as much so.
+        _ if crate::mmap::STACK_MAPPED_BYTES.load(std::sync::atomic::Ordering::Relaxed) >= (h.end - h.start) as u64 / 2 => {
+            "stacks the program mapped (MAP_STACK, MAP_GROWSDOWN): not paged by uswap, most likely, or mapped inside \
+             the C library or by a raw system call"
+        }
         _ => "mapped where uswap does not see it: inside the C library (thread stacks, its own allocations) or by a raw system call",
     }
 }

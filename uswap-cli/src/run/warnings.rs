@@ -115,14 +115,19 @@ pub(super) fn ended_by_signal_message(status: std::process::ExitStatus) -> Optio
 /// reclaim met: devices that took no pages (full, or failing their writes), pages the
 /// kernel would not move out (shared with fork children, or pinned), pages system calls
 /// held in, victims every one busy. Each cause comes with what the user can do.
-pub(super) fn overrun_message(s: &serde_json::Value) -> Option<String> {
+/// `core_dumped`: the program's process dumped core, for which every page it had out was
+/// brought back in (docs/cli.md, "Core dumps"): that is the cause, said first.
+pub(super) fn overrun_message(s: &serde_json::Value, core_dumped: bool) -> Option<String> {
     let g = |k: &str| s.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
     let (limit, peak) = (g("limit_bytes"), g("resident_peak_bytes"));
     if peak <= limit + limit / 20 {
         return None;
     }
     let mut causes = Vec::new();
-    if g("limit_overrun") == 0 {
+    if core_dumped {
+        causes.push("the program dumped core, and every page it had out came back in to be written to the dump");
+    }
+    if g("limit_overrun") == 0 && !core_dumped {
         // Over the limit with no charge counted over it: charges that reclaim does not
         // answer, made while a fork held it (a fork child of 300 MiB that forked again went
         // to 300 MiB under 16 MiB, said nowhere), or by processes still without a pager.
@@ -143,7 +148,10 @@ pub(super) fn overrun_message(s: &serde_json::Value) -> Option<String> {
             .push("the kernel refused to move pages out: shared with fork children until they exit or exec, or locked");
     }
     if g("reclaim_pinned") > 0 {
-        causes.push("system calls in progress held their memory in (it goes once they return)");
+        causes.push(
+            "system calls in progress held their memory in (it goes once they return), or the program locked it \
+             (mlock, MAP_LOCKED: it stays in until unlocked, as without uswap)",
+        );
     }
     if g("limit_overrun_busy") > 0 {
         causes.push("every page reclaim chose was busy, faulting in on another thread (a limit this small is below what the program's threads use at once; give a larger --limit)");
@@ -265,20 +273,23 @@ mod tests {
     #[test]
     fn an_overrun_is_said_only_past_a_twentieth_of_the_limit() {
         let s = |peak: u64, overrun: u64| serde_json::json!({"limit_bytes": 100 << 20, "resident_peak_bytes": peak << 20, "limit_overrun": overrun});
-        assert_eq!(overrun_message(&s(105, 9)), None);
-        let msg = overrun_message(&s(400, 0)).expect("said with no charge counted over");
+        assert_eq!(overrun_message(&s(105, 9), false), None);
+        let msg = overrun_message(&s(400, 0), false).expect("said with no charge counted over");
         assert!(msg.contains("did not hold") && msg.contains("for a fork") && !msg.contains("no counter"), "{msg}");
-        let msg = overrun_message(&s(400, 9)).expect("said");
+        let msg = overrun_message(&s(400, 9), false).expect("said");
         assert!(msg.contains("did not hold") && msg.contains("9 charges") && msg.contains("no counter"), "{msg}");
         let mut full = s(400, 9);
         full["swap_alloc_fail"] = 3.into();
-        let msg = overrun_message(&full).expect("said");
+        let msg = overrun_message(&full, false).expect("said");
         assert!(msg.contains("no device took pages") && !msg.contains("busy"), "{msg}");
         let mut pinned = s(400, 9);
         pinned["reclaim_pinned"] = 60155.into();
         pinned["move_refused"] = 2.into();
-        let msg = overrun_message(&pinned).expect("said");
+        let msg = overrun_message(&pinned, false).expect("said");
         assert!(msg.contains("system calls") && msg.contains("refused") && !msg.contains("no device"), "{msg}");
+        // A core dump brings every page in: that is the cause, not a fork.
+        let msg = overrun_message(&s(400, 0), true).expect("said");
+        assert!(msg.contains("dumped core") && !msg.contains("for a fork"), "{msg}");
     }
 
     /// Reasons are summed over the tree's processes, each with its largest mapping; a record
