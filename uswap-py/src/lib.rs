@@ -129,7 +129,9 @@ impl PyPager {
         devices: &str,
         fault_mode: &str,
         device_size: Option<&Bound<'_, PyAny>>,
-        handler_threads: Option<usize>,
+        // Signed, so that a negative count is refused by us (InvalidArgumentError, a
+        // ValueError) rather than by the conversion (a bare OverflowError).
+        handler_threads: Option<i64>,
         readahead: bool,
         auto: Option<&Bound<'_, PyAny>>,
         idle_age: Option<&Bound<'_, PyAny>>,
@@ -149,11 +151,12 @@ impl PyPager {
                 )))
             }
         };
-        if handler_threads == Some(0) {
-            return Err(invalid_argument(
-                "handler_threads=0 cannot serve faults; pass at least 1, or None for one per CPU",
-            ));
+        if let Some(n) = handler_threads.filter(|&n| n < 1) {
+            return Err(invalid_argument(format!(
+                "handler_threads={n} cannot serve faults; pass at least 1, or None for one per CPU"
+            )));
         }
+        let handler_threads = handler_threads.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
         if let Some(n) = handler_threads.filter(|&n| n > uswap::MAX_HANDLER_THREADS) {
             return Err(invalid_argument(format!(
                 "handler_threads={n}: a pager starts at most {}; pass fewer, or None for one per CPU",

@@ -179,6 +179,7 @@ def test_bad_sizes_raise_uswap_errors_with_the_engines_message(pager):
         (lambda: uswap.Pager(limit=8 * MiB, devices="tape"), 'unknown device kind "tape"'),
         (lambda: uswap.Pager(limit=8 * MiB, devices="ram:1KiB"), "below one cluster"),
         (lambda: uswap.Pager(limit=8 * MiB, fault_mode="poll"), 'fault_mode "poll"'),
+        (lambda: uswap.Pager(limit=8 * MiB, handler_threads=-1), "handler_threads=-1 cannot serve faults"),
         (lambda: pager.map(0), "cannot map a region of zero bytes"),
         (lambda: pager.map("1.5ZiB"), 'unknown size unit "ZiB"'),
         (lambda: pager.map(1 << 62), "MAX_REGION_BYTES"),
