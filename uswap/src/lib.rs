@@ -349,6 +349,18 @@ pub fn note_madvise(start: usize, len: usize, advice: i32) {
     fork_advice::note_madvise(start, len, advice, &managed)
 }
 
+/// The fork advice recorded on `[start, end)` (see [`note_madvise`]), clipped to it, as
+/// `(start, end, MADV_DONTFORK | MADV_WIPEONFORK)`: what a move of the range (`uswap run`'s
+/// `mremap`) carries to its new place, as the kernel's move keeps the mapping's flags.
+pub fn fork_advice_in(start: usize, end: usize) -> Vec<(usize, usize, i32)> {
+    use fork_advice::ForkAdvice::{DontFork, WipeOnFork};
+    let mut out = Vec::new();
+    for (kind, advice) in [(DontFork, libc::MADV_DONTFORK), (WipeOnFork, libc::MADV_WIPEONFORK)] {
+        out.extend(fork_advice::ranges_in(kind, start, end).into_iter().map(|(s, e)| (s, e, advice)));
+    }
+    out
+}
+
 /// The page size uswap works in.
 pub const PAGE_SIZE: usize = uffd::PAGE_SIZE;
 

@@ -84,6 +84,16 @@ pub(crate) fn covers(addr: usize) -> bool {
     RANGES[..high].iter().any(|[s, e, _]| (s.load(Ordering::Relaxed)..e.load(Ordering::Relaxed)).contains(&addr))
 }
 
+/// Whether a lock of `kind` covers the page at `addr`: a query outside reclaim (`uswap
+/// run`'s `mremap` carries a program's lock to the range it moves). Allocation-free.
+pub fn covered_by(kind: LockKind, addr: usize) -> bool {
+    let high = HIGH.load(Ordering::Acquire).min(NR_RANGES);
+    RANGES[..high].iter().any(|[s, e, k]| {
+        k.load(Ordering::Relaxed) == kind as usize
+            && (s.load(Ordering::Relaxed)..e.load(Ordering::Relaxed)).contains(&addr)
+    })
+}
+
 /// The table's writer section; released on drop.
 struct Writer;
 
