@@ -119,6 +119,7 @@ pub(crate) fn unmap(addr: *mut c_void, len: usize) -> i32 {
         for (addr, len) in live {
             real::sys_munmap(addr as *mut c_void, len);
         }
+        say_refused_after_release(e);
     }
     if partial && r == 0 {
         forget_unmapped(start, end);
@@ -174,4 +175,28 @@ pub fn forget_unmaps_in_fork_child() {
 pub fn managed_unmaps() -> (u64, u64) {
     let begun = MANAGED_UNMAPS_BEGUN.load(std::sync::atomic::Ordering::SeqCst);
     (begun, MANAGED_UNMAPS_ENDED.load(std::sync::atomic::Ordering::SeqCst))
+}
+
+/// Says, once, that the kernel refused a `munmap` of managed memory after its regions let go
+/// of their pages: what was out reads zero if the program goes on using the range. The kernel
+/// refuses only a split past `vm.max_map_count` (`ENOMEM`) and sealed memory (`EPERM`),
+/// neither of which uswap can tell beforehand without a walk of `/proc/self/maps`.
+fn say_refused_after_release(errno: i32) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let why = match errno {
+        libc::ENOMEM => "ENOMEM: the split would pass vm.max_map_count",
+        libc::EPERM => "EPERM: the memory is sealed",
+        _ => "an error",
+    };
+    real::write_stderr(
+        format!(
+            "uswap: process {}: the kernel refused a munmap of managed memory ({why}) after uswap had let go of \
+             its pages: the pages of that range that were out read zero from now on\n",
+            std::process::id()
+        )
+        .as_bytes(),
+    );
 }
