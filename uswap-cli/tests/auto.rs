@@ -168,6 +168,26 @@ fn idle_age_sends_out_what_a_program_left_alone_without_pressure() {
     }
 }
 
+/// `uswap stat` on a `uswap run` of two processes with pagers: the tree's device is the size
+/// given (its slots, shared by the tree), not that times the processes (it said twice).
+#[test]
+fn a_trees_stats_give_its_devices_size_once() {
+    const MIB: u64 = 1 << 20;
+    let dir = tmpdir("tree-device");
+    let p = compile("phases", &dir, &[]);
+    let script = format!("{0} 48 8 5 & {0} 48 8 5 & wait", p.display());
+    let args =
+        ["run", "--limit", "256MiB", "--start-after", "4MiB", "--device", "ram:64MiB", "--", "sh", "-c", &script];
+    let mut child = uswap_cmd(&args).stdout(std::process::Stdio::null()).spawn().expect("uswap run starts");
+    std::thread::sleep(Duration::from_secs(3));
+    let line = tree_stats(&child);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let st = &line["stats"];
+    assert!(counter(st, "resident_pages") * 4096 > 64 * MIB, "both processes are paged: {line}");
+    assert_eq!(st["devices"][0]["nr_slots"].as_u64(), Some(64 * MIB / 4096), "{line}");
+}
+
 /// `uswap stat` on a `uswap run` whose processes come and go (a build's compilers): what the
 /// ended ones held no longer counts (two programs of 48 MiB run one after the other left the
 /// tree's resident pages at 96 MiB and more), what they did still does.

@@ -190,10 +190,25 @@ pub(super) fn record_pid(path: &Path) -> Option<libc::pid_t> {
 fn tree_stats(dir: &Path, tree: &uswap::shared_charge::SharedCharge) -> uswap::Stats {
     use std::sync::atomic::Ordering;
     let mut sum = uswap::Stats::default();
+    // Each process's device at one of the first TREE_DEVICES places of the list has the
+    // tree's size (docs/devices.md, "A device's size is the tree's"): the tree's device is
+    // that size, not the sum (`uswap stat` showed twice the slots with two processes).
+    let mut tree_slots = std::collections::HashMap::<String, u64>::new();
     for path in record_paths(dir) {
         if let Some(s) = read_tree_file(&path).ok().and_then(|t| serde_json::from_str::<uswap::Stats>(&t).ok()) {
             let live = record_pid(&path).is_some_and(|pid| crate::stat::process_exists(pid as u32));
-            sum.add(&if live { s } else { s.ended() });
+            let s = if live { s } else { s.ended() };
+            for d in s.devices.iter().take(uswap::shared_charge::TREE_DEVICES) {
+                let most = tree_slots.entry(d.name.clone()).or_default();
+                *most = (*most).max(d.nr_slots);
+            }
+            sum.add(&s);
+        }
+    }
+    // (Devices are merged by name in the sum.)
+    for d in &mut sum.devices {
+        if let Some(&nr_slots) = tree_slots.get(&d.name) {
+            d.nr_slots = nr_slots;
         }
     }
     // The tree's own figures where it keeps them: its limit (which `--auto` moves), and its

@@ -453,8 +453,8 @@ impl Stats {
     /// Adds `other`'s figures to these, for the sum of several pagers: counters and page
     /// counts (limit included) are summed; devices with the same name are merged (their
     /// figures summed, the compression ratio recomputed) and others appended; fault latency
-    /// counts and means are combined exactly, its percentiles and maximum are the largest
-    /// of the two (an upper bound: percentiles of a sum cannot be had from summaries).
+    /// counts, means and maximum are combined exactly, its percentiles weighted by the
+    /// counts (an estimate: percentiles of a sum cannot be had from summaries).
     pub fn add(&mut self, other: &Stats) {
         self.add_counters(other);
         for d in &other.devices {
