@@ -497,6 +497,21 @@ fn mremap_of_a_reservation_or_a_range_with_a_hole_answers_as_the_kernel() {
     });
 }
 
+/// A SIGSEGV sent to the process runs the program's handler on the program's own thread,
+/// in both modes (`killsegv.c`: the only thread that leaves it unblocked; the handler reads
+/// managed memory). uswap's threads left it unblocked: most of the signals ran the handler
+/// there, and in thread mode the program hung (a handler thread waiting in the fault it was
+/// to serve); in signal mode a page stayed busy and the program died of SIGBUS.
+#[test]
+fn a_sigsegv_sent_to_the_process_runs_on_the_programs_thread() {
+    run_in_both_modes("killsegv", WSS_MIB, |mode, _prog, (o, v)| {
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(out.starts_with("killsegv: handled 1, wrong thread 0, bad 0"), "{mode}: {out}{err}");
+        assert!(o.status.success() && counter(v, "pswpout") > 0, "{mode}: {err}");
+    });
+}
+
 /// Guard regions over managed memory whose pages are out (`guards.c`): a touch there is
 /// SIGSEGV, and once removed they read zero in both modes. Before, the pages that were out
 /// came back with their old contents (the kernel zaps guarded pages without telling

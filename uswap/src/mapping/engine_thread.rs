@@ -8,9 +8,15 @@ use std::io;
 
 use super::engine_ranges::{forget_engine_range, note_engine_range};
 
-/// Signals an engine thread keeps unblocked: those the kernel raises synchronously for the
-/// thread's own faults (blocking them would not stop them, it would kill the process).
-const SYNCHRONOUS_SIGNALS: [libc::c_int; 5] = [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP];
+/// Signals an engine thread keeps unblocked: SIGBUS, which the kernel raises for a
+/// userfaultfd fault that uswap's handler serves, and SIGTRAP, a debugger's breakpoint. The
+/// other synchronous ones (SIGSEGV, SIGILL, SIGFPE) are blocked too: raised by an engine
+/// thread's own fault they still kill the process (the kernel forces them), which is what
+/// a bug in the engine should do; unblocked, a SIGSEGV sent to the process (`kill`) ran the
+/// program's handler on an engine thread (most of 300 did, where the program's threads
+/// blocked it), and one that read managed memory there waited in thread mode for the fault
+/// its own thread was to serve: the program hung.
+const SYNCHRONOUS_SIGNALS: [libc::c_int; 2] = [libc::SIGBUS, libc::SIGTRAP];
 
 /// Engine threads alive now: counted from the first instruction of their closure to its
 /// end, so that the count is never above the threads the kernel counts (what
