@@ -2172,6 +2172,27 @@ fn auto_mode_picks_thread_mode_for_programs_linking_asynchronous_io() {
     }
 }
 
+/// A process that `auto` gives thread mode (it links liburing) and that drops root before
+/// its pager starts (`dropuser.c`, as mariadbd with `user=mysql` does) may no longer open
+/// thread mode's userfaultfd: it takes signal mode, says so, and is paged. Before, it ran
+/// wholly outside the budget and the run failed at its end.
+#[test]
+fn a_server_that_drops_root_before_its_pager_starts_is_paged_in_signal_mode() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return uswap_testkit::skipped("a_server_that_drops_root... needs root to change user");
+    }
+    let dir = tmpdir("dropuser");
+    let p = compile("dropuser", &dir, &["-Wl,--no-as-needed", "-l:liburing.so.2"]);
+    let prog = [p.to_str().unwrap(), "64"];
+    let (o, v) = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "dropuser: uid 65534, bad 0\n", "{stderr}");
+    assert!(o.status.success(), "{}: {stderr}", o.status);
+    assert!(stderr.contains("runs in signal mode: thread mode, which `auto` chose for it"), "{stderr}");
+    assert!(counter(&v, "pswpout") > 0, "paged: {v}");
+}
+
 /// `process_vm_readv` as MPI's single-copy transfers use it: a process reads its own memory
 /// and a child's, 48 MiB each under a limit of 16 MiB, every word checked. Thread mode
 /// serves both; signal mode serves the caller's own memory (the system-call guard makes it

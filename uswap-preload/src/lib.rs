@@ -612,6 +612,9 @@ fn start_pager(cfg: &'static config::Config, heap: Option<(usize, usize, usize)>
 /// signal-mode start (after `main`: `lazy`) in a process that signal mode cannot serve.
 /// Said on stderr when it differs.
 fn fault_mode_now(cfg: &config::Config, lazy: bool) -> uswap::FaultMode {
+    if cfg.fault_mode == uswap::FaultMode::Thread {
+        return thread_mode_if_still_permitted(cfg, lazy);
+    }
     if cfg.fault_mode != uswap::FaultMode::Signal {
         return cfg.fault_mode;
     }
@@ -633,6 +636,32 @@ fn fault_mode_now(cfg: &config::Config, lazy: bool) -> uswap::FaultMode {
     };
     crate::real::write_stderr(format!("uswap: process {} runs in thread mode: {why}\n", std::process::id()).as_bytes());
     uswap::FaultMode::Thread
+}
+
+/// Thread mode as `auto` chose it at the start (the process links liburing or libaio), unless
+/// the process may no longer open the userfaultfd it takes: a server started as root that
+/// dropped to its own user before its pager started (`mariadbd` with `user=mysql`,
+/// `memcached -u`) ran wholly outside the budget, the run failing at its end. Signal mode
+/// needs no permission; what the kernel does on its own in memory that is out (io_uring,
+/// AIO) then fails with `EFAULT`, said and counted (`syscall_async_kernel_access`). Asked
+/// for by the user (`--fault-mode thread`), thread mode stays, and its refusal is said.
+fn thread_mode_if_still_permitted(cfg: &config::Config, lazy: bool) -> uswap::FaultMode {
+    let signal_mode_can_start = !lazy || (single_threaded() && !async_io_in_use());
+    if !cfg.fault_mode_auto || !signal_mode_can_start || uswap::thread_mode_permitted() {
+        return uswap::FaultMode::Thread;
+    }
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    crate::real::write_stderr(
+        format!(
+            "uswap: process {} runs in signal mode: thread mode, which `auto` chose for it, needs a userfaultfd that \
+             this user (uid {uid}) may not open (it changed user after it started); the kernel's own accesses to \
+             its memory that is out (io_uring, AIO) will fail and be said\n",
+            std::process::id()
+        )
+        .as_bytes(),
+    );
+    uswap::FaultMode::Signal
 }
 
 /// Signal mode: every `syscall` instruction of the C library goes through uswap's dispatch
