@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::size::{format_amount, format_size};
+use crate::size::format_amount;
 
 /// Serves the tree's counters for `uswap stat <this pid>`. Under another `uswap run` this
 /// process is managed too, and its own pager's socket may hold the first names: the next
@@ -292,7 +292,9 @@ pub(super) fn summary_line(s: &serde_json::Value) -> String {
         "uswap run: {} process(es) with a pager, limit {}{auto}, resident peak {}, pool peak {}, managed peak {}, unmanaged peak {}, \
          stalled {:.2} s, pswpin {}, pswpout {}, major faults {}",
         g("processes"),
-        format_size(g("limit_bytes")),
+        // A measured amount's form: `--auto` with no `--limit` has the machine's RAM as its
+        // ceiling, which read "24683784KiB".
+        format_amount(g("limit_bytes")),
         format_amount(g("resident_peak_bytes")),
         format_amount(g("pool_peak_bytes")),
         format_amount(g("managed_peak_bytes")),

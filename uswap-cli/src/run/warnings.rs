@@ -243,7 +243,8 @@ pub(super) fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> 
     let rest = &u.by_reason[u.by_reason.len().min(REASONS_SAID)..];
     if !rest.is_empty() {
         let bytes: u64 = rest.iter().map(|r| r.bytes).sum();
-        msg.push_str(&format!("\n  {} for {} other reasons", format_amount(bytes), rest.len()));
+        let reasons = if rest.len() == 1 { "reason" } else { "reasons" };
+        msg.push_str(&format!("\n  {} for {} other {reasons}", format_amount(bytes), rest.len()));
     }
     msg
 }

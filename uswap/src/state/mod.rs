@@ -205,7 +205,10 @@ impl PagerShared {
         st.resident_peak_pages = self.charge.resident_peak_pages.load(Ordering::Relaxed) as u64;
         st.swapcache_pages = self.swap_cache.nr_pages() as u64;
         st.clean_pages = self.clean_pages.load(Ordering::Acquire) as u64;
-        st.limit_pages = self.charge.limit_pages.load(Ordering::Acquire) as u64;
+        // In a tree the limit that holds is the tree's where it is lower: `--auto` moves only
+        // the tree's, and a process's own stayed at the ceiling in `uswap stat PID`.
+        let tree_limit_pages = self.charge.shared.map_or(usize::MAX, |t| t.limit_pages.load(Ordering::Acquire));
+        st.limit_pages = self.charge.limit_pages.load(Ordering::Acquire).min(tree_limit_pages) as u64;
         let [avg10, avg60, avg300] = self.charge.stall_avgs.averages();
         let stalled_us = self.charge.stall.total_us(crate::pressure::now_us());
         st.stall = crate::stats::StallStats { seconds_total: stalled_us as f64 / 1e6, avg10, avg60, avg300 };
