@@ -2191,6 +2191,20 @@ fn a_server_that_drops_root_before_its_pager_starts_is_paged_in_signal_mode() {
     assert!(o.status.success(), "{}: {stderr}", o.status);
     assert!(stderr.contains("runs in signal mode: thread mode, which `auto` chose for it"), "{stderr}");
     assert!(counter(&v, "pswpout") > 0, "paged: {v}");
+    // Asked for, thread mode stays, and the pager is refused: the run fails, and `uswap stat`
+    // of the process says it will not get one (it said "no pager yet").
+    let mut run = Command::new(env!("CARGO_BIN_EXE_uswap"));
+    run.env("USWAP_PRELOAD_LIB", preload()).env("TMPDIR", &dir);
+    run.args(["run", "--limit", "16MiB", "--fault-mode", "thread", "--"]).args([prog[0], "64", "4"]);
+    let mut child = run.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("uswap run starts");
+    std::thread::sleep(Duration::from_secs(2));
+    let program = std::fs::read_to_string(format!("/proc/{}/task/{0}/children", child.id())).unwrap_or_default();
+    let pid = program.split_whitespace().next().expect("the program runs").to_string();
+    let stat = uswap(&["stat", &pid], None);
+    let status = child.wait().expect("uswap run ends");
+    let said = String::from_utf8_lossy(&stat.stderr);
+    assert!(said.contains("without a pager, and will not get one: ") && said.contains("userfaultfd"), "{said}");
+    assert_eq!(status.code(), Some(2), "a process refused its pager fails the run");
 }
 
 /// `process_vm_readv` as MPI's single-copy transfers use it: a process reads its own memory

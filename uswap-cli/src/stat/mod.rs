@@ -10,6 +10,7 @@
 mod format;
 
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -68,6 +69,8 @@ pub enum StatError {
          its memory is the kernel's, charged to the tree past 16 MiB"
     )]
     Waiting { pid: u32 },
+    #[error("process {pid} runs under uswap run without a pager, and will not get one: {why}")]
+    Refused { pid: u32, why: String },
     #[error("reading /proc/net/unix to find the sockets of process {pid}: {source}")]
     ListSockets { pid: u32, source: std::io::Error },
     #[error("process {pid}: {source}")]
@@ -80,13 +83,18 @@ pub enum StatError {
 
 /// Why `pid` answers no query: a process of a `uswap run` tree (the run's directory in the
 /// environment it started with) that waits for its pager, or one with no pager at all.
+/// A process whose pager was refused says so in the run's directory (`refused-PID.txt`, see
+/// the preload's `note_refusal`): it never gets one, and "no pager yet" misled.
 fn no_pager(pid: u32) -> StatError {
     let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    let in_run = env.split(|&b| b == 0).any(|e| e.starts_with(b"USWAP_STATS_DIR="));
-    if in_run {
-        StatError::Waiting { pid }
-    } else {
-        StatError::NoPager { pid }
+    let Some(dir) = env.split(|&b| b == 0).find_map(|e| e.strip_prefix(b"USWAP_STATS_DIR=")) else {
+        return StatError::NoPager { pid };
+    };
+    let dir = std::path::Path::new(std::ffi::OsStr::from_bytes(dir));
+    let refusal = dir.join(format!("{}{pid}.txt", uswap::shared_charge::REFUSAL_PREFIX));
+    match std::fs::read_to_string(refusal) {
+        Ok(why) => StatError::Refused { pid, why: why.trim_end().to_string() },
+        Err(_) => StatError::Waiting { pid },
     }
 }
 

@@ -3,7 +3,8 @@
  * MIB of memory. Linked with an asynchronous I/O library, `auto` gives it thread mode,
  * whose userfaultfd nobody may not open; the process then takes signal mode, said, and is
  * paged. Before, it ran wholly outside the budget and the run failed at its end.
- * Usage: dropuser MIB. Prints its user and the words that read wrong. */
+ * Usage: dropuser MIB [SECONDS]. Prints its user and the words that read wrong, after
+ * sleeping SECONDS (0) with its memory filled. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@ int main(int argc, char **argv) {
     if (!p) return 1;
     for (size_t i = 0; i < words; i++) p[i] = i * 2654435761u + 1;
     for (size_t i = 0; i < words; i++) bad += p[i] != i * 2654435761u + 1;
+    if (argc > 2) sleep((unsigned)atoi(argv[2]));
     printf("dropuser: uid %d, bad %zu\n", (int)getuid(), bad);
     return bad != 0;
 }
