@@ -212,18 +212,15 @@ fn protections(start: usize, end: usize) -> Result<Vec<(usize, usize, i32)>, i32
     let maps = std::fs::read_to_string("/proc/self/maps").map_err(|_| libc::ENOMEM)?;
     let mut pieces: Vec<(usize, usize, i32)> = Vec::new();
     let mut covered = start;
-    for line in maps.lines() {
-        let mut fields = line.split_ascii_whitespace();
-        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
-        let Some((s, e)) = range.split_once('-') else { continue };
-        let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) else { continue };
+    for h in maps.lines().filter_map(crate::unmanaged::parse_header) {
+        let (s, e) = (h.start, h.end);
         if e <= covered || s >= end {
             continue;
         }
         if s > covered {
             break;
         }
-        let bits = perms.as_bytes();
+        let bits = h.perms.as_bytes();
         let prot = [(b'r', libc::PROT_READ), (b'w', libc::PROT_WRITE), (b'x', libc::PROT_EXEC)]
             .iter()
             .zip(bits)

@@ -147,16 +147,16 @@ pub const LARGEST: usize = 4;
 const _: () = assert!(crate::mmap::MAX_MAPPINGS == 65_000);
 
 /// The line of a mapping in maps (and its header in smaps): `start-end perms offset dev inode [path]`.
-struct Header<'a> {
-    start: usize,
-    end: usize,
-    perms: &'a str,
+pub(crate) struct Header<'a> {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    pub(crate) perms: &'a str,
     /// [`object_key`] of its device and inode.
     object: u64,
     path: &'a str,
 }
 
-fn parse_header(line: &str) -> Option<Header<'_>> {
+pub(crate) fn parse_header(line: &str) -> Option<Header<'_>> {
     let mut f = line.splitn(6, ' ');
     let (s, e) = f.next()?.split_once('-')?;
     let start = usize::from_str_radix(s, 16).ok()?;
