@@ -571,10 +571,27 @@ fn a_fork_child_builds_its_own_pager(mode: FaultMode) {
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
     if pid == 0 {
         let t0 = Instant::now();
-        // Regions a quarter of the parent's, under a quarter of its limit: they page, and
-        // they fit the hole the parent's region left even where the child's own device or
-        // threads took part of it (the kernel places mappings top-down, in the first gap
-        // that fits).
+        let parent_len = parent_range.len();
+        // The parent's range is free in the child (its regions are not inherited): a
+        // placeholder takes it, so that the arenas and stacks of the threads the child's
+        // pager starts go elsewhere (a glibc arena reserves 64 MiB and once took the whole
+        // hole); it is given back just before the child maps its regions.
+        // SAFETY: MAP_FIXED_NOREPLACE maps nothing over an existing mapping.
+        let placeholder = unsafe {
+            libc::mmap(
+                parent_range.start as *mut libc::c_void,
+                parent_len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if placeholder as usize != parent_range.start {
+            // SAFETY: ends the child without running the parent's destructors or atexit.
+            unsafe { libc::_exit(104) };
+        }
+        // Regions a quarter of the parent's, under a quarter of its limit: they page.
         let chunk = WSS as usize / 4;
         let own =
             Pager::builder().resident_limit(LIMIT / 4).fault_mode(mode).device(DeviceConfig::ram(2 * WSS)).build();
@@ -582,13 +599,23 @@ fn a_fork_child_builds_its_own_pager(mode: FaultMode) {
             let at = r.as_ptr() as usize;
             at < parent_range.end && parent_range.start < at + r.len()
         };
+        // SAFETY: unmaps the placeholder this child mapped above, nothing else.
+        let unmapped = unsafe { libc::munmap(placeholder, parent_len) };
         let code = own.map_or(101, |own| {
+            if unmapped != 0 {
+                return 105;
+            }
             let mut held = Vec::new();
-            // Bounded: at most 32 regions (8 of the parent's size), most of them never touched.
-            for _ in 0..32 {
+            // The kernel takes the highest gap that fits, so the regions come down the address
+            // space: holes that other tests' pagers left above the parent's range (the test
+            // binary runs several at once, their regions are not inherited either) fill first,
+            // and a region placed below the range means its hole was not free. Bounded: at
+            // most 512 regions (4 GiB of address space, never touched).
+            for _ in 0..512 {
                 let Ok(r) = own.map(chunk) else { return 102 };
+                let below = (r.as_ptr() as usize) + r.len() <= parent_range.start;
                 held.push(r);
-                if held.last().is_some_and(overlaps) {
+                if held.last().is_some_and(overlaps) || below {
                     break;
                 }
             }
@@ -621,6 +648,7 @@ fn a_fork_child_builds_its_own_pager(mode: FaultMode) {
     }
     assert!(libc::WIFEXITED(status), "{mode:?}: the child died: status {status:#x}");
     let code = libc::WEXITSTATUS(status);
+    assert!(code != 104, "{mode:?}: the parent's region is still mapped in the child");
     assert!(code <= 100, "{mode:?}: the child's own pager failed or read other bytes ({code})");
     assert!(code < 50, "{mode:?}: no region of the child landed on the parent's range");
     assert!(code <= 5, "{mode:?}: the child's pager took {code} s for {WSS} bytes");
