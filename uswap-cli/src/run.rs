@@ -88,8 +88,8 @@ pub struct RunArgs {
     /// How faults are served: by the faulting thread in a SIGBUS handler (`signal`, faster;
     /// the C library's system calls bring in the managed memory they touch first), by handler
     /// threads (`thread`: memory the kernel touches outside a call, io_uring's or a KVM
-    /// guest's, needs it), or `auto`: signal, except for processes that link libaio or
-    /// liburing, or are QEMU with KVM (said on stderr).
+    /// guest's, needs it), or `auto`: signal, except for processes that link libaio, liburing
+    /// or an MPI library, are QEMU with KVM, or are followed by a debugger (said on stderr).
     #[arg(long, value_enum, default_value = "auto")]
     pub fault_mode: RunFaultMode,
     /// Anonymous mappings smaller than this stay ordinary memory (the heap is managed but for
@@ -97,7 +97,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "16KiB", value_parser = parse_size)]
     pub min_size: u64,
     /// A process's pager starts once its heap and its own anonymous mappings pass SIZE
-    /// (default and most: a sixteenth of the limit; 16 MiB at most with `--auto`), at its
+    /// (at most a sixteenth of the limit, which is the default; with `--auto` the default is 16 MiB), at its
     /// first mapping of at least `--min-size` placed by the program, shared or reserved, or
     /// at its first thread, whichever comes first: the shells, compilers of
     /// small files and other short processes of a tree, and programs far below the limit,

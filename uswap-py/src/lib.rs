@@ -100,7 +100,7 @@ fn idle_age_arg(value: &Bound<'_, PyAny>) -> PyResult<uswap::IdleAging> {
 /// a file's `readinto`) on managed memory that is out bring it in first instead of failing
 /// with `EFAULT`, if the first pager asking for it is made while the process has one thread
 /// (see the Rust `PagerBuilder::syscall_guard`). `auto=0.01` moves the limit by itself to the smallest that keeps memory
-/// stalls under 1 % of wall time (`limit` is then the ceiling; `limit()` says where it is;
+/// stalls under 1 % of wall time (`limit` is then the ceiling; the `limit` property says where it is;
 /// `stats()["stall"]` has the stall figures). `idle_age=120` (or `"2m"`) writes out pages
 /// untouched for 120 s without waiting for the limit (`float("inf")` or `"never"`: only count them; `stats()["idle"]`
 /// says how much memory has been untouched for 1 s, 10 s, 1 min and 10 min).

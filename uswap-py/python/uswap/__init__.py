@@ -9,9 +9,10 @@ swap devices (a compressed pool in RAM, files), through userfaultfd:
 * ``pager.stats()`` returns the counters under the names ``uswap bench`` prints;
 * ``pager.set_limit("1GiB")`` changes the budget at once.
 
-Errors are :class:`Error` subclasses carrying the engine's message. Needs Linux >= 6.8 and
-permission to open a userfaultfd (root, ``vm.unprivileged_userfaultfd=1``, or access to
-``/dev/userfaultfd``).
+Errors are :class:`Error` subclasses carrying the engine's message. Needs Linux >= 6.8; thread
+mode (the default) needs permission to open a userfaultfd (root, ``CAP_SYS_PTRACE``,
+``vm.unprivileged_userfaultfd=1``, or access to ``/dev/userfaultfd``), ``fault_mode="signal"``
+does not.
 """
 
 from ._uswap import (
