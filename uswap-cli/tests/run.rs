@@ -931,6 +931,27 @@ fn a_full_small_device_leaves_pages_resident_and_malloc_succeeds() {
     assert!(counter(&v, "limit_overrun") > 0, "{v}");
 }
 
+/// A process that ends out of descriptors cannot leave its last counters for the run's
+/// summary: it says so, naming the directory and the reason, and the run still ends with the
+/// program's status (the summary was short of them without a word before).
+#[test]
+fn a_process_ending_out_of_descriptors_says_its_counters_are_missing() {
+    let dir = tmpdir("emfile");
+    let script = "import os, resource\n\
+                  b = bytearray(os.urandom(48 << 20))\n\
+                  resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n\
+                  fds = []\n\
+                  try:\n    while True: fds.append(os.open('/dev/null', os.O_RDONLY))\n\
+                  except OSError as e: print(e.errno)\n\
+                  print(sum(b[::4096]) > 0)\n";
+    let prog = ["python3", "-c", script];
+    let (o, _) = uswap_run(LIMIT_MIB, &[], &prog, &dir);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}\n{stderr}", o.status);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{}\nTrue\n", libc::EMFILE), "{stderr}");
+    assert!(stderr.contains("cannot leave its counters in") && stderr.contains("os error 24"), "{stderr}");
+}
+
 /// Blocks larger than the heap's first arena (256 MiB), than mimalloc's default largest
 /// arena object (2 GiB; a 3 GiB malloc used to fail) and than its largest arena (16 GiB;
 /// a managed mapping of its own), through malloc, calloc, realloc both ways and free.

@@ -105,8 +105,13 @@ pub fn write_stderr(msg: &[u8]) {
 /// "uswap: COMM (process PID) WHAT" on stderr: a word about this process as a whole (the
 /// mode `auto` chose, a library that stands aside). Allocates: from the constructor.
 pub fn say_of_this_process(what: &str) {
-    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
-    write_stderr(format!("uswap: {} (process {}) {what}\n", comm.trim_end(), std::process::id()).as_bytes());
+    let pid = std::process::id();
+    // A process out of descriptors (what some of these lines are about) reads no comm.
+    let line = match std::fs::read_to_string("/proc/self/comm") {
+        Ok(comm) if !comm.trim_end().is_empty() => format!("uswap: {} (process {pid}) {what}\n", comm.trim_end()),
+        _ => format!("uswap: process {pid} {what}\n"),
+    };
+    write_stderr(line.as_bytes());
 }
 
 /// The calling thread's errno.

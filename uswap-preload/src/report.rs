@@ -82,7 +82,7 @@ pub fn start_in_fork_child() {
 
 fn spawn_publisher() {
     let mut tick = 0u64;
-    let _ = uswap::spawn_engine_thread("uswap-report".into(), move || loop {
+    let spawned = uswap::spawn_engine_thread("uswap-report".into(), move || loop {
         std::thread::sleep(std::time::Duration::from_millis(PUBLISH_INTERVAL_MS));
         if crate::is_unmanaged_fork_child() {
             return;
@@ -103,6 +103,14 @@ fn spawn_publisher() {
         write(false);
         crate::last_thread::end_if_no_thread_left();
     });
+    if let (Err(e), Some(dir)) = (spawned, DIR.get()) {
+        // The record is still written at exit; `uswap stat` of the tree misses it until then.
+        crate::real::say_of_this_process(&format!(
+            "cannot start the thread that leaves its counters in {} every {PUBLISH_INTERVAL_MS} ms ({e}): \
+             they are left at its exit only",
+            dir.display()
+        ));
+    }
 }
 
 /// The unmanaged memory is measured every this many records (once a second).
@@ -237,12 +245,27 @@ fn write(last: bool) {
     let tid = crate::this_thread_id();
     let tmp = dir.join(format!(".{pid}.{tid}.json.tmp"));
     let dst = dir.join(format!("{pid}.json"));
-    if write_new(&tmp, rec.to_string().as_bytes()).is_ok() {
-        if !last && FINAL_WRITTEN.load(std::sync::atomic::Ordering::Acquire) {
-            let _ = std::fs::remove_file(&tmp);
-            return;
-        }
-        let _ = std::fs::rename(&tmp, &dst);
+    let written = write_new(&tmp, rec.to_string().as_bytes());
+    if written.is_ok() && !last && FINAL_WRITTEN.load(std::sync::atomic::Ordering::Acquire) {
+        let _ = std::fs::remove_file(&tmp);
+        return;
+    }
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &dst)) {
+        let _ = std::fs::remove_file(&tmp);
+        say_record_lost(dir, &e.to_string());
+    }
+}
+
+/// Says, once a process, that its counters did not reach the run's directory (no room, no
+/// descriptors): the run's summary has only what an earlier record said of the process, and
+/// without this line nothing would say why.
+fn say_record_lost(dir: &std::path::Path, why: &str) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        crate::real::say_of_this_process(&format!(
+            "cannot leave its counters in {} ({why}): the run's summary has only those it left before, if any",
+            dir.display()
+        ));
     }
 }
 

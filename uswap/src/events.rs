@@ -238,20 +238,20 @@ impl Drop for UnmapUnderWay<'_> {
     }
 }
 
-/// Waits until every read of `events`' descriptor begun by now is applied, or `deadline`
+/// Waits until every read of `events`' descriptor begun by now is applied, or `deadline_ns`
 /// (counted). Returns false if it gave up.
-fn wait_for_reads_begun(events: &EventState, stats: &PerCpuStats, deadline: u64) -> bool {
+fn wait_for_reads_begun(events: &EventState, stats: &PerCpuStats, deadline_ns: u64) -> bool {
     let begun = events.reads_begun.load(Ordering::SeqCst);
-    bounded_wait(stats, deadline, || events.reads_applied.load(Ordering::Acquire) >= begun)
+    bounded_wait(stats, deadline_ns, || events.reads_applied.load(Ordering::Acquire) >= begun)
 }
 
-/// Spins, then yields, until `done()` or `deadline` (counted in `FaultEventWaitTimeout`).
-fn bounded_wait(stats: &PerCpuStats, deadline: u64, done: impl Fn() -> bool) -> bool {
+/// Spins, then yields, until `done()` or `deadline_ns` (counted in `FaultEventWaitTimeout`).
+fn bounded_wait(stats: &PerCpuStats, deadline_ns: u64, done: impl Fn() -> bool) -> bool {
     let backoff = Backoff::new();
     // Bounded by the deadline.
     while !done() {
         if backoff.is_completed() {
-            if crate::clock::now_ns() > deadline {
+            if crate::clock::now_ns() > deadline_ns {
                 stats.inc(Counter::FaultEventWaitTimeout);
                 return false;
             }

@@ -26,9 +26,9 @@ use crate::state::charge::Charge;
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 
 /// `(high, low)` watermarks for a limit, in pages.
-pub(crate) fn watermarks(limit: usize) -> (usize, usize) {
-    let gap = BATCH.max(limit / 64);
-    (limit.saturating_sub(gap), limit.saturating_sub(2 * gap))
+pub(crate) fn watermarks(limit_pages: usize) -> (usize, usize) {
+    let gap = BATCH.max(limit_pages / 64);
+    (limit_pages.saturating_sub(gap), limit_pages.saturating_sub(2 * gap))
 }
 
 /// Charges `n` pages whatever the limit (the callers count why).

@@ -142,9 +142,9 @@ impl<'a> ChargeWait<'a> {
         }
     }
 
-    /// One reclaim round for a charge of `n` pages that found `cur` charged of `limit`.
+    /// One reclaim round for a charge of `n` pages that found `cur` charged of `limit_pages`.
     /// Not on the lock-free route (its caller checked): this reclaims and may sleep.
-    fn round(&mut self, cx: &Reclaim<'a>, n: usize, cur: usize, limit: usize) -> Wait {
+    fn round(&mut self, cx: &Reclaim<'a>, n: usize, cur: usize, limit_pages: usize) -> Wait {
         if self.stalled.is_none() {
             cx.stats.inc(Counter::Allocstall);
             self.stalled = Some(cx.charge.stall());
@@ -178,7 +178,7 @@ impl<'a> ChargeWait<'a> {
         // Or every resident page is locked by the program (`mlock` of more than the limit):
         // none will be a victim however long this waits, as the kernel charges a locked
         // page over `memory.high` and keeps it.
-        if round.all_locked || waiting_cannot_help(cx, round.refused + round.pinned, cur + n <= limit) {
+        if round.all_locked || waiting_cannot_help(cx, round.refused + round.pinned, cur + n <= limit_pages) {
             return Wait::Overrun { busy: false };
         }
         self.fruitless += 1;

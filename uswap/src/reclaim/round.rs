@@ -24,8 +24,8 @@ const BATCH: usize = RECLAIM_BATCH_PAGES;
 pub(super) const MAX_FRUITLESS_ROUNDS: usize = 16;
 
 /// Pages the reclaimer keeps staged in the swap cache.
-fn swapcache_target(limit: usize) -> usize {
-    (2 * BATCH).max(limit / 32)
+fn swapcache_target(limit_pages: usize) -> usize {
+    (2 * BATCH).max(limit_pages / 32)
 }
 
 /// What a reclaim round achieved.

@@ -347,6 +347,10 @@ pub fn replace_chained(new: Option<&libc::sigaction>) -> libc::sigaction {
     // Copied before the counter goes odd: the caller's struct may be in managed memory,
     // and a fault while the counter is odd would make this thread's own handler wait.
     let new = new.copied();
+    // Asynchronous signals stay out of the section: a handler of the program's that calls
+    // `sigaction(SIGBUS, ..)` while this thread holds CHAIN_WRITER would spin on it forever.
+    // Another thread holds it for a copy of a few words, so the wait is short.
+    let _async_blocked = super::AsyncSignalsBlocked::new();
     while CHAIN_WRITER.swap(true, Ordering::Acquire) {
         std::thread::yield_now();
     }

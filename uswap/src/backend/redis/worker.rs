@@ -202,16 +202,27 @@ impl Worker {
                 std::thread::sleep(Duration::from_millis(50));
             }
             let want = self.sh.primary.load(Ordering::Acquire);
+            let mut not_connected = None;
             if !matches!(&self.con, Some((i, _)) if *i == want) {
-                let con = connect(&self.sh.seeds[want], self.sh.connect_timeout(), self.sh.io_timeout()).ok();
-                self.set_con(con.map(|c| (want, c)));
+                match connect(&self.sh.seeds[want], self.sh.connect_timeout(), self.sh.io_timeout()) {
+                    Ok(c) => self.set_con(Some((want, c))),
+                    // Kept for the note of the failover it starts (a refused password, a
+                    // refused connection), whatever its kind: it is no answer to a request.
+                    Err(e) => {
+                        self.set_con(None);
+                        not_connected = Some(e);
+                    }
+                }
             }
-            let answered = match &mut self.con {
-                Some((_, con)) => f(con),
-                None => Err(RedisError::from(std::io::Error::new(std::io::ErrorKind::NotConnected, "cannot connect"))),
+            let answered = match (&mut self.con, not_connected) {
+                (Some((_, con)), _) => f(con),
+                (None, Some(e)) => Err(e),
+                (None, None) => {
+                    Err(RedisError::from(std::io::Error::new(std::io::ErrorKind::NotConnected, "cannot connect")))
+                }
             };
             let err = match answered {
-                Err(e) if is_failover_error(&e) => e,
+                Err(e) if self.con.is_none() || is_failover_error(&e) => e,
                 // The primary answered (an error it chose is an answer): the episode is over.
                 answered => {
                     self.sh.end_failover_episode();
