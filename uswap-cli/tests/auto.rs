@@ -71,6 +71,10 @@ fn auto_moves_the_trees_limit_down_to_what_the_program_uses() {
     // 25 % of a working set).
     assert!((24 * MIB..=64 * MIB).contains(&limit), "20 s in, the limit is {} MiB: {line}", limit / MIB);
     assert!(line["stats"]["stall"]["seconds_total"].as_f64().is_some(), "{line}");
+    // The table names what it shows: the tree, not a pager of `uswap run`'s own.
+    let table = uswap(&["stat", &child.id().to_string()]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains(&format!("pid {} (uswap run): its tree's processes together", child.id())), "{table}");
     ends_ok(&mut child);
     let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     assert!(counter(&v, "auto_limit_bytes") <= 512 * MIB, "{v}");

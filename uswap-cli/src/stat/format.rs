@@ -164,8 +164,22 @@ fn help(field: &str) -> Option<&'static str> {
     })
 }
 
+/// What `pid` is to the reader: a process with pagers, or a `uswap run` serving its tree's counters.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    Process,
+    RunTree,
+}
+
 /// Renders one report: every pager of `pid`, or their sum.
-pub fn render(pid: u32, pagers: &[PagerStats], sum: bool, format: Format, elapsed: Option<Duration>) -> String {
+pub fn render(
+    pid: u32,
+    subject: Subject,
+    pagers: &[PagerStats],
+    sum: bool,
+    format: Format,
+    elapsed: Option<Duration>,
+) -> String {
     let summed;
     let blocks: Vec<(Option<&PagerStats>, &Stats)> = if sum {
         let mut total = Stats::default();
@@ -180,7 +194,7 @@ pub fn render(pid: u32, pagers: &[PagerStats], sum: bool, format: Format, elapse
     match format {
         Format::Json => json(pid, pagers, &blocks),
         Format::Prometheus => prometheus(pid, &blocks),
-        Format::Table => table(pid, pagers, &blocks, elapsed),
+        Format::Table => table(pid, subject, pagers, &blocks, elapsed),
     }
 }
 
@@ -358,6 +372,7 @@ fn us(v: f64) -> String {
 
 fn table(
     pid: u32,
+    subject: Subject,
     pagers: &[PagerStats],
     blocks: &[(Option<&PagerStats>, &Stats)],
     elapsed: Option<Duration>,
@@ -368,6 +383,10 @@ fn table(
     }
     for (pager, s) in blocks {
         match pager {
+            // `uswap run` serves the sum of its tree's pagers, not a pager of its own.
+            Some(p) if subject == Subject::RunTree => {
+                let _ = writeln!(out, "pid {pid} (uswap run): its tree's processes together (@{})", p.socket);
+            }
             Some(p) => {
                 let _ = writeln!(out, "pid {pid} pager {} (@{})", p.pager, p.socket);
             }
@@ -525,9 +544,9 @@ mod tests {
             ..Default::default()
         };
         let pager = |stats: Stats| PagerStats { socket: "uswap.9.0".into(), pager: 0, stats };
-        let text = render(9, &[pager(quiet)], false, Format::Table, None);
+        let text = render(9, Subject::Process, &[pager(quiet)], false, Format::Table, None);
         assert!(!text.contains("  devices   "), "{text}");
-        let text = render(9, &[pager(busy.clone()), pager(busy)], true, Format::Table, None);
+        let text = render(9, Subject::Process, &[pager(busy.clone()), pager(busy)], true, Format::Table, None);
         assert!(
             text.contains("  devices   400 reads, 150.0 us each, 75.0 us per major fault; 20 writes, 700.0 us each"),
             "{text}"
@@ -543,7 +562,7 @@ mod tests {
             PagerStats { socket: "uswap.9.0".into(), pager: 0, stats: a },
             PagerStats { socket: "uswap.9.1".into(), pager: 1, stats: b },
         ];
-        let text = render(9, &pagers, false, Format::Prometheus, None);
+        let text = render(9, Subject::Process, &pagers, false, Format::Prometheus, None);
         assert!(text.contains("# TYPE uswap_pswpout_total counter\n"), "{text}");
         assert!(text
             .contains("uswap_pswpout_total{pid=\"9\",pager=\"0\"} 7\nuswap_pswpout_total{pid=\"9\",pager=\"1\"} 5\n"));
@@ -552,7 +571,7 @@ mod tests {
             "uswap_device_nr_slots{pid=\"9\",pager=\"0\",device=\"0\",device_name=\"file:/a \\\"b\\\"\"} 10\n"
         ));
         assert_eq!(text.matches("# HELP uswap_pswpout_total ").count(), 1);
-        let summed = render(9, &pagers, true, Format::Prometheus, None);
+        let summed = render(9, Subject::Process, &pagers, true, Format::Prometheus, None);
         assert!(summed.contains("uswap_pswpout_total{pid=\"9\"} 12\n"), "{summed}");
     }
 }

@@ -183,6 +183,16 @@ fn query_round(pid: u32, timeout: Duration) -> Result<Round, StatError> {
     Ok(if process_exists(pid) { Round::NoPager } else { Round::ProcessGone })
 }
 
+/// Whether `pid` is a `uswap run` (its command line `... run ...` from a `uswap` executable),
+/// whose one socket serves its tree's counters added up.
+fn is_uswap_run(pid: u32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let mut args = cmdline.split(|&b| b == 0);
+    let program = args.next().unwrap_or_default();
+    let name = program.rsplit(|&b| b == b'/').next().unwrap_or_default();
+    name.starts_with(b"uswap") && args.next() == Some(b"run".as_slice())
+}
+
 fn run(args: &StatArgs) -> Result<(), StatError> {
     let pid = args.pid;
     let timeout = Duration::from_secs_f64(args.timeout);
@@ -193,8 +203,9 @@ fn run(args: &StatArgs) -> Result<(), StatError> {
     } else {
         Format::Table
     };
+    let subject = if is_uswap_run(pid) { format::Subject::RunTree } else { format::Subject::Process };
     let print = |pagers: &[PagerStats], elapsed: Option<Duration>| -> Result<(), StatError> {
-        let text = format::render(pid, pagers, args.sum, format, elapsed);
+        let text = format::render(pid, subject, pagers, args.sum, format, elapsed);
         let mut out = std::io::stdout().lock();
         out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(StatError::Output)
     };
