@@ -28,6 +28,7 @@
 //! (parent) or handed to `rearm_in_child` (child). Invariant: the child never drops anything of the parent's pager;
 //! it is leaked, since its threads exist only in the parent.
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -272,61 +273,97 @@ impl Pager {
             RegionInner::new(AppMapping::existing(r.start, len), shared.clone())
                 .map_err(|e| Error::io("allocating an inherited region's page table", e))?,
         );
-        let set = |page: usize, state: PageState| inner.pte(page).store(Pte(0).next(state, None).0, Ordering::Relaxed);
-        let mut next = 0;
-        let mut registered: Vec<(usize, usize)> = Vec::with_capacity(r.live.len());
-        let adopt_runs = |registered: &mut Vec<(usize, usize)>| -> Result<()> {
-            for &(first, end) in &r.live {
-                let (addr, run_len) = (r.start + first * PAGE_SIZE, (end - first) * PAGE_SIZE);
-                // Only where the parent ever mapped pages: a heap region is mostly untouched.
-                let scan_pages = end.min(r.touched_end).saturating_sub(first);
-                crate::mapping::for_each_present_page(addr, scan_pages, |i| set(first + i, PageState::Shared))
-                    .map_err(|e| Error::io("reading which inherited pages are mapped (mincore)", e))?;
-                shared
-                    .uffd
-                    .register(addr, run_len, REGISTER_MODES)
-                    .map_err(|e| Error::io("registering an inherited region with userfaultfd", e))?;
-                registered.push((addr, run_len));
-                // Written pages must be charged first (see `PageState::Shared`). (With
-                // "don't wake" the kernel refuses to protect: EINVAL. Nothing waits here.)
-                shared
-                    .uffd
-                    .writeprotect(addr, run_len, true, true)
-                    .map_err(|e| Error::io("write-protecting an inherited region", e))?;
+        let (mut registered, live_pages) = self.adopt_live_runs(&inner, r)?;
+        inner.note_going(r.nr_pages - live_pages);
+        // Out at the fork (and not mapped since: a fault in the parent may have brought one
+        // in just before it): read from the parent's device on first touch.
+        for &(page, entry) in &r.swapped {
+            match inner.load(page).state() {
+                // Mapped here, or unmapped (a hole `adopt_live_runs` found): the parent may
+                // reuse its slot.
+                PageState::Shared | PageState::Gone => shared.release_cx().release_parent_slot(entry),
+                _ => inner.pte(page).store(Pte(0).next(PageState::Parent, Some(entry)).0, Ordering::Relaxed),
             }
-            Ok(())
-        };
-        inner.note_going(r.nr_pages - r.live.iter().map(|&(first, end)| end - first).sum::<usize>());
-        for &(first, end) in &r.live {
-            (next..first).for_each(|page| set(page, PageState::Gone));
-            next = end;
         }
-        (next..r.nr_pages).for_each(|page| set(page, PageState::Gone));
-        let inserted = adopt_runs(&mut registered).and_then(|()| {
-            // Out at the fork (and not mapped since: a fault in the parent may have brought
-            // one in just before it): read from the parent's device on first touch.
-            for &(page, entry) in &r.swapped {
-                if inner.load(page).state() != PageState::Shared {
-                    inner.pte(page).store(Pte(0).next(PageState::Parent, Some(entry)).0, Ordering::Relaxed);
-                } else {
-                    // Mapped here: the parent may reuse its slot.
-                    shared.release_cx().release_parent_slot(entry);
-                }
-            }
-            REGIONS.insert(r.start, r.start + len, inner.clone()).ok_or(Error::TooManyRegions { max: MAX_REGIONS })
-        });
+        let inserted =
+            REGIONS.insert(r.start, r.start + len, inner.clone()).ok_or(Error::TooManyRegions { max: MAX_REGIONS });
         inner.note_touched(r.touched_end.saturating_sub(1));
         let slot = match inserted {
             Ok(slot) => slot,
             Err(e) => {
-                // Back to ordinary memory (unregistering also lifts the write protection).
-                for &(addr, run_len) in &registered {
-                    let _ = shared.uffd.unregister(addr, run_len);
-                }
+                self.unregister_ranges(&mut registered);
                 return Err(e);
             }
         };
         Ok(Region::new(inner, slot, self.clone()))
+    }
+
+    /// Registers the runs of `r` that are mapped here and marks their present pages shared,
+    /// the other pages gone; returns the ranges registered and their pages. A run may have a
+    /// hole: another thread of the parent's `munmap`, which the kernel had made but whose
+    /// UNMAP event the parent had not read at the fork. Then the runs are cut to what
+    /// `/proc/self/maps` shows mapped and adopted again (the child's pager failed, every
+    /// page kept but unmanaged, in 11 forks of 200 beside such unmaps).
+    fn adopt_live_runs(&self, inner: &RegionInner, r: &InheritedRegion) -> Result<(Vec<(usize, usize)>, usize)> {
+        let mut registered = Vec::with_capacity(r.live.len());
+        let adopted = match self.register_runs(inner, r, &r.live, &mut registered) {
+            Ok(()) => Cow::Borrowed(&r.live),
+            Err(e) => {
+                self.unregister_ranges(&mut registered);
+                let Some(mapped) = mapped_parts(r.start, &r.live).filter(|m| *m != r.live) else { return Err(e) };
+                if let Err(e) = self.register_runs(inner, r, &mapped, &mut registered) {
+                    self.unregister_ranges(&mut registered);
+                    return Err(e);
+                }
+                Cow::Owned(mapped)
+            }
+        };
+        let set_gone = |page: usize| inner.pte(page).store(Pte(0).next(PageState::Gone, None).0, Ordering::Relaxed);
+        let mut next = 0;
+        for &(first, end) in adopted.iter() {
+            (next..first).for_each(set_gone);
+            next = end;
+        }
+        (next..r.nr_pages).for_each(set_gone);
+        Ok((registered, adopted.iter().map(|&(first, end)| end - first).sum()))
+    }
+
+    /// Registers each of `runs` (pages of `r`) with userfaultfd, write-protected, after
+    /// marking the pages mapped there shared; what it registered is in `registered`.
+    fn register_runs(
+        &self,
+        inner: &RegionInner,
+        r: &InheritedRegion,
+        runs: &[(usize, usize)],
+        registered: &mut Vec<(usize, usize)>,
+    ) -> Result<()> {
+        let uffd = &self.shared().uffd;
+        for &(first, end) in runs {
+            debug_assert!(first < end && end <= r.nr_pages, "a run of the region: {first}..{end}");
+            let (addr, run_len) = (r.start + first * PAGE_SIZE, (end - first) * PAGE_SIZE);
+            // Only where the parent ever mapped pages: a heap region is mostly untouched.
+            let scan_pages = end.min(r.touched_end).saturating_sub(first);
+            let shared = Pte(0).next(PageState::Shared, None).0;
+            crate::mapping::for_each_present_page(addr, scan_pages, |i| {
+                inner.pte(first + i).store(shared, Ordering::Relaxed)
+            })
+            .map_err(|e| Error::io("reading which inherited pages are mapped (mincore)", e))?;
+            uffd.register(addr, run_len, REGISTER_MODES)
+                .map_err(|e| Error::io("registering an inherited region with userfaultfd", e))?;
+            registered.push((addr, run_len));
+            // Written pages must be charged first (see `PageState::Shared`). (With "don't
+            // wake" the kernel refuses to protect: EINVAL. Nothing waits here.)
+            uffd.writeprotect(addr, run_len, true, true)
+                .map_err(|e| Error::io("write-protecting an inherited region", e))?;
+        }
+        Ok(())
+    }
+
+    /// Back to ordinary memory (unregistering also lifts the write protection).
+    fn unregister_ranges(&self, registered: &mut Vec<(usize, usize)>) {
+        for (addr, run_len) in registered.drain(..) {
+            let _ = self.shared().uffd.unregister(addr, run_len);
+        }
     }
 }
 
@@ -475,4 +512,19 @@ fn bring_in_what_the_child_cannot_read(s: &crate::state::PagerShared, plan: &For
             }
         }
     });
+}
+
+/// The parts of `runs` (pages from `start`) that `/proc/self/maps` shows mapped, as runs;
+/// None if it cannot be read.
+fn mapped_parts(start: usize, runs: &[(usize, usize)]) -> Option<Vec<(usize, usize)>> {
+    let maps = crate::mapping::self_maps()?;
+    let mut parts = Vec::with_capacity(runs.len());
+    for &(first, end) in runs {
+        let (lo, hi) = (start + first * PAGE_SIZE, start + end * PAGE_SIZE);
+        for m in maps.iter().filter(|m| m.start < hi && lo < m.end) {
+            let (s, e) = (m.start.max(lo), m.end.min(hi));
+            parts.push(((s - start) / PAGE_SIZE, (e - start) / PAGE_SIZE));
+        }
+    }
+    Some(parts)
 }
