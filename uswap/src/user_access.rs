@@ -50,7 +50,7 @@ pub(crate) fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write:
             if let Some(page) = g.page_of(page_addr) {
                 let pte = g.load(page);
                 if !ready_for_kernel(pte, write) {
-                    sigbus_fault(page_addr, write);
+                    bring_in_for_kernel(g, page, page_addr, write);
                     nr_brought_in += 1;
                 }
                 mark_used_by_kernel(g, page);
@@ -58,6 +58,27 @@ pub(crate) fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write:
         }
     });
     managed.then_some(nr_brought_in)
+}
+
+/// How long [`bring_in_for_kernel`] serves a page again while the kernel refuses to map it.
+const READY_WAIT_LIMIT_NS: u64 = 250_000_000;
+
+/// Brings `page` of `region` (at `page_addr`) in for a system call as a SIGBUS would, and
+/// again while the handler's answer is "retry the access" but the page is still not ready:
+/// another thread's `madvise` or `munmap` has an event under way, and the kernel refuses
+/// every userfaultfd ioctl until the engine reads it. A system call does not retry by itself
+/// as a faulting access does; the call's own `EFAULT` retries, made at once, all came within
+/// the event's window (159-247 `EFAULT`s reached a program whose other thread discarded
+/// memory). Bounded by `READY_WAIT_LIMIT_NS`; each try yields the CPU first.
+fn bring_in_for_kernel(region: &RegionInner, page: usize, page_addr: usize, write: bool) {
+    let deadline_ns = crate::clock::now_ns() + READY_WAIT_LIMIT_NS;
+    // Bounded by the deadline; a page lost, or no longer the region's, ends it at once.
+    while sigbus_fault(page_addr, write) {
+        if ready_for_kernel(region.load(page), write) || crate::clock::now_ns() > deadline_ns {
+            return;
+        }
+        std::thread::yield_now();
+    }
 }
 
 thread_local! {
