@@ -1864,6 +1864,26 @@ fn fork_children_read_all_of_it_within_the_budget() {
     }
 }
 
+/// Signal mode: signal handlers that touch managed memory, run in the middle of system calls
+/// whose memory the preparation is bringing in (SIGUSR1 every 20 us to four threads copying
+/// pages three times the limit through pipes). The handler entered the engine again while
+/// the interrupted preparation held a busy page or a codec's workspace: the program hung, or
+/// died of SIGBUS 10 s later, in every run; with `SA_ONSTACK | SA_RESTART` too.
+#[test]
+fn signal_handlers_touching_managed_memory_during_system_calls_neither_hang_nor_die() {
+    let dir = tmpdir("sigcopy");
+    let p = compile("sigcopy", &dir, &[]);
+    for flags in ["0", "0x18000000"] {
+        let prog = [p.to_str().unwrap(), "48", "3", flags];
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", "signal"], &prog, &dir);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "sa_flags {flags}: {}: {stdout}\n{stderr}", o.status);
+        assert!(stdout.ends_with(" signalled yes bad 0\n"), "sa_flags {flags}: {stdout}\n{stderr}");
+        assert!(counter(&v, "pswpin") > 1_000, "sa_flags {flags}: the copies must meet pages that are out: {v}");
+    }
+}
+
 /// Signal mode: system calls on pages that are out while another thread discards memory of
 /// its own (`madvise(MADV_DONTNEED)`, whose event makes the kernel refuse every userfaultfd
 /// ioctl until the engine reads it). The preparation served such a page once and let the call

@@ -9,7 +9,8 @@
 //! marks them used (the call is their use).
 //!
 //! Locking: none of its own; allocation-free, safe in a signal handler (see `fault`). While
-//! it works, the thread's own system calls are the engine's ([`in_preparation`]).
+//! it works, the thread's own system calls are the engine's ([`in_preparation`]); while it
+//! serves a page, asynchronous signals are blocked, as in the SIGBUS handler.
 
 use crate::fault::sigbus_fault;
 use crate::mapping::registry::RegistryGuard;
@@ -70,7 +71,14 @@ const READY_WAIT_LIMIT_NS: u64 = 250_000_000;
 /// as a faulting access does; the call's own `EFAULT` retries, made at once, all came within
 /// the event's window (159-247 `EFAULT`s reached a program whose other thread discarded
 /// memory). Bounded by `READY_WAIT_LIMIT_NS`; each try yields the CPU first.
+///
+/// Asynchronous signals wait meanwhile, as they do while the SIGBUS handler serves a fault
+/// (its `sa_mask`): a handler of the program's that touched managed memory in the middle of
+/// this service entered the engine again while this frame held its page busy, its codec's
+/// workspace or a bounce buffer, and spun for good or died of SIGBUS 10 s later (a SIGUSR1
+/// every 20 us to threads copying managed pages through pipes, 7 runs of 7).
 fn bring_in_for_kernel(region: &RegionInner, page: usize, page_addr: usize, write: bool) {
+    let _async_blocked = crate::uffd::AsyncSignalsBlocked::new();
     let deadline_ns = crate::clock::now_ns() + READY_WAIT_LIMIT_NS;
     // Bounded by the deadline; a page lost, or no longer the region's, ends it at once.
     while sigbus_fault(page_addr, write) {
