@@ -2218,6 +2218,27 @@ fn asynchronous_kernel_access_in_signal_mode_is_said() {
     }
 }
 
+/// An io_uring set up without the C library (liburing 2 makes its own system calls; loaded
+/// with `dlopen`, `auto` does not see it before the program runs) is found by its mapped
+/// rings and said in signal mode, once, within a second; thread mode says nothing. Its
+/// completions into pages that were out failed with `EFAULT` without a word before.
+#[test]
+fn io_uring_set_up_by_its_own_system_calls_is_said_in_signal_mode() {
+    let dir = tmpdir("rawuring");
+    let p = compile("rawuring", &dir, &[]);
+    let prog = [p.to_str().unwrap(), "2"];
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--start-after", "0"], &prog, &dir);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{mode}: {}\n{stderr}", o.status);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "rings mapped\n", "{mode}: {stderr}");
+        let said = stderr.matches("run this program with --fault-mode thread").count();
+        let counted = counter(&v, "syscall_async_kernel_access");
+        let expected = if mode == "signal" { (1, 1) } else { (0, 0) };
+        assert_eq!((said, counted), expected, "{mode}:\n{stderr}\n{v}");
+    }
+}
+
 /// `--fault-mode auto`, the default, runs a process in thread mode when it links an
 /// asynchronous I/O library (its reads complete into its buffers on the kernel's own time),
 /// and says so; a process that does not is in signal mode (so io_uring set up by hand is

@@ -205,8 +205,9 @@ fn say_address_space_limit(
 /// buffers), or an MPI library (Open MPI's `libmpi`, `libmpich`: ranks on one machine copy
 /// each other's messages with `process_vm_readv`/`process_vm_writev`, which reach a
 /// signal-mode process's pages out of RAM with `EFAULT`), or it is QEMU asked for KVM (a
-/// guest's RAM). What this misses (a program making `io_uring_setup` itself) is still said
-/// and counted when it happens (`syscall_async_kernel_access`). A process a debugger follows
+/// guest's RAM). What this misses (a program making `io_uring_setup` itself, liburing
+/// loaded with `dlopen`) is still said and counted when it happens, or when the rings are
+/// found mapped (`syscall_async_kernel_access`, `report::measure_unmanaged`). A process a debugger follows
 /// when its pager starts gets thread mode there (`fault_mode_now`).
 fn resolve_auto() -> FaultMode {
     let why = if let Some((lib, whose)) = loaded_library_needing_thread_mode() {

@@ -146,6 +146,15 @@ pub fn forget_locks_in_fork_child() {
 fn measure_unmanaged() {
     let min_size = crate::config().map_or(crate::config::DEFAULT_MIN_SIZE_BYTES, |c| c.min_size_bytes);
     if let Some(mut u) = crate::unmanaged::measure(min_size) {
+        static ASYNC_IO_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if u.async_io
+            && crate::pager().is_some_and(|p| p.fault_mode() == uswap::FaultMode::Signal)
+            && !ASYNC_IO_SEEN.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            // Set up where the system-call guard did not see it (liburing makes its own
+            // system calls): counted and said as when it is seen, once.
+            uswap::syscall_guard::note_async_kernel_access_found(b"io_uring or Linux AIO");
+        }
         let mapped = u.shared_objects();
         count_shared_once(&mut u);
         uswap::stats::note_unmanaged(u.bytes);

@@ -84,6 +84,9 @@ pub struct Unmanaged {
     /// Every mapping of shared anonymous memory, resident pages or not, with its object
     /// ([`object_key`]; 0 where `/proc` named none): not yet in `bytes` nor `named`.
     shared: Vec<(u64, Mapping)>,
+    /// An io_uring instance's rings (`anon_inode:[io_uring]`) or a Linux AIO context
+    /// (`/[aio]`) is mapped: the kernel accesses the process's memory by itself, later.
+    pub async_io: bool,
 }
 
 impl Unmanaged {
@@ -285,11 +288,13 @@ fn add_c_library_heap(out: &mut Unmanaged, pagemap: Option<&std::fs::File>) {
     add(out, Mapping { start, len: end - start, bytes, why });
 }
 
-/// Notes the brk heap's extent, for [`add_c_library_heap`].
+/// Notes the brk heap's extent, for [`add_c_library_heap`], and the mappings of
+/// asynchronous I/O ([`Unmanaged::async_io`]).
 fn note_brk_heap(out: &mut Unmanaged, h: &Header<'_>) {
     if h.path == "[heap]" {
         out.brk_heap = Some((h.start, h.end));
     }
+    out.async_io |= h.path == "anon_inode:[io_uring]" || h.path.starts_with("/[aio]");
 }
 
 /// Whether a mapping is counted at all, and if it is, whether it is shared anonymous memory.

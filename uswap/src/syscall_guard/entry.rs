@@ -743,10 +743,18 @@ fn note_async_kernel_access(nr: c_long, a: &[u64; 6]) {
         }
         _ => return,
     };
+    say_async_kernel_access(what);
+}
+
+/// Said once: see [`say_async_kernel_access`].
+static ASYNC_KERNEL_ACCESS_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Counts (`syscall_async_kernel_access`) and says once on stderr that the kernel will
+/// access managed memory of a signal-mode process later, by itself (`what`: an io_uring
+/// instance, a KVM guest's RAM). Allocation-free.
+fn say_async_kernel_access(what: &[u8]) {
     crate::stats::note_syscall(crate::stats::SyscallEvent::AsyncKernelAccess);
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static SAID: AtomicBool = AtomicBool::new(false);
-    if SAID.swap(true, Ordering::Relaxed) {
+    if ASYNC_KERNEL_ACCESS_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
         return;
     }
     let mut line = crate::uffd::sigbus::StderrLine::default();
@@ -755,6 +763,15 @@ fn note_async_kernel_access(nr: c_long, a: &[u64; 6]) {
           run this program with --fault-mode thread\n",
     );
     line.write();
+}
+
+/// As [`say_async_kernel_access`], for an instance set up where this path did not see the
+/// call (`uswap run`'s library finds its mappings: liburing makes its own system calls);
+/// nothing if one was said already.
+pub fn note_async_kernel_access_found(what: &[u8]) {
+    if !ASYNC_KERNEL_ACCESS_SAID.load(std::sync::atomic::Ordering::Relaxed) {
+        say_async_kernel_access(what);
+    }
 }
 
 /// Says on stderr, once per process, which call's `EFAULT` on managed memory reached the

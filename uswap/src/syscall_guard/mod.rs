@@ -60,7 +60,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use libc::c_long;
 
-pub use entry::{in_engine_calls, is_this_process, EngineCalls};
+pub use entry::{in_engine_calls, is_this_process, note_async_kernel_access_found, EngineCalls};
 pub use patch::PatchReport;
 
 /// A range of memory recorded as locked, `[start, end)`.
