@@ -1899,7 +1899,7 @@ fn system_calls_beside_a_threads_discards_get_no_efault() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}: {stdout}\n{stderr}", o.status);
     assert!(stdout.ends_with(" efault 0 bad 0\n"), "{stdout}\n{stderr}");
-    assert!(counter(&v, "pswpin") > 10_000, "the copies must meet pages that are out: {v}");
+    assert!(counter(&v, "pswpin") > 1_000, "the copies must meet pages that are out: {v}");
     assert_eq!(counter(&v, "syscall_efault"), 0, "{v}");
 }
 
@@ -2231,6 +2231,10 @@ fn io_uring_set_up_by_its_own_system_calls_is_said_in_signal_mode() {
         let (o, v) = uswap_run(LIMIT_MIB, &["--fault-mode", mode, "--start-after", "0"], &prog, &dir);
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{mode}: {}\n{stderr}", o.status);
+        if String::from_utf8_lossy(&o.stdout).starts_with("io_uring refused") {
+            skipped("io_uring is refused here (a seccomp profile, kernel.io_uring_disabled)");
+            return;
+        }
         assert_eq!(String::from_utf8_lossy(&o.stdout), "rings mapped\n", "{mode}: {stderr}");
         let said = stderr.matches("run this program with --fault-mode thread").count();
         let counted = counter(&v, "syscall_async_kernel_access");

@@ -148,7 +148,9 @@ fn measure_unmanaged() {
     if let Some(mut u) = crate::unmanaged::measure(min_size) {
         static ASYNC_IO_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if u.async_io
+            && !ASYNC_IO_SEEN.load(std::sync::atomic::Ordering::Relaxed)
             && crate::pager().is_some_and(|p| p.fault_mode() == uswap::FaultMode::Signal)
+            && programs_async_io()
             && !ASYNC_IO_SEEN.swap(true, std::sync::atomic::Ordering::Relaxed)
         {
             // Set up where the system-call guard did not see it (liburing makes its own
@@ -166,6 +168,20 @@ fn measure_unmanaged() {
         }
         *UNMANAGED_NAMED.lock() = u.named;
     }
+}
+
+/// Whether the program has an io_uring instance of its own (a descriptor `anon_inode:[io_uring]`
+/// the engine does not hold: a file device's rings are the engine's) or a Linux AIO context
+/// (a `/[aio]` mapping: the engine makes none). For a scan that found such mappings.
+fn programs_async_io() -> bool {
+    let ring_of_the_program = |e: std::fs::DirEntry| {
+        let fd = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok());
+        fd.is_some_and(|fd| !uswap::fd::is_kept(fd))
+            && std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str().as_encoded_bytes().ends_with(b"[io_uring]"))
+    };
+    let uring =
+        std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten().take(1 << 16).any(ring_of_the_program);
+    uring || std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("/[aio]"))
 }
 
 /// Adds the shared memory `u` found to its total, each object counted by one process of
@@ -255,17 +271,21 @@ fn write(last: bool) {
     let tmp = dir.join(format!(".{pid}.{tid}.json.tmp"));
     let dst = dir.join(format!("{pid}.json"));
     let written = write_new(&tmp, rec.to_string().as_bytes());
-    if written.is_ok() && !last && FINAL_WRITTEN.load(std::sync::atomic::Ordering::Acquire) {
+    if !last && FINAL_WRITTEN.load(std::sync::atomic::Ordering::Acquire) {
         let _ = std::fs::remove_file(&tmp);
         return;
     }
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &dst)) {
-        let _ = std::fs::remove_file(&tmp);
+    let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &dst)) else { return };
+    let _ = std::fs::remove_file(&tmp);
+    // The publisher's records are replaced every 200 ms: one that fails is the next one's to
+    // make up. The last is not, unless the run is over (its directory gone with it: a process
+    // that outlives the run).
+    if last && e.kind() != std::io::ErrorKind::NotFound {
         say_record_lost(dir, &e.to_string());
     }
 }
 
-/// Says, once a process, that its counters did not reach the run's directory (no room, no
+/// Says that a process's last counters did not reach the run's directory (no room, no
 /// descriptors): the run's summary has only what an earlier record said of the process, and
 /// without this line nothing would say why.
 fn say_record_lost(dir: &std::path::Path, why: &str) {

@@ -290,7 +290,7 @@ fn add_c_library_heap(out: &mut Unmanaged, pagemap: Option<&std::fs::File>) {
 
 /// Notes the brk heap's extent, for [`add_c_library_heap`], and the mappings of
 /// asynchronous I/O ([`Unmanaged::async_io`]).
-fn note_brk_heap(out: &mut Unmanaged, h: &Header<'_>) {
+fn note_special_mappings(out: &mut Unmanaged, h: &Header<'_>) {
     if h.path == "[heap]" {
         out.brk_heap = Some((h.start, h.end));
     }
@@ -389,7 +389,7 @@ fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unm
     let mut before = Before::default();
     for h in maps.lines().filter_map(parse_header) {
         let b = std::mem::replace(&mut before, Before::of(&h));
-        note_brk_heap(&mut out, &h);
+        note_special_mappings(&mut out, &h);
         let Some(shared_anon) = counted(&h) else { continue };
         // `[vsyscall]` lies in the kernel's half (the top bit set), which the ioctl refuses.
         if h.start as u64 >= 1 << 63 || !unowned(&owners, h.start, h.end) {
@@ -606,7 +606,7 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
             flush(cur.take(), bytes, &mut out, &mut private);
             (bytes, private_dirty) = (0, 0);
             let b = std::mem::replace(&mut before, Before::of(&h));
-            note_brk_heap(&mut out, &h);
+            note_special_mappings(&mut out, &h);
             cur = counted(&h).map(|shared_anon| {
                 let m = Mapping { start: h.start, len: h.end - h.start, bytes: 0, why: why(&h, b, min_size_bytes) };
                 (m, shared_anon.then_some(h.object))

@@ -28,7 +28,6 @@
 //! (parent) or handed to `rearm_in_child` (child). Invariant: the child never drops anything of the parent's pager;
 //! it is leaked, since its threads exist only in the parent.
 
-use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -152,6 +151,16 @@ impl ForkHold {
         std::mem::forget(self);
         REGIONS.forget_all_in_fork_child();
         drop(writers);
+        // What is mapped before this child maps anything of its own: a run may have a hole
+        // (another thread of the parent's `munmap`, made by the kernel, its UNMAP event not
+        // read at the fork), which the new pager's stacks and arenas may take next; only what
+        // was mapped at the fork is the region's.
+        let mut regions = regions;
+        if let Some(maps) = crate::mapping::self_maps() {
+            for r in &mut regions {
+                r.live = mapped_parts(&maps, r.start, &r.live);
+            }
+        }
         let pager = match builder.regions_survive_fork(true).build() {
             Ok(pager) => pager,
             Err(e) => {
@@ -190,6 +199,13 @@ fn restore_parent_pages(parent: &crate::state::PagerShared, regions: &[Inherited
     for r in regions {
         for &(i, entry) in &r.swapped {
             let addr = r.start + i * PAGE_SIZE;
+            // Unmapped (a hole of the run), or mapped (brought in by the parent just before
+            // the fork, and what is there is newer than the slot): nothing to write.
+            let in_live_run = r.live.iter().any(|&(first, end)| (first..end).contains(&i));
+            if !in_live_run || crate::mapping::page_present(addr) {
+                parent.devices.device(entry).fork_refs.release_own(entry.offset());
+                continue;
+            }
             if crate::events::read_checked(parent.devices.device(entry), entry.offset(), &mut page).is_err() {
                 let msg =
                     format!("uswap: fork child: the page at {addr:#x} could not be read from the parent's device\n");
@@ -276,12 +292,13 @@ impl Pager {
         let (mut registered, live_pages) = self.adopt_live_runs(&inner, r)?;
         inner.note_going(r.nr_pages - live_pages);
         // Out at the fork (and not mapped since: a fault in the parent may have brought one
-        // in just before it): read from the parent's device on first touch.
+        // in just before it): read from the parent's device on first touch. The slots of
+        // pages mapped here, or unmapped, go back once the region is in (before, a failure
+        // leaves them to `restore_parent_pages`, which skips such pages).
+        let mut given_back = Vec::new();
         for &(page, entry) in &r.swapped {
             match inner.load(page).state() {
-                // Mapped here, or unmapped (a hole `adopt_live_runs` found): the parent may
-                // reuse its slot.
-                PageState::Shared | PageState::Gone => shared.release_cx().release_parent_slot(entry),
+                PageState::Shared | PageState::Gone => given_back.push(entry),
                 _ => inner.pte(page).store(Pte(0).next(PageState::Parent, Some(entry)).0, Ordering::Relaxed),
             }
         }
@@ -295,37 +312,28 @@ impl Pager {
                 return Err(e);
             }
         };
+        for entry in given_back {
+            shared.release_cx().release_parent_slot(entry);
+        }
         Ok(Region::new(inner, slot, self.clone()))
     }
 
-    /// Registers the runs of `r` that are mapped here and marks their present pages shared,
-    /// the other pages gone; returns the ranges registered and their pages. A run may have a
-    /// hole: another thread of the parent's `munmap`, which the kernel had made but whose
-    /// UNMAP event the parent had not read at the fork. Then the runs are cut to what
-    /// `/proc/self/maps` shows mapped and adopted again (the child's pager failed, every
-    /// page kept but unmanaged, in 11 forks of 200 beside such unmaps).
+    /// Registers the runs of `r` and marks their present pages shared, the other pages gone;
+    /// returns the ranges registered and their pages.
     fn adopt_live_runs(&self, inner: &RegionInner, r: &InheritedRegion) -> Result<(Vec<(usize, usize)>, usize)> {
         let mut registered = Vec::with_capacity(r.live.len());
-        let adopted = match self.register_runs(inner, r, &r.live, &mut registered) {
-            Ok(()) => Cow::Borrowed(&r.live),
-            Err(e) => {
-                self.unregister_ranges(&mut registered);
-                let Some(mapped) = mapped_parts(r.start, &r.live).filter(|m| *m != r.live) else { return Err(e) };
-                if let Err(e) = self.register_runs(inner, r, &mapped, &mut registered) {
-                    self.unregister_ranges(&mut registered);
-                    return Err(e);
-                }
-                Cow::Owned(mapped)
-            }
-        };
+        if let Err(e) = self.register_runs(inner, r, &r.live, &mut registered) {
+            self.unregister_ranges(&mut registered);
+            return Err(e);
+        }
         let set_gone = |page: usize| inner.pte(page).store(Pte(0).next(PageState::Gone, None).0, Ordering::Relaxed);
         let mut next = 0;
-        for &(first, end) in adopted.iter() {
+        for &(first, end) in &r.live {
             (next..first).for_each(set_gone);
             next = end;
         }
         (next..r.nr_pages).for_each(set_gone);
-        Ok((registered, adopted.iter().map(|&(first, end)| end - first).sum()))
+        Ok((registered, r.live.iter().map(|&(first, end)| end - first).sum()))
     }
 
     /// Registers each of `runs` (pages of `r`) with userfaultfd, write-protected, after
@@ -514,10 +522,9 @@ fn bring_in_what_the_child_cannot_read(s: &crate::state::PagerShared, plan: &For
     });
 }
 
-/// The parts of `runs` (pages from `start`) that `/proc/self/maps` shows mapped, as runs;
-/// None if it cannot be read.
-fn mapped_parts(start: usize, runs: &[(usize, usize)]) -> Option<Vec<(usize, usize)>> {
-    let maps = crate::mapping::self_maps()?;
+/// The parts of `runs` (pages from `start`) that `maps` (`/proc/self/maps`, by address)
+/// shows mapped, as runs.
+fn mapped_parts(maps: &[crate::mapping::MapsEntry], start: usize, runs: &[(usize, usize)]) -> Vec<(usize, usize)> {
     let mut parts = Vec::with_capacity(runs.len());
     for &(first, end) in runs {
         let (lo, hi) = (start + first * PAGE_SIZE, start + end * PAGE_SIZE);
@@ -526,5 +533,5 @@ fn mapped_parts(start: usize, runs: &[(usize, usize)]) -> Option<Vec<(usize, usi
             parts.push(((s - start) / PAGE_SIZE, (e - start) / PAGE_SIZE));
         }
     }
-    Some(parts)
+    parts
 }

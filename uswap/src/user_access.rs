@@ -35,6 +35,8 @@ pub(crate) fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write:
     let _preparing = Preparing::enter();
     let mut managed = false;
     let mut nr_brought_in = 0;
+    // Made at the first page to serve, kept to the end (see `bring_in_for_kernel`).
+    let mut signals_held = None;
     for_each_region_in(addr & !(PAGE_SIZE - 1), addr.saturating_add(len), |g, from, to| {
         if g.pager.mode != FaultMode::Signal {
             return;
@@ -51,6 +53,7 @@ pub(crate) fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write:
             if let Some(page) = g.page_of(page_addr) {
                 let pte = g.load(page);
                 if !ready_for_kernel(pte, write) {
+                    signals_held.get_or_insert_with(crate::uffd::AsyncSignalsBlocked::new);
                     bring_in_for_kernel(g, page, page_addr, write);
                     nr_brought_in += 1;
                 }
@@ -70,15 +73,16 @@ const READY_WAIT_LIMIT_NS: u64 = 250_000_000;
 /// every userfaultfd ioctl until the engine reads it. A system call does not retry by itself
 /// as a faulting access does; the call's own `EFAULT` retries, made at once, all came within
 /// the event's window (159-247 `EFAULT`s reached a program whose other thread discarded
-/// memory). Bounded by `READY_WAIT_LIMIT_NS`; each try yields the CPU first.
+/// memory). Bounded by `READY_WAIT_LIMIT_NS`; the tries after the first yield the CPU first.
 ///
-/// Asynchronous signals wait meanwhile, as they do while the SIGBUS handler serves a fault
-/// (its `sa_mask`): a handler of the program's that touched managed memory in the middle of
-/// this service entered the engine again while this frame held its page busy, its codec's
-/// workspace or a bounce buffer, and spun for good or died of SIGBUS 10 s later (a SIGUSR1
-/// every 20 us to threads copying managed pages through pipes, 7 runs of 7).
+/// The caller holds asynchronous signals off, as the SIGBUS handler's `sa_mask` does while
+/// it serves a fault: a handler of the program's that touched managed memory in the middle
+/// of this service entered the engine again while this frame held its page busy, its
+/// codec's workspace or a bounce buffer, and spun for good or died of SIGBUS 10 s later (a
+/// SIGUSR1 every 20 us to threads copying managed pages through pipes, 7 runs of 7). Signals
+/// that end the process still get through a long device wait (`let_stop_signals_through`).
 fn bring_in_for_kernel(region: &RegionInner, page: usize, page_addr: usize, write: bool) {
-    let _async_blocked = crate::uffd::AsyncSignalsBlocked::new();
+    debug_assert!(crate::uffd::async_signals_blocked_by_engine(), "signals held off by the caller");
     let deadline_ns = crate::clock::now_ns() + READY_WAIT_LIMIT_NS;
     // Bounded by the deadline; a page lost, or no longer the region's, ends it at once.
     while sigbus_fault(page_addr, write) {

@@ -50,7 +50,7 @@ pub use lock_all::{lock_all_brought_nothing_in, mlockall, munlockall, note_lock_
 pub use page_buf::PageBuf;
 pub use probe::{
     for_each_exclusive_page, for_each_present_page, mincore_bitmap, mincore_pages, mincore_pages_where, page_present,
-    populate_write, self_maps,
+    populate_write, self_maps, MapsEntry,
 };
 pub use reservation::{Reservation, WINDOW_BYTES};
 pub use rlimit::{

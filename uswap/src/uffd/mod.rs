@@ -659,6 +659,7 @@ impl AsyncSignalsBlocked {
     // No `Default`: making one changes the thread's signal mask, which a default should not.
     #[allow(clippy::new_without_default)]
     pub fn new() -> AsyncSignalsBlocked {
+        ASYNC_SIGNALS_BLOCKED.with(|d| d.set(d.get() + 1));
         // SAFETY: sigset_t is plain data; the calls fill and read sets we own, and
         // pthread_sigmask changes only the calling thread's mask.
         unsafe {
@@ -678,7 +679,21 @@ impl Drop for AsyncSignalsBlocked {
     fn drop(&mut self) {
         // SAFETY: restores the mask `new` saved, on the same thread (the guard is not Send).
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+        ASYNC_SIGNALS_BLOCKED.with(|d| d.set(d.get() - 1));
     }
+}
+
+thread_local! {
+    /// How many [`AsyncSignalsBlocked`] this thread holds. Const-initialised, no destructor:
+    /// read in signal handlers.
+    static ASYNC_SIGNALS_BLOCKED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the engine holds this thread's asynchronous signals off ([`AsyncSignalsBlocked`]):
+/// outside the SIGBUS handler too (a system call's preparation, a munmap's release), a long
+/// wait there lets the signals that end the process through (`sigbus::let_stop_signals_through`).
+pub fn async_signals_blocked_by_engine() -> bool {
+    ASYNC_SIGNALS_BLOCKED.with(|d| d.get() > 0)
 }
 
 /// What ended a wait in [`poll_fault_or_doorbell_for`].

@@ -91,10 +91,11 @@ const STOP_SIGNALS: [libc::c_int; 7] =
 /// unblocks it, so that the kernel ends the process now, as it ends a thread waiting in a
 /// kernel page fault, rather than once the device answers or its timeouts run out. Signals
 /// the program handles stay blocked until the fault is done (see the module doc). Does
-/// nothing outside the handler. Async-signal-safe: `sigpending`, `sigaction` (read only)
-/// and `pthread_sigmask`.
+/// nothing outside the handler, or outside a section where the engine blocked signals on
+/// the program's thread (a system call's preparation serving a page). Async-signal-safe:
+/// `sigpending`, `sigaction` (read only) and `pthread_sigmask`.
 pub fn let_stop_signals_through() {
-    if !in_handler() {
+    if !in_handler() && !super::async_signals_blocked_by_engine() {
         return;
     }
     // SAFETY: sigset_t and sigaction are plain data these calls fill; the only change is to
