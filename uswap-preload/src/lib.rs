@@ -744,11 +744,17 @@ fn traced() -> bool {
 /// Whether the process has an io_uring instance (a descriptor `anon_inode:[io_uring]`) or an
 /// AIO context (a `/[aio]` mapping); false when unknown.
 fn async_io_in_use() -> bool {
-    let uring =
-        std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten().take(1 << 16).any(|e| {
-            std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str().as_encoded_bytes().ends_with(b"[io_uring]"))
-        });
-    uring || std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("/[aio]"))
+    io_uring_descriptor(|_| true) || std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("/[aio]"))
+}
+
+/// Whether a descriptor of the process that `counted(fd)` accepts is an io_uring instance
+/// (`anon_inode:[io_uring]`); false when unknown.
+pub(crate) fn io_uring_descriptor(counted: impl Fn(i32) -> bool) -> bool {
+    std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten().take(1 << 16).any(|e| {
+        let fd = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok());
+        fd.is_some_and(&counted)
+            && std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str().as_encoded_bytes().ends_with(b"[io_uring]"))
+    })
 }
 
 /// Takes SIGBUS out of this thread's mask (a signal-mode pager's faults are SIGBUS).

@@ -147,10 +147,13 @@ fn measure_unmanaged() {
     let min_size = crate::config().map_or(crate::config::DEFAULT_MIN_SIZE_BYTES, |c| c.min_size_bytes);
     if let Some(mut u) = crate::unmanaged::measure(min_size) {
         static ASYNC_IO_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if u.async_io
-            && !ASYNC_IO_SEEN.load(std::sync::atomic::Ordering::Relaxed)
+        // An io_uring is the program's only through a descriptor the engine does not keep (a
+        // file device's rings are uswap's).
+        let programs =
+            || u.aio_mapped || (u.io_uring_mapped && crate::io_uring_descriptor(|fd| !uswap::fd::is_kept(fd)));
+        if !ASYNC_IO_SEEN.load(std::sync::atomic::Ordering::Relaxed)
             && crate::pager().is_some_and(|p| p.fault_mode() == uswap::FaultMode::Signal)
-            && programs_async_io()
+            && programs()
             && !ASYNC_IO_SEEN.swap(true, std::sync::atomic::Ordering::Relaxed)
         {
             // Set up where the system-call guard did not see it (liburing makes its own
@@ -168,20 +171,6 @@ fn measure_unmanaged() {
         }
         *UNMANAGED_NAMED.lock() = u.named;
     }
-}
-
-/// Whether the program has an io_uring instance of its own (a descriptor `anon_inode:[io_uring]`
-/// the engine does not hold: a file device's rings are the engine's) or a Linux AIO context
-/// (a `/[aio]` mapping: the engine makes none). For a scan that found such mappings.
-fn programs_async_io() -> bool {
-    let ring_of_the_program = |e: std::fs::DirEntry| {
-        let fd = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok());
-        fd.is_some_and(|fd| !uswap::fd::is_kept(fd))
-            && std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str().as_encoded_bytes().ends_with(b"[io_uring]"))
-    };
-    let uring =
-        std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten().take(1 << 16).any(ring_of_the_program);
-    uring || std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("/[aio]"))
 }
 
 /// Adds the shared memory `u` found to its total, each object counted by one process of

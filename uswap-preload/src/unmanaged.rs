@@ -84,9 +84,11 @@ pub struct Unmanaged {
     /// Every mapping of shared anonymous memory, resident pages or not, with its object
     /// ([`object_key`]; 0 where `/proc` named none): not yet in `bytes` nor `named`.
     shared: Vec<(u64, Mapping)>,
-    /// An io_uring instance's rings (`anon_inode:[io_uring]`) or a Linux AIO context
-    /// (`/[aio]`) is mapped: the kernel accesses the process's memory by itself, later.
-    pub async_io: bool,
+    /// An io_uring instance's rings (`anon_inode:[io_uring]`) are mapped, the process's or
+    /// the engine's (a file device's): the kernel accesses memory by itself, later.
+    pub io_uring_mapped: bool,
+    /// A Linux AIO context (`/[aio]`) is mapped (the engine makes none).
+    pub aio_mapped: bool,
 }
 
 impl Unmanaged {
@@ -289,12 +291,13 @@ fn add_c_library_heap(out: &mut Unmanaged, pagemap: Option<&std::fs::File>) {
 }
 
 /// Notes the brk heap's extent, for [`add_c_library_heap`], and the mappings of
-/// asynchronous I/O ([`Unmanaged::async_io`]).
+/// asynchronous I/O ([`Unmanaged::io_uring_mapped`], [`Unmanaged::aio_mapped`]).
 fn note_special_mappings(out: &mut Unmanaged, h: &Header<'_>) {
     if h.path == "[heap]" {
         out.brk_heap = Some((h.start, h.end));
     }
-    out.async_io |= h.path == "anon_inode:[io_uring]" || h.path.starts_with("/[aio]");
+    out.io_uring_mapped |= h.path == "anon_inode:[io_uring]";
+    out.aio_mapped |= h.path.starts_with("/[aio]");
 }
 
 /// Whether a mapping is counted at all, and if it is, whether it is shared anonymous memory.
