@@ -4,17 +4,7 @@
 // its own mmap, writes a word in every page, checks every one and says "ok".
 #include <stddef.h>
 
-static long sys(long nr, long a, long b, long c, long d, long e, long f) {
-    long ret;
-    register long r10 __asm__("r10") = d;
-    register long r8 __asm__("r8") = e;
-    register long r9 __asm__("r9") = f;
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
-                     : "rcx", "r11", "memory");
-    return ret;
-}
+#include "raw_syscall.h"
 
 enum { SYS_write = 1, SYS_mmap = 9, SYS_exit_group = 231 };
 enum { BYTES = 32 << 20, PAGE = 4096 };
@@ -23,14 +13,14 @@ enum { BYTES = 32 << 20, PAGE = 4096 };
 // The kernel enters _start with the stack 16-byte aligned, not as a call leaves it.
 __attribute__((force_align_arg_pointer)) void _start(void) {
     // PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS
-    unsigned long *mem = (unsigned long *)sys(SYS_mmap, 0, BYTES, 3, 0x22, -1, 0);
+    unsigned long *mem = (unsigned long *)raw_syscall6(SYS_mmap, 0, BYTES, 3, 0x22, -1, 0);
     if ((unsigned long)mem > -4096UL)
-        sys(SYS_exit_group, 3, 0, 0, 0, 0, 0);
+        raw_syscall6(SYS_exit_group, 3, 0, 0, 0, 0, 0);
     for (size_t i = 0; i < BYTES / sizeof *mem; i += WORDS_PER_PAGE)
         mem[i] = i * 2654435761u;
     for (size_t i = 0; i < BYTES / sizeof *mem; i += WORDS_PER_PAGE)
         if (mem[i] != i * 2654435761u)
-            sys(SYS_exit_group, 4, 0, 0, 0, 0, 0);
-    sys(SYS_write, 1, (long)"ok\n", 3, 0, 0, 0);
-    sys(SYS_exit_group, 0, 0, 0, 0, 0, 0);
+            raw_syscall6(SYS_exit_group, 4, 0, 0, 0, 0, 0);
+    raw_syscall6(SYS_write, 1, (long)"ok\n", 3, 0, 0, 0);
+    raw_syscall6(SYS_exit_group, 0, 0, 0, 0, 0, 0);
 }
