@@ -28,6 +28,7 @@ def main():
     p.add_argument("--uswap", default=os.path.join(ROOT, "target/release/uswap"))
     p.add_argument("--idle-age", help="uswap run's --idle-age (default: its own, `never` under --auto)")
     p.add_argument("--device", help="uswap run's --device (default: its own, a zpool)")
+    p.add_argument("--tier-age", help="uswap run's --tier-age (with a --device of two tiers, such as zpool,zpool:zstd-1)")
     p.add_argument("--log")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     conf = p.parse_args()
@@ -38,6 +39,7 @@ def main():
     start = time.monotonic()
     aging = ["--idle-age", conf.idle_age] if conf.idle_age else []
     aging += ["--device", conf.device] if conf.device else []
+    aging += ["--tier-age", conf.tier_age] if conf.tier_age else []
     run = subprocess.Popen([conf.uswap, "run", f"--auto={conf.target}", "--limit", conf.max] + aging + ["--"] + cmd)
     history = []
     while run.poll() is None:

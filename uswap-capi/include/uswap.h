@@ -617,6 +617,20 @@ int uswap_config_set_auto_budget(struct uswap_config *config, double target_shar
 int uswap_config_set_idle_age(struct uswap_config *config, double seconds);
 
 /**
+ * How long a page stays out of RAM untouched before the background reclaimer moves it
+ * down a tier, off the fault path: from a device to one of lower priority (the next in
+ * `uswap_config_set_devices`' list), such as an lz4 pool's page recompressed into the zstd
+ * pool below it (`"zpool,zpool:zstd-1"`), or a pool's page written to a file device after
+ * it. Works with any idle age, 0 included. 0 (the default) leaves it to the idle age: twice
+ * an idle age that sends pages out, never otherwise.
+ *
+ * Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `seconds` is not 0 or from 1 to
+ * a year (31,536,000); `uswap_pager_create` then fails with `USWAP_EINVAL` if the devices have
+ * no tier below the first.
+ */
+int uswap_config_set_tier_age(struct uswap_config *config, double seconds);
+
+/**
  * Creates a pager from a configuration (which stays the caller's: it may be changed or freed
  * afterwards without affecting the pager). Stores its handle in `*pager_out` (NULL on
  * failure). This opens the userfaultfd and the swap devices and starts the pager's threads.

@@ -72,6 +72,7 @@ struct Settings {
     syscall_guard: bool,
     auto_target: Option<f64>,
     idle_aging: engine::IdleAging,
+    tier_age: Option<std::time::Duration>,
 }
 
 struct RegionEntry {
@@ -158,6 +159,7 @@ pub unsafe extern "C" fn uswap_config_new(config_out: *mut *mut uswap_config) ->
             syscall_guard: false,
             auto_target: None,
             idle_aging: engine::IdleAging::Off,
+            tier_age: None,
         }));
         // SAFETY: checked non-NULL above; the caller's contract makes it writable.
         unsafe { put(config_out, to_handle(id)) };
@@ -382,6 +384,36 @@ pub extern "C" fn uswap_config_set_idle_age(config: *mut uswap_config, seconds: 
     })
 }
 
+/// How long a page stays out of RAM untouched before the background reclaimer moves it
+/// down a tier, off the fault path: from a device to one of lower priority (the next in
+/// `uswap_config_set_devices`' list), such as an lz4 pool's page recompressed into the zstd
+/// pool below it (`"zpool,zpool:zstd-1"`), or a pool's page written to a file device after
+/// it. Works with any idle age, 0 included. 0 (the default) leaves it to the idle age: twice
+/// an idle age that sends pages out, never otherwise.
+///
+/// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `seconds` is not 0 or from 1 to
+/// a year (31,536,000); `uswap_pager_create` then fails with `USWAP_EINVAL` if the devices have
+/// no tier below the first.
+#[no_mangle]
+pub extern "C" fn uswap_config_set_tier_age(config: *mut uswap_config, seconds: f64) -> c_int {
+    guard(|| {
+        let age = match seconds {
+            0.0 => None,
+            s if (1.0..=engine::MAX_IDLE_AGE_SECS).contains(&s) => Some(std::time::Duration::from_secs_f64(s)),
+            _ => {
+                return Err(Failure::invalid(format!(
+                    "uswap_config_set_tier_age: a tier age of {seconds} s is out of range; pass 1 to 31536000 \
+                     (a year), or 0 for the default"
+                )))
+            }
+        };
+        with_settings(config, "uswap_config_set_tier_age", |s| {
+            s.tier_age = age;
+            Ok(())
+        })
+    })
+}
+
 // ---------------------------------------------------------------------------------------
 // Pager
 // ---------------------------------------------------------------------------------------
@@ -431,6 +463,9 @@ pub unsafe extern "C" fn uswap_pager_new(config: *const uswap_config, pager_out:
             builder = builder.auto_budget(t);
         }
         builder = builder.idle_aging(settings.idle_aging);
+        if let Some(age) = settings.tier_age {
+            builder = builder.tier_age(age);
+        }
         for d in devices {
             builder = builder.device(d);
         }

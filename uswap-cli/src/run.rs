@@ -82,6 +82,13 @@ pub struct RunArgs {
     /// by default; `off` (or `0`) turns aging off, `--auto`'s counting too.
     #[arg(long, value_name = "AGE", value_parser = uswap::IdleAging::parse)]
     pub idle_age: Option<uswap::IdleAging>,
+    /// Pages out of RAM for AGE (`30s`, `2m`; 1 s to a year) without a touch move down a
+    /// tier, off the fault path: with `--device zpool,zpool:zstd-1` an lz4 pool's cold pages
+    /// are recompressed into the zstd pool below it; with a file or Redis device after a
+    /// pool, written there. With `--auto` and any `--idle-age` (default: twice an idle age
+    /// that sends pages out, never otherwise). Needs two devices or more.
+    #[arg(long, value_name = "AGE", value_parser = uswap::parse_tier_age)]
+    pub tier_age: Option<std::time::Duration>,
     /// Swap devices, as for `uswap bench --device` (default: a compressed pool).
     #[arg(long, default_value = "zpool")]
     pub device: String,
@@ -276,6 +283,8 @@ pub struct LaunchConfig {
     /// none: the preload library's default).
     pub start_after_bytes: Option<u64>,
     pub idle_aging: uswap::IdleAging,
+    /// `--tier-age` (`None`: the pager's default).
+    pub tier_age: Option<std::time::Duration>,
 }
 
 /// `USWAP_IDLE_AGE`'s value for an aging (`None`: left unset, off).
@@ -355,12 +364,16 @@ fn program_command(
         .env(tree::ENV_STATS_DIR, env.stats_dir)
         .env_remove("USWAP_START_AFTER")
         .env_remove("USWAP_IDLE_AGE")
+        .env_remove("USWAP_TIER_AGE")
         .env_remove("USWAP_DISABLE");
     if let Some(bytes) = cfg.start_after_bytes {
         command.env("USWAP_START_AFTER", bytes.to_string());
     }
     if let Some(age) = idle_age_env(cfg.idle_aging) {
         command.env("USWAP_IDLE_AGE", age);
+    }
+    if let Some(age) = cfg.tier_age {
+        command.env("USWAP_TIER_AGE", format!("{}s", age.as_secs_f64()));
     }
     if let Some(added) = &env.sanitizers_added {
         command.env(sanitizer::ENV_ADDED, added);
@@ -386,8 +399,13 @@ impl Launch {
         // size the processes give a device without one (half the RAM), not the limit: under
         // `--limit 8TiB` the default pool's cap was taken for 8 TiB and refused.
         let default_capacity_bytes = uswap::DeviceConfig::default_capacity_bytes();
-        for d in uswap::DeviceConfig::parse_list(&cfg.device, default_capacity_bytes).map_err(RunError::Device)? {
+        let devices = uswap::DeviceConfig::parse_list(&cfg.device, default_capacity_bytes).map_err(RunError::Device)?;
+        for d in &devices {
             d.check_usable().map_err(RunError::Device)?;
+        }
+        // Each device of a list has a lower priority than the one before: a second is a tier.
+        if cfg.tier_age.is_some() && devices.len() < 2 {
+            return Err(RunError::TierAge(uswap::Error::NoTierBelow { nr_devices: devices.len() }));
         }
         // Before the run's directory is made, which an error here would leave behind.
         let (device, redis_sessions) = redis_sessions(&cfg.device)?;
@@ -606,6 +624,7 @@ fn checked_config(args: &RunArgs) -> Result<LaunchConfig, RunError> {
             Some(_) => uswap::IdleAging::Observe,
             None => uswap::IdleAging::Off,
         }),
+        tier_age: args.tier_age,
     })
 }
 

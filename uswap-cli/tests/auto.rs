@@ -174,6 +174,38 @@ fn idle_age_sends_out_what_a_program_left_alone_without_pressure() {
     }
 }
 
+/// `--tier-age 2s` over an lz4 pool with a zstd pool below: a C program fills 128 MiB under a
+/// limit of 32 MiB, then touches only 16 MiB for 20 s, then checks every word. 12 s in, most
+/// of the 96 MiB reclaim sent out have moved down to the zstd pool for their age, with idle
+/// aging off (the default without `--auto`). A tier age without a second device, or under a
+/// second, is refused before the program starts.
+#[test]
+fn tier_age_recompresses_what_a_program_left_out_of_ram() {
+    const MIB: u64 = 1 << 20;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmpdir("tier-age");
+    let p = compile("phases", &dir, &[]);
+    let args = ["run", "--tier-age", "2s", "--device", "zpool,zpool:zstd-1", "--limit", "32MiB", "--"];
+    let mut cmd = uswap_cmd(&args);
+    cmd.arg(&p).args(["128", "16", "20"]).stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("uswap run starts");
+    std::thread::sleep(Duration::from_secs(12));
+    let line = tree_stats(&child);
+    let st = &line["stats"];
+    let below = counter(&st["devices"][1]["backend"], "stored_pages") * 4096;
+    assert!(below >= 64 * MIB, "12 s in, {} MiB on the zstd pool: {line}", below / MIB);
+    assert!(counter(st, "writeback_idle") * 4096 >= 64 * MIB, "{line}");
+    assert_eq!(counter(st, "swpout_idle"), 0, "aging off sends nothing out for its age: {line}");
+    ends_ok(&mut child);
+    for (bad, why) in
+        [(&["--tier-age", "30s"][..], "tier below"), (&["--tier-age", "0.5s", "--device", "zpool,ram"], "1 s")]
+    {
+        let o = uswap(&[&["run"], bad, &["--", "true"]].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.code() == Some(2) && err.contains("tier") && err.contains(why), "{bad:?}: {err}");
+    }
+}
+
 /// `uswap stat` on a `uswap run` of two processes with pagers: the tree's device is the size
 /// given (its slots, shared by the tree), not that times the processes (it said twice).
 #[test]

@@ -10,12 +10,13 @@
 //! | `USWAP_MIN_SIZE` | smallest `mmap` managed | 16 KiB ([`DEFAULT_MIN_SIZE_BYTES`]) |
 //! | `USWAP_STATS_DIR` | where each process writes its final counters | none |
 //! | `USWAP_IDLE_AGE` | idle aging: an age (`120s`, `2m`), `never` (count idle pages only) or `off` | `off` |
+//! | `USWAP_TIER_AGE` | how long a page stays out of RAM untouched before it moves down a tier (`30s`, `2m`; see `PagerBuilder::tier_age`) | twice an evicting `USWAP_IDLE_AGE`, never otherwise |
 //! | `USWAP_START_AFTER` | the heap a process may use before its pager starts, a size, at most a sixteenth of the limit; `0`: before `main` (see the crate's doc, "Lazy start") | a sixteenth of the limit (16 MiB at most outside a `uswap run` tree, see `waiting_charge`) |
 //! | `USWAP_DISABLE` | set: the library does nothing | unset |
 //! | `USWAP_ADDRESS_SPACE_LIMIT` | set by the library itself at `execve`: the address-space limit a managed parent set (see `rlimit`) | unset |
 //! | `USWAP_DATA_LIMIT` | likewise, the data limit a managed parent set | unset |
 
-use uswap::{parse_size, DeviceConfig, FaultMode, IdleAging, PagerBuilder};
+use uswap::{parse_size, parse_tier_age, DeviceConfig, FaultMode, IdleAging, PagerBuilder};
 
 pub const ENV_LIMIT: &str = "USWAP_LIMIT";
 pub const ENV_DEVICE: &str = "USWAP_DEVICE";
@@ -28,6 +29,7 @@ pub const DEFAULT_MIN_SIZE_BYTES: usize = 16 << 10;
 pub const ENV_STATS_DIR: &str = "USWAP_STATS_DIR";
 pub const ENV_DISABLE: &str = "USWAP_DISABLE";
 pub const ENV_IDLE_AGE: &str = "USWAP_IDLE_AGE";
+pub const ENV_TIER_AGE: &str = "USWAP_TIER_AGE";
 pub const ENV_START_AFTER: &str = "USWAP_START_AFTER";
 
 /// The default and the most of `USWAP_START_AFTER`: a sixteenth of the limit. Under a
@@ -58,6 +60,9 @@ pub struct Config {
     pub min_size_bytes: usize,
     pub stats_dir: Option<std::path::PathBuf>,
     pub idle_aging: IdleAging,
+    /// How long a page stays out of RAM untouched before it moves down a tier (`None`: the
+    /// pager's default).
+    pub tier_age: Option<std::time::Duration>,
     /// Size of the managed heap region: everything the program can keep, in RAM or on the
     /// devices (limit plus device capacity).
     pub heap_bytes: usize,
@@ -110,6 +115,10 @@ impl Config {
             Some(v) => IdleAging::parse(&v).map_err(|e| format!("{ENV_IDLE_AGE}: {e}"))?,
             None => IdleAging::Off,
         };
+        let tier_age = match text_var(ENV_TIER_AGE)? {
+            Some(v) => Some(parse_tier_age(&v).map_err(|e| format!("{ENV_TIER_AGE}: {e}"))?),
+            None => None,
+        };
         let capacity: u64 = devices.iter().map(DeviceConfig::capacity_bytes).sum();
         // Room for the RAM as well as the limit: with every device full, pages stay resident
         // over the limit (said and counted), as the kernel's would with its swap full. Sized
@@ -142,6 +151,7 @@ impl Config {
             min_size_bytes,
             stats_dir,
             idle_aging,
+            tier_age,
             heap_bytes,
             start_after_bytes,
         })
@@ -153,6 +163,9 @@ impl Config {
             .resident_limit(self.limit_bytes)
             .fault_mode(self.fault_mode)
             .idle_aging(self.idle_aging);
+        if let Some(age) = self.tier_age {
+            b = b.tier_age(age);
+        }
         for d in &self.devices {
             b = b.device(d.clone());
         }

@@ -87,6 +87,24 @@ fn idle_age_arg(value: &Bound<'_, PyAny>) -> PyResult<uswap::IdleAging> {
     })
 }
 
+/// `tier_age=`: seconds (`30`) or a string as `uswap run --tier-age` takes it (`"30s"`, `"2m"`).
+fn tier_age_arg(value: &Bound<'_, PyAny>) -> PyResult<std::time::Duration> {
+    if let Ok(s) = value.cast::<PyString>() {
+        return uswap::parse_tier_age(s.to_str()?).map_err(|e| invalid_argument(format!("tier_age: {e}")));
+    }
+    match value.extract::<f64>() {
+        Ok(secs)
+            if !value.is_instance_of::<pyo3::types::PyBool>() && (1.0..=uswap::MAX_IDLE_AGE_SECS).contains(&secs) =>
+        {
+            Ok(std::time::Duration::from_secs_f64(secs))
+        }
+        _ => Err(invalid_argument(format!(
+            "tier_age: expected seconds from 1 to a year (31536000) or a string such as \"30s\", got {}",
+            value.repr()?
+        ))),
+    }
+}
+
 /// A user-space swap engine: managed memory whose resident size is capped at `limit`,
 /// paged through userfaultfd to the swap devices `devices`.
 ///
@@ -103,7 +121,9 @@ fn idle_age_arg(value: &Bound<'_, PyAny>) -> PyResult<uswap::IdleAging> {
 /// stalls under 1 % of wall time (`limit` is then the ceiling; the `limit` property says where it is;
 /// `stats()["stall"]` has the stall figures). `idle_age=120` (or `"2m"`) writes out pages
 /// untouched for 120 s without waiting for the limit (`float("inf")` or `"never"`: only count them; `stats()["idle"]`
-/// says how much memory has been untouched for 1 s, 10 s, 1 min and 10 min).
+/// says how much memory has been untouched for 1 s, 10 s, 1 min and 10 min). `tier_age=30` (or
+/// `"30s"`) moves pages out of RAM that long untouched down a tier (with
+/// `devices="zpool,zpool:zstd-1"`, recompressed with zstd; see the Rust `PagerBuilder::tier_age`).
 #[pyclass(module = "uswap", name = "Pager", frozen)]
 struct PyPager {
     cell: Arc<PagerCell>,
@@ -122,7 +142,7 @@ impl PyPager {
     #[new]
     // One parameter per Python keyword argument: the signature is the Python API.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (limit, devices = "zpool", fault_mode = "thread", *, device_size = None, handler_threads = None, readahead = true, auto = None, idle_age = None, syscall_guard = false))]
+    #[pyo3(signature = (limit, devices = "zpool", fault_mode = "thread", *, device_size = None, handler_threads = None, readahead = true, auto = None, idle_age = None, tier_age = None, syscall_guard = false))]
     fn new(
         py: Python<'_>,
         limit: &Bound<'_, PyAny>,
@@ -135,6 +155,7 @@ impl PyPager {
         readahead: bool,
         auto: Option<&Bound<'_, PyAny>>,
         idle_age: Option<&Bound<'_, PyAny>>,
+        tier_age: Option<&Bound<'_, PyAny>>,
         syscall_guard: bool,
     ) -> PyResult<PyPager> {
         let limit_bytes = size_arg(limit, "limit")?;
@@ -179,6 +200,9 @@ impl PyPager {
         }
         if let Some(age) = idle_age {
             builder = builder.idle_aging(idle_age_arg(age)?);
+        }
+        if let Some(age) = tier_age {
+            builder = builder.tier_age(tier_age_arg(age)?);
         }
         // A fork child opens devices of its own: not a named swap file or a block device, which
         // the parent's device holds exclusively (a directory gives each process a file of its own).

@@ -350,6 +350,24 @@ def test_idle_age_sends_untouched_memory_out_and_counts_it():
             uswap.Pager("64MiB", "zpool", idle_age=bad)
 
 
+def test_tier_age_moves_pages_out_of_ram_down_to_the_zstd_pool():
+    p = uswap.Pager("16MiB", "zpool:256MiB,zpool:256MiB:zstd-1", tier_age="1s")
+    region = p.map(64 * MiB)
+    a = np.frombuffer(region, dtype=np.uint64)
+    a[:] = np.arange(a.size, dtype=np.uint64)  # 48 MiB of it goes out to the lz4 pool
+    deadline = time.monotonic() + 30
+    while p.stats()["writeback_idle"] * uswap.PAGE_SIZE < 32 * MiB:
+        assert time.monotonic() < deadline, f"pages stayed on lz4: {p.stats()['devices']}"
+        time.sleep(0.25)
+    assert p.stats()["swpout_idle"] == 0, "idle aging is off"
+    assert np.array_equal(a, np.arange(a.size, dtype=np.uint64)), "every word read back"
+    with pytest.raises(uswap.InvalidArgumentError, match="tier"):
+        uswap.Pager("64MiB", "zpool", tier_age=30)  # no tier below
+    for bad in (0.5, "0.5s", "never", True):
+        with pytest.raises(uswap.InvalidArgumentError, match="tier_age"):
+            uswap.Pager("64MiB", "zpool,zpool:zstd-1", tier_age=bad)
+
+
 def test_arrays_outlive_the_block_and_the_pager_object():
     pager = uswap.Pager(limit=8 * MiB, devices="zpool:128MiB")
     with pager.numpy(threshold="64KiB") as h:

@@ -56,6 +56,15 @@ pub enum Error {
     #[error("an idle age of {age_ms} ms is too short to tell an idle page from a busy one; give 1 s or more")]
     BadIdleAge { age_ms: u64 },
 
+    #[error("a tier age of {age_ms} ms is out of range: give 1 s to a year (8760h)")]
+    BadTierAge { age_ms: u64 },
+
+    #[error(
+        "a tier age moves pages down to a device of lower priority, and the {nr_devices} device(s) given have one \
+         priority: give a tier below, such as the devices zpool,zpool:zstd-1 (an lz4 pool over a zstd pool)"
+    )]
+    NoTierBelow { nr_devices: usize },
+
     #[error("this pager was built by process {owner_pid}, and process {pid} is a fork child of it: the engine's threads and userfaultfd stayed with the parent, and the child's copies of its regions lost their swapped-out pages; build a new pager in the child")]
     ForkChild { owner_pid: u32, pid: u32 },
 
@@ -212,6 +221,8 @@ impl Error {
             | LimitTooLarge { .. }
             | BadStallTarget { .. }
             | BadIdleAge { .. }
+            | BadTierAge { .. }
+            | NoTierBelow { .. }
             | TooManyHandlerThreads { .. }
             | ForkChild { .. }
             | UnderUswapRun

@@ -66,6 +66,15 @@ pub enum IdleAging {
     Evict(std::time::Duration),
 }
 
+/// Parses a tier age as `uswap run --tier-age` and `USWAP_TIER_AGE` take it (see
+/// `PagerBuilder::tier_age`): seconds, or with a unit (`30s`, `2m`, `1h`), 1 s to a year.
+pub fn parse_tier_age(s: &str) -> Result<std::time::Duration, String> {
+    match IdleAging::parse(s) {
+        Ok(IdleAging::Evict(age)) => Ok(age),
+        _ => Err(format!("{s:?}: a tier age is 1 s to a year (8760h), such as 30s, 2m or 1h")),
+    }
+}
+
 /// The longest idle age a pager evicts at: a year, in seconds. Longer is what `never`
 /// (observe) says, and past about 10^19 s a `Duration` cannot hold it.
 pub const MAX_IDLE_AGE_SECS: f64 = 365.0 * 24.0 * 3600.0;

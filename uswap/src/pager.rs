@@ -34,7 +34,7 @@ use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES, STAGING_REGIS
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
 use crate::{events, fault};
 
-pub use crate::options::{BackgroundReclaim, FaultMode, IdleAging};
+pub use crate::options::{parse_tier_age, BackgroundReclaim, FaultMode, IdleAging, MAX_IDLE_AGE_SECS};
 
 /// The most fault-handler threads a pager starts (thread mode): far more than serve at once
 /// (a backlog brings up at most half the CPUs), and each is a thread with its own stack.
@@ -64,6 +64,7 @@ pub struct PagerBuilder {
     publish_stats: bool,
     auto_budget: Option<f64>,
     idle_aging: IdleAging,
+    tier_age: Option<std::time::Duration>,
     syscall_guard: bool,
 }
 
@@ -160,6 +161,28 @@ impl PagerBuilder {
     pub fn idle_aging(mut self, aging: IdleAging) -> Self {
         self.idle_aging = aging;
         self
+    }
+
+    /// How long a page stays out of RAM untouched before it moves down a tier: from a device
+    /// to one of lower priority ([`DeviceConfig::priority`]), such as an lz4 pool's page
+    /// recompressed into a zstd pool below it, or a pool's page written to a file or Redis
+    /// tier. The background reclaimer moves such pages off the fault path (up to 64 MiB a
+    /// second), with any idle aging, [`IdleAging::Off`] included: a page's time out of RAM
+    /// is stamped when it leaves. Default: twice the age of [`IdleAging::Evict`], never
+    /// otherwise. The age is 1 s to a year ([`Error::BadTierAge`]), and the devices must
+    /// have a tier below the first ([`Error::NoTierBelow`]).
+    pub fn tier_age(mut self, age: std::time::Duration) -> Self {
+        self.tier_age = Some(age);
+        self
+    }
+
+    /// The tier age in effect: as given, or twice an evicting idle age.
+    fn resolved_tier_age(&self) -> Option<std::time::Duration> {
+        match (self.tier_age, self.idle_aging) {
+            (Some(age), _) => Some(age),
+            (None, IdleAging::Evict(age)) => Some(age * 2),
+            (None, _) => None,
+        }
     }
 
     /// For `uswap run`'s library (`uswap-preload`) alone: its pagers are the process's. Any
@@ -298,6 +321,15 @@ impl PagerBuilder {
                 return Err(Error::BadIdleAge { age_ms: age.as_millis() as u64 });
             }
         }
+        if let Some(age) = self.tier_age {
+            if !(1.0..=MAX_IDLE_AGE_SECS).contains(&age.as_secs_f64()) {
+                return Err(Error::BadTierAge { age_ms: age.as_millis().min(u64::MAX as u128) as u64 });
+            }
+            let highest = self.devices.iter().map(|d| d.priority_value()).max();
+            if !self.devices.iter().any(|d| Some(d.priority_value()) < highest) {
+                return Err(Error::NoTierBelow { nr_devices: self.devices.len() });
+            }
+        }
         if self.devices.len() > MAX_DEVICES {
             return Err(Error::TooManyDevices { given: self.devices.len(), max: MAX_DEVICES });
         }
@@ -397,6 +429,7 @@ impl PagerBuilder {
                 (IdleAging::Off, Some(_)) => IdleAging::Observe,
                 (aging, _) => aging,
             },
+            tier_age: self.resolved_tier_age(),
             errors: crate::state::ErrorLog::new(ERROR_LOG_LEN),
             reclaimer: crate::sync::Doze::new(),
             cow: crate::state::cow::CowQueue::new(),
@@ -707,6 +740,7 @@ impl Pager {
             publish_stats: true,
             auto_budget: None,
             idle_aging: IdleAging::Off,
+            tier_age: None,
             syscall_guard: false,
         }
     }

@@ -412,6 +412,7 @@ fn run_engine(plan: &Plan, engine: &Engine, sitting: &mut Sitting) -> Result<Com
                 min_size_bytes: crate::run::DEFAULT_MIN_SIZE_BYTES,
                 start_after_bytes: None,
                 idle_aging: uswap::IdleAging::Off,
+                tier_age: None,
             };
             let mut launch = Launch::prepare(&plan.argv, &cfg)?;
             let outcome = spawn_timed(&engine.name, &mut launch.command, None)?;

@@ -76,6 +76,9 @@ pub enum RunError {
     Userfaultfd { thread_mode: bool, source: uswap::Error },
     #[error("--device: {0}")]
     Device(uswap::Error),
+
+    #[error("--tier-age: {0}")]
+    TierAge(uswap::Error),
     #[error("cannot make a directory for the counters: {0}")]
     StatsDir(std::io::Error),
     #[error("cannot draw a random session name for the Redis devices (getrandom): {0}")]

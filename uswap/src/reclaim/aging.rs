@@ -29,8 +29,11 @@
 //! and at its tick otherwise.
 //!
 //! With `IdleAging::Evict(age)`, staged pages that have been idle for `age` are written to
-//! their device, oldest first ([`evict_idle`]), and pages that have been idle for `age`
-//! again on a device with a tier below go down a tier ([`tier_down`]). Reclaim under the
+//! their device, oldest first ([`evict_idle`]). With a tier age (`PagerBuilder::tier_age`;
+//! twice `age` under `Evict` unless given), pages out of their regions that long, untouched,
+//! on a device with a tier below go down a tier ([`tier_down`]): with aging off or observing
+//! too, in which case a tick does only that (no scan of the resident pages is needed, a
+//! page's age out of RAM is stamped when it leaves). Reclaim under the
 //! limit needs nothing more to pick by age: it writes the swap cache's oldest staged pages
 //! first, and once the scan has run those are the longest idle.
 //!
@@ -120,9 +123,10 @@ pub(crate) struct Aging {
 }
 
 impl Aging {
-    /// A scan for `p`, or `None` when its idle aging is off.
+    /// A scan for `cx`, or `None` when its idle aging is off and nothing moves down a tier
+    /// for its age.
     pub fn new(cx: &Reclaim<'_>) -> Option<Aging> {
-        (cx.idle_aging != IdleAging::Off).then(|| Aging {
+        (cx.idle_aging != IdleAging::Off || cx.tier_age.is_some()).then(|| Aging {
             last_us: 0,
             pass_rate: 0,
             pass_ticks_left: 0,
@@ -142,15 +146,33 @@ impl Aging {
     }
 
     /// Runs once a second (every [`FINDING_PERIOD_US`] while it finds idle pages): reports
-    /// the last tick's sample, sets the slice of the resident pages this tick tests (in
-    /// parts, by [`Aging::resume`], from here and between ticks), then (with `Evict`) sends
-    /// out those idle long enough. Returns whether some of the slice is left.
+    /// the last tick's sample and sets the slice of the resident pages this tick tests (in
+    /// parts, by [`Aging::resume`], from here and between ticks) unless aging is off, then
+    /// (with `Evict`) sends out those idle long enough, and (with a tier age) moves down a
+    /// tier the pages out of RAM that long. Returns whether some of the slice is left.
     pub fn tick(&mut self, cx: &Reclaim<'_>, now_us: u64, buf: &mut [AlignedPage]) -> bool {
         if now_us < self.last_us + self.period_us() || cx.charge.reclaim_held.load(Ordering::Acquire) {
             return self.resume(cx, now_us);
         }
         self.last_us = now_us;
         let Some(in_flight) = InFlight::enter(cx) else { return false };
+        if cx.idle_aging != IdleAging::Off {
+            self.start_slice(cx);
+        }
+        let now = now_epoch();
+        if let IdleAging::Evict(age) = cx.idle_aging {
+            evict_idle(cx, now.saturating_sub(age_epochs(age)));
+        }
+        if let Some(age) = cx.tier_age {
+            self.tier_down(cx, now.saturating_sub(age_epochs(age)), buf);
+        }
+        drop(in_flight);
+        self.resume(cx, now_us)
+    }
+
+    /// Sets the slice of the resident pages this tick tests (in parts, by [`Aging::resume`])
+    /// and reports the last tick's sample.
+    fn start_slice(&mut self, cx: &Reclaim<'_>) {
         // A pass over the pages in their regions, a tenth a tick (slowed down after passes
         // that found nothing). The rate only rises during a pass (set from each tick's
         // count, it would fall with every page staged and the pass would never end; it rises
@@ -183,14 +205,6 @@ impl Aging {
         // sped up, one may be (a swap-cache hit).
         self.calls_left = 2 * self.last_asked.div_ceil(BATCH);
         self.waiting_since_us = None;
-        if let IdleAging::Evict(age) = cx.idle_aging {
-            let age_epochs = (age.as_millis() as u64 / EPOCH_MS).max(1);
-            let now = now_epoch();
-            evict_idle(cx, now.saturating_sub(age_epochs));
-            self.tier_down(cx, now.saturating_sub(2 * age_epochs), buf);
-        }
-        drop(in_flight);
-        self.resume(cx, now_us)
     }
 
     /// Once a second, twice while the scan finds idle pages: the program's working set
@@ -328,7 +342,8 @@ impl Aging {
             let cursor = &mut self.tier_cursor[dev.index];
             moved += tier_down_from(cx, dev, cursor, cut, buf);
         }
-        cx.stats.add(Counter::WritebackIdle, moved as u64);
+        // Counted batch by batch (`move_down_counted`): a tick moves up to 64 MiB.
+        debug_assert!(moved <= devices.len() * (MAX_EVICT_PER_S + BATCH), "a tick's tier moves are bounded");
     }
 }
 
@@ -350,6 +365,11 @@ fn deactivate(cx: &Reclaim<'_>, want: usize, calls: &mut usize) -> usize {
         }
     }
     moved
+}
+
+/// An age in idle-age epochs, one at least.
+fn age_epochs(age: std::time::Duration) -> Epoch {
+    (age.as_millis() as u64 / EPOCH_MS).max(1)
 }
 
 /// Writes to their devices the staged pages that left their regions in epoch `cut` or
@@ -406,7 +426,7 @@ fn tier_down_from(cx: &Reclaim<'_>, dev: &SwapDevice, cursor: &mut u64, cut: Epo
                 n += 1;
             }
             if n == BATCH {
-                moved += move_slots_down(cx, dev, &batch, buf);
+                moved += move_down_counted(cx, dev, &batch, buf);
                 n = 0;
                 if moved >= MAX_EVICT_PER_S {
                     return moved;
@@ -418,5 +438,13 @@ fn tier_down_from(cx: &Reclaim<'_>, dev: &SwapDevice, cursor: &mut u64, cut: Epo
             break;
         }
     }
-    moved + move_slots_down(cx, dev, &batch[..n], buf)
+    moved + move_down_counted(cx, dev, &batch[..n], buf)
+}
+
+/// Moves a batch of idle slots down a tier and counts them at once: a tick's moves take
+/// seconds, and a count made at its end showed pages below that no counter had seen.
+fn move_down_counted(cx: &Reclaim<'_>, dev: &SwapDevice, slots: &[u64], buf: &mut [AlignedPage]) -> usize {
+    let moved = move_slots_down(cx, dev, slots, buf);
+    cx.stats.add(Counter::WritebackIdle, moved as u64);
+    moved
 }

@@ -89,6 +89,9 @@ pub(crate) struct Reclaim<'a> {
     shutdown: &'a Shutdown,
     background_reclaim: BackgroundReclaim,
     idle_aging: IdleAging,
+    /// How long a page stays out of RAM untouched before it moves down a tier (`None`:
+    /// never, see `PagerBuilder::tier_age`).
+    tier_age: Option<std::time::Duration>,
     errors: &'a ErrorLog,
     reclaimer: &'a crate::sync::Doze,
     cow: &'a CowQueue,
@@ -112,6 +115,7 @@ impl PagerShared {
             shutdown: &self.shutdown,
             background_reclaim: self.background_reclaim,
             idle_aging: self.idle_aging,
+            tier_age: self.tier_age,
             errors: &self.errors,
             reclaimer: &self.reclaimer,
             cow: &self.cow,

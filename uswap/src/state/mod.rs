@@ -97,6 +97,8 @@ pub(crate) struct PagerShared {
     pub shutdown: Shutdown,
     pub background_reclaim: BackgroundReclaim,
     pub idle_aging: IdleAging,
+    /// How long a page stays out of RAM untouched before it moves down a tier (`None`: never).
+    pub tier_age: Option<std::time::Duration>,
     /// The most recent page errors (oldest dropped first).
     pub errors: ErrorLog,
     /// The background reclaimer, for waking it (`BackgroundReclaim::Always`, and pages to
