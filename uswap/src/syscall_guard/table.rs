@@ -113,6 +113,9 @@ pub fn rule(nr: c_long) -> Rule {
         // Recorded for reclaim (see `crate::mlock`); the kernel populates a lock with writes.
         libc::SYS_mlock | libc::SYS_mlock2 => buf(0, 1, true),
         libc::SYS_munlock | libc::SYS_mlockall | libc::SYS_munlockall => Rule::Plain,
+        // A range, not a pointer the kernel follows; the slow path brings in the ranges the
+        // kernel would populate (`MADV_POPULATE_*`, see `entry::populate_call`).
+        libc::SYS_madvise => Rule::Plain,
         // Its first argument is a range asked about, not memory the kernel reads: made
         // ready as `Generic` would, `mincore` brought in the page it asked about and always
         // found it resident. Only the vector is written: a byte a page. (Readied for `len`
@@ -154,7 +157,7 @@ pub fn rule(nr: c_long) -> Rule {
 
 /// Calls that take no pointer the kernel follows. The clone family and `rt_sigreturn` must be
 /// here: they may not run on a stack the dispatch has pushed to (see `patch`).
-const PLAIN: [c_long; 73] = [
+const PLAIN: [c_long; 72] = [
     libc::SYS_close,
     libc::SYS_lseek,
     libc::SYS_mmap,
@@ -165,7 +168,6 @@ const PLAIN: [c_long; 73] = [
     libc::SYS_sched_yield,
     libc::SYS_mremap,
     libc::SYS_msync,
-    libc::SYS_madvise,
     libc::SYS_dup,
     libc::SYS_dup2,
     libc::SYS_dup3,
