@@ -226,8 +226,8 @@ impl PyPager {
             .map_err(|_| invalid_argument(format!("size: {bytes} bytes does not fit this machine's address space")))?;
         let cell = &self.cell;
         cell.check_owner().map_err(invalid_argument)?;
-        let (start, len) = py.detach(|| cell.map(len, Owner::Region)).map_err(to_py)?;
-        Ok(PyRegion::new(cell.clone(), start, len))
+        let (key, _, len) = py.detach(|| cell.map(len, Owner::Region)).map_err(to_py)?;
+        Ok(PyRegion::new(cell.clone(), key, len))
     }
 
     /// A context manager that puts numpy's array data in managed memory while it is active:

@@ -96,7 +96,14 @@ impl ManagedHeap {
     /// A managed block of `size` bytes (zero-filled), or `None` if the engine refused one.
     fn map(&self, size: usize) -> Option<*mut c_void> {
         match self.cell.map(size, Owner::Numpy) {
-            Ok((start, len)) => {
+            // numpy frees a block by its address: one keyed elsewhere (a region the program
+            // moved away from there still has the key) could not be found again.
+            Ok((key, start, _)) if key != start => {
+                self.cell.unmap(key, Owner::Numpy);
+                self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Ok((_, start, len)) => {
                 self.counters.blocks.fetch_add(1, Ordering::Relaxed);
                 self.counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
                 self.counters.allocs.fetch_add(1, Ordering::Relaxed);

@@ -2,8 +2,8 @@
 //! mapped for Python (a `uswap.Region` object or a numpy block), kept together in one table
 //! per pager so that a fork child can put its own pager's handles in their place (`fork`).
 //!
-//! Python objects hold the cell (`Arc<PagerCell>`) and a region's start, never an engine
-//! handle: the cell keeps the engine alive while any of them lives, whatever order Python
+//! Python objects hold the cell (`Arc<PagerCell>`) and a region's key in its table, never an
+//! engine handle: the cell keeps the engine alive while any of them lives, whatever order Python
 //! frees them in.
 //!
 //! Locking: [`MAPS`], one reader-writer lock for the process, is held for reading around each
@@ -14,7 +14,10 @@
 //! behind a forking thread that waits for the write lock). A table's mutex is taken only
 //! under `MAPS`, and never across engine work.
 //!
-//! Invariants: a table entry's key is its region's start; every region a cell's pager maps is
+//! Invariants: a table entry's key is its region's start when it was mapped, or, where a
+//! region mapped there before was moved away by the program's own `mremap` (the engine follows
+//! such a move, and the moved region's entry keeps its key), the first free address above,
+//! never page-aligned, so never a region's start; every region a cell's pager maps is
 //! in the table from its `map` to its `unmap` (both under one read of `MAPS`); the handles are
 //! the pager's own (in a re-armed fork child, the child's pager's).
 
@@ -51,7 +54,7 @@ struct Entry {
 
 struct Handles {
     pager: uswap::Pager,
-    /// Every live region, by start.
+    /// Every live region, by key (its start when mapped, see the invariants).
     regions: HashMap<usize, Entry>,
 }
 
@@ -108,25 +111,38 @@ impl PagerCell {
         self.handles().pager.clone()
     }
 
-    /// Maps a region of `len` bytes for `owner`: its start and length (whole pages).
-    pub fn map(&self, len: usize, owner: Owner) -> uswap::Result<(usize, usize)> {
+    /// Maps a region of `len` bytes for `owner`: its key in the table, its start and its
+    /// length (whole pages). The key is the start unless a region moved away from there by
+    /// the program's `mremap` still has it (see the invariants).
+    pub fn map(&self, len: usize, owner: Owner) -> uswap::Result<(usize, usize, usize)> {
         let _maps = maps_read();
         let pager = self.handles().pager.clone();
         let region = pager.map(len)?;
         let (start, len) = (region.as_ptr() as usize, region.len());
-        let old = self.handles().regions.insert(start, Entry { owner, region });
-        assert!(old.is_none(), "two live regions at {start:#x}");
-        Ok((start, len))
+        let mut handles = self.handles();
+        let mut key = start;
+        // Bounded by the regions in the table: each key tried is a live region's.
+        while handles.regions.contains_key(&key) {
+            key += 1;
+        }
+        handles.regions.insert(key, Entry { owner, region });
+        Ok((key, start, len))
     }
 
-    /// Unmaps `owner`'s region at `start` (its memory and swap slots freed): its length, or
-    /// `None` if `owner` holds no region there.
-    pub fn unmap(&self, start: usize, owner: Owner) -> Option<usize> {
+    /// Where the region of key `key` is now (it follows the program's `mremap`), if it is live.
+    pub fn start_of(&self, key: usize) -> Option<usize> {
+        let _maps = maps_read();
+        self.handles().regions.get(&key).map(|e| e.region.as_ptr() as usize)
+    }
+
+    /// Unmaps `owner`'s region of key `key` (its memory and swap slots freed): its length, or
+    /// `None` if `owner` holds no region of that key.
+    pub fn unmap(&self, key: usize, owner: Owner) -> Option<usize> {
         let _maps = maps_read();
         let entry = {
             let mut handles = self.handles();
-            match handles.regions.get(&start) {
-                Some(e) if e.owner == owner => handles.regions.remove(&start),
+            match handles.regions.get(&key) {
+                Some(e) if e.owner == owner => handles.regions.remove(&key),
                 _ => None,
             }
         };
@@ -134,16 +150,16 @@ impl PagerCell {
         entry.map(|e| e.region.len())
     }
 
-    /// The length of `owner`'s region at `start`, if it holds one there.
-    pub fn len_of(&self, start: usize, owner: Owner) -> Option<usize> {
+    /// The length of `owner`'s region of key `key`, if it holds that one.
+    pub fn len_of(&self, key: usize, owner: Owner) -> Option<usize> {
         let _maps = maps_read();
-        self.handles().regions.get(&start).filter(|e| e.owner == owner).map(|e| e.region.len())
+        self.handles().regions.get(&key).filter(|e| e.owner == owner).map(|e| e.region.len())
     }
 
-    /// Pages of the region at `start` in RAM now (`mincore(2)`), if it is live.
-    pub fn mapped_pages(&self, start: usize) -> Option<std::io::Result<usize>> {
+    /// Pages of the region of key `key` in RAM now (`mincore(2)`), if it is live.
+    pub fn mapped_pages(&self, key: usize) -> Option<std::io::Result<usize>> {
         let _maps = maps_read();
-        self.handles().regions.get(&start).map(|e| e.region.mapped_pages())
+        self.handles().regions.get(&key).map(|e| e.region.mapped_pages())
     }
 
     /// How a fork child builds its own pager, if fork children re-arm this one.
@@ -158,7 +174,10 @@ impl PagerCell {
         let mut handles = self.handles();
         std::mem::forget(std::mem::replace(&mut handles.pager, pager));
         for (start, region) in regions {
-            match handles.regions.get_mut(&start) {
+            // By where the parent's region was at the fork, not by key (a region the program
+            // moved keeps the key of where it was mapped).
+            let entry = handles.regions.values_mut().find(|e| e.region.as_ptr() as usize == start);
+            match entry {
                 Some(e) => std::mem::forget(std::mem::replace(&mut e.region, region)),
                 // Not expected (every region is in the table, see the invariants): left
                 // mapped and managed, never unmapped.

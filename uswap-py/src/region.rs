@@ -8,11 +8,12 @@
 //! exported, as `memoryview.release()` and `mmap.close()` do.
 //!
 //! The engine's handle of the region is in its pager's table (`pager_cell`), where a fork
-//! child puts its own pager's in its place; the object holds the table and the start.
+//! child puts its own pager's in its place; the object holds the table and the region's key
+//! there, and asks the table where the region is (it follows the program's own `mremap`).
 //!
 //! Locking: the object is only touched with the GIL held (or Python's per-object lock on a
 //! free-threaded build); `exports` is atomic because `__releasebuffer__` takes `&self`.
-//! Invariants: `open` while the region is mapped (the table holds it at `start`); `exports`
+//! Invariants: `open` while the region is mapped (the table holds it at `key`); `exports`
 //! counts buffers handed out and not yet released, and `release()` only unmaps when it is
 //! zero.
 
@@ -30,16 +31,23 @@ use crate::pager_cell::{Owner, PagerCell};
 #[pyclass(module = "uswap", name = "Region")]
 pub struct PyRegion {
     cell: Arc<PagerCell>,
-    start: usize,
+    /// The region's key in the cell's table (see `pager_cell`).
+    key: usize,
     len_bytes: usize,
     open: bool,
     exports: AtomicUsize,
 }
 
 impl PyRegion {
-    /// The object for the region `cell` mapped at `start` (`len_bytes`, whole pages).
-    pub fn new(cell: Arc<PagerCell>, start: usize, len_bytes: usize) -> PyRegion {
-        PyRegion { cell, start, len_bytes, open: true, exports: AtomicUsize::new(0) }
+    /// The object for the region `cell` mapped under `key` (`len_bytes`, whole pages).
+    pub fn new(cell: Arc<PagerCell>, key: usize, len_bytes: usize) -> PyRegion {
+        PyRegion { cell, key, len_bytes, open: true, exports: AtomicUsize::new(0) }
+    }
+
+    /// Where the region is now.
+    fn start(&self) -> PyResult<usize> {
+        self.check_open()?;
+        self.cell.start_of(self.key).ok_or_else(|| PyValueError::new_err("operation on a released uswap.Region"))
     }
 
     fn check_open(&self) -> PyResult<()> {
@@ -54,7 +62,7 @@ impl PyRegion {
 impl Drop for PyRegion {
     fn drop(&mut self) {
         if std::mem::take(&mut self.open) {
-            self.cell.unmap(self.start, Owner::Region);
+            self.cell.unmap(self.key, Owner::Region);
         }
     }
 }
@@ -73,7 +81,8 @@ impl PyRegion {
             // A fork child's copy of a pager it did not re-arm: its pages that were out are
             // missing here, and a read of one killed the child with SIGSEGV.
             this.cell.check_owner().map_err(PyBufferError::new_err)?;
-            (this.start as *mut u8, this.len_bytes)
+            let start = this.start().map_err(|e| PyBufferError::new_err(e.to_string()))?;
+            (start as *mut u8, this.len_bytes)
         };
         let len = isize::try_from(len).map_err(|_| PyBufferError::new_err("region too large for a buffer"))?;
         // SAFETY: `view` is valid per the protocol; `ptr` is `len` mapped, writable bytes that
@@ -100,7 +109,7 @@ impl PyRegion {
     /// Releasing twice is allowed. Without it, the region is unmapped when the object and
     /// every view of it are gone.
     fn release(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let (cell, start) = {
+        let (cell, key) = {
             let mut this = slf.borrow_mut();
             let n = this.exports.load(Ordering::Acquire);
             if n > 0 {
@@ -112,11 +121,11 @@ impl PyRegion {
             if !std::mem::take(&mut this.open) {
                 return Ok(());
             }
-            (this.cell.clone(), this.start)
+            (this.cell.clone(), this.key)
         };
         // Freeing a large region's swap slots takes a while; other threads may run, and
         // use the object meanwhile (it is released already: no borrow is held across).
-        slf.py().detach(|| cell.unmap(start, Owner::Region));
+        slf.py().detach(|| cell.unmap(key, Owner::Region));
         Ok(())
     }
 
@@ -157,15 +166,14 @@ impl PyRegion {
     /// released.
     #[getter]
     fn address(&self) -> PyResult<usize> {
-        self.check_open()?;
-        Ok(self.start)
+        self.start()
     }
 
     /// Pages of the region in RAM right now, measured with `mincore(2)`.
     fn mapped_pages(&self) -> PyResult<usize> {
         self.check_open()?;
         self.cell.check_owner().map_err(crate::errors::invalid_argument)?;
-        match self.cell.mapped_pages(self.start) {
+        match self.cell.mapped_pages(self.key) {
             Some(pages) => pages.map_err(|e| crate::errors::Kind::Io.err(format!("mincore: {e}"))),
             None => Err(PyValueError::new_err("operation on a released uswap.Region")),
         }
@@ -173,7 +181,7 @@ impl PyRegion {
 
     fn __repr__(&self) -> String {
         if self.open {
-            format!("<uswap.Region {} bytes at {:#x}>", self.len_bytes, self.start)
+            format!("<uswap.Region {} bytes at {:#x}>", self.len_bytes, self.start().unwrap_or(self.key))
         } else {
             format!("<uswap.Region {} bytes, released>", self.len_bytes)
         }

@@ -4,6 +4,7 @@ Every test checks contents or counters. Sizes are tens of MiB with budgets of 8-
 the data is several times the budget and really swaps.
 """
 
+import ctypes
 import gc
 import os
 import re
@@ -366,6 +367,28 @@ def test_tier_age_moves_pages_out_of_ram_down_to_the_zstd_pool():
     for bad in (0.5, "0.5s", "never", True):
         with pytest.raises(uswap.InvalidArgumentError, match="tier_age"):
             uswap.Pager("64MiB", "zpool,zpool:zstd-1", tier_age=bad)
+
+
+@pytest.mark.parametrize("mode", ["thread", "signal"])
+def test_a_region_the_program_moves_keeps_its_bytes_and_its_address_follows(mode):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mremap.restype = ctypes.c_void_p
+    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    p = uswap.Pager("8MiB", "zpool", fault_mode=mode)
+    moved = p.map(16 * MiB)
+    data = os.urandom(16 * MiB)  # half of it goes out under the limit
+    memoryview(moved)[:] = data
+    old = moved.address
+    dst = old + 512 * MiB
+    assert libc.mremap(old, 16 * MiB, 16 * MiB, 3, dst) == dst, ctypes.get_errno()  # MAYMOVE|FIXED
+    # The pager's next region goes where the moved one was (this panicked, and unmapped the
+    # moved region's memory, when regions were known by where they were mapped).
+    fresh = p.map(16 * MiB)
+    assert moved.address == dst and fresh.address == old
+    assert bytes(memoryview(moved)) == data, "the moved region's bytes"
+    assert bytes(memoryview(fresh)) == bytes(16 * MiB), "the new region reads zeros"
+    fresh.release()
+    moved.release()
 
 
 def test_arrays_outlive_the_block_and_the_pager_object():
