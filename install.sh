@@ -2,6 +2,7 @@
 # Builds and installs uswap for a user, with no root and nothing else to set:
 #
 #   ./install.sh [PREFIX]          # PREFIX defaults to ~/.local
+#   ./install.sh --uninstall [PREFIX]   # removes those four files again
 #
 #   PREFIX/bin/uswap                      the command
 #   PREFIX/lib/uswap/libuswap_preload.so  what `uswap run` preloads (found from the command's
@@ -11,7 +12,34 @@
 #
 # PROFILE=dev installs a debug build (what the tests use); the default is release.
 set -euo pipefail
+uninstall=0
+case "${1:-}" in
+    -h | --help)
+        sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+        exit 0
+        ;;
+    --uninstall)
+        uninstall=1
+        shift
+        ;;
+    -*)
+        echo "install.sh: unknown option $1 (give a PREFIX, --uninstall [PREFIX] or --help)" >&2
+        exit 2
+        ;;
+esac
 prefix="${1:-${PREFIX:-$HOME/.local}}"
+# Relative to where it was run from, not to the checkout this script changes to.
+case "$prefix" in
+    /*) ;;
+    *) prefix="$PWD/$prefix" ;;
+esac
+if [ "$uninstall" -eq 1 ]; then
+    rm -f "$prefix/bin/uswap" "$prefix/lib/uswap/libuswap_preload.so" "$prefix/lib/libuswap.so" \
+        "$prefix/include/uswap.h"
+    rmdir "$prefix/lib/uswap" 2>/dev/null || true
+    echo "removed uswap from $prefix"
+    exit 0
+fi
 profile="${PROFILE:-release}"
 cd "$(dirname "$0")"
 cargo build --profile "$profile" -p uswap-cli -p uswap-preload -p uswap-capi

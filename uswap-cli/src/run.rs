@@ -143,7 +143,11 @@ pub fn main(args: &RunArgs) -> ExitCode {
 /// in `../lib/uswap/` from it (where `install.sh` puts it).
 pub fn find_preload() -> Result<PathBuf, RunError> {
     if let Some(p) = std::env::var_os(ENV_PRELOAD_LIB) {
-        return Ok(PathBuf::from(p));
+        let lib = PathBuf::from(p);
+        if !lib.is_file() {
+            return Err(RunError::NoPreloadLib { lib });
+        }
+        return Ok(lib);
     }
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("uswap"));
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -390,9 +394,6 @@ impl Launch {
         let path = find_program(name)?;
         let runnable = check_runnable(&path, 0)?;
         let preload = find_preload()?;
-        if !preload.is_file() {
-            return Err(RunError::NoPreload { exe: preload });
-        }
         // A device list that does not parse, a file device's path that cannot be used and a
         // Redis server that does not answer are said once, here, rather than by every
         // process once its pager starts, after some of the program's work. With the default
@@ -724,7 +725,7 @@ impl EndedRun {
         if let Some(msg) = overrun_message(&self.summary, status.core_dumped()) {
             say!("uswap run: {msg}");
         }
-        if let Some(msg) = thrash_message(&self.summary, status.signal() == Some(libc::SIGBUS)) {
+        if let Some(msg) = thrash_message(&self.summary, status.signal() == Some(libc::SIGBUS), &args.device) {
             say!("uswap run: {msg}");
         }
         if let Some(msg) = records::deep_bind_message(&self.deep_binds) {

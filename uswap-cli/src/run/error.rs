@@ -46,6 +46,11 @@ pub enum RunError {
     )]
     NoPreload { exe: PathBuf },
     #[error(
+        "${ENV_PRELOAD_LIB} names {lib}, which is not a file: point it at {PRELOAD_LIB}, or unset it to use the \
+         library next to the command or in ../lib/uswap/ from it"
+    )]
+    NoPreloadLib { lib: PathBuf },
+    #[error(
         "uswap's library is at {}, a path with a space or a colon, which LD_PRELOAD cannot carry (the dynamic \
          loader splits it there), and no link to it could be made in the run's directory ({source}): install \
          uswap under a path without them",

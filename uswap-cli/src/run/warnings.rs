@@ -178,8 +178,9 @@ const THRASH_STALL_SHARE: f64 = 0.5;
 /// (`uswap stat PID` shows the same share over the last 10, 60 and 300 s while it runs.)
 /// Unless the program ended by SIGBUS, which is how a fault uswap could not serve ends it
 /// (before its last counters are out; `fault_error` counts attempts, retried ones too): then
-/// the wait may have been a failing device's.
-pub(super) fn thrash_message(s: &serde_json::Value, ended_by_sigbus: bool) -> Option<String> {
+/// the wait may have been a failing device's. `devices` is the `--device` list: a faster
+/// device first is advised only where the first is not in memory already.
+pub(super) fn thrash_message(s: &serde_json::Value, ended_by_sigbus: bool, devices: &str) -> Option<String> {
     let f = |k: &str| s.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
     let (stalled, wall) = (f("stall_seconds_total"), f("wall_seconds"));
     if wall < THRASH_MIN_WALL_SECONDS || stalled < THRASH_STALL_SHARE * wall {
@@ -202,11 +203,16 @@ pub(super) fn thrash_message(s: &serde_json::Value, ended_by_sigbus: bool) -> Op
              put one that does first in --device"
         ));
     }
+    let first = devices.split(',').next().unwrap_or_default().trim();
+    let advice = if first.starts_with("zpool") || first.starts_with("ram") {
+        "a larger --limit would let it run at its own speed"
+    } else {
+        "a larger --limit, or a faster device first in --device (the pool, zpool, before a file or Redis), would \
+         let it run at its own speed"
+    };
     Some(format!(
         "the program waited for memory {share:.0} % of its run (some thread stalled {stalled:.1} s of {wall:.1} s, \
-         {majors} major faults{device}): its working set is far over the limit of {}; a larger --limit, or a \
-         faster device first in --device (the pool, zpool, before a file or Redis), would let it run at its own \
-         speed",
+         {majors} major faults{device}): its working set is far over the limit of {}; {advice}",
         format_size(g("limit_bytes")),
     ))
 }
@@ -336,16 +342,18 @@ mod tests {
     #[test]
     fn a_run_that_mostly_waited_for_memory_is_said_as_thrash() {
         let s = |stalled: f64, wall: f64| serde_json::json!({"limit_bytes": 128 << 20, "stall_seconds_total": stalled, "wall_seconds": wall, "pgmajfault": 7});
-        assert_eq!(thrash_message(&s(0.4, 1.0), false), None, "under half the run");
-        assert_eq!(thrash_message(&s(0.6, 0.9), false), None, "too short to judge");
-        let msg = thrash_message(&s(45.0, 60.0), false).expect("said");
+        assert_eq!(thrash_message(&s(0.4, 1.0), false, "zpool"), None, "under half the run");
+        assert_eq!(thrash_message(&s(0.6, 0.9), false, "zpool"), None, "too short to judge");
+        let msg = thrash_message(&s(45.0, 60.0), false, "zpool").expect("said");
         assert!(msg.contains("75 %") && msg.contains("128MiB") && msg.contains("7 major faults"), "{msg}");
+        assert!(!msg.contains("faster device"), "the pool is first already: {msg}");
         let mut with_device = s(45.0, 60.0);
         with_device["device_read_us"] = 350.into();
-        let msg = thrash_message(&with_device, false).expect("said");
+        let msg = thrash_message(&with_device, false, "file:/var/tmp,zpool").expect("said");
         assert!(msg.contains("7 major faults, the device's reads 50 us of each"), "{msg}");
+        assert!(msg.contains("faster device first"), "{msg}");
         // A device that failed, not the limit: no advice to raise the limit.
-        let msg = thrash_message(&s(45.0, 60.0), true).expect("said");
+        let msg = thrash_message(&s(45.0, 60.0), true, "zpool").expect("said");
         assert!(msg.contains("ended by SIGBUS") && !msg.contains("--limit"), "{msg}");
     }
 }

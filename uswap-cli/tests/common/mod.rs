@@ -170,9 +170,19 @@ pub use uswap_testkit::skipped;
 
 /// A copy of the `uswap` binary that any user may run (the build directory may be one that
 /// other users cannot enter, as a clone under /root is), for tests that run it as `nobody`.
+/// One per test process, shared by its tests; the copies of test processes that are gone are
+/// removed here (80 MB each, and a copy outlives its process).
 pub fn uswap_for_nobody() -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("uswap-nobody-{}", std::process::id()));
+    let tmp = std::env::temp_dir();
+    for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let pid = name.to_str().and_then(|n| n.strip_prefix("uswap-nobody-")).and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let dir = tmp.join(format!("uswap-nobody-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("uswap");
     if !exe.exists() {
