@@ -41,8 +41,13 @@ fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
         return uswap::parse_size(s).map_err(|e| invalid_argument(format!("{what} {s:?}: {e}")));
     }
     if let Ok(n) = value.extract::<i128>() {
-        return u64::try_from(n)
-            .map_err(|_| invalid_argument(format!("{what}: {n} bytes is out of range (0 to {} bytes)", u64::MAX)));
+        return u64::try_from(n).map_err(|_| {
+            invalid_argument(if n < 0 {
+                format!("{what}: {n} bytes: a size cannot be negative")
+            } else {
+                format!("{what}: {n} bytes is more than any machine's memory (at most {} bytes)", u64::MAX)
+            })
+        });
     }
     Err(invalid_argument(format!(
         "{what}: expected a size (an int of bytes or a string such as \"2GiB\"), got {}",
@@ -151,7 +156,7 @@ impl PyPager {
         device_size: Option<&Bound<'_, PyAny>>,
         // Signed, so that a negative count is refused by us (InvalidArgumentError, a
         // ValueError) rather than by the conversion (a bare OverflowError).
-        handler_threads: Option<i64>,
+        handler_threads: Option<i128>,
         readahead: bool,
         auto: Option<&Bound<'_, PyAny>>,
         idle_age: Option<&Bound<'_, PyAny>>,
