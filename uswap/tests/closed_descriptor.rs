@@ -45,8 +45,10 @@ fn cpu_ms() -> u64 {
 }
 
 /// In the child: fills a region four times the limit, waits until its pages are out,
-/// closes every descriptor above 2, and checks every page (`touch`) or sleeps and exits.
-fn child(mode: FaultMode, touch: bool) -> ! {
+/// closes every descriptor above 2 (with `reopen`, then puts a file of its own under the
+/// engine's numbers, as `dup2` or new files do), and checks every page (`touch`) or sleeps
+/// and exits.
+fn child(mode: FaultMode, touch: bool, reopen: bool) -> ! {
     let p = pager(mode, LIMIT, 64 * MIB);
     let r = p.map(REGION_BYTES).expect("region");
     let w = r.as_atomic_u64s();
@@ -57,10 +59,20 @@ fn child(mode: FaultMode, touch: bool) -> ! {
     let s = quiet_stats(&p);
     assert!(s.pswpout > 0, "pages went out before the close: {s:?}");
     println!("child: {} pages out, closing", s.pswpout);
+    let (numbers, n) = uswap::fd::kept();
     // Stdout is a pipe the parent reads: keep it (its number is 1), close the rest.
     // SAFETY: closes this process's descriptors from 3 up, the pager's among them: what the
     // test is about. Nothing here uses the closed ones but the pager.
     assert_eq!(unsafe { libc::syscall(libc::SYS_close_range, 3u32, !0u32, 0u32) }, 0);
+    if reopen {
+        // SAFETY: opens a file of the program's and copies it over the numbers the close freed.
+        unsafe {
+            let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            for &k in &numbers[..n] {
+                libc::dup2(fd, k);
+            }
+        }
+    }
     if !touch {
         let before = cpu_ms();
         std::thread::sleep(Duration::from_millis(300));
@@ -162,7 +174,7 @@ fn be_the_child_if_asked() {
         if m.contains("reuse") {
             child_reusing_numbers(mode, m.ends_with("unmap"));
         }
-        child(mode, m.ends_with("touch"));
+        child(mode, m.ends_with("touch"), m.contains("reopen"));
     }
 }
 
@@ -194,6 +206,21 @@ fn thread_mode_program_closing_the_pager_descriptor_is_ended_with_a_message() {
 fn signal_mode_program_closing_the_pager_descriptor_is_ended_with_a_message() {
     let test = "signal_mode_program_closing_the_pager_descriptor_is_ended_with_a_message";
     check_touch(test, FaultMode::Signal, libc::SIGBUS, "the pager's userfaultfd is closed");
+}
+
+/// Signal mode: as above, but the program opened files of its own under the closed numbers:
+/// the first attempt's failed ioctl (sent to a file of the program's) finds the number no
+/// longer the userfaultfd's, and the child ends at once saying so (it took every attempt,
+/// each sending ioctls to the program's files, and blamed a failed ioctl).
+#[test]
+fn signal_mode_program_reusing_the_pager_descriptor_number_is_ended_with_a_message() {
+    be_the_child_if_asked();
+    let test = "signal_mode_program_reusing_the_pager_descriptor_number_is_ended_with_a_message";
+    let (status, out) = run_child(test, FaultMode::Signal, "reopen-touch");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(out.contains("pages out, closing") && !out.contains(FINISHED) && !out.contains(WRONG), "{out}");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "how the child ended:\n{out}");
+    assert!(out.contains("its number names another file now"), "stderr says why, with what to do:\n{out}");
 }
 
 /// In both modes, a child that closes its descriptors and then only sleeps and exits (as

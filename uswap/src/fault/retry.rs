@@ -35,6 +35,9 @@ pub(crate) fn serve_with_retries(
                 | FaultError::Unmapped
                 | FaultError::Ioctl(libc::EAGAIN)),
             ) => return Err(e),
+            // The userfaultfd's number names another file now (or nothing): no attempt can
+            // succeed, and each would send ioctls to a file of the program's.
+            Err(FaultError::Ioctl(_)) if !region.pager.uffd.still_ours() => return Err(FaultError::Ioctl(libc::EBADF)),
             Err(e) => {
                 last = e;
                 // Each attempt may have waited out a device's timeouts.

@@ -98,7 +98,7 @@ impl FaultError {
                 "could not be mapped: the kernel refused this thread's userfaultfd ioctl on every attempt (a seccomp filter or sandbox that forbids ioctl(2)? then run the program with --fault-mode thread, whose handlers are uswap's threads); its contents are kept"
             }
             FaultError::Ioctl(libc::EBADF) => {
-                "could not be mapped: the pager's userfaultfd is closed (the program closed descriptors it did not open, with close_range, closefrom or a close loop, after the pager was made: make the pager after that, or run the program under uswap run); its contents are kept"
+                "could not be mapped: the pager's userfaultfd is closed, or its number names another file now (the program closed descriptors it did not open, with close_range, closefrom or a close loop, after the pager was made: make the pager after that, or run the program under uswap run); its contents are kept"
             }
             FaultError::Ioctl(_) => "could not be mapped (a userfaultfd ioctl failed on every attempt); its contents are kept",
             FaultError::Gone | FaultError::Unmapped => "is no longer part of a managed region",

@@ -346,6 +346,14 @@ impl Drop for Uffd {
 }
 
 impl Uffd {
+    /// Whether the descriptor's number still names this userfaultfd: a program that closed
+    /// descriptors it did not open (`close_range`) and opened files of its own may have one
+    /// under the number, which an ioctl would then be sent to. An `fstat`, no allocation:
+    /// callable from the SIGBUS handler.
+    pub fn still_ours(&self) -> bool {
+        self.fd.still_ours()
+    }
+
     /// The features this kernel offers, probed on a throwaway descriptor (the handshake can
     /// only be done once per descriptor).
     pub fn probe_features(user_mode_only_ok: bool) -> Result<u64, OpenError> {
