@@ -65,7 +65,7 @@ pub enum Error {
     )]
     NoTierBelow { nr_devices: usize },
 
-    #[error("this pager was built by process {owner_pid}, and process {pid} is a fork child of it: the engine's threads and userfaultfd stayed with the parent, and the child's copies of its regions lost their swapped-out pages; build a new pager in the child")]
+    #[error("this pager was built by process {owner_pid}, and process {pid} is a fork child of it: the engine's threads and userfaultfd stayed with the parent, and its regions are not the child's (not mapped in it where the regions do not survive a fork, as the C API's; copies without their swapped-out pages otherwise); build a new pager in the child")]
     ForkChild { owner_pid: u32, pid: u32 },
 
     #[error("this process runs under `uswap run`, whose library (loaded through LD_PRELOAD) already pages its memory; a pager of uswap's library API cannot run beside it, each taking the other's memory for the program's: run the program without `uswap run` (its pagers then page its memory), or with USWAP_DISABLE=1 in its environment (the library then stands aside in it), or without making a pager")]
