@@ -765,6 +765,28 @@ mod tests {
         assert_eq!(uswap_config_free(cfg), 0);
     }
 
+    /// A tier age out of range is refused at once; one with a single device, by the pager's
+    /// creation, saying to give a tier below; with two devices the pager is made.
+    #[test]
+    fn a_tier_age_needs_a_range_and_a_tier_below() {
+        let cfg = config(8 << 20, c"ram");
+        for bad in [0.5, -1.0, f64::NAN, f64::INFINITY, 1e300] {
+            assert_fails(uswap_config_set_tier_age(cfg, bad), USWAP_EINVAL, "1 to 31536000");
+        }
+        assert_eq!(uswap_config_set_tier_age(cfg, 30.0), 0);
+        let mut pager = std::ptr::null_mut();
+        // SAFETY: valid handles and out pointer; devices strings NUL-terminated.
+        unsafe {
+            assert_fails(uswap_pager_new(cfg, &mut pager), USWAP_EINVAL, "zpool,zpool:zstd-1");
+            assert!(pager.is_null());
+            assert_eq!(uswap_config_set_devices(cfg, c"zpool,zpool:zstd-1".as_ptr(), 16 << 20), 0);
+            assert_eq!(uswap_pager_new(cfg, &mut pager), 0, "{}", last_error());
+        }
+        assert_eq!(uswap_pager_destroy(pager), 0);
+        assert_eq!(uswap_config_set_tier_age(cfg, 0.0), 0, "0: the default again");
+        assert_eq!(uswap_config_free(cfg), 0);
+    }
+
     #[test]
     fn a_configuration_without_limit_or_devices_says_which_call_is_missing() {
         let mut cfg = std::ptr::null_mut();
