@@ -399,13 +399,12 @@ pub extern "C" fn uswap_config_set_tier_age(config: *mut uswap_config, seconds: 
     guard(|| {
         let age = match seconds {
             0.0 => None,
-            s if (1.0..=engine::MAX_IDLE_AGE_SECS).contains(&s) => Some(std::time::Duration::from_secs_f64(s)),
-            _ => {
-                return Err(Failure::invalid(format!(
+            s => Some(engine::tier_age_from_secs(s).ok_or_else(|| {
+                Failure::invalid(format!(
                     "uswap_config_set_tier_age: a tier age of {seconds} s is out of range; pass 1 to 31536000 \
                      (a year), or 0 for the default"
-                )))
-            }
+                ))
+            })?),
         };
         with_settings(config, "uswap_config_set_tier_age", |s| {
             s.tier_age = age;

@@ -97,13 +97,10 @@ fn tier_age_arg(value: &Bound<'_, PyAny>) -> PyResult<std::time::Duration> {
     if let Ok(s) = value.cast::<PyString>() {
         return uswap::parse_tier_age(s.to_str()?).map_err(|e| invalid_argument(format!("tier_age: {e}")));
     }
-    match value.extract::<f64>() {
-        Ok(secs)
-            if !value.is_instance_of::<pyo3::types::PyBool>() && (1.0..=uswap::MAX_IDLE_AGE_SECS).contains(&secs) =>
-        {
-            Ok(std::time::Duration::from_secs_f64(secs))
-        }
-        _ => Err(invalid_argument(format!(
+    let secs = value.extract::<f64>().ok().filter(|_| !value.is_instance_of::<pyo3::types::PyBool>());
+    match secs.and_then(uswap::tier_age_from_secs) {
+        Some(age) => Ok(age),
+        None => Err(invalid_argument(format!(
             "tier_age: expected seconds from 1 to a year (31536000) or a string such as \"30s\", got {}",
             value.repr()?
         ))),

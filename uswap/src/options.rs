@@ -75,6 +75,15 @@ pub fn parse_tier_age(s: &str) -> Result<std::time::Duration, String> {
     }
 }
 
+/// A tier age in seconds, as the C and Python APIs take it: 1 s to [`MAX_IDLE_AGE_SECS`],
+/// `None` for anything else (the range of an evicting idle age).
+pub fn tier_age_from_secs(secs: f64) -> Option<std::time::Duration> {
+    match IdleAging::from_secs(secs) {
+        Some(IdleAging::Evict(age)) => Some(age),
+        _ => None,
+    }
+}
+
 /// The longest idle age a pager evicts at: a year, in seconds. Longer is what `never`
 /// (observe) says, and past about 10^19 s a `Duration` cannot hold it.
 pub const MAX_IDLE_AGE_SECS: f64 = 365.0 * 24.0 * 3600.0;

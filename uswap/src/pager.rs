@@ -34,7 +34,9 @@ use crate::swap::{DeviceSpec, SwapCache, SwapDevices, MAX_DEVICES, STAGING_REGIS
 use crate::uffd::{self, Doorbell, OpenError, Uffd, PAGE_SIZE};
 use crate::{events, fault};
 
-pub use crate::options::{parse_tier_age, BackgroundReclaim, FaultMode, IdleAging, MAX_IDLE_AGE_SECS};
+pub use crate::options::{
+    parse_tier_age, tier_age_from_secs, BackgroundReclaim, FaultMode, IdleAging, MAX_IDLE_AGE_SECS,
+};
 
 /// The most fault-handler threads a pager starts (thread mode): far more than serve at once
 /// (a backlog brings up at most half the CPUs), and each is a thread with its own stack.

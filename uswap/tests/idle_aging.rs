@@ -127,6 +127,16 @@ fn an_idle_age_under_a_second_is_refused_saying_why() {
     assert_eq!(e.kind(), uswap::ErrorKind::InvalidArgument);
 }
 
+/// Checks every page of `words` at its version in `version`, and that no fault or checksum
+/// failed on the way.
+fn check_every_page(p: &Pager, words: &[AtomicU64], version: &[u64]) {
+    for (i, &v) in version.iter().enumerate() {
+        check_page(words, i, v);
+    }
+    let st = p.stats();
+    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+}
+
 /// Recompression of cold pages: a compressed pool (lz4) with a denser one (zstd) below it and
 /// an idle age of 1 s. 48 MiB written, the first 4 MiB read all along, the rest left alone
 /// but for one page rewritten every 20 ms (pages caught while they are staged, written,
@@ -170,11 +180,7 @@ fn idle_pages_move_down_to_a_denser_pool(mode: FaultMode) {
     assert!(below >= cold * 3 / 4, "{below} of {cold} cold pages below after {:?}; {st:?}", start.elapsed());
     // They went down for their age (`writeback_idle`, counted batch by batch).
     assert!(st.writeback_idle as usize >= cold * 3 / 4, "moved for their age: {}; {st:?}", st.writeback_idle);
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
-    let st = p.stats();
-    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+    check_every_page(&p, words, &version);
 }
 
 in_both_modes!(
@@ -230,11 +236,7 @@ fn a_tier_age_moves_pages_down_with_aging_off(mode: FaultMode) {
     );
     assert!(st.writeback_idle as usize >= out_of_ram * 3 / 4, "moved for their age: {}; {st:?}", st.writeback_idle);
     assert_eq!(st.swpout_idle, 0, "aging off sends nothing out for its age; {st:?}");
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
-    let st = p.stats();
-    assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
+    check_every_page(&p, words, &version);
 }
 
 in_both_modes!(
