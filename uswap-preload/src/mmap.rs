@@ -662,27 +662,16 @@ const MADV_POPULATE_READ: i32 = 22;
 const MADV_POPULATE_WRITE: i32 = 23;
 
 /// Signal mode's `MADV_POPULATE_READ`/`_WRITE` of managed memory. The kernel populates with
-/// faults of its own, which signal mode cannot serve: the call failed with `EFAULT`. So the
-/// range goes in windows of `uswap::MAX_PIN_BYTES`, each brought in (for writing, for
-/// `_WRITE`) and pinned, then handed to the kernel, which finds its pages present. As under
-/// the kernel's swap with a limit smaller than the range, windows populated first may go out
-/// again while the later ones come in.
+/// faults of its own, which signal mode cannot serve: the call failed with `EFAULT`. So each
+/// window of the range is brought in (for writing, for `_WRITE`) and pinned, then handed to
+/// the kernel, which finds its pages present (`uswap::populate_in_windows`).
 fn populate(start: usize, len: usize, advice: i32) -> i32 {
-    let end = start.saturating_add(len);
-    let mut at = start;
-    // Bounded: every round moves `at` on by a window.
-    while at < end {
-        let n = (end - at).min(uswap::MAX_PIN_BYTES);
-        let mut pin = uswap::Pin::new();
-        let _ = uswap::prepare_user_access(&mut pin, at, n, advice == MADV_POPULATE_WRITE);
-        let r = real::sys_madvise(at as *mut c_void, n, advice);
-        pin.release();
-        if r != 0 {
-            return r;
-        }
-        at += n;
-    }
-    0
+    let r = uswap::populate_in_windows(start, len, |pin, at, n| {
+        let _ = uswap::prepare_user_access(pin, at, n, advice == MADV_POPULATE_WRITE);
+        i64::from(real::sys_madvise(at as *mut c_void, n, advice))
+    });
+    // What `sys_madvise` returned (0 or -1), widened and back.
+    r as i32
 }
 
 /// Whether the page at `addr` is mapped (`mincore` fails with `ENOMEM` on a hole).

@@ -252,6 +252,8 @@ pub fn prepare_user_access(pin: &mut Pin, addr: usize, len: usize, write: bool) 
     user_access::prepare_user_access(pin, addr, len, write)
 }
 
+pub use user_access::populate_in_windows;
+
 /// Ends the locks of `kind` on `[start, end)` (`munlock`, an alternate stack replaced) and
 /// lets reclaim take their pages again, unless another lock covers them (see [`mlock`]).
 /// Allocation-free.

@@ -186,6 +186,30 @@ fn ready_for_kernel(pte: Pte, write: bool) -> bool {
     }
 }
 
+/// `madvise(MADV_POPULATE_READ or _WRITE)` of `[start, start + len)` in signal mode, whose
+/// kernel populates with faults of its own that signal mode cannot serve (`EFAULT`): the
+/// range goes in windows of [`crate::pin::MAX_PIN_BYTES`], each given a fresh pin and handed
+/// to `window(pin, addr, len)`, which brings it in (pinned) and makes the call. The first
+/// non-zero result ends it and is returned; 0 otherwise. As under the kernel's swap with a
+/// limit smaller than the range, windows populated first may go out again while later ones
+/// come in.
+pub fn populate_in_windows(start: usize, len: usize, mut window: impl FnMut(&mut Pin, usize, usize) -> i64) -> i64 {
+    let end = start.saturating_add(len);
+    let mut at = start;
+    // Bounded: every round moves `at` on by a window, or returns.
+    while at < end {
+        let n = (end - at).min(crate::pin::MAX_PIN_BYTES);
+        let mut pin = Pin::new();
+        let r = window(&mut pin, at, n);
+        pin.release();
+        if r != 0 {
+            return r;
+        }
+        at += n;
+    }
+    0
+}
+
 /// Ends the locks of `kind` on `[start, end)` (`crate::mlock`) and puts the pages reclaim
 /// took off the LRU for them back on it, unless another lock still covers them (the
 /// kernel's `munlock` moves them back to the evictable LRU). Allocation-free.

@@ -480,9 +480,8 @@ fn lock_all_call(nr: c_long, a: &[u64; 6]) -> Option<c_long> {
 
 /// `madvise(MADV_POPULATE_READ or MADV_POPULATE_WRITE)`: the kernel populates with faults of
 /// its own, which signal mode cannot serve (`EFAULT`, where the same call succeeds without
-/// uswap), so the range is brought in first, in pinned windows of `MAX_PIN_BYTES`, each then
-/// handed to the kernel, as `uswap run`'s library does (docs/cli.md, "Populating"); a range
-/// larger than the limit has its first windows go out again while the later ones come in.
+/// uswap), so the range is brought in first, window by window, as `uswap run`'s library does
+/// (`user_access::populate_in_windows`; docs/cli.md, "Populating").
 /// `None` for other calls and other advice, made as any call.
 fn populate_call(nr: c_long, a: &[u64; 6]) -> Option<c_long> {
     const MADV_POPULATE_READ: u64 = 22;
@@ -490,24 +489,14 @@ fn populate_call(nr: c_long, a: &[u64; 6]) -> Option<c_long> {
     if nr != libc::SYS_madvise || !matches!(a[2], MADV_POPULATE_READ | MADV_POPULATE_WRITE) {
         return None;
     }
-    let (start, end) = (a[0] as usize, (a[0] as usize).saturating_add(a[1] as usize));
-    let mut at = start;
-    // Bounded: every round moves `at` on by a window, or returns.
-    while at < end {
-        let n = (end - at).min(crate::pin::MAX_PIN_BYTES);
-        let mut pin = crate::pin::Pin::new();
-        guarded(|| crate::user_access::prepare_user_access(&mut pin, at, n, a[2] == MADV_POPULATE_WRITE));
+    let r = crate::user_access::populate_in_windows(a[0] as usize, a[1] as usize, |pin, at, n| {
+        guarded(|| crate::user_access::prepare_user_access(pin, at, n, a[2] == MADV_POPULATE_WRITE));
         let mut window = *a;
         (window[0], window[1]) = (at as u64, n as u64);
         // SAFETY: the program's own call, on a part of the range it gave.
-        let r = unsafe { raw(nr, window) };
-        pin.release();
-        if r != 0 {
-            return Some(r);
-        }
-        at += n;
-    }
-    Some(0)
+        unsafe { raw(nr, window) }
+    });
+    Some(r)
 }
 
 /// The slow path (see the module's comment).
