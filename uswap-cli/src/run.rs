@@ -404,9 +404,8 @@ impl Launch {
         for d in &devices {
             d.check_usable().map_err(RunError::Device)?;
         }
-        // Each device of a list has a lower priority than the one before: a second is a tier.
-        if cfg.tier_age.is_some() && devices.len() < 2 {
-            return Err(RunError::TierAge(uswap::Error::NoTierBelow { nr_devices: devices.len() }));
+        if cfg.tier_age.is_some() {
+            uswap::check_tier_below(&devices).map_err(RunError::TierAge)?;
         }
         // Before the run's directory is made, which an error here would leave behind.
         let (device, redis_sessions) = redis_sessions(&cfg.device)?;

@@ -96,8 +96,9 @@ pub mod sigbus {
 pub use fault::handler_pool::describe_threads;
 pub use fork::ForkHold;
 pub use pager::{
-    check_limit, parse_tier_age, tier_age_from_secs, BackgroundReclaim, FaultMode, IdleAging, PageError, PageErrorKind,
-    Pager, PagerBuilder, MAX_HANDLER_THREADS, MAX_IDLE_AGE_SECS, MAX_LIMIT_BYTES, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
+    check_limit, check_tier_below, parse_tier_age, tier_age_from_secs, BackgroundReclaim, FaultMode, IdleAging,
+    PageError, PageErrorKind, Pager, PagerBuilder, MAX_HANDLER_THREADS, MAX_IDLE_AGE_SECS, MAX_LIMIT_BYTES,
+    MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };
 pub use pin::{note_thread_start, release_pins_of_dead_threads, Pin, MAX_PIN_BYTES};
 pub use readahead::Advice;

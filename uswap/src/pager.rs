@@ -45,6 +45,17 @@ use crate::state::charge::Charge;
 use crate::state::PagerShared;
 pub use crate::state::{check_limit, PageError, PageErrorKind, MAX_LIMIT_BYTES, MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES};
 
+/// Whether `devices` have a tier below the first, as a tier age needs
+/// ([`PagerBuilder::tier_age`]): a device of lower priority than the highest.
+pub fn check_tier_below(devices: &[DeviceConfig]) -> Result<()> {
+    let highest = devices.iter().map(|d| d.priority_value()).max();
+    if devices.iter().any(|d| Some(d.priority_value()) < highest) {
+        Ok(())
+    } else {
+        Err(Error::NoTierBelow { nr_devices: devices.len() })
+    }
+}
+
 /// Builds a [`Pager`].
 #[derive(Debug, Clone)]
 pub struct PagerBuilder {
@@ -327,10 +338,7 @@ impl PagerBuilder {
             if !(1.0..=MAX_IDLE_AGE_SECS).contains(&age.as_secs_f64()) {
                 return Err(Error::BadTierAge { age_ms: age.as_millis().min(u64::MAX as u128) as u64 });
             }
-            let highest = self.devices.iter().map(|d| d.priority_value()).max();
-            if !self.devices.iter().any(|d| Some(d.priority_value()) < highest) {
-                return Err(Error::NoTierBelow { nr_devices: self.devices.len() });
-            }
+            check_tier_below(&self.devices)?;
         }
         if self.devices.len() > MAX_DEVICES {
             return Err(Error::TooManyDevices { given: self.devices.len(), max: MAX_DEVICES });
