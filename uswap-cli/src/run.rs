@@ -84,8 +84,8 @@ pub struct RunArgs {
     pub idle_age: Option<uswap::IdleAging>,
     /// Pages out of RAM for AGE (`30s`, `2m`; 1 s to a year) without a touch move down a
     /// tier, off the fault path: with `--device zpool,zpool:zstd-1` an lz4 pool's cold pages
-    /// are recompressed into the zstd pool below it; with a file or Redis device after a
-    /// pool, written there. With `--auto` and any `--idle-age` (default: twice an idle age
+    /// are recompressed into the zstd pool below it (`zpool:zstd-1:unit=16KiB`: 16 KiB at a
+    /// time); with a file or Redis device after a pool, written there. With `--auto` and any `--idle-age` (default: twice an idle age
     /// that sends pages out, never otherwise). Needs two devices or more.
     #[arg(long, value_name = "AGE", value_parser = uswap::parse_tier_age)]
     pub tier_age: Option<std::time::Duration>,

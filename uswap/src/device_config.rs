@@ -35,6 +35,7 @@ struct ZpoolOptions {
     compressor: Compressor,
     incompressible: Incompressible,
     accept_threshold_percent: u8,
+    unit_pages: usize,
 }
 
 /// A swap device to give a pager.
@@ -92,6 +93,7 @@ impl DeviceConfig {
                 compressor: Compressor::Lz4,
                 incompressible: Incompressible::StoreRaw,
                 accept_threshold_percent: 90,
+                unit_pages: 1,
             },
         })
     }
@@ -201,6 +203,16 @@ impl DeviceConfig {
         self
     }
 
+    /// Pages the pool compresses together as one object, at most (1, the default: page by
+    /// page; up to `zpool::MAX_UNIT_PAGES`): see docs/devices.md, "Units of pages". Checked
+    /// when the pool is made. Ignored by other kinds.
+    pub fn unit_pages(mut self, nr_pages: usize) -> DeviceConfig {
+        if let DeviceKind::Zpool { zpool, .. } = &mut self.kind {
+            zpool.unit_pages = nr_pages;
+        }
+        self
+    }
+
     /// After filling up, the pool takes pages again below this percentage of its cap.
     pub fn accept_threshold_percent(mut self, percent: u8) -> DeviceConfig {
         if let DeviceKind::Zpool { zpool, .. } = &mut self.kind {
@@ -287,7 +299,8 @@ impl DeviceConfig {
     ///
     /// * `ram` or `ram:SIZE`;
     /// * `zpool` followed by options separated by `:` in any order: a size (the memory cap),
-    ///   `lz4`, `zstd` or `zstd-LEVEL`, `raw` or `reject` (incompressible pages);
+    ///   `lz4`, `zstd` or `zstd-LEVEL`, `raw` or `reject` (incompressible pages), `unit=SIZE`
+    ///   (pages compressed together, 4 KiB to 32 KiB);
     /// * `file:PATH` or `file:PATH:SIZE` (a path containing `:` must be followed by a size);
     /// * `redis://HOST:PORT[;HOST:PORT...][?replicas=N&size=SIZE&encrypt=off&key=FILE&failover_ms=MS&wait_ms=MS]`
     ///   (`;` between seeds, since `,` and `+` separate devices and engines);
@@ -394,6 +407,7 @@ impl DeviceConfig {
                 cfg.compressor = zpool.compressor;
                 cfg.incompressible = zpool.incompressible;
                 cfg.accept_threshold_percent = zpool.accept_threshold_percent;
+                cfg.unit_pages = zpool.unit_pages;
                 Box::new(
                     ZpoolBackend::new(cfg).map_err(|e| Error::Device { name: "zpool".into(), why: e.to_string() })?,
                 )
@@ -476,10 +490,11 @@ fn looks_like_a_size(s: &str) -> bool {
         && unit.chars().all(|c| "KMGTPEkmgtpeIiBb".contains(c))
 }
 
-/// A `zpool` device's options (a size, `lz4`, `zstd`, `zstd-LEVEL`, `raw`, `reject`), each
+/// A `zpool` device's options (a size, `lz4`, `zstd`, `zstd-LEVEL`, `raw`, `reject`,
+/// `unit=SIZE`), each
 /// checked here, so that a list that cannot work is refused before any program runs.
 fn parse_zpool(opts: &[&str], default_capacity_bytes: u64) -> std::result::Result<DeviceConfig, String> {
-    let (mut cap, mut size_given, mut codec, mut incompressible) = (None, None, None, None);
+    let (mut cap, mut size_given, mut codec, mut incompressible, mut unit) = (None, None, None, None, None);
     let mut d = DeviceConfig::zpool(0);
     let once = |seen: &mut Option<String>, what: &str, o: &str| match seen.replace(o.to_string()) {
         Some(before) => Err(format!("{what} given twice ({before} and {o}); give one")),
@@ -509,9 +524,14 @@ fn parse_zpool(opts: &[&str], default_capacity_bytes: u64) -> std::result::Resul
                     }
                 }
             }
+            u if u.starts_with("unit=") => {
+                once(&mut unit, "a unit", o)?;
+                d.unit_pages(parse_unit(&u[5..])?)
+            }
             size => {
-                let bytes = parse_size(size)
-                    .map_err(|e| format!("{e}; zpool options are a size, lz4, zstd, zstd-LEVEL, raw, reject"))?;
+                let bytes = parse_size(size).map_err(|e| {
+                    format!("{e}; zpool options are a size, lz4, zstd, zstd-LEVEL, raw, reject, unit=SIZE")
+                })?;
                 crate::backend::zpool::check_cap(bytes).map_err(|e| e.to_string())?;
                 once(&mut size_given, "a size", size)?;
                 cap = Some(bytes);
@@ -526,6 +546,21 @@ fn parse_zpool(opts: &[&str], default_capacity_bytes: u64) -> std::result::Resul
     // The pages it can hold: four times its memory, or the default capacity where that is
     // more (pages that compress well; a pool given a size still holds to that memory).
     Ok(d.capacity(cap.saturating_mul(4).max(default_capacity_bytes)))
+}
+
+/// The pages of a `unit=SIZE` option: a multiple of the page size, up to
+/// `zpool::MAX_UNIT_PAGES` pages.
+fn parse_unit(size: &str) -> std::result::Result<usize, String> {
+    let max_pages = crate::backend::zpool::MAX_UNIT_PAGES;
+    let bad = |why: String| {
+        format!("bad unit={size}: {why}; a unit is 4KiB (page by page) to {}KiB, in pages of 4KiB", max_pages * 4)
+    };
+    let bytes = parse_size(size).map_err(bad)?;
+    let page = crate::PAGE_SIZE as u64;
+    if bytes == 0 || bytes % page != 0 || bytes / page > max_pages as u64 {
+        return Err(bad(format!("{bytes} bytes")));
+    }
+    Ok((bytes / page) as usize)
 }
 
 /// Parses what follows `redis://` (`redis-cluster://`: `cluster`) in a device list.
@@ -631,11 +666,21 @@ mod tests {
         // The last one won, silently.
         assert!(why("zpool:raw:reject").contains("given twice (raw and reject)"), "{}", why("zpool:raw:reject"));
         assert!(why("zpool:lz4:zstd-3").contains("a compressor given twice"));
+        assert!(why("zpool:unit=6KiB").contains("bad unit=6KiB"), "{}", why("zpool:unit=6KiB"));
+        assert!(why("zpool:unit=64KiB").contains("4KiB (page by page) to 32KiB"));
+        assert!(why("zpool:unit=0").contains("bad unit=0"));
+        assert!(why("zpool:unit=4KiB:unit=8KiB").contains("a unit given twice"));
         assert!(why("zpool:64MiB:32MiB").contains("a size given twice"));
         // What stays accepted: a path with a colon and no size, every option once.
         let d = DeviceConfig::parse_list("file:/var/tmp/a:b,zpool:64MiB:zstd-3:reject", 1 << 30).unwrap();
         assert_eq!(d.len(), 2);
         assert_eq!(d[1].capacity_bytes(), 1 << 30, "a pool's pages: four times its memory or the default");
+        let d = DeviceConfig::parse_list("zpool,zpool:zstd-1:unit=16KiB", 1 << 30).unwrap();
+        let unit_pages = |d: &DeviceConfig| match &d.kind {
+            DeviceKind::Zpool { zpool, .. } => zpool.unit_pages,
+            _ => 0,
+        };
+        assert_eq!((unit_pages(&d[0]), unit_pages(&d[1])), (1, 4));
     }
 
     #[test]

@@ -195,25 +195,41 @@ in_both_modes!(
 /// aging), while pages all over the region are rewritten (some while they move: read back,
 /// recompressed, written below) and 2 MiB are read over and over. Every byte reads back.
 fn a_tier_age_moves_pages_down_with_aging_off(mode: FaultMode) {
+    tier_age_moves_pages_down(mode, 1);
+}
+
+/// The same into a tier that stores pages in units of 4: pages rewritten and read while
+/// they move down and while their units lose members, every byte checked. Only even pages
+/// are written (the others stay zero): odd pages of the pattern do not compress, and a unit
+/// holds four pages only if they fit one page compressed.
+fn a_tier_age_moves_pages_down_into_units(mode: FaultMode) {
+    tier_age_moves_pages_down(mode, 4);
+}
+
+fn tier_age_moves_pages_down(mode: FaultMode, unit_pages: usize) {
+    let zstd = uswap::Compressor::Zstd { level: 1 };
     let p = Pager::builder()
         .resident_limit(16 * MIB)
         .fault_mode(mode)
         .device(DeviceConfig::zpool(256 * MIB).priority(1))
-        .device(DeviceConfig::zpool(256 * MIB).compressor(uswap::Compressor::Zstd { level: 1 }))
+        .device(DeviceConfig::zpool(256 * MIB).compressor(zstd).unit_pages(unit_pages))
         .tier_age(Duration::from_secs(1))
         .build()
         .expect("pager");
     let region = p.map(64 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
+    // Pages written: every one, or with units every other (see above).
+    let step = if unit_pages > 1 { 2 } else { 1 };
+    let mut version = vec![0u64; nr_pages];
+    for i in (0..nr_pages).step_by(step) {
         write_page(words, i, 1);
+        version[i] = 1;
     }
     let hot = 2 * PAGES_PER_MIB;
-    let mut version = vec![1u64; nr_pages];
     let mut rng = Rng(0x71e4);
     let below = |p: &Pager| p.stats().devices[1].backend.as_ref().map_or(0, |b| b.stored_pages) as usize;
-    let out_of_ram = nr_pages - 16 * PAGES_PER_MIB;
+    let out_of_ram = nr_pages / step - 16 * PAGES_PER_MIB;
     let start = Instant::now();
     // Bounded by the deadline; ends early once most pages out of RAM are below.
     while start.elapsed() < Duration::from_secs(20) && below(&p) < out_of_ram * 3 / 4 {
@@ -221,7 +237,7 @@ fn a_tier_age_moves_pages_down_with_aging_off(mode: FaultMode) {
             check_page(words, i, v);
         }
         for _ in 0..8 {
-            let i = (rng.next() % nr_pages as u64) as usize;
+            let i = (rng.next() % nr_pages as u64) as usize / step * step;
             version[i] += 1;
             write_page(words, i, version[i]);
         }
@@ -236,6 +252,11 @@ fn a_tier_age_moves_pages_down_with_aging_off(mode: FaultMode) {
     );
     assert!(st.writeback_idle as usize >= out_of_ram * 3 / 4, "moved for their age: {}; {st:?}", st.writeback_idle);
     assert_eq!(st.swpout_idle, 0, "aging off sends nothing out for its age; {st:?}");
+    if unit_pages > 1 {
+        let units = st.devices[1].backend.clone().unwrap_or_default();
+        assert!(units.unit_pages as usize >= out_of_ram / 2, "pages below in units: {units:?}");
+        assert!(units.units * unit_pages as u64 >= units.unit_pages, "{units:?}");
+    }
     check_every_page(&p, words, &version);
 }
 
@@ -243,6 +264,12 @@ in_both_modes!(
     a_tier_age_moves_pages_down_with_aging_off() =>
     thread_mode_a_tier_age_moves_pages_down_with_aging_off,
     signal_mode_a_tier_age_moves_pages_down_with_aging_off
+);
+
+in_both_modes!(
+    a_tier_age_moves_pages_down_into_units() =>
+    thread_mode_a_tier_age_moves_pages_down_into_units,
+    signal_mode_a_tier_age_moves_pages_down_into_units
 );
 
 #[test]

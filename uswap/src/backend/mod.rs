@@ -115,6 +115,13 @@ pub struct BackendStats {
     /// Chunks (64 KiB) the pool's compaction emptied and freed, since the device started
     /// (zram's `pages_compacted`).
     pub compacted_chunks: u64,
+    /// Units stored now (pages compressed together as one object: `zpool:...:unit=SIZE`),
+    /// and the stored pages they hold.
+    pub units: u64,
+    pub unit_pages: u64,
+    /// Groups of pages meant for a unit and stored page by page (they did not compress into
+    /// a page, or no row was free), since the device started.
+    pub unit_fallbacks: u64,
     /// Stored pages per byte of pool: `stored_pages * PAGE_SIZE / pool_bytes` (0 while the
     /// pool holds no chunk). Same-filled pages count as stored pages taking no pool bytes, as
     /// zram counts them in `orig_data_size` and not in `compr_data_size`.

@@ -92,6 +92,21 @@ pub(super) const KIND_EMPTY: u64 = 0;
 pub(super) const KIND_SAME: u64 = 1;
 pub(super) const KIND_COMPRESSED: u64 = 2;
 pub(super) const KIND_RAW: u64 = 3;
+/// A unit member's entry (see `mod.rs`, "Units"): `KIND_SAME`'s kind, which uses no other
+/// bit, with this bit set, the page's index in its unit (bits 3-7) and the unit's head
+/// (bits 8 on), the slot whose row in the pool's unit table holds the unit's object entry.
+const MEMBER: u64 = 1 << 2;
+/// An object header naming a unit (its head slot with this bit) rather than a slot.
+pub(super) const UNIT_ID: u64 = 1 << 31;
+
+pub(super) fn member_entry(head: u64, index: usize) -> u64 {
+    debug_assert!(index < 32 && head < UNIT_ID);
+    KIND_SAME | MEMBER | (index as u64) << 3 | head << 8
+}
+/// The head and index of a unit member's entry; None for any other entry.
+pub(super) fn entry_member(e: u64) -> Option<(u64, usize)> {
+    (entry_kind(e) == KIND_SAME && e & MEMBER != 0).then_some((e >> 8, ((e >> 3) & 0x1f) as usize))
+}
 /// Chunks a slot entry can name (27 bits): an arena of up to 8 TiB.
 const MAX_CHUNKS: u64 = 1 << 27;
 
@@ -686,8 +701,9 @@ impl Allocator {
                 }
             }
             // The clock moves on once the window's first chunk is done with (the chosen chunk
-            // may hold more than one batch; it stays the sparsest until emptied).
-            if n < out.len() && chunk == hand % self.nr_chunks {
+            // may hold more than one batch; it stays the sparsest until emptied), or when the
+            // chosen one holds nothing writeback takes (units: `entry_of` gives None).
+            if n == 0 || (n < out.len() && chunk == hand % self.nr_chunks) {
                 self.writeback_hand.fetch_add(1, Ordering::Relaxed);
             }
             if n > 0 {

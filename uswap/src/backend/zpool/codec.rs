@@ -40,6 +40,9 @@ pub(super) struct Workspace {
     /// lz4's hash table (8 KiB): `compress_into` would allocate and free one per page,
     /// which a SIGBUS handler must not do.
     pub(super) lz4: lz4_flex::block::CompressTable,
+    /// A unit's pages, gathered to be compressed or decompressed to be read (`unit_pages`
+    /// pages; empty in a pool without units).
+    pub(super) unit: Box<[u8]>,
 }
 
 /// A compression context for zstd, warmed at start-up so using it never allocates.
@@ -51,6 +54,8 @@ struct ZstdCtx {
 /// The pool's codec and its pre-allocated workspaces and contexts.
 pub(super) struct Codecs {
     compressor: Compressor,
+    /// Pages of a workspace's unit buffer.
+    unit_pages: usize,
     pools: Pools,
     /// In a fork child reading its copy of the parent's pool: pools of its own. The parent's
     /// pools, as copied, can hold a push or pop that another thread of the parent was making
@@ -69,15 +74,15 @@ struct Pools {
 
 impl Codecs {
     /// Checks the compressor and fills the pools (see [`Pools::new`]).
-    pub(super) fn new(compressor: Compressor) -> Result<Codecs, ZpoolError> {
+    pub(super) fn new(compressor: Compressor, unit_pages: usize) -> Result<Codecs, ZpoolError> {
         if let Compressor::Zstd { level } = compressor {
             if !super::config::ZSTD_LEVELS.contains(&level) {
                 return Err(ZpoolError::ZstdLevel { level });
             }
         }
         let nr_cpus = nr_cpus_configured().max(1);
-        let pools = Pools::new(compressor, 4 * nr_cpus.max(4))?;
-        Ok(Codecs { compressor, pools, fork_child_pools: std::sync::OnceLock::new() })
+        let pools = Pools::new(compressor, unit_pages, 4 * nr_cpus.max(4))?;
+        Ok(Codecs { compressor, unit_pages, pools, fork_child_pools: std::sync::OnceLock::new() })
     }
 
     /// In a fork child, before its first read of its copy of the parent's pool (see
@@ -85,7 +90,7 @@ impl Codecs {
     /// back what it inherited, and most children exec at once). Allocates; not on a fault
     /// path. Failing (zstd's contexts cannot be made), the parent's copies stay in use.
     pub(super) fn enter_fork_child(&self) {
-        if let Ok(pools) = Pools::new(self.compressor, FORK_CHILD_POOL_SIZE) {
+        if let Ok(pools) = Pools::new(self.compressor, self.unit_pages, FORK_CHILD_POOL_SIZE) {
             let _ = self.fork_child_pools.set(pools);
         }
     }
@@ -100,9 +105,10 @@ impl Codecs {
 const FORK_CHILD_POOL_SIZE: usize = 4;
 
 impl Pools {
-    /// `nr_ctx` workspaces (a pager's own: `4 * max(CPUs, 4)`), and as many zstd contexts
-    /// (warmed up) when the compressor is zstd (its level checked by the caller).
-    fn new(compressor: Compressor, nr_ctx: usize) -> Result<Pools, ZpoolError> {
+    /// `nr_ctx` workspaces (a pager's own: `4 * max(CPUs, 4)`), each with room for a unit of
+    /// `unit_pages` (none for 1), and as many zstd contexts (warmed up) when the compressor
+    /// is zstd (its level checked by the caller).
+    fn new(compressor: Compressor, unit_pages: usize, nr_ctx: usize) -> Result<Pools, ZpoolError> {
         let zstd = ArrayQueue::new(nr_ctx);
         if let Compressor::Zstd { level } = compressor {
             for _ in 0..nr_ctx {
@@ -127,6 +133,7 @@ impl Pools {
                 out: Scratch([0; SCRATCH_BYTES]),
                 // Small: 16-bit entries, enough for inputs under 64 KiB (a page).
                 lz4: lz4_flex::block::CompressTable::small(),
+                unit: vec![0u8; if unit_pages > 1 { unit_pages * PAGE_SIZE } else { 0 }].into_boxed_slice(),
             }));
         }
         Ok(Pools { scratch, zstd })
@@ -155,11 +162,18 @@ impl Codecs {
         }
     }
 
+    /// Decompresses one page: whether `src` gave exactly a page into `dst`.
     pub(super) fn decompress(&self, src: &[u8], dst: &mut [u8]) -> bool {
+        self.decompress_into(src, dst) == Some(PAGE_SIZE)
+    }
+
+    /// Decompresses `src` into `dst` (a page, or a unit's pages): the bytes it gave, or None
+    /// if `src` is not compressed data that fits `dst`.
+    pub(super) fn decompress_into(&self, src: &[u8], dst: &mut [u8]) -> Option<usize> {
         match self.compressor {
             Compressor::Lz4 => {
                 let (Ok(src_len), Ok(dst_len)) = (i32::try_from(src.len()), i32::try_from(dst.len())) else {
-                    return false;
+                    return None;
                 };
                 // SAFETY: LZ4_decompress_safe reads at most `src_len` bytes of `src` and writes
                 // at most `dst_len` bytes into `dst` (both slices we hold for the call), whatever
@@ -168,15 +182,14 @@ impl Codecs {
                 let n = unsafe {
                     lz4_sys::LZ4_decompress_safe(src.as_ptr().cast(), dst.as_mut_ptr().cast(), src_len, dst_len)
                 };
-                n == PAGE_SIZE as i32
+                usize::try_from(n).ok()
             }
             Compressor::Zstd { .. } => {
-                let Some(mut ctx) = self.take_zstd() else {
-                    return false; // Cannot happen, see `take_zstd`: a failed read, retried.
-                };
+                // None cannot happen, see `take_zstd`: a failed read, retried.
+                let mut ctx = self.take_zstd()?;
                 let r = ctx.d.decompress(dst, src);
                 let _ = self.pools().zstd.push(ctx);
-                r == Ok(PAGE_SIZE)
+                r.ok()
             }
         }
     }

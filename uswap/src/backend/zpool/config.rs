@@ -39,6 +39,9 @@ pub struct ZpoolConfig {
     pub incompressible_threshold_bytes: usize,
     /// After reaching the cap, accept pages again below this percentage of it.
     pub accept_threshold_percent: u8,
+    /// Pages compressed together as one object, at most (1: page by page). See `mod.rs`,
+    /// "Units"; from 1 to [`MAX_UNIT_PAGES`].
+    pub unit_pages: usize,
 }
 
 impl ZpoolConfig {
@@ -50,12 +53,19 @@ impl ZpoolConfig {
             incompressible: Incompressible::StoreRaw,
             incompressible_threshold_bytes: PAGE_SIZE - PAGE_SIZE / 8,
             accept_threshold_percent: 90,
+            unit_pages: 1,
         }
     }
 }
 
 /// The zstd levels a pool takes (zstd's own range, less its fast negative levels).
 pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = 1..=22;
+
+/// The most pages a unit holds (32 KiB): at 64 KiB zstd stored no fewer bytes per page of
+/// real programs than at 16 KiB and took 3-4 times as long to give one page back
+/// (docs/bench/design-measurements.md, "Units of neighbouring pages"); lz4's hash table
+/// (16-bit positions) takes inputs under 64 KiB.
+pub const MAX_UNIT_PAGES: usize = 8;
 
 /// Why the pool could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +78,10 @@ pub enum ZpoolError {
     Map { bytes: u64, source: std::io::Error },
     #[error("zstd level {level} is out of range ({}..={})", ZSTD_LEVELS.start(), ZSTD_LEVELS.end())]
     ZstdLevel { level: i32 },
+    #[error("a unit of {unit_pages} pages is out of range: units hold 1 to {MAX_UNIT_PAGES} pages (unit=4KiB to unit=32KiB)")]
+    UnitPages { unit_pages: usize },
+    #[error("a pool of {nr_slots} slots is too large for units: give a smaller size, or no unit")]
+    UnitSlots { nr_slots: u64 },
     #[error("cannot set up a zstd context: {what}")]
     Zstd { what: String },
 }

@@ -519,3 +519,212 @@ fn concurrent_stores_and_invalidations_on_distinct_slots() {
     let st = z.stats().unwrap();
     assert_eq!((st.stored_pages, st.pool_bytes), (0, 0), "{st:?}");
 }
+
+fn unit_pool(unit_pages: usize, nr_slots: u64) -> ZpoolBackend {
+    let mut cfg = ZpoolConfig::new(64 << 20, nr_slots);
+    cfg.compressor = Compressor::Zstd { level: 1 };
+    cfg.unit_pages = unit_pages;
+    ZpoolBackend::new(cfg).unwrap()
+}
+
+fn store_run(z: &ZpoolBackend, slot: u64, pages: &[AlignedPage]) -> Result<(), BackendError> {
+    let mut req = [WriteReq::new(slot, PageRun::from_pages(pages))];
+    z.write(&mut req);
+    std::mem::replace(&mut req[0].result, Ok(()))
+}
+
+fn load_run(z: &ZpoolBackend, slot: u64, nr: usize) -> Result<Vec<AlignedPage>, BackendError> {
+    let mut buf = vec![AlignedPage([0xaa; PAGE_SIZE]); nr];
+    let mut req = [ReadReq::new(slot, &mut buf)];
+    z.read(&mut req);
+    std::mem::replace(&mut req[0].result, Ok(())).map(|_| buf)
+}
+
+/// Runs of pages stored in units read back exactly, one page or a run at a time; a unit's
+/// object is freed with its last page, whatever the order; a slot freed out of a live unit
+/// is written again.
+#[test]
+fn units_round_trip_and_free_with_their_last_page() {
+    let z = unit_pool(4, 4096);
+    let pages: Vec<AlignedPage> = (0..400u64).map(|i| page_compressing_to(256, i + 1)).collect();
+    for run in 0..50u64 {
+        store_run(&z, run * 8, &pages[run as usize * 8..][..8]).unwrap();
+    }
+    let st = z.stats().unwrap();
+    assert_eq!((st.stored_pages, st.units, st.unit_pages, st.unit_fallbacks), (400, 100, 400, 0), "{st:?}");
+    assert!(st.compressed_bytes < 400 * 300, "{st:?}");
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(load(&z, i as u64).unwrap().0, p.0, "slot {i}");
+    }
+    for run in 0..50u64 {
+        let got = load_run(&z, run * 8, 8).unwrap();
+        for (k, g) in got.iter().enumerate() {
+            assert_eq!(g.0, pages[run as usize * 8 + k].0, "run {run} page {k}");
+        }
+    }
+    // Three pages of each first unit: no unit is freed.
+    let pool_bytes = z.pool_bytes();
+    for run in 0..50u64 {
+        [0, 2, 3].iter().for_each(|k| z.invalidate(run * 8 + k));
+    }
+    let st = z.stats().unwrap();
+    assert_eq!((st.units, st.unit_pages, st.stored_pages), (100, 250, 250), "{st:?}");
+    assert_eq!(z.pool_bytes(), pool_bytes, "a unit stays while a page of it is stored");
+    // The freed slots written again while their unit lives: a row at one of them is free
+    // but for the first (the head of the unit that lives).
+    for run in 0..50u64 {
+        store_run(&z, run * 8 + 2, &pages[398..]).unwrap();
+        store(&z, run * 8, &pages[397]).unwrap();
+        for (k, want) in [(0, 397), (1, run as usize * 8 + 1), (2, 398), (3, 399), (4, run as usize * 8 + 4)] {
+            assert_eq!(load(&z, run * 8 + k).unwrap().0, pages[want].0, "run {run} page {k}");
+        }
+    }
+    for slot in (0..400).rev() {
+        z.invalidate(slot);
+    }
+    let st = z.stats().unwrap();
+    assert_eq!((st.stored_pages, st.units, st.unit_pages), (0, 0, 0), "{st:?}");
+    assert_eq!((st.pool_bytes, st.compressed_bytes, st.object_bytes), (0, 0, 0), "{st:?}");
+    z.alloc.check_invariants();
+}
+
+/// A run with a same-filled page keeps it as its word; pages that do not fit one unit
+/// whole go in halves, then alone, and every page reads back.
+#[test]
+fn units_that_do_not_fit_are_halved_then_stored_page_by_page() {
+    let z = unit_pool(4, 4096);
+    // Per run of 10: compressible pages, a same-filled one at 3, an incompressible one at 7.
+    let page = |i: u64| match i % 10 {
+        3 => page_of(1, i + 1),
+        7 => page_of(3, i + 1),
+        _ => page_compressing_to(256, i + 1),
+    };
+    let pages: Vec<AlignedPage> = (0..400u64).map(page).collect();
+    for run in 0..40u64 {
+        store_run(&z, run * 10, &pages[run as usize * 10..][..10]).unwrap();
+    }
+    // A run whose last page is same-filled: the pages gathered before it are stored too
+    // (they were left out, and read as empty slots, under CPython's exit).
+    let tail: Vec<AlignedPage> =
+        [2, 2, 1].iter().map(|&k| if k == 1 { page_of(1, 7) } else { page_compressing_to(256, k) }).collect();
+    store_run(&z, 500, &tail).unwrap();
+    for (k, p) in tail.iter().enumerate() {
+        assert_eq!(load(&z, 500 + k as u64).unwrap().0, p.0, "slot {}", 500 + k);
+    }
+    (500..503).for_each(|slot| z.invalidate(slot));
+    let st = z.stats().unwrap();
+    assert_eq!((st.stored_pages, st.same_filled_pages, st.incompressible_pages), (400, 40, 40), "{st:?}");
+    // The first run: [0 1 2 4] a unit, [5 6 7 8] not, [5 6] a unit, [7 8] not, then alone.
+    assert!(st.units >= 40 && st.unit_fallbacks >= 2, "{st:?}");
+    assert!(st.unit_pages >= 2 * st.units && st.unit_pages <= 4 * st.units, "{st:?}");
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(load(&z, i as u64).unwrap().0, p.0, "slot {i}");
+    }
+    (0..400).for_each(|slot| z.invalidate(slot));
+    let st = z.stats().unwrap();
+    assert_eq!((st.stored_pages, st.pool_bytes, st.units), (0, 0, 0), "{st:?}");
+}
+
+/// Units fit in less memory than their pages alone when the pages share content.
+#[test]
+fn units_of_pages_that_share_content_are_denser() {
+    // Pages of one "program": the same 256-byte records, shuffled per page.
+    let record = page_compressing_to(256, 99);
+    let mk = |i: u64| {
+        let mut p = AlignedPage([0; PAGE_SIZE]);
+        for (k, c) in p.0.chunks_exact_mut(256).enumerate() {
+            let r = (k as u64 * 7 + i) % 16;
+            c.copy_from_slice(&record.0[..256]);
+            c[..8].copy_from_slice(&(r ^ i).to_ne_bytes());
+        }
+        p
+    };
+    let pages: Vec<AlignedPage> = (0..256).map(mk).collect();
+    let (single, units) = (unit_pool(1, 1024), unit_pool(4, 1024));
+    for z in [&single, &units] {
+        for run in 0..32u64 {
+            store_run(z, run * 8, &pages[run as usize * 8..][..8]).unwrap();
+        }
+    }
+    let (a, b) = (single.stats().unwrap(), units.stats().unwrap());
+    assert_eq!(b.unit_pages, 256, "{b:?}");
+    assert!(b.compressed_bytes * 2 < a.compressed_bytes, "units {b:?} against pages {a:?}");
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(load(&units, i as u64).unwrap().0, p.0, "slot {i}");
+    }
+}
+
+/// Units read, freed and stored again while compaction moves their objects: every page
+/// exact, nothing leaked.
+#[test]
+fn units_read_and_freed_while_compaction_moves_them_are_exact() {
+    let z = std::sync::Arc::new(unit_pool(4, 32768));
+    fn want(slot: u64, v: u64) -> AlignedPage {
+        page_at(slot + v * 100_000, 300)
+    }
+    fn run_of(first: u64, v: u64) -> Vec<AlignedPage> {
+        (first..first + 4).map(|s| want(s, v)).collect()
+    }
+    // Fragment: units at 0, 4, 8...; two of three freed.
+    for first in (0..16_000u64).step_by(4) {
+        store_run(&z, first, &run_of(first, 0)).unwrap();
+    }
+    for first in (0..16_000u64).step_by(4).filter(|f| f % 12 != 0) {
+        (first..first + 4).for_each(|s| z.invalidate(s));
+    }
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let compactor = {
+        let (z, stop) = (z.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for _ in 0..1_000_000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                z.compact();
+            }
+        })
+    };
+    let owners: Vec<_> = (0..2u64)
+        .map(|t| {
+            let z = z.clone();
+            std::thread::spawn(move || {
+                let mine: Vec<u64> = (0..16_000u64).step_by(12).filter(|f| (f / 12) % 2 == t).collect();
+                let mut version = vec![0u64; mine.len()];
+                let start = std::time::Instant::now();
+                for round in 0..10_000u64 {
+                    if round >= 5 && start.elapsed() > std::time::Duration::from_secs(1) {
+                        break;
+                    }
+                    for (i, &first) in mine.iter().enumerate() {
+                        let got = load_run(&z, first, 4).unwrap_or_else(|e| panic!("unit {first}: {e}"));
+                        for (k, g) in got.iter().enumerate() {
+                            assert_eq!(
+                                g.0,
+                                want(first + k as u64, version[i]).0,
+                                "slot {} round {round}",
+                                first + k as u64
+                            );
+                        }
+                        if (i as u64 + round) % 5 == 0 {
+                            (first..first + 4).rev().for_each(|s| z.invalidate(s));
+                            version[i] += 1;
+                            store_run(&z, first, &run_of(first, version[i])).unwrap();
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for o in owners {
+        o.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    compactor.join().unwrap();
+    let st = z.stats().unwrap();
+    assert!(st.compacted_chunks > 0, "the compactor ran while the owners read: {st:?}");
+    assert_eq!((st.units, st.unit_pages), (16_000 / 12 + 1, 4 * (16_000 / 12 + 1)), "{st:?}");
+    z.alloc.check_invariants();
+    (0..16_000).for_each(|s| z.invalidate(s));
+    let st = z.stats().unwrap();
+    assert_eq!((st.pool_bytes, st.object_bytes, st.compressed_bytes, st.units), (0, 0, 0, 0), "{st:?}");
+}
