@@ -236,6 +236,9 @@ fn resident_again(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultE
 fn swap_cache_hit(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, locked) = (f.region, f.page, f.locked);
     debug_assert_eq!(locked.state(), PageState::Cached);
+    if locked.clean() {
+        return clean_swap_cache_hit(cx, f);
+    }
     let page_addr = region.page_addr(page);
     let e = locked.entry();
     let dev = cx.0.devices.device(e);
@@ -267,6 +270,36 @@ fn swap_cache_hit(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultE
     cx.0.devices.free(e, f.route.lock_free());
     // Referenced: it came back from the swap cache, so reclaim spares it once.
     let new = locked.next(PageState::Resident, None).with_referenced(true);
+    region.store(page, new);
+    cx.0.lru.add(page_ref(f.reg_idx, f.reg_gen, page, new.gen()), &cx.0.stats);
+    cx.0.stats.inc(Counter::PgfaultSwapcache);
+    Ok(())
+}
+
+/// A swap-cache hit on a page the aging scan staged clean (its slot still holds it): copied
+/// back write-protected (`UFFDIO_COPY` with `MODE_WP`), so that it stays clean and keeps its
+/// slot, and its staging page dropped. A move would map it writable, and a write by another
+/// thread before it was write-protected again would be lost when the page, still taken for
+/// clean, was dropped.
+fn clean_swap_cache_hit(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
+    let (region, page, locked) = (f.region, f.page, f.locked);
+    debug_assert!(locked.state() == PageState::Cached && locked.clean() && locked.busy());
+    let e = locked.entry();
+    let dev = cx.0.devices.device(e);
+    let staged = dev.staging_addr(e.offset());
+    let r = cx.0.uffd.copy(region.page_addr(page), staged as *const u8, PAGE_SIZE, f.route.wake(), true);
+    if let RangeResult::Partial { errno, .. } = r {
+        region.store(page, locked.unbusy());
+        // ENOENT: no mapping at the page any more (a stale fault; a copy checks the
+        // destination first).
+        return Err(if errno == libc::ENOENT { FaultError::Unmapped } else { FaultError::Ioctl(errno) });
+    }
+    // Empty before the page can leave into it again.
+    dev.discard_staged(e.offset());
+    cx.0.swap_cache.remove(dev, e.offset());
+    dev.unstamp(e.offset());
+    cx.0.clean_pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let new = locked.next(PageState::Resident, Some(e)).with_clean().with_referenced(true);
     region.store(page, new);
     cx.0.lru.add(page_ref(f.reg_idx, f.reg_gen, page, new.gen()), &cx.0.stats);
     cx.0.stats.inc(Counter::PgfaultSwapcache);

@@ -30,8 +30,8 @@
 //! nothing else: the slot still holds the page, and whoever locks the page may read the slot.
 //!
 //! Invariants: a page is mapped in its region iff its state is RESIDENT (outside a busy
-//! section); a CACHED page's contents are at its entry's staging address; a clean page is
-//! write-protected and its slot holds its contents. The regions themselves, and the
+//! section); a CACHED page's contents are at its entry's staging address; a clean page's slot
+//! holds its contents, and a clean resident page is write-protected. The regions themselves, and the
 //! registry the fault path searches, are `crate::region`'s.
 
 use crate::swap::SwapEntry;
@@ -105,7 +105,8 @@ const STATE_MASK: u64 = 0x7;
 const BUSY: u64 = 1 << 3;
 const REFERENCED: u64 = 1 << 4;
 /// Resident, write-protected, unchanged since it was read from its slot, which it keeps:
-/// reclaim can drop it without writing it.
+/// reclaim can drop it without writing it. A CACHED page is clean when the aging scan staged
+/// a clean page in its own slot, which still holds it: writeback drops it without a write.
 const CLEAN: u64 = 1 << 5;
 /// Mapped by readahead and not yet known to be used (see `readahead`).
 const READAHEAD: u64 = 1 << 6;
@@ -200,9 +201,10 @@ impl Pte {
     pub fn with_referenced(self, r: bool) -> Pte {
         Pte(if r { self.0 | REFERENCED } else { self.0 & !REFERENCED })
     }
-    /// Marks a resident page clean (it keeps the slot `entry()` names).
+    /// Marks a resident or staged page clean (it keeps the slot `entry()` names, which
+    /// holds its contents).
     pub fn with_clean(self) -> Pte {
-        debug_assert_eq!(self.state(), PageState::Resident);
+        debug_assert!(matches!(self.state(), PageState::Resident | PageState::Cached));
         Pte(self.0 | CLEAN)
     }
     /// A clean page that was written: not busy, not clean, no slot; same generation, so its

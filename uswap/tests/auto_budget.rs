@@ -208,12 +208,14 @@ fn a_limit_set_under_an_automatic_budget_is_its_ceiling() {
 }
 
 /// A working set read and never written, its pages read back clean (as a cache's values
-/// are), under an automatic budget with the idle aging scan on: the scan drops clean pages
-/// rather than stage them, and such a page, touched or not, never comes back as an aged
-/// fault. Counted as found idle, every clean page in use looked idle to the law, which cut
-/// the limit under the working set again and again (redis-server with real values stalled
-/// a fifth of the time under `uswap run --auto`, at half its limit). Thread mode, where a
-/// page read comes in clean. The limit stays at the working set, and the stalls low.
+/// are), under an automatic budget with the idle aging scan on. The scan dropped clean
+/// pages once, and such a page, touched or not, never came back as an aged fault: counted
+/// as found idle, every clean page in use looked idle to the law, which cut the limit under
+/// the working set again and again (redis-server with real values stalled a fifth of the
+/// time under `uswap run --auto`, at half its limit); not counted, each page in use was read
+/// back from the pool every pass, a stall (1-3 % of each second in a loaded `.ci/run`).
+/// Thread mode, where a page read comes in clean. The limit stays at the working set, and
+/// the stalls low.
 #[test]
 fn a_working_set_of_clean_pages_is_not_taken_for_idle() {
     let target = uswap::budget::DEFAULT_TARGET;

@@ -289,3 +289,65 @@ fn a_tier_age_without_a_tier_below_or_out_of_range_is_refused_saying_why() {
         assert!(uswap::parse_tier_age(bad).is_err(), "{bad:?} taken");
     }
 }
+
+/// Clean pages under the aging scan (thread mode, where a page read back comes in clean and
+/// keeps its slot): 32 MiB written, sent out under a 4 MiB limit and read back out of order
+/// under 256 MiB,
+/// then the first 8 MiB read over and over for 16 s with an idle age of 3 s, one page of
+/// them rewritten every 20 ms. The scan stages clean pages in their own slots: the pages in
+/// use come back from RAM (aged swap-cache hits), not from the pool (each hot page was read
+/// back from it every pass when the scan dropped clean pages), clean, so that a write to one
+/// still takes its write-protect fault; the 24 MiB left alone go for their age without a
+/// write (dropped clean). Every byte reads back.
+#[test]
+fn clean_pages_the_scan_takes_out_come_back_from_ram_and_idle_ones_go_unwritten() {
+    let p = Pager::builder()
+        .resident_limit(256 * MIB)
+        .fault_mode(FaultMode::Thread)
+        .device(DeviceConfig::zpool(256 * MIB))
+        .idle_aging(IdleAging::Evict(Duration::from_secs(3)))
+        .build()
+        .expect("pager");
+    let region = p.map(32 * MIB as usize).unwrap();
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    let mut version = vec![1u64; nr_pages];
+    for i in 0..nr_pages {
+        write_page(words, i, 1);
+    }
+    p.set_resident_limit(4 * MIB).unwrap();
+    check_every_page(&p, words, &version);
+    p.set_resident_limit(256 * MIB).unwrap();
+    // Out of order, so that readahead (whose pages come in writable on a memory device)
+    // sees no stream.
+    for k in 0..nr_pages {
+        let i = k * 2477 % nr_pages;
+        check_page(words, i, version[i]);
+    }
+    let before = p.stats();
+    assert!(before.clean_pages as usize >= nr_pages * 3 / 4, "the pages came back clean: {before:?}");
+    let hot = 8 * PAGES_PER_MIB;
+    let mut rng = Rng(0xc1ea);
+    let start = Instant::now();
+    // Bounded by the deadline.
+    while start.elapsed() < Duration::from_secs(16) {
+        for i in 0..hot {
+            assert_eq!(words[i * WORDS].load(Ordering::Relaxed), word(i, version[i], 0), "page {i}");
+        }
+        let i = (rng.next() % hot as u64) as usize;
+        version[i] += 1;
+        write_page(words, i, version[i]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = p.stats();
+    let d = |f: fn(&uswap::Stats) -> u64| f(&st) - f(&before);
+    let report = format!("before {before:?}; after {st:?}");
+    assert!(d(|s| s.pgfault_aged) as usize >= hot / 2, "the pages in use came back from RAM: {report}");
+    assert!((d(|s| s.pswpin) as usize) < hot / 8, "the pages in use were read from the pool: {report}");
+    let cold = nr_pages - hot;
+    assert!(d(|s| s.swpout_clean) as usize >= cold * 3 / 4, "the idle pages went unwritten: {report}");
+    // Written: only pages rewritten (at most one each 20 ms), none of the idle ones.
+    assert!((d(|s| s.pswpout) as usize) < 1000, "pages written: {report}");
+    assert!(d(|s| s.pgfault_wp) > 0, "a page that came back clean took its write-protect fault: {report}");
+    check_every_page(&p, words, &version);
+}

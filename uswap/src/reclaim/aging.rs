@@ -106,8 +106,8 @@ pub(crate) struct Aging {
     /// Per device: the next slot [`tier_down`] looks at.
     tier_cursor: Vec<u64>,
     /// Pages the last tick moved out, of those the pages it staged in the swap cache (where
-    /// a touch shows: clean pages are dropped and zero pages freed at once, and a touch then
-    /// faults from the device, as if they had been in use or not), and the counts then of
+    /// a touch shows: zero pages are freed at once, and a touch then faults in a zero page,
+    /// as if they had been in use or not), and the counts then of
     /// aged pages that had come back and that reclaim had written out: the sample the next
     /// tick reports (`budget::IdleSample`).
     last_moved: usize,
@@ -277,11 +277,11 @@ impl Aging {
         let written = aged_written.saturating_sub(self.last_aged_written) as usize;
         self.last_aged_written = aged_written;
         let moved = std::mem::take(&mut self.last_moved);
-        // Only the staged pages were tested: a page dropped clean, touched or not, never
-        // comes back as an aged fault, and counted out it made every clean page look idle:
-        // the law cut a working set of clean pages to its floor (2 MiB) again and again, at
-        // half the time stalled (`a_working_set_of_clean_pages_is_not_taken_for_idle`), and
-        // redis-server, whose values read back are clean, lost a fifth of its rate.
+        // Only the staged pages were tested: a page freed zero, touched or not, never comes
+        // back as an aged fault. (Clean pages were dropped once, and counted out they made
+        // every clean page look idle: the law cut a working set of clean pages to its floor,
+        // 2 MiB, again and again, at half the time stalled,
+        // `a_working_set_of_clean_pages_is_not_taken_for_idle`; they are staged clean now.)
         let staged = std::mem::take(&mut self.last_staged);
         debug_assert!(staged <= moved, "the pages staged are some of those moved");
         // Written or not, a page that did not come back was not in use: the pace follows it.
@@ -361,7 +361,7 @@ impl Aging {
 
 /// Moves up to `want` of the oldest resident pages into the swap cache (see the module
 /// doc), with at most `calls` rounds of [`shrink_active`] (counted down). Returns the pages
-/// moved, and of those the pages staged in the swap cache (not dropped clean or zero).
+/// moved, and of those the pages staged in the swap cache (clean ones too; not zero ones).
 fn deactivate(cx: &Reclaim<'_>, want: usize, calls: &mut usize) -> (usize, usize) {
     let (mut moved, mut staged) = (0, 0);
     // Bounded by `calls`, and by the LRU running dry.
@@ -373,7 +373,7 @@ fn deactivate(cx: &Reclaim<'_>, want: usize, calls: &mut usize) -> (usize, usize
         moved += s.moved;
         staged += s.moved - s.uncharged;
         if s.uncharged > 0 {
-            // Clean pages were dropped and zero pages freed: out as reclaim sends them.
+            // Zero pages were freed: out as reclaim sends them.
             cx.devices.flush_frees();
         }
     }

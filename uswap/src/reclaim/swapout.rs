@@ -87,10 +87,12 @@ pub(super) fn shrink_active(cx: &Reclaim<'_>, nr: usize, by: Stager) -> Shrunk {
     }
     assert!(victims.len() <= nr.min(BATCH));
     victims.sort_unstable_by_key(|v| (v.gi, v.page));
-    let (dropped, mut refused) = drop_clean(cx, by, &guards, &victims);
+    let clean = take_out_clean(cx, by, &guards, &victims);
+    let (dropped, mut refused) = (clean.moved, clean.refused);
     victims.retain(|v| !v.pte.clean());
     if victims.is_empty() {
-        return Shrunk { moved: dropped, uncharged: dropped, refused, pinned: nr_pinned, all_locked: false };
+        let uncharged = clean.uncharged;
+        return Shrunk { moved: dropped, uncharged, refused, pinned: nr_pinned, all_locked: false };
     }
     let mut entries = [SwapEntry::new(0, 0); BATCH];
     alloc_slots(cx, &guards, &mut victims, &mut entries);
@@ -101,29 +103,44 @@ pub(super) fn shrink_active(cx: &Reclaim<'_>, nr: usize, by: Stager) -> Shrunk {
     crate::stats::note_taken_out((staged.moved + dropped) as u64);
     cx.devices.free_now(&mut to_free);
     let moved = staged.moved + dropped;
-    Shrunk { moved, uncharged: staged.uncharged + dropped, refused, pinned: nr_pinned, all_locked: false }
+    Shrunk { moved, uncharged: staged.uncharged + clean.uncharged, refused, pinned: nr_pinned, all_locked: false }
+}
+
+/// What [`take_out_clean`] did with the clean victims.
+struct CleanTaken {
+    /// Pages that left their region (dropped, or staged by the aging scan).
+    moved: usize,
+    /// Of those, pages uncharged: dropped.
+    uncharged: usize,
+    /// Pages the kernel refused to move.
+    refused: usize,
 }
 
 /// Clean victims need no write: their slot still holds them. They leave the region as dirty
-/// pages do, into their own slot's staging page, which is then dropped: `MADV_DONTNEED` on
-/// the region itself would send a REMOVE event (see `events`). Runs of consecutive pages
-/// with consecutive slots move with one call. Returns the pages dropped and refused.
-fn drop_clean(cx: &Reclaim<'_>, by: Stager, guards: &RegionSet, victims: &[Victim]) -> (usize, usize) {
-    let (mut dropped, mut refused) = (0, 0);
+/// pages do, into their own slot's staging page. Reclaim then drops that page:
+/// `MADV_DONTNEED` on the region itself would send a REMOVE event (see `events`). The aging
+/// scan keeps it staged, clean, so that a page still in use comes back from RAM (a
+/// swap-cache hit) rather than from its device: dropped, each hot clean page of a cache's
+/// working set was read back every pass, a stall on memory the program had. Runs of
+/// consecutive pages with consecutive slots move with one call.
+fn take_out_clean(cx: &Reclaim<'_>, by: Stager, guards: &RegionSet, victims: &[Victim]) -> CleanTaken {
+    let (mut moved, mut refused) = (0, 0);
+    let keep = by == Stager::Aging;
     // Moved first, every run; their staging pages are then dropped with one TLB flush (see
     // `DiscardBatch`), and only then are the pages published as swapped: a page that faults
     // back and leaves again must find its slot's staging page empty.
     let mut discards = DiscardBatch::<BATCH>::new();
-    let clean_runs = move_clean_runs(cx, guards, victims, &mut discards);
+    let clean_runs = move_clean_runs(cx, guards, victims, (!keep).then_some(&mut discards));
     discards.flush();
     let now = crate::swap::idle_ages::now_epoch();
     for &(i, j, done, r) in &clean_runs {
         refused += publish_clean_run(cx, by, guards, &victims[i..j], done, r, now);
-        dropped += done;
+        moved += done;
     }
-    cx.stats.add(Counter::SwpoutClean, dropped as u64);
-    assert!(dropped + refused <= victims.len());
-    (dropped, refused)
+    let uncharged = if keep { 0 } else { moved };
+    cx.stats.add(if keep { by.counter() } else { Counter::SwpoutClean }, moved as u64);
+    assert!(moved + refused <= victims.len());
+    CleanTaken { moved, uncharged, refused }
 }
 
 /// A run of clean victims moved out (or not): victims `i..j`, the first `done` of them
@@ -131,13 +148,13 @@ fn drop_clean(cx: &Reclaim<'_>, by: Stager, guards: &RegionSet, victims: &[Victi
 type CleanRun = (usize, usize, usize, RangeResult);
 
 /// Moves the clean victims into their own slots' staging pages, a run of consecutive pages
-/// with consecutive slots at a time, and queues the staging pages moved into on `discards`.
-/// Returns the runs.
+/// with consecutive slots at a time, and queues the staging pages moved into on `discards`
+/// (when they are to be dropped). Returns the runs.
 fn move_clean_runs(
     cx: &Reclaim<'_>,
     guards: &RegionSet,
     victims: &[Victim],
-    discards: &mut DiscardBatch<BATCH>,
+    mut discards: Option<&mut DiscardBatch<BATCH>>,
 ) -> ArrayVec<CleanRun, BATCH> {
     let mut clean_runs = ArrayVec::new();
     let mut i = 0;
@@ -165,7 +182,7 @@ fn move_clean_runs(
         let r = cx.swap_cache.move_in(dev, e(i).offset(), region.page_addr(victims[i].page), len);
         let done = r.done_bytes(len) / PAGE_SIZE;
         debug_assert!(done <= j - i, "a move reports no more than it was asked");
-        if done > 0 {
+        if let Some(discards) = discards.as_deref_mut().filter(|_| done > 0) {
             dev.discard_staged_later(discards, e(i).offset(), done);
         }
         clean_runs.push((i, j, done, r));
@@ -174,9 +191,9 @@ fn move_clean_runs(
     clean_runs
 }
 
-/// Publishes a run of clean victims (`run`, all of one region, staged `by`) once their
+/// Publishes a run of clean victims (`run`, all of one region, taken out `by`) once their
 /// staging pages are dropped: the first `done`, moved, are swapped (stamped `now`) and
-/// uncharged; the others
+/// uncharged, or, taken by the aging scan, staged clean and aged; the others
 /// stay resident and clean, back on the LRU. `r`: what the move said. Returns 1 when the
 /// move was refused (counted), else 0.
 fn publish_clean_run(
@@ -189,11 +206,18 @@ fn publish_clean_run(
     now: Epoch,
 ) -> usize {
     let region = &guards.g[run[0].gi];
+    let keep = by == Stager::Aging;
     let left = Stamp::new(now, cx.lru.note_evicted(by.nr_evicted(done)));
     for (k, v) in run.iter().enumerate() {
-        if k < done {
-            cx.devices.device(v.pte.entry()).stamp(v.pte.entry().offset(), left);
-            region.store(v.page, v.pte.next(PageState::Swapped, Some(v.pte.entry())).with_referenced(false));
+        let (e, dev) = (v.pte.entry(), cx.devices.device(v.pte.entry()));
+        if k < done && keep {
+            cx.swap_cache.insert(dev, e.offset(), left.eviction);
+            let new = v.pte.next(PageState::Cached, Some(e)).with_referenced(false).with_aged().with_clean();
+            region.store(v.page, new);
+            requeue_staged(cx, guards.page_ref(v.gi, v.page, new));
+        } else if k < done {
+            dev.stamp(e.offset(), left);
+            region.store(v.page, v.pte.next(PageState::Swapped, Some(e)).with_referenced(false));
         } else {
             // Refused (read-only after mprotect, or gone: an event settles it) or not
             // tried: stays resident and clean.
@@ -212,9 +236,12 @@ fn publish_clean_run(
             cow::queue(cx, guards.page_ref(v.gi, v.page, v.pte));
         }
     }
-    uncharge(cx.charge, done);
-    // Each page dropped was counted clean when it was mapped so (`swapin::publish`), before
-    // its word said so: the count cannot be below the clean pages this round owns.
+    if !keep {
+        uncharge(cx.charge, done);
+    }
+    // Each page taken out was counted clean when it was mapped so (`swapin::publish`),
+    // before its word said so: the count cannot be below the clean pages this round owns.
+    // A page staged clean is not mapped: out of the count until it comes back.
     let clean_before = cx.clean_pages.fetch_sub(done, Ordering::Relaxed);
     debug_assert!(clean_before >= done, "clean page count below the clean pages dropped");
     // A run lies in one region.
@@ -428,8 +455,9 @@ pub(super) fn shrink_inactive(cx: &Reclaim<'_>, nr: usize, take: Take) -> Writte
     debug_assert!(take != Take::Resident);
     let mut guards = RegionSet::new();
     let mut victims = pop_victims(cx, take, nr, &mut guards, &mut 0);
+    let dropped = drop_clean_staged(cx, &guards, &mut victims);
     if victims.is_empty() {
-        return WrittenBack::default();
+        return WrittenBack { uncharged: dropped, declined: 0 };
     }
     victims.sort_unstable_by_key(|v| v.pte.entry());
     // Where each victim goes: its own slot first.
@@ -472,7 +500,43 @@ pub(super) fn shrink_inactive(cx: &Reclaim<'_>, nr: usize, take: Take) -> Writte
     }
     cx.devices.free_now(&mut to_free);
     debug_assert!(uncharged + declined <= victims.len(), "each victim is written or declined at most once");
-    WrittenBack { uncharged, declined }
+    WrittenBack { uncharged: uncharged + dropped, declined }
+}
+
+/// Drops the clean staged pages among `victims` (the aging scan staged them in their own
+/// slots, which still hold them) and takes them out of `victims`: swapped without a write,
+/// uncharged. Their staging pages are dropped first, with one TLB flush, so that a page that
+/// faults back and leaves again finds its slot's staging page empty. Returns how many.
+fn drop_clean_staged(cx: &Reclaim<'_>, guards: &RegionSet, victims: &mut ArrayVec<Victim, BATCH>) -> usize {
+    let mut discards = DiscardBatch::<BATCH>::new();
+    let mut n = 0;
+    for v in victims.iter().filter(|v| v.pte.clean()) {
+        debug_assert!(v.pte.busy() && v.pte.state() == PageState::Cached, "a staged victim is locked");
+        let e = v.pte.entry();
+        cx.devices.device(e).discard_staged_later(&mut discards, e.offset(), 1);
+        n += 1;
+    }
+    if n == 0 {
+        return 0;
+    }
+    discards.flush();
+    let mut aged = 0;
+    let cohort = cx.charge.aged_cohort_epoch.load(Ordering::Relaxed);
+    for v in victims.iter().filter(|v| v.pte.clean()) {
+        let (e, dev) = (v.pte.entry(), cx.devices.device(v.pte.entry()));
+        aged += (v.pte.aged() && dev.stamp_of(e.offset()).is_some_and(|s| s.epoch >= cohort)) as u64;
+        // Still stamped with the moment it left its region.
+        dev.complete_writeback(e.offset());
+        guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(e)));
+    }
+    victims.retain(|v| !v.pte.clean());
+    cx.swap_cache.uncount(n);
+    uncharge(cx.charge, n);
+    cx.stats.add(Counter::SwpoutClean, n as u64);
+    if aged > 0 {
+        cx.charge.aged_written_pages.fetch_add(aged, Ordering::Relaxed);
+    }
+    n
 }
 
 /// The staged victims `run` (indices into `victims` and `targets`) were written to their
