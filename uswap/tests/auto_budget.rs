@@ -86,11 +86,7 @@ fn the_budget_follows_a_working_set_through_its_phases() {
         .expect("pager");
     let region = p.map(64 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
-    let nr_pages = region.len() / PAGE_SIZE;
-    let mut version = vec![1u64; nr_pages];
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    let mut version = write_every_page(words);
     let page = PAGE_SIZE as f64;
     for (wss_mib, secs) in [(48u64, 25u64), (12, 35), (48, 25)] {
         let wss_pages = (wss_mib * MIB) as usize / PAGE_SIZE;
@@ -118,9 +114,7 @@ fn the_budget_follows_a_working_set_through_its_phases() {
             p.stats()
         );
     }
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
+    check_versions(words, &version);
     let st = p.stats();
     assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
     assert!(st.stall.seconds_total > 0.0 && st.stall.avg300 > 0.0, "stalls were counted: {:?}", st.stall);
@@ -146,10 +140,7 @@ fn the_budget_follows_a_working_set_that_drops_fivefold() {
     let region = p.map(160 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    let mut version = vec![1u64; nr_pages];
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    let mut version = write_every_page(words);
     let (big_shares, big_levels) = phase(&p, words, &mut version, nr_pages, 8, Duration::from_secs(10));
     let small_pages = nr_pages / 5;
     let (shares, levels) = phase(&p, words, &mut version, small_pages, 8, Duration::from_secs(16));
@@ -168,9 +159,7 @@ fn the_budget_follows_a_working_set_that_drops_fivefold() {
     // A cut that leaves the limit at the working set's edge (32.3 MiB for 32) takes two more
     // seconds to grow back (measured once in a `.ci/run`: 0.038, 0.153, 0.112).
     assert!(longest_run_above(&shares, 2.0 * target) <= 3, "the small phase stalled over twice the target: {report}");
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
+    check_versions(words, &version);
     let st = p.stats();
     assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
 }
@@ -192,19 +181,14 @@ fn a_limit_set_under_an_automatic_budget_is_its_ceiling() {
     let region = p.map(24 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    let mut version = vec![1u64; nr_pages];
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    let mut version = write_every_page(words);
     p.set_resident_limit(4 * MIB).unwrap();
     let (shares, levels) = phase(&p, words, &mut version, nr_pages, 8, Duration::from_secs(4));
     let report = format!("limit and resident (MiB) each second {levels:?}, stall shares {shares:.3?}");
     assert!(shares.iter().any(|&s| s > 2.0 * uswap::budget::DEFAULT_TARGET), "the law had cause to raise it: {report}");
     assert!(levels.iter().all(|&(limit, _)| limit <= 4.0), "the limit went over the one set: {report}");
     assert!(p.resident_limit() <= 4 * MIB, "{report}");
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
+    check_versions(words, &version);
 }
 
 /// A working set read and never written, its pages read back clean (as a cache's values
@@ -230,10 +214,7 @@ fn a_working_set_of_clean_pages_is_not_taken_for_idle() {
     let region = p.map(64 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    let mut version = vec![1u64; nr_pages];
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    let mut version = write_every_page(words);
     // Out, then read back: the working set's pages come in clean.
     let wss_pages = (24 * MIB) as usize / PAGE_SIZE;
     p.set_resident_limit(4 * MIB).unwrap();
@@ -247,9 +228,7 @@ fn a_working_set_of_clean_pages_is_not_taken_for_idle() {
     let wss_mib = (wss_pages * PAGE_SIZE) as f64 / MIB as f64;
     assert!(levels.iter().skip(2).all(|&(limit, _)| limit >= 0.8 * wss_mib), "cut under the working set: {report}");
     assert!(longest_run_above(&shares, 2.0 * target) <= 3, "stalled over twice the target: {report}");
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
+    check_versions(words, &version);
 }
 
 #[test]

@@ -84,9 +84,7 @@ fn dirty_neighbours_leave_with_their_victim(mode: FaultMode) {
     let region = p.map(4 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     let st = quiet_stats(&p);
     let moved_out = st.pswpout + st.swapcache_pages + st.swpout_zero;
     assert!(moved_out as usize >= nr_pages / 2, "{st:?}");
@@ -186,9 +184,7 @@ fn dropping_a_region_returns_every_slot_and_cache_page() {
 fn push_page0_out(region: &uswap::Region, limit_pages: usize) {
     region.advise(uswap::Advice::Random);
     let w = region.as_atomic_u64s();
-    for i in 0..region.len() / PAGE_SIZE {
-        write_page(w, i, 1);
-    }
+    write_every_page(w);
     assert!(region.len() / PAGE_SIZE > 4 * limit_pages);
 }
 
@@ -586,9 +582,7 @@ fn written_then_read_twice(mode: FaultMode) -> (Pager, uswap::Region, uswap::Sta
     region.advise(uswap::Advice::Random);
     let pages = region.len() / PAGE_SIZE;
     let w = region.as_atomic_u64s();
-    for i in 0..pages {
-        write_page(w, i, 1);
-    }
+    write_every_page(w);
     for _ in 0..2 {
         for i in 0..pages {
             check_page(w, i, 1);
@@ -784,9 +778,7 @@ fn pages_used_often_are_spared(mode: FaultMode) {
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
     let hot: Vec<usize> = (0..64).map(|k| k * (nr_pages / 64) + 13).collect();
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     let mut rng = Rng(0x5eed);
     let (mut hot_faults, mut hot_activations) = (0, 0);
     let (mut cold_faults, mut cold_activations) = (0, 0);

@@ -100,9 +100,7 @@ fn kept_file_is_scrubbed(mode: FaultMode) {
     let r = p.map(8 * MIB as usize).unwrap();
     let words = r.as_atomic_u64s();
     let pages = r.len() / PAGE_SIZE;
-    for i in 0..pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     let mut rng = Rng(0x5eed);
     for _ in 0..4000 {
         let i = (rng.next() % pages as u64) as usize;

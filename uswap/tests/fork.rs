@@ -499,9 +499,7 @@ fn a_fork_child_is_refused_its_parents_pager(mode: FaultMode) {
     let mut region = pager.map(WSS as usize).unwrap();
     let pages = region.len() / PAGE_SIZE;
     let w = region_words(&mut region);
-    for i in 0..pages {
-        write_page(w, i, 1);
-    }
+    write_every_page(w);
     assert!(pager.stats().pswpout > 0, "nothing went out before the fork");
     // SAFETY: the child calls the engine, which allocates (the error's message); nothing in
     // this test's process holds the allocator's lock across the fork but by chance, as in
@@ -563,9 +561,7 @@ fn a_fork_child_builds_its_own_pager(mode: FaultMode) {
     let pages = region.len() / PAGE_SIZE;
     let parent_range = region.as_ptr() as usize..region.as_ptr() as usize + region.len();
     let w = region_words(&mut region);
-    for i in 0..pages {
-        write_page(w, i, 1);
-    }
+    write_every_page(w);
     // SAFETY: as in `a_fork_child_is_refused_its_parents_pager`; ends with `_exit`.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());

@@ -49,9 +49,7 @@ fn idle_pages_go_out_after_their_age_with_no_pressure() {
     let region = p.map(64 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     let hot = 0..4 * PAGES_PER_MIB;
     touch_until(words, hot.clone(), Instant::now() + Duration::from_secs(20));
     let st = p.stats();
@@ -88,9 +86,7 @@ fn the_histogram_matches_what_a_program_touched_and_when() {
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
     let start = Instant::now();
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     let always = 0..8 * PAGES_PER_MIB;
     let until_30s = 8 * PAGES_PER_MIB..24 * PAGES_PER_MIB;
     touch_until(words, 0..24 * PAGES_PER_MIB, start + Duration::from_secs(25));
@@ -130,9 +126,7 @@ fn an_idle_age_under_a_second_is_refused_saying_why() {
 /// Checks every page of `words` at its version in `version`, and that no fault or checksum
 /// failed on the way.
 fn check_every_page(p: &Pager, words: &[AtomicU64], version: &[u64]) {
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
+    check_versions(words, version);
     let st = p.stats();
     assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
 }
@@ -156,9 +150,7 @@ fn idle_pages_move_down_to_a_denser_pool(mode: FaultMode) {
     let region = p.map(48 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     let hot = 4 * PAGES_PER_MIB;
     let cold = nr_pages - hot;
     let mut version = vec![1u64; nr_pages];
@@ -311,10 +303,7 @@ fn clean_pages_the_scan_takes_out_come_back_from_ram_and_idle_ones_go_unwritten(
     let region = p.map(32 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    let mut version = vec![1u64; nr_pages];
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    let mut version = write_every_page(words);
     p.set_resident_limit(4 * MIB).unwrap();
     check_every_page(&p, words, &version);
     p.set_resident_limit(256 * MIB).unwrap();

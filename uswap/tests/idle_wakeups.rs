@@ -37,9 +37,7 @@ fn an_idle_pager_wakes_a_few_times_a_second() {
         let p = pager(mode, 64 * MIB, 256 * MIB);
         let region = p.map((16 * MIB) as usize).unwrap();
         let words = region.as_atomic_u64s();
-        for i in 0..region.len() / PAGE_SIZE {
-            write_page(words, i, 1);
-        }
+        write_every_page(words);
         // The period backs off from 5 ms to 100 ms over the first idle ticks.
         std::thread::sleep(Duration::from_millis(500));
         let before = reclaimer_wakeups();

@@ -29,9 +29,7 @@ const THREAD_SLACK: u64 = 2;
 
 fn sequential_scan(p: &Pager, region: &uswap::Region, pages: usize) -> (u64, u64, u64) {
     let w = region.as_atomic_u64s();
-    for i in 0..region.len() / PAGE_SIZE {
-        write_page(w, i, 1);
-    }
+    write_every_page(w);
     let before = quiet_stats(p);
     for i in 0..pages {
         check_page(w, i, 1);
@@ -223,9 +221,7 @@ fn async_scan(mode: FaultMode, scan: impl FnOnce(&[AtomicU64], usize)) -> uswap:
     let region = p.map(16 * MIB as usize).unwrap();
     let w = region.as_atomic_u64s();
     let pages = region.len() / PAGE_SIZE;
-    for i in 0..pages {
-        write_page(w, i, 1);
-    }
+    write_every_page(w);
     scan(w, pages);
     let st = p.stats();
     assert!(st.swap_ra_async > 0, "{mode:?}: {st:?}");

@@ -202,9 +202,7 @@ fn child_fill_damage_touch(mode: FaultMode, dev: DeviceConfig, damage: impl FnOn
     region.advise(uswap::Advice::Random);
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     let _ = quiet_stats(p);
     damage(p);
     report_errors_then_die(p);
@@ -459,9 +457,7 @@ fn swap_out_then_in(
         }
         disturber.join().unwrap();
     });
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
+    check_versions(words, &version);
 }
 
 /// No page lost, none failing its check, no fault failed, pages went both ways, and the
@@ -762,9 +758,7 @@ fn a_primary_left_without_replica(mode: FaultMode) {
     let region = p.map(16 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     let before = quiet_stats(&p);
     assert!(before.pswpout > 0 && !before.devices[0].degraded, "paged out while the replica was there: {before:?}");
     r.kill(0);
@@ -796,9 +790,7 @@ fn a_primary_left_without_replica(mode: FaultMode) {
         }
         st = p.stats();
     }
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
+    check_versions(words, &version);
     let dev = st.devices[0].backend.clone().unwrap();
     assert_eq!(dev.remote_read_errors, 0, "{dev:?}");
     assert_eq!((st.fault_error, st.checksum_errors), (0, 0), "{st:?}");
@@ -985,9 +977,7 @@ fn cluster_resharded(mode: FaultMode) {
         }
         resharder.join().unwrap();
     });
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
+    check_versions(words, &version);
     let after = SlotMap::from_cluster_slots(&redis_cmd(&r.addr(0), &["CLUSTER", "SLOTS"])).unwrap();
     assert_eq!(after.nodes.len(), 2, "the first primary gave all its slots: {:?}", after.nodes);
     let dev = p.stats().devices[0].backend.clone().unwrap();
@@ -1028,9 +1018,7 @@ fn cluster_stale_primary(mode: FaultMode) {
     let region = p.map(32 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     let old = kill_a_primary_until_promoted(&mut r);
     let mut version = vec![2u64; nr_pages];
     for i in 0..nr_pages {
@@ -1047,9 +1035,7 @@ fn cluster_stale_primary(mode: FaultMode) {
             write_page(words, i, version[i]);
         }
     }
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
+    check_versions(words, &version);
     assert_lost_nothing(&p, 1);
 }
 
@@ -1088,11 +1074,7 @@ fn cluster_shard_without_replica(mode: FaultMode) {
     let p = cluster_pager(mode, &r);
     let region = p.map(32 * MIB as usize).unwrap();
     let words = region.as_atomic_u64s();
-    let nr_pages = region.len() / PAGE_SIZE;
-    let mut version = vec![1u64; nr_pages];
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    let mut version = write_every_page(words);
     let before = quiet_stats(&p);
     assert!(before.pswpout > 0 && !before.devices[0].degraded, "paged out while replicated: {before:?}");
     let old = kill_a_primary_until_promoted(&mut r);
@@ -1119,9 +1101,7 @@ fn cluster_shard_without_replica(mode: FaultMode) {
         touch_for(words, &mut version, &mut rng, Duration::from_millis(200));
         st = p.stats();
     }
-    for (i, &v) in version.iter().enumerate() {
-        check_page(words, i, v);
-    }
+    check_versions(words, &version);
     assert_lost_nothing(&p, 1);
 }
 

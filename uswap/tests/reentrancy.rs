@@ -70,9 +70,7 @@ fn run(mode: FaultMode) {
     let region = p.map(8 * MIB as usize).expect("map");
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     HANDLER_READS.store(0, Ordering::Relaxed);
     HANDLER_BAD.store(0, Ordering::Relaxed);
     REGION_PAGES.store(nr_pages, Ordering::Release);

@@ -36,9 +36,7 @@ fn touch_four_times_the_limit(mode: FaultMode) -> (Pager, uswap::Region) {
     let region = pager.map(4 * limit as usize).unwrap();
     let words = region.as_atomic_u64s();
     let nr_pages = region.len() / PAGE_SIZE;
-    for i in 0..nr_pages {
-        write_page(words, i, 1);
-    }
+    write_every_page(words);
     for i in 0..nr_pages {
         check_page(words, i, 1);
     }

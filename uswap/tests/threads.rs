@@ -70,9 +70,7 @@ fn run(mode: FaultMode) -> uswap::Stats {
                             access_random_page(own, &mut rng, &mut version, 4);
                             progress.fetch_add(1, Ordering::Relaxed);
                         }
-                        for (i, &v) in version.iter().enumerate() {
-                            check_page(own, i, v);
-                        }
+                        check_versions(own, &version);
                     });
                 }
             });

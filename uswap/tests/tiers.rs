@@ -244,9 +244,7 @@ fn a_page_that_cannot_be_read_ends_in_sigbus_with_its_address() {
         // page 0 is out after the fill.
         region.advise(uswap::Advice::Random);
         let words = region.as_atomic_u64s();
-        for i in 0..region.len() / PAGE_SIZE {
-            write_page(words, i, 1);
-        }
+        write_every_page(words);
         eprintln!("page0={:#x}", region.as_ptr() as usize);
         check_page(words, 0, 1); // swapped out, unreadable: must not return
         std::process::exit(0);

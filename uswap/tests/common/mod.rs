@@ -34,6 +34,16 @@ pub fn write_page(w: &[AtomicU64], i: usize, v: u64) {
     }
 }
 
+/// Writes every page of `w` at version 1; returns the version of each page (all 1), for
+/// the test to bump as it rewrites pages and to check them against.
+pub fn write_every_page(w: &[AtomicU64]) -> Vec<u64> {
+    let nr_pages = w.len() / WORDS;
+    for i in 0..nr_pages {
+        write_page(w, i, 1);
+    }
+    vec![1; nr_pages]
+}
+
 /// One access of a random workload: checks a random page of `w` against its version in
 /// `version` (one per page) and, one time in `write_one_in`, writes it at the next version.
 pub fn access_random_page(w: &[AtomicU64], rng: &mut Rng, version: &mut [u64], write_one_in: u64) {
@@ -51,6 +61,13 @@ pub fn check_page(w: &[AtomicU64], i: usize, v: u64) {
         let got = w[i * WORDS + k].load(Ordering::Relaxed);
         let want = if v == 0 { 0 } else { word(i, v, k) };
         assert_eq!(got, want, "page {i} word {k} (version {v})");
+    }
+}
+
+/// Checks every page of `w` against its version in `version` (one per page).
+pub fn check_versions(w: &[AtomicU64], version: &[u64]) {
+    for (i, &v) in version.iter().enumerate() {
+        check_page(w, i, v);
     }
 }
 
