@@ -78,7 +78,8 @@ impl Stager {
 pub(super) fn shrink_active(cx: &Reclaim<'_>, nr: usize, by: Stager) -> Shrunk {
     let mut guards = RegionSet::new();
     let mut nr_pinned = 0;
-    let mut victims = pop_victims(cx, Take::Resident, nr, &mut guards, &mut nr_pinned);
+    let take = if by == Stager::Aging { Take::Aging } else { Take::Resident };
+    let mut victims = pop_victims(cx, take, nr, &mut guards, &mut nr_pinned);
     if victims.is_empty() {
         // A scan a moment ago found only locked pages, and the LRU is still empty: the
         // same answer, without scanning again.
@@ -452,7 +453,7 @@ pub(super) struct WrittenBack {
 /// is written there, in priority order. A page that no device takes, or whose write fails,
 /// stays staged in RAM (still charged) and is retried in a later round.
 pub(super) fn shrink_inactive(cx: &Reclaim<'_>, nr: usize, take: Take) -> WrittenBack {
-    debug_assert!(take != Take::Resident);
+    debug_assert!(matches!(take, Take::Staged | Take::StagedBy(_)), "stage two takes staged pages");
     let mut guards = RegionSet::new();
     let mut victims = pop_victims(cx, take, nr, &mut guards, &mut 0);
     let dropped = drop_clean_staged(cx, &guards, &mut victims);

@@ -59,6 +59,12 @@ pub(super) struct Victim {
 pub(super) enum Take {
     /// The oldest resident pages (stage one).
     Resident,
+    /// The oldest resident pages, for the aging scan (`super::aging`): a referenced page is
+    /// spared once even when clean. Reclaim takes clean pages referenced or not, for the
+    /// room they make without a write; the scan makes no room, and a clean page in use it
+    /// took every pass cost a swap-cache hit every pass, where a dirty one costs one every
+    /// other pass.
+    Aging,
     /// The oldest staged pages (stage two).
     Staged,
     /// The oldest staged pages that left their regions in this epoch or before (idle aging).
@@ -84,6 +90,8 @@ fn staged_head_after(cx: &Reclaim<'_>, guards: &mut RegionSet, cut: Epoch) -> bo
 struct Source {
     /// Staged pages from the swap cache (stage two), rather than resident ones from the LRU.
     inactive: bool,
+    /// Referenced clean pages get their second chance too ([`Take::Aging`]).
+    spare_clean: bool,
     /// [`Take::StagedBy`]'s epoch: only pages that left their regions then or before.
     cut: Option<Epoch>,
     /// The state a page must be in to be taken.
@@ -94,7 +102,7 @@ struct Source {
 
 impl Source {
     fn new(cx: &Reclaim<'_>, take: Take) -> Source {
-        let inactive = take != Take::Resident;
+        let inactive = matches!(take, Take::Staged | Take::StagedBy(_));
         let cut = match take {
             Take::StagedBy(e) => Some(e),
             _ => None,
@@ -108,7 +116,7 @@ impl Source {
         } else {
             cx.lru.streamed_reserve(cx.charge.limit_pages.load(Ordering::Relaxed), cx.readahead_max_pages)
         };
-        Source { inactive, cut, want, reserve }
+        Source { inactive, spare_clean: take == Take::Aging, cut, want, reserve }
     }
 
     /// The next queue entry, and the queue it goes back to if it is not taken.
@@ -196,11 +204,11 @@ pub(super) fn pop_victims(
             requeue(cx, from, r);
             break;
         }
-        // A clean page is not spared, referenced or not (until its first write): it leaves
-        // without a write or a new slot, the room reclaim can still make when the devices
-        // are full (spared, a full device's rounds found only pages that need a slot, and
-        // the limit was overrun with slots free).
-        if !src.inactive && pte.referenced() && !pte.clean() {
+        // A clean page is not spared by reclaim, referenced or not (until its first write):
+        // it leaves without a write or a new slot, the room reclaim can still make when the
+        // devices are full (spared, a full device's rounds found only pages that need a
+        // slot, and the limit was overrun with slots free).
+        if !src.inactive && pte.referenced() && (!pte.clean() || src.spare_clean) {
             spared += 1;
             spare_referenced(cx, region, r, pte);
             continue;
