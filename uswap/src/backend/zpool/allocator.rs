@@ -8,8 +8,8 @@
 //! than its length needs (at most a quarter larger, see `alloc_object`), so that sparse
 //! classes share chunks; its entry names the chunk's class. `compact` (from the background
 //! thread too) empties a class's sparsest chunks into its others when they have a chunk's
-//! worth of room. Also here: the encoding of a slot's entry (kind, length, class, chunk,
-//! object) and of a chunk's metadata word.
+//! worth of room. The encoding of a slot's entry and of a chunk's metadata word, and the
+//! classes' arithmetic, are `encoding.rs`'s.
 //!
 //! Named for its job rather than after the kernel's zsmalloc: it shares zsmalloc's size
 //! classes and its rule for when a class is worth compacting, but its chunks, its single
@@ -21,7 +21,8 @@
 //! (`crate::shared_charge::PoolShare`), populating ahead of use (`prepare`), giving memory
 //! back (`trim`), compaction, and picking the chunk writeback sheds. The pool (`mod.rs`)
 //! owns the slots and hands this module the bytes to place (and, to compact, each slot's
-//! entry word); this module imports only the configuration's error (`config.rs`).
+//! entry word); this module imports only the configuration's error (`config.rs`) and the
+//! encodings (`encoding.rs`).
 //!
 //! Locking (in the hierarchy of `crate::sync`): one spin lock per size class guards its
 //! chunks' metadata and free lists; the arena lock guards the lists of free chunks and nests
@@ -39,6 +40,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::config::ZpoolError;
+use super::encoding::{
+    borrow_limit, class_of, class_size, entry, entry_chunk, entry_class, entry_kind, entry_len, entry_obj, meta,
+    meta_class, meta_evacuating, meta_free_head, meta_inuse, meta_next_unused, objects_per_chunk, ANCHOR, CHUNK_BYTES,
+    KIND_COMPRESSED, KIND_RAW, MAX_CHUNKS, META_EVACUATING, NO_CLASS, NO_OBJ, NR_CLASSES, OBJ_HEADER,
+};
 use crate::mapping::{AtomicTable, DiscardBatch, MapOptions, Reservation};
 use crate::shared_charge::PoolShare;
 use crate::sync::{LockClass, SpinLock};
@@ -69,136 +75,7 @@ const TRIM_BATCH_CHUNKS: usize = 32;
 /// Batches one `trim` drops at most (64 MiB): the rest waits for the next call.
 const TRIM_MAX_BATCHES: usize = 32;
 
-/// Granularity of size classes. 32 bytes wasted 16 on average per object: a quarter of
-/// the pool when pages compress to 40-odd bytes (redis-server's values did).
-const CLASS_BYTES: usize = 16;
-/// Each object starts with the number of the slot that owns it (4 bytes), so a chunk's live
-/// objects can be found for writeback: an object is live iff its slot's entry points at it.
-const OBJ_HEADER: usize = 4;
-/// Classes up to a page plus the header.
-const NR_CLASSES: usize = (PAGE_SIZE + OBJ_HEADER).div_ceil(CLASS_BYTES);
-/// Arena unit handed to a size class.
-pub const CHUNK_BYTES: usize = 64 << 10;
 const NIL: u32 = u32::MAX;
-const NO_OBJ: u64 = 0xffff;
-const NO_CLASS: u64 = 0x1ff;
-// Every class fits the metadata word's 9 bits, and every object index a slot entry's 12.
-const _: () = assert!(NR_CLASSES < NO_CLASS as usize && CHUNK_BYTES / CLASS_BYTES <= 1 << 12);
-
-// Slot entry, word 0: kind | length << 2 | object << 16 | class << 28 | chunk << 37 (the
-// chunk's class, which may be larger than the length's: see `alloc_object`). Word 1: the
-// repeated word.
-pub(super) const KIND_EMPTY: u64 = 0;
-pub(super) const KIND_SAME: u64 = 1;
-pub(super) const KIND_COMPRESSED: u64 = 2;
-pub(super) const KIND_RAW: u64 = 3;
-/// A unit member's entry (see `mod.rs`, "Units"): `KIND_SAME`'s kind, which uses no other
-/// bit, with this bit set, the page's index in its unit (bits 3-7) and the unit's head
-/// (bits 8 on), the slot whose row in the pool's unit table holds the unit's object entry.
-const MEMBER: u64 = 1 << 2;
-/// An object header naming a unit (its head slot with this bit) rather than a slot.
-pub(super) const UNIT_ID: u64 = 1 << 31;
-
-pub(super) fn member_entry(head: u64, index: usize) -> u64 {
-    debug_assert!(index < 32 && head < UNIT_ID);
-    KIND_SAME | MEMBER | (index as u64) << 3 | head << 8
-}
-/// The head and index of a unit member's entry; None for any other entry.
-pub(super) fn entry_member(e: u64) -> Option<(u64, usize)> {
-    (entry_kind(e) == KIND_SAME && e & MEMBER != 0).then_some((e >> 8, ((e >> 3) & 0x1f) as usize))
-}
-/// Chunks a slot entry can name (27 bits): an arena of up to 8 TiB.
-const MAX_CHUNKS: u64 = 1 << 27;
-
-pub(super) fn entry(kind: u64, len: usize, class: usize, chunk: u32, obj: u64) -> u64 {
-    debug_assert!(len < 1 << 13 && obj < 1 << 12 && (class as u64) < NO_CLASS && (chunk as u64) < MAX_CHUNKS);
-    kind | (len as u64) << 2 | (obj << 16) | (class as u64) << 28 | (chunk as u64) << 37
-}
-pub(super) fn entry_kind(e: u64) -> u64 {
-    e & 3
-}
-pub(super) fn entry_len(e: u64) -> usize {
-    ((e >> 2) & 0x1fff) as usize
-}
-/// Bytes the object entry `e` points at takes in its chunk: its class's size.
-pub(super) fn entry_object_bytes(e: u64) -> u64 {
-    class_size(entry_class(e)) as u64
-}
-fn entry_obj(e: u64) -> u64 {
-    (e >> 16) & 0xfff
-}
-fn entry_class(e: u64) -> usize {
-    ((e >> 28) & 0x1ff) as usize
-}
-fn entry_chunk(e: u64) -> u32 {
-    (e >> 37) as u32
-}
-
-fn class_of(len: usize) -> usize {
-    len.div_ceil(CLASS_BYTES).max(1) - 1
-}
-const fn class_size(c: usize) -> usize {
-    (c + 1) * CLASS_BYTES
-}
-
-/// Each class's anchor: the smallest class at or above it whose size is on a ladder 1/8
-/// apart (every class up to 128 bytes, then sizes growing by an eighth). A class's first
-/// chunk is started at its anchor, so that the classes of a sparse stretch share it.
-const ANCHOR: [u16; NR_CLASSES] = anchors();
-
-const fn anchors() -> [u16; NR_CLASSES] {
-    let mut on_ladder = [false; NR_CLASSES];
-    let mut size = CLASS_BYTES;
-    while size <= class_size(NR_CLASSES - 1) {
-        on_ladder[size / CLASS_BYTES - 1] = true;
-        size = if size < 128 { size + CLASS_BYTES } else { (size * 9 / 8).div_ceil(CLASS_BYTES) * CLASS_BYTES };
-    }
-    on_ladder[NR_CLASSES - 1] = true;
-    let mut out = [0u16; NR_CLASSES];
-    let (mut c, mut next) = (NR_CLASSES, NR_CLASSES - 1);
-    while c > 0 {
-        c -= 1;
-        if on_ladder[c] {
-            next = c;
-        }
-        out[c] = next as u16;
-    }
-    out
-}
-/// The largest class an object of class `c` may borrow room in: one at most a quarter
-/// larger (zsmalloc's classes are 16 bytes apart too; its waste per object is below one
-/// class step, ours below a quarter where a class borrows).
-fn borrow_limit(c: usize) -> usize {
-    (class_size(c) * 5 / 4 / CLASS_BYTES - 1).clamp(c, NR_CLASSES - 1)
-}
-fn objects_per_chunk(c: usize) -> u64 {
-    (CHUNK_BYTES / class_size(c)) as u64
-}
-
-// Chunk metadata word: class (9 bits) | inuse << 9 | free_head << 25 | next_unused << 41.
-fn meta(class: u64, inuse: u64, free_head: u64, next_unused: u64) -> u64 {
-    debug_assert!(class <= NO_CLASS && inuse <= 0xffff && free_head <= 0xffff && next_unused <= 0xffff);
-    class | inuse << 9 | free_head << 25 | next_unused << 41
-}
-fn meta_class(m: u64) -> u64 {
-    m & 0x1ff
-}
-fn meta_inuse(m: u64) -> u64 {
-    (m >> 9) & 0xffff
-}
-fn meta_free_head(m: u64) -> u64 {
-    (m >> 25) & 0xffff
-}
-fn meta_next_unused(m: u64) -> u64 {
-    (m >> 41) & 0xffff
-}
-/// Set on a chunk `compact` is emptying: off its class's partial list though it has room,
-/// so nothing is placed in it, and not freed by `free_object` when its last object goes (the
-/// compactor, which still reads its objects, frees it).
-const META_EVACUATING: u64 = 1 << 57;
-fn meta_evacuating(m: u64) -> bool {
-    m & META_EVACUATING != 0
-}
 
 struct ClassState {
     /// First chunk of this class with room, linked through `links`.

@@ -76,19 +76,22 @@ use super::{Backend, BackendError, BackendStats, ReadReq, RejectReason, WriteReq
 use crate::mapping::AtomicTable;
 use crate::shared_charge::PoolShare;
 use crate::uffd::PAGE_SIZE;
-use allocator::{
-    entry, entry_kind, entry_len, entry_member, entry_object_bytes, member_entry, Allocator, KIND_COMPRESSED,
-    KIND_EMPTY, KIND_RAW, KIND_SAME, UNIT_ID,
-};
+use allocator::Allocator;
 use codec::{Codecs, Workspace};
+use encoding::{
+    entry, entry_kind, entry_len, entry_member, entry_object_bytes, member_entry, KIND_COMPRESSED, KIND_EMPTY,
+    KIND_RAW, KIND_SAME, UNIT_ID,
+};
 use units::UnitTable;
 
 mod allocator;
 mod codec;
 mod config;
+mod encoding;
 mod units;
 
-pub use allocator::{check_cap, CHUNK_BYTES};
+pub use allocator::check_cap;
+pub use encoding::CHUNK_BYTES;
 
 /// Room in the pool's chunks (bytes not in objects) past which `trim` looks for classes
 /// to compact: a 64th of the pool, and at least 1 MiB. Part of the room is each chunk's
@@ -110,7 +113,7 @@ pub use config::{Compressor, Incompressible, ZpoolConfig, ZpoolError, MAX_UNIT_P
 
 pub struct ZpoolBackend {
     cfg: ZpoolConfig,
-    /// Two words per slot (see `allocator::entry`).
+    /// Two words per slot (see `encoding::entry`).
     slots: AtomicTable,
     /// With units: where each unit's object is (see `units.rs`).
     units: Option<UnitTable>,

@@ -4,9 +4,9 @@
 //!
 //! A unit has a row in the table (two words: its object's entry, then the mask of its members
 //! still stored), at the index of its head, one of its members' slots; each member's slot
-//! entry names the head and its index (`allocator::member_entry`). The pool (`mod.rs`) places
-//! and reads the objects; this module owns the rows. It imports the allocator's encoding
-//! only.
+//! entry names the head and its index (`encoding::member_entry`). The pool (`mod.rs`) places
+//! and reads the objects; this module owns the rows. It imports the pool's encodings
+//! (`encoding.rs`) only.
 //!
 //! Locking: none; rows are atomics. A row is filled (mask, then entry) only by the writer of
 //! its head slot, and only while its entry is empty: no other writer can pick it, since a
@@ -19,7 +19,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::allocator::{entry_kind, KIND_COMPRESSED, KIND_EMPTY};
+use super::encoding::{entry_kind, KIND_COMPRESSED, KIND_EMPTY};
 use crate::mapping::AtomicTable;
 use crate::uffd::PAGE_SIZE;
 
