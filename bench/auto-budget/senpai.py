@@ -23,8 +23,8 @@ cgroup's OOM killer is turned off (`memory.oom_control`): its tasks wait instead
 shows, and the law raises the limit as for the worst stall, as with `memory.high` (the
 waits are counted: `oom_waits`).
 
-Swap must be on (zram with lz4 for the comparison with uswap's zpool: `uswap bench` sets it
-up for its kernel-zram engine; or by hand). Needs root.
+Swap must be on (zram with lz4 for the comparison with uswap's zpool, set up by hand: the
+script refuses to start without swap, saying how). Needs root.
 
 Writes one JSON object per second to --log (time, limit, usage, zram's mem_used_total, PSI
 total) and prints a summary JSON on exit: the run time, the median limit and memory (usage
@@ -67,6 +67,11 @@ def zram_used_bytes():
             except (OSError, IndexError, ValueError):
                 pass
     return total
+
+
+def swap_devices():
+    """The swap devices on now (/proc/swaps, after its header)."""
+    return [line.split()[0] for line in read("/proc/swaps").splitlines()[1:] if line.strip()]
 
 
 def settled(history, memory):
@@ -124,6 +129,13 @@ def main():
     cmd = conf.cmd[1:] if conf.cmd[:1] == ["--"] else conf.cmd
     if not cmd:
         p.error("give the program after --")
+    if not swap_devices():
+        # Without swap the cgroup cannot swap: its limit stays where the program's memory is
+        # and the run compares uswap with no swap at all (a sitting did, once, unnoticed).
+        sys.exit("senpai.py: no swap is on (/proc/swaps); set up zram with lz4 first, e.g. "
+                 "echo lz4 > /sys/block/zram0/comp_algorithm; echo 8G > /sys/block/zram0/disksize; "
+                 "mkswap /dev/zram0; swapon /dev/zram0 (and afterwards swapoff /dev/zram0; "
+                 "echo 1 > /sys/block/zram0/reset)")
     name = f"senpai-{os.getpid()}"
     v1, v2 = os.path.join(V1, name), os.path.join(V2, name)
     os.mkdir(v1)
