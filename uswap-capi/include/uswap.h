@@ -167,7 +167,8 @@ typedef struct uswap_stats {
      */
     uint64_t pswpout;
     /**
-     * Clean pages reclaim dropped without writing them: their slot still held them.
+     * Clean pages reclaim dropped without writing them: their slot still held them (those
+     * the aging scan staged clean too, once writeback took them).
      */
     uint64_t swpout_clean;
     /**
@@ -431,7 +432,8 @@ typedef struct uswap_stats {
      */
     uint64_t pgdeactivate;
     /**
-     * Staged pages written to a device because they had been idle for the idle age.
+     * Staged pages sent out because they had been idle for the idle age: written to a
+     * device, or, staged clean, dropped (counted in `swpout_clean` too).
      */
     uint64_t swpout_idle;
     /**

@@ -45,7 +45,8 @@ pub struct uswap_stats {
     pub pswpin: u64,
     /// Pages written to devices.
     pub pswpout: u64,
-    /// Clean pages reclaim dropped without writing them: their slot still held them.
+    /// Clean pages reclaim dropped without writing them: their slot still held them (those
+    /// the aging scan staged clean too, once writeback took them).
     pub swpout_clean: u64,
     /// Pages found all-zero at swap-out (kept as "known zero", no slot).
     pub swpout_zero: u64,
@@ -185,7 +186,8 @@ pub struct uswap_stats {
     /// Resident pages the aging scan moved to the swap cache to see whether they are still
     /// used.
     pub pgdeactivate: u64,
-    /// Staged pages written to a device because they had been idle for the idle age.
+    /// Staged pages sent out because they had been idle for the idle age: written to a
+    /// device, or, staged clean, dropped (counted in `swpout_clean` too).
     pub swpout_idle: u64,
     /// Pages moved down a tier because they had been idle there for the idle age.
     pub writeback_idle: u64,

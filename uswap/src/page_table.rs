@@ -30,9 +30,9 @@
 //! nothing else: the slot still holds the page, and whoever locks the page may read the slot.
 //!
 //! Invariants: a page is mapped in its region iff its state is RESIDENT (outside a busy
-//! section); a CACHED page's contents are at its entry's staging address; a clean page's slot
-//! holds its contents, and a clean resident page is write-protected. The regions themselves, and the
-//! registry the fault path searches, are `crate::region`'s.
+//! section); a CACHED page's contents are at its entry's staging address; a clean page's
+//! slot holds its contents, and a clean resident page is write-protected. The regions
+//! themselves, and the registry the fault path searches, are `crate::region`'s.
 
 use crate::swap::SwapEntry;
 use crate::uffd::PAGE_SIZE;

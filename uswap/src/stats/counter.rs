@@ -138,7 +138,8 @@ pub(crate) enum Counter {
     /// Resident pages the aging scan moved to the swap cache to see whether they are still
     /// used (the kernel's `pgdeactivate`; see `reclaim::aging`).
     Pgdeactivate,
-    /// Staged pages written to a device because they had been idle for the idle age.
+    /// Staged pages sent out because they had been idle for the idle age: written to a
+    /// device, or, staged clean, dropped (counted in `SwpoutClean` too).
     SwpoutIdle,
     /// Pages moved down a tier because they had been idle there for the idle age.
     WritebackIdle,
