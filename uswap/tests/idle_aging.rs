@@ -289,8 +289,9 @@ fn a_tier_age_without_a_tier_below_or_out_of_range_is_refused_saying_why() {
 /// them rewritten every 20 ms. The scan stages clean pages in their own slots: the pages in
 /// use come back from RAM (aged swap-cache hits), not from the pool (each hot page was read
 /// back from it every pass when the scan dropped clean pages), clean, so that a write to one
-/// still takes its write-protect fault, and referenced, so that the scan spares them once; the 24 MiB left alone go for their age without a
-/// write (dropped clean). Every byte reads back.
+/// still takes its write-protect fault, and referenced, so that the scan spares them once;
+/// the 24 MiB left alone go for their age without a write (dropped clean). Every byte reads
+/// back.
 #[test]
 fn clean_pages_the_scan_takes_out_come_back_from_ram_and_idle_ones_go_unwritten() {
     let p = Pager::builder()

@@ -33,7 +33,7 @@ use super::victims::{pop_victims, requeue_staged, Take, Victim};
 use super::Reclaim;
 use crate::backend::{BackendError, WriteReq};
 use crate::mapping::DiscardBatch;
-use crate::region::{PageRef, PageState, RegionSet, REGIONS};
+use crate::region::{PageRef, PageState, Pte, RegionSet, REGIONS};
 use crate::state::RECLAIM_BATCH_PAGES as BATCH;
 use crate::stats::Counter;
 use crate::swap::idle_ages::{Epoch, Stamp};
@@ -521,11 +521,10 @@ fn drop_clean_staged(cx: &Reclaim<'_>, guards: &RegionSet, victims: &mut ArrayVe
         return 0;
     }
     discards.flush();
-    let mut aged = 0;
-    let cohort = cx.charge.aged_cohort_epoch.load(Ordering::Relaxed);
+    let mut aged = AgedOut::new(cx);
     for v in victims.iter().filter(|v| v.pte.clean()) {
         let (e, dev) = (v.pte.entry(), cx.devices.device(v.pte.entry()));
-        aged += (v.pte.aged() && dev.stamp_of(e.offset()).is_some_and(|s| s.epoch >= cohort)) as u64;
+        aged.note(v.pte, dev.stamp_of(e.offset()));
         // Still stamped with the moment it left its region.
         dev.complete_writeback(e.offset());
         guards.g[v.gi].store(v.page, v.pte.next(PageState::Swapped, Some(e)));
@@ -534,10 +533,33 @@ fn drop_clean_staged(cx: &Reclaim<'_>, guards: &RegionSet, victims: &mut ArrayVe
     cx.swap_cache.uncount(n);
     uncharge(cx.charge, n);
     cx.stats.add(Counter::SwpoutClean, n as u64);
-    if aged > 0 {
-        cx.charge.aged_written_pages.fetch_add(aged, Ordering::Relaxed);
-    }
+    aged.publish(cx);
     n
+}
+
+/// Of the staged pages a writeback round sends out (written or dropped clean), those the
+/// aging scan staged at its last tick or after (`Charge::aged_written_pages`): neither found
+/// in use nor shown idle, so the scan's next sample leaves them out.
+struct AgedOut {
+    cohort: Epoch,
+    nr_pages: u64,
+}
+
+impl AgedOut {
+    fn new(cx: &Reclaim<'_>) -> AgedOut {
+        AgedOut { cohort: cx.charge.aged_cohort_epoch.load(Ordering::Relaxed), nr_pages: 0 }
+    }
+
+    /// A page `pte` that left its region at `left` goes out.
+    fn note(&mut self, pte: Pte, left: Option<Stamp>) {
+        self.nr_pages += u64::from(pte.aged() && left.is_some_and(|s| s.epoch >= self.cohort));
+    }
+
+    fn publish(self, cx: &Reclaim<'_>) {
+        if self.nr_pages > 0 {
+            cx.charge.aged_written_pages.fetch_add(self.nr_pages, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The staged victims `run` (indices into `victims` and `targets`) were written to their
@@ -553,13 +575,12 @@ fn written(
 ) -> usize {
     assert_eq!(run.len(), crcs.len());
     let sdev = cx.devices.device(victims[run[0]].pte.entry());
-    let mut aged = 0;
-    let cohort = cx.charge.aged_cohort_epoch.load(Ordering::Relaxed);
+    let mut aged = AgedOut::new(cx);
     for (&k, &crc) in run.iter().zip(crcs) {
         let v = &victims[k];
         let (old, new) = (v.pte.entry(), targets[k]);
         let left = sdev.stamp_of(old.offset());
-        aged += (v.pte.aged() && left.is_some_and(|s| s.epoch >= cohort)) as u64;
+        aged.note(v.pte, left);
         let dev = cx.devices.device(new);
         dev.set_checksum(new.offset(), crc);
         if new == old {
@@ -580,9 +601,7 @@ fn written(
     cx.swap_cache.uncount(n);
     uncharge(cx.charge, n);
     cx.stats.add(Counter::Pswpout, n as u64);
-    if aged > 0 {
-        cx.charge.aged_written_pages.fetch_add(aged, Ordering::Relaxed);
-    }
+    aged.publish(cx);
     n
 }
 
