@@ -634,6 +634,16 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         }
         u => return Err(format!("unknown size unit {u:?} (use B, KiB, MiB, GiB, TiB, e.g. 256MiB)")),
     };
+    // Whole numbers exactly (a byte count past 2^53 is not an f64), and without the float
+    // parser: every process of a `uswap run` tree parses its limit at start.
+    if !num.is_empty() && num.bytes().all(|b| b.is_ascii_digit()) {
+        return num
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(mult))
+            .filter(|&bytes| bytes < u64::MAX)
+            .ok_or_else(|| format!("size {s:?} is out of range"));
+    }
     let v: f64 = num.parse().map_err(|_| format!("{num:?} is not a number (e.g. 256MiB)"))?;
     let bytes = v * mult as f64;
     if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
@@ -732,6 +742,9 @@ mod tests {
             ("2g", 2 << 30),
             ("1TiB", 1 << 40),
             ("1t", 1 << 40),
+            // Exactly, past what an f64 holds.
+            ("9007199254740993", (1 << 53) + 1),
+            (" 64GiB ", 64 << 30),
         ] {
             assert_eq!(parse_size(text), Ok(bytes), "{text}");
         }
@@ -740,5 +753,8 @@ mod tests {
         let e = parse_size("1kB").unwrap_err();
         assert!(e.contains("use KiB"), "{e}");
         assert!(parse_size("64XB").unwrap_err().contains("unknown size unit"));
+        assert!(parse_size("17179869184GiB").unwrap_err().contains("out of range"));
+        assert!(parse_size("99999999999999999999").unwrap_err().contains("out of range"));
+        assert!(parse_size("1e3").unwrap_err().contains("unknown size unit"));
     }
 }

@@ -232,11 +232,15 @@ fn resident_again(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultE
     }
 }
 
-/// A swap-cache hit: the page is staged in RAM; moved back with `UFFDIO_MOVE` (no copy).
+/// A swap-cache hit: the page is staged in RAM; moved back with `UFFDIO_MOVE` (no copy). A
+/// page staged clean and read keeps its slot ([`clean_swap_cache_hit`]); written, it is
+/// served here, as dirty.
 fn swap_cache_hit(cx: &FaultService<'_>, f: &FaultSite<'_>) -> Result<(), FaultError> {
     let (region, page, locked) = (f.region, f.page, f.locked);
     debug_assert_eq!(locked.state(), PageState::Cached);
-    if locked.clean() {
+    // A write to a page staged clean makes it dirty: it comes back writable as a dirty one
+    // does, its slot freed now, rather than write-protected and faulting again at once.
+    if locked.clean() && !f.write {
         return clean_swap_cache_hit(cx, f);
     }
     let page_addr = region.page_addr(page);
