@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Dumps the anonymous memory of real programs for `uswap/examples/page_units.rs`: each runs
+"""Dumps the anonymous memory of real programs for `uswap/examples/page_units.rs` and
+`page_dict.rs`: each runs
 plain (no uswap, no limit) until its data is built, then its private writable mappings
 (anonymous and the heap) are read from /proc/PID/mem, in address order: DIR/NAME.bin (the
 pages) and DIR/NAME.idx (the pages of each mapping). Programs: sqlite3 (bench/real-programs/
 sqlite.sql, the session kept open), the CPython dict job (dict_job.py, stopped at its end)
-and redis-server with 500k values of 1,000 bytes, half random hex and half words (the
-loader of bench/real-programs/redis.sh). Needs sqlite3, python3, redis-server and
-redis-cli; the dumps take about 1.3 GB.
+and redis-server with 500k values of 1,000 bytes, half random hex and half words
+(bench/real-programs/cache_values.py, which redis.sh loads). Needs sqlite3, python3,
+redis-server and redis-cli; the dumps take about 1.3 GB.
 
     bench/density/pages.py --out /var/tmp/pages
     cargo run --release -p uswap --example page_units -- /var/tmp/pages/sqlite
+    cargo run --release -p uswap --example page_dict -- /var/tmp/pages/sqlite
 """
 import argparse
 import os
@@ -86,7 +88,7 @@ def cpython(out):
 
 
 def redis(out):
-    loader = re.search(r"<<'PY'.*?\n(.*?)\nPY\n", open(os.path.join(RP, "redis.sh")).read(), re.S).group(1)
+    loader = os.path.join(RP, "cache_values.py")
     with tempfile.TemporaryDirectory() as d:
         port = "6391"
         server = subprocess.Popen(["redis-server", "--port", port, "--save", "", "--appendonly", "no", "--dir", d,
@@ -96,7 +98,7 @@ def redis(out):
                 if subprocess.run(["redis-cli", "-p", port, "ping"], capture_output=True).returncode == 0:
                     break
                 time.sleep(0.1)
-            gen = subprocess.Popen([sys.executable, "-c", loader, "500000", "1000"], stdout=subprocess.PIPE)
+            gen = subprocess.Popen([sys.executable, loader, "500000", "1000"], stdout=subprocess.PIPE)
             subprocess.run(["redis-cli", "-p", port, "--pipe"], stdin=gen.stdout, stdout=subprocess.DEVNULL, check=True)
             gen.wait()
             dump(server.pid, out)
