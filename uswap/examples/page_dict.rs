@@ -82,7 +82,9 @@ impl Codec<'_> {
                 }
             }
             Codec::Zstd { level } => cctx.compress(dst, src, *level).expect("room for zstd's output"),
-            Codec::ZstdDict { cdict, .. } => cctx.compress_using_cdict(dst, src, cdict).expect("room for zstd's output"),
+            Codec::ZstdDict { cdict, .. } => {
+                cctx.compress_using_cdict(dst, src, cdict).expect("room for zstd's output")
+            }
         }
     }
 
@@ -144,9 +146,15 @@ fn main() {
         ("lz4", Codec::Lz4),
         ("lz4 + dictionary", Codec::Lz4Dict { dict: &dict, dict_stream, work }),
         ("zstd-1", Codec::Zstd { level: 1 }),
-        ("zstd-1 + dictionary", Codec::ZstdDict { cdict: zstd_safe::create_cdict(&dict, 1), ddict: zstd_safe::create_ddict(&dict) }),
+        (
+            "zstd-1 + dictionary",
+            Codec::ZstdDict { cdict: zstd_safe::create_cdict(&dict, 1), ddict: zstd_safe::create_ddict(&dict) },
+        ),
         ("zstd-3", Codec::Zstd { level: 3 }),
-        ("zstd-3 + dictionary", Codec::ZstdDict { cdict: zstd_safe::create_cdict(&dict, 3), ddict: zstd_safe::create_ddict(&dict) }),
+        (
+            "zstd-3 + dictionary",
+            Codec::ZstdDict { cdict: zstd_safe::create_cdict(&dict, 3), ddict: zstd_safe::create_ddict(&dict) },
+        ),
     ];
     let mut cctx = zstd_safe::CCtx::create();
     let mut dctx = zstd_safe::DCtx::create();
