@@ -4,9 +4,9 @@
 private writable mappings (anonymous and the heap) are read from /proc/PID/mem, in address
 order: DIR/NAME.bin (the pages) and DIR/NAME.idx (the pages of each mapping). Programs:
 sqlite3 (bench/real-programs/sqlite.sql, the session kept open), the CPython dict job
-(dict_job.py, stopped at its end) and redis-server with 500k values of 1,000 bytes, half random hex and half words
-(bench/real-programs/cache_values.py, which redis.sh loads). Needs sqlite3, python3,
-redis-server and redis-cli; the dumps take about 1.3 GB.
+(dict_job.py, stopped at its end) and redis-server with 500k values of 1,000 bytes, half
+random hex and half words (bench/real-programs/cache_values.py, which redis.sh loads).
+Needs sqlite3, python3, redis-server and redis-cli; the dumps take about 1.3 GB.
 
     bench/density/pages.py --out /var/tmp/pages
     cargo run --release -p uswap --example page_units -- /var/tmp/pages/sqlite
