@@ -206,6 +206,25 @@ fn tier_age_recompresses_what_a_program_left_out_of_ram() {
     }
 }
 
+/// A program paging into a zstd pool of units in the default (signal) mode: its faulting
+/// threads compress units inside their SIGBUS handlers, where nothing may allocate. zstd
+/// sized a context by its first input and grew it (a `malloc`) at the first unit: the
+/// program was ended by SIGBUS ("stayed busy for 10 s") at its first swap-out. Alone and as
+/// the tier an lz4 pool spills into; every word checked (`phases`).
+#[test]
+fn a_program_pages_into_a_zstd_pool_of_units_in_signal_mode() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmpdir("zstd-units");
+    let p = compile("phases", &dir, &[]);
+    for devices in ["zpool:zstd-1:unit=16KiB", "zpool:8MiB,zpool:zstd-3:unit=32KiB"] {
+        let mut cmd = uswap_cmd(&["run", "--limit", "32MiB", "--device", devices, "--"]);
+        let o = run_timed(cmd.arg(&p).args(["96", "8", "2"]), Duration::from_secs(120));
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success() && out.starts_with("ok"), "{devices}: {:?}: {out}{err}", o.status);
+        assert!(err.contains("pswpout") && !err.contains("pswpout 0,"), "{devices}: nothing went out: {err}");
+    }
+}
+
 /// `uswap stat` on a `uswap run` of two processes with pagers: the tree's device is the size
 /// given (its slots, shared by the tree), not that times the processes (it said twice).
 #[test]

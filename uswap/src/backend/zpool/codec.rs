@@ -13,8 +13,9 @@
 //! [`Codecs`] owns the compressor choice and both pools; the pool (`mod.rs`) holds one and
 //! calls it with a workspace it took. It imports only the configuration (`config.rs`).
 //!
-//! Invariants: a zstd context is warmed at start-up (the first compression sizes its
-//! workspace), so using it never allocates; a scratch buffer holds lz4's worst case for a
+//! Invariants: a zstd context is warmed at start-up for every input size it will be given
+//! (a compression sizes its workspace by its input's size), single pages and units on
+//! contexts of their own, so using one never allocates (`warmed_zstd`); a scratch buffer holds lz4's worst case for a
 //! page; an operation takes one [`Workspace`], never two buffers one after the other.
 
 use crossbeam_queue::ArrayQueue;
@@ -45,10 +46,26 @@ pub(super) struct Workspace {
     pub(super) unit: Box<[u8]>,
 }
 
-/// A compression context for zstd, warmed at start-up so using it never allocates.
+/// zstd's contexts for one operation, warmed at start-up so using them never allocates.
+/// Single pages and units have compression contexts of their own: a context is sized by
+/// its input's size and resized, a `malloc`, when an input needs more, or after 128 inputs
+/// needing under a third of it (`warmed_zstd`).
 struct ZstdCtx {
-    c: zstd_safe::CCtx<'static>,
+    /// Compresses single pages only.
+    page: zstd_safe::CCtx<'static>,
+    /// Compresses a unit's pages (two pages or more; None in a pool without units).
+    units: Option<zstd_safe::CCtx<'static>>,
     d: zstd_safe::DCtx<'static>,
+}
+
+impl ZstdCtx {
+    /// The compression context for an input of `len` bytes.
+    fn for_input(&mut self, len: usize) -> &mut zstd_safe::CCtx<'static> {
+        match &mut self.units {
+            Some(units) if len > PAGE_SIZE => units,
+            _ => &mut self.page,
+        }
+    }
 }
 
 /// The pool's codec and its pre-allocated workspaces and contexts.
@@ -112,19 +129,7 @@ impl Pools {
         let zstd = ArrayQueue::new(nr_ctx);
         if let Compressor::Zstd { level } = compressor {
             for _ in 0..nr_ctx {
-                let mut ctx = ZstdCtx { c: zstd_safe::CCtx::create(), d: zstd_safe::DCtx::create() };
-                // Warm up: the first compression sizes the context's workspace.
-                let page = [0x5au8; PAGE_SIZE];
-                let mut out = [0u8; 2 * PAGE_SIZE];
-                let n = ctx
-                    .c
-                    .compress(&mut out[..], &page[..], level)
-                    .map_err(|e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() })?;
-                let mut back = [0u8; PAGE_SIZE];
-                ctx.d
-                    .decompress(&mut back[..], &out[..n])
-                    .map_err(|e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() })?;
-                let _ = zstd.push(Box::new(ctx));
+                let _ = zstd.push(Box::new(warmed_zstd(level, unit_pages)?));
             }
         }
         let scratch = ArrayQueue::new(nr_ctx);
@@ -138,6 +143,31 @@ impl Pools {
         }
         Ok(Pools { scratch, zstd })
     }
+}
+
+/// zstd's contexts warmed for every input the pool compresses (a page; a unit's pages, and
+/// every size down to two pages), so that no later compression allocates: zstd sizes a
+/// context by its input's size (a context warmed on a page grew from 74 KB to 218 KB at its
+/// first 16 KiB unit: a `malloc` inside a SIGBUS handler, which ended programs paging into
+/// `zpool:zstd-1:unit=16KiB` in signal mode), and shrinks it again after 128 inputs that
+/// need under a third of it (single pages after units did at level 2). With pages and
+/// units apart, neither happens at any level (`zstd_contexts_never_resize`).
+fn warmed_zstd(level: i32, unit_pages: usize) -> Result<ZstdCtx, ZpoolError> {
+    let zstd_error = |e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() };
+    let units = (unit_pages > 1).then(zstd_safe::CCtx::create);
+    let mut ctx = ZstdCtx { page: zstd_safe::CCtx::create(), units, d: zstd_safe::DCtx::create() };
+    let largest = unit_pages.max(1) * PAGE_SIZE;
+    // The workspace depends on the input's size, not on its bytes, and not monotonically
+    // (zstd's parameters for inputs up to 16 KiB need more than those for 32 KiB): every
+    // size a write can give, a unit cut short at the end of a run included.
+    let src = vec![0x5au8; largest];
+    let mut out = vec![0u8; zstd_safe::compress_bound(largest)];
+    let mut back = vec![0u8; largest];
+    for len in (PAGE_SIZE..=largest).step_by(PAGE_SIZE) {
+        let n = ctx.for_input(len).compress(&mut out[..], &src[..len], level).map_err(zstd_error)?;
+        ctx.d.decompress(&mut back[..len], &out[..n]).map_err(zstd_error)?;
+    }
+    Ok(ctx)
 }
 
 impl Codecs {
@@ -155,7 +185,7 @@ impl Codecs {
                 // (None cannot happen, see `take_zstd`; were it to, the page is stored as it
                 // is, or passed on, like an incompressible one.)
                 let mut ctx = self.take_zstd()?;
-                let r = ctx.c.compress(dst, src, level).ok();
+                let r = ctx.for_input(src.len()).compress(dst, src, level).ok();
                 let _ = self.pools().zstd.push(ctx);
                 r
             }
@@ -212,5 +242,46 @@ impl Codecs {
     /// and one is taken only by a holder of a workspace, one at a time.
     fn take_zstd(&self) -> Option<Box<ZstdCtx>> {
         pop_spinning(&self.pools().zstd, POP_WAIT_LIMIT_NS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A warmed context is never resized by the inputs a pool gives it (units, units cut
+    /// short, single pages, in runs of one size longer than the 128 calls after which zstd
+    /// shrinks a workspace left over three times too large), at every level a pool takes:
+    /// its size stays what warming made it, so no compression or decompression allocates.
+    #[test]
+    fn zstd_contexts_never_resize() {
+        let data: Vec<u8> =
+            (0..9 * PAGE_SIZE as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ (i as u8)).collect();
+        for level in super::super::config::ZSTD_LEVELS {
+            for unit_pages in [1, 2, 4, 8] {
+                let mut ctx = warmed_zstd(level, unit_pages).expect("a zstd context");
+                let sizes_of =
+                    |ctx: &ZstdCtx| (ctx.page.sizeof(), ctx.units.as_ref().map(|u| u.sizeof()), ctx.d.sizeof());
+                let warmed = sizes_of(&ctx);
+                let mut out = vec![0u8; zstd_safe::compress_bound(8 * PAGE_SIZE)];
+                let mut back = vec![0u8; 8 * PAGE_SIZE];
+                // Long runs of each size a write can give (a unit, one cut short, a page),
+                // then units again.
+                let sizes = (1..=unit_pages).rev().chain(1..=unit_pages).map(|n| n * PAGE_SIZE);
+                for len in sizes {
+                    for k in 0..130 {
+                        let src = &data[(k % 4) * 64..][..len];
+                        let n = ctx.for_input(len).compress(&mut out[..], src, level).expect("compresses");
+                        let got = ctx.d.decompress(&mut back[..len], &out[..n]).expect("decompresses");
+                        assert_eq!(&back[..got], src);
+                        let now = sizes_of(&ctx);
+                        assert_eq!(
+                            now, warmed,
+                            "level {level}, units of {unit_pages} pages: resized at {len} bytes (call {k})"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
