@@ -5,6 +5,8 @@ compressed RAM store, and what that store holds per page it stores, sampled twic
 Engines (interleaved, --runs times each):
   uswap-lz4         `uswap run` on its default device, a zpool compressed with lz4
   uswap-zstd        `uswap run --device zpool:zstd-1`: every page zstd level 1
+  uswap-zstd-unit   `uswap run --device zpool:zstd-1:unit=16KiB`: zstd level 1, the pages of a
+                    write compressed four at a time (docs/devices.md, "Units of pages")
   uswap-lz4+zstd    `uswap run --device zpool,zpool:zstd-1 --idle-age AGE`: pages go to the
                     lz4 pool, and those left untouched twice AGE move down to the zstd one
                     (recompression of cold pages; AGE also sends idle resident pages out)
@@ -136,6 +138,7 @@ def main():
     engines = {
         "uswap-lz4": lambda c, l: run_uswap(args.uswap, c, l, []),
         "uswap-zstd": lambda c, l: run_uswap(args.uswap, c, l, ["--device", "zpool:zstd-1"]),
+        "uswap-zstd-unit": lambda c, l: run_uswap(args.uswap, c, l, ["--device", "zpool:zstd-1:unit=16KiB"]),
         "uswap-lz4+zstd": lambda c, l: run_uswap(args.uswap, c, l,
                                                  ["--device", "zpool,zpool:zstd-1", "--idle-age", args.idle_age]),
         "kernel-zram": lambda c, l: run_kernel(args.uswap, c, l),
