@@ -15,8 +15,9 @@
 //!
 //! Invariants: a zstd context is warmed at start-up for every input size it will be given
 //! (a compression sizes its workspace by its input's size), single pages and units on
-//! contexts of their own, so using one never allocates (`warmed_zstd`); a scratch buffer holds lz4's worst case for a
-//! page; an operation takes one [`Workspace`], never two buffers one after the other.
+//! contexts of their own, so using one never allocates (`warmed_zstd`); a scratch buffer
+//! holds lz4's worst case for a page; an operation takes one [`Workspace`], never two
+//! buffers one after the other.
 
 use crossbeam_queue::ArrayQueue;
 
