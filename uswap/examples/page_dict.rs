@@ -48,15 +48,9 @@ extern "C" {
     ) -> c_int;
 }
 
-fn same_filled(page: &[u8]) -> bool {
-    let first = &page[..8];
-    page.chunks_exact(8).all(|w| w == first)
-}
-
-fn percentile(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(((v.len().max(1) - 1) as f64 * q) as usize).copied().unwrap_or(0.0)
-}
+#[path = "page_dump/mod.rs"]
+mod page_dump;
+use page_dump::{percentile, same_filled};
 
 /// One codec: compresses `src` into `dst` (returns the size), and decompresses it back.
 enum Codec<'d> {

@@ -15,15 +15,9 @@ use std::time::Instant;
 const PAGE: usize = 4096;
 const UNITS_PAGES: [usize; 3] = [1, 4, 16];
 
-fn same_filled(page: &[u8]) -> bool {
-    let first = &page[..8];
-    page.chunks_exact(8).all(|w| w == first)
-}
-
-fn percentile(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(((v.len().max(1) - 1) as f64 * q) as usize).copied().unwrap_or(0.0)
-}
+#[path = "page_dump/mod.rs"]
+mod page_dump;
+use page_dump::{percentile, same_filled};
 
 /// The runs of neighbouring pages that are not same-filled, within each mapping, as page
 /// ranges; and how many pages are same-filled.
