@@ -534,7 +534,7 @@ int uswap_config_set_resident_limit(struct uswap_config *config, uint64_t limit_
 /**
  * Sets the swap devices from a device list, the syntax of `uswap bench --device`:
  * comma-separated devices, highest priority first, each `ram[:SIZE]`,
- * `zpool[:SIZE][:lz4|zstd|zstd-LEVEL][:raw|reject][:unit=SIZE]`, `file:PATH[:SIZE]`,
+ * `zpool[:SIZE][:lz4|zstd|zstd-LEVEL][:raw|reject][:unit=SIZE][:dict]`, `file:PATH[:SIZE]`,
  * `redis://HOST:PORT[;HOST:PORT...][?OPTIONS]` or `redis-cluster://...` (docs/devices.md),
  * any of them ending in `:cluster` for cluster readahead. Sizes take `KiB`, `MiB`, `GiB`,
  * `TiB` (or `K`, `M`, `G`, `T`) or plain bytes; a device given without a size gets

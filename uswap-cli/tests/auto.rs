@@ -225,6 +225,41 @@ fn a_program_pages_into_a_zstd_pool_of_units_in_signal_mode() {
     }
 }
 
+/// A zstd pool with a dictionary (`dict`), page by page and in units, in signal mode: the
+/// dictionary is trained on the program's own pages while it runs (`uswap stat` shows its
+/// bytes), and from then on the pages of a working set over the limit go out and come back
+/// through it, compressed and decompressed inside SIGBUS handlers, where nothing may
+/// allocate; every word checked (`phases`).
+#[test]
+fn a_program_pages_through_a_zstd_dictionary_trained_on_its_own_pages() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmpdir("zstd-dict");
+    let p = compile("phases", &dir, &[]);
+    for devices in ["zpool:zstd-1:dict", "zpool:zstd-3:unit=16KiB:dict"] {
+        let mut cmd = uswap_cmd(&["run", "--limit", "32MiB", "--device", devices, "--"]);
+        let mut child =
+            cmd.arg(&p).args(["96", "48", "8"]).stdout(std::process::Stdio::piped()).spawn().expect("uswap run starts");
+        // Bounded: 60 tries, 100 ms apart, while the hot loop runs.
+        let mut dictionary_bytes = 0;
+        for _ in 0..60 {
+            std::thread::sleep(Duration::from_millis(100));
+            let o = uswap(&["stat", "--json", "--sum", &child.id().to_string()]);
+            let Ok(line) = serde_json::from_slice::<Value>(&o.stdout) else { continue };
+            let device = &line["stats"]["devices"][0];
+            // (No device yet while the program's pager is starting.)
+            let failures = device["backend"]["dictionary_failures"].as_u64().unwrap_or(0);
+            assert_eq!(failures, 0, "{devices}: {line}");
+            dictionary_bytes = device["backend"]["dictionary_bytes"].as_u64().unwrap_or(0);
+            if dictionary_bytes > 0 {
+                assert!(device["name"].as_str().is_some_and(|n| n.contains("dict")), "{devices}: {line}");
+                break;
+            }
+        }
+        assert!(dictionary_bytes > 0, "{devices}: no dictionary trained in 6 s");
+        ends_ok(&mut child);
+    }
+}
+
 /// `uswap stat` on a `uswap run` of two processes with pagers: the tree's device is the size
 /// given (its slots, shared by the tree), not that times the processes (it said twice).
 #[test]

@@ -112,7 +112,7 @@ fn tier_age_arg(value: &Bound<'_, PyAny>) -> PyResult<std::time::Duration> {
 ///
 /// `limit` and sizes everywhere are ints (bytes) or strings such as `"2GiB"`. `devices` is
 /// a comma-separated list, highest priority first, as `uswap bench --device` takes it:
-/// `ram[:SIZE]`, `zpool[:SIZE][:lz4|zstd|zstd-LEVEL][:raw|reject][:unit=SIZE]`, `file:PATH[:SIZE]`
+/// `ram[:SIZE]`, `zpool[:SIZE][:lz4|zstd|zstd-LEVEL][:raw|reject][:unit=SIZE][:dict]`, `file:PATH[:SIZE]`
 /// (PATH a directory, a file or a block device). A device given without a size gets
 /// `device_size` (default: half the machine's RAM, as `uswap run`). `fault_mode` is
 /// `"thread"` (default; faults inside system calls are served, which numpy and BLAS need) or

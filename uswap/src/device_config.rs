@@ -36,6 +36,7 @@ struct ZpoolOptions {
     incompressible: Incompressible,
     accept_threshold_percent: u8,
     unit_pages: usize,
+    dictionary: bool,
 }
 
 /// A swap device to give a pager.
@@ -94,6 +95,7 @@ impl DeviceConfig {
                 incompressible: Incompressible::StoreRaw,
                 accept_threshold_percent: 90,
                 unit_pages: 1,
+                dictionary: false,
             },
         })
     }
@@ -203,6 +205,16 @@ impl DeviceConfig {
         self
     }
 
+    /// zstd only: the pool trains a dictionary on its first pages and compresses with it
+    /// from then on (docs/devices.md, "A dictionary"). Checked when the pool is made.
+    /// Ignored by other kinds.
+    pub fn dictionary(mut self, on: bool) -> DeviceConfig {
+        if let DeviceKind::Zpool { zpool, .. } = &mut self.kind {
+            zpool.dictionary = on;
+        }
+        self
+    }
+
     /// Pages the pool compresses together as one object, at most (1, the default: page by
     /// page; up to `zpool::MAX_UNIT_PAGES`): see docs/devices.md, "Units of pages". Checked
     /// when the pool is made. Ignored by other kinds.
@@ -300,7 +312,8 @@ impl DeviceConfig {
     /// * `ram` or `ram:SIZE`;
     /// * `zpool` followed by options separated by `:` in any order: a size (the memory cap),
     ///   `lz4`, `zstd` or `zstd-LEVEL`, `raw` or `reject` (incompressible pages), `unit=SIZE`
-    ///   (pages compressed together, 4 KiB to 32 KiB);
+    ///   (pages compressed together, 4 KiB to 32 KiB), `dict` (zstd: a dictionary trained on
+    ///   the pool's first pages);
     /// * `file:PATH` or `file:PATH:SIZE` (a path containing `:` must be followed by a size);
     /// * `redis://HOST:PORT[;HOST:PORT...][?replicas=N&size=SIZE&encrypt=off&key=FILE&failover_ms=MS&wait_ms=MS]`
     ///   (`;` between seeds, since `,` and `+` separate devices and engines);
@@ -408,6 +421,7 @@ impl DeviceConfig {
                 cfg.incompressible = zpool.incompressible;
                 cfg.accept_threshold_percent = zpool.accept_threshold_percent;
                 cfg.unit_pages = zpool.unit_pages;
+                cfg.dictionary = zpool.dictionary;
                 Box::new(
                     ZpoolBackend::new(cfg).map_err(|e| Error::Device { name: "zpool".into(), why: e.to_string() })?,
                 )
@@ -491,10 +505,11 @@ fn looks_like_a_size(s: &str) -> bool {
 }
 
 /// A `zpool` device's options (a size, `lz4`, `zstd`, `zstd-LEVEL`, `raw`, `reject`,
-/// `unit=SIZE`), each
+/// `unit=SIZE`, `dict`), each
 /// checked here, so that a list that cannot work is refused before any program runs.
 fn parse_zpool(opts: &[&str], default_capacity_bytes: u64) -> std::result::Result<DeviceConfig, String> {
     let (mut cap, mut size_given, mut codec, mut incompressible, mut unit) = (None, None, None, None, None);
+    let mut dictionary = None;
     let mut d = DeviceConfig::zpool(0);
     let once = |seen: &mut Option<String>, what: &str, o: &str| match seen.replace(o.to_string()) {
         Some(before) => Err(format!("{what} given twice ({before} and {o}); give one")),
@@ -528,9 +543,13 @@ fn parse_zpool(opts: &[&str], default_capacity_bytes: u64) -> std::result::Resul
                 once(&mut unit, "a unit", o)?;
                 d.unit_pages(parse_unit(&u[5..])?)
             }
+            "dict" => {
+                once(&mut dictionary, "dict", o)?;
+                d.dictionary(true)
+            }
             size => {
                 let bytes = parse_size(size).map_err(|e| {
-                    format!("{e}; zpool options are a size, lz4, zstd, zstd-LEVEL, raw, reject, unit=SIZE")
+                    format!("{e}; zpool options are a size, lz4, zstd, zstd-LEVEL, raw, reject, unit=SIZE, dict")
                 })?;
                 crate::backend::zpool::check_cap(bytes).map_err(|e| e.to_string())?;
                 once(&mut size_given, "a size", size)?;
@@ -538,6 +557,9 @@ fn parse_zpool(opts: &[&str], default_capacity_bytes: u64) -> std::result::Resul
                 d
             }
         };
+    }
+    if dictionary.is_some() && !codec.as_deref().is_some_and(|c| c.starts_with("zstd")) {
+        return Err("dict is zstd's: give zstd or zstd-LEVEL with it (zpool:zstd-1:dict)".into());
     }
     let cap = cap.unwrap_or(default_capacity_bytes);
     if let DeviceKind::Zpool { cap_bytes, .. } = &mut d.kind {
@@ -680,6 +702,9 @@ mod tests {
         assert!(why("zpool:unit=64KiB").contains("4KiB (page by page) to 32KiB"));
         assert!(why("zpool:unit=0").contains("bad unit=0"));
         assert!(why("zpool:unit=4KiB:unit=8KiB").contains("a unit given twice"));
+        assert!(why("zpool:dict").contains("dict is zstd's"), "{}", why("zpool:dict"));
+        assert!(why("zpool:lz4:dict").contains("dict is zstd's"));
+        assert!(why("zpool:zstd:dict:dict").contains("dict given twice"));
         assert!(why("zpool:64MiB:32MiB").contains("a size given twice"));
         // What stays accepted: a path with a colon and no size, every option once.
         let d = DeviceConfig::parse_list("file:/var/tmp/a:b,zpool:64MiB:zstd-3:reject", 1 << 30).unwrap();

@@ -115,7 +115,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub file_poll_us: Option<u32>,
     /// uswap's swap devices, highest priority first, comma-separated: `ram[:SIZE]`,
-    /// `zpool[:CAP][:lz4|zstd|zstd-N][:raw|reject][:unit=SIZE]`, `file:PATH[:SIZE]` (a directory gets an
+    /// `zpool[:CAP][:lz4|zstd|zstd-N][:raw|reject][:unit=SIZE][:dict]`, `file:PATH[:SIZE]` (a directory gets an
     /// anonymous file), each optionally ending in `:cluster` (cluster readahead). Default:
     /// `ram`; with --command, `zpool` (the like-for-like match of kernel-zram).
     ///

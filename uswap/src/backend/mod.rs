@@ -122,6 +122,16 @@ pub struct BackendStats {
     /// Groups of pages meant for a unit and stored page by page (they did not compress into
     /// a page, or no row was free), since the device started.
     pub unit_fallbacks: u64,
+    /// Memory of the pool's trained zstd dictionary (`zpool:zstd-N:dict`), counted in
+    /// `pool_bytes`: 0 until it is trained, and without one.
+    pub dictionary_bytes: u64,
+    /// Pools whose dictionary could not be trained (they go on compressing without one).
+    pub dictionary_failures: u64,
+    /// Pools compressing new pages with their dictionary now (a pool stops while its
+    /// dictionary costs bytes, checked on one page in 32 compressed both ways).
+    pub dictionary_in_use: u64,
+    /// Times a pool turned its dictionary off for costing bytes.
+    pub dictionary_turned_off: u64,
     /// Stored pages per byte of pool: `stored_pages * PAGE_SIZE / pool_bytes` (0 while the
     /// pool holds no chunk). Same-filled pages count as stored pages taking no pool bytes, as
     /// zram counts them in `orig_data_size` and not in `compr_data_size`.

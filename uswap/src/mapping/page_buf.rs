@@ -21,6 +21,13 @@ impl PageBuf {
             Mapping::anonymous(nr_pages.max(1) * PAGE_SIZE, MapOptions { no_huge_pages: false, dont_fork: false })?;
         Ok(PageBuf { map, nr_pages })
     }
+
+    /// The pages as one run of bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: as for `deref`: `nr_pages` readable pages, contiguous, living as long as
+        // `self`, written only through `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.map.addr as *const u8, self.nr_pages * PAGE_SIZE) }
+    }
 }
 
 impl std::ops::Deref for PageBuf {

@@ -10,21 +10,32 @@
 //! `fault_error`). So nothing allocates and no lock is taken, and every path is safe in a
 //! SIGBUS handler.
 //!
-//! [`Codecs`] owns the compressor choice and both pools; the pool (`mod.rs`) holds one and
-//! calls it with a workspace it took. It imports only the configuration (`config.rs`).
+//! [`Codecs`] owns the compressor choice, both pools and, with `dict`, the pool's zstd
+//! dictionary: trained from samples (`dictionary.rs`) on the background thread, prepared and
+//! given contexts of its own there, then published once (`OnceLock`); each frame names its
+//! dictionary, so a read picks it by the frame. The pool (`mod.rs`) holds one `Codecs` and
+//! calls it with a workspace it took. It imports only the configuration (`config.rs`) and
+//! the samples (`dictionary.rs`).
 //!
-//! Invariants: a zstd context is warmed at start-up for every input size it will be given
-//! (a compression sizes its workspace by its input's size), single pages and units on
-//! contexts of their own, so using one never allocates (`warmed_zstd`); a scratch buffer
-//! holds lz4's worst case for a page; an operation takes one [`Workspace`], never two
-//! buffers one after the other.
+//! Invariants: a zstd context is warmed, before any fault path can use it, for every input
+//! size it will be given, and given only sizes whose workspaces are within 2.5 times of
+//! each other ([`ContextPlan`]), so using one never allocates; a scratch buffer holds lz4's
+//! worst case for a page; an operation takes one [`Workspace`], never two buffers one after
+//! the other.
 
+use arrayvec::ArrayVec;
 use crossbeam_queue::ArrayQueue;
 
-use super::config::{Compressor, ZpoolError};
+use std::num::NonZeroU32;
+
+use super::config::{Compressor, ZpoolError, MAX_UNIT_PAGES};
+use super::dictionary::{Payoff, Sampler, NR_SAMPLES};
 use crate::mapping::nr_cpus_configured;
 use crate::sync::{pop_spinning, POP_WAIT_LIMIT_NS};
 use crate::uffd::PAGE_SIZE;
+
+/// The sample buffer of a pool with a dictionary.
+const SAMPLE_BYTES: u64 = (NR_SAMPLES * PAGE_SIZE) as u64;
 
 /// Scratch per operation: lz4 wants room for its worst case (a little over a page).
 const SCRATCH_BYTES: usize = 2 * PAGE_SIZE;
@@ -48,24 +59,128 @@ pub(super) struct Workspace {
 }
 
 /// zstd's contexts for one operation, warmed at start-up so using them never allocates.
-/// Single pages and units have compression contexts of their own: a context is sized by
-/// its input's size and resized, a `malloc`, when an input needs more, or after 128 inputs
-/// needing under a third of it (`warmed_zstd`).
 struct ZstdCtx {
-    /// Compresses single pages only.
-    page: zstd_safe::CCtx<'static>,
-    /// Compresses a unit's pages (two pages or more; None in a pool without units).
-    units: Option<zstd_safe::CCtx<'static>>,
+    c: ZstdCompress,
     d: zstd_safe::DCtx<'static>,
 }
 
-impl ZstdCtx {
-    /// The compression context for an input of `len` bytes.
+/// zstd's compression contexts for one operation, and which serves an input of each size
+/// (see [`ContextPlan`]).
+struct ZstdCompress {
+    ctxs: ArrayVec<zstd_safe::CCtx<'static>, MAX_UNIT_PAGES>,
+    plan: ContextPlan,
+}
+
+impl ZstdCompress {
+    /// The compression context for an input of `len` bytes (whole pages, up to a unit).
     fn for_input(&mut self, len: usize) -> &mut zstd_safe::CCtx<'static> {
-        match &mut self.units {
-            Some(units) if len > PAGE_SIZE => units,
-            _ => &mut self.page,
+        let pages = len.div_ceil(PAGE_SIZE).max(1);
+        // A size no context was warmed on would allocate (in a SIGBUS handler).
+        assert!(
+            pages <= self.plan.unit_pages,
+            "uswap invariant: an input of {len} bytes in a pool of {} pages",
+            self.plan.unit_pages
+        );
+        &mut self.ctxs[usize::from(self.plan.by_pages[pages - 1])]
+    }
+}
+
+/// Which context compresses an input of each size (in pages). zstd sizes a context's
+/// workspace by its input's size (and, with a dictionary, by whether the input is small
+/// enough to use the dictionary's tables in place or large enough to copy them), and
+/// resizes it, a `malloc`, when an input needs more, or after 128 inputs needing under a
+/// third of it. Every size is measured on a fresh context, and sizes go to one context
+/// only while the largest need among them stays within `NEED_RATIO` of the smallest: a
+/// context warmed on each of its sizes then never resizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ContextPlan {
+    /// The context of an input of `n` pages: `by_pages[n - 1]`.
+    by_pages: [u8; MAX_UNIT_PAGES],
+    /// Contexts in use.
+    nr_ctxs: usize,
+    /// The largest input, in pages (the contexts are warmed on every size up to it).
+    unit_pages: usize,
+}
+
+/// The most a context's largest need may be over its smallest (zstd shrinks a workspace
+/// three times too large; the margin is for the context's own objects).
+const NEED_RATIO: f64 = 2.5;
+
+impl ContextPlan {
+    /// Measures each size's need at `level` (with `dict` if given) and groups sizes.
+    /// Allocates: at start-up or on the background thread.
+    fn measure(level: i32, unit_pages: usize, dict: Option<&zstd_safe::CDict<'_>>) -> Result<ContextPlan, ZpoolError> {
+        assert!((1..=MAX_UNIT_PAGES).contains(&unit_pages), "units of {unit_pages} pages");
+        let src = vec![0x5au8; unit_pages * PAGE_SIZE];
+        let mut out = vec![0u8; zstd_safe::compress_bound(src.len())];
+        let mut needs: ArrayVec<(usize, usize), MAX_UNIT_PAGES> = ArrayVec::new();
+        for pages in 1..=unit_pages {
+            let mut fresh = zstd_safe::CCtx::create();
+            compress_with(&mut fresh, &mut out, &src[..pages * PAGE_SIZE], level, dict)?;
+            needs.push((fresh.sizeof(), pages));
         }
+        needs.sort_unstable();
+        let mut plan = ContextPlan { by_pages: [0; MAX_UNIT_PAGES], nr_ctxs: 1, unit_pages };
+        let mut smallest = needs[0].0;
+        for &(need, pages) in &needs {
+            if need as f64 > smallest as f64 * NEED_RATIO {
+                plan.nr_ctxs += 1;
+                smallest = need;
+            }
+            plan.by_pages[pages - 1] = (plan.nr_ctxs - 1) as u8;
+        }
+        Ok(plan)
+    }
+}
+
+/// One compression of `src` into `out` on `ctx`, with `dict` if given.
+fn compress_with(
+    ctx: &mut zstd_safe::CCtx<'static>,
+    out: &mut [u8],
+    src: &[u8],
+    level: i32,
+    dict: Option<&zstd_safe::CDict<'_>>,
+) -> Result<usize, ZpoolError> {
+    match dict {
+        Some(dict) => ctx.compress_using_cdict(out, src, dict),
+        None => ctx.compress(out, src, level),
+    }
+    .map_err(|e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() })
+}
+
+/// The pool's trained dictionary (`zpool:zstd-N:dict`), prepared for both directions, and
+/// compression contexts of its own, warmed with it (a context first given a dictionary
+/// sizes its workspace for it).
+struct Dictionary {
+    /// The id every frame compressed with it carries (zstd's frame header).
+    id: NonZeroU32,
+    cdict: zstd_safe::CDict<'static>,
+    ddict: zstd_safe::DDict<'static>,
+    /// As many as the pool's own contexts: taken only by a holder of a workspace.
+    ctxs: ArrayQueue<Box<ZstdCompress>>,
+    /// Memory of `cdict` and `ddict` (counted in the pool's bytes).
+    bytes: u64,
+    /// Whether it pays, checked as pages are written.
+    payoff: Payoff,
+}
+
+impl Dictionary {
+    /// Prepares the dictionary `dict` (trained bytes) for a pool at zstd `level`. Allocates:
+    /// on the background thread only.
+    fn prepare(dict: &[u8], level: i32, unit_pages: usize, nr_ctx: usize) -> Result<Dictionary, String> {
+        let id = zstd_safe::get_dict_id_from_dict(dict).ok_or("the trained dictionary has no id")?;
+        let cdict = zstd_safe::CDict::try_create(dict, level).ok_or("zstd could not prepare it to compress")?;
+        let ddict = zstd_safe::DDict::try_create(dict).ok_or("zstd could not prepare it to decompress")?;
+        let ctxs = ArrayQueue::new(nr_ctx);
+        let unit_pages = unit_pages.max(1);
+        let plan = ContextPlan::measure(level, unit_pages, Some(&cdict)).map_err(|e| e.to_string())?;
+        for _ in 0..nr_ctx {
+            let c =
+                warmed_compress(level, unit_pages, Some(&cdict), &plan, |_, _| Ok(())).map_err(|e| e.to_string())?;
+            let _ = ctxs.push(Box::new(c));
+        }
+        let bytes = (cdict.sizeof() + ddict.sizeof()) as u64;
+        Ok(Dictionary { id, cdict, ddict, ctxs, bytes, payoff: Payoff::new() })
     }
 }
 
@@ -80,6 +195,14 @@ pub(super) struct Codecs {
     /// at the fork (a queue slot claimed and never filled: the child's next pop spun for
     /// good, inside a SIGBUS handler), and miss what those threads held.
     fork_child_pools: std::sync::OnceLock<Pools>,
+    /// Contexts in each pool (a dictionary's included).
+    nr_ctx: usize,
+    /// With `dict`: the samples a dictionary is trained from, then where training stands.
+    sampler: Option<Sampler>,
+    /// The trained dictionary, once the background thread has made it.
+    dictionary: std::sync::OnceLock<Dictionary>,
+    /// Why a dictionary could not be made, if it could not (the pool goes on without).
+    dictionary_error: std::sync::OnceLock<String>,
 }
 
 /// Workspaces and zstd contexts, taken and returned without locks.
@@ -91,16 +214,75 @@ struct Pools {
 }
 
 impl Codecs {
-    /// Checks the compressor and fills the pools (see [`Pools::new`]).
-    pub(super) fn new(compressor: Compressor, unit_pages: usize) -> Result<Codecs, ZpoolError> {
+    /// Checks the compressor and fills the pools (see [`Pools::new`]); with `dictionary`
+    /// (zstd only), maps the samples a dictionary will be trained from.
+    pub(super) fn new(compressor: Compressor, unit_pages: usize, dictionary: bool) -> Result<Codecs, ZpoolError> {
         if let Compressor::Zstd { level } = compressor {
             if !super::config::ZSTD_LEVELS.contains(&level) {
                 return Err(ZpoolError::ZstdLevel { level });
             }
+        } else if dictionary {
+            return Err(ZpoolError::DictionaryNeedsZstd);
         }
-        let nr_cpus = nr_cpus_configured().max(1);
-        let pools = Pools::new(compressor, unit_pages, 4 * nr_cpus.max(4))?;
-        Ok(Codecs { compressor, unit_pages, pools, fork_child_pools: std::sync::OnceLock::new() })
+        let sampler = match dictionary {
+            true => Some(Sampler::new().map_err(|source| ZpoolError::Map { bytes: SAMPLE_BYTES, source })?),
+            false => None,
+        };
+        let nr_ctx = 4 * nr_cpus_configured().max(4);
+        Ok(Codecs {
+            compressor,
+            unit_pages,
+            pools: Pools::new(compressor, unit_pages, nr_ctx)?,
+            fork_child_pools: std::sync::OnceLock::new(),
+            nr_ctx,
+            sampler,
+            dictionary: std::sync::OnceLock::new(),
+            dictionary_error: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// On the background thread: once the samples are in, trains the dictionary and puts
+    /// it in use (see `dictionary.rs`).
+    pub(super) fn train_dictionary(&self) {
+        let (Some(sampler), Compressor::Zstd { level }) = (&self.sampler, self.compressor) else {
+            return;
+        };
+        let Some(trained) = sampler.train_when_ready() else {
+            return;
+        };
+        match trained.and_then(|dict| Dictionary::prepare(&dict, level, self.unit_pages, self.nr_ctx)) {
+            Ok(d) => {
+                let _ = self.dictionary.set(d);
+            }
+            Err(why) => {
+                let _ = self.dictionary_error.set(why);
+            }
+        }
+    }
+
+    /// Memory of the dictionary in use (0 without one).
+    pub(super) fn dictionary_bytes(&self) -> u64 {
+        self.dictionary.get().map_or(0, |d| d.bytes)
+    }
+
+    /// Whether new pages are compressed with a dictionary now, and how many times it was
+    /// turned off for costing bytes.
+    pub(super) fn dictionary_use(&self) -> (bool, u64) {
+        self.dictionary.get().map_or((false, 0), |d| (d.payoff.in_use(), d.payoff.turned_off()))
+    }
+
+    /// Why the pool's dictionary could not be made, if it could not.
+    pub(super) fn dictionary_error(&self) -> Option<&str> {
+        self.dictionary_error.get().map(String::as_str)
+    }
+
+    /// The dictionary new pages are compressed with: none in a fork child (its pools are its
+    /// own; the parent's dictionary contexts may have been held by its other threads).
+    fn dictionary_for_writes(&self) -> Option<&Dictionary> {
+        match self.fork_child_pools.get() {
+            Some(_) => None,
+            None => self.dictionary.get(),
+        }
     }
 
     /// In a fork child, before its first read of its copy of the parent's pool (see
@@ -108,6 +290,9 @@ impl Codecs {
     /// back what it inherited, and most children exec at once). Allocates; not on a fault
     /// path. Failing (zstd's contexts cannot be made), the parent's copies stay in use.
     pub(super) fn enter_fork_child(&self) {
+        if let Some(sampler) = &self.sampler {
+            sampler.stop();
+        }
         if let Ok(pools) = Pools::new(self.compressor, self.unit_pages, FORK_CHILD_POOL_SIZE) {
             let _ = self.fork_child_pools.set(pools);
         }
@@ -129,8 +314,9 @@ impl Pools {
     fn new(compressor: Compressor, unit_pages: usize, nr_ctx: usize) -> Result<Pools, ZpoolError> {
         let zstd = ArrayQueue::new(nr_ctx);
         if let Compressor::Zstd { level } = compressor {
+            let plan = ContextPlan::measure(level, unit_pages.max(1), None)?;
             for _ in 0..nr_ctx {
-                let _ = zstd.push(Box::new(warmed_zstd(level, unit_pages)?));
+                let _ = zstd.push(Box::new(warmed_zstd(level, unit_pages.max(1), &plan)?));
             }
         }
         let scratch = ArrayQueue::new(nr_ctx);
@@ -146,29 +332,44 @@ impl Pools {
     }
 }
 
-/// zstd's contexts warmed for every input the pool compresses (a page; a unit's pages, and
-/// every size down to two pages), so that no later compression allocates: zstd sizes a
-/// context by its input's size (a context warmed on a page grew from 74 KB to 218 KB at its
-/// first 16 KiB unit: a `malloc` inside a SIGBUS handler, which ended programs paging into
-/// `zpool:zstd-1:unit=16KiB` in signal mode), and shrinks it again after 128 inputs that
-/// need under a third of it (single pages after units did at level 2). With pages and
-/// units apart, neither happens at any level (`zstd_contexts_never_resize`).
-fn warmed_zstd(level: i32, unit_pages: usize) -> Result<ZstdCtx, ZpoolError> {
-    let zstd_error = |e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() };
-    let units = (unit_pages > 1).then(zstd_safe::CCtx::create);
-    let mut ctx = ZstdCtx { page: zstd_safe::CCtx::create(), units, d: zstd_safe::DCtx::create() };
-    let largest = unit_pages.max(1) * PAGE_SIZE;
-    // The workspace depends on the input's size, not on its bytes, and not monotonically
-    // (zstd's parameters for inputs up to 16 KiB need more than those for 32 KiB): every
-    // size a write can give, a unit cut short at the end of a run included.
-    let src = vec![0x5au8; largest];
-    let mut out = vec![0u8; zstd_safe::compress_bound(largest)];
-    let mut back = vec![0u8; largest];
-    for len in (PAGE_SIZE..=largest).step_by(PAGE_SIZE) {
-        let n = ctx.for_input(len).compress(&mut out[..], &src[..len], level).map_err(zstd_error)?;
-        ctx.d.decompress(&mut back[..len], &out[..n]).map_err(zstd_error)?;
+/// zstd's compression contexts warmed for every input the pool compresses (see
+/// [`warmed_compress`]), and a decompression context.
+fn warmed_zstd(level: i32, unit_pages: usize, plan: &ContextPlan) -> Result<ZstdCtx, ZpoolError> {
+    let mut d = zstd_safe::DCtx::create();
+    let mut back = vec![0u8; unit_pages * PAGE_SIZE];
+    // Each frame the warming compresses is decompressed once too.
+    let c = warmed_compress(level, unit_pages, None, plan, |src, frame| {
+        d.decompress(&mut back[..src.len()], frame)
+            .map(|_| ())
+            .map_err(|e| ZpoolError::Zstd { what: zstd_safe::get_error_name(e).to_string() })
+    })?;
+    Ok(ZstdCtx { c, d })
+}
+
+/// Compression contexts as `plan` says (measured for `level`, `unit_pages` and `dict`), each
+/// warmed on every input size it serves (a page; a unit's pages, and every size down to two
+/// pages: a unit cut short at the end of a run), so that no later compression allocates. A
+/// context warmed on a page once grew from 74 KB to 218 KB at its first 16 KiB unit, a
+/// `malloc` inside a SIGBUS handler, which ended programs paging into
+/// `zpool:zstd-1:unit=16KiB` in signal mode; with a dictionary at level 4, a context of
+/// units grew to 1.2 MB copying the dictionary's tables for 20-32 KiB and shrank back to
+/// 0.3 MB for 16 KiB, where it uses them in place. `zstd_contexts_never_resize` checks
+/// every level. `each_frame(input, frame)` sees every compression the warming makes.
+fn warmed_compress(
+    level: i32,
+    unit_pages: usize,
+    dict: Option<&zstd_safe::CDict<'_>>,
+    plan: &ContextPlan,
+    mut each_frame: impl FnMut(&[u8], &[u8]) -> Result<(), ZpoolError>,
+) -> Result<ZstdCompress, ZpoolError> {
+    let mut c = ZstdCompress { ctxs: (0..plan.nr_ctxs).map(|_| zstd_safe::CCtx::create()).collect(), plan: *plan };
+    let src = vec![0x5au8; unit_pages * PAGE_SIZE];
+    let mut out = vec![0u8; zstd_safe::compress_bound(src.len())];
+    for len in (PAGE_SIZE..=src.len()).step_by(PAGE_SIZE) {
+        let n = compress_with(c.for_input(len), &mut out, &src[..len], level, dict)?;
+        each_frame(&src[..len], &out[..n])?;
     }
-    Ok(ctx)
+    Ok(c)
 }
 
 impl Codecs {
@@ -183,13 +384,55 @@ impl Codecs {
         match self.compressor {
             Compressor::Lz4 => lz4_flex::block::compress_into_with_table(src, dst, lz4).ok(),
             Compressor::Zstd { level } => {
-                // (None cannot happen, see `take_zstd`; were it to, the page is stored as it
-                // is, or passed on, like an incompressible one.)
-                let mut ctx = self.take_zstd()?;
-                let r = ctx.for_input(src.len()).compress(dst, src, level).ok();
-                let _ = self.pools().zstd.push(ctx);
-                r
+                if let Some(dict) = self.dictionary_for_writes() {
+                    return self.compress_with_dictionary(dict, level, src, dst);
+                }
+                if let Some(sampler) = &self.sampler {
+                    sampler.offer(src);
+                }
+                self.compress_zstd(level, src, dst)
             }
+        }
+    }
+
+    /// zstd without a dictionary (None: it did not fit `dst`).
+    fn compress_zstd(&self, level: i32, src: &[u8], dst: &mut [u8]) -> Option<usize> {
+        // (None cannot happen, see `take_zstd`; were it to, the page is stored as it is, or
+        // passed on, like an incompressible one.)
+        let mut ctx = self.take_zstd()?;
+        let r = compress_with(ctx.c.for_input(src.len()), dst, src, level, None).ok();
+        let _ = self.pools().zstd.push(ctx);
+        r
+    }
+
+    /// zstd with the pool's dictionary while it pays, without it while not; now and then
+    /// both ways, the kept one last (see `dictionary::Payoff`). Holds a dictionary context
+    /// and a plain one one after the other, never both: as many of each as workspaces.
+    fn compress_with_dictionary(&self, dict: &Dictionary, level: i32, src: &[u8], dst: &mut [u8]) -> Option<usize> {
+        let with = |dst: &mut [u8]| {
+            let mut c = pop_spinning(&dict.ctxs, POP_WAIT_LIMIT_NS)?;
+            let r = compress_with(c.for_input(src.len()), dst, src, 0, Some(&dict.cdict)).ok();
+            let _ = dict.ctxs.push(c);
+            r
+        };
+        let (in_use, check) = (dict.payoff.in_use(), dict.payoff.check_due());
+        if !check {
+            return if in_use { with(dst) } else { self.compress_zstd(level, src, dst) };
+        }
+        // Both ways into `dst`, the one kept last.
+        let (with_dict, without) = if in_use {
+            let without = self.compress_zstd(level, src, dst);
+            (with(dst), without)
+        } else {
+            let with_dict = with(dst);
+            (with_dict, self.compress_zstd(level, src, dst))
+        };
+        // A page that does not fit counts as stored whole.
+        dict.payoff.note(with_dict.unwrap_or(src.len()), without.unwrap_or(src.len()));
+        if in_use {
+            with_dict
+        } else {
+            without
         }
     }
 
@@ -218,9 +461,17 @@ impl Codecs {
             Compressor::Zstd { .. } => {
                 // None cannot happen, see `take_zstd`: a failed read, retried.
                 let mut ctx = self.take_zstd()?;
-                let r = ctx.d.decompress(dst, src);
+                // A frame says which dictionary it needs: none (written before the pool had
+                // one), or the pool's; another id is damage, read as a failed read.
+                let r = match zstd_safe::get_dict_id_from_frame(src) {
+                    None => ctx.d.decompress(dst, src).ok(),
+                    Some(id) => match self.dictionary.get() {
+                        Some(dict) if dict.id == id => ctx.d.decompress_using_ddict(dst, src, &dict.ddict).ok(),
+                        _ => None,
+                    },
+                };
                 let _ = self.pools().zstd.push(ctx);
-                r.ok()
+                r
             }
         }
     }
@@ -252,36 +503,67 @@ mod tests {
 
     /// A warmed context is never resized by the inputs a pool gives it (units, units cut
     /// short, single pages, in runs of one size longer than the 128 calls after which zstd
-    /// shrinks a workspace left over three times too large), at every level a pool takes:
-    /// its size stays what warming made it, so no compression or decompression allocates.
+    /// shrinks a workspace left over three times too large), at every level a pool takes,
+    /// without and with a dictionary: its size stays what warming made it, so no
+    /// compression or decompression allocates. Levels run on threads of their own.
     #[test]
     fn zstd_contexts_never_resize() {
         let data: Vec<u8> =
             (0..9 * PAGE_SIZE as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ (i as u8)).collect();
-        for level in super::super::config::ZSTD_LEVELS {
-            for unit_pages in [1, 2, 4, 8] {
-                let mut ctx = warmed_zstd(level, unit_pages).expect("a zstd context");
-                let sizes_of =
-                    |ctx: &ZstdCtx| (ctx.page.sizeof(), ctx.units.as_ref().map(|u| u.sizeof()), ctx.d.sizeof());
-                let warmed = sizes_of(&ctx);
-                let mut out = vec![0u8; zstd_safe::compress_bound(8 * PAGE_SIZE)];
-                let mut back = vec![0u8; 8 * PAGE_SIZE];
-                // Long runs of each size a write can give (a unit, one cut short, a page),
-                // then units again.
-                let sizes = (1..=unit_pages).rev().chain(1..=unit_pages).map(|n| n * PAGE_SIZE);
-                for len in sizes {
-                    for k in 0..130 {
-                        let src = &data[(k % 4) * 64..][..len];
-                        let n = ctx.for_input(len).compress(&mut out[..], src, level).expect("compresses");
-                        let got = ctx.d.decompress(&mut back[..len], &out[..n]).expect("decompresses");
-                        assert_eq!(&back[..got], src);
-                        let now = sizes_of(&ctx);
-                        assert_eq!(
-                            now, warmed,
-                            "level {level}, units of {unit_pages} pages: resized at {len} bytes (call {k})"
-                        );
+        let samples = super::super::tests::text_pages(NR_SAMPLES, 7);
+        let mut trained = vec![0u8; super::super::dictionary::DICT_BYTES];
+        let n = zstd_safe::train_from_buffer(&mut trained[..], &samples, &vec![PAGE_SIZE; NR_SAMPLES]).expect("trains");
+        trained.truncate(n);
+        std::thread::scope(|s| {
+            for level in super::super::config::ZSTD_LEVELS {
+                let (data, trained) = (&data, &trained);
+                s.spawn(move || {
+                    let cdict = zstd_safe::CDict::create(trained, level);
+                    let ddict = zstd_safe::DDict::create(trained);
+                    for unit_pages in [1, 2, 4, 8] {
+                        never_resizes(data, level, unit_pages, None);
+                        never_resizes(data, level, unit_pages, Some((&cdict, &ddict)));
                     }
+                });
+            }
+        });
+    }
+
+    fn never_resizes(
+        data: &[u8],
+        level: i32,
+        unit_pages: usize,
+        dict: Option<(&zstd_safe::CDict<'_>, &zstd_safe::DDict<'_>)>,
+    ) {
+        let plan = ContextPlan::measure(level, unit_pages, dict.map(|d| d.0)).expect("measured");
+        let mut c =
+            warmed_compress(level, unit_pages, dict.map(|d| d.0), &plan, |_, _| Ok(())).expect("a zstd context");
+        let plain_plan = ContextPlan::measure(level, unit_pages, None).expect("measured");
+        let mut d = warmed_zstd(level, unit_pages, &plain_plan).expect("a zstd context").d;
+        let sizes_of =
+            |c: &ZstdCompress, d: &zstd_safe::DCtx| (c.ctxs.iter().map(|c| c.sizeof()).collect::<Vec<_>>(), d.sizeof());
+        let warmed = sizes_of(&c, &d);
+        let mut out = vec![0u8; zstd_safe::compress_bound(8 * PAGE_SIZE)];
+        let mut back = vec![0u8; 8 * PAGE_SIZE];
+        // Long runs of each size a write can give (a unit, one cut short, a page), then
+        // units again.
+        let sizes = (1..=unit_pages).rev().chain(1..=unit_pages).map(|n| n * PAGE_SIZE);
+        for len in sizes {
+            for k in 0..130 {
+                let src = &data[(k % 4) * 64..][..len];
+                let n = compress_with(c.for_input(len), &mut out, src, level, dict.map(|d| d.0)).expect("compresses");
+                let got = match dict {
+                    None => d.decompress(&mut back[..len], &out[..n]),
+                    Some((_, dd)) => d.decompress_using_ddict(&mut back[..len], &out[..n], dd),
                 }
+                .expect("decompresses");
+                assert_eq!(&back[..got], src);
+                assert_eq!(
+                    sizes_of(&c, &d),
+                    warmed,
+                    "level {level}, units of {unit_pages} pages, dictionary {}: resized at {len} bytes (call {k})",
+                    dict.is_some()
+                );
             }
         }
     }

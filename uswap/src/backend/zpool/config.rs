@@ -42,6 +42,9 @@ pub struct ZpoolConfig {
     /// Pages compressed together as one object, at most (1: page by page). See `mod.rs`,
     /// "Units"; from 1 to [`MAX_UNIT_PAGES`].
     pub unit_pages: usize,
+    /// zstd only: train a dictionary on the pool's first pages and compress with it from
+    /// then on (`dictionary.rs`).
+    pub dictionary: bool,
 }
 
 impl ZpoolConfig {
@@ -54,6 +57,7 @@ impl ZpoolConfig {
             incompressible_threshold_bytes: PAGE_SIZE - PAGE_SIZE / 8,
             accept_threshold_percent: 90,
             unit_pages: 1,
+            dictionary: false,
         }
     }
 }
@@ -82,6 +86,8 @@ pub enum ZpoolError {
     UnitPages { unit_pages: usize },
     #[error("a pool of {nr_slots} slots is too large for units: give a smaller size, or no unit")]
     UnitSlots { nr_slots: u64 },
+    #[error("a dictionary is zstd's: give zstd or zstd-LEVEL with dict")]
+    DictionaryNeedsZstd,
     #[error("cannot set up a zstd context: {what}")]
     Zstd { what: String },
 }

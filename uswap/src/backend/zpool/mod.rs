@@ -47,7 +47,9 @@
 //!   charge), populates ahead of use, compacts, gives free chunks' memory back, picks the
 //!   chunk writeback sheds;
 //! * `codec.rs`: `Codecs`, compression and decompression (lz4, zstd) with pre-allocated
-//!   contexts and workspaces;
+//!   contexts and workspaces, and the pool's zstd dictionary once trained;
+//! * `dictionary.rs`: `Sampler`, the pages a zstd dictionary is trained from
+//!   (`zpool:zstd-N:dict`), and the training, which the background thread runs (`trim`);
 //! * `units.rs`: `UnitTable`, the rows of a pool's units, which of their pages are stored,
 //!   and how many pages a unit can hold;
 //! * this module: [`ZpoolBackend`], which holds one of each with the slot table, the cap
@@ -87,6 +89,7 @@ use units::UnitTable;
 mod allocator;
 mod codec;
 mod config;
+mod dictionary;
 mod encoding;
 mod units;
 
@@ -155,7 +158,7 @@ impl ZpoolBackend {
             1 => None,
             _ => Some(UnitTable::new(cfg.nr_slots).map_err(map_err)?),
         };
-        let codecs = Codecs::new(cfg.compressor, cfg.unit_pages)?;
+        let codecs = Codecs::new(cfg.compressor, cfg.unit_pages, cfg.dictionary)?;
         Ok(ZpoolBackend {
             slots,
             units,
@@ -178,9 +181,10 @@ impl ZpoolBackend {
         })
     }
 
-    /// Bytes of arena the pool uses (chunks in use).
+    /// Bytes of memory the pool uses for pages: chunks in use, and its zstd dictionary
+    /// (needed to read what was compressed with it).
     pub fn pool_bytes(&self) -> u64 {
-        self.alloc.pool_bytes()
+        self.alloc.pool_bytes() + self.codecs.dictionary_bytes()
     }
 
     fn accept_limit_bytes(&self) -> u64 {
@@ -549,6 +553,7 @@ impl Backend for ZpoolBackend {
     fn name(&self) -> String {
         match self.cfg.compressor {
             Compressor::Lz4 => "zpool(lz4)".into(),
+            Compressor::Zstd { level } if self.cfg.dictionary => format!("zpool(zstd-{level}, dict)"),
             Compressor::Zstd { level } => format!("zpool(zstd-{level})"),
         }
     }
@@ -671,8 +676,10 @@ impl Backend for ZpoolBackend {
     /// Compacts the pool (at most every [`COMPACT_PERIOD_MS`]) while the room in its chunks
     /// passes a bound, then gives the arena's free chunks beyond a reserve back (see
     /// `Allocator::compact` and `Allocator::trim`).
+    /// Trains the pool's dictionary first, once its samples are in (`dictionary.rs`).
     fn trim(&self) -> u64 {
-        let pool_bytes = self.pool_bytes();
+        self.codecs.train_dictionary();
+        let pool_bytes = self.alloc.pool_bytes();
         let room_bytes = pool_bytes.saturating_sub(self.object_bytes.load(Ordering::Relaxed));
         let now_ms = crate::clock::elapsed_since(self.created_ns).as_millis() as u64;
         let due = now_ms >= self.next_compact_ms.load(Ordering::Relaxed);
@@ -697,9 +704,10 @@ impl Backend for ZpoolBackend {
         let pool_bytes = self.pool_bytes();
         let (units, unit_pages, unit_fallbacks) = self.units.as_ref().map_or((0, 0, 0), UnitTable::counts);
         let stored = self.stored_pages.load(Ordering::Relaxed);
+        let (dictionary_in_use, dictionary_turned_off) = self.codecs.dictionary_use();
         Some(BackendStats {
             pool_bytes,
-            pool_peak_bytes: self.alloc.peak_bytes(),
+            pool_peak_bytes: self.alloc.peak_bytes() + self.codecs.dictionary_bytes(),
             stored_pages: stored,
             same_filled_pages: self.same_filled.load(Ordering::Relaxed),
             same_filled_stores: self.same_filled_stores.load(Ordering::Relaxed),
@@ -718,6 +726,10 @@ impl Backend for ZpoolBackend {
             reject_pool_full: self.reject_pool_full.load(Ordering::Relaxed),
             reject_incompressible: self.reject_incompressible.load(Ordering::Relaxed),
             reject_alloc_fail: self.reject_alloc_fail.load(Ordering::Relaxed),
+            dictionary_bytes: self.codecs.dictionary_bytes(),
+            dictionary_in_use: u64::from(dictionary_in_use),
+            dictionary_turned_off,
+            dictionary_failures: u64::from(self.codecs.dictionary_error().is_some()),
             ..BackendStats::default()
         })
     }

@@ -728,3 +728,109 @@ fn units_read_and_freed_while_compaction_moves_them_are_exact() {
     let st = z.stats().unwrap();
     assert_eq!((st.pool_bytes, st.object_bytes, st.compressed_bytes, st.units), (0, 0, 0, 0), "{st:?}");
 }
+
+/// Pages of text as programs hold it: records from a few hundred templates (field names,
+/// keywords) with numbers that vary, so that a page shares more with other pages than with
+/// itself.
+pub(super) fn text_pages(nr_pages: usize, seed: u32) -> Vec<u8> {
+    const WORDS: [&str; 16] = [
+        "select", "index", "value", "key", "table", "row", "name", "count", "node", "left", "right", "order", "page",
+        "cache", "swap", "entry",
+    ];
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(nr_pages * PAGE_SIZE + 128);
+    // Bounded: each line adds bytes.
+    while out.len() < nr_pages * PAGE_SIZE {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let t = (x >> 20) as usize % 300;
+        let w = |k: usize| WORDS[(t * 7 + k * 5 + t / 16) % 16];
+        let line = format!("<{} {}=\"{}_{}\" {}={}>{}</{}>\n", w(0), w(1), w(2), t, w(3), x % 1000, w(4), w(0));
+        out.extend_from_slice(line.as_bytes());
+    }
+    out.truncate(nr_pages * PAGE_SIZE);
+    out
+}
+
+/// A pool with `dict` trains its dictionary on its first pages once the background thread
+/// calls `trim` (not before the samples are in), compresses with it from then on (fewer
+/// bytes for pages like those it learnt from), counts it in its bytes, and reads back every
+/// page, written before or after, byte for byte; in units too.
+#[test]
+fn a_pool_with_a_dictionary_trains_it_and_reads_every_page_back() {
+    use super::dictionary::{NR_SAMPLES, SAMPLE_EVERY};
+    let before = NR_SAMPLES * SAMPLE_EVERY as usize;
+    let data = text_pages(2 * before, 11);
+    let pages: Vec<AlignedPage> =
+        data.chunks_exact(PAGE_SIZE).map(|p| AlignedPage(p.try_into().expect("a page"))).collect();
+    for unit_pages in [1, 4] {
+        let mut cfg = ZpoolConfig::new(64 << 20, 4 * before as u64);
+        (cfg.compressor, cfg.unit_pages, cfg.dictionary) = (Compressor::Zstd { level: 1 }, unit_pages, true);
+        let z = ZpoolBackend::new(cfg).unwrap();
+        let store_half = |half: usize| {
+            for first in (half * before..(half + 1) * before).step_by(unit_pages) {
+                store_run(&z, first as u64, &pages[first..first + unit_pages]).expect("stored");
+            }
+        };
+        store_run(&z, 0, &pages[..unit_pages]).unwrap();
+        z.trim();
+        assert_eq!(z.stats().unwrap().dictionary_bytes, 0, "trained before its samples were in");
+        for i in 0..unit_pages as u64 {
+            z.invalidate(i);
+        }
+        store_half(0);
+        let without = z.stats().unwrap().compressed_bytes;
+        z.trim();
+        let st = z.stats().unwrap();
+        assert!(st.dictionary_bytes > 64 << 10 && st.dictionary_failures == 0, "{st:?}");
+        assert_eq!(st.pool_bytes, z.alloc.pool_bytes() + st.dictionary_bytes);
+        store_half(1);
+        let with = z.stats().unwrap().compressed_bytes - without;
+        assert!(with < without * 9 / 10, "units of {unit_pages}: {with} bytes with the dictionary, {without} without");
+        for (i, p) in pages.iter().enumerate() {
+            assert_eq!(load(&z, i as u64).unwrap().0, p.0, "units of {unit_pages}: page {i}");
+        }
+        for first in (0..pages.len()).step_by(8) {
+            let got = load_run(&z, first as u64, 8).unwrap();
+            assert!(got.iter().zip(&pages[first..]).all(|(g, p)| g.0 == p.0), "units of {unit_pages}: run {first}");
+        }
+    }
+    let mut cfg = ZpoolConfig::new(64 << 20, 4096);
+    cfg.dictionary = true;
+    assert!(matches!(ZpoolBackend::new(cfg), Err(ZpoolError::DictionaryNeedsZstd)), "lz4 takes no dictionary");
+}
+
+/// A dictionary that costs bytes is turned off: one trained on records of words, given
+/// lines of hexadecimal keys (GNU sort's buffer in `bench/density`), compresses them into
+/// more bytes than none; the pool checks, stops using it, and reads every page back.
+#[test]
+fn a_dictionary_that_costs_bytes_is_turned_off() {
+    use super::dictionary::{NR_SAMPLES, SAMPLE_EVERY};
+    let before = NR_SAMPLES * SAMPLE_EVERY as usize;
+    let mut data = text_pages(before, 5);
+    let mut x = 1u64;
+    // Bounded: each line adds bytes.
+    while data.len() < 3 * before * PAGE_SIZE {
+        x += 1;
+        data.extend_from_slice(format!("{:08x} {x}\n", x.wrapping_mul(2_654_435_761) % (1 << 32)).as_bytes());
+    }
+    data.truncate(3 * before * PAGE_SIZE);
+    let mut cfg = ZpoolConfig::new(64 << 20, 4 * before as u64);
+    (cfg.compressor, cfg.dictionary) = (Compressor::Zstd { level: 1 }, true);
+    let z = ZpoolBackend::new(cfg).unwrap();
+    let pages: Vec<AlignedPage> =
+        data.chunks_exact(PAGE_SIZE).map(|p| AlignedPage(p.try_into().expect("a page"))).collect();
+    for (i, p) in pages.iter().enumerate() {
+        store(&z, i as u64, p).unwrap();
+        if i + 1 == before {
+            z.trim();
+            assert!(z.stats().unwrap().dictionary_bytes > 0, "trained");
+        }
+    }
+    let st = z.stats().unwrap();
+    assert!(st.dictionary_in_use == 0 && st.dictionary_turned_off >= 1, "{st:?}");
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(load(&z, i as u64).unwrap().0, p.0, "page {i}");
+    }
+}
