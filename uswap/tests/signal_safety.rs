@@ -359,6 +359,37 @@ fn zpool_zstd() {
     assert!(pool.compressed_bytes > 0 && pool.stored_pages > pool.same_filled_pages, "{pool:?}");
 }
 
+/// A zstd pool of units with a dictionary: trained first (outside the watched phase: the
+/// background thread trains once the pool has compressed enough pages), then every write
+/// in the handler compresses with it (or, where it does not pay, without, one page in 32
+/// both ways) and every read of a frame that names it decompresses with it, on contexts
+/// warmed for each size.
+#[test]
+fn zpool_zstd_units_with_a_dictionary() {
+    let device = DeviceConfig::zpool(64 * MIB).compressor(Compressor::Zstd { level: 1 }).unit_pages(4).dictionary(true);
+    let p = signal_pager(2 * MIB, vec![device]);
+    let region = p.map(24 * MIB as usize).expect("map");
+    let words = region.as_atomic_u64s();
+    let nr_pages = region.len() / PAGE_SIZE;
+    let trained =
+        |p: &Pager| p.stats().devices[0].backend.as_ref().map_or(0, |b| b.dictionary_bytes + b.dictionary_failures);
+    // Bounded: 20 s at most; each pass writes every page (its samples and its writes).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut pass = 1;
+    while trained(&p) == 0 {
+        assert!(Instant::now() < deadline, "no dictionary trained in 20 s: {:?}", p.stats());
+        for i in 0..nr_pages {
+            write_page(words, i, pass);
+        }
+        pass += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(region);
+    let st = scenario("zpool zstd units with a dictionary", &p, 6 * MIB, 3000);
+    let pool = st.devices[0].backend.clone().expect("pool counters");
+    assert!(pool.dictionary_bytes > 0 && pool.dictionary_failures == 0, "{pool:?}");
+}
+
 #[test]
 fn file_device_with_async_readahead() {
     let p = signal_pager(2 * MIB, vec![DeviceConfig::file("/var/tmp", 64 * MIB)]);
