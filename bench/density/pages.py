@@ -5,8 +5,9 @@ private writable mappings (anonymous and the heap) are read from /proc/PID/mem, 
 order: DIR/NAME.bin (the pages) and DIR/NAME.idx (the pages of each mapping). Programs:
 sqlite3 (bench/real-programs/sqlite.sql, the session kept open), the CPython dict job
 (dict_job.py, stopped at its end) and redis-server with 500k values of 1,000 bytes, half
-random hex and half words (bench/real-programs/cache_values.py, which redis.sh loads).
-Needs sqlite3, python3, redis-server and redis-cli; the dumps take about 1.3 GB.
+random hex and half words (bench/real-programs/cache_values.py, which redis.sh loads),
+and GNU sort's buffer over sort.sh's 3M lines, read but not yet sorted.
+Needs sqlite3, python3, redis-server, redis-cli and sort; the dumps take about 1.9 GB.
 
     bench/density/pages.py --out /var/tmp/pages
     cargo run --release -p uswap --example page_units -- /var/tmp/pages/sqlite
@@ -61,15 +62,21 @@ def wait_idle(pid, limit_s=600):
     sys.exit(f"process {pid} still busy after {limit_s} s")
 
 
-def sqlite(out):
-    script = open(os.path.join(RP, "sqlite.sql")).read()
-    p = subprocess.Popen(["sqlite3"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    p.stdin.write(script)
+def dump_once_fed(argv, data, out):
+    """Runs `argv`, writes `data` to its input and keeps the input open (the program waits,
+    idle, for the rest), then dumps it and ends it."""
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    p.stdin.write(data)
     p.stdin.flush()
     wait_idle(p.pid)
     dump(p.pid, out)
     p.kill()
     p.wait()
+
+
+def sqlite(out):
+    with open(os.path.join(RP, "sqlite.sql"), "rb") as f:
+        dump_once_fed(["sqlite3"], f.read(), out)
 
 
 def cpython(out):
@@ -106,14 +113,22 @@ def redis(out):
             server.wait()
 
 
+def sort(out):
+    """GNU sort's buffer (bench/real-programs/sort.sh's lines) once it has read them all: its
+    input is kept open, so it waits for the rest, idle, before sorting."""
+    lines = subprocess.run("seq 1 3000000 | awk '{ printf \"%08x %s\\n\", ($1 * 2654435761) % 4294967296, $1 }'",
+                           shell=True, capture_output=True, check=True).stdout
+    dump_once_fed(["sort", "-S", "600M"], lines, out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="directory for NAME.bin and NAME.idx")
-    ap.add_argument("--only", default="sqlite,cpython,redis")
+    ap.add_argument("--only", default="sqlite,cpython,redis,sort")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     for name in a.only.split(","):
-        {"sqlite": sqlite, "cpython": cpython, "redis": redis}[name](os.path.join(a.out, name))
+        {"sqlite": sqlite, "cpython": cpython, "redis": redis, "sort": sort}[name](os.path.join(a.out, name))
 
 
 if __name__ == "__main__":

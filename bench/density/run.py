@@ -7,6 +7,9 @@ Engines (interleaved, --runs times each):
   uswap-zstd        `uswap run --device zpool:zstd-1`: every page zstd level 1
   uswap-zstd-unit   `uswap run --device zpool:zstd-1:unit=16KiB`: zstd level 1, the pages of a
                     write compressed four at a time (docs/devices.md, "Units of pages")
+  uswap-zstd-dict   `uswap run --device zpool:zstd-1:dict`: zstd level 1 with a dictionary the
+                    pool trains on the program's first pages (docs/devices.md, "A dictionary")
+  uswap-zstd-unit-dict  `uswap run --device zpool:zstd-1:unit=16KiB:dict`: both
   uswap-lz4+zstd    `uswap run --device zpool,zpool:zstd-1 --idle-age AGE`: pages go to the
                     lz4 pool, and those left untouched twice AGE move down to the zstd one
                     (recompression of cold pages; AGE also sends idle resident pages out)
@@ -139,6 +142,9 @@ def main():
         "uswap-lz4": lambda c, l: run_uswap(args.uswap, c, l, []),
         "uswap-zstd": lambda c, l: run_uswap(args.uswap, c, l, ["--device", "zpool:zstd-1"]),
         "uswap-zstd-unit": lambda c, l: run_uswap(args.uswap, c, l, ["--device", "zpool:zstd-1:unit=16KiB"]),
+        "uswap-zstd-dict": lambda c, l: run_uswap(args.uswap, c, l, ["--device", "zpool:zstd-1:dict"]),
+        "uswap-zstd-unit-dict": lambda c, l: run_uswap(args.uswap, c, l,
+                                                       ["--device", "zpool:zstd-1:unit=16KiB:dict"]),
         "uswap-lz4+zstd": lambda c, l: run_uswap(args.uswap, c, l,
                                                  ["--device", "zpool,zpool:zstd-1", "--idle-age", args.idle_age]),
         "kernel-zram": lambda c, l: run_kernel(args.uswap, c, l),
