@@ -479,6 +479,11 @@ typedef struct uswap_stats {
      * were unmapped (a fork, a region's release). Informational.
      */
     uint64_t gone_scan_pages;
+    /**
+     * Pages the background reclaimer wrote for the faults that moved them out (a zstd
+     * pool first: the faults move, the background thread compresses; also in `pswpout`).
+     */
+    uint64_t pswpout_background;
 } uswap_stats;
 
 #ifdef __cplusplus

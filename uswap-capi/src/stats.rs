@@ -216,6 +216,9 @@ pub struct uswap_stats {
     /// Page-table words read to find which pages of a region are still its own, once some
     /// were unmapped (a fork, a region's release). Informational.
     pub gone_scan_pages: u64,
+    /// Pages the background reclaimer wrote for the faults that moved them out (a zstd
+    /// pool first: the faults move, the background thread compresses; also in `pswpout`).
+    pub pswpout_background: u64,
 }
 
 /// Builds a `uswap_stats` from an engine snapshot, each counter named once: `copied` are the
@@ -313,7 +316,8 @@ impl uswap_stats {
             device_write_us,
             workingset_activate,
             staging_foreign_drops,
-            gone_scan_pages;
+            gone_scan_pages,
+            pswpout_background;
         left_out: devices, fault_latency_us, publish, stall, idle, bounce_wait_timeout;
         derived:
             pool_wait_timeout: s.bounce_wait_timeout,

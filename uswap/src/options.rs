@@ -33,8 +33,9 @@ pub enum BackgroundReclaim {
     /// The default: [`Always`](Self::Always) when a device's writes are slow
     /// (`Backend::slow_writes`: the file device, a disk write; the Redis tier, a network
     /// round trip; the faulting thread should not wait for either),
-    /// [`WhenIdle`](Self::WhenIdle) otherwise (RAM and the compressed pool). Resolved when the
-    /// pager is built.
+    /// [`Writeback`](Self::Writeback) when the first device's writes are dear
+    /// (`Backend::dear_writes`: a zstd pool's compression), [`WhenIdle`](Self::WhenIdle)
+    /// otherwise (RAM and the lz4 pool). Resolved when the pager is built.
     #[default]
     Auto,
     /// Only while the application takes no faults. While it faults, reclaim runs in the
@@ -46,6 +47,15 @@ pub enum BackgroundReclaim {
     /// for a device with slow writes; otherwise for comparison and for machines where
     /// cross-CPU TLB flushes are cheap.
     Always,
+    /// As [`WhenIdle`](Self::WhenIdle), but while the application faults, its faults only
+    /// move victims out of their regions into the swap cache (stage one of a swap-out) and
+    /// this thread writes them to their device (stage two: a zstd pool's compression, 3-5x
+    /// lz4's), so that the program's CPU does not compress. The moves stay in the faulting
+    /// context (no shootdown of the program's CPU for each, as with `Always`); this thread's
+    /// writes drop their staging pages a batch at a time, one flush per batch. A fault that
+    /// reaches the limit writes itself, as with `WhenIdle`. What
+    /// [`Auto`](Self::Auto) picks when the first device's writes are dear.
+    Writeback,
 }
 
 /// Idle aging: whether the pager looks for pages its application no longer touches, and

@@ -380,6 +380,13 @@ impl PagerBuilder {
         }
         let background_reclaim = match self.background_reclaim {
             BackgroundReclaim::Auto if backends.iter().any(|b| b.backend.slow_writes()) => BackgroundReclaim::Always,
+            // Pages go to the first device; the others take what it declines or what ages
+            // down a tier, which the background thread writes anyway.
+            BackgroundReclaim::Auto
+                if backends.iter().max_by_key(|b| b.priority).is_some_and(|b| b.backend.dear_writes()) =>
+            {
+                BackgroundReclaim::Writeback
+            }
             BackgroundReclaim::Auto => BackgroundReclaim::WhenIdle,
             policy => policy,
         };

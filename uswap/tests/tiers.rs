@@ -2,7 +2,7 @@
 //! between them, checksums, and fault injection. Every byte read is verified; a failure may
 //! slow the engine down or keep pages in RAM, never change what the application reads.
 
-use uswap::{BackgroundReclaim, DeviceConfig, FaultInjection, FaultMode, Incompressible, Pager, PAGE_SIZE};
+use uswap::{BackgroundReclaim, Compressor, DeviceConfig, FaultInjection, FaultMode, Incompressible, Pager, PAGE_SIZE};
 
 mod common;
 use common::*;
@@ -15,9 +15,16 @@ fn build(mode: FaultMode, limit: u64, devices: Vec<DeviceConfig>) -> Pager {
     b.build().expect("pager")
 }
 
+fn zstd_pool(size: u64) -> DeviceConfig {
+    DeviceConfig::zpool(size).compressor(Compressor::Zstd { level: 3 })
+}
+
 /// `BackgroundReclaim::Auto` (the default) reclaims in the background, kswapd-style, as
 /// soon as one device's writes are slow (a file on a disk here; the Redis tier in
-/// `redis_tier.rs`), and only while the application is idle with RAM and the pool.
+/// `redis_tier.rs`); has the background thread write what the faults move out when the
+/// first device's writes are dear (a zstd pool); and reclaims only while the application
+/// is idle with RAM and the lz4 pool (a zstd pool below one included: it takes pages from
+/// the background thread only).
 #[test]
 fn background_reclaim_auto_is_always_with_a_slow_device() {
     let dir = std::env::temp_dir();
@@ -29,6 +36,9 @@ fn background_reclaim_auto_is_always_with_a_slow_device() {
             vec![DeviceConfig::zpool(4 * MIB).priority(10), DeviceConfig::file(&dir, 16 * MIB)],
             BackgroundReclaim::Always,
         ),
+        (vec![zstd_pool(16 * MIB)], BackgroundReclaim::Writeback),
+        (vec![DeviceConfig::zpool(4 * MIB).priority(1), zstd_pool(16 * MIB)], BackgroundReclaim::WhenIdle),
+        (vec![zstd_pool(4 * MIB).priority(1), DeviceConfig::file(&dir, 16 * MIB)], BackgroundReclaim::Always),
     ] {
         let names: Vec<String> = devices.iter().map(|d| format!("{d:?}")).collect();
         let p = build(FaultMode::Thread, 4 * MIB, devices);
@@ -52,6 +62,21 @@ fn compressed_pool_alone_in_both_modes() {
         assert!(st.pswpout > 0 && st.pswpin > 0, "{st:?}");
         assert!(pool.stored_pages > 0 && pool.incompressible_pages > 0, "{pool:?}");
         assert!(pool.compressed_bytes < pool.stored_pages * PAGE_SIZE as u64, "even pages compress: {pool:?}");
+        assert_eq!((st.fault_error, st.limit_overrun, st.slots_leaked), (0, 0, 0), "{st:?}");
+    }
+}
+
+/// A zstd pool first: the faults move their victims out and the background thread
+/// compresses and writes them (`BackgroundReclaim::Writeback`, what `Auto` picks), while two
+/// threads read and rewrite pages at random; every byte read back, no charge over the limit.
+#[test]
+fn a_zstd_pool_is_written_by_the_background_thread_in_both_modes() {
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = build(mode, 2 * MIB, vec![zstd_pool(32 * MIB)]);
+        assert_eq!(p.background_reclaim(), BackgroundReclaim::Writeback);
+        let st = churn(&p, 8 * MIB, 4000, || {});
+        assert!(st.pswpin > 0 && st.pgsteal_direct > 0, "the faults moved victims out: {st:?}");
+        assert!(st.pswpout_background > 0 && st.pswpout_background <= st.pswpout, "{mode:?}: {st:?}");
         assert_eq!((st.fault_error, st.limit_overrun, st.slots_leaked), (0, 0, 0), "{st:?}");
     }
 }

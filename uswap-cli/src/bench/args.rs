@@ -42,6 +42,7 @@ pub enum BackgroundArg {
     Auto,
     Idle,
     Always,
+    Writeback,
 }
 
 /// The engines `--engines` takes, as an error message lists them.

@@ -97,8 +97,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub unpinned_handlers: bool,
     /// When uswap's background reclaimer works: `idle` (only while no faults arrive),
-    /// `always` (classic kswapd, from the high to the low watermark) or `auto` (the default:
-    /// `always` with a file or Redis device, whose writes are slow; `idle` otherwise).
+    /// `always` (classic kswapd, from the high to the low watermark), `writeback` (as `idle`,
+    /// and it writes the pages the faults move out) or `auto` (the default: `always` with a
+    /// file or Redis device, whose writes are slow; `writeback` with a zstd pool first;
+    /// `idle` otherwise).
     #[arg(long, value_enum, default_value_t = BackgroundArg::Auto)]
     pub background_reclaim: BackgroundArg,
     /// uswap's readahead (an engine named `uswap-MODE/ra-off` or `/ra-on` overrides it).

@@ -155,6 +155,10 @@ impl Backend for FailingBackend {
         self.inner.slow_writes()
     }
 
+    fn dear_writes(&self) -> bool {
+        self.inner.dear_writes()
+    }
+
     fn write(&self, reqs: &mut [WriteReq<'_>]) {
         self.inner.write(reqs);
         for r in reqs.iter_mut().filter(|r| r.result.is_ok()) {

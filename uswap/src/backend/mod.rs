@@ -345,6 +345,15 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Whether a write costs the CPU several times what lz4 does (a zstd pool's
+    /// compression: 6-12 µs a page against 2). With such a device first, a pager has its
+    /// background thread do the writes while the faulting threads move the victims out
+    /// (`BackgroundReclaim::Writeback`): a CPython job swapping through a zstd pool with a
+    /// dictionary ran 1.35x as fast on 2 vCPUs (BENCHMARKS.md, "Memory per swapped page").
+    fn dear_writes(&self) -> bool {
+        false
+    }
+
     /// A reader for asynchronous readahead with a buffer of `nr_pages`, if reads on this
     /// device are slow enough to overlap (see [`AsyncReader`]). Called at start-up only.
     fn async_reader(&self, _nr_pages: usize) -> Option<Box<dyn AsyncReader>> {

@@ -100,7 +100,9 @@ fn move_budget(cx: &Reclaim<'_>, b: &mut crate::budget::Budget, now_us: u64) {
 /// faults resume. While the application faults, reclaim runs in its own context (see
 /// `task_reclaim`), so the two never contend for the page tables, and the fault path never
 /// pays for waking this thread. With [`BackgroundReclaim::Always`]: woken by the fault that
-/// crosses the high watermark, reclaims down to the low one.
+/// crosses the high watermark, reclaims down to the low one. With
+/// [`BackgroundReclaim::Writeback`]: as `WhenIdle`, and woken by the faults that staged
+/// pages, writes them (`round::write_backlog`).
 pub(crate) fn background_reclaimer(cx: &Reclaim<'_>) {
     let mut r = Reclaimer::new(cx);
     let mut period = Period(BACKGROUND_PERIOD);
@@ -165,6 +167,10 @@ impl Reclaimer {
         // Whatever the application does: a populate that faults in turn must not run on a
         // thread that serves faults (see `cow`).
         let mut worked = cow::break_queued(cx) > 0;
+        // The pages the faults staged for this thread to write (`Writeback`).
+        if cx.background_reclaim == BackgroundReclaim::Writeback {
+            worked |= super::round::write_backlog(cx);
+        }
         // A tree above its high watermark that counts on this pager's pages: other processes'
         // charges go over while they wait for it (a fork child with nothing of its own to
         // reclaim), so it looks again soon, to start the moment its application goes idle.
@@ -284,7 +290,9 @@ impl Reclaimer {
                 fruitless = 0;
             }
             if cx.stats.sum(Counter::Pgfault) != self.last_faults {
-                if cx.background_reclaim == BackgroundReclaim::WhenIdle && !shared_over_limit(cx.charge) {
+                let when_idle =
+                    matches!(cx.background_reclaim, BackgroundReclaim::WhenIdle | BackgroundReclaim::Writeback);
+                if when_idle && !shared_over_limit(cx.charge) {
                     break;
                 }
                 // `Always` goes on for its own limit, but its application faults again: its

@@ -28,6 +28,66 @@ fn swapcache_target(limit_pages: usize) -> usize {
     (2 * BATCH).max(limit_pages / 32)
 }
 
+/// The swap cache's target for `cx`: under a tree's lower limit (or an automatic budget's
+/// goal), sized by that. Sized by the process's own limit (64 GiB under `uswap run
+/// --auto`), rounds kept topping it up with pages in use rather than write the idle ones it
+/// held.
+fn cache_target(cx: &Reclaim<'_>) -> usize {
+    let own = cx.charge.limit_pages.load(Ordering::Acquire);
+    swapcache_target(cx.charge.shared.map_or(own, |t| t.reclaim_goal_pages().min(own)))
+}
+
+/// Staged pages a faulting thread may leave over the swap cache's target for the
+/// background thread to write (`BackgroundReclaim::Writeback`) before it writes some
+/// itself: 256 pages, 1 MiB, a few hundred microseconds of zstd.
+const WRITEBACK_BACKLOG_PAGES: usize = 8 * BATCH;
+
+/// Stage one of a swap-out for a faulting thread `excess_pages` over its high watermark,
+/// under `BackgroundReclaim::Writeback`: stages a batch, unless the pages already staged
+/// over the cache's target will bring the charge under the watermark once written. Returns
+/// false when the background thread is behind (the backlog is full, or nothing could be
+/// staged): the caller then reclaims a whole round itself.
+pub(crate) fn stage_for_writeback(cx: &Reclaim<'_>, excess_pages: usize) -> bool {
+    let target = cache_target(cx);
+    let cached = cx.swap_cache.nr_pages();
+    if cached.saturating_sub(target) >= excess_pages {
+        return true;
+    }
+    if cached >= target + WRITEBACK_BACKLOG_PAGES || cx.devices.is_full() {
+        return false;
+    }
+    let Some(_in_flight) = InFlight::enter(cx) else {
+        return true;
+    };
+    let s = shrink_active(cx, BATCH, Stager::Direct);
+    // Zero and clean pages are uncharged at once; only the others wait for a write.
+    debug_assert!(s.uncharged <= s.moved && s.moved <= BATCH, "a batch's moves are bounded");
+    s.moved > 0
+}
+
+/// The background thread's half of `BackgroundReclaim::Writeback`: writes the staged
+/// pages over the swap cache's target, a batch at a time, up to `MAX_BACKLOG_ROUNDS`
+/// batches. Returns whether it wrote any.
+pub(crate) fn write_backlog(cx: &Reclaim<'_>) -> bool {
+    const MAX_BACKLOG_ROUNDS: usize = 4 * WRITEBACK_BACKLOG_PAGES / BATCH;
+    let mut worked = false;
+    // Bounded by the rounds, and by the first round that writes nothing (every staged page
+    // busy, or no device takes them: the faults then write for themselves).
+    for _ in 0..MAX_BACKLOG_ROUNDS {
+        if cx.swap_cache.nr_pages() <= cache_target(cx) || cx.shutdown.is_set() {
+            break;
+        }
+        let Some(_in_flight) = InFlight::enter(cx) else { break };
+        let written = shrink_inactive(cx, BATCH, Take::Staged).uncharged;
+        if written == 0 {
+            break;
+        }
+        cx.stats.add(crate::stats::Counter::PswpoutBackground, written as u64);
+        worked = true;
+    }
+    worked
+}
+
 /// What a reclaim round achieved.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Progress {
@@ -64,11 +124,7 @@ pub(crate) fn reclaim_round(cx: &Reclaim<'_>, direct: bool) -> Progress {
     let Some(_in_flight) = InFlight::enter(cx) else {
         return Progress::default();
     };
-    // Under a tree's lower limit (or an automatic budget's goal), the cache is sized by
-    // that: sized by the process's own limit (64 GiB under `uswap run --auto`), rounds kept
-    // topping it up with pages in use rather than write the idle ones it held.
-    let own = cx.charge.limit_pages.load(Ordering::Acquire);
-    let target = swapcache_target(cx.charge.shared.map_or(own, |t| t.reclaim_goal_pages().min(own)));
+    let target = cache_target(cx);
     let steal = if direct { Stager::Direct } else { Stager::Background };
     let mut progress = Progress::default();
     let topped_up = cx.swap_cache.nr_pages() < target && !cx.devices.is_full();

@@ -143,6 +143,9 @@ pub(crate) enum Counter {
     SwpoutIdle,
     /// Pages moved down a tier because they had been idle there for the idle age.
     WritebackIdle,
+    /// Staged pages the background reclaimer wrote for the faults that staged them
+    /// (`BackgroundReclaim::Writeback`; also in `Pswpout`).
+    PswpoutBackground,
     /// Swap-cache hits on pages the aging scan staged: pages found still in use.
     PgfaultAged,
     /// Device read calls (one or more runs of pages), and the nanoseconds they took.
@@ -288,6 +291,7 @@ impl PerCpuStats {
         s.pgdeactivate = self.sum(Pgdeactivate);
         s.swpout_idle = self.sum(SwpoutIdle);
         s.writeback_idle = self.sum(WritebackIdle);
+        s.pswpout_background = self.sum(PswpoutBackground);
         s.pgfault_aged = self.sum(PgfaultAged);
         s.device_reads = self.sum(DeviceReads);
         s.device_read_us = self.sum(DeviceReadNs) / 1000;

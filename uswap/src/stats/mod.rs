@@ -97,6 +97,9 @@ pub struct Stats {
     pub swpout_idle: u64,
     /// Pages moved down a tier because they had been idle there for the idle age.
     pub writeback_idle: u64,
+    /// Pages the background reclaimer wrote for the faults that moved them out (see
+    /// [`crate::BackgroundReclaim::Writeback`]; also in `pswpout`).
+    pub pswpout_background: u64,
     /// Swap-cache hits on pages the aging scan staged: pages found still in use (also in
     /// `pgfault_swapcache`; not stalls).
     pub pgfault_aged: u64,
@@ -545,6 +548,7 @@ impl Stats {
             pgdeactivate,
             swpout_idle,
             writeback_idle,
+            pswpout_background,
             device_writes,
             device_write_us,
             allocstall,
