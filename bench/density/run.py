@@ -13,6 +13,9 @@ Engines (interleaved, --runs times each):
   uswap-lz4+zstd    `uswap run --device zpool,zpool:zstd-1 --idle-age AGE`: pages go to the
                     lz4 pool, and those left untouched twice AGE move down to the zstd one
                     (recompression of cold pages; AGE also sends idle resident pages out)
+  uswap-lz4+zstd-dict  `uswap run --device zpool,zpool:zstd-1:dict --tier-age TIER_AGE`: pages
+                    go to the lz4 pool and move down to a zstd pool with a dictionary once out
+                    of RAM TIER_AGE untouched, recompressed by the background reclaimer
   kernel-zram       `uswap bench --engines kernel-zram`: a memory cgroup with the limit and
                     swap on zram (lz4), as the kernel does it
   uswap-lz4-before  with --before USWAP: uswap-lz4 with another build (to compare two builds)
@@ -131,6 +134,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--uswap", default=os.path.join(ROOT, "target/release/uswap"))
     ap.add_argument("--idle-age", default="5s", help="uswap-lz4+zstd's --idle-age")
+    ap.add_argument("--tier-age", default="1s", help="uswap-lz4+zstd-dict's --tier-age")
     ap.add_argument("--only", help="run only the programs whose name contains this")
     ap.add_argument("--json", help="also write every run's figures here")
     ap.add_argument("--engines", help="comma-separated engines to run (default: all); kernel-zram is the reference")
@@ -147,6 +151,8 @@ def main():
                                                        ["--device", "zpool:zstd-1:unit=16KiB:dict"]),
         "uswap-lz4+zstd": lambda c, l: run_uswap(args.uswap, c, l,
                                                  ["--device", "zpool,zpool:zstd-1", "--idle-age", args.idle_age]),
+        "uswap-lz4+zstd-dict": lambda c, l: run_uswap(args.uswap, c, l, ["--device", "zpool,zpool:zstd-1:dict",
+                                                                         "--tier-age", args.tier_age]),
         "kernel-zram": lambda c, l: run_kernel(args.uswap, c, l),
     }
     if args.before:

@@ -33,7 +33,7 @@ pub enum BackgroundReclaim {
     /// The default: [`Always`](Self::Always) when a device's writes are slow
     /// (`Backend::slow_writes`: the file device, a disk write; the Redis tier, a network
     /// round trip; the faulting thread should not wait for either),
-    /// [`Writeback`](Self::Writeback) when the first device's writes are dear
+    /// [`StageTwo`](Self::StageTwo) when the first device's writes are dear
     /// (`Backend::dear_writes`: a zstd pool's compression), [`WhenIdle`](Self::WhenIdle)
     /// otherwise (RAM and the lz4 pool). Resolved when the pager is built.
     #[default]
@@ -55,7 +55,7 @@ pub enum BackgroundReclaim {
     /// writes drop their staging pages a batch at a time, one flush per batch. A fault that
     /// reaches the limit writes itself, as with `WhenIdle`. What
     /// [`Auto`](Self::Auto) picks when the first device's writes are dear.
-    Writeback,
+    StageTwo,
 }
 
 /// Idle aging: whether the pager looks for pages its application no longer touches, and

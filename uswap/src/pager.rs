@@ -385,7 +385,7 @@ impl PagerBuilder {
             BackgroundReclaim::Auto
                 if backends.iter().max_by_key(|b| b.priority).is_some_and(|b| b.backend.dear_writes()) =>
             {
-                BackgroundReclaim::Writeback
+                BackgroundReclaim::StageTwo
             }
             BackgroundReclaim::Auto => BackgroundReclaim::WhenIdle,
             policy => policy,

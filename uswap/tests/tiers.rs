@@ -36,7 +36,7 @@ fn background_reclaim_auto_is_always_with_a_slow_device() {
             vec![DeviceConfig::zpool(4 * MIB).priority(10), DeviceConfig::file(&dir, 16 * MIB)],
             BackgroundReclaim::Always,
         ),
-        (vec![zstd_pool(16 * MIB)], BackgroundReclaim::Writeback),
+        (vec![zstd_pool(16 * MIB)], BackgroundReclaim::StageTwo),
         (vec![DeviceConfig::zpool(4 * MIB).priority(1), zstd_pool(16 * MIB)], BackgroundReclaim::WhenIdle),
         (vec![zstd_pool(4 * MIB).priority(1), DeviceConfig::file(&dir, 16 * MIB)], BackgroundReclaim::Always),
     ] {
@@ -67,13 +67,13 @@ fn compressed_pool_alone_in_both_modes() {
 }
 
 /// A zstd pool first: the faults move their victims out and the background thread
-/// compresses and writes them (`BackgroundReclaim::Writeback`, what `Auto` picks), while two
+/// compresses and writes them (`BackgroundReclaim::StageTwo`, what `Auto` picks), while two
 /// threads read and rewrite pages at random; every byte read back, no charge over the limit.
 #[test]
 fn a_zstd_pool_is_written_by_the_background_thread_in_both_modes() {
     for mode in [FaultMode::Thread, FaultMode::Signal] {
         let p = build(mode, 2 * MIB, vec![zstd_pool(32 * MIB)]);
-        assert_eq!(p.background_reclaim(), BackgroundReclaim::Writeback);
+        assert_eq!(p.background_reclaim(), BackgroundReclaim::StageTwo);
         let st = churn(&p, 8 * MIB, 4000, || {});
         assert!(st.pswpin > 0 && st.pgsteal_direct > 0, "the faults moved victims out: {st:?}");
         assert!(st.pswpout_background > 0 && st.pswpout_background <= st.pswpout, "{mode:?}: {st:?}");

@@ -42,7 +42,7 @@ pub enum BackgroundArg {
     Auto,
     Idle,
     Always,
-    Writeback,
+    StageTwo,
 }
 
 /// The engines `--engines` takes, as an error message lists them.

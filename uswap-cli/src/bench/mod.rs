@@ -97,9 +97,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub unpinned_handlers: bool,
     /// When uswap's background reclaimer works: `idle` (only while no faults arrive),
-    /// `always` (classic kswapd, from the high to the low watermark), `writeback` (as `idle`,
+    /// `always` (classic kswapd, from the high to the low watermark), `stage-two` (as `idle`,
     /// and it writes the pages the faults move out) or `auto` (the default: `always` with a
-    /// file or Redis device, whose writes are slow; `writeback` with a zstd pool first;
+    /// file or Redis device, whose writes are slow; `stage-two` with a zstd pool first;
     /// `idle` otherwise).
     #[arg(long, value_enum, default_value_t = BackgroundArg::Auto)]
     pub background_reclaim: BackgroundArg,

@@ -75,7 +75,7 @@ impl UswapConfig {
                 BackgroundArg::Auto => uswap::BackgroundReclaim::Auto,
                 BackgroundArg::Idle => uswap::BackgroundReclaim::WhenIdle,
                 BackgroundArg::Always => uswap::BackgroundReclaim::Always,
-                BackgroundArg::Writeback => uswap::BackgroundReclaim::Writeback,
+                BackgroundArg::StageTwo => uswap::BackgroundReclaim::StageTwo,
             });
         if let Some(n) = self.handler_threads {
             b = b.handler_threads(n);

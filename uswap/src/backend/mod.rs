@@ -348,7 +348,7 @@ pub trait Backend: Send + Sync {
     /// Whether a write costs the CPU several times what lz4 does (a zstd pool's
     /// compression: 6-12 µs a page against 2). With such a device first, a pager has its
     /// background thread do the writes while the faulting threads move the victims out
-    /// (`BackgroundReclaim::Writeback`): a CPython job swapping through a zstd pool with a
+    /// (`BackgroundReclaim::StageTwo`): a CPython job swapping through a zstd pool with a
     /// dictionary ran 1.35x as fast on 2 vCPUs (BENCHMARKS.md, "Memory per swapped page").
     fn dear_writes(&self) -> bool {
         false

@@ -101,7 +101,7 @@ fn move_budget(cx: &Reclaim<'_>, b: &mut crate::budget::Budget, now_us: u64) {
 /// `task_reclaim`), so the two never contend for the page tables, and the fault path never
 /// pays for waking this thread. With [`BackgroundReclaim::Always`]: woken by the fault that
 /// crosses the high watermark, reclaims down to the low one. With
-/// [`BackgroundReclaim::Writeback`]: as `WhenIdle`, and woken by the faults that staged
+/// [`BackgroundReclaim::StageTwo`]: as `WhenIdle`, and woken by the faults that staged
 /// pages, writes them (`round::write_backlog`).
 pub(crate) fn background_reclaimer(cx: &Reclaim<'_>) {
     let mut r = Reclaimer::new(cx);
@@ -167,8 +167,8 @@ impl Reclaimer {
         // Whatever the application does: a populate that faults in turn must not run on a
         // thread that serves faults (see `cow`).
         let mut worked = cow::break_queued(cx) > 0;
-        // The pages the faults staged for this thread to write (`Writeback`).
-        if cx.background_reclaim == BackgroundReclaim::Writeback {
+        // The pages the faults staged for this thread to write (`StageTwo`).
+        if cx.background_reclaim == BackgroundReclaim::StageTwo {
             worked |= super::round::write_backlog(cx);
         }
         // A tree above its high watermark that counts on this pager's pages: other processes'
@@ -291,7 +291,7 @@ impl Reclaimer {
             }
             if cx.stats.sum(Counter::Pgfault) != self.last_faults {
                 let when_idle =
-                    matches!(cx.background_reclaim, BackgroundReclaim::WhenIdle | BackgroundReclaim::Writeback);
+                    matches!(cx.background_reclaim, BackgroundReclaim::WhenIdle | BackgroundReclaim::StageTwo);
                 if when_idle && !shared_over_limit(cx.charge) {
                     break;
                 }

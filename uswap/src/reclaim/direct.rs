@@ -16,7 +16,7 @@
 use std::sync::atomic::Ordering;
 
 use super::accounting::{force_charge, note_peak, shared_add, shared_reclaim_is_ours, shared_room, watermarks};
-use super::round::{reclaim_round, stage_for_writeback, MAX_FRUITLESS_ROUNDS};
+use super::round::{reclaim_round, stage_for_background, MAX_FRUITLESS_ROUNDS};
 use super::Reclaim;
 use crate::options::BackgroundReclaim;
 use crate::pressure::StallGuard;
@@ -259,7 +259,7 @@ fn waiting_cannot_help(cx: &Reclaim<'_>, refused: usize, within_own_limit: bool)
 /// VMs that is also the cheap place: `UFFDIO_MOVE` flushes the TLB, and while another thread
 /// of the process runs on another CPU the flush is a synchronous IPI (9.7 µs instead of
 /// 1.05 µs per single-page move, see BENCHMARKS.md), so reclaim from a second CPU would slow
-/// every fault it overlaps with. Under `Writeback` (a zstd pool first) the faulting thread
+/// every fault it overlaps with. Under `StageTwo` (a zstd pool first) the faulting thread
 /// keeps the moves and leaves the writes, the compression, to the background thread, whose
 /// flushes come one per batch of staging pages dropped.
 fn task_reclaim(cx: &Reclaim<'_>) {
@@ -279,14 +279,14 @@ fn task_reclaim(cx: &Reclaim<'_>) {
         // Over its own watermark: the background thread writes what this thread stages. For
         // the tree's charge alone, a whole round here (the background thread's target is
         // this pager's own).
-        BackgroundReclaim::Writeback if resident > high => {
-            if stage_for_writeback(cx, resident - high) {
+        BackgroundReclaim::StageTwo if resident > high => {
+            if stage_for_background(cx, resident - high) {
                 cx.reclaimer.wake();
             } else {
                 reclaim_round(cx, true);
             }
         }
-        BackgroundReclaim::Writeback => {
+        BackgroundReclaim::StageTwo => {
             reclaim_round(cx, true);
         }
         BackgroundReclaim::Always => {

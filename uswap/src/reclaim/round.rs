@@ -38,22 +38,22 @@ fn cache_target(cx: &Reclaim<'_>) -> usize {
 }
 
 /// Staged pages a faulting thread may leave over the swap cache's target for the
-/// background thread to write (`BackgroundReclaim::Writeback`) before it writes some
+/// background thread to write (`BackgroundReclaim::StageTwo`) before it writes some
 /// itself: 256 pages, 1 MiB, a few hundred microseconds of zstd.
-const WRITEBACK_BACKLOG_PAGES: usize = 8 * BATCH;
+const STAGE_TWO_BACKLOG_PAGES: usize = 8 * BATCH;
 
 /// Stage one of a swap-out for a faulting thread `excess_pages` over its high watermark,
-/// under `BackgroundReclaim::Writeback`: stages a batch, unless the pages already staged
+/// under `BackgroundReclaim::StageTwo`: stages a batch, unless the pages already staged
 /// over the cache's target will bring the charge under the watermark once written. Returns
 /// false when the background thread is behind (the backlog is full, or nothing could be
 /// staged): the caller then reclaims a whole round itself.
-pub(crate) fn stage_for_writeback(cx: &Reclaim<'_>, excess_pages: usize) -> bool {
+pub(crate) fn stage_for_background(cx: &Reclaim<'_>, excess_pages: usize) -> bool {
     let target = cache_target(cx);
     let cached = cx.swap_cache.nr_pages();
     if cached.saturating_sub(target) >= excess_pages {
         return true;
     }
-    if cached >= target + WRITEBACK_BACKLOG_PAGES || cx.devices.is_full() {
+    if cached >= target + STAGE_TWO_BACKLOG_PAGES || cx.devices.is_full() {
         return false;
     }
     let Some(_in_flight) = InFlight::enter(cx) else {
@@ -65,11 +65,11 @@ pub(crate) fn stage_for_writeback(cx: &Reclaim<'_>, excess_pages: usize) -> bool
     s.moved > 0
 }
 
-/// The background thread's half of `BackgroundReclaim::Writeback`: writes the staged
+/// The background thread's half of `BackgroundReclaim::StageTwo`: writes the staged
 /// pages over the swap cache's target, a batch at a time, up to `MAX_BACKLOG_ROUNDS`
 /// batches. Returns whether it wrote any.
 pub(crate) fn write_backlog(cx: &Reclaim<'_>) -> bool {
-    const MAX_BACKLOG_ROUNDS: usize = 4 * WRITEBACK_BACKLOG_PAGES / BATCH;
+    const MAX_BACKLOG_ROUNDS: usize = 4 * STAGE_TWO_BACKLOG_PAGES / BATCH;
     let mut worked = false;
     // Bounded by the rounds, and by the first round that writes nothing (every staged page
     // busy, or no device takes them: the faults then write for themselves).

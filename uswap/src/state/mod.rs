@@ -102,7 +102,7 @@ pub(crate) struct PagerShared {
     /// The most recent page errors (oldest dropped first).
     pub errors: ErrorLog,
     /// The background reclaimer, for waking it (`BackgroundReclaim::Always`, staged pages to
-    /// write under `Writeback`, and pages to make exclusive after a fork).
+    /// write under `StageTwo`, and pages to make exclusive after a fork).
     pub reclaimer: crate::sync::Doze,
     /// Pages a fork shares, waiting to be made exclusive (see `reclaim::cow`).
     pub cow: cow::CowQueue,

@@ -144,7 +144,7 @@ pub(crate) enum Counter {
     /// Pages moved down a tier because they had been idle there for the idle age.
     WritebackIdle,
     /// Staged pages the background reclaimer wrote for the faults that staged them
-    /// (`BackgroundReclaim::Writeback`; also in `Pswpout`).
+    /// (`BackgroundReclaim::StageTwo`; also in `Pswpout`).
     PswpoutBackground,
     /// Swap-cache hits on pages the aging scan staged: pages found still in use.
     PgfaultAged,

@@ -98,7 +98,7 @@ pub struct Stats {
     /// Pages moved down a tier because they had been idle there for the idle age.
     pub writeback_idle: u64,
     /// Pages the background reclaimer wrote for the faults that moved them out (see
-    /// [`crate::BackgroundReclaim::Writeback`]; also in `pswpout`).
+    /// [`crate::BackgroundReclaim::StageTwo`]; also in `pswpout`).
     pub pswpout_background: u64,
     /// Swap-cache hits on pages the aging scan staged: pages found still in use (also in
     /// `pgfault_swapcache`; not stalls).
