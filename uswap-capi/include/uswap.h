@@ -480,8 +480,9 @@ typedef struct uswap_stats {
      */
     uint64_t gone_scan_pages;
     /**
-     * Pages the background reclaimer wrote for the faults that moved them out (a zstd
-     * pool first: the faults move, the background thread compresses; also in `pswpout`).
+     * Pages the background reclaimer sent out for the faults that moved them out (a zstd
+     * pool first: the faults move, the background thread compresses): written (also in
+     * `pswpout`), or, staged clean by the aging scan, dropped (also in `swpout_clean`).
      */
     uint64_t pswpout_background;
 } uswap_stats;

@@ -216,8 +216,9 @@ pub struct uswap_stats {
     /// Page-table words read to find which pages of a region are still its own, once some
     /// were unmapped (a fork, a region's release). Informational.
     pub gone_scan_pages: u64,
-    /// Pages the background reclaimer wrote for the faults that moved them out (a zstd
-    /// pool first: the faults move, the background thread compresses; also in `pswpout`).
+    /// Pages the background reclaimer sent out for the faults that moved them out (a zstd
+    /// pool first: the faults move, the background thread compresses): written (also in
+    /// `pswpout`), or, staged clean by the aging scan, dropped (also in `swpout_clean`).
     pub pswpout_background: u64,
 }
 

@@ -67,7 +67,7 @@ fn help(field: &str) -> Option<&'static str> {
         "pgactivate" => "Reclaim victims given a second chance.",
         "workingset_activate" => "Pages read back soon enough after they left to count as the working set (spared once by reclaim; a clean one once written).",
         "pgdeactivate" => "Resident pages the aging scan moved to the swap cache to see whether they are still used.",
-        "pswpout_background" => "Pages the background reclaimer wrote for the faults that moved them out (a zstd pool first: the faults move victims, the background thread compresses them; also in pswpout).",
+        "pswpout_background" => "Pages the background reclaimer sent out for the faults that moved them out (a zstd pool first: the faults move victims, the background thread compresses them): written (also in pswpout), or, staged clean by the aging scan, dropped (also in swpout_clean).",
         "swpout_idle" => "Staged pages sent out because they were idle for the idle age: written, or, staged clean, dropped unwritten (in swpout_clean too).",
         "pgfault_aged" => "Swap-cache hits on pages the aging scan staged: pages found still in use (not stalls).",
         "writeback_idle" => "Pages moved down a tier because they were idle there for the idle age.",

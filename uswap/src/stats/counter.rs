@@ -143,8 +143,9 @@ pub(crate) enum Counter {
     SwpoutIdle,
     /// Pages moved down a tier because they had been idle there for the idle age.
     WritebackIdle,
-    /// Staged pages the background reclaimer wrote for the faults that staged them
-    /// (`BackgroundReclaim::StageTwo`; also in `Pswpout`).
+    /// Staged pages the background reclaimer sent out for the faults that staged them
+    /// (`BackgroundReclaim::StageTwo`): written (also in `Pswpout`), or, staged clean by the
+    /// aging scan, dropped (also in `SwpoutClean`).
     PswpoutBackground,
     /// Swap-cache hits on pages the aging scan staged: pages found still in use.
     PgfaultAged,

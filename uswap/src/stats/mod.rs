@@ -97,8 +97,9 @@ pub struct Stats {
     pub swpout_idle: u64,
     /// Pages moved down a tier because they had been idle there for the idle age.
     pub writeback_idle: u64,
-    /// Pages the background reclaimer wrote for the faults that moved them out (see
-    /// [`crate::BackgroundReclaim::StageTwo`]; also in `pswpout`).
+    /// Pages the background reclaimer sent out for the faults that moved them out (see
+    /// [`crate::BackgroundReclaim::StageTwo`]): written (also in `pswpout`), or, staged clean
+    /// by the aging scan, dropped (also in `swpout_clean`).
     pub pswpout_background: u64,
     /// Swap-cache hits on pages the aging scan staged: pages found still in use (also in
     /// `pgfault_swapcache`; not stalls).
