@@ -20,11 +20,12 @@ Engines (interleaved, --runs times each):
                     swap on zram (lz4), as the kernel does it
   uswap-lz4-before  with --before USWAP: uswap-lz4 with another build (to compare two builds)
 
-A sample is the store's bytes over the pages it stores: uswap's pools' `pool_bytes` over
-`stored_pages` (the tree's, `uswap stat --json --sum`), zram's `mem_used_total` over
+A sample is the store's bytes over the pages it stores: uswap's pools' `pool_bytes` and
+`codec_bytes` (their compression workspaces and contexts) over `stored_pages` (the tree's,
+`uswap stat --json --sum`), zram's `mem_used_total` (its per-CPU streams not counted) over
 `orig_data_size / 4096` (/sys/block/zram0/mm_stat). A run's figure is the median of its
 samples taken while the store held at least half its most pages (the steady part), beside
-its peak memory (`pool_peak_bytes`, zram's `mem_used_max`) and its wall time (pmbench, with
+its peak memory (`pool_peak_bytes` with the codecs', zram's `mem_used_max`) and its wall time (pmbench, with
 --pmbench TREE, a built source tree: its own rate, since it runs a fixed 20 s). Figures are
 medians over the runs. Needs root for the kernel side (and no other swap on).
 
@@ -107,7 +108,11 @@ def uswap_stat(uswap, pid):
     out = subprocess.run([uswap, "stat", "--json", "--sum", str(pid)], capture_output=True, text=True, timeout=5)
     st = json.loads(out.stdout.splitlines()[0])["stats"]
     b = [d["backend"] for d in st.get("devices", []) if d.get("backend") and "pool_bytes" in d["backend"]]
-    return (sum(x["stored_pages"] for x in b), sum(x["pool_bytes"] for x in b), st.get("pool_peak_bytes", 0))
+    # The codecs' workspaces and contexts (`codec_bytes`, not in `pool_bytes`) are memory the
+    # store costs too; a build before they were reported counts without them.
+    codec = sum(x.get("codec_bytes", 0) for x in b)
+    held = sum(x["pool_bytes"] for x in b) + codec
+    return (sum(x["stored_pages"] for x in b), held, st.get("pool_peak_bytes", 0) + codec)
 
 
 def zram_stat():

@@ -671,6 +671,7 @@ impl DeviceStats {
                     unit_pages,
                     unit_fallbacks,
                     dictionary_bytes,
+                    codec_bytes,
                     dictionary_failures,
                     dictionary_in_use,
                     dictionary_turned_off,

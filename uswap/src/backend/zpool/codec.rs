@@ -72,6 +72,11 @@ struct ZstdCompress {
 }
 
 impl ZstdCompress {
+    /// Memory of its contexts, as zstd sizes them (warmed: what they keep).
+    fn bytes(&self) -> u64 {
+        self.ctxs.iter().map(|c| c.sizeof() as u64).sum()
+    }
+
     /// The compression context for an input of `len` bytes (whole pages, up to a unit).
     fn for_input(&mut self, len: usize) -> &mut zstd_safe::CCtx<'static> {
         let pages = len.div_ceil(PAGE_SIZE).max(1);
@@ -160,6 +165,8 @@ struct Dictionary {
     ctxs: ArrayQueue<Box<ZstdCompress>>,
     /// Memory of `cdict` and `ddict` (counted in the pool's bytes).
     bytes: u64,
+    /// Memory of `ctxs` (the pool's `codec_bytes`).
+    ctx_bytes: u64,
     /// Whether it pays, checked as pages are written.
     payoff: Payoff,
 }
@@ -174,13 +181,15 @@ impl Dictionary {
         let ctxs = ArrayQueue::new(nr_ctx);
         let unit_pages = unit_pages.max(1);
         let plan = ContextPlan::measure(level, unit_pages, Some(&cdict)).map_err(|e| e.to_string())?;
+        let mut ctx_bytes = 0;
         for _ in 0..nr_ctx {
             let c =
                 warmed_compress(level, unit_pages, Some(&cdict), &plan, |_, _| Ok(())).map_err(|e| e.to_string())?;
+            ctx_bytes += c.bytes();
             let _ = ctxs.push(Box::new(c));
         }
         let bytes = (cdict.sizeof() + ddict.sizeof()) as u64;
-        Ok(Dictionary { id, cdict, ddict, ctxs, bytes, payoff: Payoff::new() })
+        Ok(Dictionary { id, cdict, ddict, ctxs, bytes, ctx_bytes, payoff: Payoff::new() })
     }
 }
 
@@ -211,7 +220,12 @@ struct Pools {
     scratch: ArrayQueue<Box<Workspace>>,
     /// zstd's contexts (empty with lz4).
     zstd: ArrayQueue<Box<ZstdCtx>>,
+    /// Memory of both, counted when they were made.
+    bytes: u64,
 }
+
+/// lz4_flex's small hash table (`CompressTable::small`): 4,096 entries of 16 bits, boxed.
+const LZ4_TABLE_BYTES: u64 = 4096 * 2;
 
 impl Codecs {
     /// Checks the compressor and fills the pools (see [`Pools::new`]); with `dictionary`
@@ -265,10 +279,25 @@ impl Codecs {
         self.dictionary.get().map_or(0, |d| d.bytes)
     }
 
+    /// Memory the codecs hold whatever the pool stores: the workspaces and zstd contexts
+    /// of the pools in use (a fork child's own), the dictionary's contexts, and the
+    /// samples taken so far while a dictionary waits for them. Fixed at start but for the
+    /// last two; not in the pool's bytes, whose cap it does not count against.
+    pub(super) fn codec_bytes(&self) -> u64 {
+        let dictionary_ctxs = self.dictionary.get().map_or(0, |d| d.ctx_bytes);
+        let samples = self.sampler.as_ref().map_or(0, Sampler::buffer_bytes);
+        self.pools().bytes + dictionary_ctxs + samples
+    }
+
     /// Whether new pages are compressed with a dictionary now, and how many times it was
     /// turned off for costing bytes.
     pub(super) fn dictionary_use(&self) -> (bool, u64) {
         self.dictionary.get().map_or((false, 0), |d| (d.payoff.in_use(), d.payoff.turned_off()))
+    }
+
+    #[cfg(test)]
+    pub(super) fn nr_ctx_for_tests(&self) -> usize {
+        self.nr_ctx
     }
 
     /// Why the pool's dictionary could not be made, if it could not.
@@ -313,22 +342,27 @@ impl Pools {
     /// is zstd (its level checked by the caller).
     fn new(compressor: Compressor, unit_pages: usize, nr_ctx: usize) -> Result<Pools, ZpoolError> {
         let zstd = ArrayQueue::new(nr_ctx);
+        let mut bytes = 0;
         if let Compressor::Zstd { level } = compressor {
             let plan = ContextPlan::measure(level, unit_pages.max(1), None)?;
             for _ in 0..nr_ctx {
-                let _ = zstd.push(Box::new(warmed_zstd(level, unit_pages.max(1), &plan)?));
+                let ctx = warmed_zstd(level, unit_pages.max(1), &plan)?;
+                bytes += ctx.c.bytes() + ctx.d.sizeof() as u64;
+                let _ = zstd.push(Box::new(ctx));
             }
         }
         let scratch = ArrayQueue::new(nr_ctx);
         for _ in 0..nr_ctx {
+            let unit = vec![0u8; if unit_pages > 1 { unit_pages * PAGE_SIZE } else { 0 }].into_boxed_slice();
+            bytes += (std::mem::size_of::<Workspace>() + unit.len()) as u64 + LZ4_TABLE_BYTES;
             let _ = scratch.push(Box::new(Workspace {
                 out: Scratch([0; SCRATCH_BYTES]),
                 // Small: 16-bit entries, enough for inputs under 64 KiB (a page).
                 lz4: lz4_flex::block::CompressTable::small(),
-                unit: vec![0u8; if unit_pages > 1 { unit_pages * PAGE_SIZE } else { 0 }].into_boxed_slice(),
+                unit,
             }));
         }
-        Ok(Pools { scratch, zstd })
+        Ok(Pools { scratch, zstd, bytes })
     }
 }
 

@@ -28,7 +28,7 @@
 //! and touched only as samples fill it; it is unmapped after training. A fork child stops
 //! sampling ([`Sampler::stop`]): it reads what it inherited and trains nothing.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::mapping::PageBuf;
@@ -56,6 +56,9 @@ const STOPPED: u8 = 4;
 pub(super) struct Sampler {
     state: AtomicU8,
     samples: Mutex<Samples>,
+    /// Pages of the buffer filled while it is held (0 once trained from), for the pool's
+    /// `codec_bytes`: the buffer is `MAP_NORESERVE`, memory only as it fills.
+    filled_pages: AtomicUsize,
 }
 
 struct Samples {
@@ -72,7 +75,12 @@ impl Sampler {
     /// Maps the sample buffer. At pool creation only.
     pub(super) fn new() -> std::io::Result<Sampler> {
         let samples = Samples { buf: Some(PageBuf::zeroed(NR_SAMPLES)?), nr: 0, seen: 0 };
-        Ok(Sampler { state: AtomicU8::new(SAMPLING), samples: Mutex::new(samples) })
+        Ok(Sampler { state: AtomicU8::new(SAMPLING), samples: Mutex::new(samples), filled_pages: AtomicUsize::new(0) })
+    }
+
+    /// Memory of the samples held now.
+    pub(super) fn buffer_bytes(&self) -> u64 {
+        (self.filled_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64
     }
 
     /// On the write path (a SIGBUS handler's too): keeps a copy of every `SAMPLE_EVERY`th
@@ -98,6 +106,7 @@ impl Sampler {
             assert!(nr < buf.len(), "uswap invariant: sample {nr} past the buffer");
             buf[nr].0.copy_from_slice(page);
             s.nr += 1;
+            self.filled_pages.store(s.nr, Ordering::Relaxed);
         }
     }
 
@@ -120,6 +129,7 @@ impl Sampler {
         let mut dict = vec![0u8; DICT_BYTES];
         let trained = zstd_safe::train_from_buffer(&mut dict[..], samples.as_bytes(), &sizes);
         drop(samples);
+        self.filled_pages.store(0, Ordering::Relaxed);
         match trained {
             Ok(len) => {
                 dict.truncate(len);

@@ -732,6 +732,7 @@ impl Backend for ZpoolBackend {
             reject_incompressible: self.reject_incompressible.load(Ordering::Relaxed),
             reject_alloc_fail: self.reject_alloc_fail.load(Ordering::Relaxed),
             dictionary_bytes: self.codecs.dictionary_bytes(),
+            codec_bytes: self.codecs.codec_bytes(),
             dictionary_in_use: u64::from(dictionary_in_use),
             dictionary_turned_off,
             dictionary_failures: u64::from(self.codecs.dictionary_error().is_some()),
