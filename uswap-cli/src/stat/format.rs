@@ -154,7 +154,7 @@ fn help(field: &str) -> Option<&'static str> {
         "unit_pages" => "Stored pages held in units.",
         "unit_fallbacks" => "Groups of pages meant for a unit stored page by page (too large, or no row free).",
         "dictionary_bytes" => "Memory of the pool's zstd dictionary (dict), counted in pool_bytes.",
-        "codec_bytes" => "Memory of the pool's compression workspaces and contexts (four per CPU, 16 at least), not in pool_bytes.",
+        "codec_bytes" => "Memory of the pool's compression workspaces and zstd contexts, not in pool_bytes.",
         "dictionary_in_use" => "Pools compressing new pages with their dictionary now (off while it costs bytes).",
         "dictionary_turned_off" => "Times a pool turned its dictionary off for costing bytes.",
         "dictionary_failures" => "Pools whose zstd dictionary could not be trained (they compress without).",

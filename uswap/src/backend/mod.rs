@@ -126,9 +126,8 @@ pub struct BackendStats {
     /// `pool_bytes`: 0 until it is trained, and without one.
     pub dictionary_bytes: u64,
     /// Memory the pool's codecs hold whatever it stores, not in `pool_bytes` (nor against
-    /// its cap): workspaces and zstd contexts, four per CPU so that faulting threads rarely
-    /// wait for one (a zstd pool: about 170 KB each), a dictionary's contexts, and its
-    /// samples while they are taken.
+    /// its cap): workspaces (four per CPU), a zstd pool's contexts (two per CPU, about 170
+    /// KB each), a dictionary's contexts, and its samples while they are taken.
     pub codec_bytes: u64,
     /// Pools whose dictionary could not be trained (they go on compressing without one).
     pub dictionary_failures: u64,

@@ -204,8 +204,8 @@ pub(super) struct Codecs {
     /// at the fork (a queue slot claimed and never filled: the child's next pop spun for
     /// good, inside a SIGBUS handler), and miss what those threads held.
     fork_child_pools: std::sync::OnceLock<Pools>,
-    /// Contexts in each pool (a dictionary's included).
-    nr_ctx: usize,
+    /// zstd contexts in each pool, and of a dictionary (see [`Sizes`]).
+    nr_zstd: usize,
     /// With `dict`: the samples a dictionary is trained from, then where training stands.
     sampler: Option<Sampler>,
     /// The trained dictionary, once the background thread has made it.
@@ -242,13 +242,13 @@ impl Codecs {
             true => Some(Sampler::new().map_err(|source| ZpoolError::Map { bytes: SAMPLE_BYTES, source })?),
             false => None,
         };
-        let nr_ctx = 4 * nr_cpus_configured().max(4);
+        let sizes = Sizes::of_pager();
         Ok(Codecs {
             compressor,
             unit_pages,
-            pools: Pools::new(compressor, unit_pages, nr_ctx)?,
+            pools: Pools::new(compressor, unit_pages, sizes)?,
             fork_child_pools: std::sync::OnceLock::new(),
-            nr_ctx,
+            nr_zstd: sizes.zstd,
             sampler,
             dictionary: std::sync::OnceLock::new(),
             dictionary_error: std::sync::OnceLock::new(),
@@ -264,7 +264,7 @@ impl Codecs {
         let Some(trained) = sampler.train_when_ready() else {
             return;
         };
-        match trained.and_then(|dict| Dictionary::prepare(&dict, level, self.unit_pages, self.nr_ctx)) {
+        match trained.and_then(|dict| Dictionary::prepare(&dict, level, self.unit_pages, self.nr_zstd)) {
             Ok(d) => {
                 let _ = self.dictionary.set(d);
             }
@@ -296,8 +296,8 @@ impl Codecs {
     }
 
     #[cfg(test)]
-    pub(super) fn nr_ctx_for_tests(&self) -> usize {
-        self.nr_ctx
+    pub(super) fn sizes_for_tests() -> Sizes {
+        Sizes::of_pager()
     }
 
     /// Why the pool's dictionary could not be made, if it could not.
@@ -322,7 +322,8 @@ impl Codecs {
         if let Some(sampler) = &self.sampler {
             sampler.stop();
         }
-        if let Ok(pools) = Pools::new(self.compressor, self.unit_pages, FORK_CHILD_POOL_SIZE) {
+        let sizes = Sizes { workspaces: FORK_CHILD_POOL_SIZE, zstd: FORK_CHILD_POOL_SIZE };
+        if let Ok(pools) = Pools::new(self.compressor, self.unit_pages, sizes) {
             let _ = self.fork_child_pools.set(pools);
         }
     }
@@ -336,23 +337,46 @@ impl Codecs {
 /// wait for one when more of its threads read at once.
 const FORK_CHILD_POOL_SIZE: usize = 4;
 
+/// How many of each a pool holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sizes {
+    /// Workspaces: a pager's `4 * max(CPUs, 4)`, so that threads rarely wait for one
+    /// (16 KiB each).
+    pub(super) workspaces: usize,
+    /// zstd contexts (and as many of a dictionary's): a pager's `2 * max(CPUs, 2)`. A
+    /// context is held for one page's compression or decompression (5-30 µs), by a thread
+    /// that waits on nothing else meanwhile, so at most one per running CPU is in use but
+    /// for a holder preempted; each costs about 170 KB (74 KB to compress at level 1, 96 KB
+    /// to decompress); 16 of them, with a dictionary's, were 4.2 MB beside sqlite3's 19 MB
+    /// pool under 128 MiB (BENCHMARKS.md, "Memory per swapped page").
+    pub(super) zstd: usize,
+}
+
+impl Sizes {
+    fn of_pager() -> Sizes {
+        let cpus = nr_cpus_configured();
+        Sizes { workspaces: 4 * cpus.max(4), zstd: 2 * cpus.max(2) }
+    }
+}
+
 impl Pools {
-    /// `nr_ctx` workspaces (a pager's own: `4 * max(CPUs, 4)`), each with room for a unit of
-    /// `unit_pages` (none for 1), and as many zstd contexts (warmed up) when the compressor
-    /// is zstd (its level checked by the caller).
-    fn new(compressor: Compressor, unit_pages: usize, nr_ctx: usize) -> Result<Pools, ZpoolError> {
-        let zstd = ArrayQueue::new(nr_ctx);
+    /// `sizes.workspaces` workspaces, each with room for a unit of `unit_pages` (none for
+    /// 1), and `sizes.zstd` zstd contexts (warmed up) when the compressor is zstd (its
+    /// level checked by the caller). A holder of a workspace may wait for a zstd context,
+    /// never the other way round.
+    fn new(compressor: Compressor, unit_pages: usize, sizes: Sizes) -> Result<Pools, ZpoolError> {
+        let zstd = ArrayQueue::new(sizes.zstd);
         let mut bytes = 0;
         if let Compressor::Zstd { level } = compressor {
             let plan = ContextPlan::measure(level, unit_pages.max(1), None)?;
-            for _ in 0..nr_ctx {
+            for _ in 0..sizes.zstd {
                 let ctx = warmed_zstd(level, unit_pages.max(1), &plan)?;
                 bytes += ctx.c.bytes() + ctx.d.sizeof() as u64;
                 let _ = zstd.push(Box::new(ctx));
             }
         }
-        let scratch = ArrayQueue::new(nr_ctx);
-        for _ in 0..nr_ctx {
+        let scratch = ArrayQueue::new(sizes.workspaces);
+        for _ in 0..sizes.workspaces {
             let unit = vec![0u8; if unit_pages > 1 { unit_pages * PAGE_SIZE } else { 0 }].into_boxed_slice();
             bytes += (std::mem::size_of::<Workspace>() + unit.len()) as u64 + LZ4_TABLE_BYTES;
             let _ = scratch.push(Box::new(Workspace {
@@ -441,7 +465,7 @@ impl Codecs {
 
     /// zstd with the pool's dictionary while it pays, without it while not; now and then
     /// both ways, the kept one last (see `dictionary::Payoff`). Holds a dictionary context
-    /// and a plain one one after the other, never both: as many of each as workspaces.
+    /// and a plain one one after the other, never both (so neither kind waits for the other).
     fn compress_with_dictionary(&self, dict: &Dictionary, level: i32, src: &[u8], dst: &mut [u8]) -> Option<usize> {
         let with = |dst: &mut [u8]| {
             let mut c = pop_spinning(&dict.ctxs, POP_WAIT_LIMIT_NS)?;
