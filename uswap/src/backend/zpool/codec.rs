@@ -535,10 +535,10 @@ impl Codecs {
     }
 
     /// Takes a workspace, waiting while every one is in use; None past
-    /// `sync::POP_WAIT_LIMIT_NS`. The pools (workspaces, zstd contexts) hold
-    /// `4 * max(CPUs, 4)` objects, each held for one call's (de)compression with no lock and
-    /// no system call, so a wait ends when another thread finishes; the bound is for a
-    /// holder that never runs again.
+    /// `sync::POP_WAIT_LIMIT_NS`. The pools hold `4 * max(CPUs, 4)` workspaces and
+    /// `2 * max(CPUs, 2)` zstd contexts ([`Sizes`]), each held for one call's
+    /// (de)compression with no lock and no system call, so a wait ends when another thread
+    /// finishes; the bound is for a holder that never runs again.
     pub(super) fn take_workspace(&self) -> Option<Box<Workspace>> {
         pop_spinning(&self.pools().scratch, POP_WAIT_LIMIT_NS)
     }
