@@ -295,11 +295,6 @@ impl Codecs {
         self.dictionary.get().map_or((false, 0), |d| (d.payoff.in_use(), d.payoff.turned_off()))
     }
 
-    #[cfg(test)]
-    pub(super) fn sizes_for_tests() -> Sizes {
-        Sizes::of_pager()
-    }
-
     /// Why the pool's dictionary could not be made, if it could not.
     pub(super) fn dictionary_error(&self) -> Option<&str> {
         self.dictionary_error.get().map(String::as_str)
@@ -353,7 +348,8 @@ pub(super) struct Sizes {
 }
 
 impl Sizes {
-    fn of_pager() -> Sizes {
+    /// A pager's own pools (a fork child's are smaller).
+    pub(super) fn of_pager() -> Sizes {
         let cpus = nr_cpus_configured();
         Sizes { workspaces: 4 * cpus.max(4), zstd: 2 * cpus.max(2) }
     }

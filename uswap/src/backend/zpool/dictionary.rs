@@ -56,8 +56,9 @@ const STOPPED: u8 = 4;
 pub(super) struct Sampler {
     state: AtomicU8,
     samples: Mutex<Samples>,
-    /// Pages of the buffer filled while it is held (0 once trained from), for the pool's
-    /// `codec_bytes`: the buffer is `MAP_NORESERVE`, memory only as it fills.
+    /// Pages of the buffer filled (0 once trained from): written under `samples`' lock,
+    /// read without it for the pool's `codec_bytes` (the buffer is `MAP_NORESERVE`, memory
+    /// only as it fills).
     filled_pages: AtomicUsize,
 }
 
@@ -65,8 +66,6 @@ struct Samples {
     /// `NR_SAMPLES` pages of a mapping of their own (`MAP_NORESERVE`: memory only as
     /// they fill); None once trained from.
     buf: Option<PageBuf>,
-    /// Pages filled.
-    nr: usize,
     /// Pages offered.
     seen: u64,
 }
@@ -74,7 +73,7 @@ struct Samples {
 impl Sampler {
     /// Maps the sample buffer. At pool creation only.
     pub(super) fn new() -> std::io::Result<Sampler> {
-        let samples = Samples { buf: Some(PageBuf::zeroed(NR_SAMPLES)?), nr: 0, seen: 0 };
+        let samples = Samples { buf: Some(PageBuf::zeroed(NR_SAMPLES)?), seen: 0 };
         Ok(Sampler { state: AtomicU8::new(SAMPLING), samples: Mutex::new(samples), filled_pages: AtomicUsize::new(0) })
     }
 
@@ -96,7 +95,7 @@ impl Sampler {
         // Bounded by a unit's pages.
         for page in src.chunks_exact(PAGE_SIZE) {
             s.seen += 1;
-            let nr = s.nr;
+            let nr = self.filled_pages.load(Ordering::Relaxed);
             if s.seen % SAMPLE_EVERY != 0 || nr == NR_SAMPLES {
                 continue;
             }
@@ -105,8 +104,7 @@ impl Sampler {
             };
             assert!(nr < buf.len(), "uswap invariant: sample {nr} past the buffer");
             buf[nr].0.copy_from_slice(page);
-            s.nr += 1;
-            self.filled_pages.store(s.nr, Ordering::Relaxed);
+            self.filled_pages.store(nr + 1, Ordering::Relaxed);
         }
     }
 
@@ -119,7 +117,7 @@ impl Sampler {
         }
         let samples = {
             let mut s = self.samples.try_lock().ok()?;
-            if s.nr < NR_SAMPLES {
+            if self.filled_pages.load(Ordering::Relaxed) < NR_SAMPLES {
                 return None;
             }
             self.state.store(TRAINING, Ordering::Release);

@@ -788,7 +788,7 @@ fn a_pool_with_a_dictionary_trains_it_and_reads_every_page_back() {
         assert_eq!(st.pool_bytes, z.alloc.pool_bytes() + st.dictionary_bytes);
         // The codecs' memory: every sample while they were taken (freed by training), then
         // the dictionary's contexts, one per workspace, each larger than a page.
-        let sizes = super::codec::Codecs::sizes_for_tests();
+        let sizes = super::codec::Sizes::of_pager();
         let (workspaces, zstd) = (sizes.workspaces as u64, sizes.zstd as u64);
         let fixed = sampling - (NR_SAMPLES * PAGE_SIZE) as u64;
         assert!(fixed >= workspaces * 4 * PAGE_SIZE as u64 + zstd * 32 * PAGE_SIZE as u64, "{fixed} bytes fixed");
