@@ -206,8 +206,9 @@ def main():
                 rc, took, fig, err = f(cmd, limit, env)
                 speed = logged_rate(log.name) if by_rate else took
                 os.unlink(log.name)
-                everything.append({"program": name, "engine": e, "rc": rc, "seconds": took, "rate": speed
-                                   if by_rate else None, "figures": fig})
+                rate = speed if by_rate else None
+                everything.append({"program": name, "engine": e, "rc": rc, "seconds": took, "rate": rate,
+                                   "figures": fig})
                 if rc != 0 or fig is None or speed is None:
                     failed[e] += 1
                     print(f"{name} / {e}: status {rc}: {err.strip()[-300:]}", file=sys.stderr)
