@@ -52,8 +52,8 @@ use swap_files::{
 
 use records::{children_rss_peak_bytes, record_paths, record_pid, serve_tree_stats, summarize, summary_line};
 use warnings::{
-    ended_by_signal_message, overrun_message, thrash_message, unmanaged_in, unmanaged_message, Moment, Unmanaged,
-    UNMANAGED_SHARE_DIVISOR,
+    ended_by_signal_message, overrun_message, scans_without_memory_message, thrash_message, unmanaged_in,
+    unmanaged_message, Moment, Unmanaged, UNMANAGED_SHARE_DIVISOR,
 };
 
 /// `--min-size`'s default, in bytes (as the preload library's own default).
@@ -734,6 +734,9 @@ impl EndedRun {
         // where the limit must hold for all of the program's memory, it fails the run.
         if !self.escaped.is_empty() {
             say!("uswap run: {}", records::escape_message(&self.escaped));
+        }
+        if let Some(msg) = scans_without_memory_message(&self.unmanaged) {
+            say!("uswap run: {msg}");
         }
         let peak = self.summary.get("unmanaged_peak_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
         if peak > limit_bytes / UNMANAGED_SHARE_DIVISOR {

@@ -931,6 +931,31 @@ fn a_full_small_device_leaves_pages_resident_and_malloc_succeeds() {
     assert!(counter(&v, "limit_overrun") > 0, "{v}");
 }
 
+/// A program held at the system's limit of mappings (`vm.max_map_count`) while uswap scans
+/// its memory every second runs to its end with every byte kept, and the run says that
+/// measurements of its unmanaged memory were given up: at that limit no allocation can map
+/// new memory, and the scan's list of mappings (and its read of `/proc/self/maps` whole)
+/// aborted the process ("memory allocation of 786432 bytes failed"; stress-ng's brk
+/// stressor died so).
+#[test]
+fn a_program_at_the_limit_of_mappings_runs_and_the_scans_given_up_are_said() {
+    let max: u64 =
+        std::fs::read_to_string("/proc/sys/vm/max_map_count").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+    if max == 0 || max >= 70_000 {
+        return skipped(&format!("vm.max_map_count is {max}: the program splits 70,000 pages at most"));
+    }
+    let dir = tmpdir("maplimit");
+    let prog = compile("maplimit", &dir, &[]);
+    let (o, _) = uswap_run(32, &[], &[prog.to_str().unwrap(), "64", "3"], &dir);
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{}\n{stdout}\n{stderr}", o.status);
+    assert!(stdout.starts_with("ok ") && stdout.ends_with(" 1\n"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("of the anonymous memory uswap does not manage were given up, in 1 process(es)"),
+        "{stderr}"
+    );
+}
+
 /// A process that ends out of descriptors cannot leave its last counters for the run's
 /// summary: it says so, naming the directory and the reason, and the run still ends with the
 /// program's status (the summary was short of them without a word before).

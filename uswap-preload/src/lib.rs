@@ -744,7 +744,21 @@ fn traced() -> bool {
 /// Whether the process has an io_uring instance (a descriptor `anon_inode:[io_uring]`) or an
 /// AIO context (a `/[aio]` mapping); false when unknown.
 fn async_io_in_use() -> bool {
-    io_uring_descriptor(|_| true) || std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("/[aio]"))
+    io_uring_descriptor(|_| true) || aio_mapped()
+}
+
+/// Whether `/proc/self/maps` lists an AIO context (`/[aio]`), read a buffer at a time:
+/// nothing the size of the file is allocated.
+fn aio_mapped() -> bool {
+    let mut aio = false;
+    uswap::for_each_maps_line::<{ uswap::MAPS_LINE_BYTES }>(|line| {
+        aio = line.windows(6).any(|w| w == b"/[aio]");
+        match aio {
+            true => std::ops::ControlFlow::Break(()),
+            false => std::ops::ControlFlow::Continue(()),
+        }
+    });
+    aio
 }
 
 /// Whether a descriptor of the process that `counted(fd)` accepts is an io_uring instance

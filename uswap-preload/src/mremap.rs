@@ -8,6 +8,7 @@
 //! `crate::mmap` and `crate::munmap` in the preload's import graph.
 
 use std::ffi::c_void;
+use std::ops::ControlFlow;
 
 use crate::mmap::{config, map, overlaps_managed, page_round_up, user_space_top, Config};
 use crate::munmap::unmap;
@@ -209,16 +210,23 @@ fn copy_pages(from: usize, to: usize, len: usize) {
 /// move copied from the old range without looking: a `PROT_NONE` reservation, or a range
 /// with a hole, killed the program with SIGSEGV inside uswap.
 fn protections(start: usize, end: usize) -> Result<Vec<(usize, usize, i32)>, i32> {
-    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|_| libc::ENOMEM)?;
     let mut pieces: Vec<(usize, usize, i32)> = Vec::new();
-    let mut covered = start;
-    for h in maps.lines().filter_map(crate::unmanaged::parse_header) {
+    let (mut covered, mut found) = (start, Err(libc::EFAULT));
+    // A buffer at a time, and the list grown fallibly: `ENOMEM` where memory cannot be had
+    // (a process at the system's limit of mappings), not an abort.
+    let read = uswap::for_each_maps_line::<{ uswap::MAPS_LINE_BYTES }>(|line| {
+        let Some(h) = crate::unmanaged::parse_header(uswap::maps_text(line)) else { return ControlFlow::Continue(()) };
         let (s, e) = (h.start, h.end);
         if e <= covered || s >= end {
-            continue;
+            return ControlFlow::Continue(());
         }
         if s > covered {
-            break;
+            // A hole: `found` stays EFAULT.
+            return ControlFlow::Break(());
+        }
+        if pieces.try_reserve(1).is_err() {
+            found = Err(libc::ENOMEM);
+            return ControlFlow::Break(());
         }
         let bits = h.perms.as_bytes();
         let prot = [(b'r', libc::PROT_READ), (b'w', libc::PROT_WRITE), (b'x', libc::PROT_EXEC)]
@@ -228,11 +236,16 @@ fn protections(start: usize, end: usize) -> Result<Vec<(usize, usize, i32)>, i32
             .fold(libc::PROT_NONE, |prot, ((_, bit), _)| prot | bit);
         pieces.push((covered, e.min(end), prot));
         covered = e.min(end);
-        if covered == end {
-            return Ok(pieces);
+        if covered < end {
+            return ControlFlow::Continue(());
         }
+        found = Ok(());
+        ControlFlow::Break(())
+    });
+    match read {
+        true => found.map(|()| pieces),
+        false => Err(libc::ENOMEM),
     }
-    Err(libc::EFAULT)
 }
 
 /// Gives `[to, to_end)` the protection of `pieces` (parts of the old range at `from`), the

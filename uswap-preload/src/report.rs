@@ -164,8 +164,11 @@ fn measure_unmanaged() {
         count_shared_once(&mut u);
         uswap::stats::note_unmanaged(u.bytes);
         note_tree_unmanaged(u.bytes);
-        // After the tree's sum is without them: another process takes them over.
-        let_go_of_shared_objects(&mapped);
+        // After the tree's sum is without them: another process takes them over. Without
+        // the list (no memory for it), none is let go of until a scan that has it.
+        if let Some(mapped) = mapped {
+            let_go_of_shared_objects(&mapped);
+        }
         if u.bytes >= UNMANAGED_OWN_PEAK_BYTES.fetch_max(u.bytes, std::sync::atomic::Ordering::Relaxed) {
             *UNMANAGED_PEAK_NAMED.lock() = u.named.clone();
         }
@@ -221,6 +224,7 @@ fn record() -> Option<serde_json::Value> {
         o.insert("outside_shared_charge".into(), u64::from(UNSHARED.load(std::sync::atomic::Ordering::Relaxed)).into());
         o.insert("mmap_managed_bytes".into(), (crate::mmap::managed_bytes() as u64).into());
         o.insert("mmap_unmanaged".into(), crate::mmap::UNMANAGED.load(std::sync::atomic::Ordering::Relaxed).into());
+        o.insert("unmanaged_scans_without_memory".into(), crate::unmanaged::scans_without_memory().into());
         for (moment, list) in [("", &UNMANAGED_NAMED), ("peak_", &UNMANAGED_PEAK_NAMED)] {
             let named = list.lock();
             let largest: Vec<serde_json::Value> = named

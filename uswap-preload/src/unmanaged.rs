@@ -30,9 +30,10 @@
 //! here, where smaps put them apart from `Anonymous`: they are anonymous memory outside the
 //! budget all the same.
 
-use std::io::{BufRead, Read};
+use std::io::BufRead;
+use std::ops::ControlFlow;
 use std::os::unix::io::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// One unmanaged mapping: where, how much of it is resident, and why uswap leaves it alone.
 #[derive(Debug, Clone)]
@@ -97,33 +98,33 @@ impl Unmanaged {
     /// has resident (all of them outside a tree; in one, what
     /// `uswap::shared_charge::ChargeSegment::count_shared_object` says). An object mapped
     /// more than once counts its largest mapping's bytes (views of the same pages: the JDK's
-    /// ZGC maps its heap's memfd three times), and is named by its first.
+    /// ZGC maps its heap's memfd three times), and is named by its first (lowest) mapping.
     ///
-    /// In time linear in the mappings: stress-ng's `--mlock` maps thousands of shared pages,
-    /// and a search of the list for each of them took 39 % of the run's CPU time.
+    /// Sorted in place, in time n log n in the mappings: stress-ng's `--mlock` maps
+    /// thousands of shared pages (a search of the list for each of them took 39 % of the
+    /// run's CPU time), and nothing is allocated (a table of objects aborted a process at
+    /// the system's limit of mappings, see [`SCANS_WITHOUT_MEMORY`]).
     pub fn count_shared(&mut self, mut count: impl FnMut(u64, u64) -> u64) {
-        let shared = std::mem::take(&mut self.shared);
-        let mut largest: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
-        for (object, m) in shared.iter().filter(|(o, _)| *o != 0) {
-            let bytes = largest.entry(*object).or_insert(0);
-            *bytes = m.bytes.max(*bytes);
-        }
-        for (object, m) in shared {
+        let mut shared = std::mem::take(&mut self.shared);
+        shared.sort_unstable_by_key(|(object, m)| (*object, m.start));
+        // Each object's mappings together; every mapping of no known object apart.
+        for group in shared.chunk_by(|(a, _), (b, _)| a == b && *a != 0) {
+            let (object, first) = &group[0];
             let counted = match object {
-                0 => m.bytes,
-                // Counted at its first mapping, which names it; the others are skipped.
-                _ => match largest.remove(&object) {
-                    Some(bytes) => count(object, bytes),
-                    None => continue,
-                },
+                0 => first.bytes,
+                _ => count(*object, group.iter().map(|(_, m)| m.bytes).max().unwrap_or(0)),
             };
-            add(self, Mapping { bytes: counted, ..m });
+            add(self, Mapping { bytes: counted, ..first.clone() });
         }
     }
 
-    /// The shared objects the scan met (see [`object_key`]).
-    pub fn shared_objects(&self) -> Vec<u64> {
-        self.shared.iter().map(|(o, _)| *o).filter(|&o| o != 0).collect()
+    /// The shared objects the scan met (see [`object_key`]); `None` if their list cannot be
+    /// allocated (see [`SCANS_WITHOUT_MEMORY`]).
+    pub fn shared_objects(&self) -> Option<Vec<u64>> {
+        let mut objects = Vec::new();
+        objects.try_reserve_exact(self.shared.len()).ok()?;
+        objects.extend(self.shared.iter().map(|(o, _)| *o).filter(|&o| o != 0));
+        Some(objects)
     }
 }
 
@@ -248,7 +249,8 @@ fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
     }
 }
 
-/// Scans the process's mappings (see the module's comment). `None` if `/proc` cannot be read.
+/// Scans the process's mappings (see the module's comment). `None` if `/proc` cannot be
+/// read, or if the scan's lists could not be allocated (counted: [`SCANS_WITHOUT_MEMORY`]).
 pub fn measure(min_size_bytes: usize) -> Option<Unmanaged> {
     let pagemap = std::fs::File::open("/proc/self/pagemap").ok();
     // Bounded: MEASURE_TRIES scans, the last one kept whatever overlapped it.
@@ -256,9 +258,20 @@ pub fn measure(min_size_bytes: usize) -> Option<Unmanaged> {
     let (mut out, by_scan) = loop {
         tries += 1;
         let (begun, ended) = crate::munmap::managed_unmaps();
-        let scanned = pagemap.as_ref().and_then(|pm| measure_by_scan(pm, min_size_bytes));
-        let by_scan = scanned.is_some();
-        let out = scanned.or_else(|| measure_by_smaps(min_size_bytes))?;
+        let scanned = pagemap.as_ref().map_or(Err(NoScan::Refused), |pm| measure_by_scan(pm, min_size_bytes));
+        let by_scan = scanned.is_ok();
+        let out = match scanned {
+            Err(NoScan::Refused) => measure_by_smaps(min_size_bytes),
+            scanned => scanned,
+        };
+        let out = match out {
+            Ok(out) => out,
+            Err(NoScan::NoMemory) => {
+                SCANS_WITHOUT_MEMORY.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            Err(NoScan::Refused) => return None,
+        };
         // A managed unmap under way at the start or begun since may have left a region's
         // pages in a mapping no region owned while the scan read it (`settle` cannot tell).
         if (begun == ended && crate::munmap::managed_unmaps().0 == begun) || tries == MEASURE_TRIES {
@@ -380,37 +393,80 @@ fn add(out: &mut Unmanaged, m: Mapping) {
     largest.truncate(LARGEST);
 }
 
-/// `/proc/self/maps`, each counted mapping measured with `PAGEMAP_SCAN`. `None` if the
-/// ioctl is refused (an older kernel).
-fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Option<Unmanaged> {
+/// Why a scan of the mappings gave no figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoScan {
+    /// `/proc` could not be read, or `PAGEMAP_SCAN` was refused (a kernel before 6.7).
+    Refused,
+    /// Its lists of mappings could not be allocated ([`SCANS_WITHOUT_MEMORY`]).
+    NoMemory,
+}
+
+/// Scans given up because their lists of mappings could not be allocated: in a process at
+/// the system's limit of mappings (`vm.max_map_count`) no allocation can map new memory,
+/// and a list that grew with the mappings aborted the process on the report thread
+/// (stress-ng's brk stressor, at 65,530 mappings). The scan waits for the next second;
+/// its record says how many were given up, and `uswap run` says so.
+static SCANS_WITHOUT_MEMORY: AtomicU64 = AtomicU64::new(0);
+
+/// See [`SCANS_WITHOUT_MEMORY`].
+pub fn scans_without_memory() -> u64 {
+    SCANS_WITHOUT_MEMORY.load(Ordering::Relaxed)
+}
+
+/// Pushes `item` onto `list` if the memory for it can be had ([`NoScan::NoMemory`]).
+fn push<T>(list: &mut Vec<T>, item: T) -> Result<(), NoScan> {
+    list.try_reserve(1).map_err(|_| NoScan::NoMemory)?;
+    list.push(item);
+    Ok(())
+}
+
+/// `/proc/self/maps`, read a buffer at a time (nothing the size of the file is allocated),
+/// each counted mapping measured with `PAGEMAP_SCAN`.
+fn measure_by_scan(pagemap: &std::fs::File, min_size_bytes: usize) -> Result<Unmanaged, NoScan> {
     // Before `/proc` is read: see `settle`.
     let owners = uswap::memory_owners();
-    let mut maps = String::new();
-    std::fs::File::open("/proc/self/maps").ok()?.read_to_string(&mut maps).ok()?;
     let mut out = Unmanaged::default();
     let mut private = Vec::new();
     let mut before = Before::default();
-    for h in maps.lines().filter_map(parse_header) {
-        let b = std::mem::replace(&mut before, Before::of(&h));
-        note_special_mappings(&mut out, &h);
-        let Some(shared_anon) = counted(&h) else { continue };
+    let mut scanned = Ok(());
+    // One line's mapping: measured, and kept for `settle` if it counts.
+    let mut scan_mapping = |h: &Header<'_>| -> Result<(), NoScan> {
+        let b = std::mem::replace(&mut before, Before::of(h));
+        note_special_mappings(&mut out, h);
+        let Some(shared_anon) = counted(h) else { return Ok(()) };
         // `[vsyscall]` lies in the kernel's half (the top bit set), which the ioctl refuses.
         if h.start as u64 >= 1 << 63 || !unowned(&owners, h.start, h.end) {
-            continue;
+            return Ok(());
         }
         let writable = h.perms.as_bytes().get(1) == Some(&b'w');
         let bytes = match shared_anon && writable && h.end - h.start <= MINCORE_MAX_BYTES {
             true => object_resident_bytes(h.start, h.end),
             false => None,
         };
-        let bytes = bytes.or_else(|| scan_resident_bytes(pagemap, h.start, h.end, shared_anon))?;
-        let m = Mapping { start: h.start, len: h.end - h.start, bytes, why: why(&h, b, min_size_bytes) };
+        let bytes = bytes.or_else(|| scan_resident_bytes(pagemap, h.start, h.end, shared_anon));
+        let bytes = bytes.ok_or(NoScan::Refused)?;
+        let m = Mapping { start: h.start, len: h.end - h.start, bytes, why: why(h, b, min_size_bytes) };
         match shared_anon {
-            true => out.shared.push((h.object, m)),
-            false => private.push(m),
+            true => push(&mut out.shared, (h.object, m)),
+            // One with nothing resident adds nothing (`add`).
+            false if m.bytes == 0 => Ok(()),
+            false => push(&mut private, m),
         }
+    };
+    let read = uswap::for_each_maps_line::<{ uswap::MAPS_LINE_BYTES }>(|line| {
+        if let Some(h) = parse_header(uswap::maps_text(line)) {
+            scanned = scan_mapping(&h);
+        }
+        match scanned {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(_) => ControlFlow::Break(()),
+        }
+    });
+    match read {
+        true => scanned.map(|()| settle(out, private, &owners)),
+        false => Err(NoScan::Refused),
     }
-    Some(settle(out, private, &owners))
 }
 
 /// `scanned` (its shared mappings) and its `private` ones, with the mappings left out whose
@@ -581,12 +637,11 @@ fn scan_resident_bytes(pagemap: &std::fs::File, start: usize, end: usize, shared
     Some(bytes)
 }
 
-/// Scans `/proc/self/smaps` (the fallback, see the module's comment). `None` if it cannot
-/// be read.
-fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
+/// Scans `/proc/self/smaps` (the fallback, see the module's comment).
+fn measure_by_smaps(min_size_bytes: usize) -> Result<Unmanaged, NoScan> {
     // Before `/proc` is read: see `settle`.
     let owners = uswap::memory_owners();
-    let f = std::fs::File::open("/proc/self/smaps").ok()?;
+    let f = std::fs::File::open("/proc/self/smaps").map_err(|_| NoScan::Refused)?;
     let mut out = Unmanaged::default();
     let mut private = Vec::new();
     // The mapping being read (its bytes still to come), and whether it is shared anonymous
@@ -599,14 +654,14 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
             .filter(|(m, _)| unowned(&owners, m.start, m.start + m.len))
         {
             // Its own resident pages (`Rss`), as the scan counts a read-only or larger mapping.
-            Some((m, Some(object))) => out.shared.push((object, Mapping { bytes, ..m })),
-            Some((m, None)) => private.push(Mapping { bytes, ..m }),
-            None => {}
+            Some((m, Some(object))) => push(&mut out.shared, (object, Mapping { bytes, ..m })),
+            Some((m, None)) => push(private, Mapping { bytes, ..m }),
+            None => Ok(()),
         };
     for line in std::io::BufReader::new(f).lines() {
-        let line = line.ok()?;
+        let line = line.map_err(|_| NoScan::Refused)?;
         if let Some(h) = parse_header(&line) {
-            flush(cur.take(), bytes, &mut out, &mut private);
+            flush(cur.take(), bytes, &mut out, &mut private)?;
             (bytes, private_dirty) = (0, 0);
             let b = std::mem::replace(&mut before, Before::of(&h));
             note_special_mappings(&mut out, &h);
@@ -631,8 +686,8 @@ fn measure_by_smaps(min_size_bytes: usize) -> Option<Unmanaged> {
             };
         }
     }
-    flush(cur.take(), bytes, &mut out, &mut private);
-    Some(settle(out, private, &owners))
+    flush(cur.take(), bytes, &mut out, &mut private)?;
+    Ok(settle(out, private, &owners))
 }
 
 #[cfg(test)]
@@ -653,7 +708,7 @@ mod tests {
         let m = |start, bytes| Mapping { start, len: 1 << 20, bytes, why: "shared" };
         let mut u = Unmanaged { bytes: 5, ..Default::default() };
         u.shared = vec![(7, m(0x1000, 4096)), (0, m(0x2000, 100)), (7, m(0x3000, 8192)), (9, m(0x4000, 1))];
-        assert_eq!(u.shared_objects(), vec![7, 7, 9]);
+        assert_eq!(u.shared_objects(), Some(vec![7, 7, 9]));
         let mut asked = Vec::new();
         u.count_shared(|object, bytes| {
             asked.push((object, bytes));

@@ -20,6 +20,10 @@ pub(super) struct Unmanaged {
     /// Which of the records' measurements `by_reason` sums.
     pub(super) moment: Moment,
     pub(super) by_reason: Vec<Reason>,
+    /// Measurements given up because the process could not allocate their lists (a process
+    /// at the system's limit of mappings), and the processes that gave some up.
+    pub(super) scans_without_memory: u64,
+    pub(super) processes_without_memory: u64,
 }
 
 /// One reason memory of the tree was not managed, summed over its processes.
@@ -51,12 +55,16 @@ pub(super) fn unmanaged_in(dir: &Path, moment: Moment) -> Unmanaged {
         Moment::Now => ("unmanaged_by_reason", "unmanaged_largest"),
         Moment::Peak => ("unmanaged_peak_by_reason", "unmanaged_peak_largest"),
     };
-    let mut u = Unmanaged { bytes: 0, moment, by_reason: Vec::new() };
+    let mut u =
+        Unmanaged { bytes: 0, moment, by_reason: Vec::new(), scans_without_memory: 0, processes_without_memory: 0 };
     for path in record_paths(dir) {
         let Ok(text) = read_tree_file(&path) else { continue };
         let Ok(rec) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
         let pid = rec.get("pid").and_then(|v| v.as_u64()).unwrap_or(0);
         u.bytes += rec.get("unmanaged_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
+        let without_memory = rec.get("unmanaged_scans_without_memory").and_then(|v| v.as_u64()).unwrap_or(0);
+        u.scans_without_memory += without_memory;
+        u.processes_without_memory += u64::from(without_memory > 0);
         for r in reasons_in(&rec, reasons, mappings, pid) {
             match u.by_reason.iter_mut().find(|have| have.why == r.why) {
                 Some(have) => {
@@ -255,9 +263,44 @@ pub(super) fn unmanaged_message(u: &Unmanaged, limit_bytes: u64, when: &str) -> 
     msg
 }
 
+/// What to say of the measurements of unmanaged memory that processes gave up for want of
+/// memory: the figures of unmanaged memory may be low. `None` if none was given up.
+pub(super) fn scans_without_memory_message(u: &Unmanaged) -> Option<String> {
+    if u.scans_without_memory == 0 {
+        return None;
+    }
+    Some(format!(
+        "{} measurement(s) of the anonymous memory uswap does not manage were given up, in {} process(es): \
+         the process could not allocate memory for them (its mappings at the system's limit, vm.max_map_count, \
+         or its memory exhausted), so the unmanaged figures may be low",
+        u.scans_without_memory, u.processes_without_memory
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scans_given_up_are_said_with_their_processes() {
+        let mut u = Unmanaged {
+            bytes: 0,
+            moment: Moment::Peak,
+            by_reason: Vec::new(),
+            scans_without_memory: 0,
+            processes_without_memory: 0,
+        };
+        assert_eq!(scans_without_memory_message(&u), None);
+        (u.scans_without_memory, u.processes_without_memory) = (5, 2);
+        let msg = scans_without_memory_message(&u).expect("said");
+        assert!(
+            msg.starts_with(
+                "5 measurement(s) of the anonymous memory uswap does not manage were given up, in 2 process(es)"
+            ),
+            "{msg}"
+        );
+        assert!(msg.contains("vm.max_map_count"), "{msg}");
+    }
 
     /// A crash is said as a shell says it; an exit, Ctrl-C and a closed pipe are not.
     #[test]

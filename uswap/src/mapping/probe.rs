@@ -4,6 +4,7 @@
 //! `populate_write`, which changes no byte.
 
 use std::io;
+use std::ops::ControlFlow;
 
 use crate::uffd::PAGE_SIZE;
 
@@ -146,35 +147,83 @@ pub struct MapsEntry {
 }
 
 /// This process's mappings, by address, from `/proc/self/maps` (a line that does not parse
-/// is left out); none if the file cannot be read. Allocates and reads a file: not for a
-/// signal handler.
+/// is left out); none if the file cannot be read, or if the list cannot be allocated. Reads
+/// the file a buffer at a time ([`for_each_maps_line`]) and grows the list fallibly: a
+/// process at the system's limit of mappings (`vm.max_map_count`; stress-ng's brk stressor
+/// reaches it) can get no new memory at all, and reading the whole file into a string, or
+/// a list that must grow, aborted it. Not for a signal handler.
 pub fn self_maps() -> Option<Vec<MapsEntry>> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let entries = maps.lines().filter_map(|line| {
-        let mut fields = line.split_whitespace();
-        let (range, perms) = (fields.next()?, fields.next()?);
-        let (start, end) = range.split_once('-')?;
-        let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
-        // Offset, device, inode, then the path if there is one.
-        let inode = fields.nth(2)?;
-        let reservation = perms == "---p" && inode == "0" && fields.next().is_none();
-        Some(MapsEntry { start, end, readable: perms.starts_with('r'), reservation })
+    let mut entries = Vec::new();
+    let mut room = true;
+    let read = for_each_maps_line::<MAPS_LINE_BYTES>(|line| {
+        if let Some(entry) = maps_entry(maps_text(line)) {
+            room = entries.try_reserve(1).is_ok();
+            if room {
+                entries.push(entry);
+            }
+        }
+        if room {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(())
+        }
     });
-    Some(entries.collect())
+    (read && room).then_some(entries)
+}
+
+/// A buffer that holds any line of `/proc/self/maps` whole: the kernel prints a path into
+/// one page at most, and the fields before it take under a hundred bytes.
+pub const MAPS_LINE_BYTES: usize = 8192;
+
+/// One line of `/proc/self/maps` as a [`MapsEntry`].
+fn maps_entry(line: &str) -> Option<MapsEntry> {
+    let mut fields = line.split_whitespace();
+    let (range, perms) = (fields.next()?, fields.next()?);
+    let (start, end) = range.split_once('-')?;
+    let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
+    // Offset, device, inode, then the path if there is one.
+    let inode = fields.nth(2)?;
+    let reservation = perms == "---p" && inode == "0" && fields.next().is_none();
+    Some(MapsEntry { start, end, readable: perms.starts_with('r'), reservation })
+}
+
+/// The text of a line of `/proc/self/maps`: all of it, or, where its path is not UTF-8 (a
+/// file name is any bytes), the line up to the path's first byte that is not; the fields
+/// before the path are ASCII. A whole-file `read_to_string` failed on such a name, and every
+/// reader of the file got nothing.
+pub fn maps_text(line: &[u8]) -> &str {
+    match std::str::from_utf8(line) {
+        Ok(text) => text,
+        Err(e) => std::str::from_utf8(&line[..e.valid_up_to()]).unwrap_or_default(),
+    }
 }
 
 /// Calls `f(start, end)` for each mapping `/proc/self/maps` lists, by address, reading the
-/// file a buffer at a time: allocation-free, for the system-call guard's slow path. `f` may
-/// change mappings: the kernel goes on from the address its listing reached. False if the
-/// file cannot be opened.
+/// file a page at a time: allocation-free, for the system-call guard's slow path. See
+/// [`for_each_maps_line`].
 pub(super) fn for_each_self_mapping(mut f: impl FnMut(usize, usize)) -> bool {
+    for_each_maps_line::<4096>(|line| {
+        if let Some((start, end)) = maps_range(line) {
+            f(start, end);
+        }
+        ControlFlow::Continue(())
+    })
+}
+
+/// Calls `f(line)` for each line of `/proc/self/maps` (without its newline), by address,
+/// until it says to stop, reading the file into a buffer of `N` bytes on the stack:
+/// allocation-free. A line longer than the buffer is given cut to its first `N` bytes (its
+/// range and fields come first; with [`MAPS_LINE_BYTES`], no line is cut). `f` may change
+/// mappings: the kernel goes on from the address its listing reached. False if the file
+/// cannot be opened.
+pub fn for_each_maps_line<const N: usize>(mut f: impl FnMut(&[u8]) -> ControlFlow<()>) -> bool {
     // SAFETY: opens a file by a NUL-terminated path; the descriptor is closed below.
     let fd = unsafe { libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
         return false;
     }
-    let mut buf = [0u8; 4096];
-    // `skipping`: the rest of a line longer than the buffer (a long path), already seen.
+    let mut buf = [0u8; N];
+    // `skipping`: the rest of a line longer than the buffer, already given.
     let (mut filled, mut skipping) = (0, false);
     // Bounded by the file's length: each pass reads at least a byte, or ends.
     loop {
@@ -188,17 +237,24 @@ pub(super) fn for_each_self_mapping(mut f: impl FnMut(usize, usize)) -> bool {
         }
         filled += n as usize;
         let mut consumed = 0;
+        let mut flow = ControlFlow::Continue(());
         while let Some(nl) = buf[consumed..filled].iter().position(|&b| b == b'\n') {
-            if let (false, Some((start, end))) = (skipping, maps_range(&buf[consumed..consumed + nl])) {
-                f(start, end);
+            if !skipping {
+                flow = f(&buf[consumed..consumed + nl]);
             }
             (skipping, consumed) = (false, consumed + nl + 1);
+            if flow.is_break() {
+                break;
+            }
         }
-        if consumed == 0 && filled == buf.len() {
-            if let (false, Some((start, end))) = (skipping, maps_range(&buf)) {
-                f(start, end);
+        if flow.is_continue() && consumed == 0 && filled == buf.len() {
+            if !skipping {
+                flow = f(&buf);
             }
             (skipping, consumed) = (true, filled);
+        }
+        if flow.is_break() {
+            break;
         }
         buf.copy_within(consumed..filled, 0);
         filled -= consumed;
@@ -251,5 +307,28 @@ mod tests {
         // Not disjoint: a mapping another test's merged with one already listed is listed
         // again, whole (the kernel goes on from the next mapping's start).
         assert!(seen.len() > 3 && seen.iter().all(|&(s, e)| s < e && s % 4096 == 0), "{seen:x?}");
+    }
+    /// A file whose name is not UTF-8 (a name is any bytes) leaves the list of mappings
+    /// whole, the mapping of it listed: reading the file into a string failed on such a
+    /// name, and every reader of the list got none.
+    #[test]
+    fn a_name_that_is_not_utf8_leaves_the_list_whole() {
+        use std::os::unix::ffi::OsStrExt;
+        let name = [b"uswap-maps-\xff\xfe-".as_slice(), std::process::id().to_string().as_bytes()].concat();
+        let file = std::env::temp_dir().join(std::ffi::OsStr::from_bytes(&name));
+        std::fs::write(&file, [7u8; 4096]).unwrap();
+        let f = std::fs::File::open(&file).unwrap();
+        // SAFETY: a fresh read-only private mapping of the file, unmapped below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        let maps = self_maps();
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p, 4096) };
+        std::fs::remove_file(&file).unwrap();
+        let maps = maps.expect("the list of mappings");
+        let entry = maps.iter().find(|m| m.start == p as usize);
+        assert_eq!(entry.map(|m| (m.end, m.readable, m.reservation)), Some((p as usize + 4096, true, false)));
+        let line = b"7f00a000-7f00b000 r--p 00000000 fe:00 7 /tmp/a\xffb";
+        assert_eq!(maps_text(line), "7f00a000-7f00b000 r--p 00000000 fe:00 7 /tmp/a");
     }
 }
