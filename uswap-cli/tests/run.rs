@@ -469,7 +469,8 @@ fn a_traced_child_that_unmaps_everything_dies_of_sigsegv() {
 
 /// `MADV_POPULATE_WRITE`/`_READ` over managed memory whose pages are out succeed in both
 /// modes (in signal mode they failed with EFAULT: the kernel populates with faults of its
-/// own), and every byte is as written.
+/// own), and every byte is as written. `MAP_POPULATE` with an address hint keeps to the
+/// limit (the kernel populated all of it before the pager adopted it: twice the limit).
 #[test]
 fn populating_managed_memory_succeeds_in_both_modes() {
     run_in_both_modes("populate", WSS_MIB / 2, |mode, prog, r| {

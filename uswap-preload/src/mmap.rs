@@ -5,8 +5,9 @@
 //! memory is managed once it is at least `--min-size` bytes, however the program asks for
 //! it ([`plan`]):
 //! * read-write with no address asked for: a region the engine maps (`Pager::map`);
-//! * anything else (a `PROT_NONE` reservation, an address hint, `MAP_FIXED_NOREPLACE`,
-//!   `MAP_POPULATE`): the kernel maps it as asked and the pager takes it over
+//! * anything else (a `PROT_NONE` reservation, an address hint, `MAP_FIXED_NOREPLACE`):
+//!   the kernel maps it as asked, but for `MAP_POPULATE` (its pages come in on first touch,
+//!   under the budget, not all at once over it), and the pager takes it over
 //!   (`Pager::adopt`). A reservation's pages are paged once the program makes them
 //!   accessible, with `mprotect` (the registration survives it) or with `mmap(MAP_FIXED)`;
 //! * fresh anonymous memory mapped `MAP_FIXED` over managed memory, whatever its size (a
@@ -396,6 +397,12 @@ pub(crate) fn map(
             }
         }
         Plan::MapThenAdopt => {
+            // Without `MAP_POPULATE`: the kernel would fault in every page before the pager
+            // adopts them, all over the limit at once (stress-ng's mmap stressor, 256 MiB
+            // with an address hint, resident under 64 MiB). They come in on first touch,
+            // under the budget, as in a region uswap maps (`Plan::Map`), which is all the
+            // flag changes for anonymous memory; `MAP_LOCKED` still brings them in.
+            let flags = flags & !libc::MAP_POPULATE;
             let p = real::sys_mmap(addr, len, prot, flags, fd, off);
             if p != libc::MAP_FAILED {
                 adopt(cfg, p as usize, len, flags & libc::MAP_FIXED != 0, prot == libc::PROT_NONE);
