@@ -467,6 +467,24 @@ fn a_traced_child_that_unmaps_everything_dies_of_sigsegv() {
     run_in_both_modes("unmapall", 2 * LIMIT_MIB, |mode, _, r| assert_printed_ok(mode, &r.0));
 }
 
+/// Code running on stacks the program made in managed memory (64 coroutines of
+/// `makecontext`, a thread of `pthread_attr_setstack`, both from `malloc`) while a timer's
+/// handler, installed without `SA_ONSTACK`, has its frames written onto them
+/// (`signalstacks.c`): every frame and byte as written, in both modes. In signal mode the
+/// kernel could not write such a frame onto a page that was out or never touched, and the
+/// program died of SIGSEGV at once; there the stacks are let go of, and said.
+#[test]
+fn signals_taken_on_the_programs_own_stacks_are_delivered_in_both_modes() {
+    run_in_both_modes("signalstacks", WSS_MIB, |mode, _, r| {
+        let (stdout, stderr) = (String::from_utf8_lossy(&r.0.stdout), String::from_utf8_lossy(&r.0.stderr));
+        assert!(r.0.status.success(), "{mode}: {}\n{stdout}\n{stderr}", r.0.status);
+        assert_eq!(stdout, "signalstacks: coroutines ok, thread ok, buffer ok, ticks yes\n", "{mode}: {stderr}");
+        assert!(counter(&r.1, "pswpout") > 0, "{mode}: nothing was swapped out: {}", r.1);
+        let said = stderr.contains("a stack the program runs code on (makecontext, pthread_attr_setstack)");
+        assert_eq!(said, mode == "signal", "{mode}: the stacks let go of are said in signal mode only:\n{stderr}");
+    });
+}
+
 /// `MADV_POPULATE_WRITE`/`_READ` over managed memory whose pages are out succeed in both
 /// modes (in signal mode they failed with EFAULT: the kernel populates with faults of its
 /// own), and every byte is as written. `MAP_POPULATE` with an address hint keeps to the

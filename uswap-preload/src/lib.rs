@@ -68,6 +68,7 @@ pub mod own_process;
 pub mod program_break;
 pub mod program_frames;
 pub mod program_seccomp;
+pub mod program_stacks;
 pub mod program_system_calls;
 pub mod program_userfaultfd;
 pub mod real;
@@ -465,6 +466,9 @@ pub(crate) enum StartCause {
     /// What it holds outside any region (small mappings, its own break: its bytes) passed
     /// `USWAP_START_AFTER` with its heap (`waiting_charge::note_small_mapping`).
     Unmanaged(usize),
+    /// A coroutine's stack (`makecontext`; its bytes), let go of in signal mode
+    /// (`program_stacks`).
+    Stack(usize),
 }
 
 impl std::fmt::Display for StartCause {
@@ -477,6 +481,7 @@ impl std::fmt::Display for StartCause {
             StartCause::Thread => write!(f, "its first thread"),
             StartCause::AddressSpaceLimit => write!(f, "an address-space limit it set"),
             StartCause::Unmanaged(bytes) => write!(f, "{bytes} bytes of small mappings and break"),
+            StartCause::Stack(bytes) => write!(f, "a coroutine's stack of {bytes} bytes"),
         }
     }
 }

@@ -19,8 +19,10 @@
 //! signal mode the new thread's first frames (the C library's start, then ours) land there
 //! before it has an alternate signal stack, and a fault on a page that is out (or never
 //! written) has nowhere to put its SIGBUS frame: the thread died of SIGSEGV at its first
-//! instruction. So that stack's top is brought in and pinned until the thread has its
-//! alternate stack ([`pin_program_stack`]). Not covered: a thread-local block of a
+//! instruction. So that stack is let go of (`crate::program_stacks`: a handler of the
+//! program's may take a signal on it for the thread's whole life), and where that fails
+//! its top is brought in and pinned until the thread has its alternate stack
+//! ([`pin_program_stack`]). Not covered: a thread-local block of a
 //! `dlopen`ed module allocated lazily by `__tls_get_addr` on the thread's first use (it is
 //! read by that module's code, which faults like any application access).
 
@@ -58,12 +60,6 @@ struct UswapThread {
 /// the C library's start and ours, with room to spare.
 const START_FRAMES_BYTES: usize = 64 << 10;
 
-extern "C" {
-    /// The top of the stack the program set in `attr` (`pthread_attr_setstack`), or null:
-    /// `pthread_attr_getstack` cannot tell "none" from one, its address being computed.
-    fn pthread_attr_getstackaddr(attr: *const libc::pthread_attr_t, stackaddr: *mut *mut c_void) -> libc::c_int;
-}
-
 /// The size of the C library's static TLS block (its thread control block and every
 /// initially loaded module's thread-locals), which it puts at the top of a thread's stack;
 /// 256 KiB where the C library does not say. Looked up once: it is fixed at start-up.
@@ -91,18 +87,7 @@ fn static_tls_bytes() -> usize {
 /// writable and pinned, if it lies in memory a signal-mode pager manages (see the module's
 /// comment); the thread releases the pin once it has its alternate stack.
 fn pin_program_stack(attr: *const libc::pthread_attr_t) -> Option<uswap::Pin> {
-    if attr.is_null() {
-        return None;
-    }
-    let (mut top, mut size) = (std::ptr::null_mut(), 0usize);
-    // SAFETY: `attr` is the caller's initialized attribute object; both calls only read it.
-    let set = unsafe {
-        pthread_attr_getstackaddr(attr, &mut top) == 0 && libc::pthread_attr_getstacksize(attr, &mut size) == 0
-    };
-    if !set || top.is_null() || size == 0 {
-        return None;
-    }
-    let top = top as usize;
+    let (top, size) = crate::program_stacks::given_stack(attr)?;
     let len = (static_tls_bytes() + START_FRAMES_BYTES).min(size);
     let mut pin = uswap::Pin::for_handoff();
     match uswap::prepare_user_access(&mut pin, top - len, len, true) {
@@ -177,6 +162,11 @@ pub unsafe extern "C" fn pthread_create(
         None
     };
     if let (Some(wrapper), Some(start)) = (wrapper, start) {
+        if !ours {
+            // Signal mode: a stack the program gave is let go of (`program_stacks`), and
+            // its top then needs no pin.
+            crate::program_stacks::let_go_of_thread_stack(attr);
+        }
         let stack_pin = if ours { None } else { pin_program_stack(attr) };
         let t = Box::into_raw(Box::new(UswapThread { start, arg, stack_pin }));
         // SAFETY: the caller's thread and attributes; the wrapper takes the box.

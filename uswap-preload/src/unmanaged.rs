@@ -218,6 +218,10 @@ fn why(h: &Header<'_>, before: Before, min_size_bytes: usize) -> &'static str {
         _ if h.perms.as_bytes().get(1) != Some(&b'w') => {
             "read-only memory (mprotect): the kernel moves no page out of it, so uswap lets go of it"
         }
+        _ if crate::program_stacks::let_go_of(h.start, h.end) => {
+            "a stack the program runs code on (makecontext, pthread_attr_setstack): in signal mode uswap lets go of \
+             it, since a signal's frame written there could not wait for a page (--fault-mode thread pages it)"
+        }
         _ if crate::mmap::let_go_by_protection(h.start, h.end) => {
             "made read-only or executable by the program (mprotect): uswap let go of it, and does not take it back \
              when it is made writable again"
