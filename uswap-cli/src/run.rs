@@ -735,7 +735,8 @@ impl EndedRun {
         if !self.escaped.is_empty() {
             say!("uswap run: {}", records::escape_message(&self.escaped));
         }
-        if let Some(msg) = scans_without_memory_message(&self.unmanaged) {
+        let scans_given_up = scans_without_memory_message(&self.unmanaged);
+        if let Some(msg) = &scans_given_up {
             say!("uswap run: {msg}");
         }
         let peak = self.summary.get("unmanaged_peak_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
@@ -745,6 +746,11 @@ impl EndedRun {
             if args.strict {
                 return Ok(2);
             }
+        }
+        if args.strict && scans_given_up.is_some() {
+            // What the scans given up did not see may have been over the limit.
+            say!("uswap run: --strict: the limit is not shown to hold for the program's whole memory");
+            return Ok(2);
         }
         // Last, so that it is the line a user reads: a process of the tree ran without the
         // budget's pager, or not at all, whatever the program's own status says.

@@ -39,6 +39,7 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
     // What was let go of there is gone with it (the report must not name a later mapping
     // at these addresses so).
     LET_GO_BY_PROTECTION.forget(start, end.unwrap_or(usize::MAX));
+    crate::program_stacks::forget(start, end.unwrap_or(usize::MAX));
     let pager = crate::pager().filter(|_| start % uswap::PAGE_SIZE == 0);
     if let Some((pager, end)) = pager.zip(end).filter(|(p, end)| p.holds_staging_within(start, *end)) {
         return unmap_with_uswap(pager, addr, len, end);

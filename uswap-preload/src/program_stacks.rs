@@ -15,6 +15,10 @@
 //! touches takes memory), and the report of unmanaged memory names it. In thread mode the
 //! kernel waits for such a page like any other: nothing is done.
 //!
+//! Letting go is for good: a stack from `malloc` that the program frees leaves ordinary
+//! memory in its heap, which later blocks there take (counted as unmanaged memory, and
+//! named as a stack's); a mapped stack that it unmaps goes with its mapping.
+//!
 //! A process still waiting for its pager (lazy start) starts it at its first `makecontext`
 //! in signal mode: the stack may lie in its heap or in a mapping it deferred, which the
 //! pager's start would take over. (`pthread_create` starts it anyway.)
@@ -37,18 +41,25 @@ pub(crate) fn let_go_of(start: usize, end: usize) -> bool {
     LET_GO.overlaps(start, end)
 }
 
+/// Forgets the stacks let go of inside `[start, end)`, unmapped: a later mapping there is
+/// not named a stack.
+pub(crate) fn forget(start: usize, end: usize) {
+    LET_GO.forget(start, end);
+}
+
 /// Lets go of the stack `[start, start + len_bytes)` in signal mode (see the module's
-/// comment), starting a waiting process's pager first. Whole pages: the ones the stack's
-/// ends share with neighbouring blocks of the heap go too.
-fn let_go_of_stack(start: usize, len_bytes: usize, starts_the_pager: bool) {
+/// comment), starting a waiting process's pager first; true if some of it was managed.
+/// Whole pages: the ones the stack's ends share with neighbouring blocks of the heap go
+/// too.
+fn let_go_of_stack(start: usize, len_bytes: usize, starts_the_pager: bool) -> bool {
     let signal_mode = |mode| mode == uswap::FaultMode::Signal;
     if len_bytes == 0 || !crate::config().is_some_and(|c| signal_mode(c.fault_mode)) {
-        return;
+        return false;
     }
     if starts_the_pager {
         crate::start_if_waiting(crate::StartCause::Stack(len_bytes));
     }
-    let Some(pager) = crate::pager().filter(|p| signal_mode(p.fault_mode())) else { return };
+    let Some(pager) = crate::pager().filter(|p| signal_mode(p.fault_mode())) else { return false };
     let from = start & !(uswap::PAGE_SIZE - 1);
     let to = start.saturating_add(len_bytes).next_multiple_of(uswap::PAGE_SIZE);
     let let_go = {
@@ -59,15 +70,14 @@ fn let_go_of_stack(start: usize, len_bytes: usize, starts_the_pager: bool) {
     if let_go && !LET_GO.overlaps(from, to) {
         LET_GO.keep(from, to - from);
     }
+    let_go
 }
 
 /// The stack the program gave a new thread in `attr` (`pthread_attr_setstack`), let go of
-/// in signal mode (see the module's comment). For `pthread_create`, which started the
-/// pager.
-pub(crate) fn let_go_of_thread_stack(attr: *const libc::pthread_attr_t) {
-    if let Some((top, size)) = given_stack(attr) {
-        let_go_of_stack(top.saturating_sub(size), size, false);
-    }
+/// in signal mode (see the module's comment); true if some of it was managed. For
+/// `pthread_create`, which started the pager.
+pub(crate) fn let_go_of_thread_stack(attr: *const libc::pthread_attr_t) -> bool {
+    given_stack(attr).is_some_and(|(top, size)| let_go_of_stack(top.saturating_sub(size), size, false))
 }
 
 extern "C" {

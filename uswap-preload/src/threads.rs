@@ -162,12 +162,12 @@ pub unsafe extern "C" fn pthread_create(
         None
     };
     if let (Some(wrapper), Some(start)) = (wrapper, start) {
-        if !ours {
-            // Signal mode: a stack the program gave is let go of (`program_stacks`), and
-            // its top then needs no pin.
-            crate::program_stacks::let_go_of_thread_stack(attr);
-        }
-        let stack_pin = if ours { None } else { pin_program_stack(attr) };
+        // Signal mode: a stack the program gave is let go of (`program_stacks`); its top
+        // is pinned only where that failed.
+        let stack_pin = match ours || crate::program_stacks::let_go_of_thread_stack(attr) {
+            true => None,
+            false => pin_program_stack(attr),
+        };
         let t = Box::into_raw(Box::new(UswapThread { start, arg, stack_pin }));
         // SAFETY: the caller's thread and attributes; the wrapper takes the box.
         let r = unsafe { real(thread, attr, Some(wrapper), t.cast()) };

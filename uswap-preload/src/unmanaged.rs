@@ -30,7 +30,6 @@
 //! here, where smaps put them apart from `Anonymous`: they are anonymous memory outside the
 //! budget all the same.
 
-use std::io::BufRead;
 use std::ops::ControlFlow;
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -102,8 +101,9 @@ impl Unmanaged {
     ///
     /// Sorted in place, in time n log n in the mappings: stress-ng's `--mlock` maps
     /// thousands of shared pages (a search of the list for each of them took 39 % of the
-    /// run's CPU time), and nothing is allocated (a table of objects aborted a process at
-    /// the system's limit of mappings, see [`SCANS_WITHOUT_MEMORY`]).
+    /// run's CPU time), and nothing the size of the list is allocated (a table of objects
+    /// could abort a process at the system's limit of mappings, see
+    /// [`SCANS_WITHOUT_MEMORY`]; `add`'s lists stay a few entries long).
     pub fn count_shared(&mut self, mut count: impl FnMut(u64, u64) -> u64) {
         let mut shared = std::mem::take(&mut self.shared);
         shared.sort_unstable_by_key(|(object, m)| (*object, m.start));
@@ -645,53 +645,88 @@ fn scan_resident_bytes(pagemap: &std::fs::File, start: usize, end: usize, shared
 fn measure_by_smaps(min_size_bytes: usize) -> Result<Unmanaged, NoScan> {
     // Before `/proc` is read: see `settle`.
     let owners = uswap::memory_owners();
-    let f = std::fs::File::open("/proc/self/smaps").map_err(|_| NoScan::Refused)?;
-    let mut out = Unmanaged::default();
-    let mut private = Vec::new();
-    // The mapping being read (its bytes still to come), and whether it is shared anonymous
-    // memory (with its object).
-    let mut cur: Option<(Mapping, Option<u64>)> = None;
-    let mut before = Before::default();
-    let (mut bytes, mut private_dirty) = (0u64, 0u64);
-    let flush =
-        |cur: Option<(Mapping, Option<u64>)>, bytes: u64, out: &mut Unmanaged, private: &mut Vec<Mapping>| match cur
-            .filter(|(m, _)| unowned(&owners, m.start, m.start + m.len))
-        {
-            // Its own resident pages (`Rss`), as the scan counts a read-only or larger mapping.
-            Some((m, Some(object))) => push(&mut out.shared, (object, Mapping { bytes, ..m })),
-            Some((m, None)) => push(private, Mapping { bytes, ..m }),
-            None => Ok(()),
-        };
-    for line in std::io::BufReader::new(f).lines() {
-        let line = line.map_err(|_| NoScan::Refused)?;
-        if let Some(h) = parse_header(&line) {
-            flush(cur.take(), bytes, &mut out, &mut private)?;
-            (bytes, private_dirty) = (0, 0);
-            let b = std::mem::replace(&mut before, Before::of(&h));
-            note_special_mappings(&mut out, &h);
-            cur = counted(&h).map(|shared_anon| {
-                let m = Mapping { start: h.start, len: h.end - h.start, bytes: 0, why: why(&h, b, min_size_bytes) };
+    let mut scan = SmapsScan {
+        owners: &owners,
+        min_size_bytes,
+        out: Unmanaged::default(),
+        private: Vec::new(),
+        cur: None,
+        before: Before::default(),
+        bytes: 0,
+        private_dirty: 0,
+    };
+    let mut scanned = Ok(());
+    // A buffer at a time, as the maps: nothing the size of the file is allocated.
+    let read = uswap::for_each_line_of::<{ uswap::MAPS_LINE_BYTES }>(c"/proc/self/smaps", |line| {
+        scanned = scan.line(uswap::maps_text(line));
+        match scanned {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(_) => ControlFlow::Break(()),
+        }
+    });
+    if !read {
+        return Err(NoScan::Refused);
+    }
+    scanned?;
+    scan.flush()?;
+    Ok(settle(scan.out, scan.private, &owners))
+}
+
+/// [`measure_by_smaps`]'s state between lines.
+struct SmapsScan<'a> {
+    owners: &'a uswap::MemoryOwners,
+    min_size_bytes: usize,
+    out: Unmanaged,
+    private: Vec<Mapping>,
+    /// The mapping being read (its bytes still to come), and whether it is shared
+    /// anonymous memory (with its object).
+    cur: Option<(Mapping, Option<u64>)>,
+    before: Before,
+    bytes: u64,
+    private_dirty: u64,
+}
+
+impl SmapsScan<'_> {
+    /// One line of smaps: a mapping's header, or one of its fields.
+    fn line(&mut self, line: &str) -> Result<(), NoScan> {
+        if let Some(h) = parse_header(line) {
+            self.flush()?;
+            (self.bytes, self.private_dirty) = (0, 0);
+            let b = std::mem::replace(&mut self.before, Before::of(&h));
+            note_special_mappings(&mut self.out, &h);
+            self.cur = counted(&h).map(|shared_anon| {
+                let m =
+                    Mapping { start: h.start, len: h.end - h.start, bytes: 0, why: why(&h, b, self.min_size_bytes) };
                 (m, shared_anon.then_some(h.object))
             });
-            continue;
+            return Ok(());
         }
-        let Some((_, shared_anon)) = cur else { continue };
+        let Some((_, shared_anon)) = self.cur else { return Ok(()) };
         let kib = |kb: &str| kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
         // In a fork child, pages it maps alone ([`FORK_CHILD`]): smaps puts them in
         // `Private_Dirty` (before `Anonymous`), which also holds written file pages.
         if let (None, Some(kb)) = (shared_anon, line.strip_prefix("Private_Dirty:")) {
-            private_dirty = kib(kb);
+            self.private_dirty = kib(kb);
         }
         let field = if shared_anon.is_some() { "Rss:" } else { "Anonymous:" };
         if let Some(kb) = line.strip_prefix(field) {
-            bytes = match shared_anon.is_none() && FORK_CHILD.load(Ordering::Relaxed) {
-                true => kib(kb).min(private_dirty),
+            self.bytes = match shared_anon.is_none() && FORK_CHILD.load(Ordering::Relaxed) {
+                true => kib(kb).min(self.private_dirty),
                 false => kib(kb),
             };
         }
+        Ok(())
     }
-    flush(cur.take(), bytes, &mut out, &mut private)?;
-    Ok(settle(out, private, &owners))
+
+    /// Keeps the mapping read so far, if it counts, with its resident pages (`Rss`, as the
+    /// scan counts a read-only or larger mapping; `Anonymous` for private memory).
+    fn flush(&mut self) -> Result<(), NoScan> {
+        match self.cur.take().filter(|(m, _)| unowned(self.owners, m.start, m.start + m.len)) {
+            Some((m, Some(object))) => push(&mut self.out.shared, (object, Mapping { bytes: self.bytes, ..m })),
+            Some((m, None)) => push(&mut self.private, Mapping { bytes: self.bytes, ..m }),
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -728,6 +763,34 @@ mod tests {
         assert_eq!(named, vec![0x1000, 0x2000], "named by its first mapping; one counted elsewhere is not named");
         let shared = Reason { why: "shared", bytes: 8192 + 100, mappings: 2, largest: (0x1000, 8192) };
         assert_eq!(u.named.by_reason, vec![shared], "its reason counts what was counted, mapping by mapping");
+    }
+
+    /// Mappings of no known object are each counted apart; an object is asked once, with
+    /// its largest mapping's bytes, and named by its lowest mapping, whatever the order of
+    /// the objects' keys against their addresses.
+    #[test]
+    fn unknown_objects_count_apart_and_each_object_is_named_by_its_lowest_mapping() {
+        let m = |start, bytes| Mapping { start, len: 4096, bytes, why: "shared" };
+        let shared = vec![
+            (9, m(0x1000, 10)),
+            (0, m(0x2000, 20)),
+            (3, m(0x3000, 30)),
+            (0, m(0x4000, 40)),
+            (9, m(0x5000, 50)),
+            (3, m(0x6000, 5)),
+        ];
+        let mut u = Unmanaged { shared, ..Default::default() };
+        let mut asked = Vec::new();
+        u.count_shared(|object, bytes| {
+            asked.push((object, bytes));
+            bytes
+        });
+        asked.sort_unstable();
+        assert_eq!(asked, vec![(3, 30), (9, 50)]);
+        assert_eq!(u.bytes, 20 + 40 + 30 + 50);
+        let mut named: Vec<(usize, u64)> = u.named.largest.iter().map(|m| (m.start, m.bytes)).collect();
+        named.sort_unstable();
+        assert_eq!(named, vec![(0x1000, 50), (0x2000, 20), (0x3000, 30), (0x4000, 40)]);
     }
 
     #[test]

@@ -80,10 +80,11 @@ pub use device_config::{parse_size, DeviceConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use events::UnmapUnderWay;
 pub use mapping::{
-    address_space_limit, address_space_limit_bytes, become_program_thread, engine_reserved_bytes, for_each_maps_line,
-    for_each_present_page, forget_engine_memory, forget_engine_threads_in_fork_child, is_engine_thread,
-    live_engine_threads, lock_all_brought_nothing_in, maps_text, mlockall, munlockall, note_engine_memory,
-    note_lock_on_fault, ram_bytes, read_small_file, spawn_engine_thread, AddressSpaceLimit, MAPS_LINE_BYTES,
+    address_space_limit, address_space_limit_bytes, become_program_thread, engine_reserved_bytes, for_each_line_of,
+    for_each_maps_line, for_each_present_page, forget_engine_memory, forget_engine_threads_in_fork_child,
+    is_engine_thread, live_engine_threads, lock_all_brought_nothing_in, maps_text, mlockall, munlockall,
+    note_engine_memory, note_lock_on_fault, ram_bytes, read_small_file, spawn_engine_thread, AddressSpaceLimit,
+    MAPS_LINE_BYTES,
 };
 
 /// Signal mode's SIGBUS handler, for a library that interposes the program's signal calls

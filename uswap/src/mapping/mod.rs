@@ -49,8 +49,8 @@ pub use engine_thread::{
 pub use lock_all::{lock_all_brought_nothing_in, mlockall, munlockall, note_lock_on_fault};
 pub use page_buf::PageBuf;
 pub use probe::{
-    for_each_exclusive_page, for_each_maps_line, for_each_present_page, maps_text, mincore_bitmap, mincore_pages,
-    mincore_pages_where, page_present, populate_write, self_maps, MapsEntry, MAPS_LINE_BYTES,
+    for_each_exclusive_page, for_each_line_of, for_each_maps_line, for_each_present_page, maps_text, mincore_bitmap,
+    mincore_pages, mincore_pages_where, page_present, populate_write, self_maps, MapsEntry, MAPS_LINE_BYTES,
 };
 pub use reservation::{Reservation, WINDOW_BYTES};
 pub use rlimit::{

@@ -171,8 +171,8 @@ pub fn self_maps() -> Option<Vec<MapsEntry>> {
     (read && room).then_some(entries)
 }
 
-/// A buffer that holds any line of `/proc/self/maps` whole: the kernel prints a path into
-/// one page at most, and the fields before it take under a hundred bytes.
+/// A buffer that holds a line of `/proc/self/maps` whole but for a path of thousands of
+/// bytes (the fields before the path take under a hundred).
 pub const MAPS_LINE_BYTES: usize = 8192;
 
 /// One line of `/proc/self/maps` as a [`MapsEntry`].
@@ -212,56 +212,76 @@ pub(super) fn for_each_self_mapping(mut f: impl FnMut(usize, usize)) -> bool {
 
 /// Calls `f(line)` for each line of `/proc/self/maps` (without its newline), by address,
 /// until it says to stop, reading the file into a buffer of `N` bytes on the stack:
-/// allocation-free. A line longer than the buffer is given cut to its first `N` bytes (its
-/// range and fields come first; with [`MAPS_LINE_BYTES`], no line is cut). `f` may change
-/// mappings: the kernel goes on from the address its listing reached. False if the file
-/// cannot be opened.
-pub fn for_each_maps_line<const N: usize>(mut f: impl FnMut(&[u8]) -> ControlFlow<()>) -> bool {
+/// allocation-free. A line longer than the buffer is given cut to its first `N` bytes: its
+/// range and fields come first, and with [`MAPS_LINE_BYTES`] only a path of thousands of
+/// bytes is cut. `f` may change mappings: the kernel goes on from the address its listing
+/// reached. False if the file cannot be opened or read (a listing cut short is not taken
+/// for a whole one).
+pub fn for_each_maps_line<const N: usize>(f: impl FnMut(&[u8]) -> ControlFlow<()>) -> bool {
+    for_each_line_of::<N>(c"/proc/self/maps", f)
+}
+
+/// [`for_each_maps_line`] for the file at `path` (`/proc/self/smaps`).
+pub fn for_each_line_of<const N: usize>(path: &std::ffi::CStr, f: impl FnMut(&[u8]) -> ControlFlow<()>) -> bool {
     // SAFETY: opens a file by a NUL-terminated path; the descriptor is closed below.
-    let fd = unsafe { libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
         return false;
     }
-    let mut buf = [0u8; N];
-    // `skipping`: the rest of a line longer than the buffer, already given.
-    let (mut filled, mut skipping) = (0, false);
-    // Bounded by the file's length: each pass reads at least a byte, or ends.
-    loop {
-        // SAFETY: reads into the unfilled part of `buf`.
-        let n = unsafe { libc::read(fd, buf[filled..].as_mut_ptr().cast(), buf.len() - filled) };
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
+    // Bounded: each try reads, or fails with something other than an interruption.
+    let read = |buf: &mut [u8]| loop {
+        // SAFETY: reads into `buf`, of `buf.len()` bytes.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return n;
         }
+    };
+    let whole = for_each_line::<N>(read, f);
+    // SAFETY: the descriptor opened above, closed once.
+    unsafe { libc::close(fd) };
+    whole
+}
+
+/// Splits what `read` gives into lines for `f`, through a buffer of `N` bytes, as
+/// [`for_each_maps_line`] says: `read(buf)` fills the front of `buf` and returns how many
+/// bytes it put there, 0 at the end, or a negative number on an error (then false). A last
+/// line without a newline is given too.
+fn for_each_line<const N: usize>(
+    mut read: impl FnMut(&mut [u8]) -> isize,
+    mut f: impl FnMut(&[u8]) -> ControlFlow<()>,
+) -> bool {
+    let mut buf = [0u8; N];
+    // `skipping`: the rest of a line longer than the buffer, whose start was given.
+    let (mut filled, mut skipping) = (0, false);
+    // Bounded by what `read` gives: each pass takes at least a byte, or ends.
+    loop {
+        debug_assert!(filled < N);
+        let n = read(&mut buf[filled..]);
         if n <= 0 {
-            break;
+            if n == 0 && filled > 0 && !skipping {
+                let _ = f(&buf[..filled]);
+            }
+            return n == 0;
         }
         filled += n as usize;
         let mut consumed = 0;
-        let mut flow = ControlFlow::Continue(());
         while let Some(nl) = buf[consumed..filled].iter().position(|&b| b == b'\n') {
-            if !skipping {
-                flow = f(&buf[consumed..consumed + nl]);
-            }
+            let flow = if skipping { ControlFlow::Continue(()) } else { f(&buf[consumed..consumed + nl]) };
             (skipping, consumed) = (false, consumed + nl + 1);
             if flow.is_break() {
-                break;
+                return true;
             }
         }
-        if flow.is_continue() && consumed == 0 && filled == buf.len() {
-            if !skipping {
-                flow = f(&buf);
+        if consumed == 0 && filled == N {
+            // A line longer than the buffer: its first `N` bytes, then nothing until its end.
+            if !skipping && f(&buf).is_break() {
+                return true;
             }
             (skipping, consumed) = (true, filled);
-        }
-        if flow.is_break() {
-            break;
         }
         buf.copy_within(consumed..filled, 0);
         filled -= consumed;
     }
-    // SAFETY: the descriptor opened above, closed once.
-    unsafe { libc::close(fd) };
-    true
 }
 
 /// `[start, end)` from a line of `/proc/self/maps` (`start-end perms ...`, in hex).
@@ -330,5 +350,44 @@ mod tests {
         assert_eq!(entry.map(|m| (m.end, m.readable, m.reservation)), Some((p as usize + 4096, true, false)));
         let line = b"7f00a000-7f00b000 r--p 00000000 fe:00 7 /tmp/a\xffb";
         assert_eq!(maps_text(line), "7f00a000-7f00b000 r--p 00000000 fe:00 7 /tmp/a");
+    }
+    /// The lines of what a reader gives, `chunk` bytes at a time, through a buffer of 8
+    /// bytes, until `f` stops at a line equal to `stop`.
+    fn lines_of(text: &[u8], chunk: usize, stop: &[u8]) -> (bool, Vec<Vec<u8>>) {
+        let mut at = 0;
+        let read = |buf: &mut [u8]| {
+            let n = chunk.min(buf.len()).min(text.len() - at);
+            buf[..n].copy_from_slice(&text[at..at + n]);
+            at += n;
+            n as isize
+        };
+        let mut lines = Vec::new();
+        let whole = for_each_line::<8>(read, |line| {
+            lines.push(line.to_vec());
+            if line == stop {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        (whole, lines)
+    }
+
+    /// Lines shorter than, as long as and longer than the buffer (cut to it, given once),
+    /// read in chunks of every size, a last line without a newline, a stop on a line cut,
+    /// and a reader that fails.
+    #[test]
+    fn lines_are_given_once_each_cut_to_the_buffer() {
+        let text = b"a\n12345678\n123456789\n12345678901234567\n\nend";
+        let want: Vec<&[u8]> = vec![b"a", b"12345678", b"12345678", b"12345678", b"", b"end"];
+        for chunk in 1..=10 {
+            let (whole, lines) = lines_of(text, chunk, b"-");
+            assert!(whole, "chunk {chunk}");
+            assert_eq!(lines, want, "chunk {chunk}");
+        }
+        let (whole, lines) = lines_of(text, 3, b"12345678");
+        assert!(whole);
+        assert_eq!(lines, vec![b"a".to_vec(), b"12345678".to_vec()], "stopped at its first cut line");
+        assert!(!for_each_line::<8>(|_| -1, |_| ControlFlow::Continue(())), "a failed read is not a whole file");
     }
 }
