@@ -145,6 +145,10 @@ pub extern "C" fn syscall(n: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_l
         libc::SYS_ioctl => {
             crate::program_userfaultfd::sys_ioctl([a1, a2, a3], || real_syscall(n, [a1, a2, a3, a4, a5, a6]))
         }
+        // A fork without the C library's (see `raw_fork`).
+        _ if crate::raw_fork::is_raw_fork(n, a1, a2) => {
+            crate::raw_fork::around(|_| real_syscall(n, [a1, a2, a3, a4, a5, a6]))
+        }
         libc::SYS_prctl | libc::SYS_seccomp => {
             let ret = real_syscall(n, [a1, a2, a3, a4, a5, a6]);
             crate::program_seccomp::note(n, a1, a2, ret);

@@ -135,12 +135,35 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    forget_the_parents_locks_in_child();
+    release_deferred(true);
+    forget_the_parents_work_in_child();
+    let Some(held) = HELD.with(|h| h.borrow_mut().take()) else { return };
+    let _g = crate::own_code::Guard::enter();
+    // The new pager's set-up is the engine's, not the program's (a file device's rings).
+    let _direct = uswap::syscall_guard::EngineCalls::enter();
+    if let Err(e) = rearm(held) {
+        crate::note_unmanaged_fork_child();
+        let msg = format!("uswap: fork child {} runs unmanaged (every byte kept): {e}\n", std::process::id());
+        crate::real::write_stderr(msg.as_bytes());
+        crate::note_refusal(&msg);
+    }
+    crate::altstack::after_fork_in_child();
+}
+
+/// In a fork child (its one thread, before it runs): the locks of the parent's threads
+/// are let go of, pager or not.
+pub(crate) fn forget_the_parents_locks_in_child() {
     uswap::forget_engine_threads_in_fork_child();
     crate::report::forget_locks_in_fork_child();
     crate::forget_own_slot_lock_in_fork_child();
     crate::program_break::release_after_fork();
     crate::own_process::note();
-    release_deferred(true);
+}
+
+/// In a fork child, after [`forget_the_parents_locks_in_child`]: what the parent's threads
+/// had under way, and what is the parent process's, is forgotten.
+pub(crate) fn forget_the_parents_work_in_child() {
     // A start under way on another thread of the parent is not the child's: it waits again.
     crate::forget_start_in_fork_child();
     // A waiting parent's slot is its own; the child joins with one of its own if it must.
@@ -155,17 +178,6 @@ extern "C" fn child() {
     crate::unmanaged::note_fork_child();
     // No lock of the parent's holds here (mlockall(2)), pager or not.
     uswap::forget_parent_in_fork_child();
-    let Some(held) = HELD.with(|h| h.borrow_mut().take()) else { return };
-    let _g = crate::own_code::Guard::enter();
-    // The new pager's set-up is the engine's, not the program's (a file device's rings).
-    let _direct = uswap::syscall_guard::EngineCalls::enter();
-    if let Err(e) = rearm(held) {
-        crate::note_unmanaged_fork_child();
-        let msg = format!("uswap: fork child {} runs unmanaged (every byte kept): {e}\n", std::process::id());
-        crate::real::write_stderr(msg.as_bytes());
-        crate::note_refusal(&msg);
-    }
-    crate::altstack::after_fork_in_child();
 }
 
 /// Gives the child a pager of its own and its regions (see the module doc).

@@ -71,6 +71,7 @@ pub mod program_seccomp;
 pub mod program_stacks;
 pub mod program_system_calls;
 pub mod program_userfaultfd;
+pub mod raw_fork;
 pub mod real;
 pub mod remote_access;
 pub mod report;
