@@ -468,19 +468,26 @@ fn a_traced_child_that_unmaps_everything_dies_of_sigsegv() {
 }
 
 /// Forks the C library's `fork` does not make, which run no fork handler
-/// (`syscall(SYS_fork)`, `syscall(SYS_clone)`, `clone` with a stack of its own and no
-/// `CLONE_VM`, `_Fork`; `rawfork.c`): each child reads every byte of a buffer four times the
-/// limit as written, and allocates and uses memory of its own, in both modes. Their copies
-/// read zeros where pages were out before, and the children went on.
+/// (`syscall(SYS_fork)`, `syscall(SYS_clone)`, `syscall(SYS_clone3)`, `clone` with a stack
+/// and an argument of its own and no `CLONE_VM`, `_Fork`; `rawfork.c`): each child reads
+/// every byte of a buffer four times the limit as written, and allocates, advises and uses
+/// memory of its own, in both modes; and so in a process whose buffer is too small to start
+/// a pager. Their copies read zeros where pages were out before, and the children went on.
 #[test]
 fn forks_made_without_the_c_librarys_fork_keep_every_byte_in_both_modes() {
+    let want = "rawfork: fork same, SYS_fork same, SYS_clone same, SYS_clone3 same, clone same, _Fork same, \
+                parent same\n";
     run_in_both_modes("rawfork", WSS_MIB, |mode, _, r| {
         let (stdout, stderr) = (String::from_utf8_lossy(&r.0.stdout), String::from_utf8_lossy(&r.0.stderr));
-        let want = "rawfork: fork same, SYS_fork same, SYS_clone same, clone same, _Fork same, parent same\n";
         assert_eq!(stdout, want, "{mode}: {}\n{stderr}", r.0.status);
         assert!(r.0.status.success(), "{mode}: {}\n{stderr}", r.0.status);
         assert!(counter(&r.1, "pswpout") > 0, "{mode}: nothing was swapped out: {}", r.1);
     });
+    let dir = tmpdir("rawfork-waiting");
+    let prog = compile("rawfork", &dir, &[]);
+    let (o, _) = uswap_run(256, &[], &[prog.to_str().unwrap(), "1"], &dir);
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(stdout, want, "without a pager: {}\n{stderr}", o.status);
 }
 
 /// Code running on stacks the program made in managed memory (64 coroutines of

@@ -94,7 +94,7 @@ fn release_deferred(in_child: bool) {
     }
 }
 
-extern "C" fn prepare() {
+pub(crate) extern "C" fn prepare() {
     // First, and in every process that has these handlers: a fork child, even one that
     // runs unmanaged, must not inherit the lock held. (Handlers of libraries set up before
     // this one run after it: one that holds a lock of its own while it calls `sbrk` on
@@ -127,14 +127,14 @@ extern "C" fn prepare() {
     HELD.with(|h| *h.borrow_mut() = Some(Held { pager, table }));
 }
 
-extern "C" fn parent() {
+pub(crate) extern "C" fn parent() {
     crate::program_break::release_after_fork();
     release_deferred(false);
     let held = HELD.with(|h| h.borrow_mut().take());
     drop(held);
 }
 
-extern "C" fn child() {
+pub(crate) extern "C" fn child() {
     forget_the_parents_locks_in_child();
     release_deferred(true);
     forget_the_parents_work_in_child();

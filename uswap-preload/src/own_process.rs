@@ -18,8 +18,9 @@ pub fn note() {
 
 /// Whether the calling process is the one this library set itself up in, not a `vfork`
 /// child of it (which must start no pager: a rewrite of the C library's code, its tables,
-/// would be its parent's). A child made by a raw `clone` without `CLONE_VM` (no fork
-/// handler runs either) is not told apart from one, and runs unmanaged until it execs.
+/// would be its parent's). A child made by a raw fork (`syscall(SYS_fork)`, a `clone`
+/// without `CLONE_VM`) has its fork handler's work done by `crate::raw_fork`, which notes
+/// it; one made by the raw instruction, outside the C library, is not told apart.
 pub fn is_own_process() -> bool {
     OWN_PID.load(Ordering::Relaxed) == std::process::id()
 }

@@ -13,40 +13,80 @@
 //! have held the C library's malloc lock at the fork. Its memory is outside the budget,
 //! as the C library's `vfork` child's is, until its exec starts it a pager of its own.
 //!
-//! A fork in a process still waiting for its pager (lazy start), or made where this
-//! library's own code runs on the thread (a handler that interrupted it, whose locks may be
-//! held), is made as asked: the first has nothing out, the second cannot take the locks.
+//! A process without a pager (one still waiting for it, lazy start, or whose library stands
+//! aside) has nothing out: its fork runs the fork handlers themselves, as the C library's
+//! `fork` would (`crate::fork`). A fork made where this library's own code runs on the
+//! thread (a handler that interrupted it, whose locks may be held) is made as asked, and
+//! said on stderr. Not covered: a `clone` with `CLONE_VFORK` and without `CLONE_VM` keeps
+//! the parent's holds until the child execs or exits (its other threads' `mmap`s wait);
+//! an `_Fork` from a signal handler that interrupted the program's own `sbrk` waits for
+//! the break's lock for good (as the C library's `fork` would, in its handlers).
 //!
 //! Locking: as the fork handlers, the break's lock, then the table of managed mappings,
-//! then the pager's hold, taken before the call and let go of after it on both sides.
+//! then the pager's hold, taken before the call; the parent lets go of them after it, the
+//! child of its copies ([`uswap::ForkHold::release_in_unmanaged_child`]).
 
 use std::ffi::{c_int, c_long, c_void};
 use std::sync::atomic::AtomicPtr;
 
 use crate::own_code::{in_uswap, Guard};
 
-/// What the parent holds across a raw fork; the child takes its copy.
+/// What the parent holds across a raw fork with a pager; the child lets go of its copy.
 pub struct RawForkHold {
     pager: uswap::ForkHold,
     table: crate::mmap::TableHold,
 }
 
-/// Makes the fork that `call` makes (see the module's comment). `call` gets the place of the
-/// hold, which a child that does not return from `call` (the C library's `clone` runs a
-/// function of its own) hands to [`run_unmanaged_in_child`]; it returns what the call
-/// returned: 0 in a child, the child's id in the parent, or an error.
-pub(crate) fn around(call: impl FnOnce(*mut Option<RawForkHold>) -> c_long) -> c_long {
-    let Some(pager) = crate::pager() else { return call(std::ptr::null_mut()) };
-    if in_uswap() || uswap::is_engine_thread() {
-        return call(std::ptr::null_mut());
+/// What the child of a raw fork does first, on its one thread (see the module's comment).
+#[derive(Clone, Copy)]
+pub(crate) enum InChild {
+    /// Nothing: the fork was made as asked.
+    Nothing,
+    /// The fork handler's work (`crate::fork::child`): the process had no pager.
+    Handler,
+    /// Forget the parent's state and run unmanaged, letting go of its copy of the holds at
+    /// this place (in the parent's frame of [`around`], as the child's copy has it).
+    Unmanaged(*mut Option<RawForkHold>),
+}
+
+impl InChild {
+    pub(crate) fn run(self) {
+        match self {
+            InChild::Nothing => {}
+            InChild::Handler => crate::fork::child(),
+            InChild::Unmanaged(held) => run_unmanaged_in_child(held),
+        }
     }
+}
+
+/// Makes the fork that `call` makes (see the module's comment). `call` gets what its child
+/// must do first, which a child that does not return from `call` (the C library's `clone`
+/// runs a function of its own) does itself; it returns what the call returned: 0 in a child
+/// that returns, the child's id in the parent, or an error.
+pub(crate) fn around(call: impl FnOnce(InChild) -> c_long) -> c_long {
+    if in_uswap() || uswap::is_engine_thread() {
+        crate::real::write_stderr(
+            b"uswap: a fork without the C library's fork, made inside uswap's own code (a signal handler's?): \
+              its child reads zeros where pages were out\n",
+        );
+        return call(InChild::Nothing);
+    }
+    let Some(pager) = crate::pager() else {
+        crate::fork::prepare();
+        let r = call(InChild::Handler);
+        match r {
+            0 => crate::fork::child(),
+            _ => crate::fork::parent(),
+        }
+        return r;
+    };
     crate::program_break::hold_for_fork();
     let mut held = {
         let _g = Guard::enter();
         let table = crate::mmap::hold_for_fork();
         Some(RawForkHold { pager: pager.prepare_fork(), table })
     };
-    let r = call(&mut held);
+    let r = call(InChild::Unmanaged(&mut held));
     match r {
         0 => run_unmanaged_in_child(&mut held),
         _ => {
@@ -57,21 +97,21 @@ pub(crate) fn around(call: impl FnOnce(*mut Option<RawForkHold>) -> c_long) -> c
     r
 }
 
-/// In the child of a raw fork, on its one thread before it runs the program's code: the
-/// parent's state forgotten, and no pager (see the module's comment). `held` is the place
-/// [`around`] gave its call (null where it took no hold).
-pub(crate) fn run_unmanaged_in_child(held: *mut Option<RawForkHold>) {
-    // SAFETY: `held` is null or the child's copy of the parent's `Option` in `around`'s
-    // frame, which no other thread of the child (it has one) reaches.
+/// In the child of a raw fork with a pager, on its one thread before it runs the program's
+/// code: the parent's state forgotten, and no pager (see the module's comment). `held` is
+/// the place [`around`] gave its call.
+fn run_unmanaged_in_child(held: *mut Option<RawForkHold>) {
+    // SAFETY: `held` is the child's copy of the parent's `Option` in `around`'s frame,
+    // which no other thread of the child (it has one) reaches.
     let Some(RawForkHold { pager, table }) = (unsafe { held.as_mut() }).and_then(Option::take) else {
         return;
     };
     crate::fork::forget_the_parents_locks_in_child();
     crate::fork::forget_the_parents_work_in_child();
     crate::note_unmanaged_fork_child();
-    // The parent's pager and regions: never dropped here (their threads are the parent's);
-    // each managed mapping leaves the table as ordinary memory, every page in.
-    std::mem::forget(pager);
+    // The parent's regions and pager are never dropped here (their threads are the
+    // parent's); each managed mapping leaves the table as ordinary memory, every page in.
+    pager.release_in_unmanaged_child();
     table.rearm(&mut Vec::new());
     crate::altstack::after_fork_in_child();
 }
@@ -96,13 +136,13 @@ pub(crate) fn is_raw_fork(n: c_long, a1: c_long, a2: c_long) -> bool {
 /// word) make a fork that returns in the child. False for a size too small to hold them.
 fn clone3_forks(args: *const u64, size_bytes: usize) -> bool {
     const STACK_WORD: usize = 5;
-    if args.is_null() || size_bytes < (STACK_WORD + 1) * 8 || !args.is_aligned() {
+    if args.is_null() || size_bytes < (STACK_WORD + 1) * 8 {
         return false;
     }
     // SAFETY: the caller's `struct clone_args` of `size_bytes` (checked to hold six words),
-    // which the kernel is about to read anyway; read only. A bad pointer faults here as it
-    // would have made the call fail with EFAULT.
-    let (flags, stack) = unsafe { (args.read(), args.add(STACK_WORD).read()) };
+    // which the kernel is about to read; read only, wherever it is aligned. (A bad pointer
+    // ends the program with SIGSEGV here, where the call would have failed with EFAULT.)
+    let (flags, stack) = unsafe { (args.read_unaligned(), args.add(STACK_WORD).read_unaligned()) };
     flags & libc::CLONE_VM as u64 == 0 && stack == 0
 }
 
@@ -122,15 +162,14 @@ pub extern "C" fn _Fork() -> libc::pid_t {
 static REAL_CLONE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 type ChildFn = extern "C" fn(*mut c_void) -> c_int;
-type CloneFn =
-    unsafe extern "C" fn(ChildFn, *mut c_void, c_int, *mut c_void, *mut c_void, *mut c_void, *mut c_void) -> c_int;
+type CloneFn = unsafe extern "C" fn(ChildFn, *mut c_void, c_int, *mut c_void, ...) -> c_int;
 
 /// What the child of a raw `clone` starts with: the program's function and argument, and
-/// the place of the parent's hold (its copy, in the child).
+/// what it does first.
 struct CloneChild {
     run: ChildFn,
     arg: *mut c_void,
-    held: *mut Option<RawForkHold>,
+    first: InChild,
 }
 
 /// `clone(fn, stack, flags, arg, parent_tid, tls, child_tid)`, interposed: one without
@@ -159,9 +198,9 @@ pub unsafe extern "C" fn clone(
         // SAFETY: the caller's arguments, as given.
         return unsafe { real(run, stack, flags, arg, parent_tid, tls, child_tid) };
     }
-    let call = |held| {
+    let call = |first| {
         // The parent's copy lives through the call; the child reads its own copy.
-        let child = CloneChild { run, arg, held };
+        let child = CloneChild { run, arg, first };
         let child_arg = &child as *const CloneChild as *mut c_void;
         // SAFETY: the caller's arguments, but for the function the child starts in, which
         // runs the caller's with its argument.
@@ -170,12 +209,12 @@ pub unsafe extern "C" fn clone(
     around(call) as c_int
 }
 
-/// Where the child of a raw `clone` starts, on the stack the program gave: the parent's
-/// state forgotten (see [`run_unmanaged_in_child`]), then the program's function.
+/// Where the child of a raw `clone` starts, on the stack the program gave: what it does
+/// first ([`InChild`]), then the program's function.
 extern "C" fn clone_child_start(p: *mut c_void) -> c_int {
     // SAFETY: `p` is the child's copy of the `CloneChild` in the parent's `clone` frame,
     // read once, before anything could change it.
     let child = unsafe { std::ptr::read(p.cast::<CloneChild>()) };
-    run_unmanaged_in_child(child.held);
+    child.first.run();
     (child.run)(child.arg)
 }

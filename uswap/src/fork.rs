@@ -190,6 +190,30 @@ impl ForkHold {
     }
 }
 
+impl ForkHold {
+    /// In the child of a fork readied with [`Pager::prepare_fork`] (every page in) that
+    /// builds no pager of its own, on its one thread before it runs: what the hold took is
+    /// let go of there, so that the child may map, advise and build a pager later (the
+    /// region registry, emptied of the parent's regions, and its writer lock; the fork
+    /// advice's list; the parent's threads' unmaps and event reads under way; the parent's
+    /// ends of its devices' pipes). Its regions stay ordinary memory, every byte in. The
+    /// parent's pager is left alone, never dropped (its threads exist only in the parent).
+    pub fn release_in_unmanaged_child(mut self) {
+        crate::forget_parent_in_fork_child();
+        crate::events::forget_in_fork_child();
+        let advice = self.advice.take().unwrap_or_else(crate::fork_advice::hold_for_fork);
+        crate::fork_advice::after_fork_in_child(advice);
+        let writers = self.writers.take();
+        for d in self.pager.shared().devices.devices() {
+            d.fork_refs.close_parent_ends();
+        }
+        // Not dropped: that would run reclaim on the parent's pager, which has no threads here.
+        std::mem::forget(self);
+        REGIONS.forget_all_in_fork_child();
+        drop(writers);
+    }
+}
+
 /// A child that could not re-arm runs unmanaged: its regions are ordinary memory (the
 /// parent's registrations do not cross a fork), where the pages that were out at the fork
 /// read zero. Each is written in place from the child's copy of the parent's device, so
