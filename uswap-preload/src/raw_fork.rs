@@ -71,24 +71,25 @@ pub(crate) fn around(call: impl FnOnce(InChild) -> c_long) -> c_long {
         );
         return call(InChild::Nothing);
     }
-    let Some(pager) = crate::pager() else {
-        crate::fork::prepare();
-        let r = call(InChild::Handler);
-        match r {
-            0 => crate::fork::child(),
-            _ => crate::fork::parent(),
+    let mut held = None;
+    let first = match crate::pager() {
+        // Nothing out: the fork handlers' own work, as the C library's `fork` runs them.
+        None => {
+            crate::fork::prepare();
+            InChild::Handler
         }
-        return r;
+        Some(pager) => {
+            crate::program_break::hold_for_fork();
+            let _g = Guard::enter();
+            let table = crate::mmap::hold_for_fork();
+            held = Some(RawForkHold { pager: pager.prepare_fork(), table });
+            InChild::Unmanaged(&mut held)
+        }
     };
-    crate::program_break::hold_for_fork();
-    let mut held = {
-        let _g = Guard::enter();
-        let table = crate::mmap::hold_for_fork();
-        Some(RawForkHold { pager: pager.prepare_fork(), table })
-    };
-    let r = call(InChild::Unmanaged(&mut held));
-    match r {
-        0 => run_unmanaged_in_child(&mut held),
+    let r = call(first);
+    match (r, first) {
+        (0, _) => first.run(),
+        (_, InChild::Handler) => crate::fork::parent(),
         _ => {
             crate::program_break::release_after_fork();
             drop(held);
