@@ -156,6 +156,33 @@ fn a_process_refused_its_device_fails_the_run_with_a_clear_message() {
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("grew to 8388608 bytes"), "{e}");
 }
 
+/// A process that has taken every descriptor its `RLIMIT_NOFILE` allows when its pager is to
+/// start goes on unmanaged, every byte kept, and the run fails though nothing else went
+/// wrong: its refusal, which it cannot write as a file, is left as a link (before, the run
+/// passed and said it had no pager). Its exec of a program uswap cannot follow is named, the
+/// note left the same way (before, nothing named it).
+#[test]
+fn a_process_out_of_descriptors_is_refused_and_the_run_fails() {
+    let dir = tmpdir("tree-nofile");
+    let prog = compile("nofile", &dir, &[]);
+    for mode in ["signal", "thread"] {
+        let (o, _) = uswap_run(16, &["--fault-mode", mode], &[prog.to_str().unwrap()], &dir);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{mode}: {e}");
+        assert!(e.contains("could not get a pager, so the run fails"), "{mode}: {e}");
+        assert!(e.contains("Too many open files"), "{mode}: the reason is not said: {e}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(out.trim(), "every byte of 25165824 right with no descriptor left", "{mode}: {e}");
+    }
+    // Its exec of a static program, which it cannot open to judge, is named all the same.
+    let stat = compile("grow", &dir, &["-static"]);
+    let (o, _) = uswap_run(16, &[], &[prog.to_str().unwrap(), stat.to_str().unwrap(), "1"], &dir);
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(e.contains("1 process(es) of the program ran outside the budget"), "{e}");
+    assert!(e.contains("holding every descriptor its limit (RLIMIT_NOFILE) allows"), "{e}");
+}
+
 /// A tree whose device is full for it (the tree holds the device's whole size) goes on as a
 /// process alone on a full device does: its charges go over the limit at once, counted and
 /// said, every byte kept. Each charge waited 100-250 ms for reclaim before, and two

@@ -31,6 +31,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
+use crate::real::errno;
 use uswap::shared_charge::ESCAPE_PREFIX;
 
 /// Why an image will not load this library.
@@ -52,6 +53,10 @@ pub enum Why {
     /// The user it runs as (a process of the tree that changed user: `su`, `runuser`) cannot
     /// read this library: the loader skips it.
     Unreadable,
+    /// The process execs holding every descriptor its `RLIMIT_NOFILE` allows: the image
+    /// could not be judged, and the loader, which needs a descriptor to open this library,
+    /// skips it unless the exec closes some (`O_CLOEXEC`).
+    NoDescriptor,
     /// Another object defines the C library's allocator (`malloc`, ...) before this library:
     /// its executable, an allocator preloaded first (`LD_PRELOAD=libtcmalloc.so:...`), or a
     /// sanitizer's runtime. The C library, the dynamic
@@ -79,6 +84,10 @@ impl Why {
             Why::Unreadable => {
                 "it cannot read uswap's library at its path (another user: put uswap where every user of the tree \
                  may read it; or a chroot)"
+            }
+            Why::NoDescriptor => {
+                "it was started holding every descriptor its limit (RLIMIT_NOFILE) allows: the loader may not \
+                 have a descriptor to open uswap's library with"
             }
             Why::NoLibrary => {
                 "its executable needs no shared library and makes its system calls itself (a Go program built \
@@ -161,7 +170,11 @@ fn library_unreadable() -> Option<Why> {
     // SAFETY: the loader's NUL-terminated name of this library, set by `init`.
     let fd = unsafe { libc::open(own, libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
-        return Some(Why::Unreadable);
+        // Out of descriptors, the loader may be too (all but those the exec closes).
+        return Some(match errno() {
+            libc::EMFILE | libc::ENFILE => Why::NoDescriptor,
+            _ => Why::Unreadable,
+        });
     }
     // SAFETY: the descriptor just opened, closed once.
     unsafe { libc::close(fd) };
@@ -476,12 +489,17 @@ fn note_path(dir: &[u8], pid: libc::pid_t, n: u64) -> Option<StackPath> {
 pub fn note(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> Option<u64> {
     let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW;
     // Bounded: MAX_NOTES_PER_PID names.
-    let (n, fd) = (0..MAX_NOTES_PER_PID).find_map(|n| {
+    let opened = (0..MAX_NOTES_PER_PID).find_map(|n| {
         let file = note_path(dir, pid, n)?;
         // SAFETY: a NUL-terminated path; open has no other memory effects.
         let fd = unsafe { libc::open(file.as_cstr().as_ptr(), flags, 0o600 as libc::c_uint) };
-        (fd >= 0).then_some((n, fd))
-    })?;
+        match fd >= 0 {
+            true => Some(Ok((n, fd))),
+            false if errno() == libc::EEXIST => None,
+            false => Some(Err(())),
+        }
+    });
+    let Some(Ok((n, fd))) = opened else { return note_as_link(dir, pid, path, why) };
     for part in [path.to_bytes(), b": ", why.text().as_bytes(), b"\n"] {
         // SAFETY: `part` is readable for its length. A short write leaves a shorter note,
         // which still counts the process.
@@ -490,6 +508,32 @@ pub fn note(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> Option<u64> 
     // SAFETY: the descriptor opened above, closed once.
     unsafe { libc::close(fd) };
     Some(n)
+}
+
+/// Leaves the note as a symbolic link whose target is its text, where no file could be
+/// opened for it (the process holds every descriptor its limit allows, or the file system has
+/// no room for a file's data): `symlink` takes no descriptor, and `uswap run` reads the
+/// target. A path too long for a target is cut.
+fn note_as_link(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> Option<u64> {
+    let mut text = StackPath::new();
+    let fits = text.push(path.to_bytes()) && text.push(b": ") && text.push(why.text().as_bytes());
+    if !fits {
+        text = StackPath::new();
+        // Nothing fits in a target of PATH_BYTES but the reason: said without the path.
+        text.push(why.text().as_bytes());
+    }
+    // Bounded: MAX_NOTES_PER_PID names.
+    for n in 0..MAX_NOTES_PER_PID {
+        let file = note_path(dir, pid, n)?;
+        // SAFETY: two NUL-terminated paths; symlink has no other memory effects.
+        if unsafe { libc::symlink(text.as_cstr().as_ptr(), file.as_cstr().as_ptr()) } == 0 {
+            return Some(n);
+        }
+        if errno() != libc::EEXIST {
+            return None;
+        }
+    }
+    None
 }
 
 /// Takes back the `n`th note of process `pid` (its exec failed: it runs on under the

@@ -631,12 +631,15 @@ fn fault_mode_now(cfg: &config::Config, lazy: bool) -> uswap::FaultMode {
     // mode, a process a debugger follows (`gdb ./prog` under `uswap run`) gets thread mode
     // where this user may have it: each of its faults would be a SIGBUS that stops it in the
     // debugger.
-    let why = if lazy && !single_threaded() {
-        "it has threads uswap did not see start"
+    let threads = if lazy { thread_count() } else { Ok(1) };
+    let why = if let Err(e) = &threads {
+        format!("it cannot tell whether it has threads uswap did not see start (/proc/self/stat: {e})")
+    } else if threads.is_ok_and(|n| n != 1) {
+        "it has threads uswap did not see start".to_string()
     } else if lazy && async_io_in_use() {
-        "it set up io_uring or AIO before its pager started, and the kernel's own accesses need it"
+        "it set up io_uring or AIO before its pager started, and the kernel's own accesses need it".to_string()
     } else if cfg.fault_mode_auto && traced() && uswap::thread_mode_permitted() {
-        "a debugger or tracer follows it (ptrace), which signal mode's faults, each a SIGBUS, would stop"
+        "a debugger or tracer follows it (ptrace), which signal mode's faults, each a SIGBUS, would stop".to_string()
     } else {
         return uswap::FaultMode::Signal;
     };
@@ -734,10 +737,17 @@ pub(crate) fn in_signal_handler() -> bool {
 
 /// Whether the process has one thread (`/proc/self/stat`'s 20th field); false when unknown.
 fn single_threaded() -> bool {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return false };
+    thread_count().is_ok_and(|n| n == 1)
+}
+
+/// The process's number of threads (field 20 of `/proc/self/stat`), or why it is not known
+/// (no descriptor left to read it, for one).
+fn thread_count() -> std::io::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "no thread count");
     // The command name (field 2) may hold spaces and parentheses: count from its end.
-    let Some(after_comm) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return false };
-    after_comm.split_whitespace().nth(17) == Some("1")
+    let after_comm = stat.rfind(')').map(|i| &stat[i + 1..]).ok_or_else(bad)?;
+    after_comm.split_whitespace().nth(17).and_then(|n| n.parse().ok()).ok_or_else(bad)
 }
 
 /// Whether a tracer (a debugger, strace) is attached to this process (`TracerPid` in
@@ -796,11 +806,14 @@ fn unblock_sigbus() {
 pub(crate) fn note_refusal(msg: &str) {
     let Some(dir) = std::env::var_os(config::ENV_STATS_DIR) else { return };
     let path = std::path::Path::new(&dir).join(format!("{}{}.txt", uswap::shared_charge::REFUSAL_PREFIX, file_tag()));
-    if let Err(e) = report::write_new(&path, msg.as_bytes()) {
-        // The refusal itself is said on stderr by the caller; this says why the run may not
-        // know of it.
-        crate::real::write_stderr(format!("uswap: cannot record the refusal in {}: {e}\n", path.display()).as_bytes());
-    }
+    let Err(e) = report::write_new(&path, msg.as_bytes()) else { return };
+    // Out of descriptors (a process at its `RLIMIT_NOFILE` is refused for that very reason)
+    // or of room for a file's data: a link needs neither, and the run still fails.
+    let Err(link) = report::link_note(&path, msg) else { return };
+    // The refusal itself is said on stderr by the caller; this says why the run may not
+    // know of it.
+    let why = format!("uswap: cannot record the refusal in {}: {e} (and as a link: {link})\n", path.display());
+    crate::real::write_stderr(why.as_bytes());
 }
 
 extern "C" fn fini() {

@@ -88,6 +88,16 @@ pub(super) fn deep_bind_message(noted: &[(u32, String)]) -> Option<String> {
     ))
 }
 
+/// A note's text: a regular file's ([`read_tree_file`]), or the target of the symbolic link
+/// that a process out of descriptors leaves instead (the preload's `report::link_note`),
+/// read with `readlink`: nothing followed.
+fn read_note(path: &Path) -> std::io::Result<String> {
+    match std::fs::symlink_metadata(path)?.file_type().is_symlink() {
+        true => Ok(std::fs::read_link(path)?.to_string_lossy().into_owned()),
+        false => read_tree_file(path),
+    }
+}
+
 /// Most bytes read of a record or a note: far above a real one (a record is a few KiB).
 const MAX_FILE_BYTES: u64 = 1 << 20;
 
@@ -121,7 +131,7 @@ fn notes(dir: &Path, prefix: &str) -> Vec<(u32, String)> {
             // `<prefix><pid>.txt`, or `<prefix><pid>.<n>.txt` for a pid's later notes.
             let rest = name.strip_prefix(prefix)?.strip_suffix(".txt")?;
             let pid = rest.split('.').next()?.parse().ok()?;
-            let msg = read_tree_file(&e.path()).unwrap_or_default();
+            let msg = read_note(&e.path()).unwrap_or_default();
             Some((pid, msg.trim_end().to_string()))
         })
         .collect();
@@ -347,6 +357,25 @@ mod tests {
         // SAFETY: mkfifo with a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         assert!(read_tree_file(&fifo).is_err(), "a FIFO was read");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A refusal left as a link (its process was out of descriptors) counts, with the link's
+    /// target as its text; a link to a file gives the file's name, never what it holds.
+    #[test]
+    fn notes_left_as_links_are_read_by_their_target() {
+        let dir = std::env::temp_dir().join(format!("uswap-link-notes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let said = "uswap: process 7 runs unmanaged: Too many open files (os error 24)";
+        std::os::unix::fs::symlink(said, dir.join("refused-7.txt")).unwrap();
+        let secret = dir.join("secret");
+        std::fs::write(&secret, "not to be read").unwrap();
+        std::os::unix::fs::symlink(&secret, dir.join("refused-8.txt")).unwrap();
+        std::fs::write(dir.join("refused-9.txt"), "uswap: process 9 refused\n").unwrap();
+        let notes = refusals(&dir);
+        let expected =
+            [(7, said.to_string()), (8, secret.display().to_string()), (9, "uswap: process 9 refused".into())];
+        assert_eq!(notes, expected);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -92,7 +92,10 @@ fn no_pager(pid: u32) -> StatError {
     };
     let dir = std::path::Path::new(std::ffi::OsStr::from_bytes(dir));
     let refusal = dir.join(format!("{}{pid}.txt", uswap::shared_charge::REFUSAL_PREFIX));
-    match std::fs::read_to_string(refusal) {
+    // A process out of descriptors leaves its refusal as a link whose target is the text.
+    let text = std::fs::read_to_string(&refusal)
+        .or_else(|_| std::fs::read_link(&refusal).map(|t| t.to_string_lossy().into_owned()));
+    match text {
         Ok(why) => StatError::Refused { pid, why: why.trim_end().to_string() },
         Err(_) => StatError::Waiting { pid },
     }
