@@ -174,6 +174,24 @@ fn a_program_that_jumps_out_of_its_sigbus_handler_keeps_its_memory() {
     assert!(counter(&v, "pswpin") > 0, "nothing came back through faults: {v}");
 }
 
+/// SIGBUS handlers installed without the C library's `sigaction` symbol (`sigset`,
+/// `sysv_signal`, `bsd_signal`, `sigignore`, a raw `rt_sigaction`: `sigolder.c`) are the
+/// program's, as with `sigaction`: every word of 96 MiB under 32 MiB holds after each, each
+/// handler gets a real SIGBUS, and each call reports the handler before it. Before, each
+/// replaced uswap's handler in signal mode: the program's got uswap's faults, and `sigignore`
+/// or a raw `SIG_DFL` killed the program at its next fault.
+#[test]
+fn sigbus_handlers_installed_the_older_ways_are_the_programs() {
+    let dir = tmpdir("sigolder");
+    let p = compile("sigolder", &dir, &[]);
+    let file = dir.join("past-the-end");
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(32, &["--fault-mode", mode], &[p.to_str().unwrap(), "96", file.to_str().unwrap()], &dir);
+        assert_printed_ok("sigolder", &o);
+        assert!(counter(&v, "pswpin") > 0, "{mode}: nothing came back through faults: {v}");
+    }
+}
+
 /// `memalign` and `aligned_alloc` with an alignment that is not a power of two (or 0)
 /// succeed as in the C library, the alignment rounded up (`memalign.c`), with a pager and
 /// without one; before, uswap's allocator returned NULL (EINVAL) for them.

@@ -149,6 +149,11 @@ pub extern "C" fn syscall(n: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_l
         _ if crate::raw_fork::is_raw_fork(n, a1, a2) => {
             crate::raw_fork::around(|_| real_syscall(n, [a1, a2, a3, a4, a5, a6]))
         }
+        // A handler installed without the C library's `sigaction` (see `signals`).
+        libc::SYS_rt_sigaction if crate::signals::routes_raw_sigaction(a1 as c_int, a4 as usize) => {
+            // SAFETY: the program's arguments to rt_sigaction, whose contract they meet.
+            unsafe { crate::signals::raw_sigaction(a1 as c_int, a2 as usize, a3 as usize) }
+        }
         libc::SYS_prctl | libc::SYS_seccomp => {
             let ret = real_syscall(n, [a1, a2, a3, a4, a5, a6]);
             crate::program_seccomp::note(n, a1, a2, ret);

@@ -10,12 +10,18 @@
 //!   as asked. A SIGBUS the hardware raises cannot be blocked anyway (the kernel forces it).
 //! * `sigaction(SIGBUS, ...)` and `signal(SIGBUS, ...)` install the program's action as the
 //!   one uswap passes on every SIGBUS it does not manage to (`uswap::sigbus::replace_chained`)
-//!   and report the program's previous one back; uswap's handler stays.
+//!   and report the program's previous one back; uswap's handler stays. So do the older
+//!   calls in which the C library calls its own `sigaction`, out of an interposer's sight
+//!   (`sigset`, `sysv_signal`, `bsd_signal`, `sigignore`: each is made here through
+//!   [`sigaction`], with the C library's semantics), and `syscall(SYS_rt_sigaction)` (its
+//!   kernel structures converted, see [`raw_sigaction`]).
 //!
 //! uswap's own calls (engine threads, this library's code, the SIGBUS handler restoring the
 //! default action for a fault it does not manage) go straight to the C library. Calls glibc
 //! makes internally (`signal()`'s own `sigaction`, the masks around thread creation and exit)
-//! are not seen here; `signal` is interposed for that reason. In thread mode nothing changes.
+//! are not seen here; `signal` and the older calls above are interposed for that reason
+//! (`siginterrupt` is not: it reads the action back and installs it again, uswap's). In
+//! thread mode nothing changes.
 //! Not covered: masks passed to `sigsuspend`, `pselect`, `ppoll` and `epoll_pwait`.
 
 use std::ffi::c_void;
@@ -186,3 +192,171 @@ pub unsafe extern "C" fn signal(sig: libc::c_int, handler: libc::sighandler_t) -
         _ => libc::SIG_ERR,
     }
 }
+
+/// Installs `handler` for `sig` with `flags` and an empty mask through [`sigaction`] (so
+/// that SIGBUS in signal mode and the signals `core_dump` stands in for are kept as there),
+/// as the C library's older calls do with its internal `sigaction`, which no interposer
+/// sees; returns the previous handler, or `SIG_ERR`.
+fn install_with_flags(sig: libc::c_int, handler: libc::sighandler_t, flags: libc::c_int) -> libc::sighandler_t {
+    // SAFETY: all-zero is a valid sigaction (empty mask); the fields set are plain data.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler;
+    act.sa_flags = flags;
+    // SAFETY: as above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: our two structs, valid for the call.
+    match unsafe { sigaction(sig, &act, &mut old) } {
+        0 => old.sa_sigaction,
+        _ => libc::SIG_ERR,
+    }
+}
+
+/// Whether `sig` is a signal the older calls may name (as the C library checks).
+fn is_signal_number(sig: libc::c_int) -> bool {
+    (1..=libc::SIGRTMAX()).contains(&sig)
+}
+
+/// # Safety
+/// As `sysv_signal(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn sysv_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    if handler == libc::SIG_ERR || !is_signal_number(sig) {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
+        return libc::SIG_ERR;
+    }
+    // System V's semantics, as the C library's: reset to the default when it runs, not
+    // blocked while it runs, no restart.
+    install_with_flags(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER)
+}
+
+/// # Safety
+/// As `sysv_signal(3)` (the C library's own name for it).
+#[no_mangle]
+pub unsafe extern "C" fn __sysv_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the caller's contract.
+    unsafe { sysv_signal(sig, handler) }
+}
+
+/// # Safety
+/// As `bsd_signal(3)`: the C library's `signal`.
+#[no_mangle]
+pub unsafe extern "C" fn bsd_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the caller's contract.
+    unsafe { signal(sig, handler) }
+}
+
+/// # Safety
+/// As `sigignore(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn sigignore(sig: libc::c_int) -> libc::c_int {
+    match install_with_flags(sig, libc::SIG_IGN, 0) {
+        libc::SIG_ERR => -1,
+        _ => 0,
+    }
+}
+
+/// `SIG_HOLD`: `sigset`'s disposition that blocks the signal.
+const SIG_HOLD: libc::sighandler_t = 2;
+
+/// # Safety
+/// As `sigset(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn sigset(sig: libc::c_int, disp: libc::sighandler_t) -> libc::sighandler_t {
+    if !is_signal_number(sig) {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
+        return libc::SIG_ERR;
+    }
+    // SAFETY: all-zero is a valid (empty) sigset_t; `set` and `was` are ours.
+    let (mut set, mut was): (libc::sigset_t, libc::sigset_t) = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::sigaddset(&mut set, sig) };
+    // As the C library's: hold adds the signal to the mask; a disposition installs it and
+    // takes the signal out of the mask. Either way SIG_HOLD says it was blocked before.
+    let (how, previous) = if disp == SIG_HOLD {
+        // SAFETY: a query into our struct.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        match unsafe { sigaction(sig, std::ptr::null(), &mut old) } {
+            0 => (libc::SIG_BLOCK, old.sa_sigaction),
+            _ => return libc::SIG_ERR,
+        }
+    } else {
+        match install_with_flags(sig, disp, 0) {
+            libc::SIG_ERR => return libc::SIG_ERR,
+            previous => (libc::SIG_UNBLOCK, previous),
+        }
+    };
+    // SAFETY: our two sets; the interposed sigprocmask keeps SIGBUS deliverable.
+    if unsafe { sigprocmask(how, &set, &mut was) } != 0 {
+        return libc::SIG_ERR;
+    }
+    // SAFETY: our set.
+    match unsafe { libc::sigismember(&was, sig) } {
+        1 => SIG_HOLD,
+        _ => previous,
+    }
+}
+
+/// `struct kernel_sigaction` of the `rt_sigaction` system call on x86-64 and AArch64: what a
+/// program passes when it calls it itself (`syscall(SYS_rt_sigaction, ...)`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    flags: libc::c_ulong,
+    restorer: libc::sighandler_t,
+    mask: u64,
+}
+
+/// Whether a raw `rt_sigaction` of `sig` with a mask of `mask_bytes` is one [`sigaction`]
+/// must see: SIGBUS in signal mode, a signal `core_dump` stands in for.
+pub fn routes_raw_sigaction(sig: libc::c_int, mask_bytes: usize) -> bool {
+    mask_bytes == std::mem::size_of::<u64>()
+        && ((sig == libc::SIGBUS && applies()) || crate::core_dump::intercepts(sig))
+}
+
+/// A raw `rt_sigaction(sig, act, old)` made through [`sigaction`] (see
+/// [`routes_raw_sigaction`]): the kernel's structures converted to the C library's and back.
+/// Returns what the C library's `syscall` would: 0, or -1 with `errno` set.
+///
+/// # Safety
+/// `act` is null or valid for a read, `old` null or valid for a write, of a
+/// `struct kernel_sigaction` (the system call's contract).
+pub unsafe fn raw_sigaction(sig: libc::c_int, act: usize, old: usize) -> libc::c_long {
+    // SAFETY: the caller's contract.
+    let given = unsafe { (act as *const KernelSigaction).as_ref().copied() };
+    let new = given.map(|k| {
+        // SAFETY: all-zero is a valid sigaction; the fields set are plain data.
+        let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
+        a.sa_sigaction = k.handler;
+        // The C library sets its own restorer.
+        a.sa_flags = (k.flags as libc::c_int) & !SA_RESTORER;
+        // SAFETY: the first word of a valid sigset_t holds signals 1-64.
+        unsafe { *(&mut a.sa_mask as *mut libc::sigset_t).cast::<u64>() = k.mask };
+        a
+    });
+    // SAFETY: all-zero is a valid sigaction.
+    let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
+    let new_ptr = new.as_ref().map_or(std::ptr::null(), |a| a as *const libc::sigaction);
+    // SAFETY: our structs, valid for the call.
+    if unsafe { sigaction(sig, new_ptr, &mut previous) } != 0 {
+        return -1;
+    }
+    if old != 0 {
+        let k = KernelSigaction {
+            handler: previous.sa_sigaction,
+            flags: previous.sa_flags as libc::c_ulong,
+            restorer: previous.sa_restorer.map_or(0, |f| f as libc::sighandler_t),
+            // SAFETY: as above.
+            mask: unsafe { *(&previous.sa_mask as *const libc::sigset_t).cast::<u64>() },
+        };
+        // SAFETY: the caller's contract.
+        unsafe { (old as *mut KernelSigaction).write_unaligned(k) };
+    }
+    0
+}
+
+/// The flag that says a `kernel_sigaction` carries its own restorer.
+const SA_RESTORER: libc::c_int = 0x0400_0000;
