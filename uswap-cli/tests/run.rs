@@ -208,6 +208,20 @@ fn odd_alignments_are_rounded_up_as_the_c_library_does() {
     }
 }
 
+/// The C library's own names for its allocator (`__libc_malloc`, `__libc_realloc`, ...),
+/// mixed with the standard ones (`libcnames.c`), serve one heap, with a pager in both modes
+/// and while the process waits for one: before, `__libc_realloc` of a block from `malloc`
+/// aborted the program.
+#[test]
+fn the_c_librarys_own_allocator_names_serve_the_same_heap() {
+    let dir = tmpdir("libcnames");
+    let p = compile("libcnames", &dir, &[]);
+    for how in [["--fault-mode", "signal"], ["--fault-mode", "thread"], ["--start-after", "256MiB"]] {
+        let (o, _) = uswap_run(16, &how, &[p.to_str().unwrap(), "48"], &dir);
+        assert_printed_ok("libcnames", &o);
+    }
+}
+
 /// Blocks aligned to 128 KiB to 4 MiB (`largealign.c`: x264 asks 2 MiB for a frame it wants
 /// in one huge page) are served, aligned, and keep every byte while paged, in both modes:
 /// mimalloc serves alignments up to 64 KiB from its arenas and asks the system for the

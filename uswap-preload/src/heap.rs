@@ -956,3 +956,53 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
         unsafe { real::usable_size(p) }
     }
 }
+
+// The C library's own names for its allocator (`__libc_malloc`, ...), which some programs
+// and libraries call directly: served as the standard names are, as jemalloc and mimalloc
+// do when they replace `malloc`. A block the program got from one name and gives to the
+// other then has one allocator: before, `__libc_realloc` of a block from `malloc` aborted
+// the program ("realloc(): invalid pointer"). Where uswap stands aside, the standard names
+// go to the C library, and so do these.
+
+#[no_mangle]
+#[unsafe(naked)]
+pub extern "C" fn __libc_malloc(size: usize) -> *mut c_void {
+    std::arch::naked_asm!("mov rsi, [rsp]", "jmp {serve}", serve = sym malloc_returning_to)
+}
+
+#[no_mangle]
+#[unsafe(naked)]
+pub extern "C" fn __libc_calloc(n: usize, size: usize) -> *mut c_void {
+    std::arch::naked_asm!("mov rdx, [rsp]", "jmp {serve}", serve = sym calloc_returning_to)
+}
+
+#[no_mangle]
+#[unsafe(naked)]
+/// # Safety
+/// As `realloc`.
+pub unsafe extern "C" fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    std::arch::naked_asm!("mov rdx, [rsp]", "jmp {serve}", serve = sym realloc_returning_to)
+}
+
+#[no_mangle]
+/// # Safety
+/// As `free`.
+pub unsafe extern "C" fn __libc_free(p: *mut c_void) {
+    // SAFETY: the caller's contract is free's.
+    unsafe { free(p) }
+}
+
+#[no_mangle]
+pub extern "C" fn __libc_memalign(align: usize, size: usize) -> *mut c_void {
+    memalign(align, size)
+}
+
+#[no_mangle]
+pub extern "C" fn __libc_valloc(size: usize) -> *mut c_void {
+    valloc(size)
+}
+
+#[no_mangle]
+pub extern "C" fn __libc_pvalloc(size: usize) -> *mut c_void {
+    pvalloc(size)
+}
