@@ -12,7 +12,8 @@
 //!   one uswap passes on every SIGBUS it does not manage to (`uswap::sigbus::replace_chained`)
 //!   and report the program's previous one back; uswap's handler stays. So do the older
 //!   calls in which the C library calls its own `sigaction`, out of an interposer's sight
-//!   (`sigset`, `sysv_signal`, `bsd_signal`, `sigignore`: each is made here through
+//!   (`sigset`, `sysv_signal`, `bsd_signal`, `ssignal`, `sigignore`, and `__sigaction`
+//!   itself, a name a program may call: each is made here through
 //!   [`sigaction`], with the C library's semantics), and `syscall(SYS_rt_sigaction)` (its
 //!   kernel structures converted, see [`raw_sigaction`]).
 //!
@@ -244,6 +245,26 @@ pub unsafe extern "C" fn __sysv_signal(sig: libc::c_int, handler: libc::sighandl
 pub unsafe extern "C" fn bsd_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     // SAFETY: the caller's contract.
     unsafe { signal(sig, handler) }
+}
+
+/// # Safety
+/// As `signal(2)`: the C library's `ssignal` is its `signal`.
+#[no_mangle]
+pub unsafe extern "C" fn ssignal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the caller's contract.
+    unsafe { signal(sig, handler) }
+}
+
+/// # Safety
+/// As `sigaction(2)`: the C library's other name for it, which a program may call.
+#[no_mangle]
+pub unsafe extern "C" fn __sigaction(
+    sig: libc::c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> libc::c_int {
+    // SAFETY: the caller's contract.
+    unsafe { sigaction(sig, act, old) }
 }
 
 /// # Safety

@@ -29,6 +29,8 @@ extern __sighandler_t sysv_signal(int, __sighandler_t);
 extern __sighandler_t bsd_signal(int, __sighandler_t);
 extern int sigignore(int);
 extern __sighandler_t sigset(int, __sighandler_t);
+extern __sighandler_t ssignal(int, __sighandler_t);
+extern int __sigaction(int, const struct sigaction *, struct sigaction *);
 
 static sigjmp_buf past_the_end;
 static volatile int handled[8];
@@ -105,6 +107,13 @@ int main(int argc, char **argv) {
     ok &= syscall(SYS_rt_sigaction, SIGBUS, &dfl, 0, 8) == 0;
     ok &= every_word_holds();
     way = 5;
+    /* The C library's other names for signal and sigaction. */
+    ok &= ssignal(SIGBUS, on_sigbus) == SIG_DFL && every_word_holds() && real_sigbus_is_handled(file);
+    struct sigaction act2 = {0}, old2 = {0};
+    act2.sa_handler = on_sigbus_too;
+    ok &= __sigaction(SIGBUS, &act2, &old2) == 0 && old2.sa_handler == on_sigbus;
+    ok &= every_word_holds() && real_sigbus_is_handled(file);
+    way = 6;
     ok &= sigignore(SIGBUS) == 0;
     ok &= every_word_holds();
     ok &= sigset(SIGBUS, SIG_DFL) == SIG_IGN;
