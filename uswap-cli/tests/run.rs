@@ -208,6 +208,24 @@ fn odd_alignments_are_rounded_up_as_the_c_library_does() {
     }
 }
 
+/// An alternate signal stack too small for a signal's frame (`altsmall.c`: `MINSIGSTKSZ`,
+/// 2,048 bytes, on the main thread and a thread) does not take signal mode's faults: uswap's
+/// own stays in its place, said once, and every word of 96 MiB under 32 MiB holds with
+/// nothing written below either stack. Before, the program died of SIGSEGV (a frame of 3 KiB
+/// spun for good).
+#[test]
+fn an_alternate_stack_too_small_for_a_signal_frame_is_replaced_and_said() {
+    let dir = tmpdir("altsmall");
+    let p = compile("altsmall", &dir, &["-pthread"]);
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(32, &["--fault-mode", mode], &[p.to_str().unwrap(), "96"], &dir);
+        assert_printed_ok("altsmall", &o);
+        assert!(counter(&v, "pswpin") > 0, "{mode}: nothing came back through faults: {v}");
+        let said = String::from_utf8_lossy(&o.stderr).contains("too small for a signal's frame");
+        assert_eq!(said, mode == "signal", "{mode}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
 /// The C library's own names for its allocator (`__libc_malloc`, `__libc_realloc`, ...),
 /// mixed with the standard ones (`libcnames.c`), serve one heap, with a pager in both modes
 /// and while the process waits for one: before, `__libc_realloc` of a block from `malloc`

@@ -26,7 +26,8 @@
 //! brought in, writable, for as long as it is the thread's stack: until the thread sets
 //! another, disables it, or ends. At most [`MAX_LOCKED_STACK_BYTES`] are locked, the top of a
 //! larger stack (where frames go). A fork child's thread locks the stack it inherited again
-//! (see [`after_fork_in_child`]).
+//! (see [`after_fork_in_child`]). A stack too small for a signal's frame is not used at all:
+//! uswap's own is put back in its place ([`keep_own_stack`]).
 
 use std::cell::Cell;
 
@@ -98,12 +99,71 @@ pub fn note_program_stack(ss: &libc::stack_t) {
         if ss.ss_flags & libc::SS_DISABLE != 0 || ss.ss_size == 0 {
             return;
         }
+        if ss.ss_size < least_stack_bytes() {
+            keep_own_stack(a, ss.ss_size);
+            return;
+        }
         let end = (ss.ss_sp as usize).saturating_add(ss.ss_size);
         let start = (ss.ss_sp as usize).max(end.saturating_sub(MAX_LOCKED_STACK_BYTES));
         if lock_and_bring_in(start, end) {
             a.program_locked.set((start, end));
         }
     });
+}
+
+/// The least alternate stack a fault can be served on: the kernel's frame
+/// (`AT_MINSIGSTKSZ`, 3,376 bytes here, with room for state this CPU does not have) and the
+/// handler's entry, before it moves to a stack of `uswap::mapping::handler_stack`'s pool.
+/// Measured here: 3,600 bytes held both, 3,072 did not.
+fn least_stack_bytes() -> usize {
+    const HANDLER_ENTRY_BYTES: usize = 512;
+    // SAFETY: getauxval reads the process's auxiliary vector; 0 where the entry is absent.
+    let frame = unsafe { libc::getauxval(libc::AT_MINSIGSTKSZ) } as usize;
+    frame.max(libc::MINSIGSTKSZ) + HANDLER_ENTRY_BYTES
+}
+
+/// The program set an alternate stack too small for a signal's frame (under
+/// [`least_stack_bytes`]; `MINSIGSTKSZ`, 2,048, is under the kernel's own minimum on a
+/// machine with AVX): any signal taken on it overruns it, into the memory below, and each
+/// of signal mode's faults is one (the program died of SIGSEGV, or spun for good re-entering
+/// the handler). uswap's stack is put back in its place, for the program's handlers too,
+/// and this is said once. A later `sigaltstack` of the program's replaces it as usual.
+fn keep_own_stack(a: &AltStack, program_bytes: usize) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let base = match a.base.get() {
+        0 => map_own_stack(),
+        base => Some(base),
+    };
+    let Some(base) = base else { return };
+    a.base.set(base);
+    let ss = libc::stack_t { ss_sp: (base + GUARD_BYTES) as *mut libc::c_void, ss_flags: 0, ss_size: ALT_STACK_BYTES };
+    // SAFETY: uswap's stack for this thread, mapped for as long as the thread lives.
+    unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) };
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        // Without allocating: `sigaltstack` may be called from a signal handler.
+        // SAFETY: getpid cannot fail.
+        let pid = unsafe { libc::getpid() } as u64;
+        let mut line = uswap::sigbus::StderrLine::default();
+        line.put(b"uswap: process ").put_number(pid, 10, 1).put(b" set an alternate signal stack of ");
+        line.put_number(program_bytes as u64, 10, 1).put(b" bytes, too small for a signal's frame (");
+        line.put_number(least_stack_bytes() as u64, 10, 1);
+        line.put(b" bytes at least here): uswap's own stays in its place, for the program's signals too\n");
+        line.write();
+    }
+}
+
+/// Maps an alternate stack of uswap's (above a guard page) and returns its base.
+fn map_own_stack() -> Option<usize> {
+    let len = GUARD_BYTES + ALT_STACK_BYTES;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    let p = sys_mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
+    if p == libc::MAP_FAILED || (p as isize) < 0 {
+        return None;
+    }
+    // The guard page below: an overflow is a SIGSEGV, not a write into whatever lies there.
+    sys_mprotect(p, GUARD_BYTES, libc::PROT_NONE);
+    uswap::note_engine_memory(p as usize, len);
+    Some(p as usize)
 }
 
 /// Locks `[start, end)` if it is managed memory, then brings its pages in writable (locked
@@ -147,23 +207,14 @@ pub fn install_on_this_thread() {
         }
         return;
     }
-    let len = GUARD_BYTES + ALT_STACK_BYTES;
-    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-    let p = sys_mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
-    if p == libc::MAP_FAILED || (p as isize) < 0 {
-        return;
-    }
-    // The guard page below: an overflow is a SIGSEGV, not a write into whatever lies there.
-    sys_mprotect(p, GUARD_BYTES, libc::PROT_NONE);
-    uswap::note_engine_memory(p as usize, len);
-    let ss =
-        libc::stack_t { ss_sp: (p as usize + GUARD_BYTES) as *mut libc::c_void, ss_flags: 0, ss_size: ALT_STACK_BYTES };
+    let Some(base) = map_own_stack() else { return };
+    let ss = libc::stack_t { ss_sp: (base + GUARD_BYTES) as *mut libc::c_void, ss_flags: 0, ss_size: ALT_STACK_BYTES };
     // SAFETY: the stack just mapped, ours, for as long as this thread lives (unmapped by the
     // thread-local's destructor at its end).
     if unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) } != 0 {
-        uswap::forget_engine_memory(p as usize);
-        sys_munmap(p, len);
+        uswap::forget_engine_memory(base);
+        sys_munmap(base as *mut libc::c_void, GUARD_BYTES + ALT_STACK_BYTES);
         return;
     }
-    ALT.with(|a| a.base.set(p as usize));
+    ALT.with(|a| a.base.set(base));
 }
