@@ -743,6 +743,16 @@ extern "C" fn calloc_returning_to(n: usize, size: usize, ret: usize) -> *mut c_v
 /// # Safety
 /// As the C function of this name: the pointer comes from this allocator (or is null).
 pub unsafe extern "C" fn free(p: *mut c_void) {
+    // SAFETY: the caller's contract.
+    unsafe { free_here(p) }
+}
+
+/// `free`'s work, called directly (not through the exported name, which an executable's own
+/// `free` takes over: one that calls `__libc_free` would be called back, for good).
+///
+/// # Safety
+/// As `free`.
+unsafe fn free_here(p: *mut c_void) {
     if p.is_null() {
         return;
     }
@@ -917,6 +927,11 @@ pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
 /// space, `EINVAL`.
 #[no_mangle]
 pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    memalign_here(align, size)
+}
+
+/// `memalign`'s work, called directly (see [`free_here`]).
+fn memalign_here(align: usize, size: usize) -> *mut c_void {
     let Some(align) = align.max(16).checked_next_power_of_two() else {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
@@ -931,6 +946,11 @@ pub extern "C" fn valloc(size: usize) -> *mut c_void {
 
 #[no_mangle]
 pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    pvalloc_here(size)
+}
+
+/// `pvalloc`'s work, called directly (see [`free_here`]).
+fn pvalloc_here(size: usize) -> *mut c_void {
     match size.checked_next_multiple_of(uswap::PAGE_SIZE) {
         Some(rounded) => aligned(uswap::PAGE_SIZE, rounded.max(uswap::PAGE_SIZE)),
         None => {
@@ -962,7 +982,9 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 // do when they replace `malloc`. A block the program got from one name and gives to the
 // other then has one allocator: before, `__libc_realloc` of a block from `malloc` aborted
 // the program ("realloc(): invalid pointer"). Where uswap stands aside, the standard names
-// go to the C library, and so do these.
+// go to the C library, and so do these. Each calls the work of its standard name directly,
+// never the exported name: an executable with an allocator of its own takes those over, and
+// one whose `free` calls `__libc_free` would be called back, for good.
 
 #[no_mangle]
 #[unsafe(naked)]
@@ -989,20 +1011,20 @@ pub unsafe extern "C" fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_v
 /// As `free`.
 pub unsafe extern "C" fn __libc_free(p: *mut c_void) {
     // SAFETY: the caller's contract is free's.
-    unsafe { free(p) }
+    unsafe { free_here(p) }
 }
 
 #[no_mangle]
 pub extern "C" fn __libc_memalign(align: usize, size: usize) -> *mut c_void {
-    memalign(align, size)
+    memalign_here(align, size)
 }
 
 #[no_mangle]
 pub extern "C" fn __libc_valloc(size: usize) -> *mut c_void {
-    valloc(size)
+    aligned(uswap::PAGE_SIZE, size)
 }
 
 #[no_mangle]
 pub extern "C" fn __libc_pvalloc(size: usize) -> *mut c_void {
-    pvalloc(size)
+    pvalloc_here(size)
 }

@@ -23,7 +23,9 @@
 //! are not seen here; `signal` and the older calls above are interposed for that reason
 //! (`siginterrupt` is not: it reads the action back and installs it again, uswap's). In
 //! thread mode nothing changes.
-//! Not covered: masks passed to `sigsuspend`, `pselect`, `ppoll` and `epoll_pwait`.
+//! The masks of `sigsuspend`, `pselect`, `ppoll`, `epoll_pwait` and `io_pgetevents` are kept
+//! from holding SIGBUS by the system-call guard (`uswap::syscall_guard`), as every mask the C
+//! library's own calls set.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -125,6 +127,17 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> libc::c_int {
+    // SAFETY: the caller's contract.
+    unsafe { sigaction_here(sig, act, old) }
+}
+
+/// `sigaction`'s work, called directly by the other names here (never through the exported
+/// name, which an executable's own `sigaction` takes over: one that calls `__sigaction`
+/// would be called back, for good).
+///
+/// # Safety
+/// As `sigaction(2)`.
+unsafe fn sigaction_here(sig: libc::c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> libc::c_int {
     let signal_mode = applies();
     if signal_mode && sig == libc::SIGBUS {
         // SAFETY: `act` is null or valid (the caller's contract).
@@ -164,6 +177,15 @@ pub unsafe extern "C" fn sigaction(
 /// As `signal(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the caller's contract.
+    unsafe { signal_here(sig, handler) }
+}
+
+/// `signal`'s work, called directly by its other names (see [`sigaction_here`]).
+///
+/// # Safety
+/// As `signal(2)`.
+unsafe fn signal_here(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     // SAFETY: the C library's signal, found by dlsym.
     let real = unsafe { std::mem::transmute::<*mut c_void, SignalFn>(crate::real::next_symbol(&SIGNAL, c"signal")) };
     let (ours_bus, ours_dump) = (sig == libc::SIGBUS && applies(), crate::core_dump::intercepts(sig));
@@ -206,7 +228,7 @@ fn install_with_flags(sig: libc::c_int, handler: libc::sighandler_t, flags: libc
     // SAFETY: as above.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: our two structs, valid for the call.
-    match unsafe { sigaction(sig, &act, &mut old) } {
+    match unsafe { sigaction_here(sig, &act, &mut old) } {
         0 => old.sa_sigaction,
         _ => libc::SIG_ERR,
     }
@@ -221,6 +243,11 @@ fn is_signal_number(sig: libc::c_int) -> bool {
 /// As `sysv_signal(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn sysv_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    sysv_signal_here(sig, handler)
+}
+
+/// `sysv_signal`'s work, for both its names.
+fn sysv_signal_here(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     if handler == libc::SIG_ERR || !is_signal_number(sig) {
         // SAFETY: this thread's errno.
         unsafe { *libc::__errno_location() = libc::EINVAL };
@@ -235,8 +262,7 @@ pub unsafe extern "C" fn sysv_signal(sig: libc::c_int, handler: libc::sighandler
 /// As `sysv_signal(3)` (the C library's own name for it).
 #[no_mangle]
 pub unsafe extern "C" fn __sysv_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    // SAFETY: the caller's contract.
-    unsafe { sysv_signal(sig, handler) }
+    sysv_signal_here(sig, handler)
 }
 
 /// # Safety
@@ -244,7 +270,7 @@ pub unsafe extern "C" fn __sysv_signal(sig: libc::c_int, handler: libc::sighandl
 #[no_mangle]
 pub unsafe extern "C" fn bsd_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     // SAFETY: the caller's contract.
-    unsafe { signal(sig, handler) }
+    unsafe { signal_here(sig, handler) }
 }
 
 /// # Safety
@@ -252,7 +278,7 @@ pub unsafe extern "C" fn bsd_signal(sig: libc::c_int, handler: libc::sighandler_
 #[no_mangle]
 pub unsafe extern "C" fn ssignal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     // SAFETY: the caller's contract.
-    unsafe { signal(sig, handler) }
+    unsafe { signal_here(sig, handler) }
 }
 
 /// # Safety
@@ -264,7 +290,7 @@ pub unsafe extern "C" fn __sigaction(
     old: *mut libc::sigaction,
 ) -> libc::c_int {
     // SAFETY: the caller's contract.
-    unsafe { sigaction(sig, act, old) }
+    unsafe { sigaction_here(sig, act, old) }
 }
 
 /// # Safety
@@ -299,7 +325,7 @@ pub unsafe extern "C" fn sigset(sig: libc::c_int, disp: libc::sighandler_t) -> l
         // SAFETY: a query into our struct.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
-        match unsafe { sigaction(sig, std::ptr::null(), &mut old) } {
+        match unsafe { sigaction_here(sig, std::ptr::null(), &mut old) } {
             0 => (libc::SIG_BLOCK, old.sa_sigaction),
             _ => return libc::SIG_ERR,
         }
@@ -309,8 +335,9 @@ pub unsafe extern "C" fn sigset(sig: libc::c_int, disp: libc::sighandler_t) -> l
             previous => (libc::SIG_UNBLOCK, previous),
         }
     };
-    // SAFETY: our two sets; the interposed sigprocmask keeps SIGBUS deliverable.
-    if unsafe { sigprocmask(how, &set, &mut was) } != 0 {
+    // SAFETY: the C library's sigprocmask, found by dlsym, with our two sets; SIGBUS kept
+    // deliverable as by the interposed one.
+    if unsafe { set_mask(crate::real::next_symbol(&SIGPROCMASK, c"sigprocmask"), how, &set, &mut was) } != 0 {
         return libc::SIG_ERR;
     }
     // SAFETY: our set.
@@ -362,7 +389,7 @@ pub unsafe fn raw_sigaction(sig: libc::c_int, act: usize, old: usize) -> libc::c
     let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
     let new_ptr = new.as_ref().map_or(std::ptr::null(), |a| a as *const libc::sigaction);
     // SAFETY: our structs, valid for the call.
-    if unsafe { sigaction(sig, new_ptr, &mut previous) } != 0 {
+    if unsafe { sigaction_here(sig, new_ptr, &mut previous) } != 0 {
         return -1;
     }
     if old != 0 {
