@@ -208,6 +208,21 @@ fn odd_alignments_are_rounded_up_as_the_c_library_does() {
     }
 }
 
+/// Waits that set a mask with every signal but one blocked (`sigwaits.c`: `sigsuspend`,
+/// `ppoll`, `pselect`, `epoll_pwait`) leave SIGBUS deliverable: the handler that ends each
+/// reads every word of 96 MiB under 32 MiB. Before, in signal mode, its first fault killed
+/// the program (the wait's mask blocked SIGBUS).
+#[test]
+fn handlers_that_end_a_wait_with_a_full_mask_take_faults() {
+    let dir = tmpdir("sigwaits");
+    let p = compile("sigwaits", &dir, &["-pthread"]);
+    for mode in ["signal", "thread"] {
+        let (o, v) = uswap_run(32, &["--fault-mode", mode], &[p.to_str().unwrap(), "96"], &dir);
+        assert_printed_ok("sigwaits", &o);
+        assert!(counter(&v, "pswpin") > 0, "{mode}: nothing came back through faults: {v}");
+    }
+}
+
 /// An alternate signal stack too small for a signal's frame (`altsmall.c`: `MINSIGSTKSZ`,
 /// 2,048 bytes, on the main thread and a thread) does not take signal mode's faults: uswap's
 /// own stays in its place, said once, and every word of 96 MiB under 32 MiB holds with
