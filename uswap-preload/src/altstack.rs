@@ -33,7 +33,7 @@ use std::cell::Cell;
 
 use crate::real::{sys_mmap, sys_mprotect, sys_munmap};
 
-/// One alternate stack: the kernel's frame (1.8 KiB here, `AT_MINSIGSTKSZ`, more with
+/// One alternate stack: the kernel's frame (under 3.4 KiB here, `AT_MINSIGSTKSZ`, more with
 /// AVX-512 state) and the handler's entry need a few KiB; but a program that set no
 /// alternate stack of its own and installs a handler with `SA_ONSTACK` (for a crash report,
 /// a backtrace) has that handler run here too, where without uswap it runs on the thread's
@@ -117,9 +117,14 @@ pub fn note_program_stack(ss: &libc::stack_t) {
 /// Measured here: 3,600 bytes held both, 3,072 did not.
 fn least_stack_bytes() -> usize {
     const HANDLER_ENTRY_BYTES: usize = 512;
+    // A kernel before 5.14 gives no `AT_MINSIGSTKSZ`: a frame with AVX-512 state is 3.4 KiB.
+    const FRAME_WITHOUT_AUXV_BYTES: usize = 4096;
     // SAFETY: getauxval reads the process's auxiliary vector; 0 where the entry is absent.
-    let frame = unsafe { libc::getauxval(libc::AT_MINSIGSTKSZ) } as usize;
-    frame.max(libc::MINSIGSTKSZ) + HANDLER_ENTRY_BYTES
+    let frame = match unsafe { libc::getauxval(libc::AT_MINSIGSTKSZ) } as usize {
+        0 => FRAME_WITHOUT_AUXV_BYTES,
+        n => n.max(libc::MINSIGSTKSZ),
+    };
+    frame + HANDLER_ENTRY_BYTES
 }
 
 /// The program set an alternate stack too small for a signal's frame (under

@@ -53,9 +53,9 @@ pub enum Why {
     /// The user it runs as (a process of the tree that changed user: `su`, `runuser`) cannot
     /// read this library: the loader skips it.
     Unreadable,
-    /// The process execs holding every descriptor its `RLIMIT_NOFILE` allows: the image
-    /// could not be judged, and the loader, which needs a descriptor to open this library,
-    /// skips it unless the exec closes some (`O_CLOEXEC`).
+    /// The process execs holding every descriptor its `RLIMIT_NOFILE` allows, none of them
+    /// closed by the exec (`FD_CLOEXEC`): the image could not be judged, and the loader,
+    /// which needs a descriptor to open this library, skips it.
     NoDescriptor,
     /// Another object defines the C library's allocator (`malloc`, ...) before this library:
     /// its executable, an allocator preloaded first (`LD_PRELOAD=libtcmalloc.so:...`), or a
@@ -86,8 +86,8 @@ impl Why {
                  may read it; or a chroot)"
             }
             Why::NoDescriptor => {
-                "it was started holding every descriptor its limit (RLIMIT_NOFILE) allows: the loader may not \
-                 have a descriptor to open uswap's library with"
+                "it was started holding every descriptor its limit (RLIMIT_NOFILE) allows, none closed by the \
+                 exec: the loader has no descriptor to open uswap's library with"
             }
             Why::NoLibrary => {
                 "its executable needs no shared library and makes its system calls itself (a Go program built \
@@ -170,15 +170,35 @@ fn library_unreadable() -> Option<Why> {
     // SAFETY: the loader's NUL-terminated name of this library, set by `init`.
     let fd = unsafe { libc::open(own, libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
-        // Out of descriptors, the loader may be too (all but those the exec closes).
-        return Some(match errno() {
-            libc::EMFILE | libc::ENFILE => Why::NoDescriptor,
-            _ => Why::Unreadable,
-        });
+        return match errno() {
+            // Out of descriptors: so is the loader of the new image, unless the exec closes
+            // some (`O_CLOEXEC`), which cannot be told apart from here cheaply for a large
+            // limit: said only where none is.
+            libc::EMFILE if closes_some_at_exec() => None,
+            libc::EMFILE | libc::ENFILE => Some(Why::NoDescriptor),
+            _ => Some(Why::Unreadable),
+        };
     }
     // SAFETY: the descriptor just opened, closed once.
     unsafe { libc::close(fd) };
     None
+}
+
+/// Most descriptors looked at by [`closes_some_at_exec`]: a process with a larger limit that
+/// holds all of them is taken to close none (said as [`Why::NoDescriptor`]).
+const MAX_DESCRIPTORS_LOOKED_AT: c_int = 1 << 16;
+
+/// Whether some descriptor of this process is closed by an exec (`FD_CLOEXEC`): the loader
+/// of the new image then has one to open this library with. Bounded by
+/// [`MAX_DESCRIPTORS_LOOKED_AT`] `fcntl` calls, made only when the process is out of them.
+fn closes_some_at_exec() -> bool {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit fills the struct it is given.
+    let known = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    let end =
+        if known { limit.rlim_cur.min(MAX_DESCRIPTORS_LOOKED_AT as u64) as c_int } else { MAX_DESCRIPTORS_LOOKED_AT };
+    // SAFETY: F_GETFD reads a descriptor's flags; an unused number gives -1.
+    (0..end).any(|fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC > 0)
 }
 
 fn judge_env(envp: *const *const c_char) -> Option<Why> {
@@ -407,6 +427,12 @@ impl StackPath {
         true
     }
 
+    /// Appends as much of `part` as fits with the NUL.
+    fn push_cut(&mut self, part: &[u8]) {
+        let room = PATH_BYTES - 1 - self.len;
+        self.push(&part[..part.len().min(room)]);
+    }
+
     /// `path` itself, if it fits.
     fn of(path: &CStr) -> Option<StackPath> {
         let mut p = StackPath::new();
@@ -511,16 +537,12 @@ pub fn note(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> Option<u64> 
 }
 
 /// Leaves the note as a symbolic link whose target is its text, where no file could be
-/// opened for it (the process holds every descriptor its limit allows, or the file system has
-/// no room for a file's data): `symlink` takes no descriptor, and `uswap run` reads the
-/// target. A path too long for a target is cut.
+/// opened for it (the process holds every descriptor its limit allows): `symlink` takes no
+/// descriptor, and `uswap run` reads the target. A note longer than a [`StackPath`] is cut.
 fn note_as_link(dir: &[u8], pid: libc::pid_t, path: &CStr, why: Why) -> Option<u64> {
     let mut text = StackPath::new();
-    let fits = text.push(path.to_bytes()) && text.push(b": ") && text.push(why.text().as_bytes());
-    if !fits {
-        text = StackPath::new();
-        // Nothing fits in a target of PATH_BYTES but the reason: said without the path.
-        text.push(why.text().as_bytes());
+    for part in [path.to_bytes(), b": ", why.text().as_bytes()] {
+        text.push_cut(part);
     }
     // Bounded: MAX_NOTES_PER_PID names.
     for n in 0..MAX_NOTES_PER_PID {

@@ -774,7 +774,7 @@ unsafe fn free_here(p: *mut c_void) {
 /// As the C function of this name: the pointer comes from this allocator (or is null).
 pub unsafe extern "C" fn cfree(p: *mut c_void) {
     // SAFETY: the caller's contract is free's.
-    unsafe { free(p) }
+    unsafe { free_here(p) }
 }
 
 /// `realloc`, for a caller that returns to `ret`.
@@ -787,7 +787,7 @@ unsafe extern "C" fn realloc_returning_to(p: *mut c_void, size: usize, ret: usiz
     }
     if size == 0 && REALLOC_ZERO_FREES {
         // SAFETY: `p` is a live block of this allocator (the caller's contract).
-        unsafe { free(p) };
+        unsafe { free_here(p) };
         return std::ptr::null_mut();
     }
     let huge_block = huge_len(p).is_some();
@@ -829,7 +829,7 @@ unsafe extern "C" fn realloc_returning_to(p: *mut c_void, size: usize, ret: usiz
                 // is freed once, by the allocator it came from.
                 unsafe {
                     std::ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, old_size.min(size));
-                    free(p);
+                    free_here(p);
                 }
             }
             n
@@ -853,8 +853,15 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 
 /// A block of `size` bytes at a multiple of `align` (a power of two, checked by callers).
 fn aligned(align: usize, size: usize) -> *mut c_void {
+    aligned_for(align, size, None)
+}
+
+/// [`aligned`] for a caller that returns to `ret`, if known: the dynamic loader of a C
+/// library before 2.26 allocates threads' TLS blocks with `__libc_memalign` (see the module
+/// doc for why those stay the C library's).
+fn aligned_for(align: usize, size: usize, ret: Option<usize>) -> *mut c_void {
     debug_assert!(align.is_power_of_two());
-    if managed_for(size, None) {
+    if managed_for(size, ret) {
         if align > MI_ARENA_ALIGN_MAX || size > HUGE_MIN_BYTES {
             return huge_aligned(align, size);
         }
@@ -932,11 +939,16 @@ pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
 
 /// `memalign`'s work, called directly (see [`free_here`]).
 fn memalign_here(align: usize, size: usize) -> *mut c_void {
+    memalign_returning_to(align, size, 0)
+}
+
+/// `memalign`'s work for a caller that returns to `ret` (0: not known).
+extern "C" fn memalign_returning_to(align: usize, size: usize, ret: usize) -> *mut c_void {
     let Some(align) = align.max(16).checked_next_power_of_two() else {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     };
-    aligned(align, size)
+    aligned_for(align, size, (ret != 0).then_some(ret))
 }
 
 #[no_mangle]
@@ -1015,8 +1027,9 @@ pub unsafe extern "C" fn __libc_free(p: *mut c_void) {
 }
 
 #[no_mangle]
+#[unsafe(naked)]
 pub extern "C" fn __libc_memalign(align: usize, size: usize) -> *mut c_void {
-    memalign_here(align, size)
+    std::arch::naked_asm!("mov rdx, [rsp]", "jmp {serve}", serve = sym memalign_returning_to)
 }
 
 #[no_mangle]

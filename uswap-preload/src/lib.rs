@@ -807,8 +807,8 @@ pub(crate) fn note_refusal(msg: &str) {
     let Some(dir) = std::env::var_os(config::ENV_STATS_DIR) else { return };
     let path = std::path::Path::new(&dir).join(format!("{}{}.txt", uswap::shared_charge::REFUSAL_PREFIX, file_tag()));
     let Err(e) = report::write_new(&path, msg.as_bytes()) else { return };
-    // Out of descriptors (a process at its `RLIMIT_NOFILE` is refused for that very reason)
-    // or of room for a file's data: a link needs neither, and the run still fails.
+    // Out of descriptors (a process at its `RLIMIT_NOFILE` is refused for that very reason):
+    // a link needs none, and the run still fails.
     let Err(link) = report::link_note(&path, msg) else { return };
     // The refusal itself is said on stderr by the caller; this says why the run may not
     // know of it.

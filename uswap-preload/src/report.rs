@@ -293,9 +293,9 @@ fn say_record_lost(dir: &std::path::Path, why: &str) {
 
 /// Leaves `text` at `path` for `uswap run` as a symbolic link whose target is the text: a
 /// note written when no file can be (the process is out of descriptors, which is why some
-/// pagers are refused, or its file system is out of room for the file's data), since
-/// `symlink` takes none. `uswap run` reads such a note with `readlink` (its
-/// `records::read_note`), following nothing. The text is cut at [`MAX_LINK_NOTE_BYTES`].
+/// pagers are refused), since `symlink` takes none. `uswap run` reads such a note with
+/// `readlink` (its `records::read_note`), following nothing. The text is cut at
+/// [`MAX_LINK_NOTE_BYTES`].
 pub(crate) fn link_note(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     let mut end = text.trim_end().len().min(MAX_LINK_NOTE_BYTES);
     while !text.is_char_boundary(end) {
@@ -309,8 +309,7 @@ pub(crate) fn link_note(path: &std::path::Path, text: &str) -> std::io::Result<(
     std::os::unix::fs::symlink(target, path)
 }
 
-/// Most bytes of a note left as a link: under `PATH_MAX` (4,096 with its NUL), and within what
-/// a short link keeps in its inode on most file systems when cut further by the caller.
+/// Most bytes of a note left as a link: under `PATH_MAX` (4,096 with its NUL).
 pub(crate) const MAX_LINK_NOTE_BYTES: usize = 4000;
 
 /// Writes `bytes` to `path` as a new file (what a crash left there goes first): never through

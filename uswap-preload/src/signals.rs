@@ -12,8 +12,8 @@
 //!   one uswap passes on every SIGBUS it does not manage to (`uswap::sigbus::replace_chained`)
 //!   and report the program's previous one back; uswap's handler stays. So do the older
 //!   calls in which the C library calls its own `sigaction`, out of an interposer's sight
-//!   (`sigset`, `sysv_signal`, `bsd_signal`, `ssignal`, `sigignore`, and `__sigaction`
-//!   itself, a name a program may call: each is made here through
+//!   (`sigset`, `sysv_signal` and `__sysv_signal`, `bsd_signal`, `ssignal`, `sigignore`,
+//!   and `__sigaction` itself, a name a program may call: each is made here through
 //!   [`sigaction`], with the C library's semantics), and `syscall(SYS_rt_sigaction)` (its
 //!   kernel structures converted, see [`raw_sigaction`]).
 //!
@@ -23,7 +23,7 @@
 //! are not seen here; `signal` and the older calls above are interposed for that reason
 //! (`siginterrupt` is not: it reads the action back and installs it again, uswap's). In
 //! thread mode nothing changes.
-//! The masks of `sigsuspend`, `pselect`, `ppoll`, `epoll_pwait` and `io_pgetevents` are kept
+//! The masks of `sigsuspend`, `pselect`, `ppoll`, `epoll_pwait(2)` and `io_pgetevents` are kept
 //! from holding SIGBUS by the system-call guard (`uswap::syscall_guard`), as every mask the C
 //! library's own calls set.
 
@@ -367,14 +367,17 @@ pub fn routes_raw_sigaction(sig: libc::c_int, mask_bytes: usize) -> bool {
 
 /// A raw `rt_sigaction(sig, act, old)` made through [`sigaction`] (see
 /// [`routes_raw_sigaction`]): the kernel's structures converted to the C library's and back.
-/// Returns what the C library's `syscall` would: 0, or -1 with `errno` set.
+/// Returns what the C library's `syscall` would: 0, or -1 with `errno` set. Unlike the
+/// kernel, a bad pointer is not `EFAULT` (it faults here), and the previous SIGBUS action
+/// read back carries no restorer of its own (installed again this way it gets the C
+/// library's).
 ///
 /// # Safety
 /// `act` is null or valid for a read, `old` null or valid for a write, of a
 /// `struct kernel_sigaction` (the system call's contract).
 pub unsafe fn raw_sigaction(sig: libc::c_int, act: usize, old: usize) -> libc::c_long {
-    // SAFETY: the caller's contract.
-    let given = unsafe { (act as *const KernelSigaction).as_ref().copied() };
+    // SAFETY: the caller's contract (read unaligned: the kernel does not ask for alignment).
+    let given = (act != 0).then(|| unsafe { (act as *const KernelSigaction).read_unaligned() });
     let new = given.map(|k| {
         // SAFETY: all-zero is a valid sigaction; the fields set are plain data.
         let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -395,7 +398,8 @@ pub unsafe fn raw_sigaction(sig: libc::c_int, act: usize, old: usize) -> libc::c
     if old != 0 {
         let k = KernelSigaction {
             handler: previous.sa_sigaction,
-            flags: previous.sa_flags as libc::c_ulong,
+            // The kernel's flags are an unsigned word: SA_RESETHAND is not sign-extended.
+            flags: previous.sa_flags as u32 as libc::c_ulong,
             restorer: previous.sa_restorer.map_or(0, |f| f as libc::sighandler_t),
             // SAFETY: as above.
             mask: unsafe { *(&previous.sa_mask as *const libc::sigset_t).cast::<u64>() },
