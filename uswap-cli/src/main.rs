@@ -6,6 +6,7 @@ mod report;
 mod run;
 mod size;
 mod stat;
+mod tree_files;
 
 use std::process::ExitCode;
 

@@ -294,7 +294,7 @@ fn say_record_lost(dir: &std::path::Path, why: &str) {
 /// Leaves `text` at `path` for `uswap run` as a symbolic link whose target is the text: a
 /// note written when no file can be (the process is out of descriptors, which is why some
 /// pagers are refused), since `symlink` takes none. `uswap run` reads such a note with
-/// `readlink` (its `records::read_note`), following nothing. The text is cut at
+/// `readlink` (its `tree_files::read_note`), following nothing. The text is cut at
 /// [`MAX_LINK_NOTE_BYTES`].
 pub(crate) fn link_note(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     let mut end = text.trim_end().len().min(MAX_LINK_NOTE_BYTES);

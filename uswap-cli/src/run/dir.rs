@@ -11,7 +11,7 @@
 //! whose name only the tree's environment holds, is writable by all and sticky (01777, as
 //! `/tmp`: no one removes or replaces another user's files; the segment 0666). Every file
 //! root's processes create there is created new (`O_EXCL`, no link followed), and what
-//! `uswap run` reads there it reads as regular files, bounded (`records::read_tree_file`): a
+//! `uswap run` reads there it reads as regular files, bounded (`tree_files::read_tree_file`): a
 //! process that dropped its privileges cannot turn root's writes or reads elsewhere. The run's
 //! directory then goes in `$TMPDIR` only if every user can reach it (a private one, as
 //! pam_tmpdir makes, would shut them out), else in `/tmp`. Under any other user both are

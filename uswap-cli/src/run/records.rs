@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::size::format_amount;
+use crate::tree_files::{read_note, read_tree_file};
 
 /// Serves the tree's counters for `uswap stat <this pid>`. Under another `uswap run` this
 /// process is managed too, and its own pager's socket may hold the first names: the next
@@ -86,37 +87,6 @@ pub(super) fn deep_bind_message(noted: &[(u32, String)]) -> Option<String> {
          it would have bound their malloc and free to the C library's, past uswap's (docs/cli.md)",
         noted.len()
     ))
-}
-
-/// A note's text: a regular file's ([`read_tree_file`]), or the target of the symbolic link
-/// that a process out of descriptors leaves instead (the preload's `report::link_note`),
-/// read with `readlink`: nothing followed.
-fn read_note(path: &Path) -> std::io::Result<String> {
-    match std::fs::symlink_metadata(path)?.file_type().is_symlink() {
-        true => Ok(std::fs::read_link(path)?.to_string_lossy().into_owned()),
-        false => read_tree_file(path),
-    }
-}
-
-/// Most bytes read of a record or a note: far above a real one (a record is a few KiB).
-const MAX_FILE_BYTES: u64 = 1 << 20;
-
-/// The text of a record or note in the tree's directory, which processes of the tree that
-/// changed user may write into (see `dir`): a regular file only (no link followed, no FIFO
-/// waited on), read up to [`MAX_FILE_BYTES`].
-pub(super) fn read_tree_file(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a regular file"));
-    }
-    let mut text = String::new();
-    f.take(MAX_FILE_BYTES).read_to_string(&mut text)?;
-    Ok(text)
 }
 
 /// The notes `<prefix><pid>[.<n>].txt` in `dir`, each's text without its trailing newline,
@@ -337,27 +307,6 @@ mod tests {
         let msg = escape_message(&many);
         assert_eq!(msg.lines().count(), 6, "{msg}");
         assert!(msg.ends_with("\n  and 2 more process(es), of 2 other image(s) or reason(s)"), "{msg}");
-    }
-
-    /// What a process of the tree that changed user may put in the tree's directory is
-    /// read only as a regular file: a link to another file is not followed, a FIFO not
-    /// waited on.
-    #[test]
-    fn files_of_the_trees_directory_are_read_only_when_regular() {
-        let dir = std::env::temp_dir().join(format!("uswap-tree-file-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let plain = dir.join("1.json");
-        std::fs::write(&plain, "{}").unwrap();
-        assert_eq!(read_tree_file(&plain).unwrap(), "{}");
-        let link = dir.join("2.json");
-        std::os::unix::fs::symlink(&plain, &link).unwrap();
-        assert!(read_tree_file(&link).is_err(), "a link was followed");
-        let fifo = dir.join("3.json");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: mkfifo with a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        assert!(read_tree_file(&fifo).is_err(), "a FIFO was read");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A refusal left as a link (its process was out of descriptors) counts, with the link's

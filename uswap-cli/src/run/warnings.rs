@@ -6,8 +6,9 @@
 
 use std::path::Path;
 
-use super::records::{read_tree_file, record_paths};
+use super::records::record_paths;
 use crate::size::{format_amount, format_size};
+use crate::tree_files::read_tree_file;
 
 /// The tree's unmanaged memory is reported once it passes 1/10 of the limit.
 pub(super) const UNMANAGED_SHARE_DIVISOR: u64 = 10;

@@ -92,31 +92,10 @@ fn no_pager(pid: u32) -> StatError {
     };
     let dir = std::path::Path::new(std::ffi::OsStr::from_bytes(dir));
     let refusal = dir.join(format!("{}{pid}.txt", uswap::shared_charge::REFUSAL_PREFIX));
-    match read_refusal(&refusal) {
+    match crate::tree_files::read_note(&refusal) {
         Ok(why) => StatError::Refused { pid, why: why.trim_end().to_string() },
         Err(_) => StatError::Waiting { pid },
     }
-}
-
-/// A refusal note's text, from a directory that any process of the tree may write: a regular
-/// file's (no link followed, no FIFO waited on, at most 64 KiB read), or the target of the
-/// link that a process out of descriptors leaves instead (read with `readlink`).
-fn read_refusal(path: &std::path::Path) -> std::io::Result<String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
-        return Ok(std::fs::read_link(path)?.to_string_lossy().into_owned());
-    }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a regular file"));
-    }
-    let mut text = String::new();
-    f.take(64 << 10).read_to_string(&mut text)?;
-    Ok(text)
 }
 
 /// How the counters are printed.
