@@ -516,7 +516,7 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     // Lives until the call returned: the kernel reads the mask from here.
     let mut mask_copy = [0u64; 4];
     let mut a = a;
-    keep_sigbus_deliverable(nr, &mut a, &mut mask_copy);
+    super::masks::keep_sigbus_deliverable(nr, &mut a, &mut mask_copy);
     let r = rule(nr);
     // A transfer is made again once at its whole size; then it goes in windows.
     let transfer = complete::is_transfer(nr);
@@ -551,81 +551,6 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
         say_efault_once(nr, &a);
     }
     made.ret
-}
-
-/// The bit of SIGBUS in a kernel `sigset_t` (x86-64: one word).
-const SIGBUS_BIT: u64 = 1 << (libc::SIGBUS - 1);
-
-/// Signal mode: a mask the program sets through the C library (`sigprocmask`,
-/// `pthread_sigmask`, glibc's own around `pthread_create` and `fork`, a handler's `sa_mask`
-/// in `sigaction`) never holds SIGBUS while uswap's SIGBUS handler is installed: a blocked
-/// SIGBUS on a fault kills the process (the kernel forces it to its default action), so
-/// the call is made with a copy of the mask, in `copy`, without it. What the program asked
-/// for otherwise stands; an `oldset` it reads back says SIGBUS is not blocked, which is
-/// true. `a` is changed to point at the copy. The same for the masks a call sets while it
-/// waits (`sigsuspend`, `ppoll`, `pselect`, `epoll_pwait`, `io_pgetevents`): a handler that
-/// ends the wait runs under that mask, and `sigsuspend` with every signal but one blocked
-/// is how many daemons wait; a fault in that handler killed the process.
-fn keep_sigbus_deliverable(nr: c_long, a: &mut [u64; 6], copy: &mut [u64; 4]) {
-    if !crate::uffd::sigbus::installed() {
-        return;
-    }
-    // Where the call's mask is: (argument of its pointer, argument of its size), or for
-    // `pselect6` and `io_pgetevents` the argument of a pointer to a {mask, size} pair.
-    match nr {
-        libc::SYS_rt_sigprocmask if a[0] == libc::SIG_BLOCK as u64 || a[0] == libc::SIG_SETMASK as u64 => {
-            strip_mask_at(a, 1, 3, copy);
-        }
-        libc::SYS_rt_sigaction => {
-            // `struct kernel_sigaction` on x86-64: handler, flags, restorer, mask.
-            if a[3] != KERNEL_SIGSET_BYTES {
-                return;
-            }
-            let Some(act) = read_user::<[u64; 4]>(&mut crate::pin::Pin::none(), a[1]) else { return };
-            if act[3] & SIGBUS_BIT != 0 {
-                *copy = act;
-                copy[3] &= !SIGBUS_BIT;
-                a[1] = copy.as_ptr() as u64;
-            }
-        }
-        libc::SYS_rt_sigsuspend => strip_mask_at(a, 0, 1, copy),
-        libc::SYS_ppoll => strip_mask_at(a, 3, 4, copy),
-        libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => strip_mask_at(a, 4, 5, copy),
-        libc::SYS_pselect6 | SYS_IO_PGETEVENTS => {
-            // `{ const sigset_t *mask; size_t size; }`: the call gets a copy of the pair,
-            // in `copy[0..2]`, that points at a copy of the mask, in `copy[2]`.
-            let Some([mask_at, size]) = read_user::<[u64; 2]>(&mut crate::pin::Pin::none(), a[5]) else { return };
-            let mut pair_args = [0, mask_at, 0, size, 0, 0];
-            let mut mask = [0u64; 4];
-            strip_mask_at(&mut pair_args, 1, 3, &mut mask);
-            if pair_args[1] != mask_at {
-                copy[2] = mask[0];
-                copy[0] = std::ptr::addr_of!(copy[2]) as u64;
-                copy[1] = size;
-                a[5] = copy.as_ptr() as u64;
-            }
-        }
-        _ => {}
-    }
-}
-
-/// `io_pgetevents` on x86-64 (the `libc` crate names it for other targets only).
-const SYS_IO_PGETEVENTS: c_long = 333;
-
-/// A kernel `sigset_t`'s bytes on x86-64: one word.
-const KERNEL_SIGSET_BYTES: u64 = 8;
-
-/// Points `a[at]` at a copy of the mask it points to, in `copy[0]`, without SIGBUS, if that
-/// mask is a kernel `sigset_t` (`a[size_at]` bytes) holding it.
-fn strip_mask_at(a: &mut [u64; 6], at: usize, size_at: usize, copy: &mut [u64; 4]) {
-    if a[at] == 0 || a[size_at] != KERNEL_SIGSET_BYTES {
-        return;
-    }
-    let Some(set) = read_user::<u64>(&mut crate::pin::Pin::none(), a[at]) else { return };
-    if set & SIGBUS_BIT != 0 {
-        copy[0] = set & !SIGBUS_BIT;
-        a[at] = copy.as_ptr() as u64;
-    }
 }
 
 /// What a call made by [`make_prepared`] gave.

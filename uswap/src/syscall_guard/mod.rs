@@ -8,7 +8,8 @@
 //! lost. So at start-up every `syscall` instruction of the C library is rewritten ([`patch`])
 //! to go through a dispatch that brings the call's memory in first ([`entry`], by the rules
 //! of [`table`]). Calls that take no pointer cost three more instructions; the others one
-//! function call and a look-up of their buffers in the region registry.
+//! function call and a look-up of their buffers in the region registry. The masks calls set
+//! (`sigprocmask`, `sigsuspend`, ...) are made without SIGBUS ([`masks`]).
 //!
 //! Not covered: `syscall` instructions outside the C library (a program or library that
 //! makes its own, statically linked code), and memory the kernel touches outside any call
@@ -51,6 +52,7 @@ mod code;
 mod complete;
 mod entry;
 mod image;
+mod masks;
 mod patch;
 mod raw;
 mod sys;
