@@ -200,26 +200,13 @@ unsafe fn signal_here(sig: libc::c_int, handler: libc::sighandler_t) -> libc::si
         return libc::SIG_ERR;
     }
     // glibc's signal(): BSD semantics, a handler that stays installed and restarts calls.
-    // SAFETY: all-zero is a valid sigaction; the fields set are plain data.
-    let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
-    a.sa_sigaction = handler;
-    a.sa_flags = libc::SA_RESTART;
-    if ours_bus {
-        return uswap::sigbus::replace_chained(Some(&a)).sa_sigaction;
-    }
-    // SAFETY: as above.
-    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: our two structs.
-    match unsafe { crate::core_dump::program_sigaction(sig, &a, &mut old) } {
-        0 => old.sa_sigaction,
-        _ => libc::SIG_ERR,
-    }
+    install_with_flags(sig, handler, libc::SA_RESTART)
 }
 
 /// Installs `handler` for `sig` with `flags` and an empty mask through [`sigaction`] (so
 /// that SIGBUS in signal mode and the signals `core_dump` stands in for are kept as there),
-/// as the C library's older calls do with its internal `sigaction`, which no interposer
-/// sees; returns the previous handler, or `SIG_ERR`.
+/// as `signal` and the C library's older calls do with its internal `sigaction`, which no
+/// interposer sees; returns the previous handler, or `SIG_ERR`.
 fn install_with_flags(sig: libc::c_int, handler: libc::sighandler_t, flags: libc::c_int) -> libc::sighandler_t {
     // SAFETY: all-zero is a valid sigaction (empty mask); the fields set are plain data.
     let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
