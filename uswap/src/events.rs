@@ -8,7 +8,10 @@
 //!   application maps there next is not the engine's.
 //! * `REMOVE` (`MADV_DONTNEED`, `MADV_FREE`, `MADV_REMOVE`; sent before the kernel zaps the
 //!   pages): the pages read zero afterwards, as Linux zero-fills. Swapped and staged pages
-//!   lose their slots; resident ones their charge.
+//!   lose their slots; resident ones their charge. In signal mode under the system-call
+//!   guard the regions' descriptor asks for no `REMOVE`: the guard sees the program's
+//!   discards and applies them the same way before they return ([`ProgramDiscard`]), and
+//!   reclaim may then drop clean pages where they lie (`reclaim::swapout`).
 //! * `REMAP` (`mremap` that moves; sent after the move, and followed by an `UNMAP` of the
 //!   old range): a move of the whole region moves the region (its address and its registry
 //!   entry); the engine goes on paging it at the new address. A move of part of a region
@@ -75,7 +78,8 @@
 //! The engine's own unmaps and discards send no events: a dropped region is unregistered
 //! before it is unmapped, and staging pages belong to a second descriptor that asks for
 //! none (clean pages leave a region by `UFFDIO_MOVE` into their slot's staging page, not by
-//! `MADV_DONTNEED` on the region).
+//! `MADV_DONTNEED` on the region, but where the regions' descriptor asks for no `REMOVE`;
+//! that drop is a direct system call, which the guard does not see).
 //!
 //! Locking: the reader lock ([`crate::state::events::EventState::reader`]) is outermost; under it, every page is
 //! taken through its busy bit, then the take-out list's lock. An owner of a busy bit never
@@ -345,17 +349,84 @@ fn handle_event(cx: &Events<'_>, event: Event) {
             for_each_overlap(cx, start, end, |r, first, last| release(cx, r, first, last, PageState::Gone));
             cx.stats.inc(Counter::UffdUnmap);
         }
-        Event::Remove { start, end } => {
-            cx.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(cx, start, end, false);
-            for_each_overlap(cx, start, end, |r, first, last| release(cx, r, first, last, PageState::Zero));
-            cx.stats.inc(Counter::UffdRemove);
-        }
+        Event::Remove { start, end } => discard(cx, start, end),
         Event::Remap { from, to, len } => {
             remap(cx, from, to, len);
             cx.stats.inc(Counter::UffdRemap);
         }
         // Faults are the caller's; no enabled feature sends anything else.
         Event::PageFault { .. } | Event::Other(_) => {}
+    }
+}
+
+/// The program discarded `[start, end)` (`MADV_DONTNEED`, `MADV_FREE`): its pages read zero
+/// from now on. Under the reader lock.
+fn discard(cx: &Events<'_>, start: usize, end: usize) {
+    cx.events.take_outs.lock().unwrap_or_else(|e| e.into_inner()).drop_range(cx, start, end, false);
+    for_each_overlap(cx, start, end, |r, first, last| release(cx, r, first, last, PageState::Zero));
+    cx.stats.inc(Counter::UffdRemove);
+}
+
+/// A discard of the program's that the system-call guard saw, for the pagers whose regions'
+/// descriptor asks for no `REMOVE` events (signal mode under the guard, `pager::open_uffd`):
+/// begun before the system call, applied once it returned ([`ProgramDiscard::applied`]),
+/// before the program goes on.
+///
+/// Why before: from the kernel's zap until the engine's page table says so, a page the
+/// engine counts resident is not mapped; a fault on it then waits ([`wait_until_applied`],
+/// as for an event being read), and one served after would meet a `Zero` page either way.
+/// Why after: only what the kernel did is applied. A call it refused applies nothing, so a
+/// page out of RAM keeps its contents (the kernel stops at a locked range with `EINVAL`
+/// after it zapped the part before: those pages, if out, come back with their contents,
+/// where the kernel's swap would read zero). Asynchronous signals stay blocked meanwhile: a
+/// program's handler that discarded too would wait on the reader lock its thread holds.
+#[must_use = "the discard is under way only while this is held"]
+pub(crate) struct ProgramDiscard {
+    _signals: crate::uffd::AsyncSignalsBlocked,
+}
+
+impl ProgramDiscard {
+    /// Whether a pager without `REMOVE` events may own memory in this process now: the guard
+    /// then has discards to apply.
+    pub(crate) fn needed() -> bool {
+        crate::state::events::WithoutRemoveEvents::any()
+    }
+
+    pub(crate) fn begin() -> ProgramDiscard {
+        let _signals = crate::uffd::AsyncSignalsBlocked::new();
+        EVENTS_IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+        ProgramDiscard { _signals }
+    }
+
+    /// The kernel discarded `[start, end)` (page-aligned) for the program: applied for every
+    /// pager without `REMOVE` events whose regions it overlaps, one pager at a time, in the
+    /// order of their ids (no allocation; bounded by the number of pagers).
+    pub(crate) fn applied(&self, start: usize, end: usize) {
+        if start >= end {
+            return;
+        }
+        let mut after = None;
+        loop {
+            let mut next: Option<std::sync::Arc<crate::state::PagerShared>> = None;
+            REGIONS.for_each_overlapping(start, end, |g| {
+                let id = g.pager.id();
+                let nearer = next.as_ref().is_none_or(|n| id < n.id());
+                if !g.pager.uffd.sends_remove_events() && after.is_none_or(|a| id > a) && nearer {
+                    next = Some(g.pager.clone());
+                }
+            });
+            let Some(pager) = next else { break };
+            after = Some(pager.id());
+            let cx = pager.events_cx();
+            let _reader = cx.events.reader.lock().unwrap_or_else(|e| e.into_inner());
+            discard(&cx, start, end);
+        }
+    }
+}
+
+impl Drop for ProgramDiscard {
+    fn drop(&mut self) {
+        let _ = EVENTS_IN_FLIGHT.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
     }
 }
 

@@ -287,7 +287,7 @@ impl PagerBuilder {
         // The engine's own set-up (a file device's io_uring, its files) is not the program's
         // calls: straight to the kernel, as `uswap run`'s library does around its builds.
         let _engine_calls = crate::syscall_guard::started().then(crate::syscall_guard::EngineCalls::enter);
-        let uffd = open_uffd(self.mode)?;
+        let uffd = open_uffd(self.mode, crate::syscall_guard::started())?;
         let nr_cpus = nr_cpus_configured();
         let (devices, async_readers, background_reclaim) = self.open_devices(nr_cpus)?;
         let async_ra = AsyncReadahead::new(
@@ -424,6 +424,7 @@ impl PagerBuilder {
                 source: e,
             })
         };
+        let without_remove_events = (!uffd.sends_remove_events()).then(crate::state::events::WithoutRemoveEvents::new);
         Ok(PagerShared {
             uffd,
             mode: self.mode,
@@ -450,7 +451,10 @@ impl PagerBuilder {
             errors: crate::state::ErrorLog::new(ERROR_LOG_LEN),
             reclaimer: crate::sync::Doze::new(),
             cow: crate::state::cow::CowQueue::new(),
-            events: crate::state::events::EventState::default(),
+            events: crate::state::events::EventState {
+                _without_remove_events: without_remove_events,
+                ..Default::default()
+            },
         })
     }
 
@@ -580,13 +584,20 @@ fn check_signal_delivery() -> Result<()> {
     Ok(())
 }
 
-fn open_uffd(mode: FaultMode) -> Result<Uffd> {
-    // What the application does to a region (munmap, mremap, MADV_DONTNEED) reaches the
-    // engine as events (see `events`).
+/// The regions' descriptor. What the application does to a region (munmap, mremap,
+/// MADV_DONTNEED) reaches the engine as events (see `events`), but for discards in signal
+/// mode under the system-call guard (`guarded`): the guard sees the program's `madvise`
+/// and `process_madvise` itself and tells the engine before they return
+/// ([`crate::events::ProgramDiscard`]). A `REMOVE` event made the discarding thread wait for
+/// the event thread to read it (20-80 µs), and made every discard of the engine's own on a
+/// region one such wait, so reclaim could not drop a clean page where it lies: without
+/// them it drops a round's clean victims with one TLB flush (`reclaim::swapout`).
+fn open_uffd(mode: FaultMode, guarded: bool) -> Result<Uffd> {
+    let remove_events = if mode == FaultMode::Signal && guarded { 0 } else { uffd::FEATURE_EVENT_REMOVE };
     let features = uffd::FEATURE_MOVE
         | uffd::FEATURE_EVENT_UNMAP
         | uffd::FEATURE_EVENT_REMAP
-        | uffd::FEATURE_EVENT_REMOVE
+        | remove_events
         | match mode {
             FaultMode::Signal => uffd::FEATURE_SIGBUS,
             // The faulting thread's id, to deliver SIGBUS to it if its page is lost.
@@ -821,8 +832,9 @@ impl Pager {
     /// with, at most a quarter of the way to their limits (the tree's goal, if its budget set
     /// one), with nothing of this pager's on its devices and no automatic budget of its own.
     /// Memory a program frees can then stay resident rather than be given back: each range
-    /// given back is an `UFFD_EVENT_REMOVE` the giving thread waits for the engine to read
-    /// (20-80 µs here), and a fault per page when it is used again. (A range kept while
+    /// given back is a fault per page when it is used again, and in thread mode an
+    /// `UFFD_EVENT_REMOVE` the giving thread waits for the engine to read (20-80 µs here;
+    /// signal mode under the guard applies the discard in the call, about 5 µs). (A range kept while
     /// some of its pages were out would keep their slots, and their old contents would come
     /// back on reuse.) No lock, no allocation.
     pub fn far_below_limit(&self, bytes: usize) -> bool {

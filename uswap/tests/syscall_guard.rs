@@ -114,6 +114,7 @@ fn check_device(name: &str, device: DeviceConfig, first: bool) -> bool {
             masks_set_later_never_block_sigbus(&p, name);
         }
         only_what_the_kernel_can_touch_is_brought_in(&p, name, mode);
+        clean_pages_leave_and_discards_read_zero(&p, name, mode);
         populating_brings_the_range_in(&p, name, mode);
         let st = p.stats();
         assert_eq!((st.syscall_efault, st.fault_error, st.checksum_errors), (0, 0, 0), "{name}, {mode:?}: {st:?}");
@@ -286,6 +287,69 @@ fn reads_into_pages_just_touched(p: &Pager, name: &str, mode: FaultMode, touch: 
         let want = if touched { src.clone() } else { page_bytes(i, 0) };
         assert!(got == &want[..], "{name}, {mode:?}, {touch:?}: page {i} (read into: {touched})");
     }
+}
+
+/// Two threads read every page of a region four times the limit over and over (in signal
+/// mode the pager bets their pages leave unwritten: they come in clean, and reclaim drops
+/// them where they lie, a round's with one `process_madvise`, since the regions' descriptor
+/// asks for no `REMOVE` events under the guard), then the program discards part of the
+/// region with `madvise` and another part with `process_madvise`: every page read holds its
+/// bytes, every discarded page reads zero afterwards (the guard applied the discard, or, in
+/// thread mode, the event), the rest keeps its bytes.
+fn clean_pages_leave_and_discards_read_zero(p: &Pager, name: &str, mode: FaultMode) {
+    let mut region = p.map(REGION_BYTES).expect("map");
+    fill(&mut region);
+    let nr_pages = REGION_BYTES / PAGE_SIZE;
+    let before = p.stats();
+    let base = region.as_ptr() as usize;
+    let bad = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..2usize {
+            let bad = &bad;
+            s.spawn(move || {
+                for pass in 0..3 {
+                    for k in 0..nr_pages {
+                        let i = if t == 0 { (k * 7919 + pass) % nr_pages } else { nr_pages - 1 - k };
+                        // SAFETY: a mapped page of the region, read only.
+                        let got = unsafe { std::slice::from_raw_parts((base + i * PAGE_SIZE) as *const u8, PAGE_SIZE) };
+                        if got != &page_bytes(i, 0)[..] {
+                            bad.fetch_add(1, Ordering::Relaxed);
+                        }
+                        PROGRESS.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(bad.load(Ordering::Relaxed), 0, "{name}, {mode:?}: pages read back wrong");
+    let read = p.stats();
+    if mode == FaultMode::Signal {
+        let clean = read.swpout_clean - before.swpout_clean;
+        assert!(clean > 0, "{name}: no clean page left: {read:?}");
+    }
+    // Pages [q, 2q) by `madvise`, [2q, 2q + q/2) and [3q, 3q + q/2) by one `process_madvise`.
+    let q = nr_pages / 4;
+    let at = |i: usize| (base + i * PAGE_SIZE) as *mut libc::c_void;
+    // SAFETY: a range of the region, which this test owns; its pages then read zero.
+    assert_eq!(unsafe { libc::madvise(at(q), q * PAGE_SIZE, libc::MADV_DONTNEED) }, 0, "{name}: madvise");
+    let iov = [
+        libc::iovec { iov_base: at(2 * q), iov_len: q / 2 * PAGE_SIZE },
+        libc::iovec { iov_base: at(3 * q), iov_len: q / 2 * PAGE_SIZE },
+    ];
+    const PIDFD_SELF: libc::c_long = -10000;
+    // SAFETY: as above; the kernel reads the two iovecs.
+    let n = unsafe { libc::syscall(libc::SYS_process_madvise, PIDFD_SELF, iov.as_ptr(), 2, libc::MADV_DONTNEED, 0) };
+    let by_vector = n == (q * PAGE_SIZE) as libc::c_long;
+    let discarded = |i: usize| (q..2 * q).contains(&i) || (by_vector && (i % q) < q / 2 && (i / q == 2 || i / q == 3));
+    for i in 0..nr_pages {
+        let got = &region.as_slice()[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+        let want = if discarded(i) { vec![0u8; PAGE_SIZE] } else { page_bytes(i, 0) };
+        assert!(got == &want[..], "{name}, {mode:?}: page {i} (discarded: {})", discarded(i));
+    }
+    let removes = p.stats().uffd_remove - read.uffd_remove;
+    let want_removes = if by_vector { 3 } else { 1 };
+    assert!(removes >= want_removes, "{name}, {mode:?}: {removes} discards applied, {want_removes} made");
+    println!("test {name}_{mode:?}_clean_pages_leave_and_discards_read_zero ... ok (process_madvise: {by_vector})");
 }
 
 /// This thread's blocked signals, from `/proc/thread-self/status`.

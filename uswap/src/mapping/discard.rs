@@ -104,3 +104,75 @@ impl<const N: usize> Drop for DiscardBatch<N> {
         self.flush();
     }
 }
+
+/// Drops `ranges` of the program's registered memory (`MADV_DONTNEED`) with one
+/// `process_madvise`, so one TLB flush: reclaim's clean victims, whose slots hold them, on a
+/// regions' descriptor that asks for no `REMOVE` events (the kernel would otherwise send one
+/// per range and wait for each to be read). Made directly, never through the system-call
+/// guard, which would take it for the program's own discard. Returns how many of the ranges,
+/// from the first, were dropped whole; `None` where the kernel cannot do it in one call
+/// (before Linux 6.15: the caller moves the pages out as before). Async-signal-safe.
+pub fn drop_in_place(ranges: &[(usize, usize)]) -> Option<usize> {
+    use std::sync::atomic::Ordering;
+    const MAX_RANGES: usize = 64;
+    assert!(ranges.len() <= MAX_RANGES, "uswap invariant: {} ranges in one drop", ranges.len());
+    if ranges.is_empty() {
+        return Some(0);
+    }
+    if PROCESS_MADVISE_SELF.load(Ordering::Relaxed) == 2 {
+        return None;
+    }
+    let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_RANGES];
+    for (v, &(addr, len)) in iov.iter_mut().zip(ranges) {
+        *v = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
+    }
+    let args = [PIDFD_SELF_THREAD as u64, iov.as_ptr() as u64, ranges.len() as u64, libc::MADV_DONTNEED as u64, 0, 0];
+    // SAFETY: the ranges are pages of registered regions the caller owns (their busy bits)
+    // and may drop: their contents are in their slots. The kernel reads `iov` only.
+    let r = unsafe { syscall6(libc::SYS_process_madvise, args) };
+    if r < 0 {
+        // Refused the first time (an older kernel): never tried again. Later failures (a
+        // range unmapped meanwhile) fall back for this round only.
+        let refused = matches!(-r as i32, libc::EBADF | libc::EINVAL | libc::ENOSYS | libc::EPERM | libc::ESRCH);
+        if refused && PROCESS_MADVISE_SELF.load(Ordering::Relaxed) == 0 {
+            PROCESS_MADVISE_SELF.store(2, Ordering::Relaxed);
+            return None;
+        }
+        return Some(0);
+    }
+    PROCESS_MADVISE_SELF.store(1, Ordering::Relaxed);
+    // The kernel counts whole ranges, in order.
+    let mut left_bytes = r as usize;
+    Some(
+        ranges
+            .iter()
+            .take_while(|&&(_, len)| {
+                len <= left_bytes && {
+                    left_bytes -= len;
+                    true
+                }
+            })
+            .count(),
+    )
+}
+
+/// Makes system call `nr` with `args` directly: not through the C library, whose calls the
+/// system-call guard may route (`crate::syscall_guard`). Returns the kernel's result
+/// (`-errno` on failure).
+///
+/// # Safety
+/// What the call does to memory is the caller's contract, as for the call itself.
+pub unsafe fn syscall6(nr: libc::c_long, args: [u64; 6]) -> libc::c_long {
+    let ret: libc::c_long;
+    // SAFETY: the caller's contract; `syscall` changes only rax, rcx and r11.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") nr => ret,
+            in("rdi") args[0], in("rsi") args[1], in("rdx") args[2], in("r10") args[3], in("r8") args[4], in("r9") args[5],
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}

@@ -40,7 +40,7 @@ mod rlimit;
 mod tables;
 
 pub use cpu::{allowed_cpus, current_cpu, nr_cpus_configured, pin_current_thread};
-pub use discard::DiscardBatch;
+pub use discard::{drop_in_place, syscall6, DiscardBatch};
 pub use engine_ranges::{engine_reserved_bytes, forget_engine_memory, is_engine_memory, note_engine_memory};
 pub use engine_thread::{
     become_program_thread, forget_engine_threads_in_fork_child, is_engine_thread, live_engine_threads,

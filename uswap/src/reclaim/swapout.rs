@@ -131,7 +131,11 @@ fn take_out_clean(cx: &Reclaim<'_>, by: Stager, guards: &RegionSet, victims: &[V
     // `DiscardBatch`), and only then are the pages published as swapped: a page that faults
     // back and leaves again must find its slot's staging page empty.
     let mut discards = DiscardBatch::<BATCH>::new();
-    let clean_runs = move_clean_runs(cx, guards, victims, (!keep).then_some(&mut discards));
+    let clean_runs = if keep || cx.uffd.sends_remove_events() {
+        move_clean_runs(cx, guards, victims, (!keep).then_some(&mut discards))
+    } else {
+        drop_clean_runs(cx, guards, victims, &mut discards)
+    };
     discards.flush();
     let now = crate::swap::idle_ages::now_epoch();
     for &(i, j, done, r) in &clean_runs {
@@ -190,6 +194,53 @@ fn move_clean_runs(
         i = j;
     }
     clean_runs
+}
+
+/// Drops the clean victims where they lie, all runs of consecutive pages with one
+/// `process_madvise` (one TLB flush for the round, where each move flushed once a run: with
+/// several threads of the program running, an IPI to each of their CPUs a run). Only on a
+/// regions' descriptor without `REMOVE` events (`crate::events::ProgramDiscard`). Runs the
+/// kernel did not drop (an older kernel, a range unmapped meanwhile) are moved out as
+/// [`move_clean_runs`] does, their staging pages queued on `discards`. Returns the runs.
+fn drop_clean_runs(
+    cx: &Reclaim<'_>,
+    guards: &RegionSet,
+    victims: &[Victim],
+    discards: &mut DiscardBatch<BATCH>,
+) -> ArrayVec<CleanRun, BATCH> {
+    let mut runs: ArrayVec<CleanRun, BATCH> = ArrayVec::new();
+    let mut ranges: ArrayVec<(usize, usize), BATCH> = ArrayVec::new();
+    let mut i = 0;
+    while i < victims.len() {
+        if !victims[i].pte.clean() {
+            i += 1;
+            continue;
+        }
+        debug_assert!(victims[i].pte.state() == PageState::Resident && victims[i].pte.busy());
+        let mut j = i + 1;
+        while j < victims.len()
+            && victims[j].pte.clean()
+            && victims[j].gi == victims[i].gi
+            && victims[j].page == victims[j - 1].page + 1
+        {
+            j += 1;
+        }
+        ranges.push((guards.g[victims[i].gi].page_addr(victims[i].page), (j - i) * PAGE_SIZE));
+        runs.push((i, j, j - i, RangeResult::Done));
+        i = j;
+    }
+    let dropped = crate::mapping::drop_in_place(&ranges).unwrap_or(0);
+    assert!(dropped <= runs.len(), "the kernel drops no more ranges than it was given");
+    if dropped < runs.len() {
+        // The rest as before: a page not there any more is refused by its move and stays
+        // for the event that settles it.
+        let from = runs[dropped].0;
+        runs.truncate(dropped);
+        for (i, j, done, r) in move_clean_runs(cx, guards, &victims[from..], Some(discards)) {
+            runs.push((from + i, from + j, done, r));
+        }
+    }
+    runs
 }
 
 /// Publishes a run of clean victims (`run`, all of one region, taken out `by`) once their

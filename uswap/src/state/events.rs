@@ -34,6 +34,33 @@ pub(crate) struct EventState {
     /// is applied once `reads_applied` reaches the sample (`crate::events::UnmapUnderWay`).
     pub reads_begun: AtomicU64,
     pub reads_applied: AtomicU64,
+    /// Set when the regions' descriptor asks for no `REMOVE` events: the program's discards
+    /// reach the engine through the system-call guard (`crate::events::ProgramDiscard`).
+    pub _without_remove_events: Option<WithoutRemoveEvents>,
+}
+
+/// Pagers alive whose regions' descriptor asks for no `REMOVE` events, over the process.
+static PAGERS_WITHOUT_REMOVE_EVENTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a pager without `REMOVE` events while it lives (held by its event state).
+pub(crate) struct WithoutRemoveEvents(());
+
+impl WithoutRemoveEvents {
+    /// Whether some pager alive has none.
+    pub(crate) fn any() -> bool {
+        PAGERS_WITHOUT_REMOVE_EVENTS.load(Ordering::Acquire) > 0
+    }
+
+    pub(crate) fn new() -> WithoutRemoveEvents {
+        PAGERS_WITHOUT_REMOVE_EVENTS.fetch_add(1, Ordering::AcqRel);
+        WithoutRemoveEvents(())
+    }
+}
+
+impl Drop for WithoutRemoveEvents {
+    fn drop(&mut self) {
+        PAGERS_WITHOUT_REMOVE_EVENTS.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// One page of a part moved out of a region, not yet copied to its new address.

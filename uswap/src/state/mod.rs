@@ -112,7 +112,7 @@ pub(crate) struct PagerShared {
 
 /// The identity of a pager's shared state, for checking that a region is this pager's
 /// (`crate::region::RegionSet::get`) without holding the state itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct PagerId(usize);
 
 /// The most recent page errors, oldest dropped first (lock-free).

@@ -499,6 +499,73 @@ fn populate_call(nr: c_long, a: &[u64; 6]) -> Option<c_long> {
     Some(r)
 }
 
+/// `madvise` or `process_madvise` with advice that discards, while a pager lives whose
+/// regions' descriptor asks for no `REMOVE` events (`crate::events::ProgramDiscard`): made,
+/// and what the kernel discarded is applied to the engine's page tables before the program
+/// goes on: its pages out of RAM read zero, as the kernel's swap makes them. `None` for
+/// other calls and other advice, made as any call.
+fn discard_call(nr: c_long, a: &[u64; 6]) -> Option<c_long> {
+    const MADV_DONTNEED_LOCKED: u64 = 24;
+    let advice = match nr {
+        libc::SYS_madvise => a[2],
+        libc::SYS_process_madvise => a[3],
+        _ => return None,
+    };
+    let discards = [libc::MADV_DONTNEED as u64, libc::MADV_FREE as u64, libc::MADV_REMOVE as u64, MADV_DONTNEED_LOCKED];
+    if !discards.contains(&advice) || !crate::events::ProgramDiscard::needed() {
+        return None;
+    }
+    // All of it the engine's work: its own calls (the signal mask) straight to the kernel.
+    Some(guarded(|| {
+        // The iovec array the kernel reads, in place and pinned until the call returned.
+        let mut pin = crate::pin::Pin::new();
+        if nr == libc::SYS_process_madvise {
+            ready(&mut pin, a[1], a[2].min(MAX_VECS as u64) * std::mem::size_of::<libc::iovec>() as u64, false);
+        }
+        let discard = crate::events::ProgramDiscard::begin();
+        // SAFETY: the program's own call.
+        let ret = unsafe { raw(nr, *a) };
+        apply_discarded(&mut pin, &discard, nr, a, ret);
+        drop(discard);
+        pin.release();
+        ret
+    }))
+}
+
+/// What [`discard_call`]'s call `nr` with arguments `a` discarded, by its result `ret`,
+/// applied through `discard`.
+fn apply_discarded(
+    pin: &mut crate::pin::Pin,
+    discard: &crate::events::ProgramDiscard,
+    nr: c_long,
+    a: &[u64; 6],
+    ret: c_long,
+) {
+    let page = crate::uffd::PAGE_SIZE as u64;
+    let extent = |start: u64, len: u64| {
+        let end = len.checked_next_multiple_of(page).and_then(|l| start.checked_add(l));
+        end.map_or((0, 0), |end| (start as usize, end as usize))
+    };
+    match nr {
+        // ENOMEM: a hole in the range, the mapped parts discarded all the same.
+        libc::SYS_madvise if ret == 0 || ret == -(libc::ENOMEM as c_long) => {
+            let (start, end) = extent(a[0], a[1]);
+            discard.applied(start, end);
+        }
+        libc::SYS_process_madvise if ret > 0 => {
+            // The kernel counts whole iovecs, in order, up to the first it refused.
+            let mut left_bytes = ret as u64;
+            for i in 0..a[2].min(MAX_VECS as u64) {
+                let Some(v) = iov_at(pin, a[1], i).filter(|v| v.iov_len as u64 <= left_bytes) else { break };
+                left_bytes -= v.iov_len as u64;
+                let (start, end) = extent(v.iov_base as u64, v.iov_len as u64);
+                discard.applied(start, end);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// The slow path (see the module's comment).
 extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let nr = regs.nr as c_long;
@@ -523,7 +590,7 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let hooks = super::hooks();
     let locked = (hooks.mlock_before)(nr, &a);
     let r = if (hooks.mlock_populates)(nr, &a) { r } else { Rule::Plain };
-    let made = match lock_all_call(nr, &a).or_else(|| populate_call(nr, &a)) {
+    let made = match lock_all_call(nr, &a).or_else(|| populate_call(nr, &a)).or_else(|| discard_call(nr, &a)) {
         Some(ret) => Made { ret, managed: false, maybe_cut: false, ours: false },
         None => make_prepared(nr, r, a, if transfer { 1 } else { EFAULT_RETRIES }),
     };

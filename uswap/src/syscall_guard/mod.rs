@@ -9,7 +9,10 @@
 //! to go through a dispatch that brings the call's memory in first ([`entry`], by the rules
 //! of [`table`]). Calls that take no pointer cost three more instructions; the others one
 //! function call and a look-up of their buffers in the region registry. The masks calls set
-//! (`sigprocmask`, `sigsuspend`, ...) are made without SIGBUS ([`masks`]).
+//! (`sigprocmask`, `sigsuspend`, ...) are made without SIGBUS ([`masks`]). Discards
+//! (`madvise(MADV_DONTNEED)`, `process_madvise`, ...) are applied to the engine's page
+//! tables before they return (`crate::events::ProgramDiscard`), in place of the `REMOVE`
+//! events a signal-mode pager under the guard does not ask for.
 //!
 //! Not covered: `syscall` instructions outside the C library (a program or library that
 //! makes its own, statically linked code), and memory the kernel touches outside any call

@@ -9,18 +9,8 @@ use libc::c_long;
 /// The call is one the program made itself (what it does to memory is its contract), or
 /// one that writes only memory the caller owns.
 pub(super) unsafe fn raw(nr: c_long, a: [u64; 6]) -> c_long {
-    let ret: c_long;
-    // SAFETY: the caller's contract; `syscall` changes only rax, rcx and r11.
-    unsafe {
-        std::arch::asm!(
-            "syscall",
-            inlateout("rax") nr => ret,
-            in("rdi") a[0], in("rsi") a[1], in("rdx") a[2], in("r10") a[3], in("r8") a[4], in("r9") a[5],
-            lateout("rcx") _, lateout("r11") _,
-            options(nostack),
-        );
-    }
-    ret
+    // SAFETY: the caller's contract.
+    unsafe { crate::mapping::syscall6(nr, a) }
 }
 
 /// Reads a `T` at `addr` without trusting it: `None` where the kernel could not.

@@ -223,6 +223,8 @@ pub struct Uffd {
     /// Whether the destinations of its moves may hold the kernel's zero page, which the
     /// program mapped by reading them (the staging areas'; see [`Uffd::move_pages`]).
     zero_page_destinations: bool,
+    /// The features asked for at the handshake (`FEATURE_*`).
+    features: u64,
 }
 
 /// Outcome of a range ioctl that may stop part-way (`COPY`, `ZEROPAGE`, `MOVE`).
@@ -376,7 +378,15 @@ impl Uffd {
             move_misreports: AtomicU64::new(0),
             keeper: crate::fd::Keeper::new(),
             zero_page_destinations: false,
+            features,
         })
+    }
+
+    /// Whether the kernel tells this descriptor of discards in its registered ranges
+    /// (`UFFD_EVENT_REMOVE`). Where it does not, nothing may drop pages there but what tells
+    /// the engine itself (see `crate::events`), and reclaim may drop clean pages in place.
+    pub fn sends_remove_events(&self) -> bool {
+        self.features & FEATURE_EVENT_REMOVE != 0
     }
 
     /// Declares that the destinations of this descriptor's moves may hold the kernel's zero
