@@ -398,9 +398,18 @@ impl ProgramDiscard {
         ProgramDiscard { _signals }
     }
 
+    /// The kernel discarded `len` bytes from `start` (a page-aligned address; the length is
+    /// rounded up to pages, as the kernel does): [`ProgramDiscard::applied`].
+    pub(crate) fn applied_bytes(&self, start: u64, len: u64) {
+        let page = crate::uffd::PAGE_SIZE as u64;
+        if let Some(end) = len.checked_next_multiple_of(page).and_then(|l| start.checked_add(l)) {
+            self.applied(start as usize, end as usize);
+        }
+    }
+
     /// The kernel discarded `[start, end)` (page-aligned) for the program: applied for every
     /// pager without `REMOVE` events whose regions it overlaps, one pager at a time, in the
-    /// order of their ids (no allocation; bounded by the number of pagers).
+    /// order of their ids (bounded by the number of pagers), as a `REMOVE` event is.
     pub(crate) fn applied(&self, start: usize, end: usize) {
         if start >= end {
             return;

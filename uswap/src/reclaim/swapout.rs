@@ -119,7 +119,8 @@ struct CleanTaken {
 
 /// Clean victims need no write: their slot still holds them. They leave the region as dirty
 /// pages do, into their own slot's staging page. Reclaim then drops that page:
-/// `MADV_DONTNEED` on the region itself would send a REMOVE event (see `events`). The aging
+/// `MADV_DONTNEED` on the region itself would send a REMOVE event (see `events`), but where
+/// the regions' descriptor asks for none ([`drop_clean_runs`]). The aging
 /// scan keeps it staged, clean, so that a page still in use comes back from RAM (a
 /// swap-cache hit) rather than from its device: dropped, each hot clean page of a cache's
 /// working set was read back every pass, a stall on memory the program had. Runs of
@@ -232,12 +233,31 @@ fn drop_clean_runs(
     let dropped = crate::mapping::drop_in_place(&ranges).unwrap_or(0);
     assert!(dropped <= runs.len(), "the kernel drops no more ranges than it was given");
     if dropped < runs.len() {
-        // The rest as before: a page not there any more is refused by its move and stays
-        // for the event that settles it.
-        let from = runs[dropped].0;
+        let (stopped_at, after) = (runs[dropped].0, runs[dropped].1);
         runs.truncate(dropped);
-        for (i, j, done, r) in move_clean_runs(cx, guards, &victims[from..], Some(discards)) {
-            runs.push((from + i, from + j, done, r));
+        // The range the kernel stopped at may be zapped in part (a hole the program just
+        // unmapped: `ENOMEM` after the rest; a range it just locked: `EINVAL`): its pages
+        // not mapped any more are out, their slots hold them; the others move out.
+        let mut k = stopped_at;
+        while k < after {
+            let gone = |v: &Victim| !crate::mapping::page_present(guards.g[v.gi].page_addr(v.page));
+            let zapped = gone(&victims[k]);
+            let mut m = k + 1;
+            while m < after && gone(&victims[m]) == zapped {
+                m += 1;
+            }
+            if zapped {
+                runs.push((k, m, m - k, RangeResult::Done));
+            } else {
+                for (i, j, done, r) in move_clean_runs(cx, guards, &victims[k..m], Some(discards)) {
+                    runs.push((k + i, k + j, done, r));
+                }
+            }
+            k = m;
+        }
+        // The rest, which the kernel did not reach, as before.
+        for (i, j, done, r) in move_clean_runs(cx, guards, &victims[after..], Some(discards)) {
+            runs.push((after + i, after + j, done, r));
         }
     }
     runs

@@ -25,7 +25,9 @@
 //! finally sees, is counted (`syscall_efault`) and said once.
 //!
 //! Runs on the program's thread, maybe inside its signal handler: allocates nothing, takes
-//! no lock. Once the process can cancel threads (glibc installed its SIGCANCEL handler), a
+//! no lock, but for a discard ([`discard_call`]), whose application takes the pager's event
+//! reader lock and may allocate as an event's does (a program's handler that discards while
+//! its thread is inside `malloc` could wait on the C library's lock). Once the process can cancel threads (glibc installed its SIGCANCEL handler), a
 //! preparation runs with the thread's cancellation disabled and deferred
 //! ([`CancelPutOff`]): a cancellation pending ends the thread as the preparation ends,
 //! unwound through glibc's unwinder (which takes the dynamic loader's lock), never from
@@ -516,53 +518,72 @@ fn discard_call(nr: c_long, a: &[u64; 6]) -> Option<c_long> {
         return None;
     }
     // All of it the engine's work: its own calls (the signal mask) straight to the kernel.
-    Some(guarded(|| {
-        // The iovec array the kernel reads, in place and pinned until the call returned.
-        let mut pin = crate::pin::Pin::new();
-        if nr == libc::SYS_process_madvise {
-            ready(&mut pin, a[1], a[2].min(MAX_VECS as u64) * std::mem::size_of::<libc::iovec>() as u64, false);
+    Some(guarded(|| match nr {
+        libc::SYS_process_madvise => vector_discard(a),
+        _ => {
+            let discard = crate::events::ProgramDiscard::begin();
+            // SAFETY: the program's own call.
+            let ret = unsafe { raw(nr, *a) };
+            // ENOMEM: a hole in the range, the mapped parts discarded all the same.
+            if ret == 0 || ret == -(libc::ENOMEM as c_long) {
+                discard.applied_bytes(a[0], a[1]);
+            }
+            ret
         }
-        let discard = crate::events::ProgramDiscard::begin();
-        // SAFETY: the program's own call.
-        let ret = unsafe { raw(nr, *a) };
-        apply_discarded(&mut pin, &discard, nr, a, ret);
-        drop(discard);
-        pin.release();
-        ret
     }))
 }
 
-/// What [`discard_call`]'s call `nr` with arguments `a` discarded, by its result `ret`,
-/// applied through `discard`.
-fn apply_discarded(
-    pin: &mut crate::pin::Pin,
-    discard: &crate::events::ProgramDiscard,
-    nr: c_long,
-    a: &[u64; 6],
-    ret: c_long,
-) {
-    let page = crate::uffd::PAGE_SIZE as u64;
-    let extent = |start: u64, len: u64| {
-        let end = len.checked_next_multiple_of(page).and_then(|l| start.checked_add(l));
-        end.map_or((0, 0), |end| (start as usize, end as usize))
-    };
-    match nr {
-        // ENOMEM: a hole in the range, the mapped parts discarded all the same.
-        libc::SYS_madvise if ret == 0 || ret == -(libc::ENOMEM as c_long) => {
-            let (start, end) = extent(a[0], a[1]);
-            discard.applied(start, end);
-        }
-        libc::SYS_process_madvise if ret > 0 => {
-            // The kernel counts whole iovecs, in order, up to the first it refused.
-            let mut left_bytes = ret as u64;
-            for i in 0..a[2].min(MAX_VECS as u64) {
-                let Some(v) = iov_at(pin, a[1], i).filter(|v| v.iov_len as u64 <= left_bytes) else { break };
-                left_bytes -= v.iov_len as u64;
-                let (start, end) = extent(v.iov_base as u64, v.iov_len as u64);
-                discard.applied(start, end);
+/// Iovecs a `process_madvise` of [`discard_call`]'s is made with at a time.
+const DISCARD_VECS: usize = 64;
+
+/// `process_madvise(pidfd, iov, n, advice, flags)` that discards: made [`DISCARD_VECS`]
+/// iovecs at a time, each part with a copy of its iovecs read before the discard begins
+/// (read after, an array in managed memory would wait on this very discard to be applied;
+/// and the copy is what the kernel and the engine both see), and what each part discarded
+/// applied before the next. Returns the bytes discarded, as the kernel counts them (whole
+/// iovecs, in order, up to the first it refused), or its error if the first part failed.
+fn vector_discard(a: &[u64; 6]) -> c_long {
+    if a[2] > MAX_VECS as u64 {
+        // SAFETY: the program's own call, which the kernel refuses (`EINVAL`: more iovecs
+        // than `UIO_MAXIOV`).
+        return unsafe { raw(libc::SYS_process_madvise, *a) };
+    }
+    let mut done_bytes: c_long = 0;
+    let nr_vecs = a[2];
+    let mut first = 0;
+    // Bounded: MAX_VECS / DISCARD_VECS parts.
+    loop {
+        let mut part = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; DISCARD_VECS];
+        let n = (nr_vecs - first).min(DISCARD_VECS as u64) as usize;
+        let mut pin = crate::pin::Pin::new();
+        for (k, v) in part[..n].iter_mut().enumerate() {
+            match iov_at(&mut pin, a[1], first + k as u64) {
+                Some(read) => *v = read,
+                None => return if done_bytes > 0 { done_bytes } else { -(libc::EFAULT as c_long) },
             }
         }
-        _ => {}
+        pin.release();
+        let total: u64 = part[..n].iter().map(|v| v.iov_len as u64).sum();
+        let discard = crate::events::ProgramDiscard::begin();
+        let args = [a[0], part.as_ptr() as u64, n as u64, a[3], a[4], a[5]];
+        // SAFETY: the program's own call, with its iovecs copied here.
+        let ret = unsafe { raw(libc::SYS_process_madvise, args) };
+        if ret < 0 {
+            return if done_bytes > 0 { done_bytes } else { ret };
+        }
+        let mut left_bytes = ret as u64;
+        for v in &part[..n] {
+            // The kernel may have cut the last iovec (its total is capped): that part of it.
+            let len = (v.iov_len as u64).min(left_bytes);
+            discard.applied_bytes(v.iov_base as u64, len);
+            left_bytes -= len;
+        }
+        drop(discard);
+        done_bytes = done_bytes.saturating_add(ret);
+        first += n as u64;
+        if ret as u64 != total || first >= nr_vecs || n == 0 {
+            return done_bytes;
+        }
     }
 }
 
