@@ -25,7 +25,7 @@
 //! finally sees, is counted (`syscall_efault`) and said once.
 //!
 //! Runs on the program's thread, maybe inside its signal handler: allocates nothing, takes
-//! no lock, but for a discard ([`discard_call`]), whose application takes the pager's event
+//! no lock, but for a discard (`super::discards`), whose application takes the pager's event
 //! reader lock and may allocate as an event's does (a program's handler that discards while
 //! its thread is inside `malloc` could wait on the C library's lock). Once the process can cancel threads (glibc installed its SIGCANCEL handler), a
 //! preparation runs with the thread's cancellation disabled and deferred
@@ -501,92 +501,6 @@ fn populate_call(nr: c_long, a: &[u64; 6]) -> Option<c_long> {
     Some(r)
 }
 
-/// `madvise` or `process_madvise` with advice that discards, while a pager lives whose
-/// regions' descriptor asks for no `REMOVE` events (`crate::events::ProgramDiscard`): made,
-/// and what the kernel discarded is applied to the engine's page tables before the program
-/// goes on: its pages out of RAM read zero, as the kernel's swap makes them. `None` for
-/// other calls and other advice, made as any call.
-fn discard_call(nr: c_long, a: &[u64; 6]) -> Option<c_long> {
-    const MADV_DONTNEED_LOCKED: u64 = 24;
-    let advice = match nr {
-        libc::SYS_madvise => a[2],
-        libc::SYS_process_madvise => a[3],
-        _ => return None,
-    };
-    let discards = [libc::MADV_DONTNEED as u64, libc::MADV_FREE as u64, libc::MADV_REMOVE as u64, MADV_DONTNEED_LOCKED];
-    if !discards.contains(&advice) || !crate::events::ProgramDiscard::needed() {
-        return None;
-    }
-    // All of it the engine's work: its own calls (the signal mask) straight to the kernel.
-    Some(guarded(|| match nr {
-        libc::SYS_process_madvise => vector_discard(a),
-        _ => {
-            let discard = crate::events::ProgramDiscard::begin();
-            // SAFETY: the program's own call.
-            let ret = unsafe { raw(nr, *a) };
-            // ENOMEM: a hole in the range, the mapped parts discarded all the same.
-            if ret == 0 || ret == -(libc::ENOMEM as c_long) {
-                discard.applied_bytes(a[0], a[1]);
-            }
-            ret
-        }
-    }))
-}
-
-/// Iovecs a `process_madvise` of [`discard_call`]'s is made with at a time.
-const DISCARD_VECS: usize = 64;
-
-/// `process_madvise(pidfd, iov, n, advice, flags)` that discards: made [`DISCARD_VECS`]
-/// iovecs at a time, each part with a copy of its iovecs read before the discard begins
-/// (read after, an array in managed memory would wait on this very discard to be applied;
-/// and the copy is what the kernel and the engine both see), and what each part discarded
-/// applied before the next. Returns the bytes discarded, as the kernel counts them (whole
-/// iovecs, in order, up to the first it refused), or its error if the first part failed.
-fn vector_discard(a: &[u64; 6]) -> c_long {
-    if a[2] > MAX_VECS as u64 {
-        // SAFETY: the program's own call, which the kernel refuses (`EINVAL`: more iovecs
-        // than `UIO_MAXIOV`).
-        return unsafe { raw(libc::SYS_process_madvise, *a) };
-    }
-    let mut done_bytes: c_long = 0;
-    let nr_vecs = a[2];
-    let mut first = 0;
-    // Bounded: MAX_VECS / DISCARD_VECS parts.
-    loop {
-        let mut part = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; DISCARD_VECS];
-        let n = (nr_vecs - first).min(DISCARD_VECS as u64) as usize;
-        let mut pin = crate::pin::Pin::new();
-        for (k, v) in part[..n].iter_mut().enumerate() {
-            match iov_at(&mut pin, a[1], first + k as u64) {
-                Some(read) => *v = read,
-                None => return if done_bytes > 0 { done_bytes } else { -(libc::EFAULT as c_long) },
-            }
-        }
-        pin.release();
-        let total: u64 = part[..n].iter().map(|v| v.iov_len as u64).sum();
-        let discard = crate::events::ProgramDiscard::begin();
-        let args = [a[0], part.as_ptr() as u64, n as u64, a[3], a[4], a[5]];
-        // SAFETY: the program's own call, with its iovecs copied here.
-        let ret = unsafe { raw(libc::SYS_process_madvise, args) };
-        if ret < 0 {
-            return if done_bytes > 0 { done_bytes } else { ret };
-        }
-        let mut left_bytes = ret as u64;
-        for v in &part[..n] {
-            // The kernel may have cut the last iovec (its total is capped): that part of it.
-            let len = (v.iov_len as u64).min(left_bytes);
-            discard.applied_bytes(v.iov_base as u64, len);
-            left_bytes -= len;
-        }
-        drop(discard);
-        done_bytes = done_bytes.saturating_add(ret);
-        first += n as u64;
-        if ret as u64 != total || first >= nr_vecs || n == 0 {
-            return done_bytes;
-        }
-    }
-}
-
 /// The slow path (see the module's comment).
 extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let nr = regs.nr as c_long;
@@ -611,7 +525,10 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let hooks = super::hooks();
     let locked = (hooks.mlock_before)(nr, &a);
     let r = if (hooks.mlock_populates)(nr, &a) { r } else { Rule::Plain };
-    let made = match lock_all_call(nr, &a).or_else(|| populate_call(nr, &a)).or_else(|| discard_call(nr, &a)) {
+    let made = match lock_all_call(nr, &a)
+        .or_else(|| populate_call(nr, &a))
+        .or_else(|| super::discards::is_discard(nr, &a).then(|| guarded(|| super::discards::make(nr, &a))))
+    {
         Some(ret) => Made { ret, managed: false, maybe_cut: false, ours: false },
         None => make_prepared(nr, r, a, if transfer { 1 } else { EFAULT_RETRIES }),
     };

@@ -53,6 +53,7 @@
 
 mod code;
 mod complete;
+mod discards;
 mod entry;
 mod image;
 mod masks;
