@@ -1,7 +1,7 @@
-//! Puts the `uswap` command and its preload library into the Python package
+//! Puts the `uswap` command and its two preloaded libraries into the Python package
 //! (`python/uswap/_bin/`), so that a wheel runs `python -m uswap run -- PROGRAM` with no
 //! Rust checkout beside it (`uswap/__main__.py` starts the command found there, which finds
-//! the library next to itself).
+//! the libraries next to itself).
 //!
 //! Only when maturin builds the package (it sets `PYO3_BUILD_EXTENSION_MODULE`): a plain
 //! `cargo build --workspace` builds both anyway, in its own target directory, and must not
@@ -19,7 +19,7 @@ fn main() {
     }
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let root = manifest_dir.parent().expect("uswap-py lies in the workspace").to_path_buf();
-    for dir in ["uswap/src", "uswap-cli/src", "uswap-preload/src", "Cargo.lock"] {
+    for dir in ["uswap/src", "uswap-cli/src", "uswap-preload/src", "uswap-shim/src", "uswap-escape/src", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -28,7 +28,7 @@ fn main() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&root)
-        .args(["build", "--locked", "-p", "uswap-cli", "-p", "uswap-preload", "--target-dir"])
+        .args(["build", "--locked", "-p", "uswap-cli", "-p", "uswap-preload", "-p", "uswap-shim", "--target-dir"])
         .arg(&target_dir)
         // Flags meant for the extension module (maturin's) are not the command's.
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
@@ -42,7 +42,7 @@ fn main() {
     let built = target_dir.join(if release { "release" } else { "debug" });
     let bin = manifest_dir.join("python/uswap/_bin");
     std::fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("cannot create {}: {e}", bin.display()));
-    for name in ["uswap", "libuswap_preload.so"] {
+    for name in ["uswap", "libuswap_preload.so", "libuswap_shim.so"] {
         copy(&built.join(name), &bin.join(name));
     }
 }

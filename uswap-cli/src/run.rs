@@ -1,8 +1,10 @@
 //! `uswap run`: an unmodified program, with its anonymous memory paged by uswap under a limit.
 //!
-//! The program is started with `libuswap_preload.so` in `LD_PRELOAD` and its configuration in
-//! `USWAP_*` variables (see the library's `config` module); every process it starts inherits
-//! both, so children exec'd by it are managed too. Each process writes its final counters
+//! The program is started with the first stage, `libuswap_shim.so`, in `LD_PRELOAD` and its
+//! configuration in `USWAP_*` variables (see the preload library's `config` module); every
+//! process it starts inherits both, so children exec'd by it are managed too. The first stage
+//! loads the preload library, `libuswap_preload.so` beside it, in a process that needs a
+//! pager (`uswap-shim`'s doc). Each process writes its final counters
 //! into a private directory; when the program ends, `uswap run` sums them (`--stats-json`,
 //! or one line on stderr) and exits with the program's status (128+N for a signal N).
 //!
@@ -42,7 +44,7 @@ mod swap_files;
 mod tree;
 mod warnings;
 
-pub use error::{RunError, ENV_PRELOAD_LIB, PRELOAD_LIB};
+pub use error::{RunError, ENV_PRELOAD_LIB, PRELOAD_LIB, SHIM_LIB};
 use program::SHELL_FOR_SCRIPTS;
 pub use program::{check_runnable, find_program, shell_for, Runnable};
 use signals::{hold_forwarded_signals, stopped_by, ForwardSignals, IgnoreTerminalSignals};
@@ -167,20 +169,32 @@ fn splits_in_ld_preload(path: &Path) -> bool {
     path.as_os_str().as_encoded_bytes().iter().any(|&b| b == b' ' || b == b':')
 }
 
-/// The name `LD_PRELOAD` gives the library at `preload`: its own path, or for a library
+/// The first stage beside the preload library `preload`: what `LD_PRELOAD` names, and what
+/// loads `preload` from its own directory in a process that needs a pager (`uswap-shim`).
+fn shim_beside(preload: &Path) -> Result<PathBuf, RunError> {
+    let shim = preload.with_file_name(SHIM_LIB);
+    match shim.is_file() {
+        true => Ok(shim),
+        false => Err(RunError::NoShim { preload: preload.to_path_buf() }),
+    }
+}
+
+/// The name `LD_PRELOAD` gives the first stage at `shim`: its own path, or for libraries
 /// installed under a path the loader would split (a virtual environment in "My Project",
 /// a home directory with a space), a link to it in the run's directory `run_dir`, which
-/// lives as long as the run.
-fn preload_for_env(preload: &Path, run_dir: &Path) -> Result<PathBuf, RunError> {
-    if !splits_in_ld_preload(preload) {
-        return Ok(preload.to_path_buf());
+/// lives as long as the run, with a link to the preload library `preload` beside it (the
+/// first stage loads the one in its own directory).
+fn preload_for_env(shim: &Path, preload: &Path, run_dir: &Path) -> Result<PathBuf, RunError> {
+    if !splits_in_ld_preload(shim) {
+        return Ok(shim.to_path_buf());
     }
-    let link = run_dir.join(PRELOAD_LIB);
-    let err = |source| RunError::PreloadPath { path: preload.to_path_buf(), source };
+    let link = run_dir.join(SHIM_LIB);
+    let err = |source| RunError::PreloadPath { path: shim.to_path_buf(), source };
     if splits_in_ld_preload(&link) {
         return Err(err(std::io::Error::other(format!("{} has one too", run_dir.display()))));
     }
-    std::os::unix::fs::symlink(preload, &link).map_err(err)?;
+    std::os::unix::fs::symlink(shim, &link).map_err(err)?;
+    std::os::unix::fs::symlink(preload, run_dir.join(PRELOAD_LIB)).map_err(err)?;
     Ok(link)
 }
 
@@ -410,8 +424,9 @@ impl Launch {
         // Before the run's directory is made, which an error here would leave behind.
         let (device, redis_sessions) = redis_sessions(&cfg.device)?;
         let preload = std::fs::canonicalize(&preload).unwrap_or(preload);
+        let shim = shim_beside(&preload)?;
         let run_dir = dir::make().map_err(RunError::StatsDir)?;
-        let preload = match preload_for_env(&preload, &run_dir.run) {
+        let preload = match preload_for_env(&shim, &preload, &run_dir.run) {
             Ok(p) => p,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&run_dir.run);

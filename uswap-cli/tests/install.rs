@@ -22,7 +22,13 @@ fn the_documented_install_gives_a_uswap_run_that_pages_a_program() {
     let o =
         run_timed(Command::new(repo.join("install.sh")).arg(&prefix).env("PROFILE", "dev"), Duration::from_secs(600));
     assert!(o.status.success(), "install.sh failed:\n{}", String::from_utf8_lossy(&o.stderr));
-    for f in ["bin/uswap", "lib/uswap/libuswap_preload.so", "lib/libuswap.so", "include/uswap.h"] {
+    for f in [
+        "bin/uswap",
+        "lib/uswap/libuswap_shim.so",
+        "lib/uswap/libuswap_preload.so",
+        "lib/libuswap.so",
+        "include/uswap.h",
+    ] {
         assert!(prefix.join(f).is_file(), "{f} not installed");
     }
     let prog = compile("grow", &dir, &[]);

@@ -20,7 +20,7 @@ use serde_json::Value;
 // Each test binary uses some of the helpers.
 #[allow(dead_code)]
 mod common;
-use common::{compile, counter, kernel_unavailable, preload, run_timed, skipped, tmpdir, uswap_run};
+use common::{compile, copy_libraries, counter, kernel_unavailable, preload, run_timed, skipped, tmpdir, uswap_run};
 
 const LIMIT_MIB: u64 = 16;
 /// Working sets are this many times the limit.
@@ -2138,11 +2138,10 @@ fn signal_mode_runs_as_an_ordinary_user() {
     // Everything the user runs or writes lives in one directory it may use.
     let p = compile("syscalls", &dir, &[]);
     let uswap = dir.join("uswap");
-    let lib = dir.join("libuswap_preload.so");
     std::fs::copy(env!("CARGO_BIN_EXE_uswap"), &uswap).unwrap();
-    std::fs::copy(preload(), &lib).unwrap();
+    let lib = copy_libraries(&dir);
     use std::os::unix::fs::PermissionsExt;
-    for f in [&*dir, &*p, &*uswap, &*lib] {
+    for f in [&*dir, &*p, &*uswap, &*lib, &*lib.with_file_name("libuswap_shim.so")] {
         std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o777)).unwrap();
     }
     let stats = dir.join("stats-unprivileged.json");
@@ -3276,8 +3275,7 @@ fn a_library_path_with_a_space_and_a_relative_tmpdir_keep_the_tree() {
     let expect = plain(&[p.to_str().unwrap(), "64", "20000"]).stdout;
     let spaced = dir.join("My Project");
     std::fs::create_dir_all(&spaced).unwrap();
-    let lib = spaced.join("libuswap_preload.so");
-    std::fs::copy(preload(), &lib).unwrap();
+    let lib = copy_libraries(&spaced);
     std::fs::create_dir_all(dir.join("tmp")).unwrap();
     let stats = dir.join("stats-oddpaths.json");
     let script = r#"cd / && printf '%s\n' "$LD_PRELOAD" >&2 && exec "$@""#;

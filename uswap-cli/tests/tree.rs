@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 // Each test binary uses some of the helpers.
 #[allow(dead_code)]
 mod common;
-use common::{compile, counter, preload, run_timed, skipped, tmpdir, uswap_run};
+use common::{compile, copy_libraries, counter, preload, run_timed, skipped, tmpdir, uswap_run};
 
 /// The documented slack over the limit (see tests/run.rs).
 const SLACK_BYTES: u64 = 8 * (128 << 10);
@@ -611,6 +611,29 @@ fn a_killed_runs_directory_goes_with_a_later_run_once_its_tree_ended() {
     assert!(entries().is_empty(), "left behind: {:?}", entries());
 }
 
+/// A process that never needs a pager never loads the engine: the first stage alone is in
+/// its address space (a shell and a short program it runs), while one whose heap grows
+/// past its first blocks loads it, gets a pager under a limit it passes, and is paged; a
+/// process of each kind, in one tree, in both modes. The engine reads the configuration the
+/// process started with: one that cleared its environment before it needed the engine is
+/// paged all the same.
+#[test]
+fn only_processes_that_need_the_engine_load_it() {
+    let dir = tmpdir("stages");
+    let prog = compile("stages", &dir, &[]);
+    let p = prog.to_str().unwrap();
+    for mode in ["signal", "thread"] {
+        let script = format!("{p} 0 && {p} 48 && {p} 48 clear");
+        let (o, v) = uswap_run(16, &["--fault-mode", mode], &["sh", "-c", &script], &dir);
+        let err = stderr(&o);
+        assert!(o.status.success(), "{mode}: {err}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(out, "shim 1 engine 0\nshim 1 engine 1\nshim 1 engine 1\n", "{mode}: {err}");
+        assert_eq!(counter(&v, "processes"), 2, "{mode}: a pager for each large process: {v}");
+        assert!(counter(&v, "pswpout") >= 2 * ((48 - 16) << 20 >> 12), "{mode}: they were not paged: {v}");
+    }
+}
+
 /// Processes that leave the budget at an exec are named once the program ended: a static
 /// program started by `posix_spawn`, `posix_spawnp` and `execve` (after a failed `execve`,
 /// which is not counted), and a program whose environment lost `LD_PRELOAD` (`env -u`); the
@@ -765,9 +788,9 @@ fn processes_that_change_user_stay_in_the_trees_budget() {
     let dir = tmpdir("chuser");
     let prog = compile("chuser", &dir, &[]);
     // Everything the changed user loads must be open to it (the build directory may not be).
-    let lib = dir.join("libuswap_preload.so");
-    std::fs::copy(preload(), &lib).unwrap();
-    for f in [&*dir, &*prog, &*lib] {
+    let lib = copy_libraries(&dir);
+    let shim = lib.with_file_name("libuswap_shim.so");
+    for f in [&*dir, &*prog, &*lib, &*shim] {
         std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     for how in ["fork", "exec"] {
@@ -798,6 +821,7 @@ fn processes_that_change_user_stay_in_the_trees_budget() {
     std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
     let hidden = closed.join("libuswap_preload.so");
     std::fs::copy(&lib, &hidden).unwrap();
+    std::fs::copy(&shim, closed.join("libuswap_shim.so")).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_uswap"));
     cmd.env("USWAP_PRELOAD_LIB", &hidden)
         .args(["run", "--limit", "16MiB", "--strict", "--"])

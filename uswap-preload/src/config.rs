@@ -83,9 +83,8 @@ fn size_var(name: &str, default: u64) -> Result<u64, String> {
 /// Variable `name`, `None` if unset; one that is not UTF-8 is refused (it was taken as
 /// unset: `USWAP_FAULT_MODE=sig\xffnal` ran in thread mode, a bad `USWAP_DEVICE` on the pool).
 fn text_var(name: &str) -> Result<Option<String>, String> {
-    match std::env::var(name) {
-        Ok(v) => Ok(Some(v)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
+    match crate::first_stage::var(name).map_err(|e| e.to_string()) {
+        Ok(v) => Ok(v),
         Err(e) => Err(format!("{name}: {e}")),
     }
 }
@@ -110,7 +109,7 @@ impl Config {
             Some(other) => return Err(format!("{ENV_FAULT_MODE}={other:?}: expected auto, thread or signal")),
         };
         let min_size_bytes = size_var(ENV_MIN_SIZE, DEFAULT_MIN_SIZE_BYTES as u64)? as usize;
-        let stats_dir = std::env::var_os(ENV_STATS_DIR).map(Into::into);
+        let stats_dir = crate::first_stage::var_os(ENV_STATS_DIR).map(Into::into);
         let idle_aging = match text_var(ENV_IDLE_AGE)? {
             Some(v) => IdleAging::parse(&v).map_err(|e| format!("{ENV_IDLE_AGE}: {e}"))?,
             None => IdleAging::Off,

@@ -295,6 +295,8 @@ pub fn prepare(start: usize, len: usize, start_after_bytes: usize) {
     PENDING_START.store(start, Ordering::Relaxed);
     PENDING_LEN.store(len, Ordering::Relaxed);
     PENDING_START_AFTER.store(start_after_bytes, Ordering::Relaxed);
+    // The blocks the program got through the first stage before it loaded this library.
+    C_LIBRARY_LIVE_BYTES.fetch_add(crate::first_stage::c_heap_live_bytes(), Ordering::Relaxed);
     PENDING.store(true, Ordering::Release);
 }
 

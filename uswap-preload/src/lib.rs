@@ -52,6 +52,7 @@ pub mod core_dump;
 pub mod deep_bind;
 pub mod escape;
 pub mod fds;
+pub mod first_stage;
 pub mod fork;
 pub mod heap;
 pub mod last_thread;
@@ -288,7 +289,7 @@ fn prepare() -> Result<(), String> {
     // Set once, here: the constructor runs once per image.
     let cfg = CONFIG.get_or_init(move || cfg);
     if cfg.stats_dir.is_some() {
-        escape::init();
+        escape::init_here();
     }
     program_userfaultfd::resolve();
     last_thread::resolve();
@@ -340,14 +341,46 @@ fn prepare() -> Result<(), String> {
     Ok(())
 }
 
+/// Called by the first stage once its `dlopen` of this library returned and its entry points
+/// lead here: the constructor's work, which the constructor leaves for now where the first
+/// stage loaded this library. Not inside the `dlopen`: the loader's lock is held there, which
+/// a pager's new threads take (their thread-locals' destructors) while the start waits on
+/// them (a thread-mode fault: a hang); and the interposed calls the work makes itself
+/// (`getrlimit`, which reports the limit the program set) would reach the C library's.
+#[no_mangle]
+pub extern "C" fn uswap_preload_after_load() {
+    if first_stage::loaded_by_shim() {
+        start_up();
+    }
+}
+
 extern "C" fn init() {
+    // Before anything reads the environment or the C library's functions.
+    first_stage::resolve();
+    if first_stage::loaded_by_shim() {
+        // Once the first stage's entry points lead here (`uswap_preload_after_load`).
+        return;
+    }
+    start_up();
+}
+
+/// The constructor's work (the first stage calls it after its load).
+fn start_up() {
     // The C library has started: its allocator is found now, whatever the program does to
     // its environment later (`real::ready`).
     real::find_c_library_allocator();
-    if std::env::var_os(config::ENV_DISABLE).is_some() {
+    if first_stage::var_os(config::ENV_DISABLE).is_some() {
         return;
     }
     if let Err(e) = prepare() {
+        if first_stage::loaded_after_main() {
+            // The program runs: it goes on with the C library's memory, as one whose pager
+            // could not start.
+            let msg = format!("uswap: process {} runs unmanaged, every byte kept: {e}\n", std::process::id());
+            real::write_stderr(msg.as_bytes());
+            note_refusal(&msg);
+            return;
+        }
         let msg = format!("uswap: cannot manage this process ({}): {e}\n", std::process::id());
         note_refusal(&msg);
         real::fatal(msg.as_bytes());
@@ -804,7 +837,7 @@ fn unblock_sigbus() {
 /// when that process is one whose status nobody reads (a shell's background job) or one
 /// that went on unmanaged (a fork child).
 pub(crate) fn note_refusal(msg: &str) {
-    let Some(dir) = std::env::var_os(config::ENV_STATS_DIR) else { return };
+    let Some(dir) = first_stage::var_os(config::ENV_STATS_DIR) else { return };
     let path = std::path::Path::new(&dir).join(format!("{}{}.txt", uswap::shared_charge::REFUSAL_PREFIX, file_tag()));
     let Err(e) = report::write_new(&path, msg.as_bytes()) else { return };
     // Out of descriptors (a process at its `RLIMIT_NOFILE` is refused for that very reason):

@@ -22,7 +22,10 @@ use std::ffi::c_void;
 /// library's code sees for its own function (which is the first definition's too).
 /// From the constructor (`dlsym` may allocate).
 pub fn program_allocator() -> Option<&'static str> {
-    let own_base = object_base(program_allocator as *const () as *mut c_void)?;
+    // Where the first stage loaded this library, its stubs are the first definitions, and
+    // they lead here.
+    let own_base =
+        crate::first_stage::library_base().or_else(|| object_base(program_allocator as *const () as *mut c_void))?;
     [("malloc", c"malloc"), ("free", c"free"), ("calloc", c"calloc"), ("realloc", c"realloc")].into_iter().find_map(
         |(name, symbol)| {
             // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name: the first definition

@@ -44,13 +44,15 @@ fn bootstrap_base() -> usize {
     std::ptr::addr_of!(BOOTSTRAP) as usize
 }
 
-/// Whether `p` came from the bootstrap area (never freed).
+/// Whether `p` came from the bootstrap area, this library's or the first stage's (never
+/// freed).
 pub fn is_bootstrap(p: *mut c_void) -> bool {
     let a = p as usize;
-    a >= bootstrap_base() && a < bootstrap_base() + BOOTSTRAP_BYTES
+    (a >= bootstrap_base() && a < bootstrap_base() + BOOTSTRAP_BYTES)
+        || crate::first_stage::bootstrap_block(p).is_some()
 }
 
-/// Size of a bootstrap allocation (stored in the 16 bytes before it).
+/// Size of a bootstrap allocation (stored in the 16 bytes before it, in both areas).
 pub fn bootstrap_size(p: *mut c_void) -> usize {
     // SAFETY: `p` is a bootstrap allocation (caller checked `is_bootstrap`), whose 16-byte
     // header holds its size.
@@ -86,8 +88,11 @@ pub fn next_symbol(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> *mut c_vo
     if p.is_null() {
         // dlsym may allocate: from the C library's malloc, never the managed heap.
         let _g = crate::own_code::Guard::enter();
+        // From this library loaded by the first stage, not in the global scope, RTLD_NEXT
+        // would find the first stage's stubs: the first stage looks it up from itself.
         // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name.
-        p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+        p = crate::first_stage::next_symbol(name)
+            .unwrap_or_else(|| unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) });
         if p.is_null() {
             fatal(b"uswap: a function of the C library was not found (dlsym RTLD_NEXT)\n");
         }

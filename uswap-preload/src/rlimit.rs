@@ -171,7 +171,7 @@ pub fn inherit() -> crate::config::SetInside {
 }
 
 fn inherit_one(l: &Limit, var: &str) -> bool {
-    let Ok(v) = std::env::var(var) else { return false };
+    let Ok(Some(v)) = crate::first_stage::var(var) else { return false };
     let f: Vec<u64> = v.split(':').filter_map(|x| x.parse().ok()).collect();
     let (Some(now), &[set_soft, set_hard, given_soft, given_hard]) = (kernel_limit(l), &f[..]) else { return false };
     if now.rlim_cur != given_soft || now.rlim_max != given_hard || set_soft == NONE {

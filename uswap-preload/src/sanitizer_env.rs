@@ -16,7 +16,7 @@ const ENV_ADDED: &str = "USWAP_SANITIZER_PRELOAD";
 /// Takes the added entries (the first occurrence of each) out of `LD_PRELOAD`, and the
 /// variable that names them.
 pub fn restore() {
-    let Some(added) = std::env::var_os(ENV_ADDED) else { return };
+    let Some(added) = crate::first_stage::var_os(ENV_ADDED) else { return };
     std::env::remove_var(ENV_ADDED);
     let Some(preload) = std::env::var_os("LD_PRELOAD") else { return };
     let mut entries: Vec<&[u8]> = crate::escape::preload_entries(preload.as_bytes()).collect();

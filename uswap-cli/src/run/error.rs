@@ -8,6 +8,9 @@ use crate::size::format_size;
 pub const PRELOAD_LIB: &str = "libuswap_preload.so";
 /// Overrides where the preload library is.
 pub const ENV_PRELOAD_LIB: &str = "USWAP_PRELOAD_LIB";
+/// The first stage's file name, beside the preload library: what `LD_PRELOAD` names (it
+/// loads the preload library when a process first needs a pager).
+pub const SHIM_LIB: &str = "libuswap_shim.so";
 
 /// Exit status for "uswap could not run the program as asked".
 const EXIT_CANNOT_RUN: u8 = 2;
@@ -50,6 +53,12 @@ pub enum RunError {
          library next to the command or in ../lib/uswap/ from it"
     )]
     NoPreloadLib { lib: PathBuf },
+    #[error(
+        "{SHIM_LIB} is not beside {}: uswap run preloads it, and it loads {PRELOAD_LIB} from its own directory. \
+         Install both with ./install.sh [PREFIX], or build both with `cargo build --release`",
+        preload.display()
+    )]
+    NoShim { preload: PathBuf },
     #[error(
         "uswap's library is at {}, a path with a space or a colon, which LD_PRELOAD cannot carry (the dynamic \
          loader splits it there), and no link to it could be made in the run's directory ({source}): install \

@@ -240,6 +240,16 @@ pub fn preload() -> PathBuf {
     p
 }
 
+/// Copies the preload library and the first stage beside it (`uswap run` preloads the
+/// latter, which loads the former from its own directory) into `dir`; the preload
+/// library's copy, for `USWAP_PRELOAD_LIB`.
+pub fn copy_libraries(dir: &Path) -> PathBuf {
+    let lib = dir.join("libuswap_preload.so");
+    std::fs::copy(preload(), &lib).unwrap();
+    std::fs::copy(preload().with_file_name("libuswap_shim.so"), dir.join("libuswap_shim.so")).unwrap();
+    lib
+}
+
 /// Compiles tests/programs/NAME.c into `dir`.
 pub fn compile(name: &str, dir: &Path, extra: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs").join(format!("{name}.c"));
