@@ -171,9 +171,11 @@ fn splits_in_ld_preload(path: &Path) -> bool {
 
 /// The first stage beside the preload library `preload`: what `LD_PRELOAD` names, and what
 /// loads `preload` from its own directory in a process that needs a pager (`uswap-shim`).
+/// The first stage loads that file name (`PRELOAD_LIB`) from its directory, so `preload`
+/// must be named so (a link of another name is resolved first).
 fn shim_beside(preload: &Path) -> Result<PathBuf, RunError> {
     let shim = preload.with_file_name(SHIM_LIB);
-    match shim.is_file() {
+    match shim.is_file() && preload.file_name().is_some_and(|n| n == PRELOAD_LIB) {
         true => Ok(shim),
         false => Err(RunError::NoShim { preload: preload.to_path_buf() }),
     }

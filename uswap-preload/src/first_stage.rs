@@ -17,7 +17,9 @@
 //! them from the shim: from this library, not in the global scope, `RTLD_NEXT` would find
 //! the shim's own stubs first (`crate::real::next_symbol`).
 //!
-//! The layout is the shim's (`uswap-shim/src/handoff.rs`); [`HANDOFF_VERSION`] guards it.
+//! The layout is the shim's (`uswap-shim/src/handoff.rs`); [`HANDOFF_VERSION`] guards it: a
+//! shim and a preload library of different builds (one reinstalled during a run) are not
+//! used together, and the process goes on unmanaged, said.
 //! Without a shim (the library preloaded by hand) every answer here is `None` and this
 //! library reads the environment itself.
 //!
@@ -36,7 +38,8 @@ pub const HANDOFF_VERSION: u32 = 1;
 #[repr(C)]
 pub struct Handoff {
     pub version: u32,
-    /// The `USWAP_` variables of the process's start, `NAME=value`, NULL-terminated.
+    /// The `USWAP_` variables of the process's start, `NAME=value`, NULL-terminated; null
+    /// where they did not fit the shim's copy (the environment is read as it is then).
     pub env: *const *const c_char,
     /// The path the loader preloaded the shim under.
     pub library_path: *const c_char,
@@ -56,27 +59,41 @@ pub struct Handoff {
 
 static HANDOFF: AtomicPtr<Handoff> = AtomicPtr::new(std::ptr::null_mut());
 
+/// Whether the shim loaded this library, found by [`resolve`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Loader {
+    /// Preloaded by hand (or by an older `uswap run`): no shim.
+    ByHand,
+    /// Loaded by the shim, whose hand-off is read.
+    Shim,
+    /// Loaded by a shim of another build: this library does nothing, and the shim, which
+    /// checks [`HANDOFF_VERSION`] itself (`uswap_preload_handoff_version`), does not use it.
+    OtherShim,
+}
+
+/// The hand-off's layout version this library reads, for the shim to check before it uses
+/// this library.
+#[no_mangle]
+pub extern "C" fn uswap_preload_handoff_version() -> u32 {
+    HANDOFF_VERSION
+}
+
 /// Finds the shim's hand-off, if the shim loaded this library. From the constructor, first.
-pub fn resolve() {
+pub fn resolve() -> Loader {
     type HandoffFn = unsafe extern "C" fn() -> *const Handoff;
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name: the shim's function, or null.
     let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"uswap_shim_handoff".as_ptr()) };
     if f.is_null() {
-        return;
+        return Loader::ByHand;
     }
     // SAFETY: the shim exports `uswap_shim_handoff` with this type.
     let h = unsafe { std::mem::transmute::<*mut c_void, HandoffFn>(f)() };
     // SAFETY: the shim's hand-off lives as long as the process; its version is read first.
     if h.is_null() || unsafe { (*h).version } != HANDOFF_VERSION {
-        let msg = b"uswap: libuswap_shim.so and libuswap_preload.so are of different builds: install both again\n";
-        // SAFETY: write(2) of a static buffer, then _exit(2) (as `crate::real::fatal`, below
-        // which this module lies).
-        unsafe {
-            libc::write(2, msg.as_ptr().cast(), msg.len());
-            libc::_exit(2);
-        }
+        return Loader::OtherShim;
     }
     HANDOFF.store(h.cast_mut(), Ordering::Release);
+    Loader::Shim
 }
 
 fn handoff() -> Option<&'static Handoff> {
@@ -92,7 +109,7 @@ pub fn loaded_by_shim() -> bool {
 /// Variable `name` as the process started with it where the shim loaded this library, else
 /// as the environment has it now.
 pub fn var_os(name: &str) -> Option<OsString> {
-    let Some(h) = handoff() else { return std::env::var_os(name) };
+    let Some(h) = handoff().filter(|h| !h.env.is_null()) else { return std::env::var_os(name) };
     // Bounded: the shim's snapshot holds at most its fixed number of entries.
     for i in 0.. {
         // SAFETY: the shim's NULL-terminated array of NUL-terminated strings.

@@ -347,44 +347,52 @@ fn prepare() -> Result<(), String> {
 /// a pager's new threads take (their thread-locals' destructors) while the start waits on
 /// them (a thread-mode fault: a hang); and the interposed calls the work makes itself
 /// (`getrlimit`, which reports the limit the program set) would reach the C library's.
+/// Returns 0 where this library could not set itself up after `main` (said and noted): the
+/// first stage then sends every call back to the C library.
 #[no_mangle]
-pub extern "C" fn uswap_preload_after_load() {
-    if first_stage::loaded_by_shim() {
-        start_up();
+pub extern "C" fn uswap_preload_after_load() -> std::ffi::c_int {
+    if !first_stage::loaded_by_shim() {
+        return 0;
     }
+    std::ffi::c_int::from(start_up())
 }
 
 extern "C" fn init() {
     // Before anything reads the environment or the C library's functions.
-    first_stage::resolve();
-    if first_stage::loaded_by_shim() {
-        // Once the first stage's entry points lead here (`uswap_preload_after_load`).
-        return;
+    match first_stage::resolve() {
+        first_stage::Loader::ByHand => {
+            start_up();
+        }
+        // Once the first stage's entry points lead here (`uswap_preload_after_load`), or
+        // never (a first stage of another build, which does not use this library).
+        first_stage::Loader::Shim | first_stage::Loader::OtherShim => {}
     }
-    start_up();
 }
 
-/// The constructor's work (the first stage calls it after its load).
-fn start_up() {
+/// The constructor's work (the first stage calls it after its load): whether this library
+/// serves the process (`false` only where it could not set itself up after `main`).
+fn start_up() -> bool {
     // The C library has started: its allocator is found now, whatever the program does to
     // its environment later (`real::ready`).
     real::find_c_library_allocator();
     if first_stage::var_os(config::ENV_DISABLE).is_some() {
-        return;
+        return true;
     }
     if let Err(e) = prepare() {
         if first_stage::loaded_after_main() {
             // The program runs: it goes on with the C library's memory, as one whose pager
-            // could not start.
+            // could not start (the first stage sends its calls there again).
+            PAGES_THE_PROCESS.store(false, Ordering::Release);
             let msg = format!("uswap: process {} runs unmanaged, every byte kept: {e}\n", std::process::id());
             real::write_stderr(msg.as_bytes());
             note_refusal(&msg);
-            return;
+            return false;
         }
         let msg = format!("uswap: cannot manage this process ({}): {e}\n", std::process::id());
         note_refusal(&msg);
         real::fatal(msg.as_bytes());
     }
+    true
 }
 
 /// Set from the constructor until the pager starts (lazy start, see the module doc).

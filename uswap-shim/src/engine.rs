@@ -16,6 +16,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize, Ordering};
 
 use crate::c_library::{c_library_fn, errno, set_errno};
+use crate::handoff::HANDOFF_VERSION;
 use crate::names::NAMES;
 
 const IDLE: u32 = 0;
@@ -110,6 +111,12 @@ pub fn load_before_main(cause: &str) {
     IN_CONSTRUCTOR.store(false, Ordering::Release);
 }
 
+/// Whether no load began (or none ever will): a slot set to the C library's function then
+/// stays so.
+pub fn never_began() -> bool {
+    matches!(STATE.load(Ordering::Acquire), IDLE | NEVER)
+}
+
 pub fn loaded() -> bool {
     STATE.load(Ordering::Acquire) == LOADED
 }
@@ -146,8 +153,8 @@ pub fn load(cause: &str) -> bool {
         // SAFETY: dlopen of a NUL-terminated path; the library's constructor runs inside.
         unsafe { libc::dlopen(path.as_ptr().cast(), libc::RTLD_NOW | libc::RTLD_LOCAL) }
     };
-    if handle.is_null() {
-        say_load_failed(path, cause);
+    if handle.is_null() || !same_build(handle) {
+        say_load_failed(path, cause, handle.is_null());
         STATE.store(NEVER, Ordering::Release);
         set_errno(errno);
         return false;
@@ -159,16 +166,31 @@ pub fn load(cause: &str) -> bool {
         slot(i).store(f, Ordering::Release);
     }
     STATE.store(LOADED, Ordering::Release);
-    // What the preload library's constructor leaves for after the load (a pager before
-    // `main`: its threads take the loader's lock, held inside `dlopen`).
+    // The preload library's constructor's work, left for after the load (`dlopen` holds the
+    // loader's lock, which a pager's threads take; and the slots lead there only now).
     // SAFETY: dlsym on the open handle, a NUL-terminated name.
     let after = unsafe { libc::dlsym(handle, c"uswap_preload_after_load".as_ptr()) };
-    if !after.is_null() {
-        // SAFETY: the preload library exports it with this type.
-        unsafe { std::mem::transmute::<*mut c_void, extern "C" fn()>(after)() };
+    // SAFETY: the preload library exports it with this type (`same_build` checked).
+    let served =
+        !after.is_null() && unsafe { std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(after)() } != 0;
+    if !served {
+        // It could not set itself up (said and noted there): the calls go to the C library.
+        for i in 0..NAMES.len() {
+            slot(i).store(c_library_fn(i), Ordering::Release);
+        }
+        STATE.store(NEVER, Ordering::Release);
     }
     set_errno(errno);
-    true
+    served
+}
+
+/// Whether the preload library at `handle` reads this first stage's hand-off (not one of
+/// another build: a reinstall during a run).
+fn same_build(handle: *mut c_void) -> bool {
+    // SAFETY: dlsym on an open handle, a NUL-terminated name.
+    let f = unsafe { libc::dlsym(handle, c"uswap_preload_handoff_version".as_ptr()) };
+    // SAFETY: the preload library exports it with this type.
+    !f.is_null() && unsafe { std::mem::transmute::<*mut c_void, extern "C" fn() -> u32>(f)() } == HANDOFF_VERSION
 }
 
 fn wait_for_load() -> bool {
@@ -186,11 +208,15 @@ fn wait_for_load() -> bool {
 
 /// Says on stderr that the engine could not be loaded, and leaves a refusal in the run's
 /// directory (the run fails): the process goes on, unmanaged, every byte its own.
-fn say_load_failed(path: &[u8], cause: &str) {
+fn say_load_failed(path: &[u8], cause: &str, not_loaded: bool) {
     // SAFETY: dlerror returns the loader's message for this thread, or null.
-    let why = unsafe { libc::dlerror() };
-    // SAFETY: a NUL-terminated message of the loader's, when not null.
-    let why = if why.is_null() { &b"(no message)"[..] } else { unsafe { CStr::from_ptr(why) }.to_bytes() };
+    let why = if not_loaded { unsafe { libc::dlerror() } } else { std::ptr::null_mut() };
+    let why = match (why.is_null(), not_loaded) {
+        // SAFETY: a NUL-terminated message of the loader's.
+        (false, _) => unsafe { CStr::from_ptr(why) }.to_bytes(),
+        (true, true) => &b"(no message)"[..],
+        (true, false) => &b"it is of another build than libuswap_shim.so beside it: install both again"[..],
+    };
     let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
     let mut msg = [0u8; 1024];
     let mut len = 0;

@@ -25,7 +25,7 @@ pub struct Handoff {
     before_main: u32,
 }
 
-const HANDOFF_VERSION: u32 = 1;
+pub const HANDOFF_VERSION: u32 = 1;
 
 /// Room for the `USWAP_` variables (uswap run sets about ten, each well under 200 bytes).
 const ENV_BYTES: usize = 8 << 10;
@@ -37,6 +37,8 @@ struct StartOnly<T>(UnsafeCell<T>);
 // `uswap_shim_handoff` under the engine's load lock; read after.
 unsafe impl<T> Sync for StartOnly<T> {}
 
+/// Whether the `USWAP_` variables fit [`ENV_TEXT`] (if not, the engine reads the environment).
+static ENV_FITS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 static ENV_TEXT: StartOnly<[u8; ENV_BYTES]> = StartOnly(UnsafeCell::new([0; ENV_BYTES]));
 static ENV_LIST: StartOnly<[*const c_char; ENV_ENTRIES + 1]> =
     StartOnly(UnsafeCell::new([std::ptr::null(); ENV_ENTRIES + 1]));
@@ -74,6 +76,7 @@ pub fn snapshot_environment() -> bool {
         let entry = unsafe { CStr::from_ptr(s) }.to_bytes_with_nul();
         if entry.starts_with(b"USWAP_") {
             if n == ENV_ENTRIES || used + entry.len() > ENV_BYTES {
+                ENV_FITS.store(false, Ordering::Relaxed);
                 return false;
             }
             text[used..used + entry.len()].copy_from_slice(entry);
@@ -261,7 +264,7 @@ pub extern "C" fn uswap_shim_handoff() -> *const Handoff {
     // SAFETY: written under the engine's load lock, read by the engine's constructor on the
     // same thread.
     unsafe {
-        (*h).env = (*ENV_LIST.0.get()).as_ptr();
+        (*h).env = if ENV_FITS.load(Ordering::Relaxed) { (*ENV_LIST.0.get()).as_ptr() } else { std::ptr::null() };
         (*h).library_path = crate::engine::own_path();
         (*h).library_base = crate::engine::own_base();
         (*h).c_heap_live_bytes = c_heap_live_bytes();

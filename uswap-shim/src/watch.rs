@@ -46,7 +46,9 @@ pub fn forward(i: usize) -> Decision {
     }
     let f = c_library_fn(i);
     let watch = engine::slot(i).load(Ordering::Acquire);
-    if !engine::loaded() {
+    // A slot read after a load began may already be the engine's (a load stores them before
+    // it says it is done): it is kept then.
+    if engine::never_began() {
         let _ = engine::slot(i).compare_exchange(watch, f, Ordering::AcqRel, Ordering::Acquire);
     }
     jump(f)
@@ -239,6 +241,17 @@ pub extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usiz
     // SAFETY: the caller's out-pointer (posix_memalign's contract).
     unsafe { *out = p as *mut c_void };
     value(0)
+}
+
+/// `dlopen` with `RTLD_DEEPBIND`: the engine clears the flag (its `deep_bind`), or the
+/// library's `free` would be the C library's once mimalloc serves the program; loaded for it.
+pub extern "C" fn dlopen(_file: *const c_char, flags: c_int) -> Decision {
+    if flags & libc::RTLD_DEEPBIND != 0 {
+        if let Some(d) = engine_for(I_dlopen, "a library loaded with RTLD_DEEPBIND") {
+            return d;
+        }
+    }
+    through(I_dlopen)
 }
 
 // ---- Mappings, threads, limits ----

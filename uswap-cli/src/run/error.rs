@@ -54,8 +54,8 @@ pub enum RunError {
     )]
     NoPreloadLib { lib: PathBuf },
     #[error(
-        "{SHIM_LIB} is not beside {}: uswap run preloads it, and it loads {PRELOAD_LIB} from its own directory. \
-         Install both with ./install.sh [PREFIX], or build both with `cargo build --release`",
+        "{SHIM_LIB} is not beside {} under that name: uswap run preloads it, and it loads {PRELOAD_LIB} from its own \
+         directory. Install both with ./install.sh [PREFIX], or build both with `cargo build --release`",
         preload.display()
     )]
     NoShim { preload: PathBuf },
