@@ -37,8 +37,6 @@ struct PathBuf(UnsafeCell<[u8; PATH_BYTES]>);
 // SAFETY: written by the constructor alone, before the program's threads; read after.
 unsafe impl Sync for PathBuf {}
 static ENGINE_PATH: PathBuf = PathBuf(UnsafeCell::new([0; PATH_BYTES]));
-static OWN_PATH: AtomicUsize = AtomicUsize::new(0);
-static OWN_BASE: AtomicUsize = AtomicUsize::new(0);
 
 /// Waits for another thread's load at most this many yields (a load takes milliseconds).
 const MAX_WAIT_YIELDS: u32 = 1_000_000;
@@ -56,34 +54,25 @@ pub fn slot(i: usize) -> &'static AtomicUsize {
 /// From the constructor: the engine lies beside this library (`own`: the path the loader
 /// preloaded it under).
 pub fn find_path(own: *const c_char) {
-    OWN_PATH.store(own as usize, Ordering::Release);
     // SAFETY: `Dl_info` is plain data; dladdr fills it for an address of this library.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     if unsafe { libc::dladdr(find_path as *const c_void, &mut info) } != 0 {
-        OWN_BASE.store(info.dli_fbase as usize, Ordering::Release);
+        crate::handoff::note_own(own, info.dli_fbase as usize);
     }
+    if !own.is_null() {
+        // SAFETY: the loader's NUL-terminated name of this library.
+        let own = unsafe { CStr::from_ptr(own) }.to_bytes();
+        let dir = own.iter().rposition(|&b| b == b'/').map_or(&b""[..], |i| &own[..=i]);
+        if dir.len() + ENGINE_FILE.len() < PATH_BYTES {
+            // SAFETY: the constructor writes the path before any thread reads it.
+            let path = unsafe { &mut *ENGINE_PATH.0.get() };
+            path[..dir.len()].copy_from_slice(dir);
+            path[dir.len()..dir.len() + ENGINE_FILE.len()].copy_from_slice(ENGINE_FILE);
+        }
+    }
+    // Last: a load before this finds no path.
     READY.store(true, Ordering::Release);
-    if own.is_null() {
-        return;
-    }
-    // SAFETY: the loader's NUL-terminated name of this library.
-    let own = unsafe { CStr::from_ptr(own) }.to_bytes();
-    let dir = own.iter().rposition(|&b| b == b'/').map_or(&b""[..], |i| &own[..=i]);
-    if dir.len() + ENGINE_FILE.len() < PATH_BYTES {
-        // SAFETY: the constructor writes the path before any thread reads it.
-        let path = unsafe { &mut *ENGINE_PATH.0.get() };
-        path[..dir.len()].copy_from_slice(dir);
-        path[dir.len()..dir.len() + ENGINE_FILE.len()].copy_from_slice(ENGINE_FILE);
-    }
-}
-
-pub fn own_path() -> *const c_char {
-    OWN_PATH.load(Ordering::Acquire) as *const c_char
-}
-
-pub fn own_base() -> usize {
-    OWN_BASE.load(Ordering::Acquire)
 }
 
 /// `USWAP_DISABLE`: the engine is never loaded.
@@ -97,18 +86,11 @@ pub fn never_after_filter() {
     let _ = STATE.compare_exchange(IDLE, NEVER, Ordering::AcqRel, Ordering::Acquire);
 }
 
-/// Set while this library's constructor runs (a load then is before `main`).
-static IN_CONSTRUCTOR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-pub fn in_constructor() -> bool {
-    IN_CONSTRUCTOR.load(Ordering::Acquire)
-}
-
 /// Loads the engine from this library's constructor, before `main`.
 pub fn load_before_main(cause: &str) {
-    IN_CONSTRUCTOR.store(true, Ordering::Release);
+    crate::handoff::set_before_main(true);
     load(cause);
-    IN_CONSTRUCTOR.store(false, Ordering::Release);
+    crate::handoff::set_before_main(false);
 }
 
 /// Whether no load began (or none ever will): a slot set to the C library's function then

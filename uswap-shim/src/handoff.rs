@@ -236,6 +236,23 @@ fn malloc_is_ours() -> bool {
     first.is_null() || base(first) == base(malloc_is_ours as *const c_void)
 }
 
+/// The path the loader preloaded this library under, and its load address (`engine`'s
+/// `find_path`, from the constructor).
+static OWN_PATH: AtomicUsize = AtomicUsize::new(0);
+static OWN_BASE: AtomicUsize = AtomicUsize::new(0);
+
+pub fn note_own(path: *const c_char, base: usize) {
+    OWN_PATH.store(path as usize, Ordering::Release);
+    OWN_BASE.store(base, Ordering::Release);
+}
+
+/// Set while this library's constructor loads the engine (before `main`).
+static BEFORE_MAIN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_before_main(before: bool) {
+    BEFORE_MAIN.store(before, Ordering::Release);
+}
+
 /// The usable bytes of the C library's live blocks the program got (counted by `watch`;
 /// a block from before the count began, freed, makes it low, read as at least 0).
 static C_HEAP_LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
@@ -265,12 +282,12 @@ pub extern "C" fn uswap_shim_handoff() -> *const Handoff {
     // same thread.
     unsafe {
         (*h).env = if ENV_FITS.load(Ordering::Relaxed) { (*ENV_LIST.0.get()).as_ptr() } else { std::ptr::null() };
-        (*h).library_path = crate::engine::own_path();
-        (*h).library_base = crate::engine::own_base();
+        (*h).library_path = OWN_PATH.load(Ordering::Acquire) as *const c_char;
+        (*h).library_base = OWN_BASE.load(Ordering::Acquire);
         (*h).c_heap_live_bytes = c_heap_live_bytes();
         (*h).bootstrap_start = bootstrap_start;
         (*h).bootstrap_bytes = bootstrap_bytes;
-        (*h).before_main = u32::from(crate::engine::in_constructor());
+        (*h).before_main = u32::from(BEFORE_MAIN.load(Ordering::Acquire));
     }
     h
 }
