@@ -17,13 +17,15 @@
 //! engine would manage (`USWAP_MIN_SIZE` or larger) or small ones adding up to
 //! `USWAP_START_AFTER`, a thread (`pthread_create`, a `clone` sharing the address space), the
 //! program's own break, `mlockall`, a coroutine's stack, an address-space or data limit, the
-//! program's own userfaultfd, and at start-up `USWAP_START_AFTER=0`, a program that brings
-//! its own allocator, needs no shared library or runs under valgrind (the engine stands aside
-//! in those and names the process), and a sanitizer's runtime to take out of `LD_PRELOAD`.
+//! program's own userfaultfd, a library loaded with `RTLD_DEEPBIND`; and at start-up
+//! `USWAP_START_AFTER=0`, a program that brings its own allocator, needs no shared library or
+//! runs under valgrind (the engine stands aside in those and names the process), a
+//! sanitizer's runtime to take out of `LD_PRELOAD`, and a limit the parent set inside the run.
 //! What stays here without the engine: the exec calls' judgment of images that leave the
 //! budget (`uswap_escape`); a seccomp filter the program installs, after which the engine is
-//! never loaded (its calls would be the filter's). A failed load is said on stderr and noted
-//! as a refusal, which fails the run; the process goes on unmanaged.
+//! never loaded (its calls would be the filter's). A failed load (or a preload library of
+//! another build, or one that cannot set itself up) is said on stderr and noted as a
+//! refusal, which fails the run; the process goes on unmanaged, its calls to the C library.
 //!
 //! The C library's functions this library calls by name bind, as every caller's, to the
 //! first definition in the global scope, which for an entry point is this library's own: a

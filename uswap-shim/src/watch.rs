@@ -6,8 +6,9 @@
 //!
 //! Counted here: the usable bytes of the C library's live blocks the program got (the
 //! engine's lazy start brings mimalloc up past them, so the engine is loaded before they pass
-//! [`handoff::heap_threshold_bytes`]), and the bytes of small anonymous mappings. Both only
-//! grow the engine's figures when it is loaded (`handoff`).
+//! [`handoff::heap_threshold_bytes`]; the count is handed to the engine, `handoff`), and the
+//! bytes of small anonymous mappings (which only decide when to load it: the engine counts
+//! its own from its load on).
 
 use std::ffi::{c_char, c_int, c_long, c_ulong, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
