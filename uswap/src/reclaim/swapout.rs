@@ -163,25 +163,8 @@ fn move_clean_runs(
     mut discards: Option<&mut DiscardBatch<BATCH>>,
 ) -> ArrayVec<CleanRun, BATCH> {
     let mut clean_runs = ArrayVec::new();
-    let mut i = 0;
-    while i < victims.len() {
-        if !victims[i].pte.clean() {
-            i += 1;
-            continue;
-        }
-        // A clean page is resident and keeps the slot it was read from (`page_table`).
-        debug_assert!(victims[i].pte.state() == PageState::Resident && victims[i].pte.busy());
+    for (i, j) in clean_runs_of(victims, true) {
         let e = |k: usize| victims[k].pte.entry();
-        let mut j = i + 1;
-        while j < victims.len()
-            && victims[j].pte.clean()
-            && victims[j].gi == victims[i].gi
-            && victims[j].page == victims[j - 1].page + 1
-            && e(j).device() == e(i).device()
-            && e(j).offset() == e(j - 1).offset() + 1
-        {
-            j += 1;
-        }
         let region = &guards.g[victims[i].gi];
         let dev = cx.devices.device(e(i));
         let len = (j - i) * PAGE_SIZE;
@@ -192,9 +175,38 @@ fn move_clean_runs(
             dev.discard_staged_later(discards, e(i).offset(), done);
         }
         clean_runs.push((i, j, done, r));
-        i = j;
     }
     clean_runs
+}
+
+/// The runs `i..j` of clean victims: consecutive pages of one region, and with `by_slot`
+/// consecutive slots of one device too (what one move into staging pages needs).
+fn clean_runs_of(victims: &[Victim], by_slot: bool) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let e = |k: usize| victims[k].pte.entry();
+    let mut i = 0;
+    // Bounded: each call advances `i` past the run it returns.
+    std::iter::from_fn(move || {
+        while i < victims.len() && !victims[i].pte.clean() {
+            i += 1;
+        }
+        if i == victims.len() {
+            return None;
+        }
+        // A clean page is resident and keeps the slot it was read from (`page_table`).
+        debug_assert!(victims[i].pte.state() == PageState::Resident && victims[i].pte.busy());
+        let mut j = i + 1;
+        while j < victims.len()
+            && victims[j].pte.clean()
+            && victims[j].gi == victims[i].gi
+            && victims[j].page == victims[j - 1].page + 1
+            && (!by_slot || (e(j).device() == e(i).device() && e(j).offset() == e(j - 1).offset() + 1))
+        {
+            j += 1;
+        }
+        let run = (i, j);
+        i = j;
+        Some(run)
+    })
 }
 
 /// Drops the clean victims where they lie, all runs of consecutive pages with one
@@ -211,24 +223,9 @@ fn drop_clean_runs(
 ) -> ArrayVec<CleanRun, BATCH> {
     let mut runs: ArrayVec<CleanRun, BATCH> = ArrayVec::new();
     let mut ranges: ArrayVec<(usize, usize), BATCH> = ArrayVec::new();
-    let mut i = 0;
-    while i < victims.len() {
-        if !victims[i].pte.clean() {
-            i += 1;
-            continue;
-        }
-        debug_assert!(victims[i].pte.state() == PageState::Resident && victims[i].pte.busy());
-        let mut j = i + 1;
-        while j < victims.len()
-            && victims[j].pte.clean()
-            && victims[j].gi == victims[i].gi
-            && victims[j].page == victims[j - 1].page + 1
-        {
-            j += 1;
-        }
+    for (i, j) in clean_runs_of(victims, false) {
         ranges.push((guards.g[victims[i].gi].page_addr(victims[i].page), (j - i) * PAGE_SIZE));
         runs.push((i, j, j - i, RangeResult::Done));
-        i = j;
     }
     let dropped = crate::mapping::drop_in_place(&ranges).unwrap_or(0);
     assert!(dropped <= runs.len(), "the kernel drops no more ranges than it was given");
