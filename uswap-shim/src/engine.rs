@@ -54,12 +54,6 @@ pub fn slot(i: usize) -> &'static AtomicUsize {
 /// From the constructor: the engine lies beside this library (`own`: the path the loader
 /// preloaded it under).
 pub fn find_path(own: *const c_char) {
-    // SAFETY: `Dl_info` is plain data; dladdr fills it for an address of this library.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::dladdr(find_path as *const c_void, &mut info) } != 0 {
-        crate::handoff::note_own(own, info.dli_fbase as usize);
-    }
     if !own.is_null() {
         // SAFETY: the loader's NUL-terminated name of this library.
         let own = unsafe { CStr::from_ptr(own) }.to_bytes();

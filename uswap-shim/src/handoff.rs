@@ -225,19 +225,19 @@ fn has_needed(info: &libc::dl_phdr_info) -> bool {
 /// Whether the first `malloc` of the global scope is this library's (not the program's own,
 /// nor an allocator preloaded before uswap's).
 fn malloc_is_ours() -> bool {
-    let base = |addr: *const c_void| {
-        // SAFETY: `Dl_info` is plain data; dladdr fills it for an address.
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        (unsafe { libc::dladdr(addr, &mut info) } != 0).then_some(info.dli_fbase as usize)
-    };
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name.
     let first = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
-    first.is_null() || base(first) == base(malloc_is_ours as *const c_void)
+    if first.is_null() {
+        return true;
+    }
+    // SAFETY: `Dl_info` is plain data; dladdr fills it for an address.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::dladdr(first, &mut info) } != 0) && info.dli_fbase as usize == OWN_BASE.load(Ordering::Acquire)
 }
 
-/// The path the loader preloaded this library under, and its load address (`engine`'s
-/// `find_path`, from the constructor).
+/// The path the loader preloaded this library under, and its load address (from the
+/// constructor, before anything reads them).
 static OWN_PATH: AtomicUsize = AtomicUsize::new(0);
 static OWN_BASE: AtomicUsize = AtomicUsize::new(0);
 

@@ -62,9 +62,16 @@ extern "C" fn init() {
     }
     let fits = handoff::snapshot_environment();
     handoff::read_thresholds();
-    let own = uswap_escape::object_path(init as *const () as usize);
-    uswap_escape::init(own, handoff::var(b"USWAP_STATS_DIR"));
-    engine::find_path(own);
+    // Where this library lies (one look-up serves the exec judgment, the engine's path and
+    // the hand-off).
+    // SAFETY: `Dl_info` is plain data; dladdr fills it for an address of this library.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::dladdr(init as *const std::ffi::c_void, &mut info) } != 0 {
+        handoff::note_own(info.dli_fname, info.dli_fbase as usize);
+    }
+    uswap_escape::init(info.dli_fname, handoff::var(b"USWAP_STATS_DIR"));
+    engine::find_path(info.dli_fname);
     if let Some(cause) = handoff::load_at_start(fits) {
         engine::load_before_main(cause);
     }

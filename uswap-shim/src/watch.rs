@@ -416,55 +416,45 @@ extern "C" {
     static __environ: *const *const c_char;
 }
 
-/// An exec of `path` (with `search`, a name looked for on `PATH`) by the C library's `i`:
-/// judged first (an image that leaves the budget is noted; the note taken back if the exec
-/// returns).
+/// An exec of `path` (with `search`, a name looked for on `PATH`) through entry point `i`,
+/// made by the C library's `execve` (or `execvpe`) entry point `c`: the engine's `i` where
+/// it is loaded; otherwise judged first (an image that leaves the budget is noted; the note
+/// taken back if the exec returns).
 fn exec_in(
     i: usize,
+    c: usize,
     path: *const c_char,
     argv: *const *const c_char,
     envp: *const *const c_char,
-    search: bool,
 ) -> Decision {
     if engine::loaded() {
         return jump(engine_fn(i));
     }
     // SAFETY: a NUL-terminated path of the caller's, when not null (execve's contract).
     let image = (!path.is_null()).then(|| unsafe { CStr::from_ptr(path) });
-    let noted = uswap_escape::note_before_exec(image, search, envp);
+    let noted = uswap_escape::note_before_exec(image, c == I_execvpe, envp);
     // SAFETY: the C library's function of this type, with the caller's arguments.
-    let r = unsafe { std::mem::transmute::<usize, ExecveFn>(c_library_fn(i))(path, argv, envp) };
+    let r = unsafe { std::mem::transmute::<usize, ExecveFn>(c_library_fn(c))(path, argv, envp) };
     uswap_escape::take_back(noted);
     value(r as usize)
 }
 
 pub extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> Decision {
-    exec_in(I_execve, path, argv, envp, false)
+    exec_in(I_execve, I_execve, path, argv, envp)
 }
 
 pub extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> Decision {
-    exec_in(I_execvpe, file, argv, envp, true)
+    exec_in(I_execvpe, I_execvpe, file, argv, envp)
 }
 
 pub extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> Decision {
     // SAFETY: the process's environment, as execv passes it.
-    exec_in(I_execve, path, argv, unsafe { __environ }, false).or_engine(I_execv)
+    exec_in(I_execv, I_execve, path, argv, unsafe { __environ })
 }
 
 pub extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> Decision {
     // SAFETY: as in `execv`.
-    exec_in(I_execvpe, file, argv, unsafe { __environ }, true).or_engine(I_execvp)
-}
-
-impl Decision {
-    /// A jump decided for another entry point goes to entry point `i`'s own (the engine's
-    /// `execv` takes `execv`'s arguments, not `execve`'s).
-    fn or_engine(self, i: usize) -> Decision {
-        if self.target != 0 {
-            return jump(engine_fn(i));
-        }
-        self
-    }
+    exec_in(I_execvp, I_execvpe, file, argv, unsafe { __environ })
 }
 
 pub extern "C" fn posix_spawn(
