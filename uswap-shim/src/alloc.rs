@@ -15,6 +15,8 @@ use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use crate::objects::object_of;
+
 type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
 type FreeFn = unsafe extern "C" fn(*mut c_void);
 type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
@@ -143,15 +145,10 @@ fn resolve() -> bool {
 /// is the one that defines `getenv` (which this library does not interpose, so the address
 /// it links is the C library's).
 fn next_is_the_c_librarys() -> bool {
-    let base = |f: *mut c_void| {
-        // SAFETY: `Dl_info` is plain data; dladdr fills it for an address.
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        (!f.is_null() && unsafe { libc::dladdr(f, &mut info) } != 0).then_some(info.dli_fbase as usize)
-    };
     // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name.
-    let malloc = base(unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc".as_ptr()) });
-    malloc.is_some() && malloc == base(libc::getenv as *const () as *mut c_void)
+    let malloc = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc".as_ptr()) } as usize;
+    let object = object_of(malloc);
+    malloc != 0 && object.is_some() && object == object_of(libc::getenv as *const () as usize)
 }
 
 fn ready() -> bool {

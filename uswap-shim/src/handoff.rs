@@ -11,6 +11,8 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
+use crate::objects::object_of;
+
 /// The layout the preload library's `first_stage::Handoff` reads; the version guards it.
 #[repr(C)]
 pub struct Handoff {
@@ -230,10 +232,7 @@ fn malloc_is_ours() -> bool {
     if first.is_null() {
         return true;
     }
-    // SAFETY: `Dl_info` is plain data; dladdr fills it for an address.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    (unsafe { libc::dladdr(first, &mut info) } != 0) && info.dli_fbase as usize == OWN_BASE.load(Ordering::Acquire)
+    object_of(first as usize).is_some_and(|o| o.map_start == OWN_BASE.load(Ordering::Acquire))
 }
 
 /// The path the loader preloaded this library under, and its load address (from the
