@@ -2,18 +2,24 @@
 //! again before it is written, kept while it nearly always wins.
 //!
 //! A page that comes in clean (write-protected, keeping its slot) is dropped by reclaim
-//! without being compressed or written again (`swpout_clean`), and its first write costs a
-//! write-protect fault (`pgfault_wp`), in signal mode a SIGBUS round trip of a few
-//! microseconds, as much as compressing a page that compresses badly and several times
-//! what one that compresses well costs. Programs differ: redis-server's GETs read values
-//! they never write (0.4 % of its bets lost), and betting it ran at 75-88k GETs a second
-//! instead of 45-50k, compressing a sixth of the pages it did; pmbench (`-r 80`, pages
-//! that compress to almost nothing) lost 7 % of its bets and ran 10 % slower; a CPython
-//! job writes nearly every object it reads (reference counts) and lost nearly all. So a
-//! pager counts its bets in windows of [`WINDOW_BETS`] and keeps betting only while a
-//! window loses fewer than [`LOSING_BETS`] (3 %); otherwise read faults map their pages
-//! writable, but one in [`SAMPLE_ONE_IN`], which still bets, so that a later phase of the
-//! program that would win turns betting on again within a few thousand faults.
+//! without being compressed or written again (`swpout_clean`): a round's clean victims
+//! leave with one `process_madvise`, one TLB flush for the round, where a dirty victim is
+//! compressed and moved out with a flush for its run, which with several threads
+//! interrupts every CPU running the program. Its first write costs a write-protect fault
+//! (`pgfault_wp`), in signal mode a SIGBUS round trip of a few microseconds and the
+//! unprotect's flush. Programs differ: redis-server's GETs read values they never write
+//! (0.4 % of its bets lost), and betting it ran at 75-88k GETs a second instead of 45-50k,
+//! compressing a sixth of the pages it did; a CPython job writes nearly every object it
+//! reads (reference counts) and loses nearly all. In between, pmbench (`-p uniform`, 2 vCPUs,
+//! 2026-12-07) lost 9 % of its bets at `-r 80` and 14 % at `-r 50`, and betting still won:
+//! at `-r 80` 1.05-1.18x the rate of not betting with one thread, 1.2x with two, 1.7x with
+//! four; at `-r 50` 0.99-1.09x with one thread and 1.1-1.2x with two. (Before clean
+//! victims were dropped a round at a time, a 3 % bound was right: pmbench `-r 80` ran 10 %
+//! slower betting.) So a pager counts its bets in windows of [`WINDOW_BETS`] and keeps
+//! betting only while a window loses fewer than [`LOSING_BETS`] (a quarter); otherwise
+//! read faults map their pages writable, but one in [`SAMPLE_ONE_IN`], which still bets,
+//! so that a later phase of the program that would win turns betting on again within a
+//! few thousand faults.
 //!
 //! Locking: none; atomics updated racily (a bet lost in the window after the one it was
 //! placed in counts there). A miscounted window costs speed, never correctness: each
@@ -27,7 +33,7 @@ const WINDOW_BETS: u32 = 256;
 /// While not betting, one read fault in this many still bets.
 const SAMPLE_ONE_IN: u32 = 32;
 /// A window that lost this many of its bets or more stops betting.
-const LOSING_BETS: u32 = WINDOW_BETS / 32;
+const LOSING_BETS: u32 = WINDOW_BETS / 4;
 
 /// A pager's bets on clean pages (see the module's comment).
 pub(crate) struct CleanBets {
