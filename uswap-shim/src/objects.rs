@@ -1,52 +1,67 @@
-//! Which loaded object holds an address, from the loader's list of objects
-//! (`dl_iterate_phdr`): the object's load address and the path it was loaded under. A leaf.
+//! Which loaded object holds an address: the start of its mapping and the path it was loaded
+//! under, from the dynamic loader's `_dl_find_object` (glibc 2.35; the standard library linked
+//! into this one needs it already). A leaf.
 //!
 //! Why not `dladdr`: it also looks for the symbol nearest the address, a walk over every
 //! symbol of the object, and in the C library (some 3,000 of them) that cost each process
 //! about as much as the rest of this library's start-up; only the object is needed here.
+//! `_dl_find_object` takes no lock, is async-signal-safe, and lives in the loader, where a
+//! sanitizer's runtime preloaded before this library does not intercept it (they intercept
+//! `dladdr` and `dl_iterate_phdr`).
 
 use std::ffi::{c_char, c_int, c_void};
 
-/// The loader maps segments at page boundaries (4 KiB on x86-64).
-const PAGE_BYTES: usize = 4096;
-
-/// A loaded object: the start of its first mapping (`dladdr`'s `dli_fbase`), and the path
-/// it was loaded under (the loader's string, kept for the life of the object; empty for the
-/// program itself).
+/// A loaded object: the start of its mapping (`dladdr`'s `dli_fbase`, the loader's
+/// `l_map_start`), and the path it was loaded under (the loader's string, kept for the life
+/// of the object; empty for the program itself).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Object {
     pub map_start: usize,
     pub path: *const c_char,
 }
 
-/// The object one of whose loaded segments holds `addr`, if any.
+/// glibc's `struct dl_find_object` on x86-64 (`<dlfcn.h>`: no `dlfo_eh_dbase` or
+/// `dlfo_eh_count` there), with room to spare past its reserved words.
+#[repr(C)]
+struct DlFindObject {
+    flags: u64,
+    map_start: *mut c_void,
+    map_end: *mut c_void,
+    link_map: *const LinkMapHead,
+    eh_frame: *mut c_void,
+    reserved: [u64; 16],
+}
+
+/// The public head of the loader's `struct link_map` (`<link.h>`).
+#[repr(C)]
+struct LinkMapHead {
+    addr: usize,
+    name: *const c_char,
+}
+
+extern "C" {
+    fn _dl_find_object(address: *mut c_void, result: *mut DlFindObject) -> c_int;
+}
+
+/// The object whose mapping holds `addr`, if any.
 pub fn object_of(addr: usize) -> Option<Object> {
-    struct Search {
-        addr: usize,
-        found: Option<Object>,
+    let mut found = DlFindObject {
+        flags: 0,
+        map_start: std::ptr::null_mut(),
+        map_end: std::ptr::null_mut(),
+        link_map: std::ptr::null(),
+        eh_frame: std::ptr::null_mut(),
+        reserved: [0; 16],
+    };
+    // SAFETY: `found` is writable and at least as large as the loader's structure; the call
+    // only reads the loader's tables and fills it.
+    if unsafe { _dl_find_object(addr as *mut c_void, &mut found) } != 0 || found.link_map.is_null() {
+        return None;
     }
-    extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: dl_iterate_phdr passes a valid info; `data` is the `Search` below.
-        let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
-        let base = info.dlpi_addr as usize;
-        // SAFETY: the loader's program headers of the object, `dlpi_phnum` of them.
-        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-        let loads = || phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD);
-        let holds = loads().any(|p| {
-            let start = base.wrapping_add(p.p_vaddr as usize);
-            (start..start.wrapping_add(p.p_memsz as usize)).contains(&search.addr)
-        });
-        if holds {
-            let first_vaddr = loads().map(|p| p.p_vaddr as usize).min().unwrap_or(0);
-            let map_start = base.wrapping_add(first_vaddr) & !(PAGE_BYTES - 1);
-            search.found = Some(Object { map_start, path: info.dlpi_name });
-        }
-        c_int::from(holds)
-    }
-    let mut search = Search { addr, found: None };
-    // SAFETY: the callback reads the objects it is given and writes `search`.
-    unsafe { libc::dl_iterate_phdr(Some(each), (&mut search as *mut Search).cast()) };
-    search.found
+    // SAFETY: the loader's link map of a loaded object, valid while it stays loaded (the
+    // objects asked about here are never unloaded: the C library, this library).
+    let path = unsafe { (*found.link_map).name };
+    Some(Object { map_start: found.map_start as usize, path })
 }
 
 #[cfg(test)]

@@ -101,8 +101,8 @@ fn check_device(name: &str, device: DeviceConfig, first: bool) -> bool {
         }
         // First, on the fresh pager, which bets that its read faults' pages leave unwritten
         // (`state::clean_bets`): they come in clean, every `read` into one has the guard
-        // unprotect it first, and the pager stops betting only after a window that lost
-        // at least 8 of those bets.
+        // unprotect it first, and the pager stops betting only after a window of 256 bets
+        // that lost a quarter of them (`LOSING_BETS`): its first 256 read faults bet.
         reads_into_pages_just_touched(&p, name, mode, Touch::Read);
         if mode == FaultMode::Signal {
             let wp = p.stats().pgfault_wp;

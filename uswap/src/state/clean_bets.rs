@@ -1,5 +1,5 @@
 //! Whether a signal-mode read fault maps its page clean: the bet that the page leaves
-//! again before it is written, kept while it nearly always wins.
+//! again before it is written, kept while it wins at least three times in four.
 //!
 //! A page that comes in clean (write-protected, keeping its slot) is dropped by reclaim
 //! without being compressed or written again (`swpout_clean`): a round's clean victims
@@ -89,7 +89,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_window_that_loses_a_few_bets_stops_betting_and_a_sample_wins_it_back() {
+    fn a_window_that_loses_a_quarter_of_its_bets_stops_betting_and_a_sample_wins_it_back() {
         let b = CleanBets::new();
         // A window that loses LOSING_BETS.
         for i in 0..WINDOW_BETS {
