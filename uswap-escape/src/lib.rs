@@ -33,6 +33,8 @@
 //! Paths and the note are built on the stack, in small buffers, and released before the
 //! exec itself runs (it may run on a small alternate signal stack).
 
+pub mod objects;
+
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
@@ -152,16 +154,10 @@ pub fn init(library: *const c_char, run_dir: Option<&'static [u8]>) {
 }
 
 /// The path of the loaded object that holds address `addr` (only compared, never read), as
-/// the loader named it (`dladdr`'s `dli_fname`, the loader's string, valid while the object
-/// is loaded), for [`init`].
+/// the loader named it (the loader's string, valid while the object is loaded), for
+/// [`init`]; null where no object holds it.
 pub fn object_path(addr: usize) -> *const c_char {
-    // SAFETY: `Dl_info` is plain data; all-zero is a valid value of it.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr fills `info` for an address; it reads nothing else.
-    if unsafe { libc::dladdr(addr as *const std::ffi::c_void, &mut info) } != 0 {
-        return info.dli_fname;
-    }
-    std::ptr::null()
+    objects::object_of(addr).map_or(std::ptr::null(), |o| o.path)
 }
 
 /// Whether an `LD_PRELOAD` value names this library (an entry of it, `:` or space

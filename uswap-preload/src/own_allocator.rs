@@ -65,11 +65,7 @@ pub fn under_valgrind() -> bool {
 
 /// The load address of the object that holds `addr` (`dladdr`'s `dli_fbase`).
 fn object_base(addr: *mut c_void) -> Option<usize> {
-    // SAFETY: `Dl_info` is plain data; all-zero is a valid value of it.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr only fills `info` for the address.
-    let found = unsafe { libc::dladdr(addr, &mut info) } != 0;
-    (found && !info.dli_fbase.is_null()).then_some(info.dli_fbase as usize)
+    uswap_escape::objects::object_of(addr as usize).map(|o| o.map_start).filter(|&start| start != 0)
 }
 
 /// Whether the symbol at `addr` (a `dlsym` answer) is a definition: not a non-PIE

@@ -11,7 +11,7 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
-use crate::objects::object_of;
+use uswap_escape::objects::object_of;
 
 /// The layout the preload library's `first_stage::Handoff` reads; the version guards it.
 #[repr(C)]

@@ -1,12 +1,14 @@
 //! Which loaded object holds an address: the start of its mapping and the path it was loaded
 //! under, from the dynamic loader's `_dl_find_object` (glibc 2.35; the standard library linked
-//! into this one needs it already). A leaf.
+//! into both of uswap's preloaded libraries needs it already). A leaf, shared by the first
+//! stage (its own path and base, whose `malloc` comes next or first) and the preload library
+//! (its own path, a program's own allocator).
 //!
 //! Why not `dladdr`: it also looks for the symbol nearest the address, a walk over every
 //! symbol of the object, and in the C library (some 3,000 of them) that cost each process
-//! about as much as the rest of this library's start-up; only the object is needed here.
+//! about as much as the rest of the first stage's start-up; only the object is needed here.
 //! `_dl_find_object` takes no lock, is async-signal-safe, and lives in the loader, where a
-//! sanitizer's runtime preloaded before this library does not intercept it (they intercept
+//! sanitizer's runtime preloaded before uswap's library does not intercept it (they intercept
 //! `dladdr` and `dl_iterate_phdr`).
 
 use std::ffi::{c_char, c_int, c_void};
@@ -59,7 +61,8 @@ pub fn object_of(addr: usize) -> Option<Object> {
         return None;
     }
     // SAFETY: the loader's link map of a loaded object, valid while it stays loaded (the
-    // objects asked about here are never unloaded: the C library, this library).
+    // objects asked about here are never unloaded: the C library, uswap's libraries, the
+    // program).
     let path = unsafe { (*found.link_map).name };
     Some(Object { map_start: found.map_start as usize, path })
 }
