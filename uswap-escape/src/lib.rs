@@ -33,6 +33,9 @@
 //! Paths and the note are built on the stack, in small buffers, and released before the
 //! exec itself runs (it may run on a small alternate signal stack).
 
+// Leaves both preloaded libraries share besides the exec judgment: the C library's blocks'
+// sizes and their count, and which loaded object holds an address.
+pub mod c_block;
 pub mod objects;
 
 use std::ffi::{c_char, c_int, CStr};

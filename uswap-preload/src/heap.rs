@@ -153,19 +153,23 @@ fn managed_for(size: usize, ret: Option<usize>) -> bool {
     if ARENA_END.load(Ordering::Acquire) != 0 {
         return program_caller(ret);
     }
-    if !PENDING.load(Ordering::Acquire) || !program_caller(ret) {
+    if !PENDING.load(Ordering::Acquire) {
+        return false;
+    }
+    let live = C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed).max(0) as usize;
+    let wanted_bytes = live.saturating_add(size);
+    let most = PENDING_START_AFTER.load(Ordering::Relaxed) / 4;
+    // Within the grant the C library serves whoever asks: asked first, before who the
+    // caller is (two thread-local reads, through `__tls_get_addr` in a library loaded
+    // with `dlopen`), on every `malloc` of a process that waits.
+    if wanted_bytes <= C_LIBRARY_GRANT_BYTES.load(Ordering::Relaxed).min(most) || !program_caller(ret) {
         return false;
     }
     if crate::program_seccomp::filtered() {
         // No grant, no start: their calls would be the filter's (see `program_seccomp`).
         return false;
     }
-    let live = C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed).max(0) as usize;
-    let wanted_bytes = live.saturating_add(size);
-    let most = PENDING_START_AFTER.load(Ordering::Relaxed) / 4;
-    if wanted_bytes <= C_LIBRARY_GRANT_BYTES.load(Ordering::Relaxed).min(most)
-        || grant_c_library_heap(wanted_bytes, most)
-    {
+    if grant_c_library_heap(wanted_bytes, most) {
         return false;
     }
     bring_up();
@@ -257,7 +261,7 @@ fn count_c_library_block(p: *mut c_void, old_bytes: usize) {
     }
     // SAFETY: `p` was just returned by the C library's malloc.
     let bytes = unsafe { real::usable_size(p) };
-    C_LIBRARY_LIVE_BYTES.fetch_add(bytes as isize - old_bytes as isize, Ordering::Relaxed);
+    uswap_escape::c_block::add_live_bytes(&C_LIBRARY_LIVE_BYTES, bytes as isize - old_bytes as isize);
 }
 
 /// Uncounts the C library's block `p`, about to be freed, while mimalloc is not up. After,
@@ -268,7 +272,8 @@ fn uncount_c_library_block(p: *mut c_void) {
     if PENDING.load(Ordering::Relaxed) {
         // SAFETY: `p` is a live block of the C library's malloc (the caller's contract).
         let bytes = unsafe { real::usable_size(p) };
-        let live_bytes = (C_LIBRARY_LIVE_BYTES.fetch_sub(bytes as isize, Ordering::Relaxed) - bytes as isize).max(0);
+        uswap_escape::c_block::add_live_bytes(&C_LIBRARY_LIVE_BYTES, -(bytes as isize));
+        let live_bytes = C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed).max(0);
         let grant_bytes = C_LIBRARY_GRANT_BYTES.load(Ordering::Relaxed);
         if grant_bytes > C_LIBRARY_HEAP_BYTES && (live_bytes as usize) + 2 * C_LIBRARY_GRANT_STEP_BYTES < grant_bytes {
             shrink_c_library_grant(grant_bytes, live_bytes as usize);

@@ -308,8 +308,10 @@ pub unsafe fn usable_size(p: *mut c_void) -> usize {
     if is_bootstrap(p) {
         return bootstrap_size(p);
     }
-    // SAFETY: `p` came from the C library's malloc family.
-    unsafe { real_fn!(USABLE, UsableFn)(p) }
+    // SAFETY: `p` came from the C library's malloc family; its usable size is read from its
+    // header where that agrees with the C library's (each `malloc` and `free` counts it
+    // while the process waits, `heap`).
+    unsafe { uswap_escape::c_block::usable_bytes(p, |q| real_fn!(USABLE, UsableFn)(q)) }
 }
 
 /// The allocator of this library's Rust code (and so of the uswap engine inside it): the C

@@ -226,6 +226,8 @@ pub unsafe fn usable_size(p: *mut c_void) -> usize {
     if is_bootstrap(p) {
         return bootstrap_size(p);
     }
-    // SAFETY: the C library's block (the caller's contract).
-    unsafe { c_fn!(USABLE, UsableFn)(p) }
+    // SAFETY: the C library's block (the caller's contract); its usable size is read from
+    // its header where that agrees with the C library's (`watch` counts it at each `malloc`
+    // and `free`).
+    unsafe { uswap_escape::c_block::usable_bytes(p, |q| c_fn!(USABLE, UsableFn)(q)) }
 }
