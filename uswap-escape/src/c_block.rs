@@ -83,9 +83,11 @@ unsafe fn usable_bytes_checked_by(
 /// and `free` changes: without a locked instruction while the process has one thread (the C
 /// library's `__libc_single_threaded`, which its `pthread_create` clears before the second
 /// thread runs, and by which its own malloc skips its locks). The locked add waited for the
-/// cache miss of the block's header read just before it (the `free` of a random block): 13
-/// ns of a `free` and `malloc` pair. A thread made without the C library (a raw `clone`)
-/// could lose an update, as the C library's malloc would then race with itself.
+/// cache miss of the block's header read just before it (the `free` of a random block; perf
+/// put most of the `free` path's samples on it). A thread made without the C library (a raw
+/// `clone`) could lose an update, as the C library's malloc would then race with itself; so
+/// could a `malloc` in a signal handler that interrupts one, which the C library's malloc
+/// does not allow either. The count only decides when another allocator takes over.
 #[inline]
 pub fn add_live_bytes(live_bytes: &AtomicIsize, delta_bytes: isize) {
     extern "C" {
