@@ -147,8 +147,9 @@ static RTLD_END: AtomicUsize = AtomicUsize::new(0);
 /// mimalloc: once it is up, the program's ([`program_caller`]); before (lazy start), none,
 /// until the program's live blocks in the C library's heap would pass what it may hold there
 /// ([`C_LIBRARY_HEAP_BYTES`], or a grant of its calm tree's) with this one, which brings
-/// mimalloc up first.
-#[inline]
+/// mimalloc up first. Inlined whole into every allocation (what is past the grant is
+/// [`managed_past_the_grant`]'s): this is the path of each `malloc` of a process that waits.
+#[inline(always)]
 fn managed_for(size: usize, ret: Option<usize>) -> bool {
     if ARENA_END.load(Ordering::Acquire) != 0 {
         return program_caller(ret);
@@ -162,7 +163,17 @@ fn managed_for(size: usize, ret: Option<usize>) -> bool {
     // Within the grant the C library serves whoever asks: asked first, before who the
     // caller is (two thread-local reads, through `__tls_get_addr` in a library loaded
     // with `dlopen`), on every `malloc` of a process that waits.
-    if wanted_bytes <= C_LIBRARY_GRANT_BYTES.load(Ordering::Relaxed).min(most) || !program_caller(ret) {
+    if wanted_bytes <= C_LIBRARY_GRANT_BYTES.load(Ordering::Relaxed).min(most) {
+        return false;
+    }
+    managed_past_the_grant(wanted_bytes, most, ret)
+}
+
+/// [`managed_for`] of an allocation that would take the C library's heap to `wanted_bytes`,
+/// past its grant (`most`: the most it may be granted).
+#[inline(never)]
+fn managed_past_the_grant(wanted_bytes: usize, most: usize, ret: Option<usize>) -> bool {
+    if !program_caller(ret) {
         return false;
     }
     if crate::program_seccomp::filtered() {
