@@ -69,9 +69,10 @@ unsafe fn usable_bytes_checked_by(
     if to_check == 0 {
         return bytes;
     }
-    if usable(p) != bytes {
+    let asked = usable(p);
+    if asked != bytes {
         checks.store(DISAGREED, Ordering::Relaxed);
-        return usable(p);
+        return asked;
     }
     // Racing threads may each count a check down: the loop ends at zero or at a
     // disagreement.
@@ -88,17 +89,20 @@ unsafe fn usable_bytes_checked_by(
 /// `clone`) could lose an update, as the C library's malloc would then race with itself; so
 /// could a `malloc` in a signal handler that interrupts one, which the C library's malloc
 /// does not allow either. The count only decides when another allocator takes over.
+/// Returns the count with `delta_bytes` added.
 #[inline]
-pub fn add_live_bytes(live_bytes: &AtomicIsize, delta_bytes: isize) {
+pub fn add_live_bytes(live_bytes: &AtomicIsize, delta_bytes: isize) -> isize {
     extern "C" {
         static __libc_single_threaded: c_char;
     }
     // SAFETY: a read of the C library's flag (glibc 2.32), which only it writes; volatile,
     // since it changes under the program.
     if unsafe { std::ptr::read_volatile(std::ptr::addr_of!(__libc_single_threaded)) } != 0 {
-        live_bytes.store(live_bytes.load(Ordering::Relaxed).wrapping_add(delta_bytes), Ordering::Relaxed);
+        let now = live_bytes.load(Ordering::Relaxed).wrapping_add(delta_bytes);
+        live_bytes.store(now, Ordering::Relaxed);
+        now
     } else {
-        live_bytes.fetch_add(delta_bytes, Ordering::Relaxed);
+        live_bytes.fetch_add(delta_bytes, Ordering::Relaxed).wrapping_add(delta_bytes)
     }
 }
 

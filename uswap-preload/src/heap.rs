@@ -272,7 +272,7 @@ fn count_c_library_block(p: *mut c_void, old_bytes: usize) {
     }
     // SAFETY: `p` was just returned by the C library's malloc.
     let bytes = unsafe { real::usable_size(p) };
-    uswap_escape::c_block::add_live_bytes(&C_LIBRARY_LIVE_BYTES, bytes as isize - old_bytes as isize);
+    let _ = uswap_escape::c_block::add_live_bytes(&C_LIBRARY_LIVE_BYTES, bytes as isize - old_bytes as isize);
 }
 
 /// Uncounts the C library's block `p`, about to be freed, while mimalloc is not up. After,
@@ -283,8 +283,7 @@ fn uncount_c_library_block(p: *mut c_void) {
     if PENDING.load(Ordering::Relaxed) {
         // SAFETY: `p` is a live block of the C library's malloc (the caller's contract).
         let bytes = unsafe { real::usable_size(p) };
-        uswap_escape::c_block::add_live_bytes(&C_LIBRARY_LIVE_BYTES, -(bytes as isize));
-        let live_bytes = C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed).max(0);
+        let live_bytes = uswap_escape::c_block::add_live_bytes(&C_LIBRARY_LIVE_BYTES, -(bytes as isize)).max(0);
         let grant_bytes = C_LIBRARY_GRANT_BYTES.load(Ordering::Relaxed);
         if grant_bytes > C_LIBRARY_HEAP_BYTES && (live_bytes as usize) + 2 * C_LIBRARY_GRANT_STEP_BYTES < grant_bytes {
             shrink_c_library_grant(grant_bytes, live_bytes as usize);

@@ -261,7 +261,7 @@ pub fn c_heap_live_bytes() -> isize {
 }
 
 pub fn add_c_heap_bytes(bytes: isize) {
-    uswap_escape::c_block::add_live_bytes(&C_HEAP_LIVE_BYTES, bytes);
+    let _ = uswap_escape::c_block::add_live_bytes(&C_HEAP_LIVE_BYTES, bytes);
 }
 
 /// `dlsym(RTLD_NEXT, name)` from this library, for the preload library (see its
