@@ -174,6 +174,14 @@ fn for_each_region_in(start: usize, end: usize, mut f: impl FnMut(&RegistryGuard
     }
 }
 
+/// Whether any page of `[addr, addr + len)` belongs to a managed region (of either mode):
+/// a look-up of the regions, nothing brought in.
+pub(crate) fn touches_managed(addr: usize, len: usize) -> bool {
+    let mut found = false;
+    for_each_region_in(addr & !(PAGE_SIZE - 1), addr.saturating_add(len), |_, _, _| found = true);
+    found
+}
+
 /// A page a system call is about to use: referenced, so that reclaim spares it (as the
 /// neighbour of a victim, and as a victim once unless it is clean: a clean page leaves
 /// without a write, and the kernel's use faults it back) until the call has used it, and no

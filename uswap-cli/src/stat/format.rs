@@ -126,7 +126,7 @@ fn help(field: &str) -> Option<&'static str> {
         "pool_peak_bytes" => "The most memory the compressed pools held at once.",
         "syscall_prepared" => "Signal mode: system calls whose managed memory was brought in before the call.",
         "syscall_efault_retried" => "Signal mode: of those, calls that met EFAULT anyway and were made again.",
-        "syscall_continued" => "Signal mode: transfers cut short by reclaim during the call, continued for the rest.",
+        "syscall_continued" => "Signal mode: transfers cut short by reclaim during the call (or on the process's own memory file, /proc/self/mem), continued for the rest.",
         "syscall_async_kernel_access" => "Signal mode: io_uring/AIO/KVM set up over managed memory (use thread mode).",
         "syscall_unpinned" => "Signal mode: calls brought in unpinned (every pin slot was taken).",
         "mlock_unhonoured" => "Locks of managed memory (mlock) not recorded: those pages may be swapped (should be 0).",

@@ -273,8 +273,9 @@ pub struct Stats {
     /// Calls made again for part of a transfer (`write`, `read` of a file, their vector and
     /// positioned forms): the rest of one that stopped short because reclaim took a page of
     /// its buffer out during the call, or a window of a buffer too large to be in whole at
-    /// once; as the kernel, faulting page by page, would have gone on (see the preload's
-    /// `syscalls::complete`).
+    /// once; or a `read`, `write`, `pread64` or `pwrite64` of the process's own memory file
+    /// (`/proc/self/mem`) that met a page out of RAM; as the kernel, faulting page by page,
+    /// would have gone on (see `syscall_guard::complete` and `syscall_guard::own_memory`).
     pub syscall_continued: u64,
     /// Signal mode: calls that set up memory the kernel reads or writes on its own, outside
     /// any call the preload can prepare (`io_uring_setup`, `io_setup`, a KVM memory region in
@@ -385,8 +386,8 @@ pub enum SyscallEvent {
     EfaultRetried,
     /// Its `EFAULT` reached the program.
     Efault,
-    /// It stopped short at a page reclaim took out during the call, and was continued
-    /// for the rest.
+    /// It stopped short at a page reclaim took out during the call (or, on the process's
+    /// own memory file, at a page out of RAM), and was continued for the rest.
     Continued,
     /// It set up memory the kernel reads or writes on its own later, outside any call
     /// (io_uring, AIO, a KVM guest's RAM in managed memory).

@@ -538,6 +538,11 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
             (hooks.note_altstack)(&ss);
         }
     }
+    if super::own_memory::may_be_cut(nr, &a, made.ret) {
+        if let Some(ret) = guarded(|| super::own_memory::continued(nr, &a, made.ret)) {
+            return ret;
+        }
+    }
     let efault = -(libc::EFAULT as c_long);
     let needs_more = if made.ret > 0 { made.maybe_cut } else { made.ret == efault && made.ours };
     if !made.managed || !needs_more {

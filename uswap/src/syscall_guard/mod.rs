@@ -57,6 +57,7 @@ mod discards;
 mod entry;
 mod image;
 mod masks;
+mod own_memory;
 mod patch;
 mod raw;
 mod sys;
