@@ -33,8 +33,10 @@
 //! Paths and the note are built on the stack, in small buffers, and released before the
 //! exec itself runs (it may run on a small alternate signal stack).
 
-// Leaves both preloaded libraries share besides the exec judgment: the C library's blocks'
-// sizes and their count, and which loaded object holds an address.
+// Leaves both preloaded libraries share besides the exec judgment: the C library's own
+// allocator with its bootstrap area, its blocks' sizes and their count, and which loaded
+// object holds an address.
+pub mod c_allocator;
 pub mod c_block;
 pub mod objects;
 

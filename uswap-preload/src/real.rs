@@ -2,81 +2,41 @@
 //! managed memory: uswap's engine (its threads would wait on themselves if their data were
 //! swapped out), this library's tables, and allocations made before the managed heap exists.
 //!
-//! The functions are found with `dlsym` on the C library's handle on first use once the C
-//! library has started (not `RTLD_NEXT`: see `resolve`), at the latest in this library's
-//! constructor. `dlsym` may itself allocate (its error buffer), and the dynamic loader
-//! allocates before the C library starts (under an `LD_AUDIT` auditor, while it relocates
-//! itself, when it cannot be called back): those calls are served from a small static bootstrap area, which is never freed (a few
-//! hundred bytes in practice; [`BOOTSTRAP_BYTES`] bounds it and running out is fatal with a
-//! message). Memory system calls go straight to the kernel with `syscall(2)`: the library
-//! interposes `mmap`, `munmap` and `mremap`, and must not call itself.
+//! The allocator is `uswap_escape::c_allocator`'s, shared with the first stage: the C
+//! library's own functions once it has started (at the latest from this library's
+//! constructor), a static bootstrap area of [`BOOTSTRAP_BYTES`] before (the dynamic loader
+//! allocating while it relocates under `LD_AUDIT`, the look-up's own allocations). Blocks of
+//! the first stage's bootstrap area, handed over with the process, are told by the range the
+//! hand-off gives. Memory system calls go straight to the kernel with `syscall(2)`: the
+//! library interposes `mmap`, `munmap` and `mremap`, and must not call itself.
 //!
-//! Invariant: a pointer is from the bootstrap area, from the C library's malloc, or from the
+//! Invariant: a pointer is from a bootstrap area, from the C library's malloc, or from the
 //! managed heap (`heap::in_arena`); `free` tells them apart by address.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
-type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
-type FreeFn = unsafe extern "C" fn(*mut c_void);
-type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
-type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
-type MemalignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
-type UsableFn = unsafe extern "C" fn(*mut c_void) -> usize;
+use uswap_escape::c_allocator::{CAllocator, OtherArea};
 
-static MALLOC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-static FREE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-static CALLOC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-static REALLOC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-static MEMALIGN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-static USABLE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
-/// 0: not resolved; 1: resolving (nested calls use the bootstrap area); 2: resolved.
-static STATE: AtomicUsize = AtomicUsize::new(0);
-
+/// The bootstrap area's size: a few hundred bytes are used in practice.
 const BOOTSTRAP_BYTES: usize = 64 << 10;
-#[repr(C, align(64))]
-struct Bootstrap([u8; BOOTSTRAP_BYTES]);
-static mut BOOTSTRAP: Bootstrap = Bootstrap([0; BOOTSTRAP_BYTES]);
-static BOOTSTRAP_USED: AtomicUsize = AtomicUsize::new(0);
 
-fn bootstrap_base() -> usize {
-    std::ptr::addr_of!(BOOTSTRAP) as usize
+/// The first stage's bootstrap area, whose blocks the program may free here.
+struct FirstStageArea;
+
+impl OtherArea for FirstStageArea {
+    #[inline]
+    fn size_of(p: *mut c_void) -> Option<usize> {
+        crate::first_stage::bootstrap_block(p)
+    }
 }
 
-/// Whether `p` came from the bootstrap area, this library's or the first stage's (never
+static C: CAllocator<BOOTSTRAP_BYTES, FirstStageArea> = CAllocator::new();
+
+/// Whether `p` came from a bootstrap area, this library's or the first stage's (never
 /// freed).
 pub fn is_bootstrap(p: *mut c_void) -> bool {
-    let a = p as usize;
-    (a >= bootstrap_base() && a < bootstrap_base() + BOOTSTRAP_BYTES)
-        || crate::first_stage::bootstrap_block(p).is_some()
-}
-
-/// Size of a bootstrap allocation (stored in the 16 bytes before it, in both areas).
-pub fn bootstrap_size(p: *mut c_void) -> usize {
-    // SAFETY: `p` is a bootstrap allocation (caller checked `is_bootstrap`), whose 16-byte
-    // header holds its size.
-    unsafe { *((p as usize - 16) as *const usize) }
-}
-
-fn bootstrap_alloc(size: usize, align: usize) -> *mut c_void {
-    let align = align.max(16);
-    let mut used = BOOTSTRAP_USED.load(Ordering::Relaxed);
-    loop {
-        let start = (bootstrap_base() + used + 16).next_multiple_of(align);
-        let end = start + size;
-        if end > bootstrap_base() + BOOTSTRAP_BYTES {
-            fatal(b"uswap: the bootstrap allocator ran out (64 KiB before libc's malloc was found)\n");
-        }
-        match BOOTSTRAP_USED.compare_exchange(used, end - bootstrap_base(), Ordering::AcqRel, Ordering::Relaxed) {
-            Ok(_) => {
-                // SAFETY: [start - 16, end) lies in BOOTSTRAP and was just reserved for us alone.
-                unsafe { *((start - 16) as *mut usize) = size };
-                return start as *mut c_void;
-            }
-            Err(u) => used = u,
-        }
-    }
+    C.is_bootstrap(p)
 }
 
 /// The C library's function `name` (the next definition after this library, its default
@@ -134,184 +94,50 @@ pub fn set_errno(e: c_int) {
 /// Writes `msg` to stderr and exits with status 2 (the status `uswap run` uses for "could not
 /// manage the program"). Allocation-free.
 pub fn fatal(msg: &[u8]) -> ! {
-    // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is valid for its length.
-    unsafe {
-        libc::write(2, msg.as_ptr().cast(), msg.len());
-        libc::_exit(2)
-    }
+    uswap_escape::c_allocator::fatal(msg)
 }
-
-fn resolve() -> bool {
-    match STATE.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => {}
-        Err(2) => return true,
-        Err(_) => {
-            // Another thread is resolving, or this one is (nested in dlsym): the caller falls
-            // back to the bootstrap area, as every caller does until resolution is done.
-            return false;
-        }
-    }
-    let names: [(&[u8], &AtomicPtr<c_void>); 6] = [
-        (b"malloc\0", &MALLOC),
-        (b"free\0", &FREE),
-        (b"calloc\0", &CALLOC),
-        (b"realloc\0", &REALLOC),
-        (b"memalign\0", &MEMALIGN),
-        (b"malloc_usable_size\0", &USABLE),
-    ];
-    // The C library's own functions, looked up in it: the next definition after this
-    // library is another allocator's when the user preloads one after uswap's
-    // (`LD_PRELOAD=libjemalloc.so`), whose chunks come from the program's `mmap`, managed
-    // memory, where uswap's engine must never allocate. RTLD_NEXT where the C library is
-    // not `libc.so.6`.
-    // SAFETY: dlopen of an already loaded library by its soname, RTLD_NOLOAD: it loads
-    // nothing, and returns its handle or null.
-    let libc_handle = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
-    let handle = if libc_handle.is_null() { libc::RTLD_NEXT } else { libc_handle };
-    for (name, slot) in names {
-        // SAFETY: dlsym with a library handle (or RTLD_NEXT) and a NUL-terminated name; it
-        // returns the C library's definition or null.
-        let f = unsafe { libc::dlsym(handle, name.as_ptr().cast()) };
-        if f.is_null() {
-            fatal(b"uswap: the C library's malloc was not found (dlsym)\n");
-        }
-        slot.store(f, Ordering::Release);
-    }
-    STATE.store(2, Ordering::Release);
-    true
-}
-
-fn ready() -> bool {
-    if STATE.load(Ordering::Acquire) == 2 {
-        return true;
-    }
-    if !c_library_started() && BOOTSTRAP_USED.load(Ordering::Relaxed) < BOOTSTRAP_BYTES / 2 {
-        // The dynamic loader allocating before the C library's start-up: with `LD_AUDIT`
-        // (sotruss, latrace; glibc 2.34 to 2.40) it does while relocating itself, when a
-        // call back into it (`dlopen`, `dlsym`) runs through its own PLT, not yet bound, and
-        // crashed every such process. Its few early blocks come from the bootstrap area
-        // instead, while half of it is left for the allocations nested in `dlsym`.
-        return false;
-    }
-    resolve()
-}
-
-/// Set once the C library is known to have started: by this library's constructor, or
-/// when its `__environ` was first seen set.
-static C_LIBRARY_STARTED: AtomicBool = AtomicBool::new(false);
 
 /// Finds the C library's allocator now, from this library's constructor: the loader is
-/// done, whatever the environment (a constructor that ran before this one may have
-/// cleared it: `clearenv` sets `__environ` to null).
+/// done, whatever the environment.
 pub fn find_c_library_allocator() {
-    C_LIBRARY_STARTED.store(true, Ordering::Release);
-    let _ = resolve();
-}
-
-/// Whether the C library has started: its start-up code sets `__environ` (the variable it
-/// writes; `environ` is a weak alias that a program defining its own binds elsewhere);
-/// until then only the dynamic loader runs.
-fn c_library_started() -> bool {
-    if C_LIBRARY_STARTED.load(Ordering::Acquire) {
-        return true;
-    }
-    #[allow(non_upper_case_globals)]
-    extern "C" {
-        static __environ: *const *const std::ffi::c_char;
-    }
-    // SAFETY: a read of the C library's pointer, volatile since setenv and clearenv rewrite
-    // it (a stale value only sends a block to the bootstrap area).
-    let set = !unsafe { std::ptr::read_volatile(std::ptr::addr_of!(__environ)) }.is_null();
-    if set {
-        C_LIBRARY_STARTED.store(true, Ordering::Release);
-    }
-    set
-}
-
-macro_rules! real_fn {
-    ($slot:ident, $ty:ty) => {{
-        let p = $slot.load(Ordering::Acquire);
-        // SAFETY: only called after `ready()`: the slot holds the C library's function of
-        // this type, found by dlsym.
-        #[allow(unused_unsafe)]
-        let f = unsafe { std::mem::transmute::<*mut c_void, $ty>(p) };
-        f
-    }};
+    C.c_library_started_now();
 }
 
 pub fn malloc(size: usize) -> *mut c_void {
-    if !ready() {
-        return bootstrap_alloc(size, 16);
-    }
-    // SAFETY: the C library's malloc.
-    unsafe { real_fn!(MALLOC, MallocFn)(size) }
+    C.malloc(size)
 }
 
 pub fn calloc(n: usize, size: usize) -> *mut c_void {
-    if !ready() {
-        // The bootstrap area is static, hence zeroed, and never reused.
-        return match n.checked_mul(size) {
-            Some(total) => bootstrap_alloc(total, 16),
-            None => std::ptr::null_mut(),
-        };
-    }
-    // SAFETY: the C library's calloc.
-    unsafe { real_fn!(CALLOC, CallocFn)(n, size) }
+    C.calloc(n, size)
 }
 
 pub fn memalign(align: usize, size: usize) -> *mut c_void {
-    if !ready() {
-        return bootstrap_alloc(size, align);
-    }
-    // SAFETY: the C library's memalign.
-    unsafe { real_fn!(MEMALIGN, MemalignFn)(align, size) }
+    C.memalign(align, size)
 }
 
 /// Frees a C-library (or bootstrap) pointer.
 /// # Safety
-/// `p` is null or a live block from the C library's malloc or the bootstrap area.
+/// `p` is null or a live block from the C library's malloc or a bootstrap area.
 pub unsafe fn free(p: *mut c_void) {
-    if p.is_null() || is_bootstrap(p) {
-        return;
-    }
-    // A non-bootstrap pointer exists only once resolution finished.
-    // SAFETY: `p` came from the C library's malloc family (see the module invariant).
-    unsafe { real_fn!(FREE, FreeFn)(p) }
+    // SAFETY: the caller's contract.
+    unsafe { C.free(p) }
 }
 
 /// Reallocates a C-library (or bootstrap) pointer within the C library's heap.
 /// # Safety
-/// `p` is null or a live block from the C library's malloc or the bootstrap area.
+/// As [`free`].
 pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
-    if p.is_null() {
-        return malloc(size);
-    }
-    if is_bootstrap(p) {
-        // SAFETY: `is_bootstrap` checked; the header holds the size.
-        let n = malloc(size);
-        if !n.is_null() {
-            // SAFETY: both are valid for the smaller of the two sizes and do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, bootstrap_size(p).min(size)) };
-        }
-        return n;
-    }
-    // SAFETY: `p` came from the C library's malloc family.
-    unsafe { real_fn!(REALLOC, ReallocFn)(p, size) }
+    // SAFETY: the caller's contract.
+    unsafe { C.realloc(p, size) }
 }
 
 /// # Safety
-/// `p` is null or a live block from the C library's malloc or the bootstrap area.
+/// As [`free`].
 pub unsafe fn usable_size(p: *mut c_void) -> usize {
-    if p.is_null() {
-        return 0;
-    }
-    if is_bootstrap(p) {
-        return bootstrap_size(p);
-    }
-    // SAFETY: `p` came from the C library's malloc family; its usable size is read from its
-    // header where that agrees with the C library's (each `malloc` and `free` counts it
-    // while the process waits, `heap`).
-    unsafe { uswap_escape::c_block::usable_bytes(p, |q| real_fn!(USABLE, UsableFn)(q)) }
+    // SAFETY: the caller's contract; a C library block's size is read from its header where
+    // that agrees with the C library's (each `malloc` and `free` counts it while the process
+    // waits, `heap`).
+    unsafe { C.usable_size(p) }
 }
 
 /// The allocator of this library's Rust code (and so of the uswap engine inside it): the C
