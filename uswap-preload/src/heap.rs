@@ -25,35 +25,23 @@
 //! their return address (the dynamic linker calls exactly these) and serve a caller inside
 //! the dynamic linker from the C library's heap.
 //!
-//! **The C library's heap first** (lazy start). A process that waits for its pager leaves
-//! its first [`C_LIBRARY_HEAP_BYTES`] of live blocks (a quarter of `USWAP_START_AFTER`
-//! where that is less) to the C library's malloc, and mimalloc is brought up ([`bring_up`]:
-//! its start, then the first arena) only when an allocation would take the blocks there past
-//! that, or when the pager starts for another cause. Most processes of a tree (a shell,
-//! `true`, `sed`, `expr`) never get there: mimalloc's start (four `cpuid`, each a VM exit
-//! here, two files of `/proc` and `/sys` read, its page map mapped) and the first arena's
-//! bitmaps cost about 0.15 ms of every exec, and a shell's forks copied mimalloc's pages on
-//! write. Past its first 2 MiB a process asks its tree ([`grant_c_library_heap`], a MiB
-//! at a time): while the tree is calm (its charge, this process's included, and the memory
-//! its pagers measured outside the budget, under a sixteenth of the limit) the C library's
-//! heap may grow on to a quarter of `USWAP_START_AFTER`, charged to the tree from its first
-//! byte (`waiting_charge::charge_c_library_heap`). So a program far below a large limit
-//! keeps its own allocator and its size classes: `sqlite3`'s 4.1-4.8 KiB page-cache blocks
-//! sat in mimalloc's 5 KiB class, 377 MiB at its peak against 325 MiB with the C library's
-//! (maximum RSS under `--limit 64GiB`; 317 plain). A free that leaves the heap two steps
-//! below its grant gives the grant back down to one.
-//! The blocks from before the bring-up stay in the C library's heap, outside the budget,
-//! and are reported with the unmanaged memory while they live ([`c_library_heap_bytes`]);
-//! `free` routes them back by address as before. mimalloc has no ELF constructor in this build
-//! (`.cargo/config.toml`): [`start`] runs its start, and its exit-time collection is not run
-//! at all (it would give back, range by range, memory the process is about to drop).
+//! **The C library's heap first** (lazy start): a process that waits for its pager leaves its
+//! first blocks to the C library's malloc, within what its tree grants it
+//! ([`crate::c_library_heap`]), and mimalloc is brought up ([`bring_up`]) only when an
+//! allocation would take them past that, or when the pager starts for another cause. The
+//! blocks from before the bring-up stay in the C library's heap, outside the budget, and
+//! are reported with the unmanaged memory while they live ([`c_library_heap_bytes`]);
+//! `free` routes them back by address as before. mimalloc has no ELF constructor in this
+//! build (`.cargo/config.toml`): [`start`] runs its start, and its exit-time collection is
+//! not run at all (it would give back, range by range, memory the process is about to
+//! drop).
 //!
 //! mimalloc caps one arena at 16 GiB, so the largest single allocation is a little under
 //! 16 GiB ([`MAX_ARENA_BYTES`]). The region is handed over in pieces as the heap grows ([`grow`], on an allocation mimalloc could not place), doubling
 //! from [`FIRST_ARENA_BYTES`].
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use libmimalloc_sys as mi;
 
@@ -97,6 +85,7 @@ extern "C" {
     ) -> bool;
 }
 
+use crate::c_library_heap;
 use crate::own_code::{in_uswap, Guard};
 use crate::real::{self, set_errno};
 
@@ -146,7 +135,7 @@ static RTLD_END: AtomicUsize = AtomicUsize::new(0);
 /// Whether an allocation of `size` bytes for a caller that returns to `ret` is served by
 /// mimalloc: once it is up, the program's ([`program_caller`]); before (lazy start), none,
 /// until the program's live blocks in the C library's heap would pass what it may hold there
-/// ([`C_LIBRARY_HEAP_BYTES`], or a grant of its calm tree's) with this one, which brings
+/// (`c_library_heap`'s first 2 MiB, or a grant of its calm tree's) with this one, which brings
 /// mimalloc up first. Inlined whole into every allocation (what is past the grant is
 /// [`managed_past_the_grant`]'s): this is the path of each `malloc` of a process that waits.
 #[inline(always)]
@@ -157,13 +146,13 @@ fn managed_for(size: usize, ret: Option<usize>) -> bool {
     if !PENDING.load(Ordering::Acquire) {
         return false;
     }
-    let live = C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed).max(0) as usize;
+    let live = c_library_heap::live_bytes();
     let wanted_bytes = live.saturating_add(size);
     let most = PENDING_START_AFTER.load(Ordering::Relaxed) / 4;
     // Within the grant the C library serves whoever asks: asked first, before who the
     // caller is (two thread-local reads, through `__tls_get_addr` in a library loaded
     // with `dlopen`), on every `malloc` of a process that waits.
-    if wanted_bytes <= C_LIBRARY_GRANT_BYTES.load(Ordering::Relaxed).min(most) {
+    if c_library_heap::within_grant(wanted_bytes, most) {
         return false;
     }
     managed_past_the_grant(wanted_bytes, most, ret)
@@ -180,74 +169,12 @@ fn managed_past_the_grant(wanted_bytes: usize, most: usize, ret: Option<usize>) 
         // No grant, no start: their calls would be the filter's (see `program_seccomp`).
         return false;
     }
-    if grant_c_library_heap(wanted_bytes, most) {
+    if c_library_heap::grant(wanted_bytes, most) {
         return false;
     }
     bring_up();
     ARENA_END.load(Ordering::Acquire) != 0
 }
-
-/// The C library's heap of a waiting process would hold `wanted_bytes`, past what it was
-/// granted: grants that and [`C_LIBRARY_GRANT_STEP_BYTES`] more (at most `most`, a quarter
-/// of `USWAP_START_AFTER`) if the tree is calm (`waiting_charge::charge_c_library_heap`,
-/// which charges the grant to the tree). False, and nothing granted, otherwise: mimalloc
-/// comes up.
-#[cold]
-fn grant_c_library_heap(wanted_bytes: usize, most: usize) -> bool {
-    if wanted_bytes > most {
-        return false;
-    }
-    let grant_bytes = wanted_bytes.saturating_add(C_LIBRARY_GRANT_STEP_BYTES).min(most);
-    // A malloc that succeeds leaves errno as it was (the join's `kill(pid, 0)` of dead
-    // slots sets it).
-    let errno = real::errno();
-    let granted = crate::waiting_charge::charge_c_library_heap(grant_bytes);
-    if granted {
-        C_LIBRARY_GRANT_BYTES.fetch_max(grant_bytes, Ordering::Relaxed);
-    }
-    real::set_errno(errno);
-    granted
-}
-
-/// The C library's heap shrank to `live_bytes`: a grant more than two steps above it is
-/// lowered to one step above it (not below [`C_LIBRARY_HEAP_BYTES`]), and the tree's charge
-/// with it. Only the process's own thread calls it (not a `vfork` child's, which would lower
-/// its parent's grant).
-#[cold]
-fn shrink_c_library_grant(grant_bytes: usize, live_bytes: usize) {
-    let lower_bytes = live_bytes.saturating_add(C_LIBRARY_GRANT_STEP_BYTES).max(C_LIBRARY_HEAP_BYTES);
-    if !crate::own_process::is_own_process()
-        || C_LIBRARY_GRANT_BYTES
-            .compare_exchange(grant_bytes, lower_bytes, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-    {
-        return;
-    }
-    // Whether the tree wants this process's pager is asked again at the next grant. The
-    // grant as it is now: a grant on another thread may have raised it again.
-    let errno = real::errno();
-    let _ = crate::waiting_charge::note_heap(C_LIBRARY_GRANT_BYTES.load(Ordering::Relaxed));
-    real::set_errno(errno);
-}
-
-/// The blocks the C library's malloc may hold now in a waiting process: at first
-/// [`C_LIBRARY_HEAP_BYTES`], then what [`grant_c_library_heap`] granted. A fork child keeps
-/// its parent's, and charges its copy at its next grant (or give-back), as a child's copy of
-/// mimalloc's heap is charged at its next commit: a shell with a large heap forks without
-/// opening its tree's segment.
-static C_LIBRARY_GRANT_BYTES: AtomicUsize = AtomicUsize::new(C_LIBRARY_HEAP_BYTES);
-
-/// What a grant takes ahead of the heap, so that a heap that grows asks its tree once a
-/// MiB, not at every block.
-const C_LIBRARY_GRANT_STEP_BYTES: usize = 1 << 20;
-
-/// The blocks the C library's malloc may hold before mimalloc is brought up or the tree is
-/// asked for more (see the module doc): a shell's, `sed`'s, `perl -e`'s or the `gcc`
-/// driver's whole heap (38-220 KiB live at exit), CPython's start's, not `cc1`'s on a small
-/// file (1.6 MiB). A quarter of `USWAP_START_AFTER` where that is less (a 64th of a small
-/// limit): what a process whose heap needs a pager keeps outside its budget for good, unless
-/// its tree was calm.
-pub const C_LIBRARY_HEAP_BYTES: usize = 2 << 20;
 
 /// Lazy start, before the bring-up: the region reserved for the heap (its start and length)
 /// and the pager's start threshold, for [`bring_up`]; `PENDING` is set once they are.
@@ -255,24 +182,16 @@ static PENDING: AtomicBool = AtomicBool::new(false);
 static PENDING_START: AtomicUsize = AtomicUsize::new(0);
 static PENDING_LEN: AtomicUsize = AtomicUsize::new(0);
 static PENDING_START_AFTER: AtomicUsize = AtomicUsize::new(0);
-/// The usable bytes of the live blocks the C library's malloc handed out since
-/// [`prepare`], whoever asked (uswap's own and the dynamic linker's are few, and only bring
-/// mimalloc up sooner), until the bring-up; then frozen, for the unmanaged report
-/// ([`c_library_heap_bytes`]). About: a block from before `prepare`, freed, is subtracted
-/// too (read as at least 0).
-static C_LIBRARY_LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 static BRING_UP: std::sync::Once = std::sync::Once::new();
 
 /// Counts `p`, just allocated (or resized from `old_bytes`) by the C library's malloc,
 /// while mimalloc is not up.
 #[inline]
 fn count_c_library_block(p: *mut c_void, old_bytes: usize) {
-    if p.is_null() || !PENDING.load(Ordering::Relaxed) {
-        return;
+    if !p.is_null() && PENDING.load(Ordering::Relaxed) {
+        // SAFETY: `p` was just returned by the C library's malloc.
+        unsafe { c_library_heap::count_block(p, old_bytes) }
     }
-    // SAFETY: `p` was just returned by the C library's malloc.
-    let bytes = unsafe { real::usable_size(p) };
-    let _ = uswap_escape::c_block::add_live_bytes(&C_LIBRARY_LIVE_BYTES, bytes as isize - old_bytes as isize);
 }
 
 /// Uncounts the C library's block `p`, about to be freed, while mimalloc is not up. After,
@@ -282,12 +201,7 @@ fn count_c_library_block(p: *mut c_void, old_bytes: usize) {
 fn uncount_c_library_block(p: *mut c_void) {
     if PENDING.load(Ordering::Relaxed) {
         // SAFETY: `p` is a live block of the C library's malloc (the caller's contract).
-        let bytes = unsafe { real::usable_size(p) };
-        let live_bytes = uswap_escape::c_block::add_live_bytes(&C_LIBRARY_LIVE_BYTES, -(bytes as isize)).max(0);
-        let grant_bytes = C_LIBRARY_GRANT_BYTES.load(Ordering::Relaxed);
-        if grant_bytes > C_LIBRARY_HEAP_BYTES && (live_bytes as usize) + 2 * C_LIBRARY_GRANT_STEP_BYTES < grant_bytes {
-            shrink_c_library_grant(grant_bytes, live_bytes as usize);
-        }
+        unsafe { c_library_heap::uncount_block(p) }
     }
 }
 
@@ -298,7 +212,7 @@ pub fn c_library_heap_bytes() -> u64 {
     if PENDING.load(Ordering::Acquire) || ARENA_END.load(Ordering::Acquire) == 0 {
         return 0;
     }
-    C_LIBRARY_LIVE_BYTES.load(Ordering::Acquire).max(0) as u64
+    c_library_heap::live_bytes() as u64
 }
 
 /// Lazy start: notes the heap's region, reserved as ordinary memory, for [`bring_up`], and
@@ -311,7 +225,7 @@ pub fn prepare(start: usize, len: usize, start_after_bytes: usize) {
     PENDING_LEN.store(len, Ordering::Relaxed);
     PENDING_START_AFTER.store(start_after_bytes, Ordering::Relaxed);
     // The blocks the program got through the first stage before it loaded this library.
-    C_LIBRARY_LIVE_BYTES.fetch_add(crate::first_stage::c_heap_live_bytes(), Ordering::Relaxed);
+    c_library_heap::add_handed_over(crate::first_stage::c_heap_live_bytes());
     PENDING.store(true, Ordering::Release);
 }
 
@@ -333,7 +247,7 @@ pub fn bring_up() {
         let (start_at, len) = (PENDING_START.load(Ordering::Relaxed), PENDING_LEN.load(Ordering::Relaxed));
         // The heap `USWAP_START_AFTER` measures is the program's, both allocators' (the
         // pager's start counts mimalloc's commits on from here).
-        let c_library_bytes = C_LIBRARY_LIVE_BYTES.load(Ordering::Relaxed).max(0) as usize;
+        let c_library_bytes = c_library_heap::live_bytes();
         COMMITTED_BYTES.store(c_library_bytes, Ordering::Release);
         if let Err(e) = start(start_at, len, Some(start_after)) {
             let msg =

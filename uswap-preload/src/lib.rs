@@ -47,6 +47,7 @@
 //! apply is worse than none.
 
 pub mod altstack;
+pub mod c_library_heap;
 mod config;
 pub mod core_dump;
 pub mod deep_bind;

@@ -112,7 +112,7 @@ fn bytes_var(name: &[u8]) -> Option<usize> {
     Some(v.iter().fold(0usize, |n, d| n * 10 + usize::from(d - b'0')))
 }
 
-/// Where the engine's lazy start acts (`uswap-preload`'s `heap` and `config`): the C
+/// Where the engine's lazy start acts (`uswap-preload`'s `c_library_heap` and `config`): the C
 /// library's first 2 MiB of blocks (a quarter of `USWAP_START_AFTER` where that is less),
 /// `USWAP_START_AFTER` itself (a sixteenth of the limit by default), mappings from
 /// `USWAP_MIN_SIZE`. A value that cannot be read here gives the smallest of each.
