@@ -2,8 +2,9 @@
  * inside the process does. Fills MIB MiB of heap with a pattern (far more than the limit, so
  * that most of it is out of RAM), then, through /proc/self/mem (and /proc/thread-self/mem):
  * preads every 16th page; preads 8 MiB at once from an odd address; reads 3 MiB and 123 bytes
- * after an lseek; pwrites 5 MiB of a second pattern at an odd address and writes 1 MiB after
- * an lseek (read and write in loops, as for any descriptor); then checks every byte of the heap against what it should hold. Prints
+ * after an lseek (in a loop, as for any descriptor) and 4 MiB in one read whose first page was
+ * just touched; pwrites 5 MiB of a second pattern at an odd address and writes 1 MiB after
+ * an lseek (in a loop); then checks every byte of the heap against what it should hold. Prints
  * "memfile: R bytes read, W written, B bad bytes" (or the first call that failed: "memfile:
  * CALL at OFFSET: N of LEN bytes, errno E").
  * Usage: memfile MIB */
@@ -76,6 +77,13 @@ int main(int argc, char **argv) {
     at = len / 2 + 5, n = (3 << 20) + 123;
     lseek(task, (off_t)(uintptr_t)(heap + at), SEEK_SET);
     expect("read", at, all(read, task, buf, n), n);
+    bad += check_read(buf, at, n);
+    /* One read, no loop, its first page just touched (in RAM), the rest long out. */
+    at = len / 4 + 9, n = 4 << 20;
+    volatile unsigned char touch = heap[at];
+    (void)touch;
+    lseek(mem, (off_t)(uintptr_t)(heap + at), SEEK_SET);
+    expect("one read", at, read(mem, buf, n), n);
     bad += check_read(buf, at, n);
     /* Writes: 5 MiB at an odd address with pwrite, then 1 MiB after an lseek with write. */
     size_t w_at = 7 * 4096 + 3, w_len = 5 << 20, v_at = len - (2 << 20) + 1, v_len = 1 << 20;

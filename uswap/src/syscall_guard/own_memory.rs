@@ -5,24 +5,58 @@
 //! The kernel reaches those pages with a remote access (`access_remote_vm`), which takes no
 //! retry and so cannot wait for a userfaultfd in either mode: at a page that is out of RAM
 //! the call fails with `EIO` (nothing moved) or stops short. Plain, the kernel would have
-//! faulted the page in. So a `read` or `write` of this process's memory file that failed
-//! with `EIO`, and a `pread64` or `pwrite64` of it that failed so or came back short, is
-//! made again for the rest, in windows of half a pin, each with the memory file's range and
-//! the caller's buffer made ready first, and the counts are added up, as the kernel would
-//! have gone on. The file is told by its link in `/proc/self/fd` (a system call, made only
-//! on such a failure, and only when the rest of the range lies in managed memory: a short
-//! `pread64` at the end of an ordinary file costs nothing more). Not served: the vector
-//! calls (`readv`, `preadv` and the others), a `read` or `write` that stops short after a
-//! first page that was in (the kernel returns short counts on this file too, at an unmapped
-//! page, and its next call fails with `EIO` and is served), and another process's memory
-//! file (docs/cli.md, "Other processes").
+//! faulted the page in. So a `read`, `write`, `pread64` or `pwrite64` of this process's
+//! memory file that failed with `EIO` or came back short is made again for the rest, in
+//! windows of half a pin, each with the memory file's range and the caller's buffer made
+//! ready first, and the counts are added up, as the kernel would have gone on. The file is
+//! told by its link in `/proc/self/fd` (a system call, made only on such a failure, and only
+//! when the rest of the range lies in managed memory: a short `pread64` at the end of an
+//! ordinary file costs nothing more). A short `read` or `write` is looked at only on a
+//! descriptor already found to be the memory file ([`KNOWN`]: a short read of a pipe or a
+//! socket is everyday, and where such a call stands in the file would take a system call
+//! to ask). Not served: the vector calls (`readv`, `preadv` and the others), a first `read`
+//! or `write` on a descriptor that stops short after a first page that was in (the kernel
+//! returns short counts on this file too, at an unmapped page; a program that reads on
+//! gets `EIO` at its next call, which is served), and another process's memory file
+//! (docs/cli.md, "Other processes").
 //!
 //! Runs on the program's thread, maybe in its signal handler: allocates nothing, takes no
 //! lock; the caller holds the slow path's guard (`entry::guarded`).
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use libc::c_long;
 
 use super::raw::raw;
+
+/// Descriptors found to be this process's memory file (each plus one; 0 is a free slot),
+/// whose short `read`s and `write`s are looked at too. A descriptor closed and reused for
+/// another file is found out at its next short call and forgotten.
+static KNOWN: [AtomicU32; 4] = [const { AtomicU32::new(0) }; 4];
+
+fn is_known(fd: u64) -> bool {
+    let tag = fd.wrapping_add(1);
+    tag != 0 && KNOWN.iter().any(|k| u64::from(k.load(Ordering::Relaxed)) == tag)
+}
+
+/// Notes `fd` as the memory file (over the slot its number picks, when every slot is taken).
+fn note_known(fd: u64) {
+    let Ok(tag) = u32::try_from(fd.wrapping_add(1)) else { return };
+    if tag == 0 || is_known(fd) {
+        return;
+    }
+    let free = KNOWN.iter().find(|k| k.compare_exchange(0, tag, Ordering::Relaxed, Ordering::Relaxed).is_ok());
+    if free.is_none() {
+        KNOWN[fd as usize % KNOWN.len()].store(tag, Ordering::Relaxed);
+    }
+}
+
+fn forget(fd: u64) {
+    let Ok(tag) = u32::try_from(fd.wrapping_add(1)) else { return };
+    for k in &KNOWN {
+        let _ = k.compare_exchange(tag, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
 
 /// The most windows a continued call is made in: 64 windows of half a pin are 128 MiB, far
 /// more than a program moves through its memory file at once.
@@ -45,7 +79,7 @@ fn cut_after_bytes(nr: c_long, a: &[u64; 6], ret: c_long) -> Option<u64> {
     let (positional, _) = shape(nr)?;
     match ret {
         r if r == -(libc::EIO as c_long) => Some(0),
-        r if positional && r >= 0 && (r as u64) < a[2] => Some(r as u64),
+        r if r >= 0 && (r as u64) < a[2] && (positional || is_known(a[0])) => Some(r as u64),
         _ => None,
     }
 }
@@ -62,16 +96,29 @@ pub(super) fn continued(nr: c_long, a: &[u64; 6], ret: c_long) -> Option<c_long>
     let (positional, write) = shape(nr)?;
     let done_bytes = cut_after_bytes(nr, a, ret)?;
     let fd = a[0];
+    // Where the call began: a `read` or `write` moved the position past what it did.
     let at = if positional {
         a[3]
     } else {
         // SAFETY: lseek of the program's descriptor by 0 moves nothing; it reads the position.
-        u64::try_from(unsafe { raw(libc::SYS_lseek, [fd, 0, libc::SEEK_CUR as u64, 0, 0, 0]) }).ok()?
+        let position = unsafe { raw(libc::SYS_lseek, [fd, 0, libc::SEEK_CUR as u64, 0, 0, 0]) };
+        match u64::try_from(position).ok().and_then(|p| p.checked_sub(done_bytes)) {
+            Some(at) => at,
+            None => {
+                forget(fd);
+                return None;
+            }
+        }
     };
     let rest_at = at.checked_add(done_bytes)?;
-    if !crate::user_access::touches_managed(rest_at as usize, (a[2] - done_bytes) as usize) || !is_own_memory_file(fd) {
+    if !crate::user_access::touches_managed(rest_at as usize, (a[2] - done_bytes) as usize) {
         return None;
     }
+    if !is_own_memory_file(fd) {
+        forget(fd);
+        return None;
+    }
+    note_known(fd);
     crate::stats::note_syscall(crate::stats::SyscallEvent::Continued);
     Some(go_on(nr, a, positional, write, at, done_bytes).unwrap_or(ret))
 }
@@ -175,6 +222,24 @@ mod tests {
         let mut own = [0u8; 32];
         let len = write_decimal(&mut own, b"/proc/", u64::from(u32::MAX));
         assert_eq!(&own[..len], b"/proc/4294967295");
+    }
+
+    #[test]
+    fn descriptors_known_are_noted_once_and_forgotten() {
+        let fds = [1000u64, 1001, 1002, 1003, 1004];
+        for fd in fds {
+            note_known(fd);
+            note_known(fd);
+            assert!(is_known(fd), "{fd} just noted");
+        }
+        let known = KNOWN.iter().filter(|k| k.load(Ordering::Relaxed) != 0).count();
+        assert_eq!(known, KNOWN.len(), "every slot taken, none twice");
+        for fd in fds {
+            forget(fd);
+            assert!(!is_known(fd));
+        }
+        assert!(KNOWN.iter().all(|k| k.load(Ordering::Relaxed) == 0));
+        assert!(!is_known(u64::MAX), "a descriptor of -1 matches no free slot");
     }
 
     #[test]
