@@ -538,8 +538,8 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
             (hooks.note_altstack)(&ss);
         }
     }
-    if super::own_memory::may_be_cut(nr, &a, made.ret) {
-        if let Some(ret) = guarded(|| super::own_memory::continued(nr, &a, made.ret)) {
+    if let Some(done_bytes) = super::own_memory::cut_after_bytes(nr, &a, made.ret) {
+        if let Some(ret) = guarded(|| super::own_memory::continued(nr, &a, made.ret, done_bytes)) {
             return ret;
         }
     }

@@ -74,8 +74,10 @@ fn shape(nr: c_long) -> Option<(bool, bool)> {
 }
 
 /// The bytes call `nr` with arguments `a` moved before it failed with `EIO` or stopped
-/// short (what [`continued`] goes on from), `None` if it did neither. Cheap: no system call.
-fn cut_after_bytes(nr: c_long, a: &[u64; 6], ret: c_long) -> Option<u64> {
+/// short as a call on the memory file does at a page out of RAM (what [`continued`] goes on
+/// from), `None` if it did neither. Cheap, no system call: the slow path asks it of every
+/// call it makes.
+pub(super) fn cut_after_bytes(nr: c_long, a: &[u64; 6], ret: c_long) -> Option<u64> {
     let (positional, _) = shape(nr)?;
     match ret {
         r if r == -(libc::EIO as c_long) => Some(0),
@@ -84,17 +86,12 @@ fn cut_after_bytes(nr: c_long, a: &[u64; 6], ret: c_long) -> Option<u64> {
     }
 }
 
-/// Whether call `nr` with arguments `a` came back as a call on the memory file does at a
-/// page out of RAM (the slow path then asks [`continued`]). Cheap: no system call.
-pub(super) fn may_be_cut(nr: c_long, a: &[u64; 6], ret: c_long) -> bool {
-    cut_after_bytes(nr, a, ret).is_some()
-}
-
-/// A call on the memory file that uswap's pages made fail or stop short: `Some` with the
-/// call's result once continued, `None` if it is not one (its result stands).
-pub(super) fn continued(nr: c_long, a: &[u64; 6], ret: c_long) -> Option<c_long> {
+/// A call on the memory file that uswap's pages made fail or stop short after `done_bytes`
+/// ([`cut_after_bytes`]): `Some` with the call's result once continued, `None` if it is not
+/// one (its result stands).
+pub(super) fn continued(nr: c_long, a: &[u64; 6], ret: c_long, done_bytes: u64) -> Option<c_long> {
     let (positional, write) = shape(nr)?;
-    let done_bytes = cut_after_bytes(nr, a, ret)?;
+    debug_assert!(done_bytes <= a[2], "a call cut short moved no more than asked");
     let fd = a[0];
     // Where the call began: a `read` or `write` moved the position past what it did.
     let at = if positional {
