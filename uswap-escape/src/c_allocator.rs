@@ -194,6 +194,20 @@ impl<const BYTES: usize, O: OtherArea> CAllocator<BYTES, O> {
             return bytes;
         }
         // SAFETY: the C library's block (the caller's contract).
+        unsafe { self.c_library_usable_size(p) }
+    }
+
+    /// The usable bytes of block `p` of the C library's malloc (not null, not a bootstrap
+    /// block: the caller told it apart), read from its header where that agrees with the C
+    /// library's (see [`crate::c_block`]).
+    ///
+    /// # Safety
+    /// `p` is a live block of the C library's malloc.
+    #[inline]
+    pub unsafe fn c_library_usable_size(&self, p: *mut c_void) -> usize {
+        debug_assert!(!p.is_null() && !self.is_bootstrap(p), "a block of the C library's malloc");
+        // SAFETY: the C library's block (the caller's contract); one exists only once the
+        // look-up is done.
         unsafe { crate::c_block::usable_bytes(p, |q| self.c_fn::<UsableFn>(USABLE)(q)) }
     }
 

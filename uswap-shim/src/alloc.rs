@@ -21,10 +21,6 @@ pub fn bootstrap_area() -> (usize, usize) {
     C.bootstrap_area()
 }
 
-pub fn is_bootstrap(p: *mut c_void) -> bool {
-    C.is_bootstrap(p)
-}
-
 /// From the constructor: the loader is done.
 pub fn c_library_started_now() {
     C.c_library_started_now();
@@ -54,6 +50,19 @@ pub unsafe fn free(p: *mut c_void) {
 pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: the caller's contract.
     unsafe { C.realloc(p, size) }
+}
+
+/// The usable bytes of block `p` as the program's count of the C library's heap takes
+/// them: 0 for null or a bootstrap block (never freed, and not the C library's).
+///
+/// # Safety
+/// As [`free`].
+pub unsafe fn counted_bytes(p: *mut c_void) -> usize {
+    if p.is_null() || C.is_bootstrap(p) {
+        return 0;
+    }
+    // SAFETY: neither null nor a bootstrap block, so the C library's (the caller's contract).
+    unsafe { C.c_library_usable_size(p) }
 }
 
 /// # Safety

@@ -87,41 +87,40 @@ fn heap_engine(i: usize, size: usize) -> Option<Decision> {
     engine_for(i, "its heap")
 }
 
-/// Counts block `p`, just allocated (resized from `old_bytes`).
-fn count(p: *mut c_void, old_bytes: usize) -> usize {
-    if !p.is_null() && !alloc::is_bootstrap(p) && !engine::loading_here() {
-        // SAFETY: a live block of the C library's malloc, just returned.
-        let bytes = unsafe { alloc::usable_size(p) };
-        handoff::add_c_heap_bytes(bytes as isize - old_bytes as isize);
+/// Counts block `p`, just allocated (null, or a bootstrap block, counts nothing).
+fn count(p: *mut c_void) -> usize {
+    if !engine::loading_here() {
+        // SAFETY: null or a live block of this allocator, just returned.
+        let bytes = unsafe { alloc::counted_bytes(p) };
+        if bytes > 0 {
+            handoff::add_c_heap_bytes(bytes as isize);
+        }
     }
     p as usize
 }
 
 /// The counted size of block `p`, about to be freed or resized (0 for a bootstrap one).
 fn counted(p: *mut c_void) -> usize {
-    if p.is_null() || alloc::is_bootstrap(p) {
-        return 0;
-    }
-    // SAFETY: a live block of the C library's malloc (the caller's contract).
-    unsafe { alloc::usable_size(p) }
+    // SAFETY: null or a live block of this allocator (the caller's contract).
+    unsafe { alloc::counted_bytes(p) }
 }
 
 pub extern "C" fn malloc(size: usize) -> Decision {
-    heap_engine(I_malloc, size).unwrap_or_else(|| value(count(alloc::malloc(size), 0)))
+    heap_engine(I_malloc, size).unwrap_or_else(|| value(count(alloc::malloc(size))))
 }
 
 pub extern "C" fn __libc_malloc(size: usize) -> Decision {
-    heap_engine(I___libc_malloc, size).unwrap_or_else(|| value(count(alloc::malloc(size), 0)))
+    heap_engine(I___libc_malloc, size).unwrap_or_else(|| value(count(alloc::malloc(size))))
 }
 
 pub extern "C" fn calloc(n: usize, size: usize) -> Decision {
     let bytes = n.saturating_mul(size);
-    heap_engine(I_calloc, bytes).unwrap_or_else(|| value(count(alloc::calloc(n, size), 0)))
+    heap_engine(I_calloc, bytes).unwrap_or_else(|| value(count(alloc::calloc(n, size))))
 }
 
 pub extern "C" fn __libc_calloc(n: usize, size: usize) -> Decision {
     let bytes = n.saturating_mul(size);
-    heap_engine(I___libc_calloc, bytes).unwrap_or_else(|| value(count(alloc::calloc(n, size), 0)))
+    heap_engine(I___libc_calloc, bytes).unwrap_or_else(|| value(count(alloc::calloc(n, size))))
 }
 
 fn realloc_in(i: usize, p: *mut c_void, size: usize) -> Decision {
@@ -134,7 +133,7 @@ fn realloc_in(i: usize, p: *mut c_void, size: usize) -> Decision {
     let n = unsafe { alloc::realloc(p, size) };
     if size == 0 || !n.is_null() {
         handoff::add_c_heap_bytes(-(old as isize));
-        return value(count(n, 0));
+        return value(count(n));
     }
     value(0)
 }
@@ -190,7 +189,7 @@ pub extern "C" fn malloc_usable_size(p: *mut c_void) -> Decision {
 }
 
 fn aligned_in(i: usize, align: usize, size: usize) -> Decision {
-    heap_engine(i, size).unwrap_or_else(|| value(count(alloc::memalign(align, size), 0)))
+    heap_engine(i, size).unwrap_or_else(|| value(count(alloc::memalign(align, size))))
 }
 
 pub extern "C" fn memalign(align: usize, size: usize) -> Decision {
@@ -235,7 +234,7 @@ pub extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usiz
     if align % std::mem::size_of::<usize>() != 0 || !align.is_power_of_two() {
         return value(libc::EINVAL as usize);
     }
-    let p = count(alloc::memalign(align, size), 0);
+    let p = count(alloc::memalign(align, size));
     if p == 0 {
         return value(libc::ENOMEM as usize);
     }
