@@ -284,6 +284,14 @@ impl PageRef {
         ((self.region_idx as u64) << 40 | ((self.region_gen & REGION_GEN_MASK) as u64) << 32 | self.page as u64) + 1
     }
 
+    /// Whether this reference names a page of the region in registry slot `index`, of
+    /// generation `gen` and `nr_pages` pages. A reference that outlived its region can match
+    /// a later one in the same slot by its few generation bits; its page may then lie past
+    /// the later region's end, and it names no page of it.
+    pub fn names_page_of(self, index: usize, gen: u32, nr_pages: usize) -> bool {
+        self.region_idx == index && (gen ^ self.region_gen) & REGION_GEN_MASK == 0 && self.page < nr_pages
+    }
+
     /// The page an owner value names (page generation unknown: 0).
     pub fn from_owner(v: u64) -> PageRef {
         let v = v - 1;
@@ -368,5 +376,19 @@ mod tests {
         let wide = PageRef { region_gen: 0x3bc, ..r };
         assert_eq!(PageRef::unpack(wide.pack()).region_gen, 0xbc);
         assert_eq!(PageRef::from_owner(wide.owner()).region_idx, MAX_REGIONS - 1);
+    }
+
+    /// A queue entry of a 64-page region, left behind when the region went, matches a later
+    /// 1-page region in the same slot whose generation agrees in the packed bits. Its page
+    /// is past that region's end: reclaim read its word out of bounds and panicked (seen
+    /// once under Erlang-like churn of mappings).
+    #[test]
+    fn a_page_ref_names_no_page_past_a_later_regions_end() {
+        let stale = PageRef { region_idx: 7, region_gen: 0x12, page_gen: 1, page: 63 };
+        assert!(stale.names_page_of(7, 0x12, 64));
+        let later_gen = 0x12 + (REGION_GEN_MASK + 1);
+        assert!(!stale.names_page_of(7, later_gen, 1), "page 63 of a 1-page region");
+        assert!(PageRef { page: 0, ..stale }.names_page_of(7, later_gen, 1), "the packed bits alone are compared");
+        assert!(!stale.names_page_of(7, 0x13, 64) && !stale.names_page_of(8, 0x12, 64));
     }
 }

@@ -237,13 +237,15 @@ impl RegionSet {
     pub fn get(&mut self, owner: PagerId, r: PageRef) -> Result<usize, bool> {
         if let Some(i) = self.g.iter().position(|g| g.index == r.region_idx && g.gen & REGION_GEN_MASK == r.region_gen)
         {
-            return Ok(i);
+            // The guard held may be a later region than `r`'s (see `PageRef::names_page_of`).
+            let g = &self.g[i];
+            return if r.names_page_of(g.index, g.gen, g.nr_pages) { Ok(i) } else { Err(false) };
         }
         if self.g.is_full() {
             return Err(true);
         }
         match region_of(r) {
-            Some(g) if g.pager.id() == owner && r.page < g.nr_pages => {
+            Some(g) if g.pager.id() == owner && r.names_page_of(g.index, g.gen, g.nr_pages) => {
                 self.g.push(g);
                 Ok(self.g.len() - 1)
             }

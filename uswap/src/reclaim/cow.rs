@@ -86,7 +86,10 @@ const ADOPT_BATCH: usize = 256;
 pub(crate) fn queue(cx: &Reclaim<'_>, r: PageRef) {
     // Taken for pinned (see the module doc): neither queued nor a reason to wake the
     // background reclaimer, whose own refusals of it woke it at once, for good.
-    let addr = REGIONS.get(r.region_idx, r.region_gen, REGION_GEN_MASK).map(|g| g.page_addr(r.page));
+    let addr = REGIONS
+        .get(r.region_idx, r.region_gen, REGION_GEN_MASK)
+        .filter(|g| r.names_page_of(g.index, g.gen, g.nr_pages))
+        .map(|g| g.page_addr(r.page));
     if addr.is_some_and(|addr| populated_recently(addr, crate::clock::now_ns())) {
         return;
     }
