@@ -633,7 +633,7 @@ int uswap_config_set_idle_age(struct uswap_config *config, double seconds);
  * an idle age that sends pages out, never otherwise.
  *
  * Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `seconds` is not 0 or from 1 to
- * a year (31,536,000); `uswap_pager_create` then fails with `USWAP_EINVAL` if the devices have
+ * a year (31,536,000); `uswap_pager_new` then fails with `USWAP_EINVAL` if the devices have
  * no tier below the first.
  */
 int uswap_config_set_tier_age(struct uswap_config *config, double seconds);

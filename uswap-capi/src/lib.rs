@@ -392,7 +392,7 @@ pub extern "C" fn uswap_config_set_idle_age(config: *mut uswap_config, seconds: 
 /// an idle age that sends pages out, never otherwise.
 ///
 /// Errors: `USWAP_EINVAL` if `config` is NULL or not live, or `seconds` is not 0 or from 1 to
-/// a year (31,536,000); `uswap_pager_create` then fails with `USWAP_EINVAL` if the devices have
+/// a year (31,536,000); `uswap_pager_new` then fails with `USWAP_EINVAL` if the devices have
 /// no tier below the first.
 #[no_mangle]
 pub extern "C" fn uswap_config_set_tier_age(config: *mut uswap_config, seconds: f64) -> c_int {
