@@ -59,6 +59,7 @@ mod image;
 mod masks;
 mod own_memory;
 mod patch;
+mod prepare;
 mod raw;
 mod sys;
 mod table;
@@ -67,8 +68,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use libc::c_long;
 
-pub use entry::{in_engine_calls, is_this_process, note_async_kernel_access_found, EngineCalls};
+pub use entry::{in_engine_calls, note_async_kernel_access_found, EngineCalls};
 pub use patch::PatchReport;
+pub use prepare::is_this_process;
 
 /// A range of memory recorded as locked, `[start, end)`.
 pub type LockedRange = Option<(usize, usize)>;
