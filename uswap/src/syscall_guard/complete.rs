@@ -12,10 +12,12 @@
 //! 3), so under signal mode a Python pipeline lost bytes in about 1 run in 5.
 //!
 //! So a call here that came back short while pages were being taken out is made again for
-//! the rest of its buffer, and the counts are added up, as if the kernel had gone on. A
-//! buffer too large to be in whole at once (its `EFAULT` comes back however often it is
-//! prepared: a 12 MiB `write` under a 16 MiB limit shared with a neighbour) is transferred
-//! in windows, halved until one goes through (down to one page), on byte streams only
+//! the rest of its buffer, in windows of half a pin (`crate::pin::MAX_PIN_BYTES`, which keeps
+//! a window's buffer in until the call returned), and the counts are added up, as if the
+//! kernel had gone on. A buffer too large to be in whole at once (its `EFAULT` comes back
+//! however often it is prepared: a 12 MiB `write` under a 16 MiB limit shared with a
+//! neighbour) is transferred in such windows too, halved until one goes through (down to
+//! one page), on byte streams only
 //! ([`Transfer::splittable`]: two writes to a pipe read back as one; two datagrams do not).
 //! The calls: `write`, `pwrite64`, `writev`, `pwritev`, `pwritev2`, `sendto` without an
 //! address, `sendmsg` without control data; `pread64`, `preadv`, `preadv2`, `read` and
