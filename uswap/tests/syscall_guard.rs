@@ -157,8 +157,9 @@ fn fill(region: &mut uswap::Region) {
 /// in a bounded number of times. The rest of a buffer that did not stay in went on in
 /// windows as large as the rest, each readied whole and kept in only as far as the pin: a
 /// 256 MiB `write` under a 32 MiB limit brought its pages in 34 times over, and here 42,734
-/// pages came in for the two calls' 12,288 (22,532 with windows of half a pin: the first
-/// call still readies the whole buffer, and the windows bring the rest in once more).
+/// pages came in for the two calls' 12,288; 22,532 with windows of half a pin but a first
+/// call that readied the whole buffer; now 12,288 in signal mode and about 12,800 in thread
+/// mode (each page once a call, its first window readied first).
 fn one_write_and_read_larger_than_the_limit(p: &Pager, name: &str, mode: FaultMode) {
     let bytes = 3 * REGION_BYTES;
     let mut region = p.map(bytes).expect("map");
@@ -179,7 +180,8 @@ fn one_write_and_read_larger_than_the_limit(p: &Pager, name: &str, mode: FaultMo
         let got = unsafe { std::slice::from_raw_parts(page_of(&region, i), PAGE_SIZE) };
         assert!(got == page_bytes(i, 0).as_slice(), "{name}, {mode:?}: page {i} read back wrong");
     }
-    assert!(brought_in <= 5 * nr_pages, "{name}, {mode:?}: {brought_in} pages brought in for 2 x {nr_pages}");
+    let bound = 2 * nr_pages + nr_pages / 4;
+    assert!(brought_in <= bound, "{name}, {mode:?}: {brought_in} pages brought in for 2 x {nr_pages}");
     println!("test {name}_{mode:?}_one_write_and_read_larger_than_the_limit ... ok");
 }
 

@@ -25,7 +25,10 @@
 //! socket (the kernel waits for all of it), without an address or control data. A
 //! `read` or `readv` of anything else (a pipe, a socket, a terminal) may rightly return
 //! less, and reading on could block: it is only cut to a window when its whole buffer
-//! cannot be in, and returns what the first window got ([`Transfer::once`]).
+//! cannot be in, and returns what the first window got ([`Transfer::once`]). A flat
+//! `write`, `pwrite64`, `read` or `pread64` larger than a window that goes on so has only
+//! its first window readied before it is made ([`goes_on_in_windows`]): readied whole, a
+//! buffer far over the limit came in twice.
 //!
 //! A continuation that fails or transfers nothing ends it: the program gets the bytes done
 //! so far, as the kernel returns a partial count before an error. A short write that only a
@@ -242,14 +245,31 @@ impl Transfer {
     /// device, a pipe not in packet mode, a stream socket), where two writes read back as
     /// one. A datagram split in two is two datagrams.
     pub fn splittable(&self, fd: u64) -> bool {
-        let Some(file_type) = file_type(fd) else { return false };
-        match file_type {
-            libc::S_IFREG | libc::S_IFBLK | libc::S_IFCHR => true,
-            libc::S_IFIFO => fd_flags(fd).is_some_and(|flags| flags & libc::O_DIRECT as c_long == 0),
-            libc::S_IFSOCK => is_stream_socket(fd),
-            _ => false,
-        }
+        splittable(fd)
     }
+}
+
+/// Whether descriptor `fd` takes a transfer's bytes in several calls as in one (see
+/// [`Transfer::splittable`]).
+fn splittable(fd: u64) -> bool {
+    let Some(file_type) = file_type(fd) else { return false };
+    match file_type {
+        libc::S_IFREG | libc::S_IFBLK | libc::S_IFCHR => true,
+        libc::S_IFIFO => fd_flags(fd).is_some_and(|flags| flags & libc::O_DIRECT as c_long == 0),
+        libc::S_IFSOCK => is_stream_socket(fd),
+        _ => false,
+    }
+}
+
+/// Whether flat transfer `nr` (`write`, `pwrite64`, `read`, `pread64`) of more than
+/// `window_bytes` goes on for the rest, in windows, when it comes back short: not one that
+/// ends at its first transfer ([`Transfer::once`]), and on a descriptor that takes its
+/// bytes in several calls as in one (a datagram must be readied whole, or it is lost).
+/// Such a call may have only its first window readied before it is made. System calls
+/// (`fstat`, `fcntl`, `getsockopt`) only for calls larger than `window_bytes`.
+pub fn goes_on_in_windows(nr: c_long, a: &[u64; 6], window_bytes: u64) -> bool {
+    let flat = matches!(nr, libc::SYS_write | libc::SYS_pwrite64 | libc::SYS_read | libc::SYS_pread64);
+    flat && a[2] > window_bytes && kind(nr, a).is_some_and(|(_, once)| !once) && splittable(a[0])
 }
 
 #[cfg(test)]

@@ -212,7 +212,8 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
         .or_else(|| super::discards::is_discard(nr, &a).then(|| guarded(|| super::discards::make(nr, &a))))
     {
         Some(ret) => Made { ret, managed: false, maybe_cut: false, ours: false },
-        None => make_prepared(nr, r, a, if transfer { 1 } else { EFAULT_RETRIES }),
+        None if transfer => make_prepared(nr, r, a, 1, first_ready_bytes(nr, &a)),
+        None => make_prepared(nr, r, a, EFAULT_RETRIES, u64::MAX),
     };
     (hooks.mlock_after)(nr, &a, made.ret, locked);
     if nr == libc::SYS_sigaltstack && made.ret == 0 && a[0] != 0 {
@@ -235,7 +236,7 @@ extern "C" fn slow(regs: &SavedRegs) -> c_long {
     let made = match transfer {
         Some(t) if !(t.once && made.ret > 0) => in_windows(nr, r, &a, &t, made),
         Some(_) => made,
-        None if made.ret == efault => make_prepared(nr, r, a, EFAULT_RETRIES),
+        None if made.ret == efault => make_prepared(nr, r, a, EFAULT_RETRIES, u64::MAX),
         None => made,
     };
     if made.ret == efault && made.ours {
@@ -251,15 +252,30 @@ struct Made {
     ret: c_long,
     /// Some of its memory is managed.
     managed: bool,
-    /// A short count may be uswap's doing: pages were taken out while it ran.
+    /// A short count may be uswap's doing: pages were taken out while it ran, or it ended
+    /// past the part of the buffer that was readied.
     maybe_cut: bool,
     /// Its `EFAULT` is uswap's: pages had to be brought in again for a retry.
     ours: bool,
 }
 
+/// The bytes of a transfer's buffer its first call readies: a flat transfer larger than a
+/// pinned window that goes on for the rest in windows when it comes back short
+/// (`complete::goes_on_in_windows`), only its first window. Readied whole, a buffer far
+/// over the limit came in twice: reclaim took out all but its pinned head and tail again
+/// before the call reached them, and the windows brought them in once more.
+fn first_ready_bytes(nr: c_long, a: &[u64; 6]) -> u64 {
+    if complete::goes_on_in_windows(nr, a, PINNED_WINDOW_BYTES) {
+        PINNED_WINDOW_BYTES
+    } else {
+        u64::MAX
+    }
+}
+
 /// Makes the call with its memory made ready first, and again, up to `retries` times,
-/// after an `EFAULT` of uswap's.
-fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
+/// after an `EFAULT` of uswap's; of a [`Rule::Buf`] call's buffer, `ready_max_bytes` at most
+/// (the rest as it is: a count that ends past them may be uswap's doing, see [`Made`]).
+fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize, ready_max_bytes: u64) -> Made {
     // Pinned until the call (and its retries) returned: see `crate::pin::Pin`. A futex reads its
     // word as the wait begins, then may sleep for good: not pinned (it is made again if the
     // word went out meanwhile).
@@ -269,15 +285,22 @@ fn make_prepared(nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
         libc::SYS_execve | libc::SYS_execveat => crate::pin::Pin::for_exec(),
         _ => crate::pin::Pin::new(),
     };
-    let made = make_pinned(&mut pin, nr, r, a, retries);
+    let made = make_pinned(&mut pin, nr, r, a, retries, ready_max_bytes);
     pin.release();
     made
 }
 
 /// [`make_prepared`]'s work, its memory pinned in `pin`.
-fn make_pinned(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: [u64; 6], retries: usize) -> Made {
+fn make_pinned(
+    pin: &mut crate::pin::Pin,
+    nr: c_long,
+    r: Rule,
+    a: [u64; 6],
+    retries: usize,
+    ready_max_bytes: u64,
+) -> Made {
     let mut seq = crate::stats::taken_out_seq();
-    let first = prepare_once(pin, nr, r, &a);
+    let first = prepare_once(pin, nr, r, &a, ready_max_bytes);
     if first.managed {
         crate::stats::note_syscall(crate::stats::SyscallEvent::Prepared);
     }
@@ -301,7 +324,7 @@ fn make_pinned(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: [u64; 6], retr
             a = shrunk(nr, a);
         }
         let seq_now = crate::stats::taken_out_seq();
-        let again = prepare_once(pin, nr, r, &a);
+        let again = prepare_once(pin, nr, r, &a, ready_max_bytes);
         if again.nr_brought_in == 0 && seq_now == seq {
             break;
         }
@@ -312,7 +335,8 @@ fn make_pinned(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: [u64; 6], retr
         ret = unsafe { raw(nr, a) };
     }
     made.ret = ret;
-    made.maybe_cut = crate::stats::taken_out_seq() != seq;
+    let past_ready = ret > 0 && ret as u64 >= ready_max_bytes;
+    made.maybe_cut = crate::stats::taken_out_seq() != seq || past_ready;
     made
 }
 
@@ -345,7 +369,7 @@ fn in_windows(nr: c_long, r: Rule, a: &[u64; 6], t: &Transfer, first: Made) -> M
             }
         } else if last.ret == efault && last.ours && window_bytes > page {
             if !*splittable.get_or_insert_with(|| t.splittable(a[0])) {
-                return make_prepared(nr, r, *a, EFAULT_RETRIES);
+                return make_prepared(nr, r, *a, EFAULT_RETRIES, u64::MAX);
             }
             window_bytes =
                 if window_bytes > PINNED_WINDOW_BYTES { PINNED_WINDOW_BYTES } else { (window_bytes / 2).max(page) };
@@ -360,7 +384,8 @@ fn in_windows(nr: c_long, r: Rule, a: &[u64; 6], t: &Transfer, first: Made) -> M
         asked_bytes = bytes;
         crate::stats::note_syscall(crate::stats::SyscallEvent::Continued);
         // At one page, the last size, the full retries.
-        last = make_prepared(nr, r, args, if window_bytes <= page { EFAULT_RETRIES } else { 1 });
+        let retries = if window_bytes <= page { EFAULT_RETRIES } else { 1 };
+        last = make_prepared(nr, r, args, retries, u64::MAX);
     }
     if done_bytes > 0 {
         last.ret = done_bytes as c_long;
@@ -507,11 +532,15 @@ impl Drop for EngineCalls {
 /// faults) sent straight to the kernel, and its asynchronous cancellation put off (see
 /// [`CancelPutOff`]). The call itself is made outside: a signal handler that runs while it
 /// blocks has its calls prepared as usual, and a `pthread_cancel` ends it there.
-fn prepare_once(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: &[u64; 6]) -> Prepared {
+fn prepare_once(pin: &mut crate::pin::Pin, nr: c_long, r: Rule, a: &[u64; 6], ready_max_bytes: u64) -> Prepared {
     if matches!(r, Rule::Plain) {
         return Prepared::default();
     }
-    guarded(|| prepare(pin, nr, r, a))
+    let mut ready = *a;
+    if let Rule::Buf { len, .. } = r {
+        ready[len as usize] = ready[len as usize].min(ready_max_bytes);
+    }
+    guarded(|| prepare(pin, nr, r, &ready))
 }
 
 /// Runs `f`, work of the slow path's own that may bring pages in, with this thread's system
