@@ -364,7 +364,8 @@ fn in_windows(nr: c_long, r: Rule, a: &[u64; 6], t: &Transfer, first: Made) -> M
                 break;
             }
             if short {
-                // Cut by reclaim: what was readied past the pin did not stay in.
+                // Cut by reclaim, or past the first window readied: the rest goes in windows
+                // that stay in whole.
                 window_bytes = window_bytes.min(PINNED_WINDOW_BYTES);
             }
         } else if last.ret == efault && last.ours && window_bytes > page {
