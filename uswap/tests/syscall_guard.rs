@@ -164,7 +164,10 @@ fn one_write_and_read_larger_than_the_limit(p: &Pager, name: &str, mode: FaultMo
     let bytes = 3 * REGION_BYTES;
     let mut region = p.map(bytes).expect("map");
     fill(&mut region);
-    let file = tempfile_in_tmp();
+    // A file of its own, unlinked at once (as `reads_into_pages_just_touched`'s).
+    let path = std::env::temp_dir().join(format!("uswap-syscall-guard-big-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("a file");
+    let _ = std::fs::remove_file(&path);
     let before = p.stats().pswpin;
     // SAFETY: a file of our own; the write reads the region's bytes, the read writes them.
     let (written, read) = unsafe {
@@ -183,14 +186,6 @@ fn one_write_and_read_larger_than_the_limit(p: &Pager, name: &str, mode: FaultMo
     let bound = 2 * nr_pages + nr_pages / 4;
     assert!(brought_in <= bound, "{name}, {mode:?}: {brought_in} pages brought in for 2 x {nr_pages}");
     println!("test {name}_{mode:?}_one_write_and_read_larger_than_the_limit ... ok");
-}
-
-/// An unnamed file in `/var/tmp` (a disk, where `/tmp` may be memory), removed on close.
-fn tempfile_in_tmp() -> std::fs::File {
-    let path = std::path::Path::new("/var/tmp").join(format!("uswap-guard-{}", std::process::id()));
-    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("a file");
-    std::fs::remove_file(&path).expect("unlink");
-    file
 }
 
 /// `madvise(MADV_POPULATE_READ)`, then `MADV_POPULATE_WRITE`, over a region four times the
