@@ -2398,7 +2398,7 @@ fn pinned_buffers_over_the_limit_leave_the_reclaimer_idle() {
     }
     assert!(o.status.success(), "{}: {stdout}\n{stderr}", o.status);
     assert!(stdout.ends_with("ok\n"), "{stdout}\n{stderr}");
-    assert!(stderr.contains("pinned for I/O (io_uring's registered buffers)"), "{stderr}");
+    assert!(stderr.contains("pinned for I/O (io_uring's registered buffers"), "{stderr}");
     let idle_cpu_ms: u64 = stdout
         .lines()
         .find_map(|l| l.strip_prefix("idle cpu_ms "))
@@ -3531,23 +3531,27 @@ fn addresses_unmapped_by_one_thread_and_mapped_by_another_stay_managed() {
     });
 }
 
-/// Known open problem (thread mode): datagrams between two heap buffers of 64 MiB under 16
-/// MiB, then a copy of one into the other with `process_vm_readv` on the process itself
-/// (`pvmself.c`). Every byte is right, but reclaim's moves are refused (`UFFDIO_MOVE`'s
-/// `EBUSY`: a page pinned or not exclusive) and pages have their copy-on-write broken: a few
-/// hundred here; with the release build by hand 80,000 and 15,000, and the limit did not
-/// hold (resident 15 % over it; `uswap run` blamed fork children, locks or io_uring, none
-/// of which the program uses). Either part alone, and signal mode, refuse nothing. Found
-/// by a probe (2026-12-07); cause not found.
+/// Thread mode: datagrams between two heap buffers of 128 MiB under 16 MiB, then a copy of
+/// one into the other with `process_vm_readv` on the process itself (`pvmself.c`). The
+/// kernel pins up to 4 MiB of the pages the copy reads at a time, and `UFFDIO_MOVE` refuses
+/// them (`EBUSY`). The datagrams left the source's readahead in its random mode, so those
+/// pages came in one by one, first in line for reclaim. Each charge that met a refusal went
+/// over the limit at once, and the refused pages were asked again and again: 22 MiB
+/// resident and 199,000 refusals for 32,768 pages, and `uswap run` blamed fork children,
+/// locks or io_uring, none of which the program uses. Now a refused page is kept in a
+/// while (the kernel activates a page it cannot unmap) and the charge looks at others.
 #[test]
-#[ignore]
-fn thread_mode_moves_pages_out_after_datagrams_and_a_copy_of_its_own_memory() {
-    run_in_modes("pvmself", WSS_MIB, &["thread"], |mode, _, (o, v)| {
+fn thread_mode_holds_its_limit_while_the_kernel_pins_pages_it_copies() {
+    const BUF_MIB: u64 = 128;
+    run_in_modes("pvmself", BUF_MIB, &["thread"], |mode, _, (o, v)| {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{mode}: {} {err}", o.status);
         assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{mode}: {err}");
         assert!(counter(v, "pswpout") > 0, "{mode}: the buffers were not paged: {v}");
-        assert_eq!(counter(v, "move_refused"), 0, "{mode}: moves refused: {v}");
+        let peak = counter(v, "resident_peak_bytes");
+        assert!(peak <= (LIMIT_MIB + 2) << 20, "{mode}: resident peak {peak}: {v}");
+        let pages_copied = (BUF_MIB << 20) / 4096;
+        assert!(counter(v, "move_refused") <= 2 * pages_copied, "{mode}: refused again and again: {v}");
     });
 }
 

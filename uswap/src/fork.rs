@@ -281,6 +281,7 @@ impl Pager {
 
     fn prepare(&self, leave_memory_devices_out: bool) -> ForkHold {
         let s = self.shared();
+        crate::pin::note_fork();
         s.charge.reclaim_held.store(true, Ordering::SeqCst);
         // No page is half moved out when the child's copy is taken.
         s.reclaim_cx().wait_none_in_flight();

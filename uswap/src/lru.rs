@@ -214,6 +214,11 @@ impl Lru {
         }
     }
 
+    /// Entries on both FIFOs (stale ones included).
+    pub fn len(&self) -> usize {
+        self.active.len() + self.streamed.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.active.is_empty() && self.streamed.is_empty()
     }

@@ -28,10 +28,13 @@
 //! `syscall_unpinned`).
 //!
 //! Not the memory of the calls made by the engine itself, nor of calls the preload does not
-//! see (see `syscall_guard`).
+//! see (see `syscall_guard`). Pages the kernel pins itself (a `process_vm_readv` reading
+//! them, in this process or another; `O_DIRECT` I/O in thread mode) are seen only when
+//! `UFFDIO_MOVE` refuses them: [`note_refused`] keeps each such page in for a while, a lossy
+//! table beside this one, so that reclaim looks at others rather than ask again and again.
 
 use std::cell::Cell;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::uffd::PAGE_SIZE;
 
@@ -272,6 +275,56 @@ fn owner_gone(pid: libc::pid_t, tid: u32) -> bool {
     r > 0
 }
 
+/// Whether this process has forked with a pager (set by `Pager::prepare_fork`, never
+/// cleared: a page stays shared after the child exits, until written; a fork child
+/// inherits it set). Until then nothing of the process is shared with a fork child, and a
+/// page `UFFDIO_MOVE` refuses with `EBUSY` is pinned by a system call under way, until that
+/// call returns. After, a refused page may be shared instead, and `reclaim::cow` makes it
+/// exclusive. (A process that forked before its pager started is not seen here: its
+/// refused pages are held as pinned, and still made exclusive by `reclaim::cow`.)
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Notes that the process forks with a pager (see [`FORKED`]). Lock-free.
+pub(crate) fn note_fork() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
+/// Whether a page `UFFDIO_MOVE` refuses is pinned by a system call under way, rather than
+/// maybe shared with a fork child (see [`FORKED`]).
+pub(crate) fn refusals_are_pins() -> bool {
+    !FORKED.load(Ordering::Relaxed)
+}
+
+/// How long a page the kernel refused to move is taken for pinned by a system call under
+/// way: a thread-mode `process_vm_readv` held its pages for 32 ms under pressure.
+const REFUSED_HOLD_NS: u64 = 100_000_000;
+/// Pages the kernel refused lately, by page number (lossy: a page whose slot another took
+/// is tried again), and when.
+const NR_REFUSED: usize = 1 << 12;
+static REFUSED_ADDR: [AtomicUsize; NR_REFUSED] = [const { AtomicUsize::new(0) }; NR_REFUSED];
+static REFUSED_NS: [AtomicU64; NR_REFUSED] = [const { AtomicU64::new(0) }; NR_REFUSED];
+
+/// Notes that `UFFDIO_MOVE` refused the page at `addr` with `EBUSY`: in a process that
+/// never forked the kernel pins it, and [`hold_of`] keeps it in for [`REFUSED_HOLD_NS`], so
+/// that reclaim looks at other pages rather than ask again and again. Lock-free,
+/// allocation-free.
+pub(crate) fn note_refused(addr: usize, now_ns: u64) {
+    if !refusals_are_pins() {
+        return;
+    }
+    let i = (addr / PAGE_SIZE) % NR_REFUSED;
+    REFUSED_ADDR[i].store(addr, Ordering::Relaxed);
+    REFUSED_NS[i].store(now_ns, Ordering::Relaxed);
+}
+
+/// Whether the page at `addr` was refused within [`REFUSED_HOLD_NS`].
+fn refused_lately(addr: usize) -> bool {
+    let i = (addr / PAGE_SIZE) % NR_REFUSED;
+    REFUSED_ADDR[i].load(Ordering::Relaxed) == addr
+        && refusals_are_pins()
+        && crate::clock::now_ns().saturating_sub(REFUSED_NS[i].load(Ordering::Relaxed)) < REFUSED_HOLD_NS
+}
+
 /// What keeps a resident page in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Hold {
@@ -288,7 +341,7 @@ pub(crate) fn hold_of(addr: usize) -> Option<Hold> {
     if crate::mlock::covers(addr) {
         return Some(Hold::Locked);
     }
-    pinned(addr).then_some(Hold::Pinned)
+    (pinned(addr) || refused_lately(addr)).then_some(Hold::Pinned)
 }
 
 /// Whether a call pins the page at `addr` (see [`hold_of`] for the ordering).

@@ -16,7 +16,7 @@
 use std::sync::atomic::Ordering;
 
 use super::accounting::{force_charge, note_peak, shared_add, shared_reclaim_is_ours, shared_room, watermarks};
-use super::round::{reclaim_round, stage_for_background, MAX_FRUITLESS_ROUNDS};
+use super::round::{reclaim_round, stage_for_background, Progress, MAX_FRUITLESS_ROUNDS};
 use super::Reclaim;
 use crate::options::BackgroundReclaim;
 use crate::pressure::StallGuard;
@@ -33,6 +33,13 @@ const CHARGE_STALL_LIMIT_NS: u64 = 100_000_000;
 /// Rounds a charge makes at once while its rounds find only pinned victims (each round looks
 /// at up to four batches of the LRU) before it charges over the limit.
 const MAX_PINNED_ROUNDS: usize = 4;
+/// Held victims a charge passes, in all, in a process that never forked, before it charges
+/// over the limit (see [`ChargeWait::another_round_past_held`]): eight of `process_vm_readv`'s
+/// pins (1,024 pages each, the kernel's `PVM_MAX_KMALLOC_PAGES`).
+const MAX_HELD_PAGES: usize = 8192;
+/// Rounds a charge makes at once past held victims, at most (each looks at up to four
+/// batches of the LRU).
+const MAX_HELD_ROUNDS: usize = 256;
 /// First and longest sleep between fruitless rounds of a charge.
 const CHARGE_BACKOFF_MIN_NS: u64 = 20_000;
 const CHARGE_BACKOFF_MAX_NS: u64 = 1_000_000;
@@ -62,7 +69,8 @@ fn nap(ns: u64) {
 /// charges took the room first for `CHARGE_WAIT_LIMIT_NS` in all (starvation), at once when
 /// every device is full or none takes pages (each degraded or declining, see
 /// `swap::health`), when the round's victims were refused (shared with a fork child: see
-/// below), when only the shared limit is reached and this pager has nothing to reclaim, or
+/// below; or pinned, once the charge has passed as many pinned pages as the LRU holds,
+/// see `ChargeWait::another_round_past_held`), when only the shared limit is reached and this pager has nothing to reclaim, or
 /// on the lock-free route (which may not reclaim), does it charge over the limit: counted in
 /// `limit_overrun` (and `limit_overrun_busy` when the devices had room). Nothing is lost;
 /// reclaim takes the extra pages later. `lock_free`: the caller may take no lock (signal
@@ -127,7 +135,10 @@ struct ChargeWait<'a> {
     /// When the first reclaim round began: fruitful rounds whose room other threads' charges
     /// keep taking first are bounded by CHARGE_WAIT_LIMIT_NS all told, like fruitless ones.
     reclaim_since_ns: u64,
-    pinned_rounds: usize,
+    /// Rounds that found only held victims (pinned, or refused where that means pinned),
+    /// and those victims (see [`ChargeWait::another_round_past_held`]).
+    held_rounds: usize,
+    held_pages: usize,
 }
 
 impl<'a> ChargeWait<'a> {
@@ -138,7 +149,8 @@ impl<'a> ChargeWait<'a> {
             backoff_ns: CHARGE_BACKOFF_MIN_NS,
             waiting: None,
             reclaim_since_ns: 0,
-            pinned_rounds: 0,
+            held_rounds: 0,
+            held_pages: 0,
         }
     }
 
@@ -167,12 +179,10 @@ impl<'a> ChargeWait<'a> {
             }
             return Wait::Again;
         }
-        if round.pinned > 0 && self.pinned_rounds < MAX_PINNED_ROUNDS {
-            // The pinned victims went to the LRU's tail: the next round sees others.
-            self.pinned_rounds += 1;
+        if self.another_round_past_held(cx, &round) {
             return Wait::Again;
         }
-        debug_assert!(self.pinned_rounds <= MAX_PINNED_ROUNDS, "pinned rounds are bounded");
+        debug_assert!(self.held_rounds <= MAX_HELD_ROUNDS + 1, "rounds past held pages are bounded");
         // Still only pinned pages (all this small process has are its call's own): waiting
         // would not unpin them, the call waits for this charge.
         // Or every resident page is locked by the program (`mlock` of more than the limit):
@@ -187,6 +197,29 @@ impl<'a> ChargeWait<'a> {
             return Wait::Again;
         }
         self.nap_for_others(cx)
+    }
+
+    /// Whether a round that took nothing but found pinned victims (or refused ones, where
+    /// they are pinned too) is worth another at once: they went to the LRU's tail, and the
+    /// next round sees others. Up to [`MAX_PINNED_ROUNDS`] rounds; in a process that never
+    /// forked, until the charge has passed as many held pages as the LRU holds (every page
+    /// once, at most [`MAX_HELD_PAGES`]). There a page `UFFDIO_MOVE` refuses is pinned by
+    /// a system call under way (`process_vm_readv` pins up to 4 MiB of the memory it reads
+    /// at a time, a peer's or its own; `O_DIRECT` I/O; `vmsplice`), and kept in a while
+    /// (`pin::note_refused`), as the kernel's reclaim activates a page it cannot unmap and
+    /// scans on. Charged over the limit at once instead, a thread-mode program that copied
+    /// its own 128 MiB with `process_vm_readv` under 16 MiB went to 22 MiB. After a fork a
+    /// refused page may be shared with the child instead, the same for every round (see
+    /// [`waiting_cannot_help`]).
+    fn another_round_past_held(&mut self, cx: &Reclaim<'_>, round: &Progress) -> bool {
+        let never_forked = crate::pin::refusals_are_pins();
+        let held = round.pinned + if never_forked { round.refused } else { 0 };
+        if held == 0 || self.held_rounds >= MAX_HELD_ROUNDS {
+            return false;
+        }
+        self.held_rounds += 1;
+        self.held_pages += held;
+        self.held_rounds <= MAX_PINNED_ROUNDS || (never_forked && self.held_pages <= cx.lru.len().min(MAX_HELD_PAGES))
     }
 
     /// After `MAX_FRUITLESS_ROUNDS`: the victims are busy in other threads' writes. Sleeps,

@@ -302,6 +302,7 @@ fn publish_clean_run(
         refused = 1;
         if matches!(r, RangeResult::Partial { errno: libc::EBUSY, .. }) {
             let v = run[done];
+            crate::pin::note_refused(region.page_addr(v.page), crate::clock::now_ns());
             cow::queue(cx, guards.page_ref(v.gi, v.page, v.pte));
         }
     }
@@ -479,6 +480,7 @@ fn move_refused(
     to_free.push(e.bits());
     if errno == libc::EBUSY {
         // Shared with a fork child (or pinned): see `cow`.
+        crate::pin::note_refused(region.page_addr(v.page), crate::clock::now_ns());
         cow::queue(cx, guards.page_ref(v.gi, v.page, v.pte));
     }
     1
