@@ -100,6 +100,8 @@ pub(crate) extern "C" fn prepare() {
     // this one run after it: one that holds a lock of its own while it calls `sbrk` on
     // another thread could wait here, as on any lock it shares with a forking thread.)
     crate::program_break::hold_for_fork();
+    // Pages shared with the child may be refused by reclaim, here or once a pager starts.
+    uswap::note_fork();
     if crate::is_unmanaged_fork_child() {
         return;
     }

@@ -69,6 +69,7 @@ pub(crate) fn around(call: impl FnOnce(InChild) -> c_long) -> c_long {
             b"uswap: a fork without the C library's fork, made inside uswap's own code (a signal handler's?): \
               its child reads zeros where pages were out\n",
         );
+        uswap::note_fork();
         return call(InChild::Nothing);
     }
     let mut held = None;

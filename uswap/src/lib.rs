@@ -101,7 +101,7 @@ pub use pager::{
     PageError, PageErrorKind, Pager, PagerBuilder, MAX_HANDLER_THREADS, MAX_IDLE_AGE_SECS, MAX_LIMIT_BYTES,
     MIN_LIMIT_BYTES, RECLAIM_BATCH_PAGES,
 };
-pub use pin::{note_thread_start, release_pins_of_dead_threads, Pin, MAX_PIN_BYTES};
+pub use pin::{note_fork, note_thread_start, release_pins_of_dead_threads, Pin, MAX_PIN_BYTES};
 pub use readahead::Advice;
 pub use region::{MAX_REGIONS, MAX_REGION_BYTES};
 pub use region_handle::{PlainRegion, Region};

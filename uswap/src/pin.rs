@@ -30,8 +30,10 @@
 //! Not the memory of the calls made by the engine itself, nor of calls the preload does not
 //! see (see `syscall_guard`). Pages the kernel pins itself (a `process_vm_readv` reading
 //! them, in this process or another; `O_DIRECT` I/O in thread mode) are seen only when
-//! `UFFDIO_MOVE` refuses them: [`note_refused`] keeps each such page in for a while, a lossy
-//! table beside this one, so that reclaim looks at others rather than ask again and again.
+//! `UFFDIO_MOVE` refuses them: in a process that never forked, [`note_refused`] keeps each
+//! such page in for a while, a lossy table beside this one, so that reclaim looks at others
+//! rather than ask again and again (after a fork a refused page may be shared instead, and
+//! `reclaim::cow` makes it exclusive).
 
 use std::cell::Cell;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -275,17 +277,21 @@ fn owner_gone(pid: libc::pid_t, tid: u32) -> bool {
     r > 0
 }
 
-/// Whether this process has forked with a pager (set by `Pager::prepare_fork`, never
-/// cleared: a page stays shared after the child exits, until written; a fork child
+/// Whether this process has forked (set by `Pager::prepare_fork` and, for forks without
+/// one, by the preload's fork handlers: [`note_fork`]; never cleared: a page stays shared after the child exits, until written; a fork child
 /// inherits it set). Until then nothing of the process is shared with a fork child, and a
 /// page `UFFDIO_MOVE` refuses with `EBUSY` is pinned by a system call under way, until that
 /// call returns. After, a refused page may be shared instead, and `reclaim::cow` makes it
-/// exclusive. (A process that forked before its pager started is not seen here: its
-/// refused pages are held as pinned, and still made exclusive by `reclaim::cow`.)
+/// exclusive. (A fork made some other way, a raw `clone` from the program's own assembly,
+/// is not seen here: its shared pages are held as pinned for a while at a time, and still
+/// made exclusive by `reclaim::cow`.)
 static FORKED: AtomicBool = AtomicBool::new(false);
 
-/// Notes that the process forks with a pager (see [`FORKED`]). Lock-free.
-pub(crate) fn note_fork() {
+/// Notes that the process forks (see [`FORKED`]): from now on a page `UFFDIO_MOVE`
+/// refuses may be shared with a fork child. `Pager::prepare_fork` calls it; call it too
+/// before a fork made without a pager (its pages may be managed later) or without
+/// `prepare_fork`. Lock-free, allocation-free.
+pub fn note_fork() {
     FORKED.store(true, Ordering::Relaxed);
 }
 
@@ -299,22 +305,24 @@ pub(crate) fn refusals_are_pins() -> bool {
 /// way: a thread-mode `process_vm_readv` held its pages for 32 ms under pressure.
 const REFUSED_HOLD_NS: u64 = 100_000_000;
 /// Pages the kernel refused lately, by page number (lossy: a page whose slot another took
-/// is tried again), and when.
-const NR_REFUSED: usize = 1 << 12;
+/// is tried again; as many as a charge passes, `reclaim::direct`'s `MAX_HELD_PAGES`), and
+/// when.
+const NR_REFUSED: usize = 1 << 13;
 static REFUSED_ADDR: [AtomicUsize; NR_REFUSED] = [const { AtomicUsize::new(0) }; NR_REFUSED];
 static REFUSED_NS: [AtomicU64; NR_REFUSED] = [const { AtomicU64::new(0) }; NR_REFUSED];
 
 /// Notes that `UFFDIO_MOVE` refused the page at `addr` with `EBUSY`: in a process that
 /// never forked the kernel pins it, and [`hold_of`] keeps it in for [`REFUSED_HOLD_NS`], so
-/// that reclaim looks at other pages rather than ask again and again. Lock-free,
-/// allocation-free.
-pub(crate) fn note_refused(addr: usize, now_ns: u64) {
+/// that reclaim looks at other pages rather than ask again and again. Returns whether it is
+/// held so. Lock-free, allocation-free.
+pub(crate) fn note_refused(addr: usize, now_ns: u64) -> bool {
     if !refusals_are_pins() {
-        return;
+        return false;
     }
     let i = (addr / PAGE_SIZE) % NR_REFUSED;
     REFUSED_ADDR[i].store(addr, Ordering::Relaxed);
     REFUSED_NS[i].store(now_ns, Ordering::Relaxed);
+    true
 }
 
 /// Whether the page at `addr` was refused within [`REFUSED_HOLD_NS`].

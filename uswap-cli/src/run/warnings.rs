@@ -153,8 +153,11 @@ pub(super) fn overrun_message(s: &serde_json::Value, core_dumped: bool) -> Optio
         );
     }
     if g("move_refused") + g("cow_broken") > 0 {
-        causes
-            .push("the kernel refused to move pages out: shared with fork children until they exit or exec, locked, or pinned for I/O (io_uring's registered buffers, O_DIRECT, another process's process_vm_readv)");
+        causes.push(
+            "the kernel refused to move pages out: shared with fork children until they exit or exec, locked, or \
+             pinned for I/O (io_uring's registered buffers, O_DIRECT, a process_vm_readv of its own or another \
+             process's)",
+        );
     }
     if g("reclaim_pinned") > 0 {
         causes.push(

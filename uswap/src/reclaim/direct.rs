@@ -19,6 +19,7 @@ use super::accounting::{force_charge, note_peak, shared_add, shared_reclaim_is_o
 use super::round::{reclaim_round, stage_for_background, Progress, MAX_FRUITLESS_ROUNDS};
 use super::Reclaim;
 use crate::options::BackgroundReclaim;
+use crate::pin;
 use crate::pressure::StallGuard;
 use crate::stats::Counter;
 
@@ -31,7 +32,8 @@ pub(crate) const CHARGE_WAIT_LIMIT_NS: u64 = 250_000_000;
 /// back, dropped or found zero anywhere) before it gives up sooner.
 const CHARGE_STALL_LIMIT_NS: u64 = 100_000_000;
 /// Rounds a charge makes at once while its rounds find only pinned victims (each round looks
-/// at up to four batches of the LRU) before it charges over the limit.
+/// at up to four batches of the LRU) before it charges over the limit; more in a process
+/// that never forked (see [`ChargeWait::another_round_past_held`]).
 const MAX_PINNED_ROUNDS: usize = 4;
 /// Held victims a charge passes, in all, in a process that never forked, before it charges
 /// over the limit (see [`ChargeWait::another_round_past_held`]): eight of `process_vm_readv`'s
@@ -182,7 +184,7 @@ impl<'a> ChargeWait<'a> {
         if self.another_round_past_held(cx, &round) {
             return Wait::Again;
         }
-        debug_assert!(self.held_rounds <= MAX_HELD_ROUNDS + 1, "rounds past held pages are bounded");
+        debug_assert!(self.held_rounds <= MAX_HELD_ROUNDS, "rounds past held pages are bounded");
         // Still only pinned pages (all this small process has are its call's own): waiting
         // would not unpin them, the call waits for this charge.
         // Or every resident page is locked by the program (`mlock` of more than the limit):
@@ -199,27 +201,34 @@ impl<'a> ChargeWait<'a> {
         self.nap_for_others(cx)
     }
 
-    /// Whether a round that took nothing but found pinned victims (or refused ones, where
-    /// they are pinned too) is worth another at once: they went to the LRU's tail, and the
-    /// next round sees others. Up to [`MAX_PINNED_ROUNDS`] rounds; in a process that never
-    /// forked, until the charge has passed as many held pages as the LRU holds (every page
-    /// once, at most [`MAX_HELD_PAGES`]). There a page `UFFDIO_MOVE` refuses is pinned by
-    /// a system call under way (`process_vm_readv` pins up to 4 MiB of the memory it reads
-    /// at a time, a peer's or its own; `O_DIRECT` I/O; `vmsplice`), and kept in a while
-    /// (`pin::note_refused`), as the kernel's reclaim activates a page it cannot unmap and
-    /// scans on. Charged over the limit at once instead, a thread-mode program that copied
-    /// its own 128 MiB with `process_vm_readv` under 16 MiB went to 22 MiB. After a fork a
-    /// refused page may be shared with the child instead, the same for every round (see
-    /// [`waiting_cannot_help`]).
+    /// Whether a round that took nothing but found pinned victims is worth another at once:
+    /// they went to the LRU's tail, and the next round sees others. Up to
+    /// [`MAX_PINNED_ROUNDS`] rounds; in a process that never forked, until the charge has
+    /// passed as many as the LRU holds (every page once, at most [`MAX_HELD_PAGES`]) or has
+    /// waited [`CHARGE_WAIT_LIMIT_NS`]. There the pinned victims include the pages
+    /// `UFFDIO_MOVE` refused lately (`EBUSY`), pinned by a system call under way
+    /// (`process_vm_readv` pins up to 4 MiB of the memory it reads at a time, a peer's or
+    /// its own; `O_DIRECT` I/O; `vmsplice`) and held in a while (`pin::note_refused`), as
+    /// the kernel's reclaim activates a page it cannot unmap and scans on. Charged over the
+    /// limit at once instead (each refusal taken for a page shared with a fork child), a
+    /// thread-mode program that copied its own 128 MiB with `process_vm_readv` under 16 MiB
+    /// went to 22 MiB. Pins of more than the limit (io_uring's registered buffers) make each
+    /// charge pass up to that many pages, about 50 ns each, before it goes over. After a
+    /// fork a refused page may be shared with the child instead, and the same for every
+    /// round (see [`waiting_cannot_help`]).
     fn another_round_past_held(&mut self, cx: &Reclaim<'_>, round: &Progress) -> bool {
-        let never_forked = crate::pin::refusals_are_pins();
-        let held = round.pinned + if never_forked { round.refused } else { 0 };
-        if held == 0 || self.held_rounds >= MAX_HELD_ROUNDS {
+        if round.pinned == 0 || self.held_rounds >= MAX_HELD_ROUNDS {
             return false;
         }
         self.held_rounds += 1;
-        self.held_pages += held;
-        self.held_rounds <= MAX_PINNED_ROUNDS || (never_forked && self.held_pages <= cx.lru.len().min(MAX_HELD_PAGES))
+        self.held_pages += round.pinned;
+        if self.held_rounds <= MAX_PINNED_ROUNDS {
+            return true;
+        }
+        let waited_ns = crate::clock::now_ns().saturating_sub(self.reclaim_since_ns);
+        pin::refusals_are_pins()
+            && self.held_pages <= cx.lru.len().min(MAX_HELD_PAGES)
+            && waited_ns <= CHARGE_WAIT_LIMIT_NS
     }
 
     /// After `MAX_FRUITLESS_ROUNDS`: the victims are busy in other threads' writes. Sleeps,

@@ -89,22 +89,53 @@ pub(super) fn shrink_active(cx: &Reclaim<'_>, nr: usize, by: Stager) -> Shrunk {
     assert!(victims.len() <= nr.min(BATCH));
     victims.sort_unstable_by_key(|v| (v.gi, v.page));
     let clean = take_out_clean(cx, by, &guards, &victims);
-    let (dropped, mut refused) = (clean.moved, clean.refused);
+    let (dropped, mut refusals) = (clean.moved, clean.refusals);
     victims.retain(|v| !v.pte.clean());
     if victims.is_empty() {
-        let uncharged = clean.uncharged;
-        return Shrunk { moved: dropped, uncharged, refused, pinned: nr_pinned, all_locked: false };
+        let (uncharged, refused, pinned) = (clean.uncharged, refusals.refused, nr_pinned + refusals.held);
+        return Shrunk { moved: dropped, uncharged, refused, pinned, all_locked: false };
     }
     let mut entries = [SwapEntry::new(0, 0); BATCH];
     alloc_slots(cx, &guards, &mut victims, &mut entries);
     let mut to_free: ArrayVec<u64, BATCH> = ArrayVec::new();
     let staged = stage(cx, by, &guards, &victims, &entries, &mut to_free);
-    refused += staged.refused;
+    refusals.add(staged.refusals);
     cx.stats.add(by.counter(), staged.moved as u64);
     crate::stats::note_taken_out((staged.moved + dropped) as u64);
     cx.devices.free_now(&mut to_free);
-    let moved = staged.moved + dropped;
-    Shrunk { moved, uncharged: staged.uncharged + clean.uncharged, refused, pinned: nr_pinned, all_locked: false }
+    let (moved, uncharged) = (staged.moved + dropped, staged.uncharged + clean.uncharged);
+    Shrunk { moved, uncharged, refused: refusals.refused, pinned: nr_pinned + refusals.held, all_locked: false }
+}
+
+/// Victims the kernel refused to move, by what the refusal means.
+#[derive(Debug, Default, Clone, Copy)]
+struct Refusals {
+    /// For a reason waiting does not cure (see [`Shrunk::refused`]).
+    refused: usize,
+    /// Pinned by a system call under way (`EBUSY` in a process that never forked), held in
+    /// a while (`pin::note_refused`): counted with the pinned victims.
+    held: usize,
+}
+
+impl Refusals {
+    fn add(&mut self, other: Refusals) {
+        self.refused += other.refused;
+        self.held += other.held;
+    }
+}
+
+/// Counts the refusal of victim `v` with `errno` (not `ENOENT`). With `EBUSY` the page is
+/// pinned, or shared with a fork child: held in a while if it is pinned (`pin`), and queued
+/// to be made exclusive in case it is shared (`cow`; after a fork only that).
+fn note_refusal(cx: &Reclaim<'_>, guards: &RegionSet, v: Victim, errno: i32) -> Refusals {
+    debug_assert_ne!(errno, libc::ENOENT, "a page found unmapped is settled by its event");
+    cx.stats.inc(Counter::MoveRefused);
+    if errno != libc::EBUSY {
+        return Refusals { refused: 1, held: 0 };
+    }
+    let held = crate::pin::note_refused(guards.g[v.gi].page_addr(v.page), crate::clock::now_ns());
+    cow::queue(cx, guards.page_ref(v.gi, v.page, v.pte));
+    Refusals { refused: usize::from(!held), held: usize::from(held) }
 }
 
 /// What [`take_out_clean`] did with the clean victims.
@@ -114,7 +145,7 @@ struct CleanTaken {
     /// Of those, pages uncharged: dropped.
     uncharged: usize,
     /// Pages the kernel refused to move.
-    refused: usize,
+    refusals: Refusals,
 }
 
 /// Clean victims need no write: their slot still holds them. They leave the region as dirty
@@ -126,7 +157,7 @@ struct CleanTaken {
 /// working set was read back every pass, a stall on memory the program had. Runs of
 /// consecutive pages with consecutive slots move with one call.
 fn take_out_clean(cx: &Reclaim<'_>, by: Stager, guards: &RegionSet, victims: &[Victim]) -> CleanTaken {
-    let (mut moved, mut refused) = (0, 0);
+    let (mut moved, mut refusals) = (0, Refusals::default());
     let keep = by == Stager::Aging;
     // Moved first, every run; their staging pages are then dropped with one TLB flush (see
     // `DiscardBatch`), and only then are the pages published as swapped: a page that faults
@@ -140,13 +171,13 @@ fn take_out_clean(cx: &Reclaim<'_>, by: Stager, guards: &RegionSet, victims: &[V
     discards.flush();
     let now = crate::swap::idle_ages::now_epoch();
     for &(i, j, done, r) in &clean_runs {
-        refused += publish_clean_run(cx, by, guards, &victims[i..j], done, r, now);
+        refusals.add(publish_clean_run(cx, by, guards, &victims[i..j], done, r, now));
         moved += done;
     }
     let uncharged = if keep { 0 } else { moved };
     cx.stats.add(if keep { by.counter() } else { Counter::SwpoutClean }, moved as u64);
-    assert!(moved + refused <= victims.len());
-    CleanTaken { moved, uncharged, refused }
+    assert!(moved + refusals.refused + refusals.held <= victims.len());
+    CleanTaken { moved, uncharged, refusals }
 }
 
 /// A run of clean victims moved out (or not): victims `i..j`, the first `done` of them
@@ -263,8 +294,8 @@ fn drop_clean_runs(
 /// Publishes a run of clean victims (`run`, all of one region, taken out `by`) once their
 /// staging pages are dropped: the first `done`, moved, are swapped (stamped `now`) and
 /// uncharged, or, taken by the aging scan, staged clean and aged; the others
-/// stay resident and clean, back on the LRU. `r`: what the move said. Returns 1 when the
-/// move was refused (counted), else 0.
+/// stay resident and clean, back on the LRU. `r`: what the move said. Returns the refusal,
+/// if the move was refused.
 fn publish_clean_run(
     cx: &Reclaim<'_>,
     by: Stager,
@@ -273,7 +304,7 @@ fn publish_clean_run(
     done: usize,
     r: RangeResult,
     now: Epoch,
-) -> usize {
+) -> Refusals {
     let region = &guards.g[run[0].gi];
     let keep = by == Stager::Aging;
     let left = Stamp::new(now, cx.lru.note_evicted(by.nr_evicted(done)));
@@ -294,17 +325,11 @@ fn publish_clean_run(
             cx.lru.add(guards.page_ref(v.gi, v.page, v.pte), cx.stats);
         }
     }
-    let mut refused = 0;
-    if done < run.len() {
+    let mut refusals = Refusals::default();
+    if let (true, RangeResult::Partial { errno, .. }) = (done < run.len(), r) {
         // One page refused (the first not moved); the rest of its run was not tried and
         // goes back on the LRU.
-        cx.stats.inc(Counter::MoveRefused);
-        refused = 1;
-        if matches!(r, RangeResult::Partial { errno: libc::EBUSY, .. }) {
-            let v = run[done];
-            crate::pin::note_refused(region.page_addr(v.page), crate::clock::now_ns());
-            cow::queue(cx, guards.page_ref(v.gi, v.page, v.pte));
-        }
+        refusals = note_refusal(cx, guards, run[done], errno);
     }
     if !keep {
         uncharge(cx.charge, done);
@@ -318,7 +343,7 @@ fn publish_clean_run(
     let unused = run[..done].iter().filter(|v| v.pte.readahead()).count() as u64;
     cx.stats.add(Counter::SwapRaUnused, unused);
     region.streams.note_unused(unused);
-    refused
+    refusals
 }
 
 /// Allocates a slot for each victim into `entries`: a run of consecutive pages gets
@@ -365,7 +390,7 @@ struct Staged {
     /// Pages uncharged: found zero.
     uncharged: usize,
     /// Pages the kernel refused to move.
-    refused: usize,
+    refusals: Refusals,
 }
 
 /// Moves each victim into the staging page of its slot (`entries`), in runs: same region,
@@ -380,7 +405,7 @@ fn stage(
     to_free: &mut ArrayVec<u64, BATCH>,
 ) -> Staged {
     assert!(entries.len() >= victims.len(), "a slot for every victim");
-    let mut staged = Staged { moved: 0, uncharged: 0, refused: 0 };
+    let mut staged = Staged { moved: 0, uncharged: 0, refusals: Refusals::default() };
     let mut i = 0;
     while i < victims.len() {
         let mut j = i + 1;
@@ -405,7 +430,7 @@ fn stage(
             staged.moved += done;
             k += done;
             if let RangeResult::Partial { errno, .. } = r {
-                staged.refused += move_refused(cx, guards, victims[k], entries[k], errno, to_free);
+                staged.refusals.add(move_refused(cx, guards, victims[k], entries[k], errno, to_free));
                 k += 1;
             }
         }
@@ -453,7 +478,7 @@ fn stage_moved(
 }
 
 /// The kernel refused to move victim `v` (`errno`): it stays where it is, back on the LRU,
-/// and its slot `e` is forgotten. Returns 1 when the refusal counts as one (not `ENOENT`).
+/// and its slot `e` is forgotten. Returns the refusal (none for `ENOENT`).
 fn move_refused(
     cx: &Reclaim<'_>,
     guards: &RegionSet,
@@ -461,29 +486,24 @@ fn move_refused(
     e: SwapEntry,
     errno: i32,
     to_free: &mut ArrayVec<u64, BATCH>,
-) -> usize {
+) -> Refusals {
     let region = &guards.g[v.gi];
     cx.devices.device(e).forget_slot(e.offset());
     region.store(v.page, v.pte.unbusy());
     cx.lru.add(guards.page_ref(v.gi, v.page, v.pte), cx.stats);
-    cx.stats.inc(Counter::MoveRefused);
     if errno == libc::ENOENT {
+        cx.stats.inc(Counter::MoveRefused);
         // Not there: the application unmapped, moved or discarded it, and the event that
         // says which settles the page (see `events`). Until then it stays as it is: turning
         // it into a zero page would lose a page that `mremap` moved.
         to_free.push(e.bits());
-        return 0;
+        return Refusals::default();
     }
     // Pinned, shared or otherwise refused; or (EEXIST) the program kept mapping the slot's
     // staging page by reading it, and the next move into it drops it again
     // (`SwapCache::move_in`).
     to_free.push(e.bits());
-    if errno == libc::EBUSY {
-        // Shared with a fork child (or pinned): see `cow`.
-        crate::pin::note_refused(region.page_addr(v.page), crate::clock::now_ns());
-        cow::queue(cx, guards.page_ref(v.gi, v.page, v.pte));
-    }
-    1
+    note_refusal(cx, guards, v, errno)
 }
 
 /// What `shrink_active` did with its victims.
@@ -494,12 +514,14 @@ pub(super) struct Shrunk {
     /// Of those, pages uncharged at once (clean or zero).
     pub uncharged: usize,
     /// Pages the kernel refused to move for a reason waiting does not cure: shared with
-    /// a fork child (copy-on-write), pinned, or protected differently from the staging
-    /// area (`mprotect`). Pages found unmapped (`ENOENT`, an event settles them) are not
-    /// counted.
+    /// a fork child (copy-on-write; after a fork, also pinned), or protected differently
+    /// from the staging area (`mprotect`). Pages found unmapped (`ENOENT`, an event settles
+    /// them) are not counted.
     pub refused: usize,
     /// Victims left in place because a system call pins them (`crate::pin`; the pin may be
-    /// the charging thread's own, bringing the rest of its call's memory in).
+    /// the charging thread's own, bringing the rest of its call's memory in), or, in a
+    /// process that never forked, because the kernel refused them lately (`EBUSY`: pinned
+    /// by a system call under way, `pin::note_refused`).
     pub pinned: usize,
     /// The LRU was empty and a scan of the pager's pages found every resident one locked by
     /// the program (`crate::mlock`), none busy: nothing will become a victim by waiting.

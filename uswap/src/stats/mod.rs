@@ -202,7 +202,9 @@ pub struct Stats {
     /// that the child alone mapped them: charged to the child from then on, and paged by it.
     pub shared_adopted: u64,
     /// Victims reclaim left resident because a system call in signal mode had pinned them:
-    /// its memory stays in until the call returns (see [`crate::prepare_user_access`]).
+    /// its memory stays in until the call returns (see [`crate::prepare_user_access`]); or,
+    /// in a process that never forked, because `UFFDIO_MOVE` refused them lately (the
+    /// kernel pins them for a call under way: `process_vm_readv`, `O_DIRECT`).
     pub reclaim_pinned: u64,
     /// Dirty resident pages that left with a victim next to them (in its aligned 64 KiB
     /// block), in one run: one `UFFDIO_MOVE` and one TLB flush for all of them.
