@@ -277,8 +277,9 @@ fn owner_gone(pid: libc::pid_t, tid: u32) -> bool {
     r > 0
 }
 
-/// Whether this process has forked (set by `Pager::prepare_fork` and, for forks without
-/// one, by the preload's fork handlers: [`note_fork`]; never cleared: a page stays shared after the child exits, until written; a fork child
+/// Whether this process has forked: set by every `Pager` fork preparation and, for forks
+/// without a pager or made inside uswap's own code, by the preload ([`note_fork`]); never
+/// cleared, as a page stays shared after the child exits until written (a fork child
 /// inherits it set). Until then nothing of the process is shared with a fork child, and a
 /// page `UFFDIO_MOVE` refuses with `EBUSY` is pinned by a system call under way, until that
 /// call returns. After, a refused page may be shared instead, and `reclaim::cow` makes it

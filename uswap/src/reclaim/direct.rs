@@ -71,12 +71,14 @@ fn nap(ns: u64) {
 /// charges took the room first for `CHARGE_WAIT_LIMIT_NS` in all (starvation), at once when
 /// every device is full or none takes pages (each degraded or declining, see
 /// `swap::health`), when the round's victims were refused (shared with a fork child: see
-/// below; or pinned, once the charge has passed as many pinned pages as the LRU holds,
-/// see `ChargeWait::another_round_past_held`), when only the shared limit is reached and this pager has nothing to reclaim, or
-/// on the lock-free route (which may not reclaim), does it charge over the limit: counted in
-/// `limit_overrun` (and `limit_overrun_busy` when the devices had room). Nothing is lost;
-/// reclaim takes the extra pages later. `lock_free`: the caller may take no lock (signal
-/// mode, its thread interrupted inside the engine).
+/// below) or pinned (after four rounds; in a process that never forked, once the charge
+/// has passed as many pinned pages as the LRU holds, 8,192 at most, or waited
+/// `CHARGE_WAIT_LIMIT_NS`: see `ChargeWait::another_round_past_held`), when only the shared
+/// limit is reached and this pager has nothing to reclaim, or on the lock-free route
+/// (which may not reclaim), does it charge over the limit: counted in `limit_overrun` (and
+/// `limit_overrun_busy` when the devices had room). Nothing is lost; reclaim takes the
+/// extra pages later. `lock_free`: the caller may take no lock (signal mode, its thread
+/// interrupted inside the engine).
 pub(crate) fn charge(cx: &Reclaim<'_>, n: usize, lock_free: bool) {
     // Dropped when this returns: its stall lasts until the charge is made (and the task
     // reclaim after it is done), as it did when its fields were this function's locals.
@@ -137,8 +139,8 @@ struct ChargeWait<'a> {
     /// When the first reclaim round began: fruitful rounds whose room other threads' charges
     /// keep taking first are bounded by CHARGE_WAIT_LIMIT_NS all told, like fruitless ones.
     reclaim_since_ns: u64,
-    /// Rounds that found only held victims (pinned, or refused where that means pinned),
-    /// and those victims (see [`ChargeWait::another_round_past_held`]).
+    /// Rounds that found only pinned victims (refused ones held in included), and those
+    /// victims (see [`ChargeWait::another_round_past_held`]).
     held_rounds: usize,
     held_pages: usize,
 }

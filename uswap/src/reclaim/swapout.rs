@@ -124,12 +124,17 @@ impl Refusals {
     }
 }
 
-/// Counts the refusal of victim `v` with `errno` (not `ENOENT`). With `EBUSY` the page is
-/// pinned, or shared with a fork child: held in a while if it is pinned (`pin`), and queued
-/// to be made exclusive in case it is shared (`cow`; after a fork only that).
+/// Counts the refusal of victim `v` with `errno`. `ENOENT` (not there: the application
+/// unmapped, moved or discarded it, and the event that says which settles the page, see
+/// `events`) is no refusal that matters to the charge. With `EBUSY` the page is pinned, or
+/// shared with a fork child: held in a while if it is pinned (`pin`), and queued to be made
+/// exclusive in case it is shared (`cow`; after a fork only that). Others (`EINVAL`: made
+/// read-only; `EEXIST`: its staging page still mapped) are refused.
 fn note_refusal(cx: &Reclaim<'_>, guards: &RegionSet, v: Victim, errno: i32) -> Refusals {
-    debug_assert_ne!(errno, libc::ENOENT, "a page found unmapped is settled by its event");
     cx.stats.inc(Counter::MoveRefused);
+    if errno == libc::ENOENT {
+        return Refusals::default();
+    }
     if errno != libc::EBUSY {
         return Refusals { refused: 1, held: 0 };
     }
@@ -319,17 +324,17 @@ fn publish_clean_run(
             dev.stamp(e.offset(), left);
             region.store(v.page, v.pte.next(PageState::Swapped, Some(e)).with_referenced(false));
         } else {
-            // Refused (read-only after mprotect, or gone: an event settles it) or not
-            // tried: stays resident and clean.
+            // Refused (pinned, shared with a fork child, read-only after mprotect, or gone:
+            // an event settles it) or not tried: stays resident and clean.
             region.store(v.page, v.pte.unbusy());
             cx.lru.add(guards.page_ref(v.gi, v.page, v.pte), cx.stats);
         }
     }
     let mut refusals = Refusals::default();
-    if let (true, RangeResult::Partial { errno, .. }) = (done < run.len(), r) {
+    if let (RangeResult::Partial { errno, .. }, Some(&v)) = (r, run.get(done)) {
         // One page refused (the first not moved); the rest of its run was not tried and
         // goes back on the LRU.
-        refusals = note_refusal(cx, guards, run[done], errno);
+        refusals = note_refusal(cx, guards, v, errno);
     }
     if !keep {
         uncharge(cx.charge, done);
@@ -491,17 +496,10 @@ fn move_refused(
     cx.devices.device(e).forget_slot(e.offset());
     region.store(v.page, v.pte.unbusy());
     cx.lru.add(guards.page_ref(v.gi, v.page, v.pte), cx.stats);
-    if errno == libc::ENOENT {
-        cx.stats.inc(Counter::MoveRefused);
-        // Not there: the application unmapped, moved or discarded it, and the event that
-        // says which settles the page (see `events`). Until then it stays as it is: turning
-        // it into a zero page would lose a page that `mremap` moved.
-        to_free.push(e.bits());
-        return Refusals::default();
-    }
-    // Pinned, shared or otherwise refused; or (EEXIST) the program kept mapping the slot's
-    // staging page by reading it, and the next move into it drops it again
-    // (`SwapCache::move_in`).
+    // Not there (`ENOENT`): until its event settles it the page stays as it is (turning it
+    // into a zero page would lose a page that `mremap` moved). Pinned, shared or otherwise
+    // refused; or (`EEXIST`) the program kept mapping the slot's staging page by reading
+    // it, and the next move into it drops it again (`SwapCache::move_in`).
     to_free.push(e.bits());
     note_refusal(cx, guards, v, errno)
 }
