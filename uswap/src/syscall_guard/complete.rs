@@ -18,7 +18,7 @@
 //! however often it is prepared: a 12 MiB `write` under a 16 MiB limit shared with a
 //! neighbour) is transferred in such windows too, halved until one goes through (down to
 //! one page), on byte streams only
-//! ([`Transfer::splittable`]: two writes to a pipe read back as one; two datagrams do not).
+//! ([`splittable`]: two writes to a pipe read back as one; two datagrams do not).
 //! The calls: `write`, `pwrite64`, `writev`, `pwritev`, `pwritev2`, `sendto` without an
 //! address, `sendmsg` without control data; `pread64`, `preadv`, `preadv2`, `read` and
 //! `readv` of regular files, and `recvfrom` and `recvmsg` with `MSG_WAITALL` on a stream
@@ -239,19 +239,13 @@ impl Transfer {
         }
         max_bytes - left
     }
-
-    /// Whether the transfer may be made in smaller calls without anyone seeing the
-    /// difference: its descriptor is a byte stream (a regular file, a block or character
-    /// device, a pipe not in packet mode, a stream socket), where two writes read back as
-    /// one. A datagram split in two is two datagrams.
-    pub fn splittable(&self, fd: u64) -> bool {
-        splittable(fd)
-    }
 }
 
-/// Whether descriptor `fd` takes a transfer's bytes in several calls as in one (see
-/// [`Transfer::splittable`]).
-fn splittable(fd: u64) -> bool {
+/// Whether a transfer on descriptor `fd` may be made in smaller calls without anyone seeing
+/// the difference: `fd` is a byte stream (a regular file, a block or character device, a
+/// pipe not in packet mode, a stream socket), where two writes read back as one. A datagram
+/// split in two is two datagrams.
+pub fn splittable(fd: u64) -> bool {
     let Some(file_type) = file_type(fd) else { return false };
     match file_type {
         libc::S_IFREG | libc::S_IFBLK | libc::S_IFCHR => true,
@@ -334,11 +328,12 @@ mod tests {
         let r = Transfer::of(libc::SYS_read, &[fds[0] as u64, 0x10000, 10, 0, 0, 0]).expect("a pipe read");
         assert!(r.once, "a pipe read ends at its first transfer");
         let w = Transfer::of(libc::SYS_write, &[fds[1] as u64, 0x10000, 10, 0, 0, 0]).expect("a pipe write");
-        assert!(w.splittable(fds[1] as u64));
+        assert!(!w.once, "a pipe write goes on for the rest");
+        assert!(splittable(fds[1] as u64));
         let mut dg = [0; 2];
         // SAFETY: socketpair writes two descriptors into `dg`, ours.
         assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_DGRAM, 0, dg.as_mut_ptr()) }, 0);
-        assert!(!w.splittable(dg[0] as u64), "a datagram socket is not a byte stream");
+        assert!(!splittable(dg[0] as u64), "a datagram socket is not a byte stream");
         // SAFETY: closes the datagram pair opened above.
         unsafe {
             libc::close(dg[0]);

@@ -369,7 +369,7 @@ fn in_windows(nr: c_long, r: Rule, a: &[u64; 6], t: &Transfer, first: Made) -> M
                 window_bytes = window_bytes.min(PINNED_WINDOW_BYTES);
             }
         } else if last.ret == efault && last.ours && window_bytes > page {
-            if !*splittable.get_or_insert_with(|| t.splittable(a[0])) {
+            if !*splittable.get_or_insert_with(|| complete::splittable(a[0])) {
                 return make_prepared(nr, r, *a, EFAULT_RETRIES, u64::MAX);
             }
             window_bytes =
